@@ -1,0 +1,811 @@
+package kvmanager
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// RegistryConfig holds the registry's deadlines and its clock.
+type RegistryConfig struct {
+	// BootstrapTimeout bounds creation → WaitingForInput.
+	BootstrapTimeout time.Duration
+	// WaitingTimeout bounds WaitingForInput → first chunk (prefill) or first
+	// data (decode).
+	WaitingTimeout time.Duration
+	// StallTimeout bounds the gap between two progress events while
+	// Transferring, and how long a failed room waits for in-flight writes to
+	// drain.
+	StallTimeout time.Duration
+	// PendingTimeout bounds how long peer requests wait for their sender.
+	PendingTimeout time.Duration
+	// TombstoneTTL is how long a cleared or early-aborted room id is
+	// remembered. It must exceed BootstrapTimeout and PendingTimeout so an
+	// early abort outlives every deadline that could still create its room.
+	TombstoneTTL time.Duration
+	// MaxPendingRooms bounds the rooms that hold requests but no sender.
+	MaxPendingRooms int
+	// Now is the clock. Tests inject a fake one; nil means time.Now.
+	Now func() time.Time
+}
+
+// DefaultRegistryConfig returns the defaults of DESIGN.md.
+func DefaultRegistryConfig() RegistryConfig {
+	return RegistryConfig{
+		BootstrapTimeout: 300 * time.Second,
+		WaitingTimeout:   300 * time.Second,
+		StallTimeout:     60 * time.Second,
+		PendingTimeout:   300 * time.Second,
+		TombstoneTTL:     10 * time.Minute,
+		MaxPendingRooms:  1 << 16,
+		Now:              time.Now,
+	}
+}
+
+// Validate reports the first setting that cannot work.
+func (c RegistryConfig) Validate() error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"BootstrapTimeout", c.BootstrapTimeout},
+		{"WaitingTimeout", c.WaitingTimeout},
+		{"StallTimeout", c.StallTimeout},
+		{"PendingTimeout", c.PendingTimeout},
+		{"TombstoneTTL", c.TombstoneTTL},
+	} {
+		if d.v <= 0 {
+			return fmt.Errorf("kvmanager: %s must be positive, got %v", d.name, d.v)
+		}
+	}
+	if c.TombstoneTTL <= c.BootstrapTimeout || c.TombstoneTTL <= c.PendingTimeout {
+		return fmt.Errorf("kvmanager: TombstoneTTL (%v) must exceed BootstrapTimeout (%v) and PendingTimeout (%v)",
+			c.TombstoneTTL, c.BootstrapTimeout, c.PendingTimeout)
+	}
+	if c.MaxPendingRooms < 1 {
+		return fmt.Errorf("kvmanager: MaxPendingRooms must be at least 1, got %d", c.MaxPendingRooms)
+	}
+	return nil
+}
+
+// PeerRequest is one decode rank's request for a room, as the prefill rank
+// keeps it. Payload is opaque to the registry (the manager stores the decoded
+// REQUEST there).
+type PeerRequest struct {
+	// Peer names the decode rank uniquely (instance, rank and epoch).
+	Peer string
+	// Required is how many distinct peers' requests the room collects
+	// before it starts.
+	Required int
+	// Payload is carried, never read.
+	Payload any
+}
+
+// EventKind names an event.
+type EventKind uint8
+
+const (
+	// EventCreate creates the room's live entry (sender or receiver New).
+	EventCreate EventKind = 1 + iota
+	// EventInit: prefill sender initialised; decode request sent.
+	EventInit
+	// EventRequest: a decode rank's request reached the prefill rank.
+	EventRequest
+	// EventPosted: prefill is about to post a chunk write. Only an Applied
+	// outcome permits the post; this is the gate that makes an applied
+	// abort final.
+	EventPosted
+	// EventWriteDone: a posted write finished (Err set if it failed; Last
+	// set on the room's final write).
+	EventWriteDone
+	// EventProgress: decode saw data arrive for the room.
+	EventProgress
+	// EventUpdate: an explicit status change to Status (Failed with Reason,
+	// Success, or Transferring).
+	EventUpdate
+	// EventAbort: the room is aborted with Reason.
+	EventAbort
+	// EventClear: the caller is done with the room.
+	EventClear
+)
+
+// Event is one input to the registry.
+type Event struct {
+	Kind    EventKind
+	Room    uint64
+	Role    Role        // EventCreate
+	Request PeerRequest // EventRequest
+	Status  Poll        // EventUpdate
+	Reason  string      // EventUpdate to Failed, EventAbort
+	Last    bool        // EventWriteDone
+	Err     error       // EventWriteDone
+}
+
+// Result is what an event did.
+type Result struct {
+	Outcome Outcome
+	// Status is the room's status after the event, 0 when no live room.
+	Status Poll
+	// Err says why for Rejected, and for Create refusals.
+	Err error
+	// Peers are requests the caller must answer: pending requests dropped by
+	// an abort or clear, or a failed room's requests once it is drained.
+	Peers []PeerRequest
+	// Drained is true when the event left the room Failed with no write in
+	// flight: no write for it will be posted again (ABORT_ACK may go out).
+	Drained bool
+}
+
+// Expiry reports one deadline that Sweep enforced.
+type Expiry struct {
+	Room     uint64
+	Deadline Deadline
+	// Reason is the failure reason recorded for the room.
+	Reason string
+	// Peers are the requests to answer (the failed room's, or the dropped
+	// pending ones).
+	Peers []PeerRequest
+	// Drained is false when a failed room's writes did not drain within
+	// the stall deadline (reported once).
+	Drained bool
+}
+
+// Sizes counts what the registry holds.
+type Sizes struct {
+	Live, Pending, Tombstones int
+}
+
+// Total is the sum of all entries.
+func (s Sizes) Total() int { return s.Live + s.Pending + s.Tombstones }
+
+type room struct {
+	id       uint64
+	role     Role
+	status   Poll
+	reason   string
+	created  time.Time
+	deadline time.Time
+	kind     Deadline // which deadline `deadline` is
+
+	initialised bool
+	required    int
+	requests    []PeerRequest
+
+	inflight     int
+	lastDone     bool
+	drainExpired bool
+	cleared      bool
+	done         chan struct{} // closed once: at the first terminal status or at clear
+}
+
+type pendingRoom struct {
+	required int
+	requests []PeerRequest
+	deadline time.Time
+}
+
+type tomb struct {
+	kind    Tombstone
+	reason  string
+	expires time.Time
+}
+
+// Registry is the room registry of one rank: one struct behind one mutex.
+// Every event goes through Apply and returns an explicit Outcome. Time comes
+// from the injected clock for events and from the caller for Sweep, so tests
+// are deterministic.
+type Registry struct {
+	cfg RegistryConfig
+
+	mu      sync.Mutex
+	rooms   map[uint64]*room
+	pending map[uint64]*pendingRoom
+	tombs   map[uint64]tomb
+
+	closeOnce sync.Once
+	closed    chan struct{}
+
+	// waiting, when set by a test, is called once Wait holds the room's
+	// channel, so a test can act knowing the waiter is parked.
+	waiting func(id uint64)
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry(cfg RegistryConfig) (*Registry, error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Registry{
+		cfg:     cfg,
+		rooms:   make(map[uint64]*room),
+		pending: make(map[uint64]*pendingRoom),
+		tombs:   make(map[uint64]tomb),
+		closed:  make(chan struct{}),
+	}, nil
+}
+
+// Create adds a live room for a sender (RolePrefill) or receiver
+// (RoleDecode). See EventCreate.
+func (r *Registry) Create(id uint64, role Role) Result {
+	return r.Apply(Event{Kind: EventCreate, Room: id, Role: role})
+}
+
+// Init marks the prefill sender initialised, or the decode request sent.
+func (r *Registry) Init(id uint64) Result { return r.Apply(Event{Kind: EventInit, Room: id}) }
+
+// Request records a decode rank's request on the prefill rank.
+func (r *Registry) Request(id uint64, req PeerRequest) Result {
+	return r.Apply(Event{Kind: EventRequest, Room: id, Request: req})
+}
+
+// Posted asks to post a chunk write; post only if the outcome is Applied.
+func (r *Registry) Posted(id uint64) Result { return r.Apply(Event{Kind: EventPosted, Room: id}) }
+
+// WriteDone reports a posted write's completion.
+func (r *Registry) WriteDone(id uint64, last bool, err error) Result {
+	return r.Apply(Event{Kind: EventWriteDone, Room: id, Last: last, Err: err})
+}
+
+// Progress reports data arriving on the decode side.
+func (r *Registry) Progress(id uint64) Result { return r.Apply(Event{Kind: EventProgress, Room: id}) }
+
+// Update moves the room to status (Failed with reason, Success, Transferring).
+func (r *Registry) Update(id uint64, status Poll, reason string) Result {
+	return r.Apply(Event{Kind: EventUpdate, Room: id, Status: status, Reason: reason})
+}
+
+// Abort fails the room, or tombstones it if it does not exist yet.
+func (r *Registry) Abort(id uint64, reason string) Result {
+	return r.Apply(Event{Kind: EventAbort, Room: id, Reason: reason})
+}
+
+// Clear removes the room and leaves a Cleared tombstone.
+func (r *Registry) Clear(id uint64) Result { return r.Apply(Event{Kind: EventClear, Room: id}) }
+
+// Apply is the single entry point for events.
+func (r *Registry) Apply(ev Event) Result {
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch ev.Kind {
+	case EventCreate:
+		return r.create(ev.Room, ev.Role, now)
+	case EventRequest:
+		return r.request(ev.Room, ev.Request, now)
+	case EventAbort:
+		return r.abort(ev.Room, ev.Reason, now)
+	case EventClear:
+		return r.clear(ev.Room, now)
+	case EventInit, EventPosted, EventWriteDone, EventProgress, EventUpdate:
+	default:
+		return rejected(fmt.Errorf("room %d: event kind %d: %w", ev.Room, ev.Kind, ErrInvalidEvent))
+	}
+	rm, res, ok := r.live(ev.Room, now)
+	if !ok {
+		return res
+	}
+	switch ev.Kind {
+	case EventInit:
+		return r.init(rm, now)
+	case EventPosted:
+		return r.posted(rm, now)
+	case EventWriteDone:
+		return r.writeDone(rm, ev.Last, ev.Err, now)
+	case EventProgress:
+		return r.progress(rm, now)
+	default: // EventUpdate
+		return r.update(rm, ev.Status, ev.Reason, now)
+	}
+}
+
+func rejected(err error) Result { return Result{Outcome: Rejected, Err: err} }
+
+// live finds the live room for an event that needs one. For any other room
+// id it returns the result the event gets: late events on cleared rooms and
+// on early-aborted rooms are ignored, and no event but Create makes a room.
+func (r *Registry) live(id uint64, now time.Time) (*room, Result, bool) {
+	if rm, ok := r.rooms[id]; ok {
+		return rm, Result{}, true
+	}
+	if t, ok := r.tomb(id, now); ok {
+		if t.kind == Cleared {
+			return nil, Result{Outcome: IgnoredCleared}, false
+		}
+		return nil, Result{Outcome: IgnoredTerminal}, false
+	}
+	return nil, rejected(fmt.Errorf("room %d: %w", id, ErrUnknownRoom)), false
+}
+
+// tomb returns the room's tombstone unless its TTL has passed (an expired
+// tombstone is dropped here so the id is free before the next Sweep).
+func (r *Registry) tomb(id uint64, now time.Time) (tomb, bool) {
+	t, ok := r.tombs[id]
+	if !ok {
+		return tomb{}, false
+	}
+	if now.Before(t.expires) {
+		return t, true
+	}
+	delete(r.tombs, id)
+	return tomb{}, false
+}
+
+func (r *Registry) create(id uint64, role Role, now time.Time) Result {
+	if role != RolePrefill && role != RoleDecode {
+		return rejected(fmt.Errorf("room %d: role %d: %w", id, role, ErrInvalidEvent))
+	}
+	if rm, ok := r.rooms[id]; ok {
+		return Result{Outcome: Rejected, Status: rm.status,
+			Err: fmt.Errorf("room %d: a %v handle exists (%v): %w", id, rm.role, rm.status, ErrRoomInUse)}
+	}
+	rm := &room{id: id, role: role, created: now, done: make(chan struct{})}
+	if t, ok := r.tomb(id, now); ok {
+		if t.kind == Cleared {
+			return rejected(fmt.Errorf("room %d: cleared %v ago, ids must be unique for %v: %w",
+				id, r.cfg.TombstoneTTL-t.expires.Sub(now), r.cfg.TombstoneTTL, ErrRoomCleared))
+		}
+		// AbortedEarly: the abort came first; the room is born failed.
+		delete(r.tombs, id)
+		rm.status, rm.reason = Failed, t.reason
+		close(rm.done)
+		r.rooms[id] = rm
+		return Result{Outcome: Applied, Status: Failed, Drained: true}
+	}
+	rm.status = Bootstrapping
+	rm.setDeadline(DeadlineBootstrap, now.Add(r.cfg.BootstrapTimeout))
+	r.rooms[id] = rm
+	res := Result{Outcome: Applied, Status: Bootstrapping}
+	if p, ok := r.pending[id]; ok {
+		delete(r.pending, id)
+		if role == RolePrefill {
+			rm.required, rm.requests = p.required, p.requests
+		} else {
+			// Requests are a prefill concept: refuse them to their peers.
+			res.Peers = p.requests
+		}
+	}
+	return res
+}
+
+func (r *Registry) request(id uint64, req PeerRequest, now time.Time) Result {
+	if req.Peer == "" || req.Required < 1 {
+		return rejected(fmt.Errorf("room %d: peer %q required %d: %w", id, req.Peer, req.Required, ErrInvalidRequest))
+	}
+	if rm, ok := r.rooms[id]; ok {
+		switch {
+		case rm.role != RolePrefill:
+			return Result{Outcome: Rejected, Status: rm.status,
+				Err: fmt.Errorf("room %d: request from %s on a %v room: %w", id, req.Peer, rm.role, ErrWrongRole)}
+		case rm.status == Failed:
+			return Result{Outcome: Rejected, Status: rm.status,
+				Err: fmt.Errorf("room %d: request from %s: %w: %s", id, req.Peer, ErrRoomFailed, rm.reason)}
+		case rm.status == Success:
+			return Result{Outcome: Rejected, Status: rm.status,
+				Err: fmt.Errorf("room %d: request from %s: %w", id, req.Peer, ErrRoomDone)}
+		}
+		if err := addRequest(id, &rm.required, &rm.requests, req); err != nil {
+			return Result{Outcome: Rejected, Status: rm.status, Err: err}
+		}
+		r.maybeReady(rm, now)
+		return Result{Outcome: Applied, Status: rm.status}
+	}
+	if t, ok := r.tomb(id, now); ok {
+		if t.kind == Cleared {
+			return rejected(fmt.Errorf("room %d: request from %s: %w", id, req.Peer, ErrRoomCleared))
+		}
+		return rejected(fmt.Errorf("room %d: request from %s: %w: %s", id, req.Peer, ErrRoomAborted, t.reason))
+	}
+	p, ok := r.pending[id]
+	if !ok {
+		if len(r.pending) >= r.cfg.MaxPendingRooms {
+			return rejected(fmt.Errorf("room %d: request from %s: %d rooms pending: %w",
+				id, req.Peer, len(r.pending), ErrTooManyPending))
+		}
+		p = &pendingRoom{deadline: now.Add(r.cfg.PendingTimeout)}
+	}
+	if err := addRequest(id, &p.required, &p.requests, req); err != nil {
+		return rejected(err)
+	}
+	r.pending[id] = p
+	return Result{Outcome: Pending}
+}
+
+// addRequest appends req to a room's (or pending room's) requests if it is
+// consistent with them.
+func addRequest(id uint64, required *int, reqs *[]PeerRequest, req PeerRequest) error {
+	if *required != 0 && *required != req.Required {
+		return fmt.Errorf("room %d: peer %s says %d required, earlier peers %d: %w",
+			id, req.Peer, req.Required, *required, ErrRequiredMismatch)
+	}
+	for _, q := range *reqs {
+		if q.Peer == req.Peer {
+			return fmt.Errorf("room %d: peer %s: %w", id, req.Peer, ErrDuplicateRequest)
+		}
+	}
+	if len(*reqs) >= req.Required {
+		return fmt.Errorf("room %d: peer %s is request %d of %d: %w",
+			id, req.Peer, len(*reqs)+1, req.Required, ErrTooManyRequests)
+	}
+	*required = req.Required
+	*reqs = append(*reqs, req)
+	return nil
+}
+
+// maybeReady moves a prefill room to WaitingForInput exactly when it is
+// initialised and holds every required request.
+func (r *Registry) maybeReady(rm *room, now time.Time) {
+	if rm.status == Bootstrapping && rm.initialised && rm.required > 0 && len(rm.requests) == rm.required {
+		rm.status = WaitingForInput
+		rm.setDeadline(DeadlineWaiting, now.Add(r.cfg.WaitingTimeout))
+	}
+}
+
+func (r *Registry) init(rm *room, now time.Time) Result {
+	switch {
+	case rm.status.Terminal():
+		return Result{Outcome: IgnoredTerminal, Status: rm.status}
+	case rm.initialised:
+		return Result{Outcome: IgnoredStale, Status: rm.status}
+	}
+	rm.initialised = true
+	if rm.role == RoleDecode {
+		rm.status = WaitingForInput
+		rm.setDeadline(DeadlineWaiting, now.Add(r.cfg.WaitingTimeout))
+	} else {
+		r.maybeReady(rm, now)
+	}
+	return Result{Outcome: Applied, Status: rm.status}
+}
+
+func (r *Registry) posted(rm *room, now time.Time) Result {
+	switch {
+	case rm.role != RolePrefill:
+		return Result{Outcome: Rejected, Status: rm.status,
+			Err: fmt.Errorf("room %d: chunk posted on a %v room: %w", rm.id, rm.role, ErrWrongRole)}
+	case rm.status.Terminal():
+		return Result{Outcome: IgnoredTerminal, Status: rm.status}
+	case rm.status < WaitingForInput:
+		return Result{Outcome: Rejected, Status: rm.status,
+			Err: fmt.Errorf("room %d: chunk posted in %v: %w", rm.id, rm.status, ErrNotReady)}
+	case rm.lastDone:
+		return Result{Outcome: Rejected, Status: rm.status,
+			Err: fmt.Errorf("room %d: chunk posted after the last chunk completed: %w", rm.id, ErrInvalidEvent)}
+	}
+	rm.inflight++
+	rm.status = Transferring
+	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
+	return Result{Outcome: Applied, Status: rm.status}
+}
+
+func (r *Registry) writeDone(rm *room, last bool, werr error, now time.Time) Result {
+	if rm.inflight == 0 {
+		return Result{Outcome: Rejected, Status: rm.status,
+			Err: fmt.Errorf("room %d: write completion: %w", rm.id, ErrNoWriteInFlight)}
+	}
+	rm.inflight--
+	if rm.status.Terminal() {
+		return r.drainResult(rm, IgnoredTerminal)
+	}
+	if werr != nil {
+		r.fail(rm, fmt.Sprintf("write failed: %v", werr), now)
+		return r.drainResult(rm, Applied)
+	}
+	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
+	if last {
+		rm.lastDone = true
+	}
+	if rm.lastDone && rm.inflight == 0 {
+		r.succeed(rm)
+	}
+	return Result{Outcome: Applied, Status: rm.status}
+}
+
+func (r *Registry) progress(rm *room, now time.Time) Result {
+	switch {
+	case rm.status.Terminal():
+		return Result{Outcome: IgnoredTerminal, Status: rm.status}
+	case rm.status < WaitingForInput:
+		return Result{Outcome: Rejected, Status: rm.status,
+			Err: fmt.Errorf("room %d: data in %v: %w", rm.id, rm.status, ErrNotReady)}
+	}
+	rm.status = Transferring
+	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
+	return Result{Outcome: Applied, Status: rm.status}
+}
+
+func (r *Registry) update(rm *room, to Poll, reason string, now time.Time) Result {
+	switch {
+	case !to.Valid():
+		return Result{Outcome: Rejected, Status: rm.status,
+			Err: fmt.Errorf("room %d: update to %v: %w", rm.id, to, ErrInvalidEvent)}
+	case rm.status.Terminal():
+		return Result{Outcome: IgnoredTerminal, Status: rm.status}
+	case to == Failed:
+		if reason == "" {
+			reason = "failed"
+		}
+		r.fail(rm, reason, now)
+		return r.drainResult(rm, Applied)
+	case to < rm.status || (to == rm.status && to != Transferring):
+		return Result{Outcome: IgnoredStale, Status: rm.status}
+	case to == Transferring:
+		return r.progress(rm, now)
+	case to == Success:
+		if rm.status < WaitingForInput || rm.inflight > 0 {
+			return Result{Outcome: Rejected, Status: rm.status,
+				Err: fmt.Errorf("room %d: success in %v with %d writes in flight: %w", rm.id, rm.status, rm.inflight, ErrNotReady)}
+		}
+		r.succeed(rm)
+		return Result{Outcome: Applied, Status: rm.status}
+	default: // Bootstrapping → WaitingForInput goes through Init and Request.
+		return Result{Outcome: Rejected, Status: rm.status,
+			Err: fmt.Errorf("room %d: update %v → %v: use Init: %w", rm.id, rm.status, to, ErrInvalidEvent)}
+	}
+}
+
+func (r *Registry) abort(id uint64, reason string, now time.Time) Result {
+	if reason == "" {
+		reason = "aborted"
+	} else {
+		reason = "aborted: " + reason
+	}
+	if rm, ok := r.rooms[id]; ok {
+		if rm.status.Terminal() {
+			if rm.status == Failed {
+				return r.drainResult(rm, IgnoredTerminal)
+			}
+			return Result{Outcome: IgnoredTerminal, Status: rm.status}
+		}
+		r.fail(rm, reason, now)
+		return r.drainResult(rm, Applied)
+	}
+	if t, ok := r.tomb(id, now); ok {
+		if t.kind == Cleared {
+			return Result{Outcome: IgnoredCleared}
+		}
+		return Result{Outcome: IgnoredTerminal}
+	}
+	var dropped []PeerRequest
+	if p, ok := r.pending[id]; ok {
+		dropped = p.requests
+		delete(r.pending, id)
+	}
+	r.tombs[id] = tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL)}
+	return Result{Outcome: Tombstoned, Peers: dropped}
+}
+
+func (r *Registry) clear(id uint64, now time.Time) Result {
+	if rm, ok := r.rooms[id]; ok {
+		res := Result{Outcome: Applied, Status: rm.status}
+		if !rm.status.Terminal() {
+			// Cleared before it finished: its peers must be told.
+			res.Peers = rm.requests
+		}
+		rm.cleared = true
+		if !rm.status.Terminal() {
+			close(rm.done)
+		}
+		delete(r.rooms, id)
+		r.tombs[id] = tomb{kind: Cleared, expires: now.Add(r.cfg.TombstoneTTL)}
+		return res
+	}
+	if t, ok := r.tomb(id, now); ok {
+		if t.kind == Cleared {
+			return Result{Outcome: IgnoredCleared}
+		}
+		return Result{Outcome: IgnoredTerminal}
+	}
+	if p, ok := r.pending[id]; ok {
+		delete(r.pending, id)
+		r.tombs[id] = tomb{kind: Cleared, expires: now.Add(r.cfg.TombstoneTTL)}
+		return Result{Outcome: Applied, Peers: p.requests}
+	}
+	return rejected(fmt.Errorf("room %d: clear: %w", id, ErrUnknownRoom))
+}
+
+func (rm *room) setDeadline(kind Deadline, at time.Time) { rm.kind, rm.deadline = kind, at }
+
+// fail makes a live non-terminal room Failed; the first reason wins because
+// terminal rooms never reach here. Writes still in flight must drain within
+// the stall deadline.
+func (r *Registry) fail(rm *room, reason string, now time.Time) {
+	rm.status, rm.reason = Failed, reason
+	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
+	close(rm.done)
+}
+
+func (r *Registry) succeed(rm *room) {
+	rm.status = Success
+	close(rm.done)
+}
+
+// drainResult is the result for an event that leaves rm Failed: drained (and
+// its peers to acknowledge) when no write is in flight.
+func (r *Registry) drainResult(rm *room, o Outcome) Result {
+	res := Result{Outcome: o, Status: rm.status}
+	if rm.inflight == 0 {
+		res.Drained = true
+		res.Peers = rm.requests
+	}
+	return res
+}
+
+// Sweep enforces every deadline that has passed at now: overdue rooms fail
+// with a reason naming the deadline, expired pending requests are dropped and
+// leave an AbortedEarly tombstone, failed rooms whose writes did not drain
+// are reported once, and expired tombstones are forgotten.
+func (r *Registry) Sweep(now time.Time) []Expiry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Expiry
+	for id, rm := range r.rooms {
+		if !now.After(rm.deadline) {
+			continue
+		}
+		switch {
+		case !rm.status.Terminal():
+			reason := fmt.Sprintf("%s deadline (%v) passed in %v", deadlineName(rm.kind), r.timeout(rm.kind), rm.status)
+			kind := rm.kind
+			r.fail(rm, reason, now)
+			e := Expiry{Room: id, Deadline: kind, Reason: reason}
+			if rm.inflight == 0 {
+				e.Drained, e.Peers = true, rm.requests
+			}
+			out = append(out, e)
+		case rm.status == Failed && rm.inflight > 0 && !rm.drainExpired:
+			rm.drainExpired = true
+			out = append(out, Expiry{Room: id, Deadline: DeadlineStall, Reason: rm.reason, Peers: rm.requests})
+		}
+	}
+	for id, p := range r.pending {
+		if !now.After(p.deadline) {
+			continue
+		}
+		reason := fmt.Sprintf("pending deadline (%v) passed: no sender for the room", r.cfg.PendingTimeout)
+		delete(r.pending, id)
+		r.tombs[id] = tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL)}
+		out = append(out, Expiry{Room: id, Deadline: DeadlinePending, Reason: reason, Peers: p.requests, Drained: true})
+	}
+	for id, t := range r.tombs {
+		if !now.Before(t.expires) {
+			delete(r.tombs, id)
+		}
+	}
+	return out
+}
+
+func deadlineName(d Deadline) string {
+	switch d {
+	case DeadlineBootstrap:
+		return "bootstrap"
+	case DeadlineWaiting:
+		return "waiting"
+	case DeadlineStall:
+		return "transfer stall"
+	case DeadlinePending:
+		return "pending"
+	default:
+		return "tombstone"
+	}
+}
+
+func (r *Registry) timeout(d Deadline) time.Duration {
+	switch d {
+	case DeadlineBootstrap:
+		return r.cfg.BootstrapTimeout
+	case DeadlineWaiting:
+		return r.cfg.WaitingTimeout
+	case DeadlineStall:
+		return r.cfg.StallTimeout
+	case DeadlinePending:
+		return r.cfg.PendingTimeout
+	default:
+		return r.cfg.TombstoneTTL
+	}
+}
+
+// Status returns the room's status. It never invents one: known is false for
+// a room with no live entry (pending requests and tombstones included).
+func (r *Registry) Status(id uint64) (status Poll, known bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rm, ok := r.rooms[id]; ok {
+		return rm.status, true
+	}
+	return 0, false
+}
+
+// Failure returns the first failure reason of a Failed room.
+func (r *Registry) Failure(id uint64) (reason string, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rm, live := r.rooms[id]; live && rm.status == Failed {
+		return rm.reason, true
+	}
+	return "", false
+}
+
+// InFlight returns the number of posted writes of the room not yet completed.
+func (r *Registry) InFlight(id uint64) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rm, ok := r.rooms[id]; ok {
+		return rm.inflight
+	}
+	return 0
+}
+
+// Sizes returns how many live rooms, pending rooms and tombstones the
+// registry holds.
+func (r *Registry) Sizes() Sizes {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return Sizes{Live: len(r.rooms), Pending: len(r.pending), Tombstones: len(r.tombs)}
+}
+
+// Overdue counts live non-terminal rooms whose deadline has passed at now:
+// rooms a Sweep would fail. It stays 0 while sweeps run on time.
+func (r *Registry) Overdue(now time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, rm := range r.rooms {
+		if !rm.status.Terminal() && now.After(rm.deadline) {
+			n++
+		}
+	}
+	return n
+}
+
+// Wait blocks until the room is terminal, the room is cleared, ctx ends or
+// the registry closes. It returns the room's status then; the error is
+// non-nil if the room is unknown, was cleared before it finished, or ctx or
+// the registry ended the wait.
+func (r *Registry) Wait(ctx context.Context, id uint64) (Poll, error) {
+	r.mu.Lock()
+	rm, ok := r.rooms[id]
+	var t tomb
+	if !ok {
+		t, ok = r.tomb(id, r.cfg.Now())
+		r.mu.Unlock()
+		switch {
+		case !ok:
+			return 0, fmt.Errorf("room %d: wait: %w", id, ErrUnknownRoom)
+		case t.kind == Cleared:
+			return 0, fmt.Errorf("room %d: wait: %w", id, ErrRoomCleared)
+		default:
+			return 0, fmt.Errorf("room %d: wait: no sender yet: %w: %s", id, ErrRoomAborted, t.reason)
+		}
+	}
+	r.mu.Unlock()
+	if r.waiting != nil {
+		r.waiting(id)
+	}
+	select {
+	case <-rm.done:
+	case <-ctx.Done():
+		return r.statusOf(rm), fmt.Errorf("room %d: wait: %w", id, ctx.Err())
+	case <-r.closed:
+		return r.statusOf(rm), fmt.Errorf("room %d: wait: %w", id, ErrClosed)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !rm.status.Terminal() {
+		return rm.status, fmt.Errorf("room %d: cleared in %v: %w", id, rm.status, ErrRoomCleared)
+	}
+	return rm.status, nil
+}
+
+func (r *Registry) statusOf(rm *room) Poll {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return rm.status
+}
+
+// Close wakes every Wait with ErrClosed. Events still apply afterwards; the
+// owner stops sending them.
+func (r *Registry) Close() { r.closeOnce.Do(func() { close(r.closed) }) }
