@@ -1,0 +1,33 @@
+package bootstrap
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// The test binary doubles as a peer process: with KVBRIDGE_TEST_CHILD=peer
+// it runs a control loop that answers PINGs, tells the parent its endpoint
+// by sending it an ABORT, and waits to be killed.
+func TestMain(m *testing.M) {
+	if os.Getenv("KVBRIDGE_TEST_CHILD") == "peer" {
+		os.Exit(runChildPeer(os.Getenv("KVBRIDGE_TEST_PARENT")))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func runChildPeer(parent string) int {
+	l, err := NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "child", Rank: 0},
+		Bind: "tcp://127.0.0.1:*", Handler: func(Message) {}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := l.Send(Peer{Endpoint: parent}, &Abort{Room: 1, Reason: "child up"}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	select {} // until killed
+}

@@ -1,0 +1,715 @@
+package bootstrap
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Magic is frame 0 of every message (PROTOCOL.md, version 1).
+const Magic = "KVB1"
+
+// MaxBodySize is the largest body a rank accepts; the socket refuses larger.
+const MaxBodySize = 64 << 20
+
+// MsgType is frame 1 of a message.
+type MsgType uint8
+
+// The message types of PROTOCOL.md.
+const (
+	TypeRegister MsgType = 1 + iota
+	TypeRegisterAck
+	TypeRequest
+	TypeAbort
+	TypeAbortAck
+	TypeStatus
+	TypePing
+	TypePong
+)
+
+var typeNames = [...]string{"", "REGISTER", "REGISTER_ACK", "REQUEST", "ABORT", "ABORT_ACK", "STATUS", "PING", "PONG"}
+
+// String returns the wire name.
+func (t MsgType) String() string {
+	if t >= 1 && int(t) < len(typeNames) {
+		return typeNames[t]
+	}
+	return fmt.Sprintf("MsgType(%d)", uint8(t))
+}
+
+func parseType(b []byte) (MsgType, bool) {
+	for i := 1; i < len(typeNames); i++ {
+		if string(b) == typeNames[i] {
+			return MsgType(i), true
+		}
+	}
+	return 0, false
+}
+
+// Roles on the wire.
+const (
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// From identifies the sender of every message.
+type From struct {
+	Role     string // RolePrefill or RoleDecode
+	Instance string
+	Rank     int
+	Endpoint string // the sender's control endpoint: replies go here
+	Epoch    uint64 // random per process start
+}
+
+// Peer returns the stable name of the sender across restarts.
+func (f From) Peer() string { return fmt.Sprintf("%s/%s/%d", f.Role, f.Instance, f.Rank) }
+
+// Memory kinds of a region.
+const (
+	MemDRAM = "DRAM"
+	MemVRAM = "VRAM"
+)
+
+// Region is one registered memory region.
+type Region struct {
+	Addr, Len, ItemLen uint64
+	Dev                int
+	Mem                string // MemDRAM or MemVRAM
+}
+
+// Message is one decoded control message.
+type Message interface {
+	Type() MsgType
+	Sender() From
+}
+
+// Register is sent decode → prefill once per peer pair.
+type Register struct {
+	From           From
+	Compat         string
+	Agent          string
+	AgentMD        []byte
+	TPSize, TPRank int
+	KV, Aux, State []Region
+}
+
+// RegisterAck answers Register.
+type RegisterAck struct {
+	From   From
+	OK     bool
+	Reason string
+}
+
+// Request asks a prefill rank for one room's KV.
+type Request struct {
+	From         From
+	Room         uint64
+	DstPages     []uint32
+	AuxIndex     int // −1 for none
+	StateIndices [][]uint32
+	Required     int
+	Prefix       int
+	Dummy        bool
+}
+
+// Abort is sent decode → prefill at any time.
+type Abort struct {
+	From   From
+	Room   uint64
+	Reason string
+}
+
+// AbortAck confirms an aborted room has no write in flight.
+type AbortAck struct {
+	From    From
+	Room    uint64
+	Drained bool
+}
+
+// Status values.
+const (
+	StatusFailed  = "failed"
+	StatusSuccess = "success"
+)
+
+// Status reports a room's failure (or success summary) prefill → decode.
+type Status struct {
+	From   From
+	Room   uint64
+	Status string
+	Reason string
+}
+
+// Ping and Pong are the heartbeat.
+type Ping struct {
+	From From
+	Seq  uint64
+}
+
+// Pong answers Ping with the same Seq.
+type Pong struct {
+	From From
+	Seq  uint64
+}
+
+func (*Register) Type() MsgType    { return TypeRegister }
+func (*RegisterAck) Type() MsgType { return TypeRegisterAck }
+func (*Request) Type() MsgType     { return TypeRequest }
+func (*Abort) Type() MsgType       { return TypeAbort }
+func (*AbortAck) Type() MsgType    { return TypeAbortAck }
+func (*Status) Type() MsgType      { return TypeStatus }
+func (*Ping) Type() MsgType        { return TypePing }
+func (*Pong) Type() MsgType        { return TypePong }
+
+func (m *Register) Sender() From    { return m.From }
+func (m *RegisterAck) Sender() From { return m.From }
+func (m *Request) Sender() From     { return m.From }
+func (m *Abort) Sender() From       { return m.From }
+func (m *AbortAck) Sender() From    { return m.From }
+func (m *Status) Sender() From      { return m.From }
+func (m *Ping) Sender() From        { return m.From }
+func (m *Pong) Sender() From        { return m.From }
+
+// setFrom replaces the sender; the control loop stamps its own identity.
+func setFrom(m Message, f From) {
+	switch m := m.(type) {
+	case *Register:
+		m.From = f
+	case *RegisterAck:
+		m.From = f
+	case *Request:
+		m.From = f
+	case *Abort:
+		m.From = f
+	case *AbortAck:
+		m.From = f
+	case *Status:
+		m.From = f
+	case *Ping:
+		m.From = f
+	case *Pong:
+		m.From = f
+	}
+}
+
+// Encode returns the three frames of m. Keys are written in a fixed order,
+// so the bytes are deterministic (see testdata/golden).
+func Encode(m Message) ([][]byte, error) {
+	var buf bytes.Buffer
+	e := &encoder{enc: msgpack.NewEncoder(&buf)}
+	switch m := m.(type) {
+	case *Register:
+		e.mapLen(9)
+		e.from(m.From)
+		e.kstr("compat", m.Compat)
+		e.kstr("agent", m.Agent)
+		e.kbin("agent_md", m.AgentMD)
+		e.kint("tp_size", int64(m.TPSize))
+		e.kint("tp_rank", int64(m.TPRank))
+		e.regions("kv", m.KV)
+		e.regions("aux", m.Aux)
+		e.regions("state", m.State)
+	case *RegisterAck:
+		e.mapLen(3)
+		e.from(m.From)
+		e.kbool("ok", m.OK)
+		e.kstr("reason", m.Reason)
+	case *Request:
+		e.mapLen(8)
+		e.from(m.From)
+		e.kuint("room", m.Room)
+		e.kbin("dst_pages", pagesToBin(m.DstPages))
+		e.kint("aux_index", int64(m.AuxIndex))
+		e.key("state_indices")
+		e.err(e.enc.EncodeArrayLen(len(m.StateIndices)))
+		for _, s := range m.StateIndices {
+			e.err(e.enc.EncodeBytes(pagesToBin(s)))
+		}
+		e.kint("required", int64(m.Required))
+		e.kint("prefix", int64(m.Prefix))
+		e.kbool("dummy", m.Dummy)
+	case *Abort:
+		e.mapLen(3)
+		e.from(m.From)
+		e.kuint("room", m.Room)
+		e.kstr("reason", m.Reason)
+	case *AbortAck:
+		e.mapLen(3)
+		e.from(m.From)
+		e.kuint("room", m.Room)
+		e.kbool("drained", m.Drained)
+	case *Status:
+		e.mapLen(4)
+		e.from(m.From)
+		e.kuint("room", m.Room)
+		e.kstr("status", m.Status)
+		e.kstr("reason", m.Reason)
+	case *Ping:
+		e.mapLen(2)
+		e.from(m.From)
+		e.kuint("seq", m.Seq)
+	case *Pong:
+		e.mapLen(2)
+		e.from(m.From)
+		e.kuint("seq", m.Seq)
+	default:
+		return nil, fmt.Errorf("bootstrap: cannot encode %T", m)
+	}
+	if e.e != nil {
+		return nil, fmt.Errorf("bootstrap: encode %v: %w", m.Type(), e.e)
+	}
+	if buf.Len() > MaxBodySize {
+		return nil, fmt.Errorf("bootstrap: %v body of %d bytes exceeds %d", m.Type(), buf.Len(), MaxBodySize)
+	}
+	return [][]byte{[]byte(Magic), []byte(m.Type().String()), buf.Bytes()}, nil
+}
+
+type encoder struct {
+	enc *msgpack.Encoder
+	e   error
+}
+
+func (e *encoder) err(err error) {
+	if e.e == nil {
+		e.e = err
+	}
+}
+func (e *encoder) mapLen(n int)             { e.err(e.enc.EncodeMapLen(n)) }
+func (e *encoder) key(k string)             { e.err(e.enc.EncodeString(k)) }
+func (e *encoder) kstr(k, v string)         { e.key(k); e.err(e.enc.EncodeString(v)) }
+func (e *encoder) kuint(k string, v uint64) { e.key(k); e.err(e.enc.EncodeUint(v)) }
+func (e *encoder) kint(k string, v int64)   { e.key(k); e.err(e.enc.EncodeInt(v)) }
+func (e *encoder) kbool(k string, v bool)   { e.key(k); e.err(e.enc.EncodeBool(v)) }
+func (e *encoder) kbin(k string, v []byte) {
+	if v == nil {
+		v = []byte{} // msgpack/v5 writes nil for a nil slice; the wire wants bin
+	}
+	e.key(k)
+	e.err(e.enc.EncodeBytes(v))
+}
+
+func (e *encoder) from(f From) {
+	e.key("from")
+	e.mapLen(5)
+	e.kstr("role", f.Role)
+	e.kstr("instance", f.Instance)
+	e.kint("rank", int64(f.Rank))
+	e.kstr("endpoint", f.Endpoint)
+	e.kuint("epoch", f.Epoch)
+}
+
+func (e *encoder) regions(k string, rs []Region) {
+	e.key(k)
+	e.err(e.enc.EncodeArrayLen(len(rs)))
+	for _, r := range rs {
+		e.mapLen(5)
+		e.kuint("addr", r.Addr)
+		e.kuint("len", r.Len)
+		e.kuint("item_len", r.ItemLen)
+		e.kint("dev", int64(r.Dev))
+		e.kstr("mem", r.Mem)
+	}
+}
+
+// Reasons a message is malformed (the label of
+// kvbridge_malformed_messages_total).
+const (
+	ReasonFrames       = "frames"
+	ReasonMagic        = "magic"
+	ReasonType         = "type"
+	ReasonBody         = "body"
+	ReasonMissingField = "missing_field"
+	ReasonWrongType    = "wrong_type"
+	ReasonOutOfRange   = "out_of_range"
+)
+
+// MalformedReasons lists every reason, for metrics and tests.
+var MalformedReasons = []string{ReasonFrames, ReasonMagic, ReasonType, ReasonBody, ReasonMissingField, ReasonWrongType, ReasonOutOfRange}
+
+// MalformedError says why a message was dropped. Where the body still
+// yielded a room and the sender's endpoint, they are set, so a prefill rank
+// can answer a malformed REQUEST with STATUS failed.
+type MalformedError struct {
+	Reason string  // one of the Reason constants
+	Type   MsgType // 0 if the type frame was bad
+	Field  string  // the offending field, if any
+	Detail string
+	Room   uint64
+	// HasRoom is true when Room was decoded.
+	HasRoom  bool
+	Endpoint string // the sender's from.endpoint, if decoded
+}
+
+func (e *MalformedError) Error() string {
+	s := "bootstrap: malformed message: " + e.Reason
+	if e.Type != 0 {
+		s += " in " + e.Type.String()
+	}
+	if e.Field != "" {
+		s += " field " + e.Field
+	}
+	if e.HasRoom {
+		s += fmt.Sprintf(" room %d", e.Room)
+	}
+	if e.Endpoint != "" {
+		s += " from " + e.Endpoint
+	}
+	if e.Detail != "" {
+		s += ": " + e.Detail
+	}
+	return s
+}
+
+// Decode parses the frames of one message. Any error is a *MalformedError;
+// Decode never panics.
+func Decode(frames [][]byte) (Message, error) {
+	if len(frames) != 3 {
+		return nil, &MalformedError{Reason: ReasonFrames, Detail: fmt.Sprintf("%d frames, want 3", len(frames))}
+	}
+	if string(frames[0]) != Magic {
+		return nil, &MalformedError{Reason: ReasonMagic, Detail: fmt.Sprintf("%q", truncate(frames[0]))}
+	}
+	t, ok := parseType(frames[1])
+	if !ok {
+		return nil, &MalformedError{Reason: ReasonType, Detail: fmt.Sprintf("%q", truncate(frames[1]))}
+	}
+	if len(frames[2]) > MaxBodySize {
+		return nil, &MalformedError{Reason: ReasonBody, Type: t, Detail: fmt.Sprintf("%d bytes exceeds %d", len(frames[2]), MaxBodySize)}
+	}
+	b, err := parseMap(frames[2])
+	if err != nil {
+		return nil, &MalformedError{Reason: ReasonBody, Type: t, Detail: err.Error()}
+	}
+	b.t = t
+	var m Message
+	switch t {
+	case TypeRegister:
+		r := &Register{From: b.from(), Compat: b.str("compat"), Agent: b.str("agent"), AgentMD: b.bin("agent_md"),
+			TPSize: b.int("tp_size", 1, math.MaxInt32), KV: b.regions("kv"), Aux: b.regions("aux"), State: b.regions("state")}
+		r.TPRank = b.int("tp_rank", 0, int64(max(r.TPSize-1, 0)))
+		m = r
+	case TypeRegisterAck:
+		m = &RegisterAck{From: b.from(), OK: b.boolean("ok"), Reason: b.str("reason")}
+	case TypeRequest:
+		m = &Request{From: b.from(), Room: b.uint("room"), DstPages: b.pages("dst_pages"),
+			AuxIndex: b.int("aux_index", -1, math.MaxInt32), StateIndices: b.pageLists("state_indices"),
+			Required: b.int("required", 1, math.MaxInt32), Prefix: b.int("prefix", 0, math.MaxInt32), Dummy: b.boolean("dummy")}
+	case TypeAbort:
+		m = &Abort{From: b.from(), Room: b.uint("room"), Reason: b.str("reason")}
+	case TypeAbortAck:
+		m = &AbortAck{From: b.from(), Room: b.uint("room"), Drained: b.boolean("drained")}
+	case TypeStatus:
+		s := &Status{From: b.from(), Room: b.uint("room"), Status: b.str("status"), Reason: b.str("reason")}
+		if b.err == nil && s.Status != StatusFailed && s.Status != StatusSuccess {
+			b.fail(ReasonOutOfRange, "status", fmt.Sprintf("%q", s.Status))
+		}
+		m = s
+	case TypePing:
+		m = &Ping{From: b.from(), Seq: b.uint("seq")}
+	case TypePong:
+		m = &Pong{From: b.from(), Seq: b.uint("seq")}
+	}
+	if b.err != nil {
+		b.err.Type = t
+		b.salvage(b.err)
+		return nil, b.err
+	}
+	return m, nil
+}
+
+func truncate(b []byte) []byte {
+	if len(b) > 32 {
+		return b[:32]
+	}
+	return b
+}
+
+// body is a decoded map of raw field values; getters record the first
+// problem and return zero values after it.
+type body struct {
+	t      MsgType
+	fields map[string][]byte
+	prefix string // for nested maps: "from." or "kv[3]."
+	err    *MalformedError
+}
+
+func parseMap(raw []byte) (*body, error) {
+	s := &scanner{b: raw}
+	n, err := s.expect(mpMap)
+	if err != nil {
+		return nil, err
+	}
+	fields := make(map[string][]byte, n)
+	for i := 0; i < n; i++ {
+		k, err := s.str()
+		if err != nil {
+			return nil, fmt.Errorf("key %d: %w", i, err)
+		}
+		v, err := s.raw()
+		if err != nil {
+			return nil, fmt.Errorf("value of %q: %w", k, err)
+		}
+		fields[k] = v
+	}
+	if s.remaining() != 0 {
+		return nil, fmt.Errorf("%d trailing bytes", s.remaining())
+	}
+	return &body{fields: fields}, nil
+}
+
+func (b *body) fail(reason, field, detail string) {
+	if b.err == nil {
+		b.err = &MalformedError{Reason: reason, Field: b.prefix + field, Detail: detail}
+	}
+}
+
+// get returns a scanner over field k, or nil (recording why).
+func (b *body) get(k string) *scanner {
+	if b.err != nil {
+		return nil
+	}
+	v, ok := b.fields[k]
+	if !ok {
+		b.fail(ReasonMissingField, k, "")
+		return nil
+	}
+	return &scanner{b: v}
+}
+
+// check records a scanner error as wrong type or body.
+func (b *body) check(k string, err error) bool {
+	if err == nil {
+		return true
+	}
+	var te *typeError
+	if asTypeError(err, &te) {
+		b.fail(ReasonWrongType, k, te.Error())
+	} else {
+		b.fail(ReasonBody, k, err.Error())
+	}
+	return false
+}
+
+func asTypeError(err error, te **typeError) bool {
+	t, ok := err.(*typeError)
+	if ok {
+		*te = t
+	}
+	return ok
+}
+
+func (b *body) str(k string) string {
+	s := b.get(k)
+	if s == nil {
+		return ""
+	}
+	v, err := s.str()
+	b.check(k, err)
+	return v
+}
+
+func (b *body) bin(k string) []byte {
+	s := b.get(k)
+	if s == nil {
+		return nil
+	}
+	v, err := s.bin()
+	b.check(k, err)
+	return v
+}
+
+func (b *body) boolean(k string) bool {
+	s := b.get(k)
+	if s == nil {
+		return false
+	}
+	v, err := s.boolean()
+	b.check(k, err)
+	return v
+}
+
+func (b *body) uint(k string) uint64 {
+	s := b.get(k)
+	if s == nil {
+		return 0
+	}
+	v, neg, err := s.integer()
+	if !b.check(k, err) {
+		return 0
+	}
+	if neg {
+		b.fail(ReasonOutOfRange, k, fmt.Sprintf("%d is negative", int64(v)))
+		return 0
+	}
+	return v
+}
+
+func (b *body) int(k string, lo, hi int64) int {
+	s := b.get(k)
+	if s == nil {
+		return 0
+	}
+	v, neg, err := s.integer()
+	if !b.check(k, err) {
+		return 0
+	}
+	if (!neg && v > uint64(hi)) || int64(v) < lo {
+		if neg {
+			b.fail(ReasonOutOfRange, k, fmt.Sprintf("%d not in [%d, %d]", int64(v), lo, hi))
+		} else {
+			b.fail(ReasonOutOfRange, k, fmt.Sprintf("%d not in [%d, %d]", v, lo, hi))
+		}
+		return 0
+	}
+	return int(int64(v))
+}
+
+func (b *body) pages(k string) []uint32 {
+	raw := b.bin(k)
+	if b.err != nil {
+		return nil
+	}
+	p, ok := pagesFromBin(raw)
+	if !ok {
+		b.fail(ReasonOutOfRange, k, fmt.Sprintf("%d bytes is not a whole number of uint32", len(raw)))
+	}
+	return p
+}
+
+// array returns a scanner positioned after field k's array header and the
+// element count.
+func (b *body) array(k string) (*scanner, int) {
+	s := b.get(k)
+	if s == nil {
+		return nil, 0
+	}
+	n, err := s.expect(mpArray)
+	if !b.check(k, err) {
+		return nil, 0
+	}
+	return s, n
+}
+
+func (b *body) pageLists(k string) [][]uint32 {
+	s, n := b.array(k)
+	if s == nil {
+		return nil
+	}
+	out := make([][]uint32, 0, n)
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("%s[%d]", k, i)
+		raw, err := s.bin()
+		if !b.check(name, err) {
+			return nil
+		}
+		p, ok := pagesFromBin(raw)
+		if !ok {
+			b.fail(ReasonOutOfRange, name, fmt.Sprintf("%d bytes is not a whole number of uint32", len(raw)))
+			return nil
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// nested parses field k (or an array element) as a map.
+func (b *body) nested(name string, raw []byte) *body {
+	if b.err != nil {
+		return nil
+	}
+	s := &scanner{b: raw}
+	k, err := s.kind()
+	if err == nil && k != mpMap {
+		b.fail(ReasonWrongType, name, (&typeError{mpMap, k}).Error())
+		return nil
+	}
+	nb, err := parseMap(raw)
+	if err != nil {
+		b.fail(ReasonBody, name, err.Error())
+		return nil
+	}
+	nb.prefix = b.prefix + name + "."
+	return nb
+}
+
+func (b *body) regions(k string) []Region {
+	s, n := b.array(k)
+	if s == nil {
+		return nil
+	}
+	out := make([]Region, 0, n)
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("%s[%d]", k, i)
+		raw, err := s.raw()
+		if !b.check(name, err) {
+			return nil
+		}
+		r := b.nested(name, raw)
+		if r == nil {
+			return nil
+		}
+		reg := Region{Addr: r.uint("addr"), Len: r.uint("len"), ItemLen: r.uint("item_len"),
+			Dev: r.int("dev", 0, math.MaxInt32), Mem: r.str("mem")}
+		if r.err == nil && reg.Mem != MemDRAM && reg.Mem != MemVRAM {
+			r.fail(ReasonOutOfRange, "mem", fmt.Sprintf("%q", reg.Mem))
+		}
+		if r.err == nil && reg.ItemLen == 0 {
+			r.fail(ReasonOutOfRange, "item_len", "0")
+		}
+		if r.err == nil && reg.Addr > math.MaxUint64-reg.Len {
+			r.fail(ReasonOutOfRange, "len", "region wraps the address space")
+		}
+		if r.err != nil {
+			b.err = r.err
+			return nil
+		}
+		out = append(out, reg)
+	}
+	return out
+}
+
+func (b *body) from() From {
+	s := b.get("from")
+	if s == nil {
+		return From{}
+	}
+	f := b.nested("from", s.b)
+	if f == nil {
+		return From{}
+	}
+	v := From{Role: f.str("role"), Instance: f.str("instance"), Rank: f.int("rank", 0, math.MaxInt32),
+		Endpoint: f.str("endpoint"), Epoch: f.uint("epoch")}
+	if f.err == nil && v.Role != RolePrefill && v.Role != RoleDecode {
+		f.fail(ReasonOutOfRange, "role", fmt.Sprintf("%q", v.Role))
+	}
+	if f.err == nil && v.Endpoint == "" {
+		f.fail(ReasonOutOfRange, "endpoint", "empty")
+	}
+	if f.err != nil {
+		b.err = f.err
+	}
+	return v
+}
+
+// salvage fills the room and endpoint of a malformed message where the body
+// still yields them.
+func (b *body) salvage(e *MalformedError) {
+	if raw, ok := b.fields["room"]; ok {
+		s := &scanner{b: raw}
+		if v, neg, err := s.integer(); err == nil && !neg {
+			e.Room, e.HasRoom = v, true
+		}
+	}
+	if raw, ok := b.fields["from"]; ok {
+		if f, err := parseMap(raw); err == nil {
+			if ep, ok := f.fields["endpoint"]; ok {
+				s := &scanner{b: ep}
+				if v, err := s.str(); err == nil {
+					e.Endpoint = v
+				}
+			}
+		}
+	}
+}

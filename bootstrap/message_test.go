@@ -1,0 +1,258 @@
+package bootstrap
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/golden")
+
+func sampleFrom(role string) From {
+	return From{Role: role, Instance: "llama-prefill-a", Rank: 3, Endpoint: "tcp://10.1.2.3:17000", Epoch: 0x1122334455667788}
+}
+
+// sampleMessages holds one message of each type; the golden files are their
+// exact encodings.
+func sampleMessages() []Message {
+	regions := []Region{
+		{Addr: 0x7f0000000000, Len: 1 << 30, ItemLen: 32768, Dev: 0, Mem: MemVRAM},
+		{Addr: 0x7f0040000000, Len: 1 << 30, ItemLen: 32768, Dev: 0, Mem: MemVRAM},
+	}
+	return []Message{
+		&Register{From: sampleFrom(RoleDecode), Compat: "v1:llama3-8b:bf16:16", Agent: "decode-0",
+			AgentMD: []byte{0xde, 0xad, 0xbe, 0xef}, TPSize: 2, TPRank: 1, KV: regions,
+			Aux: []Region{{Addr: 0x1000, Len: 4096, ItemLen: 64, Dev: 0, Mem: MemDRAM}}, State: []Region{}},
+		&RegisterAck{From: sampleFrom(RolePrefill), OK: false, Reason: "compat mismatch"},
+		&Request{From: sampleFrom(RoleDecode), Room: 0xfedcba9876543210, DstPages: []uint32{7, 8, 9, 4000000000},
+			AuxIndex: -1, StateIndices: [][]uint32{{1, 2}, {}}, Required: 2, Prefix: 1, Dummy: false},
+		&Abort{From: sampleFrom(RoleDecode), Room: 42, Reason: "client disconnected"},
+		&AbortAck{From: sampleFrom(RolePrefill), Room: 42, Drained: true},
+		&Status{From: sampleFrom(RolePrefill), Room: 42, Status: StatusFailed, Reason: "transfer stall"},
+		&Ping{From: sampleFrom(RolePrefill), Seq: 1},
+		&Pong{From: sampleFrom(RoleDecode), Seq: 1},
+	}
+}
+
+func TestGolden(t *testing.T) {
+	for _, m := range sampleMessages() {
+		t.Run(m.Type().String(), func(t *testing.T) {
+			frames, err := Encode(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(frames[0]) != "KVB1" || string(frames[1]) != m.Type().String() {
+				t.Fatalf("frames 0/1 = %q %q", frames[0], frames[1])
+			}
+			path := filepath.Join("testdata", "golden", m.Type().String()+".msgpack")
+			if *update {
+				if err := os.WriteFile(path, frames[2], 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test ./bootstrap -run TestGolden -update once)", err)
+			}
+			if !bytes.Equal(frames[2], want) {
+				t.Fatalf("wire format drifted for %v:\n got %x\nwant %x", m.Type(), frames[2], want)
+			}
+			got, err := Decode([][]byte{[]byte(Magic), []byte(m.Type().String()), want})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, m) {
+				t.Fatalf("round trip:\n got %+v\nwant %+v", got, m)
+			}
+			// Any MessagePack implementation reads the golden body as a map
+			// with the PROTOCOL.md keys.
+			var generic map[string]any
+			if err := msgpack.Unmarshal(want, &generic); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := generic["from"].(map[string]any)["endpoint"]; !ok {
+				t.Fatalf("generic decode lacks from.endpoint: %v", generic)
+			}
+		})
+	}
+}
+
+// encodeMap builds a body from a generic map, as a foreign implementation
+// (or an attacker) would.
+func encodeMap(t testing.TB, m map[string]any) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.SetSortMapKeys(true)
+	if err := enc.Encode(m); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func goodFrom() map[string]any {
+	return map[string]any{"role": "decode", "instance": "d", "rank": 0, "endpoint": "tcp://127.0.0.1:1", "epoch": uint64(9)}
+}
+
+func goodRequest() map[string]any {
+	return map[string]any{"from": goodFrom(), "room": 5, "dst_pages": []byte{1, 0, 0, 0}, "aux_index": -1,
+		"state_indices": []any{}, "required": 1, "prefix": 0, "dummy": false, "future_key": "ignored"}
+}
+
+func TestDecodeAcceptsForeignEncodings(t *testing.T) {
+	// Other implementations may pick other integer widths and add keys.
+	m := goodRequest()
+	m["room"] = int64(5)
+	m["required"] = uint8(1)
+	msg, err := Decode([][]byte{[]byte(Magic), []byte("REQUEST"), encodeMap(t, m)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := msg.(*Request)
+	if r.Room != 5 || r.AuxIndex != -1 || len(r.DstPages) != 1 || r.DstPages[0] != 1 || r.From.Epoch != 9 {
+		t.Fatalf("decoded %+v", r)
+	}
+}
+
+func TestDecodeMalformed(t *testing.T) {
+	with := func(k string, v any) []byte {
+		m := goodRequest()
+		if v == nil {
+			delete(m, k)
+		} else {
+			m[k] = v
+		}
+		return encodeMap(t, m)
+	}
+	fromWith := func(k string, v any) []byte {
+		f := goodFrom()
+		f[k] = v
+		m := goodRequest()
+		m["from"] = f
+		return encodeMap(t, m)
+	}
+	req := func(body []byte) [][]byte { return [][]byte{[]byte(Magic), []byte("REQUEST"), body} }
+	good := with("room", 5)
+	for _, tc := range []struct {
+		name    string
+		frames  [][]byte
+		reason  string
+		field   string
+		hasRoom bool
+	}{
+		{"two frames", [][]byte{[]byte(Magic), []byte("PING")}, ReasonFrames, "", false},
+		{"four frames", append(req(good), []byte("x")), ReasonFrames, "", false},
+		{"magic", [][]byte{[]byte("KVB2"), []byte("REQUEST"), good}, ReasonMagic, "", false},
+		{"type", [][]byte{[]byte(Magic), []byte("request"), good}, ReasonType, "", false},
+		{"random body", req([]byte{0xc1, 0x00, 0x13}), ReasonBody, "", false},
+		{"truncated", req(good[:len(good)-3]), ReasonBody, "", false},
+		{"trailing", req(append(append([]byte{}, good...), 0x01)), ReasonBody, "", false},
+		{"not a map", req([]byte{0x93, 1, 2, 3}), ReasonBody, "", false},
+		{"huge array header", req([]byte{0x81, 0xa1, 'x', 0xdd, 0xff, 0xff, 0xff, 0xff}), ReasonBody, "", false},
+		{"missing room", req(with("room", nil)), ReasonMissingField, "room", false},
+		{"missing from", req(with("from", nil)), ReasonMissingField, "from", true},
+		{"room as string", req(with("room", "5")), ReasonWrongType, "room", false},
+		{"negative room", req(with("room", -5)), ReasonOutOfRange, "room", false},
+		{"required 0", req(with("required", 0)), ReasonOutOfRange, "required", true},
+		{"aux_index -2", req(with("aux_index", -2)), ReasonOutOfRange, "aux_index", true},
+		{"pages not uint32", req(with("dst_pages", []byte{1, 2, 3})), ReasonOutOfRange, "dst_pages", true},
+		{"pages as array", req(with("dst_pages", []any{1, 2})), ReasonWrongType, "dst_pages", true},
+		{"state index bad", req(with("state_indices", []any{[]byte{1}})), ReasonOutOfRange, "state_indices[0]", true},
+		{"from not map", req(with("from", "me")), ReasonWrongType, "from", true},
+		{"bad role", req(fromWith("role", "router")), ReasonOutOfRange, "from.role", true},
+		{"rank as bool", req(fromWith("rank", true)), ReasonWrongType, "from.rank", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Decode(tc.frames)
+			var me *MalformedError
+			if !errors.As(err, &me) {
+				t.Fatalf("want MalformedError, got %v", err)
+			}
+			if me.Reason != tc.reason || (tc.field != "" && me.Field != tc.field) {
+				t.Fatalf("got reason %s field %q (%v), want %s %q", me.Reason, me.Field, me, tc.reason, tc.field)
+			}
+			if me.HasRoom != tc.hasRoom {
+				t.Fatalf("HasRoom = %v, want %v (%v)", me.HasRoom, tc.hasRoom, me)
+			}
+		})
+	}
+	// A malformed REQUEST that still names its room and sender can be answered.
+	_, err := Decode(req(with("required", 0)))
+	var me *MalformedError
+	errors.As(err, &me)
+	if me.Room != 5 || me.Endpoint != "tcp://127.0.0.1:1" {
+		t.Fatalf("salvage: %+v", me)
+	}
+}
+
+func TestDecodeRegionChecks(t *testing.T) {
+	reg := func(r map[string]any) [][]byte {
+		m := map[string]any{"from": goodFrom(), "compat": "c", "agent": "a", "agent_md": []byte{}, "tp_size": 1,
+			"tp_rank": 0, "kv": []any{r}, "aux": []any{}, "state": []any{}}
+		return [][]byte{[]byte(Magic), []byte("REGISTER"), encodeMap(t, m)}
+	}
+	good := map[string]any{"addr": 4096, "len": 4096, "item_len": 64, "dev": 0, "mem": "DRAM"}
+	if _, err := Decode(reg(good)); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]any{"mem": "HBM", "item_len": 0, "dev": -1} {
+		r := map[string]any{}
+		for kk, vv := range good {
+			r[kk] = vv
+		}
+		r[k] = v
+		_, err := Decode(reg(r))
+		var me *MalformedError
+		if !errors.As(err, &me) || me.Reason != ReasonOutOfRange || me.Field != "kv[0]."+k {
+			t.Errorf("%s=%v: %v", k, v, err)
+		}
+	}
+}
+
+// FuzzDecode: Decode never panics, and whatever it accepts re-encodes to a
+// body that decodes to the same message.
+func FuzzDecode(f *testing.F) {
+	for _, m := range sampleMessages() {
+		frames, _ := Encode(m)
+		f.Add(frames[1], frames[2])
+	}
+	f.Add([]byte("REQUEST"), []byte{0x81, 0xa1, 'x', 0xdd, 0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte("PING"), bytes.Repeat([]byte{0x91}, 4096))
+	f.Fuzz(func(t *testing.T, typ, body []byte) {
+		m, err := Decode([][]byte{[]byte(Magic), typ, body})
+		if err != nil {
+			var me *MalformedError
+			if !errors.As(err, &me) {
+				t.Fatalf("non-Malformed error %T", err)
+			}
+			return
+		}
+		frames, err := Encode(m)
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		again, err := Decode(frames)
+		if err != nil {
+			t.Fatalf("re-decode: %v", err)
+		}
+		if !reflect.DeepEqual(m, again) {
+			t.Fatalf("not stable:\n%+v\n%+v", m, again)
+		}
+	})
+}
+
+func TestDecodeDeepNesting(t *testing.T) {
+	// 8 MiB of nested single-element arrays: a recursive decoder would
+	// exhaust the stack; this one walks them iteratively.
+	body := append([]byte{0x81, 0xa1, 'x'}, bytes.Repeat([]byte{0x91}, 8<<20)...)
+	body = append(body, 0x00)
+	if _, err := Decode([][]byte{[]byte(Magic), []byte("PING"), body}); err == nil {
+		t.Fatal("want an error for a PING without its fields")
+	}
+}
