@@ -1,0 +1,744 @@
+package bootstrap
+
+import (
+	"container/list"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Errors of the control loop.
+var (
+	ErrClosed    = errors.New("bootstrap: control loop closed")
+	ErrQueueFull = errors.New("bootstrap: send queue full")
+)
+
+// Peer is where a message goes: a rank's control endpoint and, with
+// security on, its CURVE server public key.
+type Peer struct {
+	Endpoint  string
+	ServerKey string
+}
+
+// PeerDown reports a peer that heartbeats declared dead or that restarted.
+type PeerDown struct {
+	Endpoint string
+	// From is the peer's identity when known (always for a restart).
+	From From
+	// Reason is "peer unreachable" or "peer restarted".
+	Reason string
+}
+
+// Reasons in PeerDown.
+const (
+	ReasonPeerUnreachable = "peer unreachable"
+	ReasonPeerRestarted   = "peer restarted"
+)
+
+// LoopConfig configures one rank's control loop.
+type LoopConfig struct {
+	// Identity is stamped into every message's from (Endpoint is filled in
+	// with the bound endpoint; a zero Epoch is replaced by a random one).
+	Identity From
+	// Bind is the PULL socket's endpoint, e.g. "tcp://127.0.0.1:*" for any
+	// free port.
+	Bind string
+	// Handler receives every well-formed message but PING and PONG, in
+	// arrival order, on the loop's receive goroutine: it must not block.
+	Handler func(Message)
+	// OnPeerDown is called once per dead or restarted peer.
+	OnPeerDown func(PeerDown)
+
+	HeartbeatInterval time.Duration // default 5 s
+	MaxMisses         int           // default 2
+	SendQueue         int           // hand-off queue length, default 4096
+	SendHWM           int           // per-peer ZeroMQ high-water mark, default 1000
+	Linger            time.Duration // how long Close waits for queued sends, default 1 s
+	MaxPeers          int           // PUSH sockets kept, default 1024
+	PeerIdle          time.Duration // an unwatched peer's socket is closed after this, default 5 min
+	Security          *Security     // nil: off
+
+	Logger     *zap.Logger           // default: no logging
+	Registerer prometheus.Registerer // default: no metrics registered
+}
+
+// DefaultLoopConfig returns the defaults; set Identity, Bind and Handler.
+func DefaultLoopConfig() LoopConfig {
+	return LoopConfig{HeartbeatInterval: 5 * time.Second, MaxMisses: 2, SendQueue: 4096, SendHWM: 1000,
+		Linger: time.Second, MaxPeers: 1024, PeerIdle: 5 * time.Minute}
+}
+
+// Validate reports the first setting that cannot work.
+func (c *LoopConfig) Validate() error {
+	switch {
+	case c.Identity.Role != RolePrefill && c.Identity.Role != RoleDecode:
+		return fmt.Errorf("bootstrap: Identity.Role must be %q or %q, got %q", RolePrefill, RoleDecode, c.Identity.Role)
+	case c.Identity.Instance == "":
+		return errors.New("bootstrap: Identity.Instance is empty")
+	case c.Identity.Rank < 0:
+		return fmt.Errorf("bootstrap: Identity.Rank %d is negative", c.Identity.Rank)
+	case c.Bind == "":
+		return errors.New("bootstrap: Bind is empty")
+	case c.Handler == nil:
+		return errors.New("bootstrap: Handler is nil")
+	case c.HeartbeatInterval <= 0 || c.MaxMisses < 1:
+		return fmt.Errorf("bootstrap: heartbeat %v × %d misses is not valid", c.HeartbeatInterval, c.MaxMisses)
+	case c.SendQueue < 1 || c.SendHWM < 1 || c.MaxPeers < 1 || c.PeerIdle <= 0 || c.Linger < 0:
+		return errors.New("bootstrap: SendQueue, SendHWM, MaxPeers and PeerIdle must be positive, Linger not negative")
+	}
+	return nil
+}
+
+type outbound struct {
+	to     Peer
+	frames [][]byte
+	t      MsgType
+}
+
+type watchCmd struct {
+	peer  Peer
+	watch bool
+}
+
+type pong struct {
+	endpoint string
+}
+
+// Loop is a rank's control loop. Two goroutines own its sockets, each socket
+// used by exactly one of them (ZeroMQ sockets are not thread-safe): the
+// receive goroutine owns the PULL socket, the ZAP handler and the wake
+// socket; the send goroutine owns every PUSH socket and the heartbeats.
+// Everyone else hands messages over through a bounded queue. (A single
+// goroutine cannot wait on a Go channel and on ZeroMQ sockets at once
+// without a polling timeout, which would cost latency.)
+type Loop struct {
+	cfg  LoopConfig
+	id   From
+	log  *zap.Logger
+	ctx  *zmq.Context
+	stat counters
+	coll *collector
+
+	pull, zap, wakeR, wakeW *zmq.Socket
+
+	sendCh  chan outbound
+	watchCh chan watchCmd
+	pongCh  chan pong
+
+	closeOnce sync.Once
+	closing   chan struct{}
+	sendDone  chan struct{}
+	recvDone  chan struct{}
+	closeErr  error
+}
+
+// NewLoop binds the rank's PULL socket and starts the loop.
+func NewLoop(cfg LoopConfig) (l *Loop, err error) {
+	def := DefaultLoopConfig()
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = def.HeartbeatInterval
+	}
+	if cfg.MaxMisses == 0 {
+		cfg.MaxMisses = def.MaxMisses
+	}
+	if cfg.SendQueue == 0 {
+		cfg.SendQueue = def.SendQueue
+	}
+	if cfg.SendHWM == 0 {
+		cfg.SendHWM = def.SendHWM
+	}
+	if cfg.Linger == 0 {
+		cfg.Linger = def.Linger
+	}
+	if cfg.MaxPeers == 0 {
+		cfg.MaxPeers = def.MaxPeers
+	}
+	if cfg.PeerIdle == 0 {
+		cfg.PeerIdle = def.PeerIdle
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Security != nil {
+		sec := *cfg.Security
+		if err := sec.normalise(); err != nil {
+			return nil, err
+		}
+		cfg.Security = &sec
+	}
+	l = &Loop{cfg: cfg, id: cfg.Identity, log: cfg.Logger,
+		sendCh: make(chan outbound, cfg.SendQueue), watchCh: make(chan watchCmd, 64), pongCh: make(chan pong, 1024),
+		closing: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{})}
+	if l.log == nil {
+		l.log = zap.NewNop()
+	}
+	if l.id.Epoch == 0 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		l.id.Epoch = binary.LittleEndian.Uint64(b[:]) | 1
+	}
+	if l.ctx, err = zmq.NewContext(); err != nil {
+		return nil, fmt.Errorf("bootstrap: zmq context: %w", err)
+	}
+	fail := func(what string, err error) (*Loop, error) {
+		for _, s := range []*zmq.Socket{l.pull, l.zap, l.wakeR, l.wakeW} {
+			if s != nil {
+				s.Close()
+			}
+		}
+		l.ctx.Term()
+		return nil, fmt.Errorf("bootstrap: %s (rank %s): %w", what, cfg.Identity.Peer(), err)
+	}
+	if cfg.Security != nil {
+		// The ZAP handler must exist before the first connection arrives.
+		if l.zap, err = l.ctx.NewSocket(zmq.REP); err != nil {
+			return fail("zap socket", err)
+		}
+		l.zap.SetLinger(0)
+		if err = l.zap.Bind("inproc://zeromq.zap.01"); err != nil {
+			return fail("zap bind", err)
+		}
+	}
+	if l.pull, err = l.ctx.NewSocket(zmq.PULL); err != nil {
+		return fail("pull socket", err)
+	}
+	l.pull.SetLinger(0)
+	l.pull.SetRcvhwm(cfg.SendHWM * 10)
+	if err = l.pull.SetMaxmsgsize(MaxBodySize + 4096); err != nil {
+		return fail("max message size", err)
+	}
+	if cfg.Security != nil {
+		if err = l.pull.ServerAuthCurve("kvbridge", cfg.Security.SecretKey); err != nil {
+			return fail("curve server", err)
+		}
+	}
+	if err = l.pull.Bind(cfg.Bind); err != nil {
+		return fail("bind "+cfg.Bind, err)
+	}
+	if l.id.Endpoint, err = l.pull.GetLastEndpoint(); err != nil {
+		return fail("bound endpoint", err)
+	}
+	wake := fmt.Sprintf("inproc://kvbridge-wake-%p", l)
+	if l.wakeR, err = l.ctx.NewSocket(zmq.PAIR); err != nil {
+		return fail("wake socket", err)
+	}
+	if err = l.wakeR.Bind(wake); err != nil {
+		return fail("wake bind", err)
+	}
+	if l.wakeW, err = l.ctx.NewSocket(zmq.PAIR); err != nil {
+		return fail("wake socket", err)
+	}
+	if err = l.wakeW.Connect(wake); err != nil {
+		return fail("wake connect", err)
+	}
+	l.wakeR.SetLinger(0)
+	l.wakeW.SetLinger(0)
+	l.coll = newCollector(&l.stat, l.id)
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(l.coll); err != nil {
+			return fail("metrics", err)
+		}
+	}
+	go l.receive()
+	go l.send()
+	return l, nil
+}
+
+// Identity returns the rank's identity as stamped on its messages.
+func (l *Loop) Identity() From { return l.id }
+
+// Endpoint returns the bound control endpoint (with the real port).
+func (l *Loop) Endpoint() string { return l.id.Endpoint }
+
+// PublicKey returns the rank's CURVE public key, or "" with security off.
+func (l *Loop) PublicKey() string {
+	if l.cfg.Security == nil {
+		return ""
+	}
+	return l.cfg.Security.PublicKey
+}
+
+// Stats returns a snapshot of the loop's counters.
+func (l *Loop) Stats() Stats { return l.stat.snapshot() }
+
+// Send stamps m with this rank's identity, encodes it and hands it to the
+// send goroutine. It never blocks: a full queue returns ErrQueueFull.
+func (l *Loop) Send(to Peer, m Message) error {
+	setFrom(m, l.id)
+	frames, err := Encode(m)
+	if err != nil {
+		return err
+	}
+	return l.enqueue(outbound{to: to, frames: frames, t: m.Type()})
+}
+
+func (l *Loop) enqueue(o outbound) error {
+	select {
+	case <-l.closing:
+		return ErrClosed
+	default:
+	}
+	select {
+	case l.sendCh <- o:
+		return nil
+	default:
+		l.stat.dropInc(DropQueueFull)
+		return fmt.Errorf("bootstrap: %v to %s: %w", o.t, o.to.Endpoint, ErrQueueFull)
+	}
+}
+
+// Watch starts heartbeats to a peer (a rank this one shares a live room
+// with). Watching a watched peer is a no-op.
+func (l *Loop) Watch(p Peer) error { return l.watch(watchCmd{peer: p, watch: true}) }
+
+// Unwatch stops heartbeats to the peer at endpoint.
+func (l *Loop) Unwatch(endpoint string) error {
+	return l.watch(watchCmd{peer: Peer{Endpoint: endpoint}})
+}
+
+func (l *Loop) watch(c watchCmd) error {
+	select {
+	case <-l.closing:
+		return ErrClosed
+	default:
+	}
+	select {
+	case l.watchCh <- c:
+		return nil
+	case <-l.closing:
+		return ErrClosed
+	}
+}
+
+// Close stops both goroutines, closes every socket (queued sends get at most
+// Linger) and terminates the ZeroMQ context. It is idempotent and returns
+// the first error.
+func (l *Loop) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.closing)
+		<-l.sendDone
+		<-l.recvDone
+		if l.cfg.Registerer != nil {
+			l.cfg.Registerer.Unregister(l.coll)
+		}
+		if err := l.ctx.Term(); err != nil {
+			l.closeErr = fmt.Errorf("bootstrap: terminating the zmq context: %w", err)
+		}
+	})
+	return l.closeErr
+}
+
+// ---- receive goroutine -------------------------------------------------
+
+func (l *Loop) receive() {
+	defer close(l.recvDone)
+	defer func() {
+		for _, s := range []*zmq.Socket{l.pull, l.zap, l.wakeR} {
+			if s != nil {
+				s.Close()
+			}
+		}
+	}()
+	poller := zmq.NewPoller()
+	poller.Add(l.pull, zmq.POLLIN)
+	poller.Add(l.wakeR, zmq.POLLIN)
+	if l.zap != nil {
+		poller.Add(l.zap, zmq.POLLIN)
+	}
+	epochs := map[string]uint64{}
+	var limiter logLimiter
+	for {
+		polled, err := poller.Poll(-1)
+		if err != nil {
+			if errors.Is(err, zmq.ETERM) {
+				return
+			}
+			l.log.Warn("control poll", zap.Error(err))
+			continue
+		}
+		for _, p := range polled {
+			switch p.Socket {
+			case l.wakeR:
+				return // the send goroutine is closing
+			case l.zap:
+				l.authenticate()
+			case l.pull:
+				// Drain what is there, bounded so ZAP requests are not starved.
+				for i := 0; i < 256; i++ {
+					frames, err := l.pull.RecvMessageBytes(zmq.DONTWAIT)
+					if err != nil {
+						break
+					}
+					l.dispatch(frames, epochs, &limiter)
+				}
+			}
+		}
+	}
+}
+
+func (l *Loop) dispatch(frames [][]byte, epochs map[string]uint64, limiter *logLimiter) {
+	m, err := Decode(frames)
+	if err != nil {
+		var me *MalformedError
+		errors.As(err, &me)
+		l.stat.malformedInc(me.Reason)
+		if n, ok := limiter.allow(time.Now()); ok {
+			l.log.Warn("malformed control message dropped", zap.String("rank", l.id.Peer()),
+				zap.String("reason", me.Reason), zap.Error(err), zap.Int("suppressed", n))
+		}
+		if me.Type == TypeRequest && me.HasRoom && me.Endpoint != "" && l.id.Role == RolePrefill {
+			// Answer at once so decode does not wait for a timeout.
+			_ = l.Send(Peer{Endpoint: me.Endpoint}, &Status{Room: me.Room, Status: StatusFailed,
+				Reason: "malformed REQUEST: " + err.Error()})
+		}
+		return
+	}
+	l.stat.received.Add(1)
+	from := m.Sender()
+	key := from.Peer()
+	if old, ok := epochs[key]; ok && old != from.Epoch {
+		l.stat.restarted.Add(1)
+		l.log.Warn("peer restarted", zap.String("peer", key), zap.String("endpoint", from.Endpoint))
+		if l.cfg.OnPeerDown != nil {
+			l.cfg.OnPeerDown(PeerDown{Endpoint: from.Endpoint, From: from, Reason: ReasonPeerRestarted})
+		}
+	}
+	epochs[key] = from.Epoch
+	switch m := m.(type) {
+	case *Ping:
+		_ = l.Send(Peer{Endpoint: from.Endpoint}, &Pong{Seq: m.Seq})
+	case *Pong:
+		select {
+		case l.pongCh <- pong{endpoint: from.Endpoint}:
+		default: // the send goroutine is behind; the next PONG will do
+		}
+	default:
+		l.cfg.Handler(m)
+	}
+}
+
+// authenticate answers one ZAP request (RFC 27): CURVE clients whose public
+// key is on the allow-list pass, everyone else is refused and counted.
+func (l *Loop) authenticate() {
+	req, err := l.zap.RecvMessageBytes(zmq.DONTWAIT)
+	if err != nil || len(req) < 6 {
+		return
+	}
+	version, id, mechanism := req[0], req[1], string(req[5])
+	ok := mechanism == "CURVE" && len(req) >= 7 && len(req[6]) == 32 &&
+		l.cfg.Security.allows(zmq.Z85encode(string(req[6])))
+	if ok {
+		l.zap.SendMessage(version, id, "200", "OK", "", "")
+		return
+	}
+	l.stat.unauth.Add(1)
+	l.log.Warn("unauthenticated peer refused", zap.String("rank", l.id.Peer()), zap.ByteString("address", req[3]))
+	l.zap.SendMessage(version, id, "400", "NO ACCESS", "", "")
+}
+
+// ---- send goroutine ----------------------------------------------------
+
+type peerConn struct {
+	endpoint string
+	sock     *zmq.Socket
+	lastUsed time.Time
+	elem     *list.Element // in the LRU list
+
+	watched  bool
+	awaiting bool // a PING is out with no PONG since
+	misses   int
+
+	// backlog holds messages ZeroMQ would not take yet, in order. It is
+	// bounded by SendHWM; beyond it messages are dropped as peer_busy.
+	backlog []outbound
+}
+
+type sender struct {
+	l       *Loop
+	peers   map[string]*peerConn
+	lru     *list.List // front: most recently used
+	keys    map[string]string
+	seq     uint64
+	limit   logLimiter
+	pending int           // messages in all backlogs
+	retry   *time.Timer   // armed while pending > 0
+	backoff time.Duration // grows while retries make no progress (a dead peer)
+}
+
+// Backlogs are retried after retryInterval, backing off to maxRetryInterval
+// while nothing moves.
+const (
+	retryInterval    = time.Millisecond
+	maxRetryInterval = 100 * time.Millisecond
+)
+
+func (l *Loop) send() {
+	defer close(l.sendDone)
+	s := &sender{l: l, peers: map[string]*peerConn{}, lru: list.New(), keys: map[string]string{},
+		retry: time.NewTimer(retryInterval)}
+	s.retry.Stop()
+	defer s.retry.Stop()
+	ticker := time.NewTicker(l.cfg.HeartbeatInterval)
+	defer ticker.Stop()
+	for {
+		var retryC <-chan time.Time
+		if s.pending > 0 {
+			retryC = s.retry.C
+		}
+		select {
+		case <-retryC:
+			s.flush()
+		case o := <-l.sendCh:
+			s.deliver(o)
+		case c := <-l.watchCh:
+			s.watch(c)
+		case p := <-l.pongCh:
+			if pc, ok := s.peers[p.endpoint]; ok {
+				pc.awaiting, pc.misses = false, 0
+			}
+		case now := <-ticker.C:
+			s.heartbeat(now)
+		case <-l.closing:
+			// Flush what was queued before Close, then stop the receiver.
+		drain:
+			for {
+				select {
+				case o := <-l.sendCh:
+					s.deliver(o)
+				default:
+					break drain
+				}
+			}
+			s.flush()
+			for _, pc := range s.peers {
+				pc.sock.SetLinger(l.cfg.Linger)
+				pc.sock.Close()
+			}
+			l.wakeW.SendBytes([]byte("stop"), zmq.DONTWAIT)
+			l.wakeW.Close()
+			return
+		}
+	}
+}
+
+func (s *sender) conn(p Peer, now time.Time) (*peerConn, error) {
+	if p.ServerKey != "" {
+		s.keys[p.Endpoint] = p.ServerKey
+	}
+	if pc, ok := s.peers[p.Endpoint]; ok {
+		pc.lastUsed = now
+		s.lru.MoveToFront(pc.elem)
+		return pc, nil
+	}
+	cfg := s.l.cfg
+	key := s.keys[p.Endpoint]
+	if cfg.Security != nil && key == "" {
+		return nil, errNoKey
+	}
+	sock, err := s.l.ctx.NewSocket(zmq.PUSH)
+	if err != nil {
+		return nil, err
+	}
+	sock.SetSndhwm(cfg.SendHWM)
+	sock.SetLinger(cfg.Linger)
+	sock.SetReconnectIvl(100 * time.Millisecond)
+	sock.SetReconnectIvlMax(2 * time.Second)
+	if cfg.Security != nil {
+		if err := setClientCurve(sock, key, cfg.Security); err != nil {
+			sock.Close()
+			return nil, err
+		}
+	}
+	if err := sock.Connect(p.Endpoint); err != nil {
+		sock.Close()
+		return nil, err
+	}
+	pc := &peerConn{endpoint: p.Endpoint, sock: sock, lastUsed: now}
+	pc.elem = s.lru.PushFront(pc)
+	s.peers[p.Endpoint] = pc
+	s.evict()
+	return pc, nil
+}
+
+var errNoKey = errors.New("no CURVE server key known for the peer")
+
+func setClientCurve(sock *zmq.Socket, serverKey string, sec *Security) error {
+	if err := sock.SetCurveServerkey(serverKey); err != nil {
+		return err
+	}
+	if err := sock.SetCurvePublickey(sec.PublicKey); err != nil {
+		return err
+	}
+	return sock.SetCurveSecretkey(sec.SecretKey)
+}
+
+// evict closes the least recently used unwatched sockets over MaxPeers.
+func (s *sender) evict() {
+	for e := s.lru.Back(); e != nil && len(s.peers) > s.l.cfg.MaxPeers; {
+		prev := e.Prev()
+		if pc := e.Value.(*peerConn); !pc.watched {
+			s.drop(pc)
+		}
+		e = prev
+	}
+}
+
+func (s *sender) drop(pc *peerConn) {
+	s.pending -= len(pc.backlog)
+	pc.sock.Close()
+	s.lru.Remove(pc.elem)
+	delete(s.peers, pc.endpoint)
+}
+
+func (s *sender) deliver(o outbound) {
+	pc, err := s.conn(o.to, time.Now())
+	if err != nil {
+		reason := DropError
+		if errors.Is(err, errNoKey) {
+			reason = DropNoKey
+		}
+		s.dropped(o, reason, err)
+		return
+	}
+	if len(pc.backlog) > 0 || !s.try(pc, o) {
+		if len(pc.backlog) >= s.l.cfg.SendHWM {
+			s.dropped(o, DropPeerBusy, errors.New("peer queue and backlog full"))
+			return
+		}
+		pc.backlog = append(pc.backlog, o)
+		if s.pending == 0 {
+			s.backoff = retryInterval
+			s.retry.Reset(s.backoff)
+		}
+		s.pending++
+	}
+}
+
+// try sends o without blocking. It returns false if ZeroMQ would block
+// (the message is still the caller's); any other failure is counted and the
+// message consumed.
+func (s *sender) try(pc *peerConn, o outbound) bool {
+	for attempt := 0; attempt < 2; attempt++ {
+		_, err := pc.sock.SendMessageDontwait(o.frames)
+		if err == nil {
+			s.l.stat.sent.Add(1)
+			return true
+		}
+		if zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
+			s.dropped(o, DropError, err)
+			return true
+		}
+		// libzmq throttles the processing of its pipe credit commands
+		// during bursts of non-blocking sends; reading ZMQ_EVENTS processes
+		// them, so the retry sees the real queue state.
+		pc.sock.GetEvents()
+	}
+	return false
+}
+
+// flush retries every backlog in order; the timer stays armed while any
+// message is left.
+func (s *sender) flush() {
+	moved := false
+	for _, pc := range s.peers {
+		n := 0
+		for n < len(pc.backlog) && s.try(pc, pc.backlog[n]) {
+			n++
+		}
+		if n > 0 {
+			pc.backlog = append(pc.backlog[:0], pc.backlog[n:]...)
+			s.pending -= n
+			moved = true
+		}
+	}
+	if s.pending > 0 {
+		if moved {
+			s.backoff = retryInterval
+		} else {
+			s.backoff = min(2*s.backoff, maxRetryInterval)
+		}
+		s.retry.Reset(s.backoff)
+	}
+}
+
+func (s *sender) dropped(o outbound, reason string, err error) {
+	s.l.stat.dropInc(reason)
+	if n, ok := s.limit.allow(time.Now()); ok {
+		s.l.log.Warn("control message not sent", zap.String("rank", s.l.id.Peer()), zap.Stringer("type", o.t),
+			zap.String("peer", o.to.Endpoint), zap.String("reason", reason), zap.Error(err), zap.Int("suppressed", n))
+	}
+}
+
+func (s *sender) watch(c watchCmd) {
+	if !c.watch {
+		if pc, ok := s.peers[c.peer.Endpoint]; ok {
+			pc.watched, pc.awaiting, pc.misses = false, false, 0
+		}
+		return
+	}
+	pc, err := s.conn(c.peer, time.Now())
+	if err != nil {
+		s.l.log.Warn("cannot watch peer", zap.String("peer", c.peer.Endpoint), zap.Error(err))
+		return
+	}
+	if !pc.watched {
+		pc.watched, pc.awaiting, pc.misses = true, false, 0
+	}
+}
+
+// heartbeat runs once per interval: a watched peer that has not answered
+// the previous PING misses one; at MaxMisses it is declared dead (within
+// interval × (MaxMisses+1) of its last PONG) and no longer watched.
+func (s *sender) heartbeat(now time.Time) {
+	for _, pc := range s.peers {
+		if !pc.watched {
+			if now.Sub(pc.lastUsed) > s.l.cfg.PeerIdle {
+				s.drop(pc)
+			}
+			continue
+		}
+		if pc.awaiting {
+			pc.misses++
+		}
+		if pc.misses >= s.l.cfg.MaxMisses {
+			pc.watched, pc.awaiting = false, false
+			s.l.stat.dead.Add(1)
+			s.l.log.Warn("peer unreachable", zap.String("rank", s.l.id.Peer()), zap.String("peer", pc.endpoint),
+				zap.Int("missed", pc.misses))
+			if s.l.cfg.OnPeerDown != nil {
+				s.l.cfg.OnPeerDown(PeerDown{Endpoint: pc.endpoint, Reason: ReasonPeerUnreachable})
+			}
+			continue
+		}
+		s.seq++
+		frames, _ := Encode(&Ping{From: s.l.id, Seq: s.seq})
+		pc.awaiting = true
+		if len(pc.backlog) == 0 {
+			s.try(pc, outbound{to: Peer{Endpoint: pc.endpoint}, frames: frames, t: TypePing})
+		}
+	}
+}
+
+// logLimiter allows one log line per second and counts what it suppressed.
+type logLimiter struct {
+	last       time.Time
+	suppressed int
+}
+
+func (r *logLimiter) allow(now time.Time) (suppressed int, ok bool) {
+	if now.Sub(r.last) < time.Second {
+		r.suppressed++
+		return 0, false
+	}
+	n := r.suppressed
+	r.last, r.suppressed = now, 0
+	return n, true
+}

@@ -1,0 +1,122 @@
+package bootstrap
+
+import (
+	"strconv"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Send drop reasons.
+const (
+	DropQueueFull = "queue_full" // the hand-off queue to the send goroutine was full
+	DropPeerBusy  = "peer_busy"  // the peer's socket reached its high-water mark
+	DropNoKey     = "no_key"     // security is on and the peer's server key is unknown
+	DropError     = "error"      // ZeroMQ refused the send for another reason
+)
+
+var dropReasons = []string{DropQueueFull, DropPeerBusy, DropNoKey, DropError}
+
+// Stats is a snapshot of a loop's counters.
+type Stats struct {
+	Received        uint64            // well-formed messages delivered (PING/PONG included)
+	Sent            uint64            // messages handed to ZeroMQ
+	Malformed       map[string]uint64 // by reason
+	Dropped         map[string]uint64 // sends dropped, by reason
+	Unauthenticated uint64            // connections the ZAP handler refused
+	PeersDead       uint64            // peers declared dead by heartbeats
+	PeersRestarted  uint64            // peers seen with a new epoch
+}
+
+// MalformedTotal sums Malformed over reasons.
+func (s Stats) MalformedTotal() uint64 {
+	var n uint64
+	for _, v := range s.Malformed {
+		n += v
+	}
+	return n
+}
+
+type counters struct {
+	received, sent, unauth, dead, restarted atomic.Uint64
+	malformed                               [7]atomic.Uint64 // indexed like MalformedReasons
+	dropped                                 [4]atomic.Uint64 // indexed like dropReasons
+}
+
+func indexOf(list []string, s string) int {
+	for i, v := range list {
+		if v == s {
+			return i
+		}
+	}
+	return -1
+}
+
+func (c *counters) malformedInc(reason string) {
+	if i := indexOf(MalformedReasons, reason); i >= 0 {
+		c.malformed[i].Add(1)
+	}
+}
+
+func (c *counters) dropInc(reason string) {
+	if i := indexOf(dropReasons, reason); i >= 0 {
+		c.dropped[i].Add(1)
+	}
+}
+
+func (c *counters) snapshot() Stats {
+	s := Stats{Received: c.received.Load(), Sent: c.sent.Load(), Unauthenticated: c.unauth.Load(),
+		PeersDead: c.dead.Load(), PeersRestarted: c.restarted.Load(),
+		Malformed: map[string]uint64{}, Dropped: map[string]uint64{}}
+	for i, r := range MalformedReasons {
+		s.Malformed[r] = c.malformed[i].Load()
+	}
+	for i, r := range dropReasons {
+		s.Dropped[r] = c.dropped[i].Load()
+	}
+	return s
+}
+
+// collector exposes a loop's counters to Prometheus, labelled with the
+// rank's identity so several ranks can share one registry.
+type collector struct {
+	c                                                      *counters
+	malformed, dropped, received, sent, unauth, dead, rest *prometheus.Desc
+}
+
+func newCollector(c *counters, id From) *collector {
+	labels := prometheus.Labels{"role": id.Role, "instance": id.Instance, "rank": strconv.Itoa(id.Rank)}
+	d := func(name, help string, vars ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, vars, labels)
+	}
+	return &collector{c: c,
+		malformed: d("kvbridge_malformed_messages_total", "Control messages dropped as malformed, by reason.", "reason"),
+		dropped:   d("kvbridge_control_send_dropped_total", "Control messages not sent, by reason.", "reason"),
+		received:  d("kvbridge_control_messages_received_total", "Well-formed control messages received."),
+		sent:      d("kvbridge_control_messages_sent_total", "Control messages handed to ZeroMQ."),
+		unauth:    d("kvbridge_unauthenticated_connections_total", "Connections refused by the CURVE allow-list."),
+		dead:      d("kvbridge_peers_dead_total", "Peers declared dead after missed heartbeats."),
+		rest:      d("kvbridge_peers_restarted_total", "Peers seen with a new epoch."),
+	}
+}
+
+func (k *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{k.malformed, k.dropped, k.received, k.sent, k.unauth, k.dead, k.rest} {
+		ch <- d
+	}
+}
+
+func (k *collector) Collect(ch chan<- prometheus.Metric) {
+	s := k.c.snapshot()
+	for r, v := range s.Malformed {
+		ch <- prometheus.MustNewConstMetric(k.malformed, prometheus.CounterValue, float64(v), r)
+	}
+	for r, v := range s.Dropped {
+		ch <- prometheus.MustNewConstMetric(k.dropped, prometheus.CounterValue, float64(v), r)
+	}
+	ch <- prometheus.MustNewConstMetric(k.received, prometheus.CounterValue, float64(s.Received))
+	ch <- prometheus.MustNewConstMetric(k.sent, prometheus.CounterValue, float64(s.Sent))
+	ch <- prometheus.MustNewConstMetric(k.unauth, prometheus.CounterValue, float64(s.Unauthenticated))
+	ch <- prometheus.MustNewConstMetric(k.dead, prometheus.CounterValue, float64(s.PeersDead))
+	ch <- prometheus.MustNewConstMetric(k.rest, prometheus.CounterValue, float64(s.PeersRestarted))
+}

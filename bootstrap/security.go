@@ -1,0 +1,127 @@
+package bootstrap
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// Security turns on CURVE for a rank: its PULL socket becomes a CURVE server
+// that admits only AllowedKeys (checked by a ZAP handler the loop owns), and
+// every PUSH socket a CURVE client that authenticates with the same keypair.
+// A nil *Security (the default) means no encryption and no authentication.
+type Security struct {
+	// PublicKey and SecretKey are this rank's Z85-encoded keypair (40
+	// characters each). PublicKey may be left empty; it is derived.
+	PublicKey, SecretKey string
+	// AllowedKeys are the Z85 public keys of the peers allowed to send to
+	// this rank.
+	AllowedKeys []string
+}
+
+// GenerateKeyPair returns a new Z85 CURVE keypair.
+func GenerateKeyPair() (public, secret string, err error) {
+	if !zmq.HasCurve() {
+		return "", "", errors.New("bootstrap: libzmq was built without CURVE")
+	}
+	return zmq.NewCurveKeypair()
+}
+
+func validKey(k string) bool { return len(k) == 40 && len(zmq.Z85decode(k)) == 32 }
+
+// normalise derives the public key and checks every key.
+func (s *Security) normalise() error {
+	if !zmq.HasCurve() {
+		return errors.New("bootstrap: security requested but libzmq was built without CURVE")
+	}
+	if !validKey(s.SecretKey) {
+		return errors.New("bootstrap: security: SecretKey is not a 40-character Z85 key")
+	}
+	pub, err := zmq.AuthCurvePublic(s.SecretKey)
+	if err != nil {
+		return fmt.Errorf("bootstrap: security: deriving the public key: %w", err)
+	}
+	if s.PublicKey != "" && s.PublicKey != pub {
+		return errors.New("bootstrap: security: PublicKey does not belong to SecretKey")
+	}
+	s.PublicKey = pub
+	for i, k := range s.AllowedKeys {
+		if !validKey(k) {
+			return fmt.Errorf("bootstrap: security: allowed key %d (%q) is not a 40-character Z85 key", i, k)
+		}
+	}
+	return nil
+}
+
+func (s *Security) allows(z85 string) bool {
+	for _, k := range s.AllowedKeys {
+		if k == z85 {
+			return true
+		}
+	}
+	return false
+}
+
+// Environment variables read by SecurityFromEnv.
+const (
+	EnvCurveSecretKey     = "KVBRIDGE_CURVE_SECRET_KEY"      // Z85 secret key
+	EnvCurveSecretKeyFile = "KVBRIDGE_CURVE_SECRET_KEY_FILE" // file holding it
+	EnvCurveAllow         = "KVBRIDGE_CURVE_ALLOW"           // comma- or space-separated Z85 public keys
+	EnvCurveAllowFile     = "KVBRIDGE_CURVE_ALLOW_FILE"      // file with one key per line (# comments)
+)
+
+// SecurityFromEnv builds a Security from KVBRIDGE_CURVE_* variables. It
+// returns nil, nil when no secret key is configured (security off).
+func SecurityFromEnv() (*Security, error) {
+	secret := strings.TrimSpace(os.Getenv(EnvCurveSecretKey))
+	if path := os.Getenv(EnvCurveSecretKeyFile); secret == "" && path != "" {
+		keys, err := ReadKeyFile(path)
+		if err != nil {
+			return nil, err
+		}
+		if len(keys) != 1 {
+			return nil, fmt.Errorf("bootstrap: %s: want exactly one key, found %d", path, len(keys))
+		}
+		secret = keys[0]
+	}
+	if secret == "" {
+		return nil, nil
+	}
+	s := &Security{SecretKey: secret, AllowedKeys: strings.FieldsFunc(os.Getenv(EnvCurveAllow),
+		func(r rune) bool { return r == ',' || r == ' ' || r == '\n' })}
+	if path := os.Getenv(EnvCurveAllowFile); path != "" {
+		keys, err := ReadKeyFile(path)
+		if err != nil {
+			return nil, err
+		}
+		s.AllowedKeys = append(s.AllowedKeys, keys...)
+	}
+	if err := s.normalise(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// ReadKeyFile reads Z85 keys, one per line; blank lines and lines starting
+// with # are skipped.
+func ReadKeyFile(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: key file: %w", err)
+	}
+	var keys []string
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if !validKey(line) {
+			return nil, fmt.Errorf("bootstrap: %s:%d: not a 40-character Z85 key", path, i+1)
+		}
+		keys = append(keys, line)
+	}
+	return keys, nil
+}
