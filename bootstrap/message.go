@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"strconv"
+	"sync"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -197,8 +199,13 @@ func setFrom(m Message, f From) {
 // Encode returns the three frames of m. Keys are written in a fixed order,
 // so the bytes are deterministic (see testdata/golden).
 func Encode(m Message) ([][]byte, error) {
-	var buf bytes.Buffer
-	e := &encoder{enc: msgpack.NewEncoder(&buf)}
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer bufPool.Put(buf)
+	enc := msgpack.GetEncoder()
+	defer msgpack.PutEncoder(enc)
+	enc.Reset(buf)
+	e := &encoder{enc: enc}
 	switch m := m.(type) {
 	case *Register:
 		e.mapLen(9)
@@ -263,8 +270,20 @@ func Encode(m Message) ([][]byte, error) {
 	if buf.Len() > MaxBodySize {
 		return nil, fmt.Errorf("bootstrap: %v body of %d bytes exceeds %d", m.Type(), buf.Len(), MaxBodySize)
 	}
-	return [][]byte{[]byte(Magic), []byte(m.Type().String()), buf.Bytes()}, nil
+	return [][]byte{magicFrame, typeFrames[m.Type()], bytes.Clone(buf.Bytes())}, nil
 }
+
+var (
+	bufPool    = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+	magicFrame = []byte(Magic)
+	typeFrames = func() [][]byte {
+		f := make([][]byte, len(typeNames))
+		for i, n := range typeNames {
+			f[i] = []byte(n)
+		}
+		return f
+	}()
+)
 
 type encoder struct {
 	enc *msgpack.Encoder
@@ -426,12 +445,21 @@ func truncate(b []byte) []byte {
 	return b
 }
 
+// field is one key and its raw value, both slices of the input.
+type field struct{ key, val []byte }
+
 // body is a decoded map of raw field values; getters record the first
-// problem and return zero values after it.
+// problem and return zero values after it. Fields are a small slice searched
+// linearly: bodies have at most ten keys, and this avoids a map per message.
 type body struct {
+	inline [12]field
 	t      MsgType
-	fields map[string][]byte
-	prefix string // for nested maps: "from." or "kv[3]."
+	fields []field
+	// parent, key and index locate a nested map ("from", "kv[3]") for
+	// error messages; they are turned into a path only on failure.
+	parent *body
+	key    string
+	index  int
 	err    *MalformedError
 }
 
@@ -441,41 +469,67 @@ func parseMap(raw []byte) (*body, error) {
 	if err != nil {
 		return nil, err
 	}
-	fields := make(map[string][]byte, n)
+	b := &body{}
+	b.fields = b.inline[:0]
 	for i := 0; i < n; i++ {
-		k, err := s.str()
+		kn, err := s.expect(mpStr)
 		if err != nil {
 			return nil, fmt.Errorf("key %d: %w", i, err)
 		}
+		k := s.b[s.off : s.off+kn]
+		s.off += kn
 		v, err := s.raw()
 		if err != nil {
 			return nil, fmt.Errorf("value of %q: %w", k, err)
 		}
-		fields[k] = v
+		b.fields = append(b.fields, field{k, v}) // a repeated key: the first one wins in lookup
 	}
 	if s.remaining() != 0 {
 		return nil, fmt.Errorf("%d trailing bytes", s.remaining())
 	}
-	return &body{fields: fields}, nil
+	return b, nil
 }
+
+func (b *body) lookup(k string) ([]byte, bool) {
+	for _, f := range b.fields {
+		if string(f.key) == k {
+			return f.val, true
+		}
+	}
+	return nil, false
+}
+
+func (b *body) path() string {
+	if b.parent == nil {
+		return ""
+	}
+	p := b.parent.path() + b.key
+	if b.index >= 0 {
+		p += "[" + strconv.Itoa(b.index) + "]"
+	}
+	return p + "."
+}
+
+func elem(k string, i int) string { return k + "[" + strconv.Itoa(i) + "]" }
 
 func (b *body) fail(reason, field, detail string) {
 	if b.err == nil {
-		b.err = &MalformedError{Reason: reason, Field: b.prefix + field, Detail: detail}
+		b.err = &MalformedError{Reason: reason, Field: b.path() + field, Detail: detail}
 	}
 }
 
-// get returns a scanner over field k, or nil (recording why).
-func (b *body) get(k string) *scanner {
+// get returns a scanner over field k; ok is false (and why recorded) when
+// the field is missing or an earlier field failed.
+func (b *body) get(k string) (scanner, bool) {
 	if b.err != nil {
-		return nil
+		return scanner{}, false
 	}
-	v, ok := b.fields[k]
+	v, ok := b.lookup(k)
 	if !ok {
 		b.fail(ReasonMissingField, k, "")
-		return nil
+		return scanner{}, false
 	}
-	return &scanner{b: v}
+	return scanner{b: v}, true
 }
 
 // check records a scanner error as wrong type or body.
@@ -501,8 +555,8 @@ func asTypeError(err error, te **typeError) bool {
 }
 
 func (b *body) str(k string) string {
-	s := b.get(k)
-	if s == nil {
+	s, ok := b.get(k)
+	if !ok {
 		return ""
 	}
 	v, err := s.str()
@@ -511,8 +565,8 @@ func (b *body) str(k string) string {
 }
 
 func (b *body) bin(k string) []byte {
-	s := b.get(k)
-	if s == nil {
+	s, ok := b.get(k)
+	if !ok {
 		return nil
 	}
 	v, err := s.bin()
@@ -521,8 +575,8 @@ func (b *body) bin(k string) []byte {
 }
 
 func (b *body) boolean(k string) bool {
-	s := b.get(k)
-	if s == nil {
+	s, ok := b.get(k)
+	if !ok {
 		return false
 	}
 	v, err := s.boolean()
@@ -531,8 +585,8 @@ func (b *body) boolean(k string) bool {
 }
 
 func (b *body) uint(k string) uint64 {
-	s := b.get(k)
-	if s == nil {
+	s, ok := b.get(k)
+	if !ok {
 		return 0
 	}
 	v, neg, err := s.integer()
@@ -547,8 +601,8 @@ func (b *body) uint(k string) uint64 {
 }
 
 func (b *body) int(k string, lo, hi int64) int {
-	s := b.get(k)
-	if s == nil {
+	s, ok := b.get(k)
+	if !ok {
 		return 0
 	}
 	v, neg, err := s.integer()
@@ -579,34 +633,34 @@ func (b *body) pages(k string) []uint32 {
 }
 
 // array returns a scanner positioned after field k's array header and the
-// element count.
-func (b *body) array(k string) (*scanner, int) {
-	s := b.get(k)
-	if s == nil {
-		return nil, 0
+// element count; ok is false on failure.
+func (b *body) array(k string) (scanner, int, bool) {
+	s, ok := b.get(k)
+	if !ok {
+		return s, 0, false
 	}
 	n, err := s.expect(mpArray)
 	if !b.check(k, err) {
-		return nil, 0
+		return s, 0, false
 	}
-	return s, n
+	return s, n, true
 }
 
 func (b *body) pageLists(k string) [][]uint32 {
-	s, n := b.array(k)
-	if s == nil {
+	s, n, ok := b.array(k)
+	if !ok {
 		return nil
 	}
 	out := make([][]uint32, 0, n)
 	for i := 0; i < n; i++ {
-		name := fmt.Sprintf("%s[%d]", k, i)
 		raw, err := s.bin()
-		if !b.check(name, err) {
+		if err != nil {
+			b.check(elem(k, i), err)
 			return nil
 		}
 		p, ok := pagesFromBin(raw)
 		if !ok {
-			b.fail(ReasonOutOfRange, name, fmt.Sprintf("%d bytes is not a whole number of uint32", len(raw)))
+			b.fail(ReasonOutOfRange, elem(k, i), fmt.Sprintf("%d bytes is not a whole number of uint32", len(raw)))
 			return nil
 		}
 		out = append(out, p)
@@ -614,39 +668,45 @@ func (b *body) pageLists(k string) [][]uint32 {
 	return out
 }
 
-// nested parses field k (or an array element) as a map.
-func (b *body) nested(name string, raw []byte) *body {
+// nested parses field key (element index of it, or −1) as a map.
+func (b *body) nested(key string, index int, raw []byte) *body {
 	if b.err != nil {
 		return nil
+	}
+	name := func() string {
+		if index < 0 {
+			return key
+		}
+		return elem(key, index)
 	}
 	s := &scanner{b: raw}
 	k, err := s.kind()
 	if err == nil && k != mpMap {
-		b.fail(ReasonWrongType, name, (&typeError{mpMap, k}).Error())
+		b.fail(ReasonWrongType, name(), (&typeError{mpMap, k}).Error())
 		return nil
 	}
 	nb, err := parseMap(raw)
 	if err != nil {
-		b.fail(ReasonBody, name, err.Error())
+		b.fail(ReasonBody, name(), err.Error())
 		return nil
 	}
-	nb.prefix = b.prefix + name + "."
+	nb.parent, nb.key, nb.index = b, key, index
 	return nb
 }
 
 func (b *body) regions(k string) []Region {
-	s, n := b.array(k)
-	if s == nil {
+	s, n, ok := b.array(k)
+	if !ok {
 		return nil
 	}
 	out := make([]Region, 0, n)
 	for i := 0; i < n; i++ {
-		name := fmt.Sprintf("%s[%d]", k, i)
 		raw, err := s.raw()
-		if !b.check(name, err) {
+		if err != nil {
+			b.check(elem(k, i), err)
 			return nil
 		}
-		r := b.nested(name, raw)
+		r := b.nested(k, i, raw)
 		if r == nil {
 			return nil
 		}
@@ -671,11 +731,11 @@ func (b *body) regions(k string) []Region {
 }
 
 func (b *body) from() From {
-	s := b.get("from")
-	if s == nil {
+	s, ok := b.get("from")
+	if !ok {
 		return From{}
 	}
-	f := b.nested("from", s.b)
+	f := b.nested("from", -1, s.b)
 	if f == nil {
 		return From{}
 	}
@@ -696,15 +756,15 @@ func (b *body) from() From {
 // salvage fills the room and endpoint of a malformed message where the body
 // still yields them.
 func (b *body) salvage(e *MalformedError) {
-	if raw, ok := b.fields["room"]; ok {
+	if raw, ok := b.lookup("room"); ok {
 		s := &scanner{b: raw}
 		if v, neg, err := s.integer(); err == nil && !neg {
 			e.Room, e.HasRoom = v, true
 		}
 	}
-	if raw, ok := b.fields["from"]; ok {
+	if raw, ok := b.lookup("from"); ok {
 		if f, err := parseMap(raw); err == nil {
-			if ep, ok := f.fields["endpoint"]; ok {
+			if ep, ok := f.lookup("endpoint"); ok {
 				s := &scanner{b: ep}
 				if v, err := s.str(); err == nil {
 					e.Endpoint = v

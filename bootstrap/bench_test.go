@@ -1,0 +1,226 @@
+package bootstrap
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// bareZMQ is the reference: PUSH/PULL over tcp loopback with pebbe/zmq4
+// and nothing else (no codec, no hand-off, no handler), carrying the same
+// three frames kvbridge sends.
+type bareZMQ struct {
+	ctx        *zmq.Context
+	push, pull *zmq.Socket
+	// echo side
+	backPush, backPull *zmq.Socket
+}
+
+func newBare(tb testing.TB) *bareZMQ {
+	ctx, err := zmq.NewContext()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	z := &bareZMQ{ctx: ctx}
+	mk := func(t zmq.Type) *zmq.Socket {
+		s, err := ctx.NewSocket(t)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		s.SetLinger(0)
+		s.SetSndhwm(100000)
+		s.SetRcvhwm(100000)
+		return s
+	}
+	z.pull, z.backPull = mk(zmq.PULL), mk(zmq.PULL)
+	z.pull.Bind("tcp://127.0.0.1:*")
+	z.backPull.Bind("tcp://127.0.0.1:*")
+	ep1, _ := z.pull.GetLastEndpoint()
+	ep2, _ := z.backPull.GetLastEndpoint()
+	z.push, z.backPush = mk(zmq.PUSH), mk(zmq.PUSH)
+	z.push.Connect(ep1)
+	z.backPush.Connect(ep2)
+	return z
+}
+
+func (z *bareZMQ) close() {
+	for _, s := range []*zmq.Socket{z.push, z.pull, z.backPush, z.backPull} {
+		s.Close()
+	}
+	z.ctx.Term()
+}
+
+func benchFrames(tb testing.TB) [][]byte {
+	f, err := Encode(&Abort{From: sampleFrom(RoleDecode), Room: 123456, Reason: "benchmark"})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return f
+}
+
+// bareThroughput sends n messages one way and returns the time until the
+// last one is received.
+func (z *bareZMQ) throughput(n int, frames [][]byte) time.Duration {
+	start := time.Now()
+	done := make(chan struct{})
+	go func() {
+		for i := 0; i < n; i++ {
+			z.pull.RecvMessageBytes(0)
+		}
+		close(done)
+	}()
+	for i := 0; i < n; i++ {
+		z.push.SendMessage(frames)
+	}
+	<-done
+	return time.Since(start)
+}
+
+// bareRoundTrip runs n sequential round trips through an echo goroutine.
+func (z *bareZMQ) roundTrip(n int, frames [][]byte) time.Duration {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < n; i++ {
+			m, _ := z.pull.RecvMessageBytes(0)
+			z.backPush.SendMessage(m)
+		}
+	}()
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		z.push.SendMessage(frames)
+		z.backPull.RecvMessageBytes(0)
+	}
+	d := time.Since(start)
+	wg.Wait()
+	return d
+}
+
+type benchPair struct {
+	a, b  *Loop
+	gotB  chan Message
+	gotA  chan Message
+	count int
+}
+
+func newBenchPair(b *testing.B, echo bool) *benchPair {
+	p := &benchPair{gotA: make(chan Message, 1<<16), gotB: make(chan Message, 1<<16)}
+	var err error
+	p.a, err = NewLoop(LoopConfig{Identity: From{Role: RoleDecode, Instance: "a"}, Bind: "tcp://127.0.0.1:*",
+		Handler: func(m Message) { p.gotA <- m }, SendQueue: 1 << 16, SendHWM: 100000})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var back Peer
+	p.b, err = NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "b"}, Bind: "tcp://127.0.0.1:*",
+		SendQueue: 1 << 16, SendHWM: 100000,
+		Handler: func(m Message) {
+			if echo {
+				p.b.Send(back, m)
+				return
+			}
+			p.gotB <- m
+		}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	back = Peer{Endpoint: p.a.Endpoint()}
+	return p
+}
+
+func (p *benchPair) close() { p.a.Close(); p.b.Close() }
+
+// BenchmarkControlThroughput: one-way message rate between two ranks on
+// loopback, kvbridge (encode, hand-off, send goroutine, receive, decode,
+// handler) against bare ZeroMQ in the same run.
+func BenchmarkControlThroughput(b *testing.B) {
+	frames := benchFrames(b)
+	z := newBare(b)
+	defer z.close()
+	p := newBenchPair(b, false)
+	defer p.close()
+	to := Peer{Endpoint: p.b.Endpoint()}
+	// Warm both paths (connections, allocations).
+	z.throughput(1000, frames)
+	for i := 0; i < 1000; i++ {
+		for p.a.Send(to, &Abort{Room: uint64(i), Reason: "benchmark"}) != nil {
+		}
+		<-p.gotB
+	}
+	b.ResetTimer()
+	bare := z.throughput(b.N, frames)
+	start := time.Now()
+	go func() {
+		for i := 0; i < b.N; i++ {
+			// Spin on a full queue: the benchmark measures the pipe, not drops.
+			for p.a.Send(to, &Abort{Room: uint64(i), Reason: "benchmark"}) != nil {
+			}
+		}
+	}()
+	for i := 0; i < b.N; i++ {
+		<-p.gotB
+	}
+	kvb := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/kvb.Seconds(), "kvbridge-msgs/s")
+	b.ReportMetric(float64(b.N)/bare.Seconds(), "zmq-msgs/s")
+	b.ReportMetric(bare.Seconds()/kvb.Seconds(), "ratio")
+}
+
+// BenchmarkControlRoundTrip: sequential request/answer latency, kvbridge
+// against a bare ZeroMQ echo in the same run.
+func BenchmarkControlRoundTrip(b *testing.B) {
+	frames := benchFrames(b)
+	z := newBare(b)
+	defer z.close()
+	p := newBenchPair(b, true)
+	defer p.close()
+	to := Peer{Endpoint: p.b.Endpoint()}
+	z.roundTrip(200, frames)
+	for i := 0; i < 200; i++ {
+		p.a.Send(to, &Abort{Room: uint64(i)})
+		<-p.gotA
+	}
+	b.ResetTimer()
+	bare := z.roundTrip(b.N, frames)
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		if err := p.a.Send(to, &Abort{Room: uint64(i), Reason: "benchmark"}); err != nil {
+			b.Fatal(err)
+		}
+		<-p.gotA
+	}
+	kvb := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(kvb.Microseconds())/float64(b.N), "kvbridge-µs/rtt")
+	b.ReportMetric(float64(bare.Microseconds())/float64(b.N), "zmq-µs/rtt")
+	b.ReportMetric(bare.Seconds()/kvb.Seconds(), "ratio")
+}
+
+func BenchmarkDecode(b *testing.B) {
+	for _, m := range []Message{sampleMessages()[0], sampleMessages()[2]} {
+		frames, _ := Encode(m)
+		b.Run(m.Type().String(), func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(frames[2])))
+			for i := 0; i < b.N; i++ {
+				if _, err := Decode(frames); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkEncode(b *testing.B) {
+	m := sampleMessages()[2]
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if _, err := Encode(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,42 @@
+// Package bootstrap is kvbridge's control plane: the PROTOCOL.md wire codec,
+// the ZeroMQ control loop each rank runs, the embedded HTTP bootstrap server
+// (the prefill rank table) with its client, and optional CURVE security.
+// It reports events; it never decides room state (that is kvmanager's job).
+//
+// # Codec
+//
+// Encode and Decode map the eight message types to the three frames of
+// PROTOCOL.md. Decode survives any input: every rejection is a
+// *MalformedError whose Reason labels kvbridge_malformed_messages_total.
+// The exact bytes of one message of each type are pinned by
+// testdata/golden; FuzzDecode has a committed seed corpus.
+//
+// # Control loop
+//
+//	l, err := bootstrap.NewLoop(bootstrap.LoopConfig{
+//		Identity: bootstrap.From{Role: bootstrap.RoleDecode, Instance: "decode-a", Rank: 0},
+//		Bind:     "tcp://0.0.0.0:17100",
+//		Handler:  func(m bootstrap.Message) { /* hand to the manager; must not block */ },
+//		OnPeerDown: func(p bootstrap.PeerDown) { /* fail rooms shared with p */ },
+//	})
+//	defer l.Close()
+//	l.Send(bootstrap.Peer{Endpoint: prefillEndpoint}, &bootstrap.Request{Room: 7, Required: 1, AuxIndex: -1})
+//	l.Watch(bootstrap.Peer{Endpoint: prefillEndpoint}) // heartbeats while rooms are shared
+//
+// Send never blocks: a full queue is ErrQueueFull, and a peer that cannot
+// take more gets a bounded backlog and then drops (counted), so a dead peer
+// never delays another.
+//
+// # Bootstrap server
+//
+// Server implements PUT /v1/ranks, GET /v1/topology (503 until every prefill
+// rank has registered), GET /v1/ranks?dp=&tp=&pp= and GET /healthz. Client
+// retries transient failures with jittered backoff until its context ends.
+//
+// # Security
+//
+// Set LoopConfig.Security (or build it with SecurityFromEnv from
+// KVBRIDGE_CURVE_* variables) to make every PULL socket a CURVE server that
+// admits only allow-listed client keys, checked by a ZAP handler the loop
+// owns; refused peers are counted and never reach the Handler.
+package bootstrap

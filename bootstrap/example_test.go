@@ -1,0 +1,56 @@
+package bootstrap_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+)
+
+// Two ranks on loopback: decode sends an ABORT, prefill's handler gets it.
+func Example_controlLoop() {
+	got := make(chan bootstrap.Message, 1)
+	prefill, err := bootstrap.NewLoop(bootstrap.LoopConfig{
+		Identity: bootstrap.From{Role: bootstrap.RolePrefill, Instance: "prefill-a", Rank: 0},
+		Bind:     "tcp://127.0.0.1:*",
+		Handler:  func(m bootstrap.Message) { got <- m },
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer prefill.Close()
+	decode, err := bootstrap.NewLoop(bootstrap.LoopConfig{
+		Identity: bootstrap.From{Role: bootstrap.RoleDecode, Instance: "decode-a", Rank: 0},
+		Bind:     "tcp://127.0.0.1:*",
+		Handler:  func(bootstrap.Message) {},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer decode.Close()
+
+	decode.Send(bootstrap.Peer{Endpoint: prefill.Endpoint()}, &bootstrap.Abort{Room: 7, Reason: "client left"})
+	m := (<-got).(*bootstrap.Abort)
+	fmt.Println(m.Type(), m.Room, m.Reason, m.From.Instance)
+	// Output: ABORT 7 client left decode-a
+}
+
+// A prefill rank registers; a decode rank discovers it.
+func ExampleClient() {
+	srv := bootstrap.NewServer()
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		panic(err)
+	}
+	defer srv.Close(context.Background())
+	c := bootstrap.NewClient(srv.URL())
+	ctx := context.Background()
+	err := c.RegisterRank(ctx, bootstrap.RankRecord{Instance: "prefill-a", DPSize: 1, TPSize: 1, PPSize: 1,
+		Endpoint: "tcp://127.0.0.1:17000", PageSize: 16, DType: "bf16", Compat: "v1:llama3-8b"})
+	if err != nil {
+		panic(err)
+	}
+	topo, _ := c.Topology(ctx)
+	rank, _ := c.Rank(ctx, 0, 0, 0)
+	fmt.Println(topo.Instance, topo.PageSize, topo.DType, rank.Endpoint)
+	// Output: prefill-a 16 bf16 tcp://127.0.0.1:17000
+}
