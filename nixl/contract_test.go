@@ -1,0 +1,603 @@
+package nixl
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// doubleDir holds the NIXL C API test double built for this test binary.
+var doubleDir string
+
+func TestMain(m *testing.M) {
+	if os.Getenv("KVBRIDGE_NIXL_CHILD") != "" {
+		os.Exit(runChild())
+	}
+	dir, err := os.MkdirTemp("", "kvbridge-nixl-double")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := buildDouble(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	doubleDir = dir
+	code := 0
+	func() {
+		defer os.RemoveAll(dir)
+		goleak.VerifyTestMain(exitCapture{&code, m})
+	}()
+	os.Exit(code)
+}
+
+type exitCapture struct {
+	code *int
+	m    *testing.M
+}
+
+func (e exitCapture) Run() int { *e.code = e.m.Run(); return *e.code }
+
+// buildDouble compiles the NIXL C API test double (and the libnixl.so it
+// needs loaded first) with gcc.
+func buildDouble(dir string) error {
+	for _, c := range [][]string{
+		{"gcc", "-shared", "-fPIC", "-O2", "-o", filepath.Join(dir, "libnixl.so"), "testdata/nixl_double/core.c"},
+		{"gcc", "-shared", "-fPIC", "-O2", "-Wall", "-o", filepath.Join(dir, "libnixl_capi.so"),
+			"testdata/nixl_double/nixl_capi_double.c", "-lpthread"},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			return fmt.Errorf("building the NIXL double: %v: %s", err, out)
+		}
+	}
+	return nil
+}
+
+func doubleLib() string { return filepath.Join(doubleDir, "libnixl_capi.so") }
+
+// engineCase is one engine configuration the contract runs over.
+type engineCase struct {
+	name string
+	cfg  func(name string) Config
+}
+
+var shmUCX = map[string]string{"TLS": "posix,cma,self"}
+var tcpUCX = map[string]string{"TLS": "tcp", "NET_DEVICES": "lo", "TCP_TX_SEG_SIZE": "1M", "TCP_RX_SEG_SIZE": "1M"}
+
+func engines() []engineCase {
+	return []engineCase{
+		{"loopback", func(n string) Config { return Config{Name: n, Engine: EngineLoopback} }},
+		{"ucx-shm", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: shmUCX} }},
+		{"ucx-tcp", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: tcpUCX} }},
+		{"libnixl-double", func(n string) Config { return Config{Name: n, Engine: EngineLibNIXL, NIXLLib: doubleLib()} }},
+	}
+}
+
+var agentSeq atomic.Int64
+
+// pair opens an initiator and a target agent and loads the target's
+// metadata into the initiator (and back, for notifications both ways).
+type pair struct {
+	ini, tgt *Agent
+	remote   string
+}
+
+func open(t testing.TB, ec engineCase, role string) *Agent {
+	t.Helper()
+	a, err := Open(ec.cfg(fmt.Sprintf("%s-%s-%d", ec.name, role, agentSeq.Add(1))))
+	if err != nil {
+		t.Fatalf("%s: open: %v", ec.name, err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
+}
+
+func exchange(t testing.TB, ini, tgt *Agent) string {
+	t.Helper()
+	md, err := tgt.Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, err := ini.LoadRemote(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name != tgt.Name() {
+		t.Fatalf("LoadRemote returned %q, want %q", name, tgt.Name())
+	}
+	back, err := ini.Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tgt.LoadRemote(back); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// wait polls a transfer to a final state, bounded by a deadline.
+func wait(t testing.TB, a *Agent, x *Xfer, d time.Duration) (XferState, error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		st, err := a.Status(x)
+		if st != InProgress {
+			return st, err
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("transfer still in progress after %v", d)
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// waitNotif polls for one notification from remote.
+func waitNotif(t testing.TB, a *Agent, d time.Duration) Notif {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ns, err := a.Notifs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ns) > 1 {
+			t.Fatalf("got %d notifications, want one: %q", len(ns), ns)
+		}
+		if len(ns) == 1 {
+			return ns[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no notification within %v", d)
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+func fill(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for i := 0; i+8 <= len(b); i += 8 {
+		v := r.Uint64()
+		for k := 0; k < 8; k++ {
+			b[i+k] = byte(v >> (8 * k))
+		}
+	}
+}
+
+func write(t testing.TB, p pair, src, dst []Desc, notif []byte) *Xfer {
+	t.Helper()
+	l, err := p.ini.PrepLocal(DRAM, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := p.ini.PrepRemote(p.remote, DRAM, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := make([]int, len(src))
+	for i := range idx {
+		idx[i] = i
+	}
+	x, err := p.ini.NewXfer(Write, l, idx, r, idx, notif)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.Post(x); err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+func TestContract(t *testing.T) {
+	for _, ec := range engines() {
+		t.Run(ec.name, func(t *testing.T) {
+			t.Run("metadata", func(t *testing.T) { contractMetadata(t, ec) })
+			t.Run("256MiB", func(t *testing.T) { contractBulk(t, ec) })
+			t.Run("4096x32KiB", func(t *testing.T) { contractScatter(t, ec) })
+			t.Run("notifications", func(t *testing.T) { contractNotifs(t, ec) })
+			t.Run("read", func(t *testing.T) { contractRead(t, ec) })
+			t.Run("bad descriptors", func(t *testing.T) { contractBadDescs(t, ec) })
+			t.Run("invalidate in flight", func(t *testing.T) { contractInvalidate(t, ec) })
+			t.Run("concurrent posts", func(t *testing.T) { contractConcurrent(t, ec) })
+			t.Run("close in flight", func(t *testing.T) { contractCloseInFlight(t, ec) })
+		})
+	}
+}
+
+func newPair(t *testing.T, ec engineCase) pair {
+	ini, tgt := open(t, ec, "ini"), open(t, ec, "tgt")
+	return pair{ini: ini, tgt: tgt}
+}
+
+func contractMetadata(t *testing.T, ec engineCase) {
+	p := newPair(t, ec)
+	if _, _, err := p.tgt.Alloc(4096); err != nil {
+		t.Fatal(err)
+	}
+	exchange(t, p.ini, p.tgt)
+	for name, md := range map[string][]byte{
+		"empty":     nil,
+		"garbage":   []byte("not metadata at all"),
+		"truncated": func() []byte { m, _ := p.tgt.Metadata(); return m[:len(m)/2] }(),
+	} {
+		if _, err := p.ini.LoadRemote(md); !errors.Is(err, ErrBadMetadata) {
+			t.Errorf("%s metadata: %v", name, err)
+		}
+	}
+	other := engineCase{"loopback", engines()[0].cfg}
+	if ec.name == "loopback" {
+		other = engines()[1]
+	}
+	o := open(t, other, "other")
+	md, _ := o.Metadata()
+	if _, err := p.ini.LoadRemote(md); !errors.Is(err, ErrBadMetadata) {
+		t.Errorf("another engine's metadata: %v", err)
+	}
+}
+
+func contractBulk(t *testing.T, ec engineCase) {
+	const size = 256 << 20
+	p := newPair(t, ec)
+	_, src, err := p.ini.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, dst, err := p.tgt.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(src, 1)
+	p.remote = exchange(t, p.ini, p.tgt)
+	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("bulk"))
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
+		t.Fatalf("state %v: %v", st, err)
+	}
+	if n := waitNotif(t, p.tgt, time.Minute); string(n.Msg) != "bulk" || n.Remote != p.ini.Name() {
+		t.Fatalf("notif %+v", n)
+	}
+	if crc32.ChecksumIEEE(src) != crc32.ChecksumIEEE(dst) {
+		t.Fatal("256 MiB arrived corrupted")
+	}
+	p.ini.Release(x)
+}
+
+func contractScatter(t *testing.T, ec engineCase) {
+	const n, piece = 4096, 32 << 10
+	p := newPair(t, ec)
+	_, src, err := p.ini.Alloc(n * piece)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, dst, err := p.tgt.Alloc(n * piece)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(src, 2)
+	p.remote = exchange(t, p.ini, p.tgt)
+	// Scatter: source piece i goes to destination piece perm[i].
+	perm := rand.New(rand.NewPCG(3, 3)).Perm(n)
+	var s, d []Desc
+	for i := 0; i < n; i++ {
+		s = append(s, BytesDesc(src[i*piece:(i+1)*piece]))
+		d = append(d, BytesDesc(dst[perm[i]*piece:(perm[i]+1)*piece]))
+	}
+	x := write(t, p, s, d, []byte("scatter"))
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
+		t.Fatalf("state %v: %v", st, err)
+	}
+	waitNotif(t, p.tgt, time.Minute)
+	for i := 0; i < n; i++ {
+		if !bytes.Equal(src[i*piece:(i+1)*piece], dst[perm[i]*piece:(perm[i]+1)*piece]) {
+			t.Fatalf("piece %d corrupted", i)
+		}
+	}
+	p.ini.Release(x)
+}
+
+// Notifications arrive after the data and exactly once, also on repost.
+func contractNotifs(t *testing.T, ec engineCase) {
+	const size = 8 << 20
+	p := newPair(t, ec)
+	_, src, _ := p.ini.Alloc(size)
+	_, dst, _ := p.tgt.Alloc(size)
+	p.remote = exchange(t, p.ini, p.tgt)
+	l, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
+	r, _ := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
+	x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("round"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := byte(1); round <= 3; round++ {
+		for i := range src {
+			src[i] = round
+		}
+		if err := p.ini.Post(x); err != nil {
+			t.Fatal(err)
+		}
+		n := waitNotif(t, p.tgt, time.Minute)
+		// The notification must not overtake the data.
+		if dst[0] != round || dst[size-1] != round || !bytes.Equal(dst, src) {
+			t.Fatalf("round %d: notification %q arrived before the data", round, n.Msg)
+		}
+		if st, err := wait(t, p.ini, x, time.Minute); st != Done {
+			t.Fatalf("state %v: %v", st, err)
+		}
+	}
+	if err := p.ini.GenNotif(p.remote, []byte("plain")); err != nil {
+		t.Fatal(err)
+	}
+	if n := waitNotif(t, p.tgt, time.Minute); string(n.Msg) != "plain" {
+		t.Fatalf("GenNotif delivered %q", n.Msg)
+	}
+	// Exactly once: nothing more is pending.
+	time.Sleep(10 * time.Millisecond)
+	if ns, _ := p.tgt.Notifs(); len(ns) != 0 {
+		t.Fatalf("duplicate notifications: %q", ns)
+	}
+	if err := p.ini.GenNotif("nobody", nil); !errors.Is(err, ErrRemoteUnknown) {
+		t.Fatalf("notify unknown: %v", err)
+	}
+	p.ini.Release(x)
+}
+
+func contractRead(t *testing.T, ec engineCase) {
+	const size = 4 << 20
+	p := newPair(t, ec)
+	_, local, _ := p.ini.Alloc(size)
+	_, remote, _ := p.tgt.Alloc(size)
+	fill(remote, 4)
+	p.remote = exchange(t, p.ini, p.tgt)
+	l, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(local)})
+	r, _ := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(remote)})
+	x, err := p.ini.NewXfer(Read, l, []int{0}, r, []int{0}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.Post(x); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
+		t.Fatalf("state %v: %v", st, err)
+	}
+	if !bytes.Equal(local, remote) {
+		t.Fatal("READ returned wrong bytes")
+	}
+	p.ini.Release(x)
+}
+
+func contractBadDescs(t *testing.T, ec engineCase) {
+	p := newPair(t, ec)
+	_, src, _ := p.ini.Alloc(1 << 20)
+	_, dst, _ := p.tgt.Alloc(1 << 20)
+	p.remote = exchange(t, p.ini, p.tgt)
+	outside := make([]byte, 4096) // never registered
+	for name, err := range map[string]error{
+		"local outside": func() error { _, err := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(outside)}); return err }(),
+		"local overruns": func() error {
+			_, err := p.ini.PrepLocal(DRAM, []Desc{{Addr: BytesDesc(src).Addr, Len: 1<<20 + 1}})
+			return err
+		}(),
+		"remote outside":    func() error { _, err := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(src)}); return err }(),
+		"remote wrong kind": func() error { _, err := p.ini.PrepRemote(p.remote, VRAM, []Desc{BytesDesc(dst)}); return err }(),
+		"zero length":       func() error { _, err := p.ini.PrepLocal(DRAM, []Desc{{Addr: BytesDesc(src).Addr}}); return err }(),
+		"register nothing":  func() error { _, err := p.ini.Register(DRAM, nil); return err }(),
+		"register null":     func() error { _, err := p.ini.Register(DRAM, []Desc{{Len: 10}}); return err }(),
+		"register wraps":    func() error { _, err := p.ini.Register(DRAM, []Desc{{Addr: ^uintptr(0) - 4, Len: 10}}); return err }(),
+	} {
+		if !errors.Is(err, ErrInvalidDescriptor) {
+			t.Errorf("%s: %v, want ErrInvalidDescriptor", name, err)
+		}
+	}
+	if _, err := p.ini.PrepRemote("nobody", DRAM, []Desc{BytesDesc(dst)}); !errors.Is(err, ErrRemoteUnknown) {
+		t.Errorf("unknown remote: %v", err)
+	}
+	l, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src[:4096]), BytesDesc(src[4096:8192])})
+	r, _ := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst[:4096]), BytesDesc(dst[:100])})
+	if _, err := p.ini.NewXfer(Write, l, []int{0, 2}, r, []int{0, 1}, nil); !errors.Is(err, ErrInvalidDescriptor) {
+		t.Errorf("index out of range: %v", err)
+	}
+	if _, err := p.ini.NewXfer(Write, l, []int{1}, r, []int{1}, nil); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("length mismatch: %v", err)
+	}
+	if _, err := p.ini.NewXfer(Write, l, []int{0}, l, []int{0}, nil); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("local as remote: %v", err)
+	}
+	if _, err := p.ini.NewXfer(Write, l, nil, r, nil, nil); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("empty request: %v", err)
+	}
+}
+
+// A remote invalidated with a write in flight ends in Done or Failed,
+// never a hang.
+func contractInvalidate(t *testing.T, ec engineCase) {
+	const size = 64 << 20
+	p := newPair(t, ec)
+	_, src, _ := p.ini.Alloc(size)
+	_, dst, _ := p.tgt.Alloc(size)
+	p.remote = exchange(t, p.ini, p.tgt)
+	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("x"))
+	if err := p.ini.InvalidateRemote(p.remote); err != nil {
+		t.Fatal(err)
+	}
+	st, err := wait(t, p.ini, x, time.Minute)
+	t.Logf("after invalidate: %v %v", st, err)
+	if err := p.ini.Post(x); !errors.Is(err, ErrRemoteUnknown) {
+		t.Fatalf("post after invalidate: %v", err)
+	}
+	if err := p.ini.InvalidateRemote(p.remote); !errors.Is(err, ErrRemoteUnknown) {
+		t.Fatalf("second invalidate: %v", err)
+	}
+	p.ini.Release(x)
+}
+
+func contractConcurrent(t *testing.T, ec engineCase) {
+	const goroutines, each, piece = 8, 25, 64 << 10
+	p := newPair(t, ec)
+	_, src, _ := p.ini.Alloc(goroutines * each * piece)
+	_, dst, _ := p.tgt.Alloc(goroutines * each * piece)
+	fill(src, 5)
+	p.remote = exchange(t, p.ini, p.tgt)
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				off := (g*each + i) * piece
+				l, err := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src[off : off+piece])})
+				if err != nil {
+					errs <- err
+					return
+				}
+				r, err := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst[off : off+piece])})
+				if err != nil {
+					errs <- err
+					return
+				}
+				x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
+				if err == nil {
+					err = p.ini.Post(x)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				if st, err := wait(t, p.ini, x, time.Minute); st != Done {
+					errs <- fmt.Errorf("goroutine %d xfer %d: %v %v", g, i, st, err)
+					return
+				}
+				p.ini.Release(x)
+				l.Release()
+				r.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(src, dst) {
+		t.Fatal("concurrent writes corrupted data")
+	}
+}
+
+func contractCloseInFlight(t *testing.T, ec engineCase) {
+	const size = 64 << 20
+	p := newPair(t, ec)
+	_, src, _ := p.ini.Alloc(size)
+	_, dst, _ := p.tgt.Alloc(size)
+	p.remote = exchange(t, p.ini, p.tgt)
+	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+	done := make(chan error, 1)
+	go func() { done <- p.ini.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Close hung with a transfer in flight")
+	}
+	if err := p.ini.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if st, _ := p.ini.Status(x); st == InProgress {
+		t.Fatal("a transfer still in progress after Close")
+	}
+	if err := p.ini.Post(x); !errors.Is(err, ErrClosed) {
+		t.Fatalf("post after close: %v", err)
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	if _, err := Open(Config{Name: "x", Engine: "warp"}); !errors.Is(err, ErrEngineUnavailable) {
+		t.Fatalf("unknown engine: %v", err)
+	}
+	if _, err := Open(Config{Engine: EngineLoopback}); err == nil {
+		t.Fatal("empty name accepted")
+	}
+	_, err := openLibNIXL(Config{Name: "x", NIXLLib: "/nonexistent/libnixl_capi.so"})
+	if !errors.Is(err, ErrEngineUnavailable) || !strings.Contains(err.Error(), "NIXL is not installed") {
+		t.Fatalf("missing NIXL: %v", err)
+	}
+	a, err := Open(Config{Name: "dup", Engine: EngineLoopback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if _, err := Open(Config{Name: "dup", Engine: EngineLoopback}); err == nil {
+		t.Fatal("duplicate loopback name accepted")
+	}
+}
+
+// runChild is the peer process for the cross-process tests: it opens a ucx
+// agent, allocates a target buffer, prints its metadata, and on a
+// notification "verify" prints the buffer's CRC. It exits on stdin EOF.
+func runChild() int {
+	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "lone" {
+		_, err := Open(Config{Name: "lone", Engine: EngineLibNIXL, NIXLLib: os.Getenv("KVBRIDGE_NIXL_LONE")})
+		fmt.Printf("ERR %v\n", err)
+		return 0
+	}
+	cfg := Config{Name: "child-" + os.Getenv("KVBRIDGE_NIXL_CHILD"), Engine: EngineUCX, UCX: shmUCX}
+	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "tcp" {
+		cfg.UCX = tcpUCX
+	}
+	a, err := Open(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer a.Close()
+	var size uint64 = 256 << 20
+	_, buf, err := a.Alloc(size)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	md, err := a.Metadata()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("MD %x %x\n", md, BytesDesc(buf).Addr)
+	eof := make(chan struct{})
+	go func() {
+		b := make([]byte, 1)
+		for {
+			if _, err := os.Stdin.Read(b); err != nil {
+				close(eof)
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-eof:
+			return 0
+		default:
+		}
+		ns, _ := a.Notifs()
+		for _, n := range ns {
+			if strings.HasPrefix(string(n.Msg), "verify:") {
+				var ln int
+				fmt.Sscanf(string(n.Msg), "verify:%d", &ln)
+				fmt.Printf("CRC %08x\n", crc32.ChecksumIEEE(buf[:ln]))
+			}
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}

@@ -1,0 +1,483 @@
+package nixl
+
+/*
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "libnixl_engine.h"
+
+// Trampolines: cgo cannot call C function pointers directly.
+static int nx_create_agent(kvb_nixl *l, const char *n, nx_h *a) { return l->create_agent(n, a); }
+static int nx_destroy_agent(kvb_nixl *l, nx_h a) { return l->destroy_agent(a); }
+static int nx_get_local_md(kvb_nixl *l, nx_h a, void **d, size_t *n) { return l->get_local_md(a, d, n); }
+static int nx_load_remote_md(kvb_nixl *l, nx_h a, const void *d, size_t n, char **name) { return l->load_remote_md(a, d, n, name); }
+static int nx_invalidate_remote_md(kvb_nixl *l, nx_h a, const char *r) { return l->invalidate_remote_md(a, r); }
+static int nx_get_plugin_params(kvb_nixl *l, nx_h a, const char *p, nx_h *m, nx_h *pa) { return l->get_plugin_params(a, p, m, pa); }
+static int nx_destroy_mem_list(kvb_nixl *l, nx_h m) { return l->destroy_mem_list(m); }
+static int nx_destroy_params(kvb_nixl *l, nx_h p) { return l->destroy_params(p); }
+static int nx_has_params_add(kvb_nixl *l) { return l->params_add != NULL; }
+static int nx_params_add(kvb_nixl *l, nx_h p, const char *k, const char *v) { return l->params_add(p, k, v); }
+static int nx_create_backend(kvb_nixl *l, nx_h a, const char *p, nx_h pa, nx_h *b) { return l->create_backend(a, p, pa, b); }
+static int nx_destroy_backend(kvb_nixl *l, nx_h b) { return l->destroy_backend(b); }
+static int nx_create_opt_args(kvb_nixl *l, nx_h *o) { return l->create_opt_args(o); }
+static int nx_destroy_opt_args(kvb_nixl *l, nx_h o) { return l->destroy_opt_args(o); }
+static int nx_opt_args_add_backend(kvb_nixl *l, nx_h o, nx_h b) { return l->opt_args_add_backend(o, b); }
+static int nx_opt_args_set_notif_msg(kvb_nixl *l, nx_h o, const void *d, size_t n) { return l->opt_args_set_notif_msg(o, d, n); }
+static int nx_opt_args_set_has_notif(kvb_nixl *l, nx_h o, int v) { return l->opt_args_set_has_notif(o, v != 0); }
+static int nx_create_reg_dlist(kvb_nixl *l, int m, nx_h *d) { return l->create_reg_dlist(m, d, false); }
+static int nx_destroy_reg_dlist(kvb_nixl *l, nx_h d) { return l->destroy_reg_dlist(d); }
+static int nx_reg_dlist_add_desc(kvb_nixl *l, nx_h d, uintptr_t a, size_t n, uint64_t dev) { return l->reg_dlist_add_desc(d, a, n, dev, NULL, 0); }
+static int nx_register_mem(kvb_nixl *l, nx_h a, nx_h d, nx_h o) { return l->register_mem(a, d, o); }
+static int nx_deregister_mem(kvb_nixl *l, nx_h a, nx_h d, nx_h o) { return l->deregister_mem(a, d, o); }
+static int nx_create_xfer_dlist(kvb_nixl *l, int m, nx_h *d) { return l->create_xfer_dlist(m, d, false); }
+static int nx_destroy_xfer_dlist(kvb_nixl *l, nx_h d) { return l->destroy_xfer_dlist(d); }
+static int nx_xfer_dlist_add_desc(kvb_nixl *l, nx_h d, uintptr_t a, size_t n, uint64_t dev) { return l->xfer_dlist_add_desc(d, a, n, dev); }
+static int nx_prep_xfer_dlist(kvb_nixl *l, nx_h a, const char *r, nx_h d, nx_h *h, nx_h o) { return l->prep_xfer_dlist(a, r, d, h, o); }
+static int nx_release_xfer_dlist_handle(kvb_nixl *l, nx_h a, nx_h h) { return l->release_xfer_dlist_handle(a, h); }
+static int nx_make_xfer_req(kvb_nixl *l, nx_h a, int op, nx_h lh, const int *li, size_t ln, nx_h rh, const int *ri, size_t rn, nx_h *req, nx_h o) { return l->make_xfer_req(a, op, lh, li, ln, rh, ri, rn, req, o); }
+static int nx_post_xfer_req(kvb_nixl *l, nx_h a, nx_h r, nx_h o) { return l->post_xfer_req(a, r, o); }
+static int nx_get_xfer_status(kvb_nixl *l, nx_h a, nx_h r) { return l->get_xfer_status(a, r); }
+static int nx_release_xfer_req(kvb_nixl *l, nx_h a, nx_h r) { return l->release_xfer_req(a, r); }
+static int nx_destroy_xfer_req(kvb_nixl *l, nx_h r) { return l->destroy_xfer_req(r); }
+static int nx_gen_notif(kvb_nixl *l, nx_h a, const char *r, const void *d, size_t n, nx_h o) { return l->gen_notif(a, r, d, n, o); }
+static int nx_create_notif_map(kvb_nixl *l, nx_h *m) { return l->create_notif_map(m); }
+static int nx_destroy_notif_map(kvb_nixl *l, nx_h m) { return l->destroy_notif_map(m); }
+static int nx_get_notifs(kvb_nixl *l, nx_h a, nx_h m, nx_h o) { return l->get_notifs(a, m, o); }
+static int nx_notif_map_size(kvb_nixl *l, nx_h m, size_t *n) { return l->notif_map_size(m, n); }
+static int nx_notif_map_get_agent_at(kvb_nixl *l, nx_h m, size_t i, const char **s) { return l->notif_map_get_agent_at(m, i, s); }
+static int nx_notif_map_get_notifs_size(kvb_nixl *l, nx_h m, const char *s, size_t *n) { return l->notif_map_get_notifs_size(m, s, n); }
+static int nx_notif_map_get_notif(kvb_nixl *l, nx_h m, const char *s, size_t i, const void **d, size_t *n) { return l->notif_map_get_notif(m, s, i, d, n); }
+static int nx_notif_map_clear(kvb_nixl *l, nx_h m) { return l->notif_map_clear(m); }
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// NIXLError is a failed NIXL C API call; it unwraps to the kvbridge error
+// that matches its status.
+type NIXLError struct {
+	Call   string
+	Status int
+}
+
+func (e *NIXLError) Error() string {
+	names := map[int]string{-1: "invalid parameter", -2: "backend error", -3: "invalid state", -4: "exception"}
+	return fmt.Sprintf("%s: %s (%d)", e.Call, names[e.Status], e.Status)
+}
+
+// Unwrap maps NIXL's status codes onto the package's errors.
+func (e *NIXLError) Unwrap() error {
+	switch e.Status {
+	case C.NX_ERROR_INVALID_PARAM:
+		return ErrInvalidRequest
+	case C.NX_ERROR_INVALID_STATE:
+		return ErrInvalidRequest
+	default:
+		return ErrTransfer
+	}
+}
+
+func nxErr(call string, st C.int) error {
+	if st == C.NX_SUCCESS || st == C.NX_IN_PROG {
+		return nil
+	}
+	return &NIXLError{Call: call, Status: int(st)}
+}
+
+var nixlLib struct {
+	sync.Mutex
+	path string
+	lib  *C.kvb_nixl
+}
+
+// loadNIXL loads the C API once per process, under LockOSThread because
+// dlerror is per thread.
+func loadNIXL(path string) (*C.kvb_nixl, error) {
+	nixlLib.Lock()
+	defer nixlLib.Unlock()
+	if nixlLib.lib != nil && path == nixlLib.path {
+		return nixlLib.lib, nil
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var errbuf [1024]C.char
+	lib := C.kvb_nixl_load(cpath, &errbuf[0], C.size_t(len(errbuf)))
+	if lib == nil {
+		return nil, fmt.Errorf("NIXL is not installed or not loadable (%s); set KVBRIDGE_NIXL_LIB to libnixl_capi.so: %w",
+			C.GoString(&errbuf[0]), ErrEngineUnavailable)
+	}
+	if nixlLib.lib != nil {
+		// One NIXL per process: agents of two builds could not talk anyway.
+		return nil, fmt.Errorf("libnixl: %s requested but %s is already loaded: %w", path, nixlLib.path, ErrEngineUnavailable)
+	}
+	nixlLib.path, nixlLib.lib = path, lib
+	return lib, nil
+}
+
+func memType(k MemKind) C.int {
+	if k == VRAM {
+		return C.NX_MEM_VRAM
+	}
+	return C.NX_MEM_DRAM
+}
+
+type libnixl struct {
+	l       *C.kvb_nixl
+	name    string
+	agent   C.nx_h
+	backend C.nx_h
+	opt     C.nx_h // opt args naming the UCX backend
+	nmap    C.nx_h
+
+	mu   sync.Mutex // NIXL agents are thread-safe; this guards our own maps
+	regs map[*nixlReg]struct{}
+}
+
+type nixlReg struct {
+	dl    C.nx_h
+	owned unsafe.Pointer // memory we allocated for Alloc
+}
+
+type nixlXfer struct {
+	req C.nx_h
+	opt C.nx_h
+}
+
+func openLibNIXL(cfg Config) (backend, error) {
+	lib, err := loadNIXL(libPath(cfg))
+	if err != nil {
+		return nil, err
+	}
+	n := &libnixl{l: lib, name: cfg.Name, regs: map[*nixlReg]struct{}{}}
+	name := C.CString(cfg.Name)
+	defer C.free(unsafe.Pointer(name))
+	// Out-parameters are Go locals: a pointer into a struct holding Go
+	// pointers may not be passed to C.
+	var agent C.nx_h
+	if err := nxErr("nixl_capi_create_agent", C.nx_create_agent(lib, name, &agent)); err != nil {
+		return nil, fmt.Errorf("libnixl agent %q: %w", cfg.Name, err)
+	}
+	n.agent = agent
+	fail := func(err error) (backend, error) {
+		n.close()
+		return nil, fmt.Errorf("libnixl agent %q: %w", cfg.Name, err)
+	}
+	ucxName := C.CString("UCX")
+	defer C.free(unsafe.Pointer(ucxName))
+	var mems, params C.nx_h
+	if err := nxErr("nixl_capi_get_plugin_params(UCX)", C.nx_get_plugin_params(lib, n.agent, ucxName, &mems, &params)); err != nil {
+		return fail(err)
+	}
+	defer C.nx_destroy_mem_list(lib, mems)
+	defer C.nx_destroy_params(lib, params)
+	if len(cfg.BackendParams) > 0 && C.nx_has_params_add(lib) == 0 {
+		return fail(fmt.Errorf("this NIXL has no nixl_capi_params_add (NIXL < 0.9): pass UCX settings as UCX_* environment variables: %w", ErrUnsupported))
+	}
+	for k, v := range cfg.BackendParams {
+		ck, cv := C.CString(k), C.CString(v)
+		st := C.nx_params_add(lib, params, ck, cv)
+		C.free(unsafe.Pointer(ck))
+		C.free(unsafe.Pointer(cv))
+		if err := nxErr("nixl_capi_params_add("+k+")", st); err != nil {
+			return fail(err)
+		}
+	}
+	var be, nmap C.nx_h
+	if err := nxErr("nixl_capi_create_backend(UCX)", C.nx_create_backend(lib, n.agent, ucxName, params, &be)); err != nil {
+		return fail(err)
+	}
+	n.backend = be
+	if n.opt, err = n.newOpt(); err != nil {
+		return fail(err)
+	}
+	if err := nxErr("nixl_capi_create_notif_map", C.nx_create_notif_map(lib, &nmap)); err != nil {
+		return fail(err)
+	}
+	n.nmap = nmap
+	return n, nil
+}
+
+func (n *libnixl) newOpt() (C.nx_h, error) {
+	var o C.nx_h
+	if err := nxErr("nixl_capi_create_opt_args", C.nx_create_opt_args(n.l, &o)); err != nil {
+		return nil, err
+	}
+	if err := nxErr("nixl_capi_opt_args_add_backend", C.nx_opt_args_add_backend(n.l, o, n.backend)); err != nil {
+		C.nx_destroy_opt_args(n.l, o)
+		return nil, err
+	}
+	return o, nil
+}
+
+func (n *libnixl) register(kind MemKind, descs []Desc) (any, error) {
+	var dl C.nx_h
+	if err := nxErr("nixl_capi_create_reg_dlist", C.nx_create_reg_dlist(n.l, memType(kind), &dl)); err != nil {
+		return nil, err
+	}
+	r := &nixlReg{dl: dl}
+	for _, d := range descs {
+		if err := nxErr("nixl_capi_reg_dlist_add_desc", C.nx_reg_dlist_add_desc(n.l, r.dl, C.uintptr_t(d.Addr), C.size_t(d.Len), C.uint64_t(d.Dev))); err != nil {
+			C.nx_destroy_reg_dlist(n.l, r.dl)
+			return nil, err
+		}
+	}
+	if err := nxErr("nixl_capi_register_mem", C.nx_register_mem(n.l, n.agent, r.dl, n.opt)); err != nil {
+		C.nx_destroy_reg_dlist(n.l, r.dl)
+		return nil, err
+	}
+	n.mu.Lock()
+	n.regs[r] = struct{}{}
+	n.mu.Unlock()
+	return r, nil
+}
+
+func (n *libnixl) deregister(h any) error {
+	r := h.(*nixlReg)
+	n.mu.Lock()
+	delete(n.regs, r)
+	n.mu.Unlock()
+	return n.dropReg(r)
+}
+
+func (n *libnixl) dropReg(r *nixlReg) error {
+	err := nxErr("nixl_capi_deregister_mem", C.nx_deregister_mem(n.l, n.agent, r.dl, n.opt))
+	C.nx_destroy_reg_dlist(n.l, r.dl)
+	if r.owned != nil {
+		C.free(r.owned)
+	}
+	return err
+}
+
+func (n *libnixl) alloc(kind MemKind, size uint64) ([]byte, any, error) {
+	p := C.calloc(1, C.size_t(size)) // NIXL has no allocator: plain C memory, registered
+	if p == nil {
+		return nil, nil, fmt.Errorf("calloc(%d) failed", size)
+	}
+	buf := unsafe.Slice((*byte)(p), int(size))
+	h, err := n.register(kind, []Desc{BytesDesc(buf)})
+	if err != nil {
+		C.free(p)
+		return nil, nil, err
+	}
+	h.(*nixlReg).owned = p
+	return buf, h, nil
+}
+
+func (n *libnixl) metadata(regs []*Registration) ([]byte, error) {
+	var data unsafe.Pointer
+	var ln C.size_t
+	if err := nxErr("nixl_capi_get_local_md", C.nx_get_local_md(n.l, n.agent, &data, &ln)); err != nil {
+		return nil, err
+	}
+	m := metadataBlob{engine: EngineLibNIXL, agent: n.name, payload: C.GoBytes(data, C.int(ln))}
+	C.free(data) // malloc'ed by NIXL, ours to free
+	for _, r := range regs {
+		for _, d := range r.Descs {
+			m.regions = append(m.regions, mdRegion{remoteRegion: remoteRegion{r.Kind, d}})
+		}
+	}
+	return m.encode(), nil
+}
+
+func (n *libnixl) loadRemote(md []byte) (string, []remoteRegion, error) {
+	m, err := decodeMetadata(md, EngineLibNIXL)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(m.payload) == 0 {
+		return "", nil, fmt.Errorf("empty NIXL metadata: %w", ErrBadMetadata)
+	}
+	p := C.CBytes(m.payload)
+	defer C.free(p)
+	var name *C.char
+	if err := nxErr("nixl_capi_load_remote_md", C.nx_load_remote_md(n.l, n.agent, p, C.size_t(len(m.payload)), &name)); err != nil {
+		return "", nil, fmt.Errorf("%w: %w", err, ErrBadMetadata)
+	}
+	got := C.GoString(name)
+	C.free(unsafe.Pointer(name)) // malloc'ed by NIXL
+	if got != m.agent {
+		return "", nil, fmt.Errorf("NIXL names the agent %q, the envelope %q: %w", got, m.agent, ErrBadMetadata)
+	}
+	return got, m.remoteRegions(), nil
+}
+
+func (n *libnixl) invalidate(name string) error {
+	c := C.CString(name)
+	defer C.free(unsafe.Pointer(c))
+	return nxErr("nixl_capi_invalidate_remote_md", C.nx_invalidate_remote_md(n.l, n.agent, c))
+}
+
+func (n *libnixl) prep(remote string, kind MemKind, descs []Desc) (any, error) {
+	var dl, h C.nx_h
+	if err := nxErr("nixl_capi_create_xfer_dlist", C.nx_create_xfer_dlist(n.l, memType(kind), &dl)); err != nil {
+		return nil, err
+	}
+	defer C.nx_destroy_xfer_dlist(n.l, dl)
+	for _, d := range descs {
+		if err := nxErr("nixl_capi_xfer_dlist_add_desc", C.nx_xfer_dlist_add_desc(n.l, dl, C.uintptr_t(d.Addr), C.size_t(d.Len), C.uint64_t(d.Dev))); err != nil {
+			return nil, err
+		}
+	}
+	r := C.CString(remote) // "" is NIXL's initiator (local) agent
+	defer C.free(unsafe.Pointer(r))
+	if err := nxErr("nixl_capi_prep_xfer_dlist", C.nx_prep_xfer_dlist(n.l, n.agent, r, dl, &h, n.opt)); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+func (n *libnixl) unprep(h any) error {
+	return nxErr("nixl_capi_release_xfer_dlist_handle", C.nx_release_xfer_dlist_handle(n.l, n.agent, h.(C.nx_h)))
+}
+
+func cInts(v []int) unsafe.Pointer {
+	p := C.malloc(C.size_t(len(v)) * C.size_t(unsafe.Sizeof(C.int(0))))
+	s := unsafe.Slice((*C.int)(p), len(v))
+	for i, x := range v {
+		s[i] = C.int(x)
+	}
+	return p
+}
+
+func (n *libnixl) post(x *Xfer) error {
+	nx, _ := x.handle.(*nixlXfer)
+	if nx == nil {
+		opt, err := n.newOpt()
+		if err != nil {
+			return err
+		}
+		nx = &nixlXfer{opt: opt}
+		if x.Notif != nil {
+			msg := C.CBytes(x.Notif)
+			st := C.nx_opt_args_set_notif_msg(n.l, nx.opt, msg, C.size_t(len(x.Notif)))
+			C.free(msg)
+			if err := nxErr("nixl_capi_opt_args_set_notif_msg", st); err != nil {
+				C.nx_destroy_opt_args(n.l, nx.opt)
+				return err
+			}
+			if err := nxErr("nixl_capi_opt_args_set_has_notif", C.nx_opt_args_set_has_notif(n.l, nx.opt, 1)); err != nil {
+				C.nx_destroy_opt_args(n.l, nx.opt)
+				return err
+			}
+		}
+		op := C.int(C.NX_OP_WRITE)
+		if x.Op == Read {
+			op = C.NX_OP_READ
+		}
+		li, ri := cInts(x.li), cInts(x.ri)
+		var req C.nx_h
+		st := C.nx_make_xfer_req(n.l, n.agent, op, x.local.handle.(C.nx_h), (*C.int)(li), C.size_t(len(x.li)),
+			x.remote.handle.(C.nx_h), (*C.int)(ri), C.size_t(len(x.ri)), &req, nx.opt)
+		nx.req = req
+		C.free(li)
+		C.free(ri)
+		if err := nxErr("nixl_capi_make_xfer_req", st); err != nil {
+			C.nx_destroy_opt_args(n.l, nx.opt)
+			return err
+		}
+		x.handle = nx
+	}
+	return nxErr("nixl_capi_post_xfer_req", C.nx_post_xfer_req(n.l, n.agent, nx.req, nx.opt))
+}
+
+func (n *libnixl) status(x *Xfer) (XferState, error) {
+	nx, ok := x.handle.(*nixlXfer)
+	if !ok {
+		return Failed, fmt.Errorf("transfer not posted: %w", ErrInvalidRequest)
+	}
+	st := C.nx_get_xfer_status(n.l, n.agent, nx.req)
+	switch st {
+	case C.NX_SUCCESS:
+		return Done, nil
+	case C.NX_IN_PROG:
+		return InProgress, nil
+	}
+	return Failed, nxErr("nixl_capi_get_xfer_status", st)
+}
+
+func (n *libnixl) release(x *Xfer) error {
+	nx, ok := x.handle.(*nixlXfer)
+	if !ok {
+		return nil
+	}
+	x.handle = nil
+	// Release before destroy (NIXL's order).
+	err := nxErr("nixl_capi_release_xfer_req", C.nx_release_xfer_req(n.l, n.agent, nx.req))
+	C.nx_destroy_xfer_req(n.l, nx.req)
+	C.nx_destroy_opt_args(n.l, nx.opt)
+	return err
+}
+
+func (n *libnixl) genNotif(remote string, msg []byte) error {
+	r := C.CString(remote)
+	defer C.free(unsafe.Pointer(r))
+	var m unsafe.Pointer
+	if len(msg) > 0 {
+		m = C.CBytes(msg)
+		defer C.free(m)
+	}
+	return nxErr("nixl_capi_gen_notif", C.nx_gen_notif(n.l, n.agent, r, m, C.size_t(len(msg)), n.opt))
+}
+
+func (n *libnixl) notifs() ([]Notif, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := nxErr("nixl_capi_get_notifs", C.nx_get_notifs(n.l, n.agent, n.nmap, n.opt)); err != nil {
+		return nil, err
+	}
+	defer C.nx_notif_map_clear(n.l, n.nmap)
+	var agents C.size_t
+	if err := nxErr("nixl_capi_notif_map_size", C.nx_notif_map_size(n.l, n.nmap, &agents)); err != nil {
+		return nil, err
+	}
+	var out []Notif
+	for i := C.size_t(0); i < agents; i++ {
+		var name *C.char
+		if err := nxErr("nixl_capi_notif_map_get_agent_at", C.nx_notif_map_get_agent_at(n.l, n.nmap, i, &name)); err != nil {
+			return out, err
+		}
+		var cnt C.size_t
+		if err := nxErr("nixl_capi_notif_map_get_notifs_size", C.nx_notif_map_get_notifs_size(n.l, n.nmap, name, &cnt)); err != nil {
+			return out, err
+		}
+		remote := C.GoString(name)
+		for j := C.size_t(0); j < cnt; j++ {
+			var d unsafe.Pointer
+			var ln C.size_t
+			if err := nxErr("nixl_capi_notif_map_get_notif", C.nx_notif_map_get_notif(n.l, n.nmap, name, j, &d, &ln)); err != nil {
+				return out, err
+			}
+			out = append(out, Notif{Remote: remote, Msg: C.GoBytes(d, C.int(ln))})
+		}
+	}
+	return out, nil
+}
+
+func (n *libnixl) close() error {
+	n.mu.Lock()
+	regs := n.regs
+	n.regs = map[*nixlReg]struct{}{}
+	n.mu.Unlock()
+	for r := range regs {
+		_ = n.dropReg(r)
+	}
+	if n.nmap != nil {
+		C.nx_destroy_notif_map(n.l, n.nmap)
+	}
+	if n.opt != nil {
+		C.nx_destroy_opt_args(n.l, n.opt)
+	}
+	if n.backend != nil {
+		C.nx_destroy_backend(n.l, n.backend)
+	}
+	if n.agent != nil {
+		return nxErr("nixl_capi_destroy_agent", C.nx_destroy_agent(n.l, n.agent))
+	}
+	return nil
+}

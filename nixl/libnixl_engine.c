@@ -1,0 +1,92 @@
+#define _GNU_SOURCE
+#include "libnixl_engine.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+kvb_nixl *kvb_nixl_load(const char *path, char *err, size_t errlen)
+{
+	kvb_nixl *l = calloc(1, sizeof(*l));
+	// libnixl_capi.so has no run path of its own: load its siblings first,
+	// globally, so its undefined symbols resolve.
+	const char *slash = strrchr(path, '/');
+	if (slash != NULL) {
+		char core[4096];
+		snprintf(core, sizeof(core), "%.*s/libnixl.so", (int)(slash - path), path);
+		if (access(core, R_OK) == 0) {
+			l->core = dlopen(core, RTLD_NOW | RTLD_GLOBAL);
+			if (l->core == NULL) {
+				snprintf(err, errlen, "%s", dlerror());
+				free(l);
+				return NULL;
+			}
+		}
+	}
+	l->capi = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (l->capi == NULL) {
+		snprintf(err, errlen, "%s", dlerror());
+		if (l->core) {
+			dlclose(l->core);
+		}
+		free(l);
+		return NULL;
+	}
+#define SYM(field, name, required)                                                          \
+	do {                                                                                \
+		*(void **)(&l->field) = dlsym(l->capi, name);                               \
+		if (l->field == NULL && (required)) {                                       \
+			snprintf(err, errlen, "%s: missing symbol %s", path, name);         \
+			dlclose(l->capi);                                                   \
+			if (l->core) {                                                      \
+				dlclose(l->core);                                           \
+			}                                                                   \
+			free(l);                                                            \
+			return NULL;                                                        \
+		}                                                                           \
+	} while (0)
+	SYM(create_agent, "nixl_capi_create_agent", 1);
+	SYM(destroy_agent, "nixl_capi_destroy_agent", 1);
+	SYM(get_local_md, "nixl_capi_get_local_md", 1);
+	SYM(load_remote_md, "nixl_capi_load_remote_md", 1);
+	SYM(invalidate_remote_md, "nixl_capi_invalidate_remote_md", 1);
+	SYM(get_plugin_params, "nixl_capi_get_plugin_params", 1);
+	SYM(destroy_mem_list, "nixl_capi_destroy_mem_list", 1);
+	SYM(destroy_params, "nixl_capi_destroy_params", 1);
+	SYM(params_add, "nixl_capi_params_add", 0);
+	SYM(create_backend, "nixl_capi_create_backend", 1);
+	SYM(destroy_backend, "nixl_capi_destroy_backend", 1);
+	SYM(create_opt_args, "nixl_capi_create_opt_args", 1);
+	SYM(destroy_opt_args, "nixl_capi_destroy_opt_args", 1);
+	SYM(opt_args_add_backend, "nixl_capi_opt_args_add_backend", 1);
+	SYM(opt_args_set_notif_msg, "nixl_capi_opt_args_set_notif_msg", 1);
+	SYM(opt_args_set_has_notif, "nixl_capi_opt_args_set_has_notif", 1);
+	SYM(create_reg_dlist, "nixl_capi_create_reg_dlist", 1);
+	SYM(destroy_reg_dlist, "nixl_capi_destroy_reg_dlist", 1);
+	SYM(reg_dlist_add_desc, "nixl_capi_reg_dlist_add_desc", 1);
+	SYM(register_mem, "nixl_capi_register_mem", 1);
+	SYM(deregister_mem, "nixl_capi_deregister_mem", 1);
+	SYM(create_xfer_dlist, "nixl_capi_create_xfer_dlist", 1);
+	SYM(destroy_xfer_dlist, "nixl_capi_destroy_xfer_dlist", 1);
+	SYM(xfer_dlist_add_desc, "nixl_capi_xfer_dlist_add_desc", 1);
+	SYM(prep_xfer_dlist, "nixl_capi_prep_xfer_dlist", 1);
+	SYM(release_xfer_dlist_handle, "nixl_capi_release_xfer_dlist_handle", 1);
+	SYM(make_xfer_req, "nixl_capi_make_xfer_req", 1);
+	SYM(post_xfer_req, "nixl_capi_post_xfer_req", 1);
+	SYM(get_xfer_status, "nixl_capi_get_xfer_status", 1);
+	SYM(release_xfer_req, "nixl_capi_release_xfer_req", 1);
+	SYM(destroy_xfer_req, "nixl_capi_destroy_xfer_req", 1);
+	SYM(gen_notif, "nixl_capi_gen_notif", 1);
+	SYM(create_notif_map, "nixl_capi_create_notif_map", 1);
+	SYM(destroy_notif_map, "nixl_capi_destroy_notif_map", 1);
+	SYM(get_notifs, "nixl_capi_get_notifs", 1);
+	SYM(notif_map_size, "nixl_capi_notif_map_size", 1);
+	SYM(notif_map_get_agent_at, "nixl_capi_notif_map_get_agent_at", 1);
+	SYM(notif_map_get_notifs_size, "nixl_capi_notif_map_get_notifs_size", 1);
+	SYM(notif_map_get_notif, "nixl_capi_notif_map_get_notif", 1);
+	SYM(notif_map_clear, "nixl_capi_notif_map_clear", 1);
+#undef SYM
+	return l;
+}

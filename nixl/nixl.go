@@ -1,0 +1,606 @@
+package nixl
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// Errors callers branch on. Engine failures wrap them.
+var (
+	ErrEngineUnavailable = errors.New("nixl: engine unavailable")
+	ErrRemoteUnknown     = errors.New("nixl: remote agent unknown")
+	ErrInvalidDescriptor = errors.New("nixl: invalid descriptor")
+	ErrInvalidRequest    = errors.New("nixl: invalid transfer request")
+	ErrBadMetadata       = errors.New("nixl: bad metadata")
+	ErrTransfer          = errors.New("nixl: transfer failed")
+	ErrTimeout           = errors.New("nixl: transfer deadline passed")
+	ErrUnsupported       = errors.New("nixl: not supported by this engine")
+	ErrClosed            = errors.New("nixl: agent closed")
+)
+
+// MemKind is the kind of memory a descriptor points at.
+type MemKind uint8
+
+const (
+	// DRAM is host memory.
+	DRAM MemKind = 1 + iota
+	// VRAM is GPU memory (Dev is the GPU index).
+	VRAM
+)
+
+func (k MemKind) String() string {
+	switch k {
+	case DRAM:
+		return "DRAM"
+	case VRAM:
+		return "VRAM"
+	}
+	return fmt.Sprintf("MemKind(%d)", uint8(k))
+}
+
+// Desc is one contiguous piece of memory.
+type Desc struct {
+	Addr uintptr
+	Len  uint64
+	Dev  uint64
+}
+
+func (d Desc) end() uint64 { return uint64(d.Addr) + d.Len }
+
+// contains reports whether d lies wholly inside r (same device).
+func (r Desc) contains(d Desc) bool {
+	return d.Dev == r.Dev && uint64(d.Addr) >= uint64(r.Addr) && d.end() <= r.end() && d.end() >= uint64(d.Addr)
+}
+
+// BytesDesc describes a Go byte slice (which must stay pinned while
+// registered: use Agent.RegisterBytes).
+func BytesDesc(b []byte) Desc {
+	if len(b) == 0 {
+		return Desc{}
+	}
+	return Desc{Addr: uintptr(unsafe.Pointer(&b[0])), Len: uint64(len(b))}
+}
+
+// Op is a transfer's direction.
+type Op uint8
+
+const (
+	// Write copies local descriptors into remote ones.
+	Write Op = 1 + iota
+	// Read copies remote descriptors into local ones.
+	Read
+)
+
+func (o Op) String() string {
+	if o == Write {
+		return "WRITE"
+	}
+	if o == Read {
+		return "READ"
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
+}
+
+// XferState is a transfer's status.
+type XferState uint8
+
+const (
+	// InProgress: posted, not finished.
+	InProgress XferState = 1 + iota
+	// Done: the data is in place and any notification was sent after it.
+	Done
+	// Failed: the transfer did not complete; Status returns why.
+	Failed
+)
+
+func (s XferState) String() string {
+	return [...]string{"XferState(0)", "InProgress", "Done", "Failed"}[min(int(s), 3)]
+}
+
+// Notif is a notification received from a remote agent.
+type Notif struct {
+	Remote string
+	Msg    []byte
+}
+
+// Engines.
+const (
+	EngineAuto     = ""         // libnixl if it loads, else ucx
+	EngineLibNIXL  = "libnixl"  // the NIXL C API, loaded at run time
+	EngineUCX      = "ucx"      // libucp directly
+	EngineLoopback = "loopback" // in-process copies
+)
+
+// Config opens an agent.
+type Config struct {
+	// Name is the agent's name, unique among the agents that talk to it.
+	Name string
+	// Engine picks the engine; EngineAuto tries libnixl, then ucx.
+	Engine string
+	// UCX sets UCX configuration for the ucx engine ("TLS": "posix,cma,self",
+	// "NET_DEVICES": "lo", ...), applied with ucp_config_modify.
+	UCX map[string]string
+	// NIXLLib is the path of libnixl_capi.so; empty: $KVBRIDGE_NIXL_LIB,
+	// then the loader's search path.
+	NIXLLib string
+	// BackendParams are passed to NIXL's UCX backend (libnixl engine).
+	BackendParams map[string]string
+	// XferTimeout fails a transfer still in progress this long after its
+	// post (0: 60 s). A dead peer never hangs a caller.
+	XferTimeout time.Duration
+}
+
+// backend is what an engine implements. The Agent validates every argument
+// first (descriptors inside registered memory, indices in range, lengths
+// equal), so engines see only well-formed requests.
+type backend interface {
+	register(kind MemKind, descs []Desc) (any, error)
+	deregister(h any) error
+	// alloc returns engine-allocated, registered memory (nil if the engine
+	// has no allocator of its own).
+	alloc(kind MemKind, size uint64) ([]byte, any, error)
+	metadata(regs []*Registration) ([]byte, error)
+	// loadRemote returns the remote's name and registered regions.
+	loadRemote(md []byte) (name string, regions []remoteRegion, err error)
+	invalidate(name string) error
+	prep(remote string, kind MemKind, descs []Desc) (any, error)
+	unprep(h any) error
+	post(x *Xfer) error
+	status(x *Xfer) (XferState, error)
+	release(x *Xfer) error
+	genNotif(remote string, msg []byte) error
+	notifs() ([]Notif, error)
+	close() error
+}
+
+type remoteRegion struct {
+	Kind MemKind
+	Desc
+}
+
+// Registration is registered memory; Deregister it when done.
+type Registration struct {
+	Kind   MemKind
+	Descs  []Desc
+	handle any
+	pinner *runtime.Pinner
+	owned  bool // engine-allocated
+}
+
+// Prepped is a prepared descriptor list, local or for one remote agent.
+type Prepped struct {
+	Remote string // "" for local
+	Kind   MemKind
+	Descs  []Desc
+	handle any
+	agent  *Agent
+}
+
+// Xfer is a transfer request built from prepared lists by index.
+type Xfer struct {
+	Op     Op
+	Remote string
+	Local  []Desc
+	Dst    []Desc // remote descriptors, pairwise with Local
+	Notif  []byte // nil: no notification
+	local  *Prepped
+	remote *Prepped
+	li, ri []int
+	posted time.Time
+	handle any
+	err    error
+}
+
+// Agent is the Go face of a NIXL agent on one engine. It is safe for
+// concurrent use.
+type Agent struct {
+	name    string
+	engine  string
+	b       backend
+	timeout time.Duration
+
+	mu      sync.Mutex
+	regs    map[*Registration]struct{}
+	remotes map[string][]remoteRegion
+	closed  bool
+}
+
+// Open creates an agent on the configured engine.
+func Open(cfg Config) (*Agent, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("nixl: Config.Name is empty")
+	}
+	if cfg.XferTimeout == 0 {
+		cfg.XferTimeout = 60 * time.Second
+	}
+	a := &Agent{name: cfg.Name, timeout: cfg.XferTimeout, regs: map[*Registration]struct{}{},
+		remotes: map[string][]remoteRegion{}}
+	var err error
+	switch cfg.Engine {
+	case EngineAuto:
+		if a.b, err = openLibNIXL(cfg); err == nil {
+			a.engine = EngineLibNIXL
+			break
+		}
+		libErr := err
+		if a.b, err = openUCX(cfg); err != nil {
+			return nil, fmt.Errorf("nixl: no engine: libnixl: %v; ucx: %w", libErr, err)
+		}
+		a.engine = EngineUCX
+	case EngineLibNIXL:
+		a.b, err = openLibNIXL(cfg)
+	case EngineUCX:
+		a.b, err = openUCX(cfg)
+	case EngineLoopback:
+		a.b, err = openLoopback(cfg)
+	default:
+		return nil, fmt.Errorf("nixl: engine %q: %w", cfg.Engine, ErrEngineUnavailable)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if a.engine == "" {
+		a.engine = cfg.Engine
+	}
+	return a, nil
+}
+
+// Name returns the agent's name.
+func (a *Agent) Name() string { return a.name }
+
+// Engine returns the engine in use.
+func (a *Agent) Engine() string { return a.engine }
+
+func (a *Agent) check() error {
+	if a.closed {
+		return fmt.Errorf("agent %s: %w", a.name, ErrClosed)
+	}
+	return nil
+}
+
+func validKind(k MemKind) bool { return k == DRAM || k == VRAM }
+
+// Register registers memory the caller owns (C or device memory, or Go
+// memory the caller keeps pinned).
+func (a *Agent) Register(kind MemKind, descs []Desc) (*Registration, error) {
+	return a.register(kind, descs, nil)
+}
+
+// RegisterBytes registers Go byte slices, pinning them until Deregister.
+func (a *Agent) RegisterBytes(bufs ...[]byte) (*Registration, error) {
+	p := new(runtime.Pinner)
+	descs := make([]Desc, 0, len(bufs))
+	for _, b := range bufs {
+		if len(b) == 0 {
+			p.Unpin()
+			return nil, fmt.Errorf("agent %s: empty buffer: %w", a.name, ErrInvalidDescriptor)
+		}
+		p.Pin(&b[0])
+		descs = append(descs, BytesDesc(b))
+	}
+	r, err := a.register(DRAM, descs, p)
+	if err != nil {
+		p.Unpin()
+	}
+	return r, err
+}
+
+func (a *Agent) register(kind MemKind, descs []Desc, p *runtime.Pinner) (*Registration, error) {
+	if !validKind(kind) {
+		return nil, fmt.Errorf("agent %s: memory kind %v: %w", a.name, kind, ErrInvalidDescriptor)
+	}
+	if len(descs) == 0 {
+		return nil, fmt.Errorf("agent %s: no descriptors: %w", a.name, ErrInvalidDescriptor)
+	}
+	for i, d := range descs {
+		if d.Addr == 0 || d.Len == 0 || d.end() < uint64(d.Addr) {
+			return nil, fmt.Errorf("agent %s: descriptor %d %+v: %w", a.name, i, d, ErrInvalidDescriptor)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.check(); err != nil {
+		return nil, err
+	}
+	h, err := a.b.register(kind, descs)
+	if err != nil {
+		return nil, fmt.Errorf("agent %s: register: %w", a.name, err)
+	}
+	r := &Registration{Kind: kind, Descs: append([]Desc(nil), descs...), handle: h, pinner: p}
+	a.regs[r] = struct{}{}
+	return r, nil
+}
+
+// Alloc returns size bytes of engine-allocated, registered DRAM. With the
+// ucx engine this memory is mapped by UCX, so shared-memory writes into it
+// are one-sided. Free it with Deregister.
+func (a *Agent) Alloc(size uint64) (*Registration, []byte, error) {
+	if size == 0 {
+		return nil, nil, fmt.Errorf("agent %s: alloc of 0 bytes: %w", a.name, ErrInvalidDescriptor)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.check(); err != nil {
+		return nil, nil, err
+	}
+	buf, h, err := a.b.alloc(DRAM, size)
+	if err != nil {
+		return nil, nil, fmt.Errorf("agent %s: alloc %d bytes: %w", a.name, size, err)
+	}
+	r := &Registration{Kind: DRAM, Descs: []Desc{BytesDesc(buf)}, handle: h, owned: true}
+	a.regs[r] = struct{}{}
+	return r, buf, nil
+}
+
+// Deregister releases a registration (and engine-allocated memory).
+func (a *Agent) Deregister(r *Registration) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.regs[r]; !ok {
+		return fmt.Errorf("agent %s: deregister: registration unknown: %w", a.name, ErrInvalidDescriptor)
+	}
+	delete(a.regs, r)
+	err := a.b.deregister(r.handle)
+	if r.pinner != nil {
+		r.pinner.Unpin()
+	}
+	return err
+}
+
+func (a *Agent) sortedRegs() []*Registration {
+	regs := make([]*Registration, 0, len(a.regs))
+	for r := range a.regs {
+		regs = append(regs, r)
+	}
+	sort.Slice(regs, func(i, j int) bool { return regs[i].Descs[0].Addr < regs[j].Descs[0].Addr })
+	return regs
+}
+
+// Metadata returns this agent's metadata blob, for a peer's LoadRemote.
+// It covers the memory registered so far.
+func (a *Agent) Metadata() ([]byte, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.check(); err != nil {
+		return nil, err
+	}
+	md, err := a.b.metadata(a.sortedRegs())
+	if err != nil {
+		return nil, fmt.Errorf("agent %s: metadata: %w", a.name, err)
+	}
+	return md, nil
+}
+
+// LoadRemote loads a peer's metadata and returns the peer agent's name.
+// Loading a newer blob of a known agent replaces the old one.
+func (a *Agent) LoadRemote(md []byte) (string, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.check(); err != nil {
+		return "", err
+	}
+	name, regions, err := a.b.loadRemote(md)
+	if err != nil {
+		return "", fmt.Errorf("agent %s: load remote metadata: %w", a.name, err)
+	}
+	a.remotes[name] = regions
+	return name, nil
+}
+
+// InvalidateRemote forgets a peer; its transfers in flight fail.
+func (a *Agent) InvalidateRemote(name string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.remotes[name]; !ok {
+		return fmt.Errorf("agent %s: invalidate %q: %w", a.name, name, ErrRemoteUnknown)
+	}
+	delete(a.remotes, name)
+	return a.b.invalidate(name)
+}
+
+// PrepLocal prepares local descriptors; each must lie inside memory this
+// agent registered with the same kind.
+func (a *Agent) PrepLocal(kind MemKind, descs []Desc) (*Prepped, error) {
+	return a.prep("", kind, descs)
+}
+
+// PrepRemote prepares descriptors of a loaded remote agent; each must lie
+// inside memory that agent registered.
+func (a *Agent) PrepRemote(remote string, kind MemKind, descs []Desc) (*Prepped, error) {
+	if remote == "" {
+		return nil, fmt.Errorf("agent %s: empty remote name: %w", a.name, ErrRemoteUnknown)
+	}
+	return a.prep(remote, kind, descs)
+}
+
+func (a *Agent) prep(remote string, kind MemKind, descs []Desc) (*Prepped, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.check(); err != nil {
+		return nil, err
+	}
+	var regions []remoteRegion
+	if remote == "" {
+		for r := range a.regs {
+			for _, d := range r.Descs {
+				regions = append(regions, remoteRegion{Kind: r.Kind, Desc: d})
+			}
+		}
+	} else {
+		var ok bool
+		if regions, ok = a.remotes[remote]; !ok {
+			return nil, fmt.Errorf("agent %s: prep for %q: %w", a.name, remote, ErrRemoteUnknown)
+		}
+	}
+	where := "local"
+	if remote != "" {
+		where = "remote " + remote
+	}
+	for i, d := range descs {
+		if d.Len == 0 || !inside(regions, kind, d) {
+			return nil, fmt.Errorf("agent %s: %s descriptor %d (%v addr %#x len %d dev %d) is outside registered memory: %w",
+				a.name, where, i, kind, d.Addr, d.Len, d.Dev, ErrInvalidDescriptor)
+		}
+	}
+	h, err := a.b.prep(remote, kind, descs)
+	if err != nil {
+		return nil, fmt.Errorf("agent %s: prep %s: %w", a.name, where, err)
+	}
+	return &Prepped{Remote: remote, Kind: kind, Descs: append([]Desc(nil), descs...), handle: h, agent: a}, nil
+}
+
+func inside(regions []remoteRegion, kind MemKind, d Desc) bool {
+	for _, r := range regions {
+		if r.Kind == kind && r.contains(d) {
+			return true
+		}
+	}
+	return false
+}
+
+// Release frees a prepared list.
+func (p *Prepped) Release() error {
+	if p.handle == nil {
+		return nil
+	}
+	h := p.handle
+	p.handle = nil
+	return p.agent.b.unprep(h)
+}
+
+// NewXfer builds a transfer: local descriptors li of local, remote
+// descriptors ri of remote, pairwise, with equal lengths. notif, if not nil,
+// is delivered to the remote agent after the data is in place.
+func (a *Agent) NewXfer(op Op, local *Prepped, li []int, remote *Prepped, ri []int, notif []byte) (*Xfer, error) {
+	bad := func(format string, args ...any) (*Xfer, error) {
+		return nil, fmt.Errorf("agent %s: %s: %w", a.name, fmt.Sprintf(format, args...), ErrInvalidRequest)
+	}
+	switch {
+	case op != Write && op != Read:
+		return bad("operation %v", op)
+	case local == nil || remote == nil || local.agent != a || remote.agent != a:
+		return bad("prepared lists must come from this agent")
+	case local.Remote != "" || remote.Remote == "":
+		return bad("need a local and a remote prepared list")
+	case local.handle == nil || remote.handle == nil:
+		return bad("prepared list released")
+	case len(li) != len(ri) || len(li) == 0:
+		return bad("%d local and %d remote indices", len(li), len(ri))
+	}
+	x := &Xfer{Op: op, Remote: remote.Remote, Local: make([]Desc, len(li)), Dst: make([]Desc, len(ri)),
+		local: local, remote: remote, li: li, ri: ri}
+	if notif != nil {
+		x.Notif = append([]byte{}, notif...)
+	}
+	for k := range li {
+		if li[k] < 0 || li[k] >= len(local.Descs) || ri[k] < 0 || ri[k] >= len(remote.Descs) {
+			return nil, fmt.Errorf("agent %s: pair %d: index %d/%d out of range %d/%d: %w",
+				a.name, k, li[k], ri[k], len(local.Descs), len(remote.Descs), ErrInvalidDescriptor)
+		}
+		x.Local[k], x.Dst[k] = local.Descs[li[k]], remote.Descs[ri[k]]
+		if x.Local[k].Len != x.Dst[k].Len {
+			return bad("pair %d: local length %d, remote length %d", k, x.Local[k].Len, x.Dst[k].Len)
+		}
+	}
+	return x, nil
+}
+
+// Post starts (or restarts, once finished) a transfer.
+func (a *Agent) Post(x *Xfer) error {
+	a.mu.Lock()
+	if err := a.check(); err != nil {
+		a.mu.Unlock()
+		return err
+	}
+	_, ok := a.remotes[x.Remote]
+	a.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("agent %s: post to %q: %w", a.name, x.Remote, ErrRemoteUnknown)
+	}
+	x.posted, x.err = time.Now(), nil
+	if err := a.b.post(x); err != nil {
+		return fmt.Errorf("agent %s: post %v to %s: %w", a.name, x.Op, x.Remote, err)
+	}
+	return nil
+}
+
+// Status returns the transfer's state; Failed comes with the reason. A
+// transfer in progress past the agent's XferTimeout fails with ErrTimeout.
+func (a *Agent) Status(x *Xfer) (XferState, error) {
+	if x.err != nil {
+		return Failed, x.err
+	}
+	st, err := a.b.status(x)
+	if st == InProgress && time.Since(x.posted) > a.timeout {
+		x.err = fmt.Errorf("agent %s: %v to %s in progress after %v: %w", a.name, x.Op, x.Remote, a.timeout, ErrTimeout)
+		_ = a.b.release(x)
+		return Failed, x.err
+	}
+	if st == Failed {
+		if err == nil {
+			err = ErrTransfer
+		}
+		x.err = fmt.Errorf("agent %s: %v to %s: %w", a.name, x.Op, x.Remote, err)
+		return Failed, x.err
+	}
+	return st, nil
+}
+
+// Release frees a transfer (cancelling it if still in progress).
+func (a *Agent) Release(x *Xfer) error { return a.b.release(x) }
+
+// GenNotif sends a notification with no data.
+func (a *Agent) GenNotif(remote string, msg []byte) error {
+	a.mu.Lock()
+	_, ok := a.remotes[remote]
+	closed := a.closed
+	a.mu.Unlock()
+	if closed {
+		return fmt.Errorf("agent %s: %w", a.name, ErrClosed)
+	}
+	if !ok {
+		return fmt.Errorf("agent %s: notify %q: %w", a.name, remote, ErrRemoteUnknown)
+	}
+	return a.b.genNotif(remote, msg)
+}
+
+// Notifs drains the notifications received since the last call, in
+// arrival order.
+func (a *Agent) Notifs() ([]Notif, error) { return a.b.notifs() }
+
+// Close releases everything; transfers in flight fail. Idempotent.
+func (a *Agent) Close() error {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nil
+	}
+	a.closed = true
+	regs := a.sortedRegs()
+	a.regs = map[*Registration]struct{}{}
+	a.mu.Unlock()
+	err := a.b.close()
+	for _, r := range regs {
+		if r.pinner != nil {
+			r.pinner.Unpin()
+		}
+	}
+	return err
+}
+
+// libPath resolves the NIXL C API library path.
+func libPath(cfg Config) string {
+	if cfg.NIXLLib != "" {
+		return cfg.NIXLLib
+	}
+	if p := os.Getenv("KVBRIDGE_NIXL_LIB"); p != "" {
+		return p
+	}
+	return "libnixl_capi.so"
+}

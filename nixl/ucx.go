@@ -1,0 +1,666 @@
+package nixl
+
+/*
+#cgo pkg-config: ucx
+#cgo LDFLAGS: -lucp -lucs
+#include <stdlib.h>
+#include <string.h>
+#include "ucx_engine.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// The ucx engine drives libucp directly. One worker per agent, created and
+// used only by a progress goroutine locked to its OS thread; every UCX call
+// is a closure run there. The progress goroutine spins while transfers are
+// in flight or traffic arrives (a put over tcp, or into memory UCX did not
+// allocate, is emulated and needs the target to progress) and backs off to
+// short sleeps when idle.
+
+type ucxStatusError struct {
+	call   string
+	status C.int
+}
+
+func (e *ucxStatusError) Error() string {
+	return fmt.Sprintf("%s: %s", e.call, C.GoString(C.ucs_status_string(C.ucs_status_t(e.status))))
+}
+
+func cbool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func ucxErr(call string, st C.int) error {
+	if st == 0 {
+		return nil
+	}
+	return &ucxStatusError{call, st}
+}
+
+type ucxMem struct {
+	memh C.ucp_mem_h
+	addr uintptr
+	len  uint64
+	rkey []byte
+}
+
+type ucxReg struct {
+	kind MemKind
+	mems []ucxMem
+}
+
+type ucxRemote struct {
+	name    string
+	ep      *C.kvb_ep
+	regions []remoteRegion
+	rkeys   []C.ucp_rkey_h
+}
+
+type ucxPrep struct {
+	remote *ucxRemote
+	ptrs   []C.uint64_t
+	lens   []C.uint64_t
+	keys   []C.ucp_rkey_h // remote: the rkey of each descriptor
+	memhs  []C.ucp_mem_h  // local: the memh of each descriptor
+}
+
+type ucxXfer struct {
+	c      *C.kvb_xfer // C memory; freed once no request is outstanding
+	state  atomic.Uint32
+	errMsg atomic.Pointer[string]
+	hdr    *C.char // notification header (this agent's name) and message, C memory
+	msg    unsafe.Pointer
+	msgLen C.size_t
+	notify bool
+}
+
+type ucx struct {
+	name string
+	// peerErrors: the transports can detect a failed peer (tcp, RDMA), so
+	// endpoints use UCP_ERR_HANDLING_MODE_PEER.
+	peerErrors bool
+	ctx        *C.kvb_ctx
+
+	cmds    chan func()
+	closing chan struct{}
+	done    chan struct{}
+
+	// Owned by the progress goroutine.
+	regs    map[*ucxReg]struct{}
+	remotes map[string]*ucxRemote
+	active  map[*ucxXfer]struct{}
+	all     map[*ucxXfer]struct{} // every unreleased transfer, freed at shutdown
+	orphans []*C.kvb_xfer
+
+	mu    sync.Mutex
+	queue []Notif
+}
+
+// transportPrefixes name UCX settings that belong to transports, which
+// ucp_config_modify does not apply in UCX 1.13; they go to the environment.
+var transportPrefixes = []string{"TCP_", "POSIX_", "SYSV_", "CMA_", "MM_", "SELF_", "IB_", "RC_", "UD_", "DC_", "CUDA_", "GDR_", "ROCM_", "KNEM_", "XPMEM_"}
+
+func openUCX(cfg Config) (backend, error) {
+	ucpKeys := map[string]string{}
+	for k, v := range cfg.UCX {
+		transport := false
+		for _, p := range transportPrefixes {
+			transport = transport || strings.HasPrefix(k, p)
+		}
+		if !transport {
+			ucpKeys[k] = v
+			continue
+		}
+		// Process-wide: an explicit UCX_ variable from the operator wins.
+		if _, set := os.LookupEnv("UCX_" + k); !set {
+			os.Setenv("UCX_"+k, v)
+		}
+	}
+	cfg.UCX = ucpKeys
+	tls, ok := ucpKeys["TLS"]
+	if !ok {
+		tls = os.Getenv("UCX_TLS")
+	}
+	u := &ucx{peerErrors: tls == "" || tls == "all" || strings.Contains(tls, "tcp") || strings.Contains(tls, "ib") ||
+		strings.Contains(tls, "rc") || strings.Contains(tls, "ud") || strings.Contains(tls, "dc"), name: cfg.Name, cmds: make(chan func(), 64), closing: make(chan struct{}), done: make(chan struct{}),
+		regs: map[*ucxReg]struct{}{}, remotes: map[string]*ucxRemote{}, active: map[*ucxXfer]struct{}{},
+		all: map[*ucxXfer]struct{}{}}
+	keys := make([]string, 0, len(cfg.UCX))
+	for k := range cfg.UCX {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	started := make(chan error)
+	go u.run(keys, cfg.UCX, started)
+	if err := <-started; err != nil {
+		return nil, fmt.Errorf("ucx engine: %v: %w", err, ErrEngineUnavailable)
+	}
+	return u, nil
+}
+
+func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer close(u.done)
+	ck := make([]*C.char, len(keys))
+	cv := make([]*C.char, len(keys))
+	for i, k := range keys {
+		ck[i], cv[i] = C.CString(k), C.CString(vals[k])
+	}
+	var errbuf [256]C.char
+	var kp, vp **C.char
+	if len(keys) > 0 {
+		kp = (**C.char)(C.malloc(C.size_t(len(keys)) * C.size_t(unsafe.Sizeof(uintptr(0)))))
+		vp = (**C.char)(C.malloc(C.size_t(len(keys)) * C.size_t(unsafe.Sizeof(uintptr(0)))))
+		copy(unsafe.Slice(kp, len(keys)), ck)
+		copy(unsafe.Slice(vp, len(keys)), cv)
+	}
+	var ctx *C.kvb_ctx
+	st := C.kvb_init(&ctx, kp, vp, C.int(len(keys)), &errbuf[0], C.size_t(len(errbuf)))
+	for i := range keys {
+		C.free(unsafe.Pointer(ck[i]))
+		C.free(unsafe.Pointer(cv[i]))
+	}
+	C.free(unsafe.Pointer(kp))
+	C.free(unsafe.Pointer(vp))
+	if st != 0 {
+		started <- fmt.Errorf("%s", C.GoString(&errbuf[0]))
+		return
+	}
+	u.ctx = ctx
+	started <- nil
+
+	idle := time.Duration(0)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		ran := false
+	drain:
+		for {
+			select {
+			case f := <-u.cmds:
+				f()
+				ran = true
+			default:
+				break drain
+			}
+		}
+		n := C.kvb_progress(u.ctx)
+		u.advance()
+		u.collectNotifs()
+		select {
+		case <-u.closing:
+			u.shutdown()
+			return
+		default:
+		}
+		if n > 0 || ran || len(u.active) > 0 {
+			idle = 0
+			if len(u.active) == 0 && n == 0 {
+				runtime.Gosched()
+			}
+			continue
+		}
+		// Idle: back off from 20 µs to 1 ms, waking at once for a command.
+		idle = min(max(2*idle, 20*time.Microsecond), time.Millisecond)
+		timer.Reset(idle)
+		select {
+		case f := <-u.cmds:
+			f()
+		case <-timer.C:
+		case <-u.closing:
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// do runs f on the progress thread and waits for it.
+func (u *ucx) do(f func() error) error {
+	errc := make(chan error, 1)
+	select {
+	case u.cmds <- func() { errc <- f() }:
+	case <-u.done:
+		return ErrClosed
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-u.done:
+		return ErrClosed
+	}
+}
+
+func (u *ucx) advance() {
+	for x := range u.active {
+		var msg unsafe.Pointer = x.msg
+		notify := C.int(0)
+		if x.notify {
+			notify = 1
+		}
+		stage := C.kvb_xfer_advance(u.ctx, x.c, unsafe.Pointer(x.hdr), C.strlen(x.hdr), msg, x.msgLen, notify)
+		switch stage {
+		case C.KVB_XFER_DONE:
+			x.state.Store(uint32(Done))
+			delete(u.active, x)
+		case C.KVB_XFER_FAILED:
+			s := ucxErr("transfer", C.int(x.c.status)).Error()
+			x.errMsg.Store(&s)
+			x.state.Store(uint32(Failed))
+			delete(u.active, x)
+		}
+	}
+	kept := u.orphans[:0]
+	for _, c := range u.orphans {
+		if c.outstanding == 0 {
+			C.free(unsafe.Pointer(c))
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	u.orphans = kept
+}
+
+func (u *ucx) collectNotifs() {
+	for {
+		n := C.kvb_notif_pop(u.ctx)
+		if n == nil {
+			return
+		}
+		nt := Notif{Remote: C.GoStringN(n.name, C.int(n.name_len)), Msg: C.GoBytes(n.data, C.int(n.data_len))}
+		C.kvb_notif_free(n)
+		u.mu.Lock()
+		u.queue = append(u.queue, nt)
+		u.mu.Unlock()
+	}
+}
+
+func (u *ucx) register(kind MemKind, descs []Desc) (any, error) {
+	if kind != DRAM {
+		return nil, fmt.Errorf("ucx engine: %v needs the gpu support: %w", kind, ErrUnsupported)
+	}
+	r := &ucxReg{kind: kind}
+	err := u.do(func() error {
+		for _, d := range descs {
+			m, err := u.mapMem(d.Addr, d.Len, false)
+			if err != nil {
+				u.unmap(r)
+				return err
+			}
+			r.mems = append(r.mems, m)
+		}
+		u.regs[r] = struct{}{}
+		return nil
+	})
+	return r, err
+}
+
+func (u *ucx) mapMem(addr uintptr, n uint64, allocate bool) (ucxMem, error) {
+	var m ucxMem
+	var out C.uintptr_t
+	var rk unsafe.Pointer
+	var rkLen C.size_t
+	var memh C.ucp_mem_h
+	alloc := C.int(0)
+	if allocate {
+		alloc = 1
+	}
+	st := C.kvb_mem_map(u.ctx, C.uintptr_t(addr), C.size_t(n), alloc, &memh, &out, &rk, &rkLen)
+	m.memh = memh
+	if err := ucxErr("ucp_mem_map", C.int(st)); err != nil {
+		return m, err
+	}
+	m.addr, m.len, m.rkey = uintptr(out), n, C.GoBytes(rk, C.int(rkLen))
+	C.free(rk)
+	return m, nil
+}
+
+func (u *ucx) unmap(r *ucxReg) {
+	for _, m := range r.mems {
+		C.kvb_mem_unmap(u.ctx, m.memh)
+	}
+	r.mems = nil
+}
+
+func (u *ucx) deregister(h any) error {
+	r := h.(*ucxReg)
+	return u.do(func() error {
+		u.unmap(r)
+		delete(u.regs, r)
+		return nil
+	})
+}
+
+func (u *ucx) alloc(kind MemKind, size uint64) ([]byte, any, error) {
+	r := &ucxReg{kind: kind}
+	var buf []byte
+	err := u.do(func() error {
+		m, err := u.mapMem(0, size, true)
+		if err != nil {
+			return err
+		}
+		r.mems = []ucxMem{m}
+		u.regs[r] = struct{}{}
+		// UCX-mapped memory, outside the Go heap.
+		buf = unsafe.Slice((*byte)(unsafe.Pointer(C.kvb_ptr(C.uintptr_t(m.addr)))), int(size))
+		return nil
+	})
+	return buf, r, err
+}
+
+func (u *ucx) metadata(regs []*Registration) ([]byte, error) {
+	m := metadataBlob{engine: EngineUCX, agent: u.name}
+	err := u.do(func() error {
+		var addr unsafe.Pointer
+		var n C.size_t
+		if err := ucxErr("ucp_worker_get_address", C.kvb_worker_address(u.ctx, &addr, &n)); err != nil {
+			return err
+		}
+		m.payload = C.GoBytes(addr, C.int(n))
+		C.free(addr)
+		for _, r := range regs {
+			ur := r.handle.(*ucxReg)
+			for _, mm := range ur.mems {
+				m.regions = append(m.regions, mdRegion{remoteRegion{r.Kind, Desc{Addr: mm.addr, Len: mm.len}}, mm.rkey})
+			}
+		}
+		return nil
+	})
+	return m.encode(), err
+}
+
+func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
+	m, err := decodeMetadata(md, EngineUCX)
+	if err != nil {
+		return "", nil, err
+	}
+	r := &ucxRemote{name: m.agent, regions: m.remoteRegions()}
+	err = u.do(func() error {
+		addr := C.CBytes(m.payload)
+		defer C.free(addr)
+		var ep *C.kvb_ep
+		if err := ucxErr("ucp_ep_create", C.kvb_ep_create(u.ctx, addr, cbool(u.peerErrors), &ep)); err != nil {
+			return err
+		}
+		r.ep = ep
+		for i, reg := range m.regions {
+			key := C.CBytes(reg.key)
+			var rk C.ucp_rkey_h
+			st := C.kvb_rkey_unpack(r.ep, key, &rk)
+			C.free(key)
+			if err := ucxErr(fmt.Sprintf("ucp_ep_rkey_unpack(region %d)", i), st); err != nil {
+				u.dropRemote(r)
+				return fmt.Errorf("%v: %w", err, ErrBadMetadata)
+			}
+			r.rkeys = append(r.rkeys, rk)
+		}
+		if old, ok := u.remotes[r.name]; ok {
+			u.dropRemote(old)
+		}
+		u.remotes[r.name] = r
+		return nil
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	return r.name, r.regions, nil
+}
+
+// dropRemote fails the remote's transfers and closes its endpoint.
+func (u *ucx) dropRemote(r *ucxRemote) {
+	for x := range u.active {
+		if x.c.ep == r.ep {
+			C.kvb_xfer_cancel(u.ctx, x.c)
+		}
+	}
+	u.advance()
+	for _, rk := range r.rkeys {
+		C.ucp_rkey_destroy(rk)
+	}
+	r.rkeys = nil
+	if r.ep != nil {
+		C.kvb_ep_close(u.ctx, r.ep)
+		r.ep = nil
+	}
+}
+
+func (u *ucx) invalidate(name string) error {
+	return u.do(func() error {
+		if r, ok := u.remotes[name]; ok {
+			u.dropRemote(r)
+			delete(u.remotes, name)
+		}
+		return nil
+	})
+}
+
+func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
+	p := &ucxPrep{ptrs: make([]C.uint64_t, len(descs)), lens: make([]C.uint64_t, len(descs))}
+	for i, d := range descs {
+		p.ptrs[i], p.lens[i] = C.uint64_t(d.Addr), C.uint64_t(d.Len)
+	}
+	err := u.do(func() error {
+		if remote == "" {
+			p.memhs = make([]C.ucp_mem_h, len(descs))
+			for i, d := range descs {
+				p.memhs[i] = u.memhFor(d)
+			}
+			return nil
+		}
+		r, ok := u.remotes[remote]
+		if !ok {
+			return ErrRemoteUnknown
+		}
+		p.remote = r
+		p.keys = make([]C.ucp_rkey_h, len(descs))
+		for i, d := range descs {
+			for j, reg := range r.regions {
+				if reg.Kind == kind && reg.contains(d) {
+					p.keys[i] = r.rkeys[j]
+					break
+				}
+			}
+		}
+		return nil
+	})
+	return p, err
+}
+
+func (u *ucx) memhFor(d Desc) C.ucp_mem_h {
+	for r := range u.regs {
+		for _, m := range r.mems {
+			if (Desc{Addr: m.addr, Len: m.len}).contains(d) {
+				return m.memh
+			}
+		}
+	}
+	return nil
+}
+
+func (u *ucx) unprep(any) error { return nil }
+
+func (u *ucx) post(x *Xfer) error {
+	lp, rp := x.local.handle.(*ucxPrep), x.remote.handle.(*ucxPrep)
+	ux, _ := x.handle.(*ucxXfer)
+	if ux != nil && XferState(ux.state.Load()) == InProgress {
+		return fmt.Errorf("transfer still in progress: %w", ErrInvalidRequest)
+	}
+	n := len(x.li)
+	if ux == nil {
+		ux = &ucxXfer{hdr: C.CString(u.name)}
+		if x.Notif != nil {
+			ux.notify = true
+			ux.msg, ux.msgLen = C.CBytes(x.Notif), C.size_t(len(x.Notif))
+		}
+		x.handle = ux
+	}
+	// Gather the pairs into C arrays for one call.
+	arr := C.malloc(C.size_t(n) * (3*8 + 2*C.size_t(unsafe.Sizeof(uintptr(0)))))
+	defer C.free(arr)
+	laddr := unsafe.Slice((*C.uint64_t)(arr), n)
+	lens := unsafe.Slice((*C.uint64_t)(unsafe.Add(arr, 8*n)), n)
+	raddr := unsafe.Slice((*C.uint64_t)(unsafe.Add(arr, 16*n)), n)
+	rkeys := unsafe.Slice((*C.ucp_rkey_h)(unsafe.Add(arr, 24*n)), n)
+	memhs := unsafe.Slice((*C.ucp_mem_h)(unsafe.Add(arr, 24*n+int(unsafe.Sizeof(uintptr(0)))*n)), n)
+	for k := 0; k < n; k++ {
+		li, ri := x.li[k], x.ri[k]
+		laddr[k], lens[k], raddr[k] = lp.ptrs[li], lp.lens[li], rp.ptrs[ri]
+		rkeys[k], memhs[k] = rp.keys[ri], lp.memhs[li]
+	}
+	read := C.int(0)
+	if x.Op == Read {
+		read = 1
+	}
+	return u.do(func() error {
+		if u.remotes[x.Remote] != rp.remote || rp.remote.ep == nil {
+			return fmt.Errorf("remote %q was reloaded or invalidated since prep: %w", x.Remote, ErrRemoteUnknown)
+		}
+		if ux.c == nil {
+			ux.c = (*C.kvb_xfer)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvb_xfer{}))))
+		}
+		ux.errMsg.Store(nil)
+		ux.state.Store(uint32(InProgress))
+		u.active[ux] = struct{}{}
+		u.all[ux] = struct{}{}
+		C.kvb_xfer_start(u.ctx, ux.c, rp.remote.ep, read, C.int(n), &laddr[0], &lens[0], &raddr[0], &rkeys[0], &memhs[0])
+		return nil
+	})
+}
+
+func (u *ucx) status(x *Xfer) (XferState, error) {
+	ux, ok := x.handle.(*ucxXfer)
+	if !ok {
+		return Failed, fmt.Errorf("transfer not posted: %w", ErrInvalidRequest)
+	}
+	st := XferState(ux.state.Load())
+	if st == Failed {
+		msg := "failed"
+		if p := ux.errMsg.Load(); p != nil {
+			msg = *p
+		}
+		return Failed, fmt.Errorf("%s: %w", msg, ErrTransfer)
+	}
+	return st, nil
+}
+
+func (u *ucx) release(x *Xfer) error {
+	ux, ok := x.handle.(*ucxXfer)
+	if !ok {
+		return nil
+	}
+	x.handle = nil
+	return u.do(func() error {
+		delete(u.all, ux)
+		u.freeXfer(ux)
+		return nil
+	})
+}
+
+// freeXfer releases a transfer's C memory (on the progress thread).
+func (u *ucx) freeXfer(ux *ucxXfer) {
+	{
+		if ux.c != nil {
+			if _, live := u.active[ux]; live {
+				C.kvb_xfer_cancel(u.ctx, ux.c)
+				delete(u.active, ux)
+			}
+			if ux.c.outstanding > 0 {
+				u.orphans = append(u.orphans, ux.c) // freed when its callbacks have run
+			} else {
+				C.free(unsafe.Pointer(ux.c))
+			}
+			ux.c = nil
+		}
+		C.free(unsafe.Pointer(ux.hdr))
+		ux.hdr = nil
+		if ux.msg != nil {
+			C.free(ux.msg)
+			ux.msg = nil
+		}
+	}
+}
+
+func (u *ucx) genNotif(remote string, msg []byte) error {
+	return u.do(func() error {
+		r, ok := u.remotes[remote]
+		if !ok {
+			return ErrRemoteUnknown
+		}
+		hdr := C.CString(u.name)
+		defer C.free(unsafe.Pointer(hdr))
+		var m unsafe.Pointer
+		if len(msg) > 0 {
+			m = C.CBytes(msg)
+			defer C.free(m)
+		}
+		return ucxErr("ucp_am_send_nbx", C.kvb_send_notif(u.ctx, r.ep, unsafe.Pointer(hdr), C.strlen(hdr), m, C.size_t(len(msg))))
+	})
+}
+
+func (u *ucx) notifs() ([]Notif, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	q := u.queue
+	u.queue = nil
+	return q, nil
+}
+
+func (u *ucx) close() error {
+	select {
+	case <-u.closing:
+	default:
+		close(u.closing)
+	}
+	<-u.done
+	return nil
+}
+
+// shutdown runs on the progress thread: fail what is in flight, let the
+// cancellations run, then release every UCX object.
+func (u *ucx) shutdown() {
+	for x := range u.active {
+		s := "agent closed"
+		x.errMsg.Store(&s)
+		x.state.Store(uint32(Failed))
+	}
+	for x := range u.all {
+		u.freeXfer(x) // cancels what is in flight
+	}
+	for _, r := range u.remotes {
+		u.dropRemote(r)
+	}
+	for i := 0; i < 100000 && len(u.orphans) > 0; i++ {
+		C.kvb_progress(u.ctx)
+		u.advance()
+	}
+	for r := range u.regs {
+		u.unmap(r)
+	}
+	C.kvb_destroy(u.ctx)
+	for {
+		select {
+		case f := <-u.cmds:
+			_ = f // callers waiting in do() see done closed
+		default:
+			return
+		}
+	}
+}

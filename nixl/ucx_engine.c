@@ -1,0 +1,401 @@
+#include "ucx_engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static ucs_status_t kvb_am_cb(void *arg, const void *header, size_t header_length, void *data,
+			      size_t length, const ucp_am_recv_param_t *param)
+{
+	kvb_ctx *c = arg;
+	if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+		return UCS_OK; // notifications are always sent eager; drop anything else
+	}
+	kvb_notif *n = calloc(1, sizeof(*n));
+	if (n == NULL) {
+		return UCS_OK;
+	}
+	n->name = malloc(header_length + 1);
+	n->data = malloc(length + 1);
+	if (n->name == NULL || n->data == NULL) {
+		kvb_notif_free(n);
+		return UCS_OK;
+	}
+	memcpy(n->name, header, header_length);
+	n->name_len = header_length;
+	memcpy(n->data, data, length);
+	n->data_len = length;
+	if (c->tail) {
+		c->tail->next = n;
+	} else {
+		c->head = n;
+	}
+	c->tail = n;
+	return UCS_OK;
+}
+
+int kvb_init(kvb_ctx **out, const char **keys, const char **vals, int n, char *err, size_t errlen)
+{
+	ucp_config_t *cfg;
+	ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+	if (st != UCS_OK) {
+		snprintf(err, errlen, "ucp_config_read: %s", ucs_status_string(st));
+		return st;
+	}
+	for (int i = 0; i < n; i++) {
+		st = ucp_config_modify(cfg, keys[i], vals[i]);
+		if (st != UCS_OK) {
+			snprintf(err, errlen, "ucp_config_modify(%s=%s): %s", keys[i], vals[i], ucs_status_string(st));
+			ucp_config_release(cfg);
+			return st;
+		}
+	}
+	kvb_ctx *c = calloc(1, sizeof(*c));
+	ucp_params_t p = {0};
+	p.field_mask = UCP_PARAM_FIELD_FEATURES;
+	p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+	st = ucp_init(&p, cfg, &c->ctx);
+	ucp_config_release(cfg);
+	if (st != UCS_OK) {
+		snprintf(err, errlen, "ucp_init: %s", ucs_status_string(st));
+		free(c);
+		return st;
+	}
+	ucp_worker_params_t wp = {0};
+	wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+	wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+	st = ucp_worker_create(c->ctx, &wp, &c->worker);
+	if (st != UCS_OK) {
+		snprintf(err, errlen, "ucp_worker_create: %s", ucs_status_string(st));
+		ucp_cleanup(c->ctx);
+		free(c);
+		return st;
+	}
+	ucp_am_handler_param_t hp = {0};
+	hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+			UCP_AM_HANDLER_PARAM_FIELD_ARG;
+	hp.id = KVB_AM_NOTIF;
+	hp.cb = kvb_am_cb;
+	hp.arg = c;
+	st = ucp_worker_set_am_recv_handler(c->worker, &hp);
+	if (st != UCS_OK) {
+		snprintf(err, errlen, "ucp_worker_set_am_recv_handler: %s", ucs_status_string(st));
+		ucp_worker_destroy(c->worker);
+		ucp_cleanup(c->ctx);
+		free(c);
+		return st;
+	}
+	*out = c;
+	return UCS_OK;
+}
+
+void kvb_destroy(kvb_ctx *c)
+{
+	kvb_notif *n;
+	while ((n = kvb_notif_pop(c)) != NULL) {
+		kvb_notif_free(n);
+	}
+	ucp_worker_destroy(c->worker);
+	ucp_cleanup(c->ctx);
+	free(c);
+}
+
+int kvb_worker_address(kvb_ctx *c, void **addr, size_t *len)
+{
+	ucp_address_t *a;
+	ucs_status_t st = ucp_worker_get_address(c->worker, &a, len);
+	if (st != UCS_OK) {
+		return st;
+	}
+	*addr = malloc(*len);
+	memcpy(*addr, a, *len);
+	ucp_worker_release_address(c->worker, a);
+	return UCS_OK;
+}
+
+unsigned kvb_progress(kvb_ctx *c)
+{
+	unsigned total = 0, n;
+	int rounds = 0;
+	while ((n = ucp_worker_progress(c->worker)) > 0 && rounds++ < 64) {
+		total += n;
+	}
+	return total;
+}
+
+char *kvb_ptr(uintptr_t addr) { return (char *)addr; }
+
+int kvb_mem_map(kvb_ctx *c, uintptr_t addr, size_t len, int allocate, ucp_mem_h *memh, uintptr_t *out_addr,
+		void **rkey, size_t *rkey_len)
+{
+	ucp_mem_map_params_t p = {0};
+	p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+		       UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+	p.address = allocate ? NULL : (void *)addr;
+	p.length = len;
+	p.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
+	ucs_status_t st = ucp_mem_map(c->ctx, &p, memh);
+	if (st != UCS_OK) {
+		return st;
+	}
+	ucp_mem_attr_t attr = {0};
+	attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+	st = ucp_mem_query(*memh, &attr);
+	if (st != UCS_OK) {
+		ucp_mem_unmap(c->ctx, *memh);
+		return st;
+	}
+	*out_addr = (uintptr_t)attr.address;
+	void *buf;
+	st = ucp_rkey_pack(c->ctx, *memh, &buf, rkey_len);
+	if (st != UCS_OK) {
+		ucp_mem_unmap(c->ctx, *memh);
+		return st;
+	}
+	*rkey = malloc(*rkey_len);
+	memcpy(*rkey, buf, *rkey_len);
+	ucp_rkey_buffer_release(buf);
+	return UCS_OK;
+}
+
+void kvb_mem_unmap(kvb_ctx *c, ucp_mem_h memh) { ucp_mem_unmap(c->ctx, memh); }
+
+static void kvb_ep_err(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+	kvb_ep *e = arg;
+	(void)ep;
+	e->failed = 1;
+	e->status = status;
+}
+
+int kvb_ep_create(kvb_ctx *c, const void *addr, int peer_errors, kvb_ep **out)
+{
+	kvb_ep *e = calloc(1, sizeof(*e));
+	ucp_ep_params_t p = {0};
+	p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+		       UCP_EP_PARAM_FIELD_ERR_HANDLER;
+	p.address = addr;
+	// Shared-memory-only transports cannot detect peer failure, and UCX
+	// refuses them in peer mode; there the agent's deadline bounds a
+	// transfer to a dead peer.
+	p.err_mode = peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+	p.err_handler.cb = kvb_ep_err;
+	p.err_handler.arg = e;
+	ucs_status_t st = ucp_ep_create(c->worker, &p, &e->ep);
+	if (st != UCS_OK) {
+		free(e);
+		return st;
+	}
+	*out = e;
+	return UCS_OK;
+}
+
+// kvb_ep_close flushes and closes an endpoint, so the peer sees a clean
+// disconnect rather than replies to a vanished endpoint; if that does not
+// finish (a dead peer), it closes by force.
+void kvb_ep_close(kvb_ctx *c, kvb_ep *e)
+{
+	for (int force = 0; force <= 1; force++) {
+		if (force == 0 && e->failed) {
+			continue;
+		}
+		ucp_request_param_t p = {0};
+		p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+		p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+		void *req = ucp_ep_close_nbx(e->ep, &p);
+		if (!UCS_PTR_IS_PTR(req)) {
+			break;
+		}
+		for (int i = 0; i < 200000 && ucp_request_check_status(req) == UCS_INPROGRESS; i++) {
+			ucp_worker_progress(c->worker);
+		}
+		ucs_status_t st = ucp_request_check_status(req);
+		if (st == UCS_INPROGRESS) {
+			ucp_request_cancel(c->worker, req);
+			ucp_worker_progress(c->worker);
+		}
+		ucp_request_free(req);
+		if (st != UCS_INPROGRESS) {
+			break;
+		}
+	}
+	free(e);
+}
+
+int kvb_rkey_unpack(kvb_ep *e, const void *buf, ucp_rkey_h *out) { return ucp_ep_rkey_unpack(e->ep, buf, out); }
+
+static void kvb_flush_cb(void *req, ucs_status_t status, void *user)
+{
+	kvb_xfer *x = user;
+	x->flush_done = 1;
+	x->flush_status = status;
+	x->flush_req = NULL;
+	x->outstanding--;
+	ucp_request_free(req);
+}
+
+static void kvb_am_sent_cb(void *req, ucs_status_t status, void *user)
+{
+	kvb_xfer *x = user;
+	x->am_done = 1;
+	x->am_status = status;
+	x->am_req = NULL;
+	x->outstanding--;
+	ucp_request_free(req);
+}
+
+static void kvb_fail(kvb_xfer *x, ucs_status_t st)
+{
+	x->stage = KVB_XFER_FAILED;
+	x->status = st;
+}
+
+int kvb_xfer_start(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int read, int n, const uint64_t *laddr,
+		   const uint64_t *len, const uint64_t *raddr, ucp_rkey_h *rkeys, ucp_mem_h *memhs)
+{
+	(void)c;
+	x->stage = KVB_XFER_FLUSHING;
+	x->status = UCS_OK;
+	x->flush_done = 0;
+	x->am_done = 0;
+	x->ep = e;
+	if (e->failed) {
+		kvb_fail(x, e->status);
+		return x->stage;
+	}
+	for (int i = 0; i < n; i++) {
+		ucp_request_param_t p = {0};
+		if (memhs[i] != NULL) {
+			p.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+			p.memh = memhs[i];
+		}
+		ucs_status_ptr_t r = read ? ucp_get_nbx(e->ep, (void *)(uintptr_t)laddr[i], len[i], raddr[i], rkeys[i], &p)
+					  : ucp_put_nbx(e->ep, (void *)(uintptr_t)laddr[i], len[i], raddr[i], rkeys[i], &p);
+		if (UCS_PTR_IS_ERR(r)) {
+			kvb_fail(x, UCS_PTR_STATUS(r));
+			return x->stage;
+		}
+		if (r != NULL) {
+			// Completion is covered by the flush below.
+			ucp_request_free(r);
+		}
+	}
+	ucp_request_param_t p = {0};
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+	p.cb.send = kvb_flush_cb;
+	p.user_data = x;
+	ucs_status_ptr_t r = ucp_ep_flush_nbx(e->ep, &p);
+	if (UCS_PTR_IS_ERR(r)) {
+		kvb_fail(x, UCS_PTR_STATUS(r));
+	} else if (r == NULL) {
+		x->flush_done = 1;
+		x->flush_status = UCS_OK;
+	} else {
+		x->flush_req = r;
+		x->outstanding++;
+	}
+	return x->stage;
+}
+
+static ucs_status_ptr_t kvb_am(kvb_ep *e, const void *hdr, size_t hdr_len, const void *msg, size_t msg_len,
+			       kvb_xfer *x)
+{
+	ucp_request_param_t p = {0};
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+	p.flags = UCP_AM_SEND_FLAG_EAGER;
+	if (x != NULL) {
+		p.op_attr_mask |= UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+		p.cb.send = kvb_am_sent_cb;
+		p.user_data = x;
+	}
+	return ucp_am_send_nbx(e->ep, KVB_AM_NOTIF, hdr, hdr_len, msg, msg_len, &p);
+}
+
+int kvb_xfer_advance(kvb_ctx *c, kvb_xfer *x, const void *hdr, size_t hdr_len, const void *msg, size_t msg_len,
+		     int has_notif)
+{
+	(void)c;
+	if (x->stage == KVB_XFER_FLUSHING && x->ep->failed) {
+		kvb_fail(x, x->ep->status);
+	}
+	if (x->stage == KVB_XFER_FLUSHING && x->flush_done) {
+		if (x->flush_status != UCS_OK) {
+			kvb_fail(x, x->flush_status);
+		} else {
+			x->stage = has_notif ? KVB_XFER_NOTIFY : KVB_XFER_DONE;
+		}
+	}
+	if (x->stage == KVB_XFER_NOTIFY) {
+		ucs_status_ptr_t r = kvb_am(x->ep, hdr, hdr_len, msg, msg_len, x);
+		if (UCS_PTR_IS_ERR(r)) {
+			kvb_fail(x, UCS_PTR_STATUS(r));
+		} else if (r == NULL) {
+			x->stage = KVB_XFER_DONE;
+		} else {
+			x->am_req = r;
+			x->outstanding++;
+			x->stage = KVB_XFER_NOTIFYING;
+		}
+	}
+	if (x->stage == KVB_XFER_NOTIFYING && x->am_done) {
+		if (x->am_status != UCS_OK) {
+			kvb_fail(x, x->am_status);
+		} else {
+			x->stage = KVB_XFER_DONE;
+		}
+	}
+	return x->stage;
+}
+
+void kvb_xfer_cancel(kvb_ctx *c, kvb_xfer *x)
+{
+	if (x->flush_req != NULL) {
+		ucp_request_cancel(c->worker, x->flush_req);
+	}
+	if (x->am_req != NULL) {
+		ucp_request_cancel(c->worker, x->am_req);
+	}
+	if (x->stage > KVB_XFER_IDLE && x->stage < KVB_XFER_DONE) {
+		kvb_fail(x, UCS_ERR_CANCELED);
+	}
+}
+
+int kvb_send_notif(kvb_ctx *c, kvb_ep *e, const void *hdr, size_t hdr_len, const void *msg, size_t msg_len)
+{
+	if (e->failed) {
+		return e->status;
+	}
+	ucs_status_ptr_t r = kvb_am(e, hdr, hdr_len, msg, msg_len, NULL);
+	if (UCS_PTR_IS_ERR(r)) {
+		return UCS_PTR_STATUS(r);
+	}
+	if (r != NULL) {
+		// Wait for the eager send to leave; it is small.
+		for (int i = 0; i < 1000000 && ucp_request_check_status(r) == UCS_INPROGRESS; i++) {
+			ucp_worker_progress(c->worker);
+		}
+		ucs_status_t st = ucp_request_check_status(r);
+		ucp_request_free(r);
+		return st == UCS_INPROGRESS ? UCS_ERR_TIMED_OUT : st;
+	}
+	return UCS_OK;
+}
+
+kvb_notif *kvb_notif_pop(kvb_ctx *c)
+{
+	kvb_notif *n = c->head;
+	if (n != NULL) {
+		c->head = n->next;
+		if (c->head == NULL) {
+			c->tail = NULL;
+		}
+	}
+	return n;
+}
+
+void kvb_notif_free(kvb_notif *n)
+{
+	free(n->name);
+	free(n->data);
+	free(n);
+}

@@ -1,0 +1,80 @@
+// The C half of the ucx engine: thin helpers over libucp, all called on the
+// engine's progress thread (the worker is UCS_THREAD_MODE_SINGLE). Callbacks
+// only set fields in C structs; Go reads them after progress, so no Go code
+// runs inside UCX.
+#ifndef KVB_UCX_ENGINE_H
+#define KVB_UCX_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <ucp/api/ucp.h>
+
+#define KVB_AM_NOTIF 7
+
+typedef struct kvb_notif {
+	struct kvb_notif *next;
+	char *name;
+	size_t name_len;
+	void *data;
+	size_t data_len;
+} kvb_notif;
+
+typedef struct kvb_ctx {
+	ucp_context_h ctx;
+	ucp_worker_h worker;
+	kvb_notif *head, *tail;
+} kvb_ctx;
+
+typedef struct kvb_ep {
+	ucp_ep_h ep;
+	volatile int failed;
+	ucs_status_t status;
+} kvb_ep;
+
+enum {
+	KVB_XFER_IDLE = 0,
+	KVB_XFER_FLUSHING = 1, // data posted, waiting for remote completion
+	KVB_XFER_NOTIFY = 2,   // data visible at the target, notification to send
+	KVB_XFER_NOTIFYING = 3,
+	KVB_XFER_DONE = 4,
+	KVB_XFER_FAILED = -1,
+};
+
+typedef struct kvb_xfer {
+	int stage;
+	ucs_status_t status;
+	int outstanding; // requests whose callback has not run yet
+	int flush_done;
+	ucs_status_t flush_status;
+	int am_done;
+	ucs_status_t am_status;
+	void *flush_req;
+	void *am_req;
+	kvb_ep *ep;
+} kvb_xfer;
+
+int kvb_init(kvb_ctx **out, const char **keys, const char **vals, int n, char *err, size_t errlen);
+void kvb_destroy(kvb_ctx *c);
+int kvb_worker_address(kvb_ctx *c, void **addr, size_t *len);
+unsigned kvb_progress(kvb_ctx *c);
+
+int kvb_mem_map(kvb_ctx *c, uintptr_t addr, size_t len, int allocate, ucp_mem_h *memh, uintptr_t *out_addr,
+		void **rkey, size_t *rkey_len);
+char *kvb_ptr(uintptr_t addr);
+void kvb_mem_unmap(kvb_ctx *c, ucp_mem_h memh);
+
+int kvb_ep_create(kvb_ctx *c, const void *addr, int peer_errors, kvb_ep **out);
+void kvb_ep_close(kvb_ctx *c, kvb_ep *e);
+int kvb_rkey_unpack(kvb_ep *e, const void *buf, ucp_rkey_h *out);
+
+int kvb_xfer_start(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int read, int n, const uint64_t *laddr,
+		   const uint64_t *len, const uint64_t *raddr, ucp_rkey_h *rkeys, ucp_mem_h *memhs);
+int kvb_xfer_advance(kvb_ctx *c, kvb_xfer *x, const void *hdr, size_t hdr_len, const void *msg,
+		     size_t msg_len, int has_notif);
+void kvb_xfer_cancel(kvb_ctx *c, kvb_xfer *x);
+int kvb_send_notif(kvb_ctx *c, kvb_ep *e, const void *hdr, size_t hdr_len, const void *msg, size_t msg_len);
+
+kvb_notif *kvb_notif_pop(kvb_ctx *c);
+void kvb_notif_free(kvb_notif *n);
+
+#endif
