@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 GO ?= go
 
-.PHONY: all deps test bench lint generate demo
+.PHONY: all deps test bench bench-engine lint generate demo
 
 all: test
 
@@ -21,6 +21,10 @@ test: deps
 ## bench: every benchmark, with allocations
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+## bench-engine: nixl engine bandwidth next to ucx_perftest and memcpy, as ratios
+bench-engine: deps
+	./scripts/bench-engine.sh
 
 ## lint: formatting, vet, and generated code up to date
 lint: generate

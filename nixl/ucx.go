@@ -22,8 +22,12 @@ import (
 )
 
 // The ucx engine drives libucp directly. One worker per agent, created and
-// used only by a progress goroutine locked to its OS thread; every UCX call
-// is a closure run there. The progress goroutine spins while transfers are
+// used only by its progress goroutine; every UCX call is a closure run
+// there. The worker is UCS_THREAD_MODE_SERIALIZED and the goroutine is not
+// locked to an OS thread: calls never overlap, Go's scheduler orders memory
+// when the goroutine moves between threads, and an unlocked goroutine is
+// woken without a thread hand-off (locking it cost 30 µs per small write
+// and 20% of 64 MiB bandwidth here; see BENCHMARKS.md). The progress goroutine spins while transfers are
 // in flight or traffic arrives (a put over tcp, or into memory UCX did not
 // allocate, is emulated and needs the target to progress) and backs off to
 // short sleeps when idle.
@@ -68,11 +72,19 @@ type ucxRemote struct {
 	ep      *C.kvb_ep
 	regions []remoteRegion
 	rkeys   []C.ucp_rkey_h
+	// mapped[i] is where region i is mapped in this process (0: not
+	// mappable). Shared-memory transports map peer memory allocated by UCX;
+	// writes into it are plain copies.
+	mapped []uintptr
 }
 
 type ucxPrep struct {
 	remote *ucxRemote
-	ptrs   []C.uint64_t
+	// views are the descriptors as byte slices: local memory, or remote
+	// memory mapped in this process (nil if any remote descriptor is not
+	// mapped). Built once at prep so a post makes no cgo call per piece.
+	views [][]byte
+	ptrs  []C.uint64_t
 	lens   []C.uint64_t
 	keys   []C.ucp_rkey_h // remote: the rkey of each descriptor
 	memhs  []C.ucp_mem_h  // local: the memh of each descriptor
@@ -109,6 +121,10 @@ type ucx struct {
 	mu    sync.Mutex
 	queue []Notif
 }
+
+// spinWindow is how long the progress thread keeps polling after activity
+// before it starts sleeping.
+const spinWindow = 200 * time.Microsecond
 
 // transportPrefixes name UCX settings that belong to transports, which
 // ucp_config_modify does not apply in UCX 1.13; they go to the environment.
@@ -153,8 +169,6 @@ func openUCX(cfg Config) (backend, error) {
 }
 
 func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	defer close(u.done)
 	ck := make([]*C.char, len(keys))
 	cv := make([]*C.char, len(keys))
@@ -187,6 +201,7 @@ func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 	idle := time.Duration(0)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	last := time.Now()
 	for {
 		ran := false
 	drain:
@@ -209,10 +224,16 @@ func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 		default:
 		}
 		if n > 0 || ran || len(u.active) > 0 {
-			idle = 0
+			idle, last = 0, time.Now()
 			if len(u.active) == 0 && n == 0 {
 				runtime.Gosched()
 			}
+			continue
+		}
+		if time.Since(last) < spinWindow {
+			// Recently busy: keep polling so the next command or message
+			// is picked up without a thread wake-up.
+			runtime.Gosched()
 			continue
 		}
 		// Idle: back off from 20 µs to 1 ms, waking at once for a command.
@@ -411,6 +432,7 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 				return fmt.Errorf("%v: %w", err, ErrBadMetadata)
 			}
 			r.rkeys = append(r.rkeys, rk)
+			r.mapped = append(r.mapped, uintptr(C.kvb_rkey_ptr(rk, C.uint64_t(reg.Addr))))
 		}
 		if old, ok := u.remotes[r.name]; ok {
 			u.dropRemote(old)
@@ -460,8 +482,12 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 	err := u.do(func() error {
 		if remote == "" {
 			p.memhs = make([]C.ucp_mem_h, len(descs))
+			p.views = make([][]byte, len(descs))
 			for i, d := range descs {
 				p.memhs[i] = u.memhFor(d)
+				if kind == DRAM {
+					p.views[i] = view(d.Addr, d.Len)
+				}
 			}
 			return nil
 		}
@@ -471,17 +497,31 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 		}
 		p.remote = r
 		p.keys = make([]C.ucp_rkey_h, len(descs))
+		p.views = make([][]byte, len(descs))
 		for i, d := range descs {
 			for j, reg := range r.regions {
 				if reg.Kind == kind && reg.contains(d) {
 					p.keys[i] = r.rkeys[j]
+					if r.mapped[j] != 0 && p.views != nil {
+						p.views[i] = view(r.mapped[j]+(d.Addr-reg.Addr), d.Len)
+					}
 					break
 				}
+			}
+			if p.views != nil && p.views[i] == nil {
+				p.views = nil
 			}
 		}
 		return nil
 	})
 	return p, err
+}
+
+// view returns registered memory (C, UCX-mapped, or pinned Go memory) as a
+// byte slice; the conversion goes through C so no uintptr becomes a Go
+// pointer in Go code.
+func view(addr uintptr, n uint64) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(C.kvb_ptr(C.uintptr_t(addr)))), int(n))
 }
 
 func (u *ucx) memhFor(d Desc) C.ucp_mem_h {
@@ -511,6 +551,9 @@ func (u *ucx) post(x *Xfer) error {
 			ux.msg, ux.msgLen = C.CBytes(x.Notif), C.size_t(len(x.Notif))
 		}
 		x.handle = ux
+	}
+	if rp.views != nil && lp.views != nil && x.local.Kind == DRAM {
+		return u.postDirect(x, ux, lp, rp)
 	}
 	// Gather the pairs into C arrays for one call.
 	arr := C.malloc(C.size_t(n) * (3*8 + 2*C.size_t(unsafe.Sizeof(uintptr(0)))))
@@ -543,6 +586,44 @@ func (u *ucx) post(x *Xfer) error {
 		C.kvb_xfer_start(u.ctx, ux.c, rp.remote.ep, read, C.int(n), &laddr[0], &lens[0], &raddr[0], &rkeys[0], &memhs[0])
 		return nil
 	})
+}
+
+// postDirect copies into (or, for READ, out of) peer memory mapped in this
+// process, on the caller's goroutine, then has the progress thread send the
+// notification. Go's copy runs near memcpy speed, faster than UCX's shared
+// memory put (which uses non-temporal stores for large sizes), and a small
+// write costs no thread hand-off before its data lands.
+func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
+	ep := rp.remote.ep
+	if ux.c == nil {
+		ux.c = (*C.kvb_xfer)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvb_xfer{}))))
+	}
+	ux.errMsg.Store(nil)
+	ux.state.Store(uint32(InProgress))
+	for k := range x.li {
+		if x.Op == Read {
+			copy(lp.views[x.li[k]], rp.views[x.ri[k]])
+		} else {
+			copy(rp.views[x.ri[k]], lp.views[x.li[k]])
+		}
+	}
+	// The channel hand-off orders the copy's stores before the notification.
+	select {
+	case u.cmds <- func() {
+		if u.remotes[x.Remote] != rp.remote || rp.remote.ep == nil {
+			s := fmt.Sprintf("remote %q was invalidated during the copy", x.Remote)
+			ux.errMsg.Store(&s)
+			ux.state.Store(uint32(Failed))
+			return
+		}
+		C.kvb_xfer_copied(ux.c, ep, cbool(ux.notify))
+		u.active[ux] = struct{}{}
+		u.all[ux] = struct{}{}
+	}:
+		return nil
+	case <-u.done:
+		return ErrClosed
+	}
 }
 
 func (u *ucx) status(x *Xfer) (XferState, error) {

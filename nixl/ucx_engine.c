@@ -63,7 +63,7 @@ int kvb_init(kvb_ctx **out, const char **keys, const char **vals, int n, char *e
 	}
 	ucp_worker_params_t wp = {0};
 	wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-	wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+	wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
 	st = ucp_worker_create(c->ctx, &wp, &c->worker);
 	if (st != UCS_OK) {
 		snprintf(err, errlen, "ucp_worker_create: %s", ucs_status_string(st));
@@ -223,6 +223,21 @@ void kvb_ep_close(kvb_ctx *c, kvb_ep *e)
 }
 
 int kvb_rkey_unpack(kvb_ep *e, const void *buf, ucp_rkey_h *out) { return ucp_ep_rkey_unpack(e->ep, buf, out); }
+
+uintptr_t kvb_rkey_ptr(ucp_rkey_h rkey, uint64_t raddr)
+{
+	void *p;
+	return ucp_rkey_ptr(rkey, raddr, &p) == UCS_OK ? (uintptr_t)p : 0;
+}
+
+void kvb_xfer_copied(kvb_xfer *x, kvb_ep *e, int has_notif)
+{
+	x->ep = e;
+	x->status = UCS_OK;
+	x->flush_done = 0;
+	x->am_done = 0;
+	x->stage = e->failed ? KVB_XFER_FAILED : has_notif ? KVB_XFER_NOTIFY : KVB_XFER_DONE;
+}
 
 static void kvb_flush_cb(void *req, ucs_status_t status, void *user)
 {

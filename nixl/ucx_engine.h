@@ -1,5 +1,6 @@
-// The C half of the ucx engine: thin helpers over libucp, all called on the
-// engine's progress thread (the worker is UCS_THREAD_MODE_SINGLE). Callbacks
+// The C half of the ucx engine: thin helpers over libucp, all called from
+// the engine's progress goroutine, one call at a time (the worker is
+// UCS_THREAD_MODE_SERIALIZED). Callbacks
 // only set fields in C structs; Go reads them after progress, so no Go code
 // runs inside UCX.
 #ifndef KVB_UCX_ENGINE_H
@@ -66,6 +67,12 @@ void kvb_mem_unmap(kvb_ctx *c, ucp_mem_h memh);
 int kvb_ep_create(kvb_ctx *c, const void *addr, int peer_errors, kvb_ep **out);
 void kvb_ep_close(kvb_ctx *c, kvb_ep *e);
 int kvb_rkey_unpack(kvb_ep *e, const void *buf, ucp_rkey_h *out);
+// kvb_rkey_ptr returns where remote memory is mapped in this process (shared
+// memory transports), or 0.
+uintptr_t kvb_rkey_ptr(ucp_rkey_h rkey, uint64_t raddr);
+// kvb_xfer_copied marks a transfer whose data the caller copied itself into
+// mapped peer memory: only the notification remains.
+void kvb_xfer_copied(kvb_xfer *x, kvb_ep *e, int has_notif);
 
 int kvb_xfer_start(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int read, int n, const uint64_t *laddr,
 		   const uint64_t *len, const uint64_t *raddr, ucp_rkey_h *rkeys, ucp_mem_h *memhs);
