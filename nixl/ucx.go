@@ -85,9 +85,9 @@ type ucxPrep struct {
 	// mapped). Built once at prep so a post makes no cgo call per piece.
 	views [][]byte
 	ptrs  []C.uint64_t
-	lens   []C.uint64_t
-	keys   []C.ucp_rkey_h // remote: the rkey of each descriptor
-	memhs  []C.ucp_mem_h  // local: the memh of each descriptor
+	lens  []C.uint64_t
+	keys  []C.ucp_rkey_h // remote: the rkey of each descriptor
+	memhs []C.ucp_mem_h  // local: the memh of each descriptor
 }
 
 type ucxXfer struct {
