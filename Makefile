@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 GO ?= go
+# go-nvml's cgo prologue trips hundreds of deprecation warnings in nvml.h.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 .PHONY: all deps test bench bench-engine lint generate demo
 

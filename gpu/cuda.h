@@ -1,0 +1,50 @@
+// The CUDA driver API subset kvbridge uses, declared here and loaded at run
+// time from libcuda.so.1, so the module builds without the CUDA toolkit.
+#ifndef KVB_CUDA_H
+#define KVB_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int cu_result;
+typedef int cu_device;
+typedef void *cu_context;
+typedef void *cu_stream;
+typedef unsigned long long cu_ptr;
+typedef struct { char reserved[64]; } cu_ipc_handle;
+
+enum { KVB_CU_MEMTYPE_ATTR = 2, KVB_CU_ORDINAL_ATTR = 9 };
+
+typedef struct kvb_cuda {
+	void *h;
+	cu_result (*init)(unsigned int);
+	cu_result (*driver_version)(int *);
+	cu_result (*device_count)(int *);
+	cu_result (*device_get)(cu_device *, int);
+	cu_result (*primary_retain)(cu_context *, cu_device);
+	cu_result (*primary_release)(cu_device);
+	cu_result (*ctx_set_current)(cu_context);
+	cu_result (*mem_alloc)(cu_ptr *, size_t);
+	cu_result (*mem_free)(cu_ptr);
+	cu_result (*memcpy_htod)(cu_ptr, const void *, size_t);
+	cu_result (*memcpy_dtoh)(void *, cu_ptr, size_t);
+	cu_result (*memcpy_dtod)(cu_ptr, cu_ptr, size_t);
+	cu_result (*memcpy_any)(cu_ptr, cu_ptr, size_t);
+	cu_result (*memcpy_htod_async)(cu_ptr, const void *, size_t, cu_stream);
+	cu_result (*memcpy_dtoh_async)(void *, cu_ptr, size_t, cu_stream);
+	cu_result (*memcpy_dtod_async)(cu_ptr, cu_ptr, size_t, cu_stream);
+	cu_result (*memcpy_any_async)(cu_ptr, cu_ptr, size_t, cu_stream);
+	cu_result (*stream_create)(cu_stream *, unsigned int);
+	cu_result (*stream_sync)(cu_stream);
+	cu_result (*stream_destroy)(cu_stream);
+	cu_result (*ipc_get)(cu_ipc_handle *, cu_ptr);
+	cu_result (*ipc_open)(cu_ptr *, cu_ipc_handle, unsigned int);
+	cu_result (*ipc_close)(cu_ptr);
+	cu_result (*pointer_attr)(void *, int, cu_ptr);
+	cu_result (*address_range)(cu_ptr *, size_t *, cu_ptr);
+	cu_result (*error_name)(cu_result, const char **);
+} kvb_cuda;
+
+kvb_cuda *kvb_cuda_load(const char *path, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,45 @@
+package gpu
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/kvbridge/kvbridge/internal/cudadouble"
+	"go.uber.org/goleak"
+)
+
+// doubleLib is the CUDA driver test double built for this test binary.
+var doubleLib string
+
+func TestMain(m *testing.M) {
+	if os.Getenv("KVBRIDGE_GPU_CHILD") != "" {
+		os.Exit(runIPCChild())
+	}
+	dir, err := os.MkdirTemp("", "kvbridge-cuda-double")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if doubleLib, err = cudadouble.Build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := 1
+	func() {
+		defer os.RemoveAll(dir)
+		code = runWithLeakCheck(m)
+	}()
+	os.Exit(code)
+}
+
+func runWithLeakCheck(m *testing.M) int {
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			return 1
+		}
+	}
+	return code
+}
