@@ -114,8 +114,12 @@ func TestDiscoverFailureReturns(t *testing.T) {
 		{"nvmlDeviceGetHandleByIndex", func(s *server.Server, d *server.Device) {
 			s.DeviceGetHandleByIndexFunc = func(int) (nvml.Device, nvml.Return) { return nil, boom }
 		}},
-		{"nvmlDeviceGetUUID", func(s *server.Server, d *server.Device) { d.GetUUIDFunc = func() (string, nvml.Return) { return "", boom } }},
-		{"nvmlDeviceGetName", func(s *server.Server, d *server.Device) { d.GetNameFunc = func() (string, nvml.Return) { return "", boom } }},
+		{"nvmlDeviceGetUUID", func(s *server.Server, d *server.Device) {
+			d.GetUUIDFunc = func() (string, nvml.Return) { return "", boom }
+		}},
+		{"nvmlDeviceGetName", func(s *server.Server, d *server.Device) {
+			d.GetNameFunc = func() (string, nvml.Return) { return "", boom }
+		}},
 		{"nvmlDeviceGetMemoryInfo", func(s *server.Server, d *server.Device) {
 			d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, boom }
 		}},
