@@ -15,11 +15,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/gpu"
+	"github.com/kvbridge/kvbridge/internal/cudadouble"
 	"go.uber.org/goleak"
 )
 
 // doubleDir holds the NIXL C API test double built for this test binary.
 var doubleDir string
+
+// noGPU says why the VRAM cases run on the CUDA double ("" on a GPU).
+var noGPU string
 
 func TestMain(m *testing.M) {
 	if os.Getenv("KVBRIDGE_NIXL_CHILD") != "" {
@@ -35,6 +40,17 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	doubleDir = dir
+	// VRAM cases run on a GPU where the CUDA driver loads, else on the CUDA
+	// driver test double (and the GPU variants report why they skip).
+	if _, err := gpu.LoadDriver("libcuda.so.1"); err != nil {
+		noGPU = err.Error()
+		lib, err := cudadouble.Build(dir)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Setenv("KVBRIDGE_CUDA_LIB", lib)
+	}
 	code := 0
 	func() {
 		defer os.RemoveAll(dir)
@@ -563,7 +579,23 @@ func runChild() int {
 	}
 	defer a.Close()
 	var size uint64 = 256 << 20
-	_, buf, err := a.Alloc(size)
+	var buf []byte
+	var addr uintptr
+	// In "vram" mode the target is device memory; verify reads it back.
+	var ctx *gpu.Context
+	var dev gpu.DevicePtr
+	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "vram" {
+		if ctx, err = cudaContext(0); err == nil {
+			dev, err = ctx.Alloc(size)
+		}
+		if err == nil {
+			_, err = a.Register(VRAM, []Desc{{Addr: uintptr(dev), Len: size}})
+		}
+		buf, addr = make([]byte, size), uintptr(dev)
+	} else {
+		_, buf, err = a.Alloc(size)
+		addr = BytesDesc(buf).Addr
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -573,7 +605,7 @@ func runChild() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	fmt.Printf("MD %x %x\n", md, BytesDesc(buf).Addr)
+	fmt.Printf("MD %x %x\n", md, addr)
 	eof := make(chan struct{})
 	go func() {
 		b := make([]byte, 1)
@@ -595,6 +627,11 @@ func runChild() int {
 			if strings.HasPrefix(string(n.Msg), "verify:") {
 				var ln int
 				fmt.Sscanf(string(n.Msg), "verify:%d", &ln)
+				if ctx != nil {
+					if err := ctx.CopyDtoH(buf[:ln], dev); err != nil {
+						fmt.Fprintln(os.Stderr, err)
+					}
+				}
 				fmt.Printf("CRC %08x\n", crc32.ChecksumIEEE(buf[:ln]))
 			}
 		}

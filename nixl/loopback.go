@@ -50,8 +50,10 @@ func lookupLoopback(name string) *loopback {
 }
 
 func (l *loopback) register(kind MemKind, descs []Desc) (any, error) {
-	if kind != DRAM {
-		return nil, fmt.Errorf("loopback %v: %w", kind, ErrUnsupported)
+	if kind == VRAM {
+		if _, err := cudaContext(int(descs[0].Dev)); err != nil {
+			return nil, err
+		}
 	}
 	rs := make([]remoteRegion, len(descs))
 	for i, d := range descs {
@@ -125,10 +127,10 @@ func (l *loopback) invalidate(name string) error {
 func (l *loopback) prep(string, MemKind, []Desc) (any, error) { return struct{}{}, nil }
 func (l *loopback) unprep(any) error                          { return nil }
 
-// covered reports whether d lies in memory l has registered now.
-func (l *loopback) covered(d Desc) bool {
+// covered reports whether d lies in memory of kind l has registered now.
+func (l *loopback) covered(kind MemKind, d Desc) bool {
 	for rs := range l.regs {
-		if inside(*rs, DRAM, d) {
+		if inside(*rs, kind, d) {
 			return true
 		}
 	}
@@ -176,12 +178,25 @@ func (l *loopback) post(x *Xfer) error {
 			src, dst = dst, src
 		}
 		srcAgent, dstAgent := l, peer
+		srcKind, dstKind := x.local.Kind, x.remote.Kind
 		if x.Op == Read {
 			srcAgent, dstAgent = peer, l
+			srcKind, dstKind = dstKind, srcKind
 		}
-		if !srcAgent.covered(src) || !dstAgent.covered(dst) {
+		if !srcAgent.covered(srcKind, src) || !dstAgent.covered(dstKind, dst) {
 			st.state, st.err = Failed, fmt.Errorf("pair %d: memory no longer registered: %w", k, ErrInvalidDescriptor)
 			return nil
+		}
+		if srcKind == VRAM || dstKind == VRAM {
+			dev := src.Dev
+			if dstKind == VRAM {
+				dev = dst.Dev
+			}
+			if err := deviceCopy(int(dev), dst.Addr, src.Addr, dst.Len); err != nil {
+				st.state, st.err = Failed, fmt.Errorf("pair %d: %w", k, err)
+				return nil
+			}
+			continue
 		}
 		// A C copy: the addresses are registered memory (Go memory pinned by
 		// RegisterBytes, or C memory), never converted to Go pointers.

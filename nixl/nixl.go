@@ -131,6 +131,9 @@ type Config struct {
 	NIXLLib string
 	// BackendParams are passed to NIXL's UCX backend (libnixl engine).
 	BackendParams map[string]string
+	// Device is the CUDA device whose context the ucx engine uses to map
+	// peers' VRAM and copy to and from it.
+	Device int
 	// XferTimeout fails a transfer still in progress this long after its
 	// post (0: 60 s). A dead peer never hangs a caller.
 	XferTimeout time.Duration

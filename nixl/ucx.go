@@ -56,10 +56,10 @@ func ucxErr(call string, st C.int) error {
 }
 
 type ucxMem struct {
-	memh C.ucp_mem_h
+	memh C.ucp_mem_h // nil for VRAM (exported by CUDA IPC, not UCX)
 	addr uintptr
 	len  uint64
-	rkey []byte
+	rkey []byte // packed rkey, or the VRAM IPC key
 }
 
 type ucxReg struct {
@@ -74,16 +74,21 @@ type ucxRemote struct {
 	rkeys   []C.ucp_rkey_h
 	// mapped[i] is where region i is mapped in this process (0: not
 	// mappable). Shared-memory transports map peer memory allocated by UCX;
-	// writes into it are plain copies.
-	mapped []uintptr
+	// writes into it are plain copies. VRAM regions are mapped by CUDA IPC.
+	mapped  []uintptr
+	closers []func() error // CUDA IPC mappings to release
 }
 
 type ucxPrep struct {
 	remote *ucxRemote
 	// views are the descriptors as byte slices: local memory, or remote
 	// memory mapped in this process (nil if any remote descriptor is not
-	// mapped). Built once at prep so a post makes no cgo call per piece.
+	// mapped, or for VRAM). Built once at prep so a post makes no cgo call
+	// per piece.
 	views [][]byte
+	// addrs are the descriptors' addresses in this process, host or device
+	// (nil if any remote descriptor is not mapped here).
+	addrs []uintptr
 	ptrs  []C.uint64_t
 	lens  []C.uint64_t
 	keys  []C.ucp_rkey_h // remote: the rkey of each descriptor
@@ -101,7 +106,8 @@ type ucxXfer struct {
 }
 
 type ucx struct {
-	name string
+	name   string
+	device int // CUDA device whose context maps peers' VRAM and copies
 	// peerErrors: the transports can detect a failed peer (tcp, RDMA), so
 	// endpoints use UCP_ERR_HANDLING_MODE_PEER.
 	peerErrors bool
@@ -151,7 +157,7 @@ func openUCX(cfg Config) (backend, error) {
 	if !ok {
 		tls = os.Getenv("UCX_TLS")
 	}
-	u := &ucx{peerErrors: tls == "" || tls == "all" || strings.Contains(tls, "tcp") || strings.Contains(tls, "ib") ||
+	u := &ucx{device: cfg.Device, peerErrors: tls == "" || tls == "all" || strings.Contains(tls, "tcp") || strings.Contains(tls, "ib") ||
 		strings.Contains(tls, "rc") || strings.Contains(tls, "ud") || strings.Contains(tls, "dc"), name: cfg.Name, cmds: make(chan func(), 64), closing: make(chan struct{}), done: make(chan struct{}),
 		regs: map[*ucxReg]struct{}{}, remotes: map[string]*ucxRemote{}, active: map[*ucxXfer]struct{}{},
 		all: map[*ucxXfer]struct{}{}}
@@ -315,10 +321,18 @@ func (u *ucx) collectNotifs() {
 }
 
 func (u *ucx) register(kind MemKind, descs []Desc) (any, error) {
-	if kind != DRAM {
-		return nil, fmt.Errorf("ucx engine: %v needs the gpu support: %w", kind, ErrUnsupported)
-	}
 	r := &ucxReg{kind: kind}
+	if kind == VRAM {
+		// Device memory moves by CUDA IPC: peers map it and copy into it.
+		for _, d := range descs {
+			k, err := exportVRAM(d)
+			if err != nil {
+				return nil, err
+			}
+			r.mems = append(r.mems, ucxMem{addr: d.Addr, len: d.Len, rkey: k.encode()})
+		}
+		return r, u.do(func() error { u.regs[r] = struct{}{}; return nil })
+	}
 	err := u.do(func() error {
 		for _, d := range descs {
 			m, err := u.mapMem(d.Addr, d.Len, false)
@@ -356,7 +370,9 @@ func (u *ucx) mapMem(addr uintptr, n uint64, allocate bool) (ucxMem, error) {
 
 func (u *ucx) unmap(r *ucxReg) {
 	for _, m := range r.mems {
-		C.kvb_mem_unmap(u.ctx, m.memh)
+		if m.memh != nil {
+			C.kvb_mem_unmap(u.ctx, m.memh)
+		}
 	}
 	r.mems = nil
 }
@@ -423,6 +439,22 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 		}
 		r.ep = ep
 		for i, reg := range m.regions {
+			if reg.Kind == VRAM {
+				k, err := decodeVRAMKey(reg.key)
+				if err != nil {
+					u.dropRemote(r)
+					return err
+				}
+				addr, closer, err := importVRAM(k, reg.Desc, u.device)
+				if err != nil {
+					u.dropRemote(r)
+					return fmt.Errorf("mapping VRAM region %d of %s: %w", i, r.name, err)
+				}
+				r.rkeys = append(r.rkeys, nil)
+				r.mapped = append(r.mapped, addr)
+				r.closers = append(r.closers, closer)
+				continue
+			}
 			key := C.CBytes(reg.key)
 			var rk C.ucp_rkey_h
 			st := C.kvb_rkey_unpack(r.ep, key, &rk)
@@ -455,9 +487,15 @@ func (u *ucx) dropRemote(r *ucxRemote) {
 	}
 	u.advance()
 	for _, rk := range r.rkeys {
-		C.ucp_rkey_destroy(rk)
+		if rk != nil {
+			C.ucp_rkey_destroy(rk)
+		}
 	}
 	r.rkeys = nil
+	for _, c := range r.closers {
+		_ = c()
+	}
+	r.closers = nil
 	if r.ep != nil {
 		C.kvb_ep_close(u.ctx, r.ep)
 		r.ep = nil
@@ -482,10 +520,14 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 	err := u.do(func() error {
 		if remote == "" {
 			p.memhs = make([]C.ucp_mem_h, len(descs))
-			p.views = make([][]byte, len(descs))
+			p.addrs = make([]uintptr, len(descs))
+			if kind == DRAM {
+				p.views = make([][]byte, len(descs))
+			}
 			for i, d := range descs {
-				p.memhs[i] = u.memhFor(d)
+				p.addrs[i] = d.Addr
 				if kind == DRAM {
+					p.memhs[i] = u.memhFor(d)
 					p.views[i] = view(d.Addr, d.Len)
 				}
 			}
@@ -497,19 +539,25 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 		}
 		p.remote = r
 		p.keys = make([]C.ucp_rkey_h, len(descs))
-		p.views = make([][]byte, len(descs))
+		p.addrs = make([]uintptr, len(descs))
 		for i, d := range descs {
 			for j, reg := range r.regions {
 				if reg.Kind == kind && reg.contains(d) {
 					p.keys[i] = r.rkeys[j]
-					if r.mapped[j] != 0 && p.views != nil {
-						p.views[i] = view(r.mapped[j]+(d.Addr-reg.Addr), d.Len)
+					if r.mapped[j] != 0 && p.addrs != nil {
+						p.addrs[i] = r.mapped[j] + (d.Addr - reg.Addr)
 					}
 					break
 				}
 			}
-			if p.views != nil && p.views[i] == nil {
-				p.views = nil
+			if p.addrs != nil && p.addrs[i] == 0 {
+				p.addrs = nil
+			}
+		}
+		if p.addrs != nil && kind == DRAM {
+			p.views = make([][]byte, len(descs))
+			for i, d := range descs {
+				p.views[i] = view(p.addrs[i], d.Len)
 			}
 		}
 		return nil
@@ -552,7 +600,14 @@ func (u *ucx) post(x *Xfer) error {
 		}
 		x.handle = ux
 	}
-	if rp.views != nil && lp.views != nil && x.local.Kind == DRAM {
+	if x.local.Kind == VRAM || x.remote.Kind == VRAM {
+		if rp.addrs == nil {
+			return fmt.Errorf("%v to %v needs the remote memory mapped in this process (CUDA IPC, shared memory): %w",
+				x.local.Kind, x.remote.Kind, ErrUnsupported)
+		}
+		return u.postDirect(x, ux, lp, rp)
+	}
+	if rp.views != nil && lp.views != nil {
 		return u.postDirect(x, ux, lp, rp)
 	}
 	// Gather the pairs into C arrays for one call.
@@ -600,11 +655,28 @@ func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 	}
 	ux.errMsg.Store(nil)
 	ux.state.Store(uint32(InProgress))
+	device := x.local.Kind == VRAM || x.remote.Kind == VRAM
 	for k := range x.li {
+		li, ri := x.li[k], x.ri[k]
+		if device {
+			// CUDA copies with unified addressing; returns when the bytes
+			// are in place, so the notification still follows the data.
+			dst, src := rp.addrs[ri], lp.addrs[li]
+			if x.Op == Read {
+				dst, src = src, dst
+			}
+			if err := deviceCopy(u.device, dst, src, uint64(lp.lens[li])); err != nil {
+				s := err.Error()
+				ux.errMsg.Store(&s)
+				ux.state.Store(uint32(Failed))
+				return nil
+			}
+			continue
+		}
 		if x.Op == Read {
-			copy(lp.views[x.li[k]], rp.views[x.ri[k]])
+			copy(lp.views[li], rp.views[ri])
 		} else {
-			copy(rp.views[x.ri[k]], lp.views[x.li[k]])
+			copy(rp.views[ri], lp.views[li])
 		}
 	}
 	// The channel hand-off orders the copy's stores before the notification.

@@ -1,0 +1,116 @@
+package nixl
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"sync"
+
+	"github.com/kvbridge/kvbridge/gpu"
+)
+
+// VRAM support shared by the loopback and ucx engines: the CUDA driver
+// (loaded at run time, see package gpu), one primary context per device,
+// and the IPC key a VRAM region carries in metadata.
+
+var cuda struct {
+	sync.Mutex
+	drv  *gpu.Driver
+	ctxs map[int]*gpu.Context
+}
+
+// cudaContext returns device dev's primary context, loading the driver on
+// first use.
+func cudaContext(dev int) (*gpu.Context, error) {
+	cuda.Lock()
+	defer cuda.Unlock()
+	if cuda.drv == nil {
+		d, err := gpu.OpenDriver()
+		if err != nil {
+			return nil, fmt.Errorf("VRAM needs the CUDA driver: %v: %w", err, ErrUnsupported)
+		}
+		cuda.drv, cuda.ctxs = d, map[int]*gpu.Context{}
+	}
+	if c, ok := cuda.ctxs[dev]; ok {
+		return c, nil
+	}
+	c, err := cuda.drv.Primary(dev)
+	if err != nil {
+		return nil, err
+	}
+	cuda.ctxs[dev] = c
+	return c, nil
+}
+
+// deviceCopy copies n bytes between two addresses, either of which may be
+// device memory (CUDA unified addressing), and returns once the bytes are
+// in place.
+func deviceCopy(dev int, dst, src uintptr, n uint64) error {
+	c, err := cudaContext(dev)
+	if err != nil {
+		return err
+	}
+	return c.Copy(dst, src, n)
+}
+
+// vramKey is what metadata carries for a VRAM region: the CUDA IPC handle
+// of its allocation, the allocation's base, and the exporting process.
+type vramKey struct {
+	handle gpu.IPCHandle
+	base   uint64
+	pid    uint32
+}
+
+const vramKeyLen = 64 + 8 + 4
+
+func (k vramKey) encode() []byte {
+	b := append([]byte{}, k.handle[:]...)
+	b = binary.LittleEndian.AppendUint64(b, k.base)
+	return binary.LittleEndian.AppendUint32(b, k.pid)
+}
+
+func decodeVRAMKey(b []byte) (vramKey, error) {
+	var k vramKey
+	if len(b) != vramKeyLen {
+		return k, fmt.Errorf("VRAM region key of %d bytes, want %d: %w", len(b), vramKeyLen, ErrBadMetadata)
+	}
+	copy(k.handle[:], b)
+	k.base = binary.LittleEndian.Uint64(b[64:])
+	k.pid = binary.LittleEndian.Uint32(b[72:])
+	return k, nil
+}
+
+// exportVRAM builds the key of a VRAM region.
+func exportVRAM(d Desc) (vramKey, error) {
+	c, err := cudaContext(int(d.Dev))
+	if err != nil {
+		return vramKey{}, err
+	}
+	base, _, err := c.AddressRange(gpu.DevicePtr(d.Addr))
+	if err != nil {
+		return vramKey{}, err
+	}
+	h, err := c.IPCHandle(base)
+	if err != nil {
+		return vramKey{}, err
+	}
+	return vramKey{handle: h, base: uint64(base), pid: uint32(os.Getpid())}, nil
+}
+
+// importVRAM maps a peer's VRAM region into this process and returns where
+// its first byte is; close releases the mapping. A region of this very
+// process is used as is (CUDA refuses to open its own handles).
+func importVRAM(k vramKey, region Desc, dev int) (addr uintptr, close func() error, err error) {
+	if k.pid == uint32(os.Getpid()) {
+		return region.Addr, func() error { return nil }, nil
+	}
+	c, err := cudaContext(dev)
+	if err != nil {
+		return 0, nil, err
+	}
+	base, err := c.IPCOpen(k.handle)
+	if err != nil {
+		return 0, nil, err
+	}
+	return uintptr(base) + (region.Addr - uintptr(k.base)), func() error { return c.IPCClose(base) }, nil
+}

@@ -1,0 +1,201 @@
+package nixl
+
+import (
+	"bytes"
+	"fmt"
+	"hash/crc32"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/gpu"
+)
+
+// VRAM cases. On a GPU node they run on the GPU; elsewhere the "gpu"
+// variant is skipped with the reason and the same cases run on the CUDA
+// driver test double (device memory = host memory), which exercises the
+// engines' VRAM paths and the CUDA binding, not a GPU.
+func vramCases(t *testing.T, body func(t *testing.T)) {
+	t.Run("gpu", func(t *testing.T) {
+		if noGPU != "" {
+			t.Skipf("no GPU here: %s", noGPU)
+		}
+		body(t)
+	})
+	t.Run("cuda-double", func(t *testing.T) {
+		if noGPU == "" {
+			t.Skip("a real GPU is in use in this process")
+		}
+		body(t)
+	})
+}
+
+func devAlloc(t *testing.T, n uint64) (gpu.DevicePtr, *gpu.Context) {
+	t.Helper()
+	c, err := cudaContext(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Free(p) })
+	return p, c
+}
+
+func TestVRAMContract(t *testing.T) {
+	for _, ec := range engines() {
+		t.Run(ec.name, func(t *testing.T) {
+			vramCases(t, func(t *testing.T) {
+				if ec.name == "libnixl-double" && noGPU == "" {
+					t.Skip("the NIXL C API double copies with memmove and cannot touch real device memory")
+				}
+				vramInProcess(t, ec)
+			})
+		})
+	}
+}
+
+// vramInProcess: DRAM → VRAM, VRAM → VRAM (scattered pages) and a READ
+// back to DRAM, with notifications after the data.
+func vramInProcess(t *testing.T, ec engineCase) {
+	const pages, page = 4096, 32 << 10
+	p := newPair(t, ec)
+	_, host, err := p.ini.Alloc(pages * page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(host, 21)
+	srcDev, c := devAlloc(t, pages*page)
+	dstDev, _ := devAlloc(t, pages*page)
+	if _, err := p.ini.Register(VRAM, []Desc{{Addr: uintptr(srcDev), Len: pages * page}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.tgt.Register(VRAM, []Desc{{Addr: uintptr(dstDev), Len: pages * page}}); err != nil {
+		t.Fatal(err)
+	}
+	p.remote = exchange(t, p.ini, p.tgt)
+
+	// DRAM → remote VRAM (the source VRAM gets the same bytes by HtoD).
+	l, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(host)})
+	r, err := p.ini.PrepRemote(p.remote, VRAM, []Desc{{Addr: uintptr(dstDev), Len: pages * page}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("h2d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.Post(x); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
+		t.Fatalf("DRAM → VRAM: %v %v", st, err)
+	}
+	waitNotif(t, p.tgt, time.Minute)
+	back := make([]byte, pages*page)
+	if err := c.CopyDtoH(back, dstDev); err != nil || !bytes.Equal(back, host) {
+		t.Fatalf("DRAM → VRAM data wrong (%v)", err)
+	}
+	p.ini.Release(x)
+
+	// VRAM → VRAM, 4,096 pages scattered in one request.
+	fill(host, 22)
+	if err := c.CopyHtoD(srcDev, host); err != nil {
+		t.Fatal(err)
+	}
+	var s, d []Desc
+	for i := 0; i < pages; i++ {
+		j := (i * 7919) % pages
+		s = append(s, Desc{Addr: uintptr(srcDev) + uintptr(i*page), Len: page})
+		d = append(d, Desc{Addr: uintptr(dstDev) + uintptr(j*page), Len: page})
+	}
+	ls, _ := p.ini.PrepLocal(VRAM, s)
+	rs, _ := p.ini.PrepRemote(p.remote, VRAM, d)
+	idx := make([]int, pages)
+	for i := range idx {
+		idx[i] = i
+	}
+	x, err = p.ini.NewXfer(Write, ls, idx, rs, idx, []byte("d2d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.Post(x); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
+		t.Fatalf("VRAM → VRAM: %v %v", st, err)
+	}
+	if string(waitNotif(t, p.tgt, time.Minute).Msg) != "d2d" {
+		t.Fatal("wrong notification")
+	}
+	if err := c.CopyDtoH(back, dstDev); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < pages; i++ {
+		j := (i * 7919) % pages
+		if !bytes.Equal(back[j*page:(j+1)*page], host[i*page:(i+1)*page]) {
+			t.Fatalf("page %d → %d wrong", i, j)
+		}
+	}
+	p.ini.Release(x)
+
+	// READ remote VRAM into DRAM.
+	clear(host)
+	rx, err := p.ini.NewXfer(Read, l, []int{0}, r, []int{0}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.Post(rx); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := wait(t, p.ini, rx, time.Minute); st != Done || !bytes.Equal(host, back) {
+		t.Fatalf("READ VRAM → DRAM: %v %v", st, err)
+	}
+	p.ini.Release(rx)
+}
+
+// TestVRAMCrossProcess writes into another process's device memory through
+// CUDA IPC handles carried in the ucx engine's metadata.
+func TestVRAMCrossProcess(t *testing.T) {
+	vramCases(t, func(t *testing.T) {
+		c := startChild(t, "vram")
+		a, err := Open(Config{Name: "vram-parent", Engine: EngineUCX, UCX: shmUCX})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		remote, err := a.LoadRemote(c.md)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const size = 64 << 20
+		src, _ := devAlloc(t, size)
+		host := make([]byte, size)
+		fill(host, 23)
+		ctx, _ := cudaContext(0)
+		if err := ctx.CopyHtoD(src, host); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Register(VRAM, []Desc{{Addr: uintptr(src), Len: size}}); err != nil {
+			t.Fatal(err)
+		}
+		p := pair{ini: a, remote: remote}
+		l, _ := a.PrepLocal(VRAM, []Desc{{Addr: uintptr(src), Len: size}})
+		r, err := a.PrepRemote(remote, VRAM, []Desc{{Addr: c.addr, Len: size}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, _ := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte(fmt.Sprintf("verify:%d", size)))
+		if err := a.Post(x); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := wait(t, a, x, time.Minute); st != Done {
+			t.Fatalf("%v %v", st, err)
+		}
+		if got, want := c.line(t, "CRC"), fmt.Sprintf("CRC %08x", crc32.ChecksumIEEE(host)); got != want {
+			t.Fatalf("the child's VRAM: %s, want %s", got, want)
+		}
+		a.Release(x)
+	})
+}
