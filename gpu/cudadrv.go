@@ -29,6 +29,13 @@ static int cu_htod_async(kvb_cuda *c, cu_ptr d, uintptr_t s, size_t n, cu_stream
 static int cu_dtoh_async(kvb_cuda *c, uintptr_t d, cu_ptr s, size_t n, cu_stream st) { return c->memcpy_dtoh_async((void *)d, s, n, st); }
 static int cu_dtod_async(kvb_cuda *c, cu_ptr d, cu_ptr s, size_t n, cu_stream st) { return c->memcpy_dtod_async(d, s, n, st); }
 static int cu_copy_async(kvb_cuda *c, cu_ptr d, cu_ptr s, size_t n, cu_stream st) { return c->memcpy_any_async(d, s, n, st); }
+static int cu_copy_batch_async(kvb_cuda *c, const uint64_t *d, const uint64_t *s, const uint64_t *n, int count, cu_stream st, int *failed) {
+	for (int i = 0; i < count; i++) {
+		int r = c->memcpy_any_async(d[i], s[i], n[i], st);
+		if (r) { *failed = i; return r; }
+	}
+	return 0;
+}
 static int cu_stream_create(kvb_cuda *c, cu_stream *s) { return c->stream_create(s, 1); } // non-blocking
 static int cu_stream_sync(kvb_cuda *c, cu_stream s) { return c->stream_sync(s); }
 static int cu_stream_destroy(kvb_cuda *c, cu_stream s) { return c->stream_destroy(s); }
@@ -101,11 +108,13 @@ func OpenDriver() (*Driver, error) {
 	if path == "" {
 		path = "libcuda.so.1"
 	}
-	driverOnce.d, driverOnce.err = openDriverAt(path)
+	driverOnce.d, driverOnce.err = LoadDriver(path)
 	return driverOnce.d, driverOnce.err
 }
 
-func openDriverAt(path string) (*Driver, error) {
+// LoadDriver loads and initialises the CUDA driver at path, without the
+// process-wide caching of OpenDriver (for probes and tests).
+func LoadDriver(path string) (*Driver, error) {
 	// dlerror is per thread.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -256,6 +265,28 @@ func (c *Context) NewStream() (*Stream, error) {
 func (s *Stream) CopyAsync(dst, src uintptr, n uint64) error {
 	return s.c.on(func() error {
 		return s.c.d.check("cuMemcpyAsync", C.cu_copy_async(s.c.d.lib, C.cu_ptr(dst), C.cu_ptr(src), C.size_t(n), s.s))
+	})
+}
+
+// CopyBatchAsync queues many unified-addressing copies (dst[i] ← src[i],
+// n[i] bytes) in one call.
+func (s *Stream) CopyBatchAsync(dst, src []uintptr, n []uint64) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	buf := (*C.uint64_t)(C.malloc(C.size_t(24 * len(dst))))
+	defer C.free(unsafe.Pointer(buf))
+	all := unsafe.Slice(buf, 3*len(dst))
+	for i := range dst {
+		all[i], all[len(dst)+i], all[2*len(dst)+i] = C.uint64_t(dst[i]), C.uint64_t(src[i]), C.uint64_t(n[i])
+	}
+	return s.c.on(func() error {
+		var failed C.int
+		r := C.cu_copy_batch_async(s.c.d.lib, &all[0], &all[len(dst)], &all[2*len(dst)], C.int(len(dst)), s.s, &failed)
+		if r != 0 {
+			return s.c.d.check(fmt.Sprintf("cuMemcpyAsync(copy %d of %d)", int(failed), len(dst)), r)
+		}
+		return nil
 	})
 }
 

@@ -11,12 +11,12 @@ import (
 )
 
 func TestNoDriver(t *testing.T) {
-	_, err := openDriverAt("/nonexistent/libcuda.so.1")
+	_, err := LoadDriver("/nonexistent/libcuda.so.1")
 	if !errors.Is(err, ErrNoDriver) || !strings.Contains(err.Error(), "libcuda.so.1") {
 		t.Fatalf("missing driver: %v", err)
 	}
 	t.Setenv("KVB_CUDA_DOUBLE_DEVICES", "0")
-	_, err = openDriverAt(doubleLib)
+	_, err = LoadDriver(doubleLib)
 	var ce *CUDAError
 	if !errors.Is(err, ErrNoDriver) || !errors.As(err, &ce) || ce.Name != "CUDA_ERROR_NO_DEVICE" || ce.Call != "cuInit" {
 		t.Fatalf("driver without devices: %v", err)
@@ -27,14 +27,14 @@ func TestNoDriver(t *testing.T) {
 // the real driver (reported as skipped, with the reason, where none is).
 func driverCases(t *testing.T, body func(t *testing.T, d *Driver, double bool)) {
 	t.Run("double", func(t *testing.T) {
-		d, err := openDriverAt(doubleLib)
+		d, err := LoadDriver(doubleLib)
 		if err != nil {
 			t.Fatal(err)
 		}
 		body(t, d, true)
 	})
 	t.Run("real", func(t *testing.T) {
-		d, err := openDriverAt("libcuda.so.1")
+		d, err := LoadDriver("libcuda.so.1")
 		if err != nil {
 			t.Skipf("no GPU here: %v", err)
 		}
@@ -98,7 +98,7 @@ func TestDriverMemoryAndCopies(t *testing.T) {
 }
 
 func TestDriverErrorsNameTheCall(t *testing.T) {
-	d, err := openDriverAt(doubleLib)
+	d, err := LoadDriver(doubleLib)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestDriverErrorsNameTheCall(t *testing.T) {
 
 // runIPCChild opens an IPC handle from the parent and writes a pattern.
 func runIPCChild() int {
-	d, err := openDriverAt(os.Getenv("KVBRIDGE_CUDA_LIB"))
+	d, err := LoadDriver(os.Getenv("KVBRIDGE_CUDA_LIB"))
 	if err != nil {
 		return 2
 	}

@@ -655,28 +655,30 @@ func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 	}
 	ux.errMsg.Store(nil)
 	ux.state.Store(uint32(InProgress))
-	device := x.local.Kind == VRAM || x.remote.Kind == VRAM
-	for k := range x.li {
-		li, ri := x.li[k], x.ri[k]
-		if device {
-			// CUDA copies with unified addressing; returns when the bytes
-			// are in place, so the notification still follows the data.
-			dst, src := rp.addrs[ri], lp.addrs[li]
-			if x.Op == Read {
-				dst, src = src, dst
-			}
-			if err := deviceCopy(u.device, dst, src, uint64(lp.lens[li])); err != nil {
-				s := err.Error()
-				ux.errMsg.Store(&s)
-				ux.state.Store(uint32(Failed))
-				return nil
-			}
-			continue
+	if x.local.Kind == VRAM || x.remote.Kind == VRAM {
+		// CUDA copies with unified addressing, all queued, one wait: the
+		// bytes are in place before the notification is handed on.
+		dst, src, n := make([]uintptr, len(x.li)), make([]uintptr, len(x.li)), make([]uint64, len(x.li))
+		for k := range x.li {
+			dst[k], src[k], n[k] = rp.addrs[x.ri[k]], lp.addrs[x.li[k]], uint64(lp.lens[x.li[k]])
 		}
 		if x.Op == Read {
-			copy(lp.views[li], rp.views[ri])
-		} else {
-			copy(rp.views[ri], lp.views[li])
+			dst, src = src, dst
+		}
+		if err := deviceCopies(u.device, dst, src, n); err != nil {
+			s := err.Error()
+			ux.errMsg.Store(&s)
+			ux.state.Store(uint32(Failed))
+			return nil
+		}
+	} else {
+		for k := range x.li {
+			li, ri := x.li[k], x.ri[k]
+			if x.Op == Read {
+				copy(lp.views[li], rp.views[ri])
+			} else {
+				copy(rp.views[ri], lp.views[li])
+			}
 		}
 	}
 	// The channel hand-off orders the copy's stores before the notification.
