@@ -1,0 +1,192 @@
+package transfer
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/nixl"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestRuns(t *testing.T) {
+	for _, tc := range []struct {
+		src, dst []uint32
+		want     []Run
+	}{
+		{nil, nil, nil},
+		{[]uint32{5}, []uint32{9}, []Run{{5, 9, 1}}},
+		{[]uint32{1, 2, 3, 4}, []uint32{10, 11, 12, 13}, []Run{{1, 10, 4}}},
+		{[]uint32{1, 2, 3, 7, 8}, []uint32{10, 11, 20, 21, 22}, []Run{{1, 10, 2}, {3, 20, 1}, {7, 21, 2}}},
+		{[]uint32{3, 2, 1}, []uint32{1, 2, 3}, []Run{{3, 1, 1}, {2, 2, 1}, {1, 3, 1}}},
+	} {
+		if got := Runs(tc.src, tc.dst); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("Runs(%v, %v) = %v, want %v", tc.src, tc.dst, got, tc.want)
+		}
+	}
+}
+
+// rank is an agent with a KV layout of `layers` layers and `pages` pages.
+type rank struct {
+	agent  *nixl.Agent
+	layout Layout
+	kv     [][]byte
+	aux    []byte
+}
+
+func newRank(t *testing.T, name string, layers, pages int, page uint64) *rank {
+	t.Helper()
+	a, err := nixl.Open(nixl.Config{Name: name, Engine: nixl.EngineLoopback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	r := &rank{agent: a, layout: Layout{Kind: nixl.DRAM, PageBytes: page, AuxItemBytes: 64}}
+	for i := 0; i < 2*layers; i++ {
+		_, buf, err := a.Alloc(uint64(pages) * page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.kv = append(r.kv, buf)
+		r.layout.Regions = append(r.layout.Regions, nixl.BytesDesc(buf))
+	}
+	_, r.aux, _ = a.Alloc(64 * 16)
+	r.layout.Aux = nixl.BytesDesc(r.aux)
+	return r
+}
+
+func connect(t *testing.T, from, to *rank) string {
+	md, _ := to.agent.Metadata()
+	name, err := from.agent.LoadRemote(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+func TestPoolWritesPagesInOrder(t *testing.T) {
+	const layers, pages, page = 4, 64, 256
+	p, d := newRank(t, "tp-prefill", layers, pages, page), newRank(t, "tp-decode", layers, pages, page)
+	remote := connect(t, p, d)
+	for i, b := range p.kv {
+		for k := range b {
+			b[k] = byte(i*31 + k/page)
+		}
+	}
+	copy(p.aux[3*64:4*64], bytes.Repeat([]byte{0xa5}, 64))
+	pool, err := NewPool(p.agent, p.layout, Config{Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+
+	var mu sync.Mutex
+	var order []string
+	done := make(chan struct{})
+	gate := func(w *Write) bool { return true }
+	record := func(w *Write, err error) {
+		if err != nil {
+			t.Error(err)
+		}
+		mu.Lock()
+		order = append(order, w.Notif)
+		n := len(order)
+		mu.Unlock()
+		if n == 4 {
+			close(done)
+		}
+	}
+	// Chunk 0: pages 0..9 → 20..29 (contiguous); chunk 1 (last): scattered
+	// pages, then the aux item.
+	src1, dst1 := []uint32{10, 11, 40, 41, 42}, []uint32{5, 6, 50, 51, 60}
+	jobs := []Job{
+		{Room: 7, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: Runs([]uint32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9},
+			[]uint32{20, 21, 22, 23, 24, 25, 26, 27, 28, 29}), AuxSrc: -1, Notif: "kvb1:7:0:0:0"}}},
+		{Room: 7, Writes: []Write{
+			{Remote: remote, Peer: d.layout, Runs: Runs(src1, dst1), AuxSrc: -1, Notif: "kvb1:7:0:1:2", Last: true},
+			{Remote: remote, Peer: d.layout, AuxSrc: 3, AuxDst: 9, Notif: "kvb1:7:0:aux", Last: true},
+			{Remote: remote, Peer: d.layout, AuxSrc: -1, Notif: "kvb1:7:0:empty"}, // nothing to move: notification only
+		}},
+	}
+	for _, j := range jobs {
+		j.Gate, j.Done = gate, record
+		if err := pool.Submit(j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("writes did not complete")
+	}
+	if want := []string{"kvb1:7:0:0:0", "kvb1:7:0:1:2", "kvb1:7:0:aux", "kvb1:7:0:empty"}; !reflect.DeepEqual(order, want) {
+		t.Fatalf("order %v", order)
+	}
+	check := func(sp, dp uint32) {
+		for l := range p.kv {
+			if !bytes.Equal(d.kv[l][dp*page:(dp+1)*page], p.kv[l][sp*page:(sp+1)*page]) {
+				t.Fatalf("region %d: page %d → %d wrong", l, sp, dp)
+			}
+		}
+	}
+	for i := uint32(0); i < 10; i++ {
+		check(i, 20+i)
+	}
+	for i := range src1 {
+		check(src1[i], dst1[i])
+	}
+	if !bytes.Equal(d.aux[9*64:10*64], p.aux[3*64:4*64]) {
+		t.Fatal("aux item not written")
+	}
+	ns, _ := d.agent.Notifs()
+	var got []string
+	for _, n := range ns {
+		got = append(got, string(n.Msg))
+	}
+	if !reflect.DeepEqual(got, order) {
+		t.Fatalf("notifications %v", got)
+	}
+}
+
+func TestPoolGateDrops(t *testing.T) {
+	p, d := newRank(t, "tg-prefill", 1, 8, 64), newRank(t, "tg-decode", 1, 8, 64)
+	remote := connect(t, p, d)
+	pool, _ := NewPool(p.agent, p.layout, Config{Workers: 1})
+	dropped := make(chan string, 4)
+	var wrote int
+	for i := 0; i < 3; i++ {
+		pool.Submit(Job{Room: 1, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{0, 0, 1}}, AuxSrc: -1, Notif: fmt.Sprint(i)}},
+			Gate:    func(w *Write) bool { return w.Notif == "0" },
+			Done:    func(*Write, error) { wrote++ },
+			Dropped: func(w *Write) { dropped <- w.Notif }})
+	}
+	pool.Close()
+	if wrote != 1 || len(dropped) != 2 {
+		t.Fatalf("wrote %d, dropped %d", wrote, len(dropped))
+	}
+	if err := pool.Submit(Job{Room: 1}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("submit after close: %v", err)
+	}
+}
+
+func TestLayoutValidate(t *testing.T) {
+	good := Layout{Regions: []nixl.Desc{{Addr: 1, Len: 64}, {Addr: 100, Len: 64}}, PageBytes: 16}
+	if err := good.Validate(); err != nil || good.Pages() != 4 {
+		t.Fatalf("%v %d", err, good.Pages())
+	}
+	for _, l := range []Layout{
+		{Regions: []nixl.Desc{{Addr: 1, Len: 64}}, PageBytes: 16},
+		{Regions: []nixl.Desc{{Addr: 1, Len: 64}, {Addr: 100, Len: 32}}, PageBytes: 16},
+		{Regions: []nixl.Desc{{Addr: 1, Len: 64}, {Addr: 100, Len: 64}}, PageBytes: 0},
+	} {
+		if l.Validate() == nil {
+			t.Errorf("accepted %+v", l)
+		}
+	}
+}
