@@ -809,3 +809,35 @@ func (r *Registry) statusOf(rm *room) Poll {
 // Close wakes every Wait with ErrClosed. Events still apply afterwards; the
 // owner stops sending them.
 func (r *Registry) Close() { r.closeOnce.Do(func() { close(r.closed) }) }
+
+// Requests returns a copy of a live room's peer requests.
+func (r *Registry) Requests(id uint64) []PeerRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rm, ok := r.rooms[id]; ok {
+		return append([]PeerRequest(nil), rm.requests...)
+	}
+	return nil
+}
+
+// Counts returns how many live rooms are in each status.
+func (r *Registry) Counts() map[Poll]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[Poll]int{}
+	for _, rm := range r.rooms {
+		out[rm.status]++
+	}
+	return out
+}
+
+// InFlightTotal counts posted writes not yet completed, over all rooms.
+func (r *Registry) InFlightTotal() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, rm := range r.rooms {
+		n += rm.inflight
+	}
+	return n
+}

@@ -1,0 +1,580 @@
+// Package e2e holds kvbridge's end-to-end tests: a bootstrap server, a
+// prefill and a decode Manager, real control sockets and a real engine.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/receiver"
+	"github.com/kvbridge/kvbridge/sender"
+	"github.com/kvbridge/kvbridge/transfer"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	layers    = 4
+	pages     = 1024
+	pageBytes = 1024
+	pageToks  = 16
+	auxItem   = 64
+	auxItems  = 256
+)
+
+var shm = map[string]string{"TLS": "posix,cma,self"}
+
+var engines = map[string]nixl.Config{
+	"loopback": {Engine: nixl.EngineLoopback},
+	"ucx-shm":  {Engine: nixl.EngineUCX, UCX: shm},
+	"ucx-tcp":  {Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "tcp", "NET_DEVICES": "lo"}},
+}
+
+var seq struct {
+	sync.Mutex
+	n int
+}
+
+func uniq() int {
+	seq.Lock()
+	defer seq.Unlock()
+	seq.n++
+	return seq.n
+}
+
+// cluster is a bootstrap server, one prefill and one decode rank.
+type cluster struct {
+	srv             *bootstrap.Server
+	prefill, decode *kvmanager.Manager
+	pKV, dKV        [][]byte
+	pAux, dAux      []byte
+	pFree, dFree    *pagePool
+}
+
+func layout() transfer.Layout {
+	l := transfer.Layout{Kind: nixl.DRAM, PageBytes: pageBytes, AuxItemBytes: auxItem, Aux: nixl.Desc{Len: auxItem * auxItems}}
+	for i := 0; i < 2*layers; i++ {
+		l.Regions = append(l.Regions, nixl.Desc{Len: pages * pageBytes})
+	}
+	return l
+}
+
+func newCluster(t *testing.T, engine string, mut func(*kvmanager.Config)) *cluster {
+	t.Helper()
+	c := &cluster{srv: bootstrap.NewServer()}
+	if err := c.srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.srv.Close(context.Background()) })
+	id := uniq()
+	mk := func(role kvmanager.Role, name string) *kvmanager.Manager {
+		cfg := kvmanager.DefaultConfig(role)
+		cfg.Instance = fmt.Sprintf("%s-%d", name, id)
+		cfg.Compat = "v1:test-layout"
+		cfg.BootstrapURL = c.srv.URL()
+		cfg.Engine = engines[engine]
+		cfg.Layout = layout()
+		cfg.HeartbeatInterval = 200 * time.Millisecond
+		cfg.SweepInterval = 50 * time.Millisecond
+		cfg.Registry.StallTimeout = 5 * time.Second
+		if mut != nil {
+			mut(&cfg)
+		}
+		m, err := kvmanager.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := m.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+		return m
+	}
+	c.prefill = mk(kvmanager.RolePrefill, "prefill")
+	c.decode = mk(kvmanager.RoleDecode, "decode")
+	c.pKV, c.pAux = c.prefill.Memory()
+	c.dKV, c.dAux = c.decode.Memory()
+	for r, region := range c.pKV {
+		for p := 0; p < pages; p++ {
+			fillPage(region[p*pageBytes:(p+1)*pageBytes], uint64(r)<<32|uint64(p))
+		}
+	}
+	for i := range c.pAux {
+		c.pAux[i] = byte(i*7 + 3)
+	}
+	c.pFree, c.dFree = newPagePool(pages), newPagePool(pages)
+	return c
+}
+
+func fillPage(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 77))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+// pagePool hands out distinct pages so concurrent rooms never share one.
+type pagePool struct {
+	mu   sync.Mutex
+	free []uint32
+}
+
+func newPagePool(n int) *pagePool {
+	p := &pagePool{}
+	for i := n - 1; i >= 0; i-- {
+		p.free = append(p.free, uint32(i))
+	}
+	rand.Shuffle(len(p.free), func(i, j int) { p.free[i], p.free[j] = p.free[j], p.free[i] })
+	return p
+}
+
+func (p *pagePool) get(n int) []uint32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n > len(p.free) {
+		return nil
+	}
+	out := append([]uint32(nil), p.free[len(p.free)-n:]...)
+	p.free = p.free[:len(p.free)-n]
+	return out
+}
+
+func (p *pagePool) put(pg []uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.free = append(p.free, pg...)
+}
+
+// room is one request in flight through the cluster.
+type room struct {
+	id       uint64
+	src, dst []uint32
+	auxSrc   int
+	auxDst   int
+	s        *sender.Sender
+	r        *receiver.Receiver
+}
+
+func (c *cluster) start(t *testing.T, id uint64, tokens int) *room {
+	t.Helper()
+	n := (tokens + pageToks - 1) / pageToks
+	rm := &room{id: id, src: c.pFree.get(n), dst: c.dFree.get(n), auxSrc: int(id % auxItems), auxDst: int((id + 1) % auxItems)}
+	if rm.src == nil || rm.dst == nil {
+		t.Fatalf("out of pages for %d", n)
+	}
+	var err error
+	if rm.r, err = receiver.New(c.decode, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := rm.r.Init(ctx(t), kvmanager.RequestSpec{DstPages: rm.dst, AuxIndex: rm.auxDst}); err != nil {
+		t.Fatal(err)
+	}
+	if rm.s, err = sender.New(c.prefill, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := rm.s.Init(); err != nil {
+		t.Fatal(err)
+	}
+	return rm
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// ready waits until the prefill side has the request (WaitingForInput).
+func ready(t *testing.T, s *sender.Sender) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Poll() == kvmanager.Bootstrapping {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never reached the prefill rank")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+func (c *cluster) sendAll(t *testing.T, rm *room, chunk int) {
+	t.Helper()
+	for i := 0; i < len(rm.src); i += chunk {
+		end := min(i+chunk, len(rm.src))
+		if err := rm.s.Send(rm.src[i:end], end == len(rm.src), rm.auxSrc); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (c *cluster) verify(t *testing.T, rm *room) {
+	t.Helper()
+	for region := range c.pKV {
+		for i := range rm.src {
+			s, d := rm.src[i], rm.dst[i]
+			if !bytes.Equal(c.dKV[region][d*pageBytes:(d+1)*pageBytes], c.pKV[region][s*pageBytes:(s+1)*pageBytes]) {
+				t.Fatalf("room %d: region %d page %d → %d differs", rm.id, region, s, d)
+			}
+		}
+	}
+	if !bytes.Equal(c.dAux[rm.auxDst*auxItem:(rm.auxDst+1)*auxItem], c.pAux[rm.auxSrc*auxItem:(rm.auxSrc+1)*auxItem]) {
+		t.Fatalf("room %d: aux item differs", rm.id)
+	}
+}
+
+func (c *cluster) finish(rm *room) {
+	rm.s.Clear()
+	rm.r.Clear()
+	c.pFree.put(rm.src)
+	c.dFree.put(rm.dst)
+}
+
+func waitStatus(t *testing.T, w interface {
+	Wait(context.Context) (kvmanager.Poll, error)
+	Failure() string
+}, want kvmanager.Poll) {
+	t.Helper()
+	st, err := w.Wait(ctx(t))
+	if st != want {
+		t.Fatalf("status %v (%v: %s), want %v", st, err, w.Failure(), want)
+	}
+}
+
+func TestTransfersByteExact(t *testing.T) {
+	for engine := range engines {
+		t.Run(engine, func(t *testing.T) {
+			c := newCluster(t, engine, nil)
+			for i, tokens := range []int{1, 15, 16, 17, 128, 1000, 4096, 8192} {
+				rm := c.start(t, uint64(100+i), tokens)
+				ready(t, rm.s)
+				c.sendAll(t, rm, 64)
+				waitStatus(t, rm.r, kvmanager.Success)
+				waitStatus(t, rm.s, kvmanager.Success)
+				c.verify(t, rm)
+				c.finish(rm)
+			}
+		})
+	}
+}
+
+func TestAbortBeforeSenderExists(t *testing.T) {
+	c := newCluster(t, "ucx-shm", nil)
+	r, err := receiver.New(c.decode, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := c.dFree.get(4)
+	if err := r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1}); err != nil {
+		t.Fatal(err)
+	}
+	r.Abort("client disconnected")
+	// The ABORT_ACK proves the prefill rank processed the ABORT: its sender
+	// does not exist yet.
+	select {
+	case <-r.Released():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ABORT_ACK")
+	}
+	s, err := sender.New(c.prefill, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Poll() != kvmanager.Failed || !strings.Contains(s.Failure(), "client disconnected") {
+		t.Fatalf("sender created after the abort: %v %q", s.Poll(), s.Failure())
+	}
+	if err := s.Send([]uint32{1}, true, -1); !errors.Is(err, kvmanager.ErrRoomFailed) {
+		t.Fatalf("send on an aborted room: %v", err)
+	}
+	if r.Poll() != kvmanager.Failed {
+		t.Fatalf("decode side %v", r.Poll())
+	}
+}
+
+func TestAbortWhileWaitingAndMidTransfer(t *testing.T) {
+	c := newCluster(t, "ucx-shm", nil)
+	// While waiting: the sender exists and has the request, nothing sent.
+	rm := c.start(t, 10, 256)
+	ready(t, rm.s)
+	rm.r.Abort("changed my mind")
+	waitStatus(t, rm.s, kvmanager.Failed)
+	<-rm.r.Released()
+	if err := rm.s.Send(rm.src, true, -1); err == nil {
+		t.Fatal("send after abort accepted")
+	}
+	c.finish(rm)
+
+	// Mid-transfer: one chunk out, then the abort.
+	rm = c.start(t, 11, 2048)
+	ready(t, rm.s)
+	if err := rm.s.Send(rm.src[:32], false, -1); err != nil {
+		t.Fatal(err)
+	}
+	rm.r.Abort("client gone")
+	waitStatus(t, rm.s, kvmanager.Failed)
+	select {
+	case <-rm.r.Released():
+	case <-time.After(10 * time.Second):
+		t.Fatal("pages never released")
+	}
+	if err := rm.s.Send(rm.src[32:], true, -1); err == nil {
+		t.Fatal("send after abort accepted")
+	}
+	if !strings.Contains(rm.s.Failure(), "client gone") {
+		t.Fatalf("failure %q", rm.s.Failure())
+	}
+	c.finish(rm)
+
+	// After success: the abort changes nothing.
+	rm = c.start(t, 12, 64)
+	ready(t, rm.s)
+	c.sendAll(t, rm, 64)
+	waitStatus(t, rm.r, kvmanager.Success)
+	waitStatus(t, rm.s, kvmanager.Success)
+	rm.r.Abort("late")
+	if rm.r.Poll() != kvmanager.Success || rm.s.Poll() != kvmanager.Success {
+		t.Fatalf("abort after success changed %v/%v", rm.r.Poll(), rm.s.Poll())
+	}
+	c.verify(t, rm)
+	c.finish(rm)
+}
+
+func TestOutOfRangePagesRefused(t *testing.T) {
+	c := newCluster(t, "loopback", nil)
+	r, _ := receiver.New(c.decode, 20)
+	if err := r.Init(ctx(t), kvmanager.RequestSpec{DstPages: []uint32{1, pages + 5}, AuxIndex: -1}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, r, kvmanager.Failed)
+	if !strings.Contains(r.Failure(), "outside") {
+		t.Fatalf("failure %q", r.Failure())
+	}
+	if _, known := c.prefill.Registry().Status(20); known {
+		t.Fatal("the prefill rank kept a room for a refused request")
+	}
+}
+
+func TestDuplicateRooms(t *testing.T) {
+	c := newCluster(t, "loopback", nil)
+	rm := c.start(t, 30, 32)
+	if _, err := sender.New(c.prefill, 30); !errors.Is(err, kvmanager.ErrRoomInUse) {
+		t.Fatalf("live duplicate on prefill: %v", err)
+	}
+	if _, err := receiver.New(c.decode, 30); !errors.Is(err, kvmanager.ErrRoomInUse) {
+		t.Fatalf("live duplicate on decode: %v", err)
+	}
+	ready(t, rm.s)
+	c.sendAll(t, rm, 64)
+	waitStatus(t, rm.r, kvmanager.Success)
+	c.finish(rm)
+	if _, err := sender.New(c.prefill, 30); !errors.Is(err, kvmanager.ErrRoomCleared) {
+		t.Fatalf("recently cleared on prefill: %v", err)
+	}
+	if _, err := receiver.New(c.decode, 30); !errors.Is(err, kvmanager.ErrRoomCleared) {
+		t.Fatalf("recently cleared on decode: %v", err)
+	}
+}
+
+func TestRoomReusedAfterTTL(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	c := newCluster(t, "loopback", func(cfg *kvmanager.Config) { cfg.Registry.Now = clock })
+	rm := c.start(t, 40, 32)
+	ready(t, rm.s)
+	c.sendAll(t, rm, 64)
+	waitStatus(t, rm.r, kvmanager.Success)
+	c.finish(rm)
+	mu.Lock()
+	now = now.Add(11 * time.Minute)
+	mu.Unlock()
+	rm = c.start(t, 40, 32) // the same id works as new
+	ready(t, rm.s)
+	c.sendAll(t, rm, 64)
+	waitStatus(t, rm.r, kvmanager.Success)
+	c.verify(t, rm)
+	c.finish(rm)
+}
+
+func TestIncompatibleDecodeRefused(t *testing.T) {
+	c := newCluster(t, "loopback", nil)
+	cfg := kvmanager.DefaultConfig(kvmanager.RoleDecode)
+	cfg.Instance, cfg.Compat, cfg.BootstrapURL = "decode-other", "v1:another-model", c.srv.URL()
+	cfg.Engine, cfg.Layout = engines["loopback"], layout()
+	other, err := kvmanager.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	r, _ := receiver.New(other, 50)
+	err = r.Init(ctx(t), kvmanager.RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+	if !errors.Is(err, kvmanager.ErrIncompatible) || !strings.Contains(err.Error(), "compat mismatch") {
+		t.Fatalf("incompatible decode: %v", err)
+	}
+	if r.Poll() != kvmanager.Failed {
+		t.Fatalf("room %v", r.Poll())
+	}
+}
+
+// TestSoak: 2,000 rooms over 8 concurrent streams, 10% aborted at a random
+// stage; every success byte-exact, no room pinned, registries empty after
+// clear and the tombstone TTL.
+func TestSoak(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	c := newCluster(t, "ucx-shm", func(cfg *kvmanager.Config) { cfg.Registry.Now = clock })
+	const rooms, streams = 2000, 8
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	var wg sync.WaitGroup
+	errs := make(chan error, streams)
+	for s := 0; s < streams; s++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(s)))
+			for i := s; i < rooms; i += streams {
+				id := uint64(1000 + i)
+				if err := soakRoom(t, c, id, rng); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for _, m := range []*kvmanager.Manager{c.prefill, c.decode} {
+		if n := m.Registry().Overdue(clock()); n != 0 {
+			t.Fatalf("%d rooms past their deadline", n)
+		}
+		if s := m.Registry().Sizes(); s.Live != 0 || s.Pending != 0 {
+			t.Fatalf("rooms left after the soak: %+v", s)
+		}
+	}
+	mu.Lock()
+	now = now.Add(11 * time.Minute)
+	mu.Unlock()
+	for _, m := range []*kvmanager.Manager{c.prefill, c.decode} {
+		m.Registry().Sweep(clock())
+		if s := m.Registry().Sizes(); s.Total() != 0 {
+			t.Fatalf("registry not empty after the TTL: %+v", s)
+		}
+	}
+}
+
+func soakRoom(t *testing.T, c *cluster, id uint64, rng *rand.Rand) error {
+	tokens := 1 + rng.IntN(2048)
+	n := (tokens + pageToks - 1) / pageToks
+	var src, dst []uint32
+	for src == nil || dst == nil {
+		if src == nil {
+			src = c.pFree.get(n)
+		}
+		if dst == nil {
+			dst = c.dFree.get(n)
+		}
+		if src == nil || dst == nil {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	defer c.pFree.put(src)
+	defer c.dFree.put(dst)
+	abortAt := -1 // 0: before the sender, 1: waiting, 2: mid-transfer, 3: after success
+	if rng.IntN(10) == 0 {
+		abortAt = rng.IntN(4)
+	}
+	rm := &room{id: id, src: src, dst: dst, auxSrc: int(id % auxItems), auxDst: int(id % auxItems)}
+	var err error
+	if rm.r, err = receiver.New(c.decode, id); err != nil {
+		return err
+	}
+	defer rm.r.Clear()
+	if err := rm.r.Init(context.Background(), kvmanager.RequestSpec{DstPages: dst, AuxIndex: rm.auxDst}); err != nil {
+		return err
+	}
+	if abortAt == 0 {
+		rm.r.Abort("soak: before sender")
+		<-rm.r.Released()
+	}
+	if rm.s, err = sender.New(c.prefill, id); err != nil {
+		return err
+	}
+	defer rm.s.Clear()
+	rm.s.Init()
+	if abortAt == 0 {
+		if rm.s.Poll() != kvmanager.Failed {
+			return fmt.Errorf("room %d: sender after an early abort is %v", id, rm.s.Poll())
+		}
+		return nil
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for rm.s.Poll() == kvmanager.Bootstrapping {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("room %d: request never arrived", id)
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	if abortAt == 1 {
+		rm.r.Abort("soak: waiting")
+	}
+	for i := 0; i < len(src); i += 32 {
+		end := min(i+32, len(src))
+		if abortAt == 2 && i > 0 {
+			rm.r.Abort("soak: mid-transfer")
+			abortAt = -2
+		}
+		if err := rm.s.Send(src[i:end], end == len(src), rm.auxSrc); err != nil {
+			break // aborted
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rst, err := rm.r.Wait(ctx)
+	if err != nil {
+		return fmt.Errorf("room %d: decode wait: %v", id, err)
+	}
+	sst, err := rm.s.Wait(ctx)
+	if err != nil {
+		return fmt.Errorf("room %d: prefill wait: %v", id, err)
+	}
+	if abortAt == 3 && rst == kvmanager.Success {
+		rm.r.Abort("soak: after success")
+	}
+	if rst == kvmanager.Success {
+		if sst != kvmanager.Success {
+			return fmt.Errorf("room %d: decode Success, prefill %v", id, sst)
+		}
+		for region := range c.pKV {
+			for i := range src {
+				if !bytes.Equal(c.dKV[region][dst[i]*pageBytes:(dst[i]+1)*pageBytes], c.pKV[region][src[i]*pageBytes:(src[i]+1)*pageBytes]) {
+					return fmt.Errorf("room %d: region %d page %d differs", id, region, i)
+				}
+			}
+		}
+		return nil
+	}
+	if abortAt == -1 {
+		return fmt.Errorf("room %d: failed without an abort: %s / %s", id, rm.r.Failure(), rm.s.Failure())
+	}
+	select { // quarantine ends with the prefill's ABORT_ACK
+	case <-rm.r.Released():
+	case <-ctx.Done():
+		return fmt.Errorf("room %d: pages never released", id)
+	}
+	return nil
+}

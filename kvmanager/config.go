@@ -1,0 +1,120 @@
+package kvmanager
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Config configures one rank's Manager.
+type Config struct {
+	Role     Role
+	Instance string // this rank's deployment name
+	Rank     int    // this rank's index (the prefill rank uid in notifications)
+	// Bind is the control endpoint to bind (default tcp://127.0.0.1:*).
+	Bind string
+	// BootstrapURL is the HTTP bootstrap server: prefill ranks register
+	// there (skipped when empty), decode ranks look prefill ranks up.
+	BootstrapURL string
+	// PrefillRank is the prefill TP rank a decode rank pulls from
+	// (default: its own Rank).
+	PrefillRank int
+	// TPSize is the prefill deployment's TP size (for the rank table).
+	TPSize int
+	// Compat must match between prefill and decode: protocol version, model
+	// layout, dtype and page size.
+	Compat string
+	// PageTokens and DType describe the layout for the rank table.
+	PageTokens int
+	DType      string
+
+	Engine   nixl.Config     // Name defaults to instance-role-rank
+	Layout   transfer.Layout // KV (and aux) memory of this rank, registered by the Manager
+	Registry RegistryConfig
+	Workers  int // transfer workers (prefill), default 4
+
+	HeartbeatInterval time.Duration // default 5 s
+	MaxMisses         int           // default 2
+	SweepInterval     time.Duration // default 1 s
+	Security          *bootstrap.Security
+
+	Logger     *zap.Logger
+	Registerer prometheus.Registerer
+}
+
+// DefaultConfig returns a config with DESIGN.md's defaults for role.
+func DefaultConfig(role Role) Config {
+	return Config{Role: role, Bind: "tcp://127.0.0.1:*", TPSize: 1, PageTokens: 16, DType: "bf16",
+		Registry: DefaultRegistryConfig(), Workers: 4, HeartbeatInterval: 5 * time.Second, MaxMisses: 2,
+		SweepInterval: time.Second}
+}
+
+// Validate reports the first setting that cannot work.
+func (c *Config) Validate() error {
+	switch {
+	case c.Role != RolePrefill && c.Role != RoleDecode:
+		return fmt.Errorf("kvmanager: Role must be RolePrefill or RoleDecode, got %d", c.Role)
+	case c.Instance == "":
+		return errors.New("kvmanager: Instance is empty")
+	case c.Rank < 0 || c.PrefillRank < 0:
+		return errors.New("kvmanager: ranks must not be negative")
+	case c.Compat == "":
+		return errors.New("kvmanager: Compat is empty (hash of protocol, model layout, dtype, page size)")
+	case c.Role == RoleDecode && c.BootstrapURL == "":
+		return errors.New("kvmanager: a decode rank needs BootstrapURL to find prefill ranks")
+	case c.HeartbeatInterval <= 0 || c.MaxMisses < 1 || c.SweepInterval <= 0:
+		return errors.New("kvmanager: heartbeat interval, max misses and sweep interval must be positive")
+	}
+	if err := c.Layout.Validate(); err != nil {
+		return err
+	}
+	return c.Registry.Validate()
+}
+
+// FromEnv overrides fields from KVBRIDGE_* variables: KVBRIDGE_BIND,
+// KVBRIDGE_BOOTSTRAP_URL, KVBRIDGE_ENGINE, KVBRIDGE_WORKERS and the
+// timeouts KVBRIDGE_BOOTSTRAP_TIMEOUT, KVBRIDGE_WAITING_TIMEOUT,
+// KVBRIDGE_STALL_TIMEOUT, KVBRIDGE_TOMBSTONE_TTL, KVBRIDGE_HEARTBEAT
+// (Go durations, e.g. 300s).
+func (c *Config) FromEnv() error {
+	if v := os.Getenv("KVBRIDGE_BIND"); v != "" {
+		c.Bind = v
+	}
+	if v := os.Getenv("KVBRIDGE_BOOTSTRAP_URL"); v != "" {
+		c.BootstrapURL = v
+	}
+	if v := os.Getenv("KVBRIDGE_ENGINE"); v != "" {
+		c.Engine.Engine = v
+	}
+	if v := os.Getenv("KVBRIDGE_WORKERS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("kvmanager: KVBRIDGE_WORKERS=%q: %w", v, err)
+		}
+		c.Workers = n
+	}
+	for name, dst := range map[string]*time.Duration{
+		"KVBRIDGE_BOOTSTRAP_TIMEOUT": &c.Registry.BootstrapTimeout,
+		"KVBRIDGE_WAITING_TIMEOUT":   &c.Registry.WaitingTimeout,
+		"KVBRIDGE_STALL_TIMEOUT":     &c.Registry.StallTimeout,
+		"KVBRIDGE_TOMBSTONE_TTL":     &c.Registry.TombstoneTTL,
+		"KVBRIDGE_HEARTBEAT":         &c.HeartbeatInterval,
+	} {
+		if v := os.Getenv(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return fmt.Errorf("kvmanager: %s=%q: %w", name, v, err)
+			}
+			*dst = d
+		}
+	}
+	return nil
+}
