@@ -438,6 +438,10 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 			return err
 		}
 		r.ep = ep
+		if err := ucxErr("connecting to "+r.name, C.kvb_ep_wireup(u.ctx, ep)); err != nil {
+			u.dropRemote(r)
+			return fmt.Errorf("%v: %w", err, ErrRemoteUnknown)
+		}
 		for i, reg := range m.regions {
 			if reg.Kind == VRAM {
 				k, err := decodeVRAMKey(reg.key)

@@ -193,6 +193,32 @@ int kvb_ep_create(kvb_ctx *c, const void *addr, int peer_errors, kvb_ep **out)
 // kvb_ep_close flushes and closes an endpoint, so the peer sees a clean
 // disconnect rather than replies to a vanished endpoint; if that does not
 // finish (a dead peer), it closes by force.
+// kvb_ep_wireup flushes a new endpoint so its connection is established
+// while both sides are known alive (UCX 1.13 aborts the process if a peer
+// dies while a wireup reply is still pending). Bounded; returns the status.
+int kvb_ep_wireup(kvb_ctx *c, kvb_ep *e)
+{
+	ucp_request_param_t p = {0};
+	void *req = ucp_ep_flush_nbx(e->ep, &p);
+	if (req == NULL) {
+		return UCS_OK;
+	}
+	if (UCS_PTR_IS_ERR(req)) {
+		return UCS_PTR_STATUS(req);
+	}
+	ucs_status_t st;
+	for (int i = 0; i < 2000000 && (st = ucp_request_check_status(req)) == UCS_INPROGRESS; i++) {
+		ucp_worker_progress(c->worker);
+	}
+	if (st == UCS_INPROGRESS) {
+		ucp_request_cancel(c->worker, req);
+		ucp_worker_progress(c->worker);
+		st = UCS_ERR_TIMED_OUT;
+	}
+	ucp_request_free(req);
+	return st;
+}
+
 void kvb_ep_close(kvb_ctx *c, kvb_ep *e)
 {
 	for (int force = 0; force <= 1; force++) {

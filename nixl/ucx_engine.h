@@ -66,6 +66,7 @@ void kvb_mem_unmap(kvb_ctx *c, ucp_mem_h memh);
 
 int kvb_ep_create(kvb_ctx *c, const void *addr, int peer_errors, kvb_ep **out);
 void kvb_ep_close(kvb_ctx *c, kvb_ep *e);
+int kvb_ep_wireup(kvb_ctx *c, kvb_ep *e);
 int kvb_rkey_unpack(kvb_ep *e, const void *buf, ucp_rkey_h *out);
 // kvb_rkey_ptr returns where remote memory is mapped in this process (shared
 // memory transports), or 0.

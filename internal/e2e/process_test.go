@@ -1,0 +1,302 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/receiver"
+	"github.com/kvbridge/kvbridge/sender"
+)
+
+// The test binary re-executes itself as a prefill or a decode rank process
+// (KVBRIDGE_E2E_ROLE), driven by lines on stdin and answering on stdout:
+//
+//	prefill: SEND <room> <src pages> <chunk>   → DONE <room> <status> <reason>
+//	         HOLD <room> <src pages> <chunk>   (first chunk only) → HELD <room>, then DONE ...
+//	decode:  RECV <room> <dst pages> <src pages> → DONE <room> <status> <verified | reason>
+//
+// Pages are comma-separated. Prefill memory holds the deterministic pattern
+// of fillPage, so the decode process verifies every page on its own.
+
+func init() {
+	if role := os.Getenv("KVBRIDGE_E2E_ROLE"); role != "" {
+		os.Exit(runRank(role))
+	}
+}
+
+func rankConfig(role kvmanager.Role, engine, boot string) kvmanager.Config {
+	cfg := kvmanager.DefaultConfig(role)
+	cfg.Instance = "proc"
+	cfg.Compat = "v1:test-layout"
+	cfg.BootstrapURL = boot
+	cfg.Engine = engines[engine]
+	cfg.Layout = layout()
+	cfg.HeartbeatInterval = 200 * time.Millisecond
+	cfg.MaxMisses = 2
+	cfg.SweepInterval = 50 * time.Millisecond
+	cfg.Registry.StallTimeout = 10 * time.Second
+	return cfg
+}
+
+func pageList(s string) []uint32 {
+	var out []uint32
+	for _, f := range strings.Split(s, ",") {
+		v, _ := strconv.ParseUint(f, 10, 32)
+		out = append(out, uint32(v))
+	}
+	return out
+}
+
+func runRank(role string) int {
+	r := kvmanager.RolePrefill
+	if role == "decode" {
+		r = kvmanager.RoleDecode
+	}
+	m, err := kvmanager.New(rankConfig(r, os.Getenv("KVBRIDGE_E2E_ENGINE"), os.Getenv("KVBRIDGE_E2E_BOOT")))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer m.Close()
+	kv, _ := m.Memory()
+	if r == kvmanager.RolePrefill {
+		for region := range kv {
+			for p := 0; p < pages; p++ {
+				fillPage(kv[region][p*pageBytes:(p+1)*pageBytes], uint64(region)<<32|uint64(p))
+			}
+		}
+	}
+	out := make(chan string, 64)
+	go func() {
+		for l := range out {
+			fmt.Println(l)
+		}
+	}()
+	fmt.Println("READY")
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<20), 1<<20)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		room, _ := strconv.ParseUint(f[1], 10, 64)
+		switch f[0] {
+		case "SEND", "HOLD":
+			src := pageList(f[2])
+			chunk, _ := strconv.Atoi(f[3])
+			go func(hold bool) {
+				s, err := sender.New(m, room)
+				if err != nil {
+					out <- fmt.Sprintf("DONE %d error %v", room, err)
+					return
+				}
+				s.Init()
+				for s.Poll() == kvmanager.Bootstrapping {
+					time.Sleep(100 * time.Microsecond)
+				}
+				for i := 0; i < len(src); i += chunk {
+					end := min(i+chunk, len(src))
+					if err := s.Send(src[i:end], end == len(src), -1); err != nil {
+						break
+					}
+					if hold {
+						// Held once the first chunk has landed: the room
+						// is Transferring with nothing in flight.
+						for s.Poll() != kvmanager.Transferring || m.Registry().InFlight(room) != 0 {
+							time.Sleep(100 * time.Microsecond)
+						}
+						out <- fmt.Sprintf("HELD %d", room)
+						break
+					}
+				}
+				st, _ := s.Wait(context.Background())
+				out <- fmt.Sprintf("DONE %d %v %s", room, st, strings.ReplaceAll(s.Failure(), " ", "_"))
+			}(f[0] == "HOLD")
+		case "RECV":
+			dst, src := pageList(f[2]), pageList(f[3])
+			go func() {
+				rc, err := receiver.New(m, room)
+				if err == nil {
+					err = rc.Init(context.Background(), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1})
+				}
+				if err != nil {
+					out <- fmt.Sprintf("DONE %d error %v", room, err)
+					return
+				}
+				st, _ := rc.Wait(context.Background())
+				note := strings.ReplaceAll(rc.Failure(), " ", "_")
+				if st == kvmanager.Success {
+					note = "verified"
+					want := make([]byte, pageBytes)
+					for region := range kv {
+						for i := range dst {
+							fillPage(want, uint64(region)<<32|uint64(src[i]))
+							if string(kv[region][dst[i]*pageBytes:(dst[i]+1)*pageBytes]) != string(want) {
+								note = fmt.Sprintf("page_%d_of_region_%d_differs", i, region)
+							}
+						}
+					}
+				}
+				out <- fmt.Sprintf("DONE %d %v %s", room, st, note)
+			}()
+		}
+	}
+	return 0
+}
+
+type rankProc struct {
+	cmd   *exec.Cmd
+	in    *bufio.Writer
+	lines chan string
+}
+
+func startRank(t *testing.T, role, engine, boot string) *rankProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "KVBRIDGE_E2E_ROLE="+role, "KVBRIDGE_E2E_ENGINE="+engine, "KVBRIDGE_E2E_BOOT="+boot)
+	cmd.Stderr = os.Stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &rankProc{cmd: cmd, in: bufio.NewWriter(stdin), lines: make(chan string, 64)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+	}()
+	t.Cleanup(func() {
+		stdin.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	p.expect(t, "READY")
+	return p
+}
+
+func (p *rankProc) do(cmd string) {
+	fmt.Fprintln(p.in, cmd)
+	p.in.Flush()
+}
+
+func (p *rankProc) expect(t *testing.T, prefix string) string {
+	t.Helper()
+	select {
+	case l, ok := <-p.lines:
+		if !ok || !strings.HasPrefix(l, prefix) {
+			t.Fatalf("got %q, want %s...", l, prefix)
+		}
+		return l
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no %s within 30 s", prefix)
+		return ""
+	}
+}
+
+func csv(p []uint32) string {
+	s := make([]string, len(p))
+	for i, v := range p {
+		s[i] = strconv.FormatUint(uint64(v), 10)
+	}
+	return strings.Join(s, ",")
+}
+
+func startBoot(t *testing.T) string {
+	srv := bootstrap.NewServer()
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close(context.Background()) })
+	return srv.URL()
+}
+
+func TestSeparateProcesses(t *testing.T) {
+	for _, engine := range []string{"ucx-shm", "ucx-tcp"} {
+		t.Run(engine, func(t *testing.T) {
+			boot := startBoot(t)
+			prefill := startRank(t, "prefill", engine, boot)
+			decode := startRank(t, "decode", engine, boot)
+			pp, dp := newPagePool(pages), newPagePool(pages)
+			for i, tokens := range []int{1, 128, 2048, 8192} {
+				n := (tokens + pageToks - 1) / pageToks
+				src, dst := pp.get(n), dp.get(n)
+				room := uint64(i + 1)
+				decode.do(fmt.Sprintf("RECV %d %s %s", room, csv(dst), csv(src)))
+				prefill.do(fmt.Sprintf("SEND %d %s 64", room, csv(src)))
+				if got := decode.expect(t, "DONE"); got != fmt.Sprintf("DONE %d Success verified", room) {
+					t.Fatalf("decode: %s", got)
+				}
+				if got := prefill.expect(t, "DONE"); !strings.HasPrefix(got, fmt.Sprintf("DONE %d Success", room)) {
+					t.Fatalf("prefill: %s", got)
+				}
+				pp.put(src)
+				dp.put(dst)
+			}
+		})
+	}
+}
+
+// bound is how long a killed peer may take to be noticed: the heartbeat
+// bound interval × (misses + 1) plus a sweep and scheduling slack.
+const bound = 200*time.Millisecond*3 + 2*time.Second
+
+func TestDecodeKilledMidTransfer(t *testing.T) {
+	boot := startBoot(t)
+	prefill := startRank(t, "prefill", "ucx-tcp", boot)
+	decode := startRank(t, "decode", "ucx-tcp", boot)
+	src, dst := newPagePool(pages).get(256), newPagePool(pages).get(256)
+	decode.do(fmt.Sprintf("RECV 7 %s %s", csv(dst), csv(src)))
+	prefill.do(fmt.Sprintf("HOLD 7 %s 16", csv(src)))
+	prefill.expect(t, "HELD 7")
+	killed := time.Now()
+	decode.cmd.Process.Signal(syscall.SIGKILL)
+	got := prefill.expect(t, "DONE 7")
+	took := time.Since(killed)
+	t.Logf("prefill failed the room %v after the decode process was killed: %s", took, got)
+	// Heartbeats report the dead peer; a write racing the kill may fail
+	// first, naming the peer.
+	if !strings.HasPrefix(got, "DONE 7 Failed") || !(strings.Contains(got, "peer_unreachable") || strings.Contains(got, "proc-decode-0")) {
+		t.Fatalf("prefill: %s", got)
+	}
+	if took > bound {
+		t.Fatalf("took %v, bound %v", took, bound)
+	}
+}
+
+func TestPrefillKilledMidTransfer(t *testing.T) {
+	boot := startBoot(t)
+	prefill := startRank(t, "prefill", "ucx-tcp", boot)
+	decode := startRank(t, "decode", "ucx-tcp", boot)
+	src, dst := newPagePool(pages).get(256), newPagePool(pages).get(256)
+	decode.do(fmt.Sprintf("RECV 8 %s %s", csv(dst), csv(src)))
+	prefill.do(fmt.Sprintf("HOLD 8 %s 16", csv(src)))
+	prefill.expect(t, "HELD 8")
+	killed := time.Now()
+	prefill.cmd.Process.Signal(syscall.SIGKILL)
+	got := decode.expect(t, "DONE 8")
+	took := time.Since(killed)
+	t.Logf("decode failed the room %v after the prefill process was killed: %s", took, got)
+	if !strings.HasPrefix(got, "DONE 8 Failed prefill_peer_unreachable") {
+		t.Fatalf("decode: %s", got)
+	}
+	if took > bound {
+		t.Fatalf("took %v, bound %v", took, bound)
+	}
+}
