@@ -48,7 +48,25 @@ type Config struct {
 
 	Logger     *zap.Logger
 	Registerer prometheus.Registerer
+
+	// Trace, when set, is called at points of a room's life for latency
+	// measurements: TraceRequest (prefill: REQUEST accepted), TraceFirstPost
+	// (prefill: the room's first write posted), TraceLastNotif (decode: the
+	// final notification arrived), TraceSuccess (decode: Success applied).
+	// It runs on hot paths and must be fast.
+	Trace func(room uint64, event TraceEvent, at time.Time)
 }
+
+// TraceEvent names a traced point (see Config.Trace).
+type TraceEvent uint8
+
+// Traced points.
+const (
+	TraceRequest TraceEvent = 1 + iota
+	TraceFirstPost
+	TraceLastNotif
+	TraceSuccess
+)
 
 // DefaultConfig returns a config with DESIGN.md's defaults for role.
 func DefaultConfig(role Role) Config {

@@ -107,6 +107,10 @@ func (r *Registry) cloneWith(now func() time.Time) *Registry {
 		if rm.status.Terminal() || rm.cleared {
 			close(cp.done)
 		}
+		cp.ready = make(chan struct{})
+		if rm.status >= WaitingForInput || rm.status == Failed || rm.cleared {
+			close(cp.ready)
+		}
 		c.rooms[id] = &cp
 	}
 	for id, p := range r.pending {
@@ -269,6 +273,18 @@ func (s *mcState) check() error {
 	if rm, ok := s.reg.rooms[mcRoom]; ok {
 		if !rm.status.Valid() {
 			return fmt.Errorf("stored invalid status %v", rm.status)
+		}
+		// The ready channel is closed exactly when data can move or the
+		// room is over.
+		select {
+		case <-rm.ready:
+			if rm.status < WaitingForInput && rm.status != Failed {
+				return fmt.Errorf("ready signalled in %v", rm.status)
+			}
+		default:
+			if rm.status >= WaitingForInput || rm.status == Failed {
+				return fmt.Errorf("ready not signalled in %v", rm.status)
+			}
 		}
 		// The done channel is closed exactly when the room is terminal.
 		select {

@@ -44,6 +44,7 @@ type Manager struct {
 	// decode state
 	prefills map[string]*prefillPeer // by endpoint
 	recvs    map[uint64]*recvState
+	resolved bootstrap.RankInfo // the prefill rank, from the bootstrap server
 
 	kvMem  [][]byte // regions the Manager allocated (nil when the caller's)
 	auxMem []byte
@@ -81,6 +82,7 @@ type recvState struct {
 	total    int // 0 until the last chunk's notification
 	aux      bool
 	released chan struct{} // closed on ABORT_ACK (or when no write can come)
+	once     sync.Once
 	aborted  bool
 	started  time.Time
 }
@@ -365,6 +367,7 @@ func (m *Manager) onRequest(msg *bootstrap.Request) {
 		m.statusFailed(to, msg.Room, res.Err.Error())
 		return
 	}
+	m.trace(msg.Room, TraceRequest)
 	m.mu.Lock()
 	if m.peerRooms[key] == nil {
 		m.peerRooms[key] = map[uint64]struct{}{}
@@ -377,20 +380,19 @@ func (m *Manager) onRequest(msg *bootstrap.Request) {
 func (m *Manager) onAbort(msg *bootstrap.Abort) {
 	to := bootstrap.Peer{Endpoint: msg.From.Endpoint}
 	st, _ := m.reg.Status(msg.Room)
+	// Owe the ABORT_ACK before applying the abort: a write finishing right
+	// after the abort then finds it and acknowledges.
+	m.mu.Lock()
+	m.ackTo[msg.Room] = append(m.ackTo[msg.Room], to)
+	m.mu.Unlock()
 	res := m.reg.Abort(msg.Room, fmt.Sprintf("%s by %s", msg.Reason, msg.From.Peer()))
 	m.met.event(EventAbort, res)
 	m.met.abort(st)
-	switch {
-	case res.Outcome == Applied && !res.Drained:
-		// Writes in flight: acknowledge once they finish (or stall).
-		m.mu.Lock()
-		m.ackTo[msg.Room] = append(m.ackTo[msg.Room], to)
-		m.mu.Unlock()
-	default:
-		// Tombstoned (no sender yet), drained, cleared or already over:
+	if res.Status != Failed || res.Drained {
+		// Tombstoned (no sender yet), drained, cleared or succeeded:
 		// nothing is or will be in flight for this room.
-		m.send(to, &bootstrap.AbortAck{Room: msg.Room, Drained: true})
-	}
+		m.drained(msg.Room, true)
+	} // else the last write in flight acknowledges (or the stall deadline)
 	if res.Outcome == Applied {
 		m.notifyFailed(msg.Room, res.Peers, "aborted by "+msg.From.Peer(), msg.From.Peer())
 	}
@@ -540,6 +542,9 @@ func (m *Manager) SendChunk(room uint64, pages []uint32, last bool, auxIndex int
 		Gate: func(w *transfer.Write) bool {
 			res := m.reg.Posted(room)
 			m.met.event(EventPosted, res)
+			if res.Outcome == Applied && first == 0 && w == &writes[0] {
+				m.trace(room, TraceFirstPost)
+			}
 			return res.Outcome == Applied
 		},
 		Done: func(w *transfer.Write, err error) {
@@ -651,9 +656,19 @@ func regionsOf(l transfer.Layout) (kv, aux []bootstrap.Region) {
 // prefillPeerFor resolves and registers with the configured prefill rank
 // (once; later callers wait for the same registration).
 func (m *Manager) prefillPeerFor(ctx context.Context) (*prefillPeer, error) {
-	info, err := m.boot.Rank(ctx, 0, m.cfg.PrefillRank, 0)
-	if err != nil {
-		return nil, fmt.Errorf("resolving prefill rank %d: %w", m.cfg.PrefillRank, err)
+	// The rank table is read once per prefill rank: afterwards only a dead
+	// or restarted peer (which drops the cache) sends us back to it.
+	m.mu.Lock()
+	info, cached := m.resolved, m.resolved.Endpoint != ""
+	m.mu.Unlock()
+	if !cached {
+		var err error
+		if info, err = m.boot.Rank(ctx, 0, m.cfg.PrefillRank, 0); err != nil {
+			return nil, fmt.Errorf("resolving prefill rank %d: %w", m.cfg.PrefillRank, err)
+		}
+		m.mu.Lock()
+		m.resolved = info
+		m.mu.Unlock()
 	}
 	m.mu.Lock()
 	pp := m.prefills[info.Endpoint]
@@ -702,6 +717,7 @@ func (m *Manager) onRegisterAck(msg *bootstrap.RegisterAck) {
 		pp.err = fmt.Errorf("%w: prefill %s: %s", ErrIncompatible, msg.From.Peer(), msg.Reason)
 		m.mu.Lock()
 		delete(m.prefills, msg.From.Endpoint) // a later attempt registers again
+		m.resolved = bootstrap.RankInfo{}
 		m.mu.Unlock()
 	}
 	close(pp.done)
@@ -783,13 +799,8 @@ func (m *Manager) onAbortAck(msg *bootstrap.AbortAck) {
 	}
 }
 
-func (rs *recvState) release() {
-	select {
-	case <-rs.released:
-	default:
-		close(rs.released)
-	}
-}
+// release ends the room's quarantine; several goroutines may race to it.
+func (rs *recvState) release() { rs.once.Do(func() { close(rs.released) }) }
 
 // Released returns a channel closed once an aborted room's pages may be
 // reused: the prefill rank acknowledged that nothing is in flight (or the
@@ -803,25 +814,40 @@ func (m *Manager) Released(room uint64) <-chan struct{} {
 	return nil
 }
 
-// notifier drains the agent's notifications and counts them per room.
+// notifier drains the agent's notifications and counts them per room. It
+// blocks on the engine's wake-up channel where there is one, else polls
+// with a backoff of up to 1 ms.
 func (m *Manager) notifier() {
 	defer m.wg.Done()
+	wake := m.agent.NotifyC()
 	idle := time.Duration(0)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	for {
+		ns, err := m.agent.Notifs()
+		if err == nil && len(ns) > 0 {
+			idle = 0
+			for _, n := range ns {
+				m.onNotif(string(n.Msg))
+			}
+			continue
+		}
+		idle = min(max(2*idle, 10*time.Microsecond), time.Millisecond)
+		if wake != nil {
+			idle = 100 * time.Millisecond // a safety net only
+		}
+		timer.Reset(idle)
 		select {
 		case <-m.closing:
 			return
-		default:
+		case <-wake:
+		case <-timer.C:
 		}
-		ns, err := m.agent.Notifs()
-		if err != nil || len(ns) == 0 {
-			idle = min(max(2*idle, 10*time.Microsecond), time.Millisecond)
-			time.Sleep(idle)
-			continue
-		}
-		idle = 0
-		for _, n := range ns {
-			m.onNotif(string(n.Msg))
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
 		}
 	}
 }
@@ -864,9 +890,11 @@ func (m *Manager) onNotif(s string) {
 	res := m.reg.Progress(room)
 	m.met.event(EventProgress, res)
 	if complete {
+		m.trace(room, TraceLastNotif)
 		res = m.reg.Update(room, Success, "")
 		m.met.event(EventUpdate, res)
 		if res.Outcome == Applied {
+			m.trace(room, TraceSuccess)
 			m.met.latency.Observe(time.Since(started).Seconds())
 			rs.release()
 		}
@@ -874,6 +902,12 @@ func (m *Manager) onNotif(s string) {
 }
 
 // ---- both sides --------------------------------------------------------
+
+func (m *Manager) trace(room uint64, ev TraceEvent) {
+	if m.cfg.Trace != nil {
+		m.cfg.Trace(room, ev, time.Now())
+	}
+}
 
 func (m *Manager) peerDown(p bootstrap.PeerDown) {
 	reason := fmt.Sprintf("%s: %s", p.Reason, p.Endpoint)
@@ -889,6 +923,9 @@ func (m *Manager) peerDown(p bootstrap.PeerDown) {
 		return
 	}
 	delete(m.prefills, p.Endpoint) // register again with its successor
+	if m.resolved.Endpoint == p.Endpoint {
+		m.resolved = bootstrap.RankInfo{} // and look it up again
+	}
 	for room, rs := range m.recvs {
 		if rs.peer.endpoint == p.Endpoint {
 			res := m.reg.Update(room, Failed, "prefill "+reason)

@@ -177,6 +177,16 @@ type room struct {
 	drainExpired bool
 	cleared      bool
 	done         chan struct{} // closed once: at the first terminal status or at clear
+	ready        chan struct{} // closed once: at WaitingForInput, terminal or clear
+}
+
+// markReady wakes WaitReady callers (idempotent).
+func (rm *room) markReady() {
+	select {
+	case <-rm.ready:
+	default:
+		close(rm.ready)
+	}
 }
 
 type pendingRoom struct {
@@ -342,7 +352,7 @@ func (r *Registry) create(id uint64, role Role, now time.Time) Result {
 		return Result{Outcome: Rejected, Status: rm.status,
 			Err: fmt.Errorf("room %d: a %v handle exists (%v): %w", id, rm.role, rm.status, ErrRoomInUse)}
 	}
-	rm := &room{id: id, role: role, created: now, done: make(chan struct{})}
+	rm := &room{id: id, role: role, created: now, done: make(chan struct{}), ready: make(chan struct{})}
 	if t, ok := r.tomb(id, now); ok {
 		if t.kind == Cleared {
 			return rejected(fmt.Errorf("room %d: cleared %v ago, ids must be unique for %v: %w",
@@ -352,6 +362,7 @@ func (r *Registry) create(id uint64, role Role, now time.Time) Result {
 		delete(r.tombs, id)
 		rm.status, rm.reason = Failed, t.reason
 		close(rm.done)
+		rm.markReady()
 		r.rooms[id] = rm
 		return Result{Outcome: Applied, Status: Failed, Drained: true}
 	}
@@ -441,6 +452,7 @@ func (r *Registry) maybeReady(rm *room, now time.Time) {
 	if rm.status == Bootstrapping && rm.initialised && rm.required > 0 && len(rm.requests) == rm.required {
 		rm.status = WaitingForInput
 		rm.setDeadline(DeadlineWaiting, now.Add(r.cfg.WaitingTimeout))
+		rm.markReady()
 	}
 }
 
@@ -455,6 +467,7 @@ func (r *Registry) init(rm *room, now time.Time) Result {
 	if rm.role == RoleDecode {
 		rm.status = WaitingForInput
 		rm.setDeadline(DeadlineWaiting, now.Add(r.cfg.WaitingTimeout))
+		rm.markReady()
 	} else {
 		r.maybeReady(rm, now)
 	}
@@ -589,6 +602,7 @@ func (r *Registry) clear(id uint64, now time.Time) Result {
 		if !rm.status.Terminal() {
 			close(rm.done)
 		}
+		rm.markReady()
 		delete(r.rooms, id)
 		r.tombs[id] = tomb{kind: Cleared, expires: now.Add(r.cfg.TombstoneTTL)}
 		return res
@@ -616,11 +630,13 @@ func (r *Registry) fail(rm *room, reason string, now time.Time) {
 	rm.status, rm.reason = Failed, reason
 	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
 	close(rm.done)
+	rm.markReady()
 }
 
 func (r *Registry) succeed(rm *room) {
 	rm.status = Success
 	close(rm.done)
+	rm.markReady()
 }
 
 // drainResult is the result for an event that leaves rm Failed: drained (and
@@ -798,6 +814,27 @@ func (r *Registry) Wait(ctx context.Context, id uint64) (Poll, error) {
 		return rm.status, fmt.Errorf("room %d: cleared in %v: %w", id, rm.status, ErrRoomCleared)
 	}
 	return rm.status, nil
+}
+
+// WaitReady blocks until the room can move data (WaitingForInput or
+// later), is terminal or cleared, ctx ends or the registry closes, and
+// returns its status then. A prefill sender uses it instead of polling for
+// the decode ranks' requests.
+func (r *Registry) WaitReady(ctx context.Context, id uint64) (Poll, error) {
+	r.mu.Lock()
+	rm, ok := r.rooms[id]
+	r.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("room %d: wait ready: %w", id, ErrUnknownRoom)
+	}
+	select {
+	case <-rm.ready:
+	case <-ctx.Done():
+		return r.statusOf(rm), fmt.Errorf("room %d: wait ready: %w", id, ctx.Err())
+	case <-r.closed:
+		return r.statusOf(rm), fmt.Errorf("room %d: wait ready: %w", id, ErrClosed)
+	}
+	return r.statusOf(rm), nil
 }
 
 func (r *Registry) statusOf(rm *room) Poll {

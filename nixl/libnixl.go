@@ -459,6 +459,9 @@ func (n *libnixl) notifs() ([]Notif, error) {
 	return out, nil
 }
 
+// notifyC: NIXL has no notification callback in its C API; consumers poll.
+func (n *libnixl) notifyC() <-chan struct{} { return nil }
+
 func (n *libnixl) close() error {
 	n.mu.Lock()
 	regs := n.regs

@@ -29,6 +29,7 @@ type loopback struct {
 	regs   map[*[]remoteRegion]struct{}
 	known  map[string]bool
 	queue  []Notif
+	wake   chan struct{}
 	closed bool
 }
 
@@ -38,7 +39,7 @@ func openLoopback(cfg Config) (backend, error) {
 	if _, ok := loopbackAgents.m[cfg.Name]; ok {
 		return nil, fmt.Errorf("nixl: loopback agent %q already exists in this process", cfg.Name)
 	}
-	l := &loopback{name: cfg.Name, regs: map[*[]remoteRegion]struct{}{}, known: map[string]bool{}}
+	l := &loopback{name: cfg.Name, regs: map[*[]remoteRegion]struct{}{}, known: map[string]bool{}, wake: make(chan struct{}, 1)}
 	loopbackAgents.m[cfg.Name] = l
 	return l, nil
 }
@@ -204,6 +205,7 @@ func (l *loopback) post(x *Xfer) error {
 	}
 	if x.Notif != nil {
 		peer.queue = append(peer.queue, Notif{Remote: l.name, Msg: append([]byte{}, x.Notif...)})
+		signal(peer.wake)
 	}
 	return nil
 }
@@ -226,8 +228,11 @@ func (l *loopback) genNotif(remote string, msg []byte) error {
 	peer.mu.Lock()
 	defer peer.mu.Unlock()
 	peer.queue = append(peer.queue, Notif{Remote: l.name, Msg: append([]byte{}, msg...)})
+	signal(peer.wake)
 	return nil
 }
+
+func (l *loopback) notifyC() <-chan struct{} { return l.wake }
 
 func (l *loopback) notifs() ([]Notif, error) {
 	l.mu.Lock()

@@ -159,6 +159,8 @@ type backend interface {
 	release(x *Xfer) error
 	genNotif(remote string, msg []byte) error
 	notifs() ([]Notif, error)
+	// notifyC is signalled when notifications arrive (nil: poll Notifs).
+	notifyC() <-chan struct{}
 	close() error
 }
 
@@ -210,8 +212,10 @@ type Agent struct {
 
 	mu      sync.Mutex
 	regs    map[*Registration]struct{}
-	remotes map[string][]remoteRegion
-	closed  bool
+	remotes map[string]*regionIndex
+	// localIdx indexes registered memory; nil after a (de)registration.
+	localIdx *regionIndex
+	closed   bool
 }
 
 // Open creates an agent on the configured engine.
@@ -223,7 +227,7 @@ func Open(cfg Config) (*Agent, error) {
 		cfg.XferTimeout = 60 * time.Second
 	}
 	a := &Agent{name: cfg.Name, timeout: cfg.XferTimeout, regs: map[*Registration]struct{}{},
-		remotes: map[string][]remoteRegion{}}
+		remotes: map[string]*regionIndex{}}
 	var err error
 	switch cfg.Engine {
 	case EngineAuto:
@@ -317,6 +321,7 @@ func (a *Agent) register(kind MemKind, descs []Desc, p *runtime.Pinner) (*Regist
 	}
 	r := &Registration{Kind: kind, Descs: append([]Desc(nil), descs...), handle: h, pinner: p}
 	a.regs[r] = struct{}{}
+	a.localIdx = nil
 	return r, nil
 }
 
@@ -338,6 +343,7 @@ func (a *Agent) Alloc(size uint64) (*Registration, []byte, error) {
 	}
 	r := &Registration{Kind: DRAM, Descs: []Desc{BytesDesc(buf)}, handle: h, owned: true}
 	a.regs[r] = struct{}{}
+	a.localIdx = nil
 	return r, buf, nil
 }
 
@@ -349,6 +355,7 @@ func (a *Agent) Deregister(r *Registration) error {
 		return fmt.Errorf("agent %s: deregister: registration unknown: %w", a.name, ErrInvalidDescriptor)
 	}
 	delete(a.regs, r)
+	a.localIdx = nil
 	err := a.b.deregister(r.handle)
 	if r.pinner != nil {
 		r.pinner.Unpin()
@@ -392,7 +399,7 @@ func (a *Agent) LoadRemote(md []byte) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("agent %s: load remote metadata: %w", a.name, err)
 	}
-	a.remotes[name] = regions
+	a.remotes[name] = newRegionIndex(regions)
 	return name, nil
 }
 
@@ -428,13 +435,18 @@ func (a *Agent) prep(remote string, kind MemKind, descs []Desc) (*Prepped, error
 	if err := a.check(); err != nil {
 		return nil, err
 	}
-	var regions []remoteRegion
+	var regions *regionIndex
 	if remote == "" {
-		for r := range a.regs {
-			for _, d := range r.Descs {
-				regions = append(regions, remoteRegion{Kind: r.Kind, Desc: d})
+		if a.localIdx == nil {
+			var all []remoteRegion
+			for r := range a.regs {
+				for _, d := range r.Descs {
+					all = append(all, remoteRegion{Kind: r.Kind, Desc: d})
+				}
 			}
+			a.localIdx = newRegionIndex(all)
 		}
+		regions = a.localIdx
 	} else {
 		var ok bool
 		if regions, ok = a.remotes[remote]; !ok {
@@ -446,7 +458,7 @@ func (a *Agent) prep(remote string, kind MemKind, descs []Desc) (*Prepped, error
 		where = "remote " + remote
 	}
 	for i, d := range descs {
-		if d.Len == 0 || !inside(regions, kind, d) {
+		if d.Len == 0 || regions.find(kind, d) < 0 {
 			return nil, fmt.Errorf("agent %s: %s descriptor %d (%v addr %#x len %d dev %d) is outside registered memory: %w",
 				a.name, where, i, kind, d.Addr, d.Len, d.Dev, ErrInvalidDescriptor)
 		}
@@ -456,6 +468,51 @@ func (a *Agent) prep(remote string, kind MemKind, descs []Desc) (*Prepped, error
 		return nil, fmt.Errorf("agent %s: prep %s: %w", a.name, where, err)
 	}
 	return &Prepped{Remote: remote, Kind: kind, Descs: append([]Desc(nil), descs...), handle: h, agent: a}, nil
+}
+
+// regionIndex is a set of regions sorted by address, for O(log n) lookups
+// of the region that holds a descriptor.
+type regionIndex struct {
+	r      []remoteRegion
+	pos    []int    // pos[i]: r[i]'s position in the list given to newRegionIndex
+	maxEnd []uint64 // maxEnd[i]: the largest end of r[0..i]
+}
+
+func newRegionIndex(rs []remoteRegion) *regionIndex {
+	idx := &regionIndex{pos: make([]int, len(rs))}
+	for i := range idx.pos {
+		idx.pos[i] = i
+	}
+	sort.Slice(idx.pos, func(i, j int) bool { return rs[idx.pos[i]].Addr < rs[idx.pos[j]].Addr })
+	var m uint64
+	for _, p := range idx.pos {
+		idx.r = append(idx.r, rs[p])
+		m = max(m, rs[p].end())
+		idx.maxEnd = append(idx.maxEnd, m)
+	}
+	return idx
+}
+
+// lookup returns the original position of a region of kind containing d,
+// or −1.
+func (idx *regionIndex) lookup(kind MemKind, d Desc) int {
+	if i := idx.find(kind, d); i >= 0 {
+		return idx.pos[i]
+	}
+	return -1
+}
+
+// find returns the sorted position of a region of kind that contains d, or −1.
+// It scans left from the last region starting at or below d only while some
+// region that far left could still reach d's end (regions of different
+// kinds may overlap numerically), so disjoint regions cost one step.
+func (idx *regionIndex) find(kind MemKind, d Desc) int {
+	for i := sort.Search(len(idx.r), func(i int) bool { return idx.r[i].Addr > d.Addr }) - 1; i >= 0 && idx.maxEnd[i] >= d.end(); i-- {
+		if idx.r[i].Kind == kind && idx.r[i].contains(d) {
+			return i
+		}
+	}
+	return -1
 }
 
 func inside(regions []remoteRegion, kind MemKind, d Desc) bool {
@@ -577,6 +634,12 @@ func (a *Agent) GenNotif(remote string, msg []byte) error {
 // arrival order.
 func (a *Agent) Notifs() ([]Notif, error) { return a.b.notifs() }
 
+// NotifyC returns a channel that receives a value when notifications may be
+// waiting, so a consumer can block instead of polling Notifs; nil for
+// engines that cannot signal (poll then). Several arrivals may share one
+// signal: drain Notifs after each.
+func (a *Agent) NotifyC() <-chan struct{} { return a.b.notifyC() }
+
 // Close releases everything; transfers in flight fail. Idempotent.
 func (a *Agent) Close() error {
 	a.mu.Lock()
@@ -595,6 +658,14 @@ func (a *Agent) Close() error {
 		}
 	}
 	return err
+}
+
+// signal makes a non-blocking wake-up on a capacity-1 channel.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
 }
 
 // libPath resolves the NIXL C API library path.

@@ -60,6 +60,7 @@ type ucxMem struct {
 	addr uintptr
 	len  uint64
 	rkey []byte // packed rkey, or the VRAM IPC key
+	view []byte // DRAM: the whole region as a byte slice
 }
 
 type ucxReg struct {
@@ -76,7 +77,9 @@ type ucxRemote struct {
 	// mappable). Shared-memory transports map peer memory allocated by UCX;
 	// writes into it are plain copies. VRAM regions are mapped by CUDA IPC.
 	mapped  []uintptr
+	views   [][]byte       // DRAM regions mapped here, as byte slices (nil if not)
 	closers []func() error // CUDA IPC mappings to release
+	idx     *regionIndex
 }
 
 type ucxPrep struct {
@@ -122,10 +125,14 @@ type ucx struct {
 	remotes map[string]*ucxRemote
 	active  map[*ucxXfer]struct{}
 	all     map[*ucxXfer]struct{} // every unreleased transfer, freed at shutdown
-	orphans []*C.kvb_xfer
+	// localIdx/localMems index DRAM registrations; nil after a change.
+	localIdx  *regionIndex
+	localMems []ucxMem
+	orphans   []*C.kvb_xfer
 
 	mu    sync.Mutex
 	queue []Notif
+	wake  chan struct{}
 }
 
 // spinWindow is how long the progress thread keeps polling after activity
@@ -157,7 +164,7 @@ func openUCX(cfg Config) (backend, error) {
 	if !ok {
 		tls = os.Getenv("UCX_TLS")
 	}
-	u := &ucx{device: cfg.Device, peerErrors: tls == "" || tls == "all" || strings.Contains(tls, "tcp") || strings.Contains(tls, "ib") ||
+	u := &ucx{device: cfg.Device, wake: make(chan struct{}, 1), peerErrors: tls == "" || tls == "all" || strings.Contains(tls, "tcp") || strings.Contains(tls, "ib") ||
 		strings.Contains(tls, "rc") || strings.Contains(tls, "ud") || strings.Contains(tls, "dc"), name: cfg.Name, cmds: make(chan func(), 64), closing: make(chan struct{}), done: make(chan struct{}),
 		regs: map[*ucxReg]struct{}{}, remotes: map[string]*ucxRemote{}, active: map[*ucxXfer]struct{}{},
 		all: map[*ucxXfer]struct{}{}}
@@ -317,8 +324,11 @@ func (u *ucx) collectNotifs() {
 		u.mu.Lock()
 		u.queue = append(u.queue, nt)
 		u.mu.Unlock()
+		signal(u.wake)
 	}
 }
+
+func (u *ucx) notifyC() <-chan struct{} { return u.wake }
 
 func (u *ucx) register(kind MemKind, descs []Desc) (any, error) {
 	r := &ucxReg{kind: kind}
@@ -343,6 +353,7 @@ func (u *ucx) register(kind MemKind, descs []Desc) (any, error) {
 			r.mems = append(r.mems, m)
 		}
 		u.regs[r] = struct{}{}
+		u.localIdx = nil
 		return nil
 	})
 	return r, err
@@ -364,6 +375,7 @@ func (u *ucx) mapMem(addr uintptr, n uint64, allocate bool) (ucxMem, error) {
 		return m, err
 	}
 	m.addr, m.len, m.rkey = uintptr(out), n, C.GoBytes(rk, C.int(rkLen))
+	m.view = view(m.addr, n)
 	C.free(rk)
 	return m, nil
 }
@@ -382,6 +394,7 @@ func (u *ucx) deregister(h any) error {
 	return u.do(func() error {
 		u.unmap(r)
 		delete(u.regs, r)
+		u.localIdx = nil
 		return nil
 	})
 }
@@ -396,6 +409,7 @@ func (u *ucx) alloc(kind MemKind, size uint64) ([]byte, any, error) {
 		}
 		r.mems = []ucxMem{m}
 		u.regs[r] = struct{}{}
+		u.localIdx = nil
 		// UCX-mapped memory, outside the Go heap.
 		buf = unsafe.Slice((*byte)(unsafe.Pointer(C.kvb_ptr(C.uintptr_t(m.addr)))), int(size))
 		return nil
@@ -456,6 +470,7 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 				}
 				r.rkeys = append(r.rkeys, nil)
 				r.mapped = append(r.mapped, addr)
+				r.views = append(r.views, nil)
 				r.closers = append(r.closers, closer)
 				continue
 			}
@@ -468,8 +483,15 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 				return fmt.Errorf("%v: %w", err, ErrBadMetadata)
 			}
 			r.rkeys = append(r.rkeys, rk)
-			r.mapped = append(r.mapped, uintptr(C.kvb_rkey_ptr(rk, C.uint64_t(reg.Addr))))
+			mapped := uintptr(C.kvb_rkey_ptr(rk, C.uint64_t(reg.Addr)))
+			r.mapped = append(r.mapped, mapped)
+			var v []byte
+			if mapped != 0 {
+				v = view(mapped, reg.Len)
+			}
+			r.views = append(r.views, v)
 		}
+		r.idx = newRegionIndex(r.regions)
 		if old, ok := u.remotes[r.name]; ok {
 			u.dropRemote(old)
 		}
@@ -528,11 +550,17 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 			if kind == DRAM {
 				p.views = make([][]byte, len(descs))
 			}
+			idx := u.localIndex()
 			for i, d := range descs {
 				p.addrs[i] = d.Addr
 				if kind == DRAM {
-					p.memhs[i] = u.memhFor(d)
-					p.views[i] = view(d.Addr, d.Len)
+					j := idx.lookup(DRAM, d)
+					if j < 0 {
+						return fmt.Errorf("local descriptor %d is not in UCX-registered memory: %w", i, ErrInvalidDescriptor)
+					}
+					m := u.localMems[j]
+					off := uint64(d.Addr - m.addr)
+					p.memhs[i], p.views[i] = m.memh, m.view[off:off+d.Len:off+d.Len]
 				}
 			}
 			return nil
@@ -544,24 +572,27 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 		p.remote = r
 		p.keys = make([]C.ucp_rkey_h, len(descs))
 		p.addrs = make([]uintptr, len(descs))
+		if kind == DRAM {
+			p.views = make([][]byte, len(descs))
+		}
 		for i, d := range descs {
-			for j, reg := range r.regions {
-				if reg.Kind == kind && reg.contains(d) {
-					p.keys[i] = r.rkeys[j]
-					if r.mapped[j] != 0 && p.addrs != nil {
-						p.addrs[i] = r.mapped[j] + (d.Addr - reg.Addr)
-					}
-					break
-				}
+			j := r.idx.lookup(kind, d)
+			if j < 0 {
+				return fmt.Errorf("descriptor %d outside %s's regions: %w", i, remote, ErrInvalidDescriptor)
+			}
+			reg := r.regions[j]
+			p.keys[i] = r.rkeys[j]
+			if r.mapped[j] != 0 && p.addrs != nil {
+				p.addrs[i] = r.mapped[j] + (d.Addr - reg.Addr)
 			}
 			if p.addrs != nil && p.addrs[i] == 0 {
 				p.addrs = nil
 			}
-		}
-		if p.addrs != nil && kind == DRAM {
-			p.views = make([][]byte, len(descs))
-			for i, d := range descs {
-				p.views[i] = view(p.addrs[i], d.Len)
+			if p.views != nil && r.views[j] != nil {
+				off := uint64(d.Addr - reg.Addr)
+				p.views[i] = r.views[j][off : off+d.Len : off+d.Len]
+			} else {
+				p.views = nil
 			}
 		}
 		return nil
@@ -576,15 +607,23 @@ func view(addr uintptr, n uint64) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(C.kvb_ptr(C.uintptr_t(addr)))), int(n))
 }
 
-func (u *ucx) memhFor(d Desc) C.ucp_mem_h {
-	for r := range u.regs {
-		for _, m := range r.mems {
-			if (Desc{Addr: m.addr, Len: m.len}).contains(d) {
-				return m.memh
+// localIndex indexes this agent's DRAM registrations (rebuilt after a
+// registration changes; progress goroutine only).
+func (u *ucx) localIndex() *regionIndex {
+	if u.localIdx == nil {
+		var rs []remoteRegion
+		u.localMems = u.localMems[:0]
+		for r := range u.regs {
+			for _, m := range r.mems {
+				if m.memh != nil {
+					rs = append(rs, remoteRegion{DRAM, Desc{Addr: m.addr, Len: m.len}})
+					u.localMems = append(u.localMems, m)
+				}
 			}
 		}
+		u.localIdx = newRegionIndex(rs)
 	}
-	return nil
+	return u.localIdx
 }
 
 func (u *ucx) unprep(any) error { return nil }

@@ -54,6 +54,12 @@ func (s *Sender) Send(pages []uint32, last bool, auxIndex int) error {
 	return s.m.SendChunk(s.room, pages, last, auxIndex)
 }
 
+// WaitReady blocks until every required decode rank has requested the room
+// (WaitingForInput) or the room is over, and returns the status.
+func (s *Sender) WaitReady(ctx context.Context) (kvmanager.Poll, error) {
+	return s.m.Registry().WaitReady(ctx, s.room)
+}
+
 // Poll returns the room's status (0 once cleared).
 func (s *Sender) Poll() kvmanager.Poll {
 	st, _ := s.m.Registry().Status(s.room)

@@ -1,0 +1,250 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/receiver"
+	"github.com/kvbridge/kvbridge/sender"
+	"github.com/kvbridge/kvbridge/transfer"
+)
+
+// Llama-3-8B-shaped KV: 32 layers × K/V, 8 KV heads × 128, bf16, 16-token
+// pages = 32 KiB per page per region.
+const (
+	llamaLayers = 32
+	llamaPage   = 16 * 8 * 128 * 2
+	llamaPages  = 1024
+)
+
+type benchCluster struct {
+	srv             *bootstrap.Server
+	prefill, decode *kvmanager.Manager
+	pFree, dFree    *pagePool
+	mu              sync.Mutex
+	traces          map[uint64]map[kvmanager.TraceEvent]time.Time
+}
+
+func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64) *benchCluster {
+	c := &benchCluster{srv: bootstrap.NewServer(), pFree: newPagePool(pagesPer), dFree: newPagePool(pagesPer),
+		traces: map[uint64]map[kvmanager.TraceEvent]time.Time{}}
+	if err := c.srv.Start("127.0.0.1:0"); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.srv.Close(context.Background()) })
+	trace := func(room uint64, ev kvmanager.TraceEvent, at time.Time) {
+		c.mu.Lock()
+		if c.traces[room] == nil {
+			c.traces[room] = map[kvmanager.TraceEvent]time.Time{}
+		}
+		c.traces[room][ev] = at
+		c.mu.Unlock()
+	}
+	id := uniq()
+	mk := func(role kvmanager.Role) *kvmanager.Manager {
+		cfg := kvmanager.DefaultConfig(role)
+		cfg.Instance = fmt.Sprintf("bench-%d", id)
+		cfg.Compat = "v1:llama3-8b"
+		cfg.BootstrapURL = c.srv.URL()
+		cfg.Engine = nixl.Config{Engine: nixl.EngineUCX, UCX: shm}
+		cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: page, AuxItemBytes: auxItem, Aux: nixl.Desc{Len: auxItem * 4096}}
+		for i := 0; i < 2*layers; i++ {
+			cfg.Layout.Regions = append(cfg.Layout.Regions, nixl.Desc{Len: uint64(pagesPer) * page})
+		}
+		cfg.Trace = trace
+		m, err := kvmanager.New(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { m.Close() })
+		return m
+	}
+	c.prefill, c.decode = mk(kvmanager.RolePrefill), mk(kvmanager.RoleDecode)
+	return c
+}
+
+// oneRoom moves one request of tokens through the cluster.
+func (c *benchCluster) oneRoom(b *testing.B, id uint64, tokens int, pageTokens int) {
+	n := (tokens + pageTokens - 1) / pageTokens
+	var src, dst []uint32
+	for src == nil || dst == nil {
+		if src == nil {
+			src = c.pFree.get(n)
+		}
+		if dst == nil {
+			dst = c.dFree.get(n)
+		}
+		if src == nil || dst == nil {
+			time.Sleep(10 * time.Microsecond)
+		}
+	}
+	defer c.pFree.put(src)
+	defer c.dFree.put(dst)
+	r, err := receiver.New(c.decode, id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := sender.New(c.prefill, id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.Init()
+	if err := r.Init(context.Background(), kvmanager.RequestSpec{DstPages: dst, AuxIndex: int(id % 4096)}); err != nil {
+		b.Fatal(err)
+	}
+	if st, err := s.WaitReady(context.Background()); st != kvmanager.WaitingForInput {
+		b.Fatalf("room %d: %v %v", id, st, err)
+	}
+	for i := 0; i < len(src); i += 128 {
+		end := min(i+128, len(src))
+		if err := s.Send(src[i:end], end == len(src), int(id%4096)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if st, err := r.Wait(context.Background()); st != kvmanager.Success {
+		b.Fatalf("room %d: %v %v %s", id, st, err, r.Failure())
+	}
+	if st, _ := s.Wait(context.Background()); st != kvmanager.Success {
+		b.Fatalf("room %d prefill: %v", id, st)
+	}
+	s.Clear()
+	r.Clear()
+}
+
+// bulkGBps measures the engine's write bandwidth between the same two
+// agents: one descriptor of the given size, region 0 to region 0.
+func (c *benchCluster) bulkGBps(b *testing.B, size uint64, iters int) float64 {
+	a := c.prefill.Agent()
+	md, err := c.decode.Agent().Metadata()
+	if err != nil {
+		b.Fatal(err)
+	}
+	remote, err := a.LoadRemote(md)
+	if err != nil {
+		b.Fatal(err)
+	}
+	src := c.prefill.Config().Layout.Regions[0]
+	dst := c.decode.Config().Layout.Regions[0]
+	l, _ := a.PrepLocal(nixl.DRAM, []nixl.Desc{{Addr: src.Addr, Len: size}})
+	r, _ := a.PrepRemote(remote, nixl.DRAM, []nixl.Desc{{Addr: dst.Addr, Len: size}})
+	x, err := a.NewXfer(nixl.Write, l, []int{0}, r, []int{0}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer a.Release(x)
+	start := time.Now()
+	for i := 0; i < iters; i++ {
+		a.Post(x)
+		for st, _ := a.Status(x); st == nixl.InProgress; st, _ = a.Status(x) {
+		}
+	}
+	return float64(size) * float64(iters) / time.Since(start).Seconds() / 1e9
+}
+
+// BenchmarkEndToEnd: Llama-3-8B-shaped requests over ucx shared memory,
+// sequential and sustained, each next to the engine's bulk write bandwidth
+// measured between the same agents in the same run.
+func BenchmarkEndToEnd(b *testing.B) {
+	c := newBenchCluster(b, llamaLayers, llamaPages, llamaPage)
+	c.oneRoom(b, 1, 16, 16) // connect
+	bulk := c.bulkGBps(b, 32<<20, 20)
+	room := uint64(10)
+	perRoom := func(tokens int) float64 {
+		return float64((tokens+15)/16) * llamaPage * 2 * llamaLayers
+	}
+	for _, tokens := range []int{128, 8192} {
+		b.Run(fmt.Sprintf("sequential-%dtok", tokens), func(b *testing.B) {
+			start := time.Now()
+			for i := 0; i < b.N; i++ {
+				room++
+				c.oneRoom(b, room, tokens, 16)
+			}
+			el := time.Since(start)
+			gbps := perRoom(tokens) * float64(b.N) / el.Seconds() / 1e9
+			b.ReportMetric(float64(el.Microseconds())/float64(b.N), "µs/request")
+			b.ReportMetric(gbps, "GB/s")
+			b.ReportMetric(bulk, "bulk-GB/s")
+			b.ReportMetric(gbps/bulk, "ratio")
+		})
+	}
+	b.Run("sustained-8streams-2048tok", func(b *testing.B) {
+		const streams, tokens = 8, 2048
+		var wg sync.WaitGroup
+		var next sync.Mutex
+		start := time.Now()
+		for s := 0; s < streams; s++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := s; i < b.N; i += streams {
+					next.Lock()
+					room++
+					id := room
+					next.Unlock()
+					c.oneRoom(b, id, tokens, 16)
+				}
+			}()
+		}
+		wg.Wait()
+		el := time.Since(start)
+		gbps := perRoom(tokens) * float64(b.N) / el.Seconds() / 1e9
+		b.ReportMetric(gbps, "GB/s")
+		b.ReportMetric(bulk, "bulk-GB/s")
+		b.ReportMetric(gbps/bulk, "ratio")
+	})
+}
+
+// BenchmarkControlOverhead: REQUEST arrival → first write posted (prefill)
+// and last notification → Success (decode), p50 over many 128-token rooms
+// with 1 to 1,000 of them in flight at once (small pages, loopback ucx shm).
+func BenchmarkControlOverhead(b *testing.B) {
+	for _, inflight := range []int{1, 10, 100, 1000} {
+		b.Run(fmt.Sprintf("%d-concurrent", inflight), func(b *testing.B) {
+			c := newBenchCluster(b, 4, 16384, 1024)
+			c.oneRoom(b, 1, 16, 16)
+			c.mu.Lock()
+			c.traces = map[uint64]map[kvmanager.TraceEvent]time.Time{}
+			c.mu.Unlock()
+			var wg sync.WaitGroup
+			sem := make(chan struct{}, inflight)
+			for i := 0; i < b.N; i++ {
+				sem <- struct{}{}
+				wg.Add(1)
+				go func(id uint64) {
+					defer wg.Done()
+					defer func() { <-sem }()
+					c.oneRoom(b, id, 128, 16)
+				}(uint64(100 + i))
+			}
+			wg.Wait()
+			var a, d []time.Duration
+			c.mu.Lock()
+			for _, tr := range c.traces {
+				if r, f := tr[kvmanager.TraceRequest], tr[kvmanager.TraceFirstPost]; !r.IsZero() && !f.IsZero() {
+					a = append(a, f.Sub(r))
+				}
+				if l, s := tr[kvmanager.TraceLastNotif], tr[kvmanager.TraceSuccess]; !l.IsZero() && !s.IsZero() {
+					d = append(d, s.Sub(l))
+				}
+			}
+			c.mu.Unlock()
+			b.ReportMetric(p50(a), "µs-request-to-first-post-p50")
+			b.ReportMetric(p50(d), "µs-last-notif-to-success-p50")
+		})
+	}
+}
+
+func p50(v []time.Duration) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
+	return float64(v[len(v)/2].Nanoseconds()) / 1e3
+}

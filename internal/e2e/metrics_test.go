@@ -1,0 +1,62 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestManagerMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := newCluster(t, "loopback", func(cfg *kvmanager.Config) { cfg.Registerer = reg })
+	rm := c.start(t, 60, 512)
+	ready(t, rm.s)
+	c.sendAll(t, rm, 64)
+	waitStatus(t, rm.r, kvmanager.Success)
+	waitStatus(t, rm.s, kvmanager.Success)
+	aborted := c.start(t, 61, 64)
+	ready(t, aborted.s)
+	aborted.r.Abort("metrics test")
+	waitStatus(t, aborted.s, kvmanager.Failed)
+
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, f := range families {
+		names[f.GetName()] = true
+	}
+	for _, want := range []string{"kvbridge_rooms", "kvbridge_inflight_writes", "kvbridge_transfers_total",
+		"kvbridge_transfer_bytes_total", "kvbridge_transfer_latency_seconds", "kvbridge_aborts_total",
+		"kvbridge_registry_events_total", "kvbridge_rooms_past_deadline", "kvbridge_status_failed_sent_total"} {
+		if !names[want] {
+			t.Errorf("metric %s not exposed (have %v)", want, names)
+		}
+	}
+	// 512 tokens = 32 pages × 8 regions × 1 KiB, plus the 64-byte aux item,
+	// written by the prefill rank; the decode rank writes nothing.
+	want := `
+# HELP kvbridge_transfer_bytes_total Bytes written.
+# TYPE kvbridge_transfer_bytes_total counter
+kvbridge_transfer_bytes_total{instance="` + c.decode.Config().Instance + `",rank="0",role="decode"} 0
+kvbridge_transfer_bytes_total{instance="` + c.prefill.Config().Instance + `",rank="0",role="prefill"} 262208
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvbridge_transfer_bytes_total"); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "kvbridge_rooms_past_deadline" {
+			for _, m := range f.GetMetric() {
+				if m.GetGauge().GetValue() != 0 {
+					t.Fatalf("rooms past deadline: %v", m)
+				}
+			}
+		}
+	}
+	c.finish(rm)
+	c.finish(aborted)
+}

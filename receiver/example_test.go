@@ -1,0 +1,57 @@
+package receiver_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/receiver"
+	"github.com/kvbridge/kvbridge/sender"
+	"github.com/kvbridge/kvbridge/transfer"
+)
+
+// A prefill and a decode rank in one process (loopback engine): the decode
+// side asks for a room, the prefill side sends its pages.
+func Example() {
+	srv := bootstrap.NewServer()
+	srv.Start("127.0.0.1:0")
+	defer srv.Close(context.Background())
+	rank := func(role kvmanager.Role, name string) *kvmanager.Manager {
+		cfg := kvmanager.DefaultConfig(role)
+		cfg.Instance, cfg.Compat, cfg.BootstrapURL = name, "v1:example", srv.URL()
+		cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
+		cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 4096, AuxItemBytes: 64, Aux: nixl.Desc{Len: 64 * 8},
+			Regions: []nixl.Desc{{Len: 64 * 4096}, {Len: 64 * 4096}}} // one layer: K and V, 64 pages
+		m, err := kvmanager.New(cfg)
+		if err != nil {
+			panic(err)
+		}
+		return m
+	}
+	prefill, decode := rank(kvmanager.RolePrefill, "example-prefill"), rank(kvmanager.RoleDecode, "example-decode")
+	defer prefill.Close()
+	defer decode.Close()
+	ctx := context.Background()
+
+	// Decode: ask for room 7 into pages 10..13 and aux slot 2.
+	r, _ := receiver.New(decode, 7)
+	r.Init(ctx, kvmanager.RequestSpec{DstPages: []uint32{10, 11, 12, 13}, AuxIndex: 2})
+
+	// Prefill: send pages 0..3 and aux slot 5 once the request is in.
+	s, _ := sender.New(prefill, 7)
+	s.Init()
+	s.WaitReady(ctx)
+	s.Send([]uint32{0, 1, 2, 3}, true, 5)
+
+	st, _ := r.Wait(ctx)
+	fmt.Println("decode:", st)
+	st, _ = s.Wait(ctx)
+	fmt.Println("prefill:", st)
+	r.Clear()
+	s.Clear()
+	// Output:
+	// decode: Success
+	// prefill: Success
+}
