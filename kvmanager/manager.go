@@ -46,8 +46,9 @@ type Manager struct {
 	recvs    map[uint64]*recvState
 	resolved bootstrap.RankInfo // the prefill rank, from the bootstrap server
 
-	kvMem  [][]byte // regions the Manager allocated (nil when the caller's)
-	auxMem []byte
+	kvMem    [][]byte // regions the Manager allocated (nil when the caller's)
+	auxMem   []byte
+	stateMem [][]byte
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -176,6 +177,23 @@ func New(cfg Config) (m *Manager, err error) {
 		m.auxMem = buf
 		cfg.Layout.Aux = nixl.BytesDesc(buf)
 	}
+	cfg.Layout.State = append([]transfer.StateRegion(nil), cfg.Layout.State...)
+	for i, st := range cfg.Layout.State {
+		if st.Addr != 0 {
+			if _, err = m.agent.Register(nixl.DRAM, []nixl.Desc{st.Desc}); err != nil {
+				cleanup()
+				return nil, fmt.Errorf("kvmanager: registering state region %d: %w", i, err)
+			}
+			continue
+		}
+		_, buf, err := m.agent.Alloc(st.Len)
+		if err != nil {
+			cleanup()
+			return nil, fmt.Errorf("kvmanager: allocating state region %d: %w", i, err)
+		}
+		m.stateMem = append(m.stateMem, buf)
+		cfg.Layout.State[i].Desc = nixl.BytesDesc(buf)
+	}
 	m.cfg = cfg
 	if len(own) > 0 {
 		if _, err = m.agent.Register(cfg.Layout.Kind, own); err != nil {
@@ -238,6 +256,9 @@ func New(cfg Config) (m *Manager, err error) {
 // layouts given without addresses).
 func (m *Manager) Memory() (kv [][]byte, aux []byte) { return m.kvMem, m.auxMem }
 
+// StateMemory returns the state regions the Manager allocated.
+func (m *Manager) StateMemory() [][]byte { return m.stateMem }
+
 // Registry returns the rank's room registry (read-only use).
 func (m *Manager) Registry() *Registry { return m.reg }
 
@@ -282,7 +303,7 @@ func (m *Manager) handle(msg bootstrap.Message) {
 
 // ---- prefill side ------------------------------------------------------
 
-func layoutFrom(kv, aux []bootstrap.Region) (transfer.Layout, error) {
+func layoutFrom(kv, aux, state []bootstrap.Region) (transfer.Layout, error) {
 	l := transfer.Layout{Kind: nixl.DRAM}
 	for i, r := range kv {
 		if r.Mem == bootstrap.MemVRAM {
@@ -296,6 +317,9 @@ func layoutFrom(kv, aux []bootstrap.Region) (transfer.Layout, error) {
 	if len(aux) > 0 {
 		l.Aux = nixl.Desc{Addr: uintptr(aux[0].Addr), Len: aux[0].Len, Dev: uint64(aux[0].Dev)}
 		l.AuxItemBytes = aux[0].ItemLen
+	}
+	for _, r := range state {
+		l.State = append(l.State, transfer.StateRegion{Desc: nixl.Desc{Addr: uintptr(r.Addr), Len: r.Len, Dev: uint64(r.Dev)}, ItemBytes: r.ItemLen})
 	}
 	return l, l.Validate()
 }
@@ -314,12 +338,20 @@ func (m *Manager) onRegister(msg *bootstrap.Register) {
 		refuse(fmt.Sprintf("compat mismatch: prefill %q, decode %q", m.cfg.Compat, msg.Compat))
 		return
 	}
-	lay, err := layoutFrom(msg.KV, msg.Aux)
+	lay, err := layoutFrom(msg.KV, msg.Aux, msg.State)
 	if err != nil {
 		refuse("layout: " + err.Error())
 		return
 	}
 	local := m.cfg.Layout
+	stateOK := len(lay.State) == len(local.State)
+	for i := 0; stateOK && i < len(lay.State); i++ {
+		stateOK = lay.State[i].ItemBytes == local.State[i].ItemBytes
+	}
+	if !stateOK {
+		refuse(fmt.Sprintf("state layout mismatch: prefill %d state regions, decode %d (or item sizes differ)", len(local.State), len(lay.State)))
+		return
+	}
 	if len(lay.Regions) != len(local.Regions) || lay.PageBytes != local.PageBytes || lay.AuxItemBytes != local.AuxItemBytes {
 		refuse(fmt.Sprintf("layout mismatch: prefill %d regions × %d-byte pages (aux %d), decode %d × %d (aux %d)",
 			len(local.Regions), local.PageBytes, local.AuxItemBytes, len(lay.Regions), lay.PageBytes, lay.AuxItemBytes))
@@ -360,6 +392,18 @@ func (m *Manager) onRequest(msg *bootstrap.Request) {
 	if msg.AuxIndex >= p.layout.AuxItems() {
 		m.statusFailed(to, msg.Room, fmt.Sprintf("room %d: aux_index %d outside the %d aux items %s registered", msg.Room, msg.AuxIndex, p.layout.AuxItems(), key))
 		return
+	}
+	if len(msg.StateIndices) > len(p.layout.State) {
+		m.statusFailed(to, msg.Room, fmt.Sprintf("room %d: %d state index lists for %d state regions", msg.Room, len(msg.StateIndices), len(p.layout.State)))
+		return
+	}
+	for i, list := range msg.StateIndices {
+		for _, it := range list {
+			if int(it) >= p.layout.State[i].Items() {
+				m.statusFailed(to, msg.Room, fmt.Sprintf("room %d: state_indices[%d] item %d outside the %d items %s registered", msg.Room, i, it, p.layout.State[i].Items(), key))
+				return
+			}
+		}
 	}
 	res := m.reg.Request(msg.Room, PeerRequest{Peer: key, Required: msg.Required, Payload: msg})
 	m.met.event(EventRequest, res)
@@ -468,9 +512,11 @@ func (m *Manager) InitSender(room uint64) Result {
 }
 
 // SendChunk queues a chunk of the room's pages (positions continue where
-// the previous chunk ended). On the last chunk the aux item at auxIndex
-// (−1 for none) follows. The room must be WaitingForInput or Transferring.
-func (m *Manager) SendChunk(room uint64, pages []uint32, last bool, auxIndex int) error {
+// the previous chunk ended). On the last chunk the state items (state[i]:
+// this rank's items of state region i, paired with the decode rank's
+// state_indices[i]) and then the aux item at auxIndex (−1 for none) follow.
+// The room must be WaitingForInput or Transferring.
+func (m *Manager) SendChunk(room uint64, pages []uint32, last bool, auxIndex int, state [][]uint32) error {
 	st, known := m.reg.Status(room)
 	switch {
 	case !known:
@@ -521,10 +567,23 @@ func (m *Manager) SendChunk(room uint64, pages []uint32, last bool, auxIndex int
 				src, dst = append(src, pg), append(dst, req.DstPages[pos])
 			}
 		}
-		writes = append(writes, transfer.Write{Remote: p.remote, Peer: p.layout, Runs: transfer.Runs(src, dst), AuxSrc: -1,
+		writes = append(writes, transfer.Write{Remote: p.remote, Peer: p.layout, Runs: transfer.Runs(src, dst), AuxSrc: -1, State: -1,
 			Notif: fmt.Sprintf("kvb1:%d:%d:%d:%d", room, uid, chunk, total), Last: last})
 		if last {
-			aux := transfer.Write{Remote: p.remote, Peer: p.layout, AuxSrc: -1, Notif: fmt.Sprintf("kvb1:%d:%d:aux", room, uid), Last: true}
+			for i, dstItems := range req.StateIndices {
+				if req.Dummy || len(dstItems) == 0 {
+					continue
+				}
+				if i >= len(state) || len(state[i]) != len(dstItems) {
+					m.mu.Unlock()
+					reason := fmt.Sprintf("%s wants %d items of state region %d, prefill gave %d", pr.Peer, len(dstItems), i, len(stateAt(state, i)))
+					m.failRoom(room, reason)
+					return fmt.Errorf("room %d: %s", room, reason)
+				}
+				writes = append(writes, transfer.Write{Remote: p.remote, Peer: p.layout, Runs: transfer.Runs(state[i], dstItems),
+					AuxSrc: -1, State: i})
+			}
+			aux := transfer.Write{Remote: p.remote, Peer: p.layout, AuxSrc: -1, State: -1, Notif: fmt.Sprintf("kvb1:%d:%d:aux", room, uid), Last: true}
 			if auxIndex >= 0 && req.AuxIndex >= 0 && !req.Dummy {
 				aux.AuxSrc, aux.AuxDst = auxIndex, req.AuxIndex
 			}
@@ -579,9 +638,23 @@ func (m *Manager) writeDone(room uint64, w *transfer.Write, err error) {
 	}
 }
 
+func stateAt(state [][]uint32, i int) []uint32 {
+	if i < len(state) {
+		return state[i]
+	}
+	return nil
+}
+
 func writeBytes(w *transfer.Write, l transfer.Layout) uint64 {
 	if w.AuxSrc >= 0 {
 		return l.AuxItemBytes
+	}
+	if w.State >= 0 {
+		var n uint64
+		for _, r := range w.Runs {
+			n += uint64(r.Len) * l.State[w.State].ItemBytes
+		}
+		return n
 	}
 	var n uint64
 	for _, r := range w.Runs {
@@ -639,7 +712,7 @@ func (m *Manager) ClearRoom(room uint64) Result {
 
 // ---- decode side -------------------------------------------------------
 
-func regionsOf(l transfer.Layout) (kv, aux []bootstrap.Region) {
+func regionsOf(l transfer.Layout) (kv, aux, state []bootstrap.Region) {
 	mem := bootstrap.MemDRAM
 	if l.Kind == nixl.VRAM {
 		mem = bootstrap.MemVRAM
@@ -650,7 +723,11 @@ func regionsOf(l transfer.Layout) (kv, aux []bootstrap.Region) {
 	if l.Aux.Len > 0 {
 		aux = append(aux, bootstrap.Region{Addr: uint64(l.Aux.Addr), Len: l.Aux.Len, ItemLen: l.AuxItemBytes, Mem: bootstrap.MemDRAM})
 	}
-	return kv, aux
+	state = []bootstrap.Region{}
+	for _, st := range l.State {
+		state = append(state, bootstrap.Region{Addr: uint64(st.Addr), Len: st.Len, ItemLen: st.ItemBytes, Mem: bootstrap.MemDRAM})
+	}
+	return kv, aux, state
 }
 
 // prefillPeerFor resolves and registers with the configured prefill rank
@@ -683,9 +760,9 @@ func (m *Manager) prefillPeerFor(ctx context.Context) (*prefillPeer, error) {
 		if err != nil {
 			return nil, err
 		}
-		kv, aux := regionsOf(m.cfg.Layout)
+		kv, aux, state := regionsOf(m.cfg.Layout)
 		m.send(bootstrap.Peer{Endpoint: pp.endpoint, ServerKey: pp.key}, &bootstrap.Register{Compat: m.cfg.Compat,
-			Agent: m.cfg.Engine.Name, AgentMD: md, TPSize: 1, KV: kv, Aux: aux, State: []bootstrap.Region{}})
+			Agent: m.cfg.Engine.Name, AgentMD: md, TPSize: 1, KV: kv, Aux: aux, State: state})
 	}
 	select {
 	case <-pp.done:
@@ -734,9 +811,11 @@ func (m *Manager) CreateReceiver(room uint64) Result {
 type RequestSpec struct {
 	DstPages []uint32 // destination pages for positions Prefix.. of the request
 	AuxIndex int      // −1 for none
-	Required int      // decode ranks' requests the prefill rank waits for (default 1)
-	Prefix   int      // leading pages decode already holds
-	Dummy    bool
+	// StateIndices[i] are the items of state region i the state goes to.
+	StateIndices [][]uint32
+	Required     int // decode ranks' requests the prefill rank waits for (default 1)
+	Prefix       int // leading pages decode already holds
+	Dummy        bool
 }
 
 // SendRequest registers with the prefill rank if needed and sends the
@@ -764,8 +843,12 @@ func (m *Manager) SendRequest(ctx context.Context, room uint64, spec RequestSpec
 		return fmt.Errorf("room %d: %v (%v)", room, res.Outcome, res.Err)
 	}
 	to := bootstrap.Peer{Endpoint: pp.endpoint, ServerKey: pp.key}
+	stateIdx := spec.StateIndices
+	if stateIdx == nil {
+		stateIdx = [][]uint32{}
+	}
 	m.send(to, &bootstrap.Request{Room: room, DstPages: spec.DstPages, AuxIndex: spec.AuxIndex,
-		StateIndices: [][]uint32{}, Required: spec.Required, Prefix: spec.Prefix, Dummy: spec.Dummy})
+		StateIndices: stateIdx, Required: spec.Required, Prefix: spec.Prefix, Dummy: spec.Dummy})
 	_ = m.loop.Watch(to)
 	return nil
 }

@@ -48,10 +48,11 @@ func (s *Sender) Init() error {
 }
 
 // Send queues a chunk of prefill pages; their destinations continue where
-// the previous chunk's ended. The last chunk also writes aux item auxIndex
-// (−1 for none).
-func (s *Sender) Send(pages []uint32, last bool, auxIndex int) error {
-	return s.m.SendChunk(s.room, pages, last, auxIndex)
+// the previous chunk's ended. The last chunk also writes the state items
+// (state[i]: this rank's items of state region i, where the decode rank
+// asked for them) and then aux item auxIndex (−1 for none).
+func (s *Sender) Send(pages []uint32, last bool, auxIndex int, state ...[]uint32) error {
+	return s.m.SendChunk(s.room, pages, last, auxIndex, state)
 }
 
 // WaitReady blocks until every required decode rank has requested the room

@@ -15,6 +15,23 @@ type Layout struct {
 	// Aux holds per-request auxiliary items (AuxItemBytes each).
 	Aux          nixl.Desc
 	AuxItemBytes uint64
+	// State regions hold per-request state items (e.g. a hybrid model's
+	// recurrent state), written with the last chunk. Host memory.
+	State []StateRegion
+}
+
+// StateRegion is one state region of ItemBytes-sized items.
+type StateRegion struct {
+	nixl.Desc
+	ItemBytes uint64
+}
+
+// Items is how many items the region holds.
+func (s StateRegion) Items() int {
+	if s.ItemBytes == 0 {
+		return 0
+	}
+	return int(s.Len / s.ItemBytes)
 }
 
 // Pages is how many pages each region holds.
@@ -45,6 +62,11 @@ func (l Layout) Validate() error {
 		if r.Len != l.Regions[0].Len || r.Len%l.PageBytes != 0 {
 			return fmt.Errorf("transfer: region %d is %d bytes, want %d (a whole number of %d-byte pages)",
 				i, r.Len, l.Regions[0].Len, l.PageBytes)
+		}
+	}
+	for i, st := range l.State {
+		if st.ItemBytes == 0 || st.Len%st.ItemBytes != 0 {
+			return fmt.Errorf("transfer: state region %d of %d bytes is not a whole number of %d-byte items", i, st.Len, st.ItemBytes)
 		}
 	}
 	if l.AuxItemBytes != 0 && l.Aux.Len%l.AuxItemBytes != 0 {

@@ -24,8 +24,10 @@ type Write struct {
 	Runs   []Run  // KV pages; empty with AuxSrc ≥ 0 for the aux write
 	// AuxSrc/AuxDst copy one aux item instead of pages (−1: not an aux write).
 	AuxSrc, AuxDst int
-	Notif          string
-	Last           bool // the room's final write to this peer
+	// State ≥ 0 makes Runs item runs of that state region instead of pages.
+	State int
+	Notif string // "" for a write without a notification
+	Last  bool   // the room's final write to this peer
 }
 
 // Job is one chunk of a room: its writes, posted in order by one worker.
@@ -142,6 +144,16 @@ func (p *Pool) worker(q chan Job) {
 func (p *Pool) write(w *Write) error {
 	var local, remote []nixl.Desc
 	switch {
+	case w.State >= 0:
+		if w.State >= len(p.local.State) || w.State >= len(w.Peer.State) || p.local.State[w.State].ItemBytes != w.Peer.State[w.State].ItemBytes {
+			return fmt.Errorf("transfer: state region %d does not match on both sides", w.State)
+		}
+		ls, rs := p.local.State[w.State], w.Peer.State[w.State]
+		for _, run := range w.Runs {
+			n := uint64(run.Len) * ls.ItemBytes
+			local = append(local, nixl.Desc{Addr: ls.Addr + uintptr(uint64(run.Src)*ls.ItemBytes), Len: n, Dev: ls.Dev})
+			remote = append(remote, nixl.Desc{Addr: rs.Addr + uintptr(uint64(run.Dst)*rs.ItemBytes), Len: n, Dev: rs.Dev})
+		}
 	case w.AuxSrc >= 0:
 		n := p.local.AuxItemBytes
 		if n == 0 || n != w.Peer.AuxItemBytes {
@@ -152,14 +164,21 @@ func (p *Pool) write(w *Write) error {
 	default:
 		local, remote = Expand(w.Runs, p.local, w.Peer)
 	}
+	var notif []byte
+	if w.Notif != "" {
+		notif = []byte(w.Notif)
+	}
 	if len(local) == 0 {
 		// Nothing to move (a dummy peer or pages it already holds): the
 		// notification alone completes its count.
-		return p.agent.GenNotif(w.Remote, []byte(w.Notif))
+		if notif == nil {
+			return nil
+		}
+		return p.agent.GenNotif(w.Remote, notif)
 	}
 	lkind, rkind := p.local.Kind, w.Peer.Kind
-	if w.AuxSrc >= 0 {
-		lkind, rkind = nixl.DRAM, nixl.DRAM // aux items live in host memory
+	if w.AuxSrc >= 0 || w.State >= 0 {
+		lkind, rkind = nixl.DRAM, nixl.DRAM // aux and state items live in host memory
 	}
 	l, err := p.agent.PrepLocal(lkind, local)
 	if err != nil {
@@ -175,7 +194,7 @@ func (p *Pool) write(w *Write) error {
 	for i := range idx {
 		idx[i] = i
 	}
-	x, err := p.agent.NewXfer(nixl.Write, l, idx, r, idx, []byte(w.Notif))
+	x, err := p.agent.NewXfer(nixl.Write, l, idx, r, idx, notif)
 	if err != nil {
 		return err
 	}

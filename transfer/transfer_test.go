@@ -107,11 +107,11 @@ func TestPoolWritesPagesInOrder(t *testing.T) {
 	src1, dst1 := []uint32{10, 11, 40, 41, 42}, []uint32{5, 6, 50, 51, 60}
 	jobs := []Job{
 		{Room: 7, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: Runs([]uint32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9},
-			[]uint32{20, 21, 22, 23, 24, 25, 26, 27, 28, 29}), AuxSrc: -1, Notif: "kvb1:7:0:0:0"}}},
+			[]uint32{20, 21, 22, 23, 24, 25, 26, 27, 28, 29}), AuxSrc: -1, State: -1, Notif: "kvb1:7:0:0:0"}}},
 		{Room: 7, Writes: []Write{
-			{Remote: remote, Peer: d.layout, Runs: Runs(src1, dst1), AuxSrc: -1, Notif: "kvb1:7:0:1:2", Last: true},
-			{Remote: remote, Peer: d.layout, AuxSrc: 3, AuxDst: 9, Notif: "kvb1:7:0:aux", Last: true},
-			{Remote: remote, Peer: d.layout, AuxSrc: -1, Notif: "kvb1:7:0:empty"}, // nothing to move: notification only
+			{Remote: remote, Peer: d.layout, Runs: Runs(src1, dst1), AuxSrc: -1, State: -1, Notif: "kvb1:7:0:1:2", Last: true},
+			{Remote: remote, Peer: d.layout, AuxSrc: 3, AuxDst: 9, State: -1, Notif: "kvb1:7:0:aux", Last: true},
+			{Remote: remote, Peer: d.layout, AuxSrc: -1, State: -1, Notif: "kvb1:7:0:empty"}, // nothing to move: notification only
 		}},
 	}
 	for _, j := range jobs {
@@ -161,7 +161,7 @@ func TestPoolGateDrops(t *testing.T) {
 	dropped := make(chan string, 4)
 	var wrote int
 	for i := 0; i < 3; i++ {
-		pool.Submit(Job{Room: 1, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{0, 0, 1}}, AuxSrc: -1, Notif: fmt.Sprint(i)}},
+		pool.Submit(Job{Room: 1, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{0, 0, 1}}, AuxSrc: -1, State: -1, Notif: fmt.Sprint(i)}},
 			Gate:    func(w *Write) bool { return w.Notif == "0" },
 			Done:    func(*Write, error) { wrote++ },
 			Dropped: func(w *Write) { dropped <- w.Notif }})

@@ -67,6 +67,8 @@ func layout() transfer.Layout {
 	for i := 0; i < 2*layers; i++ {
 		l.Regions = append(l.Regions, nixl.Desc{Len: pages * pageBytes})
 	}
+	// Two state regions (e.g. a hybrid model's recurrent state).
+	l.State = []transfer.StateRegion{{Desc: nixl.Desc{Len: 128 * 256}, ItemBytes: 256}, {Desc: nixl.Desc{Len: 64 * 512}, ItemBytes: 512}}
 	return l
 }
 
@@ -113,6 +115,9 @@ func newCluster(t *testing.T, engine string, mut func(*kvmanager.Config)) *clust
 	}
 	for i := range c.pAux {
 		c.pAux[i] = byte(i*7 + 3)
+	}
+	for r, st := range c.prefill.StateMemory() {
+		fillPage(st, 1<<40|uint64(r))
 	}
 	c.pFree, c.dFree = newPagePool(pages), newPagePool(pages)
 	return c
@@ -266,6 +271,44 @@ func TestTransfersByteExact(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestStateIndices(t *testing.T) {
+	c := newCluster(t, "ucx-shm", nil)
+	r, _ := receiver.New(c.decode, 70)
+	dst := c.dFree.get(4)
+	if err := r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst, AuxIndex: 3,
+		StateIndices: [][]uint32{{5, 6, 7}, {9}}}); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := sender.New(c.prefill, 70)
+	s.Init()
+	if st, err := s.WaitReady(ctx(t)); st != kvmanager.WaitingForInput {
+		t.Fatalf("%v %v", st, err)
+	}
+	if err := s.Send(c.pFree.get(4), true, 1, []uint32{10, 11, 40}, []uint32{2}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, r, kvmanager.Success)
+	ps, ds := c.prefill.StateMemory(), c.decode.StateMemory()
+	for _, pair := range [][3]int{{0, 10, 5}, {0, 11, 6}, {0, 40, 7}, {1, 2, 9}} {
+		region, from, to := pair[0], pair[1], pair[2]
+		n := c.prefill.Config().Layout.State[region].ItemBytes
+		if !bytes.Equal(ds[region][uint64(to)*n:uint64(to+1)*n], ps[region][uint64(from)*n:uint64(from+1)*n]) {
+			t.Fatalf("state region %d item %d → %d differs", region, from, to)
+		}
+	}
+	// The decode rank wants state the prefill rank does not give: the
+	// room fails on both sides with the reason.
+	r2, _ := receiver.New(c.decode, 71)
+	r2.Init(ctx(t), kvmanager.RequestSpec{DstPages: c.dFree.get(1), AuxIndex: -1, StateIndices: [][]uint32{{1, 2}}})
+	s2, _ := sender.New(c.prefill, 71)
+	s2.Init()
+	s2.WaitReady(ctx(t))
+	if err := s2.Send(c.pFree.get(1), true, -1); err == nil || !strings.Contains(err.Error(), "state region 0") {
+		t.Fatalf("missing state: %v", err)
+	}
+	waitStatus(t, r2, kvmanager.Failed)
 }
 
 func TestAbortBeforeSenderExists(t *testing.T) {
