@@ -311,6 +311,36 @@ func TestStateIndices(t *testing.T) {
 	waitStatus(t, r2, kvmanager.Failed)
 }
 
+// TestPrefixSkipped: decode already holds the first pages; prefill sends the
+// whole request and only the rest is written, to DstPages[0..].
+func TestPrefixSkipped(t *testing.T) {
+	c := newCluster(t, "loopback", nil)
+	src := c.pFree.get(10)
+	dst := c.dFree.get(7) // positions 3..9
+	r, _ := receiver.New(c.decode, 80)
+	if err := r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1, Prefix: 3}); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := sender.New(c.prefill, 80)
+	s.Init()
+	s.WaitReady(ctx(t))
+	if err := s.Send(src[:2], false, -1); err != nil { // all prefix: nothing to move
+		t.Fatal(err)
+	}
+	if err := s.Send(src[2:], true, -1); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, r, kvmanager.Success)
+	for region := range c.pKV {
+		for i, d := range dst {
+			sp := src[i+3]
+			if !bytes.Equal(c.dKV[region][d*pageBytes:(d+1)*pageBytes], c.pKV[region][sp*pageBytes:(sp+1)*pageBytes]) {
+				t.Fatalf("region %d: position %d (page %d → %d) differs", region, i+3, sp, d)
+			}
+		}
+	}
+}
+
 func TestAbortBeforeSenderExists(t *testing.T) {
 	c := newCluster(t, "ucx-shm", nil)
 	r, err := receiver.New(c.decode, 5)
