@@ -38,8 +38,7 @@ lint: generate
 generate:
 	$(GO) generate ./...
 
-## demo: the end-to-end demo (arrives with the end-to-end issue)
-demo:
-	@echo "make demo is not built yet: it arrives with the end-to-end work (prefill, decode and bootstrap processes)."
-	@echo "Today kvbridge has its room registry; run 'make test' to see it proven."
-	@exit 2
+## demo: bootstrap server, a prefill and a decode process on loopback, real transfers, a summary
+demo: deps
+	$(GO) build -o bin/ ./examples/prefill ./examples/decode ./examples/demo
+	./bin/demo $(DEMO_FLAGS)

@@ -41,6 +41,7 @@ type Manager struct {
 	peerRooms map[string]map[uint64]struct{} // peer key → rooms it requested
 	sends     map[uint64]*sendState
 	ackTo     map[uint64][]bootstrap.Peer // ABORT_ACKs owed once the room drains
+	draining  map[uint64]int              // cleared rooms with writes still in flight
 	// decode state
 	prefills map[string]*prefillPeer // by endpoint
 	recvs    map[uint64]*recvState
@@ -129,7 +130,7 @@ func New(cfg Config) (m *Manager, err error) {
 		cfg.Engine.Name = fmt.Sprintf("%s-%s-%d", cfg.Instance, role, cfg.Rank)
 	}
 	m = &Manager{cfg: cfg, log: cfg.Logger, peers: map[string]*decodePeer{}, peerRooms: map[string]map[uint64]struct{}{},
-		sends: map[uint64]*sendState{}, ackTo: map[uint64][]bootstrap.Peer{}, prefills: map[string]*prefillPeer{},
+		sends: map[uint64]*sendState{}, ackTo: map[uint64][]bootstrap.Peer{}, draining: map[uint64]int{}, prefills: map[string]*prefillPeer{},
 		recvs: map[uint64]*recvState{}, closing: make(chan struct{})}
 	if m.log == nil {
 		m.log = zap.NewNop()
@@ -623,6 +624,24 @@ func (m *Manager) writeDone(room uint64, w *transfer.Write, err error) {
 	}
 	res := m.reg.WriteDone(room, w.Last, err)
 	m.met.event(EventWriteDone, res)
+	if res.Outcome == IgnoredCleared {
+		// The room was cleared with this write in flight: the ABORT_ACK it
+		// may owe goes out once its last write is done.
+		m.mu.Lock()
+		n, ok := m.draining[room]
+		if ok {
+			n--
+			m.draining[room] = n
+			if n <= 0 {
+				delete(m.draining, room)
+			}
+		}
+		m.mu.Unlock()
+		if ok && n <= 0 {
+			m.drained(room, true)
+		}
+		return
+	}
 	if res.Status == Success && res.Outcome == Applied {
 		m.mu.Lock()
 		if ss := m.sends[room]; ss != nil {
@@ -684,7 +703,9 @@ func (m *Manager) AbortRoom(room uint64, reason string) Result {
 	if res.Outcome == Applied && m.cfg.Role == RolePrefill {
 		m.notifyFailed(room, res.Peers, "aborted by prefill: "+reason, "")
 	}
-	if m.cfg.Role == RoleDecode && res.Outcome != IgnoredCleared {
+	// Decode tells the prefill rank only when the abort changed something:
+	// after Success there is nothing to stop.
+	if m.cfg.Role == RoleDecode && (res.Outcome == Applied || res.Outcome == Tombstoned) {
 		m.abortPrefill(room, reason)
 	}
 	return res
@@ -692,6 +713,12 @@ func (m *Manager) AbortRoom(room uint64, reason string) Result {
 
 // ClearRoom forgets a room (after Success or Failed).
 func (m *Manager) ClearRoom(room uint64) Result {
+	inflight := m.reg.InFlight(room)
+	if inflight > 0 {
+		m.mu.Lock()
+		m.draining[room] = inflight
+		m.mu.Unlock()
+	}
 	res := m.reg.Clear(room)
 	m.met.event(EventClear, res)
 	m.mu.Lock()
@@ -871,6 +898,11 @@ func (m *Manager) onStatus(msg *bootstrap.Status) {
 	}
 	res := m.reg.Update(msg.Room, Failed, fmt.Sprintf("prefill %s: %s", msg.From.Peer(), msg.Reason))
 	m.met.event(EventUpdate, res)
+	if res.Outcome == Applied {
+		// Ask for the ABORT_ACK: it tells when no write for the room is in
+		// flight any more, so the destination pages can be reused.
+		m.abortPrefill(msg.Room, "acknowledging: "+msg.Reason)
+	}
 }
 
 func (m *Manager) onAbortAck(msg *bootstrap.AbortAck) {

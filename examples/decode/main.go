@@ -1,0 +1,15 @@
+// Command decode is an example decode rank: on POST /v1/room {room,
+// tokens} it allocates destination pages, asks the prefill rank (found
+// through the bootstrap server) for the room, waits, and verifies every page
+// against the pattern the prefill rank wrote. GET /metrics and /healthz are
+// served on the same -http address.
+package main
+
+import (
+	"os"
+
+	"github.com/kvbridge/kvbridge/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/kvmanager"
+)
+
+func main() { os.Exit(rankcmd.Main(kvmanager.RoleDecode, os.Args[1:])) }

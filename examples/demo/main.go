@@ -1,0 +1,370 @@
+// Command demo is what `make demo` runs: it starts an example prefill rank
+// (serving the bootstrap server) and a decode rank as separate processes on
+// loopback, drives a workload of requests of mixed lengths with a few aborts
+// at random stages, shows progress, and ends with a summary. It exits
+// non-zero if any room failed without an abort, any page differs, or any
+// room is left pinned.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/rankcmd"
+)
+
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	http string
+	boot string
+}
+
+func start(bin, name string, args ...string) (*proc, error) {
+	cmd := exec.Command(filepath.Join(bin, name), args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	logf, err := os.CreateTemp("", "kvbridge-demo-"+name+"-*.log")
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = logf
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w (build it: make demo)", name, err)
+	}
+	p := &proc{name: name, cmd: cmd}
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			select {
+			case line <- sc.Text():
+			default:
+			}
+		}
+	}()
+	select {
+	case l := <-line:
+		for _, f := range strings.Fields(l) {
+			if v, ok := strings.CutPrefix(f, "http="); ok {
+				p.http = "http://" + v
+			}
+			if v, ok := strings.CutPrefix(f, "bootstrap="); ok {
+				p.boot = v
+			}
+		}
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		return nil, fmt.Errorf("%s did not start (log: %s)", name, logf.Name())
+	}
+	return p, nil
+}
+
+func (p *proc) stop() error {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(20 * time.Second):
+		p.cmd.Process.Kill()
+		return fmt.Errorf("%s did not stop on SIGTERM", p.name)
+	}
+}
+
+func post(url string, body any) (rankcmd.RoomResult, error) {
+	var res rankcmd.RoomResult
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url+"/v1/room", "application/json", bytes.NewReader(b))
+	if err != nil {
+		return res, err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return res, fmt.Errorf("%s: %s", resp.Status, data)
+	}
+	return res, json.Unmarshal(data, &res)
+}
+
+var metricLine = regexp.MustCompile(`^(kvbridge_rooms|kvbridge_rooms_past_deadline)(\{[^}]*\})? ([0-9.e+-]+)$`)
+
+// pinned reads a rank's /metrics: live non-terminal rooms and rooms past
+// their deadline.
+func pinned(url string) (live, overdue float64, err error) {
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		m := metricLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		v, _ := strconv.ParseFloat(m[3], 64)
+		switch {
+		case m[1] == "kvbridge_rooms_past_deadline":
+			overdue += v
+		case !strings.Contains(m[2], `status="Failed"`) && !strings.Contains(m[2], `status="Success"`):
+			live += v
+		}
+	}
+	return live, overdue, sc.Err()
+}
+
+type outcome struct {
+	tokens   int
+	abort    string
+	dec, pre rankcmd.RoomResult
+	err      error
+}
+
+func main() { os.Exit(run(os.Args[1:])) }
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	self, _ := os.Executable()
+	bin := fs.String("bin", filepath.Dir(self), "directory holding the prefill and decode binaries")
+	requests := fs.Int("requests", 200, "requests to run")
+	conc := fs.Int("concurrency", 8, "requests in flight")
+	abortRate := fs.Float64("abort-rate", 0.05, "fraction of requests aborted at a random stage")
+	model := fs.String("model", "llama3-8b", "model layout preset")
+	pages := fs.Int("pages", 1024, "pages per layer region on each rank")
+	minTok := fs.Int("min-tokens", 128, "shortest request")
+	maxTok := fs.Int("max-tokens", 8192, "longest request")
+	engine := fs.String("engine", "ucx", "engine")
+	tls := fs.String("ucx-tls", "posix,cma,self", "UCX transports")
+	short := fs.Bool("short", false, "a quick run for CI: tiny model, 60 requests")
+	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()), "workload seed")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *short {
+		*model, *requests, *pages, *maxTok = "tiny", 60, 4096, 2048
+	}
+	fmt.Printf("kvbridge demo: %d requests of %d–%d tokens (%s layout), %d in flight, %.0f%% aborted, engine %s, seed %d\n",
+		*requests, *minTok, *maxTok, *model, *conc, 100**abortRate, *engine, *seed)
+	common := []string{"-model", *model, "-pages", strconv.Itoa(*pages), "-engine", *engine, "-ucx-tls", *tls}
+	prefill, err := start(*bin, "prefill", append(common, "-serve-bootstrap", "127.0.0.1:0")...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		return 1
+	}
+	defer prefill.stop()
+	decode, err := start(*bin, "decode", append(common, "-bootstrap", prefill.boot)...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		return 1
+	}
+	defer decode.stop()
+	fmt.Printf("bootstrap %s · prefill %s · decode %s\n", prefill.boot, prefill.http, decode.http)
+
+	rng := rand.New(rand.NewPCG(*seed, 7))
+	stages := []string{"before", "mid", "after", "prefill"}
+	work := make([]outcome, *requests)
+	for i := range work {
+		// Log-uniform lengths: many short requests, some long ones.
+		l := math.Exp(math.Log(float64(*minTok)) + rng.Float64()*(math.Log(float64(*maxTok))-math.Log(float64(*minTok))))
+		work[i].tokens = int(l)
+		if rng.Float64() < *abortRate {
+			work[i].abort = stages[rng.IntN(len(stages))]
+		}
+	}
+	start := time.Now()
+	var mu sync.Mutex
+	done, okN, abN, failN := 0, 0, 0, 0
+	var moved uint64
+	sem := make(chan struct{}, *conc)
+	// Admission by pages: a request starts only when both ranks can hold it,
+	// so requests never deadlock holding pages on one side each.
+	budget := newBudget(*pages)
+	pageTokens := 16
+	var wg sync.WaitGroup
+	for i := range work {
+		sem <- struct{}{}
+		need := (work[i].tokens + pageTokens - 1) / pageTokens
+		budget.take(need)
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			defer budget.give(need)
+			w := &work[i]
+			room := uint64(i + 1)
+			dreq := rankcmd.RoomRequest{Room: room, Tokens: w.tokens}
+			preq := rankcmd.RoomRequest{Room: room, Tokens: w.tokens}
+			switch w.abort {
+			case "before", "mid", "after":
+				dreq.AbortAt = w.abort
+			case "prefill":
+				preq.AbortAfterChunks = 1
+			}
+			var dres rankcmd.RoomResult
+			var derr error
+			dch := make(chan struct{})
+			go func() { dres, derr = post(decode.http, dreq); close(dch) }()
+			if w.abort == "before" {
+				time.Sleep(5 * time.Millisecond) // let the abort land before the sender exists
+			}
+			pres, perr := post(prefill.http, preq)
+			<-dch
+			w.dec, w.pre = dres, pres
+			w.err = firstErr(derr, perr)
+			mu.Lock()
+			done++
+			switch {
+			case judge(w) != "":
+				failN++
+			case w.dec.Status == "Success":
+				okN++
+				moved += w.dec.Bytes
+			default:
+				abN++
+			}
+			el := time.Since(start).Seconds()
+			fmt.Fprintf(os.Stderr, "\r%s %d/%d  ok %d  aborted %d  failed %d  %.2f GB/s ", bar(done, len(work)), done, len(work),
+				okN, abN, failN, float64(moved)/el/1e9)
+			mu.Unlock()
+		}(i)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	fmt.Fprintln(os.Stderr)
+
+	var lat []float64
+	verified, corrupt := 0, 0
+	var problems []string
+	for i := range work {
+		w := &work[i]
+		verified += w.dec.PagesVerified
+		corrupt += w.dec.Corrupt
+		if w.dec.Status == "Success" {
+			lat = append(lat, w.dec.LatencyMS)
+		}
+		if p := judge(w); p != "" {
+			problems = append(problems, fmt.Sprintf("room %d (%d tokens, abort %q): %s", i+1, w.tokens, w.abort, p))
+		}
+	}
+	livePre, overPre, err1 := pinned(prefill.http)
+	liveDec, overDec, err2 := pinned(decode.http)
+	if err := firstErr(err1, err2); err != nil {
+		problems = append(problems, "reading metrics: "+err.Error())
+	}
+	pinnedRooms := livePre + liveDec + overPre + overDec
+	if pinnedRooms != 0 {
+		problems = append(problems, fmt.Sprintf("%v rooms left live or past their deadline", pinnedRooms))
+	}
+	sort.Float64s(lat)
+	fmt.Printf("\n%-26s %v\n", "requests", len(work))
+	fmt.Printf("%-26s %d\n", "succeeded", okN)
+	fmt.Printf("%-26s %d\n", "aborted", abN)
+	fmt.Printf("%-26s %d\n", "failed", failN)
+	fmt.Printf("%-26s %.2f GB\n", "bytes moved", float64(moved)/1e9)
+	fmt.Printf("%-26s %.2f GB/s over %.1f s\n", "throughput", float64(moved)/elapsed.Seconds()/1e9, elapsed.Seconds())
+	fmt.Printf("%-26s %.2f ms / %.2f ms\n", "latency p50 / p99", pct(lat, 0.50), pct(lat, 0.99))
+	fmt.Printf("%-26s %v\n", "rooms pinned", pinnedRooms)
+	fmt.Printf("%-26s %d (corrupt %d)\n", "pages verified", verified, corrupt)
+	if len(problems) > 0 {
+		fmt.Println("\nPROBLEMS:")
+		for _, p := range problems {
+			fmt.Println("  " + p)
+		}
+		return 1
+	}
+	fmt.Println("\nOK: every request succeeded or was aborted cleanly, every page verified, nothing pinned.")
+	return 0
+}
+
+// budget is a counting semaphore of pages.
+type budget struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	free int
+}
+
+func newBudget(n int) *budget {
+	b := &budget{free: n}
+	b.cond = sync.NewCond(&b.mu)
+	return b
+}
+
+func (b *budget) take(n int) {
+	b.mu.Lock()
+	for b.free < n {
+		b.cond.Wait()
+	}
+	b.free -= n
+	b.mu.Unlock()
+}
+
+func (b *budget) give(n int) {
+	b.mu.Lock()
+	b.free += n
+	b.mu.Unlock()
+	b.cond.Broadcast()
+}
+
+// judge says what is wrong with an outcome ("" if nothing).
+func judge(w *outcome) string {
+	switch {
+	case w.err != nil:
+		return w.err.Error()
+	case w.dec.Error != "":
+		return "decode: " + w.dec.Error
+	case w.pre.Error != "":
+		return "prefill: " + w.pre.Error
+	case w.dec.Corrupt > 0:
+		return fmt.Sprintf("%d pages corrupt", w.dec.Corrupt)
+	case w.dec.Status == "Success" && w.pre.Status != "Success":
+		return "decode succeeded, prefill " + w.pre.Status + ": " + w.pre.Reason
+	case w.abort == "" && w.dec.Status != "Success":
+		return fmt.Sprintf("failed without an abort: decode %s (%s), prefill %s (%s)", w.dec.Status, w.dec.Reason, w.pre.Status, w.pre.Reason)
+	case w.dec.Status != "Success" && w.dec.Status != "Failed":
+		return "decode ended " + w.dec.Status
+	}
+	return ""
+}
+
+func firstErr(errs ...error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+func bar(done, total int) string {
+	const w = 30
+	n := done * w / max(total, 1)
+	return "[" + strings.Repeat("#", n) + strings.Repeat(".", w-n) + "]"
+}
+
+func pct(v []float64, p float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	return v[min(len(v)-1, int(p*float64(len(v))))]
+}

@@ -1,0 +1,356 @@
+// Package rankcmd is the shared body of the example prefill and decode
+// binaries: flags and KVBRIDGE_* variables, the Manager, an HTTP API to
+// drive rooms, /metrics and /healthz, and a clean shutdown on SIGINT or
+// SIGTERM that fails every live room.
+package rankcmd
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/receiver"
+	"github.com/kvbridge/kvbridge/sender"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+)
+
+// Rank is a running prefill or decode rank.
+type Rank struct {
+	Role   kvmanager.Role
+	M      *kvmanager.Manager
+	Model  kvmodel.Model
+	pages  *kvmodel.Pages
+	kv     [][]byte
+	log    *zap.Logger
+	boot   *bootstrap.Server
+	http   *http.Server
+	ln     net.Listener
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// Main parses flags, runs the rank until a signal and returns the exit code.
+func Main(role kvmanager.Role, args []string) int {
+	name := map[kvmanager.Role]string{kvmanager.RolePrefill: "prefill", kvmanager.RoleDecode: "decode"}[role]
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	model := fs.String("model", env("KVBRIDGE_MODEL", "llama3-8b"), "layout preset: "+kvmodel.PresetNames())
+	layers := fs.Int("layers", 0, "override: layers")
+	heads := fs.Int("kv-heads", 0, "override: KV heads")
+	dim := fs.Int("head-dim", 0, "override: head dimension")
+	dtype := fs.Int("dtype-bytes", 0, "override: bytes per element")
+	pageTok := fs.Int("page-tokens", 0, "override: tokens per page")
+	pages := fs.Int("pages", 1024, "pages per layer region")
+	engine := fs.String("engine", env("KVBRIDGE_ENGINE", "ucx"), "engine: ucx, libnixl, loopback (auto: libnixl if installed, else ucx)")
+	tls := fs.String("ucx-tls", env("UCX_TLS", "posix,cma,self"), "UCX transports for the ucx engine")
+	bind := fs.String("bind", env("KVBRIDGE_BIND", "tcp://127.0.0.1:*"), "control endpoint")
+	boot := fs.String("bootstrap", env("KVBRIDGE_BOOTSTRAP_URL", ""), "bootstrap server URL")
+	serveBoot := fs.String("serve-bootstrap", "", "prefill: also serve the bootstrap server on this address")
+	httpAddr := fs.String("http", env("KVBRIDGE_HTTP", "127.0.0.1:0"), "HTTP address for /v1 rooms, /metrics and /healthz")
+	instance := fs.String("instance", name, "instance name")
+	rank := fs.Int("rank", 0, "rank")
+	verbose := fs.Bool("v", false, "log at debug level")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	m, ok := kvmodel.Presets[*model]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "%s: unknown model %q (have %s)\n", name, *model, kvmodel.PresetNames())
+		return 2
+	}
+	for _, o := range []struct{ v, dst *int }{{layers, &m.Layers}, {heads, &m.KVHeads}, {dim, &m.HeadDim}, {dtype, &m.DTypeBytes}, {pageTok, &m.PageTokens}} {
+		if *o.v > 0 {
+			*o.dst = *o.v
+			m.Name = "custom"
+		}
+	}
+	zcfg := zap.NewProductionConfig()
+	if *verbose {
+		zcfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
+	}
+	log, _ := zcfg.Build()
+	defer log.Sync()
+	log = log.With(zap.String("role", name), zap.String("instance", *instance), zap.Int("rank", *rank))
+
+	r := &Rank{Role: role, Model: m, log: log}
+	if role == kvmanager.RolePrefill && *serveBoot != "" {
+		r.boot = bootstrap.NewServer()
+		if err := r.boot.Start(*serveBoot); err != nil {
+			log.Error("bootstrap server", zap.Error(err))
+			return 1
+		}
+		defer r.boot.Close(context.Background())
+		*boot = r.boot.URL()
+		log.Info("bootstrap server", zap.String("url", *boot))
+	}
+	cfg := kvmanager.DefaultConfig(role)
+	cfg.Instance, cfg.Rank, cfg.Compat, cfg.BootstrapURL, cfg.Bind = *instance, *rank, m.Compat(), *boot, *bind
+	cfg.PageTokens, cfg.DType = m.PageTokens, fmt.Sprintf("%dB", m.DTypeBytes)
+	cfg.Engine = nixl.Config{Engine: *engine, UCX: map[string]string{"TLS": *tls}}
+	if *engine == "auto" {
+		cfg.Engine.Engine = nixl.EngineAuto
+	}
+	cfg.Layout = m.Layout(nixl.DRAM, *pages, 4096)
+	cfg.Logger = log
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewGoCollector())
+	cfg.Registerer = reg
+	if err := cfg.FromEnv(); err != nil {
+		log.Error("configuration", zap.Error(err))
+		return 2
+	}
+	mgr, err := kvmanager.New(cfg)
+	if err != nil {
+		log.Error("starting the rank", zap.Error(err))
+		return 1
+	}
+	r.M = mgr
+	r.kv, _ = mgr.Memory()
+	r.pages = kvmodel.NewPages(*pages, uint64(time.Now().UnixNano()))
+
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/v1/info", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, map[string]any{"role": name, "model": m, "endpoint": mgr.Endpoint(), "bootstrap": *boot,
+			"engine": mgr.Agent().Engine(), "pages": *pages, "bytes_per_token": m.BytesPerToken()})
+	})
+	mux.HandleFunc("/v1/room", r.serveRoom)
+	r.ln, err = net.Listen("tcp", *httpAddr)
+	if err != nil {
+		log.Error("http listen", zap.Error(err))
+		mgr.Close()
+		return 1
+	}
+	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go r.http.Serve(r.ln)
+	// One line for whoever started us (the demo reads it).
+	fmt.Printf("%s ready http=%s endpoint=%s bootstrap=%s engine=%s\n", name, r.ln.Addr(), mgr.Endpoint(), *boot, mgr.Agent().Engine())
+	log.Info("ready", zap.String("http", r.ln.Addr().String()), zap.String("endpoint", mgr.Endpoint()))
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	s := <-sig
+	log.Info("shutting down: failing live rooms", zap.Stringer("signal", s))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r.http.Shutdown(ctx)
+	if err := mgr.Close(); err != nil {
+		log.Warn("close", zap.Error(err))
+	}
+	return 0
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+// RoomRequest drives one room (POST /v1/room).
+type RoomRequest struct {
+	Room   uint64 `json:"room"`
+	Tokens int    `json:"tokens"`
+	// Chunk is the pages per Send (prefill), default 128.
+	Chunk int `json:"chunk"`
+	// AbortAt (decode): "", "before" (right after the request), "mid" (at
+	// the first data) or "after" (after success). AbortAfterChunks
+	// (prefill): abort after that many chunks (0: never).
+	AbortAt          string `json:"abort_at"`
+	AbortAfterChunks int    `json:"abort_after_chunks"`
+	TimeoutMS        int    `json:"timeout_ms"`
+}
+
+// RoomResult is the outcome of a room.
+type RoomResult struct {
+	Room          uint64  `json:"room"`
+	Status        string  `json:"status"`
+	Reason        string  `json:"reason,omitempty"`
+	Bytes         uint64  `json:"bytes"`
+	LatencyMS     float64 `json:"latency_ms"`
+	PagesVerified int     `json:"pages_verified"`
+	Corrupt       int     `json:"pages_corrupt"`
+	Error         string  `json:"error,omitempty"`
+}
+
+func (r *Rank) serveRoom(w http.ResponseWriter, req *http.Request) {
+	if req.Method != http.MethodPost {
+		http.Error(w, "POST a room", http.StatusMethodNotAllowed)
+		return
+	}
+	var rr RoomRequest
+	if err := json.NewDecoder(req.Body).Decode(&rr); err != nil || rr.Tokens < 1 {
+		http.Error(w, "body must be {room, tokens ≥ 1, ...}", http.StatusBadRequest)
+		return
+	}
+	if rr.Chunk <= 0 {
+		rr.Chunk = 128
+	}
+	if rr.TimeoutMS <= 0 {
+		rr.TimeoutMS = 60000
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), time.Duration(rr.TimeoutMS)*time.Millisecond)
+	defer cancel()
+	var res RoomResult
+	if r.Role == kvmanager.RolePrefill {
+		res = r.send(ctx, rr)
+	} else {
+		res = r.recv(ctx, rr)
+	}
+	writeJSON(w, res)
+}
+
+func (r *Rank) getPages(ctx context.Context, n int) ([]uint32, error) {
+	for {
+		if p := r.pages.Get(n); p != nil {
+			return p, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("no %d free pages: %w", n, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
+	res := RoomResult{Room: rr.Room}
+	start := time.Now()
+	n := (rr.Tokens + r.Model.PageTokens - 1) / r.Model.PageTokens
+	src, err := r.getPages(ctx, n)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	defer r.pages.Put(src)
+	s, err := sender.New(r.M, rr.Room)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	defer s.Clear()
+	// The pattern a decode rank will check: per room, position and region.
+	for region, mem := range r.kv {
+		pb := int(r.Model.PageBytes())
+		for pos, pg := range src {
+			kvmodel.Fill(mem[int(pg)*pb:(int(pg)+1)*pb], rr.Room, pos, region)
+		}
+	}
+	s.Init()
+	if st, err := s.WaitReady(ctx); st != kvmanager.WaitingForInput {
+		res.Status, res.Reason = st.String(), s.Failure()
+		if err != nil && res.Reason == "" {
+			res.Reason = err.Error()
+		}
+		return res
+	}
+	chunks := 0
+	for i := 0; i < len(src); i += rr.Chunk {
+		if rr.AbortAfterChunks > 0 && chunks == rr.AbortAfterChunks {
+			s.Abort("demo: prefill abort")
+			break
+		}
+		end := min(i+rr.Chunk, len(src))
+		if err := s.Send(src[i:end], end == len(src), int(rr.Room%4096)); err != nil {
+			break
+		}
+		chunks++
+	}
+	st, err := s.Wait(ctx)
+	res.Status, res.Reason = st.String(), s.Failure()
+	if err != nil && res.Reason == "" {
+		res.Reason = err.Error()
+	}
+	if st == kvmanager.Success {
+		res.Bytes = uint64(n) * r.Model.PageBytes() * uint64(len(r.kv))
+	}
+	res.LatencyMS = float64(time.Since(start).Microseconds()) / 1e3
+	return res
+}
+
+func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
+	res := RoomResult{Room: rr.Room}
+	start := time.Now()
+	n := (rr.Tokens + r.Model.PageTokens - 1) / r.Model.PageTokens
+	dst, err := r.getPages(ctx, n)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	quarantined := false
+	defer func() {
+		if !quarantined {
+			r.pages.Put(dst)
+		}
+	}()
+	rc, err := receiver.New(r.M, rr.Room)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	defer rc.Clear()
+	if err := rc.Init(ctx, kvmanager.RequestSpec{DstPages: dst, AuxIndex: int(rr.Room % 4096)}); err != nil {
+		res.Status, res.Reason = kvmanager.Failed.String(), err.Error()
+		return res
+	}
+	switch rr.AbortAt {
+	case "before":
+		rc.Abort("demo: abort right after the request")
+	case "mid":
+		for rc.Poll() == kvmanager.WaitingForInput && ctx.Err() == nil {
+			time.Sleep(50 * time.Microsecond)
+		}
+		rc.Abort("demo: abort mid-transfer")
+	}
+	st, err := rc.Wait(ctx)
+	res.Status, res.Reason = st.String(), rc.Failure()
+	if err != nil && res.Reason == "" {
+		res.Reason = err.Error()
+	}
+	if rr.AbortAt == "after" {
+		rc.Abort("demo: abort after success") // must change nothing
+		if p := rc.Poll(); p != st {
+			res.Error = fmt.Sprintf("abort after %v changed the room to %v", st, p)
+		}
+	}
+	if st == kvmanager.Success {
+		pb := int(r.Model.PageBytes())
+		for region, mem := range r.kv {
+			for pos, pg := range dst {
+				if kvmodel.Check(mem[int(pg)*pb:(int(pg)+1)*pb], rr.Room, pos, region) {
+					res.PagesVerified++
+				} else {
+					res.Corrupt++
+				}
+			}
+		}
+		res.Bytes = uint64(n) * r.Model.PageBytes() * uint64(len(r.kv))
+	} else if ch := rc.Released(); ch != nil {
+		// Quarantine: the pages are reused only once prefill has nothing
+		// in flight for the room.
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			quarantined = true
+			res.Error = "pages still quarantined at the deadline"
+		}
+	}
+	res.LatencyMS = float64(time.Since(start).Microseconds()) / 1e3
+	return res
+}
