@@ -29,15 +29,15 @@ import (
 
 // Rank is a running prefill or decode rank.
 type Rank struct {
-	Role   kvmanager.Role
-	M      *kvmanager.Manager
-	Model  kvmodel.Model
-	pages  *kvmodel.Pages
-	kv     [][]byte
-	log    *zap.Logger
-	boot   *bootstrap.Server
-	http   *http.Server
-	ln     net.Listener
+	Role  kvmanager.Role
+	M     *kvmanager.Manager
+	Model kvmodel.Model
+	pages *kvmodel.Pages
+	kv    [][]byte
+	log   *zap.Logger
+	boot  *bootstrap.Server
+	http  *http.Server
+	ln    net.Listener
 }
 
 func env(name, def string) string {
