@@ -1,0 +1,638 @@
+// Command kvbench measures kvbridge and prints every figure next to its
+// reference from the same run, as a ratio:
+//
+//	engine   bulk write bandwidth, 4 KiB to 256 MiB    vs memcpy and ucx_perftest
+//	paged    one request's pages with a model layout,  vs the engine's bulk write
+//	         scattered contiguous, fragmented or random
+//	rooms    many concurrent rooms                     vs the engine's bulk write
+//	control  control-plane round trip                  vs bare ZeroMQ PUSH/PULL
+//
+// Results go to stdout, to -json as JSON rows and to -png as a chart of
+// bandwidth against size. Memory is host DRAM (-mem is a parameter so GPU
+// memory can be added).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/receiver"
+	"github.com/kvbridge/kvbridge/sender"
+	zmq "github.com/pebbe/zmq4"
+)
+
+// Row is one measurement with its references.
+type Row struct {
+	Mode       string             `json:"mode"`
+	Name       string             `json:"name"`
+	Bytes      uint64             `json:"bytes,omitempty"`
+	Value      float64            `json:"value"`
+	Unit       string             `json:"unit"`
+	References map[string]float64 `json:"references"`
+	Ratios     map[string]float64 `json:"ratios"`
+}
+
+type bench struct {
+	engine string
+	tls    string
+	mem    nixl.MemKind
+	quick  bool
+	rows   []Row
+	model  kvmodel.Model
+}
+
+func main() { os.Exit(run(os.Args[1:])) }
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
+	mode := fs.String("mode", "all", "engine, paged, rooms, control or all")
+	engine := fs.String("engine", "ucx", "nixl engine")
+	tls := fs.String("ucx-tls", "posix,cma,self", "UCX transports (ucx engine and ucx_perftest)")
+	mem := fs.String("mem", "DRAM", "memory kind: DRAM (VRAM: not yet)")
+	model := fs.String("model", "llama3-8b", "model layout for paged and rooms: "+kvmodel.PresetNames())
+	jsonOut := fs.String("json", "kvbench.json", "write results as JSON here (\"\" for none)")
+	pngOut := fs.String("png", "kvbench.png", "write a chart here (\"\" for none)")
+	quick := fs.Bool("quick", false, "small sizes and few iterations (tests)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	b := &bench{engine: *engine, tls: *tls, quick: *quick, model: kvmodel.Presets[*model]}
+	if b.model.Name == "" {
+		fmt.Fprintf(os.Stderr, "kvbench: unknown model %q\n", *model)
+		return 2
+	}
+	switch *mem {
+	case "DRAM":
+		b.mem = nixl.DRAM
+	default:
+		fmt.Fprintf(os.Stderr, "kvbench: memory kind %q is not supported yet (DRAM only)\n", *mem)
+		return 2
+	}
+	modes := map[string]func() error{"engine": b.engineMode, "paged": b.pagedMode, "rooms": b.roomsMode, "control": b.controlMode}
+	order := []string{"engine", "paged", "rooms", "control"}
+	if *mode != "all" {
+		if modes[*mode] == nil {
+			fmt.Fprintf(os.Stderr, "kvbench: unknown mode %q\n", *mode)
+			return 2
+		}
+		order = []string{*mode}
+	}
+	for _, m := range order {
+		if err := modes[m](); err != nil {
+			fmt.Fprintf(os.Stderr, "\nkvbench: %s: %v\n", m, err)
+			return 1
+		}
+	}
+	fmt.Fprintln(os.Stderr)
+	b.print()
+	if *jsonOut != "" {
+		data, _ := json.MarshalIndent(b.rows, "", "  ")
+		if err := os.WriteFile(*jsonOut, data, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "kvbench:", err)
+			return 1
+		}
+	}
+	if *pngOut != "" {
+		if err := chart(b.rows, *pngOut); err != nil {
+			fmt.Fprintln(os.Stderr, "kvbench: chart:", err)
+			return 1
+		}
+	}
+	return 0
+}
+
+func (b *bench) add(r Row) {
+	r.Ratios = map[string]float64{}
+	for k, v := range r.References {
+		if v > 0 {
+			r.Ratios[k] = r.Value / v
+		}
+	}
+	b.rows = append(b.rows, r)
+}
+
+var progressMu sync.Mutex
+
+func progress(label string, done, total int) {
+	progressMu.Lock()
+	defer progressMu.Unlock()
+	const w = 24
+	n := done * w / max(total, 1)
+	fmt.Fprintf(os.Stderr, "\r%-8s [%s%s] %d/%d ", label, strings.Repeat("#", n), strings.Repeat(".", w-n), done, total)
+}
+
+func (b *bench) print() {
+	fmt.Printf("%-8s %-28s %12s  %s\n", "mode", "case", "kvbridge", "references (ratio)")
+	for _, r := range b.rows {
+		var refs []string
+		for k, v := range r.References {
+			refs = append(refs, fmt.Sprintf("%s %.3g %s (%.2f)", k, v, r.Unit, r.Ratios[k]))
+		}
+		fmt.Printf("%-8s %-28s %9.3g %s  %s\n", r.Mode, r.Name, r.Value, r.Unit, strings.Join(refs, ", "))
+	}
+}
+
+// ---- engine ------------------------------------------------------------
+
+func (b *bench) agents() (*nixl.Agent, *nixl.Agent, string, error) {
+	open := func(n string) (*nixl.Agent, error) {
+		return nixl.Open(nixl.Config{Name: fmt.Sprintf("kvbench-%s-%d", n, time.Now().UnixNano()), Engine: b.engine,
+			UCX: map[string]string{"TLS": b.tls}})
+	}
+	a, err := open("ini")
+	if err != nil {
+		return nil, nil, "", err
+	}
+	t, err := open("tgt")
+	if err != nil {
+		a.Close()
+		return nil, nil, "", err
+	}
+	return a, t, "", nil
+}
+
+// writeGBps writes size bytes iters times between two agents.
+func writeGBps(a, t *nixl.Agent, size uint64, iters int) (float64, error) {
+	_, src, err := a.Alloc(size)
+	if err != nil {
+		return 0, err
+	}
+	_, dst, err := t.Alloc(size)
+	if err != nil {
+		return 0, err
+	}
+	md, _ := t.Metadata()
+	remote, err := a.LoadRemote(md)
+	if err != nil {
+		return 0, err
+	}
+	l, err := a.PrepLocal(nixl.DRAM, []nixl.Desc{nixl.BytesDesc(src)})
+	if err != nil {
+		return 0, err
+	}
+	r, err := a.PrepRemote(remote, nixl.DRAM, []nixl.Desc{nixl.BytesDesc(dst)})
+	if err != nil {
+		return 0, err
+	}
+	x, err := a.NewXfer(nixl.Write, l, []int{0}, r, []int{0}, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer a.Release(x)
+	var start time.Time
+	for i := -1; i < iters; i++ { // i = −1 warms up: connection, first touch of the pages
+		if i == 0 {
+			start = time.Now()
+		}
+		if err := a.Post(x); err != nil {
+			return 0, err
+		}
+		for {
+			st, err := a.Status(x)
+			if st == nixl.Done {
+				break
+			}
+			if st == nixl.Failed {
+				return 0, err
+			}
+		}
+	}
+	return float64(size) * float64(iters) / time.Since(start).Seconds() / 1e9, nil
+}
+
+func memcpyGBps(size uint64, iters int) float64 {
+	src, dst := make([]byte, size), make([]byte, size)
+	copy(dst, src)
+	start := time.Now()
+	for i := 0; i < iters; i++ {
+		copy(dst, src)
+	}
+	return float64(size) * float64(iters) / time.Since(start).Seconds() / 1e9
+}
+
+var finalLine = regexp.MustCompile(`^Final:\s+\d+\s+\S+\s+\S+\s+\S+\s+(\S+)`)
+
+// perftestGBps runs ucx_perftest -t ucp_put_bw (server and client) at one
+// size; 0 if it is not installed or fails.
+func (b *bench) perftestGBps(size uint64, iters int) float64 {
+	if _, err := exec.LookPath("ucx_perftest"); err != nil {
+		return 0
+	}
+	iters = max(iters, 200) // its own warm-up needs a few hundred
+	port := strconv.Itoa(20000 + rand.IntN(20000))
+	env := append(os.Environ(), "UCX_TLS="+b.tls)
+	args := []string{"-t", "ucp_put_bw", "-s", strconv.FormatUint(size, 10), "-n", strconv.Itoa(iters), "-p", port}
+	srv := exec.Command("ucx_perftest", args...)
+	srv.Env = env
+	if srv.Start() != nil {
+		return 0
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+	for try := 0; try < 20; try++ {
+		time.Sleep(200 * time.Millisecond)
+		cli := exec.Command("ucx_perftest", append([]string{"127.0.0.1"}, args...)...)
+		cli.Env = env
+		out, err := cli.Output()
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			if m := finalLine.FindStringSubmatch(l); m != nil {
+				// Columns: iterations, 50%ile, avg, overall, bw avg (MiB/s), ...
+				f := strings.Fields(l)
+				if len(f) >= 6 {
+					v, err := strconv.ParseFloat(f[5], 64)
+					if err != nil || math.IsInf(v, 0) || math.IsNaN(v) || v <= 0 {
+						return 0
+					}
+					return v * 1048576 / 1e9
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func (b *bench) engineMode() error {
+	sizes := []uint64{4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20}
+	if b.quick {
+		sizes = []uint64{4 << 10, 64 << 10, 1 << 20}
+	}
+	for i, size := range sizes {
+		progress("engine", i, len(sizes))
+		iters := int(max(4, min(2000, (1<<30)/size)))
+		if b.quick {
+			iters = 5
+		}
+		a, t, _, err := b.agents()
+		if err != nil {
+			return err
+		}
+		v, err := writeGBps(a, t, size, iters)
+		a.Close()
+		t.Close()
+		if err != nil {
+			return err
+		}
+		refs := map[string]float64{"memcpy": memcpyGBps(size, iters)}
+		if p := b.perftestGBps(size, iters); p > 0 {
+			refs["ucx_perftest"] = p
+		}
+		b.add(Row{Mode: "engine", Name: fmt.Sprintf("write %s", human(size)), Bytes: size, Value: v, Unit: "GB/s", References: refs})
+	}
+	progress("engine", len(sizes), len(sizes))
+	return nil
+}
+
+func human(n uint64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%d MiB", n>>20)
+	default:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+}
+
+// ---- paged and rooms ---------------------------------------------------
+
+type cluster struct {
+	srv             *bootstrap.Server
+	prefill, decode *kvmanager.Manager
+	pp, dp          *kvmodel.Pages
+	next            uint64
+	mu              sync.Mutex
+}
+
+func (b *bench) cluster(pages int) (*cluster, error) {
+	c := &cluster{srv: bootstrap.NewServer(), pp: kvmodel.NewPages(pages, 1), dp: kvmodel.NewPages(pages, 2)}
+	if err := c.srv.Start("127.0.0.1:0"); err != nil {
+		return nil, err
+	}
+	mk := func(role kvmanager.Role) (*kvmanager.Manager, error) {
+		cfg := kvmanager.DefaultConfig(role)
+		cfg.Instance = fmt.Sprintf("kvbench-%d", time.Now().UnixNano())
+		cfg.Compat, cfg.BootstrapURL = b.model.Compat(), c.srv.URL()
+		cfg.Engine = nixl.Config{Engine: b.engine, UCX: map[string]string{"TLS": b.tls}}
+		cfg.Layout = b.model.Layout(b.mem, pages, 4096)
+		return kvmanager.New(cfg)
+	}
+	var err error
+	if c.prefill, err = mk(kvmanager.RolePrefill); err != nil {
+		c.srv.Close(context.Background())
+		return nil, err
+	}
+	if c.decode, err = mk(kvmanager.RoleDecode); err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *cluster) close() {
+	if c.decode != nil {
+		c.decode.Close()
+	}
+	c.prefill.Close()
+	c.srv.Close(context.Background())
+}
+
+// room moves one request with the given page lists.
+func (c *cluster) room(src, dst []uint32) error {
+	c.mu.Lock()
+	c.next++
+	id := c.next
+	c.mu.Unlock()
+	ctx := context.Background()
+	r, err := receiver.New(c.decode, id)
+	if err != nil {
+		return err
+	}
+	defer r.Clear()
+	s, err := sender.New(c.prefill, id)
+	if err != nil {
+		return err
+	}
+	defer s.Clear()
+	s.Init()
+	if err := r.Init(ctx, kvmanager.RequestSpec{DstPages: dst, AuxIndex: int(id % 4096)}); err != nil {
+		return err
+	}
+	if st, err := s.WaitReady(ctx); st != kvmanager.WaitingForInput {
+		return fmt.Errorf("room %d: %v %v", id, st, err)
+	}
+	for i := 0; i < len(src); i += 128 {
+		end := min(i+128, len(src))
+		if err := s.Send(src[i:end], end == len(src), int(id%4096)); err != nil {
+			return err
+		}
+	}
+	if st, _ := r.Wait(ctx); st != kvmanager.Success {
+		return fmt.Errorf("room %d: %v: %s", id, st, r.Failure())
+	}
+	s.Wait(ctx)
+	return nil
+}
+
+// bulk is the engine's single-descriptor write between the cluster's agents.
+func (c *cluster) bulk(size uint64, iters int) (float64, error) {
+	a, t := c.prefill.Agent(), c.decode.Agent()
+	md, _ := t.Metadata()
+	remote, err := a.LoadRemote(md)
+	if err != nil {
+		return 0, err
+	}
+	src, dst := c.prefill.Config().Layout.Regions[0], c.decode.Config().Layout.Regions[0]
+	size = min(size, src.Len)
+	l, _ := a.PrepLocal(nixl.DRAM, []nixl.Desc{{Addr: src.Addr, Len: size}})
+	r, _ := a.PrepRemote(remote, nixl.DRAM, []nixl.Desc{{Addr: dst.Addr, Len: size}})
+	x, err := a.NewXfer(nixl.Write, l, []int{0}, r, []int{0}, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer a.Release(x)
+	var start time.Time
+	for i := -1; i < iters; i++ { // i = −1 warms up
+		if i == 0 {
+			start = time.Now()
+		}
+		a.Post(x)
+		for st, _ := a.Status(x); st == nixl.InProgress; st, _ = a.Status(x) {
+		}
+	}
+	return float64(size) * float64(iters) / time.Since(start).Seconds() / 1e9, nil
+}
+
+func scatter(kind string, n, pages int, rng *rand.Rand) []uint32 {
+	out := make([]uint32, n)
+	switch kind {
+	case "contiguous":
+		base := rng.IntN(pages - n + 1)
+		for i := range out {
+			out[i] = uint32(base + i)
+		}
+	case "fragmented": // runs of 8 pages at random places
+		perm := rng.Perm(pages / 8)
+		for i := range out {
+			out[i] = uint32(perm[i/8]*8 + i%8)
+		}
+	default: // random
+		perm := rng.Perm(pages)
+		for i := range out {
+			out[i] = uint32(perm[i])
+		}
+	}
+	return out
+}
+
+func (b *bench) pagedMode() error {
+	pages, tokens, iters := 1024, 4096, 10
+	if b.quick {
+		pages, tokens, iters = 256, 512, 3
+	}
+	c, err := b.cluster(pages)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	n := tokens / b.model.PageTokens
+	if err := c.room(scatter("contiguous", 1, pages, rand.New(rand.NewPCG(0, 0))), []uint32{0}); err != nil {
+		return err
+	}
+	bulk, err := c.bulk(uint64(n)*b.model.PageBytes(), iters)
+	if err != nil {
+		return err
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	// Warm up: touch every page of both sides once.
+	all := scatter("contiguous", pages, pages, rng)
+	if err := c.room(all, all); err != nil {
+		return err
+	}
+	kinds := []string{"contiguous", "fragmented", "random"}
+	for k, kind := range kinds {
+		progress("paged", k, len(kinds))
+		bytes := float64(n) * float64(b.model.PageBytes()) * float64(2*b.model.Layers)
+		start := time.Now()
+		for i := 0; i < iters; i++ {
+			if err := c.room(scatter(kind, n, pages, rng), scatter(kind, n, pages, rng)); err != nil {
+				return err
+			}
+		}
+		gbps := bytes * float64(iters) / time.Since(start).Seconds() / 1e9
+		b.add(Row{Mode: "paged", Name: fmt.Sprintf("%s %d tok %s", b.model.Name, tokens, kind), Bytes: uint64(bytes),
+			Value: gbps, Unit: "GB/s", References: map[string]float64{"bulk write": bulk}})
+	}
+	progress("paged", len(kinds), len(kinds))
+	return nil
+}
+
+func (b *bench) roomsMode() error {
+	pages, tokens, rooms, streams := 1024, 1024, 64, 8
+	if b.quick {
+		pages, tokens, rooms, streams = 512, 256, 16, 4
+	}
+	c, err := b.cluster(pages)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	n := tokens / b.model.PageTokens
+	bulk, err := c.bulk(32<<20, 10)
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	var done int
+	var mu sync.Mutex
+	errs := make(chan error, streams)
+	start := time.Now()
+	for s := 0; s < streams; s++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := s; i < rooms; i += streams {
+				var src, dst []uint32
+				for src == nil || dst == nil {
+					if src == nil {
+						src = c.pp.Get(n)
+					}
+					if dst == nil {
+						dst = c.dp.Get(n)
+					}
+					if src == nil || dst == nil {
+						time.Sleep(100 * time.Microsecond)
+					}
+				}
+				err := c.room(src, dst)
+				c.pp.Put(src)
+				c.dp.Put(dst)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				done++
+				progress("rooms", done, rooms)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	bytes := float64(rooms) * float64(n) * float64(b.model.PageBytes()) * float64(2*b.model.Layers)
+	b.add(Row{Mode: "rooms", Name: fmt.Sprintf("%d rooms × %d tok, %d streams", rooms, tokens, streams), Bytes: uint64(bytes),
+		Value: bytes / time.Since(start).Seconds() / 1e9, Unit: "GB/s", References: map[string]float64{"bulk write": bulk}})
+	return nil
+}
+
+// ---- control -----------------------------------------------------------
+
+func (b *bench) controlMode() error {
+	n := 2000
+	if b.quick {
+		n = 200
+	}
+	progress("control", 0, 2)
+	got := make(chan struct{}, 1)
+	var echo *bootstrap.Loop
+	var back bootstrap.Peer
+	echo, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: bootstrap.From{Role: bootstrap.RolePrefill, Instance: "bench-echo"},
+		Bind: "tcp://127.0.0.1:*", Handler: func(m bootstrap.Message) { echo.Send(back, m) }})
+	if err != nil {
+		return err
+	}
+	defer echo.Close()
+	a, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: bootstrap.From{Role: bootstrap.RoleDecode, Instance: "bench-a"},
+		Bind: "tcp://127.0.0.1:*", Handler: func(bootstrap.Message) { got <- struct{}{} }})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	back = bootstrap.Peer{Endpoint: a.Endpoint()}
+	to := bootstrap.Peer{Endpoint: echo.Endpoint()}
+	rtt := func() time.Duration {
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			a.Send(to, &bootstrap.Abort{Room: uint64(i), Reason: "bench"})
+			<-got
+		}
+		return time.Since(start) / time.Duration(n)
+	}
+	rtt() // warm up
+	kvb := rtt()
+	progress("control", 1, 2)
+	bare, err := bareRTT(n)
+	if err != nil {
+		return err
+	}
+	progress("control", 2, 2)
+	// Ratio as speed: reference time / kvbridge time.
+	b.rows = append(b.rows, Row{Mode: "control", Name: "round trip (µs)", Value: float64(kvb.Nanoseconds()) / 1e3, Unit: "µs",
+		References: map[string]float64{"bare zmq": float64(bare.Nanoseconds()) / 1e3},
+		Ratios:     map[string]float64{"bare zmq": float64(bare) / float64(kvb)}})
+	return nil
+}
+
+// bareRTT is the reference: PUSH/PULL echo with pebbe/zmq4, same frames.
+func bareRTT(n int) (time.Duration, error) {
+	ctx, err := zmq.NewContext()
+	if err != nil {
+		return 0, err
+	}
+	defer ctx.Term()
+	mk := func(t zmq.Type) *zmq.Socket { s, _ := ctx.NewSocket(t); s.SetLinger(0); return s }
+	pull, backPull, push, backPush := mk(zmq.PULL), mk(zmq.PULL), mk(zmq.PUSH), mk(zmq.PUSH)
+	defer func() {
+		for _, s := range []*zmq.Socket{pull, backPull, push, backPush} {
+			s.Close()
+		}
+	}()
+	pull.Bind("tcp://127.0.0.1:*")
+	backPull.Bind("tcp://127.0.0.1:*")
+	e1, _ := pull.GetLastEndpoint()
+	e2, _ := backPull.GetLastEndpoint()
+	push.Connect(e1)
+	backPush.Connect(e2)
+	frames, _ := bootstrap.Encode(&bootstrap.Abort{From: bootstrap.From{Role: "decode", Instance: "x", Endpoint: e2}, Room: 1, Reason: "bench"})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 2*n; i++ {
+			m, err := pull.RecvMessageBytes(0)
+			if err != nil {
+				return
+			}
+			backPush.SendMessage(m)
+		}
+	}()
+	round := func() time.Duration {
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			push.SendMessage(frames)
+			backPull.RecvMessageBytes(0)
+		}
+		return time.Since(start) / time.Duration(n)
+	}
+	round()
+	d := round()
+	<-done
+	return d, nil
+}
