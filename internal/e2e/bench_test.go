@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
@@ -27,7 +28,7 @@ const (
 type benchCluster struct {
 	srv             *bootstrap.Server
 	prefill, decode *kvmanager.Manager
-	pFree, dFree    *pagePool
+	pFree, dFree    *kvmodel.Pages
 	mu              sync.Mutex
 	traces          map[uint64]map[kvmanager.TraceEvent]time.Time
 }
@@ -76,17 +77,17 @@ func (c *benchCluster) oneRoom(b *testing.B, id uint64, tokens int, pageTokens i
 	var src, dst []uint32
 	for src == nil || dst == nil {
 		if src == nil {
-			src = c.pFree.get(n)
+			src = c.pFree.Get(n)
 		}
 		if dst == nil {
-			dst = c.dFree.get(n)
+			dst = c.dFree.Get(n)
 		}
 		if src == nil || dst == nil {
 			time.Sleep(10 * time.Microsecond)
 		}
 	}
-	defer c.pFree.put(src)
-	defer c.dFree.put(dst)
+	defer c.pFree.Put(src)
+	defer c.dFree.Put(dst)
 	r, err := receiver.New(c.decode, id)
 	if err != nil {
 		b.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
@@ -59,7 +60,7 @@ type cluster struct {
 	prefill, decode *kvmanager.Manager
 	pKV, dKV        [][]byte
 	pAux, dAux      []byte
-	pFree, dFree    *pagePool
+	pFree, dFree    *kvmodel.Pages
 }
 
 func layout() transfer.Layout {
@@ -130,37 +131,9 @@ func fillPage(b []byte, seed uint64) {
 	}
 }
 
-// pagePool hands out distinct pages so concurrent rooms never share one.
-type pagePool struct {
-	mu   sync.Mutex
-	free []uint32
-}
-
-func newPagePool(n int) *pagePool {
-	p := &pagePool{}
-	for i := n - 1; i >= 0; i-- {
-		p.free = append(p.free, uint32(i))
-	}
-	rand.Shuffle(len(p.free), func(i, j int) { p.free[i], p.free[j] = p.free[j], p.free[i] })
-	return p
-}
-
-func (p *pagePool) get(n int) []uint32 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if n > len(p.free) {
-		return nil
-	}
-	out := append([]uint32(nil), p.free[len(p.free)-n:]...)
-	p.free = p.free[:len(p.free)-n]
-	return out
-}
-
-func (p *pagePool) put(pg []uint32) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.free = append(p.free, pg...)
-}
+// newPagePool hands out distinct, shuffled pages so concurrent rooms never
+// share one.
+func newPagePool(n int) *kvmodel.Pages { return kvmodel.NewPages(n, rand.Uint64()) }
 
 // room is one request in flight through the cluster.
 type room struct {
@@ -175,7 +148,7 @@ type room struct {
 func (c *cluster) start(t *testing.T, id uint64, tokens int) *room {
 	t.Helper()
 	n := (tokens + pageToks - 1) / pageToks
-	rm := &room{id: id, src: c.pFree.get(n), dst: c.dFree.get(n), auxSrc: int(id % auxItems), auxDst: int((id + 1) % auxItems)}
+	rm := &room{id: id, src: c.pFree.Get(n), dst: c.dFree.Get(n), auxSrc: int(id % auxItems), auxDst: int((id + 1) % auxItems)}
 	if rm.src == nil || rm.dst == nil {
 		t.Fatalf("out of pages for %d", n)
 	}
@@ -241,8 +214,8 @@ func (c *cluster) verify(t *testing.T, rm *room) {
 func (c *cluster) finish(rm *room) {
 	rm.s.Clear()
 	rm.r.Clear()
-	c.pFree.put(rm.src)
-	c.dFree.put(rm.dst)
+	c.pFree.Put(rm.src)
+	c.dFree.Put(rm.dst)
 }
 
 func waitStatus(t *testing.T, w interface {
@@ -276,7 +249,7 @@ func TestTransfersByteExact(t *testing.T) {
 func TestStateIndices(t *testing.T) {
 	c := newCluster(t, "ucx-shm", nil)
 	r, _ := receiver.New(c.decode, 70)
-	dst := c.dFree.get(4)
+	dst := c.dFree.Get(4)
 	if err := r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst, AuxIndex: 3,
 		StateIndices: [][]uint32{{5, 6, 7}, {9}}}); err != nil {
 		t.Fatal(err)
@@ -286,7 +259,7 @@ func TestStateIndices(t *testing.T) {
 	if st, err := s.WaitReady(ctx(t)); st != kvmanager.WaitingForInput {
 		t.Fatalf("%v %v", st, err)
 	}
-	if err := s.Send(c.pFree.get(4), true, 1, []uint32{10, 11, 40}, []uint32{2}); err != nil {
+	if err := s.Send(c.pFree.Get(4), true, 1, []uint32{10, 11, 40}, []uint32{2}); err != nil {
 		t.Fatal(err)
 	}
 	waitStatus(t, r, kvmanager.Success)
@@ -301,11 +274,11 @@ func TestStateIndices(t *testing.T) {
 	// The decode rank wants state the prefill rank does not give: the
 	// room fails on both sides with the reason.
 	r2, _ := receiver.New(c.decode, 71)
-	r2.Init(ctx(t), kvmanager.RequestSpec{DstPages: c.dFree.get(1), AuxIndex: -1, StateIndices: [][]uint32{{1, 2}}})
+	r2.Init(ctx(t), kvmanager.RequestSpec{DstPages: c.dFree.Get(1), AuxIndex: -1, StateIndices: [][]uint32{{1, 2}}})
 	s2, _ := sender.New(c.prefill, 71)
 	s2.Init()
 	s2.WaitReady(ctx(t))
-	if err := s2.Send(c.pFree.get(1), true, -1); err == nil || !strings.Contains(err.Error(), "state region 0") {
+	if err := s2.Send(c.pFree.Get(1), true, -1); err == nil || !strings.Contains(err.Error(), "state region 0") {
 		t.Fatalf("missing state: %v", err)
 	}
 	waitStatus(t, r2, kvmanager.Failed)
@@ -315,8 +288,8 @@ func TestStateIndices(t *testing.T) {
 // whole request and only the rest is written, to DstPages[0..].
 func TestPrefixSkipped(t *testing.T) {
 	c := newCluster(t, "loopback", nil)
-	src := c.pFree.get(10)
-	dst := c.dFree.get(7) // positions 3..9
+	src := c.pFree.Get(10)
+	dst := c.dFree.Get(7) // positions 3..9
 	r, _ := receiver.New(c.decode, 80)
 	if err := r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1, Prefix: 3}); err != nil {
 		t.Fatal(err)
@@ -347,7 +320,7 @@ func TestAbortBeforeSenderExists(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dst := c.dFree.get(4)
+	dst := c.dFree.Get(4)
 	if err := r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1}); err != nil {
 		t.Fatal(err)
 	}
@@ -556,17 +529,17 @@ func soakRoom(t *testing.T, c *cluster, id uint64, rng *rand.Rand) error {
 	var src, dst []uint32
 	for src == nil || dst == nil {
 		if src == nil {
-			src = c.pFree.get(n)
+			src = c.pFree.Get(n)
 		}
 		if dst == nil {
-			dst = c.dFree.get(n)
+			dst = c.dFree.Get(n)
 		}
 		if src == nil || dst == nil {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	defer c.pFree.put(src)
-	defer c.dFree.put(dst)
+	defer c.pFree.Put(src)
+	defer c.dFree.Put(dst)
 	abortAt := -1 // 0: before the sender, 1: waiting, 2: mid-transfer, 3: after success
 	if rng.IntN(10) == 0 {
 		abortAt = rng.IntN(4)

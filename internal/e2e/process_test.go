@@ -236,7 +236,7 @@ func TestSeparateProcesses(t *testing.T) {
 			pp, dp := newPagePool(pages), newPagePool(pages)
 			for i, tokens := range []int{1, 128, 2048, 8192} {
 				n := (tokens + pageToks - 1) / pageToks
-				src, dst := pp.get(n), dp.get(n)
+				src, dst := pp.Get(n), dp.Get(n)
 				room := uint64(i + 1)
 				decode.do(fmt.Sprintf("RECV %d %s %s", room, csv(dst), csv(src)))
 				prefill.do(fmt.Sprintf("SEND %d %s 64", room, csv(src)))
@@ -246,8 +246,8 @@ func TestSeparateProcesses(t *testing.T) {
 				if got := prefill.expect(t, "DONE"); !strings.HasPrefix(got, fmt.Sprintf("DONE %d Success", room)) {
 					t.Fatalf("prefill: %s", got)
 				}
-				pp.put(src)
-				dp.put(dst)
+				pp.Put(src)
+				dp.Put(dst)
 			}
 		})
 	}
@@ -261,7 +261,7 @@ func TestDecodeKilledMidTransfer(t *testing.T) {
 	boot := startBoot(t)
 	prefill := startRank(t, "prefill", "ucx-tcp", boot)
 	decode := startRank(t, "decode", "ucx-tcp", boot)
-	src, dst := newPagePool(pages).get(256), newPagePool(pages).get(256)
+	src, dst := newPagePool(pages).Get(256), newPagePool(pages).Get(256)
 	decode.do(fmt.Sprintf("RECV 7 %s %s", csv(dst), csv(src)))
 	prefill.do(fmt.Sprintf("HOLD 7 %s 16", csv(src)))
 	prefill.expect(t, "HELD 7")
@@ -284,7 +284,7 @@ func TestPrefillKilledMidTransfer(t *testing.T) {
 	boot := startBoot(t)
 	prefill := startRank(t, "prefill", "ucx-tcp", boot)
 	decode := startRank(t, "decode", "ucx-tcp", boot)
-	src, dst := newPagePool(pages).get(256), newPagePool(pages).get(256)
+	src, dst := newPagePool(pages).Get(256), newPagePool(pages).Get(256)
 	decode.do(fmt.Sprintf("RECV 8 %s %s", csv(dst), csv(src)))
 	prefill.do(fmt.Sprintf("HOLD 8 %s 16", csv(src)))
 	prefill.expect(t, "HELD 8")
