@@ -485,7 +485,7 @@ func (m *Manager) failPeerRoomsLocked(key, reason string) {
 		res := m.reg.Update(room, Failed, reason)
 		m.met.event(EventUpdate, res)
 		if res.Outcome == Applied {
-			go m.notifyFailed(room, res.Peers, reason, key)
+			m.notifyFailed(room, res.Peers, reason, key) // non-blocking sends
 		}
 	}
 }
