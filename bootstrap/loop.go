@@ -404,14 +404,18 @@ func (l *Loop) dispatch(frames [][]byte, epochs map[string]uint64, limiter *logL
 	l.stat.received.Add(1)
 	from := m.Sender()
 	key := from.Peer()
-	if old, ok := epochs[key]; ok && old != from.Epoch {
-		l.stat.restarted.Add(1)
-		l.log.Warn("peer restarted", zap.String("peer", key), zap.String("endpoint", from.Endpoint))
-		if l.cfg.OnPeerDown != nil {
-			l.cfg.OnPeerDown(PeerDown{Endpoint: from.Endpoint, From: from, Reason: ReasonPeerRestarted})
+	// A PING is unsolicited: anyone can send one with any epoch, so it
+	// neither reports a restart nor changes the epoch we know.
+	if _, ping := m.(*Ping); !ping {
+		if old, ok := epochs[key]; ok && old != from.Epoch {
+			l.stat.restarted.Add(1)
+			l.log.Warn("peer restarted", zap.String("peer", key), zap.String("endpoint", from.Endpoint))
+			if l.cfg.OnPeerDown != nil {
+				l.cfg.OnPeerDown(PeerDown{Endpoint: from.Endpoint, From: from, Reason: ReasonPeerRestarted})
+			}
 		}
+		epochs[key] = from.Epoch
 	}
-	epochs[key] = from.Epoch
 	switch m := m.(type) {
 	case *Ping:
 		_ = l.Send(Peer{Endpoint: from.Endpoint}, &Pong{Seq: m.Seq})
@@ -453,8 +457,9 @@ type peerConn struct {
 	elem     *list.Element // in the LRU list
 
 	watched  bool
-	awaiting bool // a PING is out with no PONG since
+	awaiting bool // a PING was handed to ZeroMQ and no PONG came since
 	misses   int
+	moved    bool // the backlog shrank since the last heartbeat
 
 	// backlog holds messages ZeroMQ would not take yet, in order. It is
 	// bounded by SendHWM; beyond it messages are dropped as peer_busy.
@@ -657,6 +662,7 @@ func (s *sender) flush() {
 			pc.backlog = append(pc.backlog[:0], pc.backlog[n:]...)
 			s.pending -= n
 			moved = true
+			pc.moved = true
 		}
 	}
 	if s.pending > 0 {
@@ -696,7 +702,10 @@ func (s *sender) watch(c watchCmd) {
 
 // heartbeat runs once per interval: a watched peer that has not answered
 // the previous PING misses one; at MaxMisses it is declared dead (within
-// interval × (MaxMisses+1) of its last PONG) and no longer watched.
+// interval × (MaxMisses+1) of its last PONG) and no longer watched. While a
+// peer's backlog is not empty no PING can be sent: then the backlog is the
+// probe (it moving proves the peer alive, it standing still is a miss), so
+// a miss is never counted for a PING that was not sent.
 func (s *sender) heartbeat(now time.Time) {
 	for _, pc := range s.peers {
 		if !pc.watched {
@@ -705,11 +714,15 @@ func (s *sender) heartbeat(now time.Time) {
 			}
 			continue
 		}
-		if pc.awaiting {
+		switch {
+		case len(pc.backlog) > 0 && pc.moved:
+			pc.misses = 0
+		case len(pc.backlog) > 0, pc.awaiting:
 			pc.misses++
 		}
+		pc.moved, pc.awaiting = false, false
 		if pc.misses >= s.l.cfg.MaxMisses {
-			pc.watched, pc.awaiting = false, false
+			pc.watched = false
 			s.l.stat.dead.Add(1)
 			s.l.log.Warn("peer unreachable", zap.String("rank", s.l.id.Peer()), zap.String("peer", pc.endpoint),
 				zap.Int("missed", pc.misses))
@@ -718,12 +731,12 @@ func (s *sender) heartbeat(now time.Time) {
 			}
 			continue
 		}
+		if len(pc.backlog) > 0 {
+			continue
+		}
 		s.seq++
 		frames, _ := Encode(&Ping{From: s.l.id, Seq: s.seq})
-		pc.awaiting = true
-		if len(pc.backlog) == 0 {
-			s.try(pc, outbound{to: Peer{Endpoint: pc.endpoint}, frames: frames, t: TypePing})
-		}
+		pc.awaiting = s.try(pc, outbound{to: Peer{Endpoint: pc.endpoint}, frames: frames, t: TypePing})
 	}
 }
 

@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"bytes"
 	"errors"
+	"go.uber.org/zap"
 	"net"
 	"os"
 	"os/exec"
@@ -340,6 +341,67 @@ func TestEpochChangeReportsRestart(t *testing.T) {
 		}
 	default:
 		t.Fatal("restart not reported")
+	}
+}
+
+// TestPingNeverReportsRestart: a PING is unsolicited, so one carrying a new
+// epoch (forged, or from anyone) must not report a restart, nor make the
+// real epoch's next message look like one.
+func TestPingNeverReportsRestart(t *testing.T) {
+	prefill := newRank(t, RolePrefill, "p", nil)
+	// One raw connection, so the three messages arrive in order: the real
+	// epoch, a PING claiming a new epoch, the real epoch again.
+	raw := rawPush(t, prefill.Endpoint())
+	real := From{Role: RoleDecode, Instance: "d", Rank: 4, Endpoint: "tcp://127.0.0.1:1", Epoch: 1}
+	forged := real
+	forged.Epoch = 99
+	for _, m := range []Message{&Abort{From: real, Room: 1}, &Ping{From: forged, Seq: 1}, &Abort{From: real, Room: 2}} {
+		f, err := Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := raw.SendMessage(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for want := uint64(1); want <= 2; want++ {
+		if m := prefill.next(t).(*Abort); m.Room != want {
+			t.Fatalf("room %d, want %d", m.Room, want)
+		}
+	}
+	select {
+	case p := <-prefill.down:
+		t.Fatalf("a PING reported a restart: %+v", p)
+	default:
+	}
+	if n := prefill.Stats().PeersRestarted; n != 0 {
+		t.Fatalf("%d restarts counted", n)
+	}
+}
+
+// TestHeartbeatCountsOnlyRealMisses drives the send goroutine's heartbeat
+// directly: a peer whose backlog keeps moving is alive even though no PING
+// could be sent; a backlog that stands still is a miss; an unanswered PING
+// is a miss; a PING ZeroMQ would not take is not.
+func TestHeartbeatCountsOnlyRealMisses(t *testing.T) {
+	var down []PeerDown
+	l := &Loop{cfg: LoopConfig{MaxMisses: 2, PeerIdle: time.Hour, OnPeerDown: func(p PeerDown) { down = append(down, p) }},
+		log: zap.NewNop()}
+	s := &sender{l: l, peers: map[string]*peerConn{}}
+	pc := &peerConn{endpoint: "tcp://127.0.0.1:1", watched: true, backlog: []outbound{{}}}
+	s.peers[pc.endpoint] = pc
+	now := time.Now()
+	for i := 0; i < 10; i++ { // a slow but live peer: its backlog drains a little every interval
+		pc.moved = true
+		s.heartbeat(now)
+	}
+	if len(down) != 0 || pc.misses != 0 {
+		t.Fatalf("a peer whose backlog moves was declared dead (misses %d, down %v)", pc.misses, down)
+	}
+	s.heartbeat(now) // the backlog stands still: one miss
+	s.heartbeat(now) // two: dead
+	if len(down) != 1 || down[0].Reason != ReasonPeerUnreachable {
+		t.Fatalf("a stuck backlog must count as misses: %v", down)
 	}
 }
 

@@ -141,6 +141,10 @@ type Status struct {
 	From   From
 	Room   uint64
 	Status string
+	// Code (protocol v2, optional) says why in a word decode branches on:
+	// "not_registered", "out_of_range", "aborted", "cleared", "rejected",
+	// "peer_restarted" or "failed". Empty from a v1 peer.
+	Code   string
 	Reason string
 }
 
@@ -248,10 +252,17 @@ func Encode(m Message) ([][]byte, error) {
 		e.kuint("room", m.Room)
 		e.kbool("drained", m.Drained)
 	case *Status:
-		e.mapLen(4)
+		if m.Code == "" {
+			e.mapLen(4)
+		} else {
+			e.mapLen(5)
+		}
 		e.from(m.From)
 		e.kuint("room", m.Room)
 		e.kstr("status", m.Status)
+		if m.Code != "" {
+			e.kstr("code", m.Code)
+		}
 		e.kstr("reason", m.Reason)
 	case *Ping:
 		e.mapLen(2)
@@ -420,7 +431,7 @@ func Decode(frames [][]byte) (Message, error) {
 	case TypeAbortAck:
 		m = &AbortAck{From: b.from(), Room: b.uint("room"), Drained: b.boolean("drained")}
 	case TypeStatus:
-		s := &Status{From: b.from(), Room: b.uint("room"), Status: b.str("status"), Reason: b.str("reason")}
+		s := &Status{From: b.from(), Room: b.uint("room"), Status: b.str("status"), Code: b.optStr("code"), Reason: b.str("reason")}
 		if b.err == nil && s.Status != StatusFailed && s.Status != StatusSuccess {
 			b.fail(ReasonOutOfRange, "status", fmt.Sprintf("%q", s.Status))
 		}
@@ -562,6 +573,14 @@ func (b *body) str(k string) string {
 	v, err := s.str()
 	b.check(k, err)
 	return v
+}
+
+// optStr reads an optional string field ("" when absent).
+func (b *body) optStr(k string) string {
+	if _, ok := b.lookup(k); !ok || b.err != nil {
+		return ""
+	}
+	return b.str(k)
 }
 
 func (b *body) bin(k string) []byte {

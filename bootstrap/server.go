@@ -339,7 +339,11 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 				err = he
 			}
 		}
-		last = err
+		if last == nil || ctx.Err() == nil {
+			// Keep the server's last answer, not the interruption of the
+			// attempt the deadline cut short.
+			last = err
+		}
 		// Full jitter: sleep a random time up to the current backoff.
 		wait := time.Duration(rand.Int64N(int64(backoff)) + 1)
 		select {

@@ -12,7 +12,7 @@ const lifecycleEvents = 6
 // lifecycle runs one prefill room through its whole life: create, a decode
 // request, init, a chunk posted and completed, clear (6 events).
 // It returns the status the last write left.
-func lifecycle(r *Registry, id uint64) Poll {
+func lifecycle(r *testReg, id uint64) Poll {
 	r.Create(id, RolePrefill)
 	r.Request(id, PeerRequest{Peer: "decode-0", Required: 1})
 	r.Init(id)
@@ -22,11 +22,9 @@ func lifecycle(r *Registry, id uint64) Poll {
 	return st
 }
 
-func benchRegistry(b *testing.B) (*Registry, *fakeClock) {
+func benchRegistry(b *testing.B) (*testReg, *fakeClock) {
 	clk := newFakeClock()
-	cfg := DefaultRegistryConfig()
-	cfg.Now = clk.Now
-	r, err := NewRegistry(cfg)
+	r, err := newTestReg(DefaultRegistryConfig(), clk)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -24,8 +24,8 @@ type Config struct {
 	// BootstrapURL is the HTTP bootstrap server: prefill ranks register
 	// there (skipped when empty), decode ranks look prefill ranks up.
 	BootstrapURL string
-	// PrefillRank is the prefill TP rank a decode rank pulls from
-	// (default: its own Rank).
+	// PrefillRank is the prefill rank of BootstrapURL that a decode rank
+	// pulls from when a room names no target (0 is rank 0, not "unset").
 	PrefillRank int
 	// TPSize is the prefill deployment's TP size (for the rank table).
 	TPSize int
@@ -40,6 +40,17 @@ type Config struct {
 	Layout   transfer.Layout // KV (and aux) memory of this rank, registered by the Manager
 	Registry RegistryConfig
 	Workers  int // transfer workers (prefill), default 4
+
+	// QuarantineTimeout bounds how long a failed decode room's pages wait
+	// for the prefill ranks' ABORT_ACK (default 2 × StallTimeout); past it
+	// they are released as forced, logged and counted.
+	QuarantineTimeout time.Duration
+	// RegisterRetry is the first interval before a REGISTER without answer
+	// is sent again (doubling up to 32×), default 500 ms.
+	RegisterRetry time.Duration
+	// Now is the clock of the shell (steps and sweeps); nil means
+	// time.Now. Tests inject a fake one.
+	Now func() time.Time
 
 	HeartbeatInterval time.Duration // default 5 s
 	MaxMisses         int           // default 2
@@ -72,7 +83,51 @@ const (
 func DefaultConfig(role Role) Config {
 	return Config{Role: role, Bind: "tcp://127.0.0.1:*", TPSize: 1, PageTokens: 16, DType: "bf16",
 		Registry: DefaultRegistryConfig(), Workers: 4, HeartbeatInterval: 5 * time.Second, MaxMisses: 2,
-		SweepInterval: time.Second}
+		SweepInterval: time.Second, QuarantineTimeout: 2 * DefaultRegistryConfig().StallTimeout,
+		RegisterRetry: 500 * time.Millisecond, Now: time.Now}
+}
+
+// fillDefaults replaces each zero setting for which zero is not a valid
+// value by its default, one field at a time. Settings where zero is valid
+// (ranks, PrefillRank) are never touched.
+func (c *Config) fillDefaults() {
+	def := DefaultConfig(c.Role)
+	setDur := func(dst *time.Duration, v time.Duration) {
+		if *dst == 0 {
+			*dst = v
+		}
+	}
+	if c.Bind == "" {
+		c.Bind = def.Bind
+	}
+	if c.TPSize == 0 {
+		c.TPSize = 1
+	}
+	if c.Workers == 0 {
+		c.Workers = def.Workers
+	}
+	if c.MaxMisses == 0 {
+		c.MaxMisses = def.MaxMisses
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	setDur(&c.HeartbeatInterval, def.HeartbeatInterval)
+	setDur(&c.SweepInterval, def.SweepInterval)
+	setDur(&c.RegisterRetry, def.RegisterRetry)
+	r, d := &c.Registry, def.Registry
+	setDur(&r.BootstrapTimeout, d.BootstrapTimeout)
+	setDur(&r.WaitingTimeout, d.WaitingTimeout)
+	setDur(&r.StallTimeout, d.StallTimeout)
+	setDur(&r.PendingTimeout, d.PendingTimeout)
+	setDur(&r.TombstoneTTL, d.TombstoneTTL)
+	setDur(&c.QuarantineTimeout, 2*r.StallTimeout)
+	if r.MaxPendingRooms == 0 {
+		r.MaxPendingRooms = d.MaxPendingRooms
+	}
+	if r.MaxTombstones == 0 {
+		r.MaxTombstones = d.MaxTombstones
+	}
 }
 
 // Validate reports the first setting that cannot work.
@@ -90,6 +145,11 @@ func (c *Config) Validate() error {
 		return errors.New("kvmanager: a decode rank needs BootstrapURL to find prefill ranks")
 	case c.HeartbeatInterval <= 0 || c.MaxMisses < 1 || c.SweepInterval <= 0:
 		return errors.New("kvmanager: heartbeat interval, max misses and sweep interval must be positive")
+	case c.QuarantineTimeout <= c.Registry.StallTimeout || c.QuarantineTimeout >= c.Registry.TombstoneTTL:
+		return fmt.Errorf("kvmanager: QuarantineTimeout (%v) must exceed StallTimeout (%v) and stay below TombstoneTTL (%v)",
+			c.QuarantineTimeout, c.Registry.StallTimeout, c.Registry.TombstoneTTL)
+	case c.RegisterRetry <= 0:
+		return fmt.Errorf("kvmanager: RegisterRetry must be positive, got %v", c.RegisterRetry)
 	}
 	if err := c.Layout.Validate(); err != nil {
 		return err
@@ -100,7 +160,8 @@ func (c *Config) Validate() error {
 // FromEnv overrides fields from KVBRIDGE_* variables: KVBRIDGE_BIND,
 // KVBRIDGE_BOOTSTRAP_URL, KVBRIDGE_ENGINE, KVBRIDGE_WORKERS and the
 // timeouts KVBRIDGE_BOOTSTRAP_TIMEOUT, KVBRIDGE_WAITING_TIMEOUT,
-// KVBRIDGE_STALL_TIMEOUT, KVBRIDGE_TOMBSTONE_TTL, KVBRIDGE_HEARTBEAT
+// KVBRIDGE_STALL_TIMEOUT, KVBRIDGE_TOMBSTONE_TTL, KVBRIDGE_QUARANTINE,
+// KVBRIDGE_HEARTBEAT
 // (Go durations, e.g. 300s).
 func (c *Config) FromEnv() error {
 	if v := os.Getenv("KVBRIDGE_BIND"); v != "" {
@@ -124,6 +185,7 @@ func (c *Config) FromEnv() error {
 		"KVBRIDGE_WAITING_TIMEOUT":   &c.Registry.WaitingTimeout,
 		"KVBRIDGE_STALL_TIMEOUT":     &c.Registry.StallTimeout,
 		"KVBRIDGE_TOMBSTONE_TTL":     &c.Registry.TombstoneTTL,
+		"KVBRIDGE_QUARANTINE":        &c.QuarantineTimeout,
 		"KVBRIDGE_HEARTBEAT":         &c.HeartbeatInterval,
 	} {
 		if v := os.Getenv(name); v != "" {

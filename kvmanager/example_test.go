@@ -1,41 +1,41 @@
 package kvmanager_test
 
 import (
-	"context"
 	"fmt"
+	"time"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/kvmanager"
 )
 
 // The Python connectors' worst race: decode's ABORT is processed before the
-// prefill scheduler has created the sender. kvbridge remembers the abort, so
-// the sender starts Failed with its reason instead of waiting for a timeout.
+// prefill scheduler has created the sender. The core remembers the abort
+// (and answers it at once: nothing can be in flight), so the sender starts
+// Failed with its reason instead of waiting for a timeout.
 func Example_abortBeforeSender() {
-	reg, err := kvmanager.NewRegistry(kvmanager.DefaultRegistryConfig())
+	cfg := kvmanager.CoreConfig{Role: kvmanager.RolePrefill, Compat: "v1:example",
+		Registry: kvmanager.DefaultRegistryConfig(), QuarantineTimeout: 2 * time.Minute, RegisterRetry: time.Second}
+	core, err := kvmanager.NewCore(cfg)
 	if err != nil {
 		panic(err)
 	}
 	const room = 1001
+	now := time.Unix(1_000_000, 0)
+	decode := bootstrap.From{Role: "decode", Instance: "d", Endpoint: "tcp://10.0.0.2:5000", Epoch: 7}
 
-	res := reg.Abort(room, "client disconnected")
-	fmt.Println("abort:", res.Outcome)
+	core.OnAbort(now, &bootstrap.Abort{From: decode, Room: room, Reason: "client disconnected"})
+	for _, e := range core.Effects() {
+		fmt.Printf("effect: %v %T to %s\n", e.Kind, e.Msg, e.To.Endpoint)
+	}
 
-	res = reg.Create(room, kvmanager.RolePrefill)
+	res := core.CreateSender(now, room)
 	fmt.Println("sender starts:", res.Status)
-
-	reason, _ := reg.Failure(room)
+	reason, _ := core.Failure(room)
 	fmt.Println("reason:", reason)
-
-	st, err := reg.Wait(context.Background(), room) // returns at once
-	fmt.Println("wait:", st, err)
-
-	fmt.Println("post a chunk:", reg.Posted(room).Outcome)
 	// Output:
-	// abort: Tombstoned
+	// effect: EffectSend *bootstrap.AbortAck to tcp://10.0.0.2:5000
 	// sender starts: Failed
-	// reason: aborted: client disconnected
-	// wait: Failed <nil>
-	// post a chunk: IgnoredTerminal
+	// reason: aborted: client disconnected by decode/d/0
 }
 
 func ExampleMinPoll() {

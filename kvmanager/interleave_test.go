@@ -25,7 +25,7 @@ const mcRoom = 42
 // mcState is one node of the search: a registry, its clock and the checker's
 // memory of what happened on the path that reached it.
 type mcState struct {
-	reg *Registry
+	reg *testReg
 	clk *fakeClock
 	// aborted: an abort was applied (or pending requests expired) for the
 	// current incarnation of the room, at abortAt.
@@ -42,7 +42,7 @@ type mcEvent struct {
 }
 
 func mcEvents(role Role, peers int) []mcEvent {
-	ev := func(name string, f func(r *Registry) Result) mcEvent {
+	ev := func(name string, f func(r *testReg) Result) mcEvent {
 		return mcEvent{name, func(s *mcState) (Result, []Expiry) { return f(s.reg), nil }}
 	}
 	sweep := func(name string, d func(c RegistryConfig) time.Duration) mcEvent {
@@ -52,10 +52,10 @@ func mcEvents(role Role, peers int) []mcEvent {
 		}}
 	}
 	events := []mcEvent{
-		ev("create", func(r *Registry) Result { return r.Create(mcRoom, role) }),
-		ev("init", func(r *Registry) Result { return r.Init(mcRoom) }),
-		ev("abort", func(r *Registry) Result { return r.Abort(mcRoom, "test abort") }),
-		ev("clear", func(r *Registry) Result { return r.Clear(mcRoom) }),
+		ev("create", func(r *testReg) Result { return r.Create(mcRoom, role) }),
+		ev("init", func(r *testReg) Result { return r.Init(mcRoom) }),
+		ev("abort", func(r *testReg) Result { return r.Abort(mcRoom, "test abort") }),
+		ev("clear", func(r *testReg) Result { return r.Clear(mcRoom) }),
 		sweep("bootstrap", func(c RegistryConfig) time.Duration { return c.BootstrapTimeout }),
 		sweep("waiting", func(c RegistryConfig) time.Duration { return c.WaitingTimeout }),
 		sweep("stall", func(c RegistryConfig) time.Duration { return c.StallTimeout }),
@@ -64,64 +64,35 @@ func mcEvents(role Role, peers int) []mcEvent {
 	}
 	if role == RoleDecode {
 		return append(events,
-			ev("data arrived", func(r *Registry) Result { return r.Progress(mcRoom) }),
-			ev("success", func(r *Registry) Result { return r.Update(mcRoom, Success, "") }),
-			ev("failure", func(r *Registry) Result { return r.Update(mcRoom, Failed, "transport error") }),
+			ev("data arrived", func(r *testReg) Result { return r.Progress(mcRoom) }),
+			ev("success", func(r *testReg) Result { return r.Update(mcRoom, Success, "") }),
+			ev("failure", func(r *testReg) Result { return r.Update(mcRoom, Failed, "transport error") }),
 		)
 	}
 	for p := 1; p <= peers; p++ {
 		name := fmt.Sprintf("d%d", p)
-		events = append(events, ev("request from "+name, func(r *Registry) Result {
+		events = append(events, ev("request from "+name, func(r *testReg) Result {
 			return r.Request(mcRoom, PeerRequest{Peer: name, Required: peers})
 		}))
 	}
 	return append(events,
-		ev("chunk posted", func(r *Registry) Result {
+		ev("chunk posted", func(r *testReg) Result {
 			if r.InFlight(mcRoom) >= 2 {
 				return Result{} // natural bound: at most two writes in flight
 			}
 			return r.Posted(mcRoom)
 		}),
-		ev("transfer done", func(r *Registry) Result { return r.WriteDone(mcRoom, false, nil) }),
-		ev("last transfer done", func(r *Registry) Result { return r.WriteDone(mcRoom, true, nil) }),
-		ev("transfer error", func(r *Registry) Result { return r.WriteDone(mcRoom, false, errors.New("remote error")) }),
+		ev("transfer done", func(r *testReg) Result { return r.WriteDone(mcRoom, false, nil) }),
+		ev("last transfer done", func(r *testReg) Result { return r.WriteDone(mcRoom, true, nil) }),
+		ev("transfer error", func(r *testReg) Result { return r.WriteDone(mcRoom, false, errors.New("remote error")) }),
 	)
 }
 
 func (s *mcState) clone() *mcState {
 	c := *s
 	c.clk = &fakeClock{t: s.clk.Now()}
-	c.reg = s.reg.cloneWith(c.clk.Now)
+	c.reg = s.reg.clone(c.clk)
 	return &c
-}
-
-// cloneWith deep-copies the registry (test only).
-func (r *Registry) cloneWith(now func() time.Time) *Registry {
-	cfg := r.cfg
-	cfg.Now = now
-	c, _ := NewRegistry(cfg)
-	for id, rm := range r.rooms {
-		cp := *rm
-		cp.requests = slices.Clone(rm.requests)
-		cp.done = make(chan struct{})
-		if rm.status.Terminal() || rm.cleared {
-			close(cp.done)
-		}
-		cp.ready = make(chan struct{})
-		if rm.status >= WaitingForInput || rm.status == Failed || rm.cleared {
-			close(cp.ready)
-		}
-		c.rooms[id] = &cp
-	}
-	for id, p := range r.pending {
-		cp := *p
-		cp.requests = slices.Clone(p.requests)
-		c.pending[id] = &cp
-	}
-	for id, t := range r.tombs {
-		c.tombs[id] = t
-	}
-	return c
 }
 
 // fingerprint identifies the state for deduplication. Times are relative to
@@ -362,7 +333,7 @@ type mcNode struct {
 func explore(t *testing.T, role Role, peers int) (states, transitions int) {
 	t.Helper()
 	clk := newFakeClock()
-	reg, err := NewRegistry(testConfig(clk))
+	reg, err := newTestReg(testConfig(clk), clk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,7 +388,7 @@ func TestInterleavings(t *testing.T) {
 // caught.
 func TestModelCheckerCatchesLostAbort(t *testing.T) {
 	clk := newFakeClock()
-	reg, _ := NewRegistry(testConfig(clk))
+	reg, _ := newTestReg(testConfig(clk), clk)
 	s := &mcState{reg: reg, clk: clk}
 	buggyAbort := mcEvent{"abort", func(s *mcState) (Result, []Expiry) {
 		if _, ok := s.reg.rooms[mcRoom]; !ok {

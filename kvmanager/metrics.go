@@ -15,14 +15,14 @@ type metrics struct {
 	inflight  *prometheus.Desc
 	malformed *prometheus.Desc
 
-	events     *prometheus.CounterVec // by event and outcome
-	transfers  prometheus.Counter
-	bytes      prometheus.Counter
-	latency    prometheus.Histogram
-	aborts     *prometheus.CounterVec // by stage (status at abort)
-	deadlines  *prometheus.CounterVec // rooms failed by deadline kind
-	statusSent prometheus.Counter
-	overdue    prometheus.Gauge
+	// Read from the core's counters at collection time.
+	events, deadlines, statusSent, forced, stale, retries *prometheus.Desc
+
+	transfers prometheus.Counter
+	bytes     prometheus.Counter
+	latency   prometheus.Histogram
+	aborts    *prometheus.CounterVec // by stage (status at abort)
+	overdue   prometheus.Gauge
 }
 
 func newMetrics(m *Manager) *metrics {
@@ -32,8 +32,16 @@ func newMetrics(m *Manager) *metrics {
 		rooms:     prometheus.NewDesc("kvbridge_rooms", "Live rooms by status.", []string{"status"}, labels),
 		inflight:  prometheus.NewDesc("kvbridge_inflight_writes", "Posted writes not yet completed.", nil, labels),
 		malformed: prometheus.NewDesc("kvbridge_manager_malformed_messages_total", "Malformed control messages, by reason.", []string{"reason"}, labels),
-		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvbridge_registry_events_total",
-			Help: "Registry events by kind and outcome.", ConstLabels: labels}, []string{"event", "outcome"}),
+		events: prometheus.NewDesc("kvbridge_registry_events_total", "Core events by kind and outcome.",
+			[]string{"event", "outcome"}, labels),
+		deadlines: prometheus.NewDesc("kvbridge_rooms_failed_by_deadline_total",
+			"Rooms failed (or pending requests dropped) by deadline kind.", []string{"deadline"}, labels),
+		statusSent: prometheus.NewDesc("kvbridge_status_failed_sent_total", "STATUS failed messages pushed to decode ranks.", nil, labels),
+		forced: prometheus.NewDesc("kvbridge_quarantine_expired_total",
+			"Decode rooms whose pages were released by the quarantine deadline, without a drained ABORT_ACK.", nil, labels),
+		stale: prometheus.NewDesc("kvbridge_stale_epoch_total",
+			"Messages or writes refused because they named another epoch of a peer.", nil, labels),
+		retries: prometheus.NewDesc("kvbridge_register_retries_total", "REGISTER messages sent again for lack of an answer.", nil, labels),
 		transfers: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfers_total",
 			Help: "Writes completed.", ConstLabels: labels}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfer_bytes_total",
@@ -43,17 +51,9 @@ func newMetrics(m *Manager) *metrics {
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 20)}),
 		aborts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvbridge_aborts_total",
 			Help: "Aborts by the room's status when they arrived.", ConstLabels: labels}, []string{"stage"}),
-		deadlines: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvbridge_rooms_failed_by_deadline_total",
-			Help: "Rooms failed (or pending requests dropped) by deadline kind.", ConstLabels: labels}, []string{"deadline"}),
-		statusSent: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_status_failed_sent_total",
-			Help: "STATUS failed messages pushed to decode ranks.", ConstLabels: labels}),
 		overdue: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvbridge_rooms_past_deadline",
 			Help: "Live rooms past their deadline at the last sweep (must stay 0).", ConstLabels: labels}),
 	}
-}
-
-func (x *metrics) event(kind EventKind, r Result) {
-	x.events.WithLabelValues(kind.String(), r.Outcome.String()).Inc()
 }
 
 func (x *metrics) abort(stage Poll) {
@@ -64,27 +64,45 @@ func (x *metrics) abort(stage Poll) {
 	x.aborts.WithLabelValues(s).Inc()
 }
 
-func (x *metrics) deadline(d Deadline) { x.deadlines.WithLabelValues(d.String()).Inc() }
-
 func (x *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{x.events, x.transfers, x.bytes, x.latency, x.aborts, x.deadlines, x.statusSent, x.overdue}
+	return []prometheus.Collector{x.transfers, x.bytes, x.latency, x.aborts, x.overdue}
 }
 
 func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.rooms
 	ch <- x.inflight
 	ch <- x.malformed
+	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries} {
+		ch <- d
+	}
 	for _, c := range x.collectors() {
 		c.Describe(ch)
 	}
 }
 
 func (x *metrics) Collect(ch chan<- prometheus.Metric) {
-	counts := x.m.reg.Counts()
+	var counts map[Poll]int
+	var inflight int
+	var st CoreStats
+	x.m.read(func(c *Core) { counts, inflight, st = c.reg.Counts(), c.reg.InFlightTotal(), c.Stats() })
 	for p := Failed; p <= Success; p++ {
 		ch <- prometheus.MustNewConstMetric(x.rooms, prometheus.GaugeValue, float64(counts[p]), p.String())
 	}
-	ch <- prometheus.MustNewConstMetric(x.inflight, prometheus.GaugeValue, float64(x.m.reg.InFlightTotal()))
+	ch <- prometheus.MustNewConstMetric(x.inflight, prometheus.GaugeValue, float64(inflight))
+	for k := EventCreate; k <= EventClear; k++ {
+		for o := Applied; o <= Rejected; o++ {
+			if n := st.Events[k][o]; n > 0 {
+				ch <- prometheus.MustNewConstMetric(x.events, prometheus.CounterValue, float64(n), k.String(), o.String())
+			}
+		}
+	}
+	for d := DeadlineBootstrap; d <= DeadlineTombstone; d++ {
+		ch <- prometheus.MustNewConstMetric(x.deadlines, prometheus.CounterValue, float64(st.Deadlines[d]), d.String())
+	}
+	ch <- prometheus.MustNewConstMetric(x.statusSent, prometheus.CounterValue, float64(st.StatusSent))
+	ch <- prometheus.MustNewConstMetric(x.forced, prometheus.CounterValue, float64(st.ForcedReleases))
+	ch <- prometheus.MustNewConstMetric(x.stale, prometheus.CounterValue, float64(st.StaleEpoch))
+	ch <- prometheus.MustNewConstMetric(x.retries, prometheus.CounterValue, float64(st.RegisterRetries))
 	if x.m.loop != nil {
 		for reason, n := range x.m.loop.Stats().Malformed {
 			ch <- prometheus.MustNewConstMetric(x.malformed, prometheus.CounterValue, float64(n), reason)

@@ -1,10 +1,10 @@
 package kvmanager
 
 import (
-	"context"
 	"fmt"
-	"sync"
 	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
 )
 
 // RegistryConfig holds the registry's deadlines and its clock.
@@ -26,8 +26,10 @@ type RegistryConfig struct {
 	TombstoneTTL time.Duration
 	// MaxPendingRooms bounds the rooms that hold requests but no sender.
 	MaxPendingRooms int
-	// Now is the clock. Tests inject a fake one; nil means time.Now.
-	Now func() time.Time
+	// MaxTombstones bounds remembered room ids. Past it the oldest
+	// tombstone without an owed ABORT_ACK or a write that can still land is
+	// forgotten early (counted); the id is then free again sooner.
+	MaxTombstones int
 }
 
 // DefaultRegistryConfig returns the defaults of DESIGN.md.
@@ -39,7 +41,7 @@ func DefaultRegistryConfig() RegistryConfig {
 		PendingTimeout:   300 * time.Second,
 		TombstoneTTL:     10 * time.Minute,
 		MaxPendingRooms:  1 << 16,
-		Now:              time.Now,
+		MaxTombstones:    1 << 20,
 	}
 }
 
@@ -66,20 +68,25 @@ func (c RegistryConfig) Validate() error {
 	if c.MaxPendingRooms < 1 {
 		return fmt.Errorf("kvmanager: MaxPendingRooms must be at least 1, got %d", c.MaxPendingRooms)
 	}
+	if c.MaxTombstones < 1 {
+		return fmt.Errorf("kvmanager: MaxTombstones must be at least 1, got %d", c.MaxTombstones)
+	}
 	return nil
 }
 
 // PeerRequest is one decode rank's request for a room, as the prefill rank
-// keeps it. Payload is opaque to the registry (the manager stores the decoded
-// REQUEST there).
+// keeps it.
 type PeerRequest struct {
-	// Peer names the decode rank uniquely (instance, rank and epoch).
-	Peer string
+	// Peer names the decode rank uniquely across restarts (role, instance,
+	// rank); Epoch says which process of it sent the request.
+	Peer  string
+	Epoch uint64
 	// Required is how many distinct peers' requests the room collects
 	// before it starts.
 	Required int
-	// Payload is carried, never read.
-	Payload any
+	// Payload is carried, never read by the registry (the core keeps the
+	// decoded REQUEST there).
+	Payload *bootstrap.Request
 }
 
 // EventKind names an event.
@@ -96,15 +103,17 @@ const (
 	// outcome permits the post; this is the gate that makes an applied
 	// abort final.
 	EventPosted
-	// EventWriteDone: a posted write finished (Err set if it failed; Last
-	// set on the room's final write).
+	// EventWriteDone: a posted write finished (Err set if it failed,
+	// Quiesced set if the engine guarantees a failed write can no longer
+	// land; Last set on the room's final write).
 	EventWriteDone
 	// EventProgress: decode saw data arrive for the room.
 	EventProgress
 	// EventUpdate: an explicit status change to Status (Failed with Reason,
 	// Success, or Transferring).
 	EventUpdate
-	// EventAbort: the room is aborted with Reason.
+	// EventAbort: the room is aborted with Reason; Ack, when set, is owed an
+	// ABORT_ACK once no write of the room can land.
 	EventAbort
 	// EventClear: the caller is done with the room.
 	EventClear
@@ -112,14 +121,16 @@ const (
 
 // Event is one input to the registry.
 type Event struct {
-	Kind    EventKind
-	Room    uint64
-	Role    Role        // EventCreate
-	Request PeerRequest // EventRequest
-	Status  Poll        // EventUpdate
-	Reason  string      // EventUpdate to Failed, EventAbort
-	Last    bool        // EventWriteDone
-	Err     error       // EventWriteDone
+	Kind     EventKind
+	Room     uint64
+	Role     Role            // EventCreate
+	Request  PeerRequest     // EventRequest
+	Status   Poll            // EventUpdate
+	Reason   string          // EventUpdate to Failed, EventAbort
+	Last     bool            // EventWriteDone
+	Err      error           // EventWriteDone
+	Quiesced bool            // EventWriteDone
+	Ack      *bootstrap.Peer // EventAbort
 }
 
 // Result is what an event did.
@@ -130,10 +141,11 @@ type Result struct {
 	// Err says why for Rejected, and for Create refusals.
 	Err error
 	// Peers are requests the caller must answer: pending requests dropped by
-	// an abort or clear, or a failed room's requests once it is drained.
+	// an abort or clear, or a failed room's requests.
 	Peers []PeerRequest
 	// Drained is true when the event left the room Failed with no write in
-	// flight: no write for it will be posted again (ABORT_ACK may go out).
+	// flight and none that failed without being quiesced: no write for it
+	// can land or will be posted again.
 	Drained bool
 }
 
@@ -172,22 +184,23 @@ type room struct {
 	required    int
 	requests    []PeerRequest
 
-	inflight     int
-	lastDone     bool
-	drainExpired bool
-	cleared      bool
-	done         chan struct{} // closed once: at the first terminal status or at clear
-	ready        chan struct{} // closed once: at WaitingForInput, terminal or clear
+	// Writes: posted and not completed, and failed without the engine
+	// quiescing them (they may still land until the stall deadline).
+	inflight, unsettled int
+	lastDone            bool
+	drainExpired        bool
+	// acks are the ABORT_ACKs owed once no write of the room can land.
+	acks []bootstrap.Peer
+
+	// Waiters: closed by the shell when the core emits their wake effect.
+	done, ready           chan struct{}
+	doneWoken, readyWoken bool
+
+	pre prefillRoom // role-specific state the core keeps
+	dec *decodeRoom
 }
 
-// markReady wakes WaitReady callers (idempotent).
-func (rm *room) markReady() {
-	select {
-	case <-rm.ready:
-	default:
-		close(rm.ready)
-	}
-}
+func (rm *room) drained() bool { return rm.inflight == 0 && rm.unsettled == 0 }
 
 type pendingRoom struct {
 	required int
@@ -199,43 +212,85 @@ type tomb struct {
 	kind    Tombstone
 	reason  string
 	expires time.Time
+	// A room cleared with writes that can still land keeps counting them
+	// here, with the ABORT_ACKs it owes, until they drain or drainBy.
+	inflight, unsettled int
+	acks                []bootstrap.Peer
+	drainBy             time.Time
+	drainExpired        bool
 }
 
-// Registry is the room registry of one rank: one struct behind one mutex.
-// Every event goes through Apply and returns an explicit Outcome. Time comes
-// from the injected clock for events and from the caller for Sweep, so tests
-// are deterministic.
-type Registry struct {
-	cfg RegistryConfig
+func (t *tomb) holds() bool { return t.inflight > 0 || t.unsettled > 0 }
 
-	mu      sync.Mutex
+type tombRef struct {
+	id      uint64
+	expires time.Time
+}
+
+// Registry is the room table of one rank's core: no lock, no clock, no
+// goroutine. Every event goes through Apply at the time set by SetNow and
+// returns an explicit Outcome; what must happen outside (wake a waiter, send
+// an ABORT_ACK) is appended to the core's effects.
+type Registry struct {
+	cfg     RegistryConfig
+	now     time.Time
 	rooms   map[uint64]*room
 	pending map[uint64]*pendingRoom
-	tombs   map[uint64]tomb
+	tombs   map[uint64]*tomb
+	// tombQ lists tombstones in creation order (also expiry order: the TTL
+	// is fixed); entries whose tombstone was replaced or dropped are stale.
+	tombQ []tombRef
+	// draining holds the cleared rooms whose writes may still land.
+	draining map[uint64]struct{}
+	// evicted counts tombstones forgotten early by MaxTombstones.
+	evicted int
 
-	closeOnce sync.Once
-	closed    chan struct{}
-
-	// waiting, when set by a test, is called once Wait holds the room's
-	// channel, so a test can act knowing the waiter is parked.
-	waiting func(id uint64)
+	out *[]Effect
 }
 
-// NewRegistry returns an empty registry.
-func NewRegistry(cfg RegistryConfig) (*Registry, error) {
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
+// NewRegistry returns an empty registry that appends its effects to out.
+func NewRegistry(cfg RegistryConfig, out *[]Effect) (*Registry, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if out == nil {
+		out = new([]Effect)
+	}
 	return &Registry{
-		cfg:     cfg,
-		rooms:   make(map[uint64]*room),
-		pending: make(map[uint64]*pendingRoom),
-		tombs:   make(map[uint64]tomb),
-		closed:  make(chan struct{}),
+		cfg:      cfg,
+		rooms:    make(map[uint64]*room),
+		pending:  make(map[uint64]*pendingRoom),
+		tombs:    make(map[uint64]*tomb),
+		draining: make(map[uint64]struct{}),
+		out:      out,
 	}, nil
+}
+
+// SetNow sets the time the next events happen at.
+func (r *Registry) SetNow(t time.Time) { r.now = t }
+
+func (r *Registry) emit(e Effect) { *r.out = append(*r.out, e) }
+
+func (r *Registry) wakeDone(rm *room) {
+	if !rm.doneWoken {
+		rm.doneWoken = true
+		r.emit(Effect{Kind: EffectWake, Room: rm.id, Wake: rm.done})
+	}
+	r.wakeReady(rm)
+}
+
+func (r *Registry) wakeReady(rm *room) {
+	if !rm.readyWoken {
+		rm.readyWoken = true
+		r.emit(Effect{Kind: EffectWake, Room: rm.id, Wake: rm.ready})
+	}
+}
+
+// sendAcks sends the owed ABORT_ACKs of a room.
+func (r *Registry) sendAcks(id uint64, acks []bootstrap.Peer, drained bool) {
+	for _, p := range acks {
+		r.emit(Effect{Kind: EffectSend, Room: id, To: p, Msg: &bootstrap.AbortAck{Room: id, Drained: drained}})
+	}
 }
 
 // Create adds a live room for a sender (RolePrefill) or receiver
@@ -255,9 +310,11 @@ func (r *Registry) Request(id uint64, req PeerRequest) Result {
 // Posted asks to post a chunk write; post only if the outcome is Applied.
 func (r *Registry) Posted(id uint64) Result { return r.Apply(Event{Kind: EventPosted, Room: id}) }
 
-// WriteDone reports a posted write's completion.
-func (r *Registry) WriteDone(id uint64, last bool, err error) Result {
-	return r.Apply(Event{Kind: EventWriteDone, Room: id, Last: last, Err: err})
+// WriteDone reports a posted write's completion. A failed write that the
+// engine did not quiesce may still land: the room is not drained until the
+// stall deadline passes.
+func (r *Registry) WriteDone(id uint64, last bool, err error, quiesced bool) Result {
+	return r.Apply(Event{Kind: EventWriteDone, Room: id, Last: last, Err: err, Quiesced: quiesced})
 }
 
 // Progress reports data arriving on the decode side.
@@ -268,9 +325,10 @@ func (r *Registry) Update(id uint64, status Poll, reason string) Result {
 	return r.Apply(Event{Kind: EventUpdate, Room: id, Status: status, Reason: reason})
 }
 
-// Abort fails the room, or tombstones it if it does not exist yet.
-func (r *Registry) Abort(id uint64, reason string) Result {
-	return r.Apply(Event{Kind: EventAbort, Room: id, Reason: reason})
+// Abort fails the room, or tombstones it if it does not exist yet. ack,
+// when not nil, gets an ABORT_ACK once no write of the room can land.
+func (r *Registry) Abort(id uint64, reason string, ack *bootstrap.Peer) Result {
+	return r.Apply(Event{Kind: EventAbort, Room: id, Reason: reason, Ack: ack})
 }
 
 // Clear removes the room and leaves a Cleared tombstone.
@@ -278,19 +336,21 @@ func (r *Registry) Clear(id uint64) Result { return r.Apply(Event{Kind: EventCle
 
 // Apply is the single entry point for events.
 func (r *Registry) Apply(ev Event) Result {
-	now := r.cfg.Now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	now := r.now
 	switch ev.Kind {
 	case EventCreate:
 		return r.create(ev.Room, ev.Role, now)
 	case EventRequest:
 		return r.request(ev.Room, ev.Request, now)
 	case EventAbort:
-		return r.abort(ev.Room, ev.Reason, now)
+		return r.abort(ev.Room, ev.Reason, ev.Ack, now)
 	case EventClear:
 		return r.clear(ev.Room, now)
-	case EventInit, EventPosted, EventWriteDone, EventProgress, EventUpdate:
+	case EventWriteDone:
+		if t, ok := r.tombs[ev.Room]; ok && t.kind == Cleared && t.holds() {
+			return r.tombWriteDone(ev.Room, t, ev.Err, ev.Quiesced)
+		}
+	case EventInit, EventPosted, EventProgress, EventUpdate:
 	default:
 		return rejected(fmt.Errorf("room %d: event kind %d: %w", ev.Room, ev.Kind, ErrInvalidEvent))
 	}
@@ -304,7 +364,7 @@ func (r *Registry) Apply(ev Event) Result {
 	case EventPosted:
 		return r.posted(rm, now)
 	case EventWriteDone:
-		return r.writeDone(rm, ev.Last, ev.Err, now)
+		return r.writeDone(rm, ev.Last, ev.Err, ev.Quiesced, now)
 	case EventProgress:
 		return r.progress(rm, now)
 	default: // EventUpdate
@@ -332,16 +392,45 @@ func (r *Registry) live(id uint64, now time.Time) (*room, Result, bool) {
 
 // tomb returns the room's tombstone unless its TTL has passed (an expired
 // tombstone is dropped here so the id is free before the next Sweep).
-func (r *Registry) tomb(id uint64, now time.Time) (tomb, bool) {
+func (r *Registry) tomb(id uint64, now time.Time) (*tomb, bool) {
 	t, ok := r.tombs[id]
 	if !ok {
-		return tomb{}, false
+		return nil, false
 	}
 	if now.Before(t.expires) {
 		return t, true
 	}
+	r.dropTomb(id)
+	return nil, false
+}
+
+func (r *Registry) dropTomb(id uint64) {
 	delete(r.tombs, id)
-	return tomb{}, false
+	delete(r.draining, id)
+}
+
+// addTomb records a tombstone, first forgetting the oldest ones that hold
+// nothing if the count bound is reached.
+func (r *Registry) addTomb(id uint64, t *tomb) {
+	for tries := len(r.tombQ); len(r.tombs) >= r.cfg.MaxTombstones && tries > 0 && len(r.tombQ) > 0; tries-- {
+		ref := r.tombQ[0]
+		r.tombQ = r.tombQ[1:]
+		old, ok := r.tombs[ref.id]
+		switch {
+		case !ok || !old.expires.Equal(ref.expires):
+			tries++ // stale entry: costs nothing
+		case old.holds() || len(old.acks) > 0:
+			r.tombQ = append(r.tombQ, ref) // still owes something: keep
+		default:
+			r.dropTomb(ref.id)
+			r.evicted++
+		}
+	}
+	r.tombs[id] = t
+	r.tombQ = append(r.tombQ, tombRef{id, t.expires})
+	if t.holds() {
+		r.draining[id] = struct{}{}
+	}
 }
 
 func (r *Registry) create(id uint64, role Role, now time.Time) Result {
@@ -359,11 +448,11 @@ func (r *Registry) create(id uint64, role Role, now time.Time) Result {
 				id, r.cfg.TombstoneTTL-t.expires.Sub(now), r.cfg.TombstoneTTL, ErrRoomCleared))
 		}
 		// AbortedEarly: the abort came first; the room is born failed.
-		delete(r.tombs, id)
+		r.dropTomb(id)
 		rm.status, rm.reason = Failed, t.reason
-		close(rm.done)
-		rm.markReady()
+		rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
 		r.rooms[id] = rm
+		r.wakeDone(rm)
 		return Result{Outcome: Applied, Status: Failed, Drained: true}
 	}
 	rm.status = Bootstrapping
@@ -452,7 +541,7 @@ func (r *Registry) maybeReady(rm *room, now time.Time) {
 	if rm.status == Bootstrapping && rm.initialised && rm.required > 0 && len(rm.requests) == rm.required {
 		rm.status = WaitingForInput
 		rm.setDeadline(DeadlineWaiting, now.Add(r.cfg.WaitingTimeout))
-		rm.markReady()
+		r.wakeReady(rm)
 	}
 }
 
@@ -467,7 +556,7 @@ func (r *Registry) init(rm *room, now time.Time) Result {
 	if rm.role == RoleDecode {
 		rm.status = WaitingForInput
 		rm.setDeadline(DeadlineWaiting, now.Add(r.cfg.WaitingTimeout))
-		rm.markReady()
+		r.wakeReady(rm)
 	} else {
 		r.maybeReady(rm, now)
 	}
@@ -494,12 +583,15 @@ func (r *Registry) posted(rm *room, now time.Time) Result {
 	return Result{Outcome: Applied, Status: rm.status}
 }
 
-func (r *Registry) writeDone(rm *room, last bool, werr error, now time.Time) Result {
+func (r *Registry) writeDone(rm *room, last bool, werr error, quiesced bool, now time.Time) Result {
 	if rm.inflight == 0 {
 		return Result{Outcome: Rejected, Status: rm.status,
 			Err: fmt.Errorf("room %d: write completion: %w", rm.id, ErrNoWriteInFlight)}
 	}
 	rm.inflight--
+	if werr != nil && !quiesced {
+		rm.unsettled++
+	}
 	if rm.status.Terminal() {
 		return r.drainResult(rm, IgnoredTerminal)
 	}
@@ -515,6 +607,26 @@ func (r *Registry) writeDone(rm *room, last bool, werr error, now time.Time) Res
 		r.succeed(rm)
 	}
 	return Result{Outcome: Applied, Status: rm.status}
+}
+
+// tombWriteDone counts down the writes of a room cleared while they were
+// in flight; the ABORT_ACKs it owes go out once nothing can land.
+func (r *Registry) tombWriteDone(id uint64, t *tomb, werr error, quiesced bool) Result {
+	if t.inflight == 0 {
+		return Result{Outcome: IgnoredCleared}
+	}
+	t.inflight--
+	if werr != nil && !quiesced {
+		t.unsettled++
+	}
+	if !t.holds() {
+		delete(r.draining, id)
+		if !t.drainExpired {
+			r.sendAcks(id, t.acks, true)
+			t.acks = nil
+		}
+	}
+	return Result{Outcome: IgnoredCleared}
 }
 
 func (r *Registry) progress(rm *room, now time.Time) Result {
@@ -560,23 +672,54 @@ func (r *Registry) update(rm *room, to Poll, reason string, now time.Time) Resul
 	}
 }
 
-func (r *Registry) abort(id uint64, reason string, now time.Time) Result {
+func (r *Registry) abort(id uint64, reason string, ack *bootstrap.Peer, now time.Time) Result {
 	if reason == "" {
 		reason = "aborted"
 	} else {
 		reason = "aborted: " + reason
 	}
+	acks := func(drained bool) {
+		if ack != nil {
+			r.sendAcks(id, []bootstrap.Peer{*ack}, drained)
+		}
+	}
 	if rm, ok := r.rooms[id]; ok {
+		// Owe the ABORT_ACK before anything else: a write finishing after
+		// this event finds it.
+		if ack != nil {
+			rm.acks = append(rm.acks, *ack)
+		}
 		if rm.status.Terminal() {
 			if rm.status == Failed {
-				return r.drainResult(rm, IgnoredTerminal)
+				res := r.drainResult(rm, IgnoredTerminal)
+				if !res.Drained && rm.drainExpired {
+					r.sendAcks(id, rm.acks, false)
+					rm.acks = nil
+				}
+				return res
 			}
+			r.sendAcks(id, rm.acks, true) // Success: every write completed
+			rm.acks = nil
 			return Result{Outcome: IgnoredTerminal, Status: rm.status}
 		}
 		r.fail(rm, reason, now)
 		return r.drainResult(rm, Applied)
 	}
 	if t, ok := r.tomb(id, now); ok {
+		if t.kind == AbortedEarly && t.expires.Before(now.Add(r.cfg.TombstoneTTL)) {
+			// Every abort is remembered for a whole TTL from its arrival
+			// (another decode rank's abort may come long after the first).
+			t.expires = now.Add(r.cfg.TombstoneTTL)
+			r.tombQ = append(r.tombQ, tombRef{id, t.expires})
+		}
+		switch {
+		case t.holds() && !t.drainExpired:
+			if ack != nil {
+				t.acks = append(t.acks, *ack)
+			}
+		default:
+			acks(!t.holds())
+		}
 		if t.kind == Cleared {
 			return Result{Outcome: IgnoredCleared}
 		}
@@ -587,7 +730,8 @@ func (r *Registry) abort(id uint64, reason string, now time.Time) Result {
 		dropped = p.requests
 		delete(r.pending, id)
 	}
-	r.tombs[id] = tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL)}
+	r.addTomb(id, &tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL)})
+	acks(true)
 	return Result{Outcome: Tombstoned, Peers: dropped}
 }
 
@@ -598,13 +742,19 @@ func (r *Registry) clear(id uint64, now time.Time) Result {
 			// Cleared before it finished: its peers must be told.
 			res.Peers = rm.requests
 		}
-		rm.cleared = true
-		if !rm.status.Terminal() {
-			close(rm.done)
-		}
-		rm.markReady()
+		r.wakeDone(rm)
 		delete(r.rooms, id)
-		r.tombs[id] = tomb{kind: Cleared, expires: now.Add(r.cfg.TombstoneTTL)}
+		t := &tomb{kind: Cleared, expires: now.Add(r.cfg.TombstoneTTL), inflight: rm.inflight, unsettled: rm.unsettled,
+			drainExpired: rm.drainExpired, drainBy: now.Add(r.cfg.StallTimeout)}
+		if rm.status == Failed && rm.kind == DeadlineStall {
+			t.drainBy = rm.deadline
+		}
+		if t.holds() && !t.drainExpired {
+			t.acks = rm.acks
+		} else if len(rm.acks) > 0 {
+			r.sendAcks(id, rm.acks, !t.holds())
+		}
+		r.addTomb(id, t)
 		return res
 	}
 	if t, ok := r.tomb(id, now); ok {
@@ -615,7 +765,7 @@ func (r *Registry) clear(id uint64, now time.Time) Result {
 	}
 	if p, ok := r.pending[id]; ok {
 		delete(r.pending, id)
-		r.tombs[id] = tomb{kind: Cleared, expires: now.Add(r.cfg.TombstoneTTL)}
+		r.addTomb(id, &tomb{kind: Cleared, expires: now.Add(r.cfg.TombstoneTTL)})
 		return Result{Outcome: Applied, Peers: p.requests}
 	}
 	return rejected(fmt.Errorf("room %d: clear: %w", id, ErrUnknownRoom))
@@ -629,34 +779,37 @@ func (rm *room) setDeadline(kind Deadline, at time.Time) { rm.kind, rm.deadline 
 func (r *Registry) fail(rm *room, reason string, now time.Time) {
 	rm.status, rm.reason = Failed, reason
 	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
-	close(rm.done)
-	rm.markReady()
+	r.wakeDone(rm)
 }
 
 func (r *Registry) succeed(rm *room) {
 	rm.status = Success
-	close(rm.done)
-	rm.markReady()
+	r.wakeDone(rm)
 }
 
 // drainResult is the result for an event that leaves rm Failed: drained (and
-// its peers to acknowledge) when no write is in flight.
+// its peers to tell) when no write can land any more; the owed ABORT_ACKs go
+// out then.
 func (r *Registry) drainResult(rm *room, o Outcome) Result {
 	res := Result{Outcome: o, Status: rm.status}
-	if rm.inflight == 0 {
+	if rm.drained() {
 		res.Drained = true
 		res.Peers = rm.requests
+		if len(rm.acks) > 0 && !rm.drainExpired {
+			r.sendAcks(rm.id, rm.acks, true)
+			rm.acks = nil
+		}
 	}
 	return res
 }
 
 // Sweep enforces every deadline that has passed at now: overdue rooms fail
 // with a reason naming the deadline, expired pending requests are dropped and
-// leave an AbortedEarly tombstone, failed rooms whose writes did not drain
-// are reported once, and expired tombstones are forgotten.
+// leave an AbortedEarly tombstone, failed or cleared rooms whose writes did
+// not drain within the stall deadline answer their ABORTs with drained
+// false (once), and expired tombstones are forgotten.
 func (r *Registry) Sweep(now time.Time) []Expiry {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.now = now
 	var out []Expiry
 	for id, rm := range r.rooms {
 		if !now.After(rm.deadline) {
@@ -667,13 +820,17 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 			reason := fmt.Sprintf("%s deadline (%v) passed in %v", deadlineName(rm.kind), r.timeout(rm.kind), rm.status)
 			kind := rm.kind
 			r.fail(rm, reason, now)
-			e := Expiry{Room: id, Deadline: kind, Reason: reason}
-			if rm.inflight == 0 {
-				e.Drained, e.Peers = true, rm.requests
+			e := Expiry{Room: id, Deadline: kind, Reason: reason, Peers: rm.requests}
+			if rm.drained() {
+				e.Drained = true
+				r.sendAcks(id, rm.acks, true)
+				rm.acks = nil
 			}
 			out = append(out, e)
-		case rm.status == Failed && rm.inflight > 0 && !rm.drainExpired:
+		case rm.status == Failed && !rm.drained() && !rm.drainExpired:
 			rm.drainExpired = true
+			r.sendAcks(id, rm.acks, false)
+			rm.acks = nil
 			out = append(out, Expiry{Room: id, Deadline: DeadlineStall, Reason: rm.reason, Peers: rm.requests})
 		}
 	}
@@ -683,13 +840,33 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 		}
 		reason := fmt.Sprintf("pending deadline (%v) passed: no sender for the room", r.cfg.PendingTimeout)
 		delete(r.pending, id)
-		r.tombs[id] = tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL)}
+		r.addTomb(id, &tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL)})
 		out = append(out, Expiry{Room: id, Deadline: DeadlinePending, Reason: reason, Peers: p.requests, Drained: true})
 	}
-	for id, t := range r.tombs {
-		if !now.Before(t.expires) {
-			delete(r.tombs, id)
+	for id := range r.draining {
+		t := r.tombs[id]
+		if now.After(t.drainBy) {
+			delete(r.draining, id)
+			t.drainExpired = true
+			r.sendAcks(id, t.acks, false)
+			t.acks = nil
 		}
+	}
+	for len(r.tombQ) > 0 && !now.Before(r.tombQ[0].expires) {
+		ref := r.tombQ[0]
+		r.tombQ = r.tombQ[1:]
+		if t, ok := r.tombs[ref.id]; ok && t.expires.Equal(ref.expires) {
+			r.dropTomb(ref.id)
+		}
+	}
+	if len(r.tombQ) > 2*len(r.tombs)+64 { // compact stale entries
+		q := r.tombQ[:0]
+		for _, ref := range r.tombQ {
+			if t, ok := r.tombs[ref.id]; ok && t.expires.Equal(ref.expires) {
+				q = append(q, ref)
+			}
+		}
+		r.tombQ = q
 	}
 	return out
 }
@@ -727,8 +904,6 @@ func (r *Registry) timeout(d Deadline) time.Duration {
 // Status returns the room's status. It never invents one: known is false for
 // a room with no live entry (pending requests and tombstones included).
 func (r *Registry) Status(id uint64) (status Poll, known bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if rm, ok := r.rooms[id]; ok {
 		return rm.status, true
 	}
@@ -737,8 +912,6 @@ func (r *Registry) Status(id uint64) (status Poll, known bool) {
 
 // Failure returns the first failure reason of a Failed room.
 func (r *Registry) Failure(id uint64) (reason string, ok bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if rm, live := r.rooms[id]; live && rm.status == Failed {
 		return rm.reason, true
 	}
@@ -747,10 +920,11 @@ func (r *Registry) Failure(id uint64) (reason string, ok bool) {
 
 // InFlight returns the number of posted writes of the room not yet completed.
 func (r *Registry) InFlight(id uint64) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if rm, ok := r.rooms[id]; ok {
 		return rm.inflight
+	}
+	if t, ok := r.tombs[id]; ok {
+		return t.inflight
 	}
 	return 0
 }
@@ -758,16 +932,12 @@ func (r *Registry) InFlight(id uint64) int {
 // Sizes returns how many live rooms, pending rooms and tombstones the
 // registry holds.
 func (r *Registry) Sizes() Sizes {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	return Sizes{Live: len(r.rooms), Pending: len(r.pending), Tombstones: len(r.tombs)}
 }
 
 // Overdue counts live non-terminal rooms whose deadline has passed at now:
 // rooms a Sweep would fail. It stays 0 while sweeps run on time.
 func (r *Registry) Overdue(now time.Time) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	n := 0
 	for _, rm := range r.rooms {
 		if !rm.status.Terminal() && now.After(rm.deadline) {
@@ -777,80 +947,8 @@ func (r *Registry) Overdue(now time.Time) int {
 	return n
 }
 
-// Wait blocks until the room is terminal, the room is cleared, ctx ends or
-// the registry closes. It returns the room's status then; the error is
-// non-nil if the room is unknown, was cleared before it finished, or ctx or
-// the registry ended the wait.
-func (r *Registry) Wait(ctx context.Context, id uint64) (Poll, error) {
-	r.mu.Lock()
-	rm, ok := r.rooms[id]
-	var t tomb
-	if !ok {
-		t, ok = r.tomb(id, r.cfg.Now())
-		r.mu.Unlock()
-		switch {
-		case !ok:
-			return 0, fmt.Errorf("room %d: wait: %w", id, ErrUnknownRoom)
-		case t.kind == Cleared:
-			return 0, fmt.Errorf("room %d: wait: %w", id, ErrRoomCleared)
-		default:
-			return 0, fmt.Errorf("room %d: wait: no sender yet: %w: %s", id, ErrRoomAborted, t.reason)
-		}
-	}
-	r.mu.Unlock()
-	if r.waiting != nil {
-		r.waiting(id)
-	}
-	select {
-	case <-rm.done:
-	case <-ctx.Done():
-		return r.statusOf(rm), fmt.Errorf("room %d: wait: %w", id, ctx.Err())
-	case <-r.closed:
-		return r.statusOf(rm), fmt.Errorf("room %d: wait: %w", id, ErrClosed)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !rm.status.Terminal() {
-		return rm.status, fmt.Errorf("room %d: cleared in %v: %w", id, rm.status, ErrRoomCleared)
-	}
-	return rm.status, nil
-}
-
-// WaitReady blocks until the room can move data (WaitingForInput or
-// later), is terminal or cleared, ctx ends or the registry closes, and
-// returns its status then. A prefill sender uses it instead of polling for
-// the decode ranks' requests.
-func (r *Registry) WaitReady(ctx context.Context, id uint64) (Poll, error) {
-	r.mu.Lock()
-	rm, ok := r.rooms[id]
-	r.mu.Unlock()
-	if !ok {
-		return 0, fmt.Errorf("room %d: wait ready: %w", id, ErrUnknownRoom)
-	}
-	select {
-	case <-rm.ready:
-	case <-ctx.Done():
-		return r.statusOf(rm), fmt.Errorf("room %d: wait ready: %w", id, ctx.Err())
-	case <-r.closed:
-		return r.statusOf(rm), fmt.Errorf("room %d: wait ready: %w", id, ErrClosed)
-	}
-	return r.statusOf(rm), nil
-}
-
-func (r *Registry) statusOf(rm *room) Poll {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return rm.status
-}
-
-// Close wakes every Wait with ErrClosed. Events still apply afterwards; the
-// owner stops sending them.
-func (r *Registry) Close() { r.closeOnce.Do(func() { close(r.closed) }) }
-
 // Requests returns a copy of a live room's peer requests.
 func (r *Registry) Requests(id uint64) []PeerRequest {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if rm, ok := r.rooms[id]; ok {
 		return append([]PeerRequest(nil), rm.requests...)
 	}
@@ -859,8 +957,6 @@ func (r *Registry) Requests(id uint64) []PeerRequest {
 
 // Counts returns how many live rooms are in each status.
 func (r *Registry) Counts() map[Poll]int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	out := map[Poll]int{}
 	for _, rm := range r.rooms {
 		out[rm.status]++
@@ -870,11 +966,12 @@ func (r *Registry) Counts() map[Poll]int {
 
 // InFlightTotal counts posted writes not yet completed, over all rooms.
 func (r *Registry) InFlightTotal() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	n := 0
 	for _, rm := range r.rooms {
 		n += rm.inflight
+	}
+	for id := range r.draining {
+		n += r.tombs[id].inflight
 	}
 	return n
 }

@@ -43,14 +43,14 @@ func testConfig(clk *fakeClock) RegistryConfig {
 		PendingTimeout:   15 * time.Second,
 		TombstoneTTL:     100 * time.Second,
 		MaxPendingRooms:  1000,
-		Now:              clk.Now,
+		MaxTombstones:    1000,
 	}
 }
 
-func newTestRegistry(t testing.TB) (*Registry, *fakeClock) {
+func newTestRegistry(t testing.TB) (*testReg, *fakeClock) {
 	t.Helper()
 	clk := newFakeClock()
-	r, err := NewRegistry(testConfig(clk))
+	r, err := newTestReg(testConfig(clk), clk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestConfigValidate(t *testing.T) {
 	} {
 		c := DefaultRegistryConfig()
 		mut(&c)
-		if _, err := NewRegistry(c); err == nil {
+		if _, err := NewRegistry(c, nil); err == nil {
 			t.Errorf("%s: NewRegistry accepted an invalid config", name)
 		}
 	}
@@ -277,14 +277,14 @@ func TestDuplicateRooms(t *testing.T) {
 func TestDeadlines(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		setup   func(r *Registry)
+		setup   func(r *testReg)
 		advance time.Duration
 		kind    Deadline
 		want    string
 	}{
-		{"bootstrap", func(r *Registry) { r.Create(1, RolePrefill) }, 10 * time.Second, DeadlineBootstrap, "bootstrap deadline"},
-		{"waiting", func(r *Registry) { r.Create(1, RoleDecode); r.Init(1) }, 20 * time.Second, DeadlineWaiting, "waiting deadline"},
-		{"stall", func(r *Registry) { r.Create(1, RoleDecode); r.Init(1); r.Progress(1) }, 5 * time.Second, DeadlineStall, "transfer stall deadline"},
+		{"bootstrap", func(r *testReg) { r.Create(1, RolePrefill) }, 10 * time.Second, DeadlineBootstrap, "bootstrap deadline"},
+		{"waiting", func(r *testReg) { r.Create(1, RoleDecode); r.Init(1) }, 20 * time.Second, DeadlineWaiting, "waiting deadline"},
+		{"stall", func(r *testReg) { r.Create(1, RoleDecode); r.Init(1); r.Progress(1) }, 5 * time.Second, DeadlineStall, "transfer stall deadline"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, clk := newTestRegistry(t)
@@ -329,7 +329,7 @@ func TestPendingBound(t *testing.T) {
 	clk := newFakeClock()
 	cfg := testConfig(clk)
 	cfg.MaxPendingRooms = 2
-	r, _ := NewRegistry(cfg)
+	r, _ := newTestReg(cfg, clk)
 	r.Request(1, peer("d0", 1))
 	r.Request(2, peer("d0", 1))
 	expectErr(t, "third pending room", r.Request(3, peer("d0", 1)), ErrTooManyPending)

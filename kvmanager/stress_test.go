@@ -27,7 +27,7 @@ func TestConcurrentStress(t *testing.T) {
 	clk := newFakeClock()
 	cfg := testConfig(clk)
 	cfg.MaxPendingRooms = rooms
-	reg, err := NewRegistry(cfg)
+	reg, err := newTestReg(cfg, clk)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,19 +18,22 @@ func Example() {
 	srv := bootstrap.NewServer()
 	srv.Start("127.0.0.1:0")
 	defer srv.Close(context.Background())
-	rank := func(role kvmanager.Role, name string) *kvmanager.Manager {
+	config := func(role kvmanager.Role, name string) kvmanager.Config {
 		cfg := kvmanager.DefaultConfig(role)
 		cfg.Instance, cfg.Compat, cfg.BootstrapURL = name, "v1:example", srv.URL()
 		cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 		cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 4096, AuxItemBytes: 64, Aux: nixl.Desc{Len: 64 * 8},
 			Regions: []nixl.Desc{{Len: 64 * 4096}, {Len: 64 * 4096}}} // one layer: K and V, 64 pages
-		m, err := kvmanager.New(cfg)
-		if err != nil {
-			panic(err)
-		}
-		return m
+		return cfg
 	}
-	prefill, decode := rank(kvmanager.RolePrefill, "example-prefill"), rank(kvmanager.RoleDecode, "example-decode")
+	prefill, err := kvmanager.NewPrefill(config(kvmanager.RolePrefill, "example-prefill"))
+	if err != nil {
+		panic(err)
+	}
+	decode, err := kvmanager.NewDecode(config(kvmanager.RoleDecode, "example-decode"))
+	if err != nil {
+		panic(err)
+	}
 	defer prefill.Close()
 	defer decode.Close()
 	ctx := context.Background()

@@ -1,13 +1,16 @@
-// Package receiver is the decode-side handle for one room: it resolves the
-// prefill rank through the bootstrap server, registers once per peer, sends
-// the room's request, counts notifications per prefill rank, and after an
-// abort keeps the destination pages quarantined until the prefill rank
-// acknowledges that nothing is in flight (or the stall deadline passes).
+// Package receiver is the decode-side handle for one room: the room is
+// created with its prefill target (so an abort before Init reaches it), the
+// rank registers once per prefill peer, sends the room's request, counts
+// notifications per prefill rank, and after an abort or failure keeps the
+// destination pages quarantined until every prefill rank that got the
+// request acknowledges that nothing can land (or the quarantine deadline
+// passes) — also after Clear.
 //
-//	r, err := receiver.New(mgr, room)
+//	r, err := receiver.New(decode, room) // or NewFrom(decode, room, targets...)
 //	err = r.Init(ctx, kvmanager.RequestSpec{DstPages: pages, AuxIndex: slot})
-//	st, err := r.Wait(ctx)          // Success: every page and the aux item are in place
+//	st, err := r.Wait(ctx)              // Success: every page and the aux item are in place
 //	r.Clear()
+//	<-r.Released()                      // before reusing the pages of a failed room
 package receiver
 
 import (
@@ -19,26 +22,33 @@ import (
 
 // Receiver receives one room's KV cache.
 type Receiver struct {
-	m    *kvmanager.Manager
+	d    *kvmanager.Decode
 	room uint64
 }
 
-// New creates the room on this decode rank.
-func New(m *kvmanager.Manager, room uint64) (*Receiver, error) {
-	res := m.CreateReceiver(room)
+// New creates the room on this decode rank, pulling from the rank's
+// default prefill target (Config.BootstrapURL, PrefillRank).
+func New(d *kvmanager.Decode, room uint64) (*Receiver, error) {
+	return NewFrom(d, room)
+}
+
+// NewFrom creates the room pulling from the given prefill ranks.
+func NewFrom(d *kvmanager.Decode, room uint64, targets ...kvmanager.Target) (*Receiver, error) {
+	res := d.CreateReceiver(room, targets...)
 	if res.Outcome == kvmanager.Rejected {
 		return nil, fmt.Errorf("receiver: %w", res.Err)
 	}
-	return &Receiver{m: m, room: room}, nil
+	return &Receiver{d: d, room: room}, nil
 }
 
 // Room returns the room id.
 func (r *Receiver) Room() uint64 { return r.room }
 
-// Init registers with the prefill rank (once per peer) and sends the
-// request. A refused registration (incompatible layout) is returned.
+// Init registers with the prefill ranks (once per peer, retried until
+// acknowledged) and sends the request. A refused registration
+// (incompatible layout) is returned.
 func (r *Receiver) Init(ctx context.Context, spec kvmanager.RequestSpec) error {
-	if err := r.m.SendRequest(ctx, r.room, spec); err != nil {
+	if err := r.d.InitReceiver(ctx, r.room, spec); err != nil {
 		return fmt.Errorf("receiver: %w", err)
 	}
 	return nil
@@ -46,28 +56,26 @@ func (r *Receiver) Init(ctx context.Context, spec kvmanager.RequestSpec) error {
 
 // Poll returns the room's status (0 once cleared).
 func (r *Receiver) Poll() kvmanager.Poll {
-	st, _ := r.m.Registry().Status(r.room)
+	st, _ := r.d.Status(r.room)
 	return st
 }
 
 // Wait blocks until the room is Success or Failed.
 func (r *Receiver) Wait(ctx context.Context) (kvmanager.Poll, error) {
-	return r.m.Registry().Wait(ctx, r.room)
+	return r.d.Wait(ctx, r.room)
 }
 
-// Abort fails the room and asks the prefill rank to stop; the pages stay
-// quarantined until Released is closed.
-func (r *Receiver) Abort(reason string) { r.m.AbortRoom(r.room, reason) }
+// Abort fails the room and asks the prefill ranks to stop (also before
+// Init); the pages stay quarantined until Released is closed.
+func (r *Receiver) Abort(reason string) { r.d.AbortReceiver(r.room, reason) }
 
-// Released is closed once the destination pages may be reused after an
-// abort or failure (nil if the request was never sent).
-func (r *Receiver) Released() <-chan struct{} { return r.m.Released(r.room) }
+// Released is closed once the destination pages may be reused: after
+// Success, or after an abort or failure once nothing can land. It stays
+// valid after Clear.
+func (r *Receiver) Released() <-chan struct{} { return r.d.Released(r.room) }
 
 // Failure returns the first failure reason, naming the peer.
-func (r *Receiver) Failure() string {
-	s, _ := r.m.Registry().Failure(r.room)
-	return s
-}
+func (r *Receiver) Failure() string { return r.d.Failure(r.room) }
 
-// Clear forgets the room.
-func (r *Receiver) Clear() { r.m.ClearRoom(r.room) }
+// Clear forgets the room. An unfinished room is aborted first.
+func (r *Receiver) Clear() { r.d.ClearReceiver(r.room) }

@@ -1,13 +1,13 @@
 // Package sender is the prefill-side handle for one room. It holds no state
-// of its own: the room lives in the rank's kvmanager registry, so an ABORT
-// that arrived before New makes the handle start Failed.
+// of its own: the room lives in the rank's protocol core, so an ABORT that
+// arrived before New makes the handle start Failed.
 //
-//	s, err := sender.New(mgr, room)   // ErrRoomInUse / ErrRoomCleared on a duplicate id
+//	s, err := sender.New(prefill, room) // ErrRoomInUse / ErrRoomCleared on a duplicate id
 //	s.Init()
-//	for s.Poll() == kvmanager.Bootstrapping { ... }   // or Wait for WaitingForInput
+//	s.WaitReady(ctx)                    // every decode rank's REQUEST is in
 //	s.Send(pages[:64], false, -1)
 //	s.Send(pages[64:], true, auxSlot)
-//	st, err := s.Wait(ctx)            // Success or Failed
+//	st, err := s.Wait(ctx)              // Success or Failed
 //	s.Clear()
 package sender
 
@@ -20,19 +20,19 @@ import (
 
 // Sender sends one room's KV cache.
 type Sender struct {
-	m    *kvmanager.Manager
+	p    *kvmanager.Prefill
 	room uint64
 }
 
 // New creates the room on this prefill rank. A room aborted before New
 // starts Failed (Poll says so, Failure says why); a live or recently cleared
 // duplicate id is an error.
-func New(m *kvmanager.Manager, room uint64) (*Sender, error) {
-	res := m.CreateSender(room)
+func New(p *kvmanager.Prefill, room uint64) (*Sender, error) {
+	res := p.CreateSender(room)
 	if res.Outcome == kvmanager.Rejected {
 		return nil, fmt.Errorf("sender: %w", res.Err)
 	}
-	return &Sender{m: m, room: room}, nil
+	return &Sender{p: p, room: room}, nil
 }
 
 // Room returns the room id.
@@ -41,7 +41,7 @@ func (s *Sender) Room() uint64 { return s.room }
 // Init marks the sender ready: once every required decode rank has sent
 // its request, the room is WaitingForInput.
 func (s *Sender) Init() error {
-	if res := s.m.InitSender(s.room); res.Outcome == kvmanager.Rejected {
+	if res := s.p.InitSender(s.room); res.Outcome == kvmanager.Rejected {
 		return fmt.Errorf("sender: %w", res.Err)
 	}
 	return nil
@@ -52,34 +52,33 @@ func (s *Sender) Init() error {
 // (state[i]: this rank's items of state region i, where the decode rank
 // asked for them) and then aux item auxIndex (−1 for none).
 func (s *Sender) Send(pages []uint32, last bool, auxIndex int, state ...[]uint32) error {
-	return s.m.SendChunk(s.room, pages, last, auxIndex, state)
+	return s.p.SendChunk(s.room, pages, last, auxIndex, state)
 }
 
 // WaitReady blocks until every required decode rank has requested the room
 // (WaitingForInput) or the room is over, and returns the status.
 func (s *Sender) WaitReady(ctx context.Context) (kvmanager.Poll, error) {
-	return s.m.Registry().WaitReady(ctx, s.room)
+	return s.p.WaitReady(ctx, s.room)
 }
 
 // Poll returns the room's status (0 once cleared).
 func (s *Sender) Poll() kvmanager.Poll {
-	st, _ := s.m.Registry().Status(s.room)
+	st, _ := s.p.Status(s.room)
 	return st
 }
 
 // Wait blocks until the room is Success or Failed.
 func (s *Sender) Wait(ctx context.Context) (kvmanager.Poll, error) {
-	return s.m.Registry().Wait(ctx, s.room)
+	return s.p.Wait(ctx, s.room)
 }
 
 // Abort fails the room; decode ranks are told.
-func (s *Sender) Abort(reason string) { s.m.AbortRoom(s.room, reason) }
+func (s *Sender) Abort(reason string) { s.p.AbortSender(s.room, reason) }
 
 // Failure returns the first failure reason ("" unless Failed).
-func (s *Sender) Failure() string {
-	r, _ := s.m.Registry().Failure(s.room)
-	return r
-}
+func (s *Sender) Failure() string { return s.p.Failure(s.room) }
 
 // Clear forgets the room; its id stays refused for the tombstone TTL.
-func (s *Sender) Clear() { s.m.ClearRoom(s.room) }
+// Writes still in flight keep being counted, so an ABORT_ACK for the room
+// is only sent once none of them can land.
+func (s *Sender) Clear() { s.p.ClearSender(s.room) }

@@ -10,12 +10,12 @@ import (
 	"github.com/kvbridge/kvbridge/transfer"
 )
 
-func prefill(t *testing.T) *kvmanager.Manager {
+func prefill(t *testing.T) *kvmanager.Prefill {
 	cfg := kvmanager.DefaultConfig(kvmanager.RolePrefill)
 	cfg.Instance, cfg.Compat = "sender-test", "v1:test"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 1024, Regions: []nixl.Desc{{Len: 1 << 16}, {Len: 1 << 16}}}
-	m, err := kvmanager.New(cfg)
+	m, err := kvmanager.NewPrefill(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,8 +52,8 @@ func TestSenderHandle(t *testing.T) {
 	if _, err := sender.New(m, 1); !errors.Is(err, kvmanager.ErrRoomCleared) {
 		t.Fatalf("reuse inside the TTL: %v", err)
 	}
-	// An abort before the sender (a decode ABORT, here applied directly).
-	m.AbortRoom(2, "early")
+	// An abort before the sender (here from the prefill side itself).
+	m.AbortSender(2, "early")
 	s2, err := sender.New(m, 2)
 	if err != nil || s2.Poll() != kvmanager.Failed {
 		t.Fatalf("sender after an early abort: %v %v", s2, err)

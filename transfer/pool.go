@@ -28,6 +28,10 @@ type Write struct {
 	State int
 	Notif string // "" for a write without a notification
 	Last  bool   // the room's final write to this peer
+	// PeerKey and Epoch name the decode process whose REQUEST gave the
+	// destination; the pool carries them for the gate, never reads them.
+	PeerKey string
+	Epoch   uint64
 }
 
 // Job is one chunk of a room: its writes, posted in order by one worker.
@@ -38,8 +42,11 @@ type Job struct {
 	// (the room failed or was aborted). It must count the write as in
 	// flight when it returns true.
 	Gate func(w *Write) bool
-	// Done is called once per write that Gate let through.
-	Done func(w *Write, err error)
+	// Done is called once per write that Gate let through. quiesced is
+	// true when a failed write is known never to land (it failed before
+	// anything was posted); a write that failed after its post may still
+	// land, as far as the pool can tell.
+	Done func(w *Write, err error, quiesced bool)
 	// Dropped is called once per write that Gate refused.
 	Dropped func(w *Write)
 }
@@ -135,18 +142,21 @@ func (p *Pool) worker(q chan Job) {
 				}
 				continue
 			}
-			j.Done(w, p.write(w))
+			posted, err := p.write(w)
+			j.Done(w, err, err != nil && !posted)
 		}
 	}
 }
 
 // write posts one write and waits for it, bounded by the stall deadline.
-func (p *Pool) write(w *Write) error {
+// posted says whether anything reached the engine's post (after which a
+// failed write may still land).
+func (p *Pool) write(w *Write) (posted bool, err error) {
 	var local, remote []nixl.Desc
 	switch {
 	case w.State >= 0:
 		if w.State >= len(p.local.State) || w.State >= len(w.Peer.State) || p.local.State[w.State].ItemBytes != w.Peer.State[w.State].ItemBytes {
-			return fmt.Errorf("transfer: state region %d does not match on both sides", w.State)
+			return false, fmt.Errorf("transfer: state region %d does not match on both sides", w.State)
 		}
 		ls, rs := p.local.State[w.State], w.Peer.State[w.State]
 		for _, run := range w.Runs {
@@ -157,7 +167,7 @@ func (p *Pool) write(w *Write) error {
 	case w.AuxSrc >= 0:
 		n := p.local.AuxItemBytes
 		if n == 0 || n != w.Peer.AuxItemBytes {
-			return fmt.Errorf("transfer: aux items of %d and %d bytes", n, w.Peer.AuxItemBytes)
+			return false, fmt.Errorf("transfer: aux items of %d and %d bytes", n, w.Peer.AuxItemBytes)
 		}
 		local = []nixl.Desc{{Addr: p.local.Aux.Addr + uintptr(uint64(w.AuxSrc)*n), Len: n, Dev: p.local.Aux.Dev}}
 		remote = []nixl.Desc{{Addr: w.Peer.Aux.Addr + uintptr(uint64(w.AuxDst)*n), Len: n, Dev: w.Peer.Aux.Dev}}
@@ -172,9 +182,9 @@ func (p *Pool) write(w *Write) error {
 		// Nothing to move (a dummy peer or pages it already holds): the
 		// notification alone completes its count.
 		if notif == nil {
-			return nil
+			return false, nil
 		}
-		return p.agent.GenNotif(w.Remote, notif)
+		return false, p.agent.GenNotif(w.Remote, notif)
 	}
 	lkind, rkind := p.local.Kind, w.Peer.Kind
 	if w.AuxSrc >= 0 || w.State >= 0 {
@@ -182,12 +192,12 @@ func (p *Pool) write(w *Write) error {
 	}
 	l, err := p.agent.PrepLocal(lkind, local)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer l.Release()
 	r, err := p.agent.PrepRemote(w.Remote, rkind, remote)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer r.Release()
 	idx := make([]int, len(local))
@@ -196,23 +206,23 @@ func (p *Pool) write(w *Write) error {
 	}
 	x, err := p.agent.NewXfer(nixl.Write, l, idx, r, idx, notif)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer p.agent.Release(x)
 	if err := p.agent.Post(x); err != nil {
-		return err
+		return true, err // a partial failure may have started puts
 	}
 	deadline := time.Now().Add(p.cfg.Stall)
 	for {
 		st, err := p.agent.Status(x)
 		switch st {
 		case nixl.Done:
-			return nil
+			return true, nil
 		case nixl.Failed:
-			return err
+			return true, err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w (%v)", ErrStall, p.cfg.Stall)
+			return true, fmt.Errorf("%w (%v)", ErrStall, p.cfg.Stall)
 		}
 		time.Sleep(p.cfg.PollWait)
 	}

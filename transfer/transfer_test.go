@@ -90,7 +90,7 @@ func TestPoolWritesPagesInOrder(t *testing.T) {
 	var order []string
 	done := make(chan struct{})
 	gate := func(w *Write) bool { return true }
-	record := func(w *Write, err error) {
+	record := func(w *Write, err error, _ bool) {
 		if err != nil {
 			t.Error(err)
 		}
@@ -163,7 +163,7 @@ func TestPoolGateDrops(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		pool.Submit(Job{Room: 1, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{0, 0, 1}}, AuxSrc: -1, State: -1, Notif: fmt.Sprint(i)}},
 			Gate:    func(w *Write) bool { return w.Notif == "0" },
-			Done:    func(*Write, error) { wrote++ },
+			Done:    func(*Write, error, bool) { wrote++ },
 			Dropped: func(w *Write) { dropped <- w.Notif }})
 	}
 	pool.Close()
@@ -172,6 +172,36 @@ func TestPoolGateDrops(t *testing.T) {
 	}
 	if err := pool.Submit(Job{Room: 1}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("submit after close: %v", err)
+	}
+}
+
+// TestPoolQuiesced: a write that fails before anything is posted is
+// reported quiesced (it can never land); the core may then count the room
+// drained. A write refused after its post could still land, so the pool
+// never claims that for it.
+func TestPoolQuiesced(t *testing.T) {
+	p, d := newRank(t, "tq-prefill", 1, 8, 64), newRank(t, "tq-decode", 1, 8, 64)
+	remote := connect(t, p, d)
+	pool, _ := NewPool(p.agent, p.layout, Config{Workers: 1})
+	defer pool.Close()
+	type done struct {
+		err      error
+		quiesced bool
+	}
+	got := make(chan done, 2)
+	peer := d.layout
+	peer.AuxItemBytes = p.layout.AuxItemBytes + 1 // refused before any post
+	pool.Submit(Job{Room: 1, Writes: []Write{
+		{Remote: remote, Peer: peer, AuxSrc: 0, AuxDst: 0, State: -1},
+		{Remote: remote, Peer: d.layout, Runs: []Run{{0, 0, 1}}, AuxSrc: -1, State: -1},
+	},
+		Gate: func(*Write) bool { return true },
+		Done: func(_ *Write, err error, q bool) { got <- done{err, q} }})
+	if r := <-got; r.err == nil || !r.quiesced {
+		t.Fatalf("write refused before its post: err %v quiesced %v", r.err, r.quiesced)
+	}
+	if r := <-got; r.err != nil || r.quiesced {
+		t.Fatalf("completed write: err %v quiesced %v", r.err, r.quiesced)
 	}
 }
 

@@ -313,11 +313,12 @@ func human(n uint64) string {
 // ---- paged and rooms ---------------------------------------------------
 
 type cluster struct {
-	srv             *bootstrap.Server
-	prefill, decode *kvmanager.Manager
-	pp, dp          *kvmodel.Pages
-	next            uint64
-	mu              sync.Mutex
+	srv     *bootstrap.Server
+	prefill *kvmanager.Prefill
+	decode  *kvmanager.Decode
+	pp, dp  *kvmodel.Pages
+	next    uint64
+	mu      sync.Mutex
 }
 
 func (b *bench) cluster(pages int) (*cluster, error) {
@@ -325,20 +326,20 @@ func (b *bench) cluster(pages int) (*cluster, error) {
 	if err := c.srv.Start("127.0.0.1:0"); err != nil {
 		return nil, err
 	}
-	mk := func(role kvmanager.Role) (*kvmanager.Manager, error) {
+	mk := func(role kvmanager.Role) kvmanager.Config {
 		cfg := kvmanager.DefaultConfig(role)
 		cfg.Instance = fmt.Sprintf("kvbench-%d", time.Now().UnixNano())
 		cfg.Compat, cfg.BootstrapURL = b.model.Compat(), c.srv.URL()
 		cfg.Engine = nixl.Config{Engine: b.engine, UCX: map[string]string{"TLS": b.tls}}
 		cfg.Layout = b.model.Layout(b.mem, pages, 4096)
-		return kvmanager.New(cfg)
+		return cfg
 	}
 	var err error
-	if c.prefill, err = mk(kvmanager.RolePrefill); err != nil {
+	if c.prefill, err = kvmanager.NewPrefill(mk(kvmanager.RolePrefill)); err != nil {
 		c.srv.Close(context.Background())
 		return nil, err
 	}
-	if c.decode, err = mk(kvmanager.RoleDecode); err != nil {
+	if c.decode, err = kvmanager.NewDecode(mk(kvmanager.RoleDecode)); err != nil {
 		c.close()
 		return nil, err
 	}

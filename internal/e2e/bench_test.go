@@ -26,11 +26,12 @@ const (
 )
 
 type benchCluster struct {
-	srv             *bootstrap.Server
-	prefill, decode *kvmanager.Manager
-	pFree, dFree    *kvmodel.Pages
-	mu              sync.Mutex
-	traces          map[uint64]map[kvmanager.TraceEvent]time.Time
+	srv          *bootstrap.Server
+	prefill      *kvmanager.Prefill
+	decode       *kvmanager.Decode
+	pFree, dFree *kvmodel.Pages
+	mu           sync.Mutex
+	traces       map[uint64]map[kvmanager.TraceEvent]time.Time
 }
 
 func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64) *benchCluster {
@@ -49,7 +50,7 @@ func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64) *benchClus
 		c.mu.Unlock()
 	}
 	id := uniq()
-	mk := func(role kvmanager.Role) *kvmanager.Manager {
+	mk := func(role kvmanager.Role) kvmanager.Config {
 		cfg := kvmanager.DefaultConfig(role)
 		cfg.Instance = fmt.Sprintf("bench-%d", id)
 		cfg.Compat = "v1:llama3-8b"
@@ -60,14 +61,17 @@ func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64) *benchClus
 			cfg.Layout.Regions = append(cfg.Layout.Regions, nixl.Desc{Len: uint64(pagesPer) * page})
 		}
 		cfg.Trace = trace
-		m, err := kvmanager.New(cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { m.Close() })
-		return m
+		return cfg
 	}
-	c.prefill, c.decode = mk(kvmanager.RolePrefill), mk(kvmanager.RoleDecode)
+	var err error
+	if c.prefill, err = kvmanager.NewPrefill(mk(kvmanager.RolePrefill)); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.prefill.Close() })
+	if c.decode, err = kvmanager.NewDecode(mk(kvmanager.RoleDecode)); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.decode.Close() })
 	return c
 }
 

@@ -56,11 +56,12 @@ func uniq() int {
 
 // cluster is a bootstrap server, one prefill and one decode rank.
 type cluster struct {
-	srv             *bootstrap.Server
-	prefill, decode *kvmanager.Manager
-	pKV, dKV        [][]byte
-	pAux, dAux      []byte
-	pFree, dFree    *kvmodel.Pages
+	srv          *bootstrap.Server
+	prefill      *kvmanager.Prefill
+	decode       *kvmanager.Decode
+	pKV, dKV     [][]byte
+	pAux, dAux   []byte
+	pFree, dFree *kvmodel.Pages
 }
 
 func layout() transfer.Layout {
@@ -81,7 +82,7 @@ func newCluster(t *testing.T, engine string, mut func(*kvmanager.Config)) *clust
 	}
 	t.Cleanup(func() { c.srv.Close(context.Background()) })
 	id := uniq()
-	mk := func(role kvmanager.Role, name string) *kvmanager.Manager {
+	mk := func(role kvmanager.Role, name string) kvmanager.Config {
 		cfg := kvmanager.DefaultConfig(role)
 		cfg.Instance = fmt.Sprintf("%s-%d", name, id)
 		cfg.Compat = "v1:test-layout"
@@ -94,19 +95,17 @@ func newCluster(t *testing.T, engine string, mut func(*kvmanager.Config)) *clust
 		if mut != nil {
 			mut(&cfg)
 		}
-		m, err := kvmanager.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := m.Close(); err != nil {
-				t.Error(err)
-			}
-		})
-		return m
+		return cfg
 	}
-	c.prefill = mk(kvmanager.RolePrefill, "prefill")
-	c.decode = mk(kvmanager.RoleDecode, "decode")
+	var err error
+	if c.prefill, err = kvmanager.NewPrefill(mk(kvmanager.RolePrefill, "prefill")); err != nil {
+		t.Fatal(err)
+	}
+	closeAtEnd(t, c.prefill.Manager)
+	if c.decode, err = kvmanager.NewDecode(mk(kvmanager.RoleDecode, "decode")); err != nil {
+		t.Fatal(err)
+	}
+	closeAtEnd(t, c.decode.Manager)
 	c.pKV, c.pAux = c.prefill.Memory()
 	c.dKV, c.dAux = c.decode.Memory()
 	for r, region := range c.pKV {
@@ -122,6 +121,14 @@ func newCluster(t *testing.T, engine string, mut func(*kvmanager.Config)) *clust
 	}
 	c.pFree, c.dFree = newPagePool(pages), newPagePool(pages)
 	return c
+}
+
+func closeAtEnd(t *testing.T, m *kvmanager.Manager) {
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 }
 
 func fillPage(b []byte, seed uint64) {
@@ -405,7 +412,7 @@ func TestOutOfRangePagesRefused(t *testing.T) {
 	if !strings.Contains(r.Failure(), "outside") {
 		t.Fatalf("failure %q", r.Failure())
 	}
-	if _, known := c.prefill.Registry().Status(20); known {
+	if _, known := c.prefill.Status(20); known {
 		t.Fatal("the prefill rank kept a room for a refused request")
 	}
 }
@@ -435,7 +442,7 @@ func TestRoomReusedAfterTTL(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Now()
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	c := newCluster(t, "loopback", func(cfg *kvmanager.Config) { cfg.Registry.Now = clock })
+	c := newCluster(t, "loopback", func(cfg *kvmanager.Config) { cfg.Now = clock })
 	rm := c.start(t, 40, 32)
 	ready(t, rm.s)
 	c.sendAll(t, rm, 64)
@@ -457,7 +464,7 @@ func TestIncompatibleDecodeRefused(t *testing.T) {
 	cfg := kvmanager.DefaultConfig(kvmanager.RoleDecode)
 	cfg.Instance, cfg.Compat, cfg.BootstrapURL = "decode-other", "v1:another-model", c.srv.URL()
 	cfg.Engine, cfg.Layout = engines["loopback"], layout()
-	other, err := kvmanager.New(cfg)
+	other, err := kvmanager.NewDecode(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,7 +486,7 @@ func TestSoak(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Now()
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	c := newCluster(t, "ucx-shm", func(cfg *kvmanager.Config) { cfg.Registry.Now = clock })
+	c := newCluster(t, "ucx-shm", func(cfg *kvmanager.Config) { cfg.Now = clock })
 	const rooms, streams = 2000, 8
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -504,20 +511,20 @@ func TestSoak(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	for _, m := range []*kvmanager.Manager{c.prefill, c.decode} {
-		if n := m.Registry().Overdue(clock()); n != 0 {
+	for _, m := range []*kvmanager.Manager{c.prefill.Manager, c.decode.Manager} {
+		if n := m.Overdue(); n != 0 {
 			t.Fatalf("%d rooms past their deadline", n)
 		}
-		if s := m.Registry().Sizes(); s.Live != 0 || s.Pending != 0 {
+		if s := m.Sizes(); s.Live != 0 || s.Pending != 0 {
 			t.Fatalf("rooms left after the soak: %+v", s)
 		}
 	}
 	mu.Lock()
 	now = now.Add(11 * time.Minute)
 	mu.Unlock()
-	for _, m := range []*kvmanager.Manager{c.prefill, c.decode} {
-		m.Registry().Sweep(clock())
-		if s := m.Registry().Sizes(); s.Total() != 0 {
+	for _, m := range []*kvmanager.Manager{c.prefill.Manager, c.decode.Manager} {
+		m.Tick()
+		if s := m.Sizes(); s.Total() != 0 {
 			t.Fatalf("registry not empty after the TTL: %+v", s)
 		}
 	}

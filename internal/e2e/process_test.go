@@ -62,7 +62,18 @@ func runRank(role string) int {
 	if role == "decode" {
 		r = kvmanager.RoleDecode
 	}
-	m, err := kvmanager.New(rankConfig(r, os.Getenv("KVBRIDGE_E2E_ENGINE"), os.Getenv("KVBRIDGE_E2E_BOOT")))
+	cfg := rankConfig(r, os.Getenv("KVBRIDGE_E2E_ENGINE"), os.Getenv("KVBRIDGE_E2E_BOOT"))
+	var m *kvmanager.Manager
+	var p *kvmanager.Prefill
+	var d *kvmanager.Decode
+	var err error
+	if r == kvmanager.RolePrefill {
+		if p, err = kvmanager.NewPrefill(cfg); err == nil {
+			m = p.Manager
+		}
+	} else if d, err = kvmanager.NewDecode(cfg); err == nil {
+		m = d.Manager
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -93,7 +104,7 @@ func runRank(role string) int {
 			src := pageList(f[2])
 			chunk, _ := strconv.Atoi(f[3])
 			go func(hold bool) {
-				s, err := sender.New(m, room)
+				s, err := sender.New(p, room)
 				if err != nil {
 					out <- fmt.Sprintf("DONE %d error %v", room, err)
 					return
@@ -110,7 +121,7 @@ func runRank(role string) int {
 					if hold {
 						// Held once the first chunk has landed: the room
 						// is Transferring with nothing in flight.
-						for s.Poll() != kvmanager.Transferring || m.Registry().InFlight(room) != 0 {
+						for s.Poll() != kvmanager.Transferring || m.InFlight(room) != 0 {
 							time.Sleep(100 * time.Microsecond)
 						}
 						out <- fmt.Sprintf("HELD %d", room)
@@ -123,7 +134,7 @@ func runRank(role string) int {
 		case "RECV":
 			dst, src := pageList(f[2]), pageList(f[3])
 			go func() {
-				rc, err := receiver.New(m, room)
+				rc, err := receiver.New(d, room)
 				if err == nil {
 					err = rc.Init(context.Background(), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1})
 				}

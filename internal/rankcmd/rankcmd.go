@@ -31,6 +31,8 @@ import (
 type Rank struct {
 	Role  kvmanager.Role
 	M     *kvmanager.Manager
+	P     *kvmanager.Prefill // set on a prefill rank
+	D     *kvmanager.Decode  // set on a decode rank
 	Model kvmodel.Model
 	pages *kvmodel.Pages
 	kv    [][]byte
@@ -116,7 +118,15 @@ func Main(role kvmanager.Role, args []string) int {
 		log.Error("configuration", zap.Error(err))
 		return 2
 	}
-	mgr, err := kvmanager.New(cfg)
+	var mgr *kvmanager.Manager
+	var err error
+	if role == kvmanager.RolePrefill {
+		if r.P, err = kvmanager.NewPrefill(cfg); err == nil {
+			mgr = r.P.Manager
+		}
+	} else if r.D, err = kvmanager.NewDecode(cfg); err == nil {
+		mgr = r.D.Manager
+	}
 	if err != nil {
 		log.Error("starting the rank", zap.Error(err))
 		return 1
@@ -239,7 +249,7 @@ func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
 		return res
 	}
 	defer r.pages.Put(src)
-	s, err := sender.New(r.M, rr.Room)
+	s, err := sender.New(r.P, rr.Room)
 	if err != nil {
 		res.Error = err.Error()
 		return res
@@ -299,7 +309,7 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 			r.pages.Put(dst)
 		}
 	}()
-	rc, err := receiver.New(r.M, rr.Room)
+	rc, err := receiver.New(r.D, rr.Room)
 	if err != nil {
 		res.Error = err.Error()
 		return res
@@ -341,14 +351,20 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 			}
 		}
 		res.Bytes = uint64(n) * r.Model.PageBytes() * uint64(len(r.kv))
-	} else if ch := rc.Released(); ch != nil {
-		// Quarantine: the pages are reused only once prefill has nothing
-		// in flight for the room.
+	} else {
+		// Quarantine: the pages are reused only once no write of the room
+		// can land. Past this request's deadline they go back to the pool
+		// when the rank releases them (bounded by its quarantine deadline).
+		ch := rc.Released()
 		select {
 		case <-ch:
 		case <-ctx.Done():
 			quarantined = true
-			res.Error = "pages still quarantined at the deadline"
+			res.Error = "pages still quarantined at the request's deadline"
+			go func() {
+				<-ch
+				r.pages.Put(dst)
+			}()
 		}
 	}
 	res.LatencyMS = float64(time.Since(start).Microseconds()) / 1e3

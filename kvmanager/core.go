@@ -1,0 +1,285 @@
+package kvmanager
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/transfer"
+)
+
+// Core is one rank's protocol state machine, modelled on etcd-io/raft's
+// RawNode: no goroutines, no locks, no clock and no I/O. Every input is a
+// step (a local call, a received message, a write completion, a
+// notification, a peer down report, a tick) taken at a time the caller
+// gives; every output is an Effect that the caller carries out in order.
+// It owns all room and peer state of its role: the room registry (status,
+// pending requests, tombstones with owed ABORT_ACKs and writes that can
+// still land), decode registrations bound to epochs, per-room send cursors
+// (prefill), and per-source accounting and page quarantine (decode).
+//
+// Because it is pure, several cores compose over a simulated network in one
+// test process (sim_test.go) and every invariant of docs/ARCHITECTURE.md is
+// checked across ranks, exhaustively for small bounds.
+type Core struct {
+	cfg CoreConfig
+	now time.Time
+	reg *Registry
+	out []Effect
+
+	// prefill: registered decode ranks by From.Peer(), each bound to one
+	// epoch.
+	peers map[string]*decodePeer
+	// decode: prefill targets by key, and their holds on our pages.
+	targets map[string]*target
+	holds   map[uint64]*hold
+
+	stats CoreStats
+	// bugs re-introduces known bugs (tests only), so the simulator can show
+	// it finds each of them.
+	bugs bugs
+}
+
+// bugs are switches for mutation tests: each brings back one bug that the
+// core's design removed, and the simulator must then report a violation.
+type bugs struct {
+	ackOnClearedTombstone bool // bug 1: ABORT on a Cleared tombstone acks drained at once
+	failedWriteDrains     bool // bug 2: a failed write counts as drained
+	clearReleases         bool // bug 3: Clear ends the decode quarantine
+	noEarlyAbort          bool // bug 4: an abort before the REQUEST is not sent
+	dropRegOnPeerDown     bool // bug 5: prefill forgets a registration when heartbeats fail
+	postIgnoresEpoch      bool // bug 8: writes go to the peer's current epoch
+	restartDropsPending   bool // bug 9: a restart report cancels the registration in progress
+}
+
+// CoreConfig is what a rank's core needs to know.
+type CoreConfig struct {
+	Role     Role
+	Rank     int // the prefill rank uid in notifications
+	Compat   string
+	Layout   transfer.Layout // this rank's memory
+	Registry RegistryConfig
+	// QuarantineTimeout bounds how long a failed decode room's pages wait
+	// for the prefill ranks' ABORT_ACK; past it they are released as forced
+	// (counted). It must exceed StallTimeout.
+	QuarantineTimeout time.Duration
+	// RegisterRetry is the first REGISTER retry interval (doubling up to
+	// 32×) while no REGISTER_ACK came.
+	RegisterRetry time.Duration
+	// Register is decode's REGISTER body (agent, metadata, regions).
+	Register bootstrap.Register
+}
+
+// Validate reports the first setting that cannot work.
+func (c CoreConfig) Validate() error {
+	if c.Role != RolePrefill && c.Role != RoleDecode {
+		return fmt.Errorf("kvmanager: role %d: %w", c.Role, ErrInvalidEvent)
+	}
+	if c.QuarantineTimeout <= c.Registry.StallTimeout || c.QuarantineTimeout >= c.Registry.TombstoneTTL {
+		return fmt.Errorf("kvmanager: QuarantineTimeout (%v) must exceed StallTimeout (%v) and stay below TombstoneTTL (%v)",
+			c.QuarantineTimeout, c.Registry.StallTimeout, c.Registry.TombstoneTTL)
+	}
+	if c.RegisterRetry <= 0 {
+		return fmt.Errorf("kvmanager: RegisterRetry must be positive, got %v", c.RegisterRetry)
+	}
+	return c.Registry.Validate()
+}
+
+// CoreStats counts what the core did, for metrics.
+type CoreStats struct {
+	Events          [EventClear + 1][Rejected + 1]uint64 // by EventKind and Outcome
+	Deadlines       [DeadlineTombstone + 1]uint64
+	StatusSent      uint64
+	ForcedReleases  uint64 // decode pages released by the quarantine deadline
+	StaleEpoch      uint64 // messages or writes refused for naming another epoch
+	RegisterRetries uint64
+	AbortsDropped   uint64 // owed ABORTs over the bound for an unresolved target
+}
+
+// EffectKind names an effect.
+type EffectKind uint8
+
+// Effects.
+const (
+	// EffectSend: send Msg to To.
+	EffectSend EffectKind = 1 + iota
+	// EffectPost: submit Writes (one chunk of Room) to the transfer pool;
+	// each write is gated by Core.Posting right before it is posted.
+	EffectPost
+	// EffectWake: close Wake (a waiter's channel).
+	EffectWake
+	// EffectResolve: look up Target's prefill rank (endpoint and key), then
+	// step Resolved or ResolveFailed.
+	EffectResolve
+	// EffectWatch: heartbeat To while rooms are shared with it.
+	EffectWatch
+	// EffectReleased: decode pages of Room may be reused; Forced when the
+	// quarantine deadline, not an ABORT_ACK, released them.
+	EffectReleased
+)
+
+// Effect is one output of the core.
+type Effect struct {
+	Kind   EffectKind
+	Room   uint64
+	To     bootstrap.Peer
+	Msg    bootstrap.Message
+	Writes []transfer.Write
+	Wake   chan struct{}
+	Target Target
+	Forced bool
+}
+
+// Target names one prefill rank a decode room pulls from: the bootstrap
+// service that lists it and its rank there.
+type Target struct {
+	Bootstrap string
+	Rank      int
+}
+
+func (t Target) key() string { return fmt.Sprintf("%s#%d", t.Bootstrap, t.Rank) }
+
+// STATUS codes (protocol v2): decode branches on them.
+const (
+	CodeNotRegistered = "not_registered"
+	CodeOutOfRange    = "out_of_range"
+	CodeAborted       = "aborted"
+	CodeCleared       = "cleared"
+	CodeRejected      = "rejected"
+	CodePeerRestarted = "peer_restarted"
+	CodeFailed        = "failed"
+)
+
+// NewCore returns an empty core.
+func NewCore(cfg CoreConfig) (*Core, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Core{cfg: cfg, peers: map[string]*decodePeer{}, targets: map[string]*target{}, holds: map[uint64]*hold{}}
+	var err error
+	if c.reg, err = NewRegistry(cfg.Registry, &c.out); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// step starts a step at now.
+func (c *Core) step(now time.Time) {
+	c.now = now
+	c.reg.SetNow(now)
+}
+
+// Effects returns the effects of the steps taken since the last call, in
+// order, and forgets them.
+func (c *Core) Effects() []Effect {
+	out := c.out
+	c.out = nil
+	return out
+}
+
+func (c *Core) emit(e Effect) { c.out = append(c.out, e) }
+
+func (c *Core) send(to bootstrap.Peer, room uint64, m bootstrap.Message) {
+	c.emit(Effect{Kind: EffectSend, Room: room, To: to, Msg: m})
+}
+
+func (c *Core) count(kind EventKind, r Result) Result {
+	if kind <= EventClear && r.Outcome <= Rejected {
+		c.stats.Events[kind][r.Outcome]++
+	}
+	return r
+}
+
+// Stats returns the core's counters.
+func (c *Core) Stats() CoreStats { return c.stats }
+
+// Registry gives read access to the room table.
+func (c *Core) Registry() *Registry { return c.reg }
+
+// Status returns a room's status (known false without a live room).
+func (c *Core) Status(room uint64) (Poll, bool) { return c.reg.Status(room) }
+
+// Failure returns a failed room's first reason.
+func (c *Core) Failure(room uint64) (string, bool) { return c.reg.Failure(room) }
+
+// Sizes counts every table the core keeps.
+func (c *Core) Sizes() CoreSizes {
+	return CoreSizes{Sizes: c.reg.Sizes(), Peers: len(c.peers), Targets: len(c.targets), Holds: len(c.holds)}
+}
+
+// CoreSizes counts the core's tables.
+type CoreSizes struct {
+	Sizes
+	Peers, Targets, Holds int
+}
+
+// Total is the number of room-bound entries (peers and targets are
+// bounded by the deployment, not by rooms).
+func (s CoreSizes) Total() int { return s.Sizes.Total() + s.Holds }
+
+// waiters returns a live room's done and ready channels.
+func (c *Core) waiters(room uint64) (done, ready chan struct{}, ok bool) {
+	rm, ok := c.reg.rooms[room]
+	if !ok {
+		return nil, nil, false
+	}
+	return rm.done, rm.ready, true
+}
+
+// Tick enforces every deadline passed at now: registry deadlines (STATUS
+// failed to the decode ranks of failed prefill rooms, ABORT to the prefill
+// ranks of failed decode rooms), owed ABORT_ACKs of undrained rooms,
+// decode quarantine deadlines and REGISTER retries.
+func (c *Core) Tick(now time.Time) {
+	c.step(now)
+	for _, e := range c.reg.Sweep(now) {
+		c.stats.Deadlines[e.Deadline]++
+		if c.cfg.Role == RolePrefill {
+			if e.Deadline != DeadlineStall || e.Reason != "" {
+				c.statusFailed(e.Room, e.Peers, CodeFailed, e.Reason, "")
+			}
+			continue
+		}
+		c.decodeFailed(e.Room, e.Reason)
+	}
+	if c.cfg.Role == RoleDecode {
+		c.tickDecode(now)
+	}
+}
+
+// Close fails every live room with reason; the shell then stops.
+func (c *Core) Close(now time.Time, reason string) {
+	c.step(now)
+	for id, rm := range c.reg.rooms {
+		if !rm.status.Terminal() {
+			c.failRoom(id, reason)
+		}
+	}
+}
+
+// failRoom fails a live room on this rank and tells its peers.
+func (c *Core) failRoom(room uint64, reason string) Result {
+	res := c.count(EventUpdate, c.reg.Update(room, Failed, reason))
+	if res.Outcome != Applied {
+		return res
+	}
+	if c.cfg.Role == RolePrefill {
+		c.statusFailed(room, res.Peers, CodeFailed, reason, "")
+	} else {
+		c.decodeFailed(room, reason)
+	}
+	return res
+}
+
+// errCode maps a registry refusal to a STATUS code.
+func errCode(err error) string {
+	switch {
+	case errors.Is(err, ErrRoomCleared):
+		return CodeCleared
+	case errors.Is(err, ErrRoomAborted), errors.Is(err, ErrRoomFailed):
+		return CodeAborted
+	default:
+		return CodeRejected
+	}
+}

@@ -1,0 +1,589 @@
+package kvmanager
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+)
+
+// RequestSpec is what a decode rank asks of its prefill ranks for a room.
+type RequestSpec struct {
+	DstPages []uint32 // destination pages for positions Prefix.. of the request
+	AuxIndex int      // −1 for none
+	// StateIndices[i] are the items of state region i the state goes to.
+	StateIndices [][]uint32
+	Required     int // decode ranks' requests the prefill rank waits for (default 1)
+	Prefix       int // leading pages decode already holds
+	Dummy        bool
+}
+
+type regState uint8
+
+const (
+	regNone regState = iota // not registered, no REGISTER outstanding
+	regSent                 // REGISTER sent, no REGISTER_ACK yet (retried)
+	regOK                   // acknowledged by the process of epoch
+)
+
+// target is one prefill rank as a decode rank knows it.
+type target struct {
+	t                   Target
+	endpoint, serverKey string
+	resolved, resolving bool
+	reg                 regState
+	epoch               uint64 // the process that acknowledged our REGISTER
+	retry               time.Duration
+	nextRetry           time.Time
+	// owed are ABORTs (room → reason) waiting for the target's endpoint;
+	// they outlive the rooms (an abort then Clear before the lookup
+	// answered must still reach the prefill rank).
+	owed map[uint64]string
+}
+
+func (tg *target) peer() bootstrap.Peer {
+	return bootstrap.Peer{Endpoint: tg.endpoint, ServerKey: tg.serverKey}
+}
+
+// source is one prefill rank's part of a decode room.
+type source struct {
+	target string // key into Core.targets
+	uid    int    // the rank uid its notifications carry
+	// sent: our REQUEST went to the process of epoch, which may now write
+	// into the room's pages until it acknowledges an ABORT (acked).
+	sent   bool
+	epoch  uint64
+	reregs int
+	chunks map[int]struct{}
+	total  int
+	aux    bool
+	acked  bool
+}
+
+func (s *source) complete() bool { return s.aux && s.total > 0 && len(s.chunks) >= s.total }
+
+// decodeRoom is a decode room's per-source state.
+type decodeRoom struct {
+	spec    RequestSpec
+	init    bool
+	sources []*source
+	started time.Time
+}
+
+// hold is a decode room's claim on its destination pages: from creation
+// until Success, or until every prefill rank that got our REQUEST
+// acknowledged an ABORT as drained, or until the quarantine deadline. It
+// outlives Clear.
+type hold struct {
+	room     uint64
+	ch       chan struct{}
+	srcs     []*source
+	failed   bool
+	deadline time.Time
+}
+
+func (h *hold) armed() bool {
+	for _, s := range h.srcs {
+		if s.sent {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Core) ensureTarget(t Target) *target {
+	k := t.key()
+	tg := c.targets[k]
+	if tg == nil {
+		tg = &target{t: t}
+		c.targets[k] = tg
+	}
+	if !tg.resolved && !tg.resolving {
+		tg.resolving = true
+		c.emit(Effect{Kind: EffectResolve, Target: t})
+	}
+	return tg
+}
+
+// CreateReceiver creates the decode side of a room that pulls from the
+// given prefill ranks (at least one). The targets are resolved now, so an
+// abort before Init can reach them.
+func (c *Core) CreateReceiver(now time.Time, room uint64, targets []Target) Result {
+	c.step(now)
+	if len(targets) == 0 {
+		return c.count(EventCreate, rejected(fmt.Errorf("room %d: no prefill target: %w", room, ErrInvalidEvent)))
+	}
+	res := c.count(EventCreate, c.reg.Create(room, RoleDecode))
+	if res.Outcome != Applied {
+		return res
+	}
+	rm := c.reg.rooms[room]
+	rm.dec = &decodeRoom{started: now}
+	for _, t := range targets {
+		c.ensureTarget(t)
+		rm.dec.sources = append(rm.dec.sources, &source{target: t.key(), uid: t.Rank, chunks: map[int]struct{}{}})
+	}
+	h := &hold{room: room, ch: make(chan struct{}), srcs: rm.dec.sources}
+	c.holds[room] = h
+	if res.Status == Failed { // aborted before it existed: nothing was asked
+		c.release(h, false)
+	}
+	return res
+}
+
+// InitReceiver records the room's request and sends it to every prefill
+// rank that is registered; the others are registered first (REGISTER,
+// retried until acknowledged). The room is WaitingForInput once every
+// REQUEST is out.
+func (c *Core) InitReceiver(now time.Time, room uint64, spec RequestSpec) Result {
+	c.step(now)
+	rm, ok := c.reg.rooms[room]
+	switch {
+	case !ok || rm.dec == nil:
+		return c.count(EventInit, rejected(fmt.Errorf("room %d: %w", room, ErrUnknownRoom)))
+	case rm.status.Terminal():
+		return c.count(EventInit, Result{Outcome: IgnoredTerminal, Status: rm.status})
+	case rm.dec.init:
+		return c.count(EventInit, Result{Outcome: IgnoredStale, Status: rm.status})
+	}
+	if spec.Required == 0 {
+		spec.Required = 1
+	}
+	if spec.StateIndices == nil {
+		spec.StateIndices = [][]uint32{}
+	}
+	rm.dec.init, rm.dec.spec = true, spec
+	c.flushRequests(rm)
+	return c.count(EventInit, Result{Outcome: Applied, Status: rm.status})
+}
+
+// flushRequests sends the room's REQUEST to every registered source not
+// yet asked, and starts registration with the others.
+func (c *Core) flushRequests(rm *room) {
+	if rm.status.Terminal() || !rm.dec.init {
+		return
+	}
+	all := true
+	for _, s := range rm.dec.sources {
+		if s.sent {
+			continue
+		}
+		tg := c.targets[s.target]
+		if tg.reg != regOK {
+			all = false
+			c.ensureRegistered(tg)
+			continue
+		}
+		sp := rm.dec.spec
+		s.sent, s.epoch = true, tg.epoch
+		c.send(tg.peer(), rm.id, &bootstrap.Request{Room: rm.id, DstPages: sp.DstPages, AuxIndex: sp.AuxIndex,
+			StateIndices: sp.StateIndices, Required: sp.Required, Prefix: sp.Prefix, Dummy: sp.Dummy})
+		c.emit(Effect{Kind: EffectWatch, Room: rm.id, To: tg.peer()})
+	}
+	if all && rm.status == Bootstrapping {
+		c.reg.Init(rm.id)
+	}
+}
+
+func (c *Core) ensureRegistered(tg *target) {
+	switch {
+	case !tg.resolved:
+		c.ensureTarget(tg.t)
+	case tg.reg == regNone:
+		tg.reg, tg.retry = regSent, c.cfg.RegisterRetry
+		tg.nextRetry = c.now.Add(tg.retry)
+		c.sendRegister(tg)
+	}
+}
+
+func (c *Core) sendRegister(tg *target) {
+	m := c.cfg.Register
+	c.send(tg.peer(), 0, &m)
+}
+
+// Resolved records where a target lives and sends what waited for it:
+// ABORTs owed by rooms aborted before, and registrations.
+func (c *Core) Resolved(now time.Time, t Target, endpoint, serverKey string) {
+	c.step(now)
+	tg := c.targets[t.key()]
+	if tg == nil {
+		return
+	}
+	if tg.endpoint != endpoint {
+		tg.reg = regNone
+	}
+	tg.endpoint, tg.serverKey, tg.resolved, tg.resolving = endpoint, serverKey, true, false
+	for _, room := range slices.Sorted(maps.Keys(tg.owed)) {
+		c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: tg.owed[room]})
+	}
+	tg.owed = nil
+	for _, rm := range c.reg.rooms {
+		if rm.dec != nil {
+			c.flushRequests(rm)
+		}
+	}
+}
+
+// ResolveFailed fails the rooms that wait for the target.
+func (c *Core) ResolveFailed(now time.Time, t Target, err error) {
+	c.step(now)
+	tg := c.targets[t.key()]
+	if tg == nil {
+		return
+	}
+	tg.resolving = false
+	c.failWaiting(tg, fmt.Sprintf("resolving prefill rank %d at %s: %v", t.Rank, t.Bootstrap, err))
+}
+
+// failWaiting fails the live rooms that wait for tg's registration.
+func (c *Core) failWaiting(tg *target, reason string) {
+	for id, rm := range c.reg.rooms {
+		if rm.dec == nil || rm.status.Terminal() {
+			continue
+		}
+		for _, s := range rm.dec.sources {
+			if s.target == tg.t.key() && (!s.sent || !tg.resolved) {
+				c.failRoom(id, reason)
+				break
+			}
+		}
+	}
+}
+
+func (c *Core) targetAt(endpoint string) *target {
+	for _, tg := range c.targets {
+		if tg.resolved && tg.endpoint == endpoint {
+			return tg
+		}
+	}
+	return nil
+}
+
+// OnRegisterAck completes the registration it answers, whatever epoch it
+// comes from (a restarted prefill rank answers with its new one); rooms
+// bound to an older epoch of that rank fail.
+func (c *Core) OnRegisterAck(now time.Time, msg *bootstrap.RegisterAck) {
+	c.step(now)
+	tg := c.targetAt(msg.From.Endpoint)
+	if tg == nil || (tg.reg == regOK && tg.epoch == msg.From.Epoch) {
+		return
+	}
+	if !msg.OK {
+		tg.reg = regNone
+		c.failWaiting(tg, fmt.Sprintf("%v: prefill %s: %s", ErrIncompatible, msg.From.Peer(), msg.Reason))
+		return
+	}
+	if tg.reg == regOK {
+		c.targetRestarted(tg, msg.From.Epoch)
+	}
+	tg.reg, tg.epoch = regOK, msg.From.Epoch
+	for _, rm := range c.reg.rooms {
+		if rm.dec != nil {
+			c.flushRequests(rm)
+		}
+	}
+}
+
+// targetRestarted fails every live room whose REQUEST went to another
+// epoch of tg than epoch.
+func (c *Core) targetRestarted(tg *target, epoch uint64) {
+	for id, rm := range c.reg.rooms {
+		if rm.dec == nil || rm.status.Terminal() {
+			continue
+		}
+		for _, s := range rm.dec.sources {
+			if s.target == tg.t.key() && s.sent && s.epoch != epoch {
+				c.failRoom(id, fmt.Sprintf("prefill %s: %s", tg.endpoint, bootstrap.ReasonPeerRestarted))
+				break
+			}
+		}
+	}
+}
+
+// sourceFrom finds the room's source at endpoint.
+func (c *Core) sourceFrom(srcs []*source, endpoint string) (*source, *target) {
+	for _, s := range srcs {
+		if tg := c.targets[s.target]; tg != nil && tg.resolved && tg.endpoint == endpoint {
+			return s, tg
+		}
+	}
+	return nil, nil
+}
+
+// OnStatus handles STATUS failed from a prefill rank of the room. Code
+// not_registered means that rank lost our registration (it restarted, or
+// dropped it): we register again and resend the REQUEST once, instead of
+// failing the room. Any other code fails the room.
+func (c *Core) OnStatus(now time.Time, msg *bootstrap.Status) {
+	c.step(now)
+	if msg.Status != bootstrap.StatusFailed {
+		return
+	}
+	rm, ok := c.reg.rooms[msg.Room]
+	if !ok || rm.dec == nil || rm.status.Terminal() {
+		return
+	}
+	s, tg := c.sourceFrom(rm.dec.sources, msg.From.Endpoint)
+	if s == nil || (s.sent && s.epoch != msg.From.Epoch && msg.Code != CodeNotRegistered) {
+		c.stats.StaleEpoch++
+		return
+	}
+	if msg.Code == CodeNotRegistered && s.reregs == 0 {
+		s.reregs++
+		s.sent = false // that rank refused the REQUEST: nothing of it was written
+		if tg.reg == regOK {
+			tg.reg = regNone
+		}
+		c.flushRequests(rm)
+		return
+	}
+	c.failRoom(msg.Room, fmt.Sprintf("prefill %s: %s", msg.From.Peer(), msg.Reason))
+}
+
+// OnAbortAck ends the quarantine of the room's pages once every prefill
+// rank that got our REQUEST acknowledged, from the same process (epoch),
+// that nothing of the room can land.
+func (c *Core) OnAbortAck(now time.Time, msg *bootstrap.AbortAck) {
+	c.step(now)
+	h, ok := c.holds[msg.Room]
+	if !ok || !h.failed {
+		return
+	}
+	s, _ := c.sourceFrom(h.srcs, msg.From.Endpoint)
+	if s == nil || !s.sent || s.epoch != msg.From.Epoch {
+		c.stats.StaleEpoch++
+		return
+	}
+	if msg.Drained {
+		s.acked = true
+		c.maybeRelease(h)
+	}
+}
+
+func (c *Core) maybeRelease(h *hold) {
+	for _, s := range h.srcs {
+		if s.sent && !s.acked {
+			return
+		}
+	}
+	c.release(h, false)
+}
+
+func (c *Core) release(h *hold, forced bool) {
+	delete(c.holds, h.room)
+	if forced {
+		c.stats.ForcedReleases++
+	}
+	c.emit(Effect{Kind: EffectWake, Room: h.room, Wake: h.ch})
+	c.emit(Effect{Kind: EffectReleased, Room: h.room, Forced: forced})
+}
+
+// Notification counts a prefill rank's notification for a room:
+// "kvb1:<room>:<uid>:<chunk>:<total>" or "kvb1:<room>:<uid>:aux".
+// The room succeeds when every source delivered all its chunks and aux.
+func (c *Core) Notification(now time.Time, room uint64, uid int, chunk, total int, aux bool) {
+	c.step(now)
+	rm, ok := c.reg.rooms[room]
+	if !ok || rm.dec == nil || rm.status.Terminal() {
+		return
+	}
+	var src *source
+	for _, s := range rm.dec.sources {
+		if s.uid == uid && s.sent {
+			src = s
+		}
+	}
+	if src == nil {
+		return
+	}
+	if aux {
+		src.aux = true
+	} else {
+		src.chunks[chunk] = struct{}{}
+		if total > 0 {
+			src.total = total
+		}
+	}
+	c.count(EventProgress, c.reg.Progress(room))
+	for _, s := range rm.dec.sources {
+		if !s.complete() {
+			return
+		}
+	}
+	if c.count(EventUpdate, c.reg.Update(room, Success, "")).Outcome == Applied {
+		if h := c.holds[room]; h != nil {
+			c.release(h, false)
+		}
+	}
+}
+
+// decodeFailed runs once a decode room failed: every prefill rank of the
+// room gets an ABORT (before or after our REQUEST: a sender created later
+// then starts Failed), and the pages stay quarantined if any REQUEST went
+// out.
+func (c *Core) decodeFailed(room uint64, reason string) {
+	rm, ok := c.reg.rooms[room]
+	if ok && rm.dec != nil {
+		for _, s := range rm.dec.sources {
+			if c.bugs.noEarlyAbort && !s.sent {
+				continue
+			}
+			tg := c.targets[s.target]
+			switch {
+			case tg.resolved:
+				c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: reason})
+			case len(tg.owed) >= c.cfg.Registry.MaxPendingRooms:
+				c.stats.AbortsDropped++
+			default:
+				if tg.owed == nil {
+					tg.owed = map[uint64]string{}
+				}
+				tg.owed[room] = reason
+				c.ensureTarget(tg.t)
+			}
+		}
+	}
+	h, ok := c.holds[room]
+	if !ok || h.failed {
+		return
+	}
+	h.failed = true
+	if !h.armed() {
+		c.release(h, false)
+		return
+	}
+	h.deadline = c.now.Add(c.cfg.QuarantineTimeout)
+}
+
+// AbortReceiver fails a decode room from this side.
+func (c *Core) AbortReceiver(now time.Time, room uint64, reason string) Result {
+	c.step(now)
+	res := c.count(EventAbort, c.reg.Abort(room, reason, nil))
+	if res.Outcome == Applied {
+		c.decodeFailed(room, reason)
+	}
+	return res
+}
+
+// ClearReceiver forgets a decode room. An unfinished room is failed first
+// (its prefill ranks get ABORT); its pages stay quarantined past Clear.
+func (c *Core) ClearReceiver(now time.Time, room uint64) Result {
+	c.step(now)
+	if st, ok := c.reg.Status(room); ok && !st.Terminal() {
+		c.failRoom(room, "cleared before it finished")
+	}
+	res := c.count(EventClear, c.reg.Clear(room))
+	if h := c.holds[room]; h != nil && c.bugs.clearReleases {
+		c.release(h, false)
+	}
+	return res
+}
+
+// Hold returns the channel closed when a decode room's pages may be
+// reused, and whether the room still holds them.
+func (c *Core) Hold(room uint64) (chan struct{}, bool) {
+	h, ok := c.holds[room]
+	if !ok {
+		return nil, false
+	}
+	return h.ch, true
+}
+
+// decodePeerDown handles a prefill rank that heartbeats declared dead or
+// that restarted (a message from a new epoch at its endpoint): rooms bound
+// to it fail and send ABORT (a live or restarted process answers it). A
+// registration still waiting for its REGISTER_ACK is kept: the ACK will
+// come from the new process.
+func (c *Core) decodePeerDown(endpoint string, from bootstrap.From, restarted bool, reason string) {
+	tg := c.targetAt(endpoint)
+	if tg == nil {
+		return
+	}
+	for id, rm := range c.reg.rooms {
+		if rm.dec == nil || rm.status.Terminal() {
+			continue
+		}
+		for _, s := range rm.dec.sources {
+			if s.target == tg.t.key() && s.sent && (!restarted || s.epoch != from.Epoch) {
+				c.failRoom(id, "prefill "+reason)
+				break
+			}
+		}
+	}
+	switch {
+	case restarted && c.bugs.restartDropsPending:
+		tg.reg, tg.resolved = regNone, false
+	case restarted:
+		if tg.reg == regOK && tg.epoch != from.Epoch {
+			tg.reg = regNone
+		}
+	default: // unreachable: look it up and register again on next use
+		tg.reg, tg.resolved = regNone, false
+	}
+}
+
+// tickDecode releases holds past their quarantine deadline and retries
+// REGISTERs that got no answer.
+func (c *Core) tickDecode(now time.Time) {
+	for _, h := range c.holds {
+		if h.failed && now.After(h.deadline) {
+			c.release(h, true)
+		}
+	}
+	for _, tg := range c.targets {
+		if tg.reg == regSent && tg.resolved && now.After(tg.nextRetry) {
+			c.stats.RegisterRetries++
+			tg.retry = min(2*tg.retry, 32*c.cfg.RegisterRetry)
+			tg.nextRetry = now.Add(tg.retry)
+			c.sendRegister(tg)
+		}
+	}
+}
+
+// PeerDown reports a peer that heartbeats declared dead (restarted false)
+// or that showed a new epoch (restarted true, from names it).
+func (c *Core) PeerDown(now time.Time, endpoint string, from bootstrap.From, restarted bool, reason string) {
+	c.step(now)
+	reason = fmt.Sprintf("%s: %s", reason, endpoint)
+	if c.cfg.Role == RolePrefill {
+		c.prefillPeerDown(endpoint, from, restarted, reason)
+	} else {
+		c.decodePeerDown(endpoint, from, restarted, reason)
+	}
+}
+
+// notif is a parsed data-plane notification.
+type notif struct {
+	room              uint64
+	uid, chunk, total int
+	aux               bool
+}
+
+// parseNotif parses "kvb1:<room>:<uid>:<chunk>:<total>" and
+// "kvb1:<room>:<uid>:aux".
+func parseNotif(s string) (notif, bool) {
+	f := strings.Split(s, ":")
+	if len(f) < 4 || len(f) > 5 || f[0] != "kvb1" {
+		return notif{}, false
+	}
+	var n notif
+	var err error
+	if n.room, err = strconv.ParseUint(f[1], 10, 64); err != nil {
+		return notif{}, false
+	}
+	if n.uid, err = strconv.Atoi(f[2]); err != nil || n.uid < 0 {
+		return notif{}, false
+	}
+	if len(f) == 4 {
+		n.aux = f[3] == "aux"
+		return n, n.aux
+	}
+	var err2 error
+	n.chunk, err = strconv.Atoi(f[3])
+	n.total, err2 = strconv.Atoi(f[4])
+	return n, err == nil && err2 == nil && n.chunk >= 0 && n.total >= 0
+}

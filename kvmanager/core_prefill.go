@@ -1,0 +1,391 @@
+package kvmanager
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/transfer"
+)
+
+// decodePeer is a registered decode rank, bound to the epoch of the
+// process that registered. Heartbeats do not unbind it: only a REGISTER
+// from a new epoch (or a restart report) does.
+type decodePeer struct {
+	from   bootstrap.From
+	remote string // nixl agent name
+	layout transfer.Layout
+}
+
+// prefillRoom is a prefill room's send cursor.
+type prefillRoom struct {
+	sent    int // pages handed to SendChunk so far
+	chunk   int
+	started time.Time
+}
+
+func (c *Core) statusFailed(room uint64, peers []PeerRequest, code, reason, skip string) {
+	for _, pr := range peers {
+		if pr.Peer != skip && pr.Payload != nil {
+			c.statusTo(bootstrap.Peer{Endpoint: pr.Payload.From.Endpoint}, room, code, reason)
+		}
+	}
+}
+
+func (c *Core) statusTo(to bootstrap.Peer, room uint64, code, reason string) {
+	c.stats.StatusSent++
+	c.send(to, room, &bootstrap.Status{Room: room, Status: bootstrap.StatusFailed, Code: code, Reason: reason})
+}
+
+// layoutFrom turns REGISTER regions into a peer layout.
+func layoutFrom(kv, aux, state []bootstrap.Region) (transfer.Layout, error) {
+	l := transfer.Layout{Kind: nixl.DRAM}
+	for i, r := range kv {
+		if r.Mem == bootstrap.MemVRAM {
+			l.Kind = nixl.VRAM
+		}
+		if i == 0 {
+			l.PageBytes = r.ItemLen
+		}
+		l.Regions = append(l.Regions, nixl.Desc{Addr: uintptr(r.Addr), Len: r.Len, Dev: uint64(r.Dev)})
+	}
+	if len(aux) > 0 {
+		l.Aux = nixl.Desc{Addr: uintptr(aux[0].Addr), Len: aux[0].Len, Dev: uint64(aux[0].Dev)}
+		l.AuxItemBytes = aux[0].ItemLen
+	}
+	for _, r := range state {
+		l.State = append(l.State, transfer.StateRegion{Desc: nixl.Desc{Addr: uintptr(r.Addr), Len: r.Len, Dev: uint64(r.Dev)}, ItemBytes: r.ItemLen})
+	}
+	return l, l.Validate()
+}
+
+// CheckRegister validates a REGISTER against this rank (compat, role and
+// layout) without touching any state. The shell loads the agent metadata
+// only after it passes, then steps Registered (or RegisterRefused).
+func (c *Core) CheckRegister(msg *bootstrap.Register) (transfer.Layout, error) {
+	if c.cfg.Role != RolePrefill {
+		return transfer.Layout{}, fmt.Errorf("this rank is a decode rank")
+	}
+	if msg.Compat != c.cfg.Compat {
+		return transfer.Layout{}, fmt.Errorf("compat mismatch: prefill %q, decode %q", c.cfg.Compat, msg.Compat)
+	}
+	lay, err := layoutFrom(msg.KV, msg.Aux, msg.State)
+	if err != nil {
+		return transfer.Layout{}, fmt.Errorf("layout: %w", err)
+	}
+	local := c.cfg.Layout
+	stateOK := len(lay.State) == len(local.State)
+	for i := 0; stateOK && i < len(lay.State); i++ {
+		stateOK = lay.State[i].ItemBytes == local.State[i].ItemBytes
+	}
+	if !stateOK {
+		return transfer.Layout{}, fmt.Errorf("state layout mismatch: prefill %d state regions, decode %d (or item sizes differ)", len(local.State), len(lay.State))
+	}
+	if len(lay.Regions) != len(local.Regions) || lay.PageBytes != local.PageBytes || lay.AuxItemBytes != local.AuxItemBytes {
+		return transfer.Layout{}, fmt.Errorf("layout mismatch: prefill %d regions × %d-byte pages (aux %d), decode %d × %d (aux %d)",
+			len(local.Regions), local.PageBytes, local.AuxItemBytes, len(lay.Regions), lay.PageBytes, lay.AuxItemBytes)
+	}
+	return lay, nil
+}
+
+// RegisterRefused answers a REGISTER with ok false.
+func (c *Core) RegisterRefused(now time.Time, from bootstrap.From, reason string) {
+	c.step(now)
+	c.send(bootstrap.Peer{Endpoint: from.Endpoint}, 0, &bootstrap.RegisterAck{OK: false, Reason: reason})
+}
+
+// Registered binds a decode rank's registration to its epoch and
+// acknowledges it. A new epoch of a known rank means that rank restarted:
+// every room and pending request bound to the old epoch fails first.
+func (c *Core) Registered(now time.Time, from bootstrap.From, remote string, layout transfer.Layout) {
+	c.step(now)
+	key := from.Peer()
+	if old := c.peers[key]; old != nil && old.from.Epoch != from.Epoch {
+		c.peerGone(key, old.from.Epoch, true, fmt.Sprintf("peer restarted: %s (epoch %d → %d)", key, old.from.Epoch, from.Epoch))
+	}
+	c.peers[key] = &decodePeer{from: from, remote: remote, layout: layout}
+	c.send(bootstrap.Peer{Endpoint: from.Endpoint}, 0, &bootstrap.RegisterAck{OK: true})
+}
+
+// peerGone fails every live room and drops every pending request that a
+// decode rank shares with this rank (only those bound to epoch when
+// exact): a pending room becomes an AbortedEarly tombstone, so its sender
+// starts Failed and nothing is ever written for it.
+func (c *Core) peerGone(key string, epoch uint64, exact bool, reason string) {
+	match := func(reqs []PeerRequest) bool {
+		for _, pr := range reqs {
+			if pr.Peer == key && (!exact || pr.Epoch == epoch) {
+				return true
+			}
+		}
+		return false
+	}
+	for id, rm := range c.reg.rooms {
+		if rm.role == RolePrefill && !rm.status.Terminal() && match(rm.requests) {
+			res := c.count(EventUpdate, c.reg.Update(id, Failed, reason))
+			if res.Outcome == Applied {
+				c.statusFailed(id, rm.requests, CodePeerRestarted, reason, key)
+			}
+		}
+	}
+	for id, p := range c.reg.pending {
+		if match(p.requests) && !c.bugs.postIgnoresEpoch {
+			res := c.count(EventAbort, c.reg.Abort(id, reason, nil))
+			c.statusFailed(id, res.Peers, CodePeerRestarted, reason, key)
+		}
+	}
+}
+
+// OnRequest handles a decode rank's REQUEST: it must come from the epoch
+// that registered, name only registered pages, and find the room neither
+// aborted nor cleared; otherwise it gets STATUS failed with a code. It
+// reports whether the request was accepted.
+func (c *Core) OnRequest(now time.Time, msg *bootstrap.Request) bool {
+	c.step(now)
+	to := bootstrap.Peer{Endpoint: msg.From.Endpoint}
+	key := msg.From.Peer()
+	p, ok := c.peers[key]
+	if !ok || p.from.Epoch != msg.From.Epoch {
+		if ok {
+			c.stats.StaleEpoch++
+		}
+		c.statusTo(to, msg.Room, CodeNotRegistered, fmt.Sprintf("room %d: %s (epoch %d) has not registered (send REGISTER first)", msg.Room, key, msg.From.Epoch))
+		return false
+	}
+	if reason := checkRequest(msg, p); reason != "" {
+		c.statusTo(to, msg.Room, CodeOutOfRange, reason)
+		return false
+	}
+	res := c.count(EventRequest, c.reg.Request(msg.Room, PeerRequest{Peer: key, Epoch: msg.From.Epoch, Required: msg.Required, Payload: msg}))
+	if res.Outcome == Rejected {
+		c.statusTo(to, msg.Room, errCode(res.Err), res.Err.Error())
+		return false
+	}
+	c.emit(Effect{Kind: EffectWatch, Room: msg.Room, To: to})
+	return true
+}
+
+func checkRequest(msg *bootstrap.Request, p *decodePeer) string {
+	key := p.from.Peer()
+	pages := uint32(p.layout.Pages())
+	for i, pg := range msg.DstPages {
+		if pg >= pages {
+			return fmt.Sprintf("room %d: dst_pages[%d]=%d outside the %d pages %s registered", msg.Room, i, pg, pages, key)
+		}
+	}
+	if msg.AuxIndex >= p.layout.AuxItems() {
+		return fmt.Sprintf("room %d: aux_index %d outside the %d aux items %s registered", msg.Room, msg.AuxIndex, p.layout.AuxItems(), key)
+	}
+	if len(msg.StateIndices) > len(p.layout.State) {
+		return fmt.Sprintf("room %d: %d state index lists for %d state regions", msg.Room, len(msg.StateIndices), len(p.layout.State))
+	}
+	for i, list := range msg.StateIndices {
+		for _, it := range list {
+			if int(it) >= p.layout.State[i].Items() {
+				return fmt.Sprintf("room %d: state_indices[%d] item %d outside the %d items %s registered", msg.Room, i, it, p.layout.State[i].Items(), key)
+			}
+		}
+	}
+	return ""
+}
+
+// OnAbort handles a decode rank's ABORT: the ABORT_ACK is owed first, then
+// the abort applies (tombstoning a room that has no sender yet); the ACK
+// goes out once no write of the room can land, whether the room is live or
+// already cleared.
+func (c *Core) OnAbort(now time.Time, msg *bootstrap.Abort) {
+	c.step(now)
+	ack := bootstrap.Peer{Endpoint: msg.From.Endpoint}
+	if c.bugs.ackOnClearedTombstone {
+		if t, ok := c.reg.tombs[msg.Room]; ok && t.kind == Cleared {
+			c.send(ack, msg.Room, &bootstrap.AbortAck{Room: msg.Room, Drained: true})
+			return
+		}
+	}
+	res := c.count(EventAbort, c.reg.Abort(msg.Room, fmt.Sprintf("%s by %s", msg.Reason, msg.From.Peer()), &ack))
+	switch res.Outcome {
+	case Applied:
+		c.statusFailed(msg.Room, c.reg.Requests(msg.Room), CodeAborted, "aborted by "+msg.From.Peer(), msg.From.Peer())
+	case Tombstoned:
+		c.statusFailed(msg.Room, res.Peers, CodeAborted, "room aborted before its sender existed", msg.From.Peer())
+	}
+}
+
+// CreateSender creates the prefill side of a room.
+func (c *Core) CreateSender(now time.Time, room uint64) Result {
+	c.step(now)
+	res := c.count(EventCreate, c.reg.Create(room, RolePrefill))
+	if res.Outcome == Applied {
+		c.reg.rooms[room].pre.started = now
+	}
+	return res
+}
+
+// InitSender marks the sender initialised.
+func (c *Core) InitSender(now time.Time, room uint64) Result {
+	c.step(now)
+	return c.count(EventInit, c.reg.Init(room))
+}
+
+// AbortSender fails a prefill room from this side and tells its decode
+// ranks.
+func (c *Core) AbortSender(now time.Time, room uint64, reason string) Result {
+	c.step(now)
+	res := c.count(EventAbort, c.reg.Abort(room, reason, nil))
+	if res.Outcome == Applied {
+		c.statusFailed(room, c.reg.Requests(room), CodeAborted, "aborted by prefill: "+reason, "")
+	}
+	return res
+}
+
+// ClearSender forgets a prefill room; decode ranks of an unfinished room
+// are told. Writes still in flight keep counting in its tombstone.
+func (c *Core) ClearSender(now time.Time, room uint64) Result {
+	c.step(now)
+	res := c.count(EventClear, c.reg.Clear(room))
+	if res.Outcome == Applied && !res.Status.Terminal() {
+		c.statusFailed(room, res.Peers, CodeCleared, "room cleared before it finished", "")
+	}
+	return res
+}
+
+// SendChunk plans a chunk of the room's pages (positions continue where
+// the previous chunk ended) as one write per decode rank, plus, on the last
+// chunk, the state items and the aux item; it emits them as one
+// EffectPost. Each write names the epoch of the REQUEST whose pages it
+// targets.
+func (c *Core) SendChunk(now time.Time, room uint64, pages []uint32, last bool, auxIndex int, state [][]uint32) error {
+	c.step(now)
+	rm, ok := c.reg.rooms[room]
+	switch {
+	case !ok || rm.role != RolePrefill:
+		return fmt.Errorf("room %d: %w", room, ErrUnknownRoom)
+	case rm.status == Failed:
+		return fmt.Errorf("room %d: %w: %s", room, ErrRoomFailed, rm.reason)
+	case rm.status < WaitingForInput || rm.status == Success:
+		return fmt.Errorf("room %d: send in %v: %w", room, rm.status, ErrNotReady)
+	}
+	first, chunk := rm.pre.sent, rm.pre.chunk
+	rm.pre.sent += len(pages)
+	rm.pre.chunk++
+	total := 0
+	if last {
+		total = chunk + 1
+	}
+	fail := func(reason string) error {
+		c.failRoom(room, reason)
+		return fmt.Errorf("room %d: %s", room, reason)
+	}
+	var writes []transfer.Write
+	for _, pr := range rm.requests {
+		req := pr.Payload
+		p := c.peers[pr.Peer]
+		if p == nil || (p.from.Epoch != pr.Epoch && !c.bugs.postIgnoresEpoch) {
+			c.stats.StaleEpoch++
+			return fail(fmt.Sprintf("peer %s (epoch %d) that requested the room is gone", pr.Peer, pr.Epoch))
+		}
+		base := transfer.Write{Remote: p.remote, Peer: p.layout, AuxSrc: -1, State: -1, PeerKey: pr.Peer, Epoch: pr.Epoch}
+		var src, dst []uint32
+		if !req.Dummy {
+			for i, pg := range pages {
+				pos := first + i - req.Prefix
+				if pos < 0 {
+					continue // decode already holds this prefix page
+				}
+				if pos >= len(req.DstPages) {
+					return fail(fmt.Sprintf("%s gave %d destination pages, prefill sent more", pr.Peer, len(req.DstPages)))
+				}
+				src, dst = append(src, pg), append(dst, req.DstPages[pos])
+			}
+		}
+		w := base
+		w.Runs, w.Notif = transfer.Runs(src, dst), fmt.Sprintf("kvb1:%d:%d:%d:%d", room, c.cfg.Rank, chunk, total)
+		writes = append(writes, w)
+		if !last {
+			continue
+		}
+		for i, dstItems := range req.StateIndices {
+			if req.Dummy || len(dstItems) == 0 {
+				continue
+			}
+			if i >= len(state) || len(state[i]) != len(dstItems) {
+				return fail(fmt.Sprintf("%s wants %d items of state region %d, prefill gave %d", pr.Peer, len(dstItems), i, len(stateAt(state, i))))
+			}
+			w := base
+			w.Runs, w.State = transfer.Runs(state[i], dstItems), i
+			writes = append(writes, w)
+		}
+		aux := base
+		aux.Notif = fmt.Sprintf("kvb1:%d:%d:aux", room, c.cfg.Rank)
+		if auxIndex >= 0 && req.AuxIndex >= 0 && !req.Dummy {
+			aux.AuxSrc, aux.AuxDst = auxIndex, req.AuxIndex
+		}
+		writes = append(writes, aux)
+	}
+	// The worker posts these in order, one at a time: only the room's very
+	// final write may complete it.
+	for i := range writes {
+		writes[i].Last = last && i == len(writes)-1
+	}
+	c.emit(Effect{Kind: EffectPost, Room: room, Writes: writes})
+	return nil
+}
+
+func stateAt(state [][]uint32, i int) []uint32 {
+	if i < len(state) {
+		return state[i]
+	}
+	return nil
+}
+
+// Posting is the gate right before a write is posted: it counts the write
+// in flight and returns true only if the room is still live on this rank
+// and the write's peer is still the process (epoch) that named its pages.
+func (c *Core) Posting(now time.Time, room uint64, w *transfer.Write) bool {
+	c.step(now)
+	p := c.peers[w.PeerKey]
+	if c.bugs.postIgnoresEpoch && p != nil {
+		w.Remote, w.Peer, w.Epoch = p.remote, p.layout, p.from.Epoch
+	}
+	if p == nil || p.from.Epoch != w.Epoch {
+		c.stats.StaleEpoch++
+		c.failRoom(room, fmt.Sprintf("peer %s (epoch %d) that requested the room is gone", w.PeerKey, w.Epoch))
+		return false
+	}
+	return c.count(EventPosted, c.reg.Posted(room)).Outcome == Applied
+}
+
+// WriteDone reports a posted write's completion. quiesced says the engine
+// guarantees a failed write can no longer land; a failed write that is not
+// quiesced keeps the room undrained until the stall deadline.
+func (c *Core) WriteDone(now time.Time, room uint64, w *transfer.Write, err error, quiesced bool) Result {
+	c.step(now)
+	if c.bugs.failedWriteDrains {
+		quiesced = true
+	}
+	res := c.count(EventWriteDone, c.reg.WriteDone(room, w.Last, err, quiesced))
+	if err != nil && res.Outcome == Applied && res.Status == Failed {
+		c.statusFailed(room, c.reg.Requests(room), CodeFailed, fmt.Sprintf("write to %s failed: %v", w.Remote, err), "")
+	}
+	return res
+}
+
+// prefillPeerDown fails every room shared with a dead or restarted decode
+// rank. A dead rank keeps its registration (bound to its epoch, not to
+// heartbeats: a false "dead" must not break the pair for good); a
+// restarted one loses it.
+func (c *Core) prefillPeerDown(endpoint string, from bootstrap.From, restarted bool, reason string) {
+	for key, p := range c.peers {
+		if p.from.Endpoint != endpoint && key != from.Peer() {
+			continue
+		}
+		if restarted && p.from.Epoch == from.Epoch {
+			continue // the report names the epoch we are bound to: nothing changed
+		}
+		c.peerGone(key, p.from.Epoch, true, reason)
+		if restarted || c.bugs.dropRegOnPeerDown {
+			delete(c.peers, key)
+		}
+	}
+}

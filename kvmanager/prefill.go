@@ -1,0 +1,168 @@
+package kvmanager
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/transfer"
+	"go.uber.org/zap"
+)
+
+// Prefill is the shell of a prefill rank: it serves decode ranks of any
+// instance (keyed by their identity, bound to their epoch) and writes
+// rooms' pages through its transfer pool. Package sender's handles take a
+// *Prefill, so a sender cannot be made on a decode rank.
+type Prefill struct {
+	*Manager
+}
+
+// NewPrefill starts a prefill rank: it opens the agent and registers the
+// layout, binds the control endpoint, starts the transfer pool and
+// registers the rank with the bootstrap server (when BootstrapURL is set).
+func NewPrefill(cfg Config) (*Prefill, error) {
+	cfg.Role = RolePrefill
+	m, err := newManager(cfg)
+	if err != nil {
+		return nil, err
+	}
+	p := &Prefill{m}
+	if m.pool, err = transfer.NewPool(m.agent, m.cfg.Layout, transfer.Config{Workers: m.cfg.Workers, Stall: m.cfg.Registry.StallTimeout}); err != nil {
+		m.Close()
+		return nil, err
+	}
+	if m.cfg.BootstrapURL != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = bootstrap.NewClient(m.cfg.BootstrapURL).RegisterRank(ctx, bootstrap.RankRecord{Instance: m.cfg.Instance, DPSize: 1,
+			TPRank: m.cfg.Rank, TPSize: m.cfg.TPSize, PPSize: 1, Endpoint: m.loop.Endpoint(), PageSize: m.cfg.PageTokens,
+			DType: m.cfg.DType, Compat: m.cfg.Compat, PublicKey: m.loop.PublicKey()})
+		cancel()
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("kvmanager: registering with the bootstrap server: %w", err)
+		}
+	}
+	m.start()
+	return p, nil
+}
+
+// onRegister validates a REGISTER in the core, loads the peer's agent
+// metadata (engine I/O, outside the lock) and binds the registration.
+func (m *Manager) onRegister(msg *bootstrap.Register) {
+	var lay transfer.Layout
+	var err error
+	m.read(func(c *Core) { lay, err = c.CheckRegister(msg) })
+	var name string
+	if err == nil {
+		if name, err = m.agent.LoadRemote(msg.AgentMD); err != nil {
+			err = fmt.Errorf("agent metadata: %w", err)
+		}
+	}
+	if err != nil {
+		m.log.Warn("registration refused", zap.String("peer", msg.From.Peer()), zap.Error(err))
+		m.step(func(c *Core, now time.Time) { c.RegisterRefused(now, msg.From, err.Error()) })
+		return
+	}
+	m.step(func(c *Core, now time.Time) { c.Registered(now, msg.From, name, lay) })
+}
+
+// post hands a chunk's writes to the pool; every write passes the core's
+// gate right before it is posted, and reports its completion back.
+func (m *Manager) post(e Effect) {
+	room := e.Room
+	job := transfer.Job{Room: room, Writes: e.Writes,
+		Gate: func(w *transfer.Write) (ok bool) {
+			first := false
+			m.step(func(c *Core, now time.Time) {
+				rm := c.reg.rooms[room]
+				first = rm != nil && rm.status < Transferring
+				ok = c.Posting(now, room, w)
+			})
+			if ok && first {
+				m.trace(room, TraceFirstPost)
+			}
+			return ok
+		},
+		Done: func(w *transfer.Write, err error, quiesced bool) {
+			if err == nil {
+				m.met.transfers.Inc()
+				m.met.bytes.Add(float64(writeBytes(w, m.cfg.Layout)))
+			}
+			var res Result
+			var started time.Time
+			m.step(func(c *Core, now time.Time) {
+				res = c.WriteDone(now, room, w, err, quiesced)
+				if rm := c.reg.rooms[room]; rm != nil {
+					started = rm.pre.started
+				}
+			})
+			if res.Outcome == Applied && res.Status == Success && !started.IsZero() {
+				m.met.latency.Observe(m.cfg.Now().Sub(started).Seconds())
+			}
+		},
+	}
+	if err := m.pool.Submit(job); err != nil {
+		m.step(func(c *Core, now time.Time) { c.failRoom(room, fmt.Sprintf("room %d: %v", room, err)) })
+	}
+}
+
+func writeBytes(w *transfer.Write, l transfer.Layout) uint64 {
+	if w.AuxSrc >= 0 {
+		return l.AuxItemBytes
+	}
+	if w.State >= 0 {
+		var n uint64
+		for _, r := range w.Runs {
+			n += uint64(r.Len) * l.State[w.State].ItemBytes
+		}
+		return n
+	}
+	var n uint64
+	for _, r := range w.Runs {
+		n += uint64(r.Len) * l.PageBytes * uint64(len(l.Regions))
+	}
+	return n
+}
+
+func (m *Manager) trace(room uint64, ev TraceEvent) {
+	if m.cfg.Trace != nil {
+		m.cfg.Trace(room, ev, time.Now())
+	}
+}
+
+// CreateSender creates the prefill side of a room (see package sender).
+func (p *Prefill) CreateSender(room uint64) (res Result) {
+	p.step(func(c *Core, now time.Time) { res = c.CreateSender(now, room) })
+	return res
+}
+
+// InitSender marks the sender initialised.
+func (p *Prefill) InitSender(room uint64) (res Result) {
+	p.step(func(c *Core, now time.Time) { res = c.InitSender(now, room) })
+	return res
+}
+
+// SendChunk queues a chunk of the room's pages (positions continue where
+// the previous chunk ended). On the last chunk the state items (state[i]:
+// this rank's items of state region i, paired with the decode rank's
+// state_indices[i]) and then the aux item at auxIndex (−1 for none) follow.
+// The room must be WaitingForInput or Transferring.
+func (p *Prefill) SendChunk(room uint64, pages []uint32, last bool, auxIndex int, state [][]uint32) (err error) {
+	p.step(func(c *Core, now time.Time) { err = c.SendChunk(now, room, pages, last, auxIndex, state) })
+	return err
+}
+
+// AbortSender fails the room from the prefill side; its decode ranks are
+// told.
+func (p *Prefill) AbortSender(room uint64, reason string) (res Result) {
+	p.step(func(c *Core, now time.Time) { res = c.AbortSender(now, room, reason) })
+	p.met.abort(res.Status)
+	return res
+}
+
+// ClearSender forgets the room.
+func (p *Prefill) ClearSender(room uint64) (res Result) {
+	p.step(func(c *Core, now time.Time) { res = c.ClearSender(now, room) })
+	return res
+}

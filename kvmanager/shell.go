@@ -1,0 +1,416 @@
+package kvmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/transfer"
+	"go.uber.org/zap"
+)
+
+// Errors of the Manager.
+var (
+	ErrIncompatible  = errors.New("kvmanager: peer refused registration")
+	ErrNotRegistered = errors.New("kvmanager: peer not registered")
+	ErrManagerClosed = errors.New("kvmanager: manager closed")
+)
+
+// Manager is the shell both roles share: it owns the goroutines, the
+// control loop, the agent and (prefill) the transfer pool, feeds every
+// input into the rank's Core as a step under one mutex, and carries out the
+// core's effects. It keeps no room or peer state of its own. Use it through
+// Prefill or Decode, which NewPrefill and NewDecode return.
+type Manager struct {
+	cfg   Config
+	log   *zap.Logger
+	agent *nixl.Agent
+	loop  *bootstrap.Loop
+	pool  *transfer.Pool
+	met   *metrics
+
+	mu   sync.Mutex
+	core *Core
+
+	kvMem    [][]byte // regions the Manager allocated (nil when the caller's)
+	auxMem   []byte
+	stateMem [][]byte
+
+	// resolver looks decode targets up (set by NewDecode).
+	resolver func(Target)
+
+	closeOnce sync.Once
+	closing   chan struct{}
+	cancel    context.CancelFunc
+	ctx       context.Context
+	wg        sync.WaitGroup
+}
+
+// newManager starts the parts both roles need: agent and memory, core,
+// control loop, metrics and the sweeper.
+func newManager(cfg Config) (m *Manager, err error) {
+	cfg.fillDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	role := map[Role]string{RolePrefill: bootstrap.RolePrefill, RoleDecode: bootstrap.RoleDecode}[cfg.Role]
+	if cfg.Engine.Name == "" {
+		cfg.Engine.Name = fmt.Sprintf("%s-%s-%d", cfg.Instance, role, cfg.Rank)
+	}
+	m = &Manager{log: cfg.Logger, closing: make(chan struct{})}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	if m.log == nil {
+		m.log = zap.NewNop()
+	}
+	defer func() {
+		if err != nil {
+			m.cancel()
+			if m.loop != nil {
+				m.loop.Close()
+			}
+			if m.agent != nil {
+				m.agent.Close()
+			}
+		}
+	}()
+	if m.agent, err = nixl.Open(cfg.Engine); err != nil {
+		return nil, err
+	}
+	if err = m.registerMemory(&cfg); err != nil {
+		return nil, err
+	}
+	m.cfg = cfg
+	ccfg := CoreConfig{Role: cfg.Role, Rank: cfg.Rank, Compat: cfg.Compat, Layout: cfg.Layout, Registry: cfg.Registry,
+		QuarantineTimeout: cfg.QuarantineTimeout, RegisterRetry: cfg.RegisterRetry}
+	if cfg.Role == RoleDecode {
+		// The metadata blob is taken once, before any peer is contacted: a
+		// failure here fails New instead of wedging a registration.
+		md, err := m.agent.Metadata()
+		if err != nil {
+			return nil, fmt.Errorf("kvmanager: agent metadata: %w", err)
+		}
+		kv, aux, state := regionsOf(cfg.Layout)
+		ccfg.Register = bootstrap.Register{Compat: cfg.Compat, Agent: cfg.Engine.Name, AgentMD: md, TPSize: 1,
+			KV: kv, Aux: aux, State: state}
+	}
+	if m.core, err = NewCore(ccfg); err != nil {
+		return nil, err
+	}
+	m.met = newMetrics(m)
+	if cfg.Registerer != nil {
+		if err = cfg.Registerer.Register(m.met); err != nil {
+			return nil, fmt.Errorf("kvmanager: metrics: %w", err)
+		}
+	}
+	m.loop, err = bootstrap.NewLoop(bootstrap.LoopConfig{
+		Identity: bootstrap.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank},
+		Bind:     cfg.Bind, Handler: m.handle, OnPeerDown: m.peerDown,
+		HeartbeatInterval: cfg.HeartbeatInterval, MaxMisses: cfg.MaxMisses,
+		Security: cfg.Security, Logger: m.log})
+	if err != nil {
+		if cfg.Registerer != nil {
+			cfg.Registerer.Unregister(m.met)
+		}
+		return nil, err
+	}
+	return m, nil
+}
+
+// registerMemory allocates the regions given without an address (UCX-mapped
+// memory with the ucx engine, so shared-memory writes are one-sided) and
+// registers the caller's.
+func (m *Manager) registerMemory(cfg *Config) error {
+	cfg.Layout.Regions = append([]nixl.Desc(nil), cfg.Layout.Regions...)
+	var own []nixl.Desc
+	for i, r := range cfg.Layout.Regions {
+		if r.Addr != 0 {
+			own = append(own, r)
+			continue
+		}
+		_, buf, err := m.agent.Alloc(r.Len)
+		if err != nil {
+			return fmt.Errorf("kvmanager: allocating KV region %d: %w", i, err)
+		}
+		m.kvMem = append(m.kvMem, buf)
+		cfg.Layout.Regions[i] = nixl.BytesDesc(buf)
+	}
+	if cfg.Layout.Aux.Len > 0 && cfg.Layout.Aux.Addr == 0 {
+		_, buf, err := m.agent.Alloc(cfg.Layout.Aux.Len)
+		if err != nil {
+			return fmt.Errorf("kvmanager: allocating aux memory: %w", err)
+		}
+		m.auxMem = buf
+		cfg.Layout.Aux = nixl.BytesDesc(buf)
+	} else if cfg.Layout.Aux.Len > 0 {
+		if _, err := m.agent.Register(nixl.DRAM, []nixl.Desc{cfg.Layout.Aux}); err != nil {
+			return fmt.Errorf("kvmanager: registering aux memory: %w", err)
+		}
+	}
+	cfg.Layout.State = append([]transfer.StateRegion(nil), cfg.Layout.State...)
+	for i, st := range cfg.Layout.State {
+		if st.Addr != 0 {
+			if _, err := m.agent.Register(nixl.DRAM, []nixl.Desc{st.Desc}); err != nil {
+				return fmt.Errorf("kvmanager: registering state region %d: %w", i, err)
+			}
+			continue
+		}
+		_, buf, err := m.agent.Alloc(st.Len)
+		if err != nil {
+			return fmt.Errorf("kvmanager: allocating state region %d: %w", i, err)
+		}
+		m.stateMem = append(m.stateMem, buf)
+		cfg.Layout.State[i].Desc = nixl.BytesDesc(buf)
+	}
+	if len(own) > 0 {
+		if _, err := m.agent.Register(cfg.Layout.Kind, own); err != nil {
+			return fmt.Errorf("kvmanager: registering KV memory: %w", err)
+		}
+	}
+	return nil
+}
+
+// start launches the goroutines common to both roles.
+func (m *Manager) start() {
+	m.wg.Add(1)
+	go m.sweeper()
+}
+
+// Memory returns the KV regions and aux memory the Manager allocated (for
+// layouts given without addresses).
+func (m *Manager) Memory() (kv [][]byte, aux []byte) { return m.kvMem, m.auxMem }
+
+// StateMemory returns the state regions the Manager allocated.
+func (m *Manager) StateMemory() [][]byte { return m.stateMem }
+
+// Endpoint returns the rank's control endpoint.
+func (m *Manager) Endpoint() string { return m.loop.Endpoint() }
+
+// Agent returns the rank's nixl agent.
+func (m *Manager) Agent() *nixl.Agent { return m.agent }
+
+// Config returns the configuration in use.
+func (m *Manager) Config() Config { return m.cfg }
+
+// step runs one step of the core under the lock and carries out its
+// effects: sends and wake-ups under the lock (they never block, and sends
+// keep the core's order), posts to the pool after it (Submit may block
+// while a worker's gate needs the lock).
+func (m *Manager) step(f func(c *Core, now time.Time)) {
+	m.mu.Lock()
+	f(m.core, m.cfg.Now())
+	effects := m.core.Effects()
+	var posts []Effect
+	for _, e := range effects {
+		switch e.Kind {
+		case EffectSend:
+			m.send(e.To, e.Msg)
+		case EffectWake:
+			close(e.Wake)
+		case EffectWatch:
+			_ = m.loop.Watch(e.To)
+		case EffectResolve:
+			if m.resolver != nil {
+				m.resolver(e.Target)
+			}
+		case EffectReleased:
+			if e.Forced {
+				m.log.Warn("quarantine deadline passed: pages released without ABORT_ACK",
+					zap.Uint64("room", e.Room), zap.Duration("quarantine", m.cfg.QuarantineTimeout))
+			}
+		case EffectPost:
+			posts = append(posts, e)
+		}
+	}
+	m.mu.Unlock()
+	for _, e := range posts {
+		m.post(e)
+	}
+}
+
+// read runs f on the core under the lock.
+func (m *Manager) read(f func(c *Core)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f(m.core)
+}
+
+func (m *Manager) send(to bootstrap.Peer, msg bootstrap.Message) {
+	if err := m.loop.Send(to, msg); err != nil && !errors.Is(err, bootstrap.ErrClosed) {
+		m.log.Warn("control message not sent", zap.Stringer("type", msg.Type()), zap.String("peer", to.Endpoint), zap.Error(err))
+	}
+}
+
+// handle runs on the control loop's receive goroutine; it never blocks for
+// long (sends are non-blocking hand-offs).
+func (m *Manager) handle(msg bootstrap.Message) {
+	switch msg := msg.(type) {
+	case *bootstrap.Register:
+		m.onRegister(msg)
+	case *bootstrap.Request:
+		var ok bool
+		m.step(func(c *Core, now time.Time) { ok = c.OnRequest(now, msg) })
+		if ok {
+			m.trace(msg.Room, TraceRequest)
+		}
+	case *bootstrap.Abort:
+		m.step(func(c *Core, now time.Time) { c.OnAbort(now, msg) })
+	case *bootstrap.RegisterAck:
+		m.step(func(c *Core, now time.Time) { c.OnRegisterAck(now, msg) })
+	case *bootstrap.Status:
+		m.step(func(c *Core, now time.Time) { c.OnStatus(now, msg) })
+	case *bootstrap.AbortAck:
+		m.step(func(c *Core, now time.Time) { c.OnAbortAck(now, msg) })
+	}
+}
+
+func (m *Manager) peerDown(p bootstrap.PeerDown) {
+	m.log.Warn("peer down", zap.String("endpoint", p.Endpoint), zap.String("reason", p.Reason))
+	m.step(func(c *Core, now time.Time) {
+		c.PeerDown(now, p.Endpoint, p.From, p.Reason == bootstrap.ReasonPeerRestarted, p.Reason)
+	})
+}
+
+func (m *Manager) sweeper() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.closing:
+			return
+		case <-t.C:
+			m.Tick()
+		}
+	}
+}
+
+// Tick enforces every deadline passed at the Manager's clock now (the
+// sweeper calls it every SweepInterval; tests with a fake clock call it
+// directly).
+func (m *Manager) Tick() {
+	m.step(func(c *Core, now time.Time) { c.Tick(now) })
+	m.met.overdue.Set(float64(m.Overdue()))
+}
+
+// Status returns a room's status (known false without a live room).
+func (m *Manager) Status(room uint64) (st Poll, known bool) {
+	m.read(func(c *Core) { st, known = c.Status(room) })
+	return st, known
+}
+
+// Failure returns a failed room's first reason.
+func (m *Manager) Failure(room uint64) (reason string) {
+	m.read(func(c *Core) { reason, _ = c.Failure(room) })
+	return reason
+}
+
+// Sizes counts what the rank's core holds.
+func (m *Manager) Sizes() (s CoreSizes) {
+	m.read(func(c *Core) { s = c.Sizes() })
+	return s
+}
+
+// Overdue counts live rooms past their deadline (0 while sweeps run).
+func (m *Manager) Overdue() (n int) {
+	now := m.cfg.Now()
+	m.read(func(c *Core) { n = c.reg.Overdue(now) })
+	return n
+}
+
+// InFlight returns a room's posted writes not yet completed.
+func (m *Manager) InFlight(room uint64) (n int) {
+	m.read(func(c *Core) { n = c.reg.InFlight(room) })
+	return n
+}
+
+// Wait blocks until the room is terminal, the room is cleared, ctx ends or
+// the Manager closes, and returns its status then.
+func (m *Manager) Wait(ctx context.Context, room uint64) (Poll, error) {
+	return m.wait(ctx, room, "wait", func(done, _ chan struct{}) chan struct{} { return done })
+}
+
+// WaitReady blocks until the room can move data (WaitingForInput or
+// later), is terminal or cleared, ctx ends or the Manager closes.
+func (m *Manager) WaitReady(ctx context.Context, room uint64) (Poll, error) {
+	return m.wait(ctx, room, "wait ready", func(_, ready chan struct{}) chan struct{} { return ready })
+}
+
+func (m *Manager) wait(ctx context.Context, room uint64, what string, pick func(done, ready chan struct{}) chan struct{}) (Poll, error) {
+	var ch chan struct{}
+	var err error
+	m.read(func(c *Core) {
+		done, ready, ok := c.waiters(room)
+		if ok {
+			ch = pick(done, ready)
+			return
+		}
+		t, ok := c.reg.tomb(room, m.cfg.Now())
+		switch {
+		case !ok:
+			err = fmt.Errorf("room %d: %s: %w", room, what, ErrUnknownRoom)
+		case t.kind == Cleared:
+			err = fmt.Errorf("room %d: %s: %w", room, what, ErrRoomCleared)
+		default:
+			err = fmt.Errorf("room %d: %s: no sender yet: %w: %s", room, what, ErrRoomAborted, t.reason)
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		st, _ := m.Status(room)
+		return st, fmt.Errorf("room %d: %s: %w", room, what, ctx.Err())
+	case <-m.closing:
+		st, _ := m.Status(room)
+		return st, fmt.Errorf("room %d: %s: %w", room, what, ErrManagerClosed)
+	}
+	st, known := m.Status(room)
+	if !known {
+		return 0, fmt.Errorf("room %d: cleared: %w", room, ErrRoomCleared)
+	}
+	return st, nil
+}
+
+// Close fails every live room (telling peers), stops the transfer pool,
+// the control loop and the agent, and waits for its goroutines.
+func (m *Manager) Close() error {
+	var err error
+	m.closeOnce.Do(func() {
+		m.step(func(c *Core, now time.Time) { c.Close(now, "manager closed") })
+		close(m.closing)
+		m.cancel()
+		m.wg.Wait()
+		if m.pool != nil {
+			m.pool.Close()
+		}
+		err = errors.Join(m.loop.Close(), m.agent.Close())
+		if m.cfg.Registerer != nil {
+			m.cfg.Registerer.Unregister(m.met)
+		}
+	})
+	return err
+}
+
+func regionsOf(l transfer.Layout) (kv, aux, state []bootstrap.Region) {
+	mem := bootstrap.MemDRAM
+	if l.Kind == nixl.VRAM {
+		mem = bootstrap.MemVRAM
+	}
+	for _, r := range l.Regions {
+		kv = append(kv, bootstrap.Region{Addr: uint64(r.Addr), Len: r.Len, ItemLen: l.PageBytes, Dev: int(r.Dev), Mem: mem})
+	}
+	if l.Aux.Len > 0 {
+		aux = append(aux, bootstrap.Region{Addr: uint64(l.Aux.Addr), Len: l.Aux.Len, ItemLen: l.AuxItemBytes, Mem: bootstrap.MemDRAM})
+	}
+	state = []bootstrap.Region{}
+	for _, st := range l.State {
+		state = append(state, bootstrap.Region{Addr: uint64(st.Addr), Len: st.Len, ItemLen: st.ItemBytes, Mem: bootstrap.MemDRAM})
+	}
+	return kv, aux, state
+}

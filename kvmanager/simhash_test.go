@@ -1,0 +1,263 @@
+package kvmanager
+
+import (
+	"encoding/binary"
+	"hash/maphash"
+	"maps"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+)
+
+// fp feeds a simulated world's state into two seeded 64-bit hashes (128
+// bits: a collision among a few million states is out of reach). Times are
+// written relative to now, so states that differ only by when they
+// happened are one.
+type fp struct {
+	a, b maphash.Hash
+	now  time.Time
+	buf  [8]byte
+}
+
+var fpSeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+
+func (f *fp) u(v uint64) {
+	binary.LittleEndian.PutUint64(f.buf[:], v)
+	f.a.Write(f.buf[:])
+	f.b.Write(f.buf[:])
+}
+
+func (f *fp) i(v int) { f.u(uint64(v)) }
+
+func (f *fp) b1(v bool) {
+	if v {
+		f.u(1)
+	} else {
+		f.u(2)
+	}
+}
+
+func (f *fp) s(v string) {
+	f.i(len(v))
+	f.a.WriteString(v)
+	f.b.WriteString(v)
+}
+
+func (f *fp) t(t time.Time) {
+	if t.IsZero() {
+		f.u(0)
+		return
+	}
+	f.u(uint64(t.Sub(f.now)))
+}
+
+func sortedPairs[T ~[2]E, E int | uint64](keys []T) []T {
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i][0] < keys[j][0] || keys[i][0] == keys[j][0] && keys[i][1] < keys[j][1]
+	})
+	return keys
+}
+
+// hash identifies a world state: every core's tables, the network, writes,
+// notifications and the applications' progress; failure reasons are left
+// out (nothing depends on their text).
+func (w *simWorld) hash() [16]byte {
+	f := &fp{now: w.now}
+	f.a.SetSeed(fpSeeds[0])
+	f.b.SetSeed(fpSeeds[1])
+	for _, p := range w.procs {
+		f.i(p.inc)
+		for _, k := range slices.Sorted(maps.Keys(p.seen)) {
+			f.s(k)
+			f.u(p.seen[k])
+		}
+		f.i(len(p.jobs))
+		for _, j := range p.jobs {
+			f.u(j.room)
+			f.i(len(j.writes))
+		}
+		f.i(len(p.notifs))
+		for _, n := range p.notifs {
+			f.s(n)
+		}
+		p.core.hash(f)
+	}
+	for i, row := range w.net {
+		for j, q := range row {
+			f.i(i<<16 | j<<8 | len(q))
+			for _, m := range q {
+				f.i(int(m.msg.Type()))
+				f.u(m.from.Epoch)
+				hashMsg(f, m.msg)
+			}
+		}
+	}
+	for _, q := range w.resolves {
+		f.i(len(q))
+		for _, t := range q {
+			f.i(t.Rank)
+		}
+	}
+	f.i(len(w.writes))
+	for _, wr := range w.writes {
+		f.i(wr.srcInc)
+		f.u(wr.room)
+		f.i(wr.dstInc)
+		f.i(wr.dstSlot)
+		f.s(wr.notif)
+		f.b1(wr.last)
+		f.t(wr.posted)
+		f.b1(wr.ghost)
+	}
+	for _, k := range sortedPairs(slices.Collect(maps.Keys(w.sides))) {
+		sd := w.sides[k]
+		f.u(k[0])
+		f.u(k[1])
+		f.i(sd.inc)
+		f.b1(sd.inited)
+		f.b1(sd.aborted)
+		f.b1(sd.abortApplied)
+		f.b1(sd.cleared)
+		f.b1(sd.lost)
+		f.i(sd.sent)
+		f.u(uint64(min(w.now.Sub(sd.abortAt), w.cfg.reg.TombstoneTTL)))
+		f.u(uint64(min(w.now.Sub(sd.clearAt), w.cfg.reg.TombstoneTTL)))
+		for _, x := range sd.abortInc {
+			f.i(x)
+		}
+	}
+	for _, k := range sortedPairs(slices.Collect(maps.Keys(w.released))) {
+		f.i(k[0])
+		f.i(k[1])
+	}
+	f.i(w.restarts)
+	f.i(w.peerDowns)
+	f.i(w.ticks)
+	var out [16]byte
+	binary.LittleEndian.PutUint64(out[:8], f.a.Sum64())
+	binary.LittleEndian.PutUint64(out[8:], f.b.Sum64())
+	return out
+}
+
+func hashMsg(f *fp, m bootstrap.Message) {
+	switch m := m.(type) {
+	case *bootstrap.Request:
+		f.u(m.Room)
+		f.i(len(m.DstPages))
+		f.i(m.Required)
+	case *bootstrap.Abort:
+		f.u(m.Room)
+	case *bootstrap.AbortAck:
+		f.u(m.Room)
+		f.b1(m.Drained)
+	case *bootstrap.Status:
+		f.u(m.Room)
+		f.s(m.Code)
+	case *bootstrap.RegisterAck:
+		f.b1(m.OK)
+	}
+}
+
+// hash feeds every table of the core into f, in a deterministic order.
+func (c *Core) hash(f *fp) {
+	src := func(s *source) {
+		f.s(s.target)
+		f.b1(s.sent)
+		f.u(s.epoch)
+		f.i(s.reregs)
+		for _, k := range slices.Sorted(maps.Keys(s.chunks)) {
+			f.i(k)
+		}
+		f.i(s.total)
+		f.b1(s.aux)
+		f.b1(s.acked)
+	}
+	f.i(len(c.reg.rooms))
+	for _, id := range slices.Sorted(maps.Keys(c.reg.rooms)) {
+		rm := c.reg.rooms[id]
+		f.u(id)
+		f.i(int(rm.role)<<8 | int(rm.status))
+		f.b1(rm.initialised)
+		f.i(rm.required)
+		for _, q := range rm.requests {
+			f.s(q.Peer)
+			f.u(q.Epoch)
+		}
+		f.i(rm.inflight)
+		f.i(rm.unsettled)
+		f.b1(rm.lastDone)
+		f.b1(rm.drainExpired)
+		for _, a := range rm.acks {
+			f.s(a.Endpoint)
+		}
+		f.i(int(rm.kind))
+		f.t(rm.deadline)
+		f.b1(rm.doneWoken)
+		f.b1(rm.readyWoken)
+		f.i(rm.pre.sent)
+		f.i(rm.pre.chunk)
+		if rm.dec != nil {
+			f.b1(rm.dec.init)
+			for _, s := range rm.dec.sources {
+				src(s)
+			}
+		}
+	}
+	f.i(len(c.reg.pending))
+	for _, id := range slices.Sorted(maps.Keys(c.reg.pending)) {
+		p := c.reg.pending[id]
+		f.u(id)
+		f.i(p.required)
+		f.t(p.deadline)
+		for _, q := range p.requests {
+			f.s(q.Peer)
+			f.u(q.Epoch)
+		}
+	}
+	f.i(len(c.reg.tombs))
+	for _, id := range slices.Sorted(maps.Keys(c.reg.tombs)) {
+		t := c.reg.tombs[id]
+		f.u(id)
+		f.i(int(t.kind))
+		f.u(uint64(min(t.expires.Sub(f.now), c.cfg.Registry.TombstoneTTL)))
+		f.i(t.inflight)
+		f.i(t.unsettled)
+		for _, a := range t.acks {
+			f.s(a.Endpoint)
+		}
+		f.t(t.drainBy)
+		f.b1(t.drainExpired)
+	}
+	f.i(len(c.peers))
+	for _, k := range slices.Sorted(maps.Keys(c.peers)) {
+		f.s(k)
+		f.u(c.peers[k].from.Epoch)
+	}
+	f.i(len(c.targets))
+	for _, k := range slices.Sorted(maps.Keys(c.targets)) {
+		t := c.targets[k]
+		f.s(k)
+		f.s(t.endpoint)
+		f.b1(t.resolved)
+		f.b1(t.resolving)
+		f.i(int(t.reg))
+		f.u(t.epoch)
+		f.u(uint64(t.retry))
+		f.t(t.nextRetry)
+		for _, r := range slices.Sorted(maps.Keys(t.owed)) {
+			f.u(r)
+		}
+	}
+	f.i(len(c.holds))
+	for _, id := range slices.Sorted(maps.Keys(c.holds)) {
+		h := c.holds[id]
+		f.u(id)
+		f.b1(h.failed)
+		f.t(h.deadline)
+		for _, s := range h.srcs {
+			src(s)
+		}
+	}
+}
