@@ -5,7 +5,7 @@ GO ?= go
 # go-nvml's cgo prologue trips hundreds of deprecation warnings in nvml.h.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all deps test bench bench-engine lint generate demo
+.PHONY: all deps test sim bench bench-engine lint generate demo
 
 all: test
 
@@ -13,12 +13,19 @@ all: test
 deps:
 	@./scripts/deps.sh
 
+CHECKERS := ^(TestInterleavings|TestSimExhaustive|TestSimRandom|TestSimFindsBugs)$$
+
 ## test: vet and run every test under the race detector
 test: deps
 	$(GO) vet ./...
-	@# The interleaving model checker prints how many states and transitions it checked.
-	$(GO) test -race -count=1 -v -run '^TestInterleavings$$' ./kvmanager | grep -E '^(---|ok|FAIL|PASS)|checked|interleave_test'
-	$(GO) test -race -count=1 -skip '^TestInterleavings$$' ./...
+	@# The model checker and the simulator print what they checked.
+	$(GO) test -race -count=1 -v -run '$(CHECKERS)' ./kvmanager | grep -E '^(--- |ok|FAIL|PASS)|checked|random runs|found:'
+	$(GO) test -race -count=1 -skip '$(CHECKERS)' ./...
+
+SEEDS ?= 100000
+## sim: the protocol simulator at depth: the exhaustive configurations with one more time jump, decode aborts and clears, two rooms with a restart, and SEEDS random runs (SIM_SEED_BASE moves them)
+sim:
+	SIM_DEEP=1 SIM_SEEDS=$(SEEDS) $(GO) test -count=1 -timeout 0 -v -run '^(TestSimDeep|TestSimRandom)$$' ./kvmanager | grep -E '^(--- |ok|FAIL|PASS)|checked|random runs|seed'
 
 ## bench: every benchmark, with allocations
 bench:

@@ -788,7 +788,8 @@ func simExplore(cfg simConfig, maxStates int) (states, transitions int, err erro
 			next.apply(ev)
 			transitions++
 			if next.err != nil {
-				return fmt.Errorf("%w\ntrace:\n  %s", next.err, strings.Join(next.trace, "\n  "))
+				min := minimize(cfg, next.trace, next.err)
+				return fmt.Errorf("%w\nminimal trace (replay: runScript(cfg, trace)):\n  %s", next.err, strings.Join(min, "\n  "))
 			}
 			fp := next.hash()
 			if _, ok := seen[fp]; ok {
@@ -825,6 +826,39 @@ func runScript(cfg simConfig, script []string) (*simWorld, int) {
 		}
 	}
 	return w, len(script)
+}
+
+// minimize shrinks a failing trace: it drops events one at a time (from
+// the end) while the same violation still happens, and returns the
+// shortest trace found, which replays with runScript.
+func minimize(cfg simConfig, trace []string, violation error) []string {
+	want := violation.Error()
+	if i := strings.Index(want, ":"); i > 0 {
+		want = want[i:] // the room's message, without the event-specific prefix
+	}
+	fails := func(tr []string) bool {
+		w, _ := runScript(cfg, tr)
+		return w.err != nil && strings.HasSuffix(w.err.Error(), want)
+	}
+	if !fails(trace) {
+		return trace
+	}
+	for changed := true; changed; {
+		changed = false
+		for i := len(trace) - 1; i >= 0; i-- {
+			shorter := append(slices.Clone(trace[:i]), trace[i+1:]...)
+			if fails(shorter) {
+				trace, changed = shorter, true
+			}
+		}
+	}
+	// The violation happens at the last event: cut what follows.
+	for n := 1; n <= len(trace); n++ {
+		if fails(trace[:n]) {
+			return trace[:n]
+		}
+	}
+	return trace
 }
 
 // ---- random runs -------------------------------------------------------
@@ -907,7 +941,9 @@ func runRandomStats(cfg simConfig, seed uint64, steps int) (simStats, error) {
 	}
 	st.released = len(w.released)
 	if w.err != nil {
-		return st, fmt.Errorf("seed %d: %w\ntrace (replay: runRandom(cfg, %d, %d)):\n  %s", seed, w.err, seed, steps, strings.Join(w.trace, "\n  "))
+		min := minimize(cfg, w.trace, w.err)
+		return st, fmt.Errorf("seed %d: %w\nminimal trace (replay: runScript(cfg, trace); the whole run: runRandom(cfg, %d, %d)):\n  %s",
+			seed, w.err, seed, steps, strings.Join(min, "\n  "))
 	}
 	return st, nil
 }

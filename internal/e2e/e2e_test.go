@@ -354,6 +354,39 @@ func TestAbortBeforeSenderExists(t *testing.T) {
 	}
 }
 
+// TestAbortBeforeInitReachesPrefill: a decode room aborted before its
+// REQUEST went out still tells the prefill rank (the room knows its
+// target from creation), so the sender created later starts Failed instead
+// of waiting its bootstrap deadline. The next room's REQUEST travels the
+// same link after that ABORT, so once it is in, the ABORT was processed.
+func TestAbortBeforeInitReachesPrefill(t *testing.T) {
+	c := newCluster(t, "loopback", nil)
+	r, err := receiver.New(c.decode, 90)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Abort("client went away")
+	select {
+	case <-r.Released(): // nothing was requested: nothing to wait for
+	case <-time.After(10 * time.Second):
+		t.Fatal("pages of a room that never sent its REQUEST still held")
+	}
+	r.Clear()
+	next := c.start(t, 91, 16)
+	ready(t, next.s)
+	s, err := sender.New(c.prefill, 90)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Poll() != kvmanager.Failed || !strings.Contains(s.Failure(), "client went away") {
+		t.Fatalf("sender after the early abort: %v %q", s.Poll(), s.Failure())
+	}
+	s.Clear()
+	c.sendAll(t, next, 64)
+	waitStatus(t, next.r, kvmanager.Success)
+	c.finish(next)
+}
+
 func TestAbortWhileWaitingAndMidTransfer(t *testing.T) {
 	c := newCluster(t, "ucx-shm", nil)
 	// While waiting: the sender exists and has the request, nothing sent.

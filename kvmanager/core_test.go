@@ -1,0 +1,274 @@
+package kvmanager
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+)
+
+// Unit tests of the core for the review's bugs that are about liveness or
+// configuration rather than page safety (the simulator covers those).
+
+var t0 = time.Unix(1_000_000, 0)
+
+func testCore(t *testing.T, role Role, b bugs) *Core {
+	t.Helper()
+	cfg := CoreConfig{Role: role, Compat: "sim", Layout: simLayout(), Registry: simRegistryConfig(),
+		QuarantineTimeout: 30 * time.Second, RegisterRetry: time.Second}
+	if role == RoleDecode {
+		kv, aux, state := regionsOf(simLayout())
+		cfg.Register = bootstrap.Register{Compat: "sim", Agent: "decode-agent", KV: kv, Aux: aux, State: state, TPSize: 1}
+	}
+	c, err := NewCore(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.bugs = b
+	return c
+}
+
+var (
+	decodeFrom  = bootstrap.From{Role: "decode", Instance: "d", Rank: 0, Endpoint: "tcp://d:1", Epoch: 1}
+	prefillFrom = bootstrap.From{Role: "prefill", Instance: "p", Rank: 0, Endpoint: "tcp://p:1", Epoch: 10}
+	prefillT    = Target{Bootstrap: "http://boot", Rank: 0}
+)
+
+// sent returns the messages of type T among effects.
+func sent[T bootstrap.Message](effects []Effect) []T {
+	var out []T
+	for _, e := range effects {
+		if m, ok := e.Msg.(T); ok && e.Kind == EffectSend {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func register(t *testing.T, c *Core, from bootstrap.From) {
+	t.Helper()
+	kv, aux, state := regionsOf(simLayout())
+	msg := &bootstrap.Register{From: from, Compat: "sim", KV: kv, Aux: aux, State: state}
+	lay, err := c.CheckRegister(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Registered(t0, from, "agent", lay)
+	if acks := sent[*bootstrap.RegisterAck](c.Effects()); len(acks) != 1 || !acks[0].OK {
+		t.Fatalf("REGISTER not acknowledged: %v", acks)
+	}
+}
+
+func request(room uint64, from bootstrap.From) *bootstrap.Request {
+	return &bootstrap.Request{From: from, Room: room, DstPages: []uint32{1}, AuxIndex: -1, Required: 1, StateIndices: [][]uint32{}}
+}
+
+// Bug 5: one false "peer dead" must not break the pair for good. The
+// prefill rank keeps the registration (bound to the epoch, not to
+// heartbeats), so the next REQUEST from the same process is accepted.
+func TestFalsePeerDeadKeepsRegistration(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		bug  bugs
+		ok   bool
+	}{{"fixed", bugs{}, true}, {"with bug 5", bugs{dropRegOnPeerDown: true}, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testCore(t, RolePrefill, tc.bug)
+			register(t, c, decodeFrom)
+			c.CreateSender(t0, 1)
+			c.OnRequest(t0, request(1, decodeFrom))
+			c.Effects()
+			c.PeerDown(t0, decodeFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+			if st, _ := c.Status(1); st != Failed {
+				t.Fatalf("the room shared with the peer is %v, want Failed", st)
+			}
+			c.Effects()
+			accepted := c.OnRequest(t0, request(2, decodeFrom))
+			st := sent[*bootstrap.Status](c.Effects())
+			if accepted != tc.ok {
+				t.Fatalf("next REQUEST accepted %v (statuses %+v), want %v", accepted, st, tc.ok)
+			}
+			if !tc.ok && (len(st) != 1 || st[0].Code != CodeNotRegistered) {
+				t.Fatalf("refusal %+v, want code %s", st, CodeNotRegistered)
+			}
+		})
+	}
+}
+
+// Bug 5, decode side: STATUS not_registered makes decode register again and
+// resend the room's REQUEST instead of failing the room.
+func TestNotRegisteredReregisters(t *testing.T) {
+	c := testCore(t, RoleDecode, bugs{})
+	c.CreateReceiver(t0, 1, []Target{prefillT})
+	c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
+	c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+	c.OnRegisterAck(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	if reqs := sent[*bootstrap.Request](c.Effects()); len(reqs) != 1 {
+		t.Fatalf("REQUEST not sent: %v", reqs)
+	}
+	c.OnStatus(t0, &bootstrap.Status{From: prefillFrom, Room: 1, Status: bootstrap.StatusFailed, Code: CodeNotRegistered, Reason: "x"})
+	if regs := sent[*bootstrap.Register](c.Effects()); len(regs) != 1 {
+		t.Fatalf("not registered again: %v", regs)
+	}
+	c.OnRegisterAck(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	if reqs := sent[*bootstrap.Request](c.Effects()); len(reqs) != 1 || reqs[0].Room != 1 {
+		t.Fatalf("REQUEST not resent: %v", reqs)
+	}
+	if st, _ := c.Status(1); st != WaitingForInput {
+		t.Fatalf("room %v, want WaitingForInput", st)
+	}
+	// A second not_registered for the same room fails it (no loop).
+	c.OnStatus(t0, &bootstrap.Status{From: prefillFrom, Room: 1, Status: bootstrap.StatusFailed, Code: CodeNotRegistered, Reason: "again"})
+	if st, _ := c.Status(1); st != Failed {
+		t.Fatalf("room %v after a second refusal, want Failed", st)
+	}
+}
+
+// Bug 6: a REGISTER that got no answer is sent again, backing off, until
+// acknowledged; then the waiting room's REQUEST goes out.
+func TestRegisterRetried(t *testing.T) {
+	c := testCore(t, RoleDecode, bugs{})
+	c.CreateReceiver(t0, 1, []Target{prefillT})
+	c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
+	c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+	if regs := sent[*bootstrap.Register](c.Effects()); len(regs) != 1 {
+		t.Fatalf("first REGISTER: %v", regs)
+	}
+	now, retries := t0, 0
+	for _, d := range []time.Duration{1, 2, 4} { // seconds: 1 s doubling
+		c.Tick(now.Add(d*time.Second - time.Millisecond))
+		if n := len(sent[*bootstrap.Register](c.Effects())); n != 0 {
+			t.Fatalf("REGISTER resent before its backoff (%v)", d)
+		}
+		now = now.Add(d*time.Second + time.Millisecond)
+		c.Tick(now)
+		retries += len(sent[*bootstrap.Register](c.Effects()))
+	}
+	if retries != 3 || c.Stats().RegisterRetries != 3 {
+		t.Fatalf("%d retries (stats %d), want 3", retries, c.Stats().RegisterRetries)
+	}
+	c.OnRegisterAck(now, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	if reqs := sent[*bootstrap.Request](c.Effects()); len(reqs) != 1 {
+		t.Fatalf("REQUEST after the late ACK: %v", reqs)
+	}
+	c.Tick(now.Add(time.Minute))
+	if n := len(sent[*bootstrap.Register](c.Effects())); n != 0 {
+		t.Fatal("REGISTER resent after the ACK")
+	}
+}
+
+// Bug 7: requests for rooms whose sender never appears leave nothing
+// behind once the pending deadline and the TTL pass, while the peer stays
+// registered and alive.
+func TestPendingRequestsLeaveNothing(t *testing.T) {
+	c := testCore(t, RolePrefill, bugs{})
+	register(t, c, decodeFrom)
+	for room := uint64(1); room <= 50; room++ {
+		c.OnRequest(t0, request(room, decodeFrom))
+	}
+	if s := c.Sizes(); s.Pending != 50 {
+		t.Fatalf("sizes %+v", s)
+	}
+	c.Tick(t0.Add(16 * time.Second))  // pending deadline → tombstones
+	c.Tick(t0.Add(200 * time.Second)) // TTL
+	if s := c.Sizes(); s.Total() != 0 || s.Peers != 1 {
+		t.Fatalf("sizes %+v: want nothing room-bound left, the peer still registered", s)
+	}
+}
+
+// Bug 9: the REGISTER_ACK of a restarted prefill rank comes from its new
+// epoch and the control loop reports the restart first; the registration
+// in progress must survive that and complete.
+func TestRestartReportKeepsRegistrationInProgress(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		bug  bugs
+		ok   bool
+	}{{"fixed", bugs{}, true}, {"with bug 9", bugs{restartDropsPending: true}, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testCore(t, RoleDecode, tc.bug)
+			c.CreateReceiver(t0, 1, []Target{prefillT})
+			c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
+			c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			c.Effects()
+			restarted := prefillFrom
+			restarted.Epoch = 11
+			c.PeerDown(t0, restarted.Endpoint, restarted, true, bootstrap.ReasonPeerRestarted)
+			c.OnRegisterAck(t0, &bootstrap.RegisterAck{From: restarted, OK: true})
+			reqs := sent[*bootstrap.Request](c.Effects())
+			if (len(reqs) == 1) != tc.ok {
+				t.Fatalf("REQUEST sent after the new epoch's ACK: %v, want %v", reqs, tc.ok)
+			}
+		})
+	}
+}
+
+// Bug 9: after a restart on the same endpoint, the decode room bound to
+// the old epoch fails and the new process gets an ABORT, so a sender it
+// creates for that room id starts Failed instead of waiting its deadline.
+func TestRestartFailsRoomAndAbortsNewProcess(t *testing.T) {
+	c := testCore(t, RoleDecode, bugs{})
+	c.CreateReceiver(t0, 1, []Target{prefillT})
+	c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
+	c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+	c.OnRegisterAck(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	c.Effects()
+	restarted := prefillFrom
+	restarted.Epoch = 11
+	c.PeerDown(t0, restarted.Endpoint, restarted, true, bootstrap.ReasonPeerRestarted)
+	if st, _ := c.Status(1); st != Failed {
+		t.Fatalf("room %v, want Failed", st)
+	}
+	if r, _ := c.Failure(1); !strings.Contains(r, bootstrap.ReasonPeerRestarted) {
+		t.Fatalf("reason %q", r)
+	}
+	eff := c.Effects()
+	if ab := sent[*bootstrap.Abort](eff); len(ab) != 1 || ab[0].Room != 1 {
+		t.Fatalf("ABORT to the restarted endpoint: %v", ab)
+	}
+	// An ABORT_ACK from the new process does not release the pages: only
+	// the process the REQUEST went to can say nothing of it will land.
+	c.OnAbortAck(t0, &bootstrap.AbortAck{From: restarted, Room: 1, Drained: true})
+	if _, held := c.Hold(1); !held {
+		t.Fatal("pages released by an ABORT_ACK from another epoch")
+	}
+	c.OnAbortAck(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: true})
+	if _, held := c.Hold(1); held {
+		t.Fatal("pages still held after the old epoch's drained ABORT_ACK")
+	}
+}
+
+// Bug 4 at the core's surface: an abort before Init is sent to the
+// target as soon as it is known.
+func TestAbortBeforeInitIsSent(t *testing.T) {
+	c := testCore(t, RoleDecode, bugs{})
+	c.CreateReceiver(t0, 1, []Target{prefillT})
+	c.AbortReceiver(t0, 1, "client went away")
+	if ab := sent[*bootstrap.Abort](c.Effects()); len(ab) != 0 {
+		t.Fatalf("ABORT sent before the target is known: %v", ab)
+	}
+	c.ClearReceiver(t0, 1) // even a Clear before the lookup answers keeps it owed
+	c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
+	if ab := sent[*bootstrap.Abort](c.Effects()); len(ab) != 1 || ab[0].Room != 1 {
+		t.Fatalf("owed ABORT not sent once the target resolved: %v", ab)
+	}
+}
+
+// Bug 10: zero means "default" only where zero is not a valid value.
+func TestConfigDefaultsFieldByField(t *testing.T) {
+	cfg := Config{Role: RoleDecode, Rank: 3, PrefillRank: 0}
+	cfg.Registry.StallTimeout = 7 * time.Second // custom; BootstrapTimeout left zero
+	cfg.Registry.TombstoneTTL = time.Hour
+	cfg.fillDefaults()
+	if cfg.PrefillRank != 0 {
+		t.Fatalf("PrefillRank 0 replaced by %d", cfg.PrefillRank)
+	}
+	def := DefaultRegistryConfig()
+	if cfg.Registry.StallTimeout != 7*time.Second || cfg.Registry.TombstoneTTL != time.Hour {
+		t.Fatalf("custom timeouts replaced: %+v", cfg.Registry)
+	}
+	if cfg.Registry.BootstrapTimeout != def.BootstrapTimeout || cfg.QuarantineTimeout != 14*time.Second {
+		t.Fatalf("zero fields not defaulted: %+v quarantine %v", cfg.Registry, cfg.QuarantineTimeout)
+	}
+}
