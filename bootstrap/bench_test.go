@@ -100,10 +100,9 @@ func (z *bareZMQ) roundTrip(n int, frames [][]byte) time.Duration {
 }
 
 type benchPair struct {
-	a, b  *Loop
-	gotB  chan Message
-	gotA  chan Message
-	count int
+	a, b *Loop
+	gotB chan Message
+	gotA chan Message
 }
 
 func newBenchPair(b *testing.B, echo bool) *benchPair {

@@ -116,13 +116,13 @@ func (s *scanner) header() (mpKind, int, error) {
 	case c >= 0xa0 && c <= 0xbf:
 		n = int(c & 0x1f)
 	case c == 0xcc || c == 0xd0:
-		n, err = fixed(1)
+		_, err = fixed(1)
 		return k, 0, err
 	case c == 0xcd || c == 0xd1:
-		n, err = fixed(2)
+		_, err = fixed(2)
 		return k, 0, err
 	case c == 0xce || c == 0xd2 || c == 0xca:
-		n, err = fixed(4)
+		_, err = fixed(4)
 		return k, 0, err
 	case c == 0xcf || c == 0xd3 || c == 0xcb:
 		if err := s.need(8); err != nil {

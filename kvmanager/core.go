@@ -234,11 +234,12 @@ func (c *Core) waiters(room uint64) (done, ready chan struct{}, ok bool) {
 func (c *Core) Tick(now time.Time) {
 	c.step(now)
 	for _, e := range c.reg.Sweep(now) {
+		if e.DrainOnly {
+			continue // failed earlier; its owed ABORT_ACKs went out as drained false
+		}
 		c.stats.Deadlines[e.Deadline]++
 		if c.cfg.Role == RolePrefill {
-			if e.Deadline != DeadlineStall || e.Reason != "" {
-				c.statusFailed(e.Room, e.Peers, CodeFailed, e.Reason, "")
-			}
+			c.statusFailed(e.Room, e.Peers, CodeFailed, e.Reason, "")
 			continue
 		}
 		c.decodeFailed(e.Room, e.Reason)

@@ -521,8 +521,14 @@ func (c *Core) decodePeerDown(endpoint string, from bootstrap.From, restarted bo
 		if tg.reg == regOK && tg.epoch != from.Epoch {
 			tg.reg = regNone
 		}
-	default: // unreachable: look it up and register again on next use
+	default: // unreachable: look it up and register again
 		tg.reg, tg.resolved = regNone, false
+	}
+	// Rooms still waiting for this target start over: lookup, REGISTER.
+	for _, rm := range c.reg.rooms {
+		if rm.dec != nil {
+			c.flushRequests(rm)
+		}
 	}
 }
 

@@ -123,8 +123,12 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec
 // AbortReceiver fails the room and tells its prefill ranks (also before
 // its REQUEST went out); the pages stay quarantined until Released.
 func (d *Decode) AbortReceiver(room uint64, reason string) (res Result) {
-	d.step(func(c *Core, now time.Time) { res = c.AbortReceiver(now, room, reason) })
-	d.met.abort(res.Status)
+	var stage Poll
+	d.step(func(c *Core, now time.Time) {
+		stage, _ = c.Status(room)
+		res = c.AbortReceiver(now, room, reason)
+	})
+	d.met.abort(stage)
 	return res
 }
 

@@ -156,8 +156,12 @@ func (p *Prefill) SendChunk(room uint64, pages []uint32, last bool, auxIndex int
 // AbortSender fails the room from the prefill side; its decode ranks are
 // told.
 func (p *Prefill) AbortSender(room uint64, reason string) (res Result) {
-	p.step(func(c *Core, now time.Time) { res = c.AbortSender(now, room, reason) })
-	p.met.abort(res.Status)
+	var stage Poll
+	p.step(func(c *Core, now time.Time) {
+		stage, _ = c.Status(room)
+		res = c.AbortSender(now, room, reason)
+	})
+	p.met.abort(stage)
 	return res
 }
 

@@ -161,6 +161,9 @@ type Expiry struct {
 	// Drained is false when a failed room's writes did not drain within
 	// the stall deadline (reported once).
 	Drained bool
+	// DrainOnly: the room had failed before; only its drain deadline
+	// passed (its peers were told when it failed).
+	DrainOnly bool
 }
 
 // Sizes counts what the registry holds.
@@ -831,7 +834,7 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 			rm.drainExpired = true
 			r.sendAcks(id, rm.acks, false)
 			rm.acks = nil
-			out = append(out, Expiry{Room: id, Deadline: DeadlineStall, Reason: rm.reason, Peers: rm.requests})
+			out = append(out, Expiry{Room: id, Deadline: DeadlineStall, Reason: rm.reason, Peers: rm.requests, DrainOnly: true})
 		}
 	}
 	for id, p := range r.pending {

@@ -257,7 +257,12 @@ func (m *Manager) handle(msg bootstrap.Message) {
 			m.trace(msg.Room, TraceRequest)
 		}
 	case *bootstrap.Abort:
-		m.step(func(c *Core, now time.Time) { c.OnAbort(now, msg) })
+		var stage Poll // the room's status when the abort came (0: no sender yet)
+		m.step(func(c *Core, now time.Time) {
+			stage, _ = c.Status(msg.Room)
+			c.OnAbort(now, msg)
+		})
+		m.met.abort(stage)
 	case *bootstrap.RegisterAck:
 		m.step(func(c *Core, now time.Time) { c.OnRegisterAck(now, msg) })
 	case *bootstrap.Status:

@@ -215,15 +215,6 @@ func (w *simWorld) fail(format string, a ...any) {
 	}
 }
 
-func (w *simWorld) roomSpec(id uint64) simRoomSpec {
-	for _, r := range w.cfg.rooms {
-		if r.id == id {
-			return r
-		}
-	}
-	panic("unknown room")
-}
-
 // effects carries out what a step of slot's core asked for, checking the
 // invariants that concern single effects.
 func (w *simWorld) effects(slot int) {
@@ -888,13 +879,9 @@ var simFailHook func(reason string)
 // not vacuous.
 type simStats struct{ success, failed, released, forced int }
 
-// runRandom plays steps random events from seed, then clears every room,
-// lets everything settle and checks that the cores empty after the TTL.
-func runRandom(cfg simConfig, seed uint64, steps int) error {
-	_, err := runRandomStats(cfg, seed, steps)
-	return err
-}
-
+// runRandomStats plays steps random events from seed, then clears every
+// room, lets everything settle and checks that the cores empty after the
+// TTL.
 func runRandomStats(cfg simConfig, seed uint64, steps int) (simStats, error) {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	// Each seed keeps each kind of fault with probability ½: calm runs
@@ -942,7 +929,7 @@ func runRandomStats(cfg simConfig, seed uint64, steps int) (simStats, error) {
 	st.released = len(w.released)
 	if w.err != nil {
 		min := minimize(cfg, w.trace, w.err)
-		return st, fmt.Errorf("seed %d: %w\nminimal trace (replay: runScript(cfg, trace); the whole run: runRandom(cfg, %d, %d)):\n  %s",
+		return st, fmt.Errorf("seed %d: %w\nminimal trace (replay: runScript(cfg, trace); the whole run: runRandomStats(cfg, %d, %d)):\n  %s",
 			seed, w.err, seed, steps, strings.Join(min, "\n  "))
 	}
 	return st, nil

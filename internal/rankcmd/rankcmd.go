@@ -23,6 +23,7 @@ import (
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 )
@@ -112,7 +113,7 @@ func Main(role kvmanager.Role, args []string) int {
 	cfg.Layout = m.Layout(nixl.DRAM, *pages, 4096)
 	cfg.Logger = log
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(prometheus.NewGoCollector())
+	reg.MustRegister(collectors.NewGoCollector())
 	cfg.Registerer = reg
 	if err := cfg.FromEnv(); err != nil {
 		log.Error("configuration", zap.Error(err))
