@@ -4,6 +4,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/transfer"
 )
 
 // lifecycleEvents is the number of registry events one lifecycle applies.
@@ -82,4 +85,99 @@ func BenchmarkSweep(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		r.Sweep(now)
 	}
+}
+
+// BenchmarkCoreRoom: one room's whole protocol through a prefill core and a
+// decode core, messages handed across directly (no sockets): create on
+// both sides, REQUEST, one chunk (a data write and the aux write, both
+// completing), both notifications, Success on both sides, Clear on both.
+// The decode rank is registered once, before the loop.
+func BenchmarkCoreRoom(b *testing.B) {
+	p := testCoreB(b, RolePrefill)
+	d := testCoreB(b, RoleDecode)
+	now := time.Unix(1_000_000, 0)
+	deliver := func(dst *Core, from bootstrap.From, effects []Effect) {
+		for _, e := range effects {
+			if e.Kind != EffectSend {
+				continue
+			}
+			switch m := e.Msg.(type) {
+			case *bootstrap.Register:
+				cp := *m
+				cp.From = from
+				lay, _ := dst.CheckRegister(&cp)
+				dst.Registered(now, from, "agent", lay)
+			case *bootstrap.RegisterAck:
+				cp := *m
+				cp.From = from
+				dst.OnRegisterAck(now, &cp)
+			case *bootstrap.Request:
+				cp := *m
+				cp.From = from
+				dst.OnRequest(now, &cp)
+			}
+		}
+	}
+	d.CreateReceiver(now, 0, []Target{prefillT})
+	d.Resolved(now, prefillT, prefillFrom.Endpoint, "")
+	d.InitReceiver(now, 0, RequestSpec{DstPages: []uint32{1}, AuxIndex: 1})
+	deliver(p, decodeFrom, d.Effects())
+	deliver(d, prefillFrom, p.Effects())
+	d.Effects()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 1; i <= b.N; i++ {
+		room := uint64(i)
+		d.CreateReceiver(now, room, []Target{prefillT})
+		d.InitReceiver(now, room, RequestSpec{DstPages: []uint32{1}, AuxIndex: 1})
+		p.CreateSender(now, room)
+		p.InitSender(now, room)
+		deliver(p, decodeFrom, d.Effects())
+		p.Effects()
+		if err := p.SendChunk(now, room, []uint32{0}, true, 0, nil); err != nil {
+			b.Fatal(err)
+		}
+		var writes []transfer.Write
+		for _, e := range p.Effects() {
+			writes = append(writes, e.Writes...)
+		}
+		for j := range writes {
+			if !p.Posting(now, room, &writes[j]) {
+				b.Fatal("gate refused")
+			}
+			p.WriteDone(now, room, &writes[j], nil, false)
+		}
+		d.Notification(now, room, 0, 0, 1, false)
+		d.Notification(now, room, 0, 0, 0, true)
+		if st, _ := d.Status(room); st != Success {
+			b.Fatalf("decode room %v", st)
+		}
+		if st, _ := p.Status(room); st != Success {
+			b.Fatalf("prefill room %v", st)
+		}
+		p.ClearSender(now, room)
+		d.ClearReceiver(now, room)
+		p.Effects()
+		d.Effects()
+		if i%sweepEvery == 0 {
+			now = now.Add(11 * time.Minute)
+			p.Tick(now)
+			d.Tick(now)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "rooms/s")
+}
+
+func testCoreB(b *testing.B, role Role) *Core {
+	cfg := CoreConfig{Role: role, Compat: "sim", Layout: simLayout(), Registry: DefaultRegistryConfig(),
+		QuarantineTimeout: 2 * time.Minute, RegisterRetry: time.Second}
+	if role == RoleDecode {
+		kv, aux, state := regionsOf(simLayout())
+		cfg.Register = bootstrap.Register{Compat: "sim", Agent: "decode-agent", KV: kv, Aux: aux, State: state, TPSize: 1}
+	}
+	c, err := NewCore(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
 }

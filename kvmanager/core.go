@@ -171,10 +171,12 @@ func (c *Core) step(now time.Time) {
 }
 
 // Effects returns the effects of the steps taken since the last call, in
-// order, and forgets them.
+// order, and forgets them. The slice is valid until the next step: the core
+// reuses its memory (the shell carries effects out under the same lock).
 func (c *Core) Effects() []Effect {
 	out := c.out
-	c.out = nil
+	clear(c.out[len(c.out):cap(c.out)]) // drop references kept from earlier steps
+	c.out = c.out[:0]
 	return out
 }
 

@@ -542,12 +542,31 @@ func (c *Core) tickDecode(now time.Time) {
 	}
 	for _, tg := range c.targets {
 		if tg.reg == regSent && tg.resolved && now.After(tg.nextRetry) {
+			if !c.waitsFor(tg) {
+				tg.reg = regNone // nobody waits any more: stop asking
+				continue
+			}
 			c.stats.RegisterRetries++
 			tg.retry = min(2*tg.retry, 32*c.cfg.RegisterRetry)
 			tg.nextRetry = now.Add(tg.retry)
 			c.sendRegister(tg)
 		}
 	}
+}
+
+// waitsFor reports whether a live room still waits to send tg its REQUEST.
+func (c *Core) waitsFor(tg *target) bool {
+	for _, rm := range c.reg.rooms {
+		if rm.dec == nil || !rm.dec.init || rm.status.Terminal() {
+			continue
+		}
+		for _, s := range rm.dec.sources {
+			if s.target == tg.t.key() && !s.sent {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // PeerDown reports a peer that heartbeats declared dead (restarted false)

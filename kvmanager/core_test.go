@@ -158,6 +158,29 @@ func TestRegisterRetried(t *testing.T) {
 	}
 }
 
+// REGISTER retries stop once no room waits for the answer (the room that
+// asked was aborted, e.g. its caller's context ended).
+func TestRegisterRetriesStopWithoutWaiters(t *testing.T) {
+	c := testCore(t, RoleDecode, bugs{})
+	c.CreateReceiver(t0, 1, []Target{prefillT})
+	c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
+	c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+	c.AbortReceiver(t0, 1, "context deadline exceeded")
+	c.Effects()
+	for i := 1; i <= 5; i++ {
+		c.Tick(t0.Add(time.Duration(i) * time.Minute))
+	}
+	if n := len(sent[*bootstrap.Register](c.Effects())); n != 0 || c.Stats().RegisterRetries != 0 {
+		t.Fatalf("%d REGISTERs sent for nobody", n)
+	}
+	// The next room registers afresh.
+	c.CreateReceiver(t0.Add(6*time.Minute), 2, []Target{prefillT})
+	c.InitReceiver(t0.Add(6*time.Minute), 2, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+	if n := len(sent[*bootstrap.Register](c.Effects())); n != 1 {
+		t.Fatalf("%d REGISTERs for a new room, want 1", n)
+	}
+}
+
 // Bug 7: requests for rooms whose sender never appears leave nothing
 // behind once the pending deadline and the TTL pass, while the peer stays
 // registered and alive.

@@ -1,40 +1,41 @@
-// Package kvmanager owns the room registry of a rank: the per-room status,
-// the decode ranks' pending requests, tombstones, failure reasons, deadlines
-// and waiters. The Manager that wires the registry to the control plane and
-// the data plane joins it in a later step.
+// Package kvmanager is a rank's protocol: the pure Core that owns every
+// piece of room and peer state of the rank, and the two shells that run it,
+// Prefill and Decode.
 //
-// The Registry is a core in the etcd raft style: one struct behind one
-// mutex, events in and explicit outcomes out, time from an injected clock
-// and from Sweep's argument. It makes the Python connectors' lost-request
-// bugs impossible by construction:
+// Core is modelled on etcd-io/raft's RawNode: no goroutines, no locks, no
+// clock, no I/O. Inputs are steps taken at a given time — local calls
+// (create, init, send a chunk, abort, clear), received control messages,
+// the gate before each write and its completion (with whether a failed
+// write can still land), notifications, target lookups, peer down or
+// restart reports, ticks — and outputs are Effects: send this message, post
+// these writes, wake this waiter, look this target up, watch this peer,
+// these pages may be reused. Its room table, the Registry, keeps per room a
+// live entry, pending requests, or a tombstone (which also carries the
+// writes a cleared room may still have in flight and the ABORT_ACKs it
+// owes). The rest of the core binds registrations to peer epochs and keeps
+// decode's per-source accounting and page holds. Because it is pure,
+// several cores compose over a simulated network in one test process
+// (sim_test.go): every interleaving of small configurations and many
+// seeded random runs are checked against the invariants of
+// docs/ARCHITECTURE.md.
 //
-//   - an abort that arrives before the sender exists leaves an AbortedEarly
-//     tombstone, and the sender created later starts Failed with the abort's
-//     reason;
-//   - a late event never resurrects a cleared room (a Cleared tombstone), and
-//     a room id reused within the tombstone TTL is refused with
-//     ErrRoomCleared;
-//   - Failed and Success are absorbing until Clear, other statuses never go
-//     backwards, and the first failure reason wins;
-//   - every live room and every pending request has a deadline that Sweep
-//     enforces, and tombstones expire, so nothing is pinned and the registry
-//     empties.
+// The shells own the goroutines, the control loop, the agent and the
+// transfer pool; they serialise steps into the core under one mutex and
+// carry out its effects. The role is part of the type: package sender takes
+// a *Prefill, package receiver a *Decode.
 //
 // # Usage
 //
-// The prefill side, with decode's request arriving first:
+//	prefill, _ := kvmanager.NewPrefill(cfg) // cfg from DefaultConfig(RolePrefill)
+//	decode, _ := kvmanager.NewDecode(dcfg)  // dcfg.BootstrapURL: where prefill ranks are listed
+//	defer prefill.Close()
+//	defer decode.Close()
 //
-//	reg, _ := kvmanager.NewRegistry(kvmanager.DefaultRegistryConfig())
-//	reg.Request(room, kvmanager.PeerRequest{Peer: "decode-0", Required: 1}) // Pending
-//	reg.Create(room, kvmanager.RolePrefill)                                 // Bootstrapping
-//	reg.Init(room)                                                          // WaitingForInput
-//	if reg.Posted(room).Outcome == kvmanager.Applied {                      // gate every write
-//		// post the chunk, then:
-//		reg.WriteDone(room, true, nil) // Success
-//	}
-//	reg.Clear(room)
+// then one sender.Sender and one receiver.Receiver per room (see
+// receiver's Example). The core alone:
 //
-// Call Sweep(time.Now()) periodically (the Manager does it once a second);
-// it returns the rooms it failed and the pending requests it dropped, so the
-// caller can tell their peers.
+//	core, _ := kvmanager.NewCore(kvmanager.CoreConfig{Role: kvmanager.RolePrefill, ...})
+//	core.OnAbort(now, abort)   // ABORT before the sender exists
+//	core.CreateSender(now, id) // born Failed with the abort's reason
+//	for _, e := range core.Effects() { ... }
 package kvmanager

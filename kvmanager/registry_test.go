@@ -380,69 +380,6 @@ func TestWriteErrorFails(t *testing.T) {
 	}
 }
 
-func TestWait(t *testing.T) {
-	r, _ := newTestRegistry(t)
-	parked := make(chan uint64, 1)
-	r.waiting = func(id uint64) { parked <- id }
-	r.Create(1, RoleDecode)
-	r.Create(2, RoleDecode)
-	r.Create(3, RoleDecode)
-	done := make(chan Poll)
-	go func() {
-		st, err := r.Wait(context.Background(), 1)
-		if err != nil {
-			t.Error(err)
-		}
-		done <- st
-	}()
-	<-parked
-	r.Init(1)
-	r.Update(1, Success, "")
-	select {
-	case st := <-done:
-		if st != Success {
-			t.Fatalf("Wait = %v", st)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Wait did not return after Success")
-	}
-
-	cleared := make(chan error)
-	go func() {
-		_, err := r.Wait(context.Background(), 2)
-		cleared <- err
-	}()
-	<-parked
-	r.Clear(2)
-	select {
-	case err := <-cleared:
-		if !errors.Is(err, ErrRoomCleared) {
-			t.Fatalf("Wait on a cleared room: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Wait did not return after Clear")
-	}
-
-	if _, err := r.Wait(context.Background(), 2); !errors.Is(err, ErrRoomCleared) {
-		t.Fatalf("Wait after Clear: %v", err)
-	}
-	r.Abort(4, "early")
-	if _, err := r.Wait(context.Background(), 4); !errors.Is(err, ErrRoomAborted) {
-		t.Fatalf("Wait on an early-aborted room: %v", err)
-	}
-
-	r.waiting = nil
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := r.Wait(ctx, 3); !errors.Is(err, context.Canceled) {
-		t.Fatalf("Wait with a cancelled context: %v", err)
-	}
-	r.Close()
-	if _, err := r.Wait(context.Background(), 3); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Wait after Close: %v", err)
-	}
-}
-
 func TestClearPending(t *testing.T) {
 	r, _ := newTestRegistry(t)
 	r.Request(1, peer("d0", 1))

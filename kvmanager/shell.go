@@ -42,6 +42,8 @@ type Manager struct {
 
 	// resolver looks decode targets up (set by NewDecode).
 	resolver func(Target)
+	// parked, when a test sets it, is called once a Wait holds its channel.
+	parked func(room uint64)
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -365,6 +367,9 @@ func (m *Manager) wait(ctx context.Context, room uint64, what string, pick func(
 	})
 	if err != nil {
 		return 0, err
+	}
+	if m.parked != nil {
+		m.parked(room)
 	}
 	select {
 	case <-ch:

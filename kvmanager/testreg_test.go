@@ -23,9 +23,6 @@ type testReg struct {
 	acks   []*bootstrap.AbortAck
 	closed chan struct{}
 	once   sync.Once
-	// waiting, when set, is called once Wait holds the room's channel, so a
-	// test can act knowing the waiter is parked.
-	waiting func(id uint64)
 }
 
 func newTestReg(cfg RegistryConfig, clk *fakeClock) (*testReg, error) {
@@ -139,7 +136,8 @@ func (t *testReg) Overdue(now time.Time) int {
 
 func (t *testReg) Close() { t.once.Do(func() { close(t.closed) }) }
 
-// Wait is the Manager's Wait over this shell.
+// Wait mirrors the Manager's Wait over this shell (for the stress test's
+// waiters; the Manager's own is tested in shell_test.go).
 func (t *testReg) Wait(ctx context.Context, id uint64) (Poll, error) {
 	t.mu.Lock()
 	rm, ok := t.rooms[id]
@@ -156,9 +154,6 @@ func (t *testReg) Wait(ctx context.Context, id uint64) (Poll, error) {
 		}
 	}
 	t.mu.Unlock()
-	if t.waiting != nil {
-		t.waiting(id)
-	}
 	select {
 	case <-rm.done:
 	case <-ctx.Done():
