@@ -128,6 +128,12 @@ func (c *Config) fillDefaults() {
 	if r.MaxTombstones == 0 {
 		r.MaxTombstones = d.MaxTombstones
 	}
+	if r.MaxPendingPerPeer == 0 {
+		r.MaxPendingPerPeer = d.MaxPendingPerPeer
+	}
+	if r.MaxReasonBytes == 0 {
+		r.MaxReasonBytes = d.MaxReasonBytes
+	}
 }
 
 // Validate reports the first setting that cannot work.

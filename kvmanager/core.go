@@ -95,6 +95,7 @@ type CoreStats struct {
 	StaleEpoch      uint64 // messages or writes refused for naming another epoch
 	RegisterRetries uint64
 	AbortsDropped   uint64 // owed ABORTs over the bound for an unresolved target
+	Refused         uint64 // messages of a type this role never accepts
 }
 
 // EffectKind names an effect.

@@ -166,9 +166,19 @@ func (c *Core) OnRequest(now time.Time, msg *bootstrap.Request) bool {
 	return true
 }
 
+// MaxRequired bounds REQUEST.required: how many decode ranks one room may
+// wait for (a TP group, times DP).
+const MaxRequired = 1024
+
 func checkRequest(msg *bootstrap.Request, p *decodePeer) string {
 	key := p.from.Peer()
 	pages := uint32(p.layout.Pages())
+	if msg.Required > MaxRequired {
+		return fmt.Sprintf("room %d: required %d exceeds %d", msg.Room, msg.Required, MaxRequired)
+	}
+	if msg.Prefix > int(pages) {
+		return fmt.Sprintf("room %d: prefix %d exceeds the %d pages %s registered", msg.Room, msg.Prefix, pages, key)
+	}
 	for i, pg := range msg.DstPages {
 		if pg >= pages {
 			return fmt.Sprintf("room %d: dst_pages[%d]=%d outside the %d pages %s registered", msg.Room, i, pg, pages, key)
@@ -196,6 +206,12 @@ func checkRequest(msg *bootstrap.Request, p *decodePeer) string {
 // already cleared.
 func (c *Core) OnAbort(now time.Time, msg *bootstrap.Abort) {
 	c.step(now)
+	if c.cfg.Role != RolePrefill {
+		// ABORT goes decode → prefill only: on a decode rank it could only
+		// tombstone a room id a later receiver needs.
+		c.stats.Refused++
+		return
+	}
 	ack := bootstrap.Peer{Endpoint: msg.From.Endpoint}
 	if c.bugs.ackOnClearedTombstone {
 		if t, ok := c.reg.tombs[msg.Room]; ok && t.kind == Cleared {

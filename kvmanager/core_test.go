@@ -187,10 +187,11 @@ func TestRegisterRetriesStopWithoutWaiters(t *testing.T) {
 func TestPendingRequestsLeaveNothing(t *testing.T) {
 	c := testCore(t, RolePrefill, bugs{})
 	register(t, c, decodeFrom)
-	for room := uint64(1); room <= 50; room++ {
+	n := c.cfg.Registry.MaxPendingPerPeer
+	for room := uint64(1); room <= uint64(n); room++ {
 		c.OnRequest(t0, request(room, decodeFrom))
 	}
-	if s := c.Sizes(); s.Pending != 50 {
+	if s := c.Sizes(); s.Pending != n {
 		t.Fatalf("sizes %+v", s)
 	}
 	c.Tick(t0.Add(16 * time.Second))  // pending deadline → tombstones
@@ -294,4 +295,68 @@ func TestConfigDefaultsFieldByField(t *testing.T) {
 	if cfg.Registry.BootstrapTimeout != def.BootstrapTimeout || cfg.QuarantineTimeout != 14*time.Second {
 		t.Fatalf("zero fields not defaulted: %+v quarantine %v", cfg.Registry, cfg.QuarantineTimeout)
 	}
+}
+
+// Hostile input the core bounds itself (more in issue 14's tests).
+func TestCoreBoundsHostileInput(t *testing.T) {
+	t.Run("stray ABORT on a decode rank", func(t *testing.T) {
+		c := testCore(t, RoleDecode, bugs{})
+		c.OnAbort(t0, &bootstrap.Abort{From: prefillFrom, Room: 9, Reason: "forged"})
+		if s := c.Sizes(); s.Total() != 0 || c.Stats().Refused != 1 {
+			t.Fatalf("an ABORT on a decode rank left %+v (refused %d)", s, c.Stats().Refused)
+		}
+		if res := c.CreateReceiver(t0, 9, []Target{prefillT}); res.Status != Bootstrapping {
+			t.Fatalf("the room after a stray ABORT: %v", res.Status)
+		}
+	})
+	t.Run("reasons are cut", func(t *testing.T) {
+		c := testCore(t, RolePrefill, bugs{})
+		huge := strings.Repeat("x", 1<<20)
+		c.OnAbort(t0, &bootstrap.Abort{From: decodeFrom, Room: 1, Reason: huge})
+		c.CreateSender(t0, 1)
+		r, _ := c.Failure(1)
+		if len(r) > c.cfg.Registry.MaxReasonBytes || !strings.HasSuffix(r, "…") {
+			t.Fatalf("reason of %d bytes kept (bound %d)", len(r), c.cfg.Registry.MaxReasonBytes)
+		}
+	})
+	t.Run("one peer cannot fill the pending table", func(t *testing.T) {
+		c := testCore(t, RolePrefill, bugs{})
+		other := decodeFrom
+		other.Instance, other.Endpoint = "other", "tcp://o:1"
+		register(t, c, decodeFrom)
+		register(t, c, other)
+		limit := c.cfg.Registry.MaxPendingPerPeer
+		for room := uint64(1); room <= uint64(limit)+5; room++ {
+			c.OnRequest(t0, request(room, decodeFrom))
+		}
+		st := sent[*bootstrap.Status](c.Effects())
+		if s := c.Sizes(); s.Pending != limit || len(st) != 5 {
+			t.Fatalf("pending %d (limit %d), %d refusals", s.Pending, limit, len(st))
+		}
+		if !c.OnRequest(t0, request(1000, other)) {
+			t.Fatal("another peer was locked out")
+		}
+		c.CreateSender(t0, 1) // takes room 1's request out of pending
+		c.Effects()
+		if !c.OnRequest(t0, request(2000, decodeFrom)) {
+			t.Fatal("the peer's count did not go down when its room left pending")
+		}
+	})
+	t.Run("required and prefix in range", func(t *testing.T) {
+		c := testCore(t, RolePrefill, bugs{})
+		register(t, c, decodeFrom)
+		for _, mut := range []func(r *bootstrap.Request){
+			func(r *bootstrap.Request) { r.Required = MaxRequired + 1 },
+			func(r *bootstrap.Request) { r.Prefix = 1 << 30 },
+		} {
+			r := request(5, decodeFrom)
+			mut(r)
+			if c.OnRequest(t0, r) {
+				t.Fatalf("accepted %+v", r)
+			}
+			if st := sent[*bootstrap.Status](c.Effects()); len(st) != 1 || st[0].Code != CodeOutOfRange {
+				t.Fatalf("refusal %+v", st)
+			}
+		}
+	})
 }

@@ -30,18 +30,26 @@ type RegistryConfig struct {
 	// tombstone without an owed ABORT_ACK or a write that can still land is
 	// forgotten early (counted); the id is then free again sooner.
 	MaxTombstones int
+	// MaxPendingPerPeer bounds the rooms one peer may hold pending, so a
+	// single peer cannot lock the others out of MaxPendingRooms.
+	MaxPendingPerPeer int
+	// MaxReasonBytes bounds a failure reason kept in a room or tombstone
+	// (longer ones are cut, marked with "…").
+	MaxReasonBytes int
 }
 
 // DefaultRegistryConfig returns the defaults of DESIGN.md.
 func DefaultRegistryConfig() RegistryConfig {
 	return RegistryConfig{
-		BootstrapTimeout: 300 * time.Second,
-		WaitingTimeout:   300 * time.Second,
-		StallTimeout:     60 * time.Second,
-		PendingTimeout:   300 * time.Second,
-		TombstoneTTL:     10 * time.Minute,
-		MaxPendingRooms:  1 << 16,
-		MaxTombstones:    1 << 20,
+		BootstrapTimeout:  300 * time.Second,
+		WaitingTimeout:    300 * time.Second,
+		StallTimeout:      60 * time.Second,
+		PendingTimeout:    300 * time.Second,
+		TombstoneTTL:      10 * time.Minute,
+		MaxPendingRooms:   1 << 16,
+		MaxTombstones:     1 << 20,
+		MaxPendingPerPeer: 1 << 12,
+		MaxReasonBytes:    512,
 	}
 }
 
@@ -68,8 +76,9 @@ func (c RegistryConfig) Validate() error {
 	if c.MaxPendingRooms < 1 {
 		return fmt.Errorf("kvmanager: MaxPendingRooms must be at least 1, got %d", c.MaxPendingRooms)
 	}
-	if c.MaxTombstones < 1 {
-		return fmt.Errorf("kvmanager: MaxTombstones must be at least 1, got %d", c.MaxTombstones)
+	if c.MaxTombstones < 1 || c.MaxPendingPerPeer < 1 || c.MaxReasonBytes < 16 {
+		return fmt.Errorf("kvmanager: MaxTombstones (%d) and MaxPendingPerPeer (%d) must be at least 1, MaxReasonBytes (%d) at least 16",
+			c.MaxTombstones, c.MaxPendingPerPeer, c.MaxReasonBytes)
 	}
 	return nil
 }
@@ -247,6 +256,8 @@ type Registry struct {
 	draining map[uint64]struct{}
 	// evicted counts tombstones forgotten early by MaxTombstones.
 	evicted int
+	// pendingBy counts each peer's pending requests (MaxPendingPerPeer).
+	pendingBy map[string]int
 
 	out *[]Effect
 }
@@ -260,12 +271,13 @@ func NewRegistry(cfg RegistryConfig, out *[]Effect) (*Registry, error) {
 		out = new([]Effect)
 	}
 	return &Registry{
-		cfg:      cfg,
-		rooms:    make(map[uint64]*room),
-		pending:  make(map[uint64]*pendingRoom),
-		tombs:    make(map[uint64]*tomb),
-		draining: make(map[uint64]struct{}),
-		out:      out,
+		cfg:       cfg,
+		rooms:     make(map[uint64]*room),
+		pending:   make(map[uint64]*pendingRoom),
+		tombs:     make(map[uint64]*tomb),
+		draining:  make(map[uint64]struct{}),
+		pendingBy: make(map[string]int),
+		out:       out,
 	}, nil
 }
 
@@ -377,6 +389,29 @@ func (r *Registry) Apply(ev Event) Result {
 
 func rejected(err error) Result { return Result{Outcome: Rejected, Err: err} }
 
+// takePending removes a room's pending requests and returns them.
+func (r *Registry) takePending(id uint64) (*pendingRoom, bool) {
+	p, ok := r.pending[id]
+	if !ok {
+		return nil, false
+	}
+	delete(r.pending, id)
+	for _, q := range p.requests {
+		if r.pendingBy[q.Peer]--; r.pendingBy[q.Peer] <= 0 {
+			delete(r.pendingBy, q.Peer)
+		}
+	}
+	return p, true
+}
+
+// cut bounds a reason kept in the registry.
+func (r *Registry) cut(reason string) string {
+	if len(reason) <= r.cfg.MaxReasonBytes {
+		return reason
+	}
+	return reason[:r.cfg.MaxReasonBytes-len("…")] + "…"
+}
+
 // live finds the live room for an event that needs one. For any other room
 // id it returns the result the event gets: late events on cleared rooms and
 // on early-aborted rooms are ignored, and no event but Create makes a room.
@@ -462,8 +497,7 @@ func (r *Registry) create(id uint64, role Role, now time.Time) Result {
 	rm.setDeadline(DeadlineBootstrap, now.Add(r.cfg.BootstrapTimeout))
 	r.rooms[id] = rm
 	res := Result{Outcome: Applied, Status: Bootstrapping}
-	if p, ok := r.pending[id]; ok {
-		delete(r.pending, id)
+	if p, ok := r.takePending(id); ok {
 		if role == RolePrefill {
 			rm.required, rm.requests = p.required, p.requests
 		} else {
@@ -510,10 +544,15 @@ func (r *Registry) request(id uint64, req PeerRequest, now time.Time) Result {
 		}
 		p = &pendingRoom{deadline: now.Add(r.cfg.PendingTimeout)}
 	}
+	if n := r.pendingBy[req.Peer]; n >= r.cfg.MaxPendingPerPeer {
+		return rejected(fmt.Errorf("room %d: request from %s: it holds %d rooms pending: %w",
+			id, req.Peer, n, ErrTooManyPending))
+	}
 	if err := addRequest(id, &p.required, &p.requests, req); err != nil {
 		return rejected(err)
 	}
 	r.pending[id] = p
+	r.pendingBy[req.Peer]++
 	return Result{Outcome: Pending}
 }
 
@@ -729,11 +768,10 @@ func (r *Registry) abort(id uint64, reason string, ack *bootstrap.Peer, now time
 		return Result{Outcome: IgnoredTerminal}
 	}
 	var dropped []PeerRequest
-	if p, ok := r.pending[id]; ok {
+	if p, ok := r.takePending(id); ok {
 		dropped = p.requests
-		delete(r.pending, id)
 	}
-	r.addTomb(id, &tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL)})
+	r.addTomb(id, &tomb{kind: AbortedEarly, reason: r.cut(reason), expires: now.Add(r.cfg.TombstoneTTL)})
 	acks(true)
 	return Result{Outcome: Tombstoned, Peers: dropped}
 }
@@ -766,8 +804,7 @@ func (r *Registry) clear(id uint64, now time.Time) Result {
 		}
 		return Result{Outcome: IgnoredTerminal}
 	}
-	if p, ok := r.pending[id]; ok {
-		delete(r.pending, id)
+	if p, ok := r.takePending(id); ok {
 		r.addTomb(id, &tomb{kind: Cleared, expires: now.Add(r.cfg.TombstoneTTL)})
 		return Result{Outcome: Applied, Peers: p.requests}
 	}
@@ -780,7 +817,7 @@ func (rm *room) setDeadline(kind Deadline, at time.Time) { rm.kind, rm.deadline 
 // terminal rooms never reach here. Writes still in flight must drain within
 // the stall deadline.
 func (r *Registry) fail(rm *room, reason string, now time.Time) {
-	rm.status, rm.reason = Failed, reason
+	rm.status, rm.reason = Failed, r.cut(reason)
 	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
 	r.wakeDone(rm)
 }
@@ -842,7 +879,7 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 			continue
 		}
 		reason := fmt.Sprintf("pending deadline (%v) passed: no sender for the room", r.cfg.PendingTimeout)
-		delete(r.pending, id)
+		r.takePending(id)
 		r.addTomb(id, &tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL)})
 		out = append(out, Expiry{Room: id, Deadline: DeadlinePending, Reason: reason, Peers: p.requests, Drained: true})
 	}

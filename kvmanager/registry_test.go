@@ -42,8 +42,10 @@ func testConfig(clk *fakeClock) RegistryConfig {
 		StallTimeout:     5 * time.Second,
 		PendingTimeout:   15 * time.Second,
 		TombstoneTTL:     100 * time.Second,
-		MaxPendingRooms:  1000,
-		MaxTombstones:    1000,
+		MaxPendingRooms:   1000,
+		MaxTombstones:     1000,
+		MaxPendingPerPeer: 1000,
+		MaxReasonBytes:    512,
 	}
 }
 

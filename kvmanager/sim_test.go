@@ -62,7 +62,8 @@ type simRoomSpec struct {
 
 func simRegistryConfig() RegistryConfig {
 	return RegistryConfig{BootstrapTimeout: 10 * time.Second, WaitingTimeout: 20 * time.Second, StallTimeout: 5 * time.Second,
-		PendingTimeout: 15 * time.Second, TombstoneTTL: 100 * time.Second, MaxPendingRooms: 64, MaxTombstones: 64}
+		PendingTimeout: 15 * time.Second, TombstoneTTL: 100 * time.Second, MaxPendingRooms: 64, MaxTombstones: 64,
+		MaxPendingPerPeer: 32, MaxReasonBytes: 512}
 }
 
 const simPages = 8
@@ -1046,6 +1047,7 @@ func (c *Core) clone() *Core {
 	}
 	reg.tombQ = slices.Clone(c.reg.tombQ)
 	reg.draining = maps.Clone(c.reg.draining)
+	reg.pendingBy = maps.Clone(c.reg.pendingBy)
 	n.peers = maps.Clone(c.peers) // decodePeer values are never modified
 	n.targets = make(map[string]*target, len(c.targets))
 	for k, t := range c.targets {

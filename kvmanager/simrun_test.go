@@ -53,7 +53,12 @@ func simDeepConfigs() map[string]simConfig {
 	out := map[string]simConfig{}
 	for name, c := range simExhaustiveConfigs() {
 		c.ticks = max(c.ticks, 0) + 1
-		c.decodeAbort, c.noClear = true, false
+		if c.noClear { // three ranks: aborts, not clears (5M+ states with both)
+			c.decodeAbort = true
+			out[name+"; decode aborts (+1 time jump)"] = c
+			continue
+		}
+		c.decodeAbort = true
 		out[name+"; decode aborts and clears (+1 time jump)"] = c
 	}
 	c := simBase()

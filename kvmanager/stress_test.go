@@ -26,7 +26,7 @@ func TestConcurrentStress(t *testing.T) {
 	)
 	clk := newFakeClock()
 	cfg := testConfig(clk)
-	cfg.MaxPendingRooms = rooms
+	cfg.MaxPendingRooms, cfg.MaxPendingPerPeer = rooms, rooms
 	reg, err := newTestReg(cfg, clk)
 	if err != nil {
 		t.Fatal(err)

@@ -198,6 +198,9 @@ func (t *testReg) clone(clk *fakeClock) *testReg {
 	for id := range t.draining {
 		c.draining[id] = struct{}{}
 	}
+	for k, n := range t.pendingBy {
+		c.pendingBy[k] = n
+	}
 	c.acks = slices.Clone(t.acks)
 	return c
 }
