@@ -37,11 +37,11 @@ func (c *fakeClock) Advance(d time.Duration) time.Time {
 // testConfig has distinct timeouts so a failure reason shows which fired.
 func testConfig(clk *fakeClock) RegistryConfig {
 	return RegistryConfig{
-		BootstrapTimeout: 10 * time.Second,
-		WaitingTimeout:   20 * time.Second,
-		StallTimeout:     5 * time.Second,
-		PendingTimeout:   15 * time.Second,
-		TombstoneTTL:     100 * time.Second,
+		BootstrapTimeout:  10 * time.Second,
+		WaitingTimeout:    20 * time.Second,
+		StallTimeout:      5 * time.Second,
+		PendingTimeout:    15 * time.Second,
+		TombstoneTTL:      100 * time.Second,
 		MaxPendingRooms:   1000,
 		MaxTombstones:     1000,
 		MaxPendingPerPeer: 1000,
