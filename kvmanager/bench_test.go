@@ -93,8 +93,8 @@ func BenchmarkSweep(b *testing.B) {
 // completing), both notifications, Success on both sides, Clear on both.
 // The decode rank is registered once, before the loop.
 func BenchmarkCoreRoom(b *testing.B) {
-	p := testCoreB(b, RolePrefill)
-	d := testCoreB(b, RoleDecode)
+	p := newTestCore(b, RolePrefill, DefaultRegistryConfig(), bugs{})
+	d := newTestCore(b, RoleDecode, DefaultRegistryConfig(), bugs{})
 	now := time.Unix(1_000_000, 0)
 	deliver := func(dst *Core, from bootstrap.From, effects []Effect) {
 		for _, e := range effects {
@@ -166,18 +166,4 @@ func BenchmarkCoreRoom(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "rooms/s")
-}
-
-func testCoreB(b *testing.B, role Role) *Core {
-	cfg := CoreConfig{Role: role, Compat: "sim", Layout: simLayout(), Registry: DefaultRegistryConfig(),
-		QuarantineTimeout: 2 * time.Minute, RegisterRetry: time.Second}
-	if role == RoleDecode {
-		kv, aux, state := regionsOf(simLayout())
-		cfg.Register = bootstrap.Register{Compat: "sim", Agent: "decode-agent", KV: kv, Aux: aux, State: state, TPSize: 1}
-	}
-	c, err := NewCore(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return c
 }

@@ -15,7 +15,13 @@ var t0 = time.Unix(1_000_000, 0)
 
 func testCore(t *testing.T, role Role, b bugs) *Core {
 	t.Helper()
-	cfg := CoreConfig{Role: role, Compat: "sim", Layout: simLayout(), Registry: simRegistryConfig(),
+	return newTestCore(t, role, simRegistryConfig(), b)
+}
+
+// newTestCore is a core over simLayout with the given registry settings.
+func newTestCore(tb testing.TB, role Role, reg RegistryConfig, b bugs) *Core {
+	tb.Helper()
+	cfg := CoreConfig{Role: role, Compat: "sim", Layout: simLayout(), Registry: reg,
 		QuarantineTimeout: 30 * time.Second, RegisterRetry: time.Second}
 	if role == RoleDecode {
 		kv, aux, state := regionsOf(simLayout())
@@ -23,7 +29,7 @@ func testCore(t *testing.T, role Role, b bugs) *Core {
 	}
 	c, err := NewCore(cfg)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	c.bugs = b
 	return c
