@@ -22,7 +22,7 @@ func testCore(t *testing.T, role Role, b bugs) *Core {
 func newTestCore(tb testing.TB, role Role, reg RegistryConfig, b bugs) *Core {
 	tb.Helper()
 	cfg := CoreConfig{Role: role, Compat: "sim", Layout: simLayout(), Registry: reg,
-		QuarantineTimeout: 30 * time.Second, RegisterRetry: time.Second}
+		QuarantineTimeout: max(30*time.Second, 2*reg.StallTimeout), RegisterRetry: time.Second}
 	if role == RoleDecode {
 		kv, aux, state := regionsOf(simLayout())
 		cfg.Register = bootstrap.Register{Compat: "sim", Agent: "decode-agent", KV: kv, Aux: aux, State: state, TPSize: 1}
