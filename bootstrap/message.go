@@ -6,6 +6,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -13,8 +14,26 @@ import (
 // Magic is frame 0 of every message (PROTOCOL.md, version 1).
 const Magic = "KVB1"
 
-// MaxBodySize is the largest body a rank accepts; the socket refuses larger.
-const MaxBodySize = 64 << 20
+// Bounds on a message (PROTOCOL.md "Bounds"). Decode refuses a field past
+// its bound as out_of_range before allocating for it; Encode refuses to
+// write one (a reason is cut to MaxReasonBytes instead).
+const (
+	// MaxBodySize is the largest body a rank accepts; the socket refuses larger.
+	MaxBodySize = 16 << 20
+	// MaxNameBytes bounds role, instance, endpoint, compat, agent, status,
+	// code and mem.
+	MaxNameBytes = 256
+	// MaxReasonBytes bounds a reason.
+	MaxReasonBytes = 1024
+	// MaxAgentMDBytes bounds REGISTER's agent metadata.
+	MaxAgentMDBytes = 8 << 20
+	// MaxRegions bounds each of REGISTER's region lists.
+	MaxRegions = 4096
+	// MaxPages bounds dst_pages and each state index list.
+	MaxPages = 1 << 20
+	// MaxStateLists bounds state_indices.
+	MaxStateLists = 256
+)
 
 // MsgType is frame 1 of a message.
 type MsgType uint8
@@ -216,6 +235,9 @@ func Encode(m Message) ([][]byte, error) {
 		e.from(m.From)
 		e.kstr("compat", m.Compat)
 		e.kstr("agent", m.Agent)
+		if len(m.AgentMD) > MaxAgentMDBytes {
+			e.err(fmt.Errorf("agent_md of %d bytes exceeds %d", len(m.AgentMD), MaxAgentMDBytes))
+		}
 		e.kbin("agent_md", m.AgentMD)
 		e.kint("tp_size", int64(m.TPSize))
 		e.kint("tp_rank", int64(m.TPRank))
@@ -226,7 +248,7 @@ func Encode(m Message) ([][]byte, error) {
 		e.mapLen(3)
 		e.from(m.From)
 		e.kbool("ok", m.OK)
-		e.kstr("reason", m.Reason)
+		e.kreason("reason", m.Reason)
 	case *Request:
 		e.mapLen(8)
 		e.from(m.From)
@@ -245,7 +267,7 @@ func Encode(m Message) ([][]byte, error) {
 		e.mapLen(3)
 		e.from(m.From)
 		e.kuint("room", m.Room)
-		e.kstr("reason", m.Reason)
+		e.kreason("reason", m.Reason)
 	case *AbortAck:
 		e.mapLen(3)
 		e.from(m.From)
@@ -263,7 +285,7 @@ func Encode(m Message) ([][]byte, error) {
 		if m.Code != "" {
 			e.kstr("code", m.Code)
 		}
-		e.kstr("reason", m.Reason)
+		e.kreason("reason", m.Reason)
 	case *Ping:
 		e.mapLen(2)
 		e.from(m.From)
@@ -308,7 +330,33 @@ func (e *encoder) err(err error) {
 }
 func (e *encoder) mapLen(n int)             { e.err(e.enc.EncodeMapLen(n)) }
 func (e *encoder) key(k string)             { e.err(e.enc.EncodeString(k)) }
-func (e *encoder) kstr(k, v string)         { e.key(k); e.err(e.enc.EncodeString(v)) }
+func (e *encoder) kstr(k, v string) {
+	if len(v) > MaxNameBytes {
+		e.err(fmt.Errorf("%s of %d bytes exceeds %d", k, len(v), MaxNameBytes))
+	}
+	e.key(k)
+	e.err(e.enc.EncodeString(v))
+}
+
+// kreason writes a reason cut to MaxReasonBytes (at a rune boundary).
+func (e *encoder) kreason(k, v string) {
+	e.key(k)
+	e.err(e.enc.EncodeString(CutReason(v, MaxReasonBytes)))
+}
+
+// CutReason returns s cut to at most n bytes without splitting a UTF-8
+// sequence, marked with "…" when cut.
+func CutReason(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…"
+	cut := max(n-len(mark), 0)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
 func (e *encoder) kuint(k string, v uint64) { e.key(k); e.err(e.enc.EncodeUint(v)) }
 func (e *encoder) kint(k string, v int64)   { e.key(k); e.err(e.enc.EncodeInt(v)) }
 func (e *encoder) kbool(k string, v bool)   { e.key(k); e.err(e.enc.EncodeBool(v)) }
@@ -416,22 +464,22 @@ func Decode(frames [][]byte) (Message, error) {
 	var m Message
 	switch t {
 	case TypeRegister:
-		r := &Register{From: b.from(), Compat: b.str("compat"), Agent: b.str("agent"), AgentMD: b.bin("agent_md"),
+		r := &Register{From: b.from(), Compat: b.str("compat"), Agent: b.str("agent"), AgentMD: b.binMax("agent_md", MaxAgentMDBytes),
 			TPSize: b.int("tp_size", 1, math.MaxInt32), KV: b.regions("kv"), Aux: b.regions("aux"), State: b.regions("state")}
 		r.TPRank = b.int("tp_rank", 0, int64(max(r.TPSize-1, 0)))
 		m = r
 	case TypeRegisterAck:
-		m = &RegisterAck{From: b.from(), OK: b.boolean("ok"), Reason: b.str("reason")}
+		m = &RegisterAck{From: b.from(), OK: b.boolean("ok"), Reason: b.reason("reason")}
 	case TypeRequest:
 		m = &Request{From: b.from(), Room: b.uint("room"), DstPages: b.pages("dst_pages"),
 			AuxIndex: b.int("aux_index", -1, math.MaxInt32), StateIndices: b.pageLists("state_indices"),
 			Required: b.int("required", 1, math.MaxInt32), Prefix: b.int("prefix", 0, math.MaxInt32), Dummy: b.boolean("dummy")}
 	case TypeAbort:
-		m = &Abort{From: b.from(), Room: b.uint("room"), Reason: b.str("reason")}
+		m = &Abort{From: b.from(), Room: b.uint("room"), Reason: b.reason("reason")}
 	case TypeAbortAck:
 		m = &AbortAck{From: b.from(), Room: b.uint("room"), Drained: b.boolean("drained")}
 	case TypeStatus:
-		s := &Status{From: b.from(), Room: b.uint("room"), Status: b.str("status"), Code: b.optStr("code"), Reason: b.str("reason")}
+		s := &Status{From: b.from(), Room: b.uint("room"), Status: b.str("status"), Code: b.optStr("code"), Reason: b.reason("reason")}
 		if b.err == nil && s.Status != StatusFailed && s.Status != StatusSuccess {
 			b.fail(ReasonOutOfRange, "status", fmt.Sprintf("%q", s.Status))
 		}
@@ -565,9 +613,20 @@ func asTypeError(err error, te **typeError) bool {
 	return ok
 }
 
-func (b *body) str(k string) string {
+// str reads a name-like string of at most MaxNameBytes.
+func (b *body) str(k string) string { return b.strMax(k, MaxNameBytes) }
+
+// reason reads a reason of at most MaxReasonBytes.
+func (b *body) reason(k string) string { return b.strMax(k, MaxReasonBytes) }
+
+func (b *body) strMax(k string, limit int) string {
 	s, ok := b.get(k)
 	if !ok {
+		return ""
+	}
+	n, err := s.peekLen(mpStr)
+	if b.check(k, err) && n > limit {
+		b.fail(ReasonOutOfRange, k, fmt.Sprintf("string of %d bytes exceeds %d", n, limit))
 		return ""
 	}
 	v, err := s.str()
@@ -583,9 +642,14 @@ func (b *body) optStr(k string) string {
 	return b.str(k)
 }
 
-func (b *body) bin(k string) []byte {
+func (b *body) binMax(k string, limit int) []byte {
 	s, ok := b.get(k)
 	if !ok {
+		return nil
+	}
+	n, err := s.peekLen(mpBin)
+	if b.check(k, err) && n > limit {
+		b.fail(ReasonOutOfRange, k, fmt.Sprintf("%d bytes exceeds %d", n, limit))
 		return nil
 	}
 	v, err := s.bin()
@@ -640,7 +704,7 @@ func (b *body) int(k string, lo, hi int64) int {
 }
 
 func (b *body) pages(k string) []uint32 {
-	raw := b.bin(k)
+	raw := b.binMax(k, 4*MaxPages)
 	if b.err != nil {
 		return nil
 	}
@@ -653,7 +717,9 @@ func (b *body) pages(k string) []uint32 {
 
 // array returns a scanner positioned after field k's array header and the
 // element count; ok is false on failure.
-func (b *body) array(k string) (scanner, int, bool) {
+// The element count is checked against limit before anything is allocated
+// for the elements.
+func (b *body) array(k string, limit int) (scanner, int, bool) {
 	s, ok := b.get(k)
 	if !ok {
 		return s, 0, false
@@ -662,16 +728,24 @@ func (b *body) array(k string) (scanner, int, bool) {
 	if !b.check(k, err) {
 		return s, 0, false
 	}
+	if n > limit {
+		b.fail(ReasonOutOfRange, k, fmt.Sprintf("%d elements exceed %d", n, limit))
+		return s, 0, false
+	}
 	return s, n, true
 }
 
 func (b *body) pageLists(k string) [][]uint32 {
-	s, n, ok := b.array(k)
+	s, n, ok := b.array(k, MaxStateLists)
 	if !ok {
 		return nil
 	}
 	out := make([][]uint32, 0, n)
 	for i := 0; i < n; i++ {
+		if l, err := s.peekLen(mpBin); err == nil && l > 4*MaxPages {
+			b.fail(ReasonOutOfRange, elem(k, i), fmt.Sprintf("%d bytes exceeds %d", l, 4*MaxPages))
+			return nil
+		}
 		raw, err := s.bin()
 		if err != nil {
 			b.check(elem(k, i), err)
@@ -714,7 +788,7 @@ func (b *body) nested(key string, index int, raw []byte) *body {
 }
 
 func (b *body) regions(k string) []Region {
-	s, n, ok := b.array(k)
+	s, n, ok := b.array(k, MaxRegions)
 	if !ok {
 		return nil
 	}

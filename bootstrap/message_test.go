@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -254,5 +256,124 @@ func TestDecodeDeepNesting(t *testing.T) {
 	body = append(body, 0x00)
 	if _, err := Decode([][]byte{[]byte(Magic), []byte("PING"), body}); err == nil {
 		t.Fatal("want an error for a PING without its fields")
+	}
+}
+
+// TestDecodeBounds: every variable-length field has a bound, checked before
+// anything is allocated for it (issue 14: 60 MB bodies declaring 60M-element
+// arrays took the process to 6 GB).
+func TestDecodeBounds(t *testing.T) {
+	big := func(n int) string { return string(bytes.Repeat([]byte{'x'}, n)) }
+	regionsOf := func(n int) []any {
+		r := make([]any, n)
+		for i := range r {
+			r[i] = map[string]any{"addr": 4096, "len": 4096, "item_len": 64, "dev": 0, "mem": "DRAM"}
+		}
+		return r
+	}
+	register := func(k string, v any) [][]byte {
+		m := map[string]any{"from": goodFrom(), "compat": "c", "agent": "a", "agent_md": []byte{}, "tp_size": 1,
+			"tp_rank": 0, "kv": []any{}, "aux": []any{}, "state": []any{}}
+		m[k] = v
+		return [][]byte{[]byte(Magic), []byte("REGISTER"), encodeMap(t, m)}
+	}
+	request := func(k string, v any) [][]byte {
+		m := goodRequest()
+		m[k] = v
+		return [][]byte{[]byte(Magic), []byte("REQUEST"), encodeMap(t, m)}
+	}
+	withFrom := func(k string, v any) [][]byte {
+		f := goodFrom()
+		f[k] = v
+		return request("from", f)
+	}
+	abort := func(reason string) [][]byte {
+		m := map[string]any{"from": goodFrom(), "room": 1, "reason": reason}
+		return [][]byte{[]byte(Magic), []byte("ABORT"), encodeMap(t, m)}
+	}
+	for _, tc := range []struct {
+		name   string
+		frames [][]byte
+		field  string
+		ok     bool
+	}{
+		{"instance at bound", withFrom("instance", big(MaxNameBytes)), "", true},
+		{"instance 1 MiB", withFrom("instance", big(1<<20)), "from.instance", false},
+		{"endpoint past bound", withFrom("endpoint", big(MaxNameBytes+1)), "from.endpoint", false},
+		{"compat past bound", register("compat", big(MaxNameBytes+1)), "compat", false},
+		{"reason at bound", abort(big(MaxReasonBytes)), "", true},
+		{"reason 1 MiB", abort(big(1 << 20)), "reason", false},
+		{"agent_md past bound", register("agent_md", make([]byte, MaxAgentMDBytes+1)), "agent_md", false},
+		{"regions at bound", register("kv", regionsOf(MaxRegions)), "", true},
+		{"regions past bound", register("kv", regionsOf(MaxRegions+1)), "kv", false},
+		{"pages past bound", request("dst_pages", make([]byte, 4*MaxPages+4)), "dst_pages", false},
+		{"state lists past bound", request("state_indices", make([]any, MaxStateLists+1)), "state_indices", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Decode(tc.frames)
+			if tc.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			var me *MalformedError
+			if !errors.As(err, &me) || me.Reason != ReasonOutOfRange || me.Field != tc.field {
+				t.Fatalf("want out_of_range on %s, got %v", tc.field, err)
+			}
+		})
+	}
+
+	// Arrays whose header declares millions of elements (each a one-byte
+	// empty map, so the count fits the bytes): refused before allocating.
+	for _, field := range []string{"kv", "state_indices"} {
+		n := 2 << 20
+		typ, fields := "REGISTER", map[string]any{"from": goodFrom(), "compat": "c", "agent": "a", "agent_md": []byte{},
+			"tp_size": 1, "tp_rank": 0, "aux": []any{}, "state": []any{}}
+		if field == "state_indices" {
+			typ, fields = "REQUEST", goodRequest()
+			delete(fields, field)
+		}
+		body := []byte{0xde, 0, byte(len(fields) + 1)}
+		for k, v := range fields {
+			kb, _ := msgpack.Marshal(k)
+			vb, _ := msgpack.Marshal(v)
+			body = append(append(body, kb...), vb...)
+		}
+		kb, _ := msgpack.Marshal(field)
+		body = append(body, kb...)
+		body = append(body, 0xdd, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+		body = append(body, bytes.Repeat([]byte{0x80}, n)...)
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		_, err := Decode([][]byte{[]byte(Magic), []byte(typ), body})
+		runtime.ReadMemStats(&after)
+		var me *MalformedError
+		if !errors.As(err, &me) || me.Reason != ReasonOutOfRange {
+			t.Fatalf("%s: want out_of_range, got %v", field, err)
+		}
+		if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+			t.Fatalf("%s: decoding a %d-element header allocated %d bytes", field, n, got)
+		}
+	}
+}
+
+func TestEncodeCutsReasonsAndRefusesLongNames(t *testing.T) {
+	frames, err := Encode(&Abort{From: sampleFrom(RoleDecode), Room: 1, Reason: string(bytes.Repeat([]byte("é"), MaxReasonBytes))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Decode(frames)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := m.(*Abort).Reason; len(r) > MaxReasonBytes || !utf8.ValidString(r) {
+		t.Fatalf("reason of %d bytes, valid UTF-8 %v", len(r), utf8.ValidString(r))
+	}
+	f := sampleFrom(RoleDecode)
+	f.Instance = string(bytes.Repeat([]byte{'i'}, MaxNameBytes+1))
+	if _, err := Encode(&Ping{From: f}); err == nil {
+		t.Fatal("an instance name past MaxNameBytes was encoded")
 	}
 }

@@ -212,6 +212,14 @@ func (s *scanner) expect(want mpKind) (int, error) {
 	return n, err
 }
 
+// peekLen returns the length of the str or bin value at the cursor without
+// moving it.
+func (s *scanner) peekLen(want mpKind) (int, error) {
+	off := s.off
+	defer func() { s.off = off }()
+	return s.expect(want)
+}
+
 func (s *scanner) str() (string, error) {
 	n, err := s.expect(mpStr)
 	if err != nil {
