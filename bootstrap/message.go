@@ -328,8 +328,8 @@ func (e *encoder) err(err error) {
 		e.e = err
 	}
 }
-func (e *encoder) mapLen(n int)             { e.err(e.enc.EncodeMapLen(n)) }
-func (e *encoder) key(k string)             { e.err(e.enc.EncodeString(k)) }
+func (e *encoder) mapLen(n int) { e.err(e.enc.EncodeMapLen(n)) }
+func (e *encoder) key(k string) { e.err(e.enc.EncodeString(k)) }
 func (e *encoder) kstr(k, v string) {
 	if len(v) > MaxNameBytes {
 		e.err(fmt.Errorf("%s of %d bytes exceeds %d", k, len(v), MaxNameBytes))
