@@ -109,13 +109,13 @@ func newBenchPair(b *testing.B, echo bool) *benchPair {
 	p := &benchPair{gotA: make(chan Message, 1<<16), gotB: make(chan Message, 1<<16)}
 	var err error
 	p.a, err = NewLoop(LoopConfig{Identity: From{Role: RoleDecode, Instance: "a"}, Bind: "tcp://127.0.0.1:*",
-		Handler: func(m Message) { p.gotA <- m }, SendQueue: 1 << 16, SendHWM: 100000})
+		Handler: func(m Message) { p.gotA <- m }, SendQueue: 1 << 16, SendHWM: 100000, Auth: testAuth()})
 	if err != nil {
 		b.Fatal(err)
 	}
 	var back Peer
 	p.b, err = NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "b"}, Bind: "tcp://127.0.0.1:*",
-		SendQueue: 1 << 16, SendHWM: 100000,
+		SendQueue: 1 << 16, SendHWM: 100000, Auth: testAuth(),
 		Handler: func(m Message) {
 			if echo {
 				p.b.Send(back, m)

@@ -8,12 +8,18 @@ import (
 )
 
 // Two ranks on loopback: decode sends an ABORT, prefill's handler gets it.
+// Both hold the deployment's shared secret (KVBRIDGE_SECRET in production).
 func Example_controlLoop() {
+	auth, err := bootstrap.NewAuth([]byte("the deployment's shared secret"))
+	if err != nil {
+		panic(err)
+	}
 	got := make(chan bootstrap.Message, 1)
 	prefill, err := bootstrap.NewLoop(bootstrap.LoopConfig{
 		Identity: bootstrap.From{Role: bootstrap.RolePrefill, Instance: "prefill-a", Rank: 0},
 		Bind:     "tcp://127.0.0.1:*",
 		Handler:  func(m bootstrap.Message) { got <- m },
+		Auth:     auth,
 	})
 	if err != nil {
 		panic(err)
@@ -23,6 +29,7 @@ func Example_controlLoop() {
 		Identity: bootstrap.From{Role: bootstrap.RoleDecode, Instance: "decode-a", Rank: 0},
 		Bind:     "tcp://127.0.0.1:*",
 		Handler:  func(bootstrap.Message) {},
+		Auth:     auth,
 	})
 	if err != nil {
 		panic(err)
@@ -37,14 +44,22 @@ func Example_controlLoop() {
 
 // A prefill rank registers; a decode rank discovers it.
 func ExampleClient() {
-	srv := bootstrap.NewServer()
+	auth, err := bootstrap.NewAuth([]byte("the deployment's shared secret"))
+	if err != nil {
+		panic(err)
+	}
+	srv, err := bootstrap.NewServer(bootstrap.ServerConfig{Token: auth.BootstrapToken()})
+	if err != nil {
+		panic(err)
+	}
 	if err := srv.Start("127.0.0.1:0"); err != nil {
 		panic(err)
 	}
 	defer srv.Close(context.Background())
 	c := bootstrap.NewClient(srv.URL())
+	c.Token = auth.BootstrapToken() // writes need it; reads do not
 	ctx := context.Background()
-	err := c.RegisterRank(ctx, bootstrap.RankRecord{Instance: "prefill-a", DPSize: 1, TPSize: 1, PPSize: 1,
+	_, err = c.RegisterRank(ctx, bootstrap.RankRecord{Instance: "prefill-a", DPSize: 1, TPSize: 1, PPSize: 1,
 		Endpoint: "tcp://127.0.0.1:17000", PageSize: 16, DType: "bf16", Compat: "v1:llama3-8b"})
 	if err != nil {
 		panic(err)

@@ -64,7 +64,16 @@ type LoopConfig struct {
 	Linger            time.Duration // how long Close waits for queued sends, default 1 s
 	MaxPeers          int           // PUSH sockets kept, default 1024
 	PeerIdle          time.Duration // an unwatched peer's socket is closed after this, default 5 min
-	Security          *Security     // nil: off
+	// MaxEpochs bounds the peer epochs remembered for restart detection
+	// (least recently heard forgotten first), default 4 × MaxPeers.
+	MaxEpochs int
+	// Auth authenticates every control message with the deployment's
+	// shared secret. It is required unless Insecure is set.
+	Auth *Auth
+	// Insecure runs without message authentication (logged as a warning):
+	// anyone who can reach the port can drive the rank.
+	Insecure bool
+	Security *Security // CURVE encryption and allow-list on top; nil: off
 
 	Logger     *zap.Logger           // default: no logging
 	Registerer prometheus.Registerer // default: no metrics registered
@@ -91,8 +100,12 @@ func (c *LoopConfig) Validate() error {
 		return errors.New("bootstrap: Handler is nil")
 	case c.HeartbeatInterval <= 0 || c.MaxMisses < 1:
 		return fmt.Errorf("bootstrap: heartbeat %v × %d misses is not valid", c.HeartbeatInterval, c.MaxMisses)
-	case c.SendQueue < 1 || c.SendHWM < 1 || c.MaxPeers < 1 || c.PeerIdle <= 0 || c.Linger < 0:
-		return errors.New("bootstrap: SendQueue, SendHWM, MaxPeers and PeerIdle must be positive, Linger not negative")
+	case c.SendQueue < 1 || c.SendHWM < 1 || c.MaxPeers < 1 || c.PeerIdle <= 0 || c.Linger < 0 || c.MaxEpochs < 0:
+		return errors.New("bootstrap: SendQueue, SendHWM, MaxPeers and PeerIdle must be positive, Linger and MaxEpochs not negative")
+	case c.Auth == nil && !c.Insecure:
+		return fmt.Errorf("bootstrap: rank %s: %w", c.Identity.Peer(), ErrNoSecret)
+	case c.Auth != nil && c.Insecure:
+		return errors.New("bootstrap: Auth and Insecure are both set; choose one")
 	}
 	return nil
 }
@@ -101,6 +114,7 @@ type outbound struct {
 	to     Peer
 	frames [][]byte
 	t      MsgType
+	watch  *watchCmd // a watch command instead of a message, in order with the sends
 }
 
 type watchCmd struct {
@@ -129,9 +143,8 @@ type Loop struct {
 
 	pull, zap, wakeR, wakeW *zmq.Socket
 
-	sendCh  chan outbound
-	watchCh chan watchCmd
-	pongCh  chan pong
+	sendCh chan outbound
+	pongCh chan pong
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -164,8 +177,18 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 	if cfg.PeerIdle == 0 {
 		cfg.PeerIdle = def.PeerIdle
 	}
+	if cfg.MaxEpochs == 0 {
+		cfg.MaxEpochs = 4 * cfg.MaxPeers
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.Auth != nil {
+		a := &Auth{Secret: cfg.Auth.Secret, MaxSkew: cfg.Auth.MaxSkew}
+		if err := a.normalise(); err != nil {
+			return nil, err
+		}
+		cfg.Auth = a
 	}
 	if cfg.Security != nil {
 		sec := *cfg.Security
@@ -175,10 +198,14 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 		cfg.Security = &sec
 	}
 	l = &Loop{cfg: cfg, id: cfg.Identity, log: cfg.Logger,
-		sendCh: make(chan outbound, cfg.SendQueue), watchCh: make(chan watchCmd, 64), pongCh: make(chan pong, 1024),
+		sendCh: make(chan outbound, cfg.SendQueue), pongCh: make(chan pong, 1024),
 		closing: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{})}
 	if l.log == nil {
 		l.log = zap.NewNop()
+	}
+	if cfg.Insecure {
+		l.log.Warn("control plane WITHOUT authentication (Insecure): anyone who can reach the endpoint can drive this rank",
+			zap.String("rank", cfg.Identity.Peer()))
 	}
 	if l.id.Epoch == 0 {
 		var b [8]byte
@@ -273,11 +300,20 @@ func (l *Loop) Stats() Stats { return l.stat.snapshot() }
 // send goroutine. It never blocks: a full queue returns ErrQueueFull.
 func (l *Loop) Send(to Peer, m Message) error {
 	setFrom(m, l.id)
-	frames, err := Encode(m)
+	frames, err := l.encode(m)
 	if err != nil {
 		return err
 	}
 	return l.enqueue(outbound{to: to, frames: frames, t: m.Type()})
+}
+
+// encode returns m's frames, sealed when Auth is on.
+func (l *Loop) encode(m Message) ([][]byte, error) {
+	frames, err := Encode(m)
+	if err != nil || l.cfg.Auth == nil {
+		return frames, err
+	}
+	return l.cfg.Auth.seal(frames, time.Now()), nil
 }
 
 func (l *Loop) enqueue(o outbound) error {
@@ -311,7 +347,7 @@ func (l *Loop) watch(c watchCmd) error {
 	default:
 	}
 	select {
-	case l.watchCh <- c:
+	case l.sendCh <- outbound{watch: &c}:
 		return nil
 	case <-l.closing:
 		return ErrClosed
@@ -353,7 +389,7 @@ func (l *Loop) receive() {
 	if l.zap != nil {
 		poller.Add(l.zap, zmq.POLLIN)
 	}
-	epochs := map[string]uint64{}
+	epochs := newEpochTable(l.cfg.MaxEpochs)
 	var limiter logLimiter
 	for {
 		polled, err := poller.Poll(-1)
@@ -384,7 +420,21 @@ func (l *Loop) receive() {
 	}
 }
 
-func (l *Loop) dispatch(frames [][]byte, epochs map[string]uint64, limiter *logLimiter) {
+func (l *Loop) dispatch(frames [][]byte, epochs *epochTable, limiter *logLimiter) {
+	if l.cfg.Auth != nil {
+		opened, why := l.cfg.Auth.open(frames, time.Now())
+		if why != "" {
+			l.stat.refusedInc(why)
+			if n, ok := limiter.allow(time.Now()); ok {
+				l.log.Warn("unauthenticated control message dropped", zap.String("rank", l.id.Peer()),
+					zap.String("reason", why), zap.Int("suppressed", n))
+			}
+			return
+		}
+		frames = opened
+	} else if len(frames) == 4 && len(frames[3]) == AuthFrameLen {
+		frames = frames[:3] // from a rank with a secret; not checked (Insecure)
+	}
 	m, err := Decode(frames)
 	if err != nil {
 		var me *MalformedError
@@ -407,14 +457,15 @@ func (l *Loop) dispatch(frames [][]byte, epochs map[string]uint64, limiter *logL
 	// A PING is unsolicited: anyone can send one with any epoch, so it
 	// neither reports a restart nor changes the epoch we know.
 	if _, ping := m.(*Ping); !ping {
-		if old, ok := epochs[key]; ok && old != from.Epoch {
+		old, ok := epochs.swap(key, from.Epoch)
+		l.stat.epochs.Store(uint64(epochs.len()))
+		if ok && old != from.Epoch {
 			l.stat.restarted.Add(1)
 			l.log.Warn("peer restarted", zap.String("peer", key), zap.String("endpoint", from.Endpoint))
 			if l.cfg.OnPeerDown != nil {
 				l.cfg.OnPeerDown(PeerDown{Endpoint: from.Endpoint, From: from, Reason: ReasonPeerRestarted})
 			}
 		}
-		epochs[key] = from.Epoch
 	}
 	switch m := m.(type) {
 	case *Ping:
@@ -467,15 +518,21 @@ type peerConn struct {
 }
 
 type sender struct {
-	l       *Loop
-	peers   map[string]*peerConn
-	lru     *list.List // front: most recently used
-	keys    map[string]string
-	seq     uint64
-	limit   logLimiter
-	pending int           // messages in all backlogs
-	retry   *time.Timer   // armed while pending > 0
-	backoff time.Duration // grows while retries make no progress (a dead peer)
+	l     *Loop
+	peers map[string]*peerConn
+	lru   *list.List // front: most recently used
+	// known are the endpoints this rank addressed itself (a message other
+	// than PONG, or a watch), most recent first, bounded by 4 × MaxPeers:
+	// a PONG, the only message sent because of what someone else sent,
+	// opens no socket to an endpoint outside it.
+	known    map[string]*list.Element
+	knownLRU *list.List
+	keys     map[string]string
+	seq      uint64
+	limit    logLimiter
+	pending  int           // messages in all backlogs
+	retry    *time.Timer   // armed while pending > 0
+	backoff  time.Duration // grows while retries make no progress (a dead peer)
 }
 
 // Backlogs are retried after retryInterval, backing off to maxRetryInterval
@@ -488,7 +545,7 @@ const (
 func (l *Loop) send() {
 	defer close(l.sendDone)
 	s := &sender{l: l, peers: map[string]*peerConn{}, lru: list.New(), keys: map[string]string{},
-		retry: time.NewTimer(retryInterval)}
+		known: map[string]*list.Element{}, knownLRU: list.New(), retry: time.NewTimer(retryInterval)}
 	s.retry.Stop()
 	defer s.retry.Stop()
 	ticker := time.NewTicker(l.cfg.HeartbeatInterval)
@@ -503,8 +560,6 @@ func (l *Loop) send() {
 			s.flush()
 		case o := <-l.sendCh:
 			s.deliver(o)
-		case c := <-l.watchCh:
-			s.watch(c)
 		case p := <-l.pongCh:
 			if pc, ok := s.peers[p.endpoint]; ok {
 				pc.awaiting, pc.misses = false, 0
@@ -534,16 +589,45 @@ func (l *Loop) send() {
 	}
 }
 
-func (s *sender) conn(p Peer, now time.Time) (*peerConn, error) {
-	if p.ServerKey != "" {
-		s.keys[p.Endpoint] = p.ServerKey
+// remember marks an endpoint as one this rank addressed itself.
+func (s *sender) remember(endpoint string) {
+	if e, ok := s.known[endpoint]; ok {
+		s.knownLRU.MoveToFront(e)
+		return
+	}
+	s.known[endpoint] = s.knownLRU.PushFront(endpoint)
+	for s.knownLRU.Len() > 4*s.l.cfg.MaxPeers {
+		e := s.knownLRU.Back()
+		delete(s.known, e.Value.(string))
+		s.knownLRU.Remove(e)
+	}
+}
+
+func (s *sender) conn(p Peer, now time.Time, reply bool) (*peerConn, error) {
+	if !reply {
+		s.remember(p.Endpoint)
 	}
 	if pc, ok := s.peers[p.Endpoint]; ok {
+		if p.ServerKey != "" {
+			s.keys[p.Endpoint] = p.ServerKey
+		}
 		pc.lastUsed = now
 		s.lru.MoveToFront(pc.elem)
 		return pc, nil
 	}
+	if _, ok := s.known[p.Endpoint]; reply && !ok {
+		return nil, errUnknownPeer
+	}
 	cfg := s.l.cfg
+	// Make room first: the socket count never exceeds MaxPeers, and when
+	// every socket is watched the new one is refused, not created.
+	s.evict(cfg.MaxPeers - 1)
+	if len(s.peers) >= cfg.MaxPeers {
+		return nil, errTooManyPeers
+	}
+	if p.ServerKey != "" {
+		s.keys[p.Endpoint] = p.ServerKey
+	}
 	key := s.keys[p.Endpoint]
 	if cfg.Security != nil && key == "" {
 		return nil, errNoKey
@@ -569,11 +653,15 @@ func (s *sender) conn(p Peer, now time.Time) (*peerConn, error) {
 	pc := &peerConn{endpoint: p.Endpoint, sock: sock, lastUsed: now}
 	pc.elem = s.lru.PushFront(pc)
 	s.peers[p.Endpoint] = pc
-	s.evict()
+	s.l.stat.sockets.Store(uint64(len(s.peers)))
 	return pc, nil
 }
 
-var errNoKey = errors.New("no CURVE server key known for the peer")
+var (
+	errNoKey        = errors.New("no CURVE server key known for the peer")
+	errUnknownPeer  = errors.New("PONG to an endpoint this rank never addressed")
+	errTooManyPeers = errors.New("MaxPeers sockets open and every one watched")
+)
 
 func setClientCurve(sock *zmq.Socket, serverKey string, sec *Security) error {
 	if err := sock.SetCurveServerkey(serverKey); err != nil {
@@ -585,9 +673,11 @@ func setClientCurve(sock *zmq.Socket, serverKey string, sec *Security) error {
 	return sock.SetCurveSecretkey(sec.SecretKey)
 }
 
-// evict closes the least recently used unwatched sockets over MaxPeers.
-func (s *sender) evict() {
-	for e := s.lru.Back(); e != nil && len(s.peers) > s.l.cfg.MaxPeers; {
+// evict closes the least recently used unwatched sockets until at most
+// limit are open (or only watched ones are left). The keys of peers no
+// longer open or addressed are forgotten with them.
+func (s *sender) evict(limit int) {
+	for e := s.lru.Back(); e != nil && len(s.peers) > limit; {
 		prev := e.Prev()
 		if pc := e.Value.(*peerConn); !pc.watched {
 			s.drop(pc)
@@ -601,14 +691,27 @@ func (s *sender) drop(pc *peerConn) {
 	pc.sock.Close()
 	s.lru.Remove(pc.elem)
 	delete(s.peers, pc.endpoint)
+	s.l.stat.sockets.Store(uint64(len(s.peers)))
+	if _, ok := s.known[pc.endpoint]; !ok {
+		delete(s.keys, pc.endpoint)
+	}
 }
 
 func (s *sender) deliver(o outbound) {
-	pc, err := s.conn(o.to, time.Now())
+	if o.watch != nil {
+		s.watch(*o.watch)
+		return
+	}
+	pc, err := s.conn(o.to, time.Now(), o.t == TypePong)
 	if err != nil {
 		reason := DropError
-		if errors.Is(err, errNoKey) {
+		switch {
+		case errors.Is(err, errNoKey):
 			reason = DropNoKey
+		case errors.Is(err, errUnknownPeer):
+			reason = DropUnknownPeer
+		case errors.Is(err, errTooManyPeers):
+			reason = DropTooManyPeers
 		}
 		s.dropped(o, reason, err)
 		return
@@ -690,7 +793,7 @@ func (s *sender) watch(c watchCmd) {
 		}
 		return
 	}
-	pc, err := s.conn(c.peer, time.Now())
+	pc, err := s.conn(c.peer, time.Now(), false)
 	if err != nil {
 		s.l.log.Warn("cannot watch peer", zap.String("peer", c.peer.Endpoint), zap.Error(err))
 		return
@@ -735,7 +838,7 @@ func (s *sender) heartbeat(now time.Time) {
 			continue
 		}
 		s.seq++
-		frames, _ := Encode(&Ping{From: s.l.id, Seq: s.seq})
+		frames, _ := s.l.encode(&Ping{From: s.l.id, Seq: s.seq})
 		pc.awaiting = s.try(pc, outbound{to: Peer{Endpoint: pc.endpoint}, frames: frames, t: TypePing})
 	}
 }
@@ -755,3 +858,41 @@ func (r *logLimiter) allow(now time.Time) (suppressed int, ok bool) {
 	r.last, r.suppressed = now, 0
 	return n, true
 }
+
+// epochTable remembers the last epoch heard from each peer identity, the
+// least recently heard forgotten first beyond its bound (a forgotten peer's
+// next restart goes unreported by the loop; heartbeats and STATUS codes
+// still catch it).
+type epochTable struct {
+	max int
+	m   map[string]*list.Element
+	lru *list.List // of *epochEntry, front: most recent
+}
+
+type epochEntry struct {
+	key   string
+	epoch uint64
+}
+
+func newEpochTable(max int) *epochTable {
+	return &epochTable{max: max, m: map[string]*list.Element{}, lru: list.New()}
+}
+
+// swap records epoch for key and returns the previous one.
+func (t *epochTable) swap(key string, epoch uint64) (old uint64, ok bool) {
+	if e, found := t.m[key]; found {
+		en := e.Value.(*epochEntry)
+		old, en.epoch = en.epoch, epoch
+		t.lru.MoveToFront(e)
+		return old, true
+	}
+	t.m[key] = t.lru.PushFront(&epochEntry{key, epoch})
+	for t.lru.Len() > t.max {
+		e := t.lru.Back()
+		delete(t.m, e.Value.(*epochEntry).key)
+		t.lru.Remove(e)
+	}
+	return 0, false
+}
+
+func (t *epochTable) len() int { return t.lru.Len() }

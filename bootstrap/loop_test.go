@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"go.uber.org/zap"
 	"net"
 	"os"
@@ -25,10 +26,27 @@ type testRank struct {
 	down chan PeerDown
 }
 
+// testSecret is the shared secret of the test ranks (and of the child
+// process the tests start).
+var testSecret = []byte("kvbridge-test-secret-0123456789")
+
+func testAuth() *Auth {
+	a, err := NewAuth(testSecret)
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
+
+// sealed adds the test secret's authentication frame, as a rank would.
+func sealed(frames [][]byte) [][]byte {
+	return testAuth().seal(append([][]byte(nil), frames...), time.Now())
+}
+
 func newRank(t *testing.T, role, instance string, mut func(*LoopConfig)) *testRank {
 	t.Helper()
 	r := &testRank{msgs: make(chan Message, 10000), down: make(chan PeerDown, 16)}
-	cfg := LoopConfig{Identity: From{Role: role, Instance: instance, Rank: 0}, Bind: "tcp://127.0.0.1:*",
+	cfg := LoopConfig{Identity: From{Role: role, Instance: instance, Rank: 0}, Bind: "tcp://127.0.0.1:*", Auth: testAuth(),
 		Handler:    func(m Message) { r.msgs <- m },
 		OnPeerDown: func(p PeerDown) { r.down <- p }}
 	if mut != nil {
@@ -135,7 +153,7 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 	bad := map[string][][]byte{
 		"one frame":     {[]byte(Magic)},
 		"two frames":    {[]byte(Magic), []byte("ABORT")},
-		"four frames":   {[]byte(Magic), []byte("ABORT"), okBody, okBody},
+		"four frames":   {[]byte(Magic), []byte("ABORT"), okBody, okBody}, // sealed: five
 		"magic":         {[]byte("KVB0"), []byte("ABORT"), okBody},
 		"type":          {[]byte(Magic), []byte("HELLO"), okBody},
 		"random bytes":  {[]byte(Magic), []byte("ABORT"), []byte{0xc1, 0xff, 0x00, 0x12, 0x99}},
@@ -146,15 +164,16 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 		"missing field": {[]byte(Magic), []byte("ABORT"), encodeMap(t, map[string]any{"room": 1})},
 	}
 	wantReasons := map[string]uint64{}
+	wantRefused := uint64(0)
 	room := uint64(1)
 	var order []uint64
 	for name, frames := range bad {
-		if _, err := raw.SendMessage(good(room)); err != nil {
+		if _, err := raw.SendMessage(sealed(good(room))); err != nil {
 			t.Fatal(err)
 		}
 		order = append(order, room)
 		room++
-		if _, err := raw.SendMessage(frames); err != nil {
+		if _, err := raw.SendMessage(sealed(frames)); err != nil {
 			t.Fatal(name, err)
 		}
 		_, err := Decode(frames)
@@ -162,9 +181,15 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 		if !errors.As(err, &me) {
 			t.Fatalf("%s: the test's bad message decodes", name)
 		}
+		if me.Reason == ReasonFrames {
+			// Sealed, a wrong frame count has no authentication frame
+			// where it belongs: refused before it is decoded.
+			wantRefused++
+			continue
+		}
 		wantReasons[me.Reason]++
 	}
-	raw.SendMessage(good(room))
+	raw.SendMessage(sealed(good(room)))
 	order = append(order, room)
 
 	for _, want := range order {
@@ -180,15 +205,15 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 			t.Errorf("malformed[%s] = %d, want %d (all: %v)", reason, st.Malformed[reason], n, st.Malformed)
 		}
 	}
-	if st.MalformedTotal() != uint64(len(bad)) {
-		t.Fatalf("counted %d malformed, sent %d", st.MalformedTotal(), len(bad))
+	if st.MalformedTotal()+st.Refused[AuthMissing] != uint64(len(bad)) || st.Refused[AuthMissing] != wantRefused {
+		t.Fatalf("counted %d malformed and %d refused, sent %d", st.MalformedTotal(), st.Refused[AuthMissing], len(bad))
 	}
 	m := decode.next(t)
 	if s, ok := m.(*Status); !ok || s.Room != 77 || s.Status != StatusFailed {
 		t.Fatalf("malformed REQUEST not answered with STATUS failed: %+v", m)
 	}
 
-	// A body over 64 MiB is refused by the socket (the connection is
+	// A body over MaxBodySize is refused by the socket (the connection is
 	// dropped) and never reaches the handler; other peers are unaffected.
 	huge := rawPush(t, prefill.Endpoint())
 	if _, err := huge.SendMessage(Magic, "ABORT", make([]byte, MaxBodySize+8192)); err != nil {
@@ -360,7 +385,7 @@ func TestPingNeverReportsRestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := raw.SendMessage(f); err != nil {
+		if _, err := raw.SendMessage(sealed(f)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -506,11 +531,143 @@ func TestLoopConfigValidate(t *testing.T) {
 		"no handler": {Identity: From{Role: RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*"},
 		"bad bind":   {Identity: From{Role: RoleDecode, Instance: "x"}, Bind: "bogus://", Handler: func(Message) {}},
 		"bad key": {Identity: From{Role: RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(Message) {},
-			Security: &Security{SecretKey: "short"}},
+			Security: &Security{SecretKey: "short"}, Auth: testAuth()},
+		"no secret, not insecure": {Identity: From{Role: RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(Message) {}},
+		"short secret": {Identity: From{Role: RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(Message) {},
+			Auth: &Auth{Secret: []byte("short")}},
+		"secret and insecure": {Identity: From{Role: RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(Message) {},
+			Auth: testAuth(), Insecure: true},
 	} {
 		if l, err := NewLoop(c); err == nil {
 			l.Close()
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// TestUnauthenticatedMessagesDropped: with a shared secret (the default),
+// a message without a valid tag — none, another secret, altered identity
+// (a captured message replayed under another name), too old — never
+// reaches the handler, is not answered, and is counted by reason.
+func TestUnauthenticatedMessagesDropped(t *testing.T) {
+	prefill := newRank(t, RolePrefill, "p", nil)
+	decode := newRank(t, RoleDecode, "d", nil)
+	raw := rawPush(t, prefill.Endpoint())
+	frames := func(m Message) [][]byte {
+		f, err := Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	req := &Request{From: decode.Identity(), Room: 5, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}
+	other, _ := NewAuth([]byte("another deployment's secret!!"))
+	captured := sealed(frames(req))
+	forgedFrom := decode.Identity()
+	forgedFrom.Instance = "intruder"
+	replayed := append(frames(&Request{From: forgedFrom, Room: 5, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}), captured[3])
+	old := testAuth().seal(frames(req), time.Now().Add(-time.Hour))
+	cases := map[string]struct {
+		frames [][]byte
+		reason string
+	}{
+		"no tag":            {frames(req), AuthMissing},
+		"other secret":      {other.seal(frames(req), time.Now()), AuthBadTag},
+		"short tag":         {append(frames(req), []byte("x")), AuthBadTag},
+		"replayed identity": {replayed, AuthBadTag},
+		"an hour old":       {old, AuthStale},
+		"PING without tag":  {frames(&Ping{From: decode.Identity(), Seq: 1}), AuthMissing},
+	}
+	want := map[string]uint64{}
+	for name, c := range cases {
+		if _, err := raw.SendMessage(c.frames); err != nil {
+			t.Fatal(name, err)
+		}
+		want[c.reason]++
+	}
+	// An authenticated message behind them proves they were processed.
+	if _, err := raw.SendMessage(sealed(frames(&Abort{From: decode.Identity(), Room: 99}))); err != nil {
+		t.Fatal(err)
+	}
+	if m := prefill.next(t); m.Type() != TypeAbort || m.(*Abort).Room != 99 {
+		t.Fatalf("an unauthenticated message reached the handler: %+v", m)
+	}
+	if got := prefill.Stats().Refused; !reflect.DeepEqual(got, map[string]uint64{AuthMissing: want[AuthMissing],
+		AuthBadTag: want[AuthBadTag], AuthStale: want[AuthStale]}) {
+		t.Fatalf("refused %v, want %v", got, want)
+	}
+	select {
+	case m := <-decode.msgs:
+		t.Fatalf("an unauthenticated message was answered: %+v", m)
+	default:
+	}
+	if n := prefill.Stats().Sent; n != 0 {
+		t.Fatalf("prefill sent %d messages (a PONG or STATUS to an unauthenticated sender)", n)
+	}
+}
+
+// TestForgedIdentitiesOpenNoSockets: PINGs claiming thousands of endpoints
+// (issue 14: ~5,000 made a rank exhaust libzmq's sockets) open none, even
+// insecure; sockets never exceed MaxPeers, evicting before creating; the
+// epoch table stays within MaxEpochs.
+func TestForgedIdentitiesOpenNoSockets(t *testing.T) {
+	prefill := newRank(t, RolePrefill, "p", func(c *LoopConfig) { c.Auth, c.Insecure, c.MaxPeers = nil, true, 8 })
+	raw := rawPush(t, prefill.Endpoint())
+	const n = 2000
+	for i := 0; i < n; i++ {
+		f, _ := Encode(&Ping{From: From{Role: RoleDecode, Instance: "forged", Rank: i, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 10000+i), Epoch: 1}, Seq: 1})
+		if _, err := raw.SendMessage(f); err != nil {
+			t.Fatal(err)
+		}
+		// ABORTs under distinct identities fill the epoch table.
+		f, _ = Encode(&Abort{From: From{Role: RoleDecode, Instance: "forged", Rank: i, Endpoint: "tcp://127.0.0.1:1", Epoch: 1}, Room: uint64(i)})
+		if _, err := raw.SendMessage(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < n; i++ {
+		prefill.next(t)
+	}
+	// The loop handles messages in order: once the last ABORT is out, its
+	// PING has been answered or dropped. Drops are counted on the send
+	// goroutine; a marker send to a known peer orders behind them.
+	decode := newRank(t, RoleDecode, "d", func(c *LoopConfig) { c.Auth, c.Insecure = nil, true })
+	if err := prefill.Send(decode.peer(), &Status{Room: 1, Status: StatusFailed}); err != nil {
+		t.Fatal(err)
+	}
+	decode.next(t)
+	st := prefill.Stats()
+	// (Sent is counted after the marker left, so it may still read 0.)
+	if st.Dropped[DropUnknownPeer] != n || st.Sent > 1 {
+		t.Fatalf("PONGs to forged endpoints: dropped %d (want %d), sent %d (want only the marker)", st.Dropped[DropUnknownPeer], n, st.Sent)
+	}
+	if got := int(prefill.Stats().Epochs); got > 4*8 {
+		t.Fatalf("epoch table holds %d identities, bound %d", got, 4*8)
+	}
+
+	// Sockets: 8 watched peers fill MaxPeers; a ninth endpoint is refused
+	// (not created); once one is unwatched it is evicted first.
+	for i := 0; i < 8; i++ {
+		if err := prefill.Watch(Peer{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 20000+i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := prefill.Send(Peer{Endpoint: "tcp://127.0.0.1:29999"}, &Status{Room: 2, Status: StatusFailed}); err != nil {
+		t.Fatal(err)
+	}
+	if err := prefill.Unwatch("tcp://127.0.0.1:20000"); err != nil {
+		t.Fatal(err)
+	}
+	if err := prefill.Send(decode.peer(), &Status{Room: 3, Status: StatusFailed}); err != nil {
+		t.Fatal(err)
+	}
+	if m := decode.next(t); m.(*Status).Room != 3 {
+		t.Fatalf("got %+v", m)
+	}
+	if got := prefill.Stats().Dropped[DropTooManyPeers]; got < 1 {
+		t.Fatalf("no send refused with every socket watched (too_many_peers %d)", got)
+	}
+	if got := int(prefill.Stats().Sockets); got > 8 {
+		t.Fatalf("%d sockets open, MaxPeers 8", got)
 	}
 }

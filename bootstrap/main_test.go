@@ -20,7 +20,7 @@ func TestMain(m *testing.M) {
 
 func runChildPeer(parent string) int {
 	l, err := NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "child", Rank: 0},
-		Bind: "tcp://127.0.0.1:*", Handler: func(Message) {}})
+		Bind: "tcp://127.0.0.1:*", Handler: func(Message) {}, Auth: testAuth()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

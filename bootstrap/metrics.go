@@ -13,9 +13,14 @@ const (
 	DropPeerBusy  = "peer_busy"  // the peer's socket reached its high-water mark
 	DropNoKey     = "no_key"     // security is on and the peer's server key is unknown
 	DropError     = "error"      // ZeroMQ refused the send for another reason
+	// DropUnknownPeer: a PONG to an endpoint this rank never addressed
+	// (answering would open a socket to whatever a PING claims).
+	DropUnknownPeer = "unknown_peer"
+	// DropTooManyPeers: MaxPeers sockets are open and all are watched.
+	DropTooManyPeers = "too_many_peers"
 )
 
-var dropReasons = []string{DropQueueFull, DropPeerBusy, DropNoKey, DropError}
+var dropReasons = []string{DropQueueFull, DropPeerBusy, DropNoKey, DropError, DropUnknownPeer, DropTooManyPeers}
 
 // Stats is a snapshot of a loop's counters.
 type Stats struct {
@@ -24,8 +29,11 @@ type Stats struct {
 	Malformed       map[string]uint64 // by reason
 	Dropped         map[string]uint64 // sends dropped, by reason
 	Unauthenticated uint64            // connections the ZAP handler refused
+	Refused         map[string]uint64 // messages dropped by authentication, by reason (Auth*)
 	PeersDead       uint64            // peers declared dead by heartbeats
 	PeersRestarted  uint64            // peers seen with a new epoch
+	Sockets         uint64            // PUSH sockets open now (≤ MaxPeers)
+	Epochs          uint64            // peer epochs remembered now (≤ MaxEpochs)
 }
 
 // MalformedTotal sums Malformed over reasons.
@@ -39,8 +47,16 @@ func (s Stats) MalformedTotal() uint64 {
 
 type counters struct {
 	received, sent, unauth, dead, restarted atomic.Uint64
+	sockets, epochs                         atomic.Uint64    // gauges
 	malformed                               [7]atomic.Uint64 // indexed like MalformedReasons
-	dropped                                 [4]atomic.Uint64 // indexed like dropReasons
+	dropped                                 [6]atomic.Uint64 // indexed like dropReasons
+	refused                                 [3]atomic.Uint64 // indexed like AuthReasons
+}
+
+func (c *counters) refusedInc(reason string) {
+	if i := indexOf(AuthReasons, reason); i >= 0 {
+		c.refused[i].Add(1)
+	}
 }
 
 func indexOf(list []string, s string) int {
@@ -66,8 +82,11 @@ func (c *counters) dropInc(reason string) {
 
 func (c *counters) snapshot() Stats {
 	s := Stats{Received: c.received.Load(), Sent: c.sent.Load(), Unauthenticated: c.unauth.Load(),
-		PeersDead: c.dead.Load(), PeersRestarted: c.restarted.Load(),
-		Malformed: map[string]uint64{}, Dropped: map[string]uint64{}}
+		PeersDead: c.dead.Load(), PeersRestarted: c.restarted.Load(), Sockets: c.sockets.Load(), Epochs: c.epochs.Load(),
+		Malformed: map[string]uint64{}, Dropped: map[string]uint64{}, Refused: map[string]uint64{}}
+	for i, r := range AuthReasons {
+		s.Refused[r] = c.refused[i].Load()
+	}
 	for i, r := range MalformedReasons {
 		s.Malformed[r] = c.malformed[i].Load()
 	}
@@ -80,8 +99,9 @@ func (c *counters) snapshot() Stats {
 // collector exposes a loop's counters to Prometheus, labelled with the
 // rank's identity so several ranks can share one registry.
 type collector struct {
-	c                                                      *counters
-	malformed, dropped, received, sent, unauth, dead, rest *prometheus.Desc
+	c                                                               *counters
+	malformed, dropped, received, sent, unauth, dead, rest, refused *prometheus.Desc
+	sockets                                                         *prometheus.Desc
 }
 
 func newCollector(c *counters, id From) *collector {
@@ -97,11 +117,13 @@ func newCollector(c *counters, id From) *collector {
 		unauth:    d("kvbridge_unauthenticated_connections_total", "Connections refused by the CURVE allow-list."),
 		dead:      d("kvbridge_peers_dead_total", "Peers declared dead after missed heartbeats."),
 		rest:      d("kvbridge_peers_restarted_total", "Peers seen with a new epoch."),
+		sockets:   d("kvbridge_control_sockets", "PUSH sockets open to peers (bounded by MaxPeers)."),
+		refused:   d("kvbridge_unauthenticated_messages_total", "Control messages dropped by authentication, by reason.", "reason"),
 	}
 }
 
 func (k *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{k.malformed, k.dropped, k.received, k.sent, k.unauth, k.dead, k.rest} {
+	for _, d := range []*prometheus.Desc{k.malformed, k.dropped, k.received, k.sent, k.unauth, k.dead, k.rest, k.refused, k.sockets} {
 		ch <- d
 	}
 }
@@ -114,6 +136,10 @@ func (k *collector) Collect(ch chan<- prometheus.Metric) {
 	for r, v := range s.Dropped {
 		ch <- prometheus.MustNewConstMetric(k.dropped, prometheus.CounterValue, float64(v), r)
 	}
+	for r, v := range s.Refused {
+		ch <- prometheus.MustNewConstMetric(k.refused, prometheus.CounterValue, float64(v), r)
+	}
+	ch <- prometheus.MustNewConstMetric(k.sockets, prometheus.GaugeValue, float64(s.Sockets))
 	ch <- prometheus.MustNewConstMetric(k.received, prometheus.CounterValue, float64(s.Received))
 	ch <- prometheus.MustNewConstMetric(k.sent, prometheus.CounterValue, float64(s.Sent))
 	ch <- prometheus.MustNewConstMetric(k.unauth, prometheus.CounterValue, float64(s.Unauthenticated))

@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,8 +60,10 @@ func (r RankRecord) Validate() error {
 	switch {
 	case r.Instance == "":
 		return errors.New("instance is empty")
-	case r.DPSize < 1 || r.TPSize < 1 || r.PPSize < 1:
-		return fmt.Errorf("sizes dp=%d tp=%d pp=%d must be at least 1", r.DPSize, r.TPSize, r.PPSize)
+	case len(r.Instance) > MaxNameBytes || len(r.Endpoint) > MaxNameBytes || len(r.DType) > MaxNameBytes || len(r.Compat) > MaxNameBytes:
+		return fmt.Errorf("instance, endpoint, dtype and compat are limited to %d bytes", MaxNameBytes)
+	case r.DPSize < 1 || r.TPSize < 1 || r.PPSize < 1 || r.DPSize > maxRankIndex || r.TPSize > maxRankIndex || r.PPSize > maxRankIndex:
+		return fmt.Errorf("sizes dp=%d tp=%d pp=%d must be in [1, %d]", r.DPSize, r.TPSize, r.PPSize, maxRankIndex)
 	case r.DPRank < 0 || r.DPRank >= r.DPSize:
 		return fmt.Errorf("dp_rank %d outside [0, %d)", r.DPRank, r.DPSize)
 	case r.TPRank < 0 || r.TPRank >= r.TPSize:
@@ -85,23 +88,68 @@ func (r RankRecord) Validate() error {
 
 type rankKey struct{ dp, tp, pp int }
 
+// ServerConfig configures the bootstrap server.
+type ServerConfig struct {
+	// Token is the bearer token every write (PUT and DELETE /v1/ranks)
+	// must carry: Auth.BootstrapToken() of the deployment's secret.
+	// Required unless Insecure is set.
+	Token string
+	// Insecure accepts writes without a token (logged by the caller).
+	Insecure bool
+	// LeaseTTL is how long a record stays held by its endpoint after its
+	// last PUT: within it only the same endpoint may replace it (a rank
+	// renews at a third of it), default 15 s.
+	LeaseTTL time.Duration
+	// MaxBody bounds a request body, default 64 KiB; larger is answered
+	// 413.
+	MaxBody int64
+	// Now is the clock (tests), default time.Now.
+	Now func() time.Time
+}
+
+type heldRecord struct {
+	RankRecord
+	renewed time.Time
+}
+
 // Server is the embedded HTTP bootstrap server: the rank table of one
 // prefill deployment. Use it as an http.Handler, or Start it.
 type Server struct {
+	cfg   ServerConfig
 	mu    sync.Mutex
 	topo  *Topology
-	ranks map[rankKey]RankRecord
+	ranks map[rankKey]heldRecord
 
 	httpSrv *http.Server
 	ln      net.Listener
 	done    chan struct{}
 }
 
-// NewServer returns an empty rank table.
-func NewServer() *Server { return &Server{ranks: map[rankKey]RankRecord{}} }
+// ErrNoToken: a server without a token must be explicitly insecure.
+var ErrNoToken = errors.New("bootstrap server: no write token (set ServerConfig.Token from the shared secret, or Insecure)")
 
-// maxRecordBytes bounds a PUT body.
-const maxRecordBytes = 64 << 10
+// NewServer returns an empty rank table.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if cfg.Token == "" && !cfg.Insecure {
+		return nil, ErrNoToken
+	}
+	if cfg.Token != "" && cfg.Insecure {
+		return nil, errors.New("bootstrap server: Token and Insecure are both set; choose one")
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = 15 * time.Second
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = 64 << 10
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Server{cfg: cfg, ranks: map[rankKey]heldRecord{}}, nil
+}
+
+// LeaseTTL is how long a record is held after its last renewal.
+func (s *Server) LeaseTTL() time.Duration { return s.cfg.LeaseTTL }
 
 // ServeHTTP implements the routes of PROTOCOL.md.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -109,11 +157,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/v1/ranks":
 		switch r.Method {
 		case http.MethodPut:
-			s.putRank(w, r)
+			if s.authorized(w, r) {
+				s.putRank(w, r)
+			}
+		case http.MethodDelete:
+			if s.authorized(w, r) {
+				s.deleteRank(w, r)
+			}
 		case http.MethodGet:
 			s.getRank(w, r)
 		default:
-			methodNotAllowed(w, "GET, PUT")
+			methodNotAllowed(w, "GET, PUT, DELETE")
 		}
 	case "/v1/topology":
 		if r.Method != http.MethodGet {
@@ -147,11 +201,48 @@ func writeError(w http.ResponseWriter, code int, reason string) {
 	writeJSON(w, code, map[string]string{"error": reason})
 }
 
+// authorized checks the bearer token of a write (constant time).
+func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
+	if s.cfg.Insecure {
+		return true
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) == 1 {
+		return true
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="kvbridge"`)
+	writeError(w, http.StatusUnauthorized, "writes need the deployment's bearer token (Authorization: Bearer …)")
+	return false
+}
+
+// decodeOne reads exactly one JSON value of at most MaxBody bytes.
+func (s *Server) decodeOne(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
+	err := dec.Decode(v)
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("trailing data after the JSON value")
+			var mbe *http.MaxBytesError
+			if errors.As(terr, &mbe) {
+				err = terr
+			}
+		}
+	}
+	var mbe *http.MaxBytesError
+	switch {
+	case err == nil:
+		return true
+	case errors.As(err, &mbe):
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", s.cfg.MaxBody))
+	default:
+		writeError(w, http.StatusBadRequest, "body is not one rank record: "+err.Error())
+	}
+	return false
+}
+
 func (s *Server) putRank(w http.ResponseWriter, r *http.Request) {
 	var rec RankRecord
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxRecordBytes))
-	if err := dec.Decode(&rec); err != nil {
-		writeError(w, http.StatusBadRequest, "body is not a rank record: "+err.Error())
+	if !s.decodeOne(w, r, &rec) {
 		return
 	}
 	if err := rec.Validate(); err != nil {
@@ -160,6 +251,20 @@ func (s *Server) putRank(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.cfg.Now()
+	k := rankKey{rec.DPRank, rec.TPRank, rec.PPRank}
+	old, held := s.ranks[k]
+	if held && old.Endpoint != rec.Endpoint {
+		if left := s.cfg.LeaseTTL - now.Sub(old.renewed); left > 0 {
+			// A live rank's record is replaced only by itself: a restarted
+			// rank on another endpoint waits for the lease (or the old
+			// process's DELETE at shutdown).
+			w.Header().Set("Retry-After", strconv.Itoa(int(left/time.Second)+1))
+			writeError(w, http.StatusConflict, fmt.Sprintf("rank dp=%d tp=%d pp=%d is held by %s for %v more (lease %v)",
+				k.dp, k.tp, k.pp, old.Endpoint, left.Round(time.Millisecond), s.cfg.LeaseTTL))
+			return
+		}
+	}
 	if s.topo != nil && *s.topo != rec.topology() {
 		writeError(w, http.StatusConflict, fmt.Sprintf("rank dp=%d tp=%d pp=%d declares %+v but the table holds %+v",
 			rec.DPRank, rec.TPRank, rec.PPRank, rec.topology(), *s.topo))
@@ -167,10 +272,34 @@ func (s *Server) putRank(w http.ResponseWriter, r *http.Request) {
 	}
 	t := rec.topology()
 	s.topo = &t
-	k := rankKey{rec.DPRank, rec.TPRank, rec.PPRank}
-	_, replaced := s.ranks[k]
-	s.ranks[k] = rec // a restarted rank re-registers with its new endpoint
-	writeJSON(w, http.StatusOK, map[string]any{"status": "registered", "replaced": replaced})
+	s.ranks[k] = heldRecord{rec, now}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "registered", "replaced": held && old.Endpoint != rec.Endpoint,
+		"lease_ttl_ms": s.cfg.LeaseTTL.Milliseconds()})
+}
+
+// deleteRank removes a record at its rank's shutdown; the query names the
+// rank and its endpoint, which must be the record's.
+func (s *Server) deleteRank(w http.ResponseWriter, r *http.Request) {
+	k, ok := rankQuery(w, r)
+	if !ok {
+		return
+	}
+	ep := r.URL.Query().Get("endpoint")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, held := s.ranks[k]
+	switch {
+	case !held:
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no prefill rank dp=%d tp=%d pp=%d", k.dp, k.tp, k.pp))
+	case old.Endpoint != ep:
+		writeError(w, http.StatusConflict, fmt.Sprintf("rank dp=%d tp=%d pp=%d is held by %s, not %q", k.dp, k.tp, k.pp, old.Endpoint, ep))
+	default:
+		delete(s.ranks, k)
+		if len(s.ranks) == 0 {
+			s.topo = nil
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"status": "deleted"})
+	}
 }
 
 func (s *Server) getTopology(w http.ResponseWriter) {
@@ -187,19 +316,29 @@ func (s *Server) getTopology(w http.ResponseWriter) {
 	writeJSON(w, http.StatusOK, s.topo)
 }
 
-func (s *Server) getRank(w http.ResponseWriter, r *http.Request) {
-	var k rankKey
+func rankQuery(w http.ResponseWriter, r *http.Request) (k rankKey, ok bool) {
 	q := r.URL.Query()
 	for _, p := range []struct {
 		name string
 		dst  *int
 	}{{"dp", &k.dp}, {"tp", &k.tp}, {"pp", &k.pp}} {
 		v, err := strconv.Atoi(q.Get(p.name))
-		if err != nil || v < 0 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("query parameter %s=%q must be a rank (integer ≥ 0)", p.name, q.Get(p.name)))
-			return
+		if err != nil || v < 0 || v > maxRankIndex {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("query parameter %s=%.32q must be a rank (integer in [0, %d])", p.name, q.Get(p.name), maxRankIndex))
+			return k, false
 		}
 		*p.dst = v
+	}
+	return k, true
+}
+
+// maxRankIndex bounds dp, tp and pp ranks and sizes.
+const maxRankIndex = 1 << 16
+
+func (s *Server) getRank(w http.ResponseWriter, r *http.Request) {
+	k, ok := rankQuery(w, r)
+	if !ok {
+		return
 	}
 	s.mu.Lock()
 	rec, ok := s.ranks[k]
@@ -244,6 +383,7 @@ func (s *Server) Close(ctx context.Context) error {
 // jittered exponential backoff until its context ends.
 type Client struct {
 	Base       string // e.g. http://127.0.0.1:8998
+	Token      string // bearer token for writes (Auth.BootstrapToken)
 	HTTP       *http.Client
 	MinBackoff time.Duration // default 50 ms
 	MaxBackoff time.Duration // default 2 s
@@ -266,13 +406,27 @@ func NewClient(base string) *Client {
 		MinBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second}
 }
 
-// RegisterRank registers (or re-registers) a prefill rank.
-func (c *Client) RegisterRank(ctx context.Context, rec RankRecord) error {
+// RegisterRank registers, or renews, a prefill rank's record. A record
+// still held by another endpoint (409: a previous process of the rank whose
+// lease has not lapsed) is retried until ctx ends. It returns the server's
+// lease TTL (0 from a server that does not say).
+func (c *Client) RegisterRank(ctx context.Context, rec RankRecord) (time.Duration, error) {
 	body, err := json.Marshal(rec)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return c.do(ctx, http.MethodPut, "/v1/ranks", body, nil)
+	var out struct {
+		LeaseTTLMS int64 `json:"lease_ttl_ms"`
+	}
+	err = c.do(ctx, http.MethodPut, "/v1/ranks", body, &out)
+	return time.Duration(out.LeaseTTLMS) * time.Millisecond, err
+}
+
+// DeregisterRank deletes a rank's record at shutdown, so its next process
+// need not wait for the lease.
+func (c *Client) DeregisterRank(ctx context.Context, dp, tp, pp int, endpoint string) error {
+	return c.do(ctx, http.MethodDelete, fmt.Sprintf("/v1/ranks?dp=%d&tp=%d&pp=%d&endpoint=%s", dp, tp, pp,
+		url.QueryEscape(endpoint)), nil, nil)
 }
 
 // Topology waits until every prefill rank has registered and returns the
@@ -312,6 +466,9 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 			return err
 		}
 		req.Header.Set("Content-Type", "application/json")
+		if c.Token != "" && method != http.MethodGet {
+			req.Header.Set("Authorization", "Bearer "+c.Token)
+		}
 		resp, err := c.HTTP.Do(req)
 		if err == nil {
 			data, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -333,7 +490,10 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 				}
 				_ = json.Unmarshal(data, &e)
 				he := &HTTPError{Code: resp.StatusCode, Reason: e.Error}
-				if resp.StatusCode < 500 {
+				// A 409 with Retry-After is a lease still held (transient);
+				// other 4xx answers are final.
+				held := resp.StatusCode == http.StatusConflict && resp.Header.Get("Retry-After") != ""
+				if resp.StatusCode < 500 && !held {
 					return he
 				}
 				err = he

@@ -55,7 +55,15 @@ type Config struct {
 	HeartbeatInterval time.Duration // default 5 s
 	MaxMisses         int           // default 2
 	SweepInterval     time.Duration // default 1 s
-	Security          *bootstrap.Security
+	// Auth is the deployment's shared secret: every control message is
+	// authenticated with it and bootstrap writes carry its token. Required
+	// unless Insecure is set (FromEnv reads KVBRIDGE_SECRET,
+	// KVBRIDGE_SECRET_FILE, KVBRIDGE_INSECURE).
+	Auth *bootstrap.Auth
+	// Insecure runs without authentication, logged as a warning.
+	Insecure bool
+	// Security adds CURVE encryption and a key allow-list (optional).
+	Security *bootstrap.Security
 
 	Logger     *zap.Logger
 	Registerer prometheus.Registerer
@@ -154,6 +162,8 @@ func (c *Config) Validate() error {
 	case c.QuarantineTimeout <= c.Registry.StallTimeout || c.QuarantineTimeout >= c.Registry.TombstoneTTL:
 		return fmt.Errorf("kvmanager: QuarantineTimeout (%v) must exceed StallTimeout (%v) and stay below TombstoneTTL (%v)",
 			c.QuarantineTimeout, c.Registry.StallTimeout, c.Registry.TombstoneTTL)
+	case c.Auth == nil && !c.Insecure:
+		return fmt.Errorf("kvmanager: %w", bootstrap.ErrNoSecret)
 	case c.RegisterRetry <= 0:
 		return fmt.Errorf("kvmanager: RegisterRetry must be positive, got %v", c.RegisterRetry)
 	}
@@ -168,8 +178,18 @@ func (c *Config) Validate() error {
 // timeouts KVBRIDGE_BOOTSTRAP_TIMEOUT, KVBRIDGE_WAITING_TIMEOUT,
 // KVBRIDGE_STALL_TIMEOUT, KVBRIDGE_TOMBSTONE_TTL, KVBRIDGE_QUARANTINE,
 // KVBRIDGE_HEARTBEAT
-// (Go durations, e.g. 300s).
+// (Go durations, e.g. 300s), and the shared secret (KVBRIDGE_SECRET or
+// KVBRIDGE_SECRET_FILE) or KVBRIDGE_INSECURE=1.
 func (c *Config) FromEnv() error {
+	auth, insecure, err := bootstrap.AuthFromEnv()
+	if err != nil {
+		return fmt.Errorf("kvmanager: %w", err)
+	}
+	if auth != nil {
+		c.Auth, c.Insecure = auth, false
+	} else if insecure {
+		c.Auth, c.Insecure = nil, true
+	}
 	if v := os.Getenv("KVBRIDGE_BIND"); v != "" {
 		c.Bind = v
 	}

@@ -11,9 +11,8 @@ import (
 type metrics struct {
 	m *Manager
 
-	rooms     *prometheus.Desc // gauge by status, read from the registry
-	inflight  *prometheus.Desc
-	malformed *prometheus.Desc
+	rooms    *prometheus.Desc // gauge by status, read from the registry
+	inflight *prometheus.Desc
 
 	// Read from the core's counters at collection time.
 	events, deadlines, statusSent, forced, stale, retries *prometheus.Desc
@@ -29,9 +28,8 @@ func newMetrics(m *Manager) *metrics {
 	role := map[Role]string{RolePrefill: "prefill", RoleDecode: "decode"}[m.cfg.Role]
 	labels := prometheus.Labels{"role": role, "instance": m.cfg.Instance, "rank": strconv.Itoa(m.cfg.Rank)}
 	return &metrics{m: m,
-		rooms:     prometheus.NewDesc("kvbridge_rooms", "Live rooms by status.", []string{"status"}, labels),
-		inflight:  prometheus.NewDesc("kvbridge_inflight_writes", "Posted writes not yet completed.", nil, labels),
-		malformed: prometheus.NewDesc("kvbridge_manager_malformed_messages_total", "Malformed control messages, by reason.", []string{"reason"}, labels),
+		rooms:    prometheus.NewDesc("kvbridge_rooms", "Live rooms by status.", []string{"status"}, labels),
+		inflight: prometheus.NewDesc("kvbridge_inflight_writes", "Posted writes not yet completed.", nil, labels),
 		events: prometheus.NewDesc("kvbridge_registry_events_total", "Core events by kind and outcome.",
 			[]string{"event", "outcome"}, labels),
 		deadlines: prometheus.NewDesc("kvbridge_rooms_failed_by_deadline_total",
@@ -71,7 +69,6 @@ func (x *metrics) collectors() []prometheus.Collector {
 func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.rooms
 	ch <- x.inflight
-	ch <- x.malformed
 	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries} {
 		ch <- d
 	}
@@ -103,11 +100,6 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.forced, prometheus.CounterValue, float64(st.ForcedReleases))
 	ch <- prometheus.MustNewConstMetric(x.stale, prometheus.CounterValue, float64(st.StaleEpoch))
 	ch <- prometheus.MustNewConstMetric(x.retries, prometheus.CounterValue, float64(st.RegisterRetries))
-	if x.m.loop != nil {
-		for reason, n := range x.m.loop.Stats().Malformed {
-			ch <- prometheus.MustNewConstMetric(x.malformed, prometheus.CounterValue, float64(n), reason)
-		}
-	}
 	for _, c := range x.collectors() {
 		c.Collect(ch)
 	}

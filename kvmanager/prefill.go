@@ -33,18 +33,61 @@ func NewPrefill(cfg Config) (*Prefill, error) {
 		return nil, err
 	}
 	if m.cfg.BootstrapURL != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err = bootstrap.NewClient(m.cfg.BootstrapURL).RegisterRank(ctx, bootstrap.RankRecord{Instance: m.cfg.Instance, DPSize: 1,
-			TPRank: m.cfg.Rank, TPSize: m.cfg.TPSize, PPSize: 1, Endpoint: m.loop.Endpoint(), PageSize: m.cfg.PageTokens,
-			DType: m.cfg.DType, Compat: m.cfg.Compat, PublicKey: m.loop.PublicKey()})
-		cancel()
-		if err != nil {
+		if err := m.registerRank(); err != nil {
 			m.Close()
-			return nil, fmt.Errorf("kvmanager: registering with the bootstrap server: %w", err)
+			return nil, err
 		}
 	}
 	m.start()
 	return p, nil
+}
+
+// registerRank puts the rank's record on the bootstrap server, keeps its
+// lease renewed at a third of the server's TTL, and deletes it at Close.
+func (m *Manager) registerRank() error {
+	cl := bootstrap.NewClient(m.cfg.BootstrapURL)
+	if m.cfg.Auth != nil {
+		cl.Token = m.cfg.Auth.BootstrapToken()
+	}
+	rec := bootstrap.RankRecord{Instance: m.cfg.Instance, DPSize: 1, TPRank: m.cfg.Rank, TPSize: m.cfg.TPSize, PPSize: 1,
+		Endpoint: m.loop.Endpoint(), PageSize: m.cfg.PageTokens, DType: m.cfg.DType, Compat: m.cfg.Compat,
+		PublicKey: m.loop.PublicKey()}
+	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Registry.BootstrapTimeout)
+	ttl, err := cl.RegisterRank(ctx, rec)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("kvmanager: rank %s registering with the bootstrap server %s: %w", rec.Endpoint, m.cfg.BootstrapURL, err)
+	}
+	period := ttl / 3
+	if period <= 0 {
+		period = 5 * time.Second
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-m.ctx.Done():
+				return
+			case <-t.C:
+				ctx, cancel := context.WithTimeout(m.ctx, period)
+				if _, err := cl.RegisterRank(ctx, rec); err != nil && m.ctx.Err() == nil {
+					m.log.Warn("renewing the bootstrap record", zap.String("bootstrap", m.cfg.BootstrapURL), zap.Error(err))
+				}
+				cancel()
+			}
+		}
+	}()
+	m.deregister = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := cl.DeregisterRank(ctx, 0, rec.TPRank, 0, rec.Endpoint); err != nil {
+			m.log.Warn("deleting the bootstrap record", zap.String("bootstrap", m.cfg.BootstrapURL), zap.Error(err))
+		}
+	}
+	return nil
 }
 
 // onRegister validates a REGISTER in the core, loads the peer's agent

@@ -42,6 +42,9 @@ type Manager struct {
 
 	// resolver looks decode targets up (set by NewDecode).
 	resolver func(Target)
+	// deregister deletes the rank's bootstrap record (prefill, set once
+	// registered).
+	deregister func()
 	// parked, when a test sets it, is called once a Wait holds its channel.
 	parked func(room uint64)
 
@@ -112,7 +115,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		Identity: bootstrap.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank},
 		Bind:     cfg.Bind, Handler: m.handle, OnPeerDown: m.peerDown,
 		HeartbeatInterval: cfg.HeartbeatInterval, MaxMisses: cfg.MaxMisses,
-		Security: cfg.Security, Logger: m.log})
+		Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, Logger: m.log, Registerer: cfg.Registerer})
 	if err != nil {
 		if cfg.Registerer != nil {
 			cfg.Registerer.Unregister(m.met)
@@ -396,6 +399,9 @@ func (m *Manager) Close() error {
 		close(m.closing)
 		m.cancel()
 		m.wg.Wait()
+		if m.deregister != nil {
+			m.deregister()
+		}
 		if m.pool != nil {
 			m.pool.Close()
 		}

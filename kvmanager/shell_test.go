@@ -3,6 +3,7 @@ package kvmanager
 import (
 	"context"
 	"errors"
+	"github.com/kvbridge/kvbridge/internal/testauth"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 func newTestPrefill(t *testing.T) *Prefill {
 	t.Helper()
 	cfg := DefaultConfig(RolePrefill)
+	cfg.Auth = testauth.Auth()
 	cfg.Instance, cfg.Compat = "shell-test", "v1:test"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}

@@ -13,13 +13,22 @@ import (
 )
 
 // A prefill and a decode rank in one process (loopback engine): the decode
-// side asks for a room, the prefill side sends its pages.
+// side asks for a room, the prefill side sends its pages. Every rank and the
+// bootstrap server share one secret (KVBRIDGE_SECRET in production).
 func Example() {
-	srv := bootstrap.NewServer()
+	auth, err := bootstrap.NewAuth([]byte("the deployment's shared secret"))
+	if err != nil {
+		panic(err)
+	}
+	srv, err := bootstrap.NewServer(bootstrap.ServerConfig{Token: auth.BootstrapToken()})
+	if err != nil {
+		panic(err)
+	}
 	srv.Start("127.0.0.1:0")
 	defer srv.Close(context.Background())
 	config := func(role kvmanager.Role, name string) kvmanager.Config {
 		cfg := kvmanager.DefaultConfig(role)
+		cfg.Auth = auth
 		cfg.Instance, cfg.Compat, cfg.BootstrapURL = name, "v1:example", srv.URL()
 		cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 		cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 4096, AuxItemBytes: 64, Aux: nixl.Desc{Len: 64 * 8},

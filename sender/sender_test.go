@@ -2,6 +2,7 @@ package sender_test
 
 import (
 	"errors"
+	"github.com/kvbridge/kvbridge/internal/testauth"
 	"testing"
 
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -12,6 +13,7 @@ import (
 
 func prefill(t *testing.T) *kvmanager.Prefill {
 	cfg := kvmanager.DefaultConfig(kvmanager.RolePrefill)
+	cfg.Auth = testauth.Auth()
 	cfg.Instance, cfg.Compat = "sender-test", "v1:test"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 1024, Regions: []nixl.Desc{{Len: 1 << 16}, {Len: 1 << 16}}}

@@ -9,6 +9,8 @@ package main
 import (
 	"bufio"
 	"bytes"
+	crand "crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -27,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/rankcmd"
 )
 
@@ -37,8 +40,45 @@ type proc struct {
 	boot string
 }
 
+// secretFile is the demo deployment's shared secret, made at start (unless
+// KVBRIDGE_SECRET or KVBRIDGE_SECRET_FILE is set) and handed to every
+// process; token is its bootstrap token, for POST /v1/room.
+var secretFile, token string
+
+func makeSecret() (cleanup func(), err error) {
+	auth, _, err := bootstrap.AuthFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	cleanup = func() {}
+	if auth == nil {
+		var b [32]byte
+		if _, err := crand.Read(b[:]); err != nil {
+			return nil, err
+		}
+		f, err := os.CreateTemp("", "kvbridge-demo-secret-*")
+		if err != nil {
+			return nil, err
+		}
+		secret := hex.EncodeToString(b[:])
+		if _, err := f.WriteString(secret); err != nil {
+			return nil, err
+		}
+		f.Close()
+		secretFile, cleanup = f.Name(), func() { os.Remove(f.Name()) }
+		if auth, err = bootstrap.NewAuth([]byte(secret)); err != nil {
+			return nil, err
+		}
+	}
+	token = auth.BootstrapToken()
+	return cleanup, nil
+}
+
 func start(bin, name string, args ...string) (*proc, error) {
 	cmd := exec.Command(filepath.Join(bin, name), args...)
+	if secretFile != "" {
+		cmd.Env = append(os.Environ(), bootstrap.EnvSecretFile+"="+secretFile)
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -95,7 +135,13 @@ func (p *proc) stop() error {
 func post(url string, body any) (rankcmd.RoomResult, error) {
 	var res rankcmd.RoomResult
 	b, _ := json.Marshal(body)
-	resp, err := http.Post(url+"/v1/room", "application/json", bytes.NewReader(b))
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/room", bytes.NewReader(b))
+	if err != nil {
+		return res, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return res, err
 	}
@@ -166,6 +212,12 @@ func run(args []string) int {
 	}
 	fmt.Printf("kvbridge demo: %d requests of %d–%d tokens (%s layout), %d in flight, %.0f%% aborted, engine %s, seed %d\n",
 		*requests, *minTok, *maxTok, *model, *conc, 100**abortRate, *engine, *seed)
+	cleanup, serr := makeSecret()
+	if serr != nil {
+		fmt.Fprintln(os.Stderr, "demo: shared secret:", serr)
+		return 1
+	}
+	defer cleanup()
 	common := []string{"-model", *model, "-pages", strconv.Itoa(*pages), "-engine", *engine, "-ucx-tls", *tls}
 	prefill, err := start(*bin, "prefill", append(common, "-serve-bootstrap", "127.0.0.1:0")...)
 	if err != nil {

@@ -14,6 +14,7 @@ package main
 
 import (
 	"context"
+	crand "crypto/rand"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -321,20 +322,39 @@ type cluster struct {
 	mu      sync.Mutex
 }
 
+// benchAuth is a fresh shared secret for the in-process ranks (the
+// product's default path: every control message authenticated).
+func benchAuth() *bootstrap.Auth {
+	var b [32]byte
+	if _, err := crand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	a, err := bootstrap.NewAuth(b[:])
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
+
 func (b *bench) cluster(pages int) (*cluster, error) {
-	c := &cluster{srv: bootstrap.NewServer(), pp: kvmodel.NewPages(pages, 1), dp: kvmodel.NewPages(pages, 2)}
+	auth := benchAuth()
+	srv, err := bootstrap.NewServer(bootstrap.ServerConfig{Token: auth.BootstrapToken()})
+	if err != nil {
+		return nil, err
+	}
+	c := &cluster{srv: srv, pp: kvmodel.NewPages(pages, 1), dp: kvmodel.NewPages(pages, 2)}
 	if err := c.srv.Start("127.0.0.1:0"); err != nil {
 		return nil, err
 	}
 	mk := func(role kvmanager.Role) kvmanager.Config {
 		cfg := kvmanager.DefaultConfig(role)
+		cfg.Auth = auth
 		cfg.Instance = fmt.Sprintf("kvbench-%d", time.Now().UnixNano())
 		cfg.Compat, cfg.BootstrapURL = b.model.Compat(), c.srv.URL()
 		cfg.Engine = nixl.Config{Engine: b.engine, UCX: map[string]string{"TLS": b.tls}}
 		cfg.Layout = b.model.Layout(b.mem, pages, 4096)
 		return cfg
 	}
-	var err error
 	if c.prefill, err = kvmanager.NewPrefill(mk(kvmanager.RolePrefill)); err != nil {
 		c.srv.Close(context.Background())
 		return nil, err
@@ -555,17 +575,18 @@ func (b *bench) controlMode() error {
 		n = 200
 	}
 	progress("control", 0, 2)
+	auth := benchAuth()
 	got := make(chan struct{}, 1)
 	var echo *bootstrap.Loop
 	var back bootstrap.Peer
 	echo, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: bootstrap.From{Role: bootstrap.RolePrefill, Instance: "bench-echo"},
-		Bind: "tcp://127.0.0.1:*", Handler: func(m bootstrap.Message) { echo.Send(back, m) }})
+		Bind: "tcp://127.0.0.1:*", Auth: auth, Handler: func(m bootstrap.Message) { echo.Send(back, m) }})
 	if err != nil {
 		return err
 	}
 	defer echo.Close()
 	a, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: bootstrap.From{Role: bootstrap.RoleDecode, Instance: "bench-a"},
-		Bind: "tcp://127.0.0.1:*", Handler: func(bootstrap.Message) { got <- struct{}{} }})
+		Bind: "tcp://127.0.0.1:*", Auth: auth, Handler: func(bootstrap.Message) { got <- struct{}{} }})
 	if err != nil {
 		return err
 	}

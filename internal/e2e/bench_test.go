@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"github.com/kvbridge/kvbridge/internal/testauth"
 	"sort"
 	"sync"
 	"testing"
@@ -35,7 +36,7 @@ type benchCluster struct {
 }
 
 func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64) *benchCluster {
-	c := &benchCluster{srv: bootstrap.NewServer(), pFree: newPagePool(pagesPer), dFree: newPagePool(pagesPer),
+	c := &benchCluster{srv: testauth.Server(), pFree: newPagePool(pagesPer), dFree: newPagePool(pagesPer),
 		traces: map[uint64]map[kvmanager.TraceEvent]time.Time{}}
 	if err := c.srv.Start("127.0.0.1:0"); err != nil {
 		b.Fatal(err)
@@ -52,6 +53,7 @@ func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64) *benchClus
 	id := uniq()
 	mk := func(role kvmanager.Role) kvmanager.Config {
 		cfg := kvmanager.DefaultConfig(role)
+		cfg.Auth = testauth.Auth()
 		cfg.Instance = fmt.Sprintf("bench-%d", id)
 		cfg.Compat = "v1:llama3-8b"
 		cfg.BootstrapURL = c.srv.URL()

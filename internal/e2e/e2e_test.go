@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvbridge/kvbridge/internal/testauth"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -76,7 +77,7 @@ func layout() transfer.Layout {
 
 func newCluster(t *testing.T, engine string, mut func(*kvmanager.Config)) *cluster {
 	t.Helper()
-	c := &cluster{srv: bootstrap.NewServer()}
+	c := &cluster{srv: testauth.Server()}
 	if err := c.srv.Start("127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +85,7 @@ func newCluster(t *testing.T, engine string, mut func(*kvmanager.Config)) *clust
 	id := uniq()
 	mk := func(role kvmanager.Role, name string) kvmanager.Config {
 		cfg := kvmanager.DefaultConfig(role)
+		cfg.Auth = testauth.Auth()
 		cfg.Instance = fmt.Sprintf("%s-%d", name, id)
 		cfg.Compat = "v1:test-layout"
 		cfg.BootstrapURL = c.srv.URL()
@@ -495,6 +497,7 @@ func TestRoomReusedAfterTTL(t *testing.T) {
 func TestIncompatibleDecodeRefused(t *testing.T) {
 	c := newCluster(t, "loopback", nil)
 	cfg := kvmanager.DefaultConfig(kvmanager.RoleDecode)
+	cfg.Auth = testauth.Auth()
 	cfg.Instance, cfg.Compat, cfg.BootstrapURL = "decode-other", "v1:another-model", c.srv.URL()
 	cfg.Engine, cfg.Layout = engines["loopback"], layout()
 	other, err := kvmanager.NewDecode(cfg)

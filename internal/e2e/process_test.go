@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/kvbridge/kvbridge/internal/testauth"
 	"os"
 	"os/exec"
 	"strconv"
@@ -12,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
@@ -36,6 +36,7 @@ func init() {
 
 func rankConfig(role kvmanager.Role, engine, boot string) kvmanager.Config {
 	cfg := kvmanager.DefaultConfig(role)
+	cfg.Auth = testauth.Auth()
 	cfg.Instance = "proc"
 	cfg.Compat = "v1:test-layout"
 	cfg.BootstrapURL = boot
@@ -230,7 +231,7 @@ func csv(p []uint32) string {
 }
 
 func startBoot(t *testing.T) string {
-	srv := bootstrap.NewServer()
+	srv := testauth.Server()
 	if err := srv.Start("127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}

@@ -149,7 +149,7 @@ func NewPages(n int, seed uint64) *Pages {
 func (p *Pages) Get(n int) []uint32 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if n > len(p.free) {
+	if n < 0 || n > len(p.free) {
 		return nil
 	}
 	out := append([]uint32(nil), p.free[len(p.free)-n:]...)

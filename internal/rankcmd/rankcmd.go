@@ -6,13 +6,17 @@ package rankcmd
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -41,6 +45,10 @@ type Rank struct {
 	boot  *bootstrap.Server
 	http  *http.Server
 	ln    net.Listener
+	// token guards POST /v1/room (the bootstrap token of the secret); ""
+	// when insecure.
+	token string
+	npage int
 }
 
 func env(name, def string) string {
@@ -70,7 +78,31 @@ func Main(role kvmanager.Role, args []string) int {
 	instance := fs.String("instance", name, "instance name")
 	rank := fs.Int("rank", 0, "rank")
 	verbose := fs.Bool("v", false, "log at debug level")
+	insecure := fs.Bool("insecure", false, "run without authentication (no shared secret; logged as a warning)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: %s [flags]\n\nA kvbridge %s rank. The deployment's shared secret comes from %s or %s\n"+
+			"(the same on every rank and the bootstrap server); -insecure runs without one.\n\nflags:\n",
+			name, name, bootstrap.EnvSecret, bootstrap.EnvSecretFile)
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	auth, envInsecure, err := bootstrap.AuthFromEnv()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	if *insecure && auth != nil {
+		fmt.Fprintf(os.Stderr, "%s: -insecure with a shared secret set; choose one\n", name)
+		return 2
+	}
+	*insecure = *insecure || envInsecure
+	if auth == nil && !*insecure {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, bootstrap.ErrNoSecret)
 		return 2
 	}
 	m, ok := kvmodel.Presets[*model]
@@ -92,9 +124,19 @@ func Main(role kvmanager.Role, args []string) int {
 	defer log.Sync()
 	log = log.With(zap.String("role", name), zap.String("instance", *instance), zap.Int("rank", *rank))
 
-	r := &Rank{Role: role, Model: m, log: log}
+	r := &Rank{Role: role, Model: m, log: log, npage: *pages}
+	scfg := bootstrap.ServerConfig{Insecure: *insecure}
+	if auth != nil {
+		r.token = auth.BootstrapToken()
+		scfg.Token = r.token
+	} else {
+		log.Warn("running WITHOUT authentication (-insecure): anyone who can reach this rank's ports can drive it")
+	}
 	if role == kvmanager.RolePrefill && *serveBoot != "" {
-		r.boot = bootstrap.NewServer()
+		if r.boot, err = bootstrap.NewServer(scfg); err != nil {
+			log.Error("bootstrap server", zap.Error(err))
+			return 1
+		}
 		if err := r.boot.Start(*serveBoot); err != nil {
 			log.Error("bootstrap server", zap.Error(err))
 			return 1
@@ -112,6 +154,7 @@ func Main(role kvmanager.Role, args []string) int {
 	}
 	cfg.Layout = m.Layout(nixl.DRAM, *pages, 4096)
 	cfg.Logger = log
+	cfg.Auth, cfg.Insecure = auth, *insecure
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector())
 	cfg.Registerer = reg
@@ -120,7 +163,6 @@ func Main(role kvmanager.Role, args []string) int {
 		return 2
 	}
 	var mgr *kvmanager.Manager
-	var err error
 	if role == kvmanager.RolePrefill {
 		if r.P, err = kvmanager.NewPrefill(cfg); err == nil {
 			mgr = r.P.Manager
@@ -200,21 +242,70 @@ type RoomResult struct {
 	Error         string  `json:"error,omitempty"`
 }
 
+// Bounds of POST /v1/room.
+const (
+	maxRoomBody    = 16 << 10
+	maxRoomTimeout = time.Hour
+)
+
+// checkRoom validates a room request against this rank; the error is the
+// 400 answer.
+func (r *Rank) checkRoom(rr *RoomRequest) error {
+	maxTokens := r.npage * r.Model.PageTokens
+	switch {
+	case rr.Tokens < 1 || rr.Tokens > maxTokens:
+		return fmt.Errorf("tokens %d not in [1, %d] (the rank's %d pages × %d tokens)", rr.Tokens, maxTokens, r.npage, r.Model.PageTokens)
+	case rr.Chunk < 0 || rr.Chunk > r.npage:
+		return fmt.Errorf("chunk %d not in [0, %d] (0: 128)", rr.Chunk, r.npage)
+	case rr.TimeoutMS < 0 || int64(rr.TimeoutMS) > maxRoomTimeout.Milliseconds():
+		return fmt.Errorf("timeout_ms %d not in [0, %d] (0: 60000)", rr.TimeoutMS, maxRoomTimeout.Milliseconds())
+	case rr.AbortAfterChunks < 0:
+		return fmt.Errorf("abort_after_chunks %d is negative", rr.AbortAfterChunks)
+	case rr.AbortAt != "" && rr.AbortAt != "before" && rr.AbortAt != "mid" && rr.AbortAt != "after":
+		return fmt.Errorf("abort_at %.32q is not one of \"\", before, mid, after", rr.AbortAt)
+	}
+	if rr.Chunk == 0 {
+		rr.Chunk = 128
+	}
+	if rr.TimeoutMS == 0 {
+		rr.TimeoutMS = 60000
+	}
+	return nil
+}
+
 func (r *Rank) serveRoom(w http.ResponseWriter, req *http.Request) {
 	if req.Method != http.MethodPost {
 		http.Error(w, "POST a room", http.StatusMethodNotAllowed)
 		return
 	}
+	if r.token != "" {
+		got, ok := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(r.token)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="kvbridge"`)
+			http.Error(w, "POST /v1/room needs the deployment's bearer token", http.StatusUnauthorized)
+			return
+		}
+	}
 	var rr RoomRequest
-	if err := json.NewDecoder(req.Body).Decode(&rr); err != nil || rr.Tokens < 1 {
-		http.Error(w, "body must be {room, tokens ≥ 1, ...}", http.StatusBadRequest)
+	dec := json.NewDecoder(http.MaxBytesReader(w, req.Body, maxRoomBody))
+	err := dec.Decode(&rr)
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("trailing data after the JSON value")
+		}
+	}
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			http.Error(w, fmt.Sprintf("body exceeds %d bytes", maxRoomBody), http.StatusRequestEntityTooLarge)
+			return
+		}
+		http.Error(w, "body must be one JSON object {room, tokens, ...}: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	if rr.Chunk <= 0 {
-		rr.Chunk = 128
-	}
-	if rr.TimeoutMS <= 0 {
-		rr.TimeoutMS = 60000
+	if err := r.checkRoom(&rr); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
 	}
 	ctx, cancel := context.WithTimeout(req.Context(), time.Duration(rr.TimeoutMS)*time.Millisecond)
 	defer cancel()
