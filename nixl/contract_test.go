@@ -227,6 +227,7 @@ func TestContract(t *testing.T) {
 			t.Run("invalidate in flight", func(t *testing.T) { contractInvalidate(t, ec) })
 			t.Run("concurrent posts", func(t *testing.T) { contractConcurrent(t, ec) })
 			t.Run("close in flight", func(t *testing.T) { contractCloseInFlight(t, ec) })
+			t.Run("post after deregister", func(t *testing.T) { contractPostAfterDeregister(t, ec) })
 		})
 	}
 }
@@ -636,5 +637,106 @@ func runChild() int {
 			}
 		}
 		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// contractPostAfterDeregister: a transfer built from a list prepared before
+// its memory was deregistered is refused at post (issue 14: the ucx engine
+// copied from unmapped memory and died in memmove).
+func contractPostAfterDeregister(t *testing.T, ec engineCase) {
+	p := newPair(t, ec)
+	reg, src, err := p.ini.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, dst, _ := p.tgt.Alloc(1 << 20)
+	p.remote = exchange(t, p.ini, p.tgt)
+	l, err := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.Deregister(reg); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.Post(x); !errors.Is(err, ErrInvalidDescriptor) {
+		t.Fatalf("post after deregister: %v, want ErrInvalidDescriptor", err)
+	}
+	// Memory registered again is usable again.
+	_, src2, _ := p.ini.Alloc(1 << 20)
+	l2, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src2)})
+	x2, err := p.ini.NewXfer(Write, l2, []int{0}, r, []int{0}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.Post(x2); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := wait(t, p.ini, x2, time.Minute); st != Done {
+		t.Fatalf("%v %v", st, err)
+	}
+	p.ini.Release(x2)
+}
+
+// TestUCXRefusesHostileWorkerAddresses: a well-formed metadata blob whose
+// UCX worker address is garbage is refused before UCX parses it (issue 14:
+// UCX 1.13 asserts in ucp_ep_create and aborts the process).
+func TestUCXRefusesHostileWorkerAddresses(t *testing.T) {
+	a, err := Open(Config{Name: "hostile-md", Engine: EngineUCX, UCX: shmUCX})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	random := make([]byte, 300)
+	for i := range random {
+		random[i] = byte(i*131 + 7)
+	}
+	random[0] = 0xf7 // a header no UCX writes (version 7)
+	for name, payload := range map[string][]byte{
+		"empty":          nil,
+		"one byte":       {0x00},
+		"random":         random,
+		"64 KiB of 0xff": bytes.Repeat([]byte{0xff}, 64<<10),
+		"too long":       make([]byte, maxWorkerAddress+1),
+	} {
+		md := (&metadataBlob{engine: EngineUCX, agent: "forger", payload: payload}).encode()
+		if _, err := a.LoadRemote(md); !errors.Is(err, ErrBadMetadata) {
+			t.Errorf("%s: %v, want ErrBadMetadata", name, err)
+		}
+	}
+}
+
+// TestUCXSettingsPerAgent: transport settings apply to the agent that was
+// given them and never to the process (issue 14: os.Setenv made the first
+// agent's settings everyone's and raced with UCX's threads).
+func TestUCXSettingsPerAgent(t *testing.T) {
+	if v, ok := os.LookupEnv("UCX_TCP_TX_SEG_SIZE"); ok {
+		t.Skipf("UCX_TCP_TX_SEG_SIZE=%s is set in the environment", v)
+	}
+	// TX above RX is refused by UCX's tcp transport: proof the setting
+	// reached this agent's transport.
+	bad := map[string]string{"TLS": "tcp", "NET_DEVICES": "lo", "TCP_TX_SEG_SIZE": "1M"}
+	if a, err := Open(Config{Name: "ucx-bad-seg", Engine: EngineUCX, UCX: bad}); err == nil {
+		a.Close()
+		t.Fatal("an agent with TCP_TX_SEG_SIZE above the RX size opened: the setting was not applied")
+	}
+	if _, ok := os.LookupEnv("UCX_TCP_TX_SEG_SIZE"); ok {
+		t.Fatal("opening an agent wrote UCX_TCP_TX_SEG_SIZE into the process environment")
+	}
+	// Another agent in the same process is unaffected.
+	a, err := Open(Config{Name: "ucx-default-seg", Engine: EngineUCX, UCX: map[string]string{"TLS": "tcp", "NET_DEVICES": "lo"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if _, err := Open(Config{Name: "ucx-conflict", Engine: EngineUCX, UCX: map[string]string{"TCP_TX_SEG_SIZE": "1M", "DC_TX_SEG_SIZE": "2M"}}); !errors.Is(err, ErrInvalidRequest) {
+		t.Fatalf("conflicting unprefixed settings: %v", err)
 	}
 }

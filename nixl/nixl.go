@@ -185,6 +185,7 @@ type Prepped struct {
 	Descs  []Desc
 	handle any
 	agent  *Agent
+	deregs uint64 // the agent's deregistration count when last checked
 }
 
 // Xfer is a transfer request built from prepared lists by index.
@@ -215,6 +216,9 @@ type Agent struct {
 	remotes map[string]*regionIndex
 	// localIdx indexes registered memory; nil after a (de)registration.
 	localIdx *regionIndex
+	// deregs counts deregistrations: a local list prepared before one is
+	// checked again at its next post.
+	deregs uint64
 	closed   bool
 }
 
@@ -356,6 +360,7 @@ func (a *Agent) Deregister(r *Registration) error {
 	}
 	delete(a.regs, r)
 	a.localIdx = nil
+	a.deregs++
 	err := a.b.deregister(r.handle)
 	if r.pinner != nil {
 		r.pinner.Unpin()
@@ -437,16 +442,7 @@ func (a *Agent) prep(remote string, kind MemKind, descs []Desc) (*Prepped, error
 	}
 	var regions *regionIndex
 	if remote == "" {
-		if a.localIdx == nil {
-			var all []remoteRegion
-			for r := range a.regs {
-				for _, d := range r.Descs {
-					all = append(all, remoteRegion{Kind: r.Kind, Desc: d})
-				}
-			}
-			a.localIdx = newRegionIndex(all)
-		}
-		regions = a.localIdx
+		regions = a.localIndex()
 	} else {
 		var ok bool
 		if regions, ok = a.remotes[remote]; !ok {
@@ -467,7 +463,41 @@ func (a *Agent) prep(remote string, kind MemKind, descs []Desc) (*Prepped, error
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: prep %s: %w", a.name, where, err)
 	}
-	return &Prepped{Remote: remote, Kind: kind, Descs: append([]Desc(nil), descs...), handle: h, agent: a}, nil
+	return &Prepped{Remote: remote, Kind: kind, Descs: append([]Desc(nil), descs...), handle: h, agent: a, deregs: a.deregs}, nil
+}
+
+// localIndex indexes the registered memory (a.mu held).
+func (a *Agent) localIndex() *regionIndex {
+	if a.localIdx == nil {
+		var all []remoteRegion
+		for r := range a.regs {
+			for _, d := range r.Descs {
+				all = append(all, remoteRegion{Kind: r.Kind, Desc: d})
+			}
+		}
+		a.localIdx = newRegionIndex(all)
+	}
+	return a.localIdx
+}
+
+// stillRegistered checks, after a deregistration since it was last
+// checked, that every local descriptor of x still lies in registered
+// memory (a.mu held): a post must never read or write memory that was
+// given back.
+func (a *Agent) stillRegistered(x *Xfer) error {
+	p := x.local
+	if p.deregs == a.deregs {
+		return nil
+	}
+	idx := a.localIndex()
+	for i, d := range p.Descs {
+		if idx.find(p.Kind, d) < 0 {
+			return fmt.Errorf("agent %s: local descriptor %d (%v addr %#x len %d) was deregistered after prep: %w",
+				a.name, i, p.Kind, d.Addr, d.Len, ErrInvalidDescriptor)
+		}
+	}
+	p.deregs = a.deregs
+	return nil
 }
 
 // regionIndex is a set of regions sorted by address, for O(log n) lookups
@@ -579,9 +609,13 @@ func (a *Agent) Post(x *Xfer) error {
 		return err
 	}
 	_, ok := a.remotes[x.Remote]
+	regErr := a.stillRegistered(x)
 	a.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("agent %s: post to %q: %w", a.name, x.Remote, ErrRemoteUnknown)
+	}
+	if regErr != nil {
+		return regErr
 	}
 	x.posted, x.err = time.Now(), nil
 	if err := a.b.post(x); err != nil {

@@ -133,31 +133,52 @@ type ucx struct {
 	mu    sync.Mutex
 	queue []Notif
 	wake  chan struct{}
+
+	// selfAddrHeader and selfAddrMin describe this process's own worker
+	// address: a peer's must have the same header byte and at least the
+	// fixed part (header and worker id).
+	selfAddrHeader byte
+	selfAddrMin    int
 }
 
 // spinWindow is how long the progress thread keeps polling after activity
 // before it starts sleeping.
 const spinWindow = 200 * time.Microsecond
 
-// transportPrefixes name UCX settings that belong to transports, which
-// ucp_config_modify does not apply in UCX 1.13; they go to the environment.
+// transportPrefixes name UCX settings that belong to transports. UCX 1.13's
+// ucp_config_modify does not match them by their full name (TCP_TX_SEG_SIZE
+// is reported "invalid configuration"); it applies a transport setting given
+// without its prefix (TX_SEG_SIZE) to every transport of the agent that has
+// it. So each agent gets its own settings and the process environment is
+// never written (a setenv races with C threads reading it, and the first
+// agent's values would win for all).
 var transportPrefixes = []string{"TCP_", "POSIX_", "SYSV_", "CMA_", "MM_", "SELF_", "IB_", "RC_", "UD_", "DC_", "CUDA_", "GDR_", "ROCM_", "KNEM_", "XPMEM_"}
 
-func openUCX(cfg Config) (backend, error) {
-	ucpKeys := map[string]string{}
-	for k, v := range cfg.UCX {
-		transport := false
+// ucpSettings maps Config.UCX to ucp_config_modify names.
+func ucpSettings(in map[string]string) (map[string]string, error) {
+	out := map[string]string{}
+	from := map[string]string{}
+	for k, v := range in {
+		name := k
 		for _, p := range transportPrefixes {
-			transport = transport || strings.HasPrefix(k, p)
+			if rest, ok := strings.CutPrefix(k, p); ok && rest != "" {
+				name = rest
+				break
+			}
 		}
-		if !transport {
-			ucpKeys[k] = v
-			continue
+		if prev, dup := from[name]; dup && out[name] != v {
+			return nil, fmt.Errorf("UCX settings %s=%s and %s=%s: UCX applies %s to every transport, give it one value: %w",
+				prev, out[name], k, v, name, ErrInvalidRequest)
 		}
-		// Process-wide: an explicit UCX_ variable from the operator wins.
-		if _, set := os.LookupEnv("UCX_" + k); !set {
-			os.Setenv("UCX_"+k, v)
-		}
+		out[name], from[name] = v, k
+	}
+	return out, nil
+}
+
+func openUCX(cfg Config) (backend, error) {
+	ucpKeys, err := ucpSettings(cfg.UCX)
+	if err != nil {
+		return nil, fmt.Errorf("ucx engine: %w", err)
 	}
 	cfg.UCX = ucpKeys
 	tls, ok := ucpKeys["TLS"]
@@ -209,6 +230,18 @@ func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 		return
 	}
 	u.ctx = ctx
+	var self unsafe.Pointer
+	var n C.size_t
+	if err := ucxErr("ucp_worker_get_address", C.kvb_worker_address(ctx, &self, &n)); err != nil || n < 1 {
+		C.kvb_destroy(ctx)
+		started <- fmt.Errorf("own worker address: %v", err)
+		return
+	}
+	u.selfAddrHeader = *(*byte)(self)
+	// Header (1 byte with UCX 1.13's v1 addresses, 2 with v2) and the
+	// 8-byte worker id, when present, come before anything variable.
+	u.selfAddrMin = min(int(n), 9)
+	C.free(self)
 	started <- nil
 
 	idle := time.Duration(0)
@@ -438,10 +471,39 @@ func (u *ucx) metadata(regs []*Registration) ([]byte, error) {
 	return m.encode(), err
 }
 
+// maxWorkerAddress bounds a peer's UCX worker address (UCX's own are a
+// few hundred bytes; RDMA devices add tens of bytes each).
+const maxWorkerAddress = 16 << 10
+
+// checkWorkerAddress refuses a worker address UCX's parser would choke on
+// before UCX sees it: UCX 1.13 asserts (and aborts the process) on an
+// unknown address version, and reads past the end of a short one. The
+// header byte — address version in its low 4 bits, flags in the high 4 —
+// must be this process's own (every rank of a deployment runs one UCX
+// build), and the length must be plausible. A blob past this check can
+// still be hostile deeper inside: that is why only authenticated peers'
+// blobs reach the engine (kvmanager loads metadata from REGISTERs only).
+func (u *ucx) checkWorkerAddress(addr []byte) error {
+	switch {
+	case len(addr) < u.selfAddrMin:
+		return fmt.Errorf("UCX worker address of %d bytes, want at least %d: %w", len(addr), u.selfAddrMin, ErrBadMetadata)
+	case len(addr) > maxWorkerAddress:
+		return fmt.Errorf("UCX worker address of %d bytes exceeds %d: %w", len(addr), maxWorkerAddress, ErrBadMetadata)
+	case addr[0] != u.selfAddrHeader:
+		return fmt.Errorf("UCX worker address header %#02x (version %d), this process writes %#02x (version %d): "+
+			"not an address of this UCX build and configuration: %w",
+			addr[0], addr[0]&0xf, u.selfAddrHeader, u.selfAddrHeader&0xf, ErrBadMetadata)
+	}
+	return nil
+}
+
 func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 	m, err := decodeMetadata(md, EngineUCX)
 	if err != nil {
 		return "", nil, err
+	}
+	if err := u.checkWorkerAddress(m.payload); err != nil {
+		return "", nil, fmt.Errorf("agent %q: %w", m.agent, err)
 	}
 	r := &ucxRemote{name: m.agent, regions: m.remoteRegions()}
 	err = u.do(func() error {

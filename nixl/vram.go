@@ -1,9 +1,9 @@
 package nixl
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"fmt"
-	"os"
 	"sync"
 
 	"github.com/kvbridge/kvbridge/gpu"
@@ -74,19 +74,30 @@ func deviceCopies(dev int, dst, src []uintptr, n []uint64) error {
 }
 
 // vramKey is what metadata carries for a VRAM region: the CUDA IPC handle
-// of its allocation, the allocation's base, and the exporting process.
+// of its allocation, the allocation's base, and the exporting process's
+// random id (not its PID: processes in different containers on one node
+// can share a PID).
 type vramKey struct {
 	handle gpu.IPCHandle
 	base   uint64
-	pid    uint32
+	proc   uint64
 }
 
-const vramKeyLen = 64 + 8 + 4
+const vramKeyLen = 64 + 8 + 8
+
+// processID is this process's random id, drawn once.
+var processID = func() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return binary.LittleEndian.Uint64(b[:]) | 1
+}()
 
 func (k vramKey) encode() []byte {
 	b := append([]byte{}, k.handle[:]...)
 	b = binary.LittleEndian.AppendUint64(b, k.base)
-	return binary.LittleEndian.AppendUint32(b, k.pid)
+	return binary.LittleEndian.AppendUint64(b, k.proc)
 }
 
 func decodeVRAMKey(b []byte) (vramKey, error) {
@@ -96,7 +107,7 @@ func decodeVRAMKey(b []byte) (vramKey, error) {
 	}
 	copy(k.handle[:], b)
 	k.base = binary.LittleEndian.Uint64(b[64:])
-	k.pid = binary.LittleEndian.Uint32(b[72:])
+	k.proc = binary.LittleEndian.Uint64(b[72:])
 	return k, nil
 }
 
@@ -114,14 +125,14 @@ func exportVRAM(d Desc) (vramKey, error) {
 	if err != nil {
 		return vramKey{}, err
 	}
-	return vramKey{handle: h, base: uint64(base), pid: uint32(os.Getpid())}, nil
+	return vramKey{handle: h, base: uint64(base), proc: processID}, nil
 }
 
 // importVRAM maps a peer's VRAM region into this process and returns where
 // its first byte is; close releases the mapping. A region of this very
 // process is used as is (CUDA refuses to open its own handles).
 func importVRAM(k vramKey, region Desc, dev int) (addr uintptr, close func() error, err error) {
-	if k.pid == uint32(os.Getpid()) {
+	if k.proc == processID {
 		return region.Addr, func() error { return nil }, nil
 	}
 	c, err := cudaContext(dev)

@@ -199,3 +199,36 @@ func TestVRAMCrossProcess(t *testing.T) {
 		a.Release(x)
 	})
 }
+
+// TestVRAMKeyNamesTheProcessNotThePID: a VRAM key is this process's own
+// only when it carries this process's random id. A key from another process
+// (issue 14: in another container it can have the same PID) is opened
+// through CUDA IPC, never taken as an address in this process.
+func TestVRAMKeyNamesTheProcessNotThePID(t *testing.T) {
+	vramCases(t, func(t *testing.T) {
+		p, _ := devAlloc(t, 1<<20)
+		k, err := exportVRAM(Desc{Addr: uintptr(p), Len: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k2, err := decodeVRAMKey(k.encode())
+		if err != nil || k2 != k {
+			t.Fatalf("round trip: %+v %v", k2, err)
+		}
+		region := Desc{Addr: uintptr(p) + 4096, Len: 4096}
+		addr, closer, err := importVRAM(k, region, 0)
+		if err != nil || addr != region.Addr {
+			t.Fatalf("own key: %#x %v, want the address itself", addr, err)
+		}
+		closer()
+		other := k
+		other.proc ^= 2
+		addr, closer, err = importVRAM(other, region, 0)
+		if err == nil {
+			closer()
+		}
+		if err == nil && addr == region.Addr {
+			t.Fatal("another process's key was taken as memory of this process")
+		}
+	})
+}
