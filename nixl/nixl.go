@@ -219,7 +219,7 @@ type Agent struct {
 	// deregs counts deregistrations: a local list prepared before one is
 	// checked again at its next post.
 	deregs uint64
-	closed   bool
+	closed bool
 }
 
 // Open creates an agent on the configured engine.
