@@ -5,7 +5,7 @@ GO ?= go
 # go-nvml's cgo prologue trips hundreds of deprecation warnings in nvml.h.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all deps test sim bench bench-engine lint generate demo
+.PHONY: all deps test sim bench bench-engine lint generate demo soak-hostile
 
 all: test
 
@@ -49,3 +49,9 @@ generate:
 demo: deps
 	$(GO) build -o bin/ ./examples/prefill ./examples/decode ./examples/demo
 	./bin/demo $(DEMO_FLAGS)
+
+SOAK_REQUESTS ?= 2000
+## soak-hostile: the demo's workload (SOAK_REQUESTS requests) while an attacker sends every class of bad input at both ranks (make test runs a short one)
+soak-hostile: deps
+	$(GO) build -o bin/ ./examples/prefill ./examples/decode ./examples/demo
+	./bin/demo -hostile -hostile-rounds 200 -requests $(SOAK_REQUESTS) -abort-rate 0.1 $(DEMO_FLAGS)

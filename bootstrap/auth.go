@@ -86,17 +86,17 @@ func (a *Auth) tag(frames [][]byte, ts []byte) []byte {
 	return out
 }
 
-// seal appends the authentication frame to the three frames of a message.
-func (a *Auth) seal(frames [][]byte, now time.Time) [][]byte {
+// Seal appends the authentication frame to the three frames of a message.
+func (a *Auth) Seal(frames [][]byte, now time.Time) [][]byte {
 	f := make([]byte, 8, AuthFrameLen)
 	binary.LittleEndian.PutUint64(f, uint64(now.UnixNano()))
 	f = append(f, a.tag(frames, f)...)
 	return append(frames, f)
 }
 
-// open checks and strips the authentication frame; the error is one of the
+// Open checks and strips the authentication frame; the error is one of the
 // Auth* reasons.
-func (a *Auth) open(frames [][]byte, now time.Time) ([][]byte, string) {
+func (a *Auth) Open(frames [][]byte, now time.Time) ([][]byte, string) {
 	if len(frames) != 4 {
 		return nil, AuthMissing
 	}

@@ -313,7 +313,7 @@ func (l *Loop) encode(m Message) ([][]byte, error) {
 	if err != nil || l.cfg.Auth == nil {
 		return frames, err
 	}
-	return l.cfg.Auth.seal(frames, time.Now()), nil
+	return l.cfg.Auth.Seal(frames, time.Now()), nil
 }
 
 func (l *Loop) enqueue(o outbound) error {
@@ -422,7 +422,7 @@ func (l *Loop) receive() {
 
 func (l *Loop) dispatch(frames [][]byte, epochs *epochTable, limiter *logLimiter) {
 	if l.cfg.Auth != nil {
-		opened, why := l.cfg.Auth.open(frames, time.Now())
+		opened, why := l.cfg.Auth.Open(frames, time.Now())
 		if why != "" {
 			l.stat.refusedInc(why)
 			if n, ok := limiter.allow(time.Now()); ok {

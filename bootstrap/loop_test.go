@@ -40,7 +40,7 @@ func testAuth() *Auth {
 
 // sealed adds the test secret's authentication frame, as a rank would.
 func sealed(frames [][]byte) [][]byte {
-	return testAuth().seal(append([][]byte(nil), frames...), time.Now())
+	return testAuth().Seal(append([][]byte(nil), frames...), time.Now())
 }
 
 func newRank(t *testing.T, role, instance string, mut func(*LoopConfig)) *testRank {
@@ -566,13 +566,13 @@ func TestUnauthenticatedMessagesDropped(t *testing.T) {
 	forgedFrom := decode.Identity()
 	forgedFrom.Instance = "intruder"
 	replayed := append(frames(&Request{From: forgedFrom, Room: 5, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}), captured[3])
-	old := testAuth().seal(frames(req), time.Now().Add(-time.Hour))
+	old := testAuth().Seal(frames(req), time.Now().Add(-time.Hour))
 	cases := map[string]struct {
 		frames [][]byte
 		reason string
 	}{
 		"no tag":            {frames(req), AuthMissing},
-		"other secret":      {other.seal(frames(req), time.Now()), AuthBadTag},
+		"other secret":      {other.Seal(frames(req), time.Now()), AuthBadTag},
 		"short tag":         {append(frames(req), []byte("x")), AuthBadTag},
 		"replayed identity": {replayed, AuthBadTag},
 		"an hour old":       {old, AuthStale},

@@ -13,6 +13,7 @@ type metrics struct {
 
 	rooms    *prometheus.Desc // gauge by status, read from the registry
 	inflight *prometheus.Desc
+	tables   *prometheus.Desc // gauge by table: tombstones, pending requests
 
 	// Read from the core's counters at collection time.
 	events, deadlines, statusSent, forced, stale, retries *prometheus.Desc
@@ -30,6 +31,8 @@ func newMetrics(m *Manager) *metrics {
 	return &metrics{m: m,
 		rooms:    prometheus.NewDesc("kvbridge_rooms", "Live rooms by status.", []string{"status"}, labels),
 		inflight: prometheus.NewDesc("kvbridge_inflight_writes", "Posted writes not yet completed.", nil, labels),
+		tables: prometheus.NewDesc("kvbridge_core_entries", "Entries of the core's bounded tables (tombstones, pending requests).",
+			[]string{"table"}, labels),
 		events: prometheus.NewDesc("kvbridge_registry_events_total", "Core events by kind and outcome.",
 			[]string{"event", "outcome"}, labels),
 		deadlines: prometheus.NewDesc("kvbridge_rooms_failed_by_deadline_total",
@@ -69,6 +72,7 @@ func (x *metrics) collectors() []prometheus.Collector {
 func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.rooms
 	ch <- x.inflight
+	ch <- x.tables
 	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries} {
 		ch <- d
 	}
@@ -81,7 +85,13 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	var counts map[Poll]int
 	var inflight int
 	var st CoreStats
-	x.m.read(func(c *Core) { counts, inflight, st = c.reg.Counts(), c.reg.InFlightTotal(), c.Stats() })
+	var tombs, pending int
+	x.m.read(func(c *Core) {
+		counts, inflight, st = c.reg.Counts(), c.reg.InFlightTotal(), c.Stats()
+		tombs, pending = len(c.reg.tombs), len(c.reg.pending)
+	})
+	ch <- prometheus.MustNewConstMetric(x.tables, prometheus.GaugeValue, float64(tombs), "tombstones")
+	ch <- prometheus.MustNewConstMetric(x.tables, prometheus.GaugeValue, float64(pending), "pending")
 	for p := Failed; p <= Success; p++ {
 		ch <- prometheus.MustNewConstMetric(x.rooms, prometheus.GaugeValue, float64(counts[p]), p.String())
 	}

@@ -9,6 +9,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	crand "crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -30,23 +31,28 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/rankcmd"
 )
 
 type proc struct {
-	name string
-	cmd  *exec.Cmd
-	http string
-	boot string
+	name     string
+	cmd      *exec.Cmd
+	http     string
+	boot     string
+	endpoint string // control endpoint
 }
 
 // secretFile is the demo deployment's shared secret, made at start (unless
 // KVBRIDGE_SECRET or KVBRIDGE_SECRET_FILE is set) and handed to every
 // process; token is its bootstrap token, for POST /v1/room.
-var secretFile, token string
+var (
+	secretFile, token string
+	auth              *bootstrap.Auth
+)
 
 func makeSecret() (cleanup func(), err error) {
-	auth, _, err := bootstrap.AuthFromEnv()
+	auth, _, err = bootstrap.AuthFromEnv()
 	if err != nil {
 		return nil, err
 	}
@@ -110,6 +116,9 @@ func start(bin, name string, args ...string) (*proc, error) {
 			}
 			if v, ok := strings.CutPrefix(f, "bootstrap="); ok {
 				p.boot = v
+			}
+			if v, ok := strings.CutPrefix(f, "endpoint="); ok {
+				p.endpoint = v
 			}
 		}
 	case <-time.After(60 * time.Second):
@@ -203,6 +212,8 @@ func run(args []string) int {
 	engine := fs.String("engine", "ucx", "engine")
 	tls := fs.String("ucx-tls", "posix,cma,self", "UCX transports")
 	short := fs.Bool("short", false, "a quick run for CI: tiny model, 60 requests")
+	hostile := fs.Bool("hostile", false, "while the workload runs, attack both ranks with every class of bad input (see hostile.go)")
+	hostileRounds := fs.Int("hostile-rounds", 20, "with -hostile: attack rounds run at least, even past the workload")
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()), "workload seed")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -232,6 +243,21 @@ func run(args []string) int {
 	}
 	defer decode.stop()
 	fmt.Printf("bootstrap %s · prefill %s · decode %s\n", prefill.boot, prefill.http, decode.http)
+	var att *attacker
+	stopAttack := func() {}
+	rssStart := map[string]float64{}
+	if *hostile {
+		if att, err = newAttacker(prefill, decode, kvmodel.Presets[*model], *pages, *hostileRounds); err != nil {
+			fmt.Fprintln(os.Stderr, "demo: attacker:", err)
+			return 1
+		}
+		defer att.close()
+		actx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { att.run(actx); close(done) }()
+		stopAttack = func() { cancel(); <-done }
+		defer stopAttack()
+	}
 
 	rng := rand.New(rand.NewPCG(*seed, 7))
 	stages := []string{"before", "mid", "after", "prefill"}
@@ -286,6 +312,9 @@ func run(args []string) int {
 			w.err = firstErr(derr, perr)
 			mu.Lock()
 			done++
+			if done == len(work)/4 && att != nil {
+				rssStart["prefill"], rssStart["decode"] = rss(prefill), rss(decode)
+			}
 			switch {
 			case judge(w) != "":
 				failN++
@@ -303,6 +332,7 @@ func run(args []string) int {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	stopAttack()
 	fmt.Fprintln(os.Stderr)
 
 	var lat []float64
@@ -327,6 +357,9 @@ func run(args []string) int {
 	pinnedRooms := livePre + liveDec + overPre + overDec
 	if pinnedRooms != 0 {
 		problems = append(problems, fmt.Sprintf("%v rooms left live or past their deadline", pinnedRooms))
+	}
+	if att != nil {
+		problems = append(problems, att.report(rssStart)...)
 	}
 	sort.Float64s(lat)
 	fmt.Printf("\n%-26s %v\n", "requests", len(work))

@@ -1,0 +1,453 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/nixl"
+	zmq "github.com/pebbe/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// The hostile mode (-hostile): while the real workload runs, an attacker in
+// this process sends every class of bad input issue 14 listed, at both
+// ranks, round after round: unauthenticated messages (garbage frames, valid
+// messages without a tag or with another secret, PINGs from forged
+// endpoints, a REGISTER with a garbage agent blob), authenticated hostile
+// messages (an insider or a broken peer: REGISTERs whose UCX worker address
+// is garbage, reasons and instance names of 1 MiB, arrays declaring millions
+// of elements, early ABORTs under thousands of identities, ABORTs sent to
+// the decode rank for the workload's own rooms), and hostile HTTP (writes
+// without or with a wrong token, a live rank's record claimed by another
+// endpoint, trailing garbage, 10 MB bodies, tokens near 2^63). At the end
+// the real rooms must have succeeded byte-exact (or been aborted as asked),
+// both ranks must be alive, every refusal counted, and every bounded table
+// within its bound.
+
+// attackRoomBase keeps the attacker's early ABORTs off the workload's rooms
+// (an authenticated peer may abort any room; that is the protocol).
+const attackRoomBase = 1 << 40
+
+type attacker struct {
+	prefill, decode *proc
+	minRounds       int // rounds run even if the workload ends first
+	model           kvmodel.Model
+	pages           int
+	ctx             *zmq.Context
+	pull            *zmq.Socket // where replies to the insider's messages go
+	self            string
+
+	mu       sync.Mutex
+	rounds   int
+	sent     map[string]int // messages or requests per class
+	acksBad  int            // REGISTER_ACK ok=false received
+	httpBad  []string       // HTTP answers that were not the expected refusal
+	zmqFails int
+}
+
+func newAttacker(prefill, decode *proc, model kvmodel.Model, pages, minRounds int) (*attacker, error) {
+	a := &attacker{prefill: prefill, decode: decode, model: model, pages: pages, sent: map[string]int{}, minRounds: minRounds}
+	var err error
+	if a.ctx, err = zmq.NewContext(); err != nil {
+		return nil, err
+	}
+	if a.pull, err = a.ctx.NewSocket(zmq.PULL); err != nil {
+		return nil, err
+	}
+	a.pull.SetLinger(0)
+	if err := a.pull.Bind("tcp://127.0.0.1:*"); err != nil {
+		return nil, err
+	}
+	a.self, _ = a.pull.GetLastEndpoint()
+	return a, nil
+}
+
+func (a *attacker) close() {
+	a.pull.Close()
+	a.ctx.Term()
+}
+
+// run attacks until ctx ends and at least minRounds rounds ran.
+func (a *attacker) run(ctx context.Context) {
+	rctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // replies to the insider's REGISTERs
+		defer wg.Done()
+		poller := zmq.NewPoller()
+		poller.Add(a.pull, zmq.POLLIN)
+		for rctx.Err() == nil {
+			if p, _ := poller.Poll(50 * time.Millisecond); len(p) == 0 {
+				continue
+			}
+			frames, err := a.pull.RecvMessageBytes(0)
+			if err != nil {
+				continue
+			}
+			if opened, why := auth.Open(frames, time.Now()); why == "" {
+				if m, err := bootstrap.Decode(opened); err == nil {
+					if ack, ok := m.(*bootstrap.RegisterAck); ok && !ack.OK {
+						a.mu.Lock()
+						a.acksBad++
+						a.mu.Unlock()
+					}
+				}
+			}
+		}
+	}()
+	push := map[string]*zmq.Socket{}
+	for _, p := range []*proc{a.prefill, a.decode} {
+		s, err := a.ctx.NewSocket(zmq.PUSH)
+		if err != nil {
+			panic(err)
+		}
+		s.SetLinger(0)
+		s.SetSndhwm(100000)
+		s.Connect(p.endpoint)
+		push[p.name] = s
+	}
+	defer func() {
+		for _, s := range push {
+			s.Close()
+		}
+	}()
+	for round := 0; ctx.Err() == nil || round < a.minRounds; round++ {
+		a.round(round, push)
+		a.mu.Lock()
+		a.rounds++
+		a.mu.Unlock()
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	// Replies to the last REGISTERs: a short grace, bounded.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		a.mu.Lock()
+		n := a.acksBad
+		a.mu.Unlock()
+		if n >= a.rounds*2 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	wg.Wait()
+}
+
+func (a *attacker) send(s *zmq.Socket, class string, frames [][]byte) {
+	if _, err := s.SendMessageDontwait(frames); err != nil {
+		a.mu.Lock()
+		a.zmqFails++
+		a.mu.Unlock()
+		return
+	}
+	a.mu.Lock()
+	a.sent[class]++
+	a.mu.Unlock()
+}
+
+func encode(m bootstrap.Message) [][]byte {
+	f, err := bootstrap.Encode(m)
+	if err != nil {
+		panic(err)
+	}
+	return f
+}
+
+func sealed(m bootstrap.Message) [][]byte { return auth.Seal(encode(m), time.Now()) }
+
+// rawBody builds a message body by hand (for what Encode refuses to write).
+func rawBody(pairs ...any) []byte {
+	var b bytes.Buffer
+	enc := msgpack.NewEncoder(&b)
+	enc.EncodeMapLen(len(pairs) / 2)
+	for i := 0; i < len(pairs); i += 2 {
+		enc.EncodeString(pairs[i].(string))
+		if raw, ok := pairs[i+1].(msgpack.RawMessage); ok {
+			b.Write(raw)
+			continue
+		}
+		enc.Encode(pairs[i+1])
+	}
+	return b.Bytes()
+}
+
+func (a *attacker) from(instance string, rank int) bootstrap.From {
+	return bootstrap.From{Role: bootstrap.RoleDecode, Instance: instance, Rank: rank, Endpoint: a.self, Epoch: 7}
+}
+
+func fromMap(f bootstrap.From) map[string]any {
+	return map[string]any{"role": f.Role, "instance": f.Instance, "rank": f.Rank, "endpoint": f.Endpoint, "epoch": f.Epoch}
+}
+
+// agentBlob is a well-formed kvbridge ucx metadata blob (nixl/metadata.go's
+// format) around a worker address.
+func agentBlob(addr []byte) []byte {
+	b := append([]byte("KVBN"), 1)
+	put := func(v []byte) {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(v)))
+		b = append(b, v...)
+	}
+	put([]byte(nixl.EngineUCX))
+	put([]byte("hostile-agent"))
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	put(addr)
+	return b
+}
+
+// register is a REGISTER that passes the compat and layout checks, so its
+// agent blob reaches the engine.
+func (a *attacker) register(md []byte, rank int) *bootstrap.Register {
+	lay := a.model.Layout(nixl.DRAM, a.pages, 4096)
+	var kv []bootstrap.Region
+	for i, r := range lay.Regions {
+		kv = append(kv, bootstrap.Region{Addr: uint64(0x100000000 + i*int(r.Len)), Len: r.Len, ItemLen: lay.PageBytes, Mem: bootstrap.MemDRAM})
+	}
+	aux := []bootstrap.Region{{Addr: 0x7000000000, Len: lay.Aux.Len, ItemLen: lay.AuxItemBytes, Mem: bootstrap.MemDRAM}}
+	return &bootstrap.Register{From: a.from("hostile-register", rank), Compat: a.model.Compat(), Agent: "hostile-agent",
+		AgentMD: md, TPSize: 1, KV: kv, Aux: aux, State: []bootstrap.Region{}}
+}
+
+func (a *attacker) round(round int, push map[string]*zmq.Socket) {
+	other, _ := bootstrap.NewAuth([]byte("not this deployment's secret!!"))
+	garbageAddr := func(k int) []byte {
+		switch k % 3 {
+		case 0:
+			return nil
+		case 1:
+			r := make([]byte, 300)
+			for i := range r {
+				r[i] = byte(i*131 + round)
+			}
+			r[0] = 0xf7
+			return r
+		default:
+			return bytes.Repeat([]byte{0xff}, 64<<10)
+		}
+	}
+	mib := strings.Repeat("x", 1<<20)
+	for _, name := range []string{"prefill", "decode"} {
+		s := push[name]
+		// Unauthenticated.
+		a.send(s, "garbage frames", [][]byte{[]byte("KVB1")})
+		a.send(s, "garbage frames", [][]byte{[]byte("KVB1"), []byte("ABORT"), {0xc1, 0xff}})
+		a.send(s, "garbage frames", [][]byte{[]byte("HTTP"), []byte("GET / HTTP/1.1"), nil, nil, nil})
+		a.send(s, "no tag", encode(&bootstrap.Abort{From: a.from("untagged", 0), Room: 1, Reason: "x"}))
+		a.send(s, "no tag", encode(&bootstrap.Request{From: a.from("untagged", 0), Room: 1, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}))
+		a.send(s, "other secret", other.Seal(encode(&bootstrap.Abort{From: a.from("other-secret", 0), Room: 1}), time.Now()))
+		for i := 0; i < 100; i++ {
+			f := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "forged", Rank: i,
+				Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 20000+(round*100+i)%40000), Epoch: uint64(round)}
+			a.send(s, "forged PINGs", encode(&bootstrap.Ping{From: f, Seq: 1}))
+		}
+		a.send(s, "untagged REGISTER, garbage blob", encode(a.register(agentBlob(garbageAddr(round)), 0)))
+
+		// Authenticated (an insider, or a broken peer).
+		a.send(s, "REGISTER, garbage UCX address", sealed(a.register(agentBlob(garbageAddr(round)), round%3)))
+		a.send(s, "1 MiB reason", auth.Seal([][]byte{[]byte(bootstrap.Magic), []byte("ABORT"),
+			rawBody("from", fromMap(a.from("long-reason", 0)), "room", uint64(attackRoomBase+round), "reason", mib)}, time.Now()))
+		long := a.from("x", 0)
+		long.Instance = mib
+		a.send(s, "1 MiB instance", auth.Seal([][]byte{[]byte(bootstrap.Magic), []byte("PING"),
+			rawBody("from", fromMap(long), "seq", 1)}, time.Now()))
+		n := 2 << 20
+		arr := append([]byte{0xdd, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, bytes.Repeat([]byte{0x80}, n)...)
+		a.send(s, "2M-element array", auth.Seal([][]byte{[]byte(bootstrap.Magic), []byte("REGISTER"),
+			rawBody("from", fromMap(a.from("huge-array", 0)), "compat", "c", "agent", "a", "agent_md", []byte{},
+				"tp_size", 1, "tp_rank", 0, "kv", msgpack.RawMessage(arr), "aux", []any{}, "state", []any{})}, time.Now()))
+		for i := 0; i < 200; i++ {
+			a.send(s, "early ABORTs, many identities", sealed(&bootstrap.Abort{From: a.from("abort-identity", round*200+i),
+				Room: attackRoomBase + uint64(round*200+i), Reason: strings.Repeat("r", 1000)}))
+		}
+	}
+	// ABORTs at the decode rank for the workload's own rooms: ABORT goes
+	// decode → prefill only, so a decode rank must ignore them.
+	for room := uint64(1); room <= 20; room++ {
+		a.send(push["decode"], "ABORT to decode", sealed(&bootstrap.Abort{From: a.from("stray", 0), Room: room + uint64(round), Reason: "stray"}))
+	}
+	if round%10 == 0 {
+		a.http(round)
+	}
+}
+
+// http sends the hostile HTTP requests; each must get its refusal.
+func (a *attacker) http(round int) {
+	rec := fmt.Sprintf(`{"instance":"prefill","dp_rank":0,"dp_size":1,"tp_rank":0,"tp_size":1,"pp_rank":0,"pp_size":1,`+
+		`"endpoint":"tcp://127.0.0.1:%d","page_size":%d,"dtype":"%dB","compat":%q}`, 1+round%60000, a.model.PageTokens, a.model.DTypeBytes, a.model.Compat())
+	for _, c := range []struct {
+		base                    string
+		method, path, tok, body string
+		want                    int
+	}{
+		{a.prefill.boot, "PUT", "/v1/ranks", "", rec, 401},
+		{a.prefill.boot, "PUT", "/v1/ranks", "forged-token", rec, 401},
+		{a.prefill.boot, "PUT", "/v1/ranks", token, rec, 409}, // the live rank's record, claimed by another endpoint
+		{a.prefill.boot, "PUT", "/v1/ranks", token, rec + "garbage", 400},
+		{a.prefill.boot, "PUT", "/v1/ranks", token, `{"instance":"` + strings.Repeat("x", 10<<20) + `"}`, 413},
+		{a.prefill.boot, "DELETE", "/v1/ranks?dp=0&tp=0&pp=0&endpoint=tcp://127.0.0.1:1", token, "", 409},
+	} {
+		a.expect(c.base, c.method, c.path, c.tok, c.body, c.want)
+	}
+	for _, p := range []*proc{a.prefill, a.decode} {
+		a.expect(p.http, "POST", "/v1/room", "", `{"room":1,"tokens":16}`, 401)
+		a.expect(p.http, "POST", "/v1/room", token, `{"room":1,"tokens":9223372036854775800}`, 400)
+		a.expect(p.http, "POST", "/v1/room", token, `{"room":1,"tokens":16,"timeout_ms":9223372036854775}`, 400)
+		a.expect(p.http, "POST", "/v1/room", token, `{"room":1,"tokens":16,"abort_at":"`+strings.Repeat("x", 1<<20)+`"}`, 413)
+	}
+}
+
+func (a *attacker) expect(base, method, path, tok, body string, want int) {
+	req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	got := "error " + fmt.Sprint(err)
+	if err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got = strconv.Itoa(resp.StatusCode)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.sent["hostile HTTP"]++
+	if got != strconv.Itoa(want) {
+		a.httpBad = append(a.httpBad, fmt.Sprintf("%s %s%s: %s, want %d", method, base, path, got, want))
+	}
+}
+
+var sampleLine = regexp.MustCompile(`^([a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$`)
+
+// scrape reads a rank's metrics: name → label set → value.
+func scrape(url string) (map[string]map[string]float64, error) {
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		m := sampleLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		v, _ := strconv.ParseFloat(m[3], 64)
+		if out[m[1]] == nil {
+			out[m[1]] = map[string]float64{}
+		}
+		out[m[1]][m[2]] = v
+	}
+	return out, sc.Err()
+}
+
+func sum(m map[string]float64) float64 {
+	t := 0.0
+	for _, v := range m {
+		t += v
+	}
+	return t
+}
+
+// rss is a process's resident memory in MiB (Linux), or −1.
+func rss(p *proc) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return -1
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return -1
+}
+
+// report prints what was sent and checks the ranks; it returns problems.
+func (a *attacker) report(rssStart map[string]float64) []string {
+	var problems []string
+	a.mu.Lock()
+	fmt.Printf("\nhostile input: %d rounds\n", a.rounds)
+	total := 0
+	for class, n := range a.sent {
+		total += n
+		fmt.Printf("  %-34s %d\n", class, n)
+	}
+	if a.zmqFails > 0 {
+		fmt.Printf("  %-34s %d (the attacker's own queue was full)\n", "not sent", a.zmqFails)
+	}
+	fmt.Printf("  %-34s %d\n", "REGISTER_ACK ok=false received", a.acksBad)
+	problems = append(problems, a.httpBad...)
+	if a.rounds == 0 || total == 0 {
+		problems = append(problems, "the attacker sent nothing")
+	}
+	if a.acksBad == 0 {
+		problems = append(problems, "no REGISTER with a garbage UCX address was refused with REGISTER_ACK ok=false")
+	}
+	a.mu.Unlock()
+
+	const maxSockets, maxTombstones = 1024, 65536 // the defaults
+	for _, p := range []*proc{a.prefill, a.decode} {
+		if p.cmd.ProcessState != nil {
+			problems = append(problems, p.name+" exited: "+p.cmd.ProcessState.String())
+			continue
+		}
+		m, err := scrape(p.http)
+		if err != nil {
+			problems = append(problems, p.name+": metrics: "+err.Error())
+			continue
+		}
+		unauth, malformed := sum(m["kvbridge_unauthenticated_messages_total"]), sum(m["kvbridge_malformed_messages_total"])
+		sockets, tombs := sum(m["kvbridge_control_sockets"]), m["kvbridge_core_entries"]
+		fmt.Printf("  %-8s refused unauthenticated %.0f, malformed %.0f, sockets %.0f, tombstones %.0f, RSS %.0f MiB at a quarter of the workload, %.0f at the end\n",
+			p.name, unauth, malformed, sockets, sumLabel(tombs, "tombstones"), rssStart[p.name], rss(p))
+		switch {
+		case unauth == 0:
+			problems = append(problems, p.name+": no unauthenticated message counted")
+		case malformed == 0:
+			problems = append(problems, p.name+": no malformed message counted")
+		case sockets > maxSockets:
+			problems = append(problems, fmt.Sprintf("%s: %.0f sockets open, bound %d", p.name, sockets, maxSockets))
+		case sumLabel(tombs, "tombstones") > maxTombstones:
+			problems = append(problems, fmt.Sprintf("%s: %.0f tombstones, bound %d", p.name, sumLabel(tombs, "tombstones"), maxTombstones))
+		}
+	}
+	// The bootstrap record still names the real prefill rank.
+	if resp, err := http.Get(a.prefill.boot + "/v1/ranks?dp=0&tp=0&pp=0"); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), a.prefill.endpoint) {
+			problems = append(problems, "the bootstrap record was replaced: "+string(b))
+		}
+	} else {
+		problems = append(problems, "bootstrap: "+err.Error())
+	}
+	return problems
+}
+
+func sumLabel(m map[string]float64, table string) float64 {
+	for k, v := range m {
+		if strings.Contains(k, `table="`+table+`"`) {
+			return v
+		}
+	}
+	return 0
+}
