@@ -62,6 +62,11 @@ type Config struct {
 	Auth *bootstrap.Auth
 	// Insecure runs without authentication, logged as a warning.
 	Insecure bool
+	// MaxPeers bounds the control plane's PUSH sockets (default 1024; a
+	// new peer evicts the least recently used unwatched one, and is refused
+	// when all are watched); MaxEpochs the peer epochs remembered for
+	// restart detection (default 4 × MaxPeers).
+	MaxPeers, MaxEpochs int
 	// Security adds CURVE encryption and a key allow-list (optional).
 	Security *bootstrap.Security
 

@@ -115,7 +115,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		Identity: bootstrap.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank},
 		Bind:     cfg.Bind, Handler: m.handle, OnPeerDown: m.peerDown,
 		HeartbeatInterval: cfg.HeartbeatInterval, MaxMisses: cfg.MaxMisses,
-		Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, Logger: m.log, Registerer: cfg.Registerer})
+		MaxPeers: cfg.MaxPeers, MaxEpochs: cfg.MaxEpochs, Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, Logger: m.log, Registerer: cfg.Registerer})
 	if err != nil {
 		if cfg.Registerer != nil {
 			cfg.Registerer.Unregister(m.met)

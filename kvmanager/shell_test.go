@@ -10,6 +10,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func newTestPrefill(t *testing.T) *Prefill {
@@ -95,4 +96,66 @@ func TestManagerWait(t *testing.T) {
 	if r := within("close", w3); r.st != Failed && !errors.Is(r.err, ErrManagerClosed) {
 		t.Fatalf("Wait across Close = %v, %v", r.st, r.err)
 	}
+}
+
+// TestManagerExportsLoopCounters: a rank's registry carries the control
+// loop's counters under the names PROTOCOL.md gives (issue 14: drops,
+// unauthenticated messages, dead and restarted peers were not exported,
+// and malformed messages came as kvbridge_manager_malformed_messages_total).
+func TestManagerExportsLoopCounters(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	cfg := DefaultConfig(RolePrefill)
+	cfg.Auth = testauth.Auth()
+	cfg.Instance, cfg.Compat, cfg.Registerer = "metrics-test", "v1:test", reg
+	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
+	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+	p, err := NewPrefill(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, f := range families {
+		got[f.GetName()] = true
+	}
+	for _, want := range []string{"kvbridge_malformed_messages_total", "kvbridge_unauthenticated_messages_total",
+		"kvbridge_control_send_dropped_total", "kvbridge_peers_dead_total", "kvbridge_peers_restarted_total",
+		"kvbridge_control_sockets", "kvbridge_core_entries", "kvbridge_rooms"} {
+		if !got[want] {
+			t.Errorf("%s not exported", want)
+		}
+	}
+	if got["kvbridge_manager_malformed_messages_total"] {
+		t.Error("kvbridge_manager_malformed_messages_total still exported (PROTOCOL.md names kvbridge_malformed_messages_total)")
+	}
+	// A second rank in the same registry (the loop's metrics carry the
+	// rank's labels) registers too.
+	cfg.Instance = "metrics-test-2"
+	p2, err := NewPrefill(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2.Close()
+}
+
+// TestConfigNeedsASecret: a rank without a shared secret refuses to start
+// unless Insecure is set explicitly.
+func TestConfigNeedsASecret(t *testing.T) {
+	cfg := DefaultConfig(RolePrefill)
+	cfg.Instance, cfg.Compat = "no-secret", "v1:test"
+	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
+	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+	if _, err := NewPrefill(cfg); !errors.Is(err, bootstrap.ErrNoSecret) {
+		t.Fatalf("no secret: %v, want ErrNoSecret", err)
+	}
+	cfg.Insecure = true
+	p, err := NewPrefill(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
 }
