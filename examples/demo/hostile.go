@@ -404,7 +404,7 @@ func (a *attacker) report(rssStart map[string]float64) []string {
 	}
 	a.mu.Unlock()
 
-	const maxSockets, maxTombstones = 1024, 65536 // the defaults
+	const maxSockets, maxTombstones = 1024, 1 << 20 // the defaults
 	for _, p := range []*proc{a.prefill, a.decode} {
 		if p.cmd.ProcessState != nil {
 			problems = append(problems, p.name+" exited: "+p.cmd.ProcessState.String())

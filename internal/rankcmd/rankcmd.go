@@ -79,6 +79,7 @@ func Main(role kvmanager.Role, args []string) int {
 	rank := fs.Int("rank", 0, "rank")
 	verbose := fs.Bool("v", false, "log at debug level")
 	insecure := fs.Bool("insecure", false, "run without authentication (no shared secret; logged as a warning)")
+	printToken := fs.Bool("print-token", false, "print the bearer token of the shared secret (for curl against /v1/room and the bootstrap server) and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: %s [flags]\n\nA kvbridge %s rank. The deployment's shared secret comes from %s or %s\n"+
 			"(the same on every rank and the bootstrap server); -insecure runs without one.\n\nflags:\n",
@@ -99,6 +100,14 @@ func Main(role kvmanager.Role, args []string) int {
 	if *insecure && auth != nil {
 		fmt.Fprintf(os.Stderr, "%s: -insecure with a shared secret set; choose one\n", name)
 		return 2
+	}
+	if *printToken {
+		if auth == nil {
+			fmt.Fprintf(os.Stderr, "%s: -print-token: %v\n", name, bootstrap.ErrNoSecret)
+			return 2
+		}
+		fmt.Println(auth.BootstrapToken())
+		return 0
 	}
 	*insecure = *insecure || envInsecure
 	if auth == nil && !*insecure {
