@@ -105,17 +105,22 @@ type benchPair struct {
 	gotA chan Message
 }
 
-func newBenchPair(b *testing.B, echo bool) *benchPair {
+// newBenchPair starts two loops, authenticated (the default) or Insecure.
+func newBenchPair(b *testing.B, echo, insecure bool) *benchPair {
 	p := &benchPair{gotA: make(chan Message, 1<<16), gotB: make(chan Message, 1<<16)}
 	var err error
+	auth := testAuth()
+	if insecure {
+		auth = nil
+	}
 	p.a, err = NewLoop(LoopConfig{Identity: From{Role: RoleDecode, Instance: "a"}, Bind: "tcp://127.0.0.1:*",
-		Handler: func(m Message) { p.gotA <- m }, SendQueue: 1 << 16, SendHWM: 100000, Auth: testAuth()})
+		Handler: func(m Message) { p.gotA <- m }, SendQueue: 1 << 16, SendHWM: 100000, Auth: auth, Insecure: insecure})
 	if err != nil {
 		b.Fatal(err)
 	}
 	var back Peer
 	p.b, err = NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "b"}, Bind: "tcp://127.0.0.1:*",
-		SendQueue: 1 << 16, SendHWM: 100000, Auth: testAuth(),
+		SendQueue: 1 << 16, SendHWM: 100000, Auth: auth, Insecure: insecure,
 		Handler: func(m Message) {
 			if echo {
 				p.b.Send(back, m)
@@ -132,14 +137,22 @@ func newBenchPair(b *testing.B, echo bool) *benchPair {
 
 func (p *benchPair) close() { p.a.Close(); p.b.Close() }
 
+// modes runs a control benchmark authenticated (the default) and Insecure.
+func modes(b *testing.B, f func(b *testing.B, insecure bool)) {
+	b.Run("auth", func(b *testing.B) { f(b, false) })
+	b.Run("insecure", func(b *testing.B) { f(b, true) })
+}
+
 // BenchmarkControlThroughput: one-way message rate between two ranks on
-// loopback, kvbridge (encode, hand-off, send goroutine, receive, decode,
-// handler) against bare ZeroMQ in the same run.
-func BenchmarkControlThroughput(b *testing.B) {
+// loopback, kvbridge (encode, tag, hand-off, send goroutine, receive, check,
+// decode, handler) against bare ZeroMQ in the same run.
+func BenchmarkControlThroughput(b *testing.B) { modes(b, controlThroughput) }
+
+func controlThroughput(b *testing.B, insecure bool) {
 	frames := benchFrames(b)
 	z := newBare(b)
 	defer z.close()
-	p := newBenchPair(b, false)
+	p := newBenchPair(b, false, insecure)
 	defer p.close()
 	to := Peer{Endpoint: p.b.Endpoint()}
 	// Warm both paths (connections, allocations).
@@ -171,11 +184,13 @@ func BenchmarkControlThroughput(b *testing.B) {
 
 // BenchmarkControlRoundTrip: sequential request/answer latency, kvbridge
 // against a bare ZeroMQ echo in the same run.
-func BenchmarkControlRoundTrip(b *testing.B) {
+func BenchmarkControlRoundTrip(b *testing.B) { modes(b, controlRoundTrip) }
+
+func controlRoundTrip(b *testing.B, insecure bool) {
 	frames := benchFrames(b)
 	z := newBare(b)
 	defer z.close()
-	p := newBenchPair(b, true)
+	p := newBenchPair(b, true, insecure)
 	defer p.close()
 	to := Peer{Endpoint: p.b.Endpoint()}
 	z.roundTrip(200, frames)
@@ -220,6 +235,19 @@ func BenchmarkEncode(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		if _, err := Encode(m); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkAuth: tagging and checking one ABORT's frames.
+func BenchmarkAuth(b *testing.B) {
+	a := testAuth()
+	frames := benchFrames(b)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		now := time.Now()
+		if _, why := a.Open(a.Seal(frames[:3:3], now), now); why != "" {
+			b.Fatal(why)
 		}
 	}
 }
