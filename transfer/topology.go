@@ -1,0 +1,381 @@
+package transfer
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/kvbridge/kvbridge/nixl"
+)
+
+// The rank mapping: which prefill ranks a decode rank pulls a room from,
+// which heads and layers each writes, which one writes aux — SGLang's rules
+// for heterogeneous TP, replicated KV heads, MLA, PP and DP attention. It is
+// pure arithmetic: the decode rank computes its links from the prefill
+// instance's topology, the prefill rank computes each write's slice from
+// the decode rank's REGISTER, and both arrive at the same answer.
+
+// PageLayout is the order of tokens and heads inside one page of a region.
+type PageLayout uint8
+
+// Page layouts.
+const (
+	// NHD is token-major: for each token, its heads (SGLang's MHA pool). A
+	// head slice is one segment per token per page.
+	NHD PageLayout = iota
+	// HND is head-major: for each head, its tokens (vLLM's layout for
+	// heterogeneous TP). A head slice is one segment per page.
+	HND
+)
+
+func (l PageLayout) String() string {
+	switch l {
+	case NHD:
+		return "NHD"
+	case HND:
+		return "HND"
+	}
+	return fmt.Sprintf("PageLayout(%d)", uint8(l))
+}
+
+// ParsePageLayout reads "NHD" or "HND" (any case; "" is NHD).
+func ParsePageLayout(s string) (PageLayout, error) {
+	switch strings.ToUpper(s) {
+	case "", "NHD":
+		return NHD, nil
+	case "HND":
+		return HND, nil
+	}
+	return 0, fmt.Errorf("transfer: page layout %q is not NHD or HND", s)
+}
+
+// RegionsPerLayer is K and V (for MLA, the latent split in two halves).
+const RegionsPerLayer = 2
+
+// Model is what the mapping needs to know of the model, the same on every
+// rank of both instances.
+type Model struct {
+	Layers     int // over all PP stages
+	KVHeads    int // KV heads of the model; MLA's latent counts as 1, held by every rank
+	HeadBytes  int // bytes of one head of one token in one region
+	PageTokens int
+	MLA        bool
+	Layout     PageLayout
+}
+
+// Zero reports whether no model was given (then no mapping applies: one
+// prefill rank feeds one decode rank with identical layouts).
+func (m Model) Zero() bool { return m == Model{} }
+
+// Validate checks the model on its own.
+func (m Model) Validate() error {
+	switch {
+	case m.Layers < 1 || m.KVHeads < 1 || m.HeadBytes < 1 || m.PageTokens < 1:
+		return fmt.Errorf("transfer: model needs layers, KV heads, head bytes and page tokens ≥ 1, got %+v", m)
+	case m.MLA && m.KVHeads != 1:
+		return fmt.Errorf("transfer: an MLA model has one latent (KV heads 1), got %d", m.KVHeads)
+	case m.Layout != NHD && m.Layout != HND:
+		return fmt.Errorf("transfer: page layout %v", m.Layout)
+	}
+	return nil
+}
+
+// Parallel is a rank's place in its instance: TP within its DP group, PP
+// stage, DP group. Sizes of 0 are read as 1.
+type Parallel struct {
+	TPSize, TPRank int
+	PPSize, PPRank int
+	DPSize, DPRank int
+}
+
+// Norm returns p with zero sizes set to 1.
+func (p Parallel) Norm() Parallel {
+	p.TPSize, p.PPSize, p.DPSize = max(p.TPSize, 1), max(p.PPSize, 1), max(p.DPSize, 1)
+	return p
+}
+
+// Validate checks ranks against sizes.
+func (p Parallel) Validate() error {
+	p = p.Norm()
+	switch {
+	case p.TPRank < 0 || p.TPRank >= p.TPSize:
+		return fmt.Errorf("transfer: TP rank %d outside [0, %d)", p.TPRank, p.TPSize)
+	case p.PPRank < 0 || p.PPRank >= p.PPSize:
+		return fmt.Errorf("transfer: PP rank %d outside [0, %d)", p.PPRank, p.PPSize)
+	case p.DPRank < 0 || p.DPRank >= p.DPSize:
+		return fmt.Errorf("transfer: DP rank %d outside [0, %d)", p.DPRank, p.DPSize)
+	}
+	return nil
+}
+
+// Global is the rank's index in its instance: ((dp × PP) + pp) × TP + tp.
+func (p Parallel) Global() int {
+	p = p.Norm()
+	return (p.DPRank*p.PPSize+p.PPRank)*p.TPSize + p.TPRank
+}
+
+func (p Parallel) String() string {
+	p = p.Norm()
+	return fmt.Sprintf("tp %d/%d pp %d/%d dp %d/%d", p.TPRank, p.TPSize, p.PPRank, p.PPSize, p.DPRank, p.DPSize)
+}
+
+// Heads returns the global KV heads [first, first+n) a TP rank holds. With
+// fewer heads than ranks, each head is replicated on TP/KVHeads ranks.
+func (m Model) Heads(tpSize, tpRank int) (first, n int, err error) {
+	switch {
+	case m.KVHeads >= tpSize && m.KVHeads%tpSize == 0:
+		n = m.KVHeads / tpSize
+		return tpRank * n, n, nil
+	case m.KVHeads < tpSize && tpSize%m.KVHeads == 0:
+		return tpRank * m.KVHeads / tpSize, 1, nil
+	}
+	return 0, 0, fmt.Errorf("transfer: %d KV heads do not divide over TP %d (nor TP over the heads)", m.KVHeads, tpSize)
+}
+
+// StageLayers returns the layers [first, first+n) of a PP stage: stage s
+// holds layers [s·L/PP, (s+1)·L/PP).
+func (m Model) StageLayers(ppSize, ppRank int) (first, n int) {
+	first = ppRank * m.Layers / ppSize
+	return first, (ppRank+1)*m.Layers/ppSize - first
+}
+
+// PageBytes is one page of one region on a rank of TP size tpSize.
+func (m Model) PageBytes(tpSize int) (uint64, error) {
+	_, n, err := m.Heads(tpSize, 0)
+	return uint64(m.PageTokens) * uint64(n) * uint64(m.HeadBytes), err
+}
+
+// Link is one prefill rank (of the room's DP group) a decode rank pulls a
+// room from.
+type Link struct {
+	TPRank, PPRank int
+	// Dummy: the rank writes nothing for this decode rank (its heads come
+	// from a lower rank, or MLA's latent from one rank only); it still gets
+	// a REQUEST (every prefill rank serves every room of its group) and
+	// sends its notifications.
+	Dummy bool
+	// FirstHead, Heads: the global heads it writes.
+	FirstHead, Heads int
+	// Aux: it writes the aux item and the state items (exactly one link
+	// of a decode rank, on the last prefill stage).
+	Aux bool
+	// Required is how many decode ranks' REQUESTs that prefill rank waits
+	// for.
+	Required int
+}
+
+// ErrTopology is a pair of shapes the mapping does not support.
+var ErrTopology = errors.New("transfer: unsupported topology")
+
+// stages returns the prefill PP stages a decode stage pulls from.
+func stages(prefillPP, decodePP, decodeStage int) ([]int, error) {
+	switch {
+	case prefillPP == decodePP:
+		return []int{decodeStage}, nil
+	case decodePP == 1:
+		s := make([]int, prefillPP)
+		for i := range s {
+			s[i] = i
+		}
+		return s, nil
+	}
+	return nil, fmt.Errorf("%w: prefill PP %d → decode PP %d (decode PP must equal prefill PP, or be 1)", ErrTopology, prefillPP, decodePP)
+}
+
+// contact returns the prefill TP ranks [first, first+n) decode TP rank d
+// sends REQUESTs to, and how many decode ranks each of them waits for.
+func contact(prefillTP, decodeTP, d int) (first, n, required int, err error) {
+	switch {
+	case prefillTP >= decodeTP && prefillTP%decodeTP == 0:
+		r := prefillTP / decodeTP
+		return d * r, r, 1, nil
+	case prefillTP < decodeTP && decodeTP%prefillTP == 0:
+		r := decodeTP / prefillTP
+		return d / r, 1, r, nil
+	}
+	return 0, 0, 0, fmt.Errorf("%w: prefill TP %d → decode TP %d (one must divide the other)", ErrTopology, prefillTP, decodeTP)
+}
+
+// written returns the global heads [first, first+n) prefill TP rank p
+// writes into decode TP rank d: the heads of d that p holds and that no
+// lower rank of d's contact set holds (a replicated head is written once).
+func (m Model) written(prefillTP, p, decodeTP, d int) (first, n int, err error) {
+	cFirst, cN, _, err := contact(prefillTP, decodeTP, d)
+	if err != nil {
+		return 0, 0, err
+	}
+	if p < cFirst || p >= cFirst+cN {
+		return 0, 0, fmt.Errorf("%w: prefill TP rank %d is not among decode TP rank %d's prefill ranks [%d, %d)", ErrTopology, p, d, cFirst, cFirst+cN)
+	}
+	dFirst, dN, err := m.Heads(decodeTP, d)
+	if err != nil {
+		return 0, 0, err
+	}
+	pFirst, pN, err := m.Heads(prefillTP, p)
+	if err != nil {
+		return 0, 0, err
+	}
+	lo, hi := max(dFirst, pFirst), min(dFirst+dN, pFirst+pN)
+	for q := cFirst; q < p && lo < hi; q++ {
+		qFirst, qN, _ := m.Heads(prefillTP, q)
+		if qFirst <= lo && qFirst+qN > lo {
+			lo = min(qFirst+qN, hi) // lower ranks hold lower heads: they cover a prefix hold lower heads: they cover a prefix
+		}
+	}
+	if lo >= hi {
+		return 0, 0, nil
+	}
+	return lo, hi - lo, nil
+}
+
+// Links maps a decode rank onto a prefill instance (only its sizes are
+// read) for one room.
+func Links(m Model, prefill, decode Parallel) ([]Link, error) {
+	prefill, decode = prefill.Norm(), decode.Norm()
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	if err := decode.Validate(); err != nil {
+		return nil, err
+	}
+	sts, err := stages(prefill.PPSize, decode.PPSize, decode.PPRank)
+	if err != nil {
+		return nil, err
+	}
+	cFirst, cN, required, err := contact(prefill.TPSize, decode.TPSize, decode.TPRank)
+	if err != nil {
+		return nil, err
+	}
+	var links []Link
+	for _, s := range sts {
+		for p := cFirst; p < cFirst+cN; p++ {
+			h0, hn, err := m.written(prefill.TPSize, p, decode.TPSize, decode.TPRank)
+			if err != nil {
+				return nil, err
+			}
+			links = append(links, Link{TPRank: p, PPRank: s, Dummy: hn == 0, FirstHead: h0, Heads: hn, Required: required})
+		}
+	}
+	// Aux and state: the lowest real TP rank of the last prefill stage —
+	// when this decode rank pulls from that stage.
+	for i := range links {
+		if links[i].PPRank == prefill.PPSize-1 && !links[i].Dummy {
+			links[i].Aux = true
+			break
+		}
+	}
+	return links, nil
+}
+
+// Slice is what one prefill rank writes into one decode rank's pages: a
+// range of heads (local offsets on each side) over the prefill rank's
+// regions, into the decode rank's regions shifted by RegionOffset.
+type Slice struct {
+	// Full: whole pages (both ranks hold exactly the heads written, in pages
+	// of the same size): contiguous runs of pages stay one segment.
+	Full               bool
+	SrcHead, DstHead   int // first written head, local to each side
+	Heads              int // heads written
+	SrcHeads, DstHeads int // heads per token on each side (page geometry)
+	HeadBytes          int
+	PageTokens         int
+	Layout             PageLayout
+	RegionOffset       int // remote region = local region + RegionOffset
+}
+
+// Plan computes what prefill rank p writes into decode rank d (nil for a
+// dummy: nothing). Both must hold the same model.
+func Plan(m Model, p, d Parallel) (*Slice, error) {
+	p, d = p.Norm(), d.Norm()
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	sts, err := stages(p.PPSize, d.PPSize, d.PPRank)
+	if err != nil {
+		return nil, err
+	}
+	inStage := false
+	for _, s := range sts {
+		inStage = inStage || s == p.PPRank
+	}
+	if !inStage {
+		return nil, fmt.Errorf("%w: prefill stage %d does not feed decode stage %d", ErrTopology, p.PPRank, d.PPRank)
+	}
+	h0, hn, err := m.written(p.TPSize, p.TPRank, d.TPSize, d.TPRank)
+	if err != nil || hn == 0 {
+		return nil, err
+	}
+	pFirst, pN, _ := m.Heads(p.TPSize, p.TPRank)
+	dFirst, dN, _ := m.Heads(d.TPSize, d.TPRank)
+	pl, _ := m.StageLayers(p.PPSize, p.PPRank)
+	dl, _ := m.StageLayers(d.PPSize, d.PPRank)
+	return &Slice{Full: hn == pN && hn == dN, SrcHead: h0 - pFirst, DstHead: h0 - dFirst, Heads: hn,
+		SrcHeads: pN, DstHeads: dN, HeadBytes: m.HeadBytes, PageTokens: m.PageTokens, Layout: m.Layout,
+		RegionOffset: (pl - dl) * RegionsPerLayer}, nil
+}
+
+// CheckLayouts verifies that a prefill and a decode layout fit the model
+// and their shapes: regions per stage layer, page bytes per TP size.
+func CheckLayouts(m Model, p Parallel, pl Layout, d Parallel, dl Layout) error {
+	p, d = p.Norm(), d.Norm()
+	for _, side := range []struct {
+		name string
+		par  Parallel
+		lay  Layout
+	}{{"prefill", p, pl}, {"decode", d, dl}} {
+		_, layers := m.StageLayers(side.par.PPSize, side.par.PPRank)
+		if len(side.lay.Regions) != layers*RegionsPerLayer {
+			return fmt.Errorf("%s (%v) has %d regions, its %d layers need %d", side.name, side.par, len(side.lay.Regions), layers, layers*RegionsPerLayer)
+		}
+		want, err := m.PageBytes(side.par.TPSize)
+		if err != nil {
+			return err
+		}
+		if side.lay.PageBytes != want {
+			return fmt.Errorf("%s (%v) has %d-byte pages, the model at TP %d needs %d", side.name, side.par, side.lay.PageBytes, side.par.TPSize, want)
+		}
+	}
+	return nil
+}
+
+// ExpandSlice turns page runs into descriptor pairs for a head slice: for
+// each local region, for each page (NHD: for each token), one segment;
+// segments contiguous on both sides are merged, so a Full slice of
+// contiguous pages is one descriptor per run per region, as Expand makes.
+func ExpandSlice(runs []Run, local, remote Layout, s *Slice) (l, r []nixl.Desc) {
+	hb := uint64(s.HeadBytes)
+	add := func(ld, rd nixl.Desc) {
+		if n := len(l); n > 0 && l[n-1].Addr+uintptr(l[n-1].Len) == ld.Addr && r[n-1].Addr+uintptr(r[n-1].Len) == rd.Addr &&
+			l[n-1].Dev == ld.Dev && r[n-1].Dev == rd.Dev {
+			l[n-1].Len += ld.Len
+			r[n-1].Len += rd.Len
+			return
+		}
+		l, r = append(l, ld), append(r, rd)
+	}
+	for i, lr := range local.Regions {
+		rr := remote.Regions[i+s.RegionOffset]
+		for _, run := range runs {
+			for k := uint32(0); k < run.Len; k++ {
+				lp := lr.Addr + uintptr(uint64(run.Src+k)*local.PageBytes)
+				rp := rr.Addr + uintptr(uint64(run.Dst+k)*remote.PageBytes)
+				switch {
+				case s.Full:
+					add(nixl.Desc{Addr: lp, Len: local.PageBytes, Dev: lr.Dev}, nixl.Desc{Addr: rp, Len: remote.PageBytes, Dev: rr.Dev})
+				case s.Layout == HND:
+					tok := uint64(s.PageTokens) * hb
+					n := uint64(s.Heads) * tok
+					add(nixl.Desc{Addr: lp + uintptr(uint64(s.SrcHead)*tok), Len: n, Dev: lr.Dev},
+						nixl.Desc{Addr: rp + uintptr(uint64(s.DstHead)*tok), Len: n, Dev: rr.Dev})
+				default: // NHD
+					n := uint64(s.Heads) * hb
+					for t := 0; t < s.PageTokens; t++ {
+						add(nixl.Desc{Addr: lp + uintptr((uint64(t*s.SrcHeads+s.SrcHead))*hb), Len: n, Dev: lr.Dev},
+							nixl.Desc{Addr: rp + uintptr((uint64(t*s.DstHeads+s.DstHead))*hb), Len: n, Dev: rr.Dev})
+					}
+				}
+			}
+		}
+	}
+	return l, r
+}
