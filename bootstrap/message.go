@@ -33,6 +33,8 @@ const (
 	MaxPages = 1 << 20
 	// MaxStateLists bounds state_indices.
 	MaxStateLists = 256
+	// MaxRanks bounds ranks, sizes, layers and heads in topologies.
+	MaxRanks = 1 << 16
 )
 
 // MsgType is frame 1 of a message.
@@ -114,6 +116,23 @@ type Register struct {
 	AgentMD        []byte
 	TPSize, TPRank int
 	KV, Aux, State []Region
+	// Topo (optional) is the decode rank's place and the model facts the
+	// rank mapping needs; nil from a rank without a model (one prefill
+	// rank feeds it, identical layouts).
+	Topo *Topo
+}
+
+// Topo is a rank's parallel shape beyond TP and the model facts of the
+// rank mapping (PROTOCOL.md "Topologies").
+type Topo struct {
+	PPSize, PPRank int
+	DPSize, DPRank int
+	Layers         int
+	KVHeads        int
+	HeadBytes      int // bytes of one head of one token in one region
+	PageTokens     int
+	MLA            bool
+	PageLayout     string // "NHD" or "HND"
 }
 
 // RegisterAck answers Register.
@@ -133,6 +152,11 @@ type Request struct {
 	Required     int
 	Prefix       int
 	Dummy        bool
+	// Source (optional, −1 when absent) is the uid the prefill rank puts in
+	// this room's notifications, so a decode rank pulling from several
+	// instances tells same-numbered ranks apart; absent, it is the prefill
+	// rank's own rank.
+	Source int
 }
 
 // Abort is sent decode → prefill at any time.
@@ -231,7 +255,11 @@ func Encode(m Message) ([][]byte, error) {
 	e := &encoder{enc: enc}
 	switch m := m.(type) {
 	case *Register:
-		e.mapLen(9)
+		if m.Topo != nil {
+			e.mapLen(10)
+		} else {
+			e.mapLen(9)
+		}
 		e.from(m.From)
 		e.kstr("compat", m.Compat)
 		e.kstr("agent", m.Agent)
@@ -244,13 +272,31 @@ func Encode(m Message) ([][]byte, error) {
 		e.regions("kv", m.KV)
 		e.regions("aux", m.Aux)
 		e.regions("state", m.State)
+		if t := m.Topo; t != nil {
+			e.key("topo")
+			e.mapLen(10)
+			e.kint("pp_size", int64(t.PPSize))
+			e.kint("pp_rank", int64(t.PPRank))
+			e.kint("dp_size", int64(t.DPSize))
+			e.kint("dp_rank", int64(t.DPRank))
+			e.kint("layers", int64(t.Layers))
+			e.kint("kv_heads", int64(t.KVHeads))
+			e.kint("head_bytes", int64(t.HeadBytes))
+			e.kint("page_tokens", int64(t.PageTokens))
+			e.kbool("mla", t.MLA)
+			e.kstr("page_layout", t.PageLayout)
+		}
 	case *RegisterAck:
 		e.mapLen(3)
 		e.from(m.From)
 		e.kbool("ok", m.OK)
 		e.kreason("reason", m.Reason)
 	case *Request:
-		e.mapLen(8)
+		if m.Source >= 0 {
+			e.mapLen(9)
+		} else {
+			e.mapLen(8)
+		}
 		e.from(m.From)
 		e.kuint("room", m.Room)
 		e.kbin("dst_pages", pagesToBin(m.DstPages))
@@ -263,6 +309,9 @@ func Encode(m Message) ([][]byte, error) {
 		e.kint("required", int64(m.Required))
 		e.kint("prefix", int64(m.Prefix))
 		e.kbool("dummy", m.Dummy)
+		if m.Source >= 0 {
+			e.kint("source", int64(m.Source))
+		}
 	case *Abort:
 		e.mapLen(3)
 		e.from(m.From)
@@ -467,13 +516,15 @@ func Decode(frames [][]byte) (Message, error) {
 		r := &Register{From: b.from(), Compat: b.str("compat"), Agent: b.str("agent"), AgentMD: b.binMax("agent_md", MaxAgentMDBytes),
 			TPSize: b.int("tp_size", 1, math.MaxInt32), KV: b.regions("kv"), Aux: b.regions("aux"), State: b.regions("state")}
 		r.TPRank = b.int("tp_rank", 0, int64(max(r.TPSize-1, 0)))
+		r.Topo = b.topo("topo")
 		m = r
 	case TypeRegisterAck:
 		m = &RegisterAck{From: b.from(), OK: b.boolean("ok"), Reason: b.reason("reason")}
 	case TypeRequest:
 		m = &Request{From: b.from(), Room: b.uint("room"), DstPages: b.pages("dst_pages"),
 			AuxIndex: b.int("aux_index", -1, math.MaxInt32), StateIndices: b.pageLists("state_indices"),
-			Required: b.int("required", 1, math.MaxInt32), Prefix: b.int("prefix", 0, math.MaxInt32), Dummy: b.boolean("dummy")}
+			Required: b.int("required", 1, math.MaxInt32), Prefix: b.int("prefix", 0, math.MaxInt32), Dummy: b.boolean("dummy"),
+			Source: b.optInt("source", 0, MaxRanks-1, -1)}
 	case TypeAbort:
 		m = &Abort{From: b.from(), Room: b.uint("room"), Reason: b.reason("reason")}
 	case TypeAbortAck:
@@ -821,6 +872,40 @@ func (b *body) regions(k string) []Region {
 		out = append(out, reg)
 	}
 	return out
+}
+
+// optInt reads an optional integer field (absent when it is missing).
+func (b *body) optInt(k string, lo, hi int64, absent int) int {
+	if _, ok := b.lookup(k); !ok || b.err != nil {
+		return absent
+	}
+	return b.int(k, lo, hi)
+}
+
+// topo reads the optional topology map of a REGISTER.
+func (b *body) topo(k string) *Topo {
+	raw, ok := b.lookup(k)
+	if !ok || b.err != nil {
+		return nil
+	}
+	t := b.nested(k, -1, raw)
+	if t == nil {
+		return nil
+	}
+	v := &Topo{PPSize: t.int("pp_size", 1, MaxRanks), DPSize: t.int("dp_size", 1, MaxRanks),
+		Layers: t.int("layers", 1, MaxRanks), KVHeads: t.int("kv_heads", 1, MaxRanks),
+		HeadBytes: t.int("head_bytes", 1, 1<<20), PageTokens: t.int("page_tokens", 1, 1<<20),
+		MLA: t.boolean("mla"), PageLayout: t.str("page_layout")}
+	v.PPRank = t.int("pp_rank", 0, int64(max(v.PPSize-1, 0)))
+	v.DPRank = t.int("dp_rank", 0, int64(max(v.DPSize-1, 0)))
+	if t.err == nil && v.PageLayout != "NHD" && v.PageLayout != "HND" {
+		t.fail(ReasonOutOfRange, "page_layout", fmt.Sprintf("%q", v.PageLayout))
+	}
+	if t.err != nil {
+		b.err = t.err
+		return nil
+	}
+	return v
 }
 
 func (b *body) from() From {

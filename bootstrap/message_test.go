@@ -33,7 +33,7 @@ func sampleMessages() []Message {
 			Aux: []Region{{Addr: 0x1000, Len: 4096, ItemLen: 64, Dev: 0, Mem: MemDRAM}}, State: []Region{}},
 		&RegisterAck{From: sampleFrom(RolePrefill), OK: false, Reason: "compat mismatch"},
 		&Request{From: sampleFrom(RoleDecode), Room: 0xfedcba9876543210, DstPages: []uint32{7, 8, 9, 4000000000},
-			AuxIndex: -1, StateIndices: [][]uint32{{1, 2}, {}}, Required: 2, Prefix: 1, Dummy: false},
+			AuxIndex: -1, StateIndices: [][]uint32{{1, 2}, {}}, Required: 2, Prefix: 1, Dummy: false, Source: -1},
 		&Abort{From: sampleFrom(RoleDecode), Room: 42, Reason: "client disconnected"},
 		&AbortAck{From: sampleFrom(RolePrefill), Room: 42, Drained: true},
 		&Status{From: sampleFrom(RolePrefill), Room: 42, Status: StatusFailed, Reason: "transfer stall"},
@@ -42,9 +42,23 @@ func sampleMessages() []Message {
 	}
 }
 
+// topoMessages are the optional topology fields: a REGISTER with its topo
+// map, a REQUEST with its source.
+func topoMessages() []Message {
+	r := sampleMessages()[0].(*Register)
+	r.Topo = &Topo{PPSize: 2, PPRank: 1, DPSize: 1, Layers: 32, KVHeads: 8, HeadBytes: 256, PageTokens: 16, PageLayout: "HND"}
+	q := sampleMessages()[2].(*Request)
+	q.Source, q.Dummy = 3, true
+	return []Message{r, q}
+}
+
 func TestGolden(t *testing.T) {
-	for _, m := range sampleMessages() {
-		t.Run(m.Type().String(), func(t *testing.T) {
+	for i, m := range append(sampleMessages(), topoMessages()...) {
+		name := m.Type().String()
+		if i >= len(sampleMessages()) {
+			name += "_topo"
+		}
+		t.Run(name, func(t *testing.T) {
 			frames, err := Encode(m)
 			if err != nil {
 				t.Fatal(err)
@@ -52,7 +66,7 @@ func TestGolden(t *testing.T) {
 			if string(frames[0]) != "KVB1" || string(frames[1]) != m.Type().String() {
 				t.Fatalf("frames 0/1 = %q %q", frames[0], frames[1])
 			}
-			path := filepath.Join("testdata", "golden", m.Type().String()+".msgpack")
+			path := filepath.Join("testdata", "golden", name+".msgpack")
 			if *update {
 				if err := os.WriteFile(path, frames[2], 0o644); err != nil {
 					t.Fatal(err)
@@ -220,7 +234,7 @@ func TestDecodeRegionChecks(t *testing.T) {
 // FuzzDecode: Decode never panics, and whatever it accepts re-encodes to a
 // body that decodes to the same message.
 func FuzzDecode(f *testing.F) {
-	for _, m := range sampleMessages() {
+	for _, m := range append(sampleMessages(), topoMessages()...) {
 		frames, _ := Encode(m)
 		f.Add(frames[1], frames[2])
 	}

@@ -31,6 +31,18 @@ type RankRecord struct {
 	DType     string `json:"dtype"`
 	Compat    string `json:"compat"`
 	PublicKey string `json:"curve_public_key,omitempty"`
+	ModelFacts
+}
+
+// ModelFacts are what the rank mapping needs of the model (absent from a
+// rank without a model: then one prefill rank feeds one decode rank with
+// identical layouts).
+type ModelFacts struct {
+	Layers     int    `json:"layers,omitempty"`
+	KVHeads    int    `json:"kv_heads,omitempty"`
+	HeadBytes  int    `json:"head_bytes,omitempty"` // one head of one token in one region
+	MLA        bool   `json:"mla,omitempty"`
+	PageLayout string `json:"page_layout,omitempty"` // "NHD" or "HND"
 }
 
 // Topology is the prefill deployment's shape (GET /v1/topology).
@@ -42,6 +54,7 @@ type Topology struct {
 	PageSize int    `json:"page_size"`
 	DType    string `json:"dtype"`
 	Compat   string `json:"compat"`
+	ModelFacts
 }
 
 // RankInfo is where one prefill rank is (GET /v1/ranks?dp=&tp=&pp=).
@@ -52,7 +65,7 @@ type RankInfo struct {
 
 func (r RankRecord) topology() Topology {
 	return Topology{Instance: r.Instance, DPSize: r.DPSize, TPSize: r.TPSize, PPSize: r.PPSize,
-		PageSize: r.PageSize, DType: r.DType, Compat: r.Compat}
+		PageSize: r.PageSize, DType: r.DType, Compat: r.Compat, ModelFacts: r.ModelFacts}
 }
 
 // Validate checks a record on its own.
@@ -78,6 +91,12 @@ func (r RankRecord) Validate() error {
 		return errors.New("compat is empty")
 	case r.PublicKey != "" && !validKey(r.PublicKey):
 		return errors.New("curve_public_key is not a 40-character Z85 key")
+	case r.Layers < 0 || r.KVHeads < 0 || r.HeadBytes < 0 || r.Layers > maxRankIndex || r.KVHeads > maxRankIndex || r.HeadBytes > 1<<20:
+		return fmt.Errorf("layers %d, kv_heads %d, head_bytes %d out of range", r.Layers, r.KVHeads, r.HeadBytes)
+	case r.PageLayout != "" && r.PageLayout != "NHD" && r.PageLayout != "HND":
+		return fmt.Errorf("page_layout %.16q is not NHD or HND", r.PageLayout)
+	case (r.Layers == 0) != (r.KVHeads == 0) || (r.Layers == 0) != (r.HeadBytes == 0):
+		return errors.New("layers, kv_heads and head_bytes come together (or none)")
 	}
 	u, err := url.Parse(r.Endpoint)
 	if err != nil || u.Scheme != "tcp" || u.Port() == "" || u.Hostname() == "" || u.Hostname() == "*" {
