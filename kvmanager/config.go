@@ -18,17 +18,27 @@ import (
 type Config struct {
 	Role     Role
 	Instance string // this rank's deployment name
-	Rank     int    // this rank's index (the prefill rank uid in notifications)
+	// Rank is this rank's index in its instance; with Parallel set it is
+	// Parallel.Global() (0 is read as that).
+	Rank int
 	// Bind is the control endpoint to bind (default tcp://127.0.0.1:*).
 	Bind string
 	// BootstrapURL is the HTTP bootstrap server: prefill ranks register
 	// there (skipped when empty), decode ranks look prefill ranks up.
 	BootstrapURL string
 	// PrefillRank is the prefill rank of BootstrapURL that a decode rank
-	// pulls from when a room names no target (0 is rank 0, not "unset").
+	// without a Model pulls from when a room names no target (0 is rank 0,
+	// not "unset").
 	PrefillRank int
-	// TPSize is the prefill deployment's TP size (for the rank table).
-	TPSize int
+	// Parallel is this rank's place in its instance: TP within its DP
+	// group, PP stage, DP group (zero sizes mean 1). It goes in the rank
+	// table (prefill) and in REGISTER (decode).
+	Parallel transfer.Parallel
+	// Model is what the rank mapping needs (layers, KV heads, bytes per
+	// head per token per region, page tokens, MLA, NHD or HND). Set it on
+	// both instances to pair different TP, PP and DP shapes; left zero,
+	// one prefill rank feeds one decode rank with identical layouts.
+	Model transfer.Model
 	// Compat must match between prefill and decode: protocol version, model
 	// layout, dtype and page size.
 	Compat string
@@ -94,7 +104,7 @@ const (
 
 // DefaultConfig returns a config with DESIGN.md's defaults for role.
 func DefaultConfig(role Role) Config {
-	return Config{Role: role, Bind: "tcp://127.0.0.1:*", TPSize: 1, PageTokens: 16, DType: "bf16",
+	return Config{Role: role, Bind: "tcp://127.0.0.1:*", PageTokens: 16, DType: "bf16",
 		Registry: DefaultRegistryConfig(), Workers: 4, HeartbeatInterval: 5 * time.Second, MaxMisses: 2,
 		SweepInterval: time.Second, QuarantineTimeout: 2 * DefaultRegistryConfig().StallTimeout,
 		RegisterRetry: 500 * time.Millisecond, Now: time.Now}
@@ -113,8 +123,12 @@ func (c *Config) fillDefaults() {
 	if c.Bind == "" {
 		c.Bind = def.Bind
 	}
-	if c.TPSize == 0 {
-		c.TPSize = 1
+	c.Parallel = c.Parallel.Norm()
+	if c.Rank == 0 {
+		c.Rank = c.Parallel.Global()
+	}
+	if !c.Model.Zero() {
+		c.PageTokens = c.Model.PageTokens
 	}
 	if c.Workers == 0 {
 		c.Workers = def.Workers
@@ -158,6 +172,10 @@ func (c *Config) Validate() error {
 		return errors.New("kvmanager: Instance is empty")
 	case c.Rank < 0 || c.PrefillRank < 0:
 		return errors.New("kvmanager: ranks must not be negative")
+	case c.Parallel.Validate() != nil:
+		return fmt.Errorf("kvmanager: %w", c.Parallel.Validate())
+	case c.Rank != c.Parallel.Global() && c.Parallel != (transfer.Parallel{}).Norm():
+		return fmt.Errorf("kvmanager: Rank %d is not the rank's index %d in its instance (%v)", c.Rank, c.Parallel.Global(), c.Parallel)
 	case c.Compat == "":
 		return errors.New("kvmanager: Compat is empty (hash of protocol, model layout, dtype, page size)")
 	case c.Role == RoleDecode && c.BootstrapURL == "":
@@ -174,6 +192,20 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Layout.Validate(); err != nil {
 		return err
+	}
+	if !c.Model.Zero() {
+		if err := c.Model.Validate(); err != nil {
+			return err
+		}
+		_, layers := c.Model.StageLayers(c.Parallel.PPSize, c.Parallel.PPRank)
+		pb, err := c.Model.PageBytes(c.Parallel.TPSize)
+		if err != nil {
+			return err
+		}
+		if len(c.Layout.Regions) != layers*transfer.RegionsPerLayer || c.Layout.PageBytes != pb {
+			return fmt.Errorf("kvmanager: layout of %d regions × %d-byte pages does not fit the model at %v (%d layers × %d regions, %d-byte pages)",
+				len(c.Layout.Regions), c.Layout.PageBytes, c.Parallel, layers, transfer.RegionsPerLayer, pb)
+		}
 	}
 	return c.Registry.Validate()
 }

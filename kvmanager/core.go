@@ -67,9 +67,18 @@ type CoreConfig struct {
 	// RegisterRetry is the first REGISTER retry interval (doubling up to
 	// 32×) while no REGISTER_ACK came.
 	RegisterRetry time.Duration
-	// Register is decode's REGISTER body (agent, metadata, regions).
+	// Register is decode's REGISTER body (agent, metadata, regions, and
+	// its topology when Model is set).
 	Register bootstrap.Register
+	// Parallel and Model place this rank for the rank mapping (see
+	// transfer.Links); a zero Model means none: one prefill rank feeds one
+	// decode rank with identical layouts.
+	Parallel transfer.Parallel
+	Model    transfer.Model
 }
+
+// MaxSources bounds the prefill ranks of one decode room.
+func (c CoreConfig) MaxSources() int { return 1024 }
 
 // Validate reports the first setting that cannot work.
 func (c CoreConfig) Validate() error {
@@ -133,13 +142,27 @@ type Effect struct {
 }
 
 // Target names one prefill rank a decode room pulls from: the bootstrap
-// service that lists it and its rank there.
+// service that lists its instance, and its DP group, TP rank (Rank) and PP
+// stage there.
 type Target struct {
 	Bootstrap string
-	Rank      int
+	Rank      int // TP rank
+	DP, PP    int
 }
 
-func (t Target) key() string { return fmt.Sprintf("%s#%d", t.Bootstrap, t.Rank) }
+func (t Target) key() string { return fmt.Sprintf("%s#%d/%d/%d", t.Bootstrap, t.DP, t.Rank, t.PP) }
+
+// Link is one prefill rank's part in a decode room: the rank, and what
+// the mapping gives it (transfer.Link).
+type Link struct {
+	Target
+	// Dummy: it writes nothing into this rank (its REQUEST says so).
+	Dummy bool
+	// Aux: it writes the aux item and the state items.
+	Aux bool
+	// Required overrides RequestSpec.Required for this rank (0: keep).
+	Required int
+}
 
 // STATUS codes (protocol v2): decode branches on them.
 const (

@@ -52,7 +52,8 @@ func (tg *target) peer() bootstrap.Peer {
 // source is one prefill rank's part of a decode room.
 type source struct {
 	target string // key into Core.targets
-	uid    int    // the rank uid its notifications carry
+	uid    int    // the uid its notifications carry (REQUEST.source: its index in the room)
+	link   Link
 	// sent: our REQUEST went to the process of epoch, which may now write
 	// into the room's pages until it acknowledges an ABORT (acked).
 	sent   bool
@@ -110,12 +111,28 @@ func (c *Core) ensureTarget(t Target) *target {
 }
 
 // CreateReceiver creates the decode side of a room that pulls from the
-// given prefill ranks (at least one). The targets are resolved now, so an
-// abort before Init can reach them.
+// given prefill ranks (at least one), each writing every page, aux and
+// state. The targets are resolved now, so an abort before Init can reach
+// them.
 func (c *Core) CreateReceiver(now time.Time, room uint64, targets []Target) Result {
+	links := make([]Link, len(targets))
+	for i, t := range targets {
+		links[i] = Link{Target: t, Aux: true}
+	}
+	return c.CreateReceiverLinks(now, room, links)
+}
+
+// CreateReceiverLinks creates the decode side of a room from the rank
+// mapping's links: each source's REQUEST says whether it is a dummy,
+// carries the aux index and state items only for the Aux link, and names
+// the source's index in the room as the uid of its notifications.
+func (c *Core) CreateReceiverLinks(now time.Time, room uint64, links []Link) Result {
 	c.step(now)
-	if len(targets) == 0 {
+	if len(links) == 0 {
 		return c.count(EventCreate, rejected(fmt.Errorf("room %d: no prefill target: %w", room, ErrInvalidEvent)))
+	}
+	if len(links) > c.cfg.MaxSources() {
+		return c.count(EventCreate, rejected(fmt.Errorf("room %d: %d prefill ranks exceed %d: %w", room, len(links), c.cfg.MaxSources(), ErrInvalidEvent)))
 	}
 	res := c.count(EventCreate, c.reg.Create(room, RoleDecode))
 	if res.Outcome != Applied {
@@ -123,9 +140,9 @@ func (c *Core) CreateReceiver(now time.Time, room uint64, targets []Target) Resu
 	}
 	rm := c.reg.rooms[room]
 	rm.dec = &decodeRoom{started: now}
-	for _, t := range targets {
-		c.ensureTarget(t)
-		rm.dec.sources = append(rm.dec.sources, &source{target: t.key(), uid: t.Rank, chunks: map[int]struct{}{}})
+	for i, l := range links {
+		c.ensureTarget(l.Target)
+		rm.dec.sources = append(rm.dec.sources, &source{target: l.Target.key(), uid: i, link: l, chunks: map[int]struct{}{}})
 	}
 	h := &hold{room: room, ch: make(chan struct{}), srcs: rm.dec.sources}
 	c.holds[room] = h
@@ -180,8 +197,15 @@ func (c *Core) flushRequests(rm *room) {
 		}
 		sp := rm.dec.spec
 		s.sent, s.epoch = true, tg.epoch
-		c.send(tg.peer(), rm.id, &bootstrap.Request{Room: rm.id, DstPages: sp.DstPages, AuxIndex: sp.AuxIndex,
-			StateIndices: sp.StateIndices, Required: sp.Required, Prefix: sp.Prefix, Dummy: sp.Dummy})
+		req := &bootstrap.Request{Room: rm.id, DstPages: sp.DstPages, AuxIndex: sp.AuxIndex,
+			StateIndices: sp.StateIndices, Required: sp.Required, Prefix: sp.Prefix, Dummy: sp.Dummy || s.link.Dummy, Source: s.uid}
+		if !s.link.Aux {
+			req.AuxIndex, req.StateIndices = -1, [][]uint32{}
+		}
+		if s.link.Required > 0 {
+			req.Required = s.link.Required
+		}
+		c.send(tg.peer(), rm.id, req)
 		c.emit(Effect{Kind: EffectWatch, Room: rm.id, To: tg.peer()})
 	}
 	if all && rm.status == Bootstrapping {
@@ -236,7 +260,7 @@ func (c *Core) ResolveFailed(now time.Time, t Target, err error) {
 		return
 	}
 	tg.resolving = false
-	c.failWaiting(tg, fmt.Sprintf("resolving prefill rank %d at %s: %v", t.Rank, t.Bootstrap, err))
+	c.failWaiting(tg, fmt.Sprintf("resolving prefill rank dp %d tp %d pp %d at %s: %v", t.DP, t.Rank, t.PP, t.Bootstrap, err))
 }
 
 // failWaiting fails the live rooms that wait for tg's registration.

@@ -16,6 +16,18 @@ type decodePeer struct {
 	from   bootstrap.From
 	remote string // nixl agent name
 	layout transfer.Layout
+	// mapped: the pair maps heads and layers (both have a Model); plan is
+	// then what this rank writes into that one (nil: nothing, a dummy).
+	mapped bool
+	plan   *transfer.Slice
+}
+
+// PeerPlan is what CheckRegister found of a decode rank: its memory, and
+// with a Model the slice this rank writes into it.
+type PeerPlan struct {
+	Layout transfer.Layout
+	Mapped bool
+	Plan   *transfer.Slice
 }
 
 // prefillRoom is a prefill room's send cursor.
@@ -63,16 +75,16 @@ func layoutFrom(kv, aux, state []bootstrap.Region) (transfer.Layout, error) {
 // CheckRegister validates a REGISTER against this rank (compat, role and
 // layout) without touching any state. The shell loads the agent metadata
 // only after it passes, then steps Registered (or RegisterRefused).
-func (c *Core) CheckRegister(msg *bootstrap.Register) (transfer.Layout, error) {
+func (c *Core) CheckRegister(msg *bootstrap.Register) (PeerPlan, error) {
 	if c.cfg.Role != RolePrefill {
-		return transfer.Layout{}, fmt.Errorf("this rank is a decode rank")
+		return PeerPlan{}, fmt.Errorf("this rank is a decode rank")
 	}
 	if msg.Compat != c.cfg.Compat {
-		return transfer.Layout{}, fmt.Errorf("compat mismatch: prefill %q, decode %q", c.cfg.Compat, msg.Compat)
+		return PeerPlan{}, fmt.Errorf("compat mismatch: prefill %q, decode %q", c.cfg.Compat, msg.Compat)
 	}
 	lay, err := layoutFrom(msg.KV, msg.Aux, msg.State)
 	if err != nil {
-		return transfer.Layout{}, fmt.Errorf("layout: %w", err)
+		return PeerPlan{}, fmt.Errorf("layout: %w", err)
 	}
 	local := c.cfg.Layout
 	stateOK := len(lay.State) == len(local.State)
@@ -80,13 +92,42 @@ func (c *Core) CheckRegister(msg *bootstrap.Register) (transfer.Layout, error) {
 		stateOK = lay.State[i].ItemBytes == local.State[i].ItemBytes
 	}
 	if !stateOK {
-		return transfer.Layout{}, fmt.Errorf("state layout mismatch: prefill %d state regions, decode %d (or item sizes differ)", len(local.State), len(lay.State))
+		return PeerPlan{}, fmt.Errorf("state layout mismatch: prefill %d state regions, decode %d (or item sizes differ)", len(local.State), len(lay.State))
 	}
-	if len(lay.Regions) != len(local.Regions) || lay.PageBytes != local.PageBytes || lay.AuxItemBytes != local.AuxItemBytes {
-		return transfer.Layout{}, fmt.Errorf("layout mismatch: prefill %d regions × %d-byte pages (aux %d), decode %d × %d (aux %d)",
-			len(local.Regions), local.PageBytes, local.AuxItemBytes, len(lay.Regions), lay.PageBytes, lay.AuxItemBytes)
+	if lay.AuxItemBytes != local.AuxItemBytes {
+		return PeerPlan{}, fmt.Errorf("aux items of %d bytes at prefill, %d at decode", local.AuxItemBytes, lay.AuxItemBytes)
 	}
-	return lay, nil
+	if c.cfg.Model.Zero() {
+		if msg.Topo != nil {
+			return PeerPlan{}, fmt.Errorf("decode %s maps ranks (it sent its topology) but this prefill rank has no Model: set it on both", msg.From.Peer())
+		}
+		if len(lay.Regions) != len(local.Regions) || lay.PageBytes != local.PageBytes {
+			return PeerPlan{}, fmt.Errorf("layout mismatch: prefill %d regions × %d-byte pages (aux %d), decode %d × %d (aux %d)",
+				len(local.Regions), local.PageBytes, local.AuxItemBytes, len(lay.Regions), lay.PageBytes, lay.AuxItemBytes)
+		}
+		return PeerPlan{Layout: lay}, nil
+	}
+	t := msg.Topo
+	if t == nil {
+		return PeerPlan{}, fmt.Errorf("decode %s sent no topology but this prefill rank maps heads and layers (Model set): set Model on both", msg.From.Peer())
+	}
+	pl, err := transfer.ParsePageLayout(t.PageLayout)
+	if err != nil {
+		return PeerPlan{}, err
+	}
+	dm := transfer.Model{Layers: t.Layers, KVHeads: t.KVHeads, HeadBytes: t.HeadBytes, PageTokens: t.PageTokens, MLA: t.MLA, Layout: pl}
+	if dm != c.cfg.Model {
+		return PeerPlan{}, fmt.Errorf("model mismatch: prefill %+v, decode %+v", c.cfg.Model, dm)
+	}
+	dp := transfer.Parallel{TPSize: msg.TPSize, TPRank: msg.TPRank, PPSize: t.PPSize, PPRank: t.PPRank, DPSize: t.DPSize, DPRank: t.DPRank}
+	plan, err := transfer.Plan(c.cfg.Model, c.cfg.Parallel, dp)
+	if err != nil {
+		return PeerPlan{}, fmt.Errorf("prefill %v → decode %v: %w", c.cfg.Parallel.Norm(), dp.Norm(), err)
+	}
+	if err := transfer.CheckLayouts(c.cfg.Model, c.cfg.Parallel, local, dp, lay); err != nil {
+		return PeerPlan{}, err
+	}
+	return PeerPlan{Layout: lay, Mapped: true, Plan: plan}, nil
 }
 
 // RegisterRefused answers a REGISTER with ok false.
@@ -98,13 +139,13 @@ func (c *Core) RegisterRefused(now time.Time, from bootstrap.From, reason string
 // Registered binds a decode rank's registration to its epoch and
 // acknowledges it. A new epoch of a known rank means that rank restarted:
 // every room and pending request bound to the old epoch fails first.
-func (c *Core) Registered(now time.Time, from bootstrap.From, remote string, layout transfer.Layout) {
+func (c *Core) Registered(now time.Time, from bootstrap.From, remote string, pp PeerPlan) {
 	c.step(now)
 	key := from.Peer()
 	if old := c.peers[key]; old != nil && old.from.Epoch != from.Epoch {
 		c.peerGone(key, old.from.Epoch, true, fmt.Sprintf("peer restarted: %s (epoch %d → %d)", key, old.from.Epoch, from.Epoch))
 	}
-	c.peers[key] = &decodePeer{from: from, remote: remote, layout: layout}
+	c.peers[key] = &decodePeer{from: from, remote: remote, layout: pp.Layout, mapped: pp.Mapped, plan: pp.Plan}
 	c.send(bootstrap.Peer{Endpoint: from.Endpoint}, 0, &bootstrap.RegisterAck{OK: true})
 }
 
@@ -301,7 +342,14 @@ func (c *Core) SendChunk(now time.Time, room uint64, pages []uint32, last bool, 
 			c.stats.StaleEpoch++
 			return fail(fmt.Sprintf("peer %s (epoch %d) that requested the room is gone", pr.Peer, pr.Epoch))
 		}
-		base := transfer.Write{Remote: p.remote, Peer: p.layout, AuxSrc: -1, State: -1, PeerKey: pr.Peer, Epoch: pr.Epoch}
+		base := transfer.Write{Remote: p.remote, Peer: p.layout, AuxSrc: -1, State: -1, PeerKey: pr.Peer, Epoch: pr.Epoch, Slice: p.plan}
+		if p.mapped && !req.Dummy && p.plan == nil {
+			return fail(fmt.Sprintf("%s asked for data, but the rank mapping gives its heads to another prefill rank (REQUEST should be dummy)", pr.Peer))
+		}
+		uid := c.cfg.Rank
+		if req.Source >= 0 {
+			uid = req.Source
+		}
 		var src, dst []uint32
 		if !req.Dummy {
 			for i, pg := range pages {
@@ -316,7 +364,7 @@ func (c *Core) SendChunk(now time.Time, room uint64, pages []uint32, last bool, 
 			}
 		}
 		w := base
-		w.Runs, w.Notif = transfer.Runs(src, dst), fmt.Sprintf("kvb1:%d:%d:%d:%d", room, c.cfg.Rank, chunk, total)
+		w.Runs, w.Notif = transfer.Runs(src, dst), fmt.Sprintf("kvb1:%d:%d:%d:%d", room, uid, chunk, total)
 		writes = append(writes, w)
 		if !last {
 			continue
@@ -333,7 +381,7 @@ func (c *Core) SendChunk(now time.Time, room uint64, pages []uint32, last bool, 
 			writes = append(writes, w)
 		}
 		aux := base
-		aux.Notif = fmt.Sprintf("kvb1:%d:%d:aux", room, c.cfg.Rank)
+		aux.Notif = fmt.Sprintf("kvb1:%d:%d:aux", room, uid)
 		if auxIndex >= 0 && req.AuxIndex >= 0 && !req.Dummy {
 			aux.AuxSrc, aux.AuxDst = auxIndex, req.AuxIndex
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
 )
 
@@ -22,7 +23,27 @@ type Decode struct {
 
 	clientsMu sync.Mutex
 	clients   map[string]*bootstrap.Client // by bootstrap URL
+	topos     map[string]*topoEntry        // prefill instances' topologies, by bootstrap URL
 }
+
+// topoEntry is one instance's topology: looked up once by the first room
+// that needs it (the others wait), kept while the rank lives; a failed
+// lookup is forgotten so the next room tries again.
+type topoEntry struct {
+	done chan struct{}
+	topo bootstrap.Topology
+	err  error
+}
+
+// Instance is the prefill instance a room pulls from: its bootstrap
+// service and, with DP attention, its DP group.
+type Instance struct {
+	Bootstrap string // "" means Config.BootstrapURL
+	DP        int    // the prefill DP group; AutoDP: room % dp_size
+}
+
+// AutoDP picks the prefill DP group as room % dp_size.
+const AutoDP = -1
 
 // NewDecode starts a decode rank.
 func NewDecode(cfg Config) (*Decode, error) {
@@ -31,7 +52,7 @@ func NewDecode(cfg Config) (*Decode, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Decode{Manager: m, clients: map[string]*bootstrap.Client{}}
+	d := &Decode{Manager: m, clients: map[string]*bootstrap.Client{}, topos: map[string]*topoEntry{}}
 	m.resolver = d.resolve
 	m.start()
 	m.wg.Add(1)
@@ -47,19 +68,13 @@ func (d *Decode) DefaultTarget() Target {
 // resolve looks a target up in its bootstrap service in the background
 // (bounded by the bootstrap timeout) and steps the answer into the core.
 func (d *Decode) resolve(t Target) {
-	d.clientsMu.Lock()
-	cl := d.clients[t.Bootstrap]
-	if cl == nil {
-		cl = bootstrap.NewClient(t.Bootstrap)
-		d.clients[t.Bootstrap] = cl
-	}
-	d.clientsMu.Unlock()
+	cl := d.client(t.Bootstrap)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
 		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.BootstrapTimeout)
 		defer cancel()
-		info, err := cl.Rank(ctx, 0, t.Rank, 0)
+		info, err := cl.Rank(ctx, t.DP, t.Rank, t.PP)
 		d.step(func(c *Core, now time.Time) {
 			if err != nil {
 				c.ResolveFailed(now, t, err)
@@ -71,12 +86,105 @@ func (d *Decode) resolve(t Target) {
 }
 
 // CreateReceiver creates the decode side of a room that pulls from the
-// given prefill ranks (the default target when none is given).
+// given prefill ranks, each writing every page (the default instance when
+// none is given: see CreateReceiverFor).
 func (d *Decode) CreateReceiver(room uint64, targets ...Target) (res Result) {
 	if len(targets) == 0 {
-		targets = []Target{d.DefaultTarget()}
+		return d.CreateReceiverFor(room, Instance{DP: AutoDP})
 	}
 	d.step(func(c *Core, now time.Time) { res = c.CreateReceiver(now, room, targets) })
+	return res
+}
+
+// client returns the bootstrap client of url.
+func (d *Decode) client(url string) *bootstrap.Client {
+	d.clientsMu.Lock()
+	defer d.clientsMu.Unlock()
+	cl := d.clients[url]
+	if cl == nil {
+		cl = bootstrap.NewClient(url)
+		d.clients[url] = cl
+	}
+	return cl
+}
+
+// topology returns a prefill instance's topology, looked up once.
+func (d *Decode) topology(url string) (bootstrap.Topology, error) {
+	d.clientsMu.Lock()
+	e := d.topos[url]
+	first := e == nil
+	if first {
+		e = &topoEntry{done: make(chan struct{})}
+		d.topos[url] = e
+	}
+	d.clientsMu.Unlock()
+	if first {
+		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.BootstrapTimeout)
+		e.topo, e.err = d.client(url).Topology(ctx)
+		cancel()
+		if e.err != nil {
+			d.clientsMu.Lock()
+			delete(d.topos, url)
+			d.clientsMu.Unlock()
+		}
+		close(e.done)
+	}
+	select {
+	case <-e.done:
+	case <-d.closing:
+		return bootstrap.Topology{}, ErrManagerClosed
+	}
+	return e.topo, e.err
+}
+
+// Links computes a room's prefill ranks in an instance: the rank mapping
+// of this rank's Parallel and Model onto the instance's topology (one
+// target, PrefillRank, when the rank has no Model).
+func (d *Decode) Links(room uint64, inst Instance) ([]Link, error) {
+	if inst.Bootstrap == "" {
+		inst.Bootstrap = d.cfg.BootstrapURL
+	}
+	if d.cfg.Model.Zero() {
+		return []Link{{Target: Target{Bootstrap: inst.Bootstrap, Rank: d.cfg.PrefillRank, DP: max(inst.DP, 0)}, Aux: true}}, nil
+	}
+	topo, err := d.topology(inst.Bootstrap)
+	if err != nil {
+		return nil, fmt.Errorf("prefill instance at %s: topology: %w", inst.Bootstrap, err)
+	}
+	facts := modelFacts(d.cfg.Model)
+	if topo.ModelFacts != facts || topo.PageSize != d.cfg.Model.PageTokens {
+		return nil, fmt.Errorf("%w: prefill instance %q at %s has model %+v with %d-token pages, this decode rank %+v with %d",
+			ErrIncompatible, topo.Instance, inst.Bootstrap, topo.ModelFacts, topo.PageSize, facts, d.cfg.Model.PageTokens)
+	}
+	dp := inst.DP
+	if dp == AutoDP {
+		dp = int(room % uint64(max(topo.DPSize, 1)))
+	}
+	if dp < 0 || dp >= max(topo.DPSize, 1) {
+		return nil, fmt.Errorf("prefill instance %q at %s: DP group %d outside [0, %d)", topo.Instance, inst.Bootstrap, dp, topo.DPSize)
+	}
+	tl, err := transfer.Links(d.cfg.Model, transfer.Parallel{TPSize: topo.TPSize, PPSize: topo.PPSize, DPSize: topo.DPSize}, d.cfg.Parallel)
+	if err != nil {
+		return nil, fmt.Errorf("prefill instance %q at %s: %w", topo.Instance, inst.Bootstrap, err)
+	}
+	links := make([]Link, len(tl))
+	for i, l := range tl {
+		links[i] = Link{Target: Target{Bootstrap: inst.Bootstrap, Rank: l.TPRank, DP: dp, PP: l.PPRank},
+			Dummy: l.Dummy, Aux: l.Aux, Required: l.Required}
+	}
+	return links, nil
+}
+
+// CreateReceiverFor creates the decode side of a room that pulls from a
+// prefill instance: its topology is looked up once per instance (cached),
+// the rank mapping gives the room's prefill ranks, and their endpoints are
+// resolved now, so an abort before Init reaches them.
+func (d *Decode) CreateReceiverFor(room uint64, inst Instance) (res Result) {
+	links, err := d.Links(room, inst)
+	if err != nil {
+		return rejected(fmt.Errorf("room %d: %w", room, err))
+	}
+	d.step(func(c *Core, now time.Time) { res = c.CreateReceiverLinks(now, room, links) })
 	return res
 }
 

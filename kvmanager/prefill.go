@@ -49,9 +49,10 @@ func (m *Manager) registerRank() error {
 	if m.cfg.Auth != nil {
 		cl.Token = m.cfg.Auth.BootstrapToken()
 	}
-	rec := bootstrap.RankRecord{Instance: m.cfg.Instance, DPSize: 1, TPRank: m.cfg.Rank, TPSize: m.cfg.TPSize, PPSize: 1,
-		Endpoint: m.loop.Endpoint(), PageSize: m.cfg.PageTokens, DType: m.cfg.DType, Compat: m.cfg.Compat,
-		PublicKey: m.loop.PublicKey()}
+	par := m.cfg.Parallel
+	rec := bootstrap.RankRecord{Instance: m.cfg.Instance, DPRank: par.DPRank, DPSize: par.DPSize, TPRank: par.TPRank,
+		TPSize: par.TPSize, PPRank: par.PPRank, PPSize: par.PPSize, Endpoint: m.loop.Endpoint(), PageSize: m.cfg.PageTokens,
+		DType: m.cfg.DType, Compat: m.cfg.Compat, PublicKey: m.loop.PublicKey(), ModelFacts: modelFacts(m.cfg.Model)}
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Registry.BootstrapTimeout)
 	ttl, err := cl.RegisterRank(ctx, rec)
 	cancel()
@@ -83,7 +84,7 @@ func (m *Manager) registerRank() error {
 	m.deregister = func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if err := cl.DeregisterRank(ctx, 0, rec.TPRank, 0, rec.Endpoint); err != nil {
+		if err := cl.DeregisterRank(ctx, rec.DPRank, rec.TPRank, rec.PPRank, rec.Endpoint); err != nil {
 			m.log.Warn("deleting the bootstrap record", zap.String("bootstrap", m.cfg.BootstrapURL), zap.Error(err))
 		}
 	}
@@ -93,7 +94,7 @@ func (m *Manager) registerRank() error {
 // onRegister validates a REGISTER in the core, loads the peer's agent
 // metadata (engine I/O, outside the lock) and binds the registration.
 func (m *Manager) onRegister(msg *bootstrap.Register) {
-	var lay transfer.Layout
+	var lay PeerPlan
 	var err error
 	m.read(func(c *Core) { lay, err = c.CheckRegister(msg) })
 	var name string

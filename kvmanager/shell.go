@@ -90,7 +90,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 	}
 	m.cfg = cfg
 	ccfg := CoreConfig{Role: cfg.Role, Rank: cfg.Rank, Compat: cfg.Compat, Layout: cfg.Layout, Registry: cfg.Registry,
-		QuarantineTimeout: cfg.QuarantineTimeout, RegisterRetry: cfg.RegisterRetry}
+		QuarantineTimeout: cfg.QuarantineTimeout, RegisterRetry: cfg.RegisterRetry, Parallel: cfg.Parallel, Model: cfg.Model}
 	if cfg.Role == RoleDecode {
 		// The metadata blob is taken once, before any peer is contacted: a
 		// failure here fails New instead of wedging a registration.
@@ -99,8 +99,14 @@ func newManager(cfg Config) (m *Manager, err error) {
 			return nil, fmt.Errorf("kvmanager: agent metadata: %w", err)
 		}
 		kv, aux, state := regionsOf(cfg.Layout)
-		ccfg.Register = bootstrap.Register{Compat: cfg.Compat, Agent: cfg.Engine.Name, AgentMD: md, TPSize: 1,
-			KV: kv, Aux: aux, State: state}
+		ccfg.Register = bootstrap.Register{Compat: cfg.Compat, Agent: cfg.Engine.Name, AgentMD: md,
+			TPSize: cfg.Parallel.TPSize, TPRank: cfg.Parallel.TPRank, KV: kv, Aux: aux, State: state}
+		if !cfg.Model.Zero() {
+			f := modelFacts(cfg.Model)
+			ccfg.Register.Topo = &bootstrap.Topo{PPSize: cfg.Parallel.PPSize, PPRank: cfg.Parallel.PPRank,
+				DPSize: cfg.Parallel.DPSize, DPRank: cfg.Parallel.DPRank, Layers: f.Layers, KVHeads: f.KVHeads,
+				HeadBytes: f.HeadBytes, PageTokens: cfg.Model.PageTokens, MLA: f.MLA, PageLayout: f.PageLayout}
+		}
 	}
 	if m.core, err = NewCore(ccfg); err != nil {
 		return nil, err
@@ -411,6 +417,14 @@ func (m *Manager) Close() error {
 		}
 	})
 	return err
+}
+
+// modelFacts is the rank table's form of a model.
+func modelFacts(m transfer.Model) bootstrap.ModelFacts {
+	if m.Zero() {
+		return bootstrap.ModelFacts{}
+	}
+	return bootstrap.ModelFacts{Layers: m.Layers, KVHeads: m.KVHeads, HeadBytes: m.HeadBytes, MLA: m.MLA, PageLayout: m.Layout.String()}
 }
 
 func regionsOf(l transfer.Layout) (kv, aux, state []bootstrap.Region) {

@@ -6,7 +6,7 @@
 // request acknowledges that nothing can land (or the quarantine deadline
 // passes) — also after Clear.
 //
-//	r, err := receiver.New(decode, room) // or NewFrom(decode, room, targets...)
+//	r, err := receiver.NewFor(decode, room, kvmanager.Instance{Bootstrap: url, DP: kvmanager.AutoDP}) // or New, NewFrom
 //	err = r.Init(ctx, kvmanager.RequestSpec{DstPages: pages, AuxIndex: slot})
 //	st, err := r.Wait(ctx)              // Success: every page and the aux item are in place
 //	r.Clear()
@@ -27,9 +27,23 @@ type Receiver struct {
 }
 
 // New creates the room on this decode rank, pulling from the rank's
-// default prefill target (Config.BootstrapURL, PrefillRank).
+// default prefill instance (Config.BootstrapURL; with a Model, the DP group
+// room % dp_size and the prefill ranks the rank mapping gives; without,
+// Config.PrefillRank).
 func New(d *kvmanager.Decode, room uint64) (*Receiver, error) {
-	return NewFrom(d, room)
+	return NewFor(d, room, kvmanager.Instance{DP: kvmanager.AutoDP})
+}
+
+// NewFor creates the room pulling from a prefill instance the router chose
+// for it: its bootstrap address and, with DP attention, its DP group
+// (kvmanager.AutoDP: room % dp_size). The instance's topology is looked up
+// once and cached; an unsupported pair of shapes is refused here.
+func NewFor(d *kvmanager.Decode, room uint64, inst kvmanager.Instance) (*Receiver, error) {
+	res := d.CreateReceiverFor(room, inst)
+	if res.Outcome == kvmanager.Rejected {
+		return nil, fmt.Errorf("receiver: %w", res.Err)
+	}
+	return &Receiver{d: d, room: room}, nil
 }
 
 // NewFrom creates the room pulling from the given prefill ranks.

@@ -26,6 +26,9 @@ type Write struct {
 	AuxSrc, AuxDst int
 	// State ≥ 0 makes Runs item runs of that state region instead of pages.
 	State int
+	// Slice (optional) writes a head slice into the peer's pages (the rank
+	// mapping): heads and a region offset instead of whole pages.
+	Slice *Slice
 	Notif string // "" for a write without a notification
 	Last  bool   // the room's final write to this peer
 	// PeerKey and Epoch name the decode process whose REQUEST gave the
@@ -171,6 +174,11 @@ func (p *Pool) write(w *Write) (posted bool, err error) {
 		}
 		local = []nixl.Desc{{Addr: p.local.Aux.Addr + uintptr(uint64(w.AuxSrc)*n), Len: n, Dev: p.local.Aux.Dev}}
 		remote = []nixl.Desc{{Addr: w.Peer.Aux.Addr + uintptr(uint64(w.AuxDst)*n), Len: n, Dev: w.Peer.Aux.Dev}}
+	case w.Slice != nil:
+		if n := len(p.local.Regions) + w.Slice.RegionOffset; w.Slice.RegionOffset < 0 || n > len(w.Peer.Regions) {
+			return false, fmt.Errorf("transfer: %d regions at offset %d do not fit the peer's %d", len(p.local.Regions), w.Slice.RegionOffset, len(w.Peer.Regions))
+		}
+		local, remote = ExpandSlice(w.Runs, p.local, w.Peer, w.Slice)
 	default:
 		local, remote = Expand(w.Runs, p.local, w.Peer)
 	}
