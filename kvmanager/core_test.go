@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/transfer"
 )
 
 // Unit tests of the core for the review's bugs that are about liveness or
@@ -365,4 +367,66 @@ func TestCoreBoundsHostileInput(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestCheckRegisterTopology: with a Model, a prefill rank accepts a decode
+// rank's REGISTER only for a pair the rank mapping supports and a layout
+// that fits it, and computes the head slice it will write; every refusal
+// names what does not fit (the decode side refuses the same pairs before
+// registering: TestCreateReceiverForRefusesUnsupportedTopology).
+func TestCheckRegisterTopology(t *testing.T) {
+	m := transfer.Model{Layers: 2, KVHeads: 4, HeadBytes: 8, PageTokens: 2}
+	prefillPar := transfer.Parallel{TPSize: 2, TPRank: 1}
+	lay := func(par transfer.Parallel) transfer.Layout {
+		par = par.Norm()
+		pb, _ := m.PageBytes(par.TPSize)
+		_, layers := m.StageLayers(par.PPSize, par.PPRank)
+		l := transfer.Layout{Kind: nixl.DRAM, PageBytes: pb}
+		for i := 0; i < layers*transfer.RegionsPerLayer; i++ {
+			l.Regions = append(l.Regions, nixl.Desc{Addr: uintptr(1<<20 + i*4096), Len: 8 * pb})
+		}
+		return l
+	}
+	c, err := NewCore(CoreConfig{Role: RolePrefill, Compat: "sim", Layout: lay(prefillPar), Registry: simRegistryConfig(),
+		QuarantineTimeout: 30 * time.Second, RegisterRetry: time.Second, Parallel: prefillPar, Model: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := func(par transfer.Parallel, mod func(*bootstrap.Register)) *bootstrap.Register {
+		kv, aux, state := regionsOf(lay(par))
+		r := &bootstrap.Register{From: decodeFrom, Compat: "sim", KV: kv, Aux: aux, State: state, TPSize: par.Norm().TPSize, TPRank: par.TPRank,
+			Topo: &bootstrap.Topo{PPSize: par.Norm().PPSize, PPRank: par.PPRank, DPSize: 1, Layers: 2, KVHeads: 4, HeadBytes: 8, PageTokens: 2, PageLayout: "NHD"}}
+		if mod != nil {
+			mod(r)
+		}
+		return r
+	}
+	pp, err := c.CheckRegister(reg(transfer.Parallel{TPSize: 1}, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !pp.Mapped || pp.Plan == nil || pp.Plan.SrcHead != 0 || pp.Plan.DstHead != 2 || pp.Plan.Heads != 2 || pp.Plan.Full {
+		t.Fatalf("TP 2 rank 1 → TP 1: plan %+v", pp.Plan)
+	}
+	for _, tc := range []struct {
+		name string
+		r    *bootstrap.Register
+		want string
+	}{
+		{"decode PP 2 from prefill PP 1", reg(transfer.Parallel{PPSize: 2}, nil), "decode PP must equal prefill PP, or be 1"},
+		{"TP 3", reg(transfer.Parallel{TPSize: 1}, func(r *bootstrap.Register) { r.TPSize = 3 }), "one must divide the other"},
+		{"not among the decode rank's prefill ranks", reg(transfer.Parallel{TPSize: 2, TPRank: 0}, nil), "is not among decode TP rank 0's prefill ranks"},
+		{"another model", reg(transfer.Parallel{TPSize: 1}, func(r *bootstrap.Register) { r.Topo.KVHeads = 8 }), "model mismatch"},
+		{"no topology", reg(transfer.Parallel{TPSize: 1}, func(r *bootstrap.Register) { r.Topo = nil }), "sent no topology"},
+		{"wrong page bytes", reg(transfer.Parallel{TPSize: 1}, func(r *bootstrap.Register) {
+			for i := range r.KV {
+				r.KV[i].ItemLen *= 2
+				r.KV[i].Len *= 2
+			}
+		}), "byte pages"},
+	} {
+		if _, err := c.CheckRegister(tc.r); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
+		}
+	}
 }

@@ -154,7 +154,7 @@ func (d *Decode) Links(room uint64, inst Instance) ([]Link, error) {
 	facts := modelFacts(d.cfg.Model)
 	if topo.ModelFacts != facts || topo.PageSize != d.cfg.Model.PageTokens {
 		return nil, fmt.Errorf("%w: prefill instance %q at %s has model %+v with %d-token pages, this decode rank %+v with %d",
-			ErrIncompatible, topo.Instance, inst.Bootstrap, topo.ModelFacts, topo.PageSize, facts, d.cfg.Model.PageTokens)
+			transfer.ErrTopology, topo.Instance, inst.Bootstrap, topo.ModelFacts, topo.PageSize, facts, d.cfg.Model.PageTokens)
 	}
 	dp := inst.DP
 	if dp == AutoDP {

@@ -330,6 +330,12 @@ func (m *Manager) Sizes() (s CoreSizes) {
 	return s
 }
 
+// Stats returns what the rank's core counted (the source of its metrics).
+func (m *Manager) Stats() (s CoreStats) {
+	m.read(func(c *Core) { s = c.Stats() })
+	return s
+}
+
 // Overdue counts live rooms past their deadline (0 while sweeps run).
 func (m *Manager) Overdue() (n int) {
 	now := m.cfg.Now()

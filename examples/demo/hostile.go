@@ -18,6 +18,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/transfer"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -45,6 +46,7 @@ type attacker struct {
 	prefill, decode *proc
 	minRounds       int // rounds run even if the workload ends first
 	model           kvmodel.Model
+	layout          transfer.PageLayout
 	pages           int
 	ctx             *zmq.Context
 	pull            *zmq.Socket // where replies to the insider's messages go
@@ -58,8 +60,8 @@ type attacker struct {
 	zmqFails int
 }
 
-func newAttacker(prefill, decode *proc, model kvmodel.Model, pages, minRounds int) (*attacker, error) {
-	a := &attacker{prefill: prefill, decode: decode, model: model, pages: pages, sent: map[string]int{}, minRounds: minRounds}
+func newAttacker(prefill, decode *proc, model kvmodel.Model, layout transfer.PageLayout, pages, minRounds int) (*attacker, error) {
+	a := &attacker{prefill: prefill, decode: decode, model: model, layout: layout, pages: pages, sent: map[string]int{}, minRounds: minRounds}
 	var err error
 	if a.ctx, err = zmq.NewContext(); err != nil {
 		return nil, err
@@ -211,17 +213,23 @@ func agentBlob(addr []byte) []byte {
 	return b
 }
 
-// register is a REGISTER that passes the compat and layout checks, so its
-// agent blob reaches the engine.
+// register is a REGISTER that passes the compat, topology and layout
+// checks (a decode rank at TP 1), so its agent blob reaches the engine.
 func (a *attacker) register(md []byte, rank int) *bootstrap.Register {
-	lay := a.model.Layout(nixl.DRAM, a.pages, 4096)
+	lay, err := a.model.RankLayout(nixl.DRAM, a.layout, transfer.Parallel{}, a.pages, 4096)
+	if err != nil {
+		panic(err)
+	}
+	tm := a.model.Mapping(a.layout)
 	var kv []bootstrap.Region
 	for i, r := range lay.Regions {
 		kv = append(kv, bootstrap.Region{Addr: uint64(0x100000000 + i*int(r.Len)), Len: r.Len, ItemLen: lay.PageBytes, Mem: bootstrap.MemDRAM})
 	}
 	aux := []bootstrap.Region{{Addr: 0x7000000000, Len: lay.Aux.Len, ItemLen: lay.AuxItemBytes, Mem: bootstrap.MemDRAM}}
 	return &bootstrap.Register{From: a.from("hostile-register", rank), Compat: a.model.Compat(), Agent: "hostile-agent",
-		AgentMD: md, TPSize: 1, KV: kv, Aux: aux, State: []bootstrap.Region{}}
+		AgentMD: md, TPSize: 1, KV: kv, Aux: aux, State: []bootstrap.Region{},
+		Topo: &bootstrap.Topo{PPSize: 1, DPSize: 1, Layers: tm.Layers, KVHeads: tm.KVHeads, HeadBytes: tm.HeadBytes,
+			PageTokens: tm.PageTokens, MLA: tm.MLA, PageLayout: tm.Layout.String()}}
 }
 
 func (a *attacker) round(round int, push map[string]*zmq.Socket) {

@@ -13,6 +13,7 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -33,6 +34,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/transfer"
 )
 
 type proc struct {
@@ -192,8 +194,87 @@ func pinned(url string) (live, overdue float64, err error) {
 type outcome struct {
 	tokens   int
 	abort    string
-	dec, pre rankcmd.RoomResult
+	dec, pre []rankcmd.RoomResult // every decode rank, every prefill rank of the room's DP group
 	err      error
+}
+
+// instance is a group of rank processes started together.
+type instance struct {
+	name  string
+	boot  string
+	ranks []*proc // by global rank index: ((dp × PP) + pp) × TP + tp
+	par   []transfer.Parallel
+}
+
+func (in *instance) stop() {
+	for _, p := range in.ranks {
+		p.stop()
+	}
+}
+
+// group returns the ranks of one DP group.
+func (in *instance) group(dp int) []*proc {
+	var out []*proc
+	for i, p := range in.ranks {
+		if in.par[i].DPRank == dp {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// startInstance starts every rank of an instance (rank 0 first; a prefill
+// rank 0 serves the bootstrap server unless boot is given).
+func startInstance(bin, role, name, boot string, shape transfer.Parallel, common []string) (*instance, error) {
+	shape = shape.Norm()
+	in := &instance{name: name, boot: boot}
+	for dp := 0; dp < shape.DPSize; dp++ {
+		for pp := 0; pp < shape.PPSize; pp++ {
+			for tp := 0; tp < shape.TPSize; tp++ {
+				in.par = append(in.par, transfer.Parallel{TPSize: shape.TPSize, TPRank: tp, PPSize: shape.PPSize, PPRank: pp, DPSize: shape.DPSize, DPRank: dp})
+			}
+		}
+	}
+	args := func(i int) []string {
+		p := in.par[i]
+		a := append(append([]string{}, common...), "-instance", name,
+			"-tp", strconv.Itoa(p.TPSize), "-tp-rank", strconv.Itoa(p.TPRank), "-pp", strconv.Itoa(p.PPSize),
+			"-pp-rank", strconv.Itoa(p.PPRank), "-dp", strconv.Itoa(p.DPSize), "-dp-rank", strconv.Itoa(p.DPRank))
+		if in.boot == "" {
+			return append(a, "-serve-bootstrap", "127.0.0.1:0")
+		}
+		return append(a, "-bootstrap", in.boot)
+	}
+	in.ranks = make([]*proc, len(in.par))
+	first, err := start(bin, role, args(0)...)
+	if err != nil {
+		return nil, err
+	}
+	in.ranks[0] = first
+	if in.boot == "" {
+		in.boot = first.boot
+	}
+	// The other ranks in parallel (a prefill rank's start waits for nothing
+	// but its own registration).
+	errs := make([]error, len(in.par))
+	var wg sync.WaitGroup
+	for i := 1; i < len(in.par); i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			in.ranks[i], errs[i] = start(bin, role, args(i)...)
+		}(i)
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, p := range in.ranks {
+			if p != nil {
+				p.stop()
+			}
+		}
+		return nil, err
+	}
+	return in, nil
 }
 
 func main() { os.Exit(run(os.Args[1:])) }
@@ -215,39 +296,80 @@ func run(args []string) int {
 	hostile := fs.Bool("hostile", false, "while the workload runs, attack both ranks with every class of bad input (see hostile.go)")
 	hostileRounds := fs.Int("hostile-rounds", 20, "with -hostile: attack rounds run at least, even past the workload")
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()), "workload seed")
+	var pShape, dShape transfer.Parallel
+	fs.IntVar(&pShape.TPSize, "prefill-tp", 2, "TP size of each prefill instance (one process per rank)")
+	fs.IntVar(&pShape.PPSize, "prefill-pp", 1, "PP size of each prefill instance")
+	fs.IntVar(&pShape.DPSize, "dp", 1, "DP attention groups of each prefill instance")
+	fs.IntVar(&dShape.TPSize, "decode-tp", 1, "TP size of the decode instance")
+	fs.IntVar(&dShape.PPSize, "decode-pp", 1, "PP size of the decode instance")
+	instances := fs.Int("prefill-instances", 1, "prefill instances; the driver picks one per request, as a router does")
+	dpPick := fs.String("dp-pick", "auto", "prefill DP group per request: auto (room % dp, decided by decode) or explicit (chosen by the driver)")
+	pageLayout := fs.String("page-layout", "NHD", "order inside a page: NHD or HND")
+	mla := fs.Bool("mla", false, "an MLA model (tiny-mla with -short, else deepseek-v3)")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
-	if *short {
-		*model, *requests, *pages, *maxTok = "tiny", 60, 4096, 2048
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *short { // defaults for a quick run; flags given explicitly win
+		for name, v := range map[string]string{"model": "tiny", "requests": "60", "pages": "4096", "max-tokens": "2048"} {
+			if !set[name] {
+				fs.Set(name, v)
+			}
+		}
 	}
-	fmt.Printf("kvbridge demo: %d requests of %d–%d tokens (%s layout), %d in flight, %.0f%% aborted, engine %s, seed %d\n",
-		*requests, *minTok, *maxTok, *model, *conc, 100**abortRate, *engine, *seed)
+	if *mla {
+		*model = map[bool]string{true: "tiny-mla", false: "deepseek-v3"}[*short]
+	}
+	m, ok := kvmodel.Presets[*model]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "demo: unknown model %q (have %s)\n", *model, kvmodel.PresetNames())
+		return 2
+	}
+	pShape, dShape = pShape.Norm(), dShape.Norm()
+	topology := fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode PP %d × TP %d, %s pages, %s",
+		*instances, pShape.DPSize, pShape.PPSize, pShape.TPSize, dShape.PPSize, dShape.TPSize, strings.ToUpper(*pageLayout), *model)
+	fmt.Printf("kvbridge demo: %d requests of %d–%d tokens (%s layout), %d in flight, %.0f%% aborted, engine %s, seed %d\ntopology: %s\n",
+		*requests, *minTok, *maxTok, *model, *conc, 100**abortRate, *engine, *seed, topology)
 	cleanup, serr := makeSecret()
 	if serr != nil {
 		fmt.Fprintln(os.Stderr, "demo: shared secret:", serr)
 		return 1
 	}
 	defer cleanup()
-	common := []string{"-model", *model, "-pages", strconv.Itoa(*pages), "-engine", *engine, "-ucx-tls", *tls}
-	prefill, err := start(*bin, "prefill", append(common, "-serve-bootstrap", "127.0.0.1:0")...)
+	common := []string{"-model", *model, "-pages", strconv.Itoa(*pages), "-engine", *engine, "-ucx-tls", *tls, "-page-layout", *pageLayout}
+	var prefills []*instance
+	for k := 0; k < *instances; k++ {
+		in, err := startInstance(*bin, "prefill", fmt.Sprintf("prefill-%d", k), "", pShape, common)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+			return 1
+		}
+		defer in.stop()
+		prefills = append(prefills, in)
+	}
+	decodes, err := startInstance(*bin, "decode", "decode", prefills[0].boot, dShape, common)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		return 1
 	}
-	defer prefill.stop()
-	decode, err := start(*bin, "decode", append(common, "-bootstrap", prefill.boot)...)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "demo:", err)
-		return 1
-	}
-	defer decode.stop()
-	fmt.Printf("bootstrap %s · prefill %s · decode %s\n", prefill.boot, prefill.http, decode.http)
+	defer decodes.stop()
+	prefill, decode := prefills[0].ranks[0], decodes.ranks[0]
+	fmt.Printf("bootstrap %s · prefill %s · decode %s (%d processes)\n", prefill.boot, prefill.http, decode.http,
+		len(decodes.ranks)+len(prefills)*len(prefills[0].ranks))
 	var att *attacker
 	stopAttack := func() {}
 	rssStart := map[string]float64{}
 	if *hostile {
-		if att, err = newAttacker(prefill, decode, kvmodel.Presets[*model], *pages, *hostileRounds); err != nil {
+		pl, err := transfer.ParsePageLayout(*pageLayout)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+			return 2
+		}
+		if att, err = newAttacker(prefill, decode, m, pl, *pages, *hostileRounds); err != nil {
 			fmt.Fprintln(os.Stderr, "demo: attacker:", err)
 			return 1
 		}
@@ -275,14 +397,13 @@ func run(args []string) int {
 	done, okN, abN, failN := 0, 0, 0, 0
 	var moved uint64
 	sem := make(chan struct{}, *conc)
-	// Admission by pages: a request starts only when both ranks can hold it,
-	// so requests never deadlock holding pages on one side each.
+	// Admission by pages: a request starts only when every rank can hold
+	// it, so requests never deadlock holding pages on one side each.
 	budget := newBudget(*pages)
-	pageTokens := 16
 	var wg sync.WaitGroup
 	for i := range work {
 		sem <- struct{}{}
-		need := (work[i].tokens + pageTokens - 1) / pageTokens
+		need := (work[i].tokens + m.PageTokens - 1) / m.PageTokens
 		budget.take(need)
 		wg.Add(1)
 		go func(i int) {
@@ -291,7 +412,14 @@ func run(args []string) int {
 			defer budget.give(need)
 			w := &work[i]
 			room := uint64(i + 1)
-			dreq := rankcmd.RoomRequest{Room: room, Tokens: w.tokens}
+			// The router's choice: a prefill instance and its DP group.
+			in := prefills[i%len(prefills)]
+			group := int(room % uint64(pShape.DPSize))
+			dreq := rankcmd.RoomRequest{Room: room, Tokens: w.tokens, Prefill: in.boot, PrefillInstance: in.name}
+			if *dpPick == "explicit" {
+				group = (i/len(prefills)*7 + 3) % pShape.DPSize
+				dreq.PrefillDP = &group
+			}
 			preq := rankcmd.RoomRequest{Room: room, Tokens: w.tokens}
 			switch w.abort {
 			case "before", "mid", "after":
@@ -299,17 +427,23 @@ func run(args []string) int {
 			case "prefill":
 				preq.AbortAfterChunks = 1
 			}
-			var dres rankcmd.RoomResult
-			var derr error
-			dch := make(chan struct{})
-			go func() { dres, derr = post(decode.http, dreq); close(dch) }()
-			if w.abort == "before" {
-				time.Sleep(5 * time.Millisecond) // let the abort land before the sender exists
+			pranks := in.group(group)
+			w.dec, w.pre = make([]rankcmd.RoomResult, len(decodes.ranks)), make([]rankcmd.RoomResult, len(pranks))
+			errs := make([]error, len(decodes.ranks)+len(pranks))
+			var rw sync.WaitGroup
+			for j, p := range decodes.ranks {
+				rw.Add(1)
+				go func() { defer rw.Done(); w.dec[j], errs[j] = post(p.http, dreq) }()
 			}
-			pres, perr := post(prefill.http, preq)
-			<-dch
-			w.dec, w.pre = dres, pres
-			w.err = firstErr(derr, perr)
+			if w.abort == "before" {
+				time.Sleep(5 * time.Millisecond) // let the abort land before the senders exist
+			}
+			for j, p := range pranks {
+				rw.Add(1)
+				go func() { defer rw.Done(); w.pre[j], errs[len(decodes.ranks)+j] = post(p.http, preq) }()
+			}
+			rw.Wait()
+			w.err = errors.Join(errs...)
 			mu.Lock()
 			done++
 			if done == len(work)/4 && att != nil {
@@ -318,9 +452,11 @@ func run(args []string) int {
 			switch {
 			case judge(w) != "":
 				failN++
-			case w.dec.Status == "Success":
+			case allSucceeded(w.dec):
 				okN++
-				moved += w.dec.Bytes
+				for _, d := range w.dec {
+					moved += d.Bytes
+				}
 			default:
 				abN++
 			}
@@ -340,21 +476,31 @@ func run(args []string) int {
 	var problems []string
 	for i := range work {
 		w := &work[i]
-		verified += w.dec.PagesVerified
-		corrupt += w.dec.Corrupt
-		if w.dec.Status == "Success" {
-			lat = append(lat, w.dec.LatencyMS)
+		for _, d := range w.dec {
+			verified += d.PagesVerified
+			corrupt += d.Corrupt
+		}
+		if allSucceeded(w.dec) {
+			slowest := 0.0
+			for _, d := range w.dec {
+				slowest = max(slowest, d.LatencyMS)
+			}
+			lat = append(lat, slowest)
 		}
 		if p := judge(w); p != "" {
 			problems = append(problems, fmt.Sprintf("room %d (%d tokens, abort %q): %s", i+1, w.tokens, w.abort, p))
 		}
 	}
-	livePre, overPre, err1 := pinned(prefill.http)
-	liveDec, overDec, err2 := pinned(decode.http)
-	if err := firstErr(err1, err2); err != nil {
-		problems = append(problems, "reading metrics: "+err.Error())
+	pinnedRooms := 0.0
+	for _, in := range append(prefills, decodes) {
+		for _, p := range in.ranks {
+			live, over, err := pinned(p.http)
+			if err != nil {
+				problems = append(problems, "reading metrics: "+err.Error())
+			}
+			pinnedRooms += live + over
+		}
 	}
-	pinnedRooms := livePre + liveDec + overPre + overDec
 	if pinnedRooms != 0 {
 		problems = append(problems, fmt.Sprintf("%v rooms left live or past their deadline", pinnedRooms))
 	}
@@ -362,7 +508,8 @@ func run(args []string) int {
 		problems = append(problems, att.report(rssStart)...)
 	}
 	sort.Float64s(lat)
-	fmt.Printf("\n%-26s %v\n", "requests", len(work))
+	fmt.Printf("\n%-26s %s\n", "topology", topology)
+	fmt.Printf("%-26s %v\n", "requests", len(work))
 	fmt.Printf("%-26s %d\n", "succeeded", okN)
 	fmt.Printf("%-26s %d\n", "aborted", abN)
 	fmt.Printf("%-26s %d\n", "failed", failN)
@@ -378,8 +525,17 @@ func run(args []string) int {
 		}
 		return 1
 	}
-	fmt.Println("\nOK: every request succeeded or was aborted cleanly, every page verified, nothing pinned.")
+	fmt.Println("\nOK: every request succeeded or was aborted cleanly, every head of every page verified, nothing pinned.")
 	return 0
+}
+
+func allSucceeded(rs []rankcmd.RoomResult) bool {
+	for _, r := range rs {
+		if r.Status != "Success" {
+			return false
+		}
+	}
+	return len(rs) > 0
 }
 
 // budget is a counting semaphore of pages.
@@ -411,23 +567,34 @@ func (b *budget) give(n int) {
 	b.cond.Broadcast()
 }
 
-// judge says what is wrong with an outcome ("" if nothing).
+// judge says what is wrong with an outcome ("" if nothing): errors,
+// corrupt pages, a decode rank that succeeded while a prefill rank of the
+// room did not, or any rank not succeeding in a room without an abort.
 func judge(w *outcome) string {
-	switch {
-	case w.err != nil:
+	if w.err != nil {
 		return w.err.Error()
-	case w.dec.Error != "":
-		return "decode: " + w.dec.Error
-	case w.pre.Error != "":
-		return "prefill: " + w.pre.Error
-	case w.dec.Corrupt > 0:
-		return fmt.Sprintf("%d pages corrupt", w.dec.Corrupt)
-	case w.dec.Status == "Success" && w.pre.Status != "Success":
-		return "decode succeeded, prefill " + w.pre.Status + ": " + w.pre.Reason
-	case w.abort == "" && w.dec.Status != "Success":
-		return fmt.Sprintf("failed without an abort: decode %s (%s), prefill %s (%s)", w.dec.Status, w.dec.Reason, w.pre.Status, w.pre.Reason)
-	case w.dec.Status != "Success" && w.dec.Status != "Failed":
-		return "decode ended " + w.dec.Status
+	}
+	for i, d := range w.dec {
+		switch {
+		case d.Error != "":
+			return fmt.Sprintf("decode rank %d: %s", i, d.Error)
+		case d.Corrupt > 0:
+			return fmt.Sprintf("decode rank %d: %d pages corrupt", i, d.Corrupt)
+		case d.Status != "Success" && d.Status != "Failed":
+			return fmt.Sprintf("decode rank %d ended %s", i, d.Status)
+		case w.abort == "" && d.Status != "Success":
+			return fmt.Sprintf("failed without an abort: decode rank %d %s (%s)", i, d.Status, d.Reason)
+		}
+	}
+	for i, p := range w.pre {
+		switch {
+		case p.Error != "":
+			return fmt.Sprintf("prefill rank %d: %s", i, p.Error)
+		case w.abort == "" && p.Status != "Success":
+			return fmt.Sprintf("failed without an abort: prefill rank %d %s (%s)", i, p.Status, p.Reason)
+		case allSucceeded(w.dec) && p.Status != "Success":
+			return fmt.Sprintf("every decode rank succeeded, prefill rank %d %s: %s", i, p.Status, p.Reason)
+		}
 	}
 	return ""
 }

@@ -32,6 +32,7 @@ var Presets = map[string]Model{
 	"llama3-8b":   {Name: "llama3-8b", Layers: 32, KVHeads: 8, HeadDim: 128, DTypeBytes: 2, PageTokens: 16},
 	"llama3-70b":  {Name: "llama3-70b", Layers: 80, KVHeads: 8, HeadDim: 128, DTypeBytes: 2, PageTokens: 16},
 	"deepseek-v3": {Name: "deepseek-v3", Layers: 61, KVHeads: 1, HeadDim: 576, DTypeBytes: 2, PageTokens: 16, MLA: true},
+	"tiny-mla":    {Name: "tiny-mla", Layers: 2, KVHeads: 1, HeadDim: 128, DTypeBytes: 2, PageTokens: 16, MLA: true},
 }
 
 // PresetNames lists the presets, sorted.
@@ -170,3 +171,98 @@ func (p *Pages) Free() int {
 	defer p.mu.Unlock()
 	return len(p.free)
 }
+
+// Mapping is the model as the rank mapping sees it: per region, one head
+// of one token is HeadDim × DTypeBytes bytes (for MLA, half the latent).
+func (m Model) Mapping(layout transfer.PageLayout) transfer.Model {
+	hb := m.HeadDim * m.DTypeBytes
+	if m.MLA {
+		hb /= 2
+	}
+	return transfer.Model{Layers: m.Layers, KVHeads: m.KVHeads, HeadBytes: hb, PageTokens: m.PageTokens, MLA: m.MLA, Layout: layout}
+}
+
+// RankLayout is the unallocated layout of one rank: its PP stage's layers
+// × K/V, pages of its TP share of the heads.
+func (m Model) RankLayout(kind nixl.MemKind, layout transfer.PageLayout, par transfer.Parallel, pages, auxItems int) (transfer.Layout, error) {
+	tm := m.Mapping(layout)
+	par = par.Norm()
+	pb, err := tm.PageBytes(par.TPSize)
+	if err != nil {
+		return transfer.Layout{}, err
+	}
+	_, layers := tm.StageLayers(par.PPSize, par.PPRank)
+	l := transfer.Layout{Kind: kind, PageBytes: pb, AuxItemBytes: AuxItemBytes, Aux: nixl.Desc{Len: uint64(auxItems) * AuxItemBytes}}
+	for i := 0; i < layers*transfer.RegionsPerLayer; i++ {
+		l.Regions = append(l.Regions, nixl.Desc{Len: uint64(pages) * pb})
+	}
+	return l, nil
+}
+
+// InstanceSeed is the pattern seed of a prefill instance (so a page that
+// came from another instance is told apart).
+func InstanceSeed(instance string) uint64 {
+	h := uint64(0xcbf29ce484222325)
+	for i := 0; i < len(instance); i++ {
+		h = (h ^ uint64(instance[i])) * 0x100000001b3
+	}
+	return h
+}
+
+// headSegments calls f with the offset of every (local head, token) of a
+// page holding n heads, in the model's page layout.
+func headSegments(tm transfer.Model, n int, f func(h, t, off int)) {
+	for h := 0; h < n; h++ {
+		for t := 0; t < tm.PageTokens; t++ {
+			off := (t*n + h) * tm.HeadBytes
+			if tm.Layout == transfer.HND {
+				off = (h*tm.PageTokens + t) * tm.HeadBytes
+			}
+			f(h, t, off)
+		}
+	}
+}
+
+// stampSegment marks one head of one token: global head, token, instance.
+func stampSegment(seg []byte, seed uint64, head, t int) {
+	var st [8]byte
+	binary.LittleEndian.PutUint64(st[:], uint64(head)<<48|uint64(t)<<32|seed&0xffffffff)
+	copy(seg, st[:])
+}
+
+// FillHeads writes the pattern of (instance seed, room, position, global
+// region) into a page holding the global heads [first, first+n): the page
+// pattern of Fill, each head of each token stamped with its global head,
+// token and instance — so the decode side can tell that every head of every
+// token landed, from the right source, at the right offset.
+func FillHeads(page []byte, tm transfer.Model, first, n int, seed, room uint64, pos, region int) {
+	// One template per page: it does not depend on where a head sits, so
+	// the same head-token segment is equal on every TP size and layout.
+	var buf [1024]byte
+	tmpl := buf[:0]
+	if tm.HeadBytes <= len(buf) {
+		tmpl = buf[:tm.HeadBytes]
+	} else {
+		tmpl = make([]byte, tm.HeadBytes)
+	}
+	Fill(tmpl, room^seed, pos, region)
+	headSegments(tm, n, func(h, t, off int) {
+		seg := page[off : off+tm.HeadBytes]
+		copy(seg, tmpl)
+		stampSegment(seg, seed, first+h, t)
+	})
+}
+
+// CheckHeads reports whether a page holds FillHeads' pattern for its heads.
+func CheckHeads(page []byte, tm transfer.Model, first, n int, seed, room uint64, pos, region int) bool {
+	bp := pagePool.Get().(*[]byte)
+	defer pagePool.Put(bp)
+	if cap(*bp) < len(page) {
+		*bp = make([]byte, len(page))
+	}
+	want := (*bp)[:len(page)]
+	FillHeads(want, tm, first, n, seed, room, pos, region)
+	return string(want) == string(page)
+}
+
+var pagePool = sync.Pool{New: func() any { b := []byte(nil); return &b }}

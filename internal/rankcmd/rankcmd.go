@@ -26,6 +26,7 @@ import (
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
+	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -35,6 +36,11 @@ import (
 // Rank is a running prefill or decode rank.
 type Rank struct {
 	Role  kvmanager.Role
+	// Mapping and Par place the rank for the rank mapping; Instance names
+	// its instance (a prefill rank's pattern seed).
+	Mapping  transfer.Model
+	Par      transfer.Parallel
+	Instance string
 	M     *kvmanager.Manager
 	P     *kvmanager.Prefill // set on a prefill rank
 	D     *kvmanager.Decode  // set on a decode rank
@@ -76,7 +82,14 @@ func Main(role kvmanager.Role, args []string) int {
 	serveBoot := fs.String("serve-bootstrap", "", "prefill: also serve the bootstrap server on this address")
 	httpAddr := fs.String("http", env("KVBRIDGE_HTTP", "127.0.0.1:0"), "HTTP address for /v1 rooms, /metrics and /healthz")
 	instance := fs.String("instance", name, "instance name")
-	rank := fs.Int("rank", 0, "rank")
+	var par transfer.Parallel
+	fs.IntVar(&par.TPSize, "tp", 1, "TP size of this rank's instance (within a DP group)")
+	fs.IntVar(&par.TPRank, "tp-rank", 0, "this rank's TP rank")
+	fs.IntVar(&par.PPSize, "pp", 1, "PP size of this rank's instance")
+	fs.IntVar(&par.PPRank, "pp-rank", 0, "this rank's PP stage")
+	fs.IntVar(&par.DPSize, "dp", 1, "DP size (DP attention groups) of this rank's instance")
+	fs.IntVar(&par.DPRank, "dp-rank", 0, "this rank's DP group")
+	pageLayout := fs.String("page-layout", env("KVBRIDGE_PAGE_LAYOUT", "NHD"), "order inside a page: NHD (token-major) or HND (head-major)")
 	verbose := fs.Bool("v", false, "log at debug level")
 	insecure := fs.Bool("insecure", false, "run without authentication (no shared secret; logged as a warning)")
 	printToken := fs.Bool("print-token", false, "print the bearer token of the shared secret (for curl against /v1/room and the bootstrap server) and exit")
@@ -131,7 +144,7 @@ func Main(role kvmanager.Role, args []string) int {
 	}
 	log, _ := zcfg.Build()
 	defer log.Sync()
-	log = log.With(zap.String("role", name), zap.String("instance", *instance), zap.Int("rank", *rank))
+	log = log.With(zap.String("role", name), zap.String("instance", *instance), zap.Stringer("rank", par.Norm()))
 
 	r := &Rank{Role: role, Model: m, log: log, npage: *pages}
 	scfg := bootstrap.ServerConfig{Insecure: *insecure}
@@ -155,13 +168,27 @@ func Main(role kvmanager.Role, args []string) int {
 		log.Info("bootstrap server", zap.String("url", *boot))
 	}
 	cfg := kvmanager.DefaultConfig(role)
-	cfg.Instance, cfg.Rank, cfg.Compat, cfg.BootstrapURL, cfg.Bind = *instance, *rank, m.Compat(), *boot, *bind
+	pl, err := transfer.ParsePageLayout(*pageLayout)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	if err := par.Validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	r.Mapping, r.Par, r.Instance = m.Mapping(pl), par.Norm(), *instance
+	cfg.Instance, cfg.Compat, cfg.BootstrapURL, cfg.Bind = *instance, m.Compat(), *boot, *bind
+	cfg.Parallel, cfg.Model = r.Par, r.Mapping
 	cfg.PageTokens, cfg.DType = m.PageTokens, fmt.Sprintf("%dB", m.DTypeBytes)
 	cfg.Engine = nixl.Config{Engine: *engine, UCX: map[string]string{"TLS": *tls}}
 	if *engine == "auto" {
 		cfg.Engine.Engine = nixl.EngineAuto
 	}
-	cfg.Layout = m.Layout(nixl.DRAM, *pages, 4096)
+	if cfg.Layout, err = m.RankLayout(nixl.DRAM, pl, par, *pages, 4096); err != nil {
+		log.Error("layout", zap.Error(err))
+		return 2
+	}
 	cfg.Logger = log
 	cfg.Auth, cfg.Insecure = auth, *insecure
 	reg := prometheus.NewRegistry()
@@ -220,6 +247,12 @@ func Main(role kvmanager.Role, args []string) int {
 	return 0
 }
 
+// pageBytes is one page of one region on this rank.
+func (r *Rank) pageBytes() uint64 {
+	pb, _ := r.Mapping.PageBytes(r.Par.TPSize)
+	return pb
+}
+
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(v)
@@ -237,6 +270,12 @@ type RoomRequest struct {
 	AbortAt          string `json:"abort_at"`
 	AbortAfterChunks int    `json:"abort_after_chunks"`
 	TimeoutMS        int    `json:"timeout_ms"`
+	// Prefill (decode) is the prefill instance the router chose: its
+	// bootstrap URL ("" = the rank's -bootstrap), its DP group (nil = room %
+	// dp_size) and its name (the pattern seed; "" = "prefill").
+	Prefill         string `json:"prefill,omitempty"`
+	PrefillDP       *int   `json:"prefill_dp,omitempty"`
+	PrefillInstance string `json:"prefill_instance,omitempty"`
 }
 
 // RoomResult is the outcome of a room.
@@ -356,11 +395,15 @@ func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
 		return res
 	}
 	defer s.Clear()
-	// The pattern a decode rank will check: per room, position and region.
+	// The pattern a decode rank will check: per instance, room, position,
+	// global region, head and token.
+	seed := kvmodel.InstanceSeed(r.Instance)
+	first, n, _ := r.Mapping.Heads(r.Par.TPSize, r.Par.TPRank)
+	layer0, _ := r.Mapping.StageLayers(r.Par.PPSize, r.Par.PPRank)
+	pb := int(r.pageBytes())
 	for region, mem := range r.kv {
-		pb := int(r.Model.PageBytes())
 		for pos, pg := range src {
-			kvmodel.Fill(mem[int(pg)*pb:(int(pg)+1)*pb], rr.Room, pos, region)
+			kvmodel.FillHeads(mem[int(pg)*pb:(int(pg)+1)*pb], r.Mapping, first, n, seed, rr.Room, pos, layer0*transfer.RegionsPerLayer+region)
 		}
 	}
 	s.Init()
@@ -389,7 +432,7 @@ func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
 		res.Reason = err.Error()
 	}
 	if st == kvmanager.Success {
-		res.Bytes = uint64(n) * r.Model.PageBytes() * uint64(len(r.kv))
+		res.Bytes = uint64(n) * r.pageBytes() * uint64(len(r.kv))
 	}
 	res.LatencyMS = float64(time.Since(start).Microseconds()) / 1e3
 	return res
@@ -410,7 +453,11 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 			r.pages.Put(dst)
 		}
 	}()
-	rc, err := receiver.New(r.D, rr.Room)
+	inst := kvmanager.Instance{Bootstrap: rr.Prefill, DP: kvmanager.AutoDP}
+	if rr.PrefillDP != nil {
+		inst.DP = *rr.PrefillDP
+	}
+	rc, err := receiver.NewFor(r.D, rr.Room, inst)
 	if err != nil {
 		res.Error = err.Error()
 		return res
@@ -441,17 +488,24 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 		}
 	}
 	if st == kvmanager.Success {
-		pb := int(r.Model.PageBytes())
+		pb := int(r.pageBytes())
+		instance := rr.PrefillInstance
+		if instance == "" {
+			instance = "prefill"
+		}
+		seed := kvmodel.InstanceSeed(instance)
+		first, heads, _ := r.Mapping.Heads(r.Par.TPSize, r.Par.TPRank)
+		layer0, _ := r.Mapping.StageLayers(r.Par.PPSize, r.Par.PPRank)
 		for region, mem := range r.kv {
 			for pos, pg := range dst {
-				if kvmodel.Check(mem[int(pg)*pb:(int(pg)+1)*pb], rr.Room, pos, region) {
+				if kvmodel.CheckHeads(mem[int(pg)*pb:(int(pg)+1)*pb], r.Mapping, first, heads, seed, rr.Room, pos, layer0*transfer.RegionsPerLayer+region) {
 					res.PagesVerified++
 				} else {
 					res.Corrupt++
 				}
 			}
 		}
-		res.Bytes = uint64(n) * r.Model.PageBytes() * uint64(len(r.kv))
+		res.Bytes = uint64(n) * r.pageBytes() * uint64(len(r.kv))
 	} else {
 		// Quarantine: the pages are reused only once no write of the room
 		// can land. Past this request's deadline they go back to the pool

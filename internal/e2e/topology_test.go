@@ -1,0 +1,277 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/receiver"
+	"github.com/kvbridge/kvbridge/sender"
+	"github.com/kvbridge/kvbridge/transfer"
+)
+
+// Faults in a room with several prefill ranks (prefill TP 2 → decode TP 1,
+// one process per rank, ucx over shared memory). The test binary runs as a
+// rank with KVBRIDGE_E2E_TOPO=prefill|decode and KVBRIDGE_E2E_TP/_TP_RANK,
+// driven by lines on stdin:
+//
+//	prefill: HOLD <room> <src pages> <chunk> → HELD <room> (first chunk landed), then DONE <room> <status> <reason>
+//	decode:  RECV <room> <dst pages>          → REQUESTED <room>, DONE <room> <status> <reason>, RELEASED <room> forced=<n>
+//	         ABORT <room>
+
+const topoPages = 256
+
+func init() {
+	if role := os.Getenv("KVBRIDGE_E2E_TOPO"); role != "" {
+		os.Exit(runTopoRank(role))
+	}
+}
+
+func topoConfig(role kvmanager.Role, boot string, par transfer.Parallel) (kvmanager.Config, error) {
+	m := kvmodel.Presets["tiny"]
+	cfg := kvmanager.DefaultConfig(role)
+	cfg.Auth = testauth.Auth()
+	cfg.Instance = map[kvmanager.Role]string{kvmanager.RolePrefill: "topo-prefill", kvmanager.RoleDecode: "topo-decode"}[role]
+	cfg.Compat, cfg.BootstrapURL = m.Compat(), boot
+	cfg.Engine = engines["ucx-shm"]
+	cfg.Parallel, cfg.Model = par, m.Mapping(transfer.NHD)
+	var err error
+	cfg.Layout, err = m.RankLayout(nixl.DRAM, transfer.NHD, par, topoPages, 16)
+	cfg.HeartbeatInterval, cfg.MaxMisses, cfg.SweepInterval = 200*time.Millisecond, 2, 50*time.Millisecond
+	cfg.Registry.StallTimeout, cfg.QuarantineTimeout = 2*time.Second, 3*time.Second
+	return cfg, err
+}
+
+func runTopoRank(role string) int {
+	tp, _ := strconv.Atoi(os.Getenv("KVBRIDGE_E2E_TP"))
+	rank, _ := strconv.Atoi(os.Getenv("KVBRIDGE_E2E_TP_RANK"))
+	r := kvmanager.RolePrefill
+	if role == "decode" {
+		r = kvmanager.RoleDecode
+	}
+	cfg, err := topoConfig(r, os.Getenv("KVBRIDGE_E2E_BOOT"), transfer.Parallel{TPSize: tp, TPRank: rank})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	var m *kvmanager.Manager
+	var p *kvmanager.Prefill
+	var d *kvmanager.Decode
+	if r == kvmanager.RolePrefill {
+		if p, err = kvmanager.NewPrefill(cfg); err == nil {
+			m = p.Manager
+		}
+	} else if d, err = kvmanager.NewDecode(cfg); err == nil {
+		m = d.Manager
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer m.Close()
+	out := make(chan string, 64)
+	go func() {
+		for l := range out {
+			fmt.Println(l)
+		}
+	}()
+	fmt.Println("READY")
+	rooms := map[uint64]*receiver.Receiver{}
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		room, _ := strconv.ParseUint(f[1], 10, 64)
+		switch f[0] {
+		case "HOLD":
+			src := pageList(f[2])
+			chunk, _ := strconv.Atoi(f[3])
+			go func() {
+				s, err := sender.New(p, room)
+				if err != nil {
+					out <- fmt.Sprintf("DONE %d error %v", room, err)
+					return
+				}
+				s.Init()
+				if st, _ := s.WaitReady(context.Background()); st == kvmanager.WaitingForInput {
+					if err := s.Send(src[:chunk], false, -1); err == nil {
+						for s.Poll() != kvmanager.Transferring || m.InFlight(room) != 0 {
+							time.Sleep(100 * time.Microsecond)
+						}
+						out <- fmt.Sprintf("HELD %d", room)
+					}
+				}
+				st, _ := s.Wait(context.Background())
+				out <- fmt.Sprintf("DONE %d %v %s", room, st, strings.ReplaceAll(s.Failure(), " ", "_"))
+			}()
+		case "RECV":
+			dst := pageList(f[2])
+			rc, err := receiver.NewFor(d, room, kvmanager.Instance{DP: kvmanager.AutoDP})
+			if err == nil {
+				rooms[room] = rc
+				err = rc.Init(context.Background(), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1})
+			}
+			if err != nil {
+				out <- fmt.Sprintf("DONE %d error %v", room, err)
+				continue
+			}
+			out <- fmt.Sprintf("REQUESTED %d", room)
+			go func() {
+				st, _ := rc.Wait(context.Background())
+				out <- fmt.Sprintf("DONE %d %v %s", room, st, strings.ReplaceAll(rc.Failure(), " ", "_"))
+				<-rc.Released()
+				out <- fmt.Sprintf("RELEASED %d forced=%d", room, m.Stats().ForcedReleases)
+			}()
+		case "ABORT":
+			rooms[room].Abort("test: abort while several prefill ranks write")
+		}
+	}
+	return 0
+}
+
+func startTopoRank(t *testing.T, role, boot string, tp, rank int) *rankProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "KVBRIDGE_E2E_TOPO="+role, "KVBRIDGE_E2E_BOOT="+boot,
+		"KVBRIDGE_E2E_TP="+strconv.Itoa(tp), "KVBRIDGE_E2E_TP_RANK="+strconv.Itoa(rank))
+	cmd.Stderr = os.Stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &rankProc{cmd: cmd, in: bufio.NewWriter(stdin), lines: make(chan string, 64)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+	}()
+	t.Cleanup(func() {
+		stdin.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	p.expect(t, "READY")
+	return p
+}
+
+// twoToOne starts prefill TP 2 and decode TP 1, and a room whose first
+// chunk has landed from both prefill ranks (both held mid-transfer).
+func twoToOne(t *testing.T) (p0, p1, d *rankProc) {
+	boot := startBoot(t)
+	p0 = startTopoRank(t, "prefill", boot, 2, 0)
+	p1 = startTopoRank(t, "prefill", boot, 2, 1)
+	d = startTopoRank(t, "decode", boot, 1, 0)
+	d.do("RECV 1 " + csv([]uint32{10, 11, 12, 13, 14, 15, 16, 17}))
+	d.expect(t, "REQUESTED 1")
+	p0.do("HOLD 1 " + csv([]uint32{0, 1, 2, 3, 4, 5, 6, 7}) + " 4")
+	p1.do("HOLD 1 " + csv([]uint32{0, 1, 2, 3, 4, 5, 6, 7}) + " 4")
+	p0.expect(t, "HELD 1")
+	p1.expect(t, "HELD 1")
+	return p0, p1, d
+}
+
+// TestTopologyPrefillRankKilled: one of a room's two prefill ranks is
+// SIGKILLed mid-transfer. The decode room fails within the heartbeat bound
+// (200 ms × 2 misses; the test's deadline is a deadlock guard), the
+// surviving prefill rank gets the ABORT and fails its room, and the decode
+// pages are released — by the quarantine deadline, since the dead rank can
+// never acknowledge: nothing stays pinned.
+func TestTopologyPrefillRankKilled(t *testing.T) {
+	p0, p1, d := twoToOne(t)
+	killed := time.Now()
+	p1.cmd.Process.Signal(syscall.SIGKILL)
+	got := d.expect(t, "DONE 1")
+	t.Logf("decode room failed %v after the kill: %s", time.Since(killed).Round(time.Millisecond), got)
+	if !strings.HasPrefix(got, "DONE 1 Failed") || !strings.Contains(got, "unreachable") {
+		t.Fatalf("decode: %s", got)
+	}
+	if got := p0.expect(t, "DONE 1"); !strings.HasPrefix(got, "DONE 1 Failed") || !strings.Contains(got, "abort") {
+		t.Fatalf("surviving prefill rank: %s (want Failed by the decode rank's ABORT)", got)
+	}
+	if got := d.expect(t, "RELEASED 1"); got != "RELEASED 1 forced=1" {
+		t.Fatalf("decode pages: %s (want released by the quarantine deadline)", got)
+	}
+}
+
+// TestTopologyAbortWhileSeveralWrite: the decode rank aborts a room while
+// both prefill ranks are mid-transfer; both fail it, both acknowledge the
+// abort as drained, and the pages are released by those ACKs (not forced).
+func TestTopologyAbortWhileSeveralWrite(t *testing.T) {
+	p0, p1, d := twoToOne(t)
+	d.do("ABORT 1")
+	if got := d.expect(t, "DONE 1"); !strings.HasPrefix(got, "DONE 1 Failed") {
+		t.Fatalf("decode: %s", got)
+	}
+	for i, p := range []*rankProc{p0, p1} {
+		if got := p.expect(t, "DONE 1"); !strings.HasPrefix(got, "DONE 1 Failed") || !strings.Contains(got, "abort") {
+			t.Fatalf("prefill rank %d: %s", i, got)
+		}
+	}
+	if got := d.expect(t, "RELEASED 1"); got != "RELEASED 1 forced=0" {
+		t.Fatalf("decode pages: %s (want released by both drained ACKs)", got)
+	}
+}
+
+// TestCreateReceiverForRefusesUnsupportedTopology: a decode rank refuses a
+// room from a prefill instance whose shape the rank mapping does not
+// support, or whose model differs, with a reason naming the instance — it
+// never registers (the prefill side refuses the same pairs at REGISTER:
+// kvmanager.TestCheckRegisterTopology).
+func TestCreateReceiverForRefusesUnsupportedTopology(t *testing.T) {
+	boot := startBoot(t)
+	pcfg, err := topoConfig(kvmanager.RolePrefill, boot, transfer.Parallel{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.Engine = engines["loopback"]
+	p, err := kvmanager.NewPrefill(pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, tc := range []struct {
+		name string
+		mod  func(*kvmanager.Config)
+		want string
+	}{
+		{"decode PP 2 from prefill PP 1", func(c *kvmanager.Config) {
+			c.Parallel = transfer.Parallel{PPSize: 2}
+			c.Layout, _ = kvmodel.Presets["tiny"].RankLayout(nixl.DRAM, transfer.NHD, c.Parallel, topoPages, 16)
+		}, "prefill PP 1 → decode PP 2 (decode PP must equal prefill PP, or be 1)"},
+		{"another page layout", func(c *kvmanager.Config) { c.Model.Layout = transfer.HND }, "PageLayout:NHD} with 16-token pages, this decode rank {Layers:2 KVHeads:2 HeadBytes:128 MLA:false PageLayout:HND}"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dcfg, _ := topoConfig(kvmanager.RoleDecode, boot, transfer.Parallel{})
+			dcfg.Engine = engines["loopback"]
+			tc.mod(&dcfg)
+			d, err := kvmanager.NewDecode(dcfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			_, err = receiver.NewFor(d, 1, kvmanager.Instance{DP: kvmanager.AutoDP})
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), `"topo-prefill"`) {
+				t.Fatalf("got %v, want an error naming the instance with %q", err, tc.want)
+			}
+		})
+	}
+}
