@@ -35,22 +35,22 @@ import (
 
 // Rank is a running prefill or decode rank.
 type Rank struct {
-	Role  kvmanager.Role
+	Role kvmanager.Role
 	// Mapping and Par place the rank for the rank mapping; Instance names
 	// its instance (a prefill rank's pattern seed).
 	Mapping  transfer.Model
 	Par      transfer.Parallel
 	Instance string
-	M     *kvmanager.Manager
-	P     *kvmanager.Prefill // set on a prefill rank
-	D     *kvmanager.Decode  // set on a decode rank
-	Model kvmodel.Model
-	pages *kvmodel.Pages
-	kv    [][]byte
-	log   *zap.Logger
-	boot  *bootstrap.Server
-	http  *http.Server
-	ln    net.Listener
+	M        *kvmanager.Manager
+	P        *kvmanager.Prefill // set on a prefill rank
+	D        *kvmanager.Decode  // set on a decode rank
+	Model    kvmodel.Model
+	pages    *kvmodel.Pages
+	kv       [][]byte
+	log      *zap.Logger
+	boot     *bootstrap.Server
+	http     *http.Server
+	ln       net.Listener
 	// token guards POST /v1/room (the bootstrap token of the secret); ""
 	// when insecure.
 	token string
