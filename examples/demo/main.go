@@ -304,7 +304,7 @@ func run(args []string) int {
 	fs.IntVar(&dShape.PPSize, "decode-pp", 1, "PP size of the decode instance")
 	instances := fs.Int("prefill-instances", 1, "prefill instances; the driver picks one per request, as a router does")
 	dpPick := fs.String("dp-pick", "auto", "prefill DP group per request: auto (room % dp, decided by decode) or explicit (chosen by the driver)")
-	pageLayout := fs.String("page-layout", "NHD", "order inside a page: NHD or HND")
+	pageLayout := fs.String("page-layout", "HND", "order inside a page: HND (head-major, one segment per page per head slice) or NHD (token-major)")
 	mla := fs.Bool("mla", false, "an MLA model (tiny-mla with -short, else deepseek-v3)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

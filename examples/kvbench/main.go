@@ -3,6 +3,7 @@
 //
 //	engine   bulk write bandwidth, 4 KiB to 256 MiB    vs memcpy and ucx_perftest
 //	paged    one request's pages with a model layout,  vs the engine's bulk write
+//	topology heterogeneous TP with head slices (NHD, HND), vs TP 1 → 1 moving the same bytes
 //	         scattered contiguous, fragmented or random
 //	rooms    many concurrent rooms                     vs the engine's bulk write
 //	control  control-plane round trip                  vs bare ZeroMQ PUSH/PULL
@@ -62,7 +63,7 @@ func main() { os.Exit(run(os.Args[1:])) }
 
 func run(args []string) int {
 	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
-	mode := fs.String("mode", "all", "engine, paged, rooms, control or all")
+	mode := fs.String("mode", "all", "engine, paged, rooms, topology, control or all")
 	engine := fs.String("engine", "ucx", "nixl engine")
 	tls := fs.String("ucx-tls", "posix,cma,self", "UCX transports (ucx engine and ucx_perftest)")
 	mem := fs.String("mem", "DRAM", "memory kind: DRAM (VRAM: not yet)")
@@ -85,8 +86,9 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "kvbench: memory kind %q is not supported yet (DRAM only)\n", *mem)
 		return 2
 	}
-	modes := map[string]func() error{"engine": b.engineMode, "paged": b.pagedMode, "rooms": b.roomsMode, "control": b.controlMode}
-	order := []string{"engine", "paged", "rooms", "control"}
+	modes := map[string]func() error{"engine": b.engineMode, "paged": b.pagedMode, "rooms": b.roomsMode, "control": b.controlMode,
+		"topology": b.topologyMode}
+	order := []string{"engine", "paged", "rooms", "topology", "control"}
 	if *mode != "all" {
 		if modes[*mode] == nil {
 			fmt.Fprintf(os.Stderr, "kvbench: unknown mode %q\n", *mode)

@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/receiver"
+	"github.com/kvbridge/kvbridge/sender"
+	"github.com/kvbridge/kvbridge/transfer"
+)
+
+// topoCluster is a bootstrap server, a prefill instance of TP p and a
+// decode instance of TP d, every rank a Manager in this process.
+type topoCluster struct {
+	srv      *bootstrap.Server
+	prefills []*kvmanager.Prefill
+	decodes  []*kvmanager.Decode
+	next     uint64
+}
+
+func (b *bench) topoCluster(ptp, dtp int, layout transfer.PageLayout, pages int) (c *topoCluster, err error) {
+	auth := benchAuth()
+	c = &topoCluster{}
+	if c.srv, err = bootstrap.NewServer(bootstrap.ServerConfig{Token: auth.BootstrapToken()}); err != nil {
+		return nil, err
+	}
+	if err := c.srv.Start("127.0.0.1:0"); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			c.close()
+		}
+	}()
+	inst := fmt.Sprintf("kvbench-topo-%d", time.Now().UnixNano())
+	mk := func(role kvmanager.Role, par transfer.Parallel) (kvmanager.Config, error) {
+		cfg := kvmanager.DefaultConfig(role)
+		cfg.Auth = auth
+		cfg.Instance = inst + map[kvmanager.Role]string{kvmanager.RolePrefill: "-p", kvmanager.RoleDecode: "-d"}[role]
+		cfg.Compat, cfg.BootstrapURL = b.model.Compat(), c.srv.URL()
+		cfg.Engine = nixl.Config{Engine: b.engine, UCX: map[string]string{"TLS": b.tls}}
+		cfg.Parallel, cfg.Model = par, b.model.Mapping(layout)
+		var err error
+		cfg.Layout, err = b.model.RankLayout(b.mem, layout, par, pages, 4096)
+		return cfg, err
+	}
+	for r := 0; r < ptp; r++ {
+		cfg, err := mk(kvmanager.RolePrefill, transfer.Parallel{TPSize: ptp, TPRank: r})
+		if err != nil {
+			return nil, err
+		}
+		p, err := kvmanager.NewPrefill(cfg)
+		if err != nil {
+			return nil, err
+		}
+		c.prefills = append(c.prefills, p)
+	}
+	for r := 0; r < dtp; r++ {
+		cfg, err := mk(kvmanager.RoleDecode, transfer.Parallel{TPSize: dtp, TPRank: r})
+		if err != nil {
+			return nil, err
+		}
+		d, err := kvmanager.NewDecode(cfg)
+		if err != nil {
+			return nil, err
+		}
+		c.decodes = append(c.decodes, d)
+	}
+	return c, nil
+}
+
+func (c *topoCluster) close() {
+	for _, d := range c.decodes {
+		d.Close()
+	}
+	for _, p := range c.prefills {
+		p.Close()
+	}
+	c.srv.Close(context.Background())
+}
+
+// room moves one request: every decode rank asks, every prefill rank sends
+// its pages in 128-page chunks (concurrently, as a TP group does).
+func (c *topoCluster) room(src, dst []uint32) error {
+	c.next++
+	id := c.next
+	ctx := context.Background()
+	var rs []*receiver.Receiver
+	var ss []*sender.Sender
+	defer func() {
+		for _, r := range rs {
+			r.Clear()
+		}
+		for _, s := range ss {
+			s.Clear()
+		}
+	}()
+	for _, d := range c.decodes {
+		r, err := receiver.NewFor(d, id, kvmanager.Instance{DP: kvmanager.AutoDP})
+		if err != nil {
+			return err
+		}
+		rs = append(rs, r)
+	}
+	for _, p := range c.prefills {
+		s, err := sender.New(p, id)
+		if err != nil {
+			return err
+		}
+		s.Init()
+		ss = append(ss, s)
+	}
+	for _, r := range rs {
+		if err := r.Init(ctx, kvmanager.RequestSpec{DstPages: dst, AuxIndex: int(id % 4096)}); err != nil {
+			return err
+		}
+	}
+	errs := make([]error, len(ss))
+	var wg sync.WaitGroup
+	for i, s := range ss {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if st, err := s.WaitReady(ctx); st != kvmanager.WaitingForInput {
+				errs[i] = fmt.Errorf("room %d: prefill rank %d: %v %v", id, i, st, err)
+				return
+			}
+			for k := 0; k < len(src); k += 128 {
+				end := min(k+128, len(src))
+				if err := s.Send(src[k:end], end == len(src), int(id%4096)); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+			s.Wait(ctx)
+		}()
+	}
+	for i, r := range rs {
+		if st, _ := r.Wait(ctx); st != kvmanager.Success {
+			errs = append(errs, fmt.Errorf("room %d: decode rank %d: %v: %s", id, i, st, r.Failure()))
+		}
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// topologyMode: heterogeneous TP (prefill TP 2 → decode TP 1, TP 1 → TP 2)
+// with head-sliced writes, NHD and HND, next to TP 1 → TP 1 moving the same
+// bytes with whole pages, in the same run.
+func (b *bench) topologyMode() error {
+	tokens, iters := 4096, 6
+	if b.quick {
+		tokens, iters = 512, 2
+	}
+	n := tokens / b.model.PageTokens
+	pages := 2 * n
+	bytes := float64(n) * float64(b.model.PageBytes()) * float64(2*b.model.Layers) // into the decode instance, all ranks
+	measure := func(ptp, dtp int, layout transfer.PageLayout) (float64, error) {
+		c, err := b.topoCluster(ptp, dtp, layout, pages)
+		if err != nil {
+			return 0, err
+		}
+		defer c.close()
+		rng := rand.New(rand.NewPCG(3, 4))
+		all := scatter("contiguous", pages, pages, rng)
+		if err := c.room(all, all); err != nil { // warm up: touch every page
+			return 0, err
+		}
+		start := time.Now()
+		for i := 0; i < iters; i++ {
+			if err := c.room(scatter("fragmented", n, pages, rng), scatter("fragmented", n, pages, rng)); err != nil {
+				return 0, err
+			}
+		}
+		return bytes * float64(iters) / time.Since(start).Seconds() / 1e9, nil
+	}
+	steps := 0
+	for _, layout := range []transfer.PageLayout{transfer.HND, transfer.NHD} {
+		progress("topology", steps, 6)
+		ref, err := measure(1, 1, layout)
+		if err != nil {
+			return err
+		}
+		steps++
+		for _, tp := range [][2]int{{2, 1}, {1, 2}} {
+			progress("topology", steps, 6)
+			v, err := measure(tp[0], tp[1], layout)
+			if err != nil {
+				return err
+			}
+			steps++
+			b.add(Row{Mode: "topology", Name: fmt.Sprintf("%s TP %d→%d %v %d tok", b.model.Name, tp[0], tp[1], layout, tokens),
+				Bytes: uint64(bytes), Value: v, Unit: "GB/s", References: map[string]float64{"TP 1→1": ref}})
+		}
+	}
+	progress("topology", steps, 6)
+	return nil
+}
