@@ -126,6 +126,9 @@ type ServerConfig struct {
 	Now func() time.Time
 }
 
+// maxRoomDPs bounds the room → DP group table (oldest forgotten first).
+const maxRoomDPs = 1 << 16
+
 type heldRecord struct {
 	RankRecord
 	renewed time.Time
@@ -138,6 +141,10 @@ type Server struct {
 	mu    sync.Mutex
 	topo  *Topology
 	ranks map[rankKey]heldRecord
+	// roomDP: which DP group took a room (PUT by the prefill rank that
+	// created it, GET by decode ranks), bounded FIFO.
+	roomDP    map[uint64]int
+	roomOrder []uint64
 
 	httpSrv *http.Server
 	ln      net.Listener
@@ -164,7 +171,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Server{cfg: cfg, ranks: map[rankKey]heldRecord{}}, nil
+	return &Server{cfg: cfg, ranks: map[rankKey]heldRecord{}, roomDP: map[uint64]int{}}, nil
 }
 
 // LeaseTTL is how long a record is held after its last renewal.
@@ -194,6 +201,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.getTopology(w)
+	case "/v1/rooms":
+		switch r.Method {
+		case http.MethodPut:
+			if s.authorized(w, r) {
+				s.putRoomDP(w, r)
+			}
+		case http.MethodGet:
+			s.getRoomDP(w, r)
+		default:
+			methodNotAllowed(w, "GET, PUT")
+		}
 	case "/healthz":
 		if r.Method != http.MethodGet {
 			methodNotAllowed(w, "GET")
@@ -321,6 +339,50 @@ func (s *Server) deleteRank(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// RoomDP is a room's prefill DP group (PUT and GET /v1/rooms?room=).
+type RoomDP struct {
+	Room   uint64 `json:"room"`
+	DPRank int    `json:"dp_rank"`
+}
+
+func (s *Server) putRoomDP(w http.ResponseWriter, r *http.Request) {
+	var rd RoomDP
+	if !s.decodeOne(w, r, &rd) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.topo == nil || rd.DPRank < 0 || rd.DPRank >= s.topo.DPSize {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("dp_rank %d outside the instance's DP groups", rd.DPRank))
+		return
+	}
+	if _, ok := s.roomDP[rd.Room]; !ok {
+		s.roomOrder = append(s.roomOrder, rd.Room)
+		if len(s.roomOrder) > maxRoomDPs {
+			delete(s.roomDP, s.roomOrder[0])
+			s.roomOrder = s.roomOrder[1:]
+		}
+	}
+	s.roomDP[rd.Room] = rd.DPRank
+	writeJSON(w, http.StatusOK, rd)
+}
+
+func (s *Server) getRoomDP(w http.ResponseWriter, r *http.Request) {
+	room, err := strconv.ParseUint(r.URL.Query().Get("room"), 10, 64)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("query parameter room=%.32q must be a room id", r.URL.Query().Get("room")))
+		return
+	}
+	s.mu.Lock()
+	dp, ok := s.roomDP[room]
+	s.mu.Unlock()
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("room %d has no DP group yet", room))
+		return
+	}
+	writeJSON(w, http.StatusOK, RoomDP{Room: room, DPRank: dp})
+}
+
 func (s *Server) getTopology(w http.ResponseWriter) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -441,6 +503,23 @@ func (c *Client) RegisterRank(ctx context.Context, rec RankRecord) (time.Duratio
 	return time.Duration(out.LeaseTTLMS) * time.Millisecond, err
 }
 
+// PublishRoomDP records which DP group of the instance took a room.
+func (c *Client) PublishRoomDP(ctx context.Context, room uint64, dp int) error {
+	body, err := json.Marshal(RoomDP{Room: room, DPRank: dp})
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, http.MethodPut, "/v1/rooms", body, nil)
+}
+
+// RoomDP returns the DP group that took a room, waiting (until ctx ends)
+// for the prefill rank to publish it.
+func (c *Client) RoomDP(ctx context.Context, room uint64) (int, error) {
+	var rd RoomDP
+	err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/rooms?room=%d", room), nil, &rd)
+	return rd.DPRank, err
+}
+
 // DeregisterRank deletes a rank's record at shutdown, so its next process
 // need not wait for the lease.
 func (c *Client) DeregisterRank(ctx context.Context, dp, tp, pp int, endpoint string) error {
@@ -512,7 +591,10 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 				// A 409 with Retry-After is a lease still held (transient);
 				// other 4xx answers are final.
 				held := resp.StatusCode == http.StatusConflict && resp.Header.Get("Retry-After") != ""
-				if resp.StatusCode < 500 && !held {
+				// A room's DP group not published yet: the prefill rank
+				// may still be creating it.
+				notYet := resp.StatusCode == http.StatusNotFound && strings.HasPrefix(path, "/v1/rooms?")
+				if resp.StatusCode < 500 && !held && !notYet {
 					return he
 				}
 				err = he

@@ -293,3 +293,37 @@ func TestServerHostileWrites(t *testing.T) {
 		t.Fatalf("a server without token or Insecure: %v", err)
 	}
 }
+
+// TestServerRoomDP: a room's DP group is published with the token, within
+// the instance's DP groups, and read back; unknown rooms are 404 (which the
+// client waits out).
+func TestServerRoomDP(t *testing.T) {
+	s, _ := newTestServer(t)
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	rec := record(0, 0)
+	rec.DPSize, rec.TPSize = 2, 1
+	if code, body := call(t, srv, "PUT", "/v1/ranks", jsonOf(t, rec)); code != 200 {
+		t.Fatalf("register: %d %v", code, body)
+	}
+	for _, tc := range []struct {
+		name, token, method, path, body string
+		code                            int
+	}{
+		{"publish without token", "", "PUT", "/v1/rooms", `{"room":7,"dp_rank":1}`, 401},
+		{"dp outside the groups", testToken, "PUT", "/v1/rooms", `{"room":7,"dp_rank":2}`, 400},
+		{"unknown room", "", "GET", "/v1/rooms?room=7", "", 404},
+		{"bad room", "", "GET", "/v1/rooms?room=x", "", 400},
+		{"publish", testToken, "PUT", "/v1/rooms", `{"room":7,"dp_rank":1}`, 200},
+	} {
+		if code, body := callWith(t, srv, tc.token, tc.method, tc.path, tc.body); code != tc.code {
+			t.Errorf("%s: %d %v, want %d", tc.name, code, body, tc.code)
+		}
+	}
+	c := NewClient(srv.URL)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if dp, err := c.RoomDP(ctx, 7); err != nil || dp != 1 {
+		t.Fatalf("RoomDP: %d %v", dp, err)
+	}
+}

@@ -39,6 +39,10 @@ type Config struct {
 	// both instances to pair different TP, PP and DP shapes; left zero,
 	// one prefill rank feeds one decode rank with identical layouts.
 	Model transfer.Model
+	// PublishRoomDP (prefill, DP attention): the first rank of each DP
+	// group (TP 0, PP 0) publishes every room it creates to the bootstrap
+	// server, for decode ranks that look the group up (LookupDP).
+	PublishRoomDP bool
 	// Compat must match between prefill and decode: protocol version, model
 	// layout, dtype and page size.
 	Compat string

@@ -42,8 +42,11 @@ type Instance struct {
 	DP        int    // the prefill DP group; AutoDP: room % dp_size
 }
 
-// AutoDP picks the prefill DP group as room % dp_size.
-const AutoDP = -1
+// DP group choices for Instance.DP.
+const (
+	AutoDP   = -1 // room % dp_size
+	LookupDP = -2 // asked from the bootstrap server, where the prefill rank that took the room published it (Config.PublishRoomDP)
+)
 
 // NewDecode starts a decode rank.
 func NewDecode(cfg Config) (*Decode, error) {
@@ -157,8 +160,16 @@ func (d *Decode) Links(room uint64, inst Instance) ([]Link, error) {
 			transfer.ErrTopology, topo.Instance, inst.Bootstrap, topo.ModelFacts, topo.PageSize, facts, d.cfg.Model.PageTokens)
 	}
 	dp := inst.DP
-	if dp == AutoDP {
+	switch dp {
+	case AutoDP:
 		dp = int(room % uint64(max(topo.DPSize, 1)))
+	case LookupDP:
+		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.BootstrapTimeout)
+		dp, err = d.client(inst.Bootstrap).RoomDP(ctx, room)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("prefill instance %q at %s: DP group of room %d: %w", topo.Instance, inst.Bootstrap, room, err)
+		}
 	}
 	if dp < 0 || dp >= max(topo.DPSize, 1) {
 		return nil, fmt.Errorf("prefill instance %q at %s: DP group %d outside [0, %d)", topo.Instance, inst.Bootstrap, dp, topo.DPSize)

@@ -81,6 +81,7 @@ func (m *Manager) registerRank() error {
 			}
 		}
 	}()
+	m.boot = cl
 	m.deregister = func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -178,6 +179,18 @@ func (m *Manager) trace(room uint64, ev TraceEvent) {
 // CreateSender creates the prefill side of a room (see package sender).
 func (p *Prefill) CreateSender(room uint64) (res Result) {
 	p.step(func(c *Core, now time.Time) { res = c.CreateSender(now, room) })
+	par := p.cfg.Parallel
+	if res.Outcome == Applied && p.cfg.PublishRoomDP && p.boot != nil && par.DPSize > 1 && par.TPRank == 0 && par.PPRank == 0 {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Registry.BootstrapTimeout)
+			defer cancel()
+			if err := p.boot.PublishRoomDP(ctx, room, par.DPRank); err != nil && p.ctx.Err() == nil {
+				p.log.Warn("publishing the room's DP group", zap.Uint64("room", room), zap.Error(err))
+			}
+		}()
+	}
 	return res
 }
 

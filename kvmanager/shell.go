@@ -43,8 +43,9 @@ type Manager struct {
 	// resolver looks decode targets up (set by NewDecode).
 	resolver func(Target)
 	// deregister deletes the rank's bootstrap record (prefill, set once
-	// registered).
+	// registered); boot is the client that registered it.
 	deregister func()
+	boot       *bootstrap.Client
 	// parked, when a test sets it, is called once a Wait holds its channel.
 	parked func(room uint64)
 

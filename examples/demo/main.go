@@ -34,6 +34,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/transfer"
 )
 
@@ -303,7 +304,7 @@ func run(args []string) int {
 	fs.IntVar(&dShape.TPSize, "decode-tp", 1, "TP size of the decode instance")
 	fs.IntVar(&dShape.PPSize, "decode-pp", 1, "PP size of the decode instance")
 	instances := fs.Int("prefill-instances", 1, "prefill instances; the driver picks one per request, as a router does")
-	dpPick := fs.String("dp-pick", "auto", "prefill DP group per request: auto (room % dp, decided by decode) or explicit (chosen by the driver)")
+	dpPick := fs.String("dp-pick", "auto", "prefill DP group per request: auto (room % dp, decided by decode), explicit (chosen by the driver and told to decode) or lookup (chosen by the driver, published by prefill, looked up by decode)")
 	pageLayout := fs.String("page-layout", "HND", "order inside a page: HND (head-major, one segment per page per head slice) or NHD (token-major)")
 	mla := fs.Bool("mla", false, "an MLA model (tiny-mla with -short, else deepseek-v3)")
 	if err := fs.Parse(args); err != nil {
@@ -341,6 +342,9 @@ func run(args []string) int {
 	}
 	defer cleanup()
 	common := []string{"-model", *model, "-pages", strconv.Itoa(*pages), "-engine", *engine, "-ucx-tls", *tls, "-page-layout", *pageLayout}
+	if *dpPick == "lookup" {
+		common = append(common, "-publish-dp")
+	}
 	var prefills []*instance
 	for k := 0; k < *instances; k++ {
 		in, err := startInstance(*bin, "prefill", fmt.Sprintf("prefill-%d", k), "", pShape, common)
@@ -416,9 +420,14 @@ func run(args []string) int {
 			in := prefills[i%len(prefills)]
 			group := int(room % uint64(pShape.DPSize))
 			dreq := rankcmd.RoomRequest{Room: room, Tokens: w.tokens, Prefill: in.boot, PrefillInstance: in.name}
-			if *dpPick == "explicit" {
+			switch *dpPick {
+			case "explicit":
 				group = (i/len(prefills)*7 + 3) % pShape.DPSize
 				dreq.PrefillDP = &group
+			case "lookup":
+				group = (i/len(prefills)*7 + 3) % pShape.DPSize
+				lookup := kvmanager.LookupDP
+				dreq.PrefillDP = &lookup
 			}
 			preq := rankcmd.RoomRequest{Room: room, Tokens: w.tokens}
 			switch w.abort {

@@ -107,8 +107,9 @@ func TestDemoTopologies(t *testing.T) {
 		{"PP 2 to 2", "-prefill-tp 1 -prefill-pp 2 -decode-pp 2"},
 		{"DP 2, room mod dp", "-prefill-tp 1 -dp 2"},
 		{"DP 2, explicit", "-prefill-tp 1 -dp 2 -dp-pick explicit"},
+		{"DP 2, looked up", "-prefill-tp 1 -dp 2 -dp-pick lookup"},
 		{"two prefill instances", "-prefill-tp 1 -prefill-instances 2"},
-		{"TP 2 to 1, HND", "-prefill-tp 2 -page-layout HND"},
+		{"TP 2 to 1, NHD", "-prefill-tp 2 -page-layout NHD"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"-short", "-requests", "24", "-abort-rate", "0.1"}, strings.Fields(tc.args)...)

@@ -275,3 +275,57 @@ func TestCreateReceiverForRefusesUnsupportedTopology(t *testing.T) {
 		})
 	}
 }
+
+// TestDPGroupLookedUp: with DP attention the prefill instance's scheduler,
+// not the room id, may pick the DP group; the group's first rank publishes
+// it to the bootstrap server and the decode rank looks it up (LookupDP).
+// Rooms are placed against room % dp, so the default rule would miss them.
+func TestDPGroupLookedUp(t *testing.T) {
+	boot := startBoot(t)
+	var groups [2]*kvmanager.Prefill
+	for dp := range groups {
+		cfg, err := topoConfig(kvmanager.RolePrefill, boot, transfer.Parallel{DPSize: 2, DPRank: dp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Engine, cfg.PublishRoomDP = engines["loopback"], true
+		if groups[dp], err = kvmanager.NewPrefill(cfg); err != nil {
+			t.Fatal(err)
+		}
+		defer groups[dp].Close()
+	}
+	dcfg, _ := topoConfig(kvmanager.RoleDecode, boot, transfer.Parallel{})
+	dcfg.Engine = engines["loopback"]
+	d, err := kvmanager.NewDecode(dcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	for room := uint64(1); room <= 4; room++ {
+		p := groups[(room+1)%2] // never room % 2
+		s, err := sender.New(p, room)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Init()
+		r, err := receiver.NewFor(d, room, kvmanager.Instance{DP: kvmanager.LookupDP})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Init(ctx, kvmanager.RequestSpec{DstPages: []uint32{5, 6}, AuxIndex: -1}); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := s.WaitReady(ctx); st != kvmanager.WaitingForInput {
+			t.Fatalf("room %d: the published group got no REQUEST: %v %v", room, st, err)
+		}
+		if err := s.Send([]uint32{1, 2}, true, -1); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := r.Wait(ctx); st != kvmanager.Success {
+			t.Fatalf("room %d: %v %v %s", room, st, err, r.Failure())
+		}
+		s.Clear()
+		r.Clear()
+	}
+}

@@ -89,6 +89,7 @@ func Main(role kvmanager.Role, args []string) int {
 	fs.IntVar(&par.PPRank, "pp-rank", 0, "this rank's PP stage")
 	fs.IntVar(&par.DPSize, "dp", 1, "DP size (DP attention groups) of this rank's instance")
 	fs.IntVar(&par.DPRank, "dp-rank", 0, "this rank's DP group")
+	publishDP := fs.Bool("publish-dp", false, "prefill with -dp > 1: publish each room's DP group to the bootstrap server (for decode ranks that look it up)")
 	pageLayout := fs.String("page-layout", env("KVBRIDGE_PAGE_LAYOUT", "NHD"), "order inside a page: NHD (token-major) or HND (head-major)")
 	verbose := fs.Bool("v", false, "log at debug level")
 	insecure := fs.Bool("insecure", false, "run without authentication (no shared secret; logged as a warning)")
@@ -179,7 +180,7 @@ func Main(role kvmanager.Role, args []string) int {
 	}
 	r.Mapping, r.Par, r.Instance = m.Mapping(pl), par.Norm(), *instance
 	cfg.Instance, cfg.Compat, cfg.BootstrapURL, cfg.Bind = *instance, m.Compat(), *boot, *bind
-	cfg.Parallel, cfg.Model = r.Par, r.Mapping
+	cfg.Parallel, cfg.Model, cfg.PublishRoomDP = r.Par, r.Mapping, *publishDP
 	cfg.PageTokens, cfg.DType = m.PageTokens, fmt.Sprintf("%dB", m.DTypeBytes)
 	cfg.Engine = nixl.Config{Engine: *engine, UCX: map[string]string{"TLS": *tls}}
 	if *engine == "auto" {
@@ -272,7 +273,8 @@ type RoomRequest struct {
 	TimeoutMS        int    `json:"timeout_ms"`
 	// Prefill (decode) is the prefill instance the router chose: its
 	// bootstrap URL ("" = the rank's -bootstrap), its DP group (nil = room %
-	// dp_size) and its name (the pattern seed; "" = "prefill").
+	// dp_size, −2 = look it up) and its name (the pattern seed; "" =
+	// "prefill").
 	Prefill         string `json:"prefill,omitempty"`
 	PrefillDP       *int   `json:"prefill_dp,omitempty"`
 	PrefillInstance string `json:"prefill_instance,omitempty"`
