@@ -58,6 +58,7 @@ type simRoomSpec struct {
 	decodes  []int
 	prefills []int
 	chunks   int
+	dummies  []int // prefill ranks that are dummy links (they write nothing, as MLA's extra ranks)
 }
 
 func simRegistryConfig() RegistryConfig {
@@ -572,11 +573,14 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 			case sd.inc == 0:
 				add(name+" create", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.inc = p.inc
-					var ts []Target
+					var ls []Link
+					aux := false
 					for _, ps := range r.prefills {
-						ts = append(ts, Target{Bootstrap: "sim", Rank: ps})
+						dummy := slices.Contains(r.dummies, ps)
+						ls = append(ls, Link{Target: Target{Bootstrap: "sim", Rank: ps}, Dummy: dummy, Aux: !dummy && !aux})
+						aux = aux || !dummy
 					}
-					p.core.CreateReceiver(w.now, r.id, ts)
+					p.core.CreateReceiverLinks(w.now, r.id, ls)
 					w.effects(slot)
 				}))
 				continue

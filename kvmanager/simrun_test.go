@@ -44,6 +44,11 @@ func simExhaustiveConfigs() map[string]simConfig {
 		"2 prefill sources→1": mk(func(c *simConfig) {
 			c.prefills, c.rooms, c.noClear = 2, []simRoomSpec{room(7, []int{0}, []int{0, 1}, 1)}, true
 		}),
+		"2 prefill sources→1, one a dummy (MLA); decode aborts": mk(func(c *simConfig) {
+			r := room(7, []int{0}, []int{0, 1}, 1)
+			r.dummies = []int{1}
+			c.prefills, c.rooms, c.noClear, c.decodeAbort = 2, []simRoomSpec{r}, true, true
+		}),
 	}
 }
 
