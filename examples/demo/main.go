@@ -608,15 +608,6 @@ func judge(w *outcome) string {
 	return ""
 }
 
-func firstErr(errs ...error) error {
-	for _, e := range errs {
-		if e != nil {
-			return e
-		}
-	}
-	return nil
-}
-
 func bar(done, total int) string {
 	const w = 30
 	n := done * w / max(total, 1)

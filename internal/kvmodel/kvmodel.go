@@ -239,7 +239,7 @@ func FillHeads(page []byte, tm transfer.Model, first, n int, seed, room uint64, 
 	// One template per page: it does not depend on where a head sits, so
 	// the same head-token segment is equal on every TP size and layout.
 	var buf [1024]byte
-	tmpl := buf[:0]
+	var tmpl []byte
 	if tm.HeadBytes <= len(buf) {
 		tmpl = buf[:tm.HeadBytes]
 	} else {
