@@ -23,9 +23,14 @@ type Config struct {
 	Rank int
 	// Bind is the control endpoint to bind (default tcp://127.0.0.1:*).
 	Bind string
-	// BootstrapURL is the HTTP bootstrap server: prefill ranks register
-	// there (skipped when empty), decode ranks look prefill ranks up.
+	// BootstrapURL is the discovery service: the HTTP bootstrap server
+	// (http://host:port) or etcd (etcd://host:port[,host:port]/<instance>).
+	// Prefill ranks register there (skipped when empty), decode ranks look
+	// prefill ranks up.
 	BootstrapURL string
+	// Etcd configures etcd targets (TLS, auth, lease TTL; FromEnv reads
+	// KVBRIDGE_ETCD_*).
+	Etcd bootstrap.EtcdConfig
 	// PrefillRank is the prefill rank of BootstrapURL that a decode rank
 	// without a Model pulls from when a room names no target (0 is rank 0,
 	// not "unset").
@@ -224,6 +229,9 @@ func (c *Config) Validate() error {
 func (c *Config) FromEnv() error {
 	auth, insecure, err := bootstrap.AuthFromEnv()
 	if err != nil {
+		return fmt.Errorf("kvmanager: %w", err)
+	}
+	if c.Etcd, err = bootstrap.EtcdConfigFromEnv(); err != nil {
 		return fmt.Errorf("kvmanager: %w", err)
 	}
 	if auth != nil {

@@ -556,6 +556,29 @@ func (c *Core) decodePeerDown(endpoint string, from bootstrap.From, restarted bo
 	}
 }
 
+// TargetChanged applies what a discovery backend pushed about a prefill
+// rank: its record vanished (gone: it died or deregistered) or names
+// another endpoint (it restarted elsewhere). Rooms bound to the old process
+// fail as on a peer-dead report — every prefill rank of them gets ABORT — and
+// the target is looked up again, or takes the new endpoint at once.
+func (c *Core) TargetChanged(now time.Time, t Target, endpoint, serverKey string, gone bool) {
+	c.step(now)
+	tg := c.targets[t.key()]
+	if tg == nil || !tg.resolved || (!gone && tg.endpoint == endpoint) {
+		return
+	}
+	old := tg.endpoint
+	what := "record vanished"
+	if !gone {
+		what = "record moved to " + endpoint
+	}
+	c.decodePeerDown(old, bootstrap.From{}, false, fmt.Sprintf("rank's discovery %s: %s", what, old))
+	if !gone {
+		tg.resolving = false
+		c.Resolved(now, t, endpoint, serverKey)
+	}
+}
+
 // tickDecode releases holds past their quarantine deadline and retries
 // REGISTERs that got no answer.
 func (c *Core) tickDecode(now time.Time) {

@@ -22,7 +22,7 @@ type Decode struct {
 	*Manager
 
 	clientsMu sync.Mutex
-	clients   map[string]*bootstrap.Client // by bootstrap URL
+	clients   map[string]bootstrap.Discovery // by bootstrap URL (http:// or etcd://)
 	topos     map[string]*topoEntry        // prefill instances' topologies, by bootstrap URL
 }
 
@@ -55,7 +55,14 @@ func NewDecode(cfg Config) (*Decode, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Decode{Manager: m, clients: map[string]*bootstrap.Client{}, topos: map[string]*topoEntry{}}
+	d := &Decode{Manager: m, clients: map[string]bootstrap.Discovery{}, topos: map[string]*topoEntry{}}
+	m.onClose = append(m.onClose, func() {
+		d.clientsMu.Lock()
+		defer d.clientsMu.Unlock()
+		for _, cl := range d.clients {
+			cl.Close()
+		}
+	})
 	m.resolver = d.resolve
 	m.start()
 	m.wg.Add(1)
@@ -71,13 +78,16 @@ func (d *Decode) DefaultTarget() Target {
 // resolve looks a target up in its bootstrap service in the background
 // (bounded by the bootstrap timeout) and steps the answer into the core.
 func (d *Decode) resolve(t Target) {
-	cl := d.client(t.Bootstrap)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
 		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.BootstrapTimeout)
 		defer cancel()
-		info, err := cl.Rank(ctx, t.DP, t.Rank, t.PP)
+		var info bootstrap.RankInfo
+		cl, err := d.client(t.Bootstrap)
+		if err == nil {
+			info, err = cl.Rank(ctx, t.DP, t.Rank, t.PP)
+		}
 		d.step(func(c *Core, now time.Time) {
 			if err != nil {
 				c.ResolveFailed(now, t, err)
@@ -99,16 +109,30 @@ func (d *Decode) CreateReceiver(room uint64, targets ...Target) (res Result) {
 	return res
 }
 
-// client returns the bootstrap client of url.
-func (d *Decode) client(url string) *bootstrap.Client {
+// client returns the discovery client of url (HTTP server or etcd).
+func (d *Decode) client(url string) (bootstrap.Discovery, error) {
 	d.clientsMu.Lock()
 	defer d.clientsMu.Unlock()
-	cl := d.clients[url]
-	if cl == nil {
-		cl = bootstrap.NewClient(url)
-		d.clients[url] = cl
+	if cl := d.clients[url]; cl != nil {
+		return cl, nil
 	}
-	return cl
+	cl, err := bootstrap.Dial(url, d.dialOptions())
+	if err != nil {
+		return nil, err
+	}
+	d.clients[url] = cl
+	return cl, nil
+}
+
+// watch carries a discovery backend's rank changes into the core: a rank
+// whose record vanished, or moved to another endpoint, fails the rooms
+// bound to it at once (heartbeats would, later) and is looked up again.
+func (d *Decode) watch(url string, ch <-chan bootstrap.RankEvent) {
+	defer d.wg.Done()
+	for ev := range ch {
+		t := Target{Bootstrap: url, DP: ev.DP, Rank: ev.TP, PP: ev.PP}
+		d.step(func(c *Core, now time.Time) { c.TargetChanged(now, t, ev.Endpoint, ev.PublicKey, ev.Deleted) })
+	}
 }
 
 // topology returns a prefill instance's topology, looked up once.
@@ -123,8 +147,17 @@ func (d *Decode) topology(url string) (bootstrap.Topology, error) {
 	d.clientsMu.Unlock()
 	if first {
 		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.BootstrapTimeout)
-		e.topo, e.err = d.client(url).Topology(ctx)
+		var cl bootstrap.Discovery
+		if cl, e.err = d.client(url); e.err == nil {
+			e.topo, e.err = cl.Topology(ctx)
+		}
 		cancel()
+		if e.err == nil {
+			if ch := cl.Watch(d.ctx); ch != nil {
+				d.wg.Add(1)
+				go d.watch(url, ch)
+			}
+		}
 		if e.err != nil {
 			d.clientsMu.Lock()
 			delete(d.topos, url)
@@ -165,7 +198,10 @@ func (d *Decode) Links(room uint64, inst Instance) ([]Link, error) {
 		dp = int(room % uint64(max(topo.DPSize, 1)))
 	case LookupDP:
 		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.BootstrapTimeout)
-		dp, err = d.client(inst.Bootstrap).RoomDP(ctx, room)
+		var cl bootstrap.Discovery
+		if cl, err = d.client(inst.Bootstrap); err == nil {
+			dp, err = cl.RoomDP(ctx, room)
+		}
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("prefill instance %q at %s: DP group of room %d: %w", topo.Instance, inst.Bootstrap, room, err)

@@ -45,9 +45,9 @@ func NewPrefill(cfg Config) (*Prefill, error) {
 // registerRank puts the rank's record on the bootstrap server, keeps its
 // lease renewed at a third of the server's TTL, and deletes it at Close.
 func (m *Manager) registerRank() error {
-	cl := bootstrap.NewClient(m.cfg.BootstrapURL)
-	if m.cfg.Auth != nil {
-		cl.Token = m.cfg.Auth.BootstrapToken()
+	cl, err := bootstrap.Dial(m.cfg.BootstrapURL, m.dialOptions())
+	if err != nil {
+		return fmt.Errorf("kvmanager: %w", err)
 	}
 	par := m.cfg.Parallel
 	rec := bootstrap.RankRecord{Instance: m.cfg.Instance, DPRank: par.DPRank, DPSize: par.DPSize, TPRank: par.TPRank,
@@ -57,6 +57,7 @@ func (m *Manager) registerRank() error {
 	ttl, err := cl.RegisterRank(ctx, rec)
 	cancel()
 	if err != nil {
+		cl.Close()
 		return fmt.Errorf("kvmanager: rank %s registering with the bootstrap server %s: %w", rec.Endpoint, m.cfg.BootstrapURL, err)
 	}
 	period := ttl / 3
@@ -88,6 +89,7 @@ func (m *Manager) registerRank() error {
 		if err := cl.DeregisterRank(ctx, rec.DPRank, rec.TPRank, rec.PPRank, rec.Endpoint); err != nil {
 			m.log.Warn("deleting the bootstrap record", zap.String("bootstrap", m.cfg.BootstrapURL), zap.Error(err))
 		}
+		cl.Close()
 	}
 	return nil
 }

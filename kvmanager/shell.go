@@ -45,7 +45,9 @@ type Manager struct {
 	// deregister deletes the rank's bootstrap record (prefill, set once
 	// registered); boot is the client that registered it.
 	deregister func()
-	boot       *bootstrap.Client
+	boot       bootstrap.Discovery
+	// onClose runs at Close once the goroutines have stopped.
+	onClose []func()
 	// parked, when a test sets it, is called once a Wait holds its channel.
 	parked func(room uint64)
 
@@ -331,6 +333,16 @@ func (m *Manager) Sizes() (s CoreSizes) {
 	return s
 }
 
+// dialOptions are the discovery clients' options: the bootstrap token and
+// the etcd settings.
+func (m *Manager) dialOptions() bootstrap.DialOptions {
+	o := bootstrap.DialOptions{Etcd: m.cfg.Etcd}
+	if m.cfg.Auth != nil {
+		o.Token = m.cfg.Auth.BootstrapToken()
+	}
+	return o
+}
+
 // Stats returns what the rank's core counted (the source of its metrics).
 func (m *Manager) Stats() (s CoreStats) {
 	m.read(func(c *Core) { s = c.Stats() })
@@ -414,6 +426,9 @@ func (m *Manager) Close() error {
 		m.wg.Wait()
 		if m.deregister != nil {
 			m.deregister()
+		}
+		for _, f := range m.onClose {
+			f()
 		}
 		if m.pool != nil {
 			m.pool.Close()

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/etcdtest"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/rankcmd"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -304,6 +305,8 @@ func run(args []string) int {
 	fs.IntVar(&dShape.TPSize, "decode-tp", 1, "TP size of the decode instance")
 	fs.IntVar(&dShape.PPSize, "decode-pp", 1, "PP size of the decode instance")
 	instances := fs.Int("prefill-instances", 1, "prefill instances; the driver picks one per request, as a router does")
+	decodeInstances := fs.Int("decode-instances", 1, "decode instances; the driver picks one per request")
+	discovery := fs.String("discovery", "http", "http (the first prefill rank serves the bootstrap server) or etcd (an embedded etcd server; with 2 prefill and 2 decode instances unless given)")
 	dpPick := fs.String("dp-pick", "auto", "prefill DP group per request: auto (room % dp, decided by decode), explicit (chosen by the driver and told to decode) or lookup (chosen by the driver, published by prefill, looked up by decode)")
 	pageLayout := fs.String("page-layout", "HND", "order inside a page: HND (head-major, one segment per page per head slice) or NHD (token-major)")
 	mla := fs.Bool("mla", false, "an MLA model (tiny-mla with -short, else deepseek-v3)")
@@ -330,9 +333,23 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "demo: unknown model %q (have %s)\n", *model, kvmodel.PresetNames())
 		return 2
 	}
+	if *discovery == "etcd" {
+		for name, v := range map[string]string{"prefill-instances": "2", "decode-instances": "2"} {
+			if !set[name] {
+				fs.Set(name, v)
+			}
+		}
+		if *hostile {
+			fmt.Fprintln(os.Stderr, "demo: -hostile attacks the HTTP bootstrap server: use it with -discovery http")
+			return 2
+		}
+	} else if *discovery != "http" {
+		fmt.Fprintf(os.Stderr, "demo: -discovery %q: want http or etcd\n", *discovery)
+		return 2
+	}
 	pShape, dShape = pShape.Norm(), dShape.Norm()
-	topology := fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode PP %d × TP %d, %s pages, %s",
-		*instances, pShape.DPSize, pShape.PPSize, pShape.TPSize, dShape.PPSize, dShape.TPSize, strings.ToUpper(*pageLayout), *model)
+	topology := fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode %d × (PP %d × TP %d), %s pages, %s, %s discovery",
+		*instances, pShape.DPSize, pShape.PPSize, pShape.TPSize, *decodeInstances, dShape.PPSize, dShape.TPSize, strings.ToUpper(*pageLayout), *model, *discovery)
 	fmt.Printf("kvbridge demo: %d requests of %d–%d tokens (%s layout), %d in flight, %.0f%% aborted, engine %s, seed %d\ntopology: %s\n",
 		*requests, *minTok, *maxTok, *model, *conc, 100**abortRate, *engine, *seed, topology)
 	cleanup, serr := makeSecret()
@@ -345,9 +362,21 @@ func run(args []string) int {
 	if *dpPick == "lookup" {
 		common = append(common, "-publish-dp")
 	}
+	bootOf := func(name string) string { return "" } // http: the instance's first rank serves it
+	if *discovery == "etcd" {
+		etcd, err := etcdtest.Start()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo: etcd:", err)
+			return 1
+		}
+		defer etcd.Close()
+		fmt.Printf("etcd %s (embedded)\n", etcd.Endpoint)
+		bootOf = func(name string) string { return "etcd://" + etcd.Endpoint + "/" + name }
+	}
 	var prefills []*instance
 	for k := 0; k < *instances; k++ {
-		in, err := startInstance(*bin, "prefill", fmt.Sprintf("prefill-%d", k), "", pShape, common)
+		name := fmt.Sprintf("prefill-%d", k)
+		in, err := startInstance(*bin, "prefill", name, bootOf(name), pShape, common)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "demo:", err)
 			return 1
@@ -355,15 +384,19 @@ func run(args []string) int {
 		defer in.stop()
 		prefills = append(prefills, in)
 	}
-	decodes, err := startInstance(*bin, "decode", "decode", prefills[0].boot, dShape, common)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "demo:", err)
-		return 1
+	var decodeInsts []*instance
+	for k := 0; k < *decodeInstances; k++ {
+		in, err := startInstance(*bin, "decode", fmt.Sprintf("decode-%d", k), prefills[0].boot, dShape, common)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+			return 1
+		}
+		defer in.stop()
+		decodeInsts = append(decodeInsts, in)
 	}
-	defer decodes.stop()
-	prefill, decode := prefills[0].ranks[0], decodes.ranks[0]
+	prefill, decode := prefills[0].ranks[0], decodeInsts[0].ranks[0]
 	fmt.Printf("bootstrap %s · prefill %s · decode %s (%d processes)\n", prefill.boot, prefill.http, decode.http,
-		len(decodes.ranks)+len(prefills)*len(prefills[0].ranks))
+		len(decodeInsts)*len(decodeInsts[0].ranks)+len(prefills)*len(prefills[0].ranks))
 	var att *attacker
 	stopAttack := func() {}
 	rssStart := map[string]float64{}
@@ -416,8 +449,10 @@ func run(args []string) int {
 			defer budget.give(need)
 			w := &work[i]
 			room := uint64(i + 1)
-			// The router's choice: a prefill instance and its DP group.
+			// The router's choice: a prefill instance and its DP group,
+			// and a decode instance.
 			in := prefills[i%len(prefills)]
+			decodes := decodeInsts[(i/len(prefills))%len(decodeInsts)]
 			group := int(room % uint64(pShape.DPSize))
 			dreq := rankcmd.RoomRequest{Room: room, Tokens: w.tokens, Prefill: in.boot, PrefillInstance: in.name}
 			switch *dpPick {
@@ -501,7 +536,7 @@ func run(args []string) int {
 		}
 	}
 	pinnedRooms := 0.0
-	for _, in := range append(prefills, decodes) {
+	for _, in := range append(prefills, decodeInsts...) {
 		for _, p := range in.ranks {
 			live, over, err := pinned(p.http)
 			if err != nil {

@@ -1,0 +1,160 @@
+package bootstrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func etcdRecord(tp int, endpoint string) RankRecord {
+	return RankRecord{Instance: "inst-a", DPSize: 1, TPRank: tp, TPSize: 2, PPSize: 1, Endpoint: endpoint,
+		PageSize: 16, DType: "bf16", Compat: "v1:abc"}
+}
+
+// nextEvent waits for the first event that matches (the deadline is a
+// deadlock guard).
+func nextEvent(t *testing.T, ch <-chan RankEvent, what string, match func(RankEvent) bool) RankEvent {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				t.Fatalf("watch closed waiting for %s", what)
+			}
+			if match(ev) {
+				return ev
+			}
+		case <-deadline:
+			t.Fatalf("no %s", what)
+		}
+	}
+}
+
+// TestEtcdRecordsLeasesAndWatch runs the etcd backend against a real etcd
+// server: records and leases, a live record not replaced by another
+// endpoint, malformed records ignored and counted, a dead rank's record gone
+// within its lease TTL (seen by the watch), a restarted rank picked up by
+// the watch, a closed rank's record gone at once, and etcd unreachable or
+// stopped giving clear errors that name the endpoint, then working again.
+func TestEtcdRecordsLeasesAndWatch(t *testing.T) {
+	srv, err := etcdtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	target := "etcd://" + srv.Endpoint + "/inst-a"
+	dial := func() *EtcdClient {
+		c, err := DialEtcd(target, EtcdConfig{LeaseTTL: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	reader := dial()
+	defer reader.Close()
+	events := reader.Watch(ctx)
+	a, b := dial(), dial()
+	defer a.Close()
+	if ttl, err := a.RegisterRank(ctx, etcdRecord(0, "tcp://10.0.0.1:1")); err != nil || ttl != 2*time.Second {
+		t.Fatalf("register: %v %v", ttl, err)
+	}
+	if _, err := b.RegisterRank(ctx, etcdRecord(1, "tcp://10.0.0.2:1")); err != nil {
+		t.Fatal(err)
+	}
+	topo, err := reader.Topology(ctx)
+	if err != nil || topo.TPSize != 2 || topo.Instance != "inst-a" {
+		t.Fatalf("topology %+v %v", topo, err)
+	}
+	if ri, err := reader.Rank(ctx, 0, 1, 0); err != nil || ri.Endpoint != "tcp://10.0.0.2:1" {
+		t.Fatalf("rank %+v %v", ri, err)
+	}
+	if _, err := reader.Rank(ctx, 0, 7, 0); !errors.Is(err, ErrRankUnknown) {
+		t.Fatalf("unknown rank: %v", err)
+	}
+	// Another endpoint cannot take a live rank's record.
+	c := dial()
+	short, stop := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = c.RegisterRank(short, etcdRecord(1, "tcp://10.6.6.6:1"))
+	stop()
+	c.Close()
+	if err == nil || !strings.Contains(err.Error(), "held by tcp://10.0.0.2:1") {
+		t.Fatalf("a live record was replaced: %v", err)
+	}
+	// Malformed records under the prefix are ignored and counted.
+	raw, _ := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}})
+	defer raw.Close()
+	raw.Put(ctx, "/kvbridge/inst-a/ranks/0/5/0", "{not json")
+	raw.Put(ctx, "/kvbridge/inst-a/ranks/0/6/0", `{"instance":"inst-a","dp_size":1,"tp_rank":1,"tp_size":2,"pp_size":1,"endpoint":"tcp://1.2.3.4:5","page_size":16,"dtype":"bf16","compat":"v1:abc"}`)
+	if topo, err := reader.Topology(ctx); err != nil || topo.TPSize != 2 {
+		t.Fatalf("topology with malformed records: %+v %v", topo, err)
+	}
+	if n := reader.Malformed(); n < 2 {
+		t.Fatalf("malformed records counted: %d", n)
+	}
+	// A rank that dies without deregistering vanishes within its lease.
+	died := time.Now()
+	b.abandon()
+	nextEvent(t, events, "the dead rank's record deleted", func(ev RankEvent) bool { return ev.Deleted && ev.TP == 1 })
+	t.Logf("record of a dead rank gone %v after its death (lease 2 s)", time.Since(died).Round(10*time.Millisecond))
+	// Its restart, on another endpoint, is pushed by the watch.
+	b2 := dial()
+	defer b2.Close()
+	if _, err := b2.RegisterRank(ctx, etcdRecord(1, "tcp://10.0.0.9:1")); err != nil {
+		t.Fatal(err)
+	}
+	nextEvent(t, events, "the restarted rank", func(ev RankEvent) bool { return !ev.Deleted && ev.Endpoint == "tcp://10.0.0.9:1" })
+	// A rank that closes deregisters at once (its lease is revoked).
+	a.Close()
+	nextEvent(t, events, "the closed rank's record deleted", func(ev RankEvent) bool { return ev.Deleted && ev.TP == 0 })
+
+	// Unreachable etcd: a clear error naming the endpoint, within ctx.
+	gone, err := DialEtcd("etcd://127.0.0.1:1/x", EtcdConfig{DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, stop = context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = gone.Topology(short)
+	stop()
+	gone.Close()
+	if err == nil || !strings.Contains(err.Error(), "etcd 127.0.0.1:1") {
+		t.Fatalf("unreachable etcd: %v", err)
+	}
+	// etcd stopped, then back.
+	srv.Stop()
+	short, stop = context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = reader.Rank(short, 0, 1, 0)
+	stop()
+	if err == nil || !strings.Contains(err.Error(), "etcd "+srv.Endpoint) {
+		t.Fatalf("stopped etcd: %v", err)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if ri, err := reader.Rank(ctx, 0, 1, 0); err != nil || ri.Endpoint != "tcp://10.0.0.9:1" {
+		t.Fatalf("after etcd came back: %+v %v", ri, err)
+	}
+}
+
+func TestParseEtcdTarget(t *testing.T) {
+	eps, inst, err := ParseEtcdTarget("etcd://a:1,b:2/prefill-a")
+	if err != nil || fmt.Sprint(eps) != "[a:1 b:2]" || inst != "prefill-a" {
+		t.Fatalf("%v %q %v", eps, inst, err)
+	}
+	for _, bad := range []string{"etcd://a:1", "etcd:///x", "etcd://a:1/", "etcd://a:1/x/y", "etcd://a:1,,b:2/x", "http://a/x"} {
+		if _, _, err := ParseEtcdTarget(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+	if _, err := Dial("ftp://x", DialOptions{}); err == nil {
+		t.Error("ftp:// accepted")
+	}
+}

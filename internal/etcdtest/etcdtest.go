@@ -1,0 +1,87 @@
+// Package etcdtest starts a real etcd server (go.etcd.io/etcd/server/v3/embed)
+// inside a test process, on free loopback ports and a temporary directory,
+// and can stop and restart it on the same ports and data.
+package etcdtest
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// Server is an embedded one-member etcd cluster.
+type Server struct {
+	e                  *embed.Etcd
+	dir                string
+	clientURL, peerURL url.URL
+	// Endpoint is the client address, host:port.
+	Endpoint string
+}
+
+func freePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// Start starts a server on free loopback ports.
+func Start() (*Server, error) {
+	dir, err := os.MkdirTemp("", "kvbridge-etcd-*")
+	if err != nil {
+		return nil, err
+	}
+	c, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	p, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{dir: dir, clientURL: url.URL{Scheme: "http", Host: c}, peerURL: url.URL{Scheme: "http", Host: p}, Endpoint: c}
+	if err := s.Restart(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// Restart starts a stopped server again on its ports and data.
+func (s *Server) Restart() error {
+	cfg := embed.NewConfig()
+	cfg.Dir = s.dir
+	cfg.LogLevel = "error"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{s.clientURL}, []url.URL{s.clientURL}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{s.peerURL}, []url.URL{s.peerURL}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return fmt.Errorf("etcdtest: %w", err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(60 * time.Second):
+		e.Close()
+		return fmt.Errorf("etcdtest: not ready within 60 s")
+	}
+	s.e = e
+	return nil
+}
+
+// Stop stops the server, keeping its data.
+func (s *Server) Stop() { s.e.Close() }
+
+// Close stops the server and removes its data.
+func (s *Server) Close() {
+	s.e.Close()
+	os.RemoveAll(s.dir)
+}
