@@ -430,3 +430,56 @@ func TestCheckRegisterTopology(t *testing.T) {
 		}
 	}
 }
+
+// TestTargetChangedByDiscovery: a discovery backend's watch reports a
+// prefill rank's record moved (a restart elsewhere) or vanished. The room
+// bound to the old process fails at once with an ABORT to it; a moved
+// target takes its new endpoint without a lookup, a vanished one is looked
+// up again by the next room; an unchanged record changes nothing.
+func TestTargetChangedByDiscovery(t *testing.T) {
+	setup := func() *Core {
+		c := testCore(t, RoleDecode, bugs{})
+		c.CreateReceiver(t0, 1, []Target{prefillT})
+		c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
+		c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+		c.OnRegisterAck(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+		c.Effects()
+		return c
+	}
+	c := setup()
+	c.TargetChanged(t0, prefillT, prefillFrom.Endpoint, "", false)
+	if st, _ := c.Status(1); st.Terminal() {
+		t.Fatalf("an unchanged record failed the room: %v", st)
+	}
+	c.TargetChanged(t0, prefillT, "tcp://p:2", "", false)
+	if r, _ := c.Failure(1); !strings.Contains(r, "discovery record moved to tcp://p:2") {
+		t.Fatalf("room after a move: %q", r)
+	}
+	eff := c.Effects()
+	if ab := sent[*bootstrap.Abort](eff); len(ab) != 1 {
+		t.Fatalf("ABORT to the old process: %v", ab)
+	}
+	if tg := c.targets[prefillT.key()]; !tg.resolved || tg.endpoint != "tcp://p:2" || tg.reg != regNone {
+		t.Fatalf("target after a move: %+v", tg)
+	}
+
+	c = setup()
+	c.TargetChanged(t0, prefillT, "", "", true)
+	if r, _ := c.Failure(1); !strings.Contains(r, "discovery record vanished") {
+		t.Fatalf("room after the record vanished: %q", r)
+	}
+	if tg := c.targets[prefillT.key()]; tg.resolved {
+		t.Fatalf("a vanished target still resolved: %+v", tg)
+	}
+	c.Effects()
+	c.CreateReceiver(t0, 2, []Target{prefillT})
+	resolves := 0
+	for _, e := range c.Effects() {
+		if e.Kind == EffectResolve {
+			resolves++
+		}
+	}
+	if resolves != 1 {
+		t.Fatalf("the next room looked the vanished target up %d times, want 1", resolves)
+	}
+}

@@ -56,6 +56,14 @@ func NewDecode(cfg Config) (*Decode, error) {
 		return nil, err
 	}
 	d := &Decode{Manager: m, clients: map[string]bootstrap.Discovery{}, topos: map[string]*topoEntry{}}
+	m.discoveries = func() (out []bootstrap.Discovery) {
+		d.clientsMu.Lock()
+		defer d.clientsMu.Unlock()
+		for _, cl := range d.clients {
+			out = append(out, cl)
+		}
+		return out
+	}
 	m.onClose = append(m.onClose, func() {
 		d.clientsMu.Lock()
 		defer d.clientsMu.Unlock()

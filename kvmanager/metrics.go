@@ -17,6 +17,7 @@ type metrics struct {
 
 	// Read from the core's counters at collection time.
 	events, deadlines, statusSent, forced, stale, retries *prometheus.Desc
+	discoveryBad                                          *prometheus.Desc
 
 	transfers prometheus.Counter
 	bytes     prometheus.Counter
@@ -43,6 +44,8 @@ func newMetrics(m *Manager) *metrics {
 		stale: prometheus.NewDesc("kvbridge_stale_epoch_total",
 			"Messages or writes refused because they named another epoch of a peer.", nil, labels),
 		retries: prometheus.NewDesc("kvbridge_register_retries_total", "REGISTER messages sent again for lack of an answer.", nil, labels),
+		discoveryBad: prometheus.NewDesc("kvbridge_discovery_malformed_records_total",
+			"Discovery records (etcd) ignored as malformed.", nil, labels),
 		transfers: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfers_total",
 			Help: "Writes completed.", ConstLabels: labels}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfer_bytes_total",
@@ -73,7 +76,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.rooms
 	ch <- x.inflight
 	ch <- x.tables
-	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries} {
+	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -110,6 +113,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.forced, prometheus.CounterValue, float64(st.ForcedReleases))
 	ch <- prometheus.MustNewConstMetric(x.stale, prometheus.CounterValue, float64(st.StaleEpoch))
 	ch <- prometheus.MustNewConstMetric(x.retries, prometheus.CounterValue, float64(st.RegisterRetries))
+	ch <- prometheus.MustNewConstMetric(x.discoveryBad, prometheus.CounterValue, float64(x.m.discoveryMalformed()))
 	for _, c := range x.collectors() {
 		c.Collect(ch)
 	}

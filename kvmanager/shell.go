@@ -48,6 +48,8 @@ type Manager struct {
 	boot       bootstrap.Discovery
 	// onClose runs at Close once the goroutines have stopped.
 	onClose []func()
+	// discoveries lists the rank's discovery clients (for metrics).
+	discoveries func() []bootstrap.Discovery
 	// parked, when a test sets it, is called once a Wait holds its channel.
 	parked func(room uint64)
 
@@ -331,6 +333,18 @@ func (m *Manager) Failure(room uint64) (reason string) {
 func (m *Manager) Sizes() (s CoreSizes) {
 	m.read(func(c *Core) { s = c.Sizes() })
 	return s
+}
+
+// discoveryMalformed sums the malformed records the rank's discovery
+// clients ignored.
+func (m *Manager) discoveryMalformed() uint64 {
+	var n uint64
+	if m.discoveries != nil {
+		for _, d := range m.discoveries() {
+			n += d.Malformed()
+		}
+	}
+	return n
 }
 
 // dialOptions are the discovery clients' options: the bootstrap token and

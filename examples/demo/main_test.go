@@ -109,6 +109,7 @@ func TestDemoTopologies(t *testing.T) {
 		{"DP 2, explicit", "-prefill-tp 1 -dp 2 -dp-pick explicit"},
 		{"DP 2, looked up", "-prefill-tp 1 -dp 2 -dp-pick lookup"},
 		{"two prefill instances", "-prefill-tp 1 -prefill-instances 2"},
+		{"etcd: two prefill and two decode instances", "-discovery etcd"},
 		{"TP 2 to 1, NHD", "-prefill-tp 2 -page-layout NHD"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

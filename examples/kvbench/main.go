@@ -4,6 +4,7 @@
 //	engine   bulk write bandwidth, 4 KiB to 256 MiB    vs memcpy and ucx_perftest
 //	paged    one request's pages with a model layout,  vs the engine's bulk write
 //	topology heterogeneous TP with head slices (NHD, HND), vs TP 1 → 1 moving the same bytes
+//	discovery 64 instances × 8 ranks in etcd: resolving an instance, a restart seen by the watch; vs the HTTP server
 //	         scattered contiguous, fragmented or random
 //	rooms    many concurrent rooms                     vs the engine's bulk write
 //	control  control-plane round trip                  vs bare ZeroMQ PUSH/PULL
@@ -63,7 +64,7 @@ func main() { os.Exit(run(os.Args[1:])) }
 
 func run(args []string) int {
 	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
-	mode := fs.String("mode", "all", "engine, paged, rooms, topology, control or all")
+	mode := fs.String("mode", "all", "engine, paged, rooms, topology, discovery, control or all")
 	engine := fs.String("engine", "ucx", "nixl engine")
 	tls := fs.String("ucx-tls", "posix,cma,self", "UCX transports (ucx engine and ucx_perftest)")
 	mem := fs.String("mem", "DRAM", "memory kind: DRAM (VRAM: not yet)")
@@ -87,8 +88,8 @@ func run(args []string) int {
 		return 2
 	}
 	modes := map[string]func() error{"engine": b.engineMode, "paged": b.pagedMode, "rooms": b.roomsMode, "control": b.controlMode,
-		"topology": b.topologyMode}
-	order := []string{"engine", "paged", "rooms", "topology", "control"}
+		"topology": b.topologyMode, "discovery": b.discoveryMode}
+	order := []string{"engine", "paged", "rooms", "topology", "discovery", "control"}
 	if *mode != "all" {
 		if modes[*mode] == nil {
 			fmt.Fprintf(os.Stderr, "kvbench: unknown mode %q\n", *mode)

@@ -43,7 +43,7 @@ func TestQuickRun(t *testing.T) {
 			}
 		}
 	}
-	for _, m := range []string{"engine", "paged", "rooms", "control"} {
+	for _, m := range []string{"engine", "paged", "rooms", "topology", "discovery", "control"} {
 		if modes[m] == 0 {
 			t.Errorf("no %s rows", m)
 		}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/etcdtest"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -50,6 +52,7 @@ func topoConfig(role kvmanager.Role, boot string, par transfer.Parallel) (kvmana
 	cfg.Layout, err = m.RankLayout(nixl.DRAM, transfer.NHD, par, topoPages, 16)
 	cfg.HeartbeatInterval, cfg.MaxMisses, cfg.SweepInterval = 200*time.Millisecond, 2, 50*time.Millisecond
 	cfg.Registry.StallTimeout, cfg.QuarantineTimeout = 2*time.Second, 3*time.Second
+	cfg.Etcd.LeaseTTL = 2 * time.Second
 	return cfg, err
 }
 
@@ -176,7 +179,10 @@ func startTopoRank(t *testing.T, role, boot string, tp, rank int) *rankProc {
 // twoToOne starts prefill TP 2 and decode TP 1, and a room whose first
 // chunk has landed from both prefill ranks (both held mid-transfer).
 func twoToOne(t *testing.T) (p0, p1, d *rankProc) {
-	boot := startBoot(t)
+	return twoToOneAt(t, startBoot(t))
+}
+
+func twoToOneAt(t *testing.T, boot string) (p0, p1, d *rankProc) {
 	p0 = startTopoRank(t, "prefill", boot, 2, 0)
 	p1 = startTopoRank(t, "prefill", boot, 2, 1)
 	d = startTopoRank(t, "decode", boot, 1, 0)
@@ -327,5 +333,142 @@ func TestDPGroupLookedUp(t *testing.T) {
 		}
 		s.Clear()
 		r.Clear()
+	}
+}
+
+// TestEtcdPrefillRankKilled: with etcd discovery, a SIGKILLed prefill
+// rank's record vanishes within its lease TTL (2 s here, seen by a watch)
+// and the decode room bound to it fails; the surviving rank gets the ABORT.
+func TestEtcdPrefillRankKilled(t *testing.T) {
+	srv, err := etcdtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	target := "etcd://" + srv.Endpoint + "/topo-prefill"
+	watcher, err := bootstrap.DialEtcd(target, bootstrap.EtcdConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events := watcher.Watch(ctx)
+	p0, p1, d := twoToOneAt(t, target)
+	killed := time.Now()
+	p1.cmd.Process.Signal(syscall.SIGKILL)
+	if got := d.expect(t, "DONE 1"); !strings.HasPrefix(got, "DONE 1 Failed") {
+		t.Fatalf("decode: %s", got)
+	}
+	if got := p0.expect(t, "DONE 1"); !strings.HasPrefix(got, "DONE 1 Failed") {
+		t.Fatalf("surviving prefill rank: %s", got)
+	}
+	for {
+		select {
+		case ev := <-events:
+			if ev.Deleted && ev.TP == 1 {
+				t.Logf("the killed rank's record vanished %v after the kill (lease 2 s)", time.Since(killed).Round(10*time.Millisecond))
+				return
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("the killed rank's record did not vanish")
+		}
+	}
+}
+
+// TestEtcdStoppedMidRun: etcd stops while a room is mid-transfer. The room
+// finishes over the control and data paths already open; a room from an
+// instance not yet discovered fails with an error naming the etcd endpoint
+// (bounded by the bootstrap timeout); rooms from the known instance keep
+// working from the cached topology and endpoints; once etcd is back the new
+// instance is found. Nothing is left pinned.
+func TestEtcdStoppedMidRun(t *testing.T) {
+	srv, err := etcdtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	target := "etcd://" + srv.Endpoint + "/topo-prefill"
+	pcfg, err := topoConfig(kvmanager.RolePrefill, target, transfer.Parallel{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stopping the embedded etcd takes seconds: the stall deadline must
+	// not fire while it does.
+	pcfg.Engine, pcfg.Registry.StallTimeout, pcfg.QuarantineTimeout = engines["loopback"], 30*time.Second, 40*time.Second
+	p, err := kvmanager.NewPrefill(pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	dcfg, _ := topoConfig(kvmanager.RoleDecode, target, transfer.Parallel{})
+	dcfg.Engine, dcfg.Registry.StallTimeout, dcfg.QuarantineTimeout = engines["loopback"], 30*time.Second, 40*time.Second
+	dcfg.Registry.BootstrapTimeout = 2 * time.Second
+	d, err := kvmanager.NewDecode(dcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	room := func(id uint64, inst kvmanager.Instance, stopMid bool) error {
+		s, err := sender.New(p, id)
+		if err != nil {
+			return err
+		}
+		defer s.Clear()
+		s.Init()
+		r, err := receiver.NewFor(d, id, inst)
+		if err != nil {
+			return err
+		}
+		defer r.Clear()
+		if err := r.Init(ctx, kvmanager.RequestSpec{DstPages: []uint32{5, 6}, AuxIndex: -1}); err != nil {
+			return err
+		}
+		if st, err := s.WaitReady(ctx); st != kvmanager.WaitingForInput {
+			return fmt.Errorf("sender %v %v", st, err)
+		}
+		if err := s.Send([]uint32{1}, false, -1); err != nil {
+			return err
+		}
+		if stopMid {
+			srv.Stop()
+		}
+		if err := s.Send([]uint32{2}, true, -1); err != nil {
+			return err
+		}
+		if st, _ := r.Wait(ctx); st != kvmanager.Success {
+			return fmt.Errorf("room %d: %v: %s", id, st, r.Failure())
+		}
+		return nil
+	}
+	if err := room(1, kvmanager.Instance{DP: kvmanager.AutoDP}, true); err != nil {
+		t.Fatalf("a room mid-transfer when etcd stopped: %v", err)
+	}
+	if err := room(2, kvmanager.Instance{DP: kvmanager.AutoDP}, false); err != nil {
+		t.Fatalf("a room of the known instance with etcd down: %v", err)
+	}
+	other := kvmanager.Instance{Bootstrap: "etcd://" + srv.Endpoint + "/another-instance", DP: kvmanager.AutoDP}
+	_, err = receiver.NewFor(d, 3, other)
+	if err == nil || !strings.Contains(err.Error(), "etcd "+srv.Endpoint) {
+		t.Fatalf("a room of an undiscovered instance with etcd down: %v", err)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	// The new instance appears once etcd is back.
+	p2cfg, _ := topoConfig(kvmanager.RolePrefill, other.Bootstrap, transfer.Parallel{})
+	p2cfg.Engine, p2cfg.Instance, p2cfg.Registry.StallTimeout, p2cfg.QuarantineTimeout = engines["loopback"], "another-instance", 30*time.Second, 40*time.Second
+	p2, err := kvmanager.NewPrefill(p2cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Close()
+	if _, err := receiver.NewFor(d, 4, other); err != nil {
+		t.Fatalf("after etcd came back: %v", err)
+	}
+	d.ClearReceiver(4)
+	if n := d.Overdue() + p.Overdue(); n != 0 {
+		t.Fatalf("%d rooms overdue", n)
 	}
 }

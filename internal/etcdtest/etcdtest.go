@@ -77,11 +77,16 @@ func (s *Server) Restart() error {
 	return nil
 }
 
-// Stop stops the server, keeping its data.
-func (s *Server) Stop() { s.e.Close() }
+// Stop stops the server, keeping its data (no-op when stopped).
+func (s *Server) Stop() {
+	if s.e != nil {
+		s.e.Close()
+		s.e = nil
+	}
+}
 
 // Close stops the server and removes its data.
 func (s *Server) Close() {
-	s.e.Close()
+	s.Stop()
 	os.RemoveAll(s.dir)
 }
