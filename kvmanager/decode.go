@@ -23,7 +23,7 @@ type Decode struct {
 
 	clientsMu sync.Mutex
 	clients   map[string]bootstrap.Discovery // by bootstrap URL (http:// or etcd://)
-	topos     map[string]*topoEntry        // prefill instances' topologies, by bootstrap URL
+	topos     map[string]*topoEntry          // prefill instances' topologies, by bootstrap URL
 }
 
 // topoEntry is one instance's topology: looked up once by the first room
