@@ -172,8 +172,15 @@ type rankProc struct {
 
 func startRank(t *testing.T, role, engine, boot string) *rankProc {
 	t.Helper()
+	return startChild(t, "KVBRIDGE_E2E_ROLE="+role, "KVBRIDGE_E2E_ENGINE="+engine, "KVBRIDGE_E2E_BOOT="+boot)
+}
+
+// startChild runs the test binary as a rank process with env added, and
+// waits for its READY.
+func startChild(t *testing.T, env ...string) *rankProc {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "KVBRIDGE_E2E_ROLE="+role, "KVBRIDGE_E2E_ENGINE="+engine, "KVBRIDGE_E2E_BOOT="+boot)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()

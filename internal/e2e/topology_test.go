@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -144,36 +143,8 @@ func runTopoRank(role string) int {
 
 func startTopoRank(t *testing.T, role, boot string, tp, rank int) *rankProc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "KVBRIDGE_E2E_TOPO="+role, "KVBRIDGE_E2E_BOOT="+boot,
+	return startChild(t, "KVBRIDGE_E2E_TOPO="+role, "KVBRIDGE_E2E_BOOT="+boot,
 		"KVBRIDGE_E2E_TP="+strconv.Itoa(tp), "KVBRIDGE_E2E_TP_RANK="+strconv.Itoa(rank))
-	cmd.Stderr = os.Stderr
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &rankProc{cmd: cmd, in: bufio.NewWriter(stdin), lines: make(chan string, 64)}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-	}()
-	t.Cleanup(func() {
-		stdin.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	p.expect(t, "READY")
-	return p
 }
 
 // twoToOne starts prefill TP 2 and decode TP 1, and a room whose first
