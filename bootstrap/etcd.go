@@ -365,7 +365,7 @@ func (e *EtcdClient) Watch(ctx context.Context) <-chan RankEvent {
 						if !ok {
 							continue
 						}
-						re = RankEvent{DP: rec.DPRank, TP: rec.TPRank, PP: rec.PPRank, Endpoint: rec.Endpoint, PublicKey: rec.PublicKey}
+						re = RankEvent{DP: rec.DPRank, TP: rec.TPRank, PP: rec.PPRank, Endpoint: rec.Endpoint, PublicKey: rec.PublicKey, Epoch: rec.Epoch}
 					}
 					select {
 					case out <- re:

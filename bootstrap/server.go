@@ -31,6 +31,9 @@ type RankRecord struct {
 	DType     string `json:"dtype"`
 	Compat    string `json:"compat"`
 	PublicKey string `json:"curve_public_key,omitempty"`
+	// Epoch is the rank process's control-plane epoch (optional): a record
+	// re-published with the same endpoint but a new epoch is a restart.
+	Epoch uint64 `json:"epoch,omitempty"`
 	ModelFacts
 }
 

@@ -561,10 +561,21 @@ func (c *Core) decodePeerDown(endpoint string, from bootstrap.From, restarted bo
 // another endpoint (it restarted elsewhere). Rooms bound to the old process
 // fail as on a peer-dead report — every prefill rank of them gets ABORT — and
 // the target is looked up again, or takes the new endpoint at once.
-func (c *Core) TargetChanged(now time.Time, t Target, endpoint, serverKey string, gone bool) {
+//
+// A record at the same endpoint with another epoch than the process that
+// acknowledged our REGISTER (epoch 0: the record does not say) is a restart
+// in place: handled as the control plane's restart report would be.
+func (c *Core) TargetChanged(now time.Time, t Target, endpoint, serverKey string, epoch uint64, gone bool) {
 	c.step(now)
 	tg := c.targets[t.key()]
-	if tg == nil || !tg.resolved || (!gone && tg.endpoint == endpoint) {
+	if tg == nil || !tg.resolved {
+		return
+	}
+	if !gone && tg.endpoint == endpoint {
+		if epoch != 0 && tg.reg == regOK && tg.epoch != epoch {
+			c.decodePeerDown(endpoint, bootstrap.From{Endpoint: endpoint, Epoch: epoch}, true,
+				fmt.Sprintf("rank's discovery record names a new process (epoch %d → %d): %s", tg.epoch, epoch, endpoint))
+		}
 		return
 	}
 	old := tg.endpoint

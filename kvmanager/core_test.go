@@ -447,11 +447,11 @@ func TestTargetChangedByDiscovery(t *testing.T) {
 		return c
 	}
 	c := setup()
-	c.TargetChanged(t0, prefillT, prefillFrom.Endpoint, "", false)
+	c.TargetChanged(t0, prefillT, prefillFrom.Endpoint, "", prefillFrom.Epoch, false)
 	if st, _ := c.Status(1); st.Terminal() {
 		t.Fatalf("an unchanged record failed the room: %v", st)
 	}
-	c.TargetChanged(t0, prefillT, "tcp://p:2", "", false)
+	c.TargetChanged(t0, prefillT, "tcp://p:2", "", 0, false)
 	if r, _ := c.Failure(1); !strings.Contains(r, "discovery record moved to tcp://p:2") {
 		t.Fatalf("room after a move: %q", r)
 	}
@@ -463,8 +463,18 @@ func TestTargetChangedByDiscovery(t *testing.T) {
 		t.Fatalf("target after a move: %+v", tg)
 	}
 
+	// Restarted in place: same endpoint, another epoch.
 	c = setup()
-	c.TargetChanged(t0, prefillT, "", "", true)
+	c.TargetChanged(t0, prefillT, prefillFrom.Endpoint, "", prefillFrom.Epoch+1, false)
+	if r, _ := c.Failure(1); !strings.Contains(r, "names a new process") {
+		t.Fatalf("room after a restart in place: %q", r)
+	}
+	if tg := c.targets[prefillT.key()]; tg.reg != regNone || !tg.resolved {
+		t.Fatalf("target after a restart in place: %+v (want resolved, registration to redo)", tg)
+	}
+
+	c = setup()
+	c.TargetChanged(t0, prefillT, "", "", 0, true)
 	if r, _ := c.Failure(1); !strings.Contains(r, "discovery record vanished") {
 		t.Fatalf("room after the record vanished: %q", r)
 	}

@@ -2,6 +2,7 @@ package kvmanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -96,6 +97,9 @@ func (d *Decode) resolve(t Target) {
 		if err == nil {
 			info, err = cl.Rank(ctx, t.DP, t.Rank, t.PP)
 		}
+		if errors.Is(err, bootstrap.ErrRankUnknown) {
+			d.forgetTopology(t.Bootstrap) // the instance changed shape, or went away
+		}
 		d.step(func(c *Core, now time.Time) {
 			if err != nil {
 				c.ResolveFailed(now, t, err)
@@ -139,7 +143,24 @@ func (d *Decode) watch(url string, ch <-chan bootstrap.RankEvent) {
 	defer d.wg.Done()
 	for ev := range ch {
 		t := Target{Bootstrap: url, DP: ev.DP, Rank: ev.TP, PP: ev.PP}
-		d.step(func(c *Core, now time.Time) { c.TargetChanged(now, t, ev.Endpoint, ev.PublicKey, ev.Deleted) })
+		d.step(func(c *Core, now time.Time) { c.TargetChanged(now, t, ev.Endpoint, ev.PublicKey, ev.Epoch, ev.Deleted) })
+		if ev.Deleted {
+			d.forgetTopology(url) // the instance may come back in another shape
+		}
+	}
+}
+
+// forgetTopology drops an instance's cached topology, so the next room
+// reads it again.
+func (d *Decode) forgetTopology(url string) {
+	d.clientsMu.Lock()
+	defer d.clientsMu.Unlock()
+	if e := d.topos[url]; e != nil {
+		select {
+		case <-e.done:
+			delete(d.topos, url)
+		default: // a lookup in progress gives a fresh answer anyway
+		}
 	}
 }
 

@@ -52,7 +52,8 @@ func (m *Manager) registerRank() error {
 	par := m.cfg.Parallel
 	rec := bootstrap.RankRecord{Instance: m.cfg.Instance, DPRank: par.DPRank, DPSize: par.DPSize, TPRank: par.TPRank,
 		TPSize: par.TPSize, PPRank: par.PPRank, PPSize: par.PPSize, Endpoint: m.loop.Endpoint(), PageSize: m.cfg.PageTokens,
-		DType: m.cfg.DType, Compat: m.cfg.Compat, PublicKey: m.loop.PublicKey(), ModelFacts: modelFacts(m.cfg.Model)}
+		DType: m.cfg.DType, Compat: m.cfg.Compat, PublicKey: m.loop.PublicKey(), Epoch: m.loop.Identity().Epoch,
+		ModelFacts: modelFacts(m.cfg.Model)}
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Registry.BootstrapTimeout)
 	ttl, err := cl.RegisterRank(ctx, rec)
 	cancel()
