@@ -133,6 +133,11 @@ type Topo struct {
 	PageTokens     int
 	MLA            bool
 	PageLayout     string // "NHD" or "HND"
+	// PeerTPSize and PeerPPSize (optional, 0: not said) are the prefill
+	// instance's sizes this decode rank mapped itself onto; a prefill rank
+	// of another shape refuses the REGISTER (the decode rank's view of the
+	// instance is stale).
+	PeerTPSize, PeerPPSize int
 }
 
 // RegisterAck answers Register.
@@ -274,7 +279,13 @@ func Encode(m Message) ([][]byte, error) {
 		e.regions("state", m.State)
 		if t := m.Topo; t != nil {
 			e.key("topo")
-			e.mapLen(10)
+			if t.PeerTPSize != 0 || t.PeerPPSize != 0 {
+				e.mapLen(12)
+				e.kint("peer_tp_size", int64(t.PeerTPSize))
+				e.kint("peer_pp_size", int64(t.PeerPPSize))
+			} else {
+				e.mapLen(10)
+			}
 			e.kint("pp_size", int64(t.PPSize))
 			e.kint("pp_rank", int64(t.PPRank))
 			e.kint("dp_size", int64(t.DPSize))
@@ -895,7 +906,8 @@ func (b *body) topo(k string) *Topo {
 	v := &Topo{PPSize: t.int("pp_size", 1, MaxRanks), DPSize: t.int("dp_size", 1, MaxRanks),
 		Layers: t.int("layers", 1, MaxRanks), KVHeads: t.int("kv_heads", 1, MaxRanks),
 		HeadBytes: t.int("head_bytes", 1, 1<<20), PageTokens: t.int("page_tokens", 1, 1<<20),
-		MLA: t.boolean("mla"), PageLayout: t.str("page_layout")}
+		MLA: t.boolean("mla"), PageLayout: t.str("page_layout"),
+		PeerTPSize: t.optInt("peer_tp_size", 0, MaxRanks, 0), PeerPPSize: t.optInt("peer_pp_size", 0, MaxRanks, 0)}
 	v.PPRank = t.int("pp_rank", 0, int64(max(v.PPSize-1, 0)))
 	v.DPRank = t.int("dp_rank", 0, int64(max(v.DPSize-1, 0)))
 	if t.err == nil && v.PageLayout != "NHD" && v.PageLayout != "HND" {

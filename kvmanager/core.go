@@ -148,6 +148,11 @@ type Target struct {
 	Bootstrap string
 	Rank      int // TP rank
 	DP, PP    int
+	// InstTP, InstPP are the instance's sizes the mapping used (0: no
+	// mapping). They go in the target's REGISTER, so a rank of an instance
+	// that changed shape refuses it; a room mapped onto other sizes than
+	// the target's makes it register again.
+	InstTP, InstPP int
 }
 
 func (t Target) key() string { return fmt.Sprintf("%s#%d/%d/%d", t.Bootstrap, t.DP, t.Rank, t.PP) }

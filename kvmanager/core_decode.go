@@ -103,6 +103,27 @@ func (c *Core) ensureTarget(t Target) *target {
 		tg = &target{t: t}
 		c.targets[k] = tg
 	}
+	if tg.t.InstTP != t.InstTP || tg.t.InstPP != t.InstPP {
+		// The room was mapped onto another shape of the instance: what
+		// was bound to the old view fails, and the rank is registered
+		// again with the new one.
+		old := tg.t
+		tg.t = t
+		if tg.reg != regNone {
+			tg.reg = regNone
+		}
+		for id, rm := range c.reg.rooms {
+			if rm.dec == nil || rm.status.Terminal() {
+				continue
+			}
+			for _, s := range rm.dec.sources {
+				if s.target == k && s.link.InstTP == old.InstTP && s.link.InstPP == old.InstPP && (old.InstTP != 0 || old.InstPP != 0) {
+					c.failRoom(id, fmt.Sprintf("prefill instance at %s changed shape (TP %d × PP %d → TP %d × PP %d)", t.Bootstrap, old.InstTP, old.InstPP, t.InstTP, t.InstPP))
+					break
+				}
+			}
+		}
+	}
 	if !tg.resolved && !tg.resolving {
 		tg.resolving = true
 		c.emit(Effect{Kind: EffectResolve, Target: t})
@@ -226,6 +247,11 @@ func (c *Core) ensureRegistered(tg *target) {
 
 func (c *Core) sendRegister(tg *target) {
 	m := c.cfg.Register
+	if m.Topo != nil && tg.t.InstTP != 0 {
+		topo := *m.Topo
+		topo.PeerTPSize, topo.PeerPPSize = tg.t.InstTP, tg.t.InstPP
+		m.Topo = &topo
+	}
 	c.send(tg.peer(), 0, &m)
 }
 

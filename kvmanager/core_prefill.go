@@ -119,6 +119,10 @@ func (c *Core) CheckRegister(msg *bootstrap.Register) (PeerPlan, error) {
 	if dm != c.cfg.Model {
 		return PeerPlan{}, fmt.Errorf("model mismatch: prefill %+v, decode %+v", c.cfg.Model, dm)
 	}
+	if own := c.cfg.Parallel.Norm(); t.PeerTPSize != 0 && (t.PeerTPSize != own.TPSize || t.PeerPPSize != own.PPSize) {
+		return PeerPlan{}, fmt.Errorf("decode %s mapped itself onto a prefill instance of TP %d × PP %d, this one is TP %d × PP %d: its view of the instance is stale",
+			msg.From.Peer(), t.PeerTPSize, t.PeerPPSize, own.TPSize, own.PPSize)
+	}
 	dp := transfer.Parallel{TPSize: msg.TPSize, TPRank: msg.TPRank, PPSize: t.PPSize, PPRank: t.PPRank, DPSize: t.DPSize, DPRank: t.DPRank}
 	plan, err := transfer.Plan(c.cfg.Model, c.cfg.Parallel, dp)
 	if err != nil {

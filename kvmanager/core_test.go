@@ -418,6 +418,8 @@ func TestCheckRegisterTopology(t *testing.T) {
 		{"not among the decode rank's prefill ranks", reg(transfer.Parallel{TPSize: 2, TPRank: 0}, nil), "is not among decode TP rank 0's prefill ranks"},
 		{"another model", reg(transfer.Parallel{TPSize: 1}, func(r *bootstrap.Register) { r.Topo.KVHeads = 8 }), "model mismatch"},
 		{"no topology", reg(transfer.Parallel{TPSize: 1}, func(r *bootstrap.Register) { r.Topo = nil }), "sent no topology"},
+		{"a stale view of the instance", reg(transfer.Parallel{TPSize: 1}, func(r *bootstrap.Register) { r.Topo.PeerTPSize, r.Topo.PeerPPSize = 1, 1 }),
+			"its view of the instance is stale"},
 		{"wrong page bytes", reg(transfer.Parallel{TPSize: 1}, func(r *bootstrap.Register) {
 			for i := range r.KV {
 				r.KV[i].ItemLen *= 2

@@ -245,7 +245,8 @@ func (d *Decode) Links(room uint64, inst Instance) ([]Link, error) {
 	}
 	links := make([]Link, len(tl))
 	for i, l := range tl {
-		links[i] = Link{Target: Target{Bootstrap: inst.Bootstrap, Rank: l.TPRank, DP: dp, PP: l.PPRank},
+		links[i] = Link{Target: Target{Bootstrap: inst.Bootstrap, Rank: l.TPRank, DP: dp, PP: l.PPRank,
+			InstTP: max(topo.TPSize, 1), InstPP: max(topo.PPSize, 1)},
 			Dummy: l.Dummy, Aux: l.Aux, Required: l.Required}
 	}
 	return links, nil
@@ -297,6 +298,17 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec
 	case st == Failed:
 		reason := d.Failure(room)
 		if strings.Contains(reason, ErrIncompatible.Error()) {
+			// A prefill rank refused us: an instance may have changed
+			// shape under a cached topology. Read them again.
+			d.clientsMu.Lock()
+			for url, e := range d.topos {
+				select {
+				case <-e.done:
+					delete(d.topos, url)
+				default:
+				}
+			}
+			d.clientsMu.Unlock()
 			return fmt.Errorf("room %d: %w%s", room, ErrIncompatible, strings.TrimPrefix(reason, ErrIncompatible.Error()))
 		}
 		return fmt.Errorf("room %d: %w: %s", room, ErrRoomFailed, reason)

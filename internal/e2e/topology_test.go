@@ -3,10 +3,12 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -441,5 +443,94 @@ func TestEtcdStoppedMidRun(t *testing.T) {
 	d.ClearReceiver(4)
 	if n := d.Overdue() + p.Overdue(); n != 0 {
 		t.Fatalf("%d rooms overdue", n)
+	}
+}
+
+// TestInstanceChangesShape: a prefill instance is replaced by one of
+// another TP size under the same name while a decode rank has its old
+// topology cached. The decode rank's REGISTER says which shape it mapped
+// onto, so a rank of the new instance refuses it (instead of writing half
+// the heads into a room that would then succeed); the refusal drops the
+// cached topology and the next room maps onto the new shape and succeeds.
+func TestInstanceChangesShape(t *testing.T) {
+	boot := startBoot(t)
+	prefill := func(par transfer.Parallel) *kvmanager.Prefill {
+		cfg, err := topoConfig(kvmanager.RolePrefill, boot, par)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Engine = engines["loopback"]
+		p, err := kvmanager.NewPrefill(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	dcfg, _ := topoConfig(kvmanager.RoleDecode, boot, transfer.Parallel{})
+	dcfg.Engine = engines["loopback"]
+	d, err := kvmanager.NewDecode(dcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	room := func(id uint64, ps ...*kvmanager.Prefill) error {
+		start := time.Now()
+		defer func() { t.Logf("room %d took %v", id, time.Since(start)) }()
+		// The prefill ranks serve the room until the decode side is done
+		// with it (a sender whose REQUEST never comes is cancelled then).
+		sctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		defer func() { stop(); wg.Wait() }()
+		for _, p := range ps {
+			s, err := sender.New(p, id)
+			if err != nil {
+				return err
+			}
+			s.Init()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer s.Clear()
+				if st, _ := s.WaitReady(sctx); st == kvmanager.WaitingForInput {
+					s.Send([]uint32{1}, true, -1)
+					s.Wait(sctx)
+				}
+			}()
+		}
+		r, err := receiver.New(d, id)
+		if err != nil {
+			return err
+		}
+		defer r.Clear()
+		if err := r.Init(ctx, kvmanager.RequestSpec{DstPages: []uint32{5}, AuxIndex: -1}); err != nil {
+			return err
+		}
+		if st, _ := r.Wait(ctx); st != kvmanager.Success {
+			return fmt.Errorf("room %d: %v: %s", id, st, r.Failure())
+		}
+		return nil
+	}
+	old := prefill(transfer.Parallel{})
+	if err := room(1, old); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	old.Close() // deletes its record; the instance comes back at TP 2
+	a, b := prefill(transfer.Parallel{TPSize: 2}), prefill(transfer.Parallel{TPSize: 2, TPRank: 1})
+	t.Logf("replaced the instance in %v", time.Since(t0))
+	defer a.Close()
+	defer b.Close()
+	// The cached endpoint is dead: heartbeats fail that room.
+	if err := room(2, a, b); err == nil || !strings.Contains(err.Error(), "unreachable") {
+		t.Fatalf("room 2 (old endpoint): %v", err)
+	}
+	// Looked up again, rank 0 of the new instance refuses the stale mapping.
+	err = room(3, a, b)
+	if err == nil || !errors.Is(err, kvmanager.ErrIncompatible) || !strings.Contains(err.Error(), "view of the instance is stale") {
+		t.Fatalf("room 3 (stale topology): %v", err)
+	}
+	if err := room(4, a, b); err != nil {
+		t.Fatalf("room 4 (topology read again): %v", err)
 	}
 }
