@@ -49,6 +49,21 @@ func rankConfig(role kvmanager.Role, engine, boot string) kvmanager.Config {
 	return cfg
 }
 
+// newRank starts a prefill or a decode Manager; m is its Manager, p or d
+// its shell.
+func newRank(r kvmanager.Role, cfg kvmanager.Config) (m *kvmanager.Manager, p *kvmanager.Prefill, d *kvmanager.Decode, err error) {
+	if r == kvmanager.RolePrefill {
+		if p, err = kvmanager.NewPrefill(cfg); err == nil {
+			m = p.Manager
+		}
+		return m, p, d, err
+	}
+	if d, err = kvmanager.NewDecode(cfg); err == nil {
+		m = d.Manager
+	}
+	return m, p, d, err
+}
+
 func pageList(s string) []uint32 {
 	var out []uint32
 	for _, f := range strings.Split(s, ",") {
@@ -64,17 +79,7 @@ func runRank(role string) int {
 		r = kvmanager.RoleDecode
 	}
 	cfg := rankConfig(r, os.Getenv("KVBRIDGE_E2E_ENGINE"), os.Getenv("KVBRIDGE_E2E_BOOT"))
-	var m *kvmanager.Manager
-	var p *kvmanager.Prefill
-	var d *kvmanager.Decode
-	var err error
-	if r == kvmanager.RolePrefill {
-		if p, err = kvmanager.NewPrefill(cfg); err == nil {
-			m = p.Manager
-		}
-	} else if d, err = kvmanager.NewDecode(cfg); err == nil {
-		m = d.Manager
-	}
+	m, p, d, err := newRank(r, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

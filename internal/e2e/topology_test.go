@@ -69,16 +69,7 @@ func runTopoRank(role string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	var m *kvmanager.Manager
-	var p *kvmanager.Prefill
-	var d *kvmanager.Decode
-	if r == kvmanager.RolePrefill {
-		if p, err = kvmanager.NewPrefill(cfg); err == nil {
-			m = p.Manager
-		}
-	} else if d, err = kvmanager.NewDecode(cfg); err == nil {
-		m = d.Manager
-	}
+	m, p, d, err := newRank(r, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -210,6 +201,30 @@ func TestTopologyAbortWhileSeveralWrite(t *testing.T) {
 	}
 }
 
+// loopbackRank starts an in-process rank of the topology tests on the
+// loopback engine; mod adjusts its config.
+func loopbackRank(t *testing.T, role kvmanager.Role, boot string, par transfer.Parallel, mod func(*kvmanager.Config)) (*kvmanager.Prefill, *kvmanager.Decode) {
+	t.Helper()
+	cfg, err := topoConfig(role, boot, par)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Engine = engines["loopback"]
+	if mod != nil {
+		mod(&cfg)
+	}
+	_, p, d, err := newRank(role, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p != nil {
+		t.Cleanup(func() { p.Close() })
+	} else {
+		t.Cleanup(func() { d.Close() })
+	}
+	return p, d
+}
+
 // TestCreateReceiverForRefusesUnsupportedTopology: a decode rank refuses a
 // room from a prefill instance whose shape the rank mapping does not
 // support, or whose model differs, with a reason naming the instance — it
@@ -263,23 +278,10 @@ func TestDPGroupLookedUp(t *testing.T) {
 	boot := startBoot(t)
 	var groups [2]*kvmanager.Prefill
 	for dp := range groups {
-		cfg, err := topoConfig(kvmanager.RolePrefill, boot, transfer.Parallel{DPSize: 2, DPRank: dp})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Engine, cfg.PublishRoomDP = engines["loopback"], true
-		if groups[dp], err = kvmanager.NewPrefill(cfg); err != nil {
-			t.Fatal(err)
-		}
-		defer groups[dp].Close()
+		groups[dp], _ = loopbackRank(t, kvmanager.RolePrefill, boot, transfer.Parallel{DPSize: 2, DPRank: dp},
+			func(c *kvmanager.Config) { c.PublishRoomDP = true })
 	}
-	dcfg, _ := topoConfig(kvmanager.RoleDecode, boot, transfer.Parallel{})
-	dcfg.Engine = engines["loopback"]
-	d, err := kvmanager.NewDecode(dcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	_, d := loopbackRank(t, kvmanager.RoleDecode, boot, transfer.Parallel{}, nil)
 	ctx := context.Background()
 	for room := uint64(1); room <= 4; room++ {
 		p := groups[(room+1)%2] // never room % 2
@@ -455,28 +457,12 @@ func TestEtcdStoppedMidRun(t *testing.T) {
 func TestInstanceChangesShape(t *testing.T) {
 	boot := startBoot(t)
 	prefill := func(par transfer.Parallel) *kvmanager.Prefill {
-		cfg, err := topoConfig(kvmanager.RolePrefill, boot, par)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Engine = engines["loopback"]
-		p, err := kvmanager.NewPrefill(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p, _ := loopbackRank(t, kvmanager.RolePrefill, boot, par, nil)
 		return p
 	}
-	dcfg, _ := topoConfig(kvmanager.RoleDecode, boot, transfer.Parallel{})
-	dcfg.Engine = engines["loopback"]
-	d, err := kvmanager.NewDecode(dcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	_, d := loopbackRank(t, kvmanager.RoleDecode, boot, transfer.Parallel{}, nil)
 	ctx := context.Background()
 	room := func(id uint64, ps ...*kvmanager.Prefill) error {
-		start := time.Now()
-		defer func() { t.Logf("room %d took %v", id, time.Since(start)) }()
 		// The prefill ranks serve the room until the decode side is done
 		// with it (a sender whose REQUEST never comes is cancelled then).
 		sctx, stop := context.WithCancel(ctx)
@@ -515,18 +501,14 @@ func TestInstanceChangesShape(t *testing.T) {
 	if err := room(1, old); err != nil {
 		t.Fatal(err)
 	}
-	t0 := time.Now()
 	old.Close() // deletes its record; the instance comes back at TP 2
 	a, b := prefill(transfer.Parallel{TPSize: 2}), prefill(transfer.Parallel{TPSize: 2, TPRank: 1})
-	t.Logf("replaced the instance in %v", time.Since(t0))
-	defer a.Close()
-	defer b.Close()
 	// The cached endpoint is dead: heartbeats fail that room.
 	if err := room(2, a, b); err == nil || !strings.Contains(err.Error(), "unreachable") {
 		t.Fatalf("room 2 (old endpoint): %v", err)
 	}
 	// Looked up again, rank 0 of the new instance refuses the stale mapping.
-	err = room(3, a, b)
+	err := room(3, a, b)
 	if err == nil || !errors.Is(err, kvmanager.ErrIncompatible) || !strings.Contains(err.Error(), "view of the instance is stale") {
 		t.Fatalf("room 3 (stale topology): %v", err)
 	}
