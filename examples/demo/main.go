@@ -41,6 +41,7 @@ import (
 
 type proc struct {
 	name     string
+	log      string // its stderr (zap's JSON log)
 	cmd      *exec.Cmd
 	http     string
 	boot     string
@@ -53,6 +54,9 @@ type proc struct {
 var (
 	secretFile, token string
 	auth              *bootstrap.Auth
+	// logs are the rank processes' log files: removed after a clean run,
+	// named in the summary otherwise.
+	logs []string
 )
 
 func makeSecret() (cleanup func(), err error) {
@@ -101,7 +105,8 @@ func start(bin, name string, args ...string) (*proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w (build it: make demo)", name, err)
 	}
-	p := &proc{name: name, cmd: cmd}
+	p := &proc{name: name, cmd: cmd, log: logf.Name()}
+	logs = append(logs, logf.Name())
 	line := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -567,8 +572,17 @@ func run(args []string) int {
 		for _, p := range problems {
 			fmt.Println("  " + p)
 		}
+		fmt.Println("\nthe ranks' logs (kept):")
+		for _, l := range logs {
+			fmt.Println("  " + l)
+		}
 		return 1
 	}
+	defer func() {
+		for _, l := range logs {
+			os.Remove(l)
+		}
+	}()
 	fmt.Println("\nOK: every request succeeded or was aborted cleanly, every head of every page verified, nothing pinned.")
 	return 0
 }

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -248,6 +249,22 @@ func Main(role kvmanager.Role, args []string) int {
 	return 0
 }
 
+// roomState answers GET /v1/room?room=N: the room's status in this rank's
+// core (a POST blocks until its room ends; this reads it meanwhile).
+func (r *Rank) roomState(w http.ResponseWriter, req *http.Request) {
+	room, err := strconv.ParseUint(req.URL.Query().Get("room"), 10, 64)
+	if err != nil {
+		http.Error(w, "query parameter room must be a room id", http.StatusBadRequest)
+		return
+	}
+	st, known := r.M.Status(room)
+	if !known {
+		http.Error(w, fmt.Sprintf("room %d is not live on this rank (never created, or cleared)", room), http.StatusNotFound)
+		return
+	}
+	writeJSON(w, RoomState{Room: room, Status: st.String(), Reason: r.M.Failure(room), InFlight: r.M.InFlight(room)})
+}
+
 // pageBytes is one page of one region on this rank.
 func (r *Rank) pageBytes() uint64 {
 	pb, _ := r.Mapping.PageBytes(r.Par.TPSize)
@@ -323,9 +340,18 @@ func (r *Rank) checkRoom(rr *RoomRequest) error {
 	return nil
 }
 
+// RoomState is a room's state on this rank (GET /v1/room?room=N).
+type RoomState struct {
+	Room     uint64 `json:"room"`
+	Status   string `json:"status"`
+	Reason   string `json:"reason,omitempty"`
+	InFlight int    `json:"inflight_writes"`
+}
+
 func (r *Rank) serveRoom(w http.ResponseWriter, req *http.Request) {
-	if req.Method != http.MethodPost {
-		http.Error(w, "POST a room", http.StatusMethodNotAllowed)
+	if req.Method != http.MethodPost && req.Method != http.MethodGet {
+		w.Header().Set("Allow", "GET, POST")
+		http.Error(w, "POST a room, or GET /v1/room?room=N for its state", http.StatusMethodNotAllowed)
 		return
 	}
 	if r.token != "" {
@@ -335,6 +361,10 @@ func (r *Rank) serveRoom(w http.ResponseWriter, req *http.Request) {
 			http.Error(w, "POST /v1/room needs the deployment's bearer token", http.StatusUnauthorized)
 			return
 		}
+	}
+	if req.Method == http.MethodGet {
+		r.roomState(w, req)
+		return
 	}
 	var rr RoomRequest
 	dec := json.NewDecoder(http.MaxBytesReader(w, req.Body, maxRoomBody))

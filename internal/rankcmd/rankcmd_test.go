@@ -1,6 +1,7 @@
 package rankcmd
 
 import (
+	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -8,6 +9,11 @@ import (
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/sender"
+	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/goleak"
 )
 
@@ -53,5 +59,54 @@ func TestRoomRequestBounds(t *testing.T) {
 	}
 	if p := kvmodel.NewPages(4, 1).Get(math.MinInt); p != nil {
 		t.Fatalf("Get of a negative count returned %v", p)
+	}
+}
+
+// TestRoomStateEndpoint: GET /v1/room?room=N reads a live room's state
+// while its POST is still blocked; unknown rooms are 404, the token applies.
+func TestRoomStateEndpoint(t *testing.T) {
+	cfg := kvmanager.DefaultConfig(kvmanager.RolePrefill)
+	cfg.Auth = testauth.Auth()
+	cfg.Instance, cfg.Compat = "state-test", "v1:test"
+	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
+	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+	p, err := kvmanager.NewPrefill(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	s, err := sender.New(p, 42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Clear()
+	s.Init()
+	r := &Rank{M: p.Manager, P: p, token: "tok"}
+	srv := httptest.NewServer(http.HandlerFunc(r.serveRoom))
+	defer srv.Close()
+	get := func(path, token string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/?room=42", "tok"); code != 200 || !strings.Contains(body, `"status":"Bootstrapping"`) {
+		t.Fatalf("live room: %d %s", code, body)
+	}
+	if code, _ := get("/?room=7", "tok"); code != 404 {
+		t.Fatalf("unknown room: %d", code)
+	}
+	if code, _ := get("/?room=42", ""); code != 401 {
+		t.Fatalf("without the token: %d", code)
+	}
+	if code, _ := get("/?room=x", "tok"); code != 400 {
+		t.Fatalf("bad room: %d", code)
 	}
 }
