@@ -150,15 +150,18 @@ func (d *Decode) watch(url string, ch <-chan bootstrap.RankEvent) {
 	}
 }
 
-// forgetTopology drops an instance's cached topology, so the next room
-// reads it again.
+// forgetTopology drops an instance's cached topology ("" for every
+// instance), so the next room reads it again.
 func (d *Decode) forgetTopology(url string) {
 	d.clientsMu.Lock()
 	defer d.clientsMu.Unlock()
-	if e := d.topos[url]; e != nil {
+	for u, e := range d.topos {
+		if url != "" && u != url {
+			continue
+		}
 		select {
 		case <-e.done:
-			delete(d.topos, url)
+			delete(d.topos, u)
 		default: // a lookup in progress gives a fresh answer anyway
 		}
 	}
@@ -300,15 +303,7 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec
 		if strings.Contains(reason, ErrIncompatible.Error()) {
 			// A prefill rank refused us: an instance may have changed
 			// shape under a cached topology. Read them again.
-			d.clientsMu.Lock()
-			for url, e := range d.topos {
-				select {
-				case <-e.done:
-					delete(d.topos, url)
-				default:
-				}
-			}
-			d.clientsMu.Unlock()
+			d.forgetTopology("")
 			return fmt.Errorf("room %d: %w%s", room, ErrIncompatible, strings.TrimPrefix(reason, ErrIncompatible.Error()))
 		}
 		return fmt.Errorf("room %d: %w: %s", room, ErrRoomFailed, reason)
