@@ -10,9 +10,9 @@ import (
 // ucx_perftest at the same sizes and transports and prints the ratios.
 
 var benchEngines = []engineCase{
-	{"ucx-shm", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: shmUCX} }},
-	{"ucx-tcp", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: tcpUCX} }},
-	{"loopback", func(n string) Config { return Config{Name: n, Engine: EngineLoopback} }},
+	{"ucx-shm", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: shmUCX} }, ""},
+	{"ucx-tcp", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: tcpUCX} }, ""},
+	{"loopback", func(n string) Config { return Config{Name: n, Engine: EngineLoopback} }, ""},
 }
 
 var benchSizes = []int{4 << 10, 64 << 10, 1 << 20, 64 << 20}

@@ -2,13 +2,12 @@ package nixl
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/cudadouble"
+	"github.com/kvbridge/kvbridge/internal/nixldouble"
 	"go.uber.org/goleak"
 )
 
@@ -30,14 +30,21 @@ func TestMain(m *testing.M) {
 	if os.Getenv("KVBRIDGE_NIXL_CHILD") != "" {
 		os.Exit(runChild())
 	}
+	os.Exit(testMain(m))
+}
+
+// testMain builds the doubles into a temporary directory it removes before
+// the process exits (goleak.VerifyTestMain would exit first and leave it).
+func testMain(m *testing.M) int {
 	dir, err := os.MkdirTemp("", "kvbridge-nixl-double")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
 	}
-	if err := buildDouble(dir); err != nil {
+	defer os.RemoveAll(dir)
+	if doubleLibPath, err = nixldouble.Build(dir); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
 	}
 	doubleDir = dir
 	// VRAM cases run on a GPU where the CUDA driver loads, else on the CUDA
@@ -47,57 +54,61 @@ func TestMain(m *testing.M) {
 		lib, err := cudadouble.Build(dir)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
+			return 1
 		}
 		os.Setenv("KVBRIDGE_CUDA_LIB", lib)
 	}
-	code := 0
-	func() {
-		defer os.RemoveAll(dir)
-		goleak.VerifyTestMain(exitCapture{&code, m})
-	}()
-	os.Exit(code)
-}
-
-type exitCapture struct {
-	code *int
-	m    *testing.M
-}
-
-func (e exitCapture) Run() int { *e.code = e.m.Run(); return *e.code }
-
-// buildDouble compiles the NIXL C API test double (and the libnixl.so it
-// needs loaded first) with gcc.
-func buildDouble(dir string) error {
-	for _, c := range [][]string{
-		{"gcc", "-shared", "-fPIC", "-O2", "-o", filepath.Join(dir, "libnixl.so"), "testdata/nixl_double/core.c"},
-		{"gcc", "-shared", "-fPIC", "-O2", "-Wall", "-o", filepath.Join(dir, "libnixl_capi.so"),
-			"testdata/nixl_double/nixl_capi_double.c", "-lpthread"},
-	} {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			return fmt.Errorf("building the NIXL double: %v: %s", err, out)
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
 		}
 	}
-	return nil
+	return code
 }
 
-func doubleLib() string { return filepath.Join(doubleDir, "libnixl_capi.so") }
+var doubleLibPath string
+
+func doubleLib() string { return doubleLibPath }
 
 // engineCase is one engine configuration the contract runs over.
 type engineCase struct {
 	name string
 	cfg  func(name string) Config
+	skip string // why this case does not run here ("" when it does)
 }
 
 var shmUCX = map[string]string{"TLS": "posix,cma,self"}
 var tcpUCX = map[string]string{"TLS": "tcp", "NET_DEVICES": "lo", "TCP_TX_SEG_SIZE": "1M", "TCP_RX_SEG_SIZE": "1M"}
 
+// realNIXL is the real NIXL C API library the libnixl cases run against
+// (KVBRIDGE_NIXL_LIB, as make test-nixl sets it), or "".
+func realNIXL() string { return os.Getenv("KVBRIDGE_NIXL_LIB") }
+
+// skipReal and skipDouble say why the real-NIXL or the double's libnixl
+// cases do not run: one process loads one NIXL.
+func skipReal() string {
+	if realNIXL() == "" {
+		return "KVBRIDGE_NIXL_LIB is not set: no real NIXL to run against (make test-nixl; see DEVELOPERS.md)"
+	}
+	return ""
+}
+
+func skipDouble() string {
+	if realNIXL() != "" {
+		return "KVBRIDGE_NIXL_LIB is set: this process runs the real NIXL, and one process loads one NIXL"
+	}
+	return ""
+}
+
 func engines() []engineCase {
 	return []engineCase{
-		{"loopback", func(n string) Config { return Config{Name: n, Engine: EngineLoopback} }},
-		{"ucx-shm", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: shmUCX} }},
-		{"ucx-tcp", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: tcpUCX} }},
-		{"libnixl-double", func(n string) Config { return Config{Name: n, Engine: EngineLibNIXL, NIXLLib: doubleLib()} }},
+		{"loopback", func(n string) Config { return Config{Name: n, Engine: EngineLoopback} }, ""},
+		{"ucx-shm", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: shmUCX} }, ""},
+		{"ucx-tcp", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: tcpUCX} }, ""},
+		{"libnixl-double", func(n string) Config { return Config{Name: n, Engine: EngineLibNIXL, NIXLLib: doubleLib()} }, skipDouble()},
+		{"libnixl-real", func(n string) Config { return Config{Name: n, Engine: EngineLibNIXL, NIXLLib: realNIXL()} }, skipReal()},
 	}
 }
 
@@ -143,20 +154,16 @@ func exchange(t testing.TB, ini, tgt *Agent) string {
 	return name
 }
 
-// wait polls a transfer to a final state, bounded by a deadline.
+// wait waits for a transfer to reach a final state, bounded by a deadline.
 func wait(t testing.TB, a *Agent, x *Xfer, d time.Duration) (XferState, error) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		st, err := a.Status(x)
-		if st != InProgress {
-			return st, err
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("transfer still in progress after %v", d)
-		}
-		time.Sleep(20 * time.Microsecond)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	st, err := a.Wait(ctx, x)
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("transfer still in progress after %v", d)
 	}
+	return st, err
 }
 
 // waitNotif polls for one notification from remote.
@@ -218,6 +225,9 @@ func write(t testing.TB, p pair, src, dst []Desc, notif []byte) *Xfer {
 func TestContract(t *testing.T) {
 	for _, ec := range engines() {
 		t.Run(ec.name, func(t *testing.T) {
+			if ec.skip != "" {
+				t.Skip(ec.skip)
+			}
 			t.Run("metadata", func(t *testing.T) { contractMetadata(t, ec) })
 			t.Run("256MiB", func(t *testing.T) { contractBulk(t, ec) })
 			t.Run("4096x32KiB", func(t *testing.T) { contractScatter(t, ec) })
@@ -252,7 +262,7 @@ func contractMetadata(t *testing.T, ec engineCase) {
 			t.Errorf("%s metadata: %v", name, err)
 		}
 	}
-	other := engineCase{"loopback", engines()[0].cfg}
+	other := engines()[0]
 	if ec.name == "loopback" {
 		other = engines()[1]
 	}

@@ -6,7 +6,15 @@ package nixl
 #include "libnixl_engine.h"
 
 // Trampolines: cgo cannot call C function pointers directly.
-static int nx_create_agent(kvb_nixl *l, const char *n, nx_h *a) { return l->create_agent(n, a); }
+static int nx_create_configured_agent(kvb_nixl *l, const char *n, int sync, uint64_t delay_us, nx_h *a) {
+	nx_agent_config c = {0};
+	c.enable_prog_thread = true;
+	c.thread_sync = sync;
+	c.pthr_delay_us = delay_us;
+	c.lthr_delay_us = 100000;
+	return l->create_configured_agent(n, &c, a);
+}
+static void nx_mem_free(kvb_nixl *l, void *p) { if (l->mem_free) l->mem_free(p); else free(p); }
 static int nx_destroy_agent(kvb_nixl *l, nx_h a) { return l->destroy_agent(a); }
 static int nx_get_local_md(kvb_nixl *l, nx_h a, void **d, size_t *n) { return l->get_local_md(a, d, n); }
 static int nx_load_remote_md(kvb_nixl *l, nx_h a, const void *d, size_t n, char **name) { return l->load_remote_md(a, d, n, name); }
@@ -23,12 +31,12 @@ static int nx_destroy_opt_args(kvb_nixl *l, nx_h o) { return l->destroy_opt_args
 static int nx_opt_args_add_backend(kvb_nixl *l, nx_h o, nx_h b) { return l->opt_args_add_backend(o, b); }
 static int nx_opt_args_set_notif_msg(kvb_nixl *l, nx_h o, const void *d, size_t n) { return l->opt_args_set_notif_msg(o, d, n); }
 static int nx_opt_args_set_has_notif(kvb_nixl *l, nx_h o, int v) { return l->opt_args_set_has_notif(o, v != 0); }
-static int nx_create_reg_dlist(kvb_nixl *l, int m, nx_h *d) { return l->create_reg_dlist(m, d, false); }
+static int nx_create_reg_dlist(kvb_nixl *l, int m, nx_h *d) { return l->create_reg_dlist(m, d); }
 static int nx_destroy_reg_dlist(kvb_nixl *l, nx_h d) { return l->destroy_reg_dlist(d); }
 static int nx_reg_dlist_add_desc(kvb_nixl *l, nx_h d, uintptr_t a, size_t n, uint64_t dev) { return l->reg_dlist_add_desc(d, a, n, dev, NULL, 0); }
 static int nx_register_mem(kvb_nixl *l, nx_h a, nx_h d, nx_h o) { return l->register_mem(a, d, o); }
 static int nx_deregister_mem(kvb_nixl *l, nx_h a, nx_h d, nx_h o) { return l->deregister_mem(a, d, o); }
-static int nx_create_xfer_dlist(kvb_nixl *l, int m, nx_h *d) { return l->create_xfer_dlist(m, d, false); }
+static int nx_create_xfer_dlist(kvb_nixl *l, int m, nx_h *d) { return l->create_xfer_dlist(m, d); }
 static int nx_destroy_xfer_dlist(kvb_nixl *l, nx_h d) { return l->destroy_xfer_dlist(d); }
 static int nx_xfer_dlist_add_desc(kvb_nixl *l, nx_h d, uintptr_t a, size_t n, uint64_t dev) { return l->xfer_dlist_add_desc(d, a, n, dev); }
 static int nx_prep_xfer_dlist(kvb_nixl *l, nx_h a, const char *r, nx_h d, nx_h *h, nx_h o) { return l->prep_xfer_dlist(a, r, d, h, o); }
@@ -51,9 +59,13 @@ static int nx_notif_map_clear(kvb_nixl *l, nx_h m) { return l->notif_map_clear(m
 import "C"
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"runtime"
+	"strings"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -64,18 +76,24 @@ type NIXLError struct {
 	Status int
 }
 
+var nixlStatusNames = map[int]string{-1: "invalid parameter", -2: "backend error", -3: "invalid state",
+	-4: "exception", -5: "no telemetry", -6: "not found"}
+
 func (e *NIXLError) Error() string {
-	names := map[int]string{-1: "invalid parameter", -2: "backend error", -3: "invalid state", -4: "exception"}
-	return fmt.Sprintf("%s: %s (%d)", e.Call, names[e.Status], e.Status)
+	name, ok := nixlStatusNames[e.Status]
+	if !ok {
+		name = "unknown status"
+	}
+	return fmt.Sprintf("%s: %s (%d)", e.Call, name, e.Status)
 }
 
 // Unwrap maps NIXL's status codes onto the package's errors.
 func (e *NIXLError) Unwrap() error {
 	switch e.Status {
-	case C.NX_ERROR_INVALID_PARAM:
+	case C.NX_ERROR_INVALID_PARAM, C.NX_ERROR_INVALID_STATE:
 		return ErrInvalidRequest
-	case C.NX_ERROR_INVALID_STATE:
-		return ErrInvalidRequest
+	case C.NX_ERROR_NOT_FOUND:
+		return ErrRemoteUnknown
 	default:
 		return ErrTransfer
 	}
@@ -95,12 +113,19 @@ var nixlLib struct {
 }
 
 // loadNIXL loads the C API once per process, under LockOSThread because
-// dlerror is per thread.
+// dlerror is per thread. A second, different path is refused before it is
+// opened: one NIXL per process (agents of two builds could not talk anyway).
 func loadNIXL(path string) (*C.kvb_nixl, error) {
 	nixlLib.Lock()
 	defer nixlLib.Unlock()
-	if nixlLib.lib != nil && path == nixlLib.path {
-		return nixlLib.lib, nil
+	if nixlLib.lib != nil {
+		if path == nixlLib.path {
+			return nixlLib.lib, nil
+		}
+		if _, err := os.Stat(path); err != nil && strings.Contains(path, "/") {
+			return nil, fmt.Errorf("NIXL is not installed or not loadable (%v); set KVBRIDGE_NIXL_LIB to libnixl_capi.so: %w", err, ErrEngineUnavailable)
+		}
+		return nil, fmt.Errorf("libnixl: %s requested but %s is already loaded: %w", path, nixlLib.path, ErrEngineUnavailable)
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -111,10 +136,6 @@ func loadNIXL(path string) (*C.kvb_nixl, error) {
 	if lib == nil {
 		return nil, fmt.Errorf("NIXL is not installed or not loadable (%s); set KVBRIDGE_NIXL_LIB to libnixl_capi.so: %w",
 			C.GoString(&errbuf[0]), ErrEngineUnavailable)
-	}
-	if nixlLib.lib != nil {
-		// One NIXL per process: agents of two builds could not talk anyway.
-		return nil, fmt.Errorf("libnixl: %s requested but %s is already loaded: %w", path, nixlLib.path, ErrEngineUnavailable)
 	}
 	nixlLib.path, nixlLib.lib = path, lib
 	return lib, nil
@@ -127,16 +148,33 @@ func memType(k MemKind) C.int {
 	return C.NX_MEM_DRAM
 }
 
+// DefaultNIXLProgressDelay is how long NIXL's UCX progress thread sleeps in
+// poll() between unconditional passes when no event wakes it. NIXL's
+// default, 0, makes the thread spin: an idle rank burns a core.
+const DefaultNIXLProgressDelay = 100 * time.Millisecond
+
+// libnixl is the engine on the NIXL C API. The agent is created with
+// NIXL's read-write lock (NIXL_THREAD_SYNC_RW), so concurrent calls are
+// NIXL's to order; life orders them against close.
 type libnixl struct {
-	l       *C.kvb_nixl
-	name    string
-	agent   C.nx_h
+	l    *C.kvb_nixl
+	name string
+
+	// life: every call into the agent holds it for reading; close holds it
+	// for writing, so no call runs on (or after) a destroyed agent.
+	life    sync.RWMutex
+	agent   C.nx_h // nil once closed
 	backend C.nx_h
 	opt     C.nx_h // opt args naming the UCX backend
-	nmap    C.nx_h
 
-	mu   sync.Mutex // NIXL agents are thread-safe; this guards our own maps
-	regs map[*nixlReg]struct{}
+	nmu  sync.Mutex // the notification map is ours: one drain at a time
+	nmap C.nx_h
+
+	mu    sync.Mutex // guards the sets below
+	regs  map[*nixlReg]struct{}
+	reqs  map[*nixlXfer]struct{} // made and not destroyed
+	preps map[C.nx_h]struct{}    // prepared lists not released
+	stuck []*nixlXfer            // release refused: retried until NIXL lets go
 }
 
 type nixlReg struct {
@@ -149,18 +187,27 @@ type nixlXfer struct {
 	opt C.nx_h
 }
 
+// errAgentClosed is what calls on a closed libnixl agent return.
+var errAgentClosed = fmt.Errorf("libnixl: %w", ErrClosed)
+
 func openLibNIXL(cfg Config) (backend, error) {
 	lib, err := loadNIXL(libPath(cfg))
 	if err != nil {
 		return nil, err
 	}
-	n := &libnixl{l: lib, name: cfg.Name, regs: map[*nixlReg]struct{}{}}
+	n := &libnixl{l: lib, name: cfg.Name, regs: map[*nixlReg]struct{}{}, reqs: map[*nixlXfer]struct{}{},
+		preps: map[C.nx_h]struct{}{}}
 	name := C.CString(cfg.Name)
 	defer C.free(unsafe.Pointer(name))
+	delay := cfg.NIXLProgressDelay
+	if delay == 0 {
+		delay = DefaultNIXLProgressDelay
+	}
 	// Out-parameters are Go locals: a pointer into a struct holding Go
 	// pointers may not be passed to C.
 	var agent C.nx_h
-	if err := nxErr("nixl_capi_create_agent", C.nx_create_agent(lib, name, &agent)); err != nil {
+	st := C.nx_create_configured_agent(lib, name, C.NX_SYNC_RW, C.uint64_t(delay.Microseconds()), &agent)
+	if err := nxErr("nixl_capi_create_configured_agent", st); err != nil {
 		return nil, fmt.Errorf("libnixl agent %q: %w", cfg.Name, err)
 	}
 	n.agent = agent
@@ -203,6 +250,16 @@ func openLibNIXL(cfg Config) (backend, error) {
 	return n, nil
 }
 
+// live takes the agent for one call: false (and nothing held) once closed.
+func (n *libnixl) live() bool {
+	n.life.RLock()
+	if n.agent == nil {
+		n.life.RUnlock()
+		return false
+	}
+	return true
+}
+
 func (n *libnixl) newOpt() (C.nx_h, error) {
 	var o C.nx_h
 	if err := nxErr("nixl_capi_create_opt_args", C.nx_create_opt_args(n.l, &o)); err != nil {
@@ -216,6 +273,10 @@ func (n *libnixl) newOpt() (C.nx_h, error) {
 }
 
 func (n *libnixl) register(kind MemKind, descs []Desc) (any, error) {
+	if !n.live() {
+		return nil, errAgentClosed
+	}
+	defer n.life.RUnlock()
 	var dl C.nx_h
 	if err := nxErr("nixl_capi_create_reg_dlist", C.nx_create_reg_dlist(n.l, memType(kind), &dl)); err != nil {
 		return nil, err
@@ -239,12 +300,17 @@ func (n *libnixl) register(kind MemKind, descs []Desc) (any, error) {
 
 func (n *libnixl) deregister(h any) error {
 	r := h.(*nixlReg)
+	if !n.live() {
+		return nil // close deregistered it
+	}
+	defer n.life.RUnlock()
 	n.mu.Lock()
 	delete(n.regs, r)
 	n.mu.Unlock()
 	return n.dropReg(r)
 }
 
+// dropReg deregisters (agent held).
 func (n *libnixl) dropReg(r *nixlReg) error {
 	err := nxErr("nixl_capi_deregister_mem", C.nx_deregister_mem(n.l, n.agent, r.dl, n.opt))
 	C.nx_destroy_reg_dlist(n.l, r.dl)
@@ -270,13 +336,17 @@ func (n *libnixl) alloc(kind MemKind, size uint64) ([]byte, any, error) {
 }
 
 func (n *libnixl) metadata(regs []*Registration) ([]byte, error) {
+	if !n.live() {
+		return nil, errAgentClosed
+	}
+	defer n.life.RUnlock()
 	var data unsafe.Pointer
 	var ln C.size_t
 	if err := nxErr("nixl_capi_get_local_md", C.nx_get_local_md(n.l, n.agent, &data, &ln)); err != nil {
 		return nil, err
 	}
 	m := metadataBlob{engine: EngineLibNIXL, agent: n.name, payload: C.GoBytes(data, C.int(ln))}
-	C.free(data) // malloc'ed by NIXL, ours to free
+	C.nx_mem_free(n.l, data) // NIXL's buffer, ours to free
 	for _, r := range regs {
 		for _, d := range r.Descs {
 			m.regions = append(m.regions, mdRegion{remoteRegion: remoteRegion{r.Kind, d}})
@@ -293,6 +363,10 @@ func (n *libnixl) loadRemote(md []byte) (string, []remoteRegion, error) {
 	if len(m.payload) == 0 {
 		return "", nil, fmt.Errorf("empty NIXL metadata: %w", ErrBadMetadata)
 	}
+	if !n.live() {
+		return "", nil, errAgentClosed
+	}
+	defer n.life.RUnlock()
 	p := C.CBytes(m.payload)
 	defer C.free(p)
 	var name *C.char
@@ -300,7 +374,7 @@ func (n *libnixl) loadRemote(md []byte) (string, []remoteRegion, error) {
 		return "", nil, fmt.Errorf("%w: %w", err, ErrBadMetadata)
 	}
 	got := C.GoString(name)
-	C.free(unsafe.Pointer(name)) // malloc'ed by NIXL
+	C.nx_mem_free(n.l, unsafe.Pointer(name)) // NIXL's string, ours to free
 	if got != m.agent {
 		return "", nil, fmt.Errorf("NIXL names the agent %q, the envelope %q: %w", got, m.agent, ErrBadMetadata)
 	}
@@ -308,12 +382,20 @@ func (n *libnixl) loadRemote(md []byte) (string, []remoteRegion, error) {
 }
 
 func (n *libnixl) invalidate(name string) error {
+	if !n.live() {
+		return errAgentClosed
+	}
+	defer n.life.RUnlock()
 	c := C.CString(name)
 	defer C.free(unsafe.Pointer(c))
 	return nxErr("nixl_capi_invalidate_remote_md", C.nx_invalidate_remote_md(n.l, n.agent, c))
 }
 
 func (n *libnixl) prep(remote string, kind MemKind, descs []Desc) (any, error) {
+	if !n.live() {
+		return nil, errAgentClosed
+	}
+	defer n.life.RUnlock()
 	var dl, h C.nx_h
 	if err := nxErr("nixl_capi_create_xfer_dlist", C.nx_create_xfer_dlist(n.l, memType(kind), &dl)); err != nil {
 		return nil, err
@@ -329,10 +411,20 @@ func (n *libnixl) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 	if err := nxErr("nixl_capi_prep_xfer_dlist", C.nx_prep_xfer_dlist(n.l, n.agent, r, dl, &h, n.opt)); err != nil {
 		return nil, err
 	}
+	n.mu.Lock()
+	n.preps[h] = struct{}{}
+	n.mu.Unlock()
 	return h, nil
 }
 
 func (n *libnixl) unprep(h any) error {
+	if !n.live() {
+		return nil // close released it
+	}
+	defer n.life.RUnlock()
+	n.mu.Lock()
+	delete(n.preps, h.(C.nx_h))
+	n.mu.Unlock()
 	return nxErr("nixl_capi_release_xfer_dlist_handle", C.nx_release_xfer_dlist_handle(n.l, n.agent, h.(C.nx_h)))
 }
 
@@ -346,6 +438,10 @@ func cInts(v []int) unsafe.Pointer {
 }
 
 func (n *libnixl) post(x *Xfer) error {
+	if !n.live() {
+		return errAgentClosed
+	}
+	defer n.life.RUnlock()
 	nx, _ := x.handle.(*nixlXfer)
 	if nx == nil {
 		opt, err := n.newOpt()
@@ -381,16 +477,26 @@ func (n *libnixl) post(x *Xfer) error {
 			C.nx_destroy_opt_args(n.l, nx.opt)
 			return err
 		}
+		n.mu.Lock()
+		n.reqs[nx] = struct{}{}
+		n.mu.Unlock()
 		x.handle = nx
 	}
 	return nxErr("nixl_capi_post_xfer_req", C.nx_post_xfer_req(n.l, n.agent, nx.req, nx.opt))
 }
 
+// status asks NIXL. With NIXL's UCX backend this call is also what sends a
+// write's notification once the data has landed, so the Agent's completion
+// watcher polls every transfer in flight.
 func (n *libnixl) status(x *Xfer) (XferState, error) {
 	nx, ok := x.handle.(*nixlXfer)
 	if !ok {
 		return Failed, fmt.Errorf("transfer not posted: %w", ErrInvalidRequest)
 	}
+	if !n.live() {
+		return Failed, errAgentClosed
+	}
+	defer n.life.RUnlock()
 	st := C.nx_get_xfer_status(n.l, n.agent, nx.req)
 	switch st {
 	case C.NX_SUCCESS:
@@ -407,14 +513,49 @@ func (n *libnixl) release(x *Xfer) error {
 		return nil
 	}
 	x.handle = nil
-	// Release before destroy (NIXL's order).
-	err := nxErr("nixl_capi_release_xfer_req", C.nx_release_xfer_req(n.l, n.agent, nx.req))
-	C.nx_destroy_xfer_req(n.l, nx.req)
+	if !n.live() {
+		return nil // close released it
+	}
+	defer n.life.RUnlock()
+	n.retryStuck()
+	return n.dropReq(nx)
+}
+
+// dropReq releases, then destroys, a transfer request (agent held). If
+// NIXL refuses the release (it could not cancel a transfer in progress),
+// the request is kept and retried later: destroying it unreleased fails
+// with INVALID_STATE and would leak it.
+func (n *libnixl) dropReq(nx *nixlXfer) error {
+	if err := nxErr("nixl_capi_release_xfer_req", C.nx_release_xfer_req(n.l, n.agent, nx.req)); err != nil {
+		n.mu.Lock()
+		n.stuck = append(n.stuck, nx)
+		n.mu.Unlock()
+		return err
+	}
+	err := nxErr("nixl_capi_destroy_xfer_req", C.nx_destroy_xfer_req(n.l, nx.req))
 	C.nx_destroy_opt_args(n.l, nx.opt)
+	n.mu.Lock()
+	delete(n.reqs, nx)
+	n.mu.Unlock()
 	return err
 }
 
+// retryStuck retries the releases NIXL refused before (agent held).
+func (n *libnixl) retryStuck() {
+	n.mu.Lock()
+	stuck := n.stuck
+	n.stuck = nil
+	n.mu.Unlock()
+	for _, nx := range stuck {
+		_ = n.dropReq(nx) // re-queued if refused again
+	}
+}
+
 func (n *libnixl) genNotif(remote string, msg []byte) error {
+	if !n.live() {
+		return errAgentClosed
+	}
+	defer n.life.RUnlock()
 	r := C.CString(remote)
 	defer C.free(unsafe.Pointer(r))
 	var m unsafe.Pointer
@@ -426,8 +567,12 @@ func (n *libnixl) genNotif(remote string, msg []byte) error {
 }
 
 func (n *libnixl) notifs() ([]Notif, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	if !n.live() {
+		return nil, errAgentClosed
+	}
+	defer n.life.RUnlock()
+	n.nmu.Lock()
+	defer n.nmu.Unlock()
 	if err := nxErr("nixl_capi_get_notifs", C.nx_get_notifs(n.l, n.agent, n.nmap, n.opt)); err != nil {
 		return nil, err
 	}
@@ -462,25 +607,57 @@ func (n *libnixl) notifs() ([]Notif, error) {
 // notifyC: NIXL has no notification callback in its C API; consumers poll.
 func (n *libnixl) notifyC() <-chan struct{} { return nil }
 
+// needsPolling: NIXL moves the data on its progress thread, but reports
+// completion (and, with its UCX backend, sends the notification) only when
+// asked.
+func (n *libnixl) needsPolling() bool { return true }
+
+// close waits for the calls in progress, then releases every request,
+// prepared list and registration and destroys the agent. Calls after it
+// return ErrClosed (or nothing, for releases): none reaches NIXL.
 func (n *libnixl) close() error {
+	n.life.Lock()
+	defer n.life.Unlock()
+	if n.agent == nil {
+		return nil
+	}
 	n.mu.Lock()
-	regs := n.regs
-	n.regs = map[*nixlReg]struct{}{}
+	regs, reqs, preps := n.regs, n.reqs, n.preps
+	n.regs, n.reqs, n.preps, n.stuck = map[*nixlReg]struct{}{}, map[*nixlXfer]struct{}{}, map[C.nx_h]struct{}{}, nil
 	n.mu.Unlock()
+	var errs []error
+	for nx := range reqs {
+		if err := n.dropReq(nx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	n.mu.Lock()
+	if len(n.stuck) > 0 {
+		errs = append(errs, fmt.Errorf("libnixl agent %q: %d transfer requests NIXL would not release at close", n.name, len(n.stuck)))
+	}
+	n.stuck = nil
+	n.mu.Unlock()
+	for h := range preps {
+		C.nx_release_xfer_dlist_handle(n.l, n.agent, h)
+	}
 	for r := range regs {
 		_ = n.dropReg(r)
 	}
 	if n.nmap != nil {
 		C.nx_destroy_notif_map(n.l, n.nmap)
+		n.nmap = nil
 	}
 	if n.opt != nil {
 		C.nx_destroy_opt_args(n.l, n.opt)
+		n.opt = nil
 	}
 	if n.backend != nil {
 		C.nx_destroy_backend(n.l, n.backend)
+		n.backend = nil
 	}
-	if n.agent != nil {
-		return nxErr("nixl_capi_destroy_agent", C.nx_destroy_agent(n.l, n.agent))
+	if err := nxErr("nixl_capi_destroy_agent", C.nx_destroy_agent(n.l, n.agent)); err != nil {
+		errs = append(errs, err)
 	}
-	return nil
+	n.agent = nil
+	return errors.Join(errs...)
 }

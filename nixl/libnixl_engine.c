@@ -7,6 +7,17 @@
 #include <string.h>
 #include <unistd.h>
 
+// kvb_nixl_refuse closes what kvb_nixl_load opened and frees it.
+static kvb_nixl *kvb_nixl_refuse(kvb_nixl *l)
+{
+	dlclose(l->capi);
+	if (l->core) {
+		dlclose(l->core);
+	}
+	free(l);
+	return NULL;
+}
+
 kvb_nixl *kvb_nixl_load(const char *path, char *err, size_t errlen)
 {
 	kvb_nixl *l = calloc(1, sizeof(*l));
@@ -38,16 +49,23 @@ kvb_nixl *kvb_nixl_load(const char *path, char *err, size_t errlen)
 	do {                                                                                \
 		*(void **)(&l->field) = dlsym(l->capi, name);                               \
 		if (l->field == NULL && (required)) {                                       \
-			snprintf(err, errlen, "%s: missing symbol %s", path, name);         \
-			dlclose(l->capi);                                                   \
-			if (l->core) {                                                      \
-				dlclose(l->core);                                           \
-			}                                                                   \
-			free(l);                                                            \
-			return NULL;                                                        \
+			snprintf(err, errlen,                                               \
+				 "%s: missing symbol %s: kvbridge supports the NIXL C API " \
+				 "of NIXL 0.9 to 1.4 (tested with 1.4.0)",                  \
+				 path, name);                                               \
+			return kvb_nixl_refuse(l);                                          \
 		}                                                                           \
 	} while (0)
-	SYM(create_agent, "nixl_capi_create_agent", 1);
+	SYM(is_stub, "nixl_capi_is_stub", 1);
+	if (l->is_stub()) {
+		snprintf(err, errlen,
+			 "%s is NIXL's stub C API (built without NIXL): install NIXL and point "
+			 "KVBRIDGE_NIXL_LIB at its libnixl_capi.so",
+			 path);
+		return kvb_nixl_refuse(l);
+	}
+	SYM(create_configured_agent, "nixl_capi_create_configured_agent", 1);
+	SYM(mem_free, "nixl_capi_mem_free", 0);
 	SYM(destroy_agent, "nixl_capi_destroy_agent", 1);
 	SYM(get_local_md, "nixl_capi_get_local_md", 1);
 	SYM(load_remote_md, "nixl_capi_load_remote_md", 1);

@@ -1,6 +1,8 @@
 // The NIXL C API (libnixl_capi.so), declared here and loaded at run time so
-// kvbridge builds and runs where NIXL is not installed. The prototypes follow
-// NIXL's src/bindings/rust/wrapper.h; handles are opaque pointers.
+// kvbridge builds and runs where NIXL is not installed. The prototypes are
+// those of NIXL 1.4.0's src/bindings/rust/wrapper.h (the C API has been
+// stable in these calls since 0.9, the first with nixl_capi_is_stub);
+// handles are opaque pointers.
 #ifndef KVB_LIBNIXL_ENGINE_H
 #define KVB_LIBNIXL_ENGINE_H
 
@@ -18,14 +20,33 @@ enum {
 	NX_ERROR_INVALID_STATE = -3,
 	NX_ERROR_EXCEPTION = -4,
 	NX_IN_PROG = 1,
+	NX_ERROR_NO_TELEMETRY = -5,
+	NX_ERROR_NOT_FOUND = -6, // newer headers
 };
+
+// nixl_capi_thread_sync_t
+enum { NX_SYNC_NONE = 0, NX_SYNC_STRICT = 1, NX_SYNC_RW = 2 };
+
+// nixl_capi_agent_config_t, as in NIXL 0.7 – 1.4.
+typedef struct nx_agent_config {
+	bool enable_prog_thread;
+	bool enable_listen_thread;
+	int listen_port;
+	int thread_sync;
+	unsigned int num_workers;
+	uint64_t pthr_delay_us;
+	uint64_t lthr_delay_us;
+	bool capture_telemetry;
+} nx_agent_config;
 
 enum { NX_MEM_DRAM = 0, NX_MEM_VRAM = 1 };
 enum { NX_OP_READ = 0, NX_OP_WRITE = 1 };
 
 typedef struct kvb_nixl {
 	void *core, *capi;
-	nx_status (*create_agent)(const char *, nx_h *);
+	nx_status (*create_configured_agent)(const char *, const nx_agent_config *, nx_h *);
+	bool (*is_stub)(void);
+	void (*mem_free)(void *); // optional: newer headers free NIXL's buffers with it
 	nx_status (*destroy_agent)(nx_h);
 	nx_status (*get_local_md)(nx_h, void **, size_t *);
 	nx_status (*load_remote_md)(nx_h, const void *, size_t, char **);
@@ -41,12 +62,12 @@ typedef struct kvb_nixl {
 	nx_status (*opt_args_add_backend)(nx_h, nx_h);
 	nx_status (*opt_args_set_notif_msg)(nx_h, const void *, size_t);
 	nx_status (*opt_args_set_has_notif)(nx_h, bool);
-	nx_status (*create_reg_dlist)(int, nx_h *, bool);
+	nx_status (*create_reg_dlist)(int, nx_h *);
 	nx_status (*destroy_reg_dlist)(nx_h);
 	nx_status (*reg_dlist_add_desc)(nx_h, uintptr_t, size_t, uint64_t, const void *, size_t);
 	nx_status (*register_mem)(nx_h, nx_h, nx_h);
 	nx_status (*deregister_mem)(nx_h, nx_h, nx_h);
-	nx_status (*create_xfer_dlist)(int, nx_h *, bool);
+	nx_status (*create_xfer_dlist)(int, nx_h *);
 	nx_status (*destroy_xfer_dlist)(nx_h);
 	nx_status (*xfer_dlist_add_desc)(nx_h, uintptr_t, size_t, uint64_t);
 	nx_status (*prep_xfer_dlist)(nx_h, const char *, nx_h, nx_h *, nx_h);
@@ -68,8 +89,10 @@ typedef struct kvb_nixl {
 } kvb_nixl;
 
 // kvb_nixl_load loads libnixl.so (when it sits beside the C API library)
-// with RTLD_GLOBAL, then the C API library, and resolves every symbol. On
-// failure it returns NULL and writes why into err.
+// with RTLD_GLOBAL, then the C API library, resolves every symbol and checks
+// that it is a supported, real NIXL (not the stub NIXL ships for builds
+// without it). On failure it closes what it opened, returns NULL and writes
+// why into err.
 kvb_nixl *kvb_nixl_load(const char *path, char *err, size_t errlen);
 
 #endif

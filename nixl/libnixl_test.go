@@ -1,20 +1,35 @@
 package nixl
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvbridge/kvbridge/internal/nixldouble"
 )
 
 // These tests drive the real libnixl binding (loading, marshalling, handles,
-// error mapping) against the C test double of the NIXL C API.
+// error mapping) against the C test double of the NIXL C API; they inject
+// failures and read the double's counters, so they skip when the process
+// runs a real NIXL (KVBRIDGE_NIXL_LIB) instead.
+
+func needDouble(t *testing.T) {
+	t.Helper()
+	if s := skipDouble(); s != "" {
+		t.Skip(s)
+	}
+}
 
 func libnixlPair(t *testing.T, timeout time.Duration) (pair, []byte, []byte) {
 	t.Helper()
+	needDouble(t)
 	mk := func(role string) *Agent {
 		a, err := Open(Config{Name: "nx-" + role + "-" + t.Name(), Engine: EngineLibNIXL, NIXLLib: doubleLib(), XferTimeout: timeout})
 		if err != nil {
@@ -45,12 +60,10 @@ func TestLibNIXLInjectedErrors(t *testing.T) {
 		t.Fatalf("post with an injected backend error: %v", err)
 	}
 	t.Setenv("KVB_NIXL_DOUBLE_FAIL", "nixl_capi_get_xfer_status")
-	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
 	if err := p.ini.Post(x); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("KVB_NIXL_DOUBLE_FAIL", "nixl_capi_get_xfer_status")
-	if st, err := p.ini.Status(x); st != Failed || !errors.As(err, &ne) {
+	if st, err := wait(t, p.ini, x, time.Minute); st != Failed || !errors.As(err, &ne) || ne.Call != "nixl_capi_get_xfer_status" {
 		t.Fatalf("status with an injected error: %v %v", st, err)
 	}
 	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
@@ -67,7 +80,7 @@ func TestLibNIXLInjectedErrors(t *testing.T) {
 			_, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
 			return postNew(p.ini, l, r, err)
 		},
-		"nixl_capi_create_agent": func() error {
+		"nixl_capi_create_configured_agent": func() error {
 			_, err := Open(Config{Name: "nx-never", Engine: EngineLibNIXL, NIXLLib: doubleLib()})
 			return err
 		},
@@ -107,9 +120,6 @@ func TestLibNIXLAsyncAndDeadline(t *testing.T) {
 	fill(src, 11)
 	t.Setenv("KVB_NIXL_DOUBLE_ASYNC", "1")
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("async"))
-	if st, _ := p.ini.Status(x); st != InProgress {
-		t.Fatalf("first status %v, want InProgress", st)
-	}
 	if st, err := wait(t, p.ini, x, time.Minute); st != Done || string(waitNotif(t, p.tgt, time.Minute).Msg) != "async" {
 		t.Fatalf("async: %v %v", st, err)
 	}
@@ -123,24 +133,194 @@ func TestLibNIXLAsyncAndDeadline(t *testing.T) {
 	}
 }
 
+// NIXL checks no backend parameter names: an unknown one is accepted (the
+// double does the same), so a typo is the user's to find in NIXL's log.
 func TestLibNIXLBackendParams(t *testing.T) {
-	a, err := Open(Config{Name: "nx-params", Engine: EngineLibNIXL, NIXLLib: doubleLib(),
-		BackendParams: map[string]string{"ucx_error_handling_mode": "none", "num_workers": "2"}})
+	needDouble(t)
+	for i, params := range []map[string]string{
+		{"ucx_error_handling_mode": "none", "num_workers": "2"},
+		{"bogus_param": "1"},
+	} {
+		a, err := Open(Config{Name: fmt.Sprintf("nx-params%d", i), Engine: EngineLibNIXL, NIXLLib: doubleLib(), BackendParams: params})
+		if err != nil {
+			t.Fatalf("%v: %v", params, err)
+		}
+		a.Close()
+	}
+}
+
+// Agents are created with NIXL's read-write lock and a progress thread that
+// sleeps when idle: nixl_capi_create_agent gives neither (no locking, a
+// thread that spins a core).
+func TestLibNIXLAgentConfig(t *testing.T) {
+	needDouble(t)
+	for _, c := range []struct {
+		delay, want time.Duration
+	}{{0, DefaultNIXLProgressDelay}, {5 * time.Millisecond, 5 * time.Millisecond}} {
+		a, err := Open(Config{Name: "nx-config-" + c.delay.String(), Engine: EngineLibNIXL, NIXLLib: doubleLib(), NIXLProgressDelay: c.delay})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sync, delay, err := nixldouble.AgentConfig(doubleLib(), a.Name())
+		a.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sync != nixldouble.SyncRW || delay != c.want {
+			t.Errorf("agent made with thread sync %d and progress delay %v, want %d (RW) and %v", sync, delay, nixldouble.SyncRW, c.want)
+		}
+	}
+}
+
+// Notifications drained on one goroutine while others prepare, post, wait
+// and release: no two calls may overlap on an agent NIXL does not lock.
+func TestLibNIXLConcurrentCallsAreLocked(t *testing.T) {
+	p, src, dst := libnixlPair(t, time.Minute)
+	before, err := nixldouble.Violations(doubleLib())
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.Close()
-	_, err = Open(Config{Name: "nx-params2", Engine: EngineLibNIXL, NIXLLib: doubleLib(),
-		BackendParams: map[string]string{"bogus_param": "1"}})
-	var ne *NIXLError
-	if !errors.As(err, &ne) || !strings.Contains(ne.Call, "bogus_param") || !errors.Is(err, ErrInvalidRequest) {
-		t.Fatalf("a parameter the backend refuses: %v", err)
+	stop := make(chan struct{})
+	var drained sync.WaitGroup
+	drained.Add(1)
+	go func() {
+		defer drained.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := p.ini.Notifs(); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 200; i++ {
+				off := (g*200 + i) % 64 * 1024
+				l, err := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src[off : off+1024])})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				r, err := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst[off : off+1024])})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
+				if err == nil {
+					err = p.ini.Post(x)
+				}
+				if err == nil {
+					_, err = wait(t, p.ini, x, time.Minute)
+				}
+				if err != nil {
+					t.Error(err)
+				}
+				p.ini.Release(x)
+				l.Release()
+				r.Release()
+			}
+		}()
 	}
+	wg.Wait()
+	close(stop)
+	drained.Wait()
+	if after, _ := nixldouble.Violations(doubleLib()); after != before {
+		t.Fatalf("%d calls overlapped on an agent without thread sync", after-before)
+	}
+}
+
+// A release NIXL refuses (it could not cancel the transfer) is retried, and
+// the request is destroyed once NIXL lets go: nothing leaks.
+func TestLibNIXLRefusedReleaseIsRetried(t *testing.T) {
+	p, src, dst := libnixlPair(t, time.Minute)
+	live := func() int64 {
+		n, err := nixldouble.LiveRequests(doubleLib())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	base := live()
+	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+	if _, err := wait(t, p.ini, x, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KVB_NIXL_DOUBLE_FAIL", "nixl_capi_release_xfer_req")
+	var ne *NIXLError
+	if err := p.ini.Release(x); !errors.As(err, &ne) || ne.Call != "nixl_capi_release_xfer_req" {
+		t.Fatalf("refused release: %v", err)
+	}
+	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
+	if n := live(); n != base+1 {
+		t.Fatalf("%d live requests after a refused release, want %d (kept for retry)", n, base+1)
+	}
+	y := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+	wait(t, p.ini, y, time.Minute)
+	if err := p.ini.Release(y); err != nil { // also retries x's
+		t.Fatal(err)
+	}
+	if n := live(); n != base {
+		t.Fatalf("%d live requests after the retry, want %d", n, base)
+	}
+}
+
+// Close with transfers in flight releases them before the agent goes; the
+// calls that come after never reach NIXL (the double aborts the process on
+// a call to a destroyed agent, as real NIXL crashed with SIGSEGV).
+func TestLibNIXLCallsAfterClose(t *testing.T) {
+	p, src, dst := libnixlPair(t, time.Minute)
+	t.Setenv("KVB_NIXL_DOUBLE_ASYNC", "stuck")
+	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("never"))
+	base, _ := nixldouble.LiveRequests(doubleLib())
+	if err := p.ini.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := nixldouble.LiveRequests(doubleLib()); n != base-1 {
+		t.Fatalf("%d live requests after Close, want %d", n, base-1)
+	}
+	if st, err := p.ini.Status(x); st != Failed || !errors.Is(err, ErrClosed) {
+		t.Fatalf("status after Close: %v %v", st, err)
+	}
+	if st, err := wait(t, p.ini, x, time.Minute); st != Failed || !errors.Is(err, ErrClosed) {
+		t.Fatalf("wait after Close: %v %v", st, err)
+	}
+	if err := p.ini.Release(x); err != nil {
+		t.Fatalf("release after Close: %v", err)
+	}
+	if _, err := p.ini.Notifs(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("notifs after Close: %v", err)
+	}
+	if err := p.ini.GenNotif(p.remote, []byte("x")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("notify after Close: %v", err)
+	}
+}
+
+// NIXL's UCX backend sends a write's notification when the initiator polls
+// the transfer: the agent's watcher polls, so a target that waits for the
+// notification before anyone looks at the initiator still gets it.
+func TestLibNIXLNotificationNeedsNoCallerPoll(t *testing.T) {
+	p, src, dst := libnixlPair(t, time.Minute)
+	fill(src, 12)
+	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("unpolled"))
+	if n := waitNotif(t, p.tgt, time.Minute); string(n.Msg) != "unpolled" || !bytes.Equal(src, dst) {
+		t.Fatalf("notification %q", n.Msg)
+	}
+	p.ini.Release(x)
 }
 
 // The C API library has no run path: without libnixl.so beside it (loaded
 // first with RTLD_GLOBAL) it cannot load, and Open says so.
 func TestLibNIXLNeedsCoreLibrary(t *testing.T) {
+	needDouble(t)
 	dir := t.TempDir()
 	lone := filepath.Join(dir, "libnixl_capi.so")
 	if out, err := exec.Command("cp", doubleLib(), lone).CombinedOutput(); err != nil {
@@ -158,7 +338,46 @@ func TestLibNIXLNeedsCoreLibrary(t *testing.T) {
 	}
 }
 
+// A library that is not a supported NIXL is refused with the reason, and
+// a second NIXL in a process is refused before it is even opened.
+func TestLibNIXLRefusals(t *testing.T) {
+	needDouble(t)
+	for _, c := range []struct{ env, want string }{
+		{"KVB_NIXL_DOUBLE_STUB=1", "stub C API"},
+	} {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "KVBRIDGE_NIXL_CHILD=lone", "KVBRIDGE_NIXL_LONE="+doubleLib(), c.env)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(out), c.want) {
+			t.Errorf("%s: got %q, want it to say %q", c.env, out, c.want)
+		}
+	}
+	a, err := Open(Config{Name: "nx-first", Engine: EngineLibNIXL, NIXLLib: doubleLib()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	other := filepath.Join(t.TempDir(), "libnixl_capi.so")
+	if out, err := exec.Command("cp", doubleLib(), other).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	if _, err := Open(Config{Name: "nx-second", Engine: EngineLibNIXL, NIXLLib: other}); !errors.Is(err, ErrEngineUnavailable) {
+		t.Fatalf("a second NIXL: %v", err)
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(maps), other) {
+		t.Fatal("the refused second NIXL was loaded (and its handle leaked)")
+	}
+}
+
 func TestAutoEngine(t *testing.T) {
+	needDouble(t)
 	// With a loadable NIXL the automatic choice is libnixl; without, ucx.
 	t.Setenv("KVBRIDGE_NIXL_LIB", doubleLib())
 	a, err := Open(Config{Name: "auto-nixl"})

@@ -1,6 +1,7 @@
 package nixl
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -131,6 +132,10 @@ type Config struct {
 	NIXLLib string
 	// BackendParams are passed to NIXL's UCX backend (libnixl engine).
 	BackendParams map[string]string
+	// NIXLProgressDelay bounds how long NIXL's progress thread sleeps
+	// between passes when no event wakes it (libnixl engine; 0:
+	// DefaultNIXLProgressDelay). NIXL's own default, 0, spins a core.
+	NIXLProgressDelay time.Duration
 	// Device is the CUDA device whose context the ucx engine uses to map
 	// peers' VRAM and copy to and from it.
 	Device int
@@ -162,6 +167,12 @@ type backend interface {
 	// notifyC is signalled when notifications arrive (nil: poll Notifs).
 	notifyC() <-chan struct{}
 	close() error
+}
+
+// progressSignaller is a backend that signals when a transfer may have
+// reached a final state, so the completion watcher need not poll it.
+type progressSignaller interface {
+	progressC() <-chan struct{}
 }
 
 type remoteRegion struct {
@@ -200,8 +211,17 @@ type Xfer struct {
 	li, ri []int
 	posted time.Time
 	handle any
-	err    error
+
+	// Set by the agent's completion watcher (under Agent.wmu) and
+	// published by closing done.
+	done  chan struct{} // closed when the current post is final; nil before the first
+	state XferState     // the final state, once done is closed
+	err   error
 }
+
+// Done returns a channel closed when the transfer's current post reaches a
+// final state (nil before the first post).
+func (x *Xfer) Done() <-chan struct{} { return x.done }
 
 // Agent is the Go face of a NIXL agent on one engine. It is safe for
 // concurrent use.
@@ -220,6 +240,18 @@ type Agent struct {
 	// checked again at its next post.
 	deregs uint64
 	closed bool
+
+	// The completion watcher: one goroutine per agent polls the engine for
+	// the transfers in flight (waking on the engine's progress signal where
+	// it has one) and closes each one's done channel when it is final.
+	// Polling is also what makes NIXL's UCX backend send a write's
+	// notification, so it runs whether or not anyone waits.
+	wmu         sync.Mutex
+	wclosed     bool // Close has settled everything in flight
+	inflight    map[*Xfer]struct{}
+	kick        chan struct{}
+	stop        chan struct{}
+	watcherDone chan struct{}
 }
 
 // Open creates an agent on the configured engine.
@@ -259,7 +291,125 @@ func Open(cfg Config) (*Agent, error) {
 	if a.engine == "" {
 		a.engine = cfg.Engine
 	}
+	a.inflight = map[*Xfer]struct{}{}
+	a.kick, a.stop, a.watcherDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	go a.watch()
 	return a, nil
+}
+
+// Watcher back-off while transfers are in flight and nothing finishes: a
+// few passes that only yield, then sleeps growing to watchMaxSleep.
+const (
+	watchSpins    = 64
+	watchMaxSleep = 200 * time.Microsecond
+)
+
+func (a *Agent) watch() {
+	defer close(a.watcherDone)
+	var progress <-chan struct{}
+	if ps, ok := a.b.(progressSignaller); ok {
+		progress = ps.progressC()
+	}
+	idle, sleep := 0, time.Duration(0)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		a.wmu.Lock()
+		finished := 0
+		for x := range a.inflight {
+			if a.poll(x) {
+				delete(a.inflight, x)
+				finished++
+			}
+		}
+		left := len(a.inflight)
+		a.wmu.Unlock()
+		if left == 0 {
+			idle, sleep = 0, 0
+			select {
+			case <-a.kick:
+			case <-a.stop:
+				return
+			}
+			continue
+		}
+		if finished > 0 {
+			idle, sleep = 0, 0
+		}
+		if idle++; idle < watchSpins {
+			select {
+			case <-a.stop:
+				return
+			default:
+			}
+			runtime.Gosched()
+			continue
+		}
+		sleep = min(max(2*sleep, 5*time.Microsecond), watchMaxSleep)
+		timer.Reset(sleep)
+		select {
+		case <-timer.C:
+		case <-progress:
+			idle, sleep = 0, 0
+		case <-a.kick:
+		case <-a.stop:
+			return
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// poll asks the engine for x's state and settles it when final, or when it
+// has been in progress past the agent's XferTimeout (a.wmu held).
+func (a *Agent) poll(x *Xfer) bool {
+	st, err, ok := a.outcome(x)
+	if ok {
+		a.settle(x, st, err)
+	}
+	return ok
+}
+
+// outcome asks the engine for x's state: ok when it is final (or timed
+// out, and then released).
+func (a *Agent) outcome(x *Xfer) (XferState, error, bool) {
+	st, err := a.b.status(x)
+	switch {
+	case st == InProgress && time.Since(x.posted) > a.timeout:
+		_ = a.b.release(x)
+		return Failed, fmt.Errorf("agent %s: %v to %s in progress after %v: %w", a.name, x.Op, x.Remote, a.timeout, ErrTimeout), true
+	case st == InProgress:
+		return st, nil, false
+	case st == Failed:
+		if err == nil {
+			err = ErrTransfer
+		}
+		return Failed, fmt.Errorf("agent %s: %v to %s: %w", a.name, x.Op, x.Remote, err), true
+	}
+	return st, nil, true
+}
+
+// settle records x's final state and wakes its waiters (a.wmu held).
+func (a *Agent) settle(x *Xfer, st XferState, err error) {
+	x.state, x.err = st, err
+	close(x.done)
+}
+
+// final reports whether x's current post is final (a.wmu held).
+func final(x *Xfer) bool {
+	if x.done == nil {
+		return false
+	}
+	select {
+	case <-x.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // Name returns the agent's name.
@@ -601,7 +751,8 @@ func (a *Agent) NewXfer(op Op, local *Prepped, li []int, remote *Prepped, ri []i
 	return x, nil
 }
 
-// Post starts (or restarts, once finished) a transfer.
+// Post starts (or restarts, once finished) a transfer. The agent watches
+// it from then on: Wait or Done tell when it is final.
 func (a *Agent) Post(x *Xfer) error {
 	a.mu.Lock()
 	if err := a.check(); err != nil {
@@ -617,37 +768,90 @@ func (a *Agent) Post(x *Xfer) error {
 	if regErr != nil {
 		return regErr
 	}
-	x.posted, x.err = time.Now(), nil
-	if err := a.b.post(x); err != nil {
-		return fmt.Errorf("agent %s: post %v to %s: %w", a.name, x.Op, x.Remote, err)
+	a.wmu.Lock()
+	if x.done != nil && !final(x) {
+		a.wmu.Unlock()
+		return fmt.Errorf("agent %s: post %v to %s: still in progress: %w", a.name, x.Op, x.Remote, ErrInvalidRequest)
+	}
+	x.posted, x.err, x.state, x.done = time.Now(), nil, InProgress, make(chan struct{})
+	a.wmu.Unlock()
+	// The engine call runs unlocked (posts on several goroutines proceed
+	// together); x is in no set meanwhile, so the watcher leaves it alone.
+	err := a.b.post(x)
+	var st XferState
+	var serr error
+	finished := false
+	if err != nil {
+		err = fmt.Errorf("agent %s: post %v to %s: %w", a.name, x.Op, x.Remote, err)
+	} else {
+		st, serr, finished = a.outcome(x) // engines that complete at once settle here
+	}
+	a.wmu.Lock()
+	defer a.wmu.Unlock()
+	switch {
+	case err != nil:
+		a.settle(x, Failed, err)
+		return err
+	case a.wclosed && !finished:
+		a.settle(x, Failed, fmt.Errorf("agent %s: %v to %s: %w", a.name, x.Op, x.Remote, ErrClosed))
+	case finished:
+		a.settle(x, st, serr)
+	default:
+		a.inflight[x] = struct{}{}
+		signal(a.kick)
 	}
 	return nil
 }
 
-// Status returns the transfer's state; Failed comes with the reason. A
-// transfer in progress past the agent's XferTimeout fails with ErrTimeout.
+// Status returns the transfer's state without waiting; Failed comes with
+// the reason. A transfer in progress past the agent's XferTimeout fails
+// with ErrTimeout.
 func (a *Agent) Status(x *Xfer) (XferState, error) {
-	if x.err != nil {
-		return Failed, x.err
+	a.wmu.Lock()
+	defer a.wmu.Unlock()
+	if x.done == nil {
+		return Failed, fmt.Errorf("agent %s: transfer not posted: %w", a.name, ErrInvalidRequest)
 	}
-	st, err := a.b.status(x)
-	if st == InProgress && time.Since(x.posted) > a.timeout {
-		x.err = fmt.Errorf("agent %s: %v to %s in progress after %v: %w", a.name, x.Op, x.Remote, a.timeout, ErrTimeout)
-		_ = a.b.release(x)
-		return Failed, x.err
+	if !final(x) {
+		return InProgress, nil
 	}
-	if st == Failed {
-		if err == nil {
-			err = ErrTransfer
-		}
-		x.err = fmt.Errorf("agent %s: %v to %s: %w", a.name, x.Op, x.Remote, err)
-		return Failed, x.err
-	}
-	return st, nil
+	return x.state, x.err
 }
 
-// Release frees a transfer (cancelling it if still in progress).
-func (a *Agent) Release(x *Xfer) error { return a.b.release(x) }
+// Wait blocks until the transfer's current post is final, or ctx ends
+// (then it returns InProgress and ctx's error; the transfer goes on).
+func (a *Agent) Wait(ctx context.Context, x *Xfer) (XferState, error) {
+	a.wmu.Lock()
+	done := x.done
+	a.wmu.Unlock()
+	if done == nil {
+		return Failed, fmt.Errorf("agent %s: transfer not posted: %w", a.name, ErrInvalidRequest)
+	}
+	select {
+	case <-done:
+		return a.Status(x)
+	case <-ctx.Done():
+		return InProgress, ctx.Err()
+	}
+}
+
+// Release frees a transfer (cancelling it if still in progress: its
+// waiters see Failed).
+func (a *Agent) Release(x *Xfer) error {
+	a.wmu.Lock()
+	if _, ok := a.inflight[x]; ok {
+		delete(a.inflight, x)
+		a.settle(x, Failed, fmt.Errorf("agent %s: %v to %s released in flight: %w", a.name, x.Op, x.Remote, ErrInvalidRequest))
+	}
+	a.wmu.Unlock()
+	a.mu.Lock()
+	closed := a.closed
+	a.mu.Unlock()
+	if closed {
+		return nil // Close freed the engine's side
+	}
+	return a.b.release(x)
+}
 
 // GenNotif sends a notification with no data.
 func (a *Agent) GenNotif(remote string, msg []byte) error {
@@ -685,7 +889,16 @@ func (a *Agent) Close() error {
 	regs := a.sortedRegs()
 	a.regs = map[*Registration]struct{}{}
 	a.mu.Unlock()
+	close(a.stop)
+	<-a.watcherDone
+	a.wmu.Lock()
+	a.wclosed = true
+	for x := range a.inflight {
+		a.settle(x, Failed, fmt.Errorf("agent %s: %v to %s: %w", a.name, x.Op, x.Remote, ErrClosed))
+	}
+	a.inflight = map[*Xfer]struct{}{}
 	err := a.b.close()
+	a.wmu.Unlock()
 	for _, r := range regs {
 		if r.pinner != nil {
 			r.pinner.Unpin()

@@ -133,6 +133,8 @@ type ucx struct {
 	mu    sync.Mutex
 	queue []Notif
 	wake  chan struct{}
+	// progress is signalled when a transfer reaches a final state.
+	progress chan struct{}
 
 	// selfAddrHeader and selfAddrMin describe this process's own worker
 	// address: a peer's must have the same header byte and at least the
@@ -185,7 +187,7 @@ func openUCX(cfg Config) (backend, error) {
 	if !ok {
 		tls = os.Getenv("UCX_TLS")
 	}
-	u := &ucx{device: cfg.Device, wake: make(chan struct{}, 1), peerErrors: tls == "" || tls == "all" || strings.Contains(tls, "tcp") || strings.Contains(tls, "ib") ||
+	u := &ucx{device: cfg.Device, wake: make(chan struct{}, 1), progress: make(chan struct{}, 1), peerErrors: tls == "" || tls == "all" || strings.Contains(tls, "tcp") || strings.Contains(tls, "ib") ||
 		strings.Contains(tls, "rc") || strings.Contains(tls, "ud") || strings.Contains(tls, "dc"), name: cfg.Name, cmds: make(chan func(), 64), closing: make(chan struct{}), done: make(chan struct{}),
 		regs: map[*ucxReg]struct{}{}, remotes: map[string]*ucxRemote{}, active: map[*ucxXfer]struct{}{},
 		all: map[*ucxXfer]struct{}{}}
@@ -328,11 +330,13 @@ func (u *ucx) advance() {
 		case C.KVB_XFER_DONE:
 			x.state.Store(uint32(Done))
 			delete(u.active, x)
+			signal(u.progress)
 		case C.KVB_XFER_FAILED:
 			s := ucxErr("transfer", C.int(x.c.status)).Error()
 			x.errMsg.Store(&s)
 			x.state.Store(uint32(Failed))
 			delete(u.active, x)
+			signal(u.progress)
 		}
 	}
 	kept := u.orphans[:0]
@@ -362,6 +366,8 @@ func (u *ucx) collectNotifs() {
 }
 
 func (u *ucx) notifyC() <-chan struct{} { return u.wake }
+
+func (u *ucx) progressC() <-chan struct{} { return u.progress }
 
 func (u *ucx) register(kind MemKind, descs []Desc) (any, error) {
 	r := &ucxReg{kind: kind}
@@ -774,6 +780,7 @@ func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 			s := err.Error()
 			ux.errMsg.Store(&s)
 			ux.state.Store(uint32(Failed))
+			signal(u.progress)
 			return nil
 		}
 	} else {
@@ -793,6 +800,7 @@ func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 			s := fmt.Sprintf("remote %q was invalidated during the copy", x.Remote)
 			ux.errMsg.Store(&s)
 			ux.state.Store(uint32(Failed))
+			signal(u.progress)
 			return
 		}
 		C.kvb_xfer_copied(ux.c, ep, cbool(ux.notify))

@@ -1,0 +1,120 @@
+// Package nixldouble builds a test double of NIXL's C API
+// (libnixl_capi.so, with the libnixl.so it needs loaded first) for tests on
+// machines without NIXL, and reads the counters the double keeps. It is a
+// double, named as one: the libnixl engine's code is the same against it and
+// against a real NIXL (KVBRIDGE_NIXL_LIB). Where real NIXL 1.4.0 was seen to
+// behave differently from what a naive double would do, the double behaves
+// like NIXL; the C source lists those cases.
+package nixldouble
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+static void *nd_sym(const char *lib, const char *name) {
+	void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+	if (h == NULL) return NULL;
+	void *f = dlsym(h, name);
+	dlclose(h);
+	return f;
+}
+static long nd_call_long(void *f) { return ((long (*)(void))f)(); }
+static int nd_agent_config(void *f, const char *name, int *sync, uint64_t *delay) {
+	return ((int (*)(const char *, int *, uint64_t *))f)(name, sync, delay);
+}
+*/
+import "C"
+
+import (
+	_ "embed"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+	"unsafe"
+)
+
+//go:embed nixl_capi_double.c.in
+var capiSource []byte
+
+//go:embed core.c.in
+var coreSource []byte
+
+// Build compiles the double with gcc into dir and returns the path of its
+// libnixl_capi.so (pass it as KVBRIDGE_NIXL_LIB or Config.NIXLLib).
+func Build(dir string) (string, error) {
+	capi, core := filepath.Join(dir, "nixl_capi_double.c"), filepath.Join(dir, "core.c")
+	if err := os.WriteFile(capi, capiSource, 0o644); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(core, coreSource, 0o644); err != nil {
+		return "", err
+	}
+	lib := filepath.Join(dir, "libnixl_capi.so")
+	for _, c := range [][]string{
+		{"gcc", "-shared", "-fPIC", "-O2", "-o", filepath.Join(dir, "libnixl.so"), core},
+		{"gcc", "-shared", "-fPIC", "-O2", "-Wall", "-o", lib, capi, "-lpthread"},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			return "", fmt.Errorf("building the NIXL double: %v: %s", err, out)
+		}
+	}
+	return lib, nil
+}
+
+func sym(lib, name string) (unsafe.Pointer, error) {
+	cl, cn := C.CString(lib), C.CString(name)
+	defer C.free(unsafe.Pointer(cl))
+	defer C.free(unsafe.Pointer(cn))
+	f := C.nd_sym(cl, cn)
+	if f == nil {
+		return nil, fmt.Errorf("nixldouble: %s has no %s (not the double, or not loaded in this process)", lib, name)
+	}
+	return f, nil
+}
+
+// Violations counts the calls that overlapped another call on an agent
+// created without thread sync (as NIXL's nixl_capi_create_agent makes them).
+func Violations(lib string) (int64, error) {
+	f, err := sym(lib, "nixl_double_violations")
+	if err != nil {
+		return 0, err
+	}
+	return int64(C.nd_call_long(f)), nil
+}
+
+// LiveRequests counts the transfer requests made and not destroyed.
+func LiveRequests(lib string) (int64, error) {
+	f, err := sym(lib, "nixl_double_live_requests")
+	if err != nil {
+		return 0, err
+	}
+	return int64(C.nd_call_long(f)), nil
+}
+
+// Thread sync modes, as nixl_capi_thread_sync_t.
+const (
+	SyncNone   = 0
+	SyncStrict = 1
+	SyncRW     = 2
+)
+
+// AgentConfig returns how the named live agent was created: its thread
+// sync mode and its progress thread's delay.
+func AgentConfig(lib, agent string) (sync int, delay time.Duration, err error) {
+	f, err := sym(lib, "nixl_double_agent_config")
+	if err != nil {
+		return 0, 0, err
+	}
+	cn := C.CString(agent)
+	defer C.free(unsafe.Pointer(cn))
+	var s C.int
+	var d C.uint64_t
+	if C.nd_agent_config(f, cn, &s, &d) == 0 {
+		return 0, 0, fmt.Errorf("nixldouble: no live agent %q", agent)
+	}
+	return int(s), time.Duration(d) * time.Microsecond, nil
+}
