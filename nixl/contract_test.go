@@ -574,6 +574,9 @@ func TestOpenErrors(t *testing.T) {
 // agent, allocates a target buffer, prints its metadata, and on a
 // notification "verify" prints the buffer's CRC. It exits on stdin EOF.
 func runChild() int {
+	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "nixl-only" {
+		return nixlOnlyChild()
+	}
 	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "lone" {
 		_, err := Open(Config{Name: "lone", Engine: EngineLibNIXL, NIXLLib: os.Getenv("KVBRIDGE_NIXL_LONE")})
 		fmt.Printf("ERR %v\n", err)

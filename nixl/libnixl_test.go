@@ -2,6 +2,7 @@ package nixl
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -396,4 +397,95 @@ func TestAutoEngine(t *testing.T) {
 		t.Fatalf("engine %s, want ucx", b.Engine())
 	}
 	b.Close()
+}
+
+// nixlOnlyChild moves a write between two libnixl agents (the NIXL in
+// KVBRIDGE_NIXL_LONE) and prints the libucp files mapped in the process.
+func nixlOnlyChild() int {
+	lib := os.Getenv("KVBRIDGE_NIXL_LONE")
+	var agents []*Agent
+	defer func() {
+		for _, a := range agents {
+			a.Close()
+		}
+	}()
+	for _, role := range []string{"ini", "tgt"} {
+		a, err := Open(Config{Name: "nixl-only-" + role, Engine: EngineLibNIXL, NIXLLib: lib})
+		if err != nil {
+			fmt.Println("ERR", err)
+			return 1
+		}
+		agents = append(agents, a)
+	}
+	ini, tgt := agents[0], agents[1]
+	_, src, err1 := ini.Alloc(1 << 20)
+	_, dst, err2 := tgt.Alloc(1 << 20)
+	md, err3 := tgt.Metadata()
+	if err := errors.Join(err1, err2, err3); err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	remote, err := ini.LoadRemote(md)
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	fill(src, 9)
+	l, _ := ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
+	r, _ := ini.PrepRemote(remote, DRAM, []Desc{BytesDesc(dst)})
+	x, err := ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
+	if err == nil {
+		err = ini.Post(x)
+	}
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, err = ini.Wait(ctx, x)
+		cancel()
+	}
+	if err != nil || !bytes.Equal(src, dst) {
+		fmt.Println("ERR write:", err)
+		return 1
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	seen := map[string]bool{}
+	for _, line := range strings.Split(string(maps), "\n") {
+		if f := strings.Fields(line); len(f) >= 6 && strings.Contains(filepath.Base(f[5]), "libucp.so") && !seen[f[5]] {
+			seen[f[5]] = true
+			fmt.Println("LIBUCP", f[5])
+		}
+	}
+	fmt.Println("OK")
+	return 0
+}
+
+// A process that uses only the libnixl engine maps no UCX of kvbridge's:
+// with the double none at all, with a real NIXL only the one NIXL's UCX
+// plugin loaded. (The ucx engine loads libucp at run time, at its first
+// agent; before, the binary linked Debian's UCX at start-up and NIXL's
+// plugin silently ran on it, ~10× slower.)
+func TestLibNIXLProcessMapsOneUCX(t *testing.T) {
+	lib, want := doubleLib(), 0
+	if realNIXL() != "" {
+		lib, want = realNIXL(), 1
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "KVBRIDGE_NIXL_CHILD=nixl-only", "KVBRIDGE_NIXL_LONE="+lib)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "OK") {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	var ucps []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if p, ok := strings.CutPrefix(line, "LIBUCP "); ok {
+			ucps = append(ucps, p)
+		}
+	}
+	if len(ucps) != want {
+		t.Fatalf("a libnixl-only process (%s) maps libucp %q, want %d file(s)", lib, ucps, want)
+	}
+	t.Logf("libucp mapped: %q", ucps)
 }

@@ -1,11 +1,13 @@
 package nixl
 
 /*
-#cgo pkg-config: ucx
-#cgo LDFLAGS: -lucp -lucs
+#cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include <string.h>
 #include "ucx_engine.h"
+
+static const char *kvbu_status_string(int st) { return kvbu.ucs_status_string(st); }
+static void kvbu_rkey_destroy(ucp_rkey_h k) { kvbu.ucp_rkey_destroy(k); }
 */
 import "C"
 
@@ -38,7 +40,7 @@ type ucxStatusError struct {
 }
 
 func (e *ucxStatusError) Error() string {
-	return fmt.Sprintf("%s: %s", e.call, C.GoString(C.ucs_status_string(C.ucs_status_t(e.status))))
+	return fmt.Sprintf("%s: %s", e.call, C.GoString(C.kvbu_status_string(C.int(e.status))))
 }
 
 func cbool(b bool) C.int {
@@ -177,7 +179,46 @@ func ucpSettings(in map[string]string) (map[string]string, error) {
 	return out, nil
 }
 
+// UCXLibEnv names the environment variable that overrides the libucp the
+// ucx engine loads (default: libucp.so.0 from the loader's search path, or
+// the one already in the process).
+const UCXLibEnv = "KVBRIDGE_UCX_LIB"
+
+var ucxLib struct {
+	sync.Mutex
+	loaded bool
+	path   string
+}
+
+// loadUCX loads libucp once per process, at the first ucx agent: a process
+// that never opens one maps no UCX of ours.
+func loadUCX() error {
+	ucxLib.Lock()
+	defer ucxLib.Unlock()
+	if ucxLib.loaded {
+		return nil
+	}
+	path := os.Getenv(UCXLibEnv)
+	if path == "" {
+		path = "libucp.so.0"
+	}
+	runtime.LockOSThread() // dlerror is per thread
+	defer runtime.UnlockOSThread()
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var errbuf [512]C.char
+	if C.kvbu_load(cpath, &errbuf[0], C.size_t(len(errbuf))) != 0 {
+		return fmt.Errorf("UCX is not installed or not loadable (%s); install UCX ≥ 1.13 or set %s to libucp.so: %w",
+			C.GoString(&errbuf[0]), UCXLibEnv, ErrEngineUnavailable)
+	}
+	ucxLib.loaded, ucxLib.path = true, path
+	return nil
+}
+
 func openUCX(cfg Config) (backend, error) {
+	if err := loadUCX(); err != nil {
+		return nil, fmt.Errorf("ucx engine: %w", err)
+	}
 	ucpKeys, err := ucpSettings(cfg.UCX)
 	if err != nil {
 		return nil, fmt.Errorf("ucx engine: %w", err)
@@ -582,7 +623,7 @@ func (u *ucx) dropRemote(r *ucxRemote) {
 	u.advance()
 	for _, rk := range r.rkeys {
 		if rk != nil {
-			C.ucp_rkey_destroy(rk)
+			C.kvbu_rkey_destroy(rk)
 		}
 	}
 	r.rkeys = nil

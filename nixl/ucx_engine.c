@@ -1,8 +1,71 @@
 #include "ucx_engine.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+kvbu_api kvbu;
+
+int kvbu_load(const char *path, char *err, size_t errlen)
+{
+	void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+	if (h == NULL) {
+		snprintf(err, errlen, "%s", dlerror());
+		return -1;
+	}
+	kvbu_api api;
+#define SYM(name)                                                                            \
+	do {                                                                                 \
+		*(void **)(&api.name) = dlsym(h, #name);                                     \
+		if (api.name == NULL) {                                                      \
+			snprintf(err, errlen, "%s has no %s: not a UCX 1.x libucp", path, #name); \
+			dlclose(h);                                                          \
+			return -1;                                                           \
+		}                                                                            \
+	} while (0)
+	SYM(ucp_get_version);
+	SYM(ucp_config_read);
+	SYM(ucp_config_modify);
+	SYM(ucp_config_release);
+	SYM(ucp_init_version);
+	SYM(ucp_cleanup);
+	SYM(ucp_worker_create);
+	SYM(ucp_worker_destroy);
+	SYM(ucp_worker_get_address);
+	SYM(ucp_worker_release_address);
+	SYM(ucp_worker_progress);
+	SYM(ucp_worker_set_am_recv_handler);
+	SYM(ucp_ep_create);
+	SYM(ucp_ep_close_nbx);
+	SYM(ucp_ep_flush_nbx);
+	SYM(ucp_ep_rkey_unpack);
+	SYM(ucp_put_nbx);
+	SYM(ucp_get_nbx);
+	SYM(ucp_am_send_nbx);
+	SYM(ucp_mem_map);
+	SYM(ucp_mem_unmap);
+	SYM(ucp_mem_query);
+	SYM(ucp_rkey_pack);
+	SYM(ucp_rkey_buffer_release);
+	SYM(ucp_rkey_ptr);
+	SYM(ucp_rkey_destroy);
+	SYM(ucp_request_check_status);
+	SYM(ucp_request_cancel);
+	SYM(ucp_request_free);
+	SYM(ucs_status_string);
+#undef SYM
+	unsigned major, minor, release;
+	api.ucp_get_version(&major, &minor, &release);
+	if (major != 1 || minor < 13) {
+		snprintf(err, errlen, "%s is UCX %u.%u.%u: the ucx engine needs UCX 1.13 or newer (1.x)", path, major,
+			 minor, release);
+		dlclose(h);
+		return -1;
+	}
+	kvbu = api;
+	return 0;
+}
 
 static ucs_status_t kvb_am_cb(void *arg, const void *header, size_t header_length, void *data,
 			      size_t length, const ucp_am_recv_param_t *param)
@@ -37,16 +100,16 @@ static ucs_status_t kvb_am_cb(void *arg, const void *header, size_t header_lengt
 int kvb_init(kvb_ctx **out, const char **keys, const char **vals, int n, char *err, size_t errlen)
 {
 	ucp_config_t *cfg;
-	ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+	ucs_status_t st = kvbu.ucp_config_read(NULL, NULL, &cfg);
 	if (st != UCS_OK) {
-		snprintf(err, errlen, "ucp_config_read: %s", ucs_status_string(st));
+		snprintf(err, errlen, "ucp_config_read: %s", kvbu.ucs_status_string(st));
 		return st;
 	}
 	for (int i = 0; i < n; i++) {
-		st = ucp_config_modify(cfg, keys[i], vals[i]);
+		st = kvbu.ucp_config_modify(cfg, keys[i], vals[i]);
 		if (st != UCS_OK) {
-			snprintf(err, errlen, "ucp_config_modify(%s=%s): %s", keys[i], vals[i], ucs_status_string(st));
-			ucp_config_release(cfg);
+			snprintf(err, errlen, "kvbu.ucp_config_modify(%s=%s): %s", keys[i], vals[i], kvbu.ucs_status_string(st));
+			kvbu.ucp_config_release(cfg);
 			return st;
 		}
 	}
@@ -54,20 +117,20 @@ int kvb_init(kvb_ctx **out, const char **keys, const char **vals, int n, char *e
 	ucp_params_t p = {0};
 	p.field_mask = UCP_PARAM_FIELD_FEATURES;
 	p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
-	st = ucp_init(&p, cfg, &c->ctx);
-	ucp_config_release(cfg);
+	st = kvbu.ucp_init_version(1, 13, &p, cfg, &c->ctx);
+	kvbu.ucp_config_release(cfg);
 	if (st != UCS_OK) {
-		snprintf(err, errlen, "ucp_init: %s", ucs_status_string(st));
+		snprintf(err, errlen, "ucp_init: %s", kvbu.ucs_status_string(st));
 		free(c);
 		return st;
 	}
 	ucp_worker_params_t wp = {0};
 	wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
 	wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
-	st = ucp_worker_create(c->ctx, &wp, &c->worker);
+	st = kvbu.ucp_worker_create(c->ctx, &wp, &c->worker);
 	if (st != UCS_OK) {
-		snprintf(err, errlen, "ucp_worker_create: %s", ucs_status_string(st));
-		ucp_cleanup(c->ctx);
+		snprintf(err, errlen, "ucp_worker_create: %s", kvbu.ucs_status_string(st));
+		kvbu.ucp_cleanup(c->ctx);
 		free(c);
 		return st;
 	}
@@ -77,11 +140,11 @@ int kvb_init(kvb_ctx **out, const char **keys, const char **vals, int n, char *e
 	hp.id = KVB_AM_NOTIF;
 	hp.cb = kvb_am_cb;
 	hp.arg = c;
-	st = ucp_worker_set_am_recv_handler(c->worker, &hp);
+	st = kvbu.ucp_worker_set_am_recv_handler(c->worker, &hp);
 	if (st != UCS_OK) {
-		snprintf(err, errlen, "ucp_worker_set_am_recv_handler: %s", ucs_status_string(st));
-		ucp_worker_destroy(c->worker);
-		ucp_cleanup(c->ctx);
+		snprintf(err, errlen, "ucp_worker_set_am_recv_handler: %s", kvbu.ucs_status_string(st));
+		kvbu.ucp_worker_destroy(c->worker);
+		kvbu.ucp_cleanup(c->ctx);
 		free(c);
 		return st;
 	}
@@ -95,21 +158,21 @@ void kvb_destroy(kvb_ctx *c)
 	while ((n = kvb_notif_pop(c)) != NULL) {
 		kvb_notif_free(n);
 	}
-	ucp_worker_destroy(c->worker);
-	ucp_cleanup(c->ctx);
+	kvbu.ucp_worker_destroy(c->worker);
+	kvbu.ucp_cleanup(c->ctx);
 	free(c);
 }
 
 int kvb_worker_address(kvb_ctx *c, void **addr, size_t *len)
 {
 	ucp_address_t *a;
-	ucs_status_t st = ucp_worker_get_address(c->worker, &a, len);
+	ucs_status_t st = kvbu.ucp_worker_get_address(c->worker, &a, len);
 	if (st != UCS_OK) {
 		return st;
 	}
 	*addr = malloc(*len);
 	memcpy(*addr, a, *len);
-	ucp_worker_release_address(c->worker, a);
+	kvbu.ucp_worker_release_address(c->worker, a);
 	return UCS_OK;
 }
 
@@ -117,7 +180,7 @@ unsigned kvb_progress(kvb_ctx *c)
 {
 	unsigned total = 0, n;
 	int rounds = 0;
-	while ((n = ucp_worker_progress(c->worker)) > 0 && rounds++ < 64) {
+	while ((n = kvbu.ucp_worker_progress(c->worker)) > 0 && rounds++ < 64) {
 		total += n;
 	}
 	return total;
@@ -134,31 +197,31 @@ int kvb_mem_map(kvb_ctx *c, uintptr_t addr, size_t len, int allocate, ucp_mem_h 
 	p.address = allocate ? NULL : (void *)addr;
 	p.length = len;
 	p.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
-	ucs_status_t st = ucp_mem_map(c->ctx, &p, memh);
+	ucs_status_t st = kvbu.ucp_mem_map(c->ctx, &p, memh);
 	if (st != UCS_OK) {
 		return st;
 	}
 	ucp_mem_attr_t attr = {0};
 	attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-	st = ucp_mem_query(*memh, &attr);
+	st = kvbu.ucp_mem_query(*memh, &attr);
 	if (st != UCS_OK) {
-		ucp_mem_unmap(c->ctx, *memh);
+		kvbu.ucp_mem_unmap(c->ctx, *memh);
 		return st;
 	}
 	*out_addr = (uintptr_t)attr.address;
 	void *buf;
-	st = ucp_rkey_pack(c->ctx, *memh, &buf, rkey_len);
+	st = kvbu.ucp_rkey_pack(c->ctx, *memh, &buf, rkey_len);
 	if (st != UCS_OK) {
-		ucp_mem_unmap(c->ctx, *memh);
+		kvbu.ucp_mem_unmap(c->ctx, *memh);
 		return st;
 	}
 	*rkey = malloc(*rkey_len);
 	memcpy(*rkey, buf, *rkey_len);
-	ucp_rkey_buffer_release(buf);
+	kvbu.ucp_rkey_buffer_release(buf);
 	return UCS_OK;
 }
 
-void kvb_mem_unmap(kvb_ctx *c, ucp_mem_h memh) { ucp_mem_unmap(c->ctx, memh); }
+void kvb_mem_unmap(kvb_ctx *c, ucp_mem_h memh) { kvbu.ucp_mem_unmap(c->ctx, memh); }
 
 static void kvb_ep_err(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
@@ -181,7 +244,7 @@ int kvb_ep_create(kvb_ctx *c, const void *addr, int peer_errors, kvb_ep **out)
 	p.err_mode = peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
 	p.err_handler.cb = kvb_ep_err;
 	p.err_handler.arg = e;
-	ucs_status_t st = ucp_ep_create(c->worker, &p, &e->ep);
+	ucs_status_t st = kvbu.ucp_ep_create(c->worker, &p, &e->ep);
 	if (st != UCS_OK) {
 		free(e);
 		return st;
@@ -199,7 +262,7 @@ int kvb_ep_create(kvb_ctx *c, const void *addr, int peer_errors, kvb_ep **out)
 int kvb_ep_wireup(kvb_ctx *c, kvb_ep *e)
 {
 	ucp_request_param_t p = {0};
-	void *req = ucp_ep_flush_nbx(e->ep, &p);
+	void *req = kvbu.ucp_ep_flush_nbx(e->ep, &p);
 	if (req == NULL) {
 		return UCS_OK;
 	}
@@ -207,15 +270,15 @@ int kvb_ep_wireup(kvb_ctx *c, kvb_ep *e)
 		return UCS_PTR_STATUS(req);
 	}
 	ucs_status_t st;
-	for (int i = 0; i < 2000000 && (st = ucp_request_check_status(req)) == UCS_INPROGRESS; i++) {
-		ucp_worker_progress(c->worker);
+	for (int i = 0; i < 2000000 && (st = kvbu.ucp_request_check_status(req)) == UCS_INPROGRESS; i++) {
+		kvbu.ucp_worker_progress(c->worker);
 	}
 	if (st == UCS_INPROGRESS) {
-		ucp_request_cancel(c->worker, req);
-		ucp_worker_progress(c->worker);
+		kvbu.ucp_request_cancel(c->worker, req);
+		kvbu.ucp_worker_progress(c->worker);
 		st = UCS_ERR_TIMED_OUT;
 	}
-	ucp_request_free(req);
+	kvbu.ucp_request_free(req);
 	return st;
 }
 
@@ -228,19 +291,19 @@ void kvb_ep_close(kvb_ctx *c, kvb_ep *e)
 		ucp_request_param_t p = {0};
 		p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
 		p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-		void *req = ucp_ep_close_nbx(e->ep, &p);
+		void *req = kvbu.ucp_ep_close_nbx(e->ep, &p);
 		if (!UCS_PTR_IS_PTR(req)) {
 			break;
 		}
-		for (int i = 0; i < 200000 && ucp_request_check_status(req) == UCS_INPROGRESS; i++) {
-			ucp_worker_progress(c->worker);
+		for (int i = 0; i < 200000 && kvbu.ucp_request_check_status(req) == UCS_INPROGRESS; i++) {
+			kvbu.ucp_worker_progress(c->worker);
 		}
-		ucs_status_t st = ucp_request_check_status(req);
+		ucs_status_t st = kvbu.ucp_request_check_status(req);
 		if (st == UCS_INPROGRESS) {
-			ucp_request_cancel(c->worker, req);
-			ucp_worker_progress(c->worker);
+			kvbu.ucp_request_cancel(c->worker, req);
+			kvbu.ucp_worker_progress(c->worker);
 		}
-		ucp_request_free(req);
+		kvbu.ucp_request_free(req);
 		if (st != UCS_INPROGRESS) {
 			break;
 		}
@@ -248,12 +311,12 @@ void kvb_ep_close(kvb_ctx *c, kvb_ep *e)
 	free(e);
 }
 
-int kvb_rkey_unpack(kvb_ep *e, const void *buf, ucp_rkey_h *out) { return ucp_ep_rkey_unpack(e->ep, buf, out); }
+int kvb_rkey_unpack(kvb_ep *e, const void *buf, ucp_rkey_h *out) { return kvbu.ucp_ep_rkey_unpack(e->ep, buf, out); }
 
 uintptr_t kvb_rkey_ptr(ucp_rkey_h rkey, uint64_t raddr)
 {
 	void *p;
-	return ucp_rkey_ptr(rkey, raddr, &p) == UCS_OK ? (uintptr_t)p : 0;
+	return kvbu.ucp_rkey_ptr(rkey, raddr, &p) == UCS_OK ? (uintptr_t)p : 0;
 }
 
 void kvb_xfer_copied(kvb_xfer *x, kvb_ep *e, int has_notif)
@@ -272,7 +335,7 @@ static void kvb_flush_cb(void *req, ucs_status_t status, void *user)
 	x->flush_status = status;
 	x->flush_req = NULL;
 	x->outstanding--;
-	ucp_request_free(req);
+	kvbu.ucp_request_free(req);
 }
 
 static void kvb_am_sent_cb(void *req, ucs_status_t status, void *user)
@@ -282,7 +345,7 @@ static void kvb_am_sent_cb(void *req, ucs_status_t status, void *user)
 	x->am_status = status;
 	x->am_req = NULL;
 	x->outstanding--;
-	ucp_request_free(req);
+	kvbu.ucp_request_free(req);
 }
 
 static void kvb_fail(kvb_xfer *x, ucs_status_t st)
@@ -310,22 +373,22 @@ int kvb_xfer_start(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int read, int n, const ui
 			p.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
 			p.memh = memhs[i];
 		}
-		ucs_status_ptr_t r = read ? ucp_get_nbx(e->ep, (void *)(uintptr_t)laddr[i], len[i], raddr[i], rkeys[i], &p)
-					  : ucp_put_nbx(e->ep, (void *)(uintptr_t)laddr[i], len[i], raddr[i], rkeys[i], &p);
+		ucs_status_ptr_t r = read ? kvbu.ucp_get_nbx(e->ep, (void *)(uintptr_t)laddr[i], len[i], raddr[i], rkeys[i], &p)
+					  : kvbu.ucp_put_nbx(e->ep, (void *)(uintptr_t)laddr[i], len[i], raddr[i], rkeys[i], &p);
 		if (UCS_PTR_IS_ERR(r)) {
 			kvb_fail(x, UCS_PTR_STATUS(r));
 			return x->stage;
 		}
 		if (r != NULL) {
 			// Completion is covered by the flush below.
-			ucp_request_free(r);
+			kvbu.ucp_request_free(r);
 		}
 	}
 	ucp_request_param_t p = {0};
 	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
 	p.cb.send = kvb_flush_cb;
 	p.user_data = x;
-	ucs_status_ptr_t r = ucp_ep_flush_nbx(e->ep, &p);
+	ucs_status_ptr_t r = kvbu.ucp_ep_flush_nbx(e->ep, &p);
 	if (UCS_PTR_IS_ERR(r)) {
 		kvb_fail(x, UCS_PTR_STATUS(r));
 	} else if (r == NULL) {
@@ -349,7 +412,7 @@ static ucs_status_ptr_t kvb_am(kvb_ep *e, const void *hdr, size_t hdr_len, const
 		p.cb.send = kvb_am_sent_cb;
 		p.user_data = x;
 	}
-	return ucp_am_send_nbx(e->ep, KVB_AM_NOTIF, hdr, hdr_len, msg, msg_len, &p);
+	return kvbu.ucp_am_send_nbx(e->ep, KVB_AM_NOTIF, hdr, hdr_len, msg, msg_len, &p);
 }
 
 int kvb_xfer_advance(kvb_ctx *c, kvb_xfer *x, const void *hdr, size_t hdr_len, const void *msg, size_t msg_len,
@@ -391,10 +454,10 @@ int kvb_xfer_advance(kvb_ctx *c, kvb_xfer *x, const void *hdr, size_t hdr_len, c
 void kvb_xfer_cancel(kvb_ctx *c, kvb_xfer *x)
 {
 	if (x->flush_req != NULL) {
-		ucp_request_cancel(c->worker, x->flush_req);
+		kvbu.ucp_request_cancel(c->worker, x->flush_req);
 	}
 	if (x->am_req != NULL) {
-		ucp_request_cancel(c->worker, x->am_req);
+		kvbu.ucp_request_cancel(c->worker, x->am_req);
 	}
 	if (x->stage > KVB_XFER_IDLE && x->stage < KVB_XFER_DONE) {
 		kvb_fail(x, UCS_ERR_CANCELED);
@@ -412,11 +475,11 @@ int kvb_send_notif(kvb_ctx *c, kvb_ep *e, const void *hdr, size_t hdr_len, const
 	}
 	if (r != NULL) {
 		// Wait for the eager send to leave; it is small.
-		for (int i = 0; i < 1000000 && ucp_request_check_status(r) == UCS_INPROGRESS; i++) {
-			ucp_worker_progress(c->worker);
+		for (int i = 0; i < 1000000 && kvbu.ucp_request_check_status(r) == UCS_INPROGRESS; i++) {
+			kvbu.ucp_worker_progress(c->worker);
 		}
-		ucs_status_t st = ucp_request_check_status(r);
-		ucp_request_free(r);
+		ucs_status_t st = kvbu.ucp_request_check_status(r);
+		kvbu.ucp_request_free(r);
 		return st == UCS_INPROGRESS ? UCS_ERR_TIMED_OUT : st;
 	}
 	return UCS_OK;

@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <ucp/api/ucp.h>
+#include "ucx_abi.h"
 
 #define KVB_AM_NOTIF 7
 
