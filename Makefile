@@ -5,7 +5,7 @@ GO ?= go
 # go-nvml's cgo prologue trips hundreds of deprecation warnings in nvml.h.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all deps test sim bench bench-engine lint generate demo soak-hostile
+.PHONY: all deps test test-nixl sim bench bench-engine lint generate demo soak-hostile
 
 all: test
 
@@ -21,6 +21,13 @@ test: deps
 	@# The model checker and the simulator print what they checked.
 	$(GO) test -race -count=1 -v -run '$(CHECKERS)' ./kvmanager | grep -E '^(--- |ok|FAIL|PASS)|checked|random runs|found:'
 	$(GO) test -race -count=1 -skip '$(CHECKERS)' ./...
+
+NIXL_RUNS ?= 20
+NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL)$$/^libnixl-real$$
+## test-nixl: the engine contract and the e2e byte-exact, separate-process and soak tests on a real NIXL, NIXL_RUNS times (KVBRIDGE_NIXL_LIB names its libnixl_capi.so; see DEVELOPERS.md)
+test-nixl: deps
+	@test -n "$$KVBRIDGE_NIXL_LIB" || { echo "test-nixl: set KVBRIDGE_NIXL_LIB to a real NIXL's libnixl_capi.so (see DEVELOPERS.md)" >&2; exit 2; }
+	$(GO) test -race -count=$(NIXL_RUNS) -timeout 60m -v -run '$(NIXL_TESTS)' ./nixl ./internal/e2e | grep -E '^(ok|FAIL)|^\s*--- |libucp mapped' | sed -E 's/ \([0-9.]+s\)//' | sort | uniq -c
 
 SEEDS ?= 100000
 ## sim: the protocol simulator at depth: the exhaustive configurations with one more time jump, decode aborts and clears, two rooms with a restart, and SEEDS random runs (SIM_SEED_BASE moves them)

@@ -105,6 +105,10 @@ func (m *Manager) onRegister(msg *bootstrap.Register) {
 	if err == nil {
 		if name, err = m.agent.LoadRemote(msg.AgentMD); err != nil {
 			err = fmt.Errorf("agent metadata: %w", err)
+		} else if err = m.pool.PreparePeer(name, lay.Layout); err != nil {
+			// The peer's memory as its REGISTER describes it does not lie
+			// inside what its metadata registered.
+			err = fmt.Errorf("preparing the peer's descriptor lists: %w", err)
 		}
 	}
 	if err != nil {

@@ -7,9 +7,15 @@
 //   - libnixl: the NIXL C API (libnixl_capi.so), declared in this package
 //     and loaded at run time from Config.NIXLLib, $KVBRIDGE_NIXL_LIB or the
 //     loader's path (libnixl.so beside it is loaded first, RTLD_GLOBAL). The
-//     production path on GPU nodes. Tested against a C test double of the
-//     API (testdata/nixl_double) that the tests build with gcc.
-//   - ucx: libucp directly (Debian's libucx). DRAM over shared memory and
+//     production path on GPU nodes. Agents are created configured: NIXL's
+//     read-write lock, a progress thread that sleeps when idle
+//     (Config.NIXLProgressDelay). Tested against a C test double of the API
+//     (internal/nixldouble) and, with make test-nixl, a real NIXL.
+//   - ucx: libucp directly, loaded at run time at the first ucx agent
+//     (KVBRIDGE_UCX_LIB, default libucp.so.0), through this package's own
+//     declaration of the UCP ABI it uses (ucx_abi.h): building needs no
+//     UCX, and a process that only uses libnixl maps only NIXL's UCX.
+//     DRAM over shared memory and
 //     tcp here, RDMA where the hardware is. Writes into peer memory that a
 //     shared-memory transport maps into this process are plain copies;
 //     otherwise one put per descriptor, a flush, then the notification as an
@@ -29,7 +35,13 @@
 //	remote, _ := a.PrepRemote(peer, nixl.DRAM, decodePages)
 //	x, _ := a.NewXfer(nixl.Write, local, []int{0}, remote, []int{0}, []byte("kvb1:7:0:0:1"))
 //	a.Post(x)
-//	for st, err := a.Status(x); st == nixl.InProgress; st, err = a.Status(x) { ... }
+//	st, err := a.Wait(ctx, x) // or select on x.Done(); a.Status(x) does not block
+//
+// Each agent runs a completion watcher: it polls the engine for the
+// transfers in flight (woken by the engine where it can signal), settles
+// them, and so also drives NIXL's UCX backend, which sends a write's
+// notification only when the initiator asks for the transfer's status. A
+// notification is therefore delivered whether or not anyone waits.
 //
 // Every descriptor is checked against registered memory (this agent's, or
 // the remote's from its metadata) before an engine sees it: a descriptor

@@ -214,9 +214,10 @@ type Xfer struct {
 
 	// Set by the agent's completion watcher (under Agent.wmu) and
 	// published by closing done.
-	done  chan struct{} // closed when the current post is final; nil before the first
-	state XferState     // the final state, once done is closed
-	err   error
+	done   chan struct{} // closed when the current post is final; nil before the first
+	state  XferState     // the final state, once done is closed
+	err    error
+	notify chan<- *Xfer // PostTo's channel, sent x when final
 }
 
 // Done returns a channel closed when the transfer's current post reaches a
@@ -397,6 +398,13 @@ func (a *Agent) outcome(x *Xfer) (XferState, error, bool) {
 func (a *Agent) settle(x *Xfer, st XferState, err error) {
 	x.state, x.err = st, err
 	close(x.done)
+	if c := x.notify; c != nil {
+		select {
+		case c <- x:
+		default:
+			go func() { c <- x }() // never block the watcher, never drop
+		}
+	}
 }
 
 // final reports whether x's current post is final (a.wmu held).
@@ -753,7 +761,14 @@ func (a *Agent) NewXfer(op Op, local *Prepped, li []int, remote *Prepped, ri []i
 
 // Post starts (or restarts, once finished) a transfer. The agent watches
 // it from then on: Wait or Done tell when it is final.
-func (a *Agent) Post(x *Xfer) error {
+func (a *Agent) Post(x *Xfer) error { return a.PostTo(x, nil) }
+
+// PostTo is Post, and when the transfer is final (however it ends) the
+// agent sends it on done, so one goroutine can keep many transfers in
+// flight and learn of each completion from one channel. When PostTo
+// returns an error nothing is sent. Give done room for every transfer
+// posted to it and not yet received, or the sends queue on goroutines.
+func (a *Agent) PostTo(x *Xfer, done chan<- *Xfer) error {
 	a.mu.Lock()
 	if err := a.check(); err != nil {
 		a.mu.Unlock()
@@ -773,7 +788,7 @@ func (a *Agent) Post(x *Xfer) error {
 		a.wmu.Unlock()
 		return fmt.Errorf("agent %s: post %v to %s: still in progress: %w", a.name, x.Op, x.Remote, ErrInvalidRequest)
 	}
-	x.posted, x.err, x.state, x.done = time.Now(), nil, InProgress, make(chan struct{})
+	x.posted, x.err, x.state, x.done, x.notify = time.Now(), nil, InProgress, make(chan struct{}), done
 	a.wmu.Unlock()
 	// The engine call runs unlocked (posts on several goroutines proceed
 	// together); x is in no set meanwhile, so the watcher leaves it alone.
@@ -790,6 +805,7 @@ func (a *Agent) Post(x *Xfer) error {
 	defer a.wmu.Unlock()
 	switch {
 	case err != nil:
+		x.notify = nil // the caller has the error
 		a.settle(x, Failed, err)
 		return err
 	case a.wclosed && !finished:

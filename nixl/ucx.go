@@ -770,11 +770,21 @@ func (u *ucx) post(x *Xfer) error {
 	raddr := unsafe.Slice((*C.uint64_t)(unsafe.Add(arr, 16*n)), n)
 	rkeys := unsafe.Slice((*C.ucp_rkey_h)(unsafe.Add(arr, 24*n)), n)
 	memhs := unsafe.Slice((*C.ucp_mem_h)(unsafe.Add(arr, 24*n+int(unsafe.Sizeof(uintptr(0)))*n)), n)
+	// Pairs adjacent on both sides under the same keys become one put
+	// (lists prepared page by page still move a contiguous run at once).
+	m := 0
 	for k := 0; k < n; k++ {
 		li, ri := x.li[k], x.ri[k]
-		laddr[k], lens[k], raddr[k] = lp.ptrs[li], lp.lens[li], rp.ptrs[ri]
-		rkeys[k], memhs[k] = rp.keys[ri], lp.memhs[li]
+		if m > 0 && laddr[m-1]+lens[m-1] == lp.ptrs[li] && raddr[m-1]+lens[m-1] == rp.ptrs[ri] &&
+			rkeys[m-1] == rp.keys[ri] && memhs[m-1] == lp.memhs[li] {
+			lens[m-1] += lp.lens[li]
+			continue
+		}
+		laddr[m], lens[m], raddr[m] = lp.ptrs[li], lp.lens[li], rp.ptrs[ri]
+		rkeys[m], memhs[m] = rp.keys[ri], lp.memhs[li]
+		m++
 	}
+	n = m
 	read := C.int(0)
 	if x.Op == Read {
 		read = 1

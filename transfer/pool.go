@@ -56,18 +56,30 @@ type Job struct {
 
 // Config sizes the pool.
 type Config struct {
-	Workers  int           // default 4
-	Queue    int           // jobs queued per worker, default 1024
-	Stall    time.Duration // a write in flight longer fails; default 60 s
-	PollWait time.Duration // sleep between status polls, default 10 µs
+	Workers int           // default 4
+	Queue   int           // jobs queued per worker, default 1024
+	Stall   time.Duration // a write in flight longer fails; default 60 s
+	// InFlight is how many writes a worker keeps posted at once, each of a
+	// different room (a room's writes go one after another, in order);
+	// default 8.
+	InFlight int
+	// MaxPeers bounds the peers whose descriptor lists stay prepared
+	// (least recently used released first); default 256.
+	MaxPeers int
 }
 
-// Pool posts chunks through an agent: every chunk of a room goes to the
-// same worker, so a room's writes are posted in order.
+// Pool posts chunks through an agent. Every chunk of a room goes to the
+// same worker, which posts the room's writes in order, one at a time; a
+// worker keeps writes of up to InFlight rooms posted at once, taking rooms
+// in turn chunk by chunk, so a long room does not hold back short ones.
+// Writes are made by index from descriptor lists prepared once per side:
+// the pool's own pages (at the first write) and each peer's (PreparePeer,
+// at its registration).
 type Pool struct {
 	agent *nixl.Agent
 	local Layout
 	cfg   Config
+	lists *lists
 
 	queues  []chan Job
 	wg      sync.WaitGroup
@@ -90,10 +102,14 @@ func NewPool(agent *nixl.Agent, local Layout, cfg Config) (*Pool, error) {
 	if cfg.Stall <= 0 {
 		cfg.Stall = 60 * time.Second
 	}
-	if cfg.PollWait <= 0 {
-		cfg.PollWait = 10 * time.Microsecond
+	if cfg.InFlight <= 0 {
+		cfg.InFlight = 8
 	}
-	p := &Pool{agent: agent, local: local, cfg: cfg, closing: make(chan struct{})}
+	if cfg.MaxPeers <= 0 {
+		cfg.MaxPeers = 256
+	}
+	p := &Pool{agent: agent, local: local, cfg: cfg, closing: make(chan struct{}),
+		lists: &lists{agent: agent, local: local, maxPeers: cfg.MaxPeers, peers: map[string]*peerLists{}}}
 	for i := 0; i < cfg.Workers; i++ {
 		q := make(chan Job, cfg.Queue)
 		p.queues = append(p.queues, q)
@@ -101,6 +117,25 @@ func NewPool(agent *nixl.Agent, local Layout, cfg Config) (*Pool, error) {
 		go p.worker(q)
 	}
 	return p, nil
+}
+
+// PreparePeer prepares the descriptor lists of a peer whose agent metadata
+// was just loaded (replacing lists made from older metadata), so its first
+// write costs no preparation.
+func (p *Pool) PreparePeer(remote string, peer Layout) error {
+	ls := p.lists
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if _, err := ls.localLists(); err != nil {
+		return err
+	}
+	ls.drop(remote)
+	pl, err := ls.peer(remote, peer)
+	if err != nil {
+		return err
+	}
+	pl.refs--
+	return nil
 }
 
 // Submit queues a job on its room's worker. It blocks while that queue is
@@ -120,7 +155,7 @@ func (p *Pool) Submit(j Job) error {
 }
 
 // Close stops the workers after the queued jobs; writes in flight finish or
-// hit their stall deadline.
+// hit their stall deadline. Then the prepared lists are released.
 func (p *Pool) Close() {
 	p.mu.Lock()
 	if !p.closed {
@@ -132,106 +167,206 @@ func (p *Pool) Close() {
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
+	p.lists.close()
+}
+
+// roomWork is a worker's queue of one room's jobs.
+type roomWork struct {
+	room uint64
+	jobs []Job
+	next int  // next write of jobs[0]
+	busy bool // a write in flight
+}
+
+// flight is a write posted and not yet final.
+type flight struct {
+	rw       *roomWork
+	job      Job
+	w        *Write
+	x        *nixl.Xfer
+	done     func() // releases what the write holds
+	deadline time.Time
+	stalled  bool
 }
 
 func (p *Pool) worker(q chan Job) {
 	defer p.wg.Done()
-	for j := range q {
-		for i := range j.Writes {
-			w := &j.Writes[i]
+	rooms := map[uint64]*roomWork{}
+	var turn []*roomWork // rooms with a write to post and none in flight, in turn order
+	flights := map[*nixl.Xfer]*flight{}
+	done := make(chan *nixl.Xfer, p.cfg.InFlight)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for q != nil || len(rooms) > 0 {
+		for len(flights) < p.cfg.InFlight && len(turn) > 0 {
+			rw := turn[0]
+			turn = turn[1:]
+			j, w := rw.take()
 			if !j.Gate(w) {
 				if j.Dropped != nil {
 					j.Dropped(w)
 				}
+			} else if f, posted, err := p.start(w, done); f != nil {
+				f.rw, f.job = rw, j
+				rw.busy = true
+				flights[f.x] = f
+				continue
+			} else {
+				j.Done(w, err, err != nil && !posted)
+			}
+			if rw.more() {
+				turn = append(turn, rw)
+			} else {
+				delete(rooms, rw.room)
+			}
+		}
+		var stall <-chan time.Time
+		if len(flights) > 0 {
+			var first time.Time
+			for _, f := range flights {
+				if !f.stalled && (first.IsZero() || f.deadline.Before(first)) {
+					first = f.deadline
+				}
+			}
+			if !first.IsZero() {
+				if !timer.Stop() {
+					select {
+					case <-timer.C:
+					default:
+					}
+				}
+				timer.Reset(time.Until(first))
+				stall = timer.C
+			}
+		}
+		select {
+		case x := <-done:
+			f := flights[x]
+			delete(flights, x)
+			st, err := p.agent.Status(x)
+			if f.stalled {
+				err = fmt.Errorf("%w (%v)", ErrStall, p.cfg.Stall)
+			} else if st != nixl.Done && err == nil {
+				err = fmt.Errorf("transfer: write ended %v", st)
+			}
+			f.done()
+			f.job.Done(f.w, err, false) // posted: a failed write may still land
+			rw := f.rw
+			rw.busy = false
+			if rw.more() {
+				turn = append(turn, rw)
+			} else {
+				delete(rooms, rw.room)
+			}
+		case j, ok := <-q:
+			if !ok {
+				q = nil
 				continue
 			}
-			posted, err := p.write(w)
-			j.Done(w, err, err != nil && !posted)
+			rw := rooms[j.Room]
+			if rw == nil {
+				rw = &roomWork{room: j.Room}
+				rooms[j.Room] = rw
+			}
+			idle := !rw.busy && !rw.more()
+			rw.jobs = append(rw.jobs, j)
+			switch {
+			case idle && rw.more():
+				turn = append(turn, rw)
+			case !rw.busy && !rw.more():
+				delete(rooms, j.Room) // a job without writes
+			}
+		case <-stall:
+			now := time.Now()
+			for _, f := range flights {
+				if !f.stalled && !now.Before(f.deadline) {
+					f.stalled = true
+					p.agent.Release(f.x) // settles it: its completion comes on done
+				}
+			}
 		}
 	}
 }
 
-// write posts one write and waits for it, bounded by the stall deadline.
-// posted says whether anything reached the engine's post (after which a
-// failed write may still land).
-func (p *Pool) write(w *Write) (posted bool, err error) {
-	var local, remote []nixl.Desc
-	switch {
-	case w.State >= 0:
-		if w.State >= len(p.local.State) || w.State >= len(w.Peer.State) || p.local.State[w.State].ItemBytes != w.Peer.State[w.State].ItemBytes {
-			return false, fmt.Errorf("transfer: state region %d does not match on both sides", w.State)
-		}
-		ls, rs := p.local.State[w.State], w.Peer.State[w.State]
-		for _, run := range w.Runs {
-			n := uint64(run.Len) * ls.ItemBytes
-			local = append(local, nixl.Desc{Addr: ls.Addr + uintptr(uint64(run.Src)*ls.ItemBytes), Len: n, Dev: ls.Dev})
-			remote = append(remote, nixl.Desc{Addr: rs.Addr + uintptr(uint64(run.Dst)*rs.ItemBytes), Len: n, Dev: rs.Dev})
-		}
-	case w.AuxSrc >= 0:
-		n := p.local.AuxItemBytes
-		if n == 0 || n != w.Peer.AuxItemBytes {
-			return false, fmt.Errorf("transfer: aux items of %d and %d bytes", n, w.Peer.AuxItemBytes)
-		}
-		local = []nixl.Desc{{Addr: p.local.Aux.Addr + uintptr(uint64(w.AuxSrc)*n), Len: n, Dev: p.local.Aux.Dev}}
-		remote = []nixl.Desc{{Addr: w.Peer.Aux.Addr + uintptr(uint64(w.AuxDst)*n), Len: n, Dev: w.Peer.Aux.Dev}}
-	case w.Slice != nil:
-		if n := len(p.local.Regions) + w.Slice.RegionOffset; w.Slice.RegionOffset < 0 || n > len(w.Peer.Regions) {
-			return false, fmt.Errorf("transfer: %d regions at offset %d do not fit the peer's %d", len(p.local.Regions), w.Slice.RegionOffset, len(w.Peer.Regions))
-		}
-		local, remote = ExpandSlice(w.Runs, p.local, w.Peer, w.Slice)
-	default:
-		local, remote = Expand(w.Runs, p.local, w.Peer)
+// take returns the room's next write (one is pending).
+func (rw *roomWork) take() (Job, *Write) {
+	j := rw.jobs[0]
+	w := &j.Writes[rw.next]
+	if rw.next++; rw.next == len(j.Writes) {
+		rw.jobs, rw.next = rw.jobs[1:], 0
 	}
+	return j, w
+}
+
+// more reports whether the room has a write to post.
+func (rw *roomWork) more() bool {
+	for len(rw.jobs) > 0 && rw.next >= len(rw.jobs[0].Writes) {
+		rw.jobs, rw.next = rw.jobs[1:], 0
+	}
+	return len(rw.jobs) > 0
+}
+
+// start posts one write by index into the prepared lists, with done told
+// when it is final. A nil flight means the write is already over (nothing
+// to move, a notification alone, or an error); posted says whether
+// anything reached the engine's post (after which a failed write may still
+// land).
+func (p *Pool) start(w *Write, done chan<- *nixl.Xfer) (f *flight, posted bool, err error) {
 	var notif []byte
 	if w.Notif != "" {
 		notif = []byte(w.Notif)
 	}
-	if len(local) == 0 {
+	if w.AuxSrc < 0 && len(w.Runs) == 0 {
 		// Nothing to move (a dummy peer or pages it already holds): the
 		// notification alone completes its count.
 		if notif == nil {
-			return false, nil
+			return nil, false, nil
 		}
-		return false, p.agent.GenNotif(w.Remote, notif)
+		return nil, false, p.agent.GenNotif(w.Remote, notif)
 	}
-	lkind, rkind := p.local.Kind, w.Peer.Kind
-	if w.AuxSrc >= 0 || w.State >= 0 {
-		lkind, rkind = nixl.DRAM, nixl.DRAM // aux and state items live in host memory
-	}
-	l, err := p.agent.PrepLocal(lkind, local)
+	l, r, li, ri, ref, ok, err := p.lists.indices(w)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
-	defer l.Release()
-	r, err := p.agent.PrepRemote(w.Remote, rkind, remote)
+	release := func() {}
+	if ref != nil {
+		release = func() { p.lists.unref(ref) }
+	}
+	if !ok {
+		if l, r, li, err = p.prepOwn(w); err != nil {
+			return nil, false, err
+		}
+		ri = li
+		release = func() { l.Release(); r.Release() }
+	}
+	x, err := p.agent.NewXfer(nixl.Write, l, li, r, ri, notif)
 	if err != nil {
-		return false, err
+		release()
+		return nil, false, err
 	}
-	defer r.Release()
-	idx := make([]int, len(local))
+	f = &flight{w: w, x: x, deadline: time.Now().Add(p.cfg.Stall),
+		done: func() { p.agent.Release(x); release() }}
+	if err := p.agent.PostTo(x, done); err != nil {
+		f.done()
+		return nil, true, err // a partial failure may have started puts
+	}
+	return f, true, nil
+}
+
+// prepOwn prepares a write's own lists (a head slice whose pieces are too
+// many to keep prepared).
+func (p *Pool) prepOwn(w *Write) (l, r *nixl.Prepped, idx []int, err error) {
+	local, remote := ExpandSlice(w.Runs, p.local, w.Peer, w.Slice)
+	if l, err = p.agent.PrepLocal(p.local.Kind, local); err != nil {
+		return nil, nil, nil, err
+	}
+	if r, err = p.agent.PrepRemote(w.Remote, w.Peer.Kind, remote); err != nil {
+		l.Release()
+		return nil, nil, nil, err
+	}
+	idx = make([]int, len(local))
 	for i := range idx {
 		idx[i] = i
 	}
-	x, err := p.agent.NewXfer(nixl.Write, l, idx, r, idx, notif)
-	if err != nil {
-		return false, err
-	}
-	defer p.agent.Release(x)
-	if err := p.agent.Post(x); err != nil {
-		return true, err // a partial failure may have started puts
-	}
-	deadline := time.Now().Add(p.cfg.Stall)
-	for {
-		st, err := p.agent.Status(x)
-		switch st {
-		case nixl.Done:
-			return true, nil
-		case nixl.Failed:
-			return true, err
-		}
-		if time.Now().After(deadline) {
-			return true, fmt.Errorf("%w (%v)", ErrStall, p.cfg.Stall)
-		}
-		time.Sleep(p.cfg.PollWait)
-	}
+	return l, r, idx, nil
 }

@@ -8,6 +8,10 @@
 //	         scattered contiguous, fragmented or random
 //	rooms    many concurrent rooms                     vs the engine's bulk write
 //	control  control-plane round trip                  vs bare ZeroMQ PUSH/PULL
+//	nixl     the libnixl engine on a real NIXL (KVBRIDGE_NIXL_LIB): 64 MiB and
+//	         1,024 × 32 KiB writes with notification, an idle agent's CPU and a
+//	         model request end to end, vs a C program on NIXL's C API doing the
+//	         same and vs the ucx engine (not in "all")
 //
 // Results go to stdout, to -json as JSON rows and to -png as a chart of
 // bandwidth against size. Memory is host DRAM (-mem is a parameter so GPU
@@ -64,7 +68,7 @@ func main() { os.Exit(run(os.Args[1:])) }
 
 func run(args []string) int {
 	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
-	mode := fs.String("mode", "all", "engine, paged, rooms, topology, discovery, control or all")
+	mode := fs.String("mode", "all", "engine, paged, rooms, topology, discovery, control, nixl, or all (all but nixl)")
 	engine := fs.String("engine", "ucx", "nixl engine")
 	tls := fs.String("ucx-tls", "posix,cma,self", "UCX transports (ucx engine and ucx_perftest)")
 	mem := fs.String("mem", "DRAM", "memory kind: DRAM (VRAM: not yet)")
@@ -88,7 +92,7 @@ func run(args []string) int {
 		return 2
 	}
 	modes := map[string]func() error{"engine": b.engineMode, "paged": b.pagedMode, "rooms": b.roomsMode, "control": b.controlMode,
-		"topology": b.topologyMode, "discovery": b.discoveryMode}
+		"topology": b.topologyMode, "discovery": b.discoveryMode, "nixl": b.nixlMode}
 	order := []string{"engine", "paged", "rooms", "topology", "discovery", "control"}
 	if *mode != "all" {
 		if modes[*mode] == nil {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/nixldouble"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
@@ -24,7 +26,47 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { os.Exit(testMain(m)) }
+
+// testMain adds the libnixl engine: on a real NIXL when KVBRIDGE_NIXL_LIB
+// names one (make test-nixl), else on the NIXL double, built into a
+// temporary directory removed before the process exits.
+func testMain(m *testing.M) int {
+	if lib := os.Getenv("KVBRIDGE_NIXL_LIB"); lib != "" {
+		engines["libnixl-real"] = nixl.Config{Engine: nixl.EngineLibNIXL, NIXLLib: lib}
+	} else {
+		dir, err := os.MkdirTemp("", "kvbridge-e2e-nixl-double")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		lib, err := nixldouble.Build(dir)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		engines["libnixl-double"] = nixl.Config{Engine: nixl.EngineLibNIXL, NIXLLib: lib}
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	return code
+}
+
+// needRealNIXL skips a case that runs only on a real NIXL.
+func needRealNIXL(t *testing.T) string {
+	t.Helper()
+	lib := os.Getenv("KVBRIDGE_NIXL_LIB")
+	if lib == "" {
+		t.Skip("KVBRIDGE_NIXL_LIB is not set: no real NIXL to run against (make test-nixl; see DEVELOPERS.md)")
+	}
+	return lib
+}
 
 const (
 	layers    = 4
@@ -518,11 +560,19 @@ func TestIncompatibleDecodeRefused(t *testing.T) {
 // TestSoak: 2,000 rooms over 8 concurrent streams, 10% aborted at a random
 // stage; every success byte-exact, no room pinned, registries empty after
 // clear and the tombstone TTL.
-func TestSoak(t *testing.T) {
+func TestSoak(t *testing.T) { soak(t, "ucx-shm") }
+
+// TestSoakRealNIXL is the soak on the libnixl engine over a real NIXL.
+func TestSoakRealNIXL(t *testing.T) {
+	needRealNIXL(t)
+	soak(t, "libnixl-real")
+}
+
+func soak(t *testing.T, engine string) {
 	var mu sync.Mutex
 	now := time.Now()
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	c := newCluster(t, "ucx-shm", func(cfg *kvmanager.Config) { cfg.Now = clock })
+	c := newCluster(t, engine, func(cfg *kvmanager.Config) { cfg.Now = clock })
 	const rooms, streams = 2000, 8
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -666,4 +716,43 @@ func soakRoom(t *testing.T, c *cluster, id uint64, rng *rand.Rand) error {
 		return fmt.Errorf("room %d: pages never released", id)
 	}
 	return nil
+}
+
+// Descriptor lists are prepared once per side, not per write: after the
+// first room (the decode rank's REGISTER prepares its lists, the first
+// write the prefill rank's own), more rooms of every shape (pages, aux,
+// state items) prepare nothing.
+func TestPreparedOncePerPeer(t *testing.T) {
+	cfg, ok := engines["libnixl-double"]
+	if !ok {
+		t.Skip("KVBRIDGE_NIXL_LIB is set: the prepare counter is the NIXL double's")
+	}
+	c := newCluster(t, "libnixl-double", nil)
+	calls := func() int64 {
+		n, err := nixldouble.PrepCalls(cfg.NIXLLib)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	base := calls()
+	for i, tokens := range []int{100, 4096, 17, 2000, 8192, 1, 512} {
+		rm := c.start(t, uint64(700+i), tokens)
+		ready(t, rm.s)
+		c.sendAll(t, rm, 16)
+		waitStatus(t, rm.r, kvmanager.Success)
+		waitStatus(t, rm.s, kvmanager.Success)
+		c.verify(t, rm)
+		c.finish(rm)
+		if i == 0 {
+			base = calls() - base
+			if base > 4 {
+				t.Fatalf("%d lists prepared for the first room, want at most 4 (local and remote, pages and host items)", base)
+			}
+			base = calls()
+		}
+	}
+	if n := calls() - base; n != 0 {
+		t.Fatalf("%d more lists prepared for six more rooms, want 0", n)
+	}
 }

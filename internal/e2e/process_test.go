@@ -252,8 +252,11 @@ func startBoot(t *testing.T) string {
 }
 
 func TestSeparateProcesses(t *testing.T) {
-	for _, engine := range []string{"ucx-shm", "ucx-tcp"} {
+	for _, engine := range []string{"ucx-shm", "ucx-tcp", "libnixl-real"} {
 		t.Run(engine, func(t *testing.T) {
+			if engine == "libnixl-real" {
+				needRealNIXL(t)
+			}
 			boot := startBoot(t)
 			prefill := startRank(t, "prefill", engine, boot)
 			decode := startRank(t, "decode", engine, boot)

@@ -95,6 +95,15 @@ func LiveRequests(lib string) (int64, error) {
 	return int64(C.nd_call_long(f)), nil
 }
 
+// PrepCalls counts the calls of nixl_capi_prep_xfer_dlist.
+func PrepCalls(lib string) (int64, error) {
+	f, err := sym(lib, "nixl_double_prep_calls")
+	if err != nil {
+		return 0, err
+	}
+	return int64(C.nd_call_long(f)), nil
+}
+
 // Thread sync modes, as nixl_capi_thread_sync_t.
 const (
 	SyncNone   = 0

@@ -1,0 +1,379 @@
+package transfer
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/kvbridge/kvbridge/nixl"
+)
+
+// MaxPreparedDescs bounds one side's prepared descriptor lists (a head
+// slice in NHD layout is one descriptor per token of every page of every
+// region); past it, writes of that shape prepare their own lists.
+const MaxPreparedDescs = 1 << 22
+
+// sideLists are one side's descriptors, prepared once: every page of every
+// KV region (index r·pages + p), and in host memory the aux items followed
+// by every state region's items; head-slice pieces per slice shape.
+type sideLists struct {
+	pages     int
+	kv        *nixl.Prepped
+	host      *nixl.Prepped // nil when the side has no aux or state items
+	auxBase   int
+	stateBase []int
+	slices    map[sliceKey]*sliceList
+}
+
+// sliceKey names a head-slice shape on one side.
+type sliceKey struct {
+	head, heads, perToken, headBytes, tokens int
+	layout                                   PageLayout
+	regionOffset, regions                    int
+}
+
+type sliceList struct {
+	l      *nixl.Prepped // nil: too many pieces, prepare per write
+	pieces int           // per page
+}
+
+// pieces returns the descriptors of one slice shape over a side's pages:
+// for region i (of regions, from regionOffset) and page p, pieces at
+// ((i·pages)+p)·n + t.
+func (k sliceKey) descs(l Layout) ([]nixl.Desc, int) {
+	hb := uint64(k.headBytes)
+	n, size := 1, uint64(k.heads)*uint64(k.tokens)*hb
+	if k.layout != HND {
+		n, size = k.tokens, uint64(k.heads)*hb
+	}
+	pages := l.Pages()
+	total := k.regions * pages * n
+	if total > MaxPreparedDescs {
+		return nil, n
+	}
+	out := make([]nixl.Desc, 0, total)
+	for i := 0; i < k.regions; i++ {
+		r := l.Regions[i+k.regionOffset]
+		for p := 0; p < pages; p++ {
+			base := r.Addr + uintptr(uint64(p)*l.PageBytes)
+			for t := 0; t < n; t++ {
+				off := uint64(k.head) * uint64(k.tokens) * hb // HND: the heads' block
+				if k.layout != HND {
+					off = uint64(t*k.perToken+k.head) * hb // NHD: the heads of token t
+				}
+				out = append(out, nixl.Desc{Addr: base + uintptr(off), Len: size, Dev: r.Dev})
+			}
+		}
+	}
+	return out, n
+}
+
+// prepSide prepares a side's page and host lists (remote "" for local).
+func prepSide(a *nixl.Agent, remote string, l Layout) (*sideLists, error) {
+	s := &sideLists{pages: l.Pages(), slices: map[sliceKey]*sliceList{}}
+	prep := func(kind nixl.MemKind, d []nixl.Desc) (*nixl.Prepped, error) {
+		if remote == "" {
+			return a.PrepLocal(kind, d)
+		}
+		return a.PrepRemote(remote, kind, d)
+	}
+	if n := len(l.Regions) * s.pages; n > MaxPreparedDescs {
+		return nil, fmt.Errorf("transfer: %d pages × %d regions is more than %d prepared descriptors", s.pages, len(l.Regions), MaxPreparedDescs)
+	}
+	kv := make([]nixl.Desc, 0, len(l.Regions)*s.pages)
+	for _, r := range l.Regions {
+		for p := 0; p < s.pages; p++ {
+			kv = append(kv, nixl.Desc{Addr: r.Addr + uintptr(uint64(p)*l.PageBytes), Len: l.PageBytes, Dev: r.Dev})
+		}
+	}
+	var err error
+	if len(kv) > 0 {
+		if s.kv, err = prep(l.Kind, kv); err != nil {
+			return nil, err
+		}
+	}
+	var host []nixl.Desc
+	for i := 0; i < l.AuxItems(); i++ {
+		host = append(host, nixl.Desc{Addr: l.Aux.Addr + uintptr(uint64(i)*l.AuxItemBytes), Len: l.AuxItemBytes, Dev: l.Aux.Dev})
+	}
+	for _, st := range l.State {
+		s.stateBase = append(s.stateBase, len(host))
+		for i := 0; i < st.Items(); i++ {
+			host = append(host, nixl.Desc{Addr: st.Addr + uintptr(uint64(i)*st.ItemBytes), Len: st.ItemBytes, Dev: st.Dev})
+		}
+	}
+	if len(host) > 0 {
+		if s.host, err = prep(nixl.DRAM, host); err != nil {
+			s.release()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// slice returns (preparing it the first time) a slice shape's list.
+func (s *sideLists) slice(a *nixl.Agent, remote string, l Layout, k sliceKey) (*sliceList, error) {
+	if sl, ok := s.slices[k]; ok {
+		return sl, nil
+	}
+	d, n := k.descs(l)
+	sl := &sliceList{pieces: n}
+	if d != nil {
+		var err error
+		if remote == "" {
+			sl.l, err = a.PrepLocal(l.Kind, d)
+		} else {
+			sl.l, err = a.PrepRemote(remote, l.Kind, d)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	s.slices[k] = sl
+	return sl, nil
+}
+
+func (s *sideLists) release() {
+	for _, p := range []*nixl.Prepped{s.kv, s.host} {
+		if p != nil {
+			p.Release()
+		}
+	}
+	for _, sl := range s.slices {
+		if sl.l != nil {
+			sl.l.Release()
+		}
+	}
+}
+
+// peerLists are one peer's remote lists; writes made from them hold a
+// reference, so lists replaced (the peer registered again) or evicted are
+// released only when their last write is.
+type peerLists struct {
+	*sideLists
+	layout Layout
+	refs   int
+	dead   bool
+	used   uint64
+}
+
+// sameLayout reports whether two layouts describe the same memory.
+func sameLayout(a, b Layout) bool {
+	if a.Kind != b.Kind || a.PageBytes != b.PageBytes || a.Aux != b.Aux || a.AuxItemBytes != b.AuxItemBytes ||
+		len(a.Regions) != len(b.Regions) || len(a.State) != len(b.State) {
+		return false
+	}
+	for i := range a.Regions {
+		if a.Regions[i] != b.Regions[i] {
+			return false
+		}
+	}
+	for i := range a.State {
+		if a.State[i] != b.State[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// lists is the pool's prepared descriptor lists: the local side's, made at
+// the first use, and each peer's, made when the peer registers (PreparePeer)
+// or at its first write, at most MaxPeers of them (least recently used
+// evicted).
+type lists struct {
+	agent    *nixl.Agent
+	local    Layout
+	maxPeers int
+
+	mu      sync.Mutex
+	self    *sideLists
+	selfErr error
+	peers   map[string]*peerLists
+	clock   uint64
+}
+
+func (ls *lists) localLists() (*sideLists, error) {
+	if ls.self == nil && ls.selfErr == nil {
+		ls.self, ls.selfErr = prepSide(ls.agent, "", ls.local)
+	}
+	return ls.self, ls.selfErr
+}
+
+// peer returns the remote lists for a peer of layout l, preparing them if
+// missing or made for another layout, with a reference taken (ls.mu held).
+func (ls *lists) peer(remote string, l Layout) (*peerLists, error) {
+	ls.clock++
+	if p, ok := ls.peers[remote]; ok && sameLayout(p.layout, l) {
+		p.refs++
+		p.used = ls.clock
+		return p, nil
+	}
+	side, err := prepSide(ls.agent, remote, l)
+	if err != nil {
+		return nil, err
+	}
+	ls.drop(remote)
+	if len(ls.peers) >= ls.maxPeers {
+		var lru string
+		var min uint64
+		for name, p := range ls.peers {
+			if lru == "" || p.used < min {
+				lru, min = name, p.used
+			}
+		}
+		ls.drop(lru)
+	}
+	p := &peerLists{sideLists: side, layout: l, refs: 1, used: ls.clock}
+	ls.peers[remote] = p
+	return p, nil
+}
+
+// drop forgets a peer's lists, releasing them once unreferenced (ls.mu held).
+func (ls *lists) drop(remote string) {
+	if p, ok := ls.peers[remote]; ok {
+		delete(ls.peers, remote)
+		p.dead = true
+		if p.refs == 0 {
+			p.release()
+		}
+	}
+}
+
+func (ls *lists) unref(p *peerLists) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if p.refs--; p.refs == 0 && p.dead {
+		p.release()
+	}
+}
+
+// close releases everything (no write in flight).
+func (ls *lists) close() {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	for name := range ls.peers {
+		ls.drop(name)
+	}
+	if ls.self != nil {
+		ls.self.release()
+		ls.self = nil
+	}
+}
+
+// indices maps a write onto the prepared lists: the local and remote
+// lists and the index pairs, with the reference to release after the
+// write. ok is false when the write's shape has no prepared list (an NHD
+// slice too large); the caller prepares its own then.
+func (ls *lists) indices(w *Write) (l, r *nixl.Prepped, li, ri []int, ref *peerLists, ok bool, err error) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	self, err := ls.localLists()
+	if err != nil {
+		return nil, nil, nil, nil, nil, false, err
+	}
+	peer, err := ls.peer(w.Remote, w.Peer)
+	if err != nil {
+		return nil, nil, nil, nil, nil, false, err
+	}
+	fail := func(format string, args ...any) (*nixl.Prepped, *nixl.Prepped, []int, []int, *peerLists, bool, error) {
+		peer.refs--
+		if peer.refs == 0 && peer.dead {
+			peer.release()
+		}
+		return nil, nil, nil, nil, nil, false, fmt.Errorf("transfer: "+format, args...)
+	}
+	local, remote := ls.local, w.Peer
+	switch {
+	case w.State >= 0:
+		if w.State >= len(local.State) || w.State >= len(remote.State) || local.State[w.State].ItemBytes != remote.State[w.State].ItemBytes {
+			return fail("state region %d does not match on both sides", w.State)
+		}
+		for _, run := range w.Runs {
+			for k := uint32(0); k < run.Len; k++ {
+				if int(run.Src+k) >= local.State[w.State].Items() || int(run.Dst+k) >= remote.State[w.State].Items() {
+					return fail("state item %d → %d is outside state region %d", run.Src+k, run.Dst+k, w.State)
+				}
+				li = append(li, self.stateBase[w.State]+int(run.Src+k))
+				ri = append(ri, peer.stateBase[w.State]+int(run.Dst+k))
+			}
+		}
+		return self.host, peer.host, li, ri, peer, true, nil
+	case w.AuxSrc >= 0:
+		if local.AuxItemBytes == 0 || local.AuxItemBytes != remote.AuxItemBytes {
+			return fail("aux items of %d and %d bytes", local.AuxItemBytes, remote.AuxItemBytes)
+		}
+		if w.AuxSrc >= local.AuxItems() || w.AuxDst < 0 || w.AuxDst >= remote.AuxItems() {
+			return fail("aux item %d → %d is outside the aux regions (%d, %d items)", w.AuxSrc, w.AuxDst, local.AuxItems(), remote.AuxItems())
+		}
+		return self.host, peer.host, []int{self.auxBase + w.AuxSrc}, []int{peer.auxBase + w.AuxDst}, peer, true, nil
+	case w.Slice != nil && w.Slice.Full:
+		return ls.pages(w, self, peer, w.Slice.RegionOffset, fail)
+	case w.Slice != nil:
+		s := w.Slice
+		if s.RegionOffset < 0 || len(local.Regions)+s.RegionOffset > len(remote.Regions) {
+			return fail("%d regions at offset %d do not fit the peer's %d", len(local.Regions), s.RegionOffset, len(remote.Regions))
+		}
+		lk := sliceKey{s.SrcHead, s.Heads, s.SrcHeads, s.HeadBytes, s.PageTokens, s.Layout, 0, len(local.Regions)}
+		rk := sliceKey{s.DstHead, s.Heads, s.DstHeads, s.HeadBytes, s.PageTokens, s.Layout, s.RegionOffset, len(local.Regions)}
+		lsl, err := self.slice(ls.agent, "", local, lk)
+		if err != nil {
+			return fail("%v", err)
+		}
+		rsl, err := peer.slice(ls.agent, w.Remote, remote, rk)
+		if err != nil {
+			return fail("%v", err)
+		}
+		if lsl.l == nil || rsl.l == nil {
+			peer.refs--
+			if peer.refs == 0 && peer.dead {
+				peer.release()
+			}
+			return nil, nil, nil, nil, nil, false, nil
+		}
+		n := lsl.pieces
+		for i := range local.Regions {
+			for _, run := range w.Runs {
+				for k := uint32(0); k < run.Len; k++ {
+					if int(run.Src+k) >= self.pages || int(run.Dst+k) >= peer.pages {
+						return fail("page %d → %d is outside the regions (%d, %d pages)", run.Src+k, run.Dst+k, self.pages, peer.pages)
+					}
+					lb, rb := (i*self.pages+int(run.Src+k))*n, (i*peer.pages+int(run.Dst+k))*n
+					for t := 0; t < n; t++ {
+						li, ri = append(li, lb+t), append(ri, rb+t)
+					}
+				}
+			}
+		}
+		return lsl.l, rsl.l, li, ri, peer, true, nil
+	}
+	return ls.pages(w, self, peer, 0, fail)
+}
+
+// pages maps whole pages of every local region onto the peer's regions
+// from offset on.
+func (ls *lists) pages(w *Write, self *sideLists, peer *peerLists, offset int,
+	fail func(string, ...any) (*nixl.Prepped, *nixl.Prepped, []int, []int, *peerLists, bool, error)) (*nixl.Prepped, *nixl.Prepped, []int, []int, *peerLists, bool, error) {
+	local, remote := ls.local, w.Peer
+	if offset < 0 || len(local.Regions)+offset > len(remote.Regions) {
+		return fail("%d regions at offset %d do not fit the peer's %d", len(local.Regions), offset, len(remote.Regions))
+	}
+	if local.PageBytes != remote.PageBytes {
+		return fail("pages of %d and %d bytes", local.PageBytes, remote.PageBytes)
+	}
+	var n int
+	for _, run := range w.Runs {
+		n += int(run.Len)
+	}
+	li, ri := make([]int, 0, n*len(local.Regions)), make([]int, 0, n*len(local.Regions))
+	for i := range local.Regions {
+		for _, run := range w.Runs {
+			if int(run.Src+run.Len) > self.pages || int(run.Dst+run.Len) > peer.pages {
+				return fail("pages %d+%d → %d+%d are outside the regions (%d, %d pages)", run.Src, run.Len, run.Dst, run.Len, self.pages, peer.pages)
+			}
+			lb, rb := i*self.pages+int(run.Src), (i+offset)*peer.pages+int(run.Dst)
+			for k := 0; k < int(run.Len); k++ {
+				li, ri = append(li, lb+k), append(ri, rb+k)
+			}
+		}
+	}
+	return self.kv, peer.kv, li, ri, peer, true, nil
+}
