@@ -23,9 +23,10 @@
 //	l.Send(bootstrap.Peer{Endpoint: prefillEndpoint}, &bootstrap.Request{Room: 7, Required: 1, AuxIndex: -1})
 //	l.Watch(bootstrap.Peer{Endpoint: prefillEndpoint}) // heartbeats while rooms are shared
 //
-// Send never blocks: a full queue is ErrQueueFull, and a peer that cannot
-// take more gets a bounded backlog and then drops (counted), so a dead peer
-// never delays another.
+// Send runs on the caller's goroutine, on the peer's socket under the peer's
+// lock (no hand-off), and never blocks: a peer that cannot take more gets a
+// bounded, ordered backlog, retried by the heartbeat goroutine, and then
+// drops (counted), so a dead peer never delays another.
 //
 // # Bootstrap server
 //

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,6 +19,9 @@ import (
 // Errors of the control loop.
 var (
 	ErrClosed    = errors.New("bootstrap: control loop closed")
+	// ErrQueueFull is no longer returned: sends go straight to the peer's
+	// socket (a busy peer's messages wait in its backlog, or drop as
+	// peer_busy). Kept for compatibility.
 	ErrQueueFull = errors.New("bootstrap: send queue full")
 )
 
@@ -59,7 +63,7 @@ type LoopConfig struct {
 
 	HeartbeatInterval time.Duration // default 5 s
 	MaxMisses         int           // default 2
-	SendQueue         int           // hand-off queue length, default 4096
+	SendQueue         int           // unused: sends no longer go through a queue (kept for compatibility)
 	SendHWM           int           // per-peer ZeroMQ high-water mark, default 1000
 	Linger            time.Duration // how long Close waits for queued sends, default 1 s
 	MaxPeers          int           // PUSH sockets kept, default 1024
@@ -114,7 +118,6 @@ type outbound struct {
 	to     Peer
 	frames [][]byte
 	t      MsgType
-	watch  *watchCmd // a watch command instead of a message, in order with the sends
 }
 
 type watchCmd struct {
@@ -122,17 +125,12 @@ type watchCmd struct {
 	watch bool
 }
 
-type pong struct {
-	endpoint string
-}
-
-// Loop is a rank's control loop. Two goroutines own its sockets, each socket
-// used by exactly one of them (ZeroMQ sockets are not thread-safe): the
-// receive goroutine owns the PULL socket, the ZAP handler and the wake
-// socket; the send goroutine owns every PUSH socket and the heartbeats.
-// Everyone else hands messages over through a bounded queue. (A single
-// goroutine cannot wait on a Go channel and on ZeroMQ sockets at once
-// without a polling timeout, which would cost latency.)
+// Loop is a rank's control loop. ZeroMQ sockets are not thread-safe, so
+// each has one owner at any moment: the receive goroutine owns the PULL
+// socket, the ZAP handler and the wake socket; a peer's PUSH socket is used
+// under that peer's lock, by the caller of Send itself (no hand-off to
+// another goroutine) or by the heartbeat goroutine, which sends PINGs and
+// retries the ordered backlogs of peers ZeroMQ would not take more from.
 type Loop struct {
 	cfg  LoopConfig
 	id   From
@@ -143,8 +141,7 @@ type Loop struct {
 
 	pull, zap, wakeR, wakeW *zmq.Socket
 
-	sendCh chan outbound
-	pongCh chan pong
+	snd *sender
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -198,8 +195,8 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 		cfg.Security = &sec
 	}
 	l = &Loop{cfg: cfg, id: cfg.Identity, log: cfg.Logger,
-		sendCh: make(chan outbound, cfg.SendQueue), pongCh: make(chan pong, 1024),
 		closing: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{})}
+	l.snd = newSender(l)
 	if l.log == nil {
 		l.log = zap.NewNop()
 	}
@@ -296,15 +293,18 @@ func (l *Loop) PublicKey() string {
 // Stats returns a snapshot of the loop's counters.
 func (l *Loop) Stats() Stats { return l.stat.snapshot() }
 
-// Send stamps m with this rank's identity, encodes it and hands it to the
-// send goroutine. It never blocks: a full queue returns ErrQueueFull.
+// Send stamps m with this rank's identity, encodes it and sends it on the
+// peer's socket, on the caller's goroutine under the peer's lock. It never
+// blocks: a peer ZeroMQ will not take more from gets an ordered backlog
+// (retried by the heartbeat goroutine) and, past SendHWM, drops (counted
+// as peer_busy), so a dead peer never delays another.
 func (l *Loop) Send(to Peer, m Message) error {
 	setFrom(m, l.id)
 	frames, err := l.encode(m)
 	if err != nil {
 		return err
 	}
-	return l.enqueue(outbound{to: to, frames: frames, t: m.Type()})
+	return l.snd.deliver(outbound{to: to, frames: frames, t: m.Type()})
 }
 
 // encode returns m's frames, sealed when Auth is on.
@@ -316,21 +316,6 @@ func (l *Loop) encode(m Message) ([][]byte, error) {
 	return l.cfg.Auth.Seal(frames, time.Now()), nil
 }
 
-func (l *Loop) enqueue(o outbound) error {
-	select {
-	case <-l.closing:
-		return ErrClosed
-	default:
-	}
-	select {
-	case l.sendCh <- o:
-		return nil
-	default:
-		l.stat.dropInc(DropQueueFull)
-		return fmt.Errorf("bootstrap: %v to %s: %w", o.t, o.to.Endpoint, ErrQueueFull)
-	}
-}
-
 // Watch starts heartbeats to a peer (a rank this one shares a live room
 // with). Watching a watched peer is a no-op.
 func (l *Loop) Watch(p Peer) error { return l.watch(watchCmd{peer: p, watch: true}) }
@@ -340,19 +325,7 @@ func (l *Loop) Unwatch(endpoint string) error {
 	return l.watch(watchCmd{peer: Peer{Endpoint: endpoint}})
 }
 
-func (l *Loop) watch(c watchCmd) error {
-	select {
-	case <-l.closing:
-		return ErrClosed
-	default:
-	}
-	select {
-	case l.sendCh <- outbound{watch: &c}:
-		return nil
-	case <-l.closing:
-		return ErrClosed
-	}
-}
+func (l *Loop) watch(c watchCmd) error { return l.snd.watch(c) }
 
 // Close stops both goroutines, closes every socket (queued sends get at most
 // Linger) and terminates the ZeroMQ context. It is idempotent and returns
@@ -471,10 +444,7 @@ func (l *Loop) dispatch(frames [][]byte, epochs *epochTable, limiter *logLimiter
 	case *Ping:
 		_ = l.Send(Peer{Endpoint: from.Endpoint}, &Pong{Seq: m.Seq})
 	case *Pong:
-		select {
-		case l.pongCh <- pong{endpoint: from.Endpoint}:
-		default: // the send goroutine is behind; the next PONG will do
-		}
+		l.snd.pong(from.Endpoint)
 	default:
 		l.cfg.Handler(m)
 	}
@@ -499,14 +469,17 @@ func (l *Loop) authenticate() {
 	l.zap.SendMessage(version, id, "400", "NO ACCESS", "", "")
 }
 
-// ---- send goroutine ----------------------------------------------------
+// ---- sending ------------------------------------------------------------
 
 type peerConn struct {
 	endpoint string
-	sock     *zmq.Socket
-	lastUsed time.Time
-	elem     *list.Element // in the LRU list
+	lastUsed time.Time     // under sender.mu
+	elem     *list.Element // in the LRU list, under sender.mu
 
+	// mu is the socket's owner: every use of sock and every field below.
+	mu       sync.Mutex
+	sock     *zmq.Socket
+	closed   bool // evicted or shut down: look the peer up again
 	watched  bool
 	awaiting bool // a PING was handed to ZeroMQ and no PONG came since
 	misses   int
@@ -517,8 +490,12 @@ type peerConn struct {
 	backlog []outbound
 }
 
+// sender is the table of PUSH sockets. Lock order: sender.mu, then a
+// peerConn's mu; never the other way round.
 type sender struct {
-	l     *Loop
+	l *Loop
+
+	mu    sync.Mutex
 	peers map[string]*peerConn
 	lru   *list.List // front: most recently used
 	// known are the endpoints this rank addressed itself (a message other
@@ -528,11 +505,19 @@ type sender struct {
 	known    map[string]*list.Element
 	knownLRU *list.List
 	keys     map[string]string
-	seq      uint64
-	limit    logLimiter
-	pending  int           // messages in all backlogs
-	retry    *time.Timer   // armed while pending > 0
-	backoff  time.Duration // grows while retries make no progress (a dead peer)
+	closed   bool
+
+	pending atomic.Int64  // messages in all backlogs
+	kick    chan struct{} // a backlog got its first message
+
+	limitMu sync.Mutex
+	limit   logLimiter
+
+	// Owned by the heartbeat goroutine.
+	seq     uint64
+	retry   *time.Timer   // armed while pending > 0
+	armed   bool          // retry is running
+	backoff time.Duration // grows while retries make no progress (a dead peer)
 }
 
 // Backlogs are retried after retryInterval, backing off to maxRetryInterval
@@ -542,46 +527,41 @@ const (
 	maxRetryInterval = 100 * time.Millisecond
 )
 
+func newSender(l *Loop) *sender {
+	s := &sender{l: l, peers: map[string]*peerConn{}, lru: list.New(), keys: map[string]string{},
+		known: map[string]*list.Element{}, knownLRU: list.New(), kick: make(chan struct{}, 1),
+		retry: time.NewTimer(time.Hour)}
+	s.retry.Stop()
+	return s
+}
+
+// send is the heartbeat goroutine: PINGs, backlog retries, and at Close
+// the last flush and the sockets.
 func (l *Loop) send() {
 	defer close(l.sendDone)
-	s := &sender{l: l, peers: map[string]*peerConn{}, lru: list.New(), keys: map[string]string{},
-		known: map[string]*list.Element{}, knownLRU: list.New(), retry: time.NewTimer(retryInterval)}
-	s.retry.Stop()
+	s := l.snd
 	defer s.retry.Stop()
 	ticker := time.NewTicker(l.cfg.HeartbeatInterval)
 	defer ticker.Stop()
 	for {
 		var retryC <-chan time.Time
-		if s.pending > 0 {
+		if s.armed {
 			retryC = s.retry.C
 		}
 		select {
 		case <-retryC:
+			s.armed = false
 			s.flush()
-		case o := <-l.sendCh:
-			s.deliver(o)
-		case p := <-l.pongCh:
-			if pc, ok := s.peers[p.endpoint]; ok {
-				pc.awaiting, pc.misses = false, 0
+		case <-s.kick:
+			if !s.armed && s.pending.Load() > 0 {
+				s.backoff = retryInterval
+				s.retry.Reset(s.backoff)
+				s.armed = true
 			}
 		case now := <-ticker.C:
 			s.heartbeat(now)
 		case <-l.closing:
-			// Flush what was queued before Close, then stop the receiver.
-		drain:
-			for {
-				select {
-				case o := <-l.sendCh:
-					s.deliver(o)
-				default:
-					break drain
-				}
-			}
-			s.flush()
-			for _, pc := range s.peers {
-				pc.sock.SetLinger(l.cfg.Linger)
-				pc.sock.Close()
-			}
+			s.shutdown()
 			l.wakeW.SendBytes([]byte("stop"), zmq.DONTWAIT)
 			l.wakeW.Close()
 			return
@@ -589,7 +569,26 @@ func (l *Loop) send() {
 	}
 }
 
-// remember marks an endpoint as one this rank addressed itself.
+// shutdown refuses further sends, flushes what is queued and closes every
+// socket (each lingering up to Linger).
+func (s *sender) shutdown() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for _, pc := range s.peers {
+		pc.mu.Lock()
+		n := 0
+		for n < len(pc.backlog) && s.try(pc, pc.backlog[n]) {
+			n++
+		}
+		pc.sock.SetLinger(s.l.cfg.Linger)
+		pc.sock.Close()
+		pc.closed = true
+		pc.mu.Unlock()
+	}
+}
+
+// remember marks an endpoint as one this rank addressed itself (s.mu held).
 func (s *sender) remember(endpoint string) {
 	if e, ok := s.known[endpoint]; ok {
 		s.knownLRU.MoveToFront(e)
@@ -603,6 +602,7 @@ func (s *sender) remember(endpoint string) {
 	}
 }
 
+// conn returns the peer's socket, opening it if needed (s.mu held).
 func (s *sender) conn(p Peer, now time.Time, reply bool) (*peerConn, error) {
 	if !reply {
 		s.remember(p.Endpoint)
@@ -675,20 +675,29 @@ func setClientCurve(sock *zmq.Socket, serverKey string, sec *Security) error {
 
 // evict closes the least recently used unwatched sockets until at most
 // limit are open (or only watched ones are left). The keys of peers no
-// longer open or addressed are forgotten with them.
+// longer open or addressed are forgotten with them (s.mu held).
 func (s *sender) evict(limit int) {
 	for e := s.lru.Back(); e != nil && len(s.peers) > limit; {
 		prev := e.Prev()
-		if pc := e.Value.(*peerConn); !pc.watched {
+		pc := e.Value.(*peerConn)
+		pc.mu.Lock()
+		watched := pc.watched
+		pc.mu.Unlock()
+		if !watched {
 			s.drop(pc)
 		}
 		e = prev
 	}
 }
 
+// drop closes a peer's socket and forgets it (s.mu held).
 func (s *sender) drop(pc *peerConn) {
-	s.pending -= len(pc.backlog)
+	pc.mu.Lock()
+	s.pending.Add(-int64(len(pc.backlog)))
+	pc.backlog = nil
 	pc.sock.Close()
+	pc.closed = true
+	pc.mu.Unlock()
 	s.lru.Remove(pc.elem)
 	delete(s.peers, pc.endpoint)
 	s.l.stat.sockets.Store(uint64(len(s.peers)))
@@ -697,42 +706,60 @@ func (s *sender) drop(pc *peerConn) {
 	}
 }
 
-func (s *sender) deliver(o outbound) {
-	if o.watch != nil {
-		s.watch(*o.watch)
-		return
-	}
-	pc, err := s.conn(o.to, time.Now(), o.t == TypePong)
-	if err != nil {
-		reason := DropError
-		switch {
-		case errors.Is(err, errNoKey):
-			reason = DropNoKey
-		case errors.Is(err, errUnknownPeer):
-			reason = DropUnknownPeer
-		case errors.Is(err, errTooManyPeers):
-			reason = DropTooManyPeers
+// deliver sends o on its peer's socket, on the caller's goroutine.
+func (s *sender) deliver(o outbound) error {
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return ErrClosed
 		}
-		s.dropped(o, reason, err)
-		return
-	}
-	if len(pc.backlog) > 0 || !s.try(pc, o) {
-		if len(pc.backlog) >= s.l.cfg.SendHWM {
-			s.dropped(o, DropPeerBusy, errors.New("peer queue and backlog full"))
-			return
+		pc, err := s.conn(o.to, time.Now(), o.t == TypePong)
+		s.mu.Unlock()
+		if err != nil {
+			reason := DropError
+			switch {
+			case errors.Is(err, errNoKey):
+				reason = DropNoKey
+			case errors.Is(err, errUnknownPeer):
+				reason = DropUnknownPeer
+			case errors.Is(err, errTooManyPeers):
+				reason = DropTooManyPeers
+			}
+			s.dropped(o, reason, err)
+			return nil
 		}
-		pc.backlog = append(pc.backlog, o)
-		if s.pending == 0 {
-			s.backoff = retryInterval
-			s.retry.Reset(s.backoff)
+		pc.mu.Lock()
+		if pc.closed { // evicted between the lookup and the lock
+			pc.mu.Unlock()
+			continue
 		}
-		s.pending++
+		if len(pc.backlog) > 0 || !s.try(pc, o) {
+			if len(pc.backlog) >= s.l.cfg.SendHWM {
+				pc.mu.Unlock()
+				s.dropped(o, DropPeerBusy, errors.New("peer queue and backlog full"))
+				return nil
+			}
+			pc.backlog = append(pc.backlog, o)
+			if s.pending.Add(1) == 1 {
+				signalKick(s.kick)
+			}
+		}
+		pc.mu.Unlock()
+		return nil
 	}
 }
 
-// try sends o without blocking. It returns false if ZeroMQ would block
-// (the message is still the caller's); any other failure is counted and the
-// message consumed.
+func signalKick(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// try sends o without blocking (pc.mu held). It returns false if ZeroMQ
+// would block (the message is still the caller's); any other failure is
+// counted and the message consumed.
 func (s *sender) try(pc *peerConn, o outbound) bool {
 	for attempt := 0; attempt < 2; attempt++ {
 		_, err := pc.sock.SendMessageDontwait(o.frames)
@@ -752,54 +779,93 @@ func (s *sender) try(pc *peerConn, o outbound) bool {
 	return false
 }
 
+// snapshot lists the open peers.
+func (s *sender) snapshot() []*peerConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*peerConn, 0, len(s.peers))
+	for _, pc := range s.peers {
+		out = append(out, pc)
+	}
+	return out
+}
+
 // flush retries every backlog in order; the timer stays armed while any
-// message is left.
+// message is left (heartbeat goroutine).
 func (s *sender) flush() {
 	moved := false
-	for _, pc := range s.peers {
+	for _, pc := range s.snapshot() {
+		pc.mu.Lock()
 		n := 0
-		for n < len(pc.backlog) && s.try(pc, pc.backlog[n]) {
+		for !pc.closed && n < len(pc.backlog) && s.try(pc, pc.backlog[n]) {
 			n++
 		}
 		if n > 0 {
 			pc.backlog = append(pc.backlog[:0], pc.backlog[n:]...)
-			s.pending -= n
+			s.pending.Add(-int64(n))
 			moved = true
 			pc.moved = true
 		}
+		pc.mu.Unlock()
 	}
-	if s.pending > 0 {
+	if s.pending.Load() > 0 {
 		if moved {
 			s.backoff = retryInterval
 		} else {
 			s.backoff = min(2*s.backoff, maxRetryInterval)
 		}
 		s.retry.Reset(s.backoff)
+		s.armed = true
 	}
 }
 
 func (s *sender) dropped(o outbound, reason string, err error) {
 	s.l.stat.dropInc(reason)
-	if n, ok := s.limit.allow(time.Now()); ok {
+	s.limitMu.Lock()
+	n, ok := s.limit.allow(time.Now())
+	s.limitMu.Unlock()
+	if ok {
 		s.l.log.Warn("control message not sent", zap.String("rank", s.l.id.Peer()), zap.Stringer("type", o.t),
 			zap.String("peer", o.to.Endpoint), zap.String("reason", reason), zap.Error(err), zap.Int("suppressed", n))
 	}
 }
 
-func (s *sender) watch(c watchCmd) {
+func (s *sender) watch(c watchCmd) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
 	if !c.watch {
 		if pc, ok := s.peers[c.peer.Endpoint]; ok {
+			pc.mu.Lock()
 			pc.watched, pc.awaiting, pc.misses = false, false, 0
+			pc.mu.Unlock()
 		}
-		return
+		return nil
 	}
 	pc, err := s.conn(c.peer, time.Now(), false)
 	if err != nil {
 		s.l.log.Warn("cannot watch peer", zap.String("peer", c.peer.Endpoint), zap.Error(err))
-		return
+		return nil
 	}
+	pc.mu.Lock()
 	if !pc.watched {
 		pc.watched, pc.awaiting, pc.misses = true, false, 0
+	}
+	pc.mu.Unlock()
+	return nil
+}
+
+// pong records a PONG from endpoint (receive goroutine).
+func (s *sender) pong(endpoint string) {
+	s.mu.Lock()
+	pc, ok := s.peers[endpoint]
+	s.mu.Unlock()
+	if ok {
+		pc.mu.Lock()
+		pc.awaiting, pc.misses = false, 0
+		pc.mu.Unlock()
 	}
 }
 
@@ -810,11 +876,25 @@ func (s *sender) watch(c watchCmd) {
 // probe (it moving proves the peer alive, it standing still is a miss), so
 // a miss is never counted for a PING that was not sent.
 func (s *sender) heartbeat(now time.Time) {
+	s.mu.Lock()
+	var watched []*peerConn
 	for _, pc := range s.peers {
-		if !pc.watched {
-			if now.Sub(pc.lastUsed) > s.l.cfg.PeerIdle {
-				s.drop(pc)
-			}
+		pc.mu.Lock()
+		w := pc.watched
+		pc.mu.Unlock()
+		switch {
+		case w:
+			watched = append(watched, pc)
+		case now.Sub(pc.lastUsed) > s.l.cfg.PeerIdle:
+			s.drop(pc)
+		}
+	}
+	s.mu.Unlock()
+	var down []string
+	for _, pc := range watched {
+		pc.mu.Lock()
+		if pc.closed || !pc.watched {
+			pc.mu.Unlock()
 			continue
 		}
 		switch {
@@ -829,17 +909,21 @@ func (s *sender) heartbeat(now time.Time) {
 			s.l.stat.dead.Add(1)
 			s.l.log.Warn("peer unreachable", zap.String("rank", s.l.id.Peer()), zap.String("peer", pc.endpoint),
 				zap.Int("missed", pc.misses))
-			if s.l.cfg.OnPeerDown != nil {
-				s.l.cfg.OnPeerDown(PeerDown{Endpoint: pc.endpoint, Reason: ReasonPeerUnreachable})
-			}
+			down = append(down, pc.endpoint)
+			pc.mu.Unlock()
 			continue
 		}
-		if len(pc.backlog) > 0 {
-			continue
+		if len(pc.backlog) == 0 {
+			s.seq++
+			frames, _ := s.l.encode(&Ping{From: s.l.id, Seq: s.seq})
+			pc.awaiting = s.try(pc, outbound{to: Peer{Endpoint: pc.endpoint}, frames: frames, t: TypePing})
 		}
-		s.seq++
-		frames, _ := s.l.encode(&Ping{From: s.l.id, Seq: s.seq})
-		pc.awaiting = s.try(pc, outbound{to: Peer{Endpoint: pc.endpoint}, frames: frames, t: TypePing})
+		pc.mu.Unlock()
+	}
+	if s.l.cfg.OnPeerDown != nil {
+		for _, ep := range down {
+			s.l.cfg.OnPeerDown(PeerDown{Endpoint: ep, Reason: ReasonPeerUnreachable})
+		}
 	}
 }
 

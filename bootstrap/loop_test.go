@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"reflect"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -276,18 +277,37 @@ func TestDeadEndpointDoesNotDelayOthers(t *testing.T) {
 	}
 }
 
-func TestQueueFullIsAnError(t *testing.T) {
-	// With a one-slot queue some sends must be refused, never block.
-	decode := newRank(t, RoleDecode, "d", func(c *LoopConfig) { c.SendQueue = 1 })
-	nobody := Peer{Endpoint: freeEndpoint(t)}
-	var full int
-	for i := 0; i < 10000; i++ {
-		if err := decode.Send(nobody, &Abort{Room: uint64(i)}); errors.Is(err, ErrQueueFull) {
-			full++
-		}
+// Sends run on the caller's goroutine: many goroutines sending to one
+// peer at once (each peer's socket has one owner at a time) deliver every
+// message, each goroutine's in its order.
+func TestConcurrentSendersKeepOrder(t *testing.T) {
+	const senders, each = 8, 500
+	got := make(chan Message, senders*each)
+	recv := newRank(t, RolePrefill, "recv", func(c *LoopConfig) { c.Handler = func(m Message) { got <- m } })
+	send := newRank(t, RoleDecode, "send", func(c *LoopConfig) { c.SendHWM = senders * each })
+	to := Peer{Endpoint: recv.Endpoint()}
+	var wg sync.WaitGroup
+	for g := 0; g < senders; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				if err := send.Send(to, &Abort{Room: uint64(g*each + i)}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
 	}
-	if full == 0 || decode.Stats().Dropped[DropQueueFull] != uint64(full) {
-		t.Fatalf("full=%d, stats %v", full, decode.Stats().Dropped)
+	wg.Wait()
+	next := make([]int, senders)
+	for n := 0; n < senders*each; n++ {
+		m := (<-got).(*Abort)
+		g, i := int(m.Room)/each, int(m.Room)%each
+		if i != next[g] {
+			t.Fatalf("sender %d: message %d arrived after %d", g, i, next[g]-1)
+		}
+		next[g]++
 	}
 }
 

@@ -302,7 +302,7 @@ func Open(cfg Config) (*Agent, error) {
 // few passes that only yield, then sleeps growing to watchMaxSleep.
 const (
 	watchSpins    = 64
-	watchMaxSleep = 200 * time.Microsecond
+	watchMaxSleep = 50 * time.Microsecond
 )
 
 func (a *Agent) watch() {
