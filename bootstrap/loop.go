@@ -18,7 +18,7 @@ import (
 
 // Errors of the control loop.
 var (
-	ErrClosed    = errors.New("bootstrap: control loop closed")
+	ErrClosed = errors.New("bootstrap: control loop closed")
 	// ErrQueueFull is no longer returned: sends go straight to the peer's
 	// socket (a busy peer's messages wait in its backlog, or drop as
 	// peer_busy). Kept for compatibility.
