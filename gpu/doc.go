@@ -3,10 +3,8 @@
 // required: everything builds and runs without a GPU, a driver or the CUDA
 // toolkit.
 //
-//   - Discover lists GPUs through NVML (github.com/NVIDIA/go-nvml): UUID,
-//     name, memory, PCI bus id, NUMA node, NVLink peers. Without a driver it
-//     returns ErrNoGPU, and after a failed nvmlInit it makes no other NVML
-//     call (go-nvml would kill the process).
+//   - Package gpu/discover lists GPUs through NVML (github.com/NVIDIA/go-nvml):
+//     UUID, name, memory, PCI bus id, NUMA node, NVLink peers.
 //   - OpenDriver loads libcuda.so.1 at run time ($KVBRIDGE_CUDA_LIB
 //     overrides the path): primary contexts, device memory, copies (sync and
 //     on streams), CUDA IPC handles, pointer attributes. Every failure is a
@@ -14,7 +12,7 @@
 //
 // Usage:
 //
-//	devs, err := gpu.Discover()          // errors.Is(err, gpu.ErrNoGPU) on CPU nodes
+//	devs, err := discover.Discover()     // errors.Is(err, discover.ErrNoGPU) on CPU nodes
 //	drv, err := gpu.OpenDriver()
 //	ctx, err := drv.Primary(0)
 //	p, err := ctx.Alloc(1 << 30)

@@ -22,21 +22,22 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/gpu"
+	"github.com/kvbridge/kvbridge/gpu/discover"
 	"github.com/kvbridge/kvbridge/nixl"
 )
 
 type result struct {
-	Date          string       `json:"date"`
-	Devices       []gpu.Device `json:"devices"`
-	DiscoveryErr  string       `json:"discovery_error,omitempty"`
-	Driver        int          `json:"cuda_driver_version"`
-	BulkBytes     uint64       `json:"bulk_bytes"`
-	BulkGBps      float64      `json:"bulk_gbps"`
-	PagesGBps     float64      `json:"pages_gbps"`
-	DtoDGBps      float64      `json:"dtod_gbps"`
-	Ratio         float64      `json:"ratio_bulk_vs_dtod"`
-	PagesRatio    float64      `json:"ratio_pages_vs_dtod"`
-	BytesVerified uint64       `json:"bytes_verified"`
+	Date          string            `json:"date"`
+	Devices       []discover.Device `json:"devices"`
+	DiscoveryErr  string            `json:"discovery_error,omitempty"`
+	Driver        int               `json:"cuda_driver_version"`
+	BulkBytes     uint64            `json:"bulk_bytes"`
+	BulkGBps      float64           `json:"bulk_gbps"`
+	PagesGBps     float64           `json:"pages_gbps"`
+	DtoDGBps      float64           `json:"dtod_gbps"`
+	Ratio         float64           `json:"ratio_bulk_vs_dtod"`
+	PagesRatio    float64           `json:"ratio_pages_vs_dtod"`
+	BytesVerified uint64            `json:"bytes_verified"`
 }
 
 func main() {
@@ -68,7 +69,7 @@ const pageSize = 32 << 10
 
 func run(size uint64, pages, iters int, allowNoNVML bool) (*result, error) {
 	r := &result{Date: time.Now().UTC().Format(time.RFC3339), BulkBytes: size}
-	devs, err := gpu.Discover()
+	devs, err := discover.Discover()
 	if err != nil {
 		if !allowNoNVML {
 			return nil, fmt.Errorf("discovery: %w", err)

@@ -1,4 +1,14 @@
-package gpu
+// Package discover lists a node's GPUs through NVML
+// (github.com/NVIDIA/go-nvml): UUID, name, memory, PCI bus id, NUMA node,
+// NVLink peers. Without a driver it returns ErrNoGPU, and after a failed
+// nvmlInit it makes no other NVML call (go-nvml would kill the process).
+//
+// It is a package of its own so that only what lists GPUs compiles go-nvml
+// (whose cgo prologue prints hundreds of deprecation warnings unless
+// CGO_CFLAGS has -Wno-deprecated-declarations, as the Makefile sets): the
+// library's packages and the other examples build quietly with a plain go
+// build.
+package discover
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package gpu_test
+package discover_test
 
 import (
 	"fmt"
@@ -6,10 +6,10 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
-	"github.com/kvbridge/kvbridge/gpu"
+	"github.com/kvbridge/kvbridge/gpu/discover"
 )
 
-// Discovery on go-nvml's mock DGX H200 (on a real node: gpu.Discover()).
+// Discovery on go-nvml's mock DGX H200 (on a real node: discover.Discover()).
 func ExampleDiscoverWith() {
 	machine := dgxh200.New()
 	for i, d := range machine.Devices {
@@ -18,7 +18,7 @@ func ExampleDiscoverWith() {
 		dev.GetNumaNodeIdFunc = func() (int, nvml.Return) { return node, nvml.SUCCESS }
 		dev.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 	}
-	devs, err := gpu.DiscoverWith(machine)
+	devs, err := discover.DiscoverWith(machine)
 	if err != nil {
 		panic(err)
 	}

@@ -1,0 +1,24 @@
+package gpu
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// Only gpu/discover (and what imports it: examples/gpucheck) compiles
+// go-nvml, whose cgo prologue floods a plain go build with deprecation
+// warnings: the library and the other examples build quietly.
+func TestOnlyDiscoveryCompilesNVML(t *testing.T) {
+	pkgs := []string{"../nixl", "../kvmanager", "../transfer", "../bootstrap", "../sender", "../receiver", "../gpu",
+		"../examples/prefill", "../examples/decode", "../examples/demo", "../examples/kvbench"}
+	out, err := exec.Command("go", append([]string{"list", "-deps"}, pkgs...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if strings.Contains(p, "go-nvml") {
+			t.Fatalf("%s is in the dependencies of %v", p, pkgs)
+		}
+	}
+}
