@@ -59,6 +59,15 @@ type Config struct {
 	Layout   transfer.Layout // KV (and aux) memory of this rank, registered by the Manager
 	Registry RegistryConfig
 	Workers  int // transfer workers (prefill), default 4
+	// InFlight is how many rooms' writes a prefill worker keeps posted at
+	// once (transfer.Config.InFlight), default 8.
+	InFlight int
+	// WarmMemory faults in the rank's host memory (KV regions in DRAM, aux
+	// and state items) when the Manager registers it (nixl.Populate), so a
+	// fresh machine's first-touch page faults are paid at start-up, not
+	// inside the first transfers (Manager.WarmUp says how long it took).
+	// The example binaries turn it on.
+	WarmMemory bool
 
 	// QuarantineTimeout bounds how long a failed decode room's pages wait
 	// for the prefill ranks' ABORT_ACK (default 2 × StallTimeout); past it

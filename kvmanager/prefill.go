@@ -28,7 +28,7 @@ func NewPrefill(cfg Config) (*Prefill, error) {
 		return nil, err
 	}
 	p := &Prefill{m}
-	if m.pool, err = transfer.NewPool(m.agent, m.cfg.Layout, transfer.Config{Workers: m.cfg.Workers, Stall: m.cfg.Registry.StallTimeout}); err != nil {
+	if m.pool, err = transfer.NewPool(m.agent, m.cfg.Layout, transfer.Config{Workers: m.cfg.Workers, InFlight: m.cfg.InFlight, Stall: m.cfg.Registry.StallTimeout}); err != nil {
 		m.Close()
 		return nil, err
 	}

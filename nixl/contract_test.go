@@ -238,6 +238,7 @@ func TestContract(t *testing.T) {
 			t.Run("concurrent posts", func(t *testing.T) { contractConcurrent(t, ec) })
 			t.Run("close in flight", func(t *testing.T) { contractCloseInFlight(t, ec) })
 			t.Run("post after deregister", func(t *testing.T) { contractPostAfterDeregister(t, ec) })
+			t.Run("post after reload", func(t *testing.T) { contractPostAfterReload(t, ec) })
 		})
 	}
 }
@@ -547,6 +548,43 @@ func contractCloseInFlight(t *testing.T, ec engineCase) {
 	if err := p.ini.Post(x); !errors.Is(err, ErrClosed) {
 		t.Fatalf("post after close: %v", err)
 	}
+}
+
+// A remote list prepared before the remote's metadata was loaded again is
+// refused at post (the ucx engine wrote through the old mapping, unmapped
+// by the reload, and crashed): prepared again, it works.
+func contractPostAfterReload(t *testing.T, ec engineCase) {
+	p := newPair(t, ec)
+	_, src, _ := p.ini.Alloc(1 << 20)
+	_, dst, _ := p.tgt.Alloc(1 << 20)
+	p.remote = exchange(t, p.ini, p.tgt)
+	fill(src, 31)
+	l, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
+	r, _ := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
+	md, _ := p.tgt.Metadata()
+	if _, err := p.ini.LoadRemote(md); err != nil {
+		t.Fatal(err)
+	}
+	x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.Post(x); !errors.Is(err, ErrStalePrep) {
+		t.Fatalf("post from a list prepared before the reload: %v, want ErrStalePrep", err)
+	}
+	p.ini.Release(x)
+	r2, err := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x = write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(src, dst) {
+		t.Fatalf("after preparing again: %v %v", st, err)
+	}
+	p.ini.Release(x)
+	r.Release()
+	r2.Release()
+	l.Release()
 }
 
 func TestOpenErrors(t *testing.T) {

@@ -23,6 +23,9 @@ var (
 	ErrTimeout           = errors.New("nixl: transfer deadline passed")
 	ErrUnsupported       = errors.New("nixl: not supported by this engine")
 	ErrClosed            = errors.New("nixl: agent closed")
+	// ErrStalePrep: a remote list prepared before its remote's metadata was
+	// loaded again (or invalidated) cannot be posted; prepare it again.
+	ErrStalePrep = errors.New("nixl: prepared list is stale (its remote was reloaded or invalidated since)")
 )
 
 // MemKind is the kind of memory a descriptor points at.
@@ -197,6 +200,7 @@ type Prepped struct {
 	handle any
 	agent  *Agent
 	deregs uint64 // the agent's deregistration count when last checked
+	gen    uint64 // remote lists: the remote's metadata generation at prep
 }
 
 // Xfer is a transfer request built from prepared lists by index.
@@ -232,9 +236,17 @@ type Agent struct {
 	b       backend
 	timeout time.Duration
 
+	// loadMu orders remote (re)loads against posts: a post holds it for
+	// reading from its checks to the engine's post (a write the engine
+	// copies itself into mapped peer memory happens inside), LoadRemote
+	// and InvalidateRemote for writing, so no post ever writes through a
+	// mapping a reload has just taken away.
+	loadMu sync.RWMutex
+
 	mu      sync.Mutex
 	regs    map[*Registration]struct{}
 	remotes map[string]*regionIndex
+	gens    map[string]uint64 // each remote's metadata generation
 	// localIdx indexes registered memory; nil after a (de)registration.
 	localIdx *regionIndex
 	// deregs counts deregistrations: a local list prepared before one is
@@ -264,7 +276,7 @@ func Open(cfg Config) (*Agent, error) {
 		cfg.XferTimeout = 60 * time.Second
 	}
 	a := &Agent{name: cfg.Name, timeout: cfg.XferTimeout, regs: map[*Registration]struct{}{},
-		remotes: map[string]*regionIndex{}}
+		remotes: map[string]*regionIndex{}, gens: map[string]uint64{}}
 	var err error
 	switch cfg.Engine {
 	case EngineAuto:
@@ -553,6 +565,8 @@ func (a *Agent) Metadata() ([]byte, error) {
 // LoadRemote loads a peer's metadata and returns the peer agent's name.
 // Loading a newer blob of a known agent replaces the old one.
 func (a *Agent) LoadRemote(md []byte) (string, error) {
+	a.loadMu.Lock()
+	defer a.loadMu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.check(); err != nil {
@@ -563,17 +577,21 @@ func (a *Agent) LoadRemote(md []byte) (string, error) {
 		return "", fmt.Errorf("agent %s: load remote metadata: %w", a.name, err)
 	}
 	a.remotes[name] = newRegionIndex(regions)
+	a.gens[name]++
 	return name, nil
 }
 
 // InvalidateRemote forgets a peer; its transfers in flight fail.
 func (a *Agent) InvalidateRemote(name string) error {
+	a.loadMu.Lock()
+	defer a.loadMu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if _, ok := a.remotes[name]; !ok {
 		return fmt.Errorf("agent %s: invalidate %q: %w", a.name, name, ErrRemoteUnknown)
 	}
 	delete(a.remotes, name)
+	a.gens[name]++
 	return a.b.invalidate(name)
 }
 
@@ -621,7 +639,8 @@ func (a *Agent) prep(remote string, kind MemKind, descs []Desc) (*Prepped, error
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: prep %s: %w", a.name, where, err)
 	}
-	return &Prepped{Remote: remote, Kind: kind, Descs: append([]Desc(nil), descs...), handle: h, agent: a, deregs: a.deregs}, nil
+	return &Prepped{Remote: remote, Kind: kind, Descs: append([]Desc(nil), descs...), handle: h, agent: a, deregs: a.deregs,
+		gen: a.gens[remote]}, nil
 }
 
 // localIndex indexes the registered memory (a.mu held).
@@ -769,16 +788,22 @@ func (a *Agent) Post(x *Xfer) error { return a.PostTo(x, nil) }
 // returns an error nothing is sent. Give done room for every transfer
 // posted to it and not yet received, or the sends queue on goroutines.
 func (a *Agent) PostTo(x *Xfer, done chan<- *Xfer) error {
+	a.loadMu.RLock()
+	defer a.loadMu.RUnlock()
 	a.mu.Lock()
 	if err := a.check(); err != nil {
 		a.mu.Unlock()
 		return err
 	}
 	_, ok := a.remotes[x.Remote]
+	stale := a.gens[x.Remote] != x.remote.gen
 	regErr := a.stillRegistered(x)
 	a.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("agent %s: post to %q: %w", a.name, x.Remote, ErrRemoteUnknown)
+	}
+	if stale {
+		return fmt.Errorf("agent %s: post to %q: %w", a.name, x.Remote, ErrStalePrep)
 	}
 	if regErr != nil {
 		return regErr

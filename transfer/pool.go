@@ -324,6 +324,18 @@ func (p *Pool) start(w *Write, done chan<- *nixl.Xfer) (f *flight, posted bool, 
 		}
 		return nil, false, p.agent.GenNotif(w.Remote, notif)
 	}
+	f, posted, err = p.startOnce(w, notif, done)
+	if errors.Is(err, nixl.ErrStalePrep) {
+		// The peer's metadata was loaded again since its lists were made
+		// (a REGISTER raced this write, or the caller reloaded it): the
+		// stale lists are dropped and the write made again, once.
+		p.lists.dropStale(w.Remote)
+		f, posted, err = p.startOnce(w, notif, done)
+	}
+	return f, posted, err
+}
+
+func (p *Pool) startOnce(w *Write, notif []byte, done chan<- *nixl.Xfer) (f *flight, posted bool, err error) {
 	l, r, li, ri, ref, ok, err := p.lists.indices(w)
 	if err != nil {
 		return nil, false, err
@@ -348,6 +360,9 @@ func (p *Pool) start(w *Write, done chan<- *nixl.Xfer) (f *flight, posted bool, 
 		done: func() { p.agent.Release(x); release() }}
 	if err := p.agent.PostTo(x, done); err != nil {
 		f.done()
+		if errors.Is(err, nixl.ErrStalePrep) {
+			return nil, false, err // refused before the engine saw it
+		}
 		return nil, true, err // a partial failure may have started puts
 	}
 	return f, true, nil

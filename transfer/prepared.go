@@ -238,6 +238,14 @@ func (ls *lists) drop(remote string) {
 	}
 }
 
+// dropStale forgets a peer's lists after a post found them stale; the next
+// write prepares them again from the metadata loaded now.
+func (ls *lists) dropStale(remote string) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.drop(remote)
+}
+
 func (ls *lists) unref(p *peerLists) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()

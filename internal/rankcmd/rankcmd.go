@@ -92,6 +92,8 @@ func Main(role kvmanager.Role, args []string) int {
 	fs.IntVar(&par.DPRank, "dp-rank", 0, "this rank's DP group")
 	publishDP := fs.Bool("publish-dp", false, "prefill with -dp > 1: publish each room's DP group to the bootstrap server (for decode ranks that look it up)")
 	pageLayout := fs.String("page-layout", env("KVBRIDGE_PAGE_LAYOUT", "NHD"), "order inside a page: NHD (token-major) or HND (head-major)")
+	warm := fs.Bool("warm", true, "fault in the rank's memory at start-up, so first-touch page faults stay out of transfer latency")
+	inFlight := fs.Int("in-flight", 0, "prefill: rooms' writes a transfer worker keeps posted at once (0: the default, 8)")
 	verbose := fs.Bool("v", false, "log at debug level")
 	insecure := fs.Bool("insecure", false, "run without authentication (no shared secret; logged as a warning)")
 	printToken := fs.Bool("print-token", false, "print the bearer token of the shared secret (for curl against /v1/room and the bootstrap server) and exit")
@@ -192,6 +194,7 @@ func Main(role kvmanager.Role, args []string) int {
 		return 2
 	}
 	cfg.Logger = log
+	cfg.WarmMemory, cfg.InFlight = *warm, *inFlight
 	cfg.Auth, cfg.Insecure = auth, *insecure
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector())
@@ -233,7 +236,7 @@ func Main(role kvmanager.Role, args []string) int {
 	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go r.http.Serve(r.ln)
 	// One line for whoever started us (the demo reads it).
-	fmt.Printf("%s ready http=%s endpoint=%s bootstrap=%s engine=%s\n", name, r.ln.Addr(), mgr.Endpoint(), *boot, mgr.Agent().Engine())
+	fmt.Printf("%s ready http=%s endpoint=%s bootstrap=%s engine=%s warmup=%s\n", name, r.ln.Addr(), mgr.Endpoint(), *boot, mgr.Agent().Engine(), mgr.WarmUp())
 	log.Info("ready", zap.String("http", r.ln.Addr().String()), zap.String("endpoint", mgr.Endpoint()))
 
 	sig := make(chan os.Signal, 1)
