@@ -46,6 +46,7 @@ type proc struct {
 	http     string
 	boot     string
 	endpoint string // control endpoint
+	warmup   time.Duration
 }
 
 // secretFile is the demo deployment's shared secret, made at start (unless
@@ -128,6 +129,9 @@ func start(bin, name string, args ...string) (*proc, error) {
 			}
 			if v, ok := strings.CutPrefix(f, "endpoint="); ok {
 				p.endpoint = v
+			}
+			if v, ok := strings.CutPrefix(f, "warmup="); ok {
+				p.warmup, _ = time.ParseDuration(v)
 			}
 		}
 	case <-time.After(60 * time.Second):
@@ -565,6 +569,38 @@ func run(args []string) int {
 	fmt.Printf("%-26s %.2f GB\n", "bytes moved", float64(moved)/1e9)
 	fmt.Printf("%-26s %.2f GB/s over %.1f s\n", "throughput", float64(moved)/elapsed.Seconds()/1e9, elapsed.Seconds())
 	fmt.Printf("%-26s %.2f ms / %.2f ms\n", "latency p50 / p99", pct(lat, 0.50), pct(lat, 0.99))
+	// Where the time goes, per phase (succeeded requests; decode: the
+	// slowest rank, prefill: the slowest rank of the group).
+	phase := func(side string, get func(w *outcome) []rankcmd.RoomResult, name string) {
+		var v []float64
+		for i := range work {
+			w := &work[i]
+			if !allSucceeded(w.dec) {
+				continue
+			}
+			slowest := 0.0
+			for _, r := range get(w) {
+				slowest = max(slowest, r.PhasesMS[name])
+			}
+			v = append(v, slowest)
+		}
+		sort.Float64s(v)
+		fmt.Printf("  %-24s %.2f ms / %.2f ms\n", side+" "+name, pct(v, 0.50), pct(v, 0.99))
+	}
+	for _, name := range []string{"pages", "transfer"} {
+		phase("decode", func(w *outcome) []rankcmd.RoomResult { return w.dec }, name)
+	}
+	for _, name := range []string{"pages", "fill", "ready", "data"} {
+		phase("prefill", func(w *outcome) []rankcmd.RoomResult { return w.pre }, name)
+	}
+	phase("decode", func(w *outcome) []rankcmd.RoomResult { return w.dec }, "verify")
+	var warm []string
+	for _, in := range append(prefills, decodeInsts...) {
+		for _, p := range in.ranks {
+			warm = append(warm, fmt.Sprintf("%s %v", p.name, p.warmup.Round(time.Millisecond)))
+		}
+	}
+	fmt.Printf("%-26s %s (before the first request, not in any latency)\n", "memory warm-up", strings.Join(warm, ", "))
 	fmt.Printf("%-26s %v\n", "rooms pinned", pinnedRooms)
 	fmt.Printf("%-26s %d (corrupt %d)\n", "pages verified", verified, corrupt)
 	if len(problems) > 0 {

@@ -306,7 +306,13 @@ type RoomResult struct {
 	Status        string  `json:"status"`
 	Reason        string  `json:"reason,omitempty"`
 	Bytes         uint64  `json:"bytes"`
-	LatencyMS     float64 `json:"latency_ms"`
+	LatencyMS     float64 `json:"latency_ms"` // from the POST to the room's end, verification excluded
+	// PhasesMS splits the latency: decode "pages" (waiting for free pages),
+	// "transfer" (REQUEST sent → Success); prefill "pages", "fill" (writing
+	// the check pattern), "ready" (waiting for the decode ranks' REQUEST),
+	// "data" (first chunk handed over → the room's end); both "verify" or
+	// nothing (outside the latency).
+	PhasesMS map[string]float64 `json:"phases_ms,omitempty"`
 	PagesVerified int     `json:"pages_verified"`
 	Corrupt       int     `json:"pages_corrupt"`
 	Error         string  `json:"error,omitempty"`
@@ -415,8 +421,9 @@ func (r *Rank) getPages(ctx context.Context, n int) ([]uint32, error) {
 }
 
 func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
-	res := RoomResult{Room: rr.Room}
+	res := RoomResult{Room: rr.Room, PhasesMS: map[string]float64{}}
 	start := time.Now()
+	mark := phases(res.PhasesMS, start)
 	n := (rr.Tokens + r.Model.PageTokens - 1) / r.Model.PageTokens
 	src, err := r.getPages(ctx, n)
 	if err != nil {
@@ -424,6 +431,7 @@ func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
 		return res
 	}
 	defer r.pages.Put(src)
+	mark("pages")
 	s, err := sender.New(r.P, rr.Room)
 	if err != nil {
 		res.Error = err.Error()
@@ -441,8 +449,11 @@ func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
 			kvmodel.FillHeads(mem[int(pg)*pb:(int(pg)+1)*pb], r.Mapping, first, n, seed, rr.Room, pos, layer0*transfer.RegionsPerLayer+region)
 		}
 	}
+	mark("fill")
 	s.Init()
-	if st, err := s.WaitReady(ctx); st != kvmanager.WaitingForInput {
+	st, err := s.WaitReady(ctx)
+	mark("ready")
+	if st != kvmanager.WaitingForInput {
 		res.Status, res.Reason = st.String(), s.Failure()
 		if err != nil && res.Reason == "" {
 			res.Reason = err.Error()
@@ -461,7 +472,8 @@ func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
 		}
 		chunks++
 	}
-	st, err := s.Wait(ctx)
+	st, err = s.Wait(ctx)
+	mark("data")
 	res.Status, res.Reason = st.String(), s.Failure()
 	if err != nil && res.Reason == "" {
 		res.Reason = err.Error()
@@ -473,15 +485,28 @@ func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
 	return res
 }
 
+// phases returns a function that records, under each name, the time since
+// the previous mark (the first since start).
+func phases(into map[string]float64, start time.Time) func(string) {
+	last := start
+	return func(name string) {
+		now := time.Now()
+		into[name] += float64(now.Sub(last).Microseconds()) / 1e3
+		last = now
+	}
+}
+
 func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
-	res := RoomResult{Room: rr.Room}
+	res := RoomResult{Room: rr.Room, PhasesMS: map[string]float64{}}
 	start := time.Now()
+	mark := phases(res.PhasesMS, start)
 	n := (rr.Tokens + r.Model.PageTokens - 1) / r.Model.PageTokens
 	dst, err := r.getPages(ctx, n)
 	if err != nil {
 		res.Error = err.Error()
 		return res
 	}
+	mark("pages")
 	quarantined := false
 	defer func() {
 		if !quarantined {
@@ -512,6 +537,8 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 		rc.Abort("demo: abort mid-transfer")
 	}
 	st, err := rc.Wait(ctx)
+	mark("transfer")
+	res.LatencyMS = float64(time.Since(start).Microseconds()) / 1e3
 	res.Status, res.Reason = st.String(), rc.Failure()
 	if err != nil && res.Reason == "" {
 		res.Reason = err.Error()
@@ -541,6 +568,7 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 			}
 		}
 		res.Bytes = uint64(n) * r.pageBytes() * uint64(len(r.kv))
+		mark("verify")
 	} else {
 		// Quarantine: the pages are reused only once no write of the room
 		// can land. Past this request's deadline they go back to the pool
@@ -557,6 +585,5 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 			}()
 		}
 	}
-	res.LatencyMS = float64(time.Since(start).Microseconds()) / 1e3
 	return res
 }
