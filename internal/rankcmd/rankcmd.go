@@ -302,20 +302,20 @@ type RoomRequest struct {
 
 // RoomResult is the outcome of a room.
 type RoomResult struct {
-	Room          uint64  `json:"room"`
-	Status        string  `json:"status"`
-	Reason        string  `json:"reason,omitempty"`
-	Bytes         uint64  `json:"bytes"`
-	LatencyMS     float64 `json:"latency_ms"` // from the POST to the room's end, verification excluded
+	Room      uint64  `json:"room"`
+	Status    string  `json:"status"`
+	Reason    string  `json:"reason,omitempty"`
+	Bytes     uint64  `json:"bytes"`
+	LatencyMS float64 `json:"latency_ms"` // from the POST to the room's end, verification excluded
 	// PhasesMS splits the latency: decode "pages" (waiting for free pages),
 	// "transfer" (REQUEST sent → Success); prefill "pages", "fill" (writing
 	// the check pattern), "ready" (waiting for the decode ranks' REQUEST),
 	// "data" (first chunk handed over → the room's end); both "verify" or
 	// nothing (outside the latency).
-	PhasesMS map[string]float64 `json:"phases_ms,omitempty"`
-	PagesVerified int     `json:"pages_verified"`
-	Corrupt       int     `json:"pages_corrupt"`
-	Error         string  `json:"error,omitempty"`
+	PhasesMS      map[string]float64 `json:"phases_ms,omitempty"`
+	PagesVerified int                `json:"pages_verified"`
+	Corrupt       int                `json:"pages_corrupt"`
+	Error         string             `json:"error,omitempty"`
 }
 
 // Bounds of POST /v1/room.
