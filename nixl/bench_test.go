@@ -1,8 +1,10 @@
 package nixl
 
 import (
+	"context"
 	"fmt"
 	"runtime"
+	"syscall"
 	"testing"
 )
 
@@ -107,5 +109,70 @@ func BenchmarkMemcpy(b *testing.B) {
 				copy(dst, src)
 			}
 		})
+	}
+}
+
+// BenchmarkWriteCrossProcess: the ucx engine between two processes, as
+// ucx_perftest runs, on memory UCX allocated ("engine": a shared-memory
+// peer maps it and the write is a copy) and on memory the caller allocated
+// and registered ("caller", as a serving engine's KV cache: puts), every
+// write with its notification and waited for.
+func BenchmarkWriteCrossProcess(b *testing.B) {
+	for _, tc := range []struct {
+		transport string
+		ucx       map[string]string
+	}{{"shm", shmUCX}, {"tcp", tcpUCX}} {
+		for _, mem := range []string{"engine", "caller"} {
+			for _, n := range []int{64 << 10, 1 << 20, 64 << 20} {
+				b.Run(fmt.Sprintf("%s/%s/%s", tc.transport, mem, sizeName(n)), func(b *testing.B) {
+					c := startChild(b, tc.transport, "KVBRIDGE_NIXL_CHILD_MEM="+mem)
+					a, err := Open(Config{Name: fmt.Sprintf("bench-parent-%d", agentSeq.Add(1)), Engine: EngineUCX, UCX: tc.ucx})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer a.Close()
+					remote, err := a.LoadRemote(c.md)
+					if err != nil {
+						b.Fatal(err)
+					}
+					var src []byte
+					if mem == "caller" {
+						if src, err = syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON); err != nil {
+							b.Fatal(err)
+						}
+						defer syscall.Munmap(src)
+						if _, err := a.Register(DRAM, []Desc{BytesDesc(src)}); err != nil {
+							b.Fatal(err)
+						}
+					} else if _, src, err = a.Alloc(uint64(n)); err != nil {
+						b.Fatal(err)
+					}
+					fill(src, 3)
+					l, _ := a.PrepLocal(DRAM, []Desc{BytesDesc(src)})
+					r, err := a.PrepRemote(remote, DRAM, []Desc{{Addr: c.addr, Len: uint64(n)}})
+					if err != nil {
+						b.Fatal(err)
+					}
+					x, err := a.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("bench"))
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer a.Release(x)
+					b.SetBytes(int64(n))
+					for i := -1; i < b.N; i++ { // i = −1 warms up (connection, first touch)
+						if i == 0 {
+							b.ResetTimer()
+						}
+						if err := a.Post(x); err != nil {
+							b.Fatal(err)
+						}
+						if st, err := a.Wait(context.Background(), x); st != Done {
+							b.Fatal(st, err)
+						}
+					}
+					b.StopTimer()
+				})
+			}
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -644,6 +645,13 @@ func runChild() int {
 			_, err = a.Register(VRAM, []Desc{{Addr: uintptr(dev), Len: size}})
 		}
 		buf, addr = make([]byte, size), uintptr(dev)
+	} else if os.Getenv("KVBRIDGE_NIXL_CHILD_MEM") == "caller" {
+		// Memory the caller allocated and registers, as a serving engine's
+		// KV cache is (not UCX's own allocation).
+		if buf, err = syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON); err == nil {
+			_, err = a.Register(DRAM, []Desc{BytesDesc(buf)})
+		}
+		addr = BytesDesc(buf).Addr
 	} else {
 		_, buf, err = a.Alloc(size)
 		addr = BytesDesc(buf).Addr

@@ -24,10 +24,10 @@ type child struct {
 	addr  uintptr
 }
 
-func startChild(t *testing.T, transport string) *child {
+func startChild(t testing.TB, transport string, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "KVBRIDGE_NIXL_CHILD="+transport)
+	cmd.Env = append(append(os.Environ(), "KVBRIDGE_NIXL_CHILD="+transport), env...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -69,7 +69,7 @@ func startChild(t *testing.T, transport string) *child {
 	return c
 }
 
-func (c *child) line(t *testing.T, prefix string) string {
+func (c *child) line(t testing.TB, prefix string) string {
 	t.Helper()
 	select {
 	case l, ok := <-c.lines:

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Engine write bandwidth against its references, in one run:
-#   - the nixl ucx engine (go test -bench BenchmarkWrite / BenchmarkWriteDescs),
+#   - the nixl ucx engine between two processes, like ucx_perftest, every
+#     write with its notification, on UCX-allocated ("engine") and on
+#     caller-registered ("caller") memory (BenchmarkWriteCrossProcess),
+#   - the same engine with both agents in one process (BenchmarkWrite /
+#     BenchmarkWriteDescs; history: the earlier headline figures),
 #   - ucx_perftest -t ucp_put_bw at the same sizes and transports,
 #   - copy() between two buffers (BenchmarkMemcpy), the physical limit.
 # Prints a table of GB/s (10^9 bytes/s) and ratios.
@@ -40,7 +44,7 @@ perftest() {
 }
 
 echo "running go benchmarks (benchtime $benchtime) ..."
-go test -run '^$' -bench 'BenchmarkWrite/ucx|BenchmarkWriteDescs|BenchmarkMemcpy' -benchtime "$benchtime" ./nixl 2>/dev/null \
+go test -run '^$' -bench 'BenchmarkWrite/ucx|BenchmarkWriteDescs|BenchmarkWriteCrossProcess|BenchmarkMemcpy' -benchtime "$benchtime" ./nixl 2>/dev/null \
 	| grep -E '^Benchmark' >"$out/go.txt"
 
 gbps() { # NAME-REGEX -> GB/s from the go output (MB/s is 10^6)
@@ -48,7 +52,22 @@ gbps() { # NAME-REGEX -> GB/s from the go output (MB/s is 10^6)
 }
 name() { case $1 in 4096) echo 4KiB ;; 65536) echo 64KiB ;; 1048576) echo 1MiB ;; 67108864) echo 64MiB ;; esac; }
 
-printf '\n%-10s %-6s %12s %14s %8s %12s %8s\n' size tls "kvbridge" "ucx_perftest" ratio memcpy ratio
+printf '\ntwo processes, each write with its notification, next to ucx_perftest (two processes, streaming puts)\n'
+printf '%-10s %-6s %-7s %12s %14s %8s\n' size tls memory "kvbridge" "ucx_perftest" ratio
+for tls in shm tcp; do
+	for s in 65536 1048576 67108864; do
+		n=$(name "$s")
+		p=$(perftest "$tls" "$s")
+		for mem in engine caller; do
+			k=$(gbps "^BenchmarkWriteCrossProcess/$tls/$mem/$n-")
+			printf '%-10s %-6s %-7s %9s GB/s %9s GB/s %8s\n' "$n" "$tls" "$mem" "$k" "${p:-n/a}" \
+				"$(awk -v a="$k" -v b="$p" 'BEGIN{if (b>0) printf "%.2f", a/b; else print "n/a"}')"
+		done
+	done
+done
+
+printf '\none process, both agents (history: the figures before the two-process benchmark)\n'
+printf '%-10s %-6s %12s %14s %8s %12s %8s\n' size tls "kvbridge" "ucx_perftest" ratio memcpy ratio
 for tls in shm tcp; do
 	for s in "${sizes[@]}"; do
 		n=$(name "$s")
