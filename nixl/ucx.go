@@ -82,6 +82,7 @@ type ucxRemote struct {
 	views   [][]byte       // DRAM regions mapped here, as byte slices (nil if not)
 	closers []func() error // CUDA IPC mappings to release
 	idx     *regionIndex
+	dropped bool // set under copyMu when the mappings go
 }
 
 type ucxPrep struct {
@@ -137,6 +138,8 @@ type ucx struct {
 	wake  chan struct{}
 	// progress is signalled when a transfer reaches a final state.
 	progress chan struct{}
+	// copyMu: direct copies hold it for reading, unmapping for writing.
+	copyMu sync.RWMutex
 
 	// selfAddrHeader and selfAddrMin describe this process's own worker
 	// address: a peer's must have the same header byte and at least the
@@ -461,6 +464,8 @@ func (u *ucx) mapMem(addr uintptr, n uint64, allocate bool) (ucxMem, error) {
 }
 
 func (u *ucx) unmap(r *ucxReg) {
+	u.copyMu.Lock() // wait for direct copies from or into this memory
+	defer u.copyMu.Unlock()
 	for _, m := range r.mems {
 		if m.memh != nil {
 			C.kvb_mem_unmap(u.ctx, m.memh)
@@ -615,6 +620,9 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 
 // dropRemote fails the remote's transfers and closes its endpoint.
 func (u *ucx) dropRemote(r *ucxRemote) {
+	u.copyMu.Lock() // wait for direct copies through r's mappings
+	r.dropped = true
+	u.copyMu.Unlock()
 	for x := range u.active {
 		if x.c.ep == r.ep {
 			C.kvb_xfer_cancel(u.ctx, x.c)
@@ -805,11 +813,19 @@ func (u *ucx) post(x *Xfer) error {
 	})
 }
 
+// directCopyInline is the largest write postDirect copies on the caller's
+// goroutine; a larger one is copied on a goroutine of its own, so the
+// caller (a transfer worker) goes on posting other rooms' writes instead of
+// waiting behind one room's long copy.
+const directCopyInline = 1 << 20
+
 // postDirect copies into (or, for READ, out of) peer memory mapped in this
-// process, on the caller's goroutine, then has the progress thread send the
-// notification. Go's copy runs near memcpy speed, faster than UCX's shared
-// memory put (which uses non-temporal stores for large sizes), and a small
-// write costs no thread hand-off before its data lands.
+// process, then has the progress thread send the notification. Go's copy
+// runs near memcpy speed, faster than UCX's shared memory put (which uses
+// non-temporal stores for large sizes), and a small write costs no thread
+// hand-off before its data lands. Copies hold u.copyMu for reading:
+// unmapping local or peer memory takes it for writing, so no copy runs
+// through a mapping being taken away.
 func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 	ep := rp.remote.ep
 	if ux.c == nil {
@@ -817,6 +833,56 @@ func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 	}
 	ux.errMsg.Store(nil)
 	ux.state.Store(uint32(InProgress))
+	var total uint64
+	for _, li := range x.li {
+		total += uint64(lp.lens[li])
+	}
+	fail := func(s string) {
+		ux.errMsg.Store(&s)
+		ux.state.Store(uint32(Failed))
+		signal(u.progress)
+	}
+	copyAndNotify := func() {
+		u.copyMu.RLock()
+		if rp.remote.dropped {
+			u.copyMu.RUnlock()
+			fail(fmt.Sprintf("remote %q was invalidated before the copy", x.Remote))
+			return
+		}
+		err := u.copyDirect(x, lp, rp)
+		u.copyMu.RUnlock()
+		if err != nil {
+			fail(err.Error())
+			return
+		}
+		// The channel hand-off orders the copy's stores before the notification.
+		select {
+		case u.cmds <- func() {
+			if u.remotes[x.Remote] != rp.remote || rp.remote.ep == nil {
+				s := fmt.Sprintf("remote %q was invalidated during the copy", x.Remote)
+				ux.errMsg.Store(&s)
+				ux.state.Store(uint32(Failed))
+				signal(u.progress)
+				return
+			}
+			C.kvb_xfer_copied(ux.c, ep, cbool(ux.notify))
+			u.active[ux] = struct{}{}
+			u.all[ux] = struct{}{}
+		}:
+		case <-u.done:
+			fail("agent closed")
+		}
+	}
+	if total <= directCopyInline {
+		copyAndNotify()
+		return nil
+	}
+	go copyAndNotify()
+	return nil
+}
+
+// copyDirect does a direct write's copies (u.copyMu held for reading).
+func (u *ucx) copyDirect(x *Xfer, lp, rp *ucxPrep) error {
 	if x.local.Kind == VRAM || x.remote.Kind == VRAM {
 		// CUDA copies with unified addressing, all queued, one wait: the
 		// bytes are in place before the notification is handed on.
@@ -827,41 +893,17 @@ func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 		if x.Op == Read {
 			dst, src = src, dst
 		}
-		if err := deviceCopies(u.device, dst, src, n); err != nil {
-			s := err.Error()
-			ux.errMsg.Store(&s)
-			ux.state.Store(uint32(Failed))
-			signal(u.progress)
-			return nil
-		}
-	} else {
-		for k := range x.li {
-			li, ri := x.li[k], x.ri[k]
-			if x.Op == Read {
-				copy(lp.views[li], rp.views[ri])
-			} else {
-				copy(rp.views[ri], lp.views[li])
-			}
+		return deviceCopies(u.device, dst, src, n)
+	}
+	for k := range x.li {
+		li, ri := x.li[k], x.ri[k]
+		if x.Op == Read {
+			copy(lp.views[li], rp.views[ri])
+		} else {
+			copy(rp.views[ri], lp.views[li])
 		}
 	}
-	// The channel hand-off orders the copy's stores before the notification.
-	select {
-	case u.cmds <- func() {
-		if u.remotes[x.Remote] != rp.remote || rp.remote.ep == nil {
-			s := fmt.Sprintf("remote %q was invalidated during the copy", x.Remote)
-			ux.errMsg.Store(&s)
-			ux.state.Store(uint32(Failed))
-			signal(u.progress)
-			return
-		}
-		C.kvb_xfer_copied(ux.c, ep, cbool(ux.notify))
-		u.active[ux] = struct{}{}
-		u.all[ux] = struct{}{}
-	}:
-		return nil
-	case <-u.done:
-		return ErrClosed
-	}
+	return nil
 }
 
 func (u *ucx) status(x *Xfer) (XferState, error) {

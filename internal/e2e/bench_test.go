@@ -78,22 +78,25 @@ func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64) *benchClus
 }
 
 // oneRoom moves one request of tokens through the cluster.
-func (c *benchCluster) oneRoom(b *testing.B, id uint64, tokens int, pageTokens int) {
+// oneRoom returns the room's time once its pages were held (admission
+// excluded).
+func (c *benchCluster) oneRoom(b *testing.B, id uint64, tokens int, pageTokens int) time.Duration {
 	n := (tokens + pageTokens - 1) / pageTokens
 	var src, dst []uint32
-	for src == nil || dst == nil {
-		if src == nil {
-			src = c.pFree.Get(n)
+	for {
+		// Both sides' pages or neither: holding one side's while waiting
+		// for the other's deadlocks two long requests.
+		if src = c.pFree.Get(n); src != nil {
+			if dst = c.dFree.Get(n); dst != nil {
+				break
+			}
+			c.pFree.Put(src)
 		}
-		if dst == nil {
-			dst = c.dFree.Get(n)
-		}
-		if src == nil || dst == nil {
-			time.Sleep(10 * time.Microsecond)
-		}
+		time.Sleep(10 * time.Microsecond)
 	}
 	defer c.pFree.Put(src)
 	defer c.dFree.Put(dst)
+	start := time.Now()
 	r, err := receiver.New(c.decode, id)
 	if err != nil {
 		b.Fatal(err)
@@ -121,13 +124,16 @@ func (c *benchCluster) oneRoom(b *testing.B, id uint64, tokens int, pageTokens i
 	if st, _ := s.Wait(context.Background()); st != kvmanager.Success {
 		b.Fatalf("room %d prefill: %v", id, st)
 	}
+	el := time.Since(start)
 	s.Clear()
 	r.Clear()
+	return el
 }
 
 // bulkGBps measures the engine's write bandwidth between the same two
-// agents: one descriptor of the given size, region 0 to region 0.
-func (c *benchCluster) bulkGBps(b *testing.B, size uint64, iters int) float64 {
+// agents: streams goroutines at once, each writing descs descriptors of
+// size/descs bytes (region i to region i, contiguous), iters times.
+func (c *benchCluster) bulkGBps(b *testing.B, size uint64, descs, streams, iters int) float64 {
 	a := c.prefill.Agent()
 	md, err := c.decode.Agent().Metadata()
 	if err != nil {
@@ -137,22 +143,37 @@ func (c *benchCluster) bulkGBps(b *testing.B, size uint64, iters int) float64 {
 	if err != nil {
 		b.Fatal(err)
 	}
-	src := c.prefill.Config().Layout.Regions[0]
-	dst := c.decode.Config().Layout.Regions[0]
-	l, _ := a.PrepLocal(nixl.DRAM, []nixl.Desc{{Addr: src.Addr, Len: size}})
-	r, _ := a.PrepRemote(remote, nixl.DRAM, []nixl.Desc{{Addr: dst.Addr, Len: size}})
-	x, err := a.NewXfer(nixl.Write, l, []int{0}, r, []int{0}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer a.Release(x)
+	src, dst := c.prefill.Config().Layout.Regions, c.decode.Config().Layout.Regions
+	each := size / uint64(descs)
+	var wg sync.WaitGroup
 	start := time.Now()
-	for i := 0; i < iters; i++ {
-		a.Post(x)
-		for st, _ := a.Status(x); st == nixl.InProgress; st, _ = a.Status(x) {
+	for s := 0; s < streams; s++ {
+		var ls, rs []nixl.Desc
+		idx := make([]int, descs)
+		off := uint64(s) * each % (src[0].Len - each + 1)
+		for i := 0; i < descs; i++ {
+			ls = append(ls, nixl.Desc{Addr: src[i%len(src)].Addr + uintptr(off), Len: each})
+			rs = append(rs, nixl.Desc{Addr: dst[i%len(dst)].Addr + uintptr(off), Len: each})
+			idx[i] = i
 		}
+		l, _ := a.PrepLocal(nixl.DRAM, ls)
+		r, _ := a.PrepRemote(remote, nixl.DRAM, rs)
+		x, err := a.NewXfer(nixl.Write, l, idx, r, idx, []byte("bulk"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer a.Release(x)
+			for i := 0; i < iters; i++ {
+				a.Post(x)
+				a.Wait(context.Background(), x)
+			}
+		}()
 	}
-	return float64(size) * float64(iters) / time.Since(start).Seconds() / 1e9
+	wg.Wait()
+	return float64(size) * float64(streams) * float64(iters) / time.Since(start).Seconds() / 1e9
 }
 
 // BenchmarkEndToEnd: Llama-3-8B-shaped requests over ucx shared memory,
@@ -161,13 +182,15 @@ func (c *benchCluster) bulkGBps(b *testing.B, size uint64, iters int) float64 {
 func BenchmarkEndToEnd(b *testing.B) {
 	c := newBenchCluster(b, llamaLayers, llamaPages, llamaPage)
 	c.oneRoom(b, 1, 16, 16) // connect
-	bulk := c.bulkGBps(b, 32<<20, 20)
 	room := uint64(10)
 	perRoom := func(tokens int) float64 {
 		return float64((tokens+15)/16) * llamaPage * 2 * llamaLayers
 	}
-	for _, tokens := range []int{128, 8192} {
-		b.Run(fmt.Sprintf("sequential-%dtok", tokens), func(b *testing.B) {
+	// Each case next to a bulk write of the same bytes per request (one
+	// contiguous descriptor per region), at the same concurrency.
+	for _, tokens := range []int{128, 4096, 8192} {
+		b.Run(fmt.Sprintf("sequential-%dtok-random", tokens), func(b *testing.B) {
+			bulk := c.bulkGBps(b, uint64(perRoom(tokens)), 2*llamaLayers, 1, 10)
 			start := time.Now()
 			for i := 0; i < b.N; i++ {
 				room++
@@ -183,6 +206,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	}
 	b.Run("sustained-8streams-2048tok", func(b *testing.B) {
 		const streams, tokens = 8, 2048
+		bulk := c.bulkGBps(b, uint64(perRoom(tokens)), 2*llamaLayers, streams, 5)
 		var wg sync.WaitGroup
 		var next sync.Mutex
 		start := time.Now()
@@ -206,6 +230,60 @@ func BenchmarkEndToEnd(b *testing.B) {
 		b.ReportMetric(bulk, "bulk-GB/s")
 		b.ReportMetric(gbps/bulk, "ratio")
 	})
+}
+
+// BenchmarkMix: 128-token requests' latency alone (8 in flight), then in a
+// mix where one request in ten is an 8,192-token one: a long request must
+// not hold the short ones back (p99 of the short ones in the mix against
+// their p50 alone). Latency from the moment a request holds its pages
+// (the page pool's admission is the harness's, not kvbridge's).
+func BenchmarkMix(b *testing.B) {
+	c := newBenchCluster(b, llamaLayers, llamaPages, llamaPage)
+	c.oneRoom(b, 1, 16, 16)
+	var room uint64 = 10
+	var mu sync.Mutex
+	run := func(n int, tokens func(i int) int) []time.Duration {
+		var lat []time.Duration
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 8)
+		for i := 0; i < n; i++ {
+			sem <- struct{}{}
+			wg.Add(1)
+			mu.Lock()
+			room++
+			id := room
+			mu.Unlock()
+			go func(i int) {
+				defer wg.Done()
+				defer func() { <-sem }()
+				el := c.oneRoom(b, id, tokens(i), 16)
+				if tokens(i) == 128 {
+					mu.Lock()
+					lat = append(lat, el)
+					mu.Unlock()
+				}
+			}(i)
+		}
+		wg.Wait()
+		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+		return lat
+	}
+	pct := func(v []time.Duration, p float64) float64 {
+		return float64(v[min(len(v)-1, int(p*float64(len(v))))].Microseconds()) / 1e3
+	}
+	b.ResetTimer()
+	alone := run(b.N, func(int) int { return 128 })
+	mixed := run(b.N, func(i int) int {
+		if i%10 == 9 {
+			return 8192
+		}
+		return 128
+	})
+	b.StopTimer()
+	b.ReportMetric(pct(alone, 0.5), "alone-p50-ms")
+	b.ReportMetric(pct(mixed, 0.5), "mix-p50-ms")
+	b.ReportMetric(pct(mixed, 0.99), "mix-p99-ms")
+	b.ReportMetric(pct(mixed, 0.99)/pct(alone, 0.5), "mix-p99/alone-p50")
 }
 
 // BenchmarkControlOverhead: REQUEST arrival → first write posted (prefill)
