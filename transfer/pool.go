@@ -220,6 +220,9 @@ func (p *Pool) worker(q chan Job) {
 				delete(rooms, rw.room)
 			}
 		}
+		if q == nil && len(rooms) == 0 {
+			return // closed, and the posting above finished the last room
+		}
 		var stall <-chan time.Time
 		if len(flights) > 0 {
 			var first time.Time
