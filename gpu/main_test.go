@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/cudadouble"
-	"go.uber.org/goleak"
+	"github.com/kvbridge/kvbridge/internal/leakcheck"
 )
 
 // doubleLib is the CUDA driver test double built for this test binary.
@@ -28,18 +28,7 @@ func TestMain(m *testing.M) {
 	code := 1
 	func() {
 		defer os.RemoveAll(dir)
-		code = runWithLeakCheck(m)
+		code = leakcheck.Run(m)
 	}()
 	os.Exit(code)
-}
-
-func runWithLeakCheck(m *testing.M) int {
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			return 1
-		}
-	}
-	return code
 }

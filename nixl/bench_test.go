@@ -3,7 +3,6 @@ package nixl
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"syscall"
 	"testing"
 )
@@ -28,17 +27,10 @@ func sizeName(n int) string {
 	}
 }
 
-// spin polls a transfer to completion without sleeping.
+// spin waits for a transfer to complete.
 func spin(b *testing.B, a *Agent, x *Xfer) {
-	for {
-		st, err := a.Status(x)
-		if st == Done {
-			return
-		}
-		if st == Failed {
-			b.Fatal(err)
-		}
-		runtime.Gosched()
+	if st, err := a.Wait(context.Background(), x); st != Done {
+		b.Fatal(st, err)
 	}
 }
 

@@ -17,8 +17,8 @@ import (
 
 	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/cudadouble"
+	"github.com/kvbridge/kvbridge/internal/leakcheck"
 	"github.com/kvbridge/kvbridge/internal/nixldouble"
-	"go.uber.org/goleak"
 )
 
 // doubleDir holds the NIXL C API test double built for this test binary.
@@ -59,14 +59,7 @@ func testMain(m *testing.M) int {
 		}
 		os.Setenv("KVBRIDGE_CUDA_LIB", lib)
 	}
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
-			code = 1
-		}
-	}
-	return code
+	return leakcheck.Run(m)
 }
 
 var doubleLibPath string

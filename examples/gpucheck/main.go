@@ -9,6 +9,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -206,14 +207,8 @@ func transfer(a *nixl.Agent, remote string, local, dst []nixl.Desc, iters int) (
 		if err := a.Post(x); err != nil {
 			return 0, err
 		}
-		for {
-			st, err := a.Status(x)
-			if st == nixl.Done {
-				break
-			}
-			if st == nixl.Failed {
-				return 0, err
-			}
+		if st, err := a.Wait(context.Background(), x); st != nixl.Done {
+			return 0, fmt.Errorf("write: %v %v", st, err)
 		}
 	}
 	return time.Since(start), nil

@@ -29,7 +29,6 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -211,15 +210,8 @@ func writeGBps(a, t *nixl.Agent, size uint64, iters int) (float64, error) {
 		if err := a.Post(x); err != nil {
 			return 0, err
 		}
-		for {
-			st, err := a.Status(x)
-			if st == nixl.Done {
-				break
-			}
-			if st == nixl.Failed {
-				return 0, err
-			}
-			runtime.Gosched() // let the engine's progress goroutine run
+		if st, err := a.Wait(context.Background(), x); st != nixl.Done {
+			return 0, fmt.Errorf("write: %v %v", st, err)
 		}
 	}
 	return float64(size) * float64(iters) / time.Since(start).Seconds() / 1e9, nil
@@ -418,34 +410,58 @@ func (c *cluster) room(src, dst []uint32) error {
 	return nil
 }
 
-// bulk is the engine's single-descriptor write between the cluster's agents.
-func (c *cluster) bulk(size uint64, iters int) (float64, error) {
+// bulk is the engine's single-descriptor write between the cluster's
+// agents, by streams writers at once (the concurrency of the case it is
+// the reference of), each size bytes at its own offset.
+func (c *cluster) bulk(size uint64, iters, streams int) (float64, error) {
 	a, t := c.prefill.Agent(), c.decode.Agent()
 	md, _ := t.Metadata()
 	remote, err := a.LoadRemote(md)
 	if err != nil {
 		return 0, err
 	}
-	src, dst := c.prefill.Config().Layout.Regions[0], c.decode.Config().Layout.Regions[0]
-	size = min(size, src.Len)
-	l, _ := a.PrepLocal(nixl.DRAM, []nixl.Desc{{Addr: src.Addr, Len: size}})
-	r, _ := a.PrepRemote(remote, nixl.DRAM, []nixl.Desc{{Addr: dst.Addr, Len: size}})
-	x, err := a.NewXfer(nixl.Write, l, []int{0}, r, []int{0}, nil)
-	if err != nil {
+	src, dst := c.prefill.Config().Layout.Regions, c.decode.Config().Layout.Regions
+	size = min(size, src[0].Len)
+	var xs []*nixl.Xfer
+	for s := 0; s < streams; s++ {
+		r := s % len(src)
+		l, _ := a.PrepLocal(nixl.DRAM, []nixl.Desc{{Addr: src[r].Addr, Len: size}})
+		rp, _ := a.PrepRemote(remote, nixl.DRAM, []nixl.Desc{{Addr: dst[r].Addr, Len: size}})
+		x, err := a.NewXfer(nixl.Write, l, []int{0}, rp, []int{0}, nil)
+		if err != nil {
+			return 0, err
+		}
+		defer a.Release(x)
+		xs = append(xs, x)
+	}
+	once := func(n int) error {
+		var wg sync.WaitGroup
+		errs := make(chan error, len(xs))
+		for _, x := range xs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < n; i++ {
+					a.Post(x)
+					if st, err := a.Wait(context.Background(), x); st != nixl.Done {
+						errs <- fmt.Errorf("bulk write: %v %v", st, err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		return <-errs
+	}
+	if err := once(1); err != nil { // warm up
 		return 0, err
 	}
-	defer a.Release(x)
-	var start time.Time
-	for i := -1; i < iters; i++ { // i = −1 warms up
-		if i == 0 {
-			start = time.Now()
-		}
-		a.Post(x)
-		for st, _ := a.Status(x); st == nixl.InProgress; st, _ = a.Status(x) {
-			runtime.Gosched()
-		}
+	start := time.Now()
+	if err := once(iters); err != nil {
+		return 0, err
 	}
-	return float64(size) * float64(iters) / time.Since(start).Seconds() / 1e9, nil
+	return float64(size) * float64(iters) * float64(streams) / time.Since(start).Seconds() / 1e9, nil
 }
 
 func scatter(kind string, n, pages int, rng *rand.Rand) []uint32 {
@@ -484,7 +500,7 @@ func (b *bench) pagedMode() error {
 	if err := c.room(scatter("contiguous", 1, pages, rand.New(rand.NewPCG(0, 0))), []uint32{0}); err != nil {
 		return err
 	}
-	bulk, err := c.bulk(uint64(n)*b.model.PageBytes(), iters)
+	bulk, err := c.bulk(uint64(n)*b.model.PageBytes(), iters, 1)
 	if err != nil {
 		return err
 	}
@@ -523,7 +539,7 @@ func (b *bench) roomsMode() error {
 	}
 	defer c.close()
 	n := tokens / b.model.PageTokens
-	bulk, err := c.bulk(32<<20, 10)
+	bulk, err := c.bulk(32<<20, 10, streams) // the same concurrency as the rooms
 	if err != nil {
 		return err
 	}

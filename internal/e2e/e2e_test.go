@@ -17,13 +17,13 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/leakcheck"
 	"github.com/kvbridge/kvbridge/internal/nixldouble"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/kvbridge/kvbridge/transfer"
-	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
@@ -48,14 +48,7 @@ func testMain(m *testing.M) int {
 		}
 		engines["libnixl-double"] = nixl.Config{Engine: nixl.EngineLibNIXL, NIXLLib: lib}
 	}
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
-			code = 1
-		}
-	}
-	return code
+	return leakcheck.Run(m)
 }
 
 // needRealNIXL skips a case that runs only on a real NIXL.
