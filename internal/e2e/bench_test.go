@@ -35,7 +35,7 @@ type benchCluster struct {
 	traces       map[uint64]map[kvmanager.TraceEvent]time.Time
 }
 
-func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64) *benchCluster {
+func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64, mut ...func(*kvmanager.Config)) *benchCluster {
 	c := &benchCluster{srv: testauth.Server(), pFree: newPagePool(pagesPer), dFree: newPagePool(pagesPer),
 		traces: map[uint64]map[kvmanager.TraceEvent]time.Time{}}
 	if err := c.srv.Start("127.0.0.1:0"); err != nil {
@@ -63,6 +63,9 @@ func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64) *benchClus
 			cfg.Layout.Regions = append(cfg.Layout.Regions, nixl.Desc{Len: uint64(pagesPer) * page})
 		}
 		cfg.Trace = trace
+		for _, f := range mut {
+			f(&cfg)
+		}
 		return cfg
 	}
 	var err error
@@ -332,4 +335,53 @@ func p50(v []time.Duration) float64 {
 	}
 	sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
 	return float64(v[len(v)/2].Nanoseconds()) / 1e3
+}
+
+// BenchmarkInFlight: how many rooms' writes a prefill worker keeps posted
+// (kvmanager.Config.InFlight, transfer.Config.InFlight), measured on the
+// sustained case (8 streams of 2,048 tokens) and on the mix's short
+// requests; the default comes from here.
+func BenchmarkInFlight(b *testing.B) {
+	for _, k := range []int{1, 2, 4, 8, 16} {
+		b.Run(fmt.Sprintf("inflight-%d", k), func(b *testing.B) {
+			c := newBenchCluster(b, llamaLayers, llamaPages, llamaPage, func(cfg *kvmanager.Config) { cfg.InFlight = k })
+			c.oneRoom(b, 1, 16, 16)
+			var room uint64 = 10
+			var mu sync.Mutex
+			var short []time.Duration
+			var wg sync.WaitGroup
+			sem := make(chan struct{}, 8)
+			start := time.Now()
+			var moved float64
+			for i := 0; i < b.N; i++ {
+				tokens := 2048
+				if i%10 != 9 {
+					tokens = 128
+				}
+				moved += float64((tokens+15)/16) * llamaPage * 2 * llamaLayers
+				sem <- struct{}{}
+				wg.Add(1)
+				mu.Lock()
+				room++
+				id := room
+				mu.Unlock()
+				go func() {
+					defer wg.Done()
+					defer func() { <-sem }()
+					el := c.oneRoom(b, id, tokens, 16)
+					if tokens == 128 {
+						mu.Lock()
+						short = append(short, el)
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			el := time.Since(start)
+			sort.Slice(short, func(i, j int) bool { return short[i] < short[j] })
+			b.ReportMetric(moved/el.Seconds()/1e9, "GB/s")
+			b.ReportMetric(float64(short[len(short)/2].Microseconds())/1e3, "short-p50-ms")
+			b.ReportMetric(float64(short[min(len(short)-1, len(short)*99/100)].Microseconds())/1e3, "short-p99-ms")
+		})
+	}
 }
