@@ -63,6 +63,7 @@ func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64, mut ...fun
 			cfg.Layout.Regions = append(cfg.Layout.Regions, nixl.Desc{Len: uint64(pagesPer) * page})
 		}
 		cfg.Trace = trace
+		cfg.WarmMemory = true // as the example ranks: page faults at start-up, not in the figures
 		for _, f := range mut {
 			f(&cfg)
 		}
