@@ -1,8 +1,8 @@
 package nixl_test
 
 import (
+	"context"
 	"fmt"
-	"time"
 
 	"github.com/kvbridge/kvbridge/nixl"
 )
@@ -26,8 +26,8 @@ func Example() {
 	if err := src.Post(x); err != nil {
 		panic(err)
 	}
-	for st, _ := src.Status(x); st == nixl.InProgress; st, _ = src.Status(x) {
-		time.Sleep(time.Microsecond)
+	if st, err := src.Wait(context.Background(), x); st != nixl.Done {
+		panic(err)
 	}
 	notifs, _ := dst.Notifs()
 	fmt.Println(string(to), notifs[0].Remote, string(notifs[0].Msg))
