@@ -14,12 +14,12 @@ const MaxPreparedDescs = 1 << 22
 
 // sideLists are one side's descriptors, prepared once: every page of every
 // KV region (index r·pages + p), and in host memory the aux items followed
-// by every state region's items; head-slice pieces per slice shape.
+// by every state region's items (so aux item i is host index i); head-slice
+// pieces per slice shape.
 type sideLists struct {
 	pages     int
 	kv        *nixl.Prepped
 	host      *nixl.Prepped // nil when the side has no aux or state items
-	auxBase   int
 	stateBase []int
 	slices    map[sliceKey]*sliceList
 }
@@ -36,7 +36,7 @@ type sliceList struct {
 	pieces int           // per page
 }
 
-// pieces returns the descriptors of one slice shape over a side's pages:
+// descs returns the descriptors of one slice shape over a side's pages:
 // for region i (of regions, from regionOffset) and page p, pieces at
 // ((i·pages)+p)·n + t.
 func (k sliceKey) descs(l Layout) ([]nixl.Desc, int) {
@@ -312,7 +312,7 @@ func (ls *lists) indices(w *Write) (l, r *nixl.Prepped, li, ri []int, ref *peerL
 		if w.AuxSrc >= local.AuxItems() || w.AuxDst < 0 || w.AuxDst >= remote.AuxItems() {
 			return fail("aux item %d → %d is outside the aux regions (%d, %d items)", w.AuxSrc, w.AuxDst, local.AuxItems(), remote.AuxItems())
 		}
-		return self.host, peer.host, []int{self.auxBase + w.AuxSrc}, []int{peer.auxBase + w.AuxDst}, peer, true, nil
+		return self.host, peer.host, []int{w.AuxSrc}, []int{w.AuxDst} /* aux items open the host list */, peer, true, nil
 	case w.Slice != nil && w.Slice.Full:
 		return ls.pages(w, self, peer, w.Slice.RegionOffset, fail)
 	case w.Slice != nil:
