@@ -15,9 +15,9 @@ deps:
 
 CHECKERS := ^(TestInterleavings|TestSimExhaustive|TestSimRandom|TestSimFindsBugs)$$
 
-## test: vet and run every test under the race detector
+## test: lint (formatting, vet, generated code, no tracked binaries), then every test under the race detector
 test: deps
-	$(GO) vet ./...
+	@$(MAKE) --no-print-directory lint
 	@# The model checker and the simulator print what they checked.
 	$(GO) test -race -count=1 -v -run '$(CHECKERS)' ./kvmanager | grep -E '^(--- |ok|FAIL|PASS)|checked|random runs|found:'
 	$(GO) test -race -count=1 -skip '$(CHECKERS)' ./...
@@ -42,13 +42,15 @@ bench:
 bench-engine: deps
 	./scripts/bench-engine.sh
 
-## lint: formatting, vet, and generated code up to date
-lint: generate
+## lint: no tracked binaries or files over 1 MiB outside testdata/, formatting, vet, and generated code up to date
+lint:
+	@./scripts/check-tracked.sh
+	$(GO) generate ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@git diff --exit-code -- '*_string.go' || { echo "generated code was stale: commit the regenerated files"; exit 1; }
 
-## generate: regenerate String() methods (stringer)
+## generate: regenerate String() methods (stringer, run by go:generate as `go run golang.org/x/tools/cmd/stringer@<pinned version>`: fetched through the module proxy the first time, no install step)
 generate:
 	$(GO) generate ./...
 
