@@ -2,6 +2,16 @@
 # Installs the system libraries kvbridge's tests need, where they are missing.
 # Debian/Ubuntu: through apt-get (as root, or with sudo). Elsewhere it says
 # what to install and fails.
+#
+# Only missing packages are installed, and nothing already installed is
+# upgraded: no `apt-get upgrade`, `--no-upgrade` on the install, and the
+# install is simulated first. Where the missing packages' dependencies need
+# newer versions of packages that are installed (a -dev package from a newer
+# point release than its library, e.g. libkrb5-dev needing the libkrb5-3 of
+# its own version), it lists them and stops, unless DEPS_UPGRADE=1 (`make
+# deps DEPS_UPGRADE=1`) allows exactly those upgrades. The package lists are
+# refreshed (`apt-get update`) only when a missing package has no candidate
+# in them.
 set -euo pipefail
 
 pkgs=(libzmq3-dev libucx-dev ucx-utils pkg-config)
@@ -28,9 +38,38 @@ if command -v apt-get >/dev/null 2>&1; then
 		command -v sudo >/dev/null 2>&1 || { echo "deps: need root to install ${missing[*]}" >&2; exit 1; }
 		sudo="sudo"
 	fi
+	install=(apt-get install -y -qq --no-install-recommends --no-upgrade --no-remove)
+
+	# Refresh the lists only if one of the missing packages is not in them.
+	for p in "${missing[@]}"; do
+		cand=$(apt-cache policy "$p" 2>/dev/null | awk '/Candidate:/ {print $2}')
+		if [ -z "$cand" ] || [ "$cand" = "(none)" ]; then
+			echo "deps: $p not in the package lists: apt-get update"
+			$sudo apt-get update -qq
+			break
+		fi
+	done
+
+	# What the install would do: "Inst name [installed version] (new ...)"
+	# is an upgrade of an installed package.
+	plan=$(apt-get install -s --no-install-recommends --no-upgrade --no-remove "${missing[@]}")
+	upgrades=$(awk '/^Inst [^ ]+ \[/ {v=$3; gsub(/[][]/, "", v); n=$4; sub(/^\(/, "", n); print $2 " " v " -> " n}' <<<"$plan")
+	if [ -n "$upgrades" ]; then
+		if [ "${DEPS_UPGRADE:-}" != 1 ]; then
+			cat >&2 <<MSG
+deps: installing ${missing[*]} would upgrade these installed packages
+(the new packages depend on their newer versions):
+$(sed 's/^/  /' <<<"$upgrades")
+Nothing was installed. To allow exactly these upgrades: make deps DEPS_UPGRADE=1
+(or DEPS_UPGRADE=1 scripts/deps.sh); or install ${missing[*]} yourself.
+MSG
+			exit 1
+		fi
+		echo "deps: DEPS_UPGRADE=1: upgrading, as the new packages require: $(awk '{print $1}' <<<"$upgrades" | tr '\n' ' ')"
+	fi
+
 	echo "deps: installing ${missing[*]}"
-	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+	DEBIAN_FRONTEND=noninteractive $sudo "${install[@]}" "${missing[@]}"
 	exit 0
 fi
 
