@@ -51,6 +51,9 @@ type bugs struct {
 	dropRegOnPeerDown     bool // bug 5: prefill forgets a registration when heartbeats fail
 	postIgnoresEpoch      bool // bug 8: writes go to the peer's current epoch
 	restartDropsPending   bool // bug 9: a restart report cancels the registration in progress
+	retryCachedEndpoint   bool // bug 11: an unanswered REGISTER is retried at the cached endpoint forever
+	deadPeerNotTold       bool // bug 12: a decode rank declared dead is not told its rooms failed
+	abortSentOnce         bool // bug 13: an ABORT sent to a known endpoint is forgotten (not re-sent to a new process)
 }
 
 // CoreConfig is what a rank's core needs to know.
@@ -103,7 +106,8 @@ type CoreStats struct {
 	ForcedReleases  uint64 // decode pages released by the quarantine deadline
 	StaleEpoch      uint64 // messages or writes refused for naming another epoch
 	RegisterRetries uint64
-	AbortsDropped   uint64 // owed ABORTs over the bound for an unresolved target
+	AbortsDropped   uint64 // owed ABORTs over the bound of one target
+	Relookups       uint64 // ranks looked up again after unanswered REGISTERs
 	Refused         uint64 // messages of a type this role never accepts
 }
 
@@ -177,7 +181,10 @@ const (
 	CodeCleared       = "cleared"
 	CodeRejected      = "rejected"
 	CodePeerRestarted = "peer_restarted"
-	CodeFailed        = "failed"
+	// CodePeerUnreachable: heartbeats declared the receiving decode rank
+	// dead here; it is sent in case it was only paused.
+	CodePeerUnreachable = "peer_unreachable"
+	CodeFailed          = "failed"
 )
 
 // NewCore returns an empty core.
@@ -236,18 +243,23 @@ func (c *Core) Failure(room uint64) (string, bool) { return c.reg.Failure(room) 
 
 // Sizes counts every table the core keeps.
 func (c *Core) Sizes() CoreSizes {
-	return CoreSizes{Sizes: c.reg.Sizes(), Peers: len(c.peers), Targets: len(c.targets), Holds: len(c.holds)}
+	s := CoreSizes{Sizes: c.reg.Sizes(), Peers: len(c.peers), Targets: len(c.targets), Holds: len(c.holds)}
+	for _, tg := range c.targets {
+		s.OwedAborts += len(tg.owed)
+	}
+	return s
 }
 
 // CoreSizes counts the core's tables.
 type CoreSizes struct {
 	Sizes
 	Peers, Targets, Holds int
+	OwedAborts            int // ABORTs not yet acknowledged, over every target
 }
 
 // Total is the number of room-bound entries (peers and targets are
 // bounded by the deployment, not by rooms).
-func (s CoreSizes) Total() int { return s.Sizes.Total() + s.Holds }
+func (s CoreSizes) Total() int { return s.Sizes.Total() + s.Holds + s.OwedAborts }
 
 // waiters returns a live room's done and ready channels.
 func (c *Core) waiters(room uint64) (done, ready chan struct{}, ok bool) {

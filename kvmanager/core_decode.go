@@ -39,11 +39,34 @@ type target struct {
 	epoch               uint64 // the process that acknowledged our REGISTER
 	retry               time.Duration
 	nextRetry           time.Time
-	// owed are ABORTs (room → reason) waiting for the target's endpoint;
-	// they outlive the rooms (an abort then Clear before the lookup
-	// answered must still reach the prefill rank).
-	owed map[uint64]string
+	// unanswered counts REGISTER retries that got no answer since the rank
+	// was last looked up: past registerLookupAfter the endpoint is looked
+	// up again (the record may name a process that is gone).
+	unanswered int
+	// owed are ABORTs (room → reason) not yet acknowledged by the rank: sent
+	// at once when the endpoint is known, and again to every process the
+	// rank is found at later (a new endpoint, a new epoch) until an
+	// ABORT_ACK from it comes or the tombstone TTL passes. They outlive the
+	// rooms (an abort then Clear before the lookup answered must still
+	// reach the prefill rank).
+	owed map[uint64]owedAbort
+	// lookupRetry, nextLookup: while ABORTs are owed to a rank that could
+	// not be looked up, it is looked up again with backoff.
+	lookupRetry time.Duration
+	nextLookup  time.Time
 }
+
+// owedAbort is an ABORT a prefill rank has not acknowledged.
+type owedAbort struct {
+	reason string
+	until  time.Time // forgotten then: no prefill room outlives the TTL
+}
+
+// registerLookupAfter is how many REGISTER retries may go unanswered
+// before the rank is looked up again instead of retried at the endpoint it
+// had: a pod restarted on a new port leaves a record naming the dead
+// process for the rest of its lease.
+const registerLookupAfter = 3
 
 func (tg *target) peer() bootstrap.Peer {
 	return bootstrap.Peer{Endpoint: tg.endpoint, ServerKey: tg.serverKey}
@@ -267,10 +290,8 @@ func (c *Core) Resolved(now time.Time, t Target, endpoint, serverKey string) {
 		tg.reg = regNone
 	}
 	tg.endpoint, tg.serverKey, tg.resolved, tg.resolving = endpoint, serverKey, true, false
-	for _, room := range slices.Sorted(maps.Keys(tg.owed)) {
-		c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: tg.owed[room]})
-	}
-	tg.owed = nil
+	tg.lookupRetry = 0
+	c.sendOwed(tg)
 	for _, rm := range c.reg.rooms {
 		if rm.dec != nil {
 			c.flushRequests(rm)
@@ -278,7 +299,47 @@ func (c *Core) Resolved(now time.Time, t Target, endpoint, serverKey string) {
 	}
 }
 
-// ResolveFailed fails the rooms that wait for the target.
+// sendOwed sends the target every ABORT it has not acknowledged, in room
+// order, and heartbeats it while any is owed: a process that is gone is
+// then reported dead and the rank looked up again.
+func (c *Core) sendOwed(tg *target) {
+	if !tg.resolved || len(tg.owed) == 0 {
+		return
+	}
+	for _, room := range slices.Sorted(maps.Keys(tg.owed)) {
+		c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: tg.owed[room].reason})
+	}
+	c.emit(Effect{Kind: EffectWatch, To: tg.peer()})
+}
+
+// oweAbort records an ABORT of room for tg and sends it if tg's endpoint
+// is known (else it is looked up).
+func (c *Core) oweAbort(tg *target, room uint64, reason string) {
+	if tg.resolved && c.bugs.abortSentOnce {
+		c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: reason})
+		return
+	}
+	if _, ok := tg.owed[room]; !ok && len(tg.owed) >= c.cfg.Registry.MaxPendingRooms {
+		c.stats.AbortsDropped++
+		if tg.resolved { // sent once, not kept
+			c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: reason})
+		}
+		return
+	}
+	if tg.owed == nil {
+		tg.owed = map[uint64]owedAbort{}
+	}
+	tg.owed[room] = owedAbort{reason: reason, until: c.now.Add(c.cfg.Registry.TombstoneTTL)}
+	if !tg.resolved {
+		c.ensureTarget(tg.t)
+		return
+	}
+	c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: reason})
+	c.emit(Effect{Kind: EffectWatch, Room: room, To: tg.peer()})
+}
+
+// ResolveFailed fails the rooms that wait for the target; ABORTs owed to
+// it wait for a later lookup (with backoff).
 func (c *Core) ResolveFailed(now time.Time, t Target, err error) {
 	c.step(now)
 	tg := c.targets[t.key()]
@@ -286,6 +347,10 @@ func (c *Core) ResolveFailed(now time.Time, t Target, err error) {
 		return
 	}
 	tg.resolving = false
+	if len(tg.owed) > 0 {
+		tg.lookupRetry = min(max(2*tg.lookupRetry, c.cfg.RegisterRetry), 32*c.cfg.RegisterRetry)
+		tg.nextLookup = now.Add(tg.lookupRetry)
+	}
 	c.failWaiting(tg, fmt.Sprintf("resolving prefill rank dp %d tp %d pp %d at %s: %v", t.DP, t.Rank, t.PP, t.Bootstrap, err))
 }
 
@@ -327,10 +392,14 @@ func (c *Core) OnRegisterAck(now time.Time, msg *bootstrap.RegisterAck) {
 		c.failWaiting(tg, fmt.Sprintf("%v: prefill %s: %s", ErrIncompatible, msg.From.Peer(), msg.Reason))
 		return
 	}
+	restarted := tg.reg == regOK || (tg.epoch != 0 && tg.epoch != msg.From.Epoch)
 	if tg.reg == regOK {
 		c.targetRestarted(tg, msg.From.Epoch)
 	}
-	tg.reg, tg.epoch = regOK, msg.From.Epoch
+	tg.reg, tg.epoch, tg.unanswered = regOK, msg.From.Epoch, 0
+	if restarted {
+		c.sendOwed(tg) // the new process may hold rooms aborted before it was known
+	}
 	for _, rm := range c.reg.rooms {
 		if rm.dec != nil {
 			c.flushRequests(rm)
@@ -399,6 +468,9 @@ func (c *Core) OnStatus(now time.Time, msg *bootstrap.Status) {
 // that nothing of the room can land.
 func (c *Core) OnAbortAck(now time.Time, msg *bootstrap.AbortAck) {
 	c.step(now)
+	if tg := c.targetAt(msg.From.Endpoint); tg != nil {
+		delete(tg.owed, msg.Room) // that process has the abort
+	}
 	h, ok := c.holds[msg.Room]
 	if !ok || !h.failed {
 		return
@@ -482,19 +554,7 @@ func (c *Core) decodeFailed(room uint64, reason string) {
 			if c.bugs.noEarlyAbort && !s.sent {
 				continue
 			}
-			tg := c.targets[s.target]
-			switch {
-			case tg.resolved:
-				c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: reason})
-			case len(tg.owed) >= c.cfg.Registry.MaxPendingRooms:
-				c.stats.AbortsDropped++
-			default:
-				if tg.owed == nil {
-					tg.owed = map[uint64]string{}
-				}
-				tg.owed[room] = reason
-				c.ensureTarget(tg.t)
-			}
+			c.oweAbort(c.targets[s.target], room, reason)
 		}
 	}
 	h, ok := c.holds[room]
@@ -553,6 +613,7 @@ func (c *Core) decodePeerDown(endpoint string, from bootstrap.From, restarted bo
 	if tg == nil {
 		return
 	}
+	owedBefore := slices.Sorted(maps.Keys(tg.owed)) // the rooms failed below send theirs now
 	for id, rm := range c.reg.rooms {
 		if rm.dec == nil || rm.status.Terminal() {
 			continue
@@ -579,6 +640,19 @@ func (c *Core) decodePeerDown(endpoint string, from bootstrap.From, restarted bo
 		if rm.dec != nil {
 			c.flushRequests(rm)
 		}
+	}
+	// ABORTs it has not acknowledged go to whatever process holds the rank
+	// now: the new one at this endpoint, or wherever a lookup finds it.
+	switch {
+	case len(tg.owed) == 0:
+	case tg.resolved:
+		for _, room := range owedBefore {
+			if o, ok := tg.owed[room]; ok {
+				c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: o.reason})
+			}
+		}
+	default:
+		c.ensureTarget(tg.t)
 	}
 }
 
@@ -616,20 +690,39 @@ func (c *Core) TargetChanged(now time.Time, t Target, endpoint, serverKey string
 	}
 }
 
-// tickDecode releases holds past their quarantine deadline and retries
-// REGISTERs that got no answer.
+// tickDecode releases holds past their quarantine deadline, retries
+// REGISTERs that got no answer (looking the rank up again after
+// registerLookupAfter of them), forgets owed ABORTs past the TTL and looks
+// up again the ranks that owed ABORTs still wait for.
 func (c *Core) tickDecode(now time.Time) {
-	for _, h := range c.holds {
-		if h.failed && now.After(h.deadline) {
+	for _, room := range slices.Sorted(maps.Keys(c.holds)) {
+		if h := c.holds[room]; h.failed && now.After(h.deadline) {
 			c.release(h, true)
 		}
 	}
-	for _, tg := range c.targets {
+	for _, k := range slices.Sorted(maps.Keys(c.targets)) {
+		tg := c.targets[k]
+		maps.DeleteFunc(tg.owed, func(_ uint64, o owedAbort) bool { return now.After(o.until) })
+		if len(tg.owed) == 0 {
+			tg.owed, tg.lookupRetry = nil, 0
+		} else if !tg.resolved && !tg.resolving && !now.Before(tg.nextLookup) {
+			c.ensureTarget(tg.t)
+		}
 		if tg.reg == regSent && tg.resolved && now.After(tg.nextRetry) {
 			if !c.waitsFor(tg) {
 				tg.reg = regNone // nobody waits any more: stop asking
 				continue
 			}
+			if tg.unanswered >= registerLookupAfter && !c.bugs.retryCachedEndpoint {
+				// Nobody answers at that endpoint: look the rank up
+				// again rather than retry a cached endpoint forever.
+				tg.unanswered = 0
+				tg.reg, tg.resolved = regNone, false
+				c.stats.Relookups++
+				c.ensureTarget(tg.t)
+				continue
+			}
+			tg.unanswered++
 			c.stats.RegisterRetries++
 			tg.retry = min(2*tg.retry, 32*c.cfg.RegisterRetry)
 			tg.nextRetry = now.Add(tg.retry)

@@ -147,7 +147,7 @@ func (c *Core) Registered(now time.Time, from bootstrap.From, remote string, pp 
 	c.step(now)
 	key := from.Peer()
 	if old := c.peers[key]; old != nil && old.from.Epoch != from.Epoch {
-		c.peerGone(key, old.from.Epoch, true, fmt.Sprintf("peer restarted: %s (epoch %d → %d)", key, old.from.Epoch, from.Epoch))
+		c.peerGone(key, old.from.Epoch, true, CodePeerRestarted, fmt.Sprintf("peer restarted: %s (epoch %d → %d)", key, old.from.Epoch, from.Epoch))
 	}
 	c.peers[key] = &decodePeer{from: from, remote: remote, layout: pp.Layout, mapped: pp.Mapped, plan: pp.Plan}
 	c.send(bootstrap.Peer{Endpoint: from.Endpoint}, 0, &bootstrap.RegisterAck{OK: true})
@@ -157,7 +157,17 @@ func (c *Core) Registered(now time.Time, from bootstrap.From, remote string, pp 
 // decode rank shares with this rank (only those bound to epoch when
 // exact): a pending room becomes an AbortedEarly tombstone, so its sender
 // starts Failed and nothing is ever written for it.
-func (c *Core) peerGone(key string, epoch uint64, exact bool, reason string) {
+//
+// A peer declared dead is told too (code peer_unreachable): heartbeats
+// cannot tell a dead process from a paused one, and a paused decode rank
+// that resumes must learn that its rooms failed here rather than wait for
+// their deadlines. A restarted peer is not: its new process holds none of
+// the old one's rooms.
+func (c *Core) peerGone(key string, epoch uint64, exact bool, code, reason string) {
+	skip := key
+	if code == CodePeerUnreachable && !c.bugs.deadPeerNotTold {
+		skip = ""
+	}
 	match := func(reqs []PeerRequest) bool {
 		for _, pr := range reqs {
 			if pr.Peer == key && (!exact || pr.Epoch == epoch) {
@@ -170,14 +180,14 @@ func (c *Core) peerGone(key string, epoch uint64, exact bool, reason string) {
 		if rm.role == RolePrefill && !rm.status.Terminal() && match(rm.requests) {
 			res := c.count(EventUpdate, c.reg.Update(id, Failed, reason))
 			if res.Outcome == Applied {
-				c.statusFailed(id, rm.requests, CodePeerRestarted, reason, key)
+				c.statusFailed(id, rm.requests, code, reason, skip)
 			}
 		}
 	}
 	for id, p := range c.reg.pending {
 		if match(p.requests) && !c.bugs.postIgnoresEpoch {
 			res := c.count(EventAbort, c.reg.Abort(id, reason, nil))
-			c.statusFailed(id, res.Peers, CodePeerRestarted, reason, key)
+			c.statusFailed(id, res.Peers, code, reason, skip)
 		}
 	}
 }
@@ -451,7 +461,11 @@ func (c *Core) prefillPeerDown(endpoint string, from bootstrap.From, restarted b
 		if restarted && p.from.Epoch == from.Epoch {
 			continue // the report names the epoch we are bound to: nothing changed
 		}
-		c.peerGone(key, p.from.Epoch, true, reason)
+		code := CodePeerUnreachable
+		if restarted {
+			code = CodePeerRestarted
+		}
+		c.peerGone(key, p.from.Epoch, true, code, reason)
 		if restarted || c.bugs.dropRegOnPeerDown {
 			delete(c.peers, key)
 		}

@@ -246,8 +246,12 @@ func (c *Core) hash(f *fp) {
 		f.u(t.epoch)
 		f.u(uint64(t.retry))
 		f.t(t.nextRetry)
+		f.i(t.unanswered)
+		f.u(uint64(t.lookupRetry))
+		f.t(t.nextLookup)
 		for _, r := range slices.Sorted(maps.Keys(t.owed)) {
 			f.u(r)
+			f.t(t.owed[r].until)
 		}
 	}
 	f.i(len(c.holds))

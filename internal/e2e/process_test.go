@@ -24,6 +24,7 @@ import (
 //	prefill: SEND <room> <src pages> <chunk>   → DONE <room> <status> <reason>
 //	         HOLD <room> <src pages> <chunk>   (first chunk only) → HELD <room>, then DONE ...
 //	decode:  RECV <room> <dst pages> <src pages> → DONE <room> <status> <verified | reason>
+//	         ABORT <room>                        (the RECV's DONE follows)
 //
 // Pages are comma-separated. Prefill memory holds the deterministic pattern
 // of fillPage, so the decode process verifies every page on its own.
@@ -137,6 +138,8 @@ func runRank(role string) int {
 				st, _ := s.Wait(context.Background())
 				out <- fmt.Sprintf("DONE %d %v %s", room, st, strings.ReplaceAll(s.Failure(), " ", "_"))
 			}(f[0] == "HOLD")
+		case "ABORT":
+			d.AbortReceiver(room, "aborted by the test")
 		case "RECV":
 			dst, src := pageList(f[2]), pageList(f[3])
 			go func() {

@@ -1,0 +1,165 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/testauth"
+)
+
+// Restarts of real rank processes on a new endpoint (issue 20): a pod
+// restart brings the rank back on another port while its bootstrap record
+// still names the dead process for the rest of its lease.
+
+// testLease is the bootstrap server's lease in these tests: a restarted
+// prefill process gets its record back within it.
+const testLease = 2 * time.Second
+
+// restartBound is how long a survivor may take to reach a restarted rank:
+// the lease, the REGISTER retries before a lookup (0.5 + 1 + 2 + 4 s at
+// the default RegisterRetry), heartbeats, and scheduling slack on a busy
+// two-core machine.
+const restartBound = testLease + 8*time.Second + bound
+
+func startBootLease(t *testing.T, lease time.Duration) string {
+	t.Helper()
+	srv, err := bootstrap.NewServer(bootstrap.ServerConfig{Token: testauth.Auth().BootstrapToken(), LeaseTTL: lease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close(context.Background()) })
+	return srv.URL()
+}
+
+// kill sends SIGKILL and waits until the process is gone.
+func (p *rankProc) kill(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for range p.lines { // stdout closes once the process is gone
+	}
+}
+
+// runRoom moves one room through decode and prefill and checks both sides.
+func runRoom(t *testing.T, decode, prefill *rankProc, room uint64, src, dst []uint32) {
+	t.Helper()
+	decode.do(fmt.Sprintf("RECV %d %s %s", room, csv(dst), csv(src)))
+	prefill.do(fmt.Sprintf("SEND %d %s 16", room, csv(src)))
+	if got := decode.expect(t, fmt.Sprintf("DONE %d", room)); got != fmt.Sprintf("DONE %d Success verified", room) {
+		t.Fatalf("decode: %s", got)
+	}
+	if got := prefill.expect(t, fmt.Sprintf("DONE %d", room)); !strings.HasPrefix(got, fmt.Sprintf("DONE %d Success", room)) {
+		t.Fatalf("prefill: %s", got)
+	}
+}
+
+// Case 1: a decode rank whose first room needs a prefill rank inside the
+// dead process's lease looked up the dead endpoint and retried its
+// REGISTER there forever ("waiting for the prefill ranks' REGISTER_ACK").
+// It must look the rank up again and reach the new process.
+func TestFirstRoomAfterPrefillRestartElsewhere(t *testing.T) {
+	boot := startBootLease(t, testLease)
+	startRank(t, "prefill", "ucx-tcp", boot).kill(t)
+	decode := startRank(t, "decode", "ucx-tcp", boot)
+	src, dst := newPagePool(pages).Get(32), newPagePool(pages).Get(32)
+	// The lookup this starts finds the dead process's record.
+	decode.do(fmt.Sprintf("RECV 1 %s %s", csv(dst), csv(src)))
+	prefill := startRank(t, "prefill", "ucx-tcp", boot) // a new port, once the lease lapsed
+	restarted := time.Now()
+	prefill.do(fmt.Sprintf("SEND 1 %s 16", csv(src)))
+	if got := decode.expect(t, "DONE 1"); got != "DONE 1 Success verified" {
+		t.Fatalf("decode: %s", got)
+	}
+	took := time.Since(restarted)
+	t.Logf("the room succeeded %v after the new prefill process started", took)
+	if took > restartBound {
+		t.Fatalf("took %v, bound %v", took, restartBound)
+	}
+	prefill.expect(t, "DONE 1 Success")
+}
+
+// Case 2: a decode room aborted while its prefill rank restarts elsewhere,
+// before heartbeats notice, sent its ABORT to the old endpoint only; the
+// new process's room then waited for its own bootstrap deadline (the
+// seed's silent pin, through discovery). The ABORT must reach the new
+// process too.
+func TestAbortReachesPrefillRestartedElsewhere(t *testing.T) {
+	boot := startBootLease(t, testLease)
+	old := startRank(t, "prefill", "ucx-tcp", boot)
+	decode := startRank(t, "decode", "ucx-tcp", boot)
+	pp, dp := newPagePool(pages), newPagePool(pages)
+	runRoom(t, decode, old, 1, pp.Get(8), dp.Get(8)) // registered with the old process
+	src, dst := pp.Get(32), dp.Get(32)
+	decode.do(fmt.Sprintf("RECV 2 %s %s", csv(dst), csv(src)))
+	old.kill(t)
+	decode.do("ABORT 2") // before heartbeats report the old process dead
+	if got := decode.expect(t, "DONE 2"); !strings.HasPrefix(got, "DONE 2 Failed") {
+		t.Fatalf("decode: %s", got)
+	}
+	prefill := startRank(t, "prefill", "ucx-tcp", boot)
+	restarted := time.Now()
+	prefill.do(fmt.Sprintf("SEND 2 %s 16", csv(src))) // the router's retry lands on the new process
+	got := prefill.expect(t, "DONE 2")
+	took := time.Since(restarted)
+	t.Logf("the new process's room ended %v after it started: %s", took, got)
+	if !strings.HasPrefix(got, "DONE 2 Failed") || !strings.Contains(got, "aborted") {
+		t.Fatalf("prefill: %s", got)
+	}
+	if took > restartBound {
+		t.Fatalf("took %v, bound %v", took, restartBound)
+	}
+}
+
+// Case 3: the first room after a prefill rank restarted elsewhere, from a
+// decode rank that had registered with the old process, must succeed.
+func TestRoomAfterPrefillRestartElsewhere(t *testing.T) {
+	boot := startBootLease(t, testLease)
+	old := startRank(t, "prefill", "ucx-tcp", boot)
+	decode := startRank(t, "decode", "ucx-tcp", boot)
+	pp, dp := newPagePool(pages), newPagePool(pages)
+	runRoom(t, decode, old, 1, pp.Get(8), dp.Get(8))
+	old.kill(t)
+	prefill := startRank(t, "prefill", "ucx-tcp", boot)
+	runRoom(t, decode, prefill, 2, pp.Get(32), dp.Get(32))
+}
+
+// Case 4: a decode process paused (SIGSTOP) longer than the heartbeat
+// bound; both prefill ranks failed their rooms, but the decode rank kept
+// them Transferring until their stall deadline once it resumed. The
+// prefill rank tells the peer it declared dead, so the resumed decode
+// rank settles the room from that.
+func TestPausedDecodeLearnsItsRoomsFailed(t *testing.T) {
+	boot := startBoot(t)
+	prefill := startRank(t, "prefill", "ucx-tcp", boot)
+	decode := startRank(t, "decode", "ucx-tcp", boot)
+	src, dst := newPagePool(pages).Get(256), newPagePool(pages).Get(256)
+	decode.do(fmt.Sprintf("RECV 3 %s %s", csv(dst), csv(src)))
+	prefill.do(fmt.Sprintf("HOLD 3 %s 16", csv(src)))
+	prefill.expect(t, "HELD 3")
+	decode.cmd.Process.Signal(syscall.SIGSTOP)
+	got := prefill.expect(t, "DONE 3") // heartbeats declared the decode rank dead
+	if !strings.HasPrefix(got, "DONE 3 Failed") || !strings.Contains(got, "unreachable") {
+		decode.cmd.Process.Signal(syscall.SIGCONT)
+		t.Fatalf("prefill: %s", got)
+	}
+	decode.cmd.Process.Signal(syscall.SIGCONT)
+	resumed := time.Now()
+	got = decode.expect(t, "DONE 3")
+	took := time.Since(resumed)
+	t.Logf("the resumed decode rank failed the room %v after SIGCONT: %s", took, got)
+	if !strings.HasPrefix(got, "DONE 3 Failed") || !strings.Contains(got, "unreachable") {
+		t.Fatalf("decode: %s (want the prefill rank's report, not a deadline)", got)
+	}
+	if took > bound {
+		t.Fatalf("took %v, bound %v (the stall deadline is %v)", took, bound, rankConfig(0, "", "").Registry.StallTimeout)
+	}
+}

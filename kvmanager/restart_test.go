@@ -1,0 +1,205 @@
+package kvmanager
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+)
+
+// Restarts on a new endpoint (issue 20): a pod restart leaves the rank's
+// discovery record naming the dead process until its lease lapses.
+
+// sends lists "TYPE room → endpoint" for every message among effects.
+func sends(effects []Effect) []string {
+	var out []string
+	for _, e := range effects {
+		if e.Kind == EffectSend {
+			out = append(out, fmt.Sprintf("%v %d → %s", e.Msg.Type(), e.Room, e.To.Endpoint))
+		}
+	}
+	return out
+}
+
+func resolves(effects []Effect) int {
+	n := 0
+	for _, e := range effects {
+		if e.Kind == EffectResolve {
+			n++
+		}
+	}
+	return n
+}
+
+// Bug 11 (case 1 of issue 20): a decode rank whose first lookup of a rank
+// returned a dead process's endpoint retried its REGISTER there forever,
+// although the record named the new process soon after. After
+// registerLookupAfter unanswered retries it looks the rank up again.
+func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
+	moved := prefillFrom
+	moved.Endpoint, moved.Epoch = "tcp://p:2", 11
+	for _, tc := range []struct {
+		name  string
+		bug   bugs
+		fixed bool
+	}{{"fixed", bugs{}, true}, {"with bug 11", bugs{retryCachedEndpoint: true}, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testCore(t, RoleDecode, tc.bug)
+			c.cfg.RegisterRetry = 100 * time.Millisecond // every retry inside the bootstrap deadline
+			c.CreateReceiver(t0, 1, []Target{prefillT})
+			c.Resolved(t0, prefillT, prefillFrom.Endpoint, "") // the dead process's record
+			c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			c.Effects()
+			now, looked := t0, 0
+			for now.Before(t0.Add(c.cfg.Registry.BootstrapTimeout)) && looked == 0 {
+				now = now.Add(50 * time.Millisecond)
+				c.Tick(now)
+				eff := c.Effects()
+				looked += resolves(eff)
+				if looked > 0 && len(sent[*bootstrap.Register](eff)) != 0 {
+					t.Fatal("REGISTER retried at the cached endpoint in the step that looks it up again")
+				}
+			}
+			if (looked == 1) != tc.fixed {
+				t.Fatalf("looked up again %d times, want fixed=%v", looked, tc.fixed)
+			}
+			if !tc.fixed {
+				return
+			}
+			if c.Stats().Relookups != 1 || c.Stats().RegisterRetries != registerLookupAfter {
+				t.Fatalf("stats %+v", c.Stats())
+			}
+			c.Resolved(now, prefillT, moved.Endpoint, "")
+			if got := sends(c.Effects()); len(got) != 1 || got[0] != "REGISTER 0 → tcp://p:2" {
+				t.Fatalf("after the new record: %v", got)
+			}
+			c.OnRegisterAck(now, &bootstrap.RegisterAck{From: moved, OK: true})
+			if got := sends(c.Effects()); len(got) != 1 || got[0] != "REQUEST 1 → tcp://p:2" {
+				t.Fatalf("after the new process's ACK: %v", got)
+			}
+		})
+	}
+}
+
+// Bug 13 (case 2 of issue 20): a decode room aborted while its prefill rank
+// restarts elsewhere sent its ABORT to the old endpoint only, and the new
+// process's room waited for its own deadline. An ABORT stays owed until the
+// rank acknowledges it and goes to every process the rank is found at.
+func TestOwedAbortFollowsTheRank(t *testing.T) {
+	moved := prefillFrom
+	moved.Endpoint, moved.Epoch = "tcp://p:2", 11
+	for _, tc := range []struct {
+		name  string
+		bug   bugs
+		fixed bool
+	}{{"fixed", bugs{}, true}, {"with bug 13", bugs{abortSentOnce: true}, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testCore(t, RoleDecode, tc.bug)
+			c.CreateReceiver(t0, 1, []Target{prefillT})
+			c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
+			c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			c.OnRegisterAck(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+			c.Effects()
+			c.AbortReceiver(t0, 1, "client went away") // the prefill process is being killed
+			if got := sends(c.Effects()); len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1" {
+				t.Fatalf("abort: %v", got)
+			}
+			c.ClearReceiver(t0, 1)
+			// Heartbeats report the old process dead; its record still names
+			// it (lease), then names the new process.
+			c.PeerDown(t0.Add(time.Second), prefillFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+			if n := resolves(c.Effects()); n != 1 && tc.fixed {
+				t.Fatalf("%d lookups after the dead report, want 1", n)
+			}
+			c.Resolved(t0.Add(time.Second), prefillT, prefillFrom.Endpoint, "")
+			got := sends(c.Effects())
+			if tc.fixed && (len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1") {
+				t.Fatalf("the same record again: %v", got)
+			}
+			c.PeerDown(t0.Add(2*time.Second), prefillFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+			c.Effects()
+			c.Resolved(t0.Add(2*time.Second), prefillT, moved.Endpoint, "")
+			got = sends(c.Effects())
+			if reached := len(got) == 1 && got[0] == "ABORT 1 → tcp://p:2"; reached != tc.fixed {
+				t.Fatalf("the new process got %v, want reached=%v", got, tc.fixed)
+			}
+			if !tc.fixed {
+				return
+			}
+			if s := c.Sizes(); s.OwedAborts != 1 {
+				t.Fatalf("owed %d, want 1 until acknowledged", s.OwedAborts)
+			}
+			c.OnAbortAck(t0.Add(2*time.Second), &bootstrap.AbortAck{From: moved, Room: 1, Drained: true})
+			if s := c.Sizes(); s.OwedAborts != 0 {
+				t.Fatalf("owed %d after the ACK", s.OwedAborts)
+			}
+			c.OnRegisterAck(t0.Add(3*time.Second), &bootstrap.RegisterAck{From: moved, OK: true})
+			if got := sends(c.Effects()); len(got) != 0 {
+				t.Fatalf("an acknowledged ABORT was sent again: %v", got)
+			}
+		})
+	}
+}
+
+// An owed ABORT to a rank that cannot be looked up (its record gone) is
+// looked up again with backoff, and forgotten at the tombstone TTL: the
+// table empties.
+func TestOwedAbortLookupBackoffAndTTL(t *testing.T) {
+	c := testCore(t, RoleDecode, bugs{})
+	c.CreateReceiver(t0, 1, []Target{prefillT})
+	c.AbortReceiver(t0, 1, "gone")
+	c.ClearReceiver(t0, 1)
+	c.ResolveFailed(t0, prefillT, bootstrap.ErrRankUnknown)
+	c.Effects()
+	c.Tick(t0.Add(c.cfg.RegisterRetry / 2))
+	if n := resolves(c.Effects()); n != 0 {
+		t.Fatalf("looked up again before the backoff: %d", n)
+	}
+	c.Tick(t0.Add(c.cfg.RegisterRetry))
+	if n := resolves(c.Effects()); n != 1 {
+		t.Fatalf("%d lookups after the backoff, want 1", n)
+	}
+	at := t0.Add(c.cfg.RegisterRetry)
+	c.ResolveFailed(at, prefillT, bootstrap.ErrRankUnknown)
+	if tg := c.targets[prefillT.key()]; tg.lookupRetry != 2*c.cfg.RegisterRetry {
+		t.Fatalf("backoff %v, want doubled", tg.lookupRetry)
+	}
+	c.Tick(t0.Add(c.cfg.Registry.TombstoneTTL + time.Second))
+	if s := c.Sizes(); s.OwedAborts != 0 || s.Total() != 0 {
+		t.Fatalf("sizes %+v after the TTL", s)
+	}
+}
+
+// Bug 12 (case 4 of issue 20): a prefill rank that declared a decode rank
+// dead failed their rooms but told every peer except that one; a decode
+// paused longer than the heartbeat bound then kept its rooms Transferring
+// until their deadlines. It is told too (code peer_unreachable).
+func TestDeadPeerIsToldItsRoomsFailed(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		bug   bugs
+		fixed bool
+	}{{"fixed", bugs{}, true}, {"with bug 12", bugs{deadPeerNotTold: true}, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testCore(t, RolePrefill, tc.bug)
+			register(t, c, decodeFrom)
+			c.OnRequest(t0, request(1, decodeFrom)) // pending: no sender yet
+			c.CreateSender(t0, 2)
+			c.OnRequest(t0, request(2, decodeFrom))
+			c.Effects()
+			c.PeerDown(t0, decodeFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+			var told []string
+			for _, st := range sent[*bootstrap.Status](c.Effects()) {
+				told = append(told, fmt.Sprintf("%d %s", st.Room, st.Code))
+			}
+			slices.Sort(told)
+			want := "1 peer_unreachable,2 peer_unreachable"
+			if got := strings.Join(told, ","); (got == want) != tc.fixed {
+				t.Fatalf("STATUS sent: %q, want %q: %v", got, want, tc.fixed)
+			}
+		})
+	}
+}
