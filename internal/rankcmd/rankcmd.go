@@ -65,44 +65,68 @@ func env(name, def string) string {
 	return def
 }
 
-// Main parses flags, runs the rank until a signal and returns the exit code.
-func Main(role kvmanager.Role, args []string) int {
-	name := map[kvmanager.Role]string{kvmanager.RolePrefill: "prefill", kvmanager.RoleDecode: "decode"}[role]
+// options are a rank's flags.
+type options struct {
+	model                              string
+	layers, heads, dim, dtype, pageTok int
+	pages                              int
+	engine, tls, bind, boot, serveBoot string
+	httpAddr, instance, pageLayout     string
+	par                                transfer.Parallel
+	publishDP, warm                    bool
+	inFlight                           int
+	verbose, insecure, printToken      bool
+}
+
+// newFlags defines a rank's flags.
+func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
+	name := roleName(role)
+	o := &options{}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	model := fs.String("model", env("KVBRIDGE_MODEL", "llama3-8b"), "layout preset: "+kvmodel.PresetNames())
-	layers := fs.Int("layers", 0, "override: layers")
-	heads := fs.Int("kv-heads", 0, "override: KV heads")
-	dim := fs.Int("head-dim", 0, "override: head dimension")
-	dtype := fs.Int("dtype-bytes", 0, "override: bytes per element")
-	pageTok := fs.Int("page-tokens", 0, "override: tokens per page")
-	pages := fs.Int("pages", 1024, "pages per layer region")
-	engine := fs.String("engine", env("KVBRIDGE_ENGINE", "ucx"), "engine: ucx, libnixl, loopback (auto: libnixl if installed, else ucx)")
-	tls := fs.String("ucx-tls", env("UCX_TLS", "posix,cma,self"), "UCX transports for the ucx engine")
-	bind := fs.String("bind", env("KVBRIDGE_BIND", "tcp://127.0.0.1:*"), "control endpoint")
-	boot := fs.String("bootstrap", env("KVBRIDGE_BOOTSTRAP_URL", ""), "bootstrap server URL")
-	serveBoot := fs.String("serve-bootstrap", "", "prefill: also serve the bootstrap server on this address")
-	httpAddr := fs.String("http", env("KVBRIDGE_HTTP", "127.0.0.1:0"), "HTTP address for /v1 rooms, /metrics and /healthz")
-	instance := fs.String("instance", name, "instance name")
-	var par transfer.Parallel
-	fs.IntVar(&par.TPSize, "tp", 1, "TP size of this rank's instance (within a DP group)")
-	fs.IntVar(&par.TPRank, "tp-rank", 0, "this rank's TP rank")
-	fs.IntVar(&par.PPSize, "pp", 1, "PP size of this rank's instance")
-	fs.IntVar(&par.PPRank, "pp-rank", 0, "this rank's PP stage")
-	fs.IntVar(&par.DPSize, "dp", 1, "DP size (DP attention groups) of this rank's instance")
-	fs.IntVar(&par.DPRank, "dp-rank", 0, "this rank's DP group")
-	publishDP := fs.Bool("publish-dp", false, "prefill with -dp > 1: publish each room's DP group to the bootstrap server (for decode ranks that look it up)")
-	pageLayout := fs.String("page-layout", env("KVBRIDGE_PAGE_LAYOUT", "NHD"), "order inside a page: NHD (token-major) or HND (head-major)")
-	warm := fs.Bool("warm", true, "fault in the rank's memory at start-up, so first-touch page faults stay out of transfer latency")
-	inFlight := fs.Int("in-flight", 0, "prefill: rooms' writes a transfer worker keeps posted at once (0: the default, 8)")
-	verbose := fs.Bool("v", false, "log at debug level")
-	insecure := fs.Bool("insecure", false, "run without authentication (no shared secret; logged as a warning)")
-	printToken := fs.Bool("print-token", false, "print the bearer token of the shared secret (for curl against /v1/room and the bootstrap server) and exit")
+	fs.StringVar(&o.model, "model", env("KVBRIDGE_MODEL", "llama3-8b"), "layout preset: "+kvmodel.PresetNames())
+	fs.IntVar(&o.layers, "layers", 0, "override: layers")
+	fs.IntVar(&o.heads, "kv-heads", 0, "override: KV heads")
+	fs.IntVar(&o.dim, "head-dim", 0, "override: head dimension")
+	fs.IntVar(&o.dtype, "dtype-bytes", 0, "override: bytes per element")
+	fs.IntVar(&o.pageTok, "page-tokens", 0, "override: tokens per page")
+	fs.IntVar(&o.pages, "pages", 1024, "pages per layer region")
+	fs.StringVar(&o.engine, "engine", env("KVBRIDGE_ENGINE", "ucx"), "engine: ucx, libnixl, loopback (auto: libnixl if installed, else ucx)")
+	fs.StringVar(&o.tls, "ucx-tls", env("UCX_TLS", "posix,cma,self"), "UCX transports for the ucx engine")
+	fs.StringVar(&o.bind, "bind", env("KVBRIDGE_BIND", "tcp://127.0.0.1:*"), "control endpoint")
+	fs.StringVar(&o.boot, "bootstrap", env("KVBRIDGE_BOOTSTRAP_URL", ""), "bootstrap server URL")
+	fs.StringVar(&o.serveBoot, "serve-bootstrap", "", "prefill: also serve the bootstrap server on this address")
+	fs.StringVar(&o.httpAddr, "http", env("KVBRIDGE_HTTP", "127.0.0.1:0"), "HTTP address for /v1 rooms, /metrics and /healthz")
+	fs.StringVar(&o.instance, "instance", name, "instance name")
+	fs.IntVar(&o.par.TPSize, "tp", 1, "TP size of this rank's instance (within a DP group)")
+	fs.IntVar(&o.par.TPRank, "tp-rank", 0, "this rank's TP rank")
+	fs.IntVar(&o.par.PPSize, "pp", 1, "PP size of this rank's instance")
+	fs.IntVar(&o.par.PPRank, "pp-rank", 0, "this rank's PP stage")
+	fs.IntVar(&o.par.DPSize, "dp", 1, "DP size (DP attention groups) of this rank's instance")
+	fs.IntVar(&o.par.DPRank, "dp-rank", 0, "this rank's DP group")
+	fs.BoolVar(&o.publishDP, "publish-dp", false, "prefill with -dp > 1: publish each room's DP group to the bootstrap server (for decode ranks that look it up)")
+	fs.StringVar(&o.pageLayout, "page-layout", env("KVBRIDGE_PAGE_LAYOUT", "NHD"), "order inside a page: NHD (token-major) or HND (head-major)")
+	fs.BoolVar(&o.warm, "warm", true, "fault in the rank's memory at start-up, so first-touch page faults stay out of transfer latency")
+	fs.IntVar(&o.inFlight, "in-flight", 0, "prefill: rooms' writes a transfer worker keeps posted at once (0: the default, 8)")
+	fs.BoolVar(&o.verbose, "v", false, "log at debug level")
+	fs.BoolVar(&o.insecure, "insecure", false, "run without authentication (no shared secret; logged as a warning)")
+	fs.BoolVar(&o.printToken, "print-token", false, "print the bearer token of the shared secret (for curl against /v1/room and the bootstrap server) and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: %s [flags]\n\nA kvbridge %s rank. The deployment's shared secret comes from %s or %s\n"+
 			"(the same on every rank and the bootstrap server); -insecure runs without one.\n\nflags:\n",
 			name, name, bootstrap.EnvSecret, bootstrap.EnvSecretFile)
 		fs.PrintDefaults()
 	}
+	return fs, o
+}
+
+func roleName(role kvmanager.Role) string {
+	return map[kvmanager.Role]string{kvmanager.RolePrefill: "prefill", kvmanager.RoleDecode: "decode"}[role]
+}
+
+// Main parses flags, runs the rank until a signal and returns the exit code.
+func Main(role kvmanager.Role, args []string) int {
+	name := roleName(role)
+	fs, o := newFlags(role)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -114,11 +138,11 @@ func Main(role kvmanager.Role, args []string) int {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		return 2
 	}
-	if *insecure && auth != nil {
+	if o.insecure && auth != nil {
 		fmt.Fprintf(os.Stderr, "%s: -insecure with a shared secret set; choose one\n", name)
 		return 2
 	}
-	if *printToken {
+	if o.printToken {
 		if auth == nil {
 			fmt.Fprintf(os.Stderr, "%s: -print-token: %v\n", name, bootstrap.ErrNoSecret)
 			return 2
@@ -126,108 +150,59 @@ func Main(role kvmanager.Role, args []string) int {
 		fmt.Println(auth.BootstrapToken())
 		return 0
 	}
-	*insecure = *insecure || envInsecure
-	if auth == nil && !*insecure {
+	o.insecure = o.insecure || envInsecure
+	if auth == nil && !o.insecure {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, bootstrap.ErrNoSecret)
 		return 2
 	}
-	m, ok := kvmodel.Presets[*model]
-	if !ok {
-		fmt.Fprintf(os.Stderr, "%s: unknown model %q (have %s)\n", name, *model, kvmodel.PresetNames())
-		return 2
-	}
-	for _, o := range []struct{ v, dst *int }{{layers, &m.Layers}, {heads, &m.KVHeads}, {dim, &m.HeadDim}, {dtype, &m.DTypeBytes}, {pageTok, &m.PageTokens}} {
-		if *o.v > 0 {
-			*o.dst = *o.v
-			m.Name = "custom"
-		}
-	}
 	zcfg := zap.NewProductionConfig()
-	if *verbose {
+	if o.verbose {
 		zcfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
 	}
 	log, _ := zcfg.Build()
 	defer log.Sync()
-	log = log.With(zap.String("role", name), zap.String("instance", *instance), zap.Stringer("rank", par.Norm()))
+	log = log.With(zap.String("role", name), zap.String("instance", o.instance), zap.Stringer("rank", o.par.Norm()))
 
-	r := &Rank{Role: role, Model: m, log: log, npage: *pages}
-	scfg := bootstrap.ServerConfig{Insecure: *insecure}
-	if auth != nil {
-		r.token = auth.BootstrapToken()
-		scfg.Token = r.token
-	} else {
-		log.Warn("running WITHOUT authentication (-insecure): anyone who can reach this rank's ports can drive it")
-	}
-	if role == kvmanager.RolePrefill && *serveBoot != "" {
-		if r.boot, err = bootstrap.NewServer(scfg); err != nil {
+	var bootSrv *bootstrap.Server
+	if role == kvmanager.RolePrefill && o.serveBoot != "" {
+		scfg := bootstrap.ServerConfig{Insecure: o.insecure}
+		if auth != nil {
+			scfg.Token = auth.BootstrapToken()
+		}
+		if bootSrv, err = bootstrap.NewServer(scfg); err != nil {
 			log.Error("bootstrap server", zap.Error(err))
 			return 1
 		}
-		if err := r.boot.Start(*serveBoot); err != nil {
+		if err := bootSrv.Start(o.serveBoot); err != nil {
 			log.Error("bootstrap server", zap.Error(err))
 			return 1
 		}
-		defer r.boot.Close(context.Background())
-		*boot = r.boot.URL()
-		log.Info("bootstrap server", zap.String("url", *boot))
+		defer bootSrv.Close(context.Background())
+		o.boot = bootSrv.URL()
+		log.Info("bootstrap server", zap.String("url", o.boot))
 	}
-	cfg := kvmanager.DefaultConfig(role)
-	pl, err := transfer.ParsePageLayout(*pageLayout)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
-		return 2
-	}
-	if err := par.Validate(); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
-		return 2
-	}
-	r.Mapping, r.Par, r.Instance = m.Mapping(pl), par.Norm(), *instance
-	cfg.Instance, cfg.Compat, cfg.BootstrapURL, cfg.Bind = *instance, m.Compat(), *boot, *bind
-	cfg.Parallel, cfg.Model, cfg.PublishRoomDP = r.Par, r.Mapping, *publishDP
-	cfg.PageTokens, cfg.DType = m.PageTokens, fmt.Sprintf("%dB", m.DTypeBytes)
-	cfg.Engine = nixl.Config{Engine: *engine, UCX: map[string]string{"TLS": *tls}}
-	if *engine == "auto" {
-		cfg.Engine.Engine = nixl.EngineAuto
-	}
-	if cfg.Layout, err = m.RankLayout(nixl.DRAM, pl, par, *pages, 4096); err != nil {
-		log.Error("layout", zap.Error(err))
-		return 2
-	}
-	cfg.Logger = log
-	cfg.WarmMemory, cfg.InFlight = *warm, *inFlight
-	cfg.Auth, cfg.Insecure = auth, *insecure
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector())
-	cfg.Registerer = reg
-	if err := cfg.FromEnv(); err != nil {
-		log.Error("configuration", zap.Error(err))
-		return 2
-	}
-	var mgr *kvmanager.Manager
-	if role == kvmanager.RolePrefill {
-		if r.P, err = kvmanager.NewPrefill(cfg); err == nil {
-			mgr = r.P.Manager
-		}
-	} else if r.D, err = kvmanager.NewDecode(cfg); err == nil {
-		mgr = r.D.Manager
-	}
+	r, code, err := newRank(role, o, auth, log, reg)
 	if err != nil {
-		log.Error("starting the rank", zap.Error(err))
-		return 1
+		if code == 2 {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		} else {
+			log.Error("starting the rank", zap.Error(err))
+		}
+		return code
 	}
-	r.M = mgr
-	r.kv, _ = mgr.Memory()
-	r.pages = kvmodel.NewPages(*pages, uint64(time.Now().UnixNano()))
-
+	r.boot = bootSrv
+	mgr, m := r.M, r.Model
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/v1/info", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, map[string]any{"role": name, "model": m, "endpoint": mgr.Endpoint(), "bootstrap": *boot,
-			"engine": mgr.Agent().Engine(), "pages": *pages, "bytes_per_token": m.BytesPerToken()})
+		writeJSON(w, map[string]any{"role": name, "model": m, "endpoint": mgr.Endpoint(), "bootstrap": o.boot,
+			"engine": mgr.Agent().Engine(), "pages": o.pages, "bytes_per_token": m.BytesPerToken()})
 	})
 	mux.HandleFunc("/v1/room", r.serveRoom)
-	r.ln, err = net.Listen("tcp", *httpAddr)
+	r.ln, err = net.Listen("tcp", o.httpAddr)
 	if err != nil {
 		log.Error("http listen", zap.Error(err))
 		mgr.Close()
@@ -236,7 +211,7 @@ func Main(role kvmanager.Role, args []string) int {
 	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go r.http.Serve(r.ln)
 	// One line for whoever started us (the demo reads it).
-	fmt.Printf("%s ready http=%s endpoint=%s bootstrap=%s engine=%s warmup=%s\n", name, r.ln.Addr(), mgr.Endpoint(), *boot, mgr.Agent().Engine(), mgr.WarmUp())
+	fmt.Printf("%s ready http=%s endpoint=%s bootstrap=%s engine=%s warmup=%s\n", name, r.ln.Addr(), mgr.Endpoint(), o.boot, mgr.Agent().Engine(), mgr.WarmUp())
 	log.Info("ready", zap.String("http", r.ln.Addr().String()), zap.String("endpoint", mgr.Endpoint()))
 
 	sig := make(chan os.Signal, 1)
@@ -250,6 +225,67 @@ func Main(role kvmanager.Role, args []string) int {
 		log.Warn("close", zap.Error(err))
 	}
 	return 0
+}
+
+// newRank builds a rank's Manager from its options (what Main does before
+// it serves HTTP). On an error, code is the exit code: 2 for a bad flag, 1
+// for a rank that did not start.
+func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Logger, reg prometheus.Registerer) (r *Rank, code int, err error) {
+	m, ok := kvmodel.Presets[o.model]
+	if !ok {
+		return nil, 2, fmt.Errorf("unknown model %q (have %s)", o.model, kvmodel.PresetNames())
+	}
+	for _, ov := range []struct{ v, dst *int }{{&o.layers, &m.Layers}, {&o.heads, &m.KVHeads}, {&o.dim, &m.HeadDim}, {&o.dtype, &m.DTypeBytes}, {&o.pageTok, &m.PageTokens}} {
+		if *ov.v > 0 {
+			*ov.dst = *ov.v
+			m.Name = "custom"
+		}
+	}
+	r = &Rank{Role: role, Model: m, log: log, npage: o.pages}
+	if auth != nil {
+		r.token = auth.BootstrapToken()
+	} else {
+		log.Warn("running WITHOUT authentication (-insecure): anyone who can reach this rank's ports can drive it")
+	}
+	cfg := kvmanager.DefaultConfig(role)
+	pl, err := transfer.ParsePageLayout(o.pageLayout)
+	if err != nil {
+		return nil, 2, err
+	}
+	if err := o.par.Validate(); err != nil {
+		return nil, 2, err
+	}
+	r.Mapping, r.Par, r.Instance = m.Mapping(pl), o.par.Norm(), o.instance
+	cfg.Instance, cfg.Compat, cfg.BootstrapURL, cfg.Bind = o.instance, m.Compat(), o.boot, o.bind
+	cfg.Parallel, cfg.Model, cfg.PublishRoomDP = r.Par, r.Mapping, o.publishDP
+	cfg.PageTokens, cfg.DType = m.PageTokens, fmt.Sprintf("%dB", m.DTypeBytes)
+	cfg.Engine = nixl.Config{Engine: o.engine, UCX: map[string]string{"TLS": o.tls}}
+	if o.engine == "auto" {
+		cfg.Engine.Engine = nixl.EngineAuto
+	}
+	if cfg.Layout, err = m.RankLayout(nixl.DRAM, pl, o.par, o.pages, 4096); err != nil {
+		return nil, 2, fmt.Errorf("layout: %w", err)
+	}
+	cfg.Logger = log
+	cfg.WarmMemory, cfg.InFlight = o.warm, o.inFlight
+	cfg.Auth, cfg.Insecure = auth, o.insecure
+	cfg.Registerer = reg
+	if err := cfg.FromEnv(); err != nil {
+		return nil, 2, fmt.Errorf("configuration: %w", err)
+	}
+	if role == kvmanager.RolePrefill {
+		if r.P, err = kvmanager.NewPrefill(cfg); err == nil {
+			r.M = r.P.Manager
+		}
+	} else if r.D, err = kvmanager.NewDecode(cfg); err == nil {
+		r.M = r.D.Manager
+	}
+	if err != nil {
+		return nil, 1, err
+	}
+	r.kv, _ = r.M.Memory()
+	r.pages = kvmodel.NewPages(o.pages, uint64(time.Now().UnixNano()))
+	return r, 0, nil
 }
 
 // roomState answers GET /v1/room?room=N: the room's status in this rank's
@@ -441,12 +477,13 @@ func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
 	// The pattern a decode rank will check: per instance, room, position,
 	// global region, head and token.
 	seed := kvmodel.InstanceSeed(r.Instance)
-	first, n, _ := r.Mapping.Heads(r.Par.TPSize, r.Par.TPRank)
+	// (heads, not n: n is the room's page count, which res.Bytes needs.)
+	first, heads, _ := r.Mapping.Heads(r.Par.TPSize, r.Par.TPRank)
 	layer0, _ := r.Mapping.StageLayers(r.Par.PPSize, r.Par.PPRank)
 	pb := int(r.pageBytes())
 	for region, mem := range r.kv {
 		for pos, pg := range src {
-			kvmodel.FillHeads(mem[int(pg)*pb:(int(pg)+1)*pb], r.Mapping, first, n, seed, rr.Room, pos, layer0*transfer.RegionsPerLayer+region)
+			kvmodel.FillHeads(mem[int(pg)*pb:(int(pg)+1)*pb], r.Mapping, first, heads, seed, rr.Room, pos, layer0*transfer.RegionsPerLayer+region)
 		}
 	}
 	mark("fill")

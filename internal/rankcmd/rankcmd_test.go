@@ -1,11 +1,15 @@
 package rankcmd
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
@@ -14,7 +18,9 @@ import (
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -109,4 +115,106 @@ func TestRoomStateEndpoint(t *testing.T) {
 	if code, _ := get("/?room=x", "tok"); code != 400 {
 		t.Fatalf("bad room: %d", code)
 	}
+}
+
+// startRank builds a rank from command-line flags, as Main does, with the
+// tests' secret and the loopback engine; it is closed when the test ends.
+func startRank(t *testing.T, role kvmanager.Role, args ...string) (*Rank, *httptest.Server) {
+	t.Helper()
+	fs, o := newFlags(role)
+	if err := fs.Parse(append([]string{"-engine", "loopback", "-warm=false"}, args...)); err != nil {
+		t.Fatal(err)
+	}
+	r, _, err := newRank(role, o, testauth.Auth(), zap.NewNop(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(r.serveRoom))
+	t.Cleanup(func() {
+		srv.Close()
+		r.M.Close()
+	})
+	return r, srv
+}
+
+// postRoom runs one room on a rank through POST /v1/room.
+func postRoom(t *testing.T, srv *httptest.Server, rr RoomRequest) RoomResult {
+	body, _ := json.Marshal(rr)
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+testauth.Auth().BootstrapToken())
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Error(err)
+		return RoomResult{}
+	}
+	defer resp.Body.Close()
+	var res RoomResult
+	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
+		t.Errorf("room %d: %d: %v", rr.Room, resp.StatusCode, err)
+	}
+	return res
+}
+
+// TestRoomBytesBothSides: the bytes POST /v1/room reports for a room add up
+// to the same on both sides (the prefill ranks' shares, the decode rank's
+// whole), and to the room's tokens × the model's bytes per token. Issue 27:
+// the prefill side reported heads × page × regions (32,768 for a 4,096-token
+// tiny room, decode 4,194,304).
+func TestRoomBytesBothSides(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		prefills [][]string
+	}{
+		{"TP 1 to 1", [][]string{{"-instance", "p11"}}},
+		{"TP 2 to 1", [][]string{{"-instance", "p21", "-tp", "2", "-tp-rank", "0"}, {"-instance", "p21", "-tp", "2", "-tp-rank", "1"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			boot := testauth.Server()
+			if err := boot.Start("127.0.0.1:0"); err != nil {
+				t.Fatal(err)
+			}
+			defer boot.Close(context.Background())
+			common := []string{"-model", "tiny", "-pages", "512", "-page-layout", "HND", "-bootstrap", boot.URL()}
+			var prefills []*httptest.Server
+			for _, args := range tc.prefills {
+				_, srv := startRank(t, kvmanager.RolePrefill, append(common, args...)...)
+				prefills = append(prefills, srv)
+			}
+			d, dsrv := startRank(t, kvmanager.RoleDecode, append(common, "-instance", "d-"+tc.prefills[0][1])...)
+			for i, tokens := range []int{1024, 4096} {
+				room := uint64(100 + i)
+				rr := RoomRequest{Room: room, Tokens: tokens, TimeoutMS: 30000, PrefillInstance: tc.prefills[0][1]}
+				var wg sync.WaitGroup
+				pres := make([]RoomResult, len(prefills))
+				for j, srv := range prefills {
+					wg.Go(func() { pres[j] = postRoom(t, srv, rr) })
+				}
+				dres := postRoom(t, dsrv, rr)
+				wg.Wait()
+				want := uint64(tokens) * d.Model.BytesPerToken()
+				if dres.Status != "Success" || dres.Corrupt != 0 || dres.PagesVerified == 0 {
+					t.Fatalf("room %d: decode %+v", room, dres)
+				}
+				var sum uint64
+				for j, p := range pres {
+					if p.Status != "Success" {
+						t.Fatalf("room %d: prefill rank %d %+v", room, j, p)
+					}
+					sum += p.Bytes
+				}
+				if dres.Bytes != want || sum != want {
+					t.Errorf("room %d (%d tokens): decode bytes %d, prefill ranks' bytes %d (each %v); want both %d",
+						room, tokens, dres.Bytes, sum, bytesOf(pres), want)
+				}
+			}
+		})
+	}
+}
+
+func bytesOf(rs []RoomResult) []uint64 {
+	var b []uint64
+	for _, r := range rs {
+		b = append(b, r.Bytes)
+	}
+	return b
 }
