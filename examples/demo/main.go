@@ -319,6 +319,21 @@ func run(args []string) int {
 	dpPick := fs.String("dp-pick", "auto", "prefill DP group per request: auto (room % dp, decided by decode), explicit (chosen by the driver and told to decode) or lookup (chosen by the driver, published by prefill, looked up by decode)")
 	pageLayout := fs.String("page-layout", "HND", "order inside a page: HND (head-major, one segment per page per head slice) or NHD (token-major)")
 	mla := fs.Bool("mla", false, "an MLA model (tiny-mla with -short, else deepseek-v3)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `demo: what make demo runs. It starts example prefill and decode ranks as
+separate processes on this machine (one per rank; the first prefill rank
+serves the bootstrap server, or -discovery etcd embeds etcd), drives a
+workload of requests of mixed lengths through them with a few aborts at
+random stages, checks every page on the decode side, and prints a summary.
+It exits non-zero if a request fails without an abort, a page differs, or
+a room is left pinned.
+
+usage: demo [flags]   (the prefill and decode binaries are taken from -bin)
+
+flags:
+`)
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -368,8 +383,9 @@ func run(args []string) int {
 	}
 	defer cleanup()
 	common := []string{"-model", *model, "-pages", strconv.Itoa(*pages), "-engine", *engine, "-ucx-tls", *tls, "-page-layout", *pageLayout}
+	prefillArgs := common
 	if *dpPick == "lookup" {
-		common = append(common, "-publish-dp")
+		prefillArgs = append(append([]string{}, common...), "-publish-dp") // a prefill-only flag
 	}
 	bootOf := func(name string) string { return "" } // http: the instance's first rank serves it
 	if *discovery == "etcd" {
@@ -385,7 +401,7 @@ func run(args []string) int {
 	var prefills []*instance
 	for k := 0; k < *instances; k++ {
 		name := fmt.Sprintf("prefill-%d", k)
-		in, err := startInstance(*bin, "prefill", name, bootOf(name), pShape, common)
+		in, err := startInstance(*bin, "prefill", name, bootOf(name), pShape, prefillArgs)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "demo:", err)
 			return 1

@@ -121,3 +121,38 @@ func TestDemoTopologies(t *testing.T) {
 		})
 	}
 }
+
+// TestHelp: demo -h exits 0 and starts with a line saying what the demo
+// does (it started with a bare "Usage of demo:", issue 27).
+func TestHelp(t *testing.T) {
+	var code int
+	out := stderrOf(t, func() { code = run([]string{"-h"}) })
+	if code != 0 {
+		t.Errorf("demo -h: exit %d, want 0", code)
+	}
+	if first, _, _ := strings.Cut(out, "\n"); !strings.HasPrefix(first, "demo: what make demo runs. It starts example prefill and decode ranks") {
+		t.Errorf("demo -h starts with %q:\n%s", first, out)
+	}
+	if !strings.Contains(out, "\n  -decode-instances ") {
+		t.Errorf("demo -h lists no -decode-instances:\n%s", out)
+	}
+}
+
+// stderrOf runs f with os.Stderr sent to a file and returns what f wrote.
+func stderrOf(t *testing.T, f func()) string {
+	t.Helper()
+	tmp, err := os.CreateTemp(t.TempDir(), "stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tmp.Close()
+	saved := os.Stderr
+	os.Stderr = tmp
+	defer func() { os.Stderr = saved }()
+	f()
+	b, err := os.ReadFile(tmp.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

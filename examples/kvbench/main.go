@@ -22,6 +22,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -75,7 +76,22 @@ func run(args []string) int {
 	jsonOut := fs.String("json", "kvbench.json", "write results as JSON here (\"\" for none)")
 	pngOut := fs.String("png", "kvbench.png", "write a chart here (\"\" for none)")
 	quick := fs.Bool("quick", false, "small sizes and few iterations (tests)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `kvbench: measures kvbridge and prints every figure next to its reference from
+the same run, as a ratio (engine, paged, rooms, topology, discovery and
+control modes; nixl on a real NIXL, not in "all"). Results go to stdout,
+to -json and to -png.
+
+usage: kvbench [flags]
+
+flags:
+`)
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
 	b := &bench{engine: *engine, tls: *tls, quick: *quick, model: kvmodel.Presets[*model]}

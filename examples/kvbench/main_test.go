@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -51,4 +52,36 @@ func TestQuickRun(t *testing.T) {
 	if st, err := os.Stat(png); err != nil || st.Size() < 1000 {
 		t.Fatalf("chart: %v", err)
 	}
+}
+
+// TestHelp: kvbench -h exits 0 (it exited 2, issue 27) with a usage that
+// says what it measures and lists its flags.
+func TestHelp(t *testing.T) {
+	var code int
+	out := stderrOf(t, func() { code = run([]string{"-h"}) })
+	if code != 0 {
+		t.Errorf("kvbench -h: exit %d, want 0", code)
+	}
+	if !strings.HasPrefix(out, "kvbench: measures kvbridge") || !strings.Contains(out, "\n  -mode ") {
+		t.Errorf("kvbench -h:\n%s", out)
+	}
+}
+
+// stderrOf runs f with os.Stderr sent to a file and returns what f wrote.
+func stderrOf(t *testing.T, f func()) string {
+	t.Helper()
+	tmp, err := os.CreateTemp(t.TempDir(), "stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tmp.Close()
+	saved := os.Stderr
+	os.Stderr = tmp
+	defer func() { os.Stderr = saved }()
+	f()
+	b, err := os.ReadFile(tmp.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

@@ -78,7 +78,9 @@ type options struct {
 	verbose, insecure, printToken      bool
 }
 
-// newFlags defines a rank's flags.
+// newFlags defines a rank's flags. The prefill-only ones (-serve-bootstrap,
+// -publish-dp, -in-flight) exist only on a prefill rank, so decode -h does
+// not list them and decode refuses them.
 func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 	name := roleName(role)
 	o := &options{}
@@ -94,7 +96,9 @@ func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 	fs.StringVar(&o.tls, "ucx-tls", env("UCX_TLS", "posix,cma,self"), "UCX transports for the ucx engine")
 	fs.StringVar(&o.bind, "bind", env("KVBRIDGE_BIND", "tcp://127.0.0.1:*"), "control endpoint")
 	fs.StringVar(&o.boot, "bootstrap", env("KVBRIDGE_BOOTSTRAP_URL", ""), "bootstrap server URL")
-	fs.StringVar(&o.serveBoot, "serve-bootstrap", "", "prefill: also serve the bootstrap server on this address")
+	if role == kvmanager.RolePrefill {
+		fs.StringVar(&o.serveBoot, "serve-bootstrap", "", "also serve the bootstrap server on this address")
+	}
 	fs.StringVar(&o.httpAddr, "http", env("KVBRIDGE_HTTP", "127.0.0.1:0"), "HTTP address for /v1 rooms, /metrics and /healthz")
 	fs.StringVar(&o.instance, "instance", name, "instance name")
 	fs.IntVar(&o.par.TPSize, "tp", 1, "TP size of this rank's instance (within a DP group)")
@@ -103,10 +107,14 @@ func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 	fs.IntVar(&o.par.PPRank, "pp-rank", 0, "this rank's PP stage")
 	fs.IntVar(&o.par.DPSize, "dp", 1, "DP size (DP attention groups) of this rank's instance")
 	fs.IntVar(&o.par.DPRank, "dp-rank", 0, "this rank's DP group")
-	fs.BoolVar(&o.publishDP, "publish-dp", false, "prefill with -dp > 1: publish each room's DP group to the bootstrap server (for decode ranks that look it up)")
+	if role == kvmanager.RolePrefill {
+		fs.BoolVar(&o.publishDP, "publish-dp", false, "with -dp > 1: publish each room's DP group to the bootstrap server (for decode ranks that look it up)")
+	}
 	fs.StringVar(&o.pageLayout, "page-layout", env("KVBRIDGE_PAGE_LAYOUT", "NHD"), "order inside a page: NHD (token-major) or HND (head-major)")
 	fs.BoolVar(&o.warm, "warm", true, "fault in the rank's memory at start-up, so first-touch page faults stay out of transfer latency")
-	fs.IntVar(&o.inFlight, "in-flight", 0, "prefill: rooms' writes a transfer worker keeps posted at once (0: the default, 8)")
+	if role == kvmanager.RolePrefill {
+		fs.IntVar(&o.inFlight, "in-flight", 0, "rooms' writes a transfer worker keeps posted at once (0: the default, 8)")
+	}
 	fs.BoolVar(&o.verbose, "v", false, "log at debug level")
 	fs.BoolVar(&o.insecure, "insecure", false, "run without authentication (no shared secret; logged as a warning)")
 	fs.BoolVar(&o.printToken, "print-token", false, "print the bearer token of the shared secret (for curl against /v1/room and the bootstrap server) and exit")

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -217,4 +218,65 @@ func bytesOf(rs []RoomResult) []uint64 {
 		b = append(b, r.Bytes)
 	}
 	return b
+}
+
+// stderrOf runs f with os.Stderr sent to a file and returns what f wrote.
+func stderrOf(t *testing.T, f func()) string {
+	t.Helper()
+	tmp, err := os.CreateTemp(t.TempDir(), "stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tmp.Close()
+	saved := os.Stderr
+	os.Stderr = tmp
+	defer func() { os.Stderr = saved }()
+	f()
+	b, err := os.ReadFile(tmp.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestHelp: prefill -h and decode -h exit 0 with a usage that says what the
+// binary is; the prefill-only flags are listed by prefill -h only, and
+// decode refuses them (issue 27: decode -h listed -in-flight, -publish-dp
+// and -serve-bootstrap).
+func TestHelp(t *testing.T) {
+	prefillOnly := []string{"-serve-bootstrap", "-publish-dp", "-in-flight"}
+	shared := []string{"-model", "-pages", "-bootstrap", "-tp", "-pp", "-dp", "-page-layout", "-insecure"}
+	for _, tc := range []struct {
+		role kvmanager.Role
+		name string
+	}{{kvmanager.RolePrefill, "prefill"}, {kvmanager.RoleDecode, "decode"}} {
+		var code int
+		out := stderrOf(t, func() { code = Main(tc.role, []string{"-h"}) })
+		if code != 0 {
+			t.Errorf("%s -h: exit %d, want 0", tc.name, code)
+		}
+		if want := "usage: " + tc.name + " [flags]\n\nA kvbridge " + tc.name + " rank."; !strings.HasPrefix(out, want) {
+			t.Errorf("%s -h does not start with %q:\n%s", tc.name, want, out)
+		}
+		listed := func(f string) bool {
+			return strings.Contains(out, "\n  "+f+" ") || strings.Contains(out, "\n  "+f+"\n")
+		}
+		for _, f := range shared {
+			if !listed(f) {
+				t.Errorf("%s -h does not list %s:\n%s", tc.name, f, out)
+			}
+		}
+		for _, f := range prefillOnly {
+			if listed(f) != (tc.role == kvmanager.RolePrefill) {
+				t.Errorf("%s -h: %s listed %v:\n%s", tc.name, f, listed(f), out)
+			}
+			if tc.role == kvmanager.RoleDecode {
+				fs, _ := newFlags(tc.role)
+				fs.SetOutput(io.Discard)
+				if err := fs.Parse([]string{f + "=1"}); err == nil {
+					t.Errorf("decode takes %s", f)
+				}
+			}
+		}
+	}
 }
