@@ -9,7 +9,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 all: test
 
-## deps: install the system libraries the tests need (apt-get where missing)
+## deps: install the system libraries the tests need (apt-get, only those missing; it stops rather than upgrade an installed package unless DEPS_UPGRADE=1)
 deps:
 	@./scripts/deps.sh
 
@@ -19,7 +19,7 @@ CHECKERS := ^(TestInterleavings|TestSimExhaustive|TestSimRandom|TestSimFindsBugs
 test: deps
 	@$(MAKE) --no-print-directory lint
 	@# The model checker and the simulator print what they checked.
-	$(GO) test -race -count=1 -v -run '$(CHECKERS)' ./kvmanager | grep -E '^(--- |ok|FAIL|PASS)|checked|random runs|found:'
+	$(GO) test -race -count=1 -v -run '$(CHECKERS)' ./kvmanager | grep --line-buffered -E '^(--- |ok|FAIL|PASS)|checked|random runs|found:'
 	$(GO) test -race -count=1 -skip '$(CHECKERS)' ./...
 
 NIXL_RUNS ?= 20
@@ -32,7 +32,8 @@ test-nixl: deps
 SEEDS ?= 100000
 ## sim: the protocol simulator at depth: the exhaustive configurations with one more time jump, decode aborts and clears, two rooms with a restart, and SEEDS random runs (SIM_SEED_BASE moves them)
 sim:
-	SIM_DEEP=1 SIM_SEEDS=$(SEEDS) $(GO) test -count=1 -timeout 0 -v -run '^(TestSimDeep|TestSimRandom)$$' ./kvmanager | grep -E '^(--- |ok|FAIL|PASS)|checked|random runs|seed'
+	@# --line-buffered: each line as the test prints it (a deep configuration's line when it is done), not all at the end.
+	SIM_DEEP=1 SIM_SEEDS=$(SEEDS) $(GO) test -count=1 -timeout 0 -v -run '^(TestSimDeep|TestSimRandom)$$' ./kvmanager | grep --line-buffered -E '^(=== RUN|--- |ok|FAIL|PASS)|checked|random runs|seed'
 
 ## bench: every benchmark, with allocations
 bench:
