@@ -37,6 +37,11 @@ type EtcdClient struct {
 	bad     atomic.Uint64
 	closed  bool
 	kaAlive chan struct{} // closed when the keep-alive stream ends
+	// held maps a rank key to the lease under which this client last put
+	// its record there: while that lease lives the client holds the rank
+	// and restores a record that was deleted, overwritten or garbled.
+	held     map[string]clientv3.LeaseID
+	restored atomic.Uint64
 }
 
 // ParseEtcdTarget splits etcd://host:port[,host:port]/<instance>.
@@ -162,9 +167,18 @@ func (e *EtcdClient) ensureLease(ctx context.Context) (clientv3.LeaseID, error) 
 	return g.ID, nil
 }
 
-// RegisterRank puts the rank's record under its lease. A record of
-// another endpoint still alive is not replaced: the call waits (until ctx
-// ends) for its lease to lapse, as the HTTP server answers 409.
+// Restored counts the rank records this client put back after finding
+// them deleted, garbled or naming another endpoint while it held the rank.
+func (e *EtcdClient) Restored() uint64 { return e.restored.Load() }
+
+// RegisterRank puts the rank's record under its lease, and renews it when
+// called again. A newcomer does not replace a valid record of another
+// endpoint: the call waits (until ctx ends) for that record's lease to
+// lapse, as the HTTP server answers 409. The client that holds the rank
+// (its put succeeded under the lease it still keeps alive) restores its
+// record when it finds it deleted, garbled, or naming another endpoint:
+// nobody else may write there while that lease lives, so such a record is
+// damage, not a successor.
 func (e *EtcdClient) RegisterRank(ctx context.Context, rec RankRecord) (time.Duration, error) {
 	if err := rec.Validate(); err != nil {
 		return 0, fmt.Errorf("bootstrap: rank record: %w", err)
@@ -183,17 +197,22 @@ func (e *EtcdClient) RegisterRank(ctx context.Context, rec RankRecord) (time.Dur
 		if err != nil {
 			return 0, e.wrap("get ranks", err)
 		}
+		e.mu.Lock()
+		holder := e.held[key] == lease
+		e.mu.Unlock()
 		rev := int64(0)
-		conflict := ""
+		conflict, damaged := "", holder // our key missing is damage
 		for _, kv := range resp.Kvs {
 			other, ok := e.parseRecord(string(kv.Key), kv.Value)
 			switch {
-			case !ok:
 			case string(kv.Key) == key:
-				rev = kv.ModRevision
-				if other.Endpoint != rec.Endpoint {
+				// Garbage there is replaced by anyone; a valid record of
+				// another endpoint only by the holder.
+				rev, damaged = kv.ModRevision, string(kv.Value) != string(body)
+				if ok && other.Endpoint != rec.Endpoint && !holder {
 					conflict = fmt.Sprintf("rank dp=%d tp=%d pp=%d is held by %s until its lease lapses", rec.DPRank, rec.TPRank, rec.PPRank, other.Endpoint)
 				}
+			case !ok:
 			case other.topology() != rec.topology():
 				return 0, fmt.Errorf("bootstrap: etcd %s: rank dp=%d tp=%d pp=%d declares %+v but the instance holds %+v",
 					e.endpoints, rec.DPRank, rec.TPRank, rec.PPRank, rec.topology(), other.topology())
@@ -206,6 +225,15 @@ func (e *EtcdClient) RegisterRank(ctx context.Context, rec RankRecord) (time.Dur
 				return 0, e.wrap("put rank", err)
 			}
 			if tx.Succeeded {
+				e.mu.Lock()
+				if e.held == nil {
+					e.held = map[string]clientv3.LeaseID{}
+				}
+				e.held[key] = lease
+				e.mu.Unlock()
+				if holder && damaged {
+					e.restored.Add(1)
+				}
 				return e.ttl, nil
 			}
 			continue // the key changed under us: look again

@@ -158,3 +158,75 @@ func TestParseEtcdTarget(t *testing.T) {
 		t.Error("ftp:// accepted")
 	}
 }
+
+// TestEtcdHolderRestoresItsRecord (issue 20, case 5): a prefill rank never
+// restored its record after someone deleted it, put garbage there (its
+// renewal then spun on a failing transaction) or put another endpoint's
+// record; rooms recovered only when the record was written back by hand.
+// The rank that holds the key restores it at its next renewal; a newcomer
+// still waits for a live holder.
+func TestEtcdHolderRestoresItsRecord(t *testing.T) {
+	srv, err := etcdtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	target := "etcd://" + srv.Endpoint + "/inst-a"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	a, err := DialEtcd(target, EtcdConfig{LeaseTTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	mine := etcdRecord(0, "tcp://10.0.0.1:1")
+	if _, err := a.RegisterRank(ctx, mine); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	key := "/kvbridge/inst-a/ranks/0/0/0"
+	other := `{"instance":"inst-a","dp_size":1,"tp_rank":0,"tp_size":2,"pp_size":1,"endpoint":"tcp://6.6.6.6:6","page_size":16,"dtype":"bf16","compat":"v1:abc"}`
+	for i, damage := range []struct {
+		name string
+		do   func() error
+	}{
+		{"deleted", func() error { _, err := raw.Delete(ctx, key); return err }},
+		{"garbage", func() error { _, err := raw.Put(ctx, key, "{not json"); return err }},
+		{"another endpoint", func() error { _, err := raw.Put(ctx, key, other); return err }},
+	} {
+		if err := damage.do(); err != nil {
+			t.Fatal(err)
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second) // as a renewal runs: bounded by its period
+		_, err := a.RegisterRank(rctx, mine)
+		rcancel()
+		if err != nil {
+			t.Fatalf("%s: renewal: %v", damage.name, err)
+		}
+		got, err := raw.Get(ctx, key)
+		if err != nil || len(got.Kvs) != 1 {
+			t.Fatalf("%s: %v %v", damage.name, got, err)
+		}
+		if rec, ok := a.parseRecord(key, got.Kvs[0].Value); !ok || rec.Endpoint != mine.Endpoint || got.Kvs[0].Lease == 0 {
+			t.Fatalf("%s: record not restored: %s (lease %x)", damage.name, got.Kvs[0].Value, got.Kvs[0].Lease)
+		}
+		if n := a.Restored(); n != uint64(i+1) {
+			t.Fatalf("%s: restored %d, want %d", damage.name, n, i+1)
+		}
+	}
+	// A newcomer for the same rank still waits for the live holder.
+	b, err := DialEtcd(target, EtcdConfig{LeaseTTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	bctx, bcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer bcancel()
+	if _, err := b.RegisterRank(bctx, etcdRecord(0, "tcp://10.0.0.9:1")); err == nil || !strings.Contains(err.Error(), "is held by tcp://10.0.0.1:1") {
+		t.Fatalf("a newcomer replaced the live holder: %v", err)
+	}
+}

@@ -17,7 +17,7 @@ type metrics struct {
 
 	// Read from the core's counters at collection time.
 	events, deadlines, statusSent, forced, stale, retries *prometheus.Desc
-	discoveryBad                                          *prometheus.Desc
+	discoveryBad, restored, relookups, owed               *prometheus.Desc
 
 	transfers prometheus.Counter
 	bytes     prometheus.Counter
@@ -46,6 +46,12 @@ func newMetrics(m *Manager) *metrics {
 		retries: prometheus.NewDesc("kvbridge_register_retries_total", "REGISTER messages sent again for lack of an answer.", nil, labels),
 		discoveryBad: prometheus.NewDesc("kvbridge_discovery_malformed_records_total",
 			"Discovery records (etcd) ignored as malformed.", nil, labels),
+		restored: prometheus.NewDesc("kvbridge_discovery_records_restored_total",
+			"This rank's own discovery record (etcd) put back after it was found deleted, garbled or naming another endpoint.", nil, labels),
+		relookups: prometheus.NewDesc("kvbridge_relookups_total",
+			"Prefill ranks looked up again because REGISTERs to their endpoint went unanswered.", nil, labels),
+		owed: prometheus.NewDesc("kvbridge_owed_aborts",
+			"ABORTs sent to prefill ranks and not yet acknowledged (re-sent to a restarted rank's new process).", nil, labels),
 		transfers: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfers_total",
 			Help: "Writes completed.", ConstLabels: labels}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfer_bytes_total",
@@ -76,7 +82,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.rooms
 	ch <- x.inflight
 	ch <- x.tables
-	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad} {
+	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.relookups, x.owed} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -114,6 +120,9 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.stale, prometheus.CounterValue, float64(st.StaleEpoch))
 	ch <- prometheus.MustNewConstMetric(x.retries, prometheus.CounterValue, float64(st.RegisterRetries))
 	ch <- prometheus.MustNewConstMetric(x.discoveryBad, prometheus.CounterValue, float64(x.m.discoveryMalformed()))
+	ch <- prometheus.MustNewConstMetric(x.restored, prometheus.CounterValue, float64(x.m.recordsRestored()))
+	ch <- prometheus.MustNewConstMetric(x.relookups, prometheus.CounterValue, float64(st.Relookups))
+	ch <- prometheus.MustNewConstMetric(x.owed, prometheus.GaugeValue, float64(x.m.Sizes().OwedAborts))
 	for _, c := range x.collectors() {
 		c.Collect(ch)
 	}

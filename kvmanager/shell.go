@@ -366,6 +366,15 @@ func (m *Manager) discoveryMalformed() uint64 {
 	return n
 }
 
+// recordsRestored counts the times the rank put its own discovery record
+// back (etcd; the HTTP server's leases keep others from writing it).
+func (m *Manager) recordsRestored() uint64 {
+	if r, ok := m.boot.(interface{ Restored() uint64 }); ok {
+		return r.Restored()
+	}
+	return 0
+}
+
 // dialOptions are the discovery clients' options: the bootstrap token and
 // the etcd settings.
 func (m *Manager) dialOptions() bootstrap.DialOptions {
