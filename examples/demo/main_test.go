@@ -70,8 +70,14 @@ func runDemo(t *testing.T, args ...string) string {
 // TestDemoShort builds the prefill, decode and demo binaries and runs the
 // demo's short workload: separate processes, real transfers, aborts at
 // random stages, a summary with zero pinned rooms.
+// The summary's lines are README's sample's, in order (the sample must come
+// from a real run).
 func TestDemoShort(t *testing.T) {
-	runDemo(t, "-short", "-abort-rate", "0.2")
+	s := runDemo(t, "-short", "-abort-rate", "0.2")
+	got, want := summaryLabels(s), summaryLabels(readREADME(t))
+	if strings.Join(got, "|") != strings.Join(want, "|") || len(want) == 0 {
+		t.Errorf("the summary's lines are\n  %q\nREADME's sample's\n  %q\nrun make demo and paste its summary into README.md", got, want)
+	}
 }
 
 // TestDemoHostile is the short hostile-input soak: the example ranks under
@@ -133,9 +139,52 @@ func TestHelp(t *testing.T) {
 	if first, _, _ := strings.Cut(out, "\n"); !strings.HasPrefix(first, "demo: what make demo runs. It starts example prefill and decode ranks") {
 		t.Errorf("demo -h starts with %q:\n%s", first, out)
 	}
-	if !strings.Contains(out, "\n  -decode-instances ") {
-		t.Errorf("demo -h lists no -decode-instances:\n%s", out)
+	// README's Topologies section lists the demo's shape flags.
+	readme := readREADME(t)
+	_, list, ok := strings.Cut(readme, "`bin/demo` starts one process per rank: `")
+	list, _, _ = strings.Cut(list, "`")
+	if !ok || !strings.Contains(list, "-decode-instances") {
+		t.Fatalf("README's demo flag list not found, or without -decode-instances: %q", list)
 	}
+	for _, f := range strings.Fields(list) {
+		if strings.HasPrefix(f, "-") && !strings.Contains(out, "\n  "+f+" ") && !strings.Contains(out, "\n  "+f+"\n") {
+			t.Errorf("README lists %s, which demo -h does not", f)
+		}
+	}
+}
+
+func readREADME(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// summaryLabels are the labels of a demo summary's lines, from its
+// "topology" line to its "OK:" line, in order (a label ends at two spaces).
+func summaryLabels(text string) []string {
+	var labels []string
+	in := false
+	for _, line := range strings.Split(text, "\n") {
+		l := strings.TrimSpace(line)
+		if strings.HasPrefix(l, "topology  ") {
+			in, labels = true, nil
+		}
+		if !in || l == "" {
+			continue
+		}
+		label, _, _ := strings.Cut(l, "  ")
+		if strings.HasPrefix(l, "OK:") {
+			label = "OK:"
+		}
+		labels = append(labels, label)
+		if label == "OK:" {
+			in = false
+		}
+	}
+	return labels
 }
 
 // stderrOf runs f with os.Stderr sent to a file and returns what f wrote.

@@ -246,6 +246,17 @@ func stderrOf(t *testing.T, f func()) string {
 func TestHelp(t *testing.T) {
 	prefillOnly := []string{"-serve-bootstrap", "-publish-dp", "-in-flight"}
 	shared := []string{"-model", "-pages", "-bootstrap", "-tp", "-pp", "-dp", "-page-layout", "-insecure"}
+	// and the flags README's Topologies section says both binaries take
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, list, ok := strings.Cut(string(readme), "The example binaries take `")
+	list, _, _ = strings.Cut(list, "`")
+	if !ok || !strings.Contains(list, "-tp-rank") {
+		t.Fatalf("README's list of the example binaries' flags not found: %q", list)
+	}
+	shared = append(shared, strings.Fields(list)...)
 	for _, tc := range []struct {
 		role kvmanager.Role
 		name string
