@@ -166,8 +166,11 @@ type Request struct {
 
 // Abort is sent decode → prefill at any time.
 type Abort struct {
-	From   From
-	Room   uint64
+	From From
+	Room uint64
+	// Code (optional) says why in a word a program can branch on, e.g.
+	// refused (the decode rank refused the room before asking for it).
+	Code   string
 	Reason string
 }
 
@@ -324,9 +327,16 @@ func Encode(m Message) ([][]byte, error) {
 			e.kint("source", int64(m.Source))
 		}
 	case *Abort:
-		e.mapLen(3)
+		if m.Code == "" {
+			e.mapLen(3)
+		} else {
+			e.mapLen(4)
+		}
 		e.from(m.From)
 		e.kuint("room", m.Room)
+		if m.Code != "" {
+			e.kstr("code", m.Code)
+		}
 		e.kreason("reason", m.Reason)
 	case *AbortAck:
 		e.mapLen(3)
@@ -537,7 +547,7 @@ func Decode(frames [][]byte) (Message, error) {
 			Required: b.int("required", 1, math.MaxInt32), Prefix: b.int("prefix", 0, math.MaxInt32), Dummy: b.boolean("dummy"),
 			Source: b.optInt("source", 0, MaxRanks-1, -1)}
 	case TypeAbort:
-		m = &Abort{From: b.from(), Room: b.uint("room"), Reason: b.reason("reason")}
+		m = &Abort{From: b.from(), Room: b.uint("room"), Code: b.optStr("code"), Reason: b.reason("reason")}
 	case TypeAbortAck:
 		m = &AbortAck{From: b.from(), Room: b.uint("room"), Drained: b.boolean("drained")}
 	case TypeStatus:

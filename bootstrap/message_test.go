@@ -52,10 +52,20 @@ func topoMessages() []Message {
 	return []Message{r, q}
 }
 
+// codeMessages carry the optional ABORT code.
+func codeMessages() []Message {
+	return []Message{&Abort{From: sampleFrom(RoleDecode), Room: 42, Code: "refused",
+		Reason: "prefill PP 1 → decode PP 2 is not supported"}}
+}
+
 func TestGolden(t *testing.T) {
-	for i, m := range append(sampleMessages(), topoMessages()...) {
+	topo := len(sampleMessages()) + len(topoMessages())
+	for i, m := range append(append(sampleMessages(), topoMessages()...), codeMessages()...) {
 		name := m.Type().String()
-		if i >= len(sampleMessages()) {
+		switch {
+		case i >= topo:
+			name += "_code"
+		case i >= len(sampleMessages()):
 			name += "_topo"
 		}
 		t.Run(name, func(t *testing.T) {

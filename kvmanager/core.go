@@ -181,6 +181,9 @@ const (
 	CodeCleared       = "cleared"
 	CodeRejected      = "rejected"
 	CodePeerRestarted = "peer_restarted"
+	// CodeRefused (ABORT): the decode rank refused the room before asking
+	// for it (an unsupported mapping, another model).
+	CodeRefused = "refused"
 	// CodePeerUnreachable: heartbeats declared the receiving decode rank
 	// dead here; it is sent in case it was only paused.
 	CodePeerUnreachable = "peer_unreachable"

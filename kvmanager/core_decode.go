@@ -58,8 +58,12 @@ type target struct {
 
 // owedAbort is an ABORT a prefill rank has not acknowledged.
 type owedAbort struct {
-	reason string
-	until  time.Time // forgotten then: no prefill room outlives the TTL
+	code, reason string
+	until        time.Time // forgotten then: no prefill room outlives the TTL
+}
+
+func (o owedAbort) msg(room uint64) *bootstrap.Abort {
+	return &bootstrap.Abort{Room: room, Code: o.code, Reason: o.reason}
 }
 
 // registerLookupAfter is how many REGISTER retries may go unanswered
@@ -307,35 +311,55 @@ func (c *Core) sendOwed(tg *target) {
 		return
 	}
 	for _, room := range slices.Sorted(maps.Keys(tg.owed)) {
-		c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: tg.owed[room].reason})
+		c.send(tg.peer(), room, tg.owed[room].msg(room))
 	}
 	c.emit(Effect{Kind: EffectWatch, To: tg.peer()})
 }
 
 // oweAbort records an ABORT of room for tg and sends it if tg's endpoint
 // is known (else it is looked up).
-func (c *Core) oweAbort(tg *target, room uint64, reason string) {
+func (c *Core) oweAbort(tg *target, room uint64, code, reason string) {
+	o := owedAbort{code: code, reason: reason, until: c.now.Add(c.cfg.Registry.TombstoneTTL)}
 	if tg.resolved && c.bugs.abortSentOnce {
-		c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: reason})
+		c.send(tg.peer(), room, o.msg(room))
 		return
 	}
 	if _, ok := tg.owed[room]; !ok && len(tg.owed) >= c.cfg.Registry.MaxPendingRooms {
 		c.stats.AbortsDropped++
 		if tg.resolved { // sent once, not kept
-			c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: reason})
+			c.send(tg.peer(), room, o.msg(room))
 		}
 		return
 	}
 	if tg.owed == nil {
 		tg.owed = map[uint64]owedAbort{}
 	}
-	tg.owed[room] = owedAbort{reason: reason, until: c.now.Add(c.cfg.Registry.TombstoneTTL)}
+	tg.owed[room] = o
 	if !tg.resolved {
 		c.ensureTarget(tg.t)
 		return
 	}
-	c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: reason})
+	c.send(tg.peer(), room, o.msg(room))
 	c.emit(Effect{Kind: EffectWatch, Room: room, To: tg.peer()})
+}
+
+// RefuseRoom tells the prefill ranks that may hold a room this rank
+// refused before creating it (the rank mapping does not support the
+// instance, or its model differs): each gets an ABORT with code refused,
+// owed until acknowledged like any other, so their rooms fail at once
+// instead of waiting for the bootstrap deadline. A room of that id that
+// this rank does hold is left alone.
+func (c *Core) RefuseRoom(now time.Time, room uint64, targets []Target, reason string) {
+	c.step(now)
+	if _, live := c.reg.rooms[room]; live {
+		return
+	}
+	if _, held := c.holds[room]; held {
+		return
+	}
+	for _, t := range targets {
+		c.oweAbort(c.ensureTarget(t), room, CodeRefused, reason)
+	}
 }
 
 // ResolveFailed fails the rooms that wait for the target; ABORTs owed to
@@ -554,7 +578,7 @@ func (c *Core) decodeFailed(room uint64, reason string) {
 			if c.bugs.noEarlyAbort && !s.sent {
 				continue
 			}
-			c.oweAbort(c.targets[s.target], room, reason)
+			c.oweAbort(c.targets[s.target], room, "", reason)
 		}
 	}
 	h, ok := c.holds[room]
@@ -648,7 +672,7 @@ func (c *Core) decodePeerDown(endpoint string, from bootstrap.From, restarted bo
 	case tg.resolved:
 		for _, room := range owedBefore {
 			if o, ok := tg.owed[room]; ok {
-				c.send(tg.peer(), room, &bootstrap.Abort{Room: room, Reason: o.reason})
+				c.send(tg.peer(), room, o.msg(room))
 			}
 		}
 	default:

@@ -274,7 +274,11 @@ func (c *Core) OnAbort(now time.Time, msg *bootstrap.Abort) {
 			return
 		}
 	}
-	res := c.count(EventAbort, c.reg.Abort(msg.Room, fmt.Sprintf("%s by %s", msg.Reason, msg.From.Peer()), &ack))
+	reason := msg.Reason
+	if msg.Code != "" {
+		reason = msg.Code + ": " + reason
+	}
+	res := c.count(EventAbort, c.reg.Abort(msg.Room, fmt.Sprintf("%s by %s", reason, msg.From.Peer()), &ack))
 	switch res.Outcome {
 	case Applied:
 		c.statusFailed(msg.Room, c.reg.Requests(msg.Room), CodeAborted, "aborted by "+msg.From.Peer(), msg.From.Peer())

@@ -209,26 +209,36 @@ func (d *Decode) topology(url string) (bootstrap.Topology, error) {
 // of this rank's Parallel and Model onto the instance's topology (one
 // target, PrefillRank, when the rank has no Model).
 func (d *Decode) Links(room uint64, inst Instance) ([]Link, error) {
+	links, _, err := d.links(room, inst)
+	return links, err
+}
+
+// links is Links; when it refuses the room after reading the instance's
+// topology, told lists the instance's ranks that may hold the room (its DP
+// group's, or every group's when the group is not known), so they can be
+// told.
+func (d *Decode) links(room uint64, inst Instance) (links []Link, told []Target, err error) {
 	if inst.Bootstrap == "" {
 		inst.Bootstrap = d.cfg.BootstrapURL
 	}
 	if d.cfg.Model.Zero() {
-		return []Link{{Target: Target{Bootstrap: inst.Bootstrap, Rank: d.cfg.PrefillRank, DP: max(inst.DP, 0)}, Aux: true}}, nil
+		return []Link{{Target: Target{Bootstrap: inst.Bootstrap, Rank: d.cfg.PrefillRank, DP: max(inst.DP, 0)}, Aux: true}}, nil, nil
 	}
 	topo, err := d.topology(inst.Bootstrap)
 	if err != nil {
-		return nil, fmt.Errorf("prefill instance at %s: topology: %w", inst.Bootstrap, err)
-	}
-	facts := modelFacts(d.cfg.Model)
-	if topo.ModelFacts != facts || topo.PageSize != d.cfg.Model.PageTokens {
-		return nil, fmt.Errorf("%w: prefill instance %q at %s has model %+v with %d-token pages, this decode rank %+v with %d",
-			transfer.ErrTopology, topo.Instance, inst.Bootstrap, topo.ModelFacts, topo.PageSize, facts, d.cfg.Model.PageTokens)
+		return nil, nil, fmt.Errorf("prefill instance at %s: topology: %w", inst.Bootstrap, err)
 	}
 	dp := inst.DP
-	switch dp {
-	case AutoDP:
+	if dp == AutoDP {
 		dp = int(room % uint64(max(topo.DPSize, 1)))
-	case LookupDP:
+	}
+	refuse := func(err error) ([]Link, []Target, error) { return nil, instanceRanks(inst.Bootstrap, topo, dp), err }
+	facts := modelFacts(d.cfg.Model)
+	if topo.ModelFacts != facts || topo.PageSize != d.cfg.Model.PageTokens {
+		return refuse(fmt.Errorf("%w: prefill instance %q at %s has model %+v with %d-token pages, this decode rank %+v with %d",
+			transfer.ErrTopology, topo.Instance, inst.Bootstrap, topo.ModelFacts, topo.PageSize, facts, d.cfg.Model.PageTokens))
+	}
+	if dp == LookupDP {
 		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.BootstrapTimeout)
 		var cl bootstrap.Discovery
 		if cl, err = d.client(inst.Bootstrap); err == nil {
@@ -236,23 +246,53 @@ func (d *Decode) Links(room uint64, inst Instance) ([]Link, error) {
 		}
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("prefill instance %q at %s: DP group of room %d: %w", topo.Instance, inst.Bootstrap, room, err)
+			return refuse(fmt.Errorf("prefill instance %q at %s: DP group of room %d: %w", topo.Instance, inst.Bootstrap, room, err))
 		}
 	}
 	if dp < 0 || dp >= max(topo.DPSize, 1) {
-		return nil, fmt.Errorf("prefill instance %q at %s: DP group %d outside [0, %d)", topo.Instance, inst.Bootstrap, dp, topo.DPSize)
+		return refuse(fmt.Errorf("prefill instance %q at %s: DP group %d outside [0, %d)", topo.Instance, inst.Bootstrap, dp, topo.DPSize))
 	}
 	tl, err := transfer.Links(d.cfg.Model, transfer.Parallel{TPSize: topo.TPSize, PPSize: topo.PPSize, DPSize: topo.DPSize}, d.cfg.Parallel)
 	if err != nil {
-		return nil, fmt.Errorf("prefill instance %q at %s: %w", topo.Instance, inst.Bootstrap, err)
+		return refuse(fmt.Errorf("prefill instance %q at %s: %w", topo.Instance, inst.Bootstrap, err))
 	}
-	links := make([]Link, len(tl))
+	links = make([]Link, len(tl))
 	for i, l := range tl {
 		links[i] = Link{Target: Target{Bootstrap: inst.Bootstrap, Rank: l.TPRank, DP: dp, PP: l.PPRank,
 			InstTP: max(topo.TPSize, 1), InstPP: max(topo.PPSize, 1)},
 			Dummy: l.Dummy, Aux: l.Aux, Required: l.Required}
 	}
-	return links, nil
+	return links, nil, nil
+}
+
+// maxToldRanks bounds the ranks a refusal tells (a room has at most
+// MaxSources; an instance larger than this is not told, and its rooms wait
+// for their bootstrap deadline).
+const maxToldRanks = 1024
+
+// instanceRanks lists an instance's ranks in DP group dp (every group's
+// when dp is outside the instance).
+func instanceRanks(url string, topo bootstrap.Topology, dp int) []Target {
+	tp, pp, dps := max(topo.TPSize, 1), max(topo.PPSize, 1), max(topo.DPSize, 1)
+	groups := []int{dp}
+	if dp < 0 || dp >= dps {
+		groups = nil
+		for g := range dps {
+			groups = append(groups, g)
+		}
+	}
+	if len(groups)*tp*pp > maxToldRanks {
+		return nil
+	}
+	var out []Target
+	for _, g := range groups {
+		for s := range pp {
+			for r := range tp {
+				out = append(out, Target{Bootstrap: url, Rank: r, DP: g, PP: s, InstTP: tp, InstPP: pp})
+			}
+		}
+	}
+	return out
 }
 
 // CreateReceiverFor creates the decode side of a room that pulls from a
@@ -260,9 +300,15 @@ func (d *Decode) Links(room uint64, inst Instance) ([]Link, error) {
 // the rank mapping gives the room's prefill ranks, and their endpoints are
 // resolved now, so an abort before Init reaches them.
 func (d *Decode) CreateReceiverFor(room uint64, inst Instance) (res Result) {
-	links, err := d.Links(room, inst)
+	links, told, err := d.links(room, inst)
 	if err != nil {
-		return rejected(fmt.Errorf("room %d: %w", room, err))
+		err = fmt.Errorf("room %d: %w", room, err)
+		if len(told) > 0 {
+			// The prefill ranks may already hold the room: tell them, or
+			// each waits for its bootstrap deadline.
+			d.step(func(c *Core, now time.Time) { c.RefuseRoom(now, room, told, err.Error()) })
+		}
+		return rejected(err)
 	}
 	d.step(func(c *Core, now time.Time) { res = c.CreateReceiverLinks(now, room, links) })
 	return res

@@ -203,3 +203,30 @@ func TestDeadPeerIsToldItsRoomsFailed(t *testing.T) {
 		})
 	}
 }
+
+// RefuseRoom (issue 27): a room refused before it was created is aborted
+// on every rank named (code refused), owed until acknowledged; a room this
+// rank holds under that id is left alone.
+func TestRefuseRoomTellsTheRanks(t *testing.T) {
+	c := testCore(t, RoleDecode, bugs{})
+	other := Target{Bootstrap: "http://boot", Rank: 1}
+	c.RefuseRoom(t0, 5, []Target{prefillT, other}, "prefill PP 1 → decode PP 2")
+	if n := resolves(c.Effects()); n != 2 {
+		t.Fatalf("%d lookups, want both ranks looked up", n)
+	}
+	c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
+	ab := sent[*bootstrap.Abort](c.Effects())
+	if len(ab) != 1 || ab[0].Room != 5 || ab[0].Code != CodeRefused || !strings.Contains(ab[0].Reason, "PP 1") {
+		t.Fatalf("ABORTs: %+v", ab)
+	}
+	c.OnAbortAck(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 5, Drained: true})
+	if s := c.Sizes(); s.OwedAborts != 1 || s.Live != 0 {
+		t.Fatalf("sizes %+v: want the unresolved rank's ABORT still owed, no room", s)
+	}
+	c.CreateReceiver(t0, 6, []Target{prefillT})
+	c.Effects()
+	c.RefuseRoom(t0, 6, []Target{prefillT}, "refused")
+	if st, _ := c.Status(6); st != Bootstrapping || len(sent[*bootstrap.Abort](c.Effects())) != 0 {
+		t.Fatalf("a live room of that id was aborted: %v", st)
+	}
+}

@@ -60,11 +60,12 @@ func topoConfig(role kvmanager.Role, boot string, par transfer.Parallel) (kvmana
 func runTopoRank(role string) int {
 	tp, _ := strconv.Atoi(os.Getenv("KVBRIDGE_E2E_TP"))
 	rank, _ := strconv.Atoi(os.Getenv("KVBRIDGE_E2E_TP_RANK"))
+	pp, _ := strconv.Atoi(os.Getenv("KVBRIDGE_E2E_PP"))
 	r := kvmanager.RolePrefill
 	if role == "decode" {
 		r = kvmanager.RoleDecode
 	}
-	cfg, err := topoConfig(r, os.Getenv("KVBRIDGE_E2E_BOOT"), transfer.Parallel{TPSize: tp, TPRank: rank})
+	cfg, err := topoConfig(r, os.Getenv("KVBRIDGE_E2E_BOOT"), transfer.Parallel{TPSize: tp, TPRank: rank, PPSize: pp})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -138,6 +139,32 @@ func startTopoRank(t *testing.T, role, boot string, tp, rank int) *rankProc {
 	t.Helper()
 	return startChild(t, "KVBRIDGE_E2E_TOPO="+role, "KVBRIDGE_E2E_BOOT="+boot,
 		"KVBRIDGE_E2E_TP="+strconv.Itoa(tp), "KVBRIDGE_E2E_TP_RANK="+strconv.Itoa(rank))
+}
+
+// TestRefusedRoomFailsPrefill (issue 27): a decode rank that refuses a
+// room because the rank mapping does not support the pair (prefill PP 1 →
+// decode PP 2) told nobody, and every prefill room waited for its whole
+// bootstrap deadline (300 s by default). It tells the instance's ranks
+// (ABORT, code refused), which fail their rooms at once.
+func TestRefusedRoomFailsPrefill(t *testing.T) {
+	boot := startBoot(t)
+	p := startTopoRank(t, "prefill", boot, 1, 0)
+	d := startChild(t, "KVBRIDGE_E2E_TOPO=decode", "KVBRIDGE_E2E_BOOT="+boot, "KVBRIDGE_E2E_PP=2")
+	p.do("HOLD 1 " + csv([]uint32{0, 1, 2, 3}) + " 4") // the router created the room on prefill first
+	start := time.Now()
+	d.do("RECV 1 " + csv([]uint32{10, 11, 12, 13}))
+	if got := d.expect(t, "DONE 1"); !strings.Contains(got, "decode_PP_must_equal_prefill_PP") && !strings.Contains(got, "decode PP must equal prefill PP") {
+		t.Fatalf("decode: %s", got)
+	}
+	got := p.expect(t, "DONE 1")
+	took := time.Since(start)
+	t.Logf("prefill failed the refused room %v after the decode rank refused it: %s", took, got)
+	if !strings.HasPrefix(got, "DONE 1 Failed") || !strings.Contains(got, "refused") {
+		t.Fatalf("prefill: %s", got)
+	}
+	if took > time.Second+bound {
+		t.Fatalf("took %v", took)
+	}
 }
 
 // twoToOne starts prefill TP 2 and decode TP 1, and a room whose first
