@@ -9,7 +9,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 all: test
 
-## deps: install the system libraries the tests need (apt-get, only those missing; it stops rather than upgrade an installed package unless DEPS_UPGRADE=1)
+## deps: install the system libraries the tests need (apt-get, only those missing; installed packages are upgraded only where a missing one requires it, listed first; DEPS_NO_UPGRADE=1 stops instead)
 deps:
 	@./scripts/deps.sh
 

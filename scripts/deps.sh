@@ -4,14 +4,16 @@
 # what to install and fails.
 #
 # Only missing packages are installed, and nothing already installed is
-# upgraded: no `apt-get upgrade`, `--no-upgrade` on the install, and the
-# install is simulated first. Where the missing packages' dependencies need
-# newer versions of packages that are installed (a -dev package from a newer
-# point release than its library, e.g. libkrb5-dev needing the libkrb5-3 of
-# its own version), it lists them and stops, unless DEPS_UPGRADE=1 (`make
-# deps DEPS_UPGRADE=1`) allows exactly those upgrades. The package lists are
-# refreshed (`apt-get update`) only when a missing package has no candidate
-# in them.
+# upgraded unless a missing package requires it: no `apt-get upgrade`,
+# `--no-upgrade` on the install, and the install is simulated first. Where
+# the missing packages' dependencies need newer versions of installed
+# packages (a -dev package from a newer point release than its library, e.g.
+# libkrb5-dev needing the libkrb5-3 of its own version, and the packages
+# built from the same source), it lists exactly those and why before it
+# installs; DEPS_NO_UPGRADE=1 makes it stop there instead (then install the
+# packages yourself). The package lists are refreshed (`apt-get update`) only
+# when a missing package has no candidate in them, or when the install fails
+# on stale lists (then it is tried once more).
 set -euo pipefail
 
 pkgs=(libzmq3-dev libucx-dev ucx-utils pkg-config)
@@ -55,21 +57,26 @@ if command -v apt-get >/dev/null 2>&1; then
 	plan=$(apt-get install -s --no-install-recommends --no-upgrade --no-remove "${missing[@]}")
 	upgrades=$(awk '/^Inst [^ ]+ \[/ {v=$3; gsub(/[][]/, "", v); n=$4; sub(/^\(/, "", n); print $2 " " v " -> " n}' <<<"$plan")
 	if [ -n "$upgrades" ]; then
-		if [ "${DEPS_UPGRADE:-}" != 1 ]; then
+		if [ "${DEPS_NO_UPGRADE:-}" = 1 ]; then
 			cat >&2 <<MSG
 deps: installing ${missing[*]} would upgrade these installed packages
 (the new packages depend on their newer versions):
 $(sed 's/^/  /' <<<"$upgrades")
-Nothing was installed. To allow exactly these upgrades: make deps DEPS_UPGRADE=1
-(or DEPS_UPGRADE=1 scripts/deps.sh); or install ${missing[*]} yourself.
+Nothing was installed (DEPS_NO_UPGRADE=1). Install ${missing[*]} yourself,
+or run without DEPS_NO_UPGRADE to allow exactly these upgrades.
 MSG
 			exit 1
 		fi
-		echo "deps: DEPS_UPGRADE=1: upgrading, as the new packages require: $(awk '{print $1}' <<<"$upgrades" | tr '\n' ' ')"
+		echo "deps: ${missing[*]} require newer versions of these installed packages; upgrading only them:"
+		sed 's/^/  /' <<<"$upgrades"
 	fi
 
 	echo "deps: installing ${missing[*]}"
-	DEBIAN_FRONTEND=noninteractive $sudo "${install[@]}" "${missing[@]}"
+	if ! DEBIAN_FRONTEND=noninteractive $sudo "${install[@]}" "${missing[@]}"; then
+		echo "deps: install failed; refreshing the package lists and trying once more"
+		$sudo apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive $sudo "${install[@]}" "${missing[@]}"
+	fi
 	exit 0
 fi
 
