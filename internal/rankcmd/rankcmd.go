@@ -76,6 +76,11 @@ type options struct {
 	publishDP, warm                    bool
 	inFlight                           int
 	verbose, insecure, printToken      bool
+	// Control-plane timing (0: the Manager's default): what the chaos
+	// soak shortens so a round of restarts and pauses is quick.
+	maxMisses                     int
+	sweep, registerRetry, pending time.Duration
+	bootLease                     time.Duration
 }
 
 // newFlags defines a rank's flags. The prefill-only ones (-serve-bootstrap,
@@ -114,6 +119,13 @@ func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 	fs.BoolVar(&o.warm, "warm", true, "fault in the rank's memory at start-up, so first-touch page faults stay out of transfer latency")
 	if role == kvmanager.RolePrefill {
 		fs.IntVar(&o.inFlight, "in-flight", 0, "rooms' writes a transfer worker keeps posted at once (0: the default, 8)")
+	}
+	fs.IntVar(&o.maxMisses, "max-misses", 0, "heartbeats missed before a peer is declared dead (0: the default, 2; the interval is KVBRIDGE_HEARTBEAT)")
+	fs.DurationVar(&o.sweep, "sweep-interval", 0, "how often room deadlines are enforced (0: the default, 1s)")
+	fs.DurationVar(&o.registerRetry, "register-retry", 0, "first interval before an unanswered REGISTER is sent again, doubling (0: the default, 500ms)")
+	fs.DurationVar(&o.pending, "pending-timeout", 0, "how long a peer's REQUEST waits for its room's sender (0: the default, 300s; must stay below KVBRIDGE_TOMBSTONE_TTL)")
+	if role == kvmanager.RolePrefill {
+		fs.DurationVar(&o.bootLease, "bootstrap-lease", 0, "with -serve-bootstrap: a rank record's lease (0: the default, 15s)")
 	}
 	fs.BoolVar(&o.verbose, "v", false, "log at debug level")
 	fs.BoolVar(&o.insecure, "insecure", false, "run without authentication (no shared secret; logged as a warning)")
@@ -173,7 +185,7 @@ func Main(role kvmanager.Role, args []string) int {
 
 	var bootSrv *bootstrap.Server
 	if role == kvmanager.RolePrefill && o.serveBoot != "" {
-		scfg := bootstrap.ServerConfig{Insecure: o.insecure}
+		scfg := bootstrap.ServerConfig{Insecure: o.insecure, LeaseTTL: o.bootLease}
 		if auth != nil {
 			scfg.Token = auth.BootstrapToken()
 		}
@@ -278,6 +290,11 @@ func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Log
 	cfg.WarmMemory, cfg.InFlight = o.warm, o.inFlight
 	cfg.Auth, cfg.Insecure = auth, o.insecure
 	cfg.Registerer = reg
+	cfg.MaxMisses, cfg.SweepInterval, cfg.RegisterRetry = o.maxMisses, o.sweep, o.registerRetry
+	cfg.Registry.PendingTimeout = o.pending
+	if o.maxMisses < 0 || o.sweep < 0 || o.registerRetry < 0 || o.pending < 0 || o.bootLease < 0 {
+		return nil, 2, errors.New("-max-misses, -sweep-interval, -register-retry, -pending-timeout and -bootstrap-lease must not be negative")
+	}
 	if err := cfg.FromEnv(); err != nil {
 		return nil, 2, fmt.Errorf("configuration: %w", err)
 	}

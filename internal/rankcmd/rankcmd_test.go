@@ -244,8 +244,8 @@ func stderrOf(t *testing.T, f func()) string {
 // decode refuses them (issue 27: decode -h listed -in-flight, -publish-dp
 // and -serve-bootstrap).
 func TestHelp(t *testing.T) {
-	prefillOnly := []string{"-serve-bootstrap", "-publish-dp", "-in-flight"}
-	shared := []string{"-model", "-pages", "-bootstrap", "-tp", "-pp", "-dp", "-page-layout", "-insecure"}
+	prefillOnly := []string{"-serve-bootstrap", "-publish-dp", "-in-flight", "-bootstrap-lease"}
+	shared := []string{"-model", "-pages", "-bootstrap", "-tp", "-pp", "-dp", "-page-layout", "-insecure", "-max-misses", "-sweep-interval", "-register-retry", "-pending-timeout"}
 	// and the flags README's Topologies section says both binaries take
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
