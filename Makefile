@@ -5,7 +5,7 @@ GO ?= go
 # go-nvml's cgo prologue trips hundreds of deprecation warnings in nvml.h.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all deps test test-nixl sim bench bench-engine lint generate demo soak-hostile
+.PHONY: all deps test test-nixl sim bench bench-engine lint generate demo soak-hostile mutants
 
 all: test
 
@@ -19,7 +19,8 @@ CHECKERS := ^(TestInterleavings|TestSimExhaustive|TestSimRandom|TestSimFindsBugs
 test: deps
 	@$(MAKE) --no-print-directory lint
 	@# The model checker and the simulator print what they checked.
-	$(GO) test -race -count=1 -v -run '$(CHECKERS)' ./kvmanager | grep --line-buffered -E '^(--- |ok|FAIL|PASS)|checked|random runs|found:'
+	@# kvmanager with its mutants compiled in (-tags kvbmutants): the checkers, and every test that turns a known bug on to show it is caught.
+	$(GO) test -race -tags kvbmutants -count=1 -v ./kvmanager | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked|random runs|found:'
 	$(GO) test -race -count=1 -skip '$(CHECKERS)' ./...
 
 NIXL_RUNS ?= 20
@@ -28,6 +29,10 @@ NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestT
 test-nixl: deps
 	@test -n "$$KVBRIDGE_NIXL_LIB" || { echo "test-nixl: set KVBRIDGE_NIXL_LIB to a real NIXL's libnixl_capi.so (see DEVELOPERS.md)" >&2; exit 2; }
 	$(GO) test -race -count=$(NIXL_RUNS) -timeout 60m -v -run '$(NIXL_TESTS)' ./nixl ./internal/e2e | grep -E '^(ok|FAIL)|^\s*--- |libucp mapped' | sed -E 's/ \([0-9.]+s\)//' | sort | uniq -c
+
+## mutants: kvmanager's tests once per mutant (a known bug brought back in every core, -tags kvbmutants); fails if any survives
+mutants:
+	./scripts/mutants.sh
 
 SEEDS ?= 100000
 ## sim: the protocol simulator at depth: the exhaustive configurations with one more time jump, decode aborts and clears, two rooms with a restart, and SEEDS random runs (SIM_SEED_BASE moves them)
@@ -49,6 +54,7 @@ lint:
 	$(GO) generate ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags kvbmutants ./kvmanager
 	@git diff --exit-code -- '*_string.go' || { echo "generated code was stale: commit the regenerated files"; exit 1; }
 
 ## generate: regenerate String() methods (stringer, run by go:generate as `go run golang.org/x/tools/cmd/stringer@<pinned version>`: fetched through the module proxy the first time, no install step)

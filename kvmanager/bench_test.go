@@ -93,8 +93,8 @@ func BenchmarkSweep(b *testing.B) {
 // completing), both notifications, Success on both sides, Clear on both.
 // The decode rank is registered once, before the loop.
 func BenchmarkCoreRoom(b *testing.B) {
-	p := newTestCore(b, RolePrefill, DefaultRegistryConfig(), bugs{})
-	d := newTestCore(b, RoleDecode, DefaultRegistryConfig(), bugs{})
+	p := newTestCore(b, RolePrefill, DefaultRegistryConfig())
+	d := newTestCore(b, RoleDecode, DefaultRegistryConfig())
 	now := time.Unix(1_000_000, 0)
 	deliver := func(dst *Core, from bootstrap.From, effects []Effect) {
 		for _, e := range effects {

@@ -3,6 +3,8 @@ package kvmanager
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
@@ -34,26 +36,13 @@ type Core struct {
 	// decode: prefill targets by key, and their holds on our pages.
 	targets map[string]*target
 	holds   map[uint64]*hold
+	// roomsOf indexes live decode rooms by their sources' target keys.
+	roomsOf map[string]map[uint64]struct{}
 
 	stats CoreStats
-	// bugs re-introduces known bugs (tests only), so the simulator can show
-	// it finds each of them.
+	// bugs: mutants (mutants.go); an empty struct unless built with
+	// -tags kvbmutants.
 	bugs bugs
-}
-
-// bugs are switches for mutation tests: each brings back one bug that the
-// core's design removed, and the simulator must then report a violation.
-type bugs struct {
-	ackOnClearedTombstone bool // bug 1: ABORT on a Cleared tombstone acks drained at once
-	failedWriteDrains     bool // bug 2: a failed write counts as drained
-	clearReleases         bool // bug 3: Clear ends the decode quarantine
-	noEarlyAbort          bool // bug 4: an abort before the REQUEST is not sent
-	dropRegOnPeerDown     bool // bug 5: prefill forgets a registration when heartbeats fail
-	postIgnoresEpoch      bool // bug 8: writes go to the peer's current epoch
-	restartDropsPending   bool // bug 9: a restart report cancels the registration in progress
-	retryCachedEndpoint   bool // bug 11: an unanswered REGISTER is retried at the cached endpoint forever
-	deadPeerNotTold       bool // bug 12: a decode rank declared dead is not told its rooms failed
-	abortSentOnce         bool // bug 13: an ABORT sent to a known endpoint is forgotten (not re-sent to a new process)
 }
 
 // CoreConfig is what a rank's core needs to know.
@@ -195,7 +184,8 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	c := &Core{cfg: cfg, peers: map[string]*decodePeer{}, targets: map[string]*target{}, holds: map[uint64]*hold{}}
+	c := &Core{cfg: cfg, peers: map[string]*decodePeer{}, targets: map[string]*target{}, holds: map[uint64]*hold{},
+		roomsOf: map[string]map[uint64]struct{}{}, bugs: processMutant()}
 	var err error
 	if c.reg, err = NewRegistry(cfg.Registry, &c.out); err != nil {
 		return nil, err
@@ -298,8 +288,8 @@ func (c *Core) Tick(now time.Time) {
 // Close fails every live room with reason; the shell then stops.
 func (c *Core) Close(now time.Time, reason string) {
 	c.step(now)
-	for id, rm := range c.reg.rooms {
-		if !rm.status.Terminal() {
+	for _, id := range slices.Sorted(maps.Keys(c.reg.rooms)) {
+		if !c.reg.rooms[id].status.Terminal() {
 			c.failRoom(id, reason)
 		}
 	}

@@ -139,10 +139,11 @@ func (c *Core) ensureTarget(t Target) *target {
 		if tg.reg != regNone {
 			tg.reg = regNone
 		}
-		for id, rm := range c.reg.rooms {
-			if rm.dec == nil || rm.status.Terminal() {
+		for _, rm := range c.roomsAt(k) {
+			if rm.status.Terminal() {
 				continue
 			}
+			id := rm.id
 			for _, s := range rm.dec.sources {
 				if s.target == k && s.link.InstTP == old.InstTP && s.link.InstPP == old.InstPP && (old.InstTP != 0 || old.InstPP != 0) {
 					c.failRoom(id, fmt.Sprintf("prefill instance at %s changed shape (TP %d × PP %d → TP %d × PP %d)", t.Bootstrap, old.InstTP, old.InstPP, t.InstTP, t.InstPP))
@@ -192,6 +193,7 @@ func (c *Core) CreateReceiverLinks(now time.Time, room uint64, links []Link) Res
 		c.ensureTarget(l.Target)
 		rm.dec.sources = append(rm.dec.sources, &source{target: l.Target.key(), uid: i, link: l, chunks: map[int]struct{}{}})
 	}
+	c.index(rm, true)
 	h := &hold{room: room, ch: make(chan struct{}), srcs: rm.dec.sources}
 	c.holds[room] = h
 	if res.Status == Failed { // aborted before it existed: nothing was asked
@@ -296,10 +298,8 @@ func (c *Core) Resolved(now time.Time, t Target, endpoint, serverKey string) {
 	tg.endpoint, tg.serverKey, tg.resolved, tg.resolving = endpoint, serverKey, true, false
 	tg.lookupRetry = 0
 	c.sendOwed(tg)
-	for _, rm := range c.reg.rooms {
-		if rm.dec != nil {
-			c.flushRequests(rm)
-		}
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		c.flushRequests(rm)
 	}
 }
 
@@ -320,7 +320,7 @@ func (c *Core) sendOwed(tg *target) {
 // is known (else it is looked up).
 func (c *Core) oweAbort(tg *target, room uint64, code, reason string) {
 	o := owedAbort{code: code, reason: reason, until: c.now.Add(c.cfg.Registry.TombstoneTTL)}
-	if tg.resolved && c.bugs.abortSentOnce {
+	if tg.resolved && c.bugs.on(bugAbortSentOnce) {
 		c.send(tg.peer(), room, o.msg(room))
 		return
 	}
@@ -380,26 +380,61 @@ func (c *Core) ResolveFailed(now time.Time, t Target, err error) {
 
 // failWaiting fails the live rooms that wait for tg's registration.
 func (c *Core) failWaiting(tg *target, reason string) {
-	for id, rm := range c.reg.rooms {
-		if rm.dec == nil || rm.status.Terminal() {
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		if rm.status.Terminal() {
 			continue
 		}
 		for _, s := range rm.dec.sources {
 			if s.target == tg.t.key() && (!s.sent || !tg.resolved) {
-				c.failRoom(id, reason)
+				c.failRoom(rm.id, reason)
 				break
 			}
 		}
 	}
 }
 
+// targetAt is the resolved target at endpoint (the first by key, should
+// two name one endpoint).
 func (c *Core) targetAt(endpoint string) *target {
-	for _, tg := range c.targets {
-		if tg.resolved && tg.endpoint == endpoint {
+	for _, k := range slices.Sorted(maps.Keys(c.targets)) {
+		if tg := c.targets[k]; tg.resolved && tg.endpoint == endpoint {
 			return tg
 		}
 	}
 	return nil
+}
+
+// roomsAt returns the live decode rooms with a source at target key, in
+// room order: the index keeps a room from its creation to its Clear, so a
+// message about one prefill rank touches only that rank's rooms.
+func (c *Core) roomsAt(key string) []*room {
+	ids := slices.Sorted(maps.Keys(c.roomsOf[key]))
+	out := make([]*room, 0, len(ids))
+	for _, id := range ids {
+		if rm := c.reg.rooms[id]; rm != nil && rm.dec != nil {
+			out = append(out, rm)
+		}
+	}
+	return out
+}
+
+// index adds (or with add false removes) a decode room under each of its
+// sources' targets.
+func (c *Core) index(rm *room, add bool) {
+	for _, s := range rm.dec.sources {
+		set := c.roomsOf[s.target]
+		switch {
+		case add && set == nil:
+			c.roomsOf[s.target] = map[uint64]struct{}{rm.id: {}}
+		case add:
+			set[rm.id] = struct{}{}
+		default:
+			delete(set, rm.id)
+			if len(set) == 0 {
+				delete(c.roomsOf, s.target)
+			}
+		}
+	}
 }
 
 // OnRegisterAck completes the registration it answers, whatever epoch it
@@ -424,23 +459,21 @@ func (c *Core) OnRegisterAck(now time.Time, msg *bootstrap.RegisterAck) {
 	if restarted {
 		c.sendOwed(tg) // the new process may hold rooms aborted before it was known
 	}
-	for _, rm := range c.reg.rooms {
-		if rm.dec != nil {
-			c.flushRequests(rm)
-		}
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		c.flushRequests(rm)
 	}
 }
 
 // targetRestarted fails every live room whose REQUEST went to another
 // epoch of tg than epoch.
 func (c *Core) targetRestarted(tg *target, epoch uint64) {
-	for id, rm := range c.reg.rooms {
-		if rm.dec == nil || rm.status.Terminal() {
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		if rm.status.Terminal() {
 			continue
 		}
 		for _, s := range rm.dec.sources {
 			if s.target == tg.t.key() && s.sent && s.epoch != epoch {
-				c.failRoom(id, fmt.Sprintf("prefill %s: %s", tg.endpoint, bootstrap.ReasonPeerRestarted))
+				c.failRoom(rm.id, fmt.Sprintf("prefill %s: %s", tg.endpoint, bootstrap.ReasonPeerRestarted))
 				break
 			}
 		}
@@ -575,7 +608,7 @@ func (c *Core) decodeFailed(room uint64, reason string) {
 	rm, ok := c.reg.rooms[room]
 	if ok && rm.dec != nil {
 		for _, s := range rm.dec.sources {
-			if c.bugs.noEarlyAbort && !s.sent {
+			if c.bugs.on(bugNoEarlyAbort) && !s.sent {
 				continue
 			}
 			c.oweAbort(c.targets[s.target], room, "", reason)
@@ -610,8 +643,12 @@ func (c *Core) ClearReceiver(now time.Time, room uint64) Result {
 	if st, ok := c.reg.Status(room); ok && !st.Terminal() {
 		c.failRoom(room, "cleared before it finished")
 	}
+	rm := c.reg.rooms[room]
 	res := c.count(EventClear, c.reg.Clear(room))
-	if h := c.holds[room]; h != nil && c.bugs.clearReleases {
+	if rm != nil && rm.dec != nil && res.Outcome == Applied {
+		c.index(rm, false)
+	}
+	if h := c.holds[room]; h != nil && c.bugs.on(bugClearReleases) {
 		c.release(h, false)
 	}
 	return res
@@ -638,19 +675,19 @@ func (c *Core) decodePeerDown(endpoint string, from bootstrap.From, restarted bo
 		return
 	}
 	owedBefore := slices.Sorted(maps.Keys(tg.owed)) // the rooms failed below send theirs now
-	for id, rm := range c.reg.rooms {
-		if rm.dec == nil || rm.status.Terminal() {
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		if rm.status.Terminal() {
 			continue
 		}
 		for _, s := range rm.dec.sources {
 			if s.target == tg.t.key() && s.sent && (!restarted || s.epoch != from.Epoch) {
-				c.failRoom(id, "prefill "+reason)
+				c.failRoom(rm.id, "prefill "+reason)
 				break
 			}
 		}
 	}
 	switch {
-	case restarted && c.bugs.restartDropsPending:
+	case restarted && c.bugs.on(bugRestartDropsPending):
 		tg.reg, tg.resolved = regNone, false
 	case restarted:
 		if tg.reg == regOK && tg.epoch != from.Epoch {
@@ -660,10 +697,8 @@ func (c *Core) decodePeerDown(endpoint string, from bootstrap.From, restarted bo
 		tg.reg, tg.resolved = regNone, false
 	}
 	// Rooms still waiting for this target start over: lookup, REGISTER.
-	for _, rm := range c.reg.rooms {
-		if rm.dec != nil {
-			c.flushRequests(rm)
-		}
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		c.flushRequests(rm)
 	}
 	// ABORTs it has not acknowledged go to whatever process holds the rank
 	// now: the new one at this endpoint, or wherever a lookup finds it.
@@ -737,7 +772,7 @@ func (c *Core) tickDecode(now time.Time) {
 				tg.reg = regNone // nobody waits any more: stop asking
 				continue
 			}
-			if tg.unanswered >= registerLookupAfter && !c.bugs.retryCachedEndpoint {
+			if tg.unanswered >= registerLookupAfter && !c.bugs.on(bugRetryCachedEndpoint) {
 				// Nobody answers at that endpoint: look the rank up
 				// again rather than retry a cached endpoint forever.
 				tg.unanswered = 0
@@ -757,8 +792,9 @@ func (c *Core) tickDecode(now time.Time) {
 
 // waitsFor reports whether a live room still waits to send tg its REQUEST.
 func (c *Core) waitsFor(tg *target) bool {
-	for _, rm := range c.reg.rooms {
-		if rm.dec == nil || !rm.dec.init || rm.status.Terminal() {
+	for id := range c.roomsOf[tg.t.key()] {
+		rm := c.reg.rooms[id]
+		if rm == nil || rm.dec == nil || !rm.dec.init || rm.status.Terminal() {
 			continue
 		}
 		for _, s := range rm.dec.sources {

@@ -2,6 +2,8 @@ package kvmanager
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
@@ -165,7 +167,7 @@ func (c *Core) Registered(now time.Time, from bootstrap.From, remote string, pp 
 // the old one's rooms.
 func (c *Core) peerGone(key string, epoch uint64, exact bool, code, reason string) {
 	skip := key
-	if code == CodePeerUnreachable && !c.bugs.deadPeerNotTold {
+	if code == CodePeerUnreachable && !c.bugs.on(bugDeadPeerNotTold) {
 		skip = ""
 	}
 	match := func(reqs []PeerRequest) bool {
@@ -176,16 +178,16 @@ func (c *Core) peerGone(key string, epoch uint64, exact bool, code, reason strin
 		}
 		return false
 	}
-	for id, rm := range c.reg.rooms {
-		if rm.role == RolePrefill && !rm.status.Terminal() && match(rm.requests) {
+	for _, id := range slices.Sorted(maps.Keys(c.reg.rooms)) {
+		if rm := c.reg.rooms[id]; rm.role == RolePrefill && !rm.status.Terminal() && match(rm.requests) {
 			res := c.count(EventUpdate, c.reg.Update(id, Failed, reason))
 			if res.Outcome == Applied {
 				c.statusFailed(id, rm.requests, code, reason, skip)
 			}
 		}
 	}
-	for id, p := range c.reg.pending {
-		if match(p.requests) && !c.bugs.postIgnoresEpoch {
+	for _, id := range slices.Sorted(maps.Keys(c.reg.pending)) {
+		if p := c.reg.pending[id]; match(p.requests) && !c.bugs.on(bugPostIgnoresEpoch) {
 			res := c.count(EventAbort, c.reg.Abort(id, reason, nil))
 			c.statusFailed(id, res.Peers, code, reason, skip)
 		}
@@ -268,7 +270,7 @@ func (c *Core) OnAbort(now time.Time, msg *bootstrap.Abort) {
 		return
 	}
 	ack := bootstrap.Peer{Endpoint: msg.From.Endpoint}
-	if c.bugs.ackOnClearedTombstone {
+	if c.bugs.on(bugAckOnClearedTombstone) {
 		if t, ok := c.reg.tombs[msg.Room]; ok && t.kind == Cleared {
 			c.send(ack, msg.Room, &bootstrap.AbortAck{Room: msg.Room, Drained: true})
 			return
@@ -356,7 +358,7 @@ func (c *Core) SendChunk(now time.Time, room uint64, pages []uint32, last bool, 
 	for _, pr := range rm.requests {
 		req := pr.Payload
 		p := c.peers[pr.Peer]
-		if p == nil || (p.from.Epoch != pr.Epoch && !c.bugs.postIgnoresEpoch) {
+		if p == nil || (p.from.Epoch != pr.Epoch && !c.bugs.on(bugPostIgnoresEpoch)) {
 			c.stats.StaleEpoch++
 			return fail(fmt.Sprintf("peer %s (epoch %d) that requested the room is gone", pr.Peer, pr.Epoch))
 		}
@@ -427,7 +429,7 @@ func stateAt(state [][]uint32, i int) []uint32 {
 func (c *Core) Posting(now time.Time, room uint64, w *transfer.Write) bool {
 	c.step(now)
 	p := c.peers[w.PeerKey]
-	if c.bugs.postIgnoresEpoch && p != nil {
+	if c.bugs.on(bugPostIgnoresEpoch) && p != nil {
 		w.Remote, w.Peer, w.Epoch = p.remote, p.layout, p.from.Epoch
 	}
 	if p == nil || p.from.Epoch != w.Epoch {
@@ -443,7 +445,7 @@ func (c *Core) Posting(now time.Time, room uint64, w *transfer.Write) bool {
 // quiesced keeps the room undrained until the stall deadline.
 func (c *Core) WriteDone(now time.Time, room uint64, w *transfer.Write, err error, quiesced bool) Result {
 	c.step(now)
-	if c.bugs.failedWriteDrains {
+	if c.bugs.on(bugFailedWriteDrains) {
 		quiesced = true
 	}
 	res := c.count(EventWriteDone, c.reg.WriteDone(room, w.Last, err, quiesced))
@@ -458,7 +460,8 @@ func (c *Core) WriteDone(now time.Time, room uint64, w *transfer.Write, err erro
 // heartbeats: a false "dead" must not break the pair for good); a
 // restarted one loses it.
 func (c *Core) prefillPeerDown(endpoint string, from bootstrap.From, restarted bool, reason string) {
-	for key, p := range c.peers {
+	for _, key := range slices.Sorted(maps.Keys(c.peers)) {
+		p := c.peers[key]
 		if p.from.Endpoint != endpoint && key != from.Peer() {
 			continue
 		}
@@ -470,7 +473,7 @@ func (c *Core) prefillPeerDown(endpoint string, from bootstrap.From, restarted b
 			code = CodePeerRestarted
 		}
 		c.peerGone(key, p.from.Epoch, true, code, reason)
-		if restarted || c.bugs.dropRegOnPeerDown {
+		if restarted || c.bugs.on(bugDropRegOnPeerDown) {
 			delete(c.peers, key)
 		}
 	}

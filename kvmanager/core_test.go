@@ -16,14 +16,25 @@ import (
 
 var t0 = time.Unix(1_000_000, 0)
 
-func testCore(t *testing.T, role Role, b bugs) *Core {
+func testCore(t *testing.T, role Role, mutants ...bugID) *Core {
 	t.Helper()
-	return newTestCore(t, role, simRegistryConfig(), b)
+	return newTestCore(t, role, simRegistryConfig(), mutants...)
 }
 
-// newTestCore is a core over simLayout with the given registry settings.
-func newTestCore(tb testing.TB, role Role, reg RegistryConfig, b bugs) *Core {
+// needMutants skips a test that turns mutants on in a build without them
+// (make test runs the package again with -tags kvbmutants).
+func needMutants(tb testing.TB, mutants ...bugID) {
 	tb.Helper()
+	if len(mutants) > 0 && !mutantsBuilt {
+		tb.Skipf("mutant %v: needs -tags kvbmutants (make test runs it)", mutants)
+	}
+}
+
+// newTestCore is a core over simLayout with the given registry settings and
+// mutants on.
+func newTestCore(tb testing.TB, role Role, reg RegistryConfig, mutants ...bugID) *Core {
+	tb.Helper()
+	needMutants(tb, mutants...)
 	cfg := CoreConfig{Role: role, Compat: "sim", Layout: simLayout(), Registry: reg,
 		QuarantineTimeout: max(30*time.Second, 2*reg.StallTimeout), RegisterRetry: time.Second}
 	if role == RoleDecode {
@@ -34,7 +45,7 @@ func newTestCore(tb testing.TB, role Role, reg RegistryConfig, b bugs) *Core {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c.bugs = b
+	c.bugs = withBugs(mutants...)
 	return c
 }
 
@@ -79,11 +90,11 @@ func request(room uint64, from bootstrap.From) *bootstrap.Request {
 func TestFalsePeerDeadKeepsRegistration(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		bug  bugs
+		bug  []bugID
 		ok   bool
-	}{{"fixed", bugs{}, true}, {"with bug 5", bugs{dropRegOnPeerDown: true}, false}} {
+	}{{"fixed", nil, true}, {"with bug 5", []bugID{bugDropRegOnPeerDown}, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := testCore(t, RolePrefill, tc.bug)
+			c := testCore(t, RolePrefill, tc.bug...)
 			register(t, c, decodeFrom)
 			c.CreateSender(t0, 1)
 			c.OnRequest(t0, request(1, decodeFrom))
@@ -108,7 +119,7 @@ func TestFalsePeerDeadKeepsRegistration(t *testing.T) {
 // Bug 5, decode side: STATUS not_registered makes decode register again and
 // resend the room's REQUEST instead of failing the room.
 func TestNotRegisteredReregisters(t *testing.T) {
-	c := testCore(t, RoleDecode, bugs{})
+	c := testCore(t, RoleDecode)
 	c.CreateReceiver(t0, 1, []Target{prefillT})
 	c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
 	c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
@@ -137,7 +148,7 @@ func TestNotRegisteredReregisters(t *testing.T) {
 // Bug 6: a REGISTER that got no answer is sent again, backing off, until
 // acknowledged; then the waiting room's REQUEST goes out.
 func TestRegisterRetried(t *testing.T) {
-	c := testCore(t, RoleDecode, bugs{})
+	c := testCore(t, RoleDecode)
 	c.CreateReceiver(t0, 1, []Target{prefillT})
 	c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
 	c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
@@ -170,7 +181,7 @@ func TestRegisterRetried(t *testing.T) {
 // REGISTER retries stop once no room waits for the answer (the room that
 // asked was aborted, e.g. its caller's context ended).
 func TestRegisterRetriesStopWithoutWaiters(t *testing.T) {
-	c := testCore(t, RoleDecode, bugs{})
+	c := testCore(t, RoleDecode)
 	c.CreateReceiver(t0, 1, []Target{prefillT})
 	c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
 	c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
@@ -194,7 +205,7 @@ func TestRegisterRetriesStopWithoutWaiters(t *testing.T) {
 // behind once the pending deadline and the TTL pass, while the peer stays
 // registered and alive.
 func TestPendingRequestsLeaveNothing(t *testing.T) {
-	c := testCore(t, RolePrefill, bugs{})
+	c := testCore(t, RolePrefill)
 	register(t, c, decodeFrom)
 	n := c.cfg.Registry.MaxPendingPerPeer
 	for room := uint64(1); room <= uint64(n); room++ {
@@ -216,11 +227,11 @@ func TestPendingRequestsLeaveNothing(t *testing.T) {
 func TestRestartReportKeepsRegistrationInProgress(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		bug  bugs
+		bug  []bugID
 		ok   bool
-	}{{"fixed", bugs{}, true}, {"with bug 9", bugs{restartDropsPending: true}, false}} {
+	}{{"fixed", nil, true}, {"with bug 9", []bugID{bugRestartDropsPending}, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := testCore(t, RoleDecode, tc.bug)
+			c := testCore(t, RoleDecode, tc.bug...)
 			c.CreateReceiver(t0, 1, []Target{prefillT})
 			c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
 			c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
@@ -241,7 +252,7 @@ func TestRestartReportKeepsRegistrationInProgress(t *testing.T) {
 // the old epoch fails and the new process gets an ABORT, so a sender it
 // creates for that room id starts Failed instead of waiting its deadline.
 func TestRestartFailsRoomAndAbortsNewProcess(t *testing.T) {
-	c := testCore(t, RoleDecode, bugs{})
+	c := testCore(t, RoleDecode)
 	c.CreateReceiver(t0, 1, []Target{prefillT})
 	c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
 	c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
@@ -275,7 +286,7 @@ func TestRestartFailsRoomAndAbortsNewProcess(t *testing.T) {
 // Bug 4 at the core's surface: an abort before Init is sent to the
 // target as soon as it is known.
 func TestAbortBeforeInitIsSent(t *testing.T) {
-	c := testCore(t, RoleDecode, bugs{})
+	c := testCore(t, RoleDecode)
 	c.CreateReceiver(t0, 1, []Target{prefillT})
 	c.AbortReceiver(t0, 1, "client went away")
 	if ab := sent[*bootstrap.Abort](c.Effects()); len(ab) != 0 {
@@ -309,7 +320,7 @@ func TestConfigDefaultsFieldByField(t *testing.T) {
 // Hostile input the core bounds itself (more in issue 14's tests).
 func TestCoreBoundsHostileInput(t *testing.T) {
 	t.Run("stray ABORT on a decode rank", func(t *testing.T) {
-		c := testCore(t, RoleDecode, bugs{})
+		c := testCore(t, RoleDecode)
 		c.OnAbort(t0, &bootstrap.Abort{From: prefillFrom, Room: 9, Reason: "forged"})
 		if s := c.Sizes(); s.Total() != 0 || c.Stats().Refused != 1 {
 			t.Fatalf("an ABORT on a decode rank left %+v (refused %d)", s, c.Stats().Refused)
@@ -319,7 +330,7 @@ func TestCoreBoundsHostileInput(t *testing.T) {
 		}
 	})
 	t.Run("reasons are cut", func(t *testing.T) {
-		c := testCore(t, RolePrefill, bugs{})
+		c := testCore(t, RolePrefill)
 		huge := strings.Repeat("x", 1<<20)
 		c.OnAbort(t0, &bootstrap.Abort{From: decodeFrom, Room: 1, Reason: huge})
 		c.CreateSender(t0, 1)
@@ -329,7 +340,7 @@ func TestCoreBoundsHostileInput(t *testing.T) {
 		}
 	})
 	t.Run("one peer cannot fill the pending table", func(t *testing.T) {
-		c := testCore(t, RolePrefill, bugs{})
+		c := testCore(t, RolePrefill)
 		other := decodeFrom
 		other.Instance, other.Endpoint = "other", "tcp://o:1"
 		register(t, c, decodeFrom)
@@ -352,7 +363,7 @@ func TestCoreBoundsHostileInput(t *testing.T) {
 		}
 	})
 	t.Run("required and prefix in range", func(t *testing.T) {
-		c := testCore(t, RolePrefill, bugs{})
+		c := testCore(t, RolePrefill)
 		register(t, c, decodeFrom)
 		for _, mut := range []func(r *bootstrap.Request){
 			func(r *bootstrap.Request) { r.Required = MaxRequired + 1 },
@@ -441,7 +452,7 @@ func TestCheckRegisterTopology(t *testing.T) {
 // up again by the next room; an unchanged record changes nothing.
 func TestTargetChangedByDiscovery(t *testing.T) {
 	setup := func() *Core {
-		c := testCore(t, RoleDecode, bugs{})
+		c := testCore(t, RoleDecode)
 		c.CreateReceiver(t0, 1, []Target{prefillT})
 		c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
 		c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})

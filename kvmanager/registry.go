@@ -2,6 +2,7 @@ package kvmanager
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
@@ -851,10 +852,18 @@ func (r *Registry) drainResult(rm *room, o Outcome) Result {
 func (r *Registry) Sweep(now time.Time) []Expiry {
 	r.now = now
 	var out []Expiry
+	// Each table is walked for what is due, then acted on in id order, so
+	// the effects never depend on map order (the same inputs replay the
+	// same trace).
+	var due []uint64
 	for id, rm := range r.rooms {
-		if !now.After(rm.deadline) {
-			continue
+		if now.After(rm.deadline) {
+			due = append(due, id)
 		}
+	}
+	slices.Sort(due)
+	for _, id := range due {
+		rm := r.rooms[id]
 		switch {
 		case !rm.status.Terminal():
 			reason := fmt.Sprintf("%s deadline (%v) passed in %v", deadlineName(rm.kind), r.timeout(rm.kind), rm.status)
@@ -874,23 +883,33 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 			out = append(out, Expiry{Room: id, Deadline: DeadlineStall, Reason: rm.reason, Peers: rm.requests, DrainOnly: true})
 		}
 	}
+	due = due[:0]
 	for id, p := range r.pending {
-		if !now.After(p.deadline) {
-			continue
+		if now.After(p.deadline) {
+			due = append(due, id)
 		}
+	}
+	slices.Sort(due)
+	for _, id := range due {
+		p := r.pending[id]
 		reason := fmt.Sprintf("pending deadline (%v) passed: no sender for the room", r.cfg.PendingTimeout)
 		r.takePending(id)
 		r.addTomb(id, &tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL)})
 		out = append(out, Expiry{Room: id, Deadline: DeadlinePending, Reason: reason, Peers: p.requests, Drained: true})
 	}
+	due = due[:0]
 	for id := range r.draining {
-		t := r.tombs[id]
-		if now.After(t.drainBy) {
-			delete(r.draining, id)
-			t.drainExpired = true
-			r.sendAcks(id, t.acks, false)
-			t.acks = nil
+		if now.After(r.tombs[id].drainBy) {
+			due = append(due, id)
 		}
+	}
+	slices.Sort(due)
+	for _, id := range due {
+		t := r.tombs[id]
+		delete(r.draining, id)
+		t.drainExpired = true
+		r.sendAcks(id, t.acks, false)
+		t.acks = nil
 	}
 	for len(r.tombQ) > 0 && !now.Before(r.tombQ[0].expires) {
 		ref := r.tombQ[0]

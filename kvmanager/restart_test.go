@@ -43,11 +43,11 @@ func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
 	moved.Endpoint, moved.Epoch = "tcp://p:2", 11
 	for _, tc := range []struct {
 		name  string
-		bug   bugs
+		bug   []bugID
 		fixed bool
-	}{{"fixed", bugs{}, true}, {"with bug 11", bugs{retryCachedEndpoint: true}, false}} {
+	}{{"fixed", nil, true}, {"with bug 11", []bugID{bugRetryCachedEndpoint}, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := testCore(t, RoleDecode, tc.bug)
+			c := testCore(t, RoleDecode, tc.bug...)
 			c.cfg.RegisterRetry = 100 * time.Millisecond // every retry inside the bootstrap deadline
 			c.CreateReceiver(t0, 1, []Target{prefillT})
 			c.Resolved(t0, prefillT, prefillFrom.Endpoint, "") // the dead process's record
@@ -93,11 +93,11 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 	moved.Endpoint, moved.Epoch = "tcp://p:2", 11
 	for _, tc := range []struct {
 		name  string
-		bug   bugs
+		bug   []bugID
 		fixed bool
-	}{{"fixed", bugs{}, true}, {"with bug 13", bugs{abortSentOnce: true}, false}} {
+	}{{"fixed", nil, true}, {"with bug 13", []bugID{bugAbortSentOnce}, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := testCore(t, RoleDecode, tc.bug)
+			c := testCore(t, RoleDecode, tc.bug...)
 			c.CreateReceiver(t0, 1, []Target{prefillT})
 			c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
 			c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
@@ -148,7 +148,7 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 // looked up again with backoff, and forgotten at the tombstone TTL: the
 // table empties.
 func TestOwedAbortLookupBackoffAndTTL(t *testing.T) {
-	c := testCore(t, RoleDecode, bugs{})
+	c := testCore(t, RoleDecode)
 	c.CreateReceiver(t0, 1, []Target{prefillT})
 	c.AbortReceiver(t0, 1, "gone")
 	c.ClearReceiver(t0, 1)
@@ -180,11 +180,11 @@ func TestOwedAbortLookupBackoffAndTTL(t *testing.T) {
 func TestDeadPeerIsToldItsRoomsFailed(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		bug   bugs
+		bug   []bugID
 		fixed bool
-	}{{"fixed", bugs{}, true}, {"with bug 12", bugs{deadPeerNotTold: true}, false}} {
+	}{{"fixed", nil, true}, {"with bug 12", []bugID{bugDeadPeerNotTold}, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := testCore(t, RolePrefill, tc.bug)
+			c := testCore(t, RolePrefill, tc.bug...)
 			register(t, c, decodeFrom)
 			c.OnRequest(t0, request(1, decodeFrom)) // pending: no sender yet
 			c.CreateSender(t0, 2)
@@ -208,7 +208,7 @@ func TestDeadPeerIsToldItsRoomsFailed(t *testing.T) {
 // on every rank named (code refused), owed until acknowledged; a room this
 // rank holds under that id is left alone.
 func TestRefuseRoomTellsTheRanks(t *testing.T) {
-	c := testCore(t, RoleDecode, bugs{})
+	c := testCore(t, RoleDecode)
 	other := Target{Bootstrap: "http://boot", Rank: 1}
 	c.RefuseRoom(t0, 5, []Target{prefillT, other}, "prefill PP 1 → decode PP 2")
 	if n := resolves(c.Effects()); n != 2 {

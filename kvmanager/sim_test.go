@@ -48,7 +48,7 @@ type simConfig struct {
 	noClear                   bool // rooms are never cleared (smaller spaces)
 	reg                       RegistryConfig
 	quarantine                time.Duration
-	bugs                      bugs
+	bugs                      []bugID // mutants on in every core (-tags kvbmutants)
 }
 
 // simRoomSpec: a room that the listed decode ranks receive from the listed
@@ -207,7 +207,7 @@ func (w *simWorld) start(slot int) {
 	if err != nil {
 		panic(err)
 	}
-	c.bugs = w.cfg.bugs
+	c.bugs = withBugs(w.cfg.bugs...)
 	w.procs[slot] = &simProc{core: c, from: from, inc: w.incs, seen: map[string]uint64{}}
 }
 
@@ -882,7 +882,10 @@ var simFailHook func(reason string)
 
 // simStats counts what random runs reached, so a test can show they are
 // not vacuous.
-type simStats struct{ success, failed, released, forced int }
+type simStats struct {
+	success, failed, released, forced int
+	trace                             []string // the events played (random runs)
+}
 
 // runRandomStats plays steps random events from seed, then clears every
 // room, lets everything settle and checks that the cores empty after the
@@ -932,6 +935,7 @@ func runRandomStats(cfg simConfig, seed uint64, steps int) (simStats, error) {
 		st.forced += int(p.core.stats.ForcedReleases)
 	}
 	st.released = len(w.released)
+	st.trace = w.trace
 	if w.err != nil {
 		min := minimize(cfg, w.trace, w.err)
 		return st, fmt.Errorf("seed %d: %w\nminimal trace (replay: runScript(cfg, trace); the whole run: runRandomStats(cfg, %d, %d)):\n  %s",

@@ -1,0 +1,34 @@
+package kvmanager
+
+// Mutants: each bugID brings back one bug the core's design removed. A
+// production build compiles none of them (mutants_off.go: bugs is an empty
+// struct whose on is constant false); a build with -tags kvbmutants
+// (mutants_on.go) lets a test turn them on per core, or KVBRIDGE_MUTANT
+// turn one on for every core of the process — `make mutants` runs the
+// package's tests once per mutant and fails if any mutant survives them.
+type bugID uint8
+
+const (
+	bugAckOnClearedTombstone bugID = 1 + iota // an ABORT on a Cleared tombstone acks drained at once
+	bugFailedWriteDrains                      // a failed write counts as drained
+	bugClearReleases                          // Clear ends the decode quarantine
+	bugNoEarlyAbort                           // an abort before the REQUEST is not sent
+	bugDropRegOnPeerDown                      // prefill forgets a registration when heartbeats fail
+	bugPostIgnoresEpoch                       // writes go to the peer's current epoch
+	bugRestartDropsPending                    // a restart report cancels the registration in progress
+	bugRetryCachedEndpoint                    // an unanswered REGISTER is retried at the cached endpoint forever
+	bugDeadPeerNotTold                        // a decode rank declared dead is not told its rooms failed
+	bugAbortSentOnce                          // an ABORT sent to a known endpoint is forgotten (not re-sent to a new process)
+	bugCount                                  // one past the last
+)
+
+var bugNames = [bugCount]string{"", "ack-on-cleared-tombstone", "failed-write-drains", "clear-releases", "no-early-abort",
+	"drop-reg-on-peer-down", "post-ignores-epoch", "restart-drops-pending", "retry-cached-endpoint", "dead-peer-not-told",
+	"abort-sent-once"}
+
+func (b bugID) String() string {
+	if b == 0 || b >= bugCount {
+		return "none"
+	}
+	return bugNames[b]
+}
