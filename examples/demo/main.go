@@ -47,6 +47,7 @@ type proc struct {
 	boot     string
 	endpoint string // control endpoint
 	warmup   time.Duration
+	args     []string // its flags (a restart starts it with them again)
 }
 
 // secretFile is the demo deployment's shared secret, made at start (unless
@@ -106,7 +107,7 @@ func start(bin, name string, args ...string) (*proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w (build it: make demo)", name, err)
 	}
-	p := &proc{name: name, cmd: cmd, log: logf.Name()}
+	p := &proc{name: name, cmd: cmd, log: logf.Name(), args: args}
 	logs = append(logs, logf.Name())
 	line := make(chan string, 1)
 	go func() {
@@ -163,7 +164,7 @@ func post(url string, body any) (rankcmd.RoomResult, error) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := httpClient.Do(req)
 	if err != nil {
 		return res, err
 	}
@@ -180,7 +181,13 @@ var metricLine = regexp.MustCompile(`^(kvbridge_rooms|kvbridge_rooms_past_deadli
 // pinned reads a rank's /metrics: live non-terminal rooms and rooms past
 // their deadline.
 func pinned(url string) (live, overdue float64, err error) {
-	resp, err := http.Get(url + "/metrics")
+	return pinnedWith(http.DefaultClient, url)
+}
+
+// pinnedWith is pinned through a given client (one with a timeout, for a
+// rank that may be stopped).
+func pinnedWith(cl *http.Client, url string) (live, overdue float64, err error) {
+	resp, err := cl.Get(url + "/metrics")
 	if err != nil {
 		return 0, 0, err
 	}
@@ -306,6 +313,9 @@ func run(args []string) int {
 	short := fs.Bool("short", false, "a quick run for CI: tiny model, 60 requests")
 	hostile := fs.Bool("hostile", false, "while the workload runs, attack both ranks with every class of bad input (see hostile.go)")
 	hostileRounds := fs.Int("hostile-rounds", 20, "with -hostile: attack rounds run at least, even past the workload")
+	chaos := fs.Bool("chaos", false, "a chaos soak instead of a fixed workload: rooms for -chaos-duration while ranks are SIGKILLed and restarted on new ports, SIGSTOPped past the heartbeat bound, and the bootstrap server or etcd restarts (see chaos.go)")
+	serveEtcdSpec := fs.String("serve-etcd", "", "internal: run only an etcd member (dir,client-host:port,peer-host:port), the -chaos soak's etcd process")
+	chaosDuration := fs.Duration("chaos-duration", 30*time.Second, "with -chaos: how long the traffic and faults run (at least one fault of each kind runs, even past it)")
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()), "workload seed")
 	var pShape, dShape transfer.Parallel
 	fs.IntVar(&pShape.TPSize, "prefill-tp", 2, "TP size of each prefill instance (one process per rank)")
@@ -340,6 +350,9 @@ flags:
 		}
 		return 2
 	}
+	if *serveEtcdSpec != "" {
+		return serveEtcd(*serveEtcdSpec)
+	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if *short { // defaults for a quick run; flags given explicitly win
@@ -347,6 +360,17 @@ flags:
 			if !set[name] {
 				fs.Set(name, v)
 			}
+		}
+	}
+	if *chaos { // a quick model by default: the soak is about the faults
+		for name, v := range map[string]string{"model": "tiny", "pages": "4096", "max-tokens": "2048", "concurrency": "4"} {
+			if !set[name] {
+				fs.Set(name, v)
+			}
+		}
+		if *hostile || set["prefill-instances"] || set["decode-instances"] || set["dp"] || *dpPick != "auto" {
+			fmt.Fprintln(os.Stderr, "demo: -chaos runs one prefill and one decode instance (DP 1) without -hostile")
+			return 2
 		}
 	}
 	if *mla {
@@ -359,7 +383,7 @@ flags:
 	}
 	if *discovery == "etcd" {
 		for name, v := range map[string]string{"prefill-instances": "2", "decode-instances": "2"} {
-			if !set[name] {
+			if !set[name] && !*chaos {
 				fs.Set(name, v)
 			}
 		}
@@ -374,8 +398,13 @@ flags:
 	pShape, dShape = pShape.Norm(), dShape.Norm()
 	topology := fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode %d × (PP %d × TP %d), %s pages, %s, %s discovery",
 		*instances, pShape.DPSize, pShape.PPSize, pShape.TPSize, *decodeInstances, dShape.PPSize, dShape.TPSize, strings.ToUpper(*pageLayout), *model, *discovery)
-	fmt.Printf("kvbridge demo: %d requests of %d–%d tokens (%s layout), %d in flight, %.0f%% aborted, engine %s, seed %d\ntopology: %s\n",
-		*requests, *minTok, *maxTok, *model, *conc, 100**abortRate, *engine, *seed, topology)
+	if *chaos {
+		fmt.Printf("kvbridge demo -chaos: rooms of %d–%d tokens (%s layout) for %v, %d in flight, %.0f%% aborted, engine %s, seed %d\ntopology: %s\n",
+			*minTok, *maxTok, *model, *chaosDuration, *conc, 100**abortRate, *engine, *seed, topology)
+	} else {
+		fmt.Printf("kvbridge demo: %d requests of %d–%d tokens (%s layout), %d in flight, %.0f%% aborted, engine %s, seed %d\ntopology: %s\n",
+			*requests, *minTok, *maxTok, *model, *conc, 100**abortRate, *engine, *seed, topology)
+	}
 	cleanup, serr := makeSecret()
 	if serr != nil {
 		fmt.Fprintln(os.Stderr, "demo: shared secret:", serr)
@@ -386,6 +415,11 @@ flags:
 	prefillArgs := common
 	if *dpPick == "lookup" {
 		prefillArgs = append(append([]string{}, common...), "-publish-dp") // a prefill-only flag
+	}
+	if *chaos {
+		return runChaos(chaosOptions{bin: *bin, duration: *chaosDuration, seed: *seed, discovery: *discovery, conc: *conc,
+			abortRate: *abortRate, minTok: *minTok, maxTok: *maxTok, model: m, modelName: *model, pages: *pages,
+			common: prefillArgs, pShape: pShape, dShape: dShape})
 	}
 	bootOf := func(name string) string { return "" } // http: the instance's first rank serves it
 	if *discovery == "etcd" {

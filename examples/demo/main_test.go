@@ -94,6 +94,37 @@ func TestDemoHostile(t *testing.T) {
 	}
 }
 
+// TestDemoChaos is a short round of the chaos soak (make soak-chaos runs
+// it at length; see chaos.go): the example ranks under real traffic while
+// one fault of each kind is injected at a random (seeded, printed) moment —
+// a rank SIGKILLed and restarted on a new port, prefill and decode each; a
+// rank SIGSTOPped past the heartbeat bound, each; the bootstrap server
+// restarted (HTTP) or etcd SIGKILLed and restarted (etcd). The demo fails
+// unless no page is corrupt, no room on any rank outlives its deadline
+// plus the bound, every failed room failed inside a fault's window,
+// survivors served a new room within the bound after each fault, and every
+// rank's memory stayed flat.
+func TestDemoChaos(t *testing.T) {
+	for _, discovery := range []string{"http", "etcd"} {
+		t.Run(discovery, func(t *testing.T) {
+			dir := binaries(t)
+			cmd := exec.Command(filepath.Join(dir, "demo"), "-chaos", "-chaos-duration", "1s", "-discovery", discovery, "-bin", dir)
+			out, err := cmd.Output()
+			s := string(out)
+			if err != nil {
+				t.Fatalf("demo -chaos failed: %v\n%s", err, s)
+			}
+			t.Logf("\n%s", s)
+			restart := map[string]string{"http": "restart-bootstrap 1", "etcd": "restart-etcd 1"}[discovery]
+			for _, want := range []string{"(corrupt 0)", "OK: no page corrupt", "kill decode 1", "kill prefill 1", "pause decode 1", "pause prefill 1", restart} {
+				if !strings.Contains(s, want) {
+					t.Errorf("summary lacks %q", want)
+				}
+			}
+		})
+	}
+}
+
 // TestDemoTopologies runs the demo's short workload (real processes, one
 // per rank, ucx over shared memory, aborts at random stages) over every
 // mapping of the rank-mapping issue; each decode rank checks that every
