@@ -71,3 +71,12 @@ SOAK_REQUESTS ?= 2000
 soak-hostile: deps
 	$(GO) build -o bin/ ./examples/prefill ./examples/decode ./examples/demo
 	./bin/demo -hostile -hostile-rounds 200 -requests $(SOAK_REQUESTS) -abort-rate 0.1 $(DEMO_FLAGS)
+
+SOAK_DURATION ?= 5m
+SOAK_DISCOVERY ?= http etcd
+SOAK_SEED ?=
+.PHONY: soak-chaos
+## soak-chaos: the chaos soak for SOAK_DURATION per discovery backend in SOAK_DISCOVERY: real traffic while ranks are SIGKILLed and restarted on new ports, SIGSTOPped past the heartbeat bound, and the bootstrap server or etcd restarts; SOAK_SEED replays a fault schedule (make test runs a short round: TestDemoChaos)
+soak-chaos: deps
+	$(GO) build -o bin/ ./examples/prefill ./examples/decode ./examples/demo
+	for d in $(SOAK_DISCOVERY); do ./bin/demo -chaos -chaos-duration $(SOAK_DURATION) -discovery $$d $(if $(SOAK_SEED),-seed $(SOAK_SEED)) $(DEMO_FLAGS) || exit 1; done
