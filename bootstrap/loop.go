@@ -32,20 +32,30 @@ type Peer struct {
 	ServerKey string
 }
 
-// PeerDown reports a peer that heartbeats declared dead or that restarted.
+// PeerDown reports a peer that heartbeats declared dead. (Restarts are
+// not the transport's to decide: the rank's core sees every message's epoch
+// and detects them.)
 type PeerDown struct {
 	Endpoint string
-	// From is the peer's identity when known (always for a restart).
+	// From is the peer's identity when known.
 	From From
-	// Reason is "peer unreachable" or "peer restarted".
+	// Reason is "peer unreachable".
 	Reason string
 }
 
-// Reasons in PeerDown.
+// Reasons: PeerDown's, and the core's for a peer heard with a new epoch.
 const (
 	ReasonPeerUnreachable = "peer unreachable"
 	ReasonPeerRestarted   = "peer restarted"
 )
+
+// MalformedReport is a REQUEST the codec refused but that still named its
+// room and its sender's endpoint, so the rank can answer it.
+type MalformedReport struct {
+	Room     uint64
+	Endpoint string
+	Reason   string
+}
 
 // LoopConfig configures one rank's control loop.
 type LoopConfig struct {
@@ -55,11 +65,15 @@ type LoopConfig struct {
 	// Bind is the PULL socket's endpoint, e.g. "tcp://127.0.0.1:*" for any
 	// free port.
 	Bind string
-	// Handler receives every well-formed message but PING and PONG, in
-	// arrival order, on the loop's receive goroutine: it must not block.
+	// Handler receives every well-formed message but PING (answered with a
+	// PONG here), in arrival order, on the loop's receive goroutine: it
+	// must not block. A PONG reaches it after the heartbeat has counted it.
 	Handler func(Message)
-	// OnPeerDown is called once per dead or restarted peer.
+	// OnPeerDown is called once per peer heartbeats declared dead.
 	OnPeerDown func(PeerDown)
+	// OnMalformedRequest is called for a malformed REQUEST that still
+	// names its room and sender (the rank decides whether to answer).
+	OnMalformedRequest func(MalformedReport)
 
 	HeartbeatInterval time.Duration // default 5 s
 	MaxMisses         int           // default 2
@@ -68,9 +82,6 @@ type LoopConfig struct {
 	Linger            time.Duration // how long Close waits for queued sends, default 1 s
 	MaxPeers          int           // PUSH sockets kept, default 1024
 	PeerIdle          time.Duration // an unwatched peer's socket is closed after this, default 5 min
-	// MaxEpochs bounds the peer epochs remembered for restart detection
-	// (least recently heard forgotten first), default 4 × MaxPeers.
-	MaxEpochs int
 	// Auth authenticates every control message with the deployment's
 	// shared secret. It is required unless Insecure is set.
 	Auth *Auth
@@ -104,8 +115,8 @@ func (c *LoopConfig) Validate() error {
 		return errors.New("bootstrap: Handler is nil")
 	case c.HeartbeatInterval <= 0 || c.MaxMisses < 1:
 		return fmt.Errorf("bootstrap: heartbeat %v × %d misses is not valid", c.HeartbeatInterval, c.MaxMisses)
-	case c.SendQueue < 1 || c.SendHWM < 1 || c.MaxPeers < 1 || c.PeerIdle <= 0 || c.Linger < 0 || c.MaxEpochs < 0:
-		return errors.New("bootstrap: SendQueue, SendHWM, MaxPeers and PeerIdle must be positive, Linger and MaxEpochs not negative")
+	case c.SendQueue < 1 || c.SendHWM < 1 || c.MaxPeers < 1 || c.PeerIdle <= 0 || c.Linger < 0:
+		return errors.New("bootstrap: SendQueue, SendHWM, MaxPeers and PeerIdle must be positive, Linger not negative")
 	case c.Auth == nil && !c.Insecure:
 		return fmt.Errorf("bootstrap: rank %s: %w", c.Identity.Peer(), ErrNoSecret)
 	case c.Auth != nil && c.Insecure:
@@ -173,9 +184,6 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 	}
 	if cfg.PeerIdle == 0 {
 		cfg.PeerIdle = def.PeerIdle
-	}
-	if cfg.MaxEpochs == 0 {
-		cfg.MaxEpochs = 4 * cfg.MaxPeers
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -362,7 +370,6 @@ func (l *Loop) receive() {
 	if l.zap != nil {
 		poller.Add(l.zap, zmq.POLLIN)
 	}
-	epochs := newEpochTable(l.cfg.MaxEpochs)
 	var limiter logLimiter
 	for {
 		polled, err := poller.Poll(-1)
@@ -386,14 +393,14 @@ func (l *Loop) receive() {
 					if err != nil {
 						break
 					}
-					l.dispatch(frames, epochs, &limiter)
+					l.dispatch(frames, &limiter)
 				}
 			}
 		}
 	}
 }
 
-func (l *Loop) dispatch(frames [][]byte, epochs *epochTable, limiter *logLimiter) {
+func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 	if l.cfg.Auth != nil {
 		opened, why := l.cfg.Auth.Open(frames, time.Now())
 		if why != "" {
@@ -417,34 +424,19 @@ func (l *Loop) dispatch(frames [][]byte, epochs *epochTable, limiter *logLimiter
 			l.log.Warn("malformed control message dropped", zap.String("rank", l.id.Peer()),
 				zap.String("reason", me.Reason), zap.Error(err), zap.Int("suppressed", n))
 		}
-		if me.Type == TypeRequest && me.HasRoom && me.Endpoint != "" && l.id.Role == RolePrefill {
-			// Answer at once so decode does not wait for a timeout.
-			_ = l.Send(Peer{Endpoint: me.Endpoint}, &Status{Room: me.Room, Status: StatusFailed,
-				Reason: "malformed REQUEST: " + err.Error()})
+		if me.Type == TypeRequest && me.HasRoom && me.Endpoint != "" && l.cfg.OnMalformedRequest != nil {
+			l.cfg.OnMalformedRequest(MalformedReport{Room: me.Room, Endpoint: me.Endpoint, Reason: err.Error()})
 		}
 		return
 	}
 	l.stat.received.Add(1)
 	from := m.Sender()
-	key := from.Peer()
-	// A PING is unsolicited: anyone can send one with any epoch, so it
-	// neither reports a restart nor changes the epoch we know.
-	if _, ping := m.(*Ping); !ping {
-		old, ok := epochs.swap(key, from.Epoch)
-		l.stat.epochs.Store(uint64(epochs.len()))
-		if ok && old != from.Epoch {
-			l.stat.restarted.Add(1)
-			l.log.Warn("peer restarted", zap.String("peer", key), zap.String("endpoint", from.Endpoint))
-			if l.cfg.OnPeerDown != nil {
-				l.cfg.OnPeerDown(PeerDown{Endpoint: from.Endpoint, From: from, Reason: ReasonPeerRestarted})
-			}
-		}
-	}
 	switch m := m.(type) {
 	case *Ping:
 		_ = l.Send(Peer{Endpoint: from.Endpoint}, &Pong{Seq: m.Seq})
 	case *Pong:
 		l.snd.pong(from.Endpoint)
+		l.cfg.Handler(m)
 	default:
 		l.cfg.Handler(m)
 	}
@@ -942,41 +934,3 @@ func (r *logLimiter) allow(now time.Time) (suppressed int, ok bool) {
 	r.last, r.suppressed = now, 0
 	return n, true
 }
-
-// epochTable remembers the last epoch heard from each peer identity, the
-// least recently heard forgotten first beyond its bound (a forgotten peer's
-// next restart goes unreported by the loop; heartbeats and STATUS codes
-// still catch it).
-type epochTable struct {
-	max int
-	m   map[string]*list.Element
-	lru *list.List // of *epochEntry, front: most recent
-}
-
-type epochEntry struct {
-	key   string
-	epoch uint64
-}
-
-func newEpochTable(max int) *epochTable {
-	return &epochTable{max: max, m: map[string]*list.Element{}, lru: list.New()}
-}
-
-// swap records epoch for key and returns the previous one.
-func (t *epochTable) swap(key string, epoch uint64) (old uint64, ok bool) {
-	if e, found := t.m[key]; found {
-		en := e.Value.(*epochEntry)
-		old, en.epoch = en.epoch, epoch
-		t.lru.MoveToFront(e)
-		return old, true
-	}
-	t.m[key] = t.lru.PushFront(&epochEntry{key, epoch})
-	for t.lru.Len() > t.max {
-		e := t.lru.Back()
-		delete(t.m, e.Value.(*epochEntry).key)
-		t.lru.Remove(e)
-	}
-	return 0, false
-}
-
-func (t *epochTable) len() int { return t.lru.Len() }

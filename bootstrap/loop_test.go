@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"reflect"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -23,8 +24,9 @@ const recvTimeout = 10 * time.Second
 
 type testRank struct {
 	*Loop
-	msgs chan Message
-	down chan PeerDown
+	msgs      chan Message
+	down      chan PeerDown
+	malformed chan MalformedReport
 }
 
 // testSecret is the shared secret of the test ranks (and of the child
@@ -46,10 +48,15 @@ func sealed(frames [][]byte) [][]byte {
 
 func newRank(t *testing.T, role, instance string, mut func(*LoopConfig)) *testRank {
 	t.Helper()
-	r := &testRank{msgs: make(chan Message, 10000), down: make(chan PeerDown, 16)}
+	r := &testRank{msgs: make(chan Message, 10000), down: make(chan PeerDown, 16), malformed: make(chan MalformedReport, 16)}
 	cfg := LoopConfig{Identity: From{Role: role, Instance: instance, Rank: 0}, Bind: "tcp://127.0.0.1:*", Auth: testAuth(),
-		Handler:    func(m Message) { r.msgs <- m },
-		OnPeerDown: func(p PeerDown) { r.down <- p }}
+		Handler: func(m Message) {
+			if _, pong := m.(*Pong); !pong { // the heartbeat's; the tests look at the rest
+				r.msgs <- m
+			}
+		},
+		OnPeerDown:         func(p PeerDown) { r.down <- p },
+		OnMalformedRequest: func(m MalformedReport) { r.malformed <- m }}
 	if mut != nil {
 		mut(&cfg)
 	}
@@ -147,7 +154,7 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 	}
 	okBody := good(0)[2]
 	// A REQUEST with required 0 that still names its room and sender: the
-	// prefill rank must answer it with STATUS failed.
+	// loop reports it, so the rank can answer (STATUS failed) at once.
 	badReq := encodeMap(t, map[string]any{"from": map[string]any{"role": "decode", "instance": "d", "rank": 0,
 		"endpoint": decode.Endpoint(), "epoch": 1}, "room": 77, "dst_pages": []byte{}, "aux_index": -1,
 		"state_indices": []any{}, "required": 0, "prefix": 0, "dummy": false})
@@ -209,9 +216,13 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 	if st.MalformedTotal()+st.Refused[AuthMissing] != uint64(len(bad)) || st.Refused[AuthMissing] != wantRefused {
 		t.Fatalf("counted %d malformed and %d refused, sent %d", st.MalformedTotal(), st.Refused[AuthMissing], len(bad))
 	}
-	m := decode.next(t)
-	if s, ok := m.(*Status); !ok || s.Room != 77 || s.Status != StatusFailed {
-		t.Fatalf("malformed REQUEST not answered with STATUS failed: %+v", m)
+	select {
+	case r := <-prefill.malformed:
+		if r.Room != 77 || r.Endpoint != decode.Endpoint() || !strings.Contains(r.Reason, "required") {
+			t.Fatalf("malformed REQUEST reported as %+v", r)
+		}
+	case <-time.After(recvTimeout):
+		t.Fatal("malformed REQUEST not reported")
 	}
 
 	// A body over MaxBodySize is refused by the socket (the connection is
@@ -368,30 +379,10 @@ func TestHeartbeatDetectsKilledPeer(t *testing.T) {
 	}
 }
 
-func TestEpochChangeReportsRestart(t *testing.T) {
-	prefill := newRank(t, RolePrefill, "p", nil)
-	id := From{Role: RoleDecode, Instance: "d", Rank: 4}
-	for epoch := uint64(1); epoch <= 2; epoch++ {
-		d := newRank(t, RoleDecode, "d", func(c *LoopConfig) { c.Identity = id; c.Identity.Epoch = epoch })
-		if err := d.Send(prefill.peer(), &Abort{Room: epoch}); err != nil {
-			t.Fatal(err)
-		}
-		prefill.next(t)
-		d.Close()
-	}
-	select {
-	case p := <-prefill.down:
-		if p.Reason != ReasonPeerRestarted || p.From.Epoch != 2 || p.From.Rank != 4 {
-			t.Fatalf("report %+v", p)
-		}
-	default:
-		t.Fatal("restart not reported")
-	}
-}
-
 // TestPingNeverReportsRestart: a PING is unsolicited, so one carrying a new
-// epoch (forged, or from anyone) must not report a restart, nor make the
-// real epoch's next message look like one.
+// epoch (forged, or from anyone) is answered by the loop and never reaches
+// the handler (the core, where restarts are detected), and the loop reports
+// no peer down for it.
 func TestPingNeverReportsRestart(t *testing.T) {
 	prefill := newRank(t, RolePrefill, "p", nil)
 	// One raw connection, so the three messages arrive in order: the real
@@ -418,9 +409,6 @@ func TestPingNeverReportsRestart(t *testing.T) {
 	case p := <-prefill.down:
 		t.Fatalf("a PING reported a restart: %+v", p)
 	default:
-	}
-	if n := prefill.Stats().PeersRestarted; n != 0 {
-		t.Fatalf("%d restarts counted", n)
 	}
 }
 
@@ -628,8 +616,8 @@ func TestUnauthenticatedMessagesDropped(t *testing.T) {
 
 // TestForgedIdentitiesOpenNoSockets: PINGs claiming thousands of endpoints
 // (issue 14: ~5,000 made a rank exhaust libzmq's sockets) open none, even
-// insecure; sockets never exceed MaxPeers, evicting before creating; the
-// epoch table stays within MaxEpochs.
+// insecure; sockets never exceed MaxPeers, evicting before creating (the
+// epoch table's bound is the core's: kvmanager.TestEpochCheck).
 func TestForgedIdentitiesOpenNoSockets(t *testing.T) {
 	prefill := newRank(t, RolePrefill, "p", func(c *LoopConfig) { c.Auth, c.Insecure, c.MaxPeers = nil, true, 8 })
 	raw := rawPush(t, prefill.Endpoint())
@@ -660,9 +648,6 @@ func TestForgedIdentitiesOpenNoSockets(t *testing.T) {
 	// (Sent is counted after the marker left, so it may still read 0.)
 	if st.Dropped[DropUnknownPeer] != n || st.Sent > 1 {
 		t.Fatalf("PONGs to forged endpoints: dropped %d (want %d), sent %d (want only the marker)", st.Dropped[DropUnknownPeer], n, st.Sent)
-	}
-	if got := int(prefill.Stats().Epochs); got > 4*8 {
-		t.Fatalf("epoch table holds %d identities, bound %d", got, 4*8)
 	}
 
 	// Sockets: 8 watched peers fill MaxPeers; a ninth endpoint is refused

@@ -31,9 +31,7 @@ type Stats struct {
 	Unauthenticated uint64            // connections the ZAP handler refused
 	Refused         map[string]uint64 // messages dropped by authentication, by reason (Auth*)
 	PeersDead       uint64            // peers declared dead by heartbeats
-	PeersRestarted  uint64            // peers seen with a new epoch
 	Sockets         uint64            // PUSH sockets open now (≤ MaxPeers)
-	Epochs          uint64            // peer epochs remembered now (≤ MaxEpochs)
 }
 
 // MalformedTotal sums Malformed over reasons.
@@ -46,11 +44,11 @@ func (s Stats) MalformedTotal() uint64 {
 }
 
 type counters struct {
-	received, sent, unauth, dead, restarted atomic.Uint64
-	sockets, epochs                         atomic.Uint64    // gauges
-	malformed                               [7]atomic.Uint64 // indexed like MalformedReasons
-	dropped                                 [6]atomic.Uint64 // indexed like dropReasons
-	refused                                 [3]atomic.Uint64 // indexed like AuthReasons
+	received, sent, unauth, dead atomic.Uint64
+	sockets                      atomic.Uint64    // gauge
+	malformed                    [7]atomic.Uint64 // indexed like MalformedReasons
+	dropped                      [6]atomic.Uint64 // indexed like dropReasons
+	refused                      [3]atomic.Uint64 // indexed like AuthReasons
 }
 
 func (c *counters) refusedInc(reason string) {
@@ -82,7 +80,7 @@ func (c *counters) dropInc(reason string) {
 
 func (c *counters) snapshot() Stats {
 	s := Stats{Received: c.received.Load(), Sent: c.sent.Load(), Unauthenticated: c.unauth.Load(),
-		PeersDead: c.dead.Load(), PeersRestarted: c.restarted.Load(), Sockets: c.sockets.Load(), Epochs: c.epochs.Load(),
+		PeersDead: c.dead.Load(), Sockets: c.sockets.Load(),
 		Malformed: map[string]uint64{}, Dropped: map[string]uint64{}, Refused: map[string]uint64{}}
 	for i, r := range AuthReasons {
 		s.Refused[r] = c.refused[i].Load()
@@ -99,9 +97,9 @@ func (c *counters) snapshot() Stats {
 // collector exposes a loop's counters to Prometheus, labelled with the
 // rank's identity so several ranks can share one registry.
 type collector struct {
-	c                                                               *counters
-	malformed, dropped, received, sent, unauth, dead, rest, refused *prometheus.Desc
-	sockets                                                         *prometheus.Desc
+	c                                                         *counters
+	malformed, dropped, received, sent, unauth, dead, refused *prometheus.Desc
+	sockets                                                   *prometheus.Desc
 }
 
 func newCollector(c *counters, id From) *collector {
@@ -116,14 +114,13 @@ func newCollector(c *counters, id From) *collector {
 		sent:      d("kvbridge_control_messages_sent_total", "Control messages handed to ZeroMQ."),
 		unauth:    d("kvbridge_unauthenticated_connections_total", "Connections refused by the CURVE allow-list."),
 		dead:      d("kvbridge_peers_dead_total", "Peers declared dead after missed heartbeats."),
-		rest:      d("kvbridge_peers_restarted_total", "Peers seen with a new epoch."),
 		sockets:   d("kvbridge_control_sockets", "PUSH sockets open to peers (bounded by MaxPeers)."),
 		refused:   d("kvbridge_unauthenticated_messages_total", "Control messages dropped by authentication, by reason.", "reason"),
 	}
 }
 
 func (k *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{k.malformed, k.dropped, k.received, k.sent, k.unauth, k.dead, k.rest, k.refused, k.sockets} {
+	for _, d := range []*prometheus.Desc{k.malformed, k.dropped, k.received, k.sent, k.unauth, k.dead, k.refused, k.sockets} {
 		ch <- d
 	}
 }
@@ -144,5 +141,4 @@ func (k *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(k.sent, prometheus.CounterValue, float64(s.Sent))
 	ch <- prometheus.MustNewConstMetric(k.unauth, prometheus.CounterValue, float64(s.Unauthenticated))
 	ch <- prometheus.MustNewConstMetric(k.dead, prometheus.CounterValue, float64(s.PeersDead))
-	ch <- prometheus.MustNewConstMetric(k.rest, prometheus.CounterValue, float64(s.PeersRestarted))
 }

@@ -110,11 +110,11 @@ func BenchmarkCoreRoom(b *testing.B) {
 			case *bootstrap.RegisterAck:
 				cp := *m
 				cp.From = from
-				dst.OnRegisterAck(now, &cp)
+				dst.Receive(now, &cp)
 			case *bootstrap.Request:
 				cp := *m
 				cp.From = from
-				dst.OnRequest(now, &cp)
+				dst.Receive(now, &cp)
 			}
 		}
 	}

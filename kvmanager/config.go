@@ -93,7 +93,7 @@ type Config struct {
 	// MaxPeers bounds the control plane's PUSH sockets (default 1024; a
 	// new peer evicts the least recently used unwatched one, and is refused
 	// when all are watched); MaxEpochs the peer epochs remembered for
-	// restart detection (default 4 × MaxPeers).
+	// restart detection by the core (default DefaultMaxEpochs, 4,096).
 	MaxPeers, MaxEpochs int
 	// Security adds CURVE encryption and a key allow-list (optional).
 	Security *bootstrap.Security

@@ -38,12 +38,28 @@ type Core struct {
 	holds   map[uint64]*hold
 	// roomsOf indexes live decode rooms by their sources' target keys.
 	roomsOf map[string]map[uint64]struct{}
+	// epochs is the peer table's epoch column, for both roles: the last
+	// epoch heard from each peer identity (From.Peer()) on anything but a
+	// PING, bounded by MaxEpochs (least recently heard forgotten first: a
+	// forgotten peer's next restart is caught by registrations bound to
+	// epochs and STATUS codes instead).
+	epochs   map[string]*heardPeer
+	heardSeq uint64
 
 	stats CoreStats
 	// bugs: mutants (mutants.go); an empty struct unless built with
 	// -tags kvbmutants.
 	bugs bugs
 }
+
+// heardPeer is what the core last heard from one peer identity.
+type heardPeer struct {
+	epoch uint64
+	seq   uint64 // recency, for eviction
+}
+
+// DefaultMaxEpochs bounds the peer epochs a core remembers.
+const DefaultMaxEpochs = 4096
 
 // CoreConfig is what a rank's core needs to know.
 type CoreConfig struct {
@@ -67,6 +83,9 @@ type CoreConfig struct {
 	// decode rank with identical layouts.
 	Parallel transfer.Parallel
 	Model    transfer.Model
+	// MaxEpochs bounds the peer epochs remembered for restart detection
+	// (0: DefaultMaxEpochs).
+	MaxEpochs int
 }
 
 // MaxSources bounds the prefill ranks of one decode room.
@@ -80,6 +99,9 @@ func (c CoreConfig) Validate() error {
 	if c.QuarantineTimeout <= c.Registry.StallTimeout || c.QuarantineTimeout >= c.Registry.TombstoneTTL {
 		return fmt.Errorf("kvmanager: QuarantineTimeout (%v) must exceed StallTimeout (%v) and stay below TombstoneTTL (%v)",
 			c.QuarantineTimeout, c.Registry.StallTimeout, c.Registry.TombstoneTTL)
+	}
+	if c.MaxEpochs < 0 {
+		return fmt.Errorf("kvmanager: MaxEpochs must not be negative, got %d", c.MaxEpochs)
 	}
 	if c.RegisterRetry <= 0 {
 		return fmt.Errorf("kvmanager: RegisterRetry must be positive, got %v", c.RegisterRetry)
@@ -97,6 +119,7 @@ type CoreStats struct {
 	RegisterRetries uint64
 	AbortsDropped   uint64 // owed ABORTs over the bound of one target
 	Relookups       uint64 // ranks looked up again after unanswered REGISTERs
+	PeersRestarted  uint64 // peers heard with a new epoch
 	Refused         uint64 // messages of a type this role never accepts
 }
 
@@ -184,8 +207,11 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.MaxEpochs == 0 {
+		cfg.MaxEpochs = DefaultMaxEpochs
+	}
 	c := &Core{cfg: cfg, peers: map[string]*decodePeer{}, targets: map[string]*target{}, holds: map[uint64]*hold{},
-		roomsOf: map[string]map[uint64]struct{}{}, bugs: processMutant()}
+		roomsOf: map[string]map[uint64]struct{}{}, epochs: map[string]*heardPeer{}, bugs: processMutant()}
 	var err error
 	if c.reg, err = NewRegistry(cfg.Registry, &c.out); err != nil {
 		return nil, err
@@ -236,7 +262,7 @@ func (c *Core) Failure(room uint64) (string, bool) { return c.reg.Failure(room) 
 
 // Sizes counts every table the core keeps.
 func (c *Core) Sizes() CoreSizes {
-	s := CoreSizes{Sizes: c.reg.Sizes(), Peers: len(c.peers), Targets: len(c.targets), Holds: len(c.holds)}
+	s := CoreSizes{Sizes: c.reg.Sizes(), Peers: len(c.peers), Targets: len(c.targets), Holds: len(c.holds), Epochs: len(c.epochs)}
 	for _, tg := range c.targets {
 		s.OwedAborts += len(tg.owed)
 	}
@@ -248,6 +274,7 @@ type CoreSizes struct {
 	Sizes
 	Peers, Targets, Holds int
 	OwedAborts            int // ABORTs not yet acknowledged, over every target
+	Epochs                int // peer epochs remembered (≤ MaxEpochs)
 }
 
 // Total is the number of room-bound entries (peers and targets are
@@ -307,6 +334,87 @@ func (c *Core) failRoom(room uint64, reason string) Result {
 		c.decodeFailed(room, reason)
 	}
 	return res
+}
+
+// Receive steps one control message from a peer into the core: every
+// message type but REGISTER (which the shell validates with CheckRegister
+// and binds with Registered or RegisterRefused, loading the peer's
+// metadata in between) and PING (the transport answers it; anyone can send
+// one). A PONG only tells the core its sender's epoch. It reports whether
+// a REQUEST was accepted.
+//
+// The epoch check sits here, once, before any role code runs (as
+// etcd-io/raft checks the term at the top of Step): a new epoch of a peer
+// it has heard from means that peer restarted, and everything bound to the
+// old epoch fails first.
+func (c *Core) Receive(now time.Time, msg bootstrap.Message) (accepted bool) {
+	c.step(now)
+	if _, ping := msg.(*bootstrap.Ping); ping {
+		return false
+	}
+	c.hear(msg.Sender())
+	switch m := msg.(type) {
+	case *bootstrap.Request:
+		return c.onRequest(m)
+	case *bootstrap.Abort:
+		c.onAbort(m)
+	case *bootstrap.AbortAck:
+		c.onAbortAck(m)
+	case *bootstrap.RegisterAck:
+		c.onRegisterAck(m)
+	case *bootstrap.Status:
+		c.onStatus(m)
+	case *bootstrap.Register:
+		c.stats.Refused++ // the shell's path (CheckRegister, Registered) only
+	}
+	return false
+}
+
+// MalformedRequest answers a REQUEST the codec refused but that still named
+// its room and sender: STATUS failed (code rejected), so the decode rank
+// does not wait for a deadline. Only a prefill rank answers.
+func (c *Core) MalformedRequest(now time.Time, room uint64, endpoint, reason string) {
+	c.step(now)
+	if c.cfg.Role != RolePrefill || endpoint == "" {
+		return
+	}
+	c.statusTo(bootstrap.Peer{Endpoint: endpoint}, room, CodeRejected, "malformed REQUEST: "+reason)
+}
+
+// hear is the epoch check: it records from's epoch and, when a known peer
+// shows a new one, handles the restart (everything bound to the old epoch
+// fails) before the message that showed it.
+func (c *Core) hear(from bootstrap.From) {
+	key := from.Peer()
+	c.heardSeq++
+	if h, ok := c.epochs[key]; ok {
+		h.seq = c.heardSeq
+		if h.epoch == from.Epoch {
+			return
+		}
+		h.epoch = from.Epoch
+		if c.bugs.on(bugNoEpochCheck) {
+			return
+		}
+		c.stats.PeersRestarted++
+		reason := fmt.Sprintf("%s: %s", bootstrap.ReasonPeerRestarted, from.Endpoint)
+		if c.cfg.Role == RolePrefill {
+			c.prefillPeerDown(from.Endpoint, from, true, reason)
+		} else {
+			c.decodePeerDown(from.Endpoint, from, true, reason)
+		}
+		return
+	}
+	c.epochs[key] = &heardPeer{epoch: from.Epoch, seq: c.heardSeq}
+	if len(c.epochs) > c.cfg.MaxEpochs {
+		oldest, min := "", uint64(0)
+		for k, h := range c.epochs {
+			if oldest == "" || h.seq < min {
+				oldest, min = k, h.seq
+			}
+		}
+		delete(c.epochs, oldest)
+	}
 }
 
 // errCode maps a registry refusal to a STATUS code.

@@ -437,11 +437,10 @@ func (c *Core) index(rm *room, add bool) {
 	}
 }
 
-// OnRegisterAck completes the registration it answers, whatever epoch it
+// onRegisterAck completes the registration it answers, whatever epoch it
 // comes from (a restarted prefill rank answers with its new one); rooms
 // bound to an older epoch of that rank fail.
-func (c *Core) OnRegisterAck(now time.Time, msg *bootstrap.RegisterAck) {
-	c.step(now)
+func (c *Core) onRegisterAck(msg *bootstrap.RegisterAck) {
 	tg := c.targetAt(msg.From.Endpoint)
 	if tg == nil || (tg.reg == regOK && tg.epoch == msg.From.Epoch) {
 		return
@@ -490,12 +489,11 @@ func (c *Core) sourceFrom(srcs []*source, endpoint string) (*source, *target) {
 	return nil, nil
 }
 
-// OnStatus handles STATUS failed from a prefill rank of the room. Code
+// onStatus handles STATUS failed from a prefill rank of the room. Code
 // not_registered means that rank lost our registration (it restarted, or
 // dropped it): we register again and resend the REQUEST once, instead of
 // failing the room. Any other code fails the room.
-func (c *Core) OnStatus(now time.Time, msg *bootstrap.Status) {
-	c.step(now)
+func (c *Core) onStatus(msg *bootstrap.Status) {
 	if msg.Status != bootstrap.StatusFailed {
 		return
 	}
@@ -520,11 +518,10 @@ func (c *Core) OnStatus(now time.Time, msg *bootstrap.Status) {
 	c.failRoom(msg.Room, fmt.Sprintf("prefill %s: %s", msg.From.Peer(), msg.Reason))
 }
 
-// OnAbortAck ends the quarantine of the room's pages once every prefill
+// onAbortAck ends the quarantine of the room's pages once every prefill
 // rank that got our REQUEST acknowledged, from the same process (epoch),
 // that nothing of the room can land.
-func (c *Core) OnAbortAck(now time.Time, msg *bootstrap.AbortAck) {
-	c.step(now)
+func (c *Core) onAbortAck(msg *bootstrap.AbortAck) {
 	if tg := c.targetAt(msg.From.Endpoint); tg != nil {
 		delete(tg.owed, msg.Room) // that process has the abort
 	}

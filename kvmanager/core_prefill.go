@@ -139,6 +139,7 @@ func (c *Core) CheckRegister(msg *bootstrap.Register) (PeerPlan, error) {
 // RegisterRefused answers a REGISTER with ok false.
 func (c *Core) RegisterRefused(now time.Time, from bootstrap.From, reason string) {
 	c.step(now)
+	c.hear(from)
 	c.send(bootstrap.Peer{Endpoint: from.Endpoint}, 0, &bootstrap.RegisterAck{OK: false, Reason: reason})
 }
 
@@ -147,6 +148,7 @@ func (c *Core) RegisterRefused(now time.Time, from bootstrap.From, reason string
 // every room and pending request bound to the old epoch fails first.
 func (c *Core) Registered(now time.Time, from bootstrap.From, remote string, pp PeerPlan) {
 	c.step(now)
+	c.hear(from)
 	key := from.Peer()
 	if old := c.peers[key]; old != nil && old.from.Epoch != from.Epoch {
 		c.peerGone(key, old.from.Epoch, true, CodePeerRestarted, fmt.Sprintf("peer restarted: %s (epoch %d → %d)", key, old.from.Epoch, from.Epoch))
@@ -194,12 +196,11 @@ func (c *Core) peerGone(key string, epoch uint64, exact bool, code, reason strin
 	}
 }
 
-// OnRequest handles a decode rank's REQUEST: it must come from the epoch
+// onRequest handles a decode rank's REQUEST: it must come from the epoch
 // that registered, name only registered pages, and find the room neither
 // aborted nor cleared; otherwise it gets STATUS failed with a code. It
 // reports whether the request was accepted.
-func (c *Core) OnRequest(now time.Time, msg *bootstrap.Request) bool {
-	c.step(now)
+func (c *Core) onRequest(msg *bootstrap.Request) bool {
 	to := bootstrap.Peer{Endpoint: msg.From.Endpoint}
 	key := msg.From.Peer()
 	p, ok := c.peers[key]
@@ -257,12 +258,11 @@ func checkRequest(msg *bootstrap.Request, p *decodePeer) string {
 	return ""
 }
 
-// OnAbort handles a decode rank's ABORT: the ABORT_ACK is owed first, then
+// onAbort handles a decode rank's ABORT: the ABORT_ACK is owed first, then
 // the abort applies (tombstoning a room that has no sender yet); the ACK
 // goes out once no write of the room can land, whether the room is live or
 // already cleared.
-func (c *Core) OnAbort(now time.Time, msg *bootstrap.Abort) {
-	c.step(now)
+func (c *Core) onAbort(msg *bootstrap.Abort) {
 	if c.cfg.Role != RolePrefill {
 		// ABORT goes decode → prefill only: on a decode rank it could only
 		// tombstone a room id a later receiver needs.

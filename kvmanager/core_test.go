@@ -97,14 +97,14 @@ func TestFalsePeerDeadKeepsRegistration(t *testing.T) {
 			c := testCore(t, RolePrefill, tc.bug...)
 			register(t, c, decodeFrom)
 			c.CreateSender(t0, 1)
-			c.OnRequest(t0, request(1, decodeFrom))
+			c.Receive(t0, request(1, decodeFrom))
 			c.Effects()
 			c.PeerDown(t0, decodeFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
 			if st, _ := c.Status(1); st != Failed {
 				t.Fatalf("the room shared with the peer is %v, want Failed", st)
 			}
 			c.Effects()
-			accepted := c.OnRequest(t0, request(2, decodeFrom))
+			accepted := c.Receive(t0, request(2, decodeFrom))
 			st := sent[*bootstrap.Status](c.Effects())
 			if accepted != tc.ok {
 				t.Fatalf("next REQUEST accepted %v (statuses %+v), want %v", accepted, st, tc.ok)
@@ -123,15 +123,15 @@ func TestNotRegisteredReregisters(t *testing.T) {
 	c.CreateReceiver(t0, 1, []Target{prefillT})
 	c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
 	c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-	c.OnRegisterAck(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	c.Receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
 	if reqs := sent[*bootstrap.Request](c.Effects()); len(reqs) != 1 {
 		t.Fatalf("REQUEST not sent: %v", reqs)
 	}
-	c.OnStatus(t0, &bootstrap.Status{From: prefillFrom, Room: 1, Status: bootstrap.StatusFailed, Code: CodeNotRegistered, Reason: "x"})
+	c.Receive(t0, &bootstrap.Status{From: prefillFrom, Room: 1, Status: bootstrap.StatusFailed, Code: CodeNotRegistered, Reason: "x"})
 	if regs := sent[*bootstrap.Register](c.Effects()); len(regs) != 1 {
 		t.Fatalf("not registered again: %v", regs)
 	}
-	c.OnRegisterAck(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	c.Receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
 	if reqs := sent[*bootstrap.Request](c.Effects()); len(reqs) != 1 || reqs[0].Room != 1 {
 		t.Fatalf("REQUEST not resent: %v", reqs)
 	}
@@ -139,7 +139,7 @@ func TestNotRegisteredReregisters(t *testing.T) {
 		t.Fatalf("room %v, want WaitingForInput", st)
 	}
 	// A second not_registered for the same room fails it (no loop).
-	c.OnStatus(t0, &bootstrap.Status{From: prefillFrom, Room: 1, Status: bootstrap.StatusFailed, Code: CodeNotRegistered, Reason: "again"})
+	c.Receive(t0, &bootstrap.Status{From: prefillFrom, Room: 1, Status: bootstrap.StatusFailed, Code: CodeNotRegistered, Reason: "again"})
 	if st, _ := c.Status(1); st != Failed {
 		t.Fatalf("room %v after a second refusal, want Failed", st)
 	}
@@ -168,7 +168,7 @@ func TestRegisterRetried(t *testing.T) {
 	if retries != 3 || c.Stats().RegisterRetries != 3 {
 		t.Fatalf("%d retries (stats %d), want 3", retries, c.Stats().RegisterRetries)
 	}
-	c.OnRegisterAck(now, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	c.Receive(now, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
 	if reqs := sent[*bootstrap.Request](c.Effects()); len(reqs) != 1 {
 		t.Fatalf("REQUEST after the late ACK: %v", reqs)
 	}
@@ -209,7 +209,7 @@ func TestPendingRequestsLeaveNothing(t *testing.T) {
 	register(t, c, decodeFrom)
 	n := c.cfg.Registry.MaxPendingPerPeer
 	for room := uint64(1); room <= uint64(n); room++ {
-		c.OnRequest(t0, request(room, decodeFrom))
+		c.Receive(t0, request(room, decodeFrom))
 	}
 	if s := c.Sizes(); s.Pending != n {
 		t.Fatalf("sizes %+v", s)
@@ -239,7 +239,7 @@ func TestRestartReportKeepsRegistrationInProgress(t *testing.T) {
 			restarted := prefillFrom
 			restarted.Epoch = 11
 			c.PeerDown(t0, restarted.Endpoint, restarted, true, bootstrap.ReasonPeerRestarted)
-			c.OnRegisterAck(t0, &bootstrap.RegisterAck{From: restarted, OK: true})
+			c.Receive(t0, &bootstrap.RegisterAck{From: restarted, OK: true})
 			reqs := sent[*bootstrap.Request](c.Effects())
 			if (len(reqs) == 1) != tc.ok {
 				t.Fatalf("REQUEST sent after the new epoch's ACK: %v, want %v", reqs, tc.ok)
@@ -256,7 +256,7 @@ func TestRestartFailsRoomAndAbortsNewProcess(t *testing.T) {
 	c.CreateReceiver(t0, 1, []Target{prefillT})
 	c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
 	c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-	c.OnRegisterAck(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	c.Receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
 	c.Effects()
 	restarted := prefillFrom
 	restarted.Epoch = 11
@@ -273,11 +273,11 @@ func TestRestartFailsRoomAndAbortsNewProcess(t *testing.T) {
 	}
 	// An ABORT_ACK from the new process does not release the pages: only
 	// the process the REQUEST went to can say nothing of it will land.
-	c.OnAbortAck(t0, &bootstrap.AbortAck{From: restarted, Room: 1, Drained: true})
+	c.Receive(t0, &bootstrap.AbortAck{From: restarted, Room: 1, Drained: true})
 	if _, held := c.Hold(1); !held {
 		t.Fatal("pages released by an ABORT_ACK from another epoch")
 	}
-	c.OnAbortAck(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: true})
+	c.Receive(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: true})
 	if _, held := c.Hold(1); held {
 		t.Fatal("pages still held after the old epoch's drained ABORT_ACK")
 	}
@@ -321,7 +321,7 @@ func TestConfigDefaultsFieldByField(t *testing.T) {
 func TestCoreBoundsHostileInput(t *testing.T) {
 	t.Run("stray ABORT on a decode rank", func(t *testing.T) {
 		c := testCore(t, RoleDecode)
-		c.OnAbort(t0, &bootstrap.Abort{From: prefillFrom, Room: 9, Reason: "forged"})
+		c.Receive(t0, &bootstrap.Abort{From: prefillFrom, Room: 9, Reason: "forged"})
 		if s := c.Sizes(); s.Total() != 0 || c.Stats().Refused != 1 {
 			t.Fatalf("an ABORT on a decode rank left %+v (refused %d)", s, c.Stats().Refused)
 		}
@@ -332,7 +332,7 @@ func TestCoreBoundsHostileInput(t *testing.T) {
 	t.Run("reasons are cut", func(t *testing.T) {
 		c := testCore(t, RolePrefill)
 		huge := strings.Repeat("x", 1<<20)
-		c.OnAbort(t0, &bootstrap.Abort{From: decodeFrom, Room: 1, Reason: huge})
+		c.Receive(t0, &bootstrap.Abort{From: decodeFrom, Room: 1, Reason: huge})
 		c.CreateSender(t0, 1)
 		r, _ := c.Failure(1)
 		if len(r) > c.cfg.Registry.MaxReasonBytes || !strings.HasSuffix(r, "…") {
@@ -347,18 +347,18 @@ func TestCoreBoundsHostileInput(t *testing.T) {
 		register(t, c, other)
 		limit := c.cfg.Registry.MaxPendingPerPeer
 		for room := uint64(1); room <= uint64(limit)+5; room++ {
-			c.OnRequest(t0, request(room, decodeFrom))
+			c.Receive(t0, request(room, decodeFrom))
 		}
 		st := sent[*bootstrap.Status](c.Effects())
 		if s := c.Sizes(); s.Pending != limit || len(st) != 5 {
 			t.Fatalf("pending %d (limit %d), %d refusals", s.Pending, limit, len(st))
 		}
-		if !c.OnRequest(t0, request(1000, other)) {
+		if !c.Receive(t0, request(1000, other)) {
 			t.Fatal("another peer was locked out")
 		}
 		c.CreateSender(t0, 1) // takes room 1's request out of pending
 		c.Effects()
-		if !c.OnRequest(t0, request(2000, decodeFrom)) {
+		if !c.Receive(t0, request(2000, decodeFrom)) {
 			t.Fatal("the peer's count did not go down when its room left pending")
 		}
 	})
@@ -371,7 +371,7 @@ func TestCoreBoundsHostileInput(t *testing.T) {
 		} {
 			r := request(5, decodeFrom)
 			mut(r)
-			if c.OnRequest(t0, r) {
+			if c.Receive(t0, r) {
 				t.Fatalf("accepted %+v", r)
 			}
 			if st := sent[*bootstrap.Status](c.Effects()); len(st) != 1 || st[0].Code != CodeOutOfRange {
@@ -456,7 +456,7 @@ func TestTargetChangedByDiscovery(t *testing.T) {
 		c.CreateReceiver(t0, 1, []Target{prefillT})
 		c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
 		c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-		c.OnRegisterAck(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+		c.Receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
 		c.Effects()
 		return c
 	}

@@ -23,7 +23,7 @@ func Example_abortBeforeSender() {
 	now := time.Unix(1_000_000, 0)
 	decode := bootstrap.From{Role: "decode", Instance: "d", Endpoint: "tcp://10.0.0.2:5000", Epoch: 7}
 
-	core.OnAbort(now, &bootstrap.Abort{From: decode, Room: room, Reason: "client disconnected"})
+	core.Receive(now, &bootstrap.Abort{From: decode, Room: room, Reason: "client disconnected"})
 	for _, e := range core.Effects() {
 		fmt.Printf("effect: %v %T to %s\n", e.Kind, e.Msg, e.To.Endpoint)
 	}

@@ -19,12 +19,13 @@ const (
 	bugRetryCachedEndpoint                    // an unanswered REGISTER is retried at the cached endpoint forever
 	bugDeadPeerNotTold                        // a decode rank declared dead is not told its rooms failed
 	bugAbortSentOnce                          // an ABORT sent to a known endpoint is forgotten (not re-sent to a new process)
+	bugNoEpochCheck                           // a peer's new epoch is recorded but not handled as a restart
 	bugCount                                  // one past the last
 )
 
 var bugNames = [bugCount]string{"", "ack-on-cleared-tombstone", "failed-write-drains", "clear-releases", "no-early-abort",
 	"drop-reg-on-peer-down", "post-ignores-epoch", "restart-drops-pending", "retry-cached-endpoint", "dead-peer-not-told",
-	"abort-sent-once"}
+	"abort-sent-once", "no-epoch-check"}
 
 func (b bugID) String() string {
 	if b == 0 || b >= bugCount {

@@ -76,7 +76,7 @@ func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
 			if got := sends(c.Effects()); len(got) != 1 || got[0] != "REGISTER 0 → tcp://p:2" {
 				t.Fatalf("after the new record: %v", got)
 			}
-			c.OnRegisterAck(now, &bootstrap.RegisterAck{From: moved, OK: true})
+			c.Receive(now, &bootstrap.RegisterAck{From: moved, OK: true})
 			if got := sends(c.Effects()); len(got) != 1 || got[0] != "REQUEST 1 → tcp://p:2" {
 				t.Fatalf("after the new process's ACK: %v", got)
 			}
@@ -101,7 +101,7 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 			c.CreateReceiver(t0, 1, []Target{prefillT})
 			c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
 			c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-			c.OnRegisterAck(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+			c.Receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
 			c.Effects()
 			c.AbortReceiver(t0, 1, "client went away") // the prefill process is being killed
 			if got := sends(c.Effects()); len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1" {
@@ -132,11 +132,15 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 			if s := c.Sizes(); s.OwedAborts != 1 {
 				t.Fatalf("owed %d, want 1 until acknowledged", s.OwedAborts)
 			}
-			c.OnAbortAck(t0.Add(2*time.Second), &bootstrap.AbortAck{From: moved, Room: 1, Drained: true})
+			// The ACK is the first message heard from the new epoch: the
+			// epoch check handles the restart (re-sending what is owed)
+			// before the ACK clears the debt.
+			c.Receive(t0.Add(2*time.Second), &bootstrap.AbortAck{From: moved, Room: 1, Drained: true})
 			if s := c.Sizes(); s.OwedAborts != 0 {
 				t.Fatalf("owed %d after the ACK", s.OwedAborts)
 			}
-			c.OnRegisterAck(t0.Add(3*time.Second), &bootstrap.RegisterAck{From: moved, OK: true})
+			c.Effects()
+			c.Receive(t0.Add(3*time.Second), &bootstrap.RegisterAck{From: moved, OK: true})
 			if got := sends(c.Effects()); len(got) != 0 {
 				t.Fatalf("an acknowledged ABORT was sent again: %v", got)
 			}
@@ -186,9 +190,9 @@ func TestDeadPeerIsToldItsRoomsFailed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testCore(t, RolePrefill, tc.bug...)
 			register(t, c, decodeFrom)
-			c.OnRequest(t0, request(1, decodeFrom)) // pending: no sender yet
+			c.Receive(t0, request(1, decodeFrom)) // pending: no sender yet
 			c.CreateSender(t0, 2)
-			c.OnRequest(t0, request(2, decodeFrom))
+			c.Receive(t0, request(2, decodeFrom))
 			c.Effects()
 			c.PeerDown(t0, decodeFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
 			var told []string
@@ -219,7 +223,7 @@ func TestRefuseRoomTellsTheRanks(t *testing.T) {
 	if len(ab) != 1 || ab[0].Room != 5 || ab[0].Code != CodeRefused || !strings.Contains(ab[0].Reason, "PP 1") {
 		t.Fatalf("ABORTs: %+v", ab)
 	}
-	c.OnAbortAck(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 5, Drained: true})
+	c.Receive(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 5, Drained: true})
 	if s := c.Sizes(); s.OwedAborts != 1 || s.Live != 0 {
 		t.Fatalf("sizes %+v: want the unresolved rank's ABORT still owed, no room", s)
 	}
@@ -228,5 +232,57 @@ func TestRefuseRoomTellsTheRanks(t *testing.T) {
 	c.RefuseRoom(t0, 6, []Target{prefillT}, "refused")
 	if st, _ := c.Status(6); st != Bootstrapping || len(sent[*bootstrap.Abort](c.Effects())) != 0 {
 		t.Fatalf("a live room of that id was aborted: %v", st)
+	}
+}
+
+// TestEpochCheck: the core's one epoch check (Receive, Registered) — a
+// message from a new epoch of a peer it has heard fails what was bound to
+// the old epoch before the message applies; a PING never counts; the table
+// stays within MaxEpochs; a malformed REQUEST is answered by a prefill rank
+// only.
+func TestEpochCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		bug   []bugID
+		fixed bool
+	}{{"fixed", nil, true}, {"with the check skipped", []bugID{bugNoEpochCheck}, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testCore(t, RolePrefill, tc.bug...)
+			register(t, c, decodeFrom)
+			c.Receive(t0, request(1, decodeFrom)) // pending: no sender yet
+			c.Effects()
+			restarted := decodeFrom
+			restarted.Epoch = 2
+			c.Receive(t0, &bootstrap.Ping{From: restarted, Seq: 1})
+			if c.Stats().PeersRestarted != 0 || c.Sizes().Pending != 1 {
+				t.Fatal("a PING counted as a restart")
+			}
+			c.Receive(t0, &bootstrap.Abort{From: restarted, Room: 9, Reason: "x"})
+			_, registered := c.peers[decodeFrom.Peer()]
+			if got := c.Sizes().Pending == 0 && !registered && c.Stats().PeersRestarted == 1; got != tc.fixed {
+				t.Fatalf("after a message from a new epoch: pending %d, registered %v, restarts %d",
+					c.Sizes().Pending, registered, c.Stats().PeersRestarted)
+			}
+		})
+	}
+	c := testCore(t, RolePrefill)
+	c.cfg.MaxEpochs = 8
+	for i := 0; i < 100; i++ {
+		from := decodeFrom
+		from.Rank = i
+		c.Receive(t0, &bootstrap.Abort{From: from, Room: uint64(i)})
+	}
+	if n := c.Sizes().Epochs; n != 8 {
+		t.Fatalf("%d epochs remembered, bound 8", n)
+	}
+	c.Effects()
+	c.MalformedRequest(t0, 7, decodeFrom.Endpoint, "required 0")
+	if st := sent[*bootstrap.Status](c.Effects()); len(st) != 1 || st[0].Room != 7 || st[0].Code != CodeRejected {
+		t.Fatalf("prefill's answer to a malformed REQUEST: %+v", st)
+	}
+	d := testCore(t, RoleDecode)
+	d.MalformedRequest(t0, 7, decodeFrom.Endpoint, "required 0")
+	if len(d.Effects()) != 0 {
+		t.Fatal("a decode rank answered a malformed REQUEST")
 	}
 }

@@ -96,7 +96,8 @@ func newManager(cfg Config) (m *Manager, err error) {
 	}
 	m.cfg = cfg
 	ccfg := CoreConfig{Role: cfg.Role, Rank: cfg.Rank, Compat: cfg.Compat, Layout: cfg.Layout, Registry: cfg.Registry,
-		QuarantineTimeout: cfg.QuarantineTimeout, RegisterRetry: cfg.RegisterRetry, Parallel: cfg.Parallel, Model: cfg.Model}
+		QuarantineTimeout: cfg.QuarantineTimeout, RegisterRetry: cfg.RegisterRetry, Parallel: cfg.Parallel, Model: cfg.Model,
+		MaxEpochs: cfg.MaxEpochs}
 	if cfg.Role == RoleDecode {
 		// The metadata blob is taken once, before any peer is contacted: a
 		// failure here fails New instead of wedging a registration.
@@ -125,9 +126,9 @@ func newManager(cfg Config) (m *Manager, err error) {
 	}
 	m.loop, err = bootstrap.NewLoop(bootstrap.LoopConfig{
 		Identity: bootstrap.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank},
-		Bind:     cfg.Bind, Handler: m.handle, OnPeerDown: m.peerDown,
+		Bind:     cfg.Bind, Handler: m.handle, OnPeerDown: m.peerDown, OnMalformedRequest: m.malformed,
 		HeartbeatInterval: cfg.HeartbeatInterval, MaxMisses: cfg.MaxMisses,
-		MaxPeers: cfg.MaxPeers, MaxEpochs: cfg.MaxEpochs, Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, Logger: m.log, Registerer: cfg.Registerer})
+		MaxPeers: cfg.MaxPeers, Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, Logger: m.log, Registerer: cfg.Registerer})
 	if err != nil {
 		if cfg.Registerer != nil {
 			cfg.Registerer.Unregister(m.met)
@@ -287,7 +288,7 @@ func (m *Manager) handle(msg bootstrap.Message) {
 		m.onRegister(msg)
 	case *bootstrap.Request:
 		var ok bool
-		m.step(func(c *Core, now time.Time) { ok = c.OnRequest(now, msg) })
+		m.step(func(c *Core, now time.Time) { ok = c.Receive(now, msg) })
 		if ok {
 			m.trace(msg.Room, TraceRequest)
 		}
@@ -295,23 +296,23 @@ func (m *Manager) handle(msg bootstrap.Message) {
 		var stage Poll // the room's status when the abort came (0: no sender yet)
 		m.step(func(c *Core, now time.Time) {
 			stage, _ = c.Status(msg.Room)
-			c.OnAbort(now, msg)
+			c.Receive(now, msg)
 		})
 		m.met.abort(stage)
-	case *bootstrap.RegisterAck:
-		m.step(func(c *Core, now time.Time) { c.OnRegisterAck(now, msg) })
-	case *bootstrap.Status:
-		m.step(func(c *Core, now time.Time) { c.OnStatus(now, msg) })
-	case *bootstrap.AbortAck:
-		m.step(func(c *Core, now time.Time) { c.OnAbortAck(now, msg) })
+	default:
+		m.step(func(c *Core, now time.Time) { c.Receive(now, msg) })
 	}
+}
+
+// malformed answers a REQUEST the codec refused but that named its room and
+// sender (the core decides: only a prefill rank answers).
+func (m *Manager) malformed(r bootstrap.MalformedReport) {
+	m.step(func(c *Core, now time.Time) { c.MalformedRequest(now, r.Room, r.Endpoint, r.Reason) })
 }
 
 func (m *Manager) peerDown(p bootstrap.PeerDown) {
 	m.log.Warn("peer down", zap.String("endpoint", p.Endpoint), zap.String("reason", p.Reason))
-	m.step(func(c *Core, now time.Time) {
-		c.PeerDown(now, p.Endpoint, p.From, p.Reason == bootstrap.ReasonPeerRestarted, p.Reason)
-	})
+	m.step(func(c *Core, now time.Time) { c.PeerDown(now, p.Endpoint, p.From, false, p.Reason) })
 }
 
 func (m *Manager) sweeper() {

@@ -77,10 +77,9 @@ func simLayout() transfer.Layout {
 type simProc struct {
 	core   *Core
 	from   bootstrap.From
-	inc    int               // incarnation: unique per process start
-	seen   map[string]uint64 // the control loop's epoch per peer key
-	jobs   []simJob          // prefill: chunks queued in the pool
-	notifs []string          // decode: notifications arrived, in order
+	inc    int      // incarnation: unique per process start
+	jobs   []simJob // prefill: chunks queued in the pool
+	notifs []string // decode: notifications arrived, in order
 }
 
 type simJob struct {
@@ -208,7 +207,7 @@ func (w *simWorld) start(slot int) {
 		panic(err)
 	}
 	c.bugs = withBugs(w.cfg.bugs...)
-	w.procs[slot] = &simProc{core: c, from: from, inc: w.incs, seen: map[string]uint64{}}
+	w.procs[slot] = &simProc{core: c, from: from, inc: w.incs}
 }
 
 func (w *simWorld) fail(format string, a ...any) {
@@ -426,12 +425,6 @@ func (w *simWorld) deliver(src, dst int) {
 	m := w.net[src][dst][0]
 	w.net[src][dst] = w.net[src][dst][1:]
 	p := w.procs[dst]
-	key := m.from.Peer()
-	if old, ok := p.seen[key]; ok && old != m.from.Epoch {
-		p.core.PeerDown(w.now, m.from.Endpoint, m.from, true, bootstrap.ReasonPeerRestarted)
-		w.effects(dst)
-	}
-	p.seen[key] = m.from.Epoch
 	c := p.core
 	switch msg := m.msg.(type) {
 	case *bootstrap.Register:
@@ -445,23 +438,23 @@ func (w *simWorld) deliver(src, dst int) {
 	case *bootstrap.RegisterAck:
 		cp := *msg
 		cp.From = m.from
-		c.OnRegisterAck(w.now, &cp)
+		c.Receive(w.now, &cp)
 	case *bootstrap.Request:
 		cp := *msg
 		cp.From = m.from
-		c.OnRequest(w.now, &cp)
+		c.Receive(w.now, &cp)
 	case *bootstrap.Abort:
 		cp := *msg
 		cp.From = m.from
-		c.OnAbort(w.now, &cp)
+		c.Receive(w.now, &cp)
 	case *bootstrap.AbortAck:
 		cp := *msg
 		cp.From = m.from
-		c.OnAbortAck(w.now, &cp)
+		c.Receive(w.now, &cp)
 	case *bootstrap.Status:
 		cp := *msg
 		cp.From = m.from
-		c.OnStatus(w.now, &cp)
+		c.Receive(w.now, &cp)
 	}
 	w.effects(dst)
 }
@@ -644,10 +637,11 @@ func (w *simWorld) faultEvents(add func(string, func(*simWorld))) {
 				})
 			}
 			other := w.procs[o].from
-			if e, ok := w.procs[s].seen[other.Peer()]; ok && e != other.Epoch {
+			if h, ok := w.procs[s].core.epochs[other.Peer()]; ok && h.epoch != other.Epoch {
+				// A PONG from the new process answers a heartbeat: the
+				// core's epoch check sees the restart.
 				add(fmt.Sprintf("%d hears %d restarted", s, o), func(w *simWorld) {
-					w.procs[s].seen[other.Peer()] = other.Epoch
-					w.procs[s].core.PeerDown(w.now, other.Endpoint, other, true, bootstrap.ReasonPeerRestarted)
+					w.procs[s].core.Receive(w.now, &bootstrap.Pong{From: other})
 					w.effects(s)
 				})
 			}
@@ -979,7 +973,6 @@ func (w *simWorld) clone() *simWorld {
 	for i, p := range w.procs {
 		cp := *p
 		cp.core = p.core.clone()
-		cp.seen = maps.Clone(p.seen)
 		cp.jobs = make([]simJob, len(p.jobs))
 		for j, jb := range p.jobs {
 			cp.jobs[j] = simJob{room: jb.room, writes: slices.Clone(jb.writes)}
@@ -1071,6 +1064,15 @@ func (c *Core) clone() *Core {
 			cp.srcs[i] = cpSrc(s)
 		}
 		n.holds[id] = &cp
+	}
+	n.roomsOf = make(map[string]map[uint64]struct{}, len(c.roomsOf))
+	for k, set := range c.roomsOf {
+		n.roomsOf[k] = maps.Clone(set)
+	}
+	n.epochs = make(map[string]*heardPeer, len(c.epochs))
+	for k, h := range c.epochs {
+		cp := *h
+		n.epochs[k] = &cp
 	}
 	return &n
 }

@@ -69,10 +69,6 @@ func (w *simWorld) hash() [16]byte {
 	f.b.SetSeed(fpSeeds[1])
 	for _, p := range w.procs {
 		f.i(p.inc)
-		for _, k := range slices.Sorted(maps.Keys(p.seen)) {
-			f.s(k)
-			f.u(p.seen[k])
-		}
 		f.i(len(p.jobs))
 		for _, j := range p.jobs {
 			f.u(j.room)
@@ -253,6 +249,11 @@ func (c *Core) hash(f *fp) {
 			f.u(r)
 			f.t(t.owed[r].until)
 		}
+	}
+	f.i(len(c.epochs)) // the epoch check's table (recency order is not state that changes behaviour below the bound)
+	for _, k := range slices.Sorted(maps.Keys(c.epochs)) {
+		f.s(k)
+		f.u(c.epochs[k].epoch)
 	}
 	f.i(len(c.holds))
 	for _, id := range slices.Sorted(maps.Keys(c.holds)) {
