@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/testauth"
@@ -289,5 +290,24 @@ func TestHelp(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestTimingFlags: the control-plane timing flags the chaos soak shortens
+// parse, and a negative one is refused before anything starts.
+func TestTimingFlags(t *testing.T) {
+	fs, o := newFlags(kvmanager.RolePrefill)
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse([]string{"-max-misses", "3", "-sweep-interval", "50ms", "-register-retry", "20ms",
+		"-pending-timeout", "4s", "-bootstrap-lease", "2s"}); err != nil {
+		t.Fatal(err)
+	}
+	if o.maxMisses != 3 || o.sweep != 50*time.Millisecond || o.registerRetry != 20*time.Millisecond ||
+		o.pending != 4*time.Second || o.bootLease != 2*time.Second {
+		t.Fatalf("parsed %+v", o)
+	}
+	o.sweep = -time.Second
+	if _, code, err := newRank(kvmanager.RolePrefill, o, testauth.Auth(), zap.NewNop(), prometheus.NewRegistry()); code != 2 || err == nil {
+		t.Fatalf("a negative -sweep-interval: code %d, err %v; want 2 and an error", code, err)
 	}
 }
