@@ -82,7 +82,7 @@ const (
 const (
 	chaosHeartbeatBound = chaosHeartbeat * chaosMaxMisses
 	chaosPauseMin       = 2 * chaosHeartbeatBound // every pause outlasts the heartbeat bound
-	chaosPauseMax       = 3 * time.Second         // past the stall deadline: a resumed rank settles rooms its peers failed
+	chaosPauseMax       = 5 * time.Second         // past the stall, bootstrap and waiting deadlines: a resumed rank settles rooms its peers failed
 	chaosDownMax        = time.Second             // a killed rank, the bootstrap server or etcd stays down up to this long
 	// chaosRecoveryBound: a restarted rank's peers reach it through the
 	// old record's lease, three unanswered REGISTERs and a lookup, or the
@@ -140,6 +140,7 @@ type fault struct {
 	kind      string // kill, pause, restart-bootstrap, restart-etcd
 	role      string // the rank's role (kill, pause)
 	rank      int
+	victim    *proc // the process killed or paused
 	start     time.Time
 	recovered time.Time // restarted, resumed
 	served    time.Time // the first probe room that succeeded after it (zero: none)
@@ -189,6 +190,7 @@ type cluster struct {
 	prefill  *instance
 	decode   *instance
 	paused   map[*proc]bool
+	killed   map[*proc]bool
 	born     map[*proc]time.Time // when a process was (re)started
 	rssBase  map[*proc]float64
 	inflight map[uint64]*croom
@@ -316,7 +318,7 @@ func runChaos(o chaosOptions) int {
 	for k, v := range chaosEnv() { // inherited by every rank process
 		os.Setenv(k, v)
 	}
-	c := &cluster{o: o, paused: map[*proc]bool{}, born: map[*proc]time.Time{}, rssBase: map[*proc]float64{},
+	c := &cluster{o: o, paused: map[*proc]bool{}, killed: map[*proc]bool{}, born: map[*proc]time.Time{}, rssBase: map[*proc]float64{},
 		inflight: map[uint64]*croom{}, once: map[string]bool{}, t0: time.Now(), client: &http.Client{Timeout: chaosPostTimeout + 20*time.Second}}
 	httpClient = c.client
 	var bootFor func(name string) string
@@ -578,11 +580,15 @@ func (c *cluster) inject(kind string, rng *rand.Rand) error {
 	if f.role != "" {
 		f.rank = rng.IntN(len(in.ranks))
 		p = in.ranks[f.rank]
+		f.victim = p
 	}
 	c.mu.Unlock()
 	down := time.Duration(rng.IntN(int(chaosDownMax/time.Millisecond))) * time.Millisecond
 	switch f.kind {
 	case "kill":
+		c.mu.Lock()
+		c.killed[p] = true
+		c.mu.Unlock()
 		p.cmd.Process.Signal(syscall.SIGKILL)
 		p.cmd.Wait()
 		time.Sleep(down)
@@ -830,6 +836,9 @@ func (c *cluster) report(elapsed, steadyFor time.Duration) int {
 			if r.errs[i] == nil && x.Error == "" && x.Status != "Success" && x.Status != "Failed" {
 				c.problems = append(c.problems, fmt.Sprintf("room %d: %s ended %q at its POST's timeout (%v): hung", r.id, r.ranks[i].name, x.Status, chaosPostTimeout))
 			}
+			if r.errs[i] != nil && !c.killed[r.ranks[i]] {
+				c.problems = append(c.problems, fmt.Sprintf("room %d: the POST to %s (pid %d), never killed, failed: %v", r.id, r.ranks[i].name, r.ranks[i].cmd.Process.Pid, r.errs[i]))
+			}
 			if strings.Contains(x.Error, "deadline") || (r.errs[i] != nil && strings.Contains(r.errs[i].Error(), "Timeout")) {
 				c.problems = append(c.problems, fmt.Sprintf("room %d: %s: hung: %v%s", r.id, r.ranks[i].name, r.errs[i], x.Error))
 			}
@@ -857,24 +866,31 @@ func (c *cluster) report(elapsed, steadyFor time.Duration) int {
 		if !r.probe {
 			failN++
 		}
-		// Which faults' windows the room overlaps.
-		var during []string
-		seen := map[string]bool{}
+		// The fault that explains it: the kill of a rank whose POST broke,
+		// else the last fault whose window overlaps the room.
+		var cause *fault
 		for _, f := range c.faults {
-			from, to := f.window(now)
-			if r.start.Before(to) && r.end.After(from) && !seen[f.label()] {
-				seen[f.label()] = true
-				during = append(during, f.label())
+			for i, err := range r.errs {
+				if cause == nil && err != nil && f.kind == "kill" && f.victim == r.ranks[i] {
+					cause = f
+				}
 			}
 		}
-		why := reasonOf(r)
-		if len(during) == 0 {
+		if cause == nil {
+			for _, f := range c.faults {
+				if from, to := f.window(now); r.start.Before(to) && r.end.After(from) {
+					cause = f
+				}
+			}
+		}
+		why, during := reasonOf(r), "NO FAULT"
+		if cause == nil {
 			c.problems = append(c.problems, fmt.Sprintf("room %d (%d tokens, abort %q) failed outside any fault's window (+%.1fs–+%.1fs): %s",
 				r.id, r.tokens, r.abort, r.start.Sub(c.t0).Seconds(), r.end.Sub(c.t0).Seconds(), why))
-			during = []string{"NO FAULT"}
+		} else {
+			during = cause.label()
 		}
-		sort.Strings(during)
-		reasons[fmt.Sprintf("[%s] %s", strings.Join(during, ", "), why)]++
+		reasons[fmt.Sprintf("[%s] %s", during, why)]++
 	}
 	kinds := map[string]int{}
 	var recov []float64
