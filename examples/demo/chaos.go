@@ -526,8 +526,8 @@ func reasonOf(r *croom) string {
 	norm := func(s string) string {
 		s = urlsLike.ReplaceAllString(s, "ADDR")
 		s = digits.ReplaceAllString(s, "N")
-		if len(s) > 110 {
-			s = s[:110] + "…"
+		if len(s) > 200 {
+			s = s[:200] + "…"
 		}
 		return s
 	}
