@@ -204,6 +204,7 @@ type cluster struct {
 	okN      int             // rooms succeeded (probes included), for the progress line
 	failN    int
 	shown    time.Time
+	counters []string // each rank's counters at the end
 }
 
 func (c *cluster) problem(format string, a ...any) {
@@ -805,6 +806,14 @@ func (c *cluster) finalChecks() {
 		case live+over > 0:
 			c.problem("%s (pid %d): %v rooms live, %v past their deadline at the end", p.name, p.cmd.Process.Pid, live, over)
 		}
+		if m, err := scrape(p.http); err == nil {
+			c.counters = append(c.counters, fmt.Sprintf("%s pid %d: peers dead %.0f, restarted %.0f, re-lookups %.0f, register retries %.0f, "+
+				"failed by deadline %.0f, quarantine expired %.0f, owed aborts %.0f, tombstones %.0f, pending %.0f",
+				p.name, p.cmd.Process.Pid, sum(m["kvbridge_peers_dead_total"]), sum(m["kvbridge_peers_restarted_total"]),
+				sum(m["kvbridge_relookups_total"]), sum(m["kvbridge_register_retries_total"]), sum(m["kvbridge_rooms_failed_by_deadline_total"]),
+				sum(m["kvbridge_quarantine_expired_total"]), sum(m["kvbridge_owed_aborts"]), sumLabel(m["kvbridge_core_entries"], "tombstones"),
+				sumLabel(m["kvbridge_core_entries"], "pending")))
+		}
 		known := 0
 		for _, r := range rooms {
 			if _, ok := roomStatus(get, p.http, r.id); ok {
@@ -942,6 +951,10 @@ func (c *cluster) report(elapsed, steadyFor time.Duration) int {
 	fmt.Printf("%-26s %s (slack %s, steady state %.1f s)\n", "memory (RSS)", strings.Join(mem, ", "), chaosSlackText, steadyFor.Seconds())
 	fmt.Printf("%-26s %d samples of every live rank's metrics and late rooms (past-deadline bound %v after a POST)\n", "rooms past deadline", c.samples, chaosRoomBound)
 	fmt.Printf("%-26s %d (corrupt %d)\n", "pages verified", verified, corrupt)
+	fmt.Printf("%-26s (the processes alive at the end)\n", "rank counters")
+	for _, l := range c.counters {
+		fmt.Println("  " + l)
+	}
 	if len(c.problems) > 0 {
 		fmt.Println("\nPROBLEMS:")
 		for i, p := range c.problems {
