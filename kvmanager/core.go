@@ -45,6 +45,9 @@ type Core struct {
 	// epochs and STATUS codes instead).
 	epochs   map[string]*heardPeer
 	heardSeq uint64
+	// watching are the endpoints the core asked the transport to
+	// heartbeat; Tick unwatches those it shares nothing with any more.
+	watching map[string]struct{}
 
 	stats CoreStats
 	// bugs: mutants (mutants.go); an empty struct unless built with
@@ -86,6 +89,11 @@ type CoreConfig struct {
 	// MaxEpochs bounds the peer epochs remembered for restart detection
 	// (0: DefaultMaxEpochs).
 	MaxEpochs int
+	// RecheckIdle (decode): a prefill rank not heard from for longer than
+	// this is looked up and registered with again before a REQUEST is sent
+	// to it — nothing heartbeats a rank no room shares, so it may have died
+	// or moved meanwhile (0: never; the shell uses the heartbeat bound).
+	RecheckIdle time.Duration
 }
 
 // MaxSources bounds the prefill ranks of one decode room.
@@ -99,6 +107,9 @@ func (c CoreConfig) Validate() error {
 	if c.QuarantineTimeout <= c.Registry.StallTimeout || c.QuarantineTimeout >= c.Registry.TombstoneTTL {
 		return fmt.Errorf("kvmanager: QuarantineTimeout (%v) must exceed StallTimeout (%v) and stay below TombstoneTTL (%v)",
 			c.QuarantineTimeout, c.Registry.StallTimeout, c.Registry.TombstoneTTL)
+	}
+	if c.RecheckIdle < 0 {
+		return fmt.Errorf("kvmanager: RecheckIdle must not be negative, got %v", c.RecheckIdle)
 	}
 	if c.MaxEpochs < 0 {
 		return fmt.Errorf("kvmanager: MaxEpochs must not be negative, got %d", c.MaxEpochs)
@@ -120,6 +131,7 @@ type CoreStats struct {
 	AbortsDropped   uint64 // owed ABORTs over the bound of one target
 	Relookups       uint64 // ranks looked up again after unanswered REGISTERs
 	PeersRestarted  uint64 // peers heard with a new epoch
+	Rechecks        uint64 // idle registrations looked up and registered again before a REQUEST
 	Refused         uint64 // messages of a type this role never accepts
 }
 
@@ -143,6 +155,9 @@ const (
 	// EffectReleased: decode pages of Room may be reused; Forced when the
 	// quarantine deadline, not an ABORT_ACK, released them.
 	EffectReleased
+	// EffectUnwatch: stop heartbeating To: nothing is shared with it any
+	// more (no live room, pending request or owed ABORT).
+	EffectUnwatch
 )
 
 // Effect is one output of the core.
@@ -211,7 +226,8 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 		cfg.MaxEpochs = DefaultMaxEpochs
 	}
 	c := &Core{cfg: cfg, peers: map[string]*decodePeer{}, targets: map[string]*target{}, holds: map[uint64]*hold{},
-		roomsOf: map[string]map[uint64]struct{}{}, epochs: map[string]*heardPeer{}, bugs: processMutant()}
+		roomsOf: map[string]map[uint64]struct{}{}, epochs: map[string]*heardPeer{},
+		watching: map[string]struct{}{}, bugs: processMutant()}
 	var err error
 	if c.reg, err = NewRegistry(cfg.Registry, &c.out); err != nil {
 		return nil, err
@@ -236,6 +252,62 @@ func (c *Core) Effects() []Effect {
 }
 
 func (c *Core) emit(e Effect) { c.out = append(c.out, e) }
+
+// watch asks the transport to heartbeat to.
+func (c *Core) watch(room uint64, to bootstrap.Peer) {
+	c.watching[to.Endpoint] = struct{}{}
+	c.emit(Effect{Kind: EffectWatch, Room: room, To: to})
+}
+
+// unwatchIdle stops heartbeating every watched endpoint this rank shares
+// nothing with any more: a decode rank's prefill ranks without a live room
+// whose REQUEST went to them or an owed ABORT, a prefill rank's decode
+// ranks without a live room or pending request of theirs.
+func (c *Core) unwatchIdle() {
+	if len(c.watching) == 0 || c.bugs.on(bugNeverUnwatch) {
+		return
+	}
+	needed := map[string]bool{}
+	if c.cfg.Role == RoleDecode {
+		for _, tg := range c.targets {
+			if !tg.resolved {
+				continue
+			}
+			if len(tg.owed) > 0 {
+				needed[tg.endpoint] = true
+				continue
+			}
+			for id := range c.roomsOf[tg.t.key()] {
+				if rm := c.reg.rooms[id]; rm != nil && !rm.status.Terminal() {
+					needed[tg.endpoint] = true
+					break
+				}
+			}
+		}
+	} else {
+		mark := func(reqs []PeerRequest) {
+			for _, pr := range reqs {
+				if pr.Payload != nil {
+					needed[pr.Payload.From.Endpoint] = true
+				}
+			}
+		}
+		for _, rm := range c.reg.rooms {
+			if !rm.status.Terminal() {
+				mark(rm.requests)
+			}
+		}
+		for _, p := range c.reg.pending {
+			mark(p.requests)
+		}
+	}
+	for _, ep := range slices.Sorted(maps.Keys(c.watching)) {
+		if !needed[ep] {
+			delete(c.watching, ep)
+			c.emit(Effect{Kind: EffectUnwatch, To: bootstrap.Peer{Endpoint: ep}})
+		}
+	}
+}
 
 func (c *Core) send(to bootstrap.Peer, room uint64, m bootstrap.Message) {
 	c.emit(Effect{Kind: EffectSend, Room: room, To: to, Msg: m})
@@ -310,6 +382,7 @@ func (c *Core) Tick(now time.Time) {
 	if c.cfg.Role == RoleDecode {
 		c.tickDecode(now)
 	}
+	c.unwatchIdle()
 }
 
 // Close fails every live room with reason; the shell then stops.
@@ -353,6 +426,11 @@ func (c *Core) Receive(now time.Time, msg bootstrap.Message) (accepted bool) {
 		return false
 	}
 	c.hear(msg.Sender())
+	if c.cfg.Role == RoleDecode {
+		if tg := c.targetAt(msg.Sender().Endpoint); tg != nil {
+			tg.heard = now
+		}
+	}
 	switch m := msg.(type) {
 	case *bootstrap.Request:
 		return c.onRequest(m)

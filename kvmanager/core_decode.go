@@ -39,6 +39,7 @@ type target struct {
 	epoch               uint64 // the process that acknowledged our REGISTER
 	retry               time.Duration
 	nextRetry           time.Time
+	heard               time.Time // the last message from the rank's endpoint
 	// unanswered counts REGISTER retries that got no answer since the rank
 	// was last looked up: past registerLookupAfter the endpoint is looked
 	// up again (the record may name a process that is gone).
@@ -240,6 +241,14 @@ func (c *Core) flushRequests(rm *room) {
 			continue
 		}
 		tg := c.targets[s.target]
+		if tg.reg == regOK && c.cfg.RecheckIdle > 0 && c.now.Sub(tg.heard) > c.cfg.RecheckIdle && !c.bugs.on(bugNoIdleRecheck) {
+			// Nothing has been heard from it for longer than heartbeats
+			// would take to declare it dead, and nothing watched it: look
+			// it up and register again rather than send the REQUEST to a
+			// process that may be gone.
+			tg.reg, tg.resolved = regNone, false
+			c.stats.Rechecks++
+		}
 		if tg.reg != regOK {
 			all = false
 			c.ensureRegistered(tg)
@@ -256,7 +265,7 @@ func (c *Core) flushRequests(rm *room) {
 			req.Required = s.link.Required
 		}
 		c.send(tg.peer(), rm.id, req)
-		c.emit(Effect{Kind: EffectWatch, Room: rm.id, To: tg.peer()})
+		c.watch(rm.id, tg.peer())
 	}
 	if all && rm.status == Bootstrapping {
 		c.reg.Init(rm.id)
@@ -313,7 +322,7 @@ func (c *Core) sendOwed(tg *target) {
 	for _, room := range slices.Sorted(maps.Keys(tg.owed)) {
 		c.send(tg.peer(), room, tg.owed[room].msg(room))
 	}
-	c.emit(Effect{Kind: EffectWatch, To: tg.peer()})
+	c.watch(0, tg.peer())
 }
 
 // oweAbort records an ABORT of room for tg and sends it if tg's endpoint
@@ -340,7 +349,7 @@ func (c *Core) oweAbort(tg *target, room uint64, code, reason string) {
 		return
 	}
 	c.send(tg.peer(), room, o.msg(room))
-	c.emit(Effect{Kind: EffectWatch, Room: room, To: tg.peer()})
+	c.watch(room, tg.peer())
 }
 
 // RefuseRoom tells the prefill ranks that may hold a room this rank
@@ -393,15 +402,16 @@ func (c *Core) failWaiting(tg *target, reason string) {
 	}
 }
 
-// targetAt is the resolved target at endpoint (the first by key, should
+// targetAt is the resolved target at endpoint (the least by key, should
 // two name one endpoint).
 func (c *Core) targetAt(endpoint string) *target {
-	for _, k := range slices.Sorted(maps.Keys(c.targets)) {
-		if tg := c.targets[k]; tg.resolved && tg.endpoint == endpoint {
-			return tg
+	var at *target
+	for k, tg := range c.targets {
+		if tg.resolved && tg.endpoint == endpoint && (at == nil || k < at.t.key()) {
+			at = tg
 		}
 	}
-	return nil
+	return at
 }
 
 // roomsAt returns the live decode rooms with a source at target key, in
@@ -575,6 +585,9 @@ func (c *Core) Notification(now time.Time, room uint64, uid int, chunk, total in
 	}
 	if src == nil {
 		return
+	}
+	if tg := c.targets[src.target]; tg != nil {
+		tg.heard = now // its data arrived: the process is alive
 	}
 	if aux {
 		src.aux = true

@@ -220,7 +220,7 @@ func (c *Core) onRequest(msg *bootstrap.Request) bool {
 		c.statusTo(to, msg.Room, errCode(res.Err), res.Err.Error())
 		return false
 	}
-	c.emit(Effect{Kind: EffectWatch, Room: msg.Room, To: to})
+	c.watch(msg.Room, to)
 	return true
 }
 

@@ -146,11 +146,12 @@ func _() {
 	_ = x[EffectResolve-4]
 	_ = x[EffectWatch-5]
 	_ = x[EffectReleased-6]
+	_ = x[EffectUnwatch-7]
 }
 
-const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleased"
+const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatch"
 
-var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68}
+var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81}
 
 func (i EffectKind) String() string {
 	idx := int(i) - 1

@@ -18,6 +18,7 @@ type metrics struct {
 	// Read from the core's counters at collection time.
 	events, deadlines, statusSent, forced, stale, retries *prometheus.Desc
 	discoveryBad, restored, relookups, owed, restarted    *prometheus.Desc
+	rechecks                                              *prometheus.Desc
 
 	transfers prometheus.Counter
 	bytes     prometheus.Counter
@@ -50,6 +51,8 @@ func newMetrics(m *Manager) *metrics {
 			"This rank's own discovery record (etcd) put back after it was found deleted, garbled or naming another endpoint.", nil, labels),
 		relookups: prometheus.NewDesc("kvbridge_relookups_total",
 			"Prefill ranks looked up again because REGISTERs to their endpoint went unanswered.", nil, labels),
+		rechecks: prometheus.NewDesc("kvbridge_registration_rechecks_total",
+			"Prefill ranks looked up and registered with again before a REQUEST, not heard from for longer than the heartbeat bound.", nil, labels),
 		restarted: prometheus.NewDesc("kvbridge_peers_restarted_total", "Peers heard with a new epoch (their old epoch's rooms failed).", nil, labels),
 		owed: prometheus.NewDesc("kvbridge_owed_aborts",
 			"ABORTs sent to prefill ranks and not yet acknowledged (re-sent to a restarted rank's new process).", nil, labels),
@@ -83,7 +86,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.rooms
 	ch <- x.inflight
 	ch <- x.tables
-	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.relookups, x.owed, x.restarted} {
+	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.relookups, x.owed, x.restarted, x.rechecks} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -124,6 +127,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.restored, prometheus.CounterValue, float64(x.m.recordsRestored()))
 	ch <- prometheus.MustNewConstMetric(x.relookups, prometheus.CounterValue, float64(st.Relookups))
 	ch <- prometheus.MustNewConstMetric(x.restarted, prometheus.CounterValue, float64(st.PeersRestarted))
+	ch <- prometheus.MustNewConstMetric(x.rechecks, prometheus.CounterValue, float64(st.Rechecks))
 	ch <- prometheus.MustNewConstMetric(x.owed, prometheus.GaugeValue, float64(x.m.Sizes().OwedAborts))
 	for _, c := range x.collectors() {
 		c.Collect(ch)

@@ -20,12 +20,14 @@ const (
 	bugDeadPeerNotTold                        // a decode rank declared dead is not told its rooms failed
 	bugAbortSentOnce                          // an ABORT sent to a known endpoint is forgotten (not re-sent to a new process)
 	bugNoEpochCheck                           // a peer's new epoch is recorded but not handled as a restart
+	bugNeverUnwatch                           // a peer is heartbeated forever after its last shared room
+	bugNoIdleRecheck                          // a REQUEST goes to a registration nobody has heard from for long
 	bugCount                                  // one past the last
 )
 
 var bugNames = [bugCount]string{"", "ack-on-cleared-tombstone", "failed-write-drains", "clear-releases", "no-early-abort",
 	"drop-reg-on-peer-down", "post-ignores-epoch", "restart-drops-pending", "retry-cached-endpoint", "dead-peer-not-told",
-	"abort-sent-once", "no-epoch-check"}
+	"abort-sent-once", "no-epoch-check", "never-unwatch", "no-idle-recheck"}
 
 func (b bugID) String() string {
 	if b == 0 || b >= bugCount {

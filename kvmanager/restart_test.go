@@ -286,3 +286,117 @@ func TestEpochCheck(t *testing.T) {
 		t.Fatal("a decode rank answered a malformed REQUEST")
 	}
 }
+
+// Watches end (issue 20: Loop.Unwatch had no caller, so a rank heartbeated
+// every peer it ever shared a room with, forever): once a decode rank
+// shares no live room or owed ABORT with a prefill rank, and a prefill rank
+// no live room or pending request with a decode rank, the next Tick
+// unwatches it.
+func TestIdlePeersAreUnwatched(t *testing.T) {
+	unwatched := func(effects []Effect) (eps []string) {
+		for _, e := range effects {
+			if e.Kind == EffectUnwatch {
+				eps = append(eps, e.To.Endpoint)
+			}
+		}
+		return eps
+	}
+	for _, tc := range []struct {
+		name  string
+		bug   []bugID
+		fixed bool
+	}{{"fixed", nil, true}, {"with watches never ended", []bugID{bugNeverUnwatch}, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := testCore(t, RoleDecode, tc.bug...)
+			d.CreateReceiver(t0, 1, []Target{prefillT})
+			d.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
+			d.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			d.Receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+			d.Tick(t0)
+			if got := unwatched(d.Effects()); len(got) != 0 {
+				t.Fatalf("unwatched %v while a room is live", got)
+			}
+			d.Notification(t0, 1, 0, 0, 1, false)
+			d.Notification(t0, 1, 0, 0, 0, true) // aux: Success
+			d.ClearReceiver(t0, 1)
+			d.Tick(t0)
+			if got := unwatched(d.Effects()); (len(got) == 1 && got[0] == prefillFrom.Endpoint) != tc.fixed {
+				t.Fatalf("decode unwatched %v after its last room, want fixed=%v", got, tc.fixed)
+			}
+
+			p := testCore(t, RolePrefill, tc.bug...)
+			register(t, p, decodeFrom)
+			p.Receive(t0, request(1, decodeFrom))
+			p.Tick(t0)
+			if got := unwatched(p.Effects()); len(got) != 0 {
+				t.Fatalf("prefill unwatched %v with a request pending", got)
+			}
+			p.CreateSender(t0, 1)
+			p.AbortSender(t0, 1, "done")
+			p.Tick(t0)
+			if got := unwatched(p.Effects()); (len(got) == 1 && got[0] == decodeFrom.Endpoint) != tc.fixed {
+				t.Fatalf("prefill unwatched %v after its last room, want fixed=%v", got, tc.fixed)
+			}
+		})
+	}
+}
+
+// Case 3 of issue 20: once a decode rank shares no room with a prefill
+// rank, nothing heartbeats it; if it died and came back elsewhere, the
+// next room's REQUEST went to the dead process and the room failed when
+// heartbeats caught up. A registration not heard from for longer than
+// RecheckIdle is looked up and registered with again first.
+func TestIdleRegistrationRechecked(t *testing.T) {
+	moved := prefillFrom
+	moved.Endpoint, moved.Epoch = "tcp://p:2", 11
+	for _, tc := range []struct {
+		name  string
+		bug   []bugID
+		fixed bool
+	}{{"fixed", nil, true}, {"with no recheck", []bugID{bugNoIdleRecheck}, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testCore(t, RoleDecode, tc.bug...)
+			c.cfg.RecheckIdle = 3 * time.Second
+			c.CreateReceiver(t0, 1, []Target{prefillT})
+			c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
+			c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			c.Receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+			c.ClearReceiver(t0, 1)
+			c.Effects()
+			// Soon after: the registration is used as it is.
+			at := t0.Add(time.Second)
+			c.CreateReceiver(at, 2, []Target{prefillT})
+			c.InitReceiver(at, 2, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			if got := sends(c.Effects()); len(got) != 1 || got[0] != "REQUEST 2 → tcp://p:1" {
+				t.Fatalf("a fresh registration: %v", got)
+			}
+			c.ClearReceiver(at, 2)
+			c.Effects()
+			// Long idle: looked up again first; the record now names the
+			// new process.
+			at = t0.Add(10 * time.Second)
+			c.CreateReceiver(at, 3, []Target{prefillT})
+			c.InitReceiver(at, 3, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			eff := c.Effects()
+			if (resolves(eff) == 1 && len(sent[*bootstrap.Request](eff)) == 0) != tc.fixed {
+				t.Fatalf("after 10 s idle: %d lookups, sent %v (want fixed=%v)", resolves(eff), sends(eff), tc.fixed)
+			}
+			if !tc.fixed {
+				return
+			}
+			// (Rooms 1 and 2 were cleared unfinished: their owed ABORTs
+			// follow the rank too.)
+			c.Resolved(at, prefillT, moved.Endpoint, "")
+			if got := sends(c.Effects()); !slices.Contains(got, "REGISTER 0 → tcp://p:2") || slices.Contains(got, "REQUEST 3 → tcp://p:2") {
+				t.Fatalf("after the lookup: %v", got)
+			}
+			c.Receive(at, &bootstrap.RegisterAck{From: moved, OK: true})
+			if got := sends(c.Effects()); !slices.Contains(got, "REQUEST 3 → tcp://p:2") {
+				t.Fatalf("after the new process's ACK: %v", got)
+			}
+			if c.Stats().Rechecks != 1 {
+				t.Fatalf("rechecks %d", c.Stats().Rechecks)
+			}
+		})
+	}
+}

@@ -97,7 +97,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 	m.cfg = cfg
 	ccfg := CoreConfig{Role: cfg.Role, Rank: cfg.Rank, Compat: cfg.Compat, Layout: cfg.Layout, Registry: cfg.Registry,
 		QuarantineTimeout: cfg.QuarantineTimeout, RegisterRetry: cfg.RegisterRetry, Parallel: cfg.Parallel, Model: cfg.Model,
-		MaxEpochs: cfg.MaxEpochs}
+		MaxEpochs: cfg.MaxEpochs, RecheckIdle: cfg.HeartbeatInterval * time.Duration(cfg.MaxMisses+1)}
 	if cfg.Role == RoleDecode {
 		// The metadata blob is taken once, before any peer is contacted: a
 		// failure here fails New instead of wedging a registration.
@@ -248,6 +248,8 @@ func (m *Manager) step(f func(c *Core, now time.Time)) {
 			close(e.Wake)
 		case EffectWatch:
 			_ = m.loop.Watch(e.To)
+		case EffectUnwatch:
+			_ = m.loop.Unwatch(e.To.Endpoint)
 		case EffectResolve:
 			if m.resolver != nil {
 				m.resolver(e.Target)

@@ -130,6 +130,7 @@ type simWorld struct {
 	peerDowns int
 	ticks     int
 	trace     []string
+	unwatched int // EffectUnwatch seen
 	// outcomes records each (incarnation, room) that reached a terminal
 	// status (random runs only, to show they are not vacuous).
 	outcomes map[Poll]map[[2]uint64]bool
@@ -197,7 +198,7 @@ func (w *simWorld) start(slot int) {
 	}
 	from := bootstrap.From{Role: name, Instance: name, Rank: rank, Endpoint: endpointOf(slot), Epoch: epochOf(w.incs)}
 	cc := CoreConfig{Role: role, Rank: rank, Compat: "sim", Layout: simLayout(), Registry: w.cfg.reg,
-		QuarantineTimeout: w.cfg.quarantine, RegisterRetry: time.Second}
+		QuarantineTimeout: w.cfg.quarantine, RegisterRetry: time.Second, RecheckIdle: 8 * time.Second}
 	if role == RoleDecode {
 		kv, aux, state := regionsOf(simLayout())
 		cc.Register = bootstrap.Register{Compat: "sim", Agent: remoteName(from), KV: kv, Aux: aux, State: state, TPSize: 1}
@@ -242,6 +243,8 @@ func (w *simWorld) effects(slot int) {
 			p.jobs = append(p.jobs, simJob{room: e.Room, writes: slices.Clone(e.Writes)})
 		case EffectResolve:
 			w.resolves[slot] = append(w.resolves[slot], e.Target)
+		case EffectUnwatch:
+			w.unwatched++
 		case EffectReleased:
 			if e.Forced {
 				continue // the quarantine deadline: counted, outside the safety claim
@@ -860,6 +863,10 @@ func simWeight(name string) int {
 	switch {
 	case strings.HasPrefix(name, "time"):
 		return 1
+	case strings.HasSuffix(name, " create"):
+		// Rooms arrive over the run, as requests do, so some start after
+		// long idle gaps (a registration nobody has heard from since).
+		return 12
 	case strings.Contains(name, "fails"), strings.Contains(name, "abort"), strings.HasPrefix(name, "restart"),
 		strings.Contains(name, "dead"):
 		return 5
@@ -879,6 +886,10 @@ var simFailHook func(reason string)
 type simStats struct {
 	success, failed, released, forced int
 	trace                             []string // the events played (random runs)
+	// reach counts paths the random mode must reach (asserted over the
+	// seeds): idle rechecks, re-lookups after unanswered REGISTERs,
+	// restarts found by the epoch check, unwatched peers.
+	rechecks, relookups, restarts, unwatched int
 }
 
 // runRandomStats plays steps random events from seed, then clears every
@@ -927,7 +938,11 @@ func runRandomStats(cfg simConfig, seed uint64, steps int) (simStats, error) {
 	st := simStats{success: len(w.outcomes[Success]), failed: len(w.outcomes[Failed])}
 	for _, p := range w.procs {
 		st.forced += int(p.core.stats.ForcedReleases)
+		st.rechecks += int(p.core.stats.Rechecks)
+		st.relookups += int(p.core.stats.Relookups)
+		st.restarts += int(p.core.stats.PeersRestarted)
 	}
+	st.unwatched = w.unwatched
 	st.released = len(w.released)
 	st.trace = w.trace
 	if w.err != nil {
@@ -1069,6 +1084,7 @@ func (c *Core) clone() *Core {
 	for k, set := range c.roomsOf {
 		n.roomsOf[k] = maps.Clone(set)
 	}
+	n.watching = maps.Clone(c.watching)
 	n.epochs = make(map[string]*heardPeer, len(c.epochs))
 	for k, h := range c.epochs {
 		cp := *h

@@ -242,6 +242,7 @@ func (c *Core) hash(f *fp) {
 		f.u(t.epoch)
 		f.u(uint64(t.retry))
 		f.t(t.nextRetry)
+		f.t(t.heard)
 		f.i(t.unanswered)
 		f.u(uint64(t.lookupRetry))
 		f.t(t.nextLookup)
@@ -254,6 +255,9 @@ func (c *Core) hash(f *fp) {
 	for _, k := range slices.Sorted(maps.Keys(c.epochs)) {
 		f.s(k)
 		f.u(c.epochs[k].epoch)
+	}
+	for _, ep := range slices.Sorted(maps.Keys(c.watching)) {
+		f.s(ep)
 	}
 	f.i(len(c.holds))
 	for _, id := range slices.Sorted(maps.Keys(c.holds)) {

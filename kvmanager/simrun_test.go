@@ -161,13 +161,24 @@ func TestSimRandom(t *testing.T) {
 		total.failed += st.failed
 		total.released += st.released
 		total.forced += st.forced
+		total.rechecks += st.rechecks
+		total.relookups += st.relookups
+		total.restarts += st.restarts
+		total.unwatched += st.unwatched
 	}
 	if total.success == 0 || total.released == 0 {
 		t.Fatalf("the random runs never reached a success or a safe release: %+v", total)
 	}
+	// Coverage: the restart and discovery paths of issue 20 are reached.
+	if n >= 200 && (total.rechecks == 0 || total.restarts == 0 || total.unwatched == 0) {
+		t.Fatalf("the random runs never reached an idle recheck (%d), a restart found by the epoch check (%d) or an unwatched peer (%d)",
+			total.rechecks, total.restarts, total.unwatched)
+	}
 	t.Logf("%d random runs of 400 events (seeds %d..%d) on 2 prefill × 2 decode ranks, 6 rooms, restarts and peer-dead reports: "+
-		"%d room sides succeeded, %d failed, %d safe page releases, %d forced by the quarantine deadline",
-		n, base, base+uint64(n)-1, total.success, total.failed, total.released, total.forced)
+		"%d room sides succeeded, %d failed, %d safe page releases, %d forced by the quarantine deadline; "+
+		"%d idle rechecks, %d re-lookups after unanswered REGISTERs, %d restarts found by the epoch check, %d peers unwatched",
+		n, base, base+uint64(n)-1, total.success, total.failed, total.released, total.forced,
+		total.rechecks, total.relookups, total.restarts, total.unwatched)
 }
 
 // TestSimDeterministic: the same seed gives the same run, event for event
