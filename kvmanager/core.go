@@ -25,19 +25,22 @@ import (
 // test process (sim_test.go) and every invariant of docs/ARCHITECTURE.md is
 // checked across ranks, exhaustively for small bounds.
 type Core struct {
+	*base
+	// Exactly one of the two is set: the role's own tables and code. A
+	// prefill path is a method of *prefillCore, which has no decode table
+	// or method to reach, and the other way round; only this facade
+	// dispatches by role.
+	*prefillCore
+	*decodeCore
+}
+
+// base is what both roles share: the room table (registry), the step's
+// time and effects, counters, the peer table's epochs and the watches.
+type base struct {
 	cfg CoreConfig
 	now time.Time
 	reg *Registry
 	out []Effect
-
-	// prefill: registered decode ranks by From.Peer(), each bound to one
-	// epoch.
-	peers map[string]*decodePeer
-	// decode: prefill targets by key, and their holds on our pages.
-	targets map[string]*target
-	holds   map[uint64]*hold
-	// roomsOf indexes live decode rooms by their sources' target keys.
-	roomsOf map[string]map[uint64]struct{}
 	// epochs is the peer table's epoch column, for both roles: the last
 	// epoch heard from each peer identity (From.Peer()) on anything but a
 	// PING, bounded by MaxEpochs (least recently heard forgotten first: a
@@ -53,6 +56,39 @@ type Core struct {
 	// bugs: mutants (mutants.go); an empty struct unless built with
 	// -tags kvbmutants.
 	bugs bugs
+	// role is the role's core, for what shared code asks of it.
+	role roleCore
+}
+
+// roleCore is what shared code asks of the role's core.
+type roleCore interface {
+	// failed: a room of this rank failed (tell its peers).
+	failed(room uint64, reason string, res Result)
+	// expired: a deadline failed the room.
+	expired(e Expiry)
+	// peerDown: heartbeats declared a peer dead, or the epoch check heard
+	// it restarted.
+	peerDown(endpoint string, from bootstrap.From, restarted bool, reason string)
+	// needs marks the endpoints this role still shares something with.
+	needs(needed map[string]bool)
+	tick(now time.Time)
+}
+
+// prefillCore is a prefill rank's own state: registered decode ranks by
+// From.Peer(), each bound to one epoch.
+type prefillCore struct {
+	*base
+	peers map[string]*decodePeer
+}
+
+// decodeCore is a decode rank's own state: prefill targets by key, their
+// holds on our pages, and the index of live rooms by target.
+type decodeCore struct {
+	*base
+	targets map[string]*target
+	holds   map[uint64]*hold
+	// roomsOf indexes live decode rooms by their sources' target keys.
+	roomsOf map[string]map[uint64]struct{}
 }
 
 // heardPeer is what the core last heard from one peer identity.
@@ -225,18 +261,25 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 	if cfg.MaxEpochs == 0 {
 		cfg.MaxEpochs = DefaultMaxEpochs
 	}
-	c := &Core{cfg: cfg, peers: map[string]*decodePeer{}, targets: map[string]*target{}, holds: map[uint64]*hold{},
-		roomsOf: map[string]map[uint64]struct{}{}, epochs: map[string]*heardPeer{},
-		watching: map[string]struct{}{}, bugs: processMutant()}
+	b := &base{cfg: cfg, epochs: map[string]*heardPeer{}, watching: map[string]struct{}{}, bugs: processMutant()}
 	var err error
-	if c.reg, err = NewRegistry(cfg.Registry, &c.out); err != nil {
+	if b.reg, err = NewRegistry(cfg.Registry, &b.out); err != nil {
 		return nil, err
+	}
+	c := &Core{base: b}
+	if cfg.Role == RolePrefill {
+		c.prefillCore = &prefillCore{base: b, peers: map[string]*decodePeer{}}
+		b.role = c.prefillCore
+	} else {
+		c.decodeCore = &decodeCore{base: b, targets: map[string]*target{}, holds: map[uint64]*hold{},
+			roomsOf: map[string]map[uint64]struct{}{}}
+		b.role = c.decodeCore
 	}
 	return c, nil
 }
 
 // step starts a step at now.
-func (c *Core) step(now time.Time) {
+func (c *base) step(now time.Time) {
 	c.now = now
 	c.reg.SetNow(now)
 }
@@ -251,10 +294,10 @@ func (c *Core) Effects() []Effect {
 	return out
 }
 
-func (c *Core) emit(e Effect) { c.out = append(c.out, e) }
+func (c *base) emit(e Effect) { c.out = append(c.out, e) }
 
 // watch asks the transport to heartbeat to.
-func (c *Core) watch(room uint64, to bootstrap.Peer) {
+func (c *base) watch(room uint64, to bootstrap.Peer) {
 	c.watching[to.Endpoint] = struct{}{}
 	c.emit(Effect{Kind: EffectWatch, Room: room, To: to})
 }
@@ -263,44 +306,12 @@ func (c *Core) watch(room uint64, to bootstrap.Peer) {
 // nothing with any more: a decode rank's prefill ranks without a live room
 // whose REQUEST went to them or an owed ABORT, a prefill rank's decode
 // ranks without a live room or pending request of theirs.
-func (c *Core) unwatchIdle() {
+func (c *base) unwatchIdle() {
 	if len(c.watching) == 0 || c.bugs.on(bugNeverUnwatch) {
 		return
 	}
 	needed := map[string]bool{}
-	if c.cfg.Role == RoleDecode {
-		for _, tg := range c.targets {
-			if !tg.resolved {
-				continue
-			}
-			if len(tg.owed) > 0 {
-				needed[tg.endpoint] = true
-				continue
-			}
-			for id := range c.roomsOf[tg.t.key()] {
-				if rm := c.reg.rooms[id]; rm != nil && !rm.status.Terminal() {
-					needed[tg.endpoint] = true
-					break
-				}
-			}
-		}
-	} else {
-		mark := func(reqs []PeerRequest) {
-			for _, pr := range reqs {
-				if pr.Payload != nil {
-					needed[pr.Payload.From.Endpoint] = true
-				}
-			}
-		}
-		for _, rm := range c.reg.rooms {
-			if !rm.status.Terminal() {
-				mark(rm.requests)
-			}
-		}
-		for _, p := range c.reg.pending {
-			mark(p.requests)
-		}
-	}
+	c.role.needs(needed)
 	for _, ep := range slices.Sorted(maps.Keys(c.watching)) {
 		if !needed[ep] {
 			delete(c.watching, ep)
@@ -309,11 +320,11 @@ func (c *Core) unwatchIdle() {
 	}
 }
 
-func (c *Core) send(to bootstrap.Peer, room uint64, m bootstrap.Message) {
+func (c *base) send(to bootstrap.Peer, room uint64, m bootstrap.Message) {
 	c.emit(Effect{Kind: EffectSend, Room: room, To: to, Msg: m})
 }
 
-func (c *Core) count(kind EventKind, r Result) Result {
+func (c *base) count(kind EventKind, r Result) Result {
 	if kind <= EventClear && r.Outcome <= Rejected {
 		c.stats.Events[kind][r.Outcome]++
 	}
@@ -334,9 +345,15 @@ func (c *Core) Failure(room uint64) (string, bool) { return c.reg.Failure(room) 
 
 // Sizes counts every table the core keeps.
 func (c *Core) Sizes() CoreSizes {
-	s := CoreSizes{Sizes: c.reg.Sizes(), Peers: len(c.peers), Targets: len(c.targets), Holds: len(c.holds), Epochs: len(c.epochs)}
-	for _, tg := range c.targets {
-		s.OwedAborts += len(tg.owed)
+	s := CoreSizes{Sizes: c.reg.Sizes(), Epochs: len(c.epochs)}
+	if p := c.prefillCore; p != nil {
+		s.Peers = len(p.peers)
+	}
+	if d := c.decodeCore; d != nil {
+		s.Targets, s.Holds = len(d.targets), len(d.holds)
+		for _, tg := range d.targets {
+			s.OwedAborts += len(tg.owed)
+		}
 	}
 	return s
 }
@@ -373,15 +390,9 @@ func (c *Core) Tick(now time.Time) {
 			continue // failed earlier; its owed ABORT_ACKs went out as drained false
 		}
 		c.stats.Deadlines[e.Deadline]++
-		if c.cfg.Role == RolePrefill {
-			c.statusFailed(e.Room, e.Peers, CodeFailed, e.Reason, "")
-			continue
-		}
-		c.decodeFailed(e.Room, e.Reason)
+		c.role.expired(e)
 	}
-	if c.cfg.Role == RoleDecode {
-		c.tickDecode(now)
-	}
+	c.role.tick(now)
 	c.unwatchIdle()
 }
 
@@ -396,16 +407,12 @@ func (c *Core) Close(now time.Time, reason string) {
 }
 
 // failRoom fails a live room on this rank and tells its peers.
-func (c *Core) failRoom(room uint64, reason string) Result {
+func (c *base) failRoom(room uint64, reason string) Result {
 	res := c.count(EventUpdate, c.reg.Update(room, Failed, reason))
 	if res.Outcome != Applied {
 		return res
 	}
-	if c.cfg.Role == RolePrefill {
-		c.statusFailed(room, res.Peers, CodeFailed, reason, "")
-	} else {
-		c.decodeFailed(room, reason)
-	}
+	c.role.failed(room, reason, res)
 	return res
 }
 
@@ -426,26 +433,64 @@ func (c *Core) Receive(now time.Time, msg bootstrap.Message) (accepted bool) {
 		return false
 	}
 	c.hear(msg.Sender())
-	if c.cfg.Role == RoleDecode {
-		if tg := c.targetAt(msg.Sender().Endpoint); tg != nil {
-			tg.heard = now
+	if p := c.prefillCore; p != nil {
+		switch m := msg.(type) {
+		case *bootstrap.Request:
+			return p.onRequest(m)
+		case *bootstrap.Abort:
+			p.onAbort(m)
+		case *bootstrap.Pong:
+		default: // REGISTER takes the shell's path; the rest go to decode ranks
+			c.stats.Refused++
 		}
+		return false
+	}
+	d := c.decodeCore
+	if tg := d.targetAt(msg.Sender().Endpoint); tg != nil {
+		tg.heard = now
 	}
 	switch m := msg.(type) {
-	case *bootstrap.Request:
-		return c.onRequest(m)
-	case *bootstrap.Abort:
-		c.onAbort(m)
 	case *bootstrap.AbortAck:
-		c.onAbortAck(m)
+		d.onAbortAck(m)
 	case *bootstrap.RegisterAck:
-		c.onRegisterAck(m)
+		d.onRegisterAck(m)
 	case *bootstrap.Status:
-		c.onStatus(m)
-	case *bootstrap.Register:
-		c.stats.Refused++ // the shell's path (CheckRegister, Registered) only
+		d.onStatus(m)
+	case *bootstrap.Pong:
+	default:
+		// ABORT goes decode → prefill only: on a decode rank it could only
+		// tombstone a room id a later receiver needs. REQUEST and
+		// REGISTER are prefill's too.
+		c.stats.Refused++
 	}
 	return false
+}
+
+// PeerDown reports a peer that heartbeats declared dead (restarted false)
+// or that showed a new epoch (restarted true, from names it).
+func (c *Core) PeerDown(now time.Time, endpoint string, from bootstrap.From, restarted bool, reason string) {
+	c.step(now)
+	c.role.peerDown(endpoint, from, restarted, fmt.Sprintf("%s: %s", reason, endpoint))
+}
+
+// CheckRegister validates a REGISTER against this rank (compat, role and
+// layout) without touching any state: only a prefill rank takes one. The
+// shell loads the agent metadata only after it passes, then steps
+// Registered (or RegisterRefused).
+func (c *Core) CheckRegister(msg *bootstrap.Register) (PeerPlan, error) {
+	if c.prefillCore == nil {
+		return PeerPlan{}, fmt.Errorf("this rank is a decode rank")
+	}
+	return c.prefillCore.checkRegister(msg)
+}
+
+// RegisterRefused answers a REGISTER with ok false (prefill).
+func (c *Core) RegisterRefused(now time.Time, from bootstrap.From, reason string) {
+	if c.prefillCore == nil {
+		c.stats.Refused++
+		return
+	}
+	c.prefillCore.registerRefused(now, from, reason)
 }
 
 // MalformedRequest answers a REQUEST the codec refused but that still named
@@ -453,16 +498,16 @@ func (c *Core) Receive(now time.Time, msg bootstrap.Message) (accepted bool) {
 // does not wait for a deadline. Only a prefill rank answers.
 func (c *Core) MalformedRequest(now time.Time, room uint64, endpoint, reason string) {
 	c.step(now)
-	if c.cfg.Role != RolePrefill || endpoint == "" {
+	if c.prefillCore == nil || endpoint == "" {
 		return
 	}
-	c.statusTo(bootstrap.Peer{Endpoint: endpoint}, room, CodeRejected, "malformed REQUEST: "+reason)
+	c.prefillCore.statusTo(bootstrap.Peer{Endpoint: endpoint}, room, CodeRejected, "malformed REQUEST: "+reason)
 }
 
 // hear is the epoch check: it records from's epoch and, when a known peer
 // shows a new one, handles the restart (everything bound to the old epoch
 // fails) before the message that showed it.
-func (c *Core) hear(from bootstrap.From) {
+func (c *base) hear(from bootstrap.From) {
 	key := from.Peer()
 	c.heardSeq++
 	if h, ok := c.epochs[key]; ok {
@@ -475,12 +520,7 @@ func (c *Core) hear(from bootstrap.From) {
 			return
 		}
 		c.stats.PeersRestarted++
-		reason := fmt.Sprintf("%s: %s", bootstrap.ReasonPeerRestarted, from.Endpoint)
-		if c.cfg.Role == RolePrefill {
-			c.prefillPeerDown(from.Endpoint, from, true, reason)
-		} else {
-			c.decodePeerDown(from.Endpoint, from, true, reason)
-		}
+		c.role.peerDown(from.Endpoint, from, true, fmt.Sprintf("%s: %s", bootstrap.ReasonPeerRestarted, from.Endpoint))
 		return
 	}
 	c.epochs[key] = &heardPeer{epoch: from.Epoch, seq: c.heardSeq}

@@ -124,7 +124,7 @@ func (h *hold) armed() bool {
 	return false
 }
 
-func (c *Core) ensureTarget(t Target) *target {
+func (c *decodeCore) ensureTarget(t Target) *target {
 	k := t.key()
 	tg := c.targets[k]
 	if tg == nil {
@@ -164,7 +164,7 @@ func (c *Core) ensureTarget(t Target) *target {
 // given prefill ranks (at least one), each writing every page, aux and
 // state. The targets are resolved now, so an abort before Init can reach
 // them.
-func (c *Core) CreateReceiver(now time.Time, room uint64, targets []Target) Result {
+func (c *decodeCore) CreateReceiver(now time.Time, room uint64, targets []Target) Result {
 	links := make([]Link, len(targets))
 	for i, t := range targets {
 		links[i] = Link{Target: t, Aux: true}
@@ -176,7 +176,7 @@ func (c *Core) CreateReceiver(now time.Time, room uint64, targets []Target) Resu
 // mapping's links: each source's REQUEST says whether it is a dummy,
 // carries the aux index and state items only for the Aux link, and names
 // the source's index in the room as the uid of its notifications.
-func (c *Core) CreateReceiverLinks(now time.Time, room uint64, links []Link) Result {
+func (c *decodeCore) CreateReceiverLinks(now time.Time, room uint64, links []Link) Result {
 	c.step(now)
 	if len(links) == 0 {
 		return c.count(EventCreate, rejected(fmt.Errorf("room %d: no prefill target: %w", room, ErrInvalidEvent)))
@@ -207,7 +207,7 @@ func (c *Core) CreateReceiverLinks(now time.Time, room uint64, links []Link) Res
 // rank that is registered; the others are registered first (REGISTER,
 // retried until acknowledged). The room is WaitingForInput once every
 // REQUEST is out.
-func (c *Core) InitReceiver(now time.Time, room uint64, spec RequestSpec) Result {
+func (c *decodeCore) InitReceiver(now time.Time, room uint64, spec RequestSpec) Result {
 	c.step(now)
 	rm, ok := c.reg.rooms[room]
 	switch {
@@ -231,7 +231,7 @@ func (c *Core) InitReceiver(now time.Time, room uint64, spec RequestSpec) Result
 
 // flushRequests sends the room's REQUEST to every registered source not
 // yet asked, and starts registration with the others.
-func (c *Core) flushRequests(rm *room) {
+func (c *decodeCore) flushRequests(rm *room) {
 	if rm.status.Terminal() || !rm.dec.init {
 		return
 	}
@@ -272,7 +272,7 @@ func (c *Core) flushRequests(rm *room) {
 	}
 }
 
-func (c *Core) ensureRegistered(tg *target) {
+func (c *decodeCore) ensureRegistered(tg *target) {
 	switch {
 	case !tg.resolved:
 		c.ensureTarget(tg.t)
@@ -283,7 +283,7 @@ func (c *Core) ensureRegistered(tg *target) {
 	}
 }
 
-func (c *Core) sendRegister(tg *target) {
+func (c *decodeCore) sendRegister(tg *target) {
 	m := c.cfg.Register
 	if m.Topo != nil && tg.t.InstTP != 0 {
 		topo := *m.Topo
@@ -295,7 +295,7 @@ func (c *Core) sendRegister(tg *target) {
 
 // Resolved records where a target lives and sends what waited for it:
 // ABORTs owed by rooms aborted before, and registrations.
-func (c *Core) Resolved(now time.Time, t Target, endpoint, serverKey string) {
+func (c *decodeCore) Resolved(now time.Time, t Target, endpoint, serverKey string) {
 	c.step(now)
 	tg := c.targets[t.key()]
 	if tg == nil {
@@ -315,7 +315,7 @@ func (c *Core) Resolved(now time.Time, t Target, endpoint, serverKey string) {
 // sendOwed sends the target every ABORT it has not acknowledged, in room
 // order, and heartbeats it while any is owed: a process that is gone is
 // then reported dead and the rank looked up again.
-func (c *Core) sendOwed(tg *target) {
+func (c *decodeCore) sendOwed(tg *target) {
 	if !tg.resolved || len(tg.owed) == 0 {
 		return
 	}
@@ -327,7 +327,7 @@ func (c *Core) sendOwed(tg *target) {
 
 // oweAbort records an ABORT of room for tg and sends it if tg's endpoint
 // is known (else it is looked up).
-func (c *Core) oweAbort(tg *target, room uint64, code, reason string) {
+func (c *decodeCore) oweAbort(tg *target, room uint64, code, reason string) {
 	o := owedAbort{code: code, reason: reason, until: c.now.Add(c.cfg.Registry.TombstoneTTL)}
 	if tg.resolved && c.bugs.on(bugAbortSentOnce) {
 		c.send(tg.peer(), room, o.msg(room))
@@ -358,7 +358,7 @@ func (c *Core) oweAbort(tg *target, room uint64, code, reason string) {
 // owed until acknowledged like any other, so their rooms fail at once
 // instead of waiting for the bootstrap deadline. A room of that id that
 // this rank does hold is left alone.
-func (c *Core) RefuseRoom(now time.Time, room uint64, targets []Target, reason string) {
+func (c *decodeCore) RefuseRoom(now time.Time, room uint64, targets []Target, reason string) {
 	c.step(now)
 	if _, live := c.reg.rooms[room]; live {
 		return
@@ -373,7 +373,7 @@ func (c *Core) RefuseRoom(now time.Time, room uint64, targets []Target, reason s
 
 // ResolveFailed fails the rooms that wait for the target; ABORTs owed to
 // it wait for a later lookup (with backoff).
-func (c *Core) ResolveFailed(now time.Time, t Target, err error) {
+func (c *decodeCore) ResolveFailed(now time.Time, t Target, err error) {
 	c.step(now)
 	tg := c.targets[t.key()]
 	if tg == nil {
@@ -388,7 +388,7 @@ func (c *Core) ResolveFailed(now time.Time, t Target, err error) {
 }
 
 // failWaiting fails the live rooms that wait for tg's registration.
-func (c *Core) failWaiting(tg *target, reason string) {
+func (c *decodeCore) failWaiting(tg *target, reason string) {
 	for _, rm := range c.roomsAt(tg.t.key()) {
 		if rm.status.Terminal() {
 			continue
@@ -404,7 +404,7 @@ func (c *Core) failWaiting(tg *target, reason string) {
 
 // targetAt is the resolved target at endpoint (the least by key, should
 // two name one endpoint).
-func (c *Core) targetAt(endpoint string) *target {
+func (c *decodeCore) targetAt(endpoint string) *target {
 	var at *target
 	for k, tg := range c.targets {
 		if tg.resolved && tg.endpoint == endpoint && (at == nil || k < at.t.key()) {
@@ -417,7 +417,7 @@ func (c *Core) targetAt(endpoint string) *target {
 // roomsAt returns the live decode rooms with a source at target key, in
 // room order: the index keeps a room from its creation to its Clear, so a
 // message about one prefill rank touches only that rank's rooms.
-func (c *Core) roomsAt(key string) []*room {
+func (c *decodeCore) roomsAt(key string) []*room {
 	ids := slices.Sorted(maps.Keys(c.roomsOf[key]))
 	out := make([]*room, 0, len(ids))
 	for _, id := range ids {
@@ -430,7 +430,7 @@ func (c *Core) roomsAt(key string) []*room {
 
 // index adds (or with add false removes) a decode room under each of its
 // sources' targets.
-func (c *Core) index(rm *room, add bool) {
+func (c *decodeCore) index(rm *room, add bool) {
 	for _, s := range rm.dec.sources {
 		set := c.roomsOf[s.target]
 		switch {
@@ -450,7 +450,7 @@ func (c *Core) index(rm *room, add bool) {
 // onRegisterAck completes the registration it answers, whatever epoch it
 // comes from (a restarted prefill rank answers with its new one); rooms
 // bound to an older epoch of that rank fail.
-func (c *Core) onRegisterAck(msg *bootstrap.RegisterAck) {
+func (c *decodeCore) onRegisterAck(msg *bootstrap.RegisterAck) {
 	tg := c.targetAt(msg.From.Endpoint)
 	if tg == nil || (tg.reg == regOK && tg.epoch == msg.From.Epoch) {
 		return
@@ -475,7 +475,7 @@ func (c *Core) onRegisterAck(msg *bootstrap.RegisterAck) {
 
 // targetRestarted fails every live room whose REQUEST went to another
 // epoch of tg than epoch.
-func (c *Core) targetRestarted(tg *target, epoch uint64) {
+func (c *decodeCore) targetRestarted(tg *target, epoch uint64) {
 	for _, rm := range c.roomsAt(tg.t.key()) {
 		if rm.status.Terminal() {
 			continue
@@ -490,7 +490,7 @@ func (c *Core) targetRestarted(tg *target, epoch uint64) {
 }
 
 // sourceFrom finds the room's source at endpoint.
-func (c *Core) sourceFrom(srcs []*source, endpoint string) (*source, *target) {
+func (c *decodeCore) sourceFrom(srcs []*source, endpoint string) (*source, *target) {
 	for _, s := range srcs {
 		if tg := c.targets[s.target]; tg != nil && tg.resolved && tg.endpoint == endpoint {
 			return s, tg
@@ -503,7 +503,7 @@ func (c *Core) sourceFrom(srcs []*source, endpoint string) (*source, *target) {
 // not_registered means that rank lost our registration (it restarted, or
 // dropped it): we register again and resend the REQUEST once, instead of
 // failing the room. Any other code fails the room.
-func (c *Core) onStatus(msg *bootstrap.Status) {
+func (c *decodeCore) onStatus(msg *bootstrap.Status) {
 	if msg.Status != bootstrap.StatusFailed {
 		return
 	}
@@ -531,7 +531,7 @@ func (c *Core) onStatus(msg *bootstrap.Status) {
 // onAbortAck ends the quarantine of the room's pages once every prefill
 // rank that got our REQUEST acknowledged, from the same process (epoch),
 // that nothing of the room can land.
-func (c *Core) onAbortAck(msg *bootstrap.AbortAck) {
+func (c *decodeCore) onAbortAck(msg *bootstrap.AbortAck) {
 	if tg := c.targetAt(msg.From.Endpoint); tg != nil {
 		delete(tg.owed, msg.Room) // that process has the abort
 	}
@@ -550,7 +550,7 @@ func (c *Core) onAbortAck(msg *bootstrap.AbortAck) {
 	}
 }
 
-func (c *Core) maybeRelease(h *hold) {
+func (c *decodeCore) maybeRelease(h *hold) {
 	for _, s := range h.srcs {
 		if s.sent && !s.acked {
 			return
@@ -559,7 +559,7 @@ func (c *Core) maybeRelease(h *hold) {
 	c.release(h, false)
 }
 
-func (c *Core) release(h *hold, forced bool) {
+func (c *decodeCore) release(h *hold, forced bool) {
 	delete(c.holds, h.room)
 	if forced {
 		c.stats.ForcedReleases++
@@ -571,7 +571,7 @@ func (c *Core) release(h *hold, forced bool) {
 // Notification counts a prefill rank's notification for a room:
 // "kvb1:<room>:<uid>:<chunk>:<total>" or "kvb1:<room>:<uid>:aux".
 // The room succeeds when every source delivered all its chunks and aux.
-func (c *Core) Notification(now time.Time, room uint64, uid int, chunk, total int, aux bool) {
+func (c *decodeCore) Notification(now time.Time, room uint64, uid int, chunk, total int, aux bool) {
 	c.step(now)
 	rm, ok := c.reg.rooms[room]
 	if !ok || rm.dec == nil || rm.status.Terminal() {
@@ -614,7 +614,7 @@ func (c *Core) Notification(now time.Time, room uint64, uid int, chunk, total in
 // room gets an ABORT (before or after our REQUEST: a sender created later
 // then starts Failed), and the pages stay quarantined if any REQUEST went
 // out.
-func (c *Core) decodeFailed(room uint64, reason string) {
+func (c *decodeCore) decodeFailed(room uint64, reason string) {
 	rm, ok := c.reg.rooms[room]
 	if ok && rm.dec != nil {
 		for _, s := range rm.dec.sources {
@@ -637,7 +637,7 @@ func (c *Core) decodeFailed(room uint64, reason string) {
 }
 
 // AbortReceiver fails a decode room from this side.
-func (c *Core) AbortReceiver(now time.Time, room uint64, reason string) Result {
+func (c *decodeCore) AbortReceiver(now time.Time, room uint64, reason string) Result {
 	c.step(now)
 	res := c.count(EventAbort, c.reg.Abort(room, reason, nil))
 	if res.Outcome == Applied {
@@ -648,7 +648,7 @@ func (c *Core) AbortReceiver(now time.Time, room uint64, reason string) Result {
 
 // ClearReceiver forgets a decode room. An unfinished room is failed first
 // (its prefill ranks get ABORT); its pages stay quarantined past Clear.
-func (c *Core) ClearReceiver(now time.Time, room uint64) Result {
+func (c *decodeCore) ClearReceiver(now time.Time, room uint64) Result {
 	c.step(now)
 	if st, ok := c.reg.Status(room); ok && !st.Terminal() {
 		c.failRoom(room, "cleared before it finished")
@@ -666,7 +666,7 @@ func (c *Core) ClearReceiver(now time.Time, room uint64) Result {
 
 // Hold returns the channel closed when a decode room's pages may be
 // reused, and whether the room still holds them.
-func (c *Core) Hold(room uint64) (chan struct{}, bool) {
+func (c *decodeCore) Hold(room uint64) (chan struct{}, bool) {
 	h, ok := c.holds[room]
 	if !ok {
 		return nil, false
@@ -679,7 +679,7 @@ func (c *Core) Hold(room uint64) (chan struct{}, bool) {
 // to it fail and send ABORT (a live or restarted process answers it). A
 // registration still waiting for its REGISTER_ACK is kept: the ACK will
 // come from the new process.
-func (c *Core) decodePeerDown(endpoint string, from bootstrap.From, restarted bool, reason string) {
+func (c *decodeCore) peerDown(endpoint string, from bootstrap.From, restarted bool, reason string) {
 	tg := c.targetAt(endpoint)
 	if tg == nil {
 		return
@@ -734,7 +734,7 @@ func (c *Core) decodePeerDown(endpoint string, from bootstrap.From, restarted bo
 // A record at the same endpoint with another epoch than the process that
 // acknowledged our REGISTER (epoch 0: the record does not say) is a restart
 // in place: handled as the control plane's restart report would be.
-func (c *Core) TargetChanged(now time.Time, t Target, endpoint, serverKey string, epoch uint64, gone bool) {
+func (c *decodeCore) TargetChanged(now time.Time, t Target, endpoint, serverKey string, epoch uint64, gone bool) {
 	c.step(now)
 	tg := c.targets[t.key()]
 	if tg == nil || !tg.resolved {
@@ -742,7 +742,7 @@ func (c *Core) TargetChanged(now time.Time, t Target, endpoint, serverKey string
 	}
 	if !gone && tg.endpoint == endpoint {
 		if epoch != 0 && tg.reg == regOK && tg.epoch != epoch {
-			c.decodePeerDown(endpoint, bootstrap.From{Endpoint: endpoint, Epoch: epoch}, true,
+			c.peerDown(endpoint, bootstrap.From{Endpoint: endpoint, Epoch: epoch}, true,
 				fmt.Sprintf("rank's discovery record names a new process (epoch %d → %d): %s", tg.epoch, epoch, endpoint))
 		}
 		return
@@ -752,7 +752,7 @@ func (c *Core) TargetChanged(now time.Time, t Target, endpoint, serverKey string
 	if !gone {
 		what = "record moved to " + endpoint
 	}
-	c.decodePeerDown(old, bootstrap.From{}, false, fmt.Sprintf("rank's discovery %s: %s", what, old))
+	c.peerDown(old, bootstrap.From{}, false, fmt.Sprintf("rank's discovery %s: %s", what, old))
 	if !gone {
 		tg.resolving = false
 		c.Resolved(now, t, endpoint, serverKey)
@@ -763,7 +763,7 @@ func (c *Core) TargetChanged(now time.Time, t Target, endpoint, serverKey string
 // REGISTERs that got no answer (looking the rank up again after
 // registerLookupAfter of them), forgets owed ABORTs past the TTL and looks
 // up again the ranks that owed ABORTs still wait for.
-func (c *Core) tickDecode(now time.Time) {
+func (c *decodeCore) tickDecode(now time.Time) {
 	for _, room := range slices.Sorted(maps.Keys(c.holds)) {
 		if h := c.holds[room]; h.failed && now.After(h.deadline) {
 			c.release(h, true)
@@ -801,7 +801,7 @@ func (c *Core) tickDecode(now time.Time) {
 }
 
 // waitsFor reports whether a live room still waits to send tg its REQUEST.
-func (c *Core) waitsFor(tg *target) bool {
+func (c *decodeCore) waitsFor(tg *target) bool {
 	for id := range c.roomsOf[tg.t.key()] {
 		rm := c.reg.rooms[id]
 		if rm == nil || rm.dec == nil || !rm.dec.init || rm.status.Terminal() {
@@ -814,18 +814,6 @@ func (c *Core) waitsFor(tg *target) bool {
 		}
 	}
 	return false
-}
-
-// PeerDown reports a peer that heartbeats declared dead (restarted false)
-// or that showed a new epoch (restarted true, from names it).
-func (c *Core) PeerDown(now time.Time, endpoint string, from bootstrap.From, restarted bool, reason string) {
-	c.step(now)
-	reason = fmt.Sprintf("%s: %s", reason, endpoint)
-	if c.cfg.Role == RolePrefill {
-		c.prefillPeerDown(endpoint, from, restarted, reason)
-	} else {
-		c.decodePeerDown(endpoint, from, restarted, reason)
-	}
 }
 
 // notif is a parsed data-plane notification.
@@ -858,4 +846,31 @@ func parseNotif(s string) (notif, bool) {
 	n.chunk, err = strconv.Atoi(f[3])
 	n.total, err2 = strconv.Atoi(f[4])
 	return n, err == nil && err2 == nil && n.chunk >= 0 && n.total >= 0
+}
+
+// failed aborts a room that failed here on its prefill ranks.
+func (c *decodeCore) failed(room uint64, reason string, _ Result) { c.decodeFailed(room, reason) }
+
+// expired aborts a room a deadline failed.
+func (c *decodeCore) expired(e Expiry) { c.decodeFailed(e.Room, e.Reason) }
+
+func (c *decodeCore) tick(now time.Time) { c.tickDecode(now) }
+
+// needs marks the prefill ranks with a live room here or an owed ABORT.
+func (c *decodeCore) needs(needed map[string]bool) {
+	for _, tg := range c.targets {
+		if !tg.resolved {
+			continue
+		}
+		if len(tg.owed) > 0 {
+			needed[tg.endpoint] = true
+			continue
+		}
+		for id := range c.roomsOf[tg.t.key()] {
+			if rm := c.reg.rooms[id]; rm != nil && !rm.status.Terminal() {
+				needed[tg.endpoint] = true
+				break
+			}
+		}
+	}
 }

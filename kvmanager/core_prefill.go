@@ -39,7 +39,7 @@ type prefillRoom struct {
 	started time.Time
 }
 
-func (c *Core) statusFailed(room uint64, peers []PeerRequest, code, reason, skip string) {
+func (c *prefillCore) statusFailed(room uint64, peers []PeerRequest, code, reason, skip string) {
 	for _, pr := range peers {
 		if pr.Peer != skip && pr.Payload != nil {
 			c.statusTo(bootstrap.Peer{Endpoint: pr.Payload.From.Endpoint}, room, code, reason)
@@ -47,7 +47,7 @@ func (c *Core) statusFailed(room uint64, peers []PeerRequest, code, reason, skip
 	}
 }
 
-func (c *Core) statusTo(to bootstrap.Peer, room uint64, code, reason string) {
+func (c *prefillCore) statusTo(to bootstrap.Peer, room uint64, code, reason string) {
 	c.stats.StatusSent++
 	c.send(to, room, &bootstrap.Status{Room: room, Status: bootstrap.StatusFailed, Code: code, Reason: reason})
 }
@@ -77,10 +77,7 @@ func layoutFrom(kv, aux, state []bootstrap.Region) (transfer.Layout, error) {
 // CheckRegister validates a REGISTER against this rank (compat, role and
 // layout) without touching any state. The shell loads the agent metadata
 // only after it passes, then steps Registered (or RegisterRefused).
-func (c *Core) CheckRegister(msg *bootstrap.Register) (PeerPlan, error) {
-	if c.cfg.Role != RolePrefill {
-		return PeerPlan{}, fmt.Errorf("this rank is a decode rank")
-	}
+func (c *prefillCore) checkRegister(msg *bootstrap.Register) (PeerPlan, error) {
 	if msg.Compat != c.cfg.Compat {
 		return PeerPlan{}, fmt.Errorf("compat mismatch: prefill %q, decode %q", c.cfg.Compat, msg.Compat)
 	}
@@ -137,7 +134,7 @@ func (c *Core) CheckRegister(msg *bootstrap.Register) (PeerPlan, error) {
 }
 
 // RegisterRefused answers a REGISTER with ok false.
-func (c *Core) RegisterRefused(now time.Time, from bootstrap.From, reason string) {
+func (c *prefillCore) registerRefused(now time.Time, from bootstrap.From, reason string) {
 	c.step(now)
 	c.hear(from)
 	c.send(bootstrap.Peer{Endpoint: from.Endpoint}, 0, &bootstrap.RegisterAck{OK: false, Reason: reason})
@@ -146,7 +143,7 @@ func (c *Core) RegisterRefused(now time.Time, from bootstrap.From, reason string
 // Registered binds a decode rank's registration to its epoch and
 // acknowledges it. A new epoch of a known rank means that rank restarted:
 // every room and pending request bound to the old epoch fails first.
-func (c *Core) Registered(now time.Time, from bootstrap.From, remote string, pp PeerPlan) {
+func (c *prefillCore) Registered(now time.Time, from bootstrap.From, remote string, pp PeerPlan) {
 	c.step(now)
 	c.hear(from)
 	key := from.Peer()
@@ -167,7 +164,7 @@ func (c *Core) Registered(now time.Time, from bootstrap.From, remote string, pp 
 // that resumes must learn that its rooms failed here rather than wait for
 // their deadlines. A restarted peer is not: its new process holds none of
 // the old one's rooms.
-func (c *Core) peerGone(key string, epoch uint64, exact bool, code, reason string) {
+func (c *prefillCore) peerGone(key string, epoch uint64, exact bool, code, reason string) {
 	skip := key
 	if code == CodePeerUnreachable && !c.bugs.on(bugDeadPeerNotTold) {
 		skip = ""
@@ -200,7 +197,7 @@ func (c *Core) peerGone(key string, epoch uint64, exact bool, code, reason strin
 // that registered, name only registered pages, and find the room neither
 // aborted nor cleared; otherwise it gets STATUS failed with a code. It
 // reports whether the request was accepted.
-func (c *Core) onRequest(msg *bootstrap.Request) bool {
+func (c *prefillCore) onRequest(msg *bootstrap.Request) bool {
 	to := bootstrap.Peer{Endpoint: msg.From.Endpoint}
 	key := msg.From.Peer()
 	p, ok := c.peers[key]
@@ -262,13 +259,7 @@ func checkRequest(msg *bootstrap.Request, p *decodePeer) string {
 // the abort applies (tombstoning a room that has no sender yet); the ACK
 // goes out once no write of the room can land, whether the room is live or
 // already cleared.
-func (c *Core) onAbort(msg *bootstrap.Abort) {
-	if c.cfg.Role != RolePrefill {
-		// ABORT goes decode → prefill only: on a decode rank it could only
-		// tombstone a room id a later receiver needs.
-		c.stats.Refused++
-		return
-	}
+func (c *prefillCore) onAbort(msg *bootstrap.Abort) {
 	ack := bootstrap.Peer{Endpoint: msg.From.Endpoint}
 	if c.bugs.on(bugAckOnClearedTombstone) {
 		if t, ok := c.reg.tombs[msg.Room]; ok && t.kind == Cleared {
@@ -290,7 +281,7 @@ func (c *Core) onAbort(msg *bootstrap.Abort) {
 }
 
 // CreateSender creates the prefill side of a room.
-func (c *Core) CreateSender(now time.Time, room uint64) Result {
+func (c *prefillCore) CreateSender(now time.Time, room uint64) Result {
 	c.step(now)
 	res := c.count(EventCreate, c.reg.Create(room, RolePrefill))
 	if res.Outcome == Applied {
@@ -300,14 +291,14 @@ func (c *Core) CreateSender(now time.Time, room uint64) Result {
 }
 
 // InitSender marks the sender initialised.
-func (c *Core) InitSender(now time.Time, room uint64) Result {
+func (c *prefillCore) InitSender(now time.Time, room uint64) Result {
 	c.step(now)
 	return c.count(EventInit, c.reg.Init(room))
 }
 
 // AbortSender fails a prefill room from this side and tells its decode
 // ranks.
-func (c *Core) AbortSender(now time.Time, room uint64, reason string) Result {
+func (c *prefillCore) AbortSender(now time.Time, room uint64, reason string) Result {
 	c.step(now)
 	res := c.count(EventAbort, c.reg.Abort(room, reason, nil))
 	if res.Outcome == Applied {
@@ -318,7 +309,7 @@ func (c *Core) AbortSender(now time.Time, room uint64, reason string) Result {
 
 // ClearSender forgets a prefill room; decode ranks of an unfinished room
 // are told. Writes still in flight keep counting in its tombstone.
-func (c *Core) ClearSender(now time.Time, room uint64) Result {
+func (c *prefillCore) ClearSender(now time.Time, room uint64) Result {
 	c.step(now)
 	res := c.count(EventClear, c.reg.Clear(room))
 	if res.Outcome == Applied && !res.Status.Terminal() {
@@ -332,7 +323,7 @@ func (c *Core) ClearSender(now time.Time, room uint64) Result {
 // chunk, the state items and the aux item; it emits them as one
 // EffectPost. Each write names the epoch of the REQUEST whose pages it
 // targets.
-func (c *Core) SendChunk(now time.Time, room uint64, pages []uint32, last bool, auxIndex int, state [][]uint32) error {
+func (c *prefillCore) SendChunk(now time.Time, room uint64, pages []uint32, last bool, auxIndex int, state [][]uint32) error {
 	c.step(now)
 	rm, ok := c.reg.rooms[room]
 	switch {
@@ -426,7 +417,7 @@ func stateAt(state [][]uint32, i int) []uint32 {
 // Posting is the gate right before a write is posted: it counts the write
 // in flight and returns true only if the room is still live on this rank
 // and the write's peer is still the process (epoch) that named its pages.
-func (c *Core) Posting(now time.Time, room uint64, w *transfer.Write) bool {
+func (c *prefillCore) Posting(now time.Time, room uint64, w *transfer.Write) bool {
 	c.step(now)
 	p := c.peers[w.PeerKey]
 	if c.bugs.on(bugPostIgnoresEpoch) && p != nil {
@@ -443,7 +434,7 @@ func (c *Core) Posting(now time.Time, room uint64, w *transfer.Write) bool {
 // WriteDone reports a posted write's completion. quiesced says the engine
 // guarantees a failed write can no longer land; a failed write that is not
 // quiesced keeps the room undrained until the stall deadline.
-func (c *Core) WriteDone(now time.Time, room uint64, w *transfer.Write, err error, quiesced bool) Result {
+func (c *prefillCore) WriteDone(now time.Time, room uint64, w *transfer.Write, err error, quiesced bool) Result {
 	c.step(now)
 	if c.bugs.on(bugFailedWriteDrains) {
 		quiesced = true
@@ -459,7 +450,7 @@ func (c *Core) WriteDone(now time.Time, room uint64, w *transfer.Write, err erro
 // rank. A dead rank keeps its registration (bound to its epoch, not to
 // heartbeats: a false "dead" must not break the pair for good); a
 // restarted one loses it.
-func (c *Core) prefillPeerDown(endpoint string, from bootstrap.From, restarted bool, reason string) {
+func (c *prefillCore) peerDown(endpoint string, from bootstrap.From, restarted bool, reason string) {
 	for _, key := range slices.Sorted(maps.Keys(c.peers)) {
 		p := c.peers[key]
 		if p.from.Endpoint != endpoint && key != from.Peer() {
@@ -476,5 +467,34 @@ func (c *Core) prefillPeerDown(endpoint string, from bootstrap.From, restarted b
 		if restarted || c.bugs.on(bugDropRegOnPeerDown) {
 			delete(c.peers, key)
 		}
+	}
+}
+
+// failed tells the decode ranks of a room that failed here.
+func (c *prefillCore) failed(room uint64, reason string, res Result) {
+	c.statusFailed(room, res.Peers, CodeFailed, reason, "")
+}
+
+// expired tells the decode ranks of a room a deadline failed.
+func (c *prefillCore) expired(e Expiry) { c.statusFailed(e.Room, e.Peers, CodeFailed, e.Reason, "") }
+
+func (c *prefillCore) tick(time.Time) {}
+
+// needs marks the decode ranks with a live room or pending request here.
+func (c *prefillCore) needs(needed map[string]bool) {
+	mark := func(reqs []PeerRequest) {
+		for _, pr := range reqs {
+			if pr.Payload != nil {
+				needed[pr.Payload.From.Endpoint] = true
+			}
+		}
+	}
+	for _, rm := range c.reg.rooms {
+		if !rm.status.Terminal() {
+			mark(rm.requests)
+		}
+	}
+	for _, p := range c.reg.pending {
+		mark(p.requests)
 	}
 }

@@ -1019,7 +1019,18 @@ func (w *simWorld) clone() *simWorld {
 
 // clone deep-copies a core (test only).
 func (c *Core) clone() *Core {
-	n := *c
+	nb := *c.base
+	n := &Core{base: &nb}
+	if c.prefillCore != nil {
+		np := *c.prefillCore
+		np.base = &nb
+		n.prefillCore, nb.role = &np, &np
+	}
+	if c.decodeCore != nil {
+		nd := *c.decodeCore
+		nd.base = &nb
+		n.decodeCore, nb.role = &nd, &nd
+	}
 	n.out = nil
 	reg := *c.reg
 	reg.out = &n.out
@@ -1064,25 +1075,29 @@ func (c *Core) clone() *Core {
 	reg.tombQ = slices.Clone(c.reg.tombQ)
 	reg.draining = maps.Clone(c.reg.draining)
 	reg.pendingBy = maps.Clone(c.reg.pendingBy)
-	n.peers = maps.Clone(c.peers) // decodePeer values are never modified
-	n.targets = make(map[string]*target, len(c.targets))
-	for k, t := range c.targets {
-		cp := *t
-		cp.owed = maps.Clone(t.owed)
-		n.targets[k] = &cp
+	if c.prefillCore != nil {
+		n.peers = maps.Clone(c.peers) // decodePeer values are never modified
 	}
-	n.holds = make(map[uint64]*hold, len(c.holds))
-	for id, h := range c.holds {
-		cp := *h
-		cp.srcs = make([]*source, len(h.srcs))
-		for i, s := range h.srcs {
-			cp.srcs[i] = cpSrc(s)
+	if c.decodeCore != nil {
+		n.targets = make(map[string]*target, len(c.targets))
+		for k, t := range c.targets {
+			cp := *t
+			cp.owed = maps.Clone(t.owed)
+			n.targets[k] = &cp
 		}
-		n.holds[id] = &cp
-	}
-	n.roomsOf = make(map[string]map[uint64]struct{}, len(c.roomsOf))
-	for k, set := range c.roomsOf {
-		n.roomsOf[k] = maps.Clone(set)
+		n.holds = make(map[uint64]*hold, len(c.holds))
+		for id, h := range c.holds {
+			cp := *h
+			cp.srcs = make([]*source, len(h.srcs))
+			for i, s := range h.srcs {
+				cp.srcs[i] = cpSrc(s)
+			}
+			n.holds[id] = &cp
+		}
+		n.roomsOf = make(map[string]map[uint64]struct{}, len(c.roomsOf))
+		for k, set := range c.roomsOf {
+			n.roomsOf[k] = maps.Clone(set)
+		}
 	}
 	n.watching = maps.Clone(c.watching)
 	n.epochs = make(map[string]*heardPeer, len(c.epochs))
@@ -1090,5 +1105,5 @@ func (c *Core) clone() *Core {
 		cp := *h
 		n.epochs[k] = &cp
 	}
-	return &n
+	return n
 }

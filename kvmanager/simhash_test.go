@@ -226,14 +226,24 @@ func (c *Core) hash(f *fp) {
 		f.t(t.drainBy)
 		f.b1(t.drainExpired)
 	}
-	f.i(len(c.peers))
-	for _, k := range slices.Sorted(maps.Keys(c.peers)) {
-		f.s(k)
-		f.u(c.peers[k].from.Epoch)
+	// Each role's own tables (nil for the other role: the same hash as empty).
+	var peers map[string]*decodePeer
+	var targets map[string]*target
+	var holds map[uint64]*hold
+	if c.prefillCore != nil {
+		peers = c.peers
 	}
-	f.i(len(c.targets))
-	for _, k := range slices.Sorted(maps.Keys(c.targets)) {
-		t := c.targets[k]
+	if c.decodeCore != nil {
+		targets, holds = c.targets, c.holds
+	}
+	f.i(len(peers))
+	for _, k := range slices.Sorted(maps.Keys(peers)) {
+		f.s(k)
+		f.u(peers[k].from.Epoch)
+	}
+	f.i(len(targets))
+	for _, k := range slices.Sorted(maps.Keys(targets)) {
+		t := targets[k]
 		f.s(k)
 		f.s(t.endpoint)
 		f.b1(t.resolved)
@@ -259,9 +269,9 @@ func (c *Core) hash(f *fp) {
 	for _, ep := range slices.Sorted(maps.Keys(c.watching)) {
 		f.s(ep)
 	}
-	f.i(len(c.holds))
-	for _, id := range slices.Sorted(maps.Keys(c.holds)) {
-		h := c.holds[id]
+	f.i(len(holds))
+	for _, id := range slices.Sorted(maps.Keys(holds)) {
+		h := holds[id]
 		f.u(id)
 		f.b1(h.failed)
 		f.t(h.deadline)
