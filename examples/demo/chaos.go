@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -30,16 +31,18 @@ import (
 )
 
 // The chaos mode (-chaos): the example ranks under the demo's real traffic
-// while a seeded injector, one fault at a time, SIGKILLs a rank and
+// while a seeded injector, one fault at a time, SIGKILLs a prefill rank, the
+// decode rank, or both at once (the decode rank restarted first, so its
+// first rooms look up a record still naming the dead prefill process), and
 // restarts it on a new port (a pod restart: new control endpoint, new HTTP
-// port, while the old record's lease still names the dead process),
-// SIGSTOPs a rank for longer than the heartbeat bound and SIGCONTs it,
-// restarts the bootstrap server (HTTP discovery: hosted by this driver so
+// port, while the old record's lease still names the dead process);
+// SIGSTOPs a rank for longer than the heartbeat bound and SIGCONTs it;
+// restarts the bootstrap server (HTTP discovery: hosted by this driver, so
 // the ranks' records are lost with it) or etcd (etcd discovery: its own
 // process, SIGKILLed and started again on the same data directory and
-// ports). Every kind of fault
-// runs at least once per round, in a shuffled order each cycle. The ranks
-// run with short timings (chaosEnv, chaosFlags) so a round is quick.
+// ports). Every kind of fault runs at least once per round, in a shuffled
+// order each cycle. The ranks run with short timings (chaosEnv,
+// chaosFlags) so a round is quick.
 //
 // The round fails unless:
 //   - no page is corrupt (every head of every page of every room that
@@ -53,7 +56,9 @@ import (
 //   - no room fails outside a fault's window (from the injection until the
 //     survivors served a room again, plus chaosGrace), every room's POSTs
 //     return (a room that reaches its POST's timeout has hung), and the
-//     rooms that fail inside a window fail cleanly (Failed, with a reason);
+//     rooms that fail inside a window fail cleanly (Failed with a reason,
+//     or a POST broken by the kill of its rank: one to a rank never killed
+//     is a problem);
 //   - after each fault the survivors and the restarted rank serve a new
 //     room byte-exact within chaosRecoveryBound of the restart (or resume);
 //     after a restart of the bootstrap server or etcd every prefill rank's
@@ -140,7 +145,7 @@ type fault struct {
 	kind      string // kill, pause, restart-bootstrap, restart-etcd
 	role      string // the rank's role (kill, pause)
 	rank      int
-	victim    *proc // the process killed or paused
+	victims   []*proc // the processes killed or paused
 	start     time.Time
 	recovered time.Time // restarted, resumed
 	served    time.Time // the first probe room that succeeded after it (zero: none)
@@ -405,9 +410,9 @@ func runChaos(o chaosOptions) int {
 		c.mu.Unlock()
 	}
 	frng := rand.New(rand.NewPCG(o.seed, 13))
-	kinds := []string{"kill prefill", "kill decode", "pause prefill", "pause decode", "restart-bootstrap"}
+	kinds := []string{"kill prefill", "kill decode", "kill prefill+decode", "pause prefill", "pause decode", "restart-bootstrap"}
 	if o.discovery == "etcd" {
-		kinds[4] = "restart-etcd"
+		kinds[5] = "restart-etcd"
 	}
 	fatal := false
 	for cycle := 0; !fatal && (cycle == 0 || time.Since(start) < o.duration); cycle++ {
@@ -581,32 +586,48 @@ func (c *cluster) inject(kind string, rng *rand.Rand) error {
 	if f.role != "" {
 		f.rank = rng.IntN(len(in.ranks))
 		p = in.ranks[f.rank]
-		f.victim = p
+		f.victims = []*proc{p}
+	}
+	var pair *proc // kill prefill+decode: the decode rank killed with the prefill rank
+	if f.role == "prefill+decode" {
+		in = c.prefill
+		f.rank = rng.IntN(len(in.ranks))
+		p, pair = in.ranks[f.rank], c.decode.ranks[0]
+		f.victims = []*proc{p, pair}
 	}
 	c.mu.Unlock()
 	down := time.Duration(rng.IntN(int(chaosDownMax/time.Millisecond))) * time.Millisecond
 	switch f.kind {
 	case "kill":
 		c.mu.Lock()
-		c.killed[p] = true
+		for _, v := range f.victims {
+			c.killed[v] = true
+		}
 		c.mu.Unlock()
-		p.cmd.Process.Signal(syscall.SIGKILL)
-		p.cmd.Wait()
+		for _, v := range f.victims {
+			v.cmd.Process.Signal(syscall.SIGKILL)
+		}
+		for _, v := range f.victims {
+			v.cmd.Wait()
+		}
 		time.Sleep(down)
-		np, err := start(c.o.bin, p.name, p.args...)
+		if pair != nil {
+			// The decode rank first: its first rooms look the prefill rank
+			// up while its record still names the dead process (issue 20's
+			// case 1), until the prefill rank's new process takes the record
+			// once the lease lapsed.
+			np, err := c.restart(c.decode, 0, pair)
+			if err != nil {
+				return err
+			}
+			f.note = fmt.Sprintf("decode pid %d %s → pid %d %s, then ", pair.cmd.Process.Pid, pair.endpoint, np.cmd.Process.Pid, np.endpoint)
+		}
+		np, err := c.restart(in, f.rank, p)
 		if err != nil {
-			return fmt.Errorf("restarting %s rank %d: %w", f.role, f.rank, err)
+			return err
 		}
-		np.args = p.args
-		c.mu.Lock()
-		in.ranks[f.rank] = np
-		c.born[np] = time.Now()
-		c.mu.Unlock()
 		f.recovered = time.Now()
-		f.note = fmt.Sprintf("pid %d %s → pid %d %s (down %v)", p.cmd.Process.Pid, p.endpoint, np.cmd.Process.Pid, np.endpoint, down)
-		if np.endpoint == p.endpoint {
-			return fmt.Errorf("%s rank %d came back on its old endpoint %s", f.role, f.rank, p.endpoint)
-		}
+		f.note += fmt.Sprintf("pid %d %s → pid %d %s (down %v)", p.cmd.Process.Pid, p.endpoint, np.cmd.Process.Pid, np.endpoint, down)
 	case "pause":
 		pause := chaosPauseMin + time.Duration(rng.Int64N(int64(chaosPauseMax-chaosPauseMin)))
 		c.mu.Lock()
@@ -678,6 +699,23 @@ func (c *cluster) inject(kind string, rng *rand.Rand) error {
 	fmt.Fprintf(os.Stderr, "\n")
 	fmt.Printf("fault %d at +%.1fs: %s%s (%s); a new room succeeded %s after\n", f.n, f.start.Sub(c.t0).Seconds(), f.label(), who, f.note, rec)
 	return nil
+}
+
+// restart starts a killed rank's process again (new ports: the control
+// endpoint and HTTP address are bound afresh) and puts it in its place.
+func (c *cluster) restart(in *instance, rank int, old *proc) (*proc, error) {
+	np, err := start(c.o.bin, old.name, old.args...)
+	if err != nil {
+		return nil, fmt.Errorf("restarting %s rank %d: %w", old.name, rank, err)
+	}
+	c.mu.Lock()
+	in.ranks[rank] = np
+	c.born[np] = time.Now()
+	c.mu.Unlock()
+	if np.endpoint == old.endpoint {
+		return nil, fmt.Errorf("%s rank %d came back on its old endpoint %s", old.name, rank, old.endpoint)
+	}
+	return np, nil
 }
 
 // recordsBack waits until discovery names every prefill rank's live
@@ -880,7 +918,7 @@ func (c *cluster) report(elapsed, steadyFor time.Duration) int {
 		var cause *fault
 		for _, f := range c.faults {
 			for i, err := range r.errs {
-				if cause == nil && err != nil && f.kind == "kill" && f.victim == r.ranks[i] {
+				if cause == nil && err != nil && f.kind == "kill" && slices.Contains(f.victims, r.ranks[i]) {
 					cause = f
 				}
 			}

@@ -97,9 +97,10 @@ func TestDemoHostile(t *testing.T) {
 // TestDemoChaos is a short round of the chaos soak (make soak-chaos runs
 // it at length; see chaos.go): the example ranks under real traffic while
 // one fault of each kind is injected at a random (seeded, printed) moment —
-// a rank SIGKILLed and restarted on a new port, prefill and decode each; a
-// rank SIGSTOPped past the heartbeat bound, each; the bootstrap server
-// restarted (HTTP) or etcd SIGKILLed and restarted (etcd). The demo fails
+// a rank SIGKILLed and restarted on a new port (prefill, decode, and both
+// at once); a rank SIGSTOPped past the heartbeat bound (prefill, decode);
+// the bootstrap server restarted (HTTP) or etcd SIGKILLed and restarted
+// (etcd). The demo fails
 // unless no page is corrupt, no room on any rank outlives its deadline
 // plus the bound, every failed room failed inside a fault's window,
 // survivors served a new room within the bound after each fault, and every
@@ -116,7 +117,7 @@ func TestDemoChaos(t *testing.T) {
 			}
 			t.Logf("\n%s", s)
 			restart := map[string]string{"http": "restart-bootstrap 1", "etcd": "restart-etcd 1"}[discovery]
-			for _, want := range []string{"(corrupt 0)", "OK: no page corrupt", "kill decode 1", "kill prefill 1", "pause decode 1", "pause prefill 1", restart} {
+			for _, want := range []string{"(corrupt 0)", "OK: no page corrupt", "kill decode 1", "kill prefill 1", "kill prefill+decode 1", "pause decode 1", "pause prefill 1", restart} {
 				if !strings.Contains(s, want) {
 					t.Errorf("summary lacks %q", want)
 				}
