@@ -106,21 +106,21 @@ func BenchmarkCoreRoom(b *testing.B) {
 				cp := *m
 				cp.From = from
 				lay, _ := dst.CheckRegister(&cp)
-				dst.Registered(now, from, "agent", lay)
+				dst.registered(now, from, "agent", lay)
 			case *bootstrap.RegisterAck:
 				cp := *m
 				cp.From = from
-				dst.Receive(now, &cp)
+				dst.receive(now, &cp)
 			case *bootstrap.Request:
 				cp := *m
 				cp.From = from
-				dst.Receive(now, &cp)
+				dst.receive(now, &cp)
 			}
 		}
 	}
-	d.CreateReceiver(now, 0, []Target{prefillT})
-	d.Resolved(now, prefillT, prefillFrom.Endpoint, "")
-	d.InitReceiver(now, 0, RequestSpec{DstPages: []uint32{1}, AuxIndex: 1})
+	d.createReceiver(now, 0, []Target{prefillT})
+	d.resolved(now, prefillT, prefillFrom.Endpoint, "")
+	d.initReceiver(now, 0, RequestSpec{DstPages: []uint32{1}, AuxIndex: 1})
 	deliver(p, decodeFrom, d.Effects())
 	deliver(d, prefillFrom, p.Effects())
 	d.Effects()
@@ -128,13 +128,13 @@ func BenchmarkCoreRoom(b *testing.B) {
 	b.ResetTimer()
 	for i := 1; i <= b.N; i++ {
 		room := uint64(i)
-		d.CreateReceiver(now, room, []Target{prefillT})
-		d.InitReceiver(now, room, RequestSpec{DstPages: []uint32{1}, AuxIndex: 1})
-		p.CreateSender(now, room)
-		p.InitSender(now, room)
+		d.createReceiver(now, room, []Target{prefillT})
+		d.initReceiver(now, room, RequestSpec{DstPages: []uint32{1}, AuxIndex: 1})
+		p.createSender(now, room)
+		p.initSender(now, room)
 		deliver(p, decodeFrom, d.Effects())
 		p.Effects()
-		if err := p.SendChunk(now, room, []uint32{0}, true, 0, nil); err != nil {
+		if err := p.sendChunk(now, room, []uint32{0}, true, 0, nil); err != nil {
 			b.Fatal(err)
 		}
 		var writes []transfer.Write
@@ -142,27 +142,27 @@ func BenchmarkCoreRoom(b *testing.B) {
 			writes = append(writes, e.Writes...)
 		}
 		for j := range writes {
-			if !p.Posting(now, room, &writes[j]) {
+			if !p.posting(now, room, &writes[j]) {
 				b.Fatal("gate refused")
 			}
-			p.WriteDone(now, room, &writes[j], nil, false)
+			p.writeDone(now, room, &writes[j], nil, false)
 		}
-		d.Notification(now, room, 0, 0, 1, false)
-		d.Notification(now, room, 0, 0, 0, true)
+		d.notification(now, room, 0, 0, 1, false)
+		d.notification(now, room, 0, 0, 0, true)
 		if st, _ := d.Status(room); st != Success {
 			b.Fatalf("decode room %v", st)
 		}
 		if st, _ := p.Status(room); st != Success {
 			b.Fatalf("prefill room %v", st)
 		}
-		p.ClearSender(now, room)
-		d.ClearReceiver(now, room)
+		p.clearSender(now, room)
+		d.clearReceiver(now, room)
 		p.Effects()
 		d.Effects()
 		if i%sweepEvery == 0 {
 			now = now.Add(11 * time.Minute)
-			p.Tick(now)
-			d.Tick(now)
+			p.tickAll(now)
+			d.tickAll(now)
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "rooms/s")

@@ -379,11 +379,11 @@ func (c *Core) waiters(room uint64) (done, ready chan struct{}, ok bool) {
 	return rm.done, rm.ready, true
 }
 
-// Tick enforces every deadline passed at now: registry deadlines (STATUS
+// tickAll enforces every deadline passed at now: registry deadlines (STATUS
 // failed to the decode ranks of failed prefill rooms, ABORT to the prefill
 // ranks of failed decode rooms), owed ABORT_ACKs of undrained rooms,
 // decode quarantine deadlines and REGISTER retries.
-func (c *Core) Tick(now time.Time) {
+func (c *Core) tickAll(now time.Time) {
 	c.step(now)
 	for _, e := range c.reg.Sweep(now) {
 		if e.DrainOnly {
@@ -396,8 +396,8 @@ func (c *Core) Tick(now time.Time) {
 	c.unwatchIdle()
 }
 
-// Close fails every live room with reason; the shell then stops.
-func (c *Core) Close(now time.Time, reason string) {
+// closeAll fails every live room with reason; the shell then stops.
+func (c *Core) closeAll(now time.Time, reason string) {
 	c.step(now)
 	for _, id := range slices.Sorted(maps.Keys(c.reg.rooms)) {
 		if !c.reg.rooms[id].status.Terminal() {
@@ -416,7 +416,7 @@ func (c *base) failRoom(room uint64, reason string) Result {
 	return res
 }
 
-// Receive steps one control message from a peer into the core: every
+// receive steps one control message from a peer into the core: every
 // message type but REGISTER (which the shell validates with CheckRegister
 // and binds with Registered or RegisterRefused, loading the peer's
 // metadata in between) and PING (the transport answers it; anyone can send
@@ -427,7 +427,7 @@ func (c *base) failRoom(room uint64, reason string) Result {
 // etcd-io/raft checks the term at the top of Step): a new epoch of a peer
 // it has heard from means that peer restarted, and everything bound to the
 // old epoch fails first.
-func (c *Core) Receive(now time.Time, msg bootstrap.Message) (accepted bool) {
+func (c *Core) receive(now time.Time, msg bootstrap.Message) (accepted bool) {
 	c.step(now)
 	if _, ping := msg.(*bootstrap.Ping); ping {
 		return false
@@ -466,9 +466,9 @@ func (c *Core) Receive(now time.Time, msg bootstrap.Message) (accepted bool) {
 	return false
 }
 
-// PeerDown reports a peer that heartbeats declared dead (restarted false)
+// reportDown reports a peer that heartbeats declared dead (restarted false)
 // or that showed a new epoch (restarted true, from names it).
-func (c *Core) PeerDown(now time.Time, endpoint string, from bootstrap.From, restarted bool, reason string) {
+func (c *Core) reportDown(now time.Time, endpoint string, from bootstrap.From, restarted bool, reason string) {
 	c.step(now)
 	c.role.peerDown(endpoint, from, restarted, fmt.Sprintf("%s: %s", reason, endpoint))
 }
@@ -476,7 +476,7 @@ func (c *Core) PeerDown(now time.Time, endpoint string, from bootstrap.From, res
 // CheckRegister validates a REGISTER against this rank (compat, role and
 // layout) without touching any state: only a prefill rank takes one. The
 // shell loads the agent metadata only after it passes, then steps
-// Registered (or RegisterRefused).
+// registered (or RegisterRefused).
 func (c *Core) CheckRegister(msg *bootstrap.Register) (PeerPlan, error) {
 	if c.prefillCore == nil {
 		return PeerPlan{}, fmt.Errorf("this rank is a decode rank")
@@ -484,8 +484,8 @@ func (c *Core) CheckRegister(msg *bootstrap.Register) (PeerPlan, error) {
 	return c.prefillCore.checkRegister(msg)
 }
 
-// RegisterRefused answers a REGISTER with ok false (prefill).
-func (c *Core) RegisterRefused(now time.Time, from bootstrap.From, reason string) {
+// refuseRegister answers a REGISTER with ok false (prefill).
+func (c *Core) refuseRegister(now time.Time, from bootstrap.From, reason string) {
 	if c.prefillCore == nil {
 		c.stats.Refused++
 		return
@@ -493,10 +493,10 @@ func (c *Core) RegisterRefused(now time.Time, from bootstrap.From, reason string
 	c.prefillCore.registerRefused(now, from, reason)
 }
 
-// MalformedRequest answers a REQUEST the codec refused but that still named
+// malformedRequest answers a REQUEST the codec refused but that still named
 // its room and sender: STATUS failed (code rejected), so the decode rank
 // does not wait for a deadline. Only a prefill rank answers.
-func (c *Core) MalformedRequest(now time.Time, room uint64, endpoint, reason string) {
+func (c *Core) malformedRequest(now time.Time, room uint64, endpoint, reason string) {
 	c.step(now)
 	if c.prefillCore == nil || endpoint == "" {
 		return

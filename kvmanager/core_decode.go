@@ -160,23 +160,23 @@ func (c *decodeCore) ensureTarget(t Target) *target {
 	return tg
 }
 
-// CreateReceiver creates the decode side of a room that pulls from the
+// createReceiver creates the decode side of a room that pulls from the
 // given prefill ranks (at least one), each writing every page, aux and
 // state. The targets are resolved now, so an abort before Init can reach
 // them.
-func (c *decodeCore) CreateReceiver(now time.Time, room uint64, targets []Target) Result {
+func (c *decodeCore) createReceiver(now time.Time, room uint64, targets []Target) Result {
 	links := make([]Link, len(targets))
 	for i, t := range targets {
 		links[i] = Link{Target: t, Aux: true}
 	}
-	return c.CreateReceiverLinks(now, room, links)
+	return c.createReceiverLinks(now, room, links)
 }
 
-// CreateReceiverLinks creates the decode side of a room from the rank
+// createReceiverLinks creates the decode side of a room from the rank
 // mapping's links: each source's REQUEST says whether it is a dummy,
 // carries the aux index and state items only for the Aux link, and names
 // the source's index in the room as the uid of its notifications.
-func (c *decodeCore) CreateReceiverLinks(now time.Time, room uint64, links []Link) Result {
+func (c *decodeCore) createReceiverLinks(now time.Time, room uint64, links []Link) Result {
 	c.step(now)
 	if len(links) == 0 {
 		return c.count(EventCreate, rejected(fmt.Errorf("room %d: no prefill target: %w", room, ErrInvalidEvent)))
@@ -203,11 +203,11 @@ func (c *decodeCore) CreateReceiverLinks(now time.Time, room uint64, links []Lin
 	return res
 }
 
-// InitReceiver records the room's request and sends it to every prefill
+// initReceiver records the room's request and sends it to every prefill
 // rank that is registered; the others are registered first (REGISTER,
 // retried until acknowledged). The room is WaitingForInput once every
 // REQUEST is out.
-func (c *decodeCore) InitReceiver(now time.Time, room uint64, spec RequestSpec) Result {
+func (c *decodeCore) initReceiver(now time.Time, room uint64, spec RequestSpec) Result {
 	c.step(now)
 	rm, ok := c.reg.rooms[room]
 	switch {
@@ -293,9 +293,9 @@ func (c *decodeCore) sendRegister(tg *target) {
 	c.send(tg.peer(), 0, &m)
 }
 
-// Resolved records where a target lives and sends what waited for it:
+// resolved records where a target lives and sends what waited for it:
 // ABORTs owed by rooms aborted before, and registrations.
-func (c *decodeCore) Resolved(now time.Time, t Target, endpoint, serverKey string) {
+func (c *decodeCore) resolved(now time.Time, t Target, endpoint, serverKey string) {
 	c.step(now)
 	tg := c.targets[t.key()]
 	if tg == nil {
@@ -352,13 +352,13 @@ func (c *decodeCore) oweAbort(tg *target, room uint64, code, reason string) {
 	c.watch(room, tg.peer())
 }
 
-// RefuseRoom tells the prefill ranks that may hold a room this rank
+// refuseRoom tells the prefill ranks that may hold a room this rank
 // refused before creating it (the rank mapping does not support the
 // instance, or its model differs): each gets an ABORT with code refused,
 // owed until acknowledged like any other, so their rooms fail at once
 // instead of waiting for the bootstrap deadline. A room of that id that
 // this rank does hold is left alone.
-func (c *decodeCore) RefuseRoom(now time.Time, room uint64, targets []Target, reason string) {
+func (c *decodeCore) refuseRoom(now time.Time, room uint64, targets []Target, reason string) {
 	c.step(now)
 	if _, live := c.reg.rooms[room]; live {
 		return
@@ -371,9 +371,9 @@ func (c *decodeCore) RefuseRoom(now time.Time, room uint64, targets []Target, re
 	}
 }
 
-// ResolveFailed fails the rooms that wait for the target; ABORTs owed to
+// resolveFailed fails the rooms that wait for the target; ABORTs owed to
 // it wait for a later lookup (with backoff).
-func (c *decodeCore) ResolveFailed(now time.Time, t Target, err error) {
+func (c *decodeCore) resolveFailed(now time.Time, t Target, err error) {
 	c.step(now)
 	tg := c.targets[t.key()]
 	if tg == nil {
@@ -568,10 +568,10 @@ func (c *decodeCore) release(h *hold, forced bool) {
 	c.emit(Effect{Kind: EffectReleased, Room: h.room, Forced: forced})
 }
 
-// Notification counts a prefill rank's notification for a room:
+// notification counts a prefill rank's notification for a room:
 // "kvb1:<room>:<uid>:<chunk>:<total>" or "kvb1:<room>:<uid>:aux".
 // The room succeeds when every source delivered all its chunks and aux.
-func (c *decodeCore) Notification(now time.Time, room uint64, uid int, chunk, total int, aux bool) {
+func (c *decodeCore) notification(now time.Time, room uint64, uid int, chunk, total int, aux bool) {
 	c.step(now)
 	rm, ok := c.reg.rooms[room]
 	if !ok || rm.dec == nil || rm.status.Terminal() {
@@ -636,8 +636,8 @@ func (c *decodeCore) decodeFailed(room uint64, reason string) {
 	h.deadline = c.now.Add(c.cfg.QuarantineTimeout)
 }
 
-// AbortReceiver fails a decode room from this side.
-func (c *decodeCore) AbortReceiver(now time.Time, room uint64, reason string) Result {
+// abortReceiver fails a decode room from this side.
+func (c *decodeCore) abortReceiver(now time.Time, room uint64, reason string) Result {
 	c.step(now)
 	res := c.count(EventAbort, c.reg.Abort(room, reason, nil))
 	if res.Outcome == Applied {
@@ -646,9 +646,9 @@ func (c *decodeCore) AbortReceiver(now time.Time, room uint64, reason string) Re
 	return res
 }
 
-// ClearReceiver forgets a decode room. An unfinished room is failed first
+// clearReceiver forgets a decode room. An unfinished room is failed first
 // (its prefill ranks get ABORT); its pages stay quarantined past Clear.
-func (c *decodeCore) ClearReceiver(now time.Time, room uint64) Result {
+func (c *decodeCore) clearReceiver(now time.Time, room uint64) Result {
 	c.step(now)
 	if st, ok := c.reg.Status(room); ok && !st.Terminal() {
 		c.failRoom(room, "cleared before it finished")
@@ -725,7 +725,7 @@ func (c *decodeCore) peerDown(endpoint string, from bootstrap.From, restarted bo
 	}
 }
 
-// TargetChanged applies what a discovery backend pushed about a prefill
+// targetChanged applies what a discovery backend pushed about a prefill
 // rank: its record vanished (gone: it died or deregistered) or names
 // another endpoint (it restarted elsewhere). Rooms bound to the old process
 // fail as on a peer-dead report — every prefill rank of them gets ABORT — and
@@ -734,7 +734,7 @@ func (c *decodeCore) peerDown(endpoint string, from bootstrap.From, restarted bo
 // A record at the same endpoint with another epoch than the process that
 // acknowledged our REGISTER (epoch 0: the record does not say) is a restart
 // in place: handled as the control plane's restart report would be.
-func (c *decodeCore) TargetChanged(now time.Time, t Target, endpoint, serverKey string, epoch uint64, gone bool) {
+func (c *decodeCore) targetChanged(now time.Time, t Target, endpoint, serverKey string, epoch uint64, gone bool) {
 	c.step(now)
 	tg := c.targets[t.key()]
 	if tg == nil || !tg.resolved {
@@ -755,7 +755,7 @@ func (c *decodeCore) TargetChanged(now time.Time, t Target, endpoint, serverKey 
 	c.peerDown(old, bootstrap.From{}, false, fmt.Sprintf("rank's discovery %s: %s", what, old))
 	if !gone {
 		tg.resolving = false
-		c.Resolved(now, t, endpoint, serverKey)
+		c.resolved(now, t, endpoint, serverKey)
 	}
 }
 

@@ -133,17 +133,17 @@ func (c *prefillCore) checkRegister(msg *bootstrap.Register) (PeerPlan, error) {
 	return PeerPlan{Layout: lay, Mapped: true, Plan: plan}, nil
 }
 
-// RegisterRefused answers a REGISTER with ok false.
+// refuseRegister answers a REGISTER with ok false.
 func (c *prefillCore) registerRefused(now time.Time, from bootstrap.From, reason string) {
 	c.step(now)
 	c.hear(from)
 	c.send(bootstrap.Peer{Endpoint: from.Endpoint}, 0, &bootstrap.RegisterAck{OK: false, Reason: reason})
 }
 
-// Registered binds a decode rank's registration to its epoch and
+// registered binds a decode rank's registration to its epoch and
 // acknowledges it. A new epoch of a known rank means that rank restarted:
 // every room and pending request bound to the old epoch fails first.
-func (c *prefillCore) Registered(now time.Time, from bootstrap.From, remote string, pp PeerPlan) {
+func (c *prefillCore) registered(now time.Time, from bootstrap.From, remote string, pp PeerPlan) {
 	c.step(now)
 	c.hear(from)
 	key := from.Peer()
@@ -280,8 +280,8 @@ func (c *prefillCore) onAbort(msg *bootstrap.Abort) {
 	}
 }
 
-// CreateSender creates the prefill side of a room.
-func (c *prefillCore) CreateSender(now time.Time, room uint64) Result {
+// createSender creates the prefill side of a room.
+func (c *prefillCore) createSender(now time.Time, room uint64) Result {
 	c.step(now)
 	res := c.count(EventCreate, c.reg.Create(room, RolePrefill))
 	if res.Outcome == Applied {
@@ -290,15 +290,15 @@ func (c *prefillCore) CreateSender(now time.Time, room uint64) Result {
 	return res
 }
 
-// InitSender marks the sender initialised.
-func (c *prefillCore) InitSender(now time.Time, room uint64) Result {
+// initSender marks the sender initialised.
+func (c *prefillCore) initSender(now time.Time, room uint64) Result {
 	c.step(now)
 	return c.count(EventInit, c.reg.Init(room))
 }
 
-// AbortSender fails a prefill room from this side and tells its decode
+// abortSender fails a prefill room from this side and tells its decode
 // ranks.
-func (c *prefillCore) AbortSender(now time.Time, room uint64, reason string) Result {
+func (c *prefillCore) abortSender(now time.Time, room uint64, reason string) Result {
 	c.step(now)
 	res := c.count(EventAbort, c.reg.Abort(room, reason, nil))
 	if res.Outcome == Applied {
@@ -307,9 +307,9 @@ func (c *prefillCore) AbortSender(now time.Time, room uint64, reason string) Res
 	return res
 }
 
-// ClearSender forgets a prefill room; decode ranks of an unfinished room
+// clearSender forgets a prefill room; decode ranks of an unfinished room
 // are told. Writes still in flight keep counting in its tombstone.
-func (c *prefillCore) ClearSender(now time.Time, room uint64) Result {
+func (c *prefillCore) clearSender(now time.Time, room uint64) Result {
 	c.step(now)
 	res := c.count(EventClear, c.reg.Clear(room))
 	if res.Outcome == Applied && !res.Status.Terminal() {
@@ -318,12 +318,12 @@ func (c *prefillCore) ClearSender(now time.Time, room uint64) Result {
 	return res
 }
 
-// SendChunk plans a chunk of the room's pages (positions continue where
+// sendChunk plans a chunk of the room's pages (positions continue where
 // the previous chunk ended) as one write per decode rank, plus, on the last
 // chunk, the state items and the aux item; it emits them as one
 // EffectPost. Each write names the epoch of the REQUEST whose pages it
 // targets.
-func (c *prefillCore) SendChunk(now time.Time, room uint64, pages []uint32, last bool, auxIndex int, state [][]uint32) error {
+func (c *prefillCore) sendChunk(now time.Time, room uint64, pages []uint32, last bool, auxIndex int, state [][]uint32) error {
 	c.step(now)
 	rm, ok := c.reg.rooms[room]
 	switch {
@@ -414,10 +414,10 @@ func stateAt(state [][]uint32, i int) []uint32 {
 	return nil
 }
 
-// Posting is the gate right before a write is posted: it counts the write
+// posting is the gate right before a write is posted: it counts the write
 // in flight and returns true only if the room is still live on this rank
 // and the write's peer is still the process (epoch) that named its pages.
-func (c *prefillCore) Posting(now time.Time, room uint64, w *transfer.Write) bool {
+func (c *prefillCore) posting(now time.Time, room uint64, w *transfer.Write) bool {
 	c.step(now)
 	p := c.peers[w.PeerKey]
 	if c.bugs.on(bugPostIgnoresEpoch) && p != nil {
@@ -431,10 +431,10 @@ func (c *prefillCore) Posting(now time.Time, room uint64, w *transfer.Write) boo
 	return c.count(EventPosted, c.reg.Posted(room)).Outcome == Applied
 }
 
-// WriteDone reports a posted write's completion. quiesced says the engine
+// writeDone reports a posted write's completion. quiesced says the engine
 // guarantees a failed write can no longer land; a failed write that is not
 // quiesced keeps the room undrained until the stall deadline.
-func (c *prefillCore) WriteDone(now time.Time, room uint64, w *transfer.Write, err error, quiesced bool) Result {
+func (c *prefillCore) writeDone(now time.Time, room uint64, w *transfer.Write, err error, quiesced bool) Result {
 	c.step(now)
 	if c.bugs.on(bugFailedWriteDrains) {
 		quiesced = true

@@ -102,10 +102,10 @@ func (d *Decode) resolve(t Target) {
 		}
 		d.step(func(c *Core, now time.Time) {
 			if err != nil {
-				c.ResolveFailed(now, t, err)
+				c.Step(now, ResolveFailed{Target: t, Err: err})
 				return
 			}
-			c.Resolved(now, t, info.Endpoint, info.PublicKey)
+			c.Step(now, Resolved{Target: t, Endpoint: info.Endpoint, ServerKey: info.PublicKey})
 		})
 	}()
 }
@@ -117,7 +117,7 @@ func (d *Decode) CreateReceiver(room uint64, targets ...Target) (res Result) {
 	if len(targets) == 0 {
 		return d.CreateReceiverFor(room, Instance{DP: AutoDP})
 	}
-	d.step(func(c *Core, now time.Time) { res = c.CreateReceiver(now, room, targets) })
+	d.step(func(c *Core, now time.Time) { res = c.Step(now, CreateReceiver{Room: room, Targets: targets}).Result })
 	return res
 }
 
@@ -143,7 +143,9 @@ func (d *Decode) watch(url string, ch <-chan bootstrap.RankEvent) {
 	defer d.wg.Done()
 	for ev := range ch {
 		t := Target{Bootstrap: url, DP: ev.DP, Rank: ev.TP, PP: ev.PP}
-		d.step(func(c *Core, now time.Time) { c.TargetChanged(now, t, ev.Endpoint, ev.PublicKey, ev.Epoch, ev.Deleted) })
+		d.step(func(c *Core, now time.Time) {
+			c.Step(now, TargetChanged{Target: t, Endpoint: ev.Endpoint, ServerKey: ev.PublicKey, Epoch: ev.Epoch, Gone: ev.Deleted})
+		})
 		if ev.Deleted {
 			d.forgetTopology(url) // the instance may come back in another shape
 		}
@@ -306,11 +308,11 @@ func (d *Decode) CreateReceiverFor(room uint64, inst Instance) (res Result) {
 		if len(told) > 0 {
 			// The prefill ranks may already hold the room: tell them, or
 			// each waits for its bootstrap deadline.
-			d.step(func(c *Core, now time.Time) { c.RefuseRoom(now, room, told, err.Error()) })
+			d.step(func(c *Core, now time.Time) { c.Step(now, RefuseRoom{Room: room, Targets: told, Reason: err.Error()}) })
 		}
 		return rejected(err)
 	}
-	d.step(func(c *Core, now time.Time) { res = c.CreateReceiverLinks(now, room, links) })
+	d.step(func(c *Core, now time.Time) { res = c.Step(now, CreateReceiver{Room: room, Links: links}).Result })
 	return res
 }
 
@@ -322,7 +324,7 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec
 	var res Result
 	var ready chan struct{}
 	d.step(func(c *Core, now time.Time) {
-		res = c.InitReceiver(now, room, spec)
+		res = c.Step(now, InitReceiver{Room: room, Spec: spec}).Result
 		_, ready, _ = c.waiters(room)
 	})
 	switch res.Outcome {
@@ -363,7 +365,7 @@ func (d *Decode) AbortReceiver(room uint64, reason string) (res Result) {
 	var stage Poll
 	d.step(func(c *Core, now time.Time) {
 		stage, _ = c.Status(room)
-		res = c.AbortReceiver(now, room, reason)
+		res = c.Step(now, AbortReceiver{Room: room, Reason: reason}).Result
 	})
 	d.met.abort(stage)
 	return res
@@ -372,7 +374,7 @@ func (d *Decode) AbortReceiver(room uint64, reason string) (res Result) {
 // ClearReceiver forgets the room. An unfinished room is aborted first; its
 // pages stay quarantined past Clear until Released.
 func (d *Decode) ClearReceiver(room uint64) (res Result) {
-	d.step(func(c *Core, now time.Time) { res = c.ClearReceiver(now, room) })
+	d.step(func(c *Core, now time.Time) { res = c.Step(now, ClearReceiver{Room: room}).Result })
 	return res
 }
 
@@ -442,7 +444,7 @@ func (d *Decode) onNotif(s string) {
 	var started, at time.Time
 	d.step(func(c *Core, now time.Time) {
 		before, _ = c.Status(room)
-		c.Notification(now, n.room, n.uid, n.chunk, n.total, n.aux)
+		c.Step(now, Notified{Room: n.room, UID: n.uid, Chunk: n.chunk, Total: n.total, Aux: n.aux})
 		after, _ = c.Status(room)
 		if rm := c.reg.rooms[room]; rm != nil && rm.dec != nil {
 			started, at = rm.dec.started, now

@@ -35,7 +35,7 @@
 // receiver's Example). The core alone:
 //
 //	core, _ := kvmanager.NewCore(kvmanager.CoreConfig{Role: kvmanager.RolePrefill, ...})
-//	core.OnAbort(now, abort)   // ABORT before the sender exists
-//	core.CreateSender(now, id) // born Failed with the abort's reason
+//	core.Step(now, kvmanager.Received{Msg: abort})  // ABORT before the sender exists
+//	core.Step(now, kvmanager.CreateSender{Room: id}) // born Failed with the abort's reason
 //	for _, e := range core.Effects() { ... }
 package kvmanager

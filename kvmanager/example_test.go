@@ -23,13 +23,13 @@ func Example_abortBeforeSender() {
 	now := time.Unix(1_000_000, 0)
 	decode := bootstrap.From{Role: "decode", Instance: "d", Endpoint: "tcp://10.0.0.2:5000", Epoch: 7}
 
-	core.Receive(now, &bootstrap.Abort{From: decode, Room: room, Reason: "client disconnected"})
+	core.Step(now, kvmanager.Received{Msg: &bootstrap.Abort{From: decode, Room: room, Reason: "client disconnected"}})
 	for _, e := range core.Effects() {
 		fmt.Printf("effect: %v %T to %s\n", e.Kind, e.Msg, e.To.Endpoint)
 	}
 
-	res := core.CreateSender(now, room)
-	fmt.Println("sender starts:", res.Status)
+	out := core.Step(now, kvmanager.CreateSender{Room: room})
+	fmt.Println("sender starts:", out.Result.Status)
 	reason, _ := core.Failure(room)
 	fmt.Println("reason:", reason)
 	// Output:

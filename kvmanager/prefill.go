@@ -113,10 +113,10 @@ func (m *Manager) onRegister(msg *bootstrap.Register) {
 	}
 	if err != nil {
 		m.log.Warn("registration refused", zap.String("peer", msg.From.Peer()), zap.Error(err))
-		m.step(func(c *Core, now time.Time) { c.RegisterRefused(now, msg.From, err.Error()) })
+		m.step(func(c *Core, now time.Time) { c.Step(now, RegisterRefused{From: msg.From, Reason: err.Error()}) })
 		return
 	}
-	m.step(func(c *Core, now time.Time) { c.Registered(now, msg.From, name, lay) })
+	m.step(func(c *Core, now time.Time) { c.Step(now, Registered{From: msg.From, Remote: name, Plan: lay}) })
 }
 
 // post hands a chunk's writes to the pool; every write passes the core's
@@ -129,7 +129,7 @@ func (m *Manager) post(e Effect) {
 			m.step(func(c *Core, now time.Time) {
 				rm := c.reg.rooms[room]
 				first = rm != nil && rm.status < Transferring
-				ok = c.Posting(now, room, w)
+				ok = c.Step(now, Posting{Room: room, Write: w}).OK
 			})
 			if ok && first {
 				m.trace(room, TraceFirstPost)
@@ -144,7 +144,7 @@ func (m *Manager) post(e Effect) {
 			var res Result
 			var started time.Time
 			m.step(func(c *Core, now time.Time) {
-				res = c.WriteDone(now, room, w, err, quiesced)
+				res = c.Step(now, WriteDone{Room: room, Write: w, Err: err, Quiesced: quiesced}).Result
 				if rm := c.reg.rooms[room]; rm != nil {
 					started = rm.pre.started
 				}
@@ -185,7 +185,7 @@ func (m *Manager) trace(room uint64, ev TraceEvent) {
 
 // CreateSender creates the prefill side of a room (see package sender).
 func (p *Prefill) CreateSender(room uint64) (res Result) {
-	p.step(func(c *Core, now time.Time) { res = c.CreateSender(now, room) })
+	p.step(func(c *Core, now time.Time) { res = c.Step(now, CreateSender{Room: room}).Result })
 	par := p.cfg.Parallel
 	if res.Outcome == Applied && p.cfg.PublishRoomDP && p.boot != nil && par.DPSize > 1 && par.TPRank == 0 && par.PPRank == 0 {
 		p.wg.Add(1)
@@ -203,7 +203,7 @@ func (p *Prefill) CreateSender(room uint64) (res Result) {
 
 // InitSender marks the sender initialised.
 func (p *Prefill) InitSender(room uint64) (res Result) {
-	p.step(func(c *Core, now time.Time) { res = c.InitSender(now, room) })
+	p.step(func(c *Core, now time.Time) { res = c.Step(now, InitSender{Room: room}).Result })
 	return res
 }
 
@@ -213,7 +213,9 @@ func (p *Prefill) InitSender(room uint64) (res Result) {
 // state_indices[i]) and then the aux item at auxIndex (−1 for none) follow.
 // The room must be WaitingForInput or Transferring.
 func (p *Prefill) SendChunk(room uint64, pages []uint32, last bool, auxIndex int, state [][]uint32) (err error) {
-	p.step(func(c *Core, now time.Time) { err = c.SendChunk(now, room, pages, last, auxIndex, state) })
+	p.step(func(c *Core, now time.Time) {
+		err = c.Step(now, SendChunk{Room: room, Pages: pages, Last: last, AuxIndex: auxIndex, State: state}).Err
+	})
 	return err
 }
 
@@ -223,7 +225,7 @@ func (p *Prefill) AbortSender(room uint64, reason string) (res Result) {
 	var stage Poll
 	p.step(func(c *Core, now time.Time) {
 		stage, _ = c.Status(room)
-		res = c.AbortSender(now, room, reason)
+		res = c.Step(now, AbortSender{Room: room, Reason: reason}).Result
 	})
 	p.met.abort(stage)
 	return res
@@ -231,6 +233,6 @@ func (p *Prefill) AbortSender(room uint64, reason string) (res Result) {
 
 // ClearSender forgets the room.
 func (p *Prefill) ClearSender(room uint64) (res Result) {
-	p.step(func(c *Core, now time.Time) { res = c.ClearSender(now, room) })
+	p.step(func(c *Core, now time.Time) { res = c.Step(now, ClearSender{Room: room}).Result })
 	return res
 }

@@ -49,14 +49,14 @@ func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testCore(t, RoleDecode, tc.bug...)
 			c.cfg.RegisterRetry = 100 * time.Millisecond // every retry inside the bootstrap deadline
-			c.CreateReceiver(t0, 1, []Target{prefillT})
-			c.Resolved(t0, prefillT, prefillFrom.Endpoint, "") // the dead process's record
-			c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			c.createReceiver(t0, 1, []Target{prefillT})
+			c.resolved(t0, prefillT, prefillFrom.Endpoint, "") // the dead process's record
+			c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
 			c.Effects()
 			now, looked := t0, 0
 			for now.Before(t0.Add(c.cfg.Registry.BootstrapTimeout)) && looked == 0 {
 				now = now.Add(50 * time.Millisecond)
-				c.Tick(now)
+				c.tickAll(now)
 				eff := c.Effects()
 				looked += resolves(eff)
 				if looked > 0 && len(sent[*bootstrap.Register](eff)) != 0 {
@@ -72,11 +72,11 @@ func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
 			if c.Stats().Relookups != 1 || c.Stats().RegisterRetries != registerLookupAfter {
 				t.Fatalf("stats %+v", c.Stats())
 			}
-			c.Resolved(now, prefillT, moved.Endpoint, "")
+			c.resolved(now, prefillT, moved.Endpoint, "")
 			if got := sends(c.Effects()); len(got) != 1 || got[0] != "REGISTER 0 → tcp://p:2" {
 				t.Fatalf("after the new record: %v", got)
 			}
-			c.Receive(now, &bootstrap.RegisterAck{From: moved, OK: true})
+			c.receive(now, &bootstrap.RegisterAck{From: moved, OK: true})
 			if got := sends(c.Effects()); len(got) != 1 || got[0] != "REQUEST 1 → tcp://p:2" {
 				t.Fatalf("after the new process's ACK: %v", got)
 			}
@@ -98,30 +98,30 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 	}{{"fixed", nil, true}, {"with bug 13", []bugID{bugAbortSentOnce}, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testCore(t, RoleDecode, tc.bug...)
-			c.CreateReceiver(t0, 1, []Target{prefillT})
-			c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
-			c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-			c.Receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+			c.createReceiver(t0, 1, []Target{prefillT})
+			c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+			c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
 			c.Effects()
-			c.AbortReceiver(t0, 1, "client went away") // the prefill process is being killed
+			c.abortReceiver(t0, 1, "client went away") // the prefill process is being killed
 			if got := sends(c.Effects()); len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1" {
 				t.Fatalf("abort: %v", got)
 			}
-			c.ClearReceiver(t0, 1)
+			c.clearReceiver(t0, 1)
 			// Heartbeats report the old process dead; its record still names
 			// it (lease), then names the new process.
-			c.PeerDown(t0.Add(time.Second), prefillFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+			c.reportDown(t0.Add(time.Second), prefillFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
 			if n := resolves(c.Effects()); n != 1 && tc.fixed {
 				t.Fatalf("%d lookups after the dead report, want 1", n)
 			}
-			c.Resolved(t0.Add(time.Second), prefillT, prefillFrom.Endpoint, "")
+			c.resolved(t0.Add(time.Second), prefillT, prefillFrom.Endpoint, "")
 			got := sends(c.Effects())
 			if tc.fixed && (len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1") {
 				t.Fatalf("the same record again: %v", got)
 			}
-			c.PeerDown(t0.Add(2*time.Second), prefillFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+			c.reportDown(t0.Add(2*time.Second), prefillFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
 			c.Effects()
-			c.Resolved(t0.Add(2*time.Second), prefillT, moved.Endpoint, "")
+			c.resolved(t0.Add(2*time.Second), prefillT, moved.Endpoint, "")
 			got = sends(c.Effects())
 			if reached := len(got) == 1 && got[0] == "ABORT 1 → tcp://p:2"; reached != tc.fixed {
 				t.Fatalf("the new process got %v, want reached=%v", got, tc.fixed)
@@ -135,12 +135,12 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 			// The ACK is the first message heard from the new epoch: the
 			// epoch check handles the restart (re-sending what is owed)
 			// before the ACK clears the debt.
-			c.Receive(t0.Add(2*time.Second), &bootstrap.AbortAck{From: moved, Room: 1, Drained: true})
+			c.receive(t0.Add(2*time.Second), &bootstrap.AbortAck{From: moved, Room: 1, Drained: true})
 			if s := c.Sizes(); s.OwedAborts != 0 {
 				t.Fatalf("owed %d after the ACK", s.OwedAborts)
 			}
 			c.Effects()
-			c.Receive(t0.Add(3*time.Second), &bootstrap.RegisterAck{From: moved, OK: true})
+			c.receive(t0.Add(3*time.Second), &bootstrap.RegisterAck{From: moved, OK: true})
 			if got := sends(c.Effects()); len(got) != 0 {
 				t.Fatalf("an acknowledged ABORT was sent again: %v", got)
 			}
@@ -153,25 +153,25 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 // table empties.
 func TestOwedAbortLookupBackoffAndTTL(t *testing.T) {
 	c := testCore(t, RoleDecode)
-	c.CreateReceiver(t0, 1, []Target{prefillT})
-	c.AbortReceiver(t0, 1, "gone")
-	c.ClearReceiver(t0, 1)
-	c.ResolveFailed(t0, prefillT, bootstrap.ErrRankUnknown)
+	c.createReceiver(t0, 1, []Target{prefillT})
+	c.abortReceiver(t0, 1, "gone")
+	c.clearReceiver(t0, 1)
+	c.resolveFailed(t0, prefillT, bootstrap.ErrRankUnknown)
 	c.Effects()
-	c.Tick(t0.Add(c.cfg.RegisterRetry / 2))
+	c.tickAll(t0.Add(c.cfg.RegisterRetry / 2))
 	if n := resolves(c.Effects()); n != 0 {
 		t.Fatalf("looked up again before the backoff: %d", n)
 	}
-	c.Tick(t0.Add(c.cfg.RegisterRetry))
+	c.tickAll(t0.Add(c.cfg.RegisterRetry))
 	if n := resolves(c.Effects()); n != 1 {
 		t.Fatalf("%d lookups after the backoff, want 1", n)
 	}
 	at := t0.Add(c.cfg.RegisterRetry)
-	c.ResolveFailed(at, prefillT, bootstrap.ErrRankUnknown)
+	c.resolveFailed(at, prefillT, bootstrap.ErrRankUnknown)
 	if tg := c.targets[prefillT.key()]; tg.lookupRetry != 2*c.cfg.RegisterRetry {
 		t.Fatalf("backoff %v, want doubled", tg.lookupRetry)
 	}
-	c.Tick(t0.Add(c.cfg.Registry.TombstoneTTL + time.Second))
+	c.tickAll(t0.Add(c.cfg.Registry.TombstoneTTL + time.Second))
 	if s := c.Sizes(); s.OwedAborts != 0 || s.Total() != 0 {
 		t.Fatalf("sizes %+v after the TTL", s)
 	}
@@ -190,11 +190,11 @@ func TestDeadPeerIsToldItsRoomsFailed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testCore(t, RolePrefill, tc.bug...)
 			register(t, c, decodeFrom)
-			c.Receive(t0, request(1, decodeFrom)) // pending: no sender yet
-			c.CreateSender(t0, 2)
-			c.Receive(t0, request(2, decodeFrom))
+			c.receive(t0, request(1, decodeFrom)) // pending: no sender yet
+			c.createSender(t0, 2)
+			c.receive(t0, request(2, decodeFrom))
 			c.Effects()
-			c.PeerDown(t0, decodeFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+			c.reportDown(t0, decodeFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
 			var told []string
 			for _, st := range sent[*bootstrap.Status](c.Effects()) {
 				told = append(told, fmt.Sprintf("%d %s", st.Room, st.Code))
@@ -214,22 +214,22 @@ func TestDeadPeerIsToldItsRoomsFailed(t *testing.T) {
 func TestRefuseRoomTellsTheRanks(t *testing.T) {
 	c := testCore(t, RoleDecode)
 	other := Target{Bootstrap: "http://boot", Rank: 1}
-	c.RefuseRoom(t0, 5, []Target{prefillT, other}, "prefill PP 1 → decode PP 2")
+	c.refuseRoom(t0, 5, []Target{prefillT, other}, "prefill PP 1 → decode PP 2")
 	if n := resolves(c.Effects()); n != 2 {
 		t.Fatalf("%d lookups, want both ranks looked up", n)
 	}
-	c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
+	c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
 	ab := sent[*bootstrap.Abort](c.Effects())
 	if len(ab) != 1 || ab[0].Room != 5 || ab[0].Code != CodeRefused || !strings.Contains(ab[0].Reason, "PP 1") {
 		t.Fatalf("ABORTs: %+v", ab)
 	}
-	c.Receive(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 5, Drained: true})
+	c.receive(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 5, Drained: true})
 	if s := c.Sizes(); s.OwedAborts != 1 || s.Live != 0 {
 		t.Fatalf("sizes %+v: want the unresolved rank's ABORT still owed, no room", s)
 	}
-	c.CreateReceiver(t0, 6, []Target{prefillT})
+	c.createReceiver(t0, 6, []Target{prefillT})
 	c.Effects()
-	c.RefuseRoom(t0, 6, []Target{prefillT}, "refused")
+	c.refuseRoom(t0, 6, []Target{prefillT}, "refused")
 	if st, _ := c.Status(6); st != Bootstrapping || len(sent[*bootstrap.Abort](c.Effects())) != 0 {
 		t.Fatalf("a live room of that id was aborted: %v", st)
 	}
@@ -249,15 +249,15 @@ func TestEpochCheck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testCore(t, RolePrefill, tc.bug...)
 			register(t, c, decodeFrom)
-			c.Receive(t0, request(1, decodeFrom)) // pending: no sender yet
+			c.receive(t0, request(1, decodeFrom)) // pending: no sender yet
 			c.Effects()
 			restarted := decodeFrom
 			restarted.Epoch = 2
-			c.Receive(t0, &bootstrap.Ping{From: restarted, Seq: 1})
+			c.receive(t0, &bootstrap.Ping{From: restarted, Seq: 1})
 			if c.Stats().PeersRestarted != 0 || c.Sizes().Pending != 1 {
 				t.Fatal("a PING counted as a restart")
 			}
-			c.Receive(t0, &bootstrap.Abort{From: restarted, Room: 9, Reason: "x"})
+			c.receive(t0, &bootstrap.Abort{From: restarted, Room: 9, Reason: "x"})
 			_, registered := c.peers[decodeFrom.Peer()]
 			if got := c.Sizes().Pending == 0 && !registered && c.Stats().PeersRestarted == 1; got != tc.fixed {
 				t.Fatalf("after a message from a new epoch: pending %d, registered %v, restarts %d",
@@ -270,18 +270,18 @@ func TestEpochCheck(t *testing.T) {
 	for i := 0; i < 100; i++ {
 		from := decodeFrom
 		from.Rank = i
-		c.Receive(t0, &bootstrap.Abort{From: from, Room: uint64(i)})
+		c.receive(t0, &bootstrap.Abort{From: from, Room: uint64(i)})
 	}
 	if n := c.Sizes().Epochs; n != 8 {
 		t.Fatalf("%d epochs remembered, bound 8", n)
 	}
 	c.Effects()
-	c.MalformedRequest(t0, 7, decodeFrom.Endpoint, "required 0")
+	c.malformedRequest(t0, 7, decodeFrom.Endpoint, "required 0")
 	if st := sent[*bootstrap.Status](c.Effects()); len(st) != 1 || st[0].Room != 7 || st[0].Code != CodeRejected {
 		t.Fatalf("prefill's answer to a malformed REQUEST: %+v", st)
 	}
 	d := testCore(t, RoleDecode)
-	d.MalformedRequest(t0, 7, decodeFrom.Endpoint, "required 0")
+	d.malformedRequest(t0, 7, decodeFrom.Endpoint, "required 0")
 	if len(d.Effects()) != 0 {
 		t.Fatal("a decode rank answered a malformed REQUEST")
 	}
@@ -308,32 +308,32 @@ func TestIdlePeersAreUnwatched(t *testing.T) {
 	}{{"fixed", nil, true}, {"with watches never ended", []bugID{bugNeverUnwatch}, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := testCore(t, RoleDecode, tc.bug...)
-			d.CreateReceiver(t0, 1, []Target{prefillT})
-			d.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
-			d.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-			d.Receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
-			d.Tick(t0)
+			d.createReceiver(t0, 1, []Target{prefillT})
+			d.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+			d.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			d.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+			d.tickAll(t0)
 			if got := unwatched(d.Effects()); len(got) != 0 {
 				t.Fatalf("unwatched %v while a room is live", got)
 			}
-			d.Notification(t0, 1, 0, 0, 1, false)
-			d.Notification(t0, 1, 0, 0, 0, true) // aux: Success
-			d.ClearReceiver(t0, 1)
-			d.Tick(t0)
+			d.notification(t0, 1, 0, 0, 1, false)
+			d.notification(t0, 1, 0, 0, 0, true) // aux: Success
+			d.clearReceiver(t0, 1)
+			d.tickAll(t0)
 			if got := unwatched(d.Effects()); (len(got) == 1 && got[0] == prefillFrom.Endpoint) != tc.fixed {
 				t.Fatalf("decode unwatched %v after its last room, want fixed=%v", got, tc.fixed)
 			}
 
 			p := testCore(t, RolePrefill, tc.bug...)
 			register(t, p, decodeFrom)
-			p.Receive(t0, request(1, decodeFrom))
-			p.Tick(t0)
+			p.receive(t0, request(1, decodeFrom))
+			p.tickAll(t0)
 			if got := unwatched(p.Effects()); len(got) != 0 {
 				t.Fatalf("prefill unwatched %v with a request pending", got)
 			}
-			p.CreateSender(t0, 1)
-			p.AbortSender(t0, 1, "done")
-			p.Tick(t0)
+			p.createSender(t0, 1)
+			p.abortSender(t0, 1, "done")
+			p.tickAll(t0)
 			if got := unwatched(p.Effects()); (len(got) == 1 && got[0] == decodeFrom.Endpoint) != tc.fixed {
 				t.Fatalf("prefill unwatched %v after its last room, want fixed=%v", got, tc.fixed)
 			}
@@ -357,26 +357,26 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testCore(t, RoleDecode, tc.bug...)
 			c.cfg.RecheckIdle = 3 * time.Second
-			c.CreateReceiver(t0, 1, []Target{prefillT})
-			c.Resolved(t0, prefillT, prefillFrom.Endpoint, "")
-			c.InitReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-			c.Receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
-			c.ClearReceiver(t0, 1)
+			c.createReceiver(t0, 1, []Target{prefillT})
+			c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+			c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+			c.clearReceiver(t0, 1)
 			c.Effects()
 			// Soon after: the registration is used as it is.
 			at := t0.Add(time.Second)
-			c.CreateReceiver(at, 2, []Target{prefillT})
-			c.InitReceiver(at, 2, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			c.createReceiver(at, 2, []Target{prefillT})
+			c.initReceiver(at, 2, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
 			if got := sends(c.Effects()); len(got) != 1 || got[0] != "REQUEST 2 → tcp://p:1" {
 				t.Fatalf("a fresh registration: %v", got)
 			}
-			c.ClearReceiver(at, 2)
+			c.clearReceiver(at, 2)
 			c.Effects()
 			// Long idle: looked up again first; the record now names the
 			// new process.
 			at = t0.Add(10 * time.Second)
-			c.CreateReceiver(at, 3, []Target{prefillT})
-			c.InitReceiver(at, 3, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			c.createReceiver(at, 3, []Target{prefillT})
+			c.initReceiver(at, 3, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
 			eff := c.Effects()
 			if (resolves(eff) == 1 && len(sent[*bootstrap.Request](eff)) == 0) != tc.fixed {
 				t.Fatalf("after 10 s idle: %d lookups, sent %v (want fixed=%v)", resolves(eff), sends(eff), tc.fixed)
@@ -386,11 +386,11 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 			}
 			// (Rooms 1 and 2 were cleared unfinished: their owed ABORTs
 			// follow the rank too.)
-			c.Resolved(at, prefillT, moved.Endpoint, "")
+			c.resolved(at, prefillT, moved.Endpoint, "")
 			if got := sends(c.Effects()); !slices.Contains(got, "REGISTER 0 → tcp://p:2") || slices.Contains(got, "REQUEST 3 → tcp://p:2") {
 				t.Fatalf("after the lookup: %v", got)
 			}
-			c.Receive(at, &bootstrap.RegisterAck{From: moved, OK: true})
+			c.receive(at, &bootstrap.RegisterAck{From: moved, OK: true})
 			if got := sends(c.Effects()); !slices.Contains(got, "REQUEST 3 → tcp://p:2") {
 				t.Fatalf("after the new process's ACK: %v", got)
 			}

@@ -290,7 +290,7 @@ func (m *Manager) handle(msg bootstrap.Message) {
 		m.onRegister(msg)
 	case *bootstrap.Request:
 		var ok bool
-		m.step(func(c *Core, now time.Time) { ok = c.Receive(now, msg) })
+		m.step(func(c *Core, now time.Time) { ok = c.Step(now, Received{msg}).OK })
 		if ok {
 			m.trace(msg.Room, TraceRequest)
 		}
@@ -298,23 +298,27 @@ func (m *Manager) handle(msg bootstrap.Message) {
 		var stage Poll // the room's status when the abort came (0: no sender yet)
 		m.step(func(c *Core, now time.Time) {
 			stage, _ = c.Status(msg.Room)
-			c.Receive(now, msg)
+			c.Step(now, Received{msg})
 		})
 		m.met.abort(stage)
 	default:
-		m.step(func(c *Core, now time.Time) { c.Receive(now, msg) })
+		m.step(func(c *Core, now time.Time) { c.Step(now, Received{msg}) })
 	}
 }
 
 // malformed answers a REQUEST the codec refused but that named its room and
 // sender (the core decides: only a prefill rank answers).
 func (m *Manager) malformed(r bootstrap.MalformedReport) {
-	m.step(func(c *Core, now time.Time) { c.MalformedRequest(now, r.Room, r.Endpoint, r.Reason) })
+	m.step(func(c *Core, now time.Time) {
+		c.Step(now, MalformedRequest{Room: r.Room, Endpoint: r.Endpoint, Reason: r.Reason})
+	})
 }
 
 func (m *Manager) peerDown(p bootstrap.PeerDown) {
 	m.log.Warn("peer down", zap.String("endpoint", p.Endpoint), zap.String("reason", p.Reason))
-	m.step(func(c *Core, now time.Time) { c.PeerDown(now, p.Endpoint, p.From, false, p.Reason) })
+	m.step(func(c *Core, now time.Time) {
+		c.Step(now, PeerUnreachable{Endpoint: p.Endpoint, From: p.From, Reason: p.Reason})
+	})
 }
 
 func (m *Manager) sweeper() {
@@ -335,7 +339,7 @@ func (m *Manager) sweeper() {
 // sweeper calls it every SweepInterval; tests with a fake clock call it
 // directly).
 func (m *Manager) Tick() {
-	m.step(func(c *Core, now time.Time) { c.Tick(now) })
+	m.step(func(c *Core, now time.Time) { c.Step(now, Tick{}) })
 	m.met.overdue.Set(float64(m.Overdue()))
 }
 
@@ -465,7 +469,7 @@ func (m *Manager) wait(ctx context.Context, room uint64, what string, pick func(
 func (m *Manager) Close() error {
 	var err error
 	m.closeOnce.Do(func() {
-		m.step(func(c *Core, now time.Time) { c.Close(now, "manager closed") })
+		m.step(func(c *Core, now time.Time) { c.Step(now, Close{Reason: "manager closed"}) })
 		close(m.closing)
 		m.cancel()
 		m.wg.Wait()

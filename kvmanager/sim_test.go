@@ -286,7 +286,7 @@ func (w *simWorld) writeDone(wr simWrite, err error, quiesced bool) {
 	if p == nil || p.inc != wr.srcInc {
 		return // the process that posted it is gone
 	}
-	p.core.WriteDone(w.now, wr.room, &transfer.Write{Last: wr.last, Remote: endpointOf(wr.dstSlot)}, err, quiesced)
+	p.core.Step(w.now, WriteDone{Room: wr.room, Write: &transfer.Write{Last: wr.last, Remote: endpointOf(wr.dstSlot)}, Err: err, Quiesced: quiesced})
 	w.effects(slotOfInc(w, wr.srcInc))
 }
 
@@ -324,7 +324,7 @@ func (w *simWorld) events() []simEvent {
 			add(fmt.Sprintf("resolve at %d", s), func(w *simWorld) {
 				t := w.resolves[s][0]
 				w.resolves[s] = w.resolves[s][1:]
-				w.procs[s].core.Resolved(w.now, t, endpointOf(t.Rank), "")
+				w.procs[s].core.Step(w.now, Resolved{Target: t, Endpoint: endpointOf(t.Rank)})
 				w.effects(s)
 			})
 		}
@@ -341,7 +341,7 @@ func (w *simWorld) events() []simEvent {
 					w.fail("bad notification %q", nt)
 					return
 				}
-				p.core.Notification(w.now, x.room, x.uid, x.chunk, x.total, x.aux)
+				p.core.Step(w.now, Notified{Room: x.room, UID: x.uid, Chunk: x.chunk, Total: x.total, Aux: x.aux})
 				w.effects(s)
 			})
 		}
@@ -412,7 +412,7 @@ func (w *simWorld) tick(d time.Duration) {
 		return wr.ghost && w.now.Sub(wr.posted) > w.cfg.reg.TombstoneTTL
 	})
 	for s, p := range w.procs {
-		p.core.Tick(w.now)
+		p.core.Step(w.now, Tick{})
 		w.effects(s)
 		// No room may stay non-terminal past its deadline.
 		if n := p.core.reg.Overdue(w.now); n > 0 {
@@ -434,30 +434,30 @@ func (w *simWorld) deliver(src, dst int) {
 		cp := *msg
 		cp.From = m.from
 		if lay, err := c.CheckRegister(&cp); err != nil {
-			c.RegisterRefused(w.now, m.from, err.Error())
+			c.Step(w.now, RegisterRefused{From: m.from, Reason: err.Error()})
 		} else {
-			c.Registered(w.now, m.from, remoteName(m.from), lay)
+			c.Step(w.now, Registered{From: m.from, Remote: remoteName(m.from), Plan: lay})
 		}
 	case *bootstrap.RegisterAck:
 		cp := *msg
 		cp.From = m.from
-		c.Receive(w.now, &cp)
+		c.Step(w.now, Received{&cp})
 	case *bootstrap.Request:
 		cp := *msg
 		cp.From = m.from
-		c.Receive(w.now, &cp)
+		c.Step(w.now, Received{&cp})
 	case *bootstrap.Abort:
 		cp := *msg
 		cp.From = m.from
-		c.Receive(w.now, &cp)
+		c.Step(w.now, Received{&cp})
 	case *bootstrap.AbortAck:
 		cp := *msg
 		cp.From = m.from
-		c.Receive(w.now, &cp)
+		c.Step(w.now, Received{&cp})
 	case *bootstrap.Status:
 		cp := *msg
 		cp.From = m.from
-		c.Receive(w.now, &cp)
+		c.Step(w.now, Received{&cp})
 	}
 	w.effects(dst)
 }
@@ -473,7 +473,7 @@ func (w *simWorld) post(slot int) {
 		p.jobs = p.jobs[1:]
 	}
 	asked := wr.Epoch
-	ok := p.core.Posting(w.now, room, &wr)
+	ok := p.core.Step(w.now, Posting{Room: room, Write: &wr}).OK
 	w.effects(slot)
 	if !ok {
 		return
@@ -516,7 +516,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 			case sd.inc == 0:
 				add(name+" create", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.inc = p.inc
-					p.core.CreateSender(w.now, r.id)
+					p.core.Step(w.now, CreateSender{Room: r.id})
 					w.effects(ps)
 				}))
 				continue
@@ -525,7 +525,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 			case !sd.inited:
 				add(name+" init", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.inited = true
-					p.core.InitSender(w.now, r.id)
+					p.core.Step(w.now, InitSender{Room: r.id})
 					w.effects(ps)
 				}))
 			case sd.sent < r.chunks && !sd.aborted:
@@ -533,7 +533,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 					add(fmt.Sprintf("%s send chunk %d", name, sd.sent), at(func(w *simWorld, sd *simSide, p *simProc) {
 						k := sd.sent
 						sd.sent++
-						_ = p.core.SendChunk(w.now, r.id, []uint32{uint32(k)}, k == r.chunks-1, 0, nil)
+						p.core.Step(w.now, SendChunk{Room: r.id, Pages: []uint32{uint32(k)}, Last: k == r.chunks-1})
 						w.effects(ps)
 					}))
 				}
@@ -541,7 +541,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 			if !sd.aborted && w.cfg.prefillAbort {
 				add(name+" abort", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.aborted = true
-					p.core.AbortSender(w.now, r.id, "app")
+					p.core.Step(w.now, AbortSender{Room: r.id, Reason: "app"})
 					w.effects(ps)
 				}))
 			}
@@ -550,7 +550,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 			}
 			add(name+" clear", at(func(w *simWorld, sd *simSide, p *simProc) {
 				sd.cleared, sd.clearAt = true, w.now
-				p.core.ClearSender(w.now, r.id)
+				p.core.Step(w.now, ClearSender{Room: r.id})
 				w.effects(ps)
 			}))
 		}
@@ -576,7 +576,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 						ls = append(ls, Link{Target: Target{Bootstrap: "sim", Rank: ps}, Dummy: dummy, Aux: !dummy && !aux})
 						aux = aux || !dummy
 					}
-					p.core.CreateReceiverLinks(w.now, r.id, ls)
+					p.core.Step(w.now, CreateReceiver{Room: r.id, Links: ls})
 					w.effects(slot)
 				}))
 				continue
@@ -589,14 +589,14 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 					for i := range pages {
 						pages[i] = uint32(simPages - 1 - i)
 					}
-					p.core.InitReceiver(w.now, r.id, RequestSpec{DstPages: pages, AuxIndex: 1, Required: len(r.decodes)})
+					p.core.Step(w.now, InitReceiver{Room: r.id, Spec: RequestSpec{DstPages: pages, AuxIndex: 1, Required: len(r.decodes)}})
 					w.effects(slot)
 				}))
 			}
 			if !sd.aborted && w.cfg.decodeAbort {
 				add(name+" abort", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.aborted = true
-					if p.core.AbortReceiver(w.now, r.id, "app").Outcome == Applied {
+					if p.core.Step(w.now, AbortReceiver{Room: r.id, Reason: "app"}).Result.Outcome == Applied {
 						// The invariant follows aborts that changed the room.
 						sd.abortAt, sd.abortInc, sd.abortApplied = w.now, nil, true
 						for _, ps := range r.prefills {
@@ -610,7 +610,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 			if st, _ := p.core.Status(r.id); !w.cfg.noClear && (st.Terminal() || sd.aborted || w.cfg.clearLive) {
 				add(name+" clear", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.cleared = true
-					p.core.ClearReceiver(w.now, r.id)
+					p.core.Step(w.now, ClearReceiver{Room: r.id})
 					w.effects(slot)
 				}))
 			}
@@ -635,7 +635,7 @@ func (w *simWorld) faultEvents(add func(string, func(*simWorld))) {
 			if w.peerDowns < w.cfg.peerDowns {
 				add(fmt.Sprintf("%d reports %d dead", s, o), func(w *simWorld) {
 					w.peerDowns++
-					w.procs[s].core.PeerDown(w.now, endpointOf(o), bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+					w.procs[s].core.Step(w.now, PeerUnreachable{Endpoint: endpointOf(o), Reason: bootstrap.ReasonPeerUnreachable})
 					w.effects(s)
 				})
 			}
@@ -644,7 +644,7 @@ func (w *simWorld) faultEvents(add func(string, func(*simWorld))) {
 				// A PONG from the new process answers a heartbeat: the
 				// core's epoch check sees the restart.
 				add(fmt.Sprintf("%d hears %d restarted", s, o), func(w *simWorld) {
-					w.procs[s].core.Receive(w.now, &bootstrap.Pong{From: other})
+					w.procs[s].core.Step(w.now, Received{&bootstrap.Pong{From: other}})
 					w.effects(s)
 				})
 			}

@@ -1,0 +1,264 @@
+package kvmanager
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/transfer"
+)
+
+// Input is one input of a rank's core, taken by Core.Step: a local call,
+// a received message, a data-plane event, a discovery answer, a fault
+// report or time. Each is one of the types below.
+type Input interface{ input() }
+
+// Local calls of a prefill rank.
+type (
+	// CreateSender creates the prefill side of Room.
+	CreateSender struct{ Room uint64 }
+	// InitSender marks the sender initialised.
+	InitSender struct{ Room uint64 }
+	// SendChunk hands a chunk of source pages (the room's next ones) to
+	// the transfer: one write per decode rank; Last carries aux and state.
+	SendChunk struct {
+		Room     uint64
+		Pages    []uint32
+		Last     bool
+		AuxIndex int
+		State    [][]uint32
+	}
+	// AbortSender fails the room from this side.
+	AbortSender struct {
+		Room   uint64
+		Reason string
+	}
+	// ClearSender forgets the room.
+	ClearSender struct{ Room uint64 }
+)
+
+// Local calls of a decode rank.
+type (
+	// CreateReceiver creates the decode side of Room: Links from the rank
+	// mapping, or (Links nil) one full link to each of Targets.
+	CreateReceiver struct {
+		Room    uint64
+		Targets []Target
+		Links   []Link
+	}
+	// InitReceiver sends the room's REQUEST to its prefill ranks.
+	InitReceiver struct {
+		Room uint64
+		Spec RequestSpec
+	}
+	// AbortReceiver fails the room from this side.
+	AbortReceiver struct {
+		Room   uint64
+		Reason string
+	}
+	// ClearReceiver forgets the room (its pages stay quarantined).
+	ClearReceiver struct{ Room uint64 }
+	// RefuseRoom tells Targets of a room refused before it was created.
+	RefuseRoom struct {
+		Room    uint64
+		Targets []Target
+		Reason  string
+	}
+)
+
+// Received messages.
+type (
+	// Received is a control message from a peer: REQUEST, ABORT,
+	// ABORT_ACK, REGISTER_ACK, STATUS or PONG (the epoch check runs first).
+	Received struct{ Msg bootstrap.Message }
+	// Registered binds a REGISTER that passed CheckRegister and whose
+	// metadata the engine loaded (prefill).
+	Registered struct {
+		From   bootstrap.From
+		Remote string // the engine's name for the peer's agent
+		Plan   PeerPlan
+	}
+	// RegisterRefused answers a REGISTER with ok false.
+	RegisterRefused struct {
+		From   bootstrap.From
+		Reason string
+	}
+	// MalformedRequest is a REQUEST the codec refused that named its room
+	// and sender.
+	MalformedRequest struct {
+		Room     uint64
+		Endpoint string
+		Reason   string
+	}
+)
+
+// Data plane (prefill: writes; decode: notifications).
+type (
+	// Posting is the gate right before a write of Room is posted; the
+	// output's OK says whether it may be.
+	Posting struct {
+		Room  uint64
+		Write *transfer.Write
+	}
+	// WriteDone reports a write's completion (Err nil) or failure;
+	// Quiesced says a failed write can no longer land.
+	WriteDone struct {
+		Room     uint64
+		Write    *transfer.Write
+		Err      error
+		Quiesced bool
+	}
+	// Notified is a data-plane notification: chunk Chunk of Total (0
+	// except on the last) or the aux item of source UID.
+	Notified struct {
+		Room         uint64
+		UID          int
+		Chunk, Total int
+		Aux          bool
+	}
+)
+
+// Discovery, faults and time.
+type (
+	// Resolved says where a prefill target lives.
+	Resolved struct {
+		Target              Target
+		Endpoint, ServerKey string
+	}
+	// ResolveFailed says a lookup of Target failed.
+	ResolveFailed struct {
+		Target Target
+		Err    error
+	}
+	// TargetChanged is a discovery watch's news of a prefill rank: its
+	// record vanished (Gone) or names another endpoint or epoch.
+	TargetChanged struct {
+		Target              Target
+		Endpoint, ServerKey string
+		Epoch               uint64
+		Gone                bool
+	}
+	// PeerUnreachable: heartbeats declared the peer at Endpoint dead.
+	PeerUnreachable struct {
+		Endpoint string
+		From     bootstrap.From
+		Reason   string
+	}
+	// Tick enforces every deadline passed at the step's time.
+	Tick struct{}
+	// Close fails every live room with Reason; the shell then stops.
+	Close struct{ Reason string }
+)
+
+func (CreateSender) input()     {}
+func (InitSender) input()       {}
+func (SendChunk) input()        {}
+func (AbortSender) input()      {}
+func (ClearSender) input()      {}
+func (CreateReceiver) input()   {}
+func (InitReceiver) input()     {}
+func (AbortReceiver) input()    {}
+func (ClearReceiver) input()    {}
+func (RefuseRoom) input()       {}
+func (Received) input()         {}
+func (Registered) input()       {}
+func (RegisterRefused) input()  {}
+func (MalformedRequest) input() {}
+func (Posting) input()          {}
+func (WriteDone) input()        {}
+func (Notified) input()         {}
+func (Resolved) input()         {}
+func (ResolveFailed) input()    {}
+func (TargetChanged) input()    {}
+func (PeerUnreachable) input()  {}
+func (Tick) input()             {}
+func (Close) input()            {}
+
+// Output is what a step returns besides its effects (Effects): the
+// outcome of a room event, whether a message or a write was accepted, or
+// the error of a refused call.
+type Output struct {
+	Result Result
+	OK     bool // Received: a REQUEST was accepted; Posting: the write may be posted
+	Err    error
+}
+
+// Step takes one input at now: the core's one entry point, used by the
+// shells and the simulator alike (etcd-io/raft's RawNode.Step). Its
+// effects accumulate until Effects is called, in the order the core
+// produced them. A role's input on the other role's core (a sender call
+// on a decode rank) is refused with ErrWrongRole.
+func (c *Core) Step(now time.Time, in Input) Output {
+	switch in := in.(type) {
+	case Received:
+		return Output{OK: c.receive(now, in.Msg)}
+	case Registered:
+		if c.prefillCore == nil {
+			return wrongRole(in)
+		}
+		c.prefillCore.registered(now, in.From, in.Remote, in.Plan)
+	case RegisterRefused:
+		c.refuseRegister(now, in.From, in.Reason)
+	case MalformedRequest:
+		c.malformedRequest(now, in.Room, in.Endpoint, in.Reason)
+	case PeerUnreachable:
+		c.reportDown(now, in.Endpoint, in.From, false, in.Reason)
+	case Tick:
+		c.tickAll(now)
+	case Close:
+		c.closeAll(now, in.Reason)
+	}
+	if p := c.prefillCore; p != nil {
+		switch in := in.(type) {
+		case CreateSender:
+			return Output{Result: p.createSender(now, in.Room)}
+		case InitSender:
+			return Output{Result: p.initSender(now, in.Room)}
+		case SendChunk:
+			return Output{Err: p.sendChunk(now, in.Room, in.Pages, in.Last, in.AuxIndex, in.State)}
+		case AbortSender:
+			return Output{Result: p.abortSender(now, in.Room, in.Reason)}
+		case ClearSender:
+			return Output{Result: p.clearSender(now, in.Room)}
+		case Posting:
+			return Output{OK: p.posting(now, in.Room, in.Write)}
+		case WriteDone:
+			return Output{Result: p.writeDone(now, in.Room, in.Write, in.Err, in.Quiesced)}
+		case CreateReceiver, InitReceiver, AbortReceiver, ClearReceiver, RefuseRoom, Notified, Resolved, ResolveFailed, TargetChanged:
+			return wrongRole(in)
+		}
+		return Output{}
+	}
+	d := c.decodeCore
+	switch in := in.(type) {
+	case CreateReceiver:
+		if in.Links == nil {
+			return Output{Result: d.createReceiver(now, in.Room, in.Targets)}
+		}
+		return Output{Result: d.createReceiverLinks(now, in.Room, in.Links)}
+	case InitReceiver:
+		return Output{Result: d.initReceiver(now, in.Room, in.Spec)}
+	case AbortReceiver:
+		return Output{Result: d.abortReceiver(now, in.Room, in.Reason)}
+	case ClearReceiver:
+		return Output{Result: d.clearReceiver(now, in.Room)}
+	case RefuseRoom:
+		d.refuseRoom(now, in.Room, in.Targets, in.Reason)
+	case Notified:
+		d.notification(now, in.Room, in.UID, in.Chunk, in.Total, in.Aux)
+	case Resolved:
+		d.resolved(now, in.Target, in.Endpoint, in.ServerKey)
+	case ResolveFailed:
+		d.resolveFailed(now, in.Target, in.Err)
+	case TargetChanged:
+		d.targetChanged(now, in.Target, in.Endpoint, in.ServerKey, in.Epoch, in.Gone)
+	case CreateSender, InitSender, SendChunk, AbortSender, ClearSender, Posting, WriteDone:
+		return wrongRole(in)
+	}
+	return Output{}
+}
+
+func wrongRole(in Input) Output {
+	err := fmt.Errorf("%T on a rank of the other role: %w", in, ErrWrongRole)
+	return Output{Result: rejected(err), Err: err}
+}
