@@ -41,47 +41,41 @@ func resolves(effects []Effect) int {
 func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
 	moved := prefillFrom
 	moved.Endpoint, moved.Epoch = "tcp://p:2", 11
-	for _, tc := range []struct {
-		name  string
-		bug   []bugID
-		fixed bool
-	}{{"fixed", nil, true}, {"with bug 11", []bugID{bugRetryCachedEndpoint}, false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := testCore(t, RoleDecode, tc.bug...)
-			c.cfg.RegisterRetry = 100 * time.Millisecond // every retry inside the bootstrap deadline
-			c.createReceiver(t0, 1, []Target{prefillT})
-			c.resolved(t0, prefillT, prefillFrom.Endpoint, "") // the dead process's record
-			c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-			c.Effects()
-			now, looked := t0, 0
-			for now.Before(t0.Add(c.cfg.Registry.BootstrapTimeout)) && looked == 0 {
-				now = now.Add(50 * time.Millisecond)
-				c.tickAll(now)
-				eff := c.Effects()
-				looked += resolves(eff)
-				if looked > 0 && len(sent[*bootstrap.Register](eff)) != 0 {
-					t.Fatal("REGISTER retried at the cached endpoint in the step that looks it up again")
-				}
+	fixedAndMutant(t, bugRetryCachedEndpoint, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := testCore(t, RoleDecode, mutants...)
+		c.cfg.RegisterRetry = 100 * time.Millisecond // every retry inside the bootstrap deadline
+		c.createReceiver(t0, 1, []Target{prefillT})
+		c.resolved(t0, prefillT, prefillFrom.Endpoint, "") // the dead process's record
+		c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+		c.Effects()
+		now, looked := t0, 0
+		for now.Before(t0.Add(c.cfg.Registry.BootstrapTimeout)) && looked == 0 {
+			now = now.Add(50 * time.Millisecond)
+			c.tickAll(now)
+			eff := c.Effects()
+			looked += resolves(eff)
+			if looked > 0 && len(sent[*bootstrap.Register](eff)) != 0 {
+				t.Fatal("REGISTER retried at the cached endpoint in the step that looks it up again")
 			}
-			if (looked == 1) != tc.fixed {
-				t.Fatalf("looked up again %d times, want fixed=%v", looked, tc.fixed)
-			}
-			if !tc.fixed {
-				return
-			}
-			if c.Stats().Relookups != 1 || c.Stats().RegisterRetries != registerLookupAfter {
-				t.Fatalf("stats %+v", c.Stats())
-			}
-			c.resolved(now, prefillT, moved.Endpoint, "")
-			if got := sends(c.Effects()); len(got) != 1 || got[0] != "REGISTER 0 → tcp://p:2" {
-				t.Fatalf("after the new record: %v", got)
-			}
-			c.receive(now, &bootstrap.RegisterAck{From: moved, OK: true})
-			if got := sends(c.Effects()); len(got) != 1 || got[0] != "REQUEST 1 → tcp://p:2" {
-				t.Fatalf("after the new process's ACK: %v", got)
-			}
-		})
-	}
+		}
+		if (looked == 1) != fixed {
+			t.Fatalf("looked up again %d times, want fixed=%v", looked, fixed)
+		}
+		if !fixed {
+			return
+		}
+		if c.Stats().Relookups != 1 || c.Stats().RegisterRetries != registerLookupAfter {
+			t.Fatalf("stats %+v", c.Stats())
+		}
+		c.resolved(now, prefillT, moved.Endpoint, "")
+		if got := sends(c.Effects()); len(got) != 1 || got[0] != "REGISTER 0 → tcp://p:2" {
+			t.Fatalf("after the new record: %v", got)
+		}
+		c.receive(now, &bootstrap.RegisterAck{From: moved, OK: true})
+		if got := sends(c.Effects()); len(got) != 1 || got[0] != "REQUEST 1 → tcp://p:2" {
+			t.Fatalf("after the new process's ACK: %v", got)
+		}
+	})
 }
 
 // Bug 13 (case 2 of issue 20): a decode room aborted while its prefill rank
@@ -91,61 +85,55 @@ func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
 func TestOwedAbortFollowsTheRank(t *testing.T) {
 	moved := prefillFrom
 	moved.Endpoint, moved.Epoch = "tcp://p:2", 11
-	for _, tc := range []struct {
-		name  string
-		bug   []bugID
-		fixed bool
-	}{{"fixed", nil, true}, {"with bug 13", []bugID{bugAbortSentOnce}, false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := testCore(t, RoleDecode, tc.bug...)
-			c.createReceiver(t0, 1, []Target{prefillT})
-			c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-			c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-			c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
-			c.Effects()
-			c.abortReceiver(t0, 1, "client went away") // the prefill process is being killed
-			if got := sends(c.Effects()); len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1" {
-				t.Fatalf("abort: %v", got)
-			}
-			c.clearReceiver(t0, 1)
-			// Heartbeats report the old process dead; its record still names
-			// it (lease), then names the new process.
-			c.reportDown(t0.Add(time.Second), prefillFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
-			if n := resolves(c.Effects()); n != 1 && tc.fixed {
-				t.Fatalf("%d lookups after the dead report, want 1", n)
-			}
-			c.resolved(t0.Add(time.Second), prefillT, prefillFrom.Endpoint, "")
-			got := sends(c.Effects())
-			if tc.fixed && (len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1") {
-				t.Fatalf("the same record again: %v", got)
-			}
-			c.reportDown(t0.Add(2*time.Second), prefillFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
-			c.Effects()
-			c.resolved(t0.Add(2*time.Second), prefillT, moved.Endpoint, "")
-			got = sends(c.Effects())
-			if reached := len(got) == 1 && got[0] == "ABORT 1 → tcp://p:2"; reached != tc.fixed {
-				t.Fatalf("the new process got %v, want reached=%v", got, tc.fixed)
-			}
-			if !tc.fixed {
-				return
-			}
-			if s := c.Sizes(); s.OwedAborts != 1 {
-				t.Fatalf("owed %d, want 1 until acknowledged", s.OwedAborts)
-			}
-			// The ACK is the first message heard from the new epoch: the
-			// epoch check handles the restart (re-sending what is owed)
-			// before the ACK clears the debt.
-			c.receive(t0.Add(2*time.Second), &bootstrap.AbortAck{From: moved, Room: 1, Drained: true})
-			if s := c.Sizes(); s.OwedAborts != 0 {
-				t.Fatalf("owed %d after the ACK", s.OwedAborts)
-			}
-			c.Effects()
-			c.receive(t0.Add(3*time.Second), &bootstrap.RegisterAck{From: moved, OK: true})
-			if got := sends(c.Effects()); len(got) != 0 {
-				t.Fatalf("an acknowledged ABORT was sent again: %v", got)
-			}
-		})
-	}
+	fixedAndMutant(t, bugAbortSentOnce, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := testCore(t, RoleDecode, mutants...)
+		c.createReceiver(t0, 1, []Target{prefillT})
+		c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+		c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+		c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+		c.Effects()
+		c.abortReceiver(t0, 1, "client went away") // the prefill process is being killed
+		if got := sends(c.Effects()); len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1" {
+			t.Fatalf("abort: %v", got)
+		}
+		c.clearReceiver(t0, 1)
+		// Heartbeats report the old process dead; its record still names
+		// it (lease), then names the new process.
+		c.reportDown(t0.Add(time.Second), prefillFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+		if n := resolves(c.Effects()); n != 1 && fixed {
+			t.Fatalf("%d lookups after the dead report, want 1", n)
+		}
+		c.resolved(t0.Add(time.Second), prefillT, prefillFrom.Endpoint, "")
+		got := sends(c.Effects())
+		if fixed && (len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1") {
+			t.Fatalf("the same record again: %v", got)
+		}
+		c.reportDown(t0.Add(2*time.Second), prefillFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+		c.Effects()
+		c.resolved(t0.Add(2*time.Second), prefillT, moved.Endpoint, "")
+		got = sends(c.Effects())
+		if reached := len(got) == 1 && got[0] == "ABORT 1 → tcp://p:2"; reached != fixed {
+			t.Fatalf("the new process got %v, want reached=%v", got, fixed)
+		}
+		if !fixed {
+			return
+		}
+		if s := c.Sizes(); s.OwedAborts != 1 {
+			t.Fatalf("owed %d, want 1 until acknowledged", s.OwedAborts)
+		}
+		// The ACK is the first message heard from the new epoch: the
+		// epoch check handles the restart (re-sending what is owed)
+		// before the ACK clears the debt.
+		c.receive(t0.Add(2*time.Second), &bootstrap.AbortAck{From: moved, Room: 1, Drained: true})
+		if s := c.Sizes(); s.OwedAborts != 0 {
+			t.Fatalf("owed %d after the ACK", s.OwedAborts)
+		}
+		c.Effects()
+		c.receive(t0.Add(3*time.Second), &bootstrap.RegisterAck{From: moved, OK: true})
+		if got := sends(c.Effects()); len(got) != 0 {
+			t.Fatalf("an acknowledged ABORT was sent again: %v", got)
+		}
+	})
 }
 
 // An owed ABORT to a rank that cannot be looked up (its record gone) is
@@ -182,30 +170,24 @@ func TestOwedAbortLookupBackoffAndTTL(t *testing.T) {
 // paused longer than the heartbeat bound then kept its rooms Transferring
 // until their deadlines. It is told too (code peer_unreachable).
 func TestDeadPeerIsToldItsRoomsFailed(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		bug   []bugID
-		fixed bool
-	}{{"fixed", nil, true}, {"with bug 12", []bugID{bugDeadPeerNotTold}, false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := testCore(t, RolePrefill, tc.bug...)
-			register(t, c, decodeFrom)
-			c.receive(t0, request(1, decodeFrom)) // pending: no sender yet
-			c.createSender(t0, 2)
-			c.receive(t0, request(2, decodeFrom))
-			c.Effects()
-			c.reportDown(t0, decodeFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
-			var told []string
-			for _, st := range sent[*bootstrap.Status](c.Effects()) {
-				told = append(told, fmt.Sprintf("%d %s", st.Room, st.Code))
-			}
-			slices.Sort(told)
-			want := "1 peer_unreachable,2 peer_unreachable"
-			if got := strings.Join(told, ","); (got == want) != tc.fixed {
-				t.Fatalf("STATUS sent: %q, want %q: %v", got, want, tc.fixed)
-			}
-		})
-	}
+	fixedAndMutant(t, bugDeadPeerNotTold, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := testCore(t, RolePrefill, mutants...)
+		register(t, c, decodeFrom)
+		c.receive(t0, request(1, decodeFrom)) // pending: no sender yet
+		c.createSender(t0, 2)
+		c.receive(t0, request(2, decodeFrom))
+		c.Effects()
+		c.reportDown(t0, decodeFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+		var told []string
+		for _, st := range sent[*bootstrap.Status](c.Effects()) {
+			told = append(told, fmt.Sprintf("%d %s", st.Room, st.Code))
+		}
+		slices.Sort(told)
+		want := "1 peer_unreachable,2 peer_unreachable"
+		if got := strings.Join(told, ","); (got == want) != fixed {
+			t.Fatalf("STATUS sent: %q, want %q: %v", got, want, fixed)
+		}
+	})
 }
 
 // RefuseRoom (issue 27): a room refused before it was created is aborted
@@ -241,30 +223,24 @@ func TestRefuseRoomTellsTheRanks(t *testing.T) {
 // stays within MaxEpochs; a malformed REQUEST is answered by a prefill rank
 // only.
 func TestEpochCheck(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		bug   []bugID
-		fixed bool
-	}{{"fixed", nil, true}, {"with the check skipped", []bugID{bugNoEpochCheck}, false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := testCore(t, RolePrefill, tc.bug...)
-			register(t, c, decodeFrom)
-			c.receive(t0, request(1, decodeFrom)) // pending: no sender yet
-			c.Effects()
-			restarted := decodeFrom
-			restarted.Epoch = 2
-			c.receive(t0, &bootstrap.Ping{From: restarted, Seq: 1})
-			if c.Stats().PeersRestarted != 0 || c.Sizes().Pending != 1 {
-				t.Fatal("a PING counted as a restart")
-			}
-			c.receive(t0, &bootstrap.Abort{From: restarted, Room: 9, Reason: "x"})
-			_, registered := c.peers[decodeFrom.Peer()]
-			if got := c.Sizes().Pending == 0 && !registered && c.Stats().PeersRestarted == 1; got != tc.fixed {
-				t.Fatalf("after a message from a new epoch: pending %d, registered %v, restarts %d",
-					c.Sizes().Pending, registered, c.Stats().PeersRestarted)
-			}
-		})
-	}
+	fixedAndMutant(t, bugNoEpochCheck, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := testCore(t, RolePrefill, mutants...)
+		register(t, c, decodeFrom)
+		c.receive(t0, request(1, decodeFrom)) // pending: no sender yet
+		c.Effects()
+		restarted := decodeFrom
+		restarted.Epoch = 2
+		c.receive(t0, &bootstrap.Ping{From: restarted, Seq: 1})
+		if c.Stats().PeersRestarted != 0 || c.Sizes().Pending != 1 {
+			t.Fatal("a PING counted as a restart")
+		}
+		c.receive(t0, &bootstrap.Abort{From: restarted, Room: 9, Reason: "x"})
+		_, registered := c.peers[decodeFrom.Peer()]
+		if got := c.Sizes().Pending == 0 && !registered && c.Stats().PeersRestarted == 1; got != fixed {
+			t.Fatalf("after a message from a new epoch: pending %d, registered %v, restarts %d",
+				c.Sizes().Pending, registered, c.Stats().PeersRestarted)
+		}
+	})
 	c := testCore(t, RolePrefill)
 	c.cfg.MaxEpochs = 8
 	for i := 0; i < 100; i++ {
@@ -301,44 +277,38 @@ func TestIdlePeersAreUnwatched(t *testing.T) {
 		}
 		return eps
 	}
-	for _, tc := range []struct {
-		name  string
-		bug   []bugID
-		fixed bool
-	}{{"fixed", nil, true}, {"with watches never ended", []bugID{bugNeverUnwatch}, false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			d := testCore(t, RoleDecode, tc.bug...)
-			d.createReceiver(t0, 1, []Target{prefillT})
-			d.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-			d.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-			d.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
-			d.tickAll(t0)
-			if got := unwatched(d.Effects()); len(got) != 0 {
-				t.Fatalf("unwatched %v while a room is live", got)
-			}
-			d.notification(t0, 1, 0, 0, 1, false)
-			d.notification(t0, 1, 0, 0, 0, true) // aux: Success
-			d.clearReceiver(t0, 1)
-			d.tickAll(t0)
-			if got := unwatched(d.Effects()); (len(got) == 1 && got[0] == prefillFrom.Endpoint) != tc.fixed {
-				t.Fatalf("decode unwatched %v after its last room, want fixed=%v", got, tc.fixed)
-			}
+	fixedAndMutant(t, bugNeverUnwatch, func(t *testing.T, mutants []bugID, fixed bool) {
+		d := testCore(t, RoleDecode, mutants...)
+		d.createReceiver(t0, 1, []Target{prefillT})
+		d.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+		d.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+		d.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+		d.tickAll(t0)
+		if got := unwatched(d.Effects()); len(got) != 0 {
+			t.Fatalf("unwatched %v while a room is live", got)
+		}
+		d.notification(t0, 1, 0, 0, 1, false)
+		d.notification(t0, 1, 0, 0, 0, true) // aux: Success
+		d.clearReceiver(t0, 1)
+		d.tickAll(t0)
+		if got := unwatched(d.Effects()); (len(got) == 1 && got[0] == prefillFrom.Endpoint) != fixed {
+			t.Fatalf("decode unwatched %v after its last room, want fixed=%v", got, fixed)
+		}
 
-			p := testCore(t, RolePrefill, tc.bug...)
-			register(t, p, decodeFrom)
-			p.receive(t0, request(1, decodeFrom))
-			p.tickAll(t0)
-			if got := unwatched(p.Effects()); len(got) != 0 {
-				t.Fatalf("prefill unwatched %v with a request pending", got)
-			}
-			p.createSender(t0, 1)
-			p.abortSender(t0, 1, "done")
-			p.tickAll(t0)
-			if got := unwatched(p.Effects()); (len(got) == 1 && got[0] == decodeFrom.Endpoint) != tc.fixed {
-				t.Fatalf("prefill unwatched %v after its last room, want fixed=%v", got, tc.fixed)
-			}
-		})
-	}
+		p := testCore(t, RolePrefill, mutants...)
+		register(t, p, decodeFrom)
+		p.receive(t0, request(1, decodeFrom))
+		p.tickAll(t0)
+		if got := unwatched(p.Effects()); len(got) != 0 {
+			t.Fatalf("prefill unwatched %v with a request pending", got)
+		}
+		p.createSender(t0, 1)
+		p.abortSender(t0, 1, "done")
+		p.tickAll(t0)
+		if got := unwatched(p.Effects()); (len(got) == 1 && got[0] == decodeFrom.Endpoint) != fixed {
+			t.Fatalf("prefill unwatched %v after its last room, want fixed=%v", got, fixed)
+		}
+	})
 }
 
 // Case 3 of issue 20: once a decode rank shares no room with a prefill
@@ -349,54 +319,56 @@ func TestIdlePeersAreUnwatched(t *testing.T) {
 func TestIdleRegistrationRechecked(t *testing.T) {
 	moved := prefillFrom
 	moved.Endpoint, moved.Epoch = "tcp://p:2", 11
-	for _, tc := range []struct {
-		name  string
-		bug   []bugID
-		fixed bool
-	}{{"fixed", nil, true}, {"with no recheck", []bugID{bugNoIdleRecheck}, false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := testCore(t, RoleDecode, tc.bug...)
-			c.cfg.RecheckIdle = 3 * time.Second
-			c.createReceiver(t0, 1, []Target{prefillT})
-			c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-			c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-			c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
-			c.clearReceiver(t0, 1)
-			c.Effects()
-			// Soon after: the registration is used as it is.
-			at := t0.Add(time.Second)
-			c.createReceiver(at, 2, []Target{prefillT})
-			c.initReceiver(at, 2, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-			if got := sends(c.Effects()); len(got) != 1 || got[0] != "REQUEST 2 → tcp://p:1" {
-				t.Fatalf("a fresh registration: %v", got)
-			}
-			c.clearReceiver(at, 2)
-			c.Effects()
-			// Long idle: looked up again first; the record now names the
-			// new process.
-			at = t0.Add(10 * time.Second)
-			c.createReceiver(at, 3, []Target{prefillT})
-			c.initReceiver(at, 3, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-			eff := c.Effects()
-			if (resolves(eff) == 1 && len(sent[*bootstrap.Request](eff)) == 0) != tc.fixed {
-				t.Fatalf("after 10 s idle: %d lookups, sent %v (want fixed=%v)", resolves(eff), sends(eff), tc.fixed)
-			}
-			if !tc.fixed {
-				return
-			}
-			// (Rooms 1 and 2 were cleared unfinished: their owed ABORTs
-			// follow the rank too.)
-			c.resolved(at, prefillT, moved.Endpoint, "")
-			if got := sends(c.Effects()); !slices.Contains(got, "REGISTER 0 → tcp://p:2") || slices.Contains(got, "REQUEST 3 → tcp://p:2") {
-				t.Fatalf("after the lookup: %v", got)
-			}
-			c.receive(at, &bootstrap.RegisterAck{From: moved, OK: true})
-			if got := sends(c.Effects()); !slices.Contains(got, "REQUEST 3 → tcp://p:2") {
-				t.Fatalf("after the new process's ACK: %v", got)
-			}
-			if c.Stats().Rechecks != 1 {
-				t.Fatalf("rechecks %d", c.Stats().Rechecks)
-			}
-		})
-	}
+	fixedAndMutant(t, bugNoIdleRecheck, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := testCore(t, RoleDecode, mutants...)
+		c.cfg.RecheckIdle = 3 * time.Second
+		c.createReceiver(t0, 1, []Target{prefillT})
+		c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+		c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+		c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+		c.clearReceiver(t0, 1)
+		c.Effects()
+		// Soon after: the registration is used as it is.
+		at := t0.Add(time.Second)
+		c.createReceiver(at, 2, []Target{prefillT})
+		c.initReceiver(at, 2, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+		if got := sends(c.Effects()); len(got) != 1 || got[0] != "REQUEST 2 → tcp://p:1" {
+			t.Fatalf("a fresh registration: %v", got)
+		}
+		c.clearReceiver(at, 2)
+		c.Effects()
+		// Long idle: looked up again first; the record now names the
+		// new process.
+		at = t0.Add(10 * time.Second)
+		c.createReceiver(at, 3, []Target{prefillT})
+		c.initReceiver(at, 3, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+		eff := c.Effects()
+		if (resolves(eff) == 1 && len(sent[*bootstrap.Request](eff)) == 0) != fixed {
+			t.Fatalf("after 10 s idle: %d lookups, sent %v (want fixed=%v)", resolves(eff), sends(eff), fixed)
+		}
+		if !fixed {
+			return
+		}
+		// (Rooms 1 and 2 were cleared unfinished: their owed ABORTs
+		// follow the rank too.)
+		c.resolved(at, prefillT, moved.Endpoint, "")
+		if got := sends(c.Effects()); !slices.Contains(got, "REGISTER 0 → tcp://p:2") || slices.Contains(got, "REQUEST 3 → tcp://p:2") {
+			t.Fatalf("after the lookup: %v", got)
+		}
+		c.receive(at, &bootstrap.RegisterAck{From: moved, OK: true})
+		if got := sends(c.Effects()); !slices.Contains(got, "REQUEST 3 → tcp://p:2") {
+			t.Fatalf("after the new process's ACK: %v", got)
+		}
+		if c.Stats().Rechecks != 1 {
+			t.Fatalf("rechecks %d", c.Stats().Rechecks)
+		}
+	})
+}
+
+// fixedAndMutant runs body on the fixed core (fixed true, no mutants) and
+// with mutant on (fixed false; skipped without -tags kvbmutants): the test
+// must pass on the first and see the bug on the second.
+func fixedAndMutant(t *testing.T, mutant bugID, body func(t *testing.T, mutants []bugID, fixed bool)) {
+	t.Run("fixed", func(t *testing.T) { body(t, nil, true) })
+	t.Run("with "+mutant.String(), func(t *testing.T) { body(t, []bugID{mutant}, false) })
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvbridge/kvbridge/internal/capture"
 	"go.uber.org/goleak"
 )
 
@@ -164,7 +165,7 @@ func TestDemoTopologies(t *testing.T) {
 // does (it started with a bare "Usage of demo:", issue 27).
 func TestHelp(t *testing.T) {
 	var code int
-	out := stderrOf(t, func() { code = run([]string{"-h"}) })
+	out := capture.Stderr(t, func() { code = run([]string{"-h"}) })
 	if code != 0 {
 		t.Errorf("demo -h: exit %d, want 0", code)
 	}
@@ -217,23 +218,4 @@ func summaryLabels(text string) []string {
 		}
 	}
 	return labels
-}
-
-// stderrOf runs f with os.Stderr sent to a file and returns what f wrote.
-func stderrOf(t *testing.T, f func()) string {
-	t.Helper()
-	tmp, err := os.CreateTemp(t.TempDir(), "stderr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tmp.Close()
-	saved := os.Stderr
-	os.Stderr = tmp
-	defer func() { os.Stderr = saved }()
-	f()
-	b, err := os.ReadFile(tmp.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvbridge/kvbridge/internal/capture"
 	"go.uber.org/goleak"
 )
 
@@ -58,30 +59,11 @@ func TestQuickRun(t *testing.T) {
 // says what it measures and lists its flags.
 func TestHelp(t *testing.T) {
 	var code int
-	out := stderrOf(t, func() { code = run([]string{"-h"}) })
+	out := capture.Stderr(t, func() { code = run([]string{"-h"}) })
 	if code != 0 {
 		t.Errorf("kvbench -h: exit %d, want 0", code)
 	}
 	if !strings.HasPrefix(out, "kvbench: measures kvbridge") || !strings.Contains(out, "\n  -mode ") {
 		t.Errorf("kvbench -h:\n%s", out)
 	}
-}
-
-// stderrOf runs f with os.Stderr sent to a file and returns what f wrote.
-func stderrOf(t *testing.T, f func()) string {
-	t.Helper()
-	tmp, err := os.CreateTemp(t.TempDir(), "stderr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tmp.Close()
-	saved := os.Stderr
-	os.Stderr = tmp
-	defer func() { os.Stderr = saved }()
-	f()
-	b, err := os.ReadFile(tmp.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }

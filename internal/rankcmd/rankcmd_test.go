@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/capture"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -221,25 +222,6 @@ func bytesOf(rs []RoomResult) []uint64 {
 	return b
 }
 
-// stderrOf runs f with os.Stderr sent to a file and returns what f wrote.
-func stderrOf(t *testing.T, f func()) string {
-	t.Helper()
-	tmp, err := os.CreateTemp(t.TempDir(), "stderr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tmp.Close()
-	saved := os.Stderr
-	os.Stderr = tmp
-	defer func() { os.Stderr = saved }()
-	f()
-	b, err := os.ReadFile(tmp.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // TestHelp: prefill -h and decode -h exit 0 with a usage that says what the
 // binary is; the prefill-only flags are listed by prefill -h only, and
 // decode refuses them (issue 27: decode -h listed -in-flight, -publish-dp
@@ -263,7 +245,7 @@ func TestHelp(t *testing.T) {
 		name string
 	}{{kvmanager.RolePrefill, "prefill"}, {kvmanager.RoleDecode, "decode"}} {
 		var code int
-		out := stderrOf(t, func() { code = Main(tc.role, []string{"-h"}) })
+		out := capture.Stderr(t, func() { code = Main(tc.role, []string{"-h"}) })
 		if code != 0 {
 			t.Errorf("%s -h: exit %d, want 0", tc.name, code)
 		}
