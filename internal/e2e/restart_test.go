@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/etcdtest"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Restarts of real rank processes on a new endpoint (issue 20): a pod
@@ -161,5 +163,65 @@ func TestPausedDecodeLearnsItsRoomsFailed(t *testing.T) {
 	}
 	if took > bound {
 		t.Fatalf("took %v, bound %v (the stall deadline is %v)", took, bound, rankConfig(0, "", "").Registry.StallTimeout)
+	}
+}
+
+// Case 5: in etcd mode a prefill rank never restored its own record after
+// someone else deleted it, put garbage there (its renewal spun on a failing
+// transaction) or put another endpoint's record; rooms recovered only when
+// the record was written back by hand. A real prefill process must put its
+// record back at its next renewal (a third of its 2 s lease).
+func TestEtcdPrefillRestoresItsRecord(t *testing.T) {
+	srv, err := etcdtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	target := "etcd://" + srv.Endpoint + "/topo-prefill"
+	startTopoRank(t, "prefill", target, 1, 0)
+	watcher, err := bootstrap.DialEtcd(target, bootstrap.EtcdConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	mine, err := watcher.Rank(ctx, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	events := watcher.Watch(ctx)
+	key := "/kvbridge/topo-prefill/ranks/0/0/0"
+	good, err := raw.Get(ctx, key)
+	if err != nil || len(good.Kvs) != 1 {
+		t.Fatalf("the rank's record: %v %v", good, err)
+	}
+	other := strings.Replace(string(good.Kvs[0].Value), mine.Endpoint, "tcp://127.0.0.1:9", 1)
+	for _, damage := range []struct {
+		name string
+		do   func() error
+	}{
+		{"deleted", func() error { _, err := raw.Delete(ctx, key); return err }},
+		{"garbage", func() error { _, err := raw.Put(ctx, key, "{not json"); return err }},
+		{"another endpoint", func() error { _, err := raw.Put(ctx, key, other); return err }},
+	} {
+		if err := damage.do(); err != nil {
+			t.Fatal(err)
+		}
+		at := time.Now()
+		for restored := false; !restored; {
+			select {
+			case ev := <-events:
+				restored = !ev.Deleted && ev.TP == 0 && ev.Endpoint == mine.Endpoint
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s: the rank did not restore its record within 10 s", damage.name)
+			}
+		}
+		t.Logf("%s: record restored %v later", damage.name, time.Since(at).Round(time.Millisecond))
 	}
 }
