@@ -95,7 +95,13 @@ type decodeCore struct {
 type heardPeer struct {
 	epoch uint64
 	seq   uint64 // recency, for eviction
+	// retired are the identity's earlier epochs (the last maxRetired): a
+	// late message from one is stale, dropped, not a restart back.
+	retired []uint64
 }
+
+// maxRetired bounds the earlier epochs remembered per peer identity.
+const maxRetired = 4
 
 // DefaultMaxEpochs bounds the peer epochs a core remembers.
 const DefaultMaxEpochs = 4096
@@ -432,15 +438,38 @@ func (c *Core) receive(now time.Time, msg bootstrap.Message) (accepted bool) {
 	if _, ping := msg.(*bootstrap.Ping); ping {
 		return false
 	}
-	c.hear(msg.Sender())
+	if _, reg := msg.(*bootstrap.Register); reg && c.prefillCore != nil && c.bugs.on(bugRegisterEpochLate) {
+		return true // the check left to Registered, after the metadata load
+	}
+	if !c.hear(msg.Sender()) {
+		// From an epoch the peer already left: no restart back. Only a
+		// decode rank's ABORT_ACK and STATUS go on — their handlers match
+		// the epoch the REQUEST went to, and the old process's drained
+		// ACK is what releases that room's pages.
+		switch msg.(type) {
+		case *bootstrap.AbortAck, *bootstrap.Status:
+			if c.decodeCore == nil {
+				return false
+			}
+		default:
+			return false
+		}
+	}
 	if p := c.prefillCore; p != nil {
 		switch m := msg.(type) {
 		case *bootstrap.Request:
 			return p.onRequest(m)
 		case *bootstrap.Abort:
 			p.onAbort(m)
+		case *bootstrap.Register:
+			// Only the epoch check here, before the shell loads the
+			// peer's metadata: a restarted decode rank's old registration
+			// and rooms are gone before anything of the new one is known,
+			// so no write of the old process passes the gate meanwhile.
+			// OK: validate and bind it (CheckRegister, then Registered).
+			return true
 		case *bootstrap.Pong:
-		default: // REGISTER takes the shell's path; the rest go to decode ranks
+		default: // the rest go to decode ranks
 			c.stats.Refused++
 		}
 		return false
@@ -471,6 +500,15 @@ func (c *Core) receive(now time.Time, msg bootstrap.Message) (accepted bool) {
 func (c *Core) reportDown(now time.Time, endpoint string, from bootstrap.From, restarted bool, reason string) {
 	c.step(now)
 	c.role.peerDown(endpoint, from, restarted, fmt.Sprintf("%s: %s", reason, endpoint))
+}
+
+// Hold returns the channel closed when a decode room's pages may be
+// reused, and whether the room still holds them (false on a prefill rank).
+func (c *Core) Hold(room uint64) (chan struct{}, bool) {
+	if c.decodeCore == nil {
+		return nil, false
+	}
+	return c.decodeCore.hold(room)
 }
 
 // CheckRegister validates a REGISTER against this rank (compat, role and
@@ -506,22 +544,32 @@ func (c *Core) malformedRequest(now time.Time, room uint64, endpoint, reason str
 
 // hear is the epoch check: it records from's epoch and, when a known peer
 // shows a new one, handles the restart (everything bound to the old epoch
-// fails) before the message that showed it.
-func (c *base) hear(from bootstrap.From) {
+// fails) before the message that showed it. A message from an epoch the
+// peer already left (a late one of the old process) is stale: hear
+// reports false and the caller drops it (counted as StaleEpoch).
+func (c *base) hear(from bootstrap.From) (current bool) {
 	key := from.Peer()
 	c.heardSeq++
 	if h, ok := c.epochs[key]; ok {
 		h.seq = c.heardSeq
 		if h.epoch == from.Epoch {
-			return
+			return true
+		}
+		if slices.Contains(h.retired, from.Epoch) && !c.bugs.on(bugNoRetiredEpochs) {
+			c.stats.StaleEpoch++
+			return false
+		}
+		h.retired = append(h.retired, h.epoch)
+		if len(h.retired) > maxRetired {
+			h.retired = h.retired[1:]
 		}
 		h.epoch = from.Epoch
 		if c.bugs.on(bugNoEpochCheck) {
-			return
+			return true
 		}
 		c.stats.PeersRestarted++
 		c.role.peerDown(from.Endpoint, from, true, fmt.Sprintf("%s: %s", bootstrap.ReasonPeerRestarted, from.Endpoint))
-		return
+		return true
 	}
 	c.epochs[key] = &heardPeer{epoch: from.Epoch, seq: c.heardSeq}
 	if len(c.epochs) > c.cfg.MaxEpochs {
@@ -533,6 +581,7 @@ func (c *base) hear(from bootstrap.From) {
 		}
 		delete(c.epochs, oldest)
 	}
+	return true
 }
 
 // errCode maps a registry refusal to a STATUS code.

@@ -1,6 +1,7 @@
 package kvmanager
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -241,13 +242,14 @@ func (c *decodeCore) flushRequests(rm *room) {
 			continue
 		}
 		tg := c.targets[s.target]
-		if tg.reg == regOK && c.cfg.RecheckIdle > 0 && c.now.Sub(tg.heard) > c.cfg.RecheckIdle && !c.bugs.on(bugNoIdleRecheck) {
+		_, watched := c.watching[tg.endpoint]
+		if tg.reg == regOK && !watched && c.cfg.RecheckIdle > 0 && c.now.Sub(tg.heard) > c.cfg.RecheckIdle && !c.bugs.on(bugNoIdleRecheck) {
 			// Nothing has been heard from it for longer than heartbeats
-			// would take to declare it dead, and nothing watched it: look
-			// it up and register again rather than send the REQUEST to a
-			// process that may be gone.
-			tg.reg, tg.resolved = regNone, false
+			// would take to declare it dead, and nothing heartbeats it:
+			// look it up and register again rather than send the REQUEST
+			// to a process that may be gone.
 			c.stats.Rechecks++
+			c.relookup(tg)
 		}
 		if tg.reg != regOK {
 			all = false
@@ -272,10 +274,27 @@ func (c *decodeCore) flushRequests(rm *room) {
 	}
 }
 
+// relookup looks a resolved target up again and registers at what the
+// lookup names. The endpoint it had stays known meanwhile: messages from
+// it still count, heartbeats and dead reports still apply to the rooms
+// that asked it, and a lookup that fails for want of the bootstrap service
+// falls back to it.
+func (c *decodeCore) relookup(tg *target) {
+	tg.reg = regNone
+	if c.bugs.on(bugRelookupForgetsEndpoint) {
+		tg.resolved = false
+	}
+	if !tg.resolving {
+		tg.resolving = true
+		c.emit(Effect{Kind: EffectResolve, Target: tg.t})
+	}
+}
+
 func (c *decodeCore) ensureRegistered(tg *target) {
 	switch {
 	case !tg.resolved:
 		c.ensureTarget(tg.t)
+	case tg.resolving: // a lookup is in flight: register at what it names
 	case tg.reg == regNone:
 		tg.reg, tg.retry = regSent, c.cfg.RegisterRetry
 		tg.nextRetry = c.now.Add(tg.retry)
@@ -380,11 +399,24 @@ func (c *decodeCore) resolveFailed(now time.Time, t Target, err error) {
 		return
 	}
 	tg.resolving = false
+	reason := fmt.Sprintf("resolving prefill rank dp %d tp %d pp %d at %s: %v", t.DP, t.Rank, t.PP, t.Bootstrap, err)
+	if tg.resolved { // a re-check or re-lookup of a rank whose endpoint we have
+		if errors.Is(err, bootstrap.ErrRankUnknown) {
+			c.failWaiting(tg, reason) // its record is gone: rooms that have not asked it yet fail
+			return
+		}
+		// The bootstrap service did not answer: register at the endpoint
+		// we had (an unanswered REGISTER looks it up again later).
+		for _, rm := range c.roomsAt(tg.t.key()) {
+			c.flushRequests(rm)
+		}
+		return
+	}
 	if len(tg.owed) > 0 {
 		tg.lookupRetry = min(max(2*tg.lookupRetry, c.cfg.RegisterRetry), 32*c.cfg.RegisterRetry)
 		tg.nextLookup = now.Add(tg.lookupRetry)
 	}
-	c.failWaiting(tg, fmt.Sprintf("resolving prefill rank dp %d tp %d pp %d at %s: %v", t.DP, t.Rank, t.PP, t.Bootstrap, err))
+	c.failWaiting(tg, reason)
 }
 
 // failWaiting fails the live rooms that wait for tg's registration.
@@ -664,9 +696,8 @@ func (c *decodeCore) clearReceiver(now time.Time, room uint64) Result {
 	return res
 }
 
-// Hold returns the channel closed when a decode room's pages may be
-// reused, and whether the room still holds them.
-func (c *decodeCore) Hold(room uint64) (chan struct{}, bool) {
+// hold is Core.Hold.
+func (c *decodeCore) hold(room uint64) (chan struct{}, bool) {
 	h, ok := c.holds[room]
 	if !ok {
 		return nil, false
@@ -786,9 +817,8 @@ func (c *decodeCore) tickDecode(now time.Time) {
 				// Nobody answers at that endpoint: look the rank up
 				// again rather than retry a cached endpoint forever.
 				tg.unanswered = 0
-				tg.reg, tg.resolved = regNone, false
 				c.stats.Relookups++
-				c.ensureTarget(tg.t)
+				c.relookup(tg)
 				continue
 			}
 			tg.unanswered++

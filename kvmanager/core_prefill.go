@@ -136,7 +136,9 @@ func (c *prefillCore) checkRegister(msg *bootstrap.Register) (PeerPlan, error) {
 // refuseRegister answers a REGISTER with ok false.
 func (c *prefillCore) registerRefused(now time.Time, from bootstrap.From, reason string) {
 	c.step(now)
-	c.hear(from)
+	if !c.hear(from) {
+		return // a late REGISTER of an epoch the peer already left
+	}
 	c.send(bootstrap.Peer{Endpoint: from.Endpoint}, 0, &bootstrap.RegisterAck{OK: false, Reason: reason})
 }
 
@@ -145,7 +147,9 @@ func (c *prefillCore) registerRefused(now time.Time, from bootstrap.From, reason
 // every room and pending request bound to the old epoch fails first.
 func (c *prefillCore) registered(now time.Time, from bootstrap.From, remote string, pp PeerPlan) {
 	c.step(now)
-	c.hear(from)
+	if !c.hear(from) {
+		return // a late REGISTER of an epoch the peer already left
+	}
 	key := from.Peer()
 	if old := c.peers[key]; old != nil && old.from.Epoch != from.Epoch {
 		c.peerGone(key, old.from.Epoch, true, CodePeerRestarted, fmt.Sprintf("peer restarted: %s (epoch %d → %d)", key, old.from.Epoch, from.Epoch))

@@ -9,25 +9,29 @@ package kvmanager
 type bugID uint8
 
 const (
-	bugAckOnClearedTombstone bugID = 1 + iota // an ABORT on a Cleared tombstone acks drained at once
-	bugFailedWriteDrains                      // a failed write counts as drained
-	bugClearReleases                          // Clear ends the decode quarantine
-	bugNoEarlyAbort                           // an abort before the REQUEST is not sent
-	bugDropRegOnPeerDown                      // prefill forgets a registration when heartbeats fail
-	bugPostIgnoresEpoch                       // writes go to the peer's current epoch
-	bugRestartDropsPending                    // a restart report cancels the registration in progress
-	bugRetryCachedEndpoint                    // an unanswered REGISTER is retried at the cached endpoint forever
-	bugDeadPeerNotTold                        // a decode rank declared dead is not told its rooms failed
-	bugAbortSentOnce                          // an ABORT sent to a known endpoint is forgotten (not re-sent to a new process)
-	bugNoEpochCheck                           // a peer's new epoch is recorded but not handled as a restart
-	bugNeverUnwatch                           // a peer is heartbeated forever after its last shared room
-	bugNoIdleRecheck                          // a REQUEST goes to a registration nobody has heard from for long
-	bugCount                                  // one past the last
+	bugAckOnClearedTombstone   bugID = 1 + iota // an ABORT on a Cleared tombstone acks drained at once
+	bugFailedWriteDrains                        // a failed write counts as drained
+	bugClearReleases                            // Clear ends the decode quarantine
+	bugNoEarlyAbort                             // an abort before the REQUEST is not sent
+	bugDropRegOnPeerDown                        // prefill forgets a registration when heartbeats fail
+	bugPostIgnoresEpoch                         // writes go to the peer's current epoch
+	bugRestartDropsPending                      // a restart report cancels the registration in progress
+	bugRetryCachedEndpoint                      // an unanswered REGISTER is retried at the cached endpoint forever
+	bugDeadPeerNotTold                          // a decode rank declared dead is not told its rooms failed
+	bugAbortSentOnce                            // an ABORT sent to a known endpoint is forgotten (not re-sent to a new process)
+	bugNoEpochCheck                             // a peer's new epoch is recorded but not handled as a restart
+	bugNeverUnwatch                             // a peer is heartbeated forever after its last shared room
+	bugNoIdleRecheck                            // a REQUEST goes to a registration nobody has heard from for long
+	bugNoRetiredEpochs                          // a late message from a peer's old epoch counts as a restart back
+	bugRegisterEpochLate                        // a REGISTER's epoch check waits for its metadata load (Registered)
+	bugRelookupForgetsEndpoint                  // a re-check or re-lookup forgets the endpoint the rank had
+	bugCount                                    // one past the last
 )
 
 var bugNames = [bugCount]string{"", "ack-on-cleared-tombstone", "failed-write-drains", "clear-releases", "no-early-abort",
 	"drop-reg-on-peer-down", "post-ignores-epoch", "restart-drops-pending", "retry-cached-endpoint", "dead-peer-not-told",
-	"abort-sent-once", "no-epoch-check", "never-unwatch", "no-idle-recheck"}
+	"abort-sent-once", "no-epoch-check", "never-unwatch", "no-idle-recheck", "no-retired-epochs",
+	"register-epoch-late", "relookup-forgets-endpoint"}
 
 func (b bugID) String() string {
 	if b == 0 || b >= bugCount {

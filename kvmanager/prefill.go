@@ -98,6 +98,15 @@ func (m *Manager) registerRank() error {
 // onRegister validates a REGISTER in the core, loads the peer's agent
 // metadata (engine I/O, outside the lock) and binds the registration.
 func (m *Manager) onRegister(msg *bootstrap.Register) {
+	// The epoch check first, before the metadata load: a restarted decode
+	// rank's old registration is gone before its new metadata replaces the
+	// old one's prepared lists (same agent name), so nothing of the old
+	// process is written meanwhile.
+	var bind bool
+	m.step(func(c *Core, now time.Time) { bind = c.Step(now, Received{msg}).OK })
+	if !bind {
+		return // stale, or this is a decode rank
+	}
 	var lay PeerPlan
 	var err error
 	m.read(func(c *Core) { lay, err = c.CheckRegister(msg) })

@@ -1,6 +1,7 @@
 package kvmanager
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/transfer"
 )
 
 // Restarts on a new endpoint (issue 20): a pod restart leaves the rank's
@@ -327,6 +329,7 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 		c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
 		c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
 		c.clearReceiver(t0, 1)
+		c.receive(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: true})
 		c.Effects()
 		// Soon after: the registration is used as it is.
 		at := t0.Add(time.Second)
@@ -336,6 +339,8 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 			t.Fatalf("a fresh registration: %v", got)
 		}
 		c.clearReceiver(at, 2)
+		c.receive(at, &bootstrap.AbortAck{From: prefillFrom, Room: 2, Drained: true})
+		c.Step(at, Tick{}) // the shell's sweep: nothing is shared with the rank any more, so nothing heartbeats it
 		c.Effects()
 		// Long idle: looked up again first; the record now names the
 		// new process.
@@ -349,8 +354,6 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 		if !fixed {
 			return
 		}
-		// (Rooms 1 and 2 were cleared unfinished: their owed ABORTs
-		// follow the rank too.)
 		c.resolved(at, prefillT, moved.Endpoint, "")
 		if got := sends(c.Effects()); !slices.Contains(got, "REGISTER 0 → tcp://p:2") || slices.Contains(got, "REQUEST 3 → tcp://p:2") {
 			t.Fatalf("after the lookup: %v", got)
@@ -371,4 +374,115 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 func fixedAndMutant(t *testing.T, mutant bugID, body func(t *testing.T, mutants []bugID, fixed bool)) {
 	t.Run("fixed", func(t *testing.T) { body(t, nil, true) })
 	t.Run("with "+mutant.String(), func(t *testing.T) { body(t, []bugID{mutant}, false) })
+}
+
+// A restarted decode rank's REGISTER (same identity and agent name, new
+// epoch): its epoch check runs as a step of its own before the shell loads
+// the new metadata, so the old process's registration and rooms are gone —
+// no write of theirs passes the gate — before the new metadata replaces the
+// peer's prepared lists. (The loop's check ran before the handler; moving
+// it into Registered opened a window as long as the metadata load.)
+func TestRegisterEpochCheckedBeforeMetadataLoad(t *testing.T) {
+	fixedAndMutant(t, bugRegisterEpochLate, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := testCore(t, RolePrefill, mutants...)
+		register(t, c, decodeFrom)
+		c.createSender(t0, 1)
+		c.initSender(t0, 1)
+		c.receive(t0, request(1, decodeFrom))
+		c.Effects()
+		if err := c.sendChunk(t0, 1, []uint32{0}, false, -1, nil); err != nil {
+			t.Fatal(err)
+		}
+		var writes []transfer.Write
+		for _, e := range c.Effects() {
+			writes = append(writes, e.Writes...)
+		}
+		if len(writes) == 0 {
+			t.Fatal("no write to gate")
+		}
+		restarted := decodeFrom
+		restarted.Epoch = 2
+		kv, aux, state := regionsOf(simLayout())
+		out := c.Step(t0, Received{&bootstrap.Register{From: restarted, Compat: "sim", KV: kv, Aux: aux, State: state}})
+		if !out.OK {
+			t.Fatal("the new epoch's REGISTER was not passed on to be bound")
+		}
+		// Meanwhile the shell loads the new metadata; the pool gates the
+		// old room's next write.
+		if posted := c.posting(t0, 1, &writes[0]); posted == fixed {
+			t.Fatalf("the old process's write passed the gate during the new one's metadata load: %v", posted)
+		}
+	})
+}
+
+// A late message from a peer's earlier epoch (still queued from the old
+// process) is dropped, not taken as a restart back: the new process keeps
+// its registration and rooms.
+func TestStaleEpochDropped(t *testing.T) {
+	fixedAndMutant(t, bugNoRetiredEpochs, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := testCore(t, RolePrefill, mutants...)
+		register(t, c, decodeFrom)
+		restarted := decodeFrom
+		restarted.Epoch, restarted.Endpoint = 2, "tcp://d:2"
+		c.Step(t0, Received{&bootstrap.Register{From: restarted}})
+		register(t, c, restarted)
+		c.receive(t0, request(5, restarted)) // pending: no sender yet
+		c.Effects()
+		c.receive(t0, &bootstrap.Abort{From: decodeFrom, Room: 9, Reason: "late"})
+		_, registered := c.peers[restarted.Peer()]
+		if ok := registered && c.Sizes().Pending == 1 && c.Stats().StaleEpoch == 1; ok != fixed {
+			t.Fatalf("after a late message of the old epoch: registered %v, pending %d, stale %d",
+				registered, c.Sizes().Pending, c.Stats().StaleEpoch)
+		}
+	})
+}
+
+// While a prefill rank is looked up again (an idle re-check), the endpoint
+// it had stays known: a live room that asked it is still heartbeated, a
+// dead report or its STATUS still fails that room, and a lookup the
+// bootstrap service does not answer falls back to that endpoint.
+func TestRelookupKeepsTheEndpoint(t *testing.T) {
+	fixedAndMutant(t, bugRelookupForgetsEndpoint, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := testCore(t, RoleDecode, mutants...)
+		c.cfg.RecheckIdle = 3 * time.Second
+		c.createReceiver(t0, 1, []Target{prefillT})
+		c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+		c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+		c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true}) // room 1's REQUEST out, watched
+		c.Effects()
+		// The rank is looked up again (an idle re-check for another room,
+		// or unanswered REGISTERs) while room 1 waits for its data.
+		at := t0.Add(10 * time.Second)
+		c.relookup(c.targets[prefillT.key()])
+		c.Effects()
+		c.Step(at, Tick{})
+		for _, e := range c.Effects() {
+			if e.Kind == EffectUnwatch && fixed {
+				t.Fatalf("unwatched %s while room 1 waits for its data", e.To.Endpoint)
+			}
+		}
+		c.Step(at, PeerUnreachable{Endpoint: prefillFrom.Endpoint, Reason: bootstrap.ReasonPeerUnreachable})
+		if st, _ := c.Status(1); (st == Failed) != fixed {
+			t.Fatalf("room 1 after the dead report during the lookup: %v", st)
+		}
+		if !fixed {
+			return
+		}
+		// A lookup the bootstrap service does not answer: register at the
+		// endpoint it had.
+		c.Effects()
+		c.createReceiver(at, 3, []Target{prefillT})
+		c.resolved(at, prefillT, prefillFrom.Endpoint, "")
+		c.receive(at, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+		c.Effects()
+		c.relookup(c.targets[prefillT.key()])
+		c.initReceiver(at, 3, RequestSpec{DstPages: []uint32{3}, AuxIndex: -1})
+		c.resolveFailed(at, prefillT, errors.New("bootstrap server unreachable"))
+		if st, _ := c.Status(3); st == Failed {
+			t.Fatal("a failed lookup failed a room whose rank's endpoint is known")
+		}
+		if got := sends(c.Effects()); !slices.Contains(got, "REGISTER 0 → tcp://p:1") {
+			t.Fatalf("after the failed lookup: %v", got)
+		}
+	})
 }

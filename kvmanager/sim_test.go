@@ -433,6 +433,9 @@ func (w *simWorld) deliver(src, dst int) {
 	case *bootstrap.Register:
 		cp := *msg
 		cp.From = m.from
+		if !c.Step(w.now, Received{&cp}).OK { // the epoch check, as the shell runs it
+			break
+		}
 		if lay, err := c.CheckRegister(&cp); err != nil {
 			c.Step(w.now, RegisterRefused{From: m.from, Reason: err.Error()})
 		} else {
@@ -1103,6 +1106,7 @@ func (c *Core) clone() *Core {
 	n.epochs = make(map[string]*heardPeer, len(c.epochs))
 	for k, h := range c.epochs {
 		cp := *h
+		cp.retired = slices.Clone(h.retired)
 		n.epochs[k] = &cp
 	}
 	return n

@@ -265,6 +265,9 @@ func (c *Core) hash(f *fp) {
 	for _, k := range slices.Sorted(maps.Keys(c.epochs)) {
 		f.s(k)
 		f.u(c.epochs[k].epoch)
+		for _, e := range c.epochs[k].retired {
+			f.u(e)
+		}
 	}
 	for _, ep := range slices.Sorted(maps.Keys(c.watching)) {
 		f.s(ep)

@@ -69,7 +69,10 @@ type (
 // Received messages.
 type (
 	// Received is a control message from a peer: REQUEST, ABORT,
-	// ABORT_ACK, REGISTER_ACK, STATUS or PONG (the epoch check runs first).
+	// ABORT_ACK, REGISTER_ACK, STATUS or PONG (the epoch check runs first;
+	// a message of an epoch the peer already left is dropped). A REGISTER
+	// goes here first too, for the epoch check alone: OK says the shell
+	// may validate it, load its metadata and step Registered.
 	Received struct{ Msg bootstrap.Message }
 	// Registered binds a REGISTER that passed CheckRegister and whose
 	// metadata the engine loaded (prefill).
@@ -179,7 +182,7 @@ func (Close) input()            {}
 // the error of a refused call.
 type Output struct {
 	Result Result
-	OK     bool // Received: a REQUEST was accepted; Posting: the write may be posted
+	OK     bool // Received: a REQUEST was accepted, a REGISTER may be bound; Posting: the write may be posted
 	Err    error
 }
 
