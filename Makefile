@@ -24,8 +24,8 @@ test: deps
 	$(GO) test -race -count=1 -skip '$(CHECKERS)' ./...
 
 NIXL_RUNS ?= 20
-NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL)$$/^libnixl-real$$
-## test-nixl: the engine contract and the e2e byte-exact, separate-process and soak tests on a real NIXL, NIXL_RUNS times (KVBRIDGE_NIXL_LIB names its libnixl_capi.so; see DEVELOPERS.md)
+NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL|TestFirstRoomAfterPrefillRestartElsewhere|TestAbortReachesPrefillRestartedElsewhere|TestRoomAfterPrefillRestartElsewhere|TestPausedDecodeLearnsItsRoomsFailed)$$/^libnixl-real$$
+## test-nixl: the engine contract and the e2e byte-exact, separate-process, soak and restart tests on a real NIXL, NIXL_RUNS times (KVBRIDGE_NIXL_LIB names its libnixl_capi.so; see DEVELOPERS.md)
 test-nixl: deps
 	@test -n "$$KVBRIDGE_NIXL_LIB" || { echo "test-nixl: set KVBRIDGE_NIXL_LIB to a real NIXL's libnixl_capi.so (see DEVELOPERS.md)" >&2; exit 2; }
 	$(GO) test -race -count=$(NIXL_RUNS) -timeout 60m -v -run '$(NIXL_TESTS)' ./nixl ./internal/e2e | grep -E '^(ok|FAIL)|^\s*--- |libucp mapped' | sed -E 's/ \([0-9.]+s\)//' | sort | uniq -c

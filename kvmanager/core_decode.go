@@ -382,7 +382,7 @@ func (c *decodeCore) refuseRoom(now time.Time, room uint64, targets []Target, re
 	if _, live := c.reg.rooms[room]; live {
 		return
 	}
-	if _, held := c.holds[room]; held {
+	if _, held := c.holds[room]; held || c.bugs.on(bugRefusalNotTold) {
 		return
 	}
 	for _, t := range targets {
@@ -390,8 +390,11 @@ func (c *decodeCore) refuseRoom(now time.Time, room uint64, targets []Target, re
 	}
 }
 
-// resolveFailed fails the rooms that wait for the target; ABORTs owed to
-// it wait for a later lookup (with backoff).
+// resolveFailed handles a lookup that failed. For a rank never resolved,
+// the rooms waiting for it fail and ABORTs owed to it wait for a later
+// lookup (with backoff). For a re-check or re-lookup of a rank whose
+// endpoint is known, that endpoint stays: only a vanished record fails the
+// rooms that have not asked it yet.
 func (c *decodeCore) resolveFailed(now time.Time, t Target, err error) {
 	c.step(now)
 	tg := c.targets[t.key()]
@@ -790,11 +793,11 @@ func (c *decodeCore) targetChanged(now time.Time, t Target, endpoint, serverKey 
 	}
 }
 
-// tickDecode releases holds past their quarantine deadline, retries
+// tick releases holds past their quarantine deadline, retries
 // REGISTERs that got no answer (looking the rank up again after
 // registerLookupAfter of them), forgets owed ABORTs past the TTL and looks
 // up again the ranks that owed ABORTs still wait for.
-func (c *decodeCore) tickDecode(now time.Time) {
+func (c *decodeCore) tick(now time.Time) {
 	for _, room := range slices.Sorted(maps.Keys(c.holds)) {
 		if h := c.holds[room]; h.failed && now.After(h.deadline) {
 			c.release(h, true)
@@ -883,8 +886,6 @@ func (c *decodeCore) failed(room uint64, reason string, _ Result) { c.decodeFail
 
 // expired aborts a room a deadline failed.
 func (c *decodeCore) expired(e Expiry) { c.decodeFailed(e.Room, e.Reason) }
-
-func (c *decodeCore) tick(now time.Time) { c.tickDecode(now) }
 
 // needs marks the prefill ranks with a live room here or an owed ABORT.
 func (c *decodeCore) needs(needed map[string]bool) {

@@ -25,13 +25,14 @@ const (
 	bugNoRetiredEpochs                          // a late message from a peer's old epoch counts as a restart back
 	bugRegisterEpochLate                        // a REGISTER's epoch check waits for its metadata load (Registered)
 	bugRelookupForgetsEndpoint                  // a re-check or re-lookup forgets the endpoint the rank had
+	bugRefusalNotTold                           // a room refused before it was created is not aborted on its prefill ranks
 	bugCount                                    // one past the last
 )
 
 var bugNames = [bugCount]string{"", "ack-on-cleared-tombstone", "failed-write-drains", "clear-releases", "no-early-abort",
 	"drop-reg-on-peer-down", "post-ignores-epoch", "restart-drops-pending", "retry-cached-endpoint", "dead-peer-not-told",
 	"abort-sent-once", "no-epoch-check", "never-unwatch", "no-idle-recheck", "no-retired-epochs",
-	"register-epoch-late", "relookup-forgets-endpoint"}
+	"register-epoch-late", "relookup-forgets-endpoint", "refusal-not-told"}
 
 func (b bugID) String() string {
 	if b == 0 || b >= bugCount {

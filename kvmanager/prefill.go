@@ -102,9 +102,7 @@ func (m *Manager) onRegister(msg *bootstrap.Register) {
 	// rank's old registration is gone before its new metadata replaces the
 	// old one's prepared lists (same agent name), so nothing of the old
 	// process is written meanwhile.
-	var bind bool
-	m.step(func(c *Core, now time.Time) { bind = c.Step(now, Received{msg}).OK })
-	if !bind {
+	if !m.receive(msg, nil).OK {
 		return // stale, or this is a decode rank
 	}
 	var lay PeerPlan

@@ -289,21 +289,34 @@ func (m *Manager) handle(msg bootstrap.Message) {
 	case *bootstrap.Register:
 		m.onRegister(msg)
 	case *bootstrap.Request:
-		var ok bool
-		m.step(func(c *Core, now time.Time) { ok = c.Step(now, Received{msg}).OK })
-		if ok {
+		if m.receive(msg, nil).OK {
 			m.trace(msg.Room, TraceRequest)
 		}
 	case *bootstrap.Abort:
 		var stage Poll // the room's status when the abort came (0: no sender yet)
-		m.step(func(c *Core, now time.Time) {
-			stage, _ = c.Status(msg.Room)
-			c.Step(now, Received{msg})
-		})
+		m.receive(msg, func(c *Core) { stage, _ = c.Status(msg.Room) })
 		m.met.abort(stage)
 	default:
-		m.step(func(c *Core, now time.Time) { c.Step(now, Received{msg}) })
+		m.receive(msg, nil)
 	}
+}
+
+// receive steps a received message into the core (peek, if set, reads the
+// core first, in the same step) and logs a restart the epoch check found.
+func (m *Manager) receive(msg bootstrap.Message, peek func(c *Core)) (out Output) {
+	var restarted bool
+	m.step(func(c *Core, now time.Time) {
+		if peek != nil {
+			peek(c)
+		}
+		before := c.Stats().PeersRestarted
+		out = c.Step(now, Received{msg})
+		restarted = c.Stats().PeersRestarted > before
+	})
+	if restarted {
+		m.log.Warn("peer restarted", zap.String("peer", msg.Sender().Peer()), zap.String("endpoint", msg.Sender().Endpoint))
+	}
+	return out
 }
 
 // malformed answers a REQUEST the codec refused but that named its room and

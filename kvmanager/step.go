@@ -200,16 +200,22 @@ func (c *Core) Step(now time.Time, in Input) Output {
 			return wrongRole(in)
 		}
 		c.prefillCore.registered(now, in.From, in.Remote, in.Plan)
+		return Output{}
 	case RegisterRefused:
 		c.refuseRegister(now, in.From, in.Reason)
+		return Output{}
 	case MalformedRequest:
 		c.malformedRequest(now, in.Room, in.Endpoint, in.Reason)
+		return Output{}
 	case PeerUnreachable:
 		c.reportDown(now, in.Endpoint, in.From, false, in.Reason)
+		return Output{}
 	case Tick:
 		c.tickAll(now)
+		return Output{}
 	case Close:
 		c.closeAll(now, in.Reason)
+		return Output{}
 	}
 	if p := c.prefillCore; p != nil {
 		switch in := in.(type) {

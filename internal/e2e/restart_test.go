@@ -28,6 +28,21 @@ const testLease = 2 * time.Second
 // two-core machine.
 const restartBound = testLease + 8*time.Second + bound
 
+// onRestartEngines runs a restart test on the ucx engine and on a real
+// NIXL (libnixl-real: skipped without KVBRIDGE_NIXL_LIB; make test-nixl
+// runs it): the restart handling is the core's, but a rank must also
+// survive its peer's death on every engine.
+func onRestartEngines(t *testing.T, body func(t *testing.T, engine string)) {
+	for _, engine := range []string{"ucx-tcp", "libnixl-real"} {
+		t.Run(engine, func(t *testing.T) {
+			if engine == "libnixl-real" {
+				needRealNIXL(t)
+			}
+			body(t, engine)
+		})
+	}
+}
+
 func startBootLease(t *testing.T, lease time.Duration) string {
 	t.Helper()
 	srv, err := bootstrap.NewServer(bootstrap.ServerConfig{Token: testauth.Auth().BootstrapToken(), LeaseTTL: lease})
@@ -69,24 +84,26 @@ func runRoom(t *testing.T, decode, prefill *rankProc, room uint64, src, dst []ui
 // REGISTER there forever ("waiting for the prefill ranks' REGISTER_ACK").
 // It must look the rank up again and reach the new process.
 func TestFirstRoomAfterPrefillRestartElsewhere(t *testing.T) {
-	boot := startBootLease(t, testLease)
-	startRank(t, "prefill", "ucx-tcp", boot).kill(t)
-	decode := startRank(t, "decode", "ucx-tcp", boot)
-	src, dst := newPagePool(pages).Get(32), newPagePool(pages).Get(32)
-	// The lookup this starts finds the dead process's record.
-	decode.do(fmt.Sprintf("RECV 1 %s %s", csv(dst), csv(src)))
-	prefill := startRank(t, "prefill", "ucx-tcp", boot) // a new port, once the lease lapsed
-	restarted := time.Now()
-	prefill.do(fmt.Sprintf("SEND 1 %s 16", csv(src)))
-	if got := decode.expect(t, "DONE 1"); got != "DONE 1 Success verified" {
-		t.Fatalf("decode: %s", got)
-	}
-	took := time.Since(restarted)
-	t.Logf("the room succeeded %v after the new prefill process started", took)
-	if took > restartBound {
-		t.Fatalf("took %v, bound %v", took, restartBound)
-	}
-	prefill.expect(t, "DONE 1 Success")
+	onRestartEngines(t, func(t *testing.T, engine string) {
+		boot := startBootLease(t, testLease)
+		startRank(t, "prefill", engine, boot).kill(t)
+		decode := startRank(t, "decode", engine, boot)
+		src, dst := newPagePool(pages).Get(32), newPagePool(pages).Get(32)
+		// The lookup this starts finds the dead process's record.
+		decode.do(fmt.Sprintf("RECV 1 %s %s", csv(dst), csv(src)))
+		prefill := startRank(t, "prefill", engine, boot) // a new port, once the lease lapsed
+		restarted := time.Now()
+		prefill.do(fmt.Sprintf("SEND 1 %s 16", csv(src)))
+		if got := decode.expect(t, "DONE 1"); got != "DONE 1 Success verified" {
+			t.Fatalf("decode: %s", got)
+		}
+		took := time.Since(restarted)
+		t.Logf("the room succeeded %v after the new prefill process started", took)
+		if took > restartBound {
+			t.Fatalf("took %v, bound %v", took, restartBound)
+		}
+		prefill.expect(t, "DONE 1 Success")
+	})
 }
 
 // Case 2: a decode room aborted while its prefill rank restarts elsewhere,
@@ -95,43 +112,47 @@ func TestFirstRoomAfterPrefillRestartElsewhere(t *testing.T) {
 // seed's silent pin, through discovery). The ABORT must reach the new
 // process too.
 func TestAbortReachesPrefillRestartedElsewhere(t *testing.T) {
-	boot := startBootLease(t, testLease)
-	old := startRank(t, "prefill", "ucx-tcp", boot)
-	decode := startRank(t, "decode", "ucx-tcp", boot)
-	pp, dp := newPagePool(pages), newPagePool(pages)
-	runRoom(t, decode, old, 1, pp.Get(8), dp.Get(8)) // registered with the old process
-	src, dst := pp.Get(32), dp.Get(32)
-	decode.do(fmt.Sprintf("RECV 2 %s %s", csv(dst), csv(src)))
-	old.kill(t)
-	decode.do("ABORT 2") // before heartbeats report the old process dead
-	if got := decode.expect(t, "DONE 2"); !strings.HasPrefix(got, "DONE 2 Failed") {
-		t.Fatalf("decode: %s", got)
-	}
-	prefill := startRank(t, "prefill", "ucx-tcp", boot)
-	restarted := time.Now()
-	prefill.do(fmt.Sprintf("SEND 2 %s 16", csv(src))) // the router's retry lands on the new process
-	got := prefill.expect(t, "DONE 2")
-	took := time.Since(restarted)
-	t.Logf("the new process's room ended %v after it started: %s", took, got)
-	if !strings.HasPrefix(got, "DONE 2 Failed") || !strings.Contains(got, "aborted") {
-		t.Fatalf("prefill: %s", got)
-	}
-	if took > restartBound {
-		t.Fatalf("took %v, bound %v", took, restartBound)
-	}
+	onRestartEngines(t, func(t *testing.T, engine string) {
+		boot := startBootLease(t, testLease)
+		old := startRank(t, "prefill", engine, boot)
+		decode := startRank(t, "decode", engine, boot)
+		pp, dp := newPagePool(pages), newPagePool(pages)
+		runRoom(t, decode, old, 1, pp.Get(8), dp.Get(8)) // registered with the old process
+		src, dst := pp.Get(32), dp.Get(32)
+		decode.do(fmt.Sprintf("RECV 2 %s %s", csv(dst), csv(src)))
+		old.kill(t)
+		decode.do("ABORT 2") // before heartbeats report the old process dead
+		if got := decode.expect(t, "DONE 2"); !strings.HasPrefix(got, "DONE 2 Failed") {
+			t.Fatalf("decode: %s", got)
+		}
+		prefill := startRank(t, "prefill", engine, boot)
+		restarted := time.Now()
+		prefill.do(fmt.Sprintf("SEND 2 %s 16", csv(src))) // the router's retry lands on the new process
+		got := prefill.expect(t, "DONE 2")
+		took := time.Since(restarted)
+		t.Logf("the new process's room ended %v after it started: %s", took, got)
+		if !strings.HasPrefix(got, "DONE 2 Failed") || !strings.Contains(got, "aborted") {
+			t.Fatalf("prefill: %s", got)
+		}
+		if took > restartBound {
+			t.Fatalf("took %v, bound %v", took, restartBound)
+		}
+	})
 }
 
 // Case 3: the first room after a prefill rank restarted elsewhere, from a
 // decode rank that had registered with the old process, must succeed.
 func TestRoomAfterPrefillRestartElsewhere(t *testing.T) {
-	boot := startBootLease(t, testLease)
-	old := startRank(t, "prefill", "ucx-tcp", boot)
-	decode := startRank(t, "decode", "ucx-tcp", boot)
-	pp, dp := newPagePool(pages), newPagePool(pages)
-	runRoom(t, decode, old, 1, pp.Get(8), dp.Get(8))
-	old.kill(t)
-	prefill := startRank(t, "prefill", "ucx-tcp", boot)
-	runRoom(t, decode, prefill, 2, pp.Get(32), dp.Get(32))
+	onRestartEngines(t, func(t *testing.T, engine string) {
+		boot := startBootLease(t, testLease)
+		old := startRank(t, "prefill", engine, boot)
+		decode := startRank(t, "decode", engine, boot)
+		pp, dp := newPagePool(pages), newPagePool(pages)
+		runRoom(t, decode, old, 1, pp.Get(8), dp.Get(8))
+		old.kill(t)
+		prefill := startRank(t, "prefill", engine, boot)
+		runRoom(t, decode, prefill, 2, pp.Get(32), dp.Get(32))
+	})
 }
 
 // Case 4: a decode process paused (SIGSTOP) longer than the heartbeat
@@ -140,30 +161,32 @@ func TestRoomAfterPrefillRestartElsewhere(t *testing.T) {
 // prefill rank tells the peer it declared dead, so the resumed decode
 // rank settles the room from that.
 func TestPausedDecodeLearnsItsRoomsFailed(t *testing.T) {
-	boot := startBoot(t)
-	prefill := startRank(t, "prefill", "ucx-tcp", boot)
-	decode := startRank(t, "decode", "ucx-tcp", boot)
-	src, dst := newPagePool(pages).Get(256), newPagePool(pages).Get(256)
-	decode.do(fmt.Sprintf("RECV 3 %s %s", csv(dst), csv(src)))
-	prefill.do(fmt.Sprintf("HOLD 3 %s 16", csv(src)))
-	prefill.expect(t, "HELD 3")
-	decode.cmd.Process.Signal(syscall.SIGSTOP)
-	got := prefill.expect(t, "DONE 3") // heartbeats declared the decode rank dead
-	if !strings.HasPrefix(got, "DONE 3 Failed") || !strings.Contains(got, "unreachable") {
+	onRestartEngines(t, func(t *testing.T, engine string) {
+		boot := startBoot(t)
+		prefill := startRank(t, "prefill", engine, boot)
+		decode := startRank(t, "decode", engine, boot)
+		src, dst := newPagePool(pages).Get(256), newPagePool(pages).Get(256)
+		decode.do(fmt.Sprintf("RECV 3 %s %s", csv(dst), csv(src)))
+		prefill.do(fmt.Sprintf("HOLD 3 %s 16", csv(src)))
+		prefill.expect(t, "HELD 3")
+		decode.cmd.Process.Signal(syscall.SIGSTOP)
+		got := prefill.expect(t, "DONE 3") // heartbeats declared the decode rank dead
+		if !strings.HasPrefix(got, "DONE 3 Failed") || !strings.Contains(got, "unreachable") {
+			decode.cmd.Process.Signal(syscall.SIGCONT)
+			t.Fatalf("prefill: %s", got)
+		}
 		decode.cmd.Process.Signal(syscall.SIGCONT)
-		t.Fatalf("prefill: %s", got)
-	}
-	decode.cmd.Process.Signal(syscall.SIGCONT)
-	resumed := time.Now()
-	got = decode.expect(t, "DONE 3")
-	took := time.Since(resumed)
-	t.Logf("the resumed decode rank failed the room %v after SIGCONT: %s", took, got)
-	if !strings.HasPrefix(got, "DONE 3 Failed") || !strings.Contains(got, "unreachable") {
-		t.Fatalf("decode: %s (want the prefill rank's report, not a deadline)", got)
-	}
-	if took > bound {
-		t.Fatalf("took %v, bound %v (the stall deadline is %v)", took, bound, rankConfig(0, "", "").Registry.StallTimeout)
-	}
+		resumed := time.Now()
+		got = decode.expect(t, "DONE 3")
+		took := time.Since(resumed)
+		t.Logf("the resumed decode rank failed the room %v after SIGCONT: %s", took, got)
+		if !strings.HasPrefix(got, "DONE 3 Failed") || !strings.Contains(got, "unreachable") {
+			t.Fatalf("decode: %s (want the prefill rank's report, not a deadline)", got)
+		}
+		if took > bound {
+			t.Fatalf("took %v, bound %v (the stall deadline is %v)", took, bound, rankConfig(0, "", "").Registry.StallTimeout)
+		}
+	})
 }
 
 // Case 5: in etcd mode a prefill rank never restored its own record after
