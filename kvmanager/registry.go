@@ -179,10 +179,16 @@ type Expiry struct {
 // Sizes counts what the registry holds.
 type Sizes struct {
 	Live, Pending, Tombstones int
+	// Draining counts cleared rooms whose writes may still land (each also
+	// a tombstone); PendingPeers the peers with pending requests (each with
+	// at least one pending room).
+	Draining, PendingPeers int
 }
 
 // Total is the sum of all entries.
-func (s Sizes) Total() int { return s.Live + s.Pending + s.Tombstones }
+func (s Sizes) Total() int {
+	return s.Live + s.Pending + s.Tombstones + s.Draining + s.PendingPeers
+}
 
 type room struct {
 	id       uint64
@@ -991,7 +997,7 @@ func (r *Registry) InFlight(id uint64) int {
 // Sizes returns how many live rooms, pending rooms and tombstones the
 // registry holds.
 func (r *Registry) Sizes() Sizes {
-	return Sizes{Live: len(r.rooms), Pending: len(r.pending), Tombstones: len(r.tombs)}
+	return Sizes{Live: len(r.rooms), Pending: len(r.pending), Tombstones: len(r.tombs), Draining: len(r.draining), PendingPeers: len(r.pendingBy)}
 }
 
 // Overdue counts live non-terminal rooms whose deadline has passed at now:
