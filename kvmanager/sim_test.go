@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,39 +15,78 @@ import (
 )
 
 // This file is a deterministic simulator of kvbridge's protocol, in the
-// style of etcd-io/raft's rafttest network and FoundationDB's simulation
-// testing: several real Cores (prefill and decode ranks) composed over a
-// simulated network in one goroutine. Everything that can happen is an
-// event: deliver the next message of a link (FIFO per direction), resolve a
-// target, post the next write, complete a write (ok; failed and quiesced;
-// failed but still able to land; stalled), land a late write, deliver a
-// notification (always after its data), a local call on a room (create,
-// init, send a chunk, abort, clear), restart a rank (new epoch; messages
-// to it and its pending work are lost, its writes in flight may still
-// land), a false or true "peer dead" report, a restart noticed through
-// heartbeats, and time jumping past each deadline. The simulator checks
-// global invariants after every event (see check*). Two modes: explore
-// (breadth first over every interleaving, states deduplicated by a
-// fingerprint of the whole world) and random runs from a seed; a failure
-// prints the seed and the event trace, which replays exactly.
+// style of etcd-io/raft's rafttest network, FoundationDB's simulation
+// testing and TigerBeetle's VOPR: several real Cores (prefill and decode
+// ranks) composed over a simulated network and discovery service in one
+// goroutine. Everything that can happen is an event:
+//
+//   - the network: deliver the next message of a link (FIFO per direction,
+//     to the endpoint it was sent to: nobody may listen there any more),
+//     lose it, duplicate it, or replay the last message a link delivered
+//     (byte for byte, from whoever sent it, to whatever process now holds
+//     the receiving slot);
+//   - discovery: a rank's record (endpoint, epoch) with a lease that runs
+//     out after its process dies; a lookup answers the record, a stale view
+//     of it (the record before a restart, within its lease), or fails
+//     (bootstrap service down); a watch pushes a changed record to a decode
+//     rank, late and coalesced;
+//   - the data plane: post the next write, complete it (ok; failed and
+//     quiesced; failed but still able to land; stalled), land a late write,
+//     deliver a notification (always after its data);
+//   - the applications: create, init, send a chunk, abort, clear;
+//   - processes: restart in place (new epoch, same endpoint), kill -9 (its
+//     record stays until the lease ends) and start again on a new endpoint
+//     (a pod restart), pause (SIGSTOP: no step, no tick, messages queue)
+//     and resume with the old state, heartbeats (a PONG from a new epoch at
+//     a watched endpoint; a watched endpoint found dead, truly or falsely);
+//   - time jumping past each deadline.
+//
+// Safety is checked after every event (check* and the effect checks),
+// against a record the simulator keeps itself: which REQUESTs each prefill
+// process accepted from which decode process (pages and all), which ABORTs
+// it heard and acknowledged, when each decode room failed and when its
+// pages were released. Liveness is checked in a quiet phase after faults
+// stop (simlive_test.go). Two modes: explore (depth first over every
+// interleaving, states deduplicated by a fingerprint of the whole world)
+// and swarm-random runs from a seed; a failure prints the seed and the
+// minimised event trace, which replays exactly (runScript).
 
 // simConfig is one topology and its bounds.
 type simConfig struct {
 	prefills, decodes int
 	rooms             []simRoomSpec
-	restarts          int  // rank restarts allowed
-	peerDowns         int  // "peer dead" reports allowed (true or false)
-	mayLand           bool // writes may fail without being quiesced, and stall
-	ticks             int  // time jumps allowed (0: unbounded, <0: none)
+	restarts          int             // in-place restarts allowed (new epoch, same endpoint)
+	kills             int             // kill -9s allowed: the slot is empty until a start, on a new endpoint
+	peerDowns         int             // "peer dead" reports allowed (true or false)
+	mayLand           bool            // writes may fail without being quiesced, and stall
+	writesOK          bool            // writes never fail by themselves (they may still stall past a time jump)
+	ticks             int             // time jumps allowed (0: unbounded, <0: none)
+	losses, dups      int             // control messages lost, duplicated
+	replays           int             // last-delivered messages replayed
+	pauses            int             // SIGSTOPs
+	staleViews        bool            // a lookup may answer the record before a restart (within its lease)
+	lookupFails       int             // lookups that fail for want of the bootstrap service
+	pushes            bool            // discovery watches push changed records to decode ranks
+	jumps             []time.Duration // the time jumps (nil: past every deadline, see deadlines)
+	// prefix: events applied before exploring (the start state is after
+	// them), to leave out interleavings the configuration is not about.
+	prefix []string
 	// What the applications may do besides the normal path (exhaustive
 	// configurations choose, to keep the state space small).
 	prefillAbort, decodeAbort bool
-	clearLive                 bool // decode and prefill may Clear a live room directly
-	prefillClearLive          bool // prefill may Clear a live room directly
-	noClear                   bool // rooms are never cleared (smaller spaces)
+	abortDecodes              []int // decode ranks whose application may abort (nil: all)
+	clearLive                 bool  // decode and prefill may Clear a live room directly
+	prefillClearLive          bool  // prefill may Clear a live room directly
+	noClear                   bool  // rooms are never cleared (smaller spaces)
 	reg                       RegistryConfig
 	quarantine                time.Duration
 	bugs                      []bugID // mutants on in every core (-tags kvbmutants)
+	// spawn: random runs start a new room (the next template, a fresh id)
+	// whenever fewer than len(rooms) are unfinished, up to spawn rooms.
+	spawn int
+	// live: run the quiet phase and its liveness checks at the end of
+	// exploration's quiescent states (random runs always do).
+	live bool
 }
 
 // simRoomSpec: a room that the listed decode ranks receive from the listed
@@ -59,6 +97,14 @@ type simRoomSpec struct {
 	prefills []int
 	chunks   int
 	dummies  []int // prefill ranks that are dummy links (they write nothing, as MLA's extra ranks)
+	required int   // REQUESTs a prefill rank waits for (0: len(decodes)); fewer than decodes sends more REQUESTs than required
+}
+
+func (r simRoomSpec) req() int {
+	if r.required > 0 {
+		return r.required
+	}
+	return len(r.decodes)
 }
 
 func simRegistryConfig() RegistryConfig {
@@ -67,7 +113,17 @@ func simRegistryConfig() RegistryConfig {
 		MaxPendingPerPeer: 32, MaxReasonBytes: 512}
 }
 
-const simPages = 8
+const (
+	simPages = 8
+	// simLease is a discovery record's lease: it outlives its dead process
+	// this long.
+	simLease = 2 * time.Second
+	// simWriteLife is the model's one timing assumption about the data
+	// plane: no write lands later than this after it was posted. The
+	// quarantine (30 s) must exceed it: that is what makes a forced
+	// release safe for every write posted before the room failed.
+	simWriteLife = 20 * time.Second
+)
 
 func simLayout() transfer.Layout {
 	return transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, AuxItemBytes: 16, Aux: nixl.Desc{Addr: 0x9000, Len: 4 * 16},
@@ -75,11 +131,15 @@ func simLayout() transfer.Layout {
 }
 
 type simProc struct {
-	core   *Core
-	from   bootstrap.From
-	inc    int      // incarnation: unique per process start
-	jobs   []simJob // prefill: chunks queued in the pool
-	notifs []string // decode: notifications arrived, in order
+	core     *Core
+	from     bootstrap.From
+	endpoint string
+	inc      int      // incarnation: unique per process start
+	jobs     []simJob // prefill: chunks queued in the pool
+	notifs   []string // decode: notifications arrived, in order
+	dead     bool     // killed, not started again
+	paused   bool     // SIGSTOPped
+	pausedAt time.Time
 }
 
 type simJob struct {
@@ -89,6 +149,7 @@ type simJob struct {
 
 type simMsg struct {
 	from bootstrap.From
+	to   string // the endpoint it was sent to
 	msg  bootstrap.Message
 }
 
@@ -102,6 +163,11 @@ type simWrite struct {
 	last    bool
 	posted  time.Time
 	ghost   bool // its completion was reported as failed, but it may still land
+	landed  bool // its data is in (a paused pool has not seen it complete)
+	aborted bool // the prefill process had heard the room's ABORT from its destination when it posted it
+	pages   []uint32
+	auxDst  int
+	remote  string // the destination agent
 }
 
 // simSide is what the application did with a room on one rank.
@@ -115,36 +181,88 @@ type simSide struct {
 	abortInc                       []int // decode: prefill incarnations at abort time
 }
 
+// simRecord is a rank's discovery record.
+type simRecord struct {
+	set      bool
+	endpoint string
+	epoch    uint64
+	gen      int       // bumped on every change (watches push the latest)
+	dead     bool      // its process is gone: the record lives until expires
+	expires  time.Time // dead records: the lease's end
+	replaced time.Time // prev records: when the next one replaced it
+}
+
+func (r simRecord) live(now time.Time) bool { return r.set && (!r.dead || now.Before(r.expires)) }
+
+// simKey names a (prefill process, decode process, room) triple of the
+// simulator's own record.
+type simKey struct {
+	pInc, dInc int
+	room       uint64
+}
+
+// simAsk is a REQUEST a prefill process accepted.
+type simAsk struct {
+	pages []uint32
+	aux   int
+}
+
+type simRel struct {
+	at     time.Time
+	forced bool
+}
+
 type simWorld struct {
 	cfg       simConfig
 	now       time.Time
 	procs     []*simProc // prefill slots first, then decode slots
 	net       [][][]simMsg
-	resolves  [][]Target // per slot
+	hist      [][]*simMsg // the last message each link delivered (replays)
+	resolves  [][]Target  // per slot
 	writes    []simWrite
 	nextWrite int
 	incs      int
+	incSlot   []int // incarnation → slot
+	rooms     []simRoomSpec
 	sides     map[[2]uint64]*simSide // (slot, room)
-	released  map[[2]int]bool        // (decode inc, room) released safely
-	restarts  int
-	peerDowns int
-	ticks     int
-	trace     []string
-	unwatched int // EffectUnwatch seen
-	// outcomes records each (incarnation, room) that reached a terminal
-	// status (random runs only, to show they are not vacuous).
-	outcomes map[Poll]map[[2]uint64]bool
-	err      error
+	records   []simRecord            // per prefill slot
+	prev      []simRecord            // the record before the last start
+	pushed    [][]int                // [decode][prefill]: the record gen last pushed
+	// The simulator's own record (the checks' ground truth).
+	asked    map[simKey]simAsk
+	heard    map[simKey]bool // ABORTs a prefill process heard from a decode process
+	acked    map[simKey]bool // ... and answered with an ABORT_ACK (value: drained)
+	failedAt map[[2]int]time.Time
+	rel      map[[2]int]simRel // (decode inc, room): pages released
+	reported map[string]bool   // deaths heartbeats reported (reporter, endpoint, process there)
+	// Faults used (bounded by the configuration).
+	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails int
+	calm                                                                          bool // the quiet phase: no faults
+	trace                                                                         []string
+	cov                                                                           *simCoverage // random runs and explorations: what was reached (not state)
+	weights                                                                       map[string]int
+	err                                                                           error
 }
 
 func (c simConfig) slots() int { return c.prefills + c.decodes }
 
 func (w *simWorld) isPrefill(slot int) bool { return slot < w.cfg.prefills }
 
-func endpointOf(slot int) string { return "sim://" + strconv.Itoa(slot) }
+// endpointFor is where the process inc of slot listens: its slot's fixed
+// endpoint, or a new one per start where restarts move (pods).
+func (w *simWorld) endpointFor(slot, inc int) string {
+	if w.cfg.kills > 0 {
+		return "sim://" + strconv.Itoa(slot) + "/" + strconv.Itoa(inc)
+	}
+	return "sim://" + strconv.Itoa(slot)
+}
 
 func slotOf(endpoint string) int {
-	n, err := strconv.Atoi(strings.TrimPrefix(endpoint, "sim://"))
+	s := strings.TrimPrefix(endpoint, "sim://")
+	if i := strings.IndexByte(s, '/'); i >= 0 {
+		s = s[:i]
+	}
+	n, err := strconv.Atoi(s)
 	if err != nil {
 		return -1
 	}
@@ -152,6 +270,8 @@ func slotOf(endpoint string) int {
 }
 
 func epochOf(inc int) uint64 { return uint64(1000 + inc) }
+
+func incOf(epoch uint64) int { return int(epoch) - 1000 }
 
 func remoteName(from bootstrap.From) string {
 	return fmt.Sprintf("agent|%s|%d", from.Endpoint, from.Epoch)
@@ -161,42 +281,63 @@ func remoteName(from bootstrap.From) string {
 func remoteInc(remote string) int {
 	f := strings.Split(remote, "|")
 	e, _ := strconv.ParseUint(f[len(f)-1], 10, 64)
-	return int(e) - 1000
+	return incOf(e)
 }
 
 func remoteSlot(remote string) int { return slotOf(strings.Split(remote, "|")[1]) }
 
 func newSimWorld(cfg simConfig) *simWorld {
-	w := &simWorld{cfg: cfg, now: time.Unix(1_000_000, 0), sides: map[[2]uint64]*simSide{}, released: map[[2]int]bool{}}
+	w := &simWorld{cfg: cfg, now: time.Unix(1_000_000, 0), sides: map[[2]uint64]*simSide{},
+		asked: map[simKey]simAsk{}, heard: map[simKey]bool{}, acked: map[simKey]bool{},
+		failedAt: map[[2]int]time.Time{}, rel: map[[2]int]simRel{}}
 	n := cfg.slots()
 	w.net = make([][][]simMsg, n)
+	w.hist = make([][]*simMsg, n)
 	for i := range w.net {
 		w.net[i] = make([][]simMsg, n)
+		w.hist[i] = make([]*simMsg, n)
 	}
 	w.resolves = make([][]Target, n)
 	w.procs = make([]*simProc, n)
+	w.records = make([]simRecord, cfg.prefills)
+	w.prev = make([]simRecord, cfg.prefills)
+	w.pushed = make([][]int, cfg.decodes)
+	for d := range w.pushed {
+		w.pushed[d] = make([]int, cfg.prefills)
+	}
 	for s := 0; s < n; s++ {
 		w.start(s)
 	}
 	for _, r := range cfg.rooms {
-		for _, s := range r.prefills {
-			w.sides[[2]uint64{uint64(s), r.id}] = &simSide{}
-		}
-		for _, s := range r.decodes {
-			w.sides[[2]uint64{uint64(cfg.prefills + s), r.id}] = &simSide{}
-		}
+		w.addRoom(r)
 	}
 	return w
 }
 
-// start (re)starts the rank in slot with a new epoch.
+func (w *simWorld) addRoom(r simRoomSpec) {
+	w.rooms = append(w.rooms, r)
+	for _, s := range r.prefills {
+		w.sides[[2]uint64{uint64(s), r.id}] = &simSide{}
+	}
+	for _, s := range r.decodes {
+		w.sides[[2]uint64{uint64(w.cfg.prefills + s), r.id}] = &simSide{}
+	}
+}
+
+// start (re)starts the rank in slot with a new epoch (at a new endpoint
+// where restarts move) and publishes its record.
 func (w *simWorld) start(slot int) {
 	w.incs++
+	for len(w.incSlot) <= w.incs {
+		w.incSlot = append(w.incSlot, -1)
+	}
+	w.incSlot[w.incs] = slot
 	role, name, rank := RolePrefill, "prefill", slot
 	if !w.isPrefill(slot) {
 		role, name, rank = RoleDecode, "decode", slot-w.cfg.prefills
 	}
-	from := bootstrap.From{Role: name, Instance: name, Rank: rank, Endpoint: endpointOf(slot), Epoch: epochOf(w.incs)}
+	ep := w.endpointFor(slot, w.incs)
+	from := bootstrap.From{Role: name, Instance: name, Rank: rank, Endpoint: ep, Epoch: epochOf(w.incs)}
 	cc := CoreConfig{Role: role, Rank: rank, Compat: "sim", Layout: simLayout(), Registry: w.cfg.reg,
 		QuarantineTimeout: w.cfg.quarantine, RegisterRetry: time.Second, RecheckIdle: 8 * time.Second}
 	if role == RoleDecode {
@@ -208,7 +349,20 @@ func (w *simWorld) start(slot int) {
 		panic(err)
 	}
 	c.bugs = withBugs(w.cfg.bugs...)
-	w.procs[slot] = &simProc{core: c, from: from, inc: w.incs}
+	w.procs[slot] = &simProc{core: c, from: from, endpoint: ep, inc: w.incs}
+	if w.isPrefill(slot) {
+		old := w.records[slot]
+		if old.set {
+			old.replaced = w.now
+			w.prev[slot] = old
+		}
+		w.records[slot] = simRecord{set: true, endpoint: ep, epoch: from.Epoch, gen: old.gen + 1}
+	} else {
+		// A new decode process watches from now: it has seen every record.
+		for p := range w.records {
+			w.pushed[rank][p] = w.records[p].gen
+		}
+	}
 }
 
 func (w *simWorld) fail(format string, a ...any) {
@@ -216,6 +370,21 @@ func (w *simWorld) fail(format string, a ...any) {
 		w.err = fmt.Errorf(format, a...)
 	}
 }
+
+// procAt is the live process listening at endpoint (nil if none).
+func (w *simWorld) procAt(endpoint string) *simProc {
+	s := slotOf(endpoint)
+	if s < 0 || s >= len(w.procs) {
+		return nil
+	}
+	if p := w.procs[s]; !p.dead && p.endpoint == endpoint {
+		return p
+	}
+	return nil
+}
+
+// active: the process in slot can step (neither dead nor paused).
+func (w *simWorld) active(slot int) bool { p := w.procs[slot]; return !p.dead && !p.paused }
 
 // effects carries out what a step of slot's core asked for, checking the
 // invariants that concern single effects.
@@ -225,48 +394,138 @@ func (w *simWorld) effects(slot int) {
 		switch e.Kind {
 		case EffectSend:
 			dst := slotOf(e.To.Endpoint)
-			if dst < 0 {
+			if dst < 0 || dst >= len(w.procs) {
 				w.fail("%s sent %v to unknown endpoint %q", p.from.Peer(), e.Msg.Type(), e.To.Endpoint)
 				continue
 			}
-			if a, ok := e.Msg.(*bootstrap.AbortAck); ok && a.Drained {
-				// Invariant 7: drained only when no write of the room from
-				// this process can land.
-				for _, wr := range w.writes {
-					if wr.srcInc == p.inc && wr.room == a.Room {
-						w.fail("room %d: %s sent ABORT_ACK drained while write %d can still land (ghost %v)", a.Room, p.from.Peer(), wr.id, wr.ghost)
+			switch m := e.Msg.(type) {
+			case *bootstrap.AbortAck:
+				if m.Drained {
+					// Invariant 7: drained only when no write of the room
+					// from this process can land.
+					for _, wr := range w.writes {
+						if wr.srcInc == p.inc && wr.room == m.Room && !wr.landed {
+							w.fail("room %d: %s sent ABORT_ACK drained while write %d can still land (ghost %v)", m.Room, p.from.Peer(), wr.id, wr.ghost)
+						}
+					}
+				}
+				for k := range w.heard {
+					if k.pInc == p.inc && k.room == m.Room && w.endpointFor(w.incSlot[k.dInc], k.dInc) == e.To.Endpoint {
+						w.acked[k] = w.acked[k] || m.Drained
+						w.cov.hit(fmt.Sprintf("ABORT_ACK drained=%v", m.Drained))
 					}
 				}
 			}
-			w.net[slot][dst] = append(w.net[slot][dst], simMsg{from: p.from, msg: e.Msg})
+			w.net[slot][dst] = append(w.net[slot][dst], simMsg{from: p.from, to: e.To.Endpoint, msg: e.Msg})
 		case EffectPost:
 			p.jobs = append(p.jobs, simJob{room: e.Room, writes: slices.Clone(e.Writes)})
 		case EffectResolve:
 			w.resolves[slot] = append(w.resolves[slot], e.Target)
 		case EffectUnwatch:
-			w.unwatched++
+			w.cov.hit("peer unwatched")
+		case EffectWake:
+			w.checkWake(p, e)
 		case EffectReleased:
-			if e.Forced {
-				continue // the quarantine deadline: counted, outside the safety claim
-			}
-			// Invariant 1: no page released while a write to it can land.
-			for _, wr := range w.writes {
-				if wr.dstInc == p.inc && wr.room == e.Room {
-					w.fail("room %d: %s released its pages while write %d can still land", e.Room, p.from.Peer(), wr.id)
-				}
-			}
-			w.released[[2]int{p.inc, int(e.Room)}] = true
+			w.released(p, e)
 		}
 	}
+}
+
+// checkWake: a waiter is woken only when what it waits for happened: a
+// room's done waiter once it is terminal, its ready waiter once it left
+// Bootstrapping, a hold's waiter once the pages are released.
+func (w *simWorld) checkWake(p *simProc, e Effect) {
+	if rm, ok := p.core.reg.rooms[e.Room]; ok {
+		switch e.Wake {
+		case rm.done:
+			if !rm.status.Terminal() {
+				w.fail("room %d: %s woke its done waiter while %v", e.Room, p.from.Peer(), rm.status)
+			}
+			if rm.status == Success && rm.dec == nil {
+				// A room bound to a dead epoch fails: it cannot succeed
+				// after a decode process whose REQUEST it took died (a
+				// write to a gone process fails).
+				for _, k := range slices.SortedFunc(maps.Keys(w.asked), cmpKeys) {
+					if a, d := w.asked[k], w.procs[w.incSlot[k.dInc]]; k.pInc == p.inc && k.room == e.Room && len(a.pages) > 0 && (d.inc != k.dInc || d.dead) {
+						w.fail("room %d: %s succeeded after decode process %d, whose REQUEST it took, died", e.Room, p.from.Peer(), k.dInc)
+					}
+				}
+			}
+		case rm.ready:
+			if rm.status == Bootstrapping {
+				w.fail("room %d: %s woke its ready waiter while %v", e.Room, p.from.Peer(), rm.status)
+			}
+		}
+	}
+	if d := p.core.decodeCore; d != nil {
+		if h, ok := d.holds[e.Room]; ok && h.ch == e.Wake {
+			w.fail("room %d: %s woke its hold's waiter while the pages are held", e.Room, p.from.Peer())
+		}
+	}
+}
+
+// released checks a release of decode pages against the simulator's own
+// record: no write may land after it, a forced release comes no sooner
+// than the quarantine after the room failed, and a failed room's pages are
+// released unforced only once every prefill process that accepted its
+// REQUEST acknowledged the ABORT as drained.
+func (w *simWorld) released(p *simProc, e Effect) {
+	key := [2]int{p.inc, int(e.Room)}
+	st, live := p.core.Status(e.Room)
+	failed, wasFailed := w.failedAt[key]
+	switch {
+	case e.Forced:
+		w.cov.hit("forced release")
+		if !wasFailed || w.now.Sub(failed) <= w.cfg.quarantine {
+			w.fail("room %d: %s released its pages as forced %v after the room failed (failed: %v), before the quarantine (%v)",
+				e.Room, p.from.Peer(), w.now.Sub(failed), wasFailed, w.cfg.quarantine)
+		}
+	case st == Success:
+		w.cov.hit("release after success")
+	default:
+		w.cov.hit("release after drained ABORT_ACKs")
+		for _, k := range slices.SortedFunc(maps.Keys(w.asked), cmpKeys) {
+			if k.dInc == p.inc && k.room == e.Room && !w.acked[k] {
+				what := "cleared"
+				if live {
+					what = st.String()
+				}
+				w.fail("room %d: %s released its pages (room %s) before prefill process %d, which accepted its REQUEST, acknowledged the ABORT as drained",
+					e.Room, p.from.Peer(), what, k.pInc)
+			}
+		}
+		// Invariant 1: no page released while a write to it can land.
+		for _, wr := range w.writes {
+			if wr.dstInc == p.inc && wr.room == e.Room && !wr.landed {
+				w.fail("room %d: %s released its pages while write %d can still land", e.Room, p.from.Peer(), wr.id)
+			}
+		}
+	}
+	if _, again := w.rel[key]; again {
+		w.fail("room %d: %s released its pages twice", e.Room, p.from.Peer())
+	}
+	w.rel[key] = simRel{at: w.now, forced: e.Forced}
 }
 
 // land puts a write's data (and then its notification) into its
 // destination, if that process still lives.
 func (w *simWorld) land(wr simWrite) {
-	if w.released[[2]int{wr.dstInc, int(wr.room)}] {
-		w.fail("room %d: write %d landed in pages already released", wr.room, wr.id)
+	if r, ok := w.rel[[2]int{wr.dstInc, int(wr.room)}]; ok {
+		switch {
+		case !r.forced:
+			w.fail("room %d: write %d landed in pages already released", wr.room, wr.id)
+		case wr.aborted:
+			w.fail("room %d: write %d, posted after its prefill heard the ABORT, landed in pages released by the quarantine", wr.room, wr.id)
+		case !wr.posted.After(w.failedAt[[2]int{wr.dstInc, int(wr.room)}]):
+			w.fail("room %d: write %d, posted before the room failed, landed after the quarantine released its pages", wr.room, wr.id)
+		default:
+			// Posted after the room failed, by a prefill that had not
+			// heard the ABORT (in flight, lost, or the prefill paused):
+			// the exposure the quarantine bounds, counted.
+			w.cov.hit("write landed after a forced release (prefill had not heard the ABORT)")
+		}
 	}
-	if d := w.procs[wr.dstSlot]; d.inc == wr.dstInc && wr.notif != "" {
+	if d := w.procs[wr.dstSlot]; d.inc == wr.dstInc && !d.dead && wr.notif != "" {
 		d.notifs = append(d.notifs, wr.notif)
 	}
 }
@@ -282,21 +541,13 @@ func (w *simWorld) removeWrite(id int) simWrite {
 }
 
 func (w *simWorld) writeDone(wr simWrite, err error, quiesced bool) {
-	p := w.procs[slotOfInc(w, wr.srcInc)]
-	if p == nil || p.inc != wr.srcInc {
+	s := w.incSlot[wr.srcInc]
+	p := w.procs[s]
+	if p.inc != wr.srcInc || p.dead {
 		return // the process that posted it is gone
 	}
-	p.core.Step(w.now, WriteDone{Room: wr.room, Write: &transfer.Write{Last: wr.last, Remote: endpointOf(wr.dstSlot)}, Err: err, Quiesced: quiesced})
-	w.effects(slotOfInc(w, wr.srcInc))
-}
-
-func slotOfInc(w *simWorld, inc int) int {
-	for s, p := range w.procs {
-		if p.inc == inc {
-			return s
-		}
-	}
-	return -1
+	p.core.Step(w.now, WriteDone{Room: wr.room, Write: &transfer.Write{Last: wr.last, Remote: wr.remote}, Err: err, Quiesced: quiesced})
+	w.effects(s)
 }
 
 // simEvent is one thing that can happen next.
@@ -312,21 +563,71 @@ func (w *simWorld) events() []simEvent {
 	n := w.cfg.slots()
 	for src := 0; src < n; src++ {
 		for dst := 0; dst < n; dst++ {
-			if len(w.net[src][dst]) > 0 {
-				src, dst := src, dst
-				add(fmt.Sprintf("deliver %d→%d %v", src, dst, w.net[src][dst][0].msg.Type()), func(w *simWorld) { w.deliver(src, dst) })
+			src, dst := src, dst
+			if q := w.net[src][dst]; len(q) > 0 {
+				t := q[0].msg.Type()
+				if !w.procs[dst].paused {
+					add(fmt.Sprintf("deliver %d→%d %v", src, dst, t), func(w *simWorld) { w.deliver(src, dst) })
+				}
+				if !w.calm && w.losses < w.cfg.losses {
+					add(fmt.Sprintf("lose %d→%d %v", src, dst, t), func(w *simWorld) {
+						w.losses++
+						w.cov.hit("message lost")
+						w.net[src][dst] = w.net[src][dst][1:]
+					})
+				}
+				if !w.calm && w.dups < w.cfg.dups {
+					add(fmt.Sprintf("duplicate %d→%d %v", src, dst, t), func(w *simWorld) {
+						w.dups++
+						w.cov.hit("message duplicated")
+						q := w.net[src][dst]
+						w.net[src][dst] = append([]simMsg{q[0]}, q...)
+					})
+				}
+			}
+			if h := w.hist[src][dst]; h != nil && !w.calm && w.replays < w.cfg.replays && !w.procs[dst].dead {
+				add(fmt.Sprintf("replay %d→%d %v", src, dst, h.msg.Type()), func(w *simWorld) {
+					w.replays++
+					w.cov.hit("message replayed")
+					m := *w.hist[src][dst]
+					m.to = w.procs[dst].endpoint // to whatever process holds the slot now
+					w.net[src][dst] = append(w.net[src][dst], m)
+				})
 			}
 		}
 	}
 	for s := 0; s < n; s++ {
 		s := s
+		if !w.active(s) {
+			continue
+		}
 		if len(w.resolves[s]) > 0 {
-			add(fmt.Sprintf("resolve at %d", s), func(w *simWorld) {
-				t := w.resolves[s][0]
-				w.resolves[s] = w.resolves[s][1:]
-				w.procs[s].core.Step(w.now, Resolved{Target: t, Endpoint: endpointOf(t.Rank)})
-				w.effects(s)
-			})
+			t := w.resolves[s][0]
+			add(fmt.Sprintf("resolve at %d", s), func(w *simWorld) { w.resolve(s, w.records[t.Rank]) })
+			if pr := w.prev[t.Rank]; w.cfg.staleViews && !w.calm && pr.set && w.now.Sub(pr.replaced) < simLease {
+				add(fmt.Sprintf("resolve at %d (stale view)", s), func(w *simWorld) {
+					w.cov.hit("stale lookup")
+					w.resolve(s, w.prev[t.Rank])
+				})
+			}
+			if !w.calm && w.lookupFails < w.cfg.lookupFails {
+				add(fmt.Sprintf("resolve at %d fails (bootstrap down)", s), func(w *simWorld) {
+					w.lookupFails++
+					w.cov.hit("lookup failed")
+					w.resolves[s] = w.resolves[s][1:]
+					w.procs[s].core.Step(w.now, ResolveFailed{Target: t, Err: errors.New("bootstrap server unreachable")})
+					w.effects(s)
+				})
+			}
+		}
+		if !w.isPrefill(s) && w.cfg.pushes {
+			d := s - w.cfg.prefills
+			for pr := range w.records {
+				pr := pr
+				if w.pushed[d][pr] != w.records[pr].gen {
+					add(fmt.Sprintf("push %d's record to %d", pr, s), func(w *simWorld) { w.push(s, pr) })
+				}
+			}
 		}
 		if len(w.procs[s].jobs) > 0 {
 			add(fmt.Sprintf("post at %d", s), func(w *simWorld) { w.post(s) })
@@ -349,14 +650,34 @@ func (w *simWorld) events() []simEvent {
 	for _, wr := range w.writes {
 		id := wr.id
 		if wr.ghost {
-			add(fmt.Sprintf("late landing of write %d", id), func(w *simWorld) { w.land(w.removeWrite(id)) })
+			add(fmt.Sprintf("late landing of write %d", id), func(w *simWorld) {
+				w.cov.hit("failed write landed")
+				w.land(w.removeWrite(id))
+			})
+			continue
+		}
+		if !w.active(w.incSlot[wr.srcInc]) {
+			continue // its pool is paused (a dead one's writes are ghosts)
+		}
+		if d := w.procs[wr.dstSlot]; (d.inc != wr.dstInc || d.dead) && !wr.landed {
+			// Its destination process is gone: the transport reports the
+			// write failed (nothing of it lands).
+			add(fmt.Sprintf("write %d fails quiesced", id), func(w *simWorld) {
+				w.cov.hit("write to a gone process failed")
+				w.writeDone(w.removeWrite(id), errors.New("remote agent gone"), true)
+			})
 			continue
 		}
 		add(fmt.Sprintf("write %d ok", id), func(w *simWorld) {
 			wr := w.removeWrite(id)
-			w.land(wr)
+			if !wr.landed {
+				w.land(wr)
+			}
 			w.writeDone(wr, nil, true)
 		})
+		if w.calm || wr.landed || w.cfg.writesOK {
+			continue
+		}
 		add(fmt.Sprintf("write %d fails quiesced", id), func(w *simWorld) {
 			w.writeDone(w.removeWrite(id), errors.New("refused by the engine"), true)
 		})
@@ -373,23 +694,53 @@ func (w *simWorld) events() []simEvent {
 		}
 	}
 	w.appEvents(add)
-	w.faultEvents(add)
-	if w.cfg.ticks == 0 || (w.cfg.ticks > 0 && w.ticks < w.cfg.ticks) {
-		for _, d := range w.deadlines() {
-			d := d
-			add(fmt.Sprintf("time +%v", d), func(w *simWorld) { w.ticks++; w.tick(d) })
+	w.heartbeatEvents(add)
+	if !w.calm {
+		w.faultEvents(add)
+		if w.cfg.ticks == 0 || (w.cfg.ticks > 0 && w.ticks < w.cfg.ticks) {
+			for _, d := range w.deadlines() {
+				d := d
+				add(fmt.Sprintf("time +%v", d), func(w *simWorld) { w.ticks++; w.tick(d) })
+			}
 		}
 	}
 	return evs
 }
 
-// deadlines are the time jumps: past the stall deadline, past every room
-// deadline, past the quarantine, past the TTL; and past the REGISTER retry
-// where messages can be lost.
+// resolve answers the slot's first lookup from rec.
+func (w *simWorld) resolve(s int, rec simRecord) {
+	t := w.resolves[s][0]
+	w.resolves[s] = w.resolves[s][1:]
+	c := w.procs[s].core
+	if rec.live(w.now) {
+		c.Step(w.now, Resolved{Target: t, Endpoint: rec.endpoint})
+	} else {
+		w.cov.hit("lookup found no record")
+		c.Step(w.now, ResolveFailed{Target: t, Err: fmt.Errorf("%w: sim rank %d", bootstrap.ErrRankUnknown, t.Rank)})
+	}
+	w.effects(s)
+}
+
+// push delivers prefill rank pr's latest record to the decode rank in
+// slot s, as a discovery watch does (late, the changes between coalesced).
+func (w *simWorld) push(s, pr int) {
+	w.cov.hit("discovery push")
+	rec := w.records[pr]
+	w.pushed[s-w.cfg.prefills][pr] = rec.gen
+	w.procs[s].core.Step(w.now, TargetChanged{Target: Target{Bootstrap: "sim", Rank: pr}, Endpoint: rec.endpoint, Epoch: rec.epoch, Gone: !rec.live(w.now)})
+	w.effects(s)
+}
+
+// deadlines are the time jumps: past the register retry (restarts and
+// losses), past the stall deadline, past every room deadline, past the
+// quarantine, past the TTL.
 func (w *simWorld) deadlines() []time.Duration {
+	if w.cfg.jumps != nil {
+		return w.cfg.jumps
+	}
 	r := w.cfg.reg
 	ds := []time.Duration{r.StallTimeout, max(r.BootstrapTimeout, r.PendingTimeout, r.WaitingTimeout), w.cfg.quarantine, r.TombstoneTTL}
-	if w.cfg.restarts > 0 {
+	if w.cfg.restarts > 0 || w.cfg.kills > 0 || w.cfg.losses > 0 || w.cfg.pauses > 0 {
 		ds = append(ds, time.Second)
 	}
 	slices.Sort(ds)
@@ -401,17 +752,37 @@ func (w *simWorld) tick(d time.Duration) {
 	// The pool reports a write that did not finish within the stall
 	// deadline as failed: it may still land.
 	for i := range w.writes {
-		if wr := w.writes[i]; !wr.ghost && w.now.Sub(wr.posted) > w.cfg.reg.StallTimeout {
+		if wr := w.writes[i]; !wr.ghost && !wr.landed && w.now.Sub(wr.posted) > w.cfg.reg.StallTimeout && w.active(w.incSlot[wr.srcInc]) {
 			w.writes[i].ghost = true
 			w.writeDone(w.writes[i], errors.New("stalled"), false)
 		}
 	}
-	// The model's one timing assumption: no write lands later than the
-	// tombstone TTL after it was posted.
+	// A paused pool's writes land all the same (the NIC does not wait for
+	// the CPU): by simWriteLife; the pool sees them complete when it
+	// resumes.
+	for i := range w.writes {
+		if wr := w.writes[i]; !wr.ghost && !wr.landed && w.now.Sub(wr.posted) > simWriteLife {
+			w.writes[i].landed = true
+			w.cov.hit("write landed while its pool was paused")
+			w.land(wr)
+		}
+	}
+	// The model's timing assumption: no write lands later than
+	// simWriteLife after it was posted.
 	w.writes = slices.DeleteFunc(w.writes, func(wr simWrite) bool {
-		return wr.ghost && w.now.Sub(wr.posted) > w.cfg.reg.TombstoneTTL
+		return wr.ghost && w.now.Sub(wr.posted) > simWriteLife
 	})
+	// A dead process's record lives out its lease.
+	for pr, rec := range w.records {
+		if rec.set && rec.dead && !w.now.Before(rec.expires) {
+			w.records[pr] = simRecord{gen: rec.gen + 1}
+			w.cov.hit("record expired")
+		}
+	}
 	for s, p := range w.procs {
+		if !w.active(s) {
+			continue
+		}
 		p.core.Step(w.now, Tick{})
 		w.effects(s)
 		// No room may stay non-terminal past its deadline.
@@ -422,12 +793,19 @@ func (w *simWorld) tick(d time.Duration) {
 }
 
 // deliver hands the next message of a link to the destination's core, as
-// the control loop and shell do: a new epoch of a known peer (on anything
-// but PING) is reported as a restart first.
+// the control loop and shell do; nobody receives it if no process listens
+// at the endpoint it was sent to any more.
 func (w *simWorld) deliver(src, dst int) {
 	m := w.net[src][dst][0]
 	w.net[src][dst] = w.net[src][dst][1:]
 	p := w.procs[dst]
+	if p.dead || p.endpoint != m.to {
+		w.cov.hit("message to a gone process")
+		return
+	}
+	if w.cfg.replays > 0 {
+		w.hist[src][dst] = &m
+	}
 	c := p.core
 	switch msg := m.msg.(type) {
 	case *bootstrap.Register:
@@ -448,10 +826,20 @@ func (w *simWorld) deliver(src, dst int) {
 	case *bootstrap.Request:
 		cp := *msg
 		cp.From = m.from
-		c.Step(w.now, Received{&cp})
+		if rm := c.reg.rooms[msg.Room]; rm != nil && rm.required > 0 && len(rm.requests) >= rm.required {
+			w.cov.hit("REQUEST beyond the room's required")
+		}
+		if c.Step(w.now, Received{&cp}).OK {
+			k := simKey{pInc: p.inc, dInc: incOf(m.from.Epoch), room: msg.Room}
+			if _, again := w.asked[k]; again {
+				w.cov.hit("REQUEST accepted twice")
+			}
+			w.asked[k] = simAsk{pages: slices.Clone(msg.DstPages), aux: msg.AuxIndex}
+		}
 	case *bootstrap.Abort:
 		cp := *msg
 		cp.From = m.from
+		w.heard[simKey{pInc: p.inc, dInc: incOf(m.from.Epoch), room: msg.Room}] = true
 		c.Step(w.now, Received{&cp})
 	case *bootstrap.AbortAck:
 		cp := *msg
@@ -475,7 +863,6 @@ func (w *simWorld) post(slot int) {
 	if len(job.writes) == 0 {
 		p.jobs = p.jobs[1:]
 	}
-	asked := wr.Epoch
 	ok := p.core.Step(w.now, Posting{Room: room, Write: &wr}).OK
 	w.effects(slot)
 	if !ok {
@@ -485,23 +872,38 @@ func (w *simWorld) post(slot int) {
 	if st, _ := p.core.Status(room); st != Transferring {
 		w.fail("room %d: %s posted a write in %v", room, p.from.Peer(), st)
 	}
-	// Invariant 8: the write goes to the process whose REQUEST named its
-	// pages.
+	// Invariant 8, against the simulator's own record: the write goes to
+	// a decode process whose REQUEST for this room this prefill process
+	// accepted, into pages that REQUEST named.
 	dstInc := remoteInc(wr.Remote)
-	if epochOf(dstInc) != asked {
-		w.fail("room %d: write aimed at epoch %d, its REQUEST came from epoch %d", room, epochOf(dstInc), asked)
+	k := simKey{pInc: p.inc, dInc: dstInc, room: room}
+	ask, asked := w.asked[k]
+	var pages []uint32
+	for _, r := range wr.Runs {
+		for i := uint32(0); i < r.Len; i++ {
+			pages = append(pages, r.Dst+i)
+		}
 	}
-	if w.released[[2]int{dstInc, int(room)}] {
+	switch {
+	case !asked:
+		w.fail("room %d: write aimed at process %d (epoch %d), whose REQUEST this prefill process never accepted", room, dstInc, epochOf(dstInc))
+	case wr.AuxSrc >= 0 && wr.AuxDst != ask.aux:
+		w.fail("room %d: aux write into item %d, the REQUEST named %d", room, wr.AuxDst, ask.aux)
+	case wr.AuxSrc < 0 && slices.ContainsFunc(pages, func(pg uint32) bool { return !slices.Contains(ask.pages, pg) }):
+		w.fail("room %d: write into pages %v, the REQUEST named %v", room, pages, ask.pages)
+	}
+	if r, ok := w.rel[[2]int{dstInc, int(room)}]; ok && !r.forced {
 		w.fail("room %d: write posted into pages already released", room)
 	}
 	w.nextWrite++
 	w.writes = append(w.writes, simWrite{id: w.nextWrite, srcInc: p.inc, room: room, dstSlot: remoteSlot(wr.Remote),
-		dstInc: dstInc, notif: wr.Notif, last: wr.Last, posted: w.now})
+		dstInc: dstInc, notif: wr.Notif, last: wr.Last, posted: w.now, aborted: w.heard[k], pages: pages, auxDst: wr.AuxDst,
+		remote: wr.Remote})
 }
 
 // appEvents: what the applications on each rank may do with each room.
 func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
-	for _, r := range w.cfg.rooms {
+	for _, r := range w.rooms {
 		r := r
 		for _, ps := range r.prefills {
 			ps := ps
@@ -511,17 +913,20 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 			at := func(f func(w *simWorld, sd *simSide, p *simProc)) func(*simWorld) {
 				return func(w *simWorld) { f(w, w.sides[pkey], w.procs[ps]) }
 			}
-			if sd.inc != 0 && sd.inc != p.inc {
-				continue // created by a process that is gone
+			if (sd.inc != 0 && sd.inc != p.inc) || !w.active(ps) {
+				continue // created by a process that is gone, or paused
 			}
 			name := fmt.Sprintf("room %d prefill %d", r.id, ps)
+			st, _ := p.core.Status(r.id)
 			switch {
 			case sd.inc == 0:
-				add(name+" create", at(func(w *simWorld, sd *simSide, p *simProc) {
-					sd.inc = p.inc
-					p.core.Step(w.now, CreateSender{Room: r.id})
-					w.effects(ps)
-				}))
+				if !w.calm {
+					add(name+" create", at(func(w *simWorld, sd *simSide, p *simProc) {
+						sd.inc = p.inc
+						p.core.Step(w.now, CreateSender{Room: r.id})
+						w.effects(ps)
+					}))
+				}
 				continue
 			case sd.cleared:
 				continue
@@ -532,7 +937,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 					w.effects(ps)
 				}))
 			case sd.sent < r.chunks && !sd.aborted:
-				if st, _ := p.core.Status(r.id); st == WaitingForInput || st == Transferring {
+				if st == WaitingForInput || st == Transferring {
 					add(fmt.Sprintf("%s send chunk %d", name, sd.sent), at(func(w *simWorld, sd *simSide, p *simProc) {
 						k := sd.sent
 						sd.sent++
@@ -541,14 +946,17 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 					}))
 				}
 			}
-			if !sd.aborted && w.cfg.prefillAbort {
+			if !sd.aborted && w.cfg.prefillAbort && !w.calm {
 				add(name+" abort", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.aborted = true
-					p.core.Step(w.now, AbortSender{Room: r.id, Reason: "app"})
+					st, _ := p.core.Status(r.id)
+					if p.core.Step(w.now, AbortSender{Room: r.id, Reason: "app"}).Result.Outcome == Applied {
+						w.cov.hit("prefill abort in " + st.String())
+					}
 					w.effects(ps)
 				}))
 			}
-			if st, _ := p.core.Status(r.id); w.cfg.noClear || !(st.Terminal() || sd.aborted || w.cfg.clearLive || w.cfg.prefillClearLive) {
+			if w.cfg.noClear || !(st.Terminal() || ((sd.aborted || w.cfg.clearLive || w.cfg.prefillClearLive) && !w.calm)) {
 				continue
 			}
 			add(name+" clear", at(func(w *simWorld, sd *simSide, p *simProc) {
@@ -558,30 +966,34 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 			}))
 		}
 		for _, ds := range r.decodes {
+			ds := ds
 			slot := w.cfg.prefills + ds
 			dkey := [2]uint64{uint64(slot), r.id}
 			sd, p := w.sides[dkey], w.procs[slot]
 			at := func(f func(w *simWorld, sd *simSide, p *simProc)) func(*simWorld) {
 				return func(w *simWorld) { f(w, w.sides[dkey], w.procs[slot]) }
 			}
-			if sd.inc != 0 && sd.inc != p.inc {
+			if (sd.inc != 0 && sd.inc != p.inc) || !w.active(slot) {
 				continue
 			}
 			name := fmt.Sprintf("room %d decode %d", r.id, ds)
+			st, _ := p.core.Status(r.id)
 			switch {
 			case sd.inc == 0:
-				add(name+" create", at(func(w *simWorld, sd *simSide, p *simProc) {
-					sd.inc = p.inc
-					var ls []Link
-					aux := false
-					for _, ps := range r.prefills {
-						dummy := slices.Contains(r.dummies, ps)
-						ls = append(ls, Link{Target: Target{Bootstrap: "sim", Rank: ps}, Dummy: dummy, Aux: !dummy && !aux})
-						aux = aux || !dummy
-					}
-					p.core.Step(w.now, CreateReceiver{Room: r.id, Links: ls})
-					w.effects(slot)
-				}))
+				if !w.calm {
+					add(name+" create", at(func(w *simWorld, sd *simSide, p *simProc) {
+						sd.inc = p.inc
+						var ls []Link
+						aux := false
+						for _, ps := range r.prefills {
+							dummy := slices.Contains(r.dummies, ps)
+							ls = append(ls, Link{Target: Target{Bootstrap: "sim", Rank: ps}, Dummy: dummy, Aux: !dummy && !aux})
+							aux = aux || !dummy
+						}
+						p.core.Step(w.now, CreateReceiver{Room: r.id, Links: ls})
+						w.effects(slot)
+					}))
+				}
 				continue
 			case sd.cleared:
 				continue
@@ -592,14 +1004,21 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 					for i := range pages {
 						pages[i] = uint32(simPages - 1 - i)
 					}
-					p.core.Step(w.now, InitReceiver{Room: r.id, Spec: RequestSpec{DstPages: pages, AuxIndex: 1, Required: len(r.decodes)}})
+					p.core.Step(w.now, InitReceiver{Room: r.id, Spec: RequestSpec{DstPages: pages, AuxIndex: 1, Required: r.req()}})
 					w.effects(slot)
 				}))
 			}
-			if !sd.aborted && w.cfg.decodeAbort {
+			mayAbort := w.cfg.decodeAbort && (w.cfg.abortDecodes == nil || slices.Contains(w.cfg.abortDecodes, ds))
+			if !sd.aborted && mayAbort && !w.calm {
 				add(name+" abort", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.aborted = true
+					st, _ := p.core.Status(r.id)
+					stage := st.String()
+					if rm := p.core.reg.rooms[r.id]; rm != nil && rm.dec != nil && slices.ContainsFunc(rm.dec.sources, func(s *source) bool { return s.sent }) {
+						stage += ", REQUEST sent"
+					}
 					if p.core.Step(w.now, AbortReceiver{Room: r.id, Reason: "app"}).Result.Outcome == Applied {
+						w.cov.hit("decode abort in " + stage)
 						// The invariant follows aborts that changed the room.
 						sd.abortAt, sd.abortInc, sd.abortApplied = w.now, nil, true
 						for _, ps := range r.prefills {
@@ -610,7 +1029,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 				}))
 			}
 			// A live room's Clear is an abort then a clear (both reachable).
-			if st, _ := p.core.Status(r.id); !w.cfg.noClear && (st.Terminal() || sd.aborted || w.cfg.clearLive) {
+			if !w.cfg.noClear && (st.Terminal() || ((sd.aborted || w.cfg.clearLive) && !w.calm)) {
 				add(name+" clear", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.cleared = true
 					p.core.Step(w.now, ClearReceiver{Room: r.id})
@@ -621,33 +1040,53 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 	}
 }
 
-// faultEvents: restarts, "peer dead" reports and restarts noticed through
-// heartbeats.
-func (w *simWorld) faultEvents(add func(string, func(*simWorld))) {
-	n := w.cfg.slots()
-	for s := 0; s < n; s++ {
+// heartbeatEvents: what heartbeats tell a core about the endpoints it
+// watches. A PONG from a new epoch at a watched endpoint goes through the
+// epoch check; a watched endpoint nobody answers at (the process died,
+// moved, or is paused) is reported dead. In the quiet phase these are the
+// truth, unbounded; before it, a report counts against peerDowns, and a
+// false one (a live process answers there) may be made too.
+func (w *simWorld) heartbeatEvents(add func(string, func(*simWorld))) {
+	for s := range w.procs {
 		s := s
-		if w.restarts < w.cfg.restarts {
-			add(fmt.Sprintf("restart %d", s), func(w *simWorld) { w.restart(s) })
+		if !w.active(s) {
+			continue
 		}
-		for o := 0; o < n; o++ {
-			o := o
-			if w.isPrefill(s) == w.isPrefill(o) {
-				continue
+		c := w.procs[s].core
+		for _, ep := range slices.Sorted(maps.Keys(c.watching)) {
+			ep := ep
+			o := w.procAt(ep)
+			if o != nil && !o.paused {
+				if h, ok := c.epochs[o.from.Peer()]; ok && h.epoch != o.from.Epoch {
+					from := o.from
+					add(fmt.Sprintf("%d hears %s restarted", s, ep), func(w *simWorld) {
+						w.cov.hit("restart heard from a PONG")
+						w.procs[s].core.Step(w.now, Received{&bootstrap.Pong{From: from}})
+						w.effects(s)
+					})
+				}
 			}
-			if w.peerDowns < w.cfg.peerDowns {
-				add(fmt.Sprintf("%d reports %d dead", s, o), func(w *simWorld) {
-					w.peerDowns++
-					w.procs[s].core.Step(w.now, PeerUnreachable{Endpoint: endpointOf(o), Reason: bootstrap.ReasonPeerUnreachable})
-					w.effects(s)
-				})
+			truly := o == nil || o.paused
+			situation := fmt.Sprintf("%d|%s|", w.procs[s].inc, ep)
+			if o != nil {
+				situation += strconv.Itoa(o.inc)
 			}
-			other := w.procs[o].from
-			if h, ok := w.procs[s].core.epochs[other.Peer()]; ok && h.epoch != other.Epoch {
-				// A PONG from the new process answers a heartbeat: the
-				// core's epoch check sees the restart.
-				add(fmt.Sprintf("%d hears %d restarted", s, o), func(w *simWorld) {
-					w.procs[s].core.Step(w.now, Received{&bootstrap.Pong{From: other}})
+			if (w.calm && truly && !w.reported[situation]) || (!w.calm && w.peerDowns < w.cfg.peerDowns) {
+				what := "dead"
+				if !truly {
+					what = "dead (falsely)"
+				}
+				add(fmt.Sprintf("%d finds %s %s", s, ep, what), func(w *simWorld) {
+					if !w.calm {
+						w.peerDowns++
+					}
+					w.reported = maps.Clone(w.reported) // shared with clones
+					if w.reported == nil {
+						w.reported = map[string]bool{}
+					}
+					w.reported[situation] = true
+					w.cov.hit("peer reported " + what)
+					w.procs[s].core.Step(w.now, PeerUnreachable{Endpoint: ep, Reason: bootstrap.ReasonPeerUnreachable})
 					w.effects(s)
 				})
 			}
@@ -655,13 +1094,42 @@ func (w *simWorld) faultEvents(add func(string, func(*simWorld))) {
 	}
 }
 
-// restart kills the process in slot and starts a new one: messages to it
-// and its queued work are lost; its writes in flight may still land.
-func (w *simWorld) restart(slot int) {
-	w.restarts++
-	old := w.procs[slot].inc
+// faultEvents: restarts in place, kills and starts on a new endpoint,
+// pauses and resumes.
+func (w *simWorld) faultEvents(add func(string, func(*simWorld))) {
+	for s := range w.procs {
+		s := s
+		p := w.procs[s]
+		switch {
+		case p.dead:
+			add(fmt.Sprintf("start %d", s), func(w *simWorld) { w.startAgain(s) })
+			continue
+		case p.paused:
+			add(fmt.Sprintf("resume %d", s), func(w *simWorld) { w.resume(s) })
+			continue
+		}
+		if w.restarts < w.cfg.restarts {
+			add(fmt.Sprintf("restart %d", s), func(w *simWorld) { w.restarts++; w.kill(s); w.start(s) })
+		}
+		if w.kills < w.cfg.kills {
+			add(fmt.Sprintf("kill %d", s), func(w *simWorld) { w.kills++; w.kill(s) })
+		}
+		if w.pauses < w.cfg.pauses {
+			add(fmt.Sprintf("pause %d", s), func(w *simWorld) {
+				w.pauses++
+				w.procs[s].paused, w.procs[s].pausedAt = true, w.now
+			})
+		}
+	}
+}
+
+// kill ends the process in slot (kill -9): messages to it and its queued
+// work are lost; its writes in flight may still land; its discovery
+// record lives out its lease.
+func (w *simWorld) kill(slot int) {
+	p := w.procs[slot]
 	for i := range w.writes {
-		if w.writes[i].srcInc == old {
+		if w.writes[i].srcInc == p.inc {
 			w.writes[i].ghost = true
 		}
 	}
@@ -669,17 +1137,34 @@ func (w *simWorld) restart(slot int) {
 		w.net[src][slot] = nil
 	}
 	w.resolves[slot] = nil
-	w.start(slot)
+	p.dead, p.jobs, p.notifs = true, nil, nil
+	if w.isPrefill(slot) {
+		w.records[slot].dead, w.records[slot].expires = true, w.now.Add(simLease)
+	}
 	for k, sd := range w.sides {
-		if int(k[0]) == slot && sd.inc == old {
+		if int(k[0]) == slot && sd.inc == p.inc {
 			sd.lost = true // whatever that process still owed is gone with it
 		}
 	}
 }
 
-// quiet reports whether no control work is pending: no message, lookup or
-// queued chunk.
-func (w *simWorld) quiet() bool {
+// startAgain starts a killed slot's next process, on a new endpoint.
+func (w *simWorld) startAgain(slot int) {
+	w.cov.hit("restart on a new endpoint")
+	w.start(slot)
+}
+
+func (w *simWorld) resume(slot int) {
+	p := w.procs[slot]
+	if w.now.Sub(p.pausedAt) > 2*time.Second { // the heartbeat bound the shells use here
+		w.cov.hit("paused past the heartbeat bound")
+	}
+	p.paused = false
+}
+
+// netQuiet reports whether no control work is pending: no message, lookup
+// or queued chunk.
+func (w *simWorld) netQuiet() bool {
 	for _, row := range w.net {
 		for _, q := range row {
 			if len(q) > 0 {
@@ -698,19 +1183,21 @@ func (w *simWorld) quiet() bool {
 // checkState checks the invariants that concern a whole state.
 func (w *simWorld) checkState() {
 	for _, p := range w.procs {
-		s := p.core.Sizes()
-		if s.Pending > w.cfg.reg.MaxPendingRooms || s.Tombstones > w.cfg.reg.MaxTombstones {
-			w.fail("%s: tables over their bounds: %+v", p.from.Peer(), s)
+		if p.dead {
+			continue
 		}
+		w.checkTables(p)
 	}
-	if !w.quiet() {
+	if !w.netQuiet() || w.cfg.losses > 0 || w.cfg.kills > 0 || w.cfg.pauses > 0 {
+		// With messages lost, or ranks gone or stopped, an abort may
+		// wait for liveness (the quiet phase) instead.
 		return
 	}
 	// Invariant 2 (an abort is never lost): once the network is quiet, an
 	// abort applied on decode has reached every prefill rank of the room
 	// that is still the same process: its room is terminal, or the id is
 	// tombstoned so a sender created later starts Failed.
-	for _, r := range w.cfg.rooms {
+	for _, r := range w.rooms {
 		for _, ds := range r.decodes {
 			sd := w.sides[[2]uint64{uint64(w.cfg.prefills + ds), r.id}]
 			if !sd.abortApplied || sd.lost || w.now.Sub(sd.abortAt) >= w.cfg.reg.TombstoneTTL {
@@ -725,7 +1212,11 @@ func (w *simWorld) checkState() {
 					w.fail("room %d: decode %d aborted, prefill %d still %v with the network quiet", r.id, ds, ps, st)
 				}
 				psd := w.sides[[2]uint64{uint64(ps), r.id}]
-				forgotten := psd.cleared && w.now.Sub(psd.clearAt) >= w.cfg.reg.TombstoneTTL // ids are reserved for the TTL only
+				// Ids are reserved for the TTL only, and under the tombstone
+				// bound the oldest settled tombstones are forgotten sooner
+				// (counted): a sender created later then waits out its
+				// bootstrap deadline instead of starting Failed.
+				forgotten := psd.cleared && w.now.Sub(psd.clearAt) >= w.cfg.reg.TombstoneTTL || pc.core.reg.evicted > 0
 				if _, ok := pc.core.Status(r.id); !ok && !forgotten {
 					if _, tomb := pc.core.reg.tombs[r.id]; !tomb {
 						w.fail("room %d: decode %d aborted, prefill %d has no trace of it with the network quiet", r.id, ds, ps)
@@ -736,12 +1227,33 @@ func (w *simWorld) checkState() {
 	}
 }
 
-// checkEmpty: after every room is cleared and the tombstone TTL and the
-// quarantine passed with no traffic, every table of every core is empty.
-func (w *simWorld) checkEmpty() {
+// observe records, after every event, what the simulator's own checks
+// need from the cores' visible state: when each decode room (or its hold)
+// first failed, and each room's terminal outcome.
+func (w *simWorld) observe() {
 	for _, p := range w.procs {
-		if s := p.core.Sizes(); s.Total() != 0 {
-			w.fail("%s not empty after the TTL: %+v", p.from.Peer(), s)
+		if p.dead {
+			continue
+		}
+		for _, id := range slices.Sorted(maps.Keys(p.core.reg.rooms)) {
+			rm := p.core.reg.rooms[id]
+			if rm.dec != nil && rm.status == Failed {
+				if _, ok := w.failedAt[[2]int{p.inc, int(id)}]; !ok {
+					w.failedAt[[2]int{p.inc, int(id)}] = w.now
+				}
+			}
+			if rm.status.Terminal() && w.cov != nil {
+				w.cov.outcome(p.inc, id, rm.status, rm.reason)
+			}
+		}
+		if d := p.core.decodeCore; d != nil {
+			for _, id := range slices.Sorted(maps.Keys(d.holds)) {
+				if h := d.holds[id]; h.failed {
+					if _, ok := w.failedAt[[2]int{p.inc, int(id)}]; !ok {
+						w.failedAt[[2]int{p.inc, int(id)}] = w.now
+					}
+				}
+			}
 		}
 	}
 }
@@ -749,36 +1261,73 @@ func (w *simWorld) checkEmpty() {
 func (w *simWorld) apply(ev simEvent) {
 	w.trace = append(w.trace, ev.name)
 	ev.do(w)
-	if w.outcomes != nil {
-		for _, p := range w.procs {
-			for id, rm := range p.core.reg.rooms {
-				if rm.status == Failed && simFailHook != nil && !w.outcomes[Failed][[2]uint64{uint64(p.inc), id}] {
-					simFailHook(rm.reason)
-				}
-				if rm.status.Terminal() {
-					w.outcomes[rm.status][[2]uint64{uint64(p.inc), id}] = true
-				}
-			}
-		}
-	}
+	w.observe()
 	if w.err == nil {
 		w.checkState()
 	}
+	if w.cfg.spawn > 0 && !w.calm {
+		w.maybeSpawn()
+	}
+}
+
+// maybeSpawn starts a new room (the next template with a fresh id) when
+// fewer rooms than the configuration lists are unfinished, so a long run
+// keeps rooms arriving as a server does.
+func (w *simWorld) maybeSpawn() {
+	open := 0
+	for _, r := range w.rooms {
+		for _, s := range w.slotsOf(r) {
+			sd, p := w.sides[[2]uint64{uint64(s), r.id}], w.procs[s]
+			if !sd.cleared && !sd.lost && !(sd.inc != 0 && sd.inc != p.inc) {
+				open++
+				break
+			}
+		}
+	}
+	if open >= len(w.cfg.rooms) || len(w.rooms) >= w.cfg.spawn {
+		return
+	}
+	t := w.cfg.rooms[len(w.rooms)%len(w.cfg.rooms)]
+	t.id = uint64(len(w.rooms) + 1)
+	w.addRoom(t)
+}
+
+func (w *simWorld) slotsOf(r simRoomSpec) []int {
+	out := slices.Clone(r.prefills)
+	for _, d := range r.decodes {
+		out = append(out, w.cfg.prefills+d)
+	}
+	return out
 }
 
 // ---- exhaustive exploration --------------------------------------------
 
 // simExplore visits every state reachable from the initial world, depth
 // first, each distinct state (by fingerprint hash) once, and checks every
-// invariant on every transition. It returns the number of distinct states
-// and transitions, or the first violation with the trace that reaches it
-// (which replays exactly).
-func simExplore(cfg simConfig, maxStates int) (states, transitions int, err error) {
-	start := newSimWorld(cfg)
+// invariant on every transition; with cfg.live it also runs the quiet
+// phase (liveness) from every state where only faults, time and the
+// applications' own choices remain. It returns the number of distinct
+// states and transitions, what was reached, or the first violation with
+// the trace that reaches it (which replays exactly).
+func simExplore(cfg simConfig, maxStates int) (states, transitions int, cov *simCoverage, err error) {
+	start := startWorld(cfg)
+	if start.err != nil {
+		return 0, 0, nil, start.err
+	}
+	cov = start.cov
 	seen := map[[16]byte]struct{}{start.hash(): {}}
 	var visit func(w *simWorld) error
 	visit = func(w *simWorld) error {
-		for _, ev := range w.events() {
+		evs := w.events()
+		if cfg.live && quiescent(evs) {
+			q := w.clone()
+			q.trace = slices.Clone(w.trace)
+			q.liveness()
+			if q.err != nil {
+				return fmt.Errorf("%w\ntrace to the quiet phase (replay: runScript(cfg, trace), then liveness()):\n  %s", q.err, strings.Join(w.trace, "\n  "))
+			}
+		}
+		for _, ev := range evs {
 			next := w.clone()
 			next.trace = slices.Clone(w.trace)
 			next.apply(ev)
@@ -802,14 +1351,52 @@ func simExplore(cfg simConfig, maxStates int) (states, transitions int, err erro
 		return nil
 	}
 	err = visit(start)
-	return len(seen), transitions, err
+	return len(seen), transitions, cov, err
+}
+
+// quiescent: nothing but faults, time and the applications' choices
+// (create, abort, clear) is left to happen.
+func quiescent(evs []simEvent) bool {
+	for _, ev := range evs {
+		if !isChoice(ev.name) {
+			return false
+		}
+	}
+	return true
+}
+
+func isChoice(name string) bool {
+	for _, k := range []string{"time", "restart", "kill", "start", "pause", "resume", "lose", "duplicate", "replay",
+		"stale view", "fails", "finds", " create", " abort", " clear", "hears"} {
+		if strings.Contains(name, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// startWorld is the initial world, after the configuration's prefix.
+func startWorld(cfg simConfig) *simWorld {
+	w := newSimWorld(cfg)
+	w.cov = newSimCoverage()
+	for _, name := range cfg.prefix {
+		evs := w.events()
+		k := slices.IndexFunc(evs, func(e simEvent) bool { return e.name == name })
+		if k < 0 {
+			w.fail("prefix event %q not enabled", name)
+			return w
+		}
+		w.apply(evs[k])
+	}
+	w.trace = nil
+	return w
 }
 
 // runScript applies events by name, in order, as far as each is enabled;
 // it returns the world and how many events it applied (the first violation
 // is in w.err).
 func runScript(cfg simConfig, script []string) (*simWorld, int) {
-	w := newSimWorld(cfg)
+	w := startWorld(cfg)
 	for i, name := range script {
 		evs := w.events()
 		k := slices.IndexFunc(evs, func(e simEvent) bool { return e.name == name })
@@ -855,259 +1442,4 @@ func minimize(cfg simConfig, trace []string, violation error) []string {
 		}
 	}
 	return trace
-}
-
-// ---- random runs -------------------------------------------------------
-
-// simWeight biases random runs toward progress, so rooms also succeed:
-// the protocol's normal steps are 10 times likelier than a fault and 50
-// times likelier than a time jump.
-func simWeight(name string) int {
-	switch {
-	case strings.HasPrefix(name, "time"):
-		return 1
-	case strings.HasSuffix(name, " create"):
-		// Rooms arrive over the run, as requests do, so some start after
-		// long idle gaps (a registration nobody has heard from since).
-		return 12
-	case strings.Contains(name, "fails"), strings.Contains(name, "abort"), strings.HasPrefix(name, "restart"),
-		strings.Contains(name, "dead"):
-		return 5
-	case strings.Contains(name, "clear"):
-		return 10
-	case strings.Contains(name, "late landing"), strings.Contains(name, "restarted"):
-		return 25
-	default:
-		return 50
-	}
-}
-
-var simFailHook func(reason string)
-
-// simStats counts what random runs reached, so a test can show they are
-// not vacuous.
-type simStats struct {
-	success, failed, released, forced int
-	trace                             []string // the events played (random runs)
-	// reach counts paths the random mode must reach (asserted over the
-	// seeds): idle rechecks, re-lookups after unanswered REGISTERs,
-	// restarts found by the epoch check, unwatched peers.
-	rechecks, relookups, restarts, unwatched int
-}
-
-// runRandomStats plays steps random events from seed, then clears every
-// room, lets everything settle and checks that the cores empty after the
-// TTL.
-func runRandomStats(cfg simConfig, seed uint64, steps int) (simStats, error) {
-	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	// Each seed keeps each kind of fault with probability ½: calm runs
-	// show rooms succeeding, stormy ones every fault at once.
-	keep := func() bool { return rng.IntN(2) == 0 }
-	cfg.decodeAbort = cfg.decodeAbort && keep()
-	cfg.prefillAbort = cfg.prefillAbort && keep()
-	cfg.clearLive = cfg.clearLive && keep()
-	cfg.mayLand = cfg.mayLand && keep()
-	if !keep() {
-		cfg.restarts = 0
-	}
-	if !keep() {
-		cfg.peerDowns = 0
-	}
-	w := newSimWorld(cfg)
-	w.outcomes = map[Poll]map[[2]uint64]bool{Success: {}, Failed: {}}
-	for i := 0; i < steps && w.err == nil; i++ {
-		evs := w.events()
-		if len(evs) == 0 {
-			break // nothing can happen any more
-		}
-		weights := make([]int, len(evs))
-		sum := 0
-		for j, ev := range evs {
-			weights[j] = simWeight(ev.name)
-			sum += weights[j]
-		}
-		k := rng.IntN(sum)
-		j := 0
-		for k >= weights[j] {
-			k -= weights[j]
-			j++
-		}
-		ev := evs[j]
-		w.apply(ev)
-	}
-	if w.err == nil {
-		w.settle()
-	}
-	st := simStats{success: len(w.outcomes[Success]), failed: len(w.outcomes[Failed])}
-	for _, p := range w.procs {
-		st.forced += int(p.core.stats.ForcedReleases)
-		st.rechecks += int(p.core.stats.Rechecks)
-		st.relookups += int(p.core.stats.Relookups)
-		st.restarts += int(p.core.stats.PeersRestarted)
-	}
-	st.unwatched = w.unwatched
-	st.released = len(w.released)
-	st.trace = w.trace
-	if w.err != nil {
-		min := minimize(cfg, w.trace, w.err)
-		return st, fmt.Errorf("seed %d: %w\nminimal trace (replay: runScript(cfg, trace); the whole run: runRandomStats(cfg, %d, %d)):\n  %s",
-			seed, w.err, seed, steps, strings.Join(min, "\n  "))
-	}
-	return st, nil
-}
-
-// settle lets every pending message, lookup, chunk, write and
-// notification run out and clears every room (nothing new is started, no
-// fault is injected), then jumps past the quarantine and the TTL, three
-// times, and checks that every core is empty.
-func (w *simWorld) settle() {
-	skip := []string{"restart", "dead", "time", "create", "init", "send chunk", "abort", "restarted"}
-	for round := 0; round < 3 && w.err == nil; round++ {
-		for i := 0; i < 100000 && w.err == nil; i++ {
-			var next *simEvent
-			for _, ev := range w.events() {
-				if !slices.ContainsFunc(skip, func(k string) bool { return strings.Contains(ev.name, k) }) {
-					next = &ev
-					break
-				}
-			}
-			if next == nil {
-				break
-			}
-			w.apply(*next)
-		}
-		w.apply(simEvent{"time past the quarantine and the TTL", func(w *simWorld) { w.tick(w.cfg.reg.TombstoneTTL + w.cfg.quarantine) }})
-	}
-	if w.err == nil && !w.cfg.noClear {
-		w.checkEmpty()
-	}
-}
-
-// ---- clone and fingerprint ---------------------------------------------
-
-func (w *simWorld) clone() *simWorld {
-	c := *w
-	c.procs = make([]*simProc, len(w.procs))
-	for i, p := range w.procs {
-		cp := *p
-		cp.core = p.core.clone()
-		cp.jobs = make([]simJob, len(p.jobs))
-		for j, jb := range p.jobs {
-			cp.jobs[j] = simJob{room: jb.room, writes: slices.Clone(jb.writes)}
-		}
-		cp.notifs = slices.Clone(p.notifs)
-		c.procs[i] = &cp
-	}
-	c.net = make([][][]simMsg, len(w.net))
-	for i, row := range w.net {
-		c.net[i] = make([][]simMsg, len(row))
-		for j, q := range row {
-			c.net[i][j] = slices.Clone(q)
-		}
-	}
-	c.resolves = make([][]Target, len(w.resolves))
-	for i, q := range w.resolves {
-		c.resolves[i] = slices.Clone(q)
-	}
-	c.writes = slices.Clone(w.writes)
-	c.sides = make(map[[2]uint64]*simSide, len(w.sides))
-	for k, sd := range w.sides {
-		cp := *sd
-		cp.abortInc = slices.Clone(sd.abortInc)
-		c.sides[k] = &cp
-	}
-	c.released = maps.Clone(w.released)
-	return &c
-}
-
-// clone deep-copies a core (test only).
-func (c *Core) clone() *Core {
-	nb := *c.base
-	n := &Core{base: &nb}
-	if c.prefillCore != nil {
-		np := *c.prefillCore
-		np.base = &nb
-		n.prefillCore, nb.role = &np, &np
-	}
-	if c.decodeCore != nil {
-		nd := *c.decodeCore
-		nd.base = &nb
-		n.decodeCore, nb.role = &nd, &nd
-	}
-	n.out = nil
-	reg := *c.reg
-	reg.out = &n.out
-	n.reg = &reg
-	srcs := map[*source]*source{}
-	cpSrc := func(s *source) *source {
-		if d, ok := srcs[s]; ok {
-			return d
-		}
-		d := *s
-		d.chunks = maps.Clone(s.chunks)
-		srcs[s] = &d
-		return &d
-	}
-	reg.rooms = make(map[uint64]*room, len(c.reg.rooms))
-	for id, rm := range c.reg.rooms {
-		cp := *rm
-		cp.requests = slices.Clone(rm.requests)
-		cp.acks = slices.Clone(rm.acks)
-		if rm.dec != nil {
-			dec := *rm.dec
-			dec.sources = make([]*source, len(rm.dec.sources))
-			for i, s := range rm.dec.sources {
-				dec.sources[i] = cpSrc(s)
-			}
-			cp.dec = &dec
-		}
-		reg.rooms[id] = &cp
-	}
-	reg.pending = make(map[uint64]*pendingRoom, len(c.reg.pending))
-	for id, p := range c.reg.pending {
-		cp := *p
-		cp.requests = slices.Clone(p.requests)
-		reg.pending[id] = &cp
-	}
-	reg.tombs = make(map[uint64]*tomb, len(c.reg.tombs))
-	for id, t := range c.reg.tombs {
-		cp := *t
-		cp.acks = slices.Clone(t.acks)
-		reg.tombs[id] = &cp
-	}
-	reg.tombQ = slices.Clone(c.reg.tombQ)
-	reg.draining = maps.Clone(c.reg.draining)
-	reg.pendingBy = maps.Clone(c.reg.pendingBy)
-	if c.prefillCore != nil {
-		n.peers = maps.Clone(c.peers) // decodePeer values are never modified
-	}
-	if c.decodeCore != nil {
-		n.targets = make(map[string]*target, len(c.targets))
-		for k, t := range c.targets {
-			cp := *t
-			cp.owed = maps.Clone(t.owed)
-			n.targets[k] = &cp
-		}
-		n.holds = make(map[uint64]*hold, len(c.holds))
-		for id, h := range c.holds {
-			cp := *h
-			cp.srcs = make([]*source, len(h.srcs))
-			for i, s := range h.srcs {
-				cp.srcs[i] = cpSrc(s)
-			}
-			n.holds[id] = &cp
-		}
-		n.roomsOf = make(map[string]map[uint64]struct{}, len(c.roomsOf))
-		for k, set := range c.roomsOf {
-			n.roomsOf[k] = maps.Clone(set)
-		}
-	}
-	n.watching = maps.Clone(c.watching)
-	n.epochs = make(map[string]*heardPeer, len(c.epochs))
-	for k, h := range c.epochs {
-		cp := *h
-		cp.retired = slices.Clone(h.retired)
-		n.epochs[k] = &cp
-	}
-	return n
 }

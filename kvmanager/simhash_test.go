@@ -78,6 +78,12 @@ func (w *simWorld) hash() [16]byte {
 		for _, n := range p.notifs {
 			f.s(n)
 		}
+		f.s(p.endpoint)
+		f.b1(p.dead)
+		f.b1(p.paused)
+		if p.paused {
+			f.t(p.pausedAt)
+		}
 		p.core.hash(f)
 	}
 	for i, row := range w.net {
@@ -86,6 +92,7 @@ func (w *simWorld) hash() [16]byte {
 			for _, m := range q {
 				f.i(int(m.msg.Type()))
 				f.u(m.from.Epoch)
+				f.s(m.to)
 				hashMsg(f, m.msg)
 			}
 		}
@@ -106,6 +113,62 @@ func (w *simWorld) hash() [16]byte {
 		f.b1(wr.last)
 		f.t(wr.posted)
 		f.b1(wr.ghost)
+		f.b1(wr.aborted)
+		f.b1(wr.landed)
+	}
+	for _, k := range slices.Sorted(maps.Keys(w.reported)) {
+		f.s(k)
+	}
+	for _, row := range w.hist {
+		for _, m := range row {
+			if m == nil {
+				f.u(0)
+				continue
+			}
+			f.i(int(m.msg.Type()))
+			f.u(m.from.Epoch)
+			hashMsg(f, m.msg)
+		}
+	}
+	for _, x := range w.incSlot {
+		f.i(x)
+	}
+	f.i(len(w.rooms))
+	for i, rec := range w.records {
+		for _, r := range []simRecord{rec, w.prev[i]} {
+			f.b1(r.set)
+			f.s(r.endpoint)
+			f.i(r.gen)
+			f.b1(r.dead)
+			f.t(r.expires)
+			f.u(uint64(min(w.now.Sub(r.replaced), simLease+time.Second)))
+		}
+	}
+	for _, row := range w.pushed {
+		for _, g := range row {
+			f.i(g)
+		}
+	}
+	keys := func(m map[simKey]bool) []simKey { return slices.SortedFunc(maps.Keys(m), cmpKeys) }
+	for _, k := range slices.SortedFunc(maps.Keys(w.asked), cmpKeys) {
+		f.i(k.pInc)
+		f.i(k.dInc)
+		f.u(k.room)
+		f.i(len(w.asked[k].pages))
+	}
+	for _, m := range []map[simKey]bool{w.heard, w.acked} {
+		f.i(len(m))
+		for _, k := range keys(m) {
+			f.i(k.pInc)
+			f.i(k.dInc)
+			f.u(k.room)
+			f.b1(m[k])
+		}
+	}
+	for _, k := range sortedPairs(slices.Collect(maps.Keys(w.failedAt))) {
+		f.i(k[0])
+		f.i(k[1])
+		f.u(uint64(min(w.now.Sub(w.failedAt[k]), w.cfg.quarantine+time.Second)))
 	}
 	for _, k := range sortedPairs(slices.Collect(maps.Keys(w.sides))) {
 		sd := w.sides[k]
@@ -124,13 +187,14 @@ func (w *simWorld) hash() [16]byte {
 			f.i(x)
 		}
 	}
-	for _, k := range sortedPairs(slices.Collect(maps.Keys(w.released))) {
+	for _, k := range sortedPairs(slices.Collect(maps.Keys(w.rel))) {
 		f.i(k[0])
 		f.i(k[1])
+		f.b1(w.rel[k].forced)
 	}
-	f.i(w.restarts)
-	f.i(w.peerDowns)
-	f.i(w.ticks)
+	for _, n := range []int{w.restarts, w.kills, w.peerDowns, w.ticks, w.losses, w.dups, w.replays, w.pauses, w.lookupFails} {
+		f.i(n)
+	}
 	var out [16]byte
 	binary.LittleEndian.PutUint64(out[:8], f.a.Sum64())
 	binary.LittleEndian.PutUint64(out[8:], f.b.Sum64())
@@ -282,4 +346,149 @@ func (c *Core) hash(f *fp) {
 			src(s)
 		}
 	}
+}
+
+// ---- clone -------------------------------------------------------------
+
+func (w *simWorld) clone() *simWorld {
+	c := *w
+	c.procs = make([]*simProc, len(w.procs))
+	for i, p := range w.procs {
+		cp := *p
+		cp.core = p.core.clone()
+		cp.jobs = make([]simJob, len(p.jobs))
+		for j, jb := range p.jobs {
+			cp.jobs[j] = simJob{room: jb.room, writes: slices.Clone(jb.writes)}
+		}
+		cp.notifs = slices.Clone(p.notifs)
+		c.procs[i] = &cp
+	}
+	c.net = make([][][]simMsg, len(w.net))
+	for i, row := range w.net {
+		c.net[i] = make([][]simMsg, len(row))
+		for j, q := range row {
+			c.net[i][j] = slices.Clone(q)
+		}
+	}
+	c.hist = make([][]*simMsg, len(w.hist))
+	for i, row := range w.hist {
+		c.hist[i] = slices.Clone(row) // messages are never modified
+	}
+	c.resolves = make([][]Target, len(w.resolves))
+	for i, q := range w.resolves {
+		c.resolves[i] = slices.Clone(q)
+	}
+	c.writes = slices.Clone(w.writes)
+	c.incSlot = slices.Clone(w.incSlot)
+	c.rooms = slices.Clone(w.rooms)
+	c.sides = make(map[[2]uint64]*simSide, len(w.sides))
+	for k, sd := range w.sides {
+		cp := *sd
+		cp.abortInc = slices.Clone(sd.abortInc)
+		c.sides[k] = &cp
+	}
+	c.records = slices.Clone(w.records)
+	c.prev = slices.Clone(w.prev)
+	c.pushed = make([][]int, len(w.pushed))
+	for i, row := range w.pushed {
+		c.pushed[i] = slices.Clone(row)
+	}
+	c.asked = maps.Clone(w.asked)
+	c.heard = maps.Clone(w.heard)
+	c.acked = maps.Clone(w.acked)
+	c.failedAt = maps.Clone(w.failedAt)
+	c.rel = maps.Clone(w.rel)
+	return &c
+}
+
+// clone deep-copies a core (test only).
+func (c *Core) clone() *Core {
+	nb := *c.base
+	n := &Core{base: &nb}
+	if c.prefillCore != nil {
+		np := *c.prefillCore
+		np.base = &nb
+		n.prefillCore, nb.role = &np, &np
+	}
+	if c.decodeCore != nil {
+		nd := *c.decodeCore
+		nd.base = &nb
+		n.decodeCore, nb.role = &nd, &nd
+	}
+	n.out = nil
+	reg := *c.reg
+	reg.out = &n.out
+	n.reg = &reg
+	srcs := map[*source]*source{}
+	cpSrc := func(s *source) *source {
+		if d, ok := srcs[s]; ok {
+			return d
+		}
+		d := *s
+		d.chunks = maps.Clone(s.chunks)
+		srcs[s] = &d
+		return &d
+	}
+	reg.rooms = make(map[uint64]*room, len(c.reg.rooms))
+	for id, rm := range c.reg.rooms {
+		cp := *rm
+		cp.requests = slices.Clone(rm.requests)
+		cp.acks = slices.Clone(rm.acks)
+		if rm.dec != nil {
+			dec := *rm.dec
+			dec.sources = make([]*source, len(rm.dec.sources))
+			for i, s := range rm.dec.sources {
+				dec.sources[i] = cpSrc(s)
+			}
+			cp.dec = &dec
+		}
+		reg.rooms[id] = &cp
+	}
+	reg.pending = make(map[uint64]*pendingRoom, len(c.reg.pending))
+	for id, p := range c.reg.pending {
+		cp := *p
+		cp.requests = slices.Clone(p.requests)
+		reg.pending[id] = &cp
+	}
+	reg.tombs = make(map[uint64]*tomb, len(c.reg.tombs))
+	for id, t := range c.reg.tombs {
+		cp := *t
+		cp.acks = slices.Clone(t.acks)
+		reg.tombs[id] = &cp
+	}
+	reg.tombQ = slices.Clone(c.reg.tombQ)
+	reg.draining = maps.Clone(c.reg.draining)
+	reg.pendingBy = maps.Clone(c.reg.pendingBy)
+	if c.prefillCore != nil {
+		n.peers = maps.Clone(c.peers) // decodePeer values are never modified
+	}
+	if c.decodeCore != nil {
+		n.targets = make(map[string]*target, len(c.targets))
+		for k, t := range c.targets {
+			cp := *t
+			cp.owed = maps.Clone(t.owed)
+			n.targets[k] = &cp
+		}
+		n.holds = make(map[uint64]*hold, len(c.holds))
+		for id, h := range c.holds {
+			cp := *h
+			cp.srcs = make([]*source, len(h.srcs))
+			for i, s := range h.srcs {
+				cp.srcs[i] = cpSrc(s)
+			}
+			n.holds[id] = &cp
+		}
+		n.roomsOf = make(map[string]map[uint64]struct{}, len(c.roomsOf))
+		for k, set := range c.roomsOf {
+			n.roomsOf[k] = maps.Clone(set)
+		}
+	}
+	n.watching = maps.Clone(c.watching)
+	n.epochs = make(map[string]*heardPeer, len(c.epochs))
+	for k, h := range c.epochs {
+		cp := *h
+		cp.retired = slices.Clone(h.retired)
+		n.epochs[k] = &cp
+	}
+	return n
 }

@@ -1,6 +1,8 @@
 package kvmanager
 
 import (
+	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -15,41 +17,84 @@ func simBase() simConfig {
 	return simConfig{prefills: 1, decodes: 1, reg: simRegistryConfig(), quarantine: 30 * time.Second, ticks: 1}
 }
 
+// simCase is an exhaustive configuration and what its exploration must
+// reach (coverage asserted, not hoped for).
+type simCase struct {
+	cfg   simConfig
+	reach []string
+}
+
+func simRoom(id uint64, decodes, prefills []int, chunks int) simRoomSpec {
+	return simRoomSpec{id: id, decodes: decodes, prefills: prefills, chunks: chunks}
+}
+
 // simExhaustiveConfigs are explored completely in make test. Time jumps
 // are off where no deadline is involved (each jump multiplies the space by
 // about 40); make sim explores them with deeper bounds (simDeepConfigs).
-func simExhaustiveConfigs() map[string]simConfig {
-	room := func(id uint64, decodes, prefills []int, chunks int) simRoomSpec {
-		return simRoomSpec{id: id, decodes: decodes, prefills: prefills, chunks: chunks}
-	}
-	one := []simRoomSpec{room(7, []int{0}, []int{0}, 1)}
-	mk := func(f func(c *simConfig)) simConfig {
+func simExhaustiveConfigs() map[string]simCase {
+	one := []simRoomSpec{simRoom(7, []int{0}, []int{0}, 1)}
+	mk := func(f func(c *simConfig), reach ...string) simCase {
 		c := simBase()
 		c.rooms, c.ticks = one, -1
 		f(&c)
-		return c
+		return simCase{c, reach}
 	}
-	return map[string]simConfig{
+	return map[string]simCase{
 		"1→1: writes fail, land late or stall; decode aborts; prefill clears early": mk(func(c *simConfig) {
 			c.mayLand, c.decodeAbort, c.prefillClearLive = true, true, true
-		}),
+		}, "failed write landed", "release after drained ABORT_ACKs", "ABORT_ACK drained=true", "decode abort in WaitingForInput, REQUEST sent"),
 		"1→1, 2 chunks; prefill aborts or clears early": mk(func(c *simConfig) {
-			c.rooms, c.prefillAbort, c.prefillClearLive = []simRoomSpec{room(7, []int{0}, []int{0}, 2)}, true, true
-		}),
-		"1→1: every deadline (one time jump)":    mk(func(c *simConfig) { c.ticks = 1 }),
-		"1→1: a rank restarts (one time jump)":   mk(func(c *simConfig) { c.restarts, c.ticks = 1, 1 }),
-		"1→1: a peer-dead report; decode aborts": mk(func(c *simConfig) { c.peerDowns, c.decodeAbort = 1, true }),
+			c.rooms, c.prefillAbort, c.prefillClearLive = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 2)}, true, true
+		}, "prefill abort in Bootstrapping", "prefill abort in WaitingForInput", "prefill abort in Transferring"),
+		"1→1: every deadline (one time jump)": mk(func(c *simConfig) { c.ticks = 1 }, "release after success"),
+		"1→1: a rank restarts (one time jump)": mk(func(c *simConfig) { c.restarts, c.ticks = 1, 1 },
+			"restart heard from a PONG", "forced release"),
+		"1→1: a peer-dead report; decode aborts": mk(func(c *simConfig) { c.peerDowns, c.decodeAbort = 1, true },
+			"peer reported dead (falsely)", "decode abort in Bootstrapping"),
 		"1→2 decode ranks (required 2)": mk(func(c *simConfig) {
-			c.decodes, c.rooms, c.noClear = 2, []simRoomSpec{room(7, []int{0, 1}, []int{0}, 1)}, true
+			c.decodes, c.rooms, c.noClear = 2, []simRoomSpec{simRoom(7, []int{0, 1}, []int{0}, 1)}, true
 		}),
 		"2 prefill sources→1": mk(func(c *simConfig) {
-			c.prefills, c.rooms, c.noClear = 2, []simRoomSpec{room(7, []int{0}, []int{0, 1}, 1)}, true
+			c.prefills, c.rooms, c.noClear = 2, []simRoomSpec{simRoom(7, []int{0}, []int{0, 1}, 1)}, true
 		}),
 		"2 prefill sources→1, one a dummy (MLA); decode aborts": mk(func(c *simConfig) {
-			r := room(7, []int{0}, []int{0, 1}, 1)
+			r := simRoom(7, []int{0}, []int{0, 1}, 1)
 			r.dummies = []int{1}
 			c.prefills, c.rooms, c.noClear, c.decodeAbort = 2, []simRoomSpec{r}, true, true
 		}),
+		// Issue 21's reach: discovery, restarts on a new endpoint, two
+		// decode ranks with aborts and a time jump, table bounds that are
+		// hit, more REQUESTs than required, loss, duplication, replay and
+		// pauses; with the quiet phase's liveness checks where marked.
+		"1→1: kill -9, start on a new endpoint; stale lookups, watch pushes; liveness": mk(func(c *simConfig) {
+			c.kills, c.staleViews, c.pushes, c.live, c.noClear = 1, true, true, true, true
+		}, "restart on a new endpoint", "stale lookup", "discovery push", "message to a gone process"),
+		// The one time jump goes past every room deadline and the
+		// quarantine at once (each jump length multiplies the space).
+		"1→2 decode ranks; decode 0 aborts; one time jump": mk(func(c *simConfig) {
+			c.decodes, c.rooms, c.noClear, c.decodeAbort, c.abortDecodes, c.ticks = 2, []simRoomSpec{simRoom(7, []int{0, 1}, []int{0}, 1)}, true, true, []int{0}, 1
+			c.jumps, c.writesOK = []time.Duration{c.quarantine}, true
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init", "room 7 decode 1 create", "room 7 decode 1 init"}
+		}, "decode abort in WaitingForInput, REQUEST sent", "forced release"),
+		"1→1, two rooms; every table bound 1": mk(func(c *simConfig) {
+			c.rooms = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 1), simRoom(8, []int{0}, []int{0}, 1)}
+			c.reg.MaxPendingRooms, c.reg.MaxTombstones, c.reg.MaxPendingPerPeer = 1, 1, 1
+			c.decodeAbort, c.abortDecodes = true, []int{0}
+		}, "table bound reached: reg.pending", "table bound reached: reg.tombs"),
+		"2 decode ranks, required 1 (more REQUESTs than required)": mk(func(c *simConfig) {
+			r := simRoom(7, []int{0, 1}, []int{0}, 1)
+			r.required = 1
+			c.decodes, c.rooms, c.noClear = 2, []simRoomSpec{r}, true
+		}, "REQUEST beyond the room's required"),
+		"1→1: a control message lost, another duplicated; liveness": mk(func(c *simConfig) {
+			c.losses, c.dups, c.live, c.noClear = 1, 1, true, true
+		}, "message lost", "message duplicated"),
+		"1→1: a rank restarts in place, a message is replayed": mk(func(c *simConfig) {
+			c.restarts, c.replays, c.noClear = 1, 1, true
+		}, "message replayed"),
+		"1→1: a rank pauses past a time jump; liveness": mk(func(c *simConfig) {
+			c.pauses, c.ticks, c.live, c.noClear = 1, 1, true, true
+		}, "paused past the heartbeat bound"),
 	}
 }
 
@@ -57,9 +102,10 @@ func simExhaustiveConfigs() map[string]simConfig {
 // jump, a second room and the restart, for make sim (minutes, not seconds).
 func simDeepConfigs() map[string]simConfig {
 	out := map[string]simConfig{}
-	for name, c := range simExhaustiveConfigs() {
+	for name, sc := range simExhaustiveConfigs() {
+		c := sc.cfg
 		c.ticks = max(c.ticks, 0) + 1
-		if c.noClear { // three ranks: with aborts too they pass 5M states
+		if c.noClear || c.decodes > 1 || c.prefills > 1 || c.kills > 0 || c.losses > 0 || c.pauses > 0 || c.replays > 0 {
 			out[name+" (+1 time jump)"] = c
 			continue
 		}
@@ -67,53 +113,78 @@ func simDeepConfigs() map[string]simConfig {
 		out[name+"; decode aborts and clears (+1 time jump)"] = c
 	}
 	c := simBase()
-	c.rooms = []simRoomSpec{{id: 7, decodes: []int{0}, prefills: []int{0}, chunks: 1}, {id: 8, decodes: []int{0}, prefills: []int{0}, chunks: 1}}
+	c.rooms = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 1), simRoom(8, []int{0}, []int{0}, 1)}
 	c.restarts, c.ticks = 1, -1
 	out["1→1, two rooms; a rank restarts"] = c
 	return out
 }
 
+// simRandomConfig: 2 prefill × 2 decode ranks, rooms of every shape
+// arriving for the whole run (up to 40), every fault available for the
+// swarm to choose from.
 func simRandomConfig() simConfig {
 	c := simBase()
 	c.prefills, c.decodes = 2, 2
-	c.restarts, c.peerDowns, c.mayLand, c.ticks = 2, 3, true, 0
+	c.restarts, c.kills, c.peerDowns, c.mayLand, c.ticks = 2, 2, 3, true, 0
+	c.losses, c.dups, c.replays, c.pauses, c.lookupFails = 4, 4, 3, 2, 2
+	c.staleViews, c.pushes = true, true
 	c.prefillAbort, c.decodeAbort, c.clearLive = true, true, true
+	c.reg.MaxTombstones, c.reg.MaxPendingRooms, c.reg.MaxPendingPerPeer = 6, 6, 4
+	r3 := simRoom(3, []int{0, 1}, []int{0}, 2)
+	r6 := simRoom(6, []int{0, 1}, []int{1}, 3)
+	r6.required = 1 // both decode ranks ask; the prefill rank waits for one
 	c.rooms = []simRoomSpec{
-		{id: 1, decodes: []int{0}, prefills: []int{0}, chunks: 3},
-		{id: 2, decodes: []int{1}, prefills: []int{1}, chunks: 2},
-		{id: 3, decodes: []int{0, 1}, prefills: []int{0}, chunks: 2},
-		{id: 4, decodes: []int{1}, prefills: []int{0, 1}, chunks: 2},
-		{id: 5, decodes: []int{0}, prefills: []int{1}, chunks: 1},
-		{id: 6, decodes: []int{0, 1}, prefills: []int{1}, chunks: 3},
+		simRoom(1, []int{0}, []int{0}, 3),
+		simRoom(2, []int{1}, []int{1}, 2),
+		r3,
+		simRoom(4, []int{1}, []int{0, 1}, 2),
+		simRoom(5, []int{0}, []int{1}, 1),
+		r6,
 	}
+	c.spawn = 40
 	return c
 }
 
-// TestSimExhaustive explores every interleaving of the small
-// configurations and checks every invariant after every event.
 // TestSimCount prints the state counts of the exhaustive configurations
-// with one more time jump each (SIM_COUNT=1; for sizing make sim).
+// (SIM_COUNT=1), or of the deep ones (SIM_COUNT=deep; for sizing make sim).
 func TestSimCount(t *testing.T) {
 	if os.Getenv("SIM_COUNT") == "" {
 		t.Skip("SIM_COUNT not set")
 	}
-	cfgs := simExhaustiveConfigs()
+	cfgs := map[string]simConfig{}
+	for name, sc := range simExhaustiveConfigs() {
+		if f := os.Getenv("SIM_ONLY"); f == "" || strings.Contains(name, f) {
+			cfgs[name] = sc.cfg
+		}
+	}
 	if os.Getenv("SIM_COUNT") == "deep" {
 		cfgs = simDeepConfigs()
 	}
-	for name, c := range cfgs {
+	for _, name := range slices.Sorted(maps.Keys(cfgs)) {
 		start := time.Now()
-		st, tr, err := simExplore(c, 5_000_000)
-		t.Logf("%-60s states %8d transitions %9d %v %v", name, st, tr, time.Since(start).Round(time.Millisecond), err)
+		st, tr, _, err := simExplore(cfgs[name], 5_000_000)
+		t.Logf("%-80s states %8d transitions %9d %v %v", name, st, tr, time.Since(start).Round(time.Millisecond), err)
 	}
 }
 
+// TestSimExhaustive explores every interleaving of the small
+// configurations, checks every invariant after every event (and liveness
+// from every quiescent state where the configuration says so), and
+// requires each configuration to reach what it is there for.
 func TestSimExhaustive(t *testing.T) {
-	for name, cfg := range simExhaustiveConfigs() {
+	cases := simExhaustiveConfigs()
+	for _, name := range slices.Sorted(maps.Keys(cases)) {
+		sc := cases[name]
 		t.Run(name, func(t *testing.T) {
-			states, transitions, err := simExplore(cfg, 400_000)
+			t.Parallel()
+			states, transitions, cov, err := simExplore(sc.cfg, 600_000)
 			if err != nil {
 				t.Fatal(err)
+			}
+			for _, r := range sc.reach {
+				if cov.hits[r] == 0 {
+					t.Errorf("never reached %q (reached: %v)", r, cov.hits)
+				}
 			}
 			t.Logf("%s: checked %d distinct states and %d transitions (every interleaving)", name, states, transitions)
 		})
@@ -125,9 +196,10 @@ func TestSimDeep(t *testing.T) {
 	if os.Getenv("SIM_DEEP") == "" {
 		t.Skip("SIM_DEEP not set (make sim)")
 	}
-	for name, cfg := range simDeepConfigs() {
+	cfgs := simDeepConfigs()
+	for _, name := range slices.Sorted(maps.Keys(cfgs)) {
 		t.Run(name, func(t *testing.T) {
-			states, transitions, err := simExplore(cfg, 50_000_000)
+			states, transitions, _, err := simExplore(cfgs[name], 50_000_000)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -144,41 +216,69 @@ func simSeeds(def int) int {
 	return def
 }
 
-// TestSimRandom plays many rooms, ranks and faults from fixed seeds
-// (SIM_SEED_BASE moves them), 400 events each, then lets the world settle
-// and checks that every core empties.
+// simRandomSteps is the length of a random run's faulty phase.
+const simRandomSteps = 400
+
+// simRandomCoverage is what the fixed seeds must reach, at least this many
+// times over all of them: each fault class, each outcome.
+var simRandomCoverage = map[string]int{
+	"message lost": 100, "message duplicated": 100, "message replayed": 100, "message to a gone process": 300,
+	"stale lookup": 5, "lookup failed": 30, "lookup found no record": 40, "discovery push": 60, "record expired": 15,
+	"restart on a new endpoint": 60, "restart heard from a PONG": 15, "paused past the heartbeat bound": 30,
+	"peer reported dead": 60, "peer reported dead (falsely)": 60, "peer unwatched": 1000,
+	"decode abort in Bootstrapping": 100, "decode abort in Bootstrapping, REQUEST sent": 5,
+	"decode abort in WaitingForInput, REQUEST sent": 100, "decode abort in Transferring, REQUEST sent": 7,
+	"prefill abort in Bootstrapping": 100, "prefill abort in WaitingForInput": 20, "prefill abort in Transferring": 10,
+	"failed write landed": 50, "forced release": 250, "release after drained ABORT_ACKs": 1500, "release after success": 90,
+	"ABORT_ACK drained=true": 2000, "ABORT_ACK drained=false": 80, "table bound reached: reg.tombs": 1000,
+	"REQUEST beyond the room's required": 20, "write to a gone process failed": 3,
+}
+
+// TestSimRandom: swarm-random runs from fixed seeds (SIM_SEED_BASE moves
+// them, SIM_SEEDS sets how many), each with its own fault mix: 400 events
+// with faults, then the quiet phase (liveness), then every room cleared
+// and every core empty after the TTL. Coverage over the seeds is
+// asserted.
 func TestSimRandom(t *testing.T) {
 	base, _ := strconv.ParseUint(os.Getenv("SIM_SEED_BASE"), 10, 64)
 	n := simSeeds(200)
 	cfg := simRandomConfig()
-	var total simStats
+	total := newSimCoverage()
+	withSuccess := 0
 	for seed := base; seed < base+uint64(n); seed++ {
-		st, err := runRandomStats(cfg, seed, 400)
+		run, err := runRandom(cfg, seed, simRandomSteps)
 		if err != nil {
 			t.Fatal(err)
 		}
-		total.success += st.success
-		total.failed += st.failed
-		total.released += st.released
-		total.forced += st.forced
-		total.rechecks += st.rechecks
-		total.relookups += st.relookups
-		total.restarts += st.restarts
-		total.unwatched += st.unwatched
+		if run.cov.success > 0 {
+			withSuccess++
+		}
+		total.add(run.cov)
 	}
-	if total.success == 0 || total.released == 0 {
-		t.Fatalf("the random runs never reached a success or a safe release: %+v", total)
+	h := total.hits
+	if n >= 200 {
+		for _, what := range slices.Sorted(maps.Keys(simRandomCoverage)) {
+			if h[what] < simRandomCoverage[what] {
+				t.Errorf("the random runs reached %q %d times, want ≥ %d", what, h[what], simRandomCoverage[what])
+			}
+		}
+		if total.success < 300 {
+			t.Errorf("%d room sides succeeded over the seeds, want ≥ 300", total.success)
+		}
+		if 2*withSuccess < n {
+			t.Errorf("%d of %d seeds had a successful room, want at least half", withSuccess, n)
+		}
+		if 4*h["time jump"] > h["event"] {
+			t.Errorf("time jumps are %d of %d events, want a minority (≤ ¼)", h["time jump"], h["event"])
+		}
 	}
-	// Coverage: the restart and discovery paths of issue 20 are reached.
-	if n >= 200 && (total.rechecks == 0 || total.restarts == 0 || total.unwatched == 0) {
-		t.Fatalf("the random runs never reached an idle recheck (%d), a restart found by the epoch check (%d) or an unwatched peer (%d)",
-			total.rechecks, total.restarts, total.unwatched)
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		fmt.Fprintf(&b, "\n  %-70s %6d", k, h[k])
 	}
-	t.Logf("%d random runs of 400 events (seeds %d..%d) on 2 prefill × 2 decode ranks, 6 rooms, restarts and peer-dead reports: "+
-		"%d room sides succeeded, %d failed, %d safe page releases, %d forced by the quarantine deadline; "+
-		"%d idle rechecks, %d re-lookups after unanswered REGISTERs, %d restarts found by the epoch check, %d peers unwatched",
-		n, base, base+uint64(n)-1, total.success, total.failed, total.released, total.forced,
-		total.rechecks, total.relookups, total.restarts, total.unwatched)
+	t.Logf("%d swarm runs of %d events (seeds %d..%d) on 2 prefill × 2 decode ranks, up to 40 rooms each: "+
+		"%d room sides succeeded, %d failed; %d of %d seeds with a success; reached:%s",
+		n, simRandomSteps, base, base+uint64(n)-1, total.success, total.failed, withSuccess, n, b.String())
 }
 
 // TestSimDeterministic: the same seed gives the same run, event for event
@@ -187,8 +287,8 @@ func TestSimRandom(t *testing.T) {
 func TestSimDeterministic(t *testing.T) {
 	cfg := simRandomConfig()
 	for seed := uint64(0); seed < 40; seed++ {
-		a, errA := runRandomStats(cfg, seed, 400)
-		b, errB := runRandomStats(cfg, seed, 400)
+		a, errA := runRandom(cfg, seed, simRandomSteps)
+		b, errB := runRandom(cfg, seed, simRandomSteps)
 		if (errA == nil) != (errB == nil) || !slices.Equal(a.trace, b.trace) {
 			i := 0
 			for i < min(len(a.trace), len(b.trace)) && a.trace[i] == b.trace[i] {
@@ -197,8 +297,8 @@ func TestSimDeterministic(t *testing.T) {
 			t.Fatalf("seed %d: two runs differ from event %d (%d and %d events): %q vs %q",
 				seed, i, len(a.trace), len(b.trace), at(a.trace, i), at(b.trace, i))
 		}
-		if a.success != b.success || a.failed != b.failed || a.released != b.released || a.forced != b.forced {
-			t.Fatalf("seed %d: outcomes differ: %+v vs %+v", seed, a, b)
+		if a.cov.success != b.cov.success || a.cov.failed != b.cov.failed || !maps.Equal(a.cov.hits, b.cov.hits) {
+			t.Fatalf("seed %d: outcomes differ: %+v vs %+v", seed, a.cov, b.cov)
 		}
 	}
 }
@@ -226,11 +326,11 @@ func TestSimFindsBugs(t *testing.T) {
 		{"bug 2: a failed write counted as drained", "1→1: writes fail, land late or stall; decode aborts; prefill clears early",
 			bugFailedWriteDrains, "ABORT_ACK drained while write"},
 		{"bug 3: Clear ends the decode quarantine", "1→1: writes fail, land late or stall; decode aborts; prefill clears early",
-			bugClearReleases, "released its pages while write"},
+			bugClearReleases, "released its pages"},
 		{"bug 4: an abort before the REQUEST is not sent", "1→1: a peer-dead report; decode aborts",
 			bugNoEarlyAbort, "with the network quiet"},
 		{"bug 8: writes follow the peer's current epoch", "script",
-			bugPostIgnoresEpoch, "write aimed at epoch"},
+			bugPostIgnoresEpoch, "whose REQUEST this prefill process never accepted"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			needMutants(t, tc.bug)
@@ -241,9 +341,9 @@ func TestSimFindsBugs(t *testing.T) {
 				w, _ := runScript(cfg, restartScript)
 				err = w.err
 			} else {
-				cfg := cfgs[tc.cfg]
+				cfg := cfgs[tc.cfg].cfg
 				cfg.bugs = []bugID{tc.bug}
-				_, _, err = simExplore(cfg, 400_000)
+				_, _, _, err = simExplore(cfg, 600_000)
 			}
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("the simulator did not find the bug (want %q): %v", tc.want, err)

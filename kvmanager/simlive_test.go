@@ -1,0 +1,481 @@
+package kvmanager
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+)
+
+// ---- what the runs reached ---------------------------------------------
+
+// simCoverage counts what explorations and random runs reached, so tests
+// can assert it rather than hope for it. It is not part of a world's state.
+type simCoverage struct {
+	hits     map[string]int
+	outcomes map[[2]uint64]Poll // (incarnation, room) → terminal status
+	success  int
+	failed   int
+	reasons  map[string]int // failure reasons, by their first words
+}
+
+func newSimCoverage() *simCoverage {
+	return &simCoverage{hits: map[string]int{}, outcomes: map[[2]uint64]Poll{}, reasons: map[string]int{}}
+}
+
+func (c *simCoverage) hit(what string) {
+	if c != nil {
+		c.hits[what]++
+	}
+}
+
+func (c *simCoverage) outcome(inc int, room uint64, st Poll, reason string) {
+	k := [2]uint64{uint64(inc), room}
+	if _, ok := c.outcomes[k]; ok {
+		return
+	}
+	c.outcomes[k] = st
+	if st == Success {
+		c.success++
+		return
+	}
+	c.failed++
+	f := strings.Fields(reason)
+	c.reasons[strings.Join(f[:min(3, len(f))], " ")]++
+}
+
+func (c *simCoverage) add(o *simCoverage) {
+	for k, v := range o.hits {
+		c.hits[k] += v
+	}
+	for k, v := range o.reasons {
+		c.reasons[k] += v
+	}
+	c.success += o.success
+	c.failed += o.failed
+}
+
+// ---- every table, counted ----------------------------------------------
+
+// simTables counts every map and slice of a core's state by reflection —
+// the registry's, the shared base's and the role's, and the maps held in
+// their entries one level down (a target's owed ABORTs, the room index's
+// sets) — so a table added later is counted without anyone listing it.
+func simTables(c *Core) map[string]int {
+	out := map[string]int{}
+	walk := func(prefix string, v reflect.Value, skip ...string) {
+		v = v.Elem()
+		for i := 0; i < v.NumField(); i++ {
+			f, name := v.Field(i), prefix+v.Type().Field(i).Name
+			if slices.Contains(skip, v.Type().Field(i).Name) {
+				continue
+			}
+			switch f.Kind() {
+			case reflect.Map:
+				out[name] += f.Len()
+				it := f.MapRange()
+				for it.Next() {
+					e := it.Value()
+					if e.Kind() == reflect.Map {
+						out[name+"[]"] += e.Len()
+						continue
+					}
+					if e.Kind() == reflect.Pointer {
+						e = e.Elem()
+					}
+					if e.Kind() != reflect.Struct {
+						continue
+					}
+					for j := 0; j < e.NumField(); j++ {
+						if g := e.Field(j); g.Kind() == reflect.Map {
+							out[name+"[]."+e.Type().Field(j).Name] += g.Len()
+						}
+					}
+				}
+			case reflect.Slice:
+				out[name] += f.Len()
+			}
+		}
+	}
+	walk("", reflect.ValueOf(c.base), "out", "cfg")
+	walk("reg.", reflect.ValueOf(c.reg), "out", "cfg")
+	if c.prefillCore != nil {
+		walk("", reflect.ValueOf(c.prefillCore))
+	}
+	if c.decodeCore != nil {
+		walk("", reflect.ValueOf(c.decodeCore))
+	}
+	return out
+}
+
+// simTableBounds is each table's stated bound in a world, and whether it
+// must be empty once every room is cleared and the TTL passed. A table
+// simTables finds that is not listed here fails the check: a new table
+// needs a bound.
+func (w *simWorld) simTableBounds(c *Core) map[string]struct {
+	bound int
+	empty bool
+} {
+	r := w.cfg.reg
+	rooms := len(w.rooms)
+	ranks := w.cfg.slots()
+	type b = struct {
+		bound int
+		empty bool
+	}
+	return map[string]b{
+		"reg.rooms":        {rooms, true},
+		"reg.pending":      {r.MaxPendingRooms, true},
+		"reg.pendingBy":    {r.MaxPendingRooms, true},
+		"reg.tombs":        {r.MaxTombstones, true},
+		"reg.tombQ":        {2*r.MaxTombstones + 65, true}, // stale entries compacted past 2×tombs+64
+		"reg.draining":     {r.MaxTombstones, true},
+		"epochs":           {max(c.cfg.MaxEpochs, DefaultMaxEpochs), false}, // bounded by the deployment
+		"watching":         {w.incs, true},                                  // endpoints ever seen
+		"peers":            {ranks, false},
+		"targets":          {w.cfg.prefills, false},
+		"targets[].owed":   {w.cfg.prefills * r.MaxPendingRooms, true},
+		"holds":            {rooms, true},
+		"roomsOf":          {w.cfg.prefills, false},
+		"roomsOf[]":        {w.cfg.prefills * rooms, true},
+		"reg.rooms[].acks": {0, true}, // (not a map: never counted)
+	}
+}
+
+// checkTables: every table of every core within its bound, counted from
+// the tables themselves, and Sizes() agreeing with them.
+func (w *simWorld) checkTables(p *simProc) {
+	bounds := w.simTableBounds(p.core)
+	t := simTables(p.core)
+	for _, name := range slices.Sorted(maps.Keys(t)) {
+		b, ok := bounds[name]
+		switch {
+		case !ok:
+			w.fail("%s: table %s (%d entries) has no stated bound in simTableBounds", p.from.Peer(), name, t[name])
+		case t[name] > b.bound:
+			w.fail("%s: table %s has %d entries, over its bound %d", p.from.Peer(), name, t[name], b.bound)
+		}
+		if ok && b.bound > 0 && t[name] == b.bound && w.cov != nil {
+			w.cov.hit("table bound reached: " + name)
+		}
+	}
+	s := p.core.Sizes()
+	if s.Live != t["reg.rooms"] || s.Pending != t["reg.pending"] || s.Tombstones != t["reg.tombs"] || s.Draining != t["reg.draining"] ||
+		s.PendingPeers != t["reg.pendingBy"] || s.Holds != t["holds"] || s.OwedAborts != t["targets[].owed"] {
+		w.fail("%s: Sizes() %+v disagrees with the tables %v", p.from.Peer(), s, t)
+	}
+}
+
+// checkEmpty: after every room is cleared and the tombstone TTL and the
+// quarantine passed with no traffic, every room-bound table of every core
+// is empty.
+func (w *simWorld) checkEmpty() {
+	for _, p := range w.procs {
+		if p.dead {
+			continue
+		}
+		bounds := w.simTableBounds(p.core)
+		t := simTables(p.core)
+		for _, name := range slices.Sorted(maps.Keys(t)) {
+			if bounds[name].empty && t[name] != 0 {
+				w.fail("%s not empty after the TTL: table %s has %d entries (%v)", p.from.Peer(), name, t[name], t)
+			}
+		}
+		if s := p.core.Sizes(); s.Total() != 0 {
+			w.fail("%s not empty after the TTL: %+v", p.from.Peer(), s)
+		}
+	}
+}
+
+// ---- liveness: the quiet phase -----------------------------------------
+
+// simQuietStep is the quiet phase's clock step.
+const simQuietStep = time.Second
+
+// liveBound is how long after faults stop every room on every live rank
+// must be terminal: a room may still be pending (PendingTimeout), then
+// bootstrapping (BootstrapTimeout), waiting for input (WaitingTimeout)
+// and transferring (StallTimeout per chunk, at most three here), each
+// deadline starting when the one before ended; REGISTER retries and
+// re-lookups fit inside the bootstrap deadline.
+func (w *simWorld) liveBound() time.Duration {
+	r := w.cfg.reg
+	return r.PendingTimeout + r.BootstrapTimeout + r.WaitingTimeout + 3*r.StallTimeout
+}
+
+// liveness stops the faults and checks that the protocol ends everything
+// by itself (TigerBeetle's VOPR liveness mode, Dynamo's recovery phase):
+// paused ranks resume and killed ones start again (a pod restarts), and
+// from then on only the protocol runs — messages delivered, lookups
+// answering the current record, writes completing, notifications
+// arriving, heartbeats reporting what is true, applications sending the
+// chunks they owe and clearing rooms once terminal — with time in steps of
+// simQuietStep. Checked, with t0 the time faults stopped:
+//
+//	L1 by t0 + liveBound: every room on every live rank is terminal
+//	   (rooms bound to a dead epoch included: they failed);
+//	L2 by t0 + liveBound + quarantine: every decode hold is released
+//	   (a drained ABORT_ACK, or the quarantine deadline — never sooner,
+//	   which released() checks on every release);
+//	L3 by then: every ABORT a live prefill process heard was answered by
+//	   an ABORT_ACK;
+//	L4 after every room is cleared and the TTL passed: every room-bound
+//	   table of every core is empty (checkEmpty).
+func (w *simWorld) liveness() {
+	if w.err != nil {
+		return
+	}
+	w.calm = true
+	for s, p := range w.procs {
+		switch {
+		case p.dead:
+			w.apply(simEvent{fmt.Sprintf("calm: start %d", s), func(w *simWorld) { w.startAgain(s) }})
+		case p.paused:
+			w.apply(simEvent{fmt.Sprintf("calm: resume %d", s), func(w *simWorld) { w.resume(s) }})
+		}
+	}
+	t0 := w.now
+	end := t0.Add(w.liveBound() + w.cfg.quarantine + simQuietStep)
+	for w.err == nil {
+		w.drain()
+		if w.err != nil {
+			return
+		}
+		if !w.now.Before(t0.Add(w.liveBound())) {
+			for _, p := range w.procs {
+				for _, id := range slices.Sorted(maps.Keys(p.core.reg.rooms)) {
+					if rm := p.core.reg.rooms[id]; !rm.status.Terminal() {
+						w.fail("liveness: room %d on %s still %v %v after faults stopped (bound %v)", id, p.from.Peer(), rm.status, w.now.Sub(t0), w.liveBound())
+					}
+				}
+			}
+		}
+		if !w.now.Before(end) {
+			break
+		}
+		// One-second steps while retries and lookups run, then coarser
+		// ones up to the deadlines.
+		step := simQuietStep
+		if w.now.Sub(t0) >= 10*simQuietStep {
+			step = 5 * simQuietStep
+		}
+		w.apply(simEvent{"calm: time +" + step.String(), func(w *simWorld) { w.tick(step - time.Millisecond) }})
+	}
+	for _, p := range w.procs {
+		if d := p.core.decodeCore; d != nil && len(d.holds) > 0 {
+			w.fail("liveness: %s still holds the pages of rooms %v %v after faults stopped (bound %v)",
+				p.from.Peer(), slices.Sorted(maps.Keys(d.holds)), w.now.Sub(t0), w.liveBound()+w.cfg.quarantine)
+		}
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(w.heard), func(a, b simKey) int {
+		return cmpKeys(a, b)
+	}) {
+		p := w.procs[w.incSlot[k.pInc]]
+		if _, ok := w.acked[k]; !ok && p.inc == k.pInc && !p.dead {
+			w.fail("liveness: room %d: prefill process %d heard decode process %d's ABORT and never answered it", k.room, k.pInc, k.dInc)
+		}
+	}
+	if w.err == nil {
+		w.settle()
+	}
+}
+
+func cmpKeys(a, b simKey) int {
+	switch {
+	case a.pInc != b.pInc:
+		return a.pInc - b.pInc
+	case a.dInc != b.dInc:
+		return a.dInc - b.dInc
+	case a.room < b.room:
+		return -1
+	case a.room > b.room:
+		return 1
+	}
+	return 0
+}
+
+// drain applies the first enabled event until none is left (the quiet
+// phase has no choices to make: its events are the protocol's own).
+func (w *simWorld) drain() {
+	for i := 0; i < 100000 && w.err == nil; i++ {
+		evs := w.events()
+		if len(evs) == 0 {
+			return
+		}
+		w.apply(evs[0])
+	}
+	if w.err == nil {
+		w.fail("liveness: the quiet phase did not settle in 100000 events (a message loop?)")
+	}
+}
+
+// settle clears every room, jumps past the quarantine and the TTL three
+// times, and checks that every core is empty.
+func (w *simWorld) settle() {
+	for round := 0; round < 3 && w.err == nil; round++ {
+		for _, r := range w.rooms {
+			for _, s := range w.slotsOf(r) {
+				sd, p := w.sides[[2]uint64{uint64(s), r.id}], w.procs[s]
+				if sd.inc == p.inc && !sd.cleared && !w.cfg.noClear {
+					sd.cleared = true
+					id := r.id
+					w.apply(simEvent{fmt.Sprintf("calm: clear room %d at %d", id, s), func(w *simWorld) {
+						if w.isPrefill(s) {
+							w.procs[s].core.Step(w.now, ClearSender{Room: id})
+						} else {
+							w.procs[s].core.Step(w.now, ClearReceiver{Room: id})
+						}
+						w.effects(s)
+					}})
+				}
+			}
+		}
+		w.drain()
+		w.apply(simEvent{"calm: time past the quarantine and the TTL", func(w *simWorld) { w.tick(w.cfg.reg.TombstoneTTL + w.cfg.quarantine) }})
+	}
+	w.drain()
+	if w.err == nil && !w.cfg.noClear {
+		w.checkEmpty()
+	}
+}
+
+// ---- swarm-random runs -------------------------------------------------
+
+// simFaults are the fault classes a swarm run draws its mix from: each
+// seed turns each on with probability ½, at a weight of its own (swarm
+// testing, Groce et al.: a run with few kinds of faults reaches deeper
+// into each than one with all at once).
+var simFaults = []string{"restart", "kill", "pause", "lose", "duplicate", "replay", "stale view", "lookup fails",
+	"finds", "fails quiesced", "fails but may land", "decode abort", "prefill abort", "clear live", "push"}
+
+// simEventWeight is an event's weight in a swarm run.
+func (w *simWorld) simEventWeight(name string) int {
+	class := func(k string) int { return w.weights[k] }
+	switch {
+	case strings.HasPrefix(name, "time"):
+		// Short jumps (retries, heartbeats, stalls) at the seed's weight;
+		// the long ones (past every room deadline, the quarantine, the
+		// TTL) rarely, or hardly a room would finish between them.
+		if d, err := time.ParseDuration(strings.TrimPrefix(name, "time +")); err == nil && d < w.cfg.reg.WaitingTimeout {
+			return w.weights["time"]
+		}
+		return 1
+	case strings.HasPrefix(name, "restart "):
+		return class("restart")
+	case strings.HasPrefix(name, "kill"):
+		return class("kill")
+	case strings.HasPrefix(name, "pause"):
+		return class("pause")
+	case strings.HasPrefix(name, "lose"):
+		return class("lose")
+	case strings.HasPrefix(name, "duplicate"):
+		return class("duplicate")
+	case strings.HasPrefix(name, "replay"):
+		return class("replay")
+	case strings.HasSuffix(name, "(stale view)"):
+		return class("stale view")
+	case strings.HasSuffix(name, "(bootstrap down)"):
+		return class("lookup fails")
+	case strings.Contains(name, " finds "):
+		if strings.HasSuffix(name, "(falsely)") {
+			return class("finds")
+		}
+		return 5 + class("finds")
+	case strings.HasSuffix(name, "fails quiesced"):
+		return class("fails quiesced")
+	case strings.HasSuffix(name, "fails but may land"):
+		return class("fails but may land")
+	case strings.Contains(name, "decode") && strings.HasSuffix(name, " abort"):
+		return class("decode abort")
+	case strings.Contains(name, "prefill") && strings.HasSuffix(name, " abort"):
+		return class("prefill abort")
+	case strings.HasPrefix(name, "push"):
+		return 10 * class("push")
+	case strings.HasPrefix(name, "start"), strings.HasPrefix(name, "resume"):
+		return 8
+	case strings.HasSuffix(name, " create"):
+		// Rooms arrive over the run, as requests do, so some start after
+		// long idle gaps (a registration nobody has heard from since).
+		return 12
+	case strings.HasSuffix(name, " clear"):
+		return 10
+	case strings.Contains(name, "late landing"), strings.Contains(name, "restarted"):
+		return 25
+	default:
+		return 50
+	}
+}
+
+// simRun is what one random run reached.
+type simRun struct {
+	cov   *simCoverage
+	trace []string
+	mix   map[string]int
+}
+
+// runRandom plays steps random events from seed with the seed's own fault
+// mix, then the quiet phase (liveness), then clears every room and checks
+// that the cores empty after the TTL.
+func runRandom(cfg simConfig, seed uint64, steps int) (simRun, error) {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	mix := map[string]int{"time": []int{2, 4, 8}[rng.IntN(3)]}
+	for _, f := range simFaults {
+		if rng.IntN(2) == 0 {
+			mix[f] = []int{1, 3, 8}[rng.IntN(3)]
+		}
+	}
+	on := func(f string) bool { return mix[f] > 0 }
+	cfg.clearLive = cfg.clearLive && on("clear live")
+	cfg.mayLand = cfg.mayLand && on("fails but may land")
+	cfg.staleViews = cfg.staleViews && on("stale view")
+	cfg.pushes = cfg.pushes && on("push")
+	w := newSimWorld(cfg)
+	w.cov = newSimCoverage()
+	w.weights = mix
+	weights := []int{}
+	for i := 0; i < steps && w.err == nil; i++ {
+		evs := w.events()
+		if len(evs) == 0 {
+			break // nothing can happen any more
+		}
+		weights = weights[:0]
+		sum := 0
+		for _, ev := range evs {
+			x := w.simEventWeight(ev.name)
+			weights = append(weights, x)
+			sum += x
+		}
+		if sum == 0 {
+			break
+		}
+		k := rng.IntN(sum)
+		j := 0
+		for k >= weights[j] {
+			k -= weights[j]
+			j++
+		}
+		if strings.HasPrefix(evs[j].name, "time") {
+			w.cov.hit("time jump")
+		}
+		w.cov.hit("event")
+		w.apply(evs[j])
+	}
+	chaos := len(w.trace)
+	if w.err == nil {
+		w.liveness()
+	}
+	run := simRun{cov: w.cov, trace: w.trace, mix: mix}
+	if w.err != nil {
+		if len(w.trace) <= chaos { // a safety violation in the faulty phase: minimise it
+			min := minimize(cfg, w.trace, w.err)
+			return run, fmt.Errorf("seed %d (mix %v): %w\nminimal trace (replay: runScript(cfg, trace); the whole run: runRandom(cfg, %d, %d)):\n  %s",
+				seed, mix, w.err, seed, steps, strings.Join(min, "\n  "))
+		}
+		return run, fmt.Errorf("seed %d (mix %v): %w\nthe run (replay: runRandom(cfg, %d, %d)); faults stopped after event %d:\n  %s",
+			seed, mix, w.err, seed, steps, chaos, strings.Join(w.trace, "\n  "))
+	}
+	return run, nil
+}

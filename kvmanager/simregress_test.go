@@ -1,0 +1,68 @@
+package kvmanager
+
+import (
+	"strings"
+	"testing"
+)
+
+// The simulator's track record (etcd's robustness tests keep one): every
+// bug it found, with its minimised trace, replayed on the fixed core —
+// where it must pass every check — and with the bug brought back — where
+// the same check must fail. A new finding goes here with the trace the
+// simulator printed.
+type simRegression struct {
+	name   string
+	config string // a key of simExhaustiveConfigs, or "restart script"
+	bug    bugID
+	want   string // the violation the bug causes
+	script []string
+}
+
+var simRegressions = []simRegression{
+	{name: "a drained ABORT_ACK for a cleared room whose failed write may still land", config: "1→1: writes fail, land late or stall; decode aborts; prefill clears early",
+		bug: bugAckOnClearedTombstone, want: "ABORT_ACK drained while write 2 can still land",
+		script: []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init",
+			"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK", "deliver 1→0 REQUEST", "room 7 prefill 0 send chunk 0", "post at 0", "post at 0",
+			"write 1 ok", "write 2 fails but may land", "deliver 0→1 STATUS", "room 7 prefill 0 clear", "deliver 1→0 ABORT"}},
+	{name: "a failed write (not quiesced) counted as drained", config: "1→1: writes fail, land late or stall; decode aborts; prefill clears early",
+		bug: bugFailedWriteDrains, want: "ABORT_ACK drained while write 2 can still land",
+		script: []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init",
+			"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK", "deliver 1→0 REQUEST", "room 7 prefill 0 send chunk 0", "post at 0", "post at 0",
+			"write 1 ok", "write 2 fails but may land", "deliver 0→1 STATUS", "deliver 1→0 ABORT"}},
+	{name: "Clear ends the decode quarantine before the prefill rank acknowledged", config: "1→1: writes fail, land late or stall; decode aborts; prefill clears early",
+		bug: bugClearReleases, want: "released its pages (room cleared) before prefill process 1, which accepted its REQUEST, acknowledged the ABORT as drained",
+		script: []string{"room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init", "deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK",
+			"deliver 1→0 REQUEST", "room 7 decode 0 abort", "room 7 decode 0 clear"}},
+	{name: "an abort before the REQUEST never reaches the prefill rank", config: "1→1: a peer-dead report; decode aborts",
+		bug: bugNoEarlyAbort, want: "decode 0 aborted, prefill 0 still Bootstrapping with the network quiet",
+		script: []string{"room 7 prefill 0 create", "room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init", "deliver 1→0 REGISTER",
+			"room 7 decode 0 abort", "deliver 0→1 REGISTER_ACK"}},
+	{name: "writes follow the peer's current epoch (a decode restart before the sender)", config: "restart script",
+		bug: bugPostIgnoresEpoch, want: "whose REQUEST this prefill process never accepted", script: restartScript},
+}
+
+func TestSimRegressions(t *testing.T) {
+	cfgs := simExhaustiveConfigs()
+	for _, rc := range simRegressions {
+		t.Run(rc.name, func(t *testing.T) {
+			cfg := restartScriptConfig()
+			if rc.config != "restart script" {
+				sc, ok := cfgs[rc.config]
+				if !ok {
+					t.Fatalf("no configuration %q", rc.config)
+				}
+				cfg = sc.cfg
+			}
+			w, n := runScript(cfg, rc.script)
+			if w.err != nil {
+				t.Fatalf("the fixed core fails the trace at event %d: %v", n, w.err)
+			}
+			needMutants(t, rc.bug)
+			cfg.bugs = []bugID{rc.bug}
+			w, n = runScript(cfg, rc.script)
+			if w.err == nil || !strings.Contains(w.err.Error(), rc.want) {
+				t.Fatalf("with %v the trace (%d of %d events) gave %v, want %q", rc.bug, n, len(rc.script), w.err, rc.want)
+			}
+		})
+	}
+}
