@@ -272,6 +272,7 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 	if b.reg, err = NewRegistry(cfg.Registry, &b.out); err != nil {
 		return nil, err
 	}
+	b.reg.bugs = &b.bugs
 	c := &Core{base: b}
 	if cfg.Role == RolePrefill {
 		c.prefillCore = &prefillCore{base: b, peers: map[string]*decodePeer{}}

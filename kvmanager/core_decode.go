@@ -547,7 +547,7 @@ func (c *decodeCore) onStatus(msg *bootstrap.Status) {
 		return
 	}
 	s, tg := c.sourceFrom(rm.dec.sources, msg.From.Endpoint)
-	if s == nil || (s.sent && s.epoch != msg.From.Epoch && msg.Code != CodeNotRegistered) {
+	if s == nil || (s.sent && s.epoch != msg.From.Epoch && msg.Code != CodeNotRegistered && !c.bugs.on(bugStaleStatusFails)) {
 		c.stats.StaleEpoch++
 		return
 	}
@@ -579,7 +579,7 @@ func (c *decodeCore) onAbortAck(msg *bootstrap.AbortAck) {
 		c.stats.StaleEpoch++
 		return
 	}
-	if msg.Drained {
+	if msg.Drained || c.bugs.on(bugNotDrainedReleases) {
 		s.acked = true
 		c.maybeRelease(h)
 	}
@@ -669,6 +669,9 @@ func (c *decodeCore) decodeFailed(room uint64, reason string) {
 		return
 	}
 	h.deadline = c.now.Add(c.cfg.QuarantineTimeout)
+	if c.bugs.on(bugQuarantineNow) {
+		h.deadline = c.now
+	}
 }
 
 // abortReceiver fails a decode room from this side.

@@ -467,7 +467,9 @@ func (c *prefillCore) peerDown(endpoint string, from bootstrap.From, restarted b
 		if restarted {
 			code = CodePeerRestarted
 		}
-		c.peerGone(key, p.from.Epoch, true, code, reason)
+		if !restarted || !c.bugs.on(bugRestartKeepsRooms) {
+			c.peerGone(key, p.from.Epoch, true, code, reason)
+		}
 		if restarted || c.bugs.on(bugDropRegOnPeerDown) {
 			delete(c.peers, key)
 		}

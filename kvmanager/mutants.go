@@ -26,13 +26,25 @@ const (
 	bugRegisterEpochLate                        // a REGISTER's epoch check waits for its metadata load (Registered)
 	bugRelookupForgetsEndpoint                  // a re-check or re-lookup forgets the endpoint the rank had
 	bugRefusalNotTold                           // a room refused before it was created is not aborted on its prefill ranks
+	bugQuarantineNow                            // a failed decode room's quarantine deadline is now, not now+QuarantineTimeout
+	bugWakeEarly                                // a room's done waiter is woken when it starts Transferring, before it is terminal
+	bugNoAbortAck                               // the ABORT_ACK owed to an ABORT is forgotten when the room's last write drains
+	bugRestartKeepsRooms                        // prefill keeps the rooms bound to a decode rank's old epoch when it restarts
+	bugExtraRequestAccepted                     // a REQUEST beyond the room's Required count is accepted
+	bugTombstoneBoundIgnored                    // MaxTombstones is not enforced
+	bugNotDrainedReleases                       // decode releases pages on an ABORT_ACK with Drained false
+	bugStaleStatusFails                         // a STATUS failed from another epoch than the REQUEST's fails the room
+	bugPendingBoundIgnored                      // MaxPendingPerPeer is not enforced
+	bugSweepMapOrder                            // Sweep fails overdue rooms in map order, not room order
 	bugCount                                    // one past the last
 )
 
 var bugNames = [bugCount]string{"", "ack-on-cleared-tombstone", "failed-write-drains", "clear-releases", "no-early-abort",
 	"drop-reg-on-peer-down", "post-ignores-epoch", "restart-drops-pending", "retry-cached-endpoint", "dead-peer-not-told",
 	"abort-sent-once", "no-epoch-check", "never-unwatch", "no-idle-recheck", "no-retired-epochs",
-	"register-epoch-late", "relookup-forgets-endpoint", "refusal-not-told"}
+	"register-epoch-late", "relookup-forgets-endpoint", "refusal-not-told",
+	"quarantine-now", "wake-early", "no-abort-ack", "restart-keeps-rooms", "extra-request-accepted",
+	"tombstone-bound-ignored", "not-drained-releases", "stale-status-fails", "pending-bound-ignored", "sweep-map-order"}
 
 func (b bugID) String() string {
 	if b == 0 || b >= bugCount {

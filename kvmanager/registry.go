@@ -29,7 +29,8 @@ type RegistryConfig struct {
 	MaxPendingRooms int
 	// MaxTombstones bounds remembered room ids. Past it the oldest
 	// tombstone without an owed ABORT_ACK or a write that can still land is
-	// forgotten early (counted); the id is then free again sooner.
+	// forgotten early (counted); the id is then free again sooner. Those
+	// that still owe one are kept past the bound until they settle.
 	MaxTombstones int
 	// MaxPendingPerPeer bounds the rooms one peer may hold pending, so a
 	// single peer cannot lock the others out of MaxPendingRooms.
@@ -267,6 +268,8 @@ type Registry struct {
 	pendingBy map[string]int
 
 	out *[]Effect
+	// bugs: the mutants on (mutants.go); the core points it at its own.
+	bugs *bugs
 }
 
 // NewRegistry returns an empty registry that appends its effects to out.
@@ -277,6 +280,7 @@ func NewRegistry(cfg RegistryConfig, out *[]Effect) (*Registry, error) {
 	if out == nil {
 		out = new([]Effect)
 	}
+	b := processMutant()
 	return &Registry{
 		cfg:       cfg,
 		rooms:     make(map[uint64]*room),
@@ -285,6 +289,7 @@ func NewRegistry(cfg RegistryConfig, out *[]Effect) (*Registry, error) {
 		draining:  make(map[uint64]struct{}),
 		pendingBy: make(map[string]int),
 		out:       out,
+		bugs:      &b,
 	}, nil
 }
 
@@ -457,7 +462,21 @@ func (r *Registry) dropTomb(id uint64) {
 // addTomb records a tombstone, first forgetting the oldest ones that hold
 // nothing if the count bound is reached.
 func (r *Registry) addTomb(id uint64, t *tomb) {
-	for tries := len(r.tombQ); len(r.tombs) >= r.cfg.MaxTombstones && tries > 0 && len(r.tombQ) > 0; tries-- {
+	r.evictTombs(r.cfg.MaxTombstones - 1)
+	r.tombs[id] = t
+	r.tombQ = append(r.tombQ, tombRef{id, t.expires})
+	if t.holds() {
+		r.draining[id] = struct{}{}
+	}
+}
+
+// evictTombs forgets the oldest tombstones that hold nothing and owe
+// nothing while more than limit are kept. Those that still hold a write or
+// owe an ABORT_ACK stay past the bound; each is trimmed once it settles
+// (tombWriteDone), so MaxTombstones bounds the settled ones after every
+// step.
+func (r *Registry) evictTombs(limit int) {
+	for tries := len(r.tombQ); len(r.tombs) > limit && tries > 0 && len(r.tombQ) > 0 && !r.bugs.on(bugTombstoneBoundIgnored); tries-- {
 		ref := r.tombQ[0]
 		r.tombQ = r.tombQ[1:]
 		old, ok := r.tombs[ref.id]
@@ -470,11 +489,6 @@ func (r *Registry) addTomb(id uint64, t *tomb) {
 			r.dropTomb(ref.id)
 			r.evicted++
 		}
-	}
-	r.tombs[id] = t
-	r.tombQ = append(r.tombQ, tombRef{id, t.expires})
-	if t.holds() {
-		r.draining[id] = struct{}{}
 	}
 }
 
@@ -531,7 +545,7 @@ func (r *Registry) request(id uint64, req PeerRequest, now time.Time) Result {
 			return Result{Outcome: Rejected, Status: rm.status,
 				Err: fmt.Errorf("room %d: request from %s: %w", id, req.Peer, ErrRoomDone)}
 		}
-		if err := addRequest(id, &rm.required, &rm.requests, req); err != nil {
+		if err := r.addRequest(id, &rm.required, &rm.requests, req); err != nil {
 			return Result{Outcome: Rejected, Status: rm.status, Err: err}
 		}
 		r.maybeReady(rm, now)
@@ -551,11 +565,11 @@ func (r *Registry) request(id uint64, req PeerRequest, now time.Time) Result {
 		}
 		p = &pendingRoom{deadline: now.Add(r.cfg.PendingTimeout)}
 	}
-	if n := r.pendingBy[req.Peer]; n >= r.cfg.MaxPendingPerPeer {
+	if n := r.pendingBy[req.Peer]; n >= r.cfg.MaxPendingPerPeer && !r.bugs.on(bugPendingBoundIgnored) {
 		return rejected(fmt.Errorf("room %d: request from %s: it holds %d rooms pending: %w",
 			id, req.Peer, n, ErrTooManyPending))
 	}
-	if err := addRequest(id, &p.required, &p.requests, req); err != nil {
+	if err := r.addRequest(id, &p.required, &p.requests, req); err != nil {
 		return rejected(err)
 	}
 	r.pending[id] = p
@@ -565,7 +579,7 @@ func (r *Registry) request(id uint64, req PeerRequest, now time.Time) Result {
 
 // addRequest appends req to a room's (or pending room's) requests if it is
 // consistent with them.
-func addRequest(id uint64, required *int, reqs *[]PeerRequest, req PeerRequest) error {
+func (r *Registry) addRequest(id uint64, required *int, reqs *[]PeerRequest, req PeerRequest) error {
 	if *required != 0 && *required != req.Required {
 		return fmt.Errorf("room %d: peer %s says %d required, earlier peers %d: %w",
 			id, req.Peer, req.Required, *required, ErrRequiredMismatch)
@@ -575,7 +589,7 @@ func addRequest(id uint64, required *int, reqs *[]PeerRequest, req PeerRequest) 
 			return fmt.Errorf("room %d: peer %s: %w", id, req.Peer, ErrDuplicateRequest)
 		}
 	}
-	if len(*reqs) >= req.Required {
+	if len(*reqs) >= req.Required && !r.bugs.on(bugExtraRequestAccepted) {
 		return fmt.Errorf("room %d: peer %s is request %d of %d: %w",
 			id, req.Peer, len(*reqs)+1, req.Required, ErrTooManyRequests)
 	}
@@ -642,6 +656,9 @@ func (r *Registry) writeDone(rm *room, last bool, werr error, quiesced bool, now
 		rm.unsettled++
 	}
 	if rm.status.Terminal() {
+		if rm.drained() && r.bugs.on(bugNoAbortAck) {
+			rm.acks = nil // forgotten: the ABORT that waited for this drain never hears back
+		}
 		return r.drainResult(rm, IgnoredTerminal)
 	}
 	if werr != nil {
@@ -674,6 +691,7 @@ func (r *Registry) tombWriteDone(id uint64, t *tomb, werr error, quiesced bool) 
 			r.sendAcks(id, t.acks, true)
 			t.acks = nil
 		}
+		r.evictTombs(r.cfg.MaxTombstones) // it settled: the bound holds again
 	}
 	return Result{Outcome: IgnoredCleared}
 }
@@ -688,6 +706,9 @@ func (r *Registry) progress(rm *room, now time.Time) Result {
 	}
 	rm.status = Transferring
 	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
+	if r.bugs.on(bugWakeEarly) {
+		r.wakeDone(rm) // data arrived: "done" woken while the room is still Transferring
+	}
 	return Result{Outcome: Applied, Status: rm.status}
 }
 
@@ -867,7 +888,9 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 			due = append(due, id)
 		}
 	}
-	slices.Sort(due)
+	if !r.bugs.on(bugSweepMapOrder) {
+		slices.Sort(due)
+	}
 	for _, id := range due {
 		rm := r.rooms[id]
 		switch {

@@ -1,0 +1,357 @@
+package kvmanager
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/transfer"
+)
+
+// Unit tests for the mutants from quarantine-now on (mutants.go): each
+// runs on the fixed core and with its mutant on (fixedAndMutant), and must
+// see the bug on the second.
+
+// decodeAsked is a decode core whose room 1 sent its REQUEST to
+// prefillFrom (epoch 10), effects drained.
+func decodeAsked(t *testing.T, mutants []bugID) *Core {
+	t.Helper()
+	c := testCore(t, RoleDecode, mutants...)
+	c.createReceiver(t0, 1, []Target{prefillT})
+	c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+	c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+	c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	if reqs := sent[*bootstrap.Request](c.Effects()); len(reqs) != 1 || reqs[0].Room != 1 {
+		t.Fatalf("room 1's REQUEST: %v", reqs)
+	}
+	return c
+}
+
+// releases lists the EffectReleased among effects as "room forced".
+func releases(effects []Effect) []string {
+	var out []string
+	for _, e := range effects {
+		if e.Kind == EffectReleased {
+			out = append(out, fmt.Sprintf("%d %v", e.Room, e.Forced))
+		}
+	}
+	return out
+}
+
+// A failed decode room whose REQUEST went out keeps its pages until the
+// prefill rank acknowledges a drained abort or QuarantineTimeout passes —
+// not at the next Tick.
+func TestQuarantineLastsItsTimeout(t *testing.T) {
+	fixedAndMutant(t, bugQuarantineNow, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := decodeAsked(t, mutants)
+		c.abortReceiver(t0, 1, "client went away")
+		c.Effects()
+		c.tickAll(t0.Add(time.Second))
+		_, held := c.Hold(1)
+		if got := releases(c.Effects()); held != fixed || (fixed && len(got) != 0) {
+			t.Fatalf("1 s after the abort: held %v, released %v (want held: %v)", held, got, fixed)
+		}
+		if !fixed {
+			return
+		}
+		q := c.cfg.QuarantineTimeout
+		c.tickAll(t0.Add(q - time.Second))
+		if _, held := c.Hold(1); !held {
+			t.Fatalf("released %v before the quarantine deadline (%v)", releases(c.Effects()), q)
+		}
+		c.Effects()
+		c.tickAll(t0.Add(q + time.Second))
+		if got := releases(c.Effects()); len(got) != 1 || got[0] != "1 true" || c.Stats().ForcedReleases != 1 {
+			t.Fatalf("past the quarantine deadline: released %v, forced %d", got, c.Stats().ForcedReleases)
+		}
+	})
+}
+
+// A room's done waiter is woken once, when the room is terminal: data
+// arriving (Transferring) wakes nobody.
+func TestDoneWokenOnlyWhenTerminal(t *testing.T) {
+	fixedAndMutant(t, bugWakeEarly, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := decodeAsked(t, mutants)
+		done, _, ok := c.waiters(1)
+		if !ok {
+			t.Fatal("no waiters for room 1")
+		}
+		woken := func(effects []Effect) (n int) {
+			for _, e := range effects {
+				if e.Kind == EffectWake && e.Wake == done {
+					n++
+				}
+			}
+			return n
+		}
+		c.notification(t0, 1, 0, 0, 0, false) // chunk 0 of a room of 2
+		if st, _ := c.Status(1); st != Transferring {
+			t.Fatalf("after the first chunk: %v", st)
+		}
+		if n := woken(c.Effects()); (n == 0) != fixed {
+			t.Fatalf("done woken %d times while Transferring (want none: %v)", n, fixed)
+		}
+		if !fixed {
+			return
+		}
+		c.notification(t0, 1, 0, 1, 2, false)
+		if n := woken(c.Effects()); n != 0 {
+			t.Fatalf("done woken %d times before the aux item", n)
+		}
+		c.notification(t0, 1, 0, 0, 0, true)
+		if st, _ := c.Status(1); st != Success {
+			t.Fatalf("after every chunk and the aux: %v", st)
+		}
+		if n := woken(c.Effects()); n != 1 {
+			t.Fatalf("done woken %d times at Success, want 1", n)
+		}
+	})
+}
+
+// An ABORT that finds a write in flight owes its ABORT_ACK until the write
+// completes; then the ACK goes out, drained.
+func TestAbortAckSentWhenWritesDrain(t *testing.T) {
+	fixedAndMutant(t, bugNoAbortAck, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := testCore(t, RolePrefill, mutants...)
+		register(t, c, decodeFrom)
+		c.createSender(t0, 1)
+		c.initSender(t0, 1)
+		c.receive(t0, request(1, decodeFrom))
+		c.Effects()
+		if err := c.sendChunk(t0, 1, []uint32{0}, false, -1, nil); err != nil {
+			t.Fatal(err)
+		}
+		var writes []transfer.Write
+		for _, e := range c.Effects() {
+			writes = append(writes, e.Writes...)
+		}
+		if len(writes) != 1 || !c.posting(t0, 1, &writes[0]) {
+			t.Fatalf("the chunk's write was not posted: %d writes", len(writes))
+		}
+		c.Effects()
+		c.receive(t0, &bootstrap.Abort{From: decodeFrom, Room: 1, Reason: "client went away"})
+		if acks := sent[*bootstrap.AbortAck](c.Effects()); len(acks) != 0 {
+			t.Fatalf("ABORT_ACK %+v with a write in flight", acks)
+		}
+		c.writeDone(t0.Add(time.Second), 1, &writes[0], nil, false)
+		var got []string
+		for _, e := range c.Effects() {
+			if a, ok := e.Msg.(*bootstrap.AbortAck); ok && e.Kind == EffectSend {
+				got = append(got, fmt.Sprintf("%d %v → %s", a.Room, a.Drained, e.To.Endpoint))
+			}
+		}
+		want := "1 true → " + decodeFrom.Endpoint
+		if ok := len(got) == 1 && got[0] == want; ok != fixed {
+			t.Fatalf("after the last write drained: ABORT_ACKs %v, want [%s]: %v", got, want, fixed)
+		}
+	})
+}
+
+// A decode rank heard with a new epoch: the prefill room bound to its old
+// epoch fails at once, with reason "peer restarted".
+func TestPrefillFailsRoomsOfRestartedPeer(t *testing.T) {
+	fixedAndMutant(t, bugRestartKeepsRooms, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := testCore(t, RolePrefill, mutants...)
+		register(t, c, decodeFrom)
+		c.createSender(t0, 1)
+		c.initSender(t0, 1)
+		c.receive(t0, request(1, decodeFrom))
+		c.receive(t0, request(2, decodeFrom)) // pending: no sender yet
+		if st, _ := c.Status(1); st != WaitingForInput {
+			t.Fatalf("room 1 %v", st)
+		}
+		c.Effects()
+		restarted := decodeFrom
+		restarted.Epoch = 2
+		c.receive(t0, &bootstrap.Pong{From: restarted, Seq: 1})
+		st, _ := c.Status(1)
+		reason, _ := c.Failure(1)
+		ok := st == Failed && strings.Contains(reason, bootstrap.ReasonPeerRestarted) && c.Sizes().Pending == 0
+		if ok != fixed {
+			t.Fatalf("after the new epoch: room 1 %v (%q), %d pending", st, reason, c.Sizes().Pending)
+		}
+		if !fixed {
+			return
+		}
+		// The new process holds none of the old one's rooms: it is not told.
+		if st := sent[*bootstrap.Status](c.Effects()); len(st) != 0 {
+			t.Fatalf("the restarted peer was told: %+v", st)
+		}
+		// And room 2's sender starts Failed: nothing is written for it.
+		if res := c.createSender(t0, 2); res.Status != Failed {
+			t.Fatalf("room 2's sender after the restart: %v", res.Status)
+		}
+	})
+}
+
+// A room that holds its Required requests refuses one more (live or
+// pending), telling the extra peer.
+func TestExtraRequestRefused(t *testing.T) {
+	fixedAndMutant(t, bugExtraRequestAccepted, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := testCore(t, RolePrefill, mutants...)
+		other := decodeFrom
+		other.Instance, other.Endpoint = "other", "tcp://o:1"
+		register(t, c, decodeFrom)
+		register(t, c, other)
+		c.createSender(t0, 1)
+		c.initSender(t0, 1)
+		if !c.receive(t0, request(1, decodeFrom)) || !c.receive(t0, request(2, decodeFrom)) {
+			t.Fatal("a first request was refused")
+		}
+		c.Effects()
+		for _, room := range []uint64{1, 2} { // live, pending
+			accepted := c.receive(t0, request(room, other))
+			st := sent[*bootstrap.Status](c.Effects())
+			if accepted == fixed {
+				t.Fatalf("room %d: a second request with required 1 accepted: %v (statuses %+v)", room, accepted, st)
+			}
+			if fixed && (len(st) != 1 || st[0].Room != room || st[0].Code != CodeRejected || !strings.Contains(st[0].Reason, "request 2 of 1")) {
+				t.Fatalf("room %d: refusal %+v", room, st)
+			}
+		}
+		if n := len(c.reg.Requests(1)); fixed && n != 1 {
+			t.Fatalf("room 1 holds %d requests, required 1", n)
+		}
+	})
+}
+
+// MaxTombstones bounds the remembered room ids: past it the oldest are
+// forgotten early, the newest still refuse their id.
+func TestTombstonesBounded(t *testing.T) {
+	fixedAndMutant(t, bugTombstoneBoundIgnored, func(t *testing.T, mutants []bugID, fixed bool) {
+		reg := simRegistryConfig()
+		reg.MaxTombstones = 8
+		c := newTestCore(t, RolePrefill, reg, mutants...)
+		for room := uint64(1); room <= 50; room++ {
+			c.createSender(t0, room)
+			c.clearSender(t0, room)
+		}
+		if n := c.Sizes().Tombstones; (n <= 8) != fixed {
+			t.Fatalf("%d tombstones after 50 clears, bound 8 (want within: %v)", n, fixed)
+		}
+		if !fixed {
+			return
+		}
+		if res := c.createSender(t0, 50); res.Outcome != Rejected {
+			t.Fatalf("the newest cleared id reused at once: %v", res.Outcome)
+		}
+		if res := c.createSender(t0, 1); res.Outcome != Applied {
+			t.Fatalf("the oldest id, forgotten early, is still refused: %v", res.Err)
+		}
+	})
+}
+
+// An ABORT_ACK with drained false (writes may still land) does not end the
+// quarantine; a drained one from the same process does.
+func TestNotDrainedAckKeepsPages(t *testing.T) {
+	fixedAndMutant(t, bugNotDrainedReleases, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := decodeAsked(t, mutants)
+		c.abortReceiver(t0, 1, "client went away")
+		c.Effects()
+		c.receive(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: false})
+		if _, held := c.Hold(1); held != fixed {
+			t.Fatalf("after drained=false: held %v, released %v", held, releases(c.Effects()))
+		}
+		if !fixed {
+			return
+		}
+		c.receive(t0.Add(time.Second), &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: true})
+		if got := releases(c.Effects()); len(got) != 1 || got[0] != "1 false" {
+			t.Fatalf("after drained=true: released %v, want [1 false]", got)
+		}
+	})
+}
+
+// A late STATUS failed from the prefill rank's old process (epoch 10) does
+// not fail a room whose REQUEST went to the new one (epoch 11); the new
+// process's STATUS does.
+func TestStaleStatusIgnored(t *testing.T) {
+	fixedAndMutant(t, bugStaleStatusFails, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := decodeAsked(t, mutants)
+		restarted := prefillFrom
+		restarted.Epoch = 11
+		c.receive(t0, &bootstrap.RegisterAck{From: restarted, OK: true}) // restart in place: room 1 fails
+		if st, _ := c.Status(1); st != Failed {
+			t.Fatalf("room 1 bound to the old epoch: %v", st)
+		}
+		c.createReceiver(t0, 2, []Target{prefillT})
+		c.initReceiver(t0, 2, RequestSpec{DstPages: []uint32{2}, AuxIndex: -1})
+		if got := sends(c.Effects()); !slices.Contains(got, "REQUEST 2 → tcp://p:1") {
+			t.Fatalf("room 2 not asked of the new process: %v", got)
+		}
+		c.receive(t0, &bootstrap.Status{From: prefillFrom, Room: 2, Status: bootstrap.StatusFailed, Code: CodeFailed, Reason: "late"})
+		if st, _ := c.Status(2); (st == WaitingForInput) != fixed {
+			t.Fatalf("room 2 after the old process's STATUS: %v (want untouched: %v)", st, fixed)
+		}
+		if !fixed {
+			return
+		}
+		c.receive(t0, &bootstrap.Status{From: restarted, Room: 2, Status: bootstrap.StatusFailed, Code: CodeFailed, Reason: "write failed"})
+		if r, _ := c.Failure(2); !strings.Contains(r, "write failed") {
+			t.Fatalf("room 2 after the new process's STATUS: %q", r)
+		}
+	})
+}
+
+// MaxPendingPerPeer: one decode rank cannot hold more rooms pending; the
+// others still can.
+func TestPendingPerPeerBounded(t *testing.T) {
+	fixedAndMutant(t, bugPendingBoundIgnored, func(t *testing.T, mutants []bugID, fixed bool) {
+		reg := simRegistryConfig()
+		reg.MaxPendingPerPeer = 4
+		c := newTestCore(t, RolePrefill, reg, mutants...)
+		other := decodeFrom
+		other.Instance, other.Endpoint = "other", "tcp://o:1"
+		register(t, c, decodeFrom)
+		register(t, c, other)
+		accepted := 0
+		for room := uint64(1); room <= 7; room++ {
+			if c.receive(t0, request(room, decodeFrom)) {
+				accepted++
+			}
+		}
+		refused := sent[*bootstrap.Status](c.Effects())
+		if ok := accepted == 4 && c.Sizes().Pending == 4 && len(refused) == 3; ok != fixed {
+			t.Fatalf("%d of 7 accepted, %d pending, %d refused; bound 4 (want kept: %v)", accepted, c.Sizes().Pending, len(refused), fixed)
+		}
+		if fixed && !c.receive(t0, request(100, other)) {
+			t.Fatal("another peer was locked out")
+		}
+	})
+}
+
+// One Sweep that fails many rooms tells their peers in room order, every
+// time (the same inputs give the same effects).
+func TestSweepInRoomOrder(t *testing.T) {
+	fixedAndMutant(t, bugSweepMapOrder, func(t *testing.T, mutants []bugID, fixed bool) {
+		const rooms = 20
+		ordered := true
+		for run := 0; run < 5; run++ {
+			c := testCore(t, RolePrefill, mutants...)
+			register(t, c, decodeFrom)
+			for room := uint64(1); room <= rooms; room++ {
+				c.createSender(t0, room)
+				c.receive(t0, request(room, decodeFrom))
+			}
+			c.Effects()
+			c.tickAll(t0.Add(c.cfg.Registry.BootstrapTimeout + time.Second))
+			var told []uint64
+			for _, st := range sent[*bootstrap.Status](c.Effects()) {
+				told = append(told, st.Room)
+			}
+			if len(told) != rooms {
+				t.Fatalf("run %d: %d rooms told, want %d", run, len(told), rooms)
+			}
+			ordered = ordered && slices.IsSorted(told)
+			if !ordered && fixed {
+				t.Fatalf("run %d: rooms told in the order %v", run, told)
+			}
+		}
+		if ordered != fixed {
+			t.Fatalf("effects in room order over 5 runs: %v, want %v", ordered, fixed)
+		}
+	})
+}
