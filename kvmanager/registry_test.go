@@ -3,6 +3,7 @@ package kvmanager
 import (
 	"context"
 	"errors"
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"strings"
 	"sync"
 	"testing"
@@ -413,5 +414,40 @@ func TestRegistryEmptiesAfterTTL(t *testing.T) {
 	r.Sweep(clk.Advance(100 * time.Second))
 	if s := r.Sizes(); s.Total() != 0 {
 		t.Fatalf("registry not empty after TTL: %+v", s)
+	}
+}
+
+// A tombstone that still holds a write is kept past MaxTombstones (dropping
+// it would lose the ABORT_ACK it owes); once its write completes it is
+// trimmed at once, so the bound holds again after that step — not only at
+// the next Clear. (The simulator's "tombstone bound 1" configuration found
+// two tombstones left over a bound of 1.)
+func TestTombstoneTrimmedWhenSettled(t *testing.T) {
+	cfg := simRegistryConfig()
+	cfg.MaxTombstones = 1
+	r, err := NewRegistry(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.SetNow(t0)
+	peer := PeerRequest{Peer: "decode/decode/0", Epoch: 1, Required: 1}
+	for _, id := range []uint64{7, 8} {
+		r.Create(id, RolePrefill)
+		r.Request(id, peer)
+		r.Init(id)
+		r.Progress(id)
+	}
+	if res := r.Posted(8); res.Outcome != Applied {
+		t.Fatalf("post: %v", res.Err)
+	}
+	r.Abort(8, "aborted", &bootstrap.Peer{Endpoint: "tcp://decode"})
+	r.Clear(8) // its write is in flight: the tombstone owes the drained ACK
+	r.Clear(7) // over the bound: 8 cannot be forgotten yet
+	if n := r.Sizes().Tombstones; n != 2 {
+		t.Fatalf("%d tombstones, want 2 (one kept past the bound while it owes)", n)
+	}
+	r.WriteDone(8, false, nil, true) // 8 settles: its ACK goes, it may go too
+	if n := r.Sizes().Tombstones; n != 1 {
+		t.Fatalf("%d tombstones after the owing one settled, want 1 (MaxTombstones)", n)
 	}
 }

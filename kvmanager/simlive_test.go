@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -65,43 +66,38 @@ func (c *simCoverage) add(o *simCoverage) {
 // their entries one level down (a target's owed ABORTs, the room index's
 // sets) — so a table added later is counted without anyone listing it.
 func simTables(c *Core) map[string]int {
-	out := map[string]int{}
-	walk := func(prefix string, v reflect.Value, skip ...string) {
+	out := make(map[string]int, 24)
+	walk := func(prefix string, v reflect.Value) {
 		v = v.Elem()
-		for i := 0; i < v.NumField(); i++ {
-			f, name := v.Field(i), prefix+v.Type().Field(i).Name
-			if slices.Contains(skip, v.Type().Field(i).Name) {
-				continue
-			}
-			switch f.Kind() {
+		for _, f := range structFields(v.Type()) {
+			fv := v.Field(f.index)
+			switch f.kind {
 			case reflect.Map:
-				out[name] += f.Len()
-				it := f.MapRange()
+				out[prefix+f.name] += fv.Len()
+				if f.nested == nil {
+					continue
+				}
+				it := fv.MapRange()
 				for it.Next() {
 					e := it.Value()
 					if e.Kind() == reflect.Map {
-						out[name+"[]"] += e.Len()
+						out[prefix+f.name+"[]"] += e.Len()
 						continue
 					}
 					if e.Kind() == reflect.Pointer {
 						e = e.Elem()
 					}
-					if e.Kind() != reflect.Struct {
-						continue
-					}
-					for j := 0; j < e.NumField(); j++ {
-						if g := e.Field(j); g.Kind() == reflect.Map {
-							out[name+"[]."+e.Type().Field(j).Name] += g.Len()
-						}
+					for _, g := range f.nested {
+						out[prefix+f.name+"[]."+g.name] += e.Field(g.index).Len()
 					}
 				}
 			case reflect.Slice:
-				out[name] += f.Len()
+				out[prefix+f.name] += fv.Len()
 			}
 		}
 	}
-	walk("", reflect.ValueOf(c.base), "out", "cfg")
-	walk("reg.", reflect.ValueOf(c.reg), "out", "cfg")
+	walk("", reflect.ValueOf(c.base))
+	walk("reg.", reflect.ValueOf(c.reg))
 	if c.prefillCore != nil {
 		walk("", reflect.ValueOf(c.prefillCore))
 	}
@@ -111,56 +107,126 @@ func simTables(c *Core) map[string]int {
 	return out
 }
 
-// simTableBounds is each table's stated bound in a world, and whether it
-// must be empty once every room is cleared and the TTL passed. A table
+// simField is a table field of a core struct (a map or slice), with the
+// map fields of its entries (one level down).
+type simField struct {
+	index  int
+	name   string
+	kind   reflect.Kind
+	nested []simField // nil: entries hold no map, or are maps themselves (then counted as name[])
+}
+
+var simFieldCache sync.Map // reflect.Type → []simField
+
+// structFields lists t's table fields (cfg and the effects buffer left
+// out), computed once per type.
+func structFields(t reflect.Type) []simField {
+	if fs, ok := simFieldCache.Load(t); ok {
+		return fs.([]simField)
+	}
+	var fs []simField
+	for i := 0; i < t.NumField(); i++ {
+		sf := t.Field(i)
+		if sf.Name == "cfg" || sf.Name == "out" {
+			continue
+		}
+		f := simField{index: i, name: sf.Name, kind: sf.Type.Kind()}
+		if f.kind != reflect.Map && f.kind != reflect.Slice {
+			continue
+		}
+		if f.kind == reflect.Map {
+			e := sf.Type.Elem()
+			if e.Kind() == reflect.Pointer {
+				e = e.Elem()
+			}
+			switch e.Kind() {
+			case reflect.Map:
+				f.nested = []simField{}
+			case reflect.Struct:
+				for j := 0; j < e.NumField(); j++ {
+					if e.Field(j).Type.Kind() == reflect.Map {
+						f.nested = append(f.nested, simField{index: j, name: e.Field(j).Name, kind: reflect.Map})
+					}
+				}
+			}
+		}
+		fs = append(fs, f)
+	}
+	simFieldCache.Store(t, fs)
+	return fs
+}
+
+// simTableBound is a table's stated bound in a world, and whether it must
+// be empty once every room is cleared and the TTL passed. A table
 // simTables finds that is not listed here fails the check: a new table
 // needs a bound.
-func (w *simWorld) simTableBounds(c *Core) map[string]struct {
-	bound int
-	empty bool
-} {
+func (w *simWorld) simTableBound(c *Core, name string) (bound int, empty, ok bool) {
 	r := w.cfg.reg
 	rooms := len(w.rooms)
-	ranks := w.cfg.slots()
-	type b = struct {
-		bound int
-		empty bool
+	// Tombstones that still hold a write or owe an ABORT_ACK are kept past
+	// MaxTombstones until they settle (forgetting one would lose what it
+	// owes): the bound is MaxTombstones plus those.
+	tombs := func() int {
+		owing := 0
+		for _, t := range c.reg.tombs {
+			if t.holds() || len(t.acks) > 0 {
+				owing++
+			}
+		}
+		return r.MaxTombstones + owing
 	}
-	return map[string]b{
-		"reg.rooms":        {rooms, true},
-		"reg.pending":      {r.MaxPendingRooms, true},
-		"reg.pendingBy":    {r.MaxPendingRooms, true},
-		"reg.tombs":        {r.MaxTombstones, true},
-		"reg.tombQ":        {2*r.MaxTombstones + 65, true}, // stale entries compacted past 2×tombs+64
-		"reg.draining":     {r.MaxTombstones, true},
-		"epochs":           {max(c.cfg.MaxEpochs, DefaultMaxEpochs), false}, // bounded by the deployment
-		"watching":         {w.incs, true},                                  // endpoints ever seen
-		"peers":            {ranks, false},
-		"targets":          {w.cfg.prefills, false},
-		"targets[].owed":   {w.cfg.prefills * r.MaxPendingRooms, true},
-		"holds":            {rooms, true},
-		"roomsOf":          {w.cfg.prefills, false},
-		"roomsOf[]":        {w.cfg.prefills * rooms, true},
-		"reg.rooms[].acks": {0, true}, // (not a map: never counted)
+	switch name {
+	case "reg.rooms", "holds":
+		return rooms, true, true
+	case "reg.pending", "reg.pendingBy":
+		return r.MaxPendingRooms, true, true
+	case "reg.tombs", "reg.draining":
+		return tombs(), true, true
+	case "reg.tombQ":
+		return 2*tombs() + 65, true, true // stale entries compacted past 2×tombs+64
+	case "epochs": // bounded by the deployment
+		return max(c.cfg.MaxEpochs, DefaultMaxEpochs), false, true
+	case "watching": // endpoints ever seen
+		return w.incs, true, true
+	case "peers":
+		return w.cfg.slots(), false, true
+	case "targets", "roomsOf":
+		return w.cfg.prefills, false, true
+	case "targets[].owed":
+		return w.cfg.prefills * r.MaxPendingRooms, true, true
+	case "roomsOf[]":
+		return w.cfg.prefills * rooms, true, true
 	}
+	return 0, false, false
 }
 
 // checkTables: every table of every core within its bound, counted from
 // the tables themselves, and Sizes() agreeing with them.
 func (w *simWorld) checkTables(p *simProc) {
-	bounds := w.simTableBounds(p.core)
 	t := simTables(p.core)
-	for _, name := range slices.Sorted(maps.Keys(t)) {
-		b, ok := bounds[name]
-		switch {
-		case !ok:
-			w.fail("%s: table %s (%d entries) has no stated bound in simTableBounds", p.from.Peer(), name, t[name])
-		case t[name] > b.bound:
-			w.fail("%s: table %s has %d entries, over its bound %d", p.from.Peer(), name, t[name], b.bound)
+	bad := false
+	for name, n := range t {
+		b, _, ok := w.simTableBound(p.core, name)
+		if !ok || n > b {
+			bad = true
 		}
-		if ok && b.bound > 0 && t[name] == b.bound && w.cov != nil {
+		if ok && b > 0 && n == b && w.cov != nil {
 			w.cov.hit("table bound reached: " + name)
 		}
+	}
+	if bad { // name the first violation in a deterministic order
+		for _, name := range slices.Sorted(maps.Keys(t)) {
+			b, _, ok := w.simTableBound(p.core, name)
+			switch {
+			case !ok:
+				w.fail("%s: table %s (%d entries) has no stated bound in simTableBound", p.from.Peer(), name, t[name])
+			case t[name] > b:
+				w.fail("%s: table %s has %d entries, over its bound %d", p.from.Peer(), name, t[name], b)
+			}
+		}
+	}
+	if t["reg.tombs"] > w.cfg.reg.MaxTombstones && w.cov != nil {
+		w.cov.hit("tombstones past MaxTombstones while they owe")
 	}
 	s := p.core.Sizes()
 	if s.Live != t["reg.rooms"] || s.Pending != t["reg.pending"] || s.Tombstones != t["reg.tombs"] || s.Draining != t["reg.draining"] ||
@@ -177,10 +243,9 @@ func (w *simWorld) checkEmpty() {
 		if p.dead {
 			continue
 		}
-		bounds := w.simTableBounds(p.core)
 		t := simTables(p.core)
 		for _, name := range slices.Sorted(maps.Keys(t)) {
-			if bounds[name].empty && t[name] != 0 {
+			if _, empty, _ := w.simTableBound(p.core, name); empty && t[name] != 0 {
 				w.fail("%s not empty after the TTL: table %s has %d entries (%v)", p.from.Peer(), name, t[name], t)
 			}
 		}
