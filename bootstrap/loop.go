@@ -2,8 +2,6 @@ package bootstrap
 
 import (
 	"container/list"
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -213,9 +211,7 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 			zap.String("rank", cfg.Identity.Peer()))
 	}
 	if l.id.Epoch == 0 {
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		l.id.Epoch = binary.LittleEndian.Uint64(b[:]) | 1
+		l.id.Epoch = NewEpoch()
 	}
 	if l.ctx, err = zmq.NewContext(); err != nil {
 		return nil, fmt.Errorf("bootstrap: zmq context: %w", err)

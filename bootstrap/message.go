@@ -83,7 +83,7 @@ type From struct {
 	Instance string
 	Rank     int
 	Endpoint string // the sender's control endpoint: replies go here
-	Epoch    uint64 // random per process start
+	Epoch    uint64 // per process start, growing with each (NewEpoch)
 }
 
 // Peer returns the stable name of the sender across restarts.

@@ -171,6 +171,7 @@ type CoreStats struct {
 	StaleEpoch      uint64 // messages or writes refused for naming another epoch
 	RegisterRetries uint64
 	AbortsDropped   uint64 // owed ABORTs over the bound of one target
+	AbortsResent    uint64 // owed ABORTs sent again, unacknowledged after a retry interval
 	Relookups       uint64 // ranks looked up again after unanswered REGISTERs
 	PeersRestarted  uint64 // peers heard with a new epoch
 	Rechecks        uint64 // idle registrations looked up and registered again before a REQUEST
@@ -556,7 +557,11 @@ func (c *base) hear(from bootstrap.From) (current bool) {
 		if h.epoch == from.Epoch {
 			return true
 		}
-		if slices.Contains(h.retired, from.Epoch) && !c.bugs.on(bugNoRetiredEpochs) {
+		if (slices.Contains(h.retired, from.Epoch) || from.Epoch < h.epoch) && !c.bugs.on(bugNoRetiredEpochs) {
+			// An epoch the peer left, or one older than the process we
+			// hear now (epochs grow with each start: a delayed message
+			// from a process that died before we heard of it must not
+			// retire the live one).
 			c.stats.StaleEpoch++
 			return false
 		}

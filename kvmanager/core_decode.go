@@ -56,6 +56,11 @@ type target struct {
 	// not be looked up, it is looked up again with backoff.
 	lookupRetry time.Duration
 	nextLookup  time.Time
+	// owedRetry, nextOwed: owed ABORTs are sent again with backoff while
+	// none is acknowledged (a message lost on the way, as at a reconnect,
+	// would otherwise leave the prefill room to its deadline).
+	owedRetry time.Duration
+	nextOwed  time.Time
 }
 
 // owedAbort is an ABORT a prefill rank has not acknowledged.
@@ -363,6 +368,9 @@ func (c *decodeCore) oweAbort(tg *target, room uint64, code, reason string) {
 		tg.owed = map[uint64]owedAbort{}
 	}
 	tg.owed[room] = o
+	if tg.owedRetry == 0 {
+		tg.owedRetry, tg.nextOwed = c.cfg.RegisterRetry, c.now.Add(c.cfg.RegisterRetry)
+	}
 	if !tg.resolved {
 		c.ensureTarget(tg.t)
 		return
@@ -809,10 +817,17 @@ func (c *decodeCore) tick(now time.Time) {
 	for _, k := range slices.Sorted(maps.Keys(c.targets)) {
 		tg := c.targets[k]
 		maps.DeleteFunc(tg.owed, func(_ uint64, o owedAbort) bool { return now.After(o.until) })
-		if len(tg.owed) == 0 {
-			tg.owed, tg.lookupRetry = nil, 0
-		} else if !tg.resolved && !tg.resolving && !now.Before(tg.nextLookup) {
+		switch {
+		case len(tg.owed) == 0:
+			tg.owed, tg.lookupRetry, tg.owedRetry = nil, 0, 0
+		case !tg.resolved && !tg.resolving && !now.Before(tg.nextLookup):
 			c.ensureTarget(tg.t)
+		case tg.resolved && !tg.resolving && !now.Before(tg.nextOwed) && !c.bugs.on(bugOwedNotResent):
+			// None acknowledged since the last send: send them again.
+			c.stats.AbortsResent += uint64(len(tg.owed))
+			tg.owedRetry = min(2*tg.owedRetry, 32*c.cfg.RegisterRetry)
+			tg.nextOwed = now.Add(tg.owedRetry)
+			c.sendOwed(tg)
 		}
 		if tg.reg == regSent && tg.resolved && now.After(tg.nextRetry) {
 			if !c.waitsFor(tg) {

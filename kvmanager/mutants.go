@@ -36,6 +36,8 @@ const (
 	bugStaleStatusFails                         // a STATUS failed from another epoch than the REQUEST's fails the room
 	bugPendingBoundIgnored                      // MaxPendingPerPeer is not enforced
 	bugSweepMapOrder                            // Sweep fails overdue rooms in map order, not room order
+	bugNoTombTrim                               // a tombstone kept past MaxTombstones while it owed is not trimmed when it settles
+	bugOwedNotResent                            // owed ABORTs are not sent again while unacknowledged (a lost ABORT waits for the prefill room's deadline)
 	bugCount                                    // one past the last
 )
 
@@ -44,7 +46,7 @@ var bugNames = [bugCount]string{"", "ack-on-cleared-tombstone", "failed-write-dr
 	"abort-sent-once", "no-epoch-check", "never-unwatch", "no-idle-recheck", "no-retired-epochs",
 	"register-epoch-late", "relookup-forgets-endpoint", "refusal-not-told",
 	"quarantine-now", "wake-early", "no-abort-ack", "restart-keeps-rooms", "extra-request-accepted",
-	"tombstone-bound-ignored", "not-drained-releases", "stale-status-fails", "pending-bound-ignored", "sweep-map-order"}
+	"tombstone-bound-ignored", "not-drained-releases", "stale-status-fails", "pending-bound-ignored", "sweep-map-order", "no-tomb-trim", "owed-not-resent"}
 
 func (b bugID) String() string {
 	if b == 0 || b >= bugCount {

@@ -691,7 +691,9 @@ func (r *Registry) tombWriteDone(id uint64, t *tomb, werr error, quiesced bool) 
 			r.sendAcks(id, t.acks, true)
 			t.acks = nil
 		}
-		r.evictTombs(r.cfg.MaxTombstones) // it settled: the bound holds again
+		if !r.bugs.on(bugNoTombTrim) {
+			r.evictTombs(r.cfg.MaxTombstones) // it settled: the bound holds again
+		}
 	}
 	return Result{Outcome: IgnoredCleared}
 }

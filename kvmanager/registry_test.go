@@ -3,12 +3,12 @@ package kvmanager
 import (
 	"context"
 	"errors"
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"go.uber.org/goleak"
 )
 

@@ -223,7 +223,8 @@ type simWorld struct {
 	writes    []simWrite
 	nextWrite int
 	incs      int
-	incSlot   []int // incarnation → slot
+	incSlot   []int    // incarnation → slot
+	incEp     []string // incarnation → its endpoint
 	rooms     []simRoomSpec
 	sides     map[[2]uint64]*simSide // (slot, room)
 	records   []simRecord            // per prefill slot
@@ -237,25 +238,29 @@ type simWorld struct {
 	rel      map[[2]int]simRel // (decode inc, room): pages released
 	reported map[string]bool   // deaths heartbeats reported (reporter, endpoint, process there)
 	// Faults used (bounded by the configuration).
-	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails int
-	calm                                                                          bool // the quiet phase: no faults
-	trace                                                                         []string
-	cov                                                                           *simCoverage // random runs and explorations: what was reached (not state)
-	weights                                                                       map[string]int
-	err                                                                           error
+	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales int
+	calm                                                                                  bool // the quiet phase: no faults
+	trace                                                                                 []string
+	cov                                                                                   *simCoverage // random runs and explorations: what was reached (not state)
+	weights                                                                               map[string]int
+	err                                                                                   error
 }
 
 func (c simConfig) slots() int { return c.prefills + c.decodes }
 
 func (w *simWorld) isPrefill(slot int) bool { return slot < w.cfg.prefills }
 
-// endpointFor is where the process inc of slot listens: its slot's fixed
-// endpoint, or a new one per start where restarts move (pods).
-func (w *simWorld) endpointFor(slot, inc int) string {
-	if w.cfg.kills > 0 {
-		return "sim://" + strconv.Itoa(slot) + "/" + strconv.Itoa(inc)
+// endpointFor is where slot's next process listens: the slot's endpoint
+// for a restart in place, a new one after a kill (a pod restarted on
+// another port).
+func (w *simWorld) endpointFor(slot int, moved bool) string {
+	if p := w.procs[slot]; p != nil && !moved {
+		return p.endpoint
 	}
-	return "sim://" + strconv.Itoa(slot)
+	if !moved {
+		return "sim://" + strconv.Itoa(slot)
+	}
+	return "sim://" + strconv.Itoa(slot) + "/" + strconv.Itoa(w.incs)
 }
 
 func slotOf(endpoint string) int {
@@ -307,7 +312,7 @@ func newSimWorld(cfg simConfig) *simWorld {
 		w.pushed[d] = make([]int, cfg.prefills)
 	}
 	for s := 0; s < n; s++ {
-		w.start(s)
+		w.start(s, false)
 	}
 	for _, r := range cfg.rooms {
 		w.addRoom(r)
@@ -326,18 +331,19 @@ func (w *simWorld) addRoom(r simRoomSpec) {
 }
 
 // start (re)starts the rank in slot with a new epoch (at a new endpoint
-// where restarts move) and publishes its record.
-func (w *simWorld) start(slot int) {
+// if moved) and publishes its record.
+func (w *simWorld) start(slot int, moved bool) {
 	w.incs++
+	ep := w.endpointFor(slot, moved)
 	for len(w.incSlot) <= w.incs {
 		w.incSlot = append(w.incSlot, -1)
+		w.incEp = append(w.incEp, "")
 	}
-	w.incSlot[w.incs] = slot
+	w.incSlot[w.incs], w.incEp[w.incs] = slot, ep
 	role, name, rank := RolePrefill, "prefill", slot
 	if !w.isPrefill(slot) {
 		role, name, rank = RoleDecode, "decode", slot-w.cfg.prefills
 	}
-	ep := w.endpointFor(slot, w.incs)
 	from := bootstrap.From{Role: name, Instance: name, Rank: rank, Endpoint: ep, Epoch: epochOf(w.incs)}
 	cc := CoreConfig{Role: role, Rank: rank, Compat: "sim", Layout: simLayout(), Registry: w.cfg.reg,
 		QuarantineTimeout: w.cfg.quarantine, RegisterRetry: time.Second, RecheckIdle: 8 * time.Second}
@@ -411,7 +417,7 @@ func (w *simWorld) effects(slot int) {
 					}
 				}
 				for k := range w.heard {
-					if k.pInc == p.inc && k.room == m.Room && w.endpointFor(w.incSlot[k.dInc], k.dInc) == e.To.Endpoint {
+					if k.pInc == p.inc && k.room == m.Room && w.incEp[k.dInc] == e.To.Endpoint {
 						w.acked[k] = w.acked[k] || m.Drained
 						w.cov.hit(fmt.Sprintf("ABORT_ACK drained=%v", m.Drained))
 					}
@@ -422,6 +428,16 @@ func (w *simWorld) effects(slot int) {
 			p.jobs = append(p.jobs, simJob{room: e.Room, writes: slices.Clone(e.Writes)})
 		case EffectResolve:
 			w.resolves[slot] = append(w.resolves[slot], e.Target)
+		case EffectWatch:
+			// A new watch: heartbeats report the endpoint's death again.
+			prefix := fmt.Sprintf("%d|%s|", p.inc, e.To.Endpoint)
+			for k := range w.reported {
+				if strings.HasPrefix(k, prefix) {
+					w.reported = maps.Clone(w.reported)
+					maps.DeleteFunc(w.reported, func(k string, _ bool) bool { return strings.HasPrefix(k, prefix) })
+					break
+				}
+			}
 		case EffectUnwatch:
 			w.cov.hit("peer unwatched")
 		case EffectWake:
@@ -481,8 +497,9 @@ func (w *simWorld) released(p *simProc, e Effect) {
 			w.fail("room %d: %s released its pages as forced %v after the room failed (failed: %v), before the quarantine (%v)",
 				e.Room, p.from.Peer(), w.now.Sub(failed), wasFailed, w.cfg.quarantine)
 		}
-	case st == Success:
+	case st == Success && live:
 		w.cov.hit("release after success")
+		w.noWriteCanLand(p, e.Room)
 	default:
 		w.cov.hit("release after drained ABORT_ACKs")
 		for _, k := range slices.SortedFunc(maps.Keys(w.asked), cmpKeys) {
@@ -495,17 +512,22 @@ func (w *simWorld) released(p *simProc, e Effect) {
 					e.Room, p.from.Peer(), what, k.pInc)
 			}
 		}
-		// Invariant 1: no page released while a write to it can land.
-		for _, wr := range w.writes {
-			if wr.dstInc == p.inc && wr.room == e.Room && !wr.landed {
-				w.fail("room %d: %s released its pages while write %d can still land", e.Room, p.from.Peer(), wr.id)
-			}
-		}
+		w.noWriteCanLand(p, e.Room)
 	}
 	if _, again := w.rel[key]; again {
 		w.fail("room %d: %s released its pages twice", e.Room, p.from.Peer())
 	}
 	w.rel[key] = simRel{at: w.now, forced: e.Forced}
+}
+
+// noWriteCanLand: invariant 1, no page released while a write to it can
+// land.
+func (w *simWorld) noWriteCanLand(p *simProc, room uint64) {
+	for _, wr := range w.writes {
+		if wr.dstInc == p.inc && wr.room == room && !wr.landed {
+			w.fail("room %d: %s released its pages while write %d can still land", room, p.from.Peer(), wr.id)
+		}
+	}
 }
 
 // land puts a write's data (and then its notification) into its
@@ -608,6 +630,7 @@ func (w *simWorld) events() []simEvent {
 			if pr := w.prev[t.Rank]; w.cfg.staleViews && !w.calm && pr.set && w.now.Sub(pr.replaced) < simLease {
 				add(fmt.Sprintf("resolve at %d (stale view)", s), func(w *simWorld) {
 					w.cov.hit("stale lookup")
+					w.stales++
 					w.resolve(s, w.prev[t.Rank])
 				})
 			}
@@ -762,7 +785,7 @@ func (w *simWorld) tick(d time.Duration) {
 	// the CPU): by simWriteLife; the pool sees them complete when it
 	// resumes.
 	for i := range w.writes {
-		if wr := w.writes[i]; !wr.ghost && !wr.landed && w.now.Sub(wr.posted) > simWriteLife {
+		if wr, d := w.writes[i], w.procs[w.writes[i].dstSlot]; !wr.ghost && !wr.landed && w.now.Sub(wr.posted) > simWriteLife && d.inc == wr.dstInc && !d.dead {
 			w.writes[i].landed = true
 			w.cov.hit("write landed while its pool was paused")
 			w.land(wr)
@@ -842,6 +865,7 @@ func (w *simWorld) deliver(src, dst int) {
 		cp.From = m.from
 		w.heard[simKey{pInc: p.inc, dInc: incOf(m.from.Epoch), room: msg.Room}] = true
 		c.Step(w.now, Received{&cp})
+
 	case *bootstrap.AbortAck:
 		cp := *msg
 		cp.From = m.from
@@ -957,7 +981,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 					w.effects(ps)
 				}))
 			}
-			if w.cfg.noClear || !(st.Terminal() || ((sd.aborted || w.cfg.clearLive || w.cfg.prefillClearLive) && !w.calm)) {
+			if w.cfg.noClear || r.id >= simProbeRooms || !(st.Terminal() || ((sd.aborted || w.cfg.clearLive || w.cfg.prefillClearLive) && !w.calm)) {
 				continue
 			}
 			add(name+" clear", at(func(w *simWorld, sd *simSide, p *simProc) {
@@ -1030,7 +1054,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 				}))
 			}
 			// A live room's Clear is an abort then a clear (both reachable).
-			if !w.cfg.noClear && !w.cfg.decodeNoClear && (st.Terminal() || ((sd.aborted || w.cfg.clearLive) && !w.calm)) {
+			if !w.cfg.noClear && !w.cfg.decodeNoClear && r.id < simProbeRooms && (st.Terminal() || ((sd.aborted || w.cfg.clearLive) && !w.calm)) {
 				add(name+" clear", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.cleared = true
 					p.core.Step(w.now, ClearReceiver{Room: r.id})
@@ -1110,7 +1134,7 @@ func (w *simWorld) faultEvents(add func(string, func(*simWorld))) {
 			continue
 		}
 		if w.restarts < w.cfg.restarts {
-			add(fmt.Sprintf("restart %d", s), func(w *simWorld) { w.restarts++; w.kill(s); w.start(s) })
+			add(fmt.Sprintf("restart %d", s), func(w *simWorld) { w.restarts++; w.kill(s); w.start(s, false) })
 		}
 		if w.kills < w.cfg.kills {
 			add(fmt.Sprintf("kill %d", s), func(w *simWorld) { w.kills++; w.kill(s) })
@@ -1152,7 +1176,7 @@ func (w *simWorld) kill(slot int) {
 // startAgain starts a killed slot's next process, on a new endpoint.
 func (w *simWorld) startAgain(slot int) {
 	w.cov.hit("restart on a new endpoint")
-	w.start(slot)
+	w.start(slot, true)
 }
 
 func (w *simWorld) resume(slot int) {
@@ -1189,10 +1213,33 @@ func (w *simWorld) checkState() {
 		}
 		w.checkTables(p)
 	}
-	if !w.netQuiet() || w.cfg.losses > 0 || w.cfg.kills > 0 || w.cfg.pauses > 0 {
-		// With messages lost, or ranks gone or stopped, an abort may
-		// wait for liveness (the quiet phase) instead.
+	if !w.netQuiet() || w.losses > 0 || w.kills > 0 || w.pauses > 0 || w.lookupFails > 0 || w.stales > 0 {
+		// Once a message was lost, a rank killed or stopped, or a lookup
+		// failed or answered a stale record, the protocol's timers
+		// (retries, re-lookups, deadlines) carry the news instead: the
+		// quiet phase checks that they do.
 		return
+	}
+	// Invariant 10 (a failure is never silent): once the network is
+	// quiet, a decode room whose REQUEST a prefill process accepted and
+	// whose room there failed is terminal too — no deadline needed —
+	// while that decode process lives.
+	for _, r := range w.rooms {
+		for _, ps := range r.prefills {
+			pc := w.procs[ps]
+			if st, ok := pc.core.Status(r.id); !ok || st != Failed {
+				continue
+			}
+			for _, ds := range r.decodes {
+				dp := w.procs[w.cfg.prefills+ds]
+				if _, asked := w.asked[simKey{pInc: pc.inc, dInc: dp.inc, room: r.id}]; !asked || dp.dead {
+					continue
+				}
+				if st, ok := dp.core.Status(r.id); ok && !st.Terminal() {
+					w.fail("room %d: prefill %d failed it, decode %d still %v with the network quiet", r.id, ps, ds, st)
+				}
+			}
+		}
 	}
 	// Invariant 2 (an abort is never lost): once the network is quiet, an
 	// abort applied on decode has reached every prefill rank of the room

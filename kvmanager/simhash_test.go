@@ -130,8 +130,9 @@ func (w *simWorld) hash() [16]byte {
 			hashMsg(f, m.msg)
 		}
 	}
-	for _, x := range w.incSlot {
+	for i, x := range w.incSlot {
 		f.i(x)
+		f.s(w.incEp[i])
 	}
 	f.i(len(w.rooms))
 	for i, rec := range w.records {
@@ -192,7 +193,7 @@ func (w *simWorld) hash() [16]byte {
 		f.i(k[1])
 		f.b1(w.rel[k].forced)
 	}
-	for _, n := range []int{w.restarts, w.kills, w.peerDowns, w.ticks, w.losses, w.dups, w.replays, w.pauses, w.lookupFails} {
+	for _, n := range []int{w.restarts, w.kills, w.peerDowns, w.ticks, w.losses, w.dups, w.replays, w.pauses, w.lookupFails, w.stales} {
 		f.i(n)
 	}
 	var out [16]byte
@@ -264,6 +265,11 @@ func (c *Core) hash(f *fp) {
 				src(s)
 			}
 		}
+	}
+	f.i(c.reg.evicted) // exempts invariant 2 (see checkState)
+	f.u(c.stats.AbortsDropped)
+	for _, ref := range c.reg.tombQ { // the eviction order
+		f.u(ref.id)
 	}
 	f.i(len(c.reg.pending))
 	for _, id := range slices.Sorted(maps.Keys(c.reg.pending)) {
@@ -380,6 +386,7 @@ func (w *simWorld) clone() *simWorld {
 	}
 	c.writes = slices.Clone(w.writes)
 	c.incSlot = slices.Clone(w.incSlot)
+	c.incEp = slices.Clone(w.incEp)
 	c.rooms = slices.Clone(w.rooms)
 	c.sides = make(map[[2]uint64]*simSide, len(w.sides))
 	for k, sd := range w.sides {

@@ -335,17 +335,106 @@ func (w *simWorld) liveness() {
 				p.from.Peer(), slices.Sorted(maps.Keys(d.holds)), w.now.Sub(t0), w.liveBound()+w.cfg.quarantine)
 		}
 	}
+	for _, p := range w.procs {
+		if d := p.core.decodeCore; d != nil {
+			for _, k := range slices.Sorted(maps.Keys(d.targets)) {
+				if owed := d.targets[k].owed; len(owed) > 0 {
+					tg := d.targets[k]
+					w.fail("liveness: %s still owes prefill rank %s the ABORTs of rooms %v %v after faults stopped (none acknowledged; target at %s resolved %v resolving %v reg %v; the rank is at %s)",
+						p.from.Peer(), k, slices.Sorted(maps.Keys(owed)), w.now.Sub(t0), tg.endpoint, tg.resolved, tg.resolving, tg.reg, w.procs[tg.t.Rank].endpoint)
+				}
+			}
+		}
+	}
 	for _, k := range slices.SortedFunc(maps.Keys(w.heard), func(a, b simKey) int {
 		return cmpKeys(a, b)
 	}) {
-		p := w.procs[w.incSlot[k.pInc]]
-		if _, ok := w.acked[k]; !ok && p.inc == k.pInc && !p.dead {
+		// Between live processes (a dead decode process's ABORT, or a
+		// replay of one, is stale: dropped by the epoch check).
+		p, d := w.procs[w.incSlot[k.pInc]], w.procs[w.incSlot[k.dInc]]
+		if _, ok := w.acked[k]; !ok && p.inc == k.pInc && !p.dead && d.inc == k.dInc && !d.dead {
 			w.fail("liveness: room %d: prefill process %d heard decode process %d's ABORT and never answered it", k.room, k.pInc, k.dInc)
 		}
 	}
 	if w.err == nil {
+		w.probe()
+	}
+	if w.err == nil {
 		w.settle()
 	}
+}
+
+// simProbeRooms is the first probe room id.
+const simProbeRooms = 10000
+
+// probe is liveness L5, recovery: after faults stopped and everything
+// ended, a new room from every decode rank to every prefill rank succeeds
+// — the protocol is not just quiet but working (a decode rank retrying a
+// dead endpoint forever, or a registration lost for good, would fail every
+// room after the faults). The first round may fail while the protocol
+// finds out what the faults left (a dead endpoint it still holds costs its
+// REGISTER retries, 1 + 2 + 4 s, before the re-lookup: close to the
+// bootstrap deadline); a second round, created right after, must succeed.
+func (w *simWorld) probe() {
+	for round := 0; round < 2 && w.err == nil; round++ {
+		if w.probeRound(round, round == 1) {
+			return
+		}
+	}
+}
+
+// probeRound creates one probe room per (decode, prefill) pair and runs
+// the protocol until all succeed (true), or one fails or the bootstrap
+// deadline passes (false; a violation if must).
+func (w *simWorld) probeRound(round int, must bool) bool {
+	var ids []uint64
+	for d := 0; d < w.cfg.decodes; d++ {
+		for p := 0; p < w.cfg.prefills; p++ {
+			id := uint64(simProbeRooms + round*1000 + d*100 + p)
+			ids = append(ids, id)
+			w.addRoom(simRoomSpec{id: id, decodes: []int{d}, prefills: []int{p}, chunks: 1})
+			dp, pp := w.cfg.prefills+d, p
+			w.apply(simEvent{fmt.Sprintf("calm: probe room %d create", id), func(w *simWorld) {
+				for _, s := range []int{pp, dp} {
+					w.sides[[2]uint64{uint64(s), id}].inc = w.procs[s].inc
+				}
+				w.procs[pp].core.Step(w.now, CreateSender{Room: id})
+				w.effects(pp)
+				w.procs[dp].core.Step(w.now, CreateReceiver{Room: id, Links: []Link{{Target: Target{Bootstrap: "sim", Rank: pp}, Aux: true}}})
+				w.effects(dp)
+			}})
+		}
+	}
+	t0 := w.now
+	for w.err == nil {
+		w.drain()
+		done, failed := true, ""
+		for _, id := range ids {
+			r := w.rooms[slices.IndexFunc(w.rooms, func(r simRoomSpec) bool { return r.id == id })]
+			for _, s := range w.slotsOf(r) {
+				st, _ := w.procs[s].core.Status(id)
+				if st != Success {
+					done = false
+				}
+				if failed == "" && (st == Failed || w.now.Sub(t0) >= w.cfg.reg.BootstrapTimeout) {
+					reason, _ := w.procs[s].core.Failure(id)
+					failed = fmt.Sprintf("probe room %d on %s is %v %q %v after it was created", id, w.procs[s].from.Peer(), st, reason, w.now.Sub(t0))
+				}
+			}
+		}
+		switch {
+		case done:
+			return true
+		case failed != "" && must:
+			w.fail("liveness: no recovery after faults stopped and everything ended: %s", failed)
+			return false
+		case failed != "":
+			w.cov.hit("first probe round failed")
+			return false
+		}
+		w.apply(simEvent{"calm: time +1s", func(w *simWorld) { w.tick(simQuietStep - time.Millisecond) }})
+	}
+	return false
 }
 
 func cmpKeys(a, b simKey) int {

@@ -68,7 +68,7 @@ func simExhaustiveConfigs() map[string]simCase {
 		// hit, more REQUESTs than required, loss, duplication, replay and
 		// pauses; with the quiet phase's liveness checks where marked.
 		"1→1: kill -9, start on a new endpoint; stale lookups, watch pushes; liveness": mk(func(c *simConfig) {
-			c.kills, c.staleViews, c.pushes, c.live, c.noClear = 1, true, true, true, true
+			c.kills, c.staleViews, c.pushes, c.live, c.noClear, c.decodeAbort = 1, true, true, true, true, true
 		}, "restart on a new endpoint", "stale lookup", "discovery push", "message to a gone process"),
 		// The one time jump goes past every room deadline and the
 		// quarantine at once (each jump length multiplies the space).
@@ -242,7 +242,7 @@ var simRandomCoverage = map[string]int{
 	"prefill abort in Bootstrapping": 100, "prefill abort in WaitingForInput": 20, "prefill abort in Transferring": 10,
 	"failed write landed": 50, "forced release": 250, "release after drained ABORT_ACKs": 1500, "release after success": 90,
 	"ABORT_ACK drained=true": 2000, "ABORT_ACK drained=false": 80, "table bound reached: reg.tombs": 1000,
-	"REQUEST beyond the room's required": 20, "write to a gone process failed": 3,
+	"REQUEST beyond the room's required": 20, "write to a gone process failed": 1,
 }
 
 // TestSimRandom: swarm-random runs from fixed seeds (SIM_SEED_BASE moves
