@@ -20,7 +20,7 @@ test: deps
 	@$(MAKE) --no-print-directory lint
 	@# The model checker and the simulator print what they checked.
 	@# kvmanager with its mutants compiled in (-tags kvbmutants): the checkers, and every test that turns a known bug on to show it is caught.
-	$(GO) test -race -tags kvbmutants -count=1 -v ./kvmanager | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|random runs|found:'
+	$(GO) test -race -tags kvbmutants -count=1 -v ./kvmanager | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:'
 	$(GO) test -race -count=1 -skip '$(CHECKERS)' ./...
 
 NIXL_RUNS ?= 20
@@ -38,7 +38,7 @@ SEEDS ?= 100000
 ## sim: the protocol simulator at depth: the exhaustive configurations with one more time jump, decode aborts and clears, two rooms with a restart, and SEEDS random runs (SIM_SEED_BASE moves them)
 sim:
 	@# --line-buffered: each line as the test prints it (a deep configuration's line when it is done), not all at the end.
-	SIM_DEEP=1 SIM_SEEDS=$(SEEDS) $(GO) test -count=1 -timeout 0 -v -run '^(TestSimDeep|TestSimRandom)$$' ./kvmanager | grep --line-buffered -E '^(=== RUN|--- |ok|FAIL|PASS)|checked|random runs|seed'
+	SIM_DEEP=1 SIM_SEEDS=$(SEEDS) $(GO) test -count=1 -timeout 0 -v -run '^(TestSimDeep|TestSimRandom)$$' ./kvmanager | grep --line-buffered -E '^(=== RUN|--- |ok|FAIL|PASS)|checked|swarm runs|seed'
 
 ## bench: every benchmark, with allocations
 bench:

@@ -368,6 +368,7 @@ func explore(t *testing.T, role Role, peers int) (states, transitions int) {
 // TestInterleavings explores every reachable state of one room under every
 // order of its events and checks DESIGN.md's six invariants throughout.
 func TestInterleavings(t *testing.T) {
+	t.Parallel() // CPU-bound: alongside the other checkers
 	for _, tc := range []struct {
 		role  Role
 		peers int

@@ -486,3 +486,31 @@ func TestRelookupKeepsTheEndpoint(t *testing.T) {
 		}
 	})
 }
+
+// A late message from an epoch the receiver never heard, older than the
+// one it hears now, is stale too: the simulator's swarm seed 43 had a
+// decode rank restart twice, the prefill rank hear the newest process
+// through a PONG, then a message the middle process sent before it died
+// arrive — with unordered epochs that retired the live process, and every
+// ABORT and REQUEST it sent afterwards was dropped as stale (the pair
+// wedged for good). Epochs now grow with each start (bootstrap.NewEpoch).
+func TestOlderUnheardEpochDropped(t *testing.T) {
+	fixedAndMutant(t, bugNoRetiredEpochs, func(t *testing.T, mutants []bugID, fixed bool) {
+		c := testCore(t, RolePrefill, mutants...)
+		register(t, c, decodeFrom) // epoch 1
+		newest := decodeFrom
+		newest.Epoch = 3
+		c.Step(t0, Received{&bootstrap.Pong{From: newest}}) // a restart: 1 → 3
+		register(t, c, newest)
+		c.receive(t0, request(5, newest)) // pending
+		c.Effects()
+		middle := decodeFrom
+		middle.Epoch = 2 // sent by a process that died before we heard of it
+		c.receive(t0, &bootstrap.Abort{From: middle, Room: 9, Reason: "late"})
+		_, registered := c.peers[newest.Peer()]
+		if ok := registered && c.Sizes().Pending == 1 && c.epochs[newest.Peer()].epoch == 3; ok != fixed {
+			t.Fatalf("after a late message of an older, unheard epoch: registered %v, pending %d, current epoch %d",
+				registered, c.Sizes().Pending, c.epochs[newest.Peer()].epoch)
+		}
+	})
+}

@@ -12,7 +12,8 @@ import (
 // simulator printed.
 type simRegression struct {
 	name   string
-	config string // a key of simExhaustiveConfigs, or "restart script"
+	config string // a key of simExhaustiveConfigs, "restart script", or "" for cfg
+	cfg    func() simConfig
 	bug    bugID
 	want   string // the violation the bug causes
 	script []string
@@ -39,6 +40,26 @@ var simRegressions = []simRegression{
 			"room 7 decode 0 abort", "deliver 0→1 REGISTER_ACK"}},
 	{name: "writes follow the peer's current epoch (a decode restart before the sender)", config: "restart script",
 		bug: bugPostIgnoresEpoch, want: "whose REQUEST this prefill process never accepted", script: restartScript},
+	// Found by the simulator (issue 21), kept as unit tests with their
+	// mutants: an older epoch never heard retiring the live process (swarm
+	// seed 43: TestOlderUnheardEpochDropped, no-retired-epochs) and a lost
+	// ABORT never sent again (owed-not-resent, caught by the exhaustive
+	// loss configuration's liveness phase).
+	//
+	// Found by the simulator (issue 21): with MaxTombstones 1, a tombstone
+	// kept past the bound while its write was in flight stayed over it once
+	// the write completed.
+	{name: "a tombstone kept past the bound while it owed stays over it once settled", cfg: func() simConfig {
+		c := simBase()
+		c.rooms, c.ticks = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 1), simRoom(8, []int{0}, []int{0}, 1)}, -1
+		c.reg.MaxTombstones, c.decodeAbort = 1, true
+		return c
+	}, bug: bugNoTombTrim, want: "table reg.tombs has 2 entries, over its bound 1",
+		script: []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init",
+			"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK", "deliver 1→0 REQUEST", "room 7 prefill 0 send chunk 0", "post at 0", "post at 0",
+			"write 1 ok", "write 2 ok", "room 8 prefill 0 create", "room 8 prefill 0 init", "room 8 decode 0 create", "room 8 decode 0 init",
+			"deliver 1→0 REQUEST", "room 8 prefill 0 send chunk 0", "post at 0", "post at 0", "write 3 ok", "room 8 decode 0 abort",
+			"deliver 1→0 ABORT", "room 8 prefill 0 clear", "room 7 prefill 0 clear", "write 4 ok"}},
 }
 
 func TestSimRegressions(t *testing.T) {
@@ -50,7 +71,9 @@ func TestSimRegressions(t *testing.T) {
 				t.Skip("KVBRIDGE_MUTANT is on in every core: no fixed core to replay on") // make mutants
 			}
 			cfg := restartScriptConfig()
-			if rc.config != "restart script" {
+			if rc.cfg != nil {
+				cfg = rc.cfg()
+			} else if rc.config != "restart script" {
 				sc, ok := cfgs[rc.config]
 				if !ok {
 					t.Fatalf("no configuration %q", rc.config)

@@ -52,6 +52,10 @@ func simExhaustiveConfigs() map[string]simCase {
 			"restart heard from a PONG", "forced release"),
 		"1→1: a peer-dead report; decode aborts": mk(func(c *simConfig) { c.peerDowns, c.decodeAbort = 1, true },
 			"peer reported dead (falsely)", "decode abort in Bootstrapping"),
+		"1→2 decode ranks; decode 0 aborts (make sim adds the time jump)": mk(func(c *simConfig) {
+			*c = simTwoDecodesAbortJump()
+			c.ticks = -1
+		}, "decode abort in WaitingForInput, REQUEST sent"),
 		"1→2 decode ranks (required 2)": mk(func(c *simConfig) {
 			c.decodes, c.rooms, c.noClear = 2, []simRoomSpec{simRoom(7, []int{0, 1}, []int{0}, 1)}, true
 		}),
@@ -72,11 +76,6 @@ func simExhaustiveConfigs() map[string]simCase {
 		}, "restart on a new endpoint", "stale lookup", "discovery push", "message to a gone process"),
 		// The one time jump goes past every room deadline and the
 		// quarantine at once (each jump length multiplies the space).
-		"1→2 decode ranks; decode 0 aborts; one time jump": mk(func(c *simConfig) {
-			c.decodes, c.rooms, c.noClear, c.decodeAbort, c.abortDecodes, c.ticks = 2, []simRoomSpec{simRoom(7, []int{0, 1}, []int{0}, 1)}, true, true, []int{0}, 1
-			c.jumps, c.writesOK = []time.Duration{c.quarantine}, true
-			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init", "room 7 decode 1 create", "room 7 decode 1 init", "resolve at 1", "resolve at 2"}
-		}, "decode abort in WaitingForInput, REQUEST sent", "forced release"),
 		"1→1, two rooms; pending bounds 1 (a REQUEST refused for want of room)": mk(func(c *simConfig) {
 			c.rooms = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 1), simRoom(8, []int{0}, []int{0}, 1)}
 			c.reg.MaxPendingRooms, c.reg.MaxPendingPerPeer, c.noClear, c.writesOK = 1, 1, true, true
@@ -105,6 +104,17 @@ func simExhaustiveConfigs() map[string]simCase {
 	}
 }
 
+// simTwoDecodesAbortJump: 1 → 2 decode ranks, decode 0 aborts, one time
+// jump past every room deadline and the quarantine at once (about 106,000
+// states: make sim, and make test without the jump).
+func simTwoDecodesAbortJump() simConfig {
+	c := simBase()
+	c.decodes, c.rooms, c.noClear, c.decodeAbort, c.abortDecodes, c.ticks = 2, []simRoomSpec{simRoom(7, []int{0, 1}, []int{0}, 1)}, true, true, []int{0}, 1
+	c.jumps, c.writesOK = []time.Duration{c.quarantine}, true
+	c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init", "room 7 decode 1 create", "room 7 decode 1 init", "resolve at 1", "resolve at 2"}
+	return c
+}
+
 // simDeepConfigs are the exhaustive configurations with one more time
 // jump, a second room and the restart, for make sim (minutes, not seconds).
 func simDeepConfigs() map[string]simConfig {
@@ -123,6 +133,7 @@ func simDeepConfigs() map[string]simConfig {
 	c.rooms = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 1), simRoom(8, []int{0}, []int{0}, 1)}
 	c.restarts, c.ticks = 1, -1
 	out["1→1, two rooms; a rank restarts"] = c
+	out["1→2 decode ranks; decode 0 aborts; one time jump"] = simTwoDecodesAbortJump()
 	return out
 }
 
@@ -179,6 +190,7 @@ func TestSimCount(t *testing.T) {
 // from every quiescent state where the configuration says so), and
 // requires each configuration to reach what it is there for.
 func TestSimExhaustive(t *testing.T) {
+	t.Parallel() // CPU-bound: alongside the other checkers
 	// The explorations allocate little that lives long (the seen set):
 	// collect less often.
 	old := debug.SetGCPercent(400)
@@ -251,6 +263,7 @@ var simRandomCoverage = map[string]int{
 // and every core empty after the TTL. Coverage over the seeds is
 // asserted.
 func TestSimRandom(t *testing.T) {
+	t.Parallel() // CPU-bound: alongside the other checkers
 	base, _ := strconv.ParseUint(os.Getenv("SIM_SEED_BASE"), 10, 64)
 	n := simSeeds(200)
 	cfg := simRandomConfig()
@@ -296,6 +309,7 @@ func TestSimRandom(t *testing.T) {
 // (the core walks no map in an order that reaches its effects, nor does
 // the simulator), so a failing seed replays.
 func TestSimDeterministic(t *testing.T) {
+	t.Parallel() // CPU-bound: alongside the other checkers
 	cfg := simRandomConfig()
 	for seed := uint64(0); seed < 12; seed++ {
 		a, errA := runRandom(cfg, seed, simRandomSteps)
