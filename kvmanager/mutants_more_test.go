@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
-	"github.com/kvbridge/kvbridge/transfer"
 )
 
 // Unit tests for the mutants from quarantine-now on (mutants.go): each
@@ -115,19 +114,7 @@ func TestDoneWokenOnlyWhenTerminal(t *testing.T) {
 // completes; then the ACK goes out, drained.
 func TestAbortAckSentWhenWritesDrain(t *testing.T) {
 	fixedAndMutant(t, bugNoAbortAck, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := testCore(t, RolePrefill, mutants...)
-		register(t, c, decodeFrom)
-		c.createSender(t0, 1)
-		c.initSender(t0, 1)
-		c.receive(t0, request(1, decodeFrom))
-		c.Effects()
-		if err := c.sendChunk(t0, 1, []uint32{0}, false, -1, nil); err != nil {
-			t.Fatal(err)
-		}
-		var writes []transfer.Write
-		for _, e := range c.Effects() {
-			writes = append(writes, e.Writes...)
-		}
+		c, writes := prefillChunkQueued(t, mutants)
 		if len(writes) != 1 || !c.posting(t0, 1, &writes[0]) {
 			t.Fatalf("the chunk's write was not posted: %d writes", len(writes))
 		}

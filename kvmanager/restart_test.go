@@ -371,6 +371,30 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 // fixedAndMutant runs body on the fixed core (fixed true, no mutants) and
 // with mutant on (fixed false; skipped without -tags kvbmutants): the test
 // must pass on the first and see the bug on the second.
+// prefillChunkQueued is a prefill core with decodeFrom registered, room 1
+// requested and one chunk sent: it returns the chunk's writes, not yet
+// posted.
+func prefillChunkQueued(t *testing.T, mutants []bugID) (*Core, []transfer.Write) {
+	t.Helper()
+	c := testCore(t, RolePrefill, mutants...)
+	register(t, c, decodeFrom)
+	c.createSender(t0, 1)
+	c.initSender(t0, 1)
+	c.receive(t0, request(1, decodeFrom))
+	c.Effects()
+	if err := c.sendChunk(t0, 1, []uint32{0}, false, -1, nil); err != nil {
+		t.Fatal(err)
+	}
+	var writes []transfer.Write
+	for _, e := range c.Effects() {
+		writes = append(writes, e.Writes...)
+	}
+	if len(writes) == 0 {
+		t.Fatal("no write to gate")
+	}
+	return c, writes
+}
+
 func fixedAndMutant(t *testing.T, mutant bugID, body func(t *testing.T, mutants []bugID, fixed bool)) {
 	t.Run("fixed", func(t *testing.T) { body(t, nil, true) })
 	t.Run("with "+mutant.String(), func(t *testing.T) { body(t, []bugID{mutant}, false) })
@@ -384,22 +408,7 @@ func fixedAndMutant(t *testing.T, mutant bugID, body func(t *testing.T, mutants 
 // it into Registered opened a window as long as the metadata load.)
 func TestRegisterEpochCheckedBeforeMetadataLoad(t *testing.T) {
 	fixedAndMutant(t, bugRegisterEpochLate, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := testCore(t, RolePrefill, mutants...)
-		register(t, c, decodeFrom)
-		c.createSender(t0, 1)
-		c.initSender(t0, 1)
-		c.receive(t0, request(1, decodeFrom))
-		c.Effects()
-		if err := c.sendChunk(t0, 1, []uint32{0}, false, -1, nil); err != nil {
-			t.Fatal(err)
-		}
-		var writes []transfer.Write
-		for _, e := range c.Effects() {
-			writes = append(writes, e.Writes...)
-		}
-		if len(writes) == 0 {
-			t.Fatal("no write to gate")
-		}
+		c, writes := prefillChunkQueued(t, mutants)
 		restarted := decodeFrom
 		restarted.Epoch = 2
 		kv, aux, state := regionsOf(simLayout())

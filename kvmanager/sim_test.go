@@ -1294,7 +1294,7 @@ func (w *simWorld) observe() {
 					w.failedAt[[2]int{p.inc, int(id)}] = w.now
 				}
 			}
-			if rm.status.Terminal() && w.cov != nil {
+			if rm.status.Terminal() && w.cov != nil && id < simProbeRooms { // the probes are counted apart
 				w.cov.outcome(p.inc, id, rm.status, rm.reason)
 			}
 		}

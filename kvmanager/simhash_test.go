@@ -356,6 +356,15 @@ func (c *Core) hash(f *fp) {
 
 // ---- clone -------------------------------------------------------------
 
+// cloneRows copies a slice of slices, each row a copy.
+func cloneRows[T any](rows [][]T) [][]T {
+	out := make([][]T, len(rows))
+	for i, r := range rows {
+		out[i] = slices.Clone(r)
+	}
+	return out
+}
+
 func (w *simWorld) clone() *simWorld {
 	c := *w
 	c.procs = make([]*simProc, len(w.procs))
@@ -376,14 +385,8 @@ func (w *simWorld) clone() *simWorld {
 			c.net[i][j] = slices.Clone(q)
 		}
 	}
-	c.hist = make([][]*simMsg, len(w.hist))
-	for i, row := range w.hist {
-		c.hist[i] = slices.Clone(row) // messages are never modified
-	}
-	c.resolves = make([][]Target, len(w.resolves))
-	for i, q := range w.resolves {
-		c.resolves[i] = slices.Clone(q)
-	}
+	c.hist = cloneRows(w.hist) // messages are never modified
+	c.resolves = cloneRows(w.resolves)
 	c.writes = slices.Clone(w.writes)
 	c.incSlot = slices.Clone(w.incSlot)
 	c.incEp = slices.Clone(w.incEp)
@@ -396,10 +399,7 @@ func (w *simWorld) clone() *simWorld {
 	}
 	c.records = slices.Clone(w.records)
 	c.prev = slices.Clone(w.prev)
-	c.pushed = make([][]int, len(w.pushed))
-	for i, row := range w.pushed {
-		c.pushed[i] = slices.Clone(row)
-	}
+	c.pushed = cloneRows(w.pushed)
 	c.asked = maps.Clone(w.asked)
 	c.heard = maps.Clone(w.heard)
 	c.acked = maps.Clone(w.acked)
