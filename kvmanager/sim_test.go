@@ -1419,7 +1419,7 @@ func quiescent(evs []simEvent) bool {
 
 func isChoice(name string) bool {
 	for _, k := range []string{"time", "restart", "kill", "start", "pause", "resume", "lose", "duplicate", "replay",
-		"stale view", "fails", "finds", " create", " abort", " clear", "hears"} {
+		"stale view", "fails", "finds", " create", " abort", " clear", "hears", "late landing"} {
 		if strings.Contains(name, k) {
 			return true
 		}

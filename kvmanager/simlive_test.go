@@ -473,7 +473,7 @@ func (w *simWorld) settle() {
 		for _, r := range w.rooms {
 			for _, s := range w.slotsOf(r) {
 				sd, p := w.sides[[2]uint64{uint64(s), r.id}], w.procs[s]
-				if sd.inc == p.inc && !sd.cleared && !w.cfg.noClear {
+				if sd.inc == p.inc && !sd.cleared { // noClear binds the explored applications, not this phase
 					sd.cleared = true
 					id := r.id
 					w.apply(simEvent{fmt.Sprintf("calm: clear room %d at %d", id, s), func(w *simWorld) {
@@ -491,7 +491,7 @@ func (w *simWorld) settle() {
 		w.apply(simEvent{"calm: time past the quarantine and the TTL", func(w *simWorld) { w.tick(w.cfg.reg.TombstoneTTL + w.cfg.quarantine) }})
 	}
 	w.drain()
-	if w.err == nil && !w.cfg.noClear {
+	if w.err == nil {
 		w.checkEmpty()
 	}
 }
