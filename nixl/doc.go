@@ -43,6 +43,17 @@
 // notification only when the initiator asks for the transfer's status. A
 // notification is therefore delivered whether or not anyone waits.
 //
+// A peer's metadata blob is checked before an engine parses any of it
+// (ErrBadMetadata with the reason, naming the peer; Agent.MetadataRefused
+// counts them): the blob's version and the peer's engine library release
+// ("ucx/1.13.1": the same major and minor release as this agent's), then,
+// for the ucx engine, the whole packed UCX worker address and every region's
+// packed rkey, walked as UCX's own parsers walk them and checked field by
+// field for the transports this process runs (addrcheck.go), and for the
+// libnixl engine the UCX worker address in NIXL's own blob (nixlmd.go). A
+// blob UCX would misread, or that would make it map or write memory other
+// than the peer's, is refused instead of aborting the process.
+//
 // Every descriptor is checked against registered memory (this agent's, or
 // the remote's from its metadata) before an engine sees it: a descriptor
 // outside is ErrInvalidDescriptor, never a wild write. A transfer still in

@@ -110,6 +110,27 @@ var nixlLib struct {
 	sync.Mutex
 	path string
 	lib  *C.kvb_nixl
+	// library is what libnixl agents put in their metadata blobs: the UCX
+	// release NIXL's UCX plugin runs, read once, when the first agent's
+	// backend has loaded the plugin (NIXL's C API has no version call).
+	library string
+	ucxVer  ucxVersion
+}
+
+// nixlLibrary is the library string of this process's libnixl agents.
+func nixlLibrary() (string, ucxVersion) {
+	nixlLib.Lock()
+	defer nixlLib.Unlock()
+	if nixlLib.library == "" {
+		var major, minor, release C.uint
+		if C.kvb_loaded_ucx_version(&major, &minor, &release) > 0 {
+			nixlLib.ucxVer = ucxVersion{uint(major), uint(minor), uint(release)}
+			nixlLib.library = "nixl/ucx-" + nixlLib.ucxVer.String()
+		} else {
+			nixlLib.library = "nixl/ucx-unknown"
+		}
+	}
+	return nixlLib.library, nixlLib.ucxVer
 }
 
 // loadNIXL loads the C API once per process, under LockOSThread because
@@ -169,6 +190,11 @@ type libnixl struct {
 
 	nmu  sync.Mutex // the notification map is ours: one drain at a time
 	nmap C.nx_h
+
+	library string
+	// local checks peers' UCX worker addresses when NIXL's blob is its
+	// serialized form with a UCX connection (nixlmd.go); nil otherwise.
+	local *ucxLocal
 
 	mu    sync.Mutex // guards the sets below
 	regs  map[*nixlReg]struct{}
@@ -241,6 +267,11 @@ func openLibNIXL(cfg Config) (backend, error) {
 	}
 	n.backend = be
 	if n.opt, err = n.newOpt(); err != nil {
+		return fail(err)
+	}
+	var ver ucxVersion
+	n.library, ver = nixlLibrary()
+	if err := n.learnLocal(ver); err != nil {
 		return fail(err)
 	}
 	if err := nxErr("nixl_capi_create_notif_map", C.nx_create_notif_map(lib, &nmap)); err != nil {
@@ -345,7 +376,7 @@ func (n *libnixl) metadata(regs []*Registration) ([]byte, error) {
 	if err := nxErr("nixl_capi_get_local_md", C.nx_get_local_md(n.l, n.agent, &data, &ln)); err != nil {
 		return nil, err
 	}
-	m := metadataBlob{engine: EngineLibNIXL, agent: n.name, payload: C.GoBytes(data, C.int(ln))}
+	m := metadataBlob{engine: EngineLibNIXL, library: n.library, agent: n.name, payload: C.GoBytes(data, C.int(ln))}
 	C.nx_mem_free(n.l, data) // NIXL's buffer, ours to free
 	for _, r := range regs {
 		for _, d := range r.Descs {
@@ -356,12 +387,15 @@ func (n *libnixl) metadata(regs []*Registration) ([]byte, error) {
 }
 
 func (n *libnixl) loadRemote(md []byte) (string, []remoteRegion, error) {
-	m, err := decodeMetadata(md, EngineLibNIXL)
+	m, err := decodeMetadata(md, EngineLibNIXL, n.library)
 	if err != nil {
 		return "", nil, err
 	}
 	if len(m.payload) == 0 {
-		return "", nil, fmt.Errorf("empty NIXL metadata: %w", ErrBadMetadata)
+		return "", nil, fmt.Errorf("agent %q: empty NIXL metadata: %w", m.agent, ErrBadMetadata)
+	}
+	if err := n.checkPeer(m); err != nil {
+		return "", nil, fmt.Errorf("agent %q: %w", m.agent, err)
 	}
 	if !n.live() {
 		return "", nil, errAgentClosed
@@ -376,7 +410,7 @@ func (n *libnixl) loadRemote(md []byte) (string, []remoteRegion, error) {
 	got := C.GoString(name)
 	C.nx_mem_free(n.l, unsafe.Pointer(name)) // NIXL's string, ours to free
 	if got != m.agent {
-		return "", nil, fmt.Errorf("NIXL names the agent %q, the envelope %q: %w", got, m.agent, ErrBadMetadata)
+		return "", nil, fmt.Errorf("agent %q: NIXL names the agent %q: %w", m.agent, got, ErrBadMetadata)
 	}
 	return got, m.remoteRegions(), nil
 }

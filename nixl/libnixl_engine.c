@@ -2,6 +2,7 @@
 #include "libnixl_engine.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,4 +108,45 @@ kvb_nixl *kvb_nixl_load(const char *path, char *err, size_t errlen)
 	SYM(notif_map_clear, "nixl_capi_notif_map_clear", 1);
 #undef SYM
 	return l;
+}
+
+struct kvb_ucp_find {
+	char path[4096];
+	int found;
+};
+
+static int kvb_ucp_find_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	(void)size;
+	struct kvb_ucp_find *f = arg;
+	const char *base = strrchr(info->dlpi_name, '/');
+	base = base ? base + 1 : info->dlpi_name;
+	// libucp.so.0, or a wheel's renamed libucp-<hash>.so.0.
+	if (strncmp(base, "libucp.so", 9) == 0 || strncmp(base, "libucp-", 7) == 0) {
+		f->found++;
+		if (f->found == 1) {
+			snprintf(f->path, sizeof(f->path), "%s", info->dlpi_name);
+		}
+	}
+	return 0;
+}
+
+int kvb_loaded_ucx_version(unsigned *major, unsigned *minor, unsigned *release)
+{
+	struct kvb_ucp_find f = {0};
+	dl_iterate_phdr(kvb_ucp_find_cb, &f);
+	if (f.found == 0) {
+		return 0;
+	}
+	void *h = dlopen(f.path, RTLD_LAZY | RTLD_NOLOAD);
+	if (h == NULL) {
+		return 0;
+	}
+	void (*get)(unsigned *, unsigned *, unsigned *);
+	*(void **)(&get) = dlsym(h, "ucp_get_version");
+	if (get != NULL) {
+		get(major, minor, release);
+	}
+	dlclose(h);
+	return get != NULL ? f.found : 0;
 }

@@ -95,4 +95,10 @@ typedef struct kvb_nixl {
 // why into err.
 kvb_nixl *kvb_nixl_load(const char *path, char *err, size_t errlen);
 
+// kvb_loaded_ucx_version reads the release of the libucp already mapped in
+// this process (the one NIXL's UCX plugin brought; nothing is loaded):
+// the number of libucp objects mapped, 0 when none (or it has no
+// ucp_get_version), with the first one's release.
+int kvb_loaded_ucx_version(unsigned *major, unsigned *minor, unsigned *release);
+
 #endif

@@ -94,8 +94,11 @@ func (l *loopback) alloc(kind MemKind, size uint64) ([]byte, any, error) {
 	return buf, &loopbackAlloc{regions: h.(*[]remoteRegion), buf: buf}, nil
 }
 
+// loopbackLibrary is the loopback engine's library in metadata blobs.
+const loopbackLibrary = "loopback"
+
 func (l *loopback) metadata(regs []*Registration) ([]byte, error) {
-	m := metadataBlob{engine: EngineLoopback, agent: l.name}
+	m := metadataBlob{engine: EngineLoopback, library: loopbackLibrary, agent: l.name}
 	for _, r := range regs {
 		for _, d := range r.Descs {
 			m.regions = append(m.regions, mdRegion{remoteRegion: remoteRegion{r.Kind, d}})
@@ -105,7 +108,7 @@ func (l *loopback) metadata(regs []*Registration) ([]byte, error) {
 }
 
 func (l *loopback) loadRemote(md []byte) (string, []remoteRegion, error) {
-	m, err := decodeMetadata(md, EngineLoopback)
+	m, err := decodeMetadata(md, EngineLoopback, loopbackLibrary)
 	if err != nil {
 		return "", nil, err
 	}

@@ -3,22 +3,54 @@ package nixl
 import (
 	"encoding/binary"
 	"fmt"
+	"strings"
 )
 
 // The metadata blob of the loopback and ucx engines (libnixl wraps NIXL's
 // own blob the same way):
 //
-//	"KVBN" version(1) engine(str) agent(str) nregions(u32)
+//	"KVBN" version(2) engine(str) agent(str) library(str) nregions(u32)
 //	  nregions × { kind(u8) addr(u64) len(u64) dev(u64) key(bytes) }
 //	engine payload(bytes)
 //
 // str and bytes are a u32 length then the bytes; integers little-endian.
 // Each region's key is engine data (a packed UCX rkey); the payload is
-// engine data for the whole agent (a UCX worker address).
+// engine data for the whole agent (a UCX worker address). library names the
+// engine library and its release, "ucx/1.13.1" (the ucx engine: libucp's
+// ucp_get_version), "nixl/ucx-1.19.0" (libnixl: NIXL's C API has no version
+// call; the UCX NIXL's plugin runs, or "nixl/ucx-unknown"), "loopback".
+// decodeMetadata compares it with this agent's before it reads any further:
+// the release may differ only in its patch number. Version 1 blobs (no
+// library field) are refused with a reason saying so.
 const (
 	mdMagic   = "KVBN"
-	mdVersion = 1
+	mdVersion = 2
 )
+
+// libCompatible says whether a peer's engine library can be parsed by this
+// agent's: the same library, and the same major and minor release (UCX
+// changes transport address formats between minor releases; a patch
+// release does not). "nixl/ucx-unknown" on either side is compared as a
+// string: a NIXL whose UCX this process could not see is only compatible
+// with another such.
+func libCompatible(have, peer string) bool {
+	if have == peer {
+		return true
+	}
+	hn, hv, ok1 := splitLib(have)
+	pn, pv, ok2 := splitLib(peer)
+	return ok1 && ok2 && hn == pn && hv.major == pv.major && hv.minor == pv.minor
+}
+
+// splitLib splits "ucx/1.13.1" and "nixl/ucx-1.19.0" into a name and a release.
+func splitLib(s string) (string, ucxVersion, bool) {
+	i := strings.LastIndexAny(s, "/-")
+	if i < 0 {
+		return "", ucxVersion{}, false
+	}
+	v, ok := parseUCXVersion(s[i+1:])
+	return s[:i], v, ok
+}
 
 type mdRegion struct {
 	remoteRegion
@@ -26,9 +58,9 @@ type mdRegion struct {
 }
 
 type metadataBlob struct {
-	engine, agent string
-	regions       []mdRegion
-	payload       []byte
+	engine, library, agent string
+	regions                []mdRegion
+	payload                []byte
 }
 
 func (m *metadataBlob) encode() []byte {
@@ -39,6 +71,7 @@ func (m *metadataBlob) encode() []byte {
 	}
 	putBytes([]byte(m.engine))
 	putBytes([]byte(m.agent))
+	putBytes([]byte(m.library))
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.regions)))
 	for _, r := range m.regions {
 		b = append(b, byte(r.Kind))
@@ -51,12 +84,18 @@ func (m *metadataBlob) encode() []byte {
 	return b
 }
 
-func decodeMetadata(b []byte, engine string) (*metadataBlob, error) {
+// decodeMetadata decodes a peer's blob for an agent of engine running
+// library; nothing after the library field is read unless both match.
+func decodeMetadata(b []byte, engine, library string) (*metadataBlob, error) {
 	bad := func(what string) (*metadataBlob, error) {
 		return nil, fmt.Errorf("%s: %w", what, ErrBadMetadata)
 	}
 	if len(b) < 5 || string(b[:4]) != mdMagic {
 		return bad("not a kvbridge metadata blob")
+	}
+	if b[4] == 1 {
+		return bad(fmt.Sprintf("metadata version 1, want %d: the peer runs a kvbridge from before "+
+			"engine library versions joined the blob; upgrade it", mdVersion))
 	}
 	if b[4] != mdVersion {
 		return bad(fmt.Sprintf("metadata version %d, want %d", b[4], mdVersion))
@@ -90,23 +129,31 @@ func decodeMetadata(b []byte, engine string) (*metadataBlob, error) {
 	m := &metadataBlob{}
 	eng, ok1 := bytesField()
 	agent, ok2 := bytesField()
-	n, ok3 := u32()
+	lib, ok3 := bytesField()
 	if !ok1 || !ok2 || !ok3 {
 		return bad("truncated header")
 	}
-	m.engine, m.agent = string(eng), string(agent)
+	m.engine, m.agent, m.library = string(eng), string(agent), string(lib)
 	if m.engine != engine {
-		return bad(fmt.Sprintf("blob from the %s engine, this agent runs %s", m.engine, engine))
+		return bad(fmt.Sprintf("blob from the %q engine, this agent runs %s", m.engine, engine))
 	}
 	if m.agent == "" {
 		return bad("empty agent name")
 	}
+	if !libCompatible(library, m.library) {
+		return bad(fmt.Sprintf("agent %q runs %q, this agent %q: the releases differ beyond their patch number",
+			m.agent, m.library, library))
+	}
+	n, ok := u32()
+	if !ok {
+		return bad("truncated header")
+	}
 	if uint64(n)*29 > uint64(len(b)-off) {
-		return bad("region count exceeds the blob")
+		return bad(fmt.Sprintf("agent %q: region count %d exceeds the blob", m.agent, n))
 	}
 	for i := uint32(0); i < n; i++ {
 		if off >= len(b) {
-			return bad("truncated region")
+			return bad(fmt.Sprintf("agent %q: truncated region %d", m.agent, i))
 		}
 		kind := MemKind(b[off])
 		off++
@@ -115,13 +162,13 @@ func decodeMetadata(b []byte, engine string) (*metadataBlob, error) {
 		dev, ok3 := u64()
 		key, ok4 := bytesField()
 		if !ok1 || !ok2 || !ok3 || !ok4 || !validKind(kind) || ln == 0 || addr+ln < addr {
-			return bad(fmt.Sprintf("region %d malformed", i))
+			return bad(fmt.Sprintf("agent %q: region %d malformed", m.agent, i))
 		}
 		m.regions = append(m.regions, mdRegion{remoteRegion{kind, Desc{Addr: uintptr(addr), Len: ln, Dev: dev}}, key})
 	}
 	p, ok := bytesField()
 	if !ok || off != len(b) {
-		return bad("truncated or trailing payload")
+		return bad(fmt.Sprintf("agent %q: truncated or trailing payload", m.agent))
 	}
 	m.payload = p
 	return m, nil

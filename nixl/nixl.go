@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -253,6 +254,8 @@ type Agent struct {
 	// checked again at its next post.
 	deregs uint64
 	closed bool
+	// refusedMD counts peers' metadata blobs refused as ErrBadMetadata.
+	refusedMD atomic.Uint64
 
 	// The completion watcher: one goroutine per agent polls the engine for
 	// the transfers in flight (waking on the engine's progress signal where
@@ -574,12 +577,19 @@ func (a *Agent) LoadRemote(md []byte) (string, error) {
 	}
 	name, regions, err := a.b.loadRemote(md)
 	if err != nil {
+		if errors.Is(err, ErrBadMetadata) {
+			a.refusedMD.Add(1)
+		}
 		return "", fmt.Errorf("agent %s: load remote metadata: %w", a.name, err)
 	}
 	a.remotes[name] = newRegionIndex(regions)
 	a.gens[name]++
 	return name, nil
 }
+
+// MetadataRefused counts the peers' metadata blobs LoadRemote refused as
+// malformed or incompatible (ErrBadMetadata) since the agent opened.
+func (a *Agent) MetadataRefused() uint64 { return a.refusedMD.Load() }
 
 // InvalidateRemote forgets a peer; its transfers in flight fail.
 func (a *Agent) InvalidateRemote(name string) error {

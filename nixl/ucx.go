@@ -8,6 +8,7 @@ package nixl
 
 static const char *kvbu_status_string(int st) { return kvbu.ucs_status_string(st); }
 static void kvbu_rkey_destroy(ucp_rkey_h k) { kvbu.ucp_rkey_destroy(k); }
+static void kvbu_version(unsigned *major, unsigned *minor, unsigned *release) { kvbu.ucp_get_version(major, minor, release); }
 */
 import "C"
 
@@ -141,11 +142,111 @@ type ucx struct {
 	// copyMu: direct copies hold it for reading, unmapping for writing.
 	copyMu sync.RWMutex
 
-	// selfAddrHeader and selfAddrMin describe this process's own worker
-	// address: a peer's must have the same header byte and at least the
-	// fixed part (header and worker id).
+	// local describes this agent's own UCX (release, transports, FIFO
+	// sizes) for the checks of peers' addresses and keys (addrcheck.go);
+	// library is the release in this agent's metadata blobs.
+	local   *ucxLocal
+	library string
+	// spans are this agent's DRAM registrations with their packed keys, for
+	// in-process peers' checks (memMu; written by the progress goroutine).
+	memMu sync.Mutex
+	spans map[*ucxReg][]ucxMem
+	// selfAddrHeader and selfAddrMin: the checks before issue 23 (the
+	// header byte and a length), kept for the test that shows them
+	// insufficient (legacyAddrCheck).
 	selfAddrHeader byte
 	selfAddrMin    int
+}
+
+// legacyAddrCheck, set only by tests, checks peers' worker addresses as
+// kvbridge did before issue 23: the header byte and the length. Its fuzz
+// test runs a child process with it to show that check lets through
+// addresses that abort the process inside UCX.
+var legacyAddrCheck bool
+
+// ucxProcess holds this process's live ucx agents: a peer whose address
+// names this process is checked against the agent it names.
+var ucxProcess struct {
+	sync.Mutex
+	agents map[*ucx]struct{}
+}
+
+// setSpans records (mems non-nil) or forgets a registration's memory.
+func (u *ucx) setSpans(r *ucxReg, mems []ucxMem) {
+	u.memMu.Lock()
+	defer u.memMu.Unlock()
+	if u.spans == nil {
+		u.spans = map[*ucxReg][]ucxMem{}
+	}
+	if mems == nil {
+		delete(u.spans, r)
+		return
+	}
+	u.spans[r] = append([]ucxMem(nil), mems...)
+}
+
+// registeredKey returns the packed key this agent made for exactly the
+// region d, if it registered it.
+func (u *ucx) registeredKey(d Desc) ([]byte, bool) {
+	u.memMu.Lock()
+	defer u.memMu.Unlock()
+	for _, ms := range u.spans {
+		for _, m := range ms {
+			if m.addr == d.Addr && m.len == d.Len {
+				return m.rkey, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// inProcessPeer finds the agent of this process a peer's address names,
+// when it names this process: by its worker uuid, by a posix, sysv or cma
+// entry naming this pid, or by a tcp, posix, sysv or self entry one of this
+// process's agents wrote. Then the uuid must be that agent's and every
+// entry of a transport it runs must be its own: an address of an agent here
+// with another agent's (or process's) endpoint is refused. nil when the
+// address names another process.
+func inProcessPeer(a *ucxAddress) (*ucx, error) {
+	ucxProcess.Lock()
+	defer ucxProcess.Unlock()
+	var named, owner *ucx
+	for w := range ucxProcess.agents {
+		if a.hasUUID && w.local.uuid == a.uuid {
+			named = w
+		}
+	}
+	for i, d := range a.devices {
+		for _, t := range d.ifaces {
+			if tlName(t.csum) == "cma" {
+				continue // every agent here writes the same pid
+			}
+			for w := range ucxProcess.agents {
+				if !w.local.hasEntry(t.csum, d.addr, t.addr) {
+					continue
+				}
+				if owner != nil && owner != w {
+					return nil, fmt.Errorf("device %d: entries of agents %q and %q of this process", i, owner.name, w.name)
+				}
+				owner = w
+			}
+			if named != nil {
+				if _, runs := named.local.own[t.csum]; runs && !named.local.hasEntry(t.csum, d.addr, t.addr) {
+					return nil, fmt.Errorf("device %d: the worker uuid of agent %q of this process with a %s address that is not its own",
+						i, named.name, tlName(t.csum))
+				}
+			}
+		}
+	}
+	switch {
+	case named == nil && owner == nil && a.peerPID != os.Getpid():
+		return nil, nil
+	case named == nil:
+		return nil, fmt.Errorf("the address names this process but no agent of it has worker uuid %#x", a.uuid)
+	case owner != nil && owner != named:
+		return nil, fmt.Errorf("worker uuid of agent %q of this process, transport addresses of agent %q", named.name, owner.name)
+	}
+	return named, nil
 }
 
 // spinWindow is how long the progress thread keeps polling after activity
@@ -231,6 +332,15 @@ func openUCX(cfg Config) (backend, error) {
 	if !ok {
 		tls = os.Getenv("UCX_TLS")
 	}
+	unified, ok := ucpKeys["UNIFIED_MODE"]
+	if !ok {
+		unified = os.Getenv("UCX_UNIFIED_MODE")
+	}
+	switch strings.ToLower(unified) {
+	case "y", "yes", "on", "1", "true":
+		return nil, fmt.Errorf("ucx engine: UCX unified mode (UNIFIED_MODE=%s) packs worker addresses in a format "+
+			"kvbridge does not validate: %w", unified, ErrUnsupported)
+	}
 	u := &ucx{device: cfg.Device, wake: make(chan struct{}, 1), progress: make(chan struct{}, 1), peerErrors: tls == "" || tls == "all" || strings.Contains(tls, "tcp") || strings.Contains(tls, "ib") ||
 		strings.Contains(tls, "rc") || strings.Contains(tls, "ud") || strings.Contains(tls, "dc"), name: cfg.Name, cmds: make(chan func(), 64), closing: make(chan struct{}), done: make(chan struct{}),
 		regs: map[*ucxReg]struct{}{}, remotes: map[string]*ucxRemote{}, active: map[*ucxXfer]struct{}{},
@@ -287,7 +397,25 @@ func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 	// Header (1 byte with UCX 1.13's v1 addresses, 2 with v2) and the
 	// 8-byte worker id, when present, come before anything variable.
 	u.selfAddrMin = min(int(n), 9)
+	own := C.GoBytes(self, C.int(n))
 	C.free(self)
+	var major, minor, release C.uint
+	C.kvbu_version(&major, &minor, &release)
+	ver := ucxVersion{uint(major), uint(minor), uint(release)}
+	u.library = "ucx/" + ver.String()
+	local, err := newUCXLocal(own, ver)
+	if err != nil {
+		C.kvb_destroy(ctx)
+		started <- fmt.Errorf("peers' worker addresses could not be validated: %v", err)
+		return
+	}
+	u.local = local
+	ucxProcess.Lock()
+	if ucxProcess.agents == nil {
+		ucxProcess.agents = map[*ucx]struct{}{}
+	}
+	ucxProcess.agents[u] = struct{}{}
+	ucxProcess.Unlock()
 	started <- nil
 
 	idle := time.Duration(0)
@@ -437,6 +565,7 @@ func (u *ucx) register(kind MemKind, descs []Desc) (any, error) {
 		}
 		u.regs[r] = struct{}{}
 		u.localIdx = nil
+		u.setSpans(r, r.mems)
 		return nil
 	})
 	return r, err
@@ -464,6 +593,7 @@ func (u *ucx) mapMem(addr uintptr, n uint64, allocate bool) (ucxMem, error) {
 }
 
 func (u *ucx) unmap(r *ucxReg) {
+	u.setSpans(r, nil)
 	u.copyMu.Lock() // wait for direct copies from or into this memory
 	defer u.copyMu.Unlock()
 	for _, m := range r.mems {
@@ -495,6 +625,7 @@ func (u *ucx) alloc(kind MemKind, size uint64) ([]byte, any, error) {
 		r.mems = []ucxMem{m}
 		u.regs[r] = struct{}{}
 		u.localIdx = nil
+		u.setSpans(r, r.mems)
 		// UCX-mapped memory, outside the Go heap.
 		buf = unsafe.Slice((*byte)(unsafe.Pointer(C.kvb_ptr(C.uintptr_t(m.addr)))), int(size))
 		return nil
@@ -503,7 +634,7 @@ func (u *ucx) alloc(kind MemKind, size uint64) ([]byte, any, error) {
 }
 
 func (u *ucx) metadata(regs []*Registration) ([]byte, error) {
-	m := metadataBlob{engine: EngineUCX, agent: u.name}
+	m := metadataBlob{engine: EngineUCX, library: u.library, agent: u.name}
 	err := u.do(func() error {
 		var addr unsafe.Pointer
 		var n C.size_t
@@ -527,14 +658,10 @@ func (u *ucx) metadata(regs []*Registration) ([]byte, error) {
 // few hundred bytes; RDMA devices add tens of bytes each).
 const maxWorkerAddress = 16 << 10
 
-// checkWorkerAddress refuses a worker address UCX's parser would choke on
-// before UCX sees it: UCX 1.13 asserts (and aborts the process) on an
-// unknown address version, and reads past the end of a short one. The
-// header byte — address version in its low 4 bits, flags in the high 4 —
-// must be this process's own (every rank of a deployment runs one UCX
-// build), and the length must be plausible. A blob past this check can
-// still be hostile deeper inside: that is why only authenticated peers'
-// blobs reach the engine (kvmanager loads metadata from REGISTERs only).
+// checkWorkerAddress was the whole check before issue 23: the header byte
+// and a plausible length. Only the fuzz test's child runs it now
+// (legacyAddrCheck), to show that it lets through addresses that abort the
+// process in ucp_ep_create.
 func (u *ucx) checkWorkerAddress(addr []byte) error {
 	switch {
 	case len(addr) < u.selfAddrMin:
@@ -549,12 +676,61 @@ func (u *ucx) checkWorkerAddress(addr []byte) error {
 	return nil
 }
 
+// checkPeer validates a peer's worker address and the packed rkeys of its
+// DRAM regions completely (addrcheck.go) before UCX parses any of them: a
+// blob UCX would misread is refused with the reason, never handed on.
+func (u *ucx) checkPeer(m *metadataBlob) error {
+	if legacyAddrCheck {
+		return u.checkWorkerAddress(m.payload)
+	}
+	if len(m.payload) > maxWorkerAddress {
+		return fmt.Errorf("UCX worker address of %d bytes exceeds %d: %w", len(m.payload), maxWorkerAddress, ErrBadMetadata)
+	}
+	a, err := u.local.checkAddress(m.payload)
+	if err != nil {
+		return fmt.Errorf("UCX worker address (%d bytes): %v: %w", len(m.payload), err, ErrBadMetadata)
+	}
+	for i, r := range m.regions {
+		if r.Kind != DRAM {
+			continue
+		}
+		if err := u.local.checkRkey(a, r.key, r.Desc); err != nil {
+			return fmt.Errorf("region %d's UCX remote key (%d bytes): %v: %w", i, len(r.key), err, ErrBadMetadata)
+		}
+	}
+	// A peer in this process: its regions and keys must be exactly what
+	// that agent registered (a write through a wrong one lands in this
+	// process's own memory).
+	w, err := inProcessPeer(a)
+	if err != nil {
+		return fmt.Errorf("UCX worker address: %v: %w", err, ErrBadMetadata)
+	}
+	if w == nil {
+		return nil
+	}
+	for i, r := range m.regions {
+		if r.Kind != DRAM {
+			continue
+		}
+		key, ok := w.registeredKey(r.Desc)
+		if !ok {
+			return fmt.Errorf("region %d [%#x, +%d) is not memory agent %q of this process registered: %w",
+				i, r.Addr, r.Len, w.name, ErrBadMetadata)
+		}
+		if string(key) != string(r.key) {
+			return fmt.Errorf("region %d's UCX remote key is not the one agent %q of this process packed: %w",
+				i, w.name, ErrBadMetadata)
+		}
+	}
+	return nil
+}
+
 func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
-	m, err := decodeMetadata(md, EngineUCX)
+	m, err := decodeMetadata(md, EngineUCX, u.library)
 	if err != nil {
 		return "", nil, err
 	}
-	if err := u.checkWorkerAddress(m.payload); err != nil {
+	if err := u.checkPeer(m); err != nil {
 		return "", nil, fmt.Errorf("agent %q: %w", m.agent, err)
 	}
 	r := &ucxRemote{name: m.agent, regions: m.remoteRegions()}
@@ -997,6 +1173,9 @@ func (u *ucx) close() error {
 // shutdown runs on the progress thread: fail what is in flight, let the
 // cancellations run, then release every UCX object.
 func (u *ucx) shutdown() {
+	ucxProcess.Lock()
+	delete(ucxProcess.agents, u)
+	ucxProcess.Unlock()
 	for x := range u.active {
 		s := "agent closed"
 		x.errMsg.Store(&s)

@@ -1,0 +1,181 @@
+package nixl
+
+/*
+#include <stdlib.h>
+#include "libnixl_engine.h"
+
+static int nx_get_local_md2(kvb_nixl *l, nx_h a, void **d, size_t *n) { return l->get_local_md(a, d, n); }
+static void nx_mem_free2(kvb_nixl *l, void *p) { if (l->mem_free) l->mem_free(p); else free(p); }
+*/
+import "C"
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"unsafe"
+)
+
+// NIXL's own metadata blob (nixlAgentData::getLocalMD, NIXL 0.7 – 1.4) is a
+// nixlSerDes string:
+//
+//	"nixlSerDes|" "Agent" len(u64) name "|" "Conns" len(u64)=8 count(u64) "|"
+//	  count × { "t" len(u64) backend "|" "c" len(u64) conninfo "|" }
+//	"" len(u64)=10 "MemSection" "|" <memory section>
+//
+// The UCX backend's conninfo is its worker address, passed as it is to
+// ucp_ep_create for every worker of the loading agent (nixlUcxEngine::
+// loadRemoteConnInfo). So the libnixl engine parses the blob up to the
+// memory section and checks that address exactly as the ucx engine checks
+// its peers' (addrcheck.go), against what NIXL's UCX writes itself (this
+// agent's own blob, the release of the libucp NIXL's plugin mapped). Not
+// covered: the memory section, whose per-backend descriptors carry the
+// packed rkeys NIXL hands to ucp_ep_rkey_unpack (its serialization
+// (nixlSecDesc) differs across NIXL releases and kvbridge does not parse
+// it), and blobs that are not nixlSerDes at all (the C test double's):
+// those go to NIXL as before.
+const nixlSerDesMagic = "nixlSerDes|"
+
+// nixlMD is the head of a NIXL metadata blob.
+type nixlMD struct {
+	agent string
+	conns map[string][]byte // backend → connection info
+}
+
+func parseNIXLMD(b []byte) (*nixlMD, error) {
+	if !bytes.HasPrefix(b, []byte(nixlSerDesMagic)) {
+		return nil, fmt.Errorf("not a nixlSerDes blob")
+	}
+	off := len(nixlSerDesMagic)
+	field := func(tag string) ([]byte, error) {
+		if len(b)-off < len(tag)+8 || string(b[off:off+len(tag)]) != tag {
+			return nil, fmt.Errorf("field %q missing at byte %d", tag, off)
+		}
+		off += len(tag)
+		n := binary.LittleEndian.Uint64(b[off:])
+		off += 8
+		if n >= uint64(len(b)-off) { // the bytes and the '|'
+
+			return nil, fmt.Errorf("field %q of %d bytes, %d left", tag, n, len(b)-off)
+		}
+		v := b[off : off+int(n)]
+		off += int(n)
+		if b[off] != '|' {
+			return nil, fmt.Errorf("field %q not terminated", tag)
+		}
+		off++
+		return v, nil
+	}
+	m := &nixlMD{conns: map[string][]byte{}}
+	name, err := field("Agent")
+	if err != nil {
+		return nil, err
+	}
+	m.agent = string(name)
+	cnt, err := field("Conns")
+	if err != nil {
+		return nil, err
+	}
+	if len(cnt) != 8 {
+		return nil, fmt.Errorf("connection count of %d bytes", len(cnt))
+	}
+	count := binary.LittleEndian.Uint64(cnt)
+	if count > 64 {
+		return nil, fmt.Errorf("%d backends' connection info", count)
+	}
+	for i := uint64(0); i < count; i++ {
+		t, err := field("t")
+		if err != nil {
+			return nil, err
+		}
+		c, err := field("c")
+		if err != nil {
+			return nil, err
+		}
+		if len(t) == 0 || len(c) == 0 {
+			return nil, fmt.Errorf("connection %d: empty backend name or info", i)
+		}
+		if _, dup := m.conns[string(t)]; dup {
+			return nil, fmt.Errorf("backend %q's connection info twice", t)
+		}
+		m.conns[string(t)] = c
+	}
+	sec, err := field("")
+	if err != nil {
+		return nil, err
+	}
+	if string(sec) != "MemSection" {
+		return nil, fmt.Errorf("%q where the memory section starts", sec)
+	}
+	return m, nil
+}
+
+// learnLocal parses this agent's own NIXL blob: when it is NIXL's
+// serialization with a UCX connection, peers' UCX worker addresses are
+// checked against it from now on.
+func (n *libnixl) learnLocal(ver ucxVersion) error {
+	var data unsafe.Pointer
+	var ln C.size_t
+	if err := nxErr("nixl_capi_get_local_md", C.nx_get_local_md2(n.l, n.agent, &data, &ln)); err != nil {
+		return err
+	}
+	own := C.GoBytes(data, C.int(ln))
+	C.nx_mem_free2(n.l, data)
+	l, err := nixlLocal(own, ver)
+	if err != nil {
+		return err
+	}
+	n.local = l
+	return nil
+}
+
+// nixlLocal is the address check for a NIXL whose own blob is own (nil:
+// not NIXL's serialization, or no UCX connection in it: nothing to check).
+func nixlLocal(own []byte, ver ucxVersion) (*ucxLocal, error) {
+	md, err := parseNIXLMD(own)
+	if err != nil {
+		return nil, nil
+	}
+	addr, ok := md.conns["UCX"]
+	if !ok {
+		return nil, nil
+	}
+	if ver == (ucxVersion{}) {
+		return nil, fmt.Errorf("NIXL's UCX backend is loaded but no libucp is mapped in this process: "+
+			"peers' UCX worker addresses could not be validated: %w", ErrEngineUnavailable)
+	}
+	l, err := newUCXLocal(addr, ver)
+	if err != nil {
+		return nil, fmt.Errorf("NIXL's UCX: %v: %w", err, ErrEngineUnavailable)
+	}
+	return l, nil
+}
+
+// checkPeer validates the part of a peer's NIXL blob kvbridge can parse.
+func (n *libnixl) checkPeer(m *metadataBlob) error {
+	return checkNIXLPeer(n.local, m)
+}
+
+func checkNIXLPeer(l *ucxLocal, m *metadataBlob) error {
+	if l == nil {
+		return nil
+	}
+	md, err := parseNIXLMD(m.payload)
+	if err != nil {
+		return fmt.Errorf("NIXL metadata: %v: %w", err, ErrBadMetadata)
+	}
+	if md.agent != m.agent {
+		return fmt.Errorf("NIXL metadata names the agent %q: %w", md.agent, ErrBadMetadata)
+	}
+	addr, ok := md.conns["UCX"]
+	if !ok {
+		return fmt.Errorf("NIXL metadata has no UCX connection info: %w", ErrBadMetadata)
+	}
+	if len(addr) > maxWorkerAddress {
+		return fmt.Errorf("NIXL's UCX worker address of %d bytes exceeds %d: %w", len(addr), maxWorkerAddress, ErrBadMetadata)
+	}
+	if _, err := l.checkAddress(addr); err != nil {
+		return fmt.Errorf("NIXL's UCX worker address (%d bytes): %v: %w", len(addr), err, ErrBadMetadata)
+	}
+	return nil
+}
