@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,6 +76,10 @@ type engineCase struct {
 
 var shmUCX = map[string]string{"TLS": "posix,cma,self"}
 var tcpUCX = map[string]string{"TLS": "tcp", "NET_DEVICES": "lo", "TCP_TX_SEG_SIZE": "1M", "TCP_RX_SEG_SIZE": "1M"}
+
+// allUCX: UCX's default transports (here self, tcp, posix, sysv, cma), tcp
+// on loopback only.
+var allUCX = map[string]string{"NET_DEVICES": "lo"}
 
 // realNIXL is the real NIXL C API library the libnixl cases run against
 // (KVBRIDGE_NIXL_LIB, as make test-nixl sets it), or "".
@@ -615,8 +620,11 @@ func runChild() int {
 		return 0
 	}
 	cfg := Config{Name: "child-" + os.Getenv("KVBRIDGE_NIXL_CHILD"), Engine: EngineUCX, UCX: shmUCX}
-	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "tcp" {
+	switch os.Getenv("KVBRIDGE_NIXL_CHILD") {
+	case "tcp":
 		cfg.UCX = tcpUCX
+	case "all":
+		cfg.UCX = allUCX
 	}
 	a, err := Open(cfg)
 	if err != nil {
@@ -625,6 +633,9 @@ func runChild() int {
 	}
 	defer a.Close()
 	var size uint64 = 256 << 20
+	if v, err := strconv.ParseUint(os.Getenv("KVBRIDGE_NIXL_CHILD_SIZE"), 10, 64); err == nil {
+		size = v
+	}
 	var buf []byte
 	var addr uintptr
 	// In "vram" mode the target is device memory; verify reads it back.
@@ -658,6 +669,7 @@ func runChild() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	fmt.Fprintf(os.Stderr, "child %s: pid %d\n", cfg.Name, os.Getpid())
 	fmt.Printf("MD %x %x\n", md, addr)
 	eof := make(chan struct{})
 	go func() {

@@ -1,0 +1,467 @@
+package nixl
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+)
+
+// openUCXAgent opens a ucx agent with 64 KiB of UCX memory and 64 KiB of
+// its own, and returns it with its metadata decoded.
+func openUCXAgent(t *testing.T, name string, tls map[string]string) (*Agent, *metadataBlob) {
+	t.Helper()
+	a, err := Open(Config{Name: name, Engine: EngineUCX, UCX: tls, XferTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	if _, _, err := a.Alloc(1 << 16); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.RegisterBytes(make([]byte, 1<<16)); err != nil {
+		t.Fatal(err)
+	}
+	md, err := a.Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := decodeMetadata(md, EngineUCX, a.b.(*ucx).library)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, m
+}
+
+// TestUCXAddressParse: this process's own addresses parse exactly (every
+// byte accounted for) with every transport named by its checksum, and
+// every truncation and every extension of one is refused, never read
+// past.
+func TestUCXAddressParse(t *testing.T) {
+	if got := ucsCRC16("self"); got != 0x7563 {
+		t.Fatalf("crc16(self) = %#x, want 0x7563 (UCX's checksum, as packed in addresses)", got)
+	}
+	for _, c := range []struct {
+		name string
+		ucx  map[string]string
+		tls  []string
+	}{{"shm", shmUCX, []string{"self", "posix", "cma"}}, {"tcp", tcpUCX, []string{"tcp"}},
+		{"all", allUCX, []string{"self", "tcp", "sysv", "posix", "cma"}}} {
+		a, m := openUCXAgent(t, "parse-"+c.name, c.ucx)
+		u := a.b.(*ucx)
+		addr, err := parseUCXAddress(m.payload, u.local.ver)
+		if err != nil {
+			t.Fatalf("%s: own address: %v", c.name, err)
+		}
+		var tls []string
+		for _, d := range addr.devices {
+			for _, tl := range d.ifaces {
+				tls = append(tls, tlName(tl.csum))
+			}
+		}
+		if strings.Join(tls, ",") != strings.Join(c.tls, ",") {
+			t.Errorf("%s: transports %v, want %v (%s)", c.name, tls, c.tls, describeUCXAddress(addr))
+		}
+		for n := 0; n < len(m.payload); n++ {
+			if _, err := parseUCXAddress(m.payload[:n], u.local.ver); err == nil {
+				t.Errorf("%s: the address truncated to %d of %d bytes parses", c.name, n, len(m.payload))
+			}
+		}
+		if _, err := parseUCXAddress(append(bytes.Clone(m.payload), 0), u.local.ver); err == nil {
+			t.Errorf("%s: the address with a byte appended parses", c.name)
+		}
+	}
+}
+
+// TestUCXAddressV2AndReleaseVersions: the v2 format (UCX_ADDRESS_VERSION=v2:
+// two header bytes, extended lengths, short attributes) and the 1.19
+// release-version trailer and legacy md bits.
+func TestUCXAddressV2AndReleaseVersions(t *testing.T) {
+	v119 := ucxVersion{1, 19, 0}
+	b := []byte{0x01 | 3<<4, ucpHdrFlagWorkerUUID}
+	b = binary.LittleEndian.AppendUint64(b, 0x1122334455667788)
+	// A device whose md index (130) and address length (40) need the
+	// extension bytes, one transport with a 70-byte interface address.
+	b = append(b, 0x7f, 130, ucpAddrFlagLast|0x1f, 40)
+	b = append(b, make([]byte, 40)...)
+	b = binary.LittleEndian.AppendUint16(b, 0xabcd)
+	b = append(b, 1, 2, 3, 4, 0x10, 0, 0xff, 0xff) // fp8s, prio, seg_size 16, flags
+	b = append(b, ucpAddrFlagLast|0x3f, 70)
+	b = append(b, make([]byte, 70)...)
+	_, err := parseUCXAddress(b, v119)
+	if err == nil || !strings.Contains(err.Error(), "md index 130") {
+		t.Fatalf("md index 130 (UCX's md maps are 64 bits): %v", err)
+	}
+	b[11] = 9
+	a, err := parseUCXAddress(b, v119)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.version != ucpObjV2 || a.uuid != 0x1122334455667788 || len(a.devices) != 1 || a.devices[0].md != 9 ||
+		len(a.devices[0].addr) != 40 || len(a.devices[0].ifaces[0].addr) != 70 {
+		t.Fatalf("parsed %+v", a)
+	}
+	for n := 0; n < len(b); n++ {
+		if _, err := parseUCXAddress(b[:n], v119); err == nil {
+			t.Fatalf("truncated to %d of %d bytes: parses", n, len(b))
+		}
+	}
+	// v1: a 1.19 peer packs its minor release (19 → 3) in a trailing
+	// empty device, and its md indices have no legacy bits; an older
+	// peer's md byte carries the alloc/reg flags in bits 5 and 6.
+	v1 := func(last bool) []byte {
+		b := []byte{ucpObjV1 | ucpHdrFlagWorkerUUID<<4}
+		b = binary.LittleEndian.AppendUint64(b, 7)
+		flags := byte(0)
+		if last {
+			flags = ucpAddrFlagLast
+		}
+		b = append(b, 0x45, flags) // md byte 0x45: md 69, or md 5 with a legacy flag
+		b = binary.LittleEndian.AppendUint16(b, 0x1234)
+		attr := make([]byte, 16)
+		binary.LittleEndian.PutUint32(attr[4:], math.Float32bits(1e9))
+		b = append(b, attr...)
+		return append(b, ucpAddrFlagLast) // the last interface, address length 0
+	}
+	if a, err := parseUCXAddress(append(v1(false), ucpMDEmptyDev|3, ucpAddrFlagLast), v119); err == nil {
+		t.Fatalf("md 69 from a 1.19 peer accepted: %s", describeUCXAddress(a))
+	}
+	old, err := parseUCXAddress(v1(true), v119)
+	if err != nil || old.devices[0].md != 5 {
+		t.Fatalf("a pre-1.19 peer's md byte 0x45 (legacy bit and md 5): %v %+v", err, old)
+	}
+	if old, err := parseUCXAddress(v1(true), ucxVersion{1, 13, 1}); err != nil || old.devices[0].md != 5 {
+		t.Fatalf("md byte 0x45 at 1.13 (mask 0x1f): %v %+v", err, old)
+	}
+	if got := unpackReleaseVersion(v119, 3); got != 19 {
+		t.Fatalf("release 3 unpacked at 1.19: %d", got)
+	}
+	if got := unpackReleaseVersion(ucxVersion{1, 21, 0}, 2); got != 18 {
+		t.Fatalf("release 2 unpacked at 1.21: %d", got)
+	}
+}
+
+// TestMetadataVersions: the blob's version and the engine library are
+// checked before anything after them is read.
+func TestMetadataVersions(t *testing.T) {
+	good := (&metadataBlob{engine: EngineUCX, library: "ucx/1.13.1", agent: "peer", payload: []byte{1, 2}}).encode()
+	if _, err := decodeMetadata(good, EngineUCX, "ucx/1.13.0"); err != nil {
+		t.Fatalf("a patch release apart: %v", err)
+	}
+	old := bytes.Clone(good)
+	old[4] = 1
+	if _, err := decodeMetadata(old, EngineUCX, "ucx/1.13.1"); !errors.Is(err, ErrBadMetadata) ||
+		!strings.Contains(err.Error(), "metadata version 1") || !strings.Contains(err.Error(), "older") && !strings.Contains(err.Error(), "before") {
+		t.Fatalf("a version 1 blob: %v", err)
+	}
+	// Another minor release, and a payload that is garbage: the library
+	// is what is refused, naming both.
+	other := (&metadataBlob{engine: EngineUCX, library: "ucx/1.19.1", agent: "peer", payload: []byte{1}}).encode()
+	other = append(other[:len(other)-9], 0xff, 0xff, 0xff, 0xff) // region count and payload: garbage
+	_, err := decodeMetadata(other, EngineUCX, "ucx/1.13.1")
+	if !errors.Is(err, ErrBadMetadata) || !strings.Contains(err.Error(), `"ucx/1.19.1"`) ||
+		!strings.Contains(err.Error(), `"ucx/1.13.1"`) || !strings.Contains(err.Error(), `agent "peer"`) {
+		t.Fatalf("another UCX minor release: %v", err)
+	}
+	for _, c := range []struct {
+		have, peer string
+		ok         bool
+	}{
+		{"ucx/1.13.1", "ucx/1.13.1", true}, {"ucx/1.13.1", "ucx/1.13.0", true}, {"ucx/1.13.1", "ucx/1.14.1", false},
+		{"ucx/1.13.1", "ucx/2.13.1", false}, {"nixl/ucx-1.19.0", "nixl/ucx-1.19.1", true},
+		{"nixl/ucx-1.19.0", "nixl/ucx-unknown", false}, {"nixl/ucx-unknown", "nixl/ucx-unknown", true},
+		{"ucx/1.13.1", "nixl/ucx-1.13.1", false}, {"loopback", "loopback", true}, {"ucx/1.13.1", "", false},
+	} {
+		if got := libCompatible(c.have, c.peer); got != c.ok {
+			t.Errorf("libCompatible(%q, %q) = %v", c.have, c.peer, got)
+		}
+	}
+}
+
+// TestUCXRefusesUnifiedMode: UCX's unified mode packs addresses in a format
+// the checks do not read.
+func TestUCXRefusesUnifiedMode(t *testing.T) {
+	_, err := Open(Config{Name: "unified", Engine: EngineUCX, UCX: map[string]string{"TLS": "posix,self", "UNIFIED_MODE": "y"}})
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "unified mode") {
+		t.Fatalf("UNIFIED_MODE=y: %v", err)
+	}
+}
+
+// TestUCXAddressRefusals: mutations of a real address, each refused for
+// its own reason before UCX sees it (the first is issue 23's abort: a
+// posix FIFO id whose flags say "a file in the directory the address
+// names", with no directory in the address).
+func TestUCXAddressRefusals(t *testing.T) {
+	loader, _ := openUCXAgent(t, "refusals-loader", shmUCX)
+	_, m := openUCXAgent(t, "refusals-target", shmUCX)
+	_, other := openUCXAgent(t, "refusals-other", shmUCX)
+	u := loader.b.(*ucx)
+	a, err := parseUCXAddress(m.payload, u.local.ver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	find := func(name string) (dev, iface []byte) {
+		for _, d := range a.devices {
+			for _, tl := range d.ifaces {
+				if tlName(tl.csum) == name {
+					return d.addr, tl.addr
+				}
+			}
+		}
+		t.Fatalf("no %s in %s", name, describeUCXAddress(a))
+		return nil, nil
+	}
+	at := func(sub []byte) int { return offsetIn(m.payload, sub) }
+	_, posix := find("posix")
+	_, cma := find("cma")
+	cases := []struct {
+		name, want string
+		edit       func(b []byte, keys [][]byte)
+	}{
+		{"posix FIFO in a directory (issue 23)", "file-backed segment", func(b []byte, _ [][]byte) {
+			b[at(posix)+7] &^= 0xc0 // clear PROCFS and SHM_OPEN
+		}},
+		{"posix FIFO of a huge-page segment", "huge-page", func(b []byte, _ [][]byte) { b[at(posix)+7] |= 0x20 }},
+		{"posix FIFO is another descriptor", "segment", func(b []byte, _ [][]byte) { b[at(posix)+3] ^= 0x40 }},
+		{"posix FIFO pid flipped", "segment", func(b []byte, _ [][]byte) { b[at(posix)] ^= 0x01 }},
+		{"cma pid of another process", "process", func(b []byte, _ [][]byte) {
+			binary.LittleEndian.PutUint32(b[at(cma):], 1)
+		}},
+		{"endpoint addresses", "endpoint addresses", func(b []byte, _ [][]byte) { b[at(posix)-1] |= ucpAddrFlagHasEP }},
+		{"NaN bandwidth", "bandwidth", func(b []byte, _ [][]byte) {
+			binary.LittleEndian.PutUint32(b[at(posix)-1-12:], math.Float32bits(float32(math.NaN())))
+		}},
+		{"other capabilities", "capabilities", func(b []byte, _ [][]byte) { b[at(posix)-1-3] ^= 0x04 }},
+		{"uuid of this worker", "this worker itself", func(b []byte, _ [][]byte) {
+			binary.LittleEndian.PutUint64(b[1:], u.local.uuid)
+		}},
+		{"uuid of another agent here", "not its own", func(b []byte, _ [][]byte) {
+			binary.LittleEndian.PutUint64(b[1:], binary.LittleEndian.Uint64(other.payload[1:]))
+		}},
+		{"the UCX memory's key of another agent", "outside the memory its key maps", func(_ []byte, keys [][]byte) {
+			copy(keys[allocIdx(m)], other.regions[allocIdx(other)].key)
+		}},
+		{"posix key longer than its segment", "key maps", func(_ []byte, keys [][]byte) {
+			k := keys[allocIdx(m)]
+			for off, md := 9, 0; md < 64; md++ {
+				if binary.LittleEndian.Uint64(k)&(1<<md) != 0 {
+					if k[off] == 24 {
+						binary.LittleEndian.PutUint64(k[off+1+16:], 1<<30)
+					}
+					off += 1 + int(k[off])
+				}
+			}
+		}},
+		{"memory type", "memory type", func(_ []byte, keys [][]byte) { keys[0][8] = 1 }},
+	}
+	// A region this agent did not register (memory UCX did not allocate:
+	// its key maps nothing here, so only the agent's own registrations
+	// can tell).
+	cases = append(cases, struct {
+		name, want string
+		edit       func(b []byte, keys [][]byte)
+	}{"a region the agent did not register", "is not memory agent", nil})
+	for _, c := range cases {
+		mm := *m
+		mm.payload = bytes.Clone(m.payload)
+		mm.regions = nil
+		var keys [][]byte
+		for _, r := range m.regions {
+			r.key = bytes.Clone(r.key)
+			keys = append(keys, r.key)
+			mm.regions = append(mm.regions, r)
+		}
+		if c.edit != nil {
+			c.edit(mm.payload, keys)
+		} else {
+			j := 1 - allocIdx(m)
+			mm.regions[j].Addr += 4096
+			mm.regions[j].Len -= 4096
+		}
+		before := loader.MetadataRefused()
+		_, err := loader.LoadRemote(mm.encode())
+		if !errors.Is(err, ErrBadMetadata) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrBadMetadata saying %q", c.name, err, c.want)
+		}
+		if !strings.Contains(fmt.Sprint(err), `agent "refusals-target"`) {
+			t.Errorf("%s: the error does not name the peer: %v", c.name, err)
+		}
+		if loader.MetadataRefused() != before+1 {
+			t.Errorf("%s: not counted", c.name)
+		}
+	}
+	if _, err := loader.LoadRemote(m.encode()); err != nil {
+		t.Fatalf("the genuine blob: %v", err)
+	}
+}
+
+// allocIdx is the index of the region of memory UCX allocated (the one with
+// a posix key) in a blob of openUCXAgent's.
+func allocIdx(m *metadataBlob) int {
+	if len(m.regions[0].key) > len(m.regions[1].key) {
+		return 0
+	}
+	return 1
+}
+
+// nixlBlob is a NIXL metadata blob (nixlSerDes) around a UCX worker
+// address, as nixlAgentData::getLocalMD writes it, with an empty memory
+// section.
+func nixlBlob(agent string, conns ...[2][]byte) []byte {
+	b := []byte(nixlSerDesMagic)
+	add := func(tag string, v []byte) {
+		b = append(b, tag...)
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(v)))
+		b = append(b, v...)
+		b = append(b, '|')
+	}
+	add("Agent", []byte(agent))
+	add("Conns", binary.LittleEndian.AppendUint64(nil, uint64(len(conns))))
+	for _, c := range conns {
+		add("t", c[0])
+		add("c", c[1])
+	}
+	add("", []byte("MemSection"))
+	return append(b, "<memory section>"...)
+}
+
+// TestNIXLBlobAddressCheck (issue 23, libnixl): a NIXL blob's UCX worker
+// address is checked as the ucx engine checks its peers'. The local side
+// is a NIXL whose own blob carries this process's UCX address; 5,000
+// mutations of a peer's NIXL blob go through the libnixl engine's check,
+// and every one the check lets through has its UCX address handed to a
+// live ucx agent's load (this UCX) and a write: the process survives.
+func TestNIXLBlobAddressCheck(t *testing.T) {
+	loader, lm := openUCXAgent(t, "nixl-check-loader", shmUCX)
+	_, pm := openUCXAgent(t, "nixl-check-peer", shmUCX)
+	u := loader.b.(*ucx)
+	local, err := nixlLocal(nixlBlob("self", [2][]byte{[]byte("UCX"), lm.payload}), u.local.ver)
+	if err != nil || local == nil {
+		t.Fatalf("own NIXL blob: %v %v", local, err)
+	}
+	if l, err := nixlLocal([]byte("DBL1double"), u.local.ver); l != nil || err != nil {
+		t.Fatalf("a blob that is not NIXL's serialization: %v %v", l, err)
+	}
+	genuine := nixlBlob(pm.agent, [2][]byte{[]byte("POSIX"), []byte("x")}, [2][]byte{[]byte("UCX"), pm.payload})
+	envelope := func(b []byte) *metadataBlob {
+		return &metadataBlob{engine: EngineLibNIXL, library: "nixl/ucx-1.13.1", agent: pm.agent, payload: b}
+	}
+	if err := checkNIXLPeer(local, envelope(genuine)); err != nil {
+		t.Fatalf("genuine: %v", err)
+	}
+	for name, c := range map[string]struct {
+		b    []byte
+		want string
+	}{
+		"not NIXL's":      {[]byte("DBL1x"), "not a nixlSerDes blob"},
+		"another agent":   {nixlBlob("other", [2][]byte{[]byte("UCX"), pm.payload}), `names the agent "other"`},
+		"no UCX":          {nixlBlob(pm.agent, [2][]byte{[]byte("POSIX"), []byte("x")}), "no UCX connection"},
+		"truncated":       {genuine[:40], "missing"},
+		"length too long": {append(bytes.Clone(genuine[:16]), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f), "bytes"},
+	} {
+		if err := checkNIXLPeer(local, envelope(c.b)); !errors.Is(err, ErrBadMetadata) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", name, err, c.want)
+		}
+	}
+	// The peer's own UCX address with the posix FIFO flags cleared (issue
+	// 23's abort) inside a NIXL blob.
+	bad := bytes.Clone(pm.payload)
+	pa, _ := parseUCXAddress(bad, u.local.ver)
+	for _, d := range pa.devices {
+		for _, tl := range d.ifaces {
+			if tlName(tl.csum) == "posix" {
+				bad[offsetIn(bad, tl.addr)+7] &^= 0xc0
+			}
+		}
+	}
+	if err := checkNIXLPeer(local, envelope(nixlBlob(pm.agent, [2][]byte{[]byte("UCX"), bad}))); err == nil ||
+		!strings.Contains(err.Error(), "file-backed") {
+		t.Fatalf("issue 23's address in a NIXL blob: %v", err)
+	}
+
+	r := rand.New(rand.NewPCG(23, 5))
+	lens, spans := addrFields(pm.payload)
+	passed, written := 0, 0
+	_, src, err := loader.Alloc(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := &fuzzPeer{loader: loader, src: src}
+	for i := 0; i < 5000; i++ {
+		var b []byte
+		if r.IntN(4) == 0 {
+			b, _ = mutateBytes(r, genuine, len(nixlSerDesMagic), nil, nil, nil)
+		} else {
+			addr, _ := mutateBytes(r, pm.payload, 1, lens, spans, lm.payload)
+			b = nixlBlob(pm.agent, [2][]byte{[]byte("UCX"), addr})
+		}
+		if err := checkNIXLPeer(local, envelope(b)); err != nil {
+			if !errors.Is(err, ErrBadMetadata) {
+				t.Fatalf("try %d: %v is not ErrBadMetadata", i, err)
+			}
+			continue
+		}
+		passed++
+		nm, err := parseNIXLMD(b)
+		if err != nil {
+			t.Fatalf("try %d: passed the check but does not parse: %v", i, err)
+		}
+		ub := *pm
+		ub.payload = nm.conns["UCX"]
+		name, err := loader.LoadRemote(ub.encode())
+		if err != nil {
+			continue
+		}
+		if fuzzWrite(peer, name, ub.regions) == nil {
+			written++
+		}
+		if err := loader.InvalidateRemote(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("5000 mutated NIXL blobs: %d passed the check (their UCX addresses then loaded here, %d written)", passed, written)
+	if _, err := loader.LoadRemote(pm.encode()); err != nil {
+		t.Fatalf("the genuine peer after the mutations: %v", err)
+	}
+}
+
+// TestLibNIXLLibraryVersion: libnixl agents name the UCX NIXL's plugin
+// runs (here the double brings none of its own; whatever libucp this
+// process has mapped, or unknown), the same for every agent of the
+// process, and blobs carry it.
+func TestLibNIXLLibraryVersion(t *testing.T) {
+	if s := skipDouble(); s != "" {
+		t.Skip(s)
+	}
+	a, err := Open(Config{Name: "nixl-lib-a", Engine: EngineLibNIXL, NIXLLib: doubleLib()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	lib := a.b.(*libnixl).library
+	if !strings.HasPrefix(lib, "nixl/ucx-") {
+		t.Fatalf("library %q", lib)
+	}
+	md, err := a.Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := decodeMetadata(md, EngineLibNIXL, lib)
+	if err != nil || m.library != lib {
+		t.Fatalf("own blob: %v %q", err, m.library)
+	}
+	// A peer on another UCX release is refused before NIXL sees its blob.
+	m.library = "nixl/ucx-9.99.0"
+	m.agent = "nixl-lib-elsewhere"
+	if _, err := a.LoadRemote(m.encode()); !errors.Is(err, ErrBadMetadata) || !strings.Contains(err.Error(), "9.99.0") {
+		t.Fatalf("a peer on UCX 9.99: %v", err)
+	}
+	if a.MetadataRefused() != 1 {
+		t.Fatalf("refused %d", a.MetadataRefused())
+	}
+}
