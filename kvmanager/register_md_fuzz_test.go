@@ -1,0 +1,164 @@
+package kvmanager
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/nixl"
+)
+
+// TestRegisterMutatedAgentMetadata (issue 23): signed REGISTERs whose
+// agent metadata is a real ucx agent's with its UCX worker address or a
+// region's rkey mutated (the address's header byte kept) go through the
+// control plane to a live prefill rank on the ucx engine. The rank
+// answers every one (REGISTER_ACK; refused ones with a reason naming the
+// metadata), never dies, counts the refused blobs, and registers the
+// genuine metadata afterwards. Before issue 23 such a REGISTER aborted the
+// prefill rank in ucp_ep_create (nixl's TestUCXMetadataFuzzLegacyAborts
+// shows it on the engine path).
+func TestRegisterMutatedAgentMetadata(t *testing.T) {
+	shm := map[string]string{"TLS": "posix,cma,self"}
+	p := newTestPrefill(t, func(c *Config) {
+		c.Engine = nixl.Config{Engine: nixl.EngineUCX, UCX: shm}
+		c.Instance = "md-fuzz-prefill"
+	})
+	// The decode rank's agent: real memory of the prefill's layout.
+	dec, err := nixl.Open(nixl.Config{Name: "md-fuzz-decode", Engine: nixl.EngineUCX, UCX: shm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	var kv []bootstrap.Region
+	for range p.cfg.Layout.Regions {
+		_, buf, err := dec.Alloc(8 * 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv = append(kv, bootstrap.Region{Addr: uint64(nixl.BytesDesc(buf).Addr), Len: 8 * 64, ItemLen: 64, Mem: bootstrap.MemDRAM})
+	}
+	md, err := dec.Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, keys := blobFields(t, md)
+
+	acks := make(chan *bootstrap.RegisterAck, 16)
+	loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{
+		Identity: bootstrap.From{Role: bootstrap.RoleDecode, Instance: "md-fuzz-decode", Rank: 0},
+		Bind:     "tcp://127.0.0.1:*", Auth: testauth.Auth(),
+		Handler: func(m bootstrap.Message) {
+			if a, ok := m.(*bootstrap.RegisterAck); ok {
+				acks <- a
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer loop.Close()
+	to := bootstrap.Peer{Endpoint: p.Endpoint()}
+	register := func(agentMD []byte) *bootstrap.RegisterAck {
+		t.Helper()
+		reg := &bootstrap.Register{Compat: p.cfg.Compat, Agent: "md-fuzz-decode", AgentMD: agentMD, TPSize: 1,
+			KV: kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}}
+		if err := loop.Send(to, reg); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case a := <-acks:
+			return a
+		case <-time.After(30 * time.Second):
+			t.Fatal("no REGISTER_ACK within 30 s: the prefill rank stopped answering")
+			return nil
+		}
+	}
+	if a := register(md); !a.OK {
+		t.Fatalf("genuine metadata refused: %s", a.Reason)
+	}
+
+	const tries = 400
+	r := rand.New(rand.NewPCG(23, 4))
+	refused, accepted := 0, 0
+	for i := 0; i < tries; i++ {
+		m := append([]byte(nil), md...)
+		span := payload
+		if len(keys) > 0 && r.IntN(3) == 0 {
+			span = keys[r.IntN(len(keys))]
+		}
+		lo, hi := span[0], span[1]
+		if span == payload {
+			lo++ // the address's header byte stays
+		}
+		switch r.IntN(4) {
+		case 0, 1: // bit flips
+			for k := 0; k <= r.IntN(3); k++ {
+				m[lo+r.IntN(hi-lo)] ^= 1 << r.IntN(8)
+			}
+		case 2: // a byte set to a length-like or flag-like value
+			m[lo+r.IntN(hi-lo)] = []byte{0, 1, 0x3f, 0x7f, 0x80, 0xc0, 0xff}[r.IntN(7)]
+		default: // a field overwritten with random bytes
+			p := lo + r.IntN(hi-lo)
+			for q := p; q < min(hi, p+1+r.IntN(8)); q++ {
+				m[q] = byte(r.Uint32())
+			}
+		}
+		a := register(m)
+		if a.OK {
+			accepted++
+			continue
+		}
+		refused++
+		if !strings.Contains(a.Reason, "agent metadata") && !strings.Contains(a.Reason, "descriptor lists") {
+			t.Fatalf("REGISTER %d refused for a reason not naming the metadata: %s", i, a.Reason)
+		}
+	}
+	if got := p.agent.MetadataRefused(); got == 0 || int(got) > refused {
+		t.Fatalf("the agent counted %d refused blobs, the REGISTER_ACKs %d refusals", got, refused)
+	}
+	t.Logf("%d mutated REGISTERs through the control plane: %d refused (%d counted as bad metadata), %d accepted",
+		tries, refused, p.agent.MetadataRefused(), accepted)
+	if refused < tries/2 {
+		t.Fatalf("only %d of %d refused: the mutations are not reaching the checks", refused, tries)
+	}
+	// The rank is alive and registers the genuine metadata again.
+	if a := register(md); !a.OK {
+		t.Fatalf("genuine metadata refused after the mutations: %s", a.Reason)
+	}
+}
+
+// blobFields finds, in a kvbridge metadata blob (nixl/metadata.go's format:
+// "KVBN" version engine agent library nregions regions payload), the
+// spans of the UCX worker address and of each region's key.
+func blobFields(t *testing.T, b []byte) (payload [2]int, keys [][2]int) {
+	t.Helper()
+	off := 5
+	str := func() [2]int {
+		n := int(binary.LittleEndian.Uint32(b[off:]))
+		s := [2]int{off + 4, off + 4 + n}
+		off += 4 + n
+		return s
+	}
+	if string(b[:4]) != "KVBN" || b[4] != 2 {
+		t.Fatalf("blob %x... is not a version 2 kvbridge blob", b[:5])
+	}
+	str()
+	str()
+	str()
+	n := int(binary.LittleEndian.Uint32(b[off:]))
+	off += 4
+	for i := 0; i < n; i++ {
+		off += 1 + 24
+		if k := str(); k[1] > k[0] {
+			keys = append(keys, k)
+		}
+	}
+	payload = str()
+	if payload[1] != len(b) {
+		t.Fatalf("blob of %d bytes, payload ends at %d", len(b), payload[1])
+	}
+	return payload, keys
+}
