@@ -16,13 +16,15 @@ import (
 
 // Auth authenticates the control plane and the bootstrap server's writes
 // with one shared secret (PROTOCOL.md "Authentication"). Every control
-// message carries a fourth frame: the send time and an HMAC-SHA256 over the
-// three message frames and that time. A rank with Auth drops, unanswered
-// and counted, every message without a valid tag or sent more than MaxSkew
-// away from its own clock. The tag covers the sender's identity, so a
-// captured message cannot be replayed under another identity; it can be
-// replayed unchanged within MaxSkew, which the protocol tolerates (every
-// message is idempotent for its room and epoch).
+// message carries a fourth frame, its envelope: the send time, the
+// sender's message number, the receiver it is addressed to (identity and
+// epoch), the sender's certificate under per-rank identity, and an
+// HMAC-SHA256 over the three message frames and the envelope. The key is
+// the secret, or under per-rank identity (RankIdentity) a key only the
+// sender and the receiver can derive. A rank drops, unanswered and counted,
+// every message without a valid tag, sent more than MaxSkew away from its
+// own clock, addressed to another rank or another process of itself, or
+// already received (the Loop's checks).
 //
 // Bootstrap writes carry BootstrapToken as a bearer token.
 type Auth struct {
@@ -38,9 +40,17 @@ type Auth struct {
 // MinSecretBytes is the shortest secret accepted.
 const MinSecretBytes = 16
 
-// AuthFrameLen is the length of the fourth frame: 8-byte send time (Unix
-// nanoseconds, little-endian) and a 32-byte HMAC-SHA256 tag.
-const AuthFrameLen = 8 + sha256.Size
+// EnvelopeMagic opens the authentication frame ("KVA2": the first
+// revision's 40-byte frame of time and tag is refused as unaddressed).
+const EnvelopeMagic = "KVA2"
+
+// envelopeFixed is the envelope's length without the receiver's instance
+// name and the certificate: magic, sent, seq, to epoch, to role, to rank,
+// the two lengths and the tag.
+const envelopeFixed = 4 + 8 + 8 + 8 + 1 + 4 + 2 + 2 + sha256.Size
+
+// MaxEnvelopeBytes bounds the authentication frame.
+const MaxEnvelopeBytes = envelopeFixed + MaxNameBytes + MaxCertBytes
 
 // Why an unauthenticated message was dropped (the label of
 // kvbridge_unauthenticated_messages_total).
@@ -48,10 +58,51 @@ const (
 	AuthMissing = "missing" // no authentication frame
 	AuthBadTag  = "bad_tag" // wrong length or tag (another secret, or altered)
 	AuthStale   = "stale"   // sent further than MaxSkew from now
+	// AuthNoIdentity: per-rank identity is on and the message carries no
+	// certificate (tagged with the shared secret alone), or the sender's
+	// certificate is not this deployment's CA's, has expired, or names a
+	// rank of this rank's own role.
+	AuthNoIdentity = "no_identity"
+	// AuthForged: the body's from names another rank than the sender's
+	// certificate.
+	AuthForged = "forged_identity"
+	// AuthUnaddressed: the envelope does not name this rank, or names no
+	// receiver epoch on a message that needs one (all but PING and
+	// REGISTER), or is the first revision's frame.
+	AuthUnaddressed = "unaddressed"
 )
 
 // AuthReasons lists the reasons, in label order.
-var AuthReasons = []string{AuthMissing, AuthBadTag, AuthStale}
+var AuthReasons = []string{AuthMissing, AuthBadTag, AuthStale, AuthNoIdentity, AuthForged, AuthUnaddressed}
+
+// Why a fresh, authentic message was still dropped (the label of
+// kvbridge_replayed_messages_total).
+const (
+	// ReplayOtherEpoch: addressed to another process (epoch) of this rank:
+	// a message captured before this process started.
+	ReplayOtherEpoch = "other_epoch"
+	// ReplayDuplicate: a message number of that sender process already
+	// received, or older than the window of numbers kept.
+	ReplayDuplicate = "duplicate"
+)
+
+// ReplayReasons lists the reasons, in label order.
+var ReplayReasons = []string{ReplayOtherEpoch, ReplayDuplicate}
+
+// Envelope is the authentication frame's content besides the tag.
+type Envelope struct {
+	Sent time.Time
+	// Seq numbers the sender process's messages (from 1, one counter per
+	// epoch for all receivers).
+	Seq uint64
+	// To is the receiver: Role, Instance, Rank and Epoch; an empty Role
+	// when the sender does not know the receiver's identity, a zero Epoch
+	// when it does not know its process.
+	To From
+	// Cert is the sender's certificate under per-rank identity (nil with
+	// the shared secret alone).
+	Cert []byte
+}
 
 // NewAuth checks the secret and returns an Auth with default settings.
 func NewAuth(secret []byte) (*Auth, error) {
@@ -71,47 +122,125 @@ func (a *Auth) normalise() error {
 	return nil
 }
 
-func (a *Auth) tag(frames [][]byte, ts []byte) []byte {
-	h := a.pool.Get().(hash.Hash)
-	h.Reset()
+// tag is the HMAC of the frames and the envelope, with the secret (key
+// nil) or a pair key.
+func (a *Auth) tag(key []byte, frames [][]byte, env []byte) []byte {
+	var h hash.Hash
+	if key == nil {
+		h = a.pool.Get().(hash.Hash)
+		h.Reset()
+	} else {
+		h = hmac.New(sha256.New, key)
+	}
 	var n [4]byte
 	for _, f := range frames {
 		binary.LittleEndian.PutUint32(n[:], uint32(len(f)))
 		h.Write(n[:])
 		h.Write(f)
 	}
-	h.Write(ts)
+	h.Write(env)
 	out := h.Sum(make([]byte, 0, sha256.Size))
-	a.pool.Put(h)
+	if key == nil {
+		a.pool.Put(h)
+	}
 	return out
 }
 
-// Seal appends the authentication frame to the three frames of a message.
-func (a *Auth) Seal(frames [][]byte, now time.Time) [][]byte {
-	f := make([]byte, 8, AuthFrameLen)
-	binary.LittleEndian.PutUint64(f, uint64(now.UnixNano()))
-	f = append(f, a.tag(frames, f)...)
+// Seal appends the authentication frame to the three frames of a message,
+// tagged with the shared secret (env.Cert must be empty: per-rank identity
+// seals through the Loop, which holds the pair keys).
+func (a *Auth) Seal(frames [][]byte, env Envelope) [][]byte {
+	return a.seal(nil, frames, env)
+}
+
+func (a *Auth) seal(key []byte, frames [][]byte, env Envelope) [][]byte {
+	inst := env.To.Instance
+	if len(inst) > MaxNameBytes {
+		inst = inst[:MaxNameBytes]
+	}
+	f := make([]byte, 0, envelopeFixed+len(inst)+len(env.Cert))
+	f = append(f, EnvelopeMagic...)
+	f = binary.LittleEndian.AppendUint64(f, uint64(env.Sent.UnixNano()))
+	f = binary.LittleEndian.AppendUint64(f, env.Seq)
+	f = binary.LittleEndian.AppendUint64(f, env.To.Epoch)
+	f = append(f, roleByte(env.To.Role))
+	f = binary.LittleEndian.AppendUint32(f, uint32(env.To.Rank))
+	f = binary.LittleEndian.AppendUint16(f, uint16(len(inst)))
+	f = append(f, inst...)
+	f = binary.LittleEndian.AppendUint16(f, uint16(len(env.Cert)))
+	f = append(f, env.Cert...)
+	f = append(f, a.tag(key, frames, f)...)
 	return append(frames, f)
 }
 
-// Open checks and strips the authentication frame; the error is one of the
-// Auth* reasons.
-func (a *Auth) Open(frames [][]byte, now time.Time) ([][]byte, string) {
+// parseEnvelope splits the authentication frame into the envelope and
+// the offset of its tag; why is AuthMissing, AuthBadTag or AuthUnaddressed.
+func parseEnvelope(f []byte) (env Envelope, tagAt int, why string) {
+	if len(f) == 8+sha256.Size { // the first revision's frame: time and tag only
+		return env, 0, AuthUnaddressed
+	}
+	if len(f) < envelopeFixed || len(f) > MaxEnvelopeBytes || string(f[:4]) != EnvelopeMagic {
+		return env, 0, AuthBadTag
+	}
+	env.Sent = time.Unix(0, int64(binary.LittleEndian.Uint64(f[4:])))
+	env.Seq = binary.LittleEndian.Uint64(f[12:])
+	env.To.Epoch = binary.LittleEndian.Uint64(f[20:])
+	env.To.Role = byteRole(f[28])
+	env.To.Rank = int(binary.LittleEndian.Uint32(f[29:]))
+	off := 33
+	n := int(binary.LittleEndian.Uint16(f[off:]))
+	off += 2
+	if n > MaxNameBytes || len(f)-off < n+2+sha256.Size {
+		return env, 0, AuthBadTag
+	}
+	env.To.Instance = string(f[off : off+n])
+	off += n
+	c := int(binary.LittleEndian.Uint16(f[off:]))
+	off += 2
+	if c > MaxCertBytes || len(f)-off != c+sha256.Size {
+		return env, 0, AuthBadTag
+	}
+	if c > 0 {
+		env.Cert = f[off : off+c]
+	}
+	return env, off + c, ""
+}
+
+// Open checks and strips the authentication frame of a message tagged
+// with the shared secret; why is one of the Auth* reasons. (The Loop opens
+// messages under per-rank identity itself.)
+func (a *Auth) Open(frames [][]byte, now time.Time) (opened [][]byte, env Envelope, why string) {
+	return a.open(frames, now, nil)
+}
+
+// open checks the tag with the secret, or with the pair key keyFor
+// returns for the envelope's certificate (keyFor nil: secret only; a
+// certificate is then refused as AuthNoIdentity... by the caller).
+func (a *Auth) open(frames [][]byte, now time.Time, keyFor func(cert []byte) ([]byte, string)) ([][]byte, Envelope, string) {
 	if len(frames) != 4 {
-		return nil, AuthMissing
+		return nil, Envelope{}, AuthMissing
 	}
 	f := frames[3]
-	if len(f) != AuthFrameLen {
-		return nil, AuthBadTag
+	env, at, why := parseEnvelope(f)
+	if why != "" {
+		return nil, env, why
 	}
-	if !hmac.Equal(a.tag(frames[:3], f[:8]), f[8:]) {
-		return nil, AuthBadTag
+	var key []byte
+	switch {
+	case keyFor != nil:
+		if key, why = keyFor(env.Cert); why != "" {
+			return nil, env, why
+		}
+	case env.Cert != nil:
+		return nil, env, AuthNoIdentity // a certificate this rank has no key for
 	}
-	sent := time.Unix(0, int64(binary.LittleEndian.Uint64(f[:8])))
-	if d := now.Sub(sent); d > a.MaxSkew || d < -a.MaxSkew {
-		return nil, AuthStale
+	if !hmac.Equal(a.tag(key, frames[:3], f[:at]), f[at:]) {
+		return nil, env, AuthBadTag
 	}
-	return frames[:3], ""
+	if d := now.Sub(env.Sent); d > a.MaxSkew || d < -a.MaxSkew {
+		return nil, env, AuthStale
+	}
+	return frames[:3], env, ""
 }
 
 // BootstrapToken is the bearer token for bootstrap server writes derived

@@ -154,7 +154,7 @@ func controlThroughput(b *testing.B, insecure bool) {
 	defer z.close()
 	p := newBenchPair(b, false, insecure)
 	defer p.close()
-	to := Peer{Endpoint: p.b.Endpoint()}
+	to := Peer{Endpoint: p.b.Endpoint(), Epoch: p.b.Identity().Epoch}
 	// Warm both paths (connections, allocations).
 	z.throughput(1000, frames)
 	for i := 0; i < 1000; i++ {
@@ -192,7 +192,7 @@ func controlRoundTrip(b *testing.B, insecure bool) {
 	defer z.close()
 	p := newBenchPair(b, true, insecure)
 	defer p.close()
-	to := Peer{Endpoint: p.b.Endpoint()}
+	to := Peer{Endpoint: p.b.Endpoint(), Epoch: p.b.Identity().Epoch}
 	z.roundTrip(200, frames)
 	for i := 0; i < 200; i++ {
 		p.a.Send(to, &Abort{Room: uint64(i)})
@@ -244,9 +244,10 @@ func BenchmarkAuth(b *testing.B) {
 	a := testAuth()
 	frames := benchFrames(b)
 	b.ReportAllocs()
+	to := From{Role: RolePrefill, Instance: "p", Rank: 3, Epoch: 7}
 	for i := 0; i < b.N; i++ {
 		now := time.Now()
-		if _, why := a.Open(a.Seal(frames[:3:3], now), now); why != "" {
+		if _, _, why := a.Open(a.Seal(frames[:3:3], Envelope{Sent: now, Seq: uint64(i + 1), To: to}), now); why != "" {
 			b.Fatal(why)
 		}
 	}

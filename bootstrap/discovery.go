@@ -41,6 +41,7 @@ type RankEvent struct {
 	DP, TP, PP int
 	Endpoint   string // the new endpoint ("" when Deleted)
 	PublicKey  string
+	Cert       string // the rank's identity certificate (base64), under per-rank identity
 	Epoch      uint64 // the rank process's epoch, when its record has one
 	Deleted    bool
 }

@@ -335,7 +335,7 @@ func (e *EtcdClient) Rank(ctx context.Context, dp, tp, pp int) (RankInfo, error)
 	if !ok {
 		return RankInfo{}, fmt.Errorf("%w: etcd %s: instance %q dp=%d tp=%d pp=%d: malformed record", ErrRankUnknown, e.endpoints, e.instance, dp, tp, pp)
 	}
-	return RankInfo{Endpoint: rec.Endpoint, PublicKey: rec.PublicKey}, nil
+	return RankInfo{Endpoint: rec.Endpoint, PublicKey: rec.PublicKey, Cert: rec.Cert, Epoch: rec.Epoch}, nil
 }
 
 // PublishRoomDP records a room's DP group under the rank's lease (it
@@ -393,7 +393,7 @@ func (e *EtcdClient) Watch(ctx context.Context) <-chan RankEvent {
 						if !ok {
 							continue
 						}
-						re = RankEvent{DP: rec.DPRank, TP: rec.TPRank, PP: rec.PPRank, Endpoint: rec.Endpoint, PublicKey: rec.PublicKey, Epoch: rec.Epoch}
+						re = RankEvent{DP: rec.DPRank, TP: rec.TPRank, PP: rec.PPRank, Endpoint: rec.Endpoint, PublicKey: rec.PublicKey, Cert: rec.Cert, Epoch: rec.Epoch}
 					}
 					select {
 					case out <- re:

@@ -36,7 +36,9 @@ func Example_controlLoop() {
 	}
 	defer decode.Close()
 
-	decode.Send(bootstrap.Peer{Endpoint: prefill.Endpoint()}, &bootstrap.Abort{Room: 7, Reason: "client left"})
+	// A message names the process it is for: its epoch comes with the
+	// prefill rank's bootstrap record (or any message it sent).
+	decode.Send(bootstrap.Peer{Endpoint: prefill.Endpoint(), Epoch: prefill.Identity().Epoch}, &bootstrap.Abort{Room: 7, Reason: "client left"})
 	m := (<-got).(*bootstrap.Abort)
 	fmt.Println(m.Type(), m.Room, m.Reason, m.From.Instance)
 	// Output: ABORT 7 client left decode-a

@@ -28,6 +28,14 @@ var (
 type Peer struct {
 	Endpoint  string
 	ServerKey string
+	// Cert is the peer's identity certificate (raw bytes) where the caller
+	// knows it from a bootstrap record: required under per-rank identity
+	// for a peer that has not sent this rank anything yet.
+	Cert string
+	// Epoch is the peer process's epoch where the caller knows it (a
+	// bootstrap record, a REGISTER_ACK): the message is addressed to it,
+	// or to a newer one this rank heard at the endpoint.
+	Epoch uint64
 }
 
 // PeerDown reports a peer that heartbeats declared dead. (Restarts are
@@ -87,6 +95,10 @@ type LoopConfig struct {
 	// anyone who can reach the port can drive the rank.
 	Insecure bool
 	Security *Security // CURVE encryption and allow-list on top; nil: off
+	// RankIdentity turns on per-rank identity (with Auth): this rank's
+	// certificate and key, and the CA's public key that vouches for every
+	// peer's. A message's from is then proven, not claimed.
+	RankIdentity *RankIdentity
 
 	Logger     *zap.Logger           // default: no logging
 	Registerer prometheus.Registerer // default: no metrics registered
@@ -119,14 +131,23 @@ func (c *LoopConfig) Validate() error {
 		return fmt.Errorf("bootstrap: rank %s: %w", c.Identity.Peer(), ErrNoSecret)
 	case c.Auth != nil && c.Insecure:
 		return errors.New("bootstrap: Auth and Insecure are both set; choose one")
+	case c.RankIdentity != nil && c.Auth == nil:
+		return errors.New("bootstrap: per-rank identity needs the deployment's shared secret too (Auth)")
+	case c.RankIdentity != nil && c.RankIdentity.Cert.Identity() != (From{Role: c.Identity.Role, Instance: c.Identity.Instance, Rank: c.Identity.Rank}):
+		return fmt.Errorf("bootstrap: rank %s holds the certificate of %s", c.Identity.Peer(), c.RankIdentity.Cert)
 	}
 	return nil
 }
 
 type outbound struct {
 	to     Peer
-	frames [][]byte
+	frames [][]byte // the three message frames
 	t      MsgType
+	// With Auth: the envelope (its number and time are stamped when the
+	// message is handed to ZeroMQ, under the peer's lock, so the numbers a
+	// peer receives grow in the order it receives them) and its tag key.
+	env    *Envelope
+	tagKey []byte
 }
 
 type watchCmd struct {
@@ -150,7 +171,8 @@ type Loop struct {
 
 	pull, zap, wakeR, wakeW *zmq.Socket
 
-	snd *sender
+	snd  *sender
+	addr *addressing // nil when Insecure
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -203,6 +225,9 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 	l = &Loop{cfg: cfg, id: cfg.Identity, log: cfg.Logger,
 		closing: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{})}
 	l.snd = newSender(l)
+	if cfg.Auth != nil {
+		l.addr = newAddressing(cfg.Auth, cfg.RankIdentity, cfg.Identity.Role)
+	}
 	if l.log == nil {
 		l.log = zap.NewNop()
 	}
@@ -294,6 +319,15 @@ func (l *Loop) PublicKey() string {
 	return l.cfg.Security.PublicKey
 }
 
+// Cert returns this rank's identity certificate (raw bytes, for its
+// bootstrap record), or nil without per-rank identity.
+func (l *Loop) Cert() []byte {
+	if l.cfg.RankIdentity == nil {
+		return nil
+	}
+	return l.cfg.RankIdentity.Cert.raw
+}
+
 // Stats returns a snapshot of the loop's counters.
 func (l *Loop) Stats() Stats { return l.stat.snapshot() }
 
@@ -302,22 +336,57 @@ func (l *Loop) Stats() Stats { return l.stat.snapshot() }
 // blocks: a peer ZeroMQ will not take more from gets an ordered backlog
 // (retried by the heartbeat goroutine) and, past SendHWM, drops (counted
 // as peer_busy), so a dead peer never delays another.
+//
+// With Auth the message is addressed (PROTOCOL.md "Envelope"): to the
+// peer's identity and epoch as this rank knows them, numbered, and a
+// REGISTER's agent metadata sealed to the peer. Under per-rank identity a
+// peer whose certificate is not known is not sent to (counted as
+// no_identity).
 func (l *Loop) Send(to Peer, m Message) error {
 	setFrom(m, l.id)
-	frames, err := l.encode(m)
+	o, err := l.encode(to, m)
+	if errors.Is(err, errNoPeerCert) || errors.Is(err, ErrBadCert) {
+		l.snd.dropped(outbound{to: to, t: m.Type()}, DropNoIdentity, err)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
-	return l.snd.deliver(outbound{to: to, frames: frames, t: m.Type()})
+	return l.snd.deliver(o)
 }
 
-// encode returns m's frames, sealed when Auth is on.
-func (l *Loop) encode(m Message) ([][]byte, error) {
-	frames, err := Encode(m)
-	if err != nil || l.cfg.Auth == nil {
-		return frames, err
+// encode returns m's frames and, when Auth is on, its envelope addressed to
+// the peer, with a REGISTER's agent metadata sealed to it.
+func (l *Loop) encode(to Peer, m Message) (outbound, error) {
+	o := outbound{to: to, t: m.Type()}
+	var err error
+	if l.addr != nil {
+		var env Envelope
+		if env, o.tagKey, err = l.addr.envelope(to); err != nil {
+			return o, err
+		}
+		o.env = &env
+		if r, ok := m.(*Register); ok && len(r.AgentMD) > 0 {
+			c := *r
+			if c.AgentMD, err = sealMD(o.tagKey, l.cfg.Auth.Secret, r.AgentMD, l.id, env.To); err != nil {
+				return o, err
+			}
+			m = &c
+		}
 	}
-	return l.cfg.Auth.Seal(frames, time.Now()), nil
+	o.frames, err = Encode(m)
+	return o, err
+}
+
+// wire returns o's frames as they go on the wire: sealed, numbered and
+// timed now when Auth is on (pc.mu held).
+func (l *Loop) wire(o outbound) [][]byte {
+	if o.env == nil {
+		return o.frames
+	}
+	env := *o.env
+	env.Seq, env.Sent = l.addr.nextSeq(), time.Now()
+	return l.cfg.Auth.seal(o.tagKey, o.frames[:3:3], env)
 }
 
 // Watch starts heartbeats to a peer (a rank this one shares a live room
@@ -397,18 +466,31 @@ func (l *Loop) receive() {
 }
 
 func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
-	if l.cfg.Auth != nil {
-		opened, why := l.cfg.Auth.Open(frames, time.Now())
-		if why != "" {
+	var env Envelope
+	now := time.Now()
+	refuse := func(why string, replay bool, detail string) {
+		if replay {
+			l.stat.replayInc(why)
+		} else {
 			l.stat.refusedInc(why)
-			if n, ok := limiter.allow(time.Now()); ok {
-				l.log.Warn("unauthenticated control message dropped", zap.String("rank", l.id.Peer()),
-					zap.String("reason", why), zap.Int("suppressed", n))
-			}
+		}
+		if n, ok := limiter.allow(now); ok {
+			l.log.Warn("control message dropped", zap.String("rank", l.id.Peer()), zap.String("reason", why),
+				zap.String("detail", detail), zap.Int("suppressed", n))
+		}
+	}
+	if l.addr != nil {
+		var keyFor func([]byte) ([]byte, string)
+		if l.cfg.RankIdentity != nil {
+			keyFor = l.addr.keyFor(now)
+		}
+		opened, e, why := l.cfg.Auth.open(frames, now, keyFor)
+		if why != "" {
+			refuse(why, false, "unauthenticated")
 			return
 		}
-		frames = opened
-	} else if len(frames) == 4 && len(frames[3]) == AuthFrameLen {
+		frames, env = opened, e
+	} else if len(frames) == 4 {
 		frames = frames[:3] // from a rank with a secret; not checked (Insecure)
 	}
 	m, err := Decode(frames)
@@ -425,8 +507,27 @@ func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 		}
 		return
 	}
-	l.stat.received.Add(1)
 	from := m.Sender()
+	if l.addr != nil {
+		if why, replay := l.addr.check(l.id, m, env, now); why != "" {
+			refuse(why, replay, fmt.Sprintf("%s from %s (epoch %d, message %d) addressed to %s epoch %d", m.Type(), from.Peer(),
+				from.Epoch, env.Seq, env.To.Peer(), env.To.Epoch))
+			return
+		}
+		if r, ok := m.(*Register); ok {
+			var key []byte
+			if pc := l.addr.peerKey(env.Cert); pc != nil {
+				key = pc.key
+			}
+			md, err := openMD(key, l.cfg.Auth.Secret, r.AgentMD, from, env.To)
+			if err != nil {
+				refuse(AuthBadTag, false, fmt.Sprintf("REGISTER from %s: agent metadata: %v", from.Peer(), err))
+				return
+			}
+			r.AgentMD = md
+		}
+	}
+	l.stat.received.Add(1)
 	switch m := m.(type) {
 	case *Ping:
 		_ = l.Send(Peer{Endpoint: from.Endpoint}, &Pong{Seq: m.Seq})
@@ -750,7 +851,7 @@ func signalKick(c chan struct{}) {
 // counted and the message consumed.
 func (s *sender) try(pc *peerConn, o outbound) bool {
 	for attempt := 0; attempt < 2; attempt++ {
-		_, err := pc.sock.SendMessageDontwait(o.frames)
+		_, err := pc.sock.SendMessageDontwait(s.l.wire(o))
 		if err == nil {
 			s.l.stat.sent.Add(1)
 			return true
@@ -903,8 +1004,11 @@ func (s *sender) heartbeat(now time.Time) {
 		}
 		if len(pc.backlog) == 0 {
 			s.seq++
-			frames, _ := s.l.encode(&Ping{From: s.l.id, Seq: s.seq})
-			pc.awaiting = s.try(pc, outbound{to: Peer{Endpoint: pc.endpoint}, frames: frames, t: TypePing})
+			if o, err := s.l.encode(Peer{Endpoint: pc.endpoint}, &Ping{From: s.l.id, Seq: s.seq}); err == nil {
+				pc.awaiting = s.try(pc, o)
+			} else {
+				s.dropped(outbound{to: Peer{Endpoint: pc.endpoint}, t: TypePing}, DropNoIdentity, err)
+			}
 		}
 		pc.mu.Unlock()
 	}

@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -13,19 +14,20 @@ import (
 // by sending it an ABORT, and waits to be killed.
 func TestMain(m *testing.M) {
 	if os.Getenv("KVBRIDGE_TEST_CHILD") == "peer" {
-		os.Exit(runChildPeer(os.Getenv("KVBRIDGE_TEST_PARENT")))
+		epoch, _ := strconv.ParseUint(os.Getenv("KVBRIDGE_TEST_PARENT_EPOCH"), 10, 64)
+		os.Exit(runChildPeer(os.Getenv("KVBRIDGE_TEST_PARENT"), epoch))
 	}
 	goleak.VerifyTestMain(m)
 }
 
-func runChildPeer(parent string) int {
+func runChildPeer(parent string, epoch uint64) int {
 	l, err := NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "child", Rank: 0},
 		Bind: "tcp://127.0.0.1:*", Handler: func(Message) {}, Auth: testAuth()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := l.Send(Peer{Endpoint: parent}, &Abort{Room: 1, Reason: "child up"}); err != nil {
+	if err := l.Send(Peer{Endpoint: parent, Epoch: epoch}, &Abort{Room: 1, Reason: "child up"}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

@@ -18,9 +18,12 @@ const (
 	DropUnknownPeer = "unknown_peer"
 	// DropTooManyPeers: MaxPeers sockets are open and all are watched.
 	DropTooManyPeers = "too_many_peers"
+	// DropNoIdentity: per-rank identity is on and the peer's certificate
+	// is not known (or not valid), so the message cannot be addressed.
+	DropNoIdentity = "no_identity"
 )
 
-var dropReasons = []string{DropQueueFull, DropPeerBusy, DropNoKey, DropError, DropUnknownPeer, DropTooManyPeers}
+var dropReasons = []string{DropQueueFull, DropPeerBusy, DropNoKey, DropError, DropUnknownPeer, DropTooManyPeers, DropNoIdentity}
 
 // Stats is a snapshot of a loop's counters.
 type Stats struct {
@@ -30,6 +33,7 @@ type Stats struct {
 	Dropped         map[string]uint64 // sends dropped, by reason
 	Unauthenticated uint64            // connections the ZAP handler refused
 	Refused         map[string]uint64 // messages dropped by authentication, by reason (Auth*)
+	Replayed        map[string]uint64 // authentic messages dropped as replays, by reason (Replay*)
 	PeersDead       uint64            // peers declared dead by heartbeats
 	Sockets         uint64            // PUSH sockets open now (≤ MaxPeers)
 }
@@ -47,8 +51,15 @@ type counters struct {
 	received, sent, unauth, dead atomic.Uint64
 	sockets                      atomic.Uint64    // gauge
 	malformed                    [7]atomic.Uint64 // indexed like MalformedReasons
-	dropped                      [6]atomic.Uint64 // indexed like dropReasons
-	refused                      [3]atomic.Uint64 // indexed like AuthReasons
+	dropped                      [7]atomic.Uint64 // indexed like dropReasons
+	refused                      [6]atomic.Uint64 // indexed like AuthReasons
+	replayed                     [2]atomic.Uint64 // indexed like ReplayReasons
+}
+
+func (c *counters) replayInc(reason string) {
+	if i := indexOf(ReplayReasons, reason); i >= 0 {
+		c.replayed[i].Add(1)
+	}
 }
 
 func (c *counters) refusedInc(reason string) {
@@ -81,7 +92,11 @@ func (c *counters) dropInc(reason string) {
 func (c *counters) snapshot() Stats {
 	s := Stats{Received: c.received.Load(), Sent: c.sent.Load(), Unauthenticated: c.unauth.Load(),
 		PeersDead: c.dead.Load(), Sockets: c.sockets.Load(),
-		Malformed: map[string]uint64{}, Dropped: map[string]uint64{}, Refused: map[string]uint64{}}
+		Malformed: map[string]uint64{}, Dropped: map[string]uint64{}, Refused: map[string]uint64{},
+		Replayed: map[string]uint64{}}
+	for i, r := range ReplayReasons {
+		s.Replayed[r] = c.replayed[i].Load()
+	}
 	for i, r := range AuthReasons {
 		s.Refused[r] = c.refused[i].Load()
 	}
@@ -99,6 +114,7 @@ func (c *counters) snapshot() Stats {
 type collector struct {
 	c                                                         *counters
 	malformed, dropped, received, sent, unauth, dead, refused *prometheus.Desc
+	replayed                                                  *prometheus.Desc
 	sockets                                                   *prometheus.Desc
 }
 
@@ -116,11 +132,13 @@ func newCollector(c *counters, id From) *collector {
 		dead:      d("kvbridge_peers_dead_total", "Peers declared dead after missed heartbeats."),
 		sockets:   d("kvbridge_control_sockets", "PUSH sockets open to peers (bounded by MaxPeers)."),
 		refused:   d("kvbridge_unauthenticated_messages_total", "Control messages dropped by authentication, by reason.", "reason"),
+		replayed: d("kvbridge_replayed_messages_total",
+			"Authentic control messages dropped as replays: addressed to another process of this rank, or a message number already received.", "reason"),
 	}
 }
 
 func (k *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{k.malformed, k.dropped, k.received, k.sent, k.unauth, k.dead, k.refused, k.sockets} {
+	for _, d := range []*prometheus.Desc{k.malformed, k.dropped, k.received, k.sent, k.unauth, k.dead, k.refused, k.replayed, k.sockets} {
 		ch <- d
 	}
 }
@@ -135,6 +153,9 @@ func (k *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for r, v := range s.Refused {
 		ch <- prometheus.MustNewConstMetric(k.refused, prometheus.CounterValue, float64(v), r)
+	}
+	for r, v := range s.Replayed {
+		ch <- prometheus.MustNewConstMetric(k.replayed, prometheus.CounterValue, float64(v), r)
 	}
 	ch <- prometheus.MustNewConstMetric(k.sockets, prometheus.GaugeValue, float64(s.Sockets))
 	ch <- prometheus.MustNewConstMetric(k.received, prometheus.CounterValue, float64(s.Received))

@@ -31,6 +31,9 @@ type RankRecord struct {
 	DType     string `json:"dtype"`
 	Compat    string `json:"compat"`
 	PublicKey string `json:"curve_public_key,omitempty"`
+	// Cert is the rank's identity certificate (standard base64), under
+	// per-rank identity: decode ranks address their first messages to it.
+	Cert string `json:"identity_cert,omitempty"`
 	// Epoch is the rank process's control-plane epoch (optional): a record
 	// re-published with the same endpoint but a new epoch is a restart.
 	Epoch uint64 `json:"epoch,omitempty"`
@@ -64,6 +67,20 @@ type Topology struct {
 type RankInfo struct {
 	Endpoint  string `json:"endpoint"`
 	PublicKey string `json:"curve_public_key,omitempty"`
+	Cert      string `json:"identity_cert,omitempty"` // base64, as in the record
+	Epoch     uint64 `json:"epoch,omitempty"`         // the record's process, when it says
+}
+
+// CertBytes decodes Cert ("" when absent or not base64: a decode rank then
+// cannot address the rank under per-rank identity, and says so).
+func (r RankInfo) CertBytes() string { return certBytes(r.Cert) }
+
+func certBytes(b64cert string) string {
+	b, err := b64.DecodeString(b64cert)
+	if err != nil {
+		return ""
+	}
+	return string(b)
 }
 
 func (r RankRecord) topology() Topology {
@@ -94,6 +111,8 @@ func (r RankRecord) Validate() error {
 		return errors.New("compat is empty")
 	case r.PublicKey != "" && !validKey(r.PublicKey):
 		return errors.New("curve_public_key is not a 40-character Z85 key")
+	case len(r.Cert) > 2*MaxCertBytes || (r.Cert != "" && certBytes(r.Cert) == ""):
+		return fmt.Errorf("identity_cert is not a base64 certificate of at most %d bytes", MaxCertBytes)
 	case r.Layers < 0 || r.KVHeads < 0 || r.HeadBytes < 0 || r.Layers > maxRankIndex || r.KVHeads > maxRankIndex || r.HeadBytes > 1<<20:
 		return fmt.Errorf("layers %d, kv_heads %d, head_bytes %d out of range", r.Layers, r.KVHeads, r.HeadBytes)
 	case r.PageLayout != "" && r.PageLayout != "NHD" && r.PageLayout != "HND":
@@ -431,7 +450,7 @@ func (s *Server) getRank(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no prefill rank dp=%d tp=%d pp=%d", k.dp, k.tp, k.pp))
 		return
 	}
-	writeJSON(w, http.StatusOK, RankInfo{Endpoint: rec.Endpoint, PublicKey: rec.PublicKey})
+	writeJSON(w, http.StatusOK, RankInfo{Endpoint: rec.Endpoint, PublicKey: rec.PublicKey, Cert: rec.Cert, Epoch: rec.Epoch})
 }
 
 // Start serves on addr ("127.0.0.1:0" picks a port) until Close.

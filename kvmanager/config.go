@@ -90,6 +90,11 @@ type Config struct {
 	Auth *bootstrap.Auth
 	// Insecure runs without authentication, logged as a warning.
 	Insecure bool
+	// RankIdentity turns on per-rank identity (with Auth): this rank's
+	// certificate and key and the deployment CA's public key (FromEnv reads
+	// KVBRIDGE_CA_FILE and KVBRIDGE_IDENTITY_FILE). A peer's from is then
+	// proven: a holder of the shared secret alone can speak as no rank.
+	RankIdentity *bootstrap.RankIdentity
 	// MaxPeers bounds the control plane's PUSH sockets (default 1024; a
 	// new peer evicts the least recently used unwatched one, and is refused
 	// when all are watched); MaxEpochs the peer epochs remembered for
@@ -247,6 +252,13 @@ func (c *Config) FromEnv() error {
 		c.Auth, c.Insecure = auth, false
 	} else if insecure {
 		c.Auth, c.Insecure = nil, true
+	}
+	id, err := bootstrap.IdentityFromEnv()
+	if err != nil {
+		return fmt.Errorf("kvmanager: %w", err)
+	}
+	if id != nil {
+		c.RankIdentity = id
 	}
 	if v := os.Getenv("KVBRIDGE_BIND"); v != "" {
 		c.Bind = v

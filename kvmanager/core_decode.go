@@ -35,6 +35,8 @@ const (
 type target struct {
 	t                   Target
 	endpoint, serverKey string
+	cert                string // the record's identity certificate (raw), if any
+	recEpoch            uint64 // the record's process, if it says
 	resolved, resolving bool
 	reg                 regState
 	epoch               uint64 // the process that acknowledged our REGISTER
@@ -80,7 +82,7 @@ func (o owedAbort) msg(room uint64) *bootstrap.Abort {
 const registerLookupAfter = 3
 
 func (tg *target) peer() bootstrap.Peer {
-	return bootstrap.Peer{Endpoint: tg.endpoint, ServerKey: tg.serverKey}
+	return bootstrap.Peer{Endpoint: tg.endpoint, ServerKey: tg.serverKey, Cert: tg.cert, Epoch: max(tg.epoch, tg.recEpoch)}
 }
 
 // source is one prefill rank's part of a decode room.
@@ -320,6 +322,12 @@ func (c *decodeCore) sendRegister(tg *target) {
 // resolved records where a target lives and sends what waited for it:
 // ABORTs owed by rooms aborted before, and registrations.
 func (c *decodeCore) resolved(now time.Time, t Target, endpoint, serverKey string) {
+	c.resolvedRecord(now, t, endpoint, serverKey, "", 0)
+}
+
+// resolvedRecord is resolved with the record's identity certificate and
+// epoch, which address the first messages to the rank.
+func (c *decodeCore) resolvedRecord(now time.Time, t Target, endpoint, serverKey, cert string, recEpoch uint64) {
 	c.step(now)
 	tg := c.targets[t.key()]
 	if tg == nil {
@@ -329,6 +337,7 @@ func (c *decodeCore) resolved(now time.Time, t Target, endpoint, serverKey strin
 		tg.reg = regNone
 	}
 	tg.endpoint, tg.serverKey, tg.resolved, tg.resolving = endpoint, serverKey, true, false
+	tg.cert, tg.recEpoch = cert, recEpoch
 	tg.lookupRetry = 0
 	c.sendOwed(tg)
 	for _, rm := range c.roomsAt(tg.t.key()) {
@@ -780,12 +789,22 @@ func (c *decodeCore) peerDown(endpoint string, from bootstrap.From, restarted bo
 // acknowledged our REGISTER (epoch 0: the record does not say) is a restart
 // in place: handled as the control plane's restart report would be.
 func (c *decodeCore) targetChanged(now time.Time, t Target, endpoint, serverKey string, epoch uint64, gone bool) {
+	c.targetChangedRecord(now, t, endpoint, serverKey, "", epoch, gone)
+}
+
+// targetChangedRecord is targetChanged with the record's identity
+// certificate.
+func (c *decodeCore) targetChangedRecord(now time.Time, t Target, endpoint, serverKey, cert string, epoch uint64, gone bool) {
 	c.step(now)
 	tg := c.targets[t.key()]
 	if tg == nil || !tg.resolved {
 		return
 	}
 	if !gone && tg.endpoint == endpoint {
+		if cert != "" {
+			tg.cert = cert
+		}
+		tg.recEpoch = max(tg.recEpoch, epoch)
 		if epoch != 0 && tg.reg == regOK && tg.epoch != epoch {
 			c.peerDown(endpoint, bootstrap.From{Endpoint: endpoint, Epoch: epoch}, true,
 				fmt.Sprintf("rank's discovery record names a new process (epoch %d → %d): %s", tg.epoch, epoch, endpoint))
@@ -800,7 +819,7 @@ func (c *decodeCore) targetChanged(now time.Time, t Target, endpoint, serverKey 
 	c.peerDown(old, bootstrap.From{}, false, fmt.Sprintf("rank's discovery %s: %s", what, old))
 	if !gone {
 		tg.resolving = false
-		c.resolved(now, t, endpoint, serverKey)
+		c.resolvedRecord(now, t, endpoint, serverKey, cert, epoch)
 	}
 }
 

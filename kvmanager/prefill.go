@@ -2,6 +2,7 @@ package kvmanager
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"time"
 
@@ -53,6 +54,7 @@ func (m *Manager) registerRank() error {
 	rec := bootstrap.RankRecord{Instance: m.cfg.Instance, DPRank: par.DPRank, DPSize: par.DPSize, TPRank: par.TPRank,
 		TPSize: par.TPSize, PPRank: par.PPRank, PPSize: par.PPSize, Endpoint: m.loop.Endpoint(), PageSize: m.cfg.PageTokens,
 		DType: m.cfg.DType, Compat: m.cfg.Compat, PublicKey: m.loop.PublicKey(), Epoch: m.loop.Identity().Epoch,
+		Cert:       base64.StdEncoding.EncodeToString(m.loop.Cert()),
 		ModelFacts: modelFacts(m.cfg.Model)}
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Registry.BootstrapTimeout)
 	ttl, err := cl.RegisterRank(ctx, rec)

@@ -128,7 +128,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		Identity: bootstrap.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank},
 		Bind:     cfg.Bind, Handler: m.handle, OnPeerDown: m.peerDown, OnMalformedRequest: m.malformed,
 		HeartbeatInterval: cfg.HeartbeatInterval, MaxMisses: cfg.MaxMisses,
-		MaxPeers: cfg.MaxPeers, Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, Logger: m.log, Registerer: cfg.Registerer})
+		MaxPeers: cfg.MaxPeers, Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, RankIdentity: cfg.RankIdentity, Logger: m.log, Registerer: cfg.Registerer})
 	if err != nil {
 		if cfg.Registerer != nil {
 			cfg.Registerer.Unregister(m.met)
@@ -224,6 +224,13 @@ func (m *Manager) StateMemory() [][]byte { return m.stateMem }
 
 // Endpoint returns the rank's control endpoint.
 func (m *Manager) Endpoint() string { return m.loop.Endpoint() }
+
+// Epoch returns this process's control-plane epoch (its messages' from).
+func (m *Manager) Epoch() uint64 { return m.loop.Identity().Epoch }
+
+// Cert returns this rank's identity certificate, or nil without per-rank
+// identity.
+func (m *Manager) Cert() []byte { return m.loop.Cert() }
 
 // Agent returns the rank's nixl agent.
 func (m *Manager) Agent() *nixl.Agent { return m.agent }

@@ -127,6 +127,11 @@ type (
 	Resolved struct {
 		Target              Target
 		Endpoint, ServerKey string
+		// Cert (raw bytes) and Epoch are the record's identity certificate
+		// and process, when it has them: the first messages are addressed
+		// to them.
+		Cert  string
+		Epoch uint64
 	}
 	// ResolveFailed says a lookup of Target failed.
 	ResolveFailed struct {
@@ -138,6 +143,7 @@ type (
 	TargetChanged struct {
 		Target              Target
 		Endpoint, ServerKey string
+		Cert                string // the record's identity certificate (raw), if any
 		Epoch               uint64
 		Gone                bool
 	}
@@ -256,11 +262,11 @@ func (c *Core) Step(now time.Time, in Input) Output {
 	case Notified:
 		d.notification(now, in.Room, in.UID, in.Chunk, in.Total, in.Aux)
 	case Resolved:
-		d.resolved(now, in.Target, in.Endpoint, in.ServerKey)
+		d.resolvedRecord(now, in.Target, in.Endpoint, in.ServerKey, in.Cert, in.Epoch)
 	case ResolveFailed:
 		d.resolveFailed(now, in.Target, in.Err)
 	case TargetChanged:
-		d.targetChanged(now, in.Target, in.Endpoint, in.ServerKey, in.Epoch, in.Gone)
+		d.targetChangedRecord(now, in.Target, in.Endpoint, in.ServerKey, in.Cert, in.Epoch, in.Gone)
 	case CreateSender, InitSender, SendChunk, AbortSender, ClearSender, Posting, WriteDone:
 		return wrongRole(in)
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -52,12 +53,21 @@ type attacker struct {
 	pull            *zmq.Socket // where replies to the insider's messages go
 	self            string
 
-	mu       sync.Mutex
-	rounds   int
-	sent     map[string]int // messages or requests per class
-	acksBad  int            // REGISTER_ACK ok=false received
-	httpBad  []string       // HTTP answers that were not the expected refusal
-	zmqFails int
+	mu     sync.Mutex
+	rounds int
+	sent   map[string]int // messages or requests per class
+	seq    uint64         // the attacker process's message numbers (under mu)
+	// Under per-rank identity the insider holds the keys of three decode
+	// ranks of its own (instance hostile-register, ranks 0–2): it speaks as
+	// them, addressed to the prefill rank's certificate from its bootstrap
+	// record. It knows no certificate of the decode rank (decode ranks
+	// publish none), so what it sends there carries the secret alone.
+	ids         [3]*bootstrap.RankIdentity
+	prefillCert []byte
+	library     string   // the local UCX release, as a real blob names it
+	acksBad     int      // REGISTER_ACK ok=false received
+	httpBad     []string // HTTP answers that were not the expected refusal
+	zmqFails    int
 }
 
 func newAttacker(prefill, decode *proc, model kvmodel.Model, layout transfer.PageLayout, pages, minRounds int) (*attacker, error) {
@@ -74,6 +84,22 @@ func newAttacker(prefill, decode *proc, model kvmodel.Model, layout transfer.Pag
 		return nil, err
 	}
 	a.self, _ = a.pull.GetLastEndpoint()
+	a.library = localLibrary()
+	if ca != nil {
+		for r := range a.ids {
+			if a.ids[r], err = ca.Issue(bootstrap.RoleDecode, "hostile-register", r, time.Now().Add(time.Hour)); err != nil {
+				return nil, err
+			}
+		}
+		cl := bootstrap.NewClient(prefill.boot)
+		info, err := cl.Rank(context.Background(), 0, 0, 0)
+		if err != nil {
+			return nil, fmt.Errorf("hostile: the prefill rank's record: %w", err)
+		}
+		if a.prefillCert = []byte(info.CertBytes()); len(a.prefillCert) == 0 {
+			return nil, errors.New("hostile: the prefill rank's record carries no identity certificate")
+		}
+	}
 	return a, nil
 }
 
@@ -100,8 +126,10 @@ func (a *attacker) run(ctx context.Context) {
 			if err != nil {
 				continue
 			}
-			if opened, why := auth.Open(frames, time.Now()); why == "" {
-				if m, err := bootstrap.Decode(opened); err == nil {
+			// Only the REGISTER_ACKs are counted: under per-rank identity they
+			// are tagged with the pair key of the rank they answer.
+			if len(frames) == 4 {
+				if m, err := bootstrap.Decode(frames[:3]); err == nil {
 					if ack, ok := m.(*bootstrap.RegisterAck); ok && !ack.OK {
 						a.mu.Lock()
 						a.acksBad++
@@ -172,7 +200,52 @@ func encode(m bootstrap.Message) [][]byte {
 	return f
 }
 
-func sealed(m bootstrap.Message) [][]byte { return auth.Seal(encode(m), time.Now()) }
+// seal tags frames addressed to the process p as an insider would: with
+// the secret, and under per-rank identity, to the prefill rank, as the
+// decode rank hostile-register/rank (whose from the body may or may not
+// claim: claiming another is refused as forged).
+func (a *attacker) seal(p *proc, rank int, frames [][]byte) [][]byte {
+	a.mu.Lock()
+	a.seq++
+	env := bootstrap.Envelope{Sent: time.Now(), Seq: a.seq, To: bootstrap.From{Epoch: p.epoch}}
+	a.mu.Unlock()
+	var id *bootstrap.RankIdentity
+	if a.ids[0] != nil && p == a.prefill {
+		id = a.ids[rank%len(a.ids)]
+	}
+	out, err := bootstrap.SealAs(auth, id, a.prefillCert, frames, env)
+	if err != nil {
+		panic(err)
+	}
+	return out
+}
+
+func (a *attacker) sealed(p *proc, m bootstrap.Message) [][]byte { return a.seal(p, 0, encode(m)) }
+
+// localLibrary is the engine library a real ucx blob of this machine names
+// (nixl/metadata.go: "ucx/<release>"), read from a local agent's blob, so
+// the insider's REGISTERs reach the address check.
+func localLibrary() string {
+	ag, err := nixl.Open(nixl.Config{Name: "hostile-probe", Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}})
+	if err != nil {
+		return "ucx/unknown"
+	}
+	defer ag.Close()
+	md, err := ag.Metadata()
+	if err != nil || len(md) < 5 {
+		return "ucx/unknown"
+	}
+	off := 5
+	var s string
+	for i := 0; i < 3 && off+4 <= len(md); i++ { // engine, agent, library
+		n := int(binary.LittleEndian.Uint32(md[off:]))
+		if off+4+n > len(md) {
+			break
+		}
+		s, off = string(md[off+4:off+4+n]), off+4+n
+	}
+	return s
+}
 
 // rawBody builds a message body by hand (for what Encode refuses to write).
 func rawBody(pairs ...any) []byte {
@@ -200,14 +273,15 @@ func fromMap(f bootstrap.From) map[string]any {
 
 // agentBlob is a well-formed kvbridge ucx metadata blob (nixl/metadata.go's
 // format) around a worker address.
-func agentBlob(addr []byte) []byte {
-	b := append([]byte("KVBN"), 1)
+func (a *attacker) agentBlob(addr []byte) []byte {
+	b := append([]byte("KVBN"), 2)
 	put := func(v []byte) {
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(v)))
 		b = append(b, v...)
 	}
 	put([]byte(nixl.EngineUCX))
 	put([]byte("hostile-agent"))
+	put([]byte(a.library))
 	b = binary.LittleEndian.AppendUint32(b, 0)
 	put(addr)
 	return b
@@ -250,7 +324,8 @@ func (a *attacker) round(round int, push map[string]*zmq.Socket) {
 		}
 	}
 	mib := strings.Repeat("x", 1<<20)
-	for _, name := range []string{"prefill", "decode"} {
+	for _, p := range []*proc{a.prefill, a.decode} {
+		name := p.name
 		s := push[name]
 		// Unauthenticated.
 		a.send(s, "garbage frames", [][]byte{[]byte("KVB1")})
@@ -258,36 +333,47 @@ func (a *attacker) round(round int, push map[string]*zmq.Socket) {
 		a.send(s, "garbage frames", [][]byte{[]byte("HTTP"), []byte("GET / HTTP/1.1"), nil, nil, nil})
 		a.send(s, "no tag", encode(&bootstrap.Abort{From: a.from("untagged", 0), Room: 1, Reason: "x"}))
 		a.send(s, "no tag", encode(&bootstrap.Request{From: a.from("untagged", 0), Room: 1, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}))
-		a.send(s, "other secret", other.Seal(encode(&bootstrap.Abort{From: a.from("other-secret", 0), Room: 1}), time.Now()))
+		a.send(s, "other secret", other.Seal(encode(&bootstrap.Abort{From: a.from("other-secret", 0), Room: 1}),
+			bootstrap.Envelope{Sent: time.Now(), Seq: 1, To: bootstrap.From{Epoch: p.epoch}}))
 		for i := 0; i < 100; i++ {
 			f := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "forged", Rank: i,
 				Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 20000+(round*100+i)%40000), Epoch: uint64(round)}
 			a.send(s, "forged PINGs", encode(&bootstrap.Ping{From: f, Seq: 1}))
 		}
-		a.send(s, "untagged REGISTER, garbage blob", encode(a.register(agentBlob(garbageAddr(round)), 0)))
+		a.send(s, "untagged REGISTER, garbage blob", encode(a.register(a.agentBlob(garbageAddr(round)), 0)))
 
 		// Authenticated (an insider, or a broken peer).
-		a.send(s, "REGISTER, garbage UCX address", sealed(a.register(agentBlob(garbageAddr(round)), round%3)))
-		a.send(s, "1 MiB reason", auth.Seal([][]byte{[]byte(bootstrap.Magic), []byte("ABORT"),
-			rawBody("from", fromMap(a.from("long-reason", 0)), "room", uint64(attackRoomBase+round), "reason", mib)}, time.Now()))
+		reg := a.register(a.agentBlob(garbageAddr(round)), round%3)
+		var id *bootstrap.RankIdentity
+		if a.ids[0] != nil && p == a.prefill {
+			id = a.ids[round%3]
+		}
+		sealedMD, err := bootstrap.SealAgentMD(auth, id, a.prefillCert, reg.AgentMD, reg.From, bootstrap.From{Epoch: p.epoch})
+		if err != nil {
+			panic(err)
+		}
+		reg.AgentMD = sealedMD
+		a.send(s, "REGISTER, garbage UCX address", a.seal(p, round%3, encode(reg)))
+		a.send(s, "1 MiB reason", a.seal(p, 0, [][]byte{[]byte(bootstrap.Magic), []byte("ABORT"),
+			rawBody("from", fromMap(a.from("long-reason", 0)), "room", uint64(attackRoomBase+round), "reason", mib)}))
 		long := a.from("x", 0)
 		long.Instance = mib
-		a.send(s, "1 MiB instance", auth.Seal([][]byte{[]byte(bootstrap.Magic), []byte("PING"),
-			rawBody("from", fromMap(long), "seq", 1)}, time.Now()))
+		a.send(s, "1 MiB instance", a.seal(p, 0, [][]byte{[]byte(bootstrap.Magic), []byte("PING"),
+			rawBody("from", fromMap(long), "seq", 1)}))
 		n := 2 << 20
 		arr := append([]byte{0xdd, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, bytes.Repeat([]byte{0x80}, n)...)
-		a.send(s, "2M-element array", auth.Seal([][]byte{[]byte(bootstrap.Magic), []byte("REGISTER"),
+		a.send(s, "2M-element array", a.seal(p, 0, [][]byte{[]byte(bootstrap.Magic), []byte("REGISTER"),
 			rawBody("from", fromMap(a.from("huge-array", 0)), "compat", "c", "agent", "a", "agent_md", []byte{},
-				"tp_size", 1, "tp_rank", 0, "kv", msgpack.RawMessage(arr), "aux", []any{}, "state", []any{})}, time.Now()))
+				"tp_size", 1, "tp_rank", 0, "kv", msgpack.RawMessage(arr), "aux", []any{}, "state", []any{})}))
 		for i := 0; i < 200; i++ {
-			a.send(s, "early ABORTs, many identities", sealed(&bootstrap.Abort{From: a.from("abort-identity", round*200+i),
+			a.send(s, "early ABORTs, many identities", a.sealed(p, &bootstrap.Abort{From: a.from("abort-identity", round*200+i),
 				Room: attackRoomBase + uint64(round*200+i), Reason: strings.Repeat("r", 1000)}))
 		}
 	}
 	// ABORTs at the decode rank for the workload's own rooms: ABORT goes
 	// decode → prefill only, so a decode rank must ignore them.
 	for room := uint64(1); room <= 20; room++ {
-		a.send(push["decode"], "ABORT to decode", sealed(&bootstrap.Abort{From: a.from("stray", 0), Room: room + uint64(round), Reason: "stray"}))
+		a.send(push["decode"], "ABORT to decode", a.sealed(a.decode, &bootstrap.Abort{From: a.from("stray", 0), Room: room + uint64(round), Reason: "stray"}))
 	}
 	if round%10 == 0 {
 		a.http(round)
@@ -430,7 +516,10 @@ func (a *attacker) report(rssStart map[string]float64) []string {
 		switch {
 		case unauth == 0:
 			problems = append(problems, p.name+": no unauthenticated message counted")
-		case malformed == 0:
+		case malformed == 0 && (a.ids[0] == nil || p == a.prefill):
+			// Under per-rank identity the insider holds no key the decode
+			// rank accepts (a decode rank's own role): nothing it sends
+			// there is authentic, so nothing there is decoded.
 			problems = append(problems, p.name+": no malformed message counted")
 		case sockets > maxSockets:
 			problems = append(problems, fmt.Sprintf("%s: %.0f sockets open, bound %d", p.name, sockets, maxSockets))

@@ -46,6 +46,7 @@ type proc struct {
 	http     string
 	boot     string
 	endpoint string // control endpoint
+	epoch    uint64 // its control-plane epoch
 	warmup   time.Duration
 	args     []string // its flags (a restart starts it with them again)
 }
@@ -92,8 +93,16 @@ func makeSecret() (cleanup func(), err error) {
 
 func start(bin, name string, args ...string) (*proc, error) {
 	cmd := exec.Command(filepath.Join(bin, name), args...)
+	cmd.Env = os.Environ()
 	if secretFile != "" {
-		cmd.Env = append(os.Environ(), bootstrap.EnvSecretFile+"="+secretFile)
+		cmd.Env = append(cmd.Env, bootstrap.EnvSecretFile+"="+secretFile)
+	}
+	if ca != nil && (name == "prefill" || name == "decode") {
+		env, err := identityEnv(name, args)
+		if err != nil {
+			return nil, err
+		}
+		cmd.Env = append(cmd.Env, env...)
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -130,6 +139,9 @@ func start(bin, name string, args ...string) (*proc, error) {
 			}
 			if v, ok := strings.CutPrefix(f, "endpoint="); ok {
 				p.endpoint = v
+			}
+			if v, ok := strings.CutPrefix(f, "epoch="); ok {
+				p.epoch, _ = strconv.ParseUint(v, 10, 64)
 			}
 			if v, ok := strings.CutPrefix(f, "warmup="); ok {
 				p.warmup, _ = time.ParseDuration(v)
@@ -311,6 +323,7 @@ func run(args []string) int {
 	engine := fs.String("engine", "ucx", "engine")
 	tls := fs.String("ucx-tls", "posix,cma,self", "UCX transports")
 	short := fs.Bool("short", false, "a quick run for CI: tiny model, 60 requests")
+	identity := fs.Bool("identity", true, "per-rank identity: the demo makes a CA and gives every rank its own certificate and key (KVBRIDGE_CA_FILE, KVBRIDGE_IDENTITY_FILE); false: the shared secret alone")
 	hostile := fs.Bool("hostile", false, "while the workload runs, attack both ranks with every class of bad input (see hostile.go)")
 	hostileRounds := fs.Int("hostile-rounds", 20, "with -hostile: attack rounds run at least, even past the workload")
 	chaos := fs.Bool("chaos", false, "a chaos soak instead of a fixed workload: rooms for -chaos-duration while ranks are SIGKILLed and restarted on new ports, SIGSTOPped past the heartbeat bound, and the bootstrap server or etcd restarts (see chaos.go)")
@@ -411,6 +424,19 @@ flags:
 		return 1
 	}
 	defer cleanup()
+	if *identity {
+		icleanup, err := makeCA()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo: identity:", err)
+			return 1
+		}
+		defer icleanup()
+	}
+	if *identity {
+		fmt.Println("security: shared secret and per-rank identity (a CA made for this run; each rank process gets its own certificate and key)")
+	} else {
+		fmt.Println("security: shared secret only (-identity=false: any holder of the secret can speak as any rank)")
+	}
 	common := []string{"-model", *model, "-pages", strconv.Itoa(*pages), "-engine", *engine, "-ucx-tls", *tls, "-page-layout", *pageLayout}
 	prefillArgs := common
 	if *dpPick == "lookup" {

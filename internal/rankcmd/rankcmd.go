@@ -231,7 +231,8 @@ func Main(role kvmanager.Role, args []string) int {
 	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go r.http.Serve(r.ln)
 	// One line for whoever started us (the demo reads it).
-	fmt.Printf("%s ready http=%s endpoint=%s bootstrap=%s engine=%s warmup=%s\n", name, r.ln.Addr(), mgr.Endpoint(), o.boot, mgr.Agent().Engine(), mgr.WarmUp())
+	fmt.Printf("%s ready http=%s endpoint=%s epoch=%d bootstrap=%s engine=%s warmup=%s identity=%t\n", name, r.ln.Addr(), mgr.Endpoint(),
+		mgr.Epoch(), o.boot, mgr.Agent().Engine(), mgr.WarmUp(), cfgIdentity(mgr))
 	log.Info("ready", zap.String("http", r.ln.Addr().String()), zap.String("endpoint", mgr.Endpoint()))
 
 	sig := make(chan os.Signal, 1)
@@ -649,3 +650,5 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 	}
 	return res
 }
+
+func cfgIdentity(m *kvmanager.Manager) bool { return m.Cert() != nil }

@@ -1,0 +1,385 @@
+package bootstrap
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// tap is a PULL socket a test points a rank at to capture what the rank
+// sends there, frames and all, as an outsider on the path would.
+type tap struct {
+	ctx  *zmq.Context
+	sock *zmq.Socket
+	ep   string
+}
+
+func newTap(t *testing.T) *tap {
+	t.Helper()
+	ctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ctx.NewSocket(zmq.PULL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetLinger(0)
+	s.SetRcvtimeo(recvTimeout)
+	if err := s.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := s.GetLastEndpoint()
+	tp := &tap{ctx: ctx, sock: s, ep: ep}
+	t.Cleanup(func() { s.Close(); ctx.Term() })
+	return tp
+}
+
+func (tp *tap) next(t *testing.T) [][]byte {
+	t.Helper()
+	f, err := tp.sock.RecvMessageBytes(0)
+	if err != nil {
+		t.Fatalf("tap: nothing captured: %v", err)
+	}
+	return f
+}
+
+// wire is one raw connection to a rank: what a test sends on it arrives
+// in order, so a marker sent last proves everything before it was handled.
+type wire struct {
+	t    *testing.T
+	sock *zmq.Socket
+	to   *testRank
+	ad   *addressing // seals the markers as a decode rank of its own
+	from From
+}
+
+func newWire(t *testing.T, to *testRank, id *RankIdentity) *wire {
+	from := From{Role: RoleDecode, Instance: "marker", Endpoint: "tcp://127.0.0.1:1", Epoch: NewEpoch()}
+	if id != nil {
+		from.Instance, from.Rank = id.Cert.Instance, id.Cert.Rank
+	}
+	return &wire{t: t, sock: rawPush(t, to.Endpoint()), to: to, ad: newAddressing(testAuth(), id, RoleDecode), from: from}
+}
+
+// send sends frames byte for byte.
+func (w *wire) send(frames [][]byte) {
+	w.t.Helper()
+	if _, err := w.sock.SendMessage(frames); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// sync sends a marker ABORT for room and waits for it: nothing sent on the
+// wire before it reached the handler.
+func (w *wire) sync(room uint64) {
+	w.t.Helper()
+	env, key, err := w.ad.envelope(w.to.peer())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	env.Sent, env.Seq = time.Now(), w.ad.nextSeq()
+	f, _ := Encode(&Abort{From: w.from, Room: room})
+	w.send(testAuth().seal(key, f, env))
+	if m := w.to.next(w.t); m.Type() != TypeAbort || m.(*Abort).Room != room {
+		w.t.Fatalf("%s reached the handler before the marker: %+v", m.Type(), m)
+	}
+}
+
+// TestCapturedMessagesAreUseless (issue 23, 1): a message captured on the
+// wire is refused as a duplicate by the process it was sent to, as
+// addressed to another process by that rank restarted on the same
+// endpoint, and as unaddressed by another rank; each reason counted.
+func TestCapturedMessagesAreUseless(t *testing.T) {
+	decode := newRank(t, RoleDecode, "d", nil)
+	prefill := newRank(t, RolePrefill, "p", nil)
+	other := newRank(t, RolePrefill, "p", func(c *LoopConfig) { c.Identity.Rank = 1 })
+
+	// Capture: the decode rank's ABORT, as the wire carried it to the
+	// prefill rank (the tap stands where the prefill rank listens).
+	tp := newTap(t)
+	if err := decode.Send(Peer{Endpoint: tp.ep, Epoch: prefill.Identity().Epoch}, &Abort{Room: 42, Reason: "captured"}); err != nil {
+		t.Fatal(err)
+	}
+	captured := tp.next(t)
+	// Delivered once, it is accepted; again, it is a duplicate.
+	w := newWire(t, prefill, nil)
+	w.send(captured)
+	if a := prefill.next(t).(*Abort); a.Room != 42 {
+		t.Fatalf("the original was not delivered: %+v", a)
+	}
+	w.send(captured)
+	w.sync(1)
+	if got := prefill.Stats().Replayed[ReplayDuplicate]; got != 1 {
+		t.Fatalf("duplicates counted %d, want 1", got)
+	}
+	// Another rank (same instance, rank 1) refuses it as not addressed to it.
+	wo := newWire(t, other, nil)
+	wo.send(captured)
+	wo.sync(2)
+	if got := other.Stats().Replayed[ReplayOtherEpoch]; got != 1 {
+		t.Fatalf("another rank counted %d messages for another process, want 1", got)
+	}
+	// The prefill rank restarts in place (same endpoint, new epoch): the
+	// message was for its predecessor.
+	ep := prefill.Endpoint()
+	if err := prefill.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again := newRank(t, RolePrefill, "p", func(c *LoopConfig) { c.Bind = ep })
+	wa := newWire(t, again, nil)
+	wa.send(captured)
+	wa.sync(3)
+	if got := again.Stats().Replayed[ReplayOtherEpoch]; got != 1 {
+		t.Fatalf("the restarted rank counted %d messages for another process, want 1", got)
+	}
+}
+
+// TestFirstContactNeedsAnEpoch: only a PING or a REGISTER may go to a rank
+// whose process the sender does not know yet (its epoch 0); anything else
+// is refused as unaddressed. The PONG to such a PING names the process.
+func TestFirstContactNeedsAnEpoch(t *testing.T) {
+	decode := newRank(t, RoleDecode, "d", nil)
+	prefill := newRank(t, RolePrefill, "p", nil)
+	blind := Peer{Endpoint: prefill.Endpoint()} // no epoch known
+	if err := decode.Send(blind, &Abort{Room: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if err := decode.Send(blind, &Register{Compat: "c", Agent: "a", AgentMD: []byte("md"), TPSize: 1, KV: []Region{}, Aux: []Region{}, State: []Region{}}); err != nil {
+		t.Fatal(err)
+	}
+	r, ok := prefill.next(t).(*Register)
+	if !ok || string(r.AgentMD) != "md" {
+		t.Fatalf("the first REGISTER was not delivered with its metadata: %+v", r)
+	}
+	if got := prefill.Stats().Refused[AuthUnaddressed]; got != 1 {
+		t.Fatalf("ABORT to an unknown process: %d unaddressed, want 1", got)
+	}
+	// The reply teaches the decode rank the process: its next ABORT, sent
+	// blind again, is addressed and arrives.
+	if err := prefill.Send(Peer{Endpoint: decode.Endpoint()}, &RegisterAck{OK: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := decode.next(t).(*RegisterAck); !ok {
+		t.Fatal("no REGISTER_ACK")
+	}
+	if err := decode.Send(blind, &Abort{Room: 6}); err != nil {
+		t.Fatal(err)
+	}
+	if a := prefill.next(t).(*Abort); a.Room != 6 {
+		t.Fatalf("got %+v", a)
+	}
+}
+
+func TestReplayWindow(t *testing.T) {
+	var w window
+	for _, c := range []struct {
+		seq  uint64
+		want bool
+	}{{0, false}, {1, true}, {1, false}, {3, true}, {2, true}, {2, false}, {3, false},
+		{3 + replayWindow - 1, true}, // top 1026: 3 is the window's last number
+		{3, false}, {2, false}, {4, true}, {4 + replayWindow, true}, {3 + replayWindow, true}, {4, false},
+		{4 + replayWindow + 64, true}, {4 + replayWindow + 64, false}, {4 + replayWindow + 1, true},
+		{1 << 40, true}, {1<<40 - replayWindow, false}, {1<<40 - replayWindow + 1, true}, {4 + replayWindow + 64, false}} {
+		if got := w.accept(c.seq); got != c.want {
+			t.Fatalf("accept(%d) = %v, want %v (top %d)", c.seq, got, c.want, w.top)
+		}
+	}
+}
+
+// identities issues certificates for a decode and a prefill rank.
+func identities(t *testing.T) (ca *CA, decode, prefill *RankIdentity) {
+	t.Helper()
+	ca, err := NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	year := time.Now().Add(365 * 24 * time.Hour)
+	if decode, err = ca.Issue(RoleDecode, "d", 0, year); err != nil {
+		t.Fatal(err)
+	}
+	if prefill, err = ca.Issue(RolePrefill, "p", 0, year); err != nil {
+		t.Fatal(err)
+	}
+	return ca, decode, prefill
+}
+
+func withIdentity(id *RankIdentity) func(*LoopConfig) {
+	return func(c *LoopConfig) {
+		c.RankIdentity = id
+		c.Identity.Role, c.Identity.Instance, c.Identity.Rank = id.Cert.Role, id.Cert.Instance, id.Cert.Rank
+	}
+}
+
+// TestRankIdentityProvesFrom (issue 23, 2): under per-rank identity the
+// ranks talk; a holder of the deployment secret without a certificate
+// cannot; a holder of one rank's certificate cannot speak as another rank,
+// nor as its own role's peer.
+func TestRankIdentityProvesFrom(t *testing.T) {
+	ca, did, pid := identities(t)
+	decode := newRank(t, RoleDecode, "d", withIdentity(did))
+	prefill := newRank(t, RolePrefill, "p", withIdentity(pid))
+	if err := decode.Send(prefill.peer(), &Abort{Room: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if a := prefill.next(t).(*Abort); a.Room != 1 || a.From.Peer() != "decode/d/0" {
+		t.Fatalf("got %+v", a)
+	}
+	// Replies need no certificate from the caller: the prefill rank learned
+	// the decode rank's from its message.
+	if err := prefill.Send(Peer{Endpoint: decode.Endpoint()}, &AbortAck{Room: 1, Drained: true}); err != nil {
+		t.Fatal(err)
+	}
+	if a := decode.next(t).(*AbortAck); a.Room != 1 {
+		t.Fatalf("got %+v", a)
+	}
+
+	// Another rank's certificate holder (decode rank 1) claiming rank 0,
+	// by forging the body under its own envelope.
+	insider, err := ca.Issue(RoleDecode, "d", 1, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	liar := newRank(t, RoleDecode, "d", withIdentity(insider))
+	ad := newAddressing(liar.cfg.Auth, insider, RoleDecode)
+	env, key, err := ad.envelope(prefill.peer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Sent, env.Seq = time.Now(), 1
+	claim := decode.Identity()
+	f, _ := Encode(&Abort{From: claim, Room: 3})
+	w := newWire(t, prefill, did)
+	w.send(liar.cfg.Auth.seal(key, f, env))
+	// The secret alone: tagged with the secret, no certificate.
+	f, _ = Encode(&Abort{From: decode.Identity(), Room: 2})
+	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 50, To: prefill.Identity()}))
+	// A prefill certificate's holder speaking to a prefill rank.
+	samerole, err := ca.Issue(RolePrefill, "p", 1, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := newAddressing(liar.cfg.Auth, samerole, RolePrefill).envelope(prefill.peer()); !errors.Is(err, ErrBadCert) {
+		t.Fatalf("a prefill rank addressed a prefill rank: %v", err)
+	}
+	// A certificate from another CA.
+	otherCA, _ := NewCA()
+	stranger, _ := otherCA.Issue(RoleDecode, "d", 0, time.Now().Add(time.Hour))
+	// Its holder does not accept the prefill rank's certificate either, so
+	// the test seals the message by hand.
+	pc, _ := ParseCert(pid.Cert.Raw(), ca.Public, time.Now())
+	fkey, err := stranger.pairKey(testSecret, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ = Encode(&Abort{From: From{Role: RoleDecode, Instance: "d", Endpoint: decode.Endpoint(), Epoch: 77}, Room: 4})
+	w.send(testAuth().seal(fkey, f, Envelope{Sent: time.Now(), Seq: 1, To: prefill.Identity(), Cert: stranger.Cert.Raw()}))
+	w.sync(5)
+	got := prefill.Stats().Refused
+	if got[AuthNoIdentity] != 2 || got[AuthForged] != 1 {
+		t.Fatalf("refused %v, want 2 no_identity (secret only, foreign CA) and 1 forged_identity", got)
+	}
+}
+
+// TestCertificates: encoding, the CA's signature, expiry, tampering,
+// files.
+func TestCertificates(t *testing.T) {
+	ca, did, _ := identities(t)
+	now := time.Now()
+	c, err := ParseCert(did.Cert.Raw(), ca.Public, now)
+	if err != nil || c.Identity() != (From{Role: RoleDecode, Instance: "d", Rank: 0}) || !bytes.Equal(c.Key, did.Cert.Key) {
+		t.Fatalf("round trip: %v %+v", err, c)
+	}
+	if _, err := ParseCert(did.Cert.Raw(), ca.Public, now.Add(366*24*time.Hour)); !errors.Is(err, ErrBadCert) || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("expired: %v", err)
+	}
+	for i := range did.Cert.Raw() {
+		b := bytes.Clone(did.Cert.Raw())
+		b[i] ^= 0x40
+		if _, err := ParseCert(b, ca.Public, now); err == nil {
+			t.Fatalf("byte %d altered and still accepted", i)
+		}
+	}
+	wrong := make([]byte, ed25519.PublicKeySize)
+	rand.Read(wrong)
+	if _, err := ParseCert(did.Cert.Raw(), wrong, now); !errors.Is(err, ErrBadCert) {
+		t.Fatalf("another CA's key: %v", err)
+	}
+	back, err := ParseCA(ca.Marshal(true))
+	if err != nil || !reflect.DeepEqual(back, ca) {
+		t.Fatalf("CA file round trip: %v", err)
+	}
+	pubOnly, err := ParseCA(ca.Marshal(false))
+	if err != nil || pubOnly.Private != nil {
+		t.Fatalf("public CA file: %v", err)
+	}
+	if _, err := pubOnly.Issue(RoleDecode, "d", 0, now.Add(time.Hour)); err == nil {
+		t.Fatal("a public-only CA issued a certificate")
+	}
+	id, err := ParseIdentity(did.Marshal(), ca.Public, now)
+	if err != nil || !bytes.Equal(id.Cert.Raw(), did.Cert.Raw()) {
+		t.Fatalf("identity file round trip: %v", err)
+	}
+	_, _, pid := identities(t)
+	mixed := strings.Fields(string(did.Marshal()))
+	mixed[3] = strings.Fields(string(pid.Marshal()))[3]
+	if _, err := ParseIdentity([]byte(strings.Join(mixed, " ")), ca.Public, now); err == nil {
+		t.Fatal("an identity file whose key is another rank's was accepted")
+	}
+}
+
+// TestAgentMetadataSealedToItsRecipient (issue 23, 3): a REGISTER's agent
+// metadata is on the wire only sealed to the prefill rank it is for, bound
+// to its owner: captured, it cannot be read, nor presented by another
+// rank, nor to another rank.
+func TestAgentMetadataSealedToItsRecipient(t *testing.T) {
+	ca, did, pid := identities(t)
+	decode := newRank(t, RoleDecode, "d", withIdentity(did))
+	prefill := newRank(t, RolePrefill, "p", withIdentity(pid))
+	md := []byte("UCX worker address and rkeys of decode/d/0")
+	tp := newTap(t)
+	reg := &Register{Compat: "c", Agent: "a", AgentMD: md, TPSize: 1, KV: []Region{}, Aux: []Region{}, State: []Region{}}
+	to := prefill.peer()
+	to.Endpoint = tp.ep
+	if err := decode.Send(to, reg); err != nil {
+		t.Fatal(err)
+	}
+	captured := tp.next(t)
+	if bytes.Contains(bytes.Join(captured, nil), md) {
+		t.Fatal("the agent metadata is on the wire in the clear")
+	}
+	w := newWire(t, prefill, did)
+	w.send(captured)
+	if r := prefill.next(t).(*Register); !bytes.Equal(r.AgentMD, md) {
+		t.Fatalf("the recipient read %q", r.AgentMD)
+	}
+	// Another decode rank's holder presents the sealed blob in its own
+	// REGISTER: the seal names its owner.
+	insider, _ := ca.Issue(RoleDecode, "d", 1, time.Now().Add(time.Hour))
+	liar := newRank(t, RoleDecode, "d", withIdentity(insider))
+	m, err := Decode(captured[:3])
+	if err != nil {
+		t.Fatal(err)
+	}
+	stolen := *m.(*Register)
+	ad := newAddressing(liar.cfg.Auth, insider, RoleDecode)
+	env, key, err := ad.envelope(prefill.peer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stolen.From = liar.Identity()
+	env.Sent, env.Seq = time.Now(), 1
+	f, _ := Encode(&stolen)
+	w.send(liar.cfg.Auth.seal(key, f, env))
+	w.sync(9)
+	if got := prefill.Stats().Refused[AuthBadTag]; got != 1 {
+		t.Fatalf("a stolen sealed blob: %d refused, want 1", got)
+	}
+}

@@ -1,0 +1,323 @@
+package bootstrap
+
+import (
+	"bytes"
+	"crypto/ecdh"
+	"crypto/ed25519"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// Per-rank identity (PROTOCOL.md "Per-rank identity"). The deployment's
+// operator holds a certificate authority: an Ed25519 key pair whose
+// private half never reaches a rank. Each rank holds its own X25519 key
+// pair and a certificate, signed by the CA, binding the public half to the
+// rank's role, instance and rank. Every control message is authenticated
+// with a key only its sender and its receiver can compute: HMAC-SHA256
+// keyed by a pair key derived from the deployment secret and the X25519
+// agreement of the two ranks' keys (static-static, as Noise's KK pattern).
+// A holder of the deployment secret alone therefore cannot speak as any
+// rank; a holder of one rank's key speaks only as that rank (to anyone but
+// that rank itself: see README "Security").
+
+// CertMagic opens every certificate.
+const CertMagic = "KVC1"
+
+// MaxCertBytes bounds an encoded certificate.
+const MaxCertBytes = 512
+
+// Cert is a rank's certificate: who it is and its X25519 public key,
+// signed by the deployment's CA.
+type Cert struct {
+	Role     string
+	Instance string
+	Rank     int
+	NotAfter time.Time // the certificate is refused after this
+	Key      []byte    // X25519 public key, 32 bytes
+
+	raw []byte // the encoding the signature covers, then the signature
+}
+
+// Identity returns the identity the certificate vouches for (no endpoint
+// or epoch: those change with every start).
+func (c *Cert) Identity() From { return From{Role: c.Role, Instance: c.Instance, Rank: c.Rank} }
+
+// Raw returns the certificate as sent on the wire and published in
+// bootstrap records.
+func (c *Cert) Raw() []byte { return c.raw }
+
+// String names the certificate's identity.
+func (c *Cert) String() string { return c.Identity().Peer() }
+
+func roleByte(role string) byte {
+	switch role {
+	case RolePrefill:
+		return 1
+	case RoleDecode:
+		return 2
+	}
+	return 0
+}
+
+func byteRole(b byte) string {
+	switch b {
+	case 1:
+		return RolePrefill
+	case 2:
+		return RoleDecode
+	}
+	return ""
+}
+
+// signedPart is the certificate without its signature.
+func (c *Cert) signedPart() ([]byte, error) {
+	r := roleByte(c.Role)
+	switch {
+	case r == 0:
+		return nil, fmt.Errorf("bootstrap: certificate role %q: want %q or %q", c.Role, RolePrefill, RoleDecode)
+	case c.Instance == "" || len(c.Instance) > MaxNameBytes:
+		return nil, fmt.Errorf("bootstrap: certificate instance of %d bytes: want 1 to %d", len(c.Instance), MaxNameBytes)
+	case c.Rank < 0 || c.Rank > 1<<31-1:
+		return nil, fmt.Errorf("bootstrap: certificate rank %d out of range", c.Rank)
+	case len(c.Key) != 32:
+		return nil, fmt.Errorf("bootstrap: certificate key of %d bytes, want 32 (X25519)", len(c.Key))
+	}
+	b := append([]byte(CertMagic), r)
+	b = binary.LittleEndian.AppendUint32(b, uint32(c.Rank))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(c.Instance)))
+	b = append(b, c.Instance...)
+	b = binary.LittleEndian.AppendUint64(b, uint64(c.NotAfter.Unix()))
+	return append(b, c.Key...), nil
+}
+
+// ParseCert decodes a certificate and checks its CA signature and expiry
+// at now. Every failure wraps ErrBadCert.
+func ParseCert(raw []byte, ca ed25519.PublicKey, now time.Time) (*Cert, error) {
+	bad := func(why string) (*Cert, error) { return nil, fmt.Errorf("%w: %s", ErrBadCert, why) }
+	if len(raw) > MaxCertBytes {
+		return bad(fmt.Sprintf("%d bytes, at most %d", len(raw), MaxCertBytes))
+	}
+	if len(raw) < 4+1+4+2+8+32+ed25519.SignatureSize || string(raw[:4]) != CertMagic {
+		return bad("not a kvbridge certificate")
+	}
+	n := int(binary.LittleEndian.Uint16(raw[9:]))
+	if len(raw) != 11+n+8+32+ed25519.SignatureSize {
+		return bad("length does not match its instance name")
+	}
+	body := raw[:len(raw)-ed25519.SignatureSize]
+	if len(ca) != ed25519.PublicKeySize || !ed25519.Verify(ca, body, raw[len(body):]) {
+		return bad("not signed by this deployment's certificate authority")
+	}
+	c := &Cert{Role: byteRole(raw[4]), Rank: int(binary.LittleEndian.Uint32(raw[5:])), Instance: string(raw[11 : 11+n]),
+		NotAfter: time.Unix(int64(binary.LittleEndian.Uint64(raw[11+n:])), 0),
+		Key:      bytes.Clone(raw[19+n : 51+n]), raw: bytes.Clone(raw)}
+	if c.Role == "" || c.Rank > 1<<31-1 {
+		return bad("unknown role or rank out of range")
+	}
+	if now.After(c.NotAfter) {
+		return bad(fmt.Sprintf("%s expired at %s", c, c.NotAfter.UTC().Format(time.RFC3339)))
+	}
+	return c, nil
+}
+
+// ErrBadCert: a certificate that does not parse, is not the CA's, or has
+// expired.
+var ErrBadCert = errors.New("bootstrap: bad identity certificate")
+
+// CA is a deployment's certificate authority. Keep Private with the
+// operator (a CI secret, a vault): a rank needs only Public.
+type CA struct {
+	Public  ed25519.PublicKey
+	Private ed25519.PrivateKey // nil on ranks
+}
+
+// NewCA generates a certificate authority.
+func NewCA() (*CA, error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	return &CA{Public: pub, Private: priv}, nil
+}
+
+// Issue generates a key pair for the rank and returns its identity: the
+// certificate, signed, and the private key.
+func (ca *CA) Issue(role, instance string, rank int, notAfter time.Time) (*RankIdentity, error) {
+	if len(ca.Private) != ed25519.PrivateKeySize {
+		return nil, errors.New("bootstrap: this CA has no private key (ranks hold only its public key)")
+	}
+	key, err := ecdh.X25519().GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cert{Role: role, Instance: instance, Rank: rank, NotAfter: notAfter.Truncate(time.Second), Key: key.PublicKey().Bytes()}
+	body, err := c.signedPart()
+	if err != nil {
+		return nil, err
+	}
+	c.raw = append(body, ed25519.Sign(ca.Private, body)...)
+	return &RankIdentity{CA: ca.Public, Cert: c, key: key}, nil
+}
+
+// RankIdentity is what one rank holds: the CA's public key, its own
+// certificate and its private key.
+type RankIdentity struct {
+	CA   ed25519.PublicKey
+	Cert *Cert
+	key  *ecdh.PrivateKey
+}
+
+// agree returns the X25519 agreement with a peer's certified key.
+func (id *RankIdentity) agree(peer *Cert) ([]byte, error) {
+	pub, err := ecdh.X25519().NewPublicKey(peer.Key)
+	if err != nil {
+		return nil, err
+	}
+	return id.key.ECDH(pub)
+}
+
+// pairKey derives the MAC key of the pair (id, peer) under the deployment
+// secret: both the secret and one of the two private keys are needed.
+func (id *RankIdentity) pairKey(secret []byte, peer *Cert) ([]byte, error) {
+	shared, err := id.agree(peer)
+	if err != nil {
+		return nil, fmt.Errorf("%w: key agreement with %s: %v", ErrBadCert, peer, err)
+	}
+	a, b := id.Cert.raw, peer.raw
+	if bytes.Compare(a, b) > 0 {
+		a, b = b, a
+	}
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("kvbridge pair key v1"))
+	m.Write(shared)
+	for _, c := range [][]byte{a, b} {
+		var n [2]byte
+		binary.LittleEndian.PutUint16(n[:], uint16(len(c)))
+		m.Write(n[:])
+		m.Write(c)
+	}
+	return m.Sum(nil), nil
+}
+
+// Identity files: one line each, "kvbridge-identity v1 <cert> <key>" and
+// "kvbridge-ca v1 <public> [<private>]", base64 (standard, padded).
+const (
+	identityFileTag = "kvbridge-identity v1"
+	caFileTag       = "kvbridge-ca v1"
+)
+
+var b64 = base64.StdEncoding
+
+// Marshal encodes the identity for KVBRIDGE_IDENTITY_FILE (it holds the
+// private key: mode 0600).
+func (id *RankIdentity) Marshal() []byte {
+	return []byte(fmt.Sprintf("%s %s %s\n", identityFileTag, b64.EncodeToString(id.Cert.raw), b64.EncodeToString(id.key.Bytes())))
+}
+
+// Marshal encodes the CA; with public only, what ranks get
+// (KVBRIDGE_CA_FILE).
+func (ca *CA) Marshal(withPrivate bool) []byte {
+	s := caFileTag + " " + b64.EncodeToString(ca.Public)
+	if withPrivate && ca.Private != nil {
+		s += " " + b64.EncodeToString(ca.Private.Seed())
+	}
+	return []byte(s + "\n")
+}
+
+// ParseCA decodes a CA file.
+func ParseCA(b []byte) (*CA, error) {
+	f := strings.Fields(string(b))
+	if len(f) < 3 || len(f) > 4 || f[0]+" "+f[1] != caFileTag {
+		return nil, fmt.Errorf("bootstrap: not a %q file", caFileTag)
+	}
+	pub, err := b64.DecodeString(f[2])
+	if err != nil || len(pub) != ed25519.PublicKeySize {
+		return nil, errors.New("bootstrap: CA file: bad public key")
+	}
+	ca := &CA{Public: pub}
+	if len(f) == 4 {
+		seed, err := b64.DecodeString(f[3])
+		if err != nil || len(seed) != ed25519.SeedSize {
+			return nil, errors.New("bootstrap: CA file: bad private key")
+		}
+		ca.Private = ed25519.NewKeyFromSeed(seed)
+		if !bytes.Equal(ca.Private.Public().(ed25519.PublicKey), pub) {
+			return nil, errors.New("bootstrap: CA file: the private key does not belong to the public key")
+		}
+	}
+	return ca, nil
+}
+
+// ParseIdentity decodes an identity file and checks its certificate
+// against the CA at now and its private key against the certificate.
+func ParseIdentity(b []byte, ca ed25519.PublicKey, now time.Time) (*RankIdentity, error) {
+	f := strings.Fields(string(b))
+	if len(f) != 4 || f[0]+" "+f[1] != identityFileTag {
+		return nil, fmt.Errorf("bootstrap: not a %q file", identityFileTag)
+	}
+	raw, err1 := b64.DecodeString(f[2])
+	kb, err2 := b64.DecodeString(f[3])
+	if err1 != nil || err2 != nil {
+		return nil, errors.New("bootstrap: identity file: bad base64")
+	}
+	c, err := ParseCert(raw, ca, now)
+	if err != nil {
+		return nil, err
+	}
+	key, err := ecdh.X25519().NewPrivateKey(kb)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: identity file: %w", err)
+	}
+	if !bytes.Equal(key.PublicKey().Bytes(), c.Key) {
+		return nil, fmt.Errorf("bootstrap: identity file: the private key does not belong to %s's certificate", c)
+	}
+	return &RankIdentity{CA: ca, Cert: c, key: key}, nil
+}
+
+// Environment variables read by IdentityFromEnv.
+const (
+	EnvCAFile       = "KVBRIDGE_CA_FILE"       // the CA's public key (a kvbridge-ca file)
+	EnvIdentityFile = "KVBRIDGE_IDENTITY_FILE" // this rank's certificate and key
+)
+
+// IdentityFromEnv reads KVBRIDGE_CA_FILE and KVBRIDGE_IDENTITY_FILE: both
+// or neither (nil, nil).
+func IdentityFromEnv() (*RankIdentity, error) {
+	caPath, idPath := os.Getenv(EnvCAFile), os.Getenv(EnvIdentityFile)
+	if caPath == "" && idPath == "" {
+		return nil, nil
+	}
+	return LoadIdentity(caPath, idPath)
+}
+
+// LoadIdentity reads a CA file and an identity file.
+func LoadIdentity(caPath, idPath string) (*RankIdentity, error) {
+	if caPath == "" || idPath == "" {
+		return nil, fmt.Errorf("bootstrap: per-rank identity needs both %s and %s (got %q and %q)", EnvCAFile, EnvIdentityFile, caPath, idPath)
+	}
+	cb, err := os.ReadFile(caPath)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: %w", err)
+	}
+	ca, err := ParseCA(cb)
+	if err != nil {
+		return nil, fmt.Errorf("%w (%s)", err, caPath)
+	}
+	ib, err := os.ReadFile(idPath)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: %w", err)
+	}
+	id, err := ParseIdentity(ib, ca.Public, time.Now())
+	if err != nil {
+		return nil, fmt.Errorf("%w (%s)", err, idPath)
+	}
+	return id, nil
+}
