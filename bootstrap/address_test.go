@@ -2,9 +2,12 @@ package bootstrap
 
 import (
 	"bytes"
+	"crypto/ecdh"
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -381,5 +384,72 @@ func TestAgentMetadataSealedToItsRecipient(t *testing.T) {
 	w.sync(9)
 	if got := prefill.Stats().Refused[AuthBadTag]; got != 1 {
 		t.Fatalf("a stolen sealed blob: %d refused, want 1", got)
+	}
+}
+
+// goldenIdentity is a fixed CA and rank identity (Ed25519 signatures are
+// deterministic), for the golden files.
+func goldenIdentity(t *testing.T, role, instance string, rank int, keyByte byte) (*CA, *RankIdentity) {
+	t.Helper()
+	priv := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{0x42}, ed25519.SeedSize))
+	ca := &CA{Public: priv.Public().(ed25519.PublicKey), Private: priv}
+	key, err := ecdh.X25519().NewPrivateKey(bytes.Repeat([]byte{keyByte}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Cert{Role: role, Instance: instance, Rank: rank, NotAfter: time.Unix(2000000000, 0), Key: key.PublicKey().Bytes()}
+	body, err := c.signedPart()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.raw = append(body, ed25519.Sign(priv, body)...)
+	return ca, &RankIdentity{CA: ca.Public, Cert: c, key: key}
+}
+
+// TestGoldenEnvelope: the authentication frame and the certificate, byte
+// for byte (PROTOCOL.md "Envelope", "Per-rank identity"), so any
+// implementation can check its own against them.
+func TestGoldenEnvelope(t *testing.T) {
+	_, dec := goldenIdentity(t, RoleDecode, "decode-a", 3, 0x11)
+	_, pre := goldenIdentity(t, RolePrefill, "prefill-a", 1, 0x22)
+	a := testAuth() // secret "kvbridge-test-secret-0123456789"
+	frames, err := Encode(&Abort{From: From{Role: RoleDecode, Instance: "decode-a", Rank: 3, Endpoint: "tcp://10.0.0.2:5557", Epoch: 0x1234_5678_9abc_def1},
+		Room: 42, Reason: "client left"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := Envelope{Sent: time.Unix(1800000000, 5), Seq: 7,
+		To: From{Role: RolePrefill, Instance: "prefill-a", Rank: 1, Epoch: 0x0fed_cba9_8765_4321}}
+	secret, err := SealAs(a, nil, nil, frames, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := SealAs(a, dec, pre.Cert.raw, frames, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, got := range map[string][]byte{"CERT_decode.bin": dec.Cert.raw, "ENVELOPE_secret.bin": secret[3], "ENVELOPE_pair.bin": pair[3]} {
+		path := filepath.Join("testdata", "golden", name)
+		if *update {
+			if err := os.WriteFile(path, got, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("%v (run go test ./bootstrap -run TestGolden -update once)", err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s drifted:\n got %x\nwant %x", name, got, want)
+		}
+	}
+	// They open: the secret's with the secret, the pair's at the prefill
+	// rank, with the decode rank's certificate.
+	if _, e, why := a.Open(secret, time.Unix(1800000000, 0)); why != "" || e.Seq != 7 || e.To.Instance != "prefill-a" {
+		t.Fatalf("secret envelope: %q %+v", why, e)
+	}
+	ad := newAddressing(a, pre, RolePrefill)
+	if _, e, why := a.open(pair, time.Unix(1800000000, 0), ad.keyFor(time.Unix(1800000000, 0))); why != "" || !bytes.Equal(e.Cert, dec.Cert.raw) {
+		t.Fatalf("pair envelope: %q", why)
 	}
 }

@@ -34,7 +34,9 @@ type Auth struct {
 	// MaxSkew bounds |receiver clock − send time|, default 1 min.
 	MaxSkew time.Duration
 
-	pool sync.Pool
+	pool   sync.Pool
+	pairMu sync.RWMutex
+	pairs  map[string]*sync.Pool // HMACs by pair key
 }
 
 // MinSecretBytes is the shortest secret accepted.
@@ -125,13 +127,12 @@ func (a *Auth) normalise() error {
 // tag is the HMAC of the frames and the envelope, with the secret (key
 // nil) or a pair key.
 func (a *Auth) tag(key []byte, frames [][]byte, env []byte) []byte {
-	var h hash.Hash
-	if key == nil {
-		h = a.pool.Get().(hash.Hash)
-		h.Reset()
-	} else {
-		h = hmac.New(sha256.New, key)
+	pool := &a.pool
+	if key != nil {
+		pool = a.pairPool(key)
 	}
+	h := pool.Get().(hash.Hash)
+	h.Reset()
 	var n [4]byte
 	for _, f := range frames {
 		binary.LittleEndian.PutUint32(n[:], uint32(len(f)))
@@ -140,10 +141,28 @@ func (a *Auth) tag(key []byte, frames [][]byte, env []byte) []byte {
 	}
 	h.Write(env)
 	out := h.Sum(make([]byte, 0, sha256.Size))
-	if key == nil {
-		a.pool.Put(h)
-	}
+	pool.Put(h)
 	return out
+}
+
+// pairPool returns the pool of HMACs keyed with a pair key (at most
+// maxBookEntries keys are kept; past it the pools start again).
+func (a *Auth) pairPool(key []byte) *sync.Pool {
+	a.pairMu.RLock()
+	p := a.pairs[string(key)]
+	a.pairMu.RUnlock()
+	if p != nil {
+		return p
+	}
+	k := append([]byte(nil), key...)
+	p = &sync.Pool{New: func() any { return hmac.New(sha256.New, k) }}
+	a.pairMu.Lock()
+	if a.pairs == nil || len(a.pairs) >= maxBookEntries {
+		a.pairs = map[string]*sync.Pool{}
+	}
+	a.pairs[string(k)] = p
+	a.pairMu.Unlock()
+	return p
 }
 
 // Seal appends the authentication frame to the three frames of a message,

@@ -99,6 +99,10 @@ type LoopConfig struct {
 	// certificate and key, and the CA's public key that vouches for every
 	// peer's. A message's from is then proven, not claimed.
 	RankIdentity *RankIdentity
+	// Tap, if set, sees every message as it came off the wire, before any
+	// check (a packet capture, for diagnostics and tests). It runs on the
+	// receive goroutine and must not keep or modify frames.
+	Tap func(frames [][]byte)
 
 	Logger     *zap.Logger           // default: no logging
 	Registerer prometheus.Registerer // default: no metrics registered
@@ -466,6 +470,9 @@ func (l *Loop) receive() {
 }
 
 func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
+	if l.cfg.Tap != nil {
+		l.cfg.Tap(frames)
+	}
 	var env Envelope
 	now := time.Now()
 	refuse := func(why string, replay bool, detail string) {

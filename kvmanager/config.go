@@ -95,6 +95,10 @@ type Config struct {
 	// KVBRIDGE_CA_FILE and KVBRIDGE_IDENTITY_FILE). A peer's from is then
 	// proven: a holder of the shared secret alone can speak as no rank.
 	RankIdentity *bootstrap.RankIdentity
+	// ControlTap sees every control message as it came off the wire,
+	// before any check (bootstrap.LoopConfig.Tap): a capture for
+	// diagnostics and tests.
+	ControlTap func(frames [][]byte)
 	// MaxPeers bounds the control plane's PUSH sockets (default 1024; a
 	// new peer evicts the least recently used unwatched one, and is refused
 	// when all are watched); MaxEpochs the peer epochs remembered for

@@ -128,7 +128,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		Identity: bootstrap.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank},
 		Bind:     cfg.Bind, Handler: m.handle, OnPeerDown: m.peerDown, OnMalformedRequest: m.malformed,
 		HeartbeatInterval: cfg.HeartbeatInterval, MaxMisses: cfg.MaxMisses,
-		MaxPeers: cfg.MaxPeers, Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, RankIdentity: cfg.RankIdentity, Logger: m.log, Registerer: cfg.Registerer})
+		MaxPeers: cfg.MaxPeers, Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, RankIdentity: cfg.RankIdentity, Tap: cfg.ControlTap, Logger: m.log, Registerer: cfg.Registerer})
 	if err != nil {
 		if cfg.Registerer != nil {
 			cfg.Registerer.Unregister(m.met)
@@ -224,6 +224,10 @@ func (m *Manager) StateMemory() [][]byte { return m.stateMem }
 
 // Endpoint returns the rank's control endpoint.
 func (m *Manager) Endpoint() string { return m.loop.Endpoint() }
+
+// ControlStats returns the control plane's counters (messages refused by
+// authentication, replays, malformed, dropped sends).
+func (m *Manager) ControlStats() bootstrap.Stats { return m.loop.Stats() }
 
 // Epoch returns this process's control-plane epoch (its messages' from).
 func (m *Manager) Epoch() uint64 { return m.loop.Identity().Epoch }

@@ -65,6 +65,7 @@ type attacker struct {
 	ids         [3]*bootstrap.RankIdentity
 	prefillCert []byte
 	library     string   // the local UCX release, as a real blob names it
+	realAddr    []byte   // a real worker address of this machine's UCX (a local agent's)
 	acksBad     int      // REGISTER_ACK ok=false received
 	httpBad     []string // HTTP answers that were not the expected refusal
 	zmqFails    int
@@ -84,7 +85,7 @@ func newAttacker(prefill, decode *proc, model kvmodel.Model, layout transfer.Pag
 		return nil, err
 	}
 	a.self, _ = a.pull.GetLastEndpoint()
-	a.library = localLibrary()
+	a.library, a.realAddr = localAgent()
 	if ca != nil {
 		for r := range a.ids {
 			if a.ids[r], err = ca.Issue(bootstrap.RoleDecode, "hostile-register", r, time.Now().Add(time.Hour)); err != nil {
@@ -222,29 +223,61 @@ func (a *attacker) seal(p *proc, rank int, frames [][]byte) [][]byte {
 
 func (a *attacker) sealed(p *proc, m bootstrap.Message) [][]byte { return a.seal(p, 0, encode(m)) }
 
-// localLibrary is the engine library a real ucx blob of this machine names
-// (nixl/metadata.go: "ucx/<release>"), read from a local agent's blob, so
-// the insider's REGISTERs reach the address check.
-func localLibrary() string {
+// localAgent returns the engine library a real ucx blob of this machine
+// names (nixl/metadata.go: "ucx/<release>") and a real worker address,
+// read from a short-lived local agent's blob (no regions), so the
+// insider's REGISTERs reach the address check with addresses UCX wrote.
+func localAgent() (library string, addr []byte) {
 	ag, err := nixl.Open(nixl.Config{Name: "hostile-probe", Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}})
 	if err != nil {
-		return "ucx/unknown"
+		return "ucx/unknown", nil
 	}
 	defer ag.Close()
 	md, err := ag.Metadata()
 	if err != nil || len(md) < 5 {
-		return "ucx/unknown"
+		return "ucx/unknown", nil
 	}
 	off := 5
-	var s string
-	for i := 0; i < 3 && off+4 <= len(md); i++ { // engine, agent, library
+	str := func() []byte {
+		if off+4 > len(md) {
+			return nil
+		}
 		n := int(binary.LittleEndian.Uint32(md[off:]))
 		if off+4+n > len(md) {
-			break
+			return nil
 		}
-		s, off = string(md[off+4:off+4+n]), off+4+n
+		v := md[off+4 : off+4+n]
+		off += 4 + n
+		return v
 	}
-	return s
+	str() // engine
+	str() // agent
+	library = string(str())
+	if off+4 <= len(md) && binary.LittleEndian.Uint32(md[off:]) == 0 { // no regions
+		off += 4
+		addr = bytes.Clone(str())
+	}
+	return library, addr
+}
+
+// mutate returns a copy of addr with its header byte kept and a few of the
+// other bytes changed (seeded).
+func mutate(addr []byte, seed uint64) []byte {
+	m := bytes.Clone(addr)
+	x := seed*0x9e3779b97f4a7c15 + 1
+	next := func() uint64 { x ^= x << 13; x ^= x >> 7; x ^= x << 17; return x }
+	for n := 1 + next()%4; n > 0 && len(m) > 1; n-- {
+		i := 1 + int(next()%uint64(len(m)-1))
+		switch next() % 3 {
+		case 0:
+			m[i] ^= 1 << (next() % 8)
+		case 1:
+			m[i] = byte(next())
+		default:
+			m[i] = []byte{0, 0xff, 0x7f, 0x80}[next()%4]
+		}
+	}
+	return m
 }
 
 // rawBody builds a message body by hand (for what Encode refuses to write).
@@ -354,6 +387,19 @@ func (a *attacker) round(round int, push map[string]*zmq.Socket) {
 		}
 		reg.AgentMD = sealedMD
 		a.send(s, "REGISTER, garbage UCX address", a.seal(p, round%3, encode(reg)))
+		// A real worker address of this machine's UCX, its header kept and
+		// the rest mutated (issue 23, 4: one such REGISTER aborted a
+		// prefill rank in ucp_ep_create).
+		for k := 0; k < 10 && a.realAddr != nil; k++ {
+			reg := a.register(a.agentBlob(mutate(a.realAddr, uint64(round*10+k))), k%3)
+			if a.ids[0] != nil && p == a.prefill {
+				id = a.ids[k%3]
+			}
+			if reg.AgentMD, err = bootstrap.SealAgentMD(auth, id, a.prefillCert, reg.AgentMD, reg.From, bootstrap.From{Epoch: p.epoch}); err != nil {
+				panic(err)
+			}
+			a.send(s, "REGISTER, mutated real UCX address", a.seal(p, k%3, encode(reg)))
+		}
 		a.send(s, "1 MiB reason", a.seal(p, 0, [][]byte{[]byte(bootstrap.Magic), []byte("ABORT"),
 			rawBody("from", fromMap(a.from("long-reason", 0)), "room", uint64(attackRoomBase+round), "reason", mib)}))
 		long := a.from("x", 0)

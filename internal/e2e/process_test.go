@@ -3,16 +3,19 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
@@ -47,6 +50,17 @@ func rankConfig(role kvmanager.Role, engine, boot string) kvmanager.Config {
 	cfg.MaxMisses = 2
 	cfg.SweepInterval = 50 * time.Millisecond
 	cfg.Registry.StallTimeout = 10 * time.Second
+	// Per-rank identity when the test hands the process a certificate
+	// (KVBRIDGE_CA_FILE, KVBRIDGE_IDENTITY_FILE), and a fixed endpoint for
+	// a restart in place.
+	if id, err := bootstrap.IdentityFromEnv(); err != nil {
+		panic(err)
+	} else if id != nil {
+		cfg.RankIdentity = id
+	}
+	if v := os.Getenv("KVBRIDGE_E2E_BIND"); v != "" {
+		cfg.Bind = v
+	}
 	return cfg
 }
 
@@ -80,6 +94,36 @@ func runRank(role string) int {
 		r = kvmanager.RoleDecode
 	}
 	cfg := rankConfig(r, os.Getenv("KVBRIDGE_E2E_ENGINE"), os.Getenv("KVBRIDGE_E2E_BOOT"))
+	// The first message of each type, as it came off the wire (CAPTURE).
+	// A test's marker ("MARK", nonce) tells it that every message before
+	// it on its connection has been handled (MARKED): the tap runs before
+	// each message's handling, one message after the other.
+	var tapMu sync.Mutex
+	tapped := map[string][][]byte{}
+	marks := map[string]chan struct{}{}
+	mark := func(nonce string) chan struct{} {
+		if marks[nonce] == nil {
+			marks[nonce] = make(chan struct{})
+		}
+		return marks[nonce]
+	}
+	cfg.ControlTap = func(frames [][]byte) {
+		if len(frames) < 2 {
+			return
+		}
+		tapMu.Lock()
+		if string(frames[0]) == "MARK" {
+			close(mark(string(frames[1])))
+		}
+		if _, ok := tapped[string(frames[1])]; !ok {
+			c := make([][]byte, len(frames))
+			for i, f := range frames {
+				c[i] = append([]byte(nil), f...)
+			}
+			tapped[string(frames[1])] = c
+		}
+		tapMu.Unlock()
+	}
 	m, p, d, err := newRank(r, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -100,12 +144,12 @@ func runRank(role string) int {
 			fmt.Println(l)
 		}
 	}()
-	fmt.Println("READY")
+	fmt.Printf("READY %s %d\n", m.Endpoint(), m.Epoch())
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 1<<20), 1<<20)
 	for in.Scan() {
 		f := strings.Fields(in.Text())
-		room, _ := strconv.ParseUint(f[1], 10, 64)
+		room, _ := strconv.ParseUint(f[1], 10, 64) // (CAPTURE: a type)
 		switch f[0] {
 		case "SEND", "HOLD":
 			src := pageList(f[2])
@@ -140,6 +184,26 @@ func runRank(role string) int {
 			}(f[0] == "HOLD")
 		case "ABORT":
 			d.AbortReceiver(room, "aborted by the test")
+		case "CAPTURE": // CAPTURE <type> → CAPTURED <the first such message received, frames as JSON>
+			tapMu.Lock()
+			b, _ := json.Marshal(tapped[f[1]])
+			tapMu.Unlock()
+			out <- "CAPTURED " + string(b)
+		case "MARKED": // MARKED <nonce> → MARKED <nonce> once the marker came in
+			tapMu.Lock()
+			c := mark(f[1])
+			tapMu.Unlock()
+			go func(nonce string) {
+				select {
+				case <-c:
+					out <- "MARKED " + nonce
+				case <-time.After(30 * time.Second):
+					out <- "NOMARK " + nonce
+				}
+			}(f[1])
+		case "STATS": // STATS 0 → STATS <control-plane counters as JSON>
+			b, _ := json.Marshal(m.ControlStats())
+			out <- "STATS " + string(b)
 		case "RECV":
 			dst, src := pageList(f[2]), pageList(f[3])
 			go func() {
@@ -173,6 +237,7 @@ func runRank(role string) int {
 }
 
 type rankProc struct {
+	ready string // "READY <endpoint> <epoch>" (the topology ranks: "READY")
 	cmd   *exec.Cmd
 	in    *bufio.Writer
 	lines chan string
@@ -214,7 +279,7 @@ func startChild(t *testing.T, env ...string) *rankProc {
 			<-done
 		}
 	})
-	p.expect(t, "READY")
+	p.ready = p.expect(t, "READY")
 	return p
 }
 

@@ -1,0 +1,264 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/testauth"
+	zmq "github.com/pebbe/zmq4"
+)
+
+// Issue 23 with real processes: a prefill and a decode rank process under
+// per-rank identity; the prefill process's control tap gives the test the
+// decode rank's messages as they came off the wire, which it replays and
+// re-presents — an outsider on the path, a holder of the shared secret, a
+// holder of another rank's key.
+
+// captured asks a rank process for the first message of type typ it
+// received, as it came off the wire (its control tap): what an outsider on
+// the path captures.
+func (p *rankProc) captured(t *testing.T, typ string) [][]byte {
+	t.Helper()
+	p.do("CAPTURE " + typ)
+	var f [][]byte
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(p.expect(t, "CAPTURED "), "CAPTURED ")), &f); err != nil || len(f) != 4 {
+		t.Fatalf("no %s captured: %v %d frames", typ, err, len(f))
+	}
+	return f
+}
+
+// sendRaw sends frames byte for byte to a rank process on a connection
+// of its own, then a marker, and returns the rank's counters once the
+// marker came in: every frame before it has been handled.
+func sendRaw(t *testing.T, to *rankProc, endpoint string, frames ...[][]byte) bootstrap.Stats {
+	t.Helper()
+	ctx, _ := zmq.NewContext()
+	s, _ := ctx.NewSocket(zmq.PUSH)
+	s.SetLinger(5 * time.Second)
+	if err := s.Connect(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	nonce := fmt.Sprint(time.Now().UnixNano())
+	for _, f := range append(frames, [][]byte{[]byte("MARK"), []byte(nonce)}) {
+		if _, err := s.SendMessage(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close() // lingers until sent
+	ctx.Term()
+	to.do("MARKED " + nonce)
+	to.expect(t, "MARKED "+nonce)
+	return to.stats(t)
+}
+
+// stats asks a rank process for its control-plane counters.
+func (p *rankProc) stats(t *testing.T) bootstrap.Stats {
+	t.Helper()
+	p.do("STATS 0")
+	var s bootstrap.Stats
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(p.expect(t, "STATS "), "STATS ")), &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// identityFiles issues a certificate for each identity and writes the
+// files a rank process reads; it returns the CA and the env of each.
+func identityFiles(t *testing.T, ids ...bootstrap.From) (*bootstrap.CA, [][]string, []*bootstrap.RankIdentity) {
+	t.Helper()
+	ca, err := bootstrap.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	caf := filepath.Join(dir, "ca")
+	if err := os.WriteFile(caf, ca.Marshal(false), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var envs [][]string
+	var out []*bootstrap.RankIdentity
+	for i, f := range ids {
+		id, err := ca.Issue(f.Role, f.Instance, f.Rank, time.Now().Add(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, fmt.Sprint("id", i))
+		if err := os.WriteFile(p, id.Marshal(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		envs = append(envs, []string{bootstrap.EnvCAFile + "=" + caf, bootstrap.EnvIdentityFile + "=" + p})
+		out = append(out, id)
+	}
+	return ca, envs, out
+}
+
+func pdRoom(t *testing.T, prefill, decode *rankProc, id uint64, pp, dp *kvmodel.Pages) {
+	t.Helper()
+	src, dst := pp.Get(64), dp.Get(64)
+	defer pp.Put(src)
+	defer dp.Put(dst)
+	decode.do(fmt.Sprintf("RECV %d %s %s", id, csv(dst), csv(src)))
+	prefill.do(fmt.Sprintf("SEND %d %s 16", id, csv(src)))
+	if got := decode.expect(t, "DONE"); got != fmt.Sprintf("DONE %d Success verified", id) {
+		t.Fatalf("decode: %s", got)
+	}
+	if got := prefill.expect(t, "DONE"); !strings.HasPrefix(got, fmt.Sprintf("DONE %d Success", id)) {
+		t.Fatalf("prefill: %s", got)
+	}
+}
+
+// TestCapturedMessagesReplayed (issue 23, 1 and 3): a decode rank's
+// REGISTER, captured on the wire, carries its agent metadata only sealed;
+// replayed byte for byte it is a duplicate to the process it was for, a
+// message for another process to that rank restarted in place, and
+// re-presented under another decode rank's identity it is refused — and
+// the live rooms of the restarted processes succeed meanwhile.
+func TestCapturedMessagesReplayed(t *testing.T) {
+	_, envs, ids := identityFiles(t,
+		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc"},
+		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc"},
+		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 1}) // the insider's
+	boot := startBoot(t)
+	port := freePort(t)
+	pEnv := append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot,
+		"KVBRIDGE_E2E_BIND=tcp://127.0.0.1:" + port}, envs[0]...)
+	prefill := startChild(t, pEnv...)
+	pEndpoint := strings.Fields(prefill.ready)[1]
+	dEnv := append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}, envs[1]...)
+	decode := startChild(t, dEnv...)
+	pp, dp := newPagePool(pages), newPagePool(pages)
+	pdRoom(t, prefill, decode, 1, pp, dp)
+	captured := prefill.captured(t, "REGISTER")
+	m, err := bootstrap.Decode(captured[:3])
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := m.(*bootstrap.Register)
+	if !bytes.HasPrefix(reg.AgentMD, []byte("KVS1")) || bytes.Contains(reg.AgentMD, []byte("KVBN")) {
+		t.Fatalf("the captured REGISTER's agent metadata is not sealed (%d bytes, %q...)", len(reg.AgentMD), reg.AgentMD[:min(8, len(reg.AgentMD))])
+	}
+
+	// Replayed to the process it was for, while the pair works: a
+	// duplicate; the next room succeeds.
+	if st := sendRaw(t, prefill, pEndpoint, captured); st.Replayed[bootstrap.ReplayDuplicate] != 1 {
+		t.Fatalf("the replayed REGISTER: replays %v, want 1 duplicate", st.Replayed)
+	}
+	pdRoom(t, prefill, decode, 2, pp, dp)
+
+	// Re-presented by the holder of decode rank 1's key: the sealed blob in
+	// its own REGISTER, tagged with its own pair key — the seal names its
+	// owner (and the insider cannot read it).
+	stolen := *reg
+	stolen.From = bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 1, Endpoint: "tcp://127.0.0.1:1", Epoch: bootstrap.NewEpoch()}
+	f, err := bootstrap.Encode(&stolen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := bootstrap.NewClient(boot).Rank(context.Background(), 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.Fields(prefill.ready)[2]
+	var pEpoch uint64
+	fmt.Sscan(pid, &pEpoch)
+	sealed, err := bootstrap.SealAs(testauth.Auth(), ids[2], []byte(info.CertBytes()), f, bootstrap.Envelope{Sent: time.Now(), Seq: 1,
+		To: bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Epoch: pEpoch}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := prefill.stats(t).Refused[bootstrap.AuthBadTag]
+	if st := sendRaw(t, prefill, pEndpoint, sealed); st.Refused[bootstrap.AuthBadTag] != before+1 {
+		t.Fatalf("the re-presented blob: refused %v, want one more bad_tag (%d before)", st.Refused, before)
+	}
+
+	// The prefill rank restarts in place (same endpoint, new epoch); the
+	// decode rank's next room registers with the new process and succeeds;
+	// the old REGISTER replayed is for another process.
+	prefill.cmd.Process.Signal(syscall.SIGKILL)
+	prefill.cmd.Wait()
+	prefill = startChild(t, pEnv...)
+	if strings.Fields(prefill.ready)[1] != pEndpoint {
+		t.Fatalf("restarted on %s, want %s", prefill.ready, pEndpoint)
+	}
+	if st := sendRaw(t, prefill, pEndpoint, captured); st.Replayed[bootstrap.ReplayOtherEpoch] != 1 {
+		t.Fatalf("the REGISTER for the predecessor: replays %v, want 1 other_epoch", st.Replayed)
+	}
+	pdRoom(t, prefill, decode, 3, pp, dp)
+	// The decode rank restarts too (kill -9, a new process): its
+	// predecessor's REGISTER replayed is still for the predecessor of the
+	// prefill process, and the new pair's rooms succeed.
+	decode.cmd.Process.Signal(syscall.SIGKILL)
+	decode.cmd.Wait()
+	decode = startChild(t, dEnv...)
+	if st := sendRaw(t, prefill, pEndpoint, captured); st.Replayed[bootstrap.ReplayOtherEpoch] != 2 {
+		t.Fatalf("the old decode process's REGISTER: replays %v, want 2 other_epoch", st.Replayed)
+	}
+	pdRoom(t, prefill, decode, 4, pp, dp)
+}
+
+// TestSecretAloneSpeaksAsNoRank (issue 23, 2): with per-rank identity a
+// holder of the deployment secret — without a rank key — cannot speak as
+// the prefill rank: a drained ABORT_ACK and a STATUS failed claiming it
+// are refused unread by the decode rank process, and its room succeeds.
+func TestSecretAloneSpeaksAsNoRank(t *testing.T) {
+	_, envs, _ := identityFiles(t,
+		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc"},
+		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc"})
+	boot := startBoot(t)
+	prefill := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}, envs[0]...)...)
+	decode := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}, envs[1]...)...)
+	pp, dp := newPagePool(pages), newPagePool(pages)
+	pdRoom(t, prefill, decode, 1, pp, dp)
+	pf := strings.Fields(prefill.ready)
+	df := strings.Fields(decode.ready)
+	var pEpoch, dEpoch uint64
+	fmt.Sscan(pf[2], &pEpoch)
+	fmt.Sscan(df[2], &dEpoch)
+	claim := bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Endpoint: pf[1], Epoch: pEpoch}
+	to := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Epoch: dEpoch}
+	var forged [][][]byte
+	for i, m := range []bootstrap.Message{&bootstrap.AbortAck{From: claim, Room: 2, Drained: true},
+		&bootstrap.Status{From: claim, Room: 2, Status: bootstrap.StatusFailed, Code: "failed", Reason: "forged"}} {
+		f, err := bootstrap.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		forged = append(forged, testauth.Auth().Seal(f, bootstrap.Envelope{Sent: time.Now(), Seq: 1<<40 + uint64(i), To: to}))
+	}
+	// Room 2 is live while they arrive; it succeeds.
+	src, dst := pp.Get(512), dp.Get(512)
+	decode.do(fmt.Sprintf("RECV 2 %s %s", csv(dst), csv(src)))
+	if st := sendRaw(t, decode, df[1], forged...); st.Refused[bootstrap.AuthNoIdentity] != 2 {
+		t.Fatalf("the forged ABORT_ACK and STATUS: refused %v, want 2 no_identity", st.Refused)
+	}
+	prefill.do(fmt.Sprintf("SEND 2 %s 16", csv(src)))
+	if got := decode.expect(t, "DONE"); got != "DONE 2 Success verified" {
+		t.Fatalf("decode: %s", got)
+	}
+	prefill.expect(t, "DONE 2 Success")
+}
+
+// freePort returns a port nothing listens on now.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ctx, _ := zmq.NewContext()
+	defer ctx.Term()
+	s, _ := ctx.NewSocket(zmq.PULL)
+	s.SetLinger(0)
+	if err := s.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := s.GetLastEndpoint()
+	s.Close()
+	return strings.TrimPrefix(ep, "tcp://127.0.0.1:")
+}
