@@ -162,8 +162,14 @@ func TestFirstContactNeedsAnEpoch(t *testing.T) {
 	if !ok || string(r.AgentMD) != "md" {
 		t.Fatalf("the first REGISTER was not delivered with its metadata: %+v", r)
 	}
-	if got := prefill.Stats().Refused[AuthUnaddressed]; got != 1 {
-		t.Fatalf("ABORT to an unknown process: %d unaddressed, want 1", got)
+	// A first REGISTER that names another rank (prefill/p/1) is refused
+	// even with epoch 0.
+	w := newWire(t, prefill, nil)
+	f, _ := Encode(&Register{From: decode.Identity(), Compat: "c", Agent: "a", TPSize: 1, KV: []Region{}, Aux: []Region{}, State: []Region{}})
+	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 45, To: From{Role: RolePrefill, Instance: "p", Rank: 1}}))
+	w.sync(77)
+	if got := prefill.Stats().Refused[AuthUnaddressed]; got != 2 {
+		t.Fatalf("ABORT to an unknown process and REGISTER for another rank: %d unaddressed, want 2", got)
 	}
 	// The reply teaches the decode rank the process: its next ABORT, sent
 	// blind again, is addressed and arrives.
@@ -451,5 +457,39 @@ func TestGoldenEnvelope(t *testing.T) {
 	ad := newAddressing(a, pre, RolePrefill)
 	if _, e, why := a.open(pair, time.Unix(1800000000, 0), ad.keyFor(time.Unix(1800000000, 0))); why != "" || !bytes.Equal(e.Cert, dec.Cert.raw) {
 		t.Fatalf("pair envelope: %q", why)
+	}
+}
+
+// TestAgentMetadataBoundToOwnerWithSecret: with the shared secret alone
+// the seal's key is the same for all, so the binding is its associated
+// data: a sealed blob presented under another identity, or to another
+// rank, is refused (an outsider cannot re-present it; a secret holder
+// could seal its own, PROTOCOL.md says so).
+func TestAgentMetadataBoundToOwnerWithSecret(t *testing.T) {
+	decode := newRank(t, RoleDecode, "d", nil)
+	prefill := newRank(t, RolePrefill, "p", nil)
+	tp := newTap(t)
+	to := prefill.peer()
+	to.Endpoint = tp.ep
+	if err := decode.Send(to, &Register{Compat: "c", Agent: "a", AgentMD: []byte("victim's"), TPSize: 1, KV: []Region{}, Aux: []Region{}, State: []Region{}}); err != nil {
+		t.Fatal(err)
+	}
+	captured := tp.next(t)
+	m, err := Decode(captured[:3])
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, _, why := parseEnvelope(captured[3])
+	if why != "" {
+		t.Fatal(why)
+	}
+	stolen := *m.(*Register)
+	stolen.From.Instance = "liar" // the same process otherwise
+	f, _ := Encode(&stolen)
+	w := newWire(t, prefill, nil)
+	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 46, To: orig.To}))
+	w.sync(3)
+	if got := prefill.Stats().Refused[AuthBadTag]; got != 1 {
+		t.Fatalf("a sealed blob under another identity: %d refused, want 1", got)
 	}
 }

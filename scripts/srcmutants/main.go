@@ -1,0 +1,91 @@
+// Command srcmutants is the second half of make mutants: bugs brought back
+// into packages that have no built-in mutant switch (kvmanager's are in
+// kvmanager/mutants.go), as source edits laid over the real files with
+// go test -overlay (the working tree is never touched). Each must make the
+// package's tests fail; one that survives fails the command.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// mutant replaces old (which must occur exactly once) with new in file.
+type mutant struct {
+	name, file, old, new string
+}
+
+// The envelope's checks (bootstrap/address.go, auth.go): issue 23.
+var mutants = []mutant{
+	{"no-replay-window", "bootstrap/address.go", "	if !w.accept(env.Seq) {", "	if !w.accept(env.Seq) && false {"},
+	{"other-epoch-accepted", "bootstrap/address.go", "	case to.Epoch != 0 && to.Epoch != self.Epoch && t != TypePing:", "	case to.Epoch != 0 && to.Epoch != self.Epoch && t != TypePing && false:"},
+	{"unknown-epoch-accepted", "bootstrap/address.go", "	case to.Epoch == 0 && !opener:", "	case to.Epoch == 0 && !opener && false:"},
+	{"other-rank-accepted", "bootstrap/address.go", "	case to.Role != \"\" && (to.Role != self.Role || to.Instance != self.Instance || to.Rank != self.Rank):", "	case to.Role != \"\" && false:"},
+	{"from-not-the-certificate", "bootstrap/address.go", "		if pc == nil || pc.cert.Identity() != (From{Role: from.Role, Instance: from.Instance, Rank: from.Rank}) {", "		if pc == nil {"},
+	{"same-role-certificate", "bootstrap/address.go", "	if c.Role == a.role {", "	if false {"},
+	{"secret-alone-speaks", "bootstrap/address.go", "		if raw == nil {\n			return nil, AuthNoIdentity\n		}", "		if raw == nil {\n			return nil, \"\"\n		}"},
+	{"seal-not-bound-to-owner", "bootstrap/address.go", "	b := []byte(from.Peer())", "	b := []byte(\"\")"},
+	{"no-skew-check", "bootstrap/auth.go", "	if d := now.Sub(env.Sent); d > a.MaxSkew || d < -a.MaxSkew {", "	if false {"},
+}
+
+func main() {
+	root, _ := os.Getwd()
+	tmp, err := os.MkdirTemp("", "srcmutants")
+	if err != nil {
+		fail(err)
+	}
+	defer os.RemoveAll(tmp)
+	survived := 0
+	for i, m := range mutants {
+		src, err := os.ReadFile(filepath.Join(root, m.file))
+		if err != nil {
+			fail(err)
+		}
+		if n := strings.Count(string(src), m.old); n != 1 {
+			fail(fmt.Errorf("mutant %s: %q occurs %d times in %s (the code moved: update scripts/srcmutants)", m.name, m.old, n, m.file))
+		}
+		mutated := filepath.Join(tmp, fmt.Sprintf("m%d.go", i))
+		if err := os.WriteFile(mutated, []byte(strings.Replace(string(src), m.old, m.new, 1)), 0o644); err != nil {
+			fail(err)
+		}
+		ov, _ := json.Marshal(map[string]map[string]string{"Replace": {filepath.Join(root, m.file): mutated}})
+		ovf := filepath.Join(tmp, fmt.Sprintf("m%d.json", i))
+		if err := os.WriteFile(ovf, ov, 0o644); err != nil {
+			fail(err)
+		}
+		start := time.Now()
+		cmd := exec.Command("go", "test", "-count=1", "-failfast", "-overlay", ovf, "./"+filepath.Dir(m.file))
+		out, err := cmd.CombinedOutput()
+		secs := int(time.Since(start).Seconds())
+		switch {
+		case err == nil:
+			fmt.Printf("mutant %-26s SURVIVED every test (%ds)\n", m.name, secs)
+			survived++
+		case strings.Contains(string(out), "[build failed]") || strings.Contains(string(out), "setup failed"):
+			fail(fmt.Errorf("mutant %s does not compile:\n%s", m.name, out))
+		default:
+			by := "a failing run"
+			for _, l := range strings.Split(string(out), "\n") {
+				if strings.HasPrefix(l, "--- FAIL: ") {
+					by = strings.Fields(l)[2]
+					break
+				}
+			}
+			fmt.Printf("mutant %-26s caught by %s (%ds)\n", m.name, by, secs)
+		}
+	}
+	fmt.Printf("%d source mutants, %d survived\n", len(mutants), survived)
+	if survived > 0 {
+		os.Exit(1)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "srcmutants:", err)
+	os.Exit(1)
+}
