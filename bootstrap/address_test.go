@@ -155,6 +155,9 @@ func TestFirstContactNeedsAnEpoch(t *testing.T) {
 	if err := decode.Send(blind, &Abort{Room: 5}); err != nil {
 		t.Fatal(err)
 	}
+	if got := decode.Stats().Dropped[DropUnaddressed]; got != 1 {
+		t.Fatalf("an ABORT to a process not known yet: %d dropped at the sender, want 1", got)
+	}
 	if err := decode.Send(blind, &Register{Compat: "c", Agent: "a", AgentMD: []byte("md"), TPSize: 1, KV: []Region{}, Aux: []Region{}, State: []Region{}}); err != nil {
 		t.Fatal(err)
 	}
@@ -162,10 +165,13 @@ func TestFirstContactNeedsAnEpoch(t *testing.T) {
 	if !ok || string(r.AgentMD) != "md" {
 		t.Fatalf("the first REGISTER was not delivered with its metadata: %+v", r)
 	}
-	// A first REGISTER that names another rank (prefill/p/1) is refused
-	// even with epoch 0.
+	// The receiver refuses what a sender that does not check sends: an
+	// ABORT with epoch 0, and a first REGISTER that names another rank
+	// (prefill/p/1).
 	w := newWire(t, prefill, nil)
-	f, _ := Encode(&Register{From: decode.Identity(), Compat: "c", Agent: "a", TPSize: 1, KV: []Region{}, Aux: []Region{}, State: []Region{}})
+	f, _ := Encode(&Abort{From: decode.Identity(), Room: 5})
+	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1<<45 - 1, To: From{Role: RolePrefill, Instance: "p"}}))
+	f, _ = Encode(&Register{From: decode.Identity(), Compat: "c", Agent: "a", TPSize: 1, KV: []Region{}, Aux: []Region{}, State: []Region{}})
 	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 45, To: From{Role: RolePrefill, Instance: "p", Rank: 1}}))
 	w.sync(77)
 	if got := prefill.Stats().Refused[AuthUnaddressed]; got != 2 {

@@ -353,6 +353,10 @@ func (l *Loop) Send(to Peer, m Message) error {
 		l.snd.dropped(outbound{to: to, t: m.Type()}, DropNoIdentity, err)
 		return nil
 	}
+	if errors.Is(err, errUnaddressed) {
+		l.snd.dropped(outbound{to: to, t: m.Type()}, DropUnaddressed, err)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -368,6 +372,9 @@ func (l *Loop) encode(to Peer, m Message) (outbound, error) {
 		var env Envelope
 		if env, o.tagKey, err = l.addr.envelope(to); err != nil {
 			return o, err
+		}
+		if t := m.Type(); env.To.Epoch == 0 && t != TypePing && t != TypeRegister {
+			return o, fmt.Errorf("%w: %s to %s", errUnaddressed, t, to.Endpoint)
 		}
 		o.env = &env
 		if r, ok := m.(*Register); ok && len(r.AgentMD) > 0 {
@@ -754,6 +761,7 @@ func (s *sender) conn(p Peer, now time.Time, reply bool) (*peerConn, error) {
 }
 
 var (
+	errUnaddressed  = errors.New("the peer's process (epoch) is not known: only a PING or a REGISTER may go to it (pass Peer.Epoch, or send one of those first)")
 	errNoKey        = errors.New("no CURVE server key known for the peer")
 	errUnknownPeer  = errors.New("PONG to an endpoint this rank never addressed")
 	errTooManyPeers = errors.New("MaxPeers sockets open and every one watched")

@@ -21,9 +21,13 @@ const (
 	// DropNoIdentity: per-rank identity is on and the peer's certificate
 	// is not known (or not valid), so the message cannot be addressed.
 	DropNoIdentity = "no_identity"
+	// DropUnaddressed: the peer's process (epoch) is not known, and only
+	// a PING or a REGISTER may go to a process not known yet (PROTOCOL.md
+	// "Envelope"); pass Peer.Epoch, or send one of those first.
+	DropUnaddressed = "unaddressed"
 )
 
-var dropReasons = []string{DropQueueFull, DropPeerBusy, DropNoKey, DropError, DropUnknownPeer, DropTooManyPeers, DropNoIdentity}
+var dropReasons = []string{DropQueueFull, DropPeerBusy, DropNoKey, DropError, DropUnknownPeer, DropTooManyPeers, DropNoIdentity, DropUnaddressed}
 
 // Stats is a snapshot of a loop's counters.
 type Stats struct {
@@ -51,7 +55,7 @@ type counters struct {
 	received, sent, unauth, dead atomic.Uint64
 	sockets                      atomic.Uint64    // gauge
 	malformed                    [7]atomic.Uint64 // indexed like MalformedReasons
-	dropped                      [7]atomic.Uint64 // indexed like dropReasons
+	dropped                      [8]atomic.Uint64 // indexed like dropReasons
 	refused                      [6]atomic.Uint64 // indexed like AuthReasons
 	replayed                     [2]atomic.Uint64 // indexed like ReplayReasons
 }

@@ -631,7 +631,7 @@ func (b *bench) controlMode() error {
 	}
 	defer a.Close()
 	back = bootstrap.Peer{Endpoint: a.Endpoint()}
-	to := bootstrap.Peer{Endpoint: echo.Endpoint()}
+	to := bootstrap.Peer{Endpoint: echo.Endpoint(), Epoch: echo.Identity().Epoch}
 	rtt := func() time.Duration {
 		start := time.Now()
 		for i := 0; i < n; i++ {
