@@ -1,7 +1,10 @@
 package transfer
 
 import (
+	"cmp"
 	"fmt"
+	"math"
+	"slices"
 
 	"github.com/kvbridge/kvbridge/nixl"
 )
@@ -73,6 +76,66 @@ func (l Layout) Validate() error {
 		return fmt.Errorf("transfer: aux region of %d bytes is not a whole number of %d-byte items", l.Aux.Len, l.AuxItemBytes)
 	}
 	return nil
+}
+
+// Span is a byte range [Addr, Addr+Len) of registered memory: host memory
+// (DRAM) or device Dev's memory (VRAM).
+type Span struct {
+	Kind      nixl.MemKind
+	Dev       uint64
+	Addr, Len uint64
+}
+
+// End is the first byte past the span (the top of the address space for a
+// span that would wrap around it).
+func (s Span) End() uint64 {
+	if s.Len > math.MaxUint64-s.Addr {
+		return math.MaxUint64
+	}
+	return s.Addr + s.Len
+}
+
+// space names the address space the span lies in: host memory is one,
+// whatever device number it was registered with; each device's memory is
+// its own.
+func (s Span) space() (nixl.MemKind, uint64) {
+	if s.Kind == nixl.DRAM {
+		return s.Kind, 0
+	}
+	return s.Kind, s.Dev
+}
+
+func (s Span) sameSpace(o Span) bool {
+	k, d := s.space()
+	ko, do := o.space()
+	return k == ko && d == do
+}
+
+// Overlap finds two spans that share a byte — the same address space and
+// intersecting ranges — and returns their indices (i < j); ok is false
+// when no two do. An empty span shares no byte. It sorts a copy of the
+// indices: O(n log n) for n spans.
+func Overlap(spans []Span) (i, j int, ok bool) {
+	idx := make([]int, 0, len(spans))
+	for k, s := range spans {
+		if s.Len > 0 {
+			idx = append(idx, k)
+		}
+	}
+	slices.SortStableFunc(idx, func(a, b int) int {
+		ka, da := spans[a].space()
+		kb, db := spans[b].space()
+		return cmp.Or(cmp.Compare(ka, kb), cmp.Compare(da, db), cmp.Compare(spans[a].Addr, spans[b].Addr))
+	})
+	// Sorted by space, then start, the spans before the first overlap are
+	// disjoint, so the one just before a span ends furthest of them.
+	for n := 1; n < len(idx); n++ {
+		a, b := spans[idx[n-1]], spans[idx[n]]
+		if a.sameSpace(b) && b.Addr < a.End() {
+			return min(idx[n-1], idx[n]), max(idx[n-1], idx[n]), true
+		}
+	}
+	return 0, 0, false
 }
 
 // Run is a contiguous stretch of pages: Len pages from Src on the prefill
