@@ -66,9 +66,22 @@ func sent[T bootstrap.Message](effects []Effect) []T {
 	return out
 }
 
+// testPeerPages is how many pages register's decode layout holds: request
+// names a page of its own for each room (a decode rank never names a page
+// another live room of it holds, or the prefill rank refuses the REQUEST).
+const testPeerPages = 4096
+
 func register(t *testing.T, c *Core, from bootstrap.From) {
 	t.Helper()
-	kv, aux, state := regionsOf(simLayout())
+	peer := simLayout()
+	peer.Regions = []nixl.Desc{{Addr: 0x100000, Len: testPeerPages * 64}, {Addr: 0x200000, Len: testPeerPages * 64}}
+	registerLayout(t, c, from, peer)
+}
+
+// registerLayout registers from at c with the decode layout peer.
+func registerLayout(t *testing.T, c *Core, from bootstrap.From, peer transfer.Layout) {
+	t.Helper()
+	kv, aux, state := regionsOf(peer)
 	msg := &bootstrap.Register{From: from, Compat: "sim", KV: kv, Aux: aux, State: state}
 	lay, err := c.CheckRegister(msg)
 	if err != nil {
@@ -81,7 +94,7 @@ func register(t *testing.T, c *Core, from bootstrap.From) {
 }
 
 func request(room uint64, from bootstrap.From) *bootstrap.Request {
-	return &bootstrap.Request{From: from, Room: room, DstPages: []uint32{1}, AuxIndex: -1, Required: 1, StateIndices: [][]uint32{}}
+	return &bootstrap.Request{From: from, Room: room, DstPages: []uint32{uint32(room % testPeerPages)}, AuxIndex: -1, Required: 1, StateIndices: [][]uint32{}}
 }
 
 // Bug 5: one false "peer dead" must not break the pair for good. The

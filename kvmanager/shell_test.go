@@ -13,13 +13,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-func newTestPrefill(t *testing.T) *Prefill {
+// newTestPrefill is a prefill rank over the loopback engine; edits change
+// its configuration first.
+func newTestPrefill(t *testing.T, edits ...func(*Config)) *Prefill {
 	t.Helper()
 	cfg := DefaultConfig(RolePrefill)
 	cfg.Auth = testauth.Auth()
 	cfg.Instance, cfg.Compat = "shell-test", "v1:test"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+	for _, e := range edits {
+		e(&cfg)
+	}
 	p, err := NewPrefill(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -115,7 +115,13 @@ func simRegistryConfig() RegistryConfig {
 }
 
 const (
-	simPages = 8
+	simPages = 64
+	// simAuxItems: simLayout's aux items. A room's pages and aux item
+	// follow from its id (simDests), so the rooms live at once on a
+	// decode rank name distinct ones, as an application reusing a room's
+	// memory only once it is Released does (the prefill rank refuses a
+	// REQUEST naming a page another live room of the process holds).
+	simAuxItems = 16
 	// simLease is a discovery record's lease: it outlives its dead process
 	// this long.
 	simLease = 2 * time.Second
@@ -126,8 +132,20 @@ const (
 	simWriteLife = 20 * time.Second
 )
 
+// simDests are a room's destination pages (one per chunk, at most
+// simPages/simAuxItems) and aux item: rooms whose ids differ by less than
+// simAuxItems name none in common.
+func simDests(r simRoomSpec) (pages []uint32, aux int) {
+	slot := int(r.id % simAuxItems)
+	pages = make([]uint32, r.chunks)
+	for i := range pages {
+		pages[i] = uint32(slot*(simPages/simAuxItems) + i)
+	}
+	return pages, slot
+}
+
 func simLayout() transfer.Layout {
-	return transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, AuxItemBytes: 16, Aux: nixl.Desc{Addr: 0x9000, Len: 4 * 16},
+	return transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, AuxItemBytes: 16, Aux: nixl.Desc{Addr: 0x9000, Len: simAuxItems * 16},
 		Regions: []nixl.Desc{{Addr: 0x1000, Len: simPages * 64}, {Addr: 0x2000, Len: simPages * 64}}}
 }
 
@@ -1025,11 +1043,8 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 			case !sd.inited:
 				add(name+" init", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.inited = true
-					pages := make([]uint32, r.chunks)
-					for i := range pages {
-						pages[i] = uint32(simPages - 1 - i)
-					}
-					p.core.Step(w.now, InitReceiver{Room: r.id, Spec: RequestSpec{DstPages: pages, AuxIndex: 1, Required: r.req()}})
+					pages, aux := simDests(r)
+					p.core.Step(w.now, InitReceiver{Room: r.id, Spec: RequestSpec{DstPages: pages, AuxIndex: aux, Required: r.req()}})
 					w.effects(slot)
 				}))
 			}
