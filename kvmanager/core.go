@@ -72,6 +72,9 @@ type roleCore interface {
 	// needs marks the endpoints this role still shares something with.
 	needs(needed map[string]bool)
 	tick(now time.Time)
+	// settled: the registry settled these requests of a room (nothing of
+	// the room can be written any more; prefill frees their pages).
+	settled(room uint64, reqs []PeerRequest)
 }
 
 // prefillCore is a prefill rank's own state: registered decode ranks by
@@ -176,6 +179,9 @@ type CoreStats struct {
 	PeersRestarted  uint64 // peers heard with a new epoch
 	Rechecks        uint64 // idle registrations looked up and registered again before a REQUEST
 	Refused         uint64 // messages of a type this role never accepts
+	// LayoutRefused counts REGISTERs and REQUESTs refused for naming
+	// memory that cannot be right, by LayoutRefusal.
+	LayoutRefused [layoutRefusals]uint64
 }
 
 // EffectKind names an effect.
@@ -283,13 +289,19 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 			roomsOf: map[string]map[uint64]struct{}{}}
 		b.role = c.decodeCore
 	}
+	b.reg.settler = b.role
 	return c, nil
 }
+
+// settled: decode rooms hold no peer requests (a REQUEST that reached a
+// decode rank was refused), so nothing is held for them here.
+func (*decodeCore) settled(uint64, []PeerRequest) {}
 
 // step starts a step at now.
 func (c *base) step(now time.Time) {
 	c.now = now
 	c.reg.SetNow(now)
+	c.reg.settler = c.role // set at every step: a cloned core (sim) gets its own
 }
 
 // Effects returns the effects of the steps taken since the last call, in
@@ -356,6 +368,9 @@ func (c *Core) Sizes() CoreSizes {
 	s := CoreSizes{Sizes: c.reg.Sizes(), Epochs: len(c.epochs)}
 	if p := c.prefillCore; p != nil {
 		s.Peers = len(p.peers)
+		for _, dp := range p.peers {
+			s.InUse += len(dp.inUse)
+		}
 	}
 	if d := c.decodeCore; d != nil {
 		s.Targets, s.Holds = len(d.targets), len(d.holds)
@@ -372,11 +387,14 @@ type CoreSizes struct {
 	Peers, Targets, Holds int
 	OwedAborts            int // ABORTs not yet acknowledged, over every target
 	Epochs                int // peer epochs remembered (≤ MaxEpochs)
+	// InUse (prefill) counts the decode destinations (pages, aux and state
+	// items) rooms may still write, over every registration.
+	InUse int
 }
 
 // Total is the number of room-bound entries (peers and targets are
 // bounded by the deployment, not by rooms).
-func (s CoreSizes) Total() int { return s.Sizes.Total() + s.Holds + s.OwedAborts }
+func (s CoreSizes) Total() int { return s.Sizes.Total() + s.Holds + s.OwedAborts + s.InUse }
 
 // waiters returns a live room's done and ready channels.
 func (c *Core) waiters(room uint64) (done, ready chan struct{}, ok bool) {
@@ -514,9 +532,10 @@ func (c *Core) Hold(room uint64) (chan struct{}, bool) {
 }
 
 // CheckRegister validates a REGISTER against this rank (compat, role and
-// layout) without touching any state: only a prefill rank takes one. The
-// shell loads the agent metadata only after it passes, then steps
-// registered (or RegisterRefused).
+// layout: regions that share memory are refused, and counted) without
+// touching any other state: only a prefill rank takes one. The shell loads
+// the agent metadata only after it passes, then steps registered (or
+// RegisterRefused).
 func (c *Core) CheckRegister(msg *bootstrap.Register) (PeerPlan, error) {
 	if c.prefillCore == nil {
 		return PeerPlan{}, fmt.Errorf("this rank is a decode rank")

@@ -1,9 +1,11 @@
 package kvmanager
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
@@ -22,6 +24,93 @@ type decodePeer struct {
 	// then what this rank writes into that one (nil: nothing, a dummy).
 	mapped bool
 	plan   *transfer.Slice
+	// inUse: the destinations (pages, aux items, state items) that a room
+	// of this registration may still write, each to that room — from the
+	// REQUEST's acceptance until the registry settles it (no write in
+	// flight and none that can still land) or the room's final write to
+	// this rank is posted (finalPosted). Bounded by the registered items;
+	// it goes with the registration.
+	inUse map[dest]uint64
+}
+
+// dest is one destination item of a decode rank's memory: a KV page, an
+// aux item, or an item of a state region.
+type dest uint64
+
+const destAux = 1 << 32 // aux items; state region i's items from (2+i) << 32
+
+func pageDest(pg uint32) dest              { return dest(pg) }
+func auxDest(i int) dest                   { return destAux | dest(uint32(i)) }
+func stateDest(region int, it uint32) dest { return dest(2+region)<<32 | dest(it) }
+
+func (d dest) String() string {
+	switch k, i := d>>32, uint32(d); k {
+	case 0:
+		return fmt.Sprintf("page %d", i)
+	case 1:
+		return fmt.Sprintf("aux item %d", i)
+	default:
+		return fmt.Sprintf("item %d of state region %d", i, k-2)
+	}
+}
+
+// dests calls f with every destination a REQUEST names, until f returns
+// false.
+func dests(req *bootstrap.Request, f func(d dest) bool) {
+	eachDest(req.DstPages, req.AuxIndex, req.StateIndices, f)
+}
+
+// eachDest calls f with each of pages, the aux item (none when aux < 0)
+// and the items of each state region, until f returns false.
+func eachDest(pages []uint32, aux int, state [][]uint32, f func(d dest) bool) {
+	for _, pg := range pages {
+		if !f(pageDest(pg)) {
+			return
+		}
+	}
+	if aux >= 0 && !f(auxDest(aux)) {
+		return
+	}
+	for r, list := range state {
+		for _, it := range list {
+			if !f(stateDest(r, it)) {
+				return
+			}
+		}
+	}
+}
+
+// field is where a REQUEST names d (for a refusal's reason).
+func field(req *bootstrap.Request, d dest) string {
+	switch k, i := d>>32, uint32(d); k {
+	case 0:
+		return fmt.Sprintf("dst_pages[%d]", slices.Index(req.DstPages, i))
+	case 1:
+		return "aux_index"
+	default:
+		return fmt.Sprintf("state_indices[%d][%d]", k-2, slices.Index(req.StateIndices[k-2], i))
+	}
+}
+
+// LayoutRefusal is why a REGISTER or REQUEST naming memory that cannot be
+// right was refused (CoreStats.LayoutRefused,
+// kvbridge_layout_refused_total{reason}).
+type LayoutRefusal uint8
+
+const (
+	// RefusedOverlap: two regions of a REGISTER share memory.
+	RefusedOverlap LayoutRefusal = iota
+	// RefusedRepeat: a REQUEST names a destination page, or an item of one
+	// state region, twice.
+	RefusedRepeat
+	// RefusedInUse: a REQUEST names a destination that another room of
+	// the same decode process may still write.
+	RefusedInUse
+	layoutRefusals
+)
+
+func (r LayoutRefusal) String() string {
+	return [layoutRefusals]string{"overlapping_regions", "repeated_page", "page_in_use"}[r]
 }
 
 // PeerPlan is what CheckRegister found of a decode rank: its memory, and
@@ -74,12 +163,56 @@ func layoutFrom(kv, aux, state []bootstrap.Region) (transfer.Layout, error) {
 	return l, l.Validate()
 }
 
+// overlap names two regions of a REGISTER that share memory (the same
+// memory kind, for VRAM the same device, and intersecting address
+// ranges), "" when none do: the prefill rank would write one room's data
+// over another's, or over its aux and state items.
+func overlap(msg *bootstrap.Register) string {
+	type named struct {
+		list string
+		i    int
+	}
+	var spans []transfer.Span
+	var names []named
+	for _, l := range []struct {
+		name    string
+		regions []bootstrap.Region
+	}{{"kv", msg.KV}, {"aux", msg.Aux}, {"state", msg.State}} {
+		for i, r := range l.regions {
+			kind := nixl.DRAM
+			if r.Mem == bootstrap.MemVRAM {
+				kind = nixl.VRAM
+			}
+			spans = append(spans, transfer.Span{Kind: kind, Dev: uint64(r.Dev), Addr: r.Addr, Len: r.Len})
+			names = append(names, named{l.name, i})
+		}
+	}
+	i, j, ok := transfer.Overlap(spans)
+	if !ok {
+		return ""
+	}
+	at := func(k int) string {
+		r := spans[k]
+		where := "DRAM"
+		if r.Kind == nixl.VRAM {
+			where = fmt.Sprintf("VRAM of device %d", r.Dev)
+		}
+		return fmt.Sprintf("%s[%d] [%#x, %#x) in %s", names[k].list, names[k].i, r.Addr, r.End(), where)
+	}
+	return fmt.Sprintf("overlapping regions from %s: %s and %s share memory", msg.From.Peer(), at(i), at(j))
+}
+
 // CheckRegister validates a REGISTER against this rank (compat, role and
-// layout) without touching any state. The shell loads the agent metadata
-// only after it passes, then steps Registered (or RegisterRefused).
+// layout) without touching any state but the counters. The shell loads the
+// agent metadata only after it passes, then steps Registered (or
+// RegisterRefused).
 func (c *prefillCore) checkRegister(msg *bootstrap.Register) (PeerPlan, error) {
 	if msg.Compat != c.cfg.Compat {
 		return PeerPlan{}, fmt.Errorf("compat mismatch: prefill %q, decode %q", c.cfg.Compat, msg.Compat)
+	}
+	if reason := overlap(msg); reason != "" && !c.bugs.on(bugOverlapAccepted) {
+		c.stats.LayoutRefused[RefusedOverlap]++
+		return PeerPlan{}, errors.New(reason)
 	}
 	lay, err := layoutFrom(msg.KV, msg.Aux, msg.State)
 	if err != nil {
@@ -154,7 +287,11 @@ func (c *prefillCore) registered(now time.Time, from bootstrap.From, remote stri
 	if old := c.peers[key]; old != nil && old.from.Epoch != from.Epoch {
 		c.peerGone(key, old.from.Epoch, true, CodePeerRestarted, fmt.Sprintf("peer restarted: %s (epoch %d → %d)", key, old.from.Epoch, from.Epoch))
 	}
-	c.peers[key] = &decodePeer{from: from, remote: remote, layout: pp.Layout, mapped: pp.Mapped, plan: pp.Plan}
+	np := &decodePeer{from: from, remote: remote, layout: pp.Layout, mapped: pp.Mapped, plan: pp.Plan, inUse: map[dest]uint64{}}
+	if old := c.peers[key]; old != nil && old.from.Epoch == from.Epoch {
+		np.inUse = old.inUse // a repeated REGISTER of the same process: its rooms keep their pages
+	}
+	c.peers[key] = np
 	c.send(bootstrap.Peer{Endpoint: from.Endpoint}, 0, &bootstrap.RegisterAck{OK: true})
 }
 
@@ -216,13 +353,109 @@ func (c *prefillCore) onRequest(msg *bootstrap.Request) bool {
 		c.statusTo(to, msg.Room, CodeOutOfRange, reason)
 		return false
 	}
+	if reason := repeated(msg, key); reason != "" && !c.bugs.on(bugRepeatAccepted) {
+		c.stats.LayoutRefused[RefusedRepeat]++
+		c.statusTo(to, msg.Room, CodeRejected, reason)
+		return false
+	}
+	if reason := p.held(msg); reason != "" && !c.bugs.on(bugInUseAccepted) {
+		c.stats.LayoutRefused[RefusedInUse]++
+		c.statusTo(to, msg.Room, CodeRejected, reason)
+		return false
+	}
 	res := c.count(EventRequest, c.reg.Request(msg.Room, PeerRequest{Peer: key, Epoch: msg.From.Epoch, Required: msg.Required, Payload: msg}))
 	if res.Outcome == Rejected {
 		c.statusTo(to, msg.Room, errCode(res.Err), res.Err.Error())
 		return false
 	}
+	p.claim(msg)
 	c.watch(msg.Room, to)
 	return true
+}
+
+// repeated names a destination page, or an item of one state region, that
+// a REQUEST names twice ("" if none): two positions of the room would be
+// written into the same memory. A dummy REQUEST is held to it too: it
+// carries the room's pages for the other prefill ranks.
+func repeated(msg *bootstrap.Request, peer string) string {
+	if i, j, ok := firstRepeat(msg.DstPages); ok {
+		return fmt.Sprintf("room %d: dst_pages[%d] and dst_pages[%d] of %s both name page %d", msg.Room, i, j, peer, msg.DstPages[i])
+	}
+	for r, list := range msg.StateIndices {
+		if i, j, ok := firstRepeat(list); ok {
+			return fmt.Sprintf("room %d: state_indices[%d][%d] and [%d][%d] of %s both name item %d", msg.Room, r, i, r, j, peer, list[i])
+		}
+	}
+	return ""
+}
+
+// firstRepeat returns two positions i < j of list holding the same value;
+// ok false when its values are distinct. O(n log n), on a copy.
+func firstRepeat(list []uint32) (i, j int, ok bool) {
+	if len(list) < 2 {
+		return 0, 0, false
+	}
+	sorted := slices.Clone(list)
+	slices.Sort(sorted)
+	for k := 1; k < len(sorted); k++ {
+		if v := sorted[k]; v == sorted[k-1] {
+			i = slices.Index(list, v)
+			return i, i + 1 + slices.Index(list[i+1:], v), true
+		}
+	}
+	return 0, 0, false
+}
+
+// held names a destination of a REQUEST that another room of the same
+// decode process may still write ("" if none). A dummy REQUEST names
+// nothing this rank writes, and prefix pages are not in dst_pages. The
+// room's own earlier REQUEST (a duplicate) is the registry's to refuse.
+func (p *decodePeer) held(msg *bootstrap.Request) string {
+	if msg.Dummy {
+		return ""
+	}
+	reason := ""
+	dests(msg, func(d dest) bool {
+		if other, ok := p.inUse[d]; ok && other != msg.Room {
+			reason = fmt.Sprintf("room %d: %s (%s) is in use by room %d of %s (epoch %d), which may still write it",
+				msg.Room, d, field(msg, d), other, p.from.Peer(), p.from.Epoch)
+			return false
+		}
+		return true
+	})
+	return reason
+}
+
+// claim marks an accepted REQUEST's destinations in use by its room.
+func (p *decodePeer) claim(msg *bootstrap.Request) {
+	if msg.Dummy {
+		return
+	}
+	dests(msg, func(d dest) bool {
+		if _, ok := p.inUse[d]; !ok {
+			p.inUse[d] = msg.Room
+		}
+		return true
+	})
+}
+
+// settled frees the destinations of a room's requests once the registry
+// says nothing of the room can be written any more (it ended with no write
+// in flight or able to land, or its pending requests were dropped). Only
+// the registration of the epoch that sent a request holds its pages.
+func (c *prefillCore) settled(room uint64, reqs []PeerRequest) {
+	for _, pr := range reqs {
+		p := c.peers[pr.Peer]
+		if p == nil || p.from.Epoch != pr.Epoch || pr.Payload == nil || pr.Payload.Dummy {
+			continue
+		}
+		dests(pr.Payload, func(d dest) bool {
+			if p.inUse[d] == room {
+				delete(p.inUse, d)
+			}
+			return true
+		})
+	}
 }
 
 // MaxRequired bounds REQUEST.required: how many decode ranks one room may
@@ -396,7 +629,7 @@ func (c *prefillCore) sendChunk(now time.Time, room uint64, pages []uint32, last
 			writes = append(writes, w)
 		}
 		aux := base
-		aux.Notif = fmt.Sprintf("kvb1:%d:%d:aux", room, uid)
+		aux.Notif = fmt.Sprintf("kvb1:%d:%d%s", room, uid, auxNotifSuffix)
 		if auxIndex >= 0 && req.AuxIndex >= 0 && !req.Dummy {
 			aux.AuxSrc, aux.AuxDst = auxIndex, req.AuxIndex
 		}
@@ -432,7 +665,33 @@ func (c *prefillCore) posting(now time.Time, room uint64, w *transfer.Write) boo
 		c.failRoom(room, fmt.Sprintf("peer %s (epoch %d) that requested the room is gone", w.PeerKey, w.Epoch))
 		return false
 	}
-	return c.count(EventPosted, c.reg.Posted(room)).Outcome == Applied
+	if c.count(EventPosted, c.reg.Posted(room)).Outcome != Applied {
+		return false
+	}
+	if strings.HasSuffix(w.Notif, auxNotifSuffix) && !c.bugs.on(bugHeldPastFinalPost) {
+		c.finalPosted(room, w)
+	}
+	return true
+}
+
+// auxNotifSuffix ends the notification of a room's final write to one
+// decode rank (the aux write of its last chunk, also without an aux item).
+const auxNotifSuffix = ":aux"
+
+// finalPosted frees the destinations of w's decode rank in room once its
+// final write of the room passed the gate: every write to it is posted (a
+// room's writes are posted in order), and that rank reuses the pages as
+// soon as it sees the room succeed — from the notifications, which follow
+// the data, possibly before this rank hears the write complete. Held
+// until the completion, a correct REQUEST for them would be refused in
+// that window. If the write fails from here, the decode rank's quarantine
+// covers it: it does not reuse the pages of a failed room before then.
+func (c *prefillCore) finalPosted(room uint64, w *transfer.Write) {
+	for _, pr := range c.reg.Requests(room) {
+		if pr.Peer == w.PeerKey && pr.Epoch == w.Epoch {
+			c.settled(room, []PeerRequest{pr})
+		}
+	}
 }
 
 // writeDone reports a posted write's completion. quiesced says the engine

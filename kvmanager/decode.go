@@ -320,13 +320,25 @@ func (d *Decode) CreateReceiverFor(room uint64, inst Instance) (res Result) {
 // first where needed, and returns once every REQUEST is out or the room
 // failed (a refused registration returns an error wrapping
 // ErrIncompatible). If ctx ends first the room fails.
+//
+// A spec naming a destination page, or an item of one state region, twice
+// is refused at the call (ErrInvalidSpec; the room is left as it was): every
+// prefill rank would refuse its REQUEST.
 func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec) error {
 	var res Result
 	var ready chan struct{}
+	var bad error
 	d.step(func(c *Core, now time.Time) {
+		if bad = checkSpec(room, spec); bad != nil && !c.bugs.on(bugSpecRepeatAccepted) {
+			return
+		}
+		bad = nil
 		res = c.Step(now, InitReceiver{Room: room, Spec: spec}).Result
 		_, ready, _ = c.waiters(room)
 	})
+	if bad != nil {
+		return bad
+	}
 	switch res.Outcome {
 	case Applied:
 	case Rejected:
@@ -355,6 +367,21 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec
 			return fmt.Errorf("room %d: %w%s", room, ErrIncompatible, strings.TrimPrefix(reason, ErrIncompatible.Error()))
 		}
 		return fmt.Errorf("room %d: %w: %s", room, ErrRoomFailed, reason)
+	}
+	return nil
+}
+
+// checkSpec refuses a spec that names a destination page, or an item of
+// one state region, twice: two positions of the room would land in the
+// same memory.
+func checkSpec(room uint64, spec RequestSpec) error {
+	if i, j, ok := firstRepeat(spec.DstPages); ok {
+		return fmt.Errorf("room %d: DstPages[%d] and DstPages[%d] both name page %d: %w", room, i, j, spec.DstPages[i], ErrInvalidSpec)
+	}
+	for r, list := range spec.StateIndices {
+		if i, j, ok := firstRepeat(list); ok {
+			return fmt.Errorf("room %d: StateIndices[%d][%d] and [%d][%d] both name item %d: %w", room, r, i, r, j, list[i], ErrInvalidSpec)
+		}
 	}
 	return nil
 }

@@ -25,6 +25,9 @@ var (
 	// ErrInvalidRequest: a peer request without a peer name or with
 	// required < 1.
 	ErrInvalidRequest = errors.New("kvmanager: invalid peer request")
+	// ErrInvalidSpec: a RequestSpec names a destination page, or an item of
+	// one state region, more than once.
+	ErrInvalidSpec = errors.New("kvmanager: invalid request spec")
 	// ErrDuplicateRequest: the same peer requested the same room twice.
 	ErrDuplicateRequest = errors.New("kvmanager: duplicate peer request")
 	// ErrRequiredMismatch: peers disagree on how many requests the room needs.

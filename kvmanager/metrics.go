@@ -18,7 +18,7 @@ type metrics struct {
 	// Read from the core's counters at collection time.
 	events, deadlines, statusSent, forced, stale, retries *prometheus.Desc
 	discoveryBad, restored, relookups, owed, restarted    *prometheus.Desc
-	rechecks                                              *prometheus.Desc
+	rechecks, layoutRefused                               *prometheus.Desc
 
 	transfers prometheus.Counter
 	bytes     prometheus.Counter
@@ -53,6 +53,9 @@ func newMetrics(m *Manager) *metrics {
 			"Prefill ranks looked up again because REGISTERs to their endpoint went unanswered.", nil, labels),
 		rechecks: prometheus.NewDesc("kvbridge_registration_rechecks_total",
 			"Prefill ranks looked up and registered with again before a REQUEST, not heard from for longer than the heartbeat bound.", nil, labels),
+		layoutRefused: prometheus.NewDesc("kvbridge_layout_refused_total",
+			"REGISTERs and REQUESTs refused for naming memory that cannot be right: overlapping regions, a destination named twice, a destination another live room of the decode process may still write.",
+			[]string{"reason"}, labels),
 		restarted: prometheus.NewDesc("kvbridge_peers_restarted_total", "Peers heard with a new epoch (their old epoch's rooms failed).", nil, labels),
 		owed: prometheus.NewDesc("kvbridge_owed_aborts",
 			"ABORTs sent to prefill ranks and not yet acknowledged (re-sent to a restarted rank's new process).", nil, labels),
@@ -86,7 +89,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.rooms
 	ch <- x.inflight
 	ch <- x.tables
-	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.relookups, x.owed, x.restarted, x.rechecks} {
+	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -128,6 +131,9 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.relookups, prometheus.CounterValue, float64(st.Relookups))
 	ch <- prometheus.MustNewConstMetric(x.restarted, prometheus.CounterValue, float64(st.PeersRestarted))
 	ch <- prometheus.MustNewConstMetric(x.rechecks, prometheus.CounterValue, float64(st.Rechecks))
+	for r := LayoutRefusal(0); r < layoutRefusals; r++ {
+		ch <- prometheus.MustNewConstMetric(x.layoutRefused, prometheus.CounterValue, float64(st.LayoutRefused[r]), r.String())
+	}
 	ch <- prometheus.MustNewConstMetric(x.owed, prometheus.GaugeValue, float64(x.m.Sizes().OwedAborts))
 	for _, c := range x.collectors() {
 		c.Collect(ch)

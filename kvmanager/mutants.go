@@ -38,6 +38,12 @@ const (
 	bugSweepMapOrder                            // Sweep fails overdue rooms in map order, not room order
 	bugNoTombTrim                               // a tombstone kept past MaxTombstones while it owed is not trimmed when it settles
 	bugOwedNotResent                            // owed ABORTs are not sent again while unacknowledged (a lost ABORT waits for the prefill room's deadline)
+	bugOverlapAccepted                          // a REGISTER whose regions overlap is accepted
+	bugRepeatAccepted                           // a REQUEST naming a destination page (or state item) twice is accepted
+	bugInUseAccepted                            // a REQUEST naming a page another live room of the decode process holds is accepted
+	bugHoldEndsEarly                            // a room's destination pages are free once it is terminal or cleared, though its writes may still land
+	bugSpecRepeatAccepted                       // Decode.InitReceiver takes a spec naming a destination page twice
+	bugHeldPastFinalPost                        // a decode rank's pages stay held until the room's final write completes, though it may reuse them once it saw them land
 	bugCount                                    // one past the last
 )
 
@@ -46,7 +52,8 @@ var bugNames = [bugCount]string{"", "ack-on-cleared-tombstone", "failed-write-dr
 	"abort-sent-once", "no-epoch-check", "never-unwatch", "no-idle-recheck", "no-retired-epochs",
 	"register-epoch-late", "relookup-forgets-endpoint", "refusal-not-told",
 	"quarantine-now", "wake-early", "no-abort-ack", "restart-keeps-rooms", "extra-request-accepted",
-	"tombstone-bound-ignored", "not-drained-releases", "stale-status-fails", "pending-bound-ignored", "sweep-map-order", "no-tomb-trim", "owed-not-resent"}
+	"tombstone-bound-ignored", "not-drained-releases", "stale-status-fails", "pending-bound-ignored", "sweep-map-order", "no-tomb-trim", "owed-not-resent",
+	"overlap-accepted", "repeat-accepted", "in-use-accepted", "hold-ends-early", "spec-repeat-accepted", "held-past-final-post"}
 
 func (b bugID) String() string {
 	if b == 0 || b >= bugCount {

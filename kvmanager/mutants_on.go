@@ -9,7 +9,7 @@ import (
 )
 
 // bugs is the set of mutants turned on in one core.
-type bugs uint32
+type bugs uint64
 
 func (b bugs) on(id bugID) bool { return b&(1<<id) != 0 }
 
@@ -40,3 +40,6 @@ var processMutant = func() func() bugs {
 	}
 	panic("kvmanager: KVBRIDGE_MUTANT=" + v + ": no such mutant")
 }()
+
+// bugs holds one bit per mutant.
+var _ [64 - bugCount]struct{}

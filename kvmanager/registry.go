@@ -209,6 +209,8 @@ type room struct {
 	inflight, unsettled int
 	lastDone            bool
 	drainExpired        bool
+	// settled: its requests were settled (see Registry.settle).
+	settled bool
 	// acks are the ABORT_ACKs owed once no write of the room can land.
 	acks []bootstrap.Peer
 
@@ -221,6 +223,14 @@ type room struct {
 }
 
 func (rm *room) drained() bool { return rm.inflight == 0 && rm.unsettled == 0 }
+
+// writing: a write of the room is in flight, or failed without the engine
+// quiescing it and its drain deadline has not passed (until then a
+// drained ABORT_ACK is still withheld for it; past it the decode rank's
+// quarantine bounds it).
+func writing(inflight, unsettled int, drainExpired bool) bool {
+	return inflight > 0 || (unsettled > 0 && !drainExpired)
+}
 
 type pendingRoom struct {
 	required int
@@ -238,6 +248,9 @@ type tomb struct {
 	acks                []bootstrap.Peer
 	drainBy             time.Time
 	drainExpired        bool
+	// reqs are the requests of a room cleared while it was still writing,
+	// until they settle.
+	reqs []PeerRequest
 }
 
 func (t *tomb) holds() bool { return t.inflight > 0 || t.unsettled > 0 }
@@ -270,6 +283,11 @@ type Registry struct {
 	out *[]Effect
 	// bugs: the mutants on (mutants.go); the core points it at its own.
 	bugs *bugs
+	// settler, when set, is told when accepted peer requests settle:
+	// nothing of their room can be written any more (see settle).
+	settler interface {
+		settled(room uint64, reqs []PeerRequest)
+	}
 }
 
 // NewRegistry returns an empty registry that appends its effects to out.
@@ -455,8 +473,42 @@ func (r *Registry) tomb(id uint64, now time.Time) (*tomb, bool) {
 }
 
 func (r *Registry) dropTomb(id uint64) {
+	if t := r.tombs[id]; t != nil && len(t.reqs) > 0 {
+		r.settle(id, t.reqs) // forgotten: nothing can count its writes any more
+	}
 	delete(r.tombs, id)
 	delete(r.draining, id)
+}
+
+// settle tells the settler that reqs, accepted for room id, can no longer
+// be written into: their room is terminal (or cleared) with no write in
+// flight and none that failed unquiesced within its drain deadline, or
+// they were pending and dropped. Each accepted request settles once.
+func (r *Registry) settle(id uint64, reqs []PeerRequest) {
+	if r.settler != nil && len(reqs) > 0 {
+		r.settler.settled(id, reqs)
+	}
+}
+
+// maybeSettle settles a live room's requests once it is terminal and no
+// write of it can land any more.
+func (r *Registry) maybeSettle(rm *room) {
+	if rm.settled || !rm.status.Terminal() || (writing(rm.inflight, rm.unsettled, rm.drainExpired) && !r.bugs.on(bugHoldEndsEarly)) {
+		return
+	}
+	rm.settled = true
+	r.settle(rm.id, rm.requests)
+}
+
+// maybeSettleTomb settles the requests of a room cleared while it was
+// writing, once it no longer is.
+func (r *Registry) maybeSettleTomb(id uint64, t *tomb) {
+	if len(t.reqs) == 0 || writing(t.inflight, t.unsettled, t.drainExpired) {
+		return
+	}
+	reqs := t.reqs
+	t.reqs = nil
+	r.settle(id, reqs)
 }
 
 // addTomb records a tombstone, first forgetting the oldest ones that hold
@@ -524,6 +576,7 @@ func (r *Registry) create(id uint64, role Role, now time.Time) Result {
 		} else {
 			// Requests are a prefill concept: refuse them to their peers.
 			res.Peers = p.requests
+			r.settle(id, p.requests)
 		}
 	}
 	return res
@@ -659,6 +712,7 @@ func (r *Registry) writeDone(rm *room, last bool, werr error, quiesced bool, now
 		if rm.drained() && r.bugs.on(bugNoAbortAck) {
 			rm.acks = nil // forgotten: the ABORT that waited for this drain never hears back
 		}
+		r.maybeSettle(rm)
 		return r.drainResult(rm, IgnoredTerminal)
 	}
 	if werr != nil {
@@ -685,6 +739,7 @@ func (r *Registry) tombWriteDone(id uint64, t *tomb, werr error, quiesced bool) 
 	if werr != nil && !quiesced {
 		t.unsettled++
 	}
+	r.maybeSettleTomb(id, t)
 	if !t.holds() {
 		delete(r.draining, id)
 		if !t.drainExpired {
@@ -800,6 +855,7 @@ func (r *Registry) abort(id uint64, reason string, ack *bootstrap.Peer, now time
 	var dropped []PeerRequest
 	if p, ok := r.takePending(id); ok {
 		dropped = p.requests
+		r.settle(id, dropped)
 	}
 	r.addTomb(id, &tomb{kind: AbortedEarly, reason: r.cut(reason), expires: now.Add(r.cfg.TombstoneTTL)})
 	acks(true)
@@ -825,6 +881,15 @@ func (r *Registry) clear(id uint64, now time.Time) Result {
 		} else if len(rm.acks) > 0 {
 			r.sendAcks(id, rm.acks, !t.holds())
 		}
+		if !rm.settled {
+			// Cleared: nothing more is posted for it, but writes in flight
+			// may still land; the tombstone keeps its requests until then.
+			if writing(t.inflight, t.unsettled, t.drainExpired) && !r.bugs.on(bugHoldEndsEarly) {
+				t.reqs = rm.requests
+			} else {
+				r.settle(id, rm.requests)
+			}
+		}
 		r.addTomb(id, t)
 		return res
 	}
@@ -835,6 +900,7 @@ func (r *Registry) clear(id uint64, now time.Time) Result {
 		return Result{Outcome: IgnoredTerminal}
 	}
 	if p, ok := r.takePending(id); ok {
+		r.settle(id, p.requests)
 		r.addTomb(id, &tomb{kind: Cleared, expires: now.Add(r.cfg.TombstoneTTL)})
 		return Result{Outcome: Applied, Peers: p.requests}
 	}
@@ -850,11 +916,13 @@ func (r *Registry) fail(rm *room, reason string, now time.Time) {
 	rm.status, rm.reason = Failed, r.cut(reason)
 	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
 	r.wakeDone(rm)
+	r.maybeSettle(rm)
 }
 
 func (r *Registry) succeed(rm *room) {
 	rm.status = Success
 	r.wakeDone(rm)
+	r.maybeSettle(rm)
 }
 
 // drainResult is the result for an event that leaves rm Failed: drained (and
@@ -909,6 +977,7 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 			out = append(out, e)
 		case rm.status == Failed && !rm.drained() && !rm.drainExpired:
 			rm.drainExpired = true
+			r.maybeSettle(rm)
 			r.sendAcks(id, rm.acks, false)
 			rm.acks = nil
 			out = append(out, Expiry{Room: id, Deadline: DeadlineStall, Reason: rm.reason, Peers: rm.requests, DrainOnly: true})
@@ -925,6 +994,7 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 		p := r.pending[id]
 		reason := fmt.Sprintf("pending deadline (%v) passed: no sender for the room", r.cfg.PendingTimeout)
 		r.takePending(id)
+		r.settle(id, p.requests)
 		r.addTomb(id, &tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL)})
 		out = append(out, Expiry{Room: id, Deadline: DeadlinePending, Reason: reason, Peers: p.requests, Drained: true})
 	}
@@ -939,6 +1009,7 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 		t := r.tombs[id]
 		delete(r.draining, id)
 		t.drainExpired = true
+		r.maybeSettleTomb(id, t)
 		r.sendAcks(id, t.acks, false)
 		t.acks = nil
 	}

@@ -295,6 +295,7 @@ func (c *Core) hash(f *fp) {
 		}
 		f.t(t.drainBy)
 		f.b1(t.drainExpired)
+		f.i(len(t.reqs))
 	}
 	// Each role's own tables (nil for the other role: the same hash as empty).
 	var peers map[string]*decodePeer
@@ -310,6 +311,7 @@ func (c *Core) hash(f *fp) {
 	for _, k := range slices.Sorted(maps.Keys(peers)) {
 		f.s(k)
 		f.u(peers[k].from.Epoch)
+		f.i(len(peers[k].inUse))
 	}
 	f.i(len(targets))
 	for _, k := range slices.Sorted(maps.Keys(targets)) {
@@ -467,7 +469,12 @@ func (c *Core) clone() *Core {
 	reg.draining = maps.Clone(c.reg.draining)
 	reg.pendingBy = maps.Clone(c.reg.pendingBy)
 	if c.prefillCore != nil {
-		n.peers = maps.Clone(c.peers) // decodePeer values are never modified
+		n.peers = make(map[string]*decodePeer, len(c.peers))
+		for k, p := range c.peers {
+			cp := *p
+			cp.inUse = maps.Clone(p.inUse)
+			n.peers[k] = &cp
+		}
 	}
 	if c.decodeCore != nil {
 		n.targets = make(map[string]*target, len(c.targets))

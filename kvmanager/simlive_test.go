@@ -190,6 +190,8 @@ func (w *simWorld) simTableBound(c *Core, name string) (bound int, empty, ok boo
 		return w.incs, true, true
 	case "peers":
 		return w.cfg.slots(), false, true
+	case "peers[].inUse": // each registration's pages and aux items (simLayout has no state)
+		return w.cfg.slots() * (simPages + simLayout().AuxItems()), true, true
 	case "targets", "roomsOf":
 		return w.cfg.prefills, false, true
 	case "targets[].owed":
@@ -230,7 +232,7 @@ func (w *simWorld) checkTables(p *simProc) {
 	}
 	s := p.core.Sizes()
 	if s.Live != t["reg.rooms"] || s.Pending != t["reg.pending"] || s.Tombstones != t["reg.tombs"] || s.Draining != t["reg.draining"] ||
-		s.PendingPeers != t["reg.pendingBy"] || s.Holds != t["holds"] || s.OwedAborts != t["targets[].owed"] {
+		s.PendingPeers != t["reg.pendingBy"] || s.Holds != t["holds"] || s.OwedAborts != t["targets[].owed"] || s.InUse != t["peers[].inUse"] {
 		w.fail("%s: Sizes() %+v disagrees with the tables %v", p.from.Peer(), s, t)
 	}
 }
