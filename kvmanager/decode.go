@@ -105,7 +105,7 @@ func (d *Decode) resolve(t Target) {
 				c.Step(now, ResolveFailed{Target: t, Err: err})
 				return
 			}
-			c.Step(now, Resolved{Target: t, Endpoint: info.Endpoint, ServerKey: info.PublicKey})
+			c.Step(now, Resolved{Target: t, Endpoint: info.Endpoint, ServerKey: info.PublicKey, Cert: info.CertBytes(), Epoch: info.Epoch})
 		})
 	}()
 }
@@ -144,7 +144,8 @@ func (d *Decode) watch(url string, ch <-chan bootstrap.RankEvent) {
 	for ev := range ch {
 		t := Target{Bootstrap: url, DP: ev.DP, Rank: ev.TP, PP: ev.PP}
 		d.step(func(c *Core, now time.Time) {
-			c.Step(now, TargetChanged{Target: t, Endpoint: ev.Endpoint, ServerKey: ev.PublicKey, Epoch: ev.Epoch, Gone: ev.Deleted})
+			c.Step(now, TargetChanged{Target: t, Endpoint: ev.Endpoint, ServerKey: ev.PublicKey, Cert: bootstrap.RankInfo{Cert: ev.Cert}.CertBytes(),
+				Epoch: ev.Epoch, Gone: ev.Deleted})
 		})
 		if ev.Deleted {
 			d.forgetTopology(url) // the instance may come back in another shape
