@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,12 +38,30 @@ type peerCert struct {
 	key  []byte
 }
 
-// where is what this rank knows of the process at one endpoint.
+// where is what this rank knows of the process at one endpoint: the rank
+// bound to it and that rank's latest epoch there. An endpoint is bound to
+// one rank: a message from another rank claiming it is refused as forged
+// (its from.endpoint is claimed, not proven, and the cores match peers by
+// endpoint) unless the binding came from messages only and that rank has
+// not been heard there for rebindAfter (a port reused after its rank
+// died); a binding the core hinted (a bootstrap record's certificate)
+// changes only with another hint.
 type where struct {
-	id   From // identity and epoch, from the last accepted message (Endpoint unused)
-	cert *peerCert
-	elem *list.Element
+	id     From // identity and epoch (Endpoint unused)
+	cert   *peerCert
+	hinted bool
+	heard  time.Time
+	elem   *list.Element
 }
+
+// maxEndpointsPerRank bounds the endpoints one rank holds in the book (a
+// rank restarted on new ports leaves its old ones; a key holder claiming
+// many endpoints evicts only its own).
+const maxEndpointsPerRank = 4
+
+// maxWindowsPerRank bounds the sender processes (epochs) of one rank whose
+// message numbers are kept: a rank minting epochs forgets only its own.
+const maxWindowsPerRank = 4
 
 type window struct {
 	top  uint64                    // highest number accepted
@@ -57,25 +76,29 @@ type senderKey struct {
 }
 
 type addressing struct {
-	auth *Auth
-	id   *RankIdentity // nil: the shared secret alone
-	role string        // this rank's role: peers have the other
+	auth        *Auth
+	id          *RankIdentity // nil: the shared secret alone
+	role        string        // this rank's role: peers have the other
+	rebindAfter time.Duration // the heartbeat bound
 
 	seq atomic.Uint64 // the last message number stamped
 
 	mu       sync.Mutex
 	book     map[string]*where
 	bookLRU  *list.List
+	byRank   map[string][]string  // From.Peer() → its endpoints in the book, oldest first
 	certs    map[string]*peerCert // by the certificate's bytes
 	certLRU  []string             // insertion order, for eviction
+	badCerts map[string]error     // certificates refused (bounded; so a bad one costs one check)
 	windows  map[senderKey]*window
 	winLRU   *list.List
-	evictedW uint64 // windows forgotten while still within MaxSkew
+	winRank  map[string][]uint64 // From.Peer() → epochs with a window, oldest first
 }
 
 func newAddressing(auth *Auth, id *RankIdentity, role string) *addressing {
-	return &addressing{auth: auth, id: id, role: role, book: map[string]*where{}, bookLRU: list.New(),
-		certs: map[string]*peerCert{}, windows: map[senderKey]*window{}, winLRU: list.New()}
+	return &addressing{auth: auth, id: id, role: role, rebindAfter: 15 * time.Second, book: map[string]*where{}, bookLRU: list.New(),
+		byRank: map[string][]string{}, certs: map[string]*peerCert{}, badCerts: map[string]error{},
+		windows: map[senderKey]*window{}, winLRU: list.New(), winRank: map[string][]uint64{}}
 }
 
 var errNoPeerCert = errors.New("no identity certificate known for the peer (per-rank identity is on: a prefill rank's comes with its bootstrap record, a decode rank's with its messages)")
@@ -88,12 +111,27 @@ func (a *addressing) verify(raw []byte, now time.Time) (*peerCert, error) {
 		}
 		return pc, nil
 	}
-	c, err := ParseCert(raw, a.id.CA, now)
-	if err != nil {
+	if err, ok := a.badCerts[string(raw)]; ok {
 		return nil, err
 	}
-	if c.Role == a.role {
-		return nil, fmt.Errorf("%w: %s is a %s rank, as this one: ranks talk only to ranks of the other role", ErrBadCert, c, c.Role)
+	refuse := func(err error) (*peerCert, error) {
+		if len(a.badCerts) >= maxBookEntries {
+			clear(a.badCerts)
+		}
+		a.badCerts[string(raw)] = err
+		return nil, err
+	}
+	// The role first: a certificate of this rank's own role (a public
+	// record's, say) is refused without checking its signature.
+	if len(raw) > 4 && byteRole(raw[4]) == a.role {
+		return refuse(fmt.Errorf("%w: a %s rank's certificate, as this one's: ranks talk only to ranks of the other role", ErrBadCert, a.role))
+	}
+	c, err := ParseCert(raw, a.id.CA, now)
+	if err != nil {
+		if errors.Is(err, ErrBadCert) && !strings.Contains(err.Error(), "expired") {
+			return refuse(err)
+		}
+		return nil, err
 	}
 	key, err := a.id.pairKey(a.auth.Secret, c)
 	if err != nil {
@@ -125,13 +163,18 @@ func (a *addressing) envelope(to Peer) (Envelope, []byte, error) {
 		if pc, err = a.verify([]byte(to.Cert), now); err != nil {
 			return env, nil, err
 		}
-		if w == nil { // remembered for the heartbeat's PINGs, which carry no hint
-			w = &where{id: pc.cert.Identity(), cert: pc}
+		// The core's hint binds the endpoint (and is remembered for the
+		// heartbeat's PINGs, which carry none).
+		switch {
+		case w == nil:
+			w = a.bind(to.Endpoint, pc.cert.Identity(), pc, now)
 			w.id.Epoch = to.Epoch
-			a.book[to.Endpoint] = w
-			w.elem = a.bookLRU.PushFront(to.Endpoint)
-			a.trimBook()
+		case w.id.Peer() != pc.cert.Identity().Peer():
+			a.unbind(to.Endpoint)
+			w = a.bind(to.Endpoint, pc.cert.Identity(), pc, now)
+			w.id.Epoch = to.Epoch
 		}
+		w.hinted = true
 	}
 	switch {
 	case pc != nil:
@@ -177,8 +220,9 @@ func (a *addressing) keyFor(now time.Time) func([]byte) ([]byte, string) {
 }
 
 // check applies the receiver's rules to an authentic message: its from
-// is the certificate's rank, it is addressed to this process, its number
-// is new. why is an Auth* or Replay* reason; replay tells which counter.
+// is the certificate's rank, its endpoint is not bound to another rank, it
+// is addressed to this process, its number is new. why is an Auth* or
+// Replay* reason; replay tells which counter.
 func (a *addressing) check(self From, m Message, env Envelope, now time.Time) (why string, replay bool) {
 	from := m.Sender()
 	a.mu.Lock()
@@ -205,42 +249,152 @@ func (a *addressing) check(self From, m Message, env Envelope, now time.Time) (w
 		// which process is here now.
 		return ReplayOtherEpoch, true
 	}
-	k := senderKey{from.Peer(), from.Epoch}
-	w := a.windows[k]
-	if w == nil {
-		w = &window{}
-		a.windows[k] = w
-		w.elem = a.winLRU.PushFront(k)
-		for a.winLRU.Len() > maxBookEntries {
-			e := a.winLRU.Back()
-			old := a.windows[e.Value.(senderKey)]
-			if now.Sub(old.last) < a.auth.MaxSkew {
-				a.evictedW++
-			}
-			delete(a.windows, e.Value.(senderKey))
-			a.winLRU.Remove(e)
-		}
-	} else {
-		a.winLRU.MoveToFront(w.elem)
+	e := a.book[from.Endpoint]
+	if e != nil && e.id.Peer() != from.Peer() && (e.hinted || now.Sub(e.heard) < a.rebindAfter) {
+		return AuthForged, false // the endpoint is another rank's
+	}
+	w, why := a.window(from, now)
+	if why != "" {
+		return why, true
 	}
 	if !w.accept(env.Seq) {
 		return ReplayDuplicate, true
 	}
 	w.last = now
-	// Learn where this process is, for the replies: a newer epoch, or
-	// another rank now bound at the endpoint, replaces what was known.
-	e := a.book[from.Endpoint]
+	// Learn where this process is, for the replies.
+	id := From{Role: from.Role, Instance: from.Instance, Rank: from.Rank, Epoch: from.Epoch}
 	switch {
 	case e == nil:
-		e = &where{id: from, cert: pc}
-		a.book[from.Endpoint] = e
-		e.elem = a.bookLRU.PushFront(from.Endpoint)
-		a.trimBook()
+		e = a.bind(from.Endpoint, id, pc, now)
+	case e.id.Peer() != from.Peer(): // a port reused after its rank went silent
+		a.unbind(from.Endpoint)
+		e = a.bind(from.Endpoint, id, pc, now)
 	case from.Epoch >= e.id.Epoch:
-		e.id, e.cert = from, pc
-		a.bookLRU.MoveToFront(e.elem)
+		e.id.Epoch = from.Epoch
+		if pc != nil {
+			e.cert = pc
+		}
 	}
+	e.heard = now
+	a.bookLRU.MoveToFront(e.elem)
 	return "", false
+}
+
+// window returns the window of the sender process (a.mu held), making
+// one if there is room: a rank keeps windows for its maxWindowsPerRank
+// latest epochs, and a window is forgotten for another rank's only once
+// idle for MaxSkew (a replay within the skew must still find it).
+func (a *addressing) window(from From, now time.Time) (*window, string) {
+	k := senderKey{from.Peer(), from.Epoch}
+	if w := a.windows[k]; w != nil {
+		a.winLRU.MoveToFront(w.elem)
+		return w, ""
+	}
+	epochs := a.winRank[k.peer]
+	if len(epochs) >= maxWindowsPerRank {
+		if from.Epoch < epochs[0] {
+			return nil, ReplayDuplicate // older than every epoch of it kept: a replay or a dead process
+		}
+		a.dropWindow(senderKey{k.peer, epochs[0]})
+	}
+	if a.winLRU.Len() >= maxBookEntries {
+		b := a.winLRU.Back()
+		old := b.Value.(senderKey)
+		if now.Sub(a.windows[old].last) < a.auth.MaxSkew {
+			return nil, ReplayOverflow
+		}
+		a.dropWindow(old)
+	}
+	w := &window{}
+	a.windows[k] = w
+	w.elem = a.winLRU.PushFront(k)
+	a.winRank[k.peer] = insertSorted(a.winRank[k.peer], from.Epoch)
+	return w, ""
+}
+
+func insertSorted(s []uint64, v uint64) []uint64 {
+	i := 0
+	for i < len(s) && s[i] < v {
+		i++
+	}
+	return append(s[:i], append([]uint64{v}, s[i:]...)...)
+}
+
+func (a *addressing) dropWindow(k senderKey) {
+	if w := a.windows[k]; w != nil {
+		a.winLRU.Remove(w.elem)
+		delete(a.windows, k)
+	}
+	e := a.winRank[k.peer]
+	for i, v := range e {
+		if v == k.epoch {
+			e = append(e[:i], e[i+1:]...)
+			break
+		}
+	}
+	if len(e) == 0 {
+		delete(a.winRank, k.peer)
+	} else {
+		a.winRank[k.peer] = e
+	}
+}
+
+// bind records that endpoint is the rank id's (a.mu held), evicting the
+// rank's oldest endpoint past maxEndpointsPerRank and the least recently
+// used entry past maxBookEntries.
+func (a *addressing) bind(endpoint string, id From, pc *peerCert, now time.Time) *where {
+	w := &where{id: id, cert: pc, heard: now}
+	a.book[endpoint] = w
+	w.elem = a.bookLRU.PushFront(endpoint)
+	r := id.Peer()
+	a.byRank[r] = append(a.byRank[r], endpoint)
+	if eps := a.byRank[r]; len(eps) > maxEndpointsPerRank {
+		a.unbind(eps[0])
+	}
+	for a.bookLRU.Len() > maxBookEntries {
+		a.unbind(a.bookLRU.Back().Value.(string))
+	}
+	return w
+}
+
+func (a *addressing) unbind(endpoint string) {
+	w := a.book[endpoint]
+	if w == nil {
+		return
+	}
+	a.bookLRU.Remove(w.elem)
+	delete(a.book, endpoint)
+	r := w.id.Peer()
+	eps := a.byRank[r]
+	for i, ep := range eps {
+		if ep == endpoint {
+			eps = append(eps[:i], eps[i+1:]...)
+			break
+		}
+	}
+	if len(eps) == 0 {
+		delete(a.byRank, r)
+	} else {
+		a.byRank[r] = eps
+	}
+}
+
+// vouch says whether a message that could not be decoded may still be
+// answered at endpoint (a malformed REQUEST's STATUS): its envelope names
+// this process, and under per-rank identity the endpoint is bound to the
+// rank of the envelope's certificate.
+func (a *addressing) vouch(self From, endpoint string, env Envelope) bool {
+	if env.To.Epoch != self.Epoch {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	w := a.book[endpoint]
+	if a.id == nil {
+		return w != nil
+	}
+	pc := a.certs[string(env.Cert)]
+	return w != nil && pc != nil && w.id.Peer() == pc.cert.Identity().Peer()
 }
 
 // shift moves the bitmap s numbers up: bit i becomes bit i+s.
@@ -352,14 +506,6 @@ func (a *addressing) peerKey(raw []byte) *peerCert {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.certs[string(raw)]
-}
-
-func (a *addressing) trimBook() {
-	for a.bookLRU.Len() > maxBookEntries {
-		b := a.bookLRU.Back()
-		delete(a.book, b.Value.(string))
-		a.bookLRU.Remove(b)
-	}
 }
 
 // SealAs seals a message's three frames as a rank would send them, for

@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -497,5 +498,157 @@ func TestAgentMetadataBoundToOwnerWithSecret(t *testing.T) {
 	w.sync(3)
 	if got := prefill.Stats().Refused[AuthBadTag]; got != 1 {
 		t.Fatalf("a sealed blob under another identity: %d refused, want 1", got)
+	}
+}
+
+// TestEndpointBoundToItsRank (review of issue 23): a message's endpoint is
+// claimed, not proven, and the cores match peers by endpoint, so an
+// endpoint is bound to one rank: the holder of prefill rank 1's key
+// claiming prefill rank 0's endpoint is refused as forged, cannot rebind
+// the endpoint, cannot evict its windows with minted epochs, and its
+// malformed REQUEST claiming another rank's endpoint is not answered.
+func TestEndpointBoundToItsRank(t *testing.T) {
+	ca, did, pid := identities(t)
+	decode := newRank(t, RoleDecode, "d", withIdentity(did))
+	prefill := newRank(t, RolePrefill, "p", withIdentity(pid))
+	p1, _ := ca.Issue(RolePrefill, "p", 1, time.Now().Add(time.Hour))
+	// The pair works; decode has p/0 bound at its endpoint.
+	if err := decode.Send(prefill.peer(), &Abort{Room: 1}); err != nil {
+		t.Fatal(err)
+	}
+	prefill.next(t)
+	if err := prefill.Send(Peer{Endpoint: decode.Endpoint()}, &AbortAck{Room: 1, Drained: true}); err != nil {
+		t.Fatal(err)
+	}
+	decode.next(t)
+	to := decode.Identity()
+	claim := prefill.Identity()
+	claim.Rank, claim.Epoch = 1, 1<<62 // p/1, claiming p/0's endpoint, a huge epoch
+	w := newWire(t, decode, nil)
+	for i, m := range []Message{&AbortAck{From: claim, Room: 1, Drained: true}, &Status{From: claim, Room: 1, Status: StatusFailed, Code: "failed"}} {
+		f, _ := Encode(m)
+		sealed, err := SealAs(testAuth(), p1, did.Cert.Raw(), f, Envelope{Sent: time.Now(), Seq: uint64(i + 1), To: to})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.send(sealed)
+	}
+	// The marker: a genuine message of p/0 sent on the same connection
+	// after the forged ones.
+	f, _ := Encode(&AbortAck{From: prefill.Identity(), Room: 2, Drained: true})
+	pkey := mustSeal(t, pid, did.Cert.Raw(), f, Envelope{Sent: time.Now(), Seq: 1 << 50, To: to})
+	w.send(pkey)
+	if a := decode.next(t).(*AbortAck); a.Room != 2 {
+		t.Fatalf("got %+v", a)
+	}
+	if got := decode.Stats().Refused[AuthForged]; got != 2 {
+		t.Fatalf("p/1 claiming p/0's endpoint: %d forged, want 2", got)
+	}
+	// The book still addresses p/0 at its endpoint: the next reply arrives.
+	if err := decode.Send(Peer{Endpoint: prefill.Endpoint()}, &Abort{Room: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if a := prefill.next(t).(*Abort); a.Room != 3 {
+		t.Fatalf("got %+v", a)
+	}
+
+	// Windows: d/1's key holder mints 5,000 epochs; d/0's window stays, so
+	// d/0's captured message replayed is still a duplicate.
+	tp := newTap(t)
+	cap := prefill.peer()
+	cap.Endpoint = tp.ep
+	if err := decode.Send(cap, &Abort{Room: 4}); err != nil {
+		t.Fatal(err)
+	}
+	captured := tp.next(t)
+	wp := newWire(t, prefill, did)
+	wp.send(captured)
+	if a := prefill.next(t).(*Abort); a.Room != 4 {
+		t.Fatalf("got %+v", a)
+	}
+	d1, _ := ca.Issue(RoleDecode, "d", 1, time.Now().Add(time.Hour))
+	for e := uint64(1); e <= 5000; e++ {
+		f, _ := Encode(&Abort{From: From{Role: RoleDecode, Instance: "d", Rank: 1, Endpoint: "tcp://127.0.0.1:9", Epoch: e}, Room: 1 << 41})
+		wp.send(mustSeal(t, d1, pid.Cert.Raw(), f, Envelope{Sent: time.Now(), Seq: 1, To: prefill.Identity()}))
+	}
+	wp.send(captured)
+	// The marker: the minted epochs' ABORTs are d/1's own and reach the
+	// handler before it.
+	env, key, err := wp.ad.envelope(prefill.peer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Sent, env.Seq = time.Now(), wp.ad.nextSeq()
+	f, _ = Encode(&Abort{From: wp.from, Room: 5})
+	wp.send(testAuth().seal(key, f, env))
+	for {
+		if a := prefill.next(t).(*Abort); a.Room == 5 {
+			break
+		} else if a.Room != 1<<41 {
+			t.Fatalf("got %+v before the marker", a)
+		}
+	}
+	if got := prefill.Stats().Replayed[ReplayDuplicate]; got < 1 {
+		t.Fatalf("d/0's message replayed after 5,000 minted epochs: %d duplicates, want at least 1 (%v)", got, prefill.Stats().Replayed)
+	}
+	if n := len(prefill.addr.windows); n > maxBookEntries {
+		t.Fatalf("%d windows kept, bound %d", n, maxBookEntries)
+	}
+}
+
+func mustSeal(t *testing.T, id *RankIdentity, peer []byte, frames [][]byte, env Envelope) [][]byte {
+	t.Helper()
+	out, err := SealAs(testAuth(), id, peer, frames, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestWindowsKeptWithinTheSkew: with the shared secret alone identities
+// are free, so a secret holder can fill the window table; a window heard
+// within MaxSkew is never forgotten for a newcomer (refused as overflow
+// instead), so a captured message stays a duplicate.
+func TestWindowsKeptWithinTheSkew(t *testing.T) {
+	decode := newRank(t, RoleDecode, "d", nil)
+	prefill := newRank(t, RolePrefill, "p", nil)
+	tp := newTap(t)
+	cap := prefill.peer()
+	cap.Endpoint = tp.ep
+	if err := decode.Send(cap, &Abort{Room: 1}); err != nil {
+		t.Fatal(err)
+	}
+	captured := tp.next(t)
+	w := newWire(t, prefill, nil)
+	w.send(captured)
+	prefill.next(t)
+	for i := 0; i < maxBookEntries; i++ {
+		f, _ := Encode(&Abort{From: From{Role: RoleDecode, Instance: "flood", Rank: i, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 1+i), Epoch: 1}, Room: 1 << 42})
+		w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1, To: prefill.Identity()}))
+	}
+	w.send(captured)
+	w.send(captured)
+	// The marker, on the same connection: a message of the decode
+	// process, whose window is kept (with the secret alone the test can
+	// speak as it).
+	f, _ := Encode(&Abort{From: decode.Identity(), Room: 3})
+	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 50, To: prefill.Identity()}))
+	n := 0
+	for {
+		a := prefill.next(t).(*Abort)
+		if a.Room == 3 {
+			break
+		}
+		if a.Room != 1<<42 {
+			t.Fatalf("got %+v", a)
+		}
+		n++
+	}
+	if n != maxBookEntries-1 {
+		t.Fatalf("%d of the flood's senders accepted, want %d (the table holds the decode process's window too)", n, maxBookEntries-1)
+	}
+	st := prefill.Stats()
+	if st.Replayed[ReplayDuplicate] != 2 || st.Replayed[ReplayOverflow] == 0 {
+		t.Fatalf("after the flood: replays %v, want 2 duplicates and the flood's last senders refused as overflow", st.Replayed)
 	}
 }

@@ -86,10 +86,14 @@ const (
 	// ReplayDuplicate: a message number of that sender process already
 	// received, or older than the window of numbers kept.
 	ReplayDuplicate = "duplicate"
+	// ReplayOverflow: a new sender process while the windows of 4,096
+	// others, each heard within MaxSkew, are kept (none can be forgotten
+	// without letting its replays through).
+	ReplayOverflow = "overflow"
 )
 
 // ReplayReasons lists the reasons, in label order.
-var ReplayReasons = []string{ReplayOtherEpoch, ReplayDuplicate}
+var ReplayReasons = []string{ReplayOtherEpoch, ReplayDuplicate, ReplayOverflow}
 
 // Envelope is the authentication frame's content besides the tag.
 type Envelope struct {

@@ -231,6 +231,7 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 	l.snd = newSender(l)
 	if cfg.Auth != nil {
 		l.addr = newAddressing(cfg.Auth, cfg.RankIdentity, cfg.Identity.Role)
+		l.addr.rebindAfter = cfg.HeartbeatInterval * time.Duration(cfg.MaxMisses+1)
 	}
 	if l.log == nil {
 		l.log = zap.NewNop()
@@ -347,6 +348,11 @@ func (l *Loop) Stats() Stats { return l.stat.snapshot() }
 // peer whose certificate is not known is not sent to (counted as
 // no_identity).
 func (l *Loop) Send(to Peer, m Message) error {
+	select {
+	case <-l.closing:
+		return ErrClosed
+	default:
+	}
 	setFrom(m, l.id)
 	o, err := l.encode(to, m)
 	if errors.Is(err, errNoPeerCert) || errors.Is(err, ErrBadCert) {
@@ -516,7 +522,11 @@ func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 			l.log.Warn("malformed control message dropped", zap.String("rank", l.id.Peer()),
 				zap.String("reason", me.Reason), zap.Error(err), zap.Int("suppressed", n))
 		}
-		if me.Type == TypeRequest && me.HasRoom && me.Endpoint != "" && l.cfg.OnMalformedRequest != nil {
+		// Answered only where the envelope names this process and, under
+		// per-rank identity, the endpoint is its certificate's rank's: the
+		// body's from could not be checked.
+		if me.Type == TypeRequest && me.HasRoom && me.Endpoint != "" && l.cfg.OnMalformedRequest != nil &&
+			(l.addr == nil || l.addr.vouch(l.id, me.Endpoint, env)) {
 			l.cfg.OnMalformedRequest(MalformedReport{Room: me.Room, Endpoint: me.Endpoint, Reason: err.Error()})
 		}
 		return
@@ -584,6 +594,7 @@ type peerConn struct {
 	sock     *zmq.Socket
 	closed   bool // evicted or shut down: look the peer up again
 	watched  bool
+	hint     Peer // the watch's Peer (its certificate and epoch address the PINGs)
 	awaiting bool // a PING was handed to ZeroMQ and no PONG came since
 	misses   int
 	moved    bool // the backlog shrank since the last heartbeat
@@ -753,7 +764,7 @@ func (s *sender) conn(p Peer, now time.Time, reply bool) (*peerConn, error) {
 		sock.Close()
 		return nil, err
 	}
-	pc := &peerConn{endpoint: p.Endpoint, sock: sock, lastUsed: now}
+	pc := &peerConn{endpoint: p.Endpoint, sock: sock, lastUsed: now, hint: Peer{Endpoint: p.Endpoint}}
 	pc.elem = s.lru.PushFront(pc)
 	s.peers[p.Endpoint] = pc
 	s.l.stat.sockets.Store(uint64(len(s.peers)))
@@ -957,6 +968,7 @@ func (s *sender) watch(c watchCmd) error {
 	if !pc.watched {
 		pc.watched, pc.awaiting, pc.misses = true, false, 0
 	}
+	pc.hint = c.peer
 	pc.mu.Unlock()
 	return nil
 }
@@ -1019,10 +1031,12 @@ func (s *sender) heartbeat(now time.Time) {
 		}
 		if len(pc.backlog) == 0 {
 			s.seq++
-			if o, err := s.l.encode(Peer{Endpoint: pc.endpoint}, &Ping{From: s.l.id, Seq: s.seq}); err == nil {
+			if o, err := s.l.encode(pc.hint, &Ping{From: s.l.id, Seq: s.seq}); err == nil {
 				pc.awaiting = s.try(pc, o)
 			} else {
-				s.dropped(outbound{to: Peer{Endpoint: pc.endpoint}, t: TypePing}, DropNoIdentity, err)
+				// A peer this rank cannot address is not heard from: a miss.
+				s.dropped(outbound{to: pc.hint, t: TypePing}, DropNoIdentity, err)
+				pc.awaiting = true
 			}
 		}
 		pc.mu.Unlock()

@@ -274,7 +274,7 @@ func freeEndpoint(t *testing.T) string {
 func TestDeadEndpointDoesNotDelayOthers(t *testing.T) {
 	decode := newRank(t, RoleDecode, "d", func(c *LoopConfig) { c.SendHWM = 50 })
 	prefill := newRank(t, RolePrefill, "p", nil)
-	nobody := Peer{Endpoint: freeEndpoint(t)}
+	nobody := Peer{Endpoint: freeEndpoint(t), Epoch: 1}
 	// Rounds of 100 messages to an endpoint nobody listens on, each followed
 	// by 40 to a live peer (below its high-water mark): the live peer gets
 	// every one, in order, while the dead peer's queue overflows and drops.
@@ -495,7 +495,7 @@ func TestCurveAdmitsOnlyListedKeys(t *testing.T) {
 	default:
 	}
 	// Without a peer's server key a secure rank does not send in clear.
-	if err := listed.Send(Peer{Endpoint: freeEndpoint(t)}, &Abort{Room: 3}); err != nil {
+	if err := listed.Send(Peer{Endpoint: freeEndpoint(t), Epoch: 1}, &Abort{Room: 3}); err != nil {
 		t.Fatal(err)
 	}
 	for listed.Stats().Dropped[DropNoKey] != 1 {

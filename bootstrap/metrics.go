@@ -57,7 +57,7 @@ type counters struct {
 	malformed                    [7]atomic.Uint64 // indexed like MalformedReasons
 	dropped                      [8]atomic.Uint64 // indexed like dropReasons
 	refused                      [6]atomic.Uint64 // indexed like AuthReasons
-	replayed                     [2]atomic.Uint64 // indexed like ReplayReasons
+	replayed                     [3]atomic.Uint64 // indexed like ReplayReasons
 }
 
 func (c *counters) replayInc(reason string) {

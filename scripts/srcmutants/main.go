@@ -27,9 +27,11 @@ var mutants = []mutant{
 	{"unknown-epoch-accepted", "bootstrap/address.go", "	case to.Epoch == 0 && !opener:", "	case to.Epoch == 0 && !opener && false:"},
 	{"other-rank-accepted", "bootstrap/address.go", "	case to.Role != \"\" && (to.Role != self.Role || to.Instance != self.Instance || to.Rank != self.Rank):", "	case to.Role != \"\" && false:"},
 	{"from-not-the-certificate", "bootstrap/address.go", "		if pc == nil || pc.cert.Identity() != (From{Role: from.Role, Instance: from.Instance, Rank: from.Rank}) {", "		if pc == nil {"},
-	{"same-role-certificate", "bootstrap/address.go", "	if c.Role == a.role {", "	if false {"},
+	{"same-role-certificate", "bootstrap/address.go", "	if len(raw) > 4 && byteRole(raw[4]) == a.role {", "	if false {"},
 	{"secret-alone-speaks", "bootstrap/address.go", "		if raw == nil {\n			return nil, AuthNoIdentity\n		}", "		if raw == nil {\n			return nil, \"\"\n		}"},
 	{"seal-not-bound-to-owner", "bootstrap/address.go", "	b := []byte(from.Peer())", "	b := []byte(\"\")"},
+	{"endpoint-not-bound", "bootstrap/address.go", "	if e != nil && e.id.Peer() != from.Peer() && (e.hinted || now.Sub(e.heard) < a.rebindAfter) {", "	if false {"},
+	{"windows-evicted-when-full", "bootstrap/address.go", "		if now.Sub(a.windows[old].last) < a.auth.MaxSkew {", "		if false {"},
 	{"no-skew-check", "bootstrap/auth.go", "	if d := now.Sub(env.Sent); d > a.MaxSkew || d < -a.MaxSkew {", "	if false {"},
 }
 
