@@ -93,12 +93,13 @@ type addressing struct {
 	windows  map[senderKey]*window
 	winLRU   *list.List
 	winRank  map[string][]uint64 // From.Peer() → epochs with a window, oldest first
+	nudged   map[senderKey]time.Time
 }
 
 func newAddressing(auth *Auth, id *RankIdentity, role string) *addressing {
 	return &addressing{auth: auth, id: id, role: role, rebindAfter: 15 * time.Second, book: map[string]*where{}, bookLRU: list.New(),
 		byRank: map[string][]string{}, certs: map[string]*peerCert{}, badCerts: map[string]error{},
-		windows: map[senderKey]*window{}, winLRU: list.New(), winRank: map[string][]uint64{}}
+		windows: map[senderKey]*window{}, winLRU: list.New(), winRank: map[string][]uint64{}, nudged: map[senderKey]time.Time{}}
 }
 
 var errNoPeerCert = errors.New("no identity certificate known for the peer (per-rank identity is on: a prefill rank's comes with its bootstrap record, a decode rank's with its messages)")
@@ -379,6 +380,22 @@ func (a *addressing) unbind(endpoint string) {
 	}
 }
 
+// nudge says whether to tell a sender process that addressed this rank's
+// predecessor where this one is: once per interval per sender process.
+func (a *addressing) nudge(from From, now time.Time, interval time.Duration) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k := senderKey{from.Peer(), from.Epoch}
+	if last, ok := a.nudged[k]; ok && now.Sub(last) < interval {
+		return false
+	}
+	if len(a.nudged) >= maxBookEntries {
+		clear(a.nudged)
+	}
+	a.nudged[k] = now
+	return true
+}
+
 // vouch says whether a message that could not be decoded may still be
 // answered at endpoint (a malformed REQUEST's STATUS): its envelope names
 // this process, and under per-rank identity the endpoint is bound to the
@@ -464,12 +481,16 @@ func sealAAD(from, to From) []byte {
 	return binary.LittleEndian.AppendUint64(b, to.Epoch)
 }
 
-func sealMD(key, secret, md []byte, from, to From) ([]byte, error) {
+func sealGCM(key, secret []byte) (cipher.AEAD, error) {
 	blk, err := aes.NewCipher(sealKey(key, secret))
 	if err != nil {
 		return nil, err
 	}
-	g, err := cipher.NewGCM(blk)
+	return cipher.NewGCM(blk)
+}
+
+func sealMD(key, secret, md []byte, from, to From) ([]byte, error) {
+	g, err := sealGCM(key, secret)
 	if err != nil {
 		return nil, err
 	}
@@ -482,11 +503,7 @@ func sealMD(key, secret, md []byte, from, to From) ([]byte, error) {
 }
 
 func openMD(key, secret, sealed []byte, from, to From) ([]byte, error) {
-	blk, err := aes.NewCipher(sealKey(key, secret))
-	if err != nil {
-		return nil, err
-	}
-	g, err := cipher.NewGCM(blk)
+	g, err := sealGCM(key, secret)
 	if err != nil {
 		return nil, err
 	}

@@ -536,6 +536,14 @@ func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 		if why, replay := l.addr.check(l.id, m, env, now); why != "" {
 			refuse(why, replay, fmt.Sprintf("%s from %s (epoch %d, message %d) addressed to %s epoch %d", m.Type(), from.Peer(),
 				from.Epoch, env.Seq, env.To.Peer(), env.To.Epoch))
+			if why == ReplayOtherEpoch && l.addr.nudge(from, now, l.cfg.HeartbeatInterval) {
+				// An authentic message for this rank's predecessor: its
+				// sender does not know this process yet. A PING tells it
+				// (the sender's loop learns the epoch from it and addresses
+				// what follows here), at most once per heartbeat interval
+				// per sender process, so a replay costs one PING at most.
+				_ = l.Send(Peer{Endpoint: from.Endpoint, Epoch: from.Epoch, Cert: string(env.Cert)}, &Ping{})
+			}
 			return
 		}
 		if r, ok := m.(*Register); ok {

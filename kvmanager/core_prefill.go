@@ -358,7 +358,7 @@ func (c *prefillCore) onRequest(msg *bootstrap.Request) bool {
 		c.statusTo(to, msg.Room, CodeRejected, reason)
 		return false
 	}
-	if reason := p.held(msg); reason != "" && !c.bugs.on(bugInUseAccepted) {
+	if reason := p.held(msg, func(room uint64) bool { return c.reg.Live(room) || c.bugs.on(bugDeadHolderBlocks) }); reason != "" && !c.bugs.on(bugInUseAccepted) {
 		c.stats.LayoutRefused[RefusedInUse]++
 		c.statusTo(to, msg.Room, CodeRejected, reason)
 		return false
@@ -410,14 +410,21 @@ func firstRepeat(list []uint32) (i, j int, ok bool) {
 // decode process may still write ("" if none). A dummy REQUEST names
 // nothing this rank writes, and prefix pages are not in dst_pages. The
 // room's own earlier REQUEST (a duplicate) is the registry's to refuse.
-func (p *decodePeer) held(msg *bootstrap.Request) string {
+//
+// Only a live holder refuses (pending, or live and not terminal): a room
+// that ended may still have a write in flight, but its decode rank failed
+// it and reuses its pages once its quarantine expires, as the protocol
+// allows (the exposure the quarantine bounds) — the chaos soak's paused
+// prefill rank met its decode rank's reused pages that way. The new room
+// then holds the destination (claim).
+func (p *decodePeer) held(msg *bootstrap.Request, live func(room uint64) bool) string {
 	if msg.Dummy {
 		return ""
 	}
 	reason := ""
 	dests(msg, func(d dest) bool {
-		if other, ok := p.inUse[d]; ok && other != msg.Room {
-			reason = fmt.Sprintf("room %d: %s (%s) is in use by room %d of %s (epoch %d), which may still write it",
+		if other, ok := p.inUse[d]; ok && other != msg.Room && live(other) {
+			reason = fmt.Sprintf("room %d: %s (%s) is in use by room %d of %s (epoch %d), which is live and may still write it",
 				msg.Room, d, field(msg, d), other, p.from.Peer(), p.from.Epoch)
 			return false
 		}
@@ -432,9 +439,7 @@ func (p *decodePeer) claim(msg *bootstrap.Request) {
 		return
 	}
 	dests(msg, func(d dest) bool {
-		if _, ok := p.inUse[d]; !ok {
-			p.inUse[d] = msg.Room
-		}
+		p.inUse[d] = msg.Room // a held destination here is an ended room's (held)
 		return true
 	})
 }

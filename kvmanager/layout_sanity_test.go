@@ -280,13 +280,17 @@ func TestRequestPageInUseRefused(t *testing.T) {
 	})
 }
 
-// A page stays held until its room can no longer write into it: a failed
-// room's write in flight, a cleared room's write counted in its tombstone,
-// a write that failed unquiesced until the drain deadline. Then — and at
-// success, or when a pending REQUEST is dropped — it is free at once. The
-// holds are the registration's: a restarted decode process starts free,
-// and a write of the old process does not free the new one's page.
-func TestPagesHeldUntilNoWriteCanLand(t *testing.T) {
+// A page is held while its room is live: pending or not terminal, its
+// write in flight. Once the room has ended — failed, cleared, its write
+// failed unquiesced — the page is free for the decode process's next room
+// although that write may still land: the decode rank failed the room and
+// reuses its pages once its quarantine expires, as the protocol allows
+// (the chaos soak's paused prefill rank refused hundreds of correct
+// REQUESTs under the stricter hold, mutant dead-holder-blocks). At success,
+// or when a pending REQUEST is dropped, the page is free too. The holds
+// are the registration's: a restarted decode process starts free, and a
+// write of the old process does not free the new one's page.
+func TestPagesHeldWhileTheRoomIsLive(t *testing.T) {
 	// again asks for page 1 (room 1's, prefillChunkQueued) for room.
 	again := func(c *Core, from bootstrap.From, room uint64) bool {
 		r := request(room, from)
@@ -295,40 +299,30 @@ func TestPagesHeldUntilNoWriteCanLand(t *testing.T) {
 		c.Effects()
 		return ok
 	}
-	stall := simRegistryConfig().StallTimeout
-	fixedAndMutant(t, bugHoldEndsEarly, func(t *testing.T, mutants []bugID, fixed bool) {
+	fixedAndMutant(t, bugDeadHolderBlocks, func(t *testing.T, mutants []bugID, fixed bool) {
 		for _, tc := range []struct {
-			name   string
-			end    func(c *Core, w *transfer.Write) // room 1's end while its write is in flight
-			settle func(c *Core, w *transfer.Write)
+			name string
+			end  func(c *Core, w *transfer.Write) // room 1's end while its write is in flight
 		}{
-			{"failed", func(c *Core, _ *transfer.Write) { c.abortSender(t0, 1, "app") },
-				func(c *Core, w *transfer.Write) { c.writeDone(t0, 1, w, nil, false) }},
-			{"cleared", func(c *Core, _ *transfer.Write) { c.clearSender(t0, 1) },
-				func(c *Core, w *transfer.Write) { c.writeDone(t0, 1, w, nil, false) }},
-			{"failed write, not quiesced", func(c *Core, w *transfer.Write) { c.writeDone(t0, 1, w, errors.New("nic reset"), false) },
-				func(c *Core, _ *transfer.Write) { c.tickAll(t0.Add(stall + time.Second)) }},
+			{"failed", func(c *Core, _ *transfer.Write) { c.abortSender(t0, 1, "app") }},
+			{"cleared", func(c *Core, _ *transfer.Write) { c.clearSender(t0, 1) }},
+			{"failed write, not quiesced", func(c *Core, w *transfer.Write) { c.writeDone(t0, 1, w, errors.New("nic reset"), false) }},
 			{"failed write, not quiesced, cleared", func(c *Core, w *transfer.Write) {
 				c.writeDone(t0, 1, w, errors.New("nic reset"), false)
 				c.clearSender(t0, 1)
-			}, func(c *Core, _ *transfer.Write) { c.tickAll(t0.Add(stall + time.Second)) }},
+			}},
 		} {
 			c, writes := prefillChunkQueued(t, mutants)
 			if !c.posting(t0, 1, &writes[0]) {
 				t.Fatalf("%s: the write was not posted", tc.name)
 			}
+			if again(c, decodeFrom, 2) {
+				t.Fatalf("%s: room 2 took live room 1's page", tc.name)
+			}
 			tc.end(c, &writes[0])
 			c.Effects()
-			if got := again(c, decodeFrom, 2); got == fixed {
-				t.Fatalf("%s: room 2 took room 1's page while a write to it could land: %v", tc.name, got)
-			}
-			if !fixed {
-				continue
-			}
-			tc.settle(c, &writes[0])
-			c.Effects()
-			if !again(c, decodeFrom, 3) {
-				t.Fatalf("%s: room 1's page still held once nothing can land", tc.name)
+			if got := again(c, decodeFrom, 3); got != fixed {
+				t.Fatalf("%s: room 3 naming ended room 1's page accepted %v (fixed core: %v)", tc.name, got, fixed)
 			}
 		}
 		if !fixed {

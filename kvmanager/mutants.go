@@ -41,7 +41,7 @@ const (
 	bugOverlapAccepted                          // a REGISTER whose regions overlap is accepted
 	bugRepeatAccepted                           // a REQUEST naming a destination page (or state item) twice is accepted
 	bugInUseAccepted                            // a REQUEST naming a page another live room of the decode process holds is accepted
-	bugHoldEndsEarly                            // a room's destination pages are free once it is terminal or cleared, though its writes may still land
+	bugDeadHolderBlocks                         // a REQUEST is refused for a page held by a room that has ended (its writes may still land: the decode rank reuses it after its quarantine, as the protocol allows)
 	bugSpecRepeatAccepted                       // Decode.InitReceiver takes a spec naming a destination page twice
 	bugHeldPastFinalPost                        // a decode rank's pages stay held until the room's final write completes, though it may reuse them once it saw them land
 	bugCount                                    // one past the last
@@ -53,7 +53,7 @@ var bugNames = [bugCount]string{"", "ack-on-cleared-tombstone", "failed-write-dr
 	"register-epoch-late", "relookup-forgets-endpoint", "refusal-not-told",
 	"quarantine-now", "wake-early", "no-abort-ack", "restart-keeps-rooms", "extra-request-accepted",
 	"tombstone-bound-ignored", "not-drained-releases", "stale-status-fails", "pending-bound-ignored", "sweep-map-order", "no-tomb-trim", "owed-not-resent",
-	"overlap-accepted", "repeat-accepted", "in-use-accepted", "hold-ends-early", "spec-repeat-accepted", "held-past-final-post"}
+	"overlap-accepted", "repeat-accepted", "in-use-accepted", "dead-holder-blocks", "spec-repeat-accepted", "held-past-final-post"}
 
 func (b bugID) String() string {
 	if b == 0 || b >= bugCount {

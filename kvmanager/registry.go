@@ -493,7 +493,7 @@ func (r *Registry) settle(id uint64, reqs []PeerRequest) {
 // maybeSettle settles a live room's requests once it is terminal and no
 // write of it can land any more.
 func (r *Registry) maybeSettle(rm *room) {
-	if rm.settled || !rm.status.Terminal() || (writing(rm.inflight, rm.unsettled, rm.drainExpired) && !r.bugs.on(bugHoldEndsEarly)) {
+	if rm.settled || !rm.status.Terminal() || writing(rm.inflight, rm.unsettled, rm.drainExpired) {
 		return
 	}
 	rm.settled = true
@@ -884,7 +884,7 @@ func (r *Registry) clear(id uint64, now time.Time) Result {
 		if !rm.settled {
 			// Cleared: nothing more is posted for it, but writes in flight
 			// may still land; the tombstone keeps its requests until then.
-			if writing(t.inflight, t.unsettled, t.drainExpired) && !r.bugs.on(bugHoldEndsEarly) {
+			if writing(t.inflight, t.unsettled, t.drainExpired) {
 				t.reqs = rm.requests
 			} else {
 				r.settle(id, rm.requests)
@@ -1106,6 +1106,19 @@ func (r *Registry) Overdue(now time.Time) int {
 		}
 	}
 	return n
+}
+
+// Live says whether a room may still be written for a reason its decode
+// rank wants: pending (REQUESTs waiting for the sender) or live and not
+// terminal. A room that ended — failed, aborted, cleared, succeeded — is
+// not, even while a write of it may still land (that exposure is the
+// decode rank's quarantine's).
+func (r *Registry) Live(id uint64) bool {
+	if rm, ok := r.rooms[id]; ok {
+		return !rm.status.Terminal()
+	}
+	_, pending := r.pending[id]
+	return pending
 }
 
 // Requests returns a copy of a live room's peer requests.

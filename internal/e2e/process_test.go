@@ -330,19 +330,7 @@ func TestSeparateProcesses(t *testing.T) {
 			decode := startRank(t, "decode", engine, boot)
 			pp, dp := newPagePool(pages), newPagePool(pages)
 			for i, tokens := range []int{1, 128, 2048, 8192} {
-				n := (tokens + pageToks - 1) / pageToks
-				src, dst := pp.Get(n), dp.Get(n)
-				room := uint64(i + 1)
-				decode.do(fmt.Sprintf("RECV %d %s %s", room, csv(dst), csv(src)))
-				prefill.do(fmt.Sprintf("SEND %d %s 64", room, csv(src)))
-				if got := decode.expect(t, "DONE"); got != fmt.Sprintf("DONE %d Success verified", room) {
-					t.Fatalf("decode: %s", got)
-				}
-				if got := prefill.expect(t, "DONE"); !strings.HasPrefix(got, fmt.Sprintf("DONE %d Success", room)) {
-					t.Fatalf("prefill: %s", got)
-				}
-				pp.Put(src)
-				dp.Put(dst)
+				pdRoomOf(t, prefill, decode, uint64(i+1), (tokens+pageToks-1)/pageToks, 64, pp, dp)
 			}
 		})
 	}
