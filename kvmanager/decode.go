@@ -100,6 +100,9 @@ func (d *Decode) resolve(t Target) {
 		if errors.Is(err, bootstrap.ErrRankUnknown) {
 			d.forgetTopology(t.Bootstrap) // the instance changed shape, or went away
 		}
+		if err == nil && d.cfg.RankIdentity != nil {
+			err = d.checkRankCert(t, info)
+		}
 		d.step(func(c *Core, now time.Time) {
 			if err != nil {
 				c.Step(now, ResolveFailed{Target: t, Err: err})
@@ -108,6 +111,34 @@ func (d *Decode) resolve(t Target) {
 			c.Step(now, Resolved{Target: t, Endpoint: info.Endpoint, ServerKey: info.PublicKey, Cert: info.CertBytes(), Epoch: info.Epoch})
 		})
 	}()
+}
+
+// checkRankCert checks, under per-rank identity, that a prefill rank's
+// record carries that rank's certificate: a prefill rank's of the
+// deployment's CA for the instance and the global rank of the record's
+// coordinates. A record rewritten (by a holder of the bootstrap token) with
+// another rank's endpoint and certificate would otherwise send this rank to
+// that rank, which would serve it as itself: its heads, its layers.
+func (d *Decode) checkRankCert(t Target, info bootstrap.RankInfo) error {
+	where := fmt.Sprintf("prefill rank dp=%d tp=%d pp=%d of %s", t.DP, t.Rank, t.PP, t.Bootstrap)
+	raw := info.CertBytes()
+	if raw == "" {
+		return fmt.Errorf("%s: its record carries no identity certificate (per-rank identity is on here): %w", where, bootstrap.ErrBadCert)
+	}
+	topo, err := d.topology(t.Bootstrap)
+	if err != nil {
+		return err
+	}
+	c, err := bootstrap.ParseCert([]byte(raw), d.cfg.RankIdentity.CA, time.Now())
+	if err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	want := bootstrap.From{Role: bootstrap.RolePrefill, Instance: topo.Instance,
+		Rank: transfer.Parallel{TPSize: topo.TPSize, TPRank: t.Rank, PPSize: topo.PPSize, PPRank: t.PP, DPSize: topo.DPSize, DPRank: t.DP}.Global()}
+	if c.Identity() != want {
+		return fmt.Errorf("%s: its record carries the certificate of %s, want %s: %w", where, c, want.Peer(), bootstrap.ErrBadCert)
+	}
+	return nil
 }
 
 // CreateReceiver creates the decode side of a room that pulls from the

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -291,4 +292,44 @@ func freePort(t *testing.T) string {
 	ep, _ := s.GetLastEndpoint()
 	s.Close()
 	return strings.TrimPrefix(ep, "tcp://127.0.0.1:")
+}
+
+// TestRecordCertificateIsTheRanks (review of issue 23): under per-rank
+// identity a decode rank process takes a prefill rank's record only if
+// its certificate is that rank's — {prefill, the instance, the global rank
+// of the record's coordinates}. A record rewritten with another rank's
+// certificate (a holder of the bootstrap token can write records) fails the
+// room at once, saying so, instead of sending the decode rank to the wrong
+// prefill rank.
+func TestRecordCertificateIsTheRanks(t *testing.T) {
+	ca, envs, _ := identityFiles(t,
+		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc"},
+		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc"})
+	boot := startBoot(t)
+	prefill := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}, envs[0]...)...)
+	other, err := ca.Issue(bootstrap.RolePrefill, "proc", 1, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	topo, err := bootstrap.NewClient(boot).Topology(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := startBoot(t)
+	rec := bootstrap.RankRecord{Instance: topo.Instance, DPSize: topo.DPSize, TPSize: topo.TPSize, PPSize: topo.PPSize,
+		Endpoint: strings.Fields(prefill.ready)[1], PageSize: topo.PageSize, DType: topo.DType, Compat: topo.Compat,
+		Cert: base64.StdEncoding.EncodeToString(other.Cert.Raw()), ModelFacts: topo.ModelFacts}
+	cl := bootstrap.NewClient(forged)
+	cl.Token = testauth.Auth().BootstrapToken()
+	if _, err := cl.RegisterRank(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	decode := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + forged}, envs[1]...)...)
+	pp, dp := newPagePool(pages), newPagePool(pages)
+	src, dst := pp.Get(4), dp.Get(4)
+	decode.do(fmt.Sprintf("RECV 1 %s %s", csv(dst), csv(src)))
+	if got := decode.expect(t, "DONE"); !strings.Contains(strings.ReplaceAll(got, "_", " "), "carries the certificate of prefill/proc/1, want prefill/proc/0") {
+		t.Fatalf("decode: %s, want the room failed naming the record's wrong certificate", got)
+	}
 }
