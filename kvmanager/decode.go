@@ -174,8 +174,15 @@ func (d *Decode) watch(url string, ch <-chan bootstrap.RankEvent) {
 	defer d.wg.Done()
 	for ev := range ch {
 		t := Target{Bootstrap: url, DP: ev.DP, Rank: ev.TP, PP: ev.PP}
+		cert := bootstrap.RankInfo{Cert: ev.Cert}.CertBytes()
+		if d.cfg.RankIdentity != nil && !ev.Deleted && d.checkRankCert(t, bootstrap.RankInfo{Cert: ev.Cert}) != nil {
+			// Not the rank's certificate: nothing is addressed with it; the
+			// REGISTER that goes unanswered looks the rank up, and the
+			// lookup fails the rooms naming the certificate (resolve).
+			cert = ""
+		}
 		d.step(func(c *Core, now time.Time) {
-			c.Step(now, TargetChanged{Target: t, Endpoint: ev.Endpoint, ServerKey: ev.PublicKey, Cert: bootstrap.RankInfo{Cert: ev.Cert}.CertBytes(),
+			c.Step(now, TargetChanged{Target: t, Endpoint: ev.Endpoint, ServerKey: ev.PublicKey, Cert: cert,
 				Epoch: ev.Epoch, Gone: ev.Deleted})
 		})
 		if ev.Deleted {
