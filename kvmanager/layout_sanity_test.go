@@ -543,11 +543,7 @@ func TestRequestsSettleOnce(t *testing.T) {
 // holds by then.
 func TestPagesFreeOnceTheirFinalWriteIsPosted(t *testing.T) {
 	fixedAndMutant(t, bugHeldPastFinalPost, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := testCore(t, RolePrefill, mutants...)
-		other := decodeFrom
-		other.Instance, other.Endpoint = "other", "tcp://o:1"
-		register(t, c, decodeFrom)
-		register(t, c, other)
+		c, other := twoDecodePeers(t, mutants)
 		ask := func(from bootstrap.From, room uint64, required int) bool {
 			r := request(room, from)
 			r.DstPages, r.Required = []uint32{1}, required

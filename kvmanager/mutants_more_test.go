@@ -174,15 +174,23 @@ func TestPrefillFailsRoomsOfRestartedPeer(t *testing.T) {
 	})
 }
 
+// twoDecodePeers is a prefill core with decodeFrom and another decode
+// rank registered; it returns the core and the other rank.
+func twoDecodePeers(t *testing.T, mutants []bugID) (*Core, bootstrap.From) {
+	t.Helper()
+	c := testCore(t, RolePrefill, mutants...)
+	other := decodeFrom
+	other.Instance, other.Endpoint = "other", "tcp://o:1"
+	register(t, c, decodeFrom)
+	register(t, c, other)
+	return c, other
+}
+
 // A room that holds its Required requests refuses one more (live or
 // pending), telling the extra peer.
 func TestExtraRequestRefused(t *testing.T) {
 	fixedAndMutant(t, bugExtraRequestAccepted, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := testCore(t, RolePrefill, mutants...)
-		other := decodeFrom
-		other.Instance, other.Endpoint = "other", "tcp://o:1"
-		register(t, c, decodeFrom)
-		register(t, c, other)
+		c, other := twoDecodePeers(t, mutants)
 		c.createSender(t0, 1)
 		c.initSender(t0, 1)
 		if !c.receive(t0, request(1, decodeFrom)) || !c.receive(t0, request(2, decodeFrom)) {
