@@ -354,10 +354,8 @@ func TestCoreBoundsHostileInput(t *testing.T) {
 	})
 	t.Run("one peer cannot fill the pending table", func(t *testing.T) {
 		c := testCore(t, RolePrefill)
-		other := decodeFrom
-		other.Instance, other.Endpoint = "other", "tcp://o:1"
-		register(t, c, decodeFrom)
-		register(t, c, other)
+		registerBoth(t, c)
+		other := otherDecode
 		limit := c.cfg.Registry.MaxPendingPerPeer
 		for room := uint64(1); room <= uint64(limit)+5; room++ {
 			c.receive(t0, request(room, decodeFrom))

@@ -213,8 +213,7 @@ func TestRequestRepeatRefused(t *testing.T) {
 func TestRequestPageInUseRefused(t *testing.T) {
 	fixedAndMutant(t, bugInUseAccepted, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := stateCore(t, mutants)
-		other := decodeFrom
-		other.Instance, other.Endpoint = "other", "tcp://o:1"
+		other := otherDecode
 		registerLayout(t, c, other, stateLayout())
 		holder := request(1, decodeFrom)
 		holder.DstPages, holder.AuxIndex, holder.StateIndices, holder.Prefix = []uint32{2, 3}, 1, [][]uint32{{4}}, 2

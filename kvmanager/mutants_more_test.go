@@ -174,16 +174,27 @@ func TestPrefillFailsRoomsOfRestartedPeer(t *testing.T) {
 	})
 }
 
-// twoDecodePeers is a prefill core with decodeFrom and another decode
-// rank registered; it returns the core and the other rank.
+// otherDecode is a second decode rank, beside decodeFrom.
+var otherDecode = func() bootstrap.From {
+	o := decodeFrom
+	o.Instance, o.Endpoint = "other", "tcp://o:1"
+	return o
+}()
+
+// registerBoth registers decodeFrom and otherDecode at a prefill core.
+func registerBoth(t *testing.T, c *Core) {
+	t.Helper()
+	register(t, c, decodeFrom)
+	register(t, c, otherDecode)
+}
+
+// twoDecodePeers is a prefill core with decodeFrom and otherDecode
+// registered; it returns the core and the other rank.
 func twoDecodePeers(t *testing.T, mutants []bugID) (*Core, bootstrap.From) {
 	t.Helper()
 	c := testCore(t, RolePrefill, mutants...)
-	other := decodeFrom
-	other.Instance, other.Endpoint = "other", "tcp://o:1"
-	register(t, c, decodeFrom)
-	register(t, c, other)
-	return c, other
+	registerBoth(t, c)
+	return c, otherDecode
 }
 
 // A room that holds its Required requests refuses one more (live or
@@ -298,10 +309,8 @@ func TestPendingPerPeerBounded(t *testing.T) {
 		reg := simRegistryConfig()
 		reg.MaxPendingPerPeer = 4
 		c := newTestCore(t, RolePrefill, reg, mutants...)
-		other := decodeFrom
-		other.Instance, other.Endpoint = "other", "tcp://o:1"
-		register(t, c, decodeFrom)
-		register(t, c, other)
+		registerBoth(t, c)
+		other := otherDecode
 		accepted := 0
 		for room := uint64(1); room <= 7; room++ {
 			if c.receive(t0, request(room, decodeFrom)) {
