@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -101,43 +103,79 @@ func (z *bareZMQ) roundTrip(n int, frames [][]byte) time.Duration {
 	return d
 }
 
+// cpuTime is the process's CPU time so far (user + system, every thread).
+func cpuTime(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// measure runs f and returns its wall and CPU time.
+func measure(tb testing.TB, f func()) (wall, cpu time.Duration) {
+	c0, t0 := cpuTime(tb), time.Now()
+	f()
+	return time.Since(t0), cpuTime(tb) - c0
+}
+
+// reportCPU adds CPU µs per message (or round trip) of both paths.
+func reportCPU(b *testing.B, kvb, bare time.Duration, unit string) {
+	b.ReportMetric(float64(kvb.Nanoseconds())/1e3/float64(b.N), "kvbridge-cpu-µs/"+unit)
+	b.ReportMetric(float64(bare.Nanoseconds())/1e3/float64(b.N), "zmq-cpu-µs/"+unit)
+}
+
 type benchPair struct {
 	a, b *Loop
-	gotB chan Message
-	gotA chan Message
+	// onA and onB are what each rank's handler does with a message (set
+	// before a phase starts, read on the receive goroutines).
+	onA, onB atomic.Pointer[func(Message)]
 }
 
 // newBenchPair starts two loops, authenticated (the default) or Insecure.
-func newBenchPair(b *testing.B, echo, insecure bool) *benchPair {
-	p := &benchPair{gotA: make(chan Message, 1<<16), gotB: make(chan Message, 1<<16)}
+// Like the bare reference, the handlers do the benchmark's work on the
+// receive goroutine (count, answer), with no hand-off to another goroutine.
+func newBenchPair(b *testing.B, insecure bool) *benchPair {
+	p := &benchPair{}
 	var err error
 	auth := testAuth()
 	if insecure {
 		auth = nil
 	}
-	p.a, err = NewLoop(LoopConfig{Identity: From{Role: RoleDecode, Instance: "a"}, Bind: "tcp://127.0.0.1:*",
-		Handler: func(m Message) { p.gotA <- m }, SendQueue: 1 << 16, SendHWM: 100000, Auth: auth, Insecure: insecure})
-	if err != nil {
-		b.Fatal(err)
-	}
-	var back Peer
-	p.b, err = NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "b"}, Bind: "tcp://127.0.0.1:*",
-		SendQueue: 1 << 16, SendHWM: 100000, Auth: auth, Insecure: insecure,
-		Handler: func(m Message) {
-			if echo {
-				p.b.Send(back, m)
-				return
+	call := func(f *atomic.Pointer[func(Message)]) func(Message) {
+		return func(m Message) {
+			if h := f.Load(); h != nil {
+				(*h)(m)
 			}
-			p.gotB <- m
-		}})
+		}
+	}
+	p.a, err = NewLoop(LoopConfig{Identity: From{Role: RoleDecode, Instance: "a"}, Bind: "tcp://127.0.0.1:*",
+		Handler: call(&p.onA), SendHWM: 100000, Auth: auth, Insecure: insecure})
 	if err != nil {
 		b.Fatal(err)
 	}
-	back = Peer{Endpoint: p.a.Endpoint()}
+	p.b, err = NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "b"}, Bind: "tcp://127.0.0.1:*",
+		SendHWM: 100000, Auth: auth, Insecure: insecure, Handler: call(&p.onB)})
+	if err != nil {
+		b.Fatal(err)
+	}
 	return p
 }
 
 func (p *benchPair) close() { p.a.Close(); p.b.Close() }
+
+// countTo returns a handler that closes done at the n-th ABORT.
+func countTo(n int, done chan struct{}) func(Message) {
+	var got int
+	return func(m Message) {
+		if _, ok := m.(*Abort); !ok {
+			return
+		}
+		if got++; got == n {
+			close(done)
+		}
+	}
+}
 
 // modes runs a control benchmark authenticated (the default) and Insecure.
 func modes(b *testing.B, f func(b *testing.B, insecure bool)) {
@@ -146,74 +184,94 @@ func modes(b *testing.B, f func(b *testing.B, insecure bool)) {
 }
 
 // BenchmarkControlThroughput: one-way message rate between two ranks on
-// loopback, kvbridge (encode, tag, hand-off, send goroutine, receive, check,
-// decode, handler) against bare ZeroMQ in the same run.
+// loopback, kvbridge (encode, tag, send, receive, check, decode, handler)
+// against bare ZeroMQ in the same run, with the CPU time of each.
 func BenchmarkControlThroughput(b *testing.B) { modes(b, controlThroughput) }
 
 func controlThroughput(b *testing.B, insecure bool) {
 	frames := benchFrames(b)
 	z := newBare(b)
 	defer z.close()
-	p := newBenchPair(b, false, insecure)
+	p := newBenchPair(b, insecure)
 	defer p.close()
 	to := Peer{Endpoint: p.b.Endpoint(), Epoch: p.b.Identity().Epoch}
-	// Warm both paths (connections, allocations).
-	z.throughput(1000, frames)
-	for i := 0; i < 1000; i++ {
-		for p.a.Send(to, &Abort{Room: uint64(i), Reason: "benchmark"}) != nil {
-		}
-		<-p.gotB
-	}
-	b.ResetTimer()
-	bare := z.throughput(b.N, frames)
-	start := time.Now()
-	go func() {
-		for i := 0; i < b.N; i++ {
-			// Spin on a full queue: the benchmark measures the pipe, not drops.
-			for p.a.Send(to, &Abort{Room: uint64(i), Reason: "benchmark"}) != nil {
+	run := func(n int) {
+		done := make(chan struct{})
+		h := countTo(n, done)
+		p.onB.Store(&h)
+		for i := 0; i < n; i++ {
+			if err := p.a.Send(to, &Abort{Room: uint64(i), Reason: "benchmark"}); err != nil {
+				b.Fatal(err)
 			}
 		}
-	}()
-	for i := 0; i < b.N; i++ {
-		<-p.gotB
+		<-done
 	}
-	kvb := time.Since(start)
+	// Warm both paths (connections, allocations).
+	z.throughput(1000, frames)
+	run(1000)
+	b.ResetTimer()
+	var bare, kvb, bareCPU, kvbCPU time.Duration
+	bare, bareCPU = measure(b, func() { z.throughput(b.N, frames) })
+	kvb, kvbCPU = measure(b, func() { run(b.N) })
 	b.StopTimer()
+	if d := p.a.Stats().Dropped[DropPeerBusy]; d > 0 {
+		b.Fatalf("%d messages dropped as peer_busy", d)
+	}
 	b.ReportMetric(float64(b.N)/kvb.Seconds(), "kvbridge-msgs/s")
 	b.ReportMetric(float64(b.N)/bare.Seconds(), "zmq-msgs/s")
 	b.ReportMetric(bare.Seconds()/kvb.Seconds(), "ratio")
+	reportCPU(b, kvbCPU, bareCPU, "msg")
 }
 
 // BenchmarkControlRoundTrip: sequential request/answer latency, kvbridge
-// against a bare ZeroMQ echo in the same run.
+// against a bare ZeroMQ echo in the same run, with the CPU time of each.
+// Each answer's handler sends the next request, as the bare reference's
+// loop does.
 func BenchmarkControlRoundTrip(b *testing.B) { modes(b, controlRoundTrip) }
 
 func controlRoundTrip(b *testing.B, insecure bool) {
 	frames := benchFrames(b)
 	z := newBare(b)
 	defer z.close()
-	p := newBenchPair(b, true, insecure)
+	p := newBenchPair(b, insecure)
 	defer p.close()
 	to := Peer{Endpoint: p.b.Endpoint(), Epoch: p.b.Identity().Epoch}
-	z.roundTrip(200, frames)
-	for i := 0; i < 200; i++ {
-		p.a.Send(to, &Abort{Room: uint64(i)})
-		<-p.gotA
+	back := Peer{Endpoint: p.a.Endpoint()}
+	echo := func(m Message) {
+		if a, ok := m.(*Abort); ok {
+			p.b.Send(back, &Abort{Room: a.Room, Reason: "benchmark"})
+		}
 	}
-	b.ResetTimer()
-	bare := z.roundTrip(b.N, frames)
-	start := time.Now()
-	for i := 0; i < b.N; i++ {
-		if err := p.a.Send(to, &Abort{Room: uint64(i), Reason: "benchmark"}); err != nil {
+	p.onB.Store(&echo)
+	run := func(n int) {
+		done := make(chan struct{})
+		var got int
+		next := func(m Message) {
+			if _, ok := m.(*Abort); !ok {
+				return
+			}
+			if got++; got == n {
+				close(done)
+				return
+			}
+			p.a.Send(to, &Abort{Room: uint64(got), Reason: "benchmark"})
+		}
+		p.onA.Store(&next)
+		if err := p.a.Send(to, &Abort{Reason: "benchmark"}); err != nil {
 			b.Fatal(err)
 		}
-		<-p.gotA
+		<-done
 	}
-	kvb := time.Since(start)
+	z.roundTrip(200, frames)
+	run(200)
+	b.ResetTimer()
+	bare, bareCPU := measure(b, func() { z.roundTrip(b.N, frames) })
+	kvb, kvbCPU := measure(b, func() { run(b.N) })
 	b.StopTimer()
-	b.ReportMetric(float64(kvb.Microseconds())/float64(b.N), "kvbridge-µs/rtt")
-	b.ReportMetric(float64(bare.Microseconds())/float64(b.N), "zmq-µs/rtt")
+	b.ReportMetric(float64(kvb.Nanoseconds())/1e3/float64(b.N), "kvbridge-µs/rtt")
+	b.ReportMetric(float64(bare.Nanoseconds())/1e3/float64(b.N), "zmq-µs/rtt")
 	b.ReportMetric(bare.Seconds()/kvb.Seconds(), "ratio")
+	reportCPU(b, kvbCPU, bareCPU, "rtt")
 }
 
 func BenchmarkDecode(b *testing.B) {
