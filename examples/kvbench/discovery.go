@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/internal/etcdtest"
 )
 
@@ -72,7 +73,19 @@ func (b *bench) discoveryMode() error {
 		etcdURLs, httpURLs = append(etcdURLs, url), append(httpURLs, srv.URL())
 	}
 	progress("discovery", 1, 4)
-	resolve := func(url string) (time.Duration, error) {
+	// resolve: wall and CPU time (client and servers are all in this
+	// process).
+	var cpuE, cpuH time.Duration
+	resolve := func(url string, cpuSum *time.Duration) (time.Duration, error) {
+		m, err := cpustat.Start(0)
+		if err != nil {
+			return 0, err
+		}
+		defer func() {
+			if r, err := m.Read(); err == nil {
+				*cpuSum += r.Total()
+			}
+		}()
 		start := time.Now()
 		d, err := bootstrap.Dial(url, bootstrap.DialOptions{})
 		if err != nil {
@@ -92,11 +105,11 @@ func (b *bench) discoveryMode() error {
 	var re, rh []time.Duration
 	for s := 0; s < samples; s++ {
 		i := (s * 7) % instances
-		e, err := resolve(etcdURLs[i])
+		e, err := resolve(etcdURLs[i], &cpuE)
 		if err != nil {
 			return err
 		}
-		h, err := resolve(httpURLs[i])
+		h, err := resolve(httpURLs[i], &cpuH)
 		if err != nil {
 			return err
 		}
@@ -114,6 +127,7 @@ func (b *bench) discoveryMode() error {
 	events := watcher.Watch(wctx)
 	time.Sleep(100 * time.Millisecond) // let the watch start (a benchmark, not a test)
 	var we, wh []time.Duration
+	var cpuW, cpuL time.Duration
 	hc := bootstrap.NewClient(httpURLs[0])
 	cur := rec("inst-0", 3, 17000).Endpoint
 	for s := 0; s < samples; s++ {
@@ -121,6 +135,10 @@ func (b *bench) discoveryMode() error {
 		// The old process deregisters (or its lease lapses), the new one
 		// registers: timed from the new record's put to the watch event.
 		if err := owners[0].DeregisterRank(ctx, 0, 3, 0, cur); err != nil {
+			return err
+		}
+		m, err := cpustat.Start(0)
+		if err != nil {
 			return err
 		}
 		start := time.Now()
@@ -133,21 +151,37 @@ func (b *bench) discoveryMode() error {
 			}
 		}
 		we = append(we, time.Since(start))
+		u, err := m.Read()
+		if err != nil {
+			return err
+		}
+		cpuW += u.Total()
 		cur = r.Endpoint
+		if m, err = cpustat.Start(0); err != nil {
+			return err
+		}
 		hs := time.Now()
 		if _, err := hc.Rank(ctx, 0, 3, 0); err != nil {
 			return err
 		}
 		wh = append(wh, time.Since(hs))
+		if u, err = m.Read(); err != nil {
+			return err
+		}
+		cpuL += u.Total()
 	}
 	progress("discovery", 4, 4)
 	ms := func(d []time.Duration) float64 {
 		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
 		return float64(d[len(d)/2].Microseconds()) / 1e3
 	}
+	// CPU: ms per operation, mean over the samples (servers and client).
+	per := func(d time.Duration) float64 { return d.Seconds() * 1e3 / float64(samples) }
 	b.add(Row{Mode: "discovery", Name: fmt.Sprintf("resolve a new instance (%d ranks), etcd, p50", ranks), Value: ms(re), Unit: "ms",
-		References: map[string]float64{"HTTP server": ms(rh)}})
+		References: map[string]float64{"HTTP server": ms(rh)},
+		CPU:        per(cpuE), CPUUnit: "ms/resolve", RefCPU: map[string]float64{"HTTP server": per(cpuH)}})
 	b.add(Row{Mode: "discovery", Name: "restarted rank seen (etcd watch), p50", Value: ms(we), Unit: "ms",
-		References: map[string]float64{"HTTP lookup": ms(wh)}})
+		References: map[string]float64{"HTTP lookup": ms(wh)},
+		CPU:        per(cpuW), CPUUnit: "ms/restart seen", RefCPU: map[string]float64{"HTTP lookup": per(cpuL)}})
 	return nil
 }

@@ -30,12 +30,14 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
@@ -53,6 +55,17 @@ type Row struct {
 	Unit       string             `json:"unit"`
 	References map[string]float64 `json:"references"`
 	Ratios     map[string]float64 `json:"ratios"`
+	// CPU is what the figure cost: CPU time (user + system, every process
+	// involved) per unit of work in CPUUnit ("s/GB": CPU seconds per 10⁹
+	// bytes moved); RefCPU is each reference's in the same unit and run,
+	// CPURatios kvbridge's over it (issue 24's goal: ≤ 1.2 against
+	// ucx_perftest on the same transport and memory).
+	CPU       float64            `json:"cpu,omitempty"`
+	CPUUnit   string             `json:"cpu_unit,omitempty"`
+	RefCPU    map[string]float64 `json:"ref_cpu,omitempty"`
+	CPURatios map[string]float64 `json:"cpu_ratios,omitempty"`
+	// CPURoom is kvbridge's CPU µs per room, for rows that move rooms.
+	CPURoom float64 `json:"cpu_us_per_room,omitempty"`
 }
 
 type bench struct {
@@ -61,14 +74,20 @@ type bench struct {
 	mem    nixl.MemKind
 	quick  bool
 	rows   []Row
-	model  kvmodel.Model
+	// idle mode
+	idleFor time.Duration
+	bin     string
+	notes   []string // lines printed after the table (goals)
+	model   kvmodel.Model
 }
 
 func main() { os.Exit(run(os.Args[1:])) }
 
 func run(args []string) int {
 	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
-	mode := fs.String("mode", "all", "engine, paged, rooms, topology, discovery, control, nixl, or all (all but nixl)")
+	mode := fs.String("mode", "all", "engine, paged, rooms, topology, discovery, control, nixl, idle, or all (all but nixl and idle)")
+	idleFor := fs.Duration("idle-for", 30*time.Second, "idle mode: how long the ranks sit idle while their CPU is measured")
+	bin := fs.String("bin", "", "idle mode: directory holding the prefill and decode binaries (default: bin/ beside kvbench, else built into a temporary directory)")
 	engine := fs.String("engine", "ucx", "nixl engine")
 	tls := fs.String("ucx-tls", "posix,cma,self", "UCX transports (ucx engine and ucx_perftest)")
 	mem := fs.String("mem", "DRAM", "memory kind: DRAM (VRAM: not yet)")
@@ -79,8 +98,10 @@ func run(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `kvbench: measures kvbridge and prints every figure next to its reference from
 the same run, as a ratio (engine, paged, rooms, topology, discovery and
-control modes; nixl on a real NIXL, not in "all"). Results go to stdout,
-to -json and to -png.
+control modes; nixl on a real NIXL and idle, an idle rank process's CPU,
+not in "all"). Each figure comes with its CPU (per GB or per room) next
+to the reference's. Results go to stdout, to -json and to -png (a chart
+of the engine rows, when there are any).
 
 usage: kvbench [flags]
 
@@ -94,7 +115,7 @@ flags:
 		}
 		return 2
 	}
-	b := &bench{engine: *engine, tls: *tls, quick: *quick, model: kvmodel.Presets[*model]}
+	b := &bench{engine: *engine, tls: *tls, quick: *quick, model: kvmodel.Presets[*model], idleFor: *idleFor, bin: *bin}
 	if b.model.Name == "" {
 		fmt.Fprintf(os.Stderr, "kvbench: unknown model %q\n", *model)
 		return 2
@@ -107,7 +128,7 @@ flags:
 		return 2
 	}
 	modes := map[string]func() error{"engine": b.engineMode, "paged": b.pagedMode, "rooms": b.roomsMode, "control": b.controlMode,
-		"topology": b.topologyMode, "discovery": b.discoveryMode, "nixl": b.nixlMode}
+		"topology": b.topologyMode, "discovery": b.discoveryMode, "nixl": b.nixlMode, "idle": b.idleMode}
 	order := []string{"engine", "paged", "rooms", "topology", "discovery", "control"}
 	if *mode != "all" {
 		if modes[*mode] == nil {
@@ -131,7 +152,9 @@ flags:
 			return 1
 		}
 	}
-	if *pngOut != "" {
+	// Only the engine rows are charted: a run without them (-mode control
+	// alone) has no chart, and that is no failure.
+	if *pngOut != "" && hasEngineRows(b.rows) {
 		if err := chart(b.rows, *pngOut); err != nil {
 			fmt.Fprintln(os.Stderr, "kvbench: chart:", err)
 			return 1
@@ -147,7 +170,38 @@ func (b *bench) add(r Row) {
 			r.Ratios[k] = r.Value / v
 		}
 	}
+	if r.CPU > 0 && len(r.RefCPU) > 0 {
+		r.CPURatios = map[string]float64{}
+		for k, v := range r.RefCPU {
+			if v > 0 {
+				r.CPURatios[k] = r.CPU / v
+			}
+		}
+	}
 	b.rows = append(b.rows, r)
+}
+
+func hasEngineRows(rows []Row) bool {
+	for _, r := range rows {
+		if r.Mode == "engine" {
+			return true
+		}
+	}
+	return false
+}
+
+// cpuOver runs f and returns its wall time and this process's CPU time
+// (every thread) over it.
+func cpuOver(f func() error) (time.Duration, time.Duration, error) {
+	m, err := cpustat.Start(0)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := f(); err != nil {
+		return 0, 0, err
+	}
+	r, err := m.Read()
+	return r.Wall, r.Total(), err
 }
 
 var progressMu sync.Mutex
@@ -164,10 +218,24 @@ func (b *bench) print() {
 	fmt.Printf("%-8s %-28s %12s  %s\n", "mode", "case", "kvbridge", "references (ratio)")
 	for _, r := range b.rows {
 		var refs []string
-		for k, v := range r.References {
-			refs = append(refs, fmt.Sprintf("%s %.3g %s (%.2f)", k, v, r.Unit, r.Ratios[k]))
+		for _, k := range sortedKeys(r.References) {
+			refs = append(refs, fmt.Sprintf("%s %.3g %s (%.2f)", k, r.References[k], r.Unit, r.Ratios[k]))
 		}
 		fmt.Printf("%-8s %-28s %9.3g %s  %s\n", r.Mode, r.Name, r.Value, r.Unit, strings.Join(refs, ", "))
+		if r.CPU > 0 {
+			var crefs []string
+			for _, k := range sortedKeys(r.RefCPU) {
+				crefs = append(crefs, fmt.Sprintf("%s %.3g (%.2f)", k, r.RefCPU[k], r.CPURatios[k]))
+			}
+			room := ""
+			if r.CPURoom > 0 {
+				room = fmt.Sprintf(", %.0f µs/room", r.CPURoom)
+			}
+			fmt.Printf("%-8s %-28s %9.3g %s%s  %s\n", "", "  CPU", r.CPU, r.CPUUnit, room, strings.Join(crefs, ", "))
+		}
+	}
+	for _, n := range b.notes {
+		fmt.Println(n)
 	}
 }
 
@@ -190,77 +258,127 @@ func (b *bench) agents() (*nixl.Agent, *nixl.Agent, string, error) {
 	return a, t, "", nil
 }
 
-// writeGBps writes size bytes iters times between two agents.
-func writeGBps(a, t *nixl.Agent, size uint64, iters int) (float64, error) {
+func sortedKeys(m map[string]float64) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// writeGBps writes size bytes iters times between two agents: GB/s and
+// this process's CPU s/GB over the timed writes.
+func writeGBps(a, t *nixl.Agent, size uint64, iters int) (float64, float64, error) {
 	_, src, err := a.Alloc(size)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	_, dst, err := t.Alloc(size)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	md, _ := t.Metadata()
 	remote, err := a.LoadRemote(md)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	l, err := a.PrepLocal(nixl.DRAM, []nixl.Desc{nixl.BytesDesc(src)})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	r, err := a.PrepRemote(remote, nixl.DRAM, []nixl.Desc{nixl.BytesDesc(dst)})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	x, err := a.NewXfer(nixl.Write, l, []int{0}, r, []int{0}, nil)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer a.Release(x)
-	var start time.Time
-	for i := -1; i < iters; i++ { // i = −1 warms up: connection, first touch of the pages
-		if i == 0 {
-			start = time.Now()
+	once := func(n int) error {
+		for i := 0; i < n; i++ {
+			if err := a.Post(x); err != nil {
+				return err
+			}
+			if st, err := a.Wait(context.Background(), x); st != nixl.Done {
+				return fmt.Errorf("write: %v %v", st, err)
+			}
 		}
-		if err := a.Post(x); err != nil {
-			return 0, err
-		}
-		if st, err := a.Wait(context.Background(), x); st != nixl.Done {
-			return 0, fmt.Errorf("write: %v %v", st, err)
-		}
+		return nil
 	}
-	return float64(size) * float64(iters) / time.Since(start).Seconds() / 1e9, nil
+	if err := once(1); err != nil { // warms up: connection, first touch of the pages
+		return 0, 0, err
+	}
+	wall, cpu, err := cpuOver(func() error { return once(iters) })
+	if err != nil {
+		return 0, 0, err
+	}
+	bytes := float64(size) * float64(iters)
+	return bytes / wall.Seconds() / 1e9, cpustat.PerGB(cpu, bytes), nil
 }
 
-func memcpyGBps(size uint64, iters int) float64 {
+// memcpyGBps: GB/s and CPU s/GB of copy() between two buffers.
+func memcpyGBps(size uint64, iters int) (float64, float64) {
 	src, dst := make([]byte, size), make([]byte, size)
 	copy(dst, src)
-	start := time.Now()
-	for i := 0; i < iters; i++ {
-		copy(dst, src)
-	}
-	return float64(size) * float64(iters) / time.Since(start).Seconds() / 1e9
+	wall, cpu, _ := cpuOver(func() error {
+		for i := 0; i < iters; i++ {
+			copy(dst, src)
+		}
+		return nil
+	})
+	bytes := float64(size) * float64(iters)
+	return bytes / wall.Seconds() / 1e9, cpustat.PerGB(cpu, bytes)
 }
 
 var finalLine = regexp.MustCompile(`^Final:\s+\d+\s+\S+\s+\S+\s+\S+\s+(\S+)`)
 
 // perftestGBps runs ucx_perftest -t ucp_put_bw (server and client) at one
-// size; 0 if it is not installed or fails.
-func (b *bench) perftestGBps(size uint64, iters int) float64 {
+// size: its GB/s, and the CPU s/GB of its two processes together (0, 0 if
+// it is not installed or fails). Each process's CPU comes from its
+// rusage after it ends, which includes UCX's start-up and perftest's
+// warm-up; so it runs twice, with n and 2n iterations, and the CPU
+// figure is the difference over the extra n iterations' bytes: the
+// steady state, as kvbridge's figures are.
+func (b *bench) perftestGBps(size uint64, iters int) (float64, float64) {
 	if _, err := exec.LookPath("ucx_perftest"); err != nil {
-		return 0
+		return 0, 0
 	}
-	iters = max(iters, 200) // its own warm-up needs a few hundred
+	n := max(iters, 200, int(min(500000, (2<<30)/size))) // its own warm-up needs a few hundred
+	_, cpu1, ok1 := b.perftestRun(size, n)
+	gbps, cpu2, ok2 := b.perftestRun(size, 2*n)
+	if !ok1 || !ok2 {
+		return 0, 0
+	}
+	var perGB float64
+	if d := cpu2 - cpu1; d > 0 {
+		perGB = cpustat.PerGB(d, float64(size)*float64(n))
+	}
+	return gbps, perGB
+}
+
+// perftestRun is one ucx_perftest run of iters puts: GB/s and both
+// processes' CPU time.
+func (b *bench) perftestRun(size uint64, iters int) (float64, time.Duration, bool) {
 	port := strconv.Itoa(20000 + rand.IntN(20000))
 	env := append(os.Environ(), "UCX_TLS="+b.tls)
 	args := []string{"-t", "ucp_put_bw", "-s", strconv.FormatUint(size, 10), "-n", strconv.Itoa(iters), "-p", port}
 	srv := exec.Command("ucx_perftest", args...)
 	srv.Env = env
 	if srv.Start() != nil {
-		return 0
+		return 0, 0, false
 	}
-	defer func() { srv.Process.Kill(); srv.Wait() }()
+	srvDone := make(chan struct{})
+	go func() { srv.Wait(); close(srvDone) }()
+	defer func() {
+		select {
+		case <-srvDone:
+		default:
+			srv.Process.Kill()
+			<-srvDone
+		}
+	}()
 	for try := 0; try < 20; try++ {
 		time.Sleep(200 * time.Millisecond)
 		cli := exec.Command("ucx_perftest", append([]string{"127.0.0.1"}, args...)...)
@@ -276,14 +394,21 @@ func (b *bench) perftestGBps(size uint64, iters int) float64 {
 				if len(f) >= 6 {
 					v, err := strconv.ParseFloat(f[5], 64)
 					if err != nil || math.IsInf(v, 0) || math.IsNaN(v) || v <= 0 {
-						return 0
+						return 0, 0, false
 					}
-					return v * 1048576 / 1e9
+					// The server ends once its client is done.
+					select {
+					case <-srvDone:
+					case <-time.After(10 * time.Second):
+						return 0, 0, false
+					}
+					cpu := cpustat.Of(srv.ProcessState).Add(cpustat.Of(cli.ProcessState))
+					return v * 1048576 / 1e9, cpu.Total(), true
 				}
 			}
 		}
 	}
-	return 0
+	return 0, 0, false
 }
 
 func (b *bench) engineMode() error {
@@ -301,17 +426,22 @@ func (b *bench) engineMode() error {
 		if err != nil {
 			return err
 		}
-		v, err := writeGBps(a, t, size, iters)
+		v, cpu, err := writeGBps(a, t, size, iters)
 		a.Close()
 		t.Close()
 		if err != nil {
 			return err
 		}
-		refs := map[string]float64{"memcpy": memcpyGBps(size, iters)}
-		if p := b.perftestGBps(size, iters); p > 0 {
+		mv, mcpu := memcpyGBps(size, iters)
+		refs, rcpu := map[string]float64{"memcpy": mv}, map[string]float64{"memcpy": mcpu}
+		if p, pcpu := b.perftestGBps(size, iters); p > 0 {
 			refs["ucx_perftest"] = p
+			if pcpu > 0 {
+				rcpu["ucx_perftest"] = pcpu
+			}
 		}
-		b.add(Row{Mode: "engine", Name: fmt.Sprintf("write %s", human(size)), Bytes: size, Value: v, Unit: "GB/s", References: refs})
+		b.add(Row{Mode: "engine", Name: fmt.Sprintf("write %s", human(size)), Bytes: size, Value: v, Unit: "GB/s", References: refs,
+			CPU: cpu, CPUUnit: "s/GB", RefCPU: rcpu})
 	}
 	progress("engine", len(sizes), len(sizes))
 	return nil
@@ -428,13 +558,13 @@ func (c *cluster) room(src, dst []uint32) error {
 
 // bulk is the engine's single-descriptor write between the cluster's
 // agents, by streams writers at once (the concurrency of the case it is
-// the reference of), each size bytes at its own offset.
-func (c *cluster) bulk(size uint64, iters, streams int) (float64, error) {
+// the reference of), each size bytes at its own offset: GB/s and CPU s/GB.
+func (c *cluster) bulk(size uint64, iters, streams int) (float64, float64, error) {
 	a, t := c.prefill.Agent(), c.decode.Agent()
 	md, _ := t.Metadata()
 	remote, err := a.LoadRemote(md)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	src, dst := c.prefill.Config().Layout.Regions, c.decode.Config().Layout.Regions
 	size = min(size, src[0].Len)
@@ -445,7 +575,7 @@ func (c *cluster) bulk(size uint64, iters, streams int) (float64, error) {
 		rp, _ := a.PrepRemote(remote, nixl.DRAM, []nixl.Desc{{Addr: dst[r].Addr, Len: size}})
 		x, err := a.NewXfer(nixl.Write, l, []int{0}, rp, []int{0}, nil)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		defer a.Release(x)
 		xs = append(xs, x)
@@ -471,13 +601,14 @@ func (c *cluster) bulk(size uint64, iters, streams int) (float64, error) {
 		return <-errs
 	}
 	if err := once(1); err != nil { // warm up
-		return 0, err
+		return 0, 0, err
 	}
-	start := time.Now()
-	if err := once(iters); err != nil {
-		return 0, err
+	wall, cpu, err := cpuOver(func() error { return once(iters) })
+	if err != nil {
+		return 0, 0, err
 	}
-	return float64(size) * float64(iters) * float64(streams) / time.Since(start).Seconds() / 1e9, nil
+	bytes := float64(size) * float64(iters) * float64(streams)
+	return bytes / wall.Seconds() / 1e9, cpustat.PerGB(cpu, bytes), nil
 }
 
 func scatter(kind string, n, pages int, rng *rand.Rand) []uint32 {
@@ -516,7 +647,7 @@ func (b *bench) pagedMode() error {
 	if err := c.room(scatter("contiguous", 1, pages, rand.New(rand.NewPCG(0, 0))), []uint32{0}); err != nil {
 		return err
 	}
-	bulk, err := c.bulk(uint64(n)*b.model.PageBytes(), iters, 1)
+	bulk, bulkCPU, err := c.bulk(uint64(n)*b.model.PageBytes(), iters, 1)
 	if err != nil {
 		return err
 	}
@@ -530,15 +661,21 @@ func (b *bench) pagedMode() error {
 	for k, kind := range kinds {
 		progress("paged", k, len(kinds))
 		bytes := float64(n) * float64(b.model.PageBytes()) * float64(2*b.model.Layers)
-		start := time.Now()
-		for i := 0; i < iters; i++ {
-			if err := c.room(scatter(kind, n, pages, rng), scatter(kind, n, pages, rng)); err != nil {
-				return err
+		wall, cpu, err := cpuOver(func() error {
+			for i := 0; i < iters; i++ {
+				if err := c.room(scatter(kind, n, pages, rng), scatter(kind, n, pages, rng)); err != nil {
+					return err
+				}
 			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
-		gbps := bytes * float64(iters) / time.Since(start).Seconds() / 1e9
 		b.add(Row{Mode: "paged", Name: fmt.Sprintf("%s %d tok %s", b.model.Name, tokens, kind), Bytes: uint64(bytes),
-			Value: gbps, Unit: "GB/s", References: map[string]float64{"bulk write": bulk}})
+			Value: bytes * float64(iters) / wall.Seconds() / 1e9, Unit: "GB/s", References: map[string]float64{"bulk write": bulk},
+			CPU: cpustat.PerGB(cpu, bytes*float64(iters)), CPUUnit: "s/GB", RefCPU: map[string]float64{"bulk write": bulkCPU},
+			CPURoom: float64(cpu.Microseconds()) / float64(iters)})
 	}
 	progress("paged", len(kinds), len(kinds))
 	return nil
@@ -555,7 +692,7 @@ func (b *bench) roomsMode() error {
 	}
 	defer c.close()
 	n := tokens / b.model.PageTokens
-	bulk, err := c.bulk(32<<20, 10, streams) // the same concurrency as the rooms
+	bulk, bulkCPU, err := c.bulk(32<<20, 10, streams) // the same concurrency as the rooms
 	if err != nil {
 		return err
 	}
@@ -563,7 +700,10 @@ func (b *bench) roomsMode() error {
 	var done int
 	var mu sync.Mutex
 	errs := make(chan error, streams)
-	start := time.Now()
+	meter, err := cpustat.Start(0)
+	if err != nil {
+		return err
+	}
 	for s := 0; s < streams; s++ {
 		wg.Add(1)
 		go func() {
@@ -600,9 +740,15 @@ func (b *bench) roomsMode() error {
 	if err := <-errs; err != nil {
 		return err
 	}
+	used, err := meter.Read()
+	if err != nil {
+		return err
+	}
 	bytes := float64(rooms) * float64(n) * float64(b.model.PageBytes()) * float64(2*b.model.Layers)
 	b.add(Row{Mode: "rooms", Name: fmt.Sprintf("%d rooms × %d tok, %d streams", rooms, tokens, streams), Bytes: uint64(bytes),
-		Value: bytes / time.Since(start).Seconds() / 1e9, Unit: "GB/s", References: map[string]float64{"bulk write": bulk}})
+		Value: bytes / used.Wall.Seconds() / 1e9, Unit: "GB/s", References: map[string]float64{"bulk write": bulk},
+		CPU: cpustat.PerGB(used.Total(), bytes), CPUUnit: "s/GB", RefCPU: map[string]float64{"bulk write": bulkCPU},
+		CPURoom: float64(used.Total().Microseconds()) / float64(rooms)})
 	return nil
 }
 
@@ -632,34 +778,42 @@ func (b *bench) controlMode() error {
 	defer a.Close()
 	back = bootstrap.Peer{Endpoint: a.Endpoint()}
 	to := bootstrap.Peer{Endpoint: echo.Endpoint(), Epoch: echo.Identity().Epoch}
-	rtt := func() time.Duration {
-		start := time.Now()
-		for i := 0; i < n; i++ {
-			a.Send(to, &bootstrap.Abort{Room: uint64(i), Reason: "bench"})
-			<-got
-		}
-		return time.Since(start) / time.Duration(n)
+	// rtt: wall and CPU time (both loops are in this process) per round trip.
+	rtt := func() (time.Duration, time.Duration) {
+		wall, cpu, _ := cpuOver(func() error {
+			for i := 0; i < n; i++ {
+				a.Send(to, &bootstrap.Abort{Room: uint64(i), Reason: "bench"})
+				<-got
+			}
+			return nil
+		})
+		return wall / time.Duration(n), cpu / time.Duration(n)
 	}
 	rtt() // warm up
-	kvb := rtt()
+	kvb, kvbCPU := rtt()
 	progress("control", 1, 2)
-	bare, err := bareRTT(n)
+	bare, bareCPU, err := bareRTT(n)
 	if err != nil {
 		return err
 	}
 	progress("control", 2, 2)
-	// Ratio as speed: reference time / kvbridge time.
-	b.rows = append(b.rows, Row{Mode: "control", Name: "round trip (µs)", Value: float64(kvb.Nanoseconds()) / 1e3, Unit: "µs",
-		References: map[string]float64{"bare zmq": float64(bare.Nanoseconds()) / 1e3},
-		Ratios:     map[string]float64{"bare zmq": float64(bare) / float64(kvb)}})
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+	// Ratio as speed: reference time / kvbridge time; the CPU ratio is
+	// kvbridge's CPU over the reference's.
+	b.rows = append(b.rows, Row{Mode: "control", Name: "round trip (µs)", Value: us(kvb), Unit: "µs",
+		References: map[string]float64{"bare zmq": us(bare)},
+		Ratios:     map[string]float64{"bare zmq": float64(bare) / float64(kvb)},
+		CPU:        us(kvbCPU), CPUUnit: "µs/round trip", RefCPU: map[string]float64{"bare zmq": us(bareCPU)},
+		CPURatios: map[string]float64{"bare zmq": float64(kvbCPU) / float64(max(bareCPU, 1))}})
 	return nil
 }
 
-// bareRTT is the reference: PUSH/PULL echo with pebbe/zmq4, same frames.
-func bareRTT(n int) (time.Duration, error) {
+// bareRTT is the reference: PUSH/PULL echo with pebbe/zmq4, same frames;
+// wall and CPU time per round trip.
+func bareRTT(n int) (time.Duration, time.Duration, error) {
 	ctx, err := zmq.NewContext()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer ctx.Term()
 	mk := func(t zmq.Type) *zmq.Socket { s, _ := ctx.NewSocket(t); s.SetLinger(0); return s }
@@ -687,16 +841,18 @@ func bareRTT(n int) (time.Duration, error) {
 			backPush.SendMessage(m)
 		}
 	}()
-	round := func() time.Duration {
-		start := time.Now()
-		for i := 0; i < n; i++ {
-			push.SendMessage(frames)
-			backPull.RecvMessageBytes(0)
-		}
-		return time.Since(start) / time.Duration(n)
+	round := func() (time.Duration, time.Duration) {
+		wall, cpu, _ := cpuOver(func() error {
+			for i := 0; i < n; i++ {
+				push.SendMessage(frames)
+				backPull.RecvMessageBytes(0)
+			}
+			return nil
+		})
+		return wall / time.Duration(n), cpu / time.Duration(n)
 	}
 	round()
-	d := round()
+	d, cpu := round()
 	<-done
-	return d, nil
+	return d, cpu, nil
 }

@@ -12,9 +12,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/nixl"
 )
 
@@ -41,14 +41,22 @@ func buildNIXLRef(lib, dir string) (string, error) {
 	return bin, nil
 }
 
-// refWrite runs nixlref's write: the median seconds per write.
-func refWrite(bin string, count int, piece uint64, iters int, delay time.Duration) (float64, error) {
+// refWrite runs nixlref's write: the median seconds per write and the
+// mean CPU seconds per timed write (its own getrusage over them).
+func refWrite(bin string, count int, piece uint64, iters int, delay time.Duration) (float64, float64, error) {
 	out, err := exec.Command(bin, "write", strconv.Itoa(count), strconv.FormatUint(piece, 10), strconv.Itoa(iters),
 		strconv.FormatInt(delay.Microseconds(), 10)).CombinedOutput()
 	if err != nil {
-		return 0, fmt.Errorf("nixlref: %v: %s", err, out)
+		return 0, 0, fmt.Errorf("nixlref: %v: %s", err, out)
 	}
-	return strconv.ParseFloat(strings.TrimSpace(lastLine(string(out))), 64)
+	var cpu float64
+	for _, l := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(l, "cpu "); ok {
+			cpu, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	sec, err := strconv.ParseFloat(strings.TrimSpace(lastLine(string(out))), 64)
+	return sec, cpu, err
 }
 
 func lastLine(s string) string {
@@ -59,40 +67,42 @@ func lastLine(s string) string {
 // bindingWrite does nixlref's write through kvbridge: two agents of engine
 // in this process, lists prepared once, one transfer posted per iteration
 // with a notification, Wait on the initiator, the target polling Notifs.
-func bindingWrite(engine, lib string, count int, piece uint64, iters int, delay time.Duration) (float64, error) {
+// It returns the median seconds per write and the mean CPU seconds per
+// timed write (this process).
+func bindingWrite(engine, lib string, count int, piece uint64, iters int, delay time.Duration) (float64, float64, error) {
 	open := func(role string) (*nixl.Agent, error) {
 		return nixl.Open(nixl.Config{Name: fmt.Sprintf("kvbench-nixl-%s-%d", role, time.Now().UnixNano()), Engine: engine,
 			NIXLLib: lib, NIXLProgressDelay: delay, UCX: map[string]string{"TLS": "posix,cma,self"}})
 	}
 	a, err := open("ini")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer a.Close()
 	t, err := open("tgt")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer t.Close()
 	size := uint64(count) * piece
 	_, src, err := a.Alloc(size)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	_, dst, err := t.Alloc(size)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	for i := range src {
 		src[i] = 7
 	}
 	md, err := t.Metadata()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	remote, err := a.LoadRemote(md)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	ls, rs, idx := make([]nixl.Desc, count), make([]nixl.Desc, count), make([]int, count)
 	for i := range ls {
@@ -102,30 +112,36 @@ func bindingWrite(engine, lib string, count int, piece uint64, iters int, delay 
 	}
 	l, err := a.PrepLocal(nixl.DRAM, ls)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	r, err := a.PrepRemote(remote, nixl.DRAM, rs)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	x, err := a.NewXfer(nixl.Write, l, idx, r, idx, []byte("n"))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer a.Release(x)
 	times := make([]float64, 0, iters)
+	var meter *cpustat.Meter
 	for i := 0; i <= iters; i++ { // i = 0 warms up
+		if i == 1 {
+			if meter, err = cpustat.Start(0); err != nil {
+				return 0, 0, err
+			}
+		}
 		t0 := time.Now()
 		if err := a.Post(x); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if st, err := a.Wait(context.Background(), x); st != nixl.Done {
-			return 0, fmt.Errorf("write: %v %v", st, err)
+			return 0, 0, fmt.Errorf("write: %v %v", st, err)
 		}
 		for got := 0; got == 0; {
 			ns, err := t.Notifs()
 			if err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			got = len(ns)
 		}
@@ -133,11 +149,15 @@ func bindingWrite(engine, lib string, count int, piece uint64, iters int, delay 
 			times = append(times, time.Since(t0).Seconds())
 		}
 	}
+	used, err := meter.Read()
+	if err != nil {
+		return 0, 0, err
+	}
 	if src[0] != dst[0] || src[size-1] != dst[size-1] {
-		return 0, errors.New("data did not arrive")
+		return 0, 0, errors.New("data did not arrive")
 	}
 	slices.Sort(times)
-	return times[len(times)/2], nil
+	return times[len(times)/2], used.Total().Seconds() / float64(iters), nil
 }
 
 // idleCPU is the CPU time this process used over d with one libnixl agent
@@ -148,14 +168,13 @@ func idleCPU(lib string, d time.Duration) (float64, error) {
 		return 0, err
 	}
 	defer a.Close()
-	cpu := func() float64 {
-		var ru syscall.Rusage
-		syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-		return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+	m, err := cpustat.Start(0)
+	if err != nil {
+		return 0, err
 	}
-	c0 := cpu()
 	time.Sleep(d)
-	return cpu() - c0, nil
+	r, err := m.Read()
+	return r.Total().Seconds(), err
 }
 
 func median(v []float64) float64 {
@@ -194,27 +213,30 @@ func (b *bench) nixlMode() error {
 	step, steps := 0, len(cases)*rounds+2
 	for _, c := range cases {
 		var cref, clib, cucx []float64
+		var pref, plib, pucx []float64 // CPU seconds per write
 		for r := 0; r < rounds; r++ {
 			progress("nixl", step, steps)
 			step++
-			v, err := refWrite(ref, c.count, c.piece, iters, delay)
+			v, p, err := refWrite(ref, c.count, c.piece, iters, delay)
 			if err != nil {
 				return err
 			}
-			cref = append(cref, v)
-			if v, err = bindingWrite(nixl.EngineLibNIXL, lib, c.count, c.piece, iters, delay); err != nil {
+			cref, pref = append(cref, v), append(pref, p)
+			if v, p, err = bindingWrite(nixl.EngineLibNIXL, lib, c.count, c.piece, iters, delay); err != nil {
 				return fmt.Errorf("libnixl: %w", err)
 			}
-			clib = append(clib, v)
-			if v, err = bindingWrite(nixl.EngineUCX, "", c.count, c.piece, iters, delay); err != nil {
+			clib, plib = append(clib, v), append(plib, p)
+			if v, p, err = bindingWrite(nixl.EngineUCX, "", c.count, c.piece, iters, delay); err != nil {
 				return fmt.Errorf("ucx: %w", err)
 			}
-			cucx = append(cucx, v)
+			cucx, pucx = append(cucx, v), append(pucx, p)
 		}
 		bytes := float64(uint64(c.count) * c.piece)
 		gb := func(sec []float64) float64 { return bytes / median(sec) / 1e9 }
+		perGB := func(cpu []float64) float64 { return median(cpu) / (bytes / 1e9) }
 		b.add(Row{Mode: "nixl", Name: fmt.Sprintf("write %d × %s + notif", c.count, human(c.piece)), Bytes: uint64(bytes),
-			Value: gb(clib), Unit: "GB/s", References: map[string]float64{"NIXL C program": gb(cref), "ucx engine": gb(cucx)}})
+			Value: gb(clib), Unit: "GB/s", References: map[string]float64{"NIXL C program": gb(cref), "ucx engine": gb(cucx)},
+			CPU: perGB(plib), CPUUnit: "s/GB", RefCPU: map[string]float64{"NIXL C program": perGB(pref), "ucx engine": perGB(pucx)}})
 	}
 	progress("nixl", step, steps)
 	step++
@@ -247,7 +269,7 @@ func (b *bench) nixlEndToEnd(ref string, delay time.Duration) error {
 	}
 	n := tokens / b.model.PageTokens
 	descs := n * 2 * b.model.Layers
-	gbps := map[string]float64{}
+	gbps, cpuRoom := map[string]float64{}, map[string]float64{}
 	for _, engine := range []string{nixl.EngineLibNIXL, nixl.EngineUCX} {
 		saved := b.engine
 		b.engine = engine
@@ -263,6 +285,11 @@ func (b *bench) nixlEndToEnd(ref string, delay time.Duration) error {
 			return err
 		}
 		var secs []float64
+		meter, err := cpustat.Start(0)
+		if err != nil {
+			c.close()
+			return err
+		}
 		for i := 0; i < iters; i++ {
 			src, dst := scatter("random", n, pages, rng), scatter("random", n, pages, rng)
 			t0 := time.Now()
@@ -272,16 +299,23 @@ func (b *bench) nixlEndToEnd(ref string, delay time.Duration) error {
 			}
 			secs = append(secs, time.Since(t0).Seconds())
 		}
+		used, err := meter.Read()
 		c.close()
+		if err != nil {
+			return err
+		}
 		gbps[engine] = float64(descs) * float64(b.model.PageBytes()) / median(secs) / 1e9
+		cpuRoom[engine] = used.Total().Seconds() / float64(iters)
 	}
-	v, err := refWrite(ref, descs, b.model.PageBytes(), iters, delay)
+	v, refCPU, err := refWrite(ref, descs, b.model.PageBytes(), iters, delay)
 	if err != nil {
 		return err
 	}
+	gb := float64(descs) * float64(b.model.PageBytes()) / 1e9
 	b.add(Row{Mode: "nixl", Name: fmt.Sprintf("e2e %s %d tok random, libnixl", b.model.Name, tokens),
 		Bytes: uint64(descs) * b.model.PageBytes(), Value: gbps[nixl.EngineLibNIXL], Unit: "GB/s",
-		References: map[string]float64{"NIXL C program, same descriptors": float64(descs) * float64(b.model.PageBytes()) / v / 1e9,
-			"ucx engine, same request": gbps[nixl.EngineUCX]}})
+		References: map[string]float64{"NIXL C program, same descriptors": gb / v, "ucx engine, same request": gbps[nixl.EngineUCX]},
+		CPU:        cpuRoom[nixl.EngineLibNIXL] / gb, CPUUnit: "s/GB", CPURoom: cpuRoom[nixl.EngineLibNIXL] * 1e6,
+		RefCPU: map[string]float64{"NIXL C program, same descriptors": refCPU / gb, "ucx engine, same request": cpuRoom[nixl.EngineUCX] / gb}})
 	return nil
 }

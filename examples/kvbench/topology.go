@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
@@ -162,42 +163,51 @@ func (b *bench) topologyMode() error {
 	n := tokens / b.model.PageTokens
 	pages := 2 * n
 	bytes := float64(n) * float64(b.model.PageBytes()) * float64(2*b.model.Layers) // into the decode instance, all ranks
-	measure := func(ptp, dtp int, layout transfer.PageLayout) (float64, error) {
+	// measure: GB/s, CPU s/GB and CPU µs per room (every rank is in this
+	// process).
+	measure := func(ptp, dtp int, layout transfer.PageLayout) (float64, float64, float64, error) {
 		c, err := b.topoCluster(ptp, dtp, layout, pages)
 		if err != nil {
-			return 0, err
+			return 0, 0, 0, err
 		}
 		defer c.close()
 		rng := rand.New(rand.NewPCG(3, 4))
 		all := scatter("contiguous", pages, pages, rng)
 		if err := c.room(all, all); err != nil { // warm up: touch every page
-			return 0, err
+			return 0, 0, 0, err
 		}
-		start := time.Now()
-		for i := 0; i < iters; i++ {
-			if err := c.room(scatter("fragmented", n, pages, rng), scatter("fragmented", n, pages, rng)); err != nil {
-				return 0, err
+		wall, cpu, err := cpuOver(func() error {
+			for i := 0; i < iters; i++ {
+				if err := c.room(scatter("fragmented", n, pages, rng), scatter("fragmented", n, pages, rng)); err != nil {
+					return err
+				}
 			}
+			return nil
+		})
+		if err != nil {
+			return 0, 0, 0, err
 		}
-		return bytes * float64(iters) / time.Since(start).Seconds() / 1e9, nil
+		return bytes * float64(iters) / wall.Seconds() / 1e9, cpustat.PerGB(cpu, bytes*float64(iters)),
+			float64(cpu.Microseconds()) / float64(iters), nil
 	}
 	steps := 0
 	for _, layout := range []transfer.PageLayout{transfer.HND, transfer.NHD} {
 		progress("topology", steps, 6)
-		ref, err := measure(1, 1, layout)
+		ref, refCPU, _, err := measure(1, 1, layout)
 		if err != nil {
 			return err
 		}
 		steps++
 		for _, tp := range [][2]int{{2, 1}, {1, 2}} {
 			progress("topology", steps, 6)
-			v, err := measure(tp[0], tp[1], layout)
+			v, cpu, room, err := measure(tp[0], tp[1], layout)
 			if err != nil {
 				return err
 			}
 			steps++
 			b.add(Row{Mode: "topology", Name: fmt.Sprintf("%s TP %d→%d %v %d tok", b.model.Name, tp[0], tp[1], layout, tokens),
-				Bytes: uint64(bytes), Value: v, Unit: "GB/s", References: map[string]float64{"TP 1→1": ref}})
+				Bytes: uint64(bytes), Value: v, Unit: "GB/s", References: map[string]float64{"TP 1→1": ref},
+				CPU: cpu, CPUUnit: "s/GB", RefCPU: map[string]float64{"TP 1→1": refCPU}, CPURoom: room})
 		}
 	}
 	progress("topology", steps, 6)
