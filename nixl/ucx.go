@@ -119,6 +119,15 @@ type ucx struct {
 	// endpoints use UCP_ERR_HANDLING_MODE_PEER.
 	peerErrors bool
 	ctx        *C.kvb_ctx
+	// waker: the worker's event fd in Go's poller (nil: none; the progress
+	// goroutine then backs off with a timer). wakeups counts the sleeps it
+	// ended, armFailed the arms that failed (both for tests and metrics).
+	waker     *ucxWaker
+	wakeups   atomic.Uint64
+	armFailed atomic.Uint64
+	// passes counts the progress loop's passes (tests: an idle agent makes
+	// none).
+	passes atomic.Uint64
 
 	cmds    chan func()
 	closing chan struct{}
@@ -418,6 +427,8 @@ func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 	ucxProcess.Unlock()
 	started <- nil
 
+	u.waker = u.newWaker()
+	w := u.waker
 	idle := time.Duration(0)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -437,35 +448,60 @@ func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 		n := C.kvb_progress(u.ctx)
 		u.advance()
 		u.collectNotifs()
+		u.passes.Add(1)
 		select {
 		case <-u.closing:
 			u.shutdown()
 			return
 		default:
 		}
-		if n > 0 || ran || len(u.active) > 0 {
+		if n > 0 || ran {
 			idle, last = 0, time.Now()
-			if len(u.active) == 0 && n == 0 {
+			if n == 0 {
 				runtime.Gosched()
 			}
 			continue
 		}
 		if time.Since(last) < spinWindow {
-			// Recently busy: keep polling so the next command or message
-			// is picked up without a thread wake-up.
+			// Recently busy: keep polling so the next command, completion
+			// or message is picked up without a thread wake-up.
 			runtime.Gosched()
 			continue
 		}
-		// Idle: back off from 20 µs to 1 ms, waking at once for a command.
-		idle = min(max(2*idle, 20*time.Microsecond), time.Millisecond)
-		timer.Reset(idle)
+		// Quiet for the spin window: sleep until the worker has an event, a
+		// command arrives, or (transfers in flight, or no event fd) a
+		// back-off timer fires.
+		var ready <-chan struct{}
+		if w != nil {
+			switch st := C.kvb_arm(u.ctx); st {
+			case C.UCS_OK:
+				ready = w.wait()
+			case C.UCS_ERR_BUSY:
+				continue // events pending: progress them
+			default:
+				u.armFailed.Add(1)
+			}
+		}
+		var tc <-chan time.Time
+		if ready == nil || len(u.active) > 0 {
+			// A backstop where an event might not come: without the
+			// event fd, and for completions of transports that raise
+			// none. Back off from 20 µs to 1 ms.
+			idle = min(max(2*idle, 20*time.Microsecond), time.Millisecond)
+			timer.Reset(idle)
+			tc = timer.C
+		}
 		select {
 		case f := <-u.cmds:
 			f()
-		case <-timer.C:
+			last = time.Now()
+		case <-ready:
+			w.woke()
+			u.wakeups.Add(1)
+		case <-tc:
 		case <-u.closing:
 		}
-		if !timer.Stop() {
+		if tc != nil && !timer.Stop() {
 			select {
 			case <-timer.C:
 			default:
@@ -1193,6 +1229,9 @@ func (u *ucx) shutdown() {
 	}
 	for r := range u.regs {
 		u.unmap(r)
+	}
+	if u.waker != nil {
+		u.waker.close()
 	}
 	C.kvb_destroy(u.ctx)
 	for {

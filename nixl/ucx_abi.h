@@ -27,6 +27,7 @@ typedef uint64_t ucp_datatype_t;
 enum {
 	UCS_OK = 0,
 	UCS_INPROGRESS = 1,
+	UCS_ERR_BUSY = -15,
 	UCS_ERR_CANCELED = -16,
 	UCS_ERR_TIMED_OUT = -20,
 	UCS_ERR_LAST = -100,
@@ -43,6 +44,7 @@ enum { UCP_ERR_HANDLING_MODE_NONE = 0, UCP_ERR_HANDLING_MODE_PEER = 1 };
 enum {
 	UCP_PARAM_FIELD_FEATURES = KVBU_BIT(0),
 	UCP_FEATURE_RMA = KVBU_BIT(1),
+	UCP_FEATURE_WAKEUP = KVBU_BIT(4),
 	UCP_FEATURE_AM = KVBU_BIT(6),
 	UCP_WORKER_PARAM_FIELD_THREAD_MODE = KVBU_BIT(0),
 	UCP_AM_HANDLER_PARAM_FIELD_ID = KVBU_BIT(0),
@@ -162,6 +164,8 @@ typedef struct kvbu_api {
 	ucs_status_t (*ucp_worker_get_address)(ucp_worker_h, ucp_address_t **, size_t *);
 	void (*ucp_worker_release_address)(ucp_worker_h, ucp_address_t *);
 	unsigned (*ucp_worker_progress)(ucp_worker_h);
+	ucs_status_t (*ucp_worker_get_efd)(ucp_worker_h, int *);
+	ucs_status_t (*ucp_worker_arm)(ucp_worker_h);
 	ucs_status_t (*ucp_worker_set_am_recv_handler)(ucp_worker_h, const ucp_am_handler_param_t *);
 	ucs_status_t (*ucp_ep_create)(ucp_worker_h, const ucp_ep_params_t *, ucp_ep_h *);
 	ucs_status_ptr_t (*ucp_ep_close_nbx)(ucp_ep_h, const ucp_request_param_t *);

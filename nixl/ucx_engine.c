@@ -35,6 +35,8 @@ int kvbu_load(const char *path, char *err, size_t errlen)
 	SYM(ucp_worker_get_address);
 	SYM(ucp_worker_release_address);
 	SYM(ucp_worker_progress);
+	SYM(ucp_worker_get_efd);
+	SYM(ucp_worker_arm);
 	SYM(ucp_worker_set_am_recv_handler);
 	SYM(ucp_ep_create);
 	SYM(ucp_ep_close_nbx);
@@ -116,7 +118,9 @@ int kvb_init(kvb_ctx **out, const char **keys, const char **vals, int n, char *e
 	kvb_ctx *c = calloc(1, sizeof(*c));
 	ucp_params_t p = {0};
 	p.field_mask = UCP_PARAM_FIELD_FEATURES;
-	p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+	// WAKEUP: the worker's event fd (kvb_efd, kvb_arm) lets the progress
+	// goroutine sleep until traffic arrives instead of polling.
+	p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
 	st = kvbu.ucp_init_version(1, 13, &p, cfg, &c->ctx);
 	kvbu.ucp_config_release(cfg);
 	if (st != UCS_OK) {
@@ -185,6 +189,10 @@ unsigned kvb_progress(kvb_ctx *c)
 	}
 	return total;
 }
+
+int kvb_efd(kvb_ctx *c, int *fd) { return kvbu.ucp_worker_get_efd(c->worker, fd); }
+
+int kvb_arm(kvb_ctx *c) { return kvbu.ucp_worker_arm(c->worker); }
 
 char *kvb_ptr(uintptr_t addr) { return (char *)addr; }
 

@@ -58,6 +58,11 @@ int kvb_init(kvb_ctx **out, const char **keys, const char **vals, int n, char *e
 void kvb_destroy(kvb_ctx *c);
 int kvb_worker_address(kvb_ctx *c, void **addr, size_t *len);
 unsigned kvb_progress(kvb_ctx *c);
+// kvb_efd gives the worker's event fd: readable when the worker has events
+// to progress, once kvb_arm returned 0 (UCS_OK). kvb_arm returns
+// UCS_ERR_BUSY while events are pending (progress, then arm again).
+int kvb_efd(kvb_ctx *c, int *fd);
+int kvb_arm(kvb_ctx *c);
 
 int kvb_mem_map(kvb_ctx *c, uintptr_t addr, size_t len, int allocate, ucp_mem_h *memh, uintptr_t *out_addr,
 		void **rkey, size_t *rkey_len);

@@ -1,0 +1,93 @@
+package nixl
+
+import (
+	"bytes"
+	"testing"
+	"time"
+)
+
+// settle waits until a's progress loop has stopped making passes (it is
+// asleep), bounded: every 20 ms it compares the pass count.
+func settle(t *testing.T, a *Agent) *ucx {
+	t.Helper()
+	u := a.b.(*ucx)
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	prev := u.passes.Load()
+	for range tick.C {
+		now := u.passes.Load()
+		if now == prev {
+			return u
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent %s: its progress loop is still making passes after 10 s idle (%d in the last 20 ms)", a.Name(), now-prev)
+		}
+		prev = now
+	}
+	return u
+}
+
+// TestUCXIdleSleepsOnEventFD: an idle ucx agent's progress goroutine sleeps
+// on the worker's event fd (issue 24: it woke every millisecond, 5 % of a
+// core), and traffic still wakes it: a notification sent to a sleeping
+// agent is delivered, and a put over tcp — emulated, so the sleeping
+// target must progress for it to land — completes.
+func TestUCXIdleSleepsOnEventFD(t *testing.T) {
+	for _, ec := range engines()[1:3] { // ucx-shm, ucx-tcp
+		t.Run(ec.name, func(t *testing.T) {
+			p := newPair(t, ec)
+			const size = 1 << 20
+			_, src, _ := p.ini.Alloc(size)
+			_, dst, _ := p.tgt.Alloc(size)
+			p.remote = exchange(t, p.ini, p.tgt)
+			// Endpoints wired up both ways before the agents go idle.
+			if err := p.tgt.GenNotif(p.ini.Name(), []byte("hello")); err != nil {
+				t.Fatal(err)
+			}
+			waitNotif(t, p.ini, time.Minute)
+
+			for _, a := range []*Agent{p.ini, p.tgt} {
+				u := settle(t, a)
+				if u.waker == nil {
+					t.Fatalf("agent %s has no event fd: its progress goroutine polls", a.Name())
+				}
+				before := u.passes.Load()
+				time.Sleep(100 * time.Millisecond) // observed, not synchronised on
+				if n := u.passes.Load() - before; n > 3 {
+					t.Fatalf("agent %s idle: %d progress passes in 100 ms (the 1 ms back-off made ~100)", a.Name(), n)
+				}
+			}
+
+			// A message to the sleeping target wakes it.
+			tu := p.tgt.b.(*ucx)
+			woke := tu.wakeups.Load()
+			if err := p.ini.GenNotif(p.remote, []byte("wake")); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-p.tgt.NotifyC():
+			case <-time.After(time.Minute):
+				t.Fatal("a notification to a sleeping agent was not delivered within a minute")
+			}
+			if n := waitNotif(t, p.tgt, time.Minute); string(n.Msg) != "wake" {
+				t.Fatalf("delivered %q", n.Msg)
+			}
+			if tu.wakeups.Load() == woke {
+				t.Fatal("the notification was delivered without the event fd waking the target")
+			}
+
+			// A write into the sleeping target, notification included.
+			settle(t, p.tgt)
+			fill(src, 24)
+			x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("data"))
+			if st, err := wait(t, p.ini, x, time.Minute); st != Done {
+				t.Fatalf("write into a sleeping target: %v %v", st, err)
+			}
+			if n := waitNotif(t, p.tgt, time.Minute); string(n.Msg) != "data" || !bytes.Equal(src, dst) {
+				t.Fatalf("notification %q, data equal %v", n.Msg, bytes.Equal(src, dst))
+			}
+			p.ini.Release(x)
+		})
+	}
+}
