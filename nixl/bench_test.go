@@ -1,14 +1,75 @@
 package nixl
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/cpustat"
 )
 
 // Engine write bandwidth. scripts/bench-engine.sh runs these next to
 // ucx_perftest at the same sizes and transports and prints the ratios.
+// Every benchmark also reports its CPU (user + system) per GB moved, of
+// every process involved: cpu-s/GB (issue 24: ≤ 1.2 × ucx_perftest's on
+// the same transport and memory); the cross-process ones also say the
+// target process's share (tgt-cpu-s/GB).
+
+// benchCPU measures the CPU of this process and of a target child (nil:
+// none) over a benchmark's timed loop.
+type benchCPU struct {
+	m     *cpustat.Meter
+	child *child
+	c0    time.Duration
+}
+
+func startCPU(b *testing.B, c *child) *benchCPU {
+	m, err := cpustat.Start(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cpu := &benchCPU{m: m, child: c}
+	if c != nil {
+		cpu.c0 = childCPU(b, c)
+	}
+	return cpu
+}
+
+// childCPU asks a bench child for its CPU time so far: its own getrusage,
+// to the microsecond (/proc counts 10 ms ticks, too coarse for a short
+// benchmark). Call it outside the timed region.
+func childCPU(b *testing.B, c *child) time.Duration {
+	if _, err := fmt.Fprintln(c.stdin, "cpu"); err != nil {
+		b.Fatal(err)
+	}
+	ns, err := strconv.ParseInt(strings.Fields(c.line(b, "CPU"))[1], 10, 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ns)
+}
+
+// report reports cpu-s/GB over bytes moved, both processes, and
+// tgt-cpu-s/GB, the child's share. Call it after StopTimer.
+func (c *benchCPU) report(b *testing.B, bytes float64) {
+	r, err := c.m.Read()
+	if err != nil {
+		b.Fatal(err)
+	}
+	total := r.Total()
+	if c.child != nil {
+		tgt := childCPU(b, c.child) - c.c0
+		total += tgt
+		b.ReportMetric(cpustat.PerGB(tgt, bytes), "tgt-cpu-s/GB")
+	}
+	b.ReportMetric(cpustat.PerGB(total, bytes), "cpu-s/GB")
+}
 
 var benchEngines = []engineCase{
 	{"ucx-shm", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: shmUCX} }, ""},
@@ -62,6 +123,7 @@ func benchWrite(b *testing.B, ec engineCase, pieces, piece int) {
 	}
 	b.SetBytes(int64(pieces * piece))
 	b.ResetTimer()
+	cpu := startCPU(b, nil)
 	for i := 0; i < b.N; i++ {
 		if err := p.ini.Post(x); err != nil {
 			b.Fatal(err)
@@ -69,6 +131,7 @@ func benchWrite(b *testing.B, ec engineCase, pieces, piece int) {
 		spin(b, p.ini, x)
 	}
 	b.StopTimer()
+	cpu.report(b, float64(pieces*piece)*float64(b.N))
 	p.ini.Release(x)
 }
 
@@ -97,72 +160,284 @@ func BenchmarkMemcpy(b *testing.B) {
 			_, src, _ := a.Alloc(uint64(n))
 			_, dst, _ := a.Alloc(uint64(n))
 			b.SetBytes(int64(n))
+			cpu := startCPU(b, nil)
 			for i := 0; i < b.N; i++ {
 				copy(dst, src)
 			}
+			cpu.report(b, float64(n)*float64(b.N))
 		})
 	}
 }
+
+// The target process of the cross-process benchmarks: this test binary
+// re-executed with KVBRIDGE_NIXL_BENCH_CHILD (by startChild, so it speaks
+// the same protocol as runChild: "MD <metadata> <address>", then it
+// lives until stdin closes; a line "cpu" on stdin is answered "CPU <its
+// CPU time so far, ns>"). Unlike runChild, which polls for its test's
+// "verify" notifications every 100 µs, it waits on NotifyC and drains,
+// as a decode rank's notifier does, so the CPU it reports is the
+// engine's and not a test's polling loop. It runs from init, before
+// TestMain.
+func init() {
+	if os.Getenv("KVBRIDGE_NIXL_BENCH_CHILD") != "" {
+		os.Exit(benchChild())
+	}
+}
+
+func benchChild() int {
+	cfg := Config{Name: fmt.Sprintf("bench-child-%d", os.Getpid()), Engine: EngineUCX, UCX: shmUCX}
+	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "tcp" {
+		cfg.UCX = tcpUCX
+	}
+	a, err := Open(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer a.Close()
+	size, err := strconv.Atoi(os.Getenv("KVBRIDGE_NIXL_CHILD_SIZE"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "KVBRIDGE_NIXL_CHILD_SIZE:", err)
+		return 1
+	}
+	var buf []byte
+	if os.Getenv("KVBRIDGE_NIXL_CHILD_MEM") == "caller" {
+		if buf, err = syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON); err == nil {
+			_, err = a.Register(DRAM, []Desc{BytesDesc(buf)})
+		}
+	} else {
+		_, buf, err = a.Alloc(uint64(size))
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fill(buf, 1) // first touch before the benchmark, as a serving engine's KV cache
+	md, err := a.Metadata()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("MD %x %x\n", md, BytesDesc(buf).Addr)
+	eof := make(chan struct{})
+	go func() {
+		defer close(eof)
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			if sc.Text() == "cpu" {
+				fmt.Printf("CPU %d\n", cpustat.Self().Total().Nanoseconds())
+			}
+		}
+	}()
+	wake := a.NotifyC()
+	for {
+		select {
+		case <-eof:
+			return 0
+		case <-wake:
+			a.Notifs()
+		}
+	}
+}
+
+// crossCase is one cross-process benchmark's set-up: this process's agent
+// with the source registered as mem says, the target child, the source
+// list, and the remote list of slots destinations of n bytes each, one
+// after another in the child's buffer.
+type crossCase struct {
+	a     *Agent
+	c     *child
+	local *Prepped
+	dests *Prepped
+}
+
+func newCrossCase(b *testing.B, transport string, ucx map[string]string, mem string, n, slots int) *crossCase {
+	c := startChild(b, transport, "KVBRIDGE_NIXL_BENCH_CHILD=1", "KVBRIDGE_NIXL_CHILD_MEM="+mem,
+		"KVBRIDGE_NIXL_CHILD_SIZE="+strconv.Itoa(n*slots))
+	a, err := Open(Config{Name: fmt.Sprintf("bench-parent-%d", agentSeq.Add(1)), Engine: EngineUCX, UCX: ucx})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { a.Close() })
+	remote, err := a.LoadRemote(c.md)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var src []byte
+	if mem == "caller" {
+		if src, err = syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { syscall.Munmap(src) })
+		if _, err := a.Register(DRAM, []Desc{BytesDesc(src)}); err != nil {
+			b.Fatal(err)
+		}
+	} else if _, src, err = a.Alloc(uint64(n)); err != nil {
+		b.Fatal(err)
+	}
+	fill(src, 3)
+	l, err := a.PrepLocal(DRAM, []Desc{BytesDesc(src)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ds []Desc
+	for k := 0; k < slots; k++ {
+		ds = append(ds, Desc{Addr: c.addr + uintptr(k*n), Len: uint64(n)})
+	}
+	r, err := a.PrepRemote(remote, DRAM, ds)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &crossCase{a: a, c: c, local: l, dests: r}
+}
+
+// xfer is a write of the source to destination slot k, with notif (nil:
+// none).
+func (cc *crossCase) xfer(b *testing.B, k int, notif []byte) *Xfer {
+	x, err := cc.a.NewXfer(Write, cc.local, []int{0}, cc.dests, []int{k}, notif)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cc.a.Release(x) })
+	return x
+}
+
+func (cc *crossCase) wait(b *testing.B, x *Xfer) {
+	if st, err := cc.a.Wait(context.Background(), x); st != Done {
+		b.Fatal(st, err)
+	}
+}
+
+var crossTransports = []struct {
+	transport string
+	ucx       map[string]string
+}{{"shm", shmUCX}, {"tcp", tcpUCX}}
 
 // BenchmarkWriteCrossProcess: the ucx engine between two processes, as
 // ucx_perftest runs, on memory UCX allocated ("engine": a shared-memory
 // peer maps it and the write is a copy) and on memory the caller allocated
 // and registered ("caller", as a serving engine's KV cache: puts), every
-// write with its notification and waited for.
+// write with its notification and waited for. CPU: both processes.
 func BenchmarkWriteCrossProcess(b *testing.B) {
-	for _, tc := range []struct {
-		transport string
-		ucx       map[string]string
-	}{{"shm", shmUCX}, {"tcp", tcpUCX}} {
+	for _, tc := range crossTransports {
 		for _, mem := range []string{"engine", "caller"} {
 			for _, n := range []int{64 << 10, 1 << 20, 64 << 20} {
 				b.Run(fmt.Sprintf("%s/%s/%s", tc.transport, mem, sizeName(n)), func(b *testing.B) {
-					c := startChild(b, tc.transport, "KVBRIDGE_NIXL_CHILD_MEM="+mem)
-					a, err := Open(Config{Name: fmt.Sprintf("bench-parent-%d", agentSeq.Add(1)), Engine: EngineUCX, UCX: tc.ucx})
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer a.Close()
-					remote, err := a.LoadRemote(c.md)
-					if err != nil {
-						b.Fatal(err)
-					}
-					var src []byte
-					if mem == "caller" {
-						if src, err = syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON); err != nil {
-							b.Fatal(err)
-						}
-						defer syscall.Munmap(src)
-						if _, err := a.Register(DRAM, []Desc{BytesDesc(src)}); err != nil {
-							b.Fatal(err)
-						}
-					} else if _, src, err = a.Alloc(uint64(n)); err != nil {
-						b.Fatal(err)
-					}
-					fill(src, 3)
-					l, _ := a.PrepLocal(DRAM, []Desc{BytesDesc(src)})
-					r, err := a.PrepRemote(remote, DRAM, []Desc{{Addr: c.addr, Len: uint64(n)}})
-					if err != nil {
-						b.Fatal(err)
-					}
-					x, err := a.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("bench"))
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer a.Release(x)
+					cc := newCrossCase(b, tc.transport, tc.ucx, mem, n, 1)
+					x := cc.xfer(b, 0, []byte("bench"))
 					b.SetBytes(int64(n))
-					for i := -1; i < b.N; i++ { // i = −1 warms up (connection, first touch)
-						if i == 0 {
-							b.ResetTimer()
-						}
-						if err := a.Post(x); err != nil {
+					once := func() {
+						if err := cc.a.Post(x); err != nil {
 							b.Fatal(err)
 						}
-						if st, err := a.Wait(context.Background(), x); st != Done {
-							b.Fatal(st, err)
-						}
+						cc.wait(b, x)
+					}
+					once() // warms up (connection, first touch)
+					cpu := startCPU(b, cc.c)
+					b.ResetTimer()
+					for i := 0; i < b.N; i++ {
+						once()
 					}
 					b.StopTimer()
+					cpu.report(b, float64(n)*float64(b.N))
+				})
+			}
+		}
+	}
+}
+
+// streamDepth is how many writes to the peer a streamed benchmark keeps
+// in flight: a chunk's writes, or the window.
+const streamDepth = 8
+
+// BenchmarkWriteStreamed: writes to one peer in flight together, the way
+// ucx_perftest streams its puts and a transfer worker posts a chunk's
+// writes (issue 24 part 4), cross-process as BenchmarkWriteCrossProcess:
+//
+//   - chunk8: one op is a chunk of 8 writes posted back to back, only the
+//     last carrying the notification, then all 8 waited for (SetBytes is
+//     the chunk's bytes);
+//   - window8: one op is one write, 8 kept in flight at once (PostTo on
+//     one completion channel, each finished write posted again at once);
+//     one write of the 8 carries the notification, so one per 8 writes.
+//
+// The writes go to successive slots of the peer's buffer (at most 256
+// MiB of it; 64 MiB writes share 4 slots). CPU: both processes.
+func BenchmarkWriteStreamed(b *testing.B) {
+	for _, tc := range crossTransports {
+		for _, mem := range []string{"engine", "caller"} {
+			for _, n := range []int{64 << 10, 1 << 20, 64 << 20} {
+				slots := max(1, min(streamDepth, (256<<20)/n))
+				b.Run(fmt.Sprintf("%s/%s/%s/chunk%d", tc.transport, mem, sizeName(n), streamDepth), func(b *testing.B) {
+					cc := newCrossCase(b, tc.transport, tc.ucx, mem, n, slots)
+					xs := make([]*Xfer, streamDepth)
+					for k := range xs {
+						var notif []byte
+						if k == len(xs)-1 {
+							notif = []byte("chunk")
+						}
+						xs[k] = cc.xfer(b, k%slots, notif)
+					}
+					chunk := func() {
+						for _, x := range xs {
+							if err := cc.a.Post(x); err != nil {
+								b.Fatal(err)
+							}
+						}
+						for _, x := range xs {
+							cc.wait(b, x)
+						}
+					}
+					chunk() // warm up (connection, first touch)
+					b.SetBytes(int64(n * streamDepth))
+					cpu := startCPU(b, cc.c)
+					b.ResetTimer()
+					for i := 0; i < b.N; i++ {
+						chunk()
+					}
+					b.StopTimer()
+					cpu.report(b, float64(n*streamDepth)*float64(b.N))
+				})
+				b.Run(fmt.Sprintf("%s/%s/%s/window%d", tc.transport, mem, sizeName(n), streamDepth), func(b *testing.B) {
+					cc := newCrossCase(b, tc.transport, tc.ucx, mem, n, slots)
+					xs := make([]*Xfer, streamDepth)
+					for k := range xs {
+						var notif []byte
+						if k == len(xs)-1 {
+							notif = []byte("window")
+						}
+						xs[k] = cc.xfer(b, k%slots, notif)
+					}
+					done := make(chan *Xfer, len(xs))
+					// stream posts writes until total have been posted, at most
+					// len(xs) in flight, and waits for all of them.
+					stream := func(total int) {
+						posted := 0
+						for ; posted < min(total, len(xs)); posted++ {
+							if err := cc.a.PostTo(xs[posted], done); err != nil {
+								b.Fatal(err)
+							}
+						}
+						for finished := 0; finished < total; finished++ {
+							x := <-done
+							if st, err := cc.a.Status(x); st != Done {
+								b.Fatal(st, err)
+							}
+							if posted < total {
+								if err := cc.a.PostTo(x, done); err != nil {
+									b.Fatal(err)
+								}
+								posted++
+							}
+						}
+					}
+					stream(len(xs)) // warm up
+					b.SetBytes(int64(n))
+					cpu := startCPU(b, cc.c)
+					b.ResetTimer()
+					stream(b.N)
+					b.StopTimer()
+					cpu.report(b, float64(n)*float64(b.N))
 				})
 			}
 		}
