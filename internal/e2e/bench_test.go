@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
@@ -134,10 +135,38 @@ func (c *benchCluster) oneRoom(b *testing.B, id uint64, tokens int, pageTokens i
 	return el
 }
 
+// cpuMeter starts measuring this process's CPU (every rank of these
+// clusters is in it); cpuOf reads it.
+func cpuMeter(b *testing.B) *cpustat.Meter {
+	m, err := cpustat.Start(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+func cpuOf(b *testing.B, m *cpustat.Meter) time.Duration {
+	r, err := m.Read()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r.Total()
+}
+
+// reportCPU reports CPU per GB over bytes and per room over rooms
+// (issue 24: the cost of each figure).
+func reportCPU(b *testing.B, cpu time.Duration, bytes float64, rooms int) {
+	if bytes > 0 {
+		b.ReportMetric(cpustat.PerGB(cpu, bytes), "cpu-s/GB")
+	}
+	b.ReportMetric(float64(cpu.Microseconds())/float64(max(rooms, 1)), "cpu-µs/room")
+}
+
 // bulkGBps measures the engine's write bandwidth between the same two
 // agents: streams goroutines at once, each writing descs descriptors of
-// size/descs bytes (region i to region i, contiguous), iters times.
-func (c *benchCluster) bulkGBps(b *testing.B, size uint64, descs, streams, iters int) float64 {
+// size/descs bytes (region i to region i, contiguous), iters times. It
+// returns GB/s and CPU s/GB.
+func (c *benchCluster) bulkGBps(b *testing.B, size uint64, descs, streams, iters int) (float64, float64) {
 	a := c.prefill.Agent()
 	md, err := c.decode.Agent().Metadata()
 	if err != nil {
@@ -150,6 +179,7 @@ func (c *benchCluster) bulkGBps(b *testing.B, size uint64, descs, streams, iters
 	src, dst := c.prefill.Config().Layout.Regions, c.decode.Config().Layout.Regions
 	each := size / uint64(descs)
 	var wg sync.WaitGroup
+	m := cpuMeter(b)
 	start := time.Now()
 	for s := 0; s < streams; s++ {
 		var ls, rs []nixl.Desc
@@ -177,7 +207,8 @@ func (c *benchCluster) bulkGBps(b *testing.B, size uint64, descs, streams, iters
 		}()
 	}
 	wg.Wait()
-	return float64(size) * float64(streams) * float64(iters) / time.Since(start).Seconds() / 1e9
+	bytes := float64(size) * float64(streams) * float64(iters)
+	return bytes / time.Since(start).Seconds() / 1e9, cpustat.PerGB(cpuOf(b, m), bytes)
 }
 
 // BenchmarkEndToEnd: Llama-3-8B-shaped requests over ucx shared memory,
@@ -194,25 +225,31 @@ func BenchmarkEndToEnd(b *testing.B) {
 	// contiguous descriptor per region), at the same concurrency.
 	for _, tokens := range []int{128, 4096, 8192} {
 		b.Run(fmt.Sprintf("sequential-%dtok-random", tokens), func(b *testing.B) {
-			bulk := c.bulkGBps(b, uint64(perRoom(tokens)), 2*llamaLayers, 1, 10)
+			bulk, bulkCPU := c.bulkGBps(b, uint64(perRoom(tokens)), 2*llamaLayers, 1, 10)
+			m := cpuMeter(b)
 			start := time.Now()
 			for i := 0; i < b.N; i++ {
 				room++
 				c.oneRoom(b, room, tokens, 16)
 			}
 			el := time.Since(start)
+			cpu := cpuOf(b, m)
 			gbps := perRoom(tokens) * float64(b.N) / el.Seconds() / 1e9
 			b.ReportMetric(float64(el.Microseconds())/float64(b.N), "µs/request")
 			b.ReportMetric(gbps, "GB/s")
 			b.ReportMetric(bulk, "bulk-GB/s")
 			b.ReportMetric(gbps/bulk, "ratio")
+			reportCPU(b, cpu, perRoom(tokens)*float64(b.N), b.N)
+			b.ReportMetric(bulkCPU, "bulk-cpu-s/GB")
+			b.ReportMetric(cpustat.PerGB(cpu, perRoom(tokens)*float64(b.N))/bulkCPU, "cpu-ratio")
 		})
 	}
 	b.Run("sustained-8streams-2048tok", func(b *testing.B) {
 		const streams, tokens = 8, 2048
-		bulk := c.bulkGBps(b, uint64(perRoom(tokens)), 2*llamaLayers, streams, 5)
+		bulk, bulkCPU := c.bulkGBps(b, uint64(perRoom(tokens)), 2*llamaLayers, streams, 5)
 		var wg sync.WaitGroup
 		var next sync.Mutex
+		m := cpuMeter(b)
 		start := time.Now()
 		for s := 0; s < streams; s++ {
 			wg.Add(1)
@@ -229,10 +266,14 @@ func BenchmarkEndToEnd(b *testing.B) {
 		}
 		wg.Wait()
 		el := time.Since(start)
+		cpu := cpuOf(b, m)
 		gbps := perRoom(tokens) * float64(b.N) / el.Seconds() / 1e9
 		b.ReportMetric(gbps, "GB/s")
 		b.ReportMetric(bulk, "bulk-GB/s")
 		b.ReportMetric(gbps/bulk, "ratio")
+		reportCPU(b, cpu, perRoom(tokens)*float64(b.N), b.N)
+		b.ReportMetric(bulkCPU, "bulk-cpu-s/GB")
+		b.ReportMetric(cpustat.PerGB(cpu, perRoom(tokens)*float64(b.N))/bulkCPU, "cpu-ratio")
 	})
 }
 
@@ -276,14 +317,22 @@ func BenchmarkMix(b *testing.B) {
 		return float64(v[min(len(v)-1, int(p*float64(len(v))))].Microseconds()) / 1e3
 	}
 	b.ResetTimer()
+	m := cpuMeter(b)
 	alone := run(b.N, func(int) int { return 128 })
+	aloneCPU := cpuOf(b, m)
 	mixed := run(b.N, func(i int) int {
 		if i%10 == 9 {
 			return 8192
 		}
 		return 128
 	})
+	mixCPU := cpuOf(b, m) - aloneCPU
 	b.StopTimer()
+	short := float64((128+15)/16) * llamaPage * 2 * llamaLayers
+	long := float64(8192/16) * llamaPage * 2 * llamaLayers
+	b.ReportMetric(cpustat.PerGB(aloneCPU, short*float64(b.N)), "alone-cpu-s/GB")
+	b.ReportMetric(cpustat.PerGB(mixCPU, short*float64(b.N-b.N/10)+long*float64(b.N/10)), "mix-cpu-s/GB")
+	b.ReportMetric(float64(aloneCPU.Microseconds())/float64(b.N), "alone-cpu-µs/room")
 	b.ReportMetric(pct(alone, 0.5), "alone-p50-ms")
 	b.ReportMetric(pct(mixed, 0.5), "mix-p50-ms")
 	b.ReportMetric(pct(mixed, 0.99), "mix-p99-ms")
@@ -303,6 +352,7 @@ func BenchmarkControlOverhead(b *testing.B) {
 			c.mu.Unlock()
 			var wg sync.WaitGroup
 			sem := make(chan struct{}, inflight)
+			m := cpuMeter(b)
 			for i := 0; i < b.N; i++ {
 				sem <- struct{}{}
 				wg.Add(1)
@@ -313,6 +363,9 @@ func BenchmarkControlOverhead(b *testing.B) {
 				}(uint64(100 + i))
 			}
 			wg.Wait()
+			// Per room: both ranks' control path and 64 KiB of data (8
+			// pages of 1 KiB in each of the 8 regions), so mostly control.
+			reportCPU(b, cpuOf(b, m), 0, b.N)
 			var a, d []time.Duration
 			c.mu.Lock()
 			for _, tr := range c.traces {
@@ -352,6 +405,7 @@ func BenchmarkInFlight(b *testing.B) {
 			var short []time.Duration
 			var wg sync.WaitGroup
 			sem := make(chan struct{}, 8)
+			m := cpuMeter(b)
 			start := time.Now()
 			var moved float64
 			for i := 0; i < b.N; i++ {
@@ -381,6 +435,7 @@ func BenchmarkInFlight(b *testing.B) {
 			el := time.Since(start)
 			sort.Slice(short, func(i, j int) bool { return short[i] < short[j] })
 			b.ReportMetric(moved/el.Seconds()/1e9, "GB/s")
+			reportCPU(b, cpuOf(b, m), moved, b.N)
 			b.ReportMetric(float64(short[len(short)/2].Microseconds())/1e3, "short-p50-ms")
 			b.ReportMetric(float64(short[min(len(short)-1, len(short)*99/100)].Microseconds())/1e3, "short-p99-ms")
 		})
