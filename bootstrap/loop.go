@@ -161,19 +161,21 @@ type watchCmd struct {
 
 // Loop is a rank's control loop. ZeroMQ sockets are not thread-safe, so
 // each has one owner at any moment: the receive goroutine owns the PULL
-// socket, the ZAP handler and the wake socket; a peer's PUSH socket is used
-// under that peer's lock, by the caller of Send itself (no hand-off to
-// another goroutine) or by the heartbeat goroutine, which sends PINGs and
-// retries the ordered backlogs of peers ZeroMQ would not take more from.
+// socket, and blocks in it (no poll: Close wakes it by terminating the
+// context); the ZAP goroutine, with CURVE on, owns the ZAP handler's
+// socket; a peer's PUSH socket is used under that peer's lock, by the
+// caller of Send itself (no hand-off to another goroutine) or by the
+// heartbeat goroutine, which sends PINGs and retries the ordered backlogs
+// of peers ZeroMQ would not take more from.
 type Loop struct {
 	cfg  LoopConfig
 	id   From
 	log  *zap.Logger
-	ctx  *zmq.Context
+	ctx  *zctx
 	stat counters
 	coll *collector
 
-	pull, zap, wakeR, wakeW *zmq.Socket
+	pull, zap *zsock
 
 	snd  *sender
 	addr *addressing // nil when Insecure
@@ -182,6 +184,7 @@ type Loop struct {
 	closing   chan struct{}
 	sendDone  chan struct{}
 	recvDone  chan struct{}
+	zapDone   chan struct{}
 	closeErr  error
 }
 
@@ -227,7 +230,7 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 		cfg.Security = &sec
 	}
 	l = &Loop{cfg: cfg, id: cfg.Identity, log: cfg.Logger,
-		closing: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{})}
+		closing: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), zapDone: make(chan struct{})}
 	l.snd = newSender(l)
 	if cfg.Auth != nil {
 		l.addr = newAddressing(cfg.Auth, cfg.RankIdentity, cfg.Identity.Role)
@@ -243,62 +246,51 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 	if l.id.Epoch == 0 {
 		l.id.Epoch = NewEpoch()
 	}
-	if l.ctx, err = zmq.NewContext(); err != nil {
+	if l.ctx, err = newZctx(); err != nil {
 		return nil, fmt.Errorf("bootstrap: zmq context: %w", err)
 	}
 	fail := func(what string, err error) (*Loop, error) {
-		for _, s := range []*zmq.Socket{l.pull, l.zap, l.wakeR, l.wakeW} {
-			if s != nil {
-				s.Close()
-			}
-		}
-		l.ctx.Term()
+		l.pull.close()
+		l.zap.close()
+		l.ctx.term()
 		return nil, fmt.Errorf("bootstrap: %s (rank %s): %w", what, cfg.Identity.Peer(), err)
 	}
 	if cfg.Security != nil {
 		// The ZAP handler must exist before the first connection arrives.
-		if l.zap, err = l.ctx.NewSocket(zmq.REP); err != nil {
+		if l.zap, err = l.ctx.socket(zREP); err != nil {
 			return fail("zap socket", err)
 		}
-		l.zap.SetLinger(0)
-		if err = l.zap.Bind("inproc://zeromq.zap.01"); err != nil {
+		l.zap.setInt(zLinger, 0)
+		if err = l.zap.bind("inproc://zeromq.zap.01"); err != nil {
 			return fail("zap bind", err)
 		}
 	}
-	if l.pull, err = l.ctx.NewSocket(zmq.PULL); err != nil {
+	if l.pull, err = l.ctx.socket(zPULL); err != nil {
 		return fail("pull socket", err)
 	}
-	l.pull.SetLinger(0)
-	l.pull.SetRcvhwm(cfg.SendHWM * 10)
-	if err = l.pull.SetMaxmsgsize(MaxBodySize + 4096); err != nil {
+	l.pull.setInt(zLinger, 0)
+	l.pull.setInt(zRcvhwm, cfg.SendHWM*10)
+	if err = l.pull.setInt64(zMaxmsgsize, MaxBodySize+4096); err != nil {
 		return fail("max message size", err)
 	}
 	if cfg.Security != nil {
-		if err = l.pull.ServerAuthCurve("kvbridge", cfg.Security.SecretKey); err != nil {
+		err = l.pull.setInt(zCurveServer, 1)
+		if err == nil {
+			err = l.pull.setString(zCurveSecretkey, cfg.Security.SecretKey)
+		}
+		if err == nil {
+			err = l.pull.setString(zZapDomain, "kvbridge")
+		}
+		if err != nil {
 			return fail("curve server", err)
 		}
 	}
-	if err = l.pull.Bind(cfg.Bind); err != nil {
+	if err = l.pull.bind(cfg.Bind); err != nil {
 		return fail("bind "+cfg.Bind, err)
 	}
-	if l.id.Endpoint, err = l.pull.GetLastEndpoint(); err != nil {
+	if l.id.Endpoint, err = l.pull.lastEndpoint(); err != nil {
 		return fail("bound endpoint", err)
 	}
-	wake := fmt.Sprintf("inproc://kvbridge-wake-%p", l)
-	if l.wakeR, err = l.ctx.NewSocket(zmq.PAIR); err != nil {
-		return fail("wake socket", err)
-	}
-	if err = l.wakeR.Bind(wake); err != nil {
-		return fail("wake bind", err)
-	}
-	if l.wakeW, err = l.ctx.NewSocket(zmq.PAIR); err != nil {
-		return fail("wake socket", err)
-	}
-	if err = l.wakeW.Connect(wake); err != nil {
-		return fail("wake connect", err)
-	}
-	l.wakeR.SetLinger(0)
-	l.wakeW.SetLinger(0)
 	l.coll = newCollector(&l.stat, l.id)
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(l.coll); err != nil {
@@ -307,6 +299,11 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 	}
 	go l.receive()
 	go l.send()
+	if l.zap != nil {
+		go l.authenticate()
+	} else {
+		close(l.zapDone)
+	}
 	return l, nil
 }
 
@@ -417,19 +414,23 @@ func (l *Loop) Unwatch(endpoint string) error {
 
 func (l *Loop) watch(c watchCmd) error { return l.snd.watch(c) }
 
-// Close stops both goroutines, closes every socket (queued sends get at most
+// Close stops the goroutines, closes every socket (queued sends get at most
 // Linger) and terminates the ZeroMQ context. It is idempotent and returns
 // the first error.
 func (l *Loop) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closing)
-		<-l.sendDone
+		<-l.sendDone // every PUSH socket closed; no more are opened
+		// Terminating the context wakes the receive and ZAP goroutines
+		// (ETERM), which close their sockets; it returns once they have and
+		// the PUSH sockets' last messages have lingered.
+		if err := l.ctx.term(); err != nil {
+			l.closeErr = fmt.Errorf("bootstrap: terminating the zmq context: %w", err)
+		}
 		<-l.recvDone
+		<-l.zapDone
 		if l.cfg.Registerer != nil {
 			l.cfg.Registerer.Unregister(l.coll)
-		}
-		if err := l.ctx.Term(); err != nil {
-			l.closeErr = fmt.Errorf("bootstrap: terminating the zmq context: %w", err)
 		}
 	})
 	return l.closeErr
@@ -437,47 +438,25 @@ func (l *Loop) Close() error {
 
 // ---- receive goroutine -------------------------------------------------
 
+// receive waits in the PULL socket and takes every message queued, up to
+// recvBatch, in one C call. It returns when Close terminates the context.
 func (l *Loop) receive() {
 	defer close(l.recvDone)
-	defer func() {
-		for _, s := range []*zmq.Socket{l.pull, l.zap, l.wakeR} {
-			if s != nil {
-				s.Close()
-			}
-		}
-	}()
-	poller := zmq.NewPoller()
-	poller.Add(l.pull, zmq.POLLIN)
-	poller.Add(l.wakeR, zmq.POLLIN)
-	if l.zap != nil {
-		poller.Add(l.zap, zmq.POLLIN)
-	}
+	r := newReceiver()
+	defer r.free()
+	defer l.pull.close()
 	var limiter logLimiter
 	for {
-		polled, err := poller.Poll(-1)
+		n, err := r.recv(l.pull, recvBatch, 0)
 		if err != nil {
 			if errors.Is(err, zmq.ETERM) {
 				return
 			}
-			l.log.Warn("control poll", zap.Error(err))
+			l.log.Warn("control receive", zap.Error(err))
 			continue
 		}
-		for _, p := range polled {
-			switch p.Socket {
-			case l.wakeR:
-				return // the send goroutine is closing
-			case l.zap:
-				l.authenticate()
-			case l.pull:
-				// Drain what is there, bounded so ZAP requests are not starved.
-				for i := 0; i < 256; i++ {
-					frames, err := l.pull.RecvMessageBytes(zmq.DONTWAIT)
-					if err != nil {
-						break
-					}
-					l.dispatch(frames, &limiter)
-				}
-			}
+		for i := 0; i < n; i++ {
+			l.dispatch(r.frames(i), &limiter)
 		}
 	}
 }
@@ -571,23 +550,44 @@ func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 	}
 }
 
-// authenticate answers one ZAP request (RFC 27): CURVE clients whose public
-// key is on the allow-list pass, everyone else is refused and counted.
+// authenticate is the ZAP goroutine: it answers ZAP requests (RFC 27):
+// CURVE clients whose public key is on the allow-list pass, everyone else
+// is refused and counted. It returns when Close terminates the context.
 func (l *Loop) authenticate() {
-	req, err := l.zap.RecvMessageBytes(zmq.DONTWAIT)
-	if err != nil || len(req) < 6 {
+	defer close(l.zapDone)
+	r := newReceiver()
+	defer r.free()
+	defer l.zap.close()
+	for {
+		n, err := r.recv(l.zap, 1, 0)
+		if err != nil {
+			if errors.Is(err, zmq.ETERM) {
+				return
+			}
+			continue
+		}
+		if n == 1 {
+			l.answerZAP(r.frames(0))
+		}
+	}
+}
+
+func (l *Loop) answerZAP(req [][]byte) {
+	if len(req) < 6 {
+		// A REP socket must answer before it can receive again.
+		l.zap.send([][]byte{[]byte("1.0"), nil, []byte("500"), []byte("bad request"), nil, nil}, 0)
 		return
 	}
 	version, id, mechanism := req[0], req[1], string(req[5])
 	ok := mechanism == "CURVE" && len(req) >= 7 && len(req[6]) == 32 &&
 		l.cfg.Security.allows(zmq.Z85encode(string(req[6])))
 	if ok {
-		l.zap.SendMessage(version, id, "200", "OK", "", "")
+		l.zap.send([][]byte{version, id, []byte("200"), []byte("OK"), nil, nil}, 0)
 		return
 	}
 	l.stat.unauth.Add(1)
 	l.log.Warn("unauthenticated peer refused", zap.String("rank", l.id.Peer()), zap.ByteString("address", req[3]))
-	l.zap.SendMessage(version, id, "400", "NO ACCESS", "", "")
+	l.zap.send([][]byte{version, id, []byte("400"), []byte("NO ACCESS"), nil, nil}, 0)
 }
 
 // ---- sending ------------------------------------------------------------
@@ -599,7 +599,7 @@ type peerConn struct {
 
 	// mu is the socket's owner: every use of sock and every field below.
 	mu       sync.Mutex
-	sock     *zmq.Socket
+	sock     *zsock
 	closed   bool // evicted or shut down: look the peer up again
 	watched  bool
 	hint     Peer // the watch's Peer (its certificate and epoch address the PINGs)
@@ -684,8 +684,6 @@ func (l *Loop) send() {
 			s.heartbeat(now)
 		case <-l.closing:
 			s.shutdown()
-			l.wakeW.SendBytes([]byte("stop"), zmq.DONTWAIT)
-			l.wakeW.Close()
 			return
 		}
 	}
@@ -703,8 +701,8 @@ func (s *sender) shutdown() {
 		for n < len(pc.backlog) && s.try(pc, pc.backlog[n]) {
 			n++
 		}
-		pc.sock.SetLinger(s.l.cfg.Linger)
-		pc.sock.Close()
+		pc.sock.setInt(zLinger, int(s.l.cfg.Linger/time.Millisecond))
+		pc.sock.close()
 		pc.closed = true
 		pc.mu.Unlock()
 	}
@@ -754,22 +752,22 @@ func (s *sender) conn(p Peer, now time.Time, reply bool) (*peerConn, error) {
 	if cfg.Security != nil && key == "" {
 		return nil, errNoKey
 	}
-	sock, err := s.l.ctx.NewSocket(zmq.PUSH)
+	sock, err := s.l.ctx.socket(zPUSH)
 	if err != nil {
 		return nil, err
 	}
-	sock.SetSndhwm(cfg.SendHWM)
-	sock.SetLinger(cfg.Linger)
-	sock.SetReconnectIvl(100 * time.Millisecond)
-	sock.SetReconnectIvlMax(2 * time.Second)
+	sock.setInt(zSndhwm, cfg.SendHWM)
+	sock.setInt(zLinger, int(cfg.Linger/time.Millisecond))
+	sock.setInt(zReconnectIvl, 100)
+	sock.setInt(zReconnectIvlMax, 2000)
 	if cfg.Security != nil {
 		if err := setClientCurve(sock, key, cfg.Security); err != nil {
-			sock.Close()
+			sock.close()
 			return nil, err
 		}
 	}
-	if err := sock.Connect(p.Endpoint); err != nil {
-		sock.Close()
+	if err := sock.connect(p.Endpoint); err != nil {
+		sock.close()
 		return nil, err
 	}
 	pc := &peerConn{endpoint: p.Endpoint, sock: sock, lastUsed: now, hint: Peer{Endpoint: p.Endpoint}}
@@ -786,14 +784,14 @@ var (
 	errTooManyPeers = errors.New("MaxPeers sockets open and every one watched")
 )
 
-func setClientCurve(sock *zmq.Socket, serverKey string, sec *Security) error {
-	if err := sock.SetCurveServerkey(serverKey); err != nil {
+func setClientCurve(sock *zsock, serverKey string, sec *Security) error {
+	if err := sock.setString(zCurveServerkey, serverKey); err != nil {
 		return err
 	}
-	if err := sock.SetCurvePublickey(sec.PublicKey); err != nil {
+	if err := sock.setString(zCurvePublickey, sec.PublicKey); err != nil {
 		return err
 	}
-	return sock.SetCurveSecretkey(sec.SecretKey)
+	return sock.setString(zCurveSecretkey, sec.SecretKey)
 }
 
 // evict closes the least recently used unwatched sockets until at most
@@ -818,7 +816,7 @@ func (s *sender) drop(pc *peerConn) {
 	pc.mu.Lock()
 	s.pending.Add(-int64(len(pc.backlog)))
 	pc.backlog = nil
-	pc.sock.Close()
+	pc.sock.close()
 	pc.closed = true
 	pc.mu.Unlock()
 	s.lru.Remove(pc.elem)
@@ -880,24 +878,20 @@ func signalKick(c chan struct{}) {
 	}
 }
 
-// try sends o without blocking (pc.mu held). It returns false if ZeroMQ
-// would block (the message is still the caller's); any other failure is
-// counted and the message consumed.
+// try sends o without blocking (pc.mu held), all its frames in one C call
+// (which retries an EAGAIN once after reading ZMQ_EVENTS: libzmq throttles
+// the processing of its pipe credit commands during bursts of non-blocking
+// sends). It returns false if ZeroMQ would block (the message is still the
+// caller's); any other failure is counted and the message consumed.
 func (s *sender) try(pc *peerConn, o outbound) bool {
-	for attempt := 0; attempt < 2; attempt++ {
-		_, err := pc.sock.SendMessageDontwait(s.l.wire(o))
-		if err == nil {
-			s.l.stat.sent.Add(1)
-			return true
-		}
-		if zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
-			s.dropped(o, DropError, err)
-			return true
-		}
-		// libzmq throttles the processing of its pipe credit commands
-		// during bursts of non-blocking sends; reading ZMQ_EVENTS processes
-		// them, so the retry sees the real queue state.
-		pc.sock.GetEvents()
+	err := pc.sock.send(s.l.wire(o), zDontwait)
+	if err == nil {
+		s.l.stat.sent.Add(1)
+		return true
+	}
+	if zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
+		s.dropped(o, DropError, err)
+		return true
 	}
 	return false
 }
