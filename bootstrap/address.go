@@ -70,8 +70,17 @@ type window struct {
 	elem *list.Element
 }
 
+// rankID names a rank as From.Peer does, without formatting a string
+// on every message.
+type rankID struct {
+	role, instance string
+	rank           int
+}
+
+func keyOf(f From) rankID { return rankID{f.Role, f.Instance, f.Rank} }
+
 type senderKey struct {
-	peer  string // From.Peer()
+	peer  rankID
 	epoch uint64
 }
 
@@ -86,20 +95,20 @@ type addressing struct {
 	mu       sync.Mutex
 	book     map[string]*where
 	bookLRU  *list.List
-	byRank   map[string][]string  // From.Peer() → its endpoints in the book, oldest first
+	byRank   map[rankID][]string  // a rank → its endpoints in the book, oldest first
 	certs    map[string]*peerCert // by the certificate's bytes
 	certLRU  []string             // insertion order, for eviction
 	badCerts map[string]error     // certificates refused (bounded; so a bad one costs one check)
 	windows  map[senderKey]*window
 	winLRU   *list.List
-	winRank  map[string][]uint64 // From.Peer() → epochs with a window, oldest first
+	winRank  map[rankID][]uint64 // a rank → epochs with a window, oldest first
 	nudged   map[senderKey]time.Time
 }
 
 func newAddressing(auth *Auth, id *RankIdentity, role string) *addressing {
 	return &addressing{auth: auth, id: id, role: role, rebindAfter: 15 * time.Second, book: map[string]*where{}, bookLRU: list.New(),
-		byRank: map[string][]string{}, certs: map[string]*peerCert{}, badCerts: map[string]error{},
-		windows: map[senderKey]*window{}, winLRU: list.New(), winRank: map[string][]uint64{}, nudged: map[senderKey]time.Time{}}
+		byRank: map[rankID][]string{}, certs: map[string]*peerCert{}, badCerts: map[string]error{},
+		windows: map[senderKey]*window{}, winLRU: list.New(), winRank: map[rankID][]uint64{}, nudged: map[senderKey]time.Time{}}
 }
 
 var errNoPeerCert = errors.New("no identity certificate known for the peer (per-rank identity is on: a prefill rank's comes with its bootstrap record, a decode rank's with its messages)")
@@ -170,7 +179,7 @@ func (a *addressing) envelope(to Peer) (Envelope, []byte, error) {
 		case w == nil:
 			w = a.bind(to.Endpoint, pc.cert.Identity(), pc, now)
 			w.id.Epoch = to.Epoch
-		case w.id.Peer() != pc.cert.Identity().Peer():
+		case keyOf(w.id) != keyOf(pc.cert.Identity()):
 			a.unbind(to.Endpoint)
 			w = a.bind(to.Endpoint, pc.cert.Identity(), pc, now)
 			w.id.Epoch = to.Epoch
@@ -180,7 +189,7 @@ func (a *addressing) envelope(to Peer) (Envelope, []byte, error) {
 	switch {
 	case pc != nil:
 		env.To = pc.cert.Identity()
-		if w != nil && w.id.Peer() == env.To.Peer() {
+		if w != nil && keyOf(w.id) == keyOf(env.To) {
 			env.To.Epoch = w.id.Epoch
 		}
 	case w != nil:
@@ -251,7 +260,7 @@ func (a *addressing) check(self From, m Message, env Envelope, now time.Time) (w
 		return ReplayOtherEpoch, true
 	}
 	e := a.book[from.Endpoint]
-	if e != nil && e.id.Peer() != from.Peer() && (e.hinted || now.Sub(e.heard) < a.rebindAfter) {
+	if e != nil && keyOf(e.id) != keyOf(from) && (e.hinted || now.Sub(e.heard) < a.rebindAfter) {
 		return AuthForged, false // the endpoint is another rank's
 	}
 	w, why := a.window(from, now)
@@ -267,7 +276,7 @@ func (a *addressing) check(self From, m Message, env Envelope, now time.Time) (w
 	switch {
 	case e == nil:
 		e = a.bind(from.Endpoint, id, pc, now)
-	case e.id.Peer() != from.Peer(): // a port reused after its rank went silent
+	case keyOf(e.id) != keyOf(from): // a port reused after its rank went silent
 		a.unbind(from.Endpoint)
 		e = a.bind(from.Endpoint, id, pc, now)
 	case from.Epoch >= e.id.Epoch:
@@ -286,7 +295,7 @@ func (a *addressing) check(self From, m Message, env Envelope, now time.Time) (w
 // latest epochs, and a window is forgotten for another rank's only once
 // idle for MaxSkew (a replay within the skew must still find it).
 func (a *addressing) window(from From, now time.Time) (*window, string) {
-	k := senderKey{from.Peer(), from.Epoch}
+	k := senderKey{keyOf(from), from.Epoch}
 	if w := a.windows[k]; w != nil {
 		a.winLRU.MoveToFront(w.elem)
 		return w, ""
@@ -347,7 +356,7 @@ func (a *addressing) bind(endpoint string, id From, pc *peerCert, now time.Time)
 	w := &where{id: id, cert: pc, heard: now}
 	a.book[endpoint] = w
 	w.elem = a.bookLRU.PushFront(endpoint)
-	r := id.Peer()
+	r := keyOf(id)
 	a.byRank[r] = append(a.byRank[r], endpoint)
 	if eps := a.byRank[r]; len(eps) > maxEndpointsPerRank {
 		a.unbind(eps[0])
@@ -365,7 +374,7 @@ func (a *addressing) unbind(endpoint string) {
 	}
 	a.bookLRU.Remove(w.elem)
 	delete(a.book, endpoint)
-	r := w.id.Peer()
+	r := keyOf(w.id)
 	eps := a.byRank[r]
 	for i, ep := range eps {
 		if ep == endpoint {
@@ -385,7 +394,7 @@ func (a *addressing) unbind(endpoint string) {
 func (a *addressing) nudge(from From, now time.Time, interval time.Duration) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	k := senderKey{from.Peer(), from.Epoch}
+	k := senderKey{keyOf(from), from.Epoch}
 	if last, ok := a.nudged[k]; ok && now.Sub(last) < interval {
 		return false
 	}
@@ -411,7 +420,7 @@ func (a *addressing) vouch(self From, endpoint string, env Envelope) bool {
 		return w != nil
 	}
 	pc := a.certs[string(env.Cert)]
-	return w != nil && pc != nil && w.id.Peer() == pc.cert.Identity().Peer()
+	return w != nil && pc != nil && keyOf(w.id) == keyOf(pc.cert.Identity())
 }
 
 // shift moves the bitmap s numbers up: bit i becomes bit i+s.

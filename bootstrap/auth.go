@@ -124,29 +124,42 @@ func (a *Auth) normalise() error {
 		a.MaxSkew = time.Minute
 	}
 	secret := append([]byte(nil), a.Secret...)
-	a.pool.New = func() any { return hmac.New(sha256.New, secret) }
+	a.pool.New = func() any { return &tagger{h: hmac.New(sha256.New, secret)} }
 	return nil
 }
 
-// tag is the HMAC of the frames and the envelope, with the secret (key
-// nil) or a pair key.
-func (a *Auth) tag(key []byte, frames [][]byte, env []byte) []byte {
+// tagger is a pooled HMAC and the scratch its input and sum go through
+// (written through the hash.Hash interface, a local array would escape).
+type tagger struct {
+	h   hash.Hash
+	n   [4]byte
+	sum [sha256.Size]byte
+}
+
+// tag appends the HMAC of the frames and the envelope, with the secret
+// (key nil) or a pair key, to dst.
+func (a *Auth) tag(dst []byte, key []byte, frames [][]byte, env []byte) []byte {
 	pool := &a.pool
 	if key != nil {
 		pool = a.pairPool(key)
 	}
-	h := pool.Get().(hash.Hash)
-	h.Reset()
-	var n [4]byte
+	t := pool.Get().(*tagger)
+	t.h.Reset()
 	for _, f := range frames {
-		binary.LittleEndian.PutUint32(n[:], uint32(len(f)))
-		h.Write(n[:])
-		h.Write(f)
+		binary.LittleEndian.PutUint32(t.n[:], uint32(len(f)))
+		t.h.Write(t.n[:])
+		t.h.Write(f)
 	}
-	h.Write(env)
-	out := h.Sum(make([]byte, 0, sha256.Size))
-	pool.Put(h)
-	return out
+	t.h.Write(env)
+	dst = append(dst, t.h.Sum(t.sum[:0])...)
+	pool.Put(t)
+	return dst
+}
+
+// tagEqual checks tag against the HMAC of the frames and the envelope.
+func (a *Auth) tagEqual(tag []byte, key []byte, frames [][]byte, env []byte) bool {
+	var buf [sha256.Size]byte
+	return hmac.Equal(a.tag(buf[:0], key, frames, env), tag)
 }
 
 // pairPool returns the pool of HMACs keyed with a pair key (at most
@@ -159,7 +172,7 @@ func (a *Auth) pairPool(key []byte) *sync.Pool {
 		return p
 	}
 	k := append([]byte(nil), key...)
-	p = &sync.Pool{New: func() any { return hmac.New(sha256.New, k) }}
+	p = &sync.Pool{New: func() any { return &tagger{h: hmac.New(sha256.New, k)} }}
 	a.pairMu.Lock()
 	if a.pairs == nil || len(a.pairs) >= maxBookEntries {
 		a.pairs = map[string]*sync.Pool{}
@@ -192,7 +205,7 @@ func (a *Auth) seal(key []byte, frames [][]byte, env Envelope) [][]byte {
 	f = append(f, inst...)
 	f = binary.LittleEndian.AppendUint16(f, uint16(len(env.Cert)))
 	f = append(f, env.Cert...)
-	f = append(f, a.tag(key, frames, f)...)
+	f = a.tag(f, key, frames, f)
 	return append(frames, f)
 }
 
@@ -257,7 +270,7 @@ func (a *Auth) open(frames [][]byte, now time.Time, keyFor func(cert []byte) ([]
 	case env.Cert != nil:
 		return nil, env, AuthNoIdentity // a certificate this rank has no key for
 	}
-	if !hmac.Equal(a.tag(key, frames[:3], f[:at]), f[at:]) {
+	if !a.tagEqual(f[at:], key, frames[:3], f[:at]) {
 		return nil, env, AuthBadTag
 	}
 	if d := now.Sub(env.Sent); d > a.MaxSkew || d < -a.MaxSkew {

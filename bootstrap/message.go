@@ -87,7 +87,7 @@ type From struct {
 }
 
 // Peer returns the stable name of the sender across restarts.
-func (f From) Peer() string { return fmt.Sprintf("%s/%s/%d", f.Role, f.Instance, f.Rank) }
+func (f From) Peer() string { return f.Role + "/" + f.Instance + "/" + strconv.Itoa(f.Rank) }
 
 // Memory kinds of a region.
 const (
@@ -530,6 +530,7 @@ func Decode(frames [][]byte) (Message, error) {
 	if err != nil {
 		return nil, &MalformedError{Reason: ReasonBody, Type: t, Detail: err.Error()}
 	}
+	defer b.release()
 	b.t = t
 	var m Message
 	switch t {
@@ -600,25 +601,43 @@ func parseMap(raw []byte) (*body, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &body{}
+	b := bodies.Get().(*body)
 	b.fields = b.inline[:0]
 	for i := 0; i < n; i++ {
 		kn, err := s.expect(mpStr)
 		if err != nil {
+			b.release()
 			return nil, fmt.Errorf("key %d: %w", i, err)
 		}
 		k := s.b[s.off : s.off+kn]
 		s.off += kn
 		v, err := s.raw()
 		if err != nil {
+			b.release()
 			return nil, fmt.Errorf("value of %q: %w", k, err)
 		}
 		b.fields = append(b.fields, field{k, v}) // a repeated key: the first one wins in lookup
 	}
 	if s.remaining() != 0 {
+		b.release()
 		return nil, fmt.Errorf("%d trailing bytes", s.remaining())
 	}
 	return b, nil
+}
+
+// bodies recycles parsed maps: two per message decoded (the body and its
+// from), each some 600 bytes of pointers for the collector to scan.
+var bodies = sync.Pool{New: func() any { return new(body) }}
+
+// release returns b to the pool; nothing may use it (or the bodies nested
+// in it) after. A body with many fields is left to the collector.
+func (b *body) release() {
+	if cap(b.fields) > len(b.inline) {
+		return
+	}
+	clear(b.inline[:])
+	*b = body{}
+	bodies.Put(b)
 }
 
 func (b *body) lookup(k string) ([]byte, bool) {
@@ -683,6 +702,22 @@ func asTypeError(err error, te **typeError) bool {
 		*te = t
 	}
 	return ok
+}
+
+// role reads a role, returning the constant for the two valid ones (no
+// allocation per message); anything else is read as a name.
+func (b *body) role(k string) string {
+	if b.err == nil {
+		if v, ok := b.lookup(k); ok {
+			switch string(v) {
+			case "\xa7" + RolePrefill:
+				return RolePrefill
+			case "\xa6" + RoleDecode:
+				return RoleDecode
+			}
+		}
+	}
+	return b.str(k)
 }
 
 // str reads a name-like string of at most MaxNameBytes.
@@ -886,8 +921,10 @@ func (b *body) regions(k string) []Region {
 		if r.err == nil && reg.Addr > math.MaxUint64-reg.Len {
 			r.fail(ReasonOutOfRange, "len", "region wraps the address space")
 		}
-		if r.err != nil {
-			b.err = r.err
+		rerr := r.err
+		r.release()
+		if rerr != nil {
+			b.err = rerr
 			return nil
 		}
 		out = append(out, reg)
@@ -923,8 +960,10 @@ func (b *body) topo(k string) *Topo {
 	if t.err == nil && v.PageLayout != "NHD" && v.PageLayout != "HND" {
 		t.fail(ReasonOutOfRange, "page_layout", fmt.Sprintf("%q", v.PageLayout))
 	}
-	if t.err != nil {
-		b.err = t.err
+	err := t.err
+	t.release()
+	if err != nil {
+		b.err = err
 		return nil
 	}
 	return v
@@ -939,7 +978,8 @@ func (b *body) from() From {
 	if f == nil {
 		return From{}
 	}
-	v := From{Role: f.str("role"), Instance: f.str("instance"), Rank: f.int("rank", 0, math.MaxInt32),
+	defer f.release()
+	v := From{Role: f.role("role"), Instance: f.str("instance"), Rank: f.int("rank", 0, math.MaxInt32),
 		Endpoint: f.str("endpoint"), Epoch: f.uint("epoch")}
 	if f.err == nil && v.Role != RolePrefill && v.Role != RoleDecode {
 		f.fail(ReasonOutOfRange, "role", fmt.Sprintf("%q", v.Role))
@@ -970,6 +1010,7 @@ func (b *body) salvage(e *MalformedError) {
 					e.Endpoint = v
 				}
 			}
+			f.release()
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"sync"
 	"testing"
 	"unicode/utf8"
 
@@ -399,5 +400,53 @@ func TestEncodeCutsReasonsAndRefusesLongNames(t *testing.T) {
 	f.Instance = string(bytes.Repeat([]byte{'i'}, MaxNameBytes+1))
 	if _, err := Encode(&Ping{From: f}); err == nil {
 		t.Fatal("an instance name past MaxNameBytes was encoded")
+	}
+}
+
+// TestDecodeConcurrent: Decode recycles its parsed maps; messages decoded
+// at once on many goroutines, valid and malformed interleaved, come out
+// whole and independent of each other (run with -race).
+func TestDecodeConcurrent(t *testing.T) {
+	msgs := sampleMessages()
+	var frames [][][]byte
+	for _, m := range msgs {
+		f, err := Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		frames = append(frames, f)
+	}
+	bad := [][]byte{[]byte(Magic), []byte("ABORT"), encodeMap(t, map[string]any{"room": 1, "from": map[string]any{"role": "x"}})}
+	want, _ := Decode(frames[0])
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var kept []Message
+			for i := 0; i < 200; i++ {
+				j := (g + i) % len(frames)
+				m, err := Decode(frames[j])
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				kept = append(kept, m)
+				if _, err := Decode(bad); err == nil {
+					t.Error("a malformed body decoded")
+					return
+				}
+			}
+			for i, m := range kept {
+				if !reflect.DeepEqual(m, msgs[(g+i)%len(frames)]) {
+					t.Errorf("decoded %+v, want %+v", m, msgs[(g+i)%len(frames)])
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got, _ := Decode(frames[0]); !reflect.DeepEqual(got, want) {
+		t.Fatalf("%+v after, %+v before", got, want)
 	}
 }
