@@ -25,6 +25,9 @@ type Decode struct {
 	clientsMu sync.Mutex
 	clients   map[string]bootstrap.Discovery // by bootstrap URL (http:// or etcd://)
 	topos     map[string]*topoEntry          // prefill instances' topologies, by bootstrap URL
+	// roomsKick wakes a notifier that polls (an engine without a wake-up
+	// channel) when a room is created: without live rooms it stops polling.
+	roomsKick chan struct{}
 }
 
 // topoEntry is one instance's topology: looked up once by the first room
@@ -56,7 +59,7 @@ func NewDecode(cfg Config) (*Decode, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Decode{Manager: m, clients: map[string]bootstrap.Discovery{}, topos: map[string]*topoEntry{}}
+	d := &Decode{Manager: m, clients: map[string]bootstrap.Discovery{}, topos: map[string]*topoEntry{}, roomsKick: make(chan struct{}, 1)}
 	m.discoveries = func() (out []bootstrap.Discovery) {
 		d.clientsMu.Lock()
 		defer d.clientsMu.Unlock()
@@ -149,7 +152,16 @@ func (d *Decode) CreateReceiver(room uint64, targets ...Target) (res Result) {
 		return d.CreateReceiverFor(room, Instance{DP: AutoDP})
 	}
 	d.step(func(c *Core, now time.Time) { res = c.Step(now, CreateReceiver{Room: room, Targets: targets}).Result })
+	d.kickNotifier()
 	return res
+}
+
+// kickNotifier wakes a polling notifier that stopped for want of rooms.
+func (d *Decode) kickNotifier() {
+	select {
+	case d.roomsKick <- struct{}{}:
+	default:
+	}
 }
 
 // client returns the discovery client of url (HTTP server or etcd).
@@ -352,6 +364,7 @@ func (d *Decode) CreateReceiverFor(room uint64, inst Instance) (res Result) {
 		return rejected(err)
 	}
 	d.step(func(c *Core, now time.Time) { res = c.Step(now, CreateReceiver{Room: room, Links: links}).Result })
+	d.kickNotifier()
 	return res
 }
 
@@ -461,8 +474,11 @@ func (d *Decode) Released(room uint64) <-chan struct{} {
 }
 
 // notifier drains the agent's notifications and steps them into the core.
-// It blocks on the engine's wake-up channel where there is one, else polls
-// with a backoff of up to 1 ms.
+// It blocks on the engine's wake-up channel where there is one. Otherwise
+// (libnixl) it polls with a back-off of up to 1 ms while rooms are live,
+// and stops polling when none is (an idle rank costs no CPU: issue 24)
+// until a room is created; notifications for no live room are dropped by
+// the core anyway, and those that queued meanwhile are read then.
 func (d *Decode) notifier() {
 	defer d.wg.Done()
 	wake := d.agent.NotifyC()
@@ -479,14 +495,29 @@ func (d *Decode) notifier() {
 			continue
 		}
 		idle = min(max(2*idle, 10*time.Microsecond), time.Millisecond)
-		if wake != nil {
+		kick := d.roomsKick
+		switch {
+		case wake != nil:
 			idle = 100 * time.Millisecond // a safety net only
+		case idle == time.Millisecond && d.liveRooms() == 0:
+			// Every room is created through kickNotifier: wait for it.
+			select {
+			case <-d.closing:
+				return
+			case <-kick:
+				idle = 0
+			}
+			continue
+		default:
+			kick = nil // polling: a new room changes nothing
 		}
 		timer.Reset(idle)
 		select {
 		case <-d.closing:
 			return
 		case <-wake:
+		case <-kick:
+			idle = 0
 		case <-timer.C:
 		}
 		if !timer.Stop() {
@@ -496,6 +527,12 @@ func (d *Decode) notifier() {
 			}
 		}
 	}
+}
+
+// liveRooms counts the rooms still live (pending or not final).
+func (d *Decode) liveRooms() (n int) {
+	d.read(func(c *Core) { s := c.reg.Sizes(); n = s.Live + s.Pending })
+	return n
 }
 
 // onNotif steps one notification into the core.

@@ -313,11 +313,15 @@ func Open(cfg Config) (*Agent, error) {
 	return a, nil
 }
 
-// Watcher back-off while transfers are in flight and nothing finishes: a
-// few passes that only yield, then sleeps growing to watchMaxSleep.
+// Watcher back-off while transfers are in flight and nothing finishes, for
+// engines that do not signal progress (libnixl): a few passes that only
+// yield, then sleeps growing to watchMaxSleep. An engine that signals
+// (ucx) is waited for, with watchBackstop as the longest sleep (the
+// transfers' timeouts are checked then).
 const (
 	watchSpins    = 64
 	watchMaxSleep = 50 * time.Microsecond
+	watchBackstop = 10 * time.Millisecond
 )
 
 func (a *Agent) watch() {
@@ -351,6 +355,26 @@ func (a *Agent) watch() {
 		}
 		if finished > 0 {
 			idle, sleep = 0, 0
+		}
+		if progress != nil {
+			// The engine signals every final state: sleep until it does,
+			// with a backstop for the transfers' timeouts. No spinning
+			// (issue 24: the spins cost CPU the signal makes useless).
+			timer.Reset(watchBackstop)
+			select {
+			case <-progress:
+			case <-a.kick:
+			case <-timer.C:
+			case <-a.stop:
+				return
+			}
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+			continue
 		}
 		if idle++; idle < watchSpins {
 			select {

@@ -750,3 +750,50 @@ func TestPreparedOncePerPeer(t *testing.T) {
 		t.Fatalf("%d more lists prepared for six more rooms, want 0", n)
 	}
 }
+
+// A decode rank on an engine without a wake-up channel (libnixl) polls
+// for notifications only while it has live rooms (issue 24: it polled
+// every millisecond for ever, idle or not). After a room is cleared its
+// notifier stops polling; a new room starts it again and completes.
+func TestNotifierStopsPollingWithoutRooms(t *testing.T) {
+	cfg, ok := engines["libnixl-double"]
+	if !ok {
+		t.Skip("KVBRIDGE_NIXL_LIB is set: the poll counter is the NIXL double's")
+	}
+	c := newCluster(t, "libnixl-double", nil)
+	polls := func() int64 {
+		n, err := nixldouble.NotifCalls(cfg.NIXLLib)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for i, tokens := range []int{300, 2000} {
+		rm := c.start(t, uint64(900+i), tokens)
+		ready(t, rm.s)
+		c.sendAll(t, rm, 16)
+		waitStatus(t, rm.r, kvmanager.Success)
+		waitStatus(t, rm.s, kvmanager.Success)
+		c.verify(t, rm)
+		c.finish(rm)
+		// Wait (bounded) for the polls to stop, then watch 100 ms of
+		// idleness: the 1 ms back-off made about 100 polls in it.
+		deadline := time.Now().Add(10 * time.Second)
+		prev := polls()
+		for {
+			time.Sleep(20 * time.Millisecond) // observed, not synchronised on
+			now := polls()
+			if now == prev {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("room %d cleared: the decode rank still polls for notifications after 10 s (%d polls in 20 ms)", 900+i, now-prev)
+			}
+			prev = now
+		}
+		time.Sleep(100 * time.Millisecond)
+		if n := polls() - prev; n > 2 {
+			t.Fatalf("no live room: %d notification polls in 100 ms", n)
+		}
+	}
+}

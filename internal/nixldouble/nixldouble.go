@@ -104,6 +104,16 @@ func PrepCalls(lib string) (int64, error) {
 	return int64(C.nd_call_long(f)), nil
 }
 
+// NotifCalls counts the calls of nixl_capi_get_notifs (a rank's notifier
+// polls it on this engine).
+func NotifCalls(lib string) (int64, error) {
+	f, err := sym(lib, "nixl_double_notif_calls")
+	if err != nil {
+		return 0, err
+	}
+	return int64(C.nd_call_long(f)), nil
+}
+
 // Thread sync modes, as nixl_capi_thread_sync_t.
 const (
 	SyncNone   = 0
