@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Engine write bandwidth against its references, in one run:
+# Engine write bandwidth and its CPU against its references, in one run:
 #   - the nixl ucx engine between two processes, like ucx_perftest, every
 #     write with its notification, on UCX-allocated ("engine") and on
 #     caller-registered ("caller") memory (BenchmarkWriteCrossProcess),
+#   - the same with 8 writes to the peer in flight, a chunk of 8 with the
+#     notification on the last or a window of 8 (BenchmarkWriteStreamed),
 #   - the same engine with both agents in one process (BenchmarkWrite /
 #     BenchmarkWriteDescs; history: the earlier headline figures),
 #   - ucx_perftest -t ucp_put_bw at the same sizes and transports,
 #   - copy() between two buffers (BenchmarkMemcpy), the physical limit.
-# Prints a table of GB/s (10^9 bytes/s) and ratios.
+# Prints tables of GB/s (10^9 bytes/s), CPU seconds per GB moved (user +
+# system, both processes: for kvbridge as the benchmarks report it, for
+# ucx_perftest its server's and client's CPU) and ratios. Issue 24's goal:
+# kvbridge's CPU per GB ≤ 1.2 × ucx_perftest's on the same transport and
+# memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v ucx_perftest >/dev/null || { echo "ucx_perftest not found: make deps (ucx-utils)"; exit 1; }
@@ -24,64 +30,125 @@ tls_env() {
 	esac
 }
 
-# perftest TRANSPORT SIZE -> GB/s (it reports MiB/s)
-perftest() {
-	local tls=$1 size=$2 port=$((20000 + RANDOM % 20000))
-	local iters=$(( (2 << 30) / size ))
-	((iters < 200)) && iters=200
-	((iters > 200000)) && iters=200000
-	env $(tls_env "$tls") ucx_perftest -t ucp_put_bw -s "$size" -n "$iters" -p "$port" >/dev/null 2>&1 &
+# timed FILE CMD...: runs CMD and writes the CPU seconds (user + system,
+# its waited-for descendants included, to the millisecond: bash's times)
+# it used to FILE.
+timed() {
+	local file=$1
+	shift
+	(
+		rc=0
+		"$@" || rc=$?
+		# times itself, not in a pipeline (a pipeline's subshell has no children)
+		times >"$file.times"
+		tail -1 "$file.times" | awk '{t = 0; for (i = 1; i <= 2; i++) { split($i, p, "m"); sub("s", "", p[2]); t += p[1] * 60 + p[2] }; printf "%.3f\n", t}' >"$file"
+		exit $rc
+	)
+}
+
+# perftest_run TRANSPORT SIZE ITERS -> "GB/s CPU-seconds" of one run (it
+# reports MiB/s); the CPU is its server's and its client's, failed
+# client attempts (server not yet listening) left out.
+perftest_run() {
+	local tls=$1 size=$2 iters=$3 port=$((20000 + RANDOM % 20000))
+	rm -f "$out/srv.cpu" "$out/cli.cpu"
+	timed "$out/srv.cpu" env $(tls_env "$tls") ucx_perftest -t ucp_put_bw -s "$size" -n "$iters" -p "$port" >/dev/null 2>&1 &
 	local srv=$!
 	local line=""
 	for _ in 1 2 3 4 5 6 7 8 9 10; do
 		sleep 0.3
-		line=$(env $(tls_env "$tls") timeout 120 ucx_perftest 127.0.0.1 -t ucp_put_bw -s "$size" -n "$iters" -p "$port" 2>/dev/null | grep '^Final:' || true)
+		line=$(timed "$out/cli.cpu" env $(tls_env "$tls") timeout 120 ucx_perftest 127.0.0.1 -t ucp_put_bw -s "$size" -n "$iters" -p "$port" 2>/dev/null | grep '^Final:' || true)
 		[ -n "$line" ] && break
 	done
 	wait "$srv" 2>/dev/null || true
+	[ -n "$line" ] || return 0
 	# Final: iters 50%ile avg overall bw_avg bw_overall ...
-	echo "$line" | awk '{printf "%.2f", $7 * 1048576 / 1e9}'
+	echo "$line" | awk -v s="$(cat "$out/srv.cpu" 2>/dev/null || echo 0)" -v c="$(cat "$out/cli.cpu" 2>/dev/null || echo 0)" \
+		'{printf "%.2f %.3f", $7 * 1048576 / 1e9, s + c}'
+}
+
+# perftest TRANSPORT SIZE -> "GB/s CPU-s/GB". Each process's CPU includes
+# UCX's start-up and perftest's warm-up, so it runs with n and with 2n
+# iterations and the CPU per GB is the difference over the extra n
+# iterations' bytes (the steady state, as the Go benchmarks measure it).
+# Cached per transport and size.
+perftest() {
+	local tls=$1 size=$2 cache="$out/perftest-$1-$2"
+	if [ ! -s "$cache" ]; then
+		local n=$(((8 << 30) / size))
+		((n < 200)) && n=200
+		((n > 200000)) && n=200000
+		local r1 r2
+		r1=$(perftest_run "$tls" "$size" "$n")
+		r2=$(perftest_run "$tls" "$size" $((2 * n)))
+		awk -v a="$r1" -v b="$r2" -v bytes="$((n * size))" 'BEGIN {
+			split(a, x, " "); split(b, y, " ")
+			if (y[1] == "") { print "n/a n/a"; exit }
+			d = y[2] - x[2]
+			if (x[1] == "" || d <= 0) printf "%s n/a\n", y[1]; else printf "%s %.3f\n", y[1], d / (bytes / 1e9)
+		}' >"$cache"
+	fi
+	cat "$cache"
 }
 
 echo "running go benchmarks (benchtime $benchtime) ..."
-go test -run '^$' -bench 'BenchmarkWrite/ucx|BenchmarkWriteDescs|BenchmarkWriteCrossProcess|BenchmarkMemcpy' -benchtime "$benchtime" ./nixl 2>/dev/null \
+go test -run '^$' -bench 'BenchmarkWrite/ucx|BenchmarkWriteDescs|BenchmarkWriteCrossProcess|BenchmarkWriteStreamed|BenchmarkMemcpy' -benchtime "$benchtime" ./nixl 2>/dev/null \
 	| grep -E '^Benchmark' >"$out/go.txt"
 
-gbps() { # NAME-REGEX -> GB/s from the go output (MB/s is 10^6)
-	grep -E "$1" "$out/go.txt" | head -1 | awk '{for (i=1;i<=NF;i++) if ($(i+1)=="MB/s") printf "%.2f", $i/1000}'
+metric() { # NAME-REGEX UNIT -> the value before UNIT on the first matching line
+	grep -E "$1" "$out/go.txt" | head -1 | awk -v u="$2" '{for (i=1;i<NF;i++) if ($(i+1)==u) print $i}'
 }
+gbps() { # NAME-REGEX -> GB/s from the go output (MB/s is 10^6)
+	metric "$1" MB/s | awk '{printf "%.2f", $1/1000}'
+}
+cpu() { # NAME-REGEX -> CPU s/GB, both processes
+	metric "$1" cpu-s/GB | awk '{printf "%.3f", $1}'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{if (a != "" && b+0 > 0) printf "%.2f", a/b; else print "n/a"}'; }
 name() { case $1 in 4096) echo 4KiB ;; 65536) echo 64KiB ;; 1048576) echo 1MiB ;; 67108864) echo 64MiB ;; esac; }
 
-printf '\ntwo processes, each write with its notification, next to ucx_perftest (two processes, streaming puts)\n'
-printf '%-10s %-6s %-7s %12s %14s %8s\n' size tls memory "kvbridge" "ucx_perftest" ratio
+row() { # SIZE TLS MEMORY CASE BENCH-REGEX PERFTEST-GB/s PERFTEST-CPU
+	local k c
+	k=$(gbps "$5")
+	c=$(cpu "$5")
+	printf '%-7s %-4s %-7s %-14s %7s GB/s %7s GB/s %6s   %7s %7s %6s\n' "$1" "$2" "$3" "$4" "${k:-n/a}" "${6:-n/a}" \
+		"$(ratio "$k" "$6")" "${c:-n/a}" "${7:-n/a}" "$(ratio "$c" "$7")"
+}
+
+printf '\ntwo processes next to ucx_perftest (two processes, streaming puts); CPU in s/GB, both processes\n'
+printf '%-7s %-4s %-7s %-14s %12s %12s %6s   %7s %7s %6s\n' size tls memory case kvbridge ucx_perftest ratio "CPU kvb" "CPU ucx" ratio
 for tls in shm tcp; do
 	for s in 65536 1048576 67108864; do
 		n=$(name "$s")
-		p=$(perftest "$tls" "$s")
+		read -r p pc < <(perftest "$tls" "$s")
 		for mem in engine caller; do
-			k=$(gbps "^BenchmarkWriteCrossProcess/$tls/$mem/$n-")
-			printf '%-10s %-6s %-7s %9s GB/s %9s GB/s %8s\n' "$n" "$tls" "$mem" "$k" "${p:-n/a}" \
-				"$(awk -v a="$k" -v b="$p" 'BEGIN{if (b>0) printf "%.2f", a/b; else print "n/a"}')"
+			row "$n" "$tls" "$mem" "each+notif" "^BenchmarkWriteCrossProcess/$tls/$mem/$n-" "$p" "$pc"
+			row "$n" "$tls" "$mem" "chunk of 8" "^BenchmarkWriteStreamed/$tls/$mem/$n/chunk8-" "$p" "$pc"
+			row "$n" "$tls" "$mem" "window of 8" "^BenchmarkWriteStreamed/$tls/$mem/$n/window8-" "$p" "$pc"
 		done
 	done
 done
+cat <<'NOTE'
+each+notif: every write carries its notification and is waited for; chunk of 8: 8 writes posted
+back to back, the notification on the last, all waited for; window of 8: 8 writes kept in flight,
+one notification per 8 writes. Goals (issue 24): caller memory 64 KiB and 1 MiB ≥ 0.7 × ucx_perftest,
+64 MiB ≥ 0.9 ×; CPU per GB ≤ 1.2 × ucx_perftest's.
+NOTE
 
-printf '\none process, both agents (history: the figures before the two-process benchmark)\n'
-printf '%-10s %-6s %12s %14s %8s %12s %8s\n' size tls "kvbridge" "ucx_perftest" ratio memcpy ratio
+printf '\none process, both agents (history: the figures before the two-process benchmark); CPU in s/GB\n'
+printf '%-10s %-6s %12s %14s %8s %12s %8s %8s %8s\n' size tls "kvbridge" "ucx_perftest" ratio memcpy ratio "CPU kvb" "CPU mem"
 for tls in shm tcp; do
 	for s in "${sizes[@]}"; do
 		n=$(name "$s")
 		k=$(gbps "^BenchmarkWrite/ucx-$tls/$n-")
-		p=$(perftest "$tls" "$s")
+		read -r p _ < <(perftest "$tls" "$s")
 		m=$(gbps "^BenchmarkMemcpy/$n-")
-		printf '%-10s %-6s %9s GB/s %9s GB/s %8s %7s GB/s %8s\n' "$n" "$tls" "$k" "${p:-n/a}" \
-			"$(awk -v a="$k" -v b="$p" 'BEGIN{if (b>0) printf "%.2f", a/b; else print "n/a"}')" "$m" \
-			"$(awk -v a="$k" -v b="$m" 'BEGIN{if (b>0) printf "%.2f", a/b}')"
+		printf '%-10s %-6s %9s GB/s %9s GB/s %8s %7s GB/s %8s %8s %8s\n' "$n" "$tls" "$k" "${p:-n/a}" \
+			"$(ratio "$k" "$p")" "$m" "$(ratio "$k" "$m")" "$(cpu "^BenchmarkWrite/ucx-$tls/$n-")" "$(cpu "^BenchmarkMemcpy/$n-")"
 	done
 done
 for tls in shm tcp; do
 	d=$(gbps "^BenchmarkWriteDescs/ucx-$tls/1024x32KiB-")
 	w=$(gbps "^BenchmarkWrite/ucx-$tls/64MiB-")
-	printf '\n1024 x 32 KiB descriptors over %s: %s GB/s = %s of the 64 MiB write\n' "$tls" "$d" \
-		"$(awk -v a="$d" -v b="$w" 'BEGIN{if (b>0) printf "%.2f", a/b}')"
+	printf '\n1024 x 32 KiB descriptors over %s: %s GB/s = %s of the 64 MiB write\n' "$tls" "$d" "$(ratio "$d" "$w")"
 done
