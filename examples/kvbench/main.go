@@ -12,10 +12,18 @@
 //	         1,024 × 32 KiB writes with notification, an idle agent's CPU and a
 //	         model request end to end, vs a C program on NIXL's C API doing the
 //	         same and vs the ucx engine (not in "all")
+//	idle     an idle rank's CPU: real prefill and decode rank processes
+//	         (built from the module in the current directory, or -bin),
+//	         registered with each other by one room, then -idle-for of
+//	         nothing; each process's % of a core, vs the goal of 0.1 %
+//	         (ucx; libnixl with KVBRIDGE_NIXL_LIB; loopback in-process;
+//	         not in "all")
 //
-// Results go to stdout, to -json as JSON rows and to -png as a chart of
-// bandwidth against size. Memory is host DRAM (-mem is a parameter so GPU
-// memory can be added).
+// Every figure comes with its CPU (user + system, every process involved)
+// per GB moved, per room or per operation, next to its references' CPU in
+// the same run. Results go to stdout, to -json as JSON rows and to -png as
+// a chart of bandwidth against size (engine rows; no chart without them).
+// Memory is host DRAM (-mem is a parameter so GPU memory can be added).
 package main
 
 import (
