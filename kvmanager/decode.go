@@ -474,7 +474,8 @@ func (d *Decode) Released(room uint64) <-chan struct{} {
 }
 
 // notifier drains the agent's notifications and steps them into the core.
-// It blocks on the engine's wake-up channel where there is one. Otherwise
+// It blocks on the engine's wake-up channel where there is one (no timer:
+// an idle rank costs no CPU, issue 24). Otherwise
 // (libnixl) it polls with a back-off of up to 1 ms while rooms are live,
 // and stops polling when none is (an idle rank costs no CPU: issue 24)
 // until a room is created; notifications for no live room are dropped by
@@ -498,7 +499,14 @@ func (d *Decode) notifier() {
 		kick := d.roomsKick
 		switch {
 		case wake != nil:
-			idle = 100 * time.Millisecond // a safety net only
+			// The engine signals every notification it queues (a signal
+			// after the drain above stays in the channel): no timer.
+			select {
+			case <-d.closing:
+				return
+			case <-wake:
+			}
+			continue
 		case idle == time.Millisecond && d.liveRooms() == 0:
 			// Every room is created through kickNotifier: wait for it.
 			select {
