@@ -1,14 +1,12 @@
 package bootstrap
 
 import (
-	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"strconv"
 	"sync"
 	"unicode/utf8"
-
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Magic is frame 0 of every message (PROTOCOL.md, version 1).
@@ -254,13 +252,7 @@ func setFrom(m Message, f From) {
 // Encode returns the three frames of m. Keys are written in a fixed order,
 // so the bytes are deterministic (see testdata/golden).
 func Encode(m Message) ([][]byte, error) {
-	buf := bufPool.Get().(*bytes.Buffer)
-	buf.Reset()
-	defer bufPool.Put(buf)
-	enc := msgpack.GetEncoder()
-	defer msgpack.PutEncoder(enc)
-	enc.Reset(buf)
-	e := &encoder{enc: enc}
+	e := &encoder{b: make([]byte, 0, encodeCap(m))}
 	switch m := m.(type) {
 	case *Register:
 		if m.Topo != nil {
@@ -316,9 +308,9 @@ func Encode(m Message) ([][]byte, error) {
 		e.kbin("dst_pages", pagesToBin(m.DstPages))
 		e.kint("aux_index", int64(m.AuxIndex))
 		e.key("state_indices")
-		e.err(e.enc.EncodeArrayLen(len(m.StateIndices)))
+		e.arrayLen(len(m.StateIndices))
 		for _, s := range m.StateIndices {
-			e.err(e.enc.EncodeBytes(pagesToBin(s)))
+			e.bytes(pagesToBin(s))
 		}
 		e.kint("required", int64(m.Required))
 		e.kint("prefix", int64(m.Prefix))
@@ -370,14 +362,28 @@ func Encode(m Message) ([][]byte, error) {
 	if e.e != nil {
 		return nil, fmt.Errorf("bootstrap: encode %v: %w", m.Type(), e.e)
 	}
-	if buf.Len() > MaxBodySize {
-		return nil, fmt.Errorf("bootstrap: %v body of %d bytes exceeds %d", m.Type(), buf.Len(), MaxBodySize)
+	if len(e.b) > MaxBodySize {
+		return nil, fmt.Errorf("bootstrap: %v body of %d bytes exceeds %d", m.Type(), len(e.b), MaxBodySize)
 	}
-	return [][]byte{magicFrame, typeFrames[m.Type()], bytes.Clone(buf.Bytes())}, nil
+	return [][]byte{magicFrame, typeFrames[m.Type()], e.b}, nil
+}
+
+// encodeCap is the body's size, or near it: one allocation for most.
+func encodeCap(m Message) int {
+	n := 256
+	switch m := m.(type) {
+	case *Register:
+		n += len(m.AgentMD) + 64*(len(m.KV)+len(m.Aux)+len(m.State))
+	case *Request:
+		n += 4 * len(m.DstPages)
+		for _, s := range m.StateIndices {
+			n += 5 + 4*len(s)
+		}
+	}
+	return n
 }
 
 var (
-	bufPool    = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 	magicFrame = []byte(Magic)
 	typeFrames = func() [][]byte {
 		f := make([][]byte, len(typeNames))
@@ -388,9 +394,12 @@ var (
 	}()
 )
 
+// encoder appends MessagePack to b, as github.com/vmihailenco/msgpack/v5
+// writes it (the smallest form of each length and integer; the golden
+// files pin the bytes), without its io.Writer per value.
 type encoder struct {
-	enc *msgpack.Encoder
-	e   error
+	b []byte
+	e error
 }
 
 func (e *encoder) err(err error) {
@@ -398,20 +407,86 @@ func (e *encoder) err(err error) {
 		e.e = err
 	}
 }
-func (e *encoder) mapLen(n int) { e.err(e.enc.EncodeMapLen(n)) }
-func (e *encoder) key(k string) { e.err(e.enc.EncodeString(k)) }
+
+// head writes a length header: the fixed form below fix (code fixCode|n),
+// then the 8-, 16- and 32-bit forms (a zero code8: none).
+func (e *encoder) head(n, fix int, fixCode, code8, code16, code32 byte) {
+	switch {
+	case n < fix:
+		e.b = append(e.b, fixCode|byte(n))
+	case code8 != 0 && n <= math.MaxUint8:
+		e.b = append(e.b, code8, byte(n))
+	case n <= math.MaxUint16:
+		e.b = append(e.b, code16, byte(n>>8), byte(n))
+	default:
+		e.b = append(e.b, code32, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	}
+}
+
+func (e *encoder) mapLen(n int)   { e.head(n, 16, 0x80, 0, 0xde, 0xdf) }
+func (e *encoder) arrayLen(n int) { e.head(n, 16, 0x90, 0, 0xdc, 0xdd) }
+func (e *encoder) str(v string) {
+	e.head(len(v), 32, 0xa0, 0xd9, 0xda, 0xdb)
+	e.b = append(e.b, v...)
+}
+
+// bytes writes bin (nil as nil, as msgpack/v5 does).
+func (e *encoder) bytes(v []byte) {
+	if v == nil {
+		e.b = append(e.b, 0xc0)
+		return
+	}
+	e.head(len(v), 0, 0, 0xc4, 0xc5, 0xc6)
+	e.b = append(e.b, v...)
+}
+
+func (e *encoder) uint(v uint64) {
+	switch {
+	case v <= math.MaxInt8:
+		e.b = append(e.b, byte(v))
+	case v <= math.MaxUint8:
+		e.b = append(e.b, 0xcc, byte(v))
+	case v <= math.MaxUint16:
+		e.b = append(e.b, 0xcd, byte(v>>8), byte(v))
+	case v <= math.MaxUint32:
+		e.b = append(e.b, 0xce, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
+	default:
+		e.b = append(e.b, 0xcf)
+		e.b = binary.BigEndian.AppendUint64(e.b, v)
+	}
+}
+
+func (e *encoder) int(v int64) {
+	switch {
+	case v >= 0:
+		e.uint(uint64(v))
+	case v >= -32:
+		e.b = append(e.b, byte(v))
+	case v >= math.MinInt8:
+		e.b = append(e.b, 0xd0, byte(v))
+	case v >= math.MinInt16:
+		e.b = append(e.b, 0xd1, byte(v>>8), byte(v))
+	case v >= math.MinInt32:
+		e.b = append(e.b, 0xd2, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
+	default:
+		e.b = append(e.b, 0xd3)
+		e.b = binary.BigEndian.AppendUint64(e.b, uint64(v))
+	}
+}
+
+func (e *encoder) key(k string) { e.str(k) }
 func (e *encoder) kstr(k, v string) {
 	if len(v) > MaxNameBytes {
 		e.err(fmt.Errorf("%s of %d bytes exceeds %d", k, len(v), MaxNameBytes))
 	}
 	e.key(k)
-	e.err(e.enc.EncodeString(v))
+	e.str(v)
 }
 
 // kreason writes a reason cut to MaxReasonBytes (at a rune boundary).
 func (e *encoder) kreason(k, v string) {
 	e.key(k)
-	e.err(e.enc.EncodeString(CutReason(v, MaxReasonBytes)))
+	e.str(CutReason(v, MaxReasonBytes))
 }
 
 // CutReason returns s cut to at most n bytes without splitting a UTF-8
@@ -427,15 +502,22 @@ func CutReason(s string, n int) string {
 	}
 	return s[:cut] + mark
 }
-func (e *encoder) kuint(k string, v uint64) { e.key(k); e.err(e.enc.EncodeUint(v)) }
-func (e *encoder) kint(k string, v int64)   { e.key(k); e.err(e.enc.EncodeInt(v)) }
-func (e *encoder) kbool(k string, v bool)   { e.key(k); e.err(e.enc.EncodeBool(v)) }
+func (e *encoder) kuint(k string, v uint64) { e.key(k); e.uint(v) }
+func (e *encoder) kint(k string, v int64)   { e.key(k); e.int(v) }
+func (e *encoder) kbool(k string, v bool) {
+	e.key(k)
+	if v {
+		e.b = append(e.b, 0xc3)
+	} else {
+		e.b = append(e.b, 0xc2)
+	}
+}
 func (e *encoder) kbin(k string, v []byte) {
 	if v == nil {
-		v = []byte{} // msgpack/v5 writes nil for a nil slice; the wire wants bin
+		v = []byte{} // nil would be written as nil; the wire wants bin
 	}
 	e.key(k)
-	e.err(e.enc.EncodeBytes(v))
+	e.bytes(v)
 }
 
 func (e *encoder) from(f From) {
@@ -450,7 +532,7 @@ func (e *encoder) from(f From) {
 
 func (e *encoder) regions(k string, rs []Region) {
 	e.key(k)
-	e.err(e.enc.EncodeArrayLen(len(rs)))
+	e.arrayLen(len(rs))
 	for _, r := range rs {
 		e.mapLen(5)
 		e.kuint("addr", r.Addr)
@@ -635,8 +717,8 @@ func (b *body) release() {
 	if cap(b.fields) > len(b.inline) {
 		return
 	}
-	clear(b.inline[:])
-	*b = body{}
+	clear(b.fields) // the used entries only (they point into a frame)
+	b.fields, b.parent, b.key, b.index, b.err, b.t = nil, nil, "", 0, nil, 0
 	bodies.Put(b)
 }
 
