@@ -1,0 +1,105 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/receiver"
+	"github.com/kvbridge/kvbridge/sender"
+)
+
+// BenchmarkControlRooms: rooms per second at zero payload, and the control
+// path's CPU per room, with 1, 100 and 10,000 rooms in flight (issue 24
+// part 3). A prefill and a decode Manager in this process talk over real
+// ZeroMQ sockets on loopback, authenticated (the default); the engine is
+// loopback, so what a room costs is the protocol's: the decode rank's
+// REQUEST (dummy: no pages, no aux), the prefill rank's chunk with no data
+// (its writes carry only the notifications), both cores' steps to Success,
+// and the handles' calls. REGISTER and its ACK happen once, in the warm-up
+// (amortised over every room). CPU is the whole process's (user + system,
+// both ranks, the bootstrap server, the benchmark's goroutines).
+//
+// Each run moves max(b.N, 3 × in flight) rooms, so that the in-flight
+// level is reached and held; read rooms/s and cpu-µs/room, not ns/op.
+func BenchmarkControlRooms(b *testing.B) {
+	for _, inflight := range []int{1, 100, 10000} {
+		b.Run(fmt.Sprintf("inflight-%d", inflight), func(b *testing.B) {
+			c := newBenchCluster(b, 1, 64, 1024, func(cfg *kvmanager.Config) {
+				cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
+				cfg.WarmMemory = false
+				cfg.Trace = nil // the cluster's trace map would grow with every room
+				cfg.Registry.MaxPendingPerPeer = 1 << 16
+			})
+			ctx := context.Background()
+			c.zeroRoom(b, ctx, 1) // REGISTER, REGISTER_ACK, sockets, engine connection
+			n := max(b.N, 3*inflight)
+			sem := make(chan struct{}, inflight)
+			var wg sync.WaitGroup
+			sent0 := c.prefill.ControlStats().Sent + c.decode.ControlStats().Sent
+			m := cpuMeter(b)
+			start := time.Now()
+			b.ResetTimer()
+			for i := 0; i < n; i++ {
+				sem <- struct{}{}
+				wg.Add(1)
+				go func(id uint64) {
+					defer wg.Done()
+					defer func() { <-sem }()
+					c.zeroRoom(b, ctx, id)
+				}(uint64(100 + i))
+			}
+			wg.Wait()
+			el := time.Since(start)
+			b.StopTimer()
+			cpu := cpuOf(b, m)
+			sent := c.prefill.ControlStats().Sent + c.decode.ControlStats().Sent - sent0
+			b.ReportMetric(float64(n)/el.Seconds(), "rooms/s")
+			b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/room")
+			b.ReportMetric(float64(sent)/float64(n), "ctl-msgs/room")
+		})
+	}
+}
+
+// zeroRoom runs one dummy room through both ranks to Success and clears it.
+func (c *benchCluster) zeroRoom(b *testing.B, ctx context.Context, id uint64) {
+	r, err := receiver.New(c.decode, id)
+	if err != nil {
+		b.Error(err)
+		return
+	}
+	defer r.Clear()
+	s, err := sender.New(c.prefill, id)
+	if err != nil {
+		b.Error(err)
+		return
+	}
+	defer s.Clear()
+	if err := s.Init(); err != nil {
+		b.Error(err)
+		return
+	}
+	if err := r.Init(ctx, kvmanager.RequestSpec{AuxIndex: -1, Dummy: true}); err != nil {
+		b.Error(err)
+		return
+	}
+	if st, err := s.WaitReady(ctx); st != kvmanager.WaitingForInput {
+		b.Errorf("room %d: prefill %v %v %s", id, st, err, s.Failure())
+		return
+	}
+	if err := s.Send(nil, true, -1); err != nil {
+		b.Error(err)
+		return
+	}
+	if st, err := r.Wait(ctx); st != kvmanager.Success {
+		b.Errorf("room %d: decode %v %v %s", id, st, err, r.Failure())
+		return
+	}
+	if st, err := s.Wait(ctx); st != kvmanager.Success {
+		b.Errorf("room %d: prefill %v %v %s", id, st, err, s.Failure())
+	}
+}
