@@ -813,14 +813,15 @@ func (b *body) strMax(k string, limit int) string {
 	if !ok {
 		return ""
 	}
-	n, err := s.peekLen(mpStr)
-	if b.check(k, err) && n > limit {
+	n, err := s.expect(mpStr) // one header read (it checks the n bytes are there)
+	if !b.check(k, err) {
+		return ""
+	}
+	if n > limit {
 		b.fail(ReasonOutOfRange, k, fmt.Sprintf("string of %d bytes exceeds %d", n, limit))
 		return ""
 	}
-	v, err := s.str()
-	b.check(k, err)
-	return v
+	return string(s.b[s.off : s.off+n])
 }
 
 // optStr reads an optional string field ("" when absent).

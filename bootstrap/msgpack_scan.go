@@ -93,6 +93,21 @@ func (s *scanner) kind() (mpKind, error) {
 // count; for maps the pair count; for scalars it consumes the whole value
 // and returns 0.
 func (s *scanner) header() (mpKind, int, error) {
+	// The one-byte forms most of a body is made of, first.
+	if s.off < len(s.b) {
+		switch c := s.b[s.off]; {
+		case c <= 0x7f:
+			s.off++
+			return mpInt, 0, nil
+		case c >= 0xa0 && c <= 0xbf:
+			s.off++
+			n := int(c & 0x1f)
+			if len(s.b)-s.off < n {
+				return mpStr, n, errTruncated
+			}
+			return mpStr, n, nil
+		}
+	}
 	k, err := s.kind()
 	if err != nil {
 		return 0, 0, err
