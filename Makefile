@@ -22,6 +22,8 @@ test: deps
 	@# kvmanager with its mutants compiled in (-tags kvbmutants): the checkers, and every test that turns a known bug on to show it is caught.
 	$(GO) test -race -tags kvbmutants -count=1 -v ./kvmanager | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:'
 	$(GO) test -race -count=1 -skip '$(CHECKERS)' ./...
+	@# Rate-dependent: the race detector slows the writes below the rate at which UCX's adaptive progress lost events (see the test).
+	$(GO) test -count=1 -run '^TestUCXNoLostWakeCrossProcess$$' ./nixl
 
 NIXL_RUNS ?= 20
 NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL|TestFirstRoomAfterPrefillRestartElsewhere|TestAbortReachesPrefillRestartedElsewhere|TestRoomAfterPrefillRestartElsewhere|TestPausedDecodeLearnsItsRoomsFailed)$$/^libnixl-real$$

@@ -251,7 +251,7 @@ type crossCase struct {
 	dests *Prepped
 }
 
-func newCrossCase(b *testing.B, transport string, ucx map[string]string, mem string, n, slots int) *crossCase {
+func newCrossCase(b testing.TB, transport string, ucx map[string]string, mem string, n, slots int) *crossCase {
 	c := startChild(b, transport, "KVBRIDGE_NIXL_BENCH_CHILD=1", "KVBRIDGE_NIXL_CHILD_MEM="+mem,
 		"KVBRIDGE_NIXL_CHILD_SIZE="+strconv.Itoa(n*slots))
 	a, err := Open(Config{Name: fmt.Sprintf("bench-parent-%d", agentSeq.Add(1)), Engine: EngineUCX, UCX: ucx})
@@ -293,7 +293,7 @@ func newCrossCase(b *testing.B, transport string, ucx map[string]string, mem str
 
 // xfer is a write of the source to destination slot k, with notif (nil:
 // none).
-func (cc *crossCase) xfer(b *testing.B, k int, notif []byte) *Xfer {
+func (cc *crossCase) xfer(b testing.TB, k int, notif []byte) *Xfer {
 	x, err := cc.a.NewXfer(Write, cc.local, []int{0}, cc.dests, []int{k}, notif)
 	if err != nil {
 		b.Fatal(err)
@@ -302,7 +302,7 @@ func (cc *crossCase) xfer(b *testing.B, k int, notif []byte) *Xfer {
 	return x
 }
 
-func (cc *crossCase) wait(b *testing.B, x *Xfer) {
+func (cc *crossCase) wait(b testing.TB, x *Xfer) {
 	if st, err := cc.a.Wait(context.Background(), x); st != Done {
 		b.Fatal(st, err)
 	}

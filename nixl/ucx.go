@@ -122,9 +122,12 @@ type ucx struct {
 	// waker: the worker's event fd in Go's poller (nil: none; the progress
 	// goroutine then backs off with a timer). wakeups counts the sleeps it
 	// ended, armFailed the arms that failed (both for tests and metrics).
-	waker     *ucxWaker
-	wakeups   atomic.Uint64
-	armFailed atomic.Uint64
+	waker *ucxWaker
+	// idleBackstop: UCX's adaptive progress is on (the user's choice), so
+	// the event fd may miss events: sleep with a back-off timer even idle.
+	idleBackstop bool
+	wakeups      atomic.Uint64
+	armFailed    atomic.Uint64
 	// passes counts the progress loop's passes (tests: an idle agent makes
 	// none).
 	passes atomic.Uint64
@@ -336,6 +339,20 @@ func openUCX(cfg Config) (backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ucx engine: %w", err)
 	}
+	// UCX's adaptive progress takes interfaces it finds idle out of the
+	// worker's progress and arm lists and watches them from its async
+	// thread; with it, an armed worker here missed events (a sleeping
+	// target did not wake for a write's notification: the write hung, 1 in
+	// ~20,000 writes over shared memory; issue 24). kvbridge turns it off
+	// unless the user chose it, and then keeps a back-off timer while idle.
+	adaptive, ok := ucpKeys["ADAPTIVE_PROGRESS"]
+	if !ok {
+		adaptive, ok = os.LookupEnv("UCX_ADAPTIVE_PROGRESS")
+	}
+	if !ok {
+		adaptive = "n"
+		ucpKeys["ADAPTIVE_PROGRESS"] = adaptive
+	}
 	cfg.UCX = ucpKeys
 	tls, ok := ucpKeys["TLS"]
 	if !ok {
@@ -345,12 +362,18 @@ func openUCX(cfg Config) (backend, error) {
 	if !ok {
 		unified = os.Getenv("UCX_UNIFIED_MODE")
 	}
+	idleBackstop := false
+	switch strings.ToLower(adaptive) {
+	case "n", "no", "off", "0", "false":
+	default:
+		idleBackstop = true
+	}
 	switch strings.ToLower(unified) {
 	case "y", "yes", "on", "1", "true":
 		return nil, fmt.Errorf("ucx engine: UCX unified mode (UNIFIED_MODE=%s) packs worker addresses in a format "+
 			"kvbridge does not validate: %w", unified, ErrUnsupported)
 	}
-	u := &ucx{device: cfg.Device, wake: make(chan struct{}, 1), progress: make(chan struct{}, 1), peerErrors: tls == "" || tls == "all" || strings.Contains(tls, "tcp") || strings.Contains(tls, "ib") ||
+	u := &ucx{idleBackstop: idleBackstop, device: cfg.Device, wake: make(chan struct{}, 1), progress: make(chan struct{}, 1), peerErrors: tls == "" || tls == "all" || strings.Contains(tls, "tcp") || strings.Contains(tls, "ib") ||
 		strings.Contains(tls, "rc") || strings.Contains(tls, "ud") || strings.Contains(tls, "dc"), name: cfg.Name, cmds: make(chan func(), 64), closing: make(chan struct{}), done: make(chan struct{}),
 		regs: map[*ucxReg]struct{}{}, remotes: map[string]*ucxRemote{}, active: map[*ucxXfer]struct{}{},
 		all: map[*ucxXfer]struct{}{}}
@@ -483,7 +506,7 @@ func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 			}
 		}
 		var tc <-chan time.Time
-		if ready == nil || len(u.active) > 0 {
+		if ready == nil || len(u.active) > 0 || u.idleBackstop {
 			// A backstop where an event might not come: without the
 			// event fd, and for completions of transports that raise
 			// none. Back off from 20 µs to 1 ms.
