@@ -360,23 +360,8 @@ func (a *Agent) watch() {
 			// The engine signals every final state: sleep until it does,
 			// with a backstop for the transfers' timeouts. No spinning
 			// (issue 24: the spins cost CPU the signal makes useless).
-			timer.Reset(watchBackstop)
-			select {
-			case <-progress:
-			case <-a.kick:
-			case <-timer.C:
-			case <-a.stop:
-				return
-			}
-			if !timer.Stop() {
-				select {
-				case <-timer.C:
-				default:
-				}
-			}
-			continue
-		}
-		if idle++; idle < watchSpins {
+			sleep = watchBackstop
+		} else if idle++; idle < watchSpins {
 			select {
 			case <-a.stop:
 				return
@@ -384,8 +369,9 @@ func (a *Agent) watch() {
 			}
 			runtime.Gosched()
 			continue
+		} else {
+			sleep = min(max(2*sleep, 5*time.Microsecond), watchMaxSleep)
 		}
-		sleep = min(max(2*sleep, 5*time.Microsecond), watchMaxSleep)
 		timer.Reset(sleep)
 		select {
 		case <-timer.C:

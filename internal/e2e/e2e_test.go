@@ -731,13 +731,7 @@ func TestPreparedOncePerPeer(t *testing.T) {
 	}
 	base := calls()
 	for i, tokens := range []int{100, 4096, 17, 2000, 8192, 1, 512} {
-		rm := c.start(t, uint64(700+i), tokens)
-		ready(t, rm.s)
-		c.sendAll(t, rm, 16)
-		waitStatus(t, rm.r, kvmanager.Success)
-		waitStatus(t, rm.s, kvmanager.Success)
-		c.verify(t, rm)
-		c.finish(rm)
+		c.roomByteExact(t, uint64(700+i), tokens)
 		if i == 0 {
 			base = calls() - base
 			if base > 4 {
@@ -749,6 +743,19 @@ func TestPreparedOncePerPeer(t *testing.T) {
 	if n := calls() - base; n != 0 {
 		t.Fatalf("%d more lists prepared for six more rooms, want 0", n)
 	}
+}
+
+// roomByteExact runs one room of tokens to Success on both sides in chunks
+// of 16 pages, verifies every page and clears it.
+func (c *cluster) roomByteExact(t *testing.T, id uint64, tokens int) {
+	t.Helper()
+	rm := c.start(t, id, tokens)
+	ready(t, rm.s)
+	c.sendAll(t, rm, 16)
+	waitStatus(t, rm.r, kvmanager.Success)
+	waitStatus(t, rm.s, kvmanager.Success)
+	c.verify(t, rm)
+	c.finish(rm)
 }
 
 // A decode rank on an engine without a wake-up channel (libnixl) polls
@@ -769,13 +776,7 @@ func TestNotifierStopsPollingWithoutRooms(t *testing.T) {
 		return n
 	}
 	for i, tokens := range []int{300, 2000} {
-		rm := c.start(t, uint64(900+i), tokens)
-		ready(t, rm.s)
-		c.sendAll(t, rm, 16)
-		waitStatus(t, rm.r, kvmanager.Success)
-		waitStatus(t, rm.s, kvmanager.Success)
-		c.verify(t, rm)
-		c.finish(rm)
+		c.roomByteExact(t, uint64(900+i), tokens)
 		// Wait (bounded) for the polls to stop, then watch 100 ms of
 		// idleness: the 1 ms back-off made about 100 polls in it.
 		deadline := time.Now().Add(10 * time.Second)
