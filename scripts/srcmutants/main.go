@@ -30,7 +30,7 @@ var mutants = []mutant{
 	{"same-role-certificate", "bootstrap/address.go", "	if len(raw) > 4 && byteRole(raw[4]) == a.role {", "	if false {"},
 	{"secret-alone-speaks", "bootstrap/address.go", "		if raw == nil {\n			return nil, AuthNoIdentity\n		}", "		if raw == nil {\n			return nil, \"\"\n		}"},
 	{"seal-not-bound-to-owner", "bootstrap/address.go", "	b := []byte(from.Peer())", "	b := []byte(\"\")"},
-	{"endpoint-not-bound", "bootstrap/address.go", "	if e != nil && e.id.Peer() != from.Peer() && (e.hinted || now.Sub(e.heard) < a.rebindAfter) {", "	if false {"},
+	{"endpoint-not-bound", "bootstrap/address.go", "	if e != nil && keyOf(e.id) != keyOf(from) && (e.hinted || now.Sub(e.heard) < a.rebindAfter) {", "	if false {"},
 	{"windows-evicted-when-full", "bootstrap/address.go", "		if now.Sub(a.windows[old].last) < a.auth.MaxSkew {", "		if false {"},
 	{"no-skew-check", "bootstrap/auth.go", "	if d := now.Sub(env.Sent); d > a.MaxSkew || d < -a.MaxSkew {", "	if false {"},
 }
