@@ -15,24 +15,37 @@ import (
 	"time"
 )
 
-// mutant replaces old (which must occur exactly once) with new in file.
+// mutant replaces old (which must occur exactly once) with new in file;
+// pkg and run, when set, name the package whose tests must catch it and
+// the tests to run (default: every test of the file's package).
 type mutant struct {
 	name, file, old, new string
+	pkg, run             string
 }
 
 // The envelope's checks (bootstrap/address.go, auth.go): issue 23.
 var mutants = []mutant{
-	{"no-replay-window", "bootstrap/address.go", "	if !w.accept(env.Seq) {", "	if !w.accept(env.Seq) && false {"},
-	{"other-epoch-accepted", "bootstrap/address.go", "	case to.Epoch != 0 && to.Epoch != self.Epoch && t != TypePing:", "	case to.Epoch != 0 && to.Epoch != self.Epoch && t != TypePing && false:"},
-	{"unknown-epoch-accepted", "bootstrap/address.go", "	case to.Epoch == 0 && !opener:", "	case to.Epoch == 0 && !opener && false:"},
-	{"other-rank-accepted", "bootstrap/address.go", "	case to.Role != \"\" && (to.Role != self.Role || to.Instance != self.Instance || to.Rank != self.Rank):", "	case to.Role != \"\" && false:"},
-	{"from-not-the-certificate", "bootstrap/address.go", "		if pc == nil || pc.cert.Identity() != (From{Role: from.Role, Instance: from.Instance, Rank: from.Rank}) {", "		if pc == nil {"},
-	{"same-role-certificate", "bootstrap/address.go", "	if len(raw) > 4 && byteRole(raw[4]) == a.role {", "	if false {"},
-	{"secret-alone-speaks", "bootstrap/address.go", "		if raw == nil {\n			return nil, AuthNoIdentity\n		}", "		if raw == nil {\n			return nil, \"\"\n		}"},
-	{"seal-not-bound-to-owner", "bootstrap/address.go", "	b := []byte(from.Peer())", "	b := []byte(\"\")"},
-	{"endpoint-not-bound", "bootstrap/address.go", "	if e != nil && keyOf(e.id) != keyOf(from) && (e.hinted || now.Sub(e.heard) < a.rebindAfter) {", "	if false {"},
-	{"windows-evicted-when-full", "bootstrap/address.go", "		if now.Sub(a.windows[old].last) < a.auth.MaxSkew {", "		if false {"},
-	{"no-skew-check", "bootstrap/auth.go", "	if d := now.Sub(env.Sent); d > a.MaxSkew || d < -a.MaxSkew {", "	if false {"},
+	{"no-replay-window", "bootstrap/address.go", "	if !w.accept(env.Seq) {", "	if !w.accept(env.Seq) && false {", "", ""},
+	{"other-epoch-accepted", "bootstrap/address.go", "	case to.Epoch != 0 && to.Epoch != self.Epoch && t != TypePing:", "	case to.Epoch != 0 && to.Epoch != self.Epoch && t != TypePing && false:", "", ""},
+	{"unknown-epoch-accepted", "bootstrap/address.go", "	case to.Epoch == 0 && !opener:", "	case to.Epoch == 0 && !opener && false:", "", ""},
+	{"other-rank-accepted", "bootstrap/address.go", "	case to.Role != \"\" && (to.Role != self.Role || to.Instance != self.Instance || to.Rank != self.Rank):", "	case to.Role != \"\" && false:", "", ""},
+	{"from-not-the-certificate", "bootstrap/address.go", "		if pc == nil || pc.cert.Identity() != (From{Role: from.Role, Instance: from.Instance, Rank: from.Rank}) {", "		if pc == nil {", "", ""},
+	{"same-role-certificate", "bootstrap/address.go", "	if len(raw) > 4 && byteRole(raw[4]) == a.role {", "	if false {", "", ""},
+	{"secret-alone-speaks", "bootstrap/address.go", "		if raw == nil {\n			return nil, AuthNoIdentity\n		}", "		if raw == nil {\n			return nil, \"\"\n		}", "", ""},
+	{"seal-not-bound-to-owner", "bootstrap/address.go", "	b := []byte(from.Peer())", "	b := []byte(\"\")", "", ""},
+	{"endpoint-not-bound", "bootstrap/address.go", "	if e != nil && keyOf(e.id) != keyOf(from) && (e.hinted || now.Sub(e.heard) < a.rebindAfter) {", "	if false {", "", ""},
+	{"windows-evicted-when-full", "bootstrap/address.go", "		if now.Sub(a.windows[old].last) < a.auth.MaxSkew {", "		if false {", "", ""},
+	{"no-skew-check", "bootstrap/auth.go", "	if d := now.Sub(env.Sent); d > a.MaxSkew || d < -a.MaxSkew {", "	if false {", "", ""},
+	// No CPU when idle (issue 24): the ucx engine's sleep on its event fd,
+	// UCX's adaptive progress off, the decode notifier's stop and kick.
+	{name: "ucx-idle-timer", file: "nixl/ucx.go", old: "		if ready == nil || len(u.active) > 0 || u.idleBackstop {", new: "		if true {",
+		pkg: "nixl", run: "^TestUCXIdleSleepsOnEventFD$"},
+	{name: "ucx-adaptive-progress", file: "nixl/ucx.go", old: "		ucpKeys[\"ADAPTIVE_PROGRESS\"] = adaptive", new: "		ucpKeys[\"ADAPTIVE_PROGRESS\"] = \"y\"",
+		pkg: "nixl", run: "^TestUCXNoLostWakeCrossProcess$"},
+	{name: "notifier-never-stops", file: "kvmanager/decode.go", old: "		case idle == time.Millisecond && d.liveRooms() == 0:", new: "		case false:",
+		pkg: "internal/e2e", run: "^TestNotifierStopsPollingWithoutRooms$"},
+	{name: "notifier-not-kicked", file: "kvmanager/decode.go", old: "		kick := d.roomsKick\n", new: "		kick := (chan struct{})(nil)\n",
+		pkg: "internal/e2e", run: "^TestNotifierStopsPollingWithoutRooms$"},
 }
 
 func main() {
@@ -61,7 +74,14 @@ func main() {
 			fail(err)
 		}
 		start := time.Now()
-		cmd := exec.Command("go", "test", "-count=1", "-failfast", "-overlay", ovf, "./"+filepath.Dir(m.file))
+		pkg, args := filepath.Dir(m.file), []string{"test", "-count=1", "-failfast", "-overlay", ovf}
+		if m.pkg != "" {
+			pkg = m.pkg
+		}
+		if m.run != "" {
+			args = append(args, "-run", m.run)
+		}
+		cmd := exec.Command("go", append(args, "./"+pkg)...)
 		out, err := cmd.CombinedOutput()
 		secs := int(time.Since(start).Seconds())
 		switch {
