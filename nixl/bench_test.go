@@ -224,8 +224,12 @@ func benchChild() int {
 		defer close(eof)
 		sc := bufio.NewScanner(os.Stdin)
 		for sc.Scan() {
-			if sc.Text() == "cpu" {
+			switch sc.Text() {
+			case "cpu":
 				fmt.Printf("CPU %d\n", cpustat.Self().Total().Nanoseconds())
+			case "missed":
+				// The wake-ups its event fd did not give (ucx engine).
+				fmt.Printf("MISSED %d\n", a.b.(*ucx).missed.Load())
 			}
 		}
 	}()

@@ -3,6 +3,7 @@ package nixl
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -99,7 +100,8 @@ func TestUCXIdleSleepsOnEventFD(t *testing.T) {
 // target slept through a notification, the write stayed in progress until
 // its timeout (1 in ~20,000 writes over shared memory, issue 24). kvbridge
 // turns adaptive progress off; this test runs the writes with the engine's
-// settings and fails on the first write not done within 5 s.
+// settings and fails on a write not done within 5 s or on any event the
+// idle backstop (one pass a second) found that the event fd did not signal.
 func TestUCXNoLostWakeCrossProcess(t *testing.T) {
 	// 100 rounds of 2,000 writes: with adaptive progress on, 2 to 4 rounds
 	// of 100 hung in each of three runs. The race detector slows the
@@ -129,6 +131,16 @@ func TestUCXNoLostWakeCrossProcess(t *testing.T) {
 				if st, err := cc.a.Status(x); st != Done {
 					t.Fatalf("write %d: %v %v", i+1, st, err)
 				}
+			}
+			// The idle backstop (1 s) ends a missed wake-up: count them.
+			if _, err := fmt.Fprintln(cc.c.stdin, "missed"); err != nil {
+				t.Fatal(err)
+			}
+			if n := strings.Fields(cc.c.line(t, "MISSED"))[1]; n != "0" {
+				t.Fatalf("the target slept through %s events its event fd did not signal (found by its idle backstop)", n)
+			}
+			if n := cc.a.b.(*ucx).missed.Load(); n != 0 {
+				t.Fatalf("the writer slept through %d events", n)
 			}
 		})
 	}
