@@ -477,9 +477,10 @@ func (d *Decode) Released(room uint64) <-chan struct{} {
 // It blocks on the engine's wake-up channel where there is one (no timer:
 // an idle rank costs no CPU, issue 24). Otherwise
 // (libnixl) it polls with a back-off of up to 1 ms while rooms are live,
-// and stops polling when none is (an idle rank costs no CPU: issue 24)
-// until a room is created; notifications for no live room are dropped by
-// the core anyway, and those that queued meanwhile are read then.
+// every 100 ms while only cleared rooms' tombstones remain (their late
+// notifications are read and dropped while the tombstone can tell them
+// from a later room with the same id), and stops polling when there are
+// neither (an idle rank costs no CPU: issue 24) until a room is created.
 func (d *Decode) notifier() {
 	defer d.wg.Done()
 	wake := d.agent.NotifyC()
@@ -507,17 +508,28 @@ func (d *Decode) notifier() {
 			case <-wake:
 			}
 			continue
-		case idle == time.Millisecond && d.liveRooms() == 0:
-			// Every room is created through kickNotifier: wait for it.
-			select {
-			case <-d.closing:
-				return
-			case <-kick:
-				idle = 0
+		case idle == time.Millisecond:
+			switch live, tombs := d.roomCounts(); {
+			case live == 0 && tombs == 0:
+				// Every room is created through kickNotifier: wait for it.
+				select {
+				case <-d.closing:
+					return
+				case <-kick:
+					idle = 0
+				}
+				continue
+			case live == 0:
+				// Only cleared rooms' tombstones: their late notifications
+				// are still read (and dropped) while the tombstones live,
+				// so none waits in the engine's queue for a room that
+				// reuses the id later; no hurry.
+				idle = notifierTombstonePoll
+			default:
+				kick = nil // polling: a new room changes nothing
 			}
-			continue
 		default:
-			kick = nil // polling: a new room changes nothing
+			kick = nil
 		}
 		timer.Reset(idle)
 		select {
@@ -537,10 +549,15 @@ func (d *Decode) notifier() {
 	}
 }
 
-// liveRooms counts the rooms still live (pending or not final).
-func (d *Decode) liveRooms() (n int) {
-	d.read(func(c *Core) { s := c.reg.Sizes(); n = s.Live + s.Pending })
-	return n
+// notifierTombstonePoll is how often a polling notifier reads the engine's
+// notifications while only tombstones remain.
+const notifierTombstonePoll = 100 * time.Millisecond
+
+// roomCounts counts the rooms still live (pending or not final) and the
+// cleared rooms' tombstones.
+func (d *Decode) roomCounts() (live, tombs int) {
+	d.read(func(c *Core) { s := c.reg.Sizes(); live, tombs = s.Live+s.Pending, s.Tombstones+s.Draining })
+	return live, tombs
 }
 
 // onNotif steps one notification into the core.

@@ -759,15 +759,21 @@ func (c *cluster) roomByteExact(t *testing.T, id uint64, tokens int) {
 }
 
 // A decode rank on an engine without a wake-up channel (libnixl) polls
-// for notifications only while it has live rooms (issue 24: it polled
-// every millisecond for ever, idle or not). After a room is cleared its
-// notifier stops polling; a new room starts it again and completes.
+// for notifications every millisecond only while it has live rooms (issue
+// 24: it polled every millisecond for ever, idle or not), every 100 ms
+// while cleared rooms' tombstones remain, and not at all once they have
+// expired; a new room starts it again and completes.
 func TestNotifierStopsPollingWithoutRooms(t *testing.T) {
 	cfg, ok := engines["libnixl-double"]
 	if !ok {
 		t.Skip("KVBRIDGE_NIXL_LIB is set: the poll counter is the NIXL double's")
 	}
-	c := newCluster(t, "libnixl-double", nil)
+	c := newCluster(t, "libnixl-double", func(cfg *kvmanager.Config) {
+		// Tombstones that expire within the test.
+		r := &cfg.Registry
+		r.BootstrapTimeout, r.WaitingTimeout, r.PendingTimeout = 2*time.Second, 2*time.Second, 2*time.Second
+		r.StallTimeout, cfg.QuarantineTimeout, r.TombstoneTTL = time.Second, 2*time.Second, 3*time.Second
+	})
 	polls := func() int64 {
 		n, err := nixldouble.NotifCalls(cfg.NIXLLib)
 		if err != nil {
@@ -775,26 +781,32 @@ func TestNotifierStopsPollingWithoutRooms(t *testing.T) {
 		}
 		return n
 	}
+	// window observes 300 ms: waiting, not synchronising.
+	window := func() int64 {
+		before := polls()
+		time.Sleep(300 * time.Millisecond)
+		return polls() - before
+	}
 	for i, tokens := range []int{300, 2000} {
-		c.roomByteExact(t, uint64(900+i), tokens)
-		// Wait (bounded) for the polls to stop, then watch 100 ms of
-		// idleness: the 1 ms back-off made about 100 polls in it.
-		deadline := time.Now().Add(10 * time.Second)
-		prev := polls()
-		for {
-			time.Sleep(20 * time.Millisecond) // observed, not synchronised on
-			now := polls()
-			if now == prev {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("room %d cleared: the decode rank still polls for notifications after 10 s (%d polls in 20 ms)", 900+i, now-prev)
-			}
-			prev = now
+		room := uint64(900 + i)
+		c.roomByteExact(t, room, tokens)
+		// The tombstone lives: once the back-off has run out (a few ms),
+		// polls slow down (about 3 in 300 ms; the 1 ms back-off made
+		// about 300) but go on.
+		window()
+		if n := window(); n > 10 || n == 0 {
+			t.Fatalf("room %d cleared, its tombstone alive: %d notification polls in 300 ms, want 1 to 10 "+
+				"(its late notifications are read while the tombstone can drop them)", room, n)
 		}
-		time.Sleep(100 * time.Millisecond)
-		if n := polls() - prev; n > 2 {
-			t.Fatalf("no live room: %d notification polls in 100 ms", n)
+		// Once it has expired (3 s), the polls stop.
+		deadline := time.Now().Add(20 * time.Second)
+		for window() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("room %d: the decode rank still polls for notifications 20 s after its tombstone expired", room)
+			}
+		}
+		if n := window(); n != 0 {
+			t.Fatalf("no room, no tombstone: %d notification polls in 300 ms", n)
 		}
 	}
 }
