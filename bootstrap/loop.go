@@ -446,6 +446,7 @@ func (l *Loop) receive() {
 	defer r.free()
 	defer l.pull.close()
 	var limiter logLimiter
+	var pace recvPace
 	for {
 		n, err := r.recv(l.pull, recvBatch, 0)
 		if err != nil {
@@ -453,8 +454,10 @@ func (l *Loop) receive() {
 				return
 			}
 			l.log.Warn("control receive", zap.Error(err))
+			pace.fail(err)
 			continue
 		}
+		pace.ok()
 		for i := 0; i < n; i++ {
 			l.dispatch(r.frames(i), &limiter)
 		}
@@ -550,6 +553,22 @@ func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 	}
 }
 
+// recvPace paces a receive loop through errors other than ETERM: EINTR
+// retries at once; anything else waits 1 ms, doubling to 100 ms, so a
+// socket that keeps failing is never a silent loop at 100 % of a core; a
+// message received resets it.
+type recvPace struct{ d time.Duration }
+
+func (p *recvPace) fail(err error) {
+	if err == zmq.Errno(syscall.EINTR) {
+		return
+	}
+	p.d = min(max(2*p.d, time.Millisecond), 100*time.Millisecond)
+	time.Sleep(p.d) // an error back-off, not synchronisation
+}
+
+func (p *recvPace) ok() { p.d = 0 }
+
 // authenticate is the ZAP goroutine: it answers ZAP requests (RFC 27):
 // CURVE clients whose public key is on the allow-list pass, everyone else
 // is refused and counted. It returns when Close terminates the context.
@@ -558,14 +577,18 @@ func (l *Loop) authenticate() {
 	r := newReceiver()
 	defer r.free()
 	defer l.zap.close()
+	var pace recvPace
 	for {
 		n, err := r.recv(l.zap, 1, 0)
 		if err != nil {
 			if errors.Is(err, zmq.ETERM) {
 				return
 			}
+			l.log.Warn("ZAP receive", zap.Error(err))
+			pace.fail(err)
 			continue
 		}
+		pace.ok()
 		if n == 1 {
 			l.answerZAP(r.frames(0))
 		}

@@ -1,0 +1,32 @@
+package bootstrap
+
+import (
+	"syscall"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// A receive loop paces itself through errors (issue 24's review: a socket
+// that kept failing was retried at once, a silent loop at 100 % of a core):
+// EINTR retries at once, other errors back off from 1 ms to 100 ms, a
+// received message resets the pace.
+func TestRecvPace(t *testing.T) {
+	var p recvPace
+	p.fail(zmq.Errno(syscall.EINTR))
+	if p.d != 0 {
+		t.Fatalf("EINTR paced: %v", p.d)
+	}
+	want := []time.Duration{1, 2, 4, 8, 16, 32, 64, 100, 100}
+	for i, w := range want {
+		p.fail(zmq.Errno(syscall.ENOTSOCK))
+		if p.d != w*time.Millisecond {
+			t.Fatalf("error %d: paced %v, want %v", i+1, p.d, w*time.Millisecond)
+		}
+	}
+	p.ok()
+	if p.d != 0 {
+		t.Fatalf("a message did not reset the pace: %v", p.d)
+	}
+}
