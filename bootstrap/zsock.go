@@ -20,6 +20,10 @@ package bootstrap
 // Frames kept per message (a ZAP request has 7); a message with more is
 // received whole and reported with KVB_MAXF+1 frames, the extra ones empty.
 #define KVB_MAXF 8
+// A batch takes no more messages once it holds KVB_BATCH_BYTES (control
+// messages are ~100 bytes; garbage of up to ZMQ_MAXMSGSIZE per frame would
+// otherwise be held 32 messages at a time before authentication).
+#define KVB_BATCH_BYTES (1u << 20)
 // Messages received per call at most.
 #define KVB_MAXM 32
 
@@ -69,7 +73,8 @@ static int kvb_recv1(void *sock, zmq_msg_t *p, int flags) {
 static int kvb_recv(void *sock, kvb_batch *b, int maxm, int flags) {
 	kvb_release(b);
 	if (maxm > KVB_MAXM) maxm = KVB_MAXM;
-	for (int m = 0; m < maxm; m++) {
+	size_t held = 0;
+	for (int m = 0; m < maxm && held < KVB_BATCH_BYTES; m++) {
 		int nf = 0;
 		size_t total = 0;
 		for (;;) {
@@ -98,6 +103,7 @@ static int kvb_recv(void *sock, kvb_batch *b, int maxm, int flags) {
 		b->nframes[m] = nf;
 		b->total[m] = total;
 		b->nmsg = m + 1;
+		held += total;
 	}
 	return b->nmsg;
 }

@@ -36,6 +36,9 @@ var mutants = []mutant{
 	{"endpoint-not-bound", "bootstrap/address.go", "	if e != nil && keyOf(e.id) != keyOf(from) && (e.hinted || now.Sub(e.heard) < a.rebindAfter) {", "	if false {", "", ""},
 	{"windows-evicted-when-full", "bootstrap/address.go", "		if now.Sub(a.windows[old].last) < a.auth.MaxSkew {", "		if false {", "", ""},
 	{"no-skew-check", "bootstrap/auth.go", "	if d := now.Sub(env.Sent); d > a.MaxSkew || d < -a.MaxSkew {", "	if false {", "", ""},
+	// The receive batch's byte cap (issue 24's review).
+	{name: "batch-bytes-uncapped", file: "bootstrap/zsock.go", old: "	for (int m = 0; m < maxm && held < KVB_BATCH_BYTES; m++) {", new: "	for (int m = 0; m < maxm; m++) {",
+		pkg: "bootstrap", run: "^TestReceiveBatchBytesCapped$"},
 	// No CPU when idle (issue 24): the ucx engine's sleep on its event fd,
 	// UCX's adaptive progress off, the decode notifier's stop and kick.
 	{name: "ucx-idle-timer", file: "nixl/ucx.go", old: "		case ready == nil || len(u.active) > 0 || u.adaptiveOn:", new: "		case true:",
