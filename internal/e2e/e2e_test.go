@@ -278,13 +278,7 @@ func TestTransfersByteExact(t *testing.T) {
 		t.Run(engine, func(t *testing.T) {
 			c := newCluster(t, engine, nil)
 			for i, tokens := range []int{1, 15, 16, 17, 128, 1000, 4096, 8192} {
-				rm := c.start(t, uint64(100+i), tokens)
-				ready(t, rm.s)
-				c.sendAll(t, rm, 64)
-				waitStatus(t, rm.r, kvmanager.Success)
-				waitStatus(t, rm.s, kvmanager.Success)
-				c.verify(t, rm)
-				c.finish(rm)
+				c.roomByteExact(t, uint64(100+i), tokens, 64)
 			}
 		})
 	}
@@ -731,7 +725,7 @@ func TestPreparedOncePerPeer(t *testing.T) {
 	}
 	base := calls()
 	for i, tokens := range []int{100, 4096, 17, 2000, 8192, 1, 512} {
-		c.roomByteExact(t, uint64(700+i), tokens)
+		c.roomByteExact(t, uint64(700+i), tokens, 16)
 		if i == 0 {
 			base = calls() - base
 			if base > 4 {
@@ -746,12 +740,12 @@ func TestPreparedOncePerPeer(t *testing.T) {
 }
 
 // roomByteExact runs one room of tokens to Success on both sides in chunks
-// of 16 pages, verifies every page and clears it.
-func (c *cluster) roomByteExact(t *testing.T, id uint64, tokens int) {
+// of chunk pages, verifies every page and clears it.
+func (c *cluster) roomByteExact(t *testing.T, id uint64, tokens, chunk int) {
 	t.Helper()
 	rm := c.start(t, id, tokens)
 	ready(t, rm.s)
-	c.sendAll(t, rm, 16)
+	c.sendAll(t, rm, chunk)
 	waitStatus(t, rm.r, kvmanager.Success)
 	waitStatus(t, rm.s, kvmanager.Success)
 	c.verify(t, rm)
@@ -789,7 +783,7 @@ func TestNotifierStopsPollingWithoutRooms(t *testing.T) {
 	}
 	for i, tokens := range []int{300, 2000} {
 		room := uint64(900 + i)
-		c.roomByteExact(t, room, tokens)
+		c.roomByteExact(t, room, tokens, 16)
 		// The tombstone lives: once the back-off has run out (a few ms),
 		// polls slow down (about 3 in 300 ms; the 1 ms back-off made
 		// about 300) but go on.
