@@ -270,7 +270,7 @@ func inProcessPeer(a *ucxAddress) (*ucx, error) {
 // nothing for progress) before it sleeps on the timer instead.
 const (
 	spinWindow   = 200 * time.Microsecond
-	idleMaxSleep = time.Second
+	idleMaxSleep = 5 * time.Second
 	maxBusyArms  = 64
 )
 
@@ -537,7 +537,7 @@ func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 		default:
 			// Idle and armed: a long backstop against a wake-up UCX does
 			// not signal (an event its async thread queued for the next
-			// progress; issue 24's review). One pass a second costs
+			// progress; issue 24's review). One pass in 5 s costs
 			// nothing; missed counts the ones whose progress found work.
 			timer.Reset(idleMaxSleep)
 			tc, backstop = timer.C, true

@@ -101,7 +101,7 @@ func TestUCXIdleSleepsOnEventFD(t *testing.T) {
 // its timeout (1 in ~20,000 writes over shared memory, issue 24). kvbridge
 // turns adaptive progress off; this test runs the writes with the engine's
 // settings and fails on a write not done within 5 s or on any event the
-// idle backstop (one pass a second) found that the event fd did not signal.
+// idle backstop (one pass in 5 s) found that the event fd did not signal.
 func TestUCXNoLostWakeCrossProcess(t *testing.T) {
 	// 100 rounds of 2,000 writes: with adaptive progress on, 2 to 4 rounds
 	// of 100 hung in each of three runs. The race detector slows the
@@ -132,7 +132,7 @@ func TestUCXNoLostWakeCrossProcess(t *testing.T) {
 					t.Fatalf("write %d: %v %v", i+1, st, err)
 				}
 			}
-			// The idle backstop (1 s) ends a missed wake-up: count them.
+			// The idle backstop (5 s) ends a missed wake-up: count them.
 			if _, err := fmt.Fprintln(cc.c.stdin, "missed"); err != nil {
 				t.Fatal(err)
 			}
