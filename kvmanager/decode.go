@@ -497,7 +497,7 @@ func (d *Decode) notifier() {
 			continue
 		}
 		idle = min(max(2*idle, 10*time.Microsecond), time.Millisecond)
-		kick := d.roomsKick
+		var kick chan struct{} // nil while polling for live rooms: a new room changes nothing
 		switch {
 		case wake != nil:
 			// The engine signals every notification it queues (a signal
@@ -515,7 +515,7 @@ func (d *Decode) notifier() {
 				select {
 				case <-d.closing:
 					return
-				case <-kick:
+				case <-d.roomsKick:
 					idle = 0
 				}
 				continue
@@ -524,18 +524,13 @@ func (d *Decode) notifier() {
 				// are still read (and dropped) while the tombstones live,
 				// so none waits in the engine's queue for a room that
 				// reuses the id later; no hurry.
-				idle = notifierTombstonePoll
-			default:
-				kick = nil // polling: a new room changes nothing
+				idle, kick = notifierTombstonePoll, d.roomsKick
 			}
-		default:
-			kick = nil
 		}
 		timer.Reset(idle)
 		select {
 		case <-d.closing:
 			return
-		case <-wake:
 		case <-kick:
 			idle = 0
 		case <-timer.C:

@@ -306,6 +306,20 @@ func (cc *crossCase) xfer(b testing.TB, k int, notif []byte) *Xfer {
 	return x
 }
 
+// stream makes streamDepth writes to successive slots (of slots), the
+// last carrying notif.
+func (cc *crossCase) stream(b testing.TB, slots int, notif string) []*Xfer {
+	xs := make([]*Xfer, streamDepth)
+	for k := range xs {
+		var n []byte
+		if k == len(xs)-1 {
+			n = []byte(notif)
+		}
+		xs[k] = cc.xfer(b, k%slots, n)
+	}
+	return xs
+}
+
 func (cc *crossCase) wait(b testing.TB, x *Xfer) {
 	if st, err := cc.a.Wait(context.Background(), x); st != Done {
 		b.Fatal(st, err)
@@ -374,14 +388,7 @@ func BenchmarkWriteStreamed(b *testing.B) {
 				slots := max(1, min(streamDepth, (256<<20)/n))
 				b.Run(fmt.Sprintf("%s/%s/%s/chunk%d", tc.transport, mem, sizeName(n), streamDepth), func(b *testing.B) {
 					cc := newCrossCase(b, tc.transport, tc.ucx, mem, n, slots)
-					xs := make([]*Xfer, streamDepth)
-					for k := range xs {
-						var notif []byte
-						if k == len(xs)-1 {
-							notif = []byte("chunk")
-						}
-						xs[k] = cc.xfer(b, k%slots, notif)
-					}
+					xs := cc.stream(b, slots, "chunk")
 					chunk := func() {
 						for _, x := range xs {
 							if err := cc.a.Post(x); err != nil {
@@ -404,14 +411,7 @@ func BenchmarkWriteStreamed(b *testing.B) {
 				})
 				b.Run(fmt.Sprintf("%s/%s/%s/window%d", tc.transport, mem, sizeName(n), streamDepth), func(b *testing.B) {
 					cc := newCrossCase(b, tc.transport, tc.ucx, mem, n, slots)
-					xs := make([]*Xfer, streamDepth)
-					for k := range xs {
-						var notif []byte
-						if k == len(xs)-1 {
-							notif = []byte("window")
-						}
-						xs[k] = cc.xfer(b, k%slots, notif)
-					}
+					xs := cc.stream(b, slots, "window")
 					done := make(chan *Xfer, len(xs))
 					// stream posts writes until total have been posted, at most
 					// len(xs) in flight, and waits for all of them.

@@ -121,7 +121,7 @@ type ucx struct {
 	ctx        *C.kvb_ctx
 	// waker: the worker's event fd in Go's poller (nil: none; the progress
 	// goroutine then backs off with a timer). wakeups counts the sleeps it
-	// ended, armFailed the arms that failed (both for tests and metrics).
+	// ended (tests).
 	waker *ucxWaker
 	// adaptiveOn: UCX's adaptive progress is on (the user's choice), so
 	// the event fd may miss events: sleep with a back-off timer even idle.
@@ -129,8 +129,7 @@ type ucx struct {
 	wakeups    atomic.Uint64
 	// missed counts the idle backstop's passes that found work: wake-ups
 	// the event fd did not give.
-	missed    atomic.Uint64
-	armFailed atomic.Uint64
+	missed atomic.Uint64
 	// passes counts the progress loop's passes (tests: an idle agent makes
 	// none).
 	passes atomic.Uint64
@@ -519,9 +518,8 @@ func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 				busy++
 				runtime.Gosched()
 				continue
-			default:
-				u.armFailed.Add(1)
 			}
+			// Any other status: ready stays nil, the timer backs off.
 		}
 		busy = 0
 		var tc <-chan time.Time

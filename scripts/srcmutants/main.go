@@ -49,7 +49,7 @@ var mutants = []mutant{
 		pkg: "internal/e2e", run: "^TestNotifierStopsPollingWithoutRooms$"},
 	{name: "notifier-ignores-tombstones", file: "kvmanager/decode.go", old: "			case live == 0 && tombs == 0:", new: "			case live == 0 && tombs >= 0:",
 		pkg: "internal/e2e", run: "^TestNotifierStopsPollingWithoutRooms$"},
-	{name: "notifier-not-kicked", file: "kvmanager/decode.go", old: "		kick := d.roomsKick\n", new: "		kick := (chan struct{})(nil)\n",
+	{name: "notifier-not-kicked", file: "kvmanager/decode.go", old: "				case <-d.roomsKick:\n", new: "				case <-(chan struct{})(nil):\n",
 		pkg: "internal/e2e", run: "^TestNotifierStopsPollingWithoutRooms$"},
 }
 
