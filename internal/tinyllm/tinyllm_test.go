@@ -1,0 +1,311 @@
+package tinyllm
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/kvbridge/kvbridge/transfer"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var small = Config{Layers: 3, QHeads: 4, KVHeads: 2, HeadDim: 8, FFN: 24, Vocab: 97, Seed: 7}
+
+// medium is big enough for greedy output to vary and to depend on every head.
+var medium = Config{Layers: 2, QHeads: 4, KVHeads: 2, HeadDim: 16, FFN: 64, Vocab: 256, Seed: 1}
+
+// reference is the same maths written plainly, with no cache at all: every
+// step recomputes the whole sequence's K and V from scratch, in float64.
+func reference(m *Model, prompt []int, n int) (tokens []int, logits [][]float64) {
+	seq := slices.Clone(prompt)
+	h, d := m.Hidden(), m.HeadDim
+	mv := func(w []float32, x []float64, out int) []float64 {
+		y := make([]float64, out)
+		for o := range y {
+			for i, v := range x {
+				y[o] += float64(w[o*len(x)+i]) * v
+			}
+		}
+		return y
+	}
+	norm := func(x []float64, w []float32) []float64 {
+		ss := 0.0
+		for _, v := range x {
+			ss += v * v
+		}
+		inv := 1 / math.Sqrt(ss/float64(len(x))+1e-5)
+		y := make([]float64, len(x))
+		for i, v := range x {
+			y[i] = v * inv * float64(w[i])
+		}
+		return y
+	}
+	rope := func(x []float64, pos int) {
+		for hh := 0; hh < len(x)/d; hh++ {
+			for i := 0; i < d/2; i++ {
+				s, c := math.Sincos(float64(pos) * math.Pow(m.theta(), -2*float64(i)/float64(d)))
+				a, b := x[hh*d+i], x[hh*d+i+d/2]
+				x[hh*d+i], x[hh*d+i+d/2] = a*c-b*s, b*c+a*s
+			}
+		}
+	}
+	for len(tokens) < n {
+		T := len(seq)
+		xs := make([][]float64, T)
+		for t, tok := range seq {
+			xs[t] = make([]float64, h)
+			for i := range xs[t] {
+				xs[t][i] = float64(m.embed[tok*h+i])
+			}
+		}
+		for l := range m.layers {
+			w := &m.layers[l]
+			ks, vs, qs := make([][]float64, T), make([][]float64, T), make([][]float64, T)
+			for t := range xs {
+				nx := norm(xs[t], w.attnNorm)
+				qs[t], ks[t], vs[t] = mv(w.wq, nx, h), mv(w.wk, nx, m.KVHeads*d), mv(w.wv, nx, m.KVHeads*d)
+				rope(qs[t], t)
+				rope(ks[t], t)
+			}
+			for t := range xs {
+				o := make([]float64, h)
+				for qh := 0; qh < m.QHeads; qh++ {
+					g := qh / (m.QHeads / m.KVHeads)
+					sc := make([]float64, t+1)
+					mx := math.Inf(-1)
+					for p := 0; p <= t; p++ {
+						for i := 0; i < d; i++ {
+							sc[p] += qs[t][qh*d+i] * ks[p][g*d+i]
+						}
+						sc[p] /= math.Sqrt(float64(d))
+						mx = max(mx, sc[p])
+					}
+					sum := 0.0
+					for p := range sc {
+						sc[p] = math.Exp(sc[p] - mx)
+						sum += sc[p]
+					}
+					for p := 0; p <= t; p++ {
+						for i := 0; i < d; i++ {
+							o[qh*d+i] += sc[p] / sum * vs[p][g*d+i]
+						}
+					}
+				}
+				ao := mv(w.wo, o, h)
+				for i := range xs[t] {
+					xs[t][i] += ao[i]
+				}
+				nx := norm(xs[t], w.mlpNorm)
+				gt, up := mv(w.wg, nx, m.FFN), mv(w.wu, nx, m.FFN)
+				for i := range gt {
+					gt[i] = gt[i] / (1 + math.Exp(-gt[i])) * up[i]
+				}
+				dn := mv(w.wd, gt, h)
+				for i := range xs[t] {
+					xs[t][i] += dn[i]
+				}
+			}
+		}
+		lg := mv(m.lmHead, norm(xs[T-1], m.norm), m.Vocab)
+		best := 0
+		for i, v := range lg {
+			if v > lg[best] {
+				best = i
+			}
+		}
+		tokens, logits = append(tokens, best), append(logits, lg)
+		seq = append(seq, best)
+	}
+	return tokens, logits
+}
+
+func randPrompt(rng *rand.Rand, n, vocab int) []int {
+	p := make([]int, n)
+	for i := range p {
+		p[i] = rng.IntN(vocab)
+	}
+	return p
+}
+
+// pagedCache is a TP-1, PP-1 paged cache of npages pages over fresh
+// memory, and a scattered page table for n positions.
+func pagedCache(t *testing.T, m *Model, layout transfer.PageLayout, pageTokens, npages, first, heads, n int, rng *rand.Rand) *Seq {
+	t.Helper()
+	regions := make([][]byte, 2*m.Layers)
+	for i := range regions {
+		regions[i] = make([]byte, npages*pageTokens*heads*m.HeadDim*4)
+	}
+	c, err := NewCache(regions, 0, first, heads, m.HeadDim, pageTokens, layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perm := rng.Perm(npages)
+	var pages []uint32
+	for i := 0; i < (n+pageTokens-1)/pageTokens; i++ {
+		pages = append(pages, uint32(perm[i]))
+	}
+	return &Seq{C: c, Pages: pages}
+}
+
+// TestMatchesReference: greedy decoding over paged caches (NHD and HND,
+// scattered pages) and a dense cache gives the same tokens as the plain
+// float64 reference, logits within float32 rounding; paged and dense are
+// bit-identical.
+func TestMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, cfg := range []Config{small, {Layers: 2, QHeads: 4, KVHeads: 4, HeadDim: 4, FFN: 8, Vocab: 50, Seed: 3},
+		{Layers: 2, QHeads: 6, KVHeads: 1, HeadDim: 6, FFN: 16, Vocab: 300, Seed: 9, RopeTheta: 500}} {
+		m, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, plen := range []int{1, 5, 16, 23} {
+			prompt, n := randPrompt(rng, plen, cfg.Vocab), 9
+			want, wantLogits := reference(m, prompt, n)
+			dense, err := m.Generate(prompt, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(dense, want) {
+				t.Fatalf("%+v prompt %d: dense %v, reference %v", cfg, plen, dense, want)
+			}
+			for _, layout := range []transfer.PageLayout{transfer.NHD, transfer.HND} {
+				seq := pagedCache(t, m, layout, 4, 16, 0, cfg.KVHeads, plen+n, rng)
+				lg, err := m.Prefill(prompt, seq, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, v := range lg {
+					if d := math.Abs(float64(v) - wantLogits[0][i]); d > 1e-3*(1+math.Abs(wantLogits[0][i])) {
+						t.Fatalf("%+v %v: logit %d is %v, reference %v", cfg, layout, i, v, wantLogits[0][i])
+					}
+				}
+				got, _ := m.Continue(Argmax(lg), plen, n, seq, nil)
+				if !slices.Equal(got, dense) {
+					t.Fatalf("%+v %v prompt %d: paged %v, dense %v", cfg, layout, plen, got, dense)
+				}
+			}
+		}
+	}
+}
+
+// TestShardsReassemble: the KV a prefill computed, split into TP ranks'
+// head shares (heads divided, and one head replicated over two ranks) and
+// PP stages' layers, then put back into another layout's pages, decodes to
+// exactly the single-process tokens.
+func TestShardsReassemble(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, kvh := range []int{2, 1} {
+		cfg := small
+		cfg.KVHeads = kvh
+		m, _ := New(cfg)
+		prompt, n := randPrompt(rng, 19, cfg.Vocab), 8
+		want, _ := m.Generate(prompt, n)
+		full := NewDense(m.Layers, kvh, m.HeadDim, len(prompt))
+		lg, _ := m.Prefill(prompt, full, nil)
+		tm := transfer.Model{Layers: m.Layers, KVHeads: kvh, HeadBytes: 4 * m.HeadDim, PageTokens: 4, Layout: transfer.NHD}
+		dst := pagedCache(t, m, transfer.HND, 4, 16, 0, kvh, len(prompt)+n, rng)
+		for tp := 0; tp < 2; tp++ {
+			for pp := 0; pp < 2; pp++ {
+				first, heads, err := tm.Heads(2, tp)
+				if err != nil {
+					t.Fatal(err)
+				}
+				l0, nl := tm.StageLayers(2, pp)
+				shard := pagedCache(t, m, transfer.NHD, 4, 8, first, heads, len(prompt), rng)
+				shard.C.Layer0, shard.C.Layers, shard.C.Regions = l0, nl, shard.C.Regions[:2*nl]
+				CopyShare(shard, full, 0, m.Layers, len(prompt))
+				// What the decode side would receive from this shard.
+				sub := &Seq{C: &Cache{Regions: dst.C.Regions[2*l0 : 2*(l0+nl)], Layer0: l0, Layers: nl, FirstHead: 0,
+					Heads: dst.C.Heads, HeadDim: m.HeadDim, PageTokens: 4, Layout: transfer.HND}, Pages: dst.Pages}
+				for l := l0; l < l0+nl; l++ {
+					for p := 0; p < len(prompt); p++ {
+						for h := first; h < first+heads; h++ {
+							dk, dv := sub.Slot(l, p, h)
+							sk, sv := shard.Slot(l, p, h)
+							copy(dk, sk)
+							copy(dv, sv)
+						}
+					}
+				}
+			}
+		}
+		got, _ := m.Continue(Argmax(lg), len(prompt), n, dst, nil)
+		if !slices.Equal(got, want) {
+			t.Fatalf("kv heads %d: reassembled %v, single process %v", kvh, got, want)
+		}
+	}
+}
+
+// TestWrongHeadsChangeTokens: the same KV read with its heads swapped (a
+// wrong head mapping), or one page's positions shifted, gives other
+// tokens — the token check can fail.
+func TestWrongHeadsChangeTokens(t *testing.T) {
+	m, _ := New(medium)
+	rng := rand.New(rand.NewPCG(5, 6))
+	differ := 0
+	for i := 0; i < 5; i++ {
+		prompt, n := randPrompt(rng, 40, m.Vocab), 8
+		want, _ := m.Generate(prompt, n)
+		seq := pagedCache(t, m, transfer.HND, 16, 4, 0, m.KVHeads, len(prompt)+n, rng)
+		lg, _ := m.Prefill(prompt, seq, nil)
+		seq.Swap = true
+		got, _ := m.Continue(Argmax(lg), len(prompt), n, seq, nil)
+		if !slices.Equal(got, want) {
+			differ++
+		}
+	}
+	if differ < 5 {
+		t.Fatalf("swapped heads changed the tokens of %d of 5 prompts, want all", differ)
+	}
+}
+
+// TestSeedsAndVariety: the same seed gives the same weights and tokens,
+// another seed other tokens, and greedy output is not one repeated token.
+func TestSeedsAndVariety(t *testing.T) {
+	a, _ := New(medium)
+	b, _ := New(medium)
+	c := medium
+	c.Seed = 2
+	o, _ := New(c)
+	prompt := randPrompt(rand.New(rand.NewPCG(1, 1)), 30, a.Vocab)
+	ta, _ := a.Generate(prompt, 16)
+	tb, _ := b.Generate(prompt, 16)
+	to, _ := o.Generate(prompt, 16)
+	if !slices.Equal(ta, tb) || slices.Equal(ta, to) {
+		t.Fatalf("seed 1 twice: %v %v; seed 2: %v", ta, tb, to)
+	}
+	distinct := map[int]bool{}
+	for _, v := range ta {
+		distinct[v] = true
+	}
+	if len(distinct) < 4 {
+		t.Fatalf("16 tokens with %d distinct: %v", len(distinct), ta)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	for _, c := range []Config{{}, {Layers: 1, QHeads: 3, KVHeads: 2, HeadDim: 4, FFN: 4, Vocab: 4}, {Layers: 1, QHeads: 2, KVHeads: 2, HeadDim: 3, FFN: 4, Vocab: 4}} {
+		if _, err := New(c); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+	m, _ := New(small)
+	if _, err := m.Prefill([]int{1, small.Vocab}, NewDense(3, 2, 8, 2), nil); err == nil {
+		t.Error("a token outside the vocabulary was accepted")
+	}
+	if _, err := m.Prefill(nil, NewDense(3, 2, 8, 2), nil); err == nil {
+		t.Error("an empty prompt was accepted")
+	}
+}
+
+func BenchmarkDefaultRequest(b *testing.B) {
+	m, _ := New(Default)
+	prompt := randPrompt(rand.New(rand.NewPCG(1, 1)), 64, m.Vocab)
+	for b.Loop() {
+		m.Generate(prompt, 16)
+	}
+}
