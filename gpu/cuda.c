@@ -43,6 +43,11 @@ kvb_cuda *kvb_cuda_load(const char *path, char *err, size_t errlen)
 	SYM(stream_create, "cuStreamCreate");
 	SYM(stream_sync, "cuStreamSynchronize");
 	SYM(stream_destroy, "cuStreamDestroy_v2");
+	SYM(event_create, "cuEventCreate");
+	SYM(event_record, "cuEventRecord");
+	SYM(event_query, "cuEventQuery");
+	SYM(event_sync, "cuEventSynchronize");
+	SYM(event_destroy, "cuEventDestroy_v2");
 	SYM(ipc_get, "cuIpcGetMemHandle");
 	SYM(ipc_open, "cuIpcOpenMemHandle_v2");
 	SYM(ipc_close, "cuIpcCloseMemHandle");

@@ -10,10 +10,12 @@ typedef int cu_result;
 typedef int cu_device;
 typedef void *cu_context;
 typedef void *cu_stream;
+typedef void *cu_event;
 typedef unsigned long long cu_ptr;
 typedef struct { char reserved[64]; } cu_ipc_handle;
 
 enum { KVB_CU_MEMTYPE_ATTR = 2, KVB_CU_ORDINAL_ATTR = 9 };
+enum { KVB_CU_EVENT_DISABLE_TIMING = 2, KVB_CU_ERROR_NOT_READY = 600 };
 
 typedef struct kvb_cuda {
 	void *h;
@@ -37,6 +39,11 @@ typedef struct kvb_cuda {
 	cu_result (*stream_create)(cu_stream *, unsigned int);
 	cu_result (*stream_sync)(cu_stream);
 	cu_result (*stream_destroy)(cu_stream);
+	cu_result (*event_create)(cu_event *, unsigned int);
+	cu_result (*event_record)(cu_event, cu_stream);
+	cu_result (*event_query)(cu_event);
+	cu_result (*event_sync)(cu_event);
+	cu_result (*event_destroy)(cu_event);
 	cu_result (*ipc_get)(cu_ipc_handle *, cu_ptr);
 	cu_result (*ipc_open)(cu_ptr *, cu_ipc_handle, unsigned int);
 	cu_result (*ipc_close)(cu_ptr);
