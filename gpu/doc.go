@@ -7,7 +7,9 @@
 //     UUID, name, memory, PCI bus id, NUMA node, NVLink peers.
 //   - OpenDriver loads libcuda.so.1 at run time ($KVBRIDGE_CUDA_LIB
 //     overrides the path): primary contexts, device memory, copies (sync and
-//     on streams), CUDA IPC handles, pointer attributes. Every failure is a
+//     on streams), events (Stream.Record; Event.Query, and Event.Ready, the
+//     readiness hook a layer-wise sender polls before posting a layer a
+//     kernel wrote), CUDA IPC handles, pointer attributes. Every failure is a
 //     *CUDAError naming the call; without a driver, ErrNoDriver.
 //
 // Usage:
