@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
@@ -48,10 +49,15 @@ type Rank struct {
 	Model    kvmodel.Model
 	pages    *kvmodel.Pages
 	kv       [][]byte
+	aux      []byte
 	log      *zap.Logger
-	boot     *bootstrap.Server
-	http     *http.Server
-	ln       net.Listener
+	// layerwise: SendLayers per layerGroup layers instead of one Send.
+	layerwise  bool
+	layerGroup int
+	tiny       *tinyRank // -compute tinyllm
+	boot       *bootstrap.Server
+	http       *http.Server
+	ln         net.Listener
 	// token guards POST /v1/room (the bootstrap token of the secret); ""
 	// when insecure.
 	token string
@@ -81,6 +87,14 @@ type options struct {
 	maxMisses                     int
 	sweep, registerRetry, pending time.Duration
 	bootLease                     time.Duration
+	// -compute: "fill" (the check pattern) or "tinyllm" (a real forward
+	// pass, tinyllm.go) and the model's shape beyond the layout flags.
+	compute            string
+	qHeads, ffn, vocab int
+	modelSeed          uint64
+	prefixPages        int
+	layerwise          bool
+	layerGroup         int
 }
 
 // newFlags defines a rank's flags. The prefill-only ones (-serve-bootstrap,
@@ -88,7 +102,7 @@ type options struct {
 // not list them and decode refuses them.
 func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 	name := roleName(role)
-	o := &options{}
+	o := &options{layerGroup: 1}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.StringVar(&o.model, "model", env("KVBRIDGE_MODEL", "llama3-8b"), "layout preset: "+kvmodel.PresetNames())
 	fs.IntVar(&o.layers, "layers", 0, "override: layers")
@@ -126,6 +140,18 @@ func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 	fs.DurationVar(&o.pending, "pending-timeout", 0, "how long a peer's REQUEST waits for its room's sender (0: the default, 300s; must stay below KVBRIDGE_TOMBSTONE_TTL)")
 	if role == kvmanager.RolePrefill {
 		fs.DurationVar(&o.bootLease, "bootstrap-lease", 0, "with -serve-bootstrap: a rank record's lease (0: the default, 15s)")
+	}
+	fs.StringVar(&o.compute, "compute", env("KVBRIDGE_COMPUTE", "fill"), "what fills the KV cache: fill (a check pattern, POST /v1/room) or tinyllm (a small Llama-architecture model with seeded weights, POST /v1/prefill and /v1/generate; -model is then ignored and -layers, -kv-heads, -head-dim, -page-tokens shape the model)")
+	fs.IntVar(&o.qHeads, "q-heads", 0, "with -compute tinyllm: query heads (0: 8)")
+	fs.IntVar(&o.ffn, "ffn", 0, "with -compute tinyllm: the MLP's intermediate size (0: 512)")
+	fs.IntVar(&o.vocab, "vocab", 0, "with -compute tinyllm: vocabulary size (0: 2048; ids below 256 are bytes of a text prompt)")
+	fs.Uint64Var(&o.modelSeed, "model-seed", 1, "with -compute tinyllm: the weights' seed (every rank of both instances the same)")
+	if role == kvmanager.RoleDecode {
+		fs.IntVar(&o.prefixPages, "prefix-cache-pages", -1, "with -compute tinyllm on a decode instance of one rank: pages kept for prompt prefixes that later requests reuse (RequestSpec.Prefix: only the rest is transferred); −1: an eighth of -pages, 0: off")
+	}
+	if role == kvmanager.RolePrefill {
+		fs.BoolVar(&o.layerwise, "layerwise", false, "send each room layer group by layer group (sender.SendLayers) as the forward pass (tinyllm) or the fill finishes it, instead of one Send per chunk")
+		fs.IntVar(&o.layerGroup, "layer-group", 1, "with -layerwise: layers per SendLayers call")
 	}
 	fs.BoolVar(&o.verbose, "v", false, "log at debug level")
 	fs.BoolVar(&o.insecure, "insecure", false, "run without authentication (no shared secret; logged as a warning)")
@@ -218,10 +244,14 @@ func Main(role kvmanager.Role, args []string) int {
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/v1/info", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, map[string]any{"role": name, "model": m, "endpoint": mgr.Endpoint(), "bootstrap": o.boot,
-			"engine": mgr.Agent().Engine(), "pages": o.pages, "bytes_per_token": m.BytesPerToken()})
+		writeJSON(w, Info{Role: name, Model: m, Endpoint: mgr.Endpoint(), Bootstrap: o.boot, Engine: mgr.Agent().Engine(),
+			Pages: o.pages, BytesPerToken: m.BytesPerToken(), Instance: o.instance, Parallel: r.Par, Compute: o.compute,
+			Fingerprint: r.fingerprint(), Layout: r.Mapping.Layout, Vocab: r.vocab()})
 	})
 	mux.HandleFunc("/v1/room", r.serveRoom)
+	if r.tiny != nil {
+		r.tiny.routes(mux)
+	}
 	r.ln, err = net.Listen("tcp", o.httpAddr)
 	if err != nil {
 		log.Error("http listen", zap.Error(err))
@@ -253,11 +283,28 @@ func Main(role kvmanager.Role, args []string) int {
 // for a rank that did not start.
 func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Logger, reg prometheus.Registerer) (r *Rank, code int, err error) {
 	m, ok := kvmodel.Presets[o.model]
-	if !ok {
-		return nil, 2, fmt.Errorf("unknown model %q (have %s)", o.model, kvmodel.PresetNames())
+	var tl *tinyllm.Model
+	switch o.compute {
+	case "fill":
+		if !ok {
+			return nil, 2, fmt.Errorf("unknown model %q (have %s)", o.model, kvmodel.PresetNames())
+		}
+	case "tinyllm":
+		var err error
+		if m, tl, err = tinyModel(o); err != nil {
+			return nil, 2, err
+		}
+	default:
+		return nil, 2, fmt.Errorf("-compute %q: want fill or tinyllm", o.compute)
+	}
+	if o.layerwise && !layerwiseAvailable {
+		return nil, 2, errors.New("-layerwise needs sender.SendLayers (issue 25), not in this build")
+	}
+	if o.layerGroup < 1 {
+		return nil, 2, fmt.Errorf("-layer-group %d: want ≥ 1", o.layerGroup)
 	}
 	for _, ov := range []struct{ v, dst *int }{{&o.layers, &m.Layers}, {&o.heads, &m.KVHeads}, {&o.dim, &m.HeadDim}, {&o.dtype, &m.DTypeBytes}, {&o.pageTok, &m.PageTokens}} {
-		if *ov.v > 0 {
+		if *ov.v > 0 && tl == nil { // (tinyllm: tinyModel applied them)
 			*ov.dst = *ov.v
 			m.Name = "custom"
 		}
@@ -278,6 +325,9 @@ func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Log
 	}
 	r.Mapping, r.Par, r.Instance = m.Mapping(pl), o.par.Norm(), o.instance
 	cfg.Instance, cfg.Compat, cfg.BootstrapURL, cfg.Bind = o.instance, m.Compat(), o.boot, o.bind
+	if tl != nil {
+		cfg.Compat += ":" + tl.Fingerprint() // a rank of another model is refused at REGISTER
+	}
 	cfg.Parallel, cfg.Model, cfg.PublishRoomDP = r.Par, r.Mapping, o.publishDP
 	cfg.PageTokens, cfg.DType = m.PageTokens, fmt.Sprintf("%dB", m.DTypeBytes)
 	cfg.Engine = nixl.Config{Engine: o.engine, UCX: map[string]string{"TLS": o.tls}}
@@ -309,8 +359,15 @@ func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Log
 	if err != nil {
 		return nil, 1, err
 	}
-	r.kv, _ = r.M.Memory()
+	r.kv, r.aux = r.M.Memory()
 	r.pages = kvmodel.NewPages(o.pages, uint64(time.Now().UnixNano()))
+	r.layerwise, r.layerGroup = o.layerwise, o.layerGroup
+	if tl != nil {
+		if err := r.initTiny(tl, o); err != nil {
+			r.M.Close()
+			return nil, 1, err
+		}
+	}
 	return r, 0, nil
 }
 

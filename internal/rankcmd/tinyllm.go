@@ -1,0 +1,776 @@
+package rankcmd
+
+// -compute tinyllm: the example ranks serve a real model (internal/tinyllm).
+//
+//	prefill: POST /v1/prefill {room, prompt}: the forward pass over the
+//	         prompt into this rank's pages (its TP rank's KV heads, its PP
+//	         stage's layers), the first token into the aux item, and the
+//	         pages sent to the decode ranks that asked (one Send, or with
+//	         -layerwise one SendLayers per layer group as the pass finishes
+//	         it); the answer is the room's outcome.
+//	decode:  POST /v1/generate {room, prompt, max_tokens, prefill, ...}:
+//	         pages for the prompt (fewer when a cached prefix covers its
+//	         first pages: RequestSpec.Prefix), the room received, then the
+//	         instance's first rank generates greedily and streams NDJSON
+//	         events (one per token, then a final one); the other ranks hold
+//	         their share until that rank has read it (GET /v1/kv).
+//
+// The example has no collective: a decode instance of several ranks
+// gathers its ranks' KV onto its first rank over HTTP after the transfer
+// (a real engine computes attention on every rank and all-reduces). Every
+// prefill rank computes the whole forward pass and keeps only its share,
+// as a TP rank holds only its heads.
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/tinyllm"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/receiver"
+	"github.com/kvbridge/kvbridge/sender"
+	"github.com/kvbridge/kvbridge/transfer"
+)
+
+// Info is GET /v1/info.
+type Info struct {
+	Role          string              `json:"role"`
+	Model         kvmodel.Model       `json:"model"`
+	Endpoint      string              `json:"endpoint"`
+	Bootstrap     string              `json:"bootstrap"`
+	Engine        string              `json:"engine"`
+	Pages         int                 `json:"pages"`
+	BytesPerToken uint64              `json:"bytes_per_token"`
+	Instance      string              `json:"instance"`
+	Parallel      transfer.Parallel   `json:"parallel"`
+	Compute       string              `json:"compute"`
+	Fingerprint   string              `json:"fingerprint,omitempty"` // the tinyllm model's
+	Layout        transfer.PageLayout `json:"page_layout"`
+	Vocab         int                 `json:"vocab,omitempty"` // the tinyllm model's
+}
+
+func (r *Rank) vocab() int {
+	if r.tiny == nil {
+		return 0
+	}
+	return r.tiny.m.Vocab
+}
+
+func (r *Rank) fingerprint() string {
+	if r.tiny == nil {
+		return ""
+	}
+	return r.tiny.m.Fingerprint()
+}
+
+// tinyModel is the model the flags describe and its KV layout.
+func tinyModel(o *options) (kvmodel.Model, *tinyllm.Model, error) {
+	c := tinyllm.Default
+	c.Seed = o.modelSeed
+	for _, ov := range []struct{ v, dst *int }{{&o.layers, &c.Layers}, {&o.heads, &c.KVHeads}, {&o.dim, &c.HeadDim},
+		{&o.qHeads, &c.QHeads}, {&o.ffn, &c.FFN}, {&o.vocab, &c.Vocab}} {
+		if *ov.v > 0 {
+			*ov.dst = *ov.v
+		}
+	}
+	if o.dtype != 0 && o.dtype != 4 {
+		return kvmodel.Model{}, nil, fmt.Errorf("-compute tinyllm keeps its KV in float32: -dtype-bytes %d", o.dtype)
+	}
+	tl, err := tinyllm.New(c)
+	if err != nil {
+		return kvmodel.Model{}, nil, err
+	}
+	pt := 16
+	if o.pageTok > 0 {
+		pt = o.pageTok
+	}
+	return kvmodel.Model{Name: "tinyllm", Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DTypeBytes: 4, PageTokens: pt}, tl, nil
+}
+
+// tinyRank is a rank's model state.
+type tinyRank struct {
+	r               *Rank
+	m               *tinyllm.Model
+	cache           *tinyllm.Cache
+	layout          transfer.PageLayout
+	first, heads    int
+	layer0, nlayers int
+	prefix          *prefixCache // a decode instance of one rank, -prefix-cache-pages > 0
+	mu              sync.Mutex
+	held            map[uint64]*heldRoom
+}
+
+func (r *Rank) initTiny(m *tinyllm.Model, o *options) error {
+	pl, _ := transfer.ParsePageLayout(o.pageLayout)
+	first, heads, err := r.Mapping.Heads(r.Par.TPSize, r.Par.TPRank)
+	if err != nil {
+		return err
+	}
+	l0, nl := r.Mapping.StageLayers(r.Par.PPSize, r.Par.PPRank)
+	c, err := tinyllm.NewCache(r.kv, l0, first, heads, m.HeadDim, r.Model.PageTokens, pl)
+	if err != nil {
+		return err
+	}
+	t := &tinyRank{r: r, m: m, cache: c, layout: pl, first: first, heads: heads, layer0: l0, nlayers: nl, held: map[uint64]*heldRoom{}}
+	single := r.Par.TPSize*r.Par.PPSize*r.Par.DPSize == 1
+	if r.Role == kvmanager.RoleDecode && single && o.prefixPages != 0 {
+		n := o.prefixPages
+		if n < 0 {
+			n = o.pages / 8
+		}
+		if n > 0 {
+			t.prefix = newPrefixCache(n, r.Model.PageTokens)
+		}
+	}
+	r.tiny = t
+	return nil
+}
+
+func (t *tinyRank) routes(mux *http.ServeMux) {
+	if t.r.Role == kvmanager.RolePrefill {
+		mux.HandleFunc("/v1/prefill", t.servePrefill)
+		return
+	}
+	mux.HandleFunc("/v1/generate", t.serveGenerate)
+	mux.HandleFunc("/v1/kv", t.serveKV)
+}
+
+// authorized checks the bearer token (as POST /v1/room does).
+func (r *Rank) authorized(w http.ResponseWriter, req *http.Request) bool {
+	if r.token == "" {
+		return true
+	}
+	got, ok := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(r.token)) != 1 {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="kvbridge"`)
+		http.Error(w, req.URL.Path+" needs the deployment's bearer token", http.StatusUnauthorized)
+		return false
+	}
+	return true
+}
+
+const maxModelBody = 1 << 20
+
+// decodeBody reads one JSON object of at most maxModelBody bytes; false
+// after answering the error.
+func decodeBody(w http.ResponseWriter, req *http.Request, v any) bool {
+	if req.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		http.Error(w, "POST a JSON object", http.StatusMethodNotAllowed)
+		return false
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, req.Body, maxModelBody))
+	err := dec.Decode(v)
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("trailing data after the JSON value")
+		}
+	}
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			http.Error(w, fmt.Sprintf("body exceeds %d bytes", maxModelBody), http.StatusRequestEntityTooLarge)
+		} else {
+			http.Error(w, "body must be one JSON object: "+err.Error(), http.StatusBadRequest)
+		}
+		return false
+	}
+	return true
+}
+
+// PrefillRequest is POST /v1/prefill.
+type PrefillRequest struct {
+	Room      uint64 `json:"room"`
+	Prompt    []int  `json:"prompt"`
+	TimeoutMS int    `json:"timeout_ms"`
+	// AbortAt "compute": abort the room once the forward pass is done,
+	// before anything is sent (a prefill engine that fails a request).
+	AbortAt string `json:"abort_at,omitempty"`
+	// Fault "swap-heads" writes this rank's heads into its pages in
+	// reverse order: a deliberately wrong head mapping, for tests.
+	Fault string `json:"fault,omitempty"`
+}
+
+// PrefillResult is its answer.
+type PrefillResult struct {
+	Room       uint64             `json:"room"`
+	Status     string             `json:"status"`
+	Reason     string             `json:"reason,omitempty"`
+	FirstToken int                `json:"first_token"`
+	PhasesMS   map[string]float64 `json:"phases_ms,omitempty"` // compute, ready, data
+	Error      string             `json:"error,omitempty"`
+}
+
+// checkPrompt validates a prompt against the model and the pool.
+func (t *tinyRank) checkPrompt(prompt []int, extra int) error {
+	maxTok := t.r.npage * t.r.Model.PageTokens
+	if len(prompt) < 1 || len(prompt)+extra > maxTok {
+		return fmt.Errorf("prompt of %d tokens (+ %d generated) not in [1, %d] (the rank's %d pages × %d tokens)", len(prompt), extra, maxTok, t.r.npage, t.r.Model.PageTokens)
+	}
+	for _, tok := range prompt {
+		if tok < 0 || tok >= t.m.Vocab {
+			return fmt.Errorf("token %d outside the vocabulary [0, %d)", tok, t.m.Vocab)
+		}
+	}
+	return nil
+}
+
+func timeout(ms int) (time.Duration, error) {
+	if ms < 0 || int64(ms) > maxRoomTimeout.Milliseconds() {
+		return 0, fmt.Errorf("timeout_ms %d not in [0, %d] (0: 60000)", ms, maxRoomTimeout.Milliseconds())
+	}
+	if ms == 0 {
+		ms = 60000
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// aux item: magic, first token, prompt length, prompt hash.
+const auxMagic = 0x4d4c4c54 // "TLLM"
+
+func promptHash(p []int) uint64 {
+	h := fnv.New64a()
+	var b [4]byte
+	for _, t := range p {
+		binary.LittleEndian.PutUint32(b[:], uint32(t))
+		h.Write(b[:])
+	}
+	return h.Sum64()
+}
+
+func (t *tinyRank) auxIndex(room uint64) int {
+	return int(room % uint64(len(t.r.aux)/kvmodel.AuxItemBytes))
+}
+
+func (t *tinyRank) auxItem(room uint64) []byte {
+	i := t.auxIndex(room)
+	return t.r.aux[i*kvmodel.AuxItemBytes : (i+1)*kvmodel.AuxItemBytes]
+}
+
+func (t *tinyRank) servePrefill(w http.ResponseWriter, req *http.Request) {
+	if !t.r.authorized(w, req) {
+		return
+	}
+	var pr PrefillRequest
+	if !decodeBody(w, req, &pr) {
+		return
+	}
+	d, err := timeout(pr.TimeoutMS)
+	if err == nil {
+		err = t.checkPrompt(pr.Prompt, 0)
+	}
+	if err == nil && pr.AbortAt != "" && pr.AbortAt != "compute" {
+		err = fmt.Errorf("abort_at %.32q is not \"\" or compute", pr.AbortAt)
+	}
+	if err == nil && pr.Fault != "" && pr.Fault != "swap-heads" {
+		err = fmt.Errorf("fault %.32q is not \"\" or swap-heads", pr.Fault)
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), d)
+	defer cancel()
+	writeJSON(w, t.prefill(ctx, pr))
+}
+
+// prefill runs one room: the forward pass, then the sends.
+func (t *tinyRank) prefill(ctx context.Context, pr PrefillRequest) PrefillResult {
+	res := PrefillResult{Room: pr.Room, PhasesMS: map[string]float64{}}
+	mark := phases(res.PhasesMS, time.Now())
+	r, plen, pt := t.r, len(pr.Prompt), t.r.Model.PageTokens
+	src, err := r.getPages(ctx, (plen+pt-1)/pt)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	defer r.pages.Put(src)
+	s, err := sender.New(r.P, pr.Room)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	defer s.Clear()
+	s.Init() // the decode ranks' REQUESTs come in while we compute
+	seq := &tinyllm.Seq{C: t.cache, Pages: src, Swap: pr.Fault == "swap-heads"}
+	full := tinyllm.NewDense(t.m.Layers, t.m.KVHeads, t.m.HeadDim, plen)
+	aux := t.auxIndex(pr.Room)
+	// Layer-wise: this rank's layers in groups of layerGroup; a group is
+	// sent once the pass has finished its last layer and the room is
+	// ready (groups finished before the REQUESTs came are sent then).
+	// The final group goes after the logits, with the aux item.
+	var groups [][2]int
+	for lo := 0; lo < t.nlayers; lo += r.layerGroup {
+		groups = append(groups, [2]int{lo, min(lo+r.layerGroup, t.nlayers)})
+	}
+	sent, done, ready := 0, 0, false
+	var sendErr error
+	flush := func(upto int) {
+		for ; sent < upto && sendErr == nil; sent++ {
+			g := groups[sent]
+			sendErr = sendLayers(s, src, g[0], g[1], true, aux)
+		}
+	}
+	var after func(l int) error
+	if r.layerwise {
+		after = func(l int) error {
+			tinyllm.CopyShare(seq, full, l, l+1, plen)
+			if l < t.layer0 || l >= t.layer0+t.nlayers {
+				return nil
+			}
+			for done < len(groups)-1 && t.layer0+groups[done][1] <= l+1 {
+				done++
+			}
+			if !ready {
+				st := s.Poll()
+				ready = st == kvmanager.WaitingForInput || st == kvmanager.Transferring
+			}
+			if ready {
+				flush(done)
+			}
+			return nil
+		}
+	}
+	lg, err := t.m.Prefill(pr.Prompt, full, after)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	res.FirstToken = tinyllm.Argmax(lg)
+	if !r.layerwise {
+		tinyllm.CopyShare(seq, full, 0, t.m.Layers, plen)
+	}
+	item := t.auxItem(pr.Room)
+	binary.LittleEndian.PutUint32(item[0:], auxMagic)
+	binary.LittleEndian.PutUint32(item[4:], uint32(res.FirstToken))
+	binary.LittleEndian.PutUint32(item[8:], uint32(plen))
+	binary.LittleEndian.PutUint64(item[12:], promptHash(pr.Prompt))
+	mark("compute")
+	if pr.AbortAt == "compute" {
+		s.Abort("example: prefill aborted after the forward pass")
+	}
+	st, err := s.WaitReady(ctx)
+	mark("ready")
+	if st != kvmanager.WaitingForInput && st != kvmanager.Transferring {
+		res.Status, res.Reason = st.String(), s.Failure()
+		if err != nil && res.Reason == "" {
+			res.Reason = err.Error()
+		}
+		return res
+	}
+	if r.layerwise {
+		flush(len(groups))
+	} else {
+		sendErr = s.Send(src, true, aux)
+	}
+	st, err = s.Wait(ctx)
+	mark("data")
+	res.Status, res.Reason = st.String(), s.Failure()
+	if res.Reason == "" && sendErr != nil {
+		res.Reason = sendErr.Error()
+	}
+	if err != nil && res.Reason == "" {
+		res.Reason = err.Error()
+	}
+	if st != kvmanager.Success && st != kvmanager.Failed {
+		s.Abort("example: prefill request ended: " + res.Reason)
+	}
+	return res
+}
+
+// GenerateRequest is POST /v1/generate.
+type GenerateRequest struct {
+	Room      uint64 `json:"room"`
+	Prompt    []int  `json:"prompt"`
+	MaxTokens int    `json:"max_tokens"`
+	// Prefill is the chosen prefill instance's bootstrap URL ("" = this
+	// rank's -bootstrap), PrefillDP its DP group (nil: room % dp_size).
+	Prefill   string `json:"prefill,omitempty"`
+	PrefillDP *int   `json:"prefill_dp,omitempty"`
+	TimeoutMS int    `json:"timeout_ms"`
+	// AbortAt: "before" (right after the REQUEST) or "mid" (at the first
+	// data): the decode side aborts the room.
+	AbortAt string `json:"abort_at,omitempty"`
+	// Peers (the instance's first rank, with more than one): the other
+	// ranks' HTTP URLs, whose shares it reads after the transfer.
+	Peers []string `json:"peers,omitempty"`
+	// Fault "swap-heads": attention reads every page's heads reversed (a
+	// wrong head mapping, for tests).
+	Fault string `json:"fault,omitempty"`
+}
+
+// GenerateEvent is one NDJSON line of /v1/generate's answer: a token, or
+// the final event (Done).
+type GenerateEvent struct {
+	Token       *int               `json:"token,omitempty"`
+	Index       int                `json:"index,omitempty"`
+	Done        bool               `json:"done,omitempty"`
+	Status      string             `json:"status,omitempty"` // the room's
+	Reason      string             `json:"reason,omitempty"`
+	Error       string             `json:"error,omitempty"`
+	Tokens      int                `json:"tokens,omitempty"`
+	PrefixPages int                `json:"prefix_pages,omitempty"` // pages a cached prefix covered (not transferred)
+	PhasesMS    map[string]float64 `json:"phases_ms,omitempty"`    // pages, transfer, gather, generate
+}
+
+func (t *tinyRank) serveGenerate(w http.ResponseWriter, req *http.Request) {
+	if !t.r.authorized(w, req) {
+		return
+	}
+	var gr GenerateRequest
+	if !decodeBody(w, req, &gr) {
+		return
+	}
+	d, err := timeout(gr.TimeoutMS)
+	switch {
+	case err != nil:
+	case gr.MaxTokens < 1 || gr.MaxTokens > 1<<16:
+		err = fmt.Errorf("max_tokens %d not in [1, 65536]", gr.MaxTokens)
+	case gr.AbortAt != "" && gr.AbortAt != "before" && gr.AbortAt != "mid":
+		err = fmt.Errorf("abort_at %.32q is not \"\", before or mid", gr.AbortAt)
+	case gr.Fault != "" && gr.Fault != "swap-heads":
+		err = fmt.Errorf("fault %.32q is not \"\" or swap-heads", gr.Fault)
+	case len(gr.Peers) > 256:
+		err = errors.New("more than 256 peers")
+	default:
+		err = t.checkPrompt(gr.Prompt, gr.MaxTokens-1)
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), d)
+	defer cancel()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	fl, _ := w.(http.Flusher)
+	emit := func(ev GenerateEvent) error {
+		if err := enc.Encode(ev); err != nil {
+			return err
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		return nil
+	}
+	emit(t.generate(ctx, gr, emit))
+}
+
+// gatherer: the rank that generates is the instance's first.
+func (t *tinyRank) generates() bool { return t.r.Par.Global() == 0 }
+
+// generate runs one room on a decode rank and returns the final event.
+func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(GenerateEvent) error) (ev GenerateEvent) {
+	ev = GenerateEvent{Done: true, PhasesMS: map[string]float64{}}
+	mark := phases(ev.PhasesMS, time.Now())
+	r, pt, plen := t.r, t.r.Model.PageTokens, len(gr.Prompt)
+	nPrompt := (plen + pt - 1) / pt
+	var hit *prefixEntry
+	k := 0
+	if t.prefix != nil && t.generates() {
+		if hit, k = t.prefix.lookup(gr.Prompt); hit != nil {
+			defer t.prefix.release(hit)
+		}
+	}
+	extra := 0
+	if t.generates() {
+		extra = (plen+gr.MaxTokens-1+pt-1)/pt - nPrompt
+	}
+	own, err := r.getPages(ctx, nPrompt-k+extra)
+	if err != nil {
+		ev.Error = err.Error()
+		return ev
+	}
+	mark("pages")
+	dst := own[:nPrompt-k]
+	keep := false // pages quarantined, or handed to the prefix cache
+	defer func() {
+		if !keep {
+			r.pages.Put(own)
+		}
+	}()
+	inst := kvmanager.Instance{Bootstrap: gr.Prefill, DP: kvmanager.AutoDP}
+	if gr.PrefillDP != nil {
+		inst.DP = *gr.PrefillDP
+	}
+	rc, err := receiver.NewFor(r.D, gr.Room, inst)
+	if err != nil {
+		ev.Error = err.Error()
+		return ev
+	}
+	defer rc.Clear()
+	if err := rc.Init(ctx, kvmanager.RequestSpec{DstPages: dst, AuxIndex: t.auxIndex(gr.Room), Prefix: k}); err != nil {
+		ev.Status, ev.Reason = kvmanager.Failed.String(), err.Error()
+		return ev
+	}
+	switch gr.AbortAt {
+	case "before":
+		rc.Abort("example: decode aborted right after the request")
+	case "mid":
+		for rc.Poll() == kvmanager.WaitingForInput && ctx.Err() == nil {
+			time.Sleep(50 * time.Microsecond)
+		}
+		rc.Abort("example: decode aborted mid-transfer")
+	}
+	st, err := rc.Wait(ctx)
+	mark("transfer")
+	ev.Status, ev.Reason, ev.PrefixPages = st.String(), rc.Failure(), k
+	if err != nil && ev.Reason == "" {
+		ev.Reason = err.Error()
+	}
+	if st != kvmanager.Success {
+		if st != kvmanager.Failed {
+			rc.Abort("example: decode request ended: " + ev.Reason)
+		}
+		// The pages are reused only once no write of the room can land.
+		ch := rc.Released()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			keep = true
+			ev.Error = "pages still quarantined at the request's deadline"
+			go func() {
+				<-ch
+				r.pages.Put(own)
+			}()
+		}
+		if !t.generates() {
+			t.hold(gr.Room).fail(ev.Reason)
+		}
+		return ev
+	}
+	var pages []uint32
+	if hit != nil {
+		pages = append(pages, hit.pages[:k]...)
+	}
+	pages = append(pages, own...)
+	seq := &tinyllm.Seq{C: t.cache, Pages: pages, Swap: gr.Fault == "swap-heads"}
+	if !t.generates() {
+		// Hold the share until the instance's first rank has read it.
+		h := t.hold(gr.Room)
+		h.serve(seq, plen)
+		select {
+		case <-h.fetched:
+		case <-ctx.Done():
+			ev.Error = "the instance's first rank did not read this rank's share"
+		}
+		t.unhold(gr.Room, h)
+		mark("gather")
+		return ev
+	}
+	item := t.auxItem(gr.Room)
+	first := int(binary.LittleEndian.Uint32(item[4:]))
+	if binary.LittleEndian.Uint32(item[0:]) != auxMagic || int(binary.LittleEndian.Uint32(item[8:])) != plen ||
+		binary.LittleEndian.Uint64(item[12:]) != promptHash(gr.Prompt) || first >= t.m.Vocab {
+		ev.Error = "the aux item is not this prompt's"
+		return ev
+	}
+	var kv tinyllm.KV = seq
+	if single := len(r.kv) == 2*t.m.Layers && t.heads == t.m.KVHeads; !single || len(gr.Peers) > 0 {
+		dense := tinyllm.NewDense(t.m.Layers, t.m.KVHeads, t.m.HeadDim, plen+gr.MaxTokens)
+		copyInto(dense, seq, t.layer0, t.nlayers, t.first, t.heads, plen)
+		for _, p := range gr.Peers {
+			if err := t.fetchShare(ctx, p, gr.Room, plen, dense); err != nil {
+				ev.Error = fmt.Sprintf("gathering %s's share: %v", p, err)
+				return ev
+			}
+		}
+		kv = dense
+		if gr.Fault == "swap-heads" {
+			kv = swapped{dense, t.m.KVHeads}
+		}
+		mark("gather")
+	}
+	toks, err := t.m.Continue(first, plen, gr.MaxTokens, kv, func(i, tok int) error {
+		return emit(GenerateEvent{Token: &tok, Index: i})
+	})
+	ev.Tokens = len(toks)
+	if err != nil {
+		ev.Error = "streaming: " + err.Error()
+	}
+	mark("generate")
+	if t.prefix != nil && hit == nil && err == nil {
+		// The prompt's whole pages become a prefix later prompts reuse;
+		// generation never writes them.
+		if n := plen / pt; n > 0 && t.prefix.insertFreeing(gr.Prompt[:n*pt], own[:n], r.pages.Put) {
+			keep = true
+			r.pages.Put(own[n:])
+		}
+	}
+	return ev
+}
+
+// swapped reads a KV's heads in reverse (the swap-heads fault).
+type swapped struct {
+	kv    tinyllm.KV
+	heads int
+}
+
+func (s swapped) Slot(l, p, h int) (k, v []float32) { return s.kv.Slot(l, p, s.heads-1-h) }
+
+// copyInto copies a share (layers [l0, l0+nl), heads [h0, h0+nh), positions
+// [0, n)) from src into a whole model's cache.
+func copyInto(dst tinyllm.KV, src tinyllm.KV, l0, nl, h0, nh, n int) {
+	for l := l0; l < l0+nl; l++ {
+		for p := 0; p < n; p++ {
+			for h := h0; h < h0+nh; h++ {
+				dk, dv := dst.Slot(l, p, h)
+				sk, sv := src.Slot(l, p, h)
+				copy(dk, sk)
+				copy(dv, sv)
+			}
+		}
+	}
+}
+
+// heldRoom is a decode rank's share waiting for the first rank's read.
+type heldRoom struct {
+	ready   chan struct{} // closed once ok/reason/seq are set
+	fetched chan struct{}
+	once    sync.Once
+	fonce   sync.Once
+	ok      bool
+	reason  string
+	seq     *tinyllm.Seq
+	n       int
+	users   int
+}
+
+func (t *tinyRank) hold(room uint64) *heldRoom {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := t.held[room]
+	if h == nil {
+		h = &heldRoom{ready: make(chan struct{}), fetched: make(chan struct{})}
+		t.held[room] = h
+	}
+	h.users++
+	return h
+}
+
+func (t *tinyRank) unhold(room uint64, h *heldRoom) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if h.users--; h.users == 0 && t.held[room] == h {
+		delete(t.held, room)
+	}
+}
+
+func (h *heldRoom) serve(seq *tinyllm.Seq, n int) {
+	h.once.Do(func() { h.ok, h.seq, h.n = true, seq, n; close(h.ready) })
+}
+
+func (h *heldRoom) fail(reason string) {
+	h.once.Do(func() { h.reason = reason; close(h.ready) })
+}
+
+// serveKV is GET /v1/kv?room=N: this rank's share of a room it received
+// (K then V per layer, positions, heads, HeadDim little-endian float32s;
+// X-Layer0, X-Layers, X-First-Head, X-Heads, X-Positions say which),
+// waiting for the room to end on this rank.
+func (t *tinyRank) serveKV(w http.ResponseWriter, req *http.Request) {
+	if !t.r.authorized(w, req) {
+		return
+	}
+	room, err := strconv.ParseUint(req.URL.Query().Get("room"), 10, 64)
+	if err != nil {
+		http.Error(w, "query parameter room must be a room id", http.StatusBadRequest)
+		return
+	}
+	h := t.hold(room)
+	defer t.unhold(room, h)
+	select {
+	case <-h.ready:
+	case <-req.Context().Done():
+		return
+	}
+	if !h.ok {
+		http.Error(w, "room failed on this rank: "+h.reason, http.StatusConflict)
+		return
+	}
+	defer h.fonce.Do(func() { close(h.fetched) })
+	for k, v := range map[string]int{"X-Layer0": t.layer0, "X-Layers": t.nlayers, "X-First-Head": t.first, "X-Heads": t.heads, "X-Positions": h.n} {
+		w.Header().Set(k, strconv.Itoa(v))
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	buf := make([]byte, 0, 2*t.m.HeadDim*4)
+	for l := t.layer0; l < t.layer0+t.nlayers; l++ {
+		for kv := 0; kv < 2; kv++ {
+			for p := 0; p < h.n; p++ {
+				for hd := t.first; hd < t.first+t.heads; hd++ {
+					k, v := h.seq.Slot(l, p, hd)
+					x := k
+					if kv == 1 {
+						x = v
+					}
+					buf = buf[:0]
+					for _, f := range x {
+						buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(f))
+					}
+					if _, err := w.Write(buf); err != nil {
+						return
+					}
+				}
+			}
+		}
+	}
+}
+
+// fetchShare reads a peer's share of a room into dense.
+func (t *tinyRank) fetchShare(ctx context.Context, peer string, room uint64, n int, dense *tinyllm.Dense) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/v1/kv?room=%d", peer, room), nil)
+	if err != nil {
+		return err
+	}
+	if t.r.token != "" {
+		req.Header.Set("Authorization", "Bearer "+t.r.token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	hv := func(k string) int { v, _ := strconv.Atoi(resp.Header.Get(k)); return v }
+	l0, nl, h0, nh, np := hv("X-Layer0"), hv("X-Layers"), hv("X-First-Head"), hv("X-Heads"), hv("X-Positions")
+	if np != n || l0 < 0 || nl < 1 || l0+nl > t.m.Layers || h0 < 0 || nh < 1 || h0+nh > t.m.KVHeads {
+		return fmt.Errorf("share of layers [%d,+%d) heads [%d,+%d) positions %d does not fit the model and prompt", l0, nl, h0, nh, np)
+	}
+	buf := make([]byte, t.m.HeadDim*4)
+	for l := l0; l < l0+nl; l++ {
+		for kv := 0; kv < 2; kv++ {
+			for p := 0; p < n; p++ {
+				for hd := h0; hd < h0+nh; hd++ {
+					if _, err := io.ReadFull(resp.Body, buf); err != nil {
+						return err
+					}
+					k, v := dense.Slot(l, p, hd)
+					x := k
+					if kv == 1 {
+						x = v
+					}
+					for i := range x {
+						x[i] = math.Float32frombits(binary.LittleEndian.Uint32(buf[4*i:]))
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
