@@ -1,0 +1,670 @@
+// Package router is the body of examples/router: an OpenAI-style
+// completions endpoint in front of prefill and decode instances of the
+// example ranks run with -compute tinyllm. Per request it picks a prefill
+// and a decode instance (round robin or least loaded), makes up a room id,
+// and hands both sides the room — the decode ranks also the prefill
+// instance's bootstrap address — as SGLang's router hands out
+// bootstrap_host, bootstrap_port and bootstrap_room; then it streams the
+// decode instance's tokens back. A room that fails before its first token
+// (an abort, a rank that died) is retried on a fresh room, on the next
+// pair the policy picks. /metrics has TTFT and time per output token.
+package router
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Config is the router's.
+type Config struct {
+	// Prefill and Decode list the instances, each as its ranks' HTTP URLs
+	// (any order: /v1/info tells each rank's place).
+	Prefill, Decode [][]string
+	// Token is the deployment's bearer token for the ranks' HTTP API.
+	Token string
+	// Policy: "round-robin" (default) or "least-loaded".
+	Policy string
+	// Retries: attempts after the first for a request whose room failed
+	// before its first token (default 2; −1: none).
+	Retries int
+	// Timeout bounds one attempt (default 60 s).
+	Timeout time.Duration
+	// Client is the HTTP client for the ranks (default: a new one).
+	Client *http.Client
+}
+
+// Instance is one prefill or decode instance.
+type Instance struct {
+	Name, Bootstrap string
+	Shape           transfer.Parallel // sizes
+	Ranks           []Rank            // by global index
+	inflight        atomic.Int64
+}
+
+// Rank is one rank process of an instance.
+type Rank struct {
+	URL  string
+	Info rankcmd.Info
+}
+
+// Router serves the completions API.
+type Router struct {
+	cfg              Config
+	prefill, decode  []*Instance
+	vocab            int
+	rr               atomic.Uint64
+	nextRoom         atomic.Uint64
+	reg              *prometheus.Registry
+	ttft, tpot, e2e  prometheus.Histogram
+	requests         *prometheus.CounterVec
+	retries, tokensC prometheus.Counter
+	inflightG        *prometheus.GaugeVec
+}
+
+// CheckTopology says whether every decode rank of a decode shape can pull
+// from a prefill shape (transfer.Links), nil if so.
+func CheckTopology(m transfer.Model, prefill, decode transfer.Parallel) error {
+	decode = decode.Norm()
+	for pp := 0; pp < decode.PPSize; pp++ {
+		for tp := 0; tp < decode.TPSize; tp++ {
+			d := decode
+			d.TPRank, d.PPRank, d.DPRank = tp, pp, 0
+			if _, err := transfer.Links(m, prefill, d); err != nil {
+				return err
+			}
+			if _, _, err := m.Heads(decode.TPSize, tp); err != nil {
+				return err
+			}
+		}
+	}
+	for tp := 0; tp < prefill.Norm().TPSize; tp++ {
+		if _, _, err := m.Heads(prefill.Norm().TPSize, tp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// New reads every rank's /v1/info and checks the instances serve one
+// model in shapes the rank mapping supports.
+func New(ctx context.Context, cfg Config) (*Router, error) {
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{}
+	}
+	if cfg.Policy == "" {
+		cfg.Policy = "round-robin"
+	}
+	if cfg.Policy != "round-robin" && cfg.Policy != "least-loaded" {
+		return nil, fmt.Errorf("router: policy %q: want round-robin or least-loaded", cfg.Policy)
+	}
+	if cfg.Retries == 0 {
+		cfg.Retries = 2
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 60 * time.Second
+	}
+	if len(cfg.Prefill) == 0 || len(cfg.Decode) == 0 {
+		return nil, errors.New("router: needs at least one prefill and one decode instance")
+	}
+	rt := &Router{cfg: cfg}
+	var fp string
+	var mapping transfer.Model
+	for _, side := range []struct {
+		role string
+		urls [][]string
+		dst  *[]*Instance
+	}{{"prefill", cfg.Prefill, &rt.prefill}, {"decode", cfg.Decode, &rt.decode}} {
+		for _, urls := range side.urls {
+			in := &Instance{}
+			for _, u := range urls {
+				u = strings.TrimRight(u, "/")
+				var info rankcmd.Info
+				if err := rt.getJSON(ctx, u+"/v1/info", &info); err != nil {
+					return nil, fmt.Errorf("router: %s rank %s: %w", side.role, u, err)
+				}
+				switch {
+				case info.Role != side.role:
+					return nil, fmt.Errorf("router: %s is a %s rank, listed as %s", u, info.Role, side.role)
+				case info.Compute != "tinyllm":
+					return nil, fmt.Errorf("router: %s computes %q: the router serves ranks run with -compute tinyllm", u, info.Compute)
+				case fp == "":
+					fp, rt.vocab, mapping = info.Fingerprint, info.Vocab, info.Model.Mapping(info.Layout)
+				case info.Fingerprint != fp || info.Model.Mapping(info.Layout) != mapping:
+					return nil, fmt.Errorf("router: %s serves %s (%v), another rank %s (%v)", u, info.Fingerprint, info.Model.Mapping(info.Layout), fp, mapping)
+				}
+				if in.Name == "" {
+					in.Name, in.Shape = info.Instance, info.Parallel.Norm()
+				} else if info.Instance != in.Name || info.Parallel.Norm().TPSize != in.Shape.TPSize ||
+					info.Parallel.Norm().PPSize != in.Shape.PPSize || info.Parallel.Norm().DPSize != in.Shape.DPSize {
+					return nil, fmt.Errorf("router: %s (%s, %v) is listed with %s (%v)", u, info.Instance, info.Parallel, in.Name, in.Shape)
+				}
+				if side.role == "prefill" && info.Parallel.Global() == 0 {
+					in.Bootstrap = info.Bootstrap
+				}
+				in.Ranks = append(in.Ranks, Rank{URL: u, Info: info})
+			}
+			sort.Slice(in.Ranks, func(i, j int) bool { return in.Ranks[i].Info.Parallel.Global() < in.Ranks[j].Info.Parallel.Global() })
+			sh := in.Shape
+			if len(in.Ranks) != sh.TPSize*sh.PPSize*sh.DPSize {
+				return nil, fmt.Errorf("router: %s instance %s has %d ranks listed, its shape %v has %d", side.role, in.Name, len(in.Ranks), sh, sh.TPSize*sh.PPSize*sh.DPSize)
+			}
+			for i, r := range in.Ranks {
+				if r.Info.Parallel.Global() != i {
+					return nil, fmt.Errorf("router: %s instance %s lists rank %v twice or misses one", side.role, in.Name, r.Info.Parallel)
+				}
+			}
+			if side.role == "decode" && sh.DPSize != 1 {
+				return nil, fmt.Errorf("router: decode instance %s has DP %d: the example generates on DP 1", in.Name, sh.DPSize)
+			}
+			*side.dst = append(*side.dst, in)
+		}
+	}
+	for _, p := range rt.prefill {
+		for _, d := range rt.decode {
+			if err := CheckTopology(mapping, p.Shape, d.Shape); err != nil {
+				return nil, fmt.Errorf("router: %s → %s: %w", p.Name, d.Name, err)
+			}
+		}
+	}
+	var b [8]byte
+	crand.Read(b[:])
+	rt.nextRoom.Store(binary.LittleEndian.Uint64(b[:]) >> 2) // room ids unique across router restarts
+	rt.metrics()
+	return rt, nil
+}
+
+func (rt *Router) metrics() {
+	rt.reg = prometheus.NewRegistry()
+	rt.reg.MustRegister(collectors.NewGoCollector())
+	buckets := prometheus.ExponentialBuckets(0.0005, 2, 16)
+	rt.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvbridge_router_ttft_seconds", Help: "Time to first token: the request's arrival to its first token leaving the router.", Buckets: buckets})
+	rt.tpot = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvbridge_router_tpot_seconds", Help: "Time per output token after the first (request mean).", Buckets: buckets})
+	rt.e2e = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvbridge_router_request_seconds", Help: "The whole request.", Buckets: buckets})
+	rt.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvbridge_router_requests_total", Help: "Completions by outcome (ok, failed, bad_request)."}, []string{"outcome"})
+	rt.retries = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_router_retries_total", Help: "Rooms retried after failing before their first token."})
+	rt.tokensC = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_router_output_tokens_total", Help: "Tokens streamed back."})
+	rt.inflightG = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvbridge_router_inflight", Help: "Requests in flight per instance."}, []string{"role", "instance"})
+	rt.reg.MustRegister(rt.ttft, rt.tpot, rt.e2e, rt.requests, rt.retries, rt.tokensC, rt.inflightG)
+}
+
+// Prefills and Decodes are the instances, as /v1/info described them.
+func (rt *Router) Prefills() []*Instance { return rt.prefill }
+
+// Decodes: see Prefills.
+func (rt *Router) Decodes() []*Instance { return rt.decode }
+
+func (rt *Router) getJSON(ctx context.Context, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := rt.cfg.Client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s", resp.Status)
+	}
+	return json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(v)
+}
+
+// Handler serves POST /v1/completions, GET /metrics, GET /healthz and GET
+// /v1/instances.
+func (rt *Router) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/completions", rt.serveCompletions)
+	mux.Handle("/metrics", promhttp.HandlerFor(rt.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/v1/instances", func(w http.ResponseWriter, _ *http.Request) {
+		type inst struct {
+			Name      string   `json:"name"`
+			Role      string   `json:"role"`
+			Bootstrap string   `json:"bootstrap,omitempty"`
+			Ranks     []string `json:"ranks"`
+			InFlight  int64    `json:"inflight"`
+		}
+		var out []inst
+		for _, s := range []struct {
+			role string
+			ins  []*Instance
+		}{{"prefill", rt.prefill}, {"decode", rt.decode}} {
+			for _, in := range s.ins {
+				var urls []string
+				for _, r := range in.Ranks {
+					urls = append(urls, r.URL)
+				}
+				out = append(out, inst{in.Name, s.role, in.Bootstrap, urls, in.inflight.Load()})
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(out)
+	})
+	return mux
+}
+
+// CompletionRequest is the OpenAI completions request (the fields the
+// router reads) with kvbridge's test extensions.
+type CompletionRequest struct {
+	Model     string          `json:"model,omitempty"`
+	Prompt    json.RawMessage `json:"prompt"` // a string, or an array of token ids
+	MaxTokens int             `json:"max_tokens"`
+	Stream    bool            `json:"stream"`
+	// AbortAt fails the first attempt's room on purpose: "prefill" (the
+	// prefill ranks abort after the forward pass), "decode-before" or
+	// "decode-mid"; the router retries it.
+	AbortAt string `json:"abort_at,omitempty"`
+	// Fault "swap-heads-prefill" or "swap-heads-decode": a deliberately
+	// wrong head mapping on that side (every attempt), for tests.
+	Fault string `json:"fault,omitempty"`
+}
+
+// Choice is one completion choice.
+type Choice struct {
+	Index        int     `json:"index"`
+	Text         string  `json:"text"`
+	TokenIDs     []int   `json:"token_ids"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+// Completion is the answer (and, streamed, each chunk).
+type Completion struct {
+	ID      string    `json:"id"`
+	Object  string    `json:"object"`
+	Created int64     `json:"created"`
+	Model   string    `json:"model"`
+	Choices []Choice  `json:"choices"`
+	Usage   *Usage    `json:"usage,omitempty"`
+	KV      *KVReport `json:"kvbridge,omitempty"`
+}
+
+// Usage counts tokens.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// KVReport is what the router saw of the request's rooms.
+type KVReport struct {
+	Room        uint64   `json:"room"`
+	Attempts    int      `json:"attempts"`
+	Failures    []string `json:"failures,omitempty"` // why earlier attempts failed
+	Prefill     string   `json:"prefill"`
+	Decode      string   `json:"decode"`
+	PrefixPages int      `json:"prefix_pages"`
+	TTFTMS      float64  `json:"ttft_ms"`
+	TPOTMS      float64  `json:"tpot_ms"`
+}
+
+// Text is the example's byte-level tokenizer: a prompt's UTF-8 bytes are
+// token ids 0–255.
+func Text(s string) []int {
+	ids := make([]int, len(s))
+	for i := 0; i < len(s); i++ {
+		ids[i] = int(s[i])
+	}
+	return ids
+}
+
+// Detok renders a token: printable ASCII as itself, others as <|id|>.
+func Detok(id int) string {
+	if id >= 0x20 && id < 0x7f {
+		return string(rune(id))
+	}
+	return fmt.Sprintf("<|%d|>", id)
+}
+
+type httpError struct {
+	code int
+	msg  string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func (rt *Router) parse(req *http.Request) (*CompletionRequest, []int, error) {
+	if req.Method != http.MethodPost {
+		return nil, nil, &httpError{http.StatusMethodNotAllowed, "POST a completion request"}
+	}
+	var cr CompletionRequest
+	if err := json.NewDecoder(io.LimitReader(req.Body, 4<<20)).Decode(&cr); err != nil {
+		return nil, nil, &httpError{http.StatusBadRequest, "body must be a JSON completion request: " + err.Error()}
+	}
+	var prompt []int
+	var text string
+	if err := json.Unmarshal(cr.Prompt, &text); err == nil {
+		if rt.vocab < 256 {
+			return nil, nil, &httpError{http.StatusBadRequest, fmt.Sprintf("a text prompt needs a vocabulary of ≥ 256 (bytes), the model's is %d: send token ids", rt.vocab)}
+		}
+		prompt = Text(text)
+	} else if err := json.Unmarshal(cr.Prompt, &prompt); err != nil {
+		return nil, nil, &httpError{http.StatusBadRequest, "prompt must be a string or an array of token ids"}
+	}
+	switch {
+	case len(prompt) == 0:
+		return nil, nil, &httpError{http.StatusBadRequest, "empty prompt"}
+	case cr.MaxTokens == 0:
+		cr.MaxTokens = 16
+	case cr.MaxTokens < 0 || cr.MaxTokens > 1<<16:
+		return nil, nil, &httpError{http.StatusBadRequest, fmt.Sprintf("max_tokens %d not in [1, 65536]", cr.MaxTokens)}
+	}
+	for _, t := range prompt {
+		if t < 0 || t >= rt.vocab {
+			return nil, nil, &httpError{http.StatusBadRequest, fmt.Sprintf("token %d outside the vocabulary [0, %d)", t, rt.vocab)}
+		}
+	}
+	switch cr.AbortAt {
+	case "", "prefill", "decode-before", "decode-mid":
+	default:
+		return nil, nil, &httpError{http.StatusBadRequest, fmt.Sprintf("abort_at %.32q: want prefill, decode-before or decode-mid", cr.AbortAt)}
+	}
+	switch cr.Fault {
+	case "", "swap-heads-prefill", "swap-heads-decode":
+	default:
+		return nil, nil, &httpError{http.StatusBadRequest, fmt.Sprintf("fault %.32q: want swap-heads-prefill or swap-heads-decode", cr.Fault)}
+	}
+	return &cr, prompt, nil
+}
+
+// pick chooses an instance.
+func (rt *Router) pick(ins []*Instance, n uint64) *Instance {
+	if rt.cfg.Policy == "least-loaded" {
+		best := ins[0]
+		for _, in := range ins[1:] {
+			if in.inflight.Load() < best.inflight.Load() {
+				best = in
+			}
+		}
+		return best
+	}
+	return ins[n%uint64(len(ins))]
+}
+
+func (rt *Router) serveCompletions(w http.ResponseWriter, req *http.Request) {
+	start := time.Now()
+	cr, prompt, err := rt.parse(req)
+	if err != nil {
+		rt.requests.WithLabelValues("bad_request").Inc()
+		var he *httpError
+		errors.As(err, &he)
+		http.Error(w, he.msg, he.code)
+		return
+	}
+	fl, _ := w.(http.Flusher)
+	model := cr.Model
+	if model == "" {
+		model = "tinyllm"
+	}
+	var tokens []int
+	var first time.Time
+	rep := &KVReport{}
+	id := ""
+	chunk := func(tok int) error {
+		if len(tokens) == 0 {
+			first = time.Now()
+			rt.ttft.Observe(first.Sub(start).Seconds())
+		}
+		tokens = append(tokens, tok)
+		rt.tokensC.Inc()
+		if !cr.Stream {
+			return nil
+		}
+		if len(tokens) == 1 {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Header().Set("Cache-Control", "no-cache")
+		}
+		c := Completion{ID: id, Object: "text_completion", Created: start.Unix(), Model: model,
+			Choices: []Choice{{Text: Detok(tok), TokenIDs: []int{tok}}}}
+		if err := sse(w, c); err != nil {
+			return err
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		return nil
+	}
+	n := rt.rr.Add(1) - 1
+	var failErr error
+	for attempt := 0; attempt <= max(rt.cfg.Retries, 0); attempt++ {
+		pre, dec := rt.pick(rt.prefill, n+uint64(attempt)), rt.pick(rt.decode, n+uint64(attempt))
+		room := rt.nextRoom.Add(1)
+		if attempt == 0 {
+			id = fmt.Sprintf("cmpl-%d", room)
+		} else {
+			rt.retries.Inc()
+		}
+		rep.Room, rep.Attempts, rep.Prefill, rep.Decode = room, attempt+1, pre.Name, dec.Name
+		abort := ""
+		if attempt == 0 {
+			abort = cr.AbortAt
+		}
+		failErr = rt.attempt(req.Context(), pre, dec, room, prompt, cr.MaxTokens, abort, cr.Fault, chunk, rep)
+		if failErr == nil || len(tokens) > 0 || req.Context().Err() != nil {
+			break
+		}
+		rep.Failures = append(rep.Failures, failErr.Error())
+	}
+	done := time.Now()
+	rt.e2e.Observe(done.Sub(start).Seconds())
+	if len(tokens) > 0 {
+		rep.TTFTMS = float64(first.Sub(start).Microseconds()) / 1e3
+	}
+	if len(tokens) > 1 {
+		tpot := done.Sub(first).Seconds() / float64(len(tokens)-1)
+		rt.tpot.Observe(tpot)
+		rep.TPOTMS = tpot * 1e3
+	}
+	if failErr != nil {
+		rt.requests.WithLabelValues("failed").Inc()
+		msg := fmt.Sprintf("completion failed after %d attempts: %v", rep.Attempts, failErr)
+		if cr.Stream && len(tokens) > 0 {
+			sse(w, map[string]any{"error": map[string]string{"message": msg}})
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadGateway)
+		json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "failures": rep.Failures}})
+		return
+	}
+	rt.requests.WithLabelValues("ok").Inc()
+	finish := "length"
+	usage := &Usage{PromptTokens: len(prompt), CompletionTokens: len(tokens), TotalTokens: len(prompt) + len(tokens)}
+	if cr.Stream {
+		sse(w, Completion{ID: id, Object: "text_completion", Created: start.Unix(), Model: model,
+			Choices: []Choice{{TokenIDs: []int{}, FinishReason: &finish}}, Usage: usage, KV: rep})
+		io.WriteString(w, "data: [DONE]\n\n")
+		return
+	}
+	var text strings.Builder
+	for _, t := range tokens {
+		text.WriteString(Detok(t))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(Completion{ID: id, Object: "text_completion", Created: start.Unix(), Model: model,
+		Choices: []Choice{{Text: text.String(), TokenIDs: tokens, FinishReason: &finish}}, Usage: usage, KV: rep})
+}
+
+func sse(w io.Writer, v any) error {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+	_, err := fmt.Fprintf(w, "data: %s\n", b.Bytes())
+	return err
+}
+
+// post sends a JSON body to a rank.
+func (rt *Router) post(ctx context.Context, url string, body any) (*http.Response, error) {
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if rt.cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+rt.cfg.Token)
+	}
+	resp, err := rt.cfg.Client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return nil, fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return resp, nil
+}
+
+// attempt runs one room: every decode rank's /v1/generate (the first
+// streams), every prefill rank of the room's DP group's /v1/prefill.
+func (rt *Router) attempt(parent context.Context, pre, dec *Instance, room uint64, prompt []int, maxTokens int, abort, fault string, emit func(int) error, rep *KVReport) error {
+	ctx, cancel := context.WithTimeout(parent, rt.cfg.Timeout)
+	defer cancel()
+	pre.inflight.Add(1)
+	dec.inflight.Add(1)
+	rt.inflightG.WithLabelValues("prefill", pre.Name).Inc()
+	rt.inflightG.WithLabelValues("decode", dec.Name).Inc()
+	defer func() {
+		pre.inflight.Add(-1)
+		dec.inflight.Add(-1)
+		rt.inflightG.WithLabelValues("prefill", pre.Name).Dec()
+		rt.inflightG.WithLabelValues("decode", dec.Name).Dec()
+	}()
+	timeoutMS := int(rt.cfg.Timeout.Milliseconds())
+	var peers []string
+	for _, r := range dec.Ranks[1:] {
+		peers = append(peers, r.URL)
+	}
+	g := rankcmd.GenerateRequest{Room: room, Prompt: prompt, MaxTokens: maxTokens, Prefill: pre.Bootstrap, TimeoutMS: timeoutMS}
+	p := rankcmd.PrefillRequest{Room: room, Prompt: prompt, TimeoutMS: timeoutMS}
+	switch abort {
+	case "prefill":
+		p.AbortAt = "compute"
+	case "decode-before":
+		g.AbortAt = "before"
+	case "decode-mid":
+		g.AbortAt = "mid"
+	}
+	switch fault {
+	case "swap-heads-prefill":
+		p.Fault = "swap-heads"
+	case "swap-heads-decode":
+		g.Fault = "swap-heads"
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	fail := func(err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+	}
+	// The other decode ranks and the prefill ranks: their answers only
+	// matter if something failed.
+	for _, r := range dec.Ranks[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			gr := g
+			gr.Peers = nil
+			if ev, err := rt.generate(ctx, r.URL, gr, nil); err != nil {
+				fail(fmt.Errorf("decode %s: %w", r.URL, err))
+			} else if ev.Status != "Success" || ev.Error != "" {
+				fail(fmt.Errorf("decode %s: room %d %s %s%s", r.URL, room, ev.Status, ev.Reason, ev.Error))
+			}
+		}()
+	}
+	group := int(room % uint64(pre.Shape.DPSize))
+	for _, r := range pre.Ranks {
+		if r.Info.Parallel.DPRank != group {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := rt.post(ctx, r.URL+"/v1/prefill", p)
+			if err != nil {
+				fail(fmt.Errorf("prefill %s: %w", r.URL, err))
+				return
+			}
+			defer resp.Body.Close()
+			var res rankcmd.PrefillResult
+			if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&res); err != nil {
+				fail(fmt.Errorf("prefill %s: %w", r.URL, err))
+			} else if res.Status != "Success" || res.Error != "" {
+				fail(fmt.Errorf("prefill %s: room %d %s %s%s", r.URL, room, res.Status, res.Reason, res.Error))
+			}
+		}()
+	}
+	g.Peers = peers
+	ev, err := rt.generate(ctx, dec.Ranks[0].URL, g, emit)
+	if err == nil && (ev.Status != "Success" || ev.Error != "") {
+		err = fmt.Errorf("decode %s: room %d %s %s%s", dec.Ranks[0].URL, room, ev.Status, ev.Reason, ev.Error)
+	}
+	if err == nil && ev.Tokens != maxTokens {
+		err = fmt.Errorf("decode %s: %d tokens of %d", dec.Ranks[0].URL, ev.Tokens, maxTokens)
+	}
+	if err != nil {
+		cancel() // the other ranks' rooms fail (their handlers abort)
+	}
+	wg.Wait()
+	rep.PrefixPages = ev.PrefixPages
+	if err != nil {
+		mu.Lock()
+		defer mu.Unlock()
+		return errors.Join(append([]error{err}, errs...)...)
+	}
+	return nil
+}
+
+// generate posts to a decode rank and reads its NDJSON events; emit gets
+// each token (nil: none expected).
+func (rt *Router) generate(ctx context.Context, url string, g rankcmd.GenerateRequest, emit func(int) error) (rankcmd.GenerateEvent, error) {
+	var last rankcmd.GenerateEvent
+	resp, err := rt.post(ctx, url+"/v1/generate", g)
+	if err != nil {
+		return last, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		var ev rankcmd.GenerateEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return last, fmt.Errorf("event %.64q: %w", sc.Text(), err)
+		}
+		if ev.Done {
+			return ev, nil
+		}
+		if ev.Token != nil && emit != nil {
+			if err := emit(*ev.Token); err != nil {
+				return last, fmt.Errorf("client: %w", err)
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return last, err
+	}
+	return last, errors.New("the stream ended without its final event")
+}
