@@ -63,9 +63,9 @@ lint:
 generate:
 	$(GO) generate ./...
 
-## demo: bootstrap server, a prefill and a decode process on loopback, real transfers, a summary
+## demo: bootstrap server, a prefill and a decode process on loopback, real transfers, a summary (DEMO_FLAGS="-compute tinyllm": a real model behind the example router, every completion compared with one process)
 demo: deps
-	$(GO) build -o bin/ ./examples/prefill ./examples/decode ./examples/demo
+	$(GO) build -o bin/ ./examples/prefill ./examples/decode ./examples/router ./examples/demo
 	./bin/demo $(DEMO_FLAGS)
 
 SOAK_REQUESTS ?= 2000

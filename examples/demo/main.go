@@ -35,6 +35,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/etcdtest"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/internal/router"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/transfer"
 )
@@ -342,6 +343,13 @@ func run(args []string) int {
 	dpPick := fs.String("dp-pick", "auto", "prefill DP group per request: auto (room % dp, decided by decode), explicit (chosen by the driver and told to decode) or lookup (chosen by the driver, published by prefill, looked up by decode)")
 	pageLayout := fs.String("page-layout", "HND", "order inside a page: HND (head-major, one segment per page per head slice) or NHD (token-major)")
 	mla := fs.Bool("mla", false, "an MLA model (tiny-mla with -short, else deepseek-v3)")
+	compute := fs.String("compute", "fill", "what the ranks put in the KV cache: fill (a check pattern every decode rank verifies) or tinyllm (a small Llama-architecture model behind the example router; every completion compared with the same model run in this process)")
+	tinySpec := fs.String("tinyllm", "", "with -compute tinyllm: the model, key=value,... over the default layers=4,q-heads=8,kv-heads=2,head-dim=32,ffn=512,vocab=2048,seed=1,page-tokens=16")
+	gen := fs.Int("gen", 16, "with -compute tinyllm: tokens generated per request (max_tokens)")
+	policy := fs.String("policy", "round-robin", "with -compute tinyllm: the router's instance choice, round-robin or least-loaded")
+	fault := fs.String("fault", "", "with -compute tinyllm: a deliberate fault on every request (swap-heads-prefill, swap-heads-decode: a wrong head mapping), so the comparison must fail")
+	layerwise := fs.Bool("layerwise", false, "the prefill ranks send each room layer group by layer group (sender.SendLayers) instead of one Send per chunk")
+	layerGroup := fs.Int("layer-group", 1, "with -layerwise: layers per SendLayers call")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `demo: what make demo runs. It starts example prefill and decode ranks as
 separate processes on this machine (one per rank; the first prefill rank
@@ -409,14 +417,66 @@ flags:
 		return 2
 	}
 	pShape, dShape = pShape.Norm(), dShape.Norm()
+	if *compute != "fill" && *compute != "tinyllm" {
+		fmt.Fprintf(os.Stderr, "demo: -compute %q: want fill or tinyllm\n", *compute)
+		return 2
+	}
+	tinyCfg, tinyPT, terr := parseTiny(*tinySpec)
+	if terr != nil {
+		fmt.Fprintln(os.Stderr, "demo:", terr)
+		return 2
+	}
+	// The shapes are checked before any process starts: a pair the rank
+	// mapping does not support is refused in one line.
+	{
+		pl, err := transfer.ParsePageLayout(*pageLayout)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+			return 2
+		}
+		mapping := m.Mapping(pl)
+		if *compute == "tinyllm" {
+			mapping = tinyMapping(tinyCfg, tinyPT, pl)
+		}
+		if err := router.CheckTopology(mapping, pShape, dShape); err != nil {
+			fmt.Fprintf(os.Stderr, "demo: refused before starting any process: prefill (DP %d × PP %d × TP %d) → decode (PP %d × TP %d): %v\n",
+				pShape.DPSize, pShape.PPSize, pShape.TPSize, dShape.PPSize, dShape.TPSize, err)
+			return 2
+		}
+	}
+	if *compute == "tinyllm" {
+		if *chaos || *hostile || *discovery != "http" || *mla {
+			fmt.Fprintln(os.Stderr, "demo: -compute tinyllm runs with HTTP discovery, without -chaos, -hostile or -mla")
+			return 2
+		}
+		for name, v := range map[string]string{"requests": "40", "concurrency": "4", "min-tokens": "16", "max-tokens": "96", "pages": "512", "abort-rate": "0.1"} {
+			if !set[name] {
+				fs.Set(name, v)
+			}
+		}
+		if *short {
+			for name, v := range map[string]string{"requests": "16", "max-tokens": "64"} {
+				if !set[name] {
+					fs.Set(name, v)
+				}
+			}
+		}
+		if *minTok < 1 || *maxTok < *minTok || *gen < 1 {
+			fmt.Fprintln(os.Stderr, "demo: want 1 ≤ -min-tokens ≤ -max-tokens and -gen ≥ 1")
+			return 2
+		}
+	}
 	topology := fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode %d × (PP %d × TP %d), %s pages, %s, %s discovery",
 		*instances, pShape.DPSize, pShape.PPSize, pShape.TPSize, *decodeInstances, dShape.PPSize, dShape.TPSize, strings.ToUpper(*pageLayout), *model, *discovery)
 	if *chaos {
 		fmt.Printf("kvbridge demo -chaos: rooms of %d–%d tokens (%s layout) for %v, %d in flight, %.0f%% aborted, engine %s, seed %d\ntopology: %s\n",
 			*minTok, *maxTok, *model, *chaosDuration, *conc, 100**abortRate, *engine, *seed, topology)
-	} else {
+	} else if *compute == "fill" {
 		fmt.Printf("kvbridge demo: %d requests of %d–%d tokens (%s layout), %d in flight, %.0f%% aborted, engine %s, seed %d\ntopology: %s\n",
 			*requests, *minTok, *maxTok, *model, *conc, 100**abortRate, *engine, *seed, topology)
+	} else {
+		fmt.Printf("kvbridge demo -compute tinyllm: %d requests of %d–%d-token prompts through the router, %d tokens each, %d in flight, %.0f%% aborted and retried, engine %s, seed %d\n",
+			*requests, *minTok, *maxTok, *gen, *conc, 100**abortRate, *engine, *seed)
 	}
 	cleanup, serr := makeSecret()
 	if serr != nil {
@@ -438,9 +498,23 @@ flags:
 		fmt.Println("security: shared secret only (-identity=false: any holder of the secret can speak as any rank)")
 	}
 	common := []string{"-model", *model, "-pages", strconv.Itoa(*pages), "-engine", *engine, "-ucx-tls", *tls, "-page-layout", *pageLayout}
+	if *compute == "tinyllm" {
+		common = append(common, tinyRankArgs(tinyCfg, tinyPT)...)
+	}
 	prefillArgs := common
+	if *layerwise {
+		prefillArgs = append(append([]string{}, common...), "-layerwise", "-layer-group", strconv.Itoa(*layerGroup))
+	}
+	if *compute == "tinyllm" {
+		topology := fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode %d × (PP %d × TP %d), %s pages, tinyllm, %s sends",
+			*instances, pShape.DPSize, pShape.PPSize, pShape.TPSize, *decodeInstances, dShape.PPSize, dShape.TPSize, strings.ToUpper(*pageLayout),
+			map[bool]string{false: "whole-chunk", true: fmt.Sprintf("layer-wise (%d per group)", *layerGroup)}[*layerwise])
+		return runTiny(tinyOptions{bin: *bin, requests: *requests, conc: *conc, gen: *gen, minTok: *minTok, maxTok: *maxTok,
+			abortRate: *abortRate, seed: *seed, cfg: tinyCfg, pageTokens: tinyPT, pages: *pages, rankArgs: common, prefillArgs: prefillArgs,
+			pShape: pShape, dShape: dShape, instances: *instances, decodeInstance: *decodeInstances, policy: *policy, fault: *fault, topology: topology})
+	}
 	if *dpPick == "lookup" {
-		prefillArgs = append(append([]string{}, common...), "-publish-dp") // a prefill-only flag
+		prefillArgs = append(append([]string{}, prefillArgs...), "-publish-dp") // a prefill-only flag
 	}
 	if *chaos {
 		return runChaos(chaosOptions{bin: *bin, duration: *chaosDuration, seed: *seed, discovery: *discovery, conc: *conc,

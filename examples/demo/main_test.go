@@ -39,7 +39,7 @@ func binaries(t *testing.T) string {
 		if binDir, buildErr = os.MkdirTemp("", "kvbridge-demo-test-"); buildErr != nil {
 			return
 		}
-		build := exec.Command("go", "build", "-o", binDir+string(filepath.Separator), "../prefill", "../decode", ".")
+		build := exec.Command("go", "build", "-o", binDir+string(filepath.Separator), "../prefill", "../decode", "../router", ".")
 		build.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
 		if out, err := build.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("build: %v\n%s", err, out)
@@ -218,4 +218,57 @@ func summaryLabels(text string) []string {
 		}
 	}
 	return labels
+}
+
+// TestDemoTinyllm is `make demo DEMO_FLAGS="-compute tinyllm"`, short:
+// the model behind the router (prefill TP 2 → decode TP 1), a quarter of
+// the requests aborted on purpose and retried; every completion must be
+// token-identical to the single-process run. -fault swap-heads-decode (a
+// wrong head mapping) must make the same run fail.
+func TestDemoTinyllm(t *testing.T) {
+	dir := binaries(t)
+	args := []string{"-compute", "tinyllm", "-short", "-requests", "8", "-gen", "8", "-abort-rate", "0.25", "-seed", "3", "-bin", dir}
+	out, err := exec.Command(filepath.Join(dir, "demo"), args...).Output()
+	s := string(out)
+	if err != nil {
+		t.Fatalf("demo -compute tinyllm failed: %v\n%s", err, s)
+	}
+	for _, want := range []string{"token-identical            8", "failed                     0", "rooms pinned               0", "TTFT p50 / p99", "TPOT p50 / p99", "OK: every completion"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("summary lacks %q:\n%s", want, s)
+		}
+	}
+	t.Logf("\n%s", s)
+	out, err = exec.Command(filepath.Join(dir, "demo"), append(args, "-fault", "swap-heads-decode", "-requests", "2", "-abort-rate", "0")...).Output()
+	if s := string(out); err == nil || !strings.Contains(s, "the single-process run's") {
+		t.Fatalf("a wrong head mapping was not caught (err %v):\n%s", err, s)
+	}
+	removeKeptLogs(t, string(out))
+}
+
+// removeKeptLogs removes the rank logs a failed demo run kept (a failure
+// this test wanted).
+func removeKeptLogs(t *testing.T, out string) {
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.TrimSpace(l); strings.HasPrefix(f, os.TempDir()) && strings.HasSuffix(f, ".log") {
+			os.Remove(f)
+		}
+	}
+}
+
+// TestDemoRefusesTopology: a pair the rank mapping does not support is
+// refused in one line before any process starts (it used to start four
+// and fail every request over minutes).
+func TestDemoRefusesTopology(t *testing.T) {
+	for _, args := range [][]string{
+		{"-prefill-tp", "1", "-decode-pp", "2"},
+		{"-compute", "tinyllm", "-prefill-tp", "1", "-decode-pp", "2"},
+		{"-compute", "tinyllm", "-prefill-tp", "3"},
+	} {
+		var code int
+		out := capture.Stderr(t, func() { code = run(append(args, "-bin", "/nonexistent")) })
+		if code != 2 || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, "refused before starting any process") {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and one line", args, code, out)
+		}
+	}
 }
