@@ -18,6 +18,12 @@
 //	         nothing; each process's % of a core, vs the goal of 0.1 %
 //	         (ucx; libnixl with KVBRIDGE_NIXL_LIB; loopback in-process;
 //	         not in "all")
+//	layerwise time to first token behind a prefill that computes layer by
+//	         layer (a CPU kernel, and a device stand-in that leaves the host
+//	         CPU free; -layer-compute), each layer sent as its compute ends,
+//	         vs the whole chunk after the last layer, at 1K/4K/8K tokens;
+//	         the tail after the last layer vs one layer's transfer (not in
+//	         "all")
 //
 // Every figure comes with its CPU (user + system, every process involved)
 // per GB moved, per room or per operation, next to its references' CPU in
@@ -87,13 +93,16 @@ type bench struct {
 	bin     string
 	notes   []string // lines printed after the table (goals)
 	model   kvmodel.Model
+	// layerwise mode
+	layerCompute string
+	layerRooms   int
 }
 
 func main() { os.Exit(run(os.Args[1:])) }
 
 func run(args []string) int {
 	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
-	mode := fs.String("mode", "all", "engine, paged, rooms, topology, discovery, control, nixl, idle, or all (all but nixl and idle)")
+	mode := fs.String("mode", "all", "engine, paged, rooms, topology, discovery, control, nixl, idle, layerwise, or all (all but nixl, idle and layerwise)")
 	idleFor := fs.Duration("idle-for", 30*time.Second, "idle mode: how long the ranks sit idle while their CPU is measured")
 	bin := fs.String("bin", "", "idle mode: directory holding the prefill and decode binaries (default: bin/ beside kvbench, else built into a temporary directory)")
 	engine := fs.String("engine", "ucx", "nixl engine")
@@ -103,13 +112,16 @@ func run(args []string) int {
 	jsonOut := fs.String("json", "kvbench.json", "write results as JSON here (\"\" for none)")
 	pngOut := fs.String("png", "kvbench.png", "write a chart here (\"\" for none)")
 	quick := fs.Bool("quick", false, "small sizes and few iterations (tests)")
+	layerCompute := fs.String("layer-compute", "both", "layerwise mode: the layers' compute: cpu (a float32 kernel on the host), device (a wait that leaves the host CPU free, as a GPU does) or both")
+	layerRooms := fs.Int("layer-rooms", 9, "layerwise mode: rooms of each way per size (medians)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `kvbench: measures kvbridge and prints every figure next to its reference from
 the same run, as a ratio (engine, paged, rooms, topology, discovery and
-control modes; nixl on a real NIXL and idle, an idle rank process's CPU,
-not in "all"). Each figure comes with its CPU (per GB or per room) next
-to the reference's. Results go to stdout, to -json and to -png (a chart
-of the engine rows, when there are any).
+control modes; nixl on a real NIXL, idle, an idle rank process's CPU,
+and layerwise, TTFT with layer-by-layer sends, not in "all"). Each
+figure comes with its CPU (per GB or per room) next to the reference's.
+Results go to stdout, to -json and to -png (a chart of the engine rows,
+when there are any).
 
 usage: kvbench [flags]
 
@@ -123,7 +135,8 @@ flags:
 		}
 		return 2
 	}
-	b := &bench{engine: *engine, tls: *tls, quick: *quick, model: kvmodel.Presets[*model], idleFor: *idleFor, bin: *bin}
+	b := &bench{engine: *engine, tls: *tls, quick: *quick, model: kvmodel.Presets[*model], idleFor: *idleFor, bin: *bin,
+		layerCompute: *layerCompute, layerRooms: max(*layerRooms, 1)}
 	if b.model.Name == "" {
 		fmt.Fprintf(os.Stderr, "kvbench: unknown model %q\n", *model)
 		return 2
@@ -136,7 +149,7 @@ flags:
 		return 2
 	}
 	modes := map[string]func() error{"engine": b.engineMode, "paged": b.pagedMode, "rooms": b.roomsMode, "control": b.controlMode,
-		"topology": b.topologyMode, "discovery": b.discoveryMode, "nixl": b.nixlMode, "idle": b.idleMode}
+		"topology": b.topologyMode, "discovery": b.discoveryMode, "nixl": b.nixlMode, "idle": b.idleMode, "layerwise": b.layerwiseMode}
 	order := []string{"engine", "paged", "rooms", "topology", "discovery", "control"}
 	if *mode != "all" {
 		if modes[*mode] == nil {

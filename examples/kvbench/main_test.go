@@ -90,7 +90,7 @@ func readRows(t *testing.T, path string) []Row {
 // writes them; control and paged exited 1 after their results ("chart: no
 // engine rows to chart"), as the chart was asked for by default.
 func TestModeAlone(t *testing.T) {
-	for _, mode := range []string{"control", "paged"} {
+	for _, mode := range []string{"control", "paged", "layerwise"} {
 		t.Run(mode, func(t *testing.T) {
 			dir := t.TempDir()
 			js, png := filepath.Join(dir, "out.json"), filepath.Join(dir, "out.png")
