@@ -8,7 +8,9 @@
 #
 # The bundle carries libucp/libucs/libuct/libucm and UCX's transport modules
 # from this machine, so the GPU node needs only the NVIDIA driver
-# (libcuda.so.1, libnvidia-ml.so.1). It runs in well under 5 minutes.
+# (libcuda.so.1, libnvidia-ml.so.1). It runs in well under 5 minutes, then
+# (where a GPU device is present) gpucheck -layerwise, issue 25's layer-wise
+# TTFT benchmark with CUDA events, into gpucheck-layerwise.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,7 +35,16 @@ here=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export UCX_MODULE_DIR="$here/lib/ucx"
 export UCX_WARN_UNUSED_ENV_VARS=n
-exec timeout 300 "$here/gpucheck" -json "$here/gpucheck.json" "$@"
+timeout 300 "$here/gpucheck" -json "$here/gpucheck.json" "$@"
+# Issue 25's layer-wise benchmark on the device: each layer's post gated by
+# the CUDA event recorded after its compute (cuMemcpyDtoDAsync on a stream
+# standing in for the kernel), against the whole chunk; only where a GPU
+# device is present (GPUCHECK_LAYERWISE=0 skips it).
+if [ "${GPUCHECK_LAYERWISE:-1}" != 0 ] && { [ -e /dev/nvidiactl ] || nvidia-smi -L >/dev/null 2>&1; }; then
+	timeout 300 "$here/gpucheck" -layerwise -json "$here/gpucheck-layerwise.json"
+else
+	echo "gpucheck -layerwise skipped (no GPU device, or GPUCHECK_LAYERWISE=0)"
+fi
 RUN
 	chmod +x "$dir/run.sh"
 	echo "built $dir (copy it to the GPU node and run $dir/run.sh)"

@@ -5,6 +5,9 @@
 //
 // It needs no Go toolchain: scripts/gpu-check.sh builds it with its shared
 // libraries. Usage: gpucheck [-size BYTES] [-pages N] [-iters N] [-json FILE]
+//
+// gpucheck -layerwise [-lw-layers N] [-lw-tokens 1024,4096,8192] [-lw-rooms N]
+// runs issue 25's benchmark on the device instead (layerwise.go).
 package main
 
 import (
@@ -19,6 +22,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -50,7 +54,36 @@ func main() {
 	iters := flag.Int("iters", 5, "timed repetitions of each transfer")
 	jsonOut := flag.String("json", "", "write the result as JSON to this file")
 	noNVML := flag.Bool("allow-no-nvml", false, "continue when NVML discovery fails (CUDA driver double)")
+	lw := flag.Bool("layerwise", false, "instead: TTFT with each layer sent once its CUDA event completes, vs the whole chunk after the stream drained (issue 25)")
+	lwLayers := flag.Int("lw-layers", 32, "layerwise: layers")
+	lwTokens := flag.String("lw-tokens", "1024,4096,8192", "layerwise: token counts")
+	lwRooms := flag.Int("lw-rooms", 5, "layerwise: rooms of each way per token count (medians)")
 	flag.Parse()
+	if *lw {
+		var tokens []int
+		for _, f := range strings.Split(*lwTokens, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n <= 0 {
+				fmt.Fprintf(os.Stderr, "gpucheck: -lw-tokens: %q\n", f)
+				os.Exit(2)
+			}
+			tokens = append(tokens, n)
+		}
+		cases, err := runLayerwise(max(*lwLayers, 1), tokens, max(*lwRooms, 1))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "gpucheck: layerwise: FAIL:", err)
+			os.Exit(1)
+		}
+		if *jsonOut != "" {
+			b, _ := json.MarshalIndent(cases, "", "  ")
+			if err := os.WriteFile(*jsonOut, b, 0o644); err != nil {
+				fmt.Fprintln(os.Stderr, "gpucheck:", err)
+				os.Exit(1)
+			}
+		}
+		fmt.Println("gpucheck: layerwise OK")
+		return
+	}
 	r, err := run(*size, *pages, *iters, *noNVML)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gpucheck: FAIL:", err)

@@ -47,6 +47,34 @@ func TestGPUCheckOnCUDADouble(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "FAIL") {
 		t.Fatalf("a failing copy passed: %s", out)
 	}
+
+	// -layerwise: every layer's event answers "not ready" to its first
+	// three queries; both ways land byte-exact (the run verifies them) and
+	// report their figures.
+	lw := func(env ...string) (string, error) {
+		cmd := exec.Command(bin, "-layerwise", "-lw-layers", "4", "-lw-tokens", "256,512", "-lw-rooms", "2", "-json", js)
+		cmd.Env = append(append(os.Environ(), "KVBRIDGE_CUDA_LIB="+lib), env...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := lw("KVB_FAKE_EVENT_POLLS=3"); err != nil || !strings.Contains(out, "gpucheck: layerwise OK") {
+		t.Fatalf("gpucheck -layerwise: %v\n%s", err, out)
+	}
+	var cases []lwCase
+	b, _ = os.ReadFile(js)
+	if err := json.Unmarshal(b, &cases); err != nil || len(cases) != 2 {
+		t.Fatalf("layerwise JSON: %v %s", err, b)
+	}
+	for _, c := range cases {
+		if c.Layers != 4 || c.LayerTransferMS <= 0 || c.LayerTTFTMS <= 0 || c.WholeTTFTMS <= 0 || c.TTFTRatio <= 0 || c.CopiesPerLayer < 1 {
+			t.Fatalf("layerwise case %+v", c)
+		}
+	}
+	// The layers' posts wait on their events: a failing cuEventQuery
+	// fails the layer-wise room (and the run).
+	if out, err := lw("KVB_CUDA_DOUBLE_FAIL=cuEventQuery"); err == nil || !strings.Contains(out, "layerwise: FAIL") || !strings.Contains(out, "cuEventQuery") {
+		t.Fatalf("a failing event query passed: %v\n%s", err, out)
+	}
 }
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
