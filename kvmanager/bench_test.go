@@ -134,7 +134,7 @@ func BenchmarkCoreRoom(b *testing.B) {
 		p.initSender(now, room)
 		deliver(p, decodeFrom, d.Effects())
 		p.Effects()
-		if err := p.sendChunk(now, room, []uint32{0}, true, 0, nil); err != nil {
+		if err := p.sendChunk(now, SendChunk{Room: room, Pages: []uint32{0}, Last: true, AuxIndex: 0}); err != nil {
 			b.Fatal(err)
 		}
 		var writes []transfer.Write
@@ -147,8 +147,8 @@ func BenchmarkCoreRoom(b *testing.B) {
 			}
 			p.writeDone(now, room, &writes[j], nil, false)
 		}
-		d.notification(now, room, 0, 0, 1, false)
-		d.notification(now, room, 0, 0, 0, true)
+		d.notification(now, Notified{Room: room, UID: 0, Chunk: 0, Total: 1, Aux: false})
+		d.notification(now, Notified{Room: room, UID: 0, Chunk: 0, Total: 0, Aux: true})
 		if st, _ := d.Status(room); st != Success {
 			b.Fatalf("decode room %v", st)
 		}

@@ -92,6 +92,9 @@ type decodeCore struct {
 	holds   map[uint64]*hold
 	// roomsOf indexes live decode rooms by their sources' target keys.
 	roomsOf map[string]map[uint64]struct{}
+	// failCode is the failure code of the room being failed (set around
+	// failRoom; empty: CodeFailed).
+	failCode string
 }
 
 // heardPeer is what the core last heard from one peer identity.
@@ -179,6 +182,7 @@ type CoreStats struct {
 	PeersRestarted  uint64 // peers heard with a new epoch
 	Rechecks        uint64 // idle registrations looked up and registered again before a REQUEST
 	Refused         uint64 // messages of a type this role never accepts
+	BadNotifs       uint64 // notifications out of range or contradicting their chunk's earlier ones
 	// LayoutRefused counts REGISTERs and REQUESTs refused for naming
 	// memory that cannot be right, by LayoutRefusal.
 	LayoutRefused [layoutRefusals]uint64
@@ -520,6 +524,16 @@ func (c *Core) receive(now time.Time, msg bootstrap.Message) (accepted bool) {
 func (c *Core) reportDown(now time.Time, endpoint string, from bootstrap.From, restarted bool, reason string) {
 	c.step(now)
 	c.role.peerDown(endpoint, from, restarted, fmt.Sprintf("%s: %s", reason, endpoint))
+}
+
+// Report is a decode room's load report: what landed of it, and why it
+// failed. ok is false until nothing more can land (the room is terminal
+// and its pages released), for a cleared room and on a prefill core.
+func (c *Core) Report(room uint64) (LoadReport, bool) {
+	if c.decodeCore == nil {
+		return LoadReport{}, false
+	}
+	return c.decodeCore.loadReport(room)
 }
 
 // Hold returns the channel closed when a decode room's pages may be

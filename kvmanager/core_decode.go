@@ -1,9 +1,11 @@
 package kvmanager
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,13 +97,74 @@ type source struct {
 	sent   bool
 	epoch  uint64
 	reregs int
-	chunks map[int]struct{}
-	total  int
-	aux    bool
-	acked  bool
+	chunks map[int]*chunkSeen
+	full   int // chunks whose every layer landed
+	// spanLo, spanHi: the layers it writes, as its first chunk
+	// notification said (spanHi 0: none yet); every chunk names them.
+	spanLo, spanHi int
+	total          int
+	aux            bool
+	acked          bool
 }
 
-func (s *source) complete() bool { return s.aux && s.total > 0 && len(s.chunks) >= s.total }
+func (s *source) complete() bool { return s.aux && s.total > 0 && s.full >= s.total }
+
+// chunkSeen is what landed of one chunk of a source: the positions of the
+// REQUEST's dst_pages it fills and which of the source's layers landed.
+type chunkSeen struct {
+	off, n         int // positions [off, off+n); off −1: not told
+	spanLo, spanHi int // the layers the source writes, this rank's numbering
+	got            []uint64
+	left           int // layers of the span not landed yet
+}
+
+// Bounds of a notification's numbers (anything past them is refused and
+// counted): chunks of a room per source, layers a source writes.
+const (
+	maxNotifChunks = 1 << 16
+	maxNotifLayers = 1 << 12
+)
+
+// record counts a chunk notification; false when it is out of range or
+// contradicts the chunk's earlier notifications.
+func (s *source) record(in Notified, bugs bugs) bool {
+	if in.Chunk < 0 || in.Chunk >= maxNotifChunks || in.Total < 0 || in.Total > maxNotifChunks {
+		return false
+	}
+	if in.Hi == 0 { // a whole chunk, positions not told (earlier revision)
+		in.Off, in.N, in.Lo, in.Hi, in.SpanLo, in.SpanHi = -1, 0, 0, 1, 0, 1
+	}
+	if in.SpanLo < 0 || in.SpanHi <= in.SpanLo || in.SpanHi-in.SpanLo > maxNotifLayers ||
+		in.Lo < in.SpanLo || in.Hi > in.SpanHi || in.Lo >= in.Hi || in.Off < -1 || in.N < 0 || in.N > maxNotifChunks*maxNotifLayers {
+		return false
+	}
+	if s.spanHi != 0 && (in.SpanLo != s.spanLo || in.SpanHi != s.spanHi) && !bugs.on(bugNotifUnchecked) {
+		return false
+	}
+	s.spanLo, s.spanHi = in.SpanLo, in.SpanHi
+	cs := s.chunks[in.Chunk]
+	if cs == nil {
+		cs = &chunkSeen{off: in.Off, n: in.N, spanLo: in.SpanLo, spanHi: in.SpanHi,
+			got: make([]uint64, (in.SpanHi-in.SpanLo+63)/64), left: in.SpanHi - in.SpanLo}
+		s.chunks[in.Chunk] = cs
+	} else if (cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi) && !bugs.on(bugNotifUnchecked) {
+		return false
+	}
+	was := cs.left
+	for l := in.Lo - cs.spanLo; l < in.Hi-cs.spanLo; l++ {
+		if cs.got[l/64]&(1<<(l%64)) == 0 {
+			cs.got[l/64] |= 1 << (l % 64)
+			cs.left--
+		}
+	}
+	if was > 0 && cs.left == 0 {
+		s.full++
+	}
+	if in.Total > 0 {
+		s.total = in.Total
+	}
+	return true
+}
 
 // decodeRoom is a decode room's per-source state.
 type decodeRoom struct {
@@ -109,6 +172,14 @@ type decodeRoom struct {
 	init    bool
 	sources []*source
 	started time.Time
+	code    string // the failure's code (the STATUS codes), once Failed
+}
+
+// failWith fails a room with a failure code for its load report.
+func (c *decodeCore) failWith(room uint64, code, reason string) {
+	c.failCode = code
+	c.failRoom(room, reason)
+	c.failCode = ""
 }
 
 // hold is a decode room's claim on its destination pages: from creation
@@ -200,7 +271,7 @@ func (c *decodeCore) createReceiverLinks(now time.Time, room uint64, links []Lin
 	rm.dec = &decodeRoom{started: now}
 	for i, l := range links {
 		c.ensureTarget(l.Target)
-		rm.dec.sources = append(rm.dec.sources, &source{target: l.Target.key(), uid: i, link: l, chunks: map[int]struct{}{}})
+		rm.dec.sources = append(rm.dec.sources, &source{target: l.Target.key(), uid: i, link: l, chunks: map[int]*chunkSeen{}})
 	}
 	c.index(rm, true)
 	h := &hold{room: room, ch: make(chan struct{}), srcs: rm.dec.sources}
@@ -534,7 +605,7 @@ func (c *decodeCore) targetRestarted(tg *target, epoch uint64) {
 		}
 		for _, s := range rm.dec.sources {
 			if s.target == tg.t.key() && s.sent && s.epoch != epoch {
-				c.failRoom(rm.id, fmt.Sprintf("prefill %s: %s", tg.endpoint, bootstrap.ReasonPeerRestarted))
+				c.failWith(rm.id, CodePeerRestarted, fmt.Sprintf("prefill %s: %s", tg.endpoint, bootstrap.ReasonPeerRestarted))
 				break
 			}
 		}
@@ -577,7 +648,7 @@ func (c *decodeCore) onStatus(msg *bootstrap.Status) {
 		c.flushRequests(rm)
 		return
 	}
-	c.failRoom(msg.Room, fmt.Sprintf("prefill %s: %s", msg.From.Peer(), msg.Reason))
+	c.failWith(msg.Room, cmp.Or(msg.Code, CodeFailed), fmt.Sprintf("prefill %s: %s", msg.From.Peer(), msg.Reason))
 }
 
 // onAbortAck ends the quarantine of the room's pages once every prefill
@@ -620,18 +691,21 @@ func (c *decodeCore) release(h *hold, forced bool) {
 	c.emit(Effect{Kind: EffectReleased, Room: h.room, Forced: forced})
 }
 
-// notification counts a prefill rank's notification for a room:
-// "kvb1:<room>:<uid>:<chunk>:<total>" or "kvb1:<room>:<uid>:aux".
-// The room succeeds when every source delivered all its chunks and aux.
-func (c *decodeCore) notification(now time.Time, room uint64, uid int, chunk, total int, aux bool) {
+// notification counts a prefill rank's notification for a room (a chunk's
+// layer group, or its aux write; docs/PROTOCOL.md "Data plane:
+// notifications"). The room succeeds when every source delivered every
+// layer of all its chunks, and its aux. A failed room still records what
+// landed, for its load report.
+func (c *decodeCore) notification(now time.Time, in Notified) {
 	c.step(now)
+	room := in.Room
 	rm, ok := c.reg.rooms[room]
-	if !ok || rm.dec == nil || rm.status.Terminal() {
+	if !ok || rm.dec == nil || rm.status == Success {
 		return
 	}
 	var src *source
 	for _, s := range rm.dec.sources {
-		if s.uid == uid && s.sent {
+		if s.uid == in.UID && s.sent {
 			src = s
 		}
 	}
@@ -641,17 +715,18 @@ func (c *decodeCore) notification(now time.Time, room uint64, uid int, chunk, to
 	if tg := c.targets[src.target]; tg != nil {
 		tg.heard = now // its data arrived: the process is alive
 	}
-	if aux {
+	if in.Aux {
 		src.aux = true
-	} else {
-		src.chunks[chunk] = struct{}{}
-		if total > 0 {
-			src.total = total
-		}
+	} else if !src.record(in, c.bugs) {
+		c.stats.BadNotifs++
+		return
+	}
+	if rm.status.Terminal() {
+		return
 	}
 	c.count(EventProgress, c.reg.Progress(room))
 	for _, s := range rm.dec.sources {
-		if !s.complete() {
+		if !s.complete() && !(c.bugs.on(bugChunkLayersIgnored) && s.aux && s.total > 0 && len(s.chunks) >= s.total) {
 			return
 		}
 	}
@@ -669,6 +744,9 @@ func (c *decodeCore) notification(now time.Time, room uint64, uid int, chunk, to
 func (c *decodeCore) decodeFailed(room uint64, reason string) {
 	rm, ok := c.reg.rooms[room]
 	if ok && rm.dec != nil {
+		if rm.dec.code == "" {
+			rm.dec.code = cmp.Or(c.failCode, CodeFailed)
+		}
 		for _, s := range rm.dec.sources {
 			if c.bugs.on(bugNoEarlyAbort) && !s.sent {
 				continue
@@ -696,7 +774,9 @@ func (c *decodeCore) abortReceiver(now time.Time, room uint64, reason string) Re
 	c.step(now)
 	res := c.count(EventAbort, c.reg.Abort(room, reason, nil))
 	if res.Outcome == Applied {
+		c.failCode = CodeAborted
 		c.decodeFailed(room, reason)
+		c.failCode = ""
 	}
 	return res
 }
@@ -706,7 +786,7 @@ func (c *decodeCore) abortReceiver(now time.Time, room uint64, reason string) Re
 func (c *decodeCore) clearReceiver(now time.Time, room uint64) Result {
 	c.step(now)
 	if st, ok := c.reg.Status(room); ok && !st.Terminal() {
-		c.failRoom(room, "cleared before it finished")
+		c.failWith(room, CodeCleared, "cleared before it finished")
 	}
 	rm := c.reg.rooms[room]
 	res := c.count(EventClear, c.reg.Clear(room))
@@ -728,6 +808,13 @@ func (c *decodeCore) hold(room uint64) (chan struct{}, bool) {
 	return h.ch, true
 }
 
+func downCode(restarted bool) string {
+	if restarted {
+		return CodePeerRestarted
+	}
+	return CodePeerUnreachable
+}
+
 // decodePeerDown handles a prefill rank that heartbeats declared dead or
 // that restarted (a message from a new epoch at its endpoint): rooms bound
 // to it fail and send ABORT (a live or restarted process answers it). A
@@ -745,7 +832,7 @@ func (c *decodeCore) peerDown(endpoint string, from bootstrap.From, restarted bo
 		}
 		for _, s := range rm.dec.sources {
 			if s.target == tg.t.key() && s.sent && (!restarted || s.epoch != from.Epoch) {
-				c.failRoom(rm.id, "prefill "+reason)
+				c.failWith(rm.id, downCode(restarted), "prefill "+reason)
 				break
 			}
 		}
@@ -886,36 +973,35 @@ func (c *decodeCore) waitsFor(tg *target) bool {
 	return false
 }
 
-// notif is a parsed data-plane notification.
-type notif struct {
-	room              uint64
-	uid, chunk, total int
-	aux               bool
-}
-
-// parseNotif parses "kvb1:<room>:<uid>:<chunk>:<total>" and
-// "kvb1:<room>:<uid>:aux".
-func parseNotif(s string) (notif, bool) {
+// parseNotif parses "kvb1:<room>:<uid>:<chunk>:<total>:<off>:<n>:<lo>:<hi>:<span_lo>:<span_hi>",
+// the earlier revision's "kvb1:<room>:<uid>:<chunk>:<total>" and
+// "kvb1:<room>:<uid>:aux" into the core's input (ranges are checked
+// there).
+func parseNotif(s string) (Notified, bool) {
 	f := strings.Split(s, ":")
-	if len(f) < 4 || len(f) > 5 || f[0] != "kvb1" {
-		return notif{}, false
+	if (len(f) != 4 && len(f) != 5 && len(f) != 11) || f[0] != "kvb1" {
+		return Notified{}, false
 	}
-	var n notif
+	var n Notified
 	var err error
-	if n.room, err = strconv.ParseUint(f[1], 10, 64); err != nil {
-		return notif{}, false
+	if n.Room, err = strconv.ParseUint(f[1], 10, 64); err != nil {
+		return Notified{}, false
 	}
-	if n.uid, err = strconv.Atoi(f[2]); err != nil || n.uid < 0 {
-		return notif{}, false
+	if n.UID, err = strconv.Atoi(f[2]); err != nil || n.UID < 0 {
+		return Notified{}, false
 	}
 	if len(f) == 4 {
-		n.aux = f[3] == "aux"
-		return n, n.aux
+		n.Aux = f[3] == "aux"
+		return n, n.Aux
 	}
-	var err2 error
-	n.chunk, err = strconv.Atoi(f[3])
-	n.total, err2 = strconv.Atoi(f[4])
-	return n, err == nil && err2 == nil && n.chunk >= 0 && n.total >= 0
+	for i, p := range []*int{&n.Chunk, &n.Total, &n.Off, &n.N, &n.Lo, &n.Hi, &n.SpanLo, &n.SpanHi}[:len(f)-3] {
+		v, err := strconv.Atoi(f[3+i])
+		if err != nil || v < 0 || v > math.MaxInt32 {
+			return Notified{}, false
+		}
+		*p = v
+	}
+	return n, len(f) == 5 || n.Hi > 0
 }
 
 // failed aborts a room that failed here on its prefill ranks.

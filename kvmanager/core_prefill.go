@@ -126,6 +126,17 @@ type prefillRoom struct {
 	sent    int // pages handed to SendChunk so far
 	chunk   int
 	started time.Time
+	// open is the chunk whose layers are being sent (nil between chunks).
+	open *openChunk
+}
+
+// openChunk is a chunk sent layer by layer: what its next range must
+// repeat, and the layers sent so far.
+type openChunk struct {
+	pages    []uint32
+	last     bool
+	auxIndex int
+	next     int
 }
 
 func (c *prefillCore) statusFailed(room uint64, peers []PeerRequest, code, reason, skip string) {
@@ -561,12 +572,13 @@ func (c *prefillCore) clearSender(now time.Time, room uint64) Result {
 }
 
 // sendChunk plans a chunk of the room's pages (positions continue where
-// the previous chunk ended) as one write per decode rank, plus, on the last
-// chunk, the state items and the aux item; it emits them as one
-// EffectPost. Each write names the epoch of the REQUEST whose pages it
-// targets.
-func (c *prefillCore) sendChunk(now time.Time, room uint64, pages []uint32, last bool, auxIndex int, state [][]uint32) error {
+// the previous chunk ended), or one range of its layers, as one write per
+// decode rank, plus, after the last chunk's final range, the state items
+// and the aux item; it emits them as one EffectPost. Each write names the
+// epoch of the REQUEST whose pages it targets.
+func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
 	c.step(now)
+	room, pages, last, auxIndex, state := in.Room, in.Pages, in.Last, in.AuxIndex, in.State
 	rm, ok := c.reg.rooms[room]
 	switch {
 	case !ok || rm.role != RolePrefill:
@@ -576,9 +588,33 @@ func (c *prefillCore) sendChunk(now time.Time, room uint64, pages []uint32, last
 	case rm.status < WaitingForInput || rm.status == Success:
 		return fmt.Errorf("room %d: send in %v: %w", room, rm.status, ErrNotReady)
 	}
+	layers := max(len(c.cfg.Layout.Regions)/2, 1)
+	lo, hi := in.Layers.Lo, in.Layers.Hi
+	if hi == 0 && lo == 0 {
+		hi = layers
+	}
+	next, op := 0, rm.pre.open
+	if op != nil {
+		next = op.next
+	}
+	switch {
+	case (lo != next || hi <= lo || hi > layers) && !(c.bugs.on(bugLayerOrderUnchecked) && hi > lo && hi <= layers):
+		return fmt.Errorf("room %d: layers [%d, %d) of a chunk of %d layers, %d sent: %w", room, lo, hi, layers, next, ErrLayers)
+	case op != nil && (op.last != last || op.auxIndex != auxIndex || !slices.Equal(op.pages, pages)):
+		return fmt.Errorf("room %d: layers [%d, %d) name other pages, last or aux than the chunk's first %d layers: %w", room, lo, hi, next, ErrLayers)
+	}
+	whole := hi == layers // the chunk's final range
 	first, chunk := rm.pre.sent, rm.pre.chunk
-	rm.pre.sent += len(pages)
-	rm.pre.chunk++
+	switch {
+	case whole:
+		rm.pre.sent += len(pages)
+		rm.pre.chunk++
+		rm.pre.open = nil
+	case op == nil:
+		rm.pre.open = &openChunk{pages: slices.Clone(pages), last: last, auxIndex: auxIndex, next: hi}
+	default:
+		op.next = hi
+	}
 	total := 0
 	if last {
 		total = chunk + 1
@@ -595,7 +631,7 @@ func (c *prefillCore) sendChunk(now time.Time, room uint64, pages []uint32, last
 			c.stats.StaleEpoch++
 			return fail(fmt.Sprintf("peer %s (epoch %d) that requested the room is gone", pr.Peer, pr.Epoch))
 		}
-		base := transfer.Write{Remote: p.remote, Peer: p.layout, AuxSrc: -1, State: -1, PeerKey: pr.Peer, Epoch: pr.Epoch, Slice: p.plan}
+		base := transfer.Write{Remote: p.remote, Peer: p.layout, AuxSrc: -1, State: -1, PeerKey: pr.Peer, Epoch: pr.Epoch, Slice: p.plan, Ready: in.Ready}
 		if p.mapped && !req.Dummy && p.plan == nil {
 			return fail(fmt.Sprintf("%s asked for data, but the rank mapping gives its heads to another prefill rank (REQUEST should be dummy)", pr.Peer))
 		}
@@ -604,6 +640,7 @@ func (c *prefillCore) sendChunk(now time.Time, room uint64, pages []uint32, last
 			uid = req.Source
 		}
 		var src, dst []uint32
+		off := -1 // the chunk's first position in the REQUEST's dst_pages
 		if !req.Dummy {
 			for i, pg := range pages {
 				pos := first + i - req.Prefix
@@ -613,13 +650,33 @@ func (c *prefillCore) sendChunk(now time.Time, room uint64, pages []uint32, last
 				if pos >= len(req.DstPages) {
 					return fail(fmt.Sprintf("%s gave %d destination pages, prefill sent more", pr.Peer, len(req.DstPages)))
 				}
+				if off < 0 {
+					off = pos
+				}
 				src, dst = append(src, pg), append(dst, req.DstPages[pos])
 			}
 		}
-		w := base
-		w.Runs, w.Notif = transfer.Runs(src, dst), fmt.Sprintf("kvb1:%d:%d:%d:%d", room, uid, chunk, total)
-		writes = append(writes, w)
-		if !last {
+		// Layers in the decode rank's numbering: this PP stage's layers
+		// start at the plan's region offset there.
+		shift := 0
+		if p.plan != nil {
+			shift = p.plan.RegionOffset / 2
+		}
+		n := max(off, 0)
+		switch {
+		case len(src) > 0:
+			w := base
+			w.Runs, w.Layers = transfer.Runs(src, dst), transfer.Layers{Lo: lo, Hi: hi}
+			w.Notif = chunkNotif(room, uid, chunk, total, n, len(src), lo+shift, hi+shift, shift, layers+shift)
+			writes = append(writes, w)
+		case whole:
+			// Nothing to write here (a dummy, or pages decode holds): the
+			// chunk's one notification completes its count.
+			w := base
+			w.Notif = chunkNotif(room, uid, chunk, total, n, 0, shift, layers+shift, shift, layers+shift)
+			writes = append(writes, w)
+		}
+		if !last || !whole {
 			continue
 		}
 		for i, dstItems := range req.StateIndices {
@@ -643,10 +700,19 @@ func (c *prefillCore) sendChunk(now time.Time, room uint64, pages []uint32, last
 	// The worker posts these in order, one at a time: only the room's very
 	// final write may complete it.
 	for i := range writes {
-		writes[i].Last = last && i == len(writes)-1
+		writes[i].Last = last && whole && i == len(writes)-1
 	}
 	c.emit(Effect{Kind: EffectPost, Room: room, Writes: writes})
 	return nil
+}
+
+// chunkNotif is a chunk write's notification (docs/PROTOCOL.md, "Data
+// plane: notifications"): the chunk, the positions [off, off+n) of the
+// REQUEST's dst_pages it wrote, the layers [lo, hi) it wrote and the
+// layers [spanLo, spanHi) this prefill rank writes at all, in the decode
+// rank's numbering.
+func chunkNotif(room uint64, uid, chunk, total, off, n, lo, hi, spanLo, spanHi int) string {
+	return fmt.Sprintf("kvb1:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d", room, uid, chunk, total, off, n, lo, hi, spanLo, spanHi)
 }
 
 func stateAt(state [][]uint32, i int) []uint32 {

@@ -473,6 +473,15 @@ func (d *Decode) Released(room uint64) <-chan struct{} {
 	return ch
 }
 
+// Report returns a room's load report (which pages and layers landed, the
+// failure's code and reason) once nothing more can land: after Success, or
+// after a failure once Released is closed; ok is false before, and once
+// the room is cleared.
+func (d *Decode) Report(room uint64) (r LoadReport, ok bool) {
+	d.read(func(c *Core) { r, ok = c.Report(room) })
+	return r, ok
+}
+
 // notifier drains the agent's notifications and steps them into the core.
 // It blocks on the engine's wake-up channel where there is one (no timer:
 // an idle rank costs no CPU, issue 24). Otherwise
@@ -562,12 +571,12 @@ func (d *Decode) onNotif(s string) {
 		d.log.Warn("unknown notification", zap.String("notif", s))
 		return
 	}
-	room := n.room
+	room := n.Room
 	var before, after Poll
 	var started, at time.Time
 	d.step(func(c *Core, now time.Time) {
 		before, _ = c.Status(room)
-		c.Step(now, Notified{Room: n.room, UID: n.uid, Chunk: n.chunk, Total: n.total, Aux: n.aux})
+		c.Step(now, n)
 		after, _ = c.Status(room)
 		if rm := c.reg.rooms[room]; rm != nil && rm.dec != nil {
 			started, at = rm.dec.started, now

@@ -44,6 +44,10 @@ var (
 	ErrNoWriteInFlight = errors.New("kvmanager: no write in flight")
 	// ErrInvalidEvent: an event with an unknown kind, role or status.
 	ErrInvalidEvent = errors.New("kvmanager: invalid event")
+	// ErrLayers: a layer-wise send out of order (a chunk's layers go in
+	// consecutive ranges from 0 to the rank's layer count) or naming
+	// another chunk than the one whose layers are being sent.
+	ErrLayers = errors.New("kvmanager: layer range out of order")
 	// ErrClosed: the registry was closed.
 	ErrClosed = errors.New("kvmanager: registry closed")
 )

@@ -329,7 +329,7 @@ func TestPagesHeldWhileTheRoomIsLive(t *testing.T) {
 		}
 		// Success frees the pages at once.
 		c, writes := prefillChunkQueued(t, mutants)
-		if err := c.sendChunk(t0, 1, nil, true, -1, nil); err != nil {
+		if err := c.sendChunk(t0, SendChunk{Room: 1, Pages: nil, Last: true, AuxIndex: -1}); err != nil {
 			t.Fatal(err)
 		}
 		for _, e := range c.Effects() {
@@ -555,7 +555,7 @@ func TestPagesFreeOnceTheirFinalWriteIsPosted(t *testing.T) {
 		if !ask(decodeFrom, 1, 2) || !ask(other, 1, 2) {
 			t.Fatal("room 1's REQUESTs refused")
 		}
-		if err := c.sendChunk(t0, 1, []uint32{0}, true, -1, nil); err != nil {
+		if err := c.sendChunk(t0, SendChunk{Room: 1, Pages: []uint32{0}, Last: true, AuxIndex: -1}); err != nil {
 			t.Fatal(err)
 		}
 		var writes []transfer.Write

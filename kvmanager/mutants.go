@@ -44,6 +44,10 @@ const (
 	bugDeadHolderBlocks                         // a REQUEST is refused for a page held by a room that has ended (its writes may still land: the decode rank reuses it after its quarantine, as the protocol allows)
 	bugSpecRepeatAccepted                       // Decode.InitReceiver takes a spec naming a destination page twice
 	bugHeldPastFinalPost                        // a decode rank's pages stay held until the room's final write completes, though it may reuse them once it saw them land
+	bugChunkLayersIgnored                       // decode counts a chunk landed at its first layer group's notification
+	bugNotifUnchecked                           // a notification that contradicts its chunk's earlier ones (span, positions) is counted
+	bugReportUnproven                           // a failed room's load report is given before every source proved nothing else can land
+	bugLayerOrderUnchecked                      // prefill takes a chunk's layer ranges out of order
 	bugCount                                    // one past the last
 )
 
@@ -53,7 +57,8 @@ var bugNames = [bugCount]string{"", "ack-on-cleared-tombstone", "failed-write-dr
 	"register-epoch-late", "relookup-forgets-endpoint", "refusal-not-told",
 	"quarantine-now", "wake-early", "no-abort-ack", "restart-keeps-rooms", "extra-request-accepted",
 	"tombstone-bound-ignored", "not-drained-releases", "stale-status-fails", "pending-bound-ignored", "sweep-map-order", "no-tomb-trim", "owed-not-resent",
-	"overlap-accepted", "repeat-accepted", "in-use-accepted", "dead-holder-blocks", "spec-repeat-accepted", "held-past-final-post"}
+	"overlap-accepted", "repeat-accepted", "in-use-accepted", "dead-holder-blocks", "spec-repeat-accepted", "held-past-final-post",
+	"chunk-layers-ignored", "notif-unchecked", "report-unproven", "layer-order-unchecked"}
 
 func (b bugID) String() string {
 	if b == 0 || b >= bugCount {

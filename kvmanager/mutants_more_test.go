@@ -86,7 +86,7 @@ func TestDoneWokenOnlyWhenTerminal(t *testing.T) {
 			}
 			return n
 		}
-		c.notification(t0, 1, 0, 0, 0, false) // chunk 0 of a room of 2
+		c.notification(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 0, Aux: false}) // chunk 0 of a room of 2
 		if st, _ := c.Status(1); st != Transferring {
 			t.Fatalf("after the first chunk: %v", st)
 		}
@@ -96,11 +96,11 @@ func TestDoneWokenOnlyWhenTerminal(t *testing.T) {
 		if !fixed {
 			return
 		}
-		c.notification(t0, 1, 0, 1, 2, false)
+		c.notification(t0, Notified{Room: 1, UID: 0, Chunk: 1, Total: 2, Aux: false})
 		if n := woken(c.Effects()); n != 0 {
 			t.Fatalf("done woken %d times before the aux item", n)
 		}
-		c.notification(t0, 1, 0, 0, 0, true)
+		c.notification(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 0, Aux: true})
 		if st, _ := c.Status(1); st != Success {
 			t.Fatalf("after every chunk and the aux: %v", st)
 		}

@@ -228,6 +228,30 @@ func (p *Prefill) SendChunk(room uint64, pages []uint32, last bool, auxIndex int
 	return err
 }
 
+// SendLayers queues layers [lo, hi) of a chunk of the room's pages: this
+// rank's own layers, 0 … Layers()−1. A chunk is sent by calls with
+// consecutive ranges from 0 to Layers(), each naming the same pages, last,
+// auxIndex and state (ErrLayers otherwise); its state items and aux item
+// follow its final range, and the next chunk's pages continue after it.
+// Each call is one write per decode rank with one notification, so the
+// ranges are the layer groups. ready (nil: the data is in place) is asked
+// before each of the call's writes is posted, for example the CUDA event
+// recorded after the kernel that wrote the layers (gpu.Event.Ready): the
+// pool posts other rooms' writes meanwhile, and fails the room's write,
+// unposted, on ready's error or when it has not said true within the
+// stall timeout. SendChunk is SendLayers over every layer.
+func (p *Prefill) SendLayers(room uint64, pages []uint32, lo, hi int, last bool, auxIndex int, ready transfer.Ready, state [][]uint32) (err error) {
+	p.step(func(c *Core, now time.Time) {
+		err = c.Step(now, SendChunk{Room: room, Pages: pages, Last: last, AuxIndex: auxIndex, State: state,
+			Layers: transfer.Layers{Lo: lo, Hi: hi}, Ready: ready}).Err
+	})
+	return err
+}
+
+// Layers is how many layers this rank holds (its PP stage's): the range
+// SendLayers numbers.
+func (p *Prefill) Layers() int { return max(len(p.cfg.Layout.Regions)/2, 1) }
+
 // AbortSender fails the room from the prefill side; its decode ranks are
 // told.
 func (p *Prefill) AbortSender(room uint64, reason string) (res Result) {

@@ -289,8 +289,8 @@ func TestIdlePeersAreUnwatched(t *testing.T) {
 		if got := unwatched(d.Effects()); len(got) != 0 {
 			t.Fatalf("unwatched %v while a room is live", got)
 		}
-		d.notification(t0, 1, 0, 0, 1, false)
-		d.notification(t0, 1, 0, 0, 0, true) // aux: Success
+		d.notification(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 1, Aux: false})
+		d.notification(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 0, Aux: true}) // aux: Success
 		d.clearReceiver(t0, 1)
 		d.tickAll(t0)
 		if got := unwatched(d.Effects()); (len(got) == 1 && got[0] == prefillFrom.Endpoint) != fixed {
@@ -382,7 +382,7 @@ func prefillChunkQueued(t *testing.T, mutants []bugID) (*Core, []transfer.Write)
 	c.initSender(t0, 1)
 	c.receive(t0, request(1, decodeFrom))
 	c.Effects()
-	if err := c.sendChunk(t0, 1, []uint32{0}, false, -1, nil); err != nil {
+	if err := c.sendChunk(t0, SendChunk{Room: 1, Pages: []uint32{0}, Last: false, AuxIndex: -1}); err != nil {
 		t.Fatal(err)
 	}
 	var writes []transfer.Write

@@ -99,6 +99,9 @@ type simRoomSpec struct {
 	chunks   int
 	dummies  []int // prefill ranks that are dummy links (they write nothing, as MLA's extra ranks)
 	required int   // REQUESTs a prefill rank waits for (0: len(decodes)); fewer than decodes sends more REQUESTs than required
+	// layered: each chunk is sent layer by layer (simLayers calls of one
+	// layer each), not in one call.
+	layered bool
 }
 
 func (r simRoomSpec) req() int {
@@ -144,9 +147,13 @@ func simDests(r simRoomSpec) (pages []uint32, aux int) {
 	return pages, slot
 }
 
+// simLayers is how many layers simLayout holds (two regions each).
+const simLayers = 2
+
 func simLayout() transfer.Layout {
 	return transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, AuxItemBytes: 16, Aux: nixl.Desc{Addr: 0x9000, Len: simAuxItems * 16},
-		Regions: []nixl.Desc{{Addr: 0x1000, Len: simPages * 64}, {Addr: 0x2000, Len: simPages * 64}}}
+		Regions: []nixl.Desc{{Addr: 0x1000, Len: simPages * 64}, {Addr: 0x2000, Len: simPages * 64},
+			{Addr: 0x3000, Len: simPages * 64}, {Addr: 0x4000, Len: simPages * 64}}}
 }
 
 type simProc struct {
@@ -185,8 +192,18 @@ type simWrite struct {
 	landed  bool // its data is in (a paused pool has not seen it complete)
 	aborted bool // the prefill process had heard the room's ABORT from its destination when it posted it
 	pages   []uint32
+	layers  transfer.Layers
 	auxDst  int
 	remote  string // the destination agent
+}
+
+// simCell is one page and layer of a room, landed in a decode process
+// from a prefill slot (the simulator's record of what arrived).
+type simCell struct {
+	dInc, src int
+	room      uint64
+	page      uint32
+	layer     int
 }
 
 // simSide is what the application did with a room on one rank.
@@ -196,6 +213,7 @@ type simSide struct {
 	abortApplied                   bool // decode: an app abort changed the room
 	clearAt                        time.Time
 	sent                           int // prefill: chunks sent
+	layer                          int // prefill: layers of the next chunk sent (layered rooms)
 	abortAt                        time.Time
 	abortInc                       []int // decode: prefill incarnations at abort time
 }
@@ -255,6 +273,7 @@ type simWorld struct {
 	failedAt map[[2]int]time.Time
 	rel      map[[2]int]simRel // (decode inc, room): pages released
 	reported map[string]bool   // deaths heartbeats reported (reporter, endpoint, process there)
+	got      map[simCell]bool  // pages and layers landed
 	// Faults used (bounded by the configuration).
 	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales int
 	calm                                                                                  bool // the quiet phase: no faults
@@ -476,6 +495,9 @@ func (w *simWorld) checkWake(p *simProc, e Effect) {
 			if !rm.status.Terminal() {
 				w.fail("room %d: %s woke its done waiter while %v", e.Room, p.from.Peer(), rm.status)
 			}
+			if rm.status == Success && rm.dec != nil {
+				w.landedAll(p, e.Room)
+			}
 			if rm.status == Success && rm.dec == nil {
 				// A room bound to a dead epoch fails: it cannot succeed
 				// after a decode process whose REQUEST it took died (a
@@ -496,6 +518,29 @@ func (w *simWorld) checkWake(p *simProc, e Effect) {
 		if h, ok := d.holds[e.Room]; ok && h.ch == e.Wake {
 			w.fail("room %d: %s woke its hold's waiter while the pages are held", e.Room, p.from.Peer())
 		}
+	}
+}
+
+// landedAll: a decode room succeeds only when every page and layer of it
+// landed from every prefill rank that writes it.
+func (w *simWorld) landedAll(p *simProc, room uint64) {
+	spec := w.roomSpec(room)
+	dests, _ := simDests(spec)
+	for _, src := range spec.prefills {
+		if slices.Contains(spec.dummies, src) {
+			continue
+		}
+		for _, pg := range dests {
+			for l := 0; l < simLayers; l++ {
+				if !w.got[simCell{dInc: p.inc, src: src, room: room, page: pg, layer: l}] {
+					w.fail("room %d: %s succeeded without page %d layer %d from prefill %d", room, p.from.Peer(), pg, l, src)
+					return
+				}
+			}
+		}
+	}
+	if spec.layered {
+		w.cov.hit("layered room succeeded")
 	}
 }
 
@@ -566,9 +611,105 @@ func (w *simWorld) land(wr simWrite) {
 			w.cov.hit("write landed after a forced release (prefill had not heard the ABORT)")
 		}
 	}
+	if len(wr.pages) > 0 {
+		w.got = maps.Clone(w.got) // clones share it
+		if w.got == nil {
+			w.got = map[simCell]bool{}
+		}
+		lo, hi := wr.layers.Lo, wr.layers.Hi
+		if hi == 0 {
+			lo, hi = 0, simLayers
+		}
+		for _, pg := range wr.pages {
+			for l := lo; l < hi; l++ {
+				w.got[simCell{dInc: wr.dstInc, src: w.incSlot[wr.srcInc], room: wr.room, page: pg, layer: l}] = true
+			}
+		}
+	}
 	if d := w.procs[wr.dstSlot]; d.inc == wr.dstInc && !d.dead && wr.notif != "" {
 		d.notifs = append(d.notifs, wr.notif)
 	}
+}
+
+// checkReport: a decode room's load report is given only once nothing
+// more can land (terminal, pages released), claims only pages and layers
+// that landed from the source it names, and on Success claims all of
+// them; a failed room's has a code.
+func (w *simWorld) checkReport(p *simProc, room uint64) {
+	rep, ok := p.core.Report(room)
+	st, live := p.core.Status(room)
+	_, held := p.core.decodeCore.holds[room]
+	switch {
+	case !live:
+		return
+	case ok && (held || !st.Terminal()):
+		w.fail("room %d: %s gave a load report while %v with its pages held", room, p.from.Peer(), st)
+		return
+	case !ok && !held && st.Terminal():
+		w.fail("room %d: %s gave no load report once %v and released", room, p.from.Peer(), st)
+		return
+	case !ok:
+		return
+	case st == Failed && rep.Code == "":
+		w.fail("room %d: %s's load report of a failed room has no code", room, p.from.Peer())
+	}
+	spec := w.roomSpec(room)
+	dests, _ := simDests(spec)
+	for _, sr := range rep.Sources {
+		if sr.Source < 0 || sr.Source >= len(spec.prefills) {
+			w.fail("room %d: load report names source %d", room, sr.Source)
+			continue
+		}
+		src := spec.prefills[sr.Source]
+		for _, l := range sr.Landed {
+			for i := l.First; i < l.First+l.Count; i++ {
+				for layer := l.LayerLo; layer < l.LayerHi; layer++ {
+					if i < 0 || i >= len(dests) || !w.got[simCell{dInc: p.inc, src: src, room: room, page: dests[i], layer: layer}] {
+						w.fail("room %d: %s's load report says page %d layer %d landed from prefill %d; it did not", room, p.from.Peer(), i, layer, src)
+						return
+					}
+				}
+			}
+		}
+		if st == Success && !slices.Contains(spec.dummies, src) {
+			n := 0
+			for _, l := range sr.Landed {
+				n += l.Count * (l.LayerHi - l.LayerLo)
+			}
+			if n != len(dests)*simLayers {
+				w.fail("room %d: %s's load report of a successful room lists %d of %d page layers from prefill %d", room, p.from.Peer(), n, len(dests)*simLayers, src)
+			}
+		}
+		if len(sr.Landed) > 0 && st == Failed {
+			w.cov.hit("load report of a failed room with pages")
+		}
+	}
+	w.cov.hit("load report " + st.String())
+}
+
+// betweenLayers reports whether a prefill rank has sent some layers of a
+// chunk of the room (any room: −1) and not the rest.
+func (w *simWorld) betweenLayers(room int64) bool {
+	for _, r := range w.rooms {
+		if !r.layered || (room >= 0 && r.id != uint64(room)) {
+			continue
+		}
+		for _, ps := range r.prefills {
+			if sd := w.sides[[2]uint64{uint64(ps), r.id}]; sd != nil && sd.layer > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (w *simWorld) roomSpec(id uint64) simRoomSpec {
+	for _, r := range w.rooms {
+		if r.id == id {
+			return r
+		}
+	}
+	panic(fmt.Sprintf("no room %d", id))
 }
 
 func (w *simWorld) removeWrite(id int) simWrite {
@@ -684,7 +825,7 @@ func (w *simWorld) events() []simEvent {
 					w.fail("bad notification %q", nt)
 					return
 				}
-				p.core.Step(w.now, Notified{Room: x.room, UID: x.uid, Chunk: x.chunk, Total: x.total, Aux: x.aux})
+				p.core.Step(w.now, x)
 				w.effects(s)
 			})
 		}
@@ -940,7 +1081,7 @@ func (w *simWorld) post(slot int) {
 	}
 	w.nextWrite++
 	w.writes = append(w.writes, simWrite{id: w.nextWrite, srcInc: p.inc, room: room, dstSlot: remoteSlot(wr.Remote),
-		dstInc: dstInc, notif: wr.Notif, last: wr.Last, posted: w.now, aborted: w.heard[k], pages: pages, auxDst: wr.AuxDst,
+		dstInc: dstInc, notif: wr.Notif, last: wr.Last, posted: w.now, aborted: w.heard[k], pages: pages, layers: wr.Layers, auxDst: wr.AuxDst,
 		remote: wr.Remote})
 }
 
@@ -979,6 +1120,20 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 					p.core.Step(w.now, InitSender{Room: r.id})
 					w.effects(ps)
 				}))
+			case sd.sent < r.chunks && !sd.aborted && r.layered:
+				if st == WaitingForInput || st == Transferring {
+					add(fmt.Sprintf("%s send chunk %d layer %d", name, sd.sent, sd.layer), at(func(w *simWorld, sd *simSide, p *simProc) {
+						k, l := sd.sent, sd.layer
+						if sd.layer++; sd.layer == simLayers {
+							sd.sent, sd.layer = sd.sent+1, 0
+						}
+						if err := p.core.Step(w.now, SendChunk{Room: r.id, Pages: []uint32{uint32(k)}, Last: k == r.chunks-1,
+							Layers: transfer.Layers{Lo: l, Hi: l + 1}}).Err; err == nil {
+							w.cov.hit("layer group sent")
+						}
+						w.effects(ps)
+					}))
+				}
 			case sd.sent < r.chunks && !sd.aborted:
 				if st == WaitingForInput || st == Transferring {
 					add(fmt.Sprintf("%s send chunk %d", name, sd.sent), at(func(w *simWorld, sd *simSide, p *simProc) {
@@ -995,6 +1150,9 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 					st, _ := p.core.Status(r.id)
 					if p.core.Step(w.now, AbortSender{Room: r.id, Reason: "app"}).Result.Outcome == Applied {
 						w.cov.hit("prefill abort in " + st.String())
+						if w.betweenLayers(int64(r.id)) {
+							w.cov.hit("prefill abort between layers")
+						}
 					}
 					w.effects(ps)
 				}))
@@ -1059,6 +1217,9 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 					}
 					if p.core.Step(w.now, AbortReceiver{Room: r.id, Reason: "app"}).Result.Outcome == Applied {
 						w.cov.hit("decode abort in " + stage)
+						if w.betweenLayers(int64(r.id)) {
+							w.cov.hit("decode abort between layers")
+						}
 						// The invariant follows aborts that changed the room.
 						sd.abortAt, sd.abortInc, sd.abortApplied = w.now, nil, true
 						for _, ps := range r.prefills {
@@ -1149,7 +1310,14 @@ func (w *simWorld) faultEvents(add func(string, func(*simWorld))) {
 			continue
 		}
 		if w.restarts < w.cfg.restarts {
-			add(fmt.Sprintf("restart %d", s), func(w *simWorld) { w.restarts++; w.kill(s); w.start(s, false) })
+			add(fmt.Sprintf("restart %d", s), func(w *simWorld) {
+				if w.betweenLayers(-1) {
+					w.cov.hit("restart between layers")
+				}
+				w.restarts++
+				w.kill(s)
+				w.start(s, false)
+			})
 		}
 		if w.kills < w.cfg.kills {
 			add(fmt.Sprintf("kill %d", s), func(w *simWorld) { w.kills++; w.kill(s) })
@@ -1227,6 +1395,11 @@ func (w *simWorld) checkState() {
 			continue
 		}
 		w.checkTables(p)
+		if p.core.decodeCore != nil {
+			for _, id := range slices.Sorted(maps.Keys(p.core.reg.rooms)) {
+				w.checkReport(p, id)
+			}
+		}
 	}
 	if !w.netQuiet() || w.losses > 0 || w.kills > 0 || w.pauses > 0 || w.lookupFails > 0 || w.stales > 0 {
 		// Once a message was lost, a rank killed or stopped, or a lookup

@@ -1,6 +1,7 @@
 package kvmanager
 
 import (
+	"cmp"
 	"encoding/binary"
 	"hash/maphash"
 	"maps"
@@ -166,6 +167,16 @@ func (w *simWorld) hash() [16]byte {
 			f.b1(m[k])
 		}
 	}
+	f.i(len(w.got))
+	for _, k := range slices.SortedFunc(maps.Keys(w.got), func(a, b simCell) int {
+		return cmp.Or(cmp.Compare(a.dInc, b.dInc), cmp.Compare(a.src, b.src), cmp.Compare(a.room, b.room), cmp.Compare(a.page, b.page), cmp.Compare(a.layer, b.layer))
+	}) {
+		f.i(k.dInc)
+		f.i(k.src)
+		f.u(k.room)
+		f.u(uint64(k.page))
+		f.i(k.layer)
+	}
 	for _, k := range sortedPairs(slices.Collect(maps.Keys(w.failedAt))) {
 		f.i(k[0])
 		f.i(k[1])
@@ -229,8 +240,20 @@ func (c *Core) hash(f *fp) {
 		f.u(s.epoch)
 		f.i(s.reregs)
 		for _, k := range slices.Sorted(maps.Keys(s.chunks)) {
+			cs := s.chunks[k]
 			f.i(k)
+			f.i(cs.off)
+			f.i(cs.n)
+			f.i(cs.spanLo)
+			f.i(cs.spanHi)
+			f.i(cs.left)
+			for _, g := range cs.got {
+				f.u(g)
+			}
 		}
+		f.i(s.full)
+		f.i(s.spanLo)
+		f.i(s.spanHi)
 		f.i(s.total)
 		f.b1(s.aux)
 		f.b1(s.acked)
@@ -259,6 +282,15 @@ func (c *Core) hash(f *fp) {
 		f.b1(rm.readyWoken)
 		f.i(rm.pre.sent)
 		f.i(rm.pre.chunk)
+		if op := rm.pre.open; op != nil {
+			f.i(op.next)
+			f.b1(op.last)
+			f.i(op.auxIndex)
+			f.i(len(op.pages))
+		}
+		if rm.dec != nil {
+			f.s(rm.dec.code)
+		}
 		if rm.dec != nil {
 			f.b1(rm.dec.init)
 			for _, s := range rm.dec.sources {
@@ -434,7 +466,12 @@ func (c *Core) clone() *Core {
 			return d
 		}
 		d := *s
-		d.chunks = maps.Clone(s.chunks)
+		d.chunks = make(map[int]*chunkSeen, len(s.chunks))
+		for k, cs := range s.chunks {
+			c := *cs
+			c.got = slices.Clone(cs.got)
+			d.chunks[k] = &c
+		}
 		srcs[s] = &d
 		return &d
 	}
@@ -443,6 +480,10 @@ func (c *Core) clone() *Core {
 		cp := *rm
 		cp.requests = slices.Clone(rm.requests)
 		cp.acks = slices.Clone(rm.acks)
+		if op := rm.pre.open; op != nil {
+			o := *op
+			cp.pre.open = &o
+		}
 		if rm.dec != nil {
 			dec := *rm.dec
 			dec.sources = make([]*source, len(rm.dec.sources))

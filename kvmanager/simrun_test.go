@@ -29,6 +29,12 @@ func simRoom(id uint64, decodes, prefills []int, chunks int) simRoomSpec {
 	return simRoomSpec{id: id, decodes: decodes, prefills: prefills, chunks: chunks}
 }
 
+func simRoomLayered(id uint64, decodes, prefills []int, chunks int) simRoomSpec {
+	r := simRoom(id, decodes, prefills, chunks)
+	r.layered = true
+	return r
+}
+
 // simExhaustiveConfigs are explored completely in make test. Time jumps
 // are off where no deadline is involved (each jump multiplies the space by
 // about 40); make sim explores them with deeper bounds (simDeepConfigs).
@@ -73,7 +79,7 @@ func simExhaustiveConfigs() map[string]simCase {
 		// pauses; with the quiet phase's liveness checks where marked.
 		"1→1: kill -9, start on a new endpoint; stale lookups, watch pushes; liveness": mk(func(c *simConfig) {
 			c.kills, c.staleViews, c.pushes, c.live, c.noClear, c.decodeAbort = 1, true, true, true, true, true
-		}, "restart on a new endpoint", "stale lookup", "discovery push", "message to a gone process"),
+		}, "restart on a new endpoint", "stale lookup", "discovery push", "message to a gone process", "write to a gone process failed"),
 		// The one time jump goes past every room deadline and the
 		// quarantine at once (each jump length multiplies the space).
 		"1→1, two rooms; pending bounds 1 (a REQUEST refused for want of room)": mk(func(c *simConfig) {
@@ -98,6 +104,22 @@ func simExhaustiveConfigs() map[string]simCase {
 		"1→1: a rank restarts in place, a message is replayed": mk(func(c *simConfig) {
 			c.restarts, c.replays, c.noClear = 1, 1, true
 		}, "message replayed"),
+		// Layer-wise rooms (issue 25): each chunk in two calls of one
+		// layer; writes of one layer fail, land late or stall, aborts
+		// come between layers, ranks restart mid-room.
+		"1→1 layer-wise: a layer's write fails, lands late or stalls; decode aborts between layers": mk(func(c *simConfig) {
+			c.rooms, c.mayLand, c.decodeAbort, c.noClear = []simRoomSpec{simRoomLayered(7, []int{0}, []int{0}, 1)}, true, true, true
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
+		}, "layer group sent", "layered room succeeded", "failed write landed", "decode abort between layers",
+			"load report Failed", "load report Success", "load report of a failed room with pages", "release after drained ABORT_ACKs"),
+		"1→1 layer-wise, 2 chunks: prefill aborts between layers": mk(func(c *simConfig) {
+			c.rooms, c.prefillAbort, c.writesOK, c.noClear = []simRoomSpec{simRoomLayered(7, []int{0}, []int{0}, 2)}, true, true, true
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
+		}, "layer group sent", "layered room succeeded", "prefill abort between layers", "load report Failed", "load report of a failed room with pages"),
+		"1→1 layer-wise: a rank restarts mid-room (one time jump)": mk(func(c *simConfig) {
+			c.rooms, c.restarts, c.ticks, c.writesOK, c.noClear = []simRoomSpec{simRoomLayered(7, []int{0}, []int{0}, 1)}, 1, 1, true, true
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
+		}, "layer group sent", "layered room succeeded", "restart between layers", "load report Failed", "load report of a failed room with pages"),
 		"1→1: a rank pauses past a time jump; liveness": mk(func(c *simConfig) {
 			c.pauses, c.ticks, c.live, c.noClear, c.writesOK = 1, 1, true, true, true
 		}, "paused past the heartbeat bound"),
@@ -158,6 +180,8 @@ func simRandomConfig() simConfig {
 		simRoom(4, []int{1}, []int{0, 1}, 2),
 		simRoom(5, []int{0}, []int{1}, 1),
 		r6,
+		simRoomLayered(7, []int{0}, []int{1}, 2),
+		simRoomLayered(8, []int{1}, []int{0, 1}, 1),
 	}
 	c.spawn = 40
 	return c
@@ -254,7 +278,9 @@ var simRandomCoverage = map[string]int{
 	"prefill abort in Bootstrapping": 100, "prefill abort in WaitingForInput": 20, "prefill abort in Transferring": 10,
 	"failed write landed": 50, "forced release": 250, "release after drained ABORT_ACKs": 1500, "release after success": 90,
 	"ABORT_ACK drained=true": 2000, "ABORT_ACK drained=false": 80, "table bound reached: reg.tombs": 1000,
-	"REQUEST beyond the room's required": 20, "write to a gone process failed": 1,
+	"REQUEST beyond the room's required": 20, // "write to a gone process failed": rare here, asserted by the kill configuration
+	"layer group sent":                   600, "layered room succeeded": 45, "decode abort between layers": 5, "prefill abort between layers": 5,
+	"restart between layers": 5, "load report Failed": 10000, "load report Success": 5000, "load report of a failed room with pages": 1000,
 }
 
 // TestSimRandom: swarm-random runs from fixed seeds (SIM_SEED_BASE moves

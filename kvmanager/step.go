@@ -21,12 +21,18 @@ type (
 	InitSender struct{ Room uint64 }
 	// SendChunk hands a chunk of source pages (the room's next ones) to
 	// the transfer: one write per decode rank; Last carries aux and state.
+	// Layers (zero: all) sends only those layers of the chunk: a chunk is
+	// sent by consecutive ranges from 0 to the rank's layer count, each
+	// naming the same pages, Last, AuxIndex and State; the chunk's aux and
+	// state follow its final range. Ready, if set, gates the posts.
 	SendChunk struct {
 		Room     uint64
 		Pages    []uint32
 		Last     bool
 		AuxIndex int
 		State    [][]uint32
+		Layers   transfer.Layers
+		Ready    transfer.Ready
 	}
 	// AbortSender fails the room from this side.
 	AbortSender struct {
@@ -118,6 +124,11 @@ type (
 		UID          int
 		Chunk, Total int
 		Aux          bool
+		// Off, N: the positions [Off, Off+N) of the REQUEST's dst_pages
+		// the write filled; Lo, Hi: its layers, of the source's layers
+		// [SpanLo, SpanHi), in this rank's numbering. Hi 0: a whole chunk
+		// of an earlier revision's notification (positions not told).
+		Off, N, Lo, Hi, SpanLo, SpanHi int
 	}
 )
 
@@ -230,7 +241,7 @@ func (c *Core) Step(now time.Time, in Input) Output {
 		case InitSender:
 			return Output{Result: p.initSender(now, in.Room)}
 		case SendChunk:
-			return Output{Err: p.sendChunk(now, in.Room, in.Pages, in.Last, in.AuxIndex, in.State)}
+			return Output{Err: p.sendChunk(now, in)}
 		case AbortSender:
 			return Output{Result: p.abortSender(now, in.Room, in.Reason)}
 		case ClearSender:
@@ -260,7 +271,7 @@ func (c *Core) Step(now time.Time, in Input) Output {
 	case RefuseRoom:
 		d.refuseRoom(now, in.Room, in.Targets, in.Reason)
 	case Notified:
-		d.notification(now, in.Room, in.UID, in.Chunk, in.Total, in.Aux)
+		d.notification(now, in)
 	case Resolved:
 		d.resolvedRecord(now, in.Target, in.Endpoint, in.ServerKey, in.Cert, in.Epoch)
 	case ResolveFailed:

@@ -88,6 +88,13 @@ func (r *Receiver) Abort(reason string) { r.d.AbortReceiver(r.room, reason) }
 // valid after Clear.
 func (r *Receiver) Released() <-chan struct{} { return r.d.Released(r.room) }
 
+// Report says what of the room landed (positions of the spec's DstPages ×
+// layers, per prefill rank, and Whole across them) and the failure's code,
+// so an engine can recompute only what is missing. ok is false until
+// nothing more can land: wait for Released after a failure, and read it
+// before Clear.
+func (r *Receiver) Report() (kvmanager.LoadReport, bool) { return r.d.Report(r.room) }
+
 // Failure returns the first failure reason, naming the peer.
 func (r *Receiver) Failure() string { return r.d.Failure(r.room) }
 

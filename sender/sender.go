@@ -16,6 +16,7 @@ import (
 	"fmt"
 
 	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/transfer"
 )
 
 // Sender sends one room's KV cache.
@@ -54,6 +55,25 @@ func (s *Sender) Init() error {
 func (s *Sender) Send(pages []uint32, last bool, auxIndex int, state ...[]uint32) error {
 	return s.p.SendChunk(s.room, pages, last, auxIndex, state)
 }
+
+// SendLayers queues layers [lo, hi) of a chunk (this rank's layers, 0 …
+// Layers()−1) as soon as ready says the data is in place (nil: now), so
+// a chunk's transfer overlaps its forward pass. A chunk is sent by calls
+// with consecutive ranges from 0 to Layers(), each naming the same pages,
+// last, auxIndex and state; each call is one layer group (one write and
+// one notification per decode rank). Send is SendLayers over every layer.
+//
+//	for l := 0; l < s.Layers(); l++ {
+//		forward(l)                           // writes layer l's KV into pages
+//		ev, _ := stream.Record()             // after the kernel that wrote it
+//		s.SendLayers(pages, l, l+1, last, aux, ev.Ready())
+//	}
+func (s *Sender) SendLayers(pages []uint32, lo, hi int, last bool, auxIndex int, ready transfer.Ready, state ...[]uint32) error {
+	return s.p.SendLayers(s.room, pages, lo, hi, last, auxIndex, ready, state)
+}
+
+// Layers is how many layers this prefill rank holds (SendLayers' range).
+func (s *Sender) Layers() int { return s.p.Layers() }
 
 // WaitReady blocks until every required decode rank has requested the room
 // (WaitingForInput) or the room is over, and returns the status.

@@ -29,6 +29,14 @@ type Write struct {
 	// Slice (optional) writes a head slice into the peer's pages (the rank
 	// mapping): heads and a region offset instead of whole pages.
 	Slice *Slice
+	// Layers [Lo, Hi) restricts a page write to those layers of this
+	// rank (regions 2·Lo … 2·Hi−1); the zero value writes every layer.
+	Layers Layers
+	// Ready (optional) is asked before the write is posted: the worker
+	// posts other rooms' writes until it answers true (a layer's kernel
+	// finished), and fails the write, unposted, on its error or when it
+	// has not answered true within the stall timeout.
+	Ready Ready
 	Notif string // "" for a write without a notification
 	Last  bool   // the room's final write to this peer
 	// PeerKey and Epoch name the decode process whose REQUEST gave the
@@ -36,6 +44,27 @@ type Write struct {
 	PeerKey string
 	Epoch   uint64
 }
+
+// Layers is a range [Lo, Hi) of a rank's layers; Hi 0 means every layer.
+type Layers struct{ Lo, Hi int }
+
+// regions returns the KV region range [lo, hi) the layers cover out of n
+// regions (two per layer, K before V), clipped to them.
+func (l Layers) regions(n int) (lo, hi int) {
+	if l.Hi == 0 {
+		return 0, n
+	}
+	return min(max(2*l.Lo, 0), n), min(max(2*l.Hi, 0), n)
+}
+
+// Ready reports whether the data a write reads is in place (for example a
+// CUDA event of the kernel that wrote a layer: gpu.Event.Ready). An error
+// fails the write before anything is posted.
+type Ready func() (bool, error)
+
+// ErrNotReady fails a write whose Ready did not answer true within the
+// stall timeout.
+var ErrNotReady = errors.New("transfer: the write's data was not ready within the stall timeout")
 
 // Job is one chunk of a room: its writes, posted in order by one worker.
 type Job struct {
@@ -176,7 +205,16 @@ type roomWork struct {
 	jobs []Job
 	next int  // next write of jobs[0]
 	busy bool // a write in flight
+	// waitSince: when the next write was first found not Ready (zero:
+	// not waiting).
+	waitSince time.Time
 }
+
+// Backoff of the poll of writes whose data is not ready yet.
+const (
+	readyPollMin = 10 * time.Microsecond
+	readyPollMax = 500 * time.Microsecond
+)
 
 // flight is a write posted and not yet final.
 type flight struct {
@@ -197,15 +235,29 @@ func (p *Pool) worker(q chan Job) {
 	done := make(chan *nixl.Xfer, p.cfg.InFlight)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var waiting []*roomWork // rooms whose next write's data is not ready
+	readyTimer := time.NewTimer(time.Hour)
+	defer readyTimer.Stop()
+	readyPoll := readyPollMin
 	for q != nil || len(rooms) > 0 {
 		for len(flights) < p.cfg.InFlight && len(turn) > 0 {
 			rw := turn[0]
 			turn = turn[1:]
+			readyErr := p.ready(rw, q == nil)
+			if readyErr == errWait {
+				waiting = append(waiting, rw)
+				continue
+			}
+			if readyErr == nil {
+				readyPoll = readyPollMin // something became ready: poll the rest soon
+			}
 			j, w := rw.take()
 			if !j.Gate(w) {
 				if j.Dropped != nil {
 					j.Dropped(w)
 				}
+			} else if readyErr != nil {
+				j.Done(w, readyErr, true) // never posted
 			} else if f, posted, err := p.start(w, done); f != nil {
 				f.rw, f.job = rw, j
 				rw.busy = true
@@ -242,7 +294,21 @@ func (p *Pool) worker(q chan Job) {
 				stall = timer.C
 			}
 		}
+		var readyC <-chan time.Time
+		if len(waiting) > 0 {
+			if !readyTimer.Stop() {
+				select {
+				case <-readyTimer.C:
+				default:
+				}
+			}
+			readyTimer.Reset(readyPoll)
+			readyC = readyTimer.C
+		}
 		select {
+		case <-readyC:
+			turn, waiting = append(turn, waiting...), nil
+			readyPoll = min(2*readyPoll, readyPollMax)
 		case x := <-done:
 			f := flights[x]
 			delete(flights, x)
@@ -289,6 +355,37 @@ func (p *Pool) worker(q chan Job) {
 			}
 		}
 	}
+}
+
+// errWait: the room's next write waits for its data (Ready said no).
+var errWait = errors.New("transfer: waiting for data")
+
+// ready asks the room's next write whether its data is in place: nil
+// (post it), errWait (ask again later), or the error that fails it
+// unposted — Ready's own, ErrNotReady past the stall timeout, ErrClosed
+// when the pool is closing.
+func (p *Pool) ready(rw *roomWork, closing bool) error {
+	w := &rw.jobs[0].Writes[rw.next]
+	if w.Ready == nil {
+		return nil
+	}
+	ok, err := w.Ready()
+	switch {
+	case err != nil:
+		err = fmt.Errorf("transfer: the write's data: %w", err)
+	case ok:
+	case closing:
+		err = ErrClosed
+	case rw.waitSince.IsZero():
+		rw.waitSince = time.Now()
+		return errWait
+	case time.Since(rw.waitSince) < p.cfg.Stall:
+		return errWait
+	default:
+		err = fmt.Errorf("%w (%v)", ErrNotReady, p.cfg.Stall)
+	}
+	rw.waitSince = time.Time{}
+	return err
 }
 
 // take returns the room's next write (one is pending).
@@ -374,7 +471,10 @@ func (p *Pool) startOnce(w *Write, notif []byte, done chan<- *nixl.Xfer) (f *fli
 // prepOwn prepares a write's own lists (a head slice whose pieces are too
 // many to keep prepared).
 func (p *Pool) prepOwn(w *Write) (l, r *nixl.Prepped, idx []int, err error) {
-	local, remote := ExpandSlice(w.Runs, p.local, w.Peer, w.Slice)
+	loc, sl := p.local, *w.Slice
+	rlo, rhi := w.Layers.regions(len(loc.Regions))
+	loc.Regions, sl.RegionOffset = loc.Regions[rlo:rhi], sl.RegionOffset+rlo
+	local, remote := ExpandSlice(w.Runs, loc, w.Peer, &sl)
 	if l, err = p.agent.PrepLocal(p.local.Kind, local); err != nil {
 		return nil, nil, nil, err
 	}

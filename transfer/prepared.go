@@ -338,7 +338,8 @@ func (ls *lists) indices(w *Write) (l, r *nixl.Prepped, li, ri []int, ref *peerL
 			return nil, nil, nil, nil, nil, false, nil
 		}
 		n := lsl.pieces
-		for i := range local.Regions {
+		rlo, rhi := w.Layers.regions(len(local.Regions))
+		for i := rlo; i < rhi; i++ {
 			for _, run := range w.Runs {
 				for k := uint32(0); k < run.Len; k++ {
 					if int(run.Src+k) >= self.pages || int(run.Dst+k) >= peer.pages {
@@ -371,8 +372,9 @@ func (ls *lists) pages(w *Write, self *sideLists, peer *peerLists, offset int,
 	for _, run := range w.Runs {
 		n += int(run.Len)
 	}
-	li, ri := make([]int, 0, n*len(local.Regions)), make([]int, 0, n*len(local.Regions))
-	for i := range local.Regions {
+	rlo, rhi := w.Layers.regions(len(local.Regions))
+	li, ri := make([]int, 0, n*(rhi-rlo)), make([]int, 0, n*(rhi-rlo))
+	for i := rlo; i < rhi; i++ {
 		for _, run := range w.Runs {
 			if int(run.Src+run.Len) > self.pages || int(run.Dst+run.Len) > peer.pages {
 				return fail("pages %d+%d → %d+%d are outside the regions (%d, %d pages)", run.Src, run.Len, run.Dst, run.Len, self.pages, peer.pages)
