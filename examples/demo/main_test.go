@@ -266,7 +266,9 @@ func TestDemoRefusesTopology(t *testing.T) {
 		{"-compute", "tinyllm", "-prefill-tp", "3"},
 	} {
 		var code int
-		out := capture.Stderr(t, func() { code = run(append(args, "-bin", "/nonexistent")) })
+		// (-requests 1 -gen 1: were the check missing, the run would fail
+		// fast at starting the ranks, after a one-request reference.)
+		out := capture.Stderr(t, func() { code = run(append(args, "-bin", "/nonexistent", "-requests", "1", "-gen", "1")) })
 		if code != 2 || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, "refused before starting any process") {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and one line", args, code, out)
 		}

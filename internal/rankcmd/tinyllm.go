@@ -535,18 +535,16 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 		if st != kvmanager.Failed {
 			rc.Abort("example: decode request ended: " + ev.Reason)
 		}
-		// The pages are reused only once no write of the room can land.
+		// The pages are reused only once no write of the room can land
+		// (after every prefill process that took the REQUEST acknowledged
+		// the abort, or the quarantine): the answer does not wait for it,
+		// so the router can retry at once.
 		ch := rc.Released()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			keep = true
-			ev.Error = "pages still quarantined at the request's deadline"
-			go func() {
-				<-ch
-				r.pages.Put(own)
-			}()
-		}
+		keep = true
+		go func() {
+			<-ch
+			r.pages.Put(own)
+		}()
 		if !t.generates() {
 			t.hold(gr.Room).fail(ev.Reason)
 		}

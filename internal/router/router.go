@@ -48,6 +48,9 @@ type Config struct {
 	Retries int
 	// Timeout bounds one attempt (default 60 s).
 	Timeout time.Duration
+	// Backoff is the wait before the first retry, doubling (default 100
+	// ms): a rank that restarts is back within a few.
+	Backoff time.Duration
 	// Client is the HTTP client for the ranks (default: a new one).
 	Client *http.Client
 }
@@ -121,6 +124,9 @@ func New(ctx context.Context, cfg Config) (*Router, error) {
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 60 * time.Second
+	}
+	if cfg.Backoff <= 0 {
+		cfg.Backoff = 100 * time.Millisecond
 	}
 	if len(cfg.Prefill) == 0 || len(cfg.Decode) == 0 {
 		return nil, errors.New("router: needs at least one prefill and one decode instance")
@@ -451,6 +457,10 @@ func (rt *Router) serveCompletions(w http.ResponseWriter, req *http.Request) {
 			id = fmt.Sprintf("cmpl-%d", room)
 		} else {
 			rt.retries.Inc()
+			select {
+			case <-time.After(rt.cfg.Backoff << (attempt - 1)):
+			case <-req.Context().Done():
+			}
 		}
 		rep.Room, rep.Attempts, rep.Prefill, rep.Decode = room, attempt+1, pre.Name, dec.Name
 		abort := ""
@@ -583,12 +593,11 @@ func (rt *Router) attempt(parent context.Context, pre, dec *Instance, room uint6
 	}
 	// The other decode ranks and the prefill ranks: their answers only
 	// matter if something failed.
+	gr := g // (the other ranks gather nothing)
 	for _, r := range dec.Ranks[1:] {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			gr := g
-			gr.Peers = nil
 			if ev, err := rt.generate(ctx, r.URL, gr, nil); err != nil {
 				fail(fmt.Errorf("decode %s: %w", r.URL, err))
 			} else if ev.Status != "Success" || ev.Error != "" {
@@ -606,7 +615,11 @@ func (rt *Router) attempt(parent context.Context, pre, dec *Instance, room uint6
 			defer wg.Done()
 			resp, err := rt.post(ctx, r.URL+"/v1/prefill", p)
 			if err != nil {
+				// A prefill rank that cannot take the room (down,
+				// restarting, refusing it) fails the attempt now rather
+				// than at the decode side's deadline.
 				fail(fmt.Errorf("prefill %s: %w", r.URL, err))
+				cancel()
 				return
 			}
 			defer resp.Body.Close()

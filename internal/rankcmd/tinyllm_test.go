@@ -1,0 +1,95 @@
+package rankcmd
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/tinyllm"
+	"github.com/kvbridge/kvbridge/kvmanager"
+)
+
+// TestModelRequestBounds: /v1/prefill and /v1/generate refuse, before
+// touching the rank, requests outside the model and the pool.
+func TestModelRequestBounds(t *testing.T) {
+	m, _ := tinyllm.New(tinyllm.Config{Layers: 1, QHeads: 2, KVHeads: 1, HeadDim: 4, FFN: 4, Vocab: 50, Seed: 1})
+	for _, role := range []kvmanager.Role{kvmanager.RolePrefill, kvmanager.RoleDecode} {
+		r := &Rank{Role: role, Model: kvmodel.Model{PageTokens: 4}, npage: 4, token: "tok"}
+		r.tiny = &tinyRank{r: r, m: m}
+		mux := http.NewServeMux()
+		r.tiny.routes(mux)
+		srv := httptest.NewServer(mux)
+		path := map[kvmanager.Role]string{kvmanager.RolePrefill: "/v1/prefill", kvmanager.RoleDecode: "/v1/generate"}[role]
+		cases := []struct {
+			name, token, body string
+			code              int
+		}{
+			{"no token", "", `{"room":1,"prompt":[1],"max_tokens":1}`, 401},
+			{"empty prompt", "tok", `{"room":1,"prompt":[],"max_tokens":1}`, 400},
+			{"token outside the vocabulary", "tok", `{"room":1,"prompt":[50],"max_tokens":1}`, 400},
+			{"negative token", "tok", `{"room":1,"prompt":[-1],"max_tokens":1}`, 400},
+			{"prompt above the pool", "tok", `{"room":1,"prompt":[` + strings.Repeat("1,", 16) + `1],"max_tokens":1}`, 400},
+			{"timeout overflows", "tok", `{"room":1,"prompt":[1],"max_tokens":1,"timeout_ms":9223372036854775}`, 400},
+			{"bad fault", "tok", `{"room":1,"prompt":[1],"max_tokens":1,"fault":"x"}`, 400},
+			{"trailing data", "tok", `{"room":1,"prompt":[1],"max_tokens":1} {}`, 400},
+			{"2 MiB body", "tok", `{"room":1,"prompt":[1],"fault":"` + strings.Repeat("x", 2<<20) + `"}`, 413},
+		}
+		if role == kvmanager.RoleDecode {
+			cases = append(cases, struct {
+				name, token, body string
+				code              int
+			}{"no max_tokens", "tok", `{"room":1,"prompt":[1]}`, 400}, struct {
+				name, token, body string
+				code              int
+			}{"prompt and tokens above the pool", "tok", `{"room":1,"prompt":[1],"max_tokens":17}`, 400})
+		}
+		for _, tc := range cases {
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(tc.body))
+			if tc.token != "" {
+				req.Header.Set("Authorization", "Bearer "+tc.token)
+			}
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.code {
+				t.Errorf("%s %s: %d, want %d", path, tc.name, resp.StatusCode, tc.code)
+			}
+		}
+		srv.Close()
+	}
+}
+
+// TestPrefixCache: the longest whole-page match, never the prompt's last
+// page; entries in use are not evicted; the least recently used go first.
+func TestPrefixCache(t *testing.T) {
+	c := newPrefixCache(4, 2)
+	var freed []uint32
+	free := func(p []uint32) { freed = append(freed, p...) }
+	if !c.insertFreeing([]int{1, 2, 3, 4}, []uint32{10, 11}, free) || !c.insertFreeing([]int{1, 2, 5, 6}, []uint32{20, 21}, free) {
+		t.Fatal("insert refused")
+	}
+	e, k := c.lookup([]int{1, 2, 3, 4, 9})
+	if k != 2 || !slices.Equal(e.pages, []uint32{10, 11}) {
+		t.Fatalf("lookup: %d pages of %v", k, e)
+	}
+	if _, k := c.lookup([]int{1, 2, 3, 4}); k != 1 {
+		t.Fatalf("a prompt covered exactly: %d pages reused, want 1 (its last page is transferred)", k)
+	}
+	if e, k := c.lookup([]int{7, 7, 7}); e != nil || k != 0 {
+		t.Fatalf("no match: %v %d", e, k)
+	}
+	// Full; the entry in use (refs 2: two lookups above) stays, the other goes.
+	if !c.insertFreeing([]int{8, 8, 8, 8}, []uint32{30, 31}, free) || !slices.Equal(freed, []uint32{20, 21}) {
+		t.Fatalf("eviction freed %v", freed)
+	}
+	c.release(e)
+	c.release(e)
+	if c.insertFreeing([]int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, []uint32{1, 2, 3, 4, 5}, free) {
+		t.Fatal("an entry above the capacity was taken")
+	}
+}

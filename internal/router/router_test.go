@@ -1,0 +1,233 @@
+package router
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/transfer"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeRank answers /v1/info and the model endpoints: prefill succeeds
+// (or fails once, failPrefill), decode streams tokens prompt[0]+i.
+type fakeRank struct {
+	info        rankcmd.Info
+	mu          sync.Mutex
+	rooms       []uint64
+	failPrefill int
+	bodies      []string
+}
+
+func (f *fakeRank) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/v1/info":
+		json.NewEncoder(w).Encode(f.info)
+	case "/v1/prefill":
+		var p rankcmd.PrefillRequest
+		json.NewDecoder(r.Body).Decode(&p)
+		f.mu.Lock()
+		f.rooms = append(f.rooms, p.Room)
+		fail := f.failPrefill > 0
+		f.failPrefill--
+		f.mu.Unlock()
+		if fail {
+			json.NewEncoder(w).Encode(rankcmd.PrefillResult{Room: p.Room, Status: "Failed", Reason: "test"})
+			return
+		}
+		json.NewEncoder(w).Encode(rankcmd.PrefillResult{Room: p.Room, Status: "Success"})
+	case "/v1/generate":
+		var g rankcmd.GenerateRequest
+		b, _ := io.ReadAll(r.Body)
+		json.Unmarshal(b, &g)
+		f.mu.Lock()
+		f.rooms = append(f.rooms, g.Room)
+		f.bodies = append(f.bodies, string(b))
+		f.mu.Unlock()
+		enc := json.NewEncoder(w)
+		if g.AbortAt != "" {
+			enc.Encode(rankcmd.GenerateEvent{Done: true, Status: "Failed", Reason: "aborted: " + g.AbortAt})
+			return
+		}
+		if g.Peers != nil || f.info.Parallel.Global() == 0 {
+			for i := 0; i < g.MaxTokens; i++ {
+				tok := (g.Prompt[0] + i) % 256
+				enc.Encode(rankcmd.GenerateEvent{Token: &tok, Index: i})
+			}
+		}
+		enc.Encode(rankcmd.GenerateEvent{Done: true, Status: "Success", Tokens: map[bool]int{true: g.MaxTokens}[f.info.Parallel.Global() == 0]})
+	}
+}
+
+func startFake(t *testing.T, role, instance string, par transfer.Parallel) (*fakeRank, string) {
+	f := &fakeRank{info: rankcmd.Info{Role: role, Instance: instance, Parallel: par, Compute: "tinyllm", Fingerprint: "fp", Vocab: 300,
+		Model: kvmodel.Model{Name: "tinyllm", Layers: 2, KVHeads: 2, HeadDim: 4, DTypeBytes: 4, PageTokens: 4}, Bootstrap: "http://boot-" + instance}}
+	srv := httptest.NewServer(f)
+	t.Cleanup(srv.Close)
+	return f, srv.URL
+}
+
+func newRouter(t *testing.T, cfg Config) (*Router, string) {
+	rt, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(rt.Handler())
+	t.Cleanup(srv.Close)
+	return rt, srv.URL
+}
+
+func post(t *testing.T, url, body string) (int, string) {
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestCompletions: a text prompt and token ids, JSON and SSE; the room
+// and bootstrap address handed to both sides; round robin over two
+// prefill instances; /metrics counts TTFT and TPOT.
+func TestCompletions(t *testing.T) {
+	p0, u0 := startFake(t, "prefill", "p0", transfer.Parallel{})
+	p1, u1 := startFake(t, "prefill", "p1", transfer.Parallel{})
+	d, ud := startFake(t, "decode", "d0", transfer.Parallel{})
+	_, url := newRouter(t, Config{Prefill: [][]string{{u0}, {u1}}, Decode: [][]string{{ud}}})
+	code, body := post(t, url, `{"prompt":"AB","max_tokens":3}`)
+	var c Completion
+	if err := json.Unmarshal([]byte(body), &c); code != 200 || err != nil {
+		t.Fatalf("%d %s", code, body)
+	}
+	if got := fmt.Sprint(c.Choices[0].TokenIDs); got != "[65 66 67]" || c.Choices[0].Text != "ABC" || c.Usage.PromptTokens != 2 || c.KV.Prefill != "p0" {
+		t.Fatalf("answer %+v (%s)", c, body)
+	}
+	code, body = post(t, url, `{"prompt":[10,11],"max_tokens":2,"stream":true}`)
+	var ids []int
+	final := false
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var c Completion
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			t.Fatalf("%q: %v", data, err)
+		}
+		ids = append(ids, c.Choices[0].TokenIDs...)
+		if c.KV != nil {
+			final = c.KV.Prefill == "p1" && *c.Choices[0].FinishReason == "length"
+		}
+	}
+	if code != 200 || fmt.Sprint(ids) != "[10 11]" || !final || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Fatalf("stream %d:\n%s", code, body)
+	}
+	// The decode rank got the prefill instance's bootstrap address and the
+	// room the prefill instance got.
+	if !strings.Contains(d.bodies[0], `"prefill":"http://boot-p0"`) || d.rooms[0] != p0.rooms[0] || d.rooms[1] != p1.rooms[0] || d.rooms[0] == d.rooms[1] {
+		t.Fatalf("decode bodies %q rooms %v, prefill rooms %v %v", d.bodies, d.rooms, p0.rooms, p1.rooms)
+	}
+	resp, _ := http.Get(url + "/metrics")
+	m, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"kvbridge_router_ttft_seconds_count 2", "kvbridge_router_tpot_seconds_count 2", `kvbridge_router_requests_total{outcome="ok"} 2`} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// TestRetries: a room that fails before its first token is retried on a
+// fresh room; with retries off the request fails.
+func TestRetries(t *testing.T) {
+	_, up := startFake(t, "prefill", "p0", transfer.Parallel{})
+	d, ud := startFake(t, "decode", "d0", transfer.Parallel{})
+	_, url := newRouter(t, Config{Prefill: [][]string{{up}}, Decode: [][]string{{ud}}, Backoff: time.Millisecond})
+	code, body := post(t, url, `{"prompt":[5],"max_tokens":2,"abort_at":"decode-mid"}`)
+	var c Completion
+	json.Unmarshal([]byte(body), &c)
+	if code != 200 || c.KV.Attempts != 2 || len(d.rooms) != 2 || d.rooms[0] == d.rooms[1] {
+		t.Fatalf("%d %s (rooms %v)", code, body, d.rooms)
+	}
+	_, url = newRouter(t, Config{Prefill: [][]string{{up}}, Decode: [][]string{{ud}}, Retries: -1})
+	if code, body := post(t, url, `{"prompt":[5],"max_tokens":2,"abort_at":"decode-before"}`); code != http.StatusBadGateway {
+		t.Fatalf("without retries: %d %s", code, body)
+	}
+}
+
+// TestLeastLoaded picks the instance with fewer requests in flight.
+func TestLeastLoaded(t *testing.T) {
+	_, u0 := startFake(t, "prefill", "p0", transfer.Parallel{})
+	_, u1 := startFake(t, "prefill", "p1", transfer.Parallel{})
+	_, ud := startFake(t, "decode", "d0", transfer.Parallel{})
+	rt, _ := newRouter(t, Config{Prefill: [][]string{{u0}, {u1}}, Decode: [][]string{{ud}}, Policy: "least-loaded"})
+	rt.prefill[0].inflight.Add(3)
+	if got := rt.pick(rt.prefill, 0); got.Name != "p1" {
+		t.Fatalf("picked %s", got.Name)
+	}
+	rt.prefill[1].inflight.Add(5)
+	if got := rt.pick(rt.prefill, 1); got.Name != "p0" {
+		t.Fatalf("picked %s", got.Name)
+	}
+}
+
+// TestMultiRankDecode: the first decode rank gets the others as peers
+// and streams; the others get none.
+func TestMultiRankDecode(t *testing.T) {
+	_, up := startFake(t, "prefill", "p0", transfer.Parallel{})
+	d0, u0 := startFake(t, "decode", "d", transfer.Parallel{TPSize: 2})
+	d1, u1 := startFake(t, "decode", "d", transfer.Parallel{TPSize: 2, TPRank: 1})
+	_, url := newRouter(t, Config{Prefill: [][]string{{up}}, Decode: [][]string{{u1, u0}}}) // any order
+	if code, body := post(t, url, `{"prompt":[7],"max_tokens":2}`); code != 200 {
+		t.Fatalf("%d %s", code, body)
+	}
+	if !strings.Contains(d0.bodies[0], `"peers":["`+u1+`"]`) || strings.Contains(d1.bodies[0], "peers") {
+		t.Fatalf("rank 0 %s\nrank 1 %s", d0.bodies[0], d1.bodies[0])
+	}
+}
+
+// TestRefusals: bad requests are 400s; an unsupported topology, a
+// mismatched model or a listed rank of the wrong role stop New.
+func TestRefusals(t *testing.T) {
+	_, up := startFake(t, "prefill", "p0", transfer.Parallel{})
+	_, ud := startFake(t, "decode", "d0", transfer.Parallel{})
+	_, url := newRouter(t, Config{Prefill: [][]string{{up}}, Decode: [][]string{{ud}}})
+	for _, body := range []string{`{"prompt":[],"max_tokens":2}`, `{"prompt":[300]}`, `{"prompt":[-1]}`, `{"prompt":{}}`, `{"prompt":"x","max_tokens":-1}`,
+		`{"prompt":"x","abort_at":"never"}`, `{"prompt":"x","fault":"x"}`, `not json`} {
+		if code, msg := post(t, url, body); code != http.StatusBadRequest {
+			t.Errorf("%s: %d %s", body, code, msg)
+		}
+	}
+	ctx := context.Background()
+	if _, err := New(ctx, Config{Prefill: [][]string{{ud}}, Decode: [][]string{{ud}}}); err == nil || !strings.Contains(err.Error(), "is a decode rank") {
+		t.Errorf("a decode rank listed as prefill: %v", err)
+	}
+	_, upp := startFake(t, "prefill", "p1", transfer.Parallel{})
+	_, ud2 := startFake(t, "decode", "d2", transfer.Parallel{PPSize: 2})
+	_, ud3 := startFake(t, "decode", "d2", transfer.Parallel{PPSize: 2, PPRank: 1})
+	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{ud2, ud3}}}); err == nil || !strings.Contains(err.Error(), "unsupported topology") {
+		t.Errorf("prefill PP 1 → decode PP 2: %v", err)
+	}
+	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{ud2}}}); err == nil {
+		t.Error("an instance listed without all its ranks was accepted")
+	}
+	f, uf := startFake(t, "decode", "d4", transfer.Parallel{})
+	f.info.Fingerprint = "other"
+	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{uf}}}); err == nil {
+		t.Error("a rank serving another model was accepted")
+	}
+}
