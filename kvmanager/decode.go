@@ -568,6 +568,7 @@ func (d *Decode) roomCounts() (live, tombs int) {
 func (d *Decode) onNotif(s string) {
 	n, ok := parseNotif(s)
 	if !ok {
+		d.unparsedNotifs.Add(1)
 		d.log.Warn("unknown notification", zap.String("notif", s))
 		return
 	}

@@ -18,7 +18,7 @@ type metrics struct {
 	// Read from the core's counters at collection time.
 	events, deadlines, statusSent, forced, stale, retries *prometheus.Desc
 	discoveryBad, restored, relookups, owed, restarted    *prometheus.Desc
-	rechecks, layoutRefused                               *prometheus.Desc
+	rechecks, layoutRefused, badNotifs                    *prometheus.Desc
 
 	transfers prometheus.Counter
 	bytes     prometheus.Counter
@@ -56,6 +56,8 @@ func newMetrics(m *Manager) *metrics {
 		layoutRefused: prometheus.NewDesc("kvbridge_layout_refused_total",
 			"REGISTERs and REQUESTs refused for naming memory that cannot be right: overlapping regions, a destination named twice, a destination another live room of the decode process may still write.",
 			[]string{"reason"}, labels),
+		badNotifs: prometheus.NewDesc("kvbridge_bad_notifications_total",
+			"Data-plane notifications refused: unparseable, numbers out of range, or contradicting their chunk's earlier notifications.", nil, labels),
 		restarted: prometheus.NewDesc("kvbridge_peers_restarted_total", "Peers heard with a new epoch (their old epoch's rooms failed).", nil, labels),
 		owed: prometheus.NewDesc("kvbridge_owed_aborts",
 			"ABORTs sent to prefill ranks and not yet acknowledged (re-sent to a restarted rank's new process).", nil, labels),
@@ -89,7 +91,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.rooms
 	ch <- x.inflight
 	ch <- x.tables
-	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused} {
+	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -131,6 +133,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.relookups, prometheus.CounterValue, float64(st.Relookups))
 	ch <- prometheus.MustNewConstMetric(x.restarted, prometheus.CounterValue, float64(st.PeersRestarted))
 	ch <- prometheus.MustNewConstMetric(x.rechecks, prometheus.CounterValue, float64(st.Rechecks))
+	ch <- prometheus.MustNewConstMetric(x.badNotifs, prometheus.CounterValue, float64(st.BadNotifs+x.m.unparsedNotifs.Load()))
 	for r := LayoutRefusal(0); r < layoutRefusals; r++ {
 		ch <- prometheus.MustNewConstMetric(x.layoutRefused, prometheus.CounterValue, float64(st.LayoutRefused[r]), r.String())
 	}

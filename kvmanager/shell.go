@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
@@ -26,12 +27,14 @@ var (
 // core's effects. It keeps no room or peer state of its own. Use it through
 // Prefill or Decode, which NewPrefill and NewDecode return.
 type Manager struct {
-	cfg   Config
-	log   *zap.Logger
-	agent *nixl.Agent
-	loop  *bootstrap.Loop
-	pool  *transfer.Pool
-	met   *metrics
+	cfg Config
+	// unparsedNotifs counts notifications that did not parse (decode).
+	unparsedNotifs atomic.Uint64
+	log            *zap.Logger
+	agent          *nixl.Agent
+	loop           *bootstrap.Loop
+	pool           *transfer.Pool
+	met            *metrics
 
 	mu   sync.Mutex
 	core *Core

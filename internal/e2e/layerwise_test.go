@@ -1,0 +1,63 @@
+package e2e
+
+import (
+	"sync/atomic"
+	"testing"
+
+	"github.com/kvbridge/kvbridge/kvmanager"
+)
+
+// Layer-wise sends over real sockets and every engine (issue 25): each
+// chunk is posted layer by layer, each post gated by its layer's
+// readiness, and the layer is "computed" — its pages written — only after
+// SendLayers returned and just before it is marked ready. A post that did
+// not wait for readiness would move the pages' old bytes and verify fails.
+// The decode room succeeds only once every layer of every chunk landed,
+// and its load report says so.
+func TestLayerwiseByteExact(t *testing.T) {
+	for engine := range engines {
+		t.Run(engine, func(t *testing.T) {
+			c := newCluster(t, engine, nil)
+			for i, tc := range []struct{ tokens, chunk, group int }{{1000, 16, 1}, {4096, 64, 2}, {17, 1, 4}} {
+				rm := c.start(t, uint64(300+i), tc.tokens)
+				ready(t, rm.s)
+				L := rm.s.Layers()
+				if L != layers {
+					t.Fatalf("sender has %d layers, the layout %d", L, layers)
+				}
+				for p := 0; p < len(rm.src); p += tc.chunk {
+					pages := rm.src[p:min(p+tc.chunk, len(rm.src))]
+					last := p+tc.chunk >= len(rm.src)
+					for lo := 0; lo < L; lo += tc.group {
+						hi := min(lo+tc.group, L)
+						var done atomic.Bool
+						if err := rm.s.SendLayers(pages, lo, hi, last, rm.auxSrc, func() (bool, error) { return done.Load(), nil }); err != nil {
+							t.Fatal(err)
+						}
+						for r := 2 * lo; r < 2*hi; r++ { // the forward pass writes the layers
+							for _, pg := range pages {
+								fillPage(c.pKV[r][int(pg)*pageBytes:(int(pg)+1)*pageBytes], rm.id<<40|uint64(r)<<20|uint64(pg))
+							}
+						}
+						done.Store(true)
+					}
+				}
+				waitStatus(t, rm.r, kvmanager.Success)
+				waitStatus(t, rm.s, kvmanager.Success)
+				c.verify(t, rm)
+				rep, ok := rm.r.Report()
+				if !ok || rep.Status != kvmanager.Success || len(rep.Sources) != 1 {
+					t.Fatalf("room %d: report %+v %v", rm.id, rep, ok)
+				}
+				cells := 0
+				for _, l := range rep.Whole() {
+					cells += l.Count * (l.LayerHi - l.LayerLo)
+				}
+				if cells != len(rm.dst)*L {
+					t.Fatalf("room %d: the report's whole part is %d page layers, want %d: %+v", rm.id, cells, len(rm.dst)*L, rep.Whole())
+				}
+				c.finish(rm)
+			}
+		})
+	}
+}
