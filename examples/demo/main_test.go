@@ -150,6 +150,7 @@ func TestDemoTopologies(t *testing.T) {
 		{"two prefill instances", "-prefill-tp 1 -prefill-instances 2"},
 		{"etcd: two prefill and two decode instances", "-discovery etcd"},
 		{"TP 2 to 1, NHD", "-prefill-tp 2 -page-layout NHD"},
+		{"TP 2 to 1, layer-wise in groups of 2", "-prefill-tp 2 -layerwise -layer-group 2 -requests 12"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"-short", "-requests", "24", "-abort-rate", "0.1"}, strings.Fields(tc.args)...)
@@ -220,14 +221,14 @@ func summaryLabels(text string) []string {
 	return labels
 }
 
-// TestDemoTinyllm is `make demo DEMO_FLAGS="-compute tinyllm"`, short:
-// the model behind the router (prefill TP 2 → decode TP 1), a quarter of
+// TestDemoTinyllm is `make demo DEMO_FLAGS="-compute tinyllm -layerwise"`,
+// short: the model behind the router (prefill TP 2 → decode TP 1), a quarter of
 // the requests aborted on purpose and retried; every completion must be
 // token-identical to the single-process run. -fault swap-heads-decode (a
 // wrong head mapping) must make the same run fail.
 func TestDemoTinyllm(t *testing.T) {
 	dir := binaries(t)
-	args := []string{"-compute", "tinyllm", "-short", "-requests", "8", "-gen", "8", "-abort-rate", "0.25", "-seed", "3", "-bin", dir}
+	args := []string{"-compute", "tinyllm", "-short", "-requests", "8", "-gen", "8", "-abort-rate", "0.25", "-seed", "3", "-layerwise", "-bin", dir}
 	out, err := exec.Command(filepath.Join(dir, "demo"), args...).Output()
 	s := string(out)
 	if err != nil {

@@ -380,11 +380,12 @@ func TestTinyllmTP2to1(t *testing.T) {
 	c.wrongHeads(t, "swap-heads-decode")
 }
 
-// TestTinyllmTP1to2: prefill TP 1 → decode TP 2, HND pages: each decode
-// rank receives its head, the first gathers the other's; a prefill rank
-// that writes its heads swapped changes the tokens.
+// TestTinyllmTP1to2: prefill TP 1 → decode TP 2, HND pages, layer-wise
+// sends (one SendLayers per layer as the forward pass finishes it): each
+// decode rank receives its head, the first gathers the other's; a prefill
+// rank that writes its heads swapped changes the tokens.
 func TestTinyllmTP1to2(t *testing.T) {
-	c := startTinyCluster(t, tinyE2E, "HND", transfer.Parallel{TPSize: 1}, transfer.Parallel{TPSize: 2})
+	c := startTinyCluster(t, tinyE2E, "HND", transfer.Parallel{TPSize: 1}, transfer.Parallel{TPSize: 2}, "-layerwise")
 	c.mixed(t, 3)
 	c.wrongHeads(t, "swap-heads-prefill")
 }
@@ -399,11 +400,12 @@ func TestTinyllmReplicatedHeads(t *testing.T) {
 }
 
 // TestTinyllmPP2to1: prefill PP 2 (two layers per stage) → decode PP 1,
-// NHD; each stage writes its layers into the decode rank's regions.
+// NHD, layer-wise; each stage writes its layers into the decode rank's
+// regions, layer by layer.
 func TestTinyllmPP2to1(t *testing.T) {
 	cfg := tinyE2E
 	cfg.Layers = 4
-	c := startTinyCluster(t, cfg, "NHD", transfer.Parallel{PPSize: 2}, transfer.Parallel{})
+	c := startTinyCluster(t, cfg, "NHD", transfer.Parallel{PPSize: 2}, transfer.Parallel{}, "-layerwise")
 	c.mixed(t, 5)
 }
 

@@ -587,7 +587,7 @@ func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
 			break
 		}
 		end := min(i+rr.Chunk, len(src))
-		if err := s.Send(src[i:end], end == len(src), int(rr.Room%4096)); err != nil {
+		if err := r.sendChunk(s, src[i:end], end == len(src), int(rr.Room%4096)); err != nil {
 			break
 		}
 		chunks++

@@ -212,6 +212,11 @@ type PrefillResult struct {
 	FirstToken int                `json:"first_token"`
 	PhasesMS   map[string]float64 `json:"phases_ms,omitempty"` // compute, ready, data
 	Error      string             `json:"error,omitempty"`
+	// LayerGroups (-layerwise): SendLayers calls; DuringPass of them
+	// before the forward pass ended (the others waited for the REQUESTs,
+	// or were the last group).
+	LayerGroups int `json:"layer_groups,omitempty"`
+	DuringPass  int `json:"during_pass,omitempty"`
 }
 
 // checkPrompt validates a prompt against the model and the pool.
@@ -350,6 +355,7 @@ func (t *tinyRank) prefill(ctx context.Context, pr PrefillRequest) PrefillResult
 		return res
 	}
 	res.FirstToken = tinyllm.Argmax(lg)
+	res.DuringPass = sent
 	if !r.layerwise {
 		tinyllm.CopyShare(seq, full, 0, t.m.Layers, plen)
 	}
@@ -373,6 +379,7 @@ func (t *tinyRank) prefill(ctx context.Context, pr PrefillRequest) PrefillResult
 	}
 	if r.layerwise {
 		flush(len(groups))
+		res.LayerGroups = sent
 	} else {
 		sendErr = s.Send(src, true, aux)
 	}
