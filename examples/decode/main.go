@@ -1,8 +1,11 @@
 // Command decode is an example decode rank: on POST /v1/room {room,
 // tokens} it allocates destination pages, asks the prefill rank (found
 // through the bootstrap server) for the room, waits, and verifies every page
-// against the pattern the prefill rank wrote. GET /metrics and /healthz are
-// served on the same -http address.
+// against the pattern the prefill rank wrote. With -compute tinyllm, POST
+// /v1/generate {room, prompt, max_tokens, prefill} receives the prompt's KV
+// (only what a cached prefix does not cover) and streams greedily generated
+// tokens; examples/router drives it. GET /metrics and /healthz are served on
+// the same -http address.
 package main
 
 import (

@@ -357,7 +357,9 @@ serves the bootstrap server, or -discovery etcd embeds etcd), drives a
 workload of requests of mixed lengths through them with a few aborts at
 random stages, checks every page on the decode side, and prints a summary.
 It exits non-zero if a request fails without an abort, a page differs, or
-a room is left pinned.
+a room is left pinned. With -compute tinyllm the ranks serve a small
+Llama-architecture model behind the example router instead, and every
+completion must be token-identical to the same model run in this process.
 
 usage: demo [flags]   (the prefill and decode binaries are taken from -bin)
 

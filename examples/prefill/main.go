@@ -2,6 +2,10 @@
 // bootstrap server (or serves one with -serve-bootstrap), and on POST
 // /v1/room {room, tokens} fills the room's pages with a deterministic
 // pattern and sends them to the decode rank that asked for the room.
+// With -compute tinyllm it serves a small Llama-architecture model instead:
+// POST /v1/prefill {room, prompt} runs the forward pass into the room's
+// pages (this rank's KV heads and layers) and sends them (-layerwise: layer
+// group by layer group as the pass finishes them); examples/router drives it.
 // GET /metrics and /healthz are served on the same -http address.
 package main
 
