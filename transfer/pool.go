@@ -88,19 +88,23 @@ type Config struct {
 	Workers int           // default 4
 	Queue   int           // jobs queued per worker, default 1024
 	Stall   time.Duration // a write in flight longer fails; default 60 s
-	// InFlight is how many writes a worker keeps posted at once, each of a
-	// different room (a room's writes go one after another, in order);
-	// default 8.
+	// InFlight is how many writes a worker keeps posted at once; default 8.
 	InFlight int
+	// RoomInFlight is how many of them one room may have posted at once
+	// (its writes are posted in order; the next may go before the last
+	// completed, so a room sent layer by layer keeps the wire busy
+	// between layer groups); default 2, 1 for one at a time.
+	RoomInFlight int
 	// MaxPeers bounds the peers whose descriptor lists stay prepared
 	// (least recently used released first); default 256.
 	MaxPeers int
 }
 
 // Pool posts chunks through an agent. Every chunk of a room goes to the
-// same worker, which posts the room's writes in order, one at a time; a
-// worker keeps writes of up to InFlight rooms posted at once, taking rooms
-// in turn chunk by chunk, so a long room does not hold back short ones.
+// same worker, which posts the room's writes in order, up to RoomInFlight
+// at a time; a worker keeps up to InFlight writes posted at once, taking
+// rooms in turn write by write, so a long room does not hold back short
+// ones.
 // Writes are made by index from descriptor lists prepared once per side:
 // the pool's own pages (at the first write) and each peer's (PreparePeer,
 // at its registration).
@@ -133,6 +137,9 @@ func NewPool(agent *nixl.Agent, local Layout, cfg Config) (*Pool, error) {
 	}
 	if cfg.InFlight <= 0 {
 		cfg.InFlight = 8
+	}
+	if cfg.RoomInFlight <= 0 {
+		cfg.RoomInFlight = 2
 	}
 	if cfg.MaxPeers <= 0 {
 		cfg.MaxPeers = 256
@@ -203,8 +210,11 @@ func (p *Pool) Close() {
 type roomWork struct {
 	room uint64
 	jobs []Job
-	next int  // next write of jobs[0]
-	busy bool // a write in flight
+	next int // next write of jobs[0]
+	// inflight: its writes posted and not final (at most RoomInFlight);
+	// queued: it is in the worker's turn or waiting list.
+	inflight int
+	queued   bool
 	// waitSince: when the next write was first found not Ready (zero:
 	// not waiting).
 	waitSince time.Time
@@ -239,6 +249,19 @@ func (p *Pool) worker(q chan Job) {
 	readyTimer := time.NewTimer(time.Hour)
 	defer readyTimer.Stop()
 	readyPoll := readyPollMin
+	// enqueue gives a room a turn if it has a write to post and room
+	// for one more in flight; settle forgets a room with nothing left.
+	enqueue := func(rw *roomWork) {
+		if !rw.queued && rw.inflight < p.cfg.RoomInFlight && rw.more() {
+			rw.queued = true
+			turn = append(turn, rw)
+		}
+	}
+	settle := func(rw *roomWork) {
+		if !rw.queued && rw.inflight == 0 && !rw.more() {
+			delete(rooms, rw.room)
+		}
+	}
 	for q != nil || len(rooms) > 0 {
 		for len(flights) < p.cfg.InFlight && len(turn) > 0 {
 			rw := turn[0]
@@ -251,6 +274,7 @@ func (p *Pool) worker(q chan Job) {
 			if readyErr == nil {
 				readyPoll = readyPollMin // something became ready: poll the rest soon
 			}
+			rw.queued = false
 			j, w := rw.take()
 			if !j.Gate(w) {
 				if j.Dropped != nil {
@@ -260,17 +284,13 @@ func (p *Pool) worker(q chan Job) {
 				j.Done(w, readyErr, true) // never posted
 			} else if f, posted, err := p.start(w, done); f != nil {
 				f.rw, f.job = rw, j
-				rw.busy = true
+				rw.inflight++
 				flights[f.x] = f
-				continue
 			} else {
 				j.Done(w, err, err != nil && !posted)
 			}
-			if rw.more() {
-				turn = append(turn, rw)
-			} else {
-				delete(rooms, rw.room)
-			}
+			enqueue(rw)
+			settle(rw)
 		}
 		if q == nil && len(rooms) == 0 {
 			return // closed, and the posting above finished the last room
@@ -321,12 +341,9 @@ func (p *Pool) worker(q chan Job) {
 			f.done()
 			f.job.Done(f.w, err, false) // posted: a failed write may still land
 			rw := f.rw
-			rw.busy = false
-			if rw.more() {
-				turn = append(turn, rw)
-			} else {
-				delete(rooms, rw.room)
-			}
+			rw.inflight--
+			enqueue(rw)
+			settle(rw)
 		case j, ok := <-q:
 			if !ok {
 				q = nil
@@ -337,14 +354,9 @@ func (p *Pool) worker(q chan Job) {
 				rw = &roomWork{room: j.Room}
 				rooms[j.Room] = rw
 			}
-			idle := !rw.busy && !rw.more()
 			rw.jobs = append(rw.jobs, j)
-			switch {
-			case idle && rw.more():
-				turn = append(turn, rw)
-			case !rw.busy && !rw.more():
-				delete(rooms, j.Room) // a job without writes
-			}
+			enqueue(rw)
+			settle(rw) // a job without writes
 		case <-stall:
 			now := time.Now()
 			for _, f := range flights {

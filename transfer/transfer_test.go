@@ -80,7 +80,7 @@ func TestPoolWritesPagesInOrder(t *testing.T) {
 		}
 	}
 	copy(p.aux[3*64:4*64], bytes.Repeat([]byte{0xa5}, 64))
-	pool, err := NewPool(p.agent, p.layout, Config{Workers: 2})
+	pool, err := NewPool(p.agent, p.layout, Config{Workers: 2, RoomInFlight: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
