@@ -74,7 +74,9 @@ const testPeerPages = 4096
 func register(t *testing.T, c *Core, from bootstrap.From) {
 	t.Helper()
 	peer := simLayout()
-	peer.Regions = []nixl.Desc{{Addr: 0x100000, Len: testPeerPages * 64}, {Addr: 0x200000, Len: testPeerPages * 64}}
+	for i := range peer.Regions {
+		peer.Regions[i] = nixl.Desc{Addr: uintptr(0x100000 * (i + 1)), Len: testPeerPages * 64}
+	}
 	registerLayout(t, c, from, peer)
 }
 

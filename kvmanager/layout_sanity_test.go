@@ -60,7 +60,7 @@ func TestRegisterOverlapRefused(t *testing.T) {
 	type edit func(r *bootstrap.Register)
 	vram := func(r *bootstrap.Register, devs ...int) {
 		for i := range r.KV {
-			r.KV[i].Mem, r.KV[i].Dev = bootstrap.MemVRAM, devs[i]
+			r.KV[i].Mem, r.KV[i].Dev = bootstrap.MemVRAM, devs[i%len(devs)]
 		}
 	}
 	refused := []struct {
@@ -89,7 +89,8 @@ func TestRegisterOverlapRefused(t *testing.T) {
 		{"KV regions at one address on two GPUs", func(r *bootstrap.Register) { vram(r, 0, 1); r.KV[1].Addr = r.KV[0].Addr }},
 		{"regions that only touch", func(r *bootstrap.Register) {
 			r.KV[1].Addr = r.KV[0].Addr + r.KV[0].Len
-			r.Aux[0].Addr = r.KV[1].Addr + r.KV[1].Len
+			last := r.KV[len(r.KV)-1]
+			r.Aux[0].Addr = last.Addr + last.Len
 		}},
 		{"host memory at a GPU region's address", func(r *bootstrap.Register) { vram(r, 0, 0); r.Aux[0].Addr = r.KV[0].Addr }},
 		{"an empty region inside another", func(r *bootstrap.Register) {
