@@ -5,7 +5,7 @@ GO ?= go
 # go-nvml's cgo prologue trips hundreds of deprecation warnings in nvml.h.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all deps test test-nixl sim bench bench-engine lint generate demo soak-hostile mutants
+.PHONY: all deps test test-checkers test-packages test-nixl sim bench bench-engine lint generate demo soak-hostile mutants
 
 all: test
 
@@ -18,12 +18,18 @@ CHECKERS := ^(TestInterleavings|TestSimExhaustive|TestSimRandom|TestSimFindsBugs
 ## test: lint (formatting, vet, generated code, no tracked binaries), then every test under the race detector
 test: deps
 	@$(MAKE) --no-print-directory lint
-	@# The model checker and the simulator print what they checked.
-	@# kvmanager with its mutants compiled in (-tags kvbmutants): the checkers, and every test that turns a known bug on to show it is caught.
-	$(GO) test -race -tags kvbmutants -count=1 -v ./kvmanager | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:'
-	$(GO) test -race -count=1 -skip '$(CHECKERS)' ./...
+	@# The checkers (CPU-bound, one goroutine each) run beside the other packages' tests (mostly waiting on processes and sockets): 2 cores stay busy.
+	@$(MAKE) --no-print-directory -j2 test-checkers test-packages
 	@# Rate-dependent: the race detector slows the writes below the rate at which UCX's adaptive progress lost events (see the test).
 	$(GO) test -count=1 -run '^TestUCXNoLostWakeCrossProcess$$' ./nixl
+
+# The model checker and the simulator print what they checked.
+# kvmanager with its mutants compiled in (-tags kvbmutants): the checkers, and every test that turns a known bug on to show it is caught.
+test-checkers:
+	$(GO) test -race -tags kvbmutants -count=1 -v ./kvmanager | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:'
+
+test-packages:
+	$(GO) test -race -count=1 -skip '$(CHECKERS)' ./...
 
 NIXL_RUNS ?= 20
 NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL|TestFirstRoomAfterPrefillRestartElsewhere|TestAbortReachesPrefillRestartedElsewhere|TestRoomAfterPrefillRestartElsewhere|TestPausedDecodeLearnsItsRoomsFailed)$$/^libnixl-real$$

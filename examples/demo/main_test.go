@@ -75,7 +75,7 @@ func runDemo(t *testing.T, args ...string) string {
 // from a real run).
 func TestDemoShort(t *testing.T) {
 	s := runDemo(t, "-short", "-abort-rate", "0.2")
-	got, want := summaryLabels(s), summaryLabels(readREADME(t))
+	got, want := summaryLabels(s), summaryLabels(readmeSection(t, "The two commands"))
 	if strings.Join(got, "|") != strings.Join(want, "|") || len(want) == 0 {
 		t.Errorf("the summary's lines are\n  %q\nREADME's sample's\n  %q\nrun make demo and paste its summary into README.md", got, want)
 	}
@@ -196,6 +196,17 @@ func readREADME(t *testing.T) string {
 	return string(b)
 }
 
+// readmeSection is README's section under "## heading", up to the next.
+func readmeSection(t *testing.T, heading string) string {
+	t.Helper()
+	_, sec, ok := strings.Cut(readREADME(t), "\n## "+heading+"\n")
+	if !ok {
+		t.Fatalf("README has no section %q", heading)
+	}
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	return sec
+}
+
 // summaryLabels are the labels of a demo summary's lines, from its
 // "topology" line to its "OK:" line, in order (a label ends at two spaces).
 func summaryLabels(text string) []string {
@@ -240,6 +251,10 @@ func TestDemoTinyllm(t *testing.T) {
 		}
 	}
 	t.Logf("\n%s", s)
+	// README's sample of this mode comes from a real run: the same lines.
+	if got, want := summaryLabels(s), summaryLabels(readmeSection(t, "Embedding kvbridge in an engine")); strings.Join(got, "|") != strings.Join(want, "|") || len(want) == 0 {
+		t.Errorf("the summary's lines are\n  %q\nREADME's tinyllm sample's\n  %q", got, want)
+	}
 	out, err = exec.Command(filepath.Join(dir, "demo"), append(args, "-fault", "swap-heads-decode", "-requests", "2", "-abort-rate", "0")...).Output()
 	if s := string(out); err == nil || !strings.Contains(s, "the single-process run's") {
 		t.Fatalf("a wrong head mapping was not caught (err %v):\n%s", err, s)
