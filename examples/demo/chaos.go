@@ -993,24 +993,6 @@ func (c *cluster) report(elapsed, steadyFor time.Duration) int {
 	for _, l := range c.counters {
 		fmt.Println("  " + l)
 	}
-	if len(c.problems) > 0 {
-		fmt.Println("\nPROBLEMS:")
-		for i, p := range c.problems {
-			if i == 50 {
-				fmt.Printf("  … and %d more\n", len(c.problems)-50)
-				break
-			}
-			fmt.Println("  " + p)
-		}
-		fmt.Printf("\nreplay: demo -chaos -seed %d -discovery %s (fault timing is seeded; the machine's scheduling is not)\nthe ranks' logs (kept):\n", c.o.seed, c.o.discovery)
-		for _, l := range logs {
-			fmt.Println("  " + l)
-		}
-		return 1
-	}
-	for _, l := range logs {
-		os.Remove(l)
-	}
-	fmt.Println("\nOK: no page corrupt, no room past its deadline on any rank, every failure inside a fault's window, survivors served within the bound after every fault, memory flat.")
-	return 0
+	return verdict(c.problems, 50, fmt.Sprintf("replay: demo -chaos -seed %d -discovery %s (fault timing is seeded; the machine's scheduling is not)\n", c.o.seed, c.o.discovery), logs,
+		"OK: no page corrupt, no room past its deadline on any rank, every failure inside a fault's window, survivors served within the bound after every fault, memory flat.")
 }

@@ -755,23 +755,32 @@ flags:
 	fmt.Printf("%-26s %s (before the first request, not in any latency)\n", "memory warm-up", strings.Join(warm, ", "))
 	fmt.Printf("%-26s %v\n", "rooms pinned", pinnedRooms)
 	fmt.Printf("%-26s %d (corrupt %d)\n", "pages verified", verified, corrupt)
+	return verdict(problems, 0, "", logs, "OK: every request succeeded or was aborted cleanly, every head of every page verified, nothing pinned.")
+}
+
+// verdict ends a run's summary: its problems (the first max of them, 0:
+// all), then note and the ranks' logs, kept, and exit status 1; or, with
+// none, the logs removed, ok and 0.
+func verdict(problems []string, max int, note string, logs []string, ok string) int {
 	if len(problems) > 0 {
 		fmt.Println("\nPROBLEMS:")
-		for _, p := range problems {
+		for i, p := range problems {
+			if i == max && max > 0 {
+				fmt.Printf("  … and %d more\n", len(problems)-max)
+				break
+			}
 			fmt.Println("  " + p)
 		}
-		fmt.Println("\nthe ranks' logs (kept):")
+		fmt.Printf("\n%sthe ranks' logs (kept):\n", note)
 		for _, l := range logs {
 			fmt.Println("  " + l)
 		}
 		return 1
 	}
-	defer func() {
-		for _, l := range logs {
-			os.Remove(l)
-		}
-	}()
-	fmt.Println("\nOK: every request succeeded or was aborted cleanly, every head of every page verified, nothing pinned.")
+	for _, l := range logs {
+		os.Remove(l)
+	}
+	fmt.Println("\n" + ok)
 	return 0
 }
 

@@ -385,26 +385,5 @@ func runTiny(o tinyOptions) int {
 	fmt.Printf("%-26s %-34s %.2f ms / %.2f ms\n", "TTFT p50 / p99", fmt.Sprintf("%.2f ms / %.2f ms", pct(ttft, 0.5), pct(ttft, 0.99)), pct(sTTFT, 0.5), pct(sTTFT, 0.99))
 	fmt.Printf("%-26s %-34s %.2f ms / %.2f ms\n", "TPOT p50 / p99", fmt.Sprintf("%.2f ms / %.2f ms", pct(tpot, 0.5), pct(tpot, 0.99)), pct(sTPOT, 0.5), pct(sTPOT, 0.99))
 	fmt.Printf("%-26s %v\n", "rooms pinned", pinnedRooms)
-	if len(problems) > 0 {
-		fmt.Println("\nPROBLEMS:")
-		for i, p := range problems {
-			if i == 20 {
-				fmt.Printf("  … and %d more\n", len(problems)-20)
-				break
-			}
-			fmt.Println("  " + p)
-		}
-		fmt.Println("\nthe ranks' logs (kept):")
-		for _, l := range logs {
-			fmt.Println("  " + l)
-		}
-		return 1
-	}
-	defer func() {
-		for _, l := range logs {
-			os.Remove(l)
-		}
-	}()
-	fmt.Println("\nOK: every completion through the router is token-identical to the single-process run, nothing pinned.")
-	return 0
+	return verdict(problems, 20, "", logs, "OK: every completion through the router is token-identical to the single-process run, nothing pinned.")
 }

@@ -616,6 +616,16 @@ func phases(into map[string]float64, start time.Time) func(string) {
 	}
 }
 
+// newReceiver creates a room's receiver pulling from the prefill instance
+// a request named (its DP group, or AutoDP).
+func (r *Rank) newReceiver(room uint64, prefill string, dp *int) (*receiver.Receiver, error) {
+	inst := kvmanager.Instance{Bootstrap: prefill, DP: kvmanager.AutoDP}
+	if dp != nil {
+		inst.DP = *dp
+	}
+	return receiver.NewFor(r.D, room, inst)
+}
+
 func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 	res := RoomResult{Room: rr.Room, PhasesMS: map[string]float64{}}
 	start := time.Now()
@@ -633,11 +643,7 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 			r.pages.Put(dst)
 		}
 	}()
-	inst := kvmanager.Instance{Bootstrap: rr.Prefill, DP: kvmanager.AutoDP}
-	if rr.PrefillDP != nil {
-		inst.DP = *rr.PrefillDP
-	}
-	rc, err := receiver.NewFor(r.D, rr.Room, inst)
+	rc, err := r.newReceiver(rr.Room, rr.Prefill, rr.PrefillDP)
 	if err != nil {
 		res.Error = err.Error()
 		return res

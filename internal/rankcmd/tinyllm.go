@@ -40,7 +40,6 @@ import (
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/kvmanager"
-	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/kvbridge/kvbridge/transfer"
 )
@@ -509,11 +508,7 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 			r.pages.Put(own)
 		}
 	}()
-	inst := kvmanager.Instance{Bootstrap: gr.Prefill, DP: kvmanager.AutoDP}
-	if gr.PrefillDP != nil {
-		inst.DP = *gr.PrefillDP
-	}
-	rc, err := receiver.NewFor(r.D, gr.Room, inst)
+	rc, err := r.newReceiver(gr.Room, gr.Prefill, gr.PrefillDP)
 	if err != nil {
 		ev.Error = err.Error()
 		return ev
