@@ -29,7 +29,9 @@
 // per GB moved, per room or per operation, next to its references' CPU in
 // the same run. Results go to stdout, to -json as JSON rows and to -png as
 // a chart of bandwidth against size (engine rows; no chart without them).
-// Memory is host DRAM (-mem is a parameter so GPU memory can be added).
+// The ranks' KV memory is host DRAM, or with -mem VRAM device memory
+// allocated through the gpu package, against cuMemcpyDtoD on the same
+// device (engine, paged and rooms modes, on every engine; vram.go).
 package main
 
 import (
@@ -51,6 +53,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -86,6 +89,8 @@ type bench struct {
 	engine string
 	tls    string
 	mem    nixl.MemKind
+	gpu    *gpu.Context    // -mem VRAM: device 0
+	vram   []gpu.DevicePtr // device memory to free once its agents are closed
 	quick  bool
 	rows   []Row
 	// idle mode
@@ -107,7 +112,7 @@ func run(args []string) int {
 	bin := fs.String("bin", "", "idle mode: directory holding the prefill and decode binaries (default: bin/ beside kvbench, else built into a temporary directory)")
 	engine := fs.String("engine", "ucx", "nixl engine")
 	tls := fs.String("ucx-tls", "posix,cma,self", "UCX transports (ucx engine and ucx_perftest)")
-	mem := fs.String("mem", "DRAM", "memory kind: DRAM (VRAM: not yet)")
+	mem := fs.String("mem", "DRAM", "the ranks' KV memory: DRAM, or VRAM (device 0's memory through the gpu package, against cuMemcpyDtoD on the device; modes engine, paged and rooms, any engine; needs a GPU, or the CUDA driver double in KVBRIDGE_CUDA_LIB)")
 	model := fs.String("model", "llama3-8b", "model layout for paged and rooms: "+kvmodel.PresetNames())
 	jsonOut := fs.String("json", "kvbench.json", "write results as JSON here (\"\" for none)")
 	pngOut := fs.String("png", "kvbench.png", "write a chart here (\"\" for none)")
@@ -141,13 +146,6 @@ flags:
 		fmt.Fprintf(os.Stderr, "kvbench: unknown model %q\n", *model)
 		return 2
 	}
-	switch *mem {
-	case "DRAM":
-		b.mem = nixl.DRAM
-	default:
-		fmt.Fprintf(os.Stderr, "kvbench: memory kind %q is not supported yet (DRAM only)\n", *mem)
-		return 2
-	}
 	modes := map[string]func() error{"engine": b.engineMode, "paged": b.pagedMode, "rooms": b.roomsMode, "control": b.controlMode,
 		"topology": b.topologyMode, "discovery": b.discoveryMode, "nixl": b.nixlMode, "idle": b.idleMode, "layerwise": b.layerwiseMode}
 	order := []string{"engine", "paged", "rooms", "topology", "discovery", "control"}
@@ -157,6 +155,13 @@ flags:
 			return 2
 		}
 		order = []string{*mode}
+	}
+	if code, err := b.setMem(*mem, *mode); err != nil {
+		fmt.Fprintln(os.Stderr, "kvbench:", err)
+		return code
+	}
+	if b.mem == nixl.VRAM {
+		order = slices.DeleteFunc(order, func(m string) bool { return !slices.Contains(vramModes, m) })
 	}
 	for _, m := range order {
 		if err := modes[m](); err != nil {
@@ -288,15 +293,21 @@ func sortedKeys(m map[string]float64) []string {
 	return ks
 }
 
-// writeGBps writes size bytes iters times between two agents: GB/s and
-// this process's CPU s/GB over the timed writes.
-func writeGBps(a, t *nixl.Agent, size uint64, iters int) (float64, float64, error) {
-	_, src, err := a.Alloc(size)
+// writeGBps writes size bytes of the run's memory kind iters times
+// between two agents: GB/s and this process's CPU s/GB over the timed
+// writes. The target's buffer is checked against the source's afterwards.
+func (b *bench) writeGBps(a, t *nixl.Agent, size uint64, iters int) (float64, float64, error) {
+	src, err := b.allocKV(a, size)
 	if err != nil {
 		return 0, 0, err
 	}
-	_, dst, err := t.Alloc(size)
+	dst, err := b.allocKV(t, size)
 	if err != nil {
+		return 0, 0, err
+	}
+	data := make([]byte, size)
+	rand.NewChaCha8([32]byte{byte(size), byte(size >> 8), byte(size >> 16), byte(size >> 24)}).Read(data)
+	if err := b.put(src, data); err != nil {
 		return 0, 0, err
 	}
 	md, _ := t.Metadata()
@@ -304,11 +315,11 @@ func writeGBps(a, t *nixl.Agent, size uint64, iters int) (float64, float64, erro
 	if err != nil {
 		return 0, 0, err
 	}
-	l, err := a.PrepLocal(nixl.DRAM, []nixl.Desc{nixl.BytesDesc(src)})
+	l, err := a.PrepLocal(b.mem, []nixl.Desc{src.Desc})
 	if err != nil {
 		return 0, 0, err
 	}
-	r, err := a.PrepRemote(remote, nixl.DRAM, []nixl.Desc{nixl.BytesDesc(dst)})
+	r, err := a.PrepRemote(remote, b.mem, []nixl.Desc{dst.Desc})
 	if err != nil {
 		return 0, 0, err
 	}
@@ -333,6 +344,9 @@ func writeGBps(a, t *nixl.Agent, size uint64, iters int) (float64, float64, erro
 	}
 	wall, cpu, err := cpuOver(func() error { return once(iters) })
 	if err != nil {
+		return 0, 0, err
+	}
+	if err := b.check(dst, data); err != nil {
 		return 0, 0, err
 	}
 	bytes := float64(size) * float64(iters)
@@ -447,22 +461,32 @@ func (b *bench) engineMode() error {
 		if err != nil {
 			return err
 		}
-		v, cpu, err := writeGBps(a, t, size, iters)
+		v, cpu, err := b.writeGBps(a, t, size, iters)
 		a.Close()
 		t.Close()
 		if err != nil {
+			b.freeVRAM()
 			return err
 		}
-		mv, mcpu := memcpyGBps(size, iters)
-		refs, rcpu := map[string]float64{"memcpy": mv}, map[string]float64{"memcpy": mcpu}
-		if p, pcpu := b.perftestGBps(size, iters); p > 0 {
-			refs["ucx_perftest"] = p
-			if pcpu > 0 {
-				rcpu["ucx_perftest"] = pcpu
+		row := Row{Mode: "engine", Name: fmt.Sprintf("write %s", human(size)), Bytes: size, Value: v, Unit: "GB/s",
+			References: map[string]float64{}, CPU: cpu, CPUUnit: "s/GB", RefCPU: map[string]float64{}}
+		if b.mem == nixl.VRAM {
+			row.Name += b.memSuffix()
+			err = b.addDtoD(&row, size, iters)
+			b.freeVRAM()
+			if err != nil {
+				return err
+			}
+		} else {
+			row.References["memcpy"], row.RefCPU["memcpy"] = memcpyGBps(size, iters)
+			if p, pcpu := b.perftestGBps(size, iters); p > 0 {
+				row.References["ucx_perftest"] = p
+				if pcpu > 0 {
+					row.RefCPU["ucx_perftest"] = pcpu
+				}
 			}
 		}
-		b.add(Row{Mode: "engine", Name: fmt.Sprintf("write %s", human(size)), Bytes: size, Value: v, Unit: "GB/s", References: refs,
-			CPU: cpu, CPUUnit: "s/GB", RefCPU: rcpu})
+		b.add(row)
 	}
 	progress("engine", len(sizes), len(sizes))
 	return nil
@@ -486,6 +510,7 @@ type cluster struct {
 	pp, dp  *kvmodel.Pages
 	next    uint64
 	mu      sync.Mutex
+	free    func() // after the ranks are closed: their device memory (-mem VRAM)
 }
 
 // benchAuth is a fresh shared secret for the in-process ranks (the
@@ -508,24 +533,38 @@ func (b *bench) cluster(pages int) (*cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &cluster{srv: srv, pp: kvmodel.NewPages(pages, 1), dp: kvmodel.NewPages(pages, 2)}
+	c := &cluster{srv: srv, pp: kvmodel.NewPages(pages, 1), dp: kvmodel.NewPages(pages, 2), free: func() {}}
 	if err := c.srv.Start("127.0.0.1:0"); err != nil {
 		return nil, err
 	}
-	mk := func(role kvmanager.Role) kvmanager.Config {
+	if b.mem == nixl.VRAM {
+		c.free = b.freeVRAM
+	}
+	mk := func(role kvmanager.Role) (kvmanager.Config, error) {
 		cfg := kvmanager.DefaultConfig(role)
 		cfg.Auth = auth
 		cfg.Instance = fmt.Sprintf("kvbench-%d", time.Now().UnixNano())
 		cfg.Compat, cfg.BootstrapURL = b.model.Compat(), c.srv.URL()
 		cfg.Engine = nixl.Config{Engine: b.engine, UCX: map[string]string{"TLS": b.tls}}
 		cfg.Layout = b.model.Layout(b.mem, pages, 4096)
-		return cfg
+		if b.mem == nixl.VRAM {
+			return cfg, b.vramRegions(cfg.Layout.Regions)
+		}
+		return cfg, nil
 	}
-	if c.prefill, err = kvmanager.NewPrefill(mk(kvmanager.RolePrefill)); err != nil {
+	cfg, err := mk(kvmanager.RolePrefill)
+	if err == nil {
+		c.prefill, err = kvmanager.NewPrefill(cfg)
+	}
+	if err != nil {
 		c.srv.Close(context.Background())
+		c.free()
 		return nil, err
 	}
-	if c.decode, err = kvmanager.NewDecode(mk(kvmanager.RoleDecode)); err != nil {
+	if cfg, err = mk(kvmanager.RoleDecode); err == nil {
+		c.decode, err = kvmanager.NewDecode(cfg)
+	}
+	if err != nil {
 		c.close()
 		return nil, err
 	}
@@ -538,6 +577,7 @@ func (c *cluster) close() {
 	}
 	c.prefill.Close()
 	c.srv.Close(context.Background())
+	c.free()
 }
 
 // room moves one request with the given page lists.
@@ -588,12 +628,13 @@ func (c *cluster) bulk(size uint64, iters, streams int) (float64, float64, error
 		return 0, 0, err
 	}
 	src, dst := c.prefill.Config().Layout.Regions, c.decode.Config().Layout.Regions
+	kind := c.prefill.Config().Layout.Kind
 	size = min(size, src[0].Len)
 	var xs []*nixl.Xfer
 	for s := 0; s < streams; s++ {
 		r := s % len(src)
-		l, _ := a.PrepLocal(nixl.DRAM, []nixl.Desc{{Addr: src[r].Addr, Len: size}})
-		rp, _ := a.PrepRemote(remote, nixl.DRAM, []nixl.Desc{{Addr: dst[r].Addr, Len: size}})
+		l, _ := a.PrepLocal(kind, []nixl.Desc{{Addr: src[r].Addr, Len: size, Dev: src[r].Dev}})
+		rp, _ := a.PrepRemote(remote, kind, []nixl.Desc{{Addr: dst[r].Addr, Len: size, Dev: dst[r].Dev}})
 		x, err := a.NewXfer(nixl.Write, l, []int{0}, rp, []int{0}, nil)
 		if err != nil {
 			return 0, 0, err
@@ -693,10 +734,15 @@ func (b *bench) pagedMode() error {
 		if err != nil {
 			return err
 		}
-		b.add(Row{Mode: "paged", Name: fmt.Sprintf("%s %d tok %s", b.model.Name, tokens, kind), Bytes: uint64(bytes),
+		row := Row{Mode: "paged", Name: fmt.Sprintf("%s %d tok %s", b.model.Name, tokens, kind) + b.memSuffix(), Bytes: uint64(bytes),
 			Value: bytes * float64(iters) / wall.Seconds() / 1e9, Unit: "GB/s", References: map[string]float64{"bulk write": bulk},
 			CPU: cpustat.PerGB(cpu, bytes*float64(iters)), CPUUnit: "s/GB", RefCPU: map[string]float64{"bulk write": bulkCPU},
-			CPURoom: float64(cpu.Microseconds()) / float64(iters)})
+			CPURoom: float64(cpu.Microseconds()) / float64(iters)}
+		// The same bytes as one room's, in one copy on the device.
+		if err := b.addDtoD(&row, uint64(bytes), iters); err != nil {
+			return err
+		}
+		b.add(row)
 	}
 	progress("paged", len(kinds), len(kinds))
 	return nil
@@ -766,10 +812,15 @@ func (b *bench) roomsMode() error {
 		return err
 	}
 	bytes := float64(rooms) * float64(n) * float64(b.model.PageBytes()) * float64(2*b.model.Layers)
-	b.add(Row{Mode: "rooms", Name: fmt.Sprintf("%d rooms × %d tok, %d streams", rooms, tokens, streams), Bytes: uint64(bytes),
+	row := Row{Mode: "rooms", Name: fmt.Sprintf("%d rooms × %d tok, %d streams", rooms, tokens, streams) + b.memSuffix(), Bytes: uint64(bytes),
 		Value: bytes / used.Wall.Seconds() / 1e9, Unit: "GB/s", References: map[string]float64{"bulk write": bulk},
 		CPU: cpustat.PerGB(used.Total(), bytes), CPUUnit: "s/GB", RefCPU: map[string]float64{"bulk write": bulkCPU},
-		CPURoom: float64(used.Total().Microseconds()) / float64(rooms)})
+		CPURoom: float64(used.Total().Microseconds()) / float64(rooms)}
+	// One room's bytes per copy on the device, as many copies as rooms.
+	if err := b.addDtoD(&row, uint64(bytes)/uint64(rooms), rooms); err != nil {
+		return err
+	}
+	b.add(row)
 	return nil
 }
 

@@ -2,16 +2,28 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/capture"
+	"github.com/kvbridge/kvbridge/internal/cudadouble"
+	"github.com/kvbridge/kvbridge/internal/nixldouble"
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// A child run of kvbench itself (TestVRAMRefusedWithoutGPU): a process
+	// of its own, since the CUDA driver is loaded once per process.
+	if args, ok := os.LookupEnv("KVBENCH_TEST_RUN"); ok {
+		os.Exit(run(strings.Fields(args)))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // TestQuickRun runs every mode with small sizes and checks the JSON: every
 // row has a positive figure, at least one reference figure and its ratio,
@@ -88,29 +100,96 @@ func readRows(t *testing.T, path string) []Row {
 
 // TestModeAlone: a mode run alone exits 0 once it has its results and
 // writes them; control and paged exited 1 after their results ("chart: no
-// engine rows to chart"), as the chart was asked for by default.
+// engine rows to chart"), as the chart was asked for by default. The
+// modes -mem VRAM measures run alone on each engine that moves VRAM, on
+// the CUDA driver double (and the NIXL double for libnixl): every row is
+// a VRAM row with cuMemcpyDtoD and its CPU as a reference (the engine
+// mode's writes are checked in the target's device memory).
 func TestModeAlone(t *testing.T) {
+	alone := func(t *testing.T, mode string, extra ...string) {
+		dir := t.TempDir()
+		js, png := filepath.Join(dir, "out.json"), filepath.Join(dir, "out.png")
+		args := append([]string{"-mode", mode, "-quick", "-model", "tiny", "-json", js, "-png", png}, extra...)
+		if code := run(args); code != 0 {
+			t.Fatalf("kvbench %s: exit %d, want 0", strings.Join(args, " "), code)
+		}
+		rows := readRows(t, js)
+		if len(rows) == 0 {
+			t.Fatalf("no rows")
+		}
+		vram := slices.Contains(extra, "VRAM")
+		for _, r := range rows {
+			if r.Mode != mode {
+				t.Errorf("a %s row from -mode %s", r.Mode, mode)
+			}
+			checkCPU(t, r)
+			if vram && (!strings.HasSuffix(r.Name, " VRAM") || r.References["cuMemcpyDtoD"] <= 0 || r.RefCPU["cuMemcpyDtoD"] <= 0) {
+				t.Errorf("a -mem VRAM row without its cuMemcpyDtoD reference: %+v", r)
+			}
+		}
+		if _, err := os.Stat(png); (err == nil) != (mode == "engine") {
+			t.Errorf("chart %v: want one only with engine rows", err)
+		}
+	}
 	for _, mode := range []string{"control", "paged", "layerwise"} {
-		t.Run(mode, func(t *testing.T) {
-			dir := t.TempDir()
-			js, png := filepath.Join(dir, "out.json"), filepath.Join(dir, "out.png")
-			if code := run([]string{"-mode", mode, "-quick", "-model", "tiny", "-json", js, "-png", png}); code != 0 {
-				t.Fatalf("kvbench -mode %s: exit %d, want 0", mode, code)
-			}
-			rows := readRows(t, js)
-			if len(rows) == 0 {
-				t.Fatalf("no rows")
-			}
-			for _, r := range rows {
-				if r.Mode != mode {
-					t.Errorf("a %s row from -mode %s", r.Mode, mode)
+		t.Run(mode, func(t *testing.T) { alone(t, mode) })
+	}
+	dir := t.TempDir()
+	cuda, err := cudadouble.Build(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KVBRIDGE_CUDA_LIB", cuda)
+	nixlSkip := ""
+	if os.Getenv("KVBRIDGE_NIXL_LIB") != "" {
+		nixlSkip = "KVBRIDGE_NIXL_LIB is set: a real NIXL cannot move the CUDA double's memory"
+	} else {
+		lib, err := nixldouble.Build(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("KVBRIDGE_NIXL_LIB", lib)
+	}
+	for _, engine := range []string{"loopback", "ucx", "libnixl"} {
+		for _, mode := range vramModes {
+			t.Run(mode+" VRAM "+engine, func(t *testing.T) {
+				if engine == "libnixl" && nixlSkip != "" {
+					t.Skip(nixlSkip)
 				}
-				checkCPU(t, r)
-			}
-			if _, err := os.Stat(png); err == nil {
-				t.Errorf("a chart without engine rows")
-			}
-		})
+				alone(t, mode, "-engine", engine, "-mem", "VRAM")
+			})
+		}
+	}
+}
+
+// TestVRAMRefusedWithoutGPU: -mem VRAM without a CUDA driver exits 1 with
+// a one-line reason and no results; a mode it does not measure is a usage
+// error. kvbench runs in a process of its own (this test binary again).
+func TestVRAMRefusedWithoutGPU(t *testing.T) {
+	dir := t.TempDir()
+	kvbench := func(args string) (int, string, string) {
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), "KVBENCH_TEST_RUN="+args, "KVBRIDGE_CUDA_LIB="+filepath.Join(dir, "no-libcuda.so.1"))
+		cmd.Dir = dir
+		var out, errb strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+	}
+	code, out, errs := kvbench("-mem VRAM -quick -model tiny")
+	if code != 1 || out != "" || strings.Count(errs, "\n") != 1 || !strings.HasPrefix(errs, "kvbench: -mem VRAM needs a GPU") || !strings.Contains(errs, "no-libcuda.so.1") {
+		t.Errorf("kvbench -mem VRAM without a GPU: exit %d, stdout %q, stderr %q; want exit 1 and one line with the reason", code, out, errs)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "kvbench.json")); err == nil {
+		t.Errorf("a refused run wrote results")
+	}
+	code, _, errs = kvbench("-mem VRAM -mode control")
+	if code != 2 || !strings.Contains(errs, "-mem VRAM applies to engine, paged, rooms") {
+		t.Errorf("kvbench -mem VRAM -mode control: exit %d, %q; want 2 and the modes it applies to", code, errs)
 	}
 }
 
