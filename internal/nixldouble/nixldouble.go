@@ -24,6 +24,7 @@ static long nd_call_long(void *f) { return ((long (*)(void))f)(); }
 static int nd_agent_config(void *f, const char *name, int *sync, uint64_t *delay) {
 	return ((int (*)(const char *, int *, uint64_t *))f)(name, sync, delay);
 }
+static int nd_call_name(void *f, const char *name) { return ((int (*)(const char *))f)(name); }
 */
 import "C"
 
@@ -136,4 +137,48 @@ func AgentConfig(lib, agent string) (sync int, delay time.Duration, err error) {
 		return 0, 0, fmt.Errorf("nixldouble: no live agent %q", agent)
 	}
 	return int(s), time.Duration(d) * time.Microsecond, nil
+}
+
+// AgentProgressThread reports whether the named live agent was created
+// with NIXL's progress thread.
+func AgentProgressThread(lib, agent string) (bool, error) {
+	f, err := sym(lib, "nixl_double_agent_prog")
+	if err != nil {
+		return false, err
+	}
+	cn := C.CString(agent)
+	defer C.free(unsafe.Pointer(cn))
+	switch C.nd_call_name(f, cn) {
+	case 0:
+		return false, nil
+	case 1:
+		return true, nil
+	}
+	return false, fmt.Errorf("nixldouble: no live agent %q", agent)
+}
+
+// Kill models a kill -9 of the named agent's process: nothing reaches its
+// memory any more, and its peers' endpoints to it fail (their error
+// callbacks run on their progress threads, or inside their next post,
+// status or notifications call). The agent itself must still be destroyed.
+func Kill(lib, agent string) error {
+	f, err := sym(lib, "nixl_double_kill")
+	if err != nil {
+		return err
+	}
+	cn := C.CString(agent)
+	defer C.free(unsafe.Pointer(cn))
+	if C.nd_call_name(f, cn) == 0 {
+		return fmt.Errorf("nixldouble: no live agent %q", agent)
+	}
+	return nil
+}
+
+// EndpointFailures counts the endpoints whose error callback ran.
+func EndpointFailures(lib string) (int64, error) {
+	f, err := sym(lib, "nixl_double_ep_failures")
+	if err != nil {
+		return 0, err
+	}
+	return int64(C.nd_call_long(f)), nil
 }
