@@ -310,8 +310,8 @@ func allocIdx(m *metadataBlob) int {
 }
 
 // nixlBlob is a NIXL metadata blob (nixlSerDes) around a UCX worker
-// address, as nixlAgentData::getLocalMD writes it, with an empty memory
-// section.
+// address, as nixlAgentData::getLocalMD writes it, with a memory section
+// of one segment of two descriptors (an 8-byte rkey each).
 func nixlBlob(agent string, conns ...[2][]byte) []byte {
 	b := []byte(nixlSerDesMagic)
 	add := func(tag string, v []byte) {
@@ -327,7 +327,18 @@ func nixlBlob(agent string, conns ...[2][]byte) []byte {
 		add("c", c[1])
 	}
 	add("", []byte("MemSection"))
-	return append(b, "<memory section>"...)
+	add("nixlSecElms", binary.LittleEndian.AppendUint64(nil, 1))
+	add("bknd", []byte("UCX"))
+	add("nixlDList", []byte("nixlSDList"))
+	add("t", binary.LittleEndian.AppendUint32(nil, 0))
+	add("n", binary.LittleEndian.AppendUint64(nil, 2))
+	for i := range 2 {
+		d := binary.LittleEndian.AppendUint64(nil, uint64(0x10000*(i+1)))
+		d = binary.LittleEndian.AppendUint64(d, 4096)
+		d = binary.LittleEndian.AppendUint64(d, 0)
+		add("", append(d, "rkeyrkey"...))
+	}
+	return b
 }
 
 // TestNIXLBlobAddressCheck (issue 23, libnixl): a NIXL blob's UCX worker

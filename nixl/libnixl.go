@@ -6,9 +6,9 @@ package nixl
 #include "libnixl_engine.h"
 
 // Trampolines: cgo cannot call C function pointers directly.
-static int nx_create_configured_agent(kvb_nixl *l, const char *n, int sync, uint64_t delay_us, nx_h *a) {
+static int nx_create_configured_agent(kvb_nixl *l, const char *n, int prog, int sync, uint64_t delay_us, nx_h *a) {
 	nx_agent_config c = {0};
-	c.enable_prog_thread = true;
+	c.enable_prog_thread = prog != 0;
 	c.thread_sync = sync;
 	c.pthr_delay_us = delay_us;
 	c.lthr_delay_us = 100000;
@@ -59,12 +59,16 @@ static int nx_notif_map_clear(kvb_nixl *l, nx_h m) { return l->notif_map_clear(m
 import "C"
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -174,9 +178,20 @@ func memType(k MemKind) C.int {
 // default, 0, makes the thread spin: an idle rank burns a core.
 const DefaultNIXLProgressDelay = 100 * time.Millisecond
 
-// libnixl is the engine on the NIXL C API. The agent is created with
-// NIXL's read-write lock (NIXL_THREAD_SYNC_RW), so concurrent calls are
-// NIXL's to order; life orders them against close.
+// libnixl is the engine on the NIXL C API. The agent is created without
+// NIXL's progress thread and with NIXL's strict lock (NIXL_THREAD_SYNC_STRICT)
+// unless Config.NIXLProgressThread asks for both (then NIXL_THREAD_SYNC_RW),
+// so concurrent calls are NIXL's to order; life orders them against close.
+//
+// Why not the progress thread (issue 22): in NIXL <= 1.4.0 the UCX
+// backend's endpoint error callback closes (frees) the endpoint while a
+// concurrent post has checked its state and is about to use it
+// (nixlUcxEp::err_cb, nixlUcxEp::write): a peer killed mid-transfer crashes
+// this process. Without the progress thread the callback runs only inside a
+// call that touches the worker, and the strict lock lets no post run then.
+// Progress is driven by the Agent's completion watcher (status polls while
+// transfers are in flight) and the decode notifier (Notifs polls while
+// rooms are live); an idle agent makes no calls.
 type libnixl struct {
 	l    *C.kvb_nixl
 	name string
@@ -195,12 +210,29 @@ type libnixl struct {
 	// local checks peers' UCX worker addresses when NIXL's blob is its
 	// serialized form with a UCX connection (nixlmd.go); nil otherwise.
 	local *ucxLocal
+	// serdes: this agent's own blob is NIXL's serialization, so peers'
+	// blobs are walked to their end before NIXL sees them.
+	serdes bool
 
 	mu    sync.Mutex // guards the sets below
 	regs  map[*nixlReg]struct{}
 	reqs  map[*nixlXfer]struct{} // made and not destroyed
 	preps map[C.nx_h]struct{}    // prepared lists not released
 	stuck []*nixlXfer            // release refused: retried until NIXL lets go
+	// down fences the remotes a transfer failed to (issue 22, workaround
+	// B): nothing more is posted to one until its metadata is loaded
+	// again, since NIXL <= 1.4.0 may still hold (or have freed) its
+	// endpoint. conns is each loaded remote's connection info (workaround
+	// C: a name that comes back with other connection info is forgotten
+	// first).
+	down  map[string]error
+	conns map[string][]byte
+	// fenced counts posts refused because their remote was down.
+	fenced atomic.Uint64
+
+	// fmu: post and status hold it for reading, forget for writing, so no
+	// request is used while forget releases it.
+	fmu sync.RWMutex
 }
 
 type nixlReg struct {
@@ -209,8 +241,12 @@ type nixlReg struct {
 }
 
 type nixlXfer struct {
-	req C.nx_h
-	opt C.nx_h
+	req    C.nx_h
+	opt    C.nx_h
+	remote string
+	// dead: forget released the request (its remote's name was reused):
+	// nothing reaches NIXL for it again (fmu).
+	dead bool
 }
 
 // errAgentClosed is what calls on a closed libnixl agent return.
@@ -222,7 +258,7 @@ func openLibNIXL(cfg Config) (backend, error) {
 		return nil, err
 	}
 	n := &libnixl{l: lib, name: cfg.Name, regs: map[*nixlReg]struct{}{}, reqs: map[*nixlXfer]struct{}{},
-		preps: map[C.nx_h]struct{}{}}
+		preps: map[C.nx_h]struct{}{}, down: map[string]error{}, conns: map[string][]byte{}}
 	name := C.CString(cfg.Name)
 	defer C.free(unsafe.Pointer(name))
 	delay := cfg.NIXLProgressDelay
@@ -232,7 +268,11 @@ func openLibNIXL(cfg Config) (backend, error) {
 	// Out-parameters are Go locals: a pointer into a struct holding Go
 	// pointers may not be passed to C.
 	var agent C.nx_h
-	st := C.nx_create_configured_agent(lib, name, C.NX_SYNC_RW, C.uint64_t(delay.Microseconds()), &agent)
+	prog, syncMode := C.int(0), C.int(C.NX_SYNC_STRICT)
+	if cfg.NIXLProgressThread { // opt-in: unsafe on NIXL <= 1.4.0 when a peer dies
+		prog, syncMode = 1, C.NX_SYNC_RW
+	}
+	st := C.nx_create_configured_agent(lib, name, prog, syncMode, C.uint64_t(delay.Microseconds()), &agent)
 	if err := nxErr("nixl_capi_create_configured_agent", st); err != nil {
 		return nil, fmt.Errorf("libnixl agent %q: %w", cfg.Name, err)
 	}
@@ -397,22 +437,66 @@ func (n *libnixl) loadRemote(md []byte) (string, []remoteRegion, error) {
 	if err := n.checkPeer(m); err != nil {
 		return "", nil, fmt.Errorf("agent %q: %w", m.agent, err)
 	}
+	conn := nixlConnKey(m.payload)
 	if !n.live() {
 		return "", nil, errAgentClosed
 	}
 	defer n.life.RUnlock()
+	n.mu.Lock()
+	old, known := n.conns[m.agent]
+	n.mu.Unlock()
+	if known && !bytes.Equal(old, conn) {
+		// The name comes back with other connection info (a restarted
+		// peer): release its requests, then invalidate it in NIXL, before
+		// NIXL sees the new blob (workaround C; the Agent holds its load
+		// lock for writing, so no post runs meanwhile).
+		_ = n.forget(m.agent)
+	}
 	p := C.CBytes(m.payload)
 	defer C.free(p)
 	var name *C.char
 	if err := nxErr("nixl_capi_load_remote_md", C.nx_load_remote_md(n.l, n.agent, p, C.size_t(len(m.payload)), &name)); err != nil {
-		return "", nil, fmt.Errorf("%w: %w", err, ErrBadMetadata)
+		n.mu.Lock()
+		delete(n.conns, m.agent) // NIXL's state for the name is unknown now
+		n.mu.Unlock()
+		// The name comes back with the error: NIXL <= 1.4.0 may have
+		// dropped what it held of the agent (a refused load erases its
+		// memory section), so the Agent forgets it too.
+		return m.agent, nil, fmt.Errorf("NIXL refused agent %q's metadata: %w: %w", m.agent, err, ErrBadMetadata)
 	}
 	got := C.GoString(name)
 	C.nx_mem_free(n.l, unsafe.Pointer(name)) // NIXL's string, ours to free
 	if got != m.agent {
 		return "", nil, fmt.Errorf("agent %q: NIXL names the agent %q: %w", m.agent, got, ErrBadMetadata)
 	}
+	n.mu.Lock()
+	n.conns[got] = conn
+	delete(n.down, got) // loaded again: posts may go to it
+	n.mu.Unlock()
 	return got, m.remoteRegions(), nil
+}
+
+// nixlConnKey is what identifies a NIXL blob's connection: its backends'
+// connection info (a restarted peer's UCX worker address differs), or nil
+// when kvbridge cannot parse the blob.
+func nixlConnKey(payload []byte) []byte {
+	md, err := parseNIXLMD(payload)
+	if err != nil {
+		return nil
+	}
+	names := make([]string, 0, len(md.conns))
+	for t := range md.conns {
+		names = append(names, t)
+	}
+	slices.Sort(names)
+	var k []byte
+	for _, t := range names {
+		k = binary.LittleEndian.AppendUint64(k, uint64(len(t)))
+		k = append(k, t...)
+		k = binary.LittleEndian.AppendUint64(k, uint64(len(md.conns[t])))
+		k = append(k, md.conns[t]...)
+	}
+	return k
 }
 
 func (n *libnixl) invalidate(name string) error {
@@ -420,10 +504,47 @@ func (n *libnixl) invalidate(name string) error {
 		return errAgentClosed
 	}
 	defer n.life.RUnlock()
+	return n.forget(name)
+}
+
+// forget releases every request towards name, then invalidates name in
+// NIXL (agent held; the Agent's load lock held for writing). Released
+// requests are marked dead, so the watcher's status polls and a repost
+// never hand them to NIXL again: in NIXL <= 1.4.0 a request that
+// completed but was never polled would send its notification through
+// whatever connection the name has then (a restarted peer's).
+func (n *libnixl) forget(name string) error {
+	n.fmu.Lock()
+	defer n.fmu.Unlock()
+	n.mu.Lock()
+	var drop []*nixlXfer
+	for nx := range n.reqs {
+		if nx.remote == name {
+			drop = append(drop, nx)
+		}
+	}
+	delete(n.conns, name)
+	n.mu.Unlock()
+	for _, nx := range drop {
+		_ = n.dropReq(nx) // a refused release is retried later (stuck)
+		nx.dead = true
+	}
 	c := C.CString(name)
 	defer C.free(unsafe.Pointer(c))
 	return nxErr("nixl_capi_invalidate_remote_md", C.nx_invalidate_remote_md(n.l, n.agent, c))
 }
+
+// fence marks remote down after a failed transfer (workaround B).
+func (n *libnixl) fence(remote string, err error) {
+	n.mu.Lock()
+	if _, ok := n.down[remote]; !ok {
+		n.down[remote] = err
+	}
+	n.mu.Unlock()
+}
+
+// fencedPosts counts the posts refused because their remote was down.
+func (n *libnixl) fencedPosts() uint64 { return n.fenced.Load() }
 
 func (n *libnixl) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 	if !n.live() {
@@ -476,13 +597,28 @@ func (n *libnixl) post(x *Xfer) error {
 		return errAgentClosed
 	}
 	defer n.life.RUnlock()
+	n.fmu.RLock()
+	defer n.fmu.RUnlock()
+	n.mu.Lock()
+	why, down := n.down[x.Remote]
+	n.mu.Unlock()
+	if down {
+		// NIXL <= 1.4.0 may be tearing this remote's endpoint down (or
+		// have freed it): nothing more goes to it until it is loaded again.
+		n.fenced.Add(1)
+		return fmt.Errorf("libnixl: remote %q is fenced since a transfer to it failed (%v); it must load its metadata again: %w",
+			x.Remote, why, ErrTransfer)
+	}
 	nx, _ := x.handle.(*nixlXfer)
+	if nx != nil && nx.dead {
+		return fmt.Errorf("libnixl: remote %q was invalidated since this transfer was made: %w", x.Remote, ErrRemoteUnknown)
+	}
 	if nx == nil {
 		opt, err := n.newOpt()
 		if err != nil {
 			return err
 		}
-		nx = &nixlXfer{opt: opt}
+		nx = &nixlXfer{opt: opt, remote: x.Remote}
 		if x.Notif != nil {
 			msg := C.CBytes(x.Notif)
 			st := C.nx_opt_args_set_notif_msg(n.l, nx.opt, msg, C.size_t(len(x.Notif)))
@@ -516,7 +652,11 @@ func (n *libnixl) post(x *Xfer) error {
 		n.mu.Unlock()
 		x.handle = nx
 	}
-	return nxErr("nixl_capi_post_xfer_req", C.nx_post_xfer_req(n.l, n.agent, nx.req, nx.opt))
+	err := nxErr("nixl_capi_post_xfer_req", C.nx_post_xfer_req(n.l, n.agent, nx.req, nx.opt))
+	if err != nil {
+		n.fence(x.Remote, err)
+	}
+	return err
 }
 
 // status asks NIXL. With NIXL's UCX backend this call is also what sends a
@@ -531,6 +671,11 @@ func (n *libnixl) status(x *Xfer) (XferState, error) {
 		return Failed, errAgentClosed
 	}
 	defer n.life.RUnlock()
+	n.fmu.RLock()
+	defer n.fmu.RUnlock()
+	if nx.dead {
+		return Failed, fmt.Errorf("libnixl: remote %q invalidated in flight: %w", nx.remote, ErrRemoteUnknown)
+	}
 	st := C.nx_get_xfer_status(n.l, n.agent, nx.req)
 	switch st {
 	case C.NX_SUCCESS:
@@ -538,7 +683,9 @@ func (n *libnixl) status(x *Xfer) (XferState, error) {
 	case C.NX_IN_PROG:
 		return InProgress, nil
 	}
-	return Failed, nxErr("nixl_capi_get_xfer_status", st)
+	err := nxErr("nixl_capi_get_xfer_status", st)
+	n.fence(nx.remote, err)
+	return Failed, err
 }
 
 func (n *libnixl) release(x *Xfer) error {
@@ -551,7 +698,12 @@ func (n *libnixl) release(x *Xfer) error {
 		return nil // close released it
 	}
 	defer n.life.RUnlock()
+	n.fmu.RLock()
+	defer n.fmu.RUnlock()
 	n.retryStuck()
+	if nx.dead {
+		return nil // forget released it
+	}
 	return n.dropReq(nx)
 }
 

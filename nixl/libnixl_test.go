@@ -60,6 +60,29 @@ func TestLibNIXLInjectedErrors(t *testing.T) {
 	if !errors.As(err, &ne) || ne.Status != -2 || ne.Call != "nixl_capi_post_xfer_req" || !errors.Is(err, ErrTransfer) {
 		t.Fatalf("post with an injected backend error: %v", err)
 	}
+	// Issue 22: the remote is fenced until its metadata loads again.
+	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
+	if err := p.ini.Post(x); !errors.Is(err, ErrTransfer) || errors.As(err, &ne) || !strings.Contains(err.Error(), p.remote) ||
+		p.ini.PostsFenced() != 1 {
+		t.Fatalf("post after a failed one: %v (%d fenced)", err, p.ini.PostsFenced())
+	}
+	p.ini.Release(x)
+	reload := func() {
+		t.Helper()
+		md, err := p.tgt.Metadata()
+		if err == nil {
+			_, err = p.ini.LoadRemote(md)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, _ = p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
+		r, _ = p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
+		if x, err = p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reload()
 	t.Setenv("KVB_NIXL_DOUBLE_FAIL", "nixl_capi_get_xfer_status")
 	if err := p.ini.Post(x); err != nil {
 		t.Fatal(err)
@@ -68,6 +91,11 @@ func TestLibNIXLInjectedErrors(t *testing.T) {
 		t.Fatalf("status with an injected error: %v %v", st, err)
 	}
 	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
+	if err := p.ini.Post(x); !errors.Is(err, ErrTransfer) || p.ini.PostsFenced() != 2 {
+		t.Fatalf("post after a failed status: %v (%d fenced)", err, p.ini.PostsFenced())
+	}
+	p.ini.Release(x)
+	reload()
 	p.ini.Release(x)
 
 	for fn, call := range map[string]func() error{
@@ -76,7 +104,6 @@ func TestLibNIXLInjectedErrors(t *testing.T) {
 		"nixl_capi_prep_xfer_dlist": func() error { _, err := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)}); return err },
 		"nixl_capi_gen_notif":       func() error { return p.ini.GenNotif(p.remote, []byte("x")) },
 		"nixl_capi_get_notifs":      func() error { _, err := p.tgt.Notifs(); return err },
-		"nixl_capi_load_remote_md":  func() error { md, _ := p.tgt.Metadata(); _, err := p.ini.LoadRemote(md); return err },
 		"nixl_capi_make_xfer_req": func() error {
 			_, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
 			return postNew(p.ini, l, r, err)
@@ -100,6 +127,21 @@ func TestLibNIXLInjectedErrors(t *testing.T) {
 		if !errors.As(err, &ne) || ne.Call[:len(fn)] != fn {
 			t.Errorf("%s: want a NIXLError naming the call, got %v", fn, err)
 		}
+	}
+	// Last: a load NIXL refuses drops the remote on kvbridge's side too
+	// (issue 22: NIXL may have dropped its section), until a load succeeds.
+	md, _ := p.tgt.Metadata()
+	t.Setenv("KVB_NIXL_DOUBLE_FAIL", "nixl_capi_load_remote_md")
+	_, err = p.ini.LoadRemote(md)
+	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
+	if !errors.As(err, &ne) || ne.Call != "nixl_capi_load_remote_md" || !errors.Is(err, ErrBadMetadata) {
+		t.Errorf("nixl_capi_load_remote_md: want a NIXLError naming the call, got %v", err)
+	}
+	if _, err := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)}); !errors.Is(err, ErrRemoteUnknown) {
+		t.Errorf("prep after a refused load: %v, want ErrRemoteUnknown", err)
+	}
+	if _, err := p.ini.LoadRemote(md); err != nil {
+		t.Errorf("the same blob again: %v", err)
 	}
 }
 
@@ -150,25 +192,36 @@ func TestLibNIXLBackendParams(t *testing.T) {
 	}
 }
 
-// Agents are created with NIXL's read-write lock and a progress thread that
-// sleeps when idle: nixl_capi_create_agent gives neither (no locking, a
-// thread that spins a core).
+// Agents are created without NIXL's progress thread and with NIXL's strict
+// lock (issue 22: NIXL <= 1.4.0's progress thread frees an endpoint under a
+// concurrent post when a peer dies), the progress thread and the
+// read-write lock only when Config.NIXLProgressThread asks; the progress
+// thread's delay is set either way (nixl_capi_create_agent gives no locking
+// and a thread that spins a core).
 func TestLibNIXLAgentConfig(t *testing.T) {
 	needDouble(t)
 	for _, c := range []struct {
 		delay, want time.Duration
-	}{{0, DefaultNIXLProgressDelay}, {5 * time.Millisecond, 5 * time.Millisecond}} {
-		a, err := Open(Config{Name: "nx-config-" + c.delay.String(), Engine: EngineLibNIXL, NIXLLib: doubleLib(), NIXLProgressDelay: c.delay})
+		prog        bool
+		sync        int
+	}{
+		{0, DefaultNIXLProgressDelay, false, nixldouble.SyncStrict},
+		{5 * time.Millisecond, 5 * time.Millisecond, false, nixldouble.SyncStrict},
+		{0, DefaultNIXLProgressDelay, true, nixldouble.SyncRW},
+	} {
+		name := fmt.Sprintf("nx-config-%v-%v", c.delay, c.prog)
+		a, err := Open(Config{Name: name, Engine: EngineLibNIXL, NIXLLib: doubleLib(), NIXLProgressDelay: c.delay, NIXLProgressThread: c.prog})
 		if err != nil {
 			t.Fatal(err)
 		}
 		sync, delay, err := nixldouble.AgentConfig(doubleLib(), a.Name())
+		prog, perr := nixldouble.AgentProgressThread(doubleLib(), a.Name())
 		a.Close()
-		if err != nil {
-			t.Fatal(err)
+		if err != nil || perr != nil {
+			t.Fatal(err, perr)
 		}
-		if sync != nixldouble.SyncRW || delay != c.want {
-			t.Errorf("agent made with thread sync %d and progress delay %v, want %d (RW) and %v", sync, delay, nixldouble.SyncRW, c.want)
+		if sync != c.sync || delay != c.want || prog != c.prog {
+			t.Errorf("%s: agent made with thread sync %d, progress thread %v, delay %v; want %d, %v, %v", name, sync, prog, delay, c.sync, c.prog, c.want)
 		}
 	}
 }

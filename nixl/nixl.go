@@ -140,6 +140,16 @@ type Config struct {
 	// between passes when no event wakes it (libnixl engine; 0:
 	// DefaultNIXLProgressDelay). NIXL's own default, 0, spins a core.
 	NIXLProgressDelay time.Duration
+	// NIXLProgressThread creates libnixl agents with NIXL's progress thread
+	// and NIXL's read-write lock (NIXL_THREAD_SYNC_RW), as kvbridge did
+	// before issue 22. UNSAFE on NIXL <= 1.4.0 when a peer dies: the UCX
+	// backend's endpoint error callback, run on that thread, frees the
+	// endpoint while a concurrent post uses it, and the process crashes
+	// (SIGSEGV in ucp_put_nbx; fixed in NIXL after 1.4.0, commit
+	// 3e3e083c9). Off (the default): no progress thread and NIXL's strict
+	// lock; kvbridge's completion watcher and decode notifier drive
+	// progress while transfers or rooms are live.
+	NIXLProgressThread bool
 	// Device is the CUDA device whose context the ucx engine uses to map
 	// peers' VRAM and copy to and from it.
 	Device int
@@ -590,11 +600,29 @@ func (a *Agent) LoadRemote(md []byte) (string, error) {
 		if errors.Is(err, ErrBadMetadata) {
 			a.refusedMD.Add(1)
 		}
+		if _, ok := a.remotes[name]; ok && name != "" {
+			// The engine refused the blob after handing it to its library
+			// (libnixl: NIXL may have dropped the agent's section): the
+			// remote is gone until a blob loads, and lists prepared for it
+			// are stale.
+			delete(a.remotes, name)
+			a.gens[name]++
+		}
 		return "", fmt.Errorf("agent %s: load remote metadata: %w", a.name, err)
 	}
 	a.remotes[name] = newRegionIndex(regions)
 	a.gens[name]++
 	return name, nil
+}
+
+// PostsFenced counts the posts the engine refused because an earlier
+// transfer to the same remote failed and its metadata was not loaded again
+// since (libnixl, issue 22; 0 on other engines).
+func (a *Agent) PostsFenced() uint64 {
+	if f, ok := a.b.(interface{ fencedPosts() uint64 }); ok {
+		return f.fencedPosts()
+	}
+	return 0
 }
 
 // MetadataRefused counts the peers' metadata blobs LoadRemote refused as

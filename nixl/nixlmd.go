@@ -25,15 +25,15 @@ import (
 //
 // The UCX backend's conninfo is its worker address, passed as it is to
 // ucp_ep_create for every worker of the loading agent (nixlUcxEngine::
-// loadRemoteConnInfo). So the libnixl engine parses the blob up to the
-// memory section and checks that address exactly as the ucx engine checks
-// its peers' (addrcheck.go), against what NIXL's UCX writes itself (this
-// agent's own blob, the release of the libucp NIXL's plugin mapped). Not
-// covered: the memory section, whose per-backend descriptors carry the
-// packed rkeys NIXL hands to ucp_ep_rkey_unpack (its serialization
-// (nixlSecDesc) differs across NIXL releases and kvbridge does not parse
-// it), and blobs that are not nixlSerDes at all (the C test double's):
-// those go to NIXL as before.
+// loadRemoteConnInfo). So the libnixl engine parses the whole blob and
+// checks that address exactly as the ucx engine checks its peers'
+// (addrcheck.go), against what NIXL's UCX writes itself (this agent's own
+// blob, the release of the libucp NIXL's plugin mapped). The memory section
+// is walked to the blob's end (framing, counts, descriptors of at least
+// nixlBasicDesc's 24 bytes: a truncated blob, or one with bytes after its
+// end, is refused), but the packed rkeys the descriptors carry for
+// ucp_ep_rkey_unpack are not parsed. When this agent's own blob is not
+// nixlSerDes, peers' blobs go to NIXL unchecked.
 const nixlSerDesMagic = "nixlSerDes|"
 
 // nixlMD is the head of a NIXL metadata blob.
@@ -107,6 +107,78 @@ func parseNIXLMD(b []byte) (*nixlMD, error) {
 	if string(sec) != "MemSection" {
 		return nil, fmt.Errorf("%q where the memory section starts", sec)
 	}
+	// The memory section, as NIXL 1.x writes it (nixlLocalSection::
+	// serialize, nixlDescList<nixlBlobDesc>::serialize):
+	//
+	//	"nixlSecElms" 8 count(u64) "|"
+	//	count × { "bknd" len backend "|" "nixlDList" 10 "nixlSDList" "|"
+	//	          "t" 4 mem(u32) "|" "n" 8 ndesc(u64) "|"
+	//	          ndesc × { "" len(>= 24) addr,len,dev(u64 each) rkey… "|" } }
+	//
+	// and nothing after it. NIXL <= 1.4.0 loads the connection info before
+	// it parses the section, and a section it then refuses leaves that
+	// connection behind: the agent could never load the peer's genuine
+	// blob again (issue 22). So a blob is walked to its end here and
+	// refused before NIXL sees it.
+	n8 := func(tag string) (uint64, error) {
+		v, err := field(tag)
+		if err != nil {
+			return 0, err
+		}
+		if len(v) != 8 {
+			return 0, fmt.Errorf("field %q of %d bytes, want 8", tag, len(v))
+		}
+		return binary.LittleEndian.Uint64(v), nil
+	}
+	segs, err := n8("nixlSecElms")
+	if err != nil {
+		return nil, err
+	}
+	if segs > 64 {
+		return nil, fmt.Errorf("%d memory segments", segs)
+	}
+	for s := uint64(0); s < segs; s++ {
+		bk, err := field("bknd")
+		if err != nil {
+			return nil, err
+		}
+		if len(bk) == 0 {
+			return nil, fmt.Errorf("segment %d: empty backend name", s)
+		}
+		kind, err := field("nixlDList")
+		if err != nil {
+			return nil, err
+		}
+		if string(kind) != "nixlSDList" {
+			return nil, fmt.Errorf("segment %d: descriptor list of type %q", s, kind)
+		}
+		mem, err := field("t")
+		if err != nil {
+			return nil, err
+		}
+		if len(mem) != 4 {
+			return nil, fmt.Errorf("segment %d: memory type of %d bytes", s, len(mem))
+		}
+		nd, err := n8("n")
+		if err != nil {
+			return nil, err
+		}
+		if nd > uint64(len(b)-off)/(8+24+1) { // each at least a length, a descriptor and its '|'
+			return nil, fmt.Errorf("segment %d: %d descriptors in %d bytes", s, nd, len(b)-off)
+		}
+		for i := uint64(0); i < nd; i++ {
+			d, err := field("")
+			if err != nil {
+				return nil, fmt.Errorf("segment %d descriptor %d: %w", s, i, err)
+			}
+			if len(d) < 24 {
+				return nil, fmt.Errorf("segment %d descriptor %d of %d bytes, want at least 24", s, i, len(d))
+			}
+		}
+	}
+	if off != len(b) {
+		return nil, fmt.Errorf("%d bytes after the memory section", len(b)-off)
+	}
 	return m, nil
 }
 
@@ -126,6 +198,8 @@ func (n *libnixl) learnLocal(ver ucxVersion) error {
 		return err
 	}
 	n.local = l
+	_, err = parseNIXLMD(own)
+	n.serdes = err == nil
 	return nil
 }
 
@@ -153,6 +227,18 @@ func nixlLocal(own []byte, ver ucxVersion) (*ucxLocal, error) {
 
 // checkPeer validates the part of a peer's NIXL blob kvbridge can parse.
 func (n *libnixl) checkPeer(m *metadataBlob) error {
+	if n.local == nil && n.serdes {
+		// No UCX address to check (a NIXL without UCX connection info),
+		// but the blob is still walked to its end.
+		md, err := parseNIXLMD(m.payload)
+		if err != nil {
+			return fmt.Errorf("NIXL metadata: %v: %w", err, ErrBadMetadata)
+		}
+		if md.agent != m.agent {
+			return fmt.Errorf("NIXL metadata names the agent %q: %w", md.agent, ErrBadMetadata)
+		}
+		return nil
+	}
 	return checkNIXLPeer(n.local, m)
 }
 

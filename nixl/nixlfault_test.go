@@ -1,0 +1,354 @@
+package nixl
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/nixldouble"
+)
+
+// Issue 22: a peer that dies mid-transfer, and bad metadata, on the libnixl
+// engine (NIXL 1.4.0's failures, modelled by the NIXL double).
+
+// issue22Blobs are item 3's two blobs made from a genuine NIXL blob: its
+// last byte dropped, and its last 64 bytes set to 0xff.
+func issue22Blobs(genuine []byte) map[string][]byte {
+	ff := bytes.Clone(genuine)
+	for i := max(len(ff)-64, 0); i < len(ff); i++ {
+		ff[i] = 0xff
+	}
+	return map[string][]byte{"last byte dropped": bytes.Clone(genuine[:len(genuine)-1]), "last 64 bytes 0xff": ff}
+}
+
+// TestNIXLBlobWalk: the blob check walks NIXL 1.x's memory section to the
+// blob's end: item 3's blobs, every truncation, trailing bytes and a
+// descriptor shorter than nixlBasicDesc are refused; the genuine blob
+// parses.
+func TestNIXLBlobWalk(t *testing.T) {
+	genuine := nixlBlob("peer", [2][]byte{[]byte("UCX"), []byte("address")})
+	if md, err := parseNIXLMD(genuine); err != nil || md.agent != "peer" || string(md.conns["UCX"]) != "address" {
+		t.Fatalf("genuine: %+v %v", md, err)
+	}
+	for name, b := range issue22Blobs(genuine) {
+		if _, err := parseNIXLMD(b); err == nil {
+			t.Errorf("%s: parsed", name)
+		}
+	}
+	for n := len(nixlSerDesMagic); n < len(genuine); n++ {
+		if _, err := parseNIXLMD(genuine[:n]); err == nil {
+			t.Fatalf("truncated to %d of %d bytes: parsed", n, len(genuine))
+		}
+	}
+	if _, err := parseNIXLMD(append(bytes.Clone(genuine), 0xff)); err == nil || !strings.Contains(err.Error(), "after the memory section") {
+		t.Errorf("a trailing byte: %v", err)
+	}
+	short := bytes.Clone(genuine)
+	i := bytes.LastIndex(short, []byte("rkeyrkey"))
+	// The last descriptor's length field (8 bytes before its 32 bytes),
+	// made 23: what follows no longer frames.
+	short[i-24-8] = 23
+	if _, err := parseNIXLMD(short); err == nil {
+		t.Errorf("a 23-byte descriptor: parsed")
+	}
+}
+
+// envelopeWith is md with its NIXL blob replaced.
+func envelopeWith(t *testing.T, a *Agent, md, payload []byte) []byte {
+	t.Helper()
+	m, err := decodeMetadata(md, EngineLibNIXL, a.b.(*libnixl).library)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.payload = payload
+	return m.encode()
+}
+
+// TestLibNIXLBadThenGenuineMetadata (issue 22 item 3): NIXL 1.4.0 keeps
+// the connection info of a blob whose memory section it refuses and then
+// refuses that agent's genuine blob too (the double does the same). Item
+// 3's blobs are refused before NIXL sees them, and the genuine blob then
+// loads and is written to byte-exact, whether or not a good load came
+// first.
+func TestLibNIXLBadThenGenuineMetadata(t *testing.T) {
+	for _, goodFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("good-first=%v", goodFirst), func(t *testing.T) {
+			needDouble(t)
+			mk := func(role string) *Agent {
+				a, err := Open(Config{Name: fmt.Sprintf("nx-md-%s-%v", role, goodFirst), Engine: EngineLibNIXL, NIXLLib: doubleLib()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { a.Close() })
+				return a
+			}
+			ini, tgt := mk("ini"), mk("tgt")
+			_, src, _ := ini.Alloc(1 << 16)
+			_, dst, _ := tgt.Alloc(1 << 16)
+			md, err := tgt.Metadata()
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := decodeMetadata(md, EngineLibNIXL, ini.b.(*libnixl).library)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if goodFirst {
+				if _, err := ini.LoadRemote(md); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for name, b := range issue22Blobs(m.payload) {
+				if _, err := ini.LoadRemote(envelopeWith(t, ini, md, b)); !errors.Is(err, ErrBadMetadata) {
+					t.Fatalf("%s: %v, want ErrBadMetadata", name, err)
+				}
+			}
+			if n := ini.MetadataRefused(); n != 2 {
+				t.Errorf("%d blobs refused, want 2", n)
+			}
+			name, err := ini.LoadRemote(md)
+			if err != nil {
+				t.Fatalf("the genuine blob after item 3's: %v", err)
+			}
+			for i := range src {
+				src[i] = byte(i*7 + 3)
+			}
+			l, _ := ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
+			r, err := ini.PrepRemote(name, DRAM, []Desc{BytesDesc(dst)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			x, err := ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
+			if err == nil {
+				err = ini.Post(x)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st, err := wait(t, ini, x, time.Minute); st != Done || err != nil {
+				t.Fatalf("write: %v %v", st, err)
+			}
+			if !bytes.Equal(src, dst) {
+				t.Fatal("write not byte-exact")
+			}
+			ini.Release(x)
+		})
+	}
+}
+
+// The kill test's child: KVBRIDGE_NIXL_KILL_CHILD names the mode ("strict":
+// the default agent config; "progress": Config.NIXLProgressThread).
+const killChildEnv = "KVBRIDGE_NIXL_KILL_CHILD"
+
+// TestLibNIXLKilledPeer (issue 22 items 1 and 2): a prefill agent writing
+// from 8 goroutines (1,024 descriptors a write, with a notification) to two
+// decode agents has one killed mid-transfer (the double's kill -9: its
+// endpoints fail, detected as NIXL detects them), 5 times in a re-executed
+// child process. The child must survive each kill, fail exactly the killed
+// decode's writes, and serve a new decode agent of the same name
+// byte-exact. With the opt-in progress thread (NIXL's read-write lock) the
+// double aborts as NIXL 1.4.0 crashed.
+func TestLibNIXLKilledPeer(t *testing.T) {
+	if os.Getenv(killChildEnv) != "" {
+		killChild(t, os.Getenv(killChildEnv) == "progress")
+		return
+	}
+	needDouble(t)
+	run := func(mode string) (string, error) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestLibNIXLKilledPeer$", "-test.count=1")
+		cmd.Env = append(os.Environ(), killChildEnv+"="+mode, "KVB_NIXL_DOUBLE_PUT_US=20")
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run("strict")
+	if err != nil || !strings.Contains(out, "killed-peer rounds: 5") {
+		t.Fatalf("the default agent config did not survive its peers' deaths: %v\n%s", err, out)
+	}
+	out, err = run("progress")
+	if err == nil || !strings.Contains(out, "NIXL 1.4.0 crashes here") {
+		t.Fatalf("with NIXL's progress thread the double did not crash as NIXL 1.4.0 did: %v\n%s", err, out)
+	}
+}
+
+func killChild(t *testing.T, prog bool) {
+	const (
+		descs  = 1024
+		piece  = 1024
+		rounds = 5
+	)
+	lib := doubleLib()
+	open := func(name string) *Agent {
+		a, err := Open(Config{Name: name, Engine: EngineLibNIXL, NIXLLib: lib, NIXLProgressThread: prog, XferTimeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	pre := open("kill-prefill")
+	defer pre.Close()
+	other := open("kill-other")
+	defer other.Close()
+	_, src, err := pre.Alloc(descs * piece)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range src {
+		src[i] = byte(i*13 + 1)
+	}
+	_, odst, _ := other.Alloc(descs * piece)
+	if _, err := pre.LoadRemote(mustMD(t, other)); err != nil {
+		t.Fatal(err)
+	}
+	pieces := func(b []byte) []Desc {
+		d := make([]Desc, descs)
+		for i := range d {
+			d[i] = BytesDesc(b[i*piece : (i+1)*piece])
+		}
+		return d
+	}
+	idx := make([]int, descs)
+	for i := range idx {
+		idx[i] = i
+	}
+	local, err := pre.PrepLocal(DRAM, pieces(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(remote *Prepped) (*Xfer, error) {
+		x, err := pre.NewXfer(Write, local, idx, remote, idx, []byte("n"))
+		if err != nil {
+			return nil, err
+		}
+		if err := pre.Post(x); err != nil {
+			return x, err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		st, err := pre.Wait(ctx, x)
+		if err == nil && st != Done {
+			err = fmt.Errorf("state %v", st)
+		}
+		return x, err
+	}
+	oprep, err := pre.PrepRemote(other.Name(), DRAM, pieces(odst))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < rounds; round++ {
+		dec := open("kill-decode")
+		_, ddst, _ := dec.Alloc(descs * piece)
+		name, err := pre.LoadRemote(mustMD(t, dec))
+		if err != nil {
+			t.Fatalf("round %d: loading the (new) decode: %v", round, err)
+		}
+		dprep, err := pre.PrepRemote(name, DRAM, pieces(ddst))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var decDone, decFailed, otherFailed atomic.Int64
+		var otherErr atomic.Value
+		stopOther := make(chan struct{})
+		decStopped := make(chan struct{})
+		enough := make(chan struct{})
+		var once sync.Once
+		var decWG, wg sync.WaitGroup
+		for g := 0; g < 8; g++ {
+			toDec := g < 6
+			wg.Add(1)
+			if toDec {
+				decWG.Add(1)
+			}
+			go func() {
+				defer wg.Done()
+				if toDec {
+					defer decWG.Done()
+				}
+				for {
+					if toDec {
+						x, err := write(dprep)
+						if x != nil {
+							pre.Release(x)
+						}
+						if err != nil {
+							decFailed.Add(1)
+							return // this decode is dead: its writes fail
+						}
+						if decDone.Add(1) >= 4 {
+							once.Do(func() { close(enough) })
+						}
+						continue
+					}
+					select {
+					case <-stopOther:
+						return
+					default:
+					}
+					x, err := write(oprep)
+					if x != nil {
+						pre.Release(x)
+					}
+					if err != nil {
+						otherFailed.Add(1)
+						otherErr.Store(err)
+						return
+					}
+				}
+			}()
+		}
+		<-enough
+		if err := nixldouble.Kill(lib, name); err != nil { // kill -9, mid-transfer
+			t.Fatal(err)
+		}
+		go func() { decWG.Wait(); close(decStopped) }()
+		<-decStopped
+		close(stopOther)
+		wg.Wait()
+		if decFailed.Load() != 6 || otherFailed.Load() != 0 {
+			t.Fatalf("round %d: %d of the killed decode's 6 writers failed, %d of the other decode's 2 (%v)",
+				round, decFailed.Load(), otherFailed.Load(), otherErr.Load())
+		}
+		dprep.Release()
+		dec.Close()
+		// A new decode process, same agent name: served byte-exact.
+		dec = open("kill-decode")
+		_, ddst, _ = dec.Alloc(descs * piece)
+		if _, err := pre.LoadRemote(mustMD(t, dec)); err != nil {
+			t.Fatalf("round %d: loading the restarted decode: %v", round, err)
+		}
+		if dprep, err = pre.PrepRemote(name, DRAM, pieces(ddst)); err != nil {
+			t.Fatal(err)
+		}
+		x, err := write(dprep)
+		if err != nil {
+			t.Fatalf("round %d: writing to the restarted decode: %v", round, err)
+		}
+		pre.Release(x)
+		if !bytes.Equal(ddst, src) {
+			t.Fatalf("round %d: the restarted decode's write is not byte-exact", round)
+		}
+		if x, err = write(oprep); err != nil {
+			t.Fatalf("round %d: the other decode after: %v", round, err)
+		}
+		pre.Release(x)
+		dprep.Release()
+		dec.Close()
+	}
+	fmt.Printf("killed-peer rounds: %d (posts fenced: %d)\n", rounds, pre.PostsFenced())
+}
+
+func mustMD(t *testing.T, a *Agent) []byte {
+	t.Helper()
+	md, err := a.Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return md
+}
