@@ -101,7 +101,10 @@ type source struct {
 	full   int // chunks whose every layer landed
 	// spanLo, spanHi: the layers it writes, as its first chunk
 	// notification said (spanHi 0: none yet); every chunk names them.
+	// legacy: its notifications are the earlier revision's (whole
+	// chunks, no positions or layers told: the span is a stand-in).
 	spanLo, spanHi int
+	legacy         bool
 	total          int
 	aux            bool
 	acked          bool
@@ -133,6 +136,7 @@ func (s *source) record(in Notified, bugs bugs) bool {
 	}
 	if in.Hi == 0 { // a whole chunk, positions not told (earlier revision)
 		in.Off, in.N, in.Lo, in.Hi, in.SpanLo, in.SpanHi = -1, 0, 0, 1, 0, 1
+		s.legacy = true
 	}
 	if in.SpanLo < 0 || in.SpanHi <= in.SpanLo || in.SpanHi-in.SpanLo > maxNotifLayers ||
 		in.Lo < in.SpanLo || in.Hi > in.SpanHi || in.Lo >= in.Hi || in.Off < -1 || in.N < 0 || in.N > maxNotifChunks*maxNotifLayers {

@@ -697,8 +697,9 @@ func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
 		}
 		writes = append(writes, aux)
 	}
-	// The worker posts these in order, one at a time: only the room's very
-	// final write may complete it.
+	// The worker posts these in order (up to two at once, never past a
+	// write without a notification): the room succeeds here once its very
+	// final write completed and none is in flight.
 	for i := range writes {
 		writes[i].Last = last && whole && i == len(writes)-1
 	}

@@ -84,6 +84,20 @@ func TestSendLayersInOrder(t *testing.T) {
 	})
 }
 
+// kvbridge_transfer_bytes_total counts the layers a write moved, not every
+// layer of its pages.
+func TestWriteBytesCountsItsLayers(t *testing.T) {
+	l := simLayout() // 2 layers, 64-byte pages
+	w := transfer.Write{Runs: []transfer.Run{{Src: 0, Dst: 0, Len: 3}}, AuxSrc: -1, State: -1}
+	if got := writeBytes(&w, l); got != 3*64*4 {
+		t.Fatalf("whole chunk: %d bytes, want %d", got, 3*64*4)
+	}
+	w.Layers = transfer.Layers{Lo: 1, Hi: 2}
+	if got := writeBytes(&w, l); got != 3*64*2 {
+		t.Fatalf("layer 1 of 2: %d bytes, want %d", got, 3*64*2)
+	}
+}
+
 // Notifications: the layered form and the earlier revision's parse into
 // the same input; numbers out of range are refused.
 func TestParseNotif(t *testing.T) {
@@ -178,6 +192,30 @@ func TestLoadReport(t *testing.T) {
 			t.Fatalf("after a forced release: %+v %v, want code out_of_range, nothing vouched for", r, ok)
 		}
 	})
+}
+
+// A source of the earlier revision tells no positions or layers: its
+// report vouches for nothing and names no layers, so Whole claims nothing
+// for layers it may write (it would claim another source's layers whole
+// while the old source's heads there never landed).
+func TestLoadReportEarlierRevision(t *testing.T) {
+	c := layeredDecode(t, nil)
+	c.notification(t0, Notified{Room: 1, Chunk: 0, Total: 1}) // kvb1:1:0:0:1
+	c.notification(t0, Notified{Room: 1, Aux: true})
+	r, ok := c.Report(1)
+	if !ok || r.Status != Success || len(r.Sources) != 1 {
+		t.Fatalf("report %+v %v", r, ok)
+	}
+	if s := r.Sources[0]; s.LayerLo != 0 || s.LayerHi != 0 || len(s.Landed) != 0 {
+		t.Fatalf("an earlier-revision source reports layers [%d, %d) and %v", s.LayerLo, s.LayerHi, s.Landed)
+	}
+	mixed := LoadReport{Sources: []SourceReport{
+		{Source: 0, Proven: true, LayerLo: 0, LayerHi: 4, Landed: []Landed{{0, 2, 0, 4}}},
+		r.Sources[0],
+	}}
+	if got := mixed.Whole(); got != nil {
+		t.Fatalf("with an earlier-revision source: Whole %v, want nothing", got)
+	}
 }
 
 // Whole: with several sources per page (prefill TP larger) a page layer is

@@ -145,6 +145,11 @@ func (m *Manager) post(e Effect) {
 			}
 			return ok
 		},
+		Live: func() bool {
+			var st Poll
+			m.read(func(c *Core) { st, _ = c.Status(room) })
+			return st == WaitingForInput || st == Transferring
+		},
 		Done: func(w *transfer.Write, err error, quiesced bool) {
 			if err == nil {
 				m.met.transfers.Inc()
@@ -179,9 +184,14 @@ func writeBytes(w *transfer.Write, l transfer.Layout) uint64 {
 		}
 		return n
 	}
+	lo, hi := w.Layers.Lo, w.Layers.Hi
+	if hi == 0 {
+		lo, hi = 0, len(l.Regions)/2
+	}
+	regions := uint64(2 * max(min(hi, len(l.Regions)/2)-max(lo, 0), 0))
 	var n uint64
 	for _, r := range w.Runs {
-		n += uint64(r.Len) * l.PageBytes * uint64(len(l.Regions))
+		n += uint64(r.Len) * l.PageBytes * regions
 	}
 	return n
 }
@@ -230,8 +240,9 @@ func (p *Prefill) SendChunk(room uint64, pages []uint32, last bool, auxIndex int
 
 // SendLayers queues layers [lo, hi) of a chunk of the room's pages: this
 // rank's own layers, 0 … Layers()−1. A chunk is sent by calls with
-// consecutive ranges from 0 to Layers(), each naming the same pages, last,
-// auxIndex and state (ErrLayers otherwise); its state items and aux item
+// consecutive ranges from 0 to Layers(), each naming the same pages, last
+// and auxIndex (ErrLayers otherwise); the state items given with its final
+// range and then its aux item
 // follow its final range, and the next chunk's pages continue after it.
 // Each call is one write per decode rank with one notification, so the
 // ranges are the layer groups. ready (nil: the data is in place) is asked

@@ -10,7 +10,9 @@ import (
 // kv_load_failure_policy). It is given once nothing else can land in the
 // room's pages: after Success, or after a failure once every prefill rank
 // that got the room's REQUEST answered a drained ABORT_ACK or the
-// quarantine released the pages.
+// quarantine released the pages. A notification that arrives later still
+// (it was in flight) is recorded too, so a later report may list more,
+// never less.
 type LoadReport struct {
 	Status Poll
 	// Code is the failure's code — the STATUS codes (CodeAborted for a
@@ -33,7 +35,8 @@ type SourceReport struct {
 	// be all that reached the pages.
 	Proven bool
 	// LayerLo, LayerHi: the layers it writes, this rank's numbering (as
-	// its notifications said; both 0 when none came).
+	// its notifications said; both 0 when none came, or when they were of
+	// the earlier revision, which tells no layers: then Whole is empty).
 	LayerLo, LayerHi int
 	Landed           []Landed
 }
@@ -63,7 +66,7 @@ func (c *decodeCore) loadReport(id uint64) (LoadReport, bool) {
 	}
 	for _, s := range rm.dec.sources {
 		sr := SourceReport{Source: s.uid, Dummy: s.link.Dummy, Proven: rm.status == Success || !s.sent || s.acked}
-		if s.spanHi > 0 {
+		if s.spanHi > 0 && !s.legacy {
 			sr.LayerLo, sr.LayerHi = s.spanLo, s.spanHi
 		}
 		if sr.Proven || c.bugs.on(bugReportUnproven) {

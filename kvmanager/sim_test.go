@@ -684,6 +684,23 @@ func (w *simWorld) checkReport(p *simProc, room uint64) {
 			w.cov.hit("load report of a failed room with pages")
 		}
 	}
+	// Whole: every page layer it claims landed from every prefill rank
+	// that writes it (here every non-dummy source writes every layer).
+	for _, l := range rep.Whole() {
+		for i := l.First; i < l.First+l.Count; i++ {
+			for layer := l.LayerLo; layer < l.LayerHi; layer++ {
+				for _, src := range spec.prefills {
+					if slices.Contains(spec.dummies, src) {
+						continue
+					}
+					if i < 0 || i >= len(dests) || !w.got[simCell{dInc: p.inc, src: src, room: room, page: dests[i], layer: layer}] {
+						w.fail("room %d: %s's load report says page %d layer %d is whole; prefill %d's part did not land", room, p.from.Peer(), i, layer, src)
+						return
+					}
+				}
+			}
+		}
+	}
 	w.cov.hit("load report " + st.String())
 }
 

@@ -23,7 +23,8 @@ type (
 	// the transfer: one write per decode rank; Last carries aux and state.
 	// Layers (zero: all) sends only those layers of the chunk: a chunk is
 	// sent by consecutive ranges from 0 to the rank's layer count, each
-	// naming the same pages, Last, AuxIndex and State; the chunk's aux and
+	// naming the same pages, Last and AuxIndex (the final range's State is
+	// written); the chunk's aux and
 	// state follow its final range. Ready, if set, gates the posts.
 	SendChunk struct {
 		Room     uint64

@@ -60,7 +60,8 @@ func (s *Sender) Send(pages []uint32, last bool, auxIndex int, state ...[]uint32
 // Layers()−1) as soon as ready says the data is in place (nil: now), so
 // a chunk's transfer overlaps its forward pass. A chunk is sent by calls
 // with consecutive ranges from 0 to Layers(), each naming the same pages,
-// last, auxIndex and state; each call is one layer group (one write and
+// last and auxIndex (the state items given with the final range are the
+// ones written); each call is one layer group (one write and
 // one notification per decode rank). Send is SendLayers over every layer.
 //
 //	for l := 0; l < s.Layers(); l++ {
@@ -68,6 +69,8 @@ func (s *Sender) Send(pages []uint32, last bool, auxIndex int, state ...[]uint32
 //		ev, _ := stream.Record()             // after the kernel that wrote it
 //		s.SendLayers(pages, l, l+1, last, aux, ev.Ready())
 //	}
+//	// destroy the events once the room is over (Wait returned), or
+//	// reuse them for the next request with Rerecord
 func (s *Sender) SendLayers(pages []uint32, lo, hi int, last bool, auxIndex int, ready transfer.Ready, state ...[]uint32) error {
 	return s.p.SendLayers(s.room, pages, lo, hi, last, auxIndex, ready, state)
 }

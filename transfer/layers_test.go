@@ -2,8 +2,11 @@ package transfer
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"runtime"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -112,5 +115,90 @@ func TestPoolReadyGates(t *testing.T) {
 	submit(4, func() (bool, error) { return false, nil })
 	if r := <-got; r.room != 4 || !errors.Is(r.err, ErrNotReady) || !r.quiesced {
 		t.Fatalf("never ready: %+v", r)
+	}
+}
+
+// A write without a notification (a state write) is vouched for only by a
+// later write's completion: nothing more of its room is posted while it is
+// in flight, though a room may otherwise have two writes in flight.
+func TestPoolSilentWriteNotOvertaken(t *testing.T) {
+	p, d := newRank(t, "ts-prefill", 1, 8, 64), newRank(t, "ts-decode", 1, 8, 64)
+	remote := connect(t, p, d)
+	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var mu sync.Mutex
+	var events []string
+	log := func(s string) { mu.Lock(); events = append(events, s); mu.Unlock() }
+	done := make(chan struct{}, 3)
+	pool.Submit(Job{Room: 1, Writes: []Write{
+		{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 0, Dst: 0, Len: 1}}, AuxSrc: -1, State: -1, Notif: "kv"},
+		{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 1, Dst: 1, Len: 1}}, AuxSrc: -1, State: -1}, // silent
+		{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 2, Dst: 2, Len: 1}}, AuxSrc: -1, State: -1, Notif: "aux", Last: true},
+	},
+		Gate: func(w *Write) bool { log("post " + cmp.Or(w.Notif, "silent")); return true },
+		Done: func(w *Write, err error, _ bool) { log("done " + cmp.Or(w.Notif, "silent")); done <- struct{}{} }})
+	for range 3 {
+		<-done
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if i, j := slices.Index(events, "done silent"), slices.Index(events, "post aux"); i < 0 || j < 0 || j < i {
+		t.Fatalf("the aux write was posted before the silent write completed: %v", events)
+	}
+	if i, j := slices.Index(events, "post silent"), slices.Index(events, "done kv"); j >= 0 && i > j {
+		t.Logf("(the first two went one after the other: %v)", events)
+	}
+}
+
+// A write waiting for its data is asked again within the back-off however
+// busy the worker is (a stream of other jobs must not push the ask back),
+// and is dropped at once when its room is over.
+func TestPoolReadyNotStarved(t *testing.T) {
+	p, d := newRank(t, "tn-prefill", 1, 8, 64), newRank(t, "tn-decode", 1, 8, 64)
+	remote := connect(t, p, d)
+	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1, Stall: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var asked atomic.Int32
+	posted := make(chan struct{})
+	pool.Submit(Job{Room: 1, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 0, Dst: 0, Len: 1}}, AuxSrc: -1, State: -1,
+		Ready: func() (bool, error) { return asked.Add(1) > 8, nil }}}, // the back-off grows to its most first
+		Gate: func(*Write) bool { return true },
+		Done: func(*Write, error, bool) { close(posted) }})
+	const n = 200_000
+	sent := 0
+	for ; sent < n; sent++ {
+		select {
+		case <-posted:
+			// The asks take about 1.1 ms of back-off: about 1,400 jobs
+			// here; with the ask pushed back by each job, 20,000 to all.
+			if sent >= 10_000 {
+				t.Fatalf("the waiting write was asked again only after %d other jobs", sent)
+			}
+			goto live
+		default:
+		}
+		pool.Submit(Job{Room: 2}) // nothing to write: only wakes the worker
+	}
+	t.Fatalf("the waiting write was never asked again during %d other jobs", n)
+live:
+	var over atomic.Bool
+	dropped := make(chan struct{})
+	pool.Submit(Job{Room: 3, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 0, Dst: 3, Len: 1}}, AuxSrc: -1, State: -1,
+		Ready: func() (bool, error) { return false, nil }}},
+		Gate:    func(*Write) bool { t.Error("a write of a room that is over passed the gate"); return false },
+		Done:    func(*Write, error, bool) { t.Error("a write of a room that is over completed") },
+		Dropped: func(*Write) { close(dropped) },
+		Live:    func() bool { return !over.Load() }})
+	over.Store(true)
+	select {
+	case <-dropped: // long before the hour's stall timeout
+	case <-time.After(20 * time.Second):
+		t.Fatal("a waiting write of a room that is over was not dropped")
 	}
 }

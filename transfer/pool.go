@@ -79,8 +79,13 @@ type Job struct {
 	// anything was posted); a write that failed after its post may still
 	// land, as far as the pool can tell.
 	Done func(w *Write, err error, quiesced bool)
-	// Dropped is called once per write that Gate refused.
+	// Dropped is called once per write that Gate refused, or that Live
+	// said was over while it waited for its data.
 	Dropped func(w *Write)
+	// Live (optional) is asked while a write waits for its data (Ready
+	// said no): false drops it at once (the room ended), instead of
+	// asking Ready again until the stall timeout.
+	Live func() bool
 }
 
 // Config sizes the pool.
@@ -212,9 +217,12 @@ type roomWork struct {
 	jobs []Job
 	next int // next write of jobs[0]
 	// inflight: its writes posted and not final (at most RoomInFlight);
-	// queued: it is in the worker's turn or waiting list.
-	inflight int
-	queued   bool
+	// silent: those of them without a notification (a state write),
+	// which only a later write's completion can vouch for, so nothing
+	// more of the room is posted while one is in flight; queued: it is in
+	// the worker's turn or waiting list.
+	inflight, silent int
+	queued           bool
 	// waitSince: when the next write was first found not Ready (zero:
 	// not waiting).
 	waitSince time.Time
@@ -249,10 +257,11 @@ func (p *Pool) worker(q chan Job) {
 	readyTimer := time.NewTimer(time.Hour)
 	defer readyTimer.Stop()
 	readyPoll := readyPollMin
+	var nextPoll time.Time // when the waiting rooms are asked again
 	// enqueue gives a room a turn if it has a write to post and room
 	// for one more in flight; settle forgets a room with nothing left.
 	enqueue := func(rw *roomWork) {
-		if !rw.queued && rw.inflight < p.cfg.RoomInFlight && rw.more() {
+		if !rw.queued && rw.inflight < p.cfg.RoomInFlight && rw.silent == 0 && rw.more() {
 			rw.queued = true
 			turn = append(turn, rw)
 		}
@@ -271,6 +280,16 @@ func (p *Pool) worker(q chan Job) {
 				waiting = append(waiting, rw)
 				continue
 			}
+			if readyErr == errOver {
+				rw.queued = false
+				j, w := rw.take()
+				if j.Dropped != nil {
+					j.Dropped(w)
+				}
+				enqueue(rw)
+				settle(rw)
+				continue
+			}
 			if readyErr == nil {
 				readyPoll = readyPollMin // something became ready: poll the rest soon
 			}
@@ -285,6 +304,9 @@ func (p *Pool) worker(q chan Job) {
 			} else if f, posted, err := p.start(w, done); f != nil {
 				f.rw, f.job = rw, j
 				rw.inflight++
+				if w.Notif == "" {
+					rw.silent++
+				}
 				flights[f.x] = f
 			} else {
 				j.Done(w, err, err != nil && !posted)
@@ -316,18 +338,23 @@ func (p *Pool) worker(q chan Job) {
 		}
 		var readyC <-chan time.Time
 		if len(waiting) > 0 {
+			// An absolute time: other events (submissions, completions)
+			// must not push the next ask back.
+			if nextPoll.IsZero() {
+				nextPoll = time.Now().Add(readyPoll)
+			}
 			if !readyTimer.Stop() {
 				select {
 				case <-readyTimer.C:
 				default:
 				}
 			}
-			readyTimer.Reset(readyPoll)
+			readyTimer.Reset(time.Until(nextPoll))
 			readyC = readyTimer.C
 		}
 		select {
 		case <-readyC:
-			turn, waiting = append(turn, waiting...), nil
+			turn, waiting, nextPoll = append(turn, waiting...), nil, time.Time{}
 			readyPoll = min(2*readyPoll, readyPollMax)
 		case x := <-done:
 			f := flights[x]
@@ -342,6 +369,9 @@ func (p *Pool) worker(q chan Job) {
 			f.job.Done(f.w, err, false) // posted: a failed write may still land
 			rw := f.rw
 			rw.inflight--
+			if f.w.Notif == "" {
+				rw.silent--
+			}
 			enqueue(rw)
 			settle(rw)
 		case j, ok := <-q:
@@ -369,8 +399,12 @@ func (p *Pool) worker(q chan Job) {
 	}
 }
 
-// errWait: the room's next write waits for its data (Ready said no).
-var errWait = errors.New("transfer: waiting for data")
+// errWait: the room's next write waits for its data (Ready said no);
+// errOver: it waited, and Live says its room is over.
+var (
+	errWait = errors.New("transfer: waiting for data")
+	errOver = errors.New("transfer: the room is over")
+)
 
 // ready asks the room's next write whether its data is in place: nil
 // (post it), errWait (ask again later), or the error that fails it
@@ -382,6 +416,10 @@ func (p *Pool) ready(rw *roomWork, closing bool) error {
 		return nil
 	}
 	ok, err := w.Ready()
+	if j := rw.jobs[0]; err == nil && !ok && j.Live != nil && !j.Live() {
+		rw.waitSince = time.Time{}
+		return errOver
+	}
 	switch {
 	case err != nil:
 		err = fmt.Errorf("transfer: the write's data: %w", err)
