@@ -9,23 +9,30 @@ import (
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/cudadouble"
+	"github.com/kvbridge/kvbridge/internal/nixldouble"
 	"go.uber.org/goleak"
 )
 
-// TestGPUCheckOnCUDADouble builds the gpucheck binary and runs it end to end
-// (a real peer process, CUDA IPC, verification, JSON) against the CUDA
-// driver test double with small sizes. On a GPU node run
-// scripts/gpu-check.sh instead.
+// TestGPUCheckOnCUDADouble builds the GPU node's bundle with
+// scripts/gpu-check.sh and runs its gpucheck end to end (a real peer
+// process, CUDA IPC, verification, JSON) against the CUDA driver test
+// double with small sizes, then the bundle's run.sh: kvbench -mem VRAM on
+// the ucx, loopback and libnixl engines (the NIXL double standing in for
+// KVBRIDGE_NIXL_LIB), forced here with GPUCHECK_KVBENCH=1, skipped without
+// a device otherwise. On a GPU node run the bundle's run.sh instead.
 func TestGPUCheckOnCUDADouble(t *testing.T) {
 	dir := t.TempDir()
 	lib, err := cudadouble.Build(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(dir, "gpucheck")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v %s", err, out)
+	bundle := filepath.Join(dir, "bundle")
+	build := exec.Command("scripts/gpu-check.sh", "build", bundle)
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("scripts/gpu-check.sh build: %v %s", err, out)
 	}
+	bin := filepath.Join(bundle, "gpucheck")
 	js := filepath.Join(dir, "out.json")
 	cmd := exec.Command(bin, "-size", "8388608", "-pages", "256", "-iters", "2", "-allow-no-nvml", "-json", js)
 	cmd.Env = append(os.Environ(), "KVBRIDGE_CUDA_LIB="+lib)
@@ -70,10 +77,64 @@ func TestGPUCheckOnCUDADouble(t *testing.T) {
 			t.Fatalf("layerwise case %+v", c)
 		}
 	}
+	runSh(t, bundle, lib)
 	// The layers' posts wait on their events: a failing cuEventQuery
 	// fails the layer-wise room (and the run).
 	if out, err := lw("KVB_CUDA_DOUBLE_FAIL=cuEventQuery"); err == nil || !strings.Contains(out, "layerwise: FAIL") || !strings.Contains(out, "cuEventQuery") {
 		t.Fatalf("a failing event query passed: %v\n%s", err, out)
+	}
+}
+
+// runSh runs the bundle's run.sh on the CUDA double: kvbench -mem VRAM on
+// each engine, every row a VRAM row against cuMemcpyDtoD.
+func runSh(t *testing.T, bundle, cudaLib string) {
+	nixlLib, err := nixldouble.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	runSh := func(env ...string) (string, error) {
+		cmd := exec.Command(filepath.Join(bundle, "run.sh"), "-size", "1048576", "-pages", "16", "-iters", "1", "-allow-no-nvml")
+		cmd.Env = append(append(os.Environ(), "KVBRIDGE_CUDA_LIB="+cudaLib, "GPUCHECK_LAYERWISE=0"), env...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := runSh("GPUCHECK_KVBENCH=1", "KVBENCH_FLAGS=-quick -model tiny", "KVBRIDGE_NIXL_LIB="+nixlLib)
+	if err != nil {
+		t.Fatalf("run.sh: %v\n%s", err, out)
+	}
+	for _, engine := range []string{"ucx", "loopback", "libnixl"} {
+		b, err := os.ReadFile(filepath.Join(bundle, "kvbench-vram-"+engine+".json"))
+		if err != nil {
+			t.Fatalf("run.sh: no kvbench -mem VRAM -engine %s results: %v\n%s", engine, err, out)
+		}
+		var rows []struct {
+			Mode, Name string
+			References map[string]float64
+		}
+		if err := json.Unmarshal(b, &rows); err != nil || len(rows) == 0 {
+			t.Fatalf("kvbench-vram-%s.json: %v %s", engine, err, b)
+		}
+		modes := map[string]bool{}
+		for _, r := range rows {
+			modes[r.Mode] = true
+			if !strings.HasSuffix(r.Name, " VRAM") || r.References["cuMemcpyDtoD"] <= 0 {
+				t.Errorf("-engine %s: row %+v", engine, r)
+			}
+		}
+		if !modes["engine"] || !modes["paged"] || !modes["rooms"] {
+			t.Errorf("-engine %s: modes %v, want engine, paged and rooms", engine, modes)
+		}
+	}
+	// Without a device kvbench is not run (unless forced, as above).
+	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
+		return
+	}
+	if _, err := exec.LookPath("nvidia-smi"); err == nil {
+		return
+	}
+	out, err = runSh()
+	if err != nil || !strings.Contains(out, "kvbench -mem VRAM skipped (no GPU device") || strings.Contains(out, "kvbench -mem VRAM -engine") {
+		t.Errorf("run.sh without a device: %v\n%s", err, out)
 	}
 }
 
