@@ -421,3 +421,40 @@ func TestNIXLFaultReproOnDouble(t *testing.T) {
 		}
 	}
 }
+
+// TestLibNIXLTargetProgressModel: with KVB_NIXL_DOUBLE_TARGET_PROGRESS the
+// double completes a write to an agent without a progress thread only once
+// that agent has progressed (here: one Notifs call), as the decode
+// notifier's polling does in a rank (internal/e2e TestLibNIXLTargetProgress).
+func TestLibNIXLTargetProgressModel(t *testing.T) {
+	p, src, dst := libnixlPair(t, time.Minute)
+	t.Setenv("KVB_NIXL_DOUBLE_TARGET_PROGRESS", "1")
+	copy(src, bytes.Repeat([]byte("target progress "), len(src)/16))
+	l, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
+	r, _ := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
+	x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("tp"))
+	if err == nil {
+		err = p.ini.Post(x)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.ini.Release(x)
+	// Not a synchronisation: the write must still be in progress after the
+	// watcher's many polls in 50 ms, since the target made no call.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	st, err := p.ini.Wait(ctx, x)
+	cancel()
+	if st != InProgress || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a write to a target that never progressed: %v %v, want still in progress", st, err)
+	}
+	if _, err := p.tgt.Notifs(); err != nil { // the target progresses
+		t.Fatal(err)
+	}
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done || err != nil {
+		t.Fatalf("after the target progressed: %v %v", st, err)
+	}
+	if n := waitNotif(t, p.tgt, time.Minute); string(n.Msg) != "tp" || !bytes.Equal(src, dst) {
+		t.Fatalf("notification %q, byte-exact %v", n.Msg, bytes.Equal(src, dst))
+	}
+}

@@ -60,3 +60,21 @@ func TestDecodeKilledRepeatedly(t *testing.T) {
 		}
 	})
 }
+
+// TestLibNIXLTargetProgress (issue 22): libnixl agents run without NIXL's
+// progress thread, so the target side of a write must be progressed by
+// kvbridge too, as over UCX's tcp transport, where a put needs the target's
+// worker. With the NIXL double's KVB_NIXL_DOUBLE_TARGET_PROGRESS a write
+// completes only after the decode agent has progressed since the data was
+// put: the decode notifier's polling while rooms are live does it, and
+// rooms of every shape complete byte-exact.
+func TestLibNIXLTargetProgress(t *testing.T) {
+	if _, ok := engines["libnixl-double"]; !ok {
+		t.Skip("KVBRIDGE_NIXL_LIB is set: target progress is the NIXL double's model")
+	}
+	t.Setenv("KVB_NIXL_DOUBLE_TARGET_PROGRESS", "1")
+	c := newCluster(t, "libnixl-double", nil)
+	for i, tokens := range []int{100, 4096, 17, 2000} {
+		c.roomByteExact(t, uint64(2200+i), tokens, 16)
+	}
+}
