@@ -616,6 +616,20 @@ func phases(into map[string]float64, start time.Time) func(string) {
 	}
 }
 
+// abortAt aborts a decode room on purpose where a request asked: "before"
+// (right after its REQUEST) or "mid" (once data started to arrive).
+func abortAt(ctx context.Context, rc *receiver.Receiver, at, why string) {
+	switch at {
+	case "before":
+		rc.Abort(why + " right after the request")
+	case "mid":
+		for rc.Poll() == kvmanager.WaitingForInput && ctx.Err() == nil {
+			time.Sleep(50 * time.Microsecond) // polls the room: the example's abort point, not synchronisation
+		}
+		rc.Abort(why + " mid-transfer")
+	}
+}
+
 // newReceiver creates a room's receiver pulling from the prefill instance
 // a request named (its DP group, or AutoDP).
 func (r *Rank) newReceiver(room uint64, prefill string, dp *int) (*receiver.Receiver, error) {
@@ -653,15 +667,7 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 		res.Status, res.Reason = kvmanager.Failed.String(), err.Error()
 		return res
 	}
-	switch rr.AbortAt {
-	case "before":
-		rc.Abort("demo: abort right after the request")
-	case "mid":
-		for rc.Poll() == kvmanager.WaitingForInput && ctx.Err() == nil {
-			time.Sleep(50 * time.Microsecond)
-		}
-		rc.Abort("demo: abort mid-transfer")
-	}
+	abortAt(ctx, rc, rr.AbortAt, "demo: abort")
 	st, err := rc.Wait(ctx)
 	mark("transfer")
 	res.LatencyMS = float64(time.Since(start).Microseconds()) / 1e3

@@ -518,15 +518,7 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 		ev.Status, ev.Reason = kvmanager.Failed.String(), err.Error()
 		return ev
 	}
-	switch gr.AbortAt {
-	case "before":
-		rc.Abort("example: decode aborted right after the request")
-	case "mid":
-		for rc.Poll() == kvmanager.WaitingForInput && ctx.Err() == nil {
-			time.Sleep(50 * time.Microsecond)
-		}
-		rc.Abort("example: decode aborted mid-transfer")
-	}
+	abortAt(ctx, rc, gr.AbortAt, "example: decode aborted")
 	st, err := rc.Wait(ctx)
 	mark("transfer")
 	ev.Status, ev.Reason, ev.PrefixPages = st.String(), rc.Failure(), k
