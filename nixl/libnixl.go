@@ -205,6 +205,21 @@ type libnixl struct {
 
 	nmu  sync.Mutex // the notification map is ours: one drain at a time
 	nmap C.nx_h
+	// stash: notifications the GenNotif flusher drained, for the next
+	// notifs call (under nmu).
+	stash []Notif
+
+	// The GenNotif flusher (no progress thread only): NIXL's UCX genNotif
+	// returns success while its eager message may still be pending, and
+	// only a call that progresses this agent's worker sends it, so after
+	// each GenNotif a goroutine progresses the agent for genNotifFlush.
+	prog       bool
+	flushMu    sync.Mutex
+	flushUntil time.Time
+	flushing   bool
+	flushStop  chan struct{}
+	flushOnce  sync.Once
+	flushWG    sync.WaitGroup
 
 	library string
 	// local checks peers' UCX worker addresses when NIXL's blob is its
@@ -272,6 +287,7 @@ func openLibNIXL(cfg Config) (backend, error) {
 	if cfg.NIXLProgressThread { // opt-in: unsafe on NIXL <= 1.4.0 when a peer dies
 		prog, syncMode = 1, C.NX_SYNC_RW
 	}
+	n.prog, n.flushStop = prog != 0, make(chan struct{})
 	st := C.nx_create_configured_agent(lib, name, prog, syncMode, C.uint64_t(delay.Microseconds()), &agent)
 	if err := nxErr("nixl_capi_create_configured_agent", st); err != nil {
 		return nil, fmt.Errorf("libnixl agent %q: %w", cfg.Name, err)
@@ -749,7 +765,82 @@ func (n *libnixl) genNotif(remote string, msg []byte) error {
 		m = C.CBytes(msg)
 		defer C.free(m)
 	}
-	return nxErr("nixl_capi_gen_notif", C.nx_gen_notif(n.l, n.agent, r, m, C.size_t(len(msg)), n.opt))
+	if err := nxErr("nixl_capi_gen_notif", C.nx_gen_notif(n.l, n.agent, r, m, C.size_t(len(msg)), n.opt)); err != nil {
+		return err
+	}
+	if !n.prog {
+		n.kickFlush()
+	}
+	return nil
+}
+
+// genNotifFlush is how long the flusher progresses an agent after its
+// last GenNotif; the polls back off from 20 µs to 5 ms.
+const genNotifFlush = 200 * time.Millisecond
+
+// kickFlush starts the GenNotif flusher, or extends its run.
+func (n *libnixl) kickFlush() {
+	n.flushMu.Lock()
+	defer n.flushMu.Unlock()
+	n.flushUntil = time.Now().Add(genNotifFlush)
+	if n.flushing || n.flushStop == nil {
+		return
+	}
+	select {
+	case <-n.flushStop:
+		return // closing
+	default:
+	}
+	n.flushing = true
+	n.flushWG.Add(1)
+	go n.flush()
+}
+
+// flush progresses the agent (a notification drain, kept for notifs)
+// until genNotifFlush after the last GenNotif, or until close.
+func (n *libnixl) flush() {
+	defer n.flushWG.Done()
+	d := 20 * time.Microsecond
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.flushStop:
+			return
+		case <-t.C:
+		}
+		if n.live() {
+			n.nmu.Lock()
+			ns, err := n.drainLocked()
+			n.stash = append(n.stash, ns...)
+			n.nmu.Unlock()
+			n.life.RUnlock()
+			if err != nil {
+				n.flushMu.Lock()
+				n.flushing = false
+				n.flushMu.Unlock()
+				return
+			}
+		}
+		n.flushMu.Lock()
+		if time.Now().After(n.flushUntil) {
+			n.flushing = false
+			n.flushMu.Unlock()
+			return
+		}
+		n.flushMu.Unlock()
+		d = min(2*d, 5*time.Millisecond)
+		t.Reset(d)
+	}
+}
+
+// stopFlush ends the flusher before the agent is destroyed.
+func (n *libnixl) stopFlush() {
+	if n.flushStop == nil {
+		return
+	}
+	n.flushOnce.Do(func() { close(n.flushStop) })
+	n.flushWG.Wait()
 }
 
 func (n *libnixl) notifs() ([]Notif, error) {
@@ -759,6 +850,15 @@ func (n *libnixl) notifs() ([]Notif, error) {
 	defer n.life.RUnlock()
 	n.nmu.Lock()
 	defer n.nmu.Unlock()
+	out := n.stash
+	n.stash = nil
+	ns, err := n.drainLocked()
+	return append(out, ns...), err
+}
+
+// drainLocked reads the notifications NIXL holds (nmu held, and the
+// agent live).
+func (n *libnixl) drainLocked() ([]Notif, error) {
 	if err := nxErr("nixl_capi_get_notifs", C.nx_get_notifs(n.l, n.agent, n.nmap, n.opt)); err != nil {
 		return nil, err
 	}
@@ -802,6 +902,7 @@ func (n *libnixl) needsPolling() bool { return true }
 // prepared list and registration and destroys the agent. Calls after it
 // return ErrClosed (or nothing, for releases): none reaches NIXL.
 func (n *libnixl) close() error {
+	n.stopFlush() // before the life lock: the flusher's drain holds it for reading
 	n.life.Lock()
 	defer n.life.Unlock()
 	if n.agent == nil {

@@ -542,3 +542,31 @@ func TestLibNIXLProcessMapsOneUCX(t *testing.T) {
 	}
 	t.Logf("libucp mapped: %q", ucps)
 }
+
+// NIXL 1.4.0's UCX genNotif returns success while its eager message may
+// still be pending, and without a progress thread only a later call that
+// progresses the sending agent sends it (the double models this with
+// KVB_NIXL_DOUBLE_PENDING_NOTIF). A notification with no transfer — a dummy
+// source's chunks and aux, chunks inside a prefix — must still arrive
+// while its sender makes no other call: the agent progresses itself for a
+// while after each GenNotif. Its own notifications drained meanwhile are
+// kept for Notifs.
+func TestLibNIXLGenNotifFlushed(t *testing.T) {
+	t.Setenv("KVB_NIXL_DOUBLE_PENDING_NOTIF", "1")
+	p, _, _ := libnixlPair(t, time.Minute)
+	back := exchange(t, p.tgt, p.ini)
+	if err := p.tgt.GenNotif(back, []byte("to the initiator")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.GenNotif(p.remote, []byte("dummy chunk")); err != nil {
+		t.Fatal(err)
+	}
+	if n := waitNotif(t, p.tgt, 10*time.Second); string(n.Msg) != "dummy chunk" {
+		t.Fatalf("notification %q", n.Msg)
+	}
+	// The initiator's flusher drained the target's GenNotif (sent by the
+	// target's own flusher): Notifs still returns it.
+	if n := waitNotif(t, p.ini, 10*time.Second); string(n.Msg) != "to the initiator" {
+		t.Fatalf("the initiator's notification %q", n.Msg)
+	}
+}
