@@ -262,6 +262,10 @@ type nixlXfer struct {
 	// dead: forget released the request (its remote's name was reused):
 	// nothing reaches NIXL for it again (fmu).
 	dead bool
+	// stuck: in libnixl.stuck (a release NIXL refused, retried);
+	// destroyed: released and destroyed — a later drop is a no-op, so a
+	// request both stuck and forgotten is never freed twice (mu).
+	stuck, destroyed bool
 }
 
 // errAgentClosed is what calls on a closed libnixl agent return.
@@ -460,10 +464,12 @@ func (n *libnixl) loadRemote(md []byte) (string, []remoteRegion, error) {
 	defer n.life.RUnlock()
 	n.mu.Lock()
 	old, known := n.conns[m.agent]
+	_, fenced := n.down[m.agent]
 	n.mu.Unlock()
-	if known && !bytes.Equal(old, conn) {
+	if known && (!bytes.Equal(old, conn) || fenced) {
 		// The name comes back with other connection info (a restarted
-		// peer): release its requests, then invalidate it in NIXL, before
+		// peer), or after a failed transfer (NIXL would keep reusing the
+		// failed endpoint): release its requests, then invalidate it in NIXL, before
 		// NIXL sees the new blob (workaround C; the Agent holds its load
 		// lock for writing, so no post runs meanwhile).
 		_ = n.forget(m.agent)
@@ -728,15 +734,25 @@ func (n *libnixl) release(x *Xfer) error {
 // the request is kept and retried later: destroying it unreleased fails
 // with INVALID_STATE and would leak it.
 func (n *libnixl) dropReq(nx *nixlXfer) error {
+	n.mu.Lock()
+	gone := nx.destroyed
+	n.mu.Unlock()
+	if gone {
+		return nil // dropped already (forgotten while it was stuck)
+	}
 	if err := nxErr("nixl_capi_release_xfer_req", C.nx_release_xfer_req(n.l, n.agent, nx.req)); err != nil {
 		n.mu.Lock()
-		n.stuck = append(n.stuck, nx)
+		if !nx.stuck {
+			nx.stuck = true
+			n.stuck = append(n.stuck, nx)
+		}
 		n.mu.Unlock()
 		return err
 	}
 	err := nxErr("nixl_capi_destroy_xfer_req", C.nx_destroy_xfer_req(n.l, nx.req))
 	C.nx_destroy_opt_args(n.l, nx.opt)
 	n.mu.Lock()
+	nx.destroyed = true
 	delete(n.reqs, nx)
 	n.mu.Unlock()
 	return err
@@ -747,6 +763,9 @@ func (n *libnixl) retryStuck() {
 	n.mu.Lock()
 	stuck := n.stuck
 	n.stuck = nil
+	for _, nx := range stuck {
+		nx.stuck = false
+	}
 	n.mu.Unlock()
 	for _, nx := range stuck {
 		_ = n.dropReq(nx) // re-queued if refused again
@@ -758,6 +777,14 @@ func (n *libnixl) genNotif(remote string, msg []byte) error {
 		return errAgentClosed
 	}
 	defer n.life.RUnlock()
+	n.mu.Lock()
+	why, down := n.down[remote]
+	n.mu.Unlock()
+	if down { // the send path has the write's check-then-use gap (workaround B)
+		n.fenced.Add(1)
+		return fmt.Errorf("libnixl: remote %q is fenced since a transfer to it failed (%v); it must load its metadata again: %w",
+			remote, why, ErrTransfer)
+	}
 	r := C.CString(remote)
 	defer C.free(unsafe.Pointer(r))
 	var m unsafe.Pointer
@@ -776,7 +803,7 @@ func (n *libnixl) genNotif(remote string, msg []byte) error {
 
 // genNotifFlush is how long the flusher progresses an agent after its
 // last GenNotif; the polls back off from 20 µs to 5 ms.
-const genNotifFlush = 200 * time.Millisecond
+const genNotifFlush = time.Second
 
 // kickFlush starts the GenNotif flusher, or extends its run.
 func (n *libnixl) kickFlush() {
@@ -839,7 +866,9 @@ func (n *libnixl) stopFlush() {
 	if n.flushStop == nil {
 		return
 	}
+	n.flushMu.Lock() // kickFlush checks flushStop and adds to flushWG under it
 	n.flushOnce.Do(func() { close(n.flushStop) })
+	n.flushMu.Unlock()
 	n.flushWG.Wait()
 }
 
@@ -853,7 +882,11 @@ func (n *libnixl) notifs() ([]Notif, error) {
 	out := n.stash
 	n.stash = nil
 	ns, err := n.drainLocked()
-	return append(out, ns...), err
+	if err != nil {
+		n.stash = append(out, ns...) // a caller drops what comes with an error
+		return nil, err
+	}
+	return append(out, ns...), nil
 }
 
 // drainLocked reads the notifications NIXL holds (nmu held, and the

@@ -570,3 +570,70 @@ func TestLibNIXLGenNotifFlushed(t *testing.T) {
 		t.Fatalf("the initiator's notification %q", n.Msg)
 	}
 }
+
+// A request whose release NIXL refused (kept to retry) and whose remote is
+// then forgotten (invalidated, or back with other connection info) is
+// released once and destroyed once: forgetting it does not queue it twice,
+// and the retry finds it gone (a destroyed request released again is a
+// use-after-free in NIXL).
+func TestLibNIXLStuckRequestForgottenOnce(t *testing.T) {
+	p, src, dst := libnixlPair(t, time.Minute)
+	live := func() int64 {
+		n, err := nixldouble.LiveRequests(doubleLib())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	base := live()
+	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+	if _, err := wait(t, p.ini, x, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KVB_NIXL_DOUBLE_FAIL", "nixl_capi_release_xfer_req")
+	if err := p.ini.Release(x); err == nil {
+		t.Fatal("release not refused")
+	}
+	_ = p.ini.InvalidateRemote(p.remote) // forget: its release refused again
+	nb := p.ini.b.(*libnixl)
+	nb.mu.Lock()
+	stuck := len(nb.stuck)
+	nb.mu.Unlock()
+	if stuck != 1 {
+		t.Fatalf("the refused request is queued %d times for retry, want once", stuck)
+	}
+	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
+	_ = p.ini.InvalidateRemote(p.remote) // released and destroyed now
+	nb.retryStuck()                     // finds it destroyed: no second release
+	if n := live(); n != base {
+		t.Fatalf("%d live requests, want %d", n, base)
+	}
+	if v, _ := nixldouble.Violations(doubleLib()); v != 0 {
+		t.Fatalf("%d calls the double refused as misuse", v)
+	}
+}
+
+// Review of issue 22's workarounds: a GenNotif to a fenced remote is
+// refused like a post (NIXL's send path has the write's check-then-use
+// gap), and notifications the GenNotif flusher kept are not lost when a
+// drain fails (the decode notifier drops what comes with an error).
+func TestLibNIXLFenceAndStashEdges(t *testing.T) {
+	p, _, _ := libnixlPair(t, time.Minute)
+	nb := p.ini.b.(*libnixl)
+	nb.fence(p.remote, errors.New("injected"))
+	if err := p.ini.GenNotif(p.remote, []byte("x")); !errors.Is(err, ErrTransfer) {
+		t.Fatalf("GenNotif to a fenced remote: %v, want ErrTransfer", err)
+	}
+	tb := p.tgt.b.(*libnixl)
+	tb.nmu.Lock()
+	tb.stash = []Notif{{Remote: "someone", Msg: []byte("kept")}}
+	tb.nmu.Unlock()
+	t.Setenv("KVB_NIXL_DOUBLE_FAIL", "nixl_capi_get_notifs")
+	if ns, err := p.tgt.Notifs(); err == nil || len(ns) != 0 {
+		t.Fatalf("a failed drain returned %d notifications, err %v", len(ns), err)
+	}
+	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
+	if ns, err := p.tgt.Notifs(); err != nil || len(ns) != 1 || string(ns[0].Msg) != "kept" {
+		t.Fatalf("after the failed drain: %q %v, want the kept notification", ns, err)
+	}
+}
