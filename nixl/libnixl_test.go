@@ -604,7 +604,7 @@ func TestLibNIXLStuckRequestForgottenOnce(t *testing.T) {
 	}
 	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
 	_ = p.ini.InvalidateRemote(p.remote) // released and destroyed now
-	nb.retryStuck()                     // finds it destroyed: no second release
+	nb.retryStuck()                      // finds it destroyed: no second release
 	if n := live(); n != base {
 		t.Fatalf("%d live requests, want %d", n, base)
 	}
