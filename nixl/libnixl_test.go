@@ -296,13 +296,7 @@ func TestLibNIXLConcurrentCallsAreLocked(t *testing.T) {
 // the request is destroyed once NIXL lets go: nothing leaks.
 func TestLibNIXLRefusedReleaseIsRetried(t *testing.T) {
 	p, src, dst := libnixlPair(t, time.Minute)
-	live := func() int64 {
-		n, err := nixldouble.LiveRequests(doubleLib())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	live := func() int64 { return liveRequests(t) }
 	base := live()
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
 	if _, err := wait(t, p.ini, x, time.Minute); err != nil {
@@ -578,13 +572,7 @@ func TestLibNIXLGenNotifFlushed(t *testing.T) {
 // use-after-free in NIXL).
 func TestLibNIXLStuckRequestForgottenOnce(t *testing.T) {
 	p, src, dst := libnixlPair(t, time.Minute)
-	live := func() int64 {
-		n, err := nixldouble.LiveRequests(doubleLib())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	live := func() int64 { return liveRequests(t) }
 	base := live()
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
 	if _, err := wait(t, p.ini, x, time.Minute); err != nil {
@@ -636,4 +624,14 @@ func TestLibNIXLFenceAndStashEdges(t *testing.T) {
 	if ns, err := p.tgt.Notifs(); err != nil || len(ns) != 1 || string(ns[0].Msg) != "kept" {
 		t.Fatalf("after the failed drain: %q %v, want the kept notification", ns, err)
 	}
+}
+
+// liveRequests is how many transfer requests the NIXL double holds.
+func liveRequests(t *testing.T) int64 {
+	t.Helper()
+	n, err := nixldouble.LiveRequests(doubleLib())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

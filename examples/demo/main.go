@@ -193,6 +193,25 @@ var metricLine = regexp.MustCompile(`^(kvbridge_rooms|kvbridge_rooms_past_deadli
 
 // pinned reads a rank's /metrics: live non-terminal rooms and rooms past
 // their deadline.
+// pinnedAll sums the rooms every rank of insts holds live or past their
+// deadline, adding to problems what could not be read and any pinned room.
+func pinnedAll(insts []*instance, problems []string) (float64, []string) {
+	n := 0.0
+	for _, in := range insts {
+		for _, p := range in.ranks {
+			live, over, err := pinned(p.http)
+			if err != nil {
+				problems = append(problems, "reading metrics: "+err.Error())
+			}
+			n += live + over
+		}
+	}
+	if n != 0 {
+		problems = append(problems, fmt.Sprintf("%v rooms left live or past their deadline", n))
+	}
+	return n, problems
+}
+
 func pinned(url string) (live, overdue float64, err error) {
 	return pinnedWith(http.DefaultClient, url)
 }
@@ -696,19 +715,7 @@ flags:
 			problems = append(problems, fmt.Sprintf("room %d (%d tokens, abort %q): %s", i+1, w.tokens, w.abort, p))
 		}
 	}
-	pinnedRooms := 0.0
-	for _, in := range append(prefills, decodeInsts...) {
-		for _, p := range in.ranks {
-			live, over, err := pinned(p.http)
-			if err != nil {
-				problems = append(problems, "reading metrics: "+err.Error())
-			}
-			pinnedRooms += live + over
-		}
-	}
-	if pinnedRooms != 0 {
-		problems = append(problems, fmt.Sprintf("%v rooms left live or past their deadline", pinnedRooms))
-	}
+	pinnedRooms, problems := pinnedAll(append(prefills, decodeInsts...), problems)
 	if att != nil {
 		problems = append(problems, att.report(rssStart)...)
 	}

@@ -358,19 +358,7 @@ func runTiny(o tinyOptions) int {
 			prefixPages += w.prefixPages
 		}
 	}
-	pinnedRooms := 0.0
-	for _, in := range append(prefills, decodes...) {
-		for _, p := range in.ranks {
-			live, over, err := pinned(p.http)
-			if err != nil {
-				problems = append(problems, "reading metrics: "+err.Error())
-			}
-			pinnedRooms += live + over
-		}
-	}
-	if pinnedRooms != 0 {
-		problems = append(problems, fmt.Sprintf("%v rooms left live or past their deadline", pinnedRooms))
-	}
+	pinnedRooms, problems := pinnedAll(append(prefills, decodes...), problems)
 	for _, v := range [][]float64{ttft, tpot, sTTFT, sTPOT} {
 		sort.Float64s(v)
 	}
