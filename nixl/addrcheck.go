@@ -35,6 +35,7 @@ static int kvb_shm_peek(int shmid, size_t off, unsigned *v) {
 import "C"
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -57,9 +58,11 @@ import (
 // entries of the transports this process runs — the only ones UCX hands to a
 // transport's own parser — are checked as that transport reads them:
 //
-//   - every one: the priority and capability bits this process's own entry
-//     for the transport has (a peer of the same UCX release and transport
-//     settings packs the same), finite positive bandwidth and latencies, one
+//   - every one: the priority and capability bits one of this process's own
+//     entries for the transport has (a peer of the same UCX release and
+//     transport settings packs the same; tcp's priority is 0 on a host's
+//     default interface and 1 on the others), finite positive bandwidth and
+//     latencies, one
 //     path, an md index below 64 that serves one transport only.
 //   - self: no device address, an 8-byte interface id.
 //   - tcp: device address {flags, sa_family, in_addr | in6_addr | local id and
@@ -109,6 +112,16 @@ import (
 type ucxVersion struct{ major, minor, release uint }
 
 func (v ucxVersion) String() string { return fmt.Sprintf("%d.%d.%d", v.major, v.minor, v.release) }
+
+// nsLen is the size of a system namespace (ucs_sys_ns_t) in the addresses
+// of release v: ino_t up to 1.21, uint32_t from 1.22 on (the tcp loopback
+// device, a shared-memory device with its namespace, cma's pid namespace).
+func (v ucxVersion) nsLen() int {
+	if v.major > 1 || (v.major == 1 && v.minor >= 22) {
+		return 4
+	}
+	return 8
+}
 
 // parseUCXVersion reads "1.13.1".
 func parseUCXVersion(s string) (ucxVersion, bool) {
@@ -477,6 +490,27 @@ func ifaceCaps(t ucxIface, version int) []byte {
 	return t.attr[3:8]
 }
 
+// entryCaps are the priority and capability bytes a peer of this
+// worker's UCX release and settings may pack for the transport of t, one
+// of this worker's own entries: t's own, and for tcp t's with either
+// priority, since UCX's tcp gives the host's default interface priority 0
+// and every other 1 (uct_tcp_iface_query), and which interface is the
+// default is the peer host's own fact. The priority is the first byte in
+// both formats (v1: the low byte of prio_cap_flags; v2: prio).
+func entryCaps(t ucxIface, version int) [][]byte {
+	c := ifaceCaps(t, version)
+	if tlName(t.csum) != "tcp" {
+		return [][]byte{c}
+	}
+	out := [][]byte{}
+	for _, prio := range []byte{0, 1} {
+		p := bytes.Clone(c)
+		p[0] = prio
+		out = append(out, p)
+	}
+	return out
+}
+
 func tlName(csum uint16) string {
 	if n, ok := ucxChecked[csum]; ok {
 		return n
@@ -493,7 +527,11 @@ type ucxLocal struct {
 	uuid   uint64
 	own    map[uint16]ucxIface // by transport checksum: this worker's entry
 	ownDev map[uint16][]byte   // and its device address
-	fifo   map[string]int64    // posix, sysv: this worker's FIFO segment size
+	// caps are the priority and capability bytes of every entry of each
+	// transport this worker has: a transport on several devices (tcp)
+	// packs a priority per device.
+	caps map[uint16]map[string]bool
+	fifo map[string]int64 // posix, sysv: this worker's FIFO segment size
 	// entries are all this worker's (transport, device, interface)
 	// addresses: a peer's that equals one is this worker. shapes are their
 	// (transport, device address length, interface address length).
@@ -519,11 +557,17 @@ func newUCXLocal(self []byte, v ucxVersion) (*ucxLocal, error) {
 	}
 	l := &ucxLocal{ver: v, header: append([]byte(nil), a.header...), uuid: a.uuid, own: map[uint16]ucxIface{},
 		ownDev: map[uint16][]byte{}, fifo: map[string]int64{}, entries: map[string]bool{},
-		shapes: map[string]bool{}}
+		shapes: map[string]bool{}, caps: map[uint16]map[string]bool{}}
 	for _, d := range a.devices {
 		for _, t := range d.ifaces {
 			l.entries[entryKey(t.csum, d.addr, t.addr)] = true
 			l.shapes[shapeKey(t.csum, len(d.addr), len(t.addr))] = true
+			if l.caps[t.csum] == nil {
+				l.caps[t.csum] = map[string]bool{}
+			}
+			for _, c := range entryCaps(t, a.version) {
+				l.caps[t.csum][string(c)] = true
+			}
 			if _, dup := l.own[t.csum]; dup {
 				continue // a transport on several devices (tcp): the first
 			}
@@ -579,9 +623,9 @@ func (l *ucxLocal) checkAddress(b []byte) (*ucxAddress, error) {
 				return nil, fmt.Errorf("%s: md %d also serves %s", where, d.md, prev)
 			}
 			mdComponent[d.md] = name
-			if c, oc := ifaceCaps(t, a.version), ifaceCaps(own, a.version); string(c) != string(oc) {
+			if c := ifaceCaps(t, a.version); !l.caps[t.csum][string(c)] {
 				return nil, fmt.Errorf("%s (entry %d): priority and capabilities %x, this process's %s has %x: "+
-					"not the same UCX release and transport settings", where, j, c, name, oc)
+					"not the same UCX release and transport settings", where, j, c, name, ifaceCaps(own, a.version))
 			}
 			if !checked {
 				// A transport this process runs whose address fields this
@@ -616,12 +660,12 @@ func (l *ucxLocal) checkAddress(b []byte) (*ucxAddress, error) {
 
 // checkSMDevice checks a shared-memory device address (uct_sm: the system
 // id, and the IPC namespace when the id's flag says so).
-func checkSMDevice(dev []byte) error {
-	if len(dev) != 8 && len(dev) != 16 {
+func checkSMDevice(dev []byte, v ucxVersion) error {
+	if len(dev) != 8 && len(dev) != 8+v.nsLen() {
 		return fmt.Errorf("shared-memory device address of %d bytes", len(dev))
 	}
 	ns := binary.LittleEndian.Uint64(dev)&uctLocalAddrFlagNS != 0
-	if ns != (len(dev) == 16) {
+	if ns != (len(dev) == 8+v.nsLen()) {
 		return fmt.Errorf("shared-memory device address of %d bytes with namespace flag %v", len(dev), ns)
 	}
 	return nil
@@ -649,7 +693,7 @@ func (l *ucxLocal) checkTransport(name string, dev, iface []byte) (int, error) {
 		case family != afINET && family != afINET6:
 			return 0, fmt.Errorf("address family %d", family)
 		case flags == 1:
-			want = 2 + 16 // the local system id and network namespace
+			want = 2 + 8 + l.ver.nsLen() // the local system id and network namespace
 		case family == afINET:
 			want = 2 + 4
 		default:
@@ -663,7 +707,7 @@ func (l *ucxLocal) checkTransport(name string, dev, iface []byte) (int, error) {
 		}
 		return 0, nil
 	case "posix", "sysv", "cma":
-		if err := checkSMDevice(dev); err != nil {
+		if err := checkSMDevice(dev, l.ver); err != nil {
 			return 0, err
 		}
 	}
@@ -673,7 +717,7 @@ func (l *ucxLocal) checkTransport(name string, dev, iface []byte) (int, error) {
 	switch name {
 	case "cma":
 		id := binary.LittleEndian.Uint32(iface)
-		if (id&uctCMAAddrFlagPIDNS != 0) != (len(iface) == 12) {
+		if (id&uctCMAAddrFlagPIDNS != 0) != (len(iface) == 4+l.ver.nsLen()) {
 			return 0, fmt.Errorf("PID-namespace flag does not match an address of %d bytes", len(iface))
 		}
 		pid := int(id &^ uctCMAAddrFlagPIDNS)

@@ -476,3 +476,113 @@ func TestLibNIXLLibraryVersion(t *testing.T) {
 		t.Fatalf("refused %d", a.MetadataRefused())
 	}
 }
+
+// TestUCXTCPPriorityPerDevice (issue 22): UCX's tcp packs priority 0 for the
+// host's default interface and 1 for every other (uct_tcp_iface_query), so
+// a genuine peer on a host with several interfaces (lo and eth0) has tcp
+// entries of both priorities. Each is accepted — this process's first tcp
+// entry alone refused NIXL's own peers on this machine — and any other
+// priority is still refused.
+func TestUCXTCPPriorityPerDevice(t *testing.T) {
+	loader, _ := openUCXAgent(t, "tcp-prio-loader", tcpUCX)
+	_, m := openUCXAgent(t, "tcp-prio-target", tcpUCX)
+	u := loader.b.(*ucx)
+	a, err := parseUCXAddress(m.payload, u.local.ver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var attr []byte
+	for _, d := range a.devices {
+		for _, tl := range d.ifaces {
+			if tlName(tl.csum) == "tcp" {
+				attr = tl.attr
+			}
+		}
+	}
+	if attr == nil {
+		t.Fatalf("no tcp in %s", describeUCXAddress(a))
+	}
+	prio := offsetIn(m.payload, ifaceCaps(ucxIface{attr: attr}, a.version))
+	for _, c := range []struct {
+		prio byte
+		ok   bool
+	}{{0, true}, {1, true}, {2, false}, {0x80, false}} {
+		b := bytes.Clone(m.payload)
+		b[prio] = c.prio
+		_, err := u.local.checkAddress(b)
+		if (err == nil) != c.ok {
+			t.Errorf("tcp priority %d: %v, want accepted %v", c.prio, err, c.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "priority and capabilities") {
+			t.Errorf("tcp priority %d: %v, want a priority refusal", c.prio, err)
+		}
+	}
+}
+
+// TestUCXTCPEveryDevice: two ucx agents over tcp on every interface this
+// host has (no NET_DEVICES): the peer's address loads and a write lands.
+// It refused genuine peers wherever a host had two interfaces of different
+// priorities (issue 22: lo and eth0, found through NIXL).
+func TestUCXTCPEveryDevice(t *testing.T) {
+	every := map[string]string{"TLS": "tcp"}
+	ini, _ := openUCXAgent(t, "tcp-every-ini", every)
+	tgt, _ := openUCXAgent(t, "tcp-every-tgt", every)
+	a, err := parseUCXAddress(func() []byte {
+		md, _ := tgt.Metadata()
+		m, _ := decodeMetadata(md, EngineUCX, tgt.b.(*ucx).library)
+		return m.payload
+	}(), tgt.b.(*ucx).local.ver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prios := map[byte]bool{}
+	for _, d := range a.devices {
+		for _, tl := range d.ifaces {
+			prios[ifaceCaps(tl, a.version)[0]] = true
+		}
+	}
+	if len(prios) < 2 {
+		t.Logf("this host's tcp devices all have one priority (%v): the check is the unit test's", prios)
+	}
+	_, src, _ := ini.Alloc(1 << 16)
+	_, dst, _ := tgt.Alloc(1 << 16)
+	fill(src, 22)
+	p := pair{ini: ini, tgt: tgt, remote: exchange(t, ini, tgt)}
+	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("every"))
+	defer ini.Release(x)
+	if st, err := wait(t, ini, x, time.Minute); st != Done || err != nil {
+		t.Fatalf("write over tcp on every device: %v %v", st, err)
+	}
+	if !bytes.Equal(src, dst) {
+		t.Fatal("not byte-exact")
+	}
+}
+
+// TestUCXNamespaceSizes (issue 22): UCX 1.22 made ucs_sys_ns_t 4 bytes
+// (ino_t before), so the tcp loopback device address, a shared-memory
+// device address with its namespace and cma's pid-namespace address are 4
+// bytes shorter there; each release's size is accepted and the other's
+// refused.
+func TestUCXNamespaceSizes(t *testing.T) {
+	for _, c := range []struct {
+		ver ucxVersion
+		ns  int
+	}{{ucxVersion{1, 13, 1}, 8}, {ucxVersion{1, 21, 0}, 8}, {ucxVersion{1, 22, 0}, 4}, {ucxVersion{2, 0, 0}, 4}} {
+		l := &ucxLocal{ver: c.ver, own: map[uint16]ucxIface{ucsCRC16("cma"): {addr: make([]byte, 4)}}}
+		if got := c.ver.nsLen(); got != c.ns {
+			t.Fatalf("%v: namespace of %d bytes, want %d", c.ver, got, c.ns)
+		}
+		for _, ns := range []int{4, 8} {
+			want := ns == c.ns
+			lo := append([]byte{1, afINET}, make([]byte, 8+ns)...)
+			if _, err := l.checkTransport("tcp", lo, []byte{0x12, 0x34}); (err == nil) != want {
+				t.Errorf("%v: tcp loopback device with a %d-byte namespace: %v, want accepted %v", c.ver, ns, err, want)
+			}
+			sm := make([]byte, 8+ns)
+			binary.LittleEndian.PutUint64(sm, uctLocalAddrFlagNS|7)
+			if err := checkSMDevice(sm, c.ver); (err == nil) != want {
+				t.Errorf("%v: shared-memory device with a %d-byte namespace: %v, want accepted %v", c.ver, ns, err, want)
+			}
+		}
+	}
+}
