@@ -91,6 +91,17 @@ func newManager(cfg Config) (m *Manager, err error) {
 			}
 		}
 	}()
+	if cfg.Engine.NIXLProgress == 0 {
+		// Issue 22: the decode rank's agent is written to, so NIXL's
+		// progress thread runs it; the prefill rank's posts, and on NIXL
+		// <= 1.4.0 that thread's endpoint error callback would free an
+		// endpoint under a post when a decode process dies, so its own
+		// calls progress it (no thread, NIXL's strict lock).
+		cfg.Engine.NIXLProgress = nixl.NIXLProgressThread
+		if cfg.Role == RolePrefill {
+			cfg.Engine.NIXLProgress = nixl.NIXLProgressCaller
+		}
+	}
 	if m.agent, err = nixl.Open(cfg.Engine); err != nil {
 		return nil, err
 	}

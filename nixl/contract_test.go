@@ -106,9 +106,23 @@ func engines() []engineCase {
 		{"loopback", func(n string) Config { return Config{Name: n, Engine: EngineLoopback} }, ""},
 		{"ucx-shm", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: shmUCX} }, ""},
 		{"ucx-tcp", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: tcpUCX} }, ""},
-		{"libnixl-double", func(n string) Config { return Config{Name: n, Engine: EngineLibNIXL, NIXLLib: doubleLib()} }, skipDouble()},
-		{"libnixl-real", func(n string) Config { return Config{Name: n, Engine: EngineLibNIXL, NIXLLib: realNIXL()} }, skipReal()},
+		{"libnixl-double", func(n string) Config {
+			return Config{Name: n, Engine: EngineLibNIXL, NIXLLib: doubleLib(), NIXLProgress: rankProgress(n)}
+		}, skipDouble()},
+		{"libnixl-real", func(n string) Config {
+			return Config{Name: n, Engine: EngineLibNIXL, NIXLLib: realNIXL(), NIXLProgress: rankProgress(n)}
+		}, skipReal()},
 	}
+}
+
+// rankProgress is the progress mode kvbridge's ranks give a libnixl agent
+// of this role (issue 22): the initiator posts, as a prefill rank's agent
+// (no progress thread); the target is written to, as a decode rank's.
+func rankProgress(name string) NIXLProgress {
+	if strings.Contains(name, "-ini-") {
+		return NIXLProgressCaller
+	}
+	return NIXLProgressThread
 }
 
 var agentSeq atomic.Int64

@@ -7,9 +7,13 @@
 //   - libnixl: the NIXL C API (libnixl_capi.so), declared in this package
 //     and loaded at run time from Config.NIXLLib, $KVBRIDGE_NIXL_LIB or the
 //     loader's path (libnixl.so beside it is loaded first, RTLD_GLOBAL). The
-//     production path on GPU nodes. Agents are created configured: NIXL's
-//     read-write lock, a progress thread that sleeps when idle
-//     (Config.NIXLProgressDelay). Tested against a C test double of the API
+//     production path on GPU nodes. Agents are created configured, in the
+//     progress mode Config.NIXLProgress names: NIXL's progress thread,
+//     which sleeps on the worker's events (Config.NIXLProgressDelay), and
+//     NIXL's read-write lock — what an agent that is written to needs — or
+//     no thread and NIXL's strict lock, progressed by the agent's own
+//     calls — what an agent that posts needs on NIXL <= 1.4.0, whose
+//     thread crashes a poster whose peer dies. Tested against a C test double of the API
 //     (internal/nixldouble) and, with make test-nixl, a real NIXL.
 //   - ucx: libucp directly, loaded at run time at the first ucx agent
 //     (KVBRIDGE_UCX_LIB, default libucp.so.0), through this package's own

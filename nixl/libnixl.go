@@ -178,20 +178,24 @@ func memType(k MemKind) C.int {
 // default, 0, makes the thread spin: an idle rank burns a core.
 const DefaultNIXLProgressDelay = 100 * time.Millisecond
 
-// libnixl is the engine on the NIXL C API. The agent is created without
-// NIXL's progress thread and with NIXL's strict lock (NIXL_THREAD_SYNC_STRICT)
-// unless Config.NIXLProgressThread asks for both (then NIXL_THREAD_SYNC_RW),
-// so concurrent calls are NIXL's to order; life orders them against close.
+// libnixl is the engine on the NIXL C API. Config.NIXLProgress picks who
+// progresses the agent's UCX worker: NIXL's progress thread with NIXL's
+// read-write lock (NIXL_THREAD_SYNC_RW), or no thread and NIXL's strict
+// lock (NIXL_THREAD_SYNC_STRICT); concurrent calls are NIXL's to order,
+// and life orders them against close.
 //
-// Why not the progress thread (issue 22): in NIXL <= 1.4.0 the UCX
-// backend's endpoint error callback closes (frees) the endpoint while a
-// concurrent post has checked its state and is about to use it
-// (nixlUcxEp::err_cb, nixlUcxEp::write): a peer killed mid-transfer crashes
-// this process. Without the progress thread the callback runs only inside a
-// call that touches the worker, and the strict lock lets no post run then.
-// Progress is driven by the Agent's completion watcher (status polls while
-// transfers are in flight) and the decode notifier (Notifs polls while
-// rooms are live); an idle agent makes no calls.
+// Why the choice (issue 22): a target needs its worker progressed for
+// writes to it to complete (a notification's acknowledgement, an
+// endpoint's wire-up), which NIXL's thread does on the worker's events.
+// But in NIXL <= 1.4.0 the UCX backend's endpoint error callback, run on
+// that thread, closes (frees) the endpoint while a concurrent post has
+// checked its state and is about to use it (nixlUcxEp::err_cb,
+// nixlUcxEp::write): a peer killed mid-transfer crashes a posting process.
+// Without the thread the callback runs only inside a call that touches
+// the worker, and the strict lock lets no post run then; the Agent's
+// completion watcher (status polls while transfers are in flight), the
+// GenNotif flusher and Notifs progress it, and an idle agent makes no
+// calls.
 type libnixl struct {
 	l    *C.kvb_nixl
 	name string
@@ -287,9 +291,13 @@ func openLibNIXL(cfg Config) (backend, error) {
 	// Out-parameters are Go locals: a pointer into a struct holding Go
 	// pointers may not be passed to C.
 	var agent C.nx_h
-	prog, syncMode := C.int(0), C.int(C.NX_SYNC_STRICT)
-	if cfg.NIXLProgressThread { // opt-in: unsafe on NIXL <= 1.4.0 when a peer dies
-		prog, syncMode = 1, C.NX_SYNC_RW
+	prog, syncMode := C.int(1), C.int(C.NX_SYNC_RW)
+	switch cfg.NIXLProgress {
+	case 0, NIXLProgressThread:
+	case NIXLProgressCaller: // a posting agent on NIXL <= 1.4.0 (issue 22)
+		prog, syncMode = 0, C.NX_SYNC_STRICT
+	default:
+		return nil, fmt.Errorf("libnixl agent %q: progress mode %v: %w", cfg.Name, cfg.NIXLProgress, ErrInvalidRequest)
 	}
 	n.prog, n.flushStop = prog != 0, make(chan struct{})
 	st := C.nx_create_configured_agent(lib, name, prog, syncMode, C.uint64_t(delay.Microseconds()), &agent)

@@ -30,16 +30,25 @@ func needDouble(t *testing.T) {
 
 func libnixlPair(t *testing.T, timeout time.Duration) (pair, []byte, []byte) {
 	t.Helper()
+	return libnixlPairModes(t, timeout, NIXLProgressCaller, NIXLProgressThread)
+}
+
+// libnixlPairModes is libnixlPair with the agents' progress modes: the
+// initiator posts (a prefill rank's mode is NIXLProgressCaller), the
+// target is written to (a decode rank's, NIXLProgressThread).
+func libnixlPairModes(t *testing.T, timeout time.Duration, ini, tgt NIXLProgress) (pair, []byte, []byte) {
+	t.Helper()
 	needDouble(t)
-	mk := func(role string) *Agent {
-		a, err := Open(Config{Name: "nx-" + role + "-" + t.Name(), Engine: EngineLibNIXL, NIXLLib: doubleLib(), XferTimeout: timeout})
+	mk := func(role string, mode NIXLProgress) *Agent {
+		a, err := Open(Config{Name: "nx-" + role + "-" + t.Name(), Engine: EngineLibNIXL, NIXLLib: doubleLib(), XferTimeout: timeout,
+			NIXLProgress: mode})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { a.Close() })
 		return a
 	}
-	p := pair{ini: mk("ini"), tgt: mk("tgt")}
+	p := pair{ini: mk("ini", ini), tgt: mk("tgt", tgt)}
 	_, src, _ := p.ini.Alloc(1 << 16)
 	_, dst, _ := p.tgt.Alloc(1 << 16)
 	p.remote = exchange(t, p.ini, p.tgt)
@@ -192,25 +201,28 @@ func TestLibNIXLBackendParams(t *testing.T) {
 	}
 }
 
-// Agents are created without NIXL's progress thread and with NIXL's strict
-// lock (issue 22: NIXL <= 1.4.0's progress thread frees an endpoint under a
-// concurrent post when a peer dies), the progress thread and the
-// read-write lock only when Config.NIXLProgressThread asks; the progress
-// thread's delay is set either way (nixl_capi_create_agent gives no locking
-// and a thread that spins a core).
+// An agent's progress mode (issue 22): by default NIXL's progress thread
+// and read-write lock (what an agent that is written to needs); with
+// NIXLProgressCaller no thread and NIXL's strict lock (a posting agent on
+// NIXL <= 1.4.0, whose thread frees an endpoint under a concurrent post
+// when a peer dies); the thread's delay set either way
+// (nixl_capi_create_agent gives no locking and a thread that spins a
+// core); an unknown mode refused.
 func TestLibNIXLAgentConfig(t *testing.T) {
 	needDouble(t)
 	for _, c := range []struct {
 		delay, want time.Duration
+		mode        NIXLProgress
 		prog        bool
 		sync        int
 	}{
-		{0, DefaultNIXLProgressDelay, false, nixldouble.SyncStrict},
-		{5 * time.Millisecond, 5 * time.Millisecond, false, nixldouble.SyncStrict},
-		{0, DefaultNIXLProgressDelay, true, nixldouble.SyncRW},
+		{0, DefaultNIXLProgressDelay, 0, true, nixldouble.SyncRW},
+		{0, DefaultNIXLProgressDelay, NIXLProgressThread, true, nixldouble.SyncRW},
+		{5 * time.Millisecond, 5 * time.Millisecond, NIXLProgressCaller, false, nixldouble.SyncStrict},
+		{0, DefaultNIXLProgressDelay, NIXLProgressCaller, false, nixldouble.SyncStrict},
 	} {
-		name := fmt.Sprintf("nx-config-%v-%v", c.delay, c.prog)
-		a, err := Open(Config{Name: name, Engine: EngineLibNIXL, NIXLLib: doubleLib(), NIXLProgressDelay: c.delay, NIXLProgressThread: c.prog})
+		name := fmt.Sprintf("nx-config-%v-%v", c.delay, c.mode)
+		a, err := Open(Config{Name: name, Engine: EngineLibNIXL, NIXLLib: doubleLib(), NIXLProgressDelay: c.delay, NIXLProgress: c.mode})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -223,6 +235,9 @@ func TestLibNIXLAgentConfig(t *testing.T) {
 		if sync != c.sync || delay != c.want || prog != c.prog {
 			t.Errorf("%s: agent made with thread sync %d, progress thread %v, delay %v; want %d, %v, %v", name, sync, prog, delay, c.sync, c.prog, c.want)
 		}
+	}
+	if _, err := Open(Config{Name: "nx-config-bad", Engine: EngineLibNIXL, NIXLLib: doubleLib(), NIXLProgress: 7}); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("progress mode 7: %v, want ErrInvalidRequest", err)
 	}
 }
 
@@ -539,15 +554,14 @@ func TestLibNIXLProcessMapsOneUCX(t *testing.T) {
 
 // NIXL 1.4.0's UCX genNotif returns success while its eager message may
 // still be pending, and without a progress thread only a later call that
-// progresses the sending agent sends it (the double models this with
-// KVB_NIXL_DOUBLE_PENDING_NOTIF). A notification with no transfer — a dummy
+// progresses the sending agent sends it (seen on NIXL 1.4.0; the double
+// models it unless KVB_NIXL_DOUBLE_PENDING_NOTIF=0). A notification with no transfer — a dummy
 // source's chunks and aux, chunks inside a prefix — must still arrive
 // while its sender makes no other call: the agent progresses itself for a
 // while after each GenNotif. Its own notifications drained meanwhile are
 // kept for Notifs.
 func TestLibNIXLGenNotifFlushed(t *testing.T) {
-	t.Setenv("KVB_NIXL_DOUBLE_PENDING_NOTIF", "1")
-	p, _, _ := libnixlPair(t, time.Minute)
+	p, _, _ := libnixlPairModes(t, time.Minute, NIXLProgressCaller, NIXLProgressCaller)
 	back := exchange(t, p.tgt, p.ini)
 	if err := p.tgt.GenNotif(back, []byte("to the initiator")); err != nil {
 		t.Fatal(err)

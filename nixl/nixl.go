@@ -122,6 +122,45 @@ const (
 	EngineLoopback = "loopback" // in-process copies
 )
 
+// NIXLProgress is what progresses a libnixl agent's UCX worker: what
+// wires up its endpoints, receives its notifications, acknowledges a
+// peer's, and lands writes whose transport emulates them (tcp). On NIXL
+// 1.4.0 a write with a notification completes only once the target's
+// worker has run after it (the notification's acknowledgement), and a
+// GenNotif is sent only when the sender's worker runs again.
+type NIXLProgress int
+
+const (
+	// NIXLProgressThread: NIXL's progress thread, woken by the worker's
+	// events (NIXLProgressDelay bounds its sleep), and NIXL's read-write
+	// lock. What an agent that peers write to needs: writes to it complete
+	// whatever its caller does, and it costs about nothing when idle.
+	// UNSAFE on NIXL <= 1.4.0 for an agent that posts or sends
+	// notifications to a peer that may die: the UCX backend's endpoint
+	// error callback, run on that thread, frees the endpoint while a
+	// concurrent post uses it (SIGSEGV in ucp_put_nbx; fixed in NIXL after
+	// 1.4.0, commit 3e3e083c9).
+	NIXLProgressThread NIXLProgress = 1 + iota
+	// NIXLProgressCaller: no progress thread and NIXL's strict lock; the
+	// agent's own calls progress it — the completion watcher's status
+	// polls while transfers are in flight, a GenNotif's flusher, Notifs.
+	// For an agent that posts (a prefill rank): the error callback then
+	// runs only inside a call the lock keeps apart from every post. Writes
+	// TO such an agent stall unless its Notifs is called while they are
+	// expected.
+	NIXLProgressCaller
+)
+
+func (p NIXLProgress) String() string {
+	switch p {
+	case NIXLProgressThread:
+		return "thread"
+	case NIXLProgressCaller:
+		return "caller"
+	}
+	return fmt.Sprintf("NIXLProgress(%d)", int(p))
+}
+
 // Config opens an agent.
 type Config struct {
 	// Name is the agent's name, unique among the agents that talk to it.
@@ -140,16 +179,11 @@ type Config struct {
 	// between passes when no event wakes it (libnixl engine; 0:
 	// DefaultNIXLProgressDelay). NIXL's own default, 0, spins a core.
 	NIXLProgressDelay time.Duration
-	// NIXLProgressThread creates libnixl agents with NIXL's progress thread
-	// and NIXL's read-write lock (NIXL_THREAD_SYNC_RW), as kvbridge did
-	// before issue 22. UNSAFE on NIXL <= 1.4.0 when a peer dies: the UCX
-	// backend's endpoint error callback, run on that thread, frees the
-	// endpoint while a concurrent post uses it, and the process crashes
-	// (SIGSEGV in ucp_put_nbx; fixed in NIXL after 1.4.0, commit
-	// 3e3e083c9). Off (the default): no progress thread and NIXL's strict
-	// lock; kvbridge's completion watcher and decode notifier drive
-	// progress while transfers or rooms are live.
-	NIXLProgressThread bool
+	// NIXLProgress says what progresses a libnixl agent's UCX worker (0:
+	// NIXLProgressThread, NIXL's own default). kvmanager chooses by role:
+	// the decode rank's agent, which peers write to, NIXLProgressThread;
+	// the prefill rank's, which posts, NIXLProgressCaller.
+	NIXLProgress NIXLProgress
 	// Device is the CUDA device whose context the ucx engine uses to map
 	// peers' VRAM and copy to and from it.
 	Device int

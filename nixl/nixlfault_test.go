@@ -146,8 +146,10 @@ func TestLibNIXLBadThenGenuineMetadata(t *testing.T) {
 	}
 }
 
-// The kill test's child: KVBRIDGE_NIXL_KILL_CHILD names the mode ("strict":
-// the default agent config; "progress": Config.NIXLProgressThread).
+// The kill test's child: KVBRIDGE_NIXL_KILL_CHILD names the posting
+// agent's mode ("strict": NIXLProgressCaller, as a prefill rank's;
+// "progress": NIXLProgressThread). The agents written to always have the
+// progress thread, as a decode rank's.
 const killChildEnv = "KVBRIDGE_NIXL_KILL_CHILD"
 
 // TestLibNIXLKilledPeer (issue 22 items 1 and 2): a prefill agent writing
@@ -156,8 +158,8 @@ const killChildEnv = "KVBRIDGE_NIXL_KILL_CHILD"
 // endpoints fail, detected as NIXL detects them), 5 times in a re-executed
 // child process. The child must survive each kill, fail exactly the killed
 // decode's writes, and serve a new decode agent of the same name
-// byte-exact. With the opt-in progress thread (NIXL's read-write lock) the
-// double aborts as NIXL 1.4.0 crashed.
+// byte-exact. With the progress thread on the posting agent (NIXL's
+// read-write lock) the double aborts as NIXL 1.4.0 crashed.
 func TestLibNIXLKilledPeer(t *testing.T) {
 	if os.Getenv(killChildEnv) != "" {
 		killChild(t, os.Getenv(killChildEnv) == "progress")
@@ -172,7 +174,7 @@ func TestLibNIXLKilledPeer(t *testing.T) {
 	}
 	out, err := run("strict")
 	if err != nil || !strings.Contains(out, "killed-peer rounds: 5") {
-		t.Fatalf("the default agent config did not survive its peers' deaths: %v\n%s", err, out)
+		t.Fatalf("a posting agent in NIXLProgressCaller mode did not survive its peers' deaths: %v\n%s", err, out)
 	}
 	out, err = run("progress")
 	if err == nil || !strings.Contains(out, "NIXL 1.4.0 crashes here") {
@@ -188,7 +190,11 @@ func killChild(t *testing.T, prog bool) {
 	)
 	lib := doubleLib()
 	open := func(name string) *Agent {
-		a, err := Open(Config{Name: name, Engine: EngineLibNIXL, NIXLLib: lib, NIXLProgressThread: prog, XferTimeout: time.Minute})
+		mode := NIXLProgressThread // written to
+		if name == "kill-prefill" && !prog {
+			mode = NIXLProgressCaller
+		}
+		a, err := Open(Config{Name: name, Engine: EngineLibNIXL, NIXLLib: lib, NIXLProgress: mode, XferTimeout: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -422,13 +428,20 @@ func TestNIXLFaultReproOnDouble(t *testing.T) {
 	}
 }
 
-// TestLibNIXLTargetProgressModel: with KVB_NIXL_DOUBLE_TARGET_PROGRESS the
-// double completes a write to an agent without a progress thread only once
-// that agent has progressed (here: one Notifs call), as the decode
-// notifier's polling does in a rank (internal/e2e TestLibNIXLTargetProgress).
+// TestLibNIXLTargetProgressModel: as NIXL 1.4.0 (issue 22), the double
+// completes a write with a notification to an agent without a progress
+// thread only once that agent has progressed (here: one Notifs call), and
+// at once to an agent with NIXL's progress thread.
 func TestLibNIXLTargetProgressModel(t *testing.T) {
-	p, src, dst := libnixlPair(t, time.Minute)
-	t.Setenv("KVB_NIXL_DOUBLE_TARGET_PROGRESS", "1")
+	t.Run("thread", func(t *testing.T) {
+		p, src, dst := libnixlPair(t, time.Minute)
+		x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("tp"))
+		defer p.ini.Release(x)
+		if st, err := wait(t, p.ini, x, time.Minute); st != Done || err != nil {
+			t.Fatalf("a write to a target with NIXL's progress thread: %v %v", st, err)
+		}
+	})
+	p, src, dst := libnixlPairModes(t, time.Minute, NIXLProgressCaller, NIXLProgressCaller)
 	copy(src, bytes.Repeat([]byte("target progress "), len(src)/16))
 	l, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
 	r, _ := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})

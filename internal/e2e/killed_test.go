@@ -4,6 +4,10 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/kvbridge/kvbridge/internal/nixldouble"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/nixl"
 )
 
 // TestDecodeKilledRepeatedly (issue 22 item 1): a decode rank process is
@@ -61,20 +65,54 @@ func TestDecodeKilledRepeatedly(t *testing.T) {
 	})
 }
 
-// TestLibNIXLTargetProgress (issue 22): libnixl agents run without NIXL's
-// progress thread, so the target side of a write must be progressed by
-// kvbridge too, as over UCX's tcp transport, where a put needs the target's
-// worker. With the NIXL double's KVB_NIXL_DOUBLE_TARGET_PROGRESS a write
-// completes only after the decode agent has progressed since the data was
-// put: the decode notifier's polling while rooms are live does it, and
-// rooms of every shape complete byte-exact.
+// TestLibNIXLTargetProgress (issue 22): on NIXL 1.4.0 a write with a
+// notification completes only once the target's worker has run after it
+// (the double models it). A decode rank's agent gets NIXL's progress
+// thread for that; here the decode agent is made without one
+// (NIXLProgressCaller, as a user may configure it), and the decode
+// notifier's polling while rooms are live must progress it: rooms of every
+// shape complete byte-exact.
 func TestLibNIXLTargetProgress(t *testing.T) {
 	if _, ok := engines["libnixl-double"]; !ok {
 		t.Skip("KVBRIDGE_NIXL_LIB is set: target progress is the NIXL double's model")
 	}
-	t.Setenv("KVB_NIXL_DOUBLE_TARGET_PROGRESS", "1")
-	c := newCluster(t, "libnixl-double", nil)
+	c := newCluster(t, "libnixl-double", func(cfg *kvmanager.Config) { cfg.Engine.NIXLProgress = nixl.NIXLProgressCaller })
 	for i, tokens := range []int{100, 4096, 17, 2000} {
 		c.roomByteExact(t, uint64(2200+i), tokens, 16)
 	}
+}
+
+// TestRankAgentProgressModes (issue 22): a rank picks its libnixl agent's
+// progress mode by role when the user left it unset — the decode rank's
+// agent, which prefill ranks write to, gets NIXL's progress thread (a
+// write with a notification completes only once the target's worker ran
+// after it); the prefill rank's, which posts, gets none and NIXL's strict
+// lock (NIXL <= 1.4.0's thread frees an endpoint under a concurrent post
+// when a decode process dies). A mode the user set is kept.
+func TestRankAgentProgressModes(t *testing.T) {
+	lib := engines["libnixl-double"].NIXLLib
+	if lib == "" {
+		t.Skip("KVBRIDGE_NIXL_LIB is set: the agents' modes are read from the NIXL double")
+	}
+	check := func(c *cluster, prefill, decode bool) {
+		t.Helper()
+		for _, m := range []struct {
+			name string
+			a    string
+			want bool
+		}{{"prefill", c.prefill.Agent().Name(), prefill}, {"decode", c.decode.Agent().Name(), decode}} {
+			prog, err := nixldouble.AgentProgressThread(lib, m.a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if prog != m.want {
+				t.Errorf("the %s rank's agent %q: progress thread %v, want %v", m.name, m.a, prog, m.want)
+			}
+		}
+	}
+	c := newCluster(t, "libnixl-double", nil)
+	check(c, false, true)
+	c.roomByteExact(t, 2300, 100, 16)
+	c = newCluster(t, "libnixl-double", func(cfg *kvmanager.Config) { cfg.Engine.NIXLProgress = nixl.NIXLProgressCaller })
+	check(c, false, false)
 }
