@@ -28,6 +28,36 @@ func needDouble(t *testing.T) {
 	}
 }
 
+// onNIXL runs body on the NIXL this process has — the real one when
+// KVBRIDGE_NIXL_LIB names it (make test-nixl), else the double — as a
+// subtest named libnixl-real or libnixl-double.
+func onNIXL(t *testing.T, body func(t *testing.T, lib string)) {
+	name, lib := "libnixl-double", doubleLib()
+	if realNIXL() != "" {
+		name, lib = "libnixl-real", realNIXL()
+	}
+	t.Run(name, func(t *testing.T) { body(t, lib) })
+}
+
+// nixlPairOn is libnixlPairModes on lib (the double or a real NIXL).
+func nixlPairOn(t *testing.T, lib string, timeout time.Duration, ini, tgt NIXLProgress) (pair, []byte, []byte) {
+	t.Helper()
+	mk := func(role string, mode NIXLProgress) *Agent {
+		a, err := Open(Config{Name: fmt.Sprintf("nx-%s-%s-%d", role, t.Name(), agentSeq.Add(1)), Engine: EngineLibNIXL, NIXLLib: lib,
+			XferTimeout: timeout, NIXLProgress: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		return a
+	}
+	p := pair{ini: mk("ini", ini), tgt: mk("tgt", tgt)}
+	_, src, _ := p.ini.Alloc(1 << 16)
+	_, dst, _ := p.tgt.Alloc(1 << 16)
+	p.remote = exchange(t, p.ini, p.tgt)
+	return p, src, dst
+}
+
 func libnixlPair(t *testing.T, timeout time.Duration) (pair, []byte, []byte) {
 	t.Helper()
 	return libnixlPairModes(t, timeout, NIXLProgressCaller, NIXLProgressThread)
@@ -561,7 +591,11 @@ func TestLibNIXLProcessMapsOneUCX(t *testing.T) {
 // while after each GenNotif. Its own notifications drained meanwhile are
 // kept for Notifs.
 func TestLibNIXLGenNotifFlushed(t *testing.T) {
-	p, _, _ := libnixlPairModes(t, time.Minute, NIXLProgressCaller, NIXLProgressCaller)
+	onNIXL(t, func(t *testing.T, lib string) { genNotifFlushed(t, lib) })
+}
+
+func genNotifFlushed(t *testing.T, lib string) {
+	p, _, _ := nixlPairOn(t, lib, time.Minute, NIXLProgressCaller, NIXLProgressCaller)
 	back := exchange(t, p.tgt, p.ini)
 	if err := p.tgt.GenNotif(back, []byte("to the initiator")); err != nil {
 		t.Fatal(err)

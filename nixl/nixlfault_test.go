@@ -79,71 +79,74 @@ func envelopeWith(t *testing.T, a *Agent, md, payload []byte) []byte {
 // refuses that agent's genuine blob too (the double does the same). Item
 // 3's blobs are refused before NIXL sees them, and the genuine blob then
 // loads and is written to byte-exact, whether or not a good load came
-// first.
+// first. On the NIXL double, or on a real NIXL (make test-nixl: NIXL 1.4.0
+// refuses the genuine blob after either of them, nixlfault md).
 func TestLibNIXLBadThenGenuineMetadata(t *testing.T) {
-	for _, goodFirst := range []bool{false, true} {
-		t.Run(fmt.Sprintf("good-first=%v", goodFirst), func(t *testing.T) {
-			needDouble(t)
-			mk := func(role string) *Agent {
-				a, err := Open(Config{Name: fmt.Sprintf("nx-md-%s-%v", role, goodFirst), Engine: EngineLibNIXL, NIXLLib: doubleLib()})
+	onNIXL(t, func(t *testing.T, lib string) {
+		for _, goodFirst := range []bool{false, true} {
+			t.Run(fmt.Sprintf("good-first=%v", goodFirst), func(t *testing.T) {
+				mk := func(role string) *Agent {
+					a, err := Open(Config{Name: fmt.Sprintf("nx-md-%s-%v", role, goodFirst), Engine: EngineLibNIXL, NIXLLib: lib,
+						NIXLProgress: rankProgress("-" + role + "-")})
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { a.Close() })
+					return a
+				}
+				ini, tgt := mk("ini"), mk("tgt")
+				_, src, _ := ini.Alloc(1 << 16)
+				_, dst, _ := tgt.Alloc(1 << 16)
+				md, err := tgt.Metadata()
 				if err != nil {
 					t.Fatal(err)
 				}
-				t.Cleanup(func() { a.Close() })
-				return a
-			}
-			ini, tgt := mk("ini"), mk("tgt")
-			_, src, _ := ini.Alloc(1 << 16)
-			_, dst, _ := tgt.Alloc(1 << 16)
-			md, err := tgt.Metadata()
-			if err != nil {
-				t.Fatal(err)
-			}
-			m, err := decodeMetadata(md, EngineLibNIXL, ini.b.(*libnixl).library)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if goodFirst {
-				if _, err := ini.LoadRemote(md); err != nil {
+				m, err := decodeMetadata(md, EngineLibNIXL, ini.b.(*libnixl).library)
+				if err != nil {
 					t.Fatal(err)
 				}
-			}
-			for name, b := range issue22Blobs(m.payload) {
-				if _, err := ini.LoadRemote(envelopeWith(t, ini, md, b)); !errors.Is(err, ErrBadMetadata) {
-					t.Fatalf("%s: %v, want ErrBadMetadata", name, err)
+				if goodFirst {
+					if _, err := ini.LoadRemote(md); err != nil {
+						t.Fatal(err)
+					}
 				}
-			}
-			if n := ini.MetadataRefused(); n != 2 {
-				t.Errorf("%d blobs refused, want 2", n)
-			}
-			name, err := ini.LoadRemote(md)
-			if err != nil {
-				t.Fatalf("the genuine blob after item 3's: %v", err)
-			}
-			for i := range src {
-				src[i] = byte(i*7 + 3)
-			}
-			l, _ := ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
-			r, err := ini.PrepRemote(name, DRAM, []Desc{BytesDesc(dst)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			x, err := ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
-			if err == nil {
-				err = ini.Post(x)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if st, err := wait(t, ini, x, time.Minute); st != Done || err != nil {
-				t.Fatalf("write: %v %v", st, err)
-			}
-			if !bytes.Equal(src, dst) {
-				t.Fatal("write not byte-exact")
-			}
-			ini.Release(x)
-		})
-	}
+				for name, b := range issue22Blobs(m.payload) {
+					if _, err := ini.LoadRemote(envelopeWith(t, ini, md, b)); !errors.Is(err, ErrBadMetadata) {
+						t.Fatalf("%s: %v, want ErrBadMetadata", name, err)
+					}
+				}
+				if n := ini.MetadataRefused(); n != 2 {
+					t.Errorf("%d blobs refused, want 2", n)
+				}
+				name, err := ini.LoadRemote(md)
+				if err != nil {
+					t.Fatalf("the genuine blob after item 3's: %v", err)
+				}
+				for i := range src {
+					src[i] = byte(i*7 + 3)
+				}
+				l, _ := ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
+				r, err := ini.PrepRemote(name, DRAM, []Desc{BytesDesc(dst)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				x, err := ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
+				if err == nil {
+					err = ini.Post(x)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st, err := wait(t, ini, x, time.Minute); st != Done || err != nil {
+					t.Fatalf("write: %v %v", st, err)
+				}
+				if !bytes.Equal(src, dst) {
+					t.Fatal("write not byte-exact")
+				}
+				ini.Release(x)
+			})
+		}
+	})
 }
 
 // The kill test's child: KVBRIDGE_NIXL_KILL_CHILD names the posting
@@ -393,17 +396,23 @@ func TestNIXLFaultRepro(t *testing.T) {
 		t.Skip(s)
 	}
 	bin := buildNIXLFault(t, realNIXL())
-	out, err := exec.Command(bin, "kill", "0", "1", "8", "20").CombinedOutput()
+	// Each run is bounded: NIXL's bug can hang a process as well as crash it.
+	run := func(d time.Duration, args ...string) ([]byte, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		return exec.CommandContext(ctx, bin, args...).CombinedOutput()
+	}
+	out, err := run(5*time.Minute, "kill", "0", "1", "8", "20")
 	if err != nil || !strings.Contains(string(out), "survived 20 of 20") {
 		t.Errorf("no progress thread, strict lock: %v\n%s", err, out)
 	}
-	out, err = exec.Command(bin, "kill", "1", "2", "4", "3").CombinedOutput()
+	out, err = run(time.Minute, "kill", "1", "2", "4", "3")
 	if err != nil {
-		t.Logf("progress thread, RW lock: NIXL bug reproduced (fixed upstream in 3e3e083c9): %v\n%s", err, out)
+		t.Logf("progress thread, RW lock: NIXL bug reproduced (fixed upstream in 3e3e083c9): %v\n%s", err, tail(string(out), 2000))
 	} else {
 		t.Logf("progress thread, RW lock: not reproduced\n%s", out)
 	}
-	out, err = exec.Command(bin, "md").CombinedOutput()
+	out, err = run(time.Minute, "md")
 	if err != nil {
 		t.Fatalf("md: %v\n%s", err, out)
 	}
