@@ -486,7 +486,7 @@ func (d *Decode) Report(room uint64) (r LoadReport, ok bool) {
 // It blocks on the engine's wake-up channel where there is one (no timer:
 // an idle rank costs no CPU, issue 24). Otherwise
 // (libnixl) it polls with a back-off of up to 1 ms while rooms are live,
-// every 100 ms while only cleared rooms' tombstones remain (their late
+// every second while only cleared rooms' tombstones remain (their late
 // notifications are read and dropped while the tombstone can tell them
 // from a later room with the same id), and stops polling when there are
 // neither (an idle rank costs no CPU: issue 24) until a room is created.
@@ -554,8 +554,11 @@ func (d *Decode) notifier() {
 }
 
 // notifierTombstonePoll is how often a polling notifier reads the engine's
-// notifications while only tombstones remain.
-const notifierTombstonePoll = 100 * time.Millisecond
+// notifications while only tombstones remain: a late one must be read
+// before its tombstone's TTL (minutes) ends, and each poll wakes an idle
+// rank (at 100 ms the polls were most of an idle libnixl decode rank's
+// CPU).
+const notifierTombstonePoll = time.Second
 
 // roomCounts counts the rooms still live (pending or not final) and the
 // cleared rooms' tombstones.

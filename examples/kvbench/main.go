@@ -50,7 +50,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/gpu"
@@ -89,6 +91,10 @@ type bench struct {
 	engine string
 	tls    string
 	mem    nixl.MemKind
+	// callerMem: the ranks' DRAM KV regions are kvbench's own (mapped
+	// with transparent huge pages and registered), not the engine's Alloc:
+	// both engines then move the same kind of memory (nixl mode's e2e).
+	callerMem bool
 	gpu    *gpu.Context    // -mem VRAM: device 0
 	vram   []gpu.DevicePtr // device memory to free once its agents are closed
 	quick  bool
@@ -550,6 +556,14 @@ func (b *bench) cluster(pages int) (*cluster, error) {
 		if b.mem == nixl.VRAM {
 			return cfg, b.vramRegions(cfg.Layout.Regions)
 		}
+		if b.callerMem {
+			free, err := callerRegions(cfg.Layout.Regions)
+			if err != nil {
+				return cfg, err
+			}
+			prev := c.free
+			c.free = func() { prev(); free() }
+		}
 		return cfg, nil
 	}
 	cfg, err := mk(kvmanager.RolePrefill)
@@ -569,6 +583,31 @@ func (b *bench) cluster(pages int) (*cluster, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// callerRegions maps the regions' memory in one anonymous mapping on a
+// 2 MiB boundary with transparent huge pages asked for (as the libnixl
+// engine's Alloc does) and sets their addresses; free unmaps it once the
+// ranks are closed.
+func callerRegions(regions []nixl.Desc) (free func(), err error) {
+	const huge = 2 << 20
+	var total int
+	for _, r := range regions {
+		total += int((r.Len + huge - 1) / huge * huge)
+	}
+	m, err := syscall.Mmap(-1, 0, total+huge, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	if err != nil {
+		return nil, fmt.Errorf("mapping %d bytes of KV memory: %w", total, err)
+	}
+	base := (uintptr(unsafe.Pointer(&m[0])) + huge - 1) / huge * huge
+	skip := int(base - uintptr(unsafe.Pointer(&m[0])))
+	_ = syscall.Madvise(m[skip:skip+total], syscall.MADV_HUGEPAGE)
+	off := base
+	for i := range regions {
+		regions[i].Addr = off
+		off += uintptr((regions[i].Len + huge - 1) / huge * huge)
+	}
+	return func() { syscall.Munmap(m) }, nil
 }
 
 func (c *cluster) close() {

@@ -41,11 +41,23 @@ func buildNIXLRef(lib, dir string) (string, error) {
 	return bin, nil
 }
 
-// refWrite runs nixlref's write: the median seconds per write and the
-// mean CPU seconds per timed write (its own getrusage over them).
-func refWrite(bin string, count int, piece uint64, iters int, delay time.Duration) (float64, float64, error) {
+// The NIXL C program's progress modes (nixlref.c.in): both agents on
+// NIXL's progress thread; neither, one loop progressing both (NIXL's
+// fastest mode); the initiator self-driven and the target on the thread,
+// as kvbridge's ranks make their agents.
+const (
+	refThread = "thread"
+	refSelf   = "self"
+	refRanks  = "ranks"
+)
+
+// refWrite runs nixlref's write in a progress mode, its pieces spread at
+// random over spread times their count of slots (1: end to end): the
+// median seconds per write and the mean CPU seconds per timed write (its
+// own getrusage over them).
+func refWrite(bin string, count int, piece uint64, iters int, delay time.Duration, mode string, spread int) (float64, float64, error) {
 	out, err := exec.Command(bin, "write", strconv.Itoa(count), strconv.FormatUint(piece, 10), strconv.Itoa(iters),
-		strconv.FormatInt(delay.Microseconds(), 10)).CombinedOutput()
+		strconv.FormatInt(delay.Microseconds(), 10), mode, strconv.Itoa(spread)).CombinedOutput()
 	if err != nil {
 		return 0, 0, fmt.Errorf("nixlref: %v: %s", err, out)
 	}
@@ -67,19 +79,21 @@ func lastLine(s string) string {
 // bindingWrite does nixlref's write through kvbridge: two agents of engine
 // in this process, lists prepared once, one transfer posted per iteration
 // with a notification, Wait on the initiator, the target polling Notifs.
-// It returns the median seconds per write and the mean CPU seconds per
-// timed write (this process).
-func bindingWrite(engine, lib string, count int, piece uint64, iters int, delay time.Duration) (float64, float64, error) {
-	open := func(role string) (*nixl.Agent, error) {
+// On libnixl the initiator and the target get the progress modes given
+// (a rank's: NIXLProgressCaller, NIXLProgressThread). It returns the
+// median seconds per write and the mean CPU seconds per timed write (this
+// process).
+func bindingWrite(engine, lib string, count int, piece uint64, iters int, delay time.Duration, ini, tgt nixl.NIXLProgress) (float64, float64, error) {
+	open := func(role string, mode nixl.NIXLProgress) (*nixl.Agent, error) {
 		return nixl.Open(nixl.Config{Name: fmt.Sprintf("kvbench-nixl-%s-%d", role, time.Now().UnixNano()), Engine: engine,
-			NIXLLib: lib, NIXLProgressDelay: delay, UCX: map[string]string{"TLS": "posix,cma,self"}})
+			NIXLLib: lib, NIXLProgressDelay: delay, NIXLProgress: mode, UCX: map[string]string{"TLS": "posix,cma,self"}})
 	}
-	a, err := open("ini")
+	a, err := open("ini", ini)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer a.Close()
-	t, err := open("tgt")
+	t, err := open("tgt", tgt)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -161,9 +175,10 @@ func bindingWrite(engine, lib string, count int, piece uint64, iters int, delay 
 }
 
 // idleCPU is the CPU time this process used over d with one libnixl agent
-// open and nothing to do.
-func idleCPU(lib string, d time.Duration) (float64, error) {
-	a, err := nixl.Open(nixl.Config{Name: fmt.Sprintf("kvbench-idle-%d", time.Now().UnixNano()), Engine: nixl.EngineLibNIXL, NIXLLib: lib})
+// of the progress mode given open and nothing to do.
+func idleCPU(lib string, d time.Duration, mode nixl.NIXLProgress) (float64, error) {
+	a, err := nixl.Open(nixl.Config{Name: fmt.Sprintf("kvbench-idle-%d", time.Now().UnixNano()), Engine: nixl.EngineLibNIXL, NIXLLib: lib,
+		NIXLProgress: mode})
 	if err != nil {
 		return 0, err
 	}
@@ -212,31 +227,48 @@ func (b *bench) nixlMode() error {
 	}{{1, 64 << 20}, {1024, 32 << 10}}
 	step, steps := 0, len(cases)*rounds+2
 	for _, c := range cases {
-		var cref, clib, cucx []float64
-		var pref, plib, pucx []float64 // CPU seconds per write
+		// Per round, interleaved: the NIXL C program in its three progress
+		// modes, kvbridge's libnixl agents in the ranks' modes and with
+		// NIXL's thread on both, and the ucx engine. Seconds and CPU
+		// seconds per write.
+		sec, cpu := map[string][]float64{}, map[string][]float64{}
+		add := func(name string, v, p float64) { sec[name], cpu[name] = append(sec[name], v), append(cpu[name], p) }
 		for r := 0; r < rounds; r++ {
 			progress("nixl", step, steps)
 			step++
-			v, p, err := refWrite(ref, c.count, c.piece, iters, delay)
-			if err != nil {
-				return err
+			for _, mode := range []string{refThread, refSelf, refRanks} {
+				v, p, err := refWrite(ref, c.count, c.piece, iters, delay, mode, 1)
+				if err != nil {
+					return err
+				}
+				add("NIXL C, "+mode, v, p)
 			}
-			cref, pref = append(cref, v), append(pref, p)
-			if v, p, err = bindingWrite(nixl.EngineLibNIXL, lib, c.count, c.piece, iters, delay); err != nil {
+			v, p, err := bindingWrite(nixl.EngineLibNIXL, lib, c.count, c.piece, iters, delay, nixl.NIXLProgressCaller, nixl.NIXLProgressThread)
+			if err != nil {
 				return fmt.Errorf("libnixl: %w", err)
 			}
-			clib, plib = append(clib, v), append(plib, p)
-			if v, p, err = bindingWrite(nixl.EngineUCX, "", c.count, c.piece, iters, delay); err != nil {
+			add("libnixl", v, p)
+			if v, p, err = bindingWrite(nixl.EngineLibNIXL, lib, c.count, c.piece, iters, delay, nixl.NIXLProgressThread, nixl.NIXLProgressThread); err != nil {
+				return fmt.Errorf("libnixl, threads: %w", err)
+			}
+			add("libnixl, both agents on NIXL's thread", v, p)
+			if v, p, err = bindingWrite(nixl.EngineUCX, "", c.count, c.piece, iters, delay, 0, 0); err != nil {
 				return fmt.Errorf("ucx: %w", err)
 			}
-			cucx, pucx = append(cucx, v), append(pucx, p)
+			add("ucx engine", v, p)
 		}
 		bytes := float64(uint64(c.count) * c.piece)
-		gb := func(sec []float64) float64 { return bytes / median(sec) / 1e9 }
-		perGB := func(cpu []float64) float64 { return median(cpu) / (bytes / 1e9) }
+		gb := func(s []float64) float64 { return bytes / median(s) / 1e9 }
+		perGB := func(c []float64) float64 { return median(c) / (bytes / 1e9) }
+		refs, refCPU := map[string]float64{}, map[string]float64{}
+		for name := range sec {
+			if name != "libnixl" {
+				refs[name], refCPU[name] = gb(sec[name]), perGB(cpu[name])
+			}
+		}
 		b.add(Row{Mode: "nixl", Name: fmt.Sprintf("write %d × %s + notif", c.count, human(c.piece)), Bytes: uint64(bytes),
-			Value: gb(clib), Unit: "GB/s", References: map[string]float64{"NIXL C program": gb(cref), "ucx engine": gb(cucx)},
-			CPU: perGB(plib), CPUUnit: "s/GB", RefCPU: map[string]float64{"NIXL C program": perGB(pref), "ucx engine": perGB(pucx)}})
+			Value: gb(sec["libnixl"]), Unit: "GB/s", References: refs,
+			CPU: perGB(cpu["libnixl"]), CPUUnit: "s/GB", RefCPU: refCPU})
 	}
 	progress("nixl", step, steps)
 	step++
@@ -244,24 +276,33 @@ func (b *bench) nixlMode() error {
 	if b.quick {
 		idleFor = 500 * time.Millisecond
 	}
-	ours, err := idleCPU(lib, idleFor)
-	if err != nil {
-		return err
-	}
 	out, err := exec.Command(ref, "idle", strconv.Itoa(int(max(1, idleFor.Seconds()))), "0").CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("nixlref idle: %v: %s", err, out)
 	}
 	spin, _ := strconv.ParseFloat(strings.TrimSpace(lastLine(string(out))), 64)
-	b.add(Row{Mode: "nixl", Name: "idle agent, CPU", Value: 100 * ours / idleFor.Seconds(), Unit: "% of a core",
-		References: map[string]float64{"NIXL default agent (progress delay 0)": 100 * spin / max(1, idleFor.Seconds())}})
+	for _, m := range []struct {
+		mode nixl.NIXLProgress
+		role string
+	}{{nixl.NIXLProgressThread, "a decode rank's"}, {nixl.NIXLProgressCaller, "a prefill rank's"}} {
+		ours, err := idleCPU(lib, idleFor, m.mode)
+		if err != nil {
+			return err
+		}
+		b.add(Row{Mode: "nixl", Name: fmt.Sprintf("idle agent (%v: %s), CPU", m.mode, m.role), Value: 100 * ours / idleFor.Seconds(), Unit: "% of a core",
+			References: map[string]float64{"NIXL default agent (progress delay 0)": 100 * spin / max(1, idleFor.Seconds())}})
+	}
 	progress("nixl", step, steps)
 	return b.nixlEndToEnd(ref, delay)
 }
 
 // nixlEndToEnd moves one model request (random pages) through a prefill
-// and a decode rank on libnixl and on ucx, next to the NIXL C program
-// writing the same descriptors.
+// and a decode rank: on libnixl, and on the ucx engine over the same kind
+// of memory (the ranks' KV regions kvbench's own, mapped with huge pages,
+// which NIXL's UCX and the ucx engine both move with cma) and over its own
+// (UCX-allocated shared memory, which the peer maps and writes with
+// memcpy); next to the NIXL C program writing the same number of pages to
+// the same spread of random places (self-driven: NIXL's fastest mode).
 func (b *bench) nixlEndToEnd(ref string, delay time.Duration) error {
 	pages, tokens, iters := 1024, 4096, 5
 	if b.quick {
@@ -269,14 +310,18 @@ func (b *bench) nixlEndToEnd(ref string, delay time.Duration) error {
 	}
 	n := tokens / b.model.PageTokens
 	descs := n * 2 * b.model.Layers
+	runs := []struct {
+		name, engine string
+		caller       bool
+	}{{"libnixl", nixl.EngineLibNIXL, true}, {"ucx engine, same memory", nixl.EngineUCX, true}, {"ucx engine, its own memory", nixl.EngineUCX, false}}
 	gbps, cpuRoom := map[string]float64{}, map[string]float64{}
-	for _, engine := range []string{nixl.EngineLibNIXL, nixl.EngineUCX} {
-		saved := b.engine
-		b.engine = engine
+	for _, run := range runs {
+		saved, savedMem := b.engine, b.callerMem
+		b.engine, b.callerMem = run.engine, run.caller
 		c, err := b.cluster(pages)
-		b.engine = saved
+		b.engine, b.callerMem = saved, savedMem
 		if err != nil {
-			return fmt.Errorf("%s cluster: %w", engine, err)
+			return fmt.Errorf("%s cluster: %w", run.name, err)
 		}
 		rng := rand.New(rand.NewPCG(1, 2))
 		all := scatter("contiguous", pages, pages, rng)
@@ -304,18 +349,21 @@ func (b *bench) nixlEndToEnd(ref string, delay time.Duration) error {
 		if err != nil {
 			return err
 		}
-		gbps[engine] = float64(descs) * float64(b.model.PageBytes()) / median(secs) / 1e9
-		cpuRoom[engine] = used.Total().Seconds() / float64(iters)
+		gbps[run.name] = float64(descs) * float64(b.model.PageBytes()) / median(secs) / 1e9
+		cpuRoom[run.name] = used.Total().Seconds() / float64(iters)
 	}
-	v, refCPU, err := refWrite(ref, descs, b.model.PageBytes(), iters, delay)
+	v, refCPU, err := refWrite(ref, descs, b.model.PageBytes(), iters, delay, refSelf, pages/n)
 	if err != nil {
 		return err
 	}
 	gb := float64(descs) * float64(b.model.PageBytes()) / 1e9
+	const cref = "NIXL C program (self-driven), same pages"
+	refs, refCPUs := map[string]float64{cref: gb / v}, map[string]float64{cref: refCPU / gb}
+	for _, run := range runs[1:] {
+		refs[run.name], refCPUs[run.name] = gbps[run.name], cpuRoom[run.name]/gb
+	}
 	b.add(Row{Mode: "nixl", Name: fmt.Sprintf("e2e %s %d tok random, libnixl", b.model.Name, tokens),
-		Bytes: uint64(descs) * b.model.PageBytes(), Value: gbps[nixl.EngineLibNIXL], Unit: "GB/s",
-		References: map[string]float64{"NIXL C program, same descriptors": gb / v, "ucx engine, same request": gbps[nixl.EngineUCX]},
-		CPU:        cpuRoom[nixl.EngineLibNIXL] / gb, CPUUnit: "s/GB", CPURoom: cpuRoom[nixl.EngineLibNIXL] * 1e6,
-		RefCPU: map[string]float64{"NIXL C program, same descriptors": refCPU / gb, "ucx engine, same request": cpuRoom[nixl.EngineUCX] / gb}})
+		Bytes: uint64(descs) * b.model.PageBytes(), Value: gbps["libnixl"], Unit: "GB/s", References: refs,
+		CPU: cpuRoom["libnixl"] / gb, CPUUnit: "s/GB", CPURoom: cpuRoom["libnixl"] * 1e6, RefCPU: refCPUs})
 	return nil
 }

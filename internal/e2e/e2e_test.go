@@ -773,7 +773,7 @@ func TestNotifierStopsPollingWithoutRooms(t *testing.T) {
 		// Tombstones that expire within the test.
 		r := &cfg.Registry
 		r.BootstrapTimeout, r.WaitingTimeout, r.PendingTimeout = 2*time.Second, 2*time.Second, 2*time.Second
-		r.StallTimeout, cfg.QuarantineTimeout, r.TombstoneTTL = time.Second, 2*time.Second, 3*time.Second
+		r.StallTimeout, cfg.QuarantineTimeout, r.TombstoneTTL = time.Second, 2*time.Second, 5*time.Second
 	})
 	polls := func() int64 {
 		n, err := nixldouble.NotifCalls(cfg.NIXLLib)
@@ -782,24 +782,24 @@ func TestNotifierStopsPollingWithoutRooms(t *testing.T) {
 		}
 		return n
 	}
-	// window observes 300 ms: waiting, not synchronising.
-	window := func() int64 {
+	// window observes d (1.5 s by default): waiting, not synchronising.
+	window := func(d ...time.Duration) int64 {
 		before := polls()
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(append(d, 1500*time.Millisecond)[0])
 		return polls() - before
 	}
 	for i, tokens := range []int{300, 2000} {
 		room := uint64(900 + i)
 		c.roomByteExact(t, room, tokens, 16)
 		// The tombstone lives: once the back-off has run out (a few ms),
-		// polls slow down (about 3 in 300 ms; the 1 ms back-off made
-		// about 300) but go on.
-		window()
-		if n := window(); n > 10 || n == 0 {
-			t.Fatalf("room %d cleared, its tombstone alive: %d notification polls in 300 ms, want 1 to 10 "+
+		// polls slow down (one a second; the 1 ms back-off made about
+		// 1,500 in the window) but go on.
+		window(100 * time.Millisecond)
+		if n := window(); n > 3 || n == 0 {
+			t.Fatalf("room %d cleared, its tombstone alive: %d notification polls in 1.5 s, want 1 to 3 "+
 				"(its late notifications are read while the tombstone can drop them)", room, n)
 		}
-		// Once it has expired (3 s), the polls stop.
+		// Once it has expired (5 s), the polls stop.
 		deadline := time.Now().Add(20 * time.Second)
 		for window() != 0 {
 			if time.Now().After(deadline) {
@@ -807,7 +807,7 @@ func TestNotifierStopsPollingWithoutRooms(t *testing.T) {
 			}
 		}
 		if n := window(); n != 0 {
-			t.Fatalf("no room, no tombstone: %d notification polls in 300 ms", n)
+			t.Fatalf("no room, no tombstone: %d notification polls in 1.5 s", n)
 		}
 	}
 }

@@ -24,6 +24,7 @@ static long nd_call_long(void *f) { return ((long (*)(void))f)(); }
 static int nd_agent_config(void *f, const char *name, int *sync, uint64_t *delay) {
 	return ((int (*)(const char *, int *, uint64_t *))f)(name, sync, delay);
 }
+static int nd_engine_config(void *f, const char *n, char *out, size_t len) { return ((int (*)(const char *, char *, size_t))f)(n, out, len); }
 static int nd_call_name(void *f, const char *name) { return ((int (*)(const char *))f)(name); }
 */
 import "C"
@@ -137,6 +138,22 @@ func AgentConfig(lib, agent string) (sync int, delay time.Duration, err error) {
 		return 0, 0, fmt.Errorf("nixldouble: no live agent %q", agent)
 	}
 	return int(s), time.Duration(d) * time.Microsecond, nil
+}
+
+// EngineConfig returns the "engine_config" backend parameter (UCX
+// settings) the named live agent's UCX backend was created with.
+func EngineConfig(lib, agent string) (string, error) {
+	f, err := sym(lib, "nixl_double_engine_config")
+	if err != nil {
+		return "", err
+	}
+	cn := C.CString(agent)
+	defer C.free(unsafe.Pointer(cn))
+	var out [512]C.char
+	if C.nd_engine_config(f, cn, &out[0], C.size_t(len(out))) == 0 {
+		return "", fmt.Errorf("nixldouble: no live agent %q", agent)
+	}
+	return C.GoString(&out[0]), nil
 }
 
 // AgentProgressThread reports whether the named live agent was created

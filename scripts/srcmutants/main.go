@@ -57,6 +57,20 @@ var mutants = []mutant{
 		pkg: "internal/e2e", run: "^TestLayerwiseByteExact$"},
 	{name: "layers-ignored", file: "transfer/pool.go", old: "	if l.Hi == 0 {\n", new: "	if l.Hi >= 0 {\n",
 		pkg: "transfer", run: "^TestPoolWritesOnlyItsLayers$"},
+	// Issue 22 on a real NIXL: the progress mode a rank gives its agent,
+	// UCX's adaptive progress off in NIXL's UCX, huge pages for libnixl's
+	// memory, and the address check's per-device tcp priority and UCX 1.22
+	// namespace size.
+	{name: "prefill-agent-threaded", file: "kvmanager/shell.go", old: "		if cfg.Role == RolePrefill {\n", new: "		if false {\n",
+		pkg: "internal/e2e", run: "^TestRankAgentProgressModes$"},
+	{name: "nixl-adaptive-progress", file: "nixl/libnixl.go", old: "	return user + \"ADAPTIVE_PROGRESS=n\"", new: "	return user",
+		pkg: "nixl", run: "^TestLibNIXLEngineConfig$"},
+	{name: "nixl-alloc-no-huge-pages", file: "nixl/libnixl.go", old: "	madvise(a, n, MADV_HUGEPAGE);\n", new: "\n",
+		pkg: "nixl", run: "^TestLibNIXLAllocHugePages$"},
+	{name: "tcp-priority-of-first-device", file: "nixl/addrcheck.go", old: "	if tlName(t.csum) != \"tcp\" {\n", new: "	if true {\n",
+		pkg: "nixl", run: "^TestUCXTCPPriorityPerDevice$"},
+	{name: "namespace-always-ino", file: "nixl/addrcheck.go", old: "	if v.major > 1 || (v.major == 1 && v.minor >= 22) {\n		return 4\n	}\n", new: "",
+		pkg: "nixl", run: "^TestUCXNamespaceSizes$"},
 }
 
 func main() {
