@@ -95,10 +95,10 @@ type bench struct {
 	// with transparent huge pages and registered), not the engine's Alloc:
 	// both engines then move the same kind of memory (nixl mode's e2e).
 	callerMem bool
-	gpu    *gpu.Context    // -mem VRAM: device 0
-	vram   []gpu.DevicePtr // device memory to free once its agents are closed
-	quick  bool
-	rows   []Row
+	gpu       *gpu.Context    // -mem VRAM: device 0
+	vram      []gpu.DevicePtr // device memory to free once its agents are closed
+	quick     bool
+	rows      []Row
 	// idle mode
 	idleFor time.Duration
 	bin     string
