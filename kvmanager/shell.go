@@ -91,6 +91,9 @@ func newManager(cfg Config) (m *Manager, err error) {
 			}
 		}
 	}()
+	if cfg.Role == RolePrefill && cfg.Engine.NIXLProgress == nixl.NIXLProgressThread && cfg.Engine.Engine != nixl.EngineUCX && cfg.Engine.Engine != nixl.EngineLoopback {
+		m.log.Warn("a prefill rank's libnixl agent with NIXL's progress thread: on NIXL <= 1.4.0 a decode process that dies mid-transfer can crash this process (issue 22); leave Engine.NIXLProgress unset")
+	}
 	if cfg.Engine.NIXLProgress == 0 {
 		// Issue 22: the decode rank's agent is written to, so NIXL's
 		// progress thread runs it; the prefill rank's posts, and on NIXL

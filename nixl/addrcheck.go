@@ -52,7 +52,7 @@ import (
 // shorter than what it then touches (SIGBUS), another process's file or
 // SysV segment, or a length of 0 (posix's "length > 0"). So every address is
 // walked here exactly as ucp_address_unpack walks it (src/ucp/wireup/
-// address.c, UCX 1.13 to 1.21: address formats v1 and v2, the 1.19
+// address.c, UCX 1.13 to 1.22: address formats v1 and v2, the 1.19
 // release-version trailer and md-index legacy bits), every length is checked
 // against the bytes there are and must account for all of them, and the
 // entries of the transports this process runs — the only ones UCX hands to a
@@ -115,7 +115,8 @@ func (v ucxVersion) String() string { return fmt.Sprintf("%d.%d.%d", v.major, v.
 
 // nsLen is the size of a system namespace (ucs_sys_ns_t) in the addresses
 // of release v: ino_t up to 1.21, uint32_t from 1.22 on (the tcp loopback
-// device, a shared-memory device with its namespace, cma's pid namespace).
+// device, a shared-memory device with its namespace, cma's and posix's
+// pid namespace).
 func (v ucxVersion) nsLen() int {
 	if v.major > 1 || (v.major == 1 && v.minor >= 22) {
 		return 4
@@ -168,7 +169,7 @@ const (
 	posixSegFlags   = posixSegProcfs | posixSegShmOpen | posixSegHugeTLB | posixSegPIDNS
 	// mmFIFOPIDOffset is where uct_mm_fifo_ctl_t keeps the FIFO owner's
 	// pid (head, signal_addrlen, sockaddr_un, padded to a cache line; then
-	// tail, pid): the same in UCX 1.13 to 1.21, checked against this
+	// tail, pid): the same in UCX 1.13 to 1.22, checked against this
 	// process's own FIFO at each agent's start.
 	mmFIFOPIDOffset  = 136
 	sysvSlack        = 2 << 20 // a sysv segment is at most a huge page over its region
@@ -730,7 +731,7 @@ func (l *ucxLocal) checkTransport(name string, dev, iface []byte) (int, error) {
 		return pid, nil
 	case "posix":
 		seg := binary.LittleEndian.Uint64(iface)
-		if (seg&posixSegPIDNS != 0) != (len(iface) == 16) {
+		if (seg&posixSegPIDNS != 0) != (len(iface) == 8+l.ver.nsLen()) {
 			return 0, fmt.Errorf("PID-namespace flag does not match an address of %d bytes", len(iface))
 		}
 		size, pid, owner, err := posixSegmentPeek(seg, true)

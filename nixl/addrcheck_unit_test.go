@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -560,15 +561,15 @@ func TestUCXTCPEveryDevice(t *testing.T) {
 
 // TestUCXNamespaceSizes (issue 22): UCX 1.22 made ucs_sys_ns_t 4 bytes
 // (ino_t before), so the tcp loopback device address, a shared-memory
-// device address with its namespace and cma's pid-namespace address are 4
-// bytes shorter there; each release's size is accepted and the other's
-// refused.
+// device address with its namespace and cma's and posix's pid-namespace
+// addresses are 4 bytes shorter there; each release's size is accepted and
+// the other's refused.
 func TestUCXNamespaceSizes(t *testing.T) {
 	for _, c := range []struct {
 		ver ucxVersion
 		ns  int
 	}{{ucxVersion{1, 13, 1}, 8}, {ucxVersion{1, 21, 0}, 8}, {ucxVersion{1, 22, 0}, 4}, {ucxVersion{2, 0, 0}, 4}} {
-		l := &ucxLocal{ver: c.ver, own: map[uint16]ucxIface{ucsCRC16("cma"): {addr: make([]byte, 4)}}}
+		l := &ucxLocal{ver: c.ver, own: map[uint16]ucxIface{ucsCRC16("cma"): {addr: make([]byte, 4+c.ns)}}}
 		if got := c.ver.nsLen(); got != c.ns {
 			t.Fatalf("%v: namespace of %d bytes, want %d", c.ver, got, c.ns)
 		}
@@ -582,6 +583,22 @@ func TestUCXNamespaceSizes(t *testing.T) {
 			binary.LittleEndian.PutUint64(sm, uctLocalAddrFlagNS|7)
 			if err := checkSMDevice(sm, c.ver); (err == nil) != want {
 				t.Errorf("%v: shared-memory device with a %d-byte namespace: %v, want accepted %v", c.ver, ns, err, want)
+			}
+			// cma: this process's pid, flagged as carrying its PID namespace.
+			cma := binary.LittleEndian.AppendUint32(nil, uint32(os.Getpid())|uctCMAAddrFlagPIDNS)
+			cma = append(cma, make([]byte, ns)...)
+			dev := binary.LittleEndian.AppendUint64(nil, 7)
+			if _, err := l.checkTransport("cma", dev, cma); (err == nil) != want {
+				t.Errorf("%v: cma address with a %d-byte PID namespace: %v, want accepted %v", c.ver, ns, err, want)
+			}
+			// posix: a procfs FIFO id flagged as carrying its PID namespace;
+			// the size is checked before the segment (which does not exist).
+			posix := binary.LittleEndian.AppendUint64(nil, posixSegProcfs|posixSegPIDNS)
+			posix = append(posix, make([]byte, ns)...)
+			l.own[ucsCRC16("posix")] = ucxIface{addr: posix}
+			_, err := l.checkTransport("posix", dev, posix)
+			if sizeRefused := err != nil && strings.Contains(err.Error(), "PID-namespace flag"); sizeRefused == want {
+				t.Errorf("%v: posix address with a %d-byte PID namespace: %v, want its size accepted %v", c.ver, ns, err, want)
 			}
 		}
 	}

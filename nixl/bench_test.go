@@ -72,9 +72,9 @@ func (c *benchCPU) report(b *testing.B, bytes float64) {
 }
 
 var benchEngines = []engineCase{
-	{"ucx-shm", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: shmUCX} }, ""},
-	{"ucx-tcp", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: tcpUCX} }, ""},
-	{"loopback", func(n string) Config { return Config{Name: n, Engine: EngineLoopback} }, ""},
+	{"ucx-shm", func(n, _ string) Config { return Config{Name: n, Engine: EngineUCX, UCX: shmUCX} }, ""},
+	{"ucx-tcp", func(n, _ string) Config { return Config{Name: n, Engine: EngineUCX, UCX: tcpUCX} }, ""},
+	{"loopback", func(n, _ string) Config { return Config{Name: n, Engine: EngineLoopback} }, ""},
 }
 
 var benchSizes = []int{4 << 10, 64 << 10, 1 << 20, 64 << 20}

@@ -70,7 +70,7 @@ func doubleLib() string { return doubleLibPath }
 // engineCase is one engine configuration the contract runs over.
 type engineCase struct {
 	name string
-	cfg  func(name string) Config
+	cfg  func(name, role string) Config
 	skip string // why this case does not run here ("" when it does)
 }
 
@@ -103,23 +103,24 @@ func skipDouble() string {
 
 func engines() []engineCase {
 	return []engineCase{
-		{"loopback", func(n string) Config { return Config{Name: n, Engine: EngineLoopback} }, ""},
-		{"ucx-shm", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: shmUCX} }, ""},
-		{"ucx-tcp", func(n string) Config { return Config{Name: n, Engine: EngineUCX, UCX: tcpUCX} }, ""},
-		{"libnixl-double", func(n string) Config {
-			return Config{Name: n, Engine: EngineLibNIXL, NIXLLib: doubleLib(), NIXLProgress: rankProgress(n)}
+		{"loopback", func(n, _ string) Config { return Config{Name: n, Engine: EngineLoopback} }, ""},
+		{"ucx-shm", func(n, _ string) Config { return Config{Name: n, Engine: EngineUCX, UCX: shmUCX} }, ""},
+		{"ucx-tcp", func(n, _ string) Config { return Config{Name: n, Engine: EngineUCX, UCX: tcpUCX} }, ""},
+		{"libnixl-double", func(n, role string) Config {
+			return Config{Name: n, Engine: EngineLibNIXL, NIXLLib: doubleLib(), NIXLProgress: rankProgress(role)}
 		}, skipDouble()},
-		{"libnixl-real", func(n string) Config {
-			return Config{Name: n, Engine: EngineLibNIXL, NIXLLib: realNIXL(), NIXLProgress: rankProgress(n)}
+		{"libnixl-real", func(n, role string) Config {
+			return Config{Name: n, Engine: EngineLibNIXL, NIXLLib: realNIXL(), NIXLProgress: rankProgress(role)}
 		}, skipReal()},
 	}
 }
 
 // rankProgress is the progress mode kvbridge's ranks give a libnixl agent
-// of this role (issue 22): the initiator posts, as a prefill rank's agent
-// (no progress thread); the target is written to, as a decode rank's.
-func rankProgress(name string) NIXLProgress {
-	if strings.Contains(name, "-ini-") {
+// of this role (issue 22): the initiator ("ini", "bini") posts, as a
+// prefill rank's agent (no progress thread); the target is written to, as
+// a decode rank's.
+func rankProgress(role string) NIXLProgress {
+	if strings.HasSuffix(role, "ini") {
 		return NIXLProgressCaller
 	}
 	return NIXLProgressThread
@@ -136,7 +137,7 @@ type pair struct {
 
 func open(t testing.TB, ec engineCase, role string) *Agent {
 	t.Helper()
-	a, err := Open(ec.cfg(fmt.Sprintf("%s-%s-%d", ec.name, role, agentSeq.Add(1))))
+	a, err := Open(ec.cfg(fmt.Sprintf("%s-%s-%d", ec.name, role, agentSeq.Add(1)), role))
 	if err != nil {
 		t.Fatalf("%s: open: %v", ec.name, err)
 	}

@@ -22,9 +22,11 @@ static void nx_mem_free(kvb_nixl *l, void *p) { if (l->mem_free) l->mem_free(p);
 // and asks for transparent huge pages (a hint: where THP is off the pages
 // are 4 KiB); nx_unmap gives it back. NIXL's UCX moves such memory between
 // processes with cma, whose page pinning and the copies' TLB misses cost
-// less over huge pages.
+// less over huge pages. Each allocation takes whole 2 MiB pages (kvbench's
+// caller memory and its C reference map theirs the same way).
 static void *nx_alloc(size_t size, size_t *mapped) {
 	const size_t huge = 2u << 20;
+	if (size > SIZE_MAX - 2 * huge) return NULL;
 	size_t n = size == 0 ? huge : (size + huge - 1) / huge * huge;
 	char *p = mmap(NULL, n + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED) return NULL;

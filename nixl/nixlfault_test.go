@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -87,7 +88,7 @@ func TestLibNIXLBadThenGenuineMetadata(t *testing.T) {
 			t.Run(fmt.Sprintf("good-first=%v", goodFirst), func(t *testing.T) {
 				mk := func(role string) *Agent {
 					a, err := Open(Config{Name: fmt.Sprintf("nx-md-%s-%v", role, goodFirst), Engine: EngineLibNIXL, NIXLLib: lib,
-						NIXLProgress: rankProgress("-" + role + "-")})
+						NIXLProgress: rankProgress(role)})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -400,7 +401,14 @@ func TestNIXLFaultRepro(t *testing.T) {
 	run := func(d time.Duration, args ...string) ([]byte, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), d)
 		defer cancel()
-		return exec.CommandContext(ctx, bin, args...).CombinedOutput()
+		cmd := exec.CommandContext(ctx, bin, args...)
+		// The repro and the decode it started, as one group: a hung run
+		// is killed whole, and a child still holding the output cannot
+		// keep the test waiting.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+		cmd.WaitDelay = 10 * time.Second
+		return cmd.CombinedOutput()
 	}
 	out, err := run(5*time.Minute, "kill", "0", "1", "8", "20")
 	if err != nil || !strings.Contains(string(out), "survived 20 of 20") {

@@ -274,15 +274,16 @@ func (b *bench) print() {
 // ---- engine ------------------------------------------------------------
 
 func (b *bench) agents() (*nixl.Agent, *nixl.Agent, string, error) {
-	open := func(n string) (*nixl.Agent, error) {
+	// On libnixl, the modes a prefill and a decode rank give their agents.
+	open := func(n string, mode nixl.NIXLProgress) (*nixl.Agent, error) {
 		return nixl.Open(nixl.Config{Name: fmt.Sprintf("kvbench-%s-%d", n, time.Now().UnixNano()), Engine: b.engine,
-			UCX: map[string]string{"TLS": b.tls}})
+			UCX: map[string]string{"TLS": b.tls}, NIXLProgress: mode})
 	}
-	a, err := open("ini")
+	a, err := open("ini", nixl.NIXLProgressCaller)
 	if err != nil {
 		return nil, nil, "", err
 	}
-	t, err := open("tgt")
+	t, err := open("tgt", nixl.NIXLProgressThread)
 	if err != nil {
 		a.Close()
 		return nil, nil, "", err

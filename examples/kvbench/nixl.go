@@ -302,11 +302,14 @@ func (b *bench) nixlMode() error {
 // which NIXL's UCX and the ucx engine both move with cma) and over its own
 // (UCX-allocated shared memory, which the peer maps and writes with
 // memcpy); next to the NIXL C program writing the same number of pages to
-// the same spread of random places (self-driven: NIXL's fastest mode).
+// the same spread of random places (self-driven, NIXL's fastest mode, and
+// in the ranks' progress modes). The
+// three clusters live side by side and every round moves the same pages
+// on each, then runs the C program, so drift lands on all alike.
 func (b *bench) nixlEndToEnd(ref string, delay time.Duration) error {
-	pages, tokens, iters := 1024, 4096, 5
+	pages, tokens, rounds := 1024, 4096, 7
 	if b.quick {
-		pages, tokens, iters = 256, 512, 2
+		pages, tokens, rounds = 256, 512, 2
 	}
 	n := tokens / b.model.PageTokens
 	descs := n * 2 * b.model.Layers
@@ -314,8 +317,15 @@ func (b *bench) nixlEndToEnd(ref string, delay time.Duration) error {
 		name, engine string
 		caller       bool
 	}{{"libnixl", nixl.EngineLibNIXL, true}, {"ucx engine, same memory", nixl.EngineUCX, true}, {"ucx engine, its own memory", nixl.EngineUCX, false}}
-	gbps, cpuRoom := map[string]float64{}, map[string]float64{}
-	for _, run := range runs {
+	clusters := make([]*cluster, len(runs))
+	defer func() {
+		for _, c := range clusters {
+			if c != nil {
+				c.close()
+			}
+		}
+	}()
+	for i, run := range runs {
 		saved, savedMem := b.engine, b.callerMem
 		b.engine, b.callerMem = run.engine, run.caller
 		c, err := b.cluster(pages)
@@ -323,47 +333,52 @@ func (b *bench) nixlEndToEnd(ref string, delay time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("%s cluster: %w", run.name, err)
 		}
-		rng := rand.New(rand.NewPCG(1, 2))
-		all := scatter("contiguous", pages, pages, rng)
+		clusters[i] = c
+		all := scatter("contiguous", pages, pages, rand.New(rand.NewPCG(1, 2)))
 		if err := c.room(all, all); err != nil { // warm up: every page once
-			c.close()
-			return err
+			return fmt.Errorf("%s: %w", run.name, err)
 		}
-		var secs []float64
-		meter, err := cpustat.Start(0)
-		if err != nil {
-			c.close()
-			return err
-		}
-		for i := 0; i < iters; i++ {
-			src, dst := scatter("random", n, pages, rng), scatter("random", n, pages, rng)
-			t0 := time.Now()
-			if err := c.room(src, dst); err != nil {
-				c.close()
+	}
+	crefs := map[string]string{refSelf: "NIXL C program (self-driven), same pages", refRanks: "NIXL C program (the ranks' modes), same pages"}
+	secs, cpus := map[string][]float64{}, map[string][]float64{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for r := 0; r < rounds; r++ {
+		src, dst := scatter("random", n, pages, rng), scatter("random", n, pages, rng)
+		for i, run := range runs {
+			meter, err := cpustat.Start(0)
+			if err != nil {
 				return err
 			}
-			secs = append(secs, time.Since(t0).Seconds())
+			t0 := time.Now()
+			if err := clusters[i].room(src, dst); err != nil {
+				return fmt.Errorf("%s: %w", run.name, err)
+			}
+			sec := time.Since(t0).Seconds()
+			used, err := meter.Read()
+			if err != nil {
+				return err
+			}
+			secs[run.name], cpus[run.name] = append(secs[run.name], sec), append(cpus[run.name], used.Total().Seconds())
 		}
-		used, err := meter.Read()
-		c.close()
-		if err != nil {
-			return err
+		for _, mode := range []string{refSelf, refRanks} {
+			v, c, err := refWrite(ref, descs, b.model.PageBytes(), 3, delay, mode, pages/n)
+			if err != nil {
+				return err
+			}
+			name := crefs[mode]
+			secs[name], cpus[name] = append(secs[name], v), append(cpus[name], c)
 		}
-		gbps[run.name] = float64(descs) * float64(b.model.PageBytes()) / median(secs) / 1e9
-		cpuRoom[run.name] = used.Total().Seconds() / float64(iters)
-	}
-	v, refCPU, err := refWrite(ref, descs, b.model.PageBytes(), iters, delay, refSelf, pages/n)
-	if err != nil {
-		return err
 	}
 	gb := float64(descs) * float64(b.model.PageBytes()) / 1e9
-	const cref = "NIXL C program (self-driven), same pages"
-	refs, refCPUs := map[string]float64{cref: gb / v}, map[string]float64{cref: refCPU / gb}
-	for _, run := range runs[1:] {
-		refs[run.name], refCPUs[run.name] = gbps[run.name], cpuRoom[run.name]/gb
+	refs, refCPUs := map[string]float64{}, map[string]float64{}
+	for name := range secs {
+		if name != "libnixl" {
+			refs[name], refCPUs[name] = gb/median(secs[name]), median(cpus[name])/gb
+		}
 	}
+	cpuRoom := median(cpus["libnixl"])
 	b.add(Row{Mode: "nixl", Name: fmt.Sprintf("e2e %s %d tok random, libnixl", b.model.Name, tokens),
-		Bytes: uint64(descs) * b.model.PageBytes(), Value: gbps["libnixl"], Unit: "GB/s", References: refs,
-		CPU: cpuRoom["libnixl"] / gb, CPUUnit: "s/GB", CPURoom: cpuRoom["libnixl"] * 1e6, RefCPU: refCPUs})
+		Bytes: uint64(descs) * b.model.PageBytes(), Value: gb / median(secs["libnixl"]), Unit: "GB/s", References: refs,
+		CPU: cpuRoom / gb, CPUUnit: "s/GB", CPURoom: cpuRoom * 1e6, RefCPU: refCPUs})
 	return nil
 }

@@ -88,7 +88,7 @@ func TestLibNIXLTargetProgress(t *testing.T) {
 // write with a notification completes only once the target's worker ran
 // after it); the prefill rank's, which posts, gets none and NIXL's strict
 // lock (NIXL <= 1.4.0's thread frees an endpoint under a concurrent post
-// when a decode process dies). A mode the user set is kept.
+// when a decode process dies). A mode the user set is kept, either way.
 func TestRankAgentProgressModes(t *testing.T) {
 	lib := engines["libnixl-double"].NIXLLib
 	if lib == "" {
@@ -115,4 +115,10 @@ func TestRankAgentProgressModes(t *testing.T) {
 	c.roomByteExact(t, 2300, 100, 16)
 	c = newCluster(t, "libnixl-double", func(cfg *kvmanager.Config) { cfg.Engine.NIXLProgress = nixl.NIXLProgressCaller })
 	check(c, false, false)
+	c = newCluster(t, "libnixl-double", func(cfg *kvmanager.Config) {
+		if cfg.Role == kvmanager.RolePrefill {
+			cfg.Engine.NIXLProgress = nixl.NIXLProgressThread // kept, with a warning in the log
+		}
+	})
+	check(c, true, true)
 }
