@@ -525,6 +525,18 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 	if err != nil && ev.Reason == "" {
 		ev.Reason = err.Error()
 	}
+	if st == kvmanager.Success && gr.AbortAt == "mid" {
+		// The abort point came after the last page had landed (a small
+		// room can finish between two polls of abortAt): the request is
+		// dropped all the same, as its scheduler asked, and answered as
+		// aborted so the router retries it. The room is over: nothing can
+		// land, and its pages go back at once.
+		ev.Status, ev.Reason = kvmanager.Failed.String(), "example: decode aborted mid-transfer, after the last page landed (dropped)"
+		if !t.generates() {
+			t.hold(gr.Room).fail(ev.Reason)
+		}
+		return ev
+	}
 	if st != kvmanager.Success {
 		if st != kvmanager.Failed {
 			rc.Abort("example: decode request ended: " + ev.Reason)
