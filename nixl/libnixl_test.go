@@ -70,20 +70,7 @@ func libnixlPair(t *testing.T, timeout time.Duration) (pair, []byte, []byte) {
 func libnixlPairModes(t *testing.T, timeout time.Duration, ini, tgt NIXLProgress) (pair, []byte, []byte) {
 	t.Helper()
 	needDouble(t)
-	mk := func(role string, mode NIXLProgress) *Agent {
-		a, err := Open(Config{Name: "nx-" + role + "-" + t.Name(), Engine: EngineLibNIXL, NIXLLib: doubleLib(), XferTimeout: timeout,
-			NIXLProgress: mode})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close() })
-		return a
-	}
-	p := pair{ini: mk("ini", ini), tgt: mk("tgt", tgt)}
-	_, src, _ := p.ini.Alloc(1 << 16)
-	_, dst, _ := p.tgt.Alloc(1 << 16)
-	p.remote = exchange(t, p.ini, p.tgt)
-	return p, src, dst
+	return nixlPairOn(t, doubleLib(), timeout, ini, tgt)
 }
 
 func TestLibNIXLInjectedErrors(t *testing.T) {
