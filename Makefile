@@ -36,7 +36,7 @@ NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestT
 ## test-nixl: the engine contract and the e2e byte-exact, separate-process, soak and restart tests on a real NIXL, NIXL_RUNS times (KVBRIDGE_NIXL_LIB names its libnixl_capi.so; see DEVELOPERS.md)
 test-nixl: deps
 	@test -n "$$KVBRIDGE_NIXL_LIB" || { echo "test-nixl: set KVBRIDGE_NIXL_LIB to a real NIXL's libnixl_capi.so (see DEVELOPERS.md)" >&2; exit 2; }
-	$(GO) test -race -count=$(NIXL_RUNS) -timeout 60m -v -run '$(NIXL_TESTS)' ./nixl ./internal/e2e | grep -E '^(ok|FAIL)|^\s*--- |libucp mapped|VRAM: nothing ran' | sed -E 's/ \([0-9.]+s\)//' | sort | uniq -c
+	$(GO) test -race -count=$(NIXL_RUNS) -timeout $$(( $(NIXL_RUNS) * 6 + 10 ))m -v -run '$(NIXL_TESTS)' ./nixl ./internal/e2e | grep -E '^(ok|FAIL)|^\s*--- |libucp mapped|VRAM: nothing ran' | sed -E 's/ \([0-9.]+s\)//' | sort | uniq -c
 
 ## mutants: kvmanager's tests once per mutant (a known bug brought back in every core, -tags kvbmutants); fails if any survives
 mutants:
