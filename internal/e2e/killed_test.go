@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvbridge/kvbridge/internal/nixldouble"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -49,7 +50,13 @@ func TestDecodeKilledRepeatedly(t *testing.T) {
 			decode.kill(t) // while the second room's writes are posted
 			got := map[uint64]string{}
 			for range 2 {
-				l := prefill.expect(t, "DONE ")
+				l, ok, timedOut := prefill.next(30 * time.Second)
+				if timedOut {
+					t.Fatalf("kill %d: %d of rooms %d (held) and %d (being written) ended within 30 s (%v); %s", k+1, len(got), held, sent, got, prefill.dump())
+				}
+				if !ok || !strings.HasPrefix(l, "DONE ") {
+					t.Fatalf("kill %d: got %q, want DONE...", k+1, l)
+				}
 				var r uint64
 				fmt.Sscanf(l, "DONE %d", &r)
 				got[r] = l

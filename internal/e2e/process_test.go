@@ -253,7 +253,7 @@ func startRank(t *testing.T, role, engine, boot string) *rankProc {
 func startChild(t *testing.T, env ...string) *rankProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(append(os.Environ(), "GOTRACEBACK=all"), env...)
 	cmd.Stderr = os.Stderr
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
@@ -290,15 +290,47 @@ func (p *rankProc) do(cmd string) {
 
 func (p *rankProc) expect(t *testing.T, prefix string) string {
 	t.Helper()
+	l, ok, timedOut := p.next(30 * time.Second)
+	if timedOut {
+		t.Fatalf("no %s within 30 s; %s", prefix, p.dump())
+	}
+	if !ok || !strings.HasPrefix(l, prefix) {
+		t.Fatalf("got %q, want %s...", l, prefix)
+	}
+	return l
+}
+
+// next is the process's next line; ok is false once its stdout closed,
+// timedOut when nothing came within d.
+func (p *rankProc) next(d time.Duration) (l string, ok, timedOut bool) {
 	select {
-	case l, ok := <-p.lines:
-		if !ok || !strings.HasPrefix(l, prefix) {
-			t.Fatalf("got %q, want %s...", l, prefix)
+	case l, ok = <-p.lines:
+		return l, ok, false
+	case <-time.After(d):
+		return "", false, true
+	}
+}
+
+// dump ends a process that did not answer in time with SIGQUIT: its
+// goroutines' stacks (GOTRACEBACK=all) go to the test's log, where the
+// cause of a rare hang can be read. It returns the lines the process
+// printed meanwhile.
+func (p *rankProc) dump() string {
+	if err := p.cmd.Process.Signal(syscall.SIGQUIT); err != nil {
+		return "SIGQUIT: " + err.Error()
+	}
+	var late []string
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case l, ok := <-p.lines: // stdout closes once the process is gone
+			if !ok {
+				return fmt.Sprintf("SIGQUIT sent (its goroutines are in the log above); it printed meanwhile: %q", late)
+			}
+			late = append(late, l)
+		case <-deadline:
+			return fmt.Sprintf("SIGQUIT sent, the process had not exited 10 s later; it printed meanwhile: %q", late)
 		}
-		return l
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no %s within 30 s", prefix)
-		return ""
 	}
 }
 
