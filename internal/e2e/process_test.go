@@ -151,9 +151,10 @@ func runRank(role string) int {
 		f := strings.Fields(in.Text())
 		room, _ := strconv.ParseUint(f[1], 10, 64) // (CAPTURE: a type)
 		switch f[0] {
-		case "SEND", "HOLD":
+		case "SEND", "HOLD", "SEND+": // SEND+: also SENDING <room> once the room is past Bootstrapping (its REQUEST is in)
 			src := pageList(f[2])
 			chunk, _ := strconv.Atoi(f[3])
+			announce := f[0] == "SEND+"
 			go func(hold bool) {
 				s, err := sender.New(p, room)
 				if err != nil {
@@ -163,6 +164,9 @@ func runRank(role string) int {
 				s.Init()
 				for s.Poll() == kvmanager.Bootstrapping {
 					time.Sleep(100 * time.Microsecond)
+				}
+				if announce {
+					out <- fmt.Sprintf("SENDING %d", room)
 				}
 				for i := 0; i < len(src); i += chunk {
 					end := min(i+chunk, len(src))
