@@ -34,9 +34,12 @@ test-packages:
 NIXL_RUNS ?= 20
 NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL|TestFirstRoomAfterPrefillRestartElsewhere|TestAbortReachesPrefillRestartedElsewhere|TestRoomAfterPrefillRestartElsewhere|TestPausedDecodeLearnsItsRoomsFailed|TestDecodeKilledRepeatedly|TestNIXLFaultRepro|TestLibNIXLBadThenGenuineMetadata|TestLibNIXLGenNotifFlushed|TestPrefixSkipped)$$/^libnixl-real$$
 ## test-nixl: the engine contract and the e2e byte-exact, separate-process, soak and restart tests on a real NIXL, NIXL_RUNS times (KVBRIDGE_NIXL_LIB names its libnixl_capi.so; see DEVELOPERS.md)
+# The whole -v log is kept in NIXL_LOG for reading a failure; the summary counts each test's and case's results.
+NIXL_LOG ?= $${TMPDIR:-/tmp}/kvbridge-test-nixl.log
 test-nixl: deps
 	@test -n "$$KVBRIDGE_NIXL_LIB" || { echo "test-nixl: set KVBRIDGE_NIXL_LIB to a real NIXL's libnixl_capi.so (see DEVELOPERS.md)" >&2; exit 2; }
-	$(GO) test -race -count=$(NIXL_RUNS) -timeout $$(( $(NIXL_RUNS) * 6 + 10 ))m -v -run '$(NIXL_TESTS)' ./nixl ./internal/e2e | grep -E '^(ok|FAIL)|^\s*--- |libucp mapped|VRAM: nothing ran' | sed -E 's/ \([0-9.]+s\)//' | sort | uniq -c
+	@echo "test-nixl: full log in $(NIXL_LOG)"
+	$(GO) test -race -count=$(NIXL_RUNS) -timeout $$(( $(NIXL_RUNS) * 6 + 10 ))m -v -run '$(NIXL_TESTS)' ./nixl ./internal/e2e | tee $(NIXL_LOG) | grep -E '^(ok|FAIL)|^\s*--- |libucp mapped|VRAM: nothing ran' | sed -E 's/ \([0-9.]+s\)//' | sort | uniq -c
 
 ## mutants: kvmanager's tests once per mutant (a known bug brought back in every core, -tags kvbmutants); fails if any survives
 mutants:
