@@ -380,6 +380,7 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec
 	var res Result
 	var ready chan struct{}
 	var bad error
+	var reason string
 	d.step(func(c *Core, now time.Time) {
 		if bad = checkSpec(room, spec); bad != nil && !c.bugs.on(bugSpecRepeatAccepted) {
 			return
@@ -387,14 +388,19 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec
 		bad = nil
 		res = c.Step(now, InitReceiver{Room: room, Spec: spec}).Result
 		_, ready, _ = c.waiters(room)
+		reason, _ = c.Failure(room)
 	})
 	if bad != nil {
 		return bad
 	}
-	switch res.Outcome {
-	case Applied:
-	case Rejected:
+	switch {
+	case res.Outcome == Applied:
+	case res.Outcome == Rejected:
 		return res.Err
+	case res.Status == Failed:
+		// The room failed before Init (aborted, refused, or its prefill
+		// rank declared dead): no later status can make it ready.
+		return fmt.Errorf("room %d: %w before its request: %s", room, ErrRoomFailed, reason)
 	default:
 		return fmt.Errorf("room %d: request in %v: %w", room, res.Status, ErrNotReady)
 	}

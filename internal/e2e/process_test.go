@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"os"
@@ -214,6 +215,9 @@ func runRank(role string) int {
 				rc, err := receiver.New(d, room)
 				if err == nil {
 					err = rc.Init(context.Background(), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1})
+					if errors.Is(err, kvmanager.ErrRoomFailed) {
+						err = nil // the room failed (an ABORT may come before Init): Wait reports it
+					}
 				}
 				if err != nil {
 					out <- fmt.Sprintf("DONE %d error %v", room, err)

@@ -665,6 +665,10 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 	defer rc.Clear()
 	if err := rc.Init(ctx, kvmanager.RequestSpec{DstPages: dst, AuxIndex: int(rr.Room % 4096)}); err != nil {
 		res.Status, res.Reason = kvmanager.Failed.String(), err.Error()
+		// A REQUEST may be out to some prefill ranks: the pages wait for
+		// Released as any failed room's do.
+		rc.Abort("demo: " + err.Error())
+		quarantined = r.quarantine(ctx, rc, dst, &res)
 		return res
 	}
 	abortAt(ctx, rc, rr.AbortAt, "demo: abort")
@@ -702,22 +706,28 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 		res.Bytes = uint64(n) * r.pageBytes() * uint64(len(r.kv))
 		mark("verify")
 	} else {
-		// Quarantine: the pages are reused only once no write of the room
-		// can land. Past this request's deadline they go back to the pool
-		// when the rank releases them (bounded by its quarantine deadline).
-		ch := rc.Released()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			quarantined = true
-			res.Error = "pages still quarantined at the request's deadline"
-			go func() {
-				<-ch
-				r.pages.Put(dst)
-			}()
-		}
+		quarantined = r.quarantine(ctx, rc, dst, &res)
 	}
 	return res
+}
+
+// quarantine waits until no write of a failed room can land, so its pages
+// are reused only then. Past the request's deadline they go back to the
+// pool when the rank releases them (bounded by its quarantine deadline),
+// and it reports true: the caller must not put them back.
+func (r *Rank) quarantine(ctx context.Context, rc *receiver.Receiver, dst []uint32, res *RoomResult) bool {
+	ch := rc.Released()
+	select {
+	case <-ch:
+		return false
+	case <-ctx.Done():
+		res.Error = "pages still quarantined at the request's deadline"
+		go func() {
+			<-ch
+			r.pages.Put(dst)
+		}()
+		return true
+	}
 }
 
 func cfgIdentity(m *kvmanager.Manager) bool { return m.Cert() != nil }

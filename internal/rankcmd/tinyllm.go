@@ -516,6 +516,18 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 	defer rc.Clear()
 	if err := rc.Init(ctx, kvmanager.RequestSpec{DstPages: dst, AuxIndex: t.auxIndex(gr.Room), Prefix: k}); err != nil {
 		ev.Status, ev.Reason = kvmanager.Failed.String(), err.Error()
+		// A REQUEST may be out to some prefill ranks: the pages wait for
+		// Released as any failed room's do.
+		rc.Abort("example: " + err.Error())
+		ch := rc.Released()
+		keep = true
+		go func() {
+			<-ch
+			r.pages.Put(own)
+		}()
+		if !t.generates() {
+			t.hold(gr.Room).fail(ev.Reason)
+		}
 		return ev
 	}
 	abortAt(ctx, rc, gr.AbortAt, "example: decode aborted")
