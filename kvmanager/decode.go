@@ -398,9 +398,9 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec
 	case res.Outcome == Rejected:
 		return res.Err
 	case res.Status == Failed:
-		// The room failed before Init (aborted, refused, or its prefill
-		// rank declared dead): no later status can make it ready.
-		return fmt.Errorf("room %d: %w before its request: %s", room, ErrRoomFailed, reason)
+		// The room failed first (aborted, refused, or its prefill rank
+		// declared dead): no later status can make it ready.
+		return d.failedErr(room, reason)
 	default:
 		return fmt.Errorf("room %d: request in %v: %w", room, res.Status, ErrNotReady)
 	}
@@ -417,16 +417,22 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec
 	case !known:
 		return fmt.Errorf("room %d: %w", room, ErrRoomCleared)
 	case st == Failed:
-		reason := d.Failure(room)
-		if strings.Contains(reason, ErrIncompatible.Error()) {
-			// A prefill rank refused us: an instance may have changed
-			// shape under a cached topology. Read them again.
-			d.forgetTopology("")
-			return fmt.Errorf("room %d: %w%s", room, ErrIncompatible, strings.TrimPrefix(reason, ErrIncompatible.Error()))
-		}
-		return fmt.Errorf("room %d: %w: %s", room, ErrRoomFailed, reason)
+		return d.failedErr(room, d.Failure(room))
 	}
 	return nil
+}
+
+// failedErr is Init's error for a Failed room: ErrIncompatible where a
+// prefill rank refused our registration, ErrRoomFailed otherwise, with the
+// reason.
+func (d *Decode) failedErr(room uint64, reason string) error {
+	if strings.Contains(reason, ErrIncompatible.Error()) {
+		// A prefill rank refused us: an instance may have changed
+		// shape under a cached topology. Read them again.
+		d.forgetTopology("")
+		return fmt.Errorf("room %d: %w%s", room, ErrIncompatible, strings.TrimPrefix(reason, ErrIncompatible.Error()))
+	}
+	return fmt.Errorf("room %d: %w: %s", room, ErrRoomFailed, reason)
 }
 
 // checkSpec refuses a spec that names a destination page, or an item of

@@ -63,8 +63,8 @@ func (r *Receiver) Room() uint64 { return r.room }
 // (incompatible layout) is returned; a room that failed before or while
 // its request went out (aborted, or a prefill rank declared dead) returns
 // an error wrapping kvmanager.ErrRoomFailed with the reason. After any
-// error a REQUEST may already be with some prefill ranks: reuse the
-// destination pages only once Released is closed.
+// error a REQUEST may already be with some prefill ranks: Abort (or
+// Clear), and reuse the destination pages only once Released is closed.
 func (r *Receiver) Init(ctx context.Context, spec kvmanager.RequestSpec) error {
 	if err := r.d.InitReceiver(ctx, r.room, spec); err != nil {
 		return fmt.Errorf("receiver: %w", err)

@@ -209,14 +209,18 @@ func runRank(role string) int {
 		case "STATS": // STATS 0 → STATS <control-plane counters as JSON>
 			b, _ := json.Marshal(m.ControlStats())
 			out <- "STATS " + string(b)
-		case "RECV":
+		case "RECV", "RECV+": // RECV+: also REQUESTED <room> once Init returned (the room's REQUEST is out)
 			dst, src := pageList(f[2]), pageList(f[3])
+			announce := f[0] == "RECV+"
 			go func() {
 				rc, err := receiver.New(d, room)
 				if err == nil {
 					err = rc.Init(context.Background(), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1})
+					if err == nil && announce {
+						out <- fmt.Sprintf("REQUESTED %d", room)
+					}
 					if errors.Is(err, kvmanager.ErrRoomFailed) {
-						err = nil // the room failed (an ABORT may come before Init): Wait reports it
+						err = nil // the room failed before or during Init (an ABORT came first): Wait reports it
 					}
 				}
 				if err != nil {

@@ -119,7 +119,11 @@ func TestAbortReachesPrefillRestartedElsewhere(t *testing.T) {
 		pp, dp := newPagePool(pages), newPagePool(pages)
 		runRoom(t, decode, old, 1, pp.Get(8), dp.Get(8)) // registered with the old process
 		src, dst := pp.Get(32), dp.Get(32)
-		decode.do(fmt.Sprintf("RECV 2 %s %s", csv(dst), csv(src)))
+		// The kill and the ABORT come once the room's REQUEST is out: an
+		// ABORT that came before the decode created the room would be a
+		// tombstone there, with no prefill rank to tell.
+		decode.do(fmt.Sprintf("RECV+ 2 %s %s", csv(dst), csv(src)))
+		decode.expect(t, "REQUESTED 2")
 		old.kill(t)
 		decode.do("ABORT 2") // before heartbeats report the old process dead
 		if got := decode.expect(t, "DONE 2"); !strings.HasPrefix(got, "DONE 2 Failed") {

@@ -667,7 +667,9 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 		res.Status, res.Reason = kvmanager.Failed.String(), err.Error()
 		// A REQUEST may be out to some prefill ranks: the pages wait for
 		// Released as any failed room's do.
-		rc.Abort("demo: " + err.Error())
+		if rc.Poll() != kvmanager.Failed {
+			rc.Abort("demo: " + err.Error())
+		}
 		quarantined = r.quarantine(ctx, rc, dst, &res)
 		return res
 	}

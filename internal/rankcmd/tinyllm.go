@@ -518,7 +518,9 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 		ev.Status, ev.Reason = kvmanager.Failed.String(), err.Error()
 		// A REQUEST may be out to some prefill ranks: the pages wait for
 		// Released as any failed room's do.
-		rc.Abort("example: " + err.Error())
+		if rc.Poll() != kvmanager.Failed {
+			rc.Abort("example: " + err.Error())
+		}
 		ch := rc.Released()
 		keep = true
 		go func() {
