@@ -40,6 +40,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/kvbridge/kvbridge/transfer"
 )
@@ -475,6 +476,20 @@ func (t *tinyRank) serveGenerate(w http.ResponseWriter, req *http.Request) {
 	emit(t.generate(ctx, gr, emit))
 }
 
+// failed ends a failed room on this rank: its pages go back to the pool
+// once no write of it can land (Released), and a rank that does not
+// generate tells the gatherer its share failed.
+func (t *tinyRank) failed(rc *receiver.Receiver, room uint64, own []uint32, reason string) {
+	ch := rc.Released()
+	go func() {
+		<-ch
+		t.r.pages.Put(own)
+	}()
+	if !t.generates() {
+		t.hold(room).fail(reason)
+	}
+}
+
 // gatherer: the rank that generates is the instance's first.
 func (t *tinyRank) generates() bool { return t.r.Par.Global() == 0 }
 
@@ -521,15 +536,8 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 		if rc.Poll() != kvmanager.Failed {
 			rc.Abort("example: " + err.Error())
 		}
-		ch := rc.Released()
 		keep = true
-		go func() {
-			<-ch
-			r.pages.Put(own)
-		}()
-		if !t.generates() {
-			t.hold(gr.Room).fail(ev.Reason)
-		}
+		t.failed(rc, gr.Room, own, ev.Reason)
 		return ev
 	}
 	abortAt(ctx, rc, gr.AbortAt, "example: decode aborted")
@@ -559,15 +567,8 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 		// (after every prefill process that took the REQUEST acknowledged
 		// the abort, or the quarantine): the answer does not wait for it,
 		// so the router can retry at once.
-		ch := rc.Released()
 		keep = true
-		go func() {
-			<-ch
-			r.pages.Put(own)
-		}()
-		if !t.generates() {
-			t.hold(gr.Room).fail(ev.Reason)
-		}
+		t.failed(rc, gr.Room, own, ev.Reason)
 		return ev
 	}
 	var pages []uint32
