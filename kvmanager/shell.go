@@ -80,14 +80,18 @@ func newManager(cfg Config) (m *Manager, err error) {
 	if m.log == nil {
 		m.log = zap.NewNop()
 	}
+	// The cleanup holds its own reference: a "return nil, err" below sets
+	// the named result m to nil before deferred functions run (a failed
+	// NewLoop crashed the rank on a nil Manager instead of returning).
+	built := m
 	defer func() {
 		if err != nil {
-			m.cancel()
-			if m.loop != nil {
-				m.loop.Close()
+			built.cancel()
+			if built.loop != nil {
+				built.loop.Close()
 			}
-			if m.agent != nil {
-				m.agent.Close()
+			if built.agent != nil {
+				built.agent.Close()
 			}
 		}
 	}()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -163,4 +165,36 @@ func TestConfigNeedsASecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Close()
+}
+
+// TestNewFailsCleanlyWhenTheLoopCannotStart: a rank whose control loop
+// cannot start (its endpoint taken) returns the loop's error, having closed
+// its agent and its goroutines (TestMain's goleak), instead of crashing.
+// The cleanup deferred in newManager read the named result, which
+// "return nil, err" had set to nil: a nil-pointer crash of the example
+// prefill rank at start, seen once in CI (TestDemoTopologies).
+func TestNewFailsCleanlyWhenTheLoopCannotStart(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, role := range []Role{RolePrefill, RoleDecode} {
+		cfg := DefaultConfig(role)
+		cfg.Auth = testauth.Auth()
+		cfg.Instance, cfg.Compat = "bind-taken", "v1:test"
+		cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
+		cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+		cfg.Bind = "tcp://" + ln.Addr().String()
+		var err error
+		if role == RolePrefill {
+			_, err = NewPrefill(cfg)
+		} else {
+			cfg.BootstrapURL = "http://127.0.0.1:1"
+			_, err = NewDecode(cfg)
+		}
+		if err == nil || !strings.Contains(err.Error(), "bind "+cfg.Bind) {
+			t.Errorf("%v rank on a taken endpoint: %v, want the bind error", role, err)
+		}
+	}
 }
