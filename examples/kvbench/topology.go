@@ -32,14 +32,17 @@ func (b *bench) topoCluster(ptp, dtp int, layout transfer.PageLayout, pages int)
 	if c.srv, err = bootstrap.NewServer(bootstrap.ServerConfig{Token: auth.BootstrapToken()}); err != nil {
 		return nil, err
 	}
-	if err := c.srv.Start("127.0.0.1:0"); err != nil {
-		return nil, err
-	}
+	// The cleanup holds its own reference: "return nil, err" sets the
+	// named result c to nil before deferred functions run.
+	built := c
 	defer func() {
 		if err != nil {
-			c.close()
+			built.close()
 		}
 	}()
+	if err = c.srv.Start("127.0.0.1:0"); err != nil {
+		return nil, err
+	}
 	inst := fmt.Sprintf("kvbench-topo-%d", time.Now().UnixNano())
 	mk := func(role kvmanager.Role, par transfer.Parallel) (kvmanager.Config, error) {
 		cfg := kvmanager.DefaultConfig(role)
