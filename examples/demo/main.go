@@ -120,7 +120,9 @@ func start(bin, name string, args ...string) (*proc, error) {
 	p := &proc{name: name, cmd: cmd, log: logf.Name(), args: args}
 	logs = append(logs, logf.Name())
 	line := make(chan string, 1)
+	eof := make(chan struct{}) // stdout closed: the process exited
 	go func() {
+		defer close(eof)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			select {
@@ -130,6 +132,14 @@ func start(bin, name string, args ...string) (*proc, error) {
 		}
 	}()
 	select {
+	case <-eof:
+		err := cmd.Wait()
+		select {
+		case l := <-line: // printed its line, then exited at once
+			return nil, fmt.Errorf("%s exited right after starting (%q): %v (log: %s)%s", name, l, err, logf.Name(), logTail(logf.Name()))
+		default:
+		}
+		return nil, fmt.Errorf("%s did not start: %v (log: %s)%s", name, err, logf.Name(), logTail(logf.Name()))
 	case l := <-line:
 		for _, f := range strings.Fields(l) {
 			if v, ok := strings.CutPrefix(f, "http="); ok {
@@ -150,9 +160,29 @@ func start(bin, name string, args ...string) (*proc, error) {
 		}
 	case <-time.After(60 * time.Second):
 		cmd.Process.Kill()
-		return nil, fmt.Errorf("%s did not start (log: %s)", name, logf.Name())
+		return nil, fmt.Errorf("%s did not start in 60 s (log: %s)%s", name, logf.Name(), logTail(logf.Name()))
 	}
 	return p, nil
+}
+
+// logTail is the first lines of a rank's log that say why it stopped (a
+// Go crash's own lines, not its goroutine dump), indented, for an error.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var keep []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if strings.HasPrefix(l, "goroutine ") && len(keep) > 0 {
+			break // the rest is the goroutine dump
+		}
+		keep = append(keep, "\n    "+l)
+	}
+	if len(keep) > 20 {
+		keep = keep[len(keep)-20:]
+	}
+	return strings.Join(keep, "")
 }
 
 func (p *proc) stop() error {

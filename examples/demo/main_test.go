@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -56,7 +57,7 @@ func runDemo(t *testing.T, args ...string) string {
 	cmd := exec.Command(filepath.Join(dir, "demo"), append(args, "-bin", dir)...)
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("demo failed: %v\n%s", err, out)
+		t.Fatalf("demo failed: %v\n%s%s", err, out, stderrOf(err))
 	}
 	s := string(out)
 	for _, want := range []string{"rooms pinned               0", "(corrupt 0)", "failed                     0", "OK: every request"} {
@@ -66,6 +67,27 @@ func runDemo(t *testing.T, args ...string) string {
 	}
 	t.Logf("\n%s", s)
 	return s
+}
+
+// stderrOf is what a failed demo printed on stderr (its error, without
+// the progress bar), for the failure message: Output keeps it in the
+// ExitError.
+func stderrOf(err error) string {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || len(ee.Stderr) == 0 {
+		return ""
+	}
+	var keep []string
+	for _, l := range strings.Split(string(ee.Stderr), "\n") {
+		if i := strings.LastIndex(l, "\r"); i >= 0 {
+			l = l[i+1:] // the progress bar redraws with \r
+		}
+		if strings.HasPrefix(strings.TrimSpace(l), "[#") || strings.TrimSpace(l) == "" {
+			continue
+		}
+		keep = append(keep, l)
+	}
+	return "stderr:\n" + strings.Join(keep, "\n")
 }
 
 // TestDemoShort builds the prefill, decode and demo binaries and runs the
@@ -114,7 +136,7 @@ func TestDemoChaos(t *testing.T) {
 			out, err := cmd.Output()
 			s := string(out)
 			if err != nil {
-				t.Fatalf("demo -chaos failed: %v\n%s", err, s)
+				t.Fatalf("demo -chaos failed: %v\n%s%s", err, s, stderrOf(err))
 			}
 			t.Logf("\n%s", s)
 			restart := map[string]string{"http": "restart-bootstrap 1", "etcd": "restart-etcd 1"}[discovery]
