@@ -881,6 +881,11 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 }
 
 // dropRemote fails the remote's transfers and closes its endpoint.
+// ucxCloseWait bounds an endpoint's flushing close (kvb_ep_close): the
+// writes in flight to a live peer land first; a peer stopped or gone for
+// longer is left to UCX.
+const ucxCloseWait = 5 * time.Second
+
 func (u *ucx) dropRemote(r *ucxRemote) {
 	u.copyMu.Lock() // wait for direct copies through r's mappings
 	r.dropped = true
@@ -902,7 +907,7 @@ func (u *ucx) dropRemote(r *ucxRemote) {
 	}
 	r.closers = nil
 	if r.ep != nil {
-		C.kvb_ep_close(u.ctx, r.ep)
+		C.kvb_ep_close(u.ctx, r.ep, C.uint(ucxCloseWait/time.Millisecond))
 		r.ep = nil
 	}
 }
@@ -1273,7 +1278,10 @@ func (u *ucx) shutdown() {
 	for _, r := range u.remotes {
 		u.dropRemote(r)
 	}
-	for i := 0; i < 100000 && len(u.orphans) > 0; i++ {
+	// The endpoints' closes end before the worker does (each within
+	// ucxCloseWait): a worker destroyed under a flush cuts the writes in
+	// flight, and over tcp the peer then aborts in UCX (see kvb_ep_close).
+	for i := 0; (i < 100000 && len(u.orphans) > 0) || C.kvb_closing(u.ctx) > 0; i++ {
 		C.kvb_progress(u.ctx)
 		u.advance()
 	}

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 kvbu_api kvbu;
 
@@ -163,6 +164,11 @@ void kvb_destroy(kvb_ctx *c)
 		kvb_notif_free(n);
 	}
 	kvbu.ucp_worker_destroy(c->worker);
+	while (c->closed != NULL) { // their closes ended with the worker
+		kvb_ep *e = c->closed;
+		c->closed = e->next_closed;
+		free(e);
+	}
 	kvbu.ucp_cleanup(c->ctx);
 	free(c);
 }
@@ -187,6 +193,7 @@ unsigned kvb_progress(kvb_ctx *c)
 	while ((n = kvbu.ucp_worker_progress(c->worker)) > 0 && rounds++ < 64) {
 		total += n;
 	}
+	kvb_closing(c);
 	return total;
 }
 
@@ -261,9 +268,6 @@ int kvb_ep_create(kvb_ctx *c, const void *addr, int peer_errors, kvb_ep **out)
 	return UCS_OK;
 }
 
-// kvb_ep_close flushes and closes an endpoint, so the peer sees a clean
-// disconnect rather than replies to a vanished endpoint; if that does not
-// finish (a dead peer), it closes by force.
 // kvb_ep_wireup flushes a new endpoint so its connection is established
 // while both sides are known alive (UCX 1.13 aborts the process if a peer
 // dies while a wireup reply is still pending). Bounded; returns the status.
@@ -290,33 +294,71 @@ int kvb_ep_wireup(kvb_ctx *c, kvb_ep *e)
 	return st;
 }
 
-void kvb_ep_close(kvb_ctx *c, kvb_ep *e)
+static long kvb_now_ms(void)
 {
-	for (int force = 0; force <= 1; force++) {
-		if (force == 0 && e->failed) {
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+// kvb_ep_close starts closing an endpoint and returns at once: flushing
+// when it has not failed, so the writes in flight land and the peer sees a
+// clean disconnect. A put over tcp is emulated with active messages, and a
+// peer that handles one after this side's socket closed aborts its process
+// in UCX (ucp_put_handler sends its completion through ucp_request_send,
+// which calls ucs_fatal on the send error; UCX 1.13 to 1.22): so the close
+// is not cut short by a count of progress calls, and the worker is not
+// destroyed under it (kvb_closing). kvb_progress finishes it; after
+// wait_ms it is left to UCX (a second ucp_ep_close_nbx on the endpoint is
+// an error) and ends with the worker. e is freed once its close is done,
+// or with the worker: until then UCX may call its error handler with it.
+void kvb_ep_close(kvb_ctx *c, kvb_ep *e, unsigned wait_ms)
+{
+	ucp_request_param_t p = {0};
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+	p.flags = e->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+	void *req = kvbu.ucp_ep_close_nbx(e->ep, &p);
+	if (!UCS_PTR_IS_PTR(req)) {
+		free(e); // closed (or refused) at once: no callback comes
+		return;
+	}
+	e->close_req = req;
+	e->close_deadline_ms = kvb_now_ms() + wait_ms;
+	e->next_closed = c->closed;
+	c->closed = e;
+	c->closing++;
+}
+
+// kvb_closing settles the closes that finished or ran past their bound and
+// returns how many are still in progress.
+unsigned kvb_closing(kvb_ctx *c)
+{
+	if (c->closing == 0) {
+		return 0;
+	}
+	long now = kvb_now_ms();
+	for (kvb_ep **pp = &c->closed; *pp != NULL;) {
+		kvb_ep *e = *pp;
+		if (e->close_req == NULL) {
+			pp = &e->next_closed;
 			continue;
 		}
-		ucp_request_param_t p = {0};
-		p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-		p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-		void *req = kvbu.ucp_ep_close_nbx(e->ep, &p);
-		if (!UCS_PTR_IS_PTR(req)) {
-			break;
+		int done = kvbu.ucp_request_check_status(e->close_req) != UCS_INPROGRESS;
+		if (!done && now < e->close_deadline_ms) {
+			pp = &e->next_closed;
+			continue;
 		}
-		for (int i = 0; i < 200000 && kvbu.ucp_request_check_status(req) == UCS_INPROGRESS; i++) {
-			kvbu.ucp_worker_progress(c->worker);
-		}
-		ucs_status_t st = kvbu.ucp_request_check_status(req);
-		if (st == UCS_INPROGRESS) {
-			kvbu.ucp_request_cancel(c->worker, req);
-			kvbu.ucp_worker_progress(c->worker);
-		}
-		kvbu.ucp_request_free(req);
-		if (st != UCS_INPROGRESS) {
-			break;
+		kvbu.ucp_request_free(e->close_req);
+		e->close_req = NULL;
+		c->closing--;
+		if (done) {
+			*pp = e->next_closed;
+			free(e);
+		} else {
+			pp = &e->next_closed; // left to UCX: kept until kvb_destroy
 		}
 	}
-	free(e);
+	return c->closing;
 }
 
 int kvb_rkey_unpack(kvb_ep *e, const void *buf, ucp_rkey_h *out) { return kvbu.ucp_ep_rkey_unpack(e->ep, buf, out); }

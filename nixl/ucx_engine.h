@@ -20,17 +20,22 @@ typedef struct kvb_notif {
 	size_t data_len;
 } kvb_notif;
 
-typedef struct kvb_ctx {
-	ucp_context_h ctx;
-	ucp_worker_h worker;
-	kvb_notif *head, *tail;
-} kvb_ctx;
-
 typedef struct kvb_ep {
 	ucp_ep_h ep;
 	volatile int failed;
 	ucs_status_t status;
+	void *close_req;            // the close in progress, or NULL
+	long close_deadline_ms;     // when the close is left to UCX
+	struct kvb_ep *next_closed; // on kvb_ctx.closed while closing
 } kvb_ep;
+
+typedef struct kvb_ctx {
+	ucp_context_h ctx;
+	ucp_worker_h worker;
+	kvb_notif *head, *tail;
+	kvb_ep *closed;                  // endpoints closing, or left to UCX
+	unsigned closing;                // of those, closes still in progress
+} kvb_ctx;
 
 enum {
 	KVB_XFER_IDLE = 0,
@@ -70,7 +75,8 @@ char *kvb_ptr(uintptr_t addr);
 void kvb_mem_unmap(kvb_ctx *c, ucp_mem_h memh);
 
 int kvb_ep_create(kvb_ctx *c, const void *addr, int peer_errors, kvb_ep **out);
-void kvb_ep_close(kvb_ctx *c, kvb_ep *e);
+void kvb_ep_close(kvb_ctx *c, kvb_ep *e, unsigned wait_ms);
+unsigned kvb_closing(kvb_ctx *c);
 int kvb_ep_wireup(kvb_ctx *c, kvb_ep *e);
 int kvb_rkey_unpack(kvb_ep *e, const void *buf, ucp_rkey_h *out);
 // kvb_rkey_ptr returns where remote memory is mapped in this process (shared
