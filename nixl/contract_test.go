@@ -629,6 +629,9 @@ func runChild() int {
 	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "nixl-only" {
 		return nixlOnlyChild()
 	}
+	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "writer" {
+		return writerChild()
+	}
 	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "lone" {
 		_, err := Open(Config{Name: "lone", Engine: EngineLibNIXL, NIXLLib: os.Getenv("KVBRIDGE_NIXL_LONE")})
 		fmt.Printf("ERR %v\n", err)
