@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
@@ -19,7 +20,10 @@ import (
 var (
 	ca                 *bootstrap.CA
 	caFile, identities string
-	issued             int
+	// issued numbers the identity files: the ranks of an instance start in
+	// parallel (a plain int here gave two of them one file, and a rank
+	// another's certificate: TestDemoTopologies/TP_4_to_2 in CI).
+	issued atomic.Int64
 )
 
 func makeCA() (cleanup func(), err error) {
@@ -43,8 +47,7 @@ func identityEnv(role string, args []string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	issued++
-	f := filepath.Join(identities, fmt.Sprintf("%s-%d", role, issued))
+	f := filepath.Join(identities, fmt.Sprintf("%s-%d", role, issued.Add(1)))
 	if err := os.WriteFile(f, id.Marshal(), 0o600); err != nil {
 		return nil, err
 	}
