@@ -659,6 +659,18 @@ func (a *Agent) PostsFenced() uint64 {
 	return 0
 }
 
+// WritesRefused counts the writes peers sent this agent as active messages
+// (the ucx engine over tcp) that it refused — malformed, not eager, or
+// outside the memory it registered — and the acknowledgements it got for
+// no write of its own in flight (0 on other engines). A refused write is
+// not copied; its sender's transfer fails.
+func (a *Agent) WritesRefused() (refused, strayAcks uint64) {
+	if f, ok := a.b.(interface{ amRefusals() (uint64, uint64) }); ok {
+		return f.amRefusals()
+	}
+	return 0, 0
+}
+
 // MetadataRefused counts the peers' metadata blobs LoadRemote refused as
 // malformed or incompatible (ErrBadMetadata) since the agent opened.
 func (a *Agent) MetadataRefused() uint64 { return a.refusedMD.Load() }

@@ -139,26 +139,20 @@ func TestCrossProcess(t *testing.T) {
 // a decode rank is) survives each and then takes a new writer's data
 // byte-exact.
 //
-// Over shared memory (posix, cma) a put is one-sided and the case runs.
-// Over tcp it does not: UCX emulates a put with active messages whose
-// completion the target sends back from ucp_put_handler through
-// ucp_request_send, which calls ucs_fatal when that send fails — and it
-// fails once the writer's socket is gone, so the target process aborts
-// ("unexpected error: Endpoint timeout"; UCX 1.13 here, the same code in
-// UCX master). Reads over tcp abort the read's target the same way
-// (ucp_get_req_handler). Nothing above UCX can catch it; the ucx engine
-// would need its own active-message write path over tcp to avoid it (see
-// ARCHITECTURE.md, "Known limits"). KVBRIDGE_UCX_TCP_KILL=1 runs the tcp
-// case, to see it abort.
+// Over tcp UCX has no put of its own: it emulates one with active
+// messages, and the target sends each completion from ucp_put_handler
+// through ucp_request_send, which calls ucs_fatal when the send fails — as
+// it does once the writer's socket is gone ("unexpected error: Endpoint
+// timeout", every run of the tcp case before the engine sent its writes as
+// its own acknowledged messages). A writer killed right after connecting
+// also aborted the target in UCX 1.13's wire-up (an assertion purging a
+// pending wire-up reply), until the connection's PING round trip.
 func TestCrossProcessInitiatorKilled(t *testing.T) {
 	for _, tc := range []struct {
 		transport string
 		ucx       map[string]string
 	}{{"shm", shmUCX}, {"tcp", tcpUCX}} {
 		t.Run(tc.transport, func(t *testing.T) {
-			if tc.transport == "tcp" && os.Getenv("KVBRIDGE_UCX_TCP_KILL") != "1" {
-				t.Skip("UCX aborts the target of an emulated put whose writer died (ucp_put_handler -> ucs_fatal); KVBRIDGE_UCX_TCP_KILL=1 shows it")
-			}
 			initiatorKilled(t, tc.transport, tc.ucx)
 		})
 	}

@@ -84,6 +84,9 @@ type ucxRemote struct {
 	closers []func() error // CUDA IPC mappings to release
 	idx     *regionIndex
 	dropped bool // set under copyMu when the mappings go
+	// emulated: the connection has no RMA lane of its own (tcp); writes to
+	// this peer go as active messages, each acknowledged once copied.
+	emulated bool
 }
 
 type ucxPrep struct {
@@ -591,6 +594,9 @@ func (u *ucx) advance() {
 			signal(u.progress)
 		case C.KVB_XFER_FAILED:
 			s := ucxErr("transfer", C.int(x.c.status)).Error()
+			if x.c.am_write != 0 && x.c.status == C.UCS_ERR_INVALID_ADDR {
+				s = "the target refused the write: not memory it has registered (deregistered since its metadata was loaded?)"
+			}
 			x.errMsg.Store(&s)
 			x.state.Store(uint32(Failed))
 			delete(u.active, x)
@@ -600,7 +606,7 @@ func (u *ucx) advance() {
 	kept := u.orphans[:0]
 	for _, c := range u.orphans {
 		if c.outstanding == 0 {
-			C.free(unsafe.Pointer(c))
+			C.kvb_xfer_free(u.ctx, c)
 		} else {
 			kept = append(kept, c)
 		}
@@ -832,6 +838,10 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 			u.dropRemote(r)
 			return fmt.Errorf("%v: %w", err, ErrRemoteUnknown)
 		}
+		// Over a connection whose puts UCX would emulate (tcp), writes go
+		// as kvbridge's own active messages (kvb_xfer_start): a target
+		// handling an emulated put from a writer that died aborts in UCX.
+		r.emulated = C.kvb_ep_detect(ep) != 0
 		for i, reg := range m.regions {
 			if reg.Kind == VRAM {
 				k, err := decodeVRAMKey(reg.key)
@@ -910,6 +920,38 @@ func (u *ucx) dropRemote(r *ucxRemote) {
 		C.kvb_ep_close(u.ctx, r.ep, C.uint(ucxCloseWait/time.Millisecond))
 		r.ep = nil
 	}
+}
+
+// amRefusals reads the write path's bad-input counters (kvb_ctx) on the
+// progress thread, which alone writes them.
+func (u *ucx) amRefusals() (refused, strayAcks uint64) {
+	_ = u.do(func() error {
+		refused, strayAcks = uint64(u.ctx.writes_refused), uint64(u.ctx.acks_unknown)
+		return nil
+	})
+	return refused, strayAcks
+}
+
+// sendRawAM sends remote one active message as given: the engine's tests
+// play a hostile or broken peer with it (malformed write headers, writes
+// outside registered memory, forged acknowledgements).
+func (u *ucx) sendRawAM(remote string, id int, hdr, data []byte, flags uint) error {
+	return u.do(func() error {
+		r, ok := u.remotes[remote]
+		if !ok || r.ep == nil {
+			return ErrRemoteUnknown
+		}
+		var h, d unsafe.Pointer
+		if len(hdr) > 0 {
+			h = C.CBytes(hdr)
+			defer C.free(h)
+		}
+		if len(data) > 0 {
+			d = C.CBytes(data)
+			defer C.free(d)
+		}
+		return ucxErr("raw active message", C.kvb_am_raw(u.ctx, r.ep, C.uint(id), h, C.size_t(len(hdr)), d, C.size_t(len(data)), C.uint(flags)))
+	})
 }
 
 func (u *ucx) invalidate(name string) error {
@@ -1213,7 +1255,7 @@ func (u *ucx) freeXfer(ux *ucxXfer) {
 			if ux.c.outstanding > 0 {
 				u.orphans = append(u.orphans, ux.c) // freed when its callbacks have run
 			} else {
-				C.free(unsafe.Pointer(ux.c))
+				C.kvb_xfer_free(u.ctx, ux.c)
 			}
 			ux.c = nil
 		}

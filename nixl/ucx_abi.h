@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef int8_t ucs_status_t; // a packed enum in UCX: one byte
 typedef void *ucs_status_ptr_t;
@@ -27,6 +28,11 @@ typedef uint64_t ucp_datatype_t;
 enum {
 	UCS_OK = 0,
 	UCS_INPROGRESS = 1,
+	UCS_ERR_IO_ERROR = -3,
+	UCS_ERR_NO_MEMORY = -4,
+	UCS_ERR_INVALID_ADDR = -7,
+	UCS_ERR_MESSAGE_TRUNCATED = -9,
+	UCS_ERR_UNSUPPORTED = -22,
 	UCS_ERR_BUSY = -15,
 	UCS_ERR_CANCELED = -16,
 	UCS_ERR_TIMED_OUT = -20,
@@ -50,8 +56,12 @@ enum {
 	UCP_AM_HANDLER_PARAM_FIELD_ID = KVBU_BIT(0),
 	UCP_AM_HANDLER_PARAM_FIELD_CB = KVBU_BIT(2),
 	UCP_AM_HANDLER_PARAM_FIELD_ARG = KVBU_BIT(3),
+	UCP_AM_RECV_ATTR_FIELD_REPLY_EP = KVBU_BIT(0),
+	UCP_AM_RECV_ATTR_FLAG_DATA = KVBU_BIT(16),
 	UCP_AM_RECV_ATTR_FLAG_RNDV = KVBU_BIT(17),
+	UCP_AM_SEND_FLAG_REPLY = KVBU_BIT(0),
 	UCP_AM_SEND_FLAG_EAGER = KVBU_BIT(1),
+	UCP_AM_SEND_FLAG_RNDV = KVBU_BIT(2),
 	UCP_EP_CLOSE_FLAG_FORCE = KVBU_BIT(0),
 	UCP_EP_PARAM_FIELD_REMOTE_ADDRESS = KVBU_BIT(0),
 	UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE = KVBU_BIT(1),
@@ -171,6 +181,7 @@ typedef struct kvbu_api {
 	ucs_status_ptr_t (*ucp_ep_close_nbx)(ucp_ep_h, const ucp_request_param_t *);
 	ucs_status_ptr_t (*ucp_ep_flush_nbx)(ucp_ep_h, const ucp_request_param_t *);
 	ucs_status_t (*ucp_ep_rkey_unpack)(ucp_ep_h, const void *, ucp_rkey_h *);
+	void (*ucp_ep_print_info)(ucp_ep_h, FILE *);
 	ucs_status_ptr_t (*ucp_put_nbx)(ucp_ep_h, const void *, size_t, uint64_t, ucp_rkey_h,
 					const ucp_request_param_t *);
 	ucs_status_ptr_t (*ucp_get_nbx)(ucp_ep_h, void *, size_t, uint64_t, ucp_rkey_h, const ucp_request_param_t *);

@@ -2,6 +2,8 @@ package nixl
 
 import (
 	"bytes"
+	"encoding/binary"
+	"strings"
 	"testing"
 	"time"
 )
@@ -70,5 +72,149 @@ func TestUCXCloseInFlightTargetStalled(t *testing.T) {
 		if !bytes.Equal(src2, dst[:4096]) {
 			t.Fatalf("round %d: the target's memory after the stall is not the new write's", round)
 		}
+	}
+}
+
+// remoteOf is the ucx engine's record of a loaded remote (tests only).
+func remoteOf(t *testing.T, a *Agent, name string) *ucxRemote {
+	t.Helper()
+	u := a.b.(*ucx)
+	var r *ucxRemote
+	if err := u.do(func() error { r = u.remotes[name]; return nil }); err != nil || r == nil {
+		t.Fatalf("remote %q: %v", name, err)
+	}
+	return r
+}
+
+// TestUCXTCPWritesAsMessages: over tcp (no RMA lane: UCX would emulate
+// puts, and a target handling one from a dead writer aborts) the engine
+// sends writes as its own acknowledged active messages; over shared memory
+// (cma puts) it does not. A write into memory the target deregistered
+// after its metadata went out is refused by the target — counted, not
+// copied, and the write fails naming the cause — where UCX's emulated put
+// wrote into it.
+func TestUCXTCPWritesAsMessages(t *testing.T) {
+	for _, ec := range engines()[1:3] {
+		t.Run(ec.name, func(t *testing.T) {
+			p := newPair(t, ec)
+			_, src, _ := p.ini.Alloc(1 << 20)
+			dst := make([]byte, 1<<20)
+			reg, err := p.tgt.RegisterBytes(dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.remote = exchange(t, p.ini, p.tgt)
+			want := ec.name == "ucx-tcp"
+			if got := remoteOf(t, p.ini, p.remote).emulated; got != want {
+				t.Fatalf("%s: writes as active messages %v, want %v", ec.name, got, want)
+			}
+			if !want {
+				return
+			}
+			fill(src, 7)
+			x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+			if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(src, dst) {
+				t.Fatalf("write: %v %v, byte-exact %v", st, err, bytes.Equal(src, dst))
+			}
+			p.ini.Release(x)
+			if err := p.tgt.Deregister(reg); err != nil {
+				t.Fatal(err)
+			}
+			before := append([]byte(nil), dst...)
+			fill(src, 8)
+			x = write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+			st, err := wait(t, p.ini, x, time.Minute)
+			if st != Failed || err == nil || !strings.Contains(err.Error(), "refused") {
+				t.Fatalf("write into deregistered memory: %v %v, want Failed, refused by the target", st, err)
+			}
+			if !bytes.Equal(before, dst) {
+				t.Fatal("a write into deregistered memory changed it")
+			}
+			if refused, stray := p.tgt.WritesRefused(); refused != 4 || stray != 0 {
+				t.Fatalf("target counted %d refused writes and %d stray acks, want 4 (1 MiB in 256 KiB messages) and 0", refused, stray)
+			}
+		})
+	}
+}
+
+// TestUCXHostileWriteMessages: a peer that sends the tcp write path's
+// active messages malformed — a header of the wrong size, no reply
+// endpoint, a range past the end of registered memory or wrapping the
+// address space, a rendezvous instead of eager — or forges
+// acknowledgements, has each refused and counted on the receiving side;
+// no byte of the target's memory changes and a real write then lands.
+func TestUCXHostileWriteMessages(t *testing.T) {
+	ec := engines()[2] // ucx-tcp
+	p := newPair(t, ec)
+	_, src, _ := p.ini.Alloc(1 << 20)
+	dst := make([]byte, 1<<20)
+	if _, err := p.tgt.RegisterBytes(dst); err != nil {
+		t.Fatal(err)
+	}
+	p.remote = exchange(t, p.ini, p.tgt)
+	back := p.ini.Name()
+	ini, tgt := p.ini.b.(*ucx), p.tgt.b.(*ucx)
+	base := uint64(BytesDesc(dst).Addr)
+	whdr := func(token, addr uint64) []byte {
+		h := make([]byte, 16)
+		binary.LittleEndian.PutUint64(h, token)
+		binary.LittleEndian.PutUint64(h[8:], addr)
+		return h
+	}
+	payload := bytes.Repeat([]byte{0xab}, 64)
+	const eager, reply, rndv = 1 << 1, 1 << 0, 1 << 2
+	for _, c := range []struct {
+		name  string
+		hdr   []byte
+		data  []byte
+		flags uint
+		acked bool // the target answers it (with a refusal), so the sender counts a stray ack
+	}{
+		{"short header", whdr(1, base)[:8], payload, eager | reply, false},
+		{"no reply endpoint", whdr(2, base), payload, eager, false},
+		{"past the end", whdr(3, base+uint64(len(dst))-8), payload, eager | reply, true},
+		{"wrapping", whdr(4, ^uint64(0)-15), payload, eager | reply, true},
+		{"rendezvous", whdr(5, base), bytes.Repeat([]byte{0xcd}, 4<<20), rndv | reply, true},
+	} {
+		r0, _ := p.tgt.WritesRefused()
+		_, s0 := p.ini.WritesRefused()
+		if err := ini.sendRawAM(p.remote, 8, c.hdr, c.data, c.flags); err != nil && c.name != "rendezvous" {
+			t.Fatalf("%s: send: %v", c.name, err)
+		}
+		waitFor(t, c.name+": refused at the target", func() bool { r, _ := p.tgt.WritesRefused(); return r == r0+1 })
+		if c.acked {
+			waitFor(t, c.name+": its refusal counted as a stray ack at the sender", func() bool { _, s := p.ini.WritesRefused(); return s == s0+1 })
+		}
+	}
+	// Forged acknowledgements: an unknown token, and a malformed one.
+	_, s0 := p.ini.WritesRefused()
+	ack := make([]byte, 24)
+	binary.LittleEndian.PutUint64(ack, 999)
+	binary.LittleEndian.PutUint64(ack[8:], 64)
+	for _, h := range [][]byte{ack, ack[:4]} {
+		if err := tgt.sendRawAM(back, 9, h, nil, eager|reply); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "forged acks counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+2 })
+	if !bytes.Equal(dst, make([]byte, len(dst))) {
+		t.Fatal("a refused message changed the target's memory")
+	}
+	fill(src, 3)
+	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(src, dst) {
+		t.Fatalf("a real write after the hostile ones: %v %v, byte-exact %v", st, err, bytes.Equal(src, dst))
+	}
+}
+
+// waitFor polls cond until it holds, failing after 20 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 20 s", what)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

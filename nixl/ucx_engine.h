@@ -11,6 +11,40 @@
 #include "ucx_abi.h"
 
 #define KVB_AM_NOTIF 7
+// Writes to a peer whose puts UCX would emulate (tcp): the data as active
+// messages, each acknowledged by the target once copied (kvb_xfer_start).
+#define KVB_AM_WRITE 8
+#define KVB_AM_WACK 9
+// A connection's first round trip (kvb_ep_wireup): the target answers a
+// PING through its reply endpoint, after its own wire-up reply has left.
+#define KVB_AM_PING 10
+#define KVB_AM_PONG 11
+// KVB_AM_CHUNK is the largest write message: a target holds one such
+// message at a time per sender while UCX reassembles it.
+#define KVB_AM_CHUNK (256 * 1024)
+
+// kvb_whdr heads a KVB_AM_WRITE message: the write's token (the sender's,
+// echoed in the ack) and where the payload goes in the target.
+typedef struct kvb_whdr {
+	uint64_t token;
+	uint64_t addr;
+} kvb_whdr;
+
+// kvb_wack acknowledges one KVB_AM_WRITE: its payload's length, and 0 or
+// the status that refused it (not copied).
+typedef struct kvb_wack {
+	uint64_t token;
+	uint64_t len;
+	int64_t status;
+} kvb_wack;
+
+// kvb_region is host memory this worker mapped: a KVB_AM_WRITE lands only
+// inside one.
+typedef struct kvb_region {
+	ucp_mem_h memh;
+	uintptr_t addr;
+	size_t len;
+} kvb_region;
 
 typedef struct kvb_notif {
 	struct kvb_notif *next;
@@ -24,6 +58,7 @@ typedef struct kvb_ep {
 	ucp_ep_h ep;
 	volatile int failed;
 	ucs_status_t status;
+	int emulated;               // no rma_bw lane: writes go as KVB_AM_WRITE
 	void *close_req;            // the close in progress, or NULL
 	long close_deadline_ms;     // when the close is left to UCX
 	struct kvb_ep *next_closed; // on kvb_ctx.closed while closing
@@ -35,6 +70,16 @@ typedef struct kvb_ctx {
 	kvb_notif *head, *tail;
 	kvb_ep *closed;                  // endpoints closing, or left to UCX
 	unsigned closing;                // of those, closes still in progress
+	kvb_region *regions;             // mapped host memory (kvb_mem_map)
+	size_t nregions, capregions;
+	struct kvb_xfer *amx;            // transfers waiting for KVB_AM_WACKs
+	uint64_t next_token;
+	uint64_t ping_token; // the PING kvb_ep_wireup waits for, and
+	int pong_seen;       // whether its PONG came
+	// Counters of bad input on the write path: KVB_AM_WRITEs refused
+	// (malformed, rendezvous, outside mapped memory) and acks for no
+	// transfer in flight (late, after a cancel, or forged).
+	unsigned long writes_refused, acks_unknown;
 } kvb_ctx;
 
 enum {
@@ -57,6 +102,14 @@ typedef struct kvb_xfer {
 	void *flush_req;
 	void *am_req;
 	kvb_ep *ep;
+	// An active-message write (ep->emulated): its token, bytes sent and
+	// acknowledged, the first failure, and the message headers, which UCX
+	// reads until each send completes (freed by kvb_xfer_free).
+	int am_write;
+	uint64_t token, am_total, am_acked;
+	ucs_status_t am_wstatus;
+	kvb_whdr *whdrs;
+	struct kvb_xfer *amnext; // on kvb_ctx.amx while waiting for acks
 } kvb_xfer;
 
 int kvb_init(kvb_ctx **out, const char **keys, const char **vals, int n, char *err, size_t errlen);
@@ -78,6 +131,9 @@ int kvb_ep_create(kvb_ctx *c, const void *addr, int peer_errors, kvb_ep **out);
 void kvb_ep_close(kvb_ctx *c, kvb_ep *e, unsigned wait_ms);
 unsigned kvb_closing(kvb_ctx *c);
 int kvb_ep_wireup(kvb_ctx *c, kvb_ep *e);
+// kvb_ep_detect sets e->emulated when the endpoint has no RMA lane of its
+// own (UCX would emulate puts with active messages: tcp); 1 if it did.
+int kvb_ep_detect(kvb_ep *e);
 int kvb_rkey_unpack(kvb_ep *e, const void *buf, ucp_rkey_h *out);
 // kvb_rkey_ptr returns where remote memory is mapped in this process (shared
 // memory transports), or 0.
@@ -91,7 +147,14 @@ int kvb_xfer_start(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int read, int n, const ui
 int kvb_xfer_advance(kvb_ctx *c, kvb_xfer *x, const void *hdr, size_t hdr_len, const void *msg,
 		     size_t msg_len, int has_notif);
 void kvb_xfer_cancel(kvb_ctx *c, kvb_xfer *x);
+// kvb_xfer_free frees a transfer whose callbacks have all run
+// (outstanding == 0).
+void kvb_xfer_free(kvb_ctx *c, kvb_xfer *x);
 int kvb_send_notif(kvb_ctx *c, kvb_ep *e, const void *hdr, size_t hdr_len, const void *msg, size_t msg_len);
+
+// kvb_am_raw sends one active message as given (tests: a hostile peer).
+int kvb_am_raw(kvb_ctx *c, kvb_ep *e, unsigned id, const void *hdr, size_t hdr_len, const void *data, size_t len,
+	       unsigned flags);
 
 kvb_notif *kvb_notif_pop(kvb_ctx *c);
 void kvb_notif_free(kvb_notif *n);

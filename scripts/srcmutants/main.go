@@ -65,6 +65,14 @@ var mutants = []mutant{
 		pkg: "internal/e2e", run: "^TestRankAgentProgressModes$"},
 	{name: "nixl-adaptive-progress", file: "nixl/libnixl.go", old: "	return user + \"ADAPTIVE_PROGRESS=n\"", new: "	return user",
 		pkg: "nixl", run: "^TestLibNIXLEngineConfig$"},
+	// The ucx engine over tcp (its own acknowledged write messages, the
+	// flushing close).
+	{name: "tcp-writes-as-puts", file: "nixl/ucx.go", old: "		r.emulated = C.kvb_ep_detect(ep) != 0", new: "		r.emulated = false",
+		pkg: "nixl", run: "^TestUCXTCPWritesAsMessages$"},
+	{name: "am-write-no-range-check", file: "nixl/ucx_engine.c", old: "	} else if (!kvb_region_covers(c, h.addr, length)) {", new: "	} else if (!kvb_region_covers(c, h.addr, 0)) {",
+		pkg: "nixl", run: "^TestUCXHostileWriteMessages$"},
+	{name: "ep-close-not-waited", file: "nixl/ucx_engine.c", old: "	e->close_deadline_ms = kvb_now_ms() + wait_ms;", new: "	e->close_deadline_ms = kvb_now_ms();",
+		pkg: "nixl", run: "^TestUCXCloseInFlightTargetStalled$"},
 	{name: "nixl-alloc-no-huge-pages", file: "nixl/libnixl.go", old: "	madvise(a, n, MADV_HUGEPAGE);\n", new: "\n",
 		pkg: "nixl", run: "^TestLibNIXLAllocHugePages$"},
 	{name: "tcp-priority-of-first-device", file: "nixl/addrcheck.go", old: "	if tlName(t.csum) != \"tcp\" {\n", new: "	if true {\n",
