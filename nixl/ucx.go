@@ -149,7 +149,7 @@ type ucx struct {
 	// localIdx/localMems index DRAM registrations; nil after a change.
 	localIdx  *regionIndex
 	localMems []ucxMem
-	orphans   []*C.kvb_xfer
+	orphans   []ucxOrphan
 
 	mu    sync.Mutex
 	queue []Notif
@@ -604,11 +604,11 @@ func (u *ucx) advance() {
 		}
 	}
 	kept := u.orphans[:0]
-	for _, c := range u.orphans {
-		if c.outstanding == 0 {
-			C.kvb_xfer_free(u.ctx, c)
+	for _, o := range u.orphans {
+		if o.c.outstanding == 0 {
+			o.free(u.ctx)
 		} else {
-			kept = append(kept, c)
+			kept = append(kept, o)
 		}
 	}
 	u.orphans = kept
@@ -890,12 +890,12 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 	return r.name, r.regions, nil
 }
 
-// dropRemote fails the remote's transfers and closes its endpoint.
 // ucxCloseWait bounds an endpoint's flushing close (kvb_ep_close): the
 // writes in flight to a live peer land first; a peer stopped or gone for
 // longer is left to UCX.
 const ucxCloseWait = 5 * time.Second
 
+// dropRemote fails the remote's transfers and closes its endpoint.
 func (u *ucx) dropRemote(r *ucxRemote) {
 	u.copyMu.Lock() // wait for direct copies through r's mappings
 	r.dropped = true
@@ -1244,28 +1244,40 @@ func (u *ucx) release(x *Xfer) error {
 	})
 }
 
+// ucxOrphan is a released transfer whose sends are still queued in UCX:
+// its C struct, and the notification's header and message those sends
+// read, are freed once every callback ran.
+type ucxOrphan struct {
+	c   *C.kvb_xfer
+	hdr *C.char
+	msg unsafe.Pointer
+}
+
+func (o ucxOrphan) free(ctx *C.kvb_ctx) {
+	if o.c != nil {
+		C.kvb_xfer_free(ctx, o.c)
+	}
+	C.free(unsafe.Pointer(o.hdr))
+	if o.msg != nil {
+		C.free(o.msg)
+	}
+}
+
 // freeXfer releases a transfer's C memory (on the progress thread).
 func (u *ucx) freeXfer(ux *ucxXfer) {
-	{
-		if ux.c != nil {
-			if _, live := u.active[ux]; live {
-				C.kvb_xfer_cancel(u.ctx, ux.c)
-				delete(u.active, ux)
-			}
-			if ux.c.outstanding > 0 {
-				u.orphans = append(u.orphans, ux.c) // freed when its callbacks have run
-			} else {
-				C.kvb_xfer_free(u.ctx, ux.c)
-			}
-			ux.c = nil
+	o := ucxOrphan{c: ux.c, hdr: ux.hdr, msg: ux.msg}
+	ux.c, ux.hdr, ux.msg = nil, nil, nil
+	if o.c != nil {
+		if _, live := u.active[ux]; live {
+			C.kvb_xfer_cancel(u.ctx, o.c)
+			delete(u.active, ux)
 		}
-		C.free(unsafe.Pointer(ux.hdr))
-		ux.hdr = nil
-		if ux.msg != nil {
-			C.free(ux.msg)
-			ux.msg = nil
+		if o.c.outstanding > 0 {
+			u.orphans = append(u.orphans, o) // freed when its callbacks have run
+			return
 		}
 	}
+	o.free(u.ctx)
 }
 
 func (u *ucx) genNotif(remote string, msg []byte) error {

@@ -218,3 +218,27 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestUCXTCPOlderPeerGetsPuts: a peer that does not answer the wire-up
+// PING — a kvbridge from before the tcp write messages, which would drop
+// them unanswered and leave every write to time out — gets UCX's puts, as
+// before, and the write lands; the PING costs that connection its bound.
+func TestUCXTCPOlderPeerGetsPuts(t *testing.T) {
+	ec := engines()[2] // ucx-tcp
+	p := newPair(t, ec)
+	tgt := p.tgt.b.(*ucx)
+	if err := tgt.do(func() error { tgt.ctx.no_pong = 1; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	_, src, _ := p.ini.Alloc(1 << 20)
+	_, dst, _ := p.tgt.Alloc(1 << 20)
+	p.remote = exchange(t, p.ini, p.tgt)
+	if remoteOf(t, p.ini, p.remote).emulated {
+		t.Fatal("writes as messages to a peer that did not answer the PING")
+	}
+	fill(src, 11)
+	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(src, dst) {
+		t.Fatalf("write to the older peer: %v %v, byte-exact %v", st, err, bytes.Equal(src, dst))
+	}
+}

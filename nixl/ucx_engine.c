@@ -167,6 +167,16 @@ static ucs_status_t kvb_write_cb(void *arg, const void *header, size_t header_le
 	return UCS_OK;
 }
 
+// kvb_block_sent_cb frees a send's copied buffers; the request is freed by
+// whoever waits on it (ucp_request_free before completion releases it
+// after this callback).
+static void kvb_block_sent_cb(void *req, ucs_status_t status, void *user)
+{
+	(void)req;
+	(void)status;
+	free(user);
+}
+
 static void kvb_free_cb(void *req, ucs_status_t status, void *user)
 {
 	(void)status;
@@ -184,10 +194,10 @@ static void kvb_free_cb(void *req, ucs_status_t status, void *user)
 static ucs_status_t kvb_ping_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
 				const ucp_am_recv_param_t *param)
 {
-	(void)arg;
+	kvb_ctx *c = arg;
 	(void)data;
 	(void)length;
-	if (header_length != sizeof(uint64_t) || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
+	if (c->no_pong || header_length != sizeof(uint64_t) || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
 	    param->reply_ep == NULL) {
 		return UCS_OK;
 	}
@@ -218,7 +228,7 @@ static ucs_status_t kvb_pong_cb(void *arg, const void *header, size_t header_len
 	uint64_t tok;
 	if (header_length == sizeof(tok)) {
 		memcpy(&tok, header, sizeof(tok));
-		if (tok == c->ping_token) {
+		if (tok != 0 && tok == c->ping_token) {
 			c->pong_seen = 1;
 		}
 	}
@@ -356,6 +366,9 @@ void kvb_destroy(kvb_ctx *c)
 	while ((n = kvb_notif_pop(c)) != NULL) {
 		kvb_notif_free(n);
 	}
+	for (kvb_ep *e = c->closed; e != NULL; e = e->next_closed) {
+		kvbu.ucp_request_free(e->close_req); // released when the worker ends it
+	}
 	kvbu.ucp_worker_destroy(c->worker);
 	while (c->closed != NULL) { // their closes ended with the worker
 		kvb_ep *e = c->closed;
@@ -488,30 +501,44 @@ int kvb_ep_create(kvb_ctx *c, const void *addr, int peer_errors, kvb_ep **out)
 // kvb_ep_wireup flushes a new endpoint so its connection is established
 // while both sides are known alive (UCX 1.13 aborts the process if a peer
 // dies while a wireup reply is still pending). Bounded; returns the status.
-// kvb_ep_ping makes one PING/PONG round trip (see kvb_ping_cb), bounded
-// like the flush before it; a peer that does not answer (a kvbridge older
-// than the PING) is not an error, only not known to be settled.
+// KVB_PING_WAIT_MS bounds the PING round trip: a peer that does not answer
+// (a kvbridge older than the PING) costs a connection this once.
+#define KVB_PING_WAIT_MS 1000
+
+static long kvb_now_ms(void);
+
+// kvb_ep_ping makes one PING/PONG round trip (see kvb_ping_cb), bounded by
+// time. Its PONG also proves the peer handles kvbridge's write messages, so
+// only then does kvb_ep_detect send writes as messages: a peer that does
+// not answer (an older build) gets puts, as before. Each PING carries a
+// token of its own, freed when its send completes (a PING given up on may
+// still be queued: it must not answer for a later one).
 static int kvb_ep_ping(kvb_ctx *c, kvb_ep *e)
 {
-	c->ping_token = ++c->next_token;
+	uint64_t *tok = malloc(sizeof(*tok));
+	if (tok == NULL) {
+		return UCS_OK; // not known to be settled; not an error
+	}
+	*tok = c->ping_token = ++c->next_token;
 	c->pong_seen = 0;
 	ucp_request_param_t p = {0};
-	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
 	p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(e->ep, KVB_AM_PING, &c->ping_token, sizeof(c->ping_token), NULL, 0, &p);
-	if (UCS_PTR_IS_ERR(r)) {
-		return UCS_PTR_STATUS(r);
+	p.cb.send = kvb_free_cb;
+	p.user_data = tok;
+	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(e->ep, KVB_AM_PING, tok, sizeof(*tok), NULL, 0, &p);
+	if (!UCS_PTR_IS_PTR(r)) {
+		free(tok); // sent at once, or failed: no callback comes
+		if (UCS_PTR_IS_ERR(r)) {
+			return UCS_PTR_STATUS(r);
+		}
 	}
-	for (int i = 0; i < 2000000 && !c->pong_seen && !e->failed; i++) {
+	long deadline = kvb_now_ms() + KVB_PING_WAIT_MS;
+	while (!c->pong_seen && !e->failed && kvb_now_ms() < deadline) {
 		kvbu.ucp_worker_progress(c->worker);
 	}
-	if (r != NULL) {
-		if (kvbu.ucp_request_check_status(r) == UCS_INPROGRESS) {
-			kvbu.ucp_request_cancel(c->worker, r);
-			kvbu.ucp_worker_progress(c->worker);
-		}
-		kvbu.ucp_request_free(r);
-	}
+	e->answered = c->pong_seen;
+	c->ping_token = 0;
 	return e->failed ? e->status : UCS_OK;
 }
 
@@ -520,7 +547,7 @@ int kvb_ep_wireup(kvb_ctx *c, kvb_ep *e)
 	ucp_request_param_t p = {0};
 	void *req = kvbu.ucp_ep_flush_nbx(e->ep, &p);
 	if (req == NULL) {
-		return UCS_OK;
+		return kvb_ep_ping(c, e);
 	}
 	if (UCS_PTR_IS_ERR(req)) {
 		return UCS_PTR_STATUS(req);
@@ -550,8 +577,9 @@ int kvb_ep_detect(kvb_ep *e)
 	fclose(f);
 	// UCX prints each lane's roles; "rma_bw#" marks a lane that moves puts
 	// itself (RDMA, cma, ...). With none, UCX emulates puts over its
-	// active-message lane.
-	e->emulated = buf != NULL && strstr(buf, "lane[") != NULL && strstr(buf, "rma_bw#") == NULL;
+	// active-message lane. Only a peer that answered the PING (the same
+	// write messages) gets them.
+	e->emulated = e->answered && buf != NULL && strstr(buf, "lane[") != NULL && strstr(buf, "rma_bw#") == NULL;
 	free(buf);
 	return e->emulated;
 }
@@ -595,30 +623,31 @@ void kvb_ep_close(kvb_ctx *c, kvb_ep *e, unsigned wait_ms)
 // returns how many are still in progress.
 unsigned kvb_closing(kvb_ctx *c)
 {
-	if (c->closing == 0) {
+	if (c->closed == NULL) {
 		return 0;
 	}
 	long now = kvb_now_ms();
 	for (kvb_ep **pp = &c->closed; *pp != NULL;) {
 		kvb_ep *e = *pp;
-		if (e->close_req == NULL) {
+		int done = kvbu.ucp_request_check_status(e->close_req) != UCS_INPROGRESS;
+		if (!done && (e->abandoned || now < e->close_deadline_ms)) {
 			pp = &e->next_closed;
 			continue;
 		}
-		int done = kvbu.ucp_request_check_status(e->close_req) != UCS_INPROGRESS;
-		if (!done && now < e->close_deadline_ms) {
+		if (!done) {
+			// Past its bound: no longer waited for (Close may destroy the
+			// worker), still settled here if it ends.
+			e->abandoned = 1;
+			c->closing--;
 			pp = &e->next_closed;
 			continue;
 		}
 		kvbu.ucp_request_free(e->close_req);
-		e->close_req = NULL;
-		c->closing--;
-		if (done) {
-			*pp = e->next_closed;
-			free(e);
-		} else {
-			pp = &e->next_closed; // left to UCX: kept until kvb_destroy
+		if (!e->abandoned) {
+			c->closing--;
 		}
+		*pp = e->next_closed;
+		free(e);
 	}
 	return c->closing;
 }
@@ -807,7 +836,9 @@ int kvb_xfer_advance(kvb_ctx *c, kvb_xfer *x, const void *hdr, size_t hdr_len, c
 		kvb_fail(x, x->ep->status);
 		kvb_amx_unlink(c, x);
 	}
-	if (x->stage == KVB_XFER_FLUSHING && x->am_write) {
+	// A message write ends once every send's callback ran too (its headers
+	// free, so the transfer can be posted again at once).
+	if (x->stage == KVB_XFER_FLUSHING && x->am_write && x->outstanding == 0) {
 		if (x->am_wstatus != UCS_OK) {
 			kvb_fail(x, x->am_wstatus);
 			kvb_amx_unlink(c, x);
@@ -871,7 +902,25 @@ int kvb_send_notif(kvb_ctx *c, kvb_ep *e, const void *hdr, size_t hdr_len, const
 	if (e->failed) {
 		return e->status;
 	}
-	ucs_status_ptr_t r = kvb_am(e, hdr, hdr_len, msg, msg_len, NULL);
+	// The header and message are copied: a send given up on below may
+	// still be queued when the caller frees its buffers.
+	char *block = malloc(hdr_len + msg_len + 1);
+	if (block == NULL) {
+		return UCS_ERR_NO_MEMORY;
+	}
+	memcpy(block, hdr, hdr_len);
+	if (msg_len > 0) {
+		memcpy(block + hdr_len, msg, msg_len);
+	}
+	ucp_request_param_t p = {0};
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+	p.flags = UCP_AM_SEND_FLAG_EAGER;
+	p.cb.send = kvb_block_sent_cb;
+	p.user_data = block;
+	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(e->ep, KVB_AM_NOTIF, block, hdr_len, block + hdr_len, msg_len, &p);
+	if (!UCS_PTR_IS_PTR(r)) {
+		free(block); // sent at once, or failed: no callback comes
+	}
 	if (UCS_PTR_IS_ERR(r)) {
 		return UCS_PTR_STATUS(r);
 	}
@@ -911,10 +960,25 @@ void kvb_notif_free(kvb_notif *n)
 int kvb_am_raw(kvb_ctx *c, kvb_ep *e, unsigned id, const void *hdr, size_t hdr_len, const void *data, size_t len,
 	       unsigned flags)
 {
+	char *block = malloc(hdr_len + len + 1); // outlives the caller's buffers
+	if (block == NULL) {
+		return UCS_ERR_NO_MEMORY;
+	}
+	if (hdr_len > 0) {
+		memcpy(block, hdr, hdr_len);
+	}
+	if (len > 0) {
+		memcpy(block + hdr_len, data, len);
+	}
 	ucp_request_param_t p = {0};
-	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
 	p.flags = flags;
-	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(e->ep, id, hdr, hdr_len, data, len, &p);
+	p.cb.send = kvb_block_sent_cb;
+	p.user_data = block;
+	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(e->ep, id, block, hdr_len, block + hdr_len, len, &p);
+	if (!UCS_PTR_IS_PTR(r)) {
+		free(block);
+	}
 	if (UCS_PTR_IS_ERR(r)) {
 		return UCS_PTR_STATUS(r);
 	}

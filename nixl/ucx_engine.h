@@ -58,8 +58,10 @@ typedef struct kvb_ep {
 	ucp_ep_h ep;
 	volatile int failed;
 	ucs_status_t status;
+	int answered;               // the peer answered the wire-up PING
 	int emulated;               // no rma_bw lane: writes go as KVB_AM_WRITE
-	void *close_req;            // the close in progress, or NULL
+	void *close_req;            // the close in progress
+	int abandoned;              // past its bound: no longer waited for
 	long close_deadline_ms;     // when the close is left to UCX
 	struct kvb_ep *next_closed; // on kvb_ctx.closed while closing
 } kvb_ep;
@@ -68,14 +70,15 @@ typedef struct kvb_ctx {
 	ucp_context_h ctx;
 	ucp_worker_h worker;
 	kvb_notif *head, *tail;
-	kvb_ep *closed;                  // endpoints closing, or left to UCX
-	unsigned closing;                // of those, closes still in progress
+	kvb_ep *closed;                  // endpoints closing
+	unsigned closing;                // of those, closes still waited for
 	kvb_region *regions;             // mapped host memory (kvb_mem_map)
 	size_t nregions, capregions;
 	struct kvb_xfer *amx;            // transfers waiting for KVB_AM_WACKs
 	uint64_t next_token;
 	uint64_t ping_token; // the PING kvb_ep_wireup waits for, and
 	int pong_seen;       // whether its PONG came
+	int no_pong;         // tests: answer no PING, as a build without it
 	// Counters of bad input on the write path: KVB_AM_WRITEs refused
 	// (malformed, rendezvous, outside mapped memory) and acks for no
 	// transfer in flight (late, after a cancel, or forged).
@@ -132,7 +135,8 @@ void kvb_ep_close(kvb_ctx *c, kvb_ep *e, unsigned wait_ms);
 unsigned kvb_closing(kvb_ctx *c);
 int kvb_ep_wireup(kvb_ctx *c, kvb_ep *e);
 // kvb_ep_detect sets e->emulated when the endpoint has no RMA lane of its
-// own (UCX would emulate puts with active messages: tcp); 1 if it did.
+// own (UCX would emulate puts with active messages: tcp) and the peer
+// answered the wire-up PING (it handles the write messages); 1 if it did.
 int kvb_ep_detect(kvb_ep *e);
 int kvb_rkey_unpack(kvb_ep *e, const void *buf, ucp_rkey_h *out);
 // kvb_rkey_ptr returns where remote memory is mapped in this process (shared

@@ -61,6 +61,8 @@ var (
 	// logs are the rank processes' log files: removed after a clean run,
 	// named in the summary otherwise.
 	logs []string
+	// logsMu guards logs: the ranks of an instance start in parallel.
+	logsMu sync.Mutex
 )
 
 func makeSecret() (cleanup func(), err error) {
@@ -118,7 +120,9 @@ func start(bin, name string, args ...string) (*proc, error) {
 		return nil, fmt.Errorf("starting %s: %w (build it: make demo)", name, err)
 	}
 	p := &proc{name: name, cmd: cmd, log: logf.Name(), args: args}
+	logsMu.Lock()
 	logs = append(logs, logf.Name())
+	logsMu.Unlock()
 	line := make(chan string, 1)
 	eof := make(chan struct{}) // stdout closed: the process exited
 	go func() {
