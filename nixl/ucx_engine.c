@@ -113,11 +113,27 @@ static int kvb_region_covers(kvb_ctx *c, uint64_t addr, size_t len)
 	return 0;
 }
 
-static void kvb_wack_sent_cb(void *req, ucs_status_t status, void *user)
+// kvb_free_cb frees a send's malloc'd buffer and its request.
+static void kvb_free_cb(void *req, ucs_status_t status, void *user)
 {
 	(void)status;
 	free(user);
 	kvbu.ucp_request_free(req);
+}
+
+// kvb_reply sends buf (malloc'd, header only) to ep eagerly and frees it
+// once sent; a failed send (a peer gone) only drops it.
+static void kvb_reply(ucp_ep_h ep, unsigned id, void *buf, size_t len)
+{
+	ucp_request_param_t p = {0};
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+	p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+	p.cb.send = kvb_free_cb;
+	p.user_data = buf;
+	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(ep, id, buf, len, NULL, 0, &p);
+	if (!UCS_PTR_IS_PTR(r)) {
+		free(buf); // sent at once, or failed: no callback comes
+	}
 }
 
 // kvb_write_cb is the target's side of an active-message write: the
@@ -155,15 +171,7 @@ static ucs_status_t kvb_write_cb(void *arg, const void *header, size_t header_le
 	if (ack->status != UCS_OK) {
 		c->writes_refused++;
 	}
-	ucp_request_param_t p = {0};
-	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-	p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-	p.cb.send = kvb_wack_sent_cb;
-	p.user_data = ack;
-	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(param->reply_ep, KVB_AM_WACK, ack, sizeof(*ack), NULL, 0, &p);
-	if (!UCS_PTR_IS_PTR(r)) {
-		free(ack); // sent at once, or failed: no callback comes
-	}
+	kvb_reply(param->reply_ep, KVB_AM_WACK, ack, sizeof(*ack));
 	return UCS_OK;
 }
 
@@ -175,13 +183,6 @@ static void kvb_block_sent_cb(void *req, ucs_status_t status, void *user)
 	(void)req;
 	(void)status;
 	free(user);
-}
-
-static void kvb_free_cb(void *req, ucs_status_t status, void *user)
-{
-	(void)status;
-	free(user);
-	kvbu.ucp_request_free(req);
 }
 
 // kvb_ping_cb answers a PING with a PONG carrying its token. The answer
@@ -206,15 +207,7 @@ static ucs_status_t kvb_ping_cb(void *arg, const void *header, size_t header_len
 		return UCS_OK;
 	}
 	memcpy(tok, header, sizeof(*tok));
-	ucp_request_param_t p = {0};
-	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-	p.flags = UCP_AM_SEND_FLAG_EAGER;
-	p.cb.send = kvb_free_cb;
-	p.user_data = tok;
-	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(param->reply_ep, KVB_AM_PONG, tok, sizeof(*tok), NULL, 0, &p);
-	if (!UCS_PTR_IS_PTR(r)) {
-		free(tok);
-	}
+	kvb_reply(param->reply_ep, KVB_AM_PONG, tok, sizeof(*tok));
 	return UCS_OK;
 }
 
