@@ -165,7 +165,7 @@ func startTinyCluster(t *testing.T, cfg tinyllm.Config, layout string, pShape, d
 	c := &tinyCluster{m: m}
 	shape := func(name string, par transfer.Parallel) []string {
 		return append(slices.Clone(common), "-instance", name, "-tp", strconv.Itoa(par.TPSize), "-tp-rank", strconv.Itoa(par.TPRank),
-			"-pp", strconv.Itoa(par.PPSize), "-pp-rank", strconv.Itoa(par.PPRank), "-http", "127.0.0.1:"+freePort(t))
+			"-pp", strconv.Itoa(par.PPSize), "-pp-rank", strconv.Itoa(par.PPRank), "-http", "127.0.0.1:0") // the rank prints its address; a port picked here could be taken before it binds
 	}
 	// Prefill rank 0 first (it serves the bootstrap server), then the
 	// others at once.
@@ -187,7 +187,7 @@ func startTinyCluster(t *testing.T, cfg tinyllm.Config, layout string, pShape, d
 		}
 	}
 	procs := make([]*tinyProc, len(specs))
-	procs[0] = startTinyRank(t, "prefill", append(specs[0].args, "-serve-bootstrap", "127.0.0.1:"+freePort(t))...)
+	procs[0] = startTinyRank(t, "prefill", append(specs[0].args, "-serve-bootstrap", "127.0.0.1:0")...)
 	errs := make([]error, len(specs))
 	var wg sync.WaitGroup
 	for i := 1; i < len(specs); i++ {
