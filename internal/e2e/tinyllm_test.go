@@ -116,6 +116,17 @@ func startTinyRankErr(t *testing.T, role string, args ...string) (*tinyProc, err
 	case <-time.After(60 * time.Second):
 		return nil, fmt.Errorf("%s %v not ready within 60 s", role, args)
 	}
+	// The ports it bound (asked for as :0) go into its arguments, so a
+	// restart from p.args comes back on the same ones.
+	p.args = slices.Clone(args)
+	for i := 0; i+1 < len(p.args); i++ {
+		switch p.args[i] {
+		case "-http":
+			p.args[i+1] = strings.TrimPrefix(p.http, "http://")
+		case "-serve-bootstrap":
+			p.args[i+1] = strings.TrimPrefix(p.boot, "http://")
+		}
+	}
 	return p, nil
 }
 
