@@ -895,38 +895,7 @@ int kvb_send_notif(kvb_ctx *c, kvb_ep *e, const void *hdr, size_t hdr_len, const
 	if (e->failed) {
 		return e->status;
 	}
-	// The header and message are copied: a send given up on below may
-	// still be queued when the caller frees its buffers.
-	char *block = malloc(hdr_len + msg_len + 1);
-	if (block == NULL) {
-		return UCS_ERR_NO_MEMORY;
-	}
-	memcpy(block, hdr, hdr_len);
-	if (msg_len > 0) {
-		memcpy(block + hdr_len, msg, msg_len);
-	}
-	ucp_request_param_t p = {0};
-	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-	p.flags = UCP_AM_SEND_FLAG_EAGER;
-	p.cb.send = kvb_block_sent_cb;
-	p.user_data = block;
-	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(e->ep, KVB_AM_NOTIF, block, hdr_len, block + hdr_len, msg_len, &p);
-	if (!UCS_PTR_IS_PTR(r)) {
-		free(block); // sent at once, or failed: no callback comes
-	}
-	if (UCS_PTR_IS_ERR(r)) {
-		return UCS_PTR_STATUS(r);
-	}
-	if (r != NULL) {
-		// Wait for the eager send to leave; it is small.
-		for (int i = 0; i < 1000000 && kvbu.ucp_request_check_status(r) == UCS_INPROGRESS; i++) {
-			kvbu.ucp_worker_progress(c->worker);
-		}
-		ucs_status_t st = kvbu.ucp_request_check_status(r);
-		kvbu.ucp_request_free(r);
-		return st == UCS_INPROGRESS ? UCS_ERR_TIMED_OUT : st;
-	}
-	return UCS_OK;
+	return kvb_am_raw(c, e, KVB_AM_NOTIF, hdr, hdr_len, msg, msg_len, UCP_AM_SEND_FLAG_EAGER);
 }
 
 kvb_notif *kvb_notif_pop(kvb_ctx *c)
@@ -949,7 +918,9 @@ void kvb_notif_free(kvb_notif *n)
 }
 
 // kvb_am_raw sends one active message as given and waits for it to leave
-// (bounded): the engine's tests play a hostile or broken peer with it.
+// (bounded): GenNotif's notification, and the tests' hostile or broken
+// peer. The header and data are copied: a send given up on may still be
+// queued when the caller frees its buffers.
 int kvb_am_raw(kvb_ctx *c, kvb_ep *e, unsigned id, const void *hdr, size_t hdr_len, const void *data, size_t len,
 	       unsigned flags)
 {

@@ -156,7 +156,8 @@ void kvb_xfer_cancel(kvb_ctx *c, kvb_xfer *x);
 void kvb_xfer_free(kvb_ctx *c, kvb_xfer *x);
 int kvb_send_notif(kvb_ctx *c, kvb_ep *e, const void *hdr, size_t hdr_len, const void *msg, size_t msg_len);
 
-// kvb_am_raw sends one active message as given (tests: a hostile peer).
+// kvb_am_raw sends one active message as given, copied, and waits for it
+// to leave (GenNotif; tests: a hostile peer).
 int kvb_am_raw(kvb_ctx *c, kvb_ep *e, unsigned id, const void *hdr, size_t hdr_len, const void *data, size_t len,
 	       unsigned flags);
 
