@@ -315,31 +315,21 @@ int kvb_init(kvb_ctx **out, const char **keys, const char **vals, int n, char *e
 		free(c);
 		return st;
 	}
+	static const struct {
+		unsigned id;
+		ucp_am_recv_callback_t cb;
+	} handlers[] = {{KVB_AM_NOTIF, kvb_am_cb},
+			{KVB_AM_WRITE, kvb_write_cb},
+			{KVB_AM_WACK, kvb_wack_cb},
+			{KVB_AM_PING, kvb_ping_cb},
+			{KVB_AM_PONG, kvb_pong_cb}};
 	ucp_am_handler_param_t hp = {0};
 	hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
 			UCP_AM_HANDLER_PARAM_FIELD_ARG;
-	hp.id = KVB_AM_NOTIF;
-	hp.cb = kvb_am_cb;
 	hp.arg = c;
-	st = kvbu.ucp_worker_set_am_recv_handler(c->worker, &hp);
-	if (st == UCS_OK) {
-		hp.id = KVB_AM_WRITE;
-		hp.cb = kvb_write_cb;
-		st = kvbu.ucp_worker_set_am_recv_handler(c->worker, &hp);
-	}
-	if (st == UCS_OK) {
-		hp.id = KVB_AM_WACK;
-		hp.cb = kvb_wack_cb;
-		st = kvbu.ucp_worker_set_am_recv_handler(c->worker, &hp);
-	}
-	if (st == UCS_OK) {
-		hp.id = KVB_AM_PING;
-		hp.cb = kvb_ping_cb;
-		st = kvbu.ucp_worker_set_am_recv_handler(c->worker, &hp);
-	}
-	if (st == UCS_OK) {
-		hp.id = KVB_AM_PONG;
-		hp.cb = kvb_pong_cb;
+	for (size_t i = 0; i < sizeof(handlers) / sizeof(handlers[0]) && st == UCS_OK; i++) {
+		hp.id = handlers[i].id;
+		hp.cb = handlers[i].cb;
 		st = kvbu.ucp_worker_set_am_recv_handler(c->worker, &hp);
 	}
 	if (st != UCS_OK) {
