@@ -84,9 +84,6 @@ type ucxRemote struct {
 	closers []func() error // CUDA IPC mappings to release
 	idx     *regionIndex
 	dropped bool // set under copyMu when the mappings go
-	// emulated: the connection has no RMA lane of its own (tcp); writes to
-	// this peer go as active messages, each acknowledged once copied.
-	emulated bool
 }
 
 type ucxPrep struct {
@@ -839,9 +836,10 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 			return fmt.Errorf("%v: %w", err, ErrRemoteUnknown)
 		}
 		// Over a connection whose puts UCX would emulate (tcp), writes go
-		// as kvbridge's own active messages (kvb_xfer_start): a target
-		// handling an emulated put from a writer that died aborts in UCX.
-		r.emulated = C.kvb_ep_detect(ep) != 0
+		// as kvbridge's own active messages (ep.emulated, kvb_xfer_start):
+		// a target handling an emulated put from a writer that died aborts
+		// in UCX.
+		C.kvb_ep_detect(ep)
 		for i, reg := range m.regions {
 			if reg.Kind == VRAM {
 				k, err := decodeVRAMKey(reg.key)
@@ -941,17 +939,17 @@ func (u *ucx) sendRawAM(remote string, id int, hdr, data []byte, flags uint) err
 		if !ok || r.ep == nil {
 			return ErrRemoteUnknown
 		}
-		var h, d unsafe.Pointer
-		if len(hdr) > 0 {
-			h = C.CBytes(hdr)
-			defer C.free(h)
-		}
-		if len(data) > 0 {
-			d = C.CBytes(data)
-			defer C.free(d)
-		}
-		return ucxErr("raw active message", C.kvb_am_raw(u.ctx, r.ep, C.uint(id), h, C.size_t(len(hdr)), d, C.size_t(len(data)), C.uint(flags)))
+		return ucxErr("raw active message", C.kvb_am_raw(u.ctx, r.ep, C.uint(id), bytesPtr(hdr), C.size_t(len(hdr)), bytesPtr(data), C.size_t(len(data)), C.uint(flags)))
 	})
+}
+
+// bytesPtr is b's first byte for a C call that copies it before returning
+// (nil when empty).
+func bytesPtr(b []byte) unsafe.Pointer {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&b[0])
 }
 
 func (u *ucx) invalidate(name string) error {
@@ -1286,14 +1284,9 @@ func (u *ucx) genNotif(remote string, msg []byte) error {
 		if !ok {
 			return ErrRemoteUnknown
 		}
-		hdr := C.CString(u.name)
-		defer C.free(unsafe.Pointer(hdr))
-		var m unsafe.Pointer
-		if len(msg) > 0 {
-			m = C.CBytes(msg)
-			defer C.free(m)
-		}
-		return ucxErr("ucp_am_send_nbx", C.kvb_send_notif(u.ctx, r.ep, unsafe.Pointer(hdr), C.strlen(hdr), m, C.size_t(len(msg))))
+		// kvb_send_notif copies both before it returns: Go memory is passed.
+		hdr := []byte(u.name)
+		return ucxErr("ucp_am_send_nbx", C.kvb_send_notif(u.ctx, r.ep, bytesPtr(hdr), C.size_t(len(hdr)), bytesPtr(msg), C.size_t(len(msg))))
 	})
 }
 

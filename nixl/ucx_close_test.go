@@ -105,7 +105,7 @@ func TestUCXTCPWritesAsMessages(t *testing.T) {
 			}
 			p.remote = exchange(t, p.ini, p.tgt)
 			want := ec.name == "ucx-tcp"
-			if got := remoteOf(t, p.ini, p.remote).emulated; got != want {
+			if got := remoteOf(t, p.ini, p.remote).ep.emulated != 0; got != want {
 				t.Fatalf("%s: writes as active messages %v, want %v", ec.name, got, want)
 			}
 			if !want {
@@ -233,7 +233,7 @@ func TestUCXTCPOlderPeerGetsPuts(t *testing.T) {
 	_, src, _ := p.ini.Alloc(1 << 20)
 	_, dst, _ := p.tgt.Alloc(1 << 20)
 	p.remote = exchange(t, p.ini, p.tgt)
-	if remoteOf(t, p.ini, p.remote).emulated {
+	if remoteOf(t, p.ini, p.remote).ep.emulated != 0 {
 		t.Fatal("writes as messages to a peer that did not answer the PING")
 	}
 	fill(src, 11)

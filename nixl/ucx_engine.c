@@ -481,14 +481,16 @@ int kvb_ep_create(kvb_ctx *c, const void *addr, int peer_errors, kvb_ep **out)
 	return UCS_OK;
 }
 
-// kvb_ep_wireup flushes a new endpoint so its connection is established
-// while both sides are known alive (UCX 1.13 aborts the process if a peer
-// dies while a wireup reply is still pending). Bounded; returns the status.
+static long kvb_now_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
 // KVB_PING_WAIT_MS bounds the PING round trip: a peer that does not answer
 // (a kvbridge older than the PING) costs a connection this once.
 #define KVB_PING_WAIT_MS 1000
-
-static long kvb_now_ms(void);
 
 // kvb_ep_ping makes one PING/PONG round trip (see kvb_ping_cb), bounded by
 // time. Its PONG also proves the peer handles kvbridge's write messages, so
@@ -525,6 +527,10 @@ static int kvb_ep_ping(kvb_ctx *c, kvb_ep *e)
 	return e->failed ? e->status : UCS_OK;
 }
 
+// kvb_ep_wireup flushes a new endpoint so its connection is established
+// while both sides are known alive (UCX 1.13 aborts the process if a peer
+// dies while a wireup reply is still pending), then pings it (kvb_ep_ping).
+// Bounded; returns the status.
 int kvb_ep_wireup(kvb_ctx *c, kvb_ep *e)
 {
 	ucp_request_param_t p = {0};
@@ -565,13 +571,6 @@ int kvb_ep_detect(kvb_ep *e)
 	e->emulated = e->answered && buf != NULL && strstr(buf, "lane[") != NULL && strstr(buf, "rma_bw#") == NULL;
 	free(buf);
 	return e->emulated;
-}
-
-static long kvb_now_ms(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
 // kvb_ep_close starts closing an endpoint and returns at once: flushing
