@@ -26,7 +26,8 @@ type Config struct {
 	// BootstrapURL is the discovery service: the HTTP bootstrap server
 	// (http://host:port) or etcd (etcd://host:port[,host:port]/<instance>).
 	// Prefill ranks register there (skipped when empty), decode ranks look
-	// prefill ranks up.
+	// prefill ranks up. A decode rank with a Model may leave it empty when
+	// every room names its prefill instance (receiver.NewFor).
 	BootstrapURL string
 	// Etcd configures etcd targets (TLS, auth, lease TTL; FromEnv reads
 	// KVBRIDGE_ETCD_*).
@@ -205,8 +206,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("kvmanager: Rank %d is not the rank's index %d in its instance (%v)", c.Rank, c.Parallel.Global(), c.Parallel)
 	case c.Compat == "":
 		return errors.New("kvmanager: Compat is empty (hash of protocol, model layout, dtype, page size)")
-	case c.Role == RoleDecode && c.BootstrapURL == "":
-		return errors.New("kvmanager: a decode rank needs BootstrapURL to find prefill ranks")
+	case c.Role == RoleDecode && c.BootstrapURL == "" && c.Model.Zero():
+		// (With a Model, each room may name its prefill instance instead:
+		// Instance.Bootstrap.)
+		return errors.New("kvmanager: a decode rank without a Model needs BootstrapURL to find prefill ranks")
 	case c.HeartbeatInterval <= 0 || c.MaxMisses < 1 || c.SweepInterval <= 0:
 		return errors.New("kvmanager: heartbeat interval, max misses and sweep interval must be positive")
 	case c.QuarantineTimeout <= c.Registry.StallTimeout || c.QuarantineTimeout >= c.Registry.TombstoneTTL:

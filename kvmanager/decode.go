@@ -274,6 +274,9 @@ func (d *Decode) links(room uint64, inst Instance) (links []Link, told []Target,
 	if inst.Bootstrap == "" {
 		inst.Bootstrap = d.cfg.BootstrapURL
 	}
+	if inst.Bootstrap == "" {
+		return nil, nil, fmt.Errorf("room %d names no prefill instance (Instance.Bootstrap) and this decode rank has no default (Config.BootstrapURL)", room)
+	}
 	if d.cfg.Model.Zero() {
 		return []Link{{Target: Target{Bootstrap: inst.Bootstrap, Rank: d.cfg.PrefillRank, DP: max(inst.DP, 0)}, Aux: true}}, nil, nil
 	}

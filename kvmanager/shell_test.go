@@ -198,3 +198,32 @@ func TestNewFailsCleanlyWhenTheLoopCannotStart(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeWithoutDefaultBootstrap: a decode rank with a Model may start
+// without BootstrapURL when every room names its prefill instance (as
+// SGLang's routers do per request: bootstrap_host and bootstrap_port); a
+// room that names none is refused at once, naming the room, and one
+// without a Model still needs the default.
+func TestDecodeWithoutDefaultBootstrap(t *testing.T) {
+	cfg := DefaultConfig(RoleDecode)
+	cfg.Auth = testauth.Auth()
+	cfg.Instance, cfg.Compat = "no-default", "v1:test"
+	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
+	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+	if _, err := NewDecode(cfg); err == nil || !strings.Contains(err.Error(), "BootstrapURL") {
+		t.Fatalf("no Model, no BootstrapURL: %v, want it refused", err)
+	}
+	cfg.Model = transfer.Model{Layers: 1, KVHeads: 1, HeadBytes: 16, PageTokens: 4}
+	d, err := NewDecode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	res := d.CreateReceiverFor(42, Instance{DP: AutoDP})
+	if res.Outcome != Rejected || !strings.Contains(res.Err.Error(), "room 42 names no prefill instance") {
+		t.Fatalf("a room naming no instance: %+v", res)
+	}
+	if _, known := d.Status(42); known {
+		t.Fatal("the refused room was created")
+	}
+}
