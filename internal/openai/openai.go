@@ -1,0 +1,451 @@
+// Package openai is the OpenAI-compatible HTTP wire of the example ranks and
+// router: completions and chat completions requests as the routers people
+// run send them (the llm-d routing sidecar and SGLang's router add
+// bootstrap_host, bootstrap_port and bootstrap_room; vLLM's serial flow
+// adds kv_transfer_params), their answers (one JSON object, or SSE chunks
+// ending with "data: [DONE]"), OpenAI error objects, the example's
+// byte-level tokenizer and its chat template.
+//
+// Numbers that identify a room are read exactly: bootstrap_room is a
+// 63-bit integer that a float64 would round, so it is parsed from the
+// JSON text, and what kvbridge puts in kv_transfer_params carries room ids
+// as strings (a router that decodes JSON into float64s and encodes it again
+// keeps them intact).
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// DefaultMaxTokens is what a request without max_tokens generates
+// (OpenAI's default for completions; the example uses it for chat too).
+const DefaultMaxTokens = 16
+
+// MaxTokensLimit bounds max_tokens.
+const MaxTokensLimit = 1 << 16
+
+// Request is a completions or chat completions request as the example
+// ranks read it. Fields the example does not use (temperature, top_p, …)
+// are accepted and ignored: generation is greedy.
+type Request struct {
+	Chat  bool
+	Model string
+	// Prompt is the token ids: a text prompt's bytes, a chat's messages
+	// through ChatTemplate, or the ids given.
+	Prompt []int
+	// Text is true when the prompt came as text (or messages).
+	Text         bool
+	MaxTokens    int
+	Stream       bool
+	IncludeUsage bool // stream_options.include_usage
+	// SGLang is set when the body carries SGLang's P/D fields.
+	SGLang *SGLang
+	// KVTransfer is set when the body carries vLLM's kv_transfer_params.
+	KVTransfer *KVTransferParams
+	// AbortAt and Fault are kvbridge's test extensions: "prefill",
+	// "decode-before", "decode-mid" aborts the room at that stage on the
+	// server it concerns; "swap-heads-prefill" / "swap-heads-decode" plant a
+	// wrong head mapping on that side.
+	AbortAt, Fault string
+}
+
+// SGLang is the disaggregation fields SGLang's router and the llm-d
+// sidecar add to both servers' copy of a request.
+type SGLang struct {
+	Host string
+	// Port is 0 when the request named none (the server's default then).
+	Port int
+	Room uint64
+}
+
+// KVTransferParams is vLLM's kv_transfer_params: what a router sends a
+// prefill server (DoRemoteDecode) and copies from its answer to the decode
+// server (DoRemotePrefill). kvbridge's prefill fills the vLLM fields for
+// the router's logs and puts what the decode server needs in KVBridge.
+type KVTransferParams struct {
+	DoRemoteDecode         bool    `json:"do_remote_decode"`
+	DoRemotePrefill        bool    `json:"do_remote_prefill"`
+	RemoteEngineID         *string `json:"remote_engine_id"`
+	RemoteRequestID        string  `json:"remote_request_id,omitempty"`
+	RemoteHost             *string `json:"remote_host"`
+	RemotePort             *int    `json:"remote_port"`
+	RemoteBlockIDs         []int   `json:"remote_block_ids"`
+	RemoteNumTokens        int     `json:"remote_num_tokens,omitempty"`
+	TPSize                 int     `json:"tp_size,omitempty"`
+	PPSize                 int     `json:"pp_size,omitempty"`
+	RemoteBlocksExpiryTime float64 `json:"remote_blocks_expiry_time,omitempty"`
+	TransferMode           string  `json:"transfer_mode,omitempty"`
+	KVBridge               *Ticket `json:"kvbridge,omitempty"`
+}
+
+// Ticket is the part of kv_transfer_params a kvbridge decode server
+// starts the room from: the room, where its prefill instance is found,
+// which prompt it holds and until when, signed by the prefill server with
+// a key derived from the deployment's secret.
+type Ticket struct {
+	Version   int    `json:"v"`
+	Room      string `json:"room"` // decimal, exact
+	Bootstrap string `json:"bootstrap"`
+	DP        int    `json:"dp"`
+	Instance  string `json:"instance"`
+	Tokens    int    `json:"tokens"`
+	Prompt    string `json:"prompt_hash"` // hex
+	ExpiresMS int64  `json:"expires_ms"`  // Unix milliseconds
+	Sig       string `json:"sig,omitempty"`
+}
+
+// RoomID parses the ticket's room.
+func (t *Ticket) RoomID() (uint64, error) {
+	r, err := strconv.ParseUint(t.Room, 10, 63)
+	if err != nil {
+		return 0, fmt.Errorf("kv_transfer_params.kvbridge.room %.32q is not a room id in [0, 2^63)", t.Room)
+	}
+	return r, nil
+}
+
+// Signed is the ticket's text under its signature (every field but Sig,
+// in a fixed order).
+func (t *Ticket) Signed() []byte {
+	return fmt.Appendf(nil, "kvbridge kv_transfer_params v%d\x00%s\x00%s\x00%d\x00%s\x00%d\x00%s\x00%d",
+		t.Version, t.Room, t.Bootstrap, t.DP, t.Instance, t.Tokens, t.Prompt, t.ExpiresMS)
+}
+
+// Error is an OpenAI error answer's body.
+type Error struct {
+	Status int `json:"-"`
+	Body   struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code"`
+	} `json:"error"`
+}
+
+func (e *Error) Error() string { return e.Body.Message }
+
+// Errorf makes an Error with a status, an OpenAI type for it and a code.
+func Errorf(status int, code, format string, args ...any) *Error {
+	e := &Error{Status: status}
+	e.Body.Message = fmt.Sprintf(format, args...)
+	e.Body.Code = code
+	switch {
+	case status == 401:
+		e.Body.Type = "authentication_error"
+	case status == 404:
+		e.Body.Type = "not_found_error"
+	case status < 500:
+		e.Body.Type = "invalid_request_error"
+	default:
+		e.Body.Type = "server_error"
+	}
+	return e
+}
+
+// BadRequest is a 400.
+func BadRequest(code, format string, args ...any) *Error {
+	return Errorf(400, code, format, args...)
+}
+
+// body is the request as JSON, each field raw so its type is checked here.
+type body struct {
+	Model               json.RawMessage `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            json.RawMessage `json:"messages"`
+	MaxTokens           json.RawMessage `json:"max_tokens"`
+	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+	MinTokens           json.RawMessage `json:"min_tokens"`
+	N                   json.RawMessage `json:"n"`
+	Stream              json.RawMessage `json:"stream"`
+	StreamOptions       json.RawMessage `json:"stream_options"`
+	BootstrapHost       json.RawMessage `json:"bootstrap_host"`
+	BootstrapPort       json.RawMessage `json:"bootstrap_port"`
+	BootstrapRoom       json.RawMessage `json:"bootstrap_room"`
+	KVTransferParams    json.RawMessage `json:"kv_transfer_params"`
+	AbortAt             json.RawMessage `json:"abort_at"`
+	Fault               json.RawMessage `json:"fault"`
+}
+
+func null(r json.RawMessage) bool { return len(r) == 0 || string(r) == "null" }
+
+// intField reads an optional integer field exactly (no float rounding).
+func intField(name string, r json.RawMessage, lo, hi int64) (int64, bool, *Error) {
+	if null(r) {
+		return 0, false, nil
+	}
+	v, err := strconv.ParseInt(string(r), 10, 64)
+	if err != nil || v < lo || v > hi {
+		return 0, false, BadRequest("invalid_"+name, "%s %.40s is not an integer in [%d, %d]", name, r, lo, hi)
+	}
+	return v, true, nil
+}
+
+func stringField(name string, r json.RawMessage) (string, *Error) {
+	if null(r) {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(r, &s); err != nil {
+		return "", BadRequest("invalid_"+name, "%s must be a string", name)
+	}
+	return s, nil
+}
+
+// Parse reads a request body (one JSON object). chat selects
+// /v1/chat/completions' fields (messages) over /v1/completions' (prompt);
+// vocab is the model's vocabulary (a text prompt needs ≥ 256: its bytes
+// are the token ids). A body refused for another field still returns
+// the Request with its SGLang or KVTransfer fields when those were valid,
+// so the server can tell the room's other side.
+func Parse(data []byte, chat bool, vocab int) (*Request, *Error) {
+	var b body
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&b); err != nil {
+		return nil, BadRequest("invalid_json", "the body must be one JSON object: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, BadRequest("invalid_json", "trailing data after the JSON object")
+	}
+	r := &Request{Chat: chat}
+	if e := r.parseDisagg(b); e != nil {
+		return nil, e
+	}
+	return r, r.parseRest(b, vocab)
+}
+
+func (r *Request) parseRest(b body, vocab int) *Error {
+	var e *Error
+	if r.Model, e = stringField("model", b.Model); e != nil {
+		return e
+	}
+	if r.AbortAt, e = stringField("abort_at", b.AbortAt); e != nil {
+		return e
+	}
+	if r.Fault, e = stringField("fault", b.Fault); e != nil {
+		return e
+	}
+	switch r.AbortAt {
+	case "", "prefill", "decode-before", "decode-mid":
+	default:
+		return BadRequest("invalid_abort_at", "abort_at %.32q: want prefill, decode-before or decode-mid", r.AbortAt)
+	}
+	switch r.Fault {
+	case "", "swap-heads-prefill", "swap-heads-decode":
+	default:
+		return BadRequest("invalid_fault", "fault %.32q: want swap-heads-prefill or swap-heads-decode", r.Fault)
+	}
+	if !null(b.Stream) {
+		if err := json.Unmarshal(b.Stream, &r.Stream); err != nil {
+			return BadRequest("invalid_stream", "stream must be true or false")
+		}
+	}
+	if !null(b.StreamOptions) {
+		var so struct {
+			IncludeUsage bool `json:"include_usage"`
+		}
+		if err := json.Unmarshal(b.StreamOptions, &so); err != nil {
+			return BadRequest("invalid_stream_options", "stream_options must be an object {include_usage: bool}")
+		}
+		r.IncludeUsage = so.IncludeUsage
+	}
+	if n, ok, e := intField("n", b.N, math.MinInt64, math.MaxInt64); e != nil {
+		return e
+	} else if ok && n != 1 {
+		return BadRequest("invalid_n", "n %d: the example serves one choice per request", n)
+	}
+	mt, ok, e := intField("max_tokens", b.MaxTokens, math.MinInt64, math.MaxInt64)
+	if e != nil {
+		return e
+	}
+	if !ok && r.Chat {
+		if mt, ok, e = intField("max_completion_tokens", b.MaxCompletionTokens, math.MinInt64, math.MaxInt64); e != nil {
+			return e
+		}
+	}
+	switch {
+	case !ok:
+		r.MaxTokens = DefaultMaxTokens
+	case mt < 1 || mt > MaxTokensLimit:
+		return BadRequest("invalid_max_tokens", "max_tokens %d not in [1, %d]", mt, MaxTokensLimit)
+	default:
+		r.MaxTokens = int(mt)
+	}
+	if minT, ok, e := intField("min_tokens", b.MinTokens, 0, MaxTokensLimit); e != nil {
+		return e
+	} else if ok && int(minT) > r.MaxTokens {
+		return BadRequest("invalid_min_tokens", "min_tokens %d exceeds max_tokens %d", minT, r.MaxTokens)
+	}
+	return r.parsePrompt(b, vocab)
+}
+
+func (r *Request) parsePrompt(b body, vocab int) *Error {
+	var text string
+	switch {
+	case r.Chat:
+		if !null(b.Prompt) {
+			return BadRequest("invalid_prompt", "a chat completion takes messages, not prompt")
+		}
+		if null(b.Messages) {
+			return BadRequest("missing_messages", "messages is required")
+		}
+		var msgs []Message
+		if err := json.Unmarshal(b.Messages, &msgs); err != nil {
+			return BadRequest("invalid_messages", "messages must be an array of {role, content}: %v", err)
+		}
+		t, err := ChatTemplate(msgs)
+		if err != nil {
+			return BadRequest("invalid_messages", "%v", err)
+		}
+		text, r.Text = t, true
+	case null(b.Prompt):
+		return BadRequest("missing_prompt", "prompt is required")
+	default:
+		// A string, an array of ids, or a batch of one of either.
+		var batch []json.RawMessage
+		p := b.Prompt
+		if err := json.Unmarshal(p, &batch); err == nil && len(batch) > 0 && (batch[0][0] == '"' || batch[0][0] == '[') {
+			if len(batch) != 1 {
+				return BadRequest("invalid_prompt", "a batch of %d prompts: the example serves one prompt per request", len(batch))
+			}
+			p = batch[0]
+		}
+		if err := json.Unmarshal(p, &text); err == nil {
+			r.Text = true
+		} else if err := json.Unmarshal(p, &r.Prompt); err != nil {
+			return BadRequest("invalid_prompt", "prompt must be a string or an array of token ids")
+		}
+	}
+	if r.Text {
+		if vocab < 256 {
+			return BadRequest("invalid_prompt", "a text prompt needs a vocabulary of ≥ 256 (its bytes are the token ids); the model's is %d: send token ids", vocab)
+		}
+		r.Prompt = Tokenize(text)
+	}
+	if len(r.Prompt) == 0 {
+		return BadRequest("invalid_prompt", "empty prompt")
+	}
+	for _, t := range r.Prompt {
+		if t < 0 || t >= vocab {
+			return BadRequest("invalid_prompt", "token %d outside the vocabulary [0, %d)", t, vocab)
+		}
+	}
+	return nil
+}
+
+// parseDisagg reads SGLang's bootstrap fields and vLLM's kv_transfer_params.
+func (r *Request) parseDisagg(b body) *Error {
+	if !null(b.BootstrapRoom) || !null(b.BootstrapHost) || !null(b.BootstrapPort) {
+		if null(b.BootstrapRoom) || null(b.BootstrapHost) {
+			return BadRequest("invalid_bootstrap", "bootstrap_host and bootstrap_room go together (bootstrap_port is optional)")
+		}
+		room, err := strconv.ParseUint(string(b.BootstrapRoom), 10, 63)
+		if err != nil {
+			return BadRequest("invalid_bootstrap_room", "bootstrap_room %.40s is not an integer in [0, 2^63)", b.BootstrapRoom)
+		}
+		sg := &SGLang{Room: room}
+		var e *Error
+		if sg.Host, e = stringField("bootstrap_host", b.BootstrapHost); e != nil {
+			return e
+		}
+		if sg.Host == "" || len(sg.Host) > 253 || strings.ContainsAny(sg.Host, "/?#@ ") {
+			return BadRequest("invalid_bootstrap_host", "bootstrap_host %.64q is not a host name or address", sg.Host)
+		}
+		port, _, e := intField("bootstrap_port", b.BootstrapPort, 1, 65535)
+		if e != nil {
+			return e
+		}
+		sg.Port = int(port)
+		r.SGLang = sg
+	}
+	if !null(b.KVTransferParams) {
+		var kv KVTransferParams
+		if err := json.Unmarshal(b.KVTransferParams, &kv); err != nil {
+			return BadRequest("invalid_kv_transfer_params", "kv_transfer_params: %v", err)
+		}
+		if kv.DoRemoteDecode == kv.DoRemotePrefill {
+			return BadRequest("invalid_kv_transfer_params", "kv_transfer_params must set exactly one of do_remote_decode (to a prefill server) and do_remote_prefill (to a decode server)")
+		}
+		r.KVTransfer = &kv
+	}
+	if r.SGLang != nil && r.KVTransfer != nil {
+		return BadRequest("invalid_request", "a request carries SGLang's bootstrap fields or vLLM's kv_transfer_params, not both")
+	}
+	return nil
+}
+
+// Message is one chat message.
+type Message struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// ChatTemplate renders messages as the example's prompt text: each message
+// as "<|role|>\n" + its text + "\n", then "<|assistant|>\n" (the text's
+// bytes are the token ids). Content is a string or an array of
+// {"type": "text", "text": …} parts; roles are system, developer, user,
+// assistant and tool.
+func ChatTemplate(msgs []Message) (string, error) {
+	if len(msgs) == 0 {
+		return "", errors.New("messages is empty")
+	}
+	var b strings.Builder
+	for i, m := range msgs {
+		switch m.Role {
+		case "system", "developer", "user", "assistant", "tool":
+		default:
+			return "", fmt.Errorf("messages[%d]: role %.32q: want system, developer, user, assistant or tool", i, m.Role)
+		}
+		var text string
+		if err := json.Unmarshal(m.Content, &text); err != nil {
+			var parts []struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+			}
+			if err := json.Unmarshal(m.Content, &parts); err != nil {
+				return "", fmt.Errorf("messages[%d]: content must be a string or an array of text parts", i)
+			}
+			for j, p := range parts {
+				if p.Type != "text" {
+					return "", fmt.Errorf("messages[%d].content[%d]: part type %.32q: the example reads text parts only", i, j, p.Type)
+				}
+				text += p.Text
+			}
+		}
+		b.WriteString("<|" + m.Role + "|>\n" + text + "\n")
+	}
+	b.WriteString("<|assistant|>\n")
+	return b.String(), nil
+}
+
+// Tokenize is the example's byte-level tokenizer: a text's UTF-8 bytes are
+// its token ids (0–255).
+func Tokenize(s string) []int {
+	ids := make([]int, len(s))
+	for i := 0; i < len(s); i++ {
+		ids[i] = int(s[i])
+	}
+	return ids
+}
+
+// Detok renders a token: printable ASCII as itself, others as <|id|>.
+func Detok(id int) string {
+	if id >= 0x20 && id < 0x7f {
+		return string(rune(id))
+	}
+	return fmt.Sprintf("<|%d|>", id)
+}
+
+// DetokAll renders tokens.
+func DetokAll(ids []int) string {
+	var b strings.Builder
+	for _, id := range ids {
+		b.WriteString(Detok(id))
+	}
+	return b.String()
+}
