@@ -161,8 +161,23 @@ type tinyCluster struct {
 
 // startTinyCluster starts one prefill and one decode instance of the
 // given shapes (one process per rank; prefill rank 0 serves the bootstrap
-// server) and a router over them.
+// server; each instance's other ranks join its first, the front) and a
+// router over them.
 func startTinyCluster(t *testing.T, cfg tinyllm.Config, layout string, pShape, dShape transfer.Parallel, prefillExtra ...string) *tinyCluster {
+	t.Helper()
+	return startTinyClusterWith(t, cfg, layout, pShape, dShape, tinyOpts{prefill: prefillExtra})
+}
+
+// tinyOpts are a cluster's extra rank flags; decodeNoBootstrap starts the
+// decode ranks without -bootstrap (each room names its prefill instance:
+// SGLang's wire); wire is the router's.
+type tinyOpts struct {
+	prefill, decode   []string
+	decodeNoBootstrap bool
+	wire              string
+}
+
+func startTinyClusterWith(t *testing.T, cfg tinyllm.Config, layout string, pShape, dShape transfer.Parallel, o tinyOpts) *tinyCluster {
 	t.Helper()
 	m, err := tinyllm.New(cfg)
 	if err != nil {
@@ -191,7 +206,9 @@ func startTinyCluster(t *testing.T, cfg tinyllm.Config, layout string, pShape, d
 			for tp := 0; tp < sh.TPSize; tp++ {
 				args := shape(role+"-0", transfer.Parallel{TPSize: sh.TPSize, TPRank: tp, PPSize: sh.PPSize, PPRank: pp})
 				if role == "prefill" {
-					args = append(args, prefillExtra...)
+					args = append(args, o.prefill...)
+				} else {
+					args = append(args, o.decode...)
 				}
 				specs = append(specs, spec{role, args})
 			}
@@ -199,13 +216,30 @@ func startTinyCluster(t *testing.T, cfg tinyllm.Config, layout string, pShape, d
 	}
 	procs := make([]*tinyProc, len(specs))
 	procs[0] = startTinyRank(t, "prefill", append(specs[0].args, "-serve-bootstrap", "127.0.0.1:0")...)
+	// The decode instance's front, then every other rank at once, each
+	// joining its front.
+	d0 := slices.IndexFunc(specs, func(s spec) bool { return s.role == "decode" })
+	args := func(i int) []string {
+		a := specs[i].args
+		if specs[i].role == "prefill" || !o.decodeNoBootstrap {
+			a = append(a, "-bootstrap", procs[0].boot)
+		}
+		if i != 0 && i != d0 {
+			a = append(a, "-front", procs[map[bool]int{true: 0, false: d0}[specs[i].role == "prefill"]].http)
+		}
+		return a
+	}
+	procs[d0] = startTinyRank(t, "decode", args(d0)...)
 	errs := make([]error, len(specs))
 	var wg sync.WaitGroup
 	for i := 1; i < len(specs); i++ {
+		if i == d0 {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			procs[i], errs[i] = startTinyRankErr(t, specs[i].role, append(specs[i].args, "-bootstrap", procs[0].boot)...)
+			procs[i], errs[i] = startTinyRankErr(t, specs[i].role, args(i)...)
 		}()
 	}
 	wg.Wait()
@@ -240,7 +274,7 @@ func startTinyCluster(t *testing.T, cfg tinyllm.Config, layout string, pShape, d
 		c.prefill[0].stop(t)
 	})
 	c.rt, err = router.New(context.Background(), router.Config{Prefill: [][]string{urls(c.prefill)}, Decode: [][]string{urls(c.decode)},
-		Token: testauth.Auth().BootstrapToken(), Retries: 5, Timeout: 20 * time.Second, Client: c.client})
+		Token: testauth.Auth().BootstrapToken(), Retries: 5, Timeout: 20 * time.Second, Client: c.client, Wire: o.wire})
 	if err != nil {
 		t.Fatal(err)
 	}

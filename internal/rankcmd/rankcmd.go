@@ -14,10 +14,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -58,10 +60,27 @@ type Rank struct {
 	boot       *bootstrap.Server
 	http       *http.Server
 	ln         net.Listener
+	// compute is -compute: fill or tinyllm.
+	compute string
 	// token guards POST /v1/room (the bootstrap token of the secret); ""
 	// when insecure.
 	token string
 	npage int
+	// bootURL is the rank's discovery URL (-bootstrap, or the bootstrap
+	// server it serves).
+	bootURL    string
+	reg        prometheus.Registerer
+	httpClient *http.Client
+	started    time.Time
+	// wg counts goroutines that outlive a request (held rooms, refusals,
+	// the join loop); Main waits for them after the Manager closed.
+	wg sync.WaitGroup
+	// The OpenAI routes (-compute tinyllm; openai.go, lease.go).
+	served     string        // -served-model-name
+	reqTimeout time.Duration // -request-timeout
+	kvLease    time.Duration // -kv-lease
+	sglangPort int           // -sglang-bootstrap-port
+	ticketKey  []byte        // signs and checks kv_transfer_params (nil when insecure)
 }
 
 func env(name, def string) string {
@@ -95,6 +114,10 @@ type options struct {
 	prefixPages        int
 	layerwise          bool
 	layerGroup         int
+	// The OpenAI routes and the instance's front.
+	front, served       string
+	reqTimeout, kvLease time.Duration
+	sglangPort          int
 }
 
 // newFlags defines a rank's flags. The prefill-only ones (-serve-bootstrap,
@@ -153,6 +176,14 @@ func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 		fs.BoolVar(&o.layerwise, "layerwise", false, "send each room layer group by layer group (sender.SendLayers) as the forward pass (tinyllm) or the fill finishes it, instead of one Send per chunk")
 		fs.IntVar(&o.layerGroup, "layer-group", 1, "with -layerwise: layers per SendLayers call")
 	}
+	fs.StringVar(&o.front, "front", env("KVBRIDGE_FRONT", ""), "with -compute tinyllm, on every rank but the instance's first: that rank's HTTP URL; this rank joins it, and it serves the OpenAI routes for the whole instance (without -bootstrap, this rank also takes its bootstrap server)")
+	fs.StringVar(&o.served, "served-model-name", "tinyllm", "with -compute tinyllm: the model name the OpenAI routes serve (GET /v1/models; a request naming another is 404)")
+	fs.DurationVar(&o.reqTimeout, "request-timeout", 60*time.Second, "with -compute tinyllm: the OpenAI routes' bound on one request (504 past it)")
+	if role == kvmanager.RolePrefill {
+		fs.DurationVar(&o.kvLease, "kv-lease", 60*time.Second, "with -compute tinyllm: how long a prefill request in vLLM's flow (kv_transfer_params.do_remote_decode) holds the KV for its decode request")
+	} else {
+		fs.IntVar(&o.sglangPort, "sglang-bootstrap-port", 8998, "with -compute tinyllm: the bootstrap port of a request with bootstrap_host and no bootstrap_port (SGLang's default)")
+	}
 	fs.BoolVar(&o.verbose, "v", false, "log at debug level")
 	fs.BoolVar(&o.insecure, "insecure", false, "run without authentication (no shared secret; logged as a warning)")
 	fs.BoolVar(&o.printToken, "print-token", false, "print the bearer token of the shared secret (for curl against /v1/room and the bootstrap server) and exit")
@@ -201,6 +232,10 @@ func Main(role kvmanager.Role, args []string) int {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, bootstrap.ErrNoSecret)
 		return 2
 	}
+	if err := frontOptions(role, o, auth); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	}
 	zcfg := zap.NewProductionConfig()
 	if o.verbose {
 		zcfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
@@ -239,15 +274,11 @@ func Main(role kvmanager.Role, args []string) int {
 		return code
 	}
 	r.boot = bootSrv
-	mgr, m := r.M, r.Model
+	mgr := r.M
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/v1/info", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, Info{Role: name, Model: m, Endpoint: mgr.Endpoint(), Bootstrap: o.boot, Engine: mgr.Agent().Engine(),
-			Pages: o.pages, BytesPerToken: m.BytesPerToken(), Instance: o.instance, Parallel: r.Par, Compute: o.compute,
-			Fingerprint: r.fingerprint(), Layout: r.Mapping.Layout, Vocab: r.vocab()})
-	})
+	mux.HandleFunc("/v1/info", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, r.info()) })
 	mux.HandleFunc("/v1/room", r.serveRoom)
 	if r.tiny != nil {
 		r.tiny.routes(mux)
@@ -260,6 +291,22 @@ func Main(role kvmanager.Role, args []string) int {
 	}
 	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go r.http.Serve(r.ln)
+	joinCtx, stopJoin := context.WithCancel(context.Background())
+	defer stopJoin()
+	if o.front != "" {
+		// Ready means joined: the front serves the instance from then on.
+		if err := r.join(o.front, time.Minute); err != nil {
+			log.Error("joining the instance's front", zap.String("front", o.front), zap.Error(err))
+			r.http.Close()
+			mgr.Close()
+			return 1
+		}
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			r.joinLoop(joinCtx, o.front)
+		}()
+	}
 	// One line for whoever started us (the demo reads it).
 	fmt.Printf("%s ready http=%s endpoint=%s epoch=%d bootstrap=%s engine=%s warmup=%s identity=%t\n", name, r.ln.Addr(), mgr.Endpoint(),
 		mgr.Epoch(), o.boot, mgr.Agent().Engine(), mgr.WarmUp(), cfgIdentity(mgr))
@@ -271,11 +318,80 @@ func Main(role kvmanager.Role, args []string) int {
 	log.Info("shutting down: failing live rooms", zap.Stringer("signal", s))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	stopJoin()
 	r.http.Shutdown(ctx)
 	if err := mgr.Close(); err != nil {
 		log.Warn("close", zap.Error(err))
 	}
+	r.wg.Wait() // held rooms end with the Manager
 	return 0
+}
+
+// info is GET /v1/info.
+func (r *Rank) info() Info {
+	return Info{Role: roleName(r.Role), Model: r.Model, Endpoint: r.M.Endpoint(), Bootstrap: r.bootURL, Engine: r.M.Agent().Engine(),
+		Pages: r.npage, BytesPerToken: r.Model.BytesPerToken(), Instance: r.Instance, Parallel: r.Par, Compute: r.compute,
+		Fingerprint: r.fingerprint(), Layout: r.Mapping.Layout, Vocab: r.vocab()}
+}
+
+// frontOptions checks -front and the OpenAI flags, and fills what they
+// imply: a rank with -front and no -bootstrap takes its front's bootstrap
+// server; an instance's first prefill rank with -compute tinyllm and
+// neither -bootstrap nor -serve-bootstrap serves one on its -http host at
+// port 8998, where SGLang's routers look for it (bootstrap_port).
+func frontOptions(role kvmanager.Role, o *options, auth *bootstrap.Auth) error {
+	first := o.par.Norm().Global() == 0
+	switch {
+	case o.front != "" && o.compute != "tinyllm":
+		return errors.New("-front is for -compute tinyllm (the instance's front serves the OpenAI routes)")
+	case o.front != "" && first:
+		return errors.New("-front is for the instance's other ranks: this is its first (TP 0, PP 0, DP 0), the front itself")
+	case o.reqTimeout <= 0 || o.reqTimeout > maxRoomTimeout:
+		return fmt.Errorf("-request-timeout %s not in (0, %s]", o.reqTimeout, maxRoomTimeout)
+	case role == kvmanager.RolePrefill && (o.kvLease <= 0 || o.kvLease > maxRoomTimeout):
+		return fmt.Errorf("-kv-lease %s not in (0, %s]", o.kvLease, maxRoomTimeout)
+	case role == kvmanager.RoleDecode && (o.sglangPort < 1 || o.sglangPort > 65535):
+		return fmt.Errorf("-sglang-bootstrap-port %d not in [1, 65535]", o.sglangPort)
+	}
+	if o.front != "" {
+		if !strings.Contains(o.front, "://") {
+			o.front = "http://" + o.front
+		}
+		o.front = strings.TrimRight(o.front, "/")
+		if o.boot == "" {
+			token := ""
+			if auth != nil {
+				token = auth.BootstrapToken()
+			}
+			in, err := frontInfo(o.front, token)
+			if err != nil {
+				return err
+			}
+			o.boot = reachable(in.Bootstrap, o.front)
+		}
+	}
+	if o.compute == "tinyllm" && role == kvmanager.RolePrefill && first && o.boot == "" && o.serveBoot == "" {
+		host, _, err := net.SplitHostPort(o.httpAddr)
+		if err != nil {
+			return fmt.Errorf("-http %q: %w", o.httpAddr, err)
+		}
+		o.serveBoot = net.JoinHostPort(host, "8998")
+	}
+	return nil
+}
+
+// reachable replaces an unspecified host in url (a server bound to
+// 0.0.0.0) with the host of via.
+func reachable(u, via string) string {
+	pu, err := url.Parse(u)
+	vu, verr := url.Parse(via)
+	if err != nil || verr != nil {
+		return u
+	}
+	if ip := net.ParseIP(pu.Hostname()); ip != nil && ip.IsUnspecified() {
+		pu.Host = net.JoinHostPort(vu.Hostname(), pu.Port())
+	}
+	return pu.String()
 }
 
 // newRank builds a rank's Manager from its options (what Main does before
@@ -309,9 +425,11 @@ func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Log
 			m.Name = "custom"
 		}
 	}
-	r = &Rank{Role: role, Model: m, log: log, npage: o.pages}
+	r = &Rank{Role: role, Model: m, log: log, npage: o.pages, bootURL: o.boot, reg: reg, compute: o.compute, started: time.Now(),
+		httpClient: &http.Client{}, served: o.served, reqTimeout: o.reqTimeout, kvLease: o.kvLease, sglangPort: o.sglangPort}
 	if auth != nil {
 		r.token = auth.BootstrapToken()
+		r.ticketKey = ticketKey(auth.Secret)
 	} else {
 		log.Warn("running WITHOUT authentication (-insecure): anyone who can reach this rank's ports can drive it")
 	}

@@ -32,6 +32,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -111,6 +112,11 @@ type tinyRank struct {
 	prefix          *prefixCache // a decode instance of one rank, -prefix-cache-pages > 0
 	mu              sync.Mutex
 	held            map[uint64]*heldRoom
+	live            map[uint64]func(reason string) // rooms running here, how to abort each (/v1/abort)
+	view            instanceView                   // the front's: its instance's other ranks
+	lease           *leaseMetrics                  // prefill: rooms held for a later decode request
+	used            *usedTickets                   // decode front: kv_transfer_params already served
+	probes          sync.Map                       // decode front: bootstrap URL → time.Time it last answered
 }
 
 func (r *Rank) initTiny(m *tinyllm.Model, o *options) error {
@@ -124,7 +130,15 @@ func (r *Rank) initTiny(m *tinyllm.Model, o *options) error {
 	if err != nil {
 		return err
 	}
-	t := &tinyRank{r: r, m: m, cache: c, layout: pl, first: first, heads: heads, layer0: l0, nlayers: nl, held: map[uint64]*heldRoom{}}
+	t := &tinyRank{r: r, m: m, cache: c, layout: pl, first: first, heads: heads, layer0: l0, nlayers: nl, held: map[uint64]*heldRoom{},
+		live: map[uint64]func(string){}, view: instanceView{members: map[int]member{}}, used: newUsedTickets()}
+	reg := r.reg
+	if r.Role != kvmanager.RolePrefill {
+		reg = nil // (a decode rank holds nothing: the metrics are a prefill rank's)
+	}
+	if t.lease, err = newLeaseMetrics(reg); err != nil {
+		return err
+	}
 	single := r.Par.TPSize*r.Par.PPSize*r.Par.DPSize == 1
 	if r.Role == kvmanager.RoleDecode && single && o.prefixPages != 0 {
 		n := o.prefixPages
@@ -140,6 +154,9 @@ func (r *Rank) initTiny(m *tinyllm.Model, o *options) error {
 }
 
 func (t *tinyRank) routes(mux *http.ServeMux) {
+	t.openaiRoutes(mux)
+	mux.HandleFunc("/v1/abort", t.serveAbort)
+	mux.HandleFunc("/v1/instance/join", t.serveJoin)
 	if t.r.Role == kvmanager.RolePrefill {
 		mux.HandleFunc("/v1/prefill", t.servePrefill)
 		return
@@ -196,6 +213,12 @@ type PrefillRequest struct {
 	Room      uint64 `json:"room"`
 	Prompt    []int  `json:"prompt"`
 	TimeoutMS int    `json:"timeout_ms"`
+	// LeaseMS > 0 holds the room for a decode request that comes later
+	// (vLLM's serial flow): the answer comes once the forward pass is done
+	// (Status "Held"), and the room then waits up to LeaseMS for its decode
+	// ranks' REQUESTs — sending when they come, aborted at the lease's end
+	// (counted) —, with TimeoutMS bounding its data phase.
+	LeaseMS int `json:"lease_ms,omitempty"`
 	// AbortAt "compute": abort the room once the forward pass is done,
 	// before anything is sent (a prefill engine that fails a request).
 	AbortAt string `json:"abort_at,omitempty"`
@@ -212,12 +235,32 @@ type PrefillResult struct {
 	FirstToken int                `json:"first_token"`
 	PhasesMS   map[string]float64 `json:"phases_ms,omitempty"` // compute, ready, data
 	Error      string             `json:"error,omitempty"`
+	// Code classifies a failure (Codes); "" on success.
+	Code string `json:"code,omitempty"`
+	// Pages are the room's source pages on this rank (LeaseMS: held).
+	Pages []uint32 `json:"pages,omitempty"`
 	// LayerGroups (-layerwise): SendLayers calls; DuringPass of them
 	// before the forward pass ended (the others waited for the REQUESTs,
 	// or were the last group).
 	LayerGroups int `json:"layer_groups,omitempty"`
 	DuringPass  int `json:"during_pass,omitempty"`
 }
+
+// Failure codes of PrefillResult and GenerateEvent: what a front answers
+// its client (openai.go).
+const (
+	CodeRoomReused  = "room_reused" // the room id is live or cleared within the tombstone TTL here
+	CodeNoPages     = "no_pages"    // the rank had no free pages before the deadline
+	CodeRoomFailed  = "room_failed" // the room failed (aborted, a peer died, refused)
+	CodeDeadline    = "deadline"    // the request's deadline passed first
+	CodeLeaseExpiry = "lease_expired"
+	CodeInternal    = "internal"
+	CodeClientGone  = "client_gone"
+)
+
+// Held is a PrefillResult's Status for a room computed and held for its
+// decode request (LeaseMS).
+const Held = "Held"
 
 // checkPrompt validates a prompt against the model and the pool.
 func (t *tinyRank) checkPrompt(prompt []int, extra int) error {
@@ -283,32 +326,64 @@ func (t *tinyRank) servePrefill(w http.ResponseWriter, req *http.Request) {
 	if err == nil && pr.Fault != "" && pr.Fault != "swap-heads" {
 		err = fmt.Errorf("fault %.32q is not \"\" or swap-heads", pr.Fault)
 	}
+	if err == nil && (pr.LeaseMS < 0 || int64(pr.LeaseMS) > maxRoomTimeout.Milliseconds()) {
+		err = fmt.Errorf("lease_ms %d not in [0, %d]", pr.LeaseMS, maxRoomTimeout.Milliseconds())
+	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	if pr.LeaseMS > 0 {
+		writeJSON(w, t.prefillHeld(req.Context(), pr, d))
+		return
+	}
 	ctx, cancel := context.WithTimeout(req.Context(), d)
 	defer cancel()
-	writeJSON(w, t.prefill(ctx, pr))
+	writeJSON(w, t.prefill(ctx, pr, d, nil))
 }
 
-// prefill runs one room: the forward pass, then the sends.
-func (t *tinyRank) prefill(ctx context.Context, pr PrefillRequest) PrefillResult {
+// prefillHeld starts a held room (PrefillRequest.LeaseMS) and returns once
+// its forward pass is done (or it failed first). Until then the caller's
+// ctx ending aborts it; after, the room lives on its own, bounded by the
+// lease and the data phase's timeout.
+func (t *tinyRank) prefillHeld(ctx context.Context, pr PrefillRequest, data time.Duration) PrefillResult {
+	bg, cancel := context.WithCancel(context.Background())
+	stop := context.AfterFunc(ctx, cancel)
+	got := make(chan PrefillResult, 1)
+	var once sync.Once
+	answer := func(res PrefillResult) { once.Do(func() { got <- res }) }
+	t.r.wg.Add(1)
+	go func() {
+		defer t.r.wg.Done()
+		defer cancel()
+		answer(t.prefill(bg, pr, data, func(res PrefillResult) {
+			stop()
+			answer(res)
+		}))
+	}()
+	return <-got
+}
+
+// prefill runs one room: the forward pass, then the sends. With computed
+// non-nil (a held room) it is called once the pass is done, the room then
+// waits for its decode ranks up to the lease and sends within data.
+func (t *tinyRank) prefill(ctx context.Context, pr PrefillRequest, data time.Duration, computed func(PrefillResult)) PrefillResult {
 	res := PrefillResult{Room: pr.Room, PhasesMS: map[string]float64{}}
 	mark := phases(res.PhasesMS, time.Now())
 	r, plen, pt := t.r, len(pr.Prompt), t.r.Model.PageTokens
 	src, err := r.getPages(ctx, (plen+pt-1)/pt)
 	if err != nil {
-		res.Error = err.Error()
+		res.Error, res.Code = err.Error(), CodeNoPages
 		return res
 	}
 	defer r.pages.Put(src)
 	s, err := sender.New(r.P, pr.Room)
 	if err != nil {
-		res.Error = err.Error()
+		res.Error, res.Code = err.Error(), roomErrCode(err)
 		return res
 	}
 	defer s.Clear()
+	defer t.setLive(pr.Room, s.Abort)()
 	s.Init() // the decode ranks' REQUESTs come in while we compute
 	seq := &tinyllm.Seq{C: t.cache, Pages: src, Swap: pr.Fault == "swap-heads"}
 	full := tinyllm.NewDense(t.m.Layers, t.m.KVHeads, t.m.HeadDim, plen)
@@ -329,7 +404,7 @@ func (t *tinyRank) prefill(ctx context.Context, pr PrefillRequest) PrefillResult
 			sendErr = sendLayers(s, src, g[0], g[1], true, aux)
 		}
 	}
-	var after func(l int) error
+	after := func(int) error { return ctx.Err() } // a request that ended stops the pass
 	if r.layerwise {
 		after = func(l int) error {
 			tinyllm.CopyShare(seq, full, l, l+1, plen)
@@ -346,12 +421,16 @@ func (t *tinyRank) prefill(ctx context.Context, pr PrefillRequest) PrefillResult
 			if ready {
 				flush(done)
 			}
-			return nil
+			return ctx.Err()
 		}
 	}
 	lg, err := t.m.Prefill(pr.Prompt, full, after)
 	if err != nil {
-		res.Error = err.Error()
+		res.Error, res.Code = err.Error(), CodeInternal
+		if ctx.Err() != nil {
+			res.Code = CodeDeadline
+		}
+		s.Abort("example: prefill: " + err.Error())
 		return res
 	}
 	res.FirstToken = tinyllm.Argmax(lg)
@@ -368,14 +447,44 @@ func (t *tinyRank) prefill(ctx context.Context, pr PrefillRequest) PrefillResult
 	if pr.AbortAt == "compute" {
 		s.Abort("example: prefill aborted after the forward pass")
 	}
-	st, err := s.WaitReady(ctx)
+	readyCtx := ctx
+	if computed != nil {
+		// Held: answer now; the decode request comes when it comes.
+		lease := time.Duration(pr.LeaseMS) * time.Millisecond
+		held := res
+		held.Status, held.Pages = Held, slices.Clone(src)
+		if st := s.Poll(); st == kvmanager.Failed {
+			held.Status, held.Reason, held.Code = st.String(), s.Failure(), CodeRoomFailed
+		}
+		computed(held)
+		t.lease.hold(len(src))
+		start := time.Now()
+		var cancel context.CancelFunc
+		readyCtx, cancel = context.WithTimeout(ctx, lease)
+		defer cancel()
+		defer func() { t.lease.release(len(src), time.Since(start)) }()
+	}
+	st, err := s.WaitReady(readyCtx)
 	mark("ready")
 	if st != kvmanager.WaitingForInput && st != kvmanager.Transferring {
-		res.Status, res.Reason = st.String(), s.Failure()
+		if computed != nil && readyCtx.Err() == context.DeadlineExceeded && ctx.Err() == nil && st != kvmanager.Failed {
+			s.Abort(fmt.Sprintf("example: the KV lease of room %d expired after %d ms: no decode rank asked for it", pr.Room, pr.LeaseMS))
+			t.lease.expired.Inc()
+			res.Code = CodeLeaseExpiry
+		}
+		if res.Code == "" {
+			res.Code = failCode(ctx, st)
+		}
+		res.Status, res.Reason = s.Poll().String(), s.Failure()
 		if err != nil && res.Reason == "" {
 			res.Reason = err.Error()
 		}
 		return res
+	}
+	if computed != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, data)
+		defer cancel()
 	}
 	if r.layerwise {
 		flush(len(groups))
@@ -395,7 +504,29 @@ func (t *tinyRank) prefill(ctx context.Context, pr PrefillRequest) PrefillResult
 	if st != kvmanager.Success && st != kvmanager.Failed {
 		s.Abort("example: prefill request ended: " + res.Reason)
 	}
+	if st != kvmanager.Success {
+		res.Code = failCode(ctx, st)
+	}
 	return res
+}
+
+// roomErrCode classifies an error creating a room.
+func roomErrCode(err error) string {
+	if errors.Is(err, kvmanager.ErrRoomInUse) || errors.Is(err, kvmanager.ErrRoomCleared) {
+		return CodeRoomReused
+	}
+	return CodeRoomFailed
+}
+
+// failCode classifies a room that did not succeed.
+func failCode(ctx context.Context, st kvmanager.Poll) string {
+	if st != kvmanager.Failed && ctx.Err() == context.DeadlineExceeded {
+		return CodeDeadline
+	}
+	if st != kvmanager.Failed && ctx.Err() != nil {
+		return CodeClientGone
+	}
+	return CodeRoomFailed
 }
 
 // GenerateRequest is POST /v1/generate.
@@ -428,6 +559,7 @@ type GenerateEvent struct {
 	Status      string             `json:"status,omitempty"` // the room's
 	Reason      string             `json:"reason,omitempty"`
 	Error       string             `json:"error,omitempty"`
+	Code        string             `json:"code,omitempty"` // a failure's class (Codes)
 	Tokens      int                `json:"tokens,omitempty"`
 	PrefixPages int                `json:"prefix_pages,omitempty"` // pages a cached prefix covered (not transferred)
 	PhasesMS    map[string]float64 `json:"phases_ms,omitempty"`    // pages, transfer, gather, generate
@@ -512,7 +644,7 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 	}
 	own, err := r.getPages(ctx, nPrompt-k+extra)
 	if err != nil {
-		ev.Error = err.Error()
+		ev.Error, ev.Code = err.Error(), CodeNoPages
 		return ev
 	}
 	mark("pages")
@@ -525,12 +657,16 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 	}()
 	rc, err := r.newReceiver(gr.Room, gr.Prefill, gr.PrefillDP)
 	if err != nil {
-		ev.Error = err.Error()
+		ev.Error, ev.Code = err.Error(), roomErrCode(err)
 		return ev
 	}
 	defer rc.Clear()
+	defer t.setLive(gr.Room, rc.Abort)()
 	if err := rc.Init(ctx, kvmanager.RequestSpec{DstPages: dst, AuxIndex: t.auxIndex(gr.Room), Prefix: k}); err != nil {
-		ev.Status, ev.Reason = kvmanager.Failed.String(), err.Error()
+		ev.Status, ev.Reason, ev.Code = kvmanager.Failed.String(), err.Error(), failCode(ctx, kvmanager.Failed)
+		if ctx.Err() == context.DeadlineExceeded {
+			ev.Code = CodeDeadline
+		}
 		// A REQUEST may be out to some prefill ranks: the pages wait for
 		// Released as any failed room's do.
 		if rc.Poll() != kvmanager.Failed {
@@ -553,13 +689,14 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 		// dropped all the same, as its scheduler asked, and answered as
 		// aborted so the router retries it. The room is over: nothing can
 		// land, and its pages go back at once.
-		ev.Status, ev.Reason = kvmanager.Failed.String(), "example: decode aborted mid-transfer, after the last page landed (dropped)"
+		ev.Status, ev.Reason, ev.Code = kvmanager.Failed.String(), "example: decode aborted mid-transfer, after the last page landed (dropped)", CodeRoomFailed
 		if !t.generates() {
 			t.hold(gr.Room).fail(ev.Reason)
 		}
 		return ev
 	}
 	if st != kvmanager.Success {
+		ev.Code = failCode(ctx, st)
 		if st != kvmanager.Failed {
 			rc.Abort("example: decode request ended: " + ev.Reason)
 		}
@@ -584,7 +721,7 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 		select {
 		case <-h.fetched:
 		case <-ctx.Done():
-			ev.Error = "the instance's first rank did not read this rank's share"
+			ev.Error, ev.Code = "the instance's first rank did not read this rank's share", failCode(ctx, 0)
 		}
 		t.unhold(gr.Room, h)
 		mark("gather")
@@ -594,7 +731,7 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 	first := int(binary.LittleEndian.Uint32(item[4:]))
 	if binary.LittleEndian.Uint32(item[0:]) != auxMagic || int(binary.LittleEndian.Uint32(item[8:])) != plen ||
 		binary.LittleEndian.Uint64(item[12:]) != promptHash(gr.Prompt) || first >= t.m.Vocab {
-		ev.Error = "the aux item is not this prompt's"
+		ev.Error, ev.Code = "the aux item is not this prompt's", CodeInternal
 		return ev
 	}
 	var kv tinyllm.KV = seq
@@ -603,7 +740,7 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 		copyInto(dense, seq, t.layer0, t.nlayers, t.first, t.heads, plen)
 		for _, p := range gr.Peers {
 			if err := t.fetchShare(ctx, p, gr.Room, plen, dense); err != nil {
-				ev.Error = fmt.Sprintf("gathering %s's share: %v", p, err)
+				ev.Error, ev.Code = fmt.Sprintf("gathering %s's share: %v", p, err), CodeRoomFailed
 				return ev
 			}
 		}
@@ -618,7 +755,7 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 	})
 	ev.Tokens = len(toks)
 	if err != nil {
-		ev.Error = "streaming: " + err.Error()
+		ev.Error, ev.Code = "streaming: "+err.Error(), CodeClientGone
 	}
 	mark("generate")
 	if t.prefix != nil && hit == nil && err == nil {
