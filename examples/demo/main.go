@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -319,7 +320,7 @@ func startInstance(bin, role, name, boot string, shape transfer.Parallel, common
 			}
 		}
 	}
-	args := func(i int) []string {
+	base := func(i int) []string {
 		p := in.par[i]
 		a := append(append([]string{}, common...), "-instance", name,
 			"-tp", strconv.Itoa(p.TPSize), "-tp-rank", strconv.Itoa(p.TPRank), "-pp", strconv.Itoa(p.PPSize),
@@ -329,6 +330,7 @@ func startInstance(bin, role, name, boot string, shape transfer.Parallel, common
 		}
 		return append(a, "-bootstrap", in.boot)
 	}
+	args := base
 	in.ranks = make([]*proc, len(in.par))
 	first, err := start(bin, role, args(0)...)
 	if err != nil {
@@ -337,6 +339,10 @@ func startInstance(bin, role, name, boot string, shape transfer.Parallel, common
 	in.ranks[0] = first
 	if in.boot == "" {
 		in.boot = first.boot
+	}
+	if slices.Contains(common, "tinyllm") {
+		// The OpenAI routes are the first rank's: the others join it.
+		args = func(i int) []string { return append(base(i), "-front", first.http) }
 	}
 	// The other ranks in parallel (a prefill rank's start waits for nothing
 	// but its own registration).
@@ -401,6 +407,7 @@ func run(args []string) int {
 	gen := fs.Int("gen", 16, "with -compute tinyllm: tokens generated per request (max_tokens)")
 	policy := fs.String("policy", "round-robin", "with -compute tinyllm: the router's instance choice, round-robin or least-loaded")
 	fault := fs.String("fault", "", "with -compute tinyllm: a deliberate fault on every request (swap-heads-prefill, swap-heads-decode: a wrong head mapping), so the comparison must fail")
+	wire := fs.String("wire", "kvbridge", "with -compute tinyllm: how the router drives a pair: kvbridge (every rank's per-rank routes), sglang (SGLang's router: bootstrap_host/port/room to both instances' fronts at once) or vllm (vLLM's serial kv_transfer_params flow)")
 	layerwise := fs.Bool("layerwise", false, "the prefill ranks send each room layer group by layer group (sender.SendLayers) instead of one Send per chunk")
 	layerGroup := fs.Int("layer-group", 1, "with -layerwise: layers per SendLayers call")
 	fs.Usage = func() {
@@ -561,12 +568,12 @@ flags:
 		prefillArgs = append(append([]string{}, common...), "-layerwise", "-layer-group", strconv.Itoa(*layerGroup))
 	}
 	if *compute == "tinyllm" {
-		topology := fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode %d × (PP %d × TP %d), %s pages, tinyllm, %s sends",
+		topology := fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode %d × (PP %d × TP %d), %s pages, tinyllm, %s sends, "+*wire+" wire",
 			*instances, pShape.DPSize, pShape.PPSize, pShape.TPSize, *decodeInstances, dShape.PPSize, dShape.TPSize, strings.ToUpper(*pageLayout),
 			map[bool]string{false: "whole-chunk", true: fmt.Sprintf("layer-wise (%d per group)", *layerGroup)}[*layerwise])
 		return runTiny(tinyOptions{bin: *bin, requests: *requests, conc: *conc, gen: *gen, minTok: *minTok, maxTok: *maxTok,
 			abortRate: *abortRate, seed: *seed, cfg: tinyCfg, pageTokens: tinyPT, pages: *pages, rankArgs: common, prefillArgs: prefillArgs,
-			pShape: pShape, dShape: dShape, instances: *instances, decodeInstance: *decodeInstances, policy: *policy, fault: *fault, topology: topology})
+			pShape: pShape, dShape: dShape, instances: *instances, decodeInstance: *decodeInstances, policy: *policy, fault: *fault, topology: topology, wire: *wire})
 	}
 	if *dpPick == "lookup" {
 		prefillArgs = append(append([]string{}, prefillArgs...), "-publish-dp") // a prefill-only flag

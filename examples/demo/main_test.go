@@ -284,6 +284,31 @@ func TestDemoTinyllm(t *testing.T) {
 	removeKeptLogs(t, string(out))
 }
 
+// TestDemoTinyllmWires is `make demo DEMO_FLAGS="-compute tinyllm -wire
+// sglang"` (and vllm), short: the router drives each instance's front in
+// SGLang's wire and in vLLM's serial kv_transfer_params flow, a quarter of
+// the requests aborted on purpose and retried; every completion must be
+// token-identical to the single-process run, nothing pinned (held rooms
+// of vLLM's flow included).
+func TestDemoTinyllmWires(t *testing.T) {
+	dir := binaries(t)
+	for _, wire := range []string{"sglang", "vllm"} {
+		t.Run(wire, func(t *testing.T) {
+			args := []string{"-compute", "tinyllm", "-short", "-requests", "8", "-gen", "6", "-abort-rate", "0.25", "-seed", "4", "-wire", wire, "-bin", dir}
+			out, err := exec.Command(filepath.Join(dir, "demo"), args...).Output()
+			s := string(out)
+			if err != nil {
+				t.Fatalf("demo -wire %s failed: %v\n%s", wire, err, s)
+			}
+			for _, want := range []string{"token-identical            8", "failed                     0", "rooms pinned               0", wire + " wire", "OK: every completion"} {
+				if !strings.Contains(s, want) {
+					t.Errorf("summary lacks %q:\n%s", want, s)
+				}
+			}
+		})
+	}
+}
+
 // removeKeptLogs removes the rank logs a failed demo run kept (a failure
 // this test wanted).
 func removeKeptLogs(t *testing.T, out string) {

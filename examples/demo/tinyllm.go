@@ -39,6 +39,7 @@ type tinyOptions struct {
 	instances, decodeInstance int
 	policy, fault             string
 	topology                  string
+	wire                      string
 }
 
 // parseTiny reads -tinyllm's key=value list over tinyllm.Default.
@@ -288,7 +289,7 @@ func runTiny(o tinyOptions) int {
 		}
 		decodes = append(decodes, in)
 	}
-	rargs := []string{"-listen", "127.0.0.1:0", "-policy", o.policy}
+	rargs := []string{"-listen", "127.0.0.1:0", "-policy", o.policy, "-wire", o.wire}
 	for _, s := range []struct {
 		flag string
 		ins  []*instance

@@ -1,5 +1,6 @@
 // Command router is an example OpenAI-style router in front of example
-// prefill and decode ranks run with -compute tinyllm: POST /v1/completions
+// prefill and decode ranks run with -compute tinyllm, speaking kvbridge's
+// per-rank wire, SGLang's or vLLM's (-wire): POST /v1/completions
 // ({"prompt": "text" or [ids], "max_tokens": n, "stream": bool}), GET
 // /metrics (TTFT, time per output token), /healthz, /v1/instances. Each
 // -prefill and -decode flag is one instance: its ranks' HTTP URLs,
@@ -56,6 +57,7 @@ func run(args []string) int {
 	retries := fs.Int("retries", 2, "attempts after the first for a room that failed before its first token (−1: none)")
 	timeout := fs.Duration("timeout", 60*time.Second, "one attempt's bound")
 	insecure := fs.Bool("insecure", false, "the ranks run without a shared secret")
+	wire := fs.String("wire", "kvbridge", "how a pair is driven: kvbridge (every rank's per-rank routes), sglang (SGLang's router: bootstrap_host/port/room to both fronts at once) or vllm (vLLM's serial kv_transfer_params flow); with sglang and vllm an instance may be listed by its front alone")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -67,7 +69,7 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "router:", err)
 		return 2
 	}
-	cfg := router.Config{Prefill: prefill, Decode: decode, Policy: *policy, Retries: *retries, Timeout: *timeout}
+	cfg := router.Config{Prefill: prefill, Decode: decode, Policy: *policy, Retries: *retries, Timeout: *timeout, Wire: *wire}
 	if auth != nil {
 		cfg.Token = auth.BootstrapToken()
 	} else if !*insecure && !envInsecure {
@@ -88,7 +90,7 @@ func run(args []string) int {
 	}
 	srv := &http.Server{Handler: rt.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
-	fmt.Printf("router ready http=%s prefill=%d decode=%d policy=%s\n", ln.Addr(), len(rt.Prefills()), len(rt.Decodes()), *policy)
+	fmt.Printf("router ready http=%s prefill=%d decode=%d policy=%s wire=%s\n", ln.Addr(), len(rt.Prefills()), len(rt.Decodes()), *policy, *wire)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	<-sig

@@ -11,7 +11,6 @@
 package router
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	crand "crypto/rand"
@@ -21,12 +20,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/openai"
 	"github.com/kvbridge/kvbridge/internal/rankcmd"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,7 +54,27 @@ type Config struct {
 	Backoff time.Duration
 	// Client is the HTTP client for the ranks (default: a new one).
 	Client *http.Client
+	// Wire is how the router drives a pair (default "kvbridge"):
+	//   - "kvbridge": every rank of both instances over its per-rank
+	//     routes (/v1/prefill, /v1/generate), the room id made up here;
+	//   - "sglang": the same OpenAI body to both instances' fronts at once,
+	//     with bootstrap_host, bootstrap_port (the prefill instance's
+	//     bootstrap server) and bootstrap_room, as SGLang's router and the
+	//     llm-d sidecar send it;
+	//   - "vllm": vLLM's serial flow, as the sidecar's nixlv2 connector
+	//     sends it: the prefill front with kv_transfer_params
+	//     {do_remote_decode: true}, stream false and the token limits at 1
+	//     (retried on 502, 503, 504), then the decode front with the
+	//     client's body and the answer's kv_transfer_params.
+	// With sglang and vllm an instance may be listed by its front alone.
+	Wire string
+	// PrefillRetries: vllm's retries of a prefill answered 502/503/504
+	// (default 2; −1: none).
+	PrefillRetries int
 }
+
+// Wires are the values of Config.Wire.
+var Wires = []string{"kvbridge", "sglang", "vllm"}
 
 // Instance is one prefill or decode instance.
 type Instance struct {
@@ -81,6 +102,7 @@ type Router struct {
 	requests         *prometheus.CounterVec
 	retries, tokensC prometheus.Counter
 	inflightG        *prometheus.GaugeVec
+	ranks            *rankcmd.Client
 }
 
 // CheckTopology says whether every decode rank of a decode shape can pull
@@ -128,10 +150,19 @@ func New(ctx context.Context, cfg Config) (*Router, error) {
 	if cfg.Backoff <= 0 {
 		cfg.Backoff = 100 * time.Millisecond
 	}
+	if cfg.Wire == "" {
+		cfg.Wire = "kvbridge"
+	}
+	if !slices.Contains(Wires, cfg.Wire) {
+		return nil, fmt.Errorf("router: wire %q: want %s", cfg.Wire, strings.Join(Wires, ", "))
+	}
+	if cfg.PrefillRetries == 0 {
+		cfg.PrefillRetries = 2
+	}
 	if len(cfg.Prefill) == 0 || len(cfg.Decode) == 0 {
 		return nil, errors.New("router: needs at least one prefill and one decode instance")
 	}
-	rt := &Router{cfg: cfg}
+	rt := &Router{cfg: cfg, ranks: &rankcmd.Client{HTTP: cfg.Client, Token: cfg.Token}}
 	var fp string
 	var mapping transfer.Model
 	for _, side := range []struct {
@@ -170,7 +201,8 @@ func New(ctx context.Context, cfg Config) (*Router, error) {
 			}
 			sort.Slice(in.Ranks, func(i, j int) bool { return in.Ranks[i].Info.Parallel.Global() < in.Ranks[j].Info.Parallel.Global() })
 			sh := in.Shape
-			if len(in.Ranks) != sh.TPSize*sh.PPSize*sh.DPSize {
+			frontOnly := cfg.Wire != "kvbridge" && len(in.Ranks) == 1 && in.Ranks[0].Info.Parallel.Global() == 0
+			if len(in.Ranks) != sh.TPSize*sh.PPSize*sh.DPSize && !frontOnly {
 				return nil, fmt.Errorf("router: %s instance %s has %d ranks listed, its shape %v has %d", side.role, in.Name, len(in.Ranks), sh, sh.TPSize*sh.PPSize*sh.DPSize)
 			}
 			for i, r := range in.Ranks {
@@ -322,23 +354,8 @@ type KVReport struct {
 	TPOTMS      float64  `json:"tpot_ms"`
 }
 
-// Text is the example's byte-level tokenizer: a prompt's UTF-8 bytes are
-// token ids 0–255.
-func Text(s string) []int {
-	ids := make([]int, len(s))
-	for i := 0; i < len(s); i++ {
-		ids[i] = int(s[i])
-	}
-	return ids
-}
-
-// Detok renders a token: printable ASCII as itself, others as <|id|>.
-func Detok(id int) string {
-	if id >= 0x20 && id < 0x7f {
-		return string(rune(id))
-	}
-	return fmt.Sprintf("<|%d|>", id)
-}
+// Text is the example's byte-level tokenizer (openai.Tokenize).
+func Text(s string) []int { return openai.Tokenize(s) }
 
 type httpError struct {
 	code int
@@ -439,7 +456,7 @@ func (rt *Router) serveCompletions(w http.ResponseWriter, req *http.Request) {
 			w.Header().Set("Cache-Control", "no-cache")
 		}
 		c := Completion{ID: id, Object: "text_completion", Created: start.Unix(), Model: model,
-			Choices: []Choice{{Text: Detok(tok), TokenIDs: []int{tok}}}}
+			Choices: []Choice{{Text: openai.Detok(tok), TokenIDs: []int{tok}}}}
 		if err := sse(w, c); err != nil {
 			return err
 		}
@@ -462,12 +479,20 @@ func (rt *Router) serveCompletions(w http.ResponseWriter, req *http.Request) {
 			case <-req.Context().Done():
 			}
 		}
-		rep.Room, rep.Attempts, rep.Prefill, rep.Decode = room, attempt+1, pre.Name, dec.Name
+		rep.Room, rep.Prefill, rep.Decode = room, pre.Name, dec.Name
+		rep.Attempts++
 		abort := ""
 		if attempt == 0 {
 			abort = cr.AbortAt
 		}
-		failErr = rt.attempt(req.Context(), pre, dec, room, prompt, cr.MaxTokens, abort, cr.Fault, chunk, rep)
+		switch rt.cfg.Wire {
+		case "sglang":
+			failErr = rt.attemptSGLang(req.Context(), pre, dec, room, cr, abort, chunk, rep)
+		case "vllm":
+			failErr = rt.attemptVLLM(req.Context(), pre, dec, cr, abort, chunk, rep)
+		default:
+			failErr = rt.attempt(req.Context(), pre, dec, room, prompt, cr.MaxTokens, abort, cr.Fault, chunk, rep)
+		}
 		if failErr == nil || len(tokens) > 0 || req.Context().Err() != nil {
 			break
 		}
@@ -506,7 +531,7 @@ func (rt *Router) serveCompletions(w http.ResponseWriter, req *http.Request) {
 	}
 	var text strings.Builder
 	for _, t := range tokens {
-		text.WriteString(Detok(t))
+		text.WriteString(openai.Detok(t))
 	}
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
@@ -522,29 +547,6 @@ func sse(w io.Writer, v any) error {
 	enc.Encode(v)
 	_, err := fmt.Fprintf(w, "data: %s\n", b.Bytes())
 	return err
-}
-
-// post sends a JSON body to a rank.
-func (rt *Router) post(ctx context.Context, url string, body any) (*http.Response, error) {
-	b, _ := json.Marshal(body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if rt.cfg.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+rt.cfg.Token)
-	}
-	resp, err := rt.cfg.Client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		defer resp.Body.Close()
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		return nil, fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(string(msg)))
-	}
-	return resp, nil
 }
 
 // attempt runs one room: every decode rank's /v1/generate (the first
@@ -598,7 +600,7 @@ func (rt *Router) attempt(parent context.Context, pre, dec *Instance, room uint6
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if ev, err := rt.generate(ctx, r.URL, gr, nil); err != nil {
+			if ev, err := rt.ranks.Generate(ctx, r.URL, gr, nil); err != nil {
 				fail(fmt.Errorf("decode %s: %w", r.URL, err))
 			} else if ev.Status != "Success" || ev.Error != "" {
 				fail(fmt.Errorf("decode %s: room %d %s %s%s", r.URL, room, ev.Status, ev.Reason, ev.Error))
@@ -613,7 +615,7 @@ func (rt *Router) attempt(parent context.Context, pre, dec *Instance, room uint6
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := rt.post(ctx, r.URL+"/v1/prefill", p)
+			res, err := rt.ranks.Prefill(ctx, r.URL, p)
 			if err != nil {
 				// A prefill rank that cannot take the room (down,
 				// restarting, refusing it) fails the attempt now rather
@@ -622,17 +624,13 @@ func (rt *Router) attempt(parent context.Context, pre, dec *Instance, room uint6
 				cancel()
 				return
 			}
-			defer resp.Body.Close()
-			var res rankcmd.PrefillResult
-			if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&res); err != nil {
-				fail(fmt.Errorf("prefill %s: %w", r.URL, err))
-			} else if res.Status != "Success" || res.Error != "" {
+			if res.Status != "Success" || res.Error != "" {
 				fail(fmt.Errorf("prefill %s: room %d %s %s%s", r.URL, room, res.Status, res.Reason, res.Error))
 			}
 		}()
 	}
 	g.Peers = peers
-	ev, err := rt.generate(ctx, dec.Ranks[0].URL, g, emit)
+	ev, err := rt.ranks.Generate(ctx, dec.Ranks[0].URL, g, emit)
 	if err == nil && (ev.Status != "Success" || ev.Error != "") {
 		err = fmt.Errorf("decode %s: room %d %s %s%s", dec.Ranks[0].URL, room, ev.Status, ev.Reason, ev.Error)
 	}
@@ -650,34 +648,4 @@ func (rt *Router) attempt(parent context.Context, pre, dec *Instance, room uint6
 		return errors.Join(append([]error{err}, errs...)...)
 	}
 	return nil
-}
-
-// generate posts to a decode rank and reads its NDJSON events; emit gets
-// each token (nil: none expected).
-func (rt *Router) generate(ctx context.Context, url string, g rankcmd.GenerateRequest, emit func(int) error) (rankcmd.GenerateEvent, error) {
-	var last rankcmd.GenerateEvent
-	resp, err := rt.post(ctx, url+"/v1/generate", g)
-	if err != nil {
-		return last, err
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		var ev rankcmd.GenerateEvent
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return last, fmt.Errorf("event %.64q: %w", sc.Text(), err)
-		}
-		if ev.Done {
-			return ev, nil
-		}
-		if ev.Token != nil && emit != nil {
-			if err := emit(*ev.Token); err != nil {
-				return last, fmt.Errorf("client: %w", err)
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return last, err
-	}
-	return last, errors.New("the stream ended without its final event")
 }

@@ -1,0 +1,206 @@
+package router
+
+// The OpenAI wires: the router as SGLang's router (and the llm-d sidecar's
+// sglang connector) or as the sidecar's nixlv2 connector (vLLM's serial
+// flow) drive a pair of instances, through each instance's front.
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/openai"
+)
+
+// track counts an attempt in flight on both instances until the returned
+// func runs.
+func (rt *Router) track(pre, dec *Instance) func() {
+	pre.inflight.Add(1)
+	dec.inflight.Add(1)
+	rt.inflightG.WithLabelValues("prefill", pre.Name).Inc()
+	rt.inflightG.WithLabelValues("decode", dec.Name).Inc()
+	return func() {
+		pre.inflight.Add(-1)
+		dec.inflight.Add(-1)
+		rt.inflightG.WithLabelValues("prefill", pre.Name).Dec()
+		rt.inflightG.WithLabelValues("decode", dec.Name).Dec()
+	}
+}
+
+// clientBody is the client's request as the router forwards it (the
+// fields the router read, the abort extension only on a first attempt).
+func clientBody(cr *CompletionRequest, abort string) map[string]any {
+	b := map[string]any{"prompt": cr.Prompt, "max_tokens": cr.MaxTokens, "stream": cr.Stream}
+	if cr.Model != "" {
+		b["model"] = cr.Model
+	}
+	if abort != "" {
+		b["abort_at"] = abort
+	}
+	if cr.Fault != "" {
+		b["fault"] = cr.Fault
+	}
+	return b
+}
+
+// openaiPost posts an OpenAI body to a front and reads its answer, each
+// token to emit (nil: none).
+func (rt *Router) openaiPost(ctx context.Context, url string, body map[string]any, reqID string, emit func(int) error) (*openai.Answer, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if rt.cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+rt.cfg.Token)
+	}
+	if reqID != "" {
+		req.Header.Set("X-Request-Id", reqID)
+	}
+	resp, err := rt.cfg.Client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	a, err := openai.ReadAnswer(resp, emit)
+	if err != nil {
+		return a, fmt.Errorf("%s: %w", url, err)
+	}
+	return a, nil
+}
+
+// report reads the front's "kvbridge" extension into the router's report.
+func report(a *openai.Answer, rep *KVReport) {
+	if a == nil || a.Final == nil || len(a.Final.KVBridge) == 0 {
+		return
+	}
+	var e struct {
+		Room        uint64 `json:"room"`
+		PrefixPages int    `json:"prefix_pages"`
+	}
+	if json.Unmarshal(a.Final.KVBridge, &e) == nil {
+		rep.PrefixPages = e.PrefixPages
+		if e.Room != 0 {
+			rep.Room = e.Room
+		}
+	}
+}
+
+// bootstrapHostPort splits an instance's bootstrap URL into SGLang's
+// bootstrap_host and bootstrap_port.
+func bootstrapHostPort(boot string) (string, int, error) {
+	u, err := url.Parse(boot)
+	if err != nil || u.Scheme != "http" {
+		return "", 0, fmt.Errorf("the prefill instance's bootstrap %q is not an http:// bootstrap server (SGLang's wire names one by host and port)", boot)
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil {
+		port = 80
+	}
+	return u.Hostname(), port, nil
+}
+
+// attemptSGLang: the same body, with bootstrap_host, bootstrap_port and
+// bootstrap_room, to both fronts at once; the decode front's answer is the
+// client's.
+func (rt *Router) attemptSGLang(parent context.Context, pre, dec *Instance, room uint64, cr *CompletionRequest, abort string, emit func(int) error, rep *KVReport) error {
+	ctx, cancel := context.WithTimeout(parent, rt.cfg.Timeout)
+	defer cancel()
+	defer rt.track(pre, dec)()
+	host, port, err := bootstrapHostPort(pre.Bootstrap)
+	if err != nil {
+		return err
+	}
+	body := clientBody(cr, abort)
+	body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"] = host, port, room
+	perr := make(chan error, 1)
+	go func() {
+		_, err := rt.openaiPost(ctx, pre.Ranks[0].URL+"/v1/completions", body, "", nil)
+		perr <- err
+	}()
+	a, err := rt.openaiPost(ctx, dec.Ranks[0].URL+"/v1/completions", body, "", emit)
+	if err != nil {
+		cancel()
+	}
+	pe := <-perr
+	report(a, rep)
+	if err != nil {
+		if pe != nil {
+			return fmt.Errorf("decode: %w (prefill: %v)", err, pe)
+		}
+		return fmt.Errorf("decode: %w", err)
+	}
+	return nil
+}
+
+// retryable is a status the sidecar retries a prefill on.
+func retryable(err error) bool {
+	var e *openai.Error
+	return errors.As(err, &e) && (e.Status == 502 || e.Status == 503 || e.Status == 504)
+}
+
+// attemptVLLM: vLLM's serial flow. The prefill front gets the body with
+// kv_transfer_params {do_remote_decode: true}, stream false and every
+// token limit at 1, and an X-Request-Id (retried on 502, 503, 504); the
+// decode front gets the client's body with the answer's
+// kv_transfer_params, verbatim.
+func (rt *Router) attemptVLLM(parent context.Context, pre, dec *Instance, cr *CompletionRequest, abort string, emit func(int) error, rep *KVReport) error {
+	ctx, cancel := context.WithTimeout(parent, rt.cfg.Timeout)
+	defer cancel()
+	defer rt.track(pre, dec)()
+	var id [16]byte
+	crand.Read(id[:])
+	reqID := hex.EncodeToString(id[:])
+	pbody := clientBody(cr, abort)
+	pbody["kv_transfer_params"] = map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
+		"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
+	pbody["stream"] = false
+	pbody["max_tokens"], pbody["max_completion_tokens"], pbody["min_tokens"] = 1, 1, 1
+	var raw struct {
+		KV json.RawMessage `json:"kv_transfer_params"`
+	}
+	for try := 0; ; try++ {
+		a, err := rt.openaiPost(ctx, pre.Ranks[0].URL+"/v1/completions", pbody, reqID, nil)
+		if err == nil {
+			if err := json.Unmarshal(a.Raw, &raw); err != nil {
+				return fmt.Errorf("prefill: %w", err)
+			}
+			break
+		}
+		if !retryable(err) || try >= max(rt.cfg.PrefillRetries, 0) {
+			return fmt.Errorf("prefill: %w", err)
+		}
+		// A prefill retried is a fresh room: an attempt of its own.
+		rep.Attempts++
+		rep.Failures = append(rep.Failures, "prefill: "+err.Error())
+		rt.retries.Inc()
+		delete(pbody, "abort_at") // (the test extension fails the first try only)
+		select {
+		case <-time.After(rt.cfg.Backoff):
+		case <-ctx.Done():
+			return fmt.Errorf("prefill: %w", ctx.Err())
+		}
+	}
+	if len(raw.KV) == 0 || string(raw.KV) == "null" {
+		return errors.New("prefill: the answer carries no kv_transfer_params")
+	}
+	dbody := clientBody(cr, abort)
+	dbody["kv_transfer_params"] = raw.KV
+	a, err := rt.openaiPost(ctx, dec.Ranks[0].URL+"/v1/completions", dbody, reqID, emit)
+	report(a, rep)
+	if err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	return nil
+}
