@@ -1,0 +1,699 @@
+package e2e
+
+// The example ranks behind the routers people run: each test sends the
+// requests the llm-d routing sidecar sends (its sglang and nixlv2
+// connectors, as observed on the wire) to real rank processes' OpenAI
+// routes, and compares every completion with the same model in this
+// process.
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/openai"
+	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/transfer"
+)
+
+// pdClient sends what the llm-d sidecar sends to a prefill and a decode
+// server (their fronts), the way it sends it:
+//   - sglang: the client's body plus bootstrap_host (the prefill server's
+//     host), bootstrap_port and bootstrap_room (time-based, unique), the
+//     same bytes to both at once, the prefill's request not cancelled with
+//     the client's; the decode server's answer is the client's;
+//   - nixlv2: first the prefill server, with kv_transfer_params
+//     {do_remote_decode: true, …: null}, stream false (stream_options
+//     dropped), max_tokens, max_completion_tokens and min_tokens at 1 and
+//     an X-Request-Id, retried on 502, 503 and 504; then the decode server
+//     with the client's body and the answer's kv_transfer_params, decoded
+//     into float64s and encoded again as the sidecar does, and the same
+//     X-Request-Id. A server it cannot reach answers 502, as its reverse
+//     proxy does.
+type pdClient struct {
+	http              *http.Client
+	token             string
+	prefill, decode   string // the fronts' URLs
+	bootPort          int    // SGLANG_BOOTSTRAP_PORT: the prefill instance's bootstrap port
+	retries           int
+	prefillStatus     chan int // sglang: what each prefill request answered (the sidecar discards it)
+	lastPrefillAnswer map[string]any
+}
+
+func newPDClient(t *testing.T, c *tinyCluster) *pdClient {
+	u, err := url.Parse(c.prefill[0].boot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, _ := strconv.Atoi(u.Port())
+	return &pdClient{http: c.client, token: testauth.Auth().BootstrapToken(), prefill: c.prefill[0].http, decode: c.decode[0].http,
+		bootPort: port, retries: 3, prefillStatus: make(chan int, 64)}
+}
+
+// send posts a body; a transport failure is a 502, as the sidecar's
+// reverse proxy answers it.
+func (p *pdClient) send(ctx context.Context, url string, body []byte, reqID string, onToken func(int) error) (*openai.Answer, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+p.token) // the client's, passed through
+	if reqID != "" {
+		req.Header.Set("X-Request-Id", reqID)
+	}
+	resp, err := p.http.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		e := openai.Errorf(http.StatusBadGateway, "proxy", "%v", err)
+		return nil, e
+	}
+	return openai.ReadAnswer(resp, onToken)
+}
+
+func status(err error) int {
+	var e *openai.Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return 0
+}
+
+func clone(m map[string]any) map[string]any {
+	b, _ := json.Marshal(m)
+	var out map[string]any
+	json.Unmarshal(b, &out)
+	return out
+}
+
+// sglangRoom is how the sidecar makes bootstrap_room.
+func sglangRoom() uint64 { return uint64(time.Now().UnixNano()) + uint64(mrand.IntN(1000)) }
+
+// sglang sends a request in SGLang's wire with a given room.
+func (p *pdClient) sglangRoom(ctx context.Context, path string, client map[string]any, room uint64, onToken func(int) error) (*openai.Answer, error) {
+	u, _ := url.Parse(p.prefill)
+	body := clone(client)
+	body["bootstrap_host"], body["bootstrap_port"] = u.Hostname(), p.bootPort
+	b, _ := json.Marshal(body)
+	// bootstrap_room goes in as the sidecar's int64 does: exact.
+	b = append(b[:len(b)-1], fmt.Sprintf(`,"bootstrap_room":%d}`, room)...)
+	go func() {
+		_, err := p.send(context.WithoutCancel(ctx), p.prefill+path, b, "", nil)
+		code := 200
+		if err != nil {
+			code = max(status(err), 1)
+		}
+		p.prefillStatus <- code
+	}()
+	return p.send(ctx, p.decode+path, b, "", onToken)
+}
+
+func (p *pdClient) sglang(ctx context.Context, path string, client map[string]any) (*openai.Answer, error) {
+	return p.sglangRoom(ctx, path, client, sglangRoom(), nil)
+}
+
+// vllm sends a request in vLLM's serial wire.
+func (p *pdClient) vllm(ctx context.Context, path string, client map[string]any) (*openai.Answer, error) {
+	var id [16]byte
+	rand.Read(id[:])
+	reqID := hex.EncodeToString(id[:])
+	kv, err := p.vllmPrefill(ctx, path, client, reqID)
+	if err != nil {
+		return nil, err
+	}
+	return p.vllmDecode(ctx, path, client, kv, reqID)
+}
+
+func (p *pdClient) vllmPrefill(ctx context.Context, path string, client map[string]any, reqID string) (any, error) {
+	body := clone(client)
+	body["kv_transfer_params"] = map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
+		"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
+	body["stream"] = false
+	delete(body, "stream_options")
+	body["max_tokens"], body["max_completion_tokens"], body["min_tokens"] = 1, 1, 1
+	b, _ := json.Marshal(body)
+	for try := 0; ; try++ {
+		a, err := p.send(ctx, p.prefill+path, b, reqID, nil)
+		if err == nil {
+			var ans map[string]any
+			if err := json.Unmarshal(a.Raw, &ans); err != nil {
+				return nil, err
+			}
+			p.lastPrefillAnswer = ans
+			return ans["kv_transfer_params"], nil
+		}
+		if s := status(err); (s != 502 && s != 503 && s != 504) || try >= p.retries {
+			return nil, err
+		}
+		select {
+		case <-time.After(200 * time.Millisecond): // the sidecar's retry back-off
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (p *pdClient) vllmDecode(ctx context.Context, path string, client map[string]any, kv any, reqID string) (*openai.Answer, error) {
+	body := clone(client)
+	body["kv_transfer_params"] = kv
+	b, _ := json.Marshal(body)
+	return p.send(ctx, p.decode+path, b, reqID, nil)
+}
+
+// openaiCluster starts a pair whose decode ranks have no default
+// bootstrap (each room names its prefill instance) and waits for both
+// fronts to report their instance whole.
+func openaiCluster(t *testing.T, layout string, pShape, dShape transfer.Parallel, prefill ...string) (*tinyCluster, *pdClient) {
+	t.Helper()
+	c := startTinyClusterWith(t, tinyE2E, layout, pShape, dShape, tinyOpts{prefill: append([]string{"-request-timeout", "20s"}, prefill...),
+		decode: []string{"-request-timeout", "20s"}, decodeNoBootstrap: true})
+	for _, front := range []string{c.prefill[0].http, c.decode[0].http} {
+		resp, err := c.client.Get(front + "/health")
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s/health: %v %v", front, err, resp)
+		}
+		resp.Body.Close()
+	}
+	return c, newPDClient(t, c)
+}
+
+// body is a client's request: a text prompt (a string) or token ids, or
+// chat messages (path /v1/chat/completions).
+func body(prompt any, maxTokens int, stream bool) map[string]any {
+	b := map[string]any{"model": "tinyllm", "max_tokens": maxTokens, "stream": stream}
+	if msgs, ok := prompt.([]map[string]any); ok {
+		b["messages"] = msgs
+	} else {
+		b["prompt"] = prompt
+	}
+	return b
+}
+
+// want is the single-process run's tokens for a body.
+func (c *tinyCluster) want(t *testing.T, b map[string]any) []int {
+	t.Helper()
+	var ids []int
+	switch p := b["prompt"].(type) {
+	case string:
+		ids = openai.Tokenize(p)
+	case []int:
+		ids = p
+	case nil:
+		raw, _ := json.Marshal(b["messages"])
+		var msgs []openai.Message
+		json.Unmarshal(raw, &msgs)
+		text, err := openai.ChatTemplate(msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = openai.Tokenize(text)
+	}
+	w, err := c.m.Generate(ids, b["max_tokens"].(int))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+var roomsLine = regexp.MustCompile(`^(kvbridge_rooms|kvbridge_example_kv_held_rooms)(\{[^}]*\})? ([0-9.e+-]+)$`)
+
+// rooms counts the rooms a rank holds: live in its core, and held for a
+// decode request (vLLM's flow).
+func rooms(cl *http.Client, rank string) (float64, error) {
+	resp, err := cl.Get(rank + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	b.ReadFrom(resp.Body)
+	n := 0.0
+	for _, l := range strings.Split(b.String(), "\n") {
+		if m := roomsLine.FindStringSubmatch(l); m != nil {
+			v, _ := strconv.ParseFloat(m[3], 64)
+			n += v
+		}
+	}
+	return n, nil
+}
+
+// nothingPinned waits (up to 15 s: the rooms' other sides hear of a
+// failure within a heartbeat bound) until no rank holds a room.
+func (c *tinyCluster) nothingPinned(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var held []string
+		for _, p := range append(slices.Clone(c.prefill), c.decode...) {
+			n, err := rooms(c.client, p.http)
+			if err != nil || n != 0 {
+				held = append(held, fmt.Sprintf("%s %s: %v rooms %v", p.role, p.http, n, err))
+			}
+		}
+		if len(held) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rooms still held 15 s after the requests ended: %s", strings.Join(held, "; "))
+		}
+		time.Sleep(20 * time.Millisecond) // polling the ranks' metrics
+	}
+}
+
+func (p *pdClient) mode(m string) func(context.Context, string, map[string]any) (*openai.Answer, error) {
+	if m == "sglang" {
+		return p.sglang
+	}
+	return p.vllm
+}
+
+// TestOpenAIWires: both wires over prefill TP 2 → decode TP 1 (NHD) and
+// TP 1 → 2 (HND, layer-wise), completions and chat, streamed and not,
+// text and token-id prompts: every answer token-identical to one process,
+// with its usage; a request without P/D fields served by the decode front
+// alone; nothing left held on any rank.
+func TestOpenAIWires(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		layout         string
+		pShape, dShape transfer.Parallel
+		prefill        []string
+	}{
+		{"TP2to1", "NHD", transfer.Parallel{TPSize: 2}, transfer.Parallel{TPSize: 1}, nil},
+		{"TP1to2", "HND", transfer.Parallel{TPSize: 1}, transfer.Parallel{TPSize: 2}, []string{"-layerwise"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, pd := openaiCluster(t, tc.layout, tc.pShape, tc.dShape, tc.prefill...)
+			rng := mrand.New(mrand.NewPCG(7, 7))
+			chat := []map[string]any{{"role": "system", "content": "be brief"}, {"role": "user", "content": []map[string]any{{"type": "text", "text": "where does the KV go?"}}}}
+			for _, mode := range []string{"sglang", "vllm"} {
+				send := pd.mode(mode)
+				for i, req := range []struct {
+					path string
+					b    map[string]any
+				}{
+					{"/v1/completions", body(tinyPrompt(rng, 9), 6, false)},
+					{"/v1/completions", body("the KV cache moves from prefill to decode", 5, true)},
+					{"/v1/chat/completions", body(chat, 4, false)},
+					{"/v1/chat/completions", body(chat, 5, true)},
+				} {
+					if i == 1 {
+						req.b["stream_options"] = map[string]any{"include_usage": true}
+					}
+					a, err := send(context.Background(), req.path, req.b)
+					if err != nil {
+						t.Fatalf("%s %s %v: %v", mode, req.path, req.b["prompt"], err)
+					}
+					if want := c.want(t, req.b); !slices.Equal(a.Tokens, want) {
+						t.Fatalf("%s %s: tokens %v, the single-process run's %v", mode, req.path, a.Tokens, want)
+					}
+					if st := req.b["stream"].(bool); a.Usage == nil && (!st || i == 1) {
+						t.Errorf("%s %s: no usage", mode, req.path)
+					} else if a.Usage != nil && a.Usage.CompletionTokens != len(a.Tokens) {
+						t.Errorf("%s %s: usage %+v for %d tokens", mode, req.path, a.Usage, len(a.Tokens))
+					}
+					if obj := a.Final.Object; req.path == "/v1/chat/completions" && !strings.HasPrefix(obj, "chat.completion") {
+						t.Errorf("%s: a chat answer of object %q", mode, obj)
+					}
+				}
+			}
+			// No P/D fields: the decode front serves it alone.
+			b := body(tinyPrompt(rng, 7), 5, false)
+			raw, _ := json.Marshal(b)
+			a, err := pd.send(context.Background(), pd.decode+"/v1/completions", raw, "", nil)
+			if err != nil || !slices.Equal(a.Tokens, c.want(t, b)) {
+				t.Fatalf("local: %v %v", a, err)
+			}
+			c.nothingPinned(t)
+		})
+	}
+}
+
+// TestOpenAIRouterWires: the example router's -wire sglang and vllm in
+// front of the fronts (instances listed by every rank): token identity,
+// a request aborted on purpose on each side retried on a fresh room, and
+// nothing held.
+func TestOpenAIRouterWires(t *testing.T) {
+	for _, wire := range []string{"sglang", "vllm"} {
+		t.Run(wire, func(t *testing.T) {
+			c := startTinyClusterWith(t, tinyE2E, "NHD", transfer.Parallel{TPSize: 2}, transfer.Parallel{TPSize: 1}, tinyOpts{wire: wire})
+			rng := mrand.New(mrand.NewPCG(8, 8))
+			c.expect(t, tinyReq{prompt: tinyPrompt(rng, 11), gen: 5})
+			c.expect(t, tinyReq{text: "a router in front", gen: 4, stream: true})
+			for _, at := range []string{"prefill", "decode-before", "decode-mid"} {
+				a := c.expect(t, tinyReq{prompt: tinyPrompt(rng, 14), gen: 5, abortAt: at})
+				if a.rep.Attempts < 2 {
+					t.Errorf("abort %s: %d attempts, failures %q; want the aborted room and its retry", at, a.rep.Attempts, a.rep.Failures)
+				}
+			}
+			c.nothingPinned(t)
+		})
+	}
+}
+
+// TestOpenAIBadRequests: each malformed or misdirected request gets its
+// OpenAI error, and none leaves a room held: bad JSON, a negative
+// max_tokens, another model, a reused bootstrap_room (409 on both
+// servers), a bootstrap_port nobody serves (503 at once; the prefill's
+// side ends at its deadline), kv_transfer_params with no kvbridge ticket,
+// altered, of another prompt, used twice (409) or past their lease (503,
+// the lease's expiry counted), and a decode request for a room whose
+// prefill server aborted or refused it first.
+func TestOpenAIBadRequests(t *testing.T) {
+	c, pd := openaiCluster(t, "NHD", transfer.Parallel{}, transfer.Parallel{}, "-kv-lease", "3s", "-request-timeout", "4s", "-pages", "64")
+	ctx := context.Background()
+	rng := mrand.New(mrand.NewPCG(9, 9))
+	raw := func(url, s string) error {
+		_, err := pd.send(ctx, url, []byte(s), "", nil)
+		return err
+	}
+	for _, tc := range []struct {
+		name, body string
+		want       int
+		code       string
+	}{
+		{"bad JSON", `{"prompt": "x", `, 400, "invalid_json"},
+		{"negative max_tokens", `{"prompt": "x", "max_tokens": -3}`, 400, "invalid_max_tokens"},
+		{"zero max_tokens", `{"prompt": "x", "max_tokens": 0}`, 400, "invalid_max_tokens"},
+		{"another model", `{"prompt": "x", "model": "gpt-9"}`, 404, "model_not_found"},
+		{"a room that is not an integer", `{"prompt": "x", "bootstrap_host": "127.0.0.1", "bootstrap_room": 1.5}`, 400, "invalid_bootstrap_room"},
+		{"a negative room", `{"prompt": "x", "bootstrap_host": "127.0.0.1", "bootstrap_room": -1}`, 400, "invalid_bootstrap_room"},
+		{"a token outside the vocabulary", `{"prompt": [1, 999999]}`, 400, "invalid_prompt"},
+		{"a prompt longer than the pages", `{"prompt": [` + strings.Repeat("1,", 600) + `1]}`, 400, "context_length_exceeded"},
+		{"two prompts", `{"prompt": ["a", "b"]}`, 400, "invalid_prompt"},
+		{"do_remote_decode to a decode server", `{"prompt": "x", "kv_transfer_params": {"do_remote_decode": true}}`, 400, "wrong_server"},
+	} {
+		err := raw(pd.decode+"/v1/completions", tc.body)
+		var e *openai.Error
+		if !errors.As(err, &e) || e.Status != tc.want || e.Body.Code != tc.code {
+			t.Errorf("%s: %v (%+v), want %d %s", tc.name, err, e, tc.want, tc.code)
+		}
+	}
+
+	// A reused bootstrap_room: the second request is refused on both sides.
+	room := sglangRoom()
+	b := body(tinyPrompt(rng, 6), 3, false)
+	if _, err := pd.sglangRoom(ctx, "/v1/completions", b, room, nil); err != nil {
+		t.Fatal(err)
+	}
+	if s := <-pd.prefillStatus; s != 200 {
+		t.Fatalf("the prefill side answered %d", s)
+	}
+	_, err := pd.sglangRoom(ctx, "/v1/completions", body(tinyPrompt(rng, 6), 3, false), room, nil)
+	if status(err) != 409 || !strings.Contains(err.Error(), "room") {
+		t.Errorf("room %d reused: decode answered %v, want 409", room, err)
+	}
+	if s := <-pd.prefillStatus; s != 409 {
+		t.Errorf("room %d reused: prefill answered %d, want 409", room, s)
+	}
+
+	// A bootstrap_port nobody serves: the decode server answers 503 at
+	// once, naming it.
+	bad := *pd
+	bad.bootPort, _ = strconv.Atoi(freePort(t))
+	start := time.Now()
+	_, err = bad.sglang(ctx, "/v1/completions", body(tinyPrompt(rng, 6), 3, false))
+	if status(err) != 503 || !strings.Contains(err.Error(), strconv.Itoa(bad.bootPort)) || time.Since(start) > 10*time.Second {
+		t.Errorf("bootstrap_port %d: %v after %s, want 503 naming it at once", bad.bootPort, err, time.Since(start))
+	}
+	if s := <-pd.prefillStatus; s != 504 {
+		t.Errorf("the prefill side of a room its decode never asked for answered %d, want 504 (its deadline)", s)
+	}
+
+	// kv_transfer_params: none of ours, altered, of another prompt.
+	pb := body(tinyPrompt(rng, 10), 4, false)
+	kv, err := pd.vllmPrefill(ctx, "/v1/completions", pb, "req-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvm := kv.(map[string]any)
+	tk := kvm["kvbridge"].(map[string]any)
+	if _, ok := kvm["remote_blocks_expiry_time"].(float64); !ok || kvm["do_remote_prefill"] != true || kvm["remote_engine_id"] != "prefill-0" {
+		t.Errorf("kv_transfer_params %v", kvm)
+	}
+	foreign := map[string]any{"do_remote_prefill": true, "do_remote_decode": false, "remote_engine_id": "vllm-x", "remote_block_ids": []int{1, 2}}
+	altered := clone(kvm)
+	at := altered["kvbridge"].(map[string]any)
+	r, _ := strconv.ParseUint(tk["room"].(string), 10, 64)
+	at["room"] = strconv.FormatUint(r+1, 10)
+	for _, tc := range []struct {
+		name string
+		kv   any
+		b    map[string]any
+		code string
+	}{
+		{"from a server that is not kvbridge", foreign, pb, "invalid_kv_transfer_params"},
+		{"altered", altered, pb, "kv_transfer_params_forged"},
+		{"for another prompt", kv, body(tinyPrompt(rng, 10), 4, false), "kv_transfer_params_mismatch"},
+	} {
+		_, err := pd.vllmDecode(ctx, "/v1/completions", tc.b, tc.kv, "req-1")
+		var e *openai.Error
+		if !errors.As(err, &e) || e.Status != 400 || e.Body.Code != tc.code {
+			t.Errorf("kv_transfer_params %s: %v, want 400 %s", tc.name, err, tc.code)
+		}
+	}
+	// The genuine ones still work (the held room was untouched), once.
+	a, err := pd.vllmDecode(ctx, "/v1/completions", pb, kv, "req-1")
+	if err != nil || !slices.Equal(a.Tokens, c.want(t, pb)) {
+		t.Fatalf("the genuine kv_transfer_params after the bad ones: %v %v", a, err)
+	}
+	_, err = pd.vllmDecode(ctx, "/v1/completions", pb, kv, "req-1")
+	if status(err) != 409 {
+		t.Errorf("the same kv_transfer_params a second time: %v, want 409", err)
+	}
+
+	// A decode request that never comes: the lease ends, the room is
+	// aborted and counted; the params, late, are refused.
+	before := metric(t, c.client, c.prefill[0].http, "kvbridge_example_kv_lease_expired_total")
+	kv, err = pd.vllmPrefill(ctx, "/v1/completions", pb, "req-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held := metric(t, c.client, c.prefill[0].http, "kvbridge_example_kv_held_rooms"); held != 1 {
+		t.Errorf("%v rooms held after a vLLM prefill, want 1", held)
+	}
+	waitMetric(t, c.client, c.prefill[0].http, "kvbridge_example_kv_lease_expired_total", before+1, 15*time.Second)
+	_, err = pd.vllmDecode(ctx, "/v1/completions", pb, kv, "req-2")
+	if e := (*openai.Error)(nil); !errors.As(err, &e) || e.Status != 503 || e.Body.Code != "kv_transfer_params_expired" {
+		t.Errorf("expired kv_transfer_params: %v, want 503 kv_transfer_params_expired", err)
+	}
+
+	// The prefill side refuses first (its abort extension): the decode
+	// side hears it from kvbridge and answers 503 without waiting.
+	ab := body(tinyPrompt(rng, 8), 3, false)
+	ab["abort_at"] = "prefill"
+	start = time.Now()
+	_, err = pd.sglang(ctx, "/v1/completions", ab)
+	if status(err) != 503 || time.Since(start) > 10*time.Second {
+		t.Errorf("a room its prefill side aborted: decode answered %v after %s, want 503", err, time.Since(start))
+	}
+	if s := <-pd.prefillStatus; s != 503 {
+		t.Errorf("the aborted room's prefill side answered %d, want 503", s)
+	}
+
+	// The prefill server refuses a prompt its pages cannot hold (the
+	// decode server's can): it tells the decode side through kvbridge (the
+	// room created and aborted), which answers 503 at once instead of at
+	// its deadline.
+	long := body(tinyPrompt(rng, 300), 3, false)
+	start = time.Now()
+	_, err = pd.sglang(ctx, "/v1/completions", long)
+	if status(err) != 503 || time.Since(start) > 10*time.Second {
+		t.Errorf("a room its prefill server refused: decode answered %v after %s, want 503 at once", err, time.Since(start))
+	}
+	if s := <-pd.prefillStatus; s != 400 {
+		t.Errorf("the prefill server answered a prompt longer than its pages with %d, want 400", s)
+	}
+	c.nothingPinned(t)
+}
+
+// metric reads one unlabelled metric of a rank.
+func metric(t *testing.T, cl *http.Client, rank, name string) float64 {
+	t.Helper()
+	resp, err := cl.Get(rank + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	b.ReadFrom(resp.Body)
+	for _, l := range strings.Split(b.String(), "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	t.Fatalf("%s has no metric %s", rank, name)
+	return 0
+}
+
+// waitLive waits until a rank holds a room.
+func waitLive(t *testing.T, cl *http.Client, rank string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if n, err := rooms(cl, rank); err == nil && n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s holds no room after 15 s", rank)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the rank's metrics
+	}
+}
+
+func waitMetric(t *testing.T, cl *http.Client, rank, name string, want float64, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for metric(t, cl, rank, name) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s did not reach %v within %s", rank, name, want, d)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the rank's metrics
+	}
+}
+
+// TestOpenAIFaults: a client that goes away before its KV came aborts the
+// room on both sides; a prefill server killed mid-request gives the
+// client an error in SGLang's wire and the sidecar a 5xx it retries in
+// vLLM's, and the restarted server serves; nothing stays held.
+func TestOpenAIFaults(t *testing.T) {
+	c, pd := openaiCluster(t, "NHD", transfer.Parallel{}, transfer.Parallel{})
+	rng := mrand.New(mrand.NewPCG(10, 10))
+	u, _ := url.Parse(pd.prefill)
+
+	// The client disconnects while the decode server waits for the room's
+	// prefill (whose request has not been sent): the decode side aborts
+	// the room, and the prefill request that comes later finds it aborted.
+	room := sglangRoom()
+	b := body(tinyPrompt(rng, 9), 4, false)
+	b["bootstrap_host"], b["bootstrap_port"] = u.Hostname(), pd.bootPort
+	raw, _ := json.Marshal(b)
+	raw = append(raw[:len(raw)-1], fmt.Sprintf(`,"bootstrap_room":%d}`, room)...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := pd.send(ctx, pd.decode+"/v1/completions", raw, "", nil)
+		done <- err
+	}()
+	waitLive(t, c.client, c.decode[0].http)
+	cancel()
+	<-done
+	start := time.Now()
+	_, err := pd.send(context.Background(), pd.prefill+"/v1/completions", raw, "", nil)
+	if status(err) != 503 || !strings.Contains(err.Error(), "abort") || time.Since(start) > 10*time.Second {
+		t.Errorf("the prefill request of a room its client left: %v after %s, want 503 (aborted)", err, time.Since(start))
+	}
+	c.nothingPinned(t)
+
+	// SGLang: the prefill server dies while the decode server waits for
+	// the room: the client gets an error (the heartbeat bound), not a hang.
+	room = sglangRoom()
+	raw, _ = json.Marshal(b)
+	raw = append(raw[:len(raw)-1], fmt.Sprintf(`,"bootstrap_room":%d}`, room)...)
+	go func() {
+		_, err := pd.send(context.Background(), pd.decode+"/v1/completions", raw, "", nil)
+		done <- err
+	}()
+	waitLive(t, c.client, c.decode[0].http)
+	c.prefill[0].kill()
+	if err := <-done; status(err) != 503 {
+		t.Errorf("decode with its prefill server killed: %v, want 503", err)
+	}
+	c.prefill[0] = startTinyRank(t, "prefill", c.prefill[0].args...)
+	if a, err := pd.sglang(context.Background(), "/v1/completions", b); err != nil || !slices.Equal(a.Tokens, c.want(t, b)) {
+		t.Fatalf("after the prefill server's restart: %v %v", a, err)
+	}
+	<-pd.prefillStatus
+
+	// vLLM: the prefill server is killed with the prefill request in it
+	// (stopped first, so the request is surely inside): the sidecar gets a
+	// 502 and retries; the restarted server answers and the decode serves.
+	pd.http.CloseIdleConnections()
+	pd.retries = 50 // (the restart takes a while; the sidecar's --prefill-max-retries)
+	conns := established(t, c.prefill[0])
+	if err := c.prefill[0].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	vb := body(tinyPrompt(rng, 12), 5, true)
+	res := make(chan struct {
+		a   *openai.Answer
+		err error
+	}, 1)
+	go func() {
+		a, err := pd.vllm(context.Background(), "/v1/completions", vb)
+		res <- struct {
+			a   *openai.Answer
+			err error
+		}{a, err}
+	}()
+	waitConnected(t, c.prefill[0], conns)
+	c.prefill[0].kill()
+	c.prefill[0] = startTinyRank(t, "prefill", c.prefill[0].args...)
+	r := <-res
+	if r.err != nil && status(r.err) == 503 && strings.Contains(r.err.Error(), "unreachable") {
+		// The prefill leg was retried and served by the new process; the
+		// decode rank still held the killed process's endpoint from the
+		// previous room and learned of its death by heartbeat (a room
+		// bound to a dead process fails; the router sends it again).
+		t.Logf("the decode leg after the restart: %v; sending the request again", r.err)
+		r.a, r.err = pd.vllm(context.Background(), "/v1/completions", vb)
+	}
+	if r.err != nil || !slices.Equal(r.a.Tokens, c.want(t, vb)) {
+		t.Fatalf("vLLM's flow across the prefill server's kill: %v %v", r.a, r.err)
+	}
+	c.nothingPinned(t)
+}
+
+// waitConnected waits until a stopped process's HTTP port has more
+// established TCP connections than before (a request in its accept queue).
+func waitConnected(t *testing.T, p *tinyProc, before int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for established(t, p) <= before {
+		if time.Now().After(deadline) {
+			t.Fatalf("no new connection to %s", p.http)
+		}
+		time.Sleep(10 * time.Millisecond) // polling /proc/net/tcp
+	}
+}
+
+// established counts the established TCP connections to a rank's HTTP
+// port (/proc/net/tcp: local address, state 01).
+func established(t *testing.T, p *tinyProc) int {
+	t.Helper()
+	port, err := strconv.Atoi(strings.TrimPrefix(p.http, "http://127.0.0.1:"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Skipf("no /proc/net/tcp: %v", err)
+	}
+	n := 0
+	local := fmt.Sprintf(":%04X", port)
+	for _, l := range strings.Split(string(data), "\n")[1:] {
+		f := strings.Fields(l)
+		if len(f) > 3 && strings.HasSuffix(f[1], local) && f[3] == "01" {
+			n++
+		}
+	}
+	return n
+}
