@@ -4,8 +4,11 @@
 // against the pattern the prefill rank wrote. With -compute tinyllm, POST
 // /v1/generate {room, prompt, max_tokens, prefill} receives the prompt's KV
 // (only what a cached prefix does not cover) and streams greedily generated
-// tokens; examples/router drives it. GET /metrics and /healthz are served on
-// the same -http address.
+// tokens; examples/router drives it. The instance's first rank also serves
+// OpenAI routes (/v1/completions, /v1/chat/completions) in SGLang's and
+// vLLM's P/D wires for the whole instance (the other ranks join it with
+// -front; README "Behind llm-d or SGLang's router"). GET /metrics and
+// /healthz are served on the same -http address.
 package main
 
 import (

@@ -6,7 +6,11 @@
 // POST /v1/prefill {room, prompt} runs the forward pass into the room's
 // pages (this rank's KV heads and layers) and sends them (-layerwise: layer
 // group by layer group as the pass finishes them); examples/router drives it.
-// GET /metrics and /healthz are served on the same -http address.
+// The instance's first rank also serves OpenAI routes (/v1/completions,
+// /v1/chat/completions) in SGLang's and vLLM's P/D wires for the whole
+// instance, and by default the bootstrap server on its host's port 8998
+// (the other ranks join it with -front; README "Behind llm-d or SGLang's
+// router"). GET /metrics and /healthz are served on the same -http address.
 package main
 
 import (

@@ -182,8 +182,8 @@ func requestID(req *http.Request) string {
 
 // ext is the answer's "kvbridge" extension.
 type ext struct {
-	Mode        string             `json:"mode"` // sglang, vllm, local
-	Room        uint64             `json:"room,omitempty"`
+	Mode        string             `json:"mode"`                  // sglang, vllm, local
+	Room        uint64             `json:"room,omitempty,string"` // a string: routers that re-encode JSON as float64s keep it
 	PrefixPages int                `json:"prefix_pages,omitempty"`
 	PhasesMS    map[string]float64 `json:"phases_ms,omitempty"`
 }
@@ -424,9 +424,12 @@ func (r *Rank) advertisedBootstrap(req *http.Request) string {
 	return u.String()
 }
 
-// probe checks that a bootstrap server answers at url (http and https
-// URLs; its answer is trusted for 5 s), so a room naming one that nobody
-// serves fails now rather than at the bootstrap timeout.
+// probe checks that a bootstrap server answers at url with its whole
+// instance registered (GET /v1/topology, once; http and https URLs; an
+// answer is trusted for 5 s), so a room naming one that nobody serves, or
+// an instance not yet whole, fails now rather than at the bootstrap
+// timeout (the rank's topology lookup retries until then, and a receiver's
+// creation waits for it).
 func (t *tinyRank) probe(ctx context.Context, boot string) *openai.Error {
 	if !strings.HasPrefix(boot, "http://") && !strings.HasPrefix(boot, "https://") {
 		return nil
@@ -436,19 +439,20 @@ func (t *tinyRank) probe(ctx context.Context, boot string) *openai.Error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, boot+"/healthz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, boot+"/v1/topology", nil)
 	if err != nil {
 		return openai.BadRequest("invalid_bootstrap", "bootstrap URL %.128q: %v", boot, err)
 	}
 	resp, err := t.r.httpClient.Do(req)
 	if err == nil {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("GET /healthz answered %s", resp.Status)
+			err = fmt.Errorf("GET /v1/topology answered %s: %s", resp.Status, strings.TrimSpace(string(msg)))
 		}
 	}
 	if err != nil {
-		return openai.Errorf(503, "bootstrap_unreachable", "no kvbridge bootstrap server answers at %s (the prefill instance named by bootstrap_host and bootstrap_port, or kv_transfer_params): %v", boot, err)
+		return openai.Errorf(503, "bootstrap_unreachable", "no whole prefill instance at the kvbridge bootstrap server %s (named by bootstrap_host and bootstrap_port, or kv_transfer_params): %v", boot, err)
 	}
 	t.probes.Store(boot, time.Now())
 	return nil

@@ -15,6 +15,9 @@ package rankcmd
 //	         events (one per token, then a final one); the other ranks hold
 //	         their share until that rank has read it (GET /v1/kv).
 //
+//	front:   each instance's first rank also serves the OpenAI routes for
+//	         the whole instance (openai.go, front.go, lease.go).
+//
 // The example has no collective: a decode instance of several ranks
 // gathers its ranks' KV onto its first rank over HTTP after the transfer
 // (a real engine computes attention on every rank and all-reduces). Every

@@ -1,6 +1,8 @@
 package rankcmd
 
 import (
+	"bytes"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -10,6 +12,8 @@ import (
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/transfer"
+	"go.uber.org/zap"
 )
 
 // TestModelRequestBounds: /v1/prefill and /v1/generate refuse, before
@@ -91,5 +95,79 @@ func TestPrefixCache(t *testing.T) {
 	c.release(e)
 	if c.insertFreeing([]int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, []uint32{1, 2, 3, 4, 5}, free) {
 		t.Fatal("an entry above the capacity was taken")
+	}
+}
+
+// TestFrontJoin: an instance's front takes its other ranks' joins only
+// when they are of its instance, role, model and shape, and reports the
+// instance whole (GET /health) only once every rank has joined; a rank
+// that is not a front refuses the OpenAI routes, naming the front's place.
+func TestFrontJoin(t *testing.T) {
+	m, _ := tinyllm.New(tinyllm.Config{Layers: 1, QHeads: 2, KVHeads: 2, HeadDim: 4, FFN: 4, Vocab: 50, Seed: 1})
+	par := transfer.Parallel{TPSize: 2, PPSize: 1, DPSize: 1}
+	r := &Rank{Role: kvmanager.RolePrefill, Model: kvmodel.Model{PageTokens: 4}, npage: 4, token: "tok", Par: par, Instance: "p",
+		log: zap.NewNop(), bootURL: "http://boot:1"}
+	r.tiny = &tinyRank{r: r, m: m, view: instanceView{members: map[int]member{}}}
+	mux := http.NewServeMux()
+	r.tiny.routes(mux)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	post := func(path string, body any) int {
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+path, bytes.NewReader(b))
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	health := func() int {
+		resp, err := srv.Client().Get(srv.URL + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if h := health(); h != 503 {
+		t.Errorf("/health with rank 1 missing: %d, want 503", h)
+	}
+	peer := Info{Role: "prefill", Instance: "p", Parallel: transfer.Parallel{TPSize: 2, TPRank: 1}, Fingerprint: m.Fingerprint()}
+	for _, tc := range []struct {
+		name string
+		mut  func(*JoinRequest)
+	}{
+		{"another instance", func(j *JoinRequest) { j.Info.Instance = "q" }},
+		{"the other role", func(j *JoinRequest) { j.Info.Role = "decode" }},
+		{"another model", func(j *JoinRequest) { j.Info.Fingerprint = "tinyllm:other" }},
+		{"another shape", func(j *JoinRequest) { j.Info.Parallel.TPSize = 4 }},
+		{"the front's place", func(j *JoinRequest) { j.Info.Parallel.TPRank = 0 }},
+		{"no port", func(j *JoinRequest) { j.HTTP = "127.0.0.1:0" }},
+	} {
+		j := JoinRequest{Info: peer, HTTP: "127.0.0.1:9"}
+		tc.mut(&j)
+		if code := post("/v1/instance/join", j); code != http.StatusConflict {
+			t.Errorf("join of %s: %d, want 409", tc.name, code)
+		}
+	}
+	if h := health(); h != 503 {
+		t.Errorf("/health after refused joins: %d, want 503", h)
+	}
+	if code := post("/v1/instance/join", JoinRequest{Info: peer, HTTP: "0.0.0.0:9"}); code != 200 {
+		t.Fatalf("join: %d", code)
+	}
+	if h := health(); h != 200 {
+		t.Errorf("/health with every rank joined: %d, want 200", h)
+	}
+	ms, err := r.tiny.members(0)
+	if err != nil || len(ms) != 2 || ms[1].url != "http://127.0.0.1:9" {
+		t.Errorf("members %+v %v (an unspecified host is the joiner's address)", ms, err)
+	}
+	// A rank that is not the front.
+	r.Par.TPRank = 1
+	if code := post("/v1/completions", map[string]any{"prompt": []int{1}}); code != http.StatusMisdirectedRequest {
+		t.Errorf("/v1/completions on a rank that is not the front: %d, want 421", code)
 	}
 }

@@ -86,7 +86,7 @@ func report(a *openai.Answer, rep *KVReport) {
 		return
 	}
 	var e struct {
-		Room        uint64 `json:"room"`
+		Room        uint64 `json:"room,string"`
 		PrefixPages int    `json:"prefix_pages"`
 	}
 	if json.Unmarshal(a.Final.KVBridge, &e) == nil {
