@@ -79,6 +79,7 @@ type simConfig struct {
 	prefillClearLive          bool  // prefill may Clear a live room directly
 	noClear                   bool  // rooms are never cleared (smaller spaces)
 	decodeNoClear             bool  // decode rooms are never cleared
+	decodeNoInit              bool  // decode rooms never send their REQUEST (they only abort)
 	reg                       RegistryConfig
 	quarantine                time.Duration
 	bugs                      []bugID // mutants on in every core (-tags kvbmutants)
@@ -267,13 +268,16 @@ type simWorld struct {
 	prev      []simRecord            // the record before the last start
 	pushed    [][]int                // [decode][prefill]: the record gen last pushed
 	// The simulator's own record (the checks' ground truth).
-	asked    map[simKey]simAsk
-	heard    map[simKey]bool // ABORTs a prefill process heard from a decode process
-	acked    map[simKey]bool // ... and answered with an ABORT_ACK (value: drained)
-	failedAt map[[2]int]time.Time
-	rel      map[[2]int]simRel // (decode inc, room): pages released
-	reported map[string]bool   // deaths heartbeats reported (reporter, endpoint, process there)
-	got      map[simCell]bool  // pages and layers landed
+	asked map[simKey]simAsk
+	heard map[simKey]bool // ABORTs a prefill process heard from a decode process
+	// earlyAbort: (prefill incarnation, room) → the first and the last
+	// ABORT that process heard while it had no sender for the room.
+	earlyAbort map[[2]uint64][2]time.Time
+	acked      map[simKey]bool // ... and answered with an ABORT_ACK (value: drained)
+	failedAt   map[[2]int]time.Time
+	rel        map[[2]int]simRel // (decode inc, room): pages released
+	reported   map[string]bool   // deaths heartbeats reported (reporter, endpoint, process there)
+	got        map[simCell]bool  // pages and layers landed
 	// Faults used (bounded by the configuration).
 	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales int
 	calm                                                                                  bool // the quiet phase: no faults
@@ -332,7 +336,7 @@ func remoteSlot(remote string) int { return slotOf(strings.Split(remote, "|")[1]
 func newSimWorld(cfg simConfig) *simWorld {
 	w := &simWorld{cfg: cfg, now: time.Unix(1_000_000, 0), sides: map[[2]uint64]*simSide{},
 		asked: map[simKey]simAsk{}, heard: map[simKey]bool{}, acked: map[simKey]bool{},
-		failedAt: map[[2]int]time.Time{}, rel: map[[2]int]simRel{}}
+		failedAt: map[[2]int]time.Time{}, rel: map[[2]int]simRel{}, earlyAbort: map[[2]uint64][2]time.Time{}}
 	n := cfg.slots()
 	w.net = make([][][]simMsg, n)
 	w.hist = make([][]*simMsg, n)
@@ -1040,6 +1044,9 @@ func (w *simWorld) deliver(src, dst int) {
 		cp := *msg
 		cp.From = m.from
 		w.heard[simKey{pInc: p.inc, dInc: incOf(m.from.Epoch), room: msg.Room}] = true
+		if w.isPrefill(dst) {
+			w.noteEarlyAbort(p, msg.Room)
+		}
 		c.Step(w.now, Received{&cp})
 
 	case *bootstrap.AbortAck:
@@ -1125,6 +1132,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 					add(name+" create", at(func(w *simWorld, sd *simSide, p *simProc) {
 						sd.inc = p.inc
 						p.core.Step(w.now, CreateSender{Room: r.id})
+						w.checkEarlyAbort(p, r.id)
 						w.effects(ps)
 					}))
 				}
@@ -1215,7 +1223,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 				continue
 			case sd.cleared:
 				continue
-			case !sd.inited:
+			case !sd.inited && !w.cfg.decodeNoInit:
 				add(name+" init", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.inited = true
 					pages, aux := simDests(r)
@@ -1481,6 +1489,46 @@ func (w *simWorld) checkState() {
 				}
 			}
 		}
+	}
+}
+
+// noteEarlyAbort records an ABORT a prefill process hears for a room it has
+// no sender for (no live room, no Cleared tombstone: before its sender
+// exists).
+func (w *simWorld) noteEarlyAbort(p *simProc, room uint64) {
+	c := p.core
+	if _, live := c.reg.rooms[room]; live {
+		return
+	}
+	if t, ok := c.reg.tombs[room]; ok && t.kind == Cleared && w.now.Before(t.expires) {
+		return
+	}
+	k := [2]uint64{uint64(p.inc), room}
+	at, ok := w.earlyAbort[k]
+	if !ok {
+		at[0] = w.now
+	}
+	at[1] = w.now
+	w.earlyAbort[k] = at
+}
+
+// checkEarlyAbort: a room id aborted before its sender existed is
+// protected for the tombstone TTL from the last ABORT heard, not the
+// first: a sender created inside it starts Failed (another decode rank's
+// abort may come long after the first). Under the tombstone bound the
+// oldest settled tombstones are forgotten sooner (counted).
+func (w *simWorld) checkEarlyAbort(p *simProc, room uint64) {
+	at, ok := w.earlyAbort[[2]uint64{uint64(p.inc), room}]
+	ttl := w.cfg.reg.TombstoneTTL
+	if !ok || w.now.Sub(at[1]) >= ttl {
+		return
+	}
+	if st, _ := p.core.Status(room); st != Failed && p.core.reg.evicted == 0 {
+		w.fail("room %d: %s created its sender %s after the last ABORT it heard before the sender existed (inside the tombstone TTL of %s), and it started %v",
+			room, p.from.Peer(), w.now.Sub(at[1]), ttl, st)
+	}
+	if w.now.Sub(at[0]) >= ttl {
+		w.cov.hit("sender created past the first early ABORT's TTL, inside the last's")
 	}
 }
 

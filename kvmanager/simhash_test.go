@@ -167,6 +167,14 @@ func (w *simWorld) hash() [16]byte {
 			f.b1(m[k])
 		}
 	}
+	f.i(len(w.earlyAbort))
+	for _, k := range sortedPairs(slices.Collect(maps.Keys(w.earlyAbort))) {
+		f.u(k[0])
+		f.u(k[1])
+		for _, at := range w.earlyAbort[k] {
+			f.u(uint64(min(w.now.Sub(at), w.cfg.reg.TombstoneTTL)))
+		}
+	}
 	f.i(len(w.got))
 	for _, k := range slices.SortedFunc(maps.Keys(w.got), func(a, b simCell) int {
 		return cmp.Or(cmp.Compare(a.dInc, b.dInc), cmp.Compare(a.src, b.src), cmp.Compare(a.room, b.room), cmp.Compare(a.page, b.page), cmp.Compare(a.layer, b.layer))
@@ -438,6 +446,7 @@ func (w *simWorld) clone() *simWorld {
 	c.pushed = cloneRows(w.pushed)
 	c.asked = maps.Clone(w.asked)
 	c.heard = maps.Clone(w.heard)
+	c.earlyAbort = maps.Clone(w.earlyAbort)
 	c.acked = maps.Clone(w.acked)
 	c.failedAt = maps.Clone(w.failedAt)
 	c.rel = maps.Clone(w.rel)

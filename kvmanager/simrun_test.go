@@ -93,6 +93,14 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 8 prefill 0 create", "room 8 prefill 0 init",
 				"room 7 decode 0 create", "room 7 decode 0 init", "room 8 decode 0 create", "room 8 decode 0 init"}
 		}, "table bound reached: reg.tombs", "tombstones past MaxTombstones while they owe"),
+		// An id aborted before its sender exists stays reserved for the
+		// TTL from the last ABORT heard: the second decode rank's ABORT
+		// comes a minute after the first, the sender after the first's TTL.
+		"1→2 decode ranks abort before the sender exists, a minute apart (two time jumps)": mk(func(c *simConfig) {
+			c.decodes, c.rooms, c.noClear, c.decodeAbort, c.writesOK = 2, []simRoomSpec{simRoom(7, []int{0, 1}, []int{0}, 1)}, true, true, true
+			c.ticks, c.jumps, c.decodeNoInit = 2, []time.Duration{60 * time.Second}, true
+			c.prefix = []string{"room 7 decode 0 create", "room 7 decode 1 create", "room 7 decode 0 abort", "resolve at 1", "resolve at 2", "deliver 1→0 ABORT"}
+		}, "sender created past the first early ABORT's TTL, inside the last's"),
 		"2 decode ranks, required 1 (more REQUESTs than required)": mk(func(c *simConfig) {
 			r := simRoom(7, []int{0, 1}, []int{0}, 1)
 			r.required = 1
