@@ -84,6 +84,13 @@ type Config struct {
 	HeartbeatInterval time.Duration // default 5 s
 	MaxMisses         int           // default 2
 	SweepInterval     time.Duration // default 1 s
+	// ProbeIdle and ProbeTimeout (decode): a REQUEST goes only to a
+	// prefill process heard from within ProbeIdle (default 1 s); else a
+	// PING goes first and, without a PONG within ProbeTimeout (default
+	// 250 ms), the rank is looked up again and registered with wherever its
+	// record says — a room posted just after a prefill rank restarted
+	// elsewhere is served by the new process. ProbeIdle < 0: no probe.
+	ProbeIdle, ProbeTimeout time.Duration
 	// Auth is the deployment's shared secret: every control message is
 	// authenticated with it and bootstrap writes carry its token. Required
 	// unless Insecure is set (FromEnv reads KVBRIDGE_SECRET,
@@ -135,7 +142,7 @@ func DefaultConfig(role Role) Config {
 	return Config{Role: role, Bind: "tcp://127.0.0.1:*", PageTokens: 16, DType: "bf16",
 		Registry: DefaultRegistryConfig(), Workers: 4, HeartbeatInterval: 5 * time.Second, MaxMisses: 2,
 		SweepInterval: time.Second, QuarantineTimeout: 2 * DefaultRegistryConfig().StallTimeout,
-		RegisterRetry: 500 * time.Millisecond, Now: time.Now}
+		RegisterRetry: 500 * time.Millisecond, Now: time.Now, ProbeIdle: time.Second, ProbeTimeout: 250 * time.Millisecond}
 }
 
 // fillDefaults replaces each zero setting for which zero is not a valid
@@ -170,6 +177,8 @@ func (c *Config) fillDefaults() {
 	setDur(&c.HeartbeatInterval, def.HeartbeatInterval)
 	setDur(&c.SweepInterval, def.SweepInterval)
 	setDur(&c.RegisterRetry, def.RegisterRetry)
+	setDur(&c.ProbeIdle, def.ProbeIdle)
+	setDur(&c.ProbeTimeout, def.ProbeTimeout)
 	r, d := &c.Registry, def.Registry
 	setDur(&r.BootstrapTimeout, d.BootstrapTimeout)
 	setDur(&r.WaitingTimeout, d.WaitingTimeout)

@@ -142,6 +142,14 @@ type CoreConfig struct {
 	// to it — nothing heartbeats a rank no room shares, so it may have died
 	// or moved meanwhile (0: never; the shell uses the heartbeat bound).
 	RecheckIdle time.Duration
+	// ProbeIdle and ProbeTimeout (decode): a REQUEST goes only to a
+	// prefill process heard from within ProbeIdle; otherwise it waits for
+	// the PONG of a PING sent now, and if none comes within ProbeTimeout
+	// the rank is looked up again and registered with wherever its record
+	// says — so a room posted just after a prefill rank restarted on a new
+	// endpoint is served by the new process instead of going to the dead
+	// one and failing at the heartbeat bound (0: no probe).
+	ProbeIdle, ProbeTimeout time.Duration
 }
 
 // MaxSources bounds the prefill ranks of one decode room.
@@ -158,6 +166,9 @@ func (c CoreConfig) Validate() error {
 	}
 	if c.RecheckIdle < 0 {
 		return fmt.Errorf("kvmanager: RecheckIdle must not be negative, got %v", c.RecheckIdle)
+	}
+	if c.ProbeIdle < 0 || (c.ProbeIdle > 0 && c.ProbeTimeout <= 0) {
+		return fmt.Errorf("kvmanager: ProbeIdle (%v) must not be negative, and ProbeTimeout (%v) positive with it", c.ProbeIdle, c.ProbeTimeout)
 	}
 	if c.MaxEpochs < 0 {
 		return fmt.Errorf("kvmanager: MaxEpochs must not be negative, got %d", c.MaxEpochs)
@@ -181,6 +192,8 @@ type CoreStats struct {
 	Relookups       uint64 // ranks looked up again after unanswered REGISTERs
 	PeersRestarted  uint64 // peers heard with a new epoch
 	Rechecks        uint64 // idle registrations looked up and registered again before a REQUEST
+	Probes          uint64 // PINGs sent before a REQUEST to a prefill process not heard from within ProbeIdle
+	ProbesLost      uint64 // ... that got no PONG within ProbeTimeout: the rank was looked up again
 	Refused         uint64 // messages of a type this role never accepts
 	BadNotifs       uint64 // notifications out of range or contradicting their chunk's earlier ones
 	// LayoutRefused counts REGISTERs and REQUESTs refused for naming
@@ -500,7 +513,7 @@ func (c *Core) receive(now time.Time, msg bootstrap.Message) (accepted bool) {
 	}
 	d := c.decodeCore
 	if tg := d.targetAt(msg.Sender().Endpoint); tg != nil {
-		tg.heard = now
+		d.heardFrom(tg, now)
 	}
 	switch m := msg.(type) {
 	case *bootstrap.AbortAck:

@@ -45,6 +45,14 @@ type target struct {
 	retry               time.Duration
 	nextRetry           time.Time
 	heard               time.Time // the last message from the rank's endpoint
+	// probing: a PING went to the registered process (REQUESTs wait for
+	// its PONG, or probeDeadline, when the rank is looked up again).
+	probing       bool
+	probeDeadline time.Time
+	// probeLost: a probe went unanswered and the rank is being looked up
+	// again; a record naming another endpoint fails the rooms whose
+	// REQUEST went to the old one at once.
+	probeLost bool
 	// unanswered counts REGISTER retries that got no answer since the rank
 	// was last looked up: past registerLookupAfter the endpoint is looked
 	// up again (the record may name a process that is gone).
@@ -338,6 +346,13 @@ func (c *decodeCore) flushRequests(rm *room) {
 			c.ensureRegistered(tg)
 			continue
 		}
+		if c.cfg.ProbeIdle > 0 && c.now.Sub(tg.heard) > c.cfg.ProbeIdle {
+			// Not heard from lately: the process may have died and a new
+			// one taken the rank elsewhere. Its PONG sends the REQUEST.
+			all = false
+			c.probe(tg)
+			continue
+		}
 		sp := rm.dec.spec
 		s.sent, s.epoch = true, tg.epoch
 		req := &bootstrap.Request{Room: rm.id, DstPages: sp.DstPages, AuxIndex: sp.AuxIndex,
@@ -350,9 +365,38 @@ func (c *decodeCore) flushRequests(rm *room) {
 		}
 		c.send(tg.peer(), rm.id, req)
 		c.watch(rm.id, tg.peer())
+		if c.cfg.ProbeIdle > 0 && c.now.Sub(tg.heard) > c.cfg.ProbeTimeout {
+			// Heard from within ProbeIdle, not lately: a PING follows the
+			// REQUEST, so a process that died meanwhile is found within
+			// ProbeTimeout rather than at the heartbeat bound.
+			c.probe(tg)
+		}
 	}
 	if all && rm.status == Bootstrapping {
 		c.reg.Init(rm.id)
+	}
+}
+
+// probe PINGs a registered prefill process (once until its PONG or the
+// probe deadline).
+func (c *decodeCore) probe(tg *target) {
+	if tg.probing {
+		return
+	}
+	tg.probing, tg.probeDeadline = true, c.now.Add(c.cfg.ProbeTimeout)
+	c.stats.Probes++
+	c.send(tg.peer(), 0, &bootstrap.Ping{})
+}
+
+// heardFrom records a message from a target's endpoint; a probe it
+// answers sends the REQUESTs that waited for it.
+func (c *decodeCore) heardFrom(tg *target, now time.Time) {
+	tg.heard = now
+	if tg.probing {
+		tg.probing = false
+		for _, rm := range c.roomsAt(tg.t.key()) {
+			c.flushRequests(rm)
+		}
 	}
 }
 
@@ -408,6 +452,13 @@ func (c *decodeCore) resolvedRecord(now time.Time, t Target, endpoint, serverKey
 	if tg == nil {
 		return
 	}
+	if tg.probeLost && tg.resolved && tg.endpoint != endpoint {
+		// The process a probe found silent is no longer the rank's: the
+		// rooms whose REQUEST went to it fail now (their ABORTs, owed, go
+		// to the new process below), not at the heartbeat bound.
+		c.peerDown(tg.endpoint, bootstrap.From{}, false, fmt.Sprintf("rank's record names %s after a probe went unanswered: %s", endpoint, tg.endpoint))
+	}
+	tg.probeLost = false
 	if tg.endpoint != endpoint {
 		tg.reg = regNone
 	}
@@ -830,6 +881,7 @@ func (c *decodeCore) peerDown(endpoint string, from bootstrap.From, restarted bo
 		return
 	}
 	owedBefore := slices.Sorted(maps.Keys(tg.owed)) // the rooms failed below send theirs now
+	tg.probing = false
 	for _, rm := range c.roomsAt(tg.t.key()) {
 		if rm.status.Terminal() {
 			continue
@@ -939,6 +991,17 @@ func (c *decodeCore) tick(now time.Time) {
 			tg.nextOwed = now.Add(tg.owedRetry)
 			c.sendOwed(tg)
 		}
+		if tg.probing && !now.Before(tg.probeDeadline) {
+			// No PONG: look the rank up and register wherever its record
+			// says (a new process, if it restarted elsewhere).
+			tg.probing = false
+			if c.busy(tg) {
+				c.stats.ProbesLost++
+				tg.probeLost = true
+				c.relookup(tg)
+				continue
+			}
+		}
 		if tg.reg == regSent && tg.resolved && now.After(tg.nextRetry) {
 			if !c.waitsFor(tg) {
 				tg.reg = regNone // nobody waits any more: stop asking
@@ -959,6 +1022,17 @@ func (c *decodeCore) tick(now time.Time) {
 			c.sendRegister(tg)
 		}
 	}
+}
+
+// busy reports whether a live room is bound to tg (its REQUEST sent or
+// waiting to go).
+func (c *decodeCore) busy(tg *target) bool {
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		if !rm.status.Terminal() && rm.dec.init {
+			return true
+		}
+	}
+	return false
 }
 
 // waitsFor reports whether a live room still waits to send tg its REQUEST.

@@ -19,6 +19,7 @@ type metrics struct {
 	events, deadlines, statusSent, forced, stale, retries *prometheus.Desc
 	discoveryBad, restored, relookups, owed, restarted    *prometheus.Desc
 	rechecks, layoutRefused, badNotifs                    *prometheus.Desc
+	probes                                                *prometheus.Desc
 
 	transfers prometheus.Counter
 	bytes     prometheus.Counter
@@ -56,6 +57,9 @@ func newMetrics(m *Manager) *metrics {
 		layoutRefused: prometheus.NewDesc("kvbridge_layout_refused_total",
 			"REGISTERs and REQUESTs refused for naming memory that cannot be right: overlapping regions, a destination named twice, a destination another live room of the decode process may still write.",
 			[]string{"reason"}, labels),
+		probes: prometheus.NewDesc("kvbridge_request_probes_total",
+			"PINGs sent before a REQUEST to a prefill process not heard from within ProbeIdle, by outcome (lost: no PONG within ProbeTimeout, the rank looked up again).",
+			[]string{"outcome"}, labels),
 		badNotifs: prometheus.NewDesc("kvbridge_bad_notifications_total",
 			"Data-plane notifications refused: unparseable, numbers out of range, or contradicting their chunk's earlier notifications.", nil, labels),
 		restarted: prometheus.NewDesc("kvbridge_peers_restarted_total", "Peers heard with a new epoch (their old epoch's rooms failed).", nil, labels),
@@ -91,7 +95,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.rooms
 	ch <- x.inflight
 	ch <- x.tables
-	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs} {
+	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -133,6 +137,8 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.relookups, prometheus.CounterValue, float64(st.Relookups))
 	ch <- prometheus.MustNewConstMetric(x.restarted, prometheus.CounterValue, float64(st.PeersRestarted))
 	ch <- prometheus.MustNewConstMetric(x.rechecks, prometheus.CounterValue, float64(st.Rechecks))
+	ch <- prometheus.MustNewConstMetric(x.probes, prometheus.CounterValue, float64(st.Probes), "sent")
+	ch <- prometheus.MustNewConstMetric(x.probes, prometheus.CounterValue, float64(st.ProbesLost), "lost")
 	ch <- prometheus.MustNewConstMetric(x.badNotifs, prometheus.CounterValue, float64(st.BadNotifs+x.m.unparsedNotifs.Load()))
 	for r := LayoutRefusal(0); r < layoutRefusals; r++ {
 		ch <- prometheus.MustNewConstMetric(x.layoutRefused, prometheus.CounterValue, float64(st.LayoutRefused[r]), r.String())

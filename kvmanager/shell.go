@@ -118,7 +118,8 @@ func newManager(cfg Config) (m *Manager, err error) {
 	m.cfg = cfg
 	ccfg := CoreConfig{Role: cfg.Role, Rank: cfg.Rank, Compat: cfg.Compat, Layout: cfg.Layout, Registry: cfg.Registry,
 		QuarantineTimeout: cfg.QuarantineTimeout, RegisterRetry: cfg.RegisterRetry, Parallel: cfg.Parallel, Model: cfg.Model,
-		MaxEpochs: cfg.MaxEpochs, RecheckIdle: cfg.HeartbeatInterval * time.Duration(cfg.MaxMisses+1)}
+		MaxEpochs: cfg.MaxEpochs, RecheckIdle: cfg.HeartbeatInterval * time.Duration(cfg.MaxMisses+1),
+		ProbeIdle: max(cfg.ProbeIdle, 0), ProbeTimeout: cfg.ProbeTimeout}
 	if cfg.Role == RoleDecode {
 		// The metadata blob is taken once, before any peer is contacted: a
 		// failure here fails New instead of wedging a registration.
@@ -276,6 +277,17 @@ func (m *Manager) step(f func(c *Core, now time.Time)) {
 		switch e.Kind {
 		case EffectSend:
 			m.send(e.To, e.Msg)
+			if _, probe := e.Msg.(*bootstrap.Ping); probe {
+				// A probe's deadline is enforced at once, not at the next
+				// sweep.
+				time.AfterFunc(m.cfg.ProbeTimeout+time.Millisecond, func() {
+					select {
+					case <-m.closing:
+					default:
+						m.Tick()
+					}
+				})
+			}
 		case EffectWake:
 			close(e.Wake)
 		case EffectWatch:

@@ -89,6 +89,13 @@ type simConfig struct {
 	// live: run the quiet phase and its liveness checks at the end of
 	// exploration's quiescent states (random runs always do).
 	live bool
+	// firstProbeRoundMust: the quiet phase's first round of probe rooms
+	// must succeed too (configurations whose faults leave no REGISTER
+	// unanswered at a dead endpoint, only registrations).
+	firstProbeRoundMust bool
+	// mustSucceed: rooms whose every side must end Success by the end of
+	// the quiet phase (configurations where nothing may fail them).
+	mustSucceed []uint64
 }
 
 // simRoomSpec: a room that the listed decode ranks receive from the listed
@@ -129,6 +136,9 @@ const (
 	// simLease is a discovery record's lease: it outlives its dead process
 	// this long.
 	simLease = 2 * time.Second
+	// simProbeIdle is the decode cores' ProbeIdle (their ProbeTimeout a
+	// quarter of it): after any time jump a REQUEST first PINGs.
+	simProbeIdle = time.Second
 	// simWriteLife is the model's one timing assumption about the data
 	// plane: no write lands later than this after it was posted. The
 	// quarantine (30 s) must exceed it: that is what makes a forced
@@ -387,7 +397,8 @@ func (w *simWorld) start(slot int, moved bool) {
 	}
 	from := bootstrap.From{Role: name, Instance: name, Rank: rank, Endpoint: ep, Epoch: epochOf(w.incs)}
 	cc := CoreConfig{Role: role, Rank: rank, Compat: "sim", Layout: simLayout(), Registry: w.cfg.reg,
-		QuarantineTimeout: w.cfg.quarantine, RegisterRetry: time.Second, RecheckIdle: 8 * time.Second}
+		QuarantineTimeout: w.cfg.quarantine, RegisterRetry: time.Second, RecheckIdle: 8 * time.Second,
+		ProbeIdle: simProbeIdle, ProbeTimeout: simProbeIdle / 4}
 	if role == RoleDecode {
 		kv, aux, state := regionsOf(simLayout())
 		cc.Register = bootstrap.Register{Compat: "sim", Agent: remoteName(from), KV: kv, Aux: aux, State: state, TPSize: 1}
@@ -917,7 +928,30 @@ func (w *simWorld) resolve(s int, rec simRecord) {
 	w.resolves[s] = w.resolves[s][1:]
 	c := w.procs[s].core
 	if rec.live(w.now) {
+		tg := c.decodeCore.targets[t.key()]
+		moved := tg != nil && tg.probeLost && tg.resolved && tg.endpoint != rec.endpoint
+		var old string
+		if moved {
+			old = tg.endpoint
+		}
 		c.Step(w.now, Resolved{Target: t, Endpoint: rec.endpoint})
+		if moved {
+			// A lookup after a lost probe that names another process: the
+			// rooms whose REQUEST went to the silent one fail at once
+			// (both sides told), not at the heartbeat bound.
+			w.cov.hit("lookup after a lost probe names another endpoint")
+			for _, id := range slices.Sorted(maps.Keys(c.reg.rooms)) {
+				rm := c.reg.rooms[id]
+				if rm.dec == nil || rm.status.Terminal() {
+					continue
+				}
+				for _, src := range rm.dec.sources {
+					if src.target == t.key() && src.sent {
+						w.fail("room %d: %s still %v bound to %s after a lookup that followed a lost probe named %s", id, w.procs[s].from.Peer(), rm.status, old, rec.endpoint)
+					}
+				}
+			}
+		}
 	} else {
 		w.cov.hit("lookup found no record")
 		c.Step(w.now, ResolveFailed{Target: t, Err: fmt.Errorf("%w: sim rank %d", bootstrap.ErrRankUnknown, t.Rank)})
@@ -987,7 +1021,11 @@ func (w *simWorld) tick(d time.Duration) {
 		if !w.active(s) {
 			continue
 		}
+		lost := p.core.stats.ProbesLost
 		p.core.Step(w.now, Tick{})
+		if p.core.stats.ProbesLost > lost {
+			w.cov.hit("probe lost: rank looked up again")
+		}
 		w.effects(s)
 		// No room may stay non-terminal past its deadline.
 		if n := p.core.reg.Overdue(w.now); n > 0 {
@@ -1056,6 +1094,16 @@ func (w *simWorld) deliver(src, dst int) {
 	case *bootstrap.Status:
 		cp := *msg
 		cp.From = m.from
+		c.Step(w.now, Received{&cp})
+	case *bootstrap.Ping:
+		// The control loop answers a PING itself (a decode core's probe).
+		w.net[dst][src] = append(w.net[dst][src], simMsg{from: p.from, to: m.from.Endpoint, msg: &bootstrap.Pong{Seq: msg.Seq}})
+	case *bootstrap.Pong:
+		cp := *msg
+		cp.From = m.from
+		if c.decodeCore != nil && c.decodeCore.targetAt(m.from.Endpoint) != nil && c.decodeCore.targetAt(m.from.Endpoint).probing {
+			w.cov.hit("probe answered")
+		}
 		c.Step(w.now, Received{&cp})
 	}
 	w.effects(dst)
@@ -1548,6 +1596,9 @@ func (w *simWorld) observe() {
 				}
 			}
 			if rm.status.Terminal() && w.cov != nil && id < simProbeRooms { // the probes are counted apart
+				if rm.dec != nil && rm.status == Success && p.core.stats.ProbesLost > 0 {
+					w.cov.hitOnce(fmt.Sprintf("served after lost probe %d %d", p.inc, id), "room served after a lost probe")
+				}
 				w.cov.outcome(p.inc, id, rm.status, rm.reason)
 			}
 		}

@@ -21,10 +21,19 @@ type simCoverage struct {
 	success  int
 	failed   int
 	reasons  map[string]int // failure reasons, by their first words
+	once     map[string]bool
 }
 
 func newSimCoverage() *simCoverage {
-	return &simCoverage{hits: map[string]int{}, outcomes: map[[2]uint64]Poll{}, reasons: map[string]int{}}
+	return &simCoverage{hits: map[string]int{}, outcomes: map[[2]uint64]Poll{}, reasons: map[string]int{}, once: map[string]bool{}}
+}
+
+// hitOnce counts what under a key the first time that key is seen.
+func (c *simCoverage) hitOnce(key, what string) {
+	if c != nil && !c.once[key] {
+		c.once[key] = true
+		c.hits[what]++
+	}
 }
 
 func (c *simCoverage) hit(what string) {
@@ -331,6 +340,23 @@ func (w *simWorld) liveness() {
 		}
 		w.apply(simEvent{"calm: time +" + step.String(), func(w *simWorld) { w.tick(step - time.Millisecond) }})
 	}
+	for _, id := range w.cfg.mustSucceed {
+		r := w.roomSpec(id)
+		whole := true // every side created and initialised before the quiet phase
+		for _, s := range w.slotsOf(r) {
+			sd := w.sides[[2]uint64{uint64(s), id}]
+			whole = whole && sd.inc != 0 && sd.inited
+		}
+		for _, s := range w.slotsOf(r) {
+			if !whole {
+				break
+			}
+			if st, _ := w.procs[s].core.Status(id); st != Success && st != 0 {
+				reason, _ := w.procs[s].core.Failure(id)
+				w.fail("liveness: room %d on %s ended %v %q: nothing in this configuration may fail it", id, w.procs[s].from.Peer(), st, reason)
+			}
+		}
+	}
 	for _, p := range w.procs {
 		if d := p.core.decodeCore; d != nil && len(d.holds) > 0 {
 			w.fail("liveness: %s still holds the pages of rooms %v %v after faults stopped (bound %v)",
@@ -377,9 +403,12 @@ const simProbeRooms = 10000
 // finds out what the faults left (a dead endpoint it still holds costs its
 // REGISTER retries, 1 + 2 + 4 s, before the re-lookup: close to the
 // bootstrap deadline); a second round, created right after, must succeed.
+// Where faults leave only registrations with processes that are gone
+// (firstProbeRoundMust), the first round must succeed too: its REQUESTs
+// probe first and find the new processes.
 func (w *simWorld) probe() {
 	for round := 0; round < 2 && w.err == nil; round++ {
-		if w.probeRound(round, round == 1) {
+		if w.probeRound(round, round == 1 || w.cfg.firstProbeRoundMust) {
 			return
 		}
 	}

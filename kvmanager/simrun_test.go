@@ -101,6 +101,30 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.ticks, c.jumps, c.decodeNoInit = 2, []time.Duration{60 * time.Second}, true
 			c.prefix = []string{"room 7 decode 0 create", "room 7 decode 1 create", "room 7 decode 0 abort", "resolve at 1", "resolve at 2", "deliver 1→0 ABORT"}
 		}, "sender created past the first early ABORT's TTL, inside the last's"),
+		// A REQUEST goes only to a process heard from lately: after a
+		// time jump the next room's REQUEST waits for a PING's PONG; the
+		// prefill rank killed and started on a new endpoint meanwhile, the
+		// probe gets none, the rank is looked up again and the room is
+		// served by the new process (no room lost to the restart).
+		"1→1: prefill killed and started elsewhere between two rooms; the next REQUEST probes first (two time jumps)": mk(func(c *simConfig) {
+			c.rooms = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 1), simRoom(8, []int{0}, []int{0}, 1)}
+			c.kills, c.noClear, c.writesOK, c.ticks, c.jumps, c.live = 1, true, true, 2, []time.Duration{2 * time.Second}, true
+			c.firstProbeRoundMust, c.mustSucceed = true, []uint64{8}
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init",
+				"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK", "deliver 1→0 REQUEST", "room 7 prefill 0 send chunk 0", "post at 0", "post at 0",
+				"write 1 ok", "notif at 1", "write 2 ok", "notif at 1", "kill 0", "start 0", "time +2s"}
+		}, "probe lost: rank looked up again", "room served after a lost probe"),
+		// A process heard from within ProbeIdle goes unprobed; killed and
+		// started elsewhere just after, the REQUEST goes to it, the PING
+		// that follows is lost, and the lookup that names the new process
+		// fails the room at once, telling the new process.
+		"1→1: prefill killed just after it was heard; the PING after the REQUEST is lost (a half-second time jump)": mk(func(c *simConfig) {
+			c.rooms = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 1), simRoom(8, []int{0}, []int{0}, 1)}
+			c.kills, c.noClear, c.writesOK, c.ticks, c.jumps, c.live = 1, true, true, 2, []time.Duration{simProbeIdle / 2}, true
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init",
+				"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK", "deliver 1→0 REQUEST", "room 7 prefill 0 send chunk 0", "post at 0", "post at 0",
+				"write 1 ok", "notif at 1", "write 2 ok", "notif at 1", "kill 0", "start 0", "time +500ms"}
+		}, "probe lost: rank looked up again", "lookup after a lost probe names another endpoint"),
 		"2 decode ranks, required 1 (more REQUESTs than required)": mk(func(c *simConfig) {
 			r := simRoom(7, []int{0, 1}, []int{0}, 1)
 			r.required = 1
@@ -287,7 +311,10 @@ var simRandomCoverage = map[string]int{
 	"failed write landed": 50, "forced release": 250, "release after drained ABORT_ACKs": 1500, "release after success": 90,
 	"ABORT_ACK drained=true": 2000, "ABORT_ACK drained=false": 80, "table bound reached: reg.tombs": 1000,
 	"REQUEST beyond the room's required": 20, // "write to a gone process failed": rare here, asserted by the kill configuration
-	"layer group sent":                   600, "layered room succeeded": 45, "decode abort between layers": 5, "prefill abort between layers": 5,
+	// (layered successes: 45 before REQUESTs probed idle processes first;
+	// the PINGs and PONGs take events of the same 400.)
+	"layer group sent": 600, "layered room succeeded": 38, "decode abort between layers": 5, "prefill abort between layers": 5,
+	"probe answered": 100, "probe lost: rank looked up again": 60, "room served after a lost probe": 25,
 	"restart between layers": 5, "load report Failed": 10000, "load report Success": 5000, "load report of a failed room with pages": 1000,
 }
 

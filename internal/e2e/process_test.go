@@ -62,6 +62,21 @@ func rankConfig(role kvmanager.Role, engine, boot string) kvmanager.Config {
 	if v := os.Getenv("KVBRIDGE_E2E_BIND"); v != "" {
 		cfg.Bind = v
 	}
+	// A test may give a rank the default heartbeat (5 s), or turn its
+	// REQUEST probes off (ProbeIdle -1) to show what they prevent.
+	for _, d := range []struct {
+		env string
+		dst *time.Duration
+	}{{"KVBRIDGE_E2E_HEARTBEAT", &cfg.HeartbeatInterval}, {"KVBRIDGE_E2E_PROBE_IDLE", &cfg.ProbeIdle}} {
+		if v := os.Getenv(d.env); v != "" {
+			if x, err := time.ParseDuration(v); err == nil {
+				*d.dst = x
+			}
+		}
+	}
+	if strings.HasPrefix(boot, "etcd://") {
+		cfg.Etcd.LeaseTTL = 2 * time.Second
+	}
 	return cfg
 }
 

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -157,6 +158,60 @@ func TestRoomAfterPrefillRestartElsewhere(t *testing.T) {
 		prefill := startRank(t, "prefill", engine, boot)
 		runRoom(t, decode, prefill, 2, pp.Get(32), dp.Get(32))
 	})
+}
+
+// Case 3b: a room posted right after its prefill rank was killed and
+// started again on a new port — inside the heartbeat bound, with the
+// default heartbeat (5 s), so neither heartbeats nor the idle re-check
+// (15 s) have noticed — failed: its REQUEST went to the dead process, the
+// decode side learned at its heartbeat bound and the new process's room
+// waited for it. The decode rank probes a process it has not heard from
+// within ProbeIdle (a PING before the REQUEST), finds it gone, looks the
+// rank up and registers with the new process: the room succeeds. Over the
+// HTTP bootstrap server (found by the probe) and over etcd (its watch).
+// KVBRIDGE_E2E_PROBE_IDLE=-1s turns the probe off: the room then fails.
+func TestRoomPostedRightAfterPrefillRestartElsewhere(t *testing.T) {
+	for _, disc := range []string{"http", "etcd"} {
+		t.Run(disc, func(t *testing.T) {
+			boot := ""
+			if disc == "http" {
+				boot = startBootLease(t, testLease)
+			} else {
+				srv, err := etcdtest.Start()
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(srv.Close)
+				boot = "etcd://" + srv.Endpoint + "/proc"
+			}
+			env := func(role string) []string {
+				e := []string{"KVBRIDGE_E2E_ROLE=" + role, "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot, "KVBRIDGE_E2E_HEARTBEAT=5s"}
+				if v := os.Getenv("KVBRIDGE_E2E_PROBE_IDLE"); v != "" {
+					e = append(e, "KVBRIDGE_E2E_PROBE_IDLE="+v)
+				}
+				return e
+			}
+			old := startChild(t, env("prefill")...)
+			decode := startChild(t, env("decode")...)
+			pp, dp := newPagePool(pages), newPagePool(pages)
+			runRoom(t, decode, old, 1, pp.Get(8), dp.Get(8)) // registered with the old process
+			old.kill(t)
+			prefill := startChild(t, env("prefill")...) // a new port, its record once the old lease lapsed
+			posted := time.Now()
+			src, dst := pp.Get(32), dp.Get(32)
+			decode.do(fmt.Sprintf("RECV 2 %s %s", csv(dst), csv(src)))
+			prefill.do(fmt.Sprintf("SEND 2 %s 16", csv(src)))
+			got := decode.expect(t, "DONE 2")
+			took := time.Since(posted)
+			t.Logf("the room posted right after the restart ended %v later: %s", took, got)
+			if got != "DONE 2 Success verified" {
+				t.Fatalf("decode: %s (the room went to the dead process)", got)
+			}
+			if got := prefill.expect(t, "DONE 2"); !strings.HasPrefix(got, "DONE 2 Success") {
+				t.Fatalf("prefill: %s", got)
+			}
+		})
+	}
 }
 
 // Case 4: a decode process paused (SIGSTOP) longer than the heartbeat

@@ -86,6 +86,18 @@ var mutants = []mutant{
 		old: "		if t.kind == AbortedEarly && t.expires.Before(now.Add(r.cfg.TombstoneTTL)) {",
 		new: "		if t.kind == AbortedEarly && t.expires.Before(now.Add(r.cfg.TombstoneTTL)) && false {",
 		pkg: "kvmanager", run: "^TestSimExhaustive$/abort_before_the_sender_exists"},
+	// A REQUEST to a prefill process not heard from lately without its
+	// probe, and a lost probe not followed by a lookup: the first room
+	// after a restart elsewhere goes to the dead process.
+	{name: "request-without-probe", file: "kvmanager/core_decode.go",
+		old: "		if c.cfg.ProbeIdle > 0 && c.now.Sub(tg.heard) > c.cfg.ProbeIdle {", new: "		if false {",
+		pkg: "kvmanager", run: "^TestSimExhaustive$/prefill_killed_and_started_elsewhere"},
+	{name: "lost-probe-not-looked-up", file: "kvmanager/core_decode.go",
+		old: "				c.stats.ProbesLost++\n				c.relookup(tg)", new: "				c.stats.ProbesLost++",
+		pkg: "kvmanager", run: "^TestSimExhaustive$/prefill_killed_and_started_elsewhere"},
+	{name: "moved-after-lost-probe-not-failed", file: "kvmanager/core_decode.go",
+		old: "	if tg.probeLost && tg.resolved && tg.endpoint != endpoint {", new: "	if false {",
+		pkg: "kvmanager", run: "^TestSimExhaustive$/killed_just_after"},
 }
 
 func main() {
