@@ -252,3 +252,65 @@ func writerChild() int {
 		return 0
 	}
 }
+
+// TestReplacedPeerReleasesItsMemory: a peer process killed and replaced
+// by a new one of the same agent name (a decode rank restarted) five
+// times; the new blob replaces the old remote and closes its endpoint.
+// That endpoint held the dead peer's shared-memory segments (its FIFO and
+// receive buffers) mapped here, and kept them: the wire-up PING's reply
+// endpoint had made the peer connect back, and UCX 1.13 destroys such an
+// endpoint only once the peer closes its side (a dead one never does; a
+// forced close needs peer error handling, which its shared-memory
+// transports lack). A never-killed prefill rank grew by two mappings at
+// every decode restart (76 → 223 MB in a chaos run). Endpoints with a put
+// lane of their own are no longer pinged.
+func TestReplacedPeerReleasesItsMemory(t *testing.T) {
+	a, err := Open(Config{Name: "parent-replaced", Engine: EngineUCX, UCX: shmUCX, XferTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	_, src, err := a.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(src, 3)
+	var counts []int
+	for round := 0; round < 5; round++ {
+		c := startChild(t, "shm", fmt.Sprintf("KVBRIDGE_NIXL_CHILD_SIZE=%d", 4<<20))
+		remote, err := a.LoadRemote(c.md) // replaces the previous round's peer
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := pair{ini: a, remote: remote}
+		x := write(t, p, []Desc{BytesDesc(src)}, []Desc{{Addr: c.addr, Len: uint64(len(src))}}, nil)
+		if st, err := wait(t, a, x, time.Minute); st != Done {
+			t.Fatalf("round %d: %v %v", round, st, err)
+		}
+		a.Release(x)
+		c.cmd.Process.Signal(syscall.SIGKILL)
+		c.cmd.Wait()
+		counts = append(counts, shmMappings(t))
+	}
+	// Each round's peer is gone once the next replaced it: the mappings
+	// stay flat from the second round on (the last peer's are still held).
+	if counts[len(counts)-1] > counts[1] {
+		t.Fatalf("shared-memory mappings of this process after each round: %v (the replaced dead peers' segments are still mapped)", counts)
+	}
+	t.Logf("shared-memory mappings after each round: %v", counts)
+}
+
+// shmMappings counts this process's mappings of UCX shared-memory segments.
+func shmMappings(t *testing.T) int {
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Skipf("no /proc/self/maps: %v", err)
+	}
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "ucx_shm") || strings.Contains(l, "SYSV") {
+			n++
+		}
+	}
+	return n
+}

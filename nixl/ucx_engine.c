@@ -527,16 +527,53 @@ static int kvb_ep_ping(kvb_ctx *c, kvb_ep *e)
 	return e->failed ? e->status : UCS_OK;
 }
 
+// kvb_ep_lanes reports whether the endpoint has lanes at all and a lane
+// that moves puts itself (UCX prints each lane's roles: "rma_bw#" marks
+// RDMA, cma, ...; with none, UCX emulates puts over its active-message
+// lane).
+static void kvb_ep_lanes(kvb_ep *e, int *lanes, int *rma)
+{
+	char *buf = NULL;
+	size_t n = 0;
+	*lanes = *rma = 0;
+	FILE *f = open_memstream(&buf, &n);
+	if (f == NULL) {
+		return;
+	}
+	kvbu.ucp_ep_print_info(e->ep, f);
+	fclose(f);
+	*lanes = buf != NULL && strstr(buf, "lane[") != NULL;
+	*rma = buf != NULL && strstr(buf, "rma_bw#") != NULL;
+	free(buf);
+}
+
+// kvb_ep_ping_emulated pings an endpoint whose puts UCX would emulate: its
+// PONG is what lets writes go as kvbridge's messages (kvb_ep_detect). One
+// with a put lane of its own (shared memory, RDMA) is not pinged: the
+// PING's reply endpoint makes the peer connect back, and UCX 1.13 destroys
+// an endpoint whose peer connected back only once that peer closes its
+// side too — one to a process that died (over shared memory, where UCX
+// cannot force a close) would stay, its segments mapped here, for good.
+static int kvb_ep_ping_emulated(kvb_ctx *c, kvb_ep *e)
+{
+	int lanes, rma;
+	kvb_ep_lanes(e, &lanes, &rma);
+	if (rma) {
+		return e->failed ? e->status : UCS_OK;
+	}
+	return kvb_ep_ping(c, e);
+}
+
 // kvb_ep_wireup flushes a new endpoint so its connection is established
 // while both sides are known alive (UCX 1.13 aborts the process if a peer
-// dies while a wireup reply is still pending), then pings it (kvb_ep_ping).
-// Bounded; returns the status.
+// dies while a wireup reply is still pending), then pings it if its puts
+// are emulated (kvb_ep_ping_emulated). Bounded; returns the status.
 int kvb_ep_wireup(kvb_ctx *c, kvb_ep *e)
 {
 	ucp_request_param_t p = {0};
 	void *req = kvbu.ucp_ep_flush_nbx(e->ep, &p);
 	if (req == NULL) {
-		return kvb_ep_ping(c, e);
+		return kvb_ep_ping_emulated(c, e);
 	}
 	if (UCS_PTR_IS_ERR(req)) {
 		return UCS_PTR_STATUS(req);
@@ -551,25 +588,17 @@ int kvb_ep_wireup(kvb_ctx *c, kvb_ep *e)
 		st = UCS_ERR_TIMED_OUT;
 	}
 	kvbu.ucp_request_free(req);
-	return st == UCS_OK ? kvb_ep_ping(c, e) : st;
+	return st == UCS_OK ? kvb_ep_ping_emulated(c, e) : st;
 }
 
+// kvb_ep_detect: with no put lane of its own, UCX emulates puts over its
+// active-message lane; only a peer that answered the PING (the same write
+// messages) gets kvbridge's write messages instead.
 int kvb_ep_detect(kvb_ep *e)
 {
-	char *buf = NULL;
-	size_t n = 0;
-	FILE *f = open_memstream(&buf, &n);
-	if (f == NULL) {
-		return 0;
-	}
-	kvbu.ucp_ep_print_info(e->ep, f);
-	fclose(f);
-	// UCX prints each lane's roles; "rma_bw#" marks a lane that moves puts
-	// itself (RDMA, cma, ...). With none, UCX emulates puts over its
-	// active-message lane. Only a peer that answered the PING (the same
-	// write messages) gets them.
-	e->emulated = e->answered && buf != NULL && strstr(buf, "lane[") != NULL && strstr(buf, "rma_bw#") == NULL;
-	free(buf);
+	int lanes, rma;
+	kvb_ep_lanes(e, &lanes, &rma);
+	e->emulated = e->answered && lanes && !rma;
 	return e->emulated;
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -121,7 +122,7 @@ func chaosEnv() map[string]string {
 
 func chaosFlags() []string {
 	return []string{"-max-misses", strconv.Itoa(chaosMaxMisses), "-sweep-interval", chaosSweep.String(),
-		"-register-retry", chaosRegisterRetry.String(), "-pending-timeout", chaosPending.String()}
+		"-register-retry", chaosRegisterRetry.String(), "-pending-timeout", chaosPending.String(), "-pprof"}
 }
 
 type chaosOptions struct {
@@ -137,6 +138,9 @@ type chaosOptions struct {
 	pages          int
 	common         []string
 	pShape, dShape transfer.Parallel
+	// quiet is the traffic without faults after them, before the spared
+	// prefill rank's memory is compared with its steady start.
+	quiet time.Duration
 }
 
 // fault is one injected fault and what followed it.
@@ -191,25 +195,29 @@ type cluster struct {
 	bootURL  string
 	client   *http.Client
 
-	mu       sync.Mutex
-	prefill  *instance
-	decode   *instance
-	paused   map[*proc]bool
-	killed   map[*proc]bool
-	born     map[*proc]time.Time // when a process was (re)started
-	rssBase  map[*proc]float64
-	inflight map[uint64]*croom
-	rooms    []*croom
-	faults   []*fault
-	problems []string
-	nextRoom atomic.Uint64
-	samples  int
-	t0       time.Time
-	once     map[string]bool // problems reported once per key
-	okN      int             // rooms succeeded (probes included), for the progress line
-	failN    int
-	shown    time.Time
-	counters []string // each rank's counters at the end
+	mu      sync.Mutex
+	prefill *instance
+	decode  *instance
+	paused  map[*proc]bool
+	killed  map[*proc]bool
+	born    map[*proc]time.Time // when a process was (re)started
+	rssBase map[*proc]float64
+	// sparedMem: the spared prefill rank's memory after the quiet phase.
+	sparedMem  string
+	sparedHeap string // the spared rank's heap profiles at its steady start and at the end
+	sparedMaps int    // its mappings of UCX shared-memory segments at its steady start
+	inflight   map[uint64]*croom
+	rooms      []*croom
+	faults     []*fault
+	problems   []string
+	nextRoom   atomic.Uint64
+	samples    int
+	t0         time.Time
+	once       map[string]bool // problems reported once per key
+	okN        int             // rooms succeeded (probes included), for the progress line
+	failN      int
+	shown      time.Time
+	counters   []string // each rank's counters at the end
 }
 
 func (c *cluster) problem(format string, a ...any) {
@@ -409,6 +417,10 @@ func runChaos(o chaosOptions) int {
 		c.rssBase[p] = rss(p)
 		c.mu.Unlock()
 	}
+	if p := c.spared(); p != nil {
+		c.sparedHeap = heapProfile(p, "start")
+		c.sparedMaps = shmMaps(p)
+	}
 	frng := rand.New(rand.NewPCG(o.seed, 13))
 	kinds := []string{"kill prefill", "kill decode", "kill prefill+decode", "pause prefill", "pause decode", "restart-bootstrap"}
 	if o.discovery == "etcd" {
@@ -431,8 +443,12 @@ func runChaos(o chaosOptions) int {
 			}
 		}
 	}
-	// A last stretch of traffic without faults, then drain.
-	time.Sleep(time.Second)
+	// Traffic without faults for the quiet phase: the spared rank's memory
+	// must come back to its steady start (tombstones past their TTL,
+	// buffers, goroutines of dead peers all gone), then drain.
+	faultsEnded := time.Now()
+	time.Sleep(max(o.quiet, time.Second))
+	c.checkSpared(time.Since(faultsEnded))
 	stopWork()
 	work.Wait()
 	elapsed := time.Since(start)
@@ -441,6 +457,77 @@ func runChaos(o chaosOptions) int {
 	fmt.Fprintln(os.Stderr)
 	c.finalChecks()
 	return c.report(elapsed, time.Since(steady))
+}
+
+// checkSpared compares the spared prefill rank's RSS (never killed nor
+// paused: its memory is the one a long-lived rank keeps) after the quiet
+// phase with its steady start.
+func (c *cluster) checkSpared(quiet time.Duration) {
+	p := c.spared()
+	if p == nil {
+		return
+	}
+	c.mu.Lock()
+	base := c.rssBase[p]
+	c.mu.Unlock()
+	end := rss(p)
+	if c.sparedHeap != "" {
+		c.sparedHeap += " → " + heapProfile(p, "end")
+	}
+	maps := shmMaps(p)
+	c.sparedMem = fmt.Sprintf("%s (never faulted) %.0f→%.0f MiB, %d→%d shared-memory mappings, after %.0f s without faults (heap profiles: %s)",
+		p.name, base, end, c.sparedMaps, maps, quiet.Seconds(), c.sparedHeap)
+	if maps > c.sparedMaps+chaosMapSlack {
+		c.problem("%s (pid %d, never faulted): %d mappings of UCX shared-memory segments %.0f s after the faults stopped, %d at its steady start: dead peers' segments are still mapped",
+			p.name, p.cmd.Process.Pid, maps, quiet.Seconds(), c.sparedMaps)
+	}
+	if end > base*(1+chaosRSSSlackFrac)+chaosRSSSlackMiB {
+		c.problem("%s (pid %d, never faulted): RSS %.0f MiB %.0f s after the faults stopped, %.0f MiB at its steady start (slack %s)",
+			p.name, p.cmd.Process.Pid, end, quiet.Seconds(), base, chaosSlackText)
+	}
+}
+
+// chaosMapSlack: the spared rank's shared-memory mappings may exceed their
+// steady-start count by this (a peer's endpoint and segments being set up
+// at the moment of the count); a dead peer's stayed mapped, two each.
+const chaosMapSlack = 2
+
+// shmMaps counts a process's mappings of UCX shared-memory segments (-1:
+// unreadable).
+func shmMaps(p *proc) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", p.cmd.Process.Pid))
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "ucx_shm") || strings.Contains(l, "SYSV") {
+			n++
+		}
+	}
+	return n
+}
+
+// heapProfile saves a rank's heap profile (GET /debug/pprof/heap, after a
+// GC) in the temporary directory and returns its path ("" on failure).
+func heapProfile(p *proc, when string) string {
+	req, err := http.NewRequest(http.MethodGet, p.http+"/debug/pprof/heap?gc=1", nil)
+	if err != nil {
+		return ""
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	f, err := os.CreateTemp("", fmt.Sprintf("kvbridge-chaos-heap-%d-%s-*.pb.gz", p.cmd.Process.Pid, when))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	io.Copy(f, resp.Body)
+	return f.Name()
 }
 
 var httpClient = http.DefaultClient
@@ -568,6 +655,24 @@ func reasonOf(r *croom) string {
 }
 
 // inject runs one fault and waits until the survivors serve a room again.
+// victim picks the rank of an instance a fault hits: any but the spared
+// one (the prefill instance's first rank, when it has others), whose
+// memory is checked after the quiet phase.
+func (c *cluster) victim(in *instance, rng *rand.Rand) int {
+	if in == c.prefill && len(in.ranks) > 1 {
+		return 1 + rng.IntN(len(in.ranks)-1)
+	}
+	return rng.IntN(len(in.ranks))
+}
+
+// spared is the prefill rank no fault hits (nil with one prefill rank).
+func (c *cluster) spared() *proc {
+	if len(c.prefill.ranks) > 1 {
+		return c.prefill.ranks[0]
+	}
+	return nil
+}
+
 func (c *cluster) inject(kind string, rng *rand.Rand) error {
 	f := &fault{kind: kind, start: time.Now()}
 	if role, ok := strings.CutPrefix(kind, "kill "); ok {
@@ -584,14 +689,14 @@ func (c *cluster) inject(kind string, rng *rand.Rand) error {
 	}
 	var p *proc
 	if f.role != "" {
-		f.rank = rng.IntN(len(in.ranks))
+		f.rank = c.victim(in, rng)
 		p = in.ranks[f.rank]
 		f.victims = []*proc{p}
 	}
 	var pair *proc // kill prefill+decode: the decode rank killed with the prefill rank
 	if f.role == "prefill+decode" {
 		in = c.prefill
-		f.rank = rng.IntN(len(in.ranks))
+		f.rank = c.victim(in, rng)
 		p, pair = in.ranks[f.rank], c.decode.ranks[0]
 		f.victims = []*proc{p, pair}
 	}
@@ -987,6 +1092,9 @@ func (c *cluster) report(elapsed, steadyFor time.Duration) int {
 		}
 	}
 	fmt.Printf("%-26s %s (slack %s, steady state %.1f s)\n", "memory (RSS)", strings.Join(mem, ", "), chaosSlackText, steadyFor.Seconds())
+	if c.sparedMem != "" {
+		fmt.Printf("%-26s %s\n", "memory (spared rank)", c.sparedMem)
+	}
 	fmt.Printf("%-26s %d samples of every live rank's metrics and late rooms (past-deadline bound %v after a POST)\n", "rooms past deadline", c.samples, chaosRoomBound)
 	fmt.Printf("%-26s %d (corrupt %d)\n", "pages verified", verified, corrupt)
 	fmt.Printf("%-26s (the processes alive at the end)\n", "rank counters")

@@ -389,6 +389,7 @@ func run(args []string) int {
 	chaos := fs.Bool("chaos", false, "a chaos soak instead of a fixed workload: rooms for -chaos-duration while ranks are SIGKILLed and restarted on new ports, SIGSTOPped past the heartbeat bound, and the bootstrap server or etcd restarts (see chaos.go)")
 	serveEtcdSpec := fs.String("serve-etcd", "", "internal: run only an etcd member (dir,client-host:port,peer-host:port), the -chaos soak's etcd process")
 	chaosDuration := fs.Duration("chaos-duration", 30*time.Second, "with -chaos: how long the traffic and faults run (at least one fault of each kind runs, even past it)")
+	chaosQuiet := fs.Duration("chaos-quiet", time.Minute, "with -chaos: traffic without faults after them, before the spared rank's memory is compared with its steady start")
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()), "workload seed")
 	var pShape, dShape transfer.Parallel
 	fs.IntVar(&pShape.TPSize, "prefill-tp", 2, "TP size of each prefill instance (one process per rank)")
@@ -581,7 +582,7 @@ flags:
 	if *chaos {
 		return runChaos(chaosOptions{bin: *bin, duration: *chaosDuration, seed: *seed, discovery: *discovery, conc: *conc,
 			abortRate: *abortRate, minTok: *minTok, maxTok: *maxTok, model: m, modelName: *model, pages: *pages,
-			common: prefillArgs, pShape: pShape, dShape: dShape})
+			common: prefillArgs, pShape: pShape, dShape: dShape, quiet: *chaosQuiet})
 	}
 	bootOf := func(name string) string { return "" } // http: the instance's first rank serves it
 	if *discovery == "etcd" {

@@ -14,6 +14,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/url"
 	"os"
 	"os/signal"
@@ -101,6 +102,7 @@ type options struct {
 	publishDP, warm                    bool
 	inFlight                           int
 	verbose, insecure, printToken      bool
+	pprof                              bool
 	// Control-plane timing (0: the Manager's default): what the chaos
 	// soak shortens so a round of restarts and pauses is quick.
 	maxMisses                     int
@@ -184,6 +186,7 @@ func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 	} else {
 		fs.IntVar(&o.sglangPort, "sglang-bootstrap-port", 8998, "with -compute tinyllm: the bootstrap port of a request with bootstrap_host and no bootstrap_port (SGLang's default)")
 	}
+	fs.BoolVar(&o.pprof, "pprof", false, "serve the Go runtime's profiles at /debug/pprof/ on -http (bearer token required)")
 	fs.BoolVar(&o.verbose, "v", false, "log at debug level")
 	fs.BoolVar(&o.insecure, "insecure", false, "run without authentication (no shared secret; logged as a warning)")
 	fs.BoolVar(&o.printToken, "print-token", false, "print the bearer token of the shared secret (for curl against /v1/room and the bootstrap server) and exit")
@@ -278,6 +281,14 @@ func Main(role kvmanager.Role, args []string) int {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	if o.pprof {
+		// The Go runtime's profiles, behind the bearer token (they show
+		// the process's internals).
+		mux.Handle("/debug/pprof/", r.guard(http.HandlerFunc(pprof.Index)))
+		for name, h := range map[string]http.HandlerFunc{"cmdline": pprof.Cmdline, "profile": pprof.Profile, "symbol": pprof.Symbol, "trace": pprof.Trace} {
+			mux.Handle("/debug/pprof/"+name, r.guard(h))
+		}
+	}
 	mux.HandleFunc("/v1/info", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, r.info()) })
 	mux.HandleFunc("/v1/room", r.serveRoom)
 	if r.tiny != nil {

@@ -168,6 +168,15 @@ func (t *tinyRank) routes(mux *http.ServeMux) {
 	mux.HandleFunc("/v1/kv", t.serveKV)
 }
 
+// guard serves h only with the bearer token.
+func (r *Rank) guard(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if r.authorized(w, req) {
+			h.ServeHTTP(w, req)
+		}
+	})
+}
+
 // authorized checks the bearer token (as POST /v1/room does).
 func (r *Rank) authorized(w http.ResponseWriter, req *http.Request) bool {
 	if r.token == "" {

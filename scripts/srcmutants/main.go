@@ -98,6 +98,10 @@ var mutants = []mutant{
 	{name: "moved-after-lost-probe-not-failed", file: "kvmanager/core_decode.go",
 		old: "	if tg.probeLost && tg.resolved && tg.endpoint != endpoint {", new: "	if false {",
 		pkg: "kvmanager", run: "^TestSimExhaustive$/killed_just_after"},
+	// Shared-memory endpoints pinged at wire-up: the reply endpoint keeps
+	// a dead peer's segments mapped for good.
+	{name: "shm-endpoints-pinged", file: "nixl/ucx_engine.c", old: "	if (rma) {\n		return e->failed ? e->status : UCS_OK;", new: "	if (0) {\n		return e->failed ? e->status : UCS_OK;",
+		pkg: "nixl", run: "^TestReplacedPeerReleasesItsMemory$"},
 }
 
 func main() {
