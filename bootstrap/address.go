@@ -550,8 +550,9 @@ func SealAs(auth *Auth, id *RankIdentity, peer []byte, frames [][]byte, env Enve
 	return auth.seal(key, frames[:len(frames):len(frames)], env), nil
 }
 
-// SealAgentMD seals agent metadata from the rank from to the rank to (as
-// the envelope will address it), as SealAs would tag it.
+// SealAgentMD seals agent metadata (or an ownership proof) from the rank
+// from to the rank to (as the envelope will address it), as SealAs would
+// tag it.
 func SealAgentMD(auth *Auth, id *RankIdentity, peer []byte, md []byte, from, to From) ([]byte, error) {
 	key, err := tagKey(auth, id, peer)
 	if err != nil {

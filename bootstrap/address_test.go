@@ -360,21 +360,22 @@ func TestAgentMetadataSealedToItsRecipient(t *testing.T) {
 	decode := newRank(t, RoleDecode, "d", withIdentity(did))
 	prefill := newRank(t, RolePrefill, "p", withIdentity(pid))
 	md := []byte("UCX worker address and rkeys of decode/d/0")
+	proof := []byte("the ownership proof of decode/d/0")
 	tp := newTap(t)
-	reg := &Register{Compat: "c", Agent: "a", AgentMD: md, TPSize: 1, KV: []Region{}, Aux: []Region{}, State: []Region{}}
+	reg := &Register{Compat: "c", Agent: "a", AgentMD: md, TPSize: 1, KV: []Region{}, Aux: []Region{}, State: []Region{}, Proof: proof}
 	to := prefill.peer()
 	to.Endpoint = tp.ep
 	if err := decode.Send(to, reg); err != nil {
 		t.Fatal(err)
 	}
 	captured := tp.next(t)
-	if bytes.Contains(bytes.Join(captured, nil), md) {
-		t.Fatal("the agent metadata is on the wire in the clear")
+	if bytes.Contains(bytes.Join(captured, nil), md) || bytes.Contains(bytes.Join(captured, nil), proof) {
+		t.Fatal("the agent metadata or the ownership proof is on the wire in the clear")
 	}
 	w := newWire(t, prefill, did)
 	w.send(captured)
-	if r := prefill.next(t).(*Register); !bytes.Equal(r.AgentMD, md) {
-		t.Fatalf("the recipient read %q", r.AgentMD)
+	if r := prefill.next(t).(*Register); !bytes.Equal(r.AgentMD, md) || !bytes.Equal(r.Proof, proof) {
+		t.Fatalf("the recipient read %q and proof %q", r.AgentMD, r.Proof)
 	}
 	// Another decode rank's holder presents the sealed blob in its own
 	// REGISTER: the seal names its owner.

@@ -380,10 +380,17 @@ func (l *Loop) encode(to Peer, m Message) (outbound, error) {
 			return o, fmt.Errorf("%w: %s to %s", errUnaddressed, t, to.Endpoint)
 		}
 		o.env = &env
-		if r, ok := m.(*Register); ok && len(r.AgentMD) > 0 {
+		if r, ok := m.(*Register); ok && (len(r.AgentMD) > 0 || len(r.Proof) > 0) {
 			c := *r
-			if c.AgentMD, err = sealMD(o.tagKey, l.cfg.Auth.Secret, r.AgentMD, l.id, env.To); err != nil {
-				return o, err
+			if len(r.AgentMD) > 0 {
+				if c.AgentMD, err = sealMD(o.tagKey, l.cfg.Auth.Secret, r.AgentMD, l.id, env.To); err != nil {
+					return o, err
+				}
+			}
+			if len(r.Proof) > 0 {
+				if c.Proof, err = sealMD(o.tagKey, l.cfg.Auth.Secret, r.Proof, l.id, env.To); err != nil {
+					return o, err
+				}
 			}
 			m = &c
 		}
@@ -539,6 +546,12 @@ func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 				return
 			}
 			r.AgentMD = md
+			if len(r.Proof) > 0 {
+				if r.Proof, err = openMD(key, l.cfg.Auth.Secret, r.Proof, from, env.To); err != nil {
+					refuse(AuthBadTag, false, fmt.Sprintf("REGISTER from %s: ownership proof: %v", from.Peer(), err))
+					return
+				}
+			}
 		}
 	}
 	l.stat.received.Add(1)

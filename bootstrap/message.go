@@ -25,6 +25,8 @@ const (
 	MaxReasonBytes = 1024
 	// MaxAgentMDBytes bounds REGISTER's agent metadata.
 	MaxAgentMDBytes = 8 << 20
+	// MaxProofBytes bounds REGISTER's ownership proof (32 bytes, sealed).
+	MaxProofBytes = 128
 	// MaxRegions bounds each of REGISTER's region lists.
 	MaxRegions = 4096
 	// MaxPages bounds dst_pages and each state index list.
@@ -118,6 +120,11 @@ type Register struct {
 	// rank mapping needs; nil from a rank without a model (one prefill
 	// rank feeds it, identical layouts).
 	Topo *Topo
+	// Proof (optional on the wire, required by prefill ranks) is the
+	// registering process's ownership proof: the value it wrote in the
+	// proof slot after each of its regions (PROTOCOL.md "Memory proven to
+	// its owner"). It travels sealed to its recipient, as AgentMD does.
+	Proof []byte
 }
 
 // Topo is a rank's parallel shape beyond TP and the model facts of the
@@ -255,11 +262,14 @@ func Encode(m Message) ([][]byte, error) {
 	e := &encoder{b: make([]byte, 0, encodeCap(m))}
 	switch m := m.(type) {
 	case *Register:
+		n := 9
 		if m.Topo != nil {
-			e.mapLen(10)
-		} else {
-			e.mapLen(9)
+			n++
 		}
+		if len(m.Proof) > 0 {
+			n++
+		}
+		e.mapLen(n)
 		e.from(m.From)
 		e.kstr("compat", m.Compat)
 		e.kstr("agent", m.Agent)
@@ -272,6 +282,12 @@ func Encode(m Message) ([][]byte, error) {
 		e.regions("kv", m.KV)
 		e.regions("aux", m.Aux)
 		e.regions("state", m.State)
+		if len(m.Proof) > MaxProofBytes {
+			e.err(fmt.Errorf("proof of %d bytes exceeds %d", len(m.Proof), MaxProofBytes))
+		}
+		if len(m.Proof) > 0 {
+			e.kbin("proof", m.Proof)
+		}
 		if t := m.Topo; t != nil {
 			e.key("topo")
 			if t.PeerTPSize != 0 || t.PeerPPSize != 0 {
@@ -373,7 +389,7 @@ func encodeCap(m Message) int {
 	n := 256
 	switch m := m.(type) {
 	case *Register:
-		n += len(m.AgentMD) + 64*(len(m.KV)+len(m.Aux)+len(m.State))
+		n += len(m.AgentMD) + len(m.Proof) + 64*(len(m.KV)+len(m.Aux)+len(m.State))
 	case *Request:
 		n += 4 * len(m.DstPages)
 		for _, s := range m.StateIndices {
@@ -621,6 +637,9 @@ func Decode(frames [][]byte) (Message, error) {
 			TPSize: b.int("tp_size", 1, math.MaxInt32), KV: b.regions("kv"), Aux: b.regions("aux"), State: b.regions("state")}
 		r.TPRank = b.int("tp_rank", 0, int64(max(r.TPSize-1, 0)))
 		r.Topo = b.topo("topo")
+		if _, ok := b.lookup("proof"); ok && b.err == nil {
+			r.Proof = b.binMax("proof", MaxProofBytes)
+		}
 		m = r
 	case TypeRegisterAck:
 		m = &RegisterAck{From: b.from(), OK: b.boolean("ok"), Reason: b.reason("reason")}

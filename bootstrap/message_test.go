@@ -332,6 +332,8 @@ func TestDecodeBounds(t *testing.T) {
 		{"reason at bound", abort(big(MaxReasonBytes)), "", true},
 		{"reason 1 MiB", abort(big(1 << 20)), "reason", false},
 		{"agent_md past bound", register("agent_md", make([]byte, MaxAgentMDBytes+1)), "agent_md", false},
+		{"proof at bound", register("proof", make([]byte, MaxProofBytes)), "", true},
+		{"proof past bound", register("proof", make([]byte, MaxProofBytes+1)), "proof", false},
 		{"regions at bound", register("kv", regionsOf(MaxRegions)), "", true},
 		{"regions past bound", register("kv", regionsOf(MaxRegions+1)), "kv", false},
 		{"pages past bound", request("dst_pages", make([]byte, 4*MaxPages+4)), "dst_pages", false},

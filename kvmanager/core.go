@@ -532,6 +532,15 @@ func (c *Core) receive(now time.Time, msg bootstrap.Message) (accepted bool) {
 	return false
 }
 
+// AgentOwner returns the decode rank (peer key, no epoch) registered here
+// with the agent name, or "" (and always on a decode rank).
+func (c *Core) AgentOwner(name string) string {
+	if c.prefillCore == nil {
+		return ""
+	}
+	return c.prefillCore.agentOwner(name)
+}
+
 // reportDown reports a peer that heartbeats declared dead (restarted false)
 // or that showed a new epoch (restarted true, from names it).
 func (c *Core) reportDown(now time.Time, endpoint string, from bootstrap.From, restarted bool, reason string) {

@@ -106,11 +106,26 @@ const (
 	// RefusedInUse: a REQUEST names a destination that another room of
 	// the same decode process may still write.
 	RefusedInUse
+	// RefusedNotOwner: a REGISTER whose memory is not proven the
+	// registering process's (its proof slots do not hold its proof, or its
+	// agent name is another decode rank's).
+	RefusedNotOwner
 	layoutRefusals
 )
 
 func (r LayoutRefusal) String() string {
-	return [layoutRefusals]string{"overlapping_regions", "repeated_page", "page_in_use"}[r]
+	return [layoutRefusals]string{"overlapping_regions", "repeated_page", "page_in_use", "not_owner"}[r]
+}
+
+// agentOwner returns the decode rank (peer key, no epoch) registered with
+// the agent name, or "".
+func (c *prefillCore) agentOwner(name string) string {
+	for _, key := range slices.Sorted(maps.Keys(c.peers)) {
+		if c.peers[key].remote == name {
+			return key
+		}
+	}
+	return ""
 }
 
 // PeerPlan is what CheckRegister found of a decode rank: its memory, and

@@ -412,7 +412,7 @@ func TestLayoutRefusalsExported(t *testing.T) {
 			}
 		}
 	}
-	if want := map[string]float64{"overlapping_regions": 1, "repeated_page": 0, "page_in_use": 0}; fmt.Sprint(got) != fmt.Sprint(want) {
+	if want := map[string]float64{"overlapping_regions": 1, "repeated_page": 0, "page_in_use": 0, "not_owner": 0}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("kvbridge_layout_refused_total %v, want %v", got, want)
 	}
 }

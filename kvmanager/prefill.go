@@ -3,6 +3,7 @@ package kvmanager
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"time"
 
@@ -110,10 +111,17 @@ func (m *Manager) onRegister(msg *bootstrap.Register) {
 	var lay PeerPlan
 	var err error
 	m.read(func(c *Core) { lay, err = c.CheckRegister(msg) })
+	if err == nil {
+		err = m.checkClaims(msg)
+	}
 	var name string
 	if err == nil {
 		if name, err = m.agent.LoadRemote(msg.AgentMD); err != nil {
 			err = fmt.Errorf("agent metadata: %w", err)
+		} else if err = m.checkProof(name, msg, lay.Layout); err != nil {
+			// Nothing is written through a remote whose memory is not
+			// proven the sender's.
+			m.agent.InvalidateRemote(name)
 		} else if err = m.pool.PreparePeer(name, lay.Layout); err != nil {
 			// The peer's memory as its REGISTER describes it does not lie
 			// inside what its metadata registered.
@@ -122,7 +130,10 @@ func (m *Manager) onRegister(msg *bootstrap.Register) {
 	}
 	if err != nil {
 		m.log.Warn("registration refused", zap.String("peer", msg.From.Peer()), zap.Error(err))
-		m.step(func(c *Core, now time.Time) { c.Step(now, RegisterRefused{From: msg.From, Reason: err.Error()}) })
+		notOwner := errors.Is(err, errNotOwner)
+		m.step(func(c *Core, now time.Time) {
+			c.Step(now, RegisterRefused{From: msg.From, Reason: err.Error(), NotOwner: notOwner})
+		})
 		return
 	}
 	m.step(func(c *Core, now time.Time) { c.Step(now, Registered{From: msg.From, Remote: name, Plan: lay}) })

@@ -10,6 +10,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/transfer"
 )
 
 // TestRegisterMutatedAgentMetadata (issue 23): signed REGISTERs whose
@@ -34,11 +35,13 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 	}
 	defer dec.Close()
 	var kv []bootstrap.Region
+	proof := []byte("the md-fuzz decode's own proof..")
 	for range p.cfg.Layout.Regions {
-		_, buf, err := dec.Alloc(8 * 64)
+		_, buf, err := dec.Alloc(8*64 + transfer.ProofBytes)
 		if err != nil {
 			t.Fatal(err)
 		}
+		copy(buf[8*64:], proof) // its ownership proof, after the region
 		kv = append(kv, bootstrap.Region{Addr: uint64(nixl.BytesDesc(buf).Addr), Len: 8 * 64, ItemLen: 64, Mem: bootstrap.MemDRAM})
 	}
 	md, err := dec.Metadata()
@@ -64,7 +67,7 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 	register := func(agentMD []byte) *bootstrap.RegisterAck {
 		t.Helper()
 		reg := &bootstrap.Register{Compat: p.cfg.Compat, Agent: "md-fuzz-decode", AgentMD: agentMD, TPSize: 1,
-			KV: kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}}
+			KV: kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: proof}
 		if err := loop.Send(to, reg); err != nil {
 			t.Fatal(err)
 		}
@@ -112,7 +115,7 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 			continue
 		}
 		refused++
-		if !strings.Contains(a.Reason, "agent metadata") && !strings.Contains(a.Reason, "descriptor lists") {
+		if !strings.Contains(a.Reason, "agent metadata") && !strings.Contains(a.Reason, "descriptor lists") && !strings.Contains(a.Reason, "not_owner") {
 			t.Fatalf("REGISTER %d refused for a reason not naming the metadata: %s", i, a.Reason)
 		}
 	}

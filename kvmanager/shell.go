@@ -2,6 +2,7 @@ package kvmanager
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"sync"
@@ -39,8 +40,14 @@ type Manager struct {
 	mu   sync.Mutex
 	core *Core
 
-	kvMem    [][]byte // regions the Manager allocated (nil when the caller's)
-	warmUp   time.Duration
+	kvMem  [][]byte // regions the Manager allocated (nil when the caller's)
+	warmUp time.Duration
+	// proof is this process's ownership proof: in the slot after each of
+	// its regions, and in its REGISTERs (sealed). proofBuf is a prefill
+	// rank's registered read-back buffer (proof.go), under proofMu.
+	proof    [proofLen]byte
+	proofMu  sync.Mutex
+	proofBuf []byte
 	auxMem   []byte
 	stateMem [][]byte
 
@@ -129,7 +136,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		}
 		kv, aux, state := regionsOf(cfg.Layout)
 		ccfg.Register = bootstrap.Register{Compat: cfg.Compat, Agent: cfg.Engine.Name, AgentMD: md,
-			TPSize: cfg.Parallel.TPSize, TPRank: cfg.Parallel.TPRank, KV: kv, Aux: aux, State: state}
+			TPSize: cfg.Parallel.TPSize, TPRank: cfg.Parallel.TPRank, KV: kv, Aux: aux, State: state, Proof: m.proof[:]}
 		if !cfg.Model.Zero() {
 			f := modelFacts(cfg.Model)
 			ccfg.Register.Topo = &bootstrap.Topo{PPSize: cfg.Parallel.PPSize, PPRank: cfg.Parallel.PPRank,
@@ -162,53 +169,66 @@ func newManager(cfg Config) (m *Manager, err error) {
 
 // registerMemory allocates the regions given without an address (UCX-mapped
 // memory with the ucx engine, so shared-memory writes are one-sided) and
-// registers the caller's.
+// registers the caller's — each with its ownership proof slot
+// (transfer.ProofBytes) right after it, which it fills with this process's
+// proof (m.proof).
 func (m *Manager) registerMemory(cfg *Config) error {
+	if _, err := rand.Read(m.proof[:]); err != nil {
+		return fmt.Errorf("kvmanager: ownership proof: %w", err)
+	}
+	const slot = transfer.ProofBytes
+	withSlot := func(d nixl.Desc) nixl.Desc { d.Len += slot; return d }
+	if err := callerSlotsFree(cfg.Layout); err != nil {
+		return err
+	}
 	cfg.Layout.Regions = append([]nixl.Desc(nil), cfg.Layout.Regions...)
 	var own []nixl.Desc
 	for i, r := range cfg.Layout.Regions {
 		if r.Addr != 0 {
-			own = append(own, r)
+			own = append(own, withSlot(r))
 			continue
 		}
-		_, buf, err := m.agent.Alloc(r.Len)
+		_, buf, err := m.agent.Alloc(r.Len + slot)
 		if err != nil {
 			return fmt.Errorf("kvmanager: allocating KV region %d: %w", i, err)
 		}
-		m.kvMem = append(m.kvMem, buf)
-		cfg.Layout.Regions[i] = nixl.BytesDesc(buf)
+		m.kvMem = append(m.kvMem, buf[:r.Len:r.Len])
+		cfg.Layout.Regions[i] = nixl.BytesDesc(buf[:r.Len])
 	}
 	if cfg.Layout.Aux.Len > 0 && cfg.Layout.Aux.Addr == 0 {
-		_, buf, err := m.agent.Alloc(cfg.Layout.Aux.Len)
+		_, buf, err := m.agent.Alloc(cfg.Layout.Aux.Len + slot)
 		if err != nil {
 			return fmt.Errorf("kvmanager: allocating aux memory: %w", err)
 		}
-		m.auxMem = buf
-		cfg.Layout.Aux = nixl.BytesDesc(buf)
+		m.auxMem = buf[:cfg.Layout.Aux.Len:cfg.Layout.Aux.Len]
+		cfg.Layout.Aux = nixl.BytesDesc(m.auxMem)
 	} else if cfg.Layout.Aux.Len > 0 {
-		if _, err := m.agent.Register(nixl.DRAM, []nixl.Desc{cfg.Layout.Aux}); err != nil {
+		if _, err := m.agent.Register(nixl.DRAM, []nixl.Desc{withSlot(cfg.Layout.Aux)}); err != nil {
 			return fmt.Errorf("kvmanager: registering aux memory: %w", err)
 		}
 	}
 	cfg.Layout.State = append([]transfer.StateRegion(nil), cfg.Layout.State...)
 	for i, st := range cfg.Layout.State {
 		if st.Addr != 0 {
-			if _, err := m.agent.Register(nixl.DRAM, []nixl.Desc{st.Desc}); err != nil {
+			if _, err := m.agent.Register(nixl.DRAM, []nixl.Desc{withSlot(st.Desc)}); err != nil {
 				return fmt.Errorf("kvmanager: registering state region %d: %w", i, err)
 			}
 			continue
 		}
-		_, buf, err := m.agent.Alloc(st.Len)
+		_, buf, err := m.agent.Alloc(st.Len + slot)
 		if err != nil {
 			return fmt.Errorf("kvmanager: allocating state region %d: %w", i, err)
 		}
-		m.stateMem = append(m.stateMem, buf)
-		cfg.Layout.State[i].Desc = nixl.BytesDesc(buf)
+		m.stateMem = append(m.stateMem, buf[:st.Len:st.Len])
+		cfg.Layout.State[i].Desc = nixl.BytesDesc(buf[:st.Len])
 	}
 	if len(own) > 0 {
 		if _, err := m.agent.Register(cfg.Layout.Kind, own); err != nil {
 			return fmt.Errorf("kvmanager: registering KV memory: %w", err)
 		}
+	}
+	if err := m.writeProof(cfg.Layout); err != nil {
+		return err
 	}
 	if cfg.WarmMemory {
 		start := time.Now()

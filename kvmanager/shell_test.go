@@ -17,7 +17,7 @@ import (
 
 // newTestPrefill is a prefill rank over the loopback engine; edits change
 // its configuration first.
-func newTestPrefill(t *testing.T, edits ...func(*Config)) *Prefill {
+func newTestPrefill(t testing.TB, edits ...func(*Config)) *Prefill {
 	t.Helper()
 	cfg := DefaultConfig(RolePrefill)
 	cfg.Auth = testauth.Auth()

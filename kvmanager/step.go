@@ -92,6 +92,9 @@ type (
 	RegisterRefused struct {
 		From   bootstrap.From
 		Reason string
+		// NotOwner: the memory the REGISTER described is not proven the
+		// registering process's (counted as layout refusal not_owner).
+		NotOwner bool
 	}
 	// MalformedRequest is a REQUEST the codec refused that named its room
 	// and sender.
@@ -220,6 +223,9 @@ func (c *Core) Step(now time.Time, in Input) Output {
 		c.prefillCore.registered(now, in.From, in.Remote, in.Plan)
 		return Output{}
 	case RegisterRefused:
+		if in.NotOwner && c.prefillCore != nil {
+			c.stats.LayoutRefused[RefusedNotOwner]++
+		}
 		c.refuseRegister(now, in.From, in.Reason)
 		return Output{}
 	case MalformedRequest:

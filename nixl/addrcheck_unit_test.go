@@ -603,3 +603,27 @@ func TestUCXNamespaceSizes(t *testing.T) {
 		}
 	}
 }
+
+// TestMetadataAgent: every engine's blob names its agent, read without
+// loading it; a truncated, empty-named or foreign blob is refused as bad
+// metadata.
+func TestMetadataAgent(t *testing.T) {
+	for _, ec := range engines() {
+		if ec.skip != "" {
+			continue
+		}
+		a := open(t, ec, "md-agent")
+		md, err := a.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name, err := MetadataAgent(md); err != nil || name != a.Name() {
+			t.Fatalf("%s: MetadataAgent = %q, %v; want %q", ec.name, name, err, a.Name())
+		}
+		for _, bad := range [][]byte{nil, md[:5], md[:12], []byte("NIXL not kvbridge's"), append([]byte(md[:9:9]), 0, 0, 0, 0)} {
+			if name, err := MetadataAgent(bad); !errors.Is(err, ErrBadMetadata) {
+				t.Fatalf("%s: MetadataAgent(%x) = %q, %v; want ErrBadMetadata", ec.name, bad, name, err)
+			}
+		}
+	}
+}

@@ -181,3 +181,31 @@ func (m *metadataBlob) remoteRegions() []remoteRegion {
 	}
 	return out
 }
+
+// MetadataAgent returns the agent name a peer's metadata blob (of any
+// engine) names, without loading it: a rank can check a registration's
+// agent is the one the peer claims before the blob replaces a loaded
+// remote of that name.
+func MetadataAgent(md []byte) (string, error) {
+	if len(md) < 5 || string(md[:4]) != mdMagic || md[4] != mdVersion {
+		return "", fmt.Errorf("not a kvbridge metadata blob of version %d: %w", mdVersion, ErrBadMetadata)
+	}
+	off := 5
+	var agent string
+	for i := 0; i < 2; i++ {
+		if len(md)-off < 4 {
+			return "", fmt.Errorf("truncated header: %w", ErrBadMetadata)
+		}
+		n := int(binary.LittleEndian.Uint32(md[off:]))
+		off += 4
+		if n < 0 || n > len(md)-off {
+			return "", fmt.Errorf("truncated header: %w", ErrBadMetadata)
+		}
+		agent = string(md[off : off+n])
+		off += n
+	}
+	if agent == "" {
+		return "", fmt.Errorf("empty agent name: %w", ErrBadMetadata)
+	}
+	return agent, nil
+}

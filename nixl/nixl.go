@@ -675,6 +675,20 @@ func (a *Agent) WritesRefused() (refused, strayAcks uint64) {
 // malformed or incompatible (ErrBadMetadata) since the agent opened.
 func (a *Agent) MetadataRefused() uint64 { return a.refusedMD.Load() }
 
+// RemoteContains reports whether one region of kind that the loaded
+// remote agent registered contains all of d.
+func (a *Agent) RemoteContains(remote string, kind MemKind, d Desc) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	idx, ok := a.remotes[remote]
+	return ok && d.Len > 0 && idx.find(kind, d) >= 0
+}
+
+// HostBytes is the host memory d describes, as a byte slice. d must be
+// memory this process owns and keeps mapped while the slice is used (memory
+// registered or allocated through an agent).
+func HostBytes(d Desc) []byte { return view(d.Addr, d.Len) }
+
 // InvalidateRemote forgets a peer; its transfers in flight fail.
 func (a *Agent) InvalidateRemote(name string) error {
 	a.loadMu.Lock()

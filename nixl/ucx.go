@@ -592,7 +592,11 @@ func (u *ucx) advance() {
 		case C.KVB_XFER_FAILED:
 			s := ucxErr("transfer", C.int(x.c.status)).Error()
 			if x.c.am_write != 0 && x.c.status == C.UCS_ERR_INVALID_ADDR {
-				s = "the target refused the write: not memory it has registered (deregistered since its metadata was loaded?)"
+				op := "write"
+				if x.c.am_read != 0 {
+					op = "read"
+				}
+				s = "the target refused the " + op + ": not memory it has registered (deregistered since its metadata was loaded?)"
 			}
 			x.errMsg.Store(&s)
 			x.state.Store(uint32(Failed))

@@ -242,3 +242,132 @@ func TestUCXTCPOlderPeerGetsPuts(t *testing.T) {
 		t.Fatalf("write to the older peer: %v %v, byte-exact %v", st, err, bytes.Equal(src, dst))
 	}
 }
+
+// read posts a READ of the initiator's registered src from the remote's
+// dst (pairwise).
+func read(t testing.TB, p pair, local, remote []Desc) *Xfer {
+	t.Helper()
+	l, err := p.ini.PrepLocal(DRAM, local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := p.ini.PrepRemote(p.remote, DRAM, remote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := make([]int, len(local))
+	for i := range idx {
+		idx[i] = i
+	}
+	x, err := p.ini.NewXfer(Read, l, idx, r, idx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.Post(x); err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// TestUCXTCPReadsAsMessages: over tcp the engine reads as its own active
+// messages too — UCX's get emulation has the target copy from whatever
+// address the reader names, so a reader naming memory the target does not
+// have (a forged region table: kvbridge's ownership proofs read through
+// peers' metadata before trusting it) killed the target with SIGSEGV. A
+// read is answered byte-exact; one of memory the target deregistered
+// after its metadata went out is refused by the target, counted, and
+// fails naming the cause (UCX's emulated get read it); hostile read
+// requests — a short header, no reply endpoint, past the end, wrapping,
+// longer than a message, with a payload — and forged answers are refused
+// and counted, and the target keeps serving.
+func TestUCXTCPReadsAsMessages(t *testing.T) {
+	ec := engines()[2] // ucx-tcp
+	p := newPair(t, ec)
+	_, local, _ := p.ini.Alloc(1 << 20)
+	src := make([]byte, 1<<20)
+	fill(src, 11)
+	reg, err := p.tgt.RegisterBytes(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.remote = exchange(t, p.ini, p.tgt)
+	x := read(t, p, []Desc{BytesDesc(local[:1000]), BytesDesc(local[4096:])}, []Desc{BytesDesc(src[5:1005]), BytesDesc(src[4096:])})
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(local[:1000], src[5:1005]) || !bytes.Equal(local[4096:], src[4096:]) {
+		t.Fatalf("read: %v %v, byte-exact %v %v", st, err, bytes.Equal(local[:1000], src[5:1005]), bytes.Equal(local[4096:], src[4096:]))
+	}
+	p.ini.Release(x)
+
+	ini, tgt := p.ini.b.(*ucx), p.tgt.b.(*ucx)
+	base := uint64(BytesDesc(src).Addr)
+	rhdr := func(token, index, addr, n uint64) []byte {
+		h := make([]byte, 32)
+		binary.LittleEndian.PutUint64(h, token)
+		binary.LittleEndian.PutUint64(h[8:], index)
+		binary.LittleEndian.PutUint64(h[16:], addr)
+		binary.LittleEndian.PutUint64(h[24:], n)
+		return h
+	}
+	const eager, reply = 1 << 1, 1 << 0
+	for _, c := range []struct {
+		name     string
+		hdr      []byte
+		data     []byte
+		flags    uint
+		answered bool // the target answers it (with a refusal): an answer for no read at the sender
+	}{
+		{"short header", rhdr(1, 0, base, 8)[:24], nil, eager | reply, false},
+		{"no reply endpoint", rhdr(2, 0, base, 8), nil, eager, false},
+		{"with a payload", rhdr(3, 0, base, 8), []byte("payload"), eager | reply, false},
+		{"past the end", rhdr(4, 0, base+uint64(len(src))-8, 64), nil, eager | reply, true},
+		{"wrapping", rhdr(5, 0, ^uint64(0)-15, 64), nil, eager | reply, true},
+		{"longer than a message", rhdr(6, 0, base, 512<<10), nil, eager | reply, true},
+		{"unmapped", rhdr(7, 0, 0x10, 64), nil, eager | reply, true},
+	} {
+		r0, _ := p.tgt.WritesRefused()
+		_, s0 := p.ini.WritesRefused()
+		if err := ini.sendRawAM(p.remote, 12, c.hdr, c.data, c.flags); err != nil {
+			t.Fatalf("%s: send: %v", c.name, err)
+		}
+		waitFor(t, c.name+": refused at the target", func() bool { r, _ := p.tgt.WritesRefused(); return r == r0+1 })
+		if c.answered {
+			waitFor(t, c.name+": its refusal counted at the sender", func() bool { _, s := p.ini.WritesRefused(); return s == s0+1 })
+		}
+	}
+	// Forged answers: an unknown token, and a malformed one.
+	_, s0 := p.ini.WritesRefused()
+	ans := make([]byte, 24)
+	binary.LittleEndian.PutUint64(ans, 999)
+	for _, h := range [][]byte{ans, ans[:4]} {
+		if err := tgt.sendRawAM(p.ini.Name(), 13, h, []byte("forged bytes"), eager|reply); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "forged answers counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+2 })
+
+	// Memory the target deregistered: refused, counted, the read fails.
+	if err := p.tgt.Deregister(reg); err != nil {
+		t.Fatal(err)
+	}
+	r0, _ := p.tgt.WritesRefused()
+	clear(local)
+	x = read(t, p, []Desc{BytesDesc(local)}, []Desc{BytesDesc(src)})
+	st, err := wait(t, p.ini, x, time.Minute)
+	if st != Failed || err == nil || !strings.Contains(err.Error(), "refused the read") {
+		t.Fatalf("read of deregistered memory: %v %v, want Failed, refused by the target", st, err)
+	}
+	p.ini.Release(x)
+	if r, _ := p.tgt.WritesRefused(); r != r0+4 {
+		t.Fatalf("target counted %d refused reads, want 4 (1 MiB in 256 KiB requests)", r-r0)
+	}
+	if !bytes.Equal(local, make([]byte, len(local))) {
+		t.Fatal("a refused read wrote into the reader's memory")
+	}
+	// The target still serves reads of memory it has.
+	_, again, _ := p.tgt.Alloc(4096)
+	fill(again, 12)
+	p.remote = exchange(t, p.ini, p.tgt)
+	x = read(t, p, []Desc{BytesDesc(local[:4096])}, []Desc{BytesDesc(again)})
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(local[:4096], again) {
+		t.Fatalf("a read after the hostile ones: %v %v", st, err)
+	}
+}

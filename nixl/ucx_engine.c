@@ -175,6 +175,48 @@ static ucs_status_t kvb_write_cb(void *arg, const void *header, size_t header_le
 	return UCS_OK;
 }
 
+// kvb_read_cb is the target's side of an active-message read: it answers
+// with the bytes asked for only when they lie inside mapped host memory,
+// else with a refusal, through the reply endpoint.
+static ucs_status_t kvb_read_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
+				const ucp_am_recv_param_t *param)
+{
+	kvb_ctx *c = arg;
+	(void)data;
+	kvb_rhdr h;
+	if (header_length != sizeof(h) || length != 0 || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
+	    param->reply_ep == NULL || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+		c->writes_refused++; // malformed or nowhere to answer: dropped
+		return UCS_OK;
+	}
+	memcpy(&h, header, sizeof(h));
+	int ok = h.len <= KVB_AM_CHUNK && kvb_region_covers(c, h.addr, h.len);
+	size_t n = ok ? h.len : 0;
+	char *block = malloc(sizeof(kvb_rdata) + n + 1);
+	if (block == NULL) {
+		c->writes_refused++;
+		return UCS_OK;
+	}
+	kvb_rdata a = {h.token, h.index, ok ? UCS_OK : UCS_ERR_INVALID_ADDR};
+	memcpy(block, &a, sizeof(a));
+	if (n > 0) {
+		memcpy(block + sizeof(a), (void *)(uintptr_t)h.addr, n);
+	}
+	if (!ok) {
+		c->writes_refused++;
+	}
+	ucp_request_param_t p = {0};
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+	p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+	p.cb.send = kvb_free_cb;
+	p.user_data = block;
+	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(param->reply_ep, KVB_AM_RDATA, block, sizeof(a), block + sizeof(a), n, &p);
+	if (!UCS_PTR_IS_PTR(r)) {
+		free(block); // sent at once, or failed (the reader gone): no callback comes
+	}
+	return UCS_OK;
+}
+
 // kvb_block_sent_cb frees a send's copied buffers; the request is freed by
 // whoever waits on it (ucp_request_free before completion releases it
 // after this callback).
@@ -258,7 +300,8 @@ static ucs_status_t kvb_wack_cb(void *arg, const void *header, size_t header_len
 	while (x != NULL && x->token != a.token) {
 		x = x->amnext;
 	}
-	if (x == NULL || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep != x->ep->ep) {
+	if (x == NULL || x->am_read || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
+	    param->reply_ep != x->ep->ep) {
 		c->acks_unknown++;
 		return UCS_OK;
 	}
@@ -272,6 +315,46 @@ static ucs_status_t kvb_wack_cb(void *arg, const void *header, size_t header_len
 		}
 	} else {
 		x->am_acked += a.len;
+	}
+	return UCS_OK;
+}
+
+// kvb_rdata_cb is the reader's side: an answer lands in its chunk's
+// destination when it comes through that transfer's endpoint, for a chunk
+// not answered yet, with exactly the bytes asked for; a refusal fails the
+// transfer.
+static ucs_status_t kvb_rdata_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
+				 const ucp_am_recv_param_t *param)
+{
+	kvb_ctx *c = arg;
+	kvb_rdata a;
+	if (header_length != sizeof(a)) {
+		c->acks_unknown++;
+		return UCS_OK;
+	}
+	memcpy(&a, header, sizeof(a));
+	kvb_xfer *x = c->amx;
+	while (x != NULL && x->token != a.token) {
+		x = x->amnext;
+	}
+	if (x == NULL || !x->am_read || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
+	    param->reply_ep != x->ep->ep || a.index >= x->rchunks || x->rgot[a.index]) {
+		c->acks_unknown++;
+		return UCS_OK;
+	}
+	x->rgot[a.index] = 1;
+	if (x->am_wstatus != UCS_OK) {
+		return UCS_OK;
+	}
+	if (a.status != UCS_OK) {
+		x->am_wstatus = a.status < UCS_ERR_LAST || a.status >= 0 ? UCS_ERR_IO_ERROR : (ucs_status_t)a.status;
+	} else if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length != x->rhdrs[a.index].len) {
+		x->am_wstatus = UCS_ERR_MESSAGE_TRUNCATED; // not the bytes asked for
+	} else {
+		if (length > 0) {
+			memcpy((void *)(uintptr_t)x->rdst[a.index], data, length);
+		}
+		x->am_acked += length;
 	}
 	return UCS_OK;
 }
@@ -322,7 +405,9 @@ int kvb_init(kvb_ctx **out, const char **keys, const char **vals, int n, char *e
 			{KVB_AM_WRITE, kvb_write_cb},
 			{KVB_AM_WACK, kvb_wack_cb},
 			{KVB_AM_PING, kvb_ping_cb},
-			{KVB_AM_PONG, kvb_pong_cb}};
+			{KVB_AM_PONG, kvb_pong_cb},
+			{KVB_AM_READ, kvb_read_cb},
+			{KVB_AM_RDATA, kvb_rdata_cb}};
 	ucp_am_handler_param_t hp = {0};
 	hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
 			UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -775,6 +860,68 @@ static int kvb_xfer_start_am(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int n, const ui
 	return x->stage;
 }
 
+// kvb_xfer_start_am_read asks for a read as KVB_AM_READ requests of at
+// most KVB_AM_CHUNK bytes each; it is complete when every chunk's answer
+// landed (kvb_rdata_cb).
+static int kvb_xfer_start_am_read(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int n, const uint64_t *laddr,
+				  const uint64_t *len, const uint64_t *raddr)
+{
+	if (x->outstanding > 0) {
+		kvb_fail(x, UCS_ERR_BUSY); // the last post's sends still read its headers
+		return x->stage;
+	}
+	size_t chunks = 0;
+	uint64_t total = 0;
+	for (int i = 0; i < n; i++) {
+		chunks += (len[i] + KVB_AM_CHUNK - 1) / KVB_AM_CHUNK;
+		total += len[i];
+	}
+	free(x->rhdrs);
+	free(x->rdst);
+	free(x->rgot);
+	x->rhdrs = chunks ? malloc(chunks * sizeof(kvb_rhdr)) : NULL;
+	x->rdst = chunks ? malloc(chunks * sizeof(uint64_t)) : NULL;
+	x->rgot = chunks ? calloc(chunks, 1) : NULL;
+	x->rchunks = 0;
+	if (chunks && (x->rhdrs == NULL || x->rdst == NULL || x->rgot == NULL)) {
+		kvb_fail(x, UCS_ERR_NO_MEMORY);
+		return x->stage;
+	}
+	x->am_write = 1; // a message transfer: completes as a write does
+	x->am_read = 1;
+	x->token = ++c->next_token;
+	x->am_total = total;
+	x->am_acked = 0;
+	x->am_wstatus = UCS_OK;
+	x->rchunks = chunks;
+	x->amnext = c->amx;
+	c->amx = x;
+	size_t k = 0;
+	for (int i = 0; i < n; i++) {
+		for (uint64_t off = 0; off < len[i]; off += KVB_AM_CHUNK, k++) {
+			uint64_t m = len[i] - off < KVB_AM_CHUNK ? len[i] - off : KVB_AM_CHUNK;
+			x->rhdrs[k] = (kvb_rhdr){x->token, k, raddr[i] + off, m};
+			x->rdst[k] = laddr[i] + off;
+			ucp_request_param_t p = {0};
+			p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+			p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+			p.cb.send = kvb_wsent_cb;
+			p.user_data = x;
+			ucs_status_ptr_t r =
+				kvbu.ucp_am_send_nbx(e->ep, KVB_AM_READ, &x->rhdrs[k], sizeof(kvb_rhdr), NULL, 0, &p);
+			if (UCS_PTR_IS_ERR(r)) {
+				kvb_fail(x, UCS_PTR_STATUS(r));
+				kvb_amx_unlink(c, x);
+				return x->stage;
+			}
+			if (r != NULL) {
+				x->outstanding++;
+			}
+		}
+	}
+	return x->stage;
+}
+
 int kvb_xfer_start(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int read, int n, const uint64_t *laddr,
 		   const uint64_t *len, const uint64_t *raddr, ucp_rkey_h *rkeys, ucp_mem_h *memhs)
 {
@@ -783,6 +930,7 @@ int kvb_xfer_start(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int read, int n, const ui
 	x->flush_done = 0;
 	x->am_done = 0;
 	x->am_write = 0;
+	x->am_read = 0;
 	x->ep = e;
 	kvb_amx_unlink(c, x); // a transfer posted again
 	if (e->failed) {
@@ -791,6 +939,9 @@ int kvb_xfer_start(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int read, int n, const ui
 	}
 	if (!read && e->emulated) {
 		return kvb_xfer_start_am(c, x, e, n, laddr, len, raddr, memhs);
+	}
+	if (read && e->emulated) {
+		return kvb_xfer_start_am_read(c, x, e, n, laddr, len, raddr);
 	}
 	for (int i = 0; i < n; i++) {
 		ucp_request_param_t p = {0};
@@ -905,6 +1056,9 @@ void kvb_xfer_free(kvb_ctx *c, kvb_xfer *x)
 {
 	kvb_amx_unlink(c, x);
 	free(x->whdrs);
+	free(x->rhdrs);
+	free(x->rdst);
+	free(x->rgot);
 	free(x);
 }
 

@@ -19,6 +19,12 @@
 // PING through its reply endpoint, after its own wire-up reply has left.
 #define KVB_AM_PING 10
 #define KVB_AM_PONG 11
+// Reads from such a peer (kvbridge's ownership proofs): a request per
+// chunk, answered with the bytes once the target checked they lie in
+// memory it mapped — UCX's own get emulation reads whatever address the
+// initiator names, and a bad one kills the target (SIGSEGV).
+#define KVB_AM_READ 12
+#define KVB_AM_RDATA 13
 // KVB_AM_CHUNK is the largest write message: a target holds one such
 // message at a time per sender while UCX reassembles it.
 #define KVB_AM_CHUNK (256 * 1024)
@@ -37,6 +43,25 @@ typedef struct kvb_wack {
 	uint64_t len;
 	int64_t status;
 } kvb_wack;
+
+// kvb_rhdr heads a KVB_AM_READ message: the read's token and the chunk's
+// index (both echoed in the answer) and the bytes it asks for in the
+// target (at most KVB_AM_CHUNK).
+typedef struct kvb_rhdr {
+	uint64_t token;
+	uint64_t index;
+	uint64_t addr;
+	uint64_t len;
+} kvb_rhdr;
+
+// kvb_rdata heads a KVB_AM_RDATA answer: token and index echoed, and 0 with
+// the bytes as its payload, or the status that refused the read (no
+// payload).
+typedef struct kvb_rdata {
+	uint64_t token;
+	uint64_t index;
+	int64_t status;
+} kvb_rdata;
 
 // kvb_region is host memory this worker mapped: a KVB_AM_WRITE lands only
 // inside one.
@@ -79,9 +104,10 @@ typedef struct kvb_ctx {
 	uint64_t ping_token; // the PING kvb_ep_wireup waits for, and
 	int pong_seen;       // whether its PONG came
 	int no_pong;         // tests: answer no PING, as a build without it
-	// Counters of bad input on the write path: KVB_AM_WRITEs refused
-	// (malformed, rendezvous, outside mapped memory) and acks for no
-	// transfer in flight (late, after a cancel, or forged).
+	// Counters of bad input on the message path: KVB_AM_WRITEs and
+	// KVB_AM_READs refused (malformed, rendezvous, outside mapped memory)
+	// and acks or read answers for no transfer in flight (late, after a
+	// cancel, or forged) or not matching its request.
 	unsigned long writes_refused, acks_unknown;
 } kvb_ctx;
 
@@ -107,11 +133,17 @@ typedef struct kvb_xfer {
 	kvb_ep *ep;
 	// An active-message write (ep->emulated): its token, bytes sent and
 	// acknowledged, the first failure, and the message headers, which UCX
-	// reads until each send completes (freed by kvb_xfer_free).
-	int am_write;
+	// reads until each send completes (freed by kvb_xfer_free). A read
+	// (am_read too) counts the bytes answered in am_acked; rhdrs are its
+	// requests, rdst where each chunk's answer goes, rgot which came.
+	int am_write, am_read;
 	uint64_t token, am_total, am_acked;
 	ucs_status_t am_wstatus;
 	kvb_whdr *whdrs;
+	kvb_rhdr *rhdrs;
+	uint64_t *rdst;
+	unsigned char *rgot;
+	size_t rchunks;
 	struct kvb_xfer *amnext; // on kvb_ctx.amx while waiting for acks
 } kvb_xfer;
 

@@ -9,6 +9,15 @@ import (
 	"github.com/kvbridge/kvbridge/nixl"
 )
 
+// ProofBytes is the ownership proof slot after each region (KV, aux and
+// state) a rank registers: kvbridge writes its process's proof there, and
+// a prefill rank reads it back before it writes into the region
+// (PROTOCOL.md "Memory proven to its owner"). Memory a Manager allocates
+// has it; a region given with an address must be followed by ProofBytes of
+// memory the caller owns and never uses (kvbridge registers them with the
+// region).
+const ProofBytes = 64
+
 // Layout is one rank's registered KV memory: Regions[i] is layer i/2, K for
 // even i and V for odd i, each a run of pages of PageBytes bytes.
 type Layout struct {

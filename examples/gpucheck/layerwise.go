@@ -70,13 +70,15 @@ func runLayerwise(layers int, tokens []int, rooms int) ([]lwCase, error) {
 	region := uint64(maxPages) * page
 	g := &lwRig{ctx: ctx, page: page}
 	alloc := func() (gpu.DevicePtr, []nixl.Desc, error) {
-		p, err := ctx.Alloc(region * uint64(2*layers))
+		// Each region is followed by its ownership proof slot.
+		stride := region + kvtransfer.ProofBytes
+		p, err := ctx.Alloc(stride * uint64(2*layers))
 		if err != nil {
-			return 0, nil, fmt.Errorf("allocating %d MiB of KV: %w", region*uint64(2*layers)>>20, err)
+			return 0, nil, fmt.Errorf("allocating %d MiB of KV: %w", stride*uint64(2*layers)>>20, err)
 		}
 		var rs []nixl.Desc
 		for i := range 2 * layers {
-			rs = append(rs, nixl.Desc{Addr: uintptr(p) + uintptr(uint64(i)*region), Len: region, Dev: 0})
+			rs = append(rs, nixl.Desc{Addr: uintptr(p) + uintptr(uint64(i)*stride), Len: region, Dev: 0})
 		}
 		return p, rs, nil
 	}

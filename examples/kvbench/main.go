@@ -62,6 +62,7 @@ import (
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
+	"github.com/kvbridge/kvbridge/transfer"
 	zmq "github.com/pebbe/zmq4"
 )
 
@@ -588,13 +589,14 @@ func (b *bench) cluster(pages int) (*cluster, error) {
 
 // callerRegions maps the regions' memory in one anonymous mapping on a
 // 2 MiB boundary with transparent huge pages asked for (as the libnixl
-// engine's Alloc does) and sets their addresses; free unmaps it once the
-// ranks are closed.
+// engine's Alloc does) and sets their addresses, each region followed by
+// its ownership proof slot; free unmaps it once the ranks are closed.
 func callerRegions(regions []nixl.Desc) (free func(), err error) {
 	const huge = 2 << 20
+	span := func(r nixl.Desc) uint64 { return (r.Len + transfer.ProofBytes + huge - 1) / huge * huge }
 	var total int
 	for _, r := range regions {
-		total += int((r.Len + huge - 1) / huge * huge)
+		total += int(span(r))
 	}
 	m, err := syscall.Mmap(-1, 0, total+huge, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 	if err != nil {
@@ -606,7 +608,7 @@ func callerRegions(regions []nixl.Desc) (free func(), err error) {
 	off := base
 	for i := range regions {
 		regions[i].Addr = off
-		off += uintptr((regions[i].Len + huge - 1) / huge * huge)
+		off += uintptr(span(regions[i]))
 	}
 	return func() { syscall.Munmap(m) }, nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/transfer"
 )
 
 // -mem VRAM: the ranks' KV memory is device memory of device 0, allocated
@@ -164,11 +165,12 @@ func (b *bench) dtodGBps(size uint64, iters int) (float64, float64, error) {
 }
 
 // vramRegions allocates the device memory of a rank's KV regions (one
-// allocation, cut into the layout's regions).
+// allocation, cut into the layout's regions, each followed by its
+// ownership proof slot).
 func (b *bench) vramRegions(regions []nixl.Desc) error {
 	var total uint64
 	for _, r := range regions {
-		total += r.Len
+		total += r.Len + transfer.ProofBytes
 	}
 	p, err := b.devAlloc(total)
 	if err != nil {
@@ -177,7 +179,7 @@ func (b *bench) vramRegions(regions []nixl.Desc) error {
 	off := uintptr(p)
 	for i := range regions {
 		regions[i].Addr, regions[i].Dev = off, uint64(b.gpu.Ordinal)
-		off += uintptr(regions[i].Len)
+		off += uintptr(regions[i].Len + transfer.ProofBytes)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -221,6 +222,19 @@ func runRank(role string) int {
 					out <- "NOMARK " + nonce
 				}
 			}(f[1])
+		case "MEMORY": // MEMORY 0 → MEMORY <what an attacker on this host learns of this rank's memory, as JSON>
+			b, _ := json.Marshal(memoryOf(m))
+			out <- "MEMORY " + string(b)
+		case "SUM": // SUM 0 → SUM <SHA-256 of every byte of this rank's KV, aux and state memory>
+			h := sha256.New()
+			kv, aux := m.Memory()
+			for _, r := range append(append(kv, aux), m.StateMemory()...) {
+				h.Write(r)
+			}
+			out <- fmt.Sprintf("SUM %x", h.Sum(nil))
+		case "REFUSED": // REFUSED 0 → REFUSED <kvbridge_layout_refused_total by reason, as JSON>
+			b, _ := json.Marshal(m.Stats().LayoutRefused)
+			out <- "REFUSED " + string(b)
 		case "STATS": // STATS 0 → STATS <control-plane counters as JSON>
 			b, _ := json.Marshal(m.ControlStats())
 			out <- "STATS " + string(b)

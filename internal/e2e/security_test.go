@@ -172,6 +172,11 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	if !bytes.HasPrefix(reg.AgentMD, []byte("KVS1")) || bytes.Contains(reg.AgentMD, []byte("KVBN")) {
 		t.Fatalf("the captured REGISTER's agent metadata is not sealed (%d bytes, %q...)", len(reg.AgentMD), reg.AgentMD[:min(8, len(reg.AgentMD))])
 	}
+	// Its ownership proof is sealed too: on the path it would let a rank
+	// pass off the decode process's memory as its own.
+	if !bytes.HasPrefix(reg.Proof, []byte("KVS1")) || len(reg.Proof) <= 32 {
+		t.Fatalf("the captured REGISTER's ownership proof is not sealed (%d bytes, %q...)", len(reg.Proof), reg.Proof[:min(8, len(reg.Proof))])
+	}
 
 	// Replayed to the process it was for, while the pair works: a
 	// duplicate; the next room succeeds.

@@ -1,0 +1,254 @@
+package e2e
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/transfer"
+)
+
+// Issue 41, 1 with real processes: memory proven to its owner.
+
+// rankMemory is what a process on the same host learns of a decode rank's
+// memory without its keys: its agent's metadata (a UCX worker address
+// naming its pid and shared-memory segments, region addresses and
+// transport keys — none of them secret), its regions, its pid.
+type rankMemory struct {
+	MD             []byte
+	KV, Aux, State []bootstrap.Region
+	Pid            int
+	Agent          string
+}
+
+// memoryOf is a rank process's answer to MEMORY.
+func memoryOf(m *kvmanager.Manager) rankMemory {
+	md, _ := m.Agent().Metadata()
+	cfg := m.Config()
+	kv, aux, state := registerRegions(cfg.Layout)
+	return rankMemory{MD: md, KV: kv, Aux: aux, State: state, Pid: os.Getpid(), Agent: cfg.Engine.Name}
+}
+
+// registerRegions lists a layout's regions as a REGISTER carries them.
+func registerRegions(l transfer.Layout) (kv, aux, state []bootstrap.Region) {
+	for _, r := range l.Regions {
+		kv = append(kv, bootstrap.Region{Addr: uint64(r.Addr), Len: r.Len, ItemLen: l.PageBytes, Mem: bootstrap.MemDRAM})
+	}
+	aux = []bootstrap.Region{{Addr: uint64(l.Aux.Addr), Len: l.Aux.Len, ItemLen: l.AuxItemBytes, Mem: bootstrap.MemDRAM}}
+	state = []bootstrap.Region{}
+	for _, st := range l.State {
+		state = append(state, bootstrap.Region{Addr: uint64(st.Addr), Len: st.Len, ItemLen: st.ItemBytes, Mem: bootstrap.MemDRAM})
+	}
+	return kv, aux, state
+}
+
+// blobParts splits a kvbridge metadata blob (nixl/metadata.go: "KVBN",
+// version, engine, agent and library as length-prefixed strings, the
+// region table, the engine's payload) into its header up to the agent
+// name, the name, the rest of the header, the region table and the
+// payload.
+func blobParts(t *testing.T, b []byte) (head, agent, lib, table, payload []byte) {
+	t.Helper()
+	if len(b) < 5 || string(b[:4]) != "KVBN" {
+		t.Fatalf("not a kvbridge metadata blob: %x", b[:min(5, len(b))])
+	}
+	off := 5
+	str := func() (int, int) {
+		n := int(binary.LittleEndian.Uint32(b[off:]))
+		s := off
+		off += 4 + n
+		return s, off
+	}
+	str() // engine
+	as, ae := str()
+	_, le := str()
+	ts := le
+	n := int(binary.LittleEndian.Uint32(b[off:]))
+	off += 4
+	for range n {
+		off += 1 + 24
+		str() // the region's key
+	}
+	return b[:as], b[as:ae], b[ae:le], b[ts:off], b[off:]
+}
+
+// lenStr is a length-prefixed string as the blob writes it.
+func lenStr(s string) []byte {
+	return append(binary.LittleEndian.AppendUint32(nil, uint32(len(s))), s...)
+}
+
+// TestForgedMemoryRefusedAcrossProcesses: a prefill rank process, a decode
+// rank process (the victim) and an attacker — this test process, holding
+// only its own certificate (decode rank 0 of instance "attacker") — on one
+// host under per-rank identity. The attacker knows what any process of the
+// same host can learn of the victim: its agent metadata (pid, segments,
+// region addresses and keys), its regions. It REGISTERs with the prefill
+// rank, each time with its own ownership proof: the victim's blob under
+// the attacker's name with the victim's regions (the victim's process,
+// forged as the attacker's); its own blob (its own pid) with the victim's
+// addresses, and with the victim's region table; the victim's blob and
+// name. The prefill process refuses each (not_owner, counted); the
+// victim's memory is byte for byte what it was, and its next room
+// succeeds, verified. The attacker's genuine REGISTER — its own memory —
+// is accepted. Before the proofs (issue 41), the first was acknowledged
+// and the prefill rank wrote the attacker's rooms into the victim.
+func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
+	for _, engine := range []string{"ucx-shm", "ucx-tcp", "libnixl-real"} {
+		t.Run(engine, func(t *testing.T) {
+			if engine == "libnixl-real" {
+				needRealNIXL(t)
+			}
+			attackerID := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "attacker", Rank: 0}
+			_, envs, ids := identityFiles(t,
+				bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0},
+				bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 0},
+				attackerID)
+			boot := startBoot(t)
+			prefill := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot}, envs[0]...)...)
+			victim := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot}, envs[1]...)...)
+			pp, dp := newPagePool(pages), newPagePool(pages)
+			pdRoom(t, prefill, victim, 1, pp, dp) // the victim is registered and working
+
+			var vm rankMemory
+			victim.do("MEMORY 0")
+			if err := json.Unmarshal([]byte(strings.TrimPrefix(victim.expect(t, "MEMORY "), "MEMORY ")), &vm); err != nil {
+				t.Fatal(err)
+			}
+			sum := func() string { victim.do("SUM 0"); return victim.expect(t, "SUM ") }
+			before := sum()
+			refused := func() uint64 {
+				prefill.do("REFUSED 0")
+				var r []uint64
+				if err := json.Unmarshal([]byte(strings.TrimPrefix(prefill.expect(t, "REFUSED "), "REFUSED ")), &r); err != nil {
+					t.Fatal(err)
+				}
+				return r[kvmanager.RefusedNotOwner]
+			}
+
+			// The attacker: its own agent and memory (the layout's regions,
+			// each with its proof slot), its own proof, its own identity.
+			cfg := engines[engine]
+			cfg.Name = "attacker-decode-0"
+			agent, err := nixl.Open(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer agent.Close()
+			proof := make([]byte, 32)
+			copy(proof, "the attacker's own proof")
+			own := layout()
+			for i := range own.Regions {
+				_, buf, err := agent.Alloc(own.Regions[i].Len + transfer.ProofBytes)
+				if err != nil {
+					t.Fatal(err)
+				}
+				copy(buf[own.Regions[i].Len:], proof)
+				own.Regions[i] = nixl.BytesDesc(buf[:own.Regions[i].Len])
+			}
+			_, aux, err := agent.Alloc(own.Aux.Len + transfer.ProofBytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			copy(aux[own.Aux.Len:], proof)
+			own.Aux = nixl.BytesDesc(aux[:own.Aux.Len])
+			for i := range own.State {
+				_, buf, err := agent.Alloc(own.State[i].Len + transfer.ProofBytes)
+				if err != nil {
+					t.Fatal(err)
+				}
+				copy(buf[own.State[i].Len:], proof)
+				own.State[i].Desc = nixl.BytesDesc(buf[:own.State[i].Len])
+			}
+			ownMD, err := agent.Metadata()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ownKV, ownAux, ownState := registerRegions(own)
+
+			acks := make(chan *bootstrap.RegisterAck, 4)
+			loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
+				Auth: testauth.Auth(), RankIdentity: ids[2],
+				Handler: func(m bootstrap.Message) {
+					if a, ok := m.(*bootstrap.RegisterAck); ok {
+						acks <- a
+					}
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer loop.Close()
+			f := strings.Fields(prefill.ready)
+			epoch, _ := strconv.ParseUint(f[2], 10, 64)
+			to := bootstrap.Peer{Endpoint: f[1], Cert: string(ids[0].Cert.Raw()), Epoch: epoch}
+			register := func(agentName string, md []byte, kv, aux, state []bootstrap.Region) *bootstrap.RegisterAck {
+				t.Helper()
+				err := loop.Send(to, &bootstrap.Register{Compat: "v1:test-layout", Agent: agentName, AgentMD: md, TPSize: 1,
+					KV: kv, Aux: aux, State: state, Proof: proof})
+				if err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case a := <-acks:
+					return a
+				case <-time.After(30 * time.Second):
+					t.Fatal("no REGISTER_ACK within 30 s")
+					return nil
+				}
+			}
+
+			vHead, _, vLib, vTable, vPayload := blobParts(t, vm.MD)
+			oHead, oName, oLib, _, oPayload := blobParts(t, ownMD)
+			forged := func(head, name, lib, table, payload []byte) []byte {
+				var b []byte
+				for _, p := range [][]byte{head, name, lib, table, payload} {
+					b = append(b, p...)
+				}
+				return b
+			}
+			for _, c := range []struct {
+				what           string
+				agent          string
+				md             []byte
+				kv, aux, state []bootstrap.Region
+			}{
+				{"the victim's blob (its pid, segments and keys) under the attacker's name, the victim's regions",
+					cfg.Name, forged(vHead, lenStr(cfg.Name), vLib, vTable, vPayload), vm.KV, vm.Aux, vm.State},
+				{"the attacker's own blob (its own pid) with the victim's region table, the victim's regions",
+					cfg.Name, forged(oHead, oName, oLib, vTable, oPayload), vm.KV, vm.Aux, vm.State},
+				{"the attacker's own blob, the victim's addresses", cfg.Name, ownMD, vm.KV, vm.Aux, vm.State},
+				{"the victim's blob and agent name", vm.Agent, vm.MD, vm.KV, vm.Aux, vm.State},
+			} {
+				n := refused()
+				a := register(c.agent, c.md, c.kv, c.aux, c.state)
+				if a.OK {
+					t.Fatalf("%s: acknowledged: the prefill rank would write the attacker's rooms into the victim's memory", c.what)
+				}
+				if !strings.Contains(a.Reason, "not_owner") && !strings.Contains(a.Reason, "agent metadata") {
+					t.Fatalf("%s: refused for a reason not naming ownership: %s", c.what, a.Reason)
+				}
+				if strings.Contains(a.Reason, "not_owner") && refused() != n+1 {
+					t.Fatalf("%s: not counted as not_owner (%d → %d)", c.what, n, refused())
+				}
+				t.Logf("%s: refused: %s", c.what, a.Reason)
+			}
+			if n := refused(); n < 3 {
+				t.Fatalf("%d refusals counted as not_owner", n)
+			}
+			if after := sum(); after != before {
+				t.Fatalf("the victim's memory changed under the attack: %s → %s", before, after)
+			}
+			pdRoom(t, prefill, victim, 2, pp, dp) // alive, registered, byte-exact
+			if a := register(cfg.Name, ownMD, ownKV, ownAux, ownState); !a.OK {
+				t.Fatalf("the attacker's genuine REGISTER (its own memory) refused: %s", a.Reason)
+			}
+		})
+	}
+}
