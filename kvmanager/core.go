@@ -541,6 +541,16 @@ func (c *Core) AgentOwner(name string) string {
 	return c.prefillCore.agentOwner(name)
 }
 
+// Registered reports whether a prefill rank holds a registration of the
+// decode rank peer (From.Peer()) from epoch.
+func (c *Core) Registered(peer string, epoch uint64) bool {
+	if c.prefillCore == nil {
+		return false
+	}
+	p := c.prefillCore.peers[peer]
+	return p != nil && p.from.Epoch == epoch
+}
+
 // reportDown reports a peer that heartbeats declared dead (restarted false)
 // or that showed a new epoch (restarted true, from names it).
 func (c *Core) reportDown(now time.Time, endpoint string, from bootstrap.From, restarted bool, reason string) {

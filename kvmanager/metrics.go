@@ -26,6 +26,7 @@ type metrics struct {
 	latency   prometheus.Histogram
 	aborts    *prometheus.CounterVec // by stage (status at abort)
 	overdue   prometheus.Gauge
+	deferred  prometheus.Counter // REGISTERs left for their sender to repeat (proof.go)
 }
 
 func newMetrics(m *Manager) *metrics {
@@ -65,6 +66,8 @@ func newMetrics(m *Manager) *metrics {
 		restarted: prometheus.NewDesc("kvbridge_peers_restarted_total", "Peers heard with a new epoch (their old epoch's rooms failed).", nil, labels),
 		owed: prometheus.NewDesc("kvbridge_owed_aborts",
 			"ABORTs sent to prefill ranks and not yet acknowledged (re-sent to a restarted rank's new process).", nil, labels),
+		deferred: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_registers_deferred_total",
+			Help: "REGISTERs left unanswered (their sender repeats them) because one from the same decode rank or naming the same agent was still being checked, or too many were.", ConstLabels: labels}),
 		transfers: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfers_total",
 			Help: "Writes completed.", ConstLabels: labels}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfer_bytes_total",
@@ -88,7 +91,7 @@ func (x *metrics) abort(stage Poll) {
 }
 
 func (x *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{x.transfers, x.bytes, x.latency, x.aborts, x.overdue}
+	return []prometheus.Collector{x.transfers, x.bytes, x.latency, x.aborts, x.overdue, x.deferred}
 }
 
 func (x *metrics) Describe(ch chan<- *prometheus.Desc) {

@@ -3,7 +3,6 @@ package kvmanager
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"time"
 
@@ -98,8 +97,10 @@ func (m *Manager) registerRank() error {
 	return nil
 }
 
-// onRegister validates a REGISTER in the core, loads the peer's agent
-// metadata (engine I/O, outside the lock) and binds the registration.
+// onRegister validates a REGISTER in the core and its claims, then checks
+// and binds it on a goroutine of its own (proof.go): loading the peer's
+// agent metadata and reading its ownership proofs back are engine I/O, and
+// a peer that never answers must not hold the control loop.
 func (m *Manager) onRegister(msg *bootstrap.Register) {
 	// The epoch check first, before the metadata load: a restarted decode
 	// rank's old registration is gone before its new metadata replaces the
@@ -111,32 +112,22 @@ func (m *Manager) onRegister(msg *bootstrap.Register) {
 	var lay PeerPlan
 	var err error
 	m.read(func(c *Core) { lay, err = c.CheckRegister(msg) })
+	var repeat bool
 	if err == nil {
-		err = m.checkClaims(msg)
-	}
-	var name string
-	if err == nil {
-		if name, err = m.agent.LoadRemote(msg.AgentMD); err != nil {
-			err = fmt.Errorf("agent metadata: %w", err)
-		} else if err = m.checkProof(name, msg, lay.Layout); err != nil {
-			// Nothing is written through a remote whose memory is not
-			// proven the sender's.
-			m.agent.InvalidateRemote(name)
-		} else if err = m.pool.PreparePeer(name, lay.Layout); err != nil {
-			// The peer's memory as its REGISTER describes it does not lie
-			// inside what its metadata registered.
-			err = fmt.Errorf("preparing the peer's descriptor lists: %w", err)
-		}
+		repeat, err = m.checkClaims(msg)
 	}
 	if err != nil {
-		m.log.Warn("registration refused", zap.String("peer", msg.From.Peer()), zap.Error(err))
-		notOwner := errors.Is(err, errNotOwner)
-		m.step(func(c *Core, now time.Time) {
-			c.Step(now, RegisterRefused{From: msg.From, Reason: err.Error(), NotOwner: notOwner})
-		})
+		m.refuseRegister(msg, err)
 		return
 	}
-	m.step(func(c *Core, now time.Time) { c.Step(now, Registered{From: msg.From, Remote: name, Plan: lay}) })
+	if !m.beginCheck(msg.From.Peer(), msg.Agent) {
+		m.log.Debug("REGISTER left for its sender to repeat: a check of the same rank or agent in progress, or too many", zap.String("peer", msg.From.Peer()))
+		return
+	}
+	go func() {
+		defer m.endCheck(msg.From.Peer(), msg.Agent)
+		m.bindRegister(msg, lay, repeat)
+	}()
 }
 
 // post hands a chunk's writes to the pool; every write passes the core's

@@ -5,67 +5,132 @@ package kvmanager
 // process by its pid (cma) and its shared-memory segments by id (posix,
 // sysv), a tcp address names whatever listens there. A rank holding only its
 // own certificate could describe another decode process's memory as its
-// own and have a prefill rank write into it. So each rank writes a random
-// proof (32 bytes, one per process) into the slot after each region it
-// registers (transfer.ProofBytes), and sends the proof in its REGISTER,
-// sealed to the prefill rank; the prefill rank reads every slot back through
-// the data plane — through the same registered region, key and process as
-// its writes to that region will go — and binds the registration only if
-// each holds that proof. Memory of another process holds that process's
-// proof (or nothing the registering rank chose): refused, not_owner. The
-// agent name a REGISTER's blob carries must be its own too: a name another
-// decode rank registered would replace that rank's remote agent here.
+// own and have a prefill rank write into it. So each rank process draws a
+// random seed and writes, into the slot after each region it registers
+// (transfer.ProofBytes), a value only the seed's holder can compute for that
+// region: HMAC-SHA256(seed, the rank's identity, the region's list, index,
+// kind, device, address and length). It sends the seed in its REGISTER,
+// sealed to the prefill rank; the prefill rank recomputes each value for
+// the REGISTER's own identity and regions, reads every slot back through the
+// data plane — through the same registered region, key and process as its
+// writes to that region will go — and binds the registration only if each
+// holds its value. Another process's memory holds nothing the registering
+// rank can match: not its seed's values (which bind the owner's identity
+// and the exact region, so neither a slot read back nor bytes already there
+// help), nor the owner's (whose seed it never sees). The agent name a
+// REGISTER's blob carries must be its own too: a name another decode rank
+// registered, or the default name of another rank, would replace or block
+// that rank's remote agent here.
+//
+// The check reads through the network, so it runs off the control loop's
+// receive goroutine (one per REGISTER, one at a time per decode rank and per
+// agent name, at most maxProofChecks at once; a REGISTER beyond that is left
+// unanswered and counted, and its sender repeats it), so a peer that never
+// answers the read delays only its own registration.
 
 import (
-	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
+	"go.uber.org/zap"
 )
 
-// proofLen is the proof's size (it sits at the start of its slot).
+// proofLen is the seed's size, and the size of the value at the start of
+// each slot.
 const proofLen = 32
 
 // proofTimeout bounds the read of a REGISTER's proof slots.
 const proofTimeout = 5 * time.Second
 
+// maxProofChecks bounds the REGISTERs being checked at once.
+const maxProofChecks = 16
+
+// maxProven is the number of proven registrations remembered before those
+// of processes no longer registered are forgotten.
+const maxProven = 1024
+
+// proofInfo separates the slot values from any other use of the seed.
+const proofInfo = "kvbridge ownership proof v1"
+
 // errNotOwner: a REGISTER's memory is not proven its sender's.
 var errNotOwner = errors.New("memory not proven the registering process's (not_owner)")
 
-// slotsOf lists the proof slots after a layout's regions: KV regions (of
-// the layout's kind), aux and state (host memory).
-func slotsOf(l transfer.Layout) (host, device []nixl.Desc) {
-	slot := func(d nixl.Desc) nixl.Desc {
-		return nixl.Desc{Addr: d.Addr + uintptr(d.Len), Len: proofLen, Dev: d.Dev}
-	}
-	for _, r := range l.Regions {
-		if l.Kind == nixl.VRAM {
-			device = append(device, slot(r))
-		} else {
-			host = append(host, slot(r))
-		}
-	}
-	if l.Aux.Len > 0 {
-		host = append(host, slot(l.Aux))
-	}
-	for _, st := range l.State {
-		host = append(host, slot(st.Desc))
-	}
-	return host, device
+// proofRegion is one region a REGISTER names, with what its slot's value
+// binds.
+type proofRegion struct {
+	what  string // "kv[3]", "aux[0]", "state[1]"
+	list  byte   // 'k', 'a', 's'
+	index int
+	kind  nixl.MemKind
+	desc  nixl.Desc // the region (its slot follows it)
 }
 
-// writeProof writes this process's proof into the slot after each region
-// (device memory through the CUDA driver).
-func (m *Manager) writeProof(l transfer.Layout) error {
-	host, device := slotsOf(l)
-	for _, d := range host {
-		copy(nixl.HostBytes(d), m.proof[:])
+// proofRegions lists a layout's regions with their slots' bindings: KV
+// regions (of the layout's kind; the device counts only for VRAM), aux and
+// state (host memory). Both sides build it: the decode rank from its
+// layout, the prefill rank from the REGISTER's regions.
+func proofRegions(l transfer.Layout) []proofRegion {
+	var out []proofRegion
+	for i, r := range l.Regions {
+		if l.Kind != nixl.VRAM {
+			r.Dev = 0
+		}
+		out = append(out, proofRegion{fmt.Sprintf("kv[%d]", i), 'k', i, l.Kind, r})
+	}
+	if l.Aux.Len > 0 {
+		out = append(out, proofRegion{"aux[0]", 'a', 0, nixl.DRAM, nixl.Desc{Addr: l.Aux.Addr, Len: l.Aux.Len}})
+	}
+	for i, st := range l.State {
+		out = append(out, proofRegion{fmt.Sprintf("state[%d]", i), 's', i, nixl.DRAM, nixl.Desc{Addr: st.Addr, Len: st.Len}})
+	}
+	return out
+}
+
+// slot is where a region's proof value sits: right after it.
+func (r proofRegion) slot() nixl.Desc {
+	return nixl.Desc{Addr: r.desc.Addr + uintptr(r.desc.Len), Len: proofLen, Dev: r.desc.Dev}
+}
+
+// value is what the region's slot holds for the rank owner with seed:
+// HMAC-SHA256(seed, proofInfo, owner, list, index, kind, device, address,
+// length).
+func (r proofRegion) value(seed []byte, owner string) []byte {
+	h := hmac.New(sha256.New, seed)
+	h.Write([]byte(proofInfo))
+	h.Write([]byte{0, byte(len(owner))})
+	h.Write([]byte(owner))
+	var b [1 + 8*5]byte
+	b[0] = r.list
+	binary.LittleEndian.PutUint64(b[1:], uint64(r.index))
+	binary.LittleEndian.PutUint64(b[9:], uint64(r.kind))
+	binary.LittleEndian.PutUint64(b[17:], r.desc.Dev)
+	binary.LittleEndian.PutUint64(b[25:], uint64(r.desc.Addr))
+	binary.LittleEndian.PutUint64(b[33:], r.desc.Len)
+	h.Write(b[:])
+	return h.Sum(nil)
+}
+
+// writeProof writes this process's value into the slot after each region
+// (device memory through the CUDA driver); owner is the rank's identity
+// (From.Peer()).
+func (m *Manager) writeProof(l transfer.Layout, owner string) error {
+	var device []proofRegion
+	for _, r := range proofRegions(l) {
+		if r.kind == nixl.VRAM {
+			device = append(device, r)
+			continue
+		}
+		copy(nixl.HostBytes(r.slot()), r.value(m.proof[:], owner))
 	}
 	if len(device) == 0 {
 		return nil
@@ -80,7 +145,8 @@ func (m *Manager) writeProof(l transfer.Layout) error {
 			c.Release()
 		}
 	}()
-	for _, d := range device {
+	for _, r := range device {
+		d := r.slot()
 		c := ctxs[d.Dev]
 		if c == nil {
 			if c, err = drv.Primary(int(d.Dev)); err != nil {
@@ -88,74 +154,184 @@ func (m *Manager) writeProof(l transfer.Layout) error {
 			}
 			ctxs[d.Dev] = c
 		}
-		if err := c.CopyHtoD(gpu.DevicePtr(d.Addr), m.proof[:]); err != nil {
+		if err := c.CopyHtoD(gpu.DevicePtr(d.Addr), r.value(m.proof[:], owner)); err != nil {
 			return fmt.Errorf("kvmanager: writing the ownership proof at %#x on device %d: %w", d.Addr, d.Dev, err)
 		}
 	}
 	return nil
 }
 
-// proofBuffer returns a registered host buffer of at least n bytes for the
-// read-back (m.proofMu held).
-func (m *Manager) proofBuffer(n int) ([]byte, error) {
-	if len(m.proofBuf) < n {
-		_, buf, err := m.agent.Alloc(uint64(max(n, 4096)))
-		if err != nil {
-			return nil, err
+// defaultName matches the agent names kvbridge gives ranks by default
+// (newManager: "<instance>-<role>-<rank>").
+var defaultName = regexp.MustCompile(`^(.+)-(decode|prefill)-(0|[1-9][0-9]{0,8})$`)
+
+// provenReg is the last registration a decode rank proved here: a repeat
+// from the same process with the same blob and regions is not read again.
+type provenReg struct {
+	epoch   uint64
+	md, lay [32]byte
+}
+
+// registerHash hashes a REGISTER's blob and regions.
+func registerHash(msg *bootstrap.Register) (md, lay [32]byte) {
+	md = sha256.Sum256(msg.AgentMD)
+	h := sha256.New()
+	for _, list := range [][]bootstrap.Region{msg.KV, msg.Aux, msg.State} {
+		fmt.Fprintf(h, "%d;", len(list))
+		for _, r := range list {
+			fmt.Fprintf(h, "%d,%d,%d,%d,%s;", r.Addr, r.Len, r.ItemLen, r.Dev, r.Mem)
 		}
-		m.proofBuf = buf
 	}
-	return m.proofBuf[:n], nil
+	copy(lay[:], h.Sum(nil))
+	return md, lay
 }
 
 // checkClaims refuses, before its metadata is loaded, a REGISTER without
-// a proof, whose blob names another agent than the REGISTER does, or an
-// agent another decode rank registered here.
-func (m *Manager) checkClaims(msg *bootstrap.Register) error {
+// a seed, whose blob names another agent than the REGISTER does, whose
+// agent name is another rank's default name or an agent another decode
+// rank registered here, or that repeats a registration of its process
+// with other metadata (a process's blob does not change). repeat is true
+// for a REGISTER of a process proven here with this very blob and these
+// regions (nothing to read again).
+func (m *Manager) checkClaims(msg *bootstrap.Register) (repeat bool, err error) {
 	if len(msg.Proof) != proofLen {
-		return fmt.Errorf("%w: the REGISTER carries no ownership proof (%d bytes, want %d; a decode rank from before proofs must be upgraded)", errNotOwner, len(msg.Proof), proofLen)
+		return false, fmt.Errorf("%w: the REGISTER carries no ownership proof (%d bytes, want %d; a decode rank from before proofs must be upgraded)", errNotOwner, len(msg.Proof), proofLen)
 	}
 	name, err := nixl.MetadataAgent(msg.AgentMD)
 	if err != nil {
-		return fmt.Errorf("agent metadata: %w", err)
+		return false, fmt.Errorf("agent metadata: %w", err)
 	}
 	if name != msg.Agent {
-		return fmt.Errorf("%w: the agent metadata names agent %q, the REGISTER %q", errNotOwner, name, msg.Agent)
+		return false, fmt.Errorf("%w: the agent metadata names agent %q, the REGISTER %q", errNotOwner, name, msg.Agent)
+	}
+	if g := defaultName.FindStringSubmatch(name); g != nil {
+		if own := g[2] + "/" + g[1] + "/" + g[3]; own != msg.From.Peer() {
+			return false, fmt.Errorf("%w: agent %q is the default name of %s, not of %s", errNotOwner, name, own, msg.From.Peer())
+		}
 	}
 	var owner string
 	m.read(func(c *Core) { owner = c.AgentOwner(name) })
 	if owner != "" && owner != msg.From.Peer() {
-		return fmt.Errorf("%w: agent %q is registered here by %s", errNotOwner, name, owner)
+		return false, fmt.Errorf("%w: agent %q is registered here by %s", errNotOwner, name, owner)
 	}
-	return nil
+	md, lay := registerHash(msg)
+	m.regMu.Lock()
+	p, ok := m.proven[msg.From.Peer()]
+	m.regMu.Unlock()
+	if ok && p.epoch == msg.From.Epoch {
+		if p.md != md || p.lay != lay {
+			return false, fmt.Errorf("%w: %s (epoch %d) registered here with other agent metadata or regions: a process's do not change", errNotOwner, msg.From.Peer(), msg.From.Epoch)
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// beginCheck reserves the check of a REGISTER: false (the REGISTER left
+// for its sender to repeat, counted) while one from the same decode rank or
+// naming the same agent is being checked, maxProofChecks are, or the rank
+// is closing.
+func (m *Manager) beginCheck(peer, agent string) bool {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	if m.regClosed || m.checking[peer] || m.checking["agent "+agent] || len(m.checking) >= 2*maxProofChecks {
+		m.met.deferred.Inc()
+		return false
+	}
+	if m.checking == nil {
+		m.checking = map[string]bool{}
+	}
+	m.checking[peer], m.checking["agent "+agent] = true, true
+	m.wg.Add(1)
+	return true
+}
+
+func (m *Manager) endCheck(peer, agent string) {
+	m.regMu.Lock()
+	delete(m.checking, peer)
+	delete(m.checking, "agent "+agent)
+	m.regMu.Unlock()
+	m.wg.Done()
+}
+
+// bindRegister loads a checked REGISTER's agent metadata, proves its
+// memory (unless it repeats a proven registration) and prepares its lists,
+// then steps Registered or RegisterRefused.
+func (m *Manager) bindRegister(msg *bootstrap.Register, lay PeerPlan, repeat bool) {
+	name, err := m.agent.LoadRemote(msg.AgentMD)
+	if err != nil {
+		err = fmt.Errorf("agent metadata: %w", err)
+	} else if !repeat {
+		if err = m.checkProof(name, msg, lay.Layout); err != nil {
+			// Nothing is written through a remote whose memory is not
+			// proven the sender's. (Not a repeat: no registration of this
+			// process uses the name.)
+			m.agent.InvalidateRemote(name)
+		}
+	}
+	if err == nil {
+		if err = m.pool.PreparePeer(name, lay.Layout); err != nil {
+			// The peer's memory as its REGISTER describes it does not lie
+			// inside what its metadata registered.
+			err = fmt.Errorf("preparing the peer's descriptor lists: %w", err)
+		}
+	}
+	if err != nil {
+		m.refuseRegister(msg, err)
+		return
+	}
+	if !repeat {
+		md, l := registerHash(msg)
+		m.regMu.Lock()
+		if m.proven == nil {
+			m.proven = map[string]provenReg{}
+		}
+		m.proven[msg.From.Peer()] = provenReg{epoch: msg.From.Epoch, md: md, lay: l}
+		var stale []string
+		if len(m.proven) > maxProven {
+			// Bounded: forget the processes no longer registered here.
+			m.read(func(c *Core) {
+				for peer, p := range m.proven {
+					if peer != msg.From.Peer() && !c.Registered(peer, p.epoch) {
+						stale = append(stale, peer)
+					}
+				}
+			})
+		}
+		for _, peer := range stale {
+			delete(m.proven, peer)
+		}
+		m.regMu.Unlock()
+	}
+	m.step(func(c *Core, now time.Time) { c.Step(now, Registered{From: msg.From, Remote: name, Plan: lay}) })
+}
+
+// refuseRegister answers a REGISTER with its refusal.
+func (m *Manager) refuseRegister(msg *bootstrap.Register, err error) {
+	m.log.Warn("registration refused", zap.String("peer", msg.From.Peer()), zap.Error(err))
+	notOwner := errors.Is(err, errNotOwner)
+	m.step(func(c *Core, now time.Time) {
+		c.Step(now, RegisterRefused{From: msg.From, Reason: err.Error(), NotOwner: notOwner})
+	})
 }
 
 // checkProof reads back the proof slots of the memory a REGISTER describes
-// through the loaded remote agent and compares each with the REGISTER's
-// proof.
+// through the loaded remote agent and compares each with the value the
+// REGISTER's seed gives for its sender and that region.
 func (m *Manager) checkProof(remote string, msg *bootstrap.Register, lay transfer.Layout) error {
-	type check struct {
-		what string
-		kind nixl.MemKind
-		desc nixl.Desc // the region
-	}
-	var checks []check
-	for i, r := range lay.Regions {
-		checks = append(checks, check{fmt.Sprintf("kv[%d]", i), lay.Kind, r})
-	}
-	if lay.Aux.Len > 0 {
-		checks = append(checks, check{"aux[0]", nixl.DRAM, lay.Aux})
-	}
-	for i, st := range lay.State {
-		checks = append(checks, check{fmt.Sprintf("state[%d]", i), nixl.DRAM, st.Desc})
-	}
-	m.proofMu.Lock()
-	defer m.proofMu.Unlock()
+	checks := proofRegions(lay)
 	buf, err := m.proofBuffer(proofLen * len(checks))
 	if err != nil {
 		return fmt.Errorf("reading the ownership proofs: %w", err)
 	}
+	defer m.putProofBuffer(buf)
 	clear(buf)
+	m.regMu.Lock()
+	hook := m.proofHook
+	m.regMu.Unlock()
+	if hook != nil {
+		hook(msg)
+	}
 	for _, kind := range []nixl.MemKind{nixl.DRAM, nixl.VRAM} {
 		var local, remoteSlots []nixl.Desc
 		var idx []int
@@ -171,7 +347,7 @@ func (m *Manager) checkProof(remote string, msg *bootstrap.Register, lay transfe
 				return fmt.Errorf("%w: %s (%v %#x, %d bytes) and its proof slot are not in one region the agent registered", errNotOwner, ck.what, kind, ck.desc.Addr, ck.desc.Len)
 			}
 			local = append(local, nixl.BytesDesc(buf[i*proofLen:(i+1)*proofLen]))
-			remoteSlots = append(remoteSlots, nixl.Desc{Addr: whole.Addr + uintptr(ck.desc.Len), Len: proofLen, Dev: ck.desc.Dev})
+			remoteSlots = append(remoteSlots, ck.slot())
 			idx = append(idx, len(idx))
 		}
 		if len(local) == 0 {
@@ -181,16 +357,45 @@ func (m *Manager) checkProof(remote string, msg *bootstrap.Register, lay transfe
 			return fmt.Errorf("%w: reading the proof slots (%v): %v", errNotOwner, kind, err)
 		}
 	}
+	owner := msg.From.Peer()
 	for i, ck := range checks {
 		if ck.desc.Len == 0 {
 			continue
 		}
-		if !bytes.Equal(buf[i*proofLen:(i+1)*proofLen], msg.Proof) {
-			return fmt.Errorf("%w: the proof slot after %s (%v %#x, %d bytes) does not hold the REGISTER's proof: that memory is another process's",
-				errNotOwner, ck.what, ck.kind, ck.desc.Addr, ck.desc.Len)
+		if !hmac.Equal(buf[i*proofLen:(i+1)*proofLen], ck.value(msg.Proof, owner)) {
+			return fmt.Errorf("%w: the proof slot after %s (%v %#x, %d bytes) does not hold %s's value for it: that memory is another process's",
+				errNotOwner, ck.what, ck.kind, ck.desc.Addr, ck.desc.Len, owner)
 		}
 	}
 	return nil
+}
+
+// proofBuffer returns a registered host buffer of at least n bytes for a
+// read-back, from the free list or newly allocated (at most
+// maxProofChecks are in use at once; the largest are kept).
+func (m *Manager) proofBuffer(n int) ([]byte, error) {
+	m.regMu.Lock()
+	for i, b := range m.proofBufs {
+		if cap(b) >= n {
+			m.proofBufs = append(m.proofBufs[:i], m.proofBufs[i+1:]...)
+			m.regMu.Unlock()
+			return b[:n], nil
+		}
+	}
+	m.regMu.Unlock()
+	_, buf, err := m.agent.Alloc(uint64(max(n, 4096)))
+	if err != nil {
+		return nil, err
+	}
+	return buf[:n], nil
+}
+
+func (m *Manager) putProofBuffer(b []byte) {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	if len(m.proofBufs) < maxProofChecks {
+		m.proofBufs = append(m.proofBufs, b[:cap(b)])
+	}
 }
 
 // readSlots reads remote proof slots into local host memory, one transfer.

@@ -3,9 +3,9 @@ package kvmanager
 import (
 	"bytes"
 	"encoding/binary"
-	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,32 +14,41 @@ import (
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // proofRank is a decode rank's memory and identity as a test drives it: an
-// agent of its own with regions of the prefill's layout (each followed by
-// its proof slot, holding proof) and a control loop that sends REGISTERs as
-// that rank.
+// agent of its own (named by default, "<instance>-decode-0") with regions of
+// the prefill's layout, each followed by its proof slot holding the value
+// its seed gives, and a control loop that sends REGISTERs as that rank.
 type proofRank struct {
-	name  string
-	agent *nixl.Agent
-	md    []byte
-	kv    []bootstrap.Region
-	mem   [][]byte
-	proof []byte
-	loop  *bootstrap.Loop
-	acks  chan *bootstrap.RegisterAck
+	name, owner string
+	agent       *nixl.Agent
+	md          []byte
+	kv          []bootstrap.Region
+	mem         [][]byte
+	seed        []byte
+	loop        *bootstrap.Loop
+	acks        chan *bootstrap.RegisterAck
 }
 
-func newProofRank(t *testing.T, engine nixl.Config, name string, regions int, proof string) *proofRank {
+func newProofRank(t *testing.T, engine nixl.Config, instance string, regions int) *proofRank {
 	t.Helper()
-	engine.Name = name
+	return newProofRankNamed(t, engine, instance, instance+"-decode-0", regions)
+}
+
+// newProofRankNamed is a proofRank whose agent has a name of its own.
+func newProofRankNamed(t *testing.T, engine nixl.Config, instance, agent string, regions int) *proofRank {
+	t.Helper()
+	engine.Name = agent
 	a, err := nixl.Open(engine)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
-	r := &proofRank{name: name, agent: a, proof: []byte(fmt.Sprintf("%-32s", proof)[:proofLen]), acks: make(chan *bootstrap.RegisterAck, 4)}
+	from := bootstrap.From{Role: bootstrap.RoleDecode, Instance: instance, Rank: 0}
+	r := &proofRank{name: engine.Name, owner: from.Peer(), agent: a, seed: make([]byte, proofLen), acks: make(chan *bootstrap.RegisterAck, 4)}
+	copy(r.seed, instance)
 	for i := range regions {
 		_, buf, err := a.Alloc(8*64 + transfer.ProofBytes)
 		if err != nil {
@@ -48,16 +57,21 @@ func newProofRank(t *testing.T, engine nixl.Config, name string, regions int, pr
 		for k := range buf[:8*64] {
 			buf[k] = byte(i*31 + k) // the rank's KV: must never change
 		}
-		copy(buf[8*64:], r.proof)
 		r.mem = append(r.mem, buf)
 		r.kv = append(r.kv, bootstrap.Region{Addr: uint64(nixl.BytesDesc(buf).Addr), Len: 8 * 64, ItemLen: 64, Mem: bootstrap.MemDRAM})
+	}
+	lay, err := layoutFrom(r.kv, []bootstrap.Region{}, []bootstrap.Region{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, pr := range proofRegions(lay) {
+		copy(r.mem[i][8*64:], pr.value(r.seed, r.owner))
 	}
 	if r.md, err = a.Metadata(); err != nil {
 		t.Fatal(err)
 	}
 	r.loop, err = bootstrap.NewLoop(bootstrap.LoopConfig{
-		Identity: bootstrap.From{Role: bootstrap.RoleDecode, Instance: name, Rank: 0},
-		Bind:     "tcp://127.0.0.1:*", Auth: testauth.Auth(),
+		Identity: from, Bind: "tcp://127.0.0.1:*", Auth: testauth.Auth(),
 		Handler: func(m bootstrap.Message) {
 			if a, ok := m.(*bootstrap.RegisterAck); ok {
 				r.acks <- a
@@ -68,6 +82,15 @@ func newProofRank(t *testing.T, engine nixl.Config, name string, regions int, pr
 	}
 	t.Cleanup(func() { r.loop.Close() })
 	return r
+}
+
+// shifted is regions moved by off bytes.
+func shifted(kv []bootstrap.Region, off uint64) []bootstrap.Region {
+	out := append([]bootstrap.Region(nil), kv...)
+	for i := range out {
+		out[i].Addr += off
+	}
+	return out
 }
 
 // register sends a REGISTER as this rank and returns the prefill's answer.
@@ -112,15 +135,19 @@ func renamed(t *testing.T, md []byte, name string) []byte {
 
 // TestRegisterForeignMemoryRefused (issue 41, 1): a decode rank that holds
 // only its own identity describes another decode process's memory as its
-// own — that process's agent blob (its name, or renamed to its own: the
-// victim's process, memory and keys), the victim's regions under its own
-// blob, a process not yet registered here — and a REGISTER without a
-// proof. The prefill rank refuses each (not_owner, counted): the proof
-// slots it reads back through the data plane hold the victim's proof, not
-// the attacker's, and the victim's name is the victim's. The victim's
-// registration survives (its remote stays loaded), its memory is
-// untouched, and the attacker's genuine REGISTER is accepted: the check
-// refuses foreign memory, not everything.
+// own, each time with a seed of its choice: that process's blob and name;
+// its blob renamed to the attacker (the victim's process, memory and
+// keys); the same with the regions shifted so each slot falls on bytes the
+// victim never wrote (zeros) and a seed of zeros; with the value read from
+// the victim's slot as the seed; with the victim's seed itself (bound to
+// the victim's identity, not the attacker's); the attacker's own blob with
+// the victim's regions; another rank's default agent name for the
+// attacker's own memory (a squat, before that rank registers); and its own
+// memory without a seed or with another's. The prefill rank refuses each
+// (not_owner, counted). The victim's registration survives (its remote stays
+// loaded, its name its own), its memory is untouched, the squatted rank
+// then registers, and the attacker's genuine REGISTER is accepted: the
+// check refuses foreign memory, not everything.
 func TestRegisterForeignMemoryRefused(t *testing.T) {
 	double, err := nixldouble.Build(t.TempDir())
 	if err != nil {
@@ -141,33 +168,43 @@ func TestRegisterForeignMemoryRefused(t *testing.T) {
 				c.Instance = "proof-prefill-" + tc.name
 			})
 			n := len(p.cfg.Layout.Regions)
-			victim := newProofRank(t, tc.engine, "proof-victim-"+tc.name, n, "the victim's own proof..........")
-			bystander := newProofRank(t, tc.engine, "proof-bystander-"+tc.name, n, "a process that never registered.")
-			attacker := newProofRank(t, tc.engine, "proof-attacker-"+tc.name, n, "the attacker's own proof........")
-			if a := victim.register(t, p, victim.name, victim.md, victim.kv, victim.proof); !a.OK {
-				t.Fatalf("the victim's genuine REGISTER refused: %s", a.Reason)
+			victim := newProofRank(t, tc.engine, "victim-"+tc.name, n)
+			custom := newProofRankNamed(t, tc.engine, "custom-"+tc.name, "kv-agent-of-"+tc.name, n) // a name of its own choosing
+			late := newProofRank(t, tc.engine, "late-"+tc.name, n)
+			attacker := newProofRank(t, tc.engine, "attacker-"+tc.name, n)
+			for _, r := range []*proofRank{victim, custom} {
+				if a := r.register(t, p, r.name, r.md, r.kv, r.seed); !a.OK {
+					t.Fatalf("%s's genuine REGISTER refused: %s", r.owner, a.Reason)
+				}
 			}
 			refusals := func() uint64 {
 				var s CoreStats
 				p.read(func(c *Core) { s = c.Stats() })
 				return s.LayoutRefused[RefusedNotOwner]
 			}
+			victimAs := renamed(t, victim.md, attacker.name) // the victim's process, memory and keys under the attacker's name
+			slotValue := victim.mem[0][8*64 : 8*64+proofLen]
+			zeros := make([]byte, proofLen)
 			for _, c := range []struct {
 				what  string
 				agent string
 				md    []byte
 				kv    []bootstrap.Region
-				proof []byte
+				seed  []byte
 			}{
-				{"the victim's blob, name and regions", victim.name, victim.md, victim.kv, attacker.proof},
-				{"the victim's blob renamed to the attacker, the victim's regions", attacker.name, renamed(t, victim.md, attacker.name), victim.kv, attacker.proof},
-				{"the attacker's own blob, the victim's regions", attacker.name, attacker.md, victim.kv, attacker.proof},
-				{"an unregistered process's blob and regions", bystander.name, bystander.md, bystander.kv, attacker.proof},
-				{"the attacker's own memory without a proof", attacker.name, attacker.md, attacker.kv, nil},
-				{"the attacker's own memory, another proof", attacker.name, attacker.md, attacker.kv, victim.proof},
+				{"the victim's blob, name and regions", victim.name, victim.md, victim.kv, attacker.seed},
+				{"another rank's blob and custom agent name", custom.name, custom.md, custom.kv, attacker.seed},
+				{"the victim's blob renamed to the attacker, the victim's regions", attacker.name, victimAs, victim.kv, attacker.seed},
+				{"the same, regions shifted onto bytes never written, a seed of zeros", attacker.name, victimAs, shifted(victim.kv, proofLen), zeros},
+				{"the same, the victim's slot value read back as the seed", attacker.name, victimAs, victim.kv, slotValue},
+				{"the same, the victim's seed itself", attacker.name, victimAs, victim.kv, victim.seed},
+				{"the attacker's own blob, the victim's regions", attacker.name, attacker.md, victim.kv, attacker.seed},
+				{"the attacker's own memory under another rank's default name (a squat)", late.name, renamed(t, attacker.md, late.name), attacker.kv, attacker.seed},
+				{"the attacker's own memory without a seed", attacker.name, attacker.md, attacker.kv, nil},
+				{"the attacker's own memory, another rank's seed", attacker.name, attacker.md, attacker.kv, victim.seed},
 			} {
 				before := refusals()
-				a := attacker.register(t, p, c.agent, c.md, c.kv, c.proof)
+				a := attacker.register(t, p, c.agent, c.md, c.kv, c.seed)
 				if a.OK {
 					t.Fatalf("%s: accepted (REGISTER_ACK ok): the prefill rank would write the attacker's rooms there", c.what)
 				}
@@ -179,17 +216,19 @@ func TestRegisterForeignMemoryRefused(t *testing.T) {
 				}
 				t.Logf("%s: refused: %s", c.what, a.Reason)
 			}
-			if refusals() < 4 {
+			if refusals() < 5 { // (the NIXL double refuses a renamed blob as bad metadata first)
 				t.Fatalf("only %d refusals counted as not_owner", refusals())
 			}
-			// The victim's registration is intact: its remote is loaded, its
-			// name still its own, its memory as it wrote it.
-			if !p.agent.RemoteContains(victim.name, nixl.DRAM, nixl.BytesDesc(victim.mem[0])) {
-				t.Fatal("the victim's remote agent is gone from the prefill rank: an attacker's REGISTER replaced or dropped it")
+			// The victims' registrations are intact: their remotes are
+			// loaded, their names still their own, the memory as written.
+			for _, r := range []*proofRank{victim, custom} {
+				if !p.agent.RemoteContains(r.name, nixl.DRAM, nixl.BytesDesc(r.mem[0])) {
+					t.Fatalf("%s's remote agent is gone from the prefill rank: an attacker's REGISTER replaced or dropped it", r.owner)
+				}
 			}
 			var owner string
 			p.read(func(c *Core) { owner = c.AgentOwner(victim.name) })
-			if owner != "decode/"+victim.name+"/0" && !strings.Contains(owner, victim.name) {
+			if owner != victim.owner {
 				t.Fatalf("the victim's agent is registered to %q", owner)
 			}
 			for i, buf := range victim.mem {
@@ -198,15 +237,22 @@ func TestRegisterForeignMemoryRefused(t *testing.T) {
 						t.Fatalf("the victim's region %d changed at byte %d", i, k)
 					}
 				}
-				if !bytes.Equal(buf[8*64:8*64+len(victim.proof)], victim.proof) {
-					t.Fatalf("the victim's proof slot %d changed", i)
+			}
+			for _, r := range []*proofRank{victim, late, attacker} {
+				if a := r.register(t, p, r.name, r.md, r.kv, r.seed); !a.OK {
+					t.Fatalf("%s's genuine REGISTER refused after the attacks: %s", r.owner, a.Reason)
 				}
 			}
-			if a := victim.register(t, p, victim.name, victim.md, victim.kv, victim.proof); !a.OK {
-				t.Fatalf("the victim's REGISTER refused after the attacks: %s", a.Reason)
+			// A repeat of a proven registration is not read again; the same
+			// process with another blob is refused, its registration kept.
+			if a := victim.register(t, p, victim.name, victim.md, victim.kv, victim.seed); !a.OK {
+				t.Fatalf("the victim's repeated REGISTER refused: %s", a.Reason)
 			}
-			if a := attacker.register(t, p, attacker.name, attacker.md, attacker.kv, attacker.proof); !a.OK {
-				t.Fatalf("the attacker's genuine REGISTER (its own memory) refused: %s", a.Reason)
+			if a := victim.register(t, p, victim.name+"x", renamed(t, victim.md, victim.name+"x"), victim.kv, victim.seed); a.OK || !strings.Contains(a.Reason, "other agent metadata") {
+				t.Fatalf("the victim's process registered again with another blob: ok %v, %s", a.OK, a.Reason)
+			}
+			if !p.agent.RemoteContains(victim.name, nixl.DRAM, nixl.BytesDesc(victim.mem[0])) {
+				t.Fatal("a refused repeat dropped the victim's remote")
 			}
 		})
 	}
@@ -256,7 +302,7 @@ func BenchmarkRegisterProof(b *testing.B) {
 				var plan PeerPlan
 				p.read(func(c *Core) { plan, err = c.CheckRegister(&msg) })
 				if err == nil {
-					err = p.checkClaims(&msg)
+					_, err = p.checkClaims(&msg)
 				}
 				var name string
 				if err == nil {
@@ -312,10 +358,83 @@ func TestCallerRegionsNeedProofSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	for i := range 2 {
+	for i, pr := range proofRegions(d.cfg.Layout) {
 		off := i*(8*64+transfer.ProofBytes) + 8*64
-		if !bytes.Equal(mem[off:off+proofLen], d.proof[:]) || bytes.Equal(d.proof[:], make([]byte, proofLen)) {
-			t.Fatalf("the slot after region %d does not hold the process's proof", i)
+		if !bytes.Equal(mem[off:off+proofLen], pr.value(d.proof[:], "decode/slots/0")) || bytes.Equal(d.proof[:], make([]byte, proofLen)) {
+			t.Fatalf("the slot after region %d does not hold the process's value for it", i)
 		}
+	}
+}
+
+// TestRegisterCheckOffTheControlLoop: a REGISTER whose proof read does not
+// come back (held here, as a peer that never answers) holds neither the
+// control loop nor another decode rank's registration: the other rank's
+// REGISTER is answered meanwhile. A repeat from the held rank is left for it
+// to send again, counted; once the read returns, the held REGISTER is
+// answered. With the check on the control loop's goroutine (before) the
+// other rank waited for the held one.
+func TestRegisterCheckOffTheControlLoop(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	engine := nixl.Config{Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}}
+	p := newTestPrefill(t, func(c *Config) {
+		c.Engine, c.Instance, c.Registerer = engine, "offloop-prefill", reg
+	})
+	n := len(p.cfg.Layout.Regions)
+	slow := newProofRank(t, engine, "slow", n)
+	quick := newProofRank(t, engine, "quick", n)
+	hold, holding := make(chan struct{}), make(chan struct{}, 1)
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	t.Cleanup(release) // a failure below must not leave the check held
+	p.regMu.Lock()
+	p.proofHook = func(msg *bootstrap.Register) {
+		if msg.From.Instance == "slow" {
+			holding <- struct{}{}
+			<-hold
+		}
+	}
+	p.regMu.Unlock()
+	send := func(r *proofRank) {
+		t.Helper()
+		msg := &bootstrap.Register{Compat: p.cfg.Compat, Agent: r.name, AgentMD: r.md, TPSize: 1,
+			KV: r.kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: r.seed}
+		if err := r.loop.Send(bootstrap.Peer{Endpoint: p.Endpoint()}, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(slow)
+	<-holding // its proof read is in progress, and does not come back
+	if a := quick.register(t, p, quick.name, quick.md, quick.kv, quick.seed); !a.OK {
+		t.Fatalf("another rank's REGISTER while one is held: %s", a.Reason)
+	}
+	deferred := func() float64 {
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() == "kvbridge_registers_deferred_total" {
+				return f.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return -1
+	}
+	send(slow) // a repeat while its first is checked: left for it to send again
+	if d := quick.register(t, p, quick.name, quick.md, quick.kv, quick.seed); !d.OK || deferred() != 1 {
+		t.Fatalf("the held rank's repeat: %v deferred (want 1); the other rank's repeat %v", deferred(), d.OK)
+	}
+	select {
+	case a := <-slow.acks:
+		t.Fatalf("an answer to the held rank before its read returned: %+v", a)
+	default:
+	}
+	release()
+	select {
+	case a := <-slow.acks:
+		if !a.OK {
+			t.Fatalf("the held REGISTER, once its read returned: %s", a.Reason)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer to the held REGISTER after its read returned")
 	}
 }

@@ -35,14 +35,22 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 	}
 	defer dec.Close()
 	var kv []bootstrap.Region
-	proof := []byte("the md-fuzz decode's own proof..")
+	var mem [][]byte
+	proof := []byte("the md-fuzz decode's own seed...")
 	for range p.cfg.Layout.Regions {
 		_, buf, err := dec.Alloc(8*64 + transfer.ProofBytes)
 		if err != nil {
 			t.Fatal(err)
 		}
-		copy(buf[8*64:], proof) // its ownership proof, after the region
+		mem = append(mem, buf)
 		kv = append(kv, bootstrap.Region{Addr: uint64(nixl.BytesDesc(buf).Addr), Len: 8 * 64, ItemLen: 64, Mem: bootstrap.MemDRAM})
+	}
+	lay, err := layoutFrom(kv, []bootstrap.Region{}, []bootstrap.Region{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, pr := range proofRegions(lay) {
+		copy(mem[i][8*64:], pr.value(proof, "decode/md-fuzz-decode/0")) // its ownership proof, after the region
 	}
 	md, err := dec.Metadata()
 	if err != nil {
@@ -50,22 +58,28 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 	}
 	payload, keys := blobFields(t, md)
 
+	// Each REGISTER from a new process of the decode rank (a new epoch):
+	// a process that registered one blob may not register another (it is
+	// refused before its metadata is loaded), and each mutated blob must
+	// reach the engine's checks.
 	acks := make(chan *bootstrap.RegisterAck, 16)
-	loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{
-		Identity: bootstrap.From{Role: bootstrap.RoleDecode, Instance: "md-fuzz-decode", Rank: 0},
-		Bind:     "tcp://127.0.0.1:*", Auth: testauth.Auth(),
-		Handler: func(m bootstrap.Message) {
-			if a, ok := m.(*bootstrap.RegisterAck); ok {
-				acks <- a
-			}
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer loop.Close()
 	to := bootstrap.Peer{Endpoint: p.Endpoint()}
+	epoch := bootstrap.NewEpoch()
 	register := func(agentMD []byte) *bootstrap.RegisterAck {
 		t.Helper()
+		epoch += 2
+		loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{
+			Identity: bootstrap.From{Role: bootstrap.RoleDecode, Instance: "md-fuzz-decode", Rank: 0, Epoch: epoch},
+			Bind:     "tcp://127.0.0.1:*", Auth: testauth.Auth(),
+			Handler: func(m bootstrap.Message) {
+				if a, ok := m.(*bootstrap.RegisterAck); ok {
+					acks <- a
+				}
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer loop.Close()
 		reg := &bootstrap.Register{Compat: p.cfg.Compat, Agent: "md-fuzz-decode", AgentMD: agentMD, TPSize: 1,
 			KV: kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: proof}
 		if err := loop.Send(to, reg); err != nil {

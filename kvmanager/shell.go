@@ -42,12 +42,18 @@ type Manager struct {
 
 	kvMem  [][]byte // regions the Manager allocated (nil when the caller's)
 	warmUp time.Duration
-	// proof is this process's ownership proof: in the slot after each of
-	// its regions, and in its REGISTERs (sealed). proofBuf is a prefill
-	// rank's registered read-back buffer (proof.go), under proofMu.
-	proof    [proofLen]byte
-	proofMu  sync.Mutex
-	proofBuf []byte
+	// proof is this process's ownership proof seed: its values are in the
+	// slot after each of its regions, the seed in its REGISTERs (sealed).
+	// Under regMu, a prefill rank's REGISTER checks (proof.go): those in
+	// progress by decode rank and agent name, the registrations proven,
+	// free read-back buffers, and whether Close stopped new checks.
+	proof     [proofLen]byte
+	regMu     sync.Mutex
+	checking  map[string]bool
+	proven    map[string]provenReg
+	proofBufs [][]byte
+	regClosed bool
+	proofHook func(*bootstrap.Register) // tests: runs before a proof's read
 	auxMem   []byte
 	stateMem [][]byte
 
@@ -227,7 +233,8 @@ func (m *Manager) registerMemory(cfg *Config) error {
 			return fmt.Errorf("kvmanager: registering KV memory: %w", err)
 		}
 	}
-	if err := m.writeProof(cfg.Layout); err != nil {
+	role := map[Role]string{RolePrefill: bootstrap.RolePrefill, RoleDecode: bootstrap.RoleDecode}[cfg.Role]
+	if err := m.writeProof(cfg.Layout, bootstrap.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank}.Peer()); err != nil {
 		return err
 	}
 	if cfg.WarmMemory {
@@ -549,6 +556,9 @@ func (m *Manager) Close() error {
 		m.step(func(c *Core, now time.Time) { c.Step(now, Close{Reason: "manager closed"}) })
 		close(m.closing)
 		m.cancel()
+		m.regMu.Lock()
+		m.regClosed = true // no REGISTER check starts after this
+		m.regMu.Unlock()
 		m.wg.Wait()
 		if m.deregister != nil {
 			m.deregister()

@@ -947,6 +947,18 @@ func (u *ucx) sendRawAM(remote string, id int, hdr, data []byte, flags uint) err
 	})
 }
 
+// fillReadAnswers has the engine count its read answers' queue as full, or
+// empty again (tests: a reader that does not drain its answers).
+func (u *ucx) fillReadAnswers(full bool) error {
+	return u.do(func() error {
+		u.ctx.rdata_pending = 0
+		if full {
+			u.ctx.rdata_pending = C.KVB_RDATA_PENDING
+		}
+		return nil
+	})
+}
+
 // bytesPtr is b's first byte for a C call that copies it before returning
 // (nil when empty).
 func bytesPtr(b []byte) unsafe.Pointer {

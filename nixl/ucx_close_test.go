@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -344,11 +345,60 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	}
 	waitFor(t, "forged answers counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+2 })
 
+	// A forged answer with the token and index of a read in flight, from
+	// another agent (not the read's endpoint): counted, not copied; the
+	// target's own answer lands. The target's progress is held so the read
+	// stays in flight.
+	forger := open(t, ec, "forger")
+	exchange(t, forger, p.ini)
+	hold, held := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	t.Cleanup(release) // a failure below must not leave the target held
+	go tgt.do(func() error { close(held); <-hold; return nil })
+	<-held
+	clear(local)
+	x = read(t, p, []Desc{BytesDesc(local[:64])}, []Desc{BytesDesc(src[64:128])})
+	var token uint64
+	if err := ini.do(func() error { token = uint64(x.handle.(*ucxXfer).c.token); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	_, s0 = p.ini.WritesRefused()
+	live := make([]byte, 24)
+	binary.LittleEndian.PutUint64(live, token)
+	if err := forger.b.(*ucx).sendRawAM(p.ini.Name(), 13, live, bytes.Repeat([]byte{0xee}, 64), eager|reply); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "an answer with a live token from another endpoint counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+1 })
+	release()
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(local[:64], src[64:128]) {
+		t.Fatalf("the read after a forged answer: %v %v, the target's bytes %v", st, err, bytes.Equal(local[:64], src[64:128]))
+	}
+	p.ini.Release(x)
+
+	// A target whose answers queue up past KVB_RDATA_PENDING (a reader that
+	// does not drain them) refuses further reads: counted, the read fails.
+	if err := tgt.fillReadAnswers(true); err != nil {
+		t.Fatal(err)
+	}
+	r0, _ := p.tgt.WritesRefused()
+	x = read(t, p, []Desc{BytesDesc(local[:64])}, []Desc{BytesDesc(src[:64])})
+	if st, err := wait(t, p.ini, x, time.Minute); st != Failed || err == nil {
+		t.Fatalf("a read past the target's queued answers: %v %v, want Failed", st, err)
+	}
+	p.ini.Release(x)
+	if r, _ := p.tgt.WritesRefused(); r != r0+1 {
+		t.Fatalf("target counted %d refusals, want 1", r-r0)
+	}
+	if err := tgt.fillReadAnswers(false); err != nil {
+		t.Fatal(err)
+	}
+
 	// Memory the target deregistered: refused, counted, the read fails.
 	if err := p.tgt.Deregister(reg); err != nil {
 		t.Fatal(err)
 	}
-	r0, _ := p.tgt.WritesRefused()
+	r0, _ = p.tgt.WritesRefused()
 	clear(local)
 	x = read(t, p, []Desc{BytesDesc(local)}, []Desc{BytesDesc(src)})
 	st, err := wait(t, p.ini, x, time.Minute)

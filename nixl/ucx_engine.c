@@ -175,9 +175,29 @@ static ucs_status_t kvb_write_cb(void *arg, const void *header, size_t header_le
 	return UCS_OK;
 }
 
+// kvb_rblock heads an answer's buffer: what it counts in rdata_pending.
+typedef struct kvb_rblock {
+	kvb_ctx *c;
+	size_t n;
+} kvb_rblock;
+
+static void kvb_rblock_free(kvb_rblock *b)
+{
+	b->c->rdata_pending -= b->n;
+	free(b);
+}
+
+static void kvb_rdata_sent_cb(void *req, ucs_status_t status, void *user)
+{
+	(void)status;
+	kvb_rblock_free(user);
+	kvbu.ucp_request_free(req);
+}
+
 // kvb_read_cb is the target's side of an active-message read: it answers
-// with the bytes asked for only when they lie inside mapped host memory,
-// else with a refusal, through the reply endpoint.
+// with the bytes asked for only when they lie inside mapped host memory
+// and its queued answers stay under KVB_RDATA_PENDING, else with a
+// refusal, through the reply endpoint.
 static ucs_status_t kvb_read_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
 				const ucp_am_recv_param_t *param)
 {
@@ -190,29 +210,38 @@ static ucs_status_t kvb_read_cb(void *arg, const void *header, size_t header_len
 		return UCS_OK;
 	}
 	memcpy(&h, header, sizeof(h));
-	int ok = h.len <= KVB_AM_CHUNK && kvb_region_covers(c, h.addr, h.len);
-	size_t n = ok ? h.len : 0;
-	char *block = malloc(sizeof(kvb_rdata) + n + 1);
-	if (block == NULL) {
+	ucs_status_t st = UCS_OK;
+	if (h.len > KVB_AM_CHUNK || !kvb_region_covers(c, h.addr, h.len)) {
+		st = UCS_ERR_INVALID_ADDR; // not memory this worker mapped
+	} else if (c->rdata_pending + h.len > KVB_RDATA_PENDING) {
+		st = UCS_ERR_BUSY; // the reader does not take its answers
+	}
+	size_t n = st == UCS_OK ? h.len : 0;
+	kvb_rblock *b = malloc(sizeof(kvb_rblock) + sizeof(kvb_rdata) + n + 1);
+	if (b == NULL) {
 		c->writes_refused++;
 		return UCS_OK;
 	}
-	kvb_rdata a = {h.token, h.index, ok ? UCS_OK : UCS_ERR_INVALID_ADDR};
+	b->c = c;
+	b->n = n;
+	c->rdata_pending += n;
+	char *block = (char *)(b + 1);
+	kvb_rdata a = {h.token, h.index, st};
 	memcpy(block, &a, sizeof(a));
 	if (n > 0) {
 		memcpy(block + sizeof(a), (void *)(uintptr_t)h.addr, n);
 	}
-	if (!ok) {
+	if (st != UCS_OK) {
 		c->writes_refused++;
 	}
 	ucp_request_param_t p = {0};
 	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
 	p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-	p.cb.send = kvb_free_cb;
-	p.user_data = block;
+	p.cb.send = kvb_rdata_sent_cb;
+	p.user_data = b;
 	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(param->reply_ep, KVB_AM_RDATA, block, sizeof(a), block + sizeof(a), n, &p);
 	if (!UCS_PTR_IS_PTR(r)) {
-		free(block); // sent at once, or failed (the reader gone): no callback comes
+		kvb_rblock_free(b); // sent at once, or failed (the reader gone): no callback comes
 	}
 	return UCS_OK;
 }
@@ -763,6 +792,7 @@ void kvb_xfer_copied(kvb_xfer *x, kvb_ep *e, int has_notif)
 	x->flush_done = 0;
 	x->am_done = 0;
 	x->am_write = 0;
+	x->am_read = 0;
 	x->stage = e->failed ? KVB_XFER_FAILED : has_notif ? KVB_XFER_NOTIFY : KVB_XFER_DONE;
 }
 

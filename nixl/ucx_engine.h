@@ -25,6 +25,10 @@
 // initiator names, and a bad one kills the target (SIGSEGV).
 #define KVB_AM_READ 12
 #define KVB_AM_RDATA 13
+// KVB_RDATA_PENDING bounds the answers' bytes a target has queued and not
+// yet sent: a reader that asks and never drains its socket gets refusals,
+// not this process's memory.
+#define KVB_RDATA_PENDING (8u << 20)
 // KVB_AM_CHUNK is the largest write message: a target holds one such
 // message at a time per sender while UCX reassembles it.
 #define KVB_AM_CHUNK (256 * 1024)
@@ -109,6 +113,7 @@ typedef struct kvb_ctx {
 	// and acks or read answers for no transfer in flight (late, after a
 	// cancel, or forged) or not matching its request.
 	unsigned long writes_refused, acks_unknown;
+	size_t rdata_pending; // bytes of KVB_AM_RDATA answers queued, not yet sent
 } kvb_ctx;
 
 enum {

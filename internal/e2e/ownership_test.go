@@ -91,15 +91,19 @@ func lenStr(s string) []byte {
 // host under per-rank identity. The attacker knows what any process of the
 // same host can learn of the victim: its agent metadata (pid, segments,
 // region addresses and keys), its regions. It REGISTERs with the prefill
-// rank, each time with its own ownership proof: the victim's blob under
-// the attacker's name with the victim's regions (the victim's process,
-// forged as the attacker's); its own blob (its own pid) with the victim's
-// addresses, and with the victim's region table; the victim's blob and
-// name. The prefill process refuses each (not_owner, counted); the
-// victim's memory is byte for byte what it was, and its next room
-// succeeds, verified. The attacker's genuine REGISTER — its own memory —
-// is accepted. Before the proofs (issue 41), the first was acknowledged
-// and the prefill rank wrote the attacker's rooms into the victim.
+// rank, each time with a seed of its choice: the victim's blob under the
+// attacker's name with the victim's regions (the victim's process, forged
+// as the attacker's); the same with every region shifted so that its slot
+// falls on bytes the victim never wrote, and a seed of zeros; its own blob
+// (its own pid) with the victim's region table, and with the victim's
+// addresses; the victim's blob and name; its own memory under the default
+// agent name of a decode rank not started yet. The prefill process refuses
+// each (not_owner, or the blob's check), counted; the victim's memory is
+// byte for byte what it was, and its next room succeeds, verified. (That
+// the check accepts a rank's own memory: every other e2e test, and
+// kvmanager.TestRegisterForeignMemoryRefused.) Before the proofs (issue
+// 41), the first was acknowledged and the prefill rank wrote the attacker's
+// rooms into the victim; before the proofs were keyed, the second was.
 func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 	for _, engine := range []string{"ucx-shm", "ucx-tcp", "libnixl-real"} {
 		t.Run(engine, func(t *testing.T) {
@@ -134,7 +138,7 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 			}
 
 			// The attacker: its own agent and memory (the layout's regions,
-			// each with its proof slot), its own proof, its own identity.
+			// each with a slot), its own identity; the seed is its choice.
 			cfg := engines[engine]
 			cfg.Name = "attacker-decode-0"
 			agent, err := nixl.Open(cfg)
@@ -142,29 +146,24 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer agent.Close()
-			proof := make([]byte, 32)
-			copy(proof, "the attacker's own proof")
 			own := layout()
 			for i := range own.Regions {
 				_, buf, err := agent.Alloc(own.Regions[i].Len + transfer.ProofBytes)
 				if err != nil {
 					t.Fatal(err)
 				}
-				copy(buf[own.Regions[i].Len:], proof)
 				own.Regions[i] = nixl.BytesDesc(buf[:own.Regions[i].Len])
 			}
 			_, aux, err := agent.Alloc(own.Aux.Len + transfer.ProofBytes)
 			if err != nil {
 				t.Fatal(err)
 			}
-			copy(aux[own.Aux.Len:], proof)
 			own.Aux = nixl.BytesDesc(aux[:own.Aux.Len])
 			for i := range own.State {
 				_, buf, err := agent.Alloc(own.State[i].Len + transfer.ProofBytes)
 				if err != nil {
 					t.Fatal(err)
 				}
-				copy(buf[own.State[i].Len:], proof)
 				own.State[i].Desc = nixl.BytesDesc(buf[:own.State[i].Len])
 			}
 			ownMD, err := agent.Metadata()
@@ -172,6 +171,8 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 				t.Fatal(err)
 			}
 			ownKV, ownAux, ownState := registerRegions(own)
+			seed := make([]byte, 32)
+			copy(seed, "the attacker's own seed")
 
 			acks := make(chan *bootstrap.RegisterAck, 4)
 			loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
@@ -188,10 +189,10 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 			f := strings.Fields(prefill.ready)
 			epoch, _ := strconv.ParseUint(f[2], 10, 64)
 			to := bootstrap.Peer{Endpoint: f[1], Cert: string(ids[0].Cert.Raw()), Epoch: epoch}
-			register := func(agentName string, md []byte, kv, aux, state []bootstrap.Region) *bootstrap.RegisterAck {
+			register := func(agentName string, md []byte, kv, aux, state []bootstrap.Region, seed []byte) *bootstrap.RegisterAck {
 				t.Helper()
 				err := loop.Send(to, &bootstrap.Register{Compat: "v1:test-layout", Agent: agentName, AgentMD: md, TPSize: 1,
-					KV: kv, Aux: aux, State: state, Proof: proof})
+					KV: kv, Aux: aux, State: state, Proof: seed})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -205,7 +206,7 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 			}
 
 			vHead, _, vLib, vTable, vPayload := blobParts(t, vm.MD)
-			oHead, oName, oLib, _, oPayload := blobParts(t, ownMD)
+			oHead, oName, oLib, oTable, oPayload := blobParts(t, ownMD)
 			forged := func(head, name, lib, table, payload []byte) []byte {
 				var b []byte
 				for _, p := range [][]byte{head, name, lib, table, payload} {
@@ -213,21 +214,34 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 				}
 				return b
 			}
+			shift := func(rs []bootstrap.Region) []bootstrap.Region {
+				out := append([]bootstrap.Region(nil), rs...)
+				for i := range out {
+					out[i].Addr += 32
+				}
+				return out
+			}
+			victimAs := forged(vHead, lenStr(cfg.Name), vLib, vTable, vPayload)
 			for _, c := range []struct {
 				what           string
 				agent          string
 				md             []byte
 				kv, aux, state []bootstrap.Region
+				seed           []byte
 			}{
 				{"the victim's blob (its pid, segments and keys) under the attacker's name, the victim's regions",
-					cfg.Name, forged(vHead, lenStr(cfg.Name), vLib, vTable, vPayload), vm.KV, vm.Aux, vm.State},
+					cfg.Name, victimAs, vm.KV, vm.Aux, vm.State, seed},
+				{"the same, each region shifted so its slot falls on bytes the victim never wrote, a seed of zeros",
+					cfg.Name, victimAs, shift(vm.KV), shift(vm.Aux), shift(vm.State), make([]byte, 32)},
 				{"the attacker's own blob (its own pid) with the victim's region table, the victim's regions",
-					cfg.Name, forged(oHead, oName, oLib, vTable, oPayload), vm.KV, vm.Aux, vm.State},
-				{"the attacker's own blob, the victim's addresses", cfg.Name, ownMD, vm.KV, vm.Aux, vm.State},
-				{"the victim's blob and agent name", vm.Agent, vm.MD, vm.KV, vm.Aux, vm.State},
+					cfg.Name, forged(oHead, oName, oLib, vTable, oPayload), vm.KV, vm.Aux, vm.State, seed},
+				{"the attacker's own blob, the victim's addresses", cfg.Name, ownMD, vm.KV, vm.Aux, vm.State, seed},
+				{"the victim's blob and agent name", vm.Agent, vm.MD, vm.KV, vm.Aux, vm.State, seed},
+				{"its own memory under the default name of a decode rank not started yet", "proc-decode-1",
+					forged(oHead, lenStr("proc-decode-1"), oLib, oTable, oPayload), ownKV, ownAux, ownState, seed},
 			} {
 				n := refused()
-				a := register(c.agent, c.md, c.kv, c.aux, c.state)
+				a := register(c.agent, c.md, c.kv, c.aux, c.state, c.seed)
 				if a.OK {
 					t.Fatalf("%s: acknowledged: the prefill rank would write the attacker's rooms into the victim's memory", c.what)
 				}
@@ -239,16 +253,13 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 				}
 				t.Logf("%s: refused: %s", c.what, a.Reason)
 			}
-			if n := refused(); n < 3 {
+			if n := refused(); n < 5 {
 				t.Fatalf("%d refusals counted as not_owner", n)
 			}
 			if after := sum(); after != before {
 				t.Fatalf("the victim's memory changed under the attack: %s → %s", before, after)
 			}
 			pdRoom(t, prefill, victim, 2, pp, dp) // alive, registered, byte-exact
-			if a := register(cfg.Name, ownMD, ownKV, ownAux, ownState); !a.OK {
-				t.Fatalf("the attacker's genuine REGISTER (its own memory) refused: %s", a.Reason)
-			}
 		})
 	}
 }

@@ -106,10 +106,24 @@ var mutants = []mutant{
 	// whatever address the reader names.
 	{name: "tcp-reads-emulated", file: "nixl/ucx_engine.c", old: "	if (read && e->emulated) {", new: "	if (0 && read && e->emulated) {",
 		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
+	{name: "read-answer-any-endpoint", file: "nixl/ucx_engine.c", old: "	    param->reply_ep != x->ep->ep || a.index >= x->rchunks", new: "	    a.index >= x->rchunks",
+		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
+	{name: "read-answers-unbounded", file: "nixl/ucx_engine.c", old: "	} else if (c->rdata_pending + h.len > KVB_RDATA_PENDING) {", new: "	} else if (0) {",
+		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
 	// Memory proven to its owner (issue 41, 1): a REGISTER's proof slots
 	// read back but not compared; an agent name another decode rank
 	// registered taken over (its remote dropped by the refusal).
-	{name: "proof-not-compared", file: "kvmanager/proof.go", old: "		if !bytes.Equal(buf[i*proofLen:(i+1)*proofLen], msg.Proof) {", new: "		if false && !bytes.Equal(buf[i*proofLen:(i+1)*proofLen], msg.Proof) {",
+	{name: "proof-not-compared", file: "kvmanager/proof.go", old: "		if !hmac.Equal(buf[i*proofLen:(i+1)*proofLen], ck.value(msg.Proof, owner)) {", new: "		if false && !hmac.Equal(buf[i*proofLen:(i+1)*proofLen], ck.value(msg.Proof, owner)) {",
+		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
+	// The slot's value not keyed by the seed: bytes already in another
+	// process's memory match a seed of the attacker's choice.
+	{name: "proof-not-keyed", file: "kvmanager/proof.go", old: "	h := hmac.New(sha256.New, seed)", new: "	h := hmac.New(sha256.New, nil)",
+		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
+	{name: "default-name-not-reserved", file: "kvmanager/proof.go", old: "		if own := g[2] + \"/\" + g[1] + \"/\" + g[3]; own != msg.From.Peer() {", new: "		if own := g[2] + \"/\" + g[1] + \"/\" + g[3]; false && own != msg.From.Peer() {",
+		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
+	{name: "proof-check-on-control-loop", file: "kvmanager/prefill.go", old: "	go func() {\n		defer m.endCheck(msg.From.Peer(), msg.Agent)\n		m.bindRegister(msg, lay, repeat)\n	}()", new: "	func() {\n		defer m.endCheck(msg.From.Peer(), msg.Agent)\n		m.bindRegister(msg, lay, repeat)\n	}()",
+		pkg: "kvmanager", run: "^TestRegisterCheckOffTheControlLoop$"},
+	{name: "repeat-with-other-blob-loaded", file: "kvmanager/proof.go", old: "		if p.md != md || p.lay != lay {", new: "		if false && (p.md != md || p.lay != lay) {",
 		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
 	{name: "agent-name-not-owned", file: "kvmanager/proof.go", old: "	if owner != \"\" && owner != msg.From.Peer() {", new: "	if false && owner != \"\" && owner != msg.From.Peer() {",
 		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
