@@ -54,8 +54,8 @@ type Manager struct {
 	proofBufs [][]byte
 	regClosed bool
 	proofHook func(*bootstrap.Register) // tests: runs before a proof's read
-	auxMem   []byte
-	stateMem [][]byte
+	auxMem    []byte
+	stateMem  [][]byte
 
 	// resolver looks decode targets up (set by NewDecode).
 	resolver func(Target)
