@@ -33,6 +33,7 @@ func NewPrefill(cfg Config) (*Prefill, error) {
 		m.Close()
 		return nil, err
 	}
+	m.registersReady.Store(true) // REGISTERs are handled from here on (the pool exists)
 	if m.cfg.BootstrapURL != "" {
 		if err := m.registerRank(); err != nil {
 			m.Close()
@@ -109,12 +110,15 @@ func (m *Manager) onRegister(msg *bootstrap.Register) {
 	if !m.receive(msg, nil).OK {
 		return // stale, or this is a decode rank
 	}
+	if !m.registersReady.Load() {
+		m.met.deferred.Inc() // NewPrefill has not finished: the sender repeats it
+		return
+	}
 	var lay PeerPlan
 	var err error
 	m.read(func(c *Core) { lay, err = c.CheckRegister(msg) })
-	var repeat bool
 	if err == nil {
-		repeat, err = m.checkClaims(msg)
+		_, err = m.checkClaims(msg) // early; again once the rank and name are reserved
 	}
 	if err != nil {
 		m.refuseRegister(msg, err)
@@ -126,7 +130,7 @@ func (m *Manager) onRegister(msg *bootstrap.Register) {
 	}
 	go func() {
 		defer m.endCheck(msg.From.Peer(), msg.Agent)
-		m.bindRegister(msg, lay, repeat)
+		m.bindRegister(msg, lay)
 	}()
 }
 

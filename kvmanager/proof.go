@@ -254,20 +254,31 @@ func (m *Manager) endCheck(peer, agent string) {
 	m.wg.Done()
 }
 
-// bindRegister loads a checked REGISTER's agent metadata, proves its
-// memory (unless it repeats a proven registration) and prepares its lists,
-// then steps Registered or RegisterRefused.
-func (m *Manager) bindRegister(msg *bootstrap.Register, lay PeerPlan, repeat bool) {
-	name, err := m.agent.LoadRemote(msg.AgentMD)
+// bindRegister checks a REGISTER's claims again now that its rank and
+// agent name are reserved (the name's owner may have changed since the
+// control loop looked), loads its agent metadata and proves its memory —
+// unless it repeats a proven registration whose remote is still loaded and
+// usable, which is left as it is — prepares its lists, then steps
+// Registered or RegisterRefused.
+func (m *Manager) bindRegister(msg *bootstrap.Register, lay PeerPlan) {
+	repeat, err := m.checkClaims(msg)
 	if err != nil {
+		m.refuseRegister(msg, err)
+		return
+	}
+	name := msg.Agent
+	if repeat && m.agent.RemoteUsable(name) {
+		m.step(func(c *Core, now time.Time) { c.Step(now, Registered{From: msg.From, Remote: name, Plan: lay}) })
+		return
+	}
+	if name, err = m.agent.LoadRemote(msg.AgentMD); err != nil {
 		err = fmt.Errorf("agent metadata: %w", err)
-	} else if !repeat {
-		if err = m.checkProof(name, msg, lay.Layout); err != nil {
-			// Nothing is written through a remote whose memory is not
-			// proven the sender's. (Not a repeat: no registration of this
-			// process uses the name.)
-			m.agent.InvalidateRemote(name)
-		}
+	} else if err = m.checkProof(name, msg, lay.Layout); err != nil {
+		// Nothing is written through a remote whose memory is not proven
+		// the sender's. (A repeat's blob is the proven one: what a reload
+		// maps is proven again all the same — a pid or a descriptor may
+		// name another process by now.)
+		m.agent.InvalidateRemote(name)
 	}
 	if err == nil {
 		if err = m.pool.PreparePeer(name, lay.Layout); err != nil {
@@ -280,7 +291,7 @@ func (m *Manager) bindRegister(msg *bootstrap.Register, lay PeerPlan, repeat boo
 		m.refuseRegister(msg, err)
 		return
 	}
-	if !repeat {
+	{
 		md, l := registerHash(msg)
 		m.regMu.Lock()
 		if m.proven == nil {
@@ -371,8 +382,9 @@ func (m *Manager) checkProof(remote string, msg *bootstrap.Register, lay transfe
 }
 
 // proofBuffer returns a registered host buffer of at least n bytes for a
-// read-back, from the free list or newly allocated (at most
-// maxProofChecks are in use at once; the largest are kept).
+// read-back, from the free list or newly allocated: at most maxProofChecks
+// are in use at once, so the list holds at most that many (each returned,
+// none freed before Close).
 func (m *Manager) proofBuffer(n int) ([]byte, error) {
 	m.regMu.Lock()
 	for i, b := range m.proofBufs {
@@ -383,7 +395,11 @@ func (m *Manager) proofBuffer(n int) ([]byte, error) {
 		}
 	}
 	m.regMu.Unlock()
-	_, buf, err := m.agent.Alloc(uint64(max(n, 4096)))
+	size := uint64(4096)
+	for size < uint64(n) {
+		size *= 2 // a few sizes, so the free list stays short
+	}
+	_, buf, err := m.agent.Alloc(size)
 	if err != nil {
 		return nil, err
 	}
@@ -393,9 +409,7 @@ func (m *Manager) proofBuffer(n int) ([]byte, error) {
 func (m *Manager) putProofBuffer(b []byte) {
 	m.regMu.Lock()
 	defer m.regMu.Unlock()
-	if len(m.proofBufs) < maxProofChecks {
-		m.proofBufs = append(m.proofBufs, b[:cap(b)])
-	}
+	m.proofBufs = append(m.proofBufs, b[:cap(b)])
 }
 
 // readSlots reads remote proof slots into local host memory, one transfer.

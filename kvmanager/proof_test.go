@@ -438,3 +438,65 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 		t.Fatal("no answer to the held REGISTER after its read returned")
 	}
 }
+
+// TestRegisterClaimsCheckedAgainOnceReserved: the control loop checks a
+// REGISTER's claims before the check reserves its rank and agent name; a
+// registration of that name that completes in between (another rank's,
+// under a custom name) must still refuse it. The attacker's REGISTER is
+// bound here as if its early check had passed just before the victim's
+// registration completed: refused, and the victim's remote stays the
+// victim's — where it was replaced by the attacker's own (proven) memory,
+// and the victim's rooms were written there.
+func TestRegisterClaimsCheckedAgainOnceReserved(t *testing.T) {
+	engine := nixl.Config{Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}}
+	p := newTestPrefill(t, func(c *Config) { c.Engine, c.Instance = engine, "reserve-prefill" })
+	n := len(p.cfg.Layout.Regions)
+	victim := newProofRankNamed(t, engine, "reserve-victim", "shared-kv-agent", n)
+	attacker := newProofRankNamed(t, engine, "reserve-attacker", "shared-kv-agent", n)
+	if a := victim.register(t, p, victim.name, victim.md, victim.kv, victim.seed); !a.OK {
+		t.Fatalf("the victim's REGISTER: %s", a.Reason)
+	}
+	msg := &bootstrap.Register{From: attacker.loop.Identity(), Compat: p.cfg.Compat, Agent: attacker.name, AgentMD: attacker.md, TPSize: 1,
+		KV: attacker.kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: attacker.seed}
+	var plan PeerPlan
+	var err error
+	p.read(func(c *Core) { plan, err = c.CheckRegister(msg) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.beginCheck(msg.From.Peer(), msg.Agent) {
+		t.Fatal("the check could not be reserved")
+	}
+	p.bindRegister(msg, plan)
+	p.endCheck(msg.From.Peer(), msg.Agent)
+	var owner string
+	p.read(func(c *Core) { owner = c.AgentOwner(victim.name) })
+	if owner != victim.owner || !p.agent.RemoteContains(victim.name, nixl.DRAM, nixl.BytesDesc(victim.mem[0])) {
+		t.Fatalf("after the attacker's REGISTER under the victim's name: the name is %q's, the remote holds the victim's memory %v",
+			owner, p.agent.RemoteContains(victim.name, nixl.DRAM, nixl.BytesDesc(victim.mem[0])))
+	}
+}
+
+// TestRepeatProvenAgainWhenReloaded: a repeat of a proven registration
+// whose remote is still usable is left as it is (nothing loaded, nothing
+// read); one whose remote had to be loaded again is proven again — the same
+// blob can name other memory by then (a pid or a descriptor reused), here
+// played by a slot that no longer holds the value: refused.
+func TestRepeatProvenAgainWhenReloaded(t *testing.T) {
+	engine := nixl.Config{Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}}
+	p := newTestPrefill(t, func(c *Config) { c.Engine, c.Instance = engine, "reload-prefill" })
+	r := newProofRank(t, engine, "reload", len(p.cfg.Layout.Regions))
+	if a := r.register(t, p, r.name, r.md, r.kv, r.seed); !a.OK {
+		t.Fatalf("the first REGISTER: %s", a.Reason)
+	}
+	copy(r.mem[0][8*64:], make([]byte, proofLen)) // the memory the blob names is no longer proven
+	if a := r.register(t, p, r.name, r.md, r.kv, r.seed); !a.OK {
+		t.Fatalf("a repeat while its remote is usable (left as it is): %s", a.Reason)
+	}
+	if err := p.agent.InvalidateRemote(r.name); err != nil { // as after a failed transfer: loaded again at the next REGISTER
+		t.Fatal(err)
+	}
+	if a := r.register(t, p, r.name, r.md, r.kv, r.seed); a.OK || !strings.Contains(a.Reason, "not_owner") {
+		t.Fatalf("a repeat that loads the blob again over memory no longer proven: ok %v, %s", a.OK, a.Reason)
+	}
+}

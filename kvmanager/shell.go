@@ -54,8 +54,10 @@ type Manager struct {
 	proofBufs [][]byte
 	regClosed bool
 	proofHook func(*bootstrap.Register) // tests: runs before a proof's read
-	auxMem    []byte
-	stateMem  [][]byte
+	// registersReady: a prefill rank's pool exists, REGISTERs are handled.
+	registersReady atomic.Bool
+	auxMem         []byte
+	stateMem       [][]byte
 
 	// resolver looks decode targets up (set by NewDecode).
 	resolver func(Target)

@@ -627,6 +627,14 @@ func (n *libnixl) fence(remote string, err error) {
 	n.mu.Unlock()
 }
 
+// remoteUsable: the remote is not fenced.
+func (n *libnixl) remoteUsable(remote string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	_, down := n.down[remote]
+	return !down
+}
+
 // fencedPosts counts the posts refused because their remote was down.
 func (n *libnixl) fencedPosts() uint64 { return n.fenced.Load() }
 

@@ -684,6 +684,23 @@ func (a *Agent) RemoteContains(remote string, kind MemKind, d Desc) bool {
 	return ok && d.Len > 0 && idx.find(kind, d) >= 0
 }
 
+// RemoteUsable reports whether a remote agent is loaded and its engine
+// can still post to it: not fenced after a failed transfer (libnixl), its
+// endpoint not failed (ucx). A remote that is not must load its metadata
+// again.
+func (a *Agent) RemoteUsable(remote string) bool {
+	a.mu.Lock()
+	_, ok := a.remotes[remote]
+	a.mu.Unlock()
+	if !ok {
+		return false
+	}
+	if u, isU := a.b.(interface{ remoteUsable(string) bool }); isU {
+		return u.remoteUsable(remote)
+	}
+	return true
+}
+
 // HostBytes is the host memory d describes, as a byte slice. d must be
 // memory this process owns and keeps mapped while the slice is used (memory
 // registered or allocated through an agent).

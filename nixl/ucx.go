@@ -947,6 +947,23 @@ func (u *ucx) sendRawAM(remote string, id int, hdr, data []byte, flags uint) err
 	})
 }
 
+// answerReadsBadly has the engine answer reads as a broken or hostile
+// target would (tests; ucx_engine.h test_bad_answers; 0: as it should).
+func (u *ucx) answerReadsBadly(mode int) error {
+	return u.do(func() error { u.ctx.test_bad_answers = C.int(mode); return nil })
+}
+
+// remoteUsable: the remote's endpoint exists and has not failed.
+func (u *ucx) remoteUsable(remote string) bool {
+	ok := false
+	u.do(func() error {
+		r := u.remotes[remote]
+		ok = r != nil && r.ep != nil && r.ep.failed == 0
+		return nil
+	})
+	return ok
+}
+
 // fillReadAnswers has the engine count its read answers' queue as full, or
 // empty again (tests: a reader that does not drain its answers).
 func (u *ucx) fillReadAnswers(full bool) error {

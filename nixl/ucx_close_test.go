@@ -376,6 +376,44 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	}
 	p.ini.Release(x)
 
+	// A target that answers badly through the read's own endpoint: each
+	// answer again with other bytes (the first answer of a chunk stands,
+	// the second is counted), an answer for a chunk index past the read's
+	// (counted, not written anywhere), an answer a byte short (the read
+	// fails). Reads of two chunks, so an answer comes while the read is
+	// still in flight.
+	for _, c := range []struct {
+		mode   int
+		name   string
+		done   bool
+		strays uint64
+	}{
+		{1, "each answer again with other bytes", true, 2},
+		{2, "an answer for a chunk the read does not have", true, 2},
+		{3, "an answer one byte short", false, 0}, // (the other chunk's answer may come after the failure: not counted here)
+	} {
+		if err := tgt.answerReadsBadly(c.mode); err != nil {
+			t.Fatal(err)
+		}
+		_, s0 := p.ini.WritesRefused()
+		clear(local)
+		x = read(t, p, []Desc{BytesDesc(local[:512<<10])}, []Desc{BytesDesc(src[:512<<10])})
+		st, err := wait(t, p.ini, x, time.Minute)
+		if c.done && (st != Done || !bytes.Equal(local[:512<<10], src[:512<<10])) {
+			t.Fatalf("%s: %v %v, byte-exact %v", c.name, st, err, bytes.Equal(local[:512<<10], src[:512<<10]))
+		}
+		if !c.done && st != Failed {
+			t.Fatalf("%s: %v %v, want Failed", c.name, st, err)
+		}
+		p.ini.Release(x)
+		if c.done {
+			waitFor(t, c.name+": counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+c.strays })
+		}
+	}
+	if err := tgt.answerReadsBadly(0); err != nil {
+		t.Fatal(err)
+	}
+
 	// A target whose answers queue up past KVB_RDATA_PENDING (a reader that
 	// does not drain them) refuses further reads: counted, the read fails.
 	if err := tgt.fillReadAnswers(true); err != nil {

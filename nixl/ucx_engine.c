@@ -175,6 +175,27 @@ static ucs_status_t kvb_write_cb(void *arg, const void *header, size_t header_le
 	return UCS_OK;
 }
 
+// kvb_am_raw_reply sends a copy of an answer as given (tests'
+// test_bad_answers), freed once sent.
+static void kvb_am_raw_reply(ucp_ep_h ep, const void *hdr, size_t hdr_len, const void *data, size_t len)
+{
+	char *block = malloc(hdr_len + len);
+	if (block == NULL) {
+		return;
+	}
+	memcpy(block, hdr, hdr_len);
+	memcpy(block + hdr_len, data, len);
+	ucp_request_param_t p = {0};
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+	p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+	p.cb.send = kvb_free_cb;
+	p.user_data = block;
+	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(ep, KVB_AM_RDATA, block, hdr_len, block + hdr_len, len, &p);
+	if (!UCS_PTR_IS_PTR(r)) {
+		free(block);
+	}
+}
+
 // kvb_rblock heads an answer's buffer: what it counts in rdata_pending.
 typedef struct kvb_rblock {
 	kvb_ctx *c;
@@ -234,14 +255,27 @@ static ucs_status_t kvb_read_cb(void *arg, const void *header, size_t header_len
 	if (st != UCS_OK) {
 		c->writes_refused++;
 	}
+	if (c->test_bad_answers == 2 && n > 0) {
+		kvb_rdata bad = {h.token, h.index + 1000, UCS_OK};
+		kvb_am_raw_reply(param->reply_ep, &bad, sizeof(bad), block + sizeof(a), n);
+	}
 	ucp_request_param_t p = {0};
 	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
 	p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
 	p.cb.send = kvb_rdata_sent_cb;
 	p.user_data = b;
-	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(param->reply_ep, KVB_AM_RDATA, block, sizeof(a), block + sizeof(a), n, &p);
+	size_t sent = c->test_bad_answers == 3 && n > 0 ? n - 1 : n;
+	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(param->reply_ep, KVB_AM_RDATA, block, sizeof(a), block + sizeof(a), sent, &p);
 	if (!UCS_PTR_IS_PTR(r)) {
 		kvb_rblock_free(b); // sent at once, or failed (the reader gone): no callback comes
+	}
+	if (c->test_bad_answers == 1 && n > 0) {
+		char *other = malloc(n);
+		if (other != NULL) {
+			memset(other, 0xee, n);
+			kvb_am_raw_reply(param->reply_ep, &a, sizeof(a), other, n);
+			free(other);
+		}
 	}
 	return UCS_OK;
 }

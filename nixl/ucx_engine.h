@@ -114,6 +114,10 @@ typedef struct kvb_ctx {
 	// cancel, or forged) or not matching its request.
 	unsigned long writes_refused, acks_unknown;
 	size_t rdata_pending; // bytes of KVB_AM_RDATA answers queued, not yet sent
+	// tests: answer reads as a broken or hostile target would — 1: each
+	// answer sent again with other bytes; 2: an answer for a chunk index
+	// past the read's first; 3: one byte short.
+	int test_bad_answers;
 } kvb_ctx;
 
 enum {

@@ -143,5 +143,19 @@ func importVRAM(k vramKey, region Desc, dev int) (addr uintptr, close func() err
 	if err != nil {
 		return 0, nil, err
 	}
+	// The region must lie inside the allocation the handle opened: the
+	// key's base is the peer's to state, and a region named outside it
+	// would map onto whatever this process has there (another peer's
+	// mapping, its own memory).
+	_, size, err := c.AddressRange(base)
+	if err != nil {
+		c.IPCClose(base)
+		return 0, nil, err
+	}
+	if uint64(region.Addr) < k.base || uint64(region.Addr)-k.base > size || region.Len > size-(uint64(region.Addr)-k.base) {
+		c.IPCClose(base)
+		return 0, nil, fmt.Errorf("VRAM region [%#x, +%d) is not inside the %d-byte allocation its key opens (base %#x): %w",
+			region.Addr, region.Len, size, k.base, ErrBadMetadata)
+	}
 	return uintptr(base) + (region.Addr - uintptr(k.base)), func() error { return c.IPCClose(base) }, nil
 }

@@ -2,6 +2,7 @@ package nixl
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
@@ -301,4 +302,48 @@ func TestVRAMContractSkipsWhenNothingRan(t *testing.T) {
 	if strings.Contains(out, "--- PASS") {
 		t.Errorf("a VRAM test that ran nothing passed:\n%s", out)
 	}
+}
+
+// TestVRAMRegionOutsideItsAllocationRefused: a VRAM region's key carries the
+// base of the CUDA allocation its IPC handle opens, and both are the
+// peer's to state. A blob whose key's base is moved so that the region
+// falls outside (below) the allocation — where this process maps
+// something else: another peer's memory, its own — is refused at load
+// (ErrBadMetadata), where it mapped the region onto those bytes; the
+// genuine blob still loads.
+func TestVRAMRegionOutsideItsAllocationRefused(t *testing.T) {
+	vramCases(t, func(t *testing.T) {
+		c := startChild(t, "vram")
+		a, err := Open(Config{Name: "vram-range", Engine: EngineUCX, UCX: shmUCX})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		u := a.b.(*ucx)
+		m, err := decodeMetadata(c.md, EngineUCX, u.library)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, shift := range []uint64{1 << 20, 1 << 30, 64} {
+			f := *m
+			f.regions = append([]mdRegion(nil), m.regions...)
+			for i, r := range f.regions {
+				if r.Kind != VRAM {
+					continue
+				}
+				k, err := decodeVRAMKey(r.key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				k.base += shift // the region now starts shift bytes below the allocation
+				f.regions[i].key = k.encode()
+			}
+			if _, err := a.LoadRemote(f.encode()); !errors.Is(err, ErrBadMetadata) || !strings.Contains(err.Error(), "not inside") {
+				t.Fatalf("a VRAM key whose base puts the region %d bytes below its allocation: %v, want ErrBadMetadata", shift, err)
+			}
+		}
+		if _, err := a.LoadRemote(c.md); err != nil {
+			t.Fatalf("the genuine blob after the forged ones: %v", err)
+		}
+	})
 }

@@ -108,6 +108,12 @@ var mutants = []mutant{
 		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
 	{name: "read-answer-any-endpoint", file: "nixl/ucx_engine.c", old: "	    param->reply_ep != x->ep->ep || a.index >= x->rchunks", new: "	    a.index >= x->rchunks",
 		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
+	{name: "read-answer-length-unchecked", file: "nixl/ucx_engine.c", old: "	} else if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length != x->rhdrs[a.index].len) {", new: "	} else if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length > x->rhdrs[a.index].len) {",
+		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
+	{name: "read-answer-twice", file: "nixl/ucx_engine.c", old: "a.index >= x->rchunks || x->rgot[a.index]) {", new: "a.index >= x->rchunks) {",
+		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
+	{name: "vram-region-outside-allocation", file: "nixl/vram.go", old: "	if uint64(region.Addr) < k.base || uint64(region.Addr)-k.base > size || region.Len > size-(uint64(region.Addr)-k.base) {", new: "	if false {",
+		pkg: "nixl", run: "^TestVRAMRegionOutsideItsAllocationRefused$"},
 	{name: "read-answers-unbounded", file: "nixl/ucx_engine.c", old: "	} else if (c->rdata_pending + h.len > KVB_RDATA_PENDING) {", new: "	} else if (0) {",
 		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
 	// Memory proven to its owner (issue 41, 1): a REGISTER's proof slots
@@ -125,6 +131,10 @@ var mutants = []mutant{
 		pkg: "kvmanager", run: "^TestRegisterCheckOffTheControlLoop$"},
 	{name: "repeat-with-other-blob-loaded", file: "kvmanager/proof.go", old: "		if p.md != md || p.lay != lay {", new: "		if false && (p.md != md || p.lay != lay) {",
 		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
+	{name: "claims-not-checked-again", file: "kvmanager/proof.go", old: "	repeat, err := m.checkClaims(msg)\n	if err != nil {\n		m.refuseRegister(msg, err)\n		return\n	}", new: "	repeat, _ := m.checkClaims(msg)\n	var err error",
+		pkg: "kvmanager", run: "^TestRegisterClaimsCheckedAgainOnceReserved$"},
+	{name: "repeat-not-proven-after-reload", file: "kvmanager/proof.go", old: "	} else if err = m.checkProof(name, msg, lay.Layout); err != nil {", new: "	} else if err = m.checkProof(name, msg, lay.Layout); repeat {\n		err = nil\n	} else if err != nil {",
+		pkg: "kvmanager", run: "^TestRepeatProvenAgainWhenReloaded$"},
 	{name: "agent-name-not-owned", file: "kvmanager/proof.go", old: "	if owner != \"\" && owner != msg.From.Peer() {", new: "	if false && owner != \"\" && owner != msg.From.Peer() {",
 		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
 }
