@@ -866,21 +866,34 @@ static void kvb_wsent_cb(void *req, ucs_status_t status, void *user)
 	kvbu.ucp_request_free(req);
 }
 
+// kvb_am_begin counts a message transfer's chunks of at most KVB_AM_CHUNK
+// bytes and its bytes; 0 (the transfer failed busy) while the last post's
+// sends still read its headers.
+static int kvb_am_begin(kvb_xfer *x, int n, const uint64_t *len, size_t *chunks, uint64_t *total)
+{
+	if (x->outstanding > 0) {
+		kvb_fail(x, UCS_ERR_BUSY);
+		return 0;
+	}
+	*chunks = 0;
+	*total = 0;
+	for (int i = 0; i < n; i++) {
+		*chunks += (len[i] + KVB_AM_CHUNK - 1) / KVB_AM_CHUNK;
+		*total += len[i];
+	}
+	return 1;
+}
+
 // kvb_xfer_start_am sends a write as KVB_AM_WRITE messages of at most
 // KVB_AM_CHUNK bytes; it is complete when the target acknowledged every
 // byte (kvb_wack_cb), which is after the target copied it.
 static int kvb_xfer_start_am(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int n, const uint64_t *laddr, const uint64_t *len,
 			     const uint64_t *raddr, ucp_mem_h *memhs)
 {
-	if (x->outstanding > 0) {
-		kvb_fail(x, UCS_ERR_BUSY); // the last post's sends still read its headers
+	size_t chunks;
+	uint64_t total;
+	if (!kvb_am_begin(x, n, len, &chunks, &total)) {
 		return x->stage;
-	}
-	size_t chunks = 0;
-	uint64_t total = 0;
-	for (int i = 0; i < n; i++) {
-		chunks += (len[i] + KVB_AM_CHUNK - 1) / KVB_AM_CHUNK;
-		total += len[i];
 	}
 	free(x->whdrs);
 	x->whdrs = chunks ? malloc(chunks * sizeof(kvb_whdr)) : NULL;
@@ -930,15 +943,10 @@ static int kvb_xfer_start_am(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int n, const ui
 static int kvb_xfer_start_am_read(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int n, const uint64_t *laddr,
 				  const uint64_t *len, const uint64_t *raddr)
 {
-	if (x->outstanding > 0) {
-		kvb_fail(x, UCS_ERR_BUSY); // the last post's sends still read its headers
+	size_t chunks;
+	uint64_t total;
+	if (!kvb_am_begin(x, n, len, &chunks, &total)) {
 		return x->stage;
-	}
-	size_t chunks = 0;
-	uint64_t total = 0;
-	for (int i = 0; i < n; i++) {
-		chunks += (len[i] + KVB_AM_CHUNK - 1) / KVB_AM_CHUNK;
-		total += len[i];
 	}
 	free(x->rhdrs);
 	free(x->rdst);

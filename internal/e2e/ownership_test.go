@@ -236,6 +236,8 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 				{"the attacker's own blob (its own pid) with the victim's region table, the victim's regions",
 					cfg.Name, forged(oHead, oName, oLib, vTable, oPayload), vm.KV, vm.Aux, vm.State, seed},
 				{"the attacker's own blob, the victim's addresses", cfg.Name, ownMD, vm.KV, vm.Aux, vm.State, seed},
+				{"its own memory, the regions moved onto bytes it never wrote (the read comes back, the values do not match)",
+					cfg.Name, ownMD, shift(ownKV), shift(ownAux), shift(ownState), seed},
 				{"the victim's blob and agent name", vm.Agent, vm.MD, vm.KV, vm.Aux, vm.State, seed},
 				{"its own memory under the default name of a decode rank not started yet", "proc-decode-1",
 					forged(oHead, lenStr("proc-decode-1"), oLib, oTable, oPayload), ownKV, ownAux, ownState, seed},
