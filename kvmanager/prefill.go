@@ -128,10 +128,7 @@ func (m *Manager) onRegister(msg *bootstrap.Register) {
 		m.log.Debug("REGISTER left for its sender to repeat: a check of the same rank or agent in progress, or too many", zap.String("peer", msg.From.Peer()))
 		return
 	}
-	go func() {
-		defer m.endCheck(msg.From.Peer(), msg.Agent)
-		m.bindRegister(msg, lay)
-	}()
+	go m.bindRegister(msg, lay)
 }
 
 // post hands a chunk's writes to the pool; every write passes the core's

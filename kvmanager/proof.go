@@ -254,67 +254,73 @@ func (m *Manager) endCheck(peer, agent string) {
 	m.wg.Done()
 }
 
-// bindRegister checks a REGISTER's claims again now that its rank and
-// agent name are reserved (the name's owner may have changed since the
-// control loop looked), loads its agent metadata and proves its memory —
-// unless it repeats a proven registration whose remote is still loaded and
-// usable, which is left as it is — prepares its lists, then steps
-// Registered or RegisterRefused.
+// bindRegister proves a REGISTER whose check beginCheck reserved
+// (proveRegister), releases the reservation, then steps Registered or
+// RegisterRefused — released first, so the sender's next REGISTER, sent
+// once it has the answer, is not left unanswered as a repeat in progress.
 func (m *Manager) bindRegister(msg *bootstrap.Register, lay PeerPlan) {
-	repeat, err := m.checkClaims(msg)
+	name, err := m.proveRegister(msg, lay)
+	m.endCheck(msg.From.Peer(), msg.Agent)
 	if err != nil {
 		m.refuseRegister(msg, err)
 		return
 	}
+	m.step(func(c *Core, now time.Time) { c.Step(now, Registered{From: msg.From, Remote: name, Plan: lay}) })
+}
+
+// proveRegister checks a REGISTER's claims again now that its rank and
+// agent name are reserved (the name's owner may have changed since the
+// control loop looked), loads its agent metadata and proves its memory —
+// unless it repeats a proven registration whose remote is still loaded and
+// usable, which is left as it is — and prepares its lists; it returns the
+// remote's name.
+func (m *Manager) proveRegister(msg *bootstrap.Register, lay PeerPlan) (string, error) {
+	repeat, err := m.checkClaims(msg)
+	if err != nil {
+		return "", err
+	}
 	name := msg.Agent
 	if repeat && m.agent.RemoteUsable(name) {
-		m.step(func(c *Core, now time.Time) { c.Step(now, Registered{From: msg.From, Remote: name, Plan: lay}) })
-		return
+		return name, nil
 	}
 	if name, err = m.agent.LoadRemote(msg.AgentMD); err != nil {
-		err = fmt.Errorf("agent metadata: %w", err)
-	} else if err = m.checkProof(name, msg, lay.Layout); err != nil {
+		return "", fmt.Errorf("agent metadata: %w", err)
+	}
+	if err = m.checkProof(name, msg, lay.Layout); err != nil {
 		// Nothing is written through a remote whose memory is not proven
 		// the sender's. (A repeat's blob is the proven one: what a reload
 		// maps is proven again all the same — a pid or a descriptor may
 		// name another process by now.)
 		m.agent.InvalidateRemote(name)
+		return "", err
 	}
-	if err == nil {
-		if err = m.pool.PreparePeer(name, lay.Layout); err != nil {
-			// The peer's memory as its REGISTER describes it does not lie
-			// inside what its metadata registered.
-			err = fmt.Errorf("preparing the peer's descriptor lists: %w", err)
-		}
+	if err = m.pool.PreparePeer(name, lay.Layout); err != nil {
+		// The peer's memory as its REGISTER describes it does not lie
+		// inside what its metadata registered.
+		return "", fmt.Errorf("preparing the peer's descriptor lists: %w", err)
 	}
-	if err != nil {
-		m.refuseRegister(msg, err)
-		return
+	md, l := registerHash(msg)
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	if m.proven == nil {
+		m.proven = map[string]provenReg{}
 	}
-	{
-		md, l := registerHash(msg)
-		m.regMu.Lock()
-		if m.proven == nil {
-			m.proven = map[string]provenReg{}
-		}
-		m.proven[msg.From.Peer()] = provenReg{epoch: msg.From.Epoch, md: md, lay: l}
+	m.proven[msg.From.Peer()] = provenReg{epoch: msg.From.Epoch, md: md, lay: l}
+	if len(m.proven) > maxProven {
+		// Bounded: forget the processes no longer registered here.
 		var stale []string
-		if len(m.proven) > maxProven {
-			// Bounded: forget the processes no longer registered here.
-			m.read(func(c *Core) {
-				for peer, p := range m.proven {
-					if peer != msg.From.Peer() && !c.Registered(peer, p.epoch) {
-						stale = append(stale, peer)
-					}
+		m.read(func(c *Core) {
+			for peer, p := range m.proven {
+				if peer != msg.From.Peer() && !c.Registered(peer, p.epoch) {
+					stale = append(stale, peer)
 				}
-			})
-		}
+			}
+		})
 		for _, peer := range stale {
 			delete(m.proven, peer)
 		}
-		m.regMu.Unlock()
 	}
-	m.step(func(c *Core, now time.Time) { c.Step(now, Registered{From: msg.From, Remote: name, Plan: lay}) })
+	return name, nil
 }
 
 // refuseRegister answers a REGISTER with its refusal.

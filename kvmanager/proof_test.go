@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
-	"github.com/kvbridge/kvbridge/internal/nixldouble"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -149,10 +148,7 @@ func renamed(t *testing.T, md []byte, name string) []byte {
 // then registers, and the attacker's genuine REGISTER is accepted: the
 // check refuses foreign memory, not everything.
 func TestRegisterForeignMemoryRefused(t *testing.T) {
-	double, err := nixldouble.Build(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	double := libnixlDouble(t)
 	for _, tc := range []struct {
 		name   string
 		engine nixl.Config
@@ -467,8 +463,7 @@ func TestRegisterClaimsCheckedAgainOnceReserved(t *testing.T) {
 	if !p.beginCheck(msg.From.Peer(), msg.Agent) {
 		t.Fatal("the check could not be reserved")
 	}
-	p.bindRegister(msg, plan)
-	p.endCheck(msg.From.Peer(), msg.Agent)
+	p.bindRegister(msg, plan) // (releases the reservation)
 	var owner string
 	p.read(func(c *Core) { owner = c.AgentOwner(victim.name) })
 	if owner != victim.owner || !p.agent.RemoteContains(victim.name, nixl.DRAM, nixl.BytesDesc(victim.mem[0])) {
