@@ -145,18 +145,48 @@ static int kvb_term(void *ctx) {
 	return rc < 0 ? -errno : 0;
 }
 
+// Every call below may be interrupted by a signal (Go's runtime sends
+// SIGURG to preempt) before it has done anything, and fails with EINTR;
+// each is retried, as the sends, receives and term above are.
 static int kvb_setopt(void *sock, int opt, const void *v, size_t len) {
-	return zmq_setsockopt(sock, opt, v, len) < 0 ? -errno : 0;
+	int rc;
+	do {
+		rc = zmq_setsockopt(sock, opt, v, len);
+	} while (rc < 0 && errno == EINTR);
+	return rc < 0 ? -errno : 0;
 }
 
 static int kvb_last_endpoint(void *sock, char *buf, size_t *len) {
-	return zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, buf, len) < 0 ? -errno : 0;
+	int rc;
+	size_t cap = *len;
+	do {
+		*len = cap;
+		rc = zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, buf, len);
+	} while (rc < 0 && errno == EINTR);
+	return rc < 0 ? -errno : 0;
 }
 
-static int kvb_bind(void *sock, const char *ep) { return zmq_bind(sock, ep) < 0 ? -errno : 0; }
-static int kvb_connect(void *sock, const char *ep) { return zmq_connect(sock, ep) < 0 ? -errno : 0; }
+static int kvb_bind(void *sock, const char *ep) {
+	int rc;
+	do {
+		rc = zmq_bind(sock, ep);
+	} while (rc < 0 && errno == EINTR);
+	return rc < 0 ? -errno : 0;
+}
+
+static int kvb_connect(void *sock, const char *ep) {
+	int rc;
+	do {
+		rc = zmq_connect(sock, ep);
+	} while (rc < 0 && errno == EINTR);
+	return rc < 0 ? -errno : 0;
+}
+
 static void *kvb_socket(void *ctx, int type, int *err) {
-	void *s = zmq_socket(ctx, type);
+	void *s;
+	do {
+		s = zmq_socket(ctx, type);
+	} while (s == NULL && errno == EINTR);
 	*err = s ? 0 : errno;
 	return s;
 }

@@ -2,6 +2,9 @@ package bootstrap
 
 import (
 	"fmt"
+	"runtime"
+	"strconv"
+	"syscall"
 	"testing"
 )
 
@@ -63,5 +66,57 @@ func TestReceiveBatchBytesCapped(t *testing.T) {
 	// 1.2 MiB ≥ 1 MiB stops it at two; the third and the small one follow.
 	if fmt.Sprint(got) != "[2 2]" {
 		t.Fatalf("batches %v, want [2 2]: a batch went on past 1 MiB", got)
+	}
+}
+
+// A signal landing on the thread in zmq_bind makes it fail with EINTR (CI:
+// "bootstrap: bind tcp://127.0.0.1:* (rank decode/decode-0/0): interrupted
+// system call"; Go's runtime sends SIGURG to preempt). Binding, connecting
+// and setting options retry, as every other ZeroMQ call here does.
+func TestSocketCallsRetryAfterSignal(t *testing.T) {
+	ctx, err := newZctx()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctx.term()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	pid, tid := syscall.Getpid(), syscall.Gettid()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				_ = syscall.Tgkill(pid, tid, syscall.SIGURG)
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	for i := range 300 {
+		s, err := ctx.socket(zPULL)
+		if err != nil {
+			t.Fatalf("socket %d: %v", i, err)
+		}
+		if err := s.setInt(zLinger, 0); err != nil {
+			s.close()
+			t.Fatalf("setsockopt %d: %v", i, err)
+		}
+		if err := s.bind("tcp://127.0.0.1:*"); err != nil {
+			s.close()
+			t.Fatalf("bind %d: %v", i, err)
+		}
+		if _, err := s.lastEndpoint(); err != nil {
+			s.close()
+			t.Fatalf("last endpoint %d: %v", i, err)
+		}
+		if err := s.connect("inproc://nobody-" + strconv.Itoa(i)); err != nil {
+			s.close()
+			t.Fatalf("connect %d: %v", i, err)
+		}
+		s.close()
 	}
 }
