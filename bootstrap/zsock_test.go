@@ -113,6 +113,15 @@ func TestSocketCallsRetryAfterSignal(t *testing.T) {
 			s.close()
 			t.Fatalf("last endpoint %d: %v", i, err)
 		}
+		// More binds without a descriptor each: more chances for a
+		// signal to land inside one (with 30 per socket the unretried
+		// bind failed 14 runs in 20, with 200 20 in 20).
+		for j := range 200 {
+			if err := s.bind("inproc://retry-" + strconv.Itoa(i) + "-" + strconv.Itoa(j)); err != nil {
+				s.close()
+				t.Fatalf("bind %d.%d: %v", i, j, err)
+			}
+		}
 		if err := s.connect("inproc://nobody-" + strconv.Itoa(i)); err != nil {
 			s.close()
 			t.Fatalf("connect %d: %v", i, err)
