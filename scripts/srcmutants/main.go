@@ -97,7 +97,7 @@ var mutants = []mutant{
 		old: "		if c.cfg.ProbeIdle > 0 && c.now.Sub(tg.heard) > c.cfg.ProbeIdle {", new: "		if false {",
 		pkg: "kvmanager", run: "^TestSimExhaustive$/prefill_killed_and_started_elsewhere"},
 	{name: "lost-probe-not-looked-up", file: "kvmanager/core_decode.go",
-		old: "				c.stats.ProbesLost++\n				c.relookup(tg)", new: "				c.stats.ProbesLost++",
+		old: "				tg.probeLost = true\n				c.relookup(tg)", new: "				tg.probeLost = true",
 		pkg: "kvmanager", run: "^TestSimExhaustive$/prefill_killed_and_started_elsewhere"},
 	{name: "moved-after-lost-probe-not-failed", file: "kvmanager/core_decode.go",
 		old: "	if tg.probeLost && tg.resolved && tg.endpoint != endpoint {", new: "	if false {",
