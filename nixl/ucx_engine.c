@@ -866,6 +866,21 @@ static void kvb_wsent_cb(void *req, ucs_status_t status, void *user)
 	kvbu.ucp_request_free(req);
 }
 
+// kvb_am_took takes the request of one of a message transfer's sends: it
+// counts one in flight, or fails the transfer and unlinks it (returns 0).
+static int kvb_am_took(kvb_ctx *c, kvb_xfer *x, ucs_status_ptr_t r)
+{
+	if (UCS_PTR_IS_ERR(r)) {
+		kvb_fail(x, UCS_PTR_STATUS(r));
+		kvb_amx_unlink(c, x);
+		return 0;
+	}
+	if (r != NULL) {
+		x->outstanding++;
+	}
+	return 1;
+}
+
 // kvb_am_begin counts a message transfer's chunks of at most KVB_AM_CHUNK
 // bytes and its bytes; 0 (the transfer failed busy) while the last post's
 // sends still read its headers.
@@ -924,13 +939,8 @@ static int kvb_xfer_start_am(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int n, const ui
 			}
 			ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(e->ep, KVB_AM_WRITE, &x->whdrs[k], sizeof(kvb_whdr),
 								  (void *)(uintptr_t)(laddr[i] + off), m, &p);
-			if (UCS_PTR_IS_ERR(r)) {
-				kvb_fail(x, UCS_PTR_STATUS(r));
-				kvb_amx_unlink(c, x);
+			if (!kvb_am_took(c, x, r)) {
 				return x->stage;
-			}
-			if (r != NULL) {
-				x->outstanding++;
 			}
 		}
 	}
@@ -981,13 +991,8 @@ static int kvb_xfer_start_am_read(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int n, con
 			p.user_data = x;
 			ucs_status_ptr_t r =
 				kvbu.ucp_am_send_nbx(e->ep, KVB_AM_READ, &x->rhdrs[k], sizeof(kvb_rhdr), NULL, 0, &p);
-			if (UCS_PTR_IS_ERR(r)) {
-				kvb_fail(x, UCS_PTR_STATUS(r));
-				kvb_amx_unlink(c, x);
+			if (!kvb_am_took(c, x, r)) {
 				return x->stage;
-			}
-			if (r != NULL) {
-				x->outstanding++;
 			}
 		}
 	}
