@@ -468,9 +468,11 @@ func (t *tinyRank) prefill(ctx context.Context, pr PrefillRequest, data time.Dur
 		if st := s.Poll(); st == kvmanager.Failed {
 			held.Status, held.Reason, held.Code = st.String(), s.Failure(), CodeRoomFailed
 		}
-		computed(held)
+		// Counted before the answer goes: a client that reads the gauge
+		// once it has the answer sees the room held.
 		t.lease.hold(len(src))
 		start := time.Now()
+		computed(held)
 		var cancel context.CancelFunc
 		readyCtx, cancel = context.WithTimeout(ctx, lease)
 		defer cancel()

@@ -554,16 +554,7 @@ func sse(w io.Writer, v any) error {
 func (rt *Router) attempt(parent context.Context, pre, dec *Instance, room uint64, prompt []int, maxTokens int, abort, fault string, emit func(int) error, rep *KVReport) error {
 	ctx, cancel := context.WithTimeout(parent, rt.cfg.Timeout)
 	defer cancel()
-	pre.inflight.Add(1)
-	dec.inflight.Add(1)
-	rt.inflightG.WithLabelValues("prefill", pre.Name).Inc()
-	rt.inflightG.WithLabelValues("decode", dec.Name).Inc()
-	defer func() {
-		pre.inflight.Add(-1)
-		dec.inflight.Add(-1)
-		rt.inflightG.WithLabelValues("prefill", pre.Name).Dec()
-		rt.inflightG.WithLabelValues("decode", dec.Name).Dec()
-	}()
+	defer rt.track(pre, dec)()
 	timeoutMS := int(rt.cfg.Timeout.Milliseconds())
 	var peers []string
 	for _, r := range dec.Ranks[1:] {
