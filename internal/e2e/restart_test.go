@@ -170,7 +170,14 @@ func TestRoomAfterPrefillRestartElsewhere(t *testing.T) {
 // rank up and registers with the new process: the room succeeds. Over the
 // HTTP bootstrap server (found by the probe) and over etcd (its watch).
 // KVBRIDGE_E2E_PROBE_IDLE=-1s turns the probe off: the room then fails.
+// On ucx-tcp and, where installed, a real NIXL.
 func TestRoomPostedRightAfterPrefillRestartElsewhere(t *testing.T) {
+	onRestartEngines(t, func(t *testing.T, engine string) {
+		roomPostedRightAfterPrefillRestartElsewhere(t, engine)
+	})
+}
+
+func roomPostedRightAfterPrefillRestartElsewhere(t *testing.T, engine string) {
 	for _, disc := range []string{"http", "etcd"} {
 		t.Run(disc, func(t *testing.T) {
 			boot := ""
@@ -185,7 +192,7 @@ func TestRoomPostedRightAfterPrefillRestartElsewhere(t *testing.T) {
 				boot = "etcd://" + srv.Endpoint + "/proc"
 			}
 			env := func(role string) []string {
-				e := []string{"KVBRIDGE_E2E_ROLE=" + role, "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot, "KVBRIDGE_E2E_HEARTBEAT=5s"}
+				e := []string{"KVBRIDGE_E2E_ROLE=" + role, "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot, "KVBRIDGE_E2E_HEARTBEAT=5s"}
 				if v := os.Getenv("KVBRIDGE_E2E_PROBE_IDLE"); v != "" {
 					e = append(e, "KVBRIDGE_E2E_PROBE_IDLE="+v)
 				}
