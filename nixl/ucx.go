@@ -153,6 +153,8 @@ type ucx struct {
 	wake  chan struct{}
 	// progress is signalled when a transfer reaches a final state.
 	progress chan struct{}
+	// copies counts postDirect's copies on goroutines of their own.
+	copies sync.WaitGroup
 	// copyMu: direct copies hold it for reading, unmapping for writing.
 	copyMu sync.RWMutex
 
@@ -1198,6 +1200,11 @@ func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 		// The channel hand-off orders the copy's stores before the notification.
 		select {
 		case u.cmds <- func() {
+			if ux.c == nil {
+				// Released during the copy: its C struct is freed and
+				// nobody waits for it (a released transfer is cancelled).
+				return
+			}
 			if u.remotes[x.Remote] != rp.remote || rp.remote.ep == nil {
 				s := fmt.Sprintf("remote %q was invalidated during the copy", x.Remote)
 				ux.errMsg.Store(&s)
@@ -1217,7 +1224,11 @@ func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 		copyAndNotify()
 		return nil
 	}
-	go copyAndNotify()
+	u.copies.Add(1)
+	go func() {
+		defer u.copies.Done()
+		copyAndNotify()
+	}()
 	return nil
 }
 
@@ -1338,6 +1349,7 @@ func (u *ucx) close() error {
 		close(u.closing)
 	}
 	<-u.done
+	u.copies.Wait() // a copy still running fails its transfer at u.done
 	return nil
 }
 

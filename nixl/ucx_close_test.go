@@ -459,3 +459,61 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 		t.Fatalf("a read after the hostile ones: %v %v", st, err)
 	}
 }
+
+// A write into mapped peer memory larger than directCopyInline is copied on
+// a goroutine of its own; a Release while it copies freed its C struct,
+// and the copy's end then wrote into it (make test: a writer process that
+// posts and releases in a loop died with SIGSEGV in kvb_xfer_copied) and
+// put the released transfer back in the agent's tables. Released during
+// its copy, a transfer is now left alone: the agent holds nothing of it,
+// and a write after lands byte-exact.
+func TestUCXReleaseDuringDirectCopy(t *testing.T) {
+	ec := engines()[1]
+	if ec.name != "ucx-shm" {
+		t.Fatalf("engines()[1] is %s, want ucx-shm", ec.name)
+	}
+	p := newPair(t, ec)
+	const size = 32 << 20
+	_, src, _ := p.ini.Alloc(size)
+	_, dst, _ := p.tgt.Alloc(size)
+	p.remote = exchange(t, p.ini, p.tgt)
+	fill(src, 7)
+	l, err := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	r, err := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Release()
+	u := p.ini.b.(*ucx)
+	if rp := r.handle.(*ucxPrep); rp.views == nil {
+		t.Fatal("the remote list is not mapped in this process: the direct path is not taken")
+	}
+	for i := range 16 {
+		x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.ini.Post(x); err != nil {
+			t.Fatalf("post %d: %v", i, err)
+		}
+		p.ini.Release(x) // while its copy runs
+	}
+	u.copies.Wait()
+	var active, all int
+	if err := u.do(func() error { active, all = len(u.active), len(u.all); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if active != 0 || all != 0 {
+		t.Fatalf("after 16 transfers released during their copies the agent holds %d active and %d unreleased", active, all)
+	}
+	clear(dst)
+	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(src, dst) {
+		t.Fatalf("a write after: %v %v", st, err)
+	}
+	p.ini.Release(x)
+}
