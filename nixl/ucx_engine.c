@@ -344,6 +344,16 @@ static void kvb_amx_unlink(kvb_ctx *c, kvb_xfer *x)
 	}
 }
 
+// kvb_amx_find is the message transfer in flight with this token, or NULL.
+static kvb_xfer *kvb_amx_find(kvb_ctx *c, uint64_t token)
+{
+	kvb_xfer *x = c->amx;
+	while (x != NULL && x->token != token) {
+		x = x->amnext;
+	}
+	return x;
+}
+
 // kvb_wack_cb is the sender's side: an ack counts towards its transfer when
 // it comes through that transfer's endpoint and does not exceed what was
 // sent; a refusal fails the transfer.
@@ -359,10 +369,7 @@ static ucs_status_t kvb_wack_cb(void *arg, const void *header, size_t header_len
 		return UCS_OK;
 	}
 	memcpy(&a, header, sizeof(a));
-	kvb_xfer *x = c->amx;
-	while (x != NULL && x->token != a.token) {
-		x = x->amnext;
-	}
+	kvb_xfer *x = kvb_amx_find(c, a.token);
 	if (x == NULL || x->am_read || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
 	    param->reply_ep != x->ep->ep) {
 		c->acks_unknown++;
@@ -396,10 +403,7 @@ static ucs_status_t kvb_rdata_cb(void *arg, const void *header, size_t header_le
 		return UCS_OK;
 	}
 	memcpy(&a, header, sizeof(a));
-	kvb_xfer *x = c->amx;
-	while (x != NULL && x->token != a.token) {
-		x = x->amnext;
-	}
+	kvb_xfer *x = kvb_amx_find(c, a.token);
 	if (x == NULL || !x->am_read || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
 	    param->reply_ep != x->ep->ep || a.index >= x->rchunks || x->rgot[a.index]) {
 		c->acks_unknown++;
