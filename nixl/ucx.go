@@ -153,8 +153,11 @@ type ucx struct {
 	wake  chan struct{}
 	// progress is signalled when a transfer reaches a final state.
 	progress chan struct{}
-	// copies counts postDirect's copies on goroutines of their own.
-	copies sync.WaitGroup
+	// copies counts postDirect's copies on goroutines of their own;
+	// copiesDone (under copiesMu) is set by close before it waits for them.
+	copies     sync.WaitGroup
+	copiesMu   sync.Mutex
+	copiesDone bool
 	// copyMu: direct copies hold it for reading, unmapping for writing.
 	copyMu sync.RWMutex
 
@@ -1224,7 +1227,14 @@ func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 		copyAndNotify()
 		return nil
 	}
+	u.copiesMu.Lock()
+	if u.copiesDone {
+		u.copiesMu.Unlock()
+		fail("agent closed")
+		return nil
+	}
 	u.copies.Add(1)
+	u.copiesMu.Unlock()
 	go func() {
 		defer u.copies.Done()
 		copyAndNotify()
@@ -1349,7 +1359,12 @@ func (u *ucx) close() error {
 		close(u.closing)
 	}
 	<-u.done
-	u.copies.Wait() // a copy still running fails its transfer at u.done
+	// A copy still running fails its transfer at u.done; none starts after
+	// (a post racing Close finds copiesDone).
+	u.copiesMu.Lock()
+	u.copiesDone = true
+	u.copiesMu.Unlock()
+	u.copies.Wait()
 	return nil
 }
 
