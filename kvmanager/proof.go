@@ -236,6 +236,9 @@ func (m *Manager) beginCheck(peer, agent string) bool {
 	defer m.regMu.Unlock()
 	if m.regClosed || m.checking[peer] || m.checking["agent "+agent] || len(m.checking) >= 2*maxProofChecks {
 		m.met.deferred.Inc()
+		if m.deferHook != nil {
+			m.deferHook()
+		}
 		return false
 	}
 	if m.checking == nil {

@@ -382,11 +382,18 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 	var once sync.Once
 	release := func() { once.Do(func() { close(hold) }) }
 	t.Cleanup(release) // a failure below must not leave the check held
+	deferredCh := make(chan struct{}, 4)
 	p.regMu.Lock()
 	p.proofHook = func(msg *bootstrap.Register) {
 		if msg.From.Instance == "slow" {
 			holding <- struct{}{}
 			<-hold
+		}
+	}
+	p.deferHook = func() {
+		select {
+		case deferredCh <- struct{}{}:
+		default:
 		}
 	}
 	p.regMu.Unlock()
@@ -416,6 +423,13 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 		return -1
 	}
 	send(slow) // a repeat while its first is checked: left for it to send again
+	// Two ranks' messages arrive in no set order: wait for the repeat's
+	// deferral itself (each rank's own messages stay in order).
+	select {
+	case <-deferredCh:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the held rank's repeat was not deferred")
+	}
 	if d := quick.register(t, p, quick.name, quick.md, quick.kv, quick.seed); !d.OK || deferred() != 1 {
 		t.Fatalf("the held rank's repeat: %v deferred (want 1); the other rank's repeat %v", deferred(), d.OK)
 	}

@@ -54,6 +54,7 @@ type Manager struct {
 	proofBufs [][]byte
 	regClosed bool
 	proofHook func(*bootstrap.Register) // tests: runs before a proof's read
+	deferHook func()                    // tests: runs (under regMu) when a REGISTER's check is deferred
 	// registersReady: a prefill rank's pool exists, REGISTERs are handled.
 	registersReady atomic.Bool
 	auxMem         []byte
