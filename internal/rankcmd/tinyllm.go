@@ -697,13 +697,16 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 	if err != nil && ev.Reason == "" {
 		ev.Reason = err.Error()
 	}
-	if st == kvmanager.Success && gr.AbortAt == "mid" {
+	if st == kvmanager.Success && (gr.AbortAt == "mid" || gr.AbortAt == "before") {
 		// The abort point came after the last page had landed (a small
-		// room can finish between two polls of abortAt): the request is
-		// dropped all the same, as its scheduler asked, and answered as
-		// aborted so the router retries it. The room is over: nothing can
-		// land, and its pages go back at once.
-		ev.Status, ev.Reason, ev.Code = kvmanager.Failed.String(), "example: decode aborted mid-transfer, after the last page landed (dropped)", CodeRoomFailed
+		// room can finish between two polls of abortAt, or — its KV held
+		// ready on the prefill side, as in vLLM's flow — between the
+		// REQUEST and the abort right after it): the request is dropped
+		// all the same, as its scheduler asked, and answered as aborted
+		// so the router retries it. The room is over: nothing can land,
+		// and its pages go back at once.
+		stage := map[string]string{"mid": "mid-transfer", "before": "right after the request"}[gr.AbortAt]
+		ev.Status, ev.Reason, ev.Code = kvmanager.Failed.String(), "example: decode aborted "+stage+", after the last page landed (dropped)", CodeRoomFailed
 		if !t.generates() {
 			t.hold(gr.Room).fail(ev.Reason)
 		}
