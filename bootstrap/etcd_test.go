@@ -50,25 +50,30 @@ func TestEtcdRecordsLeasesAndWatch(t *testing.T) {
 	}
 	defer srv.Close()
 	target := "etcd://" + srv.Endpoint + "/inst-a"
-	dial := func() *EtcdClient {
-		c, err := DialEtcd(target, EtcdConfig{LeaseTTL: 2 * time.Second})
+	// The rank that dies holds a 2 s lease; the others hold 10 s ones, so
+	// their records do not depend on the keep-alives of a loaded machine
+	// running within 2 s (make test once saw every record expire under
+	// load, and the topology read below wait out its context).
+	dialTTL := func(ttl time.Duration) *EtcdClient {
+		c, err := DialEtcd(target, EtcdConfig{LeaseTTL: ttl})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return c
 	}
+	dial := func() *EtcdClient { return dialTTL(10 * time.Second) }
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	reader := dial()
 	defer reader.Close()
 	events := reader.Watch(ctx)
-	a, b := dial(), dial()
+	a, b := dial(), dialTTL(2*time.Second)
 	defer a.Close()
-	if ttl, err := a.RegisterRank(ctx, etcdRecord(0, "tcp://10.0.0.1:1")); err != nil || ttl != 2*time.Second {
+	if ttl, err := a.RegisterRank(ctx, etcdRecord(0, "tcp://10.0.0.1:1")); err != nil || ttl != 10*time.Second {
 		t.Fatalf("register: %v %v", ttl, err)
 	}
-	if _, err := b.RegisterRank(ctx, etcdRecord(1, "tcp://10.0.0.2:1")); err != nil {
-		t.Fatal(err)
+	if ttl, err := b.RegisterRank(ctx, etcdRecord(1, "tcp://10.0.0.2:1")); err != nil || ttl != 2*time.Second {
+		t.Fatalf("register: %v %v", ttl, err)
 	}
 	topo, err := reader.Topology(ctx)
 	if err != nil || topo.TPSize != 2 || topo.Instance != "inst-a" {
