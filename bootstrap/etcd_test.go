@@ -87,7 +87,13 @@ func TestEtcdRecordsLeasesAndWatch(t *testing.T) {
 	}
 	// Another endpoint cannot take a live rank's record.
 	c := dial()
-	short, stop := context.WithTimeout(ctx, 500*time.Millisecond)
+	// Its lease first, under the test's context (a loaded machine once took
+	// longer than the attempt's own bound to grant it); the attempt then
+	// waits for the live record's lease, in vain, until its bound.
+	if _, err := c.ensureLease(ctx); err != nil {
+		t.Fatal(err)
+	}
+	short, stop := context.WithTimeout(ctx, 2*time.Second)
 	_, err = c.RegisterRank(short, etcdRecord(1, "tcp://10.6.6.6:1"))
 	stop()
 	c.Close()
