@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -42,6 +43,9 @@ type EtcdClient struct {
 	// and restores a record that was deleted, overwritten or garbled.
 	held     map[string]clientv3.LeaseID
 	restored atomic.Uint64
+	lost     atomic.Uint64
+	// beforeWrite, when set (tests), runs before a write under the lease.
+	beforeWrite func(clientv3.LeaseID)
 }
 
 // ParseEtcdTarget splits etcd://host:port[,host:port]/<instance>.
@@ -167,6 +171,27 @@ func (e *EtcdClient) ensureLease(ctx context.Context) (clientv3.LeaseID, error) 
 	return g.ID, nil
 }
 
+// dropLease forgets lease after etcd answered that it no longer exists
+// (it expired while its keep-alive stream had not yet ended: a loaded
+// machine, etcd stalled past the TTL), so the next ensureLease grants a
+// new one instead of handing the dead lease out again.
+func (e *EtcdClient) dropLease(lease clientv3.LeaseID) {
+	e.lost.Add(1)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.lease != lease {
+		return
+	}
+	if e.stopKA != nil {
+		e.stopKA()
+	}
+	e.lease, e.stopKA = 0, nil
+}
+
+// LeasesLost counts the leases etcd reported gone when this client wrote
+// under them; each was replaced by a new one and the write retried.
+func (e *EtcdClient) LeasesLost() uint64 { return e.lost.Load() }
+
 // Restored counts the rank records this client put back after finding
 // them deleted, garbled or naming another endpoint while it held the rank.
 func (e *EtcdClient) Restored() uint64 { return e.restored.Load() }
@@ -219,8 +244,17 @@ func (e *EtcdClient) RegisterRank(ctx context.Context, rec RankRecord) (time.Dur
 			}
 		}
 		if conflict == "" {
+			if e.beforeWrite != nil {
+				e.beforeWrite(lease)
+			}
 			cmp := clientv3.Compare(clientv3.ModRevision(key), "=", rev)
 			tx, err := e.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(body), clientv3.WithLease(lease))).Commit()
+			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				// Our lease expired under us (so we no longer hold the
+				// rank either): grant a new one and look again.
+				e.dropLease(lease)
+				continue
+			}
 			if err != nil {
 				return 0, e.wrap("put rank", err)
 			}
@@ -341,12 +375,21 @@ func (e *EtcdClient) Rank(ctx context.Context, dp, tp, pp int) (RankInfo, error)
 // PublishRoomDP records a room's DP group under the rank's lease (it
 // vanishes with the rank).
 func (e *EtcdClient) PublishRoomDP(ctx context.Context, room uint64, dp int) error {
-	lease, err := e.ensureLease(ctx)
-	if err != nil {
-		return e.wrap("lease", err)
+	for {
+		lease, err := e.ensureLease(ctx)
+		if err != nil {
+			return e.wrap("lease", err)
+		}
+		if e.beforeWrite != nil {
+			e.beforeWrite(lease)
+		}
+		_, err = e.cli.Put(ctx, e.prefix+"rooms/"+strconv.FormatUint(room, 10), strconv.Itoa(dp), clientv3.WithLease(lease))
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			e.dropLease(lease) // expired under us: grant a new one
+			continue
+		}
+		return e.wrap("put room", err)
 	}
-	_, err = e.cli.Put(ctx, e.prefix+"rooms/"+strconv.FormatUint(room, 10), strconv.Itoa(dp), clientv3.WithLease(lease))
-	return e.wrap("put room", err)
 }
 
 // RoomDP waits (until ctx ends) for a room's DP group.

@@ -241,3 +241,57 @@ func TestEtcdHolderRestoresItsRecord(t *testing.T) {
 		t.Fatalf("a newcomer replaced the live holder: %v", err)
 	}
 }
+
+// TestEtcdLeaseLostUnderAWrite has etcd revoke the client's lease right
+// before a write under it, while the client still holds it as alive (as
+// when it expires on a loaded machine before its keep-alive stream ends;
+// make test saw a restarted prefill rank fail to start on "requested lease
+// not found"): the registration and the room's DP record are written under
+// a new lease, and the loss is counted.
+func TestEtcdLeaseLostUnderAWrite(t *testing.T) {
+	srv, err := etcdtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	a, err := DialEtcd("etcd://"+srv.Endpoint+"/inst-a", EtcdConfig{LeaseTTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	var revoked []clientv3.LeaseID
+	a.beforeWrite = func(lease clientv3.LeaseID) {
+		if len(revoked) < 2 && (len(revoked) == 0 || revoked[len(revoked)-1] != lease) {
+			if _, err := raw.Revoke(ctx, lease); err != nil {
+				t.Errorf("revoke: %v", err)
+			}
+			revoked = append(revoked, lease)
+		}
+	}
+	mine := etcdRecord(0, "tcp://10.0.0.1:1")
+	if _, err := a.RegisterRank(ctx, mine); err != nil {
+		t.Fatalf("registration under a lost lease: %v", err)
+	}
+	if err := a.PublishRoomDP(ctx, 7, 0); err != nil {
+		t.Fatalf("room DP under a lost lease: %v", err)
+	}
+	if len(revoked) != 2 || a.LeasesLost() != 2 {
+		t.Fatalf("revoked %v, counted %d lost, want 2 and 2", revoked, a.LeasesLost())
+	}
+	for _, key := range []string{"/kvbridge/inst-a/ranks/0/0/0", "/kvbridge/inst-a/rooms/7"} {
+		got, err := raw.Get(ctx, key)
+		if err != nil || len(got.Kvs) != 1 {
+			t.Fatalf("%s: %v %v", key, got, err)
+		}
+		if l := clientv3.LeaseID(got.Kvs[0].Lease); l == 0 || l == revoked[0] || l == revoked[1] {
+			t.Fatalf("%s: under lease %x (revoked %v)", key, l, revoked)
+		}
+	}
+}

@@ -19,7 +19,7 @@ type metrics struct {
 	events, deadlines, statusSent, forced, stale, retries *prometheus.Desc
 	discoveryBad, restored, relookups, owed, restarted    *prometheus.Desc
 	rechecks, layoutRefused, badNotifs                    *prometheus.Desc
-	probes                                                *prometheus.Desc
+	probes, leasesLost                                    *prometheus.Desc
 
 	transfers prometheus.Counter
 	bytes     prometheus.Counter
@@ -51,6 +51,8 @@ func newMetrics(m *Manager) *metrics {
 			"Discovery records (etcd) ignored as malformed.", nil, labels),
 		restored: prometheus.NewDesc("kvbridge_discovery_records_restored_total",
 			"This rank's own discovery record (etcd) put back after it was found deleted, garbled or naming another endpoint.", nil, labels),
+		leasesLost: prometheus.NewDesc("kvbridge_discovery_leases_lost_total",
+			"This rank's discovery leases (etcd) found expired on a write and replaced by a new lease.", nil, labels),
 		relookups: prometheus.NewDesc("kvbridge_relookups_total",
 			"Prefill ranks looked up again because REGISTERs to their endpoint went unanswered.", nil, labels),
 		rechecks: prometheus.NewDesc("kvbridge_registration_rechecks_total",
@@ -98,7 +100,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.rooms
 	ch <- x.inflight
 	ch <- x.tables
-	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes} {
+	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -137,6 +139,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.retries, prometheus.CounterValue, float64(st.RegisterRetries))
 	ch <- prometheus.MustNewConstMetric(x.discoveryBad, prometheus.CounterValue, float64(x.m.discoveryMalformed()))
 	ch <- prometheus.MustNewConstMetric(x.restored, prometheus.CounterValue, float64(x.m.recordsRestored()))
+	ch <- prometheus.MustNewConstMetric(x.leasesLost, prometheus.CounterValue, float64(x.m.leasesLost()))
 	ch <- prometheus.MustNewConstMetric(x.relookups, prometheus.CounterValue, float64(st.Relookups))
 	ch <- prometheus.MustNewConstMetric(x.restarted, prometheus.CounterValue, float64(st.PeersRestarted))
 	ch <- prometheus.MustNewConstMetric(x.rechecks, prometheus.CounterValue, float64(st.Rechecks))

@@ -469,6 +469,15 @@ func (m *Manager) recordsRestored() uint64 {
 	return 0
 }
 
+// leasesLost counts the rank's discovery leases found expired on a write
+// (etcd) and replaced.
+func (m *Manager) leasesLost() uint64 {
+	if r, ok := m.boot.(interface{ LeasesLost() uint64 }); ok {
+		return r.LeasesLost()
+	}
+	return 0
+}
+
 // dialOptions are the discovery clients' options: the bootstrap token and
 // the etcd settings.
 func (m *Manager) dialOptions() bootstrap.DialOptions {

@@ -43,6 +43,8 @@ var mutants = []mutant{
 	// EINTR unless it is retried (CI: the demo's decode rank did not start).
 	{name: "bind-not-retried-after-eintr", file: "bootstrap/zsock.go", old: "		rc = zmq_bind(sock, ep);\n\t} while (rc < 0 && errno == EINTR);", new: "		rc = zmq_bind(sock, ep);\n\t} while (0);",
 		pkg: "bootstrap", run: "^TestSocketCallsRetryAfterSignal$"},
+	{name: "lost-lease-reused", file: "bootstrap/etcd.go", old: "\t\t\tif errors.Is(err, rpctypes.ErrLeaseNotFound) {\n\t\t\t\t// Our lease", new: "\t\t\tif false && errors.Is(err, rpctypes.ErrLeaseNotFound) {\n\t\t\t\t// Our lease",
+		pkg: "bootstrap", run: "^TestEtcdLeaseLostUnderAWrite$"},
 	// No CPU when idle (issue 24): the ucx engine's sleep on its event fd,
 	// UCX's adaptive progress off, the decode notifier's stop and kick.
 	{name: "ucx-idle-timer", file: "nixl/ucx.go", old: "		case ready == nil || len(u.active) > 0 || u.adaptiveOn:", new: "		case true:",
