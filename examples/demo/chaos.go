@@ -71,8 +71,11 @@ import (
 
 // The ranks' timings in a chaos round (KVBRIDGE_* variables and flags).
 const (
-	chaosHeartbeat     = 200 * time.Millisecond
-	chaosMaxMisses     = 2
+	// A heartbeat bound of 1 s: make test once saw a live, unfaulted
+	// prefill rank declared unreachable under 400 ms (200 ms × 2) while
+	// the race-built checkers held the other core.
+	chaosHeartbeat     = 250 * time.Millisecond
+	chaosMaxMisses     = 4
 	chaosSweep         = 100 * time.Millisecond
 	chaosRegisterRetry = 100 * time.Millisecond
 	chaosBootTimeout   = 4 * time.Second
@@ -718,8 +721,8 @@ func (c *cluster) inject(kind string, rng *rand.Rand) error {
 		time.Sleep(down)
 		if pair != nil {
 			// The decode rank first: its first rooms look the prefill rank
-			// up while its record still names the dead process (issue 20's
-			// case 1), until the prefill rank's new process takes the record
+			// up while its record still names the dead process (a pod
+			// restarted on a new port), until the prefill rank's new process takes the record
 			// once the lease lapsed.
 			np, err := c.restart(c.decode, 0, pair)
 			if err != nil {
