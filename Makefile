@@ -5,7 +5,7 @@ GO ?= go
 # go-nvml's cgo prologue trips hundreds of deprecation warnings in nvml.h.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all deps test test-checkers test-packages test-nixl sim bench bench-engine lint generate demo soak-hostile mutants
+.PHONY: all deps test test-checkers test-packages test-nixl sim bench bench-engine lint generate demo soak-hostile mutants fuzz
 
 all: test
 
@@ -44,6 +44,12 @@ test-nixl: deps
 ## mutants: kvmanager's tests once per mutant (a known bug brought back in every core, -tags kvbmutants); fails if any survives
 mutants:
 	./scripts/mutants.sh
+
+FUZZTIME ?= 60s
+FUZZ_TARGETS := bootstrap:FuzzDecode bootstrap:FuzzOpen bootstrap:FuzzOpenMD nixl:FuzzParseUCXAddress nixl:FuzzParseNIXLMD nixl:FuzzDecodeMetadata kvmanager:FuzzParseNotif
+## fuzz: each native fuzz target for FUZZTIME (make test runs their seed corpora only): the wire decoder, the authentication frame and sealed metadata, the UCX worker address and NIXL blob walks, kvbridge's metadata envelope, the notification parser
+fuzz: deps
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t#*:}; echo "== $$pkg $$fn"; $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) ./$$pkg; done
 
 SEEDS ?= 100000
 ## sim: the protocol simulator at depth: the exhaustive configurations with one more time jump, decode aborts and clears, two rooms with a restart, and SEEDS random runs (SIM_SEED_BASE moves them)

@@ -1,0 +1,113 @@
+package nixl
+
+import (
+	"bytes"
+	"encoding/binary"
+	"testing"
+)
+
+// ucxSeeds are this process's own worker addresses (shared memory, tcp,
+// every transport) and the metadata blobs around them.
+func ucxSeeds(f *testing.F) (addrs, blobs [][]byte, ver ucxVersion, library string) {
+	f.Helper()
+	for _, tls := range []map[string]string{shmUCX, tcpUCX, allUCX} {
+		a, err := Open(Config{Name: "fuzz", Engine: EngineUCX, UCX: tls})
+		if err != nil {
+			f.Fatal(err)
+		}
+		if _, _, err := a.Alloc(1 << 16); err != nil {
+			f.Fatal(err)
+		}
+		md, err := a.Metadata()
+		if err != nil {
+			f.Fatal(err)
+		}
+		u := a.b.(*ucx)
+		m, err := decodeMetadata(md, EngineUCX, u.library)
+		if err != nil {
+			f.Fatal(err)
+		}
+		addrs, blobs, ver, library = append(addrs, m.payload), append(blobs, md), u.local.ver, u.library
+		a.Close()
+	}
+	return addrs, blobs, ver, library
+}
+
+// FuzzParseUCXAddress: the worker address walk (what stands between a
+// peer's bytes and ucp_ep_create) never panics or reads past its input,
+// for the v1 and v2 formats and both release layouts, and an address it
+// accepts is accounted for to its last byte (one byte more is refused).
+func FuzzParseUCXAddress(f *testing.F) {
+	addrs, _, own, _ := ucxSeeds(f)
+	for _, b := range addrs {
+		f.Add(b, false)
+	}
+	v2 := []byte{0x01 | 3<<4, ucpHdrFlagWorkerUUID}
+	v2 = binary.LittleEndian.AppendUint64(v2, 0x1122334455667788)
+	v2 = append(v2, 0x7f, 9, ucpAddrFlagLast|0x1f, 40)
+	v2 = append(v2, make([]byte, 40)...)
+	v2 = binary.LittleEndian.AppendUint16(v2, 0xabcd)
+	v2 = append(v2, 1, 2, 3, 4, 0x10, 0, 0xff, 0xff)
+	v2 = append(v2, ucpAddrFlagLast|0x3f, 70)
+	v2 = append(v2, make([]byte, 70)...)
+	f.Add(v2, true)
+	f.Fuzz(func(t *testing.T, b []byte, v119 bool) {
+		v := own
+		if v119 {
+			v = ucxVersion{1, 19, 0}
+		}
+		a, err := parseUCXAddress(b, v)
+		if err != nil {
+			return
+		}
+		_ = describeUCXAddress(a)
+		if _, err := parseUCXAddress(append(bytes.Clone(b), 0), v); err == nil {
+			t.Fatalf("accepted %x and also with a byte appended", b)
+		}
+	})
+}
+
+// FuzzParseNIXLMD: the walk of NIXL's metadata blob (connections, then
+// the memory section to the blob's end) never panics, and a blob it
+// accepts has nothing after its end.
+func FuzzParseNIXLMD(f *testing.F) {
+	addrs, _, _, _ := ucxSeeds(f)
+	for _, a := range addrs {
+		f.Add(nixlBlob("peer", [2][]byte{[]byte("UCX"), a}))
+	}
+	f.Add(nixlBlob("peer"))
+	f.Add([]byte(nixlSerDesMagic))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		md, err := parseNIXLMD(b)
+		if err != nil {
+			return
+		}
+		if md == nil {
+			t.Fatal("nil metadata without an error")
+		}
+		if _, err := parseNIXLMD(append(bytes.Clone(b), '|')); err == nil {
+			t.Fatalf("accepted %x and also with a byte appended", b)
+		}
+	})
+}
+
+// FuzzDecodeMetadata: kvbridge's own metadata envelope never panics, and
+// what it accepts encodes back to the same bytes (no field read twice or
+// skipped).
+func FuzzDecodeMetadata(f *testing.F) {
+	_, blobs, _, library := ucxSeeds(f)
+	for _, b := range blobs {
+		f.Add(b)
+	}
+	f.Add([]byte(mdMagic + "\x01"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeMetadata(b, EngineUCX, library)
+		if err != nil {
+			return
+		}
+		if got := m.encode(); !bytes.Equal(got, b) {
+			t.Fatalf("decoded %x, encodes to %x", b, got)
+		}
+		_ = m.remoteRegions()
+	})
+}
