@@ -13,15 +13,21 @@
 //
 // # Control loop
 //
+//	auth, err := bootstrap.NewAuth(secret) // the deployment's shared secret (KVBRIDGE_SECRET)
 //	l, err := bootstrap.NewLoop(bootstrap.LoopConfig{
-//		Identity: bootstrap.From{Role: bootstrap.RoleDecode, Instance: "decode-a", Rank: 0},
-//		Bind:     "tcp://0.0.0.0:17100",
-//		Handler:  func(m bootstrap.Message) { /* hand to the manager; must not block */ },
+//		Identity:   bootstrap.From{Role: bootstrap.RoleDecode, Instance: "decode-a", Rank: 0},
+//		Bind:       "tcp://0.0.0.0:17100",
+//		Handler:    func(m bootstrap.Message) { /* hand to the manager; must not block */ },
 //		OnPeerDown: func(p bootstrap.PeerDown) { /* fail rooms shared with p */ },
+//		Auth:       auth, // heartbeats and queues: DefaultLoopConfig's where left zero
 //	})
 //	defer l.Close()
-//	l.Send(bootstrap.Peer{Endpoint: prefillEndpoint}, &bootstrap.Request{Room: 7, Required: 1, AuxIndex: -1})
-//	l.Watch(bootstrap.Peer{Endpoint: prefillEndpoint}) // heartbeats while rooms are shared
+//	// The peer's epoch comes with its bootstrap record (RankInfo.Epoch).
+//	prefill := bootstrap.Peer{Endpoint: info.Endpoint, Epoch: info.Epoch}
+//	l.Send(prefill, &bootstrap.Abort{Room: 7, Reason: "client left"})
+//	l.Watch(prefill) // heartbeats while rooms are shared
+//
+// Example_controlLoop runs the same between two loops.
 //
 // Send runs on the caller's goroutine, on the peer's socket under the peer's
 // lock (no hand-off), and never blocks: a peer that cannot take more gets a

@@ -17,10 +17,6 @@ import (
 // Errors of the control loop.
 var (
 	ErrClosed = errors.New("bootstrap: control loop closed")
-	// ErrQueueFull is no longer returned: sends go straight to the peer's
-	// socket (a busy peer's messages wait in its backlog, or drop as
-	// peer_busy). Kept for compatibility.
-	ErrQueueFull = errors.New("bootstrap: send queue full")
 )
 
 // Peer is where a message goes: a rank's control endpoint and, with
@@ -43,8 +39,6 @@ type Peer struct {
 // and detects them.)
 type PeerDown struct {
 	Endpoint string
-	// From is the peer's identity when known.
-	From From
 	// Reason is "peer unreachable".
 	Reason string
 }
@@ -83,7 +77,6 @@ type LoopConfig struct {
 
 	HeartbeatInterval time.Duration // default 5 s
 	MaxMisses         int           // default 2
-	SendQueue         int           // unused: sends no longer go through a queue (kept for compatibility)
 	SendHWM           int           // per-peer ZeroMQ high-water mark, default 1000
 	Linger            time.Duration // how long Close waits for queued sends, default 1 s
 	MaxPeers          int           // PUSH sockets kept, default 1024
@@ -110,7 +103,7 @@ type LoopConfig struct {
 
 // DefaultLoopConfig returns the defaults; set Identity, Bind and Handler.
 func DefaultLoopConfig() LoopConfig {
-	return LoopConfig{HeartbeatInterval: 5 * time.Second, MaxMisses: 2, SendQueue: 4096, SendHWM: 1000,
+	return LoopConfig{HeartbeatInterval: 5 * time.Second, MaxMisses: 2, SendHWM: 1000,
 		Linger: time.Second, MaxPeers: 1024, PeerIdle: 5 * time.Minute}
 }
 
@@ -129,8 +122,8 @@ func (c *LoopConfig) Validate() error {
 		return errors.New("bootstrap: Handler is nil")
 	case c.HeartbeatInterval <= 0 || c.MaxMisses < 1:
 		return fmt.Errorf("bootstrap: heartbeat %v × %d misses is not valid", c.HeartbeatInterval, c.MaxMisses)
-	case c.SendQueue < 1 || c.SendHWM < 1 || c.MaxPeers < 1 || c.PeerIdle <= 0 || c.Linger < 0:
-		return errors.New("bootstrap: SendQueue, SendHWM, MaxPeers and PeerIdle must be positive, Linger not negative")
+	case c.SendHWM < 1 || c.MaxPeers < 1 || c.PeerIdle <= 0 || c.Linger < 0:
+		return errors.New("bootstrap: SendHWM, MaxPeers and PeerIdle must be positive, Linger not negative")
 	case c.Auth == nil && !c.Insecure:
 		return fmt.Errorf("bootstrap: rank %s: %w", c.Identity.Peer(), ErrNoSecret)
 	case c.Auth != nil && c.Insecure:
@@ -196,9 +189,6 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 	}
 	if cfg.MaxMisses == 0 {
 		cfg.MaxMisses = def.MaxMisses
-	}
-	if cfg.SendQueue == 0 {
-		cfg.SendQueue = def.SendQueue
 	}
 	if cfg.SendHWM == 0 {
 		cfg.SendHWM = def.SendHWM

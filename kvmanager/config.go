@@ -137,7 +137,7 @@ const (
 	TraceSuccess
 )
 
-// DefaultConfig returns a config with DESIGN.md's defaults for role.
+// DefaultConfig returns a config with the defaults for role (docs/ARCHITECTURE.md, "Defaults and configuration").
 func DefaultConfig(role Role) Config {
 	return Config{Role: role, Bind: "tcp://127.0.0.1:*", PageTokens: 16, DType: "bf16",
 		Registry: DefaultRegistryConfig(), Workers: 4, HeartbeatInterval: 5 * time.Second, MaxMisses: 2,

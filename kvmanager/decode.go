@@ -499,12 +499,12 @@ func (d *Decode) Report(room uint64) (r LoadReport, ok bool) {
 
 // notifier drains the agent's notifications and steps them into the core.
 // It blocks on the engine's wake-up channel where there is one (no timer:
-// an idle rank costs no CPU, issue 24). Otherwise
+// an idle rank costs no CPU). Otherwise
 // (libnixl) it polls with a back-off of up to 1 ms while rooms are live,
 // every second while only cleared rooms' tombstones remain (their late
 // notifications are read and dropped while the tombstone can tell them
 // from a later room with the same id), and stops polling when there are
-// neither (an idle rank costs no CPU: issue 24) until a room is created.
+// neither (an idle rank costs no CPU) until a room is created.
 func (d *Decode) notifier() {
 	defer d.wg.Done()
 	wake := d.agent.NotifyC()

@@ -13,7 +13,7 @@ import (
 // This file is a small explicit-state model checker for one room. From the
 // empty registry it applies every event in every reachable state, keeps each
 // distinct state once (breadth first, deduplicated by a fingerprint of the
-// registry and of the checker's own history), and checks DESIGN.md's
+// registry and of the checker's own history), and checks the registry's
 // invariants on every transition and in every state. Events may repeat
 // without bound; the only constraint is the natural one that at most two
 // writes are in flight. Time moves only by "sweep past deadline X" events,
@@ -366,7 +366,7 @@ func explore(t *testing.T, role Role, peers int) (states, transitions int) {
 }
 
 // TestInterleavings explores every reachable state of one room under every
-// order of its events and checks DESIGN.md's six invariants throughout.
+// order of its events and checks the registry's invariants (docs/ARCHITECTURE.md's 3–6) throughout.
 func TestInterleavings(t *testing.T) {
 	t.Parallel() // CPU-bound: alongside the other checkers
 	for _, tc := range []struct {

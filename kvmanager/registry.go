@@ -40,7 +40,7 @@ type RegistryConfig struct {
 	MaxReasonBytes int
 }
 
-// DefaultRegistryConfig returns the defaults of DESIGN.md.
+// DefaultRegistryConfig returns the defaults (docs/ARCHITECTURE.md, "Defaults and configuration").
 func DefaultRegistryConfig() RegistryConfig {
 	return RegistryConfig{
 		BootstrapTimeout:  300 * time.Second,

@@ -112,10 +112,10 @@ func newManager(cfg Config) (m *Manager, err error) {
 		}
 	}()
 	if cfg.Role == RolePrefill && cfg.Engine.NIXLProgress == nixl.NIXLProgressThread && cfg.Engine.Engine != nixl.EngineUCX && cfg.Engine.Engine != nixl.EngineLoopback {
-		m.log.Warn("a prefill rank's libnixl agent with NIXL's progress thread: on NIXL <= 1.4.0 a decode process that dies mid-transfer can crash this process (issue 22); leave Engine.NIXLProgress unset")
+		m.log.Warn("a prefill rank's libnixl agent with NIXL's progress thread: on NIXL <= 1.4.0 a decode process that dies mid-transfer can crash this process (NIXL's endpoint error callback frees an endpoint under a post); leave Engine.NIXLProgress unset")
 	}
 	if cfg.Engine.NIXLProgress == 0 {
-		// Issue 22: the decode rank's agent is written to, so NIXL's
+		// The decode rank's agent is written to, so NIXL's
 		// progress thread runs it; the prefill rank's posts, and on NIXL
 		// <= 1.4.0 that thread's endpoint error callback would free an
 		// endpoint under a post when a decode process dies, so its own
@@ -404,7 +404,7 @@ func (m *Manager) malformed(r bootstrap.MalformedReport) {
 func (m *Manager) peerDown(p bootstrap.PeerDown) {
 	m.log.Warn("peer down", zap.String("endpoint", p.Endpoint), zap.String("reason", p.Reason))
 	m.step(func(c *Core, now time.Time) {
-		c.Step(now, PeerUnreachable{Endpoint: p.Endpoint, From: p.From, Reason: p.Reason})
+		c.Step(now, PeerUnreachable{Endpoint: p.Endpoint, Reason: p.Reason})
 	})
 }
 

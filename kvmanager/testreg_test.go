@@ -2,6 +2,7 @@ package kvmanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -159,7 +160,7 @@ func (t *testReg) Wait(ctx context.Context, id uint64) (Poll, error) {
 	case <-ctx.Done():
 		return 0, fmt.Errorf("room %d: wait: %w", id, ctx.Err())
 	case <-t.closed:
-		return 0, fmt.Errorf("room %d: wait: %w", id, ErrClosed)
+		return 0, fmt.Errorf("room %d: wait: %w", id, errTestRegClosed)
 	}
 	st, known := t.Status(id)
 	if !known {
@@ -204,3 +205,6 @@ func (t *testReg) clone(clk *fakeClock) *testReg {
 	c.acks = slices.Clone(t.acks)
 	return c
 }
+
+// errTestRegClosed: the test registry was closed under a waiter.
+var errTestRegClosed = errors.New("test registry closed")

@@ -45,7 +45,7 @@ import (
 )
 
 // Validation of a peer's UCX worker address and packed remote keys before
-// UCX sees them (issue 23). UCX parses both without knowing their length and
+// UCX sees them. UCX parses both without knowing their length and
 // trusts every field: a flipped bit in a length walks its parser off the end
 // of the buffer, a flipped flag makes a transport assert (posix's
 // "dir != NULL" in ucp_ep_create), a changed segment id makes it map a file
@@ -86,7 +86,9 @@ import (
 // transport by UCX: they are walked, nothing more. A transport this process
 // runs that this file does not model (InfiniBand, CUDA IPC, ...) must have
 // the capabilities and the address sizes of this process's own entries for
-// it; what its fields say is not checked here (see the report of issue 23).
+// it; what its fields say is not checked here (UCX asserts on them or
+// reads them within its own buffers: what a mutated address did, seen on
+// UCX 1.13 and 1.19, is in docs/PROTOCOL.md's table of refusals).
 // Endpoint addresses (never in a worker address), AM-only addresses, unified
 // mode (another format; refused at Open) and an address naming this worker
 // itself are refused.

@@ -209,7 +209,7 @@ const DefaultNIXLProgressDelay = time.Second
 // (its "engine_config" parameter, KEY=VALUE,...), after the user's own:
 // UCX's adaptive progress off, as the ucx engine has it — it deactivates
 // interfaces it finds idle, and a worker asleep on its event fd was seen to
-// miss events then (issue 24). NIXL leaves a key alone when its UCX_*
+// miss events then (a write's notification never woke its target). NIXL leaves a key alone when its UCX_*
 // variable is set.
 func nixlEngineConfig(user string) string {
 	for _, kv := range strings.Split(user, ",") {
@@ -229,7 +229,7 @@ func nixlEngineConfig(user string) string {
 // lock (NIXL_THREAD_SYNC_STRICT); concurrent calls are NIXL's to order,
 // and life orders them against close.
 //
-// Why the choice (issue 22): a target needs its worker progressed for
+// Why the choice: a target needs its worker progressed for
 // writes to it to complete (a notification's acknowledgement, an
 // endpoint's wire-up), which NIXL's thread does on the worker's events.
 // But in NIXL <= 1.4.0 the UCX backend's endpoint error callback, run on
@@ -283,8 +283,7 @@ type libnixl struct {
 	reqs  map[*nixlXfer]struct{} // made and not destroyed
 	preps map[C.nx_h]struct{}    // prepared lists not released
 	stuck []*nixlXfer            // release refused: retried until NIXL lets go
-	// down fences the remotes a transfer failed to (issue 22, workaround
-	// B): nothing more is posted to one until its metadata is loaded
+	// down fences the remotes a transfer failed to: nothing more is posted to one until its metadata is loaded
 	// again, since NIXL <= 1.4.0 may still hold (or have freed) its
 	// endpoint. conns is each loaded remote's connection info (workaround
 	// C: a name that comes back with other connection info is forgotten
@@ -340,7 +339,7 @@ func openLibNIXL(cfg Config) (backend, error) {
 	prog, syncMode := C.int(1), C.int(C.NX_SYNC_RW)
 	switch cfg.NIXLProgress {
 	case 0, NIXLProgressThread:
-	case NIXLProgressCaller: // a posting agent on NIXL <= 1.4.0 (issue 22)
+	case NIXLProgressCaller: // a posting agent on NIXL <= 1.4.0: its thread's error callback frees endpoints under posts
 		prog, syncMode = 0, C.NX_SYNC_STRICT
 	default:
 		return nil, fmt.Errorf("libnixl agent %q: progress mode %v: %w", cfg.Name, cfg.NIXLProgress, ErrInvalidRequest)

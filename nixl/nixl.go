@@ -403,7 +403,7 @@ func (a *Agent) watch() {
 		if progress != nil {
 			// The engine signals every final state: sleep until it does,
 			// with a backstop for the transfers' timeouts. No spinning
-			// (issue 24: the spins cost CPU the signal makes useless).
+			// (the spins cost CPU the signal makes useless).
 			sleep = watchBackstop
 		} else if idle++; idle < watchSpins {
 			select {
@@ -651,7 +651,8 @@ func (a *Agent) LoadRemote(md []byte) (string, error) {
 
 // PostsFenced counts the posts the engine refused because an earlier
 // transfer to the same remote failed and its metadata was not loaded again
-// since (libnixl, issue 22; 0 on other engines).
+// since (libnixl: NIXL <= 1.4.0 may still hold, or have freed, the
+// failed remote's endpoint; 0 on other engines).
 func (a *Agent) PostsFenced() uint64 {
 	if f, ok := a.b.(interface{ fencedPosts() uint64 }); ok {
 		return f.fencedPosts()

@@ -118,7 +118,7 @@ func parseNIXLMD(b []byte) (*nixlMD, error) {
 	// and nothing after it. NIXL <= 1.4.0 loads the connection info before
 	// it parses the section, and a section it then refuses leaves that
 	// connection behind: the agent could never load the peer's genuine
-	// blob again (issue 22). So a blob is walked to its end here and
+	// blob again. So a blob is walked to its end here and
 	// refused before NIXL sees it.
 	n8 := func(tag string) (uint64, error) {
 		v, err := field(tag)

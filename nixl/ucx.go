@@ -30,10 +30,13 @@ import (
 // locked to an OS thread: calls never overlap, Go's scheduler orders memory
 // when the goroutine moves between threads, and an unlocked goroutine is
 // woken without a thread hand-off (locking it cost 30 µs per small write
-// and 20% of 64 MiB bandwidth here; see BENCHMARKS.md). The progress goroutine spins while transfers are
-// in flight or traffic arrives (a put over tcp, or into memory UCX did not
-// allocate, is emulated and needs the target to progress) and backs off to
-// short sleeps when idle.
+// and 20% of 64 MiB bandwidth here; see BENCHMARKS.md). The progress
+// goroutine polls while commands, completions or messages keep coming and
+// for a short spin window after (a put over tcp, or into memory UCX did
+// not allocate, is emulated and needs the target to progress). Then, with
+// transfers in flight or no event fd, it sleeps on a timer backing off
+// from 20 µs to 1 ms; idle, it sleeps on the worker's event fd (armed),
+// with a 5 s backstop, and costs no CPU.
 
 type ucxStatusError struct {
 	call   string
@@ -170,15 +173,15 @@ type ucx struct {
 	// in-process peers' checks (memMu; written by the progress goroutine).
 	memMu sync.Mutex
 	spans map[*ucxReg][]ucxMem
-	// selfAddrHeader and selfAddrMin: the checks before issue 23 (the
-	// header byte and a length), kept for the test that shows them
+	// selfAddrHeader and selfAddrMin: the checks before the full address
+	// walk (the header byte and a length), kept for the test that shows them
 	// insufficient (legacyAddrCheck).
 	selfAddrHeader byte
 	selfAddrMin    int
 }
 
 // legacyAddrCheck, set only by tests, checks peers' worker addresses as
-// kvbridge did before issue 23: the header byte and the length. Its fuzz
+// kvbridge once did: the header byte and the length. Its fuzz
 // test runs a child process with it to show that check lets through
 // addresses that abort the process inside UCX.
 var legacyAddrCheck bool
@@ -356,7 +359,7 @@ func openUCX(cfg Config) (backend, error) {
 	// worker's progress and arm lists and watches them from its async
 	// thread; with it, an armed worker here missed events (a sleeping
 	// target did not wake for a write's notification: the write hung, 1 in
-	// ~20,000 writes over shared memory; issue 24). kvbridge turns it off
+	// ~20,000 writes over shared memory). kvbridge turns it off
 	// unless the user chose it, and then keeps a back-off timer while idle.
 	adaptive, ok := ucpKeys["ADAPTIVE_PROGRESS"]
 	if !ok {
@@ -540,7 +543,7 @@ func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 		default:
 			// Idle and armed: a long backstop against a wake-up UCX does
 			// not signal (an event its async thread queued for the next
-			// progress; issue 24's review). One pass in 5 s costs
+			// progress). One pass in 5 s costs
 			// nothing; missed counts the ones whose progress found work.
 			timer.Reset(idleMaxSleep)
 			tc, backstop = timer.C, true
@@ -756,7 +759,7 @@ func (u *ucx) metadata(regs []*Registration) ([]byte, error) {
 // few hundred bytes; RDMA devices add tens of bytes each).
 const maxWorkerAddress = 16 << 10
 
-// checkWorkerAddress was the whole check before issue 23: the header byte
+// checkWorkerAddress was once the whole check: the header byte
 // and a plausible length. Only the fuzz test's child runs it now
 // (legacyAddrCheck), to show that it lets through addresses that abort the
 // process in ucp_ep_create.

@@ -43,7 +43,7 @@ type ucxWaker struct {
 }
 
 // newWaker returns nil where the worker has no event fd (then the progress
-// goroutine backs off with a timer, as before issue 24).
+// goroutine backs off with a timer).
 func (u *ucx) newWaker() *ucxWaker {
 	var efd C.int
 	if C.kvb_efd(u.ctx, &efd) != 0 {

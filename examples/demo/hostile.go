@@ -25,7 +25,7 @@ import (
 )
 
 // The hostile mode (-hostile): while the real workload runs, an attacker in
-// this process sends every class of bad input issue 14 listed, at both
+// this process sends every class of bad input listed below, at both
 // ranks, round after round: unauthenticated messages (garbage frames, valid
 // messages without a tag or with another secret, PINGs from forged
 // endpoints, a REGISTER with a garbage agent blob), authenticated hostile
@@ -388,8 +388,8 @@ func (a *attacker) round(round int, push map[string]*zmq.Socket) {
 		reg.AgentMD = sealedMD
 		a.send(s, "REGISTER, garbage UCX address", a.seal(p, round%3, encode(reg)))
 		// A real worker address of this machine's UCX, its header kept and
-		// the rest mutated (issue 23, 4: one such REGISTER aborted a
-		// prefill rank in ucp_ep_create).
+		// the rest mutated (one such REGISTER once aborted a prefill rank
+		// in ucp_ep_create).
 		for k := 0; k < 10 && a.realAddr != nil; k++ {
 			reg := a.register(a.agentBlob(mutate(a.realAddr, uint64(round*10+k))), k%3)
 			if a.ids[0] != nil && p == a.prefill {

@@ -17,7 +17,7 @@ import (
 	kvtransfer "github.com/kvbridge/kvbridge/transfer"
 )
 
-// layerwise (-layerwise) is issue 25's benchmark on the GPU: time to first
+// layerwise (-layerwise) is the layer-wise benchmark on the GPU: time to first
 // token at decode behind a prefill rank whose layers are computed on the
 // device, each layer sent once the CUDA event recorded after it completes
 // (SendLayers gated by Event.Ready), against the whole chunk sent after

@@ -7,7 +7,7 @@
 // libraries. Usage: gpucheck [-size BYTES] [-pages N] [-iters N] [-json FILE]
 //
 // gpucheck -layerwise [-lw-layers N] [-lw-tokens 1024,4096,8192] [-lw-rooms N]
-// runs issue 25's benchmark on the device instead (layerwise.go).
+// runs the layer-wise TTFT benchmark on the device instead (layerwise.go).
 package main
 
 import (
@@ -54,7 +54,7 @@ func main() {
 	iters := flag.Int("iters", 5, "timed repetitions of each transfer")
 	jsonOut := flag.String("json", "", "write the result as JSON to this file")
 	noNVML := flag.Bool("allow-no-nvml", false, "continue when NVML discovery fails (CUDA driver double)")
-	lw := flag.Bool("layerwise", false, "instead: TTFT with each layer sent once its CUDA event completes, vs the whole chunk after the stream drained (issue 25)")
+	lw := flag.Bool("layerwise", false, "instead: TTFT with each layer sent once its CUDA event completes, vs the whole chunk after the stream drained")
 	lwLayers := flag.Int("lw-layers", 32, "layerwise: layers")
 	lwTokens := flag.String("lw-tokens", "1024,4096,8192", "layerwise: token counts")
 	lwRooms := flag.Int("lw-rooms", 5, "layerwise: rooms of each way per token count (medians)")

@@ -24,7 +24,7 @@ import (
 	"github.com/kvbridge/kvbridge/nixl"
 )
 
-// idleGoal is issue 24's bound for an idle rank: 0.1 % of one core.
+// idleGoal is the bound for an idle rank: 0.1 % of one core.
 const idleGoal = 0.1
 
 // idleMode measures what an idle rank costs. Per engine, a prefill and a

@@ -78,7 +78,7 @@ type Row struct {
 	// CPU is what the figure cost: CPU time (user + system, every process
 	// involved) per unit of work in CPUUnit ("s/GB": CPU seconds per 10⁹
 	// bytes moved); RefCPU is each reference's in the same unit and run,
-	// CPURatios kvbridge's over it (issue 24's goal: ≤ 1.2 against
+	// CPURatios kvbridge's over it (the goal: ≤ 1.2 against
 	// ucx_perftest on the same transport and memory).
 	CPU       float64            `json:"cpu,omitempty"`
 	CPUUnit   string             `json:"cpu_unit,omitempty"`

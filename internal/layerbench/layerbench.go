@@ -10,7 +10,7 @@
 // written into the room's prefill pages. Calibrate sizes Reps so that one
 // layer's compute takes about one layer's transfer time, measured first
 // in the same run: the case where layer-wise streaming gains most (TTFT
-// tends to half of whole-chunk's) and where the goals of issue 25 are set.
+// tends to half of whole-chunk's) and where its goals are set.
 package layerbench
 
 import (

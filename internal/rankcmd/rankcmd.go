@@ -425,7 +425,7 @@ func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Log
 		return nil, 2, fmt.Errorf("-compute %q: want fill or tinyllm", o.compute)
 	}
 	if o.layerwise && !layerwiseAvailable {
-		return nil, 2, errors.New("-layerwise needs sender.SendLayers (issue 25), not in this build")
+		return nil, 2, errors.New("-layerwise needs sender.SendLayers, not in this build")
 	}
 	if o.layerGroup < 1 {
 		return nil, 2, fmt.Errorf("-layer-group %d: want ≥ 1", o.layerGroup)
