@@ -89,7 +89,7 @@ func registerLayout(t *testing.T, c *Core, from bootstrap.From, peer transfer.La
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.registered(t0, from, "agent", lay)
+	c.Step(t0, Registered{From: from, Remote: "agent", Plan: lay})
 	if acks := sent[*bootstrap.RegisterAck](c.Effects()); len(acks) != 1 || !acks[0].OK {
 		t.Fatalf("REGISTER not acknowledged: %v", acks)
 	}
@@ -111,15 +111,15 @@ func TestFalsePeerDeadKeepsRegistration(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testCore(t, RolePrefill, tc.bug...)
 			register(t, c, decodeFrom)
-			c.createSender(t0, 1)
-			c.receive(t0, request(1, decodeFrom))
+			c.Step(t0, CreateSender{Room: 1})
+			c.Step(t0, Received{Msg: request(1, decodeFrom)})
 			c.Effects()
-			c.reportDown(t0, decodeFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+			c.Step(t0, PeerUnreachable{Endpoint: decodeFrom.Endpoint, Reason: bootstrap.ReasonPeerUnreachable})
 			if st, _ := c.Status(1); st != Failed {
 				t.Fatalf("the room shared with the peer is %v, want Failed", st)
 			}
 			c.Effects()
-			accepted := c.receive(t0, request(2, decodeFrom))
+			accepted := c.Step(t0, Received{Msg: request(2, decodeFrom)}).OK
 			st := sent[*bootstrap.Status](c.Effects())
 			if accepted != tc.ok {
 				t.Fatalf("next REQUEST accepted %v (statuses %+v), want %v", accepted, st, tc.ok)
@@ -135,18 +135,18 @@ func TestFalsePeerDeadKeepsRegistration(t *testing.T) {
 // resend the room's REQUEST instead of failing the room.
 func TestNotRegisteredReregisters(t *testing.T) {
 	c := testCore(t, RoleDecode)
-	c.createReceiver(t0, 1, []Target{prefillT})
-	c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-	c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-	c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
+	c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
+	c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
+	c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
 	if reqs := sent[*bootstrap.Request](c.Effects()); len(reqs) != 1 {
 		t.Fatalf("REQUEST not sent: %v", reqs)
 	}
-	c.receive(t0, &bootstrap.Status{From: prefillFrom, Room: 1, Status: bootstrap.StatusFailed, Code: CodeNotRegistered, Reason: "x"})
+	c.Step(t0, Received{Msg: &bootstrap.Status{From: prefillFrom, Room: 1, Status: bootstrap.StatusFailed, Code: CodeNotRegistered, Reason: "x"}})
 	if regs := sent[*bootstrap.Register](c.Effects()); len(regs) != 1 {
 		t.Fatalf("not registered again: %v", regs)
 	}
-	c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
 	if reqs := sent[*bootstrap.Request](c.Effects()); len(reqs) != 1 || reqs[0].Room != 1 {
 		t.Fatalf("REQUEST not resent: %v", reqs)
 	}
@@ -154,7 +154,7 @@ func TestNotRegisteredReregisters(t *testing.T) {
 		t.Fatalf("room %v, want WaitingForInput", st)
 	}
 	// A second not_registered for the same room fails it (no loop).
-	c.receive(t0, &bootstrap.Status{From: prefillFrom, Room: 1, Status: bootstrap.StatusFailed, Code: CodeNotRegistered, Reason: "again"})
+	c.Step(t0, Received{Msg: &bootstrap.Status{From: prefillFrom, Room: 1, Status: bootstrap.StatusFailed, Code: CodeNotRegistered, Reason: "again"}})
 	if st, _ := c.Status(1); st != Failed {
 		t.Fatalf("room %v after a second refusal, want Failed", st)
 	}
@@ -164,30 +164,30 @@ func TestNotRegisteredReregisters(t *testing.T) {
 // acknowledged; then the waiting room's REQUEST goes out.
 func TestRegisterRetried(t *testing.T) {
 	c := testCore(t, RoleDecode)
-	c.createReceiver(t0, 1, []Target{prefillT})
-	c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-	c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+	c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
+	c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
+	c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 	if regs := sent[*bootstrap.Register](c.Effects()); len(regs) != 1 {
 		t.Fatalf("first REGISTER: %v", regs)
 	}
 	now, retries := t0, 0
 	for _, d := range []time.Duration{1, 2, 4} { // seconds: 1 s doubling
-		c.tickAll(now.Add(d*time.Second - time.Millisecond))
+		c.Step(now.Add(d*time.Second-time.Millisecond), Tick{})
 		if n := len(sent[*bootstrap.Register](c.Effects())); n != 0 {
 			t.Fatalf("REGISTER resent before its backoff (%v)", d)
 		}
 		now = now.Add(d*time.Second + time.Millisecond)
-		c.tickAll(now)
+		c.Step(now, Tick{})
 		retries += len(sent[*bootstrap.Register](c.Effects()))
 	}
 	if retries != 3 || c.Stats().RegisterRetries != 3 {
 		t.Fatalf("%d retries (stats %d), want 3", retries, c.Stats().RegisterRetries)
 	}
-	c.receive(now, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	c.Step(now, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
 	if reqs := sent[*bootstrap.Request](c.Effects()); len(reqs) != 1 {
 		t.Fatalf("REQUEST after the late ACK: %v", reqs)
 	}
-	c.tickAll(now.Add(time.Minute))
+	c.Step(now.Add(time.Minute), Tick{})
 	if n := len(sent[*bootstrap.Register](c.Effects())); n != 0 {
 		t.Fatal("REGISTER resent after the ACK")
 	}
@@ -197,20 +197,20 @@ func TestRegisterRetried(t *testing.T) {
 // asked was aborted, e.g. its caller's context ended).
 func TestRegisterRetriesStopWithoutWaiters(t *testing.T) {
 	c := testCore(t, RoleDecode)
-	c.createReceiver(t0, 1, []Target{prefillT})
-	c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-	c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-	c.abortReceiver(t0, 1, "context deadline exceeded")
+	c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
+	c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
+	c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
+	c.Step(t0, AbortReceiver{Room: 1, Reason: "context deadline exceeded"})
 	c.Effects()
 	for i := 1; i <= 5; i++ {
-		c.tickAll(t0.Add(time.Duration(i) * time.Minute))
+		c.Step(t0.Add(time.Duration(i)*time.Minute), Tick{})
 	}
 	if n := len(sent[*bootstrap.Register](c.Effects())); n != 0 || c.Stats().RegisterRetries != 0 {
 		t.Fatalf("%d REGISTERs sent for nobody", n)
 	}
 	// The next room registers afresh.
-	c.createReceiver(t0.Add(6*time.Minute), 2, []Target{prefillT})
-	c.initReceiver(t0.Add(6*time.Minute), 2, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+	c.Step(t0.Add(6*time.Minute), CreateReceiver{Room: 2, Targets: []Target{prefillT}})
+	c.Step(t0.Add(6*time.Minute), InitReceiver{Room: 2, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 	if n := len(sent[*bootstrap.Register](c.Effects())); n != 1 {
 		t.Fatalf("%d REGISTERs for a new room, want 1", n)
 	}
@@ -224,13 +224,13 @@ func TestPendingRequestsLeaveNothing(t *testing.T) {
 	register(t, c, decodeFrom)
 	n := c.cfg.Registry.MaxPendingPerPeer
 	for room := uint64(1); room <= uint64(n); room++ {
-		c.receive(t0, request(room, decodeFrom))
+		c.Step(t0, Received{Msg: request(room, decodeFrom)})
 	}
 	if s := c.Sizes(); s.Pending != n {
 		t.Fatalf("sizes %+v", s)
 	}
-	c.tickAll(t0.Add(16 * time.Second))  // pending deadline → tombstones
-	c.tickAll(t0.Add(200 * time.Second)) // TTL
+	c.Step(t0.Add(16*time.Second), Tick{})  // pending deadline → tombstones
+	c.Step(t0.Add(200*time.Second), Tick{}) // TTL
 	if s := c.Sizes(); s.Total() != 0 || s.Peers != 1 {
 		t.Fatalf("sizes %+v: want nothing room-bound left, the peer still registered", s)
 	}
@@ -247,14 +247,17 @@ func TestRestartReportKeepsRegistrationInProgress(t *testing.T) {
 	}{{"fixed", nil, true}, {"with bug 9", []bugID{bugRestartDropsPending}, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testCore(t, RoleDecode, tc.bug...)
-			c.createReceiver(t0, 1, []Target{prefillT})
-			c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-			c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+			c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
+			c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
+			c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 			c.Effects()
 			restarted := prefillFrom
 			restarted.Epoch = 11
-			c.reportDown(t0, restarted.Endpoint, restarted, true, bootstrap.ReasonPeerRestarted)
-			c.receive(t0, &bootstrap.RegisterAck{From: restarted, OK: true})
+			// The old process was heard (a STATUS of a room this rank
+			// does not know), then the new epoch's ACK arrives: Step
+			// reports the restart first, then takes the ACK.
+			c.Step(t0, Received{Msg: &bootstrap.Status{From: prefillFrom, Room: 99, Status: bootstrap.StatusFailed, Reason: "x"}})
+			c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: restarted, OK: true}})
 			reqs := sent[*bootstrap.Request](c.Effects())
 			if (len(reqs) == 1) != tc.ok {
 				t.Fatalf("REQUEST sent after the new epoch's ACK: %v, want %v", reqs, tc.ok)
@@ -268,14 +271,16 @@ func TestRestartReportKeepsRegistrationInProgress(t *testing.T) {
 // creates for that room id starts Failed instead of waiting its deadline.
 func TestRestartFailsRoomAndAbortsNewProcess(t *testing.T) {
 	c := testCore(t, RoleDecode)
-	c.createReceiver(t0, 1, []Target{prefillT})
-	c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-	c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-	c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
+	c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
+	c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
+	c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
 	c.Effects()
 	restarted := prefillFrom
 	restarted.Epoch = 11
-	c.reportDown(t0, restarted.Endpoint, restarted, true, bootstrap.ReasonPeerRestarted)
+	// The new process's first message (a STATUS of a room this rank does
+	// not know) reports the restart.
+	c.Step(t0, Received{Msg: &bootstrap.Status{From: restarted, Room: 99, Status: bootstrap.StatusFailed, Reason: "x"}})
 	if st, _ := c.Status(1); st != Failed {
 		t.Fatalf("room %v, want Failed", st)
 	}
@@ -288,11 +293,11 @@ func TestRestartFailsRoomAndAbortsNewProcess(t *testing.T) {
 	}
 	// An ABORT_ACK from the new process does not release the pages: only
 	// the process the REQUEST went to can say nothing of it will land.
-	c.receive(t0, &bootstrap.AbortAck{From: restarted, Room: 1, Drained: true})
+	c.Step(t0, Received{Msg: &bootstrap.AbortAck{From: restarted, Room: 1, Drained: true}})
 	if _, held := c.Hold(1); !held {
 		t.Fatal("pages released by an ABORT_ACK from another epoch")
 	}
-	c.receive(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: true})
+	c.Step(t0, Received{Msg: &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: true}})
 	if _, held := c.Hold(1); held {
 		t.Fatal("pages still held after the old epoch's drained ABORT_ACK")
 	}
@@ -302,13 +307,13 @@ func TestRestartFailsRoomAndAbortsNewProcess(t *testing.T) {
 // target as soon as it is known.
 func TestAbortBeforeInitIsSent(t *testing.T) {
 	c := testCore(t, RoleDecode)
-	c.createReceiver(t0, 1, []Target{prefillT})
-	c.abortReceiver(t0, 1, "client went away")
+	c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
+	c.Step(t0, AbortReceiver{Room: 1, Reason: "client went away"})
 	if ab := sent[*bootstrap.Abort](c.Effects()); len(ab) != 0 {
 		t.Fatalf("ABORT sent before the target is known: %v", ab)
 	}
-	c.clearReceiver(t0, 1) // even a Clear before the lookup answers keeps it owed
-	c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+	c.Step(t0, ClearReceiver{Room: 1}) // even a Clear before the lookup answers keeps it owed
+	c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 	if ab := sent[*bootstrap.Abort](c.Effects()); len(ab) != 1 || ab[0].Room != 1 {
 		t.Fatalf("owed ABORT not sent once the target resolved: %v", ab)
 	}
@@ -336,19 +341,19 @@ func TestConfigDefaultsFieldByField(t *testing.T) {
 func TestCoreBoundsHostileInput(t *testing.T) {
 	t.Run("stray ABORT on a decode rank", func(t *testing.T) {
 		c := testCore(t, RoleDecode)
-		c.receive(t0, &bootstrap.Abort{From: prefillFrom, Room: 9, Reason: "forged"})
+		c.Step(t0, Received{Msg: &bootstrap.Abort{From: prefillFrom, Room: 9, Reason: "forged"}})
 		if s := c.Sizes(); s.Total() != 0 || c.Stats().Refused != 1 {
 			t.Fatalf("an ABORT on a decode rank left %+v (refused %d)", s, c.Stats().Refused)
 		}
-		if res := c.createReceiver(t0, 9, []Target{prefillT}); res.Status != Bootstrapping {
+		if res := c.Step(t0, CreateReceiver{Room: 9, Targets: []Target{prefillT}}).Result; res.Status != Bootstrapping {
 			t.Fatalf("the room after a stray ABORT: %v", res.Status)
 		}
 	})
 	t.Run("reasons are cut", func(t *testing.T) {
 		c := testCore(t, RolePrefill)
 		huge := strings.Repeat("x", 1<<20)
-		c.receive(t0, &bootstrap.Abort{From: decodeFrom, Room: 1, Reason: huge})
-		c.createSender(t0, 1)
+		c.Step(t0, Received{Msg: &bootstrap.Abort{From: decodeFrom, Room: 1, Reason: huge}})
+		c.Step(t0, CreateSender{Room: 1})
 		r, _ := c.Failure(1)
 		if len(r) > c.cfg.Registry.MaxReasonBytes || !strings.HasSuffix(r, "…") {
 			t.Fatalf("reason of %d bytes kept (bound %d)", len(r), c.cfg.Registry.MaxReasonBytes)
@@ -360,18 +365,18 @@ func TestCoreBoundsHostileInput(t *testing.T) {
 		other := otherDecode
 		limit := c.cfg.Registry.MaxPendingPerPeer
 		for room := uint64(1); room <= uint64(limit)+5; room++ {
-			c.receive(t0, request(room, decodeFrom))
+			c.Step(t0, Received{Msg: request(room, decodeFrom)})
 		}
 		st := sent[*bootstrap.Status](c.Effects())
 		if s := c.Sizes(); s.Pending != limit || len(st) != 5 {
 			t.Fatalf("pending %d (limit %d), %d refusals", s.Pending, limit, len(st))
 		}
-		if !c.receive(t0, request(1000, other)) {
+		if !c.Step(t0, Received{Msg: request(1000, other)}).OK {
 			t.Fatal("another peer was locked out")
 		}
-		c.createSender(t0, 1) // takes room 1's request out of pending
+		c.Step(t0, CreateSender{Room: 1}) // takes room 1's request out of pending
 		c.Effects()
-		if !c.receive(t0, request(2000, decodeFrom)) {
+		if !c.Step(t0, Received{Msg: request(2000, decodeFrom)}).OK {
 			t.Fatal("the peer's count did not go down when its room left pending")
 		}
 	})
@@ -384,7 +389,7 @@ func TestCoreBoundsHostileInput(t *testing.T) {
 		} {
 			r := request(5, decodeFrom)
 			mut(r)
-			if c.receive(t0, r) {
+			if c.Step(t0, Received{Msg: r}).OK {
 				t.Fatalf("accepted %+v", r)
 			}
 			if st := sent[*bootstrap.Status](c.Effects()); len(st) != 1 || st[0].Code != CodeOutOfRange {
@@ -466,19 +471,19 @@ func TestCheckRegisterTopology(t *testing.T) {
 func TestTargetChangedByDiscovery(t *testing.T) {
 	setup := func() *Core {
 		c := testCore(t, RoleDecode)
-		c.createReceiver(t0, 1, []Target{prefillT})
-		c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-		c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-		c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
+		c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
+		c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
+		c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
 		c.Effects()
 		return c
 	}
 	c := setup()
-	c.targetChanged(t0, prefillT, prefillFrom.Endpoint, "", prefillFrom.Epoch, false)
+	c.Step(t0, TargetChanged{Target: prefillT, Endpoint: prefillFrom.Endpoint, ServerKey: "", Epoch: prefillFrom.Epoch, Gone: false})
 	if st, _ := c.Status(1); st.Terminal() {
 		t.Fatalf("an unchanged record failed the room: %v", st)
 	}
-	c.targetChanged(t0, prefillT, "tcp://p:2", "", 0, false)
+	c.Step(t0, TargetChanged{Target: prefillT, Endpoint: "tcp://p:2", ServerKey: "", Epoch: 0, Gone: false})
 	if r, _ := c.Failure(1); !strings.Contains(r, "discovery record moved to tcp://p:2") {
 		t.Fatalf("room after a move: %q", r)
 	}
@@ -499,7 +504,7 @@ func TestTargetChangedByDiscovery(t *testing.T) {
 
 	// Restarted in place: same endpoint, another epoch.
 	c = setup()
-	c.targetChanged(t0, prefillT, prefillFrom.Endpoint, "", prefillFrom.Epoch+1, false)
+	c.Step(t0, TargetChanged{Target: prefillT, Endpoint: prefillFrom.Endpoint, ServerKey: "", Epoch: prefillFrom.Epoch + 1, Gone: false})
 	if r, _ := c.Failure(1); !strings.Contains(r, "names a new process") {
 		t.Fatalf("room after a restart in place: %q", r)
 	}
@@ -508,7 +513,7 @@ func TestTargetChangedByDiscovery(t *testing.T) {
 	}
 
 	c = setup()
-	c.targetChanged(t0, prefillT, "", "", 0, true)
+	c.Step(t0, TargetChanged{Target: prefillT, Endpoint: "", ServerKey: "", Epoch: 0, Gone: true})
 	if r, _ := c.Failure(1); !strings.Contains(r, "discovery record vanished") {
 		t.Fatalf("room after the record vanished: %q", r)
 	}
@@ -517,7 +522,7 @@ func TestTargetChangedByDiscovery(t *testing.T) {
 	}
 	// The ABORT it owes makes the rank be looked up again at once; the
 	// next room waits for that lookup.
-	c.createReceiver(t0, 2, []Target{prefillT})
+	c.Step(t0, CreateReceiver{Room: 2, Targets: []Target{prefillT}})
 	resolves := 0
 	for _, e := range c.Effects() {
 		if e.Kind == EffectResolve {

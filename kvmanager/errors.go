@@ -22,6 +22,9 @@ var (
 	// ErrWrongRole: the event does not apply to the room's role (a peer
 	// request on a decode room, a posted chunk on a decode room).
 	ErrWrongRole = errors.New("kvmanager: event does not apply to the room's role")
+	// ErrUnknownInput: Core.Step was given an input it has no case for
+	// (nil, or a type added without one).
+	ErrUnknownInput = errors.New("kvmanager: input the core does not handle")
 	// ErrInvalidRequest: a peer request without a peer name or with
 	// required < 1.
 	ErrInvalidRequest = errors.New("kvmanager: invalid peer request")
@@ -48,6 +51,4 @@ var (
 	// consecutive ranges from 0 to the rank's layer count) or naming
 	// another chunk than the one whose layers are being sent.
 	ErrLayers = errors.New("kvmanager: layer range out of order")
-	// ErrClosed: the registry was closed.
-	ErrClosed = errors.New("kvmanager: registry closed")
 )

@@ -165,7 +165,6 @@ type (
 	// PeerUnreachable: heartbeats declared the peer at Endpoint dead.
 	PeerUnreachable struct {
 		Endpoint string
-		From     bootstrap.From
 		Reason   string
 	}
 	// Tick enforces every deadline passed at the step's time.
@@ -211,7 +210,8 @@ type Output struct {
 // shells and the simulator alike (etcd-io/raft's RawNode.Step). Its
 // effects accumulate until Effects is called, in the order the core
 // produced them. A role's input on the other role's core (a sender call
-// on a decode rank) is refused with ErrWrongRole.
+// on a decode rank) is refused with ErrWrongRole, and an input it has no
+// case for (nil) with ErrUnknownInput; neither changes the core.
 func (c *Core) Step(now time.Time, in Input) Output {
 	switch in := in.(type) {
 	case Received:
@@ -232,7 +232,7 @@ func (c *Core) Step(now time.Time, in Input) Output {
 		c.malformedRequest(now, in.Room, in.Endpoint, in.Reason)
 		return Output{}
 	case PeerUnreachable:
-		c.reportDown(now, in.Endpoint, in.From, false, in.Reason)
+		c.reportDown(now, in.Endpoint, bootstrap.From{}, false, in.Reason)
 		return Output{}
 	case Tick:
 		c.tickAll(now)
@@ -260,7 +260,7 @@ func (c *Core) Step(now time.Time, in Input) Output {
 		case CreateReceiver, InitReceiver, AbortReceiver, ClearReceiver, RefuseRoom, Notified, Resolved, ResolveFailed, TargetChanged:
 			return wrongRole(in)
 		}
-		return Output{}
+		return unknownInput(in)
 	}
 	d := c.decodeCore
 	switch in := in.(type) {
@@ -287,8 +287,15 @@ func (c *Core) Step(now time.Time, in Input) Output {
 		d.targetChangedRecord(now, in.Target, in.Endpoint, in.ServerKey, in.Cert, in.Epoch, in.Gone)
 	case CreateSender, InitSender, SendChunk, AbortSender, ClearSender, Posting, WriteDone:
 		return wrongRole(in)
+	default:
+		return unknownInput(in)
 	}
 	return Output{}
+}
+
+func unknownInput(in Input) Output {
+	err := fmt.Errorf("%T: %w", in, ErrUnknownInput)
+	return Output{Result: rejected(err), Err: err}
 }
 
 func wrongRole(in Input) Output {

@@ -45,6 +45,8 @@ var mutants = []mutant{
 		pkg: "bootstrap", run: "^TestSocketCallsRetryAfterSignal$"},
 	{name: "lost-lease-reused", file: "bootstrap/etcd.go", old: "\t\t\tif errors.Is(err, rpctypes.ErrLeaseNotFound) {\n\t\t\t\t// Our lease", new: "\t\t\tif false && errors.Is(err, rpctypes.ErrLeaseNotFound) {\n\t\t\t\t// Our lease",
 		pkg: "bootstrap", run: "^TestEtcdLeaseLostUnderAWrite$"},
+	{name: "unknown-input-silent", file: "kvmanager/step.go", old: "\tdefault:\n\t\treturn unknownInput(in)", new: "\tdefault:\n\t\treturn Output{}",
+		pkg: "kvmanager", run: "^TestStepHandlesEveryInput$"},
 	// No CPU when idle (issue 24): the ucx engine's sleep on its event fd,
 	// UCX's adaptive progress off, the decode notifier's stop and kick.
 	{name: "ucx-idle-timer", file: "nixl/ucx.go", old: "		case ready == nil || len(u.active) > 0 || u.adaptiveOn:", new: "		case true:",

@@ -1,0 +1,81 @@
+package kvmanager
+
+import (
+	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/transfer"
+)
+
+// everyInput is one value of each input type.
+func everyInput() map[string]Input {
+	w := &transfer.Write{AuxSrc: -1, State: -1}
+	return map[string]Input{
+		"CreateSender": CreateSender{Room: 1}, "InitSender": InitSender{Room: 1}, "SendChunk": SendChunk{Room: 1},
+		"AbortSender": AbortSender{Room: 1}, "ClearSender": ClearSender{Room: 1},
+		"CreateReceiver": CreateReceiver{Room: 1, Targets: []Target{prefillT}}, "InitReceiver": InitReceiver{Room: 1},
+		"AbortReceiver": AbortReceiver{Room: 1}, "ClearReceiver": ClearReceiver{Room: 1}, "RefuseRoom": RefuseRoom{Room: 1},
+		"Received":         Received{Msg: &bootstrap.Ping{From: decodeFrom}},
+		"Registered":       Registered{From: decodeFrom},
+		"RegisterRefused":  RegisterRefused{From: decodeFrom, Reason: "test"},
+		"MalformedRequest": MalformedRequest{Room: 1, Endpoint: decodeFrom.Endpoint, Reason: "test"},
+		"Posting":          Posting{Room: 1, Write: w}, "WriteDone": WriteDone{Room: 1, Write: w},
+		"Notified": Notified{Room: 1}, "Resolved": Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint},
+		"ResolveFailed":   ResolveFailed{Target: prefillT, Err: errors.New("test")},
+		"TargetChanged":   TargetChanged{Target: prefillT, Gone: true},
+		"PeerUnreachable": PeerUnreachable{Endpoint: "tcp://x:1", Reason: "test"}, "Tick": Tick{}, "Close": Close{Reason: "test"},
+	}
+}
+
+// TestStepHandlesEveryInput: every type that implements Input (read from
+// step.go's source, so a new one cannot be missed) has a case in Step on
+// both roles — handled, or refused as the other role's —, and an input
+// with no case (nil) is refused with ErrUnknownInput instead of being
+// dropped silently.
+func TestStepHandlesEveryInput(t *testing.T) {
+	fs := token.NewFileSet()
+	f, err := parser.ParseFile(fs, "step.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var declared []string
+	for _, d := range f.Decls {
+		if fn, ok := d.(*ast.FuncDecl); ok && fn.Name.Name == "input" && fn.Recv != nil {
+			if id, ok := fn.Recv.List[0].Type.(*ast.Ident); ok {
+				declared = append(declared, id.Name)
+			}
+		}
+	}
+	inputs := everyInput()
+	var listed []string
+	for n := range inputs {
+		listed = append(listed, n)
+	}
+	slices.Sort(declared)
+	slices.Sort(listed)
+	if len(declared) == 0 || !slices.Equal(declared, listed) {
+		t.Fatalf("step.go declares the inputs %v; this test lists %v", declared, listed)
+	}
+	now := time.Unix(1_000_000, 0)
+	for _, role := range []Role{RolePrefill, RoleDecode} {
+		for _, n := range listed {
+			out := testCore(t, role).Step(now, inputs[n])
+			if errors.Is(out.Err, ErrUnknownInput) || errors.Is(out.Result.Err, ErrUnknownInput) {
+				t.Errorf("%v core: %s has no case in Step: %v", role, n, out.Err)
+			}
+		}
+		c := testCore(t, role)
+		if out := c.Step(now, nil); !errors.Is(out.Err, ErrUnknownInput) || out.Result.Outcome != Rejected {
+			t.Errorf("%v core: a nil input gave %+v, want ErrUnknownInput", role, out)
+		}
+		if e := c.Effects(); len(e) != 0 {
+			t.Errorf("%v core: a nil input had effects %v", role, e)
+		}
+	}
+}

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestDocFigures: docs/ARCHITECTURE.md's count of source mutants is the
+// length of the list here, and names each mutant it names that exists.
+func TestDocFigures(t *testing.T) {
+	b, err := os.ReadFile("../../docs/ARCHITECTURE.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := strings.Join(strings.Fields(string(b)), " ")
+	n := len(mutants)
+	for _, want := range []string{
+		fmt.Sprintf("%d source mutants laid over the code", n),
+		fmt.Sprintf("%d of %d caught);", n, n),
+		fmt.Sprintf("(`scripts/srcmutants`; %d in all", n),
+	} {
+		if !strings.Contains(doc, want) {
+			t.Errorf("docs/ARCHITECTURE.md does not say %q: update its figure", want)
+		}
+	}
+	seen := map[string]bool{}
+	for _, m := range mutants {
+		if seen[m.name] {
+			t.Errorf("mutant %q listed twice", m.name)
+		}
+		seen[m.name] = true
+	}
+}
