@@ -593,17 +593,19 @@ func (d *Decode) onNotif(s string) {
 	room := n.Room
 	var before, after Poll
 	var started, at time.Time
+	var entered [Success + 1]time.Time
 	d.step(func(c *Core, now time.Time) {
 		before, _ = c.Status(room)
 		c.Step(now, n)
 		after, _ = c.Status(room)
 		if rm := c.reg.rooms[room]; rm != nil && rm.dec != nil {
-			started, at = rm.dec.started, now
+			started, at, entered = rm.dec.started, now, rm.entered
 		}
 	})
 	if before != Success && after == Success {
 		d.trace(room, TraceLastNotif)
 		d.trace(room, TraceSuccess)
 		d.met.latency.Observe(at.Sub(started).Seconds())
+		d.met.observePhases(entered)
 	}
 }

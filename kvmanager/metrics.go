@@ -2,6 +2,7 @@ package kvmanager
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -24,7 +25,8 @@ type metrics struct {
 	transfers prometheus.Counter
 	bytes     prometheus.Counter
 	latency   prometheus.Histogram
-	aborts    *prometheus.CounterVec // by stage (status at abort)
+	phases    *prometheus.HistogramVec // by status: the time a room that succeeded spent in it
+	aborts    *prometheus.CounterVec   // by stage (status at abort)
 	overdue   prometheus.Gauge
 	deferred  prometheus.Counter // REGISTERs left for their sender to repeat (proof.go)
 }
@@ -74,6 +76,11 @@ func newMetrics(m *Manager) *metrics {
 			Help: "Writes completed.", ConstLabels: labels}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfer_bytes_total",
 			Help: "Bytes written.", ConstLabels: labels}),
+		phases: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvbridge_room_phase_seconds",
+			Help: "Time a room that succeeded spent in each status (prefill: bootstrapping = until Init and every REQUEST were in, " +
+				"waiting_for_input = until its first write was posted, transferring = until its last write completed; " +
+				"decode: bootstrapping = until Init, waiting_for_input = until its first data arrived, transferring = until all of it landed).",
+			ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(1e-4, 4, 11)}, []string{"status"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvbridge_transfer_latency_seconds",
 			Help: "Room creation (prefill) or request (decode) to Success.", ConstLabels: labels,
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 20)}),
@@ -93,7 +100,7 @@ func (x *metrics) abort(stage Poll) {
 }
 
 func (x *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{x.transfers, x.bytes, x.latency, x.aborts, x.overdue, x.deferred}
+	return []prometheus.Collector{x.transfers, x.bytes, x.latency, x.phases, x.aborts, x.overdue, x.deferred}
 }
 
 func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
@@ -152,5 +159,35 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.owed, prometheus.GaugeValue, float64(x.m.Sizes().OwedAborts))
 	for _, c := range x.collectors() {
 		c.Collect(ch)
+	}
+}
+
+// phaseLabels are the statuses a room passes through before Success, in
+// order, with their label.
+var phaseLabels = [...]struct {
+	st    Poll
+	label string
+}{{Bootstrapping, "bootstrapping"}, {WaitingForInput, "waiting_for_input"}, {Transferring, "transferring"}}
+
+// observePhases records how long a room that just succeeded spent in each
+// status, from the times it entered them (a status it skipped — a decode
+// room whose only data arrived with its last notification never
+// transfers — is left out, its time counted in the one before).
+func (x *metrics) observePhases(entered [Success + 1]time.Time) {
+	for i, p := range phaseLabels {
+		from := entered[p.st]
+		if from.IsZero() {
+			continue
+		}
+		to := entered[Success]
+		for _, q := range phaseLabels[i+1:] {
+			if !entered[q.st].IsZero() {
+				to = entered[q.st]
+				break
+			}
+		}
+		if !to.IsZero() && !to.Before(from) {
+			x.phases.WithLabelValues(p.label).Observe(to.Sub(from).Seconds())
+		}
 	}
 }

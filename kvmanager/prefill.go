@@ -160,14 +160,16 @@ func (m *Manager) post(e Effect) {
 			}
 			var res Result
 			var started time.Time
+			var entered [Success + 1]time.Time
 			m.step(func(c *Core, now time.Time) {
 				res = c.Step(now, WriteDone{Room: room, Write: w, Err: err, Quiesced: quiesced}).Result
 				if rm := c.reg.rooms[room]; rm != nil {
-					started = rm.pre.started
+					started, entered = rm.pre.started, rm.entered
 				}
 			})
 			if res.Outcome == Applied && res.Status == Success && !started.IsZero() {
 				m.met.latency.Observe(m.cfg.Now().Sub(started).Seconds())
+				m.met.observePhases(entered)
 			}
 		},
 	}

@@ -220,6 +220,18 @@ type room struct {
 
 	pre prefillRoom // role-specific state the core keeps
 	dec *decodeRoom
+
+	// entered is when the room first entered each status, on the core's
+	// clock (zero for one it never entered): the phase histograms.
+	entered [Success + 1]time.Time
+}
+
+// enter moves the room to st at now, recording the first time it did.
+func (rm *room) enter(st Poll, now time.Time) {
+	rm.status = st
+	if rm.entered[st].IsZero() {
+		rm.entered[st] = now
+	}
 }
 
 func (rm *room) drained() bool { return rm.inflight == 0 && rm.unsettled == 0 }
@@ -566,7 +578,7 @@ func (r *Registry) create(id uint64, role Role, now time.Time) Result {
 		r.wakeDone(rm)
 		return Result{Outcome: Applied, Status: Failed, Drained: true}
 	}
-	rm.status = Bootstrapping
+	rm.enter(Bootstrapping, now)
 	rm.setDeadline(DeadlineBootstrap, now.Add(r.cfg.BootstrapTimeout))
 	r.rooms[id] = rm
 	res := Result{Outcome: Applied, Status: Bootstrapping}
@@ -655,7 +667,7 @@ func (r *Registry) addRequest(id uint64, required *int, reqs *[]PeerRequest, req
 // initialised and holds every required request.
 func (r *Registry) maybeReady(rm *room, now time.Time) {
 	if rm.status == Bootstrapping && rm.initialised && rm.required > 0 && len(rm.requests) == rm.required {
-		rm.status = WaitingForInput
+		rm.enter(WaitingForInput, now)
 		rm.setDeadline(DeadlineWaiting, now.Add(r.cfg.WaitingTimeout))
 		r.wakeReady(rm)
 	}
@@ -670,7 +682,7 @@ func (r *Registry) init(rm *room, now time.Time) Result {
 	}
 	rm.initialised = true
 	if rm.role == RoleDecode {
-		rm.status = WaitingForInput
+		rm.enter(WaitingForInput, now)
 		rm.setDeadline(DeadlineWaiting, now.Add(r.cfg.WaitingTimeout))
 		r.wakeReady(rm)
 	} else {
@@ -694,7 +706,7 @@ func (r *Registry) posted(rm *room, now time.Time) Result {
 			Err: fmt.Errorf("room %d: chunk posted after the last chunk completed: %w", rm.id, ErrInvalidEvent)}
 	}
 	rm.inflight++
-	rm.status = Transferring
+	rm.enter(Transferring, now)
 	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
 	return Result{Outcome: Applied, Status: rm.status}
 }
@@ -761,7 +773,7 @@ func (r *Registry) progress(rm *room, now time.Time) Result {
 		return Result{Outcome: Rejected, Status: rm.status,
 			Err: fmt.Errorf("room %d: data in %v: %w", rm.id, rm.status, ErrNotReady)}
 	}
-	rm.status = Transferring
+	rm.enter(Transferring, now)
 	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
 	if r.bugs.on(bugWakeEarly) {
 		r.wakeDone(rm) // data arrived: "done" woken while the room is still Transferring
@@ -920,7 +932,7 @@ func (r *Registry) fail(rm *room, reason string, now time.Time) {
 }
 
 func (r *Registry) succeed(rm *room) {
-	rm.status = Success
+	rm.enter(Success, r.now)
 	r.wakeDone(rm)
 	r.maybeSettle(rm)
 }

@@ -48,6 +48,30 @@ kvbridge_transfer_bytes_total{instance="` + c.prefill.Config().Instance + `",ran
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvbridge_transfer_bytes_total"); err != nil {
 		t.Fatal(err)
 	}
+	// The succeeded room's phases: on prefill every status before
+	// Success, on decode at least the two before its data (its last
+	// notification may bring all of it); the aborted room adds none.
+	phases := map[string]uint64{}
+	for _, f := range families {
+		if f.GetName() != "kvbridge_room_phase_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			key := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "role" || l.GetName() == "status" {
+					key += l.GetValue() + "/"
+				}
+			}
+			phases[key] = m.GetHistogram().GetSampleCount()
+		}
+	}
+	for _, k := range []string{"prefill/bootstrapping/", "prefill/waiting_for_input/", "prefill/transferring/",
+		"decode/bootstrapping/", "decode/waiting_for_input/"} {
+		if phases[k] != 1 {
+			t.Errorf("kvbridge_room_phase_seconds %s: %d observations, want 1 (have %v)", k, phases[k], phases)
+		}
+	}
 	for _, f := range families {
 		if f.GetName() == "kvbridge_rooms_past_deadline" {
 			for _, m := range f.GetMetric() {

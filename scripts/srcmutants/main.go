@@ -47,6 +47,8 @@ var mutants = []mutant{
 		pkg: "bootstrap", run: "^TestEtcdLeaseLostUnderAWrite$"},
 	{name: "unknown-input-silent", file: "kvmanager/step.go", old: "\tdefault:\n\t\treturn unknownInput(in)", new: "\tdefault:\n\t\treturn Output{}",
 		pkg: "kvmanager", run: "^TestStepHandlesEveryInput$"},
+	{name: "phase-entry-overwritten", file: "kvmanager/registry.go", old: "\tif rm.entered[st].IsZero() {\n\t\trm.entered[st] = now", new: "\tif true {\n\t\trm.entered[st] = now",
+		pkg: "kvmanager", run: "^TestRoomPhases$"},
 	// No CPU when idle (issue 24): the ucx engine's sleep on its event fd,
 	// UCX's adaptive progress off, the decode notifier's stop and kick.
 	{name: "ucx-idle-timer", file: "nixl/ucx.go", old: "		case ready == nil || len(u.active) > 0 || u.adaptiveOn:", new: "		case true:",
