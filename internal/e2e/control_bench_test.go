@@ -26,42 +26,119 @@ import (
 //
 // Each run moves max(b.N, 3 × in flight) rooms, so that the in-flight
 // level is reached and held; read rooms/s and cpu-µs/room, not ns/op.
+// "poll" drives the rooms as an engine's scheduler does (one goroutine,
+// PollRooms); "goroutines" parks a goroutine per room in WaitReady and
+// Wait, whose stacks every GC cycle scans.
 func BenchmarkControlRooms(b *testing.B) {
-	for _, inflight := range []int{1, 100, 10000} {
-		b.Run(fmt.Sprintf("inflight-%d", inflight), func(b *testing.B) {
-			c := newBenchCluster(b, 1, 64, 1024, func(cfg *kvmanager.Config) {
-				cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
-				cfg.WarmMemory = false
-				cfg.Trace = nil // the cluster's trace map would grow with every room
-				cfg.Registry.MaxPendingPerPeer = 1 << 16
+	for _, drive := range []string{"poll", "goroutines"} {
+		for _, inflight := range []int{1, 100, 10000} {
+			b.Run(fmt.Sprintf("%s/inflight-%d", drive, inflight), func(b *testing.B) {
+				c := newBenchCluster(b, 1, 64, 1024, func(cfg *kvmanager.Config) {
+					cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
+					cfg.WarmMemory = false
+					cfg.Trace = nil // the cluster's trace map would grow with every room
+					cfg.Registry.MaxPendingPerPeer = 1 << 16
+				})
+				ctx := context.Background()
+				c.zeroRoom(b, ctx, 1) // REGISTER, REGISTER_ACK, sockets, engine connection
+				n := max(b.N, 3*inflight)
+				sent0 := c.prefill.ControlStats().Sent + c.decode.ControlStats().Sent
+				m := cpuMeter(b)
+				start := time.Now()
+				b.ResetTimer()
+				if drive == "poll" {
+					c.pollRooms(b, ctx, n, inflight)
+				} else {
+					sem := make(chan struct{}, inflight)
+					var wg sync.WaitGroup
+					for i := 0; i < n; i++ {
+						sem <- struct{}{}
+						wg.Add(1)
+						go func(id uint64) {
+							defer wg.Done()
+							defer func() { <-sem }()
+							c.zeroRoom(b, ctx, id)
+						}(uint64(100 + i))
+					}
+					wg.Wait()
+				}
+				el := time.Since(start)
+				b.StopTimer()
+				cpu := cpuOf(b, m)
+				sent := c.prefill.ControlStats().Sent + c.decode.ControlStats().Sent - sent0
+				b.ReportMetric(float64(n)/el.Seconds(), "rooms/s")
+				b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/room")
+				b.ReportMetric(float64(sent)/float64(n), "ctl-msgs/room")
 			})
-			ctx := context.Background()
-			c.zeroRoom(b, ctx, 1) // REGISTER, REGISTER_ACK, sockets, engine connection
-			n := max(b.N, 3*inflight)
-			sem := make(chan struct{}, inflight)
-			var wg sync.WaitGroup
-			sent0 := c.prefill.ControlStats().Sent + c.decode.ControlStats().Sent
-			m := cpuMeter(b)
-			start := time.Now()
-			b.ResetTimer()
-			for i := 0; i < n; i++ {
-				sem <- struct{}{}
-				wg.Add(1)
-				go func(id uint64) {
-					defer wg.Done()
-					defer func() { <-sem }()
-					c.zeroRoom(b, ctx, id)
-				}(uint64(100 + i))
+		}
+	}
+}
+
+// pollRooms runs n dummy rooms, inflight at a time, as an engine's
+// scheduler does: one goroutine creates and initialises rooms, polls every
+// room in flight on both ranks with one PollRooms each per iteration,
+// sends a room's (empty) chunk once its prefill side is ready, and clears
+// rooms that succeeded on both sides. No goroutine per room; an iteration
+// that found nothing to do sleeps 50 µs (an engine's iteration is longer).
+func (c *benchCluster) pollRooms(b *testing.B, ctx context.Context, n, inflight int) {
+	type slot struct {
+		r    *receiver.Receiver
+		s    *sender.Sender
+		sent bool
+	}
+	live := make([]slot, 0, inflight)
+	ids := make([]uint64, 0, inflight)
+	dst := make([]kvmanager.Poll, inflight)
+	src := make([]kvmanager.Poll, inflight)
+	for next, done := 0, 0; done < n; {
+		for len(live) < inflight && next < n {
+			id := uint64(100 + next)
+			next++
+			r, err := receiver.New(c.decode, id)
+			if err != nil {
+				b.Fatal(err)
 			}
-			wg.Wait()
-			el := time.Since(start)
-			b.StopTimer()
-			cpu := cpuOf(b, m)
-			sent := c.prefill.ControlStats().Sent + c.decode.ControlStats().Sent - sent0
-			b.ReportMetric(float64(n)/el.Seconds(), "rooms/s")
-			b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/room")
-			b.ReportMetric(float64(sent)/float64(n), "ctl-msgs/room")
-		})
+			s, err := sender.New(c.prefill, id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Init(); err != nil {
+				b.Fatal(err)
+			}
+			if err := r.Init(ctx, kvmanager.RequestSpec{AuxIndex: -1, Dummy: true}); err != nil {
+				b.Fatal(err)
+			}
+			live = append(live, slot{r: r, s: s})
+			ids = append(ids, id)
+		}
+		c.decode.PollRooms(ids, dst)
+		c.prefill.PollRooms(ids, src)
+		progressed := false
+		keep := 0
+		for i, sl := range live {
+			switch {
+			case dst[i] == kvmanager.Failed || src[i] == kvmanager.Failed:
+				b.Fatalf("room %d: decode %v %s, prefill %v %s", ids[i], dst[i], sl.r.Failure(), src[i], sl.s.Failure())
+			case !sl.sent && src[i] == kvmanager.WaitingForInput:
+				if err := sl.s.Send(nil, true, -1); err != nil {
+					b.Fatal(err)
+				}
+				sl.sent, progressed = true, true
+			case dst[i] == kvmanager.Success && src[i] == kvmanager.Success:
+				sl.r.Clear()
+				sl.s.Clear()
+				done++
+				progressed = true
+				continue
+			}
+			live[keep], ids[keep] = sl, ids[i]
+			keep++
+		}
+		clear(live[keep:])
+		live, ids = live[:keep], ids[:keep]
+		if !progressed {
+			time.Sleep(50 * time.Microsecond)
+		}
 	}
 }
 
