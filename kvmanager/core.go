@@ -323,7 +323,8 @@ func (c *base) step(now time.Time) {
 
 // Effects returns the effects of the steps taken since the last call, in
 // order, and forgets them. The slice is valid until the next step: the core
-// reuses its memory (the shell carries effects out under the same lock).
+// reuses its memory (the shell copies a step's effects before it lets go
+// of the lock that orders steps).
 func (c *Core) Effects() []Effect {
 	out := c.out
 	clear(c.out[len(c.out):cap(c.out)]) // drop references kept from earlier steps

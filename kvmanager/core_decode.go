@@ -922,7 +922,7 @@ func (c *decodeCore) peerDown(endpoint string, from bootstrap.From, restarted bo
 	}
 }
 
-// targetChanged applies what a discovery backend pushed about a prefill
+// targetChangedRecord applies what a discovery backend pushed about a prefill
 // rank: its record vanished (gone: it died or deregistered) or names
 // another endpoint (it restarted elsewhere). Rooms bound to the old process
 // fail as on a peer-dead report — every prefill rank of them gets ABORT — and
@@ -930,13 +930,8 @@ func (c *decodeCore) peerDown(endpoint string, from bootstrap.From, restarted bo
 //
 // A record at the same endpoint with another epoch than the process that
 // acknowledged our REGISTER (epoch 0: the record does not say) is a restart
-// in place: handled as the control plane's restart report would be.
-func (c *decodeCore) targetChanged(now time.Time, t Target, endpoint, serverKey string, epoch uint64, gone bool) {
-	c.targetChangedRecord(now, t, endpoint, serverKey, "", epoch, gone)
-}
-
-// targetChangedRecord is targetChanged with the record's identity
-// certificate.
+// in place: handled as the control plane's restart report would be. cert
+// is the record's identity certificate.
 func (c *decodeCore) targetChangedRecord(now time.Time, t Target, endpoint, serverKey, cert string, epoch uint64, gone bool) {
 	c.step(now)
 	tg := c.targets[t.key()]

@@ -39,6 +39,17 @@ type Manager struct {
 
 	mu   sync.Mutex
 	core *Core
+	// effMu orders the carrying out of the core's effects (sends, wakes,
+	// watches, lookups): a step takes it before it lets go of mu, so the
+	// effects of steps are carried out one step at a time, in the order
+	// the core produced them, and outside the core's lock. effBuf (under
+	// effMu) holds a step's effects once mu is let go.
+	effMu  sync.Mutex
+	effBuf []Effect
+	// afterUnlock, when set (tests), runs between letting go of mu and
+	// carrying out the step's effects.
+	afterUnlock func()
+	onSend      func(bootstrap.Message) // tests: runs as each message is handed to the loop
 
 	kvMem  [][]byte // regions the Manager allocated (nil when the caller's)
 	warmUp time.Duration
@@ -295,15 +306,29 @@ func (m *Manager) Agent() *nixl.Agent { return m.agent }
 func (m *Manager) Config() Config { return m.cfg }
 
 // step runs one step of the core under the lock and carries out its
-// effects: sends and wake-ups under the lock (they never block, and sends
-// keep the core's order), posts to the pool after it (Submit may block
-// while a worker's gate needs the lock).
+// effects after it, in order: the step takes effMu before it releases mu,
+// so a later step's sends, wake-ups, watches and lookups wait for this
+// step's (one writer at a time, in step order, as grpc's loopyWriter keeps
+// a stream's frames in order) while the core's lock is free for its work
+// — an encode, a seal and a cgo call per send are no longer paid under
+// it. Posts go to the transfer pool after effMu is let go (Submit may
+// block while a worker's gate needs the lock and effMu).
 func (m *Manager) step(f func(c *Core, now time.Time)) {
 	m.mu.Lock()
 	f(m.core, m.cfg.Now())
 	effects := m.core.Effects()
+	if len(effects) == 0 {
+		m.mu.Unlock()
+		return
+	}
+	m.effMu.Lock()
+	buf := append(m.effBuf[:0], effects...)
+	m.mu.Unlock()
+	if m.afterUnlock != nil {
+		m.afterUnlock()
+	}
 	var posts []Effect
-	for _, e := range effects {
+	for _, e := range buf {
 		switch e.Kind {
 		case EffectSend:
 			m.send(e.To, e.Msg)
@@ -337,7 +362,9 @@ func (m *Manager) step(f func(c *Core, now time.Time)) {
 			posts = append(posts, e)
 		}
 	}
-	m.mu.Unlock()
+	clear(buf) // drop the messages and channels until the next step
+	m.effBuf = buf[:0]
+	m.effMu.Unlock()
 	for _, e := range posts {
 		m.post(e)
 	}
@@ -351,6 +378,9 @@ func (m *Manager) read(f func(c *Core)) {
 }
 
 func (m *Manager) send(to bootstrap.Peer, msg bootstrap.Message) {
+	if m.onSend != nil {
+		m.onSend(msg)
+	}
 	if err := m.loop.Send(to, msg); err != nil && !errors.Is(err, bootstrap.ErrClosed) {
 		m.log.Warn("control message not sent", zap.Stringer("type", msg.Type()), zap.String("peer", to.Endpoint), zap.Error(err))
 	}

@@ -1,0 +1,53 @@
+package kvmanager
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+)
+
+// TestEffectsCarriedOutInStepOrder: a rank's effects are carried out after
+// the core's lock is let go, and still in the order of the steps that
+// produced them. Step A (an ABORT of room 1 from a decode rank: its answer
+// is an ABORT_ACK) lets go of the lock and, before carrying out its
+// effects, lets step B (the same for room 2) run its core work; B's
+// ABORT_ACK must still be handed to the control loop after A's.
+func TestEffectsCarriedOutInStepOrder(t *testing.T) {
+	p := newTestPrefill(t)
+	m := p.Manager
+	decode := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "d", Endpoint: "tcp://127.0.0.1:1", Epoch: 1}
+	abort := func(room uint64, coreDone chan<- struct{}) {
+		m.step(func(c *Core, now time.Time) {
+			c.Step(now, Received{Msg: &bootstrap.Abort{From: decode, Room: room, Reason: "order test"}})
+			if coreDone != nil {
+				close(coreDone)
+			}
+		})
+	}
+	var order []uint64
+	m.onSend = func(msg bootstrap.Message) {
+		if a, ok := msg.(*bootstrap.AbortAck); ok {
+			order = append(order, a.Room) // under effMu (or, without it, racing: -race reports it)
+		}
+	}
+	bCore, bDone := make(chan struct{}), make(chan struct{})
+	first := true
+	m.afterUnlock = func() {
+		if !first {
+			return
+		}
+		first = false
+		go func() {
+			defer close(bDone)
+			abort(2, bCore)
+		}()
+		<-bCore // B stepped the core while A's effects wait
+	}
+	abort(1, nil)
+	<-bDone
+	m.afterUnlock, m.onSend = nil, nil
+	if len(order) != 2 || order[0] != 1 || order[1] != 2 {
+		t.Fatalf("ABORT_ACKs handed to the loop for rooms %v, want [1 2] (the steps' order)", order)
+	}
+}
