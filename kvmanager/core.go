@@ -372,9 +372,6 @@ func (c *base) count(kind EventKind, r Result) Result {
 // Stats returns the core's counters.
 func (c *Core) Stats() CoreStats { return c.stats }
 
-// Registry gives read access to the room table.
-func (c *Core) Registry() *Registry { return c.reg }
-
 // Status returns a room's status (known false without a live room).
 func (c *Core) Status(room uint64) (Poll, bool) { return c.reg.Status(room) }
 

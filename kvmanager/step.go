@@ -167,6 +167,13 @@ type (
 		Endpoint string
 		Reason   string
 	}
+	// Fail fails a live room for a reason the shell found (its writes
+	// could not be handed to the transfer pool: the rank is closing); the
+	// room's peers are told as for any failure.
+	Fail struct {
+		Room   uint64
+		Reason string
+	}
 	// Tick enforces every deadline passed at the step's time.
 	Tick struct{}
 	// Close fails every live room with Reason; the shell then stops.
@@ -196,6 +203,7 @@ func (TargetChanged) input()    {}
 func (PeerUnreachable) input()  {}
 func (Tick) input()             {}
 func (Close) input()            {}
+func (Fail) input()             {}
 
 // Output is what a step returns besides its effects (Effects): the
 // outcome of a room event, whether a message or a write was accepted, or
@@ -234,6 +242,9 @@ func (c *Core) Step(now time.Time, in Input) Output {
 	case PeerUnreachable:
 		c.reportDown(now, in.Endpoint, bootstrap.From{}, false, in.Reason)
 		return Output{}
+	case Fail:
+		c.step(now)
+		return Output{Result: c.failRoom(in.Room, in.Reason)}
 	case Tick:
 		c.tickAll(now)
 		return Output{}

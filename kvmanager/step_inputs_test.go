@@ -30,6 +30,7 @@ func everyInput() map[string]Input {
 		"ResolveFailed":   ResolveFailed{Target: prefillT, Err: errors.New("test")},
 		"TargetChanged":   TargetChanged{Target: prefillT, Gone: true},
 		"PeerUnreachable": PeerUnreachable{Endpoint: "tcp://x:1", Reason: "test"}, "Tick": Tick{}, "Close": Close{Reason: "test"},
+		"Fail": Fail{Room: 1, Reason: "test"},
 	}
 }
 
@@ -77,5 +78,32 @@ func TestStepHandlesEveryInput(t *testing.T) {
 		if e := c.Effects(); len(e) != 0 {
 			t.Errorf("%v core: a nil input had effects %v", role, e)
 		}
+	}
+}
+
+// TestFailInput: a failure the shell found (writes not handed to the
+// pool) fails the room through Step and tells its decode rank, as any
+// failure of a prefill room does.
+func TestFailInput(t *testing.T) {
+	c := testCore(t, RolePrefill)
+	register(t, c, decodeFrom)
+	c.Step(t0, CreateSender{Room: 1})
+	c.Step(t0, InitSender{Room: 1})
+	if !c.Step(t0, Received{Msg: request(1, decodeFrom)}).OK {
+		t.Fatal("REQUEST refused")
+	}
+	c.Effects()
+	if res := c.Step(t0, Fail{Room: 1, Reason: "transfer: pool closed"}).Result; res.Outcome != Applied || res.Status != Failed {
+		t.Fatalf("Fail: %+v", res)
+	}
+	if r, _ := c.Failure(1); r != "transfer: pool closed" {
+		t.Fatalf("reason %q", r)
+	}
+	st := sent[*bootstrap.Status](c.Effects())
+	if len(st) != 1 || st[0].Room != 1 || st[0].Status != bootstrap.StatusFailed || st[0].Code != CodeFailed {
+		t.Fatalf("STATUS to the decode rank: %+v", st)
+	}
+	if res := c.Step(t0, Fail{Room: 9, Reason: "x"}).Result; res.Outcome == Applied {
+		t.Fatalf("Fail of an unknown room applied: %+v", res)
 	}
 }
