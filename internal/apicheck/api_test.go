@@ -1,0 +1,154 @@
+// Package apicheck holds the test that keeps kvbridge's public API — the
+// exported identifiers of its importable packages — equal to a golden
+// list, so that every change to it is deliberate and reviewed.
+package apicheck
+
+import (
+	"flag"
+	"fmt"
+	"go/ast"
+	"go/build"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var update = flag.Bool("update", false, "rewrite testdata/api.txt from the packages")
+
+// publicPackages are the packages an engine imports (internal/ and
+// examples/ are not importable from outside the module or not meant to be).
+var publicPackages = []string{"bootstrap", "gpu", "gpu/discover", "kvmanager", "nixl", "receiver", "sender", "transfer"}
+
+// exported lists a package's exported identifiers, one per line: consts,
+// vars, funcs, types, methods on exported types, and exported fields of
+// exported struct types.
+func exported(t *testing.T, dir string) []string {
+	bp, err := build.Default.ImportDir(dir, 0) // the files of this build (tags, cgo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := token.NewFileSet()
+	var files []*ast.File
+	for _, name := range append(bp.GoFiles, bp.CgoFiles...) {
+		f, err := parser.ParseFile(fs, filepath.Join(dir, name), nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	var out []string
+	add := func(kind, name string) { out = append(out, fmt.Sprintf("%s %s %s", dir, kind, name)) }
+	for _, f := range files {
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if !d.Name.IsExported() {
+					continue
+				}
+				if d.Recv == nil {
+					add("func", d.Name.Name)
+					continue
+				}
+				rt := d.Recv.List[0].Type
+				if s, ok := rt.(*ast.StarExpr); ok {
+					rt = s.X
+				}
+				if ix, ok := rt.(*ast.IndexExpr); ok {
+					rt = ix.X
+				}
+				if id, ok := rt.(*ast.Ident); ok && id.IsExported() {
+					add("method", id.Name+"."+d.Name.Name)
+				}
+			case *ast.GenDecl:
+				for _, sp := range d.Specs {
+					switch sp := sp.(type) {
+					case *ast.ValueSpec:
+						for _, n := range sp.Names {
+							if n.IsExported() {
+								add(d.Tok.String(), n.Name)
+							}
+						}
+					case *ast.TypeSpec:
+						if !sp.Name.IsExported() {
+							continue
+						}
+						add("type", sp.Name.Name)
+						st, ok := sp.Type.(*ast.StructType)
+						if !ok {
+							continue
+						}
+						for _, fl := range st.Fields.List {
+							for _, n := range fl.Names {
+								if n.IsExported() {
+									add("field", sp.Name.Name+"."+n.Name)
+								}
+							}
+							if len(fl.Names) == 0 { // embedded
+								et := fl.Type
+								if s, ok := et.(*ast.StarExpr); ok {
+									et = s.X
+								}
+								if sel, ok := et.(*ast.SelectorExpr); ok {
+									et = sel.Sel
+								}
+								if id, ok := et.(*ast.Ident); ok && id.IsExported() {
+									add("embeds", sp.Name.Name+"."+id.Name)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// TestPublicAPI: the exported identifiers of the public packages are
+// testdata/api.txt's. A change to the API fails it until the list is
+// regenerated (go test ./internal/apicheck -update) and the change
+// reviewed with it; README's "The public API" table says which of these an
+// engine needs.
+func TestPublicAPI(t *testing.T) {
+	var got []string
+	for _, p := range publicPackages {
+		got = append(got, exported(t, filepath.Join("..", "..", p))...)
+	}
+	for i := range got {
+		got[i] = strings.TrimPrefix(got[i], "../../")
+	}
+	golden := filepath.Join("testdata", "api.txt")
+	if *update {
+		if err := os.WriteFile(golden, []byte(strings.Join(got, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	var added, removed []string
+	for _, g := range got {
+		if !slices.Contains(want, g) {
+			added = append(added, g)
+		}
+	}
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			removed = append(removed, w)
+		}
+	}
+	if len(added)+len(removed) > 0 {
+		t.Errorf("the public API changed: added %q, removed %q.\nIf deliberate: go test ./internal/apicheck -update, and review testdata/api.txt's diff", added, removed)
+	}
+}
