@@ -55,19 +55,25 @@ import (
 type simConfig struct {
 	prefills, decodes int
 	rooms             []simRoomSpec
-	restarts          int             // in-place restarts allowed (new epoch, same endpoint)
-	kills             int             // kill -9s allowed: the slot is empty until a start, on a new endpoint
-	peerDowns         int             // "peer dead" reports allowed (true or false)
-	mayLand           bool            // writes may fail without being quiesced, and stall
-	writesOK          bool            // writes never fail by themselves (they may still stall past a time jump)
-	ticks             int             // time jumps allowed (0: unbounded, <0: none)
-	losses, dups      int             // control messages lost, duplicated
-	replays           int             // last-delivered messages replayed
-	pauses            int             // SIGSTOPs
-	staleViews        bool            // a lookup may answer the record before a restart (within its lease)
-	lookupFails       int             // lookups that fail for want of the bootstrap service
-	pushes            bool            // discovery watches push changed records to decode ranks
-	jumps             []time.Duration // the time jumps (nil: past every deadline, see deadlines)
+	restarts          int  // in-place restarts allowed (new epoch, same endpoint)
+	kills             int  // kill -9s allowed: the slot is empty until a start, on a new endpoint
+	peerDowns         int  // "peer dead" reports allowed (true or false)
+	mayLand           bool // writes may fail without being quiesced, and stall
+	writesOK          bool // writes never fail by themselves (they may still stall past a time jump)
+	ticks             int  // time jumps allowed (0: unbounded, <0: none)
+	losses, dups      int  // control messages lost, duplicated
+	replays           int  // last-delivered messages replayed
+	pauses            int  // SIGSTOPs
+	staleViews        bool // a lookup may answer the record before a restart (within its lease)
+	lookupFails       int  // lookups that fail for want of the bootstrap service
+	pushes            bool // discovery watches push changed records to decode ranks
+	// regWindow: a prefill rank's REGISTER is three events, as the shell
+	// runs it — the epoch check and CheckRegister when it arrives, then
+	// (another event, other events between) the metadata load and the
+	// bind (Registered), or the load failing (RegisterRefused).
+	regWindow bool
+	loadFails int             // metadata loads that fail (regWindow)
+	jumps     []time.Duration // the time jumps (nil: past every deadline, see deadlines)
 	// prefix: events applied before exploring (the start state is after
 	// them), to leave out interleavings the configuration is not about.
 	prefix []string
@@ -171,12 +177,21 @@ type simProc struct {
 	core     *Core
 	from     bootstrap.From
 	endpoint string
-	inc      int      // incarnation: unique per process start
-	jobs     []simJob // prefill: chunks queued in the pool
-	notifs   []string // decode: notifications arrived, in order
-	dead     bool     // killed, not started again
-	paused   bool     // SIGSTOPped
+	inc      int       // incarnation: unique per process start
+	jobs     []simJob  // prefill: chunks queued in the pool
+	notifs   []string  // decode: notifications arrived, in order
+	loads    []simLoad // prefill: REGISTERs checked whose metadata load is in progress (regWindow)
+	dead     bool      // killed, not started again
+	paused   bool      // SIGSTOPped
 	pausedAt time.Time
+}
+
+// simLoad is a REGISTER that passed its checks and whose metadata a
+// prefill process is loading (the shell does it off the control loop).
+type simLoad struct {
+	from bootstrap.From
+	plan PeerPlan
+	at   int // the trace's length when the check ran (coverage only)
 }
 
 type simJob struct {
@@ -289,12 +304,12 @@ type simWorld struct {
 	reported   map[string]bool   // deaths heartbeats reported (reporter, endpoint, process there)
 	got        map[simCell]bool  // pages and layers landed
 	// Faults used (bounded by the configuration).
-	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales int
-	calm                                                                                  bool // the quiet phase: no faults
-	trace                                                                                 []string
-	cov                                                                                   *simCoverage // random runs and explorations: what was reached (not state)
-	weights                                                                               map[string]int
-	err                                                                                   error
+	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails int
+	calm                                                                                             bool // the quiet phase: no faults
+	trace                                                                                            []string
+	cov                                                                                              *simCoverage // random runs and explorations: what was reached (not state)
+	weights                                                                                          map[string]int
+	err                                                                                              error
 }
 
 func (c simConfig) slots() int { return c.prefills + c.decodes }
@@ -847,6 +862,29 @@ func (w *simWorld) events() []simEvent {
 		if len(w.procs[s].jobs) > 0 {
 			add(fmt.Sprintf("post at %d", s), func(w *simWorld) { w.post(s) })
 		}
+		if len(w.procs[s].loads) > 0 {
+			add(fmt.Sprintf("metadata loaded at %d", s), func(w *simWorld) {
+				p := w.procs[s]
+				ld := p.loads[0]
+				p.loads = p.loads[1:]
+				if len(w.trace) > ld.at+1 {
+					w.cov.hit("REGISTER bound with other events between its check and its bind")
+				}
+				p.core.Step(w.now, Registered{From: ld.from, Remote: remoteName(ld.from), Plan: ld.plan})
+				w.effects(s)
+			})
+			if !w.calm && w.loadFails < w.cfg.loadFails {
+				add(fmt.Sprintf("metadata load at %d fails", s), func(w *simWorld) {
+					w.loadFails++
+					w.cov.hit("metadata load failed")
+					p := w.procs[s]
+					ld := p.loads[0]
+					p.loads = p.loads[1:]
+					p.core.Step(w.now, RegisterRefused{From: ld.from, Reason: "loading the peer's metadata: refused by the engine"})
+					w.effects(s)
+				})
+			}
+		}
 		if len(w.procs[s].notifs) > 0 {
 			add(fmt.Sprintf("notif at %d", s), func(w *simWorld) {
 				p := w.procs[s]
@@ -1058,6 +1096,9 @@ func (w *simWorld) deliver(src, dst int) {
 		}
 		if lay, err := c.CheckRegister(&cp); err != nil {
 			c.Step(w.now, RegisterRefused{From: m.from, Reason: err.Error()})
+		} else if w.cfg.regWindow {
+			p.loads = append(p.loads, simLoad{from: m.from, plan: lay, at: len(w.trace)})
+			w.cov.hit("REGISTER's metadata load in progress")
 		} else {
 			c.Step(w.now, Registered{From: m.from, Remote: remoteName(m.from), Plan: lay})
 		}

@@ -79,6 +79,11 @@ func (w *simWorld) hash() [16]byte {
 		for _, n := range p.notifs {
 			f.s(n)
 		}
+		f.i(len(p.loads))
+		for _, ld := range p.loads {
+			f.s(ld.from.Endpoint)
+			f.u(ld.from.Epoch)
+		}
 		f.s(p.endpoint)
 		f.b1(p.dead)
 		f.b1(p.paused)
@@ -420,6 +425,7 @@ func (w *simWorld) clone() *simWorld {
 			cp.jobs[j] = simJob{room: jb.room, writes: slices.Clone(jb.writes)}
 		}
 		cp.notifs = slices.Clone(p.notifs)
+		cp.loads = slices.Clone(p.loads) // plans are never modified
 		c.procs[i] = &cp
 	}
 	c.net = make([][][]simMsg, len(w.net))

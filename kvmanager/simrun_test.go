@@ -125,6 +125,13 @@ func simExhaustiveConfigs() map[string]simCase {
 				"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK", "deliver 1→0 REQUEST", "room 7 prefill 0 send chunk 0", "post at 0", "post at 0",
 				"write 1 ok", "notif at 1", "write 2 ok", "notif at 1", "kill 0", "start 0", "time +500ms"}
 		}, "probe lost: rank looked up again", "lookup after a lost probe names another endpoint"),
+		// A REGISTER is checked when it arrives and bound when the peer's
+		// metadata is loaded (off the control loop): between the two the
+		// decode rank's REQUEST, its ABORT, a restart of the decode
+		// process, or a failed load.
+		"1→1: REGISTER checked, then bound after its metadata load, other events between (a load fails, decode restarts, aborts); liveness": mk(func(c *simConfig) {
+			c.regWindow, c.loadFails, c.restarts, c.decodeAbort, c.noClear, c.live = true, 1, 1, true, true, true
+		}, "REGISTER's metadata load in progress", "REGISTER bound with other events between its check and its bind", "metadata load failed"),
 		"2 decode ranks, required 1 (more REQUESTs than required)": mk(func(c *simConfig) {
 			r := simRoom(7, []int{0, 1}, []int{0}, 1)
 			r.required = 1
