@@ -174,7 +174,9 @@ func (m *Manager) post(e Effect) {
 		},
 	}
 	if err := m.pool.Submit(job); err != nil {
-		m.step(func(c *Core, now time.Time) { c.Step(now, Fail{Room: room, Reason: fmt.Sprintf("room %d: %v", room, err)}) })
+		m.step(func(c *Core, now time.Time) {
+			c.Step(now, Fail{Room: room, Reason: fmt.Sprintf("room %d: %v", room, err)})
+		})
 	}
 }
 
