@@ -106,21 +106,21 @@ func BenchmarkCoreRoom(b *testing.B) {
 				cp := *m
 				cp.From = from
 				lay, _ := dst.CheckRegister(&cp)
-				dst.registered(now, from, "agent", lay)
+				dst.Step(now, Registered{From: from, Remote: "agent", Plan: lay})
 			case *bootstrap.RegisterAck:
 				cp := *m
 				cp.From = from
-				dst.receive(now, &cp)
+				dst.Step(now, Received{Msg: &cp})
 			case *bootstrap.Request:
 				cp := *m
 				cp.From = from
-				dst.receive(now, &cp)
+				dst.Step(now, Received{Msg: &cp})
 			}
 		}
 	}
-	d.createReceiver(now, 0, []Target{prefillT})
+	d.Step(now, CreateReceiver{Room: 0, Targets: []Target{prefillT}})
 	d.resolved(now, prefillT, prefillFrom.Endpoint, "")
-	d.initReceiver(now, 0, RequestSpec{DstPages: []uint32{1}, AuxIndex: 1})
+	d.Step(now, InitReceiver{Room: 0, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: 1}})
 	deliver(p, decodeFrom, d.Effects())
 	deliver(d, prefillFrom, p.Effects())
 	d.Effects()
@@ -128,13 +128,13 @@ func BenchmarkCoreRoom(b *testing.B) {
 	b.ResetTimer()
 	for i := 1; i <= b.N; i++ {
 		room := uint64(i)
-		d.createReceiver(now, room, []Target{prefillT})
-		d.initReceiver(now, room, RequestSpec{DstPages: []uint32{1}, AuxIndex: 1})
-		p.createSender(now, room)
-		p.initSender(now, room)
+		d.Step(now, CreateReceiver{Room: room, Targets: []Target{prefillT}})
+		d.Step(now, InitReceiver{Room: room, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: 1}})
+		p.Step(now, CreateSender{Room: room})
+		p.Step(now, InitSender{Room: room})
 		deliver(p, decodeFrom, d.Effects())
 		p.Effects()
-		if err := p.sendChunk(now, SendChunk{Room: room, Pages: []uint32{0}, Last: true, AuxIndex: 0}); err != nil {
+		if err := p.Step(now, SendChunk{Room: room, Pages: []uint32{0}, Last: true, AuxIndex: 0}).Err; err != nil {
 			b.Fatal(err)
 		}
 		var writes []transfer.Write
@@ -142,27 +142,27 @@ func BenchmarkCoreRoom(b *testing.B) {
 			writes = append(writes, e.Writes...)
 		}
 		for j := range writes {
-			if !p.posting(now, room, &writes[j]) {
+			if !p.Step(now, Posting{Room: room, Write: &writes[j]}).OK {
 				b.Fatal("gate refused")
 			}
-			p.writeDone(now, room, &writes[j], nil, false)
+			p.Step(now, WriteDone{Room: room, Write: &writes[j], Err: nil, Quiesced: false})
 		}
-		d.notification(now, Notified{Room: room, UID: 0, Chunk: 0, Total: 1, Aux: false})
-		d.notification(now, Notified{Room: room, UID: 0, Chunk: 0, Total: 0, Aux: true})
+		d.Step(now, Notified{Room: room, UID: 0, Chunk: 0, Total: 1, Aux: false})
+		d.Step(now, Notified{Room: room, UID: 0, Chunk: 0, Total: 0, Aux: true})
 		if st, _ := d.Status(room); st != Success {
 			b.Fatalf("decode room %v", st)
 		}
 		if st, _ := p.Status(room); st != Success {
 			b.Fatalf("prefill room %v", st)
 		}
-		p.clearSender(now, room)
-		d.clearReceiver(now, room)
+		p.Step(now, ClearSender{Room: room})
+		d.Step(now, ClearReceiver{Room: room})
 		p.Effects()
 		d.Effects()
 		if i%sweepEvery == 0 {
 			now = now.Add(11 * time.Minute)
-			p.tickAll(now)
-			d.tickAll(now)
+			p.Step(now, Tick{})
+			d.Step(now, Tick{})
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "rooms/s")

@@ -425,7 +425,6 @@ func (c *Core) waiters(room uint64) (done, ready chan struct{}, ok bool) {
 // ranks of failed decode rooms), owed ABORT_ACKs of undrained rooms,
 // decode quarantine deadlines and REGISTER retries.
 func (c *Core) tickAll(now time.Time) {
-	c.step(now)
 	for _, e := range c.reg.Sweep(now) {
 		if e.DrainOnly {
 			continue // failed earlier; its owed ABORT_ACKs went out as drained false
@@ -439,7 +438,6 @@ func (c *Core) tickAll(now time.Time) {
 
 // closeAll fails every live room with reason; the shell then stops.
 func (c *Core) closeAll(now time.Time, reason string) {
-	c.step(now)
 	for _, id := range slices.Sorted(maps.Keys(c.reg.rooms)) {
 		if !c.reg.rooms[id].status.Terminal() {
 			c.failRoom(id, reason)
@@ -469,7 +467,6 @@ func (c *base) failRoom(room uint64, reason string) Result {
 // it has heard from means that peer restarted, and everything bound to the
 // old epoch fails first.
 func (c *Core) receive(now time.Time, msg bootstrap.Message) (accepted bool) {
-	c.step(now)
 	if _, ping := msg.(*bootstrap.Ping); ping {
 		return false
 	}
@@ -552,7 +549,6 @@ func (c *Core) Registered(peer string, epoch uint64) bool {
 // reportDown reports a peer that heartbeats declared dead (restarted false)
 // or that showed a new epoch (restarted true, from names it).
 func (c *Core) reportDown(now time.Time, endpoint string, from bootstrap.From, restarted bool, reason string) {
-	c.step(now)
 	c.role.peerDown(endpoint, from, restarted, fmt.Sprintf("%s: %s", reason, endpoint))
 }
 
@@ -600,7 +596,6 @@ func (c *Core) refuseRegister(now time.Time, from bootstrap.From, reason string)
 // its room and sender: STATUS failed (code rejected), so the decode rank
 // does not wait for a deadline. Only a prefill rank answers.
 func (c *Core) malformedRequest(now time.Time, room uint64, endpoint, reason string) {
-	c.step(now)
 	if c.prefillCore == nil || endpoint == "" {
 		return
 	}

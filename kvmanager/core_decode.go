@@ -268,7 +268,6 @@ func (c *decodeCore) createReceiver(now time.Time, room uint64, targets []Target
 // carries the aux index and state items only for the Aux link, and names
 // the source's index in the room as the uid of its notifications.
 func (c *decodeCore) createReceiverLinks(now time.Time, room uint64, links []Link) Result {
-	c.step(now)
 	if len(links) == 0 {
 		return c.count(EventCreate, rejected(fmt.Errorf("room %d: no prefill target: %w", room, ErrInvalidEvent)))
 	}
@@ -299,7 +298,6 @@ func (c *decodeCore) createReceiverLinks(now time.Time, room uint64, links []Lin
 // retried until acknowledged). The room is WaitingForInput once every
 // REQUEST is out.
 func (c *decodeCore) initReceiver(now time.Time, room uint64, spec RequestSpec) Result {
-	c.step(now)
 	rm, ok := c.reg.rooms[room]
 	switch {
 	case !ok || rm.dec == nil:
@@ -447,7 +445,6 @@ func (c *decodeCore) resolved(now time.Time, t Target, endpoint, serverKey strin
 // resolvedRecord is resolved with the record's identity certificate and
 // epoch, which address the first messages to the rank.
 func (c *decodeCore) resolvedRecord(now time.Time, t Target, endpoint, serverKey, cert string, recEpoch uint64) {
-	c.step(now)
 	tg := c.targets[t.key()]
 	if tg == nil {
 		return
@@ -521,7 +518,6 @@ func (c *decodeCore) oweAbort(tg *target, room uint64, code, reason string) {
 // instead of waiting for the bootstrap deadline. A room of that id that
 // this rank does hold is left alone.
 func (c *decodeCore) refuseRoom(now time.Time, room uint64, targets []Target, reason string) {
-	c.step(now)
 	if _, live := c.reg.rooms[room]; live {
 		return
 	}
@@ -539,7 +535,6 @@ func (c *decodeCore) refuseRoom(now time.Time, room uint64, targets []Target, re
 // endpoint is known, that endpoint stays: only a vanished record fails the
 // rooms that have not asked it yet.
 func (c *decodeCore) resolveFailed(now time.Time, t Target, err error) {
-	c.step(now)
 	tg := c.targets[t.key()]
 	if tg == nil {
 		return
@@ -752,7 +747,6 @@ func (c *decodeCore) release(h *hold, forced bool) {
 // layer of all its chunks, and its aux. A failed room still records what
 // landed, for its load report.
 func (c *decodeCore) notification(now time.Time, in Notified) {
-	c.step(now)
 	room := in.Room
 	rm, ok := c.reg.rooms[room]
 	if !ok || rm.dec == nil || rm.status == Success {
@@ -826,7 +820,6 @@ func (c *decodeCore) decodeFailed(room uint64, reason string) {
 
 // abortReceiver fails a decode room from this side.
 func (c *decodeCore) abortReceiver(now time.Time, room uint64, reason string) Result {
-	c.step(now)
 	res := c.count(EventAbort, c.reg.Abort(room, reason, nil))
 	if res.Outcome == Applied {
 		c.failCode = CodeAborted
@@ -839,7 +832,6 @@ func (c *decodeCore) abortReceiver(now time.Time, room uint64, reason string) Re
 // clearReceiver forgets a decode room. An unfinished room is failed first
 // (its prefill ranks get ABORT); its pages stay quarantined past Clear.
 func (c *decodeCore) clearReceiver(now time.Time, room uint64) Result {
-	c.step(now)
 	if st, ok := c.reg.Status(room); ok && !st.Terminal() {
 		c.failWith(room, CodeCleared, "cleared before it finished")
 	}
@@ -933,7 +925,6 @@ func (c *decodeCore) peerDown(endpoint string, from bootstrap.From, restarted bo
 // in place: handled as the control plane's restart report would be. cert
 // is the record's identity certificate.
 func (c *decodeCore) targetChangedRecord(now time.Time, t Target, endpoint, serverKey, cert string, epoch uint64, gone bool) {
-	c.step(now)
 	tg := c.targets[t.key()]
 	if tg == nil || !tg.resolved {
 		return

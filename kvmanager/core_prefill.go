@@ -294,7 +294,6 @@ func (c *prefillCore) checkRegister(msg *bootstrap.Register) (PeerPlan, error) {
 
 // refuseRegister answers a REGISTER with ok false.
 func (c *prefillCore) registerRefused(now time.Time, from bootstrap.From, reason string) {
-	c.step(now)
 	if !c.hear(from) {
 		return // a late REGISTER of an epoch the peer already left
 	}
@@ -305,7 +304,6 @@ func (c *prefillCore) registerRefused(now time.Time, from bootstrap.From, reason
 // acknowledges it. A new epoch of a known rank means that rank restarted:
 // every room and pending request bound to the old epoch fails first.
 func (c *prefillCore) registered(now time.Time, from bootstrap.From, remote string, pp PeerPlan) {
-	c.step(now)
 	if !c.hear(from) {
 		return // a late REGISTER of an epoch the peer already left
 	}
@@ -550,7 +548,6 @@ func (c *prefillCore) onAbort(msg *bootstrap.Abort) {
 
 // createSender creates the prefill side of a room.
 func (c *prefillCore) createSender(now time.Time, room uint64) Result {
-	c.step(now)
 	res := c.count(EventCreate, c.reg.Create(room, RolePrefill))
 	if res.Outcome == Applied {
 		c.reg.rooms[room].pre.started = now
@@ -560,14 +557,12 @@ func (c *prefillCore) createSender(now time.Time, room uint64) Result {
 
 // initSender marks the sender initialised.
 func (c *prefillCore) initSender(now time.Time, room uint64) Result {
-	c.step(now)
 	return c.count(EventInit, c.reg.Init(room))
 }
 
 // abortSender fails a prefill room from this side and tells its decode
 // ranks.
 func (c *prefillCore) abortSender(now time.Time, room uint64, reason string) Result {
-	c.step(now)
 	res := c.count(EventAbort, c.reg.Abort(room, reason, nil))
 	if res.Outcome == Applied {
 		c.statusFailed(room, c.reg.Requests(room), CodeAborted, "aborted by prefill: "+reason, "")
@@ -578,7 +573,6 @@ func (c *prefillCore) abortSender(now time.Time, room uint64, reason string) Res
 // clearSender forgets a prefill room; decode ranks of an unfinished room
 // are told. Writes still in flight keep counting in its tombstone.
 func (c *prefillCore) clearSender(now time.Time, room uint64) Result {
-	c.step(now)
 	res := c.count(EventClear, c.reg.Clear(room))
 	if res.Outcome == Applied && !res.Status.Terminal() {
 		c.statusFailed(room, res.Peers, CodeCleared, "room cleared before it finished", "")
@@ -592,7 +586,6 @@ func (c *prefillCore) clearSender(now time.Time, room uint64) Result {
 // and the aux item; it emits them as one EffectPost. Each write names the
 // epoch of the REQUEST whose pages it targets.
 func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
-	c.step(now)
 	room, pages, last, auxIndex, state := in.Room, in.Pages, in.Last, in.AuxIndex, in.State
 	rm, ok := c.reg.rooms[room]
 	switch {
@@ -742,7 +735,6 @@ func stateAt(state [][]uint32, i int) []uint32 {
 // in flight and returns true only if the room is still live on this rank
 // and the write's peer is still the process (epoch) that named its pages.
 func (c *prefillCore) posting(now time.Time, room uint64, w *transfer.Write) bool {
-	c.step(now)
 	p := c.peers[w.PeerKey]
 	if c.bugs.on(bugPostIgnoresEpoch) && p != nil {
 		w.Remote, w.Peer, w.Epoch = p.remote, p.layout, p.from.Epoch
@@ -785,7 +777,6 @@ func (c *prefillCore) finalPosted(room uint64, w *transfer.Write) {
 // guarantees a failed write can no longer land; a failed write that is not
 // quiesced keeps the room undrained until the stall deadline.
 func (c *prefillCore) writeDone(now time.Time, room uint64, w *transfer.Write, err error, quiesced bool) Result {
-	c.step(now)
 	if c.bugs.on(bugFailedWriteDrains) {
 		quiesced = true
 	}

@@ -20,9 +20,9 @@ func layeredPrefill(t *testing.T, mutants []bugID) *Core {
 		peer.Regions[i] = nixl.Desc{Addr: uintptr(0x100000 * (i + 1)), Len: testPeerPages * 64}
 	}
 	registerLayout(t, c, decodeFrom, peer)
-	c.createSender(t0, 1)
-	c.initSender(t0, 1)
-	c.receive(t0, request(1, decodeFrom))
+	c.Step(t0, CreateSender{Room: 1})
+	c.Step(t0, InitSender{Room: 1})
+	c.Step(t0, Received{Msg: request(1, decodeFrom)})
 	c.Effects()
 	return c
 }
@@ -44,7 +44,7 @@ func TestSendLayersInOrder(t *testing.T) {
 	fixedAndMutant(t, bugLayerOrderUnchecked, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := layeredPrefill(t, mutants)
 		send := func(lo, hi int, pages ...uint32) error {
-			return c.sendChunk(t0, SendChunk{Room: 1, Pages: pages, Last: true, AuxIndex: -1, Layers: transfer.Layers{Lo: lo, Hi: hi}})
+			return c.Step(t0, SendChunk{Room: 1, Pages: pages, Last: true, AuxIndex: -1, Layers: transfer.Layers{Lo: lo, Hi: hi}}).Err
 		}
 		err := send(1, 2, 0)
 		if !fixed {
@@ -136,12 +136,12 @@ func layerNotif(chunk, total, lo, hi, spanHi int) Notified {
 func TestNotifContradictionRefused(t *testing.T) {
 	fixedAndMutant(t, bugNotifUnchecked, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := layeredDecode(t, mutants)
-		c.notification(t0, layerNotif(0, 1, 0, 1, 2))
-		c.notification(t0, Notified{Room: 1, Aux: true})
+		c.Step(t0, layerNotif(0, 1, 0, 1, 2))
+		c.Step(t0, Notified{Room: 1, Aux: true})
 		if st, _ := c.Status(1); st != Transferring {
 			t.Fatalf("after layer 0 of 2 and the aux: %v, want Transferring", st)
 		}
-		c.notification(t0, layerNotif(0, 1, 1, 2, 3)) // says the source writes 3 layers
+		c.Step(t0, layerNotif(0, 1, 1, 2, 3)) // says the source writes 3 layers
 		st, _ := c.Status(1)
 		switch {
 		case fixed && (st != Transferring || c.Stats().BadNotifs != 1):
@@ -152,7 +152,7 @@ func TestNotifContradictionRefused(t *testing.T) {
 		if !fixed {
 			return
 		}
-		c.notification(t0, layerNotif(0, 1, 1, 2, 2))
+		c.Step(t0, layerNotif(0, 1, 1, 2, 2))
 		if st, _ := c.Status(1); st != Success {
 			t.Fatalf("after both layers and the aux: %v", st)
 		}
@@ -165,16 +165,16 @@ func TestNotifContradictionRefused(t *testing.T) {
 func TestLoadReport(t *testing.T) {
 	fixedAndMutant(t, bugReportUnproven, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := layeredDecode(t, mutants)
-		c.notification(t0, layerNotif(0, 1, 0, 1, 2))
-		c.abortReceiver(t0, 1, "engine gave up")
+		c.Step(t0, layerNotif(0, 1, 0, 1, 2))
+		c.Step(t0, AbortReceiver{Room: 1, Reason: "engine gave up"})
 		if _, ok := c.Report(1); ok == fixed {
 			t.Fatalf("report given while the prefill rank may still write: %v", ok)
 		}
 		if !fixed {
 			return
 		}
-		c.notification(t0, layerNotif(0, 1, 1, 2, 2)) // landed after the abort: still recorded
-		c.receive(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: true})
+		c.Step(t0, layerNotif(0, 1, 1, 2, 2)) // landed after the abort: still recorded
+		c.Step(t0, Received{Msg: &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: true}})
 		r, ok := c.Report(1)
 		want := []Landed{{First: 0, Count: 1, LayerLo: 0, LayerHi: 2}}
 		if !ok || r.Status != Failed || r.Code != CodeAborted || len(r.Sources) != 1 || !r.Sources[0].Proven ||
@@ -184,9 +184,9 @@ func TestLoadReport(t *testing.T) {
 	})
 	t.Run("quarantine", func(t *testing.T) {
 		c := layeredDecode(t, nil)
-		c.notification(t0, layerNotif(0, 1, 0, 1, 2))
-		c.receive(t0, &bootstrap.Status{From: prefillFrom, Room: 1, Status: bootstrap.StatusFailed, Code: CodeOutOfRange, Reason: "page 9"})
-		c.tickAll(t0.Add(c.cfg.QuarantineTimeout + 1))
+		c.Step(t0, layerNotif(0, 1, 0, 1, 2))
+		c.Step(t0, Received{Msg: &bootstrap.Status{From: prefillFrom, Room: 1, Status: bootstrap.StatusFailed, Code: CodeOutOfRange, Reason: "page 9"}})
+		c.Step(t0.Add(c.cfg.QuarantineTimeout+1), Tick{})
 		r, ok := c.Report(1)
 		if !ok || r.Code != CodeOutOfRange || r.Sources[0].Proven || len(r.Sources[0].Landed) != 0 || r.Whole() != nil {
 			t.Fatalf("after a forced release: %+v %v, want code out_of_range, nothing vouched for", r, ok)
@@ -200,8 +200,8 @@ func TestLoadReport(t *testing.T) {
 // while the old source's heads there never landed).
 func TestLoadReportEarlierRevision(t *testing.T) {
 	c := layeredDecode(t, nil)
-	c.notification(t0, Notified{Room: 1, Chunk: 0, Total: 1}) // kvb1:1:0:0:1
-	c.notification(t0, Notified{Room: 1, Aux: true})
+	c.Step(t0, Notified{Room: 1, Chunk: 0, Total: 1}) // kvb1:1:0:0:1
+	c.Step(t0, Notified{Room: 1, Aux: true})
 	r, ok := c.Report(1)
 	if !ok || r.Status != Success || len(r.Sources) != 1 {
 		t.Fatalf("report %+v %v", r, ok)

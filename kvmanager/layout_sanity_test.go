@@ -134,7 +134,7 @@ func TestRegisterOverlapRefused(t *testing.T) {
 			if s := c.Sizes(); s.Peers != 0 {
 				t.Fatalf("%s: a registration was kept: %+v", tc.name, s)
 			}
-			c.receive(t0, request(uint64(n+1), decodeFrom))
+			c.Step(t0, Received{Msg: request(uint64(n+1), decodeFrom)})
 			if code, _ := refusal(c.Effects()); code != CodeNotRegistered {
 				t.Fatalf("%s: a REQUEST after the refusal got %q, want %s", tc.name, code, CodeNotRegistered)
 			}
@@ -164,12 +164,12 @@ func TestRequestRepeatRefused(t *testing.T) {
 				[]string{"room 3:", "dst_pages[0] and dst_pages[1]", "page 4"}},
 		} {
 			room := tc.room
-			c.createSender(t0, room)
-			c.initSender(t0, room)
+			c.Step(t0, CreateSender{Room: room})
+			c.Step(t0, InitSender{Room: room})
 			r := request(room, decodeFrom)
 			tc.req(r)
 			c.Effects()
-			accepted := c.receive(t0, r)
+			accepted := c.Step(t0, Received{Msg: r}).OK
 			code, reason := refusal(c.Effects())
 			if accepted == fixed {
 				t.Fatalf("%s: accepted %v (STATUS %s %q)", tc.name, accepted, code, reason)
@@ -197,7 +197,7 @@ func TestRequestRepeatRefused(t *testing.T) {
 		// Nothing of the refused REQUEST stays: the right one is taken.
 		r := request(1, decodeFrom)
 		r.DstPages = []uint32{3, 5}
-		if !c.receive(t0, r) {
+		if !c.Step(t0, Received{Msg: r}).OK {
 			t.Fatalf("the corrected REQUEST was refused: %v", sent[*bootstrap.Status](c.Effects()))
 		}
 		if st, _ := c.Status(1); st != WaitingForInput {
@@ -218,7 +218,7 @@ func TestRequestPageInUseRefused(t *testing.T) {
 		registerLayout(t, c, other, stateLayout())
 		holder := request(1, decodeFrom)
 		holder.DstPages, holder.AuxIndex, holder.StateIndices, holder.Prefix = []uint32{2, 3}, 1, [][]uint32{{4}}, 2
-		if !c.receive(t0, holder) { // pending: no sender yet
+		if !c.Step(t0, Received{Msg: holder}).OK { // pending: no sender yet
 			t.Fatal("the first REQUEST was refused")
 		}
 		if s := c.Sizes(); s.InUse != 4 {
@@ -241,7 +241,7 @@ func TestRequestPageInUseRefused(t *testing.T) {
 			if tc.state != nil {
 				r.StateIndices = tc.state
 			}
-			accepted := c.receive(t0, r)
+			accepted := c.Step(t0, Received{Msg: r}).OK
 			code, reason := refusal(c.Effects())
 			if accepted == fixed {
 				t.Fatalf("room %d: accepted %v (STATUS %s %q)", tc.room, accepted, code, reason)
@@ -266,12 +266,12 @@ func TestRequestPageInUseRefused(t *testing.T) {
 			{From: other, Room: 6, DstPages: []uint32{2, 3}, AuxIndex: 1, Required: 1, StateIndices: [][]uint32{{4}}},
 			{From: decodeFrom, Room: 7, DstPages: []uint32{2, 3}, AuxIndex: 1, Required: 1, StateIndices: [][]uint32{{4}}, Dummy: true},
 		} {
-			if !c.receive(t0, r) {
+			if !c.Step(t0, Received{Msg: r}).OK {
 				t.Fatalf("room %d refused: %v", r.Room, sent[*bootstrap.Status](c.Effects()))
 			}
 		}
 		c.Effects()
-		if c.receive(t0, holder) {
+		if c.Step(t0, Received{Msg: holder}).OK {
 			t.Fatal("room 1's REQUEST accepted twice")
 		}
 		if _, reason := refusal(c.Effects()); !strings.Contains(reason, ErrDuplicateRequest.Error()) {
@@ -295,7 +295,7 @@ func TestPagesHeldWhileTheRoomIsLive(t *testing.T) {
 	again := func(c *Core, from bootstrap.From, room uint64) bool {
 		r := request(room, from)
 		r.DstPages = []uint32{1}
-		ok := c.receive(t0, r)
+		ok := c.Step(t0, Received{Msg: r}).OK
 		c.Effects()
 		return ok
 	}
@@ -304,16 +304,18 @@ func TestPagesHeldWhileTheRoomIsLive(t *testing.T) {
 			name string
 			end  func(c *Core, w *transfer.Write) // room 1's end while its write is in flight
 		}{
-			{"failed", func(c *Core, _ *transfer.Write) { c.abortSender(t0, 1, "app") }},
-			{"cleared", func(c *Core, _ *transfer.Write) { c.clearSender(t0, 1) }},
-			{"failed write, not quiesced", func(c *Core, w *transfer.Write) { c.writeDone(t0, 1, w, errors.New("nic reset"), false) }},
+			{"failed", func(c *Core, _ *transfer.Write) { c.Step(t0, AbortSender{Room: 1, Reason: "app"}) }},
+			{"cleared", func(c *Core, _ *transfer.Write) { c.Step(t0, ClearSender{Room: 1}) }},
+			{"failed write, not quiesced", func(c *Core, w *transfer.Write) {
+				c.Step(t0, WriteDone{Room: 1, Write: w, Err: errors.New("nic reset"), Quiesced: false})
+			}},
 			{"failed write, not quiesced, cleared", func(c *Core, w *transfer.Write) {
-				c.writeDone(t0, 1, w, errors.New("nic reset"), false)
-				c.clearSender(t0, 1)
+				c.Step(t0, WriteDone{Room: 1, Write: w, Err: errors.New("nic reset"), Quiesced: false})
+				c.Step(t0, ClearSender{Room: 1})
 			}},
 		} {
 			c, writes := prefillChunkQueued(t, mutants)
-			if !c.posting(t0, 1, &writes[0]) {
+			if !c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK {
 				t.Fatalf("%s: the write was not posted", tc.name)
 			}
 			if again(c, decodeFrom, 2) {
@@ -330,17 +332,17 @@ func TestPagesHeldWhileTheRoomIsLive(t *testing.T) {
 		}
 		// Success frees the pages at once.
 		c, writes := prefillChunkQueued(t, mutants)
-		if err := c.sendChunk(t0, SendChunk{Room: 1, Pages: nil, Last: true, AuxIndex: -1}); err != nil {
+		if err := c.Step(t0, SendChunk{Room: 1, Pages: nil, Last: true, AuxIndex: -1}).Err; err != nil {
 			t.Fatal(err)
 		}
 		for _, e := range c.Effects() {
 			writes = append(writes, e.Writes...)
 		}
 		for i := range writes {
-			c.posting(t0, 1, &writes[i])
+			c.Step(t0, Posting{Room: 1, Write: &writes[i]})
 		}
 		for i := range writes {
-			c.writeDone(t0, 1, &writes[i], nil, false)
+			c.Step(t0, WriteDone{Room: 1, Write: &writes[i], Err: nil, Quiesced: false})
 		}
 		if st, _ := c.Status(1); st != Success || !again(c, decodeFrom, 2) {
 			t.Fatalf("room 1 %v: its page not free", st)
@@ -349,13 +351,13 @@ func TestPagesHeldWhileTheRoomIsLive(t *testing.T) {
 		c = testCore(t, RolePrefill)
 		register(t, c, decodeFrom)
 		again(c, decodeFrom, 1)
-		c.receive(t0, &bootstrap.Abort{From: decodeFrom, Room: 1, Reason: "app"})
+		c.Step(t0, Received{Msg: &bootstrap.Abort{From: decodeFrom, Room: 1, Reason: "app"}})
 		if !again(c, decodeFrom, 2) {
 			t.Fatal("an aborted pending REQUEST kept its page")
 		}
 		// A REGISTER again from the same process keeps its rooms' pages.
 		c, writes = prefillChunkQueued(t, mutants)
-		c.posting(t0, 1, &writes[0])
+		c.Step(t0, Posting{Room: 1, Write: &writes[0]})
 		register(t, c, decodeFrom)
 		if again(c, decodeFrom, 2) {
 			t.Fatal("a repeated REGISTER freed the pages of its process's rooms")
@@ -369,7 +371,7 @@ func TestPagesHeldWhileTheRoomIsLive(t *testing.T) {
 		if !again(c, restarted, 3) {
 			t.Fatal("the restarted process's page held by its old process's room")
 		}
-		c.writeDone(t0, 1, &writes[0], nil, false)
+		c.Step(t0, WriteDone{Room: 1, Write: &writes[0], Err: nil, Quiesced: false})
 		c.Effects()
 		if again(c, restarted, 4) {
 			t.Fatal("the old process's write completion freed the new process's page")
@@ -547,16 +549,16 @@ func TestPagesFreeOnceTheirFinalWriteIsPosted(t *testing.T) {
 		ask := func(from bootstrap.From, room uint64, required int) bool {
 			r := request(room, from)
 			r.DstPages, r.Required = []uint32{1}, required
-			ok := c.receive(t0, r)
+			ok := c.Step(t0, Received{Msg: r}).OK
 			c.Effects()
 			return ok
 		}
-		c.createSender(t0, 1)
-		c.initSender(t0, 1)
+		c.Step(t0, CreateSender{Room: 1})
+		c.Step(t0, InitSender{Room: 1})
 		if !ask(decodeFrom, 1, 2) || !ask(other, 1, 2) {
 			t.Fatal("room 1's REQUESTs refused")
 		}
-		if err := c.sendChunk(t0, SendChunk{Room: 1, Pages: []uint32{0}, Last: true, AuxIndex: -1}); err != nil {
+		if err := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{0}, Last: true, AuxIndex: -1}).Err; err != nil {
 			t.Fatal(err)
 		}
 		var writes []transfer.Write
@@ -567,7 +569,7 @@ func TestPagesFreeOnceTheirFinalWriteIsPosted(t *testing.T) {
 			t.Fatalf("writes %+v, want a page and an aux write to each decode rank", writes)
 		}
 		for i := range writes[:2] {
-			c.posting(t0, 1, &writes[i])
+			c.Step(t0, Posting{Room: 1, Write: &writes[i]})
 		}
 		if got := ask(decodeFrom, 2, 1); got != fixed {
 			t.Fatalf("%s's page after its final write was posted: taken %v", decodeFrom.Peer(), got)
@@ -579,13 +581,13 @@ func TestPagesFreeOnceTheirFinalWriteIsPosted(t *testing.T) {
 			t.Fatalf("%s's page taken before its final write was posted", other.Peer())
 		}
 		for i := range writes[2:] {
-			c.posting(t0, 1, &writes[2+i])
+			c.Step(t0, Posting{Room: 1, Write: &writes[2+i]})
 		}
 		if !ask(other, 4, 1) {
 			t.Fatalf("%s's page held after its final write was posted", other.Peer())
 		}
 		for i := range writes {
-			c.writeDone(t0, 1, &writes[i], nil, false)
+			c.Step(t0, WriteDone{Room: 1, Write: &writes[i], Err: nil, Quiesced: false})
 		}
 		if st, _ := c.Status(1); st != Success {
 			t.Fatalf("room 1 %v", st)

@@ -19,10 +19,10 @@ import (
 func decodeAsked(t *testing.T, mutants []bugID) *Core {
 	t.Helper()
 	c := testCore(t, RoleDecode, mutants...)
-	c.createReceiver(t0, 1, []Target{prefillT})
+	c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
 	c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-	c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-	c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+	c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
+	c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
 	if reqs := sent[*bootstrap.Request](c.Effects()); len(reqs) != 1 || reqs[0].Room != 1 {
 		t.Fatalf("room 1's REQUEST: %v", reqs)
 	}
@@ -46,9 +46,9 @@ func releases(effects []Effect) []string {
 func TestQuarantineLastsItsTimeout(t *testing.T) {
 	fixedAndMutant(t, bugQuarantineNow, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := decodeAsked(t, mutants)
-		c.abortReceiver(t0, 1, "client went away")
+		c.Step(t0, AbortReceiver{Room: 1, Reason: "client went away"})
 		c.Effects()
-		c.tickAll(t0.Add(time.Second))
+		c.Step(t0.Add(time.Second), Tick{})
 		_, held := c.Hold(1)
 		if got := releases(c.Effects()); held != fixed || (fixed && len(got) != 0) {
 			t.Fatalf("1 s after the abort: held %v, released %v (want held: %v)", held, got, fixed)
@@ -57,12 +57,12 @@ func TestQuarantineLastsItsTimeout(t *testing.T) {
 			return
 		}
 		q := c.cfg.QuarantineTimeout
-		c.tickAll(t0.Add(q - time.Second))
+		c.Step(t0.Add(q-time.Second), Tick{})
 		if _, held := c.Hold(1); !held {
 			t.Fatalf("released %v before the quarantine deadline (%v)", releases(c.Effects()), q)
 		}
 		c.Effects()
-		c.tickAll(t0.Add(q + time.Second))
+		c.Step(t0.Add(q+time.Second), Tick{})
 		if got := releases(c.Effects()); len(got) != 1 || got[0] != "1 true" || c.Stats().ForcedReleases != 1 {
 			t.Fatalf("past the quarantine deadline: released %v, forced %d", got, c.Stats().ForcedReleases)
 		}
@@ -86,7 +86,7 @@ func TestDoneWokenOnlyWhenTerminal(t *testing.T) {
 			}
 			return n
 		}
-		c.notification(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 0, Aux: false}) // chunk 0 of a room of 2
+		c.Step(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 0, Aux: false}) // chunk 0 of a room of 2
 		if st, _ := c.Status(1); st != Transferring {
 			t.Fatalf("after the first chunk: %v", st)
 		}
@@ -96,11 +96,11 @@ func TestDoneWokenOnlyWhenTerminal(t *testing.T) {
 		if !fixed {
 			return
 		}
-		c.notification(t0, Notified{Room: 1, UID: 0, Chunk: 1, Total: 2, Aux: false})
+		c.Step(t0, Notified{Room: 1, UID: 0, Chunk: 1, Total: 2, Aux: false})
 		if n := woken(c.Effects()); n != 0 {
 			t.Fatalf("done woken %d times before the aux item", n)
 		}
-		c.notification(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 0, Aux: true})
+		c.Step(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 0, Aux: true})
 		if st, _ := c.Status(1); st != Success {
 			t.Fatalf("after every chunk and the aux: %v", st)
 		}
@@ -115,15 +115,15 @@ func TestDoneWokenOnlyWhenTerminal(t *testing.T) {
 func TestAbortAckSentWhenWritesDrain(t *testing.T) {
 	fixedAndMutant(t, bugNoAbortAck, func(t *testing.T, mutants []bugID, fixed bool) {
 		c, writes := prefillChunkQueued(t, mutants)
-		if len(writes) != 1 || !c.posting(t0, 1, &writes[0]) {
+		if len(writes) != 1 || !c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK {
 			t.Fatalf("the chunk's write was not posted: %d writes", len(writes))
 		}
 		c.Effects()
-		c.receive(t0, &bootstrap.Abort{From: decodeFrom, Room: 1, Reason: "client went away"})
+		c.Step(t0, Received{Msg: &bootstrap.Abort{From: decodeFrom, Room: 1, Reason: "client went away"}})
 		if acks := sent[*bootstrap.AbortAck](c.Effects()); len(acks) != 0 {
 			t.Fatalf("ABORT_ACK %+v with a write in flight", acks)
 		}
-		c.writeDone(t0.Add(time.Second), 1, &writes[0], nil, false)
+		c.Step(t0.Add(time.Second), WriteDone{Room: 1, Write: &writes[0], Err: nil, Quiesced: false})
 		var got []string
 		for _, e := range c.Effects() {
 			if a, ok := e.Msg.(*bootstrap.AbortAck); ok && e.Kind == EffectSend {
@@ -143,17 +143,17 @@ func TestPrefillFailsRoomsOfRestartedPeer(t *testing.T) {
 	fixedAndMutant(t, bugRestartKeepsRooms, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := testCore(t, RolePrefill, mutants...)
 		register(t, c, decodeFrom)
-		c.createSender(t0, 1)
-		c.initSender(t0, 1)
-		c.receive(t0, request(1, decodeFrom))
-		c.receive(t0, request(2, decodeFrom)) // pending: no sender yet
+		c.Step(t0, CreateSender{Room: 1})
+		c.Step(t0, InitSender{Room: 1})
+		c.Step(t0, Received{Msg: request(1, decodeFrom)})
+		c.Step(t0, Received{Msg: request(2, decodeFrom)}) // pending: no sender yet
 		if st, _ := c.Status(1); st != WaitingForInput {
 			t.Fatalf("room 1 %v", st)
 		}
 		c.Effects()
 		restarted := decodeFrom
 		restarted.Epoch = 2
-		c.receive(t0, &bootstrap.Pong{From: restarted, Seq: 1})
+		c.Step(t0, Received{Msg: &bootstrap.Pong{From: restarted, Seq: 1}})
 		st, _ := c.Status(1)
 		reason, _ := c.Failure(1)
 		ok := st == Failed && strings.Contains(reason, bootstrap.ReasonPeerRestarted) && c.Sizes().Pending == 0
@@ -168,7 +168,7 @@ func TestPrefillFailsRoomsOfRestartedPeer(t *testing.T) {
 			t.Fatalf("the restarted peer was told: %+v", st)
 		}
 		// And room 2's sender starts Failed: nothing is written for it.
-		if res := c.createSender(t0, 2); res.Status != Failed {
+		if res := c.Step(t0, CreateSender{Room: 2}).Result; res.Status != Failed {
 			t.Fatalf("room 2's sender after the restart: %v", res.Status)
 		}
 	})
@@ -202,14 +202,14 @@ func twoDecodePeers(t *testing.T, mutants []bugID) (*Core, bootstrap.From) {
 func TestExtraRequestRefused(t *testing.T) {
 	fixedAndMutant(t, bugExtraRequestAccepted, func(t *testing.T, mutants []bugID, fixed bool) {
 		c, other := twoDecodePeers(t, mutants)
-		c.createSender(t0, 1)
-		c.initSender(t0, 1)
-		if !c.receive(t0, request(1, decodeFrom)) || !c.receive(t0, request(2, decodeFrom)) {
+		c.Step(t0, CreateSender{Room: 1})
+		c.Step(t0, InitSender{Room: 1})
+		if !c.Step(t0, Received{Msg: request(1, decodeFrom)}).OK || !c.Step(t0, Received{Msg: request(2, decodeFrom)}).OK {
 			t.Fatal("a first request was refused")
 		}
 		c.Effects()
 		for _, room := range []uint64{1, 2} { // live, pending
-			accepted := c.receive(t0, request(room, other))
+			accepted := c.Step(t0, Received{Msg: request(room, other)}).OK
 			st := sent[*bootstrap.Status](c.Effects())
 			if accepted == fixed {
 				t.Fatalf("room %d: a second request with required 1 accepted: %v (statuses %+v)", room, accepted, st)
@@ -232,8 +232,8 @@ func TestTombstonesBounded(t *testing.T) {
 		reg.MaxTombstones = 8
 		c := newTestCore(t, RolePrefill, reg, mutants...)
 		for room := uint64(1); room <= 50; room++ {
-			c.createSender(t0, room)
-			c.clearSender(t0, room)
+			c.Step(t0, CreateSender{Room: room})
+			c.Step(t0, ClearSender{Room: room})
 		}
 		if n := c.Sizes().Tombstones; (n <= 8) != fixed {
 			t.Fatalf("%d tombstones after 50 clears, bound 8 (want within: %v)", n, fixed)
@@ -241,10 +241,10 @@ func TestTombstonesBounded(t *testing.T) {
 		if !fixed {
 			return
 		}
-		if res := c.createSender(t0, 50); res.Outcome != Rejected {
+		if res := c.Step(t0, CreateSender{Room: 50}).Result; res.Outcome != Rejected {
 			t.Fatalf("the newest cleared id reused at once: %v", res.Outcome)
 		}
-		if res := c.createSender(t0, 1); res.Outcome != Applied {
+		if res := c.Step(t0, CreateSender{Room: 1}).Result; res.Outcome != Applied {
 			t.Fatalf("the oldest id, forgotten early, is still refused: %v", res.Err)
 		}
 	})
@@ -255,16 +255,16 @@ func TestTombstonesBounded(t *testing.T) {
 func TestNotDrainedAckKeepsPages(t *testing.T) {
 	fixedAndMutant(t, bugNotDrainedReleases, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := decodeAsked(t, mutants)
-		c.abortReceiver(t0, 1, "client went away")
+		c.Step(t0, AbortReceiver{Room: 1, Reason: "client went away"})
 		c.Effects()
-		c.receive(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: false})
+		c.Step(t0, Received{Msg: &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: false}})
 		if _, held := c.Hold(1); held != fixed {
 			t.Fatalf("after drained=false: held %v, released %v", held, releases(c.Effects()))
 		}
 		if !fixed {
 			return
 		}
-		c.receive(t0.Add(time.Second), &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: true})
+		c.Step(t0.Add(time.Second), Received{Msg: &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: true}})
 		if got := releases(c.Effects()); len(got) != 1 || got[0] != "1 false" {
 			t.Fatalf("after drained=true: released %v, want [1 false]", got)
 		}
@@ -279,23 +279,23 @@ func TestStaleStatusIgnored(t *testing.T) {
 		c := decodeAsked(t, mutants)
 		restarted := prefillFrom
 		restarted.Epoch = 11
-		c.receive(t0, &bootstrap.RegisterAck{From: restarted, OK: true}) // restart in place: room 1 fails
+		c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: restarted, OK: true}}) // restart in place: room 1 fails
 		if st, _ := c.Status(1); st != Failed {
 			t.Fatalf("room 1 bound to the old epoch: %v", st)
 		}
-		c.createReceiver(t0, 2, []Target{prefillT})
-		c.initReceiver(t0, 2, RequestSpec{DstPages: []uint32{2}, AuxIndex: -1})
+		c.Step(t0, CreateReceiver{Room: 2, Targets: []Target{prefillT}})
+		c.Step(t0, InitReceiver{Room: 2, Spec: RequestSpec{DstPages: []uint32{2}, AuxIndex: -1}})
 		if got := sends(c.Effects()); !slices.Contains(got, "REQUEST 2 → tcp://p:1") {
 			t.Fatalf("room 2 not asked of the new process: %v", got)
 		}
-		c.receive(t0, &bootstrap.Status{From: prefillFrom, Room: 2, Status: bootstrap.StatusFailed, Code: CodeFailed, Reason: "late"})
+		c.Step(t0, Received{Msg: &bootstrap.Status{From: prefillFrom, Room: 2, Status: bootstrap.StatusFailed, Code: CodeFailed, Reason: "late"}})
 		if st, _ := c.Status(2); (st == WaitingForInput) != fixed {
 			t.Fatalf("room 2 after the old process's STATUS: %v (want untouched: %v)", st, fixed)
 		}
 		if !fixed {
 			return
 		}
-		c.receive(t0, &bootstrap.Status{From: restarted, Room: 2, Status: bootstrap.StatusFailed, Code: CodeFailed, Reason: "write failed"})
+		c.Step(t0, Received{Msg: &bootstrap.Status{From: restarted, Room: 2, Status: bootstrap.StatusFailed, Code: CodeFailed, Reason: "write failed"}})
 		if r, _ := c.Failure(2); !strings.Contains(r, "write failed") {
 			t.Fatalf("room 2 after the new process's STATUS: %q", r)
 		}
@@ -313,7 +313,7 @@ func TestPendingPerPeerBounded(t *testing.T) {
 		other := otherDecode
 		accepted := 0
 		for room := uint64(1); room <= 7; room++ {
-			if c.receive(t0, request(room, decodeFrom)) {
+			if c.Step(t0, Received{Msg: request(room, decodeFrom)}).OK {
 				accepted++
 			}
 		}
@@ -321,7 +321,7 @@ func TestPendingPerPeerBounded(t *testing.T) {
 		if ok := accepted == 4 && c.Sizes().Pending == 4 && len(refused) == 3; ok != fixed {
 			t.Fatalf("%d of 7 accepted, %d pending, %d refused; bound 4 (want kept: %v)", accepted, c.Sizes().Pending, len(refused), fixed)
 		}
-		if fixed && !c.receive(t0, request(100, other)) {
+		if fixed && !c.Step(t0, Received{Msg: request(100, other)}).OK {
 			t.Fatal("another peer was locked out")
 		}
 	})
@@ -337,11 +337,11 @@ func TestSweepInRoomOrder(t *testing.T) {
 			c := testCore(t, RolePrefill, mutants...)
 			register(t, c, decodeFrom)
 			for room := uint64(1); room <= rooms; room++ {
-				c.createSender(t0, room)
-				c.receive(t0, request(room, decodeFrom))
+				c.Step(t0, CreateSender{Room: room})
+				c.Step(t0, Received{Msg: request(room, decodeFrom)})
 			}
 			c.Effects()
-			c.tickAll(t0.Add(c.cfg.Registry.BootstrapTimeout + time.Second))
+			c.Step(t0.Add(c.cfg.Registry.BootstrapTimeout+time.Second), Tick{})
 			var told []uint64
 			for _, st := range sent[*bootstrap.Status](c.Effects()) {
 				told = append(told, st.Room)

@@ -46,14 +46,14 @@ func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
 	fixedAndMutant(t, bugRetryCachedEndpoint, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := testCore(t, RoleDecode, mutants...)
 		c.cfg.RegisterRetry = 100 * time.Millisecond // every retry inside the bootstrap deadline
-		c.createReceiver(t0, 1, []Target{prefillT})
+		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
 		c.resolved(t0, prefillT, prefillFrom.Endpoint, "") // the dead process's record
-		c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+		c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 		c.Effects()
 		now, looked := t0, 0
 		for now.Before(t0.Add(c.cfg.Registry.BootstrapTimeout)) && looked == 0 {
 			now = now.Add(50 * time.Millisecond)
-			c.tickAll(now)
+			c.Step(now, Tick{})
 			eff := c.Effects()
 			looked += resolves(eff)
 			if looked > 0 && len(sent[*bootstrap.Register](eff)) != 0 {
@@ -73,7 +73,7 @@ func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
 		if got := sends(c.Effects()); len(got) != 1 || got[0] != "REGISTER 0 → tcp://p:2" {
 			t.Fatalf("after the new record: %v", got)
 		}
-		c.receive(now, &bootstrap.RegisterAck{From: moved, OK: true})
+		c.Step(now, Received{Msg: &bootstrap.RegisterAck{From: moved, OK: true}})
 		if got := sends(c.Effects()); len(got) != 1 || got[0] != "REQUEST 1 → tcp://p:2" {
 			t.Fatalf("after the new process's ACK: %v", got)
 		}
@@ -89,19 +89,19 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 	moved.Endpoint, moved.Epoch = "tcp://p:2", 11
 	fixedAndMutant(t, bugAbortSentOnce, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := testCore(t, RoleDecode, mutants...)
-		c.createReceiver(t0, 1, []Target{prefillT})
+		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
 		c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-		c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-		c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+		c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
+		c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
 		c.Effects()
-		c.abortReceiver(t0, 1, "client went away") // the prefill process is being killed
+		c.Step(t0, AbortReceiver{Room: 1, Reason: "client went away"}) // the prefill process is being killed
 		if got := sends(c.Effects()); len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1" {
 			t.Fatalf("abort: %v", got)
 		}
-		c.clearReceiver(t0, 1)
+		c.Step(t0, ClearReceiver{Room: 1})
 		// Heartbeats report the old process dead; its record still names
 		// it (lease), then names the new process.
-		c.reportDown(t0.Add(time.Second), prefillFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+		c.Step(t0.Add(time.Second), PeerUnreachable{Endpoint: prefillFrom.Endpoint, Reason: bootstrap.ReasonPeerUnreachable})
 		if n := resolves(c.Effects()); n != 1 && fixed {
 			t.Fatalf("%d lookups after the dead report, want 1", n)
 		}
@@ -110,7 +110,7 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 		if fixed && (len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1") {
 			t.Fatalf("the same record again: %v", got)
 		}
-		c.reportDown(t0.Add(2*time.Second), prefillFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+		c.Step(t0.Add(2*time.Second), PeerUnreachable{Endpoint: prefillFrom.Endpoint, Reason: bootstrap.ReasonPeerUnreachable})
 		c.Effects()
 		c.resolved(t0.Add(2*time.Second), prefillT, moved.Endpoint, "")
 		got = sends(c.Effects())
@@ -126,12 +126,12 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 		// The ACK is the first message heard from the new epoch: the
 		// epoch check handles the restart (re-sending what is owed)
 		// before the ACK clears the debt.
-		c.receive(t0.Add(2*time.Second), &bootstrap.AbortAck{From: moved, Room: 1, Drained: true})
+		c.Step(t0.Add(2*time.Second), Received{Msg: &bootstrap.AbortAck{From: moved, Room: 1, Drained: true}})
 		if s := c.Sizes(); s.OwedAborts != 0 {
 			t.Fatalf("owed %d after the ACK", s.OwedAborts)
 		}
 		c.Effects()
-		c.receive(t0.Add(3*time.Second), &bootstrap.RegisterAck{From: moved, OK: true})
+		c.Step(t0.Add(3*time.Second), Received{Msg: &bootstrap.RegisterAck{From: moved, OK: true}})
 		if got := sends(c.Effects()); len(got) != 0 {
 			t.Fatalf("an acknowledged ABORT was sent again: %v", got)
 		}
@@ -143,25 +143,25 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 // table empties.
 func TestOwedAbortLookupBackoffAndTTL(t *testing.T) {
 	c := testCore(t, RoleDecode)
-	c.createReceiver(t0, 1, []Target{prefillT})
-	c.abortReceiver(t0, 1, "gone")
-	c.clearReceiver(t0, 1)
-	c.resolveFailed(t0, prefillT, bootstrap.ErrRankUnknown)
+	c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
+	c.Step(t0, AbortReceiver{Room: 1, Reason: "gone"})
+	c.Step(t0, ClearReceiver{Room: 1})
+	c.Step(t0, ResolveFailed{Target: prefillT, Err: bootstrap.ErrRankUnknown})
 	c.Effects()
-	c.tickAll(t0.Add(c.cfg.RegisterRetry / 2))
+	c.Step(t0.Add(c.cfg.RegisterRetry/2), Tick{})
 	if n := resolves(c.Effects()); n != 0 {
 		t.Fatalf("looked up again before the backoff: %d", n)
 	}
-	c.tickAll(t0.Add(c.cfg.RegisterRetry))
+	c.Step(t0.Add(c.cfg.RegisterRetry), Tick{})
 	if n := resolves(c.Effects()); n != 1 {
 		t.Fatalf("%d lookups after the backoff, want 1", n)
 	}
 	at := t0.Add(c.cfg.RegisterRetry)
-	c.resolveFailed(at, prefillT, bootstrap.ErrRankUnknown)
+	c.Step(at, ResolveFailed{Target: prefillT, Err: bootstrap.ErrRankUnknown})
 	if tg := c.targets[prefillT.key()]; tg.lookupRetry != 2*c.cfg.RegisterRetry {
 		t.Fatalf("backoff %v, want doubled", tg.lookupRetry)
 	}
-	c.tickAll(t0.Add(c.cfg.Registry.TombstoneTTL + time.Second))
+	c.Step(t0.Add(c.cfg.Registry.TombstoneTTL+time.Second), Tick{})
 	if s := c.Sizes(); s.OwedAborts != 0 || s.Total() != 0 {
 		t.Fatalf("sizes %+v after the TTL", s)
 	}
@@ -175,11 +175,11 @@ func TestDeadPeerIsToldItsRoomsFailed(t *testing.T) {
 	fixedAndMutant(t, bugDeadPeerNotTold, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := testCore(t, RolePrefill, mutants...)
 		register(t, c, decodeFrom)
-		c.receive(t0, request(1, decodeFrom)) // pending: no sender yet
-		c.createSender(t0, 2)
-		c.receive(t0, request(2, decodeFrom))
+		c.Step(t0, Received{Msg: request(1, decodeFrom)}) // pending: no sender yet
+		c.Step(t0, CreateSender{Room: 2})
+		c.Step(t0, Received{Msg: request(2, decodeFrom)})
 		c.Effects()
-		c.reportDown(t0, decodeFrom.Endpoint, bootstrap.From{}, false, bootstrap.ReasonPeerUnreachable)
+		c.Step(t0, PeerUnreachable{Endpoint: decodeFrom.Endpoint, Reason: bootstrap.ReasonPeerUnreachable})
 		var told []string
 		for _, st := range sent[*bootstrap.Status](c.Effects()) {
 			told = append(told, fmt.Sprintf("%d %s", st.Room, st.Code))
@@ -198,7 +198,7 @@ func TestDeadPeerIsToldItsRoomsFailed(t *testing.T) {
 func TestRefuseRoomTellsTheRanks(t *testing.T) {
 	c := testCore(t, RoleDecode)
 	other := Target{Bootstrap: "http://boot", Rank: 1}
-	c.refuseRoom(t0, 5, []Target{prefillT, other}, "prefill PP 1 → decode PP 2")
+	c.Step(t0, RefuseRoom{Room: 5, Targets: []Target{prefillT, other}, Reason: "prefill PP 1 → decode PP 2"})
 	if n := resolves(c.Effects()); n != 2 {
 		t.Fatalf("%d lookups, want both ranks looked up", n)
 	}
@@ -207,13 +207,13 @@ func TestRefuseRoomTellsTheRanks(t *testing.T) {
 	if len(ab) != 1 || ab[0].Room != 5 || ab[0].Code != CodeRefused || !strings.Contains(ab[0].Reason, "PP 1") {
 		t.Fatalf("ABORTs: %+v", ab)
 	}
-	c.receive(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 5, Drained: true})
+	c.Step(t0, Received{Msg: &bootstrap.AbortAck{From: prefillFrom, Room: 5, Drained: true}})
 	if s := c.Sizes(); s.OwedAborts != 1 || s.Live != 0 {
 		t.Fatalf("sizes %+v: want the unresolved rank's ABORT still owed, no room", s)
 	}
-	c.createReceiver(t0, 6, []Target{prefillT})
+	c.Step(t0, CreateReceiver{Room: 6, Targets: []Target{prefillT}})
 	c.Effects()
-	c.refuseRoom(t0, 6, []Target{prefillT}, "refused")
+	c.Step(t0, RefuseRoom{Room: 6, Targets: []Target{prefillT}, Reason: "refused"})
 	if st, _ := c.Status(6); st != Bootstrapping || len(sent[*bootstrap.Abort](c.Effects())) != 0 {
 		t.Fatalf("a live room of that id was aborted: %v", st)
 	}
@@ -228,15 +228,15 @@ func TestEpochCheck(t *testing.T) {
 	fixedAndMutant(t, bugNoEpochCheck, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := testCore(t, RolePrefill, mutants...)
 		register(t, c, decodeFrom)
-		c.receive(t0, request(1, decodeFrom)) // pending: no sender yet
+		c.Step(t0, Received{Msg: request(1, decodeFrom)}) // pending: no sender yet
 		c.Effects()
 		restarted := decodeFrom
 		restarted.Epoch = 2
-		c.receive(t0, &bootstrap.Ping{From: restarted, Seq: 1})
+		c.Step(t0, Received{Msg: &bootstrap.Ping{From: restarted, Seq: 1}})
 		if c.Stats().PeersRestarted != 0 || c.Sizes().Pending != 1 {
 			t.Fatal("a PING counted as a restart")
 		}
-		c.receive(t0, &bootstrap.Abort{From: restarted, Room: 9, Reason: "x"})
+		c.Step(t0, Received{Msg: &bootstrap.Abort{From: restarted, Room: 9, Reason: "x"}})
 		_, registered := c.peers[decodeFrom.Peer()]
 		if got := c.Sizes().Pending == 0 && !registered && c.Stats().PeersRestarted == 1; got != fixed {
 			t.Fatalf("after a message from a new epoch: pending %d, registered %v, restarts %d",
@@ -248,18 +248,18 @@ func TestEpochCheck(t *testing.T) {
 	for i := 0; i < 100; i++ {
 		from := decodeFrom
 		from.Rank = i
-		c.receive(t0, &bootstrap.Abort{From: from, Room: uint64(i)})
+		c.Step(t0, Received{Msg: &bootstrap.Abort{From: from, Room: uint64(i)}})
 	}
 	if n := c.Sizes().Epochs; n != 8 {
 		t.Fatalf("%d epochs remembered, bound 8", n)
 	}
 	c.Effects()
-	c.malformedRequest(t0, 7, decodeFrom.Endpoint, "required 0")
+	c.Step(t0, MalformedRequest{Room: 7, Endpoint: decodeFrom.Endpoint, Reason: "required 0"})
 	if st := sent[*bootstrap.Status](c.Effects()); len(st) != 1 || st[0].Room != 7 || st[0].Code != CodeRejected {
 		t.Fatalf("prefill's answer to a malformed REQUEST: %+v", st)
 	}
 	d := testCore(t, RoleDecode)
-	d.malformedRequest(t0, 7, decodeFrom.Endpoint, "required 0")
+	d.Step(t0, MalformedRequest{Room: 7, Endpoint: decodeFrom.Endpoint, Reason: "required 0"})
 	if len(d.Effects()) != 0 {
 		t.Fatal("a decode rank answered a malformed REQUEST")
 	}
@@ -281,32 +281,32 @@ func TestIdlePeersAreUnwatched(t *testing.T) {
 	}
 	fixedAndMutant(t, bugNeverUnwatch, func(t *testing.T, mutants []bugID, fixed bool) {
 		d := testCore(t, RoleDecode, mutants...)
-		d.createReceiver(t0, 1, []Target{prefillT})
+		d.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
 		d.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-		d.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-		d.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
-		d.tickAll(t0)
+		d.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
+		d.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
+		d.Step(t0, Tick{})
 		if got := unwatched(d.Effects()); len(got) != 0 {
 			t.Fatalf("unwatched %v while a room is live", got)
 		}
-		d.notification(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 1, Aux: false})
-		d.notification(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 0, Aux: true}) // aux: Success
-		d.clearReceiver(t0, 1)
-		d.tickAll(t0)
+		d.Step(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 1, Aux: false})
+		d.Step(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 0, Aux: true}) // aux: Success
+		d.Step(t0, ClearReceiver{Room: 1})
+		d.Step(t0, Tick{})
 		if got := unwatched(d.Effects()); (len(got) == 1 && got[0] == prefillFrom.Endpoint) != fixed {
 			t.Fatalf("decode unwatched %v after its last room, want fixed=%v", got, fixed)
 		}
 
 		p := testCore(t, RolePrefill, mutants...)
 		register(t, p, decodeFrom)
-		p.receive(t0, request(1, decodeFrom))
-		p.tickAll(t0)
+		p.Step(t0, Received{Msg: request(1, decodeFrom)})
+		p.Step(t0, Tick{})
 		if got := unwatched(p.Effects()); len(got) != 0 {
 			t.Fatalf("prefill unwatched %v with a request pending", got)
 		}
-		p.createSender(t0, 1)
-		p.abortSender(t0, 1, "done")
-		p.tickAll(t0)
+		p.Step(t0, CreateSender{Room: 1})
+		p.Step(t0, AbortSender{Room: 1, Reason: "done"})
+		p.Step(t0, Tick{})
 		if got := unwatched(p.Effects()); (len(got) == 1 && got[0] == decodeFrom.Endpoint) != fixed {
 			t.Fatalf("prefill unwatched %v after its last room, want fixed=%v", got, fixed)
 		}
@@ -324,29 +324,29 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 	fixedAndMutant(t, bugNoIdleRecheck, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := testCore(t, RoleDecode, mutants...)
 		c.cfg.RecheckIdle = 3 * time.Second
-		c.createReceiver(t0, 1, []Target{prefillT})
+		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
 		c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-		c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-		c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
-		c.clearReceiver(t0, 1)
-		c.receive(t0, &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: true})
+		c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
+		c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
+		c.Step(t0, ClearReceiver{Room: 1})
+		c.Step(t0, Received{Msg: &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: true}})
 		c.Effects()
 		// Soon after: the registration is used as it is.
 		at := t0.Add(time.Second)
-		c.createReceiver(at, 2, []Target{prefillT})
-		c.initReceiver(at, 2, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+		c.Step(at, CreateReceiver{Room: 2, Targets: []Target{prefillT}})
+		c.Step(at, InitReceiver{Room: 2, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 		if got := sends(c.Effects()); len(got) != 1 || got[0] != "REQUEST 2 → tcp://p:1" {
 			t.Fatalf("a fresh registration: %v", got)
 		}
-		c.clearReceiver(at, 2)
-		c.receive(at, &bootstrap.AbortAck{From: prefillFrom, Room: 2, Drained: true})
+		c.Step(at, ClearReceiver{Room: 2})
+		c.Step(at, Received{Msg: &bootstrap.AbortAck{From: prefillFrom, Room: 2, Drained: true}})
 		c.Step(at, Tick{}) // the shell's sweep: nothing is shared with the rank any more, so nothing heartbeats it
 		c.Effects()
 		// Long idle: looked up again first; the record now names the
 		// new process.
 		at = t0.Add(10 * time.Second)
-		c.createReceiver(at, 3, []Target{prefillT})
-		c.initReceiver(at, 3, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
+		c.Step(at, CreateReceiver{Room: 3, Targets: []Target{prefillT}})
+		c.Step(at, InitReceiver{Room: 3, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 		eff := c.Effects()
 		if (resolves(eff) == 1 && len(sent[*bootstrap.Request](eff)) == 0) != fixed {
 			t.Fatalf("after 10 s idle: %d lookups, sent %v (want fixed=%v)", resolves(eff), sends(eff), fixed)
@@ -358,7 +358,7 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 		if got := sends(c.Effects()); !slices.Contains(got, "REGISTER 0 → tcp://p:2") || slices.Contains(got, "REQUEST 3 → tcp://p:2") {
 			t.Fatalf("after the lookup: %v", got)
 		}
-		c.receive(at, &bootstrap.RegisterAck{From: moved, OK: true})
+		c.Step(at, Received{Msg: &bootstrap.RegisterAck{From: moved, OK: true}})
 		if got := sends(c.Effects()); !slices.Contains(got, "REQUEST 3 → tcp://p:2") {
 			t.Fatalf("after the new process's ACK: %v", got)
 		}
@@ -378,11 +378,11 @@ func prefillChunkQueued(t *testing.T, mutants []bugID) (*Core, []transfer.Write)
 	t.Helper()
 	c := testCore(t, RolePrefill, mutants...)
 	register(t, c, decodeFrom)
-	c.createSender(t0, 1)
-	c.initSender(t0, 1)
-	c.receive(t0, request(1, decodeFrom))
+	c.Step(t0, CreateSender{Room: 1})
+	c.Step(t0, InitSender{Room: 1})
+	c.Step(t0, Received{Msg: request(1, decodeFrom)})
 	c.Effects()
-	if err := c.sendChunk(t0, SendChunk{Room: 1, Pages: []uint32{0}, Last: false, AuxIndex: -1}); err != nil {
+	if err := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{0}, Last: false, AuxIndex: -1}).Err; err != nil {
 		t.Fatal(err)
 	}
 	var writes []transfer.Write
@@ -418,7 +418,7 @@ func TestRegisterEpochCheckedBeforeMetadataLoad(t *testing.T) {
 		}
 		// Meanwhile the shell loads the new metadata; the pool gates the
 		// old room's next write.
-		if posted := c.posting(t0, 1, &writes[0]); posted == fixed {
+		if posted := c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK; posted == fixed {
 			t.Fatalf("the old process's write passed the gate during the new one's metadata load: %v", posted)
 		}
 	})
@@ -435,9 +435,9 @@ func TestStaleEpochDropped(t *testing.T) {
 		restarted.Epoch, restarted.Endpoint = 2, "tcp://d:2"
 		c.Step(t0, Received{&bootstrap.Register{From: restarted}})
 		register(t, c, restarted)
-		c.receive(t0, request(5, restarted)) // pending: no sender yet
+		c.Step(t0, Received{Msg: request(5, restarted)}) // pending: no sender yet
 		c.Effects()
-		c.receive(t0, &bootstrap.Abort{From: decodeFrom, Room: 9, Reason: "late"})
+		c.Step(t0, Received{Msg: &bootstrap.Abort{From: decodeFrom, Room: 9, Reason: "late"}})
 		_, registered := c.peers[restarted.Peer()]
 		if ok := registered && c.Sizes().Pending == 1 && c.Stats().StaleEpoch == 1; ok != fixed {
 			t.Fatalf("after a late message of the old epoch: registered %v, pending %d, stale %d",
@@ -454,10 +454,10 @@ func TestRelookupKeepsTheEndpoint(t *testing.T) {
 	fixedAndMutant(t, bugRelookupForgetsEndpoint, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := testCore(t, RoleDecode, mutants...)
 		c.cfg.RecheckIdle = 3 * time.Second
-		c.createReceiver(t0, 1, []Target{prefillT})
+		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
 		c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
-		c.initReceiver(t0, 1, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1})
-		c.receive(t0, &bootstrap.RegisterAck{From: prefillFrom, OK: true}) // room 1's REQUEST out, watched
+		c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
+		c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}}) // room 1's REQUEST out, watched
 		c.Effects()
 		// The rank is looked up again (an idle re-check for another room,
 		// or unanswered REGISTERs) while room 1 waits for its data.
@@ -480,13 +480,13 @@ func TestRelookupKeepsTheEndpoint(t *testing.T) {
 		// A lookup the bootstrap service does not answer: register at the
 		// endpoint it had.
 		c.Effects()
-		c.createReceiver(at, 3, []Target{prefillT})
+		c.Step(at, CreateReceiver{Room: 3, Targets: []Target{prefillT}})
 		c.resolved(at, prefillT, prefillFrom.Endpoint, "")
-		c.receive(at, &bootstrap.RegisterAck{From: prefillFrom, OK: true})
+		c.Step(at, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
 		c.Effects()
 		c.relookup(c.targets[prefillT.key()])
-		c.initReceiver(at, 3, RequestSpec{DstPages: []uint32{3}, AuxIndex: -1})
-		c.resolveFailed(at, prefillT, errors.New("bootstrap server unreachable"))
+		c.Step(at, InitReceiver{Room: 3, Spec: RequestSpec{DstPages: []uint32{3}, AuxIndex: -1}})
+		c.Step(at, ResolveFailed{Target: prefillT, Err: errors.New("bootstrap server unreachable")})
 		if st, _ := c.Status(3); st == Failed {
 			t.Fatal("a failed lookup failed a room whose rank's endpoint is known")
 		}
@@ -511,11 +511,11 @@ func TestOlderUnheardEpochDropped(t *testing.T) {
 		newest.Epoch = 3
 		c.Step(t0, Received{&bootstrap.Pong{From: newest}}) // a restart: 1 → 3
 		register(t, c, newest)
-		c.receive(t0, request(5, newest)) // pending
+		c.Step(t0, Received{Msg: request(5, newest)}) // pending
 		c.Effects()
 		middle := decodeFrom
 		middle.Epoch = 2 // sent by a process that died before we heard of it
-		c.receive(t0, &bootstrap.Abort{From: middle, Room: 9, Reason: "late"})
+		c.Step(t0, Received{Msg: &bootstrap.Abort{From: middle, Room: 9, Reason: "late"}})
 		_, registered := c.peers[newest.Peer()]
 		if ok := registered && c.Sizes().Pending == 1 && c.epochs[newest.Peer()].epoch == 3; ok != fixed {
 			t.Fatalf("after a late message of an older, unheard epoch: registered %v, pending %d, current epoch %d",

@@ -84,7 +84,7 @@ func TestManagerWait(t *testing.T) {
 		t.Fatalf("Wait after Clear: %v", err)
 	}
 	p.step(func(c *Core, now time.Time) {
-		c.receive(now, &bootstrap.Abort{From: decodeFrom, Room: 4, Reason: "early"})
+		c.Step(now, Received{Msg: &bootstrap.Abort{From: decodeFrom, Room: 4, Reason: "early"}})
 	})
 	if _, err := p.Wait(context.Background(), 4); !errors.Is(err, ErrRoomAborted) {
 		t.Fatalf("Wait on an early-aborted id: %v", err)

@@ -219,8 +219,13 @@ type Output struct {
 // effects accumulate until Effects is called, in the order the core
 // produced them. A role's input on the other role's core (a sender call
 // on a decode rank) is refused with ErrWrongRole, and an input it has no
-// case for (nil) with ErrUnknownInput; neither changes the core.
+// case for (nil) with ErrUnknownInput; neither changes a room. The
+// clock steps once, at the top: every handler runs at now.
 func (c *Core) Step(now time.Time, in Input) Output {
+	if in == nil {
+		return unknownInput(in)
+	}
+	c.step(now) // the one clock step: every handler runs at now
 	switch in := in.(type) {
 	case Received:
 		return Output{OK: c.receive(now, in.Msg)}
@@ -243,7 +248,6 @@ func (c *Core) Step(now time.Time, in Input) Output {
 		c.reportDown(now, in.Endpoint, bootstrap.From{}, false, in.Reason)
 		return Output{}
 	case Fail:
-		c.step(now)
 		return Output{Result: c.failRoom(in.Room, in.Reason)}
 	case Tick:
 		c.tickAll(now)
