@@ -224,6 +224,11 @@ const (
 	// EffectUnwatch: stop heartbeating To: nothing is shared with it any
 	// more (no live room, pending request or owed ABORT).
 	EffectUnwatch
+	// EffectLoadMetadata: a REGISTER (Msg) passed the epoch check and
+	// CheckRegister (its plan in Plan): load the peer's agent metadata and
+	// prove its memory (engine I/O, off the core), then step Registered,
+	// or RegisterRefused when that fails.
+	EffectLoadMetadata
 )
 
 // Effect is one output of the core.
@@ -236,6 +241,7 @@ type Effect struct {
 	Wake   chan struct{}
 	Target Target
 	Forced bool
+	Plan   *PeerPlan // EffectLoadMetadata
 }
 
 // Target names one prefill rank a decode room pulls from: the bootstrap
@@ -470,8 +476,8 @@ func (c *Core) receive(now time.Time, msg bootstrap.Message) (accepted bool) {
 	if _, ping := msg.(*bootstrap.Ping); ping {
 		return false
 	}
-	if _, reg := msg.(*bootstrap.Register); reg && c.prefillCore != nil && c.bugs.on(bugRegisterEpochLate) {
-		return true // the check left to Registered, after the metadata load
+	if reg, ok := msg.(*bootstrap.Register); ok && c.prefillCore != nil && c.bugs.on(bugRegisterEpochLate) {
+		return c.prefillCore.checkToLoad(now, reg) // the epoch check left to Registered, after the metadata load
 	}
 	if !c.hear(msg.Sender()) {
 		// From an epoch the peer already left: no restart back. Only a
@@ -494,12 +500,13 @@ func (c *Core) receive(now time.Time, msg bootstrap.Message) (accepted bool) {
 		case *bootstrap.Abort:
 			p.onAbort(m)
 		case *bootstrap.Register:
-			// Only the epoch check here, before the shell loads the
-			// peer's metadata: a restarted decode rank's old registration
-			// and rooms are gone before anything of the new one is known,
-			// so no write of the old process passes the gate meanwhile.
-			// OK: validate and bind it (CheckRegister, then Registered).
-			return true
+			// The epoch check ran above, before the peer's metadata is
+			// loaded: a restarted decode rank's old registration and rooms
+			// are gone before anything of the new one is known, so no
+			// write of the old process passes the gate meanwhile. Then
+			// CheckRegister; the load is the shell's (EffectLoadMetadata),
+			// the bind another step (Registered or RegisterRefused).
+			return p.checkToLoad(now, m)
 		case *bootstrap.Pong:
 		default: // the rest go to decode ranks
 			c.stats.Refused++

@@ -300,6 +300,20 @@ func (c *prefillCore) registerRefused(now time.Time, from bootstrap.From, reason
 	c.send(bootstrap.Peer{Endpoint: from.Endpoint}, 0, &bootstrap.RegisterAck{OK: false, Reason: reason})
 }
 
+// checkToLoad validates a REGISTER whose epoch check passed: refused at
+// once (REGISTER_ACK ok false) when CheckRegister finds it wrong, else the
+// shell is asked to load the peer's metadata (EffectLoadMetadata). It
+// reports whether the load was asked for.
+func (c *prefillCore) checkToLoad(now time.Time, msg *bootstrap.Register) bool {
+	pp, err := c.checkRegister(msg)
+	if err != nil {
+		c.registerRefused(now, msg.From, err.Error())
+		return false
+	}
+	c.emit(Effect{Kind: EffectLoadMetadata, To: bootstrap.Peer{Endpoint: msg.From.Endpoint}, Msg: msg, Plan: &pp})
+	return true
+}
+
 // registered binds a decode rank's registration to its epoch and
 // acknowledges it. A new epoch of a known rank means that rank restarted:
 // every room and pending request bound to the old epoch fails first.

@@ -147,11 +147,12 @@ func _() {
 	_ = x[EffectWatch-5]
 	_ = x[EffectReleased-6]
 	_ = x[EffectUnwatch-7]
+	_ = x[EffectLoadMetadata-8]
 }
 
-const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatch"
+const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatchEffectLoadMetadata"
 
-var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81}
+var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81, 99}
 
 func (i EffectKind) String() string {
 	idx := int(i) - 1

@@ -98,29 +98,24 @@ func (m *Manager) registerRank() error {
 	return nil
 }
 
-// onRegister validates a REGISTER in the core and its claims, then checks
-// and binds it on a goroutine of its own (proof.go): loading the peer's
-// agent metadata and reading its ownership proofs back are engine I/O, and
-// a peer that never answers must not hold the control loop.
+// onRegister steps a REGISTER into the core: its epoch check and
+// CheckRegister run there, and a REGISTER that passes comes back as
+// EffectLoadMetadata (loadMetadata), carried out after the step.
 func (m *Manager) onRegister(msg *bootstrap.Register) {
-	// The epoch check first, before the metadata load: a restarted decode
-	// rank's old registration is gone before its new metadata replaces the
-	// old one's prepared lists (same agent name), so nothing of the old
-	// process is written meanwhile.
-	if !m.receive(msg, nil).OK {
-		return // stale, or this is a decode rank
-	}
+	m.receive(msg, nil)
+}
+
+// loadMetadata carries out EffectLoadMetadata: it checks the REGISTER's
+// claims, then checks and binds it on a goroutine of its own (proof.go):
+// loading the peer's agent metadata and reading its ownership proofs back
+// are engine I/O, and a peer that never answers must not hold the control
+// loop.
+func (m *Manager) loadMetadata(msg *bootstrap.Register, lay PeerPlan) {
 	if !m.registersReady.Load() {
 		m.met.deferred.Inc() // NewPrefill has not finished: the sender repeats it
 		return
 	}
-	var lay PeerPlan
-	var err error
-	m.read(func(c *Core) { lay, err = c.CheckRegister(msg) })
-	if err == nil {
-		_, err = m.checkClaims(msg) // early; again once the rank and name are reserved
-	}
-	if err != nil {
+	if _, err := m.checkClaims(msg); err != nil { // early; again once the rank and name are reserved
 		m.refuseRegister(msg, err)
 		return
 	}

@@ -42,7 +42,6 @@ import (
 	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
-	"go.uber.org/zap"
 )
 
 // proofLen is the seed's size, and the size of the value at the start of
@@ -328,7 +327,6 @@ func (m *Manager) proveRegister(msg *bootstrap.Register, lay PeerPlan) (string, 
 
 // refuseRegister answers a REGISTER with its refusal.
 func (m *Manager) refuseRegister(msg *bootstrap.Register, err error) {
-	m.log.Warn("registration refused", zap.String("peer", msg.From.Peer()), zap.Error(err))
 	notOwner := errors.Is(err, errNotOwner)
 	m.step(func(c *Core, now time.Time) {
 		c.Step(now, RegisterRefused{From: msg.From, Reason: err.Error(), NotOwner: notOwner})

@@ -433,7 +433,8 @@ func TestStaleEpochDropped(t *testing.T) {
 		register(t, c, decodeFrom)
 		restarted := decodeFrom
 		restarted.Epoch, restarted.Endpoint = 2, "tcp://d:2"
-		c.Step(t0, Received{&bootstrap.Register{From: restarted}})
+		c.Step(t0, Received{&bootstrap.Register{From: restarted}}) // the epoch check (its empty layout is refused)
+		c.Effects()
 		register(t, c, restarted)
 		c.Step(t0, Received{Msg: request(5, restarted)}) // pending: no sender yet
 		c.Effects()

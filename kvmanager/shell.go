@@ -331,6 +331,9 @@ func (m *Manager) step(f func(c *Core, now time.Time)) {
 	for _, e := range buf {
 		switch e.Kind {
 		case EffectSend:
+			if a, ok := e.Msg.(*bootstrap.RegisterAck); ok && !a.OK {
+				m.log.Warn("registration refused", zap.String("peer", e.To.Endpoint), zap.String("reason", a.Reason))
+			}
 			m.send(e.To, e.Msg)
 			if _, probe := e.Msg.(*bootstrap.Ping); probe {
 				// A probe's deadline is enforced at once, not at the next
@@ -358,14 +361,18 @@ func (m *Manager) step(f func(c *Core, now time.Time)) {
 				m.log.Warn("quarantine deadline passed: pages released without ABORT_ACK",
 					zap.Uint64("room", e.Room), zap.Duration("quarantine", m.cfg.QuarantineTimeout))
 			}
-		case EffectPost:
-			posts = append(posts, e)
+		case EffectPost, EffectLoadMetadata:
+			posts = append(posts, e) // both may step: after effMu
 		}
 	}
 	clear(buf) // drop the messages and channels until the next step
 	m.effBuf = buf[:0]
 	m.effMu.Unlock()
 	for _, e := range posts {
+		if e.Kind == EffectLoadMetadata {
+			m.loadMetadata(e.Msg.(*bootstrap.Register), *e.Plan)
+			continue
+		}
 		m.post(e)
 	}
 }

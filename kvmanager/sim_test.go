@@ -511,6 +511,20 @@ func (w *simWorld) effects(slot int) {
 			w.checkWake(p, e)
 		case EffectReleased:
 			w.released(p, e)
+		case EffectLoadMetadata:
+			if !w.isPrefill(slot) {
+				w.fail("%s asked to load metadata", p.from.Peer())
+				continue
+			}
+			p.loads = append(p.loads, simLoad{from: e.Msg.Sender(), plan: *e.Plan, at: len(w.trace)})
+			if w.cfg.regWindow {
+				w.cov.hit("REGISTER's metadata load in progress")
+			}
+		}
+	}
+	if !w.cfg.regWindow {
+		for len(p.loads) > 0 { // the load and the bind in the same event
+			w.bind(slot)
 		}
 	}
 }
@@ -864,14 +878,10 @@ func (w *simWorld) events() []simEvent {
 		}
 		if len(w.procs[s].loads) > 0 {
 			add(fmt.Sprintf("metadata loaded at %d", s), func(w *simWorld) {
-				p := w.procs[s]
-				ld := p.loads[0]
-				p.loads = p.loads[1:]
-				if len(w.trace) > ld.at+1 {
+				if ld := w.procs[s].loads[0]; len(w.trace) > ld.at+1 {
 					w.cov.hit("REGISTER bound with other events between its check and its bind")
 				}
-				p.core.Step(w.now, Registered{From: ld.from, Remote: remoteName(ld.from), Plan: ld.plan})
-				w.effects(s)
+				w.bind(s)
 			})
 			if !w.calm && w.loadFails < w.cfg.loadFails {
 				add(fmt.Sprintf("metadata load at %d fails", s), func(w *simWorld) {
@@ -1089,19 +1099,12 @@ func (w *simWorld) deliver(src, dst int) {
 	c := p.core
 	switch msg := m.msg.(type) {
 	case *bootstrap.Register:
+		// The epoch check and CheckRegister; a REGISTER that passes comes
+		// back as EffectLoadMetadata (effects: a load in progress, bound
+		// at once unless regWindow makes the bind an event of its own).
 		cp := *msg
 		cp.From = m.from
-		if !c.Step(w.now, Received{&cp}).OK { // the epoch check, as the shell runs it
-			break
-		}
-		if lay, err := c.CheckRegister(&cp); err != nil {
-			c.Step(w.now, RegisterRefused{From: m.from, Reason: err.Error()})
-		} else if w.cfg.regWindow {
-			p.loads = append(p.loads, simLoad{from: m.from, plan: lay, at: len(w.trace)})
-			w.cov.hit("REGISTER's metadata load in progress")
-		} else {
-			c.Step(w.now, Registered{From: m.from, Remote: remoteName(m.from), Plan: lay})
-		}
+		c.Step(w.now, Received{&cp})
 	case *bootstrap.RegisterAck:
 		cp := *msg
 		cp.From = m.from
@@ -1148,6 +1151,15 @@ func (w *simWorld) deliver(src, dst int) {
 		c.Step(w.now, Received{&cp})
 	}
 	w.effects(dst)
+}
+
+// bind completes the slot's first metadata load: Registered.
+func (w *simWorld) bind(slot int) {
+	p := w.procs[slot]
+	ld := p.loads[0]
+	p.loads = p.loads[1:]
+	p.core.Step(w.now, Registered{From: ld.from, Remote: remoteName(ld.from), Plan: ld.plan})
+	w.effects(slot)
 }
 
 // post gates and posts the next write of the pool's first job.

@@ -107,3 +107,38 @@ func TestFailInput(t *testing.T) {
 		t.Fatalf("Fail of an unknown room applied: %+v", res)
 	}
 }
+
+// TestRegisterAsLoadEffect: a REGISTER is checked in the core when it
+// arrives (the epoch, then CheckRegister); one that passes comes out as
+// EffectLoadMetadata, with its plan, and nothing is answered until the
+// load's result is stepped; one that fails is answered REGISTER_ACK ok
+// false at once, and nothing is loaded.
+func TestRegisterAsLoadEffect(t *testing.T) {
+	c := testCore(t, RolePrefill)
+	kv, aux, state := regionsOf(simLayout())
+	good := &bootstrap.Register{From: decodeFrom, Compat: "sim", KV: kv, Aux: aux, State: state}
+	if !c.Step(t0, Received{Msg: good}).OK {
+		t.Fatal("a valid REGISTER was not passed on to be loaded")
+	}
+	eff := c.Effects()
+	if len(eff) != 1 || eff[0].Kind != EffectLoadMetadata || eff[0].Msg != good || eff[0].Plan == nil || eff[0].To.Endpoint != decodeFrom.Endpoint {
+		t.Fatalf("effects of a valid REGISTER: %+v", eff)
+	}
+	plan := *eff[0].Plan
+	c.Step(t0, Registered{From: decodeFrom, Remote: "agent", Plan: plan})
+	if acks := sent[*bootstrap.RegisterAck](c.Effects()); len(acks) != 1 || !acks[0].OK {
+		t.Fatalf("after the load: %v", acks)
+	}
+
+	other := decodeFrom
+	other.Rank, other.Endpoint = 1, "tcp://d:2"
+	bad := &bootstrap.Register{From: other, Compat: "another model"}
+	if c.Step(t0, Received{Msg: bad}).OK {
+		t.Fatal("a REGISTER of another compat hash was passed on to be loaded")
+	}
+	eff = c.Effects()
+	acks := sent[*bootstrap.RegisterAck](eff)
+	if len(acks) != 1 || acks[0].OK || len(eff) != 1 {
+		t.Fatalf("effects of an invalid REGISTER: %+v", eff)
+	}
+}

@@ -51,6 +51,8 @@ var mutants = []mutant{
 		pkg: "kvmanager", run: "^TestRoomPhases$"},
 	{name: "effects-out-of-step-order", file: "kvmanager/shell.go", old: "\tm.effMu.Lock()\n\tbuf := append(m.effBuf[:0], effects...)\n\tm.mu.Unlock()\n\tif m.afterUnlock != nil {\n\t\tm.afterUnlock()\n\t}", new: "\tbuf := append([]Effect(nil), effects...)\n\tm.mu.Unlock()\n\tif m.afterUnlock != nil {\n\t\tm.afterUnlock()\n\t}\n\tm.effMu.Lock()",
 		pkg: "kvmanager", run: "^TestEffectsCarriedOutInStepOrder$"},
+	{name: "register-loaded-unchecked", file: "kvmanager/core_prefill.go", old: "\tpp, err := c.checkRegister(msg)\n\tif err != nil {", new: "\tpp, err := c.checkRegister(msg)\n\tif err != nil && false {",
+		pkg: "kvmanager", run: "^TestRegisterAsLoadEffect$"},
 	// No CPU when idle (issue 24): the ucx engine's sleep on its event fd,
 	// UCX's adaptive progress off, the decode notifier's stop and kick.
 	{name: "ucx-idle-timer", file: "nixl/ucx.go", old: "		case ready == nil || len(u.active) > 0 || u.adaptiveOn:", new: "		case true:",
