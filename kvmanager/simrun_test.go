@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"regexp"
 	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -259,6 +261,13 @@ func TestSimExhaustive(t *testing.T) {
 	old := debug.SetGCPercent(400)
 	t.Cleanup(func() { debug.SetGCPercent(old) }) // after the parallel subtests
 	cases := simExhaustiveConfigs()
+	var mu sync.Mutex
+	var ran, allStates, allTransitions int
+	t.Cleanup(func() { // after the parallel subtests: the totals docs/ARCHITECTURE.md gives
+		if ran == len(cases) {
+			docAbout(t, "About %s states and %s transitions in `make test`", allStates, allTransitions)
+		}
+	})
 	for _, name := range slices.Sorted(maps.Keys(cases)) {
 		sc := cases[name]
 		t.Run(name, func(t *testing.T) {
@@ -267,6 +276,9 @@ func TestSimExhaustive(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			mu.Lock()
+			ran, allStates, allTransitions = ran+1, allStates+states, allTransitions+transitions
+			mu.Unlock()
 			for _, r := range sc.reach {
 				if cov.hits[r] == 0 {
 					t.Errorf("never reached %q (reached: %v)", r, cov.hits)
@@ -363,6 +375,13 @@ func TestSimRandom(t *testing.T) {
 		if 4*h["time jump"] > h["event"] {
 			t.Errorf("time jumps are %d of %d events, want a minority (≤ ¼)", h["time jump"], h["event"])
 		}
+	}
+	if n == 200 && base == 0 {
+		// docs/ARCHITECTURE.md gives these figures of the fixed seeds.
+		docHas(t, fmt.Sprintf("today the 200 seeds lose %s messages, duplicate %s, replay %s,",
+			thousands(h["message lost"]), thousands(h["message duplicated"]), thousands(h["message replayed"])))
+		docHas(t, fmt.Sprintf("%s room sides succeed (%d of the 200 seeds) while %s fail",
+			thousands(total.success), withSuccess, thousands(total.failed)))
 	}
 	var b strings.Builder
 	for _, k := range slices.Sorted(maps.Keys(h)) {
@@ -485,5 +504,55 @@ func TestSimRestartBeforeSender(t *testing.T) {
 	}
 	if len(w.writes) != 0 || len(w.procs[0].jobs) != 0 {
 		t.Fatalf("writes %v jobs %v: nothing may be written", w.writes, w.procs[0].jobs)
+	}
+}
+
+// thousands writes n with commas between groups of three digits (8,185).
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+// archDoc is docs/ARCHITECTURE.md with its whitespace runs made single
+// spaces (its lines wrap anywhere).
+func archDoc(t *testing.T) string {
+	b, err := os.ReadFile("../docs/ARCHITECTURE.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(strings.Fields(string(b)), " ")
+}
+
+// docHas fails t unless docs/ARCHITECTURE.md says want.
+func docHas(t *testing.T, want string) {
+	if !strings.Contains(archDoc(t), want) {
+		t.Errorf("docs/ARCHITECTURE.md does not say %q: update its figures from this run", want)
+	}
+}
+
+// docAbout checks a rounded figure pair in docs/ARCHITECTURE.md: the
+// phrase (a format with two %s for numbers written with commas) must be
+// there, each number within 10 % of the run's.
+func docAbout(t *testing.T, phrase string, a, b int) {
+	doc := archDoc(t)
+	num := `([0-9][0-9,]*)`
+	parts := strings.Split(phrase, "%s")
+	for i := range parts {
+		parts[i] = regexp.QuoteMeta(parts[i])
+	}
+	re := regexp.MustCompile(strings.Join(parts, num))
+	m := re.FindStringSubmatch(doc)
+	if m == nil {
+		t.Errorf("docs/ARCHITECTURE.md has no %q (the run: %s and %s)", phrase, thousands(a), thousands(b))
+		return
+	}
+	for i, got := range []int{a, b} {
+		said, _ := strconv.Atoi(strings.ReplaceAll(m[i+1], ",", ""))
+		if d := float64(said - got); d > 0.1*float64(got) || d < -0.1*float64(got) {
+			t.Errorf("docs/ARCHITECTURE.md says %q, the run %s: more than 10 %% off, update it", m[0], thousands(got))
+		}
 	}
 }
