@@ -342,44 +342,137 @@ func BenchmarkMix(b *testing.B) {
 // BenchmarkControlOverhead: REQUEST arrival → first write posted (prefill)
 // and last notification → Success (decode), p50 over many 128-token rooms
 // with 1 to 1,000 of them in flight at once (small pages, loopback ucx shm).
+//
+// "goroutines" runs each room on a goroutine of its own (WaitReady, Send,
+// Wait); "poll" runs them all from one scheduler goroutine polling both
+// ranks (PollRooms), as an engine's loop does.
 func BenchmarkControlOverhead(b *testing.B) {
-	for _, inflight := range []int{1, 10, 100, 1000} {
-		b.Run(fmt.Sprintf("%d-concurrent", inflight), func(b *testing.B) {
-			c := newBenchCluster(b, 4, 16384, 1024)
-			c.oneRoom(b, 1, 16, 16)
-			c.mu.Lock()
-			c.traces = map[uint64]map[kvmanager.TraceEvent]time.Time{}
-			c.mu.Unlock()
-			var wg sync.WaitGroup
-			sem := make(chan struct{}, inflight)
-			m := cpuMeter(b)
-			for i := 0; i < b.N; i++ {
-				sem <- struct{}{}
-				wg.Add(1)
-				go func(id uint64) {
-					defer wg.Done()
-					defer func() { <-sem }()
-					c.oneRoom(b, id, 128, 16)
-				}(uint64(100 + i))
+	for _, drive := range []string{"goroutines", "poll"} {
+		for _, inflight := range []int{1, 10, 100, 1000} {
+			b.Run(fmt.Sprintf("%s/%d-concurrent", drive, inflight), func(b *testing.B) { controlOverheadRun(b, drive, inflight) })
+		}
+	}
+}
+
+// controlOverheadRun is one level of BenchmarkControlOverhead.
+func controlOverheadRun(b *testing.B, drive string, inflight int) {
+	c := newBenchCluster(b, 4, 16384, 1024)
+	c.oneRoom(b, 1, 16, 16)
+	c.mu.Lock()
+	c.traces = map[uint64]map[kvmanager.TraceEvent]time.Time{}
+	c.mu.Unlock()
+	m := cpuMeter(b)
+	if drive == "poll" {
+		c.pollPagedRooms(b, b.N, inflight, 128, 16)
+	} else {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, inflight)
+		for i := 0; i < b.N; i++ {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func(id uint64) {
+				defer wg.Done()
+				defer func() { <-sem }()
+				c.oneRoom(b, id, 128, 16)
+			}(uint64(100 + i))
+		}
+		wg.Wait()
+	}
+	// Per room: both ranks' control path and 64 KiB of data (8
+	// pages of 1 KiB in each of the 8 regions), so mostly control.
+	reportCPU(b, cpuOf(b, m), 0, b.N)
+	var a, d []time.Duration
+	c.mu.Lock()
+	for _, tr := range c.traces {
+		if r, f := tr[kvmanager.TraceRequest], tr[kvmanager.TraceFirstPost]; !r.IsZero() && !f.IsZero() {
+			a = append(a, f.Sub(r))
+		}
+		if l, s := tr[kvmanager.TraceLastNotif], tr[kvmanager.TraceSuccess]; !l.IsZero() && !s.IsZero() {
+			d = append(d, s.Sub(l))
+		}
+	}
+	c.mu.Unlock()
+	b.ReportMetric(p50(a), "µs-request-to-first-post-p50")
+	b.ReportMetric(p50(d), "µs-last-notif-to-success-p50")
+}
+
+// pollPagedRooms runs n rooms of tokens (real pages, aux), inflight at a
+// time, from one goroutine: it admits rooms while both sides have pages,
+// polls every room in flight on both ranks once per iteration, sends a
+// room's chunk once its prefill side is ready, and clears and frees rooms
+// that succeeded on both sides; an iteration with nothing to do sleeps
+// 50 µs.
+func (c *benchCluster) pollPagedRooms(b *testing.B, n, inflight, tokens, pageTokens int) {
+	type slot struct {
+		r        *receiver.Receiver
+		s        *sender.Sender
+		src, dst []uint32
+		sent     bool
+	}
+	pages := (tokens + pageTokens - 1) / pageTokens
+	live := make([]slot, 0, inflight)
+	ids := make([]uint64, 0, inflight)
+	dst := make([]kvmanager.Poll, inflight)
+	src := make([]kvmanager.Poll, inflight)
+	for next, done := 0, 0; done < n; {
+		for len(live) < inflight && next < n {
+			sp := c.pFree.Get(pages)
+			if sp == nil {
+				break
 			}
-			wg.Wait()
-			// Per room: both ranks' control path and 64 KiB of data (8
-			// pages of 1 KiB in each of the 8 regions), so mostly control.
-			reportCPU(b, cpuOf(b, m), 0, b.N)
-			var a, d []time.Duration
-			c.mu.Lock()
-			for _, tr := range c.traces {
-				if r, f := tr[kvmanager.TraceRequest], tr[kvmanager.TraceFirstPost]; !r.IsZero() && !f.IsZero() {
-					a = append(a, f.Sub(r))
-				}
-				if l, s := tr[kvmanager.TraceLastNotif], tr[kvmanager.TraceSuccess]; !l.IsZero() && !s.IsZero() {
-					d = append(d, s.Sub(l))
-				}
+			dp := c.dFree.Get(pages)
+			if dp == nil {
+				c.pFree.Put(sp)
+				break
 			}
-			c.mu.Unlock()
-			b.ReportMetric(p50(a), "µs-request-to-first-post-p50")
-			b.ReportMetric(p50(d), "µs-last-notif-to-success-p50")
-		})
+			id := uint64(100 + next)
+			next++
+			r, err := receiver.New(c.decode, id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s, err := sender.New(c.prefill, id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Init(); err != nil {
+				b.Fatal(err)
+			}
+			if err := r.Init(context.Background(), kvmanager.RequestSpec{DstPages: dp, AuxIndex: int(id % 4096)}); err != nil {
+				b.Fatal(err)
+			}
+			live = append(live, slot{r: r, s: s, src: sp, dst: dp})
+			ids = append(ids, id)
+		}
+		c.decode.PollRooms(ids, dst)
+		c.prefill.PollRooms(ids, src)
+		progressed, keep := false, 0
+		for i, sl := range live {
+			switch {
+			case dst[i] == kvmanager.Failed || src[i] == kvmanager.Failed:
+				b.Fatalf("room %d: decode %v %s, prefill %v %s", ids[i], dst[i], sl.r.Failure(), src[i], sl.s.Failure())
+			case !sl.sent && src[i] == kvmanager.WaitingForInput:
+				if err := sl.s.Send(sl.src, true, int(ids[i]%4096)); err != nil {
+					b.Fatal(err)
+				}
+				sl.sent, progressed = true, true
+			case dst[i] == kvmanager.Success && src[i] == kvmanager.Success:
+				sl.s.Clear()
+				sl.r.Clear()
+				c.pFree.Put(sl.src)
+				c.dFree.Put(sl.dst)
+				done++
+				progressed = true
+				continue
+			}
+			live[keep], ids[keep] = sl, ids[i]
+			keep++
+		}
+		clear(live[keep:])
+		live, ids = live[:keep], ids[:keep]
+		if !progressed {
+			time.Sleep(50 * time.Microsecond)
+		}
 	}
 }
 
