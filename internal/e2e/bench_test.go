@@ -363,7 +363,7 @@ func controlOverheadRun(b *testing.B, drive string, inflight int) {
 	c.mu.Unlock()
 	m := cpuMeter(b)
 	if drive == "poll" {
-		c.pollPagedRooms(b, b.N, inflight, 128, 16)
+		c.pollRooms(b, b.N, inflight, 128/16)
 	} else {
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, inflight)
@@ -394,86 +394,6 @@ func controlOverheadRun(b *testing.B, drive string, inflight int) {
 	c.mu.Unlock()
 	b.ReportMetric(p50(a), "µs-request-to-first-post-p50")
 	b.ReportMetric(p50(d), "µs-last-notif-to-success-p50")
-}
-
-// pollPagedRooms runs n rooms of tokens (real pages, aux), inflight at a
-// time, from one goroutine: it admits rooms while both sides have pages,
-// polls every room in flight on both ranks once per iteration, sends a
-// room's chunk once its prefill side is ready, and clears and frees rooms
-// that succeeded on both sides; an iteration with nothing to do sleeps
-// 50 µs.
-func (c *benchCluster) pollPagedRooms(b *testing.B, n, inflight, tokens, pageTokens int) {
-	type slot struct {
-		r        *receiver.Receiver
-		s        *sender.Sender
-		src, dst []uint32
-		sent     bool
-	}
-	pages := (tokens + pageTokens - 1) / pageTokens
-	live := make([]slot, 0, inflight)
-	ids := make([]uint64, 0, inflight)
-	dst := make([]kvmanager.Poll, inflight)
-	src := make([]kvmanager.Poll, inflight)
-	for next, done := 0, 0; done < n; {
-		for len(live) < inflight && next < n {
-			sp := c.pFree.Get(pages)
-			if sp == nil {
-				break
-			}
-			dp := c.dFree.Get(pages)
-			if dp == nil {
-				c.pFree.Put(sp)
-				break
-			}
-			id := uint64(100 + next)
-			next++
-			r, err := receiver.New(c.decode, id)
-			if err != nil {
-				b.Fatal(err)
-			}
-			s, err := sender.New(c.prefill, id)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := s.Init(); err != nil {
-				b.Fatal(err)
-			}
-			if err := r.Init(context.Background(), kvmanager.RequestSpec{DstPages: dp, AuxIndex: int(id % 4096)}); err != nil {
-				b.Fatal(err)
-			}
-			live = append(live, slot{r: r, s: s, src: sp, dst: dp})
-			ids = append(ids, id)
-		}
-		c.decode.PollRooms(ids, dst)
-		c.prefill.PollRooms(ids, src)
-		progressed, keep := false, 0
-		for i, sl := range live {
-			switch {
-			case dst[i] == kvmanager.Failed || src[i] == kvmanager.Failed:
-				b.Fatalf("room %d: decode %v %s, prefill %v %s", ids[i], dst[i], sl.r.Failure(), src[i], sl.s.Failure())
-			case !sl.sent && src[i] == kvmanager.WaitingForInput:
-				if err := sl.s.Send(sl.src, true, int(ids[i]%4096)); err != nil {
-					b.Fatal(err)
-				}
-				sl.sent, progressed = true, true
-			case dst[i] == kvmanager.Success && src[i] == kvmanager.Success:
-				sl.s.Clear()
-				sl.r.Clear()
-				c.pFree.Put(sl.src)
-				c.dFree.Put(sl.dst)
-				done++
-				progressed = true
-				continue
-			}
-			live[keep], ids[keep] = sl, ids[i]
-			keep++
-		}
-		clear(live[keep:])
-		live, ids = live[:keep], ids[:keep]
-		if !progressed {
-			time.Sleep(50 * time.Microsecond)
-		}
-	}
 }
 
 func p50(v []time.Duration) float64 {

@@ -47,7 +47,7 @@ func BenchmarkControlRooms(b *testing.B) {
 				start := time.Now()
 				b.ResetTimer()
 				if drive == "poll" {
-					c.pollRooms(b, ctx, n, inflight)
+					c.pollRooms(b, n, inflight, 0)
 				} else {
 					sem := make(chan struct{}, inflight)
 					var wg sync.WaitGroup
@@ -74,17 +74,20 @@ func BenchmarkControlRooms(b *testing.B) {
 	}
 }
 
-// pollRooms runs n dummy rooms, inflight at a time, as an engine's
-// scheduler does: one goroutine creates and initialises rooms, polls every
-// room in flight on both ranks with one PollRooms each per iteration,
-// sends a room's (empty) chunk once its prefill side is ready, and clears
-// rooms that succeeded on both sides. No goroutine per room; an iteration
-// that found nothing to do sleeps 50 µs (an engine's iteration is longer).
-func (c *benchCluster) pollRooms(b *testing.B, ctx context.Context, n, inflight int) {
+// pollRooms runs n rooms, inflight at a time, as an engine's scheduler
+// does: one goroutine admits rooms (with pages > 0, while both sides have
+// that many pages free; with 0, dummy rooms), polls every room in flight
+// on both ranks with one PollRooms each per iteration, sends a room's
+// chunk once its prefill side is ready, and clears (and frees) rooms that
+// succeeded on both sides. No goroutine per room; an iteration that found
+// nothing to do sleeps 50 µs (an engine's iteration is longer).
+func (c *benchCluster) pollRooms(b *testing.B, n, inflight, pages int) {
 	type slot struct {
-		r    *receiver.Receiver
-		s    *sender.Sender
-		sent bool
+		r        *receiver.Receiver
+		s        *sender.Sender
+		src, dst []uint32
+		aux      int
+		sent     bool
 	}
 	live := make([]slot, 0, inflight)
 	ids := make([]uint64, 0, inflight)
@@ -93,40 +96,55 @@ func (c *benchCluster) pollRooms(b *testing.B, ctx context.Context, n, inflight 
 	for next, done := 0, 0; done < n; {
 		for len(live) < inflight && next < n {
 			id := uint64(100 + next)
+			sl := slot{aux: -1}
+			spec := kvmanager.RequestSpec{AuxIndex: -1, Dummy: true}
+			if pages > 0 {
+				if sl.src = c.pFree.Get(pages); sl.src == nil {
+					break
+				}
+				if sl.dst = c.dFree.Get(pages); sl.dst == nil {
+					c.pFree.Put(sl.src)
+					break
+				}
+				sl.aux = int(id % 4096)
+				spec = kvmanager.RequestSpec{DstPages: sl.dst, AuxIndex: sl.aux}
+			}
 			next++
-			r, err := receiver.New(c.decode, id)
-			if err != nil {
+			var err error
+			if sl.r, err = receiver.New(c.decode, id); err != nil {
 				b.Fatal(err)
 			}
-			s, err := sender.New(c.prefill, id)
-			if err != nil {
+			if sl.s, err = sender.New(c.prefill, id); err != nil {
 				b.Fatal(err)
 			}
-			if err := s.Init(); err != nil {
+			if err := sl.s.Init(); err != nil {
 				b.Fatal(err)
 			}
-			if err := r.Init(ctx, kvmanager.RequestSpec{AuxIndex: -1, Dummy: true}); err != nil {
+			if err := sl.r.Init(context.Background(), spec); err != nil {
 				b.Fatal(err)
 			}
-			live = append(live, slot{r: r, s: s})
+			live = append(live, sl)
 			ids = append(ids, id)
 		}
 		c.decode.PollRooms(ids, dst)
 		c.prefill.PollRooms(ids, src)
-		progressed := false
-		keep := 0
+		progressed, keep := false, 0
 		for i, sl := range live {
 			switch {
 			case dst[i] == kvmanager.Failed || src[i] == kvmanager.Failed:
 				b.Fatalf("room %d: decode %v %s, prefill %v %s", ids[i], dst[i], sl.r.Failure(), src[i], sl.s.Failure())
 			case !sl.sent && src[i] == kvmanager.WaitingForInput:
-				if err := sl.s.Send(nil, true, -1); err != nil {
+				if err := sl.s.Send(sl.src, true, sl.aux); err != nil {
 					b.Fatal(err)
 				}
 				sl.sent, progressed = true, true
 			case dst[i] == kvmanager.Success && src[i] == kvmanager.Success:
 				sl.r.Clear()
 				sl.s.Clear()
+				if pages > 0 {
+					c.pFree.Put(sl.src)
+					c.dFree.Put(sl.dst)
+				}
 				done++
 				progressed = true
 				continue
