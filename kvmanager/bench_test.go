@@ -119,7 +119,7 @@ func BenchmarkCoreRoom(b *testing.B) {
 		}
 	}
 	d.Step(now, CreateReceiver{Room: 0, Targets: []Target{prefillT}})
-	d.resolved(now, prefillT, prefillFrom.Endpoint, "")
+	d.Step(now, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 	d.Step(now, InitReceiver{Room: 0, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: 1}})
 	deliver(p, decodeFrom, d.Effects())
 	deliver(d, prefillFrom, p.Effects())

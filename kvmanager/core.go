@@ -462,11 +462,12 @@ func (c *base) failRoom(room uint64, reason string) Result {
 }
 
 // receive steps one control message from a peer into the core: every
-// message type but REGISTER (which the shell validates with CheckRegister
-// and binds with Registered or RegisterRefused, loading the peer's
-// metadata in between) and PING (the transport answers it; anyone can send
-// one). A PONG only tells the core its sender's epoch. It reports whether
-// a REQUEST was accepted.
+// message type but PING (the transport answers it; anyone can send one). A
+// REGISTER is checked here (the epoch, then CheckRegister) and, when it
+// passes, handed to the shell to load as EffectLoadMetadata; its bind is
+// a later step (Registered or RegisterRefused). A PONG only tells the core
+// its sender's epoch. It reports whether a REQUEST was accepted or a
+// REGISTER passed on to be loaded.
 //
 // The epoch check sits here, once, before any role code runs (as
 // etcd-io/raft checks the term at the top of Step): a new epoch of a peer
@@ -580,9 +581,9 @@ func (c *Core) Hold(room uint64) (chan struct{}, bool) {
 
 // CheckRegister validates a REGISTER against this rank (compat, role and
 // layout: regions that share memory are refused, and counted) without
-// touching any other state: only a prefill rank takes one. The shell loads
-// the agent metadata only after it passes, then steps registered (or
-// RegisterRefused).
+// touching any other state: only a prefill rank takes one. Received runs
+// it on every REGISTER; it is exported for tools and tests that check a
+// REGISTER without stepping one.
 func (c *Core) CheckRegister(msg *bootstrap.Register) (PeerPlan, error) {
 	if c.prefillCore == nil {
 		return PeerPlan{}, fmt.Errorf("this rank is a decode rank")

@@ -436,14 +436,10 @@ func (c *decodeCore) sendRegister(tg *target) {
 	c.send(tg.peer(), 0, &m)
 }
 
-// resolved records where a target lives and sends what waited for it:
-// ABORTs owed by rooms aborted before, and registrations.
-func (c *decodeCore) resolved(now time.Time, t Target, endpoint, serverKey string) {
-	c.resolvedRecord(now, t, endpoint, serverKey, "", 0)
-}
-
-// resolvedRecord is resolved with the record's identity certificate and
-// epoch, which address the first messages to the rank.
+// resolvedRecord records where a target lives (with the record's identity
+// certificate and epoch, which address the first messages to the rank)
+// and sends what waited for it: ABORTs owed by rooms aborted before, and
+// registrations.
 func (c *decodeCore) resolvedRecord(now time.Time, t Target, endpoint, serverKey, cert string, recEpoch uint64) {
 	tg := c.targets[t.key()]
 	if tg == nil {

@@ -26,14 +26,15 @@ func TestEffectsCarriedOutInStepOrder(t *testing.T) {
 		})
 	}
 	var order []uint64
-	m.onSend = func(msg bootstrap.Message) {
+	onSend := func(msg bootstrap.Message) {
 		if a, ok := msg.(*bootstrap.AbortAck); ok {
 			order = append(order, a.Room) // under effMu (or, without it, racing: -race reports it)
 		}
 	}
+	m.onSend.Store(&onSend)
 	bCore, bDone := make(chan struct{}), make(chan struct{})
 	first := true
-	m.afterUnlock = func() {
+	afterUnlock := func() {
 		if !first {
 			return
 		}
@@ -44,9 +45,11 @@ func TestEffectsCarriedOutInStepOrder(t *testing.T) {
 		}()
 		<-bCore // B stepped the core while A's effects wait
 	}
+	m.afterUnlock.Store(&afterUnlock)
 	abort(1, nil)
 	<-bDone
-	m.afterUnlock, m.onSend = nil, nil
+	m.afterUnlock.Store(nil)
+	m.onSend.Store(nil)
 	if len(order) != 2 || order[0] != 1 || order[1] != 2 {
 		t.Fatalf("ABORT_ACKs handed to the loop for rooms %v, want [1 2] (the steps' order)", order)
 	}

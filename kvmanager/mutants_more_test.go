@@ -20,7 +20,7 @@ func decodeAsked(t *testing.T, mutants []bugID) *Core {
 	t.Helper()
 	c := testCore(t, RoleDecode, mutants...)
 	c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
-	c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+	c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 	c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 	c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
 	if reqs := sent[*bootstrap.Request](c.Effects()); len(reqs) != 1 || reqs[0].Room != 1 {

@@ -47,7 +47,7 @@ func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
 		c := testCore(t, RoleDecode, mutants...)
 		c.cfg.RegisterRetry = 100 * time.Millisecond // every retry inside the bootstrap deadline
 		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
-		c.resolved(t0, prefillT, prefillFrom.Endpoint, "") // the dead process's record
+		c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint}) // the dead process's record
 		c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 		c.Effects()
 		now, looked := t0, 0
@@ -69,7 +69,7 @@ func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
 		if c.Stats().Relookups != 1 || c.Stats().RegisterRetries != registerLookupAfter {
 			t.Fatalf("stats %+v", c.Stats())
 		}
-		c.resolved(now, prefillT, moved.Endpoint, "")
+		c.Step(now, Resolved{Target: prefillT, Endpoint: moved.Endpoint})
 		if got := sends(c.Effects()); len(got) != 1 || got[0] != "REGISTER 0 → tcp://p:2" {
 			t.Fatalf("after the new record: %v", got)
 		}
@@ -90,7 +90,7 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 	fixedAndMutant(t, bugAbortSentOnce, func(t *testing.T, mutants []bugID, fixed bool) {
 		c := testCore(t, RoleDecode, mutants...)
 		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
-		c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+		c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 		c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 		c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
 		c.Effects()
@@ -105,14 +105,14 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 		if n := resolves(c.Effects()); n != 1 && fixed {
 			t.Fatalf("%d lookups after the dead report, want 1", n)
 		}
-		c.resolved(t0.Add(time.Second), prefillT, prefillFrom.Endpoint, "")
+		c.Step(t0.Add(time.Second), Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 		got := sends(c.Effects())
 		if fixed && (len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1") {
 			t.Fatalf("the same record again: %v", got)
 		}
 		c.Step(t0.Add(2*time.Second), PeerUnreachable{Endpoint: prefillFrom.Endpoint, Reason: bootstrap.ReasonPeerUnreachable})
 		c.Effects()
-		c.resolved(t0.Add(2*time.Second), prefillT, moved.Endpoint, "")
+		c.Step(t0.Add(2*time.Second), Resolved{Target: prefillT, Endpoint: moved.Endpoint})
 		got = sends(c.Effects())
 		if reached := len(got) == 1 && got[0] == "ABORT 1 → tcp://p:2"; reached != fixed {
 			t.Fatalf("the new process got %v, want reached=%v", got, fixed)
@@ -202,7 +202,7 @@ func TestRefuseRoomTellsTheRanks(t *testing.T) {
 	if n := resolves(c.Effects()); n != 2 {
 		t.Fatalf("%d lookups, want both ranks looked up", n)
 	}
-	c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+	c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 	ab := sent[*bootstrap.Abort](c.Effects())
 	if len(ab) != 1 || ab[0].Room != 5 || ab[0].Code != CodeRefused || !strings.Contains(ab[0].Reason, "PP 1") {
 		t.Fatalf("ABORTs: %+v", ab)
@@ -282,7 +282,7 @@ func TestIdlePeersAreUnwatched(t *testing.T) {
 	fixedAndMutant(t, bugNeverUnwatch, func(t *testing.T, mutants []bugID, fixed bool) {
 		d := testCore(t, RoleDecode, mutants...)
 		d.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
-		d.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+		d.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 		d.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 		d.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
 		d.Step(t0, Tick{})
@@ -325,7 +325,7 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 		c := testCore(t, RoleDecode, mutants...)
 		c.cfg.RecheckIdle = 3 * time.Second
 		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
-		c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+		c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 		c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 		c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
 		c.Step(t0, ClearReceiver{Room: 1})
@@ -354,7 +354,7 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 		if !fixed {
 			return
 		}
-		c.resolved(at, prefillT, moved.Endpoint, "")
+		c.Step(at, Resolved{Target: prefillT, Endpoint: moved.Endpoint})
 		if got := sends(c.Effects()); !slices.Contains(got, "REGISTER 0 → tcp://p:2") || slices.Contains(got, "REQUEST 3 → tcp://p:2") {
 			t.Fatalf("after the lookup: %v", got)
 		}
@@ -456,7 +456,7 @@ func TestRelookupKeepsTheEndpoint(t *testing.T) {
 		c := testCore(t, RoleDecode, mutants...)
 		c.cfg.RecheckIdle = 3 * time.Second
 		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
-		c.resolved(t0, prefillT, prefillFrom.Endpoint, "")
+		c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 		c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 		c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}}) // room 1's REQUEST out, watched
 		c.Effects()
@@ -482,7 +482,7 @@ func TestRelookupKeepsTheEndpoint(t *testing.T) {
 		// endpoint it had.
 		c.Effects()
 		c.Step(at, CreateReceiver{Room: 3, Targets: []Target{prefillT}})
-		c.resolved(at, prefillT, prefillFrom.Endpoint, "")
+		c.Step(at, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 		c.Step(at, Received{Msg: &bootstrap.RegisterAck{From: prefillFrom, OK: true}})
 		c.Effects()
 		c.relookup(c.targets[prefillT.key()])

@@ -47,9 +47,10 @@ type Manager struct {
 	effMu  sync.Mutex
 	effBuf []Effect
 	// afterUnlock, when set (tests), runs between letting go of mu and
-	// carrying out the step's effects.
-	afterUnlock func()
-	onSend      func(bootstrap.Message) // tests: runs as each message is handed to the loop
+	// carrying out the step's effects; onSend as each message is handed
+	// to the loop. Atomic: tests set them while the rank runs.
+	afterUnlock atomic.Pointer[func()]
+	onSend      atomic.Pointer[func(bootstrap.Message)]
 
 	kvMem  [][]byte // regions the Manager allocated (nil when the caller's)
 	warmUp time.Duration
@@ -324,8 +325,8 @@ func (m *Manager) step(f func(c *Core, now time.Time)) {
 	m.effMu.Lock()
 	buf := append(m.effBuf[:0], effects...)
 	m.mu.Unlock()
-	if m.afterUnlock != nil {
-		m.afterUnlock()
+	if f := m.afterUnlock.Load(); f != nil {
+		(*f)()
 	}
 	var posts []Effect
 	for _, e := range buf {
@@ -385,8 +386,8 @@ func (m *Manager) read(f func(c *Core)) {
 }
 
 func (m *Manager) send(to bootstrap.Peer, msg bootstrap.Message) {
-	if m.onSend != nil {
-		m.onSend(msg)
+	if f := m.onSend.Load(); f != nil {
+		(*f)(msg)
 	}
 	if err := m.loop.Send(to, msg); err != nil && !errors.Is(err, bootstrap.ErrClosed) {
 		m.log.Warn("control message not sent", zap.Stringer("type", msg.Type()), zap.String("peer", to.Endpoint), zap.Error(err))
@@ -603,6 +604,12 @@ func (m *Manager) Close() error {
 	var err error
 	m.closeOnce.Do(func() {
 		m.step(func(c *Core, now time.Time) { c.Step(now, Close{Reason: "manager closed"}) })
+		// A step that took the core's lock before Close's may still be
+		// carrying out its effects (a lookup among them adds to a wait
+		// group): they end before anything below stops.
+		m.effMu.Lock()
+		//lint:ignore SA2001 an empty critical section on purpose: a barrier
+		m.effMu.Unlock()
 		close(m.closing)
 		m.cancel()
 		m.regMu.Lock()
