@@ -14,6 +14,8 @@ deps:
 	@./scripts/deps.sh
 
 CHECKERS := ^(TestInterleavings|TestSimExhaustive|TestSimRandom|TestSimFindsBugs)$$
+# The bugs the simulator found (TestSimFindsBugs, TestSimRegressions): make test lays each one's source mutant over the core.
+SIM_MUTANTS := ack-on-cleared-tombstone,failed-write-drains,clear-releases,no-early-abort,post-ignores-epoch,no-tomb-trim
 
 ## test: lint (formatting, vet, generated code, no tracked binaries), then every test under the race detector
 test: deps
@@ -22,11 +24,13 @@ test: deps
 	@$(MAKE) --no-print-directory -j2 test-checkers test-packages
 	@# Rate-dependent: the race detector slows the writes below the rate at which UCX's adaptive progress lost events (see the test).
 	$(GO) test -count=1 -run '^TestUCXNoLostWakeCrossProcess$$' ./nixl
+	@# The simulator must still find the bugs it found: their source mutants laid over the core, each caught by the checkers (make mutants runs every mutant).
+	$(GO) run ./scripts/srcmutants -only $(SIM_MUTANTS)
 
 # The model checker and the simulator print what they checked.
-# kvmanager with its mutants compiled in (-tags kvbmutants): the checkers, and every test that turns a known bug on to show it is caught.
+# kvmanager: the checkers and the package's other tests.
 test-checkers:
-	$(GO) test -race -tags kvbmutants -count=1 -v ./kvmanager | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:'
+	$(GO) test -race -count=1 -v ./kvmanager | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:'
 
 test-packages:
 	$(GO) test -race -count=1 -skip '$(CHECKERS)' ./...
@@ -41,9 +45,9 @@ test-nixl: deps
 	@echo "test-nixl: full log in $(NIXL_LOG)"
 	$(GO) test -race -count=$(NIXL_RUNS) -timeout $$(( $(NIXL_RUNS) * 6 + 10 ))m -v -run '$(NIXL_TESTS)' ./nixl ./internal/e2e | tee $(NIXL_LOG) | grep -E '^(ok|FAIL)|^\s*--- |libucp mapped|VRAM: nothing ran' | sed -E 's/ \([0-9.]+s\)//' | sort | uniq -c
 
-## mutants: kvmanager's tests once per mutant (a known bug brought back in every core, -tags kvbmutants); fails if any survives
+## mutants: every source mutant (scripts/srcmutants: a known bug brought back as an edit laid over the code with go test -overlay), each with the tests it names; fails if any survives, or if a test written to show a mutant's effect does not
 mutants:
-	./scripts/mutants.sh
+	$(GO) run ./scripts/srcmutants
 
 FUZZTIME ?= 60s
 FUZZ_TARGETS := bootstrap:FuzzDecode bootstrap:FuzzOpen bootstrap:FuzzOpenMD nixl:FuzzParseUCXAddress nixl:FuzzParseNIXLMD nixl:FuzzDecodeMetadata kvmanager:FuzzParseNotif
@@ -71,7 +75,6 @@ lint:
 	$(GO) generate ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) vet -tags kvbmutants ./kvmanager
 	@git diff --exit-code -- '*_string.go' || { echo "generated code was stale: commit the regenerated files"; exit 1; }
 
 ## generate: regenerate String() methods (stringer, run by go:generate as `go run golang.org/x/tools/cmd/stringer@<pinned version>`: fetched through the module proxy the first time, no install step)

@@ -53,9 +53,6 @@ type base struct {
 	watching map[string]struct{}
 
 	stats CoreStats
-	// bugs: mutants (mutants.go); an empty struct unless built with
-	// -tags kvbmutants.
-	bugs bugs
 	// role is the role's core, for what shared code asks of it.
 	role roleCore
 }
@@ -297,12 +294,11 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 	if cfg.MaxEpochs == 0 {
 		cfg.MaxEpochs = DefaultMaxEpochs
 	}
-	b := &base{cfg: cfg, epochs: map[string]*heardPeer{}, watching: map[string]struct{}{}, bugs: processMutant()}
+	b := &base{cfg: cfg, epochs: map[string]*heardPeer{}, watching: map[string]struct{}{}}
 	var err error
 	if b.reg, err = NewRegistry(cfg.Registry, &b.out); err != nil {
 		return nil, err
 	}
-	b.reg.bugs = &b.bugs
 	c := &Core{base: b}
 	if cfg.Role == RolePrefill {
 		c.prefillCore = &prefillCore{base: b, peers: map[string]*decodePeer{}}
@@ -351,7 +347,7 @@ func (c *base) watch(room uint64, to bootstrap.Peer) {
 // whose REQUEST went to them or an owed ABORT, a prefill rank's decode
 // ranks without a live room or pending request of theirs.
 func (c *base) unwatchIdle() {
-	if len(c.watching) == 0 || c.bugs.on(bugNeverUnwatch) {
+	if len(c.watching) == 0 {
 		return
 	}
 	needed := map[string]bool{}
@@ -476,9 +472,6 @@ func (c *base) failRoom(room uint64, reason string) Result {
 func (c *Core) receive(now time.Time, msg bootstrap.Message) (accepted bool) {
 	if _, ping := msg.(*bootstrap.Ping); ping {
 		return false
-	}
-	if reg, ok := msg.(*bootstrap.Register); ok && c.prefillCore != nil && c.bugs.on(bugRegisterEpochLate) {
-		return c.prefillCore.checkToLoad(now, reg) // the epoch check left to Registered, after the metadata load
 	}
 	if !c.hear(msg.Sender()) {
 		// From an epoch the peer already left: no restart back. Only a
@@ -623,7 +616,7 @@ func (c *base) hear(from bootstrap.From) (current bool) {
 		if h.epoch == from.Epoch {
 			return true
 		}
-		if (slices.Contains(h.retired, from.Epoch) || from.Epoch < h.epoch) && !c.bugs.on(bugNoRetiredEpochs) {
+		if slices.Contains(h.retired, from.Epoch) || from.Epoch < h.epoch {
 			// An epoch the peer left, or one older than the process we
 			// hear now (epochs grow with each start: a delayed message
 			// from a process that died before we heard of it must not
@@ -636,9 +629,6 @@ func (c *base) hear(from bootstrap.From) (current bool) {
 			h.retired = h.retired[1:]
 		}
 		h.epoch = from.Epoch
-		if c.bugs.on(bugNoEpochCheck) {
-			return true
-		}
 		c.stats.PeersRestarted++
 		c.role.peerDown(from.Endpoint, from, true, fmt.Sprintf("%s: %s", bootstrap.ReasonPeerRestarted, from.Endpoint))
 		return true

@@ -138,7 +138,7 @@ const (
 
 // record counts a chunk notification; false when it is out of range or
 // contradicts the chunk's earlier notifications.
-func (s *source) record(in Notified, bugs bugs) bool {
+func (s *source) record(in Notified) bool {
 	if in.Chunk < 0 || in.Chunk >= maxNotifChunks || in.Total < 0 || in.Total > maxNotifChunks {
 		return false
 	}
@@ -150,7 +150,7 @@ func (s *source) record(in Notified, bugs bugs) bool {
 		in.Lo < in.SpanLo || in.Hi > in.SpanHi || in.Lo >= in.Hi || in.Off < -1 || in.N < 0 || in.N > maxNotifChunks*maxNotifLayers {
 		return false
 	}
-	if s.spanHi != 0 && (in.SpanLo != s.spanLo || in.SpanHi != s.spanHi) && !bugs.on(bugNotifUnchecked) {
+	if s.spanHi != 0 && (in.SpanLo != s.spanLo || in.SpanHi != s.spanHi) {
 		return false
 	}
 	s.spanLo, s.spanHi = in.SpanLo, in.SpanHi
@@ -159,7 +159,7 @@ func (s *source) record(in Notified, bugs bugs) bool {
 		cs = &chunkSeen{off: in.Off, n: in.N, spanLo: in.SpanLo, spanHi: in.SpanHi,
 			got: make([]uint64, (in.SpanHi-in.SpanLo+63)/64), left: in.SpanHi - in.SpanLo}
 		s.chunks[in.Chunk] = cs
-	} else if (cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi) && !bugs.on(bugNotifUnchecked) {
+	} else if cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi {
 		return false
 	}
 	was := cs.left
@@ -331,7 +331,7 @@ func (c *decodeCore) flushRequests(rm *room) {
 		}
 		tg := c.targets[s.target]
 		_, watched := c.watching[tg.endpoint]
-		if tg.reg == regOK && !watched && c.cfg.RecheckIdle > 0 && c.now.Sub(tg.heard) > c.cfg.RecheckIdle && !c.bugs.on(bugNoIdleRecheck) {
+		if tg.reg == regOK && !watched && c.cfg.RecheckIdle > 0 && c.now.Sub(tg.heard) > c.cfg.RecheckIdle {
 			// Nothing has been heard from it for longer than heartbeats
 			// would take to declare it dead, and nothing heartbeats it:
 			// look it up and register again rather than send the REQUEST
@@ -405,9 +405,6 @@ func (c *decodeCore) heardFrom(tg *target, now time.Time) {
 // falls back to it.
 func (c *decodeCore) relookup(tg *target) {
 	tg.reg = regNone
-	if c.bugs.on(bugRelookupForgetsEndpoint) {
-		tg.resolved = false
-	}
 	if !tg.resolving {
 		tg.resolving = true
 		c.emit(Effect{Kind: EffectResolve, Target: tg.t})
@@ -481,10 +478,6 @@ func (c *decodeCore) sendOwed(tg *target) {
 // is known (else it is looked up).
 func (c *decodeCore) oweAbort(tg *target, room uint64, code, reason string) {
 	o := owedAbort{code: code, reason: reason, until: c.now.Add(c.cfg.Registry.TombstoneTTL)}
-	if tg.resolved && c.bugs.on(bugAbortSentOnce) {
-		c.send(tg.peer(), room, o.msg(room))
-		return
-	}
 	if _, ok := tg.owed[room]; !ok && len(tg.owed) >= c.cfg.Registry.MaxPendingRooms {
 		c.stats.AbortsDropped++
 		if tg.resolved { // sent once, not kept
@@ -517,7 +510,7 @@ func (c *decodeCore) refuseRoom(now time.Time, room uint64, targets []Target, re
 	if _, live := c.reg.rooms[room]; live {
 		return
 	}
-	if _, held := c.holds[room]; held || c.bugs.on(bugRefusalNotTold) {
+	if _, held := c.holds[room]; held {
 		return
 	}
 	for _, t := range targets {
@@ -681,7 +674,7 @@ func (c *decodeCore) onStatus(msg *bootstrap.Status) {
 		return
 	}
 	s, tg := c.sourceFrom(rm.dec.sources, msg.From.Endpoint)
-	if s == nil || (s.sent && s.epoch != msg.From.Epoch && msg.Code != CodeNotRegistered && !c.bugs.on(bugStaleStatusFails)) {
+	if s == nil || (s.sent && s.epoch != msg.From.Epoch && msg.Code != CodeNotRegistered) {
 		c.stats.StaleEpoch++
 		return
 	}
@@ -713,7 +706,7 @@ func (c *decodeCore) onAbortAck(msg *bootstrap.AbortAck) {
 		c.stats.StaleEpoch++
 		return
 	}
-	if msg.Drained || c.bugs.on(bugNotDrainedReleases) {
+	if msg.Drained {
 		s.acked = true
 		c.maybeRelease(h)
 	}
@@ -762,7 +755,7 @@ func (c *decodeCore) notification(now time.Time, in Notified) {
 	}
 	if in.Aux {
 		src.aux = true
-	} else if !src.record(in, c.bugs) {
+	} else if !src.record(in) {
 		c.stats.BadNotifs++
 		return
 	}
@@ -771,7 +764,7 @@ func (c *decodeCore) notification(now time.Time, in Notified) {
 	}
 	c.count(EventProgress, c.reg.Progress(room))
 	for _, s := range rm.dec.sources {
-		if !s.complete() && !(c.bugs.on(bugChunkLayersIgnored) && s.aux && s.total > 0 && len(s.chunks) >= s.total) {
+		if !s.complete() {
 			return
 		}
 	}
@@ -793,9 +786,6 @@ func (c *decodeCore) decodeFailed(room uint64, reason string) {
 			rm.dec.code = cmp.Or(c.failCode, CodeFailed)
 		}
 		for _, s := range rm.dec.sources {
-			if c.bugs.on(bugNoEarlyAbort) && !s.sent {
-				continue
-			}
 			c.oweAbort(c.targets[s.target], room, "", reason)
 		}
 	}
@@ -809,9 +799,6 @@ func (c *decodeCore) decodeFailed(room uint64, reason string) {
 		return
 	}
 	h.deadline = c.now.Add(c.cfg.QuarantineTimeout)
-	if c.bugs.on(bugQuarantineNow) {
-		h.deadline = c.now
-	}
 }
 
 // abortReceiver fails a decode room from this side.
@@ -835,9 +822,6 @@ func (c *decodeCore) clearReceiver(now time.Time, room uint64) Result {
 	res := c.count(EventClear, c.reg.Clear(room))
 	if rm != nil && rm.dec != nil && res.Outcome == Applied {
 		c.index(rm, false)
-	}
-	if h := c.holds[room]; h != nil && c.bugs.on(bugClearReleases) {
-		c.release(h, false)
 	}
 	return res
 }
@@ -882,8 +866,6 @@ func (c *decodeCore) peerDown(endpoint string, from bootstrap.From, restarted bo
 		}
 	}
 	switch {
-	case restarted && c.bugs.on(bugRestartDropsPending):
-		tg.reg, tg.resolved = regNone, false
 	case restarted:
 		if tg.reg == regOK && tg.epoch != from.Epoch {
 			tg.reg = regNone
@@ -966,7 +948,7 @@ func (c *decodeCore) tick(now time.Time) {
 			tg.owed, tg.lookupRetry, tg.owedRetry = nil, 0, 0
 		case !tg.resolved && !tg.resolving && !now.Before(tg.nextLookup):
 			c.ensureTarget(tg.t)
-		case tg.resolved && !tg.resolving && !now.Before(tg.nextOwed) && !c.bugs.on(bugOwedNotResent):
+		case tg.resolved && !tg.resolving && !now.Before(tg.nextOwed):
 			// None acknowledged since the last send: send them again.
 			c.stats.AbortsResent += uint64(len(tg.owed))
 			tg.owedRetry = min(2*tg.owedRetry, 32*c.cfg.RegisterRetry)
@@ -989,7 +971,7 @@ func (c *decodeCore) tick(now time.Time) {
 				tg.reg = regNone // nobody waits any more: stop asking
 				continue
 			}
-			if tg.unanswered >= registerLookupAfter && !c.bugs.on(bugRetryCachedEndpoint) {
+			if tg.unanswered >= registerLookupAfter {
 				// Nobody answers at that endpoint: look the rank up
 				// again rather than retry a cached endpoint forever.
 				tg.unanswered = 0

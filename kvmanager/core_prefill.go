@@ -236,7 +236,7 @@ func (c *prefillCore) checkRegister(msg *bootstrap.Register) (PeerPlan, error) {
 	if msg.Compat != c.cfg.Compat {
 		return PeerPlan{}, fmt.Errorf("compat mismatch: prefill %q, decode %q", c.cfg.Compat, msg.Compat)
 	}
-	if reason := overlap(msg); reason != "" && !c.bugs.on(bugOverlapAccepted) {
+	if reason := overlap(msg); reason != "" {
 		c.stats.LayoutRefused[RefusedOverlap]++
 		return PeerPlan{}, errors.New(reason)
 	}
@@ -345,7 +345,7 @@ func (c *prefillCore) registered(now time.Time, from bootstrap.From, remote stri
 // the old one's rooms.
 func (c *prefillCore) peerGone(key string, epoch uint64, exact bool, code, reason string) {
 	skip := key
-	if code == CodePeerUnreachable && !c.bugs.on(bugDeadPeerNotTold) {
+	if code == CodePeerUnreachable {
 		skip = ""
 	}
 	match := func(reqs []PeerRequest) bool {
@@ -365,7 +365,7 @@ func (c *prefillCore) peerGone(key string, epoch uint64, exact bool, code, reaso
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(c.reg.pending)) {
-		if p := c.reg.pending[id]; match(p.requests) && !c.bugs.on(bugPostIgnoresEpoch) {
+		if p := c.reg.pending[id]; match(p.requests) {
 			res := c.count(EventAbort, c.reg.Abort(id, reason, nil))
 			c.statusFailed(id, res.Peers, code, reason, skip)
 		}
@@ -391,12 +391,12 @@ func (c *prefillCore) onRequest(msg *bootstrap.Request) bool {
 		c.statusTo(to, msg.Room, CodeOutOfRange, reason)
 		return false
 	}
-	if reason := repeated(msg, key); reason != "" && !c.bugs.on(bugRepeatAccepted) {
+	if reason := repeated(msg, key); reason != "" {
 		c.stats.LayoutRefused[RefusedRepeat]++
 		c.statusTo(to, msg.Room, CodeRejected, reason)
 		return false
 	}
-	if reason := p.held(msg, func(room uint64) bool { return c.reg.Live(room) || c.bugs.on(bugDeadHolderBlocks) }); reason != "" && !c.bugs.on(bugInUseAccepted) {
+	if reason := p.held(msg, func(room uint64) bool { return c.reg.Live(room) }); reason != "" {
 		c.stats.LayoutRefused[RefusedInUse]++
 		c.statusTo(to, msg.Room, CodeRejected, reason)
 		return false
@@ -541,12 +541,6 @@ func checkRequest(msg *bootstrap.Request, p *decodePeer) string {
 // already cleared.
 func (c *prefillCore) onAbort(msg *bootstrap.Abort) {
 	ack := bootstrap.Peer{Endpoint: msg.From.Endpoint}
-	if c.bugs.on(bugAckOnClearedTombstone) {
-		if t, ok := c.reg.tombs[msg.Room]; ok && t.kind == Cleared {
-			c.send(ack, msg.Room, &bootstrap.AbortAck{Room: msg.Room, Drained: true})
-			return
-		}
-	}
 	reason := msg.Reason
 	if msg.Code != "" {
 		reason = msg.Code + ": " + reason
@@ -620,7 +614,7 @@ func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
 		next = op.next
 	}
 	switch {
-	case (lo != next || hi <= lo || hi > layers) && !(c.bugs.on(bugLayerOrderUnchecked) && hi > lo && hi <= layers):
+	case lo != next || hi <= lo || hi > layers:
 		return fmt.Errorf("room %d: layers [%d, %d) of a chunk of %d layers, %d sent: %w", room, lo, hi, layers, next, ErrLayers)
 	case op != nil && (op.last != last || op.auxIndex != auxIndex || !slices.Equal(op.pages, pages)):
 		return fmt.Errorf("room %d: layers [%d, %d) name other pages, last or aux than the chunk's first %d layers: %w", room, lo, hi, next, ErrLayers)
@@ -649,7 +643,7 @@ func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
 	for _, pr := range rm.requests {
 		req := pr.Payload
 		p := c.peers[pr.Peer]
-		if p == nil || (p.from.Epoch != pr.Epoch && !c.bugs.on(bugPostIgnoresEpoch)) {
+		if p == nil || p.from.Epoch != pr.Epoch {
 			c.stats.StaleEpoch++
 			return fail(fmt.Sprintf("peer %s (epoch %d) that requested the room is gone", pr.Peer, pr.Epoch))
 		}
@@ -750,9 +744,6 @@ func stateAt(state [][]uint32, i int) []uint32 {
 // and the write's peer is still the process (epoch) that named its pages.
 func (c *prefillCore) posting(now time.Time, room uint64, w *transfer.Write) bool {
 	p := c.peers[w.PeerKey]
-	if c.bugs.on(bugPostIgnoresEpoch) && p != nil {
-		w.Remote, w.Peer, w.Epoch = p.remote, p.layout, p.from.Epoch
-	}
 	if p == nil || p.from.Epoch != w.Epoch {
 		c.stats.StaleEpoch++
 		c.failRoom(room, fmt.Sprintf("peer %s (epoch %d) that requested the room is gone", w.PeerKey, w.Epoch))
@@ -761,7 +752,7 @@ func (c *prefillCore) posting(now time.Time, room uint64, w *transfer.Write) boo
 	if c.count(EventPosted, c.reg.Posted(room)).Outcome != Applied {
 		return false
 	}
-	if strings.HasSuffix(w.Notif, auxNotifSuffix) && !c.bugs.on(bugHeldPastFinalPost) {
+	if strings.HasSuffix(w.Notif, auxNotifSuffix) {
 		c.finalPosted(room, w)
 	}
 	return true
@@ -791,9 +782,6 @@ func (c *prefillCore) finalPosted(room uint64, w *transfer.Write) {
 // guarantees a failed write can no longer land; a failed write that is not
 // quiesced keeps the room undrained until the stall deadline.
 func (c *prefillCore) writeDone(now time.Time, room uint64, w *transfer.Write, err error, quiesced bool) Result {
-	if c.bugs.on(bugFailedWriteDrains) {
-		quiesced = true
-	}
 	res := c.count(EventWriteDone, c.reg.WriteDone(room, w.Last, err, quiesced))
 	if err != nil && res.Outcome == Applied && res.Status == Failed {
 		c.statusFailed(room, c.reg.Requests(room), CodeFailed, fmt.Sprintf("write to %s failed: %v", w.Remote, err), "")
@@ -818,10 +806,8 @@ func (c *prefillCore) peerDown(endpoint string, from bootstrap.From, restarted b
 		if restarted {
 			code = CodePeerRestarted
 		}
-		if !restarted || !c.bugs.on(bugRestartKeepsRooms) {
-			c.peerGone(key, p.from.Epoch, true, code, reason)
-		}
-		if restarted || c.bugs.on(bugDropRegOnPeerDown) {
+		c.peerGone(key, p.from.Epoch, true, code, reason)
+		if restarted {
 			delete(c.peers, key)
 		}
 	}

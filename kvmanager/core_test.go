@@ -16,25 +16,14 @@ import (
 
 var t0 = time.Unix(1_000_000, 0)
 
-func testCore(t *testing.T, role Role, mutants ...bugID) *Core {
+func testCore(t *testing.T, role Role) *Core {
 	t.Helper()
-	return newTestCore(t, role, simRegistryConfig(), mutants...)
+	return newTestCore(t, role, simRegistryConfig())
 }
 
-// needMutants skips a test that turns mutants on in a build without them
-// (make test runs the package again with -tags kvbmutants).
-func needMutants(tb testing.TB, mutants ...bugID) {
+// newTestCore is a core over simLayout with the given registry settings.
+func newTestCore(tb testing.TB, role Role, reg RegistryConfig) *Core {
 	tb.Helper()
-	if len(mutants) > 0 && !mutantsBuilt {
-		tb.Skipf("mutant %v: needs -tags kvbmutants (make test runs it)", mutants)
-	}
-}
-
-// newTestCore is a core over simLayout with the given registry settings and
-// mutants on.
-func newTestCore(tb testing.TB, role Role, reg RegistryConfig, mutants ...bugID) *Core {
-	tb.Helper()
-	needMutants(tb, mutants...)
 	cfg := CoreConfig{Role: role, Compat: "sim", Layout: simLayout(), Registry: reg,
 		QuarantineTimeout: max(30*time.Second, 2*reg.StallTimeout), RegisterRetry: time.Second}
 	if role == RoleDecode {
@@ -45,7 +34,6 @@ func newTestCore(tb testing.TB, role Role, reg RegistryConfig, mutants ...bugID)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c.bugs = withBugs(mutants...)
 	return c
 }
 
@@ -103,32 +91,26 @@ func request(room uint64, from bootstrap.From) *bootstrap.Request {
 // prefill rank keeps the registration (bound to the epoch, not to
 // heartbeats), so the next REQUEST from the same process is accepted.
 func TestFalsePeerDeadKeepsRegistration(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		bug  []bugID
-		ok   bool
-	}{{"fixed", nil, true}, {"with bug 5", []bugID{bugDropRegOnPeerDown}, false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := testCore(t, RolePrefill, tc.bug...)
-			register(t, c, decodeFrom)
-			c.Step(t0, CreateSender{Room: 1})
-			c.Step(t0, Received{Msg: request(1, decodeFrom)})
-			c.Effects()
-			c.Step(t0, PeerUnreachable{Endpoint: decodeFrom.Endpoint, Reason: bootstrap.ReasonPeerUnreachable})
-			if st, _ := c.Status(1); st != Failed {
-				t.Fatalf("the room shared with the peer is %v, want Failed", st)
-			}
-			c.Effects()
-			accepted := c.Step(t0, Received{Msg: request(2, decodeFrom)}).OK
-			st := sent[*bootstrap.Status](c.Effects())
-			if accepted != tc.ok {
-				t.Fatalf("next REQUEST accepted %v (statuses %+v), want %v", accepted, st, tc.ok)
-			}
-			if !tc.ok && (len(st) != 1 || st[0].Code != CodeNotRegistered) {
-				t.Fatalf("refusal %+v, want code %s", st, CodeNotRegistered)
-			}
-		})
-	}
+	fixedAndMutant(t, "drop-reg-on-peer-down", func(t *testing.T, ok bool) {
+		c := testCore(t, RolePrefill)
+		register(t, c, decodeFrom)
+		c.Step(t0, CreateSender{Room: 1})
+		c.Step(t0, Received{Msg: request(1, decodeFrom)})
+		c.Effects()
+		c.Step(t0, PeerUnreachable{Endpoint: decodeFrom.Endpoint, Reason: bootstrap.ReasonPeerUnreachable})
+		if st, _ := c.Status(1); st != Failed {
+			t.Fatalf("the room shared with the peer is %v, want Failed", st)
+		}
+		c.Effects()
+		accepted := c.Step(t0, Received{Msg: request(2, decodeFrom)}).OK
+		st := sent[*bootstrap.Status](c.Effects())
+		if accepted != ok {
+			t.Fatalf("next REQUEST accepted %v (statuses %+v), want %v", accepted, st, ok)
+		}
+		if !ok && (len(st) != 1 || st[0].Code != CodeNotRegistered) {
+			t.Fatalf("refusal %+v, want code %s", st, CodeNotRegistered)
+		}
+	})
 }
 
 // Bug 5, decode side: STATUS not_registered makes decode register again and
@@ -240,30 +222,24 @@ func TestPendingRequestsLeaveNothing(t *testing.T) {
 // epoch and the control loop reports the restart first; the registration
 // in progress must survive that and complete.
 func TestRestartReportKeepsRegistrationInProgress(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		bug  []bugID
-		ok   bool
-	}{{"fixed", nil, true}, {"with bug 9", []bugID{bugRestartDropsPending}, false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := testCore(t, RoleDecode, tc.bug...)
-			c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
-			c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
-			c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
-			c.Effects()
-			restarted := prefillFrom
-			restarted.Epoch = 11
-			// The old process was heard (a STATUS of a room this rank
-			// does not know), then the new epoch's ACK arrives: Step
-			// reports the restart first, then takes the ACK.
-			c.Step(t0, Received{Msg: &bootstrap.Status{From: prefillFrom, Room: 99, Status: bootstrap.StatusFailed, Reason: "x"}})
-			c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: restarted, OK: true}})
-			reqs := sent[*bootstrap.Request](c.Effects())
-			if (len(reqs) == 1) != tc.ok {
-				t.Fatalf("REQUEST sent after the new epoch's ACK: %v, want %v", reqs, tc.ok)
-			}
-		})
-	}
+	fixedAndMutant(t, "restart-drops-pending", func(t *testing.T, ok bool) {
+		c := testCore(t, RoleDecode)
+		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
+		c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
+		c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
+		c.Effects()
+		restarted := prefillFrom
+		restarted.Epoch = 11
+		// The old process was heard (a STATUS of a room this rank
+		// does not know), then the new epoch's ACK arrives: Step
+		// reports the restart first, then takes the ACK.
+		c.Step(t0, Received{Msg: &bootstrap.Status{From: prefillFrom, Room: 99, Status: bootstrap.StatusFailed, Reason: "x"}})
+		c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: restarted, OK: true}})
+		reqs := sent[*bootstrap.Request](c.Effects())
+		if (len(reqs) == 1) != ok {
+			t.Fatalf("REQUEST sent after the new epoch's ACK: %v, want %v", reqs, ok)
+		}
+	})
 }
 
 // Bug 9: after a restart on the same endpoint, the decode room bound to

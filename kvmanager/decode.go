@@ -385,7 +385,7 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec
 	var bad error
 	var reason string
 	d.step(func(c *Core, now time.Time) {
-		if bad = checkSpec(room, spec); bad != nil && !c.bugs.on(bugSpecRepeatAccepted) {
+		if bad = checkSpec(room, spec); bad != nil {
 			return
 		}
 		bad = nil

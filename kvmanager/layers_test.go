@@ -12,9 +12,9 @@ import (
 
 // layeredPrefill is a prefill core (simLayout: 2 layers) with room 1
 // requested by a decode rank of the same layout, ready to send.
-func layeredPrefill(t *testing.T, mutants []bugID) *Core {
+func layeredPrefill(t *testing.T) *Core {
 	t.Helper()
-	c := testCore(t, RolePrefill, mutants...)
+	c := testCore(t, RolePrefill)
 	peer := simLayout()
 	for i := range peer.Regions {
 		peer.Regions[i] = nixl.Desc{Addr: uintptr(0x100000 * (i + 1)), Len: testPeerPages * 64}
@@ -41,8 +41,8 @@ func postedWrites(c *Core) []transfer.Write {
 // pages, last and aux; each range is one write with its own notification,
 // and the aux write follows the final range.
 func TestSendLayersInOrder(t *testing.T) {
-	fixedAndMutant(t, bugLayerOrderUnchecked, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := layeredPrefill(t, mutants)
+	fixedAndMutant(t, "layer-order-unchecked", func(t *testing.T, fixed bool) {
+		c := layeredPrefill(t)
 		send := func(lo, hi int, pages ...uint32) error {
 			return c.Step(t0, SendChunk{Room: 1, Pages: pages, Last: true, AuxIndex: -1, Layers: transfer.Layers{Lo: lo, Hi: hi}}).Err
 		}
@@ -124,7 +124,7 @@ func TestParseNotif(t *testing.T) {
 
 // layeredDecode is a decode core whose room 1 (one page) asked one prefill
 // rank, which writes layers [0, 2).
-func layeredDecode(t *testing.T, mutants []bugID) *Core { return decodeAsked(t, mutants) }
+func layeredDecode(t *testing.T) *Core { return decodeAsked(t) }
 
 func layerNotif(chunk, total, lo, hi, spanHi int) Notified {
 	return Notified{Room: 1, Chunk: chunk, Total: total, Off: 0, N: 1, Lo: lo, Hi: hi, SpanLo: 0, SpanHi: spanHi}
@@ -134,8 +134,8 @@ func layerNotif(chunk, total, lo, hi, spanHi int) Notified {
 // notification that contradicts its chunk's earlier ones is refused and
 // counted, not taken as the missing layer.
 func TestNotifContradictionRefused(t *testing.T) {
-	fixedAndMutant(t, bugNotifUnchecked, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := layeredDecode(t, mutants)
+	fixedAndMutant(t, "notif-unchecked", func(t *testing.T, fixed bool) {
+		c := layeredDecode(t)
 		c.Step(t0, layerNotif(0, 1, 0, 1, 2))
 		c.Step(t0, Notified{Room: 1, Aux: true})
 		if st, _ := c.Status(1); st != Transferring {
@@ -163,8 +163,8 @@ func TestNotifContradictionRefused(t *testing.T) {
 // drained ABORT_ACK), names the failure's code, and lists what landed;
 // pages only the quarantine released are not vouched for.
 func TestLoadReport(t *testing.T) {
-	fixedAndMutant(t, bugReportUnproven, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := layeredDecode(t, mutants)
+	fixedAndMutant(t, "report-unproven", func(t *testing.T, fixed bool) {
+		c := layeredDecode(t)
 		c.Step(t0, layerNotif(0, 1, 0, 1, 2))
 		c.Step(t0, AbortReceiver{Room: 1, Reason: "engine gave up"})
 		if _, ok := c.Report(1); ok == fixed {
@@ -183,7 +183,7 @@ func TestLoadReport(t *testing.T) {
 		}
 	})
 	t.Run("quarantine", func(t *testing.T) {
-		c := layeredDecode(t, nil)
+		c := layeredDecode(t)
 		c.Step(t0, layerNotif(0, 1, 0, 1, 2))
 		c.Step(t0, Received{Msg: &bootstrap.Status{From: prefillFrom, Room: 1, Status: bootstrap.StatusFailed, Code: CodeOutOfRange, Reason: "page 9"}})
 		c.Step(t0.Add(c.cfg.QuarantineTimeout+1), Tick{})
@@ -199,7 +199,7 @@ func TestLoadReport(t *testing.T) {
 // for layers it may write (it would claim another source's layers whole
 // while the old source's heads there never landed).
 func TestLoadReportEarlierRevision(t *testing.T) {
-	c := layeredDecode(t, nil)
+	c := layeredDecode(t)
 	c.Step(t0, Notified{Room: 1, Chunk: 0, Total: 1}) // kvb1:1:0:0:1
 	c.Step(t0, Notified{Room: 1, Aux: true})
 	r, ok := c.Report(1)

@@ -27,9 +27,9 @@ func stateLayout() transfer.Layout {
 
 // stateCore is a prefill core whose layout has stateLayout's state region,
 // with decodeFrom registered with stateLayout.
-func stateCore(t *testing.T, mutants []bugID) *Core {
+func stateCore(t *testing.T) *Core {
 	t.Helper()
-	c := testCore(t, RolePrefill, mutants...)
+	c := testCore(t, RolePrefill)
 	c.cfg.Layout.State = stateLayout().State
 	registerLayout(t, c, decodeFrom, stateLayout())
 	return c
@@ -97,7 +97,7 @@ func TestRegisterOverlapRefused(t *testing.T) {
 			r.Aux = append(r.Aux, bootstrap.Region{Addr: r.KV[0].Addr, ItemLen: 16, Mem: bootstrap.MemDRAM})
 		}},
 	}
-	fixedAndMutant(t, bugOverlapAccepted, func(t *testing.T, mutants []bugID, fixed bool) {
+	fixedAndMutant(t, "overlap-accepted", func(t *testing.T, fixed bool) {
 		msg := func(e edit) *bootstrap.Register {
 			kv, aux, state := regionsOf(stateLayout())
 			r := &bootstrap.Register{From: decodeFrom, Compat: "sim", KV: kv, Aux: aux, State: state}
@@ -105,14 +105,14 @@ func TestRegisterOverlapRefused(t *testing.T) {
 			return r
 		}
 		for _, tc := range accepted {
-			c := testCore(t, RolePrefill, mutants...)
+			c := testCore(t, RolePrefill)
 			c.cfg.Layout.State = stateLayout().State
 			if _, err := c.CheckRegister(msg(tc.edit)); err != nil {
 				t.Fatalf("%s: refused: %v", tc.name, err)
 			}
 		}
 		for n, tc := range refused {
-			c := testCore(t, RolePrefill, mutants...)
+			c := testCore(t, RolePrefill)
 			c.cfg.Layout.State = stateLayout().State
 			r := msg(tc.edit)
 			_, err := c.CheckRegister(r)
@@ -148,8 +148,8 @@ func TestRegisterOverlapRefused(t *testing.T) {
 // written, and nothing of it is kept. A dummy REQUEST carries the room's
 // pages for the other prefill ranks: it is held to the same rule.
 func TestRequestRepeatRefused(t *testing.T) {
-	fixedAndMutant(t, bugRepeatAccepted, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := stateCore(t, mutants)
+	fixedAndMutant(t, "repeat-accepted", func(t *testing.T, fixed bool) {
+		c := stateCore(t)
 		for _, tc := range []struct {
 			room uint64
 			name string
@@ -212,8 +212,8 @@ func TestRequestRepeatRefused(t *testing.T) {
 // peer. Another decode process's memory is its own; a dummy REQUEST writes
 // nothing; the same room's REQUEST again is the registry's duplicate.
 func TestRequestPageInUseRefused(t *testing.T) {
-	fixedAndMutant(t, bugInUseAccepted, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := stateCore(t, mutants)
+	fixedAndMutant(t, "in-use-accepted", func(t *testing.T, fixed bool) {
+		c := stateCore(t)
 		other := otherDecode
 		registerLayout(t, c, other, stateLayout())
 		holder := request(1, decodeFrom)
@@ -299,7 +299,7 @@ func TestPagesHeldWhileTheRoomIsLive(t *testing.T) {
 		c.Effects()
 		return ok
 	}
-	fixedAndMutant(t, bugDeadHolderBlocks, func(t *testing.T, mutants []bugID, fixed bool) {
+	fixedAndMutant(t, "dead-holder-blocks", func(t *testing.T, fixed bool) {
 		for _, tc := range []struct {
 			name string
 			end  func(c *Core, w *transfer.Write) // room 1's end while its write is in flight
@@ -314,7 +314,7 @@ func TestPagesHeldWhileTheRoomIsLive(t *testing.T) {
 				c.Step(t0, ClearSender{Room: 1})
 			}},
 		} {
-			c, writes := prefillChunkQueued(t, mutants)
+			c, writes := prefillChunkQueued(t)
 			if !c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK {
 				t.Fatalf("%s: the write was not posted", tc.name)
 			}
@@ -331,7 +331,7 @@ func TestPagesHeldWhileTheRoomIsLive(t *testing.T) {
 			return
 		}
 		// Success frees the pages at once.
-		c, writes := prefillChunkQueued(t, mutants)
+		c, writes := prefillChunkQueued(t)
 		if err := c.Step(t0, SendChunk{Room: 1, Pages: nil, Last: true, AuxIndex: -1}).Err; err != nil {
 			t.Fatal(err)
 		}
@@ -356,7 +356,7 @@ func TestPagesHeldWhileTheRoomIsLive(t *testing.T) {
 			t.Fatal("an aborted pending REQUEST kept its page")
 		}
 		// A REGISTER again from the same process keeps its rooms' pages.
-		c, writes = prefillChunkQueued(t, mutants)
+		c, writes = prefillChunkQueued(t)
 		c.Step(t0, Posting{Room: 1, Write: &writes[0]})
 		register(t, c, decodeFrom)
 		if again(c, decodeFrom, 2) {
@@ -422,8 +422,7 @@ func TestLayoutRefusalsExported(t *testing.T) {
 // Decode.InitReceiver refuses a spec naming a destination page, or an item
 // of one state region, twice at the call, before the room is looked at.
 func TestInitReceiverRefusesRepeatedDestinations(t *testing.T) {
-	fixedAndMutant(t, bugSpecRepeatAccepted, func(t *testing.T, mutants []bugID, fixed bool) {
-		needMutants(t, mutants...)
+	fixedAndMutant(t, "spec-repeat-accepted", func(t *testing.T, fixed bool) {
 		cfg := DefaultConfig(RoleDecode)
 		cfg.Auth = testauth.Auth()
 		cfg.Instance, cfg.Compat, cfg.BootstrapURL = "spec-test", "v1:test", "http://127.0.0.1:1"
@@ -436,7 +435,6 @@ func TestInitReceiverRefusesRepeatedDestinations(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer d.Close()
-		d.step(func(c *Core, _ time.Time) { c.bugs = withBugs(mutants...) })
 		for _, spec := range []RequestSpec{
 			{DstPages: []uint32{1, 2, 1}, AuxIndex: -1},
 			{DstPages: []uint32{1}, AuxIndex: 0, StateIndices: [][]uint32{{3, 3}}},
@@ -544,8 +542,8 @@ func TestRequestsSettleOnce(t *testing.T) {
 // until theirs did; the room's end later frees nothing that another room
 // holds by then.
 func TestPagesFreeOnceTheirFinalWriteIsPosted(t *testing.T) {
-	fixedAndMutant(t, bugHeldPastFinalPost, func(t *testing.T, mutants []bugID, fixed bool) {
-		c, other := twoDecodePeers(t, mutants)
+	fixedAndMutant(t, "held-past-final-post", func(t *testing.T, fixed bool) {
+		c, other := twoDecodePeers(t)
 		ask := func(from bootstrap.From, room uint64, required int) bool {
 			r := request(room, from)
 			r.DstPages, r.Required = []uint32{1}, required

@@ -10,15 +10,15 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 )
 
-// Unit tests for the mutants from quarantine-now on (mutants.go): each
-// runs on the fixed core and with its mutant on (fixedAndMutant), and must
-// see the bug on the second.
+// Unit tests for the core's mutants from quarantine-now on (scripts/srcmutants):
+// each asserts the fixed behaviour, and sees the bug as described when its
+// mutant is laid over the package (fixedAndMutant).
 
 // decodeAsked is a decode core whose room 1 sent its REQUEST to
 // prefillFrom (epoch 10), effects drained.
-func decodeAsked(t *testing.T, mutants []bugID) *Core {
+func decodeAsked(t *testing.T) *Core {
 	t.Helper()
-	c := testCore(t, RoleDecode, mutants...)
+	c := testCore(t, RoleDecode)
 	c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
 	c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 	c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
@@ -44,8 +44,8 @@ func releases(effects []Effect) []string {
 // prefill rank acknowledges a drained abort or QuarantineTimeout passes —
 // not at the next Tick.
 func TestQuarantineLastsItsTimeout(t *testing.T) {
-	fixedAndMutant(t, bugQuarantineNow, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := decodeAsked(t, mutants)
+	fixedAndMutant(t, "quarantine-now", func(t *testing.T, fixed bool) {
+		c := decodeAsked(t)
 		c.Step(t0, AbortReceiver{Room: 1, Reason: "client went away"})
 		c.Effects()
 		c.Step(t0.Add(time.Second), Tick{})
@@ -72,8 +72,8 @@ func TestQuarantineLastsItsTimeout(t *testing.T) {
 // A room's done waiter is woken once, when the room is terminal: data
 // arriving (Transferring) wakes nobody.
 func TestDoneWokenOnlyWhenTerminal(t *testing.T) {
-	fixedAndMutant(t, bugWakeEarly, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := decodeAsked(t, mutants)
+	fixedAndMutant(t, "wake-early", func(t *testing.T, fixed bool) {
+		c := decodeAsked(t)
 		done, _, ok := c.waiters(1)
 		if !ok {
 			t.Fatal("no waiters for room 1")
@@ -113,8 +113,8 @@ func TestDoneWokenOnlyWhenTerminal(t *testing.T) {
 // An ABORT that finds a write in flight owes its ABORT_ACK until the write
 // completes; then the ACK goes out, drained.
 func TestAbortAckSentWhenWritesDrain(t *testing.T) {
-	fixedAndMutant(t, bugNoAbortAck, func(t *testing.T, mutants []bugID, fixed bool) {
-		c, writes := prefillChunkQueued(t, mutants)
+	fixedAndMutant(t, "no-abort-ack", func(t *testing.T, fixed bool) {
+		c, writes := prefillChunkQueued(t)
 		if len(writes) != 1 || !c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK {
 			t.Fatalf("the chunk's write was not posted: %d writes", len(writes))
 		}
@@ -140,8 +140,8 @@ func TestAbortAckSentWhenWritesDrain(t *testing.T) {
 // A decode rank heard with a new epoch: the prefill room bound to its old
 // epoch fails at once, with reason "peer restarted".
 func TestPrefillFailsRoomsOfRestartedPeer(t *testing.T) {
-	fixedAndMutant(t, bugRestartKeepsRooms, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := testCore(t, RolePrefill, mutants...)
+	fixedAndMutant(t, "restart-keeps-rooms", func(t *testing.T, fixed bool) {
+		c := testCore(t, RolePrefill)
 		register(t, c, decodeFrom)
 		c.Step(t0, CreateSender{Room: 1})
 		c.Step(t0, InitSender{Room: 1})
@@ -190,9 +190,9 @@ func registerBoth(t *testing.T, c *Core) {
 
 // twoDecodePeers is a prefill core with decodeFrom and otherDecode
 // registered; it returns the core and the other rank.
-func twoDecodePeers(t *testing.T, mutants []bugID) (*Core, bootstrap.From) {
+func twoDecodePeers(t *testing.T) (*Core, bootstrap.From) {
 	t.Helper()
-	c := testCore(t, RolePrefill, mutants...)
+	c := testCore(t, RolePrefill)
 	registerBoth(t, c)
 	return c, otherDecode
 }
@@ -200,8 +200,8 @@ func twoDecodePeers(t *testing.T, mutants []bugID) (*Core, bootstrap.From) {
 // A room that holds its Required requests refuses one more (live or
 // pending), telling the extra peer.
 func TestExtraRequestRefused(t *testing.T) {
-	fixedAndMutant(t, bugExtraRequestAccepted, func(t *testing.T, mutants []bugID, fixed bool) {
-		c, other := twoDecodePeers(t, mutants)
+	fixedAndMutant(t, "extra-request-accepted", func(t *testing.T, fixed bool) {
+		c, other := twoDecodePeers(t)
 		c.Step(t0, CreateSender{Room: 1})
 		c.Step(t0, InitSender{Room: 1})
 		if !c.Step(t0, Received{Msg: request(1, decodeFrom)}).OK || !c.Step(t0, Received{Msg: request(2, decodeFrom)}).OK {
@@ -227,10 +227,10 @@ func TestExtraRequestRefused(t *testing.T) {
 // MaxTombstones bounds the remembered room ids: past it the oldest are
 // forgotten early, the newest still refuse their id.
 func TestTombstonesBounded(t *testing.T) {
-	fixedAndMutant(t, bugTombstoneBoundIgnored, func(t *testing.T, mutants []bugID, fixed bool) {
+	fixedAndMutant(t, "tombstone-bound-ignored", func(t *testing.T, fixed bool) {
 		reg := simRegistryConfig()
 		reg.MaxTombstones = 8
-		c := newTestCore(t, RolePrefill, reg, mutants...)
+		c := newTestCore(t, RolePrefill, reg)
 		for room := uint64(1); room <= 50; room++ {
 			c.Step(t0, CreateSender{Room: room})
 			c.Step(t0, ClearSender{Room: room})
@@ -253,8 +253,8 @@ func TestTombstonesBounded(t *testing.T) {
 // An ABORT_ACK with drained false (writes may still land) does not end the
 // quarantine; a drained one from the same process does.
 func TestNotDrainedAckKeepsPages(t *testing.T) {
-	fixedAndMutant(t, bugNotDrainedReleases, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := decodeAsked(t, mutants)
+	fixedAndMutant(t, "not-drained-releases", func(t *testing.T, fixed bool) {
+		c := decodeAsked(t)
 		c.Step(t0, AbortReceiver{Room: 1, Reason: "client went away"})
 		c.Effects()
 		c.Step(t0, Received{Msg: &bootstrap.AbortAck{From: prefillFrom, Room: 1, Drained: false}})
@@ -275,8 +275,8 @@ func TestNotDrainedAckKeepsPages(t *testing.T) {
 // not fail a room whose REQUEST went to the new one (epoch 11); the new
 // process's STATUS does.
 func TestStaleStatusIgnored(t *testing.T) {
-	fixedAndMutant(t, bugStaleStatusFails, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := decodeAsked(t, mutants)
+	fixedAndMutant(t, "stale-status-fails", func(t *testing.T, fixed bool) {
+		c := decodeAsked(t)
 		restarted := prefillFrom
 		restarted.Epoch = 11
 		c.Step(t0, Received{Msg: &bootstrap.RegisterAck{From: restarted, OK: true}}) // restart in place: room 1 fails
@@ -305,10 +305,10 @@ func TestStaleStatusIgnored(t *testing.T) {
 // MaxPendingPerPeer: one decode rank cannot hold more rooms pending; the
 // others still can.
 func TestPendingPerPeerBounded(t *testing.T) {
-	fixedAndMutant(t, bugPendingBoundIgnored, func(t *testing.T, mutants []bugID, fixed bool) {
+	fixedAndMutant(t, "pending-bound-ignored", func(t *testing.T, fixed bool) {
 		reg := simRegistryConfig()
 		reg.MaxPendingPerPeer = 4
-		c := newTestCore(t, RolePrefill, reg, mutants...)
+		c := newTestCore(t, RolePrefill, reg)
 		registerBoth(t, c)
 		other := otherDecode
 		accepted := 0
@@ -330,11 +330,11 @@ func TestPendingPerPeerBounded(t *testing.T) {
 // One Sweep that fails many rooms tells their peers in room order, every
 // time (the same inputs give the same effects).
 func TestSweepInRoomOrder(t *testing.T) {
-	fixedAndMutant(t, bugSweepMapOrder, func(t *testing.T, mutants []bugID, fixed bool) {
+	fixedAndMutant(t, "sweep-map-order", func(t *testing.T, fixed bool) {
 		const rooms = 20
 		ordered := true
 		for run := 0; run < 5; run++ {
-			c := testCore(t, RolePrefill, mutants...)
+			c := testCore(t, RolePrefill)
 			register(t, c, decodeFrom)
 			for room := uint64(1); room <= rooms; room++ {
 				c.Step(t0, CreateSender{Room: room})

@@ -293,8 +293,6 @@ type Registry struct {
 	pendingBy map[string]int
 
 	out *[]Effect
-	// bugs: the mutants on (mutants.go); the core points it at its own.
-	bugs *bugs
 	// settler, when set, is told when accepted peer requests settle:
 	// nothing of their room can be written any more (see settle).
 	settler interface {
@@ -310,7 +308,6 @@ func NewRegistry(cfg RegistryConfig, out *[]Effect) (*Registry, error) {
 	if out == nil {
 		out = new([]Effect)
 	}
-	b := processMutant()
 	return &Registry{
 		cfg:       cfg,
 		rooms:     make(map[uint64]*room),
@@ -319,7 +316,6 @@ func NewRegistry(cfg RegistryConfig, out *[]Effect) (*Registry, error) {
 		draining:  make(map[uint64]struct{}),
 		pendingBy: make(map[string]int),
 		out:       out,
-		bugs:      &b,
 	}, nil
 }
 
@@ -540,7 +536,7 @@ func (r *Registry) addTomb(id uint64, t *tomb) {
 // (tombWriteDone), so MaxTombstones bounds the settled ones after every
 // step.
 func (r *Registry) evictTombs(limit int) {
-	for tries := len(r.tombQ); len(r.tombs) > limit && tries > 0 && len(r.tombQ) > 0 && !r.bugs.on(bugTombstoneBoundIgnored); tries-- {
+	for tries := len(r.tombQ); len(r.tombs) > limit && tries > 0 && len(r.tombQ) > 0; tries-- {
 		ref := r.tombQ[0]
 		r.tombQ = r.tombQ[1:]
 		old, ok := r.tombs[ref.id]
@@ -630,7 +626,7 @@ func (r *Registry) request(id uint64, req PeerRequest, now time.Time) Result {
 		}
 		p = &pendingRoom{deadline: now.Add(r.cfg.PendingTimeout)}
 	}
-	if n := r.pendingBy[req.Peer]; n >= r.cfg.MaxPendingPerPeer && !r.bugs.on(bugPendingBoundIgnored) {
+	if n := r.pendingBy[req.Peer]; n >= r.cfg.MaxPendingPerPeer {
 		return rejected(fmt.Errorf("room %d: request from %s: it holds %d rooms pending: %w",
 			id, req.Peer, n, ErrTooManyPending))
 	}
@@ -654,7 +650,7 @@ func (r *Registry) addRequest(id uint64, required *int, reqs *[]PeerRequest, req
 			return fmt.Errorf("room %d: peer %s: %w", id, req.Peer, ErrDuplicateRequest)
 		}
 	}
-	if len(*reqs) >= req.Required && !r.bugs.on(bugExtraRequestAccepted) {
+	if len(*reqs) >= req.Required {
 		return fmt.Errorf("room %d: peer %s is request %d of %d: %w",
 			id, req.Peer, len(*reqs)+1, req.Required, ErrTooManyRequests)
 	}
@@ -721,9 +717,6 @@ func (r *Registry) writeDone(rm *room, last bool, werr error, quiesced bool, now
 		rm.unsettled++
 	}
 	if rm.status.Terminal() {
-		if rm.drained() && r.bugs.on(bugNoAbortAck) {
-			rm.acks = nil // forgotten: the ABORT that waited for this drain never hears back
-		}
 		r.maybeSettle(rm)
 		return r.drainResult(rm, IgnoredTerminal)
 	}
@@ -758,9 +751,7 @@ func (r *Registry) tombWriteDone(id uint64, t *tomb, werr error, quiesced bool) 
 			r.sendAcks(id, t.acks, true)
 			t.acks = nil
 		}
-		if !r.bugs.on(bugNoTombTrim) {
-			r.evictTombs(r.cfg.MaxTombstones) // it settled: the bound holds again
-		}
+		r.evictTombs(r.cfg.MaxTombstones) // it settled: the bound holds again
 	}
 	return Result{Outcome: IgnoredCleared}
 }
@@ -775,9 +766,6 @@ func (r *Registry) progress(rm *room, now time.Time) Result {
 	}
 	rm.enter(Transferring, now)
 	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
-	if r.bugs.on(bugWakeEarly) {
-		r.wakeDone(rm) // data arrived: "done" woken while the room is still Transferring
-	}
 	return Result{Outcome: Applied, Status: rm.status}
 }
 
@@ -970,9 +958,7 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 			due = append(due, id)
 		}
 	}
-	if !r.bugs.on(bugSweepMapOrder) {
-		slices.Sort(due)
-	}
+	slices.Sort(due)
 	for _, id := range due {
 		rm := r.rooms[id]
 		switch {

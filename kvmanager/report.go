@@ -57,7 +57,7 @@ func (c *decodeCore) loadReport(id uint64) (LoadReport, bool) {
 		return LoadReport{}, false
 	}
 	_, held := c.holds[id]
-	if held && !c.bugs.on(bugReportUnproven) {
+	if held {
 		return LoadReport{}, false // something may still land
 	}
 	r := LoadReport{Status: rm.status}
@@ -69,7 +69,7 @@ func (c *decodeCore) loadReport(id uint64) (LoadReport, bool) {
 		if s.spanHi > 0 && !s.legacy {
 			sr.LayerLo, sr.LayerHi = s.spanLo, s.spanHi
 		}
-		if sr.Proven || c.bugs.on(bugReportUnproven) {
+		if sr.Proven {
 			sr.Landed = s.landed()
 		}
 		r.Sources = append(r.Sources, sr)

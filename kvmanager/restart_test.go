@@ -43,8 +43,8 @@ func resolves(effects []Effect) int {
 func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
 	moved := prefillFrom
 	moved.Endpoint, moved.Epoch = "tcp://p:2", 11
-	fixedAndMutant(t, bugRetryCachedEndpoint, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := testCore(t, RoleDecode, mutants...)
+	fixedAndMutant(t, "retry-cached-endpoint", func(t *testing.T, fixed bool) {
+		c := testCore(t, RoleDecode)
 		c.cfg.RegisterRetry = 100 * time.Millisecond // every retry inside the bootstrap deadline
 		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
 		c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint}) // the dead process's record
@@ -87,8 +87,8 @@ func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
 func TestOwedAbortFollowsTheRank(t *testing.T) {
 	moved := prefillFrom
 	moved.Endpoint, moved.Epoch = "tcp://p:2", 11
-	fixedAndMutant(t, bugAbortSentOnce, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := testCore(t, RoleDecode, mutants...)
+	fixedAndMutant(t, "abort-sent-once", func(t *testing.T, fixed bool) {
+		c := testCore(t, RoleDecode)
 		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
 		c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 		c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
@@ -172,8 +172,8 @@ func TestOwedAbortLookupBackoffAndTTL(t *testing.T) {
 // paused longer than the heartbeat bound then kept its rooms Transferring
 // until their deadlines. It is told too (code peer_unreachable).
 func TestDeadPeerIsToldItsRoomsFailed(t *testing.T) {
-	fixedAndMutant(t, bugDeadPeerNotTold, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := testCore(t, RolePrefill, mutants...)
+	fixedAndMutant(t, "dead-peer-not-told", func(t *testing.T, fixed bool) {
+		c := testCore(t, RolePrefill)
 		register(t, c, decodeFrom)
 		c.Step(t0, Received{Msg: request(1, decodeFrom)}) // pending: no sender yet
 		c.Step(t0, CreateSender{Room: 2})
@@ -225,8 +225,8 @@ func TestRefuseRoomTellsTheRanks(t *testing.T) {
 // stays within MaxEpochs; a malformed REQUEST is answered by a prefill rank
 // only.
 func TestEpochCheck(t *testing.T) {
-	fixedAndMutant(t, bugNoEpochCheck, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := testCore(t, RolePrefill, mutants...)
+	fixedAndMutant(t, "no-epoch-check", func(t *testing.T, fixed bool) {
+		c := testCore(t, RolePrefill)
 		register(t, c, decodeFrom)
 		c.Step(t0, Received{Msg: request(1, decodeFrom)}) // pending: no sender yet
 		c.Effects()
@@ -279,8 +279,8 @@ func TestIdlePeersAreUnwatched(t *testing.T) {
 		}
 		return eps
 	}
-	fixedAndMutant(t, bugNeverUnwatch, func(t *testing.T, mutants []bugID, fixed bool) {
-		d := testCore(t, RoleDecode, mutants...)
+	fixedAndMutant(t, "never-unwatch", func(t *testing.T, fixed bool) {
+		d := testCore(t, RoleDecode)
 		d.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
 		d.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 		d.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
@@ -297,7 +297,7 @@ func TestIdlePeersAreUnwatched(t *testing.T) {
 			t.Fatalf("decode unwatched %v after its last room, want fixed=%v", got, fixed)
 		}
 
-		p := testCore(t, RolePrefill, mutants...)
+		p := testCore(t, RolePrefill)
 		register(t, p, decodeFrom)
 		p.Step(t0, Received{Msg: request(1, decodeFrom)})
 		p.Step(t0, Tick{})
@@ -321,8 +321,8 @@ func TestIdlePeersAreUnwatched(t *testing.T) {
 func TestIdleRegistrationRechecked(t *testing.T) {
 	moved := prefillFrom
 	moved.Endpoint, moved.Epoch = "tcp://p:2", 11
-	fixedAndMutant(t, bugNoIdleRecheck, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := testCore(t, RoleDecode, mutants...)
+	fixedAndMutant(t, "no-idle-recheck", func(t *testing.T, fixed bool) {
+		c := testCore(t, RoleDecode)
 		c.cfg.RecheckIdle = 3 * time.Second
 		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
 		c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
@@ -368,15 +368,12 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 	})
 }
 
-// fixedAndMutant runs body on the fixed core (fixed true, no mutants) and
-// with mutant on (fixed false; skipped without -tags kvbmutants): the test
-// must pass on the first and see the bug on the second.
 // prefillChunkQueued is a prefill core with decodeFrom registered, room 1
 // requested and one chunk sent: it returns the chunk's writes, not yet
 // posted.
-func prefillChunkQueued(t *testing.T, mutants []bugID) (*Core, []transfer.Write) {
+func prefillChunkQueued(t *testing.T) (*Core, []transfer.Write) {
 	t.Helper()
-	c := testCore(t, RolePrefill, mutants...)
+	c := testCore(t, RolePrefill)
 	register(t, c, decodeFrom)
 	c.Step(t0, CreateSender{Room: 1})
 	c.Step(t0, InitSender{Room: 1})
@@ -395,11 +392,6 @@ func prefillChunkQueued(t *testing.T, mutants []bugID) (*Core, []transfer.Write)
 	return c, writes
 }
 
-func fixedAndMutant(t *testing.T, mutant bugID, body func(t *testing.T, mutants []bugID, fixed bool)) {
-	t.Run("fixed", func(t *testing.T) { body(t, nil, true) })
-	t.Run("with "+mutant.String(), func(t *testing.T) { body(t, []bugID{mutant}, false) })
-}
-
 // A restarted decode rank's REGISTER (same identity and agent name, new
 // epoch): its epoch check runs as a step of its own before the shell loads
 // the new metadata, so the old process's registration and rooms are gone —
@@ -407,8 +399,8 @@ func fixedAndMutant(t *testing.T, mutant bugID, body func(t *testing.T, mutants 
 // peer's prepared lists. (The loop's check ran before the handler; moving
 // it into Registered opened a window as long as the metadata load.)
 func TestRegisterEpochCheckedBeforeMetadataLoad(t *testing.T) {
-	fixedAndMutant(t, bugRegisterEpochLate, func(t *testing.T, mutants []bugID, fixed bool) {
-		c, writes := prefillChunkQueued(t, mutants)
+	fixedAndMutant(t, "register-epoch-late", func(t *testing.T, fixed bool) {
+		c, writes := prefillChunkQueued(t)
 		restarted := decodeFrom
 		restarted.Epoch = 2
 		kv, aux, state := regionsOf(simLayout())
@@ -428,8 +420,8 @@ func TestRegisterEpochCheckedBeforeMetadataLoad(t *testing.T) {
 // process) is dropped, not taken as a restart back: the new process keeps
 // its registration and rooms.
 func TestStaleEpochDropped(t *testing.T) {
-	fixedAndMutant(t, bugNoRetiredEpochs, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := testCore(t, RolePrefill, mutants...)
+	fixedAndMutant(t, "no-retired-epochs", func(t *testing.T, fixed bool) {
+		c := testCore(t, RolePrefill)
 		register(t, c, decodeFrom)
 		restarted := decodeFrom
 		restarted.Epoch, restarted.Endpoint = 2, "tcp://d:2"
@@ -452,8 +444,8 @@ func TestStaleEpochDropped(t *testing.T) {
 // dead report or its STATUS still fails that room, and a lookup the
 // bootstrap service does not answer falls back to that endpoint.
 func TestRelookupKeepsTheEndpoint(t *testing.T) {
-	fixedAndMutant(t, bugRelookupForgetsEndpoint, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := testCore(t, RoleDecode, mutants...)
+	fixedAndMutant(t, "relookup-forgets-endpoint", func(t *testing.T, fixed bool) {
+		c := testCore(t, RoleDecode)
 		c.cfg.RecheckIdle = 3 * time.Second
 		c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
 		c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
@@ -505,8 +497,8 @@ func TestRelookupKeepsTheEndpoint(t *testing.T) {
 // ABORT and REQUEST it sent afterwards was dropped as stale (the pair
 // wedged for good). Epochs now grow with each start (bootstrap.NewEpoch).
 func TestOlderUnheardEpochDropped(t *testing.T) {
-	fixedAndMutant(t, bugNoRetiredEpochs, func(t *testing.T, mutants []bugID, fixed bool) {
-		c := testCore(t, RolePrefill, mutants...)
+	fixedAndMutant(t, "no-retired-epochs", func(t *testing.T, fixed bool) {
+		c := testCore(t, RolePrefill)
 		register(t, c, decodeFrom) // epoch 1
 		newest := decodeFrom
 		newest.Epoch = 3

@@ -88,7 +88,6 @@ type simConfig struct {
 	decodeNoInit              bool  // decode rooms never send their REQUEST (they only abort)
 	reg                       RegistryConfig
 	quarantine                time.Duration
-	bugs                      []bugID // mutants on in every core (-tags kvbmutants)
 	// spawn: random runs start a new room (the next template, a fresh id)
 	// whenever fewer than len(rooms) are unfinished, up to spawn rooms.
 	spawn int
@@ -422,7 +421,6 @@ func (w *simWorld) start(slot int, moved bool) {
 	if err != nil {
 		panic(err)
 	}
-	c.bugs = withBugs(w.cfg.bugs...)
 	w.procs[slot] = &simProc{core: c, from: from, endpoint: ep, inc: w.incs}
 	if w.isPrefill(slot) {
 		old := w.records[slot]

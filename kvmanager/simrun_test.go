@@ -428,39 +428,39 @@ func at(s []string, i int) string {
 func TestSimFindsBugs(t *testing.T) {
 	cfgs := simExhaustiveConfigs()
 	for _, tc := range []struct {
-		name string
-		cfg  string
-		bug  bugID
-		want string
+		name   string
+		cfg    string
+		mutant string
+		want   string
 	}{
 		{"bug 1: ABORT on a cleared room acknowledged as drained", "1→1: writes fail, land late or stall; decode aborts; prefill clears early",
-			bugAckOnClearedTombstone, "ABORT_ACK drained while write"},
+			"ack-on-cleared-tombstone", "ABORT_ACK drained while write"},
 		{"bug 2: a failed write counted as drained", "1→1: writes fail, land late or stall; decode aborts; prefill clears early",
-			bugFailedWriteDrains, "ABORT_ACK drained while write"},
+			"failed-write-drains", "ABORT_ACK drained while write"},
 		{"bug 3: Clear ends the decode quarantine", "1→1: writes fail, land late or stall; decode aborts; prefill clears early",
-			bugClearReleases, "released its pages"},
+			"clear-releases", "released its pages"},
 		{"bug 4: an abort before the REQUEST is not sent", "1→1: a peer-dead report; decode aborts",
-			bugNoEarlyAbort, "with the network quiet"},
+			"no-early-abort", "with the network quiet"},
 		{"bug 8: writes follow the peer's current epoch", "script",
-			bugPostIgnoresEpoch, "whose REQUEST this prefill process never accepted"},
+			"post-ignores-epoch", "whose REQUEST this prefill process never accepted"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			needMutants(t, tc.bug)
-			var err error
-			if tc.cfg == "script" {
-				cfg := restartScriptConfig()
-				cfg.bugs = []bugID{tc.bug}
-				w, _ := runScript(cfg, restartScript)
-				err = w.err
-			} else {
-				cfg := cfgs[tc.cfg].cfg
-				cfg.bugs = []bugID{tc.bug}
-				_, _, _, err = simExplore(cfg, 600_000)
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("the simulator did not find the bug (want %q): %v", tc.want, err)
-			}
-			t.Logf("found: %v", err)
+			fixedAndMutant(t, tc.mutant, func(t *testing.T, fixed bool) {
+				if fixed {
+					t.Skip("the fixed core's run of this configuration is TestSimExhaustive's (or TestSimRestartBeforeSender's)")
+				}
+				var err error
+				if tc.cfg == "script" {
+					w, _ := runScript(restartScriptConfig(), restartScript)
+					err = w.err
+				} else {
+					_, _, _, err = simExplore(cfgs[tc.cfg].cfg, 600_000)
+				}
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("the simulator did not find the bug (want %q): %v", tc.want, err)
+				}
+				t.Logf("found: %v", err)
+			})
 		})
 	}
 }

@@ -1,41 +1,179 @@
-// Command srcmutants is the second half of make mutants: bugs brought back
-// into packages that have no built-in mutant switch (kvmanager's are in
-// kvmanager/mutants.go), as source edits laid over the real files with
-// go test -overlay (the working tree is never touched). Each must make the
-// package's tests fail; one that survives fails the command.
+// Command srcmutants is make mutants: bugs brought back into the code as
+// source edits laid over the real files with go test -overlay (the
+// working tree is never touched; no switch is compiled into production
+// code). Each must make the tests it names fail; one that survives fails
+// the command. -only a,b runs the named mutants alone.
+//
+// A package whose tests check a mutant's effect as well (kvmanager's
+// fixedAndMutant) has an activemutant_test.go declaring
+// const activeMutant = ""; the overlay replaces it with the mutant's name,
+// and every "with <name>" subtest the run shows must pass.
 package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
 
-// mutant replaces old (which must occur exactly once) with new in file;
-// pkg and run, when set, name the package whose tests must catch it and
-// the tests to run (default: every test of the file's package).
+// edit replaces old (which must occur exactly once, after the edits of the
+// same file before it) with new in file.
+type edit struct{ file, old, new string }
+
+// mutant is one edit (file, old, new) and any more; pkg and run, when set,
+// name the package whose tests must catch it and the tests to run
+// (default: every test of the first file's package).
 type mutant struct {
 	name, file, old, new string
 	pkg, run             string
+	more                 []edit
 }
 
-// The envelope's checks (bootstrap/address.go, auth.go): issue 23.
+func (m mutant) edits() []edit { return append([]edit{{m.file, m.old, m.new}}, m.more...) }
+
 var mutants = []mutant{
-	{"no-replay-window", "bootstrap/address.go", "	if !w.accept(env.Seq) {", "	if !w.accept(env.Seq) && false {", "", ""},
-	{"other-epoch-accepted", "bootstrap/address.go", "	case to.Epoch != 0 && to.Epoch != self.Epoch && t != TypePing:", "	case to.Epoch != 0 && to.Epoch != self.Epoch && t != TypePing && false:", "", ""},
-	{"unknown-epoch-accepted", "bootstrap/address.go", "	case to.Epoch == 0 && !opener:", "	case to.Epoch == 0 && !opener && false:", "", ""},
-	{"other-rank-accepted", "bootstrap/address.go", "	case to.Role != \"\" && (to.Role != self.Role || to.Instance != self.Instance || to.Rank != self.Rank):", "	case to.Role != \"\" && false:", "", ""},
-	{"from-not-the-certificate", "bootstrap/address.go", "		if pc == nil || pc.cert.Identity() != (From{Role: from.Role, Instance: from.Instance, Rank: from.Rank}) {", "		if pc == nil {", "", ""},
-	{"same-role-certificate", "bootstrap/address.go", "	if len(raw) > 4 && byteRole(raw[4]) == a.role {", "	if false {", "", ""},
-	{"secret-alone-speaks", "bootstrap/address.go", "		if raw == nil {\n			return nil, AuthNoIdentity\n		}", "		if raw == nil {\n			return nil, \"\"\n		}", "", ""},
-	{"seal-not-bound-to-owner", "bootstrap/address.go", "	b := []byte(from.Peer())", "	b := []byte(\"\")", "", ""},
-	{"endpoint-not-bound", "bootstrap/address.go", "	if e != nil && keyOf(e.id) != keyOf(from) && (e.hinted || now.Sub(e.heard) < a.rebindAfter) {", "	if false {", "", ""},
-	{"windows-evicted-when-full", "bootstrap/address.go", "		if now.Sub(a.windows[old].last) < a.auth.MaxSkew {", "		if false {", "", ""},
-	{"no-skew-check", "bootstrap/auth.go", "	if d := now.Sub(env.Sent); d > a.MaxSkew || d < -a.MaxSkew {", "	if false {", "", ""},
+	// The protocol core's mutants (kvmanager's core, registry and report):
+	// Each brings back a bug the core's design removed. The tests named
+	// Assert the fixed behaviour; those written with fixedAndMutant also
+	// Check, in a subtest "with <name>", that the bug shows as described.
+	// Those with no test named are caught by the whole package (the
+	// Simulator's checkers).
+	// An ABORT on a Cleared tombstone acks drained at once.
+	{name: "ack-on-cleared-tombstone", file: "kvmanager/core_prefill.go", old: "\tack := bootstrap.Peer{Endpoint: msg.From.Endpoint}\n", new: "\tack := bootstrap.Peer{Endpoint: msg.From.Endpoint}\n\tif t, ok := c.reg.tombs[msg.Room]; ok && t.kind == Cleared {\n\t\tc.send(ack, msg.Room, &bootstrap.AbortAck{Room: msg.Room, Drained: true})\n\t\treturn\n\t}\n",
+		pkg: "kvmanager", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
+	// A failed write counts as drained.
+	{name: "failed-write-drains", file: "kvmanager/core_prefill.go", old: "\tres := c.count(EventWriteDone, c.reg.WriteDone(room, w.Last, err, quiesced))", new: "\tquiesced = true\n\tres := c.count(EventWriteDone, c.reg.WriteDone(room, w.Last, err, quiesced))",
+		pkg: "kvmanager", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
+	// Clear ends the decode quarantine.
+	{name: "clear-releases", file: "kvmanager/core_decode.go", old: "\t\tc.index(rm, false)\n\t}\n\treturn res\n}\n\n// hold is Core.Hold.", new: "\t\tc.index(rm, false)\n\t}\n\tif h := c.holds[room]; h != nil {\n\t\tc.release(h, false)\n\t}\n\treturn res\n}\n\n// hold is Core.Hold.",
+		pkg: "kvmanager", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
+	// An abort before the REQUEST is not sent.
+	{name: "no-early-abort", file: "kvmanager/core_decode.go", old: "\t\t\tc.oweAbort(c.targets[s.target], room, \"\", reason)", new: "\t\t\tif !s.sent {\n\t\t\t\tcontinue\n\t\t\t}\n\t\t\tc.oweAbort(c.targets[s.target], room, \"\", reason)",
+		pkg: "kvmanager", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
+	// Prefill forgets a registration when heartbeats fail.
+	{name: "drop-reg-on-peer-down", file: "kvmanager/core_prefill.go", old: "\t\tif restarted {\n\t\t\tdelete(c.peers, key)", new: "\t\tif true {\n\t\t\tdelete(c.peers, key)",
+		pkg: "kvmanager", run: "^(TestFalsePeerDeadKeepsRegistration)$"},
+	// Writes go to the peer's current epoch.
+	{name: "post-ignores-epoch", file: "kvmanager/core_prefill.go", old: "\t\tif p := c.reg.pending[id]; match(p.requests) {", new: "\t\tif p := c.reg.pending[id]; match(p.requests) && false {",
+		pkg: "kvmanager", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$", more: []edit{{"kvmanager/core_prefill.go", "\t\tif p == nil || p.from.Epoch != pr.Epoch {", "\t\tif p == nil {"}, {"kvmanager/core_prefill.go", "\tp := c.peers[w.PeerKey]\n\tif p == nil || p.from.Epoch != w.Epoch {", "\tp := c.peers[w.PeerKey]\n\tif p != nil {\n\t\tw.Remote, w.Peer, w.Epoch = p.remote, p.layout, p.from.Epoch\n\t}\n\tif p == nil || p.from.Epoch != w.Epoch {"}}},
+	// A restart report cancels the registration in progress.
+	{name: "restart-drops-pending", file: "kvmanager/core_decode.go", old: "\tswitch {\n\tcase restarted:\n\t\tif tg.reg == regOK", new: "\tswitch {\n\tcase restarted && true:\n\t\ttg.reg, tg.resolved = regNone, false\n\tcase restarted:\n\t\tif tg.reg == regOK",
+		pkg: "kvmanager", run: "^(TestRestartReportKeepsRegistrationInProgress)$"},
+	// An unanswered REGISTER is retried at the cached endpoint forever.
+	{name: "retry-cached-endpoint", file: "kvmanager/core_decode.go", old: "\t\t\tif tg.unanswered >= registerLookupAfter {", new: "\t\t\tif tg.unanswered >= registerLookupAfter && false {",
+		pkg: "kvmanager", run: "^(TestUnansweredRegisterLooksUpAgain)$"},
+	// A decode rank declared dead is not told its rooms failed.
+	{name: "dead-peer-not-told", file: "kvmanager/core_prefill.go", old: "\tif code == CodePeerUnreachable {", new: "\tif code == CodePeerUnreachable && false {",
+		pkg: "kvmanager", run: "^(TestDeadPeerIsToldItsRoomsFailed)$"},
+	// An ABORT sent to a known endpoint is forgotten (not re-sent to a new process).
+	{name: "abort-sent-once", file: "kvmanager/core_decode.go", old: "\to := owedAbort{code: code, reason: reason, until: c.now.Add(c.cfg.Registry.TombstoneTTL)}\n", new: "\to := owedAbort{code: code, reason: reason, until: c.now.Add(c.cfg.Registry.TombstoneTTL)}\n\tif tg.resolved {\n\t\tc.send(tg.peer(), room, o.msg(room))\n\t\treturn\n\t}\n",
+		pkg: "kvmanager", run: "^(TestOwedAbortFollowsTheRank)$"},
+	// A peer's new epoch is recorded but not handled as a restart.
+	{name: "no-epoch-check", file: "kvmanager/core.go", old: "\t\th.epoch = from.Epoch\n\t\tc.stats.PeersRestarted++\n", new: "\t\th.epoch = from.Epoch\n\t\treturn true\n\t\tc.stats.PeersRestarted++\n",
+		pkg: "kvmanager", run: "^(TestEpochCheck)$"},
+	// A peer is heartbeated forever after its last shared room.
+	{name: "never-unwatch", file: "kvmanager/core.go", old: "\tif len(c.watching) == 0 {\n\t\treturn\n\t}\n\tneeded :=", new: "\tif len(c.watching) == 0 || true {\n\t\treturn\n\t}\n\tneeded :=",
+		pkg: "kvmanager", run: "^(TestIdlePeersAreUnwatched)$"},
+	// A REQUEST goes to a registration nobody has heard from for long.
+	{name: "no-idle-recheck", file: "kvmanager/core_decode.go", old: "c.now.Sub(tg.heard) > c.cfg.RecheckIdle {", new: "c.now.Sub(tg.heard) > c.cfg.RecheckIdle && false {",
+		pkg: "kvmanager", run: "^(TestIdleRegistrationRechecked)$"},
+	// A late message from a peer's old epoch counts as a restart back.
+	{name: "no-retired-epochs", file: "kvmanager/core.go", old: "\t\tif slices.Contains(h.retired, from.Epoch) || from.Epoch < h.epoch {", new: "\t\tif (slices.Contains(h.retired, from.Epoch) || from.Epoch < h.epoch) && false {",
+		pkg: "kvmanager", run: "^(TestOlderUnheardEpochDropped|TestStaleEpochDropped)$"},
+	// A REGISTER's epoch check waits for its metadata load (Registered).
+	{name: "register-epoch-late", file: "kvmanager/core.go", old: "\tif !c.hear(msg.Sender()) {", new: "\tif reg, ok := msg.(*bootstrap.Register); ok && c.prefillCore != nil {\n\t\treturn c.prefillCore.checkToLoad(now, reg) // the epoch check left to Registered, after the metadata load\n\t}\n\tif !c.hear(msg.Sender()) {",
+		pkg: "kvmanager", run: "^(TestRegisterEpochCheckedBeforeMetadataLoad)$"},
+	// A re-check or re-lookup forgets the endpoint the rank had.
+	{name: "relookup-forgets-endpoint", file: "kvmanager/core_decode.go", old: "\ttg.reg = regNone\n\tif !tg.resolving {", new: "\ttg.reg = regNone\n\ttg.resolved = false\n\tif !tg.resolving {",
+		pkg: "kvmanager", run: "^(TestRelookupKeepsTheEndpoint)$"},
+	// A room refused before it was created is not aborted on its prefill ranks.
+	{name: "refusal-not-told", file: "kvmanager/core_decode.go", old: "\tif _, held := c.holds[room]; held {", new: "\tif _, held := c.holds[room]; held || true {",
+		pkg: "kvmanager", run: ""},
+	// A failed decode room's quarantine deadline is now, not now+QuarantineTimeout.
+	{name: "quarantine-now", file: "kvmanager/core_decode.go", old: "\th.deadline = c.now.Add(c.cfg.QuarantineTimeout)\n", new: "\th.deadline = c.now\n",
+		pkg: "kvmanager", run: "^(TestQuarantineLastsItsTimeout)$"},
+	// A room's done waiter is woken when it starts Transferring, before it is terminal.
+	{name: "wake-early", file: "kvmanager/registry.go", old: "ErrNotReady)}\n\t}\n\trm.enter(Transferring, now)\n\trm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))\n", new: "ErrNotReady)}\n\t}\n\trm.enter(Transferring, now)\n\trm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))\n\tr.wakeDone(rm) // data arrived: \"done\" woken while the room is still Transferring\n",
+		pkg: "kvmanager", run: "^(TestDoneWokenOnlyWhenTerminal)$"},
+	// The ABORT_ACK owed to an ABORT is forgotten when the room's last write drains.
+	{name: "no-abort-ack", file: "kvmanager/registry.go", old: "\tif rm.status.Terminal() {\n\t\tr.maybeSettle(rm)\n\t\treturn r.drainResult(rm, IgnoredTerminal)", new: "\tif rm.status.Terminal() {\n\t\tif rm.drained() {\n\t\t\trm.acks = nil // forgotten: the ABORT that waited for this drain never hears back\n\t\t}\n\t\tr.maybeSettle(rm)\n\t\treturn r.drainResult(rm, IgnoredTerminal)",
+		pkg: "kvmanager", run: "^(TestAbortAckSentWhenWritesDrain)$"},
+	// Prefill keeps the rooms bound to a decode rank's old epoch when it restarts.
+	{name: "restart-keeps-rooms", file: "kvmanager/core_prefill.go", old: "\t\tc.peerGone(key, p.from.Epoch, true, code, reason)\n", new: "\t\tif !restarted {\n\t\t\tc.peerGone(key, p.from.Epoch, true, code, reason)\n\t\t}\n",
+		pkg: "kvmanager", run: "^(TestPrefillFailsRoomsOfRestartedPeer)$"},
+	// A REQUEST beyond the room's Required count is accepted.
+	{name: "extra-request-accepted", file: "kvmanager/registry.go", old: "\tif len(*reqs) >= req.Required {", new: "\tif len(*reqs) >= req.Required && false {",
+		pkg: "kvmanager", run: "^(TestExtraRequestRefused)$"},
+	// MaxTombstones is not enforced.
+	{name: "tombstone-bound-ignored", file: "kvmanager/registry.go", old: "len(r.tombQ) > 0; tries-- {", new: "len(r.tombQ) > 0 && false; tries-- {",
+		pkg: "kvmanager", run: "^(TestTombstonesBounded)$"},
+	// Decode releases pages on an ABORT_ACK with Drained false.
+	{name: "not-drained-releases", file: "kvmanager/core_decode.go", old: "\tif msg.Drained {", new: "\tif true {",
+		pkg: "kvmanager", run: "^(TestNotDrainedAckKeepsPages)$"},
+	// A STATUS failed from another epoch than the REQUEST's fails the room.
+	{name: "stale-status-fails", file: "kvmanager/core_decode.go", old: "msg.Code != CodeNotRegistered) {", new: "msg.Code != CodeNotRegistered && false) {",
+		pkg: "kvmanager", run: "^(TestStaleStatusIgnored)$"},
+	// MaxPendingPerPeer is not enforced.
+	{name: "pending-bound-ignored", file: "kvmanager/registry.go", old: "n >= r.cfg.MaxPendingPerPeer {", new: "n >= r.cfg.MaxPendingPerPeer && false {",
+		pkg: "kvmanager", run: "^(TestPendingPerPeerBounded)$"},
+	// Sweep fails overdue rooms in map order, not room order.
+	{name: "sweep-map-order", file: "kvmanager/registry.go", old: "\t}\n\tslices.Sort(due)\n\tfor _, id := range due {\n\t\trm := r.rooms[id]", new: "\t}\n\tfor _, id := range due {\n\t\trm := r.rooms[id]",
+		pkg: "kvmanager", run: "^(TestSweepInRoomOrder)$"},
+	// A tombstone kept past MaxTombstones while it owed is not trimmed when it settles.
+	{name: "no-tomb-trim", file: "kvmanager/registry.go", old: "\t\tr.evictTombs(r.cfg.MaxTombstones) // it settled: the bound holds again\n", new: "\n",
+		pkg: "kvmanager", run: "^(TestSimRegressions)$"},
+	// Owed ABORTs are not sent again while unacknowledged (a lost ABORT waits for the prefill room's deadline).
+	{name: "owed-not-resent", file: "kvmanager/core_decode.go", old: "!now.Before(tg.nextOwed):", new: "!now.Before(tg.nextOwed) && false:",
+		pkg: "kvmanager", run: ""},
+	// A REGISTER whose regions overlap is accepted.
+	{name: "overlap-accepted", file: "kvmanager/core_prefill.go", old: "\tif reason := overlap(msg); reason != \"\" {", new: "\tif reason := overlap(msg); reason != \"\" && false {",
+		pkg: "kvmanager", run: "^(TestRegisterOverlapRefused)$"},
+	// A REQUEST naming a destination page (or state item) twice is accepted.
+	{name: "repeat-accepted", file: "kvmanager/core_prefill.go", old: "\tif reason := repeated(msg, key); reason != \"\" {", new: "\tif reason := repeated(msg, key); reason != \"\" && false {",
+		pkg: "kvmanager", run: "^(TestRequestRepeatRefused)$"},
+	// A REQUEST naming a page another live room of the decode process holds is accepted.
+	{name: "in-use-accepted", file: "kvmanager/core_prefill.go", old: "\tif reason := p.held(msg, func(room uint64) bool { return c.reg.Live(room) }); reason != \"\" {", new: "\tif reason := p.held(msg, func(room uint64) bool { return c.reg.Live(room) }); reason != \"\" && false {",
+		pkg: "kvmanager", run: "^(TestRequestPageInUseRefused)$"},
+	// A REQUEST is refused for a page held by a room that has ended (its writes may still land: the decode rank reuses it after its quarantine, as the protocol allows).
+	{name: "dead-holder-blocks", file: "kvmanager/core_prefill.go", old: "\tif reason := p.held(msg, func(room uint64) bool { return c.reg.Live(room) }); reason != \"\" {", new: "\tif reason := p.held(msg, func(room uint64) bool { return true }); reason != \"\" {",
+		pkg: "kvmanager", run: "^(TestPagesHeldWhileTheRoomIsLive)$"},
+	// Decode.InitReceiver takes a spec naming a destination page twice.
+	{name: "spec-repeat-accepted", file: "kvmanager/decode.go", old: "\t\tif bad = checkSpec(room, spec); bad != nil {", new: "\t\tif bad = checkSpec(room, spec); bad != nil && false {",
+		pkg: "kvmanager", run: "^(TestInitReceiverRefusesRepeatedDestinations)$"},
+	// A decode rank's pages stay held until the room's final write completes, though it may reuse them once it saw them land.
+	{name: "held-past-final-post", file: "kvmanager/core_prefill.go", old: "\tif strings.HasSuffix(w.Notif, auxNotifSuffix) {", new: "\tif strings.HasSuffix(w.Notif, auxNotifSuffix) && false {",
+		pkg: "kvmanager", run: "^(TestPagesFreeOnceTheirFinalWriteIsPosted)$"},
+	// Decode counts a chunk landed at its first layer group's notification.
+	{name: "chunk-layers-ignored", file: "kvmanager/core_decode.go", old: "\t\tif !s.complete() {", new: "\t\tif !s.complete() && !(s.aux && s.total > 0 && len(s.chunks) >= s.total) {",
+		pkg: "kvmanager", run: ""},
+	// A notification that contradicts its chunk's earlier ones (span, positions) is counted.
+	{name: "notif-unchecked", file: "kvmanager/core_decode.go", old: "\tif s.spanHi != 0 && (in.SpanLo != s.spanLo || in.SpanHi != s.spanHi) {", new: "\tif false {",
+		pkg: "kvmanager", run: "^(TestNotifContradictionRefused)$", more: []edit{{"kvmanager/core_decode.go", "\t} else if cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi {", "\t} else if false {"}}},
+	// A failed room's load report is given before every source proved nothing else can land.
+	{name: "report-unproven", file: "kvmanager/report.go", old: "\tif held {\n\t\treturn LoadReport{}, false // something may still land", new: "\tif held && false {\n\t\treturn LoadReport{}, false // something may still land",
+		pkg: "kvmanager", run: "^(TestLoadReport)$", more: []edit{{"kvmanager/report.go", "\t\tif sr.Proven {", "\t\tif true {"}}},
+	// Prefill takes a chunk's layer ranges out of order.
+	{name: "layer-order-unchecked", file: "kvmanager/core_prefill.go", old: "\tcase lo != next || hi <= lo || hi > layers:", new: "\tcase hi <= lo || hi > layers:",
+		pkg: "kvmanager", run: "^(TestSendLayersInOrder)$"},
+	// The envelope's checks (bootstrap/address.go, auth.go).
+	{"no-replay-window", "bootstrap/address.go", "	if !w.accept(env.Seq) {", "	if !w.accept(env.Seq) && false {", "", "", nil},
+	{"other-epoch-accepted", "bootstrap/address.go", "	case to.Epoch != 0 && to.Epoch != self.Epoch && t != TypePing:", "	case to.Epoch != 0 && to.Epoch != self.Epoch && t != TypePing && false:", "", "", nil},
+	{"unknown-epoch-accepted", "bootstrap/address.go", "	case to.Epoch == 0 && !opener:", "	case to.Epoch == 0 && !opener && false:", "", "", nil},
+	{"other-rank-accepted", "bootstrap/address.go", "	case to.Role != \"\" && (to.Role != self.Role || to.Instance != self.Instance || to.Rank != self.Rank):", "	case to.Role != \"\" && false:", "", "", nil},
+	{"from-not-the-certificate", "bootstrap/address.go", "		if pc == nil || pc.cert.Identity() != (From{Role: from.Role, Instance: from.Instance, Rank: from.Rank}) {", "		if pc == nil {", "", "", nil},
+	{"same-role-certificate", "bootstrap/address.go", "	if len(raw) > 4 && byteRole(raw[4]) == a.role {", "	if false {", "", "", nil},
+	{"secret-alone-speaks", "bootstrap/address.go", "		if raw == nil {\n			return nil, AuthNoIdentity\n		}", "		if raw == nil {\n			return nil, \"\"\n		}", "", "", nil},
+	{"seal-not-bound-to-owner", "bootstrap/address.go", "	b := []byte(from.Peer())", "	b := []byte(\"\")", "", "", nil},
+	{"endpoint-not-bound", "bootstrap/address.go", "	if e != nil && keyOf(e.id) != keyOf(from) && (e.hinted || now.Sub(e.heard) < a.rebindAfter) {", "	if false {", "", "", nil},
+	{"windows-evicted-when-full", "bootstrap/address.go", "		if now.Sub(a.windows[old].last) < a.auth.MaxSkew {", "		if false {", "", "", nil},
+	{"no-skew-check", "bootstrap/auth.go", "	if d := now.Sub(env.Sent); d > a.MaxSkew || d < -a.MaxSkew {", "	if false {", "", "", nil},
 	// The receive batch's byte cap (issue 24's review).
 	{name: "batch-bytes-uncapped", file: "bootstrap/zsock.go", old: "	for (int m = 0; m < maxm && held < KVB_BATCH_BYTES; m++) {", new: "	for (int m = 0; m < maxm; m++) {",
 		pkg: "bootstrap", run: "^TestReceiveBatchBytesCapped$"},
@@ -158,62 +296,143 @@ var mutants = []mutant{
 }
 
 func main() {
+	only := flag.String("only", "", "comma-separated mutant names: run these alone")
+	flag.Parse()
 	root, _ := os.Getwd()
 	tmp, err := os.MkdirTemp("", "srcmutants")
 	if err != nil {
 		fail(err)
 	}
 	defer os.RemoveAll(tmp)
+	run := mutants
+	if *only != "" {
+		run = nil
+		for _, name := range strings.Split(*only, ",") {
+			i := slices.IndexFunc(mutants, func(m mutant) bool { return m.name == name })
+			if i < 0 {
+				fail(fmt.Errorf("no mutant %q", name))
+			}
+			run = append(run, mutants[i])
+		}
+	}
 	survived := 0
-	for i, m := range mutants {
-		src, err := os.ReadFile(filepath.Join(root, m.file))
+	for i, m := range run {
+		ovf, err := overlay(root, tmp, i, m)
 		if err != nil {
 			fail(err)
 		}
-		if n := strings.Count(string(src), m.old); n != 1 {
-			fail(fmt.Errorf("mutant %s: %q occurs %d times in %s (the code moved: update scripts/srcmutants)", m.name, m.old, n, m.file))
-		}
-		mutated := filepath.Join(tmp, fmt.Sprintf("m%d.go", i))
-		if err := os.WriteFile(mutated, []byte(strings.Replace(string(src), m.old, m.new, 1)), 0o644); err != nil {
-			fail(err)
-		}
-		ov, _ := json.Marshal(map[string]map[string]string{"Replace": {filepath.Join(root, m.file): mutated}})
-		ovf := filepath.Join(tmp, fmt.Sprintf("m%d.json", i))
-		if err := os.WriteFile(ovf, ov, 0o644); err != nil {
-			fail(err)
-		}
 		start := time.Now()
-		pkg, args := filepath.Dir(m.file), []string{"test", "-count=1", "-failfast", "-overlay", ovf}
+		// The tests a mutant names all run (each "with" subtest is
+		// checked); a whole package stops at its first failure.
+		pkg, args := filepath.Dir(m.file), []string{"test", "-count=1", "-v", "-overlay", ovf}
 		if m.pkg != "" {
 			pkg = m.pkg
 		}
 		if m.run != "" {
 			args = append(args, "-run", m.run)
+		} else {
+			args = append(args, "-failfast")
 		}
 		cmd := exec.Command("go", append(args, "./"+pkg)...)
 		out, err := cmd.CombinedOutput()
 		secs := int(time.Since(start).Seconds())
+		shown, bad := described(string(out), m.name)
+		if bad != "" {
+			fail(fmt.Errorf("mutant %s: %s:\n%s", m.name, bad, tail(out)))
+		}
 		switch {
 		case err == nil:
-			fmt.Printf("mutant %-26s SURVIVED every test (%ds)\n", m.name, secs)
+			fmt.Printf("mutant %-28s SURVIVED every test (%ds)\n", m.name, secs)
 			survived++
 		case strings.Contains(string(out), "[build failed]") || strings.Contains(string(out), "setup failed"):
 			fail(fmt.Errorf("mutant %s does not compile:\n%s", m.name, out))
 		default:
 			by := "a failing run"
 			for _, l := range strings.Split(string(out), "\n") {
-				if strings.HasPrefix(l, "--- FAIL: ") {
-					by = strings.Fields(l)[2]
+				if f := strings.Fields(l); len(f) >= 3 && f[0] == "---" && f[1] == "FAIL:" {
+					by = f[2]
 					break
 				}
 			}
-			fmt.Printf("mutant %-26s caught by %s (%ds)\n", m.name, by, secs)
+			effect := ""
+			if shown > 0 {
+				effect = fmt.Sprintf(", its effect shown by %d", shown)
+			}
+			fmt.Printf("mutant %-28s caught by %s (%ds%s)\n", m.name, by, secs, effect)
 		}
 	}
-	fmt.Printf("%d source mutants, %d survived\n", len(mutants), survived)
+	fmt.Printf("%d source mutants, %d survived\n", len(run), survived)
 	if survived > 0 {
 		os.Exit(1)
 	}
+}
+
+// overlay writes the files mutant m (the i-th) lays over the tree and the
+// overlay's JSON, and returns the JSON's path.
+func overlay(root, tmp string, i int, m mutant) (string, error) {
+	replace := map[string]string{}
+	srcs := map[string]string{}
+	var files []string
+	for _, e := range m.edits() {
+		src, ok := srcs[e.file]
+		if !ok {
+			b, err := os.ReadFile(filepath.Join(root, e.file))
+			if err != nil {
+				return "", err
+			}
+			src = string(b)
+			files = append(files, e.file)
+		}
+		if n := strings.Count(src, e.old); n != 1 {
+			return "", fmt.Errorf("mutant %s: %q occurs %d times in %s (the code moved: update scripts/srcmutants)", m.name, e.old, n, e.file)
+		}
+		srcs[e.file] = strings.Replace(src, e.old, e.new, 1)
+	}
+	const active = "const activeMutant = \"\""
+	for _, f := range files {
+		am := filepath.Join(filepath.Dir(f), "activemutant_test.go")
+		if _, done := srcs[am]; done {
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join(root, am)); err == nil {
+			if strings.Count(string(b), active) != 1 {
+				return "", fmt.Errorf("%s does not declare %s", am, active)
+			}
+			srcs[am] = strings.Replace(string(b), active, fmt.Sprintf("const activeMutant = %q", m.name), 1)
+			files = append(files, am)
+		}
+	}
+	for j, f := range files {
+		mutated := filepath.Join(tmp, fmt.Sprintf("m%d-%d-%s", i, j, filepath.Base(f)))
+		if err := os.WriteFile(mutated, []byte(srcs[f]), 0o644); err != nil {
+			return "", err
+		}
+		replace[filepath.Join(root, f)] = mutated
+	}
+	ov, _ := json.Marshal(map[string]map[string]string{"Replace": replace})
+	ovf := filepath.Join(tmp, fmt.Sprintf("m%d.json", i))
+	return ovf, os.WriteFile(ovf, ov, 0o644)
+}
+
+// described checks the "with <name>" subtests of a run (go test -v): each
+// must pass — it shows the bug as the test describes it. It returns what
+// is wrong, or "", and how many passed.
+func described(out, name string) (shown int, bad string) {
+	re := regexp.MustCompile(`--- (PASS|FAIL|SKIP): (\S+/with_` + regexp.QuoteMeta(name) + `)\b`)
+	for _, m := range re.FindAllStringSubmatch(out, -1) {
+		if m[1] != "PASS" {
+			return shown, fmt.Sprintf("%s: %s, but it shows the bug as described only if it passes", m[2], m[1])
+		}
+		shown++
+	}
+	return shown, ""
+}
+
+func tail(out []byte) []byte {
+	if len(out) > 4000 {
+		return out[len(out)-4000:]
+	}
+	return out
 }
 
 func fail(err error) {
