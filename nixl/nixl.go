@@ -10,7 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
+
+	"github.com/kvbridge/kvbridge/internal/mem"
 )
 
 // Errors callers branch on. Engine failures wrap them.
@@ -30,47 +31,21 @@ var (
 )
 
 // MemKind is the kind of memory a descriptor points at.
-type MemKind uint8
+type MemKind = mem.MemKind
 
 const (
 	// DRAM is host memory.
-	DRAM MemKind = 1 + iota
+	DRAM = mem.DRAM
 	// VRAM is GPU memory (Dev is the GPU index).
-	VRAM
+	VRAM = mem.VRAM
 )
 
-func (k MemKind) String() string {
-	switch k {
-	case DRAM:
-		return "DRAM"
-	case VRAM:
-		return "VRAM"
-	}
-	return fmt.Sprintf("MemKind(%d)", uint8(k))
-}
-
 // Desc is one contiguous piece of memory.
-type Desc struct {
-	Addr uintptr
-	Len  uint64
-	Dev  uint64
-}
-
-func (d Desc) end() uint64 { return uint64(d.Addr) + d.Len }
-
-// contains reports whether d lies wholly inside r (same device).
-func (r Desc) contains(d Desc) bool {
-	return d.Dev == r.Dev && uint64(d.Addr) >= uint64(r.Addr) && d.end() <= r.end() && d.end() >= uint64(d.Addr)
-}
+type Desc = mem.Desc
 
 // BytesDesc describes a Go byte slice (which must stay pinned while
 // registered: use Agent.RegisterBytes).
-func BytesDesc(b []byte) Desc {
-	if len(b) == 0 {
-		return Desc{}
-	}
-	return Desc{Addr: uintptr(unsafe.Pointer(&b[0])), Len: uint64(len(b))}
-}
+func BytesDesc(b []byte) Desc { return mem.BytesDesc(b) }
 
 // Op is a transfer's direction.
 type Op uint8
@@ -537,7 +512,7 @@ func (a *Agent) register(kind MemKind, descs []Desc, p *runtime.Pinner) (*Regist
 		return nil, fmt.Errorf("agent %s: no descriptors: %w", a.name, ErrInvalidDescriptor)
 	}
 	for i, d := range descs {
-		if d.Addr == 0 || d.Len == 0 || d.end() < uint64(d.Addr) {
+		if d.Addr == 0 || d.Len == 0 || d.End() < uint64(d.Addr) {
 			return nil, fmt.Errorf("agent %s: descriptor %d %+v: %w", a.name, i, d, ErrInvalidDescriptor)
 		}
 	}
@@ -820,7 +795,7 @@ func newRegionIndex(rs []remoteRegion) *regionIndex {
 	var m uint64
 	for _, p := range idx.pos {
 		idx.r = append(idx.r, rs[p])
-		m = max(m, rs[p].end())
+		m = max(m, rs[p].End())
 		idx.maxEnd = append(idx.maxEnd, m)
 	}
 	return idx
@@ -840,8 +815,8 @@ func (idx *regionIndex) lookup(kind MemKind, d Desc) int {
 // region that far left could still reach d's end (regions of different
 // kinds may overlap numerically), so disjoint regions cost one step.
 func (idx *regionIndex) find(kind MemKind, d Desc) int {
-	for i := sort.Search(len(idx.r), func(i int) bool { return idx.r[i].Addr > d.Addr }) - 1; i >= 0 && idx.maxEnd[i] >= d.end(); i-- {
-		if idx.r[i].Kind == kind && idx.r[i].contains(d) {
+	for i := sort.Search(len(idx.r), func(i int) bool { return idx.r[i].Addr > d.Addr }) - 1; i >= 0 && idx.maxEnd[i] >= d.End(); i-- {
+		if idx.r[i].Kind == kind && idx.r[i].Contains(d) {
 			return i
 		}
 	}
@@ -850,7 +825,7 @@ func (idx *regionIndex) find(kind MemKind, d Desc) int {
 
 func inside(regions []remoteRegion, kind MemKind, d Desc) bool {
 	for _, r := range regions {
-		if r.Kind == kind && r.contains(d) {
+		if r.Kind == kind && r.Contains(d) {
 			return true
 		}
 	}

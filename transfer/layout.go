@@ -1,13 +1,67 @@
 package transfer
 
-import (
-	"cmp"
-	"fmt"
-	"math"
-	"slices"
+// The layout, topology and write types are package kvlayout's (internal,
+// cgo-free, shared with the protocol core); transfer exports them.
 
+import (
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/nixl"
 )
+
+// Layers is a range [Lo, Hi) of a rank's layers; Hi 0 means every layer.
+type Layers = kvlayout.Layers
+
+// Layout is one rank's registered KV memory: Regions[i] is layer i/2, K for
+// even i and V for odd i, each a run of pages of PageBytes bytes.
+type Layout = kvlayout.Layout
+
+// Link is one prefill rank (of the room's DP group) a decode rank pulls a
+// room from.
+type Link = kvlayout.Link
+
+// Model is what the mapping needs to know of the model, the same on every
+// rank of both instances.
+type Model = kvlayout.Model
+
+// PageLayout is the order of tokens and heads inside one page of a region.
+type PageLayout = kvlayout.PageLayout
+
+// Parallel is a rank's place in its instance: TP within its DP group, PP
+// stage, DP group. Sizes of 0 are read as 1.
+type Parallel = kvlayout.Parallel
+
+// Ready reports whether the data a write reads is in place (for example a
+// CUDA event of the kernel that wrote a layer: gpu.Event.Ready). An error
+// fails the write before anything is posted.
+type Ready = kvlayout.Ready
+
+// Run is a contiguous stretch of pages: Len pages from Src on the prefill
+// side to Dst on the decode side.
+type Run = kvlayout.Run
+
+// Slice is what one prefill rank writes into one decode rank's pages: a
+// range of heads (local offsets on each side) over the prefill rank's
+// regions, into the decode rank's regions shifted by RegionOffset.
+type Slice = kvlayout.Slice
+
+// Span is a byte range [Addr, Addr+Len) of registered memory: host memory
+// (DRAM) or device Dev's memory (VRAM).
+type Span = kvlayout.Span
+
+// StateRegion is one state region of ItemBytes-sized items.
+type StateRegion = kvlayout.StateRegion
+
+// Write is one WRITE to one peer: page runs over every KV region (or the
+// aux item), with a notification.
+type Write = kvlayout.Write
+
+// HND is head-major: for each head, its tokens (vLLM's layout for
+// heterogeneous TP). A head slice is one segment per page.
+const HND = kvlayout.HND
+
+// NHD is token-major: for each token, its heads (SGLang's MHA pool). A
+// head slice is one segment per token per page.
+const NHD = kvlayout.NHD
 
 // ProofBytes is the ownership proof slot after each region (KV, aux and
 // state) a rank registers: kvbridge writes its process's proof there, and
@@ -16,174 +70,54 @@ import (
 // has it; a region given with an address must be followed by ProofBytes of
 // memory the caller owns and never uses (kvbridge registers them with the
 // region).
-const ProofBytes = 64
+const ProofBytes = kvlayout.ProofBytes
 
-// Layout is one rank's registered KV memory: Regions[i] is layer i/2, K for
-// even i and V for odd i, each a run of pages of PageBytes bytes.
-type Layout struct {
-	Kind      nixl.MemKind
-	Regions   []nixl.Desc // one per layer and K/V, in layer order, K before V
-	PageBytes uint64
-	// Aux holds per-request auxiliary items (AuxItemBytes each).
-	Aux          nixl.Desc
-	AuxItemBytes uint64
-	// State regions hold per-request state items (e.g. a hybrid model's
-	// recurrent state), written with the last chunk. Host memory.
-	State []StateRegion
+// RegionsPerLayer is K and V (for MLA, the latent split in two halves).
+const RegionsPerLayer = kvlayout.RegionsPerLayer
+
+// ErrTopology is a pair of shapes the mapping does not support.
+var ErrTopology = kvlayout.ErrTopology
+
+// CheckLayouts verifies that a prefill and a decode layout fit the model
+// and their shapes: regions per stage layer, page bytes per TP size.
+func CheckLayouts(m Model, p Parallel, pl Layout, d Parallel, dl Layout) error {
+	return kvlayout.CheckLayouts(m, p, pl, d, dl)
 }
 
-// StateRegion is one state region of ItemBytes-sized items.
-type StateRegion struct {
-	nixl.Desc
-	ItemBytes uint64
+// Expand turns runs into descriptor pairs over every region: for each
+// region, one local and one remote descriptor per run.
+func Expand(runs []Run, local, remote Layout) (l, r []nixl.Desc) {
+	return kvlayout.Expand(runs, local, remote)
 }
 
-// Items is how many items the region holds.
-func (s StateRegion) Items() int {
-	if s.ItemBytes == 0 {
-		return 0
-	}
-	return int(s.Len / s.ItemBytes)
+// ExpandSlice turns page runs into descriptor pairs for a head slice: for
+// each local region, for each page (NHD: for each token), one segment;
+// segments contiguous on both sides are merged, so a Full slice of
+// contiguous pages is one descriptor per run per region, as Expand makes.
+func ExpandSlice(runs []Run, local, remote Layout, s *Slice) (l, r []nixl.Desc) {
+	return kvlayout.ExpandSlice(runs, local, remote, s)
 }
 
-// Pages is how many pages each region holds.
-func (l Layout) Pages() int {
-	if len(l.Regions) == 0 || l.PageBytes == 0 {
-		return 0
-	}
-	return int(l.Regions[0].Len / l.PageBytes)
-}
-
-// AuxItems is how many aux items the aux region holds.
-func (l Layout) AuxItems() int {
-	if l.AuxItemBytes == 0 {
-		return 0
-	}
-	return int(l.Aux.Len / l.AuxItemBytes)
-}
-
-// Validate checks the layout is usable.
-func (l Layout) Validate() error {
-	switch {
-	case len(l.Regions) == 0 || len(l.Regions)%2 != 0:
-		return fmt.Errorf("transfer: layout needs K and V regions per layer, got %d regions", len(l.Regions))
-	case l.PageBytes == 0:
-		return fmt.Errorf("transfer: page size is 0")
-	}
-	for i, r := range l.Regions {
-		if r.Len != l.Regions[0].Len || r.Len%l.PageBytes != 0 {
-			return fmt.Errorf("transfer: region %d is %d bytes, want %d (a whole number of %d-byte pages)",
-				i, r.Len, l.Regions[0].Len, l.PageBytes)
-		}
-	}
-	for i, st := range l.State {
-		if st.ItemBytes == 0 || st.Len%st.ItemBytes != 0 {
-			return fmt.Errorf("transfer: state region %d of %d bytes is not a whole number of %d-byte items", i, st.Len, st.ItemBytes)
-		}
-	}
-	if l.AuxItemBytes != 0 && l.Aux.Len%l.AuxItemBytes != 0 {
-		return fmt.Errorf("transfer: aux region of %d bytes is not a whole number of %d-byte items", l.Aux.Len, l.AuxItemBytes)
-	}
-	return nil
-}
-
-// Span is a byte range [Addr, Addr+Len) of registered memory: host memory
-// (DRAM) or device Dev's memory (VRAM).
-type Span struct {
-	Kind      nixl.MemKind
-	Dev       uint64
-	Addr, Len uint64
-}
-
-// End is the first byte past the span (the top of the address space for a
-// span that would wrap around it).
-func (s Span) End() uint64 {
-	if s.Len > math.MaxUint64-s.Addr {
-		return math.MaxUint64
-	}
-	return s.Addr + s.Len
-}
-
-// space names the address space the span lies in: host memory is one,
-// whatever device number it was registered with; each device's memory is
-// its own.
-func (s Span) space() (nixl.MemKind, uint64) {
-	if s.Kind == nixl.DRAM {
-		return s.Kind, 0
-	}
-	return s.Kind, s.Dev
-}
-
-func (s Span) sameSpace(o Span) bool {
-	k, d := s.space()
-	ko, do := o.space()
-	return k == ko && d == do
+// Links maps a decode rank onto a prefill instance (only its sizes are
+// read) for one room.
+func Links(m Model, prefill, decode Parallel) ([]Link, error) {
+	return kvlayout.Links(m, prefill, decode)
 }
 
 // Overlap finds two spans that share a byte — the same address space and
 // intersecting ranges — and returns their indices (i < j); ok is false
 // when no two do. An empty span shares no byte. It sorts a copy of the
 // indices: O(n log n) for n spans.
-func Overlap(spans []Span) (i, j int, ok bool) {
-	idx := make([]int, 0, len(spans))
-	for k, s := range spans {
-		if s.Len > 0 {
-			idx = append(idx, k)
-		}
-	}
-	slices.SortStableFunc(idx, func(a, b int) int {
-		ka, da := spans[a].space()
-		kb, db := spans[b].space()
-		return cmp.Or(cmp.Compare(ka, kb), cmp.Compare(da, db), cmp.Compare(spans[a].Addr, spans[b].Addr))
-	})
-	// Sorted by space, then start, the spans before the first overlap are
-	// disjoint, so the one just before a span ends furthest of them.
-	for n := 1; n < len(idx); n++ {
-		a, b := spans[idx[n-1]], spans[idx[n]]
-		if a.sameSpace(b) && b.Addr < a.End() {
-			return min(idx[n-1], idx[n]), max(idx[n-1], idx[n]), true
-		}
-	}
-	return 0, 0, false
-}
+func Overlap(spans []Span) (i, j int, ok bool) { return kvlayout.Overlap(spans) }
 
-// Run is a contiguous stretch of pages: Len pages from Src on the prefill
-// side to Dst on the decode side.
-type Run struct {
-	Src, Dst uint32
-	Len      uint32
-}
+// ParsePageLayout reads "NHD" or "HND" (any case; "" is NHD).
+func ParsePageLayout(s string) (PageLayout, error) { return kvlayout.ParsePageLayout(s) }
+
+// Plan computes what prefill rank p writes into decode rank d (nil for a
+// dummy: nothing). Both must hold the same model.
+func Plan(m Model, p, d Parallel) (*Slice, error) { return kvlayout.Plan(m, p, d) }
 
 // Runs groups page pairs (src[i] → dst[i]) into maximal runs where both
 // sides are consecutive, so a contiguous chunk becomes one descriptor per
 // region instead of one per page.
-func Runs(src, dst []uint32) []Run {
-	var out []Run
-	for i := 0; i < len(src); i++ {
-		if n := len(out); n > 0 {
-			r := &out[n-1]
-			if src[i] == r.Src+r.Len && dst[i] == r.Dst+r.Len {
-				r.Len++
-				continue
-			}
-		}
-		out = append(out, Run{Src: src[i], Dst: dst[i], Len: 1})
-	}
-	return out
-}
-
-// Expand turns runs into descriptor pairs over every region: for each
-// region, one local and one remote descriptor per run.
-func Expand(runs []Run, local, remote Layout) (l, r []nixl.Desc) {
-	l = make([]nixl.Desc, 0, len(runs)*len(local.Regions))
-	r = make([]nixl.Desc, 0, len(runs)*len(local.Regions))
-	for i := range local.Regions {
-		lr, rr := local.Regions[i], remote.Regions[i]
-		for _, run := range runs {
-			n := uint64(run.Len) * local.PageBytes
-			l = append(l, nixl.Desc{Addr: lr.Addr + uintptr(uint64(run.Src)*local.PageBytes), Len: n, Dev: lr.Dev})
-			r = append(r, nixl.Desc{Addr: rr.Addr + uintptr(uint64(run.Dst)*remote.PageBytes), Len: n, Dev: rr.Dev})
-		}
-	}
-	return l, r
-}
+func Runs(src, dst []uint32) []Run { return kvlayout.Runs(src, dst) }

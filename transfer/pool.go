@@ -16,52 +16,6 @@ var (
 	ErrStall   = errors.New("transfer: write stalled past its deadline")
 )
 
-// Write is one WRITE to one peer: page runs over every KV region (or the
-// aux item), with a notification.
-type Write struct {
-	Remote string // the peer's nixl agent name
-	Peer   Layout // the peer's registered memory
-	Runs   []Run  // KV pages; empty with AuxSrc ≥ 0 for the aux write
-	// AuxSrc/AuxDst copy one aux item instead of pages (−1: not an aux write).
-	AuxSrc, AuxDst int
-	// State ≥ 0 makes Runs item runs of that state region instead of pages.
-	State int
-	// Slice (optional) writes a head slice into the peer's pages (the rank
-	// mapping): heads and a region offset instead of whole pages.
-	Slice *Slice
-	// Layers [Lo, Hi) restricts a page write to those layers of this
-	// rank (regions 2·Lo … 2·Hi−1); the zero value writes every layer.
-	Layers Layers
-	// Ready (optional) is asked before the write is posted: the worker
-	// posts other rooms' writes until it answers true (a layer's kernel
-	// finished), and fails the write, unposted, on its error or when it
-	// has not answered true within the stall timeout.
-	Ready Ready
-	Notif string // "" for a write without a notification
-	Last  bool   // the room's final write to this peer
-	// PeerKey and Epoch name the decode process whose REQUEST gave the
-	// destination; the pool carries them for the gate, never reads them.
-	PeerKey string
-	Epoch   uint64
-}
-
-// Layers is a range [Lo, Hi) of a rank's layers; Hi 0 means every layer.
-type Layers struct{ Lo, Hi int }
-
-// regions returns the KV region range [lo, hi) the layers cover out of n
-// regions (two per layer, K before V), clipped to them.
-func (l Layers) regions(n int) (lo, hi int) {
-	if l.Hi == 0 {
-		return 0, n
-	}
-	return min(max(2*l.Lo, 0), n), min(max(2*l.Hi, 0), n)
-}
-
-// Ready reports whether the data a write reads is in place (for example a
-// CUDA event of the kernel that wrote a layer: gpu.Event.Ready). An error
-// fails the write before anything is posted.
-type Ready func() (bool, error)
-
 // ErrNotReady fails a write whose Ready did not answer true within the
 // stall timeout.
 var ErrNotReady = errors.New("transfer: the write's data was not ready within the stall timeout")
@@ -522,7 +476,7 @@ func (p *Pool) startOnce(w *Write, notif []byte, done chan<- *nixl.Xfer) (f *fli
 // many to keep prepared).
 func (p *Pool) prepOwn(w *Write) (l, r *nixl.Prepped, idx []int, err error) {
 	loc, sl := p.local, *w.Slice
-	rlo, rhi := w.Layers.regions(len(loc.Regions))
+	rlo, rhi := w.Layers.Regions(len(loc.Regions))
 	loc.Regions, sl.RegionOffset = loc.Regions[rlo:rhi], sl.RegionOffset+rlo
 	local, remote := ExpandSlice(w.Runs, loc, w.Peer, &sl)
 	if l, err = p.agent.PrepLocal(p.local.Kind, local); err != nil {

@@ -338,7 +338,7 @@ func (ls *lists) indices(w *Write) (l, r *nixl.Prepped, li, ri []int, ref *peerL
 			return nil, nil, nil, nil, nil, false, nil
 		}
 		n := lsl.pieces
-		rlo, rhi := w.Layers.regions(len(local.Regions))
+		rlo, rhi := w.Layers.Regions(len(local.Regions))
 		for i := rlo; i < rhi; i++ {
 			for _, run := range w.Runs {
 				for k := uint32(0); k < run.Len; k++ {
@@ -372,7 +372,7 @@ func (ls *lists) pages(w *Write, self *sideLists, peer *peerLists, offset int,
 	for _, run := range w.Runs {
 		n += int(run.Len)
 	}
-	rlo, rhi := w.Layers.regions(len(local.Regions))
+	rlo, rhi := w.Layers.Regions(len(local.Regions))
 	li, ri := make([]int, 0, n*(rhi-rlo)), make([]int, 0, n*(rhi-rlo))
 	for i := rlo; i < rhi; i++ {
 		for _, run := range w.Runs {

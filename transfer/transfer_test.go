@@ -21,10 +21,10 @@ func TestRuns(t *testing.T) {
 		want     []Run
 	}{
 		{nil, nil, nil},
-		{[]uint32{5}, []uint32{9}, []Run{{5, 9, 1}}},
-		{[]uint32{1, 2, 3, 4}, []uint32{10, 11, 12, 13}, []Run{{1, 10, 4}}},
-		{[]uint32{1, 2, 3, 7, 8}, []uint32{10, 11, 20, 21, 22}, []Run{{1, 10, 2}, {3, 20, 1}, {7, 21, 2}}},
-		{[]uint32{3, 2, 1}, []uint32{1, 2, 3}, []Run{{3, 1, 1}, {2, 2, 1}, {1, 3, 1}}},
+		{[]uint32{5}, []uint32{9}, []Run{{Src: 5, Dst: 9, Len: 1}}},
+		{[]uint32{1, 2, 3, 4}, []uint32{10, 11, 12, 13}, []Run{{Src: 1, Dst: 10, Len: 4}}},
+		{[]uint32{1, 2, 3, 7, 8}, []uint32{10, 11, 20, 21, 22}, []Run{{Src: 1, Dst: 10, Len: 2}, {Src: 3, Dst: 20, Len: 1}, {Src: 7, Dst: 21, Len: 2}}},
+		{[]uint32{3, 2, 1}, []uint32{1, 2, 3}, []Run{{Src: 3, Dst: 1, Len: 1}, {Src: 2, Dst: 2, Len: 1}, {Src: 1, Dst: 3, Len: 1}}},
 	} {
 		if got := Runs(tc.src, tc.dst); !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("Runs(%v, %v) = %v, want %v", tc.src, tc.dst, got, tc.want)
@@ -161,7 +161,7 @@ func TestPoolGateDrops(t *testing.T) {
 	dropped := make(chan string, 4)
 	var wrote int
 	for i := 0; i < 3; i++ {
-		pool.Submit(Job{Room: 1, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{0, 0, 1}}, AuxSrc: -1, State: -1, Notif: fmt.Sprint(i)}},
+		pool.Submit(Job{Room: 1, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 0, Dst: 0, Len: 1}}, AuxSrc: -1, State: -1, Notif: fmt.Sprint(i)}},
 			Gate:    func(w *Write) bool { return w.Notif == "0" },
 			Done:    func(*Write, error, bool) { wrote++ },
 			Dropped: func(w *Write) { dropped <- w.Notif }})
@@ -193,7 +193,7 @@ func TestPoolQuiesced(t *testing.T) {
 	peer.AuxItemBytes = p.layout.AuxItemBytes + 1 // refused before any post
 	pool.Submit(Job{Room: 1, Writes: []Write{
 		{Remote: remote, Peer: peer, AuxSrc: 0, AuxDst: 0, State: -1},
-		{Remote: remote, Peer: d.layout, Runs: []Run{{0, 0, 1}}, AuxSrc: -1, State: -1},
+		{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 0, Dst: 0, Len: 1}}, AuxSrc: -1, State: -1},
 	},
 		Gate: func(*Write) bool { return true },
 		Done: func(_ *Write, err error, q bool) { got <- done{err, q} }})

@@ -1,11 +1,11 @@
-package transfer
+package kvlayout
 
 import (
 	"errors"
 	"fmt"
 	"strings"
 
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/mem"
 )
 
 // The rank mapping: which prefill ranks a decode rank pulls a room from,
@@ -342,9 +342,9 @@ func CheckLayouts(m Model, p Parallel, pl Layout, d Parallel, dl Layout) error {
 // each local region, for each page (NHD: for each token), one segment;
 // segments contiguous on both sides are merged, so a Full slice of
 // contiguous pages is one descriptor per run per region, as Expand makes.
-func ExpandSlice(runs []Run, local, remote Layout, s *Slice) (l, r []nixl.Desc) {
+func ExpandSlice(runs []Run, local, remote Layout, s *Slice) (l, r []mem.Desc) {
 	hb := uint64(s.HeadBytes)
-	add := func(ld, rd nixl.Desc) {
+	add := func(ld, rd mem.Desc) {
 		if n := len(l); n > 0 && l[n-1].Addr+uintptr(l[n-1].Len) == ld.Addr && r[n-1].Addr+uintptr(r[n-1].Len) == rd.Addr &&
 			l[n-1].Dev == ld.Dev && r[n-1].Dev == rd.Dev {
 			l[n-1].Len += ld.Len
@@ -361,17 +361,17 @@ func ExpandSlice(runs []Run, local, remote Layout, s *Slice) (l, r []nixl.Desc) 
 				rp := rr.Addr + uintptr(uint64(run.Dst+k)*remote.PageBytes)
 				switch {
 				case s.Full:
-					add(nixl.Desc{Addr: lp, Len: local.PageBytes, Dev: lr.Dev}, nixl.Desc{Addr: rp, Len: remote.PageBytes, Dev: rr.Dev})
+					add(mem.Desc{Addr: lp, Len: local.PageBytes, Dev: lr.Dev}, mem.Desc{Addr: rp, Len: remote.PageBytes, Dev: rr.Dev})
 				case s.Layout == HND:
 					tok := uint64(s.PageTokens) * hb
 					n := uint64(s.Heads) * tok
-					add(nixl.Desc{Addr: lp + uintptr(uint64(s.SrcHead)*tok), Len: n, Dev: lr.Dev},
-						nixl.Desc{Addr: rp + uintptr(uint64(s.DstHead)*tok), Len: n, Dev: rr.Dev})
+					add(mem.Desc{Addr: lp + uintptr(uint64(s.SrcHead)*tok), Len: n, Dev: lr.Dev},
+						mem.Desc{Addr: rp + uintptr(uint64(s.DstHead)*tok), Len: n, Dev: rr.Dev})
 				default: // NHD
 					n := uint64(s.Heads) * hb
 					for t := 0; t < s.PageTokens; t++ {
-						add(nixl.Desc{Addr: lp + uintptr((uint64(t*s.SrcHeads+s.SrcHead))*hb), Len: n, Dev: lr.Dev},
-							nixl.Desc{Addr: rp + uintptr((uint64(t*s.DstHeads+s.DstHead))*hb), Len: n, Dev: rr.Dev})
+						add(mem.Desc{Addr: lp + uintptr((uint64(t*s.SrcHeads+s.SrcHead))*hb), Len: n, Dev: lr.Dev},
+							mem.Desc{Addr: rp + uintptr((uint64(t*s.DstHeads+s.DstHead))*hb), Len: n, Dev: rr.Dev})
 					}
 				}
 			}
