@@ -45,4 +45,3 @@ func (l Layers) Regions(n int) (lo, hi int) {
 // CUDA event of the kernel that wrote a layer: gpu.Event.Ready). An error
 // fails the write before anything is posted.
 type Ready func() (bool, error)
-
