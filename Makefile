@@ -50,7 +50,7 @@ mutants:
 	$(GO) run ./scripts/srcmutants
 
 FUZZTIME ?= 60s
-FUZZ_TARGETS := bootstrap:FuzzDecode bootstrap:FuzzOpen bootstrap:FuzzOpenMD nixl:FuzzParseUCXAddress nixl:FuzzParseNIXLMD nixl:FuzzDecodeMetadata kvmanager:FuzzParseNotif
+FUZZ_TARGETS := internal/wire:FuzzDecode bootstrap:FuzzOpen bootstrap:FuzzOpenMD nixl:FuzzParseUCXAddress nixl:FuzzParseNIXLMD nixl:FuzzDecodeMetadata kvmanager:FuzzParseNotif
 ## fuzz: each native fuzz target for FUZZTIME (make test runs their seed corpora only): the wire decoder, the authentication frame and sealed metadata, the UCX worker address and NIXL blob walks, kvbridge's metadata envelope, the notification parser
 fuzz: deps
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t#*:}; echo "== $$pkg $$fn"; $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) ./$$pkg; done

@@ -55,9 +55,9 @@ func (tp *tap) next(t *testing.T) [][]byte {
 	return f
 }
 
-// wire is one raw connection to a rank: what a test sends on it arrives
+// rawWire is one raw connection to a rank: what a test sends on it arrives
 // in order, so a marker sent last proves everything before it was handled.
-type wire struct {
+type rawWire struct {
 	t    *testing.T
 	sock *zmq.Socket
 	to   *testRank
@@ -65,16 +65,16 @@ type wire struct {
 	from From
 }
 
-func newWire(t *testing.T, to *testRank, id *RankIdentity) *wire {
+func newWire(t *testing.T, to *testRank, id *RankIdentity) *rawWire {
 	from := From{Role: RoleDecode, Instance: "marker", Endpoint: "tcp://127.0.0.1:1", Epoch: NewEpoch()}
 	if id != nil {
 		from.Instance, from.Rank = id.Cert.Instance, id.Cert.Rank
 	}
-	return &wire{t: t, sock: rawPush(t, to.Endpoint()), to: to, ad: newAddressing(testAuth(), id, RoleDecode), from: from}
+	return &rawWire{t: t, sock: rawPush(t, to.Endpoint()), to: to, ad: newAddressing(testAuth(), id, RoleDecode), from: from}
 }
 
 // send sends frames byte for byte.
-func (w *wire) send(frames [][]byte) {
+func (w *rawWire) send(frames [][]byte) {
 	w.t.Helper()
 	if _, err := w.sock.SendMessage(frames); err != nil {
 		w.t.Fatal(err)
@@ -83,7 +83,7 @@ func (w *wire) send(frames [][]byte) {
 
 // sync sends a marker ABORT for room and waits for it: nothing sent on the
 // wire before it reached the handler.
-func (w *wire) sync(room uint64) {
+func (w *rawWire) sync(room uint64) {
 	w.t.Helper()
 	env, key, err := w.ad.envelope(w.to.peer())
 	if err != nil {

@@ -3,6 +3,8 @@ package bootstrap
 import (
 	"bytes"
 	"crypto/ed25519"
+	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -70,7 +72,7 @@ func (z *bareZMQ) close() {
 }
 
 func benchFrames(tb testing.TB) [][]byte {
-	f, err := Encode(&Abort{From: sampleFrom(RoleDecode), Room: 123456, Reason: "benchmark"})
+	f, err := Encode(&Abort{From: wiretest.SampleFrom(RoleDecode), Room: 123456, Reason: "benchmark"})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -328,7 +330,7 @@ func controlRoundTrip(b *testing.B, insecure bool) {
 }
 
 func BenchmarkDecode(b *testing.B) {
-	for _, m := range []Message{sampleMessages()[0], sampleMessages()[2]} {
+	for _, m := range []Message{wiretest.SampleMessages()[0], wiretest.SampleMessages()[2]} {
 		frames, _ := Encode(m)
 		b.Run(m.Type().String(), func(b *testing.B) {
 			b.ReportAllocs()
@@ -343,7 +345,7 @@ func BenchmarkDecode(b *testing.B) {
 }
 
 func BenchmarkEncode(b *testing.B) {
-	m := sampleMessages()[2]
+	m := wiretest.SampleMessages()[2]
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		if _, err := Encode(m); err != nil {
@@ -441,7 +443,7 @@ func BenchmarkMessagePath(b *testing.B) {
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
 			m := &Abort{Room: uint64(i), Reason: "benchmark"}
-			setFrom(m, p.a.id)
+			wire.SetFrom(m, p.a.id)
 			o, err := p.a.encode(to, m)
 			if err != nil {
 				b.Fatal(err)

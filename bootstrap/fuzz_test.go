@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"bytes"
+	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
 	"testing"
 	"time"
 )
@@ -14,7 +15,7 @@ func FuzzOpen(f *testing.F) {
 	a := testAuth()
 	now := time.Unix(1_800_000_000, 0)
 	var sealed [][][]byte
-	for i, m := range sampleMessages() {
+	for i, m := range wiretest.SampleMessages() {
 		frames, err := Encode(m)
 		if err != nil {
 			f.Fatal(err)

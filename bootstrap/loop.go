@@ -10,6 +10,7 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
@@ -20,19 +21,8 @@ var (
 )
 
 // Peer is where a message goes: a rank's control endpoint and, with
-// security on, its CURVE server public key.
-type Peer struct {
-	Endpoint  string
-	ServerKey string
-	// Cert is the peer's identity certificate (raw bytes) where the caller
-	// knows it from a bootstrap record: required under per-rank identity
-	// for a peer that has not sent this rank anything yet.
-	Cert string
-	// Epoch is the peer process's epoch where the caller knows it (a
-	// bootstrap record, a REGISTER_ACK): the message is addressed to it,
-	// or to a newer one this rank heard at the endpoint.
-	Epoch uint64
-}
+// security on, its CURVE server public key (package wire's).
+type Peer = wire.Peer
 
 // PeerDown reports a peer that heartbeats declared dead. (Restarts are
 // not the transport's to decide: the rank's core sees every message's epoch
@@ -45,8 +35,8 @@ type PeerDown struct {
 
 // Reasons: PeerDown's, and the core's for a peer heard with a new epoch.
 const (
-	ReasonPeerUnreachable = "peer unreachable"
-	ReasonPeerRestarted   = "peer restarted"
+	ReasonPeerUnreachable = wire.ReasonPeerUnreachable
+	ReasonPeerRestarted   = wire.ReasonPeerRestarted
 )
 
 // MalformedReport is a REQUEST the codec refused but that still named its
@@ -340,7 +330,7 @@ func (l *Loop) Send(to Peer, m Message) error {
 		return ErrClosed
 	default:
 	}
-	setFrom(m, l.id)
+	wire.SetFrom(m, l.id)
 	o, err := l.encode(to, m)
 	if errors.Is(err, errNoPeerCert) || errors.Is(err, ErrBadCert) {
 		l.snd.dropped(outbound{to: to, t: m.Type()}, DropNoIdentity, err)

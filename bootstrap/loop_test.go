@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
 	"go.uber.org/zap"
 	"net"
 	"os"
@@ -101,7 +102,7 @@ func (r *testRank) next(t *testing.T) Message {
 func TestLoopExchangesEveryType(t *testing.T) {
 	decode := newRank(t, RoleDecode, "d", nil)
 	prefill := newRank(t, RolePrefill, "p", nil)
-	samples := sampleMessages()
+	samples := wiretest.SampleMessages()
 	for _, m := range samples {
 		if _, ok := m.(*Ping); ok {
 			continue // PING and PONG are the loop's own; see the heartbeat tests
@@ -171,7 +172,7 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 	okBody := good(0)[2]
 	// A REQUEST with required 0 that still names its room and sender: the
 	// loop reports it, so the rank can answer (STATUS failed) at once.
-	badReq := encodeMap(t, map[string]any{"from": map[string]any{"role": "decode", "instance": "d", "rank": 0,
+	badReq := wiretest.EncodeMap(t, map[string]any{"from": map[string]any{"role": "decode", "instance": "d", "rank": 0,
 		"endpoint": decode.Endpoint(), "epoch": 1}, "room": 77, "dst_pages": []byte{}, "aux_index": -1,
 		"state_indices": []any{}, "required": 0, "prefix": 0, "dummy": false})
 	bad := map[string][][]byte{
@@ -186,7 +187,7 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 		"huge array":    {[]byte(Magic), []byte("ABORT"), []byte{0x81, 0xa4, 'r', 'o', 'o', 'm', 0xdd, 0x7f, 0xff, 0xff, 0xff}},
 		"deep nesting":  {[]byte(Magic), []byte("ABORT"), append([]byte{0x81, 0xa1, 'x'}, bytes.Repeat([]byte{0x91}, 1<<20)...)},
 		"bad REQUEST":   {[]byte(Magic), []byte("REQUEST"), badReq},
-		"missing field": {[]byte(Magic), []byte("ABORT"), encodeMap(t, map[string]any{"room": 1})},
+		"missing field": {[]byte(Magic), []byte("ABORT"), wiretest.EncodeMap(t, map[string]any{"room": 1})},
 	}
 	wantReasons := map[string]uint64{}
 	wantRefused := uint64(0)

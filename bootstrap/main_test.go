@@ -1,6 +1,7 @@
 package bootstrap
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"strconv"
@@ -8,6 +9,8 @@ import (
 
 	"go.uber.org/goleak"
 )
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/golden")
 
 // The test binary doubles as a peer process: with KVBRIDGE_TEST_CHILD=peer
 // it runs a control loop that answers PINGs, tells the parent its endpoint

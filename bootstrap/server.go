@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -493,7 +494,7 @@ type Client struct {
 }
 
 // ErrRankUnknown: the server has no rank at those coordinates (404).
-var ErrRankUnknown = errors.New("bootstrap: prefill rank unknown")
+var ErrRankUnknown = wire.ErrRankUnknown
 
 // HTTPError is a non-retryable answer from the server.
 type HTTPError struct {

@@ -1,4 +1,4 @@
-package bootstrap
+package wire
 
 import (
 	"encoding/binary"
@@ -234,8 +234,8 @@ func (m *Status) Sender() From      { return m.From }
 func (m *Ping) Sender() From        { return m.From }
 func (m *Pong) Sender() From        { return m.From }
 
-// setFrom replaces the sender; the control loop stamps its own identity.
-func setFrom(m Message, f From) {
+// SetFrom replaces the sender; the control loop stamps its own identity.
+func SetFrom(m Message, f From) {
 	switch m := m.(type) {
 	case *Register:
 		m.From = f

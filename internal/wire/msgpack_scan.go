@@ -1,4 +1,4 @@
-package bootstrap
+package wire
 
 import (
 	"encoding/binary"

@@ -1,0 +1,52 @@
+// Package wiretest holds control messages for tests: one of each type
+// (the golden files' values) and a body encoded by a foreign msgpack
+// implementation.
+package wiretest
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// SampleFrom is the sender of the sample messages, in role.
+func SampleFrom(role string) wire.From {
+	return wire.From{Role: role, Instance: "llama-prefill-a", Rank: 3, Endpoint: "tcp://10.1.2.3:17000", Epoch: 0x1122334455667788}
+}
+
+// SampleMessages holds one message of each type; the golden files are their
+// exact encodings.
+func SampleMessages() []wire.Message {
+	regions := []wire.Region{
+		{Addr: 0x7f0000000000, Len: 1 << 30, ItemLen: 32768, Dev: 0, Mem: wire.MemVRAM},
+		{Addr: 0x7f0040000000, Len: 1 << 30, ItemLen: 32768, Dev: 0, Mem: wire.MemVRAM},
+	}
+	return []wire.Message{
+		&wire.Register{From: SampleFrom(wire.RoleDecode), Compat: "v1:llama3-8b:bf16:16", Agent: "decode-0",
+			AgentMD: []byte{0xde, 0xad, 0xbe, 0xef}, TPSize: 2, TPRank: 1, KV: regions,
+			Aux: []wire.Region{{Addr: 0x1000, Len: 4096, ItemLen: 64, Dev: 0, Mem: wire.MemDRAM}}, State: []wire.Region{}},
+		&wire.RegisterAck{From: SampleFrom(wire.RolePrefill), OK: false, Reason: "compat mismatch"},
+		&wire.Request{From: SampleFrom(wire.RoleDecode), Room: 0xfedcba9876543210, DstPages: []uint32{7, 8, 9, 4000000000},
+			AuxIndex: -1, StateIndices: [][]uint32{{1, 2}, {}}, Required: 2, Prefix: 1, Dummy: false, Source: -1},
+		&wire.Abort{From: SampleFrom(wire.RoleDecode), Room: 42, Reason: "client disconnected"},
+		&wire.AbortAck{From: SampleFrom(wire.RolePrefill), Room: 42, Drained: true},
+		&wire.Status{From: SampleFrom(wire.RolePrefill), Room: 42, Status: wire.StatusFailed, Reason: "transfer stall"},
+		&wire.Ping{From: SampleFrom(wire.RolePrefill), Seq: 1},
+		&wire.Pong{From: SampleFrom(wire.RoleDecode), Seq: 1},
+	}
+}
+
+// EncodeMap builds a body from a generic map, as a foreign implementation
+// (or an attacker) would.
+func EncodeMap(t testing.TB, m map[string]any) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.SetSortMapKeys(true)
+	if err := enc.Encode(m); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
