@@ -9,8 +9,8 @@ import (
 	"syscall"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
 	"github.com/kvbridge/kvbridge/internal/wire"
+	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
