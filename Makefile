@@ -28,9 +28,9 @@ test: deps
 	$(GO) run ./scripts/srcmutants -only $(SIM_MUTANTS)
 
 # The model checker and the simulator print what they checked.
-# kvmanager: the checkers and the package's other tests.
+# The protocol core (internal/core): the checkers and the package's other tests.
 test-checkers:
-	$(GO) test -race -count=1 -v ./kvmanager | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:'
+	$(GO) test -race -count=1 -v ./internal/core | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:'
 
 test-packages:
 	$(GO) test -race -count=1 -skip '$(CHECKERS)' ./...
@@ -50,7 +50,7 @@ mutants:
 	$(GO) run ./scripts/srcmutants
 
 FUZZTIME ?= 60s
-FUZZ_TARGETS := internal/wire:FuzzDecode bootstrap:FuzzOpen bootstrap:FuzzOpenMD nixl:FuzzParseUCXAddress nixl:FuzzParseNIXLMD nixl:FuzzDecodeMetadata kvmanager:FuzzParseNotif
+FUZZ_TARGETS := internal/wire:FuzzDecode bootstrap:FuzzOpen bootstrap:FuzzOpenMD nixl:FuzzParseUCXAddress nixl:FuzzParseNIXLMD nixl:FuzzDecodeMetadata internal/core:FuzzParseNotif
 ## fuzz: each native fuzz target for FUZZTIME (make test runs their seed corpora only): the wire decoder, the authentication frame and sealed metadata, the UCX worker address and NIXL blob walks, kvbridge's metadata envelope, the notification parser
 fuzz: deps
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t#*:}; echo "== $$pkg $$fn"; $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) ./$$pkg; done
@@ -59,7 +59,7 @@ SEEDS ?= 100000
 ## sim: the protocol simulator at depth: the exhaustive configurations with one more time jump, decode aborts and clears, two rooms with a restart, and SEEDS random runs (SIM_SEED_BASE moves them)
 sim:
 	@# --line-buffered: each line as the test prints it (a deep configuration's line when it is done), not all at the end.
-	SIM_DEEP=1 SIM_SEEDS=$(SEEDS) $(GO) test -count=1 -timeout 0 -v -run '^(TestSimDeep|TestSimRandom)$$' ./kvmanager | grep --line-buffered -E '^(=== RUN|--- |ok|FAIL|PASS)|checked|swarm runs|seed'
+	SIM_DEEP=1 SIM_SEEDS=$(SEEDS) $(GO) test -count=1 -timeout 0 -v -run '^(TestSimDeep|TestSimRandom)$$' ./internal/core | grep --line-buffered -E '^(=== RUN|--- |ok|FAIL|PASS)|checked|swarm runs|seed'
 
 ## bench: every benchmark, with allocations
 bench:
@@ -69,12 +69,17 @@ bench:
 bench-engine: deps
 	./scripts/bench-engine.sh
 
+PURE := ./internal/core ./internal/wire ./internal/kvlayout ./internal/mem
+
 ## lint: no tracked binaries or files over 1 MiB outside testdata/, formatting, vet, and generated code up to date
 lint:
 	@./scripts/check-tracked.sh
 	$(GO) generate ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	@# The protocol core and the types it uses build and vet without cgo (no ZeroMQ, no engine).
+	CGO_ENABLED=0 $(GO) build $(PURE)
+	CGO_ENABLED=0 $(GO) vet $(PURE)
 	@git diff --exit-code -- '*_string.go' || { echo "generated code was stale: commit the regenerated files"; exit 1; }
 
 ## generate: regenerate String() methods (stringer, run by go:generate as `go run golang.org/x/tools/cmd/stringer@<pinned version>`: fetched through the module proxy the first time, no install step)

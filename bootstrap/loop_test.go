@@ -668,7 +668,7 @@ func TestUnauthenticatedMessagesDropped(t *testing.T) {
 // TestForgedIdentitiesOpenNoSockets: PINGs claiming thousands of endpoints
 // (issue 14: ~5,000 made a rank exhaust libzmq's sockets) open none, even
 // insecure; sockets never exceed MaxPeers, evicting before creating (the
-// epoch table's bound is the core's: kvmanager.TestEpochCheck).
+// epoch table's bound is the core's: core.TestEpochCheck (internal/core)).
 func TestForgedIdentitiesOpenNoSockets(t *testing.T) {
 	prefill := newRank(t, RolePrefill, "p", func(c *LoopConfig) { c.Auth, c.Insecure, c.MaxPeers = nil, true, 8 })
 	raw := rawPush(t, prefill.Endpoint())

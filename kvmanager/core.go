@@ -1,659 +1,288 @@
 package kvmanager
 
-import (
-	"errors"
-	"fmt"
-	"maps"
-	"slices"
-	"time"
+// What an engine sees of the protocol core (internal/core): room
+// statuses, the request spec, load reports, results, the counters and
+// the sentinel errors. The core itself, its inputs and effects stay
+// internal: a Prefill or Decode steps it.
 
-	"github.com/kvbridge/kvbridge/bootstrap"
-	"github.com/kvbridge/kvbridge/transfer"
-)
+import "github.com/kvbridge/kvbridge/internal/core"
 
-// Core is one rank's protocol state machine, modelled on etcd-io/raft's
-// RawNode: no goroutines, no locks, no clock and no I/O. Every input is a
-// step (a local call, a received message, a write completion, a
-// notification, a peer down report, a tick) taken at a time the caller
-// gives; every output is an Effect that the caller carries out in order.
-// It owns all room and peer state of its role: the room registry (status,
-// pending requests, tombstones with owed ABORT_ACKs and writes that can
-// still land), decode registrations bound to epochs, per-room send cursors
-// (prefill), and per-source accounting and page quarantine (decode).
-//
-// Because it is pure, several cores compose over a simulated network in one
-// test process (sim_test.go) and every invariant of docs/ARCHITECTURE.md is
-// checked across ranks, exhaustively for small bounds.
-type Core struct {
-	*base
-	// Exactly one of the two is set: the role's own tables and code. A
-	// prefill path is a method of *prefillCore, which has no decode table
-	// or method to reach, and the other way round; only this facade
-	// dispatches by role.
-	*prefillCore
-	*decodeCore
-}
-
-// base is what both roles share: the room table (registry), the step's
-// time and effects, counters, the peer table's epochs and the watches.
-type base struct {
-	cfg CoreConfig
-	now time.Time
-	reg *Registry
-	out []Effect
-	// epochs is the peer table's epoch column, for both roles: the last
-	// epoch heard from each peer identity (From.Peer()) on anything but a
-	// PING, bounded by MaxEpochs (least recently heard forgotten first: a
-	// forgotten peer's next restart is caught by registrations bound to
-	// epochs and STATUS codes instead).
-	epochs   map[string]*heardPeer
-	heardSeq uint64
-	// watching are the endpoints the core asked the transport to
-	// heartbeat; Tick unwatches those it shares nothing with any more.
-	watching map[string]struct{}
-
-	stats CoreStats
-	// role is the role's core, for what shared code asks of it.
-	role roleCore
-}
-
-// roleCore is what shared code asks of the role's core.
-type roleCore interface {
-	// failed: a room of this rank failed (tell its peers).
-	failed(room uint64, reason string, res Result)
-	// expired: a deadline failed the room.
-	expired(e Expiry)
-	// peerDown: heartbeats declared a peer dead, or the epoch check heard
-	// it restarted.
-	peerDown(endpoint string, from bootstrap.From, restarted bool, reason string)
-	// needs marks the endpoints this role still shares something with.
-	needs(needed map[string]bool)
-	tick(now time.Time)
-	// settled: the registry settled these requests of a room (nothing of
-	// the room can be written any more; prefill frees their pages).
-	settled(room uint64, reqs []PeerRequest)
-}
-
-// prefillCore is a prefill rank's own state: registered decode ranks by
-// From.Peer(), each bound to one epoch.
-type prefillCore struct {
-	*base
-	peers map[string]*decodePeer
-}
-
-// decodeCore is a decode rank's own state: prefill targets by key, their
-// holds on our pages, and the index of live rooms by target.
-type decodeCore struct {
-	*base
-	targets map[string]*target
-	holds   map[uint64]*hold
-	// roomsOf indexes live decode rooms by their sources' target keys.
-	roomsOf map[string]map[uint64]struct{}
-	// failCode is the failure code of the room being failed (set around
-	// failRoom; empty: CodeFailed).
-	failCode string
-}
-
-// heardPeer is what the core last heard from one peer identity.
-type heardPeer struct {
-	epoch uint64
-	seq   uint64 // recency, for eviction
-	// retired are the identity's earlier epochs (the last maxRetired): a
-	// late message from one is stale, dropped, not a restart back.
-	retired []uint64
-}
-
-// maxRetired bounds the earlier epochs remembered per peer identity.
-const maxRetired = 4
-
-// DefaultMaxEpochs bounds the peer epochs a core remembers.
-const DefaultMaxEpochs = 4096
-
-// CoreConfig is what a rank's core needs to know.
-type CoreConfig struct {
-	Role     Role
-	Rank     int // the prefill rank uid in notifications
-	Compat   string
-	Layout   transfer.Layout // this rank's memory
-	Registry RegistryConfig
-	// QuarantineTimeout bounds how long a failed decode room's pages wait
-	// for the prefill ranks' ABORT_ACK; past it they are released as forced
-	// (counted). It must exceed StallTimeout.
-	QuarantineTimeout time.Duration
-	// RegisterRetry is the first REGISTER retry interval (doubling up to
-	// 32×) while no REGISTER_ACK came.
-	RegisterRetry time.Duration
-	// Register is decode's REGISTER body (agent, metadata, regions, and
-	// its topology when Model is set).
-	Register bootstrap.Register
-	// Parallel and Model place this rank for the rank mapping (see
-	// transfer.Links); a zero Model means none: one prefill rank feeds one
-	// decode rank with identical layouts.
-	Parallel transfer.Parallel
-	Model    transfer.Model
-	// MaxEpochs bounds the peer epochs remembered for restart detection
-	// (0: DefaultMaxEpochs).
-	MaxEpochs int
-	// RecheckIdle (decode): a prefill rank not heard from for longer than
-	// this is looked up and registered with again before a REQUEST is sent
-	// to it — nothing heartbeats a rank no room shares, so it may have died
-	// or moved meanwhile (0: never; the shell uses the heartbeat bound).
-	RecheckIdle time.Duration
-	// ProbeIdle and ProbeTimeout (decode): a REQUEST goes only to a
-	// prefill process heard from within ProbeIdle; otherwise it waits for
-	// the PONG of a PING sent now, and if none comes within ProbeTimeout
-	// the rank is looked up again and registered with wherever its record
-	// says — so a room posted just after a prefill rank restarted on a new
-	// endpoint is served by the new process instead of going to the dead
-	// one and failing at the heartbeat bound (0: no probe).
-	ProbeIdle, ProbeTimeout time.Duration
-}
-
-// MaxSources bounds the prefill ranks of one decode room.
-func (c CoreConfig) MaxSources() int { return 1024 }
-
-// Validate reports the first setting that cannot work.
-func (c CoreConfig) Validate() error {
-	if c.Role != RolePrefill && c.Role != RoleDecode {
-		return fmt.Errorf("kvmanager: role %d: %w", c.Role, ErrInvalidEvent)
-	}
-	if c.QuarantineTimeout <= c.Registry.StallTimeout || c.QuarantineTimeout >= c.Registry.TombstoneTTL {
-		return fmt.Errorf("kvmanager: QuarantineTimeout (%v) must exceed StallTimeout (%v) and stay below TombstoneTTL (%v)",
-			c.QuarantineTimeout, c.Registry.StallTimeout, c.Registry.TombstoneTTL)
-	}
-	if c.RecheckIdle < 0 {
-		return fmt.Errorf("kvmanager: RecheckIdle must not be negative, got %v", c.RecheckIdle)
-	}
-	if c.ProbeIdle < 0 || (c.ProbeIdle > 0 && c.ProbeTimeout <= 0) {
-		return fmt.Errorf("kvmanager: ProbeIdle (%v) must not be negative, and ProbeTimeout (%v) positive with it", c.ProbeIdle, c.ProbeTimeout)
-	}
-	if c.MaxEpochs < 0 {
-		return fmt.Errorf("kvmanager: MaxEpochs must not be negative, got %d", c.MaxEpochs)
-	}
-	if c.RegisterRetry <= 0 {
-		return fmt.Errorf("kvmanager: RegisterRetry must be positive, got %v", c.RegisterRetry)
-	}
-	return c.Registry.Validate()
-}
+// CoreSizes counts the core's tables.
+type CoreSizes = core.CoreSizes
 
 // CoreStats counts what the core did, for metrics.
-type CoreStats struct {
-	Events          [EventClear + 1][Rejected + 1]uint64 // by EventKind and Outcome
-	Deadlines       [DeadlineTombstone + 1]uint64
-	StatusSent      uint64
-	ForcedReleases  uint64 // decode pages released by the quarantine deadline
-	StaleEpoch      uint64 // messages or writes refused for naming another epoch
-	RegisterRetries uint64
-	AbortsDropped   uint64 // owed ABORTs over the bound of one target
-	AbortsResent    uint64 // owed ABORTs sent again, unacknowledged after a retry interval
-	Relookups       uint64 // ranks looked up again after unanswered REGISTERs
-	PeersRestarted  uint64 // peers heard with a new epoch
-	Rechecks        uint64 // idle registrations looked up and registered again before a REQUEST
-	Probes          uint64 // PINGs sent before a REQUEST to a prefill process not heard from within ProbeIdle
-	ProbesLost      uint64 // ... that got no PONG within ProbeTimeout: the rank was looked up again
-	Refused         uint64 // messages of a type this role never accepts
-	BadNotifs       uint64 // notifications out of range or contradicting their chunk's earlier ones
-	// LayoutRefused counts REGISTERs and REQUESTs refused for naming
-	// memory that cannot be right, by LayoutRefusal.
-	LayoutRefused [layoutRefusals]uint64
-}
+type CoreStats = core.CoreStats
 
-// EffectKind names an effect.
-type EffectKind uint8
+// Deadline names the deadline that failed a room or expired an entry.
+type Deadline = core.Deadline
 
-// Effects.
-const (
-	// EffectSend: send Msg to To.
-	EffectSend EffectKind = 1 + iota
-	// EffectPost: submit Writes (one chunk of Room) to the transfer pool;
-	// each write is gated by Core.Posting right before it is posted.
-	EffectPost
-	// EffectWake: close Wake (a waiter's channel).
-	EffectWake
-	// EffectResolve: look up Target's prefill rank (endpoint and key), then
-	// step Resolved or ResolveFailed.
-	EffectResolve
-	// EffectWatch: heartbeat To while rooms are shared with it.
-	EffectWatch
-	// EffectReleased: decode pages of Room may be reused; Forced when the
-	// quarantine deadline, not an ABORT_ACK, released them.
-	EffectReleased
-	// EffectUnwatch: stop heartbeating To: nothing is shared with it any
-	// more (no live room, pending request or owed ABORT).
-	EffectUnwatch
-	// EffectLoadMetadata: a REGISTER (Msg) passed the epoch check and
-	// CheckRegister (its plan in Plan): load the peer's agent metadata and
-	// prove its memory (engine I/O, off the core), then step Registered,
-	// or RegisterRefused when that fails.
-	EffectLoadMetadata
-)
+// EventKind names an event.
+type EventKind = core.EventKind
 
-// Effect is one output of the core.
-type Effect struct {
-	Kind   EffectKind
-	Room   uint64
-	To     bootstrap.Peer
-	Msg    bootstrap.Message
-	Writes []transfer.Write
-	Wake   chan struct{}
-	Target Target
-	Forced bool
-	Plan   *PeerPlan // EffectLoadMetadata
-}
+// Landed is a rectangle of a room's KV cache that landed whole: the
+// positions [First, First+Count) of the RequestSpec's DstPages (the pages
+// after its Prefix), layers [LayerLo, LayerHi) in this rank's numbering.
+// From one source it holds that source's heads of those layers.
+type Landed = core.Landed
+
+// LayoutRefusal is why a REGISTER or REQUEST naming memory that cannot be
+// right was refused (CoreStats.LayoutRefused,
+// kvbridge_layout_refused_total{reason}).
+type LayoutRefusal = core.LayoutRefusal
+
+// Link is one prefill rank's part in a decode room: the rank, and what
+// the mapping gives it (kvlayout.Link).
+type Link = core.Link
+
+// LoadReport says what of a decode room's KV cache landed, so that an
+// engine whose load failed can recompute only the rest (vLLM's
+// kv_load_failure_policy). It is given once nothing else can land in the
+// room's pages: after Success, or after a failure once every prefill rank
+// that got the room's REQUEST answered a drained ABORT_ACK or the
+// quarantine released the pages. A notification that arrives later still
+// (it was in flight) is recorded too, so a later report may list more,
+// never less.
+type LoadReport = core.LoadReport
+
+// Outcome is what an event did to the registry. Every event returns one, so
+// logs and metrics can say what happened to each.
+type Outcome = core.Outcome
+
+// Poll is a room's transfer status as seen by one rank. The order matches
+// SGLang's KVPoll so that the minimum over ranks is the room's overall status:
+// a single failed rank fails the room, and the room has succeeded only when
+// every rank has. The zero value is invalid and is never stored.
+type Poll = core.Poll
+
+// RegistryConfig holds the registry's deadlines and its clock.
+type RegistryConfig = core.RegistryConfig
+
+// RequestSpec is what a decode rank asks of its prefill ranks for a room.
+type RequestSpec = core.RequestSpec
+
+// Result is what an event did.
+type Result = core.Result
+
+// Role says which side of a transfer a room belongs to.
+type Role = core.Role
+
+// Sizes counts what the registry holds.
+type Sizes = core.Sizes
+
+// SourceReport is what one prefill rank of the room (Source: its index
+// in the room, the uid of its notifications) delivered.
+type SourceReport = core.SourceReport
 
 // Target names one prefill rank a decode room pulls from: the bootstrap
 // service that lists its instance, and its DP group, TP rank (Rank) and PP
 // stage there.
-type Target struct {
-	Bootstrap string
-	Rank      int // TP rank
-	DP, PP    int
-	// InstTP, InstPP are the instance's sizes the mapping used (0: no
-	// mapping). They go in the target's REGISTER, so a rank of an instance
-	// that changed shape refuses it; a room mapped onto other sizes than
-	// the target's makes it register again.
-	InstTP, InstPP int
-}
+type Target = core.Target
 
-func (t Target) key() string { return fmt.Sprintf("%s#%d/%d/%d", t.Bootstrap, t.DP, t.Rank, t.PP) }
+// Applied: the event changed the room as asked.
+const Applied = core.Applied
 
-// Link is one prefill rank's part in a decode room: the rank, and what
-// the mapping gives it (transfer.Link).
-type Link struct {
-	Target
-	// Dummy: it writes nothing into this rank (its REQUEST says so).
-	Dummy bool
-	// Aux: it writes the aux item and the state items.
-	Aux bool
-	// Required overrides RequestSpec.Required for this rank (0: keep).
-	Required int
-}
+// Bootstrapping: the room exists but is not ready to move data (prefill:
+// waiting for the sender's Init and the decode ranks' requests; decode:
+// the request has not been sent).
+const Bootstrapping = core.Bootstrapping
 
-// STATUS codes (protocol v2): decode branches on them.
-const (
-	CodeNotRegistered = "not_registered"
-	CodeOutOfRange    = "out_of_range"
-	CodeAborted       = "aborted"
-	CodeCleared       = "cleared"
-	CodeRejected      = "rejected"
-	CodePeerRestarted = "peer_restarted"
-	// CodeRefused (ABORT): the decode rank refused the room before asking
-	// for it (an unsupported mapping, another model).
-	CodeRefused = "refused"
-	// CodePeerUnreachable: heartbeats declared the receiving decode rank
-	// dead here; it is sent in case it was only paused.
-	CodePeerUnreachable = "peer_unreachable"
-	CodeFailed          = "failed"
-)
+const CodeAborted = core.CodeAborted
 
-// NewCore returns an empty core.
-func NewCore(cfg CoreConfig) (*Core, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if cfg.MaxEpochs == 0 {
-		cfg.MaxEpochs = DefaultMaxEpochs
-	}
-	b := &base{cfg: cfg, epochs: map[string]*heardPeer{}, watching: map[string]struct{}{}}
-	var err error
-	if b.reg, err = NewRegistry(cfg.Registry, &b.out); err != nil {
-		return nil, err
-	}
-	c := &Core{base: b}
-	if cfg.Role == RolePrefill {
-		c.prefillCore = &prefillCore{base: b, peers: map[string]*decodePeer{}}
-		b.role = c.prefillCore
-	} else {
-		c.decodeCore = &decodeCore{base: b, targets: map[string]*target{}, holds: map[uint64]*hold{},
-			roomsOf: map[string]map[uint64]struct{}{}}
-		b.role = c.decodeCore
-	}
-	b.reg.settler = b.role
-	return c, nil
-}
+const CodeCleared = core.CodeCleared
 
-// settled: decode rooms hold no peer requests (a REQUEST that reached a
-// decode rank was refused), so nothing is held for them here.
-func (*decodeCore) settled(uint64, []PeerRequest) {}
+const CodeFailed = core.CodeFailed
 
-// step starts a step at now.
-func (c *base) step(now time.Time) {
-	c.now = now
-	c.reg.SetNow(now)
-	c.reg.settler = c.role // set at every step: a cloned core (sim) gets its own
-}
+const CodeNotRegistered = core.CodeNotRegistered
 
-// Effects returns the effects of the steps taken since the last call, in
-// order, and forgets them. The slice is valid until the next step: the core
-// reuses its memory (the shell copies a step's effects before it lets go
-// of the lock that orders steps).
-func (c *Core) Effects() []Effect {
-	out := c.out
-	clear(c.out[len(c.out):cap(c.out)]) // drop references kept from earlier steps
-	c.out = c.out[:0]
-	return out
-}
+const CodeOutOfRange = core.CodeOutOfRange
 
-func (c *base) emit(e Effect) { c.out = append(c.out, e) }
+const CodePeerRestarted = core.CodePeerRestarted
 
-// watch asks the transport to heartbeat to.
-func (c *base) watch(room uint64, to bootstrap.Peer) {
-	c.watching[to.Endpoint] = struct{}{}
-	c.emit(Effect{Kind: EffectWatch, Room: room, To: to})
-}
+// CodePeerUnreachable: heartbeats declared the receiving decode rank
+// dead here; it is sent in case it was only paused.
+const CodePeerUnreachable = core.CodePeerUnreachable
 
-// unwatchIdle stops heartbeating every watched endpoint this rank shares
-// nothing with any more: a decode rank's prefill ranks without a live room
-// whose REQUEST went to them or an owed ABORT, a prefill rank's decode
-// ranks without a live room or pending request of theirs.
-func (c *base) unwatchIdle() {
-	if len(c.watching) == 0 {
-		return
-	}
-	needed := map[string]bool{}
-	c.role.needs(needed)
-	for _, ep := range slices.Sorted(maps.Keys(c.watching)) {
-		if !needed[ep] {
-			delete(c.watching, ep)
-			c.emit(Effect{Kind: EffectUnwatch, To: bootstrap.Peer{Endpoint: ep}})
-		}
-	}
-}
+// CodeRefused (ABORT): the decode rank refused the room before asking
+// for it (an unsupported mapping, another model).
+const CodeRefused = core.CodeRefused
 
-func (c *base) send(to bootstrap.Peer, room uint64, m bootstrap.Message) {
-	c.emit(Effect{Kind: EffectSend, Room: room, To: to, Msg: m})
-}
+const CodeRejected = core.CodeRejected
 
-func (c *base) count(kind EventKind, r Result) Result {
-	if kind <= EventClear && r.Outcome <= Rejected {
-		c.stats.Events[kind][r.Outcome]++
-	}
-	return r
-}
+// DeadlineBootstrap bounds creation → WaitingForInput.
+const DeadlineBootstrap = core.DeadlineBootstrap
 
-// Stats returns the core's counters.
-func (c *Core) Stats() CoreStats { return c.stats }
+// DeadlinePending bounds how long peer requests wait for a sender.
+const DeadlinePending = core.DeadlinePending
 
-// Status returns a room's status (known false without a live room).
-func (c *Core) Status(room uint64) (Poll, bool) { return c.reg.Status(room) }
+// DeadlineStall bounds the time between two progress events while
+// Transferring.
+const DeadlineStall = core.DeadlineStall
 
-// Failure returns a failed room's first reason.
-func (c *Core) Failure(room uint64) (string, bool) { return c.reg.Failure(room) }
+// DeadlineTombstone is the TTL after which a tombstone is forgotten.
+const DeadlineTombstone = core.DeadlineTombstone
 
-// Sizes counts every table the core keeps.
-func (c *Core) Sizes() CoreSizes {
-	s := CoreSizes{Sizes: c.reg.Sizes(), Epochs: len(c.epochs)}
-	if p := c.prefillCore; p != nil {
-		s.Peers = len(p.peers)
-		for _, dp := range p.peers {
-			s.InUse += len(dp.inUse)
-		}
-	}
-	if d := c.decodeCore; d != nil {
-		s.Targets, s.Holds = len(d.targets), len(d.holds)
-		for _, tg := range d.targets {
-			s.OwedAborts += len(tg.owed)
-		}
-	}
-	return s
-}
+// DeadlineWaiting bounds WaitingForInput → first data.
+const DeadlineWaiting = core.DeadlineWaiting
 
-// CoreSizes counts the core's tables.
-type CoreSizes struct {
-	Sizes
-	Peers, Targets, Holds int
-	OwedAborts            int // ABORTs not yet acknowledged, over every target
-	Epochs                int // peer epochs remembered (≤ MaxEpochs)
-	// InUse (prefill) counts the decode destinations (pages, aux and state
-	// items) rooms may still write, over every registration.
-	InUse int
-}
+// EventAbort: the room is aborted with Reason; Ack, when set, is owed an
+// ABORT_ACK once no write of the room can land.
+const EventAbort = core.EventAbort
 
-// Total is the number of room-bound entries (peers and targets are
-// bounded by the deployment, not by rooms).
-func (s CoreSizes) Total() int { return s.Sizes.Total() + s.Holds + s.OwedAborts + s.InUse }
+// EventClear: the caller is done with the room.
+const EventClear = core.EventClear
 
-// waiters returns a live room's done and ready channels.
-func (c *Core) waiters(room uint64) (done, ready chan struct{}, ok bool) {
-	rm, ok := c.reg.rooms[room]
-	if !ok {
-		return nil, nil, false
-	}
-	return rm.done, rm.ready, true
-}
+// EventCreate creates the room's live entry (sender or receiver New).
+const EventCreate = core.EventCreate
 
-// tickAll enforces every deadline passed at now: registry deadlines (STATUS
-// failed to the decode ranks of failed prefill rooms, ABORT to the prefill
-// ranks of failed decode rooms), owed ABORT_ACKs of undrained rooms,
-// decode quarantine deadlines and REGISTER retries.
-func (c *Core) tickAll(now time.Time) {
-	for _, e := range c.reg.Sweep(now) {
-		if e.DrainOnly {
-			continue // failed earlier; its owed ABORT_ACKs went out as drained false
-		}
-		c.stats.Deadlines[e.Deadline]++
-		c.role.expired(e)
-	}
-	c.role.tick(now)
-	c.unwatchIdle()
-}
+// EventInit: prefill sender initialised; decode request sent.
+const EventInit = core.EventInit
 
-// closeAll fails every live room with reason; the shell then stops.
-func (c *Core) closeAll(now time.Time, reason string) {
-	for _, id := range slices.Sorted(maps.Keys(c.reg.rooms)) {
-		if !c.reg.rooms[id].status.Terminal() {
-			c.failRoom(id, reason)
-		}
-	}
-}
+// EventPosted: prefill is about to post a chunk write. Only an Applied
+// outcome permits the post; this is the gate that makes an applied
+// abort final.
+const EventPosted = core.EventPosted
 
-// failRoom fails a live room on this rank and tells its peers.
-func (c *base) failRoom(room uint64, reason string) Result {
-	res := c.count(EventUpdate, c.reg.Update(room, Failed, reason))
-	if res.Outcome != Applied {
-		return res
-	}
-	c.role.failed(room, reason, res)
-	return res
-}
+// EventProgress: decode saw data arrive for the room.
+const EventProgress = core.EventProgress
 
-// receive steps one control message from a peer into the core: every
-// message type but PING (the transport answers it; anyone can send one). A
-// REGISTER is checked here (the epoch, then CheckRegister) and, when it
-// passes, handed to the shell to load as EffectLoadMetadata; its bind is
-// a later step (Registered or RegisterRefused). A PONG only tells the core
-// its sender's epoch. It reports whether a REQUEST was accepted or a
-// REGISTER passed on to be loaded.
-//
-// The epoch check sits here, once, before any role code runs (as
-// etcd-io/raft checks the term at the top of Step): a new epoch of a peer
-// it has heard from means that peer restarted, and everything bound to the
-// old epoch fails first.
-func (c *Core) receive(now time.Time, msg bootstrap.Message) (accepted bool) {
-	if _, ping := msg.(*bootstrap.Ping); ping {
-		return false
-	}
-	if !c.hear(msg.Sender()) {
-		// From an epoch the peer already left: no restart back. Only a
-		// decode rank's ABORT_ACK and STATUS go on — their handlers match
-		// the epoch the REQUEST went to, and the old process's drained
-		// ACK is what releases that room's pages.
-		switch msg.(type) {
-		case *bootstrap.AbortAck, *bootstrap.Status:
-			if c.decodeCore == nil {
-				return false
-			}
-		default:
-			return false
-		}
-	}
-	if p := c.prefillCore; p != nil {
-		switch m := msg.(type) {
-		case *bootstrap.Request:
-			return p.onRequest(m)
-		case *bootstrap.Abort:
-			p.onAbort(m)
-		case *bootstrap.Register:
-			// The epoch check ran above, before the peer's metadata is
-			// loaded: a restarted decode rank's old registration and rooms
-			// are gone before anything of the new one is known, so no
-			// write of the old process passes the gate meanwhile. Then
-			// CheckRegister; the load is the shell's (EffectLoadMetadata),
-			// the bind another step (Registered or RegisterRefused).
-			return p.checkToLoad(now, m)
-		case *bootstrap.Pong:
-		default: // the rest go to decode ranks
-			c.stats.Refused++
-		}
-		return false
-	}
-	d := c.decodeCore
-	if tg := d.targetAt(msg.Sender().Endpoint); tg != nil {
-		d.heardFrom(tg, now)
-	}
-	switch m := msg.(type) {
-	case *bootstrap.AbortAck:
-		d.onAbortAck(m)
-	case *bootstrap.RegisterAck:
-		d.onRegisterAck(m)
-	case *bootstrap.Status:
-		d.onStatus(m)
-	case *bootstrap.Pong:
-	default:
-		// ABORT goes decode → prefill only: on a decode rank it could only
-		// tombstone a room id a later receiver needs. REQUEST and
-		// REGISTER are prefill's too.
-		c.stats.Refused++
-	}
-	return false
-}
+// EventRequest: a decode rank's request reached the prefill rank.
+const EventRequest = core.EventRequest
 
-// AgentOwner returns the decode rank (peer key, no epoch) registered here
-// with the agent name, or "" (and always on a decode rank).
-func (c *Core) AgentOwner(name string) string {
-	if c.prefillCore == nil {
-		return ""
-	}
-	return c.prefillCore.agentOwner(name)
-}
+// EventUpdate: an explicit status change to Status (Failed with Reason,
+// Success, or Transferring).
+const EventUpdate = core.EventUpdate
 
-// Registered reports whether a prefill rank holds a registration of the
-// decode rank peer (From.Peer()) from epoch.
-func (c *Core) Registered(peer string, epoch uint64) bool {
-	if c.prefillCore == nil {
-		return false
-	}
-	p := c.prefillCore.peers[peer]
-	return p != nil && p.from.Epoch == epoch
-}
+// EventWriteDone: a posted write finished (Err set if it failed,
+// Quiesced set if the engine guarantees a failed write can no longer
+// land; Last set on the room's final write).
+const EventWriteDone = core.EventWriteDone
 
-// reportDown reports a peer that heartbeats declared dead (restarted false)
-// or that showed a new epoch (restarted true, from names it).
-func (c *Core) reportDown(now time.Time, endpoint string, from bootstrap.From, restarted bool, reason string) {
-	c.role.peerDown(endpoint, from, restarted, fmt.Sprintf("%s: %s", reason, endpoint))
-}
+// Failed is terminal: the room will not complete. The registry keeps the
+// first reason.
+const Failed = core.Failed
 
-// Report is a decode room's load report: what landed of it, and why it
-// failed. ok is false until nothing more can land (the room is terminal
-// and its pages released), for a cleared room and on a prefill core.
-func (c *Core) Report(room uint64) (LoadReport, bool) {
-	if c.decodeCore == nil {
-		return LoadReport{}, false
-	}
-	return c.decodeCore.loadReport(room)
-}
+// IgnoredCleared: the room was cleared; the late event changed nothing.
+const IgnoredCleared = core.IgnoredCleared
 
-// Hold returns the channel closed when a decode room's pages may be
-// reused, and whether the room still holds them (false on a prefill rank).
-func (c *Core) Hold(room uint64) (chan struct{}, bool) {
-	if c.decodeCore == nil {
-		return nil, false
-	}
-	return c.decodeCore.hold(room)
-}
+// IgnoredStale: the event asked for a status the room has already
+// reached or passed (non-terminal statuses never go backwards).
+const IgnoredStale = core.IgnoredStale
 
-// CheckRegister validates a REGISTER against this rank (compat, role and
-// layout: regions that share memory are refused, and counted) without
-// touching any other state: only a prefill rank takes one. Received runs
-// it on every REGISTER; it is exported for tools and tests that check a
-// REGISTER without stepping one.
-func (c *Core) CheckRegister(msg *bootstrap.Register) (PeerPlan, error) {
-	if c.prefillCore == nil {
-		return PeerPlan{}, fmt.Errorf("this rank is a decode rank")
-	}
-	return c.prefillCore.checkRegister(msg)
-}
+// IgnoredTerminal: the room is already Failed or Success (or was aborted
+// before it existed); the event changed nothing.
+const IgnoredTerminal = core.IgnoredTerminal
 
-// refuseRegister answers a REGISTER with ok false (prefill).
-func (c *Core) refuseRegister(now time.Time, from bootstrap.From, reason string) {
-	if c.prefillCore == nil {
-		c.stats.Refused++
-		return
-	}
-	c.prefillCore.registerRefused(now, from, reason)
-}
+// MaxRequired bounds REQUEST.required: how many decode ranks one room may
+// wait for (a TP group, times DP).
+const MaxRequired = core.MaxRequired
 
-// malformedRequest answers a REQUEST the codec refused but that still named
-// its room and sender: STATUS failed (code rejected), so the decode rank
-// does not wait for a deadline. Only a prefill rank answers.
-func (c *Core) malformedRequest(now time.Time, room uint64, endpoint, reason string) {
-	if c.prefillCore == nil || endpoint == "" {
-		return
-	}
-	c.prefillCore.statusTo(bootstrap.Peer{Endpoint: endpoint}, room, CodeRejected, "malformed REQUEST: "+reason)
-}
+// RefusedInUse: a REQUEST names a destination that another room of
+// the same decode process may still write.
+const RefusedInUse = core.RefusedInUse
 
-// hear is the epoch check: it records from's epoch and, when a known peer
-// shows a new one, handles the restart (everything bound to the old epoch
-// fails) before the message that showed it. A message from an epoch the
-// peer already left (a late one of the old process) is stale: hear
-// reports false and the caller drops it (counted as StaleEpoch).
-func (c *base) hear(from bootstrap.From) (current bool) {
-	key := from.Peer()
-	c.heardSeq++
-	if h, ok := c.epochs[key]; ok {
-		h.seq = c.heardSeq
-		if h.epoch == from.Epoch {
-			return true
-		}
-		if slices.Contains(h.retired, from.Epoch) || from.Epoch < h.epoch {
-			// An epoch the peer left, or one older than the process we
-			// hear now (epochs grow with each start: a delayed message
-			// from a process that died before we heard of it must not
-			// retire the live one).
-			c.stats.StaleEpoch++
-			return false
-		}
-		h.retired = append(h.retired, h.epoch)
-		if len(h.retired) > maxRetired {
-			h.retired = h.retired[1:]
-		}
-		h.epoch = from.Epoch
-		c.stats.PeersRestarted++
-		c.role.peerDown(from.Endpoint, from, true, fmt.Sprintf("%s: %s", bootstrap.ReasonPeerRestarted, from.Endpoint))
-		return true
-	}
-	c.epochs[key] = &heardPeer{epoch: from.Epoch, seq: c.heardSeq}
-	if len(c.epochs) > c.cfg.MaxEpochs {
-		oldest, min := "", uint64(0)
-		for k, h := range c.epochs {
-			if oldest == "" || h.seq < min {
-				oldest, min = k, h.seq
-			}
-		}
-		delete(c.epochs, oldest)
-	}
-	return true
-}
+// RefusedNotOwner: a REGISTER whose memory is not proven the
+// registering process's (its proof slots do not hold its proof, or its
+// agent name is another decode rank's).
+const RefusedNotOwner = core.RefusedNotOwner
 
-// errCode maps a registry refusal to a STATUS code.
-func errCode(err error) string {
-	switch {
-	case errors.Is(err, ErrRoomCleared):
-		return CodeCleared
-	case errors.Is(err, ErrRoomAborted), errors.Is(err, ErrRoomFailed):
-		return CodeAborted
-	default:
-		return CodeRejected
-	}
-}
+// RefusedOverlap: two regions of a REGISTER share memory.
+const RefusedOverlap = core.RefusedOverlap
+
+// RefusedRepeat: a REQUEST names a destination page, or an item of one
+// state region, twice.
+const RefusedRepeat = core.RefusedRepeat
+
+// Rejected: the event is invalid here; the result's Err says why.
+const Rejected = core.Rejected
+
+// RoleDecode receives the KV cache (receiver side).
+const RoleDecode = core.RoleDecode
+
+// RolePrefill owns the KV cache and writes it (sender side).
+const RolePrefill = core.RolePrefill
+
+// Success is terminal: every byte is in place.
+const Success = core.Success
+
+// Transferring: at least one chunk has been posted or has arrived.
+const Transferring = core.Transferring
+
+// WaitingForInput: prefill has every request and is initialised, so it
+// can post chunks; decode has sent its request and waits for data.
+const WaitingForInput = core.WaitingForInput
+
+// ErrDuplicateRequest: the same peer requested the same room twice.
+var ErrDuplicateRequest = core.ErrDuplicateRequest
+
+// ErrIncompatible: a prefill rank refused this rank's registration
+// (REGISTER_ACK ok false: compat, layout or ownership).
+var ErrIncompatible = core.ErrIncompatible
+
+// ErrInvalidEvent: an event with an unknown kind, role or status.
+var ErrInvalidEvent = core.ErrInvalidEvent
+
+// ErrInvalidRequest: a peer request without a peer name or with
+// required < 1.
+var ErrInvalidRequest = core.ErrInvalidRequest
+
+// ErrInvalidSpec: a RequestSpec names a destination page, or an item of
+// one state region, more than once.
+var ErrInvalidSpec = core.ErrInvalidSpec
+
+// ErrLayers: a layer-wise send out of order (a chunk's layers go in
+// consecutive ranges from 0 to the rank's layer count) or naming
+// another chunk than the one whose layers are being sent.
+var ErrLayers = core.ErrLayers
+
+// ErrNoWriteInFlight: a write completion without a matching posted write.
+var ErrNoWriteInFlight = core.ErrNoWriteInFlight
+
+// ErrNotReady: the event needs a later status (a chunk posted before the
+// room is WaitingForInput, Success before any data could move).
+var ErrNotReady = core.ErrNotReady
+
+// ErrRequiredMismatch: peers disagree on how many requests the room needs.
+var ErrRequiredMismatch = core.ErrRequiredMismatch
+
+// ErrRoomAborted: the room was aborted before it was created.
+var ErrRoomAborted = core.ErrRoomAborted
+
+// ErrRoomCleared: the room id was cleared less than the tombstone TTL
+// ago. Room ids must be unique within the TTL; seeing this on Create
+// usually means a router handed out a duplicate id.
+var ErrRoomCleared = core.ErrRoomCleared
+
+// ErrRoomDone: the room has already succeeded.
+var ErrRoomDone = core.ErrRoomDone
+
+// ErrRoomFailed: the room is Failed; the wrapped text has the reason.
+var ErrRoomFailed = core.ErrRoomFailed
+
+// ErrRoomInUse: a live sender or receiver already exists for the room.
+var ErrRoomInUse = core.ErrRoomInUse
+
+// ErrTooManyPending: the bound on rooms with pending requests is reached.
+var ErrTooManyPending = core.ErrTooManyPending
+
+// ErrTooManyRequests: more distinct peers requested the room than it
+// requires.
+var ErrTooManyRequests = core.ErrTooManyRequests
+
+// ErrUnknownInput: Core.Step was given an input it has no case for
+// (nil, or a type added without one).
+var ErrUnknownInput = core.ErrUnknownInput
+
+// ErrUnknownRoom: no live room, pending request or tombstone has this id.
+var ErrUnknownRoom = core.ErrUnknownRoom
+
+// ErrWrongRole: the event does not apply to the room's role (a peer
+// request on a decode room, a posted chunk on a decode room).
+var ErrWrongRole = core.ErrWrongRole
+
+// DefaultRegistryConfig returns the defaults (docs/ARCHITECTURE.md, "Defaults and configuration").
+func DefaultRegistryConfig() RegistryConfig { return core.DefaultRegistryConfig() }
+
+// MinPoll reduces the statuses of several ranks to the room's status: the
+// smallest one. It returns 0 (invalid) for no arguments or when any argument
+// is invalid, so a caller that forgot a rank cannot read it as a status.
+func MinPoll(polls ...Poll) Poll { return core.MinPoll(polls...) }

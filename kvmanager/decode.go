@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
 )
@@ -54,7 +55,7 @@ const (
 
 // NewDecode starts a decode rank.
 func NewDecode(cfg Config) (*Decode, error) {
-	cfg.Role = RoleDecode
+	cfg.Role = core.RoleDecode
 	m, err := newManager(cfg)
 	if err != nil {
 		return nil, err
@@ -83,13 +84,13 @@ func NewDecode(cfg Config) (*Decode, error) {
 }
 
 // DefaultTarget is the prefill rank of Config.BootstrapURL and PrefillRank.
-func (d *Decode) DefaultTarget() Target {
-	return Target{Bootstrap: d.cfg.BootstrapURL, Rank: d.cfg.PrefillRank}
+func (d *Decode) DefaultTarget() core.Target {
+	return core.Target{Bootstrap: d.cfg.BootstrapURL, Rank: d.cfg.PrefillRank}
 }
 
 // resolve looks a target up in its bootstrap service in the background
 // (bounded by the bootstrap timeout) and steps the answer into the core.
-func (d *Decode) resolve(t Target) {
+func (d *Decode) resolve(t core.Target) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -106,12 +107,12 @@ func (d *Decode) resolve(t Target) {
 		if err == nil && d.cfg.RankIdentity != nil {
 			err = d.checkRankCert(t, info)
 		}
-		d.step(func(c *Core, now time.Time) {
+		d.step(func(c *core.Core, now time.Time) {
 			if err != nil {
-				c.Step(now, ResolveFailed{Target: t, Err: err})
+				c.Step(now, core.ResolveFailed{Target: t, Err: err})
 				return
 			}
-			c.Step(now, Resolved{Target: t, Endpoint: info.Endpoint, ServerKey: info.PublicKey, Cert: info.CertBytes(), Epoch: info.Epoch})
+			c.Step(now, core.Resolved{Target: t, Endpoint: info.Endpoint, ServerKey: info.PublicKey, Cert: info.CertBytes(), Epoch: info.Epoch})
 		})
 	}()
 }
@@ -122,7 +123,7 @@ func (d *Decode) resolve(t Target) {
 // coordinates. A record rewritten (by a holder of the bootstrap token) with
 // another rank's endpoint and certificate would otherwise send this rank to
 // that rank, which would serve it as itself: its heads, its layers.
-func (d *Decode) checkRankCert(t Target, info bootstrap.RankInfo) error {
+func (d *Decode) checkRankCert(t core.Target, info bootstrap.RankInfo) error {
 	where := fmt.Sprintf("prefill rank dp=%d tp=%d pp=%d of %s", t.DP, t.Rank, t.PP, t.Bootstrap)
 	raw := info.CertBytes()
 	if raw == "" {
@@ -147,11 +148,13 @@ func (d *Decode) checkRankCert(t Target, info bootstrap.RankInfo) error {
 // CreateReceiver creates the decode side of a room that pulls from the
 // given prefill ranks, each writing every page (the default instance when
 // none is given: see CreateReceiverFor).
-func (d *Decode) CreateReceiver(room uint64, targets ...Target) (res Result) {
+func (d *Decode) CreateReceiver(room uint64, targets ...core.Target) (res core.Result) {
 	if len(targets) == 0 {
 		return d.CreateReceiverFor(room, Instance{DP: AutoDP})
 	}
-	d.step(func(c *Core, now time.Time) { res = c.Step(now, CreateReceiver{Room: room, Targets: targets}).Result })
+	d.step(func(c *core.Core, now time.Time) {
+		res = c.Step(now, core.CreateReceiver{Room: room, Targets: targets}).Result
+	})
 	d.kickNotifier()
 	return res
 }
@@ -185,7 +188,7 @@ func (d *Decode) client(url string) (bootstrap.Discovery, error) {
 func (d *Decode) watch(url string, ch <-chan bootstrap.RankEvent) {
 	defer d.wg.Done()
 	for ev := range ch {
-		t := Target{Bootstrap: url, DP: ev.DP, Rank: ev.TP, PP: ev.PP}
+		t := core.Target{Bootstrap: url, DP: ev.DP, Rank: ev.TP, PP: ev.PP}
 		cert := bootstrap.RankInfo{Cert: ev.Cert}.CertBytes()
 		if d.cfg.RankIdentity != nil && !ev.Deleted && d.checkRankCert(t, bootstrap.RankInfo{Cert: ev.Cert}) != nil {
 			// Not the rank's certificate: nothing is addressed with it; the
@@ -193,8 +196,8 @@ func (d *Decode) watch(url string, ch <-chan bootstrap.RankEvent) {
 			// lookup fails the rooms naming the certificate (resolve).
 			cert = ""
 		}
-		d.step(func(c *Core, now time.Time) {
-			c.Step(now, TargetChanged{Target: t, Endpoint: ev.Endpoint, ServerKey: ev.PublicKey, Cert: cert,
+		d.step(func(c *core.Core, now time.Time) {
+			c.Step(now, core.TargetChanged{Target: t, Endpoint: ev.Endpoint, ServerKey: ev.PublicKey, Cert: cert,
 				Epoch: ev.Epoch, Gone: ev.Deleted})
 		})
 		if ev.Deleted {
@@ -261,7 +264,7 @@ func (d *Decode) topology(url string) (bootstrap.Topology, error) {
 // Links computes a room's prefill ranks in an instance: the rank mapping
 // of this rank's Parallel and Model onto the instance's topology (one
 // target, PrefillRank, when the rank has no Model).
-func (d *Decode) Links(room uint64, inst Instance) ([]Link, error) {
+func (d *Decode) Links(room uint64, inst Instance) ([]core.Link, error) {
 	links, _, err := d.links(room, inst)
 	return links, err
 }
@@ -270,7 +273,7 @@ func (d *Decode) Links(room uint64, inst Instance) ([]Link, error) {
 // topology, told lists the instance's ranks that may hold the room (its DP
 // group's, or every group's when the group is not known), so they can be
 // told.
-func (d *Decode) links(room uint64, inst Instance) (links []Link, told []Target, err error) {
+func (d *Decode) links(room uint64, inst Instance) (links []core.Link, told []core.Target, err error) {
 	if inst.Bootstrap == "" {
 		inst.Bootstrap = d.cfg.BootstrapURL
 	}
@@ -278,7 +281,7 @@ func (d *Decode) links(room uint64, inst Instance) (links []Link, told []Target,
 		return nil, nil, fmt.Errorf("room %d names no prefill instance (Instance.Bootstrap) and this decode rank has no default (Config.BootstrapURL)", room)
 	}
 	if d.cfg.Model.Zero() {
-		return []Link{{Target: Target{Bootstrap: inst.Bootstrap, Rank: d.cfg.PrefillRank, DP: max(inst.DP, 0)}, Aux: true}}, nil, nil
+		return []core.Link{{Target: core.Target{Bootstrap: inst.Bootstrap, Rank: d.cfg.PrefillRank, DP: max(inst.DP, 0)}, Aux: true}}, nil, nil
 	}
 	topo, err := d.topology(inst.Bootstrap)
 	if err != nil {
@@ -288,7 +291,9 @@ func (d *Decode) links(room uint64, inst Instance) (links []Link, told []Target,
 	if dp == AutoDP {
 		dp = int(room % uint64(max(topo.DPSize, 1)))
 	}
-	refuse := func(err error) ([]Link, []Target, error) { return nil, instanceRanks(inst.Bootstrap, topo, dp), err }
+	refuse := func(err error) ([]core.Link, []core.Target, error) {
+		return nil, instanceRanks(inst.Bootstrap, topo, dp), err
+	}
 	facts := modelFacts(d.cfg.Model)
 	if topo.ModelFacts != facts || topo.PageSize != d.cfg.Model.PageTokens {
 		return refuse(fmt.Errorf("%w: prefill instance %q at %s has model %+v with %d-token pages, this decode rank %+v with %d",
@@ -312,9 +317,9 @@ func (d *Decode) links(room uint64, inst Instance) (links []Link, told []Target,
 	if err != nil {
 		return refuse(fmt.Errorf("prefill instance %q at %s: %w", topo.Instance, inst.Bootstrap, err))
 	}
-	links = make([]Link, len(tl))
+	links = make([]core.Link, len(tl))
 	for i, l := range tl {
-		links[i] = Link{Target: Target{Bootstrap: inst.Bootstrap, Rank: l.TPRank, DP: dp, PP: l.PPRank,
+		links[i] = core.Link{Target: core.Target{Bootstrap: inst.Bootstrap, Rank: l.TPRank, DP: dp, PP: l.PPRank,
 			InstTP: max(topo.TPSize, 1), InstPP: max(topo.PPSize, 1)},
 			Dummy: l.Dummy, Aux: l.Aux, Required: l.Required}
 	}
@@ -328,7 +333,7 @@ const maxToldRanks = 1024
 
 // instanceRanks lists an instance's ranks in DP group dp (every group's
 // when dp is outside the instance).
-func instanceRanks(url string, topo bootstrap.Topology, dp int) []Target {
+func instanceRanks(url string, topo bootstrap.Topology, dp int) []core.Target {
 	tp, pp, dps := max(topo.TPSize, 1), max(topo.PPSize, 1), max(topo.DPSize, 1)
 	groups := []int{dp}
 	if dp < 0 || dp >= dps {
@@ -340,11 +345,11 @@ func instanceRanks(url string, topo bootstrap.Topology, dp int) []Target {
 	if len(groups)*tp*pp > maxToldRanks {
 		return nil
 	}
-	var out []Target
+	var out []core.Target
 	for _, g := range groups {
 		for s := range pp {
 			for r := range tp {
-				out = append(out, Target{Bootstrap: url, Rank: r, DP: g, PP: s, InstTP: tp, InstPP: pp})
+				out = append(out, core.Target{Bootstrap: url, Rank: r, DP: g, PP: s, InstTP: tp, InstPP: pp})
 			}
 		}
 	}
@@ -355,18 +360,22 @@ func instanceRanks(url string, topo bootstrap.Topology, dp int) []Target {
 // prefill instance: its topology is looked up once per instance (cached),
 // the rank mapping gives the room's prefill ranks, and their endpoints are
 // resolved now, so an abort before Init reaches them.
-func (d *Decode) CreateReceiverFor(room uint64, inst Instance) (res Result) {
+func (d *Decode) CreateReceiverFor(room uint64, inst Instance) (res core.Result) {
 	links, told, err := d.links(room, inst)
 	if err != nil {
 		err = fmt.Errorf("room %d: %w", room, err)
 		if len(told) > 0 {
 			// The prefill ranks may already hold the room: tell them, or
 			// each waits for its bootstrap deadline.
-			d.step(func(c *Core, now time.Time) { c.Step(now, RefuseRoom{Room: room, Targets: told, Reason: err.Error()}) })
+			d.step(func(c *core.Core, now time.Time) {
+				c.Step(now, core.RefuseRoom{Room: room, Targets: told, Reason: err.Error()})
+			})
 		}
-		return rejected(err)
+		return core.Result{Outcome: core.Rejected, Err: err}
 	}
-	d.step(func(c *Core, now time.Time) { res = c.Step(now, CreateReceiver{Room: room, Links: links}).Result })
+	d.step(func(c *core.Core, now time.Time) {
+		res = c.Step(now, core.CreateReceiver{Room: room, Links: links}).Result
+	})
 	d.kickNotifier()
 	return res
 }
@@ -379,33 +388,33 @@ func (d *Decode) CreateReceiverFor(room uint64, inst Instance) (res Result) {
 // A spec naming a destination page, or an item of one state region, twice
 // is refused at the call (ErrInvalidSpec; the room is left as it was): every
 // prefill rank would refuse its REQUEST.
-func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec) error {
-	var res Result
+func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec core.RequestSpec) error {
+	var res core.Result
 	var ready chan struct{}
 	var bad error
 	var reason string
-	d.step(func(c *Core, now time.Time) {
-		if bad = checkSpec(room, spec); bad != nil {
+	d.step(func(c *core.Core, now time.Time) {
+		if bad = core.CheckSpec(room, spec); bad != nil {
 			return
 		}
 		bad = nil
-		res = c.Step(now, InitReceiver{Room: room, Spec: spec}).Result
-		_, ready, _ = c.waiters(room)
+		res = c.Step(now, core.InitReceiver{Room: room, Spec: spec}).Result
+		_, ready, _ = c.Waiters(room)
 		reason, _ = c.Failure(room)
 	})
 	if bad != nil {
 		return bad
 	}
 	switch {
-	case res.Outcome == Applied:
-	case res.Outcome == Rejected:
+	case res.Outcome == core.Applied:
+	case res.Outcome == core.Rejected:
 		return res.Err
-	case res.Status == Failed:
+	case res.Status == core.Failed:
 		// The room failed first (aborted, refused, or its prefill rank
 		// declared dead): no later status can make it ready.
 		return d.failedErr(room, reason)
 	default:
-		return fmt.Errorf("room %d: request in %v: %w", room, res.Status, ErrNotReady)
+		return fmt.Errorf("room %d: request in %v: %w", room, res.Status, core.ErrNotReady)
 	}
 	select {
 	case <-ready:
@@ -418,8 +427,8 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec
 	st, known := d.Status(room)
 	switch {
 	case !known:
-		return fmt.Errorf("room %d: %w", room, ErrRoomCleared)
-	case st == Failed:
+		return fmt.Errorf("room %d: %w", room, core.ErrRoomCleared)
+	case st == core.Failed:
 		return d.failedErr(room, d.Failure(room))
 	}
 	return nil
@@ -429,37 +438,22 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec RequestSpec
 // prefill rank refused our registration, ErrRoomFailed otherwise, with the
 // reason.
 func (d *Decode) failedErr(room uint64, reason string) error {
-	if strings.Contains(reason, ErrIncompatible.Error()) {
+	if strings.Contains(reason, core.ErrIncompatible.Error()) {
 		// A prefill rank refused us: an instance may have changed
 		// shape under a cached topology. Read them again.
 		d.forgetTopology("")
-		return fmt.Errorf("room %d: %w%s", room, ErrIncompatible, strings.TrimPrefix(reason, ErrIncompatible.Error()))
+		return fmt.Errorf("room %d: %w%s", room, core.ErrIncompatible, strings.TrimPrefix(reason, core.ErrIncompatible.Error()))
 	}
-	return fmt.Errorf("room %d: %w: %s", room, ErrRoomFailed, reason)
-}
-
-// checkSpec refuses a spec that names a destination page, or an item of
-// one state region, twice: two positions of the room would land in the
-// same memory.
-func checkSpec(room uint64, spec RequestSpec) error {
-	if i, j, ok := firstRepeat(spec.DstPages); ok {
-		return fmt.Errorf("room %d: DstPages[%d] and DstPages[%d] both name page %d: %w", room, i, j, spec.DstPages[i], ErrInvalidSpec)
-	}
-	for r, list := range spec.StateIndices {
-		if i, j, ok := firstRepeat(list); ok {
-			return fmt.Errorf("room %d: StateIndices[%d][%d] and [%d][%d] both name item %d: %w", room, r, i, r, j, list[i], ErrInvalidSpec)
-		}
-	}
-	return nil
+	return fmt.Errorf("room %d: %w: %s", room, core.ErrRoomFailed, reason)
 }
 
 // AbortReceiver fails the room and tells its prefill ranks (also before
 // its REQUEST went out); the pages stay quarantined until Released.
-func (d *Decode) AbortReceiver(room uint64, reason string) (res Result) {
-	var stage Poll
-	d.step(func(c *Core, now time.Time) {
+func (d *Decode) AbortReceiver(room uint64, reason string) (res core.Result) {
+	var stage core.Poll
+	d.step(func(c *core.Core, now time.Time) {
 		stage, _ = c.Status(room)
-		res = c.Step(now, AbortReceiver{Room: room, Reason: reason}).Result
+		res = c.Step(now, core.AbortReceiver{Room: room, Reason: reason}).Result
 	})
 	d.met.abort(stage)
 	return res
@@ -467,8 +461,8 @@ func (d *Decode) AbortReceiver(room uint64, reason string) (res Result) {
 
 // ClearReceiver forgets the room. An unfinished room is aborted first; its
 // pages stay quarantined past Clear until Released.
-func (d *Decode) ClearReceiver(room uint64) (res Result) {
-	d.step(func(c *Core, now time.Time) { res = c.Step(now, ClearReceiver{Room: room}).Result })
+func (d *Decode) ClearReceiver(room uint64) (res core.Result) {
+	d.step(func(c *core.Core, now time.Time) { res = c.Step(now, core.ClearReceiver{Room: room}).Result })
 	return res
 }
 
@@ -481,7 +475,7 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 func (d *Decode) Released(room uint64) <-chan struct{} {
 	var ch chan struct{}
 	var ok bool
-	d.read(func(c *Core) { ch, ok = c.Hold(room) })
+	d.read(func(c *core.Core) { ch, ok = c.Hold(room) })
 	if !ok {
 		return closedChan
 	}
@@ -492,8 +486,8 @@ func (d *Decode) Released(room uint64) <-chan struct{} {
 // failure's code and reason) once nothing more can land: after Success, or
 // after a failure once Released is closed; ok is false before, and once
 // the room is cleared.
-func (d *Decode) Report(room uint64) (r LoadReport, ok bool) {
-	d.read(func(c *Core) { r, ok = c.Report(room) })
+func (d *Decode) Report(room uint64) (r core.LoadReport, ok bool) {
+	d.read(func(c *core.Core) { r, ok = c.Report(room) })
 	return r, ok
 }
 
@@ -578,31 +572,30 @@ const notifierTombstonePoll = time.Second
 // roomCounts counts the rooms still live (pending or not final) and the
 // cleared rooms' tombstones.
 func (d *Decode) roomCounts() (live, tombs int) {
-	d.read(func(c *Core) { s := c.reg.Sizes(); live, tombs = s.Live+s.Pending, s.Tombstones+s.Draining })
+	d.read(func(c *core.Core) { s := c.RoomSizes(); live, tombs = s.Live+s.Pending, s.Tombstones+s.Draining })
 	return live, tombs
 }
 
 // onNotif steps one notification into the core.
 func (d *Decode) onNotif(s string) {
-	n, ok := parseNotif(s)
+	n, ok := core.ParseNotif(s)
 	if !ok {
 		d.unparsedNotifs.Add(1)
 		d.log.Warn("unknown notification", zap.String("notif", s))
 		return
 	}
 	room := n.Room
-	var before, after Poll
+	var before, after core.Poll
 	var started, at time.Time
-	var entered [Success + 1]time.Time
-	d.step(func(c *Core, now time.Time) {
+	var entered [core.Success + 1]time.Time
+	d.step(func(c *core.Core, now time.Time) {
 		before, _ = c.Status(room)
 		c.Step(now, n)
 		after, _ = c.Status(room)
-		if rm := c.reg.rooms[room]; rm != nil && rm.dec != nil {
-			started, at, entered = rm.dec.started, now, rm.entered
-		}
+		started, entered, _ = c.RoomTimes(room)
+		at = now
 	})
-	if before != Success && after == Success {
+	if before != core.Success && after == core.Success {
 		d.trace(room, TraceLastNotif)
 		d.trace(room, TraceSuccess)
 		d.met.latency.Observe(at.Sub(started).Seconds())

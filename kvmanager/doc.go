@@ -1,8 +1,8 @@
-// Package kvmanager is a rank's protocol: the pure Core that owns every
-// piece of room and peer state of the rank, and the two shells that run it,
-// Prefill and Decode.
+// Package kvmanager runs a rank's protocol: Prefill and Decode, the two
+// shells around the pure protocol core (internal/core) that owns every
+// piece of room and peer state of the rank.
 //
-// Core is modelled on etcd-io/raft's RawNode: no goroutines, no locks, no
+// The core is modelled on etcd-io/raft's RawNode: no goroutines, no locks, no
 // clock, no I/O. Inputs are steps taken at a given time — local calls
 // (create, init, send a chunk, abort, clear), received control messages,
 // the gate before each write and its completion (with whether a failed
@@ -15,7 +15,7 @@
 // owes). The rest of the core binds registrations to peer epochs and keeps
 // decode's per-source accounting and page holds. Because it is pure,
 // several cores compose over a simulated network in one test process
-// (sim_test.go): every interleaving of small configurations and many
+// (internal/core's sim_test.go): every interleaving of small configurations and many
 // seeded random runs are checked against the invariants of
 // docs/ARCHITECTURE.md.
 //
@@ -32,10 +32,6 @@
 //	defer decode.Close()
 //
 // then one sender.Sender and one receiver.Receiver per room (see
-// receiver's Example). The core alone:
-//
-//	core, _ := kvmanager.NewCore(kvmanager.CoreConfig{Role: kvmanager.RolePrefill, ...})
-//	core.Step(now, kvmanager.Received{Msg: abort})  // ABORT before the sender exists
-//	core.Step(now, kvmanager.CreateSender{Room: id}) // born Failed with the abort's reason
-//	for _, e := range core.Effects() { ... }
+// receiver's Example). The statuses, request spec, load reports, counters
+// and errors an engine sees are the core's, exported here (core.go).
 package kvmanager

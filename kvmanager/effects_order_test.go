@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/core"
 )
 
 // TestEffectsCarriedOutInStepOrder: a rank's effects are carried out after
@@ -18,8 +19,8 @@ func TestEffectsCarriedOutInStepOrder(t *testing.T) {
 	m := p.Manager
 	decode := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "d", Endpoint: "tcp://127.0.0.1:1", Epoch: 1}
 	abort := func(room uint64, coreDone chan<- struct{}) {
-		m.step(func(c *Core, now time.Time) {
-			c.Step(now, Received{Msg: &bootstrap.Abort{From: decode, Room: room, Reason: "order test"}})
+		m.step(func(c *core.Core, now time.Time) {
+			c.Step(now, core.Received{Msg: &bootstrap.Abort{From: decode, Room: room, Reason: "order test"}})
 			if coreDone != nil {
 				close(coreDone)
 			}

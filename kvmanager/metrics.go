@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -32,7 +33,7 @@ type metrics struct {
 }
 
 func newMetrics(m *Manager) *metrics {
-	role := map[Role]string{RolePrefill: "prefill", RoleDecode: "decode"}[m.cfg.Role]
+	role := map[core.Role]string{core.RolePrefill: "prefill", core.RoleDecode: "decode"}[m.cfg.Role]
 	labels := prometheus.Labels{"role": role, "instance": m.cfg.Instance, "rank": strconv.Itoa(m.cfg.Rank)}
 	return &metrics{m: m,
 		rooms:    prometheus.NewDesc("kvbridge_rooms", "Live rooms by status.", []string{"status"}, labels),
@@ -91,7 +92,7 @@ func newMetrics(m *Manager) *metrics {
 	}
 }
 
-func (x *metrics) abort(stage Poll) {
+func (x *metrics) abort(stage core.Poll) {
 	s := "unknown_room"
 	if stage.Valid() {
 		s = stage.String()
@@ -116,28 +117,28 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (x *metrics) Collect(ch chan<- prometheus.Metric) {
-	var counts map[Poll]int
+	var counts map[core.Poll]int
 	var inflight int
-	var st CoreStats
+	var st core.CoreStats
 	var tombs, pending int
-	x.m.read(func(c *Core) {
-		counts, inflight, st = c.reg.Counts(), c.reg.InFlightTotal(), c.Stats()
-		tombs, pending = len(c.reg.tombs), len(c.reg.pending)
+	x.m.read(func(c *core.Core) {
+		counts, inflight, tombs, pending = c.Tables()
+		st = c.Stats()
 	})
 	ch <- prometheus.MustNewConstMetric(x.tables, prometheus.GaugeValue, float64(tombs), "tombstones")
 	ch <- prometheus.MustNewConstMetric(x.tables, prometheus.GaugeValue, float64(pending), "pending")
-	for p := Failed; p <= Success; p++ {
+	for p := core.Failed; p <= core.Success; p++ {
 		ch <- prometheus.MustNewConstMetric(x.rooms, prometheus.GaugeValue, float64(counts[p]), p.String())
 	}
 	ch <- prometheus.MustNewConstMetric(x.inflight, prometheus.GaugeValue, float64(inflight))
-	for k := EventCreate; k <= EventClear; k++ {
-		for o := Applied; o <= Rejected; o++ {
+	for k := core.EventCreate; k <= core.EventClear; k++ {
+		for o := core.Applied; o <= core.Rejected; o++ {
 			if n := st.Events[k][o]; n > 0 {
 				ch <- prometheus.MustNewConstMetric(x.events, prometheus.CounterValue, float64(n), k.String(), o.String())
 			}
 		}
 	}
-	for d := DeadlineBootstrap; d <= DeadlineTombstone; d++ {
+	for d := core.DeadlineBootstrap; d <= core.DeadlineTombstone; d++ {
 		ch <- prometheus.MustNewConstMetric(x.deadlines, prometheus.CounterValue, float64(st.Deadlines[d]), d.String())
 	}
 	ch <- prometheus.MustNewConstMetric(x.statusSent, prometheus.CounterValue, float64(st.StatusSent))
@@ -153,7 +154,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.probes, prometheus.CounterValue, float64(st.Probes), "sent")
 	ch <- prometheus.MustNewConstMetric(x.probes, prometheus.CounterValue, float64(st.ProbesLost), "lost")
 	ch <- prometheus.MustNewConstMetric(x.badNotifs, prometheus.CounterValue, float64(st.BadNotifs+x.m.unparsedNotifs.Load()))
-	for r := LayoutRefusal(0); r < layoutRefusals; r++ {
+	for r := core.LayoutRefusal(0); r < core.LayoutRefusals; r++ {
 		ch <- prometheus.MustNewConstMetric(x.layoutRefused, prometheus.CounterValue, float64(st.LayoutRefused[r]), r.String())
 	}
 	ch <- prometheus.MustNewConstMetric(x.owed, prometheus.GaugeValue, float64(x.m.Sizes().OwedAborts))
@@ -165,21 +166,21 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 // phaseLabels are the statuses a room passes through before Success, in
 // order, with their label.
 var phaseLabels = [...]struct {
-	st    Poll
+	st    core.Poll
 	label string
-}{{Bootstrapping, "bootstrapping"}, {WaitingForInput, "waiting_for_input"}, {Transferring, "transferring"}}
+}{{core.Bootstrapping, "bootstrapping"}, {core.WaitingForInput, "waiting_for_input"}, {core.Transferring, "transferring"}}
 
 // observePhases records how long a room that just succeeded spent in each
 // status, from the times it entered them (a status it skipped — a decode
 // room whose only data arrived with its last notification never
 // transfers — is left out, its time counted in the one before).
-func (x *metrics) observePhases(entered [Success + 1]time.Time) {
+func (x *metrics) observePhases(entered [core.Success + 1]time.Time) {
 	for i, p := range phaseLabels {
 		from := entered[p.st]
 		if from.IsZero() {
 			continue
 		}
-		to := entered[Success]
+		to := entered[core.Success]
 		for _, q := range phaseLabels[i+1:] {
 			if !entered[q.st].IsZero() {
 				to = entered[q.st]

@@ -1,6 +1,10 @@
 package kvmanager
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/kvbridge/kvbridge/internal/core"
+)
 
 // PollRooms is a batch scheduler's poll: it writes the status of rooms[i]
 // into out[i] under one acquisition of the rank's lock, allocating nothing,
@@ -13,7 +17,7 @@ import "fmt"
 //
 // out must be at least as long as rooms (PollRooms panics otherwise,
 // before it takes the lock); entries past len(rooms) are left untouched.
-func (m *Manager) PollRooms(rooms []uint64, out []Poll) {
+func (m *Manager) PollRooms(rooms []uint64, out []core.Poll) {
 	if len(out) < len(rooms) {
 		panic(fmt.Sprintf("kvmanager: PollRooms: out holds %d statuses for %d rooms", len(out), len(rooms)))
 	}

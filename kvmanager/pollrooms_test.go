@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -14,15 +15,15 @@ import (
 
 // Both roles' handles carry the batch poll.
 var (
-	_ interface{ PollRooms([]uint64, []Poll) } = (*Prefill)(nil)
-	_ interface{ PollRooms([]uint64, []Poll) } = (*Decode)(nil)
+	_ interface{ PollRooms([]uint64, []core.Poll) } = (*Prefill)(nil)
+	_ interface{ PollRooms([]uint64, []core.Poll) } = (*Decode)(nil)
 )
 
 // pollPrefill is a prefill rank over the loopback engine for the batch
 // poll's tests and benchmark (newTestPrefill takes a *testing.T).
 func pollPrefill(tb testing.TB) *Prefill {
 	tb.Helper()
-	cfg := DefaultConfig(RolePrefill)
+	cfg := DefaultConfig(core.RolePrefill)
 	cfg.Auth = testauth.Auth()
 	cfg.Instance, cfg.Compat = "poll-test", "v1:test"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
@@ -47,13 +48,13 @@ func TestPollRooms(t *testing.T) {
 	p.AbortSender(3, "operator")
 	p.ClearSender(4)
 	rooms := []uint64{1, 2, 3, 4, 5, 6, 2, 1}
-	want := []Poll{Bootstrapping, Bootstrapping, Failed, 0, Bootstrapping, 0, Bootstrapping, Bootstrapping}
-	if st, _ := p.Status(2); st != Bootstrapping { // no decode request: init alone does not make it ready
+	want := []core.Poll{core.Bootstrapping, core.Bootstrapping, core.Failed, 0, core.Bootstrapping, 0, core.Bootstrapping, core.Bootstrapping}
+	if st, _ := p.Status(2); st != core.Bootstrapping { // no decode request: init alone does not make it ready
 		want[1], want[6] = st, st
 	}
-	out := make([]Poll, len(rooms)+2)
+	out := make([]core.Poll, len(rooms)+2)
 	for i := range out {
-		out[i] = Success // a stale status must not survive; the last two are sentinels
+		out[i] = core.Success // a stale status must not survive; the last two are sentinels
 	}
 	p.PollRooms(rooms, out)
 	for i, id := range rooms {
@@ -65,7 +66,7 @@ func TestPollRooms(t *testing.T) {
 			t.Errorf("room %d: PollRooms %v, Status %v (known %v), want %v", id, out[i], st, known, want[i])
 		}
 	}
-	if out[len(rooms)] != Success || out[len(rooms)+1] != Success {
+	if out[len(rooms)] != core.Success || out[len(rooms)+1] != core.Success {
 		t.Errorf("PollRooms wrote past len(rooms): %v", out[len(rooms):])
 	}
 	p.PollRooms(nil, nil) // nothing to poll, nothing to write
@@ -90,11 +91,11 @@ func TestPollRoomsAllocatesNothing(t *testing.T) {
 			p.CreateSender(rooms[i])
 		}
 	}
-	out := make([]Poll, len(rooms))
+	out := make([]core.Poll, len(rooms))
 	if n := testing.AllocsPerRun(100, func() { p.PollRooms(rooms, out) }); n != 0 {
 		t.Fatalf("PollRooms allocated %v times per call", n)
 	}
-	if out[0] != Bootstrapping || out[1] != 0 {
+	if out[0] != core.Bootstrapping || out[1] != 0 {
 		t.Fatalf("statuses %v %v", out[0], out[1])
 	}
 }
@@ -112,21 +113,21 @@ func TestPollRoomsIsOneSnapshot(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for k := uint64(1); k <= pairs; k++ {
-			p.step(func(c *Core, now time.Time) {
-				c.Step(now, CreateSender{Room: 2 * k})
-				c.Step(now, CreateSender{Room: 2*k + 1})
+			p.step(func(c *core.Core, now time.Time) {
+				c.Step(now, core.CreateSender{Room: 2 * k})
+				c.Step(now, core.CreateSender{Room: 2*k + 1})
 			})
 			published.Store(k)
-			p.step(func(c *Core, now time.Time) {
-				c.Step(now, ClearSender{Room: 2 * k})
-				c.Step(now, ClearSender{Room: 2*k + 1})
+			p.step(func(c *core.Core, now time.Time) {
+				c.Step(now, core.ClearSender{Room: 2 * k})
+				c.Step(now, core.ClearSender{Room: 2*k + 1})
 			})
 		}
 	}()
 	// The pair at the two ends of the batch, ids no room takes between
 	// them: a poll that let a step in between rooms would have the whole
 	// batch's length to do it in.
-	rooms, out := make([]uint64, 66), make([]Poll, 66)
+	rooms, out := make([]uint64, 66), make([]core.Poll, 66)
 	for i := range rooms {
 		rooms[i] = 1 << 40
 	}
@@ -167,7 +168,7 @@ func BenchmarkPollRooms(b *testing.B) {
 					p.InitSender(rooms[i])
 				}
 			}
-			out := make([]Poll, n)
+			out := make([]core.Poll, n)
 			b.ReportAllocs()
 			b.ResetTimer()
 			start := time.Now()

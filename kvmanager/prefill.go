@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
 )
@@ -23,7 +24,7 @@ type Prefill struct {
 // layout, binds the control endpoint, starts the transfer pool and
 // registers the rank with the bootstrap server (when BootstrapURL is set).
 func NewPrefill(cfg Config) (*Prefill, error) {
-	cfg.Role = RolePrefill
+	cfg.Role = core.RolePrefill
 	m, err := newManager(cfg)
 	if err != nil {
 		return nil, err
@@ -110,7 +111,7 @@ func (m *Manager) onRegister(msg *bootstrap.Register) {
 // loading the peer's agent metadata and reading its ownership proofs back
 // are engine I/O, and a peer that never answers must not hold the control
 // loop.
-func (m *Manager) loadMetadata(msg *bootstrap.Register, lay PeerPlan) {
+func (m *Manager) loadMetadata(msg *bootstrap.Register, lay core.PeerPlan) {
 	if !m.registersReady.Load() {
 		m.met.deferred.Inc() // NewPrefill has not finished: the sender repeats it
 		return
@@ -128,15 +129,15 @@ func (m *Manager) loadMetadata(msg *bootstrap.Register, lay PeerPlan) {
 
 // post hands a chunk's writes to the pool; every write passes the core's
 // gate right before it is posted, and reports its completion back.
-func (m *Manager) post(e Effect) {
+func (m *Manager) post(e core.Effect) {
 	room := e.Room
 	job := transfer.Job{Room: room, Writes: e.Writes,
 		Gate: func(w *transfer.Write) (ok bool) {
 			first := false
-			m.step(func(c *Core, now time.Time) {
-				rm := c.reg.rooms[room]
-				first = rm != nil && rm.status < Transferring
-				ok = c.Step(now, Posting{Room: room, Write: w}).OK
+			m.step(func(c *core.Core, now time.Time) {
+				st, live := c.Status(room)
+				first = live && st < core.Transferring
+				ok = c.Step(now, core.Posting{Room: room, Write: w}).OK
 			})
 			if ok && first {
 				m.trace(room, TraceFirstPost)
@@ -144,33 +145,31 @@ func (m *Manager) post(e Effect) {
 			return ok
 		},
 		Live: func() bool {
-			var st Poll
-			m.read(func(c *Core) { st, _ = c.Status(room) })
-			return st == WaitingForInput || st == Transferring
+			var st core.Poll
+			m.read(func(c *core.Core) { st, _ = c.Status(room) })
+			return st == core.WaitingForInput || st == core.Transferring
 		},
 		Done: func(w *transfer.Write, err error, quiesced bool) {
 			if err == nil {
 				m.met.transfers.Inc()
 				m.met.bytes.Add(float64(writeBytes(w, m.cfg.Layout)))
 			}
-			var res Result
+			var res core.Result
 			var started time.Time
-			var entered [Success + 1]time.Time
-			m.step(func(c *Core, now time.Time) {
-				res = c.Step(now, WriteDone{Room: room, Write: w, Err: err, Quiesced: quiesced}).Result
-				if rm := c.reg.rooms[room]; rm != nil {
-					started, entered = rm.pre.started, rm.entered
-				}
+			var entered [core.Success + 1]time.Time
+			m.step(func(c *core.Core, now time.Time) {
+				res = c.Step(now, core.WriteDone{Room: room, Write: w, Err: err, Quiesced: quiesced}).Result
+				started, entered, _ = c.RoomTimes(room)
 			})
-			if res.Outcome == Applied && res.Status == Success && !started.IsZero() {
+			if res.Outcome == core.Applied && res.Status == core.Success && !started.IsZero() {
 				m.met.latency.Observe(m.cfg.Now().Sub(started).Seconds())
 				m.met.observePhases(entered)
 			}
 		},
 	}
 	if err := m.pool.Submit(job); err != nil {
-		m.step(func(c *Core, now time.Time) {
-			c.Step(now, Fail{Room: room, Reason: fmt.Sprintf("room %d: %v", room, err)})
+		m.step(func(c *core.Core, now time.Time) {
+			c.Step(now, core.Fail{Room: room, Reason: fmt.Sprintf("room %d: %v", room, err)})
 		})
 	}
 }
@@ -205,10 +204,10 @@ func (m *Manager) trace(room uint64, ev TraceEvent) {
 }
 
 // CreateSender creates the prefill side of a room (see package sender).
-func (p *Prefill) CreateSender(room uint64) (res Result) {
-	p.step(func(c *Core, now time.Time) { res = c.Step(now, CreateSender{Room: room}).Result })
+func (p *Prefill) CreateSender(room uint64) (res core.Result) {
+	p.step(func(c *core.Core, now time.Time) { res = c.Step(now, core.CreateSender{Room: room}).Result })
 	par := p.cfg.Parallel
-	if res.Outcome == Applied && p.cfg.PublishRoomDP && p.boot != nil && par.DPSize > 1 && par.TPRank == 0 && par.PPRank == 0 {
+	if res.Outcome == core.Applied && p.cfg.PublishRoomDP && p.boot != nil && par.DPSize > 1 && par.TPRank == 0 && par.PPRank == 0 {
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
@@ -223,8 +222,8 @@ func (p *Prefill) CreateSender(room uint64) (res Result) {
 }
 
 // InitSender marks the sender initialised.
-func (p *Prefill) InitSender(room uint64) (res Result) {
-	p.step(func(c *Core, now time.Time) { res = c.Step(now, InitSender{Room: room}).Result })
+func (p *Prefill) InitSender(room uint64) (res core.Result) {
+	p.step(func(c *core.Core, now time.Time) { res = c.Step(now, core.InitSender{Room: room}).Result })
 	return res
 }
 
@@ -234,8 +233,8 @@ func (p *Prefill) InitSender(room uint64) (res Result) {
 // state_indices[i]) and then the aux item at auxIndex (−1 for none) follow.
 // The room must be WaitingForInput or Transferring.
 func (p *Prefill) SendChunk(room uint64, pages []uint32, last bool, auxIndex int, state [][]uint32) (err error) {
-	p.step(func(c *Core, now time.Time) {
-		err = c.Step(now, SendChunk{Room: room, Pages: pages, Last: last, AuxIndex: auxIndex, State: state}).Err
+	p.step(func(c *core.Core, now time.Time) {
+		err = c.Step(now, core.SendChunk{Room: room, Pages: pages, Last: last, AuxIndex: auxIndex, State: state}).Err
 	})
 	return err
 }
@@ -254,8 +253,8 @@ func (p *Prefill) SendChunk(room uint64, pages []uint32, last bool, auxIndex int
 // unposted, on ready's error or when it has not said true within the
 // stall timeout. SendChunk is SendLayers over every layer.
 func (p *Prefill) SendLayers(room uint64, pages []uint32, lo, hi int, last bool, auxIndex int, ready transfer.Ready, state [][]uint32) (err error) {
-	p.step(func(c *Core, now time.Time) {
-		err = c.Step(now, SendChunk{Room: room, Pages: pages, Last: last, AuxIndex: auxIndex, State: state,
+	p.step(func(c *core.Core, now time.Time) {
+		err = c.Step(now, core.SendChunk{Room: room, Pages: pages, Last: last, AuxIndex: auxIndex, State: state,
 			Layers: transfer.Layers{Lo: lo, Hi: hi}, Ready: ready}).Err
 	})
 	return err
@@ -267,18 +266,18 @@ func (p *Prefill) Layers() int { return max(len(p.cfg.Layout.Regions)/2, 1) }
 
 // AbortSender fails the room from the prefill side; its decode ranks are
 // told.
-func (p *Prefill) AbortSender(room uint64, reason string) (res Result) {
-	var stage Poll
-	p.step(func(c *Core, now time.Time) {
+func (p *Prefill) AbortSender(room uint64, reason string) (res core.Result) {
+	var stage core.Poll
+	p.step(func(c *core.Core, now time.Time) {
 		stage, _ = c.Status(room)
-		res = c.Step(now, AbortSender{Room: room, Reason: reason}).Result
+		res = c.Step(now, core.AbortSender{Room: room, Reason: reason}).Result
 	})
 	p.met.abort(stage)
 	return res
 }
 
 // ClearSender forgets the room.
-func (p *Prefill) ClearSender(room uint64) (res Result) {
-	p.step(func(c *Core, now time.Time) { res = c.Step(now, ClearSender{Room: room}).Result })
+func (p *Prefill) ClearSender(room uint64) (res core.Result) {
+	p.step(func(c *core.Core, now time.Time) { res = c.Step(now, core.ClearSender{Room: room}).Result })
 	return res
 }

@@ -40,6 +40,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/gpu"
+	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 )
@@ -209,7 +210,7 @@ func (m *Manager) checkClaims(msg *bootstrap.Register) (repeat bool, err error) 
 		}
 	}
 	var owner string
-	m.read(func(c *Core) { owner = c.AgentOwner(name) })
+	m.read(func(c *core.Core) { owner = c.AgentOwner(name) })
 	if owner != "" && owner != msg.From.Peer() {
 		return false, fmt.Errorf("%w: agent %q is registered here by %s", errNotOwner, name, owner)
 	}
@@ -260,14 +261,16 @@ func (m *Manager) endCheck(peer, agent string) {
 // (proveRegister), releases the reservation, then steps Registered or
 // RegisterRefused — released first, so the sender's next REGISTER, sent
 // once it has the answer, is not left unanswered as a repeat in progress.
-func (m *Manager) bindRegister(msg *bootstrap.Register, lay PeerPlan) {
+func (m *Manager) bindRegister(msg *bootstrap.Register, lay core.PeerPlan) {
 	name, err := m.proveRegister(msg, lay)
 	m.endCheck(msg.From.Peer(), msg.Agent)
 	if err != nil {
 		m.refuseRegister(msg, err)
 		return
 	}
-	m.step(func(c *Core, now time.Time) { c.Step(now, Registered{From: msg.From, Remote: name, Plan: lay}) })
+	m.step(func(c *core.Core, now time.Time) {
+		c.Step(now, core.Registered{From: msg.From, Remote: name, Plan: lay})
+	})
 }
 
 // proveRegister checks a REGISTER's claims again now that its rank and
@@ -276,7 +279,7 @@ func (m *Manager) bindRegister(msg *bootstrap.Register, lay PeerPlan) {
 // unless it repeats a proven registration whose remote is still loaded and
 // usable, which is left as it is — and prepares its lists; it returns the
 // remote's name.
-func (m *Manager) proveRegister(msg *bootstrap.Register, lay PeerPlan) (string, error) {
+func (m *Manager) proveRegister(msg *bootstrap.Register, lay core.PeerPlan) (string, error) {
 	repeat, err := m.checkClaims(msg)
 	if err != nil {
 		return "", err
@@ -311,7 +314,7 @@ func (m *Manager) proveRegister(msg *bootstrap.Register, lay PeerPlan) (string, 
 	if len(m.proven) > maxProven {
 		// Bounded: forget the processes no longer registered here.
 		var stale []string
-		m.read(func(c *Core) {
+		m.read(func(c *core.Core) {
 			for peer, p := range m.proven {
 				if peer != msg.From.Peer() && !c.Registered(peer, p.epoch) {
 					stale = append(stale, peer)
@@ -328,8 +331,8 @@ func (m *Manager) proveRegister(msg *bootstrap.Register, lay PeerPlan) (string, 
 // refuseRegister answers a REGISTER with its refusal.
 func (m *Manager) refuseRegister(msg *bootstrap.Register, err error) {
 	notOwner := errors.Is(err, errNotOwner)
-	m.step(func(c *Core, now time.Time) {
-		c.Step(now, RegisterRefused{From: msg.From, Reason: err.Error(), NotOwner: notOwner})
+	m.step(func(c *core.Core, now time.Time) {
+		c.Step(now, core.RegisterRefused{From: msg.From, Reason: err.Error(), NotOwner: notOwner})
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -59,7 +60,7 @@ func newProofRankNamed(t *testing.T, engine nixl.Config, instance, agent string,
 		r.mem = append(r.mem, buf)
 		r.kv = append(r.kv, bootstrap.Region{Addr: uint64(nixl.BytesDesc(buf).Addr), Len: 8 * 64, ItemLen: 64, Mem: bootstrap.MemDRAM})
 	}
-	lay, err := layoutFrom(r.kv, []bootstrap.Region{}, []bootstrap.Region{})
+	lay, err := core.LayoutFrom(r.kv, []bootstrap.Region{}, []bootstrap.Region{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,9 +175,9 @@ func TestRegisterForeignMemoryRefused(t *testing.T) {
 				}
 			}
 			refusals := func() uint64 {
-				var s CoreStats
-				p.read(func(c *Core) { s = c.Stats() })
-				return s.LayoutRefused[RefusedNotOwner]
+				var s core.CoreStats
+				p.read(func(c *core.Core) { s = c.Stats() })
+				return s.LayoutRefused[core.RefusedNotOwner]
 			}
 			victimAs := renamed(t, victim.md, attacker.name) // the victim's process, memory and keys under the attacker's name
 			slotValue := victim.mem[0][8*64 : 8*64+proofLen]
@@ -223,7 +224,7 @@ func TestRegisterForeignMemoryRefused(t *testing.T) {
 				}
 			}
 			var owner string
-			p.read(func(c *Core) { owner = c.AgentOwner(victim.name) })
+			p.read(func(c *core.Core) { owner = c.AgentOwner(victim.name) })
 			if owner != victim.owner {
 				t.Fatalf("the victim's agent is registered to %q", owner)
 			}
@@ -280,7 +281,7 @@ func BenchmarkRegisterProof(b *testing.B) {
 			p := newTestPrefill(b, func(c *Config) {
 				c.Engine, c.Instance, c.Layout = ec.engine, "proof-bench-"+ec.name, lay()
 			})
-			dcfg := DefaultConfig(RoleDecode)
+			dcfg := DefaultConfig(core.RoleDecode)
 			dcfg.Auth = testauth.Auth()
 			dcfg.Instance, dcfg.Compat, dcfg.BootstrapURL = "proof-bench-decode", p.cfg.Compat, "http://127.0.0.1:1"
 			dcfg.Engine, dcfg.Layout = ec.engine, lay()
@@ -289,14 +290,14 @@ func BenchmarkRegisterProof(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer d.Close()
-			msg := d.core.cfg.Register // as the decode rank sends it (unsealed: the loop seals it)
+			msg := d.core.Config().Register // as the decode rank sends it (unsealed: the loop seals it)
 			msg.From = bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proof-bench-decode", Rank: 0, Endpoint: "tcp://127.0.0.1:1", Epoch: 1}
 			var proof, rest time.Duration
 			b.ResetTimer()
 			for b.Loop() {
 				t0 := time.Now()
-				var plan PeerPlan
-				p.read(func(c *Core) { plan, err = c.CheckRegister(&msg) })
+				var plan core.PeerPlan
+				p.read(func(c *core.Core) { plan, err = c.CheckRegister(&msg) })
 				if err == nil {
 					_, err = p.checkClaims(&msg)
 				}
@@ -336,7 +337,7 @@ func TestCallerRegionsNeedProofSlots(t *testing.T) {
 	pin.Pin(&mem[0])
 	defer pin.Unpin()
 	mk := func(stride int) Config {
-		cfg := DefaultConfig(RoleDecode)
+		cfg := DefaultConfig(core.RoleDecode)
 		cfg.Auth = testauth.Auth()
 		cfg.Instance, cfg.Compat, cfg.BootstrapURL = "slots", "v1:test", "http://127.0.0.1:1"
 		cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
@@ -468,9 +469,9 @@ func TestRegisterClaimsCheckedAgainOnceReserved(t *testing.T) {
 	}
 	msg := &bootstrap.Register{From: attacker.loop.Identity(), Compat: p.cfg.Compat, Agent: attacker.name, AgentMD: attacker.md, TPSize: 1,
 		KV: attacker.kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: attacker.seed}
-	var plan PeerPlan
+	var plan core.PeerPlan
 	var err error
-	p.read(func(c *Core) { plan, err = c.CheckRegister(msg) })
+	p.read(func(c *core.Core) { plan, err = c.CheckRegister(msg) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,7 +480,7 @@ func TestRegisterClaimsCheckedAgainOnceReserved(t *testing.T) {
 	}
 	p.bindRegister(msg, plan) // (releases the reservation)
 	var owner string
-	p.read(func(c *Core) { owner = c.AgentOwner(victim.name) })
+	p.read(func(c *core.Core) { owner = c.AgentOwner(victim.name) })
 	if owner != victim.owner || !p.agent.RemoteContains(victim.name, nixl.DRAM, nixl.BytesDesc(victim.mem[0])) {
 		t.Fatalf("after the attacker's REGISTER under the victim's name: the name is %q's, the remote holds the victim's memory %v",
 			owner, p.agent.RemoteContains(victim.name, nixl.DRAM, nixl.BytesDesc(victim.mem[0])))

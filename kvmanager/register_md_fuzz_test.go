@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -45,7 +46,7 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 		mem = append(mem, buf)
 		kv = append(kv, bootstrap.Region{Addr: uint64(nixl.BytesDesc(buf).Addr), Len: 8 * 64, ItemLen: 64, Mem: bootstrap.MemDRAM})
 	}
-	lay, err := layoutFrom(kv, []bootstrap.Region{}, []bootstrap.Region{})
+	lay, err := core.LayoutFrom(kv, []bootstrap.Region{}, []bootstrap.Region{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
@@ -17,7 +18,6 @@ import (
 
 // Errors of the Manager.
 var (
-	ErrIncompatible  = errors.New("kvmanager: peer refused registration")
 	ErrNotRegistered = errors.New("kvmanager: peer not registered")
 	ErrManagerClosed = errors.New("kvmanager: manager closed")
 )
@@ -38,14 +38,14 @@ type Manager struct {
 	met            *metrics
 
 	mu   sync.Mutex
-	core *Core
+	core *core.Core
 	// effMu orders the carrying out of the core's effects (sends, wakes,
 	// watches, lookups): a step takes it before it lets go of mu, so the
 	// effects of steps are carried out one step at a time, in the order
 	// the core produced them, and outside the core's lock. effBuf (under
 	// effMu) holds a step's effects once mu is let go.
 	effMu  sync.Mutex
-	effBuf []Effect
+	effBuf []core.Effect
 	// afterUnlock, when set (tests), runs between letting go of mu and
 	// carrying out the step's effects; onSend as each message is handed
 	// to the loop. Atomic: tests set them while the rank runs.
@@ -73,7 +73,7 @@ type Manager struct {
 	stateMem       [][]byte
 
 	// resolver looks decode targets up (set by NewDecode).
-	resolver func(Target)
+	resolver func(core.Target)
 	// deregister deletes the rank's bootstrap record (prefill, set once
 	// registered); boot is the client that registered it.
 	deregister func()
@@ -99,7 +99,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	role := map[Role]string{RolePrefill: bootstrap.RolePrefill, RoleDecode: bootstrap.RoleDecode}[cfg.Role]
+	role := map[core.Role]string{core.RolePrefill: bootstrap.RolePrefill, core.RoleDecode: bootstrap.RoleDecode}[cfg.Role]
 	if cfg.Engine.Name == "" {
 		cfg.Engine.Name = fmt.Sprintf("%s-%s-%d", cfg.Instance, role, cfg.Rank)
 	}
@@ -123,7 +123,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 			}
 		}
 	}()
-	if cfg.Role == RolePrefill && cfg.Engine.NIXLProgress == nixl.NIXLProgressThread && cfg.Engine.Engine != nixl.EngineUCX && cfg.Engine.Engine != nixl.EngineLoopback {
+	if cfg.Role == core.RolePrefill && cfg.Engine.NIXLProgress == nixl.NIXLProgressThread && cfg.Engine.Engine != nixl.EngineUCX && cfg.Engine.Engine != nixl.EngineLoopback {
 		m.log.Warn("a prefill rank's libnixl agent with NIXL's progress thread: on NIXL <= 1.4.0 a decode process that dies mid-transfer can crash this process (NIXL's endpoint error callback frees an endpoint under a post); leave Engine.NIXLProgress unset")
 	}
 	if cfg.Engine.NIXLProgress == 0 {
@@ -133,7 +133,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		// endpoint under a post when a decode process dies, so its own
 		// calls progress it (no thread, NIXL's strict lock).
 		cfg.Engine.NIXLProgress = nixl.NIXLProgressThread
-		if cfg.Role == RolePrefill {
+		if cfg.Role == core.RolePrefill {
 			cfg.Engine.NIXLProgress = nixl.NIXLProgressCaller
 		}
 	}
@@ -144,18 +144,18 @@ func newManager(cfg Config) (m *Manager, err error) {
 		return nil, err
 	}
 	m.cfg = cfg
-	ccfg := CoreConfig{Role: cfg.Role, Rank: cfg.Rank, Compat: cfg.Compat, Layout: cfg.Layout, Registry: cfg.Registry,
+	ccfg := core.CoreConfig{Role: cfg.Role, Rank: cfg.Rank, Compat: cfg.Compat, Layout: cfg.Layout, Registry: cfg.Registry,
 		QuarantineTimeout: cfg.QuarantineTimeout, RegisterRetry: cfg.RegisterRetry, Parallel: cfg.Parallel, Model: cfg.Model,
 		MaxEpochs: cfg.MaxEpochs, RecheckIdle: cfg.HeartbeatInterval * time.Duration(cfg.MaxMisses+1),
 		ProbeIdle: max(cfg.ProbeIdle, 0), ProbeTimeout: cfg.ProbeTimeout}
-	if cfg.Role == RoleDecode {
+	if cfg.Role == core.RoleDecode {
 		// The metadata blob is taken once, before any peer is contacted: a
 		// failure here fails New instead of wedging a registration.
 		md, err := m.agent.Metadata()
 		if err != nil {
 			return nil, fmt.Errorf("kvmanager: agent metadata: %w", err)
 		}
-		kv, aux, state := regionsOf(cfg.Layout)
+		kv, aux, state := core.RegionsOf(cfg.Layout)
 		ccfg.Register = bootstrap.Register{Compat: cfg.Compat, Agent: cfg.Engine.Name, AgentMD: md,
 			TPSize: cfg.Parallel.TPSize, TPRank: cfg.Parallel.TPRank, KV: kv, Aux: aux, State: state, Proof: m.proof[:]}
 		if !cfg.Model.Zero() {
@@ -165,7 +165,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 				HeadBytes: f.HeadBytes, PageTokens: cfg.Model.PageTokens, MLA: f.MLA, PageLayout: f.PageLayout}
 		}
 	}
-	if m.core, err = NewCore(ccfg); err != nil {
+	if m.core, err = core.NewCore(ccfg); err != nil {
 		return nil, err
 	}
 	m.met = newMetrics(m)
@@ -248,7 +248,7 @@ func (m *Manager) registerMemory(cfg *Config) error {
 			return fmt.Errorf("kvmanager: registering KV memory: %w", err)
 		}
 	}
-	role := map[Role]string{RolePrefill: bootstrap.RolePrefill, RoleDecode: bootstrap.RoleDecode}[cfg.Role]
+	role := map[core.Role]string{core.RolePrefill: bootstrap.RolePrefill, core.RoleDecode: bootstrap.RoleDecode}[cfg.Role]
 	if err := m.writeProof(cfg.Layout, bootstrap.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank}.Peer()); err != nil {
 		return err
 	}
@@ -314,7 +314,7 @@ func (m *Manager) Config() Config { return m.cfg }
 // — an encode, a seal and a cgo call per send are no longer paid under
 // it. Posts go to the transfer pool after effMu is let go (Submit may
 // block while a worker's gate needs the lock and effMu).
-func (m *Manager) step(f func(c *Core, now time.Time)) {
+func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 	m.mu.Lock()
 	f(m.core, m.cfg.Now())
 	effects := m.core.Effects()
@@ -328,10 +328,10 @@ func (m *Manager) step(f func(c *Core, now time.Time)) {
 	if f := m.afterUnlock.Load(); f != nil {
 		(*f)()
 	}
-	var posts []Effect
+	var posts []core.Effect
 	for _, e := range buf {
 		switch e.Kind {
-		case EffectSend:
+		case core.EffectSend:
 			if a, ok := e.Msg.(*bootstrap.RegisterAck); ok && !a.OK {
 				m.log.Warn("registration refused", zap.String("peer", e.To.Endpoint), zap.String("reason", a.Reason))
 			}
@@ -347,22 +347,22 @@ func (m *Manager) step(f func(c *Core, now time.Time)) {
 					}
 				})
 			}
-		case EffectWake:
+		case core.EffectWake:
 			close(e.Wake)
-		case EffectWatch:
+		case core.EffectWatch:
 			_ = m.loop.Watch(e.To)
-		case EffectUnwatch:
+		case core.EffectUnwatch:
 			_ = m.loop.Unwatch(e.To.Endpoint)
-		case EffectResolve:
+		case core.EffectResolve:
 			if m.resolver != nil {
 				m.resolver(e.Target)
 			}
-		case EffectReleased:
+		case core.EffectReleased:
 			if e.Forced {
 				m.log.Warn("quarantine deadline passed: pages released without ABORT_ACK",
 					zap.Uint64("room", e.Room), zap.Duration("quarantine", m.cfg.QuarantineTimeout))
 			}
-		case EffectPost, EffectLoadMetadata:
+		case core.EffectPost, core.EffectLoadMetadata:
 			posts = append(posts, e) // both may step: after effMu
 		}
 	}
@@ -370,7 +370,7 @@ func (m *Manager) step(f func(c *Core, now time.Time)) {
 	m.effBuf = buf[:0]
 	m.effMu.Unlock()
 	for _, e := range posts {
-		if e.Kind == EffectLoadMetadata {
+		if e.Kind == core.EffectLoadMetadata {
 			m.loadMetadata(e.Msg.(*bootstrap.Register), *e.Plan)
 			continue
 		}
@@ -379,7 +379,7 @@ func (m *Manager) step(f func(c *Core, now time.Time)) {
 }
 
 // read runs f on the core under the lock.
-func (m *Manager) read(f func(c *Core)) {
+func (m *Manager) read(f func(c *core.Core)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	f(m.core)
@@ -405,8 +405,8 @@ func (m *Manager) handle(msg bootstrap.Message) {
 			m.trace(msg.Room, TraceRequest)
 		}
 	case *bootstrap.Abort:
-		var stage Poll // the room's status when the abort came (0: no sender yet)
-		m.receive(msg, func(c *Core) { stage, _ = c.Status(msg.Room) })
+		var stage core.Poll // the room's status when the abort came (0: no sender yet)
+		m.receive(msg, func(c *core.Core) { stage, _ = c.Status(msg.Room) })
 		m.met.abort(stage)
 	default:
 		m.receive(msg, nil)
@@ -415,14 +415,14 @@ func (m *Manager) handle(msg bootstrap.Message) {
 
 // receive steps a received message into the core (peek, if set, reads the
 // core first, in the same step) and logs a restart the epoch check found.
-func (m *Manager) receive(msg bootstrap.Message, peek func(c *Core)) (out Output) {
+func (m *Manager) receive(msg bootstrap.Message, peek func(c *core.Core)) (out core.Output) {
 	var restarted bool
-	m.step(func(c *Core, now time.Time) {
+	m.step(func(c *core.Core, now time.Time) {
 		if peek != nil {
 			peek(c)
 		}
 		before := c.Stats().PeersRestarted
-		out = c.Step(now, Received{msg})
+		out = c.Step(now, core.Received{Msg: msg})
 		restarted = c.Stats().PeersRestarted > before
 	})
 	if restarted {
@@ -434,15 +434,15 @@ func (m *Manager) receive(msg bootstrap.Message, peek func(c *Core)) (out Output
 // malformed answers a REQUEST the codec refused but that named its room and
 // sender (the core decides: only a prefill rank answers).
 func (m *Manager) malformed(r bootstrap.MalformedReport) {
-	m.step(func(c *Core, now time.Time) {
-		c.Step(now, MalformedRequest{Room: r.Room, Endpoint: r.Endpoint, Reason: r.Reason})
+	m.step(func(c *core.Core, now time.Time) {
+		c.Step(now, core.MalformedRequest{Room: r.Room, Endpoint: r.Endpoint, Reason: r.Reason})
 	})
 }
 
 func (m *Manager) peerDown(p bootstrap.PeerDown) {
 	m.log.Warn("peer down", zap.String("endpoint", p.Endpoint), zap.String("reason", p.Reason))
-	m.step(func(c *Core, now time.Time) {
-		c.Step(now, PeerUnreachable{Endpoint: p.Endpoint, Reason: p.Reason})
+	m.step(func(c *core.Core, now time.Time) {
+		c.Step(now, core.PeerUnreachable{Endpoint: p.Endpoint, Reason: p.Reason})
 	})
 }
 
@@ -464,25 +464,25 @@ func (m *Manager) sweeper() {
 // sweeper calls it every SweepInterval; tests with a fake clock call it
 // directly).
 func (m *Manager) Tick() {
-	m.step(func(c *Core, now time.Time) { c.Step(now, Tick{}) })
+	m.step(func(c *core.Core, now time.Time) { c.Step(now, core.Tick{}) })
 	m.met.overdue.Set(float64(m.Overdue()))
 }
 
 // Status returns a room's status (known false without a live room).
-func (m *Manager) Status(room uint64) (st Poll, known bool) {
-	m.read(func(c *Core) { st, known = c.Status(room) })
+func (m *Manager) Status(room uint64) (st core.Poll, known bool) {
+	m.read(func(c *core.Core) { st, known = c.Status(room) })
 	return st, known
 }
 
 // Failure returns a failed room's first reason.
 func (m *Manager) Failure(room uint64) (reason string) {
-	m.read(func(c *Core) { reason, _ = c.Failure(room) })
+	m.read(func(c *core.Core) { reason, _ = c.Failure(room) })
 	return reason
 }
 
 // Sizes counts what the rank's core holds.
-func (m *Manager) Sizes() (s CoreSizes) {
-	m.read(func(c *Core) { s = c.Sizes() })
+func (m *Manager) Sizes() (s core.CoreSizes) {
+	m.read(func(c *core.Core) { s = c.Sizes() })
 	return s
 }
 
@@ -527,53 +527,53 @@ func (m *Manager) dialOptions() bootstrap.DialOptions {
 }
 
 // Stats returns what the rank's core counted (the source of its metrics).
-func (m *Manager) Stats() (s CoreStats) {
-	m.read(func(c *Core) { s = c.Stats() })
+func (m *Manager) Stats() (s core.CoreStats) {
+	m.read(func(c *core.Core) { s = c.Stats() })
 	return s
 }
 
 // Overdue counts live rooms past their deadline (0 while sweeps run).
 func (m *Manager) Overdue() (n int) {
 	now := m.cfg.Now()
-	m.read(func(c *Core) { n = c.reg.Overdue(now) })
+	m.read(func(c *core.Core) { n = c.Overdue(now) })
 	return n
 }
 
 // InFlight returns a room's posted writes not yet completed.
 func (m *Manager) InFlight(room uint64) (n int) {
-	m.read(func(c *Core) { n = c.reg.InFlight(room) })
+	m.read(func(c *core.Core) { n = c.InFlight(room) })
 	return n
 }
 
 // Wait blocks until the room is terminal, the room is cleared, ctx ends or
 // the Manager closes, and returns its status then.
-func (m *Manager) Wait(ctx context.Context, room uint64) (Poll, error) {
+func (m *Manager) Wait(ctx context.Context, room uint64) (core.Poll, error) {
 	return m.wait(ctx, room, "wait", func(done, _ chan struct{}) chan struct{} { return done })
 }
 
 // WaitReady blocks until the room can move data (WaitingForInput or
 // later), is terminal or cleared, ctx ends or the Manager closes.
-func (m *Manager) WaitReady(ctx context.Context, room uint64) (Poll, error) {
+func (m *Manager) WaitReady(ctx context.Context, room uint64) (core.Poll, error) {
 	return m.wait(ctx, room, "wait ready", func(_, ready chan struct{}) chan struct{} { return ready })
 }
 
-func (m *Manager) wait(ctx context.Context, room uint64, what string, pick func(done, ready chan struct{}) chan struct{}) (Poll, error) {
+func (m *Manager) wait(ctx context.Context, room uint64, what string, pick func(done, ready chan struct{}) chan struct{}) (core.Poll, error) {
 	var ch chan struct{}
 	var err error
-	m.read(func(c *Core) {
-		done, ready, ok := c.waiters(room)
+	m.read(func(c *core.Core) {
+		done, ready, ok := c.Waiters(room)
 		if ok {
 			ch = pick(done, ready)
 			return
 		}
-		t, ok := c.reg.tomb(room, m.cfg.Now())
+		kind, reason, ok := c.Tombstone(room, m.cfg.Now())
 		switch {
 		case !ok:
-			err = fmt.Errorf("room %d: %s: %w", room, what, ErrUnknownRoom)
-		case t.kind == Cleared:
-			err = fmt.Errorf("room %d: %s: %w", room, what, ErrRoomCleared)
+			err = fmt.Errorf("room %d: %s: %w", room, what, core.ErrUnknownRoom)
+		case kind == core.Cleared:
+			err = fmt.Errorf("room %d: %s: %w", room, what, core.ErrRoomCleared)
 		default:
-			err = fmt.Errorf("room %d: %s: no sender yet: %w: %s", room, what, ErrRoomAborted, t.reason)
+			err = fmt.Errorf("room %d: %s: no sender yet: %w: %s", room, what, core.ErrRoomAborted, reason)
 		}
 	})
 	if err != nil {
@@ -593,7 +593,7 @@ func (m *Manager) wait(ctx context.Context, room uint64, what string, pick func(
 	}
 	st, known := m.Status(room)
 	if !known {
-		return 0, fmt.Errorf("room %d: cleared: %w", room, ErrRoomCleared)
+		return 0, fmt.Errorf("room %d: cleared: %w", room, core.ErrRoomCleared)
 	}
 	return st, nil
 }
@@ -603,7 +603,7 @@ func (m *Manager) wait(ctx context.Context, room uint64, what string, pick func(
 func (m *Manager) Close() error {
 	var err error
 	m.closeOnce.Do(func() {
-		m.step(func(c *Core, now time.Time) { c.Step(now, Close{Reason: "manager closed"}) })
+		m.step(func(c *core.Core, now time.Time) { c.Step(now, core.Close{Reason: "manager closed"}) })
 		// A step that took the core's lock before Close's may still be
 		// carrying out its effects (a lookup among them adds to a wait
 		// group): they end before anything below stops.
@@ -639,22 +639,4 @@ func modelFacts(m transfer.Model) bootstrap.ModelFacts {
 		return bootstrap.ModelFacts{}
 	}
 	return bootstrap.ModelFacts{Layers: m.Layers, KVHeads: m.KVHeads, HeadBytes: m.HeadBytes, MLA: m.MLA, PageLayout: m.Layout.String()}
-}
-
-func regionsOf(l transfer.Layout) (kv, aux, state []bootstrap.Region) {
-	mem := bootstrap.MemDRAM
-	if l.Kind == nixl.VRAM {
-		mem = bootstrap.MemVRAM
-	}
-	for _, r := range l.Regions {
-		kv = append(kv, bootstrap.Region{Addr: uint64(r.Addr), Len: r.Len, ItemLen: l.PageBytes, Dev: int(r.Dev), Mem: mem})
-	}
-	if l.Aux.Len > 0 {
-		aux = append(aux, bootstrap.Region{Addr: uint64(l.Aux.Addr), Len: l.Aux.Len, ItemLen: l.AuxItemBytes, Mem: bootstrap.MemDRAM})
-	}
-	state = []bootstrap.Region{}
-	for _, st := range l.State {
-		state = append(state, bootstrap.Region{Addr: uint64(st.Addr), Len: st.Len, ItemLen: st.ItemBytes, Mem: bootstrap.MemDRAM})
-	}
-	return kv, aux, state
 }

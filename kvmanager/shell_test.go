@@ -3,6 +3,7 @@ package kvmanager
 import (
 	"context"
 	"errors"
+	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"net"
 	"strings"
@@ -19,7 +20,7 @@ import (
 // its configuration first.
 func newTestPrefill(t testing.TB, edits ...func(*Config)) *Prefill {
 	t.Helper()
-	cfg := DefaultConfig(RolePrefill)
+	cfg := DefaultConfig(core.RolePrefill)
 	cfg.Auth = testauth.Auth()
 	cfg.Instance, cfg.Compat = "shell-test", "v1:test"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
@@ -43,7 +44,7 @@ func TestManagerWait(t *testing.T) {
 	parked := make(chan uint64, 1)
 	p.parked = func(room uint64) { parked <- room }
 	type result struct {
-		st  Poll
+		st  core.Poll
 		err error
 	}
 	wait := func(ctx context.Context, room uint64) chan result {
@@ -72,35 +73,35 @@ func TestManagerWait(t *testing.T) {
 	}
 	w1 := wait(context.Background(), 1)
 	p.AbortSender(1, "operator")
-	if r := within("abort", w1); r.st != Failed || r.err != nil {
+	if r := within("abort", w1); r.st != core.Failed || r.err != nil {
 		t.Fatalf("Wait after abort = %v, %v", r.st, r.err)
 	}
 	w2 := wait(context.Background(), 2)
 	p.ClearSender(2)
-	if r := within("clear", w2); !errors.Is(r.err, ErrRoomCleared) {
+	if r := within("clear", w2); !errors.Is(r.err, core.ErrRoomCleared) {
 		t.Fatalf("Wait on a room cleared meanwhile: %v", r.err)
 	}
-	if _, err := p.Wait(context.Background(), 2); !errors.Is(err, ErrRoomCleared) {
+	if _, err := p.Wait(context.Background(), 2); !errors.Is(err, core.ErrRoomCleared) {
 		t.Fatalf("Wait after Clear: %v", err)
 	}
-	p.step(func(c *Core, now time.Time) {
-		c.Step(now, Received{Msg: &bootstrap.Abort{From: decodeFrom, Room: 4, Reason: "early"}})
+	p.step(func(c *core.Core, now time.Time) {
+		c.Step(now, core.Received{Msg: &bootstrap.Abort{From: bootstrap.From{Role: "decode", Instance: "d", Rank: 0, Endpoint: "tcp://d:1", Epoch: 1}, Room: 4, Reason: "early"}})
 	})
-	if _, err := p.Wait(context.Background(), 4); !errors.Is(err, ErrRoomAborted) {
+	if _, err := p.Wait(context.Background(), 4); !errors.Is(err, core.ErrRoomAborted) {
 		t.Fatalf("Wait on an early-aborted id: %v", err)
 	}
-	if _, err := p.Wait(context.Background(), 5); !errors.Is(err, ErrUnknownRoom) {
+	if _, err := p.Wait(context.Background(), 5); !errors.Is(err, core.ErrUnknownRoom) {
 		t.Fatalf("Wait on an unknown id: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w3 := wait(ctx, 3)
 	cancel()
-	if r := within("cancel", w3); !errors.Is(r.err, context.Canceled) || r.st != Bootstrapping {
+	if r := within("cancel", w3); !errors.Is(r.err, context.Canceled) || r.st != core.Bootstrapping {
 		t.Fatalf("Wait with a cancelled context = %v, %v", r.st, r.err)
 	}
 	w3 = wait(context.Background(), 3)
 	p.Close() // fails every live room first
-	if r := within("close", w3); r.st != Failed && !errors.Is(r.err, ErrManagerClosed) {
+	if r := within("close", w3); r.st != core.Failed && !errors.Is(r.err, ErrManagerClosed) {
 		t.Fatalf("Wait across Close = %v, %v", r.st, r.err)
 	}
 }
@@ -111,7 +112,7 @@ func TestManagerWait(t *testing.T) {
 // and malformed messages came as kvbridge_manager_malformed_messages_total).
 func TestManagerExportsLoopCounters(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	cfg := DefaultConfig(RolePrefill)
+	cfg := DefaultConfig(core.RolePrefill)
 	cfg.Auth = testauth.Auth()
 	cfg.Instance, cfg.Compat, cfg.Registerer = "metrics-test", "v1:test", reg
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
@@ -152,7 +153,7 @@ func TestManagerExportsLoopCounters(t *testing.T) {
 // TestConfigNeedsASecret: a rank without a shared secret refuses to start
 // unless Insecure is set explicitly.
 func TestConfigNeedsASecret(t *testing.T) {
-	cfg := DefaultConfig(RolePrefill)
+	cfg := DefaultConfig(core.RolePrefill)
 	cfg.Instance, cfg.Compat = "no-secret", "v1:test"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
@@ -179,7 +180,7 @@ func TestNewFailsCleanlyWhenTheLoopCannotStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	for _, role := range []Role{RolePrefill, RoleDecode} {
+	for _, role := range []core.Role{core.RolePrefill, core.RoleDecode} {
 		cfg := DefaultConfig(role)
 		cfg.Auth = testauth.Auth()
 		cfg.Instance, cfg.Compat = "bind-taken", "v1:test"
@@ -187,7 +188,7 @@ func TestNewFailsCleanlyWhenTheLoopCannotStart(t *testing.T) {
 		cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
 		cfg.Bind = "tcp://" + ln.Addr().String()
 		var err error
-		if role == RolePrefill {
+		if role == core.RolePrefill {
 			_, err = NewPrefill(cfg)
 		} else {
 			cfg.BootstrapURL = "http://127.0.0.1:1"
@@ -205,7 +206,7 @@ func TestNewFailsCleanlyWhenTheLoopCannotStart(t *testing.T) {
 // room that names none is refused at once, naming the room, and one
 // without a Model still needs the default.
 func TestDecodeWithoutDefaultBootstrap(t *testing.T) {
-	cfg := DefaultConfig(RoleDecode)
+	cfg := DefaultConfig(core.RoleDecode)
 	cfg.Auth = testauth.Auth()
 	cfg.Instance, cfg.Compat = "no-default", "v1:test"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
@@ -220,7 +221,7 @@ func TestDecodeWithoutDefaultBootstrap(t *testing.T) {
 	}
 	defer d.Close()
 	res := d.CreateReceiverFor(42, Instance{DP: AutoDP})
-	if res.Outcome != Rejected || !strings.Contains(res.Err.Error(), "room 42 names no prefill instance") {
+	if res.Outcome != core.Rejected || !strings.Contains(res.Err.Error(), "room 42 names no prefill instance") {
 		t.Fatalf("a room naming no instance: %+v", res)
 	}
 	if _, known := d.Status(42); known {

@@ -256,7 +256,7 @@ func loopbackRank(t *testing.T, role kvmanager.Role, boot string, par transfer.P
 // room from a prefill instance whose shape the rank mapping does not
 // support, or whose model differs, with a reason naming the instance — it
 // never registers (the prefill side refuses the same pairs at REGISTER:
-// kvmanager.TestCheckRegisterTopology).
+// core.TestCheckRegisterTopology).
 func TestCreateReceiverForRefusesUnsupportedTopology(t *testing.T) {
 	boot := startBoot(t)
 	pcfg, err := topoConfig(kvmanager.RolePrefill, boot, transfer.Parallel{})

@@ -46,122 +46,122 @@ var mutants = []mutant{
 	// Those with no test named are caught by the whole package (the
 	// Simulator's checkers).
 	// An ABORT on a Cleared tombstone acks drained at once.
-	{name: "ack-on-cleared-tombstone", file: "kvmanager/core_prefill.go", old: "\tack := bootstrap.Peer{Endpoint: msg.From.Endpoint}\n", new: "\tack := bootstrap.Peer{Endpoint: msg.From.Endpoint}\n\tif t, ok := c.reg.tombs[msg.Room]; ok && t.kind == Cleared {\n\t\tc.send(ack, msg.Room, &bootstrap.AbortAck{Room: msg.Room, Drained: true})\n\t\treturn\n\t}\n",
-		pkg: "kvmanager", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
+	{name: "ack-on-cleared-tombstone", file: "internal/core/core_prefill.go", old: "\tack := wire.Peer{Endpoint: msg.From.Endpoint}\n", new: "\tack := wire.Peer{Endpoint: msg.From.Endpoint}\n\tif t, ok := c.reg.tombs[msg.Room]; ok && t.kind == Cleared {\n\t\tc.send(ack, msg.Room, &wire.AbortAck{Room: msg.Room, Drained: true})\n\t\treturn\n\t}\n",
+		pkg: "internal/core", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
 	// A failed write counts as drained.
-	{name: "failed-write-drains", file: "kvmanager/core_prefill.go", old: "\tres := c.count(EventWriteDone, c.reg.WriteDone(room, w.Last, err, quiesced))", new: "\tquiesced = true\n\tres := c.count(EventWriteDone, c.reg.WriteDone(room, w.Last, err, quiesced))",
-		pkg: "kvmanager", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
+	{name: "failed-write-drains", file: "internal/core/core_prefill.go", old: "\tres := c.count(EventWriteDone, c.reg.WriteDone(room, w.Last, err, quiesced))", new: "\tquiesced = true\n\tres := c.count(EventWriteDone, c.reg.WriteDone(room, w.Last, err, quiesced))",
+		pkg: "internal/core", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
 	// Clear ends the decode quarantine.
-	{name: "clear-releases", file: "kvmanager/core_decode.go", old: "\t\tc.index(rm, false)\n\t}\n\treturn res\n}\n\n// hold is Core.Hold.", new: "\t\tc.index(rm, false)\n\t}\n\tif h := c.holds[room]; h != nil {\n\t\tc.release(h, false)\n\t}\n\treturn res\n}\n\n// hold is Core.Hold.",
-		pkg: "kvmanager", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
+	{name: "clear-releases", file: "internal/core/core_decode.go", old: "\t\tc.index(rm, false)\n\t}\n\treturn res\n}\n\n// hold is Core.Hold.", new: "\t\tc.index(rm, false)\n\t}\n\tif h := c.holds[room]; h != nil {\n\t\tc.release(h, false)\n\t}\n\treturn res\n}\n\n// hold is Core.Hold.",
+		pkg: "internal/core", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
 	// An abort before the REQUEST is not sent.
-	{name: "no-early-abort", file: "kvmanager/core_decode.go", old: "\t\t\tc.oweAbort(c.targets[s.target], room, \"\", reason)", new: "\t\t\tif !s.sent {\n\t\t\t\tcontinue\n\t\t\t}\n\t\t\tc.oweAbort(c.targets[s.target], room, \"\", reason)",
-		pkg: "kvmanager", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
+	{name: "no-early-abort", file: "internal/core/core_decode.go", old: "\t\t\tc.oweAbort(c.targets[s.target], room, \"\", reason)", new: "\t\t\tif !s.sent {\n\t\t\t\tcontinue\n\t\t\t}\n\t\t\tc.oweAbort(c.targets[s.target], room, \"\", reason)",
+		pkg: "internal/core", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
 	// Prefill forgets a registration when heartbeats fail.
-	{name: "drop-reg-on-peer-down", file: "kvmanager/core_prefill.go", old: "\t\tif restarted {\n\t\t\tdelete(c.peers, key)", new: "\t\tif true {\n\t\t\tdelete(c.peers, key)",
-		pkg: "kvmanager", run: "^(TestFalsePeerDeadKeepsRegistration)$"},
+	{name: "drop-reg-on-peer-down", file: "internal/core/core_prefill.go", old: "\t\tif restarted {\n\t\t\tdelete(c.peers, key)", new: "\t\tif true {\n\t\t\tdelete(c.peers, key)",
+		pkg: "internal/core", run: "^(TestFalsePeerDeadKeepsRegistration)$"},
 	// Writes go to the peer's current epoch.
-	{name: "post-ignores-epoch", file: "kvmanager/core_prefill.go", old: "\t\tif p := c.reg.pending[id]; match(p.requests) {", new: "\t\tif p := c.reg.pending[id]; match(p.requests) && false {",
-		pkg: "kvmanager", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$", more: []edit{{"kvmanager/core_prefill.go", "\t\tif p == nil || p.from.Epoch != pr.Epoch {", "\t\tif p == nil {"}, {"kvmanager/core_prefill.go", "\tp := c.peers[w.PeerKey]\n\tif p == nil || p.from.Epoch != w.Epoch {", "\tp := c.peers[w.PeerKey]\n\tif p != nil {\n\t\tw.Remote, w.Peer, w.Epoch = p.remote, p.layout, p.from.Epoch\n\t}\n\tif p == nil || p.from.Epoch != w.Epoch {"}}},
+	{name: "post-ignores-epoch", file: "internal/core/core_prefill.go", old: "\t\tif p := c.reg.pending[id]; match(p.requests) {", new: "\t\tif p := c.reg.pending[id]; match(p.requests) && false {",
+		pkg: "internal/core", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$", more: []edit{{"internal/core/core_prefill.go", "\t\tif p == nil || p.from.Epoch != pr.Epoch {", "\t\tif p == nil {"}, {"internal/core/core_prefill.go", "\tp := c.peers[w.PeerKey]\n\tif p == nil || p.from.Epoch != w.Epoch {", "\tp := c.peers[w.PeerKey]\n\tif p != nil {\n\t\tw.Remote, w.Peer, w.Epoch = p.remote, p.layout, p.from.Epoch\n\t}\n\tif p == nil || p.from.Epoch != w.Epoch {"}}},
 	// A restart report cancels the registration in progress.
-	{name: "restart-drops-pending", file: "kvmanager/core_decode.go", old: "\tswitch {\n\tcase restarted:\n\t\tif tg.reg == regOK", new: "\tswitch {\n\tcase restarted && true:\n\t\ttg.reg, tg.resolved = regNone, false\n\tcase restarted:\n\t\tif tg.reg == regOK",
-		pkg: "kvmanager", run: "^(TestRestartReportKeepsRegistrationInProgress)$"},
+	{name: "restart-drops-pending", file: "internal/core/core_decode.go", old: "\tswitch {\n\tcase restarted:\n\t\tif tg.reg == regOK", new: "\tswitch {\n\tcase restarted && true:\n\t\ttg.reg, tg.resolved = regNone, false\n\tcase restarted:\n\t\tif tg.reg == regOK",
+		pkg: "internal/core", run: "^(TestRestartReportKeepsRegistrationInProgress)$"},
 	// An unanswered REGISTER is retried at the cached endpoint forever.
-	{name: "retry-cached-endpoint", file: "kvmanager/core_decode.go", old: "\t\t\tif tg.unanswered >= registerLookupAfter {", new: "\t\t\tif tg.unanswered >= registerLookupAfter && false {",
-		pkg: "kvmanager", run: "^(TestUnansweredRegisterLooksUpAgain)$"},
+	{name: "retry-cached-endpoint", file: "internal/core/core_decode.go", old: "\t\t\tif tg.unanswered >= registerLookupAfter {", new: "\t\t\tif tg.unanswered >= registerLookupAfter && false {",
+		pkg: "internal/core", run: "^(TestUnansweredRegisterLooksUpAgain)$"},
 	// A decode rank declared dead is not told its rooms failed.
-	{name: "dead-peer-not-told", file: "kvmanager/core_prefill.go", old: "\tif code == CodePeerUnreachable {", new: "\tif code == CodePeerUnreachable && false {",
-		pkg: "kvmanager", run: "^(TestDeadPeerIsToldItsRoomsFailed)$"},
+	{name: "dead-peer-not-told", file: "internal/core/core_prefill.go", old: "\tif code == CodePeerUnreachable {", new: "\tif code == CodePeerUnreachable && false {",
+		pkg: "internal/core", run: "^(TestDeadPeerIsToldItsRoomsFailed)$"},
 	// An ABORT sent to a known endpoint is forgotten (not re-sent to a new process).
-	{name: "abort-sent-once", file: "kvmanager/core_decode.go", old: "\to := owedAbort{code: code, reason: reason, until: c.now.Add(c.cfg.Registry.TombstoneTTL)}\n", new: "\to := owedAbort{code: code, reason: reason, until: c.now.Add(c.cfg.Registry.TombstoneTTL)}\n\tif tg.resolved {\n\t\tc.send(tg.peer(), room, o.msg(room))\n\t\treturn\n\t}\n",
-		pkg: "kvmanager", run: "^(TestOwedAbortFollowsTheRank)$"},
+	{name: "abort-sent-once", file: "internal/core/core_decode.go", old: "\to := owedAbort{code: code, reason: reason, until: c.now.Add(c.cfg.Registry.TombstoneTTL)}\n", new: "\to := owedAbort{code: code, reason: reason, until: c.now.Add(c.cfg.Registry.TombstoneTTL)}\n\tif tg.resolved {\n\t\tc.send(tg.peer(), room, o.msg(room))\n\t\treturn\n\t}\n",
+		pkg: "internal/core", run: "^(TestOwedAbortFollowsTheRank)$"},
 	// A peer's new epoch is recorded but not handled as a restart.
-	{name: "no-epoch-check", file: "kvmanager/core.go", old: "\t\th.epoch = from.Epoch\n\t\tc.stats.PeersRestarted++\n", new: "\t\th.epoch = from.Epoch\n\t\treturn true\n\t\tc.stats.PeersRestarted++\n",
-		pkg: "kvmanager", run: "^(TestEpochCheck)$"},
+	{name: "no-epoch-check", file: "internal/core/core.go", old: "\t\th.epoch = from.Epoch\n\t\tc.stats.PeersRestarted++\n", new: "\t\th.epoch = from.Epoch\n\t\treturn true\n\t\tc.stats.PeersRestarted++\n",
+		pkg: "internal/core", run: "^(TestEpochCheck)$"},
 	// A peer is heartbeated forever after its last shared room.
-	{name: "never-unwatch", file: "kvmanager/core.go", old: "\tif len(c.watching) == 0 {\n\t\treturn\n\t}\n\tneeded :=", new: "\tif len(c.watching) == 0 || true {\n\t\treturn\n\t}\n\tneeded :=",
-		pkg: "kvmanager", run: "^(TestIdlePeersAreUnwatched)$"},
+	{name: "never-unwatch", file: "internal/core/core.go", old: "\tif len(c.watching) == 0 {\n\t\treturn\n\t}\n\tneeded :=", new: "\tif len(c.watching) == 0 || true {\n\t\treturn\n\t}\n\tneeded :=",
+		pkg: "internal/core", run: "^(TestIdlePeersAreUnwatched)$"},
 	// A REQUEST goes to a registration nobody has heard from for long.
-	{name: "no-idle-recheck", file: "kvmanager/core_decode.go", old: "c.now.Sub(tg.heard) > c.cfg.RecheckIdle {", new: "c.now.Sub(tg.heard) > c.cfg.RecheckIdle && false {",
-		pkg: "kvmanager", run: "^(TestIdleRegistrationRechecked)$"},
+	{name: "no-idle-recheck", file: "internal/core/core_decode.go", old: "c.now.Sub(tg.heard) > c.cfg.RecheckIdle {", new: "c.now.Sub(tg.heard) > c.cfg.RecheckIdle && false {",
+		pkg: "internal/core", run: "^(TestIdleRegistrationRechecked)$"},
 	// A late message from a peer's old epoch counts as a restart back.
-	{name: "no-retired-epochs", file: "kvmanager/core.go", old: "\t\tif slices.Contains(h.retired, from.Epoch) || from.Epoch < h.epoch {", new: "\t\tif (slices.Contains(h.retired, from.Epoch) || from.Epoch < h.epoch) && false {",
-		pkg: "kvmanager", run: "^(TestOlderUnheardEpochDropped|TestStaleEpochDropped)$"},
+	{name: "no-retired-epochs", file: "internal/core/core.go", old: "\t\tif slices.Contains(h.retired, from.Epoch) || from.Epoch < h.epoch {", new: "\t\tif (slices.Contains(h.retired, from.Epoch) || from.Epoch < h.epoch) && false {",
+		pkg: "internal/core", run: "^(TestOlderUnheardEpochDropped|TestStaleEpochDropped)$"},
 	// A REGISTER's epoch check waits for its metadata load (Registered).
-	{name: "register-epoch-late", file: "kvmanager/core.go", old: "\tif !c.hear(msg.Sender()) {", new: "\tif reg, ok := msg.(*bootstrap.Register); ok && c.prefillCore != nil {\n\t\treturn c.prefillCore.checkToLoad(now, reg) // the epoch check left to Registered, after the metadata load\n\t}\n\tif !c.hear(msg.Sender()) {",
-		pkg: "kvmanager", run: "^(TestRegisterEpochCheckedBeforeMetadataLoad)$"},
+	{name: "register-epoch-late", file: "internal/core/core.go", old: "\tif !c.hear(msg.Sender()) {", new: "\tif reg, ok := msg.(*wire.Register); ok && c.prefillCore != nil {\n\t\treturn c.prefillCore.checkToLoad(now, reg) // the epoch check left to Registered, after the metadata load\n\t}\n\tif !c.hear(msg.Sender()) {",
+		pkg: "internal/core", run: "^(TestRegisterEpochCheckedBeforeMetadataLoad)$"},
 	// A re-check or re-lookup forgets the endpoint the rank had.
-	{name: "relookup-forgets-endpoint", file: "kvmanager/core_decode.go", old: "\ttg.reg = regNone\n\tif !tg.resolving {", new: "\ttg.reg = regNone\n\ttg.resolved = false\n\tif !tg.resolving {",
-		pkg: "kvmanager", run: "^(TestRelookupKeepsTheEndpoint)$"},
+	{name: "relookup-forgets-endpoint", file: "internal/core/core_decode.go", old: "\ttg.reg = regNone\n\tif !tg.resolving {", new: "\ttg.reg = regNone\n\ttg.resolved = false\n\tif !tg.resolving {",
+		pkg: "internal/core", run: "^(TestRelookupKeepsTheEndpoint)$"},
 	// A room refused before it was created is not aborted on its prefill ranks.
-	{name: "refusal-not-told", file: "kvmanager/core_decode.go", old: "\tif _, held := c.holds[room]; held {", new: "\tif _, held := c.holds[room]; held || true {",
-		pkg: "kvmanager", run: ""},
+	{name: "refusal-not-told", file: "internal/core/core_decode.go", old: "\tif _, held := c.holds[room]; held {", new: "\tif _, held := c.holds[room]; held || true {",
+		pkg: "internal/core", run: ""},
 	// A failed decode room's quarantine deadline is now, not now+QuarantineTimeout.
-	{name: "quarantine-now", file: "kvmanager/core_decode.go", old: "\th.deadline = c.now.Add(c.cfg.QuarantineTimeout)\n", new: "\th.deadline = c.now\n",
-		pkg: "kvmanager", run: "^(TestQuarantineLastsItsTimeout)$"},
+	{name: "quarantine-now", file: "internal/core/core_decode.go", old: "\th.deadline = c.now.Add(c.cfg.QuarantineTimeout)\n", new: "\th.deadline = c.now\n",
+		pkg: "internal/core", run: "^(TestQuarantineLastsItsTimeout)$"},
 	// A room's done waiter is woken when it starts Transferring, before it is terminal.
-	{name: "wake-early", file: "kvmanager/registry.go", old: "ErrNotReady)}\n\t}\n\trm.enter(Transferring, now)\n\trm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))\n", new: "ErrNotReady)}\n\t}\n\trm.enter(Transferring, now)\n\trm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))\n\tr.wakeDone(rm) // data arrived: \"done\" woken while the room is still Transferring\n",
-		pkg: "kvmanager", run: "^(TestDoneWokenOnlyWhenTerminal)$"},
+	{name: "wake-early", file: "internal/core/registry.go", old: "ErrNotReady)}\n\t}\n\trm.enter(Transferring, now)\n\trm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))\n", new: "ErrNotReady)}\n\t}\n\trm.enter(Transferring, now)\n\trm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))\n\tr.wakeDone(rm) // data arrived: \"done\" woken while the room is still Transferring\n",
+		pkg: "internal/core", run: "^(TestDoneWokenOnlyWhenTerminal)$"},
 	// The ABORT_ACK owed to an ABORT is forgotten when the room's last write drains.
-	{name: "no-abort-ack", file: "kvmanager/registry.go", old: "\tif rm.status.Terminal() {\n\t\tr.maybeSettle(rm)\n\t\treturn r.drainResult(rm, IgnoredTerminal)", new: "\tif rm.status.Terminal() {\n\t\tif rm.drained() {\n\t\t\trm.acks = nil // forgotten: the ABORT that waited for this drain never hears back\n\t\t}\n\t\tr.maybeSettle(rm)\n\t\treturn r.drainResult(rm, IgnoredTerminal)",
-		pkg: "kvmanager", run: "^(TestAbortAckSentWhenWritesDrain)$"},
+	{name: "no-abort-ack", file: "internal/core/registry.go", old: "\tif rm.status.Terminal() {\n\t\tr.maybeSettle(rm)\n\t\treturn r.drainResult(rm, IgnoredTerminal)", new: "\tif rm.status.Terminal() {\n\t\tif rm.drained() {\n\t\t\trm.acks = nil // forgotten: the ABORT that waited for this drain never hears back\n\t\t}\n\t\tr.maybeSettle(rm)\n\t\treturn r.drainResult(rm, IgnoredTerminal)",
+		pkg: "internal/core", run: "^(TestAbortAckSentWhenWritesDrain)$"},
 	// Prefill keeps the rooms bound to a decode rank's old epoch when it restarts.
-	{name: "restart-keeps-rooms", file: "kvmanager/core_prefill.go", old: "\t\tc.peerGone(key, p.from.Epoch, true, code, reason)\n", new: "\t\tif !restarted {\n\t\t\tc.peerGone(key, p.from.Epoch, true, code, reason)\n\t\t}\n",
-		pkg: "kvmanager", run: "^(TestPrefillFailsRoomsOfRestartedPeer)$"},
+	{name: "restart-keeps-rooms", file: "internal/core/core_prefill.go", old: "\t\tc.peerGone(key, p.from.Epoch, true, code, reason)\n", new: "\t\tif !restarted {\n\t\t\tc.peerGone(key, p.from.Epoch, true, code, reason)\n\t\t}\n",
+		pkg: "internal/core", run: "^(TestPrefillFailsRoomsOfRestartedPeer)$"},
 	// A REQUEST beyond the room's Required count is accepted.
-	{name: "extra-request-accepted", file: "kvmanager/registry.go", old: "\tif len(*reqs) >= req.Required {", new: "\tif len(*reqs) >= req.Required && false {",
-		pkg: "kvmanager", run: "^(TestExtraRequestRefused)$"},
+	{name: "extra-request-accepted", file: "internal/core/registry.go", old: "\tif len(*reqs) >= req.Required {", new: "\tif len(*reqs) >= req.Required && false {",
+		pkg: "internal/core", run: "^(TestExtraRequestRefused)$"},
 	// MaxTombstones is not enforced.
-	{name: "tombstone-bound-ignored", file: "kvmanager/registry.go", old: "len(r.tombQ) > 0; tries-- {", new: "len(r.tombQ) > 0 && false; tries-- {",
-		pkg: "kvmanager", run: "^(TestTombstonesBounded)$"},
+	{name: "tombstone-bound-ignored", file: "internal/core/registry.go", old: "len(r.tombQ) > 0; tries-- {", new: "len(r.tombQ) > 0 && false; tries-- {",
+		pkg: "internal/core", run: "^(TestTombstonesBounded)$"},
 	// Decode releases pages on an ABORT_ACK with Drained false.
-	{name: "not-drained-releases", file: "kvmanager/core_decode.go", old: "\tif msg.Drained {", new: "\tif true {",
-		pkg: "kvmanager", run: "^(TestNotDrainedAckKeepsPages)$"},
+	{name: "not-drained-releases", file: "internal/core/core_decode.go", old: "\tif msg.Drained {", new: "\tif true {",
+		pkg: "internal/core", run: "^(TestNotDrainedAckKeepsPages)$"},
 	// A STATUS failed from another epoch than the REQUEST's fails the room.
-	{name: "stale-status-fails", file: "kvmanager/core_decode.go", old: "msg.Code != CodeNotRegistered) {", new: "msg.Code != CodeNotRegistered && false) {",
-		pkg: "kvmanager", run: "^(TestStaleStatusIgnored)$"},
+	{name: "stale-status-fails", file: "internal/core/core_decode.go", old: "msg.Code != CodeNotRegistered) {", new: "msg.Code != CodeNotRegistered && false) {",
+		pkg: "internal/core", run: "^(TestStaleStatusIgnored)$"},
 	// MaxPendingPerPeer is not enforced.
-	{name: "pending-bound-ignored", file: "kvmanager/registry.go", old: "n >= r.cfg.MaxPendingPerPeer {", new: "n >= r.cfg.MaxPendingPerPeer && false {",
-		pkg: "kvmanager", run: "^(TestPendingPerPeerBounded)$"},
+	{name: "pending-bound-ignored", file: "internal/core/registry.go", old: "n >= r.cfg.MaxPendingPerPeer {", new: "n >= r.cfg.MaxPendingPerPeer && false {",
+		pkg: "internal/core", run: "^(TestPendingPerPeerBounded)$"},
 	// Sweep fails overdue rooms in map order, not room order.
-	{name: "sweep-map-order", file: "kvmanager/registry.go", old: "\t}\n\tslices.Sort(due)\n\tfor _, id := range due {\n\t\trm := r.rooms[id]", new: "\t}\n\tfor _, id := range due {\n\t\trm := r.rooms[id]",
-		pkg: "kvmanager", run: "^(TestSweepInRoomOrder)$"},
+	{name: "sweep-map-order", file: "internal/core/registry.go", old: "\t}\n\tslices.Sort(due)\n\tfor _, id := range due {\n\t\trm := r.rooms[id]", new: "\t}\n\tfor _, id := range due {\n\t\trm := r.rooms[id]",
+		pkg: "internal/core", run: "^(TestSweepInRoomOrder)$"},
 	// A tombstone kept past MaxTombstones while it owed is not trimmed when it settles.
-	{name: "no-tomb-trim", file: "kvmanager/registry.go", old: "\t\tr.evictTombs(r.cfg.MaxTombstones) // it settled: the bound holds again\n", new: "\n",
-		pkg: "kvmanager", run: "^(TestSimRegressions)$"},
+	{name: "no-tomb-trim", file: "internal/core/registry.go", old: "\t\tr.evictTombs(r.cfg.MaxTombstones) // it settled: the bound holds again\n", new: "\n",
+		pkg: "internal/core", run: "^(TestSimRegressions)$"},
 	// Owed ABORTs are not sent again while unacknowledged (a lost ABORT waits for the prefill room's deadline).
-	{name: "owed-not-resent", file: "kvmanager/core_decode.go", old: "!now.Before(tg.nextOwed):", new: "!now.Before(tg.nextOwed) && false:",
-		pkg: "kvmanager", run: ""},
+	{name: "owed-not-resent", file: "internal/core/core_decode.go", old: "!now.Before(tg.nextOwed):", new: "!now.Before(tg.nextOwed) && false:",
+		pkg: "internal/core", run: ""},
 	// A REGISTER whose regions overlap is accepted.
-	{name: "overlap-accepted", file: "kvmanager/core_prefill.go", old: "\tif reason := overlap(msg); reason != \"\" {", new: "\tif reason := overlap(msg); reason != \"\" && false {",
-		pkg: "kvmanager", run: "^(TestRegisterOverlapRefused)$"},
+	{name: "overlap-accepted", file: "internal/core/core_prefill.go", old: "\tif reason := overlap(msg); reason != \"\" {", new: "\tif reason := overlap(msg); reason != \"\" && false {",
+		pkg: "internal/core", run: "^(TestRegisterOverlapRefused)$"},
 	// A REQUEST naming a destination page (or state item) twice is accepted.
-	{name: "repeat-accepted", file: "kvmanager/core_prefill.go", old: "\tif reason := repeated(msg, key); reason != \"\" {", new: "\tif reason := repeated(msg, key); reason != \"\" && false {",
-		pkg: "kvmanager", run: "^(TestRequestRepeatRefused)$"},
+	{name: "repeat-accepted", file: "internal/core/core_prefill.go", old: "\tif reason := repeated(msg, key); reason != \"\" {", new: "\tif reason := repeated(msg, key); reason != \"\" && false {",
+		pkg: "internal/core", run: "^(TestRequestRepeatRefused)$"},
 	// A REQUEST naming a page another live room of the decode process holds is accepted.
-	{name: "in-use-accepted", file: "kvmanager/core_prefill.go", old: "\tif reason := p.held(msg, func(room uint64) bool { return c.reg.Live(room) }); reason != \"\" {", new: "\tif reason := p.held(msg, func(room uint64) bool { return c.reg.Live(room) }); reason != \"\" && false {",
-		pkg: "kvmanager", run: "^(TestRequestPageInUseRefused)$"},
+	{name: "in-use-accepted", file: "internal/core/core_prefill.go", old: "\tif reason := p.held(msg, func(room uint64) bool { return c.reg.Live(room) }); reason != \"\" {", new: "\tif reason := p.held(msg, func(room uint64) bool { return c.reg.Live(room) }); reason != \"\" && false {",
+		pkg: "internal/core", run: "^(TestRequestPageInUseRefused)$"},
 	// A REQUEST is refused for a page held by a room that has ended (its writes may still land: the decode rank reuses it after its quarantine, as the protocol allows).
-	{name: "dead-holder-blocks", file: "kvmanager/core_prefill.go", old: "\tif reason := p.held(msg, func(room uint64) bool { return c.reg.Live(room) }); reason != \"\" {", new: "\tif reason := p.held(msg, func(room uint64) bool { return true }); reason != \"\" {",
-		pkg: "kvmanager", run: "^(TestPagesHeldWhileTheRoomIsLive)$"},
+	{name: "dead-holder-blocks", file: "internal/core/core_prefill.go", old: "\tif reason := p.held(msg, func(room uint64) bool { return c.reg.Live(room) }); reason != \"\" {", new: "\tif reason := p.held(msg, func(room uint64) bool { return true }); reason != \"\" {",
+		pkg: "internal/core", run: "^(TestPagesHeldWhileTheRoomIsLive)$"},
 	// Decode.InitReceiver takes a spec naming a destination page twice.
-	{name: "spec-repeat-accepted", file: "kvmanager/decode.go", old: "\t\tif bad = checkSpec(room, spec); bad != nil {", new: "\t\tif bad = checkSpec(room, spec); bad != nil && false {",
+	{name: "spec-repeat-accepted", file: "kvmanager/decode.go", old: "\t\tif bad = core.CheckSpec(room, spec); bad != nil {", new: "\t\tif bad = core.CheckSpec(room, spec); bad != nil && false {",
 		pkg: "kvmanager", run: "^(TestInitReceiverRefusesRepeatedDestinations)$"},
 	// A decode rank's pages stay held until the room's final write completes, though it may reuse them once it saw them land.
-	{name: "held-past-final-post", file: "kvmanager/core_prefill.go", old: "\tif strings.HasSuffix(w.Notif, auxNotifSuffix) {", new: "\tif strings.HasSuffix(w.Notif, auxNotifSuffix) && false {",
-		pkg: "kvmanager", run: "^(TestPagesFreeOnceTheirFinalWriteIsPosted)$"},
+	{name: "held-past-final-post", file: "internal/core/core_prefill.go", old: "\tif strings.HasSuffix(w.Notif, auxNotifSuffix) {", new: "\tif strings.HasSuffix(w.Notif, auxNotifSuffix) && false {",
+		pkg: "internal/core", run: "^(TestPagesFreeOnceTheirFinalWriteIsPosted)$"},
 	// Decode counts a chunk landed at its first layer group's notification.
-	{name: "chunk-layers-ignored", file: "kvmanager/core_decode.go", old: "\t\tif !s.complete() {", new: "\t\tif !s.complete() && !(s.aux && s.total > 0 && len(s.chunks) >= s.total) {",
-		pkg: "kvmanager", run: ""},
+	{name: "chunk-layers-ignored", file: "internal/core/core_decode.go", old: "\t\tif !s.complete() {", new: "\t\tif !s.complete() && !(s.aux && s.total > 0 && len(s.chunks) >= s.total) {",
+		pkg: "internal/core", run: ""},
 	// A notification that contradicts its chunk's earlier ones (span, positions) is counted.
-	{name: "notif-unchecked", file: "kvmanager/core_decode.go", old: "\tif s.spanHi != 0 && (in.SpanLo != s.spanLo || in.SpanHi != s.spanHi) {", new: "\tif false {",
-		pkg: "kvmanager", run: "^(TestNotifContradictionRefused)$", more: []edit{{"kvmanager/core_decode.go", "\t} else if cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi {", "\t} else if false {"}}},
+	{name: "notif-unchecked", file: "internal/core/core_decode.go", old: "\tif s.spanHi != 0 && (in.SpanLo != s.spanLo || in.SpanHi != s.spanHi) {", new: "\tif false {",
+		pkg: "internal/core", run: "^(TestNotifContradictionRefused)$", more: []edit{{"internal/core/core_decode.go", "\t} else if cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi {", "\t} else if false {"}}},
 	// A failed room's load report is given before every source proved nothing else can land.
-	{name: "report-unproven", file: "kvmanager/report.go", old: "\tif held {\n\t\treturn LoadReport{}, false // something may still land", new: "\tif held && false {\n\t\treturn LoadReport{}, false // something may still land",
-		pkg: "kvmanager", run: "^(TestLoadReport)$", more: []edit{{"kvmanager/report.go", "\t\tif sr.Proven {", "\t\tif true {"}}},
+	{name: "report-unproven", file: "internal/core/report.go", old: "\tif held {\n\t\treturn LoadReport{}, false // something may still land", new: "\tif held && false {\n\t\treturn LoadReport{}, false // something may still land",
+		pkg: "internal/core", run: "^(TestLoadReport)$", more: []edit{{"internal/core/report.go", "\t\tif sr.Proven {", "\t\tif true {"}}},
 	// Prefill takes a chunk's layer ranges out of order.
-	{name: "layer-order-unchecked", file: "kvmanager/core_prefill.go", old: "\tcase lo != next || hi <= lo || hi > layers:", new: "\tcase hi <= lo || hi > layers:",
-		pkg: "kvmanager", run: "^(TestSendLayersInOrder)$"},
+	{name: "layer-order-unchecked", file: "internal/core/core_prefill.go", old: "\tcase lo != next || hi <= lo || hi > layers:", new: "\tcase hi <= lo || hi > layers:",
+		pkg: "internal/core", run: "^(TestSendLayersInOrder)$"},
 	// The envelope's checks (bootstrap/address.go, auth.go).
 	{"no-replay-window", "bootstrap/address.go", "	if !w.accept(env.Seq) {", "	if !w.accept(env.Seq) && false {", "", "", nil},
 	{"other-epoch-accepted", "bootstrap/address.go", "	case to.Epoch != 0 && to.Epoch != self.Epoch && t != TypePing:", "	case to.Epoch != 0 && to.Epoch != self.Epoch && t != TypePing && false:", "", "", nil},
@@ -183,14 +183,14 @@ var mutants = []mutant{
 		pkg: "bootstrap", run: "^TestSocketCallsRetryAfterSignal$"},
 	{name: "lost-lease-reused", file: "bootstrap/etcd.go", old: "\t\t\tif errors.Is(err, rpctypes.ErrLeaseNotFound) {\n\t\t\t\t// Our lease", new: "\t\t\tif false && errors.Is(err, rpctypes.ErrLeaseNotFound) {\n\t\t\t\t// Our lease",
 		pkg: "bootstrap", run: "^TestEtcdLeaseLostUnderAWrite$"},
-	{name: "unknown-input-silent", file: "kvmanager/step.go", old: "\tdefault:\n\t\treturn unknownInput(in)", new: "\tdefault:\n\t\treturn Output{}",
-		pkg: "kvmanager", run: "^TestStepHandlesEveryInput$"},
-	{name: "phase-entry-overwritten", file: "kvmanager/registry.go", old: "\tif rm.entered[st].IsZero() {\n\t\trm.entered[st] = now", new: "\tif true {\n\t\trm.entered[st] = now",
-		pkg: "kvmanager", run: "^TestRoomPhases$"},
-	{name: "effects-out-of-step-order", file: "kvmanager/shell.go", old: "\tm.effMu.Lock()\n\tbuf := append(m.effBuf[:0], effects...)\n\tm.mu.Unlock()\n\tif m.afterUnlock != nil {\n\t\tm.afterUnlock()\n\t}", new: "\tbuf := append([]Effect(nil), effects...)\n\tm.mu.Unlock()\n\tif m.afterUnlock != nil {\n\t\tm.afterUnlock()\n\t}\n\tm.effMu.Lock()",
+	{name: "unknown-input-silent", file: "internal/core/step.go", old: "\tdefault:\n\t\treturn unknownInput(in)", new: "\tdefault:\n\t\treturn Output{}",
+		pkg: "internal/core", run: "^TestStepHandlesEveryInput$"},
+	{name: "phase-entry-overwritten", file: "internal/core/registry.go", old: "\tif rm.entered[st].IsZero() {\n\t\trm.entered[st] = now", new: "\tif true {\n\t\trm.entered[st] = now",
+		pkg: "internal/core", run: "^TestRoomPhases$"},
+	{name: "effects-out-of-step-order", file: "kvmanager/shell.go", old: "\tm.effMu.Lock()\n\tbuf := append(m.effBuf[:0], effects...)\n\tm.mu.Unlock()\n\tif f := m.afterUnlock.Load(); f != nil {\n\t\t(*f)()\n\t}", new: "\tbuf := append([]core.Effect(nil), effects...)\n\tm.mu.Unlock()\n\tif f := m.afterUnlock.Load(); f != nil {\n\t\t(*f)()\n\t}\n\tm.effMu.Lock()",
 		pkg: "kvmanager", run: "^TestEffectsCarriedOutInStepOrder$"},
-	{name: "register-loaded-unchecked", file: "kvmanager/core_prefill.go", old: "\tpp, err := c.checkRegister(msg)\n\tif err != nil {", new: "\tpp, err := c.checkRegister(msg)\n\tif err != nil && false {",
-		pkg: "kvmanager", run: "^TestRegisterAsLoadEffect$"},
+	{name: "register-loaded-unchecked", file: "internal/core/core_prefill.go", old: "\tpp, err := c.checkRegister(msg)\n\tif err != nil {", new: "\tpp, err := c.checkRegister(msg)\n\tif err != nil && false {",
+		pkg: "internal/core", run: "^TestRegisterAsLoadEffect$"},
 	// No CPU when idle (issue 24): the ucx engine's sleep on its event fd,
 	// UCX's adaptive progress off, the decode notifier's stop and kick.
 	{name: "ucx-idle-timer", file: "nixl/ucx.go", old: "		case ready == nil || len(u.active) > 0 || u.adaptiveOn:", new: "		case true:",
@@ -211,13 +211,13 @@ var mutants = []mutant{
 	// restricted to some layers writes them all.
 	{name: "ready-ignored", file: "transfer/pool.go", old: "	if w.Ready == nil {\n", new: "	if w.Ready == nil || true {\n",
 		pkg: "internal/e2e", run: "^TestLayerwiseByteExact$"},
-	{name: "layers-ignored", file: "transfer/pool.go", old: "	if l.Hi == 0 {\n", new: "	if l.Hi >= 0 {\n",
+	{name: "layers-ignored", file: "internal/kvlayout/write.go", old: "	if l.Hi == 0 {\n", new: "	if l.Hi >= 0 {\n",
 		pkg: "transfer", run: "^TestPoolWritesOnlyItsLayers$"},
 	// Issue 22 on a real NIXL: the progress mode a rank gives its agent,
 	// UCX's adaptive progress off in NIXL's UCX, huge pages for libnixl's
 	// memory, and the address check's per-device tcp priority and UCX 1.22
 	// namespace size.
-	{name: "prefill-agent-threaded", file: "kvmanager/shell.go", old: "		if cfg.Role == RolePrefill {\n", new: "		if false {\n",
+	{name: "prefill-agent-threaded", file: "kvmanager/shell.go", old: "		if cfg.Role == core.RolePrefill {\n", new: "		if false {\n",
 		pkg: "internal/e2e", run: "^TestRankAgentProgressModes$"},
 	{name: "nixl-adaptive-progress", file: "nixl/libnixl.go", old: "	return user + \"ADAPTIVE_PROGRESS=n\"", new: "	return user",
 		pkg: "nixl", run: "^TestLibNIXLEngineConfig$"},
@@ -238,22 +238,22 @@ var mutants = []mutant{
 	// Memory proven to its owner, no room lost to a restart: an early
 	// ABORT's tombstone not extended by a later ABORT for the room (the id
 	// could be reused while the second abort should still hold it).
-	{name: "early-abort-ttl-not-extended", file: "kvmanager/registry.go",
+	{name: "early-abort-ttl-not-extended", file: "internal/core/registry.go",
 		old: "		if t.kind == AbortedEarly && t.expires.Before(now.Add(r.cfg.TombstoneTTL)) {",
 		new: "		if t.kind == AbortedEarly && t.expires.Before(now.Add(r.cfg.TombstoneTTL)) && false {",
-		pkg: "kvmanager", run: "^TestSimExhaustive$/abort_before_the_sender_exists"},
+		pkg: "internal/core", run: "^TestSimExhaustive$/abort_before_the_sender_exists"},
 	// A REQUEST to a prefill process not heard from lately without its
 	// probe, and a lost probe not followed by a lookup: the first room
 	// after a restart elsewhere goes to the dead process.
-	{name: "request-without-probe", file: "kvmanager/core_decode.go",
+	{name: "request-without-probe", file: "internal/core/core_decode.go",
 		old: "		if c.cfg.ProbeIdle > 0 && c.now.Sub(tg.heard) > c.cfg.ProbeIdle {", new: "		if false {",
-		pkg: "kvmanager", run: "^TestSimExhaustive$/prefill_killed_and_started_elsewhere"},
-	{name: "lost-probe-not-looked-up", file: "kvmanager/core_decode.go",
+		pkg: "internal/core", run: "^TestSimExhaustive$/prefill_killed_and_started_elsewhere"},
+	{name: "lost-probe-not-looked-up", file: "internal/core/core_decode.go",
 		old: "				tg.probeLost = true\n				c.relookup(tg)", new: "				tg.probeLost = true",
-		pkg: "kvmanager", run: "^TestSimExhaustive$/prefill_killed_and_started_elsewhere"},
-	{name: "moved-after-lost-probe-not-failed", file: "kvmanager/core_decode.go",
+		pkg: "internal/core", run: "^TestSimExhaustive$/prefill_killed_and_started_elsewhere"},
+	{name: "moved-after-lost-probe-not-failed", file: "internal/core/core_decode.go",
 		old: "	if tg.probeLost && tg.resolved && tg.endpoint != endpoint {", new: "	if false {",
-		pkg: "kvmanager", run: "^TestSimExhaustive$/killed_just_after"},
+		pkg: "internal/core", run: "^TestSimExhaustive$/killed_just_after"},
 	// Shared-memory endpoints pinged at wire-up: the reply endpoint keeps
 	// a dead peer's segments mapped for good.
 	{name: "shm-endpoints-pinged", file: "nixl/ucx_engine.c", old: "	if (rma) {\n		return e->failed ? e->status : UCS_OK;", new: "	if (0) {\n		return e->failed ? e->status : UCS_OK;",

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -35,5 +36,21 @@ func TestDocFigures(t *testing.T) {
 			t.Errorf("mutant %q listed twice", m.name)
 		}
 		seen[m.name] = true
+	}
+}
+
+// TestMutantsMatchTheCode: every mutant's text occurs exactly once where it
+// edits (make mutants would stop on the first that does not), so a change
+// that moves the code fails make test, not a later make mutants.
+func TestMutantsMatchTheCode(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := t.TempDir()
+	for i, m := range mutants {
+		if _, err := overlay(root, tmp, i, m); err != nil {
+			t.Error(err)
+		}
 	}
 }

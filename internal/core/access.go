@@ -1,0 +1,80 @@
+package core
+
+import (
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"github.com/kvbridge/kvbridge/internal/mem"
+	"github.com/kvbridge/kvbridge/internal/wire"
+)
+
+// What the shell reads of the core besides Step's results: each is a
+// read under the shell's lock, none changes what the core decides.
+
+// Waiters returns a live room's done and ready channels (closed when the
+// room is terminal, and when it can move data).
+func (c *Core) Waiters(room uint64) (done, ready chan struct{}, ok bool) { return c.waiters(room) }
+
+// Tombstone returns the kind and reason of a room's tombstone, if one is
+// kept at now (an expired one is dropped).
+func (c *Core) Tombstone(room uint64, now time.Time) (kind Tombstone, reason string, ok bool) {
+	t, ok := c.reg.tomb(room, now)
+	if !ok {
+		return 0, "", false
+	}
+	return t.kind, t.reason, true
+}
+
+// RoomSizes counts the room table's rooms, pending requests and
+// tombstones.
+func (c *Core) RoomSizes() Sizes { return c.reg.Sizes() }
+
+// Tables returns the live rooms per status, the writes in flight and the
+// tombstone and pending tables' lengths.
+func (c *Core) Tables() (counts map[Poll]int, inflight, tombs, pending int) {
+	return c.reg.Counts(), c.reg.InFlightTotal(), len(c.reg.tombs), len(c.reg.pending)
+}
+
+// Overdue counts live rooms past their deadline at now.
+func (c *Core) Overdue(now time.Time) int { return c.reg.Overdue(now) }
+
+// InFlight returns a room's posted writes not yet completed.
+func (c *Core) InFlight(room uint64) int { return c.reg.InFlight(room) }
+
+// RoomTimes returns when a live room started (its sender's or receiver's
+// first step) and when it first entered each status.
+func (c *Core) RoomTimes(room uint64) (started time.Time, entered [Success + 1]time.Time, ok bool) {
+	rm := c.reg.rooms[room]
+	switch {
+	case rm == nil:
+		return started, entered, false
+	case rm.dec != nil:
+		started = rm.dec.started
+	default:
+		started = rm.pre.started
+	}
+	return started, rm.entered, true
+}
+
+// RegionsOf is a layout's regions as a REGISTER names them.
+func RegionsOf(l kvlayout.Layout) (kv, aux, state []wire.Region) {
+	kind := wire.MemDRAM
+	if l.Kind == mem.VRAM {
+		kind = wire.MemVRAM
+	}
+	for _, r := range l.Regions {
+		kv = append(kv, wire.Region{Addr: uint64(r.Addr), Len: r.Len, ItemLen: l.PageBytes, Dev: int(r.Dev), Mem: kind})
+	}
+	if l.Aux.Len > 0 {
+		aux = append(aux, wire.Region{Addr: uint64(l.Aux.Addr), Len: l.Aux.Len, ItemLen: l.AuxItemBytes, Mem: wire.MemDRAM})
+	}
+	state = []wire.Region{}
+	for _, st := range l.State {
+		state = append(state, wire.Region{Addr: uint64(st.Addr), Len: st.Len, ItemLen: st.ItemBytes, Mem: wire.MemDRAM})
+	}
+	return kv, aux, state
+}
+
+// Config returns the configuration the core was made with (a decode
+// core's holds the REGISTER it sends).
+func (c *Core) Config() CoreConfig { return c.cfg }

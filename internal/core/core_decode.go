@@ -1,0 +1,1087 @@
+package core
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/wire"
+)
+
+// RequestSpec is what a decode rank asks of its prefill ranks for a room.
+type RequestSpec struct {
+	DstPages []uint32 // destination pages for positions Prefix.. of the request
+	AuxIndex int      // −1 for none
+	// StateIndices[i] are the items of state region i the state goes to.
+	StateIndices [][]uint32
+	Required     int // decode ranks' requests the prefill rank waits for (default 1)
+	Prefix       int // leading pages decode already holds
+	Dummy        bool
+}
+
+type regState uint8
+
+const (
+	regNone regState = iota // not registered, no REGISTER outstanding
+	regSent                 // REGISTER sent, no REGISTER_ACK yet (retried)
+	regOK                   // acknowledged by the process of epoch
+)
+
+// target is one prefill rank as a decode rank knows it.
+type target struct {
+	t                   Target
+	endpoint, serverKey string
+	cert                string // the record's identity certificate (raw), if any
+	recEpoch            uint64 // the record's process, if it says
+	resolved, resolving bool
+	reg                 regState
+	epoch               uint64 // the process that acknowledged our REGISTER
+	retry               time.Duration
+	nextRetry           time.Time
+	heard               time.Time // the last message from the rank's endpoint
+	// probing: a PING went to the registered process (REQUESTs wait for
+	// its PONG, or probeDeadline, when the rank is looked up again).
+	probing       bool
+	probeDeadline time.Time
+	// probeLost: a probe went unanswered and the rank is being looked up
+	// again; a record naming another endpoint fails the rooms whose
+	// REQUEST went to the old one at once.
+	probeLost bool
+	// unanswered counts REGISTER retries that got no answer since the rank
+	// was last looked up: past registerLookupAfter the endpoint is looked
+	// up again (the record may name a process that is gone).
+	unanswered int
+	// owed are ABORTs (room → reason) not yet acknowledged by the rank: sent
+	// at once when the endpoint is known, and again to every process the
+	// rank is found at later (a new endpoint, a new epoch) until an
+	// ABORT_ACK from it comes or the tombstone TTL passes. They outlive the
+	// rooms (an abort then Clear before the lookup answered must still
+	// reach the prefill rank).
+	owed map[uint64]owedAbort
+	// lookupRetry, nextLookup: while ABORTs are owed to a rank that could
+	// not be looked up, it is looked up again with backoff.
+	lookupRetry time.Duration
+	nextLookup  time.Time
+	// owedRetry, nextOwed: owed ABORTs are sent again with backoff while
+	// none is acknowledged (a message lost on the way, as at a reconnect,
+	// would otherwise leave the prefill room to its deadline).
+	owedRetry time.Duration
+	nextOwed  time.Time
+}
+
+// owedAbort is an ABORT a prefill rank has not acknowledged.
+type owedAbort struct {
+	code, reason string
+	until        time.Time // forgotten then: no prefill room outlives the TTL
+}
+
+func (o owedAbort) msg(room uint64) *wire.Abort {
+	return &wire.Abort{Room: room, Code: o.code, Reason: o.reason}
+}
+
+// registerLookupAfter is how many REGISTER retries may go unanswered
+// before the rank is looked up again instead of retried at the endpoint it
+// had: a pod restarted on a new port leaves a record naming the dead
+// process for the rest of its lease.
+const registerLookupAfter = 3
+
+func (tg *target) peer() wire.Peer {
+	return wire.Peer{Endpoint: tg.endpoint, ServerKey: tg.serverKey, Cert: tg.cert, Epoch: max(tg.epoch, tg.recEpoch)}
+}
+
+// source is one prefill rank's part of a decode room.
+type source struct {
+	target string // key into Core.targets
+	uid    int    // the uid its notifications carry (REQUEST.source: its index in the room)
+	link   Link
+	// sent: our REQUEST went to the process of epoch, which may now write
+	// into the room's pages until it acknowledges an ABORT (acked).
+	sent   bool
+	epoch  uint64
+	reregs int
+	chunks map[int]*chunkSeen
+	full   int // chunks whose every layer landed
+	// spanLo, spanHi: the layers it writes, as its first chunk
+	// notification said (spanHi 0: none yet); every chunk names them.
+	// legacy: its notifications are the earlier revision's (whole
+	// chunks, no positions or layers told: the span is a stand-in).
+	spanLo, spanHi int
+	legacy         bool
+	total          int
+	aux            bool
+	acked          bool
+}
+
+func (s *source) complete() bool { return s.aux && s.total > 0 && s.full >= s.total }
+
+// chunkSeen is what landed of one chunk of a source: the positions of the
+// REQUEST's dst_pages it fills and which of the source's layers landed.
+type chunkSeen struct {
+	off, n         int // positions [off, off+n); off −1: not told
+	spanLo, spanHi int // the layers the source writes, this rank's numbering
+	got            []uint64
+	left           int // layers of the span not landed yet
+}
+
+// Bounds of a notification's numbers (anything past them is refused and
+// counted): chunks of a room per source, layers a source writes.
+const (
+	maxNotifChunks = 1 << 16
+	maxNotifLayers = 1 << 12
+)
+
+// record counts a chunk notification; false when it is out of range or
+// contradicts the chunk's earlier notifications.
+func (s *source) record(in Notified) bool {
+	if in.Chunk < 0 || in.Chunk >= maxNotifChunks || in.Total < 0 || in.Total > maxNotifChunks {
+		return false
+	}
+	if in.Hi == 0 { // a whole chunk, positions not told (earlier revision)
+		in.Off, in.N, in.Lo, in.Hi, in.SpanLo, in.SpanHi = -1, 0, 0, 1, 0, 1
+		s.legacy = true
+	}
+	if in.SpanLo < 0 || in.SpanHi <= in.SpanLo || in.SpanHi-in.SpanLo > maxNotifLayers ||
+		in.Lo < in.SpanLo || in.Hi > in.SpanHi || in.Lo >= in.Hi || in.Off < -1 || in.N < 0 || in.N > maxNotifChunks*maxNotifLayers {
+		return false
+	}
+	if s.spanHi != 0 && (in.SpanLo != s.spanLo || in.SpanHi != s.spanHi) {
+		return false
+	}
+	s.spanLo, s.spanHi = in.SpanLo, in.SpanHi
+	cs := s.chunks[in.Chunk]
+	if cs == nil {
+		cs = &chunkSeen{off: in.Off, n: in.N, spanLo: in.SpanLo, spanHi: in.SpanHi,
+			got: make([]uint64, (in.SpanHi-in.SpanLo+63)/64), left: in.SpanHi - in.SpanLo}
+		s.chunks[in.Chunk] = cs
+	} else if cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi {
+		return false
+	}
+	was := cs.left
+	for l := in.Lo - cs.spanLo; l < in.Hi-cs.spanLo; l++ {
+		if cs.got[l/64]&(1<<(l%64)) == 0 {
+			cs.got[l/64] |= 1 << (l % 64)
+			cs.left--
+		}
+	}
+	if was > 0 && cs.left == 0 {
+		s.full++
+	}
+	if in.Total > 0 {
+		s.total = in.Total
+	}
+	return true
+}
+
+// decodeRoom is a decode room's per-source state.
+type decodeRoom struct {
+	spec    RequestSpec
+	init    bool
+	sources []*source
+	started time.Time
+	code    string // the failure's code (the STATUS codes), once Failed
+}
+
+// failWith fails a room with a failure code for its load report.
+func (c *decodeCore) failWith(room uint64, code, reason string) {
+	c.failCode = code
+	c.failRoom(room, reason)
+	c.failCode = ""
+}
+
+// hold is a decode room's claim on its destination pages: from creation
+// until Success, or until every prefill rank that got our REQUEST
+// acknowledged an ABORT as drained, or until the quarantine deadline. It
+// outlives Clear.
+type hold struct {
+	room     uint64
+	ch       chan struct{}
+	srcs     []*source
+	failed   bool
+	deadline time.Time
+}
+
+func (h *hold) armed() bool {
+	for _, s := range h.srcs {
+		if s.sent {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *decodeCore) ensureTarget(t Target) *target {
+	k := t.key()
+	tg := c.targets[k]
+	if tg == nil {
+		tg = &target{t: t}
+		c.targets[k] = tg
+	}
+	if tg.t.InstTP != t.InstTP || tg.t.InstPP != t.InstPP {
+		// The room was mapped onto another shape of the instance: what
+		// was bound to the old view fails, and the rank is registered
+		// again with the new one.
+		old := tg.t
+		tg.t = t
+		if tg.reg != regNone {
+			tg.reg = regNone
+		}
+		for _, rm := range c.roomsAt(k) {
+			if rm.status.Terminal() {
+				continue
+			}
+			id := rm.id
+			for _, s := range rm.dec.sources {
+				if s.target == k && s.link.InstTP == old.InstTP && s.link.InstPP == old.InstPP && (old.InstTP != 0 || old.InstPP != 0) {
+					c.failRoom(id, fmt.Sprintf("prefill instance at %s changed shape (TP %d × PP %d → TP %d × PP %d)", t.Bootstrap, old.InstTP, old.InstPP, t.InstTP, t.InstPP))
+					break
+				}
+			}
+		}
+	}
+	if !tg.resolved && !tg.resolving {
+		tg.resolving = true
+		c.emit(Effect{Kind: EffectResolve, Target: t})
+	}
+	return tg
+}
+
+// createReceiver creates the decode side of a room that pulls from the
+// given prefill ranks (at least one), each writing every page, aux and
+// state. The targets are resolved now, so an abort before Init can reach
+// them.
+func (c *decodeCore) createReceiver(now time.Time, room uint64, targets []Target) Result {
+	links := make([]Link, len(targets))
+	for i, t := range targets {
+		links[i] = Link{Target: t, Aux: true}
+	}
+	return c.createReceiverLinks(now, room, links)
+}
+
+// createReceiverLinks creates the decode side of a room from the rank
+// mapping's links: each source's REQUEST says whether it is a dummy,
+// carries the aux index and state items only for the Aux link, and names
+// the source's index in the room as the uid of its notifications.
+func (c *decodeCore) createReceiverLinks(now time.Time, room uint64, links []Link) Result {
+	if len(links) == 0 {
+		return c.count(EventCreate, rejected(fmt.Errorf("room %d: no prefill target: %w", room, ErrInvalidEvent)))
+	}
+	if len(links) > c.cfg.MaxSources() {
+		return c.count(EventCreate, rejected(fmt.Errorf("room %d: %d prefill ranks exceed %d: %w", room, len(links), c.cfg.MaxSources(), ErrInvalidEvent)))
+	}
+	res := c.count(EventCreate, c.reg.Create(room, RoleDecode))
+	if res.Outcome != Applied {
+		return res
+	}
+	rm := c.reg.rooms[room]
+	rm.dec = &decodeRoom{started: now}
+	for i, l := range links {
+		c.ensureTarget(l.Target)
+		rm.dec.sources = append(rm.dec.sources, &source{target: l.Target.key(), uid: i, link: l, chunks: map[int]*chunkSeen{}})
+	}
+	c.index(rm, true)
+	h := &hold{room: room, ch: make(chan struct{}), srcs: rm.dec.sources}
+	c.holds[room] = h
+	if res.Status == Failed { // aborted before it existed: nothing was asked
+		c.release(h, false)
+	}
+	return res
+}
+
+// initReceiver records the room's request and sends it to every prefill
+// rank that is registered; the others are registered first (REGISTER,
+// retried until acknowledged). The room is WaitingForInput once every
+// REQUEST is out.
+func (c *decodeCore) initReceiver(now time.Time, room uint64, spec RequestSpec) Result {
+	rm, ok := c.reg.rooms[room]
+	switch {
+	case !ok || rm.dec == nil:
+		return c.count(EventInit, rejected(fmt.Errorf("room %d: %w", room, ErrUnknownRoom)))
+	case rm.status.Terminal():
+		return c.count(EventInit, Result{Outcome: IgnoredTerminal, Status: rm.status})
+	case rm.dec.init:
+		return c.count(EventInit, Result{Outcome: IgnoredStale, Status: rm.status})
+	}
+	if spec.Required == 0 {
+		spec.Required = 1
+	}
+	if spec.StateIndices == nil {
+		spec.StateIndices = [][]uint32{}
+	}
+	rm.dec.init, rm.dec.spec = true, spec
+	c.flushRequests(rm)
+	return c.count(EventInit, Result{Outcome: Applied, Status: rm.status})
+}
+
+// flushRequests sends the room's REQUEST to every registered source not
+// yet asked, and starts registration with the others.
+func (c *decodeCore) flushRequests(rm *room) {
+	if rm.status.Terminal() || !rm.dec.init {
+		return
+	}
+	all := true
+	for _, s := range rm.dec.sources {
+		if s.sent {
+			continue
+		}
+		tg := c.targets[s.target]
+		_, watched := c.watching[tg.endpoint]
+		if tg.reg == regOK && !watched && c.cfg.RecheckIdle > 0 && c.now.Sub(tg.heard) > c.cfg.RecheckIdle {
+			// Nothing has been heard from it for longer than heartbeats
+			// would take to declare it dead, and nothing heartbeats it:
+			// look it up and register again rather than send the REQUEST
+			// to a process that may be gone.
+			c.stats.Rechecks++
+			c.relookup(tg)
+		}
+		if tg.reg != regOK {
+			all = false
+			c.ensureRegistered(tg)
+			continue
+		}
+		if c.cfg.ProbeIdle > 0 && c.now.Sub(tg.heard) > c.cfg.ProbeIdle {
+			// Not heard from lately: the process may have died and a new
+			// one taken the rank elsewhere. Its PONG sends the REQUEST.
+			all = false
+			c.probe(tg)
+			continue
+		}
+		sp := rm.dec.spec
+		s.sent, s.epoch = true, tg.epoch
+		req := &wire.Request{Room: rm.id, DstPages: sp.DstPages, AuxIndex: sp.AuxIndex,
+			StateIndices: sp.StateIndices, Required: sp.Required, Prefix: sp.Prefix, Dummy: sp.Dummy || s.link.Dummy, Source: s.uid}
+		if !s.link.Aux {
+			req.AuxIndex, req.StateIndices = -1, [][]uint32{}
+		}
+		if s.link.Required > 0 {
+			req.Required = s.link.Required
+		}
+		c.send(tg.peer(), rm.id, req)
+		c.watch(rm.id, tg.peer())
+		if c.cfg.ProbeIdle > 0 && c.now.Sub(tg.heard) > c.cfg.ProbeTimeout {
+			// Heard from within ProbeIdle, not lately: a PING follows the
+			// REQUEST, so a process that died meanwhile is found within
+			// ProbeTimeout rather than at the heartbeat bound.
+			c.probe(tg)
+		}
+	}
+	if all && rm.status == Bootstrapping {
+		c.reg.Init(rm.id)
+	}
+}
+
+// probe PINGs a registered prefill process (once until its PONG or the
+// probe deadline).
+func (c *decodeCore) probe(tg *target) {
+	if tg.probing {
+		return
+	}
+	tg.probing, tg.probeDeadline = true, c.now.Add(c.cfg.ProbeTimeout)
+	c.stats.Probes++
+	c.send(tg.peer(), 0, &wire.Ping{})
+}
+
+// heardFrom records a message from a target's endpoint; a probe it
+// answers sends the REQUESTs that waited for it.
+func (c *decodeCore) heardFrom(tg *target, now time.Time) {
+	tg.heard = now
+	if tg.probing {
+		tg.probing = false
+		for _, rm := range c.roomsAt(tg.t.key()) {
+			c.flushRequests(rm)
+		}
+	}
+}
+
+// relookup looks a resolved target up again and registers at what the
+// lookup names. The endpoint it had stays known meanwhile: messages from
+// it still count, heartbeats and dead reports still apply to the rooms
+// that asked it, and a lookup that fails for want of the bootstrap service
+// falls back to it.
+func (c *decodeCore) relookup(tg *target) {
+	tg.reg = regNone
+	if !tg.resolving {
+		tg.resolving = true
+		c.emit(Effect{Kind: EffectResolve, Target: tg.t})
+	}
+}
+
+func (c *decodeCore) ensureRegistered(tg *target) {
+	switch {
+	case !tg.resolved:
+		c.ensureTarget(tg.t)
+	case tg.resolving: // a lookup is in flight: register at what it names
+	case tg.reg == regNone:
+		tg.reg, tg.retry = regSent, c.cfg.RegisterRetry
+		tg.nextRetry = c.now.Add(tg.retry)
+		c.sendRegister(tg)
+	}
+}
+
+func (c *decodeCore) sendRegister(tg *target) {
+	m := c.cfg.Register
+	if m.Topo != nil && tg.t.InstTP != 0 {
+		topo := *m.Topo
+		topo.PeerTPSize, topo.PeerPPSize = tg.t.InstTP, tg.t.InstPP
+		m.Topo = &topo
+	}
+	c.send(tg.peer(), 0, &m)
+}
+
+// resolvedRecord records where a target lives (with the record's identity
+// certificate and epoch, which address the first messages to the rank)
+// and sends what waited for it: ABORTs owed by rooms aborted before, and
+// registrations.
+func (c *decodeCore) resolvedRecord(now time.Time, t Target, endpoint, serverKey, cert string, recEpoch uint64) {
+	tg := c.targets[t.key()]
+	if tg == nil {
+		return
+	}
+	if tg.probeLost && tg.resolved && tg.endpoint != endpoint {
+		// The process a probe found silent is no longer the rank's: the
+		// rooms whose REQUEST went to it fail now (their ABORTs, owed, go
+		// to the new process below), not at the heartbeat bound.
+		c.peerDown(tg.endpoint, wire.From{}, false, fmt.Sprintf("rank's record names %s after a probe went unanswered: %s", endpoint, tg.endpoint))
+	}
+	tg.probeLost = false
+	if tg.endpoint != endpoint {
+		tg.reg = regNone
+	}
+	tg.endpoint, tg.serverKey, tg.resolved, tg.resolving = endpoint, serverKey, true, false
+	tg.cert, tg.recEpoch = cert, recEpoch
+	tg.lookupRetry = 0
+	c.sendOwed(tg)
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		c.flushRequests(rm)
+	}
+}
+
+// sendOwed sends the target every ABORT it has not acknowledged, in room
+// order, and heartbeats it while any is owed: a process that is gone is
+// then reported dead and the rank looked up again.
+func (c *decodeCore) sendOwed(tg *target) {
+	if !tg.resolved || len(tg.owed) == 0 {
+		return
+	}
+	for _, room := range slices.Sorted(maps.Keys(tg.owed)) {
+		c.send(tg.peer(), room, tg.owed[room].msg(room))
+	}
+	c.watch(0, tg.peer())
+}
+
+// oweAbort records an ABORT of room for tg and sends it if tg's endpoint
+// is known (else it is looked up).
+func (c *decodeCore) oweAbort(tg *target, room uint64, code, reason string) {
+	o := owedAbort{code: code, reason: reason, until: c.now.Add(c.cfg.Registry.TombstoneTTL)}
+	if _, ok := tg.owed[room]; !ok && len(tg.owed) >= c.cfg.Registry.MaxPendingRooms {
+		c.stats.AbortsDropped++
+		if tg.resolved { // sent once, not kept
+			c.send(tg.peer(), room, o.msg(room))
+		}
+		return
+	}
+	if tg.owed == nil {
+		tg.owed = map[uint64]owedAbort{}
+	}
+	tg.owed[room] = o
+	if tg.owedRetry == 0 {
+		tg.owedRetry, tg.nextOwed = c.cfg.RegisterRetry, c.now.Add(c.cfg.RegisterRetry)
+	}
+	if !tg.resolved {
+		c.ensureTarget(tg.t)
+		return
+	}
+	c.send(tg.peer(), room, o.msg(room))
+	c.watch(room, tg.peer())
+}
+
+// refuseRoom tells the prefill ranks that may hold a room this rank
+// refused before creating it (the rank mapping does not support the
+// instance, or its model differs): each gets an ABORT with code refused,
+// owed until acknowledged like any other, so their rooms fail at once
+// instead of waiting for the bootstrap deadline. A room of that id that
+// this rank does hold is left alone.
+func (c *decodeCore) refuseRoom(now time.Time, room uint64, targets []Target, reason string) {
+	if _, live := c.reg.rooms[room]; live {
+		return
+	}
+	if _, held := c.holds[room]; held {
+		return
+	}
+	for _, t := range targets {
+		c.oweAbort(c.ensureTarget(t), room, CodeRefused, reason)
+	}
+}
+
+// resolveFailed handles a lookup that failed. For a rank never resolved,
+// the rooms waiting for it fail and ABORTs owed to it wait for a later
+// lookup (with backoff). For a re-check or re-lookup of a rank whose
+// endpoint is known, that endpoint stays: only a vanished record fails the
+// rooms that have not asked it yet.
+func (c *decodeCore) resolveFailed(now time.Time, t Target, err error) {
+	tg := c.targets[t.key()]
+	if tg == nil {
+		return
+	}
+	tg.resolving = false
+	reason := fmt.Sprintf("resolving prefill rank dp %d tp %d pp %d at %s: %v", t.DP, t.Rank, t.PP, t.Bootstrap, err)
+	if tg.resolved { // a re-check or re-lookup of a rank whose endpoint we have
+		if errors.Is(err, wire.ErrRankUnknown) {
+			c.failWaiting(tg, reason) // its record is gone: rooms that have not asked it yet fail
+			return
+		}
+		// The bootstrap service did not answer: register at the endpoint
+		// we had (an unanswered REGISTER looks it up again later).
+		for _, rm := range c.roomsAt(tg.t.key()) {
+			c.flushRequests(rm)
+		}
+		return
+	}
+	if len(tg.owed) > 0 {
+		tg.lookupRetry = min(max(2*tg.lookupRetry, c.cfg.RegisterRetry), 32*c.cfg.RegisterRetry)
+		tg.nextLookup = now.Add(tg.lookupRetry)
+	}
+	c.failWaiting(tg, reason)
+}
+
+// failWaiting fails the live rooms that wait for tg's registration.
+func (c *decodeCore) failWaiting(tg *target, reason string) {
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		if rm.status.Terminal() {
+			continue
+		}
+		for _, s := range rm.dec.sources {
+			if s.target == tg.t.key() && (!s.sent || !tg.resolved) {
+				c.failRoom(rm.id, reason)
+				break
+			}
+		}
+	}
+}
+
+// targetAt is the resolved target at endpoint (the least by key, should
+// two name one endpoint).
+func (c *decodeCore) targetAt(endpoint string) *target {
+	var at *target
+	for k, tg := range c.targets {
+		if tg.resolved && tg.endpoint == endpoint && (at == nil || k < at.t.key()) {
+			at = tg
+		}
+	}
+	return at
+}
+
+// roomsAt returns the live decode rooms with a source at target key, in
+// room order: the index keeps a room from its creation to its Clear, so a
+// message about one prefill rank touches only that rank's rooms.
+func (c *decodeCore) roomsAt(key string) []*room {
+	ids := slices.Sorted(maps.Keys(c.roomsOf[key]))
+	out := make([]*room, 0, len(ids))
+	for _, id := range ids {
+		if rm := c.reg.rooms[id]; rm != nil && rm.dec != nil {
+			out = append(out, rm)
+		}
+	}
+	return out
+}
+
+// index adds (or with add false removes) a decode room under each of its
+// sources' targets.
+func (c *decodeCore) index(rm *room, add bool) {
+	for _, s := range rm.dec.sources {
+		set := c.roomsOf[s.target]
+		switch {
+		case add && set == nil:
+			c.roomsOf[s.target] = map[uint64]struct{}{rm.id: {}}
+		case add:
+			set[rm.id] = struct{}{}
+		default:
+			delete(set, rm.id)
+			if len(set) == 0 {
+				delete(c.roomsOf, s.target)
+			}
+		}
+	}
+}
+
+// onRegisterAck completes the registration it answers, whatever epoch it
+// comes from (a restarted prefill rank answers with its new one); rooms
+// bound to an older epoch of that rank fail.
+func (c *decodeCore) onRegisterAck(msg *wire.RegisterAck) {
+	tg := c.targetAt(msg.From.Endpoint)
+	if tg == nil || (tg.reg == regOK && tg.epoch == msg.From.Epoch) {
+		return
+	}
+	if !msg.OK {
+		tg.reg = regNone
+		c.failWaiting(tg, fmt.Sprintf("%v: prefill %s: %s", ErrIncompatible, msg.From.Peer(), msg.Reason))
+		return
+	}
+	restarted := tg.reg == regOK || (tg.epoch != 0 && tg.epoch != msg.From.Epoch)
+	if tg.reg == regOK {
+		c.targetRestarted(tg, msg.From.Epoch)
+	}
+	tg.reg, tg.epoch, tg.unanswered = regOK, msg.From.Epoch, 0
+	if restarted {
+		c.sendOwed(tg) // the new process may hold rooms aborted before it was known
+	}
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		c.flushRequests(rm)
+	}
+}
+
+// targetRestarted fails every live room whose REQUEST went to another
+// epoch of tg than epoch.
+func (c *decodeCore) targetRestarted(tg *target, epoch uint64) {
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		if rm.status.Terminal() {
+			continue
+		}
+		for _, s := range rm.dec.sources {
+			if s.target == tg.t.key() && s.sent && s.epoch != epoch {
+				c.failWith(rm.id, CodePeerRestarted, fmt.Sprintf("prefill %s: %s", tg.endpoint, wire.ReasonPeerRestarted))
+				break
+			}
+		}
+	}
+}
+
+// sourceFrom finds the room's source at endpoint.
+func (c *decodeCore) sourceFrom(srcs []*source, endpoint string) (*source, *target) {
+	for _, s := range srcs {
+		if tg := c.targets[s.target]; tg != nil && tg.resolved && tg.endpoint == endpoint {
+			return s, tg
+		}
+	}
+	return nil, nil
+}
+
+// onStatus handles STATUS failed from a prefill rank of the room. Code
+// not_registered means that rank lost our registration (it restarted, or
+// dropped it): we register again and resend the REQUEST once, instead of
+// failing the room. Any other code fails the room.
+func (c *decodeCore) onStatus(msg *wire.Status) {
+	if msg.Status != wire.StatusFailed {
+		return
+	}
+	rm, ok := c.reg.rooms[msg.Room]
+	if !ok || rm.dec == nil || rm.status.Terminal() {
+		return
+	}
+	s, tg := c.sourceFrom(rm.dec.sources, msg.From.Endpoint)
+	if s == nil || (s.sent && s.epoch != msg.From.Epoch && msg.Code != CodeNotRegistered) {
+		c.stats.StaleEpoch++
+		return
+	}
+	if msg.Code == CodeNotRegistered && s.reregs == 0 {
+		s.reregs++
+		s.sent = false // that rank refused the REQUEST: nothing of it was written
+		if tg.reg == regOK {
+			tg.reg = regNone
+		}
+		c.flushRequests(rm)
+		return
+	}
+	c.failWith(msg.Room, cmp.Or(msg.Code, CodeFailed), fmt.Sprintf("prefill %s: %s", msg.From.Peer(), msg.Reason))
+}
+
+// onAbortAck ends the quarantine of the room's pages once every prefill
+// rank that got our REQUEST acknowledged, from the same process (epoch),
+// that nothing of the room can land.
+func (c *decodeCore) onAbortAck(msg *wire.AbortAck) {
+	if tg := c.targetAt(msg.From.Endpoint); tg != nil {
+		delete(tg.owed, msg.Room) // that process has the abort
+	}
+	h, ok := c.holds[msg.Room]
+	if !ok || !h.failed {
+		return
+	}
+	s, _ := c.sourceFrom(h.srcs, msg.From.Endpoint)
+	if s == nil || !s.sent || s.epoch != msg.From.Epoch {
+		c.stats.StaleEpoch++
+		return
+	}
+	if msg.Drained {
+		s.acked = true
+		c.maybeRelease(h)
+	}
+}
+
+func (c *decodeCore) maybeRelease(h *hold) {
+	for _, s := range h.srcs {
+		if s.sent && !s.acked {
+			return
+		}
+	}
+	c.release(h, false)
+}
+
+func (c *decodeCore) release(h *hold, forced bool) {
+	delete(c.holds, h.room)
+	if forced {
+		c.stats.ForcedReleases++
+	}
+	c.emit(Effect{Kind: EffectWake, Room: h.room, Wake: h.ch})
+	c.emit(Effect{Kind: EffectReleased, Room: h.room, Forced: forced})
+}
+
+// notification counts a prefill rank's notification for a room (a chunk's
+// layer group, or its aux write; docs/PROTOCOL.md "Data plane:
+// notifications"). The room succeeds when every source delivered every
+// layer of all its chunks, and its aux. A failed room still records what
+// landed, for its load report.
+func (c *decodeCore) notification(now time.Time, in Notified) {
+	room := in.Room
+	rm, ok := c.reg.rooms[room]
+	if !ok || rm.dec == nil || rm.status == Success {
+		return
+	}
+	var src *source
+	for _, s := range rm.dec.sources {
+		if s.uid == in.UID && s.sent {
+			src = s
+		}
+	}
+	if src == nil {
+		return
+	}
+	if tg := c.targets[src.target]; tg != nil {
+		tg.heard = now // its data arrived: the process is alive
+	}
+	if in.Aux {
+		src.aux = true
+	} else if !src.record(in) {
+		c.stats.BadNotifs++
+		return
+	}
+	if rm.status.Terminal() {
+		return
+	}
+	c.count(EventProgress, c.reg.Progress(room))
+	for _, s := range rm.dec.sources {
+		if !s.complete() {
+			return
+		}
+	}
+	if c.count(EventUpdate, c.reg.Update(room, Success, "")).Outcome == Applied {
+		if h := c.holds[room]; h != nil {
+			c.release(h, false)
+		}
+	}
+}
+
+// decodeFailed runs once a decode room failed: every prefill rank of the
+// room gets an ABORT (before or after our REQUEST: a sender created later
+// then starts Failed), and the pages stay quarantined if any REQUEST went
+// out.
+func (c *decodeCore) decodeFailed(room uint64, reason string) {
+	rm, ok := c.reg.rooms[room]
+	if ok && rm.dec != nil {
+		if rm.dec.code == "" {
+			rm.dec.code = cmp.Or(c.failCode, CodeFailed)
+		}
+		for _, s := range rm.dec.sources {
+			c.oweAbort(c.targets[s.target], room, "", reason)
+		}
+	}
+	h, ok := c.holds[room]
+	if !ok || h.failed {
+		return
+	}
+	h.failed = true
+	if !h.armed() {
+		c.release(h, false)
+		return
+	}
+	h.deadline = c.now.Add(c.cfg.QuarantineTimeout)
+}
+
+// abortReceiver fails a decode room from this side.
+func (c *decodeCore) abortReceiver(now time.Time, room uint64, reason string) Result {
+	res := c.count(EventAbort, c.reg.Abort(room, reason, nil))
+	if res.Outcome == Applied {
+		c.failCode = CodeAborted
+		c.decodeFailed(room, reason)
+		c.failCode = ""
+	}
+	return res
+}
+
+// clearReceiver forgets a decode room. An unfinished room is failed first
+// (its prefill ranks get ABORT); its pages stay quarantined past Clear.
+func (c *decodeCore) clearReceiver(now time.Time, room uint64) Result {
+	if st, ok := c.reg.Status(room); ok && !st.Terminal() {
+		c.failWith(room, CodeCleared, "cleared before it finished")
+	}
+	rm := c.reg.rooms[room]
+	res := c.count(EventClear, c.reg.Clear(room))
+	if rm != nil && rm.dec != nil && res.Outcome == Applied {
+		c.index(rm, false)
+	}
+	return res
+}
+
+// hold is Core.Hold.
+func (c *decodeCore) hold(room uint64) (chan struct{}, bool) {
+	h, ok := c.holds[room]
+	if !ok {
+		return nil, false
+	}
+	return h.ch, true
+}
+
+func downCode(restarted bool) string {
+	if restarted {
+		return CodePeerRestarted
+	}
+	return CodePeerUnreachable
+}
+
+// decodePeerDown handles a prefill rank that heartbeats declared dead or
+// that restarted (a message from a new epoch at its endpoint): rooms bound
+// to it fail and send ABORT (a live or restarted process answers it). A
+// registration still waiting for its REGISTER_ACK is kept: the ACK will
+// come from the new process.
+func (c *decodeCore) peerDown(endpoint string, from wire.From, restarted bool, reason string) {
+	tg := c.targetAt(endpoint)
+	if tg == nil {
+		return
+	}
+	owedBefore := slices.Sorted(maps.Keys(tg.owed)) // the rooms failed below send theirs now
+	tg.probing = false
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		if rm.status.Terminal() {
+			continue
+		}
+		for _, s := range rm.dec.sources {
+			if s.target == tg.t.key() && s.sent && (!restarted || s.epoch != from.Epoch) {
+				c.failWith(rm.id, downCode(restarted), "prefill "+reason)
+				break
+			}
+		}
+	}
+	switch {
+	case restarted:
+		if tg.reg == regOK && tg.epoch != from.Epoch {
+			tg.reg = regNone
+		}
+	default: // unreachable: look it up and register again
+		tg.reg, tg.resolved = regNone, false
+	}
+	// Rooms still waiting for this target start over: lookup, REGISTER.
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		c.flushRequests(rm)
+	}
+	// ABORTs it has not acknowledged go to whatever process holds the rank
+	// now: the new one at this endpoint, or wherever a lookup finds it.
+	switch {
+	case len(tg.owed) == 0:
+	case tg.resolved:
+		for _, room := range owedBefore {
+			if o, ok := tg.owed[room]; ok {
+				c.send(tg.peer(), room, o.msg(room))
+			}
+		}
+	default:
+		c.ensureTarget(tg.t)
+	}
+}
+
+// targetChangedRecord applies what a discovery backend pushed about a prefill
+// rank: its record vanished (gone: it died or deregistered) or names
+// another endpoint (it restarted elsewhere). Rooms bound to the old process
+// fail as on a peer-dead report — every prefill rank of them gets ABORT — and
+// the target is looked up again, or takes the new endpoint at once.
+//
+// A record at the same endpoint with another epoch than the process that
+// acknowledged our REGISTER (epoch 0: the record does not say) is a restart
+// in place: handled as the control plane's restart report would be. cert
+// is the record's identity certificate.
+func (c *decodeCore) targetChangedRecord(now time.Time, t Target, endpoint, serverKey, cert string, epoch uint64, gone bool) {
+	tg := c.targets[t.key()]
+	if tg == nil || !tg.resolved {
+		return
+	}
+	if !gone && tg.endpoint == endpoint {
+		if cert != "" {
+			tg.cert = cert
+		}
+		tg.recEpoch = max(tg.recEpoch, epoch)
+		if epoch != 0 && tg.reg == regOK && tg.epoch != epoch {
+			c.peerDown(endpoint, wire.From{Endpoint: endpoint, Epoch: epoch}, true,
+				fmt.Sprintf("rank's discovery record names a new process (epoch %d → %d): %s", tg.epoch, epoch, endpoint))
+		}
+		return
+	}
+	old := tg.endpoint
+	what := "record vanished"
+	if !gone {
+		what = "record moved to " + endpoint
+	}
+	c.peerDown(old, wire.From{}, false, fmt.Sprintf("rank's discovery %s: %s", what, old))
+	if !gone {
+		tg.resolving = false
+		c.resolvedRecord(now, t, endpoint, serverKey, cert, epoch)
+	}
+}
+
+// tick releases holds past their quarantine deadline, retries
+// REGISTERs that got no answer (looking the rank up again after
+// registerLookupAfter of them), forgets owed ABORTs past the TTL and looks
+// up again the ranks that owed ABORTs still wait for.
+func (c *decodeCore) tick(now time.Time) {
+	for _, room := range slices.Sorted(maps.Keys(c.holds)) {
+		if h := c.holds[room]; h.failed && now.After(h.deadline) {
+			c.release(h, true)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(c.targets)) {
+		tg := c.targets[k]
+		maps.DeleteFunc(tg.owed, func(_ uint64, o owedAbort) bool { return now.After(o.until) })
+		switch {
+		case len(tg.owed) == 0:
+			tg.owed, tg.lookupRetry, tg.owedRetry = nil, 0, 0
+		case !tg.resolved && !tg.resolving && !now.Before(tg.nextLookup):
+			c.ensureTarget(tg.t)
+		case tg.resolved && !tg.resolving && !now.Before(tg.nextOwed):
+			// None acknowledged since the last send: send them again.
+			c.stats.AbortsResent += uint64(len(tg.owed))
+			tg.owedRetry = min(2*tg.owedRetry, 32*c.cfg.RegisterRetry)
+			tg.nextOwed = now.Add(tg.owedRetry)
+			c.sendOwed(tg)
+		}
+		if tg.probing && !now.Before(tg.probeDeadline) {
+			// No PONG: look the rank up and register wherever its record
+			// says (a new process, if it restarted elsewhere).
+			tg.probing = false
+			if c.busy(tg) {
+				c.stats.ProbesLost++
+				tg.probeLost = true
+				c.relookup(tg)
+				continue
+			}
+		}
+		if tg.reg == regSent && tg.resolved && now.After(tg.nextRetry) {
+			if !c.waitsFor(tg) {
+				tg.reg = regNone // nobody waits any more: stop asking
+				continue
+			}
+			if tg.unanswered >= registerLookupAfter {
+				// Nobody answers at that endpoint: look the rank up
+				// again rather than retry a cached endpoint forever.
+				tg.unanswered = 0
+				c.stats.Relookups++
+				c.relookup(tg)
+				continue
+			}
+			tg.unanswered++
+			c.stats.RegisterRetries++
+			tg.retry = min(2*tg.retry, 32*c.cfg.RegisterRetry)
+			tg.nextRetry = now.Add(tg.retry)
+			c.sendRegister(tg)
+		}
+	}
+}
+
+// busy reports whether a live room is bound to tg (its REQUEST sent or
+// waiting to go).
+func (c *decodeCore) busy(tg *target) bool {
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		if !rm.status.Terminal() && rm.dec.init {
+			return true
+		}
+	}
+	return false
+}
+
+// waitsFor reports whether a live room still waits to send tg its REQUEST.
+func (c *decodeCore) waitsFor(tg *target) bool {
+	for id := range c.roomsOf[tg.t.key()] {
+		rm := c.reg.rooms[id]
+		if rm == nil || rm.dec == nil || !rm.dec.init || rm.status.Terminal() {
+			continue
+		}
+		for _, s := range rm.dec.sources {
+			if s.target == tg.t.key() && !s.sent {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ParseNotif parses "kvb1:<room>:<uid>:<chunk>:<total>:<off>:<n>:<lo>:<hi>:<span_lo>:<span_hi>",
+// the earlier revision's "kvb1:<room>:<uid>:<chunk>:<total>" and
+// "kvb1:<room>:<uid>:aux" into the core's input (ranges are checked
+// there).
+func ParseNotif(s string) (Notified, bool) {
+	f := strings.Split(s, ":")
+	if (len(f) != 4 && len(f) != 5 && len(f) != 11) || f[0] != "kvb1" {
+		return Notified{}, false
+	}
+	var n Notified
+	var err error
+	if n.Room, err = strconv.ParseUint(f[1], 10, 64); err != nil {
+		return Notified{}, false
+	}
+	if n.UID, err = strconv.Atoi(f[2]); err != nil || n.UID < 0 {
+		return Notified{}, false
+	}
+	if len(f) == 4 {
+		n.Aux = f[3] == "aux"
+		return n, n.Aux
+	}
+	for i, p := range []*int{&n.Chunk, &n.Total, &n.Off, &n.N, &n.Lo, &n.Hi, &n.SpanLo, &n.SpanHi}[:len(f)-3] {
+		v, err := strconv.Atoi(f[3+i])
+		if err != nil || v < 0 || v > math.MaxInt32 {
+			return Notified{}, false
+		}
+		*p = v
+	}
+	return n, len(f) == 5 || n.Hi > 0
+}
+
+// failed aborts a room that failed here on its prefill ranks.
+func (c *decodeCore) failed(room uint64, reason string, _ Result) { c.decodeFailed(room, reason) }
+
+// expired aborts a room a deadline failed.
+func (c *decodeCore) expired(e Expiry) { c.decodeFailed(e.Room, e.Reason) }
+
+// needs marks the prefill ranks with a live room here or an owed ABORT.
+func (c *decodeCore) needs(needed map[string]bool) {
+	for _, tg := range c.targets {
+		if !tg.resolved {
+			continue
+		}
+		if len(tg.owed) > 0 {
+			needed[tg.endpoint] = true
+			continue
+		}
+		for id := range c.roomsOf[tg.t.key()] {
+			if rm := c.reg.rooms[id]; rm != nil && !rm.status.Terminal() {
+				needed[tg.endpoint] = true
+				break
+			}
+		}
+	}
+}
+
+// CheckSpec refuses a spec that names a destination page, or an item of
+// one state region, twice: two positions of the room would land in the
+// same memory.
+func CheckSpec(room uint64, spec RequestSpec) error {
+	if i, j, ok := firstRepeat(spec.DstPages); ok {
+		return fmt.Errorf("room %d: DstPages[%d] and DstPages[%d] both name page %d: %w", room, i, j, spec.DstPages[i], ErrInvalidSpec)
+	}
+	for r, list := range spec.StateIndices {
+		if i, j, ok := firstRepeat(list); ok {
+			return fmt.Errorf("room %d: StateIndices[%d][%d] and [%d][%d] both name item %d: %w", room, r, i, r, j, list[i], ErrInvalidSpec)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,844 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"github.com/kvbridge/kvbridge/internal/mem"
+	"github.com/kvbridge/kvbridge/internal/wire"
+)
+
+// decodePeer is a registered decode rank, bound to the epoch of the
+// process that registered. Heartbeats do not unbind it: only a REGISTER
+// from a new epoch (or a restart report) does.
+type decodePeer struct {
+	from   wire.From
+	remote string // nixl agent name
+	layout kvlayout.Layout
+	// mapped: the pair maps heads and layers (both have a Model); plan is
+	// then what this rank writes into that one (nil: nothing, a dummy).
+	mapped bool
+	plan   *kvlayout.Slice
+	// inUse: the destinations (pages, aux items, state items) that a room
+	// of this registration may still write, each to that room — from the
+	// REQUEST's acceptance until the registry settles it (no write in
+	// flight and none that can still land) or the room's final write to
+	// this rank is posted (finalPosted). Bounded by the registered items;
+	// it goes with the registration.
+	inUse map[dest]uint64
+}
+
+// dest is one destination item of a decode rank's memory: a KV page, an
+// aux item, or an item of a state region.
+type dest uint64
+
+const destAux = 1 << 32 // aux items; state region i's items from (2+i) << 32
+
+func pageDest(pg uint32) dest              { return dest(pg) }
+func auxDest(i int) dest                   { return destAux | dest(uint32(i)) }
+func stateDest(region int, it uint32) dest { return dest(2+region)<<32 | dest(it) }
+
+func (d dest) String() string {
+	switch k, i := d>>32, uint32(d); k {
+	case 0:
+		return fmt.Sprintf("page %d", i)
+	case 1:
+		return fmt.Sprintf("aux item %d", i)
+	default:
+		return fmt.Sprintf("item %d of state region %d", i, k-2)
+	}
+}
+
+// dests calls f with every destination a REQUEST names, until f returns
+// false.
+func dests(req *wire.Request, f func(d dest) bool) {
+	eachDest(req.DstPages, req.AuxIndex, req.StateIndices, f)
+}
+
+// eachDest calls f with each of pages, the aux item (none when aux < 0)
+// and the items of each state region, until f returns false.
+func eachDest(pages []uint32, aux int, state [][]uint32, f func(d dest) bool) {
+	for _, pg := range pages {
+		if !f(pageDest(pg)) {
+			return
+		}
+	}
+	if aux >= 0 && !f(auxDest(aux)) {
+		return
+	}
+	for r, list := range state {
+		for _, it := range list {
+			if !f(stateDest(r, it)) {
+				return
+			}
+		}
+	}
+}
+
+// field is where a REQUEST names d (for a refusal's reason).
+func field(req *wire.Request, d dest) string {
+	switch k, i := d>>32, uint32(d); k {
+	case 0:
+		return fmt.Sprintf("dst_pages[%d]", slices.Index(req.DstPages, i))
+	case 1:
+		return "aux_index"
+	default:
+		return fmt.Sprintf("state_indices[%d][%d]", k-2, slices.Index(req.StateIndices[k-2], i))
+	}
+}
+
+// LayoutRefusal is why a REGISTER or REQUEST naming memory that cannot be
+// right was refused (CoreStats.LayoutRefused,
+// kvbridge_layout_refused_total{reason}).
+type LayoutRefusal uint8
+
+const (
+	// RefusedOverlap: two regions of a REGISTER share memory.
+	RefusedOverlap LayoutRefusal = iota
+	// RefusedRepeat: a REQUEST names a destination page, or an item of one
+	// state region, twice.
+	RefusedRepeat
+	// RefusedInUse: a REQUEST names a destination that another room of
+	// the same decode process may still write.
+	RefusedInUse
+	// RefusedNotOwner: a REGISTER whose memory is not proven the
+	// registering process's (its proof slots do not hold its proof, or its
+	// agent name is another decode rank's).
+	RefusedNotOwner
+	// LayoutRefusals is one past the last refusal.
+	LayoutRefusals
+)
+
+func (r LayoutRefusal) String() string {
+	return [LayoutRefusals]string{"overlapping_regions", "repeated_page", "page_in_use", "not_owner"}[r]
+}
+
+// agentOwner returns the decode rank (peer key, no epoch) registered with
+// the agent name, or "".
+func (c *prefillCore) agentOwner(name string) string {
+	for _, key := range slices.Sorted(maps.Keys(c.peers)) {
+		if c.peers[key].remote == name {
+			return key
+		}
+	}
+	return ""
+}
+
+// PeerPlan is what CheckRegister found of a decode rank: its memory, and
+// with a Model the slice this rank writes into it.
+type PeerPlan struct {
+	Layout kvlayout.Layout
+	Mapped bool
+	Plan   *kvlayout.Slice
+}
+
+// prefillRoom is a prefill room's send cursor.
+type prefillRoom struct {
+	sent    int // pages handed to SendChunk so far
+	chunk   int
+	started time.Time
+	// open is the chunk whose layers are being sent (nil between chunks).
+	open *openChunk
+}
+
+// openChunk is a chunk sent layer by layer: what its next range must
+// repeat, and the layers sent so far.
+type openChunk struct {
+	pages    []uint32
+	last     bool
+	auxIndex int
+	next     int
+}
+
+func (c *prefillCore) statusFailed(room uint64, peers []PeerRequest, code, reason, skip string) {
+	for _, pr := range peers {
+		if pr.Peer != skip && pr.Payload != nil {
+			c.statusTo(wire.Peer{Endpoint: pr.Payload.From.Endpoint}, room, code, reason)
+		}
+	}
+}
+
+func (c *prefillCore) statusTo(to wire.Peer, room uint64, code, reason string) {
+	c.stats.StatusSent++
+	c.send(to, room, &wire.Status{Room: room, Status: wire.StatusFailed, Code: code, Reason: reason})
+}
+
+// LayoutFrom turns REGISTER regions into a peer layout.
+func LayoutFrom(kv, aux, state []wire.Region) (kvlayout.Layout, error) {
+	l := kvlayout.Layout{Kind: mem.DRAM}
+	for i, r := range kv {
+		if r.Mem == wire.MemVRAM {
+			l.Kind = mem.VRAM
+		}
+		if i == 0 {
+			l.PageBytes = r.ItemLen
+		}
+		l.Regions = append(l.Regions, mem.Desc{Addr: uintptr(r.Addr), Len: r.Len, Dev: uint64(r.Dev)})
+	}
+	if len(aux) > 0 {
+		l.Aux = mem.Desc{Addr: uintptr(aux[0].Addr), Len: aux[0].Len, Dev: uint64(aux[0].Dev)}
+		l.AuxItemBytes = aux[0].ItemLen
+	}
+	for _, r := range state {
+		l.State = append(l.State, kvlayout.StateRegion{Desc: mem.Desc{Addr: uintptr(r.Addr), Len: r.Len, Dev: uint64(r.Dev)}, ItemBytes: r.ItemLen})
+	}
+	return l, l.Validate()
+}
+
+// overlap names two regions of a REGISTER that share memory (the same
+// memory kind, for VRAM the same device, and intersecting address
+// ranges), "" when none do: the prefill rank would write one room's data
+// over another's, or over its aux and state items.
+func overlap(msg *wire.Register) string {
+	type named struct {
+		list string
+		i    int
+	}
+	var spans []kvlayout.Span
+	var names []named
+	for _, l := range []struct {
+		name    string
+		regions []wire.Region
+	}{{"kv", msg.KV}, {"aux", msg.Aux}, {"state", msg.State}} {
+		for i, r := range l.regions {
+			kind := mem.DRAM
+			if r.Mem == wire.MemVRAM {
+				kind = mem.VRAM
+			}
+			spans = append(spans, kvlayout.Span{Kind: kind, Dev: uint64(r.Dev), Addr: r.Addr, Len: r.Len})
+			names = append(names, named{l.name, i})
+		}
+	}
+	i, j, ok := kvlayout.Overlap(spans)
+	if !ok {
+		return ""
+	}
+	at := func(k int) string {
+		r := spans[k]
+		where := "DRAM"
+		if r.Kind == mem.VRAM {
+			where = fmt.Sprintf("VRAM of device %d", r.Dev)
+		}
+		return fmt.Sprintf("%s[%d] [%#x, %#x) in %s", names[k].list, names[k].i, r.Addr, r.End(), where)
+	}
+	return fmt.Sprintf("overlapping regions from %s: %s and %s share memory", msg.From.Peer(), at(i), at(j))
+}
+
+// CheckRegister validates a REGISTER against this rank (compat, role and
+// layout) without touching any state but the counters. The shell loads the
+// agent metadata only after it passes, then steps Registered (or
+// RegisterRefused).
+func (c *prefillCore) checkRegister(msg *wire.Register) (PeerPlan, error) {
+	if msg.Compat != c.cfg.Compat {
+		return PeerPlan{}, fmt.Errorf("compat mismatch: prefill %q, decode %q", c.cfg.Compat, msg.Compat)
+	}
+	if reason := overlap(msg); reason != "" {
+		c.stats.LayoutRefused[RefusedOverlap]++
+		return PeerPlan{}, errors.New(reason)
+	}
+	lay, err := LayoutFrom(msg.KV, msg.Aux, msg.State)
+	if err != nil {
+		return PeerPlan{}, fmt.Errorf("layout: %w", err)
+	}
+	local := c.cfg.Layout
+	stateOK := len(lay.State) == len(local.State)
+	for i := 0; stateOK && i < len(lay.State); i++ {
+		stateOK = lay.State[i].ItemBytes == local.State[i].ItemBytes
+	}
+	if !stateOK {
+		return PeerPlan{}, fmt.Errorf("state layout mismatch: prefill %d state regions, decode %d (or item sizes differ)", len(local.State), len(lay.State))
+	}
+	if lay.AuxItemBytes != local.AuxItemBytes {
+		return PeerPlan{}, fmt.Errorf("aux items of %d bytes at prefill, %d at decode", local.AuxItemBytes, lay.AuxItemBytes)
+	}
+	if c.cfg.Model.Zero() {
+		if msg.Topo != nil {
+			return PeerPlan{}, fmt.Errorf("decode %s maps ranks (it sent its topology) but this prefill rank has no Model: set it on both", msg.From.Peer())
+		}
+		if len(lay.Regions) != len(local.Regions) || lay.PageBytes != local.PageBytes {
+			return PeerPlan{}, fmt.Errorf("layout mismatch: prefill %d regions × %d-byte pages (aux %d), decode %d × %d (aux %d)",
+				len(local.Regions), local.PageBytes, local.AuxItemBytes, len(lay.Regions), lay.PageBytes, lay.AuxItemBytes)
+		}
+		return PeerPlan{Layout: lay}, nil
+	}
+	t := msg.Topo
+	if t == nil {
+		return PeerPlan{}, fmt.Errorf("decode %s sent no topology but this prefill rank maps heads and layers (Model set): set Model on both", msg.From.Peer())
+	}
+	pl, err := kvlayout.ParsePageLayout(t.PageLayout)
+	if err != nil {
+		return PeerPlan{}, err
+	}
+	dm := kvlayout.Model{Layers: t.Layers, KVHeads: t.KVHeads, HeadBytes: t.HeadBytes, PageTokens: t.PageTokens, MLA: t.MLA, Layout: pl}
+	if dm != c.cfg.Model {
+		return PeerPlan{}, fmt.Errorf("model mismatch: prefill %+v, decode %+v", c.cfg.Model, dm)
+	}
+	if own := c.cfg.Parallel.Norm(); t.PeerTPSize != 0 && (t.PeerTPSize != own.TPSize || t.PeerPPSize != own.PPSize) {
+		return PeerPlan{}, fmt.Errorf("decode %s mapped itself onto a prefill instance of TP %d × PP %d, this one is TP %d × PP %d: its view of the instance is stale",
+			msg.From.Peer(), t.PeerTPSize, t.PeerPPSize, own.TPSize, own.PPSize)
+	}
+	dp := kvlayout.Parallel{TPSize: msg.TPSize, TPRank: msg.TPRank, PPSize: t.PPSize, PPRank: t.PPRank, DPSize: t.DPSize, DPRank: t.DPRank}
+	plan, err := kvlayout.Plan(c.cfg.Model, c.cfg.Parallel, dp)
+	if err != nil {
+		return PeerPlan{}, fmt.Errorf("prefill %v → decode %v: %w", c.cfg.Parallel.Norm(), dp.Norm(), err)
+	}
+	if err := kvlayout.CheckLayouts(c.cfg.Model, c.cfg.Parallel, local, dp, lay); err != nil {
+		return PeerPlan{}, err
+	}
+	return PeerPlan{Layout: lay, Mapped: true, Plan: plan}, nil
+}
+
+// refuseRegister answers a REGISTER with ok false.
+func (c *prefillCore) registerRefused(now time.Time, from wire.From, reason string) {
+	if !c.hear(from) {
+		return // a late REGISTER of an epoch the peer already left
+	}
+	c.send(wire.Peer{Endpoint: from.Endpoint}, 0, &wire.RegisterAck{OK: false, Reason: reason})
+}
+
+// checkToLoad validates a REGISTER whose epoch check passed: refused at
+// once (REGISTER_ACK ok false) when CheckRegister finds it wrong, else the
+// shell is asked to load the peer's metadata (EffectLoadMetadata). It
+// reports whether the load was asked for.
+func (c *prefillCore) checkToLoad(now time.Time, msg *wire.Register) bool {
+	pp, err := c.checkRegister(msg)
+	if err != nil {
+		c.registerRefused(now, msg.From, err.Error())
+		return false
+	}
+	c.emit(Effect{Kind: EffectLoadMetadata, To: wire.Peer{Endpoint: msg.From.Endpoint}, Msg: msg, Plan: &pp})
+	return true
+}
+
+// registered binds a decode rank's registration to its epoch and
+// acknowledges it. A new epoch of a known rank means that rank restarted:
+// every room and pending request bound to the old epoch fails first.
+func (c *prefillCore) registered(now time.Time, from wire.From, remote string, pp PeerPlan) {
+	if !c.hear(from) {
+		return // a late REGISTER of an epoch the peer already left
+	}
+	key := from.Peer()
+	if old := c.peers[key]; old != nil && old.from.Epoch != from.Epoch {
+		c.peerGone(key, old.from.Epoch, true, CodePeerRestarted, fmt.Sprintf("peer restarted: %s (epoch %d → %d)", key, old.from.Epoch, from.Epoch))
+	}
+	np := &decodePeer{from: from, remote: remote, layout: pp.Layout, mapped: pp.Mapped, plan: pp.Plan, inUse: map[dest]uint64{}}
+	if old := c.peers[key]; old != nil && old.from.Epoch == from.Epoch {
+		np.inUse = old.inUse // a repeated REGISTER of the same process: its rooms keep their pages
+	}
+	c.peers[key] = np
+	c.send(wire.Peer{Endpoint: from.Endpoint}, 0, &wire.RegisterAck{OK: true})
+}
+
+// peerGone fails every live room and drops every pending request that a
+// decode rank shares with this rank (only those bound to epoch when
+// exact): a pending room becomes an AbortedEarly tombstone, so its sender
+// starts Failed and nothing is ever written for it.
+//
+// A peer declared dead is told too (code peer_unreachable): heartbeats
+// cannot tell a dead process from a paused one, and a paused decode rank
+// that resumes must learn that its rooms failed here rather than wait for
+// their deadlines. A restarted peer is not: its new process holds none of
+// the old one's rooms.
+func (c *prefillCore) peerGone(key string, epoch uint64, exact bool, code, reason string) {
+	skip := key
+	if code == CodePeerUnreachable {
+		skip = ""
+	}
+	match := func(reqs []PeerRequest) bool {
+		for _, pr := range reqs {
+			if pr.Peer == key && (!exact || pr.Epoch == epoch) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, id := range slices.Sorted(maps.Keys(c.reg.rooms)) {
+		if rm := c.reg.rooms[id]; rm.role == RolePrefill && !rm.status.Terminal() && match(rm.requests) {
+			res := c.count(EventUpdate, c.reg.Update(id, Failed, reason))
+			if res.Outcome == Applied {
+				c.statusFailed(id, rm.requests, code, reason, skip)
+			}
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(c.reg.pending)) {
+		if p := c.reg.pending[id]; match(p.requests) {
+			res := c.count(EventAbort, c.reg.Abort(id, reason, nil))
+			c.statusFailed(id, res.Peers, code, reason, skip)
+		}
+	}
+}
+
+// onRequest handles a decode rank's REQUEST: it must come from the epoch
+// that registered, name only registered pages, and find the room neither
+// aborted nor cleared; otherwise it gets STATUS failed with a code. It
+// reports whether the request was accepted.
+func (c *prefillCore) onRequest(msg *wire.Request) bool {
+	to := wire.Peer{Endpoint: msg.From.Endpoint}
+	key := msg.From.Peer()
+	p, ok := c.peers[key]
+	if !ok || p.from.Epoch != msg.From.Epoch {
+		if ok {
+			c.stats.StaleEpoch++
+		}
+		c.statusTo(to, msg.Room, CodeNotRegistered, fmt.Sprintf("room %d: %s (epoch %d) has not registered (send REGISTER first)", msg.Room, key, msg.From.Epoch))
+		return false
+	}
+	if reason := checkRequest(msg, p); reason != "" {
+		c.statusTo(to, msg.Room, CodeOutOfRange, reason)
+		return false
+	}
+	if reason := repeated(msg, key); reason != "" {
+		c.stats.LayoutRefused[RefusedRepeat]++
+		c.statusTo(to, msg.Room, CodeRejected, reason)
+		return false
+	}
+	if reason := p.held(msg, func(room uint64) bool { return c.reg.Live(room) }); reason != "" {
+		c.stats.LayoutRefused[RefusedInUse]++
+		c.statusTo(to, msg.Room, CodeRejected, reason)
+		return false
+	}
+	res := c.count(EventRequest, c.reg.Request(msg.Room, PeerRequest{Peer: key, Epoch: msg.From.Epoch, Required: msg.Required, Payload: msg}))
+	if res.Outcome == Rejected {
+		c.statusTo(to, msg.Room, errCode(res.Err), res.Err.Error())
+		return false
+	}
+	p.claim(msg)
+	c.watch(msg.Room, to)
+	return true
+}
+
+// repeated names a destination page, or an item of one state region, that
+// a REQUEST names twice ("" if none): two positions of the room would be
+// written into the same memory. A dummy REQUEST is held to it too: it
+// carries the room's pages for the other prefill ranks.
+func repeated(msg *wire.Request, peer string) string {
+	if i, j, ok := firstRepeat(msg.DstPages); ok {
+		return fmt.Sprintf("room %d: dst_pages[%d] and dst_pages[%d] of %s both name page %d", msg.Room, i, j, peer, msg.DstPages[i])
+	}
+	for r, list := range msg.StateIndices {
+		if i, j, ok := firstRepeat(list); ok {
+			return fmt.Sprintf("room %d: state_indices[%d][%d] and [%d][%d] of %s both name item %d", msg.Room, r, i, r, j, peer, list[i])
+		}
+	}
+	return ""
+}
+
+// firstRepeat returns two positions i < j of list holding the same value;
+// ok false when its values are distinct. O(n log n), on a copy.
+func firstRepeat(list []uint32) (i, j int, ok bool) {
+	if len(list) < 2 {
+		return 0, 0, false
+	}
+	sorted := slices.Clone(list)
+	slices.Sort(sorted)
+	for k := 1; k < len(sorted); k++ {
+		if v := sorted[k]; v == sorted[k-1] {
+			i = slices.Index(list, v)
+			return i, i + 1 + slices.Index(list[i+1:], v), true
+		}
+	}
+	return 0, 0, false
+}
+
+// held names a destination of a REQUEST that another room of the same
+// decode process may still write ("" if none). A dummy REQUEST names
+// nothing this rank writes, and prefix pages are not in dst_pages. The
+// room's own earlier REQUEST (a duplicate) is the registry's to refuse.
+//
+// Only a live holder refuses (pending, or live and not terminal): a room
+// that ended may still have a write in flight, but its decode rank failed
+// it and reuses its pages once its quarantine expires, as the protocol
+// allows (the exposure the quarantine bounds) — the chaos soak's paused
+// prefill rank met its decode rank's reused pages that way. The new room
+// then holds the destination (claim).
+func (p *decodePeer) held(msg *wire.Request, live func(room uint64) bool) string {
+	if msg.Dummy {
+		return ""
+	}
+	reason := ""
+	dests(msg, func(d dest) bool {
+		if other, ok := p.inUse[d]; ok && other != msg.Room && live(other) {
+			reason = fmt.Sprintf("room %d: %s (%s) is in use by room %d of %s (epoch %d), which is live and may still write it",
+				msg.Room, d, field(msg, d), other, p.from.Peer(), p.from.Epoch)
+			return false
+		}
+		return true
+	})
+	return reason
+}
+
+// claim marks an accepted REQUEST's destinations in use by its room.
+func (p *decodePeer) claim(msg *wire.Request) {
+	if msg.Dummy {
+		return
+	}
+	dests(msg, func(d dest) bool {
+		p.inUse[d] = msg.Room // a held destination here is an ended room's (held)
+		return true
+	})
+}
+
+// settled frees the destinations of a room's requests once the registry
+// says nothing of the room can be written any more (it ended with no write
+// in flight or able to land, or its pending requests were dropped). Only
+// the registration of the epoch that sent a request holds its pages.
+func (c *prefillCore) settled(room uint64, reqs []PeerRequest) {
+	for _, pr := range reqs {
+		p := c.peers[pr.Peer]
+		if p == nil || p.from.Epoch != pr.Epoch || pr.Payload == nil || pr.Payload.Dummy {
+			continue
+		}
+		dests(pr.Payload, func(d dest) bool {
+			if p.inUse[d] == room {
+				delete(p.inUse, d)
+			}
+			return true
+		})
+	}
+}
+
+// MaxRequired bounds REQUEST.required: how many decode ranks one room may
+// wait for (a TP group, times DP).
+const MaxRequired = 1024
+
+func checkRequest(msg *wire.Request, p *decodePeer) string {
+	key := p.from.Peer()
+	pages := uint32(p.layout.Pages())
+	if msg.Required > MaxRequired {
+		return fmt.Sprintf("room %d: required %d exceeds %d", msg.Room, msg.Required, MaxRequired)
+	}
+	if msg.Prefix > int(pages) {
+		return fmt.Sprintf("room %d: prefix %d exceeds the %d pages %s registered", msg.Room, msg.Prefix, pages, key)
+	}
+	for i, pg := range msg.DstPages {
+		if pg >= pages {
+			return fmt.Sprintf("room %d: dst_pages[%d]=%d outside the %d pages %s registered", msg.Room, i, pg, pages, key)
+		}
+	}
+	if msg.AuxIndex >= p.layout.AuxItems() {
+		return fmt.Sprintf("room %d: aux_index %d outside the %d aux items %s registered", msg.Room, msg.AuxIndex, p.layout.AuxItems(), key)
+	}
+	if len(msg.StateIndices) > len(p.layout.State) {
+		return fmt.Sprintf("room %d: %d state index lists for %d state regions", msg.Room, len(msg.StateIndices), len(p.layout.State))
+	}
+	for i, list := range msg.StateIndices {
+		for _, it := range list {
+			if int(it) >= p.layout.State[i].Items() {
+				return fmt.Sprintf("room %d: state_indices[%d] item %d outside the %d items %s registered", msg.Room, i, it, p.layout.State[i].Items(), key)
+			}
+		}
+	}
+	return ""
+}
+
+// onAbort handles a decode rank's ABORT: the ABORT_ACK is owed first, then
+// the abort applies (tombstoning a room that has no sender yet); the ACK
+// goes out once no write of the room can land, whether the room is live or
+// already cleared.
+func (c *prefillCore) onAbort(msg *wire.Abort) {
+	ack := wire.Peer{Endpoint: msg.From.Endpoint}
+	reason := msg.Reason
+	if msg.Code != "" {
+		reason = msg.Code + ": " + reason
+	}
+	res := c.count(EventAbort, c.reg.Abort(msg.Room, fmt.Sprintf("%s by %s", reason, msg.From.Peer()), &ack))
+	switch res.Outcome {
+	case Applied:
+		c.statusFailed(msg.Room, c.reg.Requests(msg.Room), CodeAborted, "aborted by "+msg.From.Peer(), msg.From.Peer())
+	case Tombstoned:
+		c.statusFailed(msg.Room, res.Peers, CodeAborted, "room aborted before its sender existed", msg.From.Peer())
+	}
+}
+
+// createSender creates the prefill side of a room.
+func (c *prefillCore) createSender(now time.Time, room uint64) Result {
+	res := c.count(EventCreate, c.reg.Create(room, RolePrefill))
+	if res.Outcome == Applied {
+		c.reg.rooms[room].pre.started = now
+	}
+	return res
+}
+
+// initSender marks the sender initialised.
+func (c *prefillCore) initSender(now time.Time, room uint64) Result {
+	return c.count(EventInit, c.reg.Init(room))
+}
+
+// abortSender fails a prefill room from this side and tells its decode
+// ranks.
+func (c *prefillCore) abortSender(now time.Time, room uint64, reason string) Result {
+	res := c.count(EventAbort, c.reg.Abort(room, reason, nil))
+	if res.Outcome == Applied {
+		c.statusFailed(room, c.reg.Requests(room), CodeAborted, "aborted by prefill: "+reason, "")
+	}
+	return res
+}
+
+// clearSender forgets a prefill room; decode ranks of an unfinished room
+// are told. Writes still in flight keep counting in its tombstone.
+func (c *prefillCore) clearSender(now time.Time, room uint64) Result {
+	res := c.count(EventClear, c.reg.Clear(room))
+	if res.Outcome == Applied && !res.Status.Terminal() {
+		c.statusFailed(room, res.Peers, CodeCleared, "room cleared before it finished", "")
+	}
+	return res
+}
+
+// sendChunk plans a chunk of the room's pages (positions continue where
+// the previous chunk ended), or one range of its layers, as one write per
+// decode rank, plus, after the last chunk's final range, the state items
+// and the aux item; it emits them as one EffectPost. Each write names the
+// epoch of the REQUEST whose pages it targets.
+func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
+	room, pages, last, auxIndex, state := in.Room, in.Pages, in.Last, in.AuxIndex, in.State
+	rm, ok := c.reg.rooms[room]
+	switch {
+	case !ok || rm.role != RolePrefill:
+		return fmt.Errorf("room %d: %w", room, ErrUnknownRoom)
+	case rm.status == Failed:
+		return fmt.Errorf("room %d: %w: %s", room, ErrRoomFailed, rm.reason)
+	case rm.status < WaitingForInput || rm.status == Success:
+		return fmt.Errorf("room %d: send in %v: %w", room, rm.status, ErrNotReady)
+	}
+	layers := max(len(c.cfg.Layout.Regions)/2, 1)
+	lo, hi := in.Layers.Lo, in.Layers.Hi
+	if hi == 0 && lo == 0 {
+		hi = layers
+	}
+	next, op := 0, rm.pre.open
+	if op != nil {
+		next = op.next
+	}
+	switch {
+	case lo != next || hi <= lo || hi > layers:
+		return fmt.Errorf("room %d: layers [%d, %d) of a chunk of %d layers, %d sent: %w", room, lo, hi, layers, next, ErrLayers)
+	case op != nil && (op.last != last || op.auxIndex != auxIndex || !slices.Equal(op.pages, pages)):
+		return fmt.Errorf("room %d: layers [%d, %d) name other pages, last or aux than the chunk's first %d layers: %w", room, lo, hi, next, ErrLayers)
+	}
+	whole := hi == layers // the chunk's final range
+	first, chunk := rm.pre.sent, rm.pre.chunk
+	switch {
+	case whole:
+		rm.pre.sent += len(pages)
+		rm.pre.chunk++
+		rm.pre.open = nil
+	case op == nil:
+		rm.pre.open = &openChunk{pages: slices.Clone(pages), last: last, auxIndex: auxIndex, next: hi}
+	default:
+		op.next = hi
+	}
+	total := 0
+	if last {
+		total = chunk + 1
+	}
+	fail := func(reason string) error {
+		c.failRoom(room, reason)
+		return fmt.Errorf("room %d: %s", room, reason)
+	}
+	var writes []kvlayout.Write
+	for _, pr := range rm.requests {
+		req := pr.Payload
+		p := c.peers[pr.Peer]
+		if p == nil || p.from.Epoch != pr.Epoch {
+			c.stats.StaleEpoch++
+			return fail(fmt.Sprintf("peer %s (epoch %d) that requested the room is gone", pr.Peer, pr.Epoch))
+		}
+		base := kvlayout.Write{Remote: p.remote, Peer: p.layout, AuxSrc: -1, State: -1, PeerKey: pr.Peer, Epoch: pr.Epoch, Slice: p.plan, Ready: in.Ready}
+		if p.mapped && !req.Dummy && p.plan == nil {
+			return fail(fmt.Sprintf("%s asked for data, but the rank mapping gives its heads to another prefill rank (REQUEST should be dummy)", pr.Peer))
+		}
+		uid := c.cfg.Rank
+		if req.Source >= 0 {
+			uid = req.Source
+		}
+		var src, dst []uint32
+		off := -1 // the chunk's first position in the REQUEST's dst_pages
+		if !req.Dummy {
+			for i, pg := range pages {
+				pos := first + i - req.Prefix
+				if pos < 0 {
+					continue // decode already holds this prefix page
+				}
+				if pos >= len(req.DstPages) {
+					return fail(fmt.Sprintf("%s gave %d destination pages, prefill sent more", pr.Peer, len(req.DstPages)))
+				}
+				if off < 0 {
+					off = pos
+				}
+				src, dst = append(src, pg), append(dst, req.DstPages[pos])
+			}
+		}
+		// Layers in the decode rank's numbering: this PP stage's layers
+		// start at the plan's region offset there.
+		shift := 0
+		if p.plan != nil {
+			shift = p.plan.RegionOffset / 2
+		}
+		n := max(off, 0)
+		switch {
+		case len(src) > 0:
+			w := base
+			w.Runs, w.Layers = kvlayout.Runs(src, dst), kvlayout.Layers{Lo: lo, Hi: hi}
+			w.Notif = chunkNotif(room, uid, chunk, total, n, len(src), lo+shift, hi+shift, shift, layers+shift)
+			writes = append(writes, w)
+		case whole:
+			// Nothing to write here (a dummy, or pages decode holds): the
+			// chunk's one notification completes its count.
+			w := base
+			w.Notif = chunkNotif(room, uid, chunk, total, n, 0, shift, layers+shift, shift, layers+shift)
+			writes = append(writes, w)
+		}
+		if !last || !whole {
+			continue
+		}
+		for i, dstItems := range req.StateIndices {
+			if req.Dummy || len(dstItems) == 0 {
+				continue
+			}
+			if i >= len(state) || len(state[i]) != len(dstItems) {
+				return fail(fmt.Sprintf("%s wants %d items of state region %d, prefill gave %d", pr.Peer, len(dstItems), i, len(stateAt(state, i))))
+			}
+			w := base
+			w.Runs, w.State = kvlayout.Runs(state[i], dstItems), i
+			writes = append(writes, w)
+		}
+		aux := base
+		aux.Notif = fmt.Sprintf("kvb1:%d:%d%s", room, uid, auxNotifSuffix)
+		if auxIndex >= 0 && req.AuxIndex >= 0 && !req.Dummy {
+			aux.AuxSrc, aux.AuxDst = auxIndex, req.AuxIndex
+		}
+		writes = append(writes, aux)
+	}
+	// The worker posts these in order (up to two at once, never past a
+	// write without a notification): the room succeeds here once its very
+	// final write completed and none is in flight.
+	for i := range writes {
+		writes[i].Last = last && whole && i == len(writes)-1
+	}
+	c.emit(Effect{Kind: EffectPost, Room: room, Writes: writes})
+	return nil
+}
+
+// chunkNotif is a chunk write's notification (docs/PROTOCOL.md, "Data
+// plane: notifications"): the chunk, the positions [off, off+n) of the
+// REQUEST's dst_pages it wrote, the layers [lo, hi) it wrote and the
+// layers [spanLo, spanHi) this prefill rank writes at all, in the decode
+// rank's numbering.
+func chunkNotif(room uint64, uid, chunk, total, off, n, lo, hi, spanLo, spanHi int) string {
+	return fmt.Sprintf("kvb1:%d:%d:%d:%d:%d:%d:%d:%d:%d:%d", room, uid, chunk, total, off, n, lo, hi, spanLo, spanHi)
+}
+
+func stateAt(state [][]uint32, i int) []uint32 {
+	if i < len(state) {
+		return state[i]
+	}
+	return nil
+}
+
+// posting is the gate right before a write is posted: it counts the write
+// in flight and returns true only if the room is still live on this rank
+// and the write's peer is still the process (epoch) that named its pages.
+func (c *prefillCore) posting(now time.Time, room uint64, w *kvlayout.Write) bool {
+	p := c.peers[w.PeerKey]
+	if p == nil || p.from.Epoch != w.Epoch {
+		c.stats.StaleEpoch++
+		c.failRoom(room, fmt.Sprintf("peer %s (epoch %d) that requested the room is gone", w.PeerKey, w.Epoch))
+		return false
+	}
+	if c.count(EventPosted, c.reg.Posted(room)).Outcome != Applied {
+		return false
+	}
+	if strings.HasSuffix(w.Notif, auxNotifSuffix) {
+		c.finalPosted(room, w)
+	}
+	return true
+}
+
+// auxNotifSuffix ends the notification of a room's final write to one
+// decode rank (the aux write of its last chunk, also without an aux item).
+const auxNotifSuffix = ":aux"
+
+// finalPosted frees the destinations of w's decode rank in room once its
+// final write of the room passed the gate: every write to it is posted (a
+// room's writes are posted in order), and that rank reuses the pages as
+// soon as it sees the room succeed — from the notifications, which follow
+// the data, possibly before this rank hears the write complete. Held
+// until the completion, a correct REQUEST for them would be refused in
+// that window. If the write fails from here, the decode rank's quarantine
+// covers it: it does not reuse the pages of a failed room before then.
+func (c *prefillCore) finalPosted(room uint64, w *kvlayout.Write) {
+	for _, pr := range c.reg.Requests(room) {
+		if pr.Peer == w.PeerKey && pr.Epoch == w.Epoch {
+			c.settled(room, []PeerRequest{pr})
+		}
+	}
+}
+
+// writeDone reports a posted write's completion. quiesced says the engine
+// guarantees a failed write can no longer land; a failed write that is not
+// quiesced keeps the room undrained until the stall deadline.
+func (c *prefillCore) writeDone(now time.Time, room uint64, w *kvlayout.Write, err error, quiesced bool) Result {
+	res := c.count(EventWriteDone, c.reg.WriteDone(room, w.Last, err, quiesced))
+	if err != nil && res.Outcome == Applied && res.Status == Failed {
+		c.statusFailed(room, c.reg.Requests(room), CodeFailed, fmt.Sprintf("write to %s failed: %v", w.Remote, err), "")
+	}
+	return res
+}
+
+// prefillPeerDown fails every room shared with a dead or restarted decode
+// rank. A dead rank keeps its registration (bound to its epoch, not to
+// heartbeats: a false "dead" must not break the pair for good); a
+// restarted one loses it.
+func (c *prefillCore) peerDown(endpoint string, from wire.From, restarted bool, reason string) {
+	for _, key := range slices.Sorted(maps.Keys(c.peers)) {
+		p := c.peers[key]
+		if p.from.Endpoint != endpoint && key != from.Peer() {
+			continue
+		}
+		if restarted && p.from.Epoch == from.Epoch {
+			continue // the report names the epoch we are bound to: nothing changed
+		}
+		code := CodePeerUnreachable
+		if restarted {
+			code = CodePeerRestarted
+		}
+		c.peerGone(key, p.from.Epoch, true, code, reason)
+		if restarted {
+			delete(c.peers, key)
+		}
+	}
+}
+
+// failed tells the decode ranks of a room that failed here.
+func (c *prefillCore) failed(room uint64, reason string, res Result) {
+	c.statusFailed(room, res.Peers, CodeFailed, reason, "")
+}
+
+// expired tells the decode ranks of a room a deadline failed.
+func (c *prefillCore) expired(e Expiry) { c.statusFailed(e.Room, e.Peers, CodeFailed, e.Reason, "") }
+
+func (c *prefillCore) tick(time.Time) {}
+
+// needs marks the decode ranks with a live room or pending request here.
+func (c *prefillCore) needs(needed map[string]bool) {
+	mark := func(reqs []PeerRequest) {
+		for _, pr := range reqs {
+			if pr.Payload != nil {
+				needed[pr.Payload.From.Endpoint] = true
+			}
+		}
+	}
+	for _, rm := range c.reg.rooms {
+		if !rm.status.Terminal() {
+			mark(rm.requests)
+		}
+	}
+	for _, p := range c.reg.pending {
+		mark(p.requests)
+	}
+}

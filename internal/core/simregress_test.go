@@ -1,0 +1,91 @@
+package core
+
+import (
+	"strings"
+	"testing"
+)
+
+// The simulator's track record (etcd's robustness tests keep one): every
+// bug it found, with its minimised trace, replayed on the fixed core —
+// where it must pass every check — and, under make mutants, with the bug
+// brought back (its source mutant laid over the package), where the same
+// check must fail. A new finding goes here with the trace the
+// simulator printed.
+type simRegression struct {
+	name   string
+	config string // a key of simExhaustiveConfigs, "restart script", or "" for cfg
+	cfg    func() simConfig
+	mutant string // the source mutant (scripts/srcmutants) that brings the bug back
+	want   string // the violation the bug causes
+	script []string
+}
+
+var simRegressions = []simRegression{
+	{name: "a drained ABORT_ACK for a cleared room whose failed write may still land", config: "1→1: writes fail, land late or stall; decode aborts; prefill clears early",
+		mutant: "ack-on-cleared-tombstone", want: "ABORT_ACK drained while write 2 can still land",
+		script: []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init",
+			"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK", "deliver 1→0 REQUEST", "room 7 prefill 0 send chunk 0", "post at 0", "post at 0",
+			"write 1 ok", "write 2 fails but may land", "deliver 0→1 STATUS", "room 7 prefill 0 clear", "deliver 1→0 ABORT"}},
+	{name: "a failed write (not quiesced) counted as drained", config: "1→1: writes fail, land late or stall; decode aborts; prefill clears early",
+		mutant: "failed-write-drains", want: "ABORT_ACK drained while write 2 can still land",
+		script: []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init",
+			"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK", "deliver 1→0 REQUEST", "room 7 prefill 0 send chunk 0", "post at 0", "post at 0",
+			"write 1 ok", "write 2 fails but may land", "deliver 0→1 STATUS", "deliver 1→0 ABORT"}},
+	{name: "Clear ends the decode quarantine before the prefill rank acknowledged", config: "1→1: writes fail, land late or stall; decode aborts; prefill clears early",
+		mutant: "clear-releases", want: "released its pages (room cleared) before prefill process 1, which accepted its REQUEST, acknowledged the ABORT as drained",
+		script: []string{"room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init", "deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK",
+			"deliver 1→0 REQUEST", "room 7 decode 0 abort", "room 7 decode 0 clear"}},
+	{name: "an abort before the REQUEST never reaches the prefill rank", config: "1→1: a peer-dead report; decode aborts",
+		mutant: "no-early-abort", want: "decode 0 aborted, prefill 0 still Bootstrapping with the network quiet",
+		script: []string{"room 7 prefill 0 create", "room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init", "deliver 1→0 REGISTER",
+			"room 7 decode 0 abort", "deliver 0→1 REGISTER_ACK"}},
+	{name: "writes follow the peer's current epoch (a decode restart before the sender)", config: "restart script",
+		mutant: "post-ignores-epoch", want: "whose REQUEST this prefill process never accepted", script: restartScript},
+	// Found by the simulator (issue 21), kept as unit tests with their
+	// mutants: an older epoch never heard retiring the live process (swarm
+	// seed 43: TestOlderUnheardEpochDropped, no-retired-epochs) and a lost
+	// ABORT never sent again (owed-not-resent, caught by the exhaustive
+	// loss configuration's liveness phase).
+	//
+	// Found by the simulator (issue 21): with MaxTombstones 1, a tombstone
+	// kept past the bound while its write was in flight stayed over it once
+	// the write completed.
+	{name: "a tombstone kept past the bound while it owed stays over it once settled", cfg: func() simConfig {
+		c := simBase()
+		c.rooms, c.ticks = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 1), simRoom(8, []int{0}, []int{0}, 1)}, -1
+		c.reg.MaxTombstones, c.decodeAbort = 1, true
+		return c
+	}, mutant: "no-tomb-trim", want: "table reg.tombs has 2 entries, over its bound 1",
+		script: []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init",
+			"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK", "deliver 1→0 REQUEST", "room 7 prefill 0 send chunk 0", "post at 0", "post at 0",
+			"write 1 ok", "write 2 ok", "room 8 prefill 0 create", "room 8 prefill 0 init", "room 8 decode 0 create", "room 8 decode 0 init",
+			"deliver 1→0 REQUEST", "room 8 prefill 0 send chunk 0", "post at 0", "post at 0", "write 3 ok", "room 8 decode 0 abort",
+			"deliver 1→0 ABORT", "room 8 prefill 0 clear", "room 7 prefill 0 clear", "write 4 ok"}},
+}
+
+func TestSimRegressions(t *testing.T) {
+	cfgs := simExhaustiveConfigs()
+	for _, rc := range simRegressions {
+		t.Run(rc.name, func(t *testing.T) {
+			cfg := restartScriptConfig()
+			if rc.cfg != nil {
+				cfg = rc.cfg()
+			} else if rc.config != "restart script" {
+				sc, ok := cfgs[rc.config]
+				if !ok {
+					t.Fatalf("no configuration %q", rc.config)
+				}
+				cfg = sc.cfg
+			}
+			fixedAndMutant(t, rc.mutant, func(t *testing.T, fixed bool) {
+				w, n := runScript(cfg, rc.script)
+				switch {
+				case fixed && w.err != nil:
+					t.Fatalf("the core fails the trace at event %d: %v", n, w.err)
+				case !fixed && (w.err == nil || !strings.Contains(w.err.Error(), rc.want)):
+					t.Fatalf("with %s the trace (%d of %d events) gave %v, want %q", rc.mutant, n, len(rc.script), w.err, rc.want)
+				}
+			})
+		})
+	}
+}
