@@ -25,7 +25,7 @@ test: deps
 	@# Rate-dependent: the race detector slows the writes below the rate at which UCX's adaptive progress lost events (see the test).
 	$(GO) test -count=1 -run '^TestUCXNoLostWakeCrossProcess$$' ./nixl
 	@# The simulator must still find the bugs it found: their source mutants laid over the core, each caught by the checkers (make mutants runs every mutant).
-	$(GO) run ./scripts/srcmutants -only $(SIM_MUTANTS)
+	$(GO) run ./scripts/srcmutants -only $(SIM_MUTANTS) -run '^(TestSimFindsBugs|TestSimRegressions)$$'
 
 # The model checker and the simulator print what they checked.
 # The protocol core (internal/core): the checkers and the package's other tests.

@@ -2,7 +2,8 @@
 // source edits laid over the real files with go test -overlay (the
 // working tree is never touched; no switch is compiled into production
 // code). Each must make the tests it names fail; one that survives fails
-// the command. -only a,b runs the named mutants alone.
+// the command. -only a,b runs the named mutants alone; -run P runs the
+// tests P matches instead of those each mutant names.
 //
 // A package whose tests check a mutant's effect as well (kvmanager's
 // fixedAndMutant) has an activemutant_test.go declaring
@@ -297,6 +298,7 @@ var mutants = []mutant{
 
 func main() {
 	only := flag.String("only", "", "comma-separated mutant names: run these alone")
+	runOnly := flag.String("run", "", "run these tests (a go test -run pattern) for every mutant instead of those it names")
 	flag.Parse()
 	root, _ := os.Getwd()
 	tmp, err := os.MkdirTemp("", "srcmutants")
@@ -327,6 +329,9 @@ func main() {
 		pkg, args := filepath.Dir(m.file), []string{"test", "-count=1", "-v", "-overlay", ovf}
 		if m.pkg != "" {
 			pkg = m.pkg
+		}
+		if *runOnly != "" {
+			m.run = *runOnly
 		}
 		if m.run != "" {
 			args = append(args, "-run", m.run)
