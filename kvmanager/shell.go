@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/rawagent"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
@@ -300,8 +301,29 @@ func (m *Manager) Epoch() uint64 { return m.loop.Identity().Epoch }
 // identity.
 func (m *Manager) Cert() []byte { return m.loop.Cert() }
 
-// Agent returns the rank's nixl agent.
-func (m *Manager) Agent() *nixl.Agent { return m.agent }
+// Engine names the NIXL engine the rank's agent runs (loopback, ucx,
+// libnixl).
+func (m *Manager) Engine() string { return m.agent.Engine() }
+
+// AgentName is the name the rank's agent registers under (its metadata
+// carries it; a prefill rank loads it under this name).
+func (m *Manager) AgentName() string { return m.agent.Name() }
+
+// The raw agent is not exported (writes through it would bypass the
+// core): kvbridge's benchmarks and tests reach it through rawagent.
+func init() {
+	rawagent.Of = func(rank any) *nixl.Agent {
+		switch r := rank.(type) {
+		case *Prefill:
+			return r.agent
+		case *Decode:
+			return r.agent
+		case *Manager:
+			return r.agent
+		}
+		return nil
+	}
+}
 
 // Config returns the configuration in use.
 func (m *Manager) Config() Config { return m.cfg }

@@ -58,6 +58,7 @@ import (
 	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/rawagent"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
@@ -663,7 +664,7 @@ func (c *cluster) room(src, dst []uint32) error {
 // agents, by streams writers at once (the concurrency of the case it is
 // the reference of), each size bytes at its own offset: GB/s and CPU s/GB.
 func (c *cluster) bulk(size uint64, iters, streams int) (float64, float64, error) {
-	a, t := c.prefill.Agent(), c.decode.Agent()
+	a, t := rawagent.Of(c.prefill), rawagent.Of(c.decode)
 	md, _ := t.Metadata()
 	remote, err := a.LoadRemote(md)
 	if err != nil {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"github.com/kvbridge/kvbridge/internal/rawagent"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"sort"
 	"sync"
@@ -167,8 +168,8 @@ func reportCPU(b *testing.B, cpu time.Duration, bytes float64, rooms int) {
 // size/descs bytes (region i to region i, contiguous), iters times. It
 // returns GB/s and CPU s/GB.
 func (c *benchCluster) bulkGBps(b *testing.B, size uint64, descs, streams, iters int) (float64, float64) {
-	a := c.prefill.Agent()
-	md, err := c.decode.Agent().Metadata()
+	a := rawagent.Of(c.prefill)
+	md, err := rawagent.Of(c.decode).Metadata()
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -112,7 +112,7 @@ func TestRankAgentProgressModes(t *testing.T) {
 			name string
 			a    string
 			want bool
-		}{{"prefill", c.prefill.Agent().Name(), prefill}, {"decode", c.decode.Agent().Name(), decode}} {
+		}{{"prefill", c.prefill.AgentName(), prefill}, {"decode", c.decode.AgentName(), decode}} {
 			prog, err := nixldouble.AgentProgressThread(lib, m.a)
 			if err != nil {
 				t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/rawagent"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
@@ -31,7 +32,7 @@ type rankMemory struct {
 
 // memoryOf is a rank process's answer to MEMORY.
 func memoryOf(m *kvmanager.Manager) rankMemory {
-	md, _ := m.Agent().Metadata()
+	md, _ := rawagent.Of(m).Metadata()
 	cfg := m.Config()
 	kv, aux, state := registerRegions(cfg.Layout)
 	return rankMemory{MD: md, KV: kv, Aux: aux, State: state, Pid: os.Getpid(), Agent: cfg.Engine.Name}

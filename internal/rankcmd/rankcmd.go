@@ -320,7 +320,7 @@ func Main(role kvmanager.Role, args []string) int {
 	}
 	// One line for whoever started us (the demo reads it).
 	fmt.Printf("%s ready http=%s endpoint=%s epoch=%d bootstrap=%s engine=%s warmup=%s identity=%t\n", name, r.ln.Addr(), mgr.Endpoint(),
-		mgr.Epoch(), o.boot, mgr.Agent().Engine(), mgr.WarmUp(), cfgIdentity(mgr))
+		mgr.Epoch(), o.boot, mgr.Engine(), mgr.WarmUp(), cfgIdentity(mgr))
 	log.Info("ready", zap.String("http", r.ln.Addr().String()), zap.String("endpoint", mgr.Endpoint()))
 
 	sig := make(chan os.Signal, 1)
@@ -340,7 +340,7 @@ func Main(role kvmanager.Role, args []string) int {
 
 // info is GET /v1/info.
 func (r *Rank) info() Info {
-	return Info{Role: roleName(r.Role), Model: r.Model, Endpoint: r.M.Endpoint(), Bootstrap: r.bootURL, Engine: r.M.Agent().Engine(),
+	return Info{Role: roleName(r.Role), Model: r.Model, Endpoint: r.M.Endpoint(), Bootstrap: r.bootURL, Engine: r.M.Engine(),
 		Pages: r.npage, BytesPerToken: r.Model.BytesPerToken(), Instance: r.Instance, Parallel: r.Par, Compute: r.compute,
 		Fingerprint: r.fingerprint(), Layout: r.Mapping.Layout, Vocab: r.vocab()}
 }
