@@ -595,16 +595,62 @@ func (c *prefillCore) clearSender(now time.Time, room uint64) Result {
 // and the aux item; it emits them as one EffectPost. Each write names the
 // epoch of the REQUEST whose pages it targets.
 func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
-	room, pages, last, auxIndex, state := in.Room, in.Pages, in.Last, in.AuxIndex, in.State
-	rm, ok := c.reg.rooms[room]
+	rm, err := c.sendable(in.Room)
+	if err != nil {
+		return err
+	}
+	at, err := c.advance(rm, in)
+	if err != nil {
+		return err
+	}
+	var writes []kvlayout.Write
+	for _, pr := range rm.requests {
+		w, reason := c.peerWrites(in, at, pr)
+		if reason != "" {
+			c.failRoom(in.Room, reason)
+			return fmt.Errorf("room %d: %s", in.Room, reason)
+		}
+		writes = append(writes, w...)
+	}
+	// The worker posts these in order (up to two at once, never past a
+	// write without a notification): the room succeeds here once its very
+	// final write completed and none is in flight.
+	for i := range writes {
+		writes[i].Last = in.Last && at.whole && i == len(writes)-1
+	}
+	c.emit(Effect{Kind: EffectPost, Room: in.Room, Writes: writes})
+	return nil
+}
+
+// sendable returns the prefill room a chunk is sent for, or why it cannot
+// be: unknown, failed, not yet waiting for input, or already done.
+func (c *prefillCore) sendable(id uint64) (*room, error) {
+	rm, ok := c.reg.rooms[id]
 	switch {
 	case !ok || rm.role != RolePrefill:
-		return fmt.Errorf("room %d: %w", room, ErrUnknownRoom)
+		return nil, fmt.Errorf("room %d: %w", id, ErrUnknownRoom)
 	case rm.status == Failed:
-		return fmt.Errorf("room %d: %w: %s", room, ErrRoomFailed, rm.reason)
+		return nil, fmt.Errorf("room %d: %w: %s", id, ErrRoomFailed, rm.reason)
 	case rm.status < WaitingForInput || rm.status == Success:
-		return fmt.Errorf("room %d: send in %v: %w", room, rm.status, ErrNotReady)
+		return nil, fmt.Errorf("room %d: send in %v: %w", id, rm.status, ErrNotReady)
 	}
+	return rm, nil
+}
+
+// chunkAt is where a SendChunk falls in its room: the layers [lo, hi) of
+// the chunk numbered chunk, whose first page is the room's page first.
+type chunkAt struct {
+	lo, hi, layers int
+	whole          bool // the chunk's final range
+	first, chunk   int
+	total          int // chunks in the room, once the last is sent; else 0
+}
+
+// advance checks that a SendChunk continues the room's chunks (a layer
+// range starts where the open chunk's previous range ended, and names the
+// same pages, last and aux) and moves the room past it.
+func (c *prefillCore) advance(rm *room, in SendChunk) (chunkAt, error) {
+	room, pages, last, auxIndex := in.Room, in.Pages, in.Last, in.AuxIndex
 	layers := max(len(c.cfg.Layout.Regions)/2, 1)
 	lo, hi := in.Layers.Lo, in.Layers.Hi
 	if hi == 0 && lo == 0 {
@@ -616,14 +662,13 @@ func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
 	}
 	switch {
 	case lo != next || hi <= lo || hi > layers:
-		return fmt.Errorf("room %d: layers [%d, %d) of a chunk of %d layers, %d sent: %w", room, lo, hi, layers, next, ErrLayers)
+		return chunkAt{}, fmt.Errorf("room %d: layers [%d, %d) of a chunk of %d layers, %d sent: %w", room, lo, hi, layers, next, ErrLayers)
 	case op != nil && (op.last != last || op.auxIndex != auxIndex || !slices.Equal(op.pages, pages)):
-		return fmt.Errorf("room %d: layers [%d, %d) name other pages, last or aux than the chunk's first %d layers: %w", room, lo, hi, next, ErrLayers)
+		return chunkAt{}, fmt.Errorf("room %d: layers [%d, %d) name other pages, last or aux than the chunk's first %d layers: %w", room, lo, hi, next, ErrLayers)
 	}
-	whole := hi == layers // the chunk's final range
-	first, chunk := rm.pre.sent, rm.pre.chunk
+	at := chunkAt{lo: lo, hi: hi, layers: layers, whole: hi == layers, first: rm.pre.sent, chunk: rm.pre.chunk}
 	switch {
-	case whole:
+	case at.whole:
 		rm.pre.sent += len(pages)
 		rm.pre.chunk++
 		rm.pre.open = nil
@@ -632,96 +677,91 @@ func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
 	default:
 		op.next = hi
 	}
-	total := 0
 	if last {
-		total = chunk + 1
+		at.total = at.chunk + 1
 	}
-	fail := func(reason string) error {
-		c.failRoom(room, reason)
-		return fmt.Errorf("room %d: %s", room, reason)
+	return at, nil
+}
+
+// peerWrites plans the writes of a chunk to the decode rank of one
+// REQUEST: its pages, and after the last chunk's final range its state
+// items and its aux item (whose notification ends the rank's transfer).
+// A reason is returned when the chunk cannot be written there: the room
+// then fails.
+func (c *prefillCore) peerWrites(in SendChunk, at chunkAt, pr PeerRequest) ([]kvlayout.Write, string) {
+	room, pages, state := in.Room, in.Pages, in.State
+	req := pr.Payload
+	p := c.peers[pr.Peer]
+	if p == nil || p.from.Epoch != pr.Epoch {
+		c.stats.StaleEpoch++
+		return nil, fmt.Sprintf("peer %s (epoch %d) that requested the room is gone", pr.Peer, pr.Epoch)
 	}
-	var writes []kvlayout.Write
-	for _, pr := range rm.requests {
-		req := pr.Payload
-		p := c.peers[pr.Peer]
-		if p == nil || p.from.Epoch != pr.Epoch {
-			c.stats.StaleEpoch++
-			return fail(fmt.Sprintf("peer %s (epoch %d) that requested the room is gone", pr.Peer, pr.Epoch))
-		}
-		base := kvlayout.Write{Remote: p.remote, Peer: p.layout, AuxSrc: -1, State: -1, PeerKey: pr.Peer, Epoch: pr.Epoch, Slice: p.plan, Ready: in.Ready}
-		if p.mapped && !req.Dummy && p.plan == nil {
-			return fail(fmt.Sprintf("%s asked for data, but the rank mapping gives its heads to another prefill rank (REQUEST should be dummy)", pr.Peer))
-		}
-		uid := c.cfg.Rank
-		if req.Source >= 0 {
-			uid = req.Source
-		}
-		var src, dst []uint32
-		off := -1 // the chunk's first position in the REQUEST's dst_pages
-		if !req.Dummy {
-			for i, pg := range pages {
-				pos := first + i - req.Prefix
-				if pos < 0 {
-					continue // decode already holds this prefix page
-				}
-				if pos >= len(req.DstPages) {
-					return fail(fmt.Sprintf("%s gave %d destination pages, prefill sent more", pr.Peer, len(req.DstPages)))
-				}
-				if off < 0 {
-					off = pos
-				}
-				src, dst = append(src, pg), append(dst, req.DstPages[pos])
+	base := kvlayout.Write{Remote: p.remote, Peer: p.layout, AuxSrc: -1, State: -1, PeerKey: pr.Peer, Epoch: pr.Epoch, Slice: p.plan, Ready: in.Ready}
+	if p.mapped && !req.Dummy && p.plan == nil {
+		return nil, fmt.Sprintf("%s asked for data, but the rank mapping gives its heads to another prefill rank (REQUEST should be dummy)", pr.Peer)
+	}
+	uid := c.cfg.Rank
+	if req.Source >= 0 {
+		uid = req.Source
+	}
+	var src, dst []uint32
+	off := -1 // the chunk's first position in the REQUEST's dst_pages
+	if !req.Dummy {
+		for i, pg := range pages {
+			pos := at.first + i - req.Prefix
+			if pos < 0 {
+				continue // decode already holds this prefix page
 			}
+			if pos >= len(req.DstPages) {
+				return nil, fmt.Sprintf("%s gave %d destination pages, prefill sent more", pr.Peer, len(req.DstPages))
+			}
+			if off < 0 {
+				off = pos
+			}
+			src, dst = append(src, pg), append(dst, req.DstPages[pos])
 		}
-		// Layers in the decode rank's numbering: this PP stage's layers
-		// start at the plan's region offset there.
-		shift := 0
-		if p.plan != nil {
-			shift = p.plan.RegionOffset / 2
-		}
-		n := max(off, 0)
-		switch {
-		case len(src) > 0:
-			w := base
-			w.Runs, w.Layers = kvlayout.Runs(src, dst), kvlayout.Layers{Lo: lo, Hi: hi}
-			w.Notif = chunkNotif(room, uid, chunk, total, n, len(src), lo+shift, hi+shift, shift, layers+shift)
-			writes = append(writes, w)
-		case whole:
-			// Nothing to write here (a dummy, or pages decode holds): the
-			// chunk's one notification completes its count.
-			w := base
-			w.Notif = chunkNotif(room, uid, chunk, total, n, 0, shift, layers+shift, shift, layers+shift)
-			writes = append(writes, w)
-		}
-		if !last || !whole {
+	}
+	// Layers in the decode rank's numbering: this PP stage's layers start
+	// at the plan's region offset there.
+	shift := 0
+	if p.plan != nil {
+		shift = p.plan.RegionOffset / 2
+	}
+	n := max(off, 0)
+	var writes []kvlayout.Write
+	switch {
+	case len(src) > 0:
+		w := base
+		w.Runs, w.Layers = kvlayout.Runs(src, dst), kvlayout.Layers{Lo: at.lo, Hi: at.hi}
+		w.Notif = chunkNotif(room, uid, at.chunk, at.total, n, len(src), at.lo+shift, at.hi+shift, shift, at.layers+shift)
+		writes = append(writes, w)
+	case at.whole:
+		// Nothing to write here (a dummy, or pages decode holds): the
+		// chunk's one notification completes its count.
+		w := base
+		w.Notif = chunkNotif(room, uid, at.chunk, at.total, n, 0, shift, at.layers+shift, shift, at.layers+shift)
+		writes = append(writes, w)
+	}
+	if !in.Last || !at.whole {
+		return writes, ""
+	}
+	for i, dstItems := range req.StateIndices {
+		if req.Dummy || len(dstItems) == 0 {
 			continue
 		}
-		for i, dstItems := range req.StateIndices {
-			if req.Dummy || len(dstItems) == 0 {
-				continue
-			}
-			if i >= len(state) || len(state[i]) != len(dstItems) {
-				return fail(fmt.Sprintf("%s wants %d items of state region %d, prefill gave %d", pr.Peer, len(dstItems), i, len(stateAt(state, i))))
-			}
-			w := base
-			w.Runs, w.State = kvlayout.Runs(state[i], dstItems), i
-			writes = append(writes, w)
+		if i >= len(state) || len(state[i]) != len(dstItems) {
+			return nil, fmt.Sprintf("%s wants %d items of state region %d, prefill gave %d", pr.Peer, len(dstItems), i, len(stateAt(state, i)))
 		}
-		aux := base
-		aux.Notif = fmt.Sprintf("kvb1:%d:%d%s", room, uid, auxNotifSuffix)
-		if auxIndex >= 0 && req.AuxIndex >= 0 && !req.Dummy {
-			aux.AuxSrc, aux.AuxDst = auxIndex, req.AuxIndex
-		}
-		writes = append(writes, aux)
+		w := base
+		w.Runs, w.State = kvlayout.Runs(state[i], dstItems), i
+		writes = append(writes, w)
 	}
-	// The worker posts these in order (up to two at once, never past a
-	// write without a notification): the room succeeds here once its very
-	// final write completed and none is in flight.
-	for i := range writes {
-		writes[i].Last = last && whole && i == len(writes)-1
+	aux := base
+	aux.Notif = fmt.Sprintf("kvb1:%d:%d%s", room, uid, auxNotifSuffix)
+	if in.AuxIndex >= 0 && req.AuxIndex >= 0 && !req.Dummy {
+		aux.AuxSrc, aux.AuxDst = in.AuxIndex, req.AuxIndex
 	}
-	c.emit(Effect{Kind: EffectPost, Room: room, Writes: writes})
-	return nil
+	return append(writes, aux), ""
 }
 
 // chunkNotif is a chunk write's notification (docs/PROTOCOL.md, "Data

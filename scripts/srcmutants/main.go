@@ -63,7 +63,7 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^(TestFalsePeerDeadKeepsRegistration)$"},
 	// Writes go to the peer's current epoch.
 	{name: "post-ignores-epoch", file: "internal/core/core_prefill.go", old: "\t\tif p := c.reg.pending[id]; match(p.requests) {", new: "\t\tif p := c.reg.pending[id]; match(p.requests) && false {",
-		pkg: "internal/core", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$", more: []edit{{"internal/core/core_prefill.go", "\t\tif p == nil || p.from.Epoch != pr.Epoch {", "\t\tif p == nil {"}, {"internal/core/core_prefill.go", "\tp := c.peers[w.PeerKey]\n\tif p == nil || p.from.Epoch != w.Epoch {", "\tp := c.peers[w.PeerKey]\n\tif p != nil {\n\t\tw.Remote, w.Peer, w.Epoch = p.remote, p.layout, p.from.Epoch\n\t}\n\tif p == nil || p.from.Epoch != w.Epoch {"}}},
+		pkg: "internal/core", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$", more: []edit{{"internal/core/core_prefill.go", "\tif p == nil || p.from.Epoch != pr.Epoch {", "\tif p == nil {"}, {"internal/core/core_prefill.go", "\tp := c.peers[w.PeerKey]\n\tif p == nil || p.from.Epoch != w.Epoch {", "\tp := c.peers[w.PeerKey]\n\tif p != nil {\n\t\tw.Remote, w.Peer, w.Epoch = p.remote, p.layout, p.from.Epoch\n\t}\n\tif p == nil || p.from.Epoch != w.Epoch {"}}},
 	// A restart report cancels the registration in progress.
 	{name: "restart-drops-pending", file: "internal/core/core_decode.go", old: "\tswitch {\n\tcase restarted:\n\t\tif tg.reg == regOK", new: "\tswitch {\n\tcase restarted && true:\n\t\ttg.reg, tg.resolved = regNone, false\n\tcase restarted:\n\t\tif tg.reg == regOK",
 		pkg: "internal/core", run: "^(TestRestartReportKeepsRegistrationInProgress)$"},
