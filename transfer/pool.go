@@ -199,156 +199,205 @@ type flight struct {
 	stalled  bool
 }
 
+// worker is one worker's loop: it posts the rooms' writes in turn, at
+// most InFlight at once, and settles their completions, the writes that
+// outlive the stall deadline and the rooms whose data is not ready yet.
 func (p *Pool) worker(q chan Job) {
 	defer p.wg.Done()
-	rooms := map[uint64]*roomWork{}
-	var turn []*roomWork // rooms with a write to post and none in flight, in turn order
-	flights := map[*nixl.Xfer]*flight{}
-	done := make(chan *nixl.Xfer, p.cfg.InFlight)
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	var waiting []*roomWork // rooms whose next write's data is not ready
-	readyTimer := time.NewTimer(time.Hour)
-	defer readyTimer.Stop()
-	readyPoll := readyPollMin
-	var nextPoll time.Time // when the waiting rooms are asked again
-	// enqueue gives a room a turn if it has a write to post and room
-	// for one more in flight; settle forgets a room with nothing left.
-	enqueue := func(rw *roomWork) {
-		if !rw.queued && rw.inflight < p.cfg.RoomInFlight && rw.silent == 0 && rw.more() {
-			rw.queued = true
-			turn = append(turn, rw)
-		}
-	}
-	settle := func(rw *roomWork) {
-		if !rw.queued && rw.inflight == 0 && !rw.more() {
-			delete(rooms, rw.room)
-		}
-	}
-	for q != nil || len(rooms) > 0 {
-		for len(flights) < p.cfg.InFlight && len(turn) > 0 {
-			rw := turn[0]
-			turn = turn[1:]
-			readyErr := p.ready(rw, q == nil)
-			if readyErr == errWait {
-				waiting = append(waiting, rw)
-				continue
-			}
-			if readyErr == errOver {
-				rw.queued = false
-				j, w := rw.take()
-				if j.Dropped != nil {
-					j.Dropped(w)
-				}
-				enqueue(rw)
-				settle(rw)
-				continue
-			}
-			if readyErr == nil {
-				readyPoll = readyPollMin // something became ready: poll the rest soon
-			}
-			rw.queued = false
-			j, w := rw.take()
-			if !j.Gate(w) {
-				if j.Dropped != nil {
-					j.Dropped(w)
-				}
-			} else if readyErr != nil {
-				j.Done(w, readyErr, true) // never posted
-			} else if f, posted, err := p.start(w, done); f != nil {
-				f.rw, f.job = rw, j
-				rw.inflight++
-				if w.Notif == "" {
-					rw.silent++
-				}
-				flights[f.x] = f
-			} else {
-				j.Done(w, err, err != nil && !posted)
-			}
-			enqueue(rw)
-			settle(rw)
-		}
-		if q == nil && len(rooms) == 0 {
+	wk := &workerState{p: p, rooms: map[uint64]*roomWork{}, flights: map[*nixl.Xfer]*flight{},
+		done: make(chan *nixl.Xfer, p.cfg.InFlight), timer: time.NewTimer(time.Hour),
+		readyTimer: time.NewTimer(time.Hour), readyPoll: readyPollMin}
+	defer wk.timer.Stop()
+	defer wk.readyTimer.Stop()
+	for q != nil || len(wk.rooms) > 0 {
+		wk.post(q == nil)
+		if q == nil && len(wk.rooms) == 0 {
 			return // closed, and the posting above finished the last room
 		}
-		var stall <-chan time.Time
-		if len(flights) > 0 {
-			var first time.Time
-			for _, f := range flights {
-				if !f.stalled && (first.IsZero() || f.deadline.Before(first)) {
-					first = f.deadline
-				}
-			}
-			if !first.IsZero() {
-				if !timer.Stop() {
-					select {
-					case <-timer.C:
-					default:
-					}
-				}
-				timer.Reset(time.Until(first))
-				stall = timer.C
-			}
-		}
-		var readyC <-chan time.Time
-		if len(waiting) > 0 {
-			// An absolute time: other events (submissions, completions)
-			// must not push the next ask back.
-			if nextPoll.IsZero() {
-				nextPoll = time.Now().Add(readyPoll)
-			}
-			if !readyTimer.Stop() {
-				select {
-				case <-readyTimer.C:
-				default:
-				}
-			}
-			readyTimer.Reset(time.Until(nextPoll))
-			readyC = readyTimer.C
-		}
 		select {
-		case <-readyC:
-			turn, waiting, nextPoll = append(turn, waiting...), nil, time.Time{}
-			readyPoll = min(2*readyPoll, readyPollMax)
-		case x := <-done:
-			f := flights[x]
-			delete(flights, x)
-			st, err := p.agent.Status(x)
-			if f.stalled {
-				err = fmt.Errorf("%w (%v)", ErrStall, p.cfg.Stall)
-			} else if st != nixl.Done && err == nil {
-				err = fmt.Errorf("transfer: write ended %v", st)
-			}
-			f.done()
-			f.job.Done(f.w, err, false) // posted: a failed write may still land
-			rw := f.rw
-			rw.inflight--
-			if f.w.Notif == "" {
-				rw.silent--
-			}
-			enqueue(rw)
-			settle(rw)
+		case <-wk.readyC():
+			wk.turn, wk.waiting, wk.nextPoll = append(wk.turn, wk.waiting...), nil, time.Time{}
+			wk.readyPoll = min(2*wk.readyPoll, readyPollMax)
+		case x := <-wk.done:
+			wk.complete(x)
 		case j, ok := <-q:
 			if !ok {
 				q = nil
 				continue
 			}
-			rw := rooms[j.Room]
-			if rw == nil {
-				rw = &roomWork{room: j.Room}
-				rooms[j.Room] = rw
+			wk.submit(j)
+		case <-wk.stallC():
+			wk.expire()
+		}
+	}
+}
+
+// workerState is what a worker's loop holds: its rooms, their turn order,
+// the writes in flight and the timers of the stall deadline and the
+// ready poll.
+type workerState struct {
+	p       *Pool
+	rooms   map[uint64]*roomWork
+	turn    []*roomWork // rooms with a write to post and room for it, in turn order
+	waiting []*roomWork // rooms whose next write's data is not ready
+	flights map[*nixl.Xfer]*flight
+	done    chan *nixl.Xfer
+
+	timer      *time.Timer // the first stall deadline
+	readyTimer *time.Timer // the next ask of the waiting rooms
+	readyPoll  time.Duration
+	nextPoll   time.Time // when the waiting rooms are asked again
+}
+
+// enqueue gives a room a turn if it has a write to post and room for one
+// more in flight.
+func (wk *workerState) enqueue(rw *roomWork) {
+	if !rw.queued && rw.inflight < wk.p.cfg.RoomInFlight && rw.silent == 0 && rw.more() {
+		rw.queued = true
+		wk.turn = append(wk.turn, rw)
+	}
+}
+
+// settle forgets a room with nothing left.
+func (wk *workerState) settle(rw *roomWork) {
+	if !rw.queued && rw.inflight == 0 && !rw.more() {
+		delete(wk.rooms, rw.room)
+	}
+}
+
+// post posts the next write of each room in turn while fewer than
+// InFlight are in flight; a room whose data is not ready waits, a room
+// that is over drops its writes. closed: the pool is closing.
+func (wk *workerState) post(closed bool) {
+	p := wk.p
+	for len(wk.flights) < p.cfg.InFlight && len(wk.turn) > 0 {
+		rw := wk.turn[0]
+		wk.turn = wk.turn[1:]
+		readyErr := p.ready(rw, closed)
+		if readyErr == errWait {
+			wk.waiting = append(wk.waiting, rw)
+			continue
+		}
+		if readyErr == errOver {
+			rw.queued = false
+			j, w := rw.take()
+			if j.Dropped != nil {
+				j.Dropped(w)
 			}
-			rw.jobs = append(rw.jobs, j)
-			enqueue(rw)
-			settle(rw) // a job without writes
-		case <-stall:
-			now := time.Now()
-			for _, f := range flights {
-				if !f.stalled && !now.Before(f.deadline) {
-					f.stalled = true
-					p.agent.Release(f.x) // settles it: its completion comes on done
-				}
+			wk.enqueue(rw)
+			wk.settle(rw)
+			continue
+		}
+		if readyErr == nil {
+			wk.readyPoll = readyPollMin // something became ready: poll the rest soon
+		}
+		rw.queued = false
+		j, w := rw.take()
+		if !j.Gate(w) {
+			if j.Dropped != nil {
+				j.Dropped(w)
 			}
+		} else if readyErr != nil {
+			j.Done(w, readyErr, true) // never posted
+		} else if f, posted, err := p.start(w, wk.done); f != nil {
+			f.rw, f.job = rw, j
+			rw.inflight++
+			if w.Notif == "" {
+				rw.silent++
+			}
+			wk.flights[f.x] = f
+		} else {
+			j.Done(w, err, err != nil && !posted)
+		}
+		wk.enqueue(rw)
+		wk.settle(rw)
+	}
+}
+
+// stallC fires at the first stall deadline of the writes in flight (nil:
+// none to wait for).
+func (wk *workerState) stallC() <-chan time.Time {
+	var first time.Time
+	for _, f := range wk.flights {
+		if !f.stalled && (first.IsZero() || f.deadline.Before(first)) {
+			first = f.deadline
+		}
+	}
+	if first.IsZero() {
+		return nil
+	}
+	resetTimer(wk.timer, time.Until(first))
+	return wk.timer.C
+}
+
+// readyC fires when the waiting rooms are asked again (nil: none waits).
+func (wk *workerState) readyC() <-chan time.Time {
+	if len(wk.waiting) == 0 {
+		return nil
+	}
+	// An absolute time: other events (submissions, completions) must not
+	// push the next ask back.
+	if wk.nextPoll.IsZero() {
+		wk.nextPoll = time.Now().Add(wk.readyPoll)
+	}
+	resetTimer(wk.readyTimer, time.Until(wk.nextPoll))
+	return wk.readyTimer.C
+}
+
+// resetTimer resets t to d, draining a fire not yet received.
+func resetTimer(t *time.Timer, d time.Duration) {
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
+		}
+	}
+	t.Reset(d)
+}
+
+// complete settles a write that ended: its job hears how (a stalled
+// write fails with ErrStall), its room gets its turn back.
+func (wk *workerState) complete(x *nixl.Xfer) {
+	p := wk.p
+	f := wk.flights[x]
+	delete(wk.flights, x)
+	st, err := p.agent.Status(x)
+	if f.stalled {
+		err = fmt.Errorf("%w (%v)", ErrStall, p.cfg.Stall)
+	} else if st != nixl.Done && err == nil {
+		err = fmt.Errorf("transfer: write ended %v", st)
+	}
+	f.done()
+	f.job.Done(f.w, err, false) // posted: a failed write may still land
+	rw := f.rw
+	rw.inflight--
+	if f.w.Notif == "" {
+		rw.silent--
+	}
+	wk.enqueue(rw)
+	wk.settle(rw)
+}
+
+// submit queues a job behind its room's earlier ones.
+func (wk *workerState) submit(j Job) {
+	rw := wk.rooms[j.Room]
+	if rw == nil {
+		rw = &roomWork{room: j.Room}
+		wk.rooms[j.Room] = rw
+	}
+	rw.jobs = append(rw.jobs, j)
+	wk.enqueue(rw)
+	wk.settle(rw) // a job without writes
+}
+
+// expire releases the writes past their stall deadline: each then
+// completes on done, as stalled.
+func (wk *workerState) expire() {
+	now := time.Now()
+	for _, f := range wk.flights {
+		if !f.stalled && !now.Before(f.deadline) {
+			f.stalled = true
+			wk.p.agent.Release(f.x) // settles it: its completion comes on done
 		}
 	}
 }
