@@ -241,195 +241,42 @@ type ucxAddress struct {
 // checking every length against b; it returns an error for anything UCX
 // would read outside b, or that a worker address never holds.
 func parseUCXAddress(b []byte, v ucxVersion) (*ucxAddress, error) {
-	off := 0
-	need := func(n int, what string) error {
-		if n < 0 || len(b)-off < n {
-			return fmt.Errorf("%s at byte %d: %d bytes left, %d needed", what, off, len(b)-off, n)
-		}
-		return nil
-	}
-	u8 := func(what string) (int, error) {
-		if err := need(1, what); err != nil {
-			return 0, err
-		}
-		off++
-		return int(b[off-1]), nil
-	}
-	a := &ucxAddress{}
-	if err := need(1, "header"); err != nil {
+	r := &addrReader{b: b}
+	a, err := r.header()
+	if err != nil {
 		return nil, err
 	}
-	a.version = int(b[0] & 0xf)
-	switch a.version {
-	case ucpObjV1:
-		a.flags = b[0] >> 4
-		off = 1
-	case ucpObjV2:
-		if err := need(2, "header"); err != nil {
-			return nil, err
-		}
-		a.flags = b[1]
-		off = 2
-	default:
-		return nil, fmt.Errorf("address format %d (UCX knows v1 and v2 only, and asserts on others)", a.version+1)
-	}
-	a.header = b[:off]
-	if a.flags&^(ucpHdrFlagDebugInfo|ucpHdrFlagWorkerUUID|ucpHdrFlagClientID|ucpHdrFlagAMOnly) != 0 {
-		return nil, fmt.Errorf("unknown address flags %#x", a.flags)
-	}
-	if a.flags&ucpHdrFlagAMOnly != 0 {
-		return nil, fmt.Errorf("an AM-only address (not a worker address)")
-	}
-	// ucp_ep_create unpacks with UCP_ADDRESS_PACK_FLAG_WORKER_UUID: a v1
-	// address always has it.
-	if a.version == ucpObjV1 || a.flags&ucpHdrFlagWorkerUUID != 0 {
-		if err := need(8, "worker uuid"); err != nil {
-			return nil, err
-		}
-		a.uuid, a.hasUUID = binary.LittleEndian.Uint64(b[off:]), true
-		off += 8
-	}
-	if a.flags&ucpHdrFlagClientID != 0 {
-		if err := need(8, "client id"); err != nil {
-			return nil, err
-		}
-		off += 8
-	}
-	if a.flags&ucpHdrFlagDebugInfo != 0 {
-		n, err := u8("worker name length")
-		if err != nil {
-			return nil, err
-		}
-		if err := need(n, "worker name"); err != nil {
-			return nil, err
-		}
-		off += n
-	}
-	if err := need(1, "device list"); err != nil {
+	if err := r.need(1, "device list"); err != nil {
 		return nil, err
 	}
-	if b[off] == ucpNullResource {
-		off++
-		if off != len(b) {
-			return nil, fmt.Errorf("%d bytes after an empty device list", len(b)-off)
+	if b[r.off] == ucpNullResource {
+		r.off++
+		if r.off != len(b) {
+			return nil, fmt.Errorf("%d bytes after an empty device list", len(b)-r.off)
 		}
 		return a, nil
 	}
-	newMD := v.major > 1 || v.minor >= 19
-	extended := func(mask int, what string) (int, error) {
-		x, err := u8(what)
-		if err != nil {
-			return 0, err
-		}
-		x &= mask
-		if a.version != ucpObjV1 && x == mask {
-			return u8(what + " (extended)")
-		}
-		return x, nil
-	}
-	nifaces := 0
+	r.version, r.newMD = a.version, v.major > 1 || v.minor >= 19
 	dstVersion := 0 // the peer's minor release, when it packs it (1.19+)
 	for last := false; !last; {
 		if len(a.devices) >= ucpMaxResources {
 			return nil, fmt.Errorf("more than %d devices", ucpMaxResources)
 		}
 		var d ucxDevice
-		if err := need(1, "device md index"); err != nil {
+		if d, last, err = r.device(len(a.devices)); err != nil {
 			return nil, err
 		}
-		d.empty = b[off]&ucpMDEmptyDev != 0
-		mask := ucpMDMask
-		if a.version == ucpObjV1 && !newMD {
-			mask = ucpMDMaskV1Legacy
-		}
-		var err error
-		if d.md, err = extended(mask, "device md index"); err != nil {
-			return nil, err
-		}
-		if err := need(1, "device address length"); err != nil {
-			return nil, err
-		}
-		flags := int(b[off]) &^ ucpDeviceLenMask
-		last = flags&ucpAddrFlagLast != 0
-		n, err := extended(ucpDeviceLenMask, "device address length")
-		if err != nil {
-			return nil, err
-		}
-		d.paths, d.sysDev = 1, ucsSysDevUnknown
-		if flags&ucpAddrFlagNumPaths != 0 {
-			if d.paths, err = u8("device path count"); err != nil {
-				return nil, err
-			}
-			if d.paths == 0 {
-				return nil, fmt.Errorf("device %d: zero paths", len(a.devices))
-			}
-		}
-		if flags&ucpAddrFlagSysDev != 0 {
-			if d.sysDev, err = u8("device system id"); err != nil {
-				return nil, err
-			}
-			if d.sysDev != ucsSysDevUnknown && d.sysDev >= ucpMaxSysDevs {
-				return nil, fmt.Errorf("device %d: system device %d (at most %d)", len(a.devices), d.sysDev, ucpMaxSysDevs-1)
-			}
-		}
-		if d.empty && last && newMD {
+		if d.empty && last && r.newMD {
 			dstVersion = d.md & (1<<ucpRelVerBits - 1)
-		}
-		if err := need(n, "device address"); err != nil {
-			return nil, err
-		}
-		d.addr = b[off : off+n]
-		off += n
-		for lastTL := d.empty; !lastTL; {
-			if nifaces >= ucpMaxResources {
-				return nil, fmt.Errorf("more than %d transport addresses", ucpMaxResources)
-			}
-			nifaces++
-			var t ucxIface
-			if err := need(2, "transport name checksum"); err != nil {
-				return nil, err
-			}
-			t.csum = binary.LittleEndian.Uint16(b[off:])
-			off += 2
-			attrLen := ucpIfaceAttrV1Size
-			if a.version != ucpObjV1 {
-				attrLen = ucpIfaceAttrV2Size
-			}
-			if err := need(attrLen, "interface attributes"); err != nil {
-				return nil, err
-			}
-			t.attr = b[off : off+attrLen]
-			off += attrLen
-			if err := need(1, "interface address length"); err != nil {
-				return nil, err
-			}
-			lb := b[off]
-			lastTL = lb&ucpAddrFlagLast != 0
-			if lb&ucpAddrFlagHasEP != 0 {
-				return nil, fmt.Errorf("endpoint addresses in a worker address (transport %s)", tlName(t.csum))
-			}
-			n, err := extended(ucpIfaceLenMask, "interface address length")
-			if err != nil {
-				return nil, err
-			}
-			if err := need(n, "interface address"); err != nil {
-				return nil, err
-			}
-			t.addr = b[off : off+n]
-			off += n
-			if err := checkIfaceAttr(t, a.version); err != nil {
-				return nil, fmt.Errorf("transport %s: %v", tlName(t.csum), err)
-			}
-			d.ifaces = append(d.ifaces, t)
 		}
 		a.devices = append(a.devices, d)
 	}
-	if off != len(b) {
-		return nil, fmt.Errorf("%d bytes after the last device", len(b)-off)
+	if r.off != len(b) {
+		return nil, fmt.Errorf("%d bytes after the last device", len(b)-r.off)
 	}
 	// ucp_address_adjust_unpacked_md_index (1.19+): a v1 address of a
 	// release before 1.19 still has the legacy bits in its md indices.
-	if newMD && a.version == ucpObjV1 && unpackReleaseVersion(v, dstVersion) <= 18 {
+	if r.newMD && a.version == ucpObjV1 && unpackReleaseVersion(v, dstVersion) <= 18 {
 		for i := range a.devices {
 			a.devices[i].md &^= ucpMDLegacyBits
 		}
@@ -440,6 +287,205 @@ func parseUCXAddress(b []byte, v ucxVersion) (*ucxAddress, error) {
 		}
 	}
 	return a, nil
+}
+
+// addrReader reads a packed worker address front to back; every read
+// checks the bytes are there first.
+type addrReader struct {
+	b       []byte
+	off     int
+	version int  // the address's format, once its header is read
+	newMD   bool // the local UCX unpacks md indices as 1.19+ does
+	ifaces  int  // transport addresses read so far, in all devices
+}
+
+// need checks that n more bytes are left for what.
+func (r *addrReader) need(n int, what string) error {
+	if n < 0 || len(r.b)-r.off < n {
+		return fmt.Errorf("%s at byte %d: %d bytes left, %d needed", what, r.off, len(r.b)-r.off, n)
+	}
+	return nil
+}
+
+// u8 reads one byte.
+func (r *addrReader) u8(what string) (int, error) {
+	if err := r.need(1, what); err != nil {
+		return 0, err
+	}
+	r.off++
+	return int(r.b[r.off-1]), nil
+}
+
+// extended reads a value under mask; in a v2 address, an all-ones value
+// means the next byte holds it.
+func (r *addrReader) extended(mask int, what string) (int, error) {
+	x, err := r.u8(what)
+	if err != nil {
+		return 0, err
+	}
+	x &= mask
+	if r.version != ucpObjV1 && x == mask {
+		return r.u8(what + " (extended)")
+	}
+	return x, nil
+}
+
+// header reads the address's header: format, flags, worker uuid, client
+// id and worker name.
+func (r *addrReader) header() (*ucxAddress, error) {
+	b := r.b
+	a := &ucxAddress{}
+	if err := r.need(1, "header"); err != nil {
+		return nil, err
+	}
+	a.version = int(b[0] & 0xf)
+	switch a.version {
+	case ucpObjV1:
+		a.flags = b[0] >> 4
+		r.off = 1
+	case ucpObjV2:
+		if err := r.need(2, "header"); err != nil {
+			return nil, err
+		}
+		a.flags = b[1]
+		r.off = 2
+	default:
+		return nil, fmt.Errorf("address format %d (UCX knows v1 and v2 only, and asserts on others)", a.version+1)
+	}
+	a.header = b[:r.off]
+	if a.flags&^(ucpHdrFlagDebugInfo|ucpHdrFlagWorkerUUID|ucpHdrFlagClientID|ucpHdrFlagAMOnly) != 0 {
+		return nil, fmt.Errorf("unknown address flags %#x", a.flags)
+	}
+	if a.flags&ucpHdrFlagAMOnly != 0 {
+		return nil, fmt.Errorf("an AM-only address (not a worker address)")
+	}
+	// ucp_ep_create unpacks with UCP_ADDRESS_PACK_FLAG_WORKER_UUID: a v1
+	// address always has it.
+	if a.version == ucpObjV1 || a.flags&ucpHdrFlagWorkerUUID != 0 {
+		if err := r.need(8, "worker uuid"); err != nil {
+			return nil, err
+		}
+		a.uuid, a.hasUUID = binary.LittleEndian.Uint64(b[r.off:]), true
+		r.off += 8
+	}
+	if a.flags&ucpHdrFlagClientID != 0 {
+		if err := r.need(8, "client id"); err != nil {
+			return nil, err
+		}
+		r.off += 8
+	}
+	if a.flags&ucpHdrFlagDebugInfo != 0 {
+		n, err := r.u8("worker name length")
+		if err != nil {
+			return nil, err
+		}
+		if err := r.need(n, "worker name"); err != nil {
+			return nil, err
+		}
+		r.off += n
+	}
+	return a, nil
+}
+
+// device reads device i: its md index, address, paths, system device and
+// transports; last: it is the address's last device.
+func (r *addrReader) device(i int) (d ucxDevice, last bool, err error) {
+	b := r.b
+	if err := r.need(1, "device md index"); err != nil {
+		return d, false, err
+	}
+	d.empty = b[r.off]&ucpMDEmptyDev != 0
+	mask := ucpMDMask
+	if r.version == ucpObjV1 && !r.newMD {
+		mask = ucpMDMaskV1Legacy
+	}
+	if d.md, err = r.extended(mask, "device md index"); err != nil {
+		return d, false, err
+	}
+	if err := r.need(1, "device address length"); err != nil {
+		return d, false, err
+	}
+	flags := int(b[r.off]) &^ ucpDeviceLenMask
+	last = flags&ucpAddrFlagLast != 0
+	n, err := r.extended(ucpDeviceLenMask, "device address length")
+	if err != nil {
+		return d, false, err
+	}
+	d.paths, d.sysDev = 1, ucsSysDevUnknown
+	if flags&ucpAddrFlagNumPaths != 0 {
+		if d.paths, err = r.u8("device path count"); err != nil {
+			return d, false, err
+		}
+		if d.paths == 0 {
+			return d, false, fmt.Errorf("device %d: zero paths", i)
+		}
+	}
+	if flags&ucpAddrFlagSysDev != 0 {
+		if d.sysDev, err = r.u8("device system id"); err != nil {
+			return d, false, err
+		}
+		if d.sysDev != ucsSysDevUnknown && d.sysDev >= ucpMaxSysDevs {
+			return d, false, fmt.Errorf("device %d: system device %d (at most %d)", i, d.sysDev, ucpMaxSysDevs-1)
+		}
+	}
+	if err := r.need(n, "device address"); err != nil {
+		return d, false, err
+	}
+	d.addr = b[r.off : r.off+n]
+	r.off += n
+	for lastTL := d.empty; !lastTL; {
+		if r.ifaces >= ucpMaxResources {
+			return d, false, fmt.Errorf("more than %d transport addresses", ucpMaxResources)
+		}
+		r.ifaces++
+		var t ucxIface
+		if t, lastTL, err = r.iface(); err != nil {
+			return d, false, err
+		}
+		d.ifaces = append(d.ifaces, t)
+	}
+	return d, last, nil
+}
+
+// iface reads one transport address of a device: name checksum,
+// attributes, address; lastTL: it is the device's last.
+func (r *addrReader) iface() (t ucxIface, lastTL bool, err error) {
+	b := r.b
+	if err := r.need(2, "transport name checksum"); err != nil {
+		return t, false, err
+	}
+	t.csum = binary.LittleEndian.Uint16(b[r.off:])
+	r.off += 2
+	attrLen := ucpIfaceAttrV1Size
+	if r.version != ucpObjV1 {
+		attrLen = ucpIfaceAttrV2Size
+	}
+	if err := r.need(attrLen, "interface attributes"); err != nil {
+		return t, false, err
+	}
+	t.attr = b[r.off : r.off+attrLen]
+	r.off += attrLen
+	if err := r.need(1, "interface address length"); err != nil {
+		return t, false, err
+	}
+	lb := b[r.off]
+	lastTL = lb&ucpAddrFlagLast != 0
+	if lb&ucpAddrFlagHasEP != 0 {
+		return t, false, fmt.Errorf("endpoint addresses in a worker address (transport %s)", tlName(t.csum))
+	}
+	n, err := r.extended(ucpIfaceLenMask, "interface address length")
+	if err != nil {
+		return t, false, err
+	}
+	if err := r.need(n, "interface address"); err != nil {
+		return t, false, err
+	}
+	t.addr = b[r.off : r.off+n]
+	r.off += n
+	if err := checkIfaceAttr(t, r.version); err != nil {
+		return t, false, fmt.Errorf("transport %s: %v", tlName(t.csum), err)
+	}
+	return t, lastTL, nil
 }
 
 // unpackReleaseVersion is ucp_address_unpack_release_version: the peer's

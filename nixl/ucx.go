@@ -406,8 +406,22 @@ func openUCX(cfg Config) (backend, error) {
 	return u, nil
 }
 
+// run is the agent's progress thread: it starts the UCX context (the
+// result goes to started), then runs the loop until Close.
 func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 	defer close(u.done)
+	if err := u.start(keys, vals); err != nil {
+		started <- err
+		return
+	}
+	started <- nil
+	u.loop()
+}
+
+// start creates the UCX context and worker with the given configuration,
+// reads the worker's own address (the peers' addresses are checked
+// against its version and form) and registers the agent in the process.
+func (u *ucx) start(keys []string, vals map[string]string) error {
 	ck := make([]*C.char, len(keys))
 	cv := make([]*C.char, len(keys))
 	for i, k := range keys {
@@ -430,16 +444,14 @@ func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 	C.free(unsafe.Pointer(kp))
 	C.free(unsafe.Pointer(vp))
 	if st != 0 {
-		started <- fmt.Errorf("%s", C.GoString(&errbuf[0]))
-		return
+		return fmt.Errorf("%s", C.GoString(&errbuf[0]))
 	}
 	u.ctx = ctx
 	var self unsafe.Pointer
 	var n C.size_t
 	if err := ucxErr("ucp_worker_get_address", C.kvb_worker_address(ctx, &self, &n)); err != nil || n < 1 {
 		C.kvb_destroy(ctx)
-		started <- fmt.Errorf("own worker address: %v", err)
-		return
+		return fmt.Errorf("own worker address: %v", err)
 	}
 	u.selfAddrHeader = *(*byte)(self)
 	// Header (1 byte with UCX 1.13's v1 addresses, 2 with v2) and the
@@ -454,8 +466,7 @@ func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 	local, err := newUCXLocal(own, ver)
 	if err != nil {
 		C.kvb_destroy(ctx)
-		started <- fmt.Errorf("peers' worker addresses could not be validated: %v", err)
-		return
+		return fmt.Errorf("peers' worker addresses could not be validated: %v", err)
 	}
 	u.local = local
 	ucxProcess.Lock()
@@ -465,33 +476,44 @@ func (u *ucx) run(keys []string, vals map[string]string, started chan<- error) {
 	ucxProcess.agents[u] = struct{}{}
 	ucxProcess.Unlock()
 	u.waker = u.newWaker() // before Open returns: tests read it
-	w := u.waker
-	started <- nil
+	return nil
+}
 
+// pass runs the commands queued, progresses the worker once and settles
+// what it completed: n is what progress reported, ran whether a command
+// ran.
+func (u *ucx) pass() (n C.uint, ran bool) {
+drain:
+	for {
+		select {
+		case f := <-u.cmds:
+			f()
+			ran = true
+		default:
+			break drain
+		}
+	}
+	n = C.kvb_progress(u.ctx)
+	u.advance()
+	u.collectNotifs()
+	u.passes.Add(1)
+	return n, ran
+}
+
+// loop progresses the worker: it spins while recently busy, then sleeps
+// on the worker's event fd (armed) or a back-off timer, until Close.
+func (u *ucx) loop() {
+	w := u.waker
 	idle, busy, afterBackstop := time.Duration(0), 0, false
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	last := time.Now()
 	for {
-		ran := false
-	drain:
-		for {
-			select {
-			case f := <-u.cmds:
-				f()
-				ran = true
-			default:
-				break drain
-			}
-		}
-		n := C.kvb_progress(u.ctx)
+		n, ran := u.pass()
 		if afterBackstop && n > 0 {
 			u.missed.Add(1) // the idle backstop found what no event signalled
 		}
 		afterBackstop = false
-		u.advance()
-		u.collectNotifs()
-		u.passes.Add(1)
 		select {
 		case <-u.closing:
 			u.shutdown()
