@@ -78,18 +78,6 @@ const RegionsPerLayer = kvlayout.RegionsPerLayer
 // ErrTopology is a pair of shapes the mapping does not support.
 var ErrTopology = kvlayout.ErrTopology
 
-// CheckLayouts verifies that a prefill and a decode layout fit the model
-// and their shapes: regions per stage layer, page bytes per TP size.
-func CheckLayouts(m Model, p Parallel, pl Layout, d Parallel, dl Layout) error {
-	return kvlayout.CheckLayouts(m, p, pl, d, dl)
-}
-
-// Expand turns runs into descriptor pairs over every region: for each
-// region, one local and one remote descriptor per run.
-func Expand(runs []Run, local, remote Layout) (l, r []nixl.Desc) {
-	return kvlayout.Expand(runs, local, remote)
-}
-
 // ExpandSlice turns page runs into descriptor pairs for a head slice: for
 // each local region, for each page (NHD: for each token), one segment;
 // segments contiguous on both sides are merged, so a Full slice of
@@ -112,10 +100,6 @@ func Overlap(spans []Span) (i, j int, ok bool) { return kvlayout.Overlap(spans) 
 
 // ParsePageLayout reads "NHD" or "HND" (any case; "" is NHD).
 func ParsePageLayout(s string) (PageLayout, error) { return kvlayout.ParsePageLayout(s) }
-
-// Plan computes what prefill rank p writes into decode rank d (nil for a
-// dummy: nothing). Both must hold the same model.
-func Plan(m Model, p, d Parallel) (*Slice, error) { return kvlayout.Plan(m, p, d) }
 
 // Runs groups page pairs (src[i] → dst[i]) into maximal runs where both
 // sides are consecutive, so a contiguous chunk becomes one descriptor per

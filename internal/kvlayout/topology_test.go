@@ -1,4 +1,4 @@
-package transfer
+package kvlayout
 
 import (
 	"errors"
@@ -6,7 +6,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/mem"
 )
 
 func llama(layout PageLayout) Model {
@@ -102,7 +102,7 @@ type memory struct {
 	b    []byte
 }
 
-func (m *memory) at(d nixl.Desc) []byte { return m.b[d.Addr-m.base : d.Addr-m.base+uintptr(d.Len)] }
+func (m *memory) at(d mem.Desc) []byte { return m.b[d.Addr-m.base : d.Addr-m.base+uintptr(d.Len)] }
 
 // rankMem builds a rank's layout over pages pages per region.
 func rankMem(m Model, p Parallel, pages int, base uintptr) (Layout, *memory) {
@@ -111,12 +111,12 @@ func rankMem(m Model, p Parallel, pages int, base uintptr) (Layout, *memory) {
 		panic(err)
 	}
 	_, layers := m.StageLayers(p.Norm().PPSize, p.PPRank)
-	mem := &memory{base: base, b: make([]byte, uint64(layers*RegionsPerLayer*pages)*pb)}
+	rm := &memory{base: base, b: make([]byte, uint64(layers*RegionsPerLayer*pages)*pb)}
 	l := Layout{PageBytes: pb}
 	for i := 0; i < layers*RegionsPerLayer; i++ {
-		l.Regions = append(l.Regions, nixl.Desc{Addr: base + uintptr(uint64(i*pages)*pb), Len: uint64(pages) * pb})
+		l.Regions = append(l.Regions, mem.Desc{Addr: base + uintptr(uint64(i*pages)*pb), Len: uint64(pages) * pb})
 	}
-	return l, mem
+	return l, rm
 }
 
 // stamp is the 2-byte pattern of one head of one token: global region,

@@ -1,15 +1,15 @@
-package transfer
+package kvlayout
 
 import (
 	"math"
 	"testing"
 
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/mem"
 )
 
 func TestOverlap(t *testing.T) {
-	host := func(addr, n uint64) Span { return Span{Kind: nixl.DRAM, Addr: addr, Len: n} }
-	gpu := func(dev, addr, n uint64) Span { return Span{Kind: nixl.VRAM, Dev: dev, Addr: addr, Len: n} }
+	host := func(addr, n uint64) Span { return Span{Kind: mem.DRAM, Addr: addr, Len: n} }
+	gpu := func(dev, addr, n uint64) Span { return Span{Kind: mem.VRAM, Dev: dev, Addr: addr, Len: n} }
 	for _, tc := range []struct {
 		name  string
 		spans []Span
@@ -22,7 +22,7 @@ func TestOverlap(t *testing.T) {
 		{"a long span over a later one past a short one", []Span{host(0, 100), host(10, 5), host(50, 5)}, 0, 1},
 		{"only touching", []Span{host(0, 10), host(10, 10)}, -1, -1},
 		{"empty spans share nothing", []Span{host(0, 100), host(50, 0), gpu(0, 50, 0)}, -1, -1},
-		{"host memory is one space whatever the device", []Span{{Kind: nixl.DRAM, Dev: 0, Addr: 0, Len: 10}, {Kind: nixl.DRAM, Dev: 3, Addr: 5, Len: 10}}, 0, 1},
+		{"host memory is one space whatever the device", []Span{{Kind: mem.DRAM, Dev: 0, Addr: 0, Len: 10}, {Kind: mem.DRAM, Dev: 3, Addr: 5, Len: 10}}, 0, 1},
 		{"each GPU its own", []Span{gpu(0, 0, 10), gpu(1, 0, 10), host(0, 10)}, -1, -1},
 		{"one GPU", []Span{gpu(0, 0, 10), gpu(1, 0, 10), gpu(1, 9, 1)}, 1, 2},
 		{"a span past the top of the address space", []Span{host(math.MaxUint64-10, 100), host(math.MaxUint64-1, 1)}, 0, 1},
