@@ -78,8 +78,20 @@ func TestStepHandlesEveryInput(t *testing.T) {
 		if e := c.Effects(); len(e) != 0 {
 			t.Errorf("%v core: a nil input had effects %v", role, e)
 		}
+		// A type Step has no case for (one of this test's own).
+		if out := c.Step(now, strayInput{}); !errors.Is(out.Err, ErrUnknownInput) || out.Result.Outcome != Rejected {
+			t.Errorf("%v core: an input without a case gave %+v, want ErrUnknownInput", role, out)
+		}
+		if e := c.Effects(); len(e) != 0 {
+			t.Errorf("%v core: an input without a case had effects %v", role, e)
+		}
 	}
 }
+
+// strayInput is an Input that Step has no case for.
+type strayInput struct{}
+
+func (strayInput) input() {}
 
 // TestFailInput: a failure the shell found (writes not handed to the
 // pool) fails the room through Step and tells its decode rank, as any
