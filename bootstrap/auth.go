@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -190,11 +191,17 @@ func (a *Auth) Seal(frames [][]byte, env Envelope) [][]byte {
 }
 
 func (a *Auth) seal(key []byte, frames [][]byte, env Envelope) [][]byte {
+	return append(frames, a.sealInto(nil, key, frames, env))
+}
+
+// sealInto appends the authentication frame of frames to dst (a sender
+// reuses dst's memory from one message to the next).
+func (a *Auth) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope) []byte {
 	inst := env.To.Instance
 	if len(inst) > MaxNameBytes {
 		inst = inst[:MaxNameBytes]
 	}
-	f := make([]byte, 0, envelopeFixed+len(inst)+len(env.Cert))
+	f := slices.Grow(dst, envelopeFixed+len(inst)+len(env.Cert))
 	f = append(f, EnvelopeMagic...)
 	f = binary.LittleEndian.AppendUint64(f, uint64(env.Sent.UnixNano()))
 	f = binary.LittleEndian.AppendUint64(f, env.Seq)
@@ -205,8 +212,7 @@ func (a *Auth) seal(key []byte, frames [][]byte, env Envelope) [][]byte {
 	f = append(f, inst...)
 	f = binary.LittleEndian.AppendUint16(f, uint16(len(env.Cert)))
 	f = append(f, env.Cert...)
-	f = a.tag(f, key, frames, f)
-	return append(frames, f)
+	return a.tag(f, key, frames, f[len(dst):])
 }
 
 // parseEnvelope splits the authentication frame into the envelope and

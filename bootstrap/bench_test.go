@@ -439,6 +439,7 @@ func BenchmarkMessagePath(b *testing.B) {
 		h := func(Message) { got++ }
 		p.onB.Store(&h)
 		var limiter logLimiter
+		var sc scratch
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
@@ -448,7 +449,7 @@ func BenchmarkMessagePath(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			p.b.dispatch(p.a.wire(o), &limiter)
+			p.b.dispatch(p.a.wire(o, &sc), &limiter)
 		}
 		b.StopTimer()
 		if got != b.N {

@@ -127,14 +127,24 @@ func (c *LoopConfig) Validate() error {
 }
 
 type outbound struct {
-	to     Peer
-	frames [][]byte // the three message frames
-	t      MsgType
-	// With Auth: the envelope (its number and time are stamped when the
-	// message is handed to ZeroMQ, under the peer's lock, so the numbers a
-	// peer receives grow in the order it receives them) and its tag key.
-	env    *Envelope
+	to   Peer
+	body []byte // the message's third frame (the first two are its type's)
+	t    MsgType
+	// With Auth (sealed): the envelope (its number and time are stamped
+	// when the message is handed to ZeroMQ, under the peer's lock, so the
+	// numbers a peer receives grow in the order it receives them) and its
+	// tag key.
+	sealed bool
+	env    Envelope
 	tagKey []byte
+}
+
+// scratch is where a message's frames are laid out as they go on the
+// wire: ZeroMQ copies them at the send, so one per socket (used under
+// its lock) serves every message.
+type scratch struct {
+	frames [4][]byte
+	env    []byte
 }
 
 type watchCmd struct {
@@ -359,7 +369,7 @@ func (l *Loop) encode(to Peer, m Message) (outbound, error) {
 		if t := m.Type(); env.To.Epoch == 0 && t != TypePing && t != TypeRegister {
 			return o, fmt.Errorf("%w: %s to %s", errUnaddressed, t, to.Endpoint)
 		}
-		o.env = &env
+		o.sealed, o.env = true, env
 		if r, ok := m.(*Register); ok && (len(r.AgentMD) > 0 || len(r.Proof) > 0) {
 			c := *r
 			if len(r.AgentMD) > 0 {
@@ -375,19 +385,23 @@ func (l *Loop) encode(to Peer, m Message) (outbound, error) {
 			m = &c
 		}
 	}
-	o.frames, err = Encode(m)
+	o.body, err = wire.EncodeBody(m)
 	return o, err
 }
 
-// wire returns o's frames as they go on the wire: sealed, numbered and
-// timed now when Auth is on (pc.mu held).
-func (l *Loop) wire(o outbound) [][]byte {
-	if o.env == nil {
-		return o.frames
+// wire returns o's frames as they go on the wire, laid out in sc: sealed,
+// numbered and timed now when Auth is on (the owner of sc held: pc.mu).
+func (l *Loop) wire(o outbound, sc *scratch) [][]byte {
+	magic, typ := wire.HeaderFrames(o.t)
+	sc.frames[0], sc.frames[1], sc.frames[2] = magic, typ, o.body
+	if !o.sealed {
+		return sc.frames[:3]
 	}
-	env := *o.env
+	env := o.env
 	env.Seq, env.Sent = l.addr.nextSeq(), time.Now()
-	return l.cfg.Auth.seal(o.tagKey, o.frames[:3:3], env)
+	sc.env = l.cfg.Auth.sealInto(sc.env[:0], o.tagKey, sc.frames[:3], env)
+	sc.frames[3] = sc.env
+	return sc.frames[:4]
 }
 
 // Watch starts heartbeats to a peer (a rank this one shares a live room
@@ -626,6 +640,7 @@ type peerConn struct {
 	// backlog holds messages ZeroMQ would not take yet, in order. It is
 	// bounded by SendHWM; beyond it messages are dropped as peer_busy.
 	backlog []outbound
+	scratch scratch // the frames of the message being sent
 }
 
 // sender is the table of PUSH sockets. Lock order: sender.mu, then a
@@ -900,7 +915,7 @@ func signalKick(c chan struct{}) {
 // sends). It returns false if ZeroMQ would block (the message is still the
 // caller's); any other failure is counted and the message consumed.
 func (s *sender) try(pc *peerConn, o outbound) bool {
-	err := pc.sock.send(s.l.wire(o), zDontwait)
+	err := pc.sock.send(s.l.wire(o, &pc.scratch), zDontwait)
 	if err == nil {
 		s.l.stat.sent.Add(1)
 		return true

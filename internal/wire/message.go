@@ -259,6 +259,21 @@ func SetFrom(m Message, f From) {
 // Encode returns the three frames of m. Keys are written in a fixed order,
 // so the bytes are deterministic (see testdata/golden).
 func Encode(m Message) ([][]byte, error) {
+	body, err := EncodeBody(m)
+	if err != nil {
+		return nil, err
+	}
+	return [][]byte{magicFrame, typeFrames[m.Type()], body}, nil
+}
+
+// HeaderFrames returns the two frames that come before a message's body:
+// the magic and the type. They are shared: not to be written.
+func HeaderFrames(t MsgType) (magic, typ []byte) { return magicFrame, typeFrames[t] }
+
+// EncodeBody encodes a message's body, its third frame, in one
+// allocation (a sender that builds the frames itself, as the control loop
+// does, allocates nothing more).
+func EncodeBody(m Message) ([]byte, error) {
 	e := &encoder{b: make([]byte, 0, encodeCap(m))}
 	switch m := m.(type) {
 	case *Register:
@@ -381,7 +396,7 @@ func Encode(m Message) ([][]byte, error) {
 	if len(e.b) > MaxBodySize {
 		return nil, fmt.Errorf("bootstrap: %v body of %d bytes exceeds %d", m.Type(), len(e.b), MaxBodySize)
 	}
-	return [][]byte{magicFrame, typeFrames[m.Type()], e.b}, nil
+	return e.b, nil
 }
 
 // encodeCap is the body's size, or near it: one allocation for most.
@@ -821,6 +836,25 @@ func (b *body) role(k string) string {
 	return b.str(k)
 }
 
+// name reads a rank's instance or endpoint (at most MaxNameBytes), as an
+// interned string: every message carries its sender's, and the same few
+// come again and again.
+func (b *body) name(k string) string {
+	s, ok := b.get(k)
+	if !ok {
+		return ""
+	}
+	n, err := s.expect(mpStr)
+	if !b.check(k, err) {
+		return ""
+	}
+	if n > MaxNameBytes {
+		b.fail(ReasonOutOfRange, k, fmt.Sprintf("string of %d bytes exceeds %d", n, MaxNameBytes))
+		return ""
+	}
+	return names.intern(s.b[s.off : s.off+n])
+}
+
 // str reads a name-like string of at most MaxNameBytes.
 func (b *body) str(k string) string { return b.strMax(k, MaxNameBytes) }
 
@@ -1081,8 +1115,8 @@ func (b *body) from() From {
 		return From{}
 	}
 	defer f.release()
-	v := From{Role: f.role("role"), Instance: f.str("instance"), Rank: f.int("rank", 0, math.MaxInt32),
-		Endpoint: f.str("endpoint"), Epoch: f.uint("epoch")}
+	v := From{Role: f.role("role"), Instance: f.name("instance"), Rank: f.int("rank", 0, math.MaxInt32),
+		Endpoint: f.name("endpoint"), Epoch: f.uint("epoch")}
 	if f.err == nil && v.Role != RolePrefill && v.Role != RoleDecode {
 		f.fail(ReasonOutOfRange, "role", fmt.Sprintf("%q", v.Role))
 	}

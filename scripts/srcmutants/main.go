@@ -236,6 +236,10 @@ var mutants = []mutant{
 		pkg: "nixl", run: "^TestUCXTCPPriorityPerDevice$"},
 	{name: "namespace-always-ino", file: "nixl/addrcheck.go", old: "	if v.major > 1 || (v.major == 1 && v.minor >= 22) {\n		return 4\n	}\n", new: "",
 		pkg: "nixl", run: "^TestUCXNamespaceSizes$"},
+	// The decoder's interned names: a peer's made-up names are interned
+	// without bound.
+	{name: "intern-unbounded", file: "internal/wire/intern.go", old: "\tif len(t.m) >= maxInterned {", new: "\tif false {",
+		pkg: "internal/wire", run: "^TestSendersNamesInterned$"},
 	// Memory proven to its owner, no room lost to a restart: an early
 	// ABORT's tombstone not extended by a later ABORT for the room (the id
 	// could be reused while the second abort should still hold it).
