@@ -231,14 +231,17 @@ func modes(b *testing.B, f func(b *testing.B, insecure bool)) {
 // loopback, kvbridge (encode, tag, send, receive, check, decode, handler)
 // against bare ZeroMQ in the same run, with the CPU time of each. The
 // reference (zmq, ratio) gives each end its own context as the two ranks
-// have; zmq1ctx and ratio1ctx are the same with one context for both.
+// have; zmq1ctx and ratio1ctx are the same with one context for both;
+// thin and ratio-thin are the reference on kvbridge's own binding with
+// the frames a rank sends (sealed with Auth), one context per end.
 func BenchmarkControlThroughput(b *testing.B) { modes(b, controlThroughput) }
 
 func controlThroughput(b *testing.B, insecure bool) {
-	frames := benchFrames(b)
-	z, z1 := newBare(b, false), newBare(b, true)
+	frames, sealed := benchFrames(b), thinFrames(b, insecure)
+	z, z1, zt := newBare(b, false), newBare(b, true), newThin(b)
 	defer z.close()
 	defer z1.close()
+	defer zt.close()
 	p := newBenchPair(b, insecure)
 	defer p.close()
 	to := Peer{Endpoint: p.b.Endpoint(), Epoch: p.b.Identity().Epoch}
@@ -256,12 +259,17 @@ func controlThroughput(b *testing.B, insecure bool) {
 	// Warm every path (connections, allocations).
 	z.throughput(1000, frames)
 	z1.throughput(1000, frames)
+	zt.throughput(b, 1000, sealed)
 	run(1000)
 	b.ResetTimer()
-	wall, cpu := interleave(b, b.N, func(n int) { z.throughput(n, frames) }, func(n int) { z1.throughput(n, frames) }, run)
-	bare, shared, kvb := wall[0], wall[1], wall[2]
+	wall, cpu := interleave(b, b.N, func(n int) { z.throughput(n, frames) }, func(n int) { z1.throughput(n, frames) }, run,
+		func(n int) { zt.throughput(b, n, sealed) })
+	bare, shared, kvb, thin := wall[0], wall[1], wall[2], wall[3]
 	bareCPU, sharedCPU, kvbCPU := cpu[0], cpu[1], cpu[2]
 	b.StopTimer()
+	b.ReportMetric(float64(b.N)/thin.Seconds(), "thin-msgs/s")
+	b.ReportMetric(thin.Seconds()/kvb.Seconds(), "ratio-thin")
+	b.ReportMetric(float64(cpu[3].Nanoseconds())/1e3/float64(b.N), "thin-cpu-µs/msg")
 	if d := p.a.Stats().Dropped[DropPeerBusy]; d > 0 {
 		b.Fatalf("%d messages dropped as peer_busy", d)
 	}
@@ -280,10 +288,11 @@ func controlThroughput(b *testing.B, insecure bool) {
 func BenchmarkControlRoundTrip(b *testing.B) { modes(b, controlRoundTrip) }
 
 func controlRoundTrip(b *testing.B, insecure bool) {
-	frames := benchFrames(b)
-	z, z1 := newBare(b, false), newBare(b, true)
+	frames, sealed := benchFrames(b), thinFrames(b, insecure)
+	z, z1, zt := newBare(b, false), newBare(b, true), newThin(b)
 	defer z.close()
 	defer z1.close()
+	defer zt.close()
 	p := newBenchPair(b, insecure)
 	defer p.close()
 	to := Peer{Endpoint: p.b.Endpoint(), Epoch: p.b.Identity().Epoch}
@@ -315,12 +324,17 @@ func controlRoundTrip(b *testing.B, insecure bool) {
 	}
 	z.roundTrip(200, frames)
 	z1.roundTrip(200, frames)
+	zt.roundTrip(b, 200, sealed)
 	run(200)
 	b.ResetTimer()
-	wall, cpu := interleave(b, b.N, func(n int) { z.roundTrip(n, frames) }, func(n int) { z1.roundTrip(n, frames) }, run)
-	bare, shared, kvb := wall[0], wall[1], wall[2]
+	wall, cpu := interleave(b, b.N, func(n int) { z.roundTrip(n, frames) }, func(n int) { z1.roundTrip(n, frames) }, run,
+		func(n int) { zt.roundTrip(b, n, sealed) })
+	bare, shared, kvb, thin := wall[0], wall[1], wall[2], wall[3]
 	bareCPU, sharedCPU, kvbCPU := cpu[0], cpu[1], cpu[2]
 	b.StopTimer()
+	b.ReportMetric(float64(thin.Nanoseconds())/1e3/float64(b.N), "thin-µs/rtt")
+	b.ReportMetric(thin.Seconds()/kvb.Seconds(), "ratio-thin")
+	b.ReportMetric(float64(cpu[3].Nanoseconds())/1e3/float64(b.N), "thin-cpu-µs/rtt")
 	b.ReportMetric(float64(kvb.Nanoseconds())/1e3/float64(b.N), "kvbridge-µs/rtt")
 	b.ReportMetric(float64(bare.Nanoseconds())/1e3/float64(b.N), "zmq-µs/rtt")
 	b.ReportMetric(float64(shared.Nanoseconds())/1e3/float64(b.N), "zmq1ctx-µs/rtt")
