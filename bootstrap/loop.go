@@ -916,6 +916,7 @@ func signalKick(c chan struct{}) {
 // caller's); any other failure is counted and the message consumed.
 func (s *sender) try(pc *peerConn, o outbound) bool {
 	err := pc.sock.send(s.l.wire(o, &pc.scratch), zDontwait)
+	pc.scratch.frames[2] = nil // the body is ZeroMQ's copy now: not kept alive here
 	if err == nil {
 		s.l.stat.sent.Add(1)
 		return true
@@ -949,7 +950,9 @@ func (s *sender) flush() {
 			n++
 		}
 		if n > 0 {
+			old := len(pc.backlog)
 			pc.backlog = append(pc.backlog[:0], pc.backlog[n:]...)
+			clear(pc.backlog[len(pc.backlog):old]) // the sent messages' bodies, not kept alive
 			s.pending.Add(-int64(n))
 			moved = true
 			pc.moved = true

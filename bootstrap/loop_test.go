@@ -727,3 +727,43 @@ func TestForgedIdentitiesOpenNoSockets(t *testing.T) {
 		t.Fatalf("%d sockets open, MaxPeers 8", got)
 	}
 }
+
+// TestSentBodyNotKeptAlive: once a message is handed to ZeroMQ (which
+// copies it), the socket's scratch no longer holds its body, so an idle
+// peer's socket does not keep the last message it carried (a REGISTER's
+// metadata, say) alive until the next send.
+func TestSentBodyNotKeptAlive(t *testing.T) {
+	got := make(chan Message, 1)
+	b, err := NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "b"}, Bind: "tcp://127.0.0.1:*",
+		Auth: testAuth(), Handler: func(m Message) {
+			if _, ok := m.(*Abort); ok {
+				got <- m
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	a, err := NewLoop(LoopConfig{Identity: From{Role: RoleDecode, Instance: "a"}, Bind: "tcp://127.0.0.1:*",
+		Auth: testAuth(), Handler: func(Message) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	to := Peer{Endpoint: b.Endpoint(), Epoch: b.Identity().Epoch}
+	if err := a.Send(to, &Abort{Room: 1, Reason: strings.Repeat("r", 200)}); err != nil {
+		t.Fatal(err)
+	}
+	<-got
+	a.snd.mu.Lock()
+	pc := a.snd.peers[b.Endpoint()]
+	a.snd.mu.Unlock()
+	if pc == nil {
+		t.Fatal("no socket to the peer")
+	}
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.scratch.frames[2] != nil {
+		t.Fatalf("the socket's scratch still holds the sent body (%d bytes)", len(pc.scratch.frames[2]))
+	}
+}
