@@ -481,8 +481,10 @@ func (u *ucx) start(keys []string, vals map[string]string) error {
 
 // pass runs the commands queued, progresses the worker once and settles
 // what it completed: n is what progress reported, ran whether a command
-// ran.
-func (u *ucx) pass() (n C.uint, ran bool) {
+// ran. afterBackstop: the loop woke from its idle backstop, so what this
+// progress finds no event signalled (counted in missed before anything
+// it completed is settled).
+func (u *ucx) pass(afterBackstop bool) (n C.uint, ran bool) {
 drain:
 	for {
 		select {
@@ -494,6 +496,9 @@ drain:
 		}
 	}
 	n = C.kvb_progress(u.ctx)
+	if afterBackstop && n > 0 {
+		u.missed.Add(1) // the idle backstop found what no event signalled
+	}
 	u.advance()
 	u.collectNotifs()
 	u.passes.Add(1)
@@ -509,10 +514,7 @@ func (u *ucx) loop() {
 	defer timer.Stop()
 	last := time.Now()
 	for {
-		n, ran := u.pass()
-		if afterBackstop && n > 0 {
-			u.missed.Add(1) // the idle backstop found what no event signalled
-		}
+		n, ran := u.pass(afterBackstop)
 		afterBackstop = false
 		select {
 		case <-u.closing:
