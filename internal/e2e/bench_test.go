@@ -187,8 +187,16 @@ func (c *benchCluster) bulkGBps(b *testing.B, size uint64, descs, streams, iters
 			rs = append(rs, nixl.Desc{Addr: dst[i%len(dst)].Addr + uintptr(off), Len: each})
 			idx[i] = i
 		}
-		l, _ := a.PrepLocal(nixl.DRAM, ls)
-		r, _ := a.PrepRemote(remote, nixl.DRAM, rs)
+		l, err := a.PrepLocal(nixl.DRAM, ls)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Release()
+		r, err := a.PrepRemote(remote, nixl.DRAM, rs)
+		if err != nil {
+			b.Fatalf("the decode agent as the prefill rank loaded it (%s): %v", remote, err)
+		}
+		defer r.Release()
 		x, err := a.NewXfer(nixl.Write, l, idx, r, idx, []byte("bulk"))
 		if err != nil {
 			b.Fatal(err)
@@ -198,12 +206,21 @@ func (c *benchCluster) bulkGBps(b *testing.B, size uint64, descs, streams, iters
 			defer wg.Done()
 			defer a.Release(x)
 			for i := 0; i < iters; i++ {
-				a.Post(x)
-				a.Wait(context.Background(), x)
+				if err := a.Post(x); err != nil {
+					b.Error(err)
+					return
+				}
+				if st, err := a.Wait(context.Background(), x); st != nixl.Done || err != nil {
+					b.Errorf("bulk write ended %v: %v", st, err)
+					return
+				}
 			}
 		}()
 	}
 	wg.Wait()
+	if b.Failed() {
+		b.FailNow()
+	}
 	bytes := float64(size) * float64(streams) * float64(iters)
 	return bytes / time.Since(start).Seconds() / 1e9, cpustat.PerGB(cpuOf(b, m), bytes)
 }

@@ -332,6 +332,7 @@ func runCluster(b *testing.B, np, nd int) {
 	if d := c.dead(); d > 0 {
 		b.Fatalf("%d peers declared dead: the heartbeat bound is too tight for this machine", d)
 	}
+	b.ReportMetric(float64(el.Nanoseconds())/rooms, "ns/op") // per room: a run moves at least 2 per pair, not b.N
 	b.ReportMetric(rooms/el.Seconds(), "rooms/s")
 	b.ReportMetric(float64(cpu.Microseconds())/rooms, "cpu-µs/room")
 	b.ReportMetric((float64(cpu.Microseconds())-idle*float64(el.Microseconds()))/rooms, "net-cpu-µs/room")
