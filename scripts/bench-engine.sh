@@ -14,12 +14,22 @@
 # ucx_perftest its server's and client's CPU) and ratios. Issue 24's goal:
 # kvbridge's CPU per GB ≤ 1.2 × ucx_perftest's on the same transport and
 # memory.
+#
+# The references run interleaved with kvbridge, not after it: ROUNDS
+# rounds (default 3), each the Go benchmarks then every ucx_perftest case,
+# and every figure is printed as min/median/max over the rounds (the
+# ratios are the rounds' own ratios: kvbridge's figure of a round over the
+# reference's of the same round). ucx_perftest measures memory UCX
+# allocated (its host memory is mapped with UCP_MEM_MAP_ALLOCATE): for the
+# "caller" rows it is the reference of the same transport and sizes, not
+# of the same memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v ucx_perftest >/dev/null || { echo "ucx_perftest not found: make deps (ucx-utils)"; exit 1; }
 
 sizes=(4096 65536 1048576 67108864)
 benchtime=${BENCHTIME:-2s}
+rounds=${ROUNDS:-3}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -71,9 +81,9 @@ perftest_run() {
 # UCX's start-up and perftest's warm-up, so it runs with n and with 2n
 # iterations and the CPU per GB is the difference over the extra n
 # iterations' bytes (the steady state, as the Go benchmarks measure it).
-# Cached per transport and size.
+# Cached per round, transport and size.
 perftest() {
-	local tls=$1 size=$2 cache="$out/perftest-$1-$2"
+	local tls=$1 size=$2 cache="$out/perftest-$round-$1-$2"
 	if [ ! -s "$cache" ]; then
 		local n=$(((8 << 30) / size))
 		((n < 200)) && n=200
@@ -91,15 +101,35 @@ perftest() {
 	cat "$cache"
 }
 
-echo "running go benchmarks (benchtime $benchtime) ..."
-# A failing benchmark (a write past its deadline) leaves its rows n/a and
-# is named, instead of ending the script with nothing printed.
-go test -run '^$' -bench 'BenchmarkWrite/ucx|BenchmarkWriteDescs|BenchmarkWriteCrossProcess|BenchmarkWriteStreamed|BenchmarkMemcpy' -benchtime "$benchtime" ./nixl >"$out/go.all" 2>/dev/null || true
-grep -E '^Benchmark.*/s' "$out/go.all" >"$out/go.txt" || true
-grep -E -A2 -e '--- FAIL' "$out/go.all" | grep -v '^child ' || true
+for round in $(seq 1 "$rounds"); do
+	echo "round $round of $rounds: go benchmarks (benchtime $benchtime), then ucx_perftest ..."
+	# A failing benchmark (a write past its deadline) leaves its rows n/a and
+	# is named, instead of ending the script with nothing printed.
+	go test -run '^$' -bench 'BenchmarkWrite/ucx|BenchmarkWriteDescs|BenchmarkWriteCrossProcess|BenchmarkWriteStreamed|BenchmarkMemcpy' -benchtime "$benchtime" ./nixl >"$out/go.all.$round" 2>/dev/null || true
+	grep -E '^Benchmark.*/s' "$out/go.all.$round" >"$out/go.$round" || true
+	grep -E -A2 -e '--- FAIL' "$out/go.all.$round" | grep -v '^child ' || true
+	for tls in shm tcp; do
+		for s in "${sizes[@]}"; do
+			perftest "$tls" "$s" >/dev/null
+		done
+	done
+done
 
-metric() { # NAME-REGEX UNIT -> the value before UNIT on the first matching line
-	grep -E "$1" "$out/go.txt" | head -1 | awk -v u="$2" '{for (i=1;i<NF;i++) if ($(i+1)==u) print $i}'
+metric() { # NAME-REGEX UNIT -> the value before UNIT on the first matching line of round $round
+	grep -E "$1" "$out/go.$round" | head -1 | awk -v u="$2" '{for (i=1;i<NF;i++) if ($(i+1)==u) print $i}'
+}
+# mmm: the values on stdin (one per line, n/a skipped) as min/median/max.
+mmm() {
+	sort -g | grep -v '^n/a$' | grep -v '^$' | awk '{v[NR] = $1} END {
+		if (NR == 0) { print "n/a"; exit }
+		m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+		if (NR == 1) printf "%s", v[1]; else printf "%s/%.2f/%s", v[1], m, v[NR]
+	}'
+}
+# over CMD...: runs CMD once per round ($round set) and prints mmm of its
+# outputs.
+over() {
+	for round in $(seq 1 "$rounds"); do "$@" || true; echo; done | mmm
 }
 gbps() { # NAME-REGEX -> GB/s from the go output (MB/s is 10^6)
 	metric "$1" MB/s | awk '{printf "%.2f", $1/1000}'
@@ -110,24 +140,28 @@ cpu() { # NAME-REGEX -> CPU s/GB, both processes
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{if (a != "" && b+0 > 0) printf "%.2f", a/b; else print "n/a"}'; }
 name() { case $1 in 4096) echo 4KiB ;; 65536) echo 64KiB ;; 1048576) echo 1MiB ;; 67108864) echo 64MiB ;; esac; }
 
-row() { # SIZE TLS MEMORY CASE BENCH-REGEX PERFTEST-GB/s PERFTEST-CPU
-	local k c
-	k=$(gbps "$5")
-	c=$(cpu "$5")
-	printf '%-7s %-4s %-7s %-14s %7s GB/s %7s GB/s %6s   %7s %7s %6s\n' "$1" "$2" "$3" "$4" "${k:-n/a}" "${6:-n/a}" \
-		"$(ratio "$k" "$6")" "${c:-n/a}" "${7:-n/a}" "$(ratio "$c" "$7")"
+kvb_gbps() { gbps "$1"; }
+kvb_cpu() { cpu "$1"; }
+ref_gbps() { perftest "$1" "$2" | awk '{print $1}'; }
+ref_cpu() { perftest "$1" "$2" | awk '{print $2}'; }
+gbps_ratio() { ratio "$(gbps "$1")" "$(ref_gbps "$2" "$3")"; }
+cpu_ratio() { ratio "$(cpu "$1")" "$(ref_cpu "$2" "$3")"; }
+
+row() { # SIZE-NAME TLS MEMORY CASE BENCH-REGEX SIZE
+	printf '%-7s %-4s %-7s %-12s %16s %16s %16s   %16s %16s %16s\n' "$1" "$2" "$3" "$4" \
+		"$(over kvb_gbps "$5")" "$(over ref_gbps "$2" "$6")" "$(over gbps_ratio "$5" "$2" "$6")" \
+		"$(over kvb_cpu "$5")" "$(over ref_cpu "$2" "$6")" "$(over cpu_ratio "$5" "$2" "$6")"
 }
 
-printf '\ntwo processes next to ucx_perftest (two processes, streaming puts); CPU in s/GB, both processes\n'
-printf '%-7s %-4s %-7s %-14s %12s %12s %6s   %7s %7s %6s\n' size tls memory case kvbridge ucx_perftest ratio "CPU kvb" "CPU ucx" ratio
+printf '\ntwo processes next to ucx_perftest (two processes, streaming puts); GB/s and CPU s/GB (both processes), min/median/max over %s rounds\n' "$rounds"
+printf '%-7s %-4s %-7s %-12s %16s %16s %16s   %16s %16s %16s\n' size tls memory case kvbridge ucx_perftest ratio "CPU kvb" "CPU ucx" ratio
 for tls in shm tcp; do
 	for s in 65536 1048576 67108864; do
 		n=$(name "$s")
-		read -r p pc < <(perftest "$tls" "$s")
 		for mem in engine caller; do
-			row "$n" "$tls" "$mem" "each+notif" "^BenchmarkWriteCrossProcess/$tls/$mem/$n-" "$p" "$pc"
-			row "$n" "$tls" "$mem" "chunk of 8" "^BenchmarkWriteStreamed/$tls/$mem/$n/chunk8-" "$p" "$pc"
-			row "$n" "$tls" "$mem" "window of 8" "^BenchmarkWriteStreamed/$tls/$mem/$n/window8-" "$p" "$pc"
+			row "$n" "$tls" "$mem" "each+notif" "^BenchmarkWriteCrossProcess/$tls/$mem/$n-" "$s"
+			row "$n" "$tls" "$mem" "chunk of 8" "^BenchmarkWriteStreamed/$tls/$mem/$n/chunk8-" "$s"
+			row "$n" "$tls" "$mem" "window of 8" "^BenchmarkWriteStreamed/$tls/$mem/$n/window8-" "$s"
 		done
 	done
 done
@@ -138,20 +172,19 @@ one notification per 8 writes. Goals (issue 24): caller memory 64 KiB and 1 MiB 
 64 MiB ≥ 0.9 ×; CPU per GB ≤ 1.2 × ucx_perftest's.
 NOTE
 
-printf '\none process, both agents (history: the figures before the two-process benchmark); CPU in s/GB\n'
-printf '%-10s %-6s %12s %14s %8s %12s %8s %8s %8s\n' size tls "kvbridge" "ucx_perftest" ratio memcpy ratio "CPU kvb" "CPU mem"
+printf '\none process, both agents (history: the figures before the two-process benchmark); GB/s and CPU s/GB, min/median/max over %s rounds\n' "$rounds"
+printf '%-7s %-4s %16s %16s %16s %16s %16s %16s %16s\n' size tls kvbridge ucx_perftest ratio memcpy ratio "CPU kvb" "CPU mem"
+mem_ratio() { ratio "$(gbps "$1")" "$(gbps "$2")"; }
 for tls in shm tcp; do
 	for s in "${sizes[@]}"; do
 		n=$(name "$s")
-		k=$(gbps "^BenchmarkWrite/ucx-$tls/$n-")
-		read -r p _ < <(perftest "$tls" "$s")
-		m=$(gbps "^BenchmarkMemcpy/$n-")
-		printf '%-10s %-6s %9s GB/s %9s GB/s %8s %7s GB/s %8s %8s %8s\n' "$n" "$tls" "$k" "${p:-n/a}" \
-			"$(ratio "$k" "$p")" "$m" "$(ratio "$k" "$m")" "$(cpu "^BenchmarkWrite/ucx-$tls/$n-")" "$(cpu "^BenchmarkMemcpy/$n-")"
+		k="^BenchmarkWrite/ucx-$tls/$n-"
+		m="^BenchmarkMemcpy/$n-"
+		printf '%-7s %-4s %16s %16s %16s %16s %16s %16s %16s\n' "$n" "$tls" "$(over kvb_gbps "$k")" "$(over ref_gbps "$tls" "$s")" \
+			"$(over gbps_ratio "$k" "$tls" "$s")" "$(over kvb_gbps "$m")" "$(over mem_ratio "$k" "$m")" "$(over kvb_cpu "$k")" "$(over kvb_cpu "$m")"
 	done
 done
 for tls in shm tcp; do
-	d=$(gbps "^BenchmarkWriteDescs/ucx-$tls/1024x32KiB-")
-	w=$(gbps "^BenchmarkWrite/ucx-$tls/64MiB-")
-	printf '\n1024 x 32 KiB descriptors over %s: %s GB/s = %s of the 64 MiB write\n' "$tls" "$d" "$(ratio "$d" "$w")"
+	printf '\n1024 x 32 KiB descriptors over %s: %s GB/s = %s of the 64 MiB write\n' "$tls" \
+		"$(over kvb_gbps "^BenchmarkWriteDescs/ucx-$tls/1024x32KiB-")" "$(over mem_ratio "^BenchmarkWriteDescs/ucx-$tls/1024x32KiB-" "^BenchmarkWrite/ucx-$tls/64MiB-")"
 done
