@@ -65,7 +65,7 @@ sim:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
-## bench-engine: nixl engine bandwidth next to ucx_perftest and memcpy, as ratios
+## bench-engine: nixl engine bandwidth next to ucx_perftest (engine memory), scripts/ucxput (caller memory) and memcpy, interleaved rounds, as ratios
 bench-engine: deps
 	./scripts/bench-engine.sh
 
