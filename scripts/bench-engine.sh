@@ -57,18 +57,20 @@ timed() {
 	)
 }
 
-# perftest_run TRANSPORT SIZE ITERS -> "GB/s CPU-seconds" of one run (it
-# reports MiB/s); the CPU is its server's and its client's, failed
-# client attempts (server not yet listening) left out.
+# perftest_run TRANSPORT SIZE ITERS [WINDOW] -> "GB/s CPU-seconds" of one
+# run (it reports MiB/s); the CPU is its server's and its client's, failed
+# client attempts (server not yet listening) left out. WINDOW: puts in
+# flight (-O; none: perftest's default, unbounded).
 perftest_run() {
-	local tls=$1 size=$2 iters=$3 port=$((20000 + RANDOM % 20000))
+	local tls=$1 size=$2 iters=$3 port=$((20000 + RANDOM % 20000)) o=()
+	[ -n "${4:-}" ] && o=(-O "$4")
 	rm -f "$out/srv.cpu" "$out/cli.cpu"
-	timed "$out/srv.cpu" env $(tls_env "$tls") ucx_perftest -t ucp_put_bw -s "$size" -n "$iters" -p "$port" >/dev/null 2>&1 &
+	timed "$out/srv.cpu" env $(tls_env "$tls") ucx_perftest -t ucp_put_bw -s "$size" -n "$iters" -p "$port" "${o[@]}" >/dev/null 2>&1 &
 	local srv=$!
 	local line=""
 	for _ in 1 2 3 4 5 6 7 8 9 10; do
 		sleep 0.3
-		line=$(timed "$out/cli.cpu" env $(tls_env "$tls") timeout 120 ucx_perftest 127.0.0.1 -t ucp_put_bw -s "$size" -n "$iters" -p "$port" 2>/dev/null | grep '^Final:' || true)
+		line=$(timed "$out/cli.cpu" env $(tls_env "$tls") timeout 120 ucx_perftest 127.0.0.1 -t ucp_put_bw -s "$size" -n "$iters" -p "$port" "${o[@]}" 2>/dev/null | grep '^Final:' || true)
 		[ -n "$line" ] && break
 	done
 	wait "$srv" 2>/dev/null || true
@@ -82,16 +84,16 @@ perftest_run() {
 # UCX's start-up and perftest's warm-up, so it runs with n and with 2n
 # iterations and the CPU per GB is the difference over the extra n
 # iterations' bytes (the steady state, as the Go benchmarks measure it).
-# Cached per round, transport and size.
+# Cached per round, transport, size and window.
 perftest() {
-	local tls=$1 size=$2 cache="$out/perftest-$round-$1-$2"
+	local tls=$1 size=$2 win=${3:-} cache="$out/perftest-$round-$1-$2-${3:-}"
 	if [ ! -s "$cache" ]; then
 		local n=$(((8 << 30) / size))
 		((n < 200)) && n=200
 		((n > 200000)) && n=200000
 		local r1 r2
-		r1=$(perftest_run "$tls" "$size" "$n")
-		r2=$(perftest_run "$tls" "$size" $((2 * n)))
+		r1=$(perftest_run "$tls" "$size" "$n" "$win")
+		r2=$(perftest_run "$tls" "$size" $((2 * n)) "$win")
 		awk -v a="$r1" -v b="$r2" -v bytes="$((n * size))" 'BEGIN {
 			split(a, x, " "); split(b, y, " ")
 			if (y[1] == "") { print "n/a n/a"; exit }
@@ -104,17 +106,17 @@ perftest() {
 
 gcc -O2 -o "$out/ucxput" scripts/ucxput/ucxput.c -lucp -lucs
 
-# ucxput_run TRANSPORT SIZE ITERS -> "GB/s CPU-seconds" of one run of the
-# caller-memory reference (server and client CPU, as perftest_run).
+# ucxput_run TRANSPORT SIZE ITERS WINDOW -> "GB/s CPU-seconds" of one run
+# of the caller-memory reference (server and client CPU, as perftest_run).
 ucxput_run() {
-	local tls=$1 size=$2 iters=$3 port=$((20000 + RANDOM % 20000))
+	local tls=$1 size=$2 iters=$3 win=${4:-16} port=$((20000 + RANDOM % 20000))
 	rm -f "$out/usrv.cpu" "$out/ucli.cpu"
 	timed "$out/usrv.cpu" env $(tls_env "$tls") "$out/ucxput" server "$port" "$size" caller >/dev/null 2>&1 &
 	local srv=$!
 	local line=""
 	for _ in 1 2 3 4 5 6 7 8 9 10; do
 		sleep 0.3
-		line=$(timed "$out/ucli.cpu" env $(tls_env "$tls") timeout 120 "$out/ucxput" client 127.0.0.1 "$port" "$size" "$iters" caller 2>/dev/null | grep '^Final:' || true)
+		line=$(timed "$out/ucli.cpu" env $(tls_env "$tls") timeout 120 "$out/ucxput" client 127.0.0.1 "$port" "$size" "$iters" caller "$win" 2>/dev/null | grep '^Final:' || true)
 		[ -n "$line" ] && break
 	done
 	wait "$srv" 2>/dev/null || true
@@ -123,17 +125,18 @@ ucxput_run() {
 		'{printf "%.2f %.3f", $2, s + c}'
 }
 
-# ucxput TRANSPORT SIZE -> "GB/s CPU-s/GB" on caller memory, as perftest
-# (n and 2n iterations, the CPU of the difference); cached per round.
+# ucxput TRANSPORT SIZE [WINDOW] -> "GB/s CPU-s/GB" on caller memory, as
+# perftest (n and 2n iterations, the CPU of the difference); cached per
+# round, transport, size and window.
 ucxput() {
-	local tls=$1 size=$2 cache="$out/ucxput-$round-$1-$2"
+	local tls=$1 size=$2 win=${3:-16} cache="$out/ucxput-$round-$1-$2-${3:-16}"
 	if [ ! -s "$cache" ]; then
 		local n=$(((1 << 30) / size))
 		((n < 100)) && n=100
 		((n > 20000)) && n=20000
 		local r1 r2
-		r1=$(ucxput_run "$tls" "$size" "$n")
-		r2=$(ucxput_run "$tls" "$size" $((2 * n)))
+		r1=$(ucxput_run "$tls" "$size" "$n" "$win")
+		r2=$(ucxput_run "$tls" "$size" $((2 * n)) "$win")
 		awk -v a="$r1" -v b="$r2" -v bytes="$((n * size))" 'BEGIN {
 			split(a, x, " "); split(b, y, " ")
 			if (y[1] == "") { print "n/a n/a"; exit }
@@ -156,7 +159,10 @@ for round in $(seq 1 "$rounds"); do
 			perftest "$tls" "$s" >/dev/null
 		done
 		for s in 65536 1048576 67108864; do
-			ucxput "$tls" "$s" >/dev/null
+			for w in 1 8; do
+				perftest "$tls" "$s" "$w" >/dev/null
+				ucxput "$tls" "$s" "$w" >/dev/null
+			done
 		done
 	done
 done
@@ -189,15 +195,17 @@ name() { case $1 in 4096) echo 4KiB ;; 65536) echo 64KiB ;; 1048576) echo 1MiB ;
 kvb_gbps() { gbps "$1"; }
 kvb_cpu() { cpu "$1"; }
 # The reference of a row: ucx_perftest on engine memory, ucxput on the
-# caller's (ref=perftest or ucxput).
-ref_gbps() { "${ref:-perftest}" "$1" "$2" | awk '{print $1}'; }
-ref_cpu() { "${ref:-perftest}" "$1" "$2" | awk '{print $2}'; }
+# caller's (ref=perftest or ucxput), with the row's puts in flight (win;
+# none: perftest's default).
+ref_gbps() { "${ref:-perftest}" "$1" "$2" ${win:-} | awk '{print $1}'; }
+ref_cpu() { "${ref:-perftest}" "$1" "$2" ${win:-} | awk '{print $2}'; }
 gbps_ratio() { ratio "$(gbps "$1")" "$(ref_gbps "$2" "$3")"; }
 cpu_ratio() { ratio "$(cpu "$1")" "$(ref_cpu "$2" "$3")"; }
 
 row() { # SIZE-NAME TLS MEMORY CASE BENCH-REGEX SIZE
-	local ref=perftest
+	local ref=perftest win=8
 	[ "$3" = caller ] && ref=ucxput
+	[ "$4" = each+notif ] && win=1
 	printf '%-7s %-4s %-7s %-12s %16s %16s %16s   %16s %16s %16s\n' "$1" "$2" "$3" "$4" \
 		"$(over kvb_gbps "$5")" "$(over ref_gbps "$2" "$6")" "$(over gbps_ratio "$5" "$2" "$6")" \
 		"$(over kvb_cpu "$5")" "$(over ref_cpu "$2" "$6")" "$(over cpu_ratio "$5" "$2" "$6")"
@@ -219,7 +227,8 @@ cat <<'NOTE'
 each+notif: every write carries its notification and is waited for; chunk of 8: 8 writes posted
 back to back, the notification on the last, all waited for; window of 8: 8 writes kept in flight,
 one notification per 8 writes. The reference: ucx_perftest -t ucp_put_bw for engine memory (UCX
-allocates it), ucxput (scripts/ucxput) for the caller's memory, registered as kvbridge registers it.
+allocates it), ucxput (scripts/ucxput) for the caller's memory, registered as kvbridge registers it;
+with the case's puts in flight (each+notif: 1, the others: 8).
 Goals (issue 40): caller memory ≥ 0.9 × the same-memory reference at 1 MiB and 64 MiB, CPU per GB
 ≤ 1.2 ×.
 NOTE

@@ -8,7 +8,11 @@
 // UCX emulates need it), as kvbridge's target does.
 //
 //   ucxput server PORT SIZE MEM
-//   ucxput client HOST PORT SIZE ITERS MEM     -> "Final: GB/s"
+//   ucxput client HOST PORT SIZE ITERS MEM [WINDOW]   -> "Final: GB/s"
+//
+// WINDOW is how many puts are in flight at once (default 16): make
+// bench-engine gives each row the concurrency of the kvbridge case it is
+// the reference of (1 for a write waited for, 8 for 8 in flight).
 //
 // Built by scripts/bench-engine.sh against the system's UCX (libucx-dev).
 #include <arpa/inet.h>
@@ -25,7 +29,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
-#define WINDOW 16 // puts in flight, as perftest's default outstanding window
+static long window = 16; // puts in flight
 
 static void die(const char *what, const char *why) {
 	fprintf(stderr, "ucxput: %s: %s\n", what, why);
@@ -157,10 +161,11 @@ int main(int argc, char **argv) {
 		ucp_cleanup(ctx);
 		return 0;
 	}
-	if (argc != 7 || strcmp(argv[1], "client") != 0) {
-		fprintf(stderr, "usage: ucxput server PORT SIZE MEM | ucxput client HOST PORT SIZE ITERS MEM (MEM: engine or caller)\n");
+	if ((argc != 7 && argc != 8) || strcmp(argv[1], "client") != 0) {
+		fprintf(stderr, "usage: ucxput server PORT SIZE MEM | ucxput client HOST PORT SIZE ITERS MEM [WINDOW] (MEM: engine or caller)\n");
 		return 2;
 	}
+	if (argc == 8 && (window = atol(argv[7])) < 1) die("window", "want at least 1");
 	size_t size = strtoull(argv[4], NULL, 10);
 	long iters = atol(argv[5]);
 	init();
@@ -194,7 +199,7 @@ int main(int argc, char **argv) {
 		} else if (UCS_PTR_IS_ERR(req)) {
 			check("ucp_put_nbx", UCS_PTR_STATUS(req));
 		}
-		while (issued - completed >= WINDOW) ucp_worker_progress(worker);
+		while (issued - completed >= window) ucp_worker_progress(worker);
 	}
 	ucp_request_param_t fp = {0};
 	wait_req(ucp_ep_flush_nbx(e, &fp), "ucp_ep_flush_nbx");
