@@ -229,7 +229,7 @@ back to back, the notification on the last, all waited for; window of 8: 8 write
 one notification per 8 writes. The reference: ucx_perftest -t ucp_put_bw for engine memory (UCX
 allocates it), ucxput (scripts/ucxput) for the caller's memory, registered as kvbridge registers it;
 with the case's puts in flight (each+notif: 1, the others: 8).
-Goals (issue 40): caller memory ≥ 0.9 × the same-memory reference at 1 MiB and 64 MiB, CPU per GB
+Goals: caller memory ≥ 0.9 × the same-memory reference at 1 MiB and 64 MiB, CPU per GB
 ≤ 1.2 ×.
 NOTE
 
