@@ -57,86 +57,68 @@ timed() {
 	)
 }
 
-# perftest_run TRANSPORT SIZE ITERS [WINDOW] -> "GB/s CPU-seconds" of one
-# run (it reports MiB/s); the CPU is its server's and its client's, failed
-# client attempts (server not yet listening) left out. WINDOW: puts in
-# flight (-O; none: perftest's default, unbounded).
-perftest_run() {
-	local tls=$1 size=$2 iters=$3 port=$((20000 + RANDOM % 20000)) o=()
-	[ -n "${4:-}" ] && o=(-O "$4")
+# pair_run TRANSPORT FIELD SCALE N SERVER-CMD(N words) CLIENT-CMD... ->
+# "GB/s CPU-seconds" of one run of a reference's server and client (@PORT@
+# in either command is replaced by a fresh port): GB/s is field FIELD of
+# the client's "Final:" line times SCALE; the CPU is the server's and the
+# client's, failed client attempts (server not yet listening) left out.
+pair_run() {
+	local tls=$1 field=$2 scale=$3 n=$4 port=$((20000 + RANDOM % 20000))
+	shift 4
+	local srv_cmd=("${@:1:n}") cli_cmd=("${@:n+1}")
+	srv_cmd=("${srv_cmd[@]//@PORT@/$port}")
+	cli_cmd=("${cli_cmd[@]//@PORT@/$port}")
 	rm -f "$out/srv.cpu" "$out/cli.cpu"
-	timed "$out/srv.cpu" env $(tls_env "$tls") ucx_perftest -t ucp_put_bw -s "$size" -n "$iters" -p "$port" "${o[@]}" >/dev/null 2>&1 &
+	timed "$out/srv.cpu" env $(tls_env "$tls") "${srv_cmd[@]}" >/dev/null 2>&1 &
 	local srv=$!
 	local line=""
 	for _ in 1 2 3 4 5 6 7 8 9 10; do
 		sleep 0.3
-		line=$(timed "$out/cli.cpu" env $(tls_env "$tls") timeout 120 ucx_perftest 127.0.0.1 -t ucp_put_bw -s "$size" -n "$iters" -p "$port" "${o[@]}" 2>/dev/null | grep '^Final:' || true)
+		line=$(timed "$out/cli.cpu" env $(tls_env "$tls") timeout 120 "${cli_cmd[@]}" 2>/dev/null | grep '^Final:' || true)
 		[ -n "$line" ] && break
 	done
 	wait "$srv" 2>/dev/null || true
 	[ -n "$line" ] || return 0
-	# Final: iters 50%ile avg overall bw_avg bw_overall ...
-	echo "$line" | awk -v s="$(cat "$out/srv.cpu" 2>/dev/null || echo 0)" -v c="$(cat "$out/cli.cpu" 2>/dev/null || echo 0)" \
-		'{printf "%.2f %.3f", $7 * 1048576 / 1e9, s + c}'
+	echo "$line" | awk -v f="$field" -v k="$scale" -v s="$(cat "$out/srv.cpu" 2>/dev/null || echo 0)" -v c="$(cat "$out/cli.cpu" 2>/dev/null || echo 0)" \
+		'{printf "%.2f %.3f", $f * k, s + c}'
 }
 
-# perftest TRANSPORT SIZE -> "GB/s CPU-s/GB". Each process's CPU includes
-# UCX's start-up and perftest's warm-up, so it runs with n and with 2n
-# iterations and the CPU per GB is the difference over the extra n
-# iterations' bytes (the steady state, as the Go benchmarks measure it).
-# Cached per round, transport, size and window.
-perftest() {
-	local tls=$1 size=$2 win=${3:-} cache="$out/perftest-$round-$1-$2-${3:-}"
-	if [ ! -s "$cache" ]; then
-		local n=$(((8 << 30) / size))
-		((n < 200)) && n=200
-		((n > 200000)) && n=200000
-		local r1 r2
-		r1=$(perftest_run "$tls" "$size" "$n" "$win")
-		r2=$(perftest_run "$tls" "$size" $((2 * n)) "$win")
-		awk -v a="$r1" -v b="$r2" -v bytes="$((n * size))" 'BEGIN {
-			split(a, x, " "); split(b, y, " ")
-			if (y[1] == "") { print "n/a n/a"; exit }
-			d = y[2] - x[2]
-			if (x[1] == "" || d <= 0) printf "%s n/a\n", y[1]; else printf "%s %.3f\n", y[1], d / (bytes / 1e9)
-		}' >"$cache"
-	fi
-	cat "$cache"
+# perftest_run TRANSPORT SIZE ITERS [WINDOW]: one ucx_perftest put stream
+# (it reports MiB/s: "Final: iters 50%ile avg overall bw_avg bw_overall
+# ..."). WINDOW: puts in flight (-O; none: perftest's default, unbounded).
+perftest_run() {
+	local o=()
+	[ -n "${4:-}" ] && o=(-O "$4")
+	local srv=(ucx_perftest -t ucp_put_bw -s "$2" -n "$3" -p @PORT@ "${o[@]}")
+	local cli=(ucx_perftest 127.0.0.1 -t ucp_put_bw -s "$2" -n "$3" -p @PORT@ "${o[@]}")
+	pair_run "$1" 7 0.001048576 ${#srv[@]} "${srv[@]}" "${cli[@]}"
 }
 
 gcc -O2 -o "$out/ucxput" scripts/ucxput/ucxput.c -lucp -lucs
 
-# ucxput_run TRANSPORT SIZE ITERS WINDOW -> "GB/s CPU-seconds" of one run
-# of the caller-memory reference (server and client CPU, as perftest_run).
+# ucxput_run TRANSPORT SIZE ITERS WINDOW: one put stream of the
+# caller-memory reference ("Final: GB/s").
 ucxput_run() {
-	local tls=$1 size=$2 iters=$3 win=${4:-16} port=$((20000 + RANDOM % 20000))
-	rm -f "$out/usrv.cpu" "$out/ucli.cpu"
-	timed "$out/usrv.cpu" env $(tls_env "$tls") "$out/ucxput" server "$port" "$size" caller >/dev/null 2>&1 &
-	local srv=$!
-	local line=""
-	for _ in 1 2 3 4 5 6 7 8 9 10; do
-		sleep 0.3
-		line=$(timed "$out/ucli.cpu" env $(tls_env "$tls") timeout 120 "$out/ucxput" client 127.0.0.1 "$port" "$size" "$iters" caller "$win" 2>/dev/null | grep '^Final:' || true)
-		[ -n "$line" ] && break
-	done
-	wait "$srv" 2>/dev/null || true
-	[ -n "$line" ] || return 0
-	echo "$line" | awk -v s="$(cat "$out/usrv.cpu" 2>/dev/null || echo 0)" -v c="$(cat "$out/ucli.cpu" 2>/dev/null || echo 0)" \
-		'{printf "%.2f %.3f", $2, s + c}'
+	local srv=("$out/ucxput" server @PORT@ "$2" caller)
+	pair_run "$1" 2 1 ${#srv[@]} "${srv[@]}" "$out/ucxput" client 127.0.0.1 @PORT@ "$2" "$3" caller "$4"
 }
 
-# ucxput TRANSPORT SIZE [WINDOW] -> "GB/s CPU-s/GB" on caller memory, as
-# perftest (n and 2n iterations, the CPU of the difference); cached per
-# round, transport, size and window.
-ucxput() {
-	local tls=$1 size=$2 win=${3:-16} cache="$out/ucxput-$round-$1-$2-${3:-16}"
+# steady KIND TRANSPORT SIZE WINDOW BYTES NMIN NMAX -> "GB/s CPU-s/GB" of
+# reference KIND (perftest or ucxput). Each process's CPU includes UCX's
+# start-up and the reference's warm-up, so it runs with n and with 2n
+# iterations (n: BYTES / SIZE within [NMIN, NMAX]) and the CPU per GB is
+# the difference over the extra n iterations' bytes (the steady state, as
+# the Go benchmarks measure it). Cached per round, transport, size and
+# window.
+steady() {
+	local kind=$1 tls=$2 size=$3 win=$4 cache="$out/$1-$round-$2-$3-$4"
 	if [ ! -s "$cache" ]; then
-		local n=$(((1 << 30) / size))
-		((n < 100)) && n=100
-		((n > 20000)) && n=20000
+		local n=$(($5 / size))
+		((n < $6)) && n=$6
+		((n > $7)) && n=$7
 		local r1 r2
-		r1=$(ucxput_run "$tls" "$size" "$n" "$win")
-		r2=$(ucxput_run "$tls" "$size" $((2 * n)) "$win")
+		r1=$("${kind}_run" "$tls" "$size" "$n" "$win")
+		r2=$("${kind}_run" "$tls" "$size" $((2 * n)) "$win")
 		awk -v a="$r1" -v b="$r2" -v bytes="$((n * size))" 'BEGIN {
 			split(a, x, " "); split(b, y, " ")
 			if (y[1] == "") { print "n/a n/a"; exit }
@@ -146,6 +128,12 @@ ucxput() {
 	fi
 	cat "$cache"
 }
+
+# perftest / ucxput TRANSPORT SIZE [WINDOW] -> "GB/s CPU-s/GB": ucx_perftest
+# on memory UCX allocates (no WINDOW: unbounded), ucxput on memory it
+# allocates and registers itself (no WINDOW: 16).
+perftest() { steady perftest "$1" "$2" "${3:-}" $((8 << 30)) 200 200000; }
+ucxput() { steady ucxput "$1" "$2" "${3:-16}" $((1 << 30)) 100 20000; }
 
 for round in $(seq 1 "$rounds"); do
 	echo "round $round of $rounds: go benchmarks (benchtime $benchtime), then ucx_perftest ..."
