@@ -139,38 +139,32 @@ func newRankCluster(b *testing.B, np, nd int) *rankCluster {
 	return c
 }
 
-// sent sums the messages every rank handed to ZeroMQ.
-func (c *rankCluster) sent() uint64 {
+// sum adds f over every rank, prefill and decode.
+func (c *rankCluster) sum(f func(*kvmanager.Manager) uint64) uint64 {
 	var n uint64
 	for _, p := range c.prefills {
-		n += p.ControlStats().Sent
+		n += f(p.Manager)
 	}
 	for _, d := range c.decodes {
-		n += d.ControlStats().Sent
+		n += f(d.Manager)
 	}
 	return n
+}
+
+// sent sums the messages every rank handed to ZeroMQ.
+func (c *rankCluster) sent() uint64 {
+	return c.sum(func(m *kvmanager.Manager) uint64 { return m.ControlStats().Sent })
 }
 
 // dead sums the peers every rank's heartbeats declared dead.
 func (c *rankCluster) dead() uint64 {
-	var n uint64
-	for _, p := range c.prefills {
-		n += p.ControlStats().PeersDead
-	}
-	for _, d := range c.decodes {
-		n += d.ControlStats().PeersDead
-	}
-	return n
+	return c.sum(func(m *kvmanager.Manager) uint64 { return m.ControlStats().PeersDead })
 }
 
-// rechecks sums the decode ranks' idle registrations looked up and
-// registered again before a REQUEST.
+// rechecks sums the idle registrations looked up and registered again
+// before a REQUEST (a decode rank's count; a prefill rank's is 0).
 func (c *rankCluster) rechecks() uint64 {
-	var n uint64
-	for _, d := range c.decodes {
-		n += d.Stats().Rechecks
-	}
-	return n
+	return c.sum(func(m *kvmanager.Manager) uint64 { return m.Stats().Rechecks })
 }
 
 // clusterRoom is one room in flight: decode rank j, prefill rank i; dAt
