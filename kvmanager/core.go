@@ -234,6 +234,12 @@ var ErrInvalidSpec = core.ErrInvalidSpec
 // another chunk than the one whose layers are being sent.
 var ErrLayers = core.ErrLayers
 
+// ErrChunkAlign: a chunk other than the room's last ends inside a page of
+// a decode rank whose pages hold more tokens than this rank's; a chunk
+// must carry whole decode pages (docs/PROTOCOL.md "Pages of different
+// sizes").
+var ErrChunkAlign = core.ErrChunkAlign
+
 // ErrNoWriteInFlight: a write completion without a matching posted write.
 var ErrNoWriteInFlight = core.ErrNoWriteInFlight
 

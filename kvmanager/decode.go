@@ -295,8 +295,8 @@ func (d *Decode) links(room uint64, inst Instance) (links []core.Link, told []co
 		return nil, instanceRanks(inst.Bootstrap, topo, dp), err
 	}
 	facts := modelFacts(d.cfg.Model)
-	if topo.ModelFacts != facts || topo.PageSize != d.cfg.Model.PageTokens {
-		return refuse(fmt.Errorf("%w: prefill instance %q at %s has model %+v with %d-token pages, this decode rank %+v with %d",
+	if topo.ModelFacts != facts || transfer.PageRatio(topo.PageSize, d.cfg.Model.PageTokens) != nil {
+		return refuse(fmt.Errorf("%w: prefill instance %q at %s has model %+v with %d-token pages, this decode rank %+v with %d (the models must match; the page sizes may differ when one divides the other)",
 			transfer.ErrTopology, topo.Instance, inst.Bootstrap, topo.ModelFacts, topo.PageSize, facts, d.cfg.Model.PageTokens))
 	}
 	if dp == LookupDP {

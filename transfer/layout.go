@@ -41,8 +41,14 @@ type Run = kvlayout.Run
 
 // Slice is what one prefill rank writes into one decode rank's pages: a
 // range of heads (local offsets on each side) over the prefill rank's
-// regions, into the decode rank's regions shifted by RegionOffset.
+// regions, into the decode rank's regions shifted by RegionOffset. With
+// pages of different sizes its runs count units of the smaller page.
 type Slice = kvlayout.Slice
+
+// PageMap maps a room's pages between two page sizes (tokens per page):
+// Pair pairs a chunk's prefill pages with the decode pages a REQUEST
+// named, in units of the smaller page.
+type PageMap = kvlayout.PageMap
 
 // Span is a byte range [Addr, Addr+Len) of registered memory: host memory
 // (DRAM) or device Dev's memory (VRAM).
@@ -78,10 +84,11 @@ const RegionsPerLayer = kvlayout.RegionsPerLayer
 // ErrTopology is a pair of shapes the mapping does not support.
 var ErrTopology = kvlayout.ErrTopology
 
-// ExpandSlice turns page runs into descriptor pairs for a head slice: for
-// each local region, for each page (NHD: for each token), one segment;
-// segments contiguous on both sides are merged, so a Full slice of
-// contiguous pages is one descriptor per run per region, as Expand makes.
+// ExpandSlice turns runs into descriptor pairs for a head slice: for each
+// local region, for each page (or unit, when the page sizes differ), one
+// segment per head (HND) or per token (NHD); segments contiguous on both
+// sides are merged, so a Full slice of contiguous pages is one descriptor
+// per run per region, as Expand makes.
 func ExpandSlice(runs []Run, local, remote Layout, s *Slice) (l, r []nixl.Desc) {
 	return kvlayout.ExpandSlice(runs, local, remote, s)
 }
@@ -97,6 +104,10 @@ func Links(m Model, prefill, decode Parallel) ([]Link, error) {
 // when no two do. An empty span shares no byte. It sorts a copy of the
 // indices: O(n log n) for n spans.
 func Overlap(spans []Span) (i, j int, ok bool) { return kvlayout.Overlap(spans) }
+
+// PageRatio checks that two page sizes (tokens per page) can be mapped
+// onto each other: one divides the other.
+func PageRatio(prefill, decode int) error { return kvlayout.PageRatio(prefill, decode) }
 
 // ParsePageLayout reads "NHD" or "HND" (any case; "" is NHD).
 func ParsePageLayout(s string) (PageLayout, error) { return kvlayout.ParsePageLayout(s) }

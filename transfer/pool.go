@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/nixl"
 )
 
@@ -527,6 +528,9 @@ func (p *Pool) prepOwn(w *Write) (l, r *nixl.Prepped, idx []int, err error) {
 	loc, sl := p.local, *w.Slice
 	rlo, rhi := w.Layers.Regions(len(loc.Regions))
 	loc.Regions, sl.RegionOffset = loc.Regions[rlo:rhi], sl.RegionOffset+rlo
+	if err := kvlayout.CheckRuns(w.Runs, loc, w.Peer, &sl); err != nil {
+		return nil, nil, nil, err
+	}
 	local, remote := ExpandSlice(w.Runs, loc, w.Peer, &sl)
 	if l, err = p.agent.PrepLocal(p.local.Kind, local); err != nil {
 		return nil, nil, nil, err

@@ -322,6 +322,16 @@ func (ls *lists) indices(w *Write) (l, r *nixl.Prepped, li, ri []int, ref *peerL
 		}
 		lk := sliceKey{s.SrcHead, s.Heads, s.SrcHeads, s.HeadBytes, s.PageTokens, s.Layout, 0, len(local.Regions)}
 		rk := sliceKey{s.DstHead, s.Heads, s.DstHeads, s.HeadBytes, s.PageTokens, s.Layout, s.RegionOffset, len(local.Regions)}
+		if !s.Paged() {
+			// Pages of different sizes: the runs count units inside
+			// pages, which the prepared per-page lists do not hold; the
+			// write gets lists of its own (prepOwn).
+			peer.refs--
+			if peer.refs == 0 && peer.dead {
+				peer.release()
+			}
+			return nil, nil, nil, nil, nil, false, nil
+		}
 		lsl, err := self.slice(ls.agent, "", local, lk)
 		if err != nil {
 			return fail("%v", err)

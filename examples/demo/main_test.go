@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -175,12 +176,21 @@ func TestDemoTopologies(t *testing.T) {
 		{"etcd: two prefill and two decode instances", "-discovery etcd"},
 		{"TP 2 to 1, NHD", "-prefill-tp 2 -page-layout NHD"},
 		{"TP 2 to 1, layer-wise in groups of 2", "-prefill-tp 2 -layerwise -layer-group 2 -requests 12"},
+		{"pages of 4 tokens to 16", "-prefill-tp 2 -prefill-page-tokens 4 -decode-page-tokens 16"},
+		{"pages of 64 tokens to 16, NHD, TP 1 to 2", "-prefill-tp 1 -decode-tp 2 -prefill-page-tokens 64 -decode-page-tokens 16 -page-layout NHD"},
+		{"pages of 8 tokens to 32, PP 2 to 1, layer-wise", "-prefill-tp 1 -prefill-pp 2 -prefill-page-tokens 8 -decode-page-tokens 32 -layerwise -requests 12"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"-short", "-requests", "24", "-abort-rate", "0.1"}, strings.Fields(tc.args)...)
 			s := runDemo(t, args...)
 			if !strings.Contains(s, "topology ") {
 				t.Fatalf("no topology line:\n%s", s)
+			}
+			if f := strings.Fields(tc.args); slices.Contains(f, "-decode-page-tokens") {
+				p, d := f[slices.Index(f, "-prefill-page-tokens")+1], f[slices.Index(f, "-decode-page-tokens")+1]
+				if want := p + "-token prefill and " + d + "-token decode"; !strings.Contains(s, want) {
+					t.Fatalf("the topology line does not say %q:\n%s", want, s)
+				}
 			}
 		})
 	}
@@ -311,6 +321,34 @@ func TestDemoTinyllmWires(t *testing.T) {
 	}
 }
 
+// TestDemoTinyllmPageSizes is `make demo DEMO_FLAGS="-compute tinyllm
+// -prefill-page-tokens 4 -decode-page-tokens 16"` (and larger prefill
+// pages than decode's, NHD, TP 2 → 1), short: every completion must be
+// token-identical to the single-process run — the KV cache a decode rank
+// generates from was paired token by token between pages of different
+// sizes, prefix reuse included.
+func TestDemoTinyllmPageSizes(t *testing.T) {
+	dir := binaries(t)
+	for _, tc := range []struct{ name, args string }{
+		{"4 to 16", "-prefill-page-tokens 4 -decode-page-tokens 16"},
+		{"32 to 8, NHD", "-prefill-page-tokens 32 -decode-page-tokens 8 -page-layout NHD"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"-compute", "tinyllm", "-short", "-requests", "8", "-gen", "6", "-abort-rate", "0.25", "-seed", "5", "-bin", dir}, strings.Fields(tc.args)...)
+			out, err := exec.Command(filepath.Join(dir, "demo"), args...).Output()
+			s := string(out)
+			if err != nil {
+				t.Fatalf("demo %s failed: %v\n%s", tc.args, err, s)
+			}
+			for _, want := range []string{"token-identical            8", "failed                     0", "rooms pinned               0", "-token decode pages", "OK: every completion"} {
+				if !strings.Contains(s, want) {
+					t.Errorf("summary lacks %q:\n%s", want, s)
+				}
+			}
+		})
+	}
+}
+
 // removeKeptLogs removes the rank logs a failed demo run kept (a failure
 // this test wanted).
 func removeKeptLogs(t *testing.T, out string) {
@@ -329,6 +367,7 @@ func TestDemoRefusesTopology(t *testing.T) {
 		{"-prefill-tp", "1", "-decode-pp", "2"},
 		{"-compute", "tinyllm", "-prefill-tp", "1", "-decode-pp", "2"},
 		{"-compute", "tinyllm", "-prefill-tp", "3"},
+		{"-prefill-page-tokens", "12", "-decode-page-tokens", "16"},
 	} {
 		var code int
 		// (-requests 1 -gen 1: were the check missing, the run would fail

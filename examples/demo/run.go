@@ -55,6 +55,8 @@ type demoFlags struct {
 	tinyPT                        int
 	layout                        transfer.PageLayout
 	common, prefillArgs           []string // every rank's flags; a prefill rank's
+	decodeArgs                    []string // a decode rank's
+	prefillPT, decodePT           int      // tokens per page on each side (0: the model's)
 }
 
 func newDemoFlags() *demoFlags {
@@ -99,6 +101,8 @@ func newDemoFlags() *demoFlags {
 	fs.StringVar(&o.wire, "wire", "kvbridge", "with -compute tinyllm: how the router drives a pair: kvbridge (every rank's per-rank routes), sglang (SGLang's router: bootstrap_host/port/room to both instances' fronts at once) or vllm (vLLM's serial kv_transfer_params flow)")
 	fs.BoolVar(&o.layerwise, "layerwise", false, "the prefill ranks send each room layer group by layer group (sender.SendLayers) instead of one Send per chunk")
 	fs.IntVar(&o.layerGroup, "layer-group", 1, "with -layerwise: layers per SendLayers call")
+	fs.IntVar(&o.prefillPT, "prefill-page-tokens", 0, "tokens per page on the prefill ranks (0: the model's); pages of the two sides may differ when one size divides the other")
+	fs.IntVar(&o.decodePT, "decode-page-tokens", 0, "tokens per page on the decode ranks (0: the model's)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `demo: what make demo runs. It starts example prefill and decode ranks as
 separate processes on this machine (one per rank; the first prefill rank
@@ -178,6 +182,9 @@ func (o *demoFlags) settle() error {
 	if o.compute == "tinyllm" {
 		mapping = tinyMapping(o.tinyCfg, o.tinyPT, o.layout)
 	}
+	if err := o.pageSizes(mapping.PageTokens); err != nil {
+		return err
+	}
 	if err := router.CheckTopology(mapping, o.pShape, o.dShape); err != nil {
 		return fmt.Errorf("refused before starting any process: prefill (DP %d × PP %d × TP %d) → decode (PP %d × TP %d): %v",
 			o.pShape.DPSize, o.pShape.PPSize, o.pShape.TPSize, o.dShape.PPSize, o.dShape.TPSize, err)
@@ -198,18 +205,50 @@ func (o *demoFlags) settle() error {
 	if o.compute == "tinyllm" {
 		o.common = append(o.common, tinyRankArgs(o.tinyCfg, o.tinyPT)...)
 	}
-	o.prefillArgs = o.common
+	o.prefillArgs = append(append([]string{}, o.common...), "-page-tokens", strconv.Itoa(o.prefillPT))
+	o.decodeArgs = append(append([]string{}, o.common...), "-page-tokens", strconv.Itoa(o.decodePT))
 	if o.layerwise {
-		o.prefillArgs = append(append([]string{}, o.common...), "-layerwise", "-layer-group", strconv.Itoa(o.layerGroup))
+		o.prefillArgs = append(o.prefillArgs, "-layerwise", "-layer-group", strconv.Itoa(o.layerGroup))
 	}
 	return nil
 }
 
+// pageSizes settles each side's tokens per page (the model's, pageTokens,
+// unless given) and checks that one divides the other.
+func (o *demoFlags) pageSizes(pageTokens int) error {
+	for _, pt := range []*int{&o.prefillPT, &o.decodePT} {
+		if *pt < 0 {
+			return fmt.Errorf("page tokens %d: want ≥ 1 (or 0 for the model's)", *pt)
+		}
+		if *pt == 0 {
+			*pt = pageTokens
+		}
+	}
+	if o.prefillPT != o.decodePT && (o.chaos || o.hostile) {
+		return errors.New("-prefill-page-tokens and -decode-page-tokens differ: run them without -chaos or -hostile")
+	}
+	if err := transfer.PageRatio(o.prefillPT, o.decodePT); err != nil {
+		return fmt.Errorf("refused before starting any process: %v", err)
+	}
+	return nil
+}
+
+// roomPages is how many pages a room of tokens takes on the side holding
+// more of them.
+func (o *demoFlags) roomPages(tokens int) int {
+	pt := min(o.prefillPT, o.decodePT)
+	return (tokens + pt - 1) / pt
+}
+
 // topology is the summary's one-line description of the deployment.
 func (o *demoFlags) topology() string {
-	return fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode %d × (PP %d × TP %d), %s pages, %s, %s discovery",
+	pages := fmt.Sprintf("%d-token", o.prefillPT)
+	if o.decodePT != o.prefillPT {
+		pages = fmt.Sprintf("%d-token prefill and %d-token decode", o.prefillPT, o.decodePT)
+	}
+	return fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode %d × (PP %d × TP %d), %s %s pages, %s, %s discovery",
 		o.instances, o.pShape.DPSize, o.pShape.PPSize, o.pShape.TPSize, o.decodeInstances, o.dShape.PPSize, o.dShape.TPSize,
-		strings.ToUpper(o.pageLayout), o.model, o.discovery)
+		pages, strings.ToUpper(o.pageLayout), o.model, o.discovery)
 }
 
 func (o *demoFlags) announce() {
@@ -274,7 +313,7 @@ func run(args []string) int {
 			o.instances, o.pShape.DPSize, o.pShape.PPSize, o.pShape.TPSize, o.decodeInstances, o.dShape.PPSize, o.dShape.TPSize, strings.ToUpper(o.pageLayout),
 			map[bool]string{false: "whole-chunk", true: fmt.Sprintf("layer-wise (%d per group)", o.layerGroup)}[o.layerwise])
 		return runTiny(tinyOptions{bin: o.bin, requests: o.requests, conc: o.conc, gen: o.gen, minTok: o.minTok, maxTok: o.maxTok,
-			abortRate: o.abortRate, seed: o.seed, cfg: o.tinyCfg, pageTokens: o.tinyPT, pages: o.pages, rankArgs: o.common, prefillArgs: o.prefillArgs,
+			abortRate: o.abortRate, seed: o.seed, cfg: o.tinyCfg, pageTokens: o.prefillPT, decodePT: o.decodePT, pages: o.pages, rankArgs: o.decodeArgs, prefillArgs: o.prefillArgs,
 			pShape: o.pShape, dShape: o.dShape, instances: o.instances, decodeInstance: o.decodeInstances, policy: o.policy, fault: o.fault, topology: topology, wire: o.wire})
 	case o.dpPick == "lookup":
 		o.prefillArgs = append(append([]string{}, o.prefillArgs...), "-publish-dp") // a prefill-only flag
@@ -366,7 +405,7 @@ func (r *fillRun) startInstances() (stop func(), err error) {
 		r.prefills = append(r.prefills, in)
 	}
 	for k := 0; k < o.decodeInstances; k++ {
-		in, err := startInstance(o.bin, "decode", fmt.Sprintf("decode-%d", k), r.prefills[0].boot, o.dShape, o.common)
+		in, err := startInstance(o.bin, "decode", fmt.Sprintf("decode-%d", k), r.prefills[0].boot, o.dShape, o.decodeArgs)
 		if err != nil {
 			return stop, err
 		}
@@ -399,7 +438,7 @@ func (r *fillRun) drive() {
 	var wg sync.WaitGroup
 	for i := range r.work {
 		sem <- struct{}{}
-		need := (r.work[i].tokens + o.kv.PageTokens - 1) / o.kv.PageTokens
+		need := o.roomPages(r.work[i].tokens)
 		budget.take(need)
 		wg.Add(1)
 		go func(i int) {

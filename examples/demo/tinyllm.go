@@ -34,6 +34,7 @@ type tinyOptions struct {
 	seed                      uint64
 	cfg                       tinyllm.Config
 	pageTokens, pages         int
+	decodePT                  int // the decode ranks' page tokens (pageTokens: the prefill ranks')
 	rankArgs, prefillArgs     []string
 	pShape, dShape            transfer.Parallel
 	instances, decodeInstance int
@@ -260,8 +261,12 @@ func runTiny(o tinyOptions) int {
 		return 2
 	}
 	work := makePrompts(o)
-	fmt.Printf("model                      %s (%d layers, %d query and %d KV heads of %d, FFN %d, vocabulary %d), %d-token pages\n",
-		o.cfg.Fingerprint(), o.cfg.Layers, o.cfg.QHeads, o.cfg.KVHeads, o.cfg.HeadDim, o.cfg.FFN, o.cfg.Vocab, o.pageTokens)
+	pages := fmt.Sprintf("%d-token pages", o.pageTokens)
+	if o.decodePT != o.pageTokens {
+		pages = fmt.Sprintf("%d-token prefill and %d-token decode pages", o.pageTokens, o.decodePT)
+	}
+	fmt.Printf("model                      %s (%d layers, %d query and %d KV heads of %d, FFN %d, vocabulary %d), %s\n",
+		o.cfg.Fingerprint(), o.cfg.Layers, o.cfg.QHeads, o.cfg.KVHeads, o.cfg.HeadDim, o.cfg.FFN, o.cfg.Vocab, pages)
 	sTTFT, sTPOT, err := single(m, work, o.gen)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo: single-process run:", err)

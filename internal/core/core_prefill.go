@@ -275,19 +275,22 @@ func (c *prefillCore) checkRegister(msg *wire.Register) (PeerPlan, error) {
 		return PeerPlan{}, err
 	}
 	dm := kvlayout.Model{Layers: t.Layers, KVHeads: t.KVHeads, HeadBytes: t.HeadBytes, PageTokens: t.PageTokens, MLA: t.MLA, Layout: pl}
-	if dm != c.cfg.Model {
+	if dm.WithPages(c.cfg.Model.PageTokens) != c.cfg.Model {
 		return PeerPlan{}, fmt.Errorf("model mismatch: prefill %+v, decode %+v", c.cfg.Model, dm)
+	}
+	if err := kvlayout.PageRatio(c.cfg.Model.PageTokens, dm.PageTokens); err != nil {
+		return PeerPlan{}, fmt.Errorf("decode %s: %w", msg.From.Peer(), err)
 	}
 	if own := c.cfg.Parallel.Norm(); t.PeerTPSize != 0 && (t.PeerTPSize != own.TPSize || t.PeerPPSize != own.PPSize) {
 		return PeerPlan{}, fmt.Errorf("decode %s mapped itself onto a prefill instance of TP %d × PP %d, this one is TP %d × PP %d: its view of the instance is stale",
 			msg.From.Peer(), t.PeerTPSize, t.PeerPPSize, own.TPSize, own.PPSize)
 	}
 	dp := kvlayout.Parallel{TPSize: msg.TPSize, TPRank: msg.TPRank, PPSize: t.PPSize, PPRank: t.PPRank, DPSize: t.DPSize, DPRank: t.DPRank}
-	plan, err := kvlayout.Plan(c.cfg.Model, c.cfg.Parallel, dp)
+	plan, err := kvlayout.Plan(c.cfg.Model, dm, c.cfg.Parallel, dp)
 	if err != nil {
 		return PeerPlan{}, fmt.Errorf("prefill %v → decode %v: %w", c.cfg.Parallel.Norm(), dp.Norm(), err)
 	}
-	if err := kvlayout.CheckLayouts(c.cfg.Model, c.cfg.Parallel, local, dp, lay); err != nil {
+	if err := kvlayout.CheckLayouts(c.cfg.Model, c.cfg.Parallel, local, dm, dp, lay); err != nil {
 		return PeerPlan{}, err
 	}
 	return PeerPlan{Layout: lay, Mapped: true, Plan: plan}, nil
@@ -599,6 +602,9 @@ func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
 	if err != nil {
 		return err
 	}
+	if err := c.aligned(rm, in); err != nil {
+		return err
+	}
 	at, err := c.advance(rm, in)
 	if err != nil {
 		return err
@@ -619,6 +625,29 @@ func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
 		writes[i].Last = in.Last && at.whole && i == len(writes)-1
 	}
 	c.emit(Effect{Kind: EffectPost, Room: in.Room, Writes: writes})
+	return nil
+}
+
+// aligned checks that a chunk other than the room's last ends on a page
+// boundary of every decode rank that requested the room with larger pages
+// than this rank's: a decode page is then written by one chunk, and each
+// chunk's notification names whole decode pages (ErrChunkAlign; the room
+// is left as it was, for a chunk that does).
+func (c *prefillCore) aligned(rm *room, in SendChunk) error {
+	if in.Last {
+		return nil
+	}
+	end := rm.pre.sent + len(in.Pages)
+	for _, pr := range rm.requests {
+		p := c.peers[pr.Peer]
+		if p == nil || p.plan == nil || pr.Payload == nil || pr.Payload.Dummy {
+			continue
+		}
+		if pm := p.plan.Pages(); !pm.Aligned(end) {
+			return fmt.Errorf("room %d: a chunk ending after page %d of %d tokens ends inside a %d-token page of decode %s: %w",
+				in.Room, end, pm.Src, pm.Dst, pr.Peer, ErrChunkAlign)
+		}
+	}
 	return nil
 }
 
@@ -705,20 +734,15 @@ func (c *prefillCore) peerWrites(in SendChunk, at chunkAt, pr PeerRequest) ([]kv
 		uid = req.Source
 	}
 	var src, dst []uint32
-	off := -1 // the chunk's first position in the REQUEST's dst_pages
+	off, count := -1, 0 // the positions [off, off+count) of the REQUEST's dst_pages the chunk writes
 	if !req.Dummy {
-		for i, pg := range pages {
-			pos := at.first + i - req.Prefix
-			if pos < 0 {
-				continue // decode already holds this prefix page
-			}
-			if pos >= len(req.DstPages) {
-				return nil, fmt.Sprintf("%s gave %d destination pages, prefill sent more", pr.Peer, len(req.DstPages))
-			}
-			if off < 0 {
-				off = pos
-			}
-			src, dst = append(src, pg), append(dst, req.DstPages[pos])
+		pm := kvlayout.PageMap{Src: 1, Dst: 1}
+		if p.plan != nil {
+			pm = p.plan.Pages()
+		}
+		var err error
+		if src, dst, off, count, err = pm.Pair(at.first, pages, req.Prefix, req.DstPages); err != nil {
+			return nil, fmt.Sprintf("%s: %v", pr.Peer, err)
 		}
 	}
 	// Layers in the decode rank's numbering: this PP stage's layers start
@@ -733,7 +757,7 @@ func (c *prefillCore) peerWrites(in SendChunk, at chunkAt, pr PeerRequest) ([]kv
 	case len(src) > 0:
 		w := base
 		w.Runs, w.Layers = kvlayout.Runs(src, dst), kvlayout.Layers{Lo: at.lo, Hi: at.hi}
-		w.Notif = chunkNotif(room, uid, at.chunk, at.total, n, len(src), at.lo+shift, at.hi+shift, shift, at.layers+shift)
+		w.Notif = chunkNotif(room, uid, at.chunk, at.total, n, count, at.lo+shift, at.hi+shift, shift, at.layers+shift)
 		writes = append(writes, w)
 	case at.whole:
 		// Nothing to write here (a dummy, or pages decode holds): the

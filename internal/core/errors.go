@@ -51,6 +51,11 @@ var (
 	// consecutive ranges from 0 to the rank's layer count) or naming
 	// another chunk than the one whose layers are being sent.
 	ErrLayers = errors.New("kvmanager: layer range out of order")
+	// ErrChunkAlign: a chunk other than the room's last ends inside a page
+	// of a decode rank whose pages hold more tokens than this rank's
+	// (docs/PROTOCOL.md "Pages of different sizes"); send whole decode
+	// pages per chunk.
+	ErrChunkAlign = errors.New("kvmanager: chunk ends inside a decode page")
 	// ErrIncompatible: a prefill rank refused this rank's registration
 	// (REGISTER_ACK ok false: compat, layout or ownership).
 	ErrIncompatible = errors.New("kvmanager: peer refused registration")

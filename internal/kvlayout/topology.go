@@ -63,6 +63,12 @@ type Model struct {
 	Layout     PageLayout
 }
 
+// WithPages is the model with pages of n tokens.
+func (m Model) WithPages(n int) Model {
+	m.PageTokens = n
+	return m
+}
+
 // Zero reports whether no model was given (then no mapping applies: one
 // prefill rank feeds one decode rank with identical layouts).
 func (m Model) Zero() bool { return m == Model{} }
@@ -270,6 +276,11 @@ func Links(m Model, prefill, decode Parallel) ([]Link, error) {
 // Slice is what one prefill rank writes into one decode rank's pages: a
 // range of heads (local offsets on each side) over the prefill rank's
 // regions, into the decode rank's regions shifted by RegionOffset.
+//
+// When the two sides' pages hold different numbers of tokens
+// (DstPageTokens ≠ PageTokens), a write's runs count units of the smaller
+// page instead of pages (MapPages makes them): unit u of a side lies in
+// its page u / (its page tokens / Unit()), at token (u mod that) × Unit().
 type Slice struct {
 	// Full: whole pages (both ranks hold exactly the heads written, in pages
 	// of the same size): contiguous runs of pages stay one segment.
@@ -278,16 +289,53 @@ type Slice struct {
 	Heads              int // heads written
 	SrcHeads, DstHeads int // heads per token on each side (page geometry)
 	HeadBytes          int
-	PageTokens         int
+	PageTokens         int // tokens per page on the prefill side
+	DstPageTokens      int // tokens per page on the decode side (0: PageTokens)
 	Layout             PageLayout
 	RegionOffset       int // remote region = local region + RegionOffset
 }
 
-// Plan computes what prefill rank p writes into decode rank d (nil for a
-// dummy: nothing). Both must hold the same model.
-func Plan(m Model, p, d Parallel) (*Slice, error) {
+// dstTokens is the decode side's tokens per page.
+func (s *Slice) dstTokens() int {
+	if s.DstPageTokens == 0 {
+		return s.PageTokens
+	}
+	return s.DstPageTokens
+}
+
+// Pages is the slice's page map: prefill page tokens to decode's.
+func (s *Slice) Pages() PageMap { return PageMap{Src: s.PageTokens, Dst: s.dstTokens()} }
+
+// Paged reports whether the write's runs count pages (both sides' pages
+// hold the same tokens); otherwise they count units of Unit() tokens.
+func (s *Slice) Paged() bool { return s.dstTokens() == s.PageTokens }
+
+// Unit is the tokens of one run unit: the smaller side's page.
+func (s *Slice) Unit() int { return min(s.PageTokens, s.dstTokens()) }
+
+// PageRatio checks that two page sizes (tokens per page) can be mapped
+// onto each other: one divides the other.
+func PageRatio(prefill, decode int) error {
+	if prefill < 1 || decode < 1 || (prefill%decode != 0 && decode%prefill != 0) {
+		return fmt.Errorf("%w: prefill pages of %d tokens, decode pages of %d (one must divide the other)", ErrTopology, prefill, decode)
+	}
+	return nil
+}
+
+// Plan computes what prefill rank p, holding model src, writes into decode
+// rank d, holding model dst (nil for a dummy: nothing). The two models must
+// be the same but for their page tokens, and one page size must divide the
+// other.
+func Plan(src, dst Model, p, d Parallel) (*Slice, error) {
 	p, d = p.Norm(), d.Norm()
+	m := src
 	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	if src.WithPages(dst.PageTokens) != dst {
+		return nil, fmt.Errorf("%w: models differ beyond their page tokens: prefill %+v, decode %+v", ErrTopology, src, dst)
+	}
+	if err := PageRatio(src.PageTokens, dst.PageTokens); err != nil {
 		return nil, err
 	}
 	sts, err := stages(p.PPSize, d.PPSize, d.PPRank)
@@ -309,39 +357,70 @@ func Plan(m Model, p, d Parallel) (*Slice, error) {
 	dFirst, dN, _ := m.Heads(d.TPSize, d.TPRank)
 	pl, _ := m.StageLayers(p.PPSize, p.PPRank)
 	dl, _ := m.StageLayers(d.PPSize, d.PPRank)
-	return &Slice{Full: hn == pN && hn == dN, SrcHead: h0 - pFirst, DstHead: h0 - dFirst, Heads: hn,
-		SrcHeads: pN, DstHeads: dN, HeadBytes: m.HeadBytes, PageTokens: m.PageTokens, Layout: m.Layout,
-		RegionOffset: (pl - dl) * RegionsPerLayer}, nil
+	s := &Slice{Full: hn == pN && hn == dN && src.PageTokens == dst.PageTokens, SrcHead: h0 - pFirst, DstHead: h0 - dFirst, Heads: hn,
+		SrcHeads: pN, DstHeads: dN, HeadBytes: m.HeadBytes, PageTokens: src.PageTokens, Layout: m.Layout,
+		RegionOffset: (pl - dl) * RegionsPerLayer}
+	if dst.PageTokens != src.PageTokens {
+		s.DstPageTokens = dst.PageTokens
+	}
+	return s, nil
 }
 
-// CheckLayouts verifies that a prefill and a decode layout fit the model
-// and their shapes: regions per stage layer, page bytes per TP size.
-func CheckLayouts(m Model, p Parallel, pl Layout, d Parallel, dl Layout) error {
+// CheckLayouts verifies that a prefill and a decode layout fit their
+// models and shapes: regions per stage layer, page bytes per TP size and
+// page tokens.
+func CheckLayouts(pm Model, p Parallel, pl Layout, dm Model, d Parallel, dl Layout) error {
 	p, d = p.Norm(), d.Norm()
 	for _, side := range []struct {
 		name string
+		m    Model
 		par  Parallel
 		lay  Layout
-	}{{"prefill", p, pl}, {"decode", d, dl}} {
-		_, layers := m.StageLayers(side.par.PPSize, side.par.PPRank)
+	}{{"prefill", pm, p, pl}, {"decode", dm, d, dl}} {
+		_, layers := side.m.StageLayers(side.par.PPSize, side.par.PPRank)
 		if len(side.lay.Regions) != layers*RegionsPerLayer {
 			return fmt.Errorf("%s (%v) has %d regions, its %d layers need %d", side.name, side.par, len(side.lay.Regions), layers, layers*RegionsPerLayer)
 		}
-		want, err := m.PageBytes(side.par.TPSize)
+		want, err := side.m.PageBytes(side.par.TPSize)
 		if err != nil {
 			return err
 		}
 		if side.lay.PageBytes != want {
-			return fmt.Errorf("%s (%v) has %d-byte pages, the model at TP %d needs %d", side.name, side.par, side.lay.PageBytes, side.par.TPSize, want)
+			return fmt.Errorf("%s (%v) has %d-byte pages, the model at TP %d with %d-token pages needs %d", side.name, side.par, side.lay.PageBytes, side.par.TPSize, side.m.PageTokens, want)
 		}
 	}
 	return nil
 }
 
-// ExpandSlice turns page runs into descriptor pairs for a head slice: for
-// each local region, for each page (NHD: for each token), one segment;
-// segments contiguous on both sides are merged, so a Full slice of
-// contiguous pages is one descriptor per run per region, as Expand makes.
+// CheckRuns verifies that every unit of runs lies in a page of each side's
+// regions (local.Pages(), remote.Pages()) and that the local regions, at
+// the slice's offset, fit the remote's: ExpandSlice's input is then inside
+// the registered memory.
+func CheckRuns(runs []Run, local, remote Layout, s *Slice) error {
+	if s.RegionOffset < 0 || len(local.Regions)+s.RegionOffset > len(remote.Regions) {
+		return fmt.Errorf("transfer: %d regions at offset %d do not fit the peer's %d", len(local.Regions), s.RegionOffset, len(remote.Regions))
+	}
+	unit := s.Unit()
+	sPer, dPer := uint64(s.PageTokens/unit), uint64(s.dstTokens()/unit)
+	for _, run := range runs {
+		if run.Len == 0 {
+			continue
+		}
+		// Units only grow along a run: its last unit is its furthest.
+		ls, ld := uint64(run.Src)+uint64(run.Len)-1, uint64(run.Dst)+uint64(run.Len)-1
+		if ls/sPer >= uint64(local.Pages()) || ld/dPer >= uint64(remote.Pages()) {
+			return fmt.Errorf("transfer: units %d+%d → %d+%d are outside the regions (%d, %d pages of %d and %d tokens)",
+				run.Src, run.Len, run.Dst, run.Len, local.Pages(), remote.Pages(), s.PageTokens, s.dstTokens())
+		}
+	}
+	return nil
+}
+
+// ExpandSlice turns runs into descriptor pairs for a head slice: for each
+// local region, for each page (or unit, when the page sizes differ), one
+// segment per head (HND) or per token (NHD); segments contiguous on both
+// sides are merged, so a Full slice of contiguous pages is one descriptor
+// per run per region, as Expand makes.
 func ExpandSlice(runs []Run, local, remote Layout, s *Slice) (l, r []mem.Desc) {
 	hb := uint64(s.HeadBytes)
 	add := func(ld, rd mem.Desc) {
@@ -353,25 +432,32 @@ func ExpandSlice(runs []Run, local, remote Layout, s *Slice) (l, r []mem.Desc) {
 		}
 		l, r = append(l, ld), append(r, rd)
 	}
+	// A run unit of each side: its page, and the token it starts at.
+	unit, sTok, dTok := s.Unit(), s.PageTokens, s.dstTokens()
+	sPer, dPer := uint32(sTok/unit), uint32(dTok/unit)
 	for i, lr := range local.Regions {
 		rr := remote.Regions[i+s.RegionOffset]
 		for _, run := range runs {
 			for k := uint32(0); k < run.Len; k++ {
-				lp := lr.Addr + uintptr(uint64(run.Src+k)*local.PageBytes)
-				rp := rr.Addr + uintptr(uint64(run.Dst+k)*remote.PageBytes)
+				su, du := run.Src+k, run.Dst+k
+				lp := lr.Addr + uintptr(uint64(su/sPer)*local.PageBytes)
+				rp := rr.Addr + uintptr(uint64(du/dPer)*remote.PageBytes)
+				st, dt := int(su%sPer)*unit, int(du%dPer)*unit
 				switch {
 				case s.Full:
 					add(mem.Desc{Addr: lp, Len: local.PageBytes, Dev: lr.Dev}, mem.Desc{Addr: rp, Len: remote.PageBytes, Dev: rr.Dev})
 				case s.Layout == HND:
-					tok := uint64(s.PageTokens) * hb
-					n := uint64(s.Heads) * tok
-					add(mem.Desc{Addr: lp + uintptr(uint64(s.SrcHead)*tok), Len: n, Dev: lr.Dev},
-						mem.Desc{Addr: rp + uintptr(uint64(s.DstHead)*tok), Len: n, Dev: rr.Dev})
-				default: // NHD
+					// For each head, its unit of tokens.
+					n := uint64(unit) * hb
+					for h := 0; h < s.Heads; h++ {
+						add(mem.Desc{Addr: lp + uintptr((uint64((s.SrcHead+h)*sTok+st))*hb), Len: n, Dev: lr.Dev},
+							mem.Desc{Addr: rp + uintptr((uint64((s.DstHead+h)*dTok+dt))*hb), Len: n, Dev: rr.Dev})
+					}
+				default: // NHD: for each token, its heads.
 					n := uint64(s.Heads) * hb
-					for t := 0; t < s.PageTokens; t++ {
-						add(mem.Desc{Addr: lp + uintptr((uint64(t*s.SrcHeads+s.SrcHead))*hb), Len: n, Dev: lr.Dev},
-							mem.Desc{Addr: rp + uintptr((uint64(t*s.DstHeads+s.DstHead))*hb), Len: n, Dev: rr.Dev})
+					for t := 0; t < unit; t++ {
+						add(mem.Desc{Addr: lp + uintptr((uint64((st+t)*s.SrcHeads+s.SrcHead))*hb), Len: n, Dev: lr.Dev},
+							mem.Desc{Addr: rp + uintptr((uint64((dt+t)*s.DstHeads+s.DstHead))*hb), Len: n, Dev: rr.Dev})
 					}
 				}
 			}

@@ -134,114 +134,171 @@ func headAt(m Model, heads, h, t int) int {
 }
 
 // TestSlicesMoveEveryHeadOnce runs each topology's writes over byte
-// arrays: every prefill rank fills its heads with a pattern of (global
-// layer region, global head, token position); after every link's writes,
-// every head of every token of every decode region holds the right pattern,
-// and every byte of the decode pages was written exactly once.
+// arrays, for pages of the same size and of different sizes on the two
+// sides (both ways), with and without a prefix decode holds and a room
+// whose last page is partly filled: every prefill rank fills its heads
+// with a pattern of (global layer region, global head, room token); after
+// every link's writes — the room sent in two chunks, mapped by PageMap —
+// every head of every token of the room in every decode region holds the
+// right pattern, written exactly once, and no byte outside the room's
+// decode pages was written.
 func TestSlicesMoveEveryHeadOnce(t *testing.T) {
 	mla := Model{Layers: 4, KVHeads: 1, HeadBytes: 32, PageTokens: 4, MLA: true}
 	two := Model{Layers: 4, KVHeads: 2, HeadBytes: 16, PageTokens: 4}
 	type topo struct{ ptp, ppp, dtp, dpp int }
 	cases := map[string]topo{"TP 1→1": {1, 1, 1, 1}, "TP 2→1": {2, 1, 1, 1}, "TP 1→2": {1, 1, 2, 1}, "TP 4→2": {4, 1, 2, 1},
 		"TP 2→4": {2, 1, 4, 1}, "TP 8→1": {8, 1, 1, 1}, "PP 2→1": {1, 2, 1, 1}, "PP 2→2": {1, 2, 1, 2}, "PP 2 TP 2→1": {2, 2, 1, 1}}
+	type room struct {
+		name           string
+		srcTok, dstTok int
+		tokens, prefix int // the room's tokens; decode pages it holds
+		src, dst       []uint32
+		split          int // the first chunk's prefill pages
+	}
+	rooms := []room{
+		// 20 tokens of 4-token pages on both sides, two runs each.
+		{"same pages", 4, 4, 20, 0, []uint32{0, 1, 2, 4, 5}, []uint32{3, 4, 5, 0, 1}, 2},
+		{"same pages, prefix 2", 4, 4, 20, 2, []uint32{0, 1, 2, 4, 5}, []uint32{5, 0, 1}, 3},
+		// Prefill pages of 2 tokens, decode's of 8: 4 prefill pages a decode page.
+		{"prefill 2, decode 8", 2, 8, 22, 0, []uint32{11, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, []uint32{2, 0, 1}, 8},
+		{"prefill 2, decode 8, prefix 1", 2, 8, 22, 1, []uint32{11, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, []uint32{0, 2}, 4},
+		// Prefill pages of 8 tokens, decode's of 2: the last prefill page overhangs.
+		{"prefill 8, decode 2", 8, 2, 21, 0, []uint32{2, 0, 1}, []uint32{1, 2, 3, 4, 0, 5, 6, 7, 8, 9, 10}, 1},
+		{"prefill 8, decode 4, prefix 1", 8, 4, 21, 1, []uint32{1, 2, 0}, []uint32{4, 0, 1, 2, 3}, 2},
+	}
 	for _, model := range []struct {
 		name string
 		m    Model
 	}{{"NHD", llama(NHD)}, {"HND", llama(HND)}, {"2 heads", two}, {"MLA", mla}} {
 		for name, tp := range cases {
-			t.Run(model.name+"/"+name, func(t *testing.T) {
-				m := model.m
-				const pages = 6
-				src, dst := []uint32{0, 1, 2, 4, 5}, []uint32{3, 4, 5, 0, 1} // two runs each
-				for dRank := 0; dRank < tp.dtp*tp.dpp; dRank++ {
-					d := Parallel{TPSize: tp.dtp, TPRank: dRank % tp.dtp, PPSize: tp.dpp, PPRank: dRank / tp.dtp}
-					dl, dmem := rankMem(m, d, pages, 1<<40)
-					written := make([]int, len(dmem.b))
-					links, err := Links(m, Parallel{TPSize: tp.ptp, PPSize: tp.ppp}, d)
-					if err != nil {
-						t.Fatal(err)
-					}
-					aux := 0
-					for _, lk := range links {
-						if lk.Aux {
-							aux++
-						}
-						p := Parallel{TPSize: tp.ptp, TPRank: lk.TPRank, PPSize: tp.ppp, PPRank: lk.PPRank}
-						pl, pmem := rankMem(m, p, pages, 1<<30)
-						pFirst, pN, _ := m.Heads(tp.ptp, lk.TPRank)
-						pLayer, _ := m.StageLayers(tp.ppp, lk.PPRank)
-						for reg := range pl.Regions {
-							for pg := 0; pg < pages; pg++ {
-								page := pmem.at(pl.Regions[reg])[uint64(pg)*pl.PageBytes:]
-								for h := 0; h < pN; h++ {
-									for tok := 0; tok < m.PageTokens; tok++ {
-										s := stamp(pLayer*RegionsPerLayer+reg, pFirst+h, pg*m.PageTokens+tok)
-										off := headAt(m, pN, h, tok)
-										for b := 0; b < m.HeadBytes; b++ {
-											page[off+b] = s[b%2]
-										}
-									}
-								}
-							}
-						}
-						sl, err := Plan(m, p, d)
-						if err != nil {
-							t.Fatal(err)
-						}
-						if (sl == nil) != lk.Dummy {
-							t.Fatalf("link %+v: plan %+v", lk, sl)
-						}
-						if sl == nil {
-							continue
-						}
-						if err := CheckLayouts(m, p, pl, d, dl); err != nil {
-							t.Fatal(err)
-						}
-						ld, rd := ExpandSlice(Runs(src, dst), pl, dl, sl)
-						for i := range ld {
-							copy(dmem.at(rd[i]), pmem.at(ld[i]))
-							for k := rd[i].Addr - dmem.base; k < rd[i].Addr-dmem.base+uintptr(rd[i].Len); k++ {
-								written[k]++
-							}
-						}
-						if sl.Full && len(ld) != len(pl.Regions)*2 {
-							t.Fatalf("a full slice of 2 runs over %d regions made %d descriptors, want merged %d", len(pl.Regions), len(ld), len(pl.Regions)*2)
-						}
-					}
-					// Exactly one link writes aux, unless this decode stage
-					// pulls only from a prefill stage before the last.
-					wantAux := 1
-					if tp.dpp == tp.ppp && d.PPRank != tp.ppp-1 {
-						wantAux = 0
-					}
-					if aux != wantAux {
-						t.Fatalf("decode %v: %d links write aux, want %d", d, aux, wantAux)
-					}
-					// Every head of every token of every destination page.
-					dFirst, dN, _ := m.Heads(tp.dtp, d.TPRank)
-					dLayer, _ := m.StageLayers(tp.dpp, d.PPRank)
-					for reg := range dl.Regions {
-						for i, pg := range dst {
-							page := dmem.at(dl.Regions[reg])[uint64(pg)*dl.PageBytes:]
-							for h := 0; h < dN; h++ {
-								for tok := 0; tok < m.PageTokens; tok++ {
-									s := stamp(dLayer*RegionsPerLayer+reg, dFirst+h, int(src[i])*m.PageTokens+tok)
-									off := headAt(m, dN, h, tok)
-									for b := 0; b < m.HeadBytes; b++ {
-										if page[off+b] != s[b%2] {
-											t.Fatalf("decode %v region %d page %d head %d token %d byte %d: %d, want %d", d, reg, pg, dFirst+h, tok, b, page[off+b], s[b%2])
-										}
-										k := uintptr(uint64(reg*pages)*dl.PageBytes+uint64(pg)*dl.PageBytes) + uintptr(off+b)
-										if written[k] != 1 {
-											t.Fatalf("decode %v region %d page %d head %d token %d: written %d times", d, reg, pg, dFirst+h, tok, written[k])
-										}
-									}
-								}
+			for _, rm := range rooms {
+				t.Run(model.name+"/"+name+"/"+rm.name, func(t *testing.T) {
+					ms, md := model.m, model.m
+					ms.PageTokens, md.PageTokens = rm.srcTok, rm.dstTok
+					checkSlices(t, ms, md, tp.ptp, tp.ppp, tp.dtp, tp.dpp, rm.tokens, rm.prefix, rm.src, rm.dst, rm.split)
+				})
+			}
+		}
+	}
+}
+
+// checkSlices is one case of TestSlicesMoveEveryHeadOnce.
+func checkSlices(t *testing.T, ms, md Model, ptp, ppp, dtp, dpp, tokens, prefix int, src, dst []uint32, split int) {
+	t.Helper()
+	const pages = 12
+	pm := PageMap{Src: ms.PageTokens, Dst: md.PageTokens}
+	if !pm.Aligned(split) {
+		t.Fatalf("test case: the first chunk of %d pages does not end on a decode page", split)
+	}
+	for dRank := 0; dRank < dtp*dpp; dRank++ {
+		d := Parallel{TPSize: dtp, TPRank: dRank % dtp, PPSize: dpp, PPRank: dRank / dtp}
+		dl, dmem := rankMem(md, d, pages, 1<<40)
+		written := make([]int, len(dmem.b))
+		links, err := Links(md, Parallel{TPSize: ptp, PPSize: ppp}, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		aux := 0
+		for _, lk := range links {
+			if lk.Aux {
+				aux++
+			}
+			p := Parallel{TPSize: ptp, TPRank: lk.TPRank, PPSize: ppp, PPRank: lk.PPRank}
+			pl, pmem := rankMem(ms, p, pages, 1<<30)
+			pFirst, pN, _ := ms.Heads(ptp, lk.TPRank)
+			pLayer, _ := ms.StageLayers(ppp, lk.PPRank)
+			for reg := range pl.Regions {
+				for q, pg := range src {
+					page := pmem.at(pl.Regions[reg])[uint64(pg)*pl.PageBytes:]
+					for h := 0; h < pN; h++ {
+						for tok := 0; tok < ms.PageTokens; tok++ {
+							s := stamp(pLayer*RegionsPerLayer+reg, pFirst+h, q*ms.PageTokens+tok)
+							off := headAt(ms, pN, h, tok)
+							for b := 0; b < ms.HeadBytes; b++ {
+								page[off+b] = s[b%2]
 							}
 						}
 					}
 				}
-			})
+			}
+			sl, err := Plan(ms, md, p, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (sl == nil) != lk.Dummy {
+				t.Fatalf("link %+v: plan %+v", lk, sl)
+			}
+			if sl == nil {
+				continue
+			}
+			if err := CheckLayouts(ms, p, pl, md, d, dl); err != nil {
+				t.Fatal(err)
+			}
+			var descs int
+			for _, c := range [][2]int{{0, split}, {split, len(src)}} {
+				s, dd, _, _, err := pm.Pair(c[0], src[c[0]:c[1]], prefix, dst)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ld, rd := ExpandSlice(Runs(s, dd), pl, dl, sl)
+				descs += len(ld)
+				for i := range ld {
+					if ld[i].Len != rd[i].Len {
+						t.Fatalf("descriptor %d: %d bytes from %d", i, rd[i].Len, ld[i].Len)
+					}
+					copy(dmem.at(rd[i]), pmem.at(ld[i]))
+					for k := rd[i].Addr - dmem.base; k < rd[i].Addr-dmem.base+uintptr(rd[i].Len); k++ {
+						written[k]++
+					}
+				}
+			}
+			if sl.Full && pm.Same() && prefix == 0 && descs != len(pl.Regions)*3 {
+				t.Fatalf("a full slice of 2 chunks of 3 runs over %d regions made %d descriptors, want merged %d", len(pl.Regions), descs, len(pl.Regions)*3)
+			}
+		}
+		// Exactly one link writes aux, unless this decode stage pulls only
+		// from a prefill stage before the last.
+		wantAux := 1
+		if dpp == ppp && d.PPRank != ppp-1 {
+			wantAux = 0
+		}
+		if aux != wantAux {
+			t.Fatalf("decode %v: %d links write aux, want %d", d, aux, wantAux)
+		}
+		// Every head of every token of the room in every destination page;
+		// nothing else written.
+		dFirst, dN, _ := md.Heads(dtp, d.TPRank)
+		dLayer, _ := md.StageLayers(dpp, d.PPRank)
+		room := make([]bool, len(written))
+		for reg := range dl.Regions {
+			for i, pg := range dst {
+				page := dmem.at(dl.Regions[reg])[uint64(pg)*dl.PageBytes:]
+				for h := 0; h < dN; h++ {
+					for tok := 0; tok < md.PageTokens; tok++ {
+						v := (prefix+i)*md.PageTokens + tok // the room's token
+						off := headAt(md, dN, h, tok)
+						s := stamp(dLayer*RegionsPerLayer+reg, dFirst+h, v)
+						for b := 0; b < md.HeadBytes; b++ {
+							k := uintptr(uint64(reg*pages)*dl.PageBytes+uint64(pg)*dl.PageBytes) + uintptr(off+b)
+							room[k] = true
+							if v >= tokens && written[k] <= 1 {
+								continue // past the room's end: written once at most
+							}
+							if page[off+b] != s[b%2] {
+								t.Fatalf("decode %v region %d page %d head %d token %d (room token %d) byte %d: %d, want %d", d, reg, pg, dFirst+h, tok, v, b, page[off+b], s[b%2])
+							}
+							if written[k] != 1 {
+								t.Fatalf("decode %v region %d page %d head %d token %d: written %d times", d, reg, pg, dFirst+h, tok, written[k])
+							}
+						}
+					}
+				}
+			}
+		}
+		for k, n := range written {
+			if n != 0 && !room[k] {
+				t.Fatalf("decode %v: byte %d outside the room's pages written %d times", d, k, n)
+			}
 		}
 	}
 }

@@ -61,9 +61,12 @@ func (m Model) BytesPerToken() uint64 {
 	return 2 * uint64(m.Layers) * m.PageBytes() / uint64(m.PageTokens)
 }
 
-// Compat is the compatibility string both sides must share.
+// Compat is the compatibility string both sides must share. Page tokens
+// are not in it: the two sides' pages may differ in size (the rank mapping
+// pairs them by tokens, and a prefill rank refuses sizes where neither
+// divides the other).
 func (m Model) Compat() string {
-	return fmt.Sprintf("kvb1:%s:L%d:H%d:D%d:B%d:P%d:mla=%v", m.Name, m.Layers, m.KVHeads, m.HeadDim, m.DTypeBytes, m.PageTokens, m.MLA)
+	return fmt.Sprintf("kvb1:%s:L%d:H%d:D%d:B%d:mla=%v", m.Name, m.Layers, m.KVHeads, m.HeadDim, m.DTypeBytes, m.MLA)
 }
 
 // AuxItemBytes is the size of a request's aux item in the examples.
@@ -223,21 +226,26 @@ func headSegments(tm transfer.Model, n int, f func(h, t, off int)) {
 	}
 }
 
-// stampSegment marks one head of one token: global head, token, instance.
-func stampSegment(seg []byte, seed uint64, head, t int) {
+// stampSegment marks one head of one token: global head, the room's token
+// index, instance.
+func stampSegment(seg []byte, seed uint64, head, token int) {
 	var st [8]byte
-	binary.LittleEndian.PutUint64(st[:], uint64(head)<<48|uint64(t)<<32|seed&0xffffffff)
+	binary.LittleEndian.PutUint64(st[:], uint64(head)<<48|uint64(token&0xffffff)<<24|seed&0xffffff)
 	copy(seg, st[:])
 }
 
-// FillHeads writes the pattern of (instance seed, room, position, global
-// region) into a page holding the global heads [first, first+n): the page
-// pattern of Fill, each head of each token stamped with its global head,
-// token and instance — so the decode side can tell that every head of every
-// token landed, from the right source, at the right offset.
+// FillHeads writes the pattern of (instance seed, room, token, global
+// region, global head) into the page at the room's page position pos,
+// holding the global heads [first, first+n): each head of each token is a
+// template of the room and region, stamped with its global head, its
+// token's index in the room (pos × page tokens + slot) and the instance —
+// so the decode side can tell that every head of every token landed, from
+// the right source, at the right offset, whatever the page sizes of the
+// two sides.
 func FillHeads(page []byte, tm transfer.Model, first, n int, seed, room uint64, pos, region int) {
-	// One template per page: it does not depend on where a head sits, so
-	// the same head-token segment is equal on every TP size and layout.
+	// One template per room and region: it does not depend on where a head
+	// or token sits, so the same head-token segment is equal on every TP
+	// size, page size and layout.
 	var buf [1024]byte
 	var tmpl []byte
 	if tm.HeadBytes <= len(buf) {
@@ -245,16 +253,18 @@ func FillHeads(page []byte, tm transfer.Model, first, n int, seed, room uint64, 
 	} else {
 		tmpl = make([]byte, tm.HeadBytes)
 	}
-	Fill(tmpl, room^seed, pos, region)
+	Fill(tmpl, room^seed, 0, region)
 	headSegments(tm, n, func(h, t, off int) {
 		seg := page[off : off+tm.HeadBytes]
 		copy(seg, tmpl)
-		stampSegment(seg, seed, first+h, t)
+		stampSegment(seg, seed, first+h, pos*tm.PageTokens+t)
 	})
 }
 
-// CheckHeads reports whether a page holds FillHeads' pattern for its heads.
-func CheckHeads(page []byte, tm transfer.Model, first, n int, seed, room uint64, pos, region int) bool {
+// CheckHeads reports whether the page at the room's page position pos
+// holds FillHeads' pattern for its heads, in its slots of the room's first
+// tokens tokens (a room's last page may be partly filled).
+func CheckHeads(page []byte, tm transfer.Model, first, n int, seed, room uint64, pos, region, tokens int) bool {
 	bp := pagePool.Get().(*[]byte)
 	defer pagePool.Put(bp)
 	if cap(*bp) < len(page) {
@@ -262,7 +272,16 @@ func CheckHeads(page []byte, tm transfer.Model, first, n int, seed, room uint64,
 	}
 	want := (*bp)[:len(page)]
 	FillHeads(want, tm, first, n, seed, room, pos, region)
-	return string(want) == string(page)
+	if (pos+1)*tm.PageTokens <= tokens {
+		return string(want) == string(page)
+	}
+	ok := true
+	headSegments(tm, n, func(h, t, off int) {
+		if pos*tm.PageTokens+t < tokens && string(want[off:off+tm.HeadBytes]) != string(page[off:off+tm.HeadBytes]) {
+			ok = false
+		}
+	})
+	return ok
 }
 
 var pagePool = sync.Pool{New: func() any { b := []byte(nil); return &b }}

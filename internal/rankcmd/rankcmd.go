@@ -430,11 +430,14 @@ func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Log
 	if o.layerGroup < 1 {
 		return nil, 2, fmt.Errorf("-layer-group %d: want ≥ 1", o.layerGroup)
 	}
-	for _, ov := range []struct{ v, dst *int }{{&o.layers, &m.Layers}, {&o.heads, &m.KVHeads}, {&o.dim, &m.HeadDim}, {&o.dtype, &m.DTypeBytes}, {&o.pageTok, &m.PageTokens}} {
+	for _, ov := range []struct{ v, dst *int }{{&o.layers, &m.Layers}, {&o.heads, &m.KVHeads}, {&o.dim, &m.HeadDim}, {&o.dtype, &m.DTypeBytes}} {
 		if *ov.v > 0 && tl == nil { // (tinyllm: tinyModel applied them)
 			*ov.dst = *ov.v
 			m.Name = "custom"
 		}
+	}
+	if o.pageTok > 0 && tl == nil {
+		m.PageTokens = o.pageTok // the same model in other pages: its compat string stays
 	}
 	r = &Rank{Role: role, Model: m, log: log, npage: o.pages, bootURL: o.boot, reg: reg, compute: o.compute, started: time.Now(),
 		httpClient: &http.Client{}, served: o.served, reqTimeout: o.reqTimeout, kvLease: o.kvLease, sglangPort: o.sglangPort}
@@ -827,7 +830,7 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 		layer0, _ := r.Mapping.StageLayers(r.Par.PPSize, r.Par.PPRank)
 		for region, mem := range r.kv {
 			for pos, pg := range dst {
-				if kvmodel.CheckHeads(mem[int(pg)*pb:(int(pg)+1)*pb], r.Mapping, first, heads, seed, rr.Room, pos, layer0*transfer.RegionsPerLayer+region) {
+				if kvmodel.CheckHeads(mem[int(pg)*pb:(int(pg)+1)*pb], r.Mapping, first, heads, seed, rr.Room, pos, layer0*transfer.RegionsPerLayer+region, rr.Tokens) {
 					res.PagesVerified++
 				} else {
 					res.Corrupt++

@@ -185,8 +185,12 @@ func New(ctx context.Context, cfg Config) (*Router, error) {
 					return nil, fmt.Errorf("router: %s computes %q: the router serves ranks run with -compute tinyllm", u, info.Compute)
 				case fp == "":
 					fp, rt.vocab, mapping = info.Fingerprint, info.Vocab, info.Model.Mapping(info.Layout)
-				case info.Fingerprint != fp || info.Model.Mapping(info.Layout) != mapping:
+				case info.Fingerprint != fp || info.Model.Mapping(info.Layout).WithPages(0) != mapping.WithPages(0):
 					return nil, fmt.Errorf("router: %s serves %s (%v), another rank %s (%v)", u, info.Fingerprint, info.Model.Mapping(info.Layout), fp, mapping)
+				case transfer.PageRatio(mapping.PageTokens, info.Model.PageTokens) != nil:
+					// Pages may differ in size (the ranks pair them by
+					// tokens) when one size divides the other.
+					return nil, fmt.Errorf("router: %s keeps %d-token pages, another rank %d-token ones: one must divide the other", u, info.Model.PageTokens, mapping.PageTokens)
 				}
 				if in.Name == "" {
 					in.Name, in.Shape = info.Instance, info.Parallel.Norm()

@@ -236,6 +236,32 @@ var mutants = []mutant{
 		pkg: "nixl", run: "^TestUCXTCPPriorityPerDevice$"},
 	{name: "namespace-always-ino", file: "nixl/addrcheck.go", old: "	if v.major > 1 || (v.major == 1 && v.minor >= 22) {\n		return 4\n	}\n", new: "",
 		pkg: "nixl", run: "^TestUCXNamespaceSizes$"},
+	// Pages of different sizes: a chunk that ends inside a larger decode
+	// page is written (two chunks would share a decode page, and each
+	// notification would name it whole).
+	{name: "chunk-align-unchecked", file: "internal/core/core_prefill.go", old: "\tif in.Last {\n\t\treturn nil\n\t}\n\tend := rm.pre.sent", new: "\tif in.Last || true {\n\t\treturn nil\n\t}\n\tend := rm.pre.sent",
+		pkg: "internal/core", run: "^TestPagesOfDifferentSizes$"},
+	// The decode rank's page size ignored: prefill pages paired one to one
+	// with decode pages of another size.
+	{name: "page-map-ignored", file: "internal/core/core_prefill.go", old: "\t\t\tpm = p.plan.Pages()\n", new: "\t\t\t_ = p.plan.Pages()\n",
+		pkg: "internal/core", run: "^TestPagesOfDifferentSizes$"},
+	// A unit's token offset inside the decode page dropped: every unit of
+	// a larger decode page lands at its first slot.
+	{name: "unit-offset-dropped", file: "internal/kvlayout/topology.go", old: "st, dt := int(su%sPer)*unit, int(du%dPer)*unit", new: "st, dt := int(su%sPer)*unit, 0",
+		pkg: "internal/kvlayout", run: "^TestSlicesMoveEveryHeadOnce$"},
+	// A larger prefill page that overhangs the room's last decode page
+	// refused instead of cut (every room whose tokens do not fill its last
+	// prefill page fails).
+	{name: "overhang-refused", file: "internal/kvlayout/pages.go", old: "\t\t\t\tif k == 0 {", new: "\t\t\t\tif k >= 0 {",
+		pkg: "internal/kvlayout", run: "^(TestPageMapPair|TestSlicesMoveEveryHeadOnce)$"},
+	// Units taken for pages: a write between pages of different sizes
+	// indexes the prepared per-page lists.
+	{name: "units-as-prepared-pages", file: "transfer/prepared.go", old: "\t\tif !s.Paged() {", new: "\t\tif false && !s.Paged() {",
+		pkg: "transfer", run: "^TestPoolPagesOfDifferentSizes$"},
+	// A unit past the peer's pages posted (the loopback engine writes it
+	// outside the registered region).
+	{name: "units-unchecked", file: "transfer/pool.go", old: "\tif err := kvlayout.CheckRuns(w.Runs, loc, w.Peer, &sl); err != nil {", new: "\tif err := kvlayout.CheckRuns(w.Runs, loc, w.Peer, &sl); false && err != nil {",
+		pkg: "transfer", run: "^TestPoolPagesOfDifferentSizes$"},
 	// The decoder's interned names: a peer's made-up names are interned
 	// without bound.
 	{name: "intern-unbounded", file: "internal/wire/intern.go", old: "\tif len(t.m) >= maxInterned {", new: "\tif false {",

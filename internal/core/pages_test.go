@@ -1,0 +1,100 @@
+package core
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"github.com/kvbridge/kvbridge/internal/mem"
+	"github.com/kvbridge/kvbridge/internal/wire"
+)
+
+// mappedCore is a prefill core (TP 1) holding model m, and a REGISTER of a
+// decode rank (TP 1) holding m with pages of decodeTokens tokens.
+func mappedCore(t *testing.T, m kvlayout.Model, decodeTokens int) (*Core, *wire.Register) {
+	t.Helper()
+	lay := func(m kvlayout.Model) kvlayout.Layout {
+		pb, _ := m.PageBytes(1)
+		l := kvlayout.Layout{Kind: mem.DRAM, PageBytes: pb}
+		for i := 0; i < m.Layers*kvlayout.RegionsPerLayer; i++ {
+			l.Regions = append(l.Regions, mem.Desc{Addr: uintptr(1<<20 + i*(1<<16)), Len: 64 * pb})
+		}
+		return l
+	}
+	c, err := NewCore(CoreConfig{Role: RolePrefill, Compat: "sim", Layout: lay(m), Registry: simRegistryConfig(),
+		QuarantineTimeout: 30 * time.Second, RegisterRetry: time.Second, Model: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dm := m.WithPages(decodeTokens)
+	peer := lay(dm)
+	for i := range peer.Regions {
+		peer.Regions[i].Addr += 1 << 30
+	}
+	kv, aux, state := RegionsOf(peer)
+	return c, &wire.Register{From: decodeFrom, Compat: "sim", KV: kv, Aux: aux, State: state, TPSize: 1,
+		Topo: &wire.Topo{PPSize: 1, DPSize: 1, Layers: m.Layers, KVHeads: m.KVHeads, HeadBytes: m.HeadBytes, PageTokens: decodeTokens, PageLayout: m.Layout.String()}}
+}
+
+// TestPagesOfDifferentSizes: a prefill rank with 2-token pages accepts a
+// decode rank with 8-token pages (and refuses 3-token ones), writes its
+// chunks in 2-token units into the decode pages the REQUEST named, names
+// whole decode pages in each chunk's notification, and refuses — leaving
+// the room as it was — a chunk that ends inside a decode page.
+func TestPagesOfDifferentSizes(t *testing.T) {
+	m := kvlayout.Model{Layers: 1, KVHeads: 2, HeadBytes: 4, PageTokens: 2, Layout: kvlayout.HND}
+	c, reg := mappedCore(t, m, 3)
+	if _, err := c.CheckRegister(reg); err == nil || !strings.Contains(err.Error(), "one must divide the other") {
+		t.Fatalf("3-token decode pages against 2-token prefill pages: %v", err)
+	}
+	c, reg = mappedCore(t, m, 8)
+	pp, err := c.CheckRegister(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pp.Plan == nil || pp.Plan.Full || pp.Plan.Pages() != (kvlayout.PageMap{Src: 2, Dst: 8}) {
+		t.Fatalf("plan %+v", pp.Plan)
+	}
+	c.Step(t0, Registered{From: decodeFrom, Remote: "agent", Plan: pp})
+	c.Step(t0, CreateSender{Room: 1})
+	c.Step(t0, InitSender{Room: 1})
+	// 14 tokens: decode pages 5 and 6; prefill pages 10 … 16.
+	c.Step(t0, Received{Msg: &wire.Request{From: decodeFrom, Room: 1, DstPages: []uint32{5, 6}, AuxIndex: -1, Required: 1, StateIndices: [][]uint32{}}})
+	c.Effects()
+
+	res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{10, 11}, AuxIndex: -1})
+	if !errors.Is(res.Err, ErrChunkAlign) || !strings.Contains(res.Err.Error(), decodeFrom.Peer()) {
+		t.Fatalf("a chunk of 2 of a decode page's 4 prefill pages: %v", res.Err)
+	}
+	if st, _ := c.Status(1); st != WaitingForInput {
+		t.Fatalf("the refused chunk left the room %v", st)
+	}
+	posted := func() kvlayout.Write {
+		t.Helper()
+		for _, e := range c.Effects() {
+			if e.Kind == EffectPost && len(e.Writes) > 0 {
+				return e.Writes[0]
+			}
+		}
+		t.Fatal("no writes posted")
+		return kvlayout.Write{}
+	}
+	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{10, 11, 12, 13}, AuxIndex: -1}); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	w := posted()
+	// Decode page 5 holds units 20 … 23 (4 units of 2 tokens a page).
+	if want := []kvlayout.Run{{Src: 10, Dst: 20, Len: 4}}; !slices.Equal(w.Runs, want) || w.Notif != "kvb1:1:0:0:0:0:1:0:1:0:1" {
+		t.Fatalf("first chunk: runs %v notif %q, want %v and decode page position 0", w.Runs, w.Notif, want)
+	}
+	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{14, 15, 16}, AuxIndex: -1, Last: true}); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	w = posted()
+	if want := []kvlayout.Run{{Src: 14, Dst: 24, Len: 3}}; !slices.Equal(w.Runs, want) || w.Notif != "kvb1:1:0:1:2:1:1:0:1:0:1" {
+		t.Fatalf("last chunk: runs %v notif %q, want %v and decode page position 1", w.Runs, w.Notif, want)
+	}
+}

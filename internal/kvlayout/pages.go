@@ -1,0 +1,72 @@
+package kvlayout
+
+import "fmt"
+
+// Pages of different sizes on the two sides (docs/PROTOCOL.md "Pages of
+// different sizes"): a room's tokens fill prefill pages of Src tokens and
+// decode pages of Dst tokens, one size dividing the other. Token t of the
+// room is in prefill page t / Src and decode page t / Dst; the pages are
+// paired up in units of the smaller page, each unit wholly inside one page
+// of each side.
+
+// PageMap maps a room's pages between two page sizes (tokens per page).
+type PageMap struct{ Src, Dst int }
+
+// Unit is the tokens of one unit: the smaller page.
+func (pm PageMap) Unit() int { return min(pm.Src, pm.Dst) }
+
+// Same reports whether both sides' pages hold the same tokens (units are
+// then pages).
+func (pm PageMap) Same() bool { return pm.Src == pm.Dst }
+
+// Pair maps a chunk of prefill pages src, which fill the room's prefill
+// page positions first, first+1, …, onto the decode rank's pages dst, which
+// fill its page positions prefix, prefix+1, … (the positions before prefix
+// it already holds). It returns the unit pairs to write (prefill unit →
+// decode unit, in units of Unit(): page p's units are p·(page/unit) …), and
+// the positions [off, off+n) of dst they write into (off −1 when none).
+//
+// A unit at a decode position before prefix is skipped (decode holds it).
+// A prefill page that overhangs the end of dst — its first unit lands in
+// dst, later ones past it — is cut there: with larger prefill pages the
+// room's last page is only partly filled. A page that starts past the end
+// of dst is an error: prefill sent more than decode asked for.
+func (pm PageMap) Pair(first int, src []uint32, prefix int, dst []uint32) (s, d []uint32, off, n int, err error) {
+	if err := PageRatio(pm.Src, pm.Dst); err != nil {
+		return nil, nil, -1, 0, err
+	}
+	unit := pm.Unit()
+	sPer, dPer := pm.Src/unit, pm.Dst/unit
+	off, last := -1, -1
+	for i, pg := range src {
+		for k := 0; k < sPer; k++ {
+			v := (first+i)*sPer + k // the room's unit
+			pos := v/dPer - prefix  // its position in dst
+			if pos < 0 {
+				continue // decode already holds this prefix page
+			}
+			if pos >= len(dst) {
+				if k == 0 {
+					return nil, nil, -1, 0, fmt.Errorf("decode gave %d destination pages (after a prefix of %d), prefill sent more", len(dst), prefix)
+				}
+				break // the page overhangs the room's last decode page
+			}
+			if off < 0 {
+				off = pos
+			}
+			last = pos
+			s = append(s, pg*uint32(sPer)+uint32(k))
+			d = append(d, dst[pos]*uint32(dPer)+uint32(v%dPer))
+		}
+	}
+	if off < 0 {
+		return nil, nil, -1, 0, nil
+	}
+	return s, d, off, last - off + 1, nil
+}
+
+// Aligned reports whether a chunk that ends after the room's prefill page
+// position end (exclusive) ends on a decode page boundary, as every chunk
+// but a room's last must: a decode page is then written by one chunk only,
+// and a chunk's notification names whole decode pages.
+func (pm PageMap) Aligned(end int) bool { return end*pm.Src%pm.Dst == 0 }
