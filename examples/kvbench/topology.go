@@ -27,6 +27,12 @@ type topoCluster struct {
 }
 
 func (b *bench) topoCluster(ptp, dtp int, layout transfer.PageLayout, pages int) (c *topoCluster, err error) {
+	return b.topoClusterPages(ptp, dtp, layout, pages, b.model.PageTokens, b.model.PageTokens, pages)
+}
+
+// topoClusterPages is topoCluster with each side's tokens per page and
+// pages per region.
+func (b *bench) topoClusterPages(ptp, dtp int, layout transfer.PageLayout, pages, prefillPT, decodePT, decodePages int) (c *topoCluster, err error) {
 	auth := benchAuth()
 	c = &topoCluster{}
 	if c.srv, err = bootstrap.NewServer(bootstrap.ServerConfig{Token: auth.BootstrapToken()}); err != nil {
@@ -50,9 +56,14 @@ func (b *bench) topoCluster(ptp, dtp int, layout transfer.PageLayout, pages int)
 		cfg.Instance = inst + map[kvmanager.Role]string{kvmanager.RolePrefill: "-p", kvmanager.RoleDecode: "-d"}[role]
 		cfg.Compat, cfg.BootstrapURL = b.model.Compat(), c.srv.URL()
 		cfg.Engine = nixl.Config{Engine: b.engine, UCX: map[string]string{"TLS": b.tls}}
-		cfg.Parallel, cfg.Model = par, b.model.Mapping(layout)
+		m, n := b.model, pages
+		m.PageTokens = prefillPT
+		if role == kvmanager.RoleDecode {
+			m.PageTokens, n = decodePT, decodePages
+		}
+		cfg.Parallel, cfg.Model, cfg.PageTokens = par, m.Mapping(layout), m.PageTokens
 		var err error
-		cfg.Layout, err = b.model.RankLayout(b.mem, layout, par, pages, 4096)
+		cfg.Layout, err = m.RankLayout(b.mem, layout, par, n, 4096)
 		return cfg, err
 	}
 	for r := 0; r < ptp; r++ {
@@ -92,7 +103,10 @@ func (c *topoCluster) close() {
 
 // room moves one request: every decode rank asks, every prefill rank sends
 // its pages in 128-page chunks (concurrently, as a TP group does).
-func (c *topoCluster) room(src, dst []uint32) error {
+func (c *topoCluster) room(src, dst []uint32) error { return c.roomChunks(src, dst, 128) }
+
+// roomChunks is room with chunks of chunk prefill pages.
+func (c *topoCluster) roomChunks(src, dst []uint32, chunk int) error {
 	c.next++
 	id := c.next
 	ctx := context.Background()
@@ -136,8 +150,8 @@ func (c *topoCluster) room(src, dst []uint32) error {
 				errs[i] = fmt.Errorf("room %d: prefill rank %d: %v %v", id, i, st, err)
 				return
 			}
-			for k := 0; k < len(src); k += 128 {
-				end := min(k+128, len(src))
+			for k := 0; k < len(src); k += chunk {
+				end := min(k+chunk, len(src))
 				if err := s.Send(src[k:end], end == len(src), int(id%4096)); err != nil {
 					errs[i] = err
 					return
@@ -214,5 +228,67 @@ func (b *bench) topologyMode() error {
 		}
 	}
 	progress("topology", steps, 6)
+	return nil
+}
+
+// pagesMode: pages of different sizes on the two sides (TP 1 → 1), HND and
+// NHD, next to equal pages moving the same bytes in the same run: prefill
+// pages of a quarter and of four times the decode rank's. Each side's
+// pages are fragmented in runs of 8; chunks carry 2,048 tokens.
+func (b *bench) pagesMode() error {
+	tokens, iters := 4096, 6
+	if b.quick {
+		tokens, iters = 512, 2
+	}
+	pt := b.model.PageTokens
+	bytes := float64(tokens) * float64(b.model.BytesPerToken())
+	measure := func(layout transfer.PageLayout, prefillPT, decodePT int) (float64, float64, float64, error) {
+		pn, dn := tokens/prefillPT, tokens/decodePT
+		c, err := b.topoClusterPages(1, 1, layout, 2*pn, prefillPT, decodePT, 2*dn)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		defer c.close()
+		chunk := min(2048/prefillPT, pn)
+		rng := rand.New(rand.NewPCG(3, 4))
+		if err := c.roomChunks(scatter("contiguous", pn, 2*pn, rng), scatter("contiguous", dn, 2*dn, rng), chunk); err != nil {
+			return 0, 0, 0, err // warm up
+		}
+		wall, cpu, err := cpuOver(func() error {
+			for i := 0; i < iters; i++ {
+				if err := c.roomChunks(scatter("fragmented", pn, 2*pn, rng), scatter("fragmented", dn, 2*dn, rng), chunk); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		return bytes * float64(iters) / wall.Seconds() / 1e9, cpustat.PerGB(cpu, bytes*float64(iters)),
+			float64(cpu.Microseconds()) / float64(iters), nil
+	}
+	steps := 0
+	for _, layout := range []transfer.PageLayout{transfer.HND, transfer.NHD} {
+		progress("pages", steps, 6)
+		ref, refCPU, _, err := measure(layout, pt, pt)
+		if err != nil {
+			return err
+		}
+		steps++
+		for _, sizes := range [][2]int{{max(pt/4, 1), pt}, {pt * 4, pt}} {
+			progress("pages", steps, 6)
+			v, cpu, room, err := measure(layout, sizes[0], sizes[1])
+			if err != nil {
+				return err
+			}
+			steps++
+			key := fmt.Sprintf("pages %d→%d", pt, pt)
+			b.add(Row{Mode: "pages", Name: fmt.Sprintf("%s pages %d→%d %v %d tok", b.model.Name, sizes[0], sizes[1], layout, tokens),
+				Bytes: uint64(bytes), Value: v, Unit: "GB/s", References: map[string]float64{key: ref},
+				CPU: cpu, CPUUnit: "s/GB", RefCPU: map[string]float64{key: refCPU}, CPURoom: room})
+		}
+	}
+	progress("pages", steps, 6)
 	return nil
 }
