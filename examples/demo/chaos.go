@@ -139,7 +139,10 @@ type chaosOptions struct {
 	model          kvmodel.Model
 	modelName      string
 	pages          int
-	common         []string
+	prefillArgs    []string // a prefill rank's flags
+	decodeArgs     []string // a decode rank's flags
+	roomPages      func(tokens int) int
+	pageTokens     string // the pages' tokens, as the summary says them
 	pShape, dShape transfer.Parallel
 	// quiet is the traffic without faults after them, before the spared
 	// prefill rank's memory is compared with its steady start.
@@ -360,14 +363,15 @@ func runChaos(o chaosOptions) int {
 		bootFor = func(string) string { return c.bootURL }
 		fmt.Printf("bootstrap server %s (in the driver; restarted on the same port, its records lost)\n", c.bootURL)
 	}
-	common := append(append([]string{}, o.common...), chaosFlags()...)
+	prefillArgs := append(append([]string{}, o.prefillArgs...), chaosFlags()...)
+	decodeArgs := append(append([]string{}, o.decodeArgs...), chaosFlags()...)
 	var err error
-	if c.prefill, err = startInstance(o.bin, "prefill", "prefill-0", bootFor("prefill-0"), o.pShape, common); err != nil {
+	if c.prefill, err = startInstance(o.bin, "prefill", "prefill-0", bootFor("prefill-0"), o.pShape, prefillArgs); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		return 1
 	}
 	defer func() { c.prefill.stop() }()
-	if c.decode, err = startInstance(o.bin, "decode", "decode-0", bootFor("prefill-0"), o.dShape, common); err != nil {
+	if c.decode, err = startInstance(o.bin, "decode", "decode-0", bootFor("prefill-0"), o.dShape, decodeArgs); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		return 1
 	}
@@ -398,7 +402,7 @@ func runChaos(o chaosOptions) int {
 				}
 				rngMu.Unlock()
 				r := &croom{tokens: int(l), abort: abort}
-				need := (r.tokens + o.model.PageTokens - 1) / o.model.PageTokens
+				need := o.roomPages(r.tokens)
 				budget.take(need)
 				c.runRoom(r)
 				budget.give(need)
@@ -1056,7 +1060,7 @@ func (c *cluster) report(elapsed, steadyFor time.Duration) int {
 		}
 	}
 	sort.Float64s(recov)
-	fmt.Printf("\n%-26s prefill 1 × (TP %d) → decode 1 × (TP %d), %s, %s discovery, seed %d\n", "topology", c.o.pShape.TPSize, c.o.dShape.TPSize, c.o.modelName, c.o.discovery, c.o.seed)
+	fmt.Printf("\n%-26s prefill 1 × (TP %d) → decode 1 × (TP %d), %s, %s pages, %s discovery, seed %d\n", "topology", c.o.pShape.TPSize, c.o.dShape.TPSize, c.o.modelName, c.o.pageTokens, c.o.discovery, c.o.seed)
 	fmt.Printf("%-26s %d over %.1f s (%d probe rooms, %d succeeded)\n", "rooms", len(c.rooms)-probes, elapsed.Seconds(), probes, probesOK)
 	fmt.Printf("%-26s %d\n", "succeeded", okN)
 	fmt.Printf("%-26s %d\n", "aborted", abN)

@@ -131,11 +131,18 @@ func TestDemoHostile(t *testing.T) {
 // rank's memory stayed flat — the prefill rank no fault hits (the spared
 // one) within the slack of its steady start after a quiet phase, and with
 // no dead peer's shared-memory segments still mapped.
+//
+// The third run does the same with prefill pages of 16 tokens and decode
+// pages of 64 (pages paired token by token under every fault).
 func TestDemoChaos(t *testing.T) {
-	for _, discovery := range []string{"http", "etcd"} {
-		t.Run(discovery, func(t *testing.T) {
+	for _, tc := range []struct{ name, discovery, pages string }{
+		{"http", "http", ""}, {"etcd", "etcd", ""}, {"http, pages of 16 tokens to 64", "http", "-prefill-page-tokens 16 -decode-page-tokens 64"},
+	} {
+		discovery := tc.discovery
+		t.Run(tc.name, func(t *testing.T) {
 			dir := binaries(t)
-			cmd := exec.Command(filepath.Join(dir, "demo"), "-chaos", "-chaos-duration", "1s", "-chaos-quiet", "3s", "-discovery", discovery, "-bin", dir)
+			args := append([]string{"-chaos", "-chaos-duration", "1s", "-chaos-quiet", "3s", "-discovery", discovery, "-bin", dir}, strings.Fields(tc.pages)...)
+			cmd := exec.Command(filepath.Join(dir, "demo"), args...)
 			out, err := cmd.Output()
 			s := string(out)
 			if err != nil {
@@ -143,6 +150,9 @@ func TestDemoChaos(t *testing.T) {
 			}
 			t.Logf("\n%s", s)
 			restart := map[string]string{"http": "restart-bootstrap 1", "etcd": "restart-etcd 1"}[discovery]
+			if tc.pages != "" && !strings.Contains(s, "16-token prefill and 64-token decode pages") {
+				t.Errorf("the summary does not name the page sizes")
+			}
 			for _, want := range []string{"(corrupt 0)", "OK: no page corrupt", "kill decode 1", "kill prefill 1", "kill prefill+decode 1", "pause decode 1", "pause prefill 1", restart, "memory (spared rank)"} {
 				if !strings.Contains(s, want) {
 					t.Errorf("summary lacks %q", want)

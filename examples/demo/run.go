@@ -224,13 +224,18 @@ func (o *demoFlags) pageSizes(pageTokens int) error {
 			*pt = pageTokens
 		}
 	}
-	if o.prefillPT != o.decodePT && (o.chaos || o.hostile) {
-		return errors.New("-prefill-page-tokens and -decode-page-tokens differ: run them without -chaos or -hostile")
-	}
 	if err := transfer.PageRatio(o.prefillPT, o.decodePT); err != nil {
 		return fmt.Errorf("refused before starting any process: %v", err)
 	}
 	return nil
+}
+
+// pagesSaid is the pages' tokens as the summaries say them.
+func (o *demoFlags) pagesSaid() string {
+	if o.decodePT != o.prefillPT {
+		return fmt.Sprintf("%d-token prefill and %d-token decode", o.prefillPT, o.decodePT)
+	}
+	return fmt.Sprintf("%d-token", o.prefillPT)
 }
 
 // roomPages is how many pages a room of tokens takes on the side holding
@@ -242,10 +247,7 @@ func (o *demoFlags) roomPages(tokens int) int {
 
 // topology is the summary's one-line description of the deployment.
 func (o *demoFlags) topology() string {
-	pages := fmt.Sprintf("%d-token", o.prefillPT)
-	if o.decodePT != o.prefillPT {
-		pages = fmt.Sprintf("%d-token prefill and %d-token decode", o.prefillPT, o.decodePT)
-	}
+	pages := o.pagesSaid()
 	return fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode %d × (PP %d × TP %d), %s %s pages, %s, %s discovery",
 		o.instances, o.pShape.DPSize, o.pShape.PPSize, o.pShape.TPSize, o.decodeInstances, o.dShape.PPSize, o.dShape.TPSize,
 		pages, strings.ToUpper(o.pageLayout), o.model, o.discovery)
@@ -321,7 +323,7 @@ func run(args []string) int {
 	if o.chaos {
 		return runChaos(chaosOptions{bin: o.bin, duration: o.chaosDuration, seed: o.seed, discovery: o.discovery, conc: o.conc,
 			abortRate: o.abortRate, minTok: o.minTok, maxTok: o.maxTok, model: o.kv, modelName: o.model, pages: o.pages,
-			common: o.prefillArgs, pShape: o.pShape, dShape: o.dShape, quiet: o.chaosQuiet})
+			prefillArgs: o.prefillArgs, decodeArgs: o.decodeArgs, roomPages: o.roomPages, pageTokens: o.pagesSaid(), pShape: o.pShape, dShape: o.dShape, quiet: o.chaosQuiet})
 	}
 	return runFill(o)
 }

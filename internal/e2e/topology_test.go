@@ -279,6 +279,12 @@ func TestCreateReceiverForRefusesUnsupportedTopology(t *testing.T) {
 			c.Layout, _ = kvmodel.Presets["tiny"].RankLayout(nixl.DRAM, transfer.NHD, c.Parallel, topoPages, 16)
 		}, "prefill PP 1 → decode PP 2 (decode PP must equal prefill PP, or be 1)"},
 		{"another page layout", func(c *kvmanager.Config) { c.Model.Layout = transfer.HND }, "PageLayout:NHD} with 16-token pages, this decode rank {Layers:2 KVHeads:2 HeadBytes:128 MLA:false PageLayout:HND}"},
+		{"pages of a size that does not divide", func(c *kvmanager.Config) {
+			m := kvmodel.Presets["tiny"]
+			m.PageTokens = 12
+			c.Model, c.PageTokens = m.Mapping(transfer.NHD), 12
+			c.Layout, _ = m.RankLayout(nixl.DRAM, transfer.NHD, c.Parallel, topoPages, 16)
+		}, "with 16-token pages, this decode rank {Layers:2 KVHeads:2 HeadBytes:128 MLA:false PageLayout:NHD} with 12 (the models must match; the page sizes may differ when one divides the other)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dcfg, _ := topoConfig(kvmanager.RoleDecode, boot, transfer.Parallel{})

@@ -230,4 +230,15 @@ func TestRefusals(t *testing.T) {
 	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{uf}}}); err == nil {
 		t.Error("a rank serving another model was accepted")
 	}
+	// Pages of another size: accepted when one size divides the other.
+	f16, u16 := startFake(t, "decode", "d5", transfer.Parallel{})
+	f16.info.Model.PageTokens = 16
+	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{u16}}}); err != nil {
+		t.Errorf("4-token prefill pages, 16-token decode pages: %v", err)
+	}
+	f6, u6 := startFake(t, "decode", "d6", transfer.Parallel{})
+	f6.info.Model.PageTokens = 6
+	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{u6}}}); err == nil || !strings.Contains(err.Error(), "one must divide the other") {
+		t.Errorf("4-token prefill pages, 6-token decode pages: %v", err)
+	}
 }
