@@ -7,11 +7,25 @@ import (
 
 // TestPoolPagesOfDifferentSizes: the pool writes a room between pages of
 // different sizes (both ways, HND and NHD, all heads and a head slice) in
-// units of the smaller page, as PageMap pairs them: every token's heads
-// land in the decode page and slot the room's token maps to, and nothing
-// else in the decode regions changes. A unit past the peer's pages is
-// refused before anything is posted.
+// units of the smaller page, as PageMap pairs them — through the prepared
+// per-unit lists, and through lists made for the write (a shape with more
+// pieces than the prepared lists hold): every token's heads land in the
+// decode page and slot the room's token maps to, and nothing else in the
+// decode regions changes. A unit past the peer's pages is refused before
+// anything is posted.
 func TestPoolPagesOfDifferentSizes(t *testing.T) {
+	for _, lists := range []string{"prepared", "own"} {
+		t.Run(lists, func(t *testing.T) {
+			if lists == "own" {
+				maxSlicePieces = 0
+				defer func() { maxSlicePieces = MaxPreparedDescs }()
+			}
+			poolPagesOfDifferentSizes(t)
+		})
+	}
+}
+
+func poolPagesOfDifferentSizes(t *testing.T) {
 	const layers, pages, headBytes = 2, 16, 8
 	for _, tc := range []struct {
 		name           string

@@ -12,6 +12,10 @@ import (
 // region); past it, writes of that shape prepare their own lists.
 const MaxPreparedDescs = 1 << 22
 
+// maxSlicePieces is the bound a slice shape's prepared pieces are held to
+// (MaxPreparedDescs; the tests lower it to reach the write's own lists).
+var maxSlicePieces = MaxPreparedDescs
+
 // sideLists are one side's descriptors, prepared once: every page of every
 // KV region (index r·pages + p), and in host memory the aux items followed
 // by every state region's items (so aux item i is host index i); head-slice
@@ -24,49 +28,28 @@ type sideLists struct {
 	slices    map[sliceKey]*sliceList
 }
 
-// sliceKey names a head-slice shape on one side.
+// sliceKey names a head-slice shape on one side. unit 0 cuts each page as
+// a whole (both sides' pages hold the same tokens); otherwise each page is
+// cut unit by unit (units of unit tokens: pages of different sizes).
 type sliceKey struct {
 	head, heads, perToken, headBytes, tokens int
 	layout                                   PageLayout
 	regionOffset, regions                    int
+	unit                                     int
+	// wholeUnit: NHD, the slice holds every head of both sides' pages —
+	// a unit is one contiguous piece.
+	wholeUnit bool
 }
 
 type sliceList struct {
-	l      *nixl.Prepped // nil: too many pieces, prepare per write
-	pieces int           // per page
+	l       *nixl.Prepped // nil: too many pieces, prepare per write
+	pieces  int           // per page
+	perUnit int           // per unit (unit slices): a unit's pieces are consecutive
 }
 
 // descs returns the descriptors of one slice shape over a side's pages:
 // for region i (of regions, from regionOffset) and page p, pieces at
-// ((i·pages)+p)·n + t.
-func (k sliceKey) descs(l Layout) ([]nixl.Desc, int) {
-	hb := uint64(k.headBytes)
-	n, size := 1, uint64(k.heads)*uint64(k.tokens)*hb
-	if k.layout != HND {
-		n, size = k.tokens, uint64(k.heads)*hb
-	}
-	pages := l.Pages()
-	total := k.regions * pages * n
-	if total > MaxPreparedDescs {
-		return nil, n
-	}
-	out := make([]nixl.Desc, 0, total)
-	for i := 0; i < k.regions; i++ {
-		r := l.Regions[i+k.regionOffset]
-		for p := 0; p < pages; p++ {
-			base := r.Addr + uintptr(uint64(p)*l.PageBytes)
-			for t := 0; t < n; t++ {
-				off := uint64(k.head) * uint64(k.tokens) * hb // HND: the heads' block
-				if k.layout != HND {
-					off = uint64(t*k.perToken+k.head) * hb // NHD: the heads of token t
-				}
-				out = append(out, nixl.Desc{Addr: base + uintptr(off), Len: size, Dev: r.Dev})
-			}
-		}
-	}
-	return out, n
-}
-
+// ((i·pages)+p)·n + t; with units, unit u of a page has pieces
 // prepSide prepares a side's page and host lists (remote "" for local).
 func prepSide(a *nixl.Agent, remote string, l Layout) (*sideLists, error) {
 	s := &sideLists{pages: l.Pages(), slices: map[sliceKey]*sliceList{}}
@@ -110,13 +93,60 @@ func prepSide(a *nixl.Agent, remote string, l Layout) (*sideLists, error) {
 	return s, nil
 }
 
-// slice returns (preparing it the first time) a slice shape's list.
+// u·perUnit … (u+1)·perUnit−1 of it (HND: one per head; NHD: one per token).
+func (k sliceKey) descs(l Layout) ([]nixl.Desc, int, int) {
+	hb := uint64(k.headBytes)
+	n, size := 1, uint64(k.heads)*uint64(k.tokens)*hb
+	if k.layout != HND {
+		n, size = k.tokens, uint64(k.heads)*hb
+	}
+	units, perUnit, unitTokens := 1, n, k.tokens
+	if k.unit > 0 {
+		units, unitTokens = k.tokens/k.unit, k.unit
+		perUnit, size = k.heads, uint64(k.unit)*hb // HND: a head's tokens of the unit
+		switch {
+		case k.layout != HND && k.wholeUnit:
+			perUnit, size = 1, uint64(k.unit)*uint64(k.heads)*hb // NHD, every head: the unit
+		case k.layout != HND:
+			perUnit, size = k.unit, uint64(k.heads)*hb // NHD: a token's heads
+		}
+		n = units * perUnit
+	}
+	pages := l.Pages()
+	total := k.regions * pages * n
+	if total > maxSlicePieces {
+		return nil, n, perUnit
+	}
+	out := make([]nixl.Desc, 0, total)
+	for i := 0; i < k.regions; i++ {
+		r := l.Regions[i+k.regionOffset]
+		for p := 0; p < pages; p++ {
+			base := r.Addr + uintptr(uint64(p)*l.PageBytes)
+			for u := 0; u < units; u++ {
+				for t := 0; t < perUnit; t++ {
+					var off uint64
+					switch {
+					case k.layout != HND: // NHD: the heads of token u·unit + t
+						off = uint64((u*unitTokens+t)*k.perToken+k.head) * hb
+					case k.unit > 0: // HND: head t's tokens of unit u
+						off = uint64((k.head+t)*k.tokens+u*unitTokens) * hb
+					default: // HND: the heads' block
+						off = uint64(k.head) * uint64(k.tokens) * hb
+					}
+					out = append(out, nixl.Desc{Addr: base + uintptr(off), Len: size, Dev: r.Dev})
+				}
+			}
+		}
+	}
+	return out, n, perUnit
+}
+
 func (s *sideLists) slice(a *nixl.Agent, remote string, l Layout, k sliceKey) (*sliceList, error) {
 	if sl, ok := s.slices[k]; ok {
 		return sl, nil
 	}
-	d, n := k.descs(l)
-	sl := &sliceList{pieces: n}
+	d, n, perUnit := k.descs(l)
+	sl := &sliceList{pieces: n, perUnit: perUnit}
 	if d != nil {
 		var err error
 		if remote == "" {
@@ -320,18 +350,13 @@ func (ls *lists) indices(w *Write) (l, r *nixl.Prepped, li, ri []int, ref *peerL
 		if s.RegionOffset < 0 || len(local.Regions)+s.RegionOffset > len(remote.Regions) {
 			return fail("%d regions at offset %d do not fit the peer's %d", len(local.Regions), s.RegionOffset, len(remote.Regions))
 		}
-		lk := sliceKey{s.SrcHead, s.Heads, s.SrcHeads, s.HeadBytes, s.PageTokens, s.Layout, 0, len(local.Regions)}
-		rk := sliceKey{s.DstHead, s.Heads, s.DstHeads, s.HeadBytes, s.PageTokens, s.Layout, s.RegionOffset, len(local.Regions)}
+		unit := 0
 		if !s.Paged() {
-			// Pages of different sizes: the runs count units inside
-			// pages, which the prepared per-page lists do not hold; the
-			// write gets lists of its own (prepOwn).
-			peer.refs--
-			if peer.refs == 0 && peer.dead {
-				peer.release()
-			}
-			return nil, nil, nil, nil, nil, false, nil
+			unit = s.Unit() // pages of different sizes: the runs count units
 		}
+		whole := unit > 0 && s.Heads == s.SrcHeads && s.Heads == s.DstHeads
+		lk := sliceKey{s.SrcHead, s.Heads, s.SrcHeads, s.HeadBytes, s.PageTokens, s.Layout, 0, len(local.Regions), unit, whole}
+		rk := sliceKey{s.DstHead, s.Heads, s.DstHeads, s.HeadBytes, s.Pages().Dst, s.Layout, s.RegionOffset, len(local.Regions), unit, whole}
 		lsl, err := self.slice(ls.agent, "", local, lk)
 		if err != nil {
 			return fail("%v", err)
@@ -347,16 +372,24 @@ func (ls *lists) indices(w *Write) (l, r *nixl.Prepped, li, ri []int, ref *peerL
 			}
 			return nil, nil, nil, nil, nil, false, nil
 		}
-		n := lsl.pieces
+		// A run unit's pieces: a page's (same page sizes), or the unit's
+		// inside its page.
+		sPer, dPer := 1, 1
+		if unit > 0 {
+			sPer, dPer = s.PageTokens/unit, s.Pages().Dst/unit
+		}
+		m := lsl.perUnit
 		rlo, rhi := w.Layers.Regions(len(local.Regions))
 		for i := rlo; i < rhi; i++ {
 			for _, run := range w.Runs {
 				for k := uint32(0); k < run.Len; k++ {
-					if int(run.Src+k) >= self.pages || int(run.Dst+k) >= peer.pages {
-						return fail("page %d → %d is outside the regions (%d, %d pages)", run.Src+k, run.Dst+k, self.pages, peer.pages)
+					su, du := int(run.Src+k), int(run.Dst+k)
+					if su/sPer >= self.pages || du/dPer >= peer.pages {
+						return fail("unit %d → %d is outside the regions (%d, %d pages)", su, du, self.pages, peer.pages)
 					}
-					lb, rb := (i*self.pages+int(run.Src+k))*n, (i*peer.pages+int(run.Dst+k))*n
-					for t := 0; t < n; t++ {
+					lb := (i*self.pages+su/sPer)*lsl.pieces + su%sPer*m
+					rb := (i*peer.pages+du/dPer)*rsl.pieces + du%dPer*m
+					for t := 0; t < m; t++ {
 						li, ri = append(li, lb+t), append(ri, rb+t)
 					}
 				}

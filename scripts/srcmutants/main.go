@@ -255,8 +255,12 @@ var mutants = []mutant{
 	{name: "overhang-refused", file: "internal/kvlayout/pages.go", old: "\t\t\t\tif k == 0 {", new: "\t\t\t\tif k >= 0 {",
 		pkg: "internal/kvlayout", run: "^(TestPageMapPair|TestSlicesMoveEveryHeadOnce)$"},
 	// Units taken for pages: a write between pages of different sizes
-	// indexes the prepared per-page lists.
+	// indexes the lists cut page by page.
 	{name: "units-as-prepared-pages", file: "transfer/prepared.go", old: "\t\tif !s.Paged() {", new: "\t\tif false && !s.Paged() {",
+		pkg: "transfer", run: "^TestPoolPagesOfDifferentSizes$"},
+	// A unit's pieces taken from the start of its page in the prepared
+	// per-unit lists (every unit of a page lands at its first slot).
+	{name: "unit-piece-offset-dropped", file: "transfer/prepared.go", old: "\t\t\t\t\tlb := (i*self.pages+su/sPer)*lsl.pieces + su%sPer*m\n", new: "\t\t\t\t\tlb := (i*self.pages+su/sPer)*lsl.pieces + 0*su%sPer*m\n",
 		pkg: "transfer", run: "^TestPoolPagesOfDifferentSizes$"},
 	// A unit past the peer's pages posted (the loopback engine writes it
 	// outside the registered region).
