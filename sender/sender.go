@@ -51,7 +51,10 @@ func (s *Sender) Init() error {
 // Send queues a chunk of prefill pages; their destinations continue where
 // the previous chunk's ended. The last chunk also writes the state items
 // (state[i]: this rank's items of state region i, where the decode rank
-// asked for them) and then aux item auxIndex (−1 for none).
+// asked for them) and then aux item auxIndex (−1 for none). When a decode
+// rank's pages hold more tokens than this rank's, every chunk but the last
+// must end on one of its page boundaries (kvmanager.ErrChunkAlign
+// otherwise, and the room is left as it was).
 func (s *Sender) Send(pages []uint32, last bool, auxIndex int, state ...[]uint32) error {
 	return s.p.SendChunk(s.room, pages, last, auxIndex, state)
 }
