@@ -201,6 +201,12 @@ func (o *demoFlags) settle() error {
 			return errors.New("want 1 ≤ -min-tokens ≤ -max-tokens and -gen ≥ 1")
 		}
 	}
+	if need := o.roomPages(o.maxTok); o.compute == "fill" && need > o.pages {
+		// (The driver admits a request once every rank can hold it: one
+		// no rank can hold would wait for good.)
+		return fmt.Errorf("refused before starting any process: a %d-token request needs %d pages of %d tokens, a rank holds %d (-pages): raise -pages or lower -max-tokens",
+			o.maxTok, need, min(o.prefillPT, o.decodePT), o.pages)
+	}
 	o.common = []string{"-model", o.model, "-pages", strconv.Itoa(o.pages), "-engine", o.engine, "-ucx-tls", o.tls, "-page-layout", o.pageLayout}
 	if o.compute == "tinyllm" {
 		o.common = append(o.common, tinyRankArgs(o.tinyCfg, o.tinyPT)...)
