@@ -240,6 +240,11 @@ var ErrLayers = core.ErrLayers
 // sizes").
 var ErrChunkAlign = core.ErrChunkAlign
 
+// ErrAfterLast: a chunk sent after the room's last chunk (its final layer
+// range included); the room's final write may already have freed the
+// decode rank's pages.
+var ErrAfterLast = core.ErrAfterLast
+
 // ErrNoWriteInFlight: a write completion without a matching posted write.
 var ErrNoWriteInFlight = core.ErrNoWriteInFlight
 

@@ -31,18 +31,22 @@ func poolPagesOfDifferentSizes(t *testing.T) {
 		name           string
 		srcTok, dstTok int
 		layout         PageLayout
-		srcHeads       int // the prefill rank's heads (2: all; 4: decode gets heads 2, 3)
+		srcHeads       int // the prefill rank's heads (2: all; 4: decode gets its last two)
+		dstHeads       int // the decode rank's heads (2: all; 4: the two written are its last two)
 	}{
-		{"prefill 4, decode 16, HND", 4, 16, HND, 2},
-		{"prefill 4, decode 16, NHD", 4, 16, NHD, 2},
-		{"prefill 16, decode 4, HND", 16, 4, HND, 2},
-		{"prefill 16, decode 4, NHD, head slice", 16, 4, NHD, 4},
-		{"prefill 2, decode 8, HND, head slice", 2, 8, HND, 4},
+		{"prefill 4, decode 16, HND", 4, 16, HND, 2, 2},
+		{"prefill 4, decode 16, NHD", 4, 16, NHD, 2, 2},
+		{"prefill 16, decode 4, HND", 16, 4, HND, 2, 2},
+		{"prefill 16, decode 4, NHD, head slice", 16, 4, NHD, 4, 2},
+		{"prefill 2, decode 8, HND, head slice", 2, 8, HND, 4, 2},
+		{"prefill 4, decode 8, NHD, into a head slice", 4, 8, NHD, 2, 4},
+		{"prefill 8, decode 2, HND, into a head slice", 8, 2, HND, 2, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			const dstHeads = 2
-			srcHead := tc.srcHeads - dstHeads // the heads written: the prefill rank's last two
-			sl := &Slice{SrcHead: srcHead, Heads: dstHeads, SrcHeads: tc.srcHeads, DstHeads: dstHeads, HeadBytes: headBytes,
+			const heads = 2 // written
+			srcHead, dstHead := tc.srcHeads-heads, tc.dstHeads-heads
+			dstHeads := tc.dstHeads
+			sl := &Slice{SrcHead: srcHead, DstHead: dstHead, Heads: heads, SrcHeads: tc.srcHeads, DstHeads: dstHeads, HeadBytes: headBytes,
 				PageTokens: tc.srcTok, DstPageTokens: tc.dstTok, Layout: tc.layout}
 			p := newRank(t, "tpg-prefill", layers, pages, uint64(tc.srcTok*tc.srcHeads*headBytes))
 			d := newRank(t, "tpg-decode", layers, pages, uint64(tc.dstTok*dstHeads*headBytes))
@@ -106,8 +110,8 @@ func poolPagesOfDifferentSizes(t *testing.T) {
 				for i, pg := range dst {
 					for tok := 0; tok < tc.dstTok; tok++ {
 						v := i*tc.dstTok + tok // the room's token
-						for h := 0; h < dstHeads; h++ {
-							o := uint64(pg)*dpb + uint64(at(tok, dstHeads, h, tc.dstTok))
+						for h := 0; h < heads; h++ {
+							o := uint64(pg)*dpb + uint64(at(tok, dstHeads, dstHead+h, tc.dstTok))
 							for b := 0; b < headBytes; b++ {
 								covered[r][o+uint64(b)] = true
 								if want := byte(r*61 + (srcHead+h)*17 + v*3 + b); v < tokens && d.kv[r][o+uint64(b)] != want {

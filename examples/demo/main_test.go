@@ -378,7 +378,8 @@ func TestDemoRefusesTopology(t *testing.T) {
 		{"-compute", "tinyllm", "-prefill-tp", "1", "-decode-pp", "2"},
 		{"-compute", "tinyllm", "-prefill-tp", "3"},
 		{"-prefill-page-tokens", "12", "-decode-page-tokens", "16"},
-		{"-prefill-page-tokens", "4"}, // 8,192-token requests need 2,048 pages of 4 tokens; a rank holds 1,024
+		{"-prefill-page-tokens", "4"},                               // 8,192-token requests need 2,048 pages of 4 tokens; a rank holds 1,024
+		{"-prefill-page-tokens", "16", "-decode-page-tokens", "48"}, // 3 prefill pages a decode page: chunks of 128 pages end inside one
 	} {
 		var code int
 		// (-requests 1 -gen 1: were the check missing, the run would fail

@@ -233,6 +233,12 @@ func (o *demoFlags) pageSizes(pageTokens int) error {
 	if err := transfer.PageRatio(o.prefillPT, o.decodePT); err != nil {
 		return fmt.Errorf("refused before starting any process: %v", err)
 	}
+	// The prefill ranks send rooms in chunks of 128 pages (32 in the
+	// chaos soak), and every chunk but a room's last must end on a decode
+	// page.
+	if r := o.decodePT / o.prefillPT; chaosChunk%max(r, 1) != 0 {
+		return fmt.Errorf("refused before starting any process: a decode page holds %d prefill pages, which does not divide the prefill ranks' chunks of %d and %d pages", r, chaosChunk, 128)
+	}
 	return nil
 }
 

@@ -141,6 +141,7 @@ type PeerPlan struct {
 type prefillRoom struct {
 	sent    int // pages handed to SendChunk so far
 	chunk   int
+	done    bool // the room's last chunk was sent, every range of it
 	started time.Time
 	// open is the chunk whose layers are being sent (nil between chunks).
 	open *openChunk
@@ -633,8 +634,12 @@ func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
 // than this rank's: a decode page is then written by one chunk, and each
 // chunk's notification names whole decode pages (ErrChunkAlign; the room
 // is left as it was, for a chunk that does).
+//
+// A chunk that ends inside the decode rank's prefix writes nothing there
+// and may end anywhere; a layer range after a chunk's first is checked by
+// advance (it names the first's pages).
 func (c *prefillCore) aligned(rm *room, in SendChunk) error {
-	if in.Last {
+	if in.Last || rm.pre.open != nil {
 		return nil
 	}
 	end := rm.pre.sent + len(in.Pages)
@@ -643,7 +648,7 @@ func (c *prefillCore) aligned(rm *room, in SendChunk) error {
 		if p == nil || p.plan == nil || pr.Payload == nil || pr.Payload.Dummy {
 			continue
 		}
-		if pm := p.plan.Pages(); !pm.Aligned(end) {
+		if pm := p.plan.Pages(); !pm.Aligned(end) && !pm.InPrefix(end, pr.Payload.Prefix) {
 			return fmt.Errorf("room %d: a chunk ending after page %d of %d tokens ends inside a %d-token page of decode %s: %w",
 				in.Room, end, pm.Src, pm.Dst, pr.Peer, ErrChunkAlign)
 		}
@@ -662,6 +667,10 @@ func (c *prefillCore) sendable(id uint64) (*room, error) {
 		return nil, fmt.Errorf("room %d: %w: %s", id, ErrRoomFailed, rm.reason)
 	case rm.status < WaitingForInput || rm.status == Success:
 		return nil, fmt.Errorf("room %d: send in %v: %w", id, rm.status, ErrNotReady)
+	case rm.pre.done:
+		// Its writes would follow the final (aux) write, whose posting
+		// freed the destinations: the decode rank may reuse them.
+		return nil, fmt.Errorf("room %d: %w", id, ErrAfterLast)
 	}
 	return rm, nil
 }
@@ -701,6 +710,7 @@ func (c *prefillCore) advance(rm *room, in SendChunk) (chunkAt, error) {
 		rm.pre.sent += len(pages)
 		rm.pre.chunk++
 		rm.pre.open = nil
+		rm.pre.done = last
 	case op == nil:
 		rm.pre.open = &openChunk{pages: slices.Clone(pages), last: last, auxIndex: auxIndex, next: hi}
 	default:

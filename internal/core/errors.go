@@ -56,6 +56,10 @@ var (
 	// (docs/PROTOCOL.md "Pages of different sizes"); send whole decode
 	// pages per chunk.
 	ErrChunkAlign = errors.New("kvmanager: chunk ends inside a decode page")
+	// ErrAfterLast: a chunk sent after the room's last chunk (its final
+	// layer range included); the room's final write may already have
+	// freed the decode rank's pages.
+	ErrAfterLast = errors.New("kvmanager: chunk after the room's last")
 	// ErrIncompatible: a prefill rank refused this rank's registration
 	// (REGISTER_ACK ok false: compat, layout or ownership).
 	ErrIncompatible = errors.New("kvmanager: peer refused registration")

@@ -98,3 +98,50 @@ func TestPagesOfDifferentSizes(t *testing.T) {
 		t.Fatalf("last chunk: runs %v notif %q, want %v and decode page position 1", w.Runs, w.Notif, want)
 	}
 }
+
+// TestChunkRules: with 2-token prefill pages into 8-token decode pages, a
+// chunk that ends inside the decode rank's prefix may end anywhere; a
+// layer range naming other pages than its chunk's first is ErrLayers
+// (not a misalignment); and on any pages, a chunk after the room's last —
+// whose final write freed the destinations — is refused (ErrAfterLast)
+// with nothing posted.
+func TestChunkRules(t *testing.T) {
+	m := kvlayout.Model{Layers: 2, KVHeads: 2, HeadBytes: 4, PageTokens: 2, Layout: kvlayout.NHD}
+	c, reg := mappedCore(t, m, 8)
+	pp, err := c.CheckRegister(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Step(t0, Registered{From: decodeFrom, Remote: "agent", Plan: pp})
+	c.Step(t0, CreateSender{Room: 1})
+	c.Step(t0, InitSender{Room: 1})
+	// Decode holds the first 2 decode pages (16 tokens); 24 tokens more.
+	c.Step(t0, Received{Msg: &wire.Request{From: decodeFrom, Room: 1, DstPages: []uint32{5, 6, 7}, Prefix: 2, AuxIndex: -1, Required: 1, StateIndices: [][]uint32{}}})
+	c.Effects()
+	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{0, 1, 2, 3, 4, 5}, AuxIndex: -1}); res.Err != nil {
+		t.Fatalf("a chunk ending inside the prefix: %v", res.Err)
+	}
+	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{6, 7}, AuxIndex: -1, Layers: kvlayout.Layers{Lo: 0, Hi: 1}}); res.Err != nil {
+		t.Fatalf("the next chunk's first layer: %v", res.Err)
+	}
+	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{6, 7, 8}, AuxIndex: -1, Layers: kvlayout.Layers{Lo: 1, Hi: 2}}); !errors.Is(res.Err, ErrLayers) {
+		t.Fatalf("a layer range naming other pages: %v, want ErrLayers", res.Err)
+	}
+	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{6, 7}, AuxIndex: -1, Layers: kvlayout.Layers{Lo: 1, Hi: 2}}); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	c.Effects()
+	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{8, 9, 10, 11}, AuxIndex: -1, Last: true}); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	c.Effects()
+	res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{12, 13, 14, 15}, AuxIndex: -1})
+	if !errors.Is(res.Err, ErrAfterLast) {
+		t.Fatalf("a chunk after the last: %v, want ErrAfterLast", res.Err)
+	}
+	for _, e := range c.Effects() {
+		if e.Kind == EffectPost {
+			t.Fatalf("a chunk after the last posted %+v", e.Writes)
+		}
+	}
+}

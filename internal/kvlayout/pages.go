@@ -1,6 +1,9 @@
 package kvlayout
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Pages of different sizes on the two sides (docs/PROTOCOL.md "Pages of
 // different sizes"): a room's tokens fill prefill pages of Src tokens and
@@ -27,10 +30,12 @@ func (pm PageMap) Same() bool { return pm.Src == pm.Dst }
 // the positions [off, off+n) of dst they write into (off −1 when none).
 //
 // A unit at a decode position before prefix is skipped (decode holds it).
-// A prefill page that overhangs the end of dst — its first unit lands in
-// dst, later ones past it — is cut there: with larger prefill pages the
-// room's last page is only partly filled. A page that starts past the end
-// of dst is an error: prefill sent more than decode asked for.
+// A prefill page may overhang the end of dst — its first unit lands in
+// dst, later ones past it — and is cut there: with larger prefill pages
+// the room's last page is only partly filled. A page that starts past the
+// end of dst is an error: prefill sent more than decode asked for. (A decode rank that names fewer pages than its tokens need
+// by less than one prefill page is not told apart from that cut: naming
+// ⌈tokens / decode page tokens⌉ pages is the decode rank's part.)
 func (pm PageMap) Pair(first int, src []uint32, prefix int, dst []uint32) (s, d []uint32, off, n int, err error) {
 	if err := PageRatio(pm.Src, pm.Dst); err != nil {
 		return nil, nil, -1, 0, err
@@ -49,14 +54,19 @@ func (pm PageMap) Pair(first int, src []uint32, prefix int, dst []uint32) (s, d 
 				if k == 0 {
 					return nil, nil, -1, 0, fmt.Errorf("decode gave %d destination pages (after a prefix of %d), prefill sent more", len(dst), prefix)
 				}
-				break // the page overhangs the room's last decode page
+				break // the page overhangs the room's last decode page (the pages after it start past it: refused)
+			}
+			// Unit numbers past uint32 would wrap onto small, valid ones.
+			su, du := uint64(pg)*uint64(sPer)+uint64(k), uint64(dst[pos])*uint64(dPer)+uint64(v%dPer)
+			if su > math.MaxUint32 || du > math.MaxUint32 {
+				return nil, nil, -1, 0, fmt.Errorf("page %d → %d is past the largest unit number (%d and %d units a page)", pg, dst[pos], sPer, dPer)
 			}
 			if off < 0 {
 				off = pos
 			}
 			last = pos
-			s = append(s, pg*uint32(sPer)+uint32(k))
-			d = append(d, dst[pos]*uint32(dPer)+uint32(v%dPer))
+			s = append(s, uint32(su))
+			d = append(d, uint32(du))
 		}
 	}
 	if off < 0 {
@@ -64,6 +74,11 @@ func (pm PageMap) Pair(first int, src []uint32, prefix int, dst []uint32) (s, d 
 	}
 	return s, d, off, last - off + 1, nil
 }
+
+// InPrefix reports whether a chunk that ends after the room's prefill page
+// position end (exclusive) ends inside the decode rank's prefix of prefix
+// decode pages (it then writes nothing where it ends).
+func (pm PageMap) InPrefix(end, prefix int) bool { return end*pm.Src <= prefix*pm.Dst }
 
 // Aligned reports whether a chunk that ends after the room's prefill page
 // position end (exclusive) ends on a decode page boundary, as every chunk

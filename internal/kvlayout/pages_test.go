@@ -37,6 +37,9 @@ func TestPageMapPair(t *testing.T) {
 		{"larger prefill, cut at the end", PageMap{8, 2}, 1, u(3), 0, u(0, 1, 2, 3, 9, 8), u(12, 13), u(9, 8), 4, 2, ""},
 		{"larger prefill, prefix 1", PageMap{8, 2}, 0, u(3), 1, u(9, 1), u(13, 14), u(9, 1), 0, 2, ""},
 		{"larger prefill, page past the end", PageMap{8, 2}, 1, u(3), 0, u(0, 1, 2, 3), nil, nil, 0, 0, "prefill sent more"},
+		{"larger prefill, a page after a cut one", PageMap{8, 2}, 0, u(3, 4), 0, u(0, 1, 2), nil, nil, 0, 0, "prefill sent more"},
+		{"larger prefill, a unit number past uint32", PageMap{8, 2}, 0, u(1 << 30), 0, u(0, 1, 2, 3), nil, nil, 0, 0, "past the largest unit number"},
+		{"smaller prefill, a unit number past uint32", PageMap{2, 8}, 0, u(1), 0, u(1 << 30), nil, nil, 0, 0, "past the largest unit number"},
 		{"not dividing", PageMap{4, 6}, 0, u(1), 0, u(1), nil, nil, 0, 0, "one must divide the other"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -63,6 +66,11 @@ func TestPageMapAligned(t *testing.T) {
 		if got := tc.pm.Aligned(tc.end); got != tc.want {
 			t.Errorf("%+v.Aligned(%d) = %v, want %v", tc.pm, tc.end, got, tc.want)
 		}
+	}
+	// 2-token pages into 8-token ones: 6 pages end inside decode page 1,
+	// which a prefix of 2 holds (and one of 1 does not).
+	if pm := (PageMap{2, 8}); !pm.InPrefix(6, 2) || pm.InPrefix(6, 1) || !pm.InPrefix(4, 1) {
+		t.Errorf("InPrefix: %v %v %v", pm.InPrefix(6, 2), pm.InPrefix(6, 1), pm.InPrefix(4, 1))
 	}
 }
 

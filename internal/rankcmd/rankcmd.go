@@ -720,6 +720,9 @@ func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
 		}
 		end := min(i+rr.Chunk, len(src))
 		if err := r.sendChunk(s, src[i:end], end == len(src), int(rr.Room%4096)); err != nil {
+			// A send the room refuses (a chunk the decode pages do not
+			// fit, for one) ends the room now, not at its deadline.
+			s.Abort("prefill: " + err.Error())
 			break
 		}
 		chunks++

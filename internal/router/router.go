@@ -80,6 +80,7 @@ var Wires = []string{"kvbridge", "sglang", "vllm"}
 type Instance struct {
 	Name, Bootstrap string
 	Shape           transfer.Parallel // sizes
+	PageTokens      int               // every rank's tokens per page
 	Ranks           []Rank            // by global index
 	inflight        atomic.Int64
 }
@@ -187,13 +188,11 @@ func New(ctx context.Context, cfg Config) (*Router, error) {
 					fp, rt.vocab, mapping = info.Fingerprint, info.Vocab, info.Model.Mapping(info.Layout)
 				case info.Fingerprint != fp || info.Model.Mapping(info.Layout).WithPages(0) != mapping.WithPages(0):
 					return nil, fmt.Errorf("router: %s serves %s (%v), another rank %s (%v)", u, info.Fingerprint, info.Model.Mapping(info.Layout), fp, mapping)
-				case transfer.PageRatio(mapping.PageTokens, info.Model.PageTokens) != nil:
-					// Pages may differ in size (the ranks pair them by
-					// tokens) when one size divides the other.
-					return nil, fmt.Errorf("router: %s keeps %d-token pages, another rank %d-token ones: one must divide the other", u, info.Model.PageTokens, mapping.PageTokens)
 				}
 				if in.Name == "" {
-					in.Name, in.Shape = info.Instance, info.Parallel.Norm()
+					in.Name, in.Shape, in.PageTokens = info.Instance, info.Parallel.Norm(), info.Model.PageTokens
+				} else if info.Model.PageTokens != in.PageTokens {
+					return nil, fmt.Errorf("router: %s (%s) keeps %d-token pages, its instance's other ranks %d-token ones", u, info.Instance, info.Model.PageTokens, in.PageTokens)
 				} else if info.Instance != in.Name || info.Parallel.Norm().TPSize != in.Shape.TPSize ||
 					info.Parallel.Norm().PPSize != in.Shape.PPSize || info.Parallel.Norm().DPSize != in.Shape.DPSize {
 					return nil, fmt.Errorf("router: %s (%s, %v) is listed with %s (%v)", u, info.Instance, info.Parallel, in.Name, in.Shape)
@@ -223,6 +222,11 @@ func New(ctx context.Context, cfg Config) (*Router, error) {
 	for _, p := range rt.prefill {
 		for _, d := range rt.decode {
 			if err := CheckTopology(mapping, p.Shape, d.Shape); err != nil {
+				return nil, fmt.Errorf("router: %s → %s: %w", p.Name, d.Name, err)
+			}
+			// Pages may differ in size (the ranks pair them by tokens)
+			// when one size divides the other.
+			if err := transfer.PageRatio(p.PageTokens, d.PageTokens); err != nil {
 				return nil, fmt.Errorf("router: %s → %s: %w", p.Name, d.Name, err)
 			}
 		}

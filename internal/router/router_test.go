@@ -241,4 +241,20 @@ func TestRefusals(t *testing.T) {
 	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{u6}}}); err == nil || !strings.Contains(err.Error(), "one must divide the other") {
 		t.Errorf("4-token prefill pages, 6-token decode pages: %v", err)
 	}
+	// Every prefill × decode pair is checked, not each rank against the
+	// first: 4 divides 8 and 12, 8 and 12 do not divide.
+	f8, u8 := startFake(t, "prefill", "p8", transfer.Parallel{})
+	f8.info.Model.PageTokens = 8
+	f12, u12 := startFake(t, "decode", "d12", transfer.Parallel{})
+	f12.info.Model.PageTokens = 12
+	if _, err := New(ctx, Config{Prefill: [][]string{{upp}, {u8}}, Decode: [][]string{{u12}}}); err == nil || !strings.Contains(err.Error(), "p8 → d12") {
+		t.Errorf("prefill pages of 4 and 8 tokens, decode pages of 12: %v", err)
+	}
+	// Ranks of one instance keep one page size.
+	_, ua := startFake(t, "decode", "d7", transfer.Parallel{TPSize: 2})
+	fb, ub := startFake(t, "decode", "d7", transfer.Parallel{TPSize: 2, TPRank: 1})
+	fb.info.Model.PageTokens = 16
+	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{ua, ub}}}); err == nil || !strings.Contains(err.Error(), "its instance's other ranks") {
+		t.Errorf("ranks of one instance with 4- and 16-token pages: %v", err)
+	}
 }

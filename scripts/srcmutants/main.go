@@ -239,7 +239,7 @@ var mutants = []mutant{
 	// Pages of different sizes: a chunk that ends inside a larger decode
 	// page is written (two chunks would share a decode page, and each
 	// notification would name it whole).
-	{name: "chunk-align-unchecked", file: "internal/core/core_prefill.go", old: "\tif in.Last {\n\t\treturn nil\n\t}\n\tend := rm.pre.sent", new: "\tif in.Last || true {\n\t\treturn nil\n\t}\n\tend := rm.pre.sent",
+	{name: "chunk-align-unchecked", file: "internal/core/core_prefill.go", old: "\tif in.Last || rm.pre.open != nil {\n\t\treturn nil\n\t}\n\tend := rm.pre.sent", new: "\tif true {\n\t\treturn nil\n\t}\n\tend := rm.pre.sent",
 		pkg: "internal/core", run: "^TestPagesOfDifferentSizes$"},
 	// The decode rank's page size ignored: prefill pages paired one to one
 	// with decode pages of another size.
@@ -266,6 +266,14 @@ var mutants = []mutant{
 	// outside the registered region).
 	{name: "units-unchecked", file: "transfer/pool.go", old: "\tif err := kvlayout.CheckRuns(w.Runs, loc, w.Peer, &sl); err != nil {", new: "\tif err := kvlayout.CheckRuns(w.Runs, loc, w.Peer, &sl); false && err != nil {",
 		pkg: "transfer", run: "^TestPoolPagesOfDifferentSizes$"},
+	// A chunk accepted after the room's last: its writes follow the final
+	// write, whose posting freed the decode rank's pages.
+	{name: "chunk-after-last-accepted", file: "internal/core/core_prefill.go", old: "\tcase rm.pre.done:\n", new: "\tcase rm.pre.done && false:\n",
+		pkg: "internal/core", run: "^TestChunkRules$"},
+	// A unit number computed in 32 bits: a huge prefill page wraps onto a
+	// small, valid one, past every bounds check.
+	{name: "unit-number-wraps", file: "internal/kvlayout/pages.go", old: "\t\t\tif su > math.MaxUint32 || du > math.MaxUint32 {", new: "\t\t\tif false && (su > math.MaxUint32 || du > math.MaxUint32) {",
+		pkg: "internal/kvlayout", run: "^TestPageMapPair$"},
 	// The decoder's interned names: a peer's made-up names are interned
 	// without bound.
 	{name: "intern-unbounded", file: "internal/wire/intern.go", old: "\tif len(t.m) >= maxInterned {", new: "\tif false {",
