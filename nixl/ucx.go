@@ -347,20 +347,15 @@ func loadUCX() error {
 	return nil
 }
 
-func openUCX(cfg Config) (backend, error) {
-	if err := loadUCX(); err != nil {
-		return nil, fmt.Errorf("ucx engine: %w", err)
-	}
-	ucpKeys, err := ucpSettings(cfg.UCX)
-	if err != nil {
-		return nil, fmt.Errorf("ucx engine: %w", err)
-	}
-	// UCX's adaptive progress takes interfaces it finds idle out of the
-	// worker's progress and arm lists and watches them from its async
-	// thread; with it, an armed worker here missed events (a sleeping
-	// target did not wake for a write's notification: the write hung, 1 in
-	// ~20,000 writes over shared memory). kvbridge turns it off
-	// unless the user chose it, and then keeps a back-off timer while idle.
+// ucxAdaptive settles UCX's adaptive progress in the keys given to UCX and
+// reports whether it is on. Adaptive progress takes interfaces UCX finds
+// idle out of the worker's progress and arm lists and watches them from
+// its async thread; with it, an armed worker here missed events (a
+// sleeping target did not wake for a write's notification: the write
+// hung, 1 in ~20,000 writes over shared memory). kvbridge turns it off
+// unless the user chose it (in the keys or UCX_ADAPTIVE_PROGRESS), and
+// then keeps a back-off timer while idle.
+func ucxAdaptive(ucpKeys map[string]string) bool {
 	adaptive, ok := ucpKeys["ADAPTIVE_PROGRESS"]
 	if !ok {
 		adaptive, ok = os.LookupEnv("UCX_ADAPTIVE_PROGRESS")
@@ -369,6 +364,22 @@ func openUCX(cfg Config) (backend, error) {
 		adaptive = "n"
 		ucpKeys["ADAPTIVE_PROGRESS"] = adaptive
 	}
+	switch strings.ToLower(adaptive) {
+	case "n", "no", "off", "0", "false":
+		return false
+	}
+	return true
+}
+
+func openUCX(cfg Config) (backend, error) {
+	if err := loadUCX(); err != nil {
+		return nil, fmt.Errorf("ucx engine: %w", err)
+	}
+	ucpKeys, err := ucpSettings(cfg.UCX)
+	if err != nil {
+		return nil, fmt.Errorf("ucx engine: %w", err)
+	}
+	adaptiveOn := ucxAdaptive(ucpKeys)
 	cfg.UCX = ucpKeys
 	tls, ok := ucpKeys["TLS"]
 	if !ok {
@@ -377,12 +388,6 @@ func openUCX(cfg Config) (backend, error) {
 	unified, ok := ucpKeys["UNIFIED_MODE"]
 	if !ok {
 		unified = os.Getenv("UCX_UNIFIED_MODE")
-	}
-	adaptiveOn := false
-	switch strings.ToLower(adaptive) {
-	case "n", "no", "off", "0", "false":
-	default:
-		adaptiveOn = true
 	}
 	switch strings.ToLower(unified) {
 	case "y", "yes", "on", "1", "true":

@@ -3,6 +3,7 @@ package nixl
 import (
 	"bytes"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -143,5 +144,40 @@ func TestUCXNoLostWakeCrossProcess(t *testing.T) {
 				t.Fatalf("the writer slept through %d events", n)
 			}
 		})
+	}
+}
+
+// TestUCXAdaptiveProgressOff: the ucx engine gives UCX adaptive progress
+// off unless the user chose it (Config.UCX or UCX_ADAPTIVE_PROGRESS), and
+// keeps its idle back-off timer only when it is on. (The behaviour it
+// prevents, a sleeping target missing an event, is
+// TestUCXNoLostWakeCrossProcess: 1 in ~20,000 writes, so that test alone
+// does not catch its return on every run.)
+func TestUCXAdaptiveProgressOff(t *testing.T) {
+	for _, tc := range []struct {
+		keys, env string // env "": unset
+		want      string // the key given to UCX
+		on        bool
+	}{
+		{"", "", "n", false},
+		{"ADAPTIVE_PROGRESS=y", "", "y", true},
+		{"ADAPTIVE_PROGRESS=off", "y", "off", false},
+		{"", "y", "", true}, // UCX reads the environment itself
+		{"", "no", "", false},
+	} {
+		keys := map[string]string{}
+		if k, v, ok := strings.Cut(tc.keys, "="); ok {
+			keys[k] = v
+		}
+		if tc.env != "" {
+			t.Setenv("UCX_ADAPTIVE_PROGRESS", tc.env)
+		} else {
+			t.Setenv("UCX_ADAPTIVE_PROGRESS", "") // restored after the test
+			os.Unsetenv("UCX_ADAPTIVE_PROGRESS")
+		}
+		on := ucxAdaptive(keys)
+		if keys["ADAPTIVE_PROGRESS"] != tc.want || on != tc.on {
+			t.Errorf("keys %q, UCX_ADAPTIVE_PROGRESS %q: UCX gets %q (on %v), want %q (on %v)", tc.keys, tc.env, keys["ADAPTIVE_PROGRESS"], on, tc.want, tc.on)
+		}
 	}
 }

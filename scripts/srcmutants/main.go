@@ -197,7 +197,7 @@ var mutants = []mutant{
 	{name: "ucx-idle-timer", file: "nixl/ucx.go", old: "		case ready == nil || len(u.active) > 0 || u.adaptiveOn:", new: "		case true:",
 		pkg: "nixl", run: "^TestUCXIdleSleepsOnEventFD$"},
 	{name: "ucx-adaptive-progress", file: "nixl/ucx.go", old: "		ucpKeys[\"ADAPTIVE_PROGRESS\"] = adaptive", new: "		ucpKeys[\"ADAPTIVE_PROGRESS\"] = \"y\"",
-		pkg: "nixl", run: "^TestUCXNoLostWakeCrossProcess$"},
+		pkg: "nixl", run: "^(TestUCXAdaptiveProgressOff|TestUCXNoLostWakeCrossProcess)$"},
 	{name: "notifier-never-stops", file: "kvmanager/decode.go", old: "			case live == 0 && tombs == 0:", new: "			case live < 0 && tombs == 0:",
 		pkg: "internal/e2e", run: "^TestNotifierStopsPollingWithoutRooms$"},
 	{name: "notifier-ignores-tombstones", file: "kvmanager/decode.go", old: "			case live == 0 && tombs == 0:", new: "			case live == 0 && tombs >= 0:",
