@@ -251,6 +251,7 @@ func benchChild() int {
 type crossCase struct {
 	a     *Agent
 	c     *child
+	src   []byte // the local buffer (fill(src, 3) at the start)
 	local *Prepped
 	dests *Prepped
 }
@@ -292,7 +293,7 @@ func newCrossCase(b testing.TB, transport string, ucx map[string]string, mem str
 	if err != nil {
 		b.Fatal(err)
 	}
-	return &crossCase{a: a, c: c, local: l, dests: r}
+	return &crossCase{a: a, c: c, src: src, local: l, dests: r}
 }
 
 // xfer is a write of the source to destination slot k, with notif (nil:
@@ -359,6 +360,45 @@ func BenchmarkWriteCrossProcess(b *testing.B) {
 					b.StopTimer()
 					cpu.report(b, float64(n)*float64(b.N))
 				})
+			}
+		}
+	}
+}
+
+// BenchmarkReadCrossProcess: what a decode rank pulling a room would move
+// — the ucx engine's reads (gets) of a peer process's memory — next to
+// writes of the same bytes between the same two processes, interleaved in
+// one run: engine and caller memory, shared memory and tcp, each op waited
+// for, neither carrying a notification. CPU: both processes.
+func BenchmarkReadCrossProcess(b *testing.B) {
+	for _, tc := range crossTransports {
+		for _, mem := range []string{"engine", "caller"} {
+			for _, n := range []int{64 << 10, 1 << 20, 64 << 20} {
+				for _, op := range []Op{Write, Read} {
+					b.Run(fmt.Sprintf("%s/%s/%s/%v", tc.transport, mem, sizeName(n), op), func(b *testing.B) {
+						cc := newCrossCase(b, tc.transport, tc.ucx, mem, n, 1)
+						x, err := cc.a.NewXfer(op, cc.local, []int{0}, cc.dests, []int{0}, nil)
+						if err != nil {
+							b.Fatal(err)
+						}
+						b.Cleanup(func() { cc.a.Release(x) })
+						b.SetBytes(int64(n))
+						once := func() {
+							if err := cc.a.Post(x); err != nil {
+								b.Fatal(err)
+							}
+							cc.wait(b, x)
+						}
+						once() // warms up (connection, first touch)
+						cpu := startCPU(b, cc.c)
+						b.ResetTimer()
+						for i := 0; i < b.N; i++ {
+							once()
+						}
+						b.StopTimer()
+						cpu.report(b, float64(n)*float64(b.N))
+					})
+				}
 			}
 		}
 	}

@@ -971,6 +971,20 @@ func (u *ucx) amRefusals() (refused, strayAcks uint64) {
 	return refused, strayAcks
 }
 
+// readWindow is KVB_READ_WINDOW: a read's chunk requests out ahead of
+// their answers, at most.
+const readWindow = C.KVB_READ_WINDOW
+
+// readAheadMax reads the most chunk requests of one read seen out ahead of
+// their answers (the read path's window; progress thread only writes it).
+func (u *ucx) readAheadMax() (n uint64) {
+	_ = u.do(func() error {
+		n = uint64(u.ctx.read_ahead_max)
+		return nil
+	})
+	return n
+}
+
 // sendRawAM sends remote one active message as given: the engine's tests
 // play a hostile or broken peer with it (malformed write headers, writes
 // outside registered memory, forged acknowledgements).

@@ -393,6 +393,8 @@ static ucs_status_t kvb_wack_cb(void *arg, const void *header, size_t header_len
 // destination when it comes through that transfer's endpoint, for a chunk
 // not answered yet, with exactly the bytes asked for; a refusal fails the
 // transfer.
+static int kvb_read_ask(kvb_ctx *c, kvb_xfer *x);
+
 static ucs_status_t kvb_rdata_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
 				 const ucp_am_recv_param_t *param)
 {
@@ -410,6 +412,7 @@ static ucs_status_t kvb_rdata_cb(void *arg, const void *header, size_t header_le
 		return UCS_OK;
 	}
 	x->rgot[a.index] = 1;
+	x->ranswered++;
 	if (x->am_wstatus != UCS_OK) {
 		return UCS_OK;
 	}
@@ -422,6 +425,10 @@ static ucs_status_t kvb_rdata_cb(void *arg, const void *header, size_t header_le
 			memcpy((void *)(uintptr_t)x->rdst[a.index], data, length);
 		}
 		x->am_acked += length;
+		// One answer in: the next chunk's request goes out.
+		if (x->rsent < x->rchunks && !x->ep->failed) {
+			kvb_read_ask(c, x);
+		}
 	}
 	return UCS_OK;
 }
@@ -951,9 +958,27 @@ static int kvb_xfer_start_am(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int n, const ui
 	return x->stage;
 }
 
+// kvb_read_ask sends a read's next chunk request (x->rsent); 0 when the
+// send failed (the transfer failed and is unlinked).
+static int kvb_read_ask(kvb_ctx *c, kvb_xfer *x)
+{
+	ucp_request_param_t p = {0};
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+	p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+	p.cb.send = kvb_wsent_cb;
+	p.user_data = x;
+	ucs_status_ptr_t r = kvbu.ucp_am_send_nbx(x->ep->ep, KVB_AM_READ, &x->rhdrs[x->rsent], sizeof(kvb_rhdr), NULL, 0, &p);
+	x->rsent++;
+	if (x->rsent - x->ranswered > c->read_ahead_max) {
+		c->read_ahead_max = x->rsent - x->ranswered;
+	}
+	return kvb_am_took(c, x, r);
+}
+
 // kvb_xfer_start_am_read asks for a read as KVB_AM_READ requests of at
-// most KVB_AM_CHUNK bytes each; it is complete when every chunk's answer
-// landed (kvb_rdata_cb).
+// most KVB_AM_CHUNK bytes each, KVB_READ_WINDOW of them ahead of their
+// answers (kvb_rdata_cb sends the next as each lands); it is complete
+// when every chunk's answer landed.
 static int kvb_xfer_start_am_read(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int n, const uint64_t *laddr,
 				  const uint64_t *len, const uint64_t *raddr)
 {
@@ -988,16 +1013,13 @@ static int kvb_xfer_start_am_read(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int n, con
 			uint64_t m = len[i] - off < KVB_AM_CHUNK ? len[i] - off : KVB_AM_CHUNK;
 			x->rhdrs[k] = (kvb_rhdr){x->token, k, raddr[i] + off, m};
 			x->rdst[k] = laddr[i] + off;
-			ucp_request_param_t p = {0};
-			p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-			p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-			p.cb.send = kvb_wsent_cb;
-			p.user_data = x;
-			ucs_status_ptr_t r =
-				kvbu.ucp_am_send_nbx(e->ep, KVB_AM_READ, &x->rhdrs[k], sizeof(kvb_rhdr), NULL, 0, &p);
-			if (!kvb_am_took(c, x, r)) {
-				return x->stage;
-			}
+		}
+	}
+	(void)e;
+	x->rsent = x->ranswered = 0;
+	while (x->rsent < chunks && x->rsent < KVB_READ_WINDOW) {
+		if (!kvb_read_ask(c, x)) {
+			return x->stage;
 		}
 	}
 	return x->stage;

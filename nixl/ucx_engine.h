@@ -32,6 +32,12 @@
 // KVB_AM_CHUNK is the largest write message: a target holds one such
 // message at a time per sender while UCX reassembles it.
 #define KVB_AM_CHUNK (256 * 1024)
+// KVB_READ_WINDOW is how many of a read's chunk requests are out ahead of
+// their answers: a read of any size keeps at most this many chunks queued
+// at its target (a quarter of KVB_RDATA_PENDING), where asking for every
+// chunk at once had a read above 8 MiB refused whenever the target queued
+// answers faster than tcp sent them.
+#define KVB_READ_WINDOW (KVB_RDATA_PENDING / KVB_AM_CHUNK / 4)
 
 // kvb_whdr heads a KVB_AM_WRITE message: the write's token (the sender's,
 // echoed in the ack) and where the payload goes in the target.
@@ -113,6 +119,9 @@ typedef struct kvb_ctx {
 	// and acks or read answers for no transfer in flight (late, after a
 	// cancel, or forged) or not matching its request.
 	unsigned long writes_refused, acks_unknown;
+	// read_ahead_max: the most chunk requests of one read seen out ahead
+	// of their answers (at most KVB_READ_WINDOW).
+	unsigned long read_ahead_max;
 	size_t rdata_pending; // bytes of KVB_AM_RDATA answers queued, not yet sent
 	// tests: answer reads as a broken or hostile target would — 1: each
 	// answer sent again with other bytes; 2: an answer for a chunk index
@@ -144,7 +153,8 @@ typedef struct kvb_xfer {
 	// acknowledged, the first failure, and the message headers, which UCX
 	// reads until each send completes (freed by kvb_xfer_free). A read
 	// (am_read too) counts the bytes answered in am_acked; rhdrs are its
-	// requests, rdst where each chunk's answer goes, rgot which came.
+	// requests, rdst where each chunk's answer goes, rgot which came,
+	// rsent how many requests went out (a window ahead of the answers).
 	int am_write, am_read;
 	uint64_t token, am_total, am_acked;
 	ucs_status_t am_wstatus;
@@ -152,7 +162,7 @@ typedef struct kvb_xfer {
 	kvb_rhdr *rhdrs;
 	uint64_t *rdst;
 	unsigned char *rgot;
-	size_t rchunks;
+	size_t rchunks, rsent, ranswered;
 	struct kvb_xfer *amnext; // on kvb_ctx.amx while waiting for acks
 } kvb_xfer;
 
