@@ -271,17 +271,6 @@ func read(t testing.TB, p pair, local, remote []Desc) *Xfer {
 	return x
 }
 
-// TestUCXTCPReadsAsMessages: over tcp the engine reads as its own active
-// messages too — UCX's get emulation has the target copy from whatever
-// address the reader names, so a reader naming memory the target does not
-// have (a forged region table: kvbridge's ownership proofs read through
-// peers' metadata before trusting it) killed the target with SIGSEGV. A
-// read is answered byte-exact; one of memory the target deregistered
-// after its metadata went out is refused by the target, counted, and
-// fails naming the cause (UCX's emulated get read it); hostile read
-// requests — a short header, no reply endpoint, past the end, wrapping,
-// longer than a message, with a payload — and forged answers are refused
-// and counted, and the target keeps serving.
 // TestUCXTCPLargeReadsCrossProcess: reads far above a target's bound on
 // queued answers (8 MiB), each in one transfer, from another process over
 // tcp: the reader keeps a window of chunk requests out and asks for the
@@ -323,6 +312,17 @@ func TestUCXTCPLargeReadsCrossProcess(t *testing.T) {
 	}
 }
 
+// TestUCXTCPReadsAsMessages: over tcp the engine reads as its own active
+// messages too — UCX's get emulation has the target copy from whatever
+// address the reader names, so a reader naming memory the target does not
+// have (a forged region table: kvbridge's ownership proofs read through
+// peers' metadata before trusting it) killed the target with SIGSEGV. A
+// read is answered byte-exact; one of memory the target deregistered
+// after its metadata went out is refused by the target, counted, and
+// fails naming the cause (UCX's emulated get read it); hostile read
+// requests — a short header, no reply endpoint, past the end, wrapping,
+// longer than a message, with a payload — and forged answers are refused
+// and counted, and the target keeps serving.
 func TestUCXTCPReadsAsMessages(t *testing.T) {
 	ec := engines()[2] // ucx-tcp
 	p := newPair(t, ec)
@@ -452,6 +452,33 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 			waitFor(t, c.name+": counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+c.strays })
 		}
 	}
+	// A target that answers chunks the read has not asked for yet (its
+	// window of requests is 8 chunks; each answer comes again for the
+	// chunk 16 further on, with the first's bytes): refused and counted,
+	// never landed, and the read completes byte-exact when the real
+	// answers come. (With every request sent at once, "not asked for"
+	// could not happen; with the window, such answers landed.)
+	if err := tgt.answerReadsBadly(4); err != nil {
+		t.Fatal(err)
+	}
+	const wide = 32 * 256 << 10 // 32 chunks
+	_, wideLocal, err := p.ini.Alloc(wide)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wideSrc := make([]byte, wide)
+	fill(wideSrc, 13)
+	if _, err := p.tgt.RegisterBytes(wideSrc); err != nil {
+		t.Fatal(err)
+	}
+	p.remote = exchange(t, p.ini, p.tgt)
+	_, s0 = p.ini.WritesRefused()
+	x = read(t, p, []Desc{BytesDesc(wideLocal)}, []Desc{BytesDesc(wideSrc)})
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(wideLocal, wideSrc) {
+		t.Fatalf("answers for chunks not asked for yet: %v %v, byte-exact %v", st, err, bytes.Equal(wideLocal, wideSrc))
+	}
+	p.ini.Release(x)
+	waitFor(t, "answers for chunks not asked for yet: counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+32 })
 	if err := tgt.answerReadsBadly(0); err != nil {
 		t.Fatal(err)
 	}

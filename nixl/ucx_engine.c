@@ -255,8 +255,9 @@ static ucs_status_t kvb_read_cb(void *arg, const void *header, size_t header_len
 	if (st != UCS_OK) {
 		c->writes_refused++;
 	}
-	if (c->test_bad_answers == 2 && n > 0) {
-		kvb_rdata bad = {h.token, h.index + 1000, UCS_OK};
+	if ((c->test_bad_answers == 2 || c->test_bad_answers == 4) && n > 0) {
+		uint64_t ahead = c->test_bad_answers == 2 ? 1000 : 2 * KVB_READ_WINDOW;
+		kvb_rdata bad = {h.token, h.index + ahead, UCS_OK};
 		kvb_am_raw_reply(param->reply_ep, &bad, sizeof(bad), block + sizeof(a), n);
 	}
 	ucp_request_param_t p = {0};
@@ -389,12 +390,12 @@ static ucs_status_t kvb_wack_cb(void *arg, const void *header, size_t header_len
 	return UCS_OK;
 }
 
-// kvb_rdata_cb is the reader's side: an answer lands in its chunk's
-// destination when it comes through that transfer's endpoint, for a chunk
-// not answered yet, with exactly the bytes asked for; a refusal fails the
-// transfer.
 static int kvb_read_ask(kvb_ctx *c, kvb_xfer *x);
 
+// kvb_rdata_cb is the reader's side: an answer lands in its chunk's
+// destination when it comes through that transfer's endpoint, for a chunk
+// requested and not answered yet, with exactly the bytes asked for; a
+// refusal fails the transfer. Each answer sends the read's next request.
 static ucs_status_t kvb_rdata_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
 				 const ucp_am_recv_param_t *param)
 {
@@ -407,7 +408,7 @@ static ucs_status_t kvb_rdata_cb(void *arg, const void *header, size_t header_le
 	memcpy(&a, header, sizeof(a));
 	kvb_xfer *x = kvb_amx_find(c, a.token);
 	if (x == NULL || !x->am_read || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
-	    param->reply_ep != x->ep->ep || a.index >= x->rchunks || x->rgot[a.index]) {
+	    param->reply_ep != x->ep->ep || a.index >= x->rsent || x->rgot[a.index]) {
 		c->acks_unknown++;
 		return UCS_OK;
 	}
@@ -1015,7 +1016,6 @@ static int kvb_xfer_start_am_read(kvb_ctx *c, kvb_xfer *x, kvb_ep *e, int n, con
 			x->rdst[k] = laddr[i] + off;
 		}
 	}
-	(void)e;
 	x->rsent = x->ranswered = 0;
 	while (x->rsent < chunks && x->rsent < KVB_READ_WINDOW) {
 		if (!kvb_read_ask(c, x)) {

@@ -33,10 +33,12 @@
 // message at a time per sender while UCX reassembles it.
 #define KVB_AM_CHUNK (256 * 1024)
 // KVB_READ_WINDOW is how many of a read's chunk requests are out ahead of
-// their answers: a read of any size keeps at most this many chunks queued
-// at its target (a quarter of KVB_RDATA_PENDING), where asking for every
-// chunk at once had a read above 8 MiB refused whenever the target queued
-// answers faster than tcp sent them.
+// their answers: one read of any size keeps at most this many chunks
+// queued at its target (a quarter of KVB_RDATA_PENDING), where asking for
+// every chunk at once had a read above 8 MiB refused whenever the target
+// queued answers faster than tcp sent them. The bound is the target's,
+// shared by every read of it: five or more reads at once can still be
+// refused busy when the target falls behind.
 #define KVB_READ_WINDOW (KVB_RDATA_PENDING / KVB_AM_CHUNK / 4)
 
 // kvb_whdr heads a KVB_AM_WRITE message: the write's token (the sender's,
@@ -119,13 +121,14 @@ typedef struct kvb_ctx {
 	// and acks or read answers for no transfer in flight (late, after a
 	// cancel, or forged) or not matching its request.
 	unsigned long writes_refused, acks_unknown;
-	// read_ahead_max: the most chunk requests of one read seen out ahead
-	// of their answers (at most KVB_READ_WINDOW).
+	// read_ahead_max: the most chunk requests any one read had out ahead
+	// of its answers, since the context began (at most KVB_READ_WINDOW).
 	unsigned long read_ahead_max;
 	size_t rdata_pending; // bytes of KVB_AM_RDATA answers queued, not yet sent
 	// tests: answer reads as a broken or hostile target would — 1: each
 	// answer sent again with other bytes; 2: an answer for a chunk index
-	// past the read's first; 3: one byte short.
+	// past the read's; 3: one byte short; 4: each answer sent again for
+	// the chunk 2 × KVB_READ_WINDOW further on (not requested yet).
 	int test_bad_answers;
 } kvb_ctx;
 

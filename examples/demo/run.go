@@ -236,8 +236,12 @@ func (o *demoFlags) pageSizes(pageTokens int) error {
 	// The prefill ranks send rooms in chunks of 128 pages (32 in the
 	// chaos soak), and every chunk but a room's last must end on a decode
 	// page.
-	if r := o.decodePT / o.prefillPT; chaosChunk%max(r, 1) != 0 {
-		return fmt.Errorf("refused before starting any process: a decode page holds %d prefill pages, which does not divide the prefill ranks' chunks of %d and %d pages", r, chaosChunk, 128)
+	chunk := 128
+	if o.chaos {
+		chunk = chaosChunk
+	}
+	if r := o.decodePT / o.prefillPT; chunk%max(r, 1) != 0 {
+		return fmt.Errorf("refused before starting any process: a decode page holds %d prefill pages, which does not divide the prefill ranks' chunks of %d pages", r, chunk)
 	}
 	return nil
 }

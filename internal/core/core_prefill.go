@@ -665,12 +665,12 @@ func (c *prefillCore) sendable(id uint64) (*room, error) {
 		return nil, fmt.Errorf("room %d: %w", id, ErrUnknownRoom)
 	case rm.status == Failed:
 		return nil, fmt.Errorf("room %d: %w: %s", id, ErrRoomFailed, rm.reason)
-	case rm.status < WaitingForInput || rm.status == Success:
-		return nil, fmt.Errorf("room %d: send in %v: %w", id, rm.status, ErrNotReady)
 	case rm.pre.done:
 		// Its writes would follow the final (aux) write, whose posting
 		// freed the destinations: the decode rank may reuse them.
 		return nil, fmt.Errorf("room %d: %w", id, ErrAfterLast)
+	case rm.status < WaitingForInput || rm.status == Success:
+		return nil, fmt.Errorf("room %d: send in %v: %w", id, rm.status, ErrNotReady)
 	}
 	return rm, nil
 }

@@ -118,6 +118,14 @@ func TestChunkRules(t *testing.T) {
 	// Decode holds the first 2 decode pages (16 tokens); 24 tokens more.
 	c.Step(t0, Received{Msg: &wire.Request{From: decodeFrom, Room: 1, DstPages: []uint32{5, 6, 7}, Prefix: 2, AuxIndex: -1, Required: 1, StateIndices: [][]uint32{}}})
 	c.Effects()
+	var posted []kvlayout.Write
+	drain := func() {
+		for _, e := range c.Effects() {
+			if e.Kind == EffectPost {
+				posted = append(posted, e.Writes...)
+			}
+		}
+	}
 	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{0, 1, 2, 3, 4, 5}, AuxIndex: -1}); res.Err != nil {
 		t.Fatalf("a chunk ending inside the prefix: %v", res.Err)
 	}
@@ -130,11 +138,11 @@ func TestChunkRules(t *testing.T) {
 	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{6, 7}, AuxIndex: -1, Layers: kvlayout.Layers{Lo: 1, Hi: 2}}); res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	c.Effects()
+	drain()
 	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{8, 9, 10, 11}, AuxIndex: -1, Last: true}); res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	c.Effects()
+	drain()
 	res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{12, 13, 14, 15}, AuxIndex: -1})
 	if !errors.Is(res.Err, ErrAfterLast) {
 		t.Fatalf("a chunk after the last: %v, want ErrAfterLast", res.Err)
@@ -143,5 +151,16 @@ func TestChunkRules(t *testing.T) {
 		if e.Kind == EffectPost {
 			t.Fatalf("a chunk after the last posted %+v", e.Writes)
 		}
+	}
+	// Once the room succeeded too.
+	for i := range posted {
+		c.Step(t0, Posting{Room: 1, Write: &posted[i]})
+		c.Step(t0, WriteDone{Room: 1, Write: &posted[i]})
+	}
+	if st, _ := c.Status(1); st != Success {
+		t.Fatalf("room after its writes: %v", st)
+	}
+	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{12, 13, 14, 15}, AuxIndex: -1}); !errors.Is(res.Err, ErrAfterLast) {
+		t.Fatalf("a chunk after the last, the room succeeded: %v, want ErrAfterLast", res.Err)
 	}
 }
