@@ -299,7 +299,13 @@ func newCrossCase(b testing.TB, transport string, ucx map[string]string, mem str
 // xfer is a write of the source to destination slot k, with notif (nil:
 // none).
 func (cc *crossCase) xfer(b testing.TB, k int, notif []byte) *Xfer {
-	x, err := cc.a.NewXfer(Write, cc.local, []int{0}, cc.dests, []int{k}, notif)
+	return cc.xferOp(b, Write, k, notif)
+}
+
+// xferOp is xfer for either direction (a read fills the source from slot
+// k).
+func (cc *crossCase) xferOp(b testing.TB, op Op, k int, notif []byte) *Xfer {
+	x, err := cc.a.NewXfer(op, cc.local, []int{0}, cc.dests, []int{k}, notif)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -343,22 +349,7 @@ func BenchmarkWriteCrossProcess(b *testing.B) {
 			for _, n := range []int{64 << 10, 1 << 20, 64 << 20} {
 				b.Run(fmt.Sprintf("%s/%s/%s", tc.transport, mem, sizeName(n)), func(b *testing.B) {
 					cc := newCrossCase(b, tc.transport, tc.ucx, mem, n, 1)
-					x := cc.xfer(b, 0, []byte("bench"))
-					b.SetBytes(int64(n))
-					once := func() {
-						if err := cc.a.Post(x); err != nil {
-							b.Fatal(err)
-						}
-						cc.wait(b, x)
-					}
-					once() // warms up (connection, first touch)
-					cpu := startCPU(b, cc.c)
-					b.ResetTimer()
-					for i := 0; i < b.N; i++ {
-						once()
-					}
-					b.StopTimer()
-					cpu.report(b, float64(n)*float64(b.N))
+					cc.waited(b, cc.xfer(b, 0, []byte("bench")), n)
 				})
 			}
 		}
@@ -377,31 +368,32 @@ func BenchmarkReadCrossProcess(b *testing.B) {
 				for _, op := range []Op{Write, Read} {
 					b.Run(fmt.Sprintf("%s/%s/%s/%v", tc.transport, mem, sizeName(n), op), func(b *testing.B) {
 						cc := newCrossCase(b, tc.transport, tc.ucx, mem, n, 1)
-						x, err := cc.a.NewXfer(op, cc.local, []int{0}, cc.dests, []int{0}, nil)
-						if err != nil {
-							b.Fatal(err)
-						}
-						b.Cleanup(func() { cc.a.Release(x) })
-						b.SetBytes(int64(n))
-						once := func() {
-							if err := cc.a.Post(x); err != nil {
-								b.Fatal(err)
-							}
-							cc.wait(b, x)
-						}
-						once() // warms up (connection, first touch)
-						cpu := startCPU(b, cc.c)
-						b.ResetTimer()
-						for i := 0; i < b.N; i++ {
-							once()
-						}
-						b.StopTimer()
-						cpu.report(b, float64(n)*float64(b.N))
+						cc.waited(b, cc.xferOp(b, op, 0, nil), n)
 					})
 				}
 			}
 		}
 	}
+}
+
+// waited runs x (n bytes) b.N times, each waited for, after one that warms
+// up (connection, first touch), and reports the CPU of both processes.
+func (cc *crossCase) waited(b *testing.B, x *Xfer, n int) {
+	b.SetBytes(int64(n))
+	once := func() {
+		if err := cc.a.Post(x); err != nil {
+			b.Fatal(err)
+		}
+		cc.wait(b, x)
+	}
+	once()
+	cpu := startCPU(b, cc.c)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		once()
+	}
+	b.StopTimer()
+	cpu.report(b, float64(n)*float64(b.N))
 }
 
 // streamDepth is how many writes to the peer a streamed benchmark keeps

@@ -281,20 +281,12 @@ func TestUCXTCPLargeReadsCrossProcess(t *testing.T) {
 	const big = 256 << 20
 	cc := newCrossCase(t, "tcp", tcpUCX, "engine", big, 1)
 	want := append([]byte(nil), cc.src...)
-	w, err := cc.a.NewXfer(Write, cc.local, []int{0}, cc.dests, []int{0}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.a.Release(w)
+	w := cc.xfer(t, 0, nil)
 	if err := cc.a.Post(w); err != nil {
 		t.Fatal(err)
 	}
 	cc.wait(t, w)
-	r, err := cc.a.NewXfer(Read, cc.local, []int{0}, cc.dests, []int{0}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.a.Release(r)
+	r := cc.xferOp(t, Read, 0, nil)
 	for i := range 4 {
 		clear(cc.src)
 		if err := cc.a.Post(r); err != nil {

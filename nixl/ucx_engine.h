@@ -37,7 +37,7 @@
 // queued at its target (a quarter of KVB_RDATA_PENDING), where asking for
 // every chunk at once had a read above 8 MiB refused whenever the target
 // queued answers faster than tcp sent them. The bound is the target's,
-// shared by every read of it: five or more reads at once can still be
+// shared by every read of it: several large reads at once can still be
 // refused busy when the target falls behind.
 #define KVB_READ_WINDOW (KVB_RDATA_PENDING / KVB_AM_CHUNK / 4)
 

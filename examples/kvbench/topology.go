@@ -169,6 +169,27 @@ func (c *topoCluster) roomChunks(src, dst []uint32, chunk int) error {
 	return errors.Join(errs...)
 }
 
+// timeRooms runs warm once, then room iters times, and returns GB/s (bytes
+// a room), CPU s/GB and CPU µs per room (every rank is in this process).
+func timeRooms(iters int, bytes float64, warm, room func() error) (gbps, cpuPerGB, cpuRoom float64, err error) {
+	if err := warm(); err != nil {
+		return 0, 0, 0, err
+	}
+	wall, cpu, err := cpuOver(func() error {
+		for i := 0; i < iters; i++ {
+			if err := room(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	return bytes * float64(iters) / wall.Seconds() / 1e9, cpustat.PerGB(cpu, bytes*float64(iters)),
+		float64(cpu.Microseconds()) / float64(iters), nil
+}
+
 // topologyMode: heterogeneous TP (prefill TP 2 → decode TP 1, TP 1 → TP 2)
 // with head-sliced writes, NHD and HND, next to TP 1 → TP 1 moving the same
 // bytes with whole pages, in the same run.
@@ -190,22 +211,10 @@ func (b *bench) topologyMode() error {
 		defer c.close()
 		rng := rand.New(rand.NewPCG(3, 4))
 		all := scatter("contiguous", pages, pages, rng)
-		if err := c.room(all, all); err != nil { // warm up: touch every page
-			return 0, 0, 0, err
-		}
-		wall, cpu, err := cpuOver(func() error {
-			for i := 0; i < iters; i++ {
-				if err := c.room(scatter("fragmented", n, pages, rng), scatter("fragmented", n, pages, rng)); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return 0, 0, 0, err
-		}
-		return bytes * float64(iters) / wall.Seconds() / 1e9, cpustat.PerGB(cpu, bytes*float64(iters)),
-			float64(cpu.Microseconds()) / float64(iters), nil
+		return timeRooms(iters, bytes, func() error { return c.room(all, all) }, // warm up: touch every page
+			func() error {
+				return c.room(scatter("fragmented", n, pages, rng), scatter("fragmented", n, pages, rng))
+			})
 	}
 	steps := 0
 	for _, layout := range []transfer.PageLayout{transfer.HND, transfer.NHD} {
@@ -251,22 +260,12 @@ func (b *bench) pagesMode() error {
 		defer c.close()
 		chunk := min(2048/prefillPT, pn)
 		rng := rand.New(rand.NewPCG(3, 4))
-		if err := c.roomChunks(scatter("contiguous", pn, 2*pn, rng), scatter("contiguous", dn, 2*dn, rng), chunk); err != nil {
-			return 0, 0, 0, err // warm up
-		}
-		wall, cpu, err := cpuOver(func() error {
-			for i := 0; i < iters; i++ {
-				if err := c.roomChunks(scatter("fragmented", pn, 2*pn, rng), scatter("fragmented", dn, 2*dn, rng), chunk); err != nil {
-					return err
-				}
+		room := func(kind string) func() error {
+			return func() error {
+				return c.roomChunks(scatter(kind, pn, 2*pn, rng), scatter(kind, dn, 2*dn, rng), chunk)
 			}
-			return nil
-		})
-		if err != nil {
-			return 0, 0, 0, err
 		}
-		return bytes * float64(iters) / wall.Seconds() / 1e9, cpustat.PerGB(cpu, bytes*float64(iters)),
-			float64(cpu.Microseconds()) / float64(iters), nil
+		return timeRooms(iters, bytes, room("contiguous"), room("fragmented"))
 	}
 	steps := 0
 	for _, layout := range []transfer.PageLayout{transfer.HND, transfer.NHD} {
