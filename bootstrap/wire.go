@@ -11,6 +11,18 @@ type Abort = wire.Abort
 // AbortAck confirms an aborted room has no write in flight.
 type AbortAck = wire.AbortAck
 
+// Pages publishes one chunk of a pull room to the decode rank (prefill →
+// decode).
+type Pages = wire.Pages
+
+// Renew asks the prefill rank to extend a pull room's lease (decode →
+// prefill).
+type Renew = wire.Renew
+
+// ReadDone reports a decode rank's reads of a pull room over (decode →
+// prefill).
+type ReadDone = wire.ReadDone
+
 // From identifies the sender of every message.
 type From = wire.From
 
@@ -122,6 +134,12 @@ const TypeRegisterAck = wire.TypeRegisterAck
 const TypeRequest = wire.TypeRequest
 
 const TypeStatus = wire.TypeStatus
+
+const TypePages = wire.TypePages
+
+const TypeRenew = wire.TypeRenew
+
+const TypeReadDone = wire.TypeReadDone
 
 // MalformedReasons lists every reason, for metrics and tests.
 var MalformedReasons = wire.MalformedReasons

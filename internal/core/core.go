@@ -79,6 +79,8 @@ type roleCore interface {
 type prefillCore struct {
 	*base
 	peers map[string]*decodePeer
+	// pulls are the pull rooms whose published pages are held (pull.go).
+	pulls map[uint64]*pullHold
 }
 
 // decodeCore is a decode rank's own state: prefill targets by key, their
@@ -147,6 +149,12 @@ type CoreConfig struct {
 	// endpoint is served by the new process instead of going to the dead
 	// one and failing at the heartbeat bound (0: no probe).
 	ProbeIdle, ProbeTimeout time.Duration
+	// Lease (pull, docs/PROTOCOL.md "Pull"): on a prefill rank, how long
+	// a room's published pages wait for a decode rank's reads, renewed by
+	// its RENEWs (0: this rank does not serve pull); on a decode rank, the
+	// lease it renews a third of, until a PAGES says the prefill rank's.
+	// At most StallTimeout: the stall deadline would end a longer one.
+	Lease time.Duration
 }
 
 // MaxSources bounds the prefill ranks of one decode room.
@@ -169,6 +177,9 @@ func (c CoreConfig) Validate() error {
 	}
 	if c.MaxEpochs < 0 {
 		return fmt.Errorf("kvmanager: MaxEpochs must not be negative, got %d", c.MaxEpochs)
+	}
+	if c.Lease < 0 || c.Lease > c.Registry.StallTimeout {
+		return fmt.Errorf("kvmanager: Lease (%v) must not be negative nor exceed StallTimeout (%v)", c.Lease, c.Registry.StallTimeout)
 	}
 	if c.RegisterRetry <= 0 {
 		return fmt.Errorf("kvmanager: RegisterRetry must be positive, got %v", c.RegisterRetry)
@@ -196,6 +207,13 @@ type CoreStats struct {
 	// LayoutRefused counts REGISTERs and REQUESTs refused for naming
 	// memory that cannot be right, by LayoutRefusal.
 	LayoutRefused [LayoutRefusals]uint64
+	// Pull (docs/PROTOCOL.md "Pull").
+	PagesPublished uint64 // PAGES sent (prefill)
+	LeaseRenewals  uint64 // RENEWs sent (decode) or applied (prefill)
+	LeaseExpiries  uint64 // pull rooms failed by their lease (prefill)
+	ReadsRefused   uint64 // pull reads their gate refused (decode)
+	SourceReleases uint64 // pull rooms' source pages released (prefill; forced ones in ForcedReleases too)
+	PullRefused    uint64 // PAGES, RENEW or READ_DONE ignored: stale, unknown room or peer, a duplicate, or refused
 }
 
 // EffectKind names an effect.
@@ -226,6 +244,10 @@ const (
 	// prove its memory (engine I/O, off the core), then step Registered,
 	// or RegisterRefused when that fails.
 	EffectLoadMetadata
+	// EffectRead (decode, pull): read Read from the prefill rank To, each
+	// read gated by ReadPosting right before it is posted, then step
+	// ReadDone.
+	EffectRead
 )
 
 // Effect is one output of the core.
@@ -239,6 +261,11 @@ type Effect struct {
 	Target Target
 	Forced bool
 	Plan   *PeerPlan // EffectLoadMetadata
+	Read   *Read     // EffectRead
+	// Pages and Held (EffectReleased on a prefill rank: its pull pages):
+	// the pages the room published and how long since the first.
+	Pages int
+	Held  time.Duration
 }
 
 // Target names one prefill rank a decode room pulls from: the bootstrap
@@ -267,6 +294,9 @@ type Link struct {
 	Aux bool
 	// Required overrides RequestSpec.Required for this rank (0: keep).
 	Required int
+	// Pages maps the prefill rank's pages onto this rank's (pull reads
+	// pair them here; zero: pages of the same size).
+	Pages kvlayout.PageMap
 }
 
 // STATUS codes (protocol v2): decode branches on them.
@@ -301,7 +331,7 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 	}
 	c := &Core{base: b}
 	if cfg.Role == RolePrefill {
-		c.prefillCore = &prefillCore{base: b, peers: map[string]*decodePeer{}}
+		c.prefillCore = &prefillCore{base: b, peers: map[string]*decodePeer{}, pulls: map[uint64]*pullHold{}}
 		b.role = c.prefillCore
 	} else {
 		c.decodeCore = &decodeCore{base: b, targets: map[string]*target{}, holds: map[uint64]*hold{},
@@ -384,7 +414,7 @@ func (c *Core) Failure(room uint64) (string, bool) { return c.reg.Failure(room) 
 func (c *Core) Sizes() CoreSizes {
 	s := CoreSizes{Sizes: c.reg.Sizes(), Epochs: len(c.epochs)}
 	if p := c.prefillCore; p != nil {
-		s.Peers = len(p.peers)
+		s.Peers, s.PullHolds = len(p.peers), len(p.pulls)
 		for _, dp := range p.peers {
 			s.InUse += len(dp.inUse)
 		}
@@ -407,11 +437,16 @@ type CoreSizes struct {
 	// InUse (prefill) counts the decode destinations (pages, aux and state
 	// items) rooms may still write, over every registration.
 	InUse int
+	// PullHolds (prefill) counts pull rooms whose published pages are not
+	// released yet.
+	PullHolds int
 }
 
 // Total is the number of room-bound entries (peers and targets are
 // bounded by the deployment, not by rooms).
-func (s CoreSizes) Total() int { return s.Sizes.Total() + s.Holds + s.OwedAborts + s.InUse }
+func (s CoreSizes) Total() int {
+	return s.Sizes.Total() + s.Holds + s.OwedAborts + s.InUse + s.PullHolds
+}
 
 // waiters returns a live room's done and ready channels.
 func (c *Core) waiters(room uint64) (done, ready chan struct{}, ok bool) {
@@ -501,6 +536,10 @@ func (c *Core) receive(now time.Time, msg wire.Message) (accepted bool) {
 			// CheckRegister; the load is the shell's (EffectLoadMetadata),
 			// the bind another step (Registered or RegisterRefused).
 			return p.checkToLoad(now, m)
+		case *wire.Renew:
+			p.onRenew(m)
+		case *wire.ReadDone:
+			p.onReadDone(m)
 		case *wire.Pong:
 		default: // the rest go to decode ranks
 			c.stats.Refused++
@@ -518,6 +557,8 @@ func (c *Core) receive(now time.Time, msg wire.Message) (accepted bool) {
 		d.onRegisterAck(m)
 	case *wire.Status:
 		d.onStatus(m)
+	case *wire.Pages:
+		d.onPages(m)
 	case *wire.Pong:
 	default:
 		// ABORT goes decode → prefill only: on a decode rank it could only

@@ -23,6 +23,9 @@ type RequestSpec struct {
 	Required     int // decode ranks' requests the prefill rank waits for (default 1)
 	Prefix       int // leading pages decode already holds
 	Dummy        bool
+	// Pull: read the pages from the prefill ranks once they publish them
+	// (docs/PROTOCOL.md "Pull") instead of having them written.
+	Pull bool
 }
 
 type regState uint8
@@ -116,6 +119,15 @@ type source struct {
 	total          int
 	aux            bool
 	acked          bool
+	// Pull (pull.go): the REQUEST asked for it at at0; lastStamp is the
+	// last REQUEST or RENEW sent; leaseMillis the lease its PAGES said.
+	// reads are in flight (EffectRead not yet done), unsettled failed
+	// without being quiesced; readDoneSent: READ_DONE went out.
+	pull             bool
+	at0, lastStamp   time.Time
+	leaseMillis      int
+	reads, unsettled int
+	readDoneSent     bool
 }
 
 func (s *source) complete() bool { return s.aux && s.total > 0 && s.full >= s.total }
@@ -139,18 +151,11 @@ const (
 // record counts a chunk notification; false when it is out of range or
 // contradicts the chunk's earlier notifications.
 func (s *source) record(in Notified) bool {
-	if in.Chunk < 0 || in.Chunk >= maxNotifChunks || in.Total < 0 || in.Total > maxNotifChunks {
-		return false
-	}
-	if in.Hi == 0 { // a whole chunk, positions not told (earlier revision)
+	if in.Hi == 0 && s.valid(in) { // a whole chunk, positions not told (earlier revision)
 		in.Off, in.N, in.Lo, in.Hi, in.SpanLo, in.SpanHi = -1, 0, 0, 1, 0, 1
 		s.legacy = true
 	}
-	if in.SpanLo < 0 || in.SpanHi <= in.SpanLo || in.SpanHi-in.SpanLo > maxNotifLayers ||
-		in.Lo < in.SpanLo || in.Hi > in.SpanHi || in.Lo >= in.Hi || in.Off < -1 || in.N < 0 || in.N > maxNotifChunks*maxNotifLayers {
-		return false
-	}
-	if s.spanHi != 0 && (in.SpanLo != s.spanLo || in.SpanHi != s.spanHi) {
+	if !s.valid(in) {
 		return false
 	}
 	s.spanLo, s.spanHi = in.SpanLo, in.SpanHi
@@ -159,8 +164,6 @@ func (s *source) record(in Notified) bool {
 		cs = &chunkSeen{off: in.Off, n: in.N, spanLo: in.SpanLo, spanHi: in.SpanHi,
 			got: make([]uint64, (in.SpanHi-in.SpanLo+63)/64), left: in.SpanHi - in.SpanLo}
 		s.chunks[in.Chunk] = cs
-	} else if cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi {
-		return false
 	}
 	was := cs.left
 	for l := in.Lo - cs.spanLo; l < in.Hi-cs.spanLo; l++ {
@@ -174,6 +177,28 @@ func (s *source) record(in Notified) bool {
 	}
 	if in.Total > 0 {
 		s.total = in.Total
+	}
+	return true
+}
+
+// valid reports whether a chunk notification may be recorded: in range,
+// and agreeing with the source's span and the chunk's earlier ones.
+func (s *source) valid(in Notified) bool {
+	if in.Chunk < 0 || in.Chunk >= maxNotifChunks || in.Total < 0 || in.Total > maxNotifChunks {
+		return false
+	}
+	if in.Hi == 0 { // a whole chunk, positions not told (earlier revision)
+		in.Off, in.N, in.Lo, in.Hi, in.SpanLo, in.SpanHi = -1, 0, 0, 1, 0, 1
+	}
+	if in.SpanLo < 0 || in.SpanHi <= in.SpanLo || in.SpanHi-in.SpanLo > maxNotifLayers ||
+		in.Lo < in.SpanLo || in.Hi > in.SpanHi || in.Lo >= in.Hi || in.Off < -1 || in.N < 0 || in.N > maxNotifChunks*maxNotifLayers {
+		return false
+	}
+	if s.spanHi != 0 && (in.SpanLo != s.spanLo || in.SpanHi != s.spanHi) {
+		return false
+	}
+	if cs := s.chunks[in.Chunk]; cs != nil && (cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi) {
+		return false
 	}
 	return true
 }
@@ -204,6 +229,16 @@ type hold struct {
 	srcs     []*source
 	failed   bool
 	deadline time.Time
+}
+
+// reading: a pull read of the room is in flight (it lands in the pages).
+func (h *hold) reading() bool {
+	for _, s := range h.srcs {
+		if s.reads > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (h *hold) armed() bool {
@@ -355,6 +390,10 @@ func (c *decodeCore) flushRequests(rm *room) {
 		s.sent, s.epoch = true, tg.epoch
 		req := &wire.Request{Room: rm.id, DstPages: sp.DstPages, AuxIndex: sp.AuxIndex,
 			StateIndices: sp.StateIndices, Required: sp.Required, Prefix: sp.Prefix, Dummy: sp.Dummy || s.link.Dummy, Source: s.uid}
+		if sp.Pull {
+			s.pull, s.at0, s.lastStamp = true, c.now, c.now
+			req.Pull, req.At = true, uint64(c.now.UnixNano())
+		}
 		if !s.link.Aux {
 			req.AuxIndex, req.StateIndices = -1, [][]uint32{}
 		}
@@ -763,8 +802,19 @@ func (c *decodeCore) notification(now time.Time, in Notified) {
 		return
 	}
 	c.count(EventProgress, c.reg.Progress(room))
+	c.maybeSucceed(room)
+}
+
+// maybeSucceed: a live decode room succeeds when every source delivered
+// every layer of all its chunks and its aux, and no pull read of it is in
+// flight (a duplicate PAGES's read would land in released pages).
+func (c *decodeCore) maybeSucceed(room uint64) {
+	rm, ok := c.reg.rooms[room]
+	if !ok || rm.dec == nil || rm.status.Terminal() {
+		return
+	}
 	for _, s := range rm.dec.sources {
-		if !s.complete() {
+		if !s.complete() || s.reads > 0 {
 			return
 		}
 	}
@@ -787,6 +837,7 @@ func (c *decodeCore) decodeFailed(room uint64, reason string) {
 		}
 		for _, s := range rm.dec.sources {
 			c.oweAbort(c.targets[s.target], room, "", reason)
+			c.maybeReadDone(room, s)
 		}
 	}
 	h, ok := c.holds[room]
@@ -936,10 +987,11 @@ func (c *decodeCore) targetChangedRecord(now time.Time, t Target, endpoint, serv
 // up again the ranks that owed ABORTs still wait for.
 func (c *decodeCore) tick(now time.Time) {
 	for _, room := range slices.Sorted(maps.Keys(c.holds)) {
-		if h := c.holds[room]; h.failed && now.After(h.deadline) {
+		if h := c.holds[room]; h.failed && now.After(h.deadline) && !h.reading() {
 			c.release(h, true)
 		}
 	}
+	c.pullTick(now)
 	for _, k := range slices.Sorted(maps.Keys(c.targets)) {
 		tg := c.targets[k]
 		maps.DeleteFunc(tg.owed, func(_ uint64, o owedAbort) bool { return now.After(o.until) })

@@ -396,6 +396,11 @@ func (c *prefillCore) onRequest(msg *wire.Request) bool {
 		c.statusTo(to, msg.Room, CodeOutOfRange, reason)
 		return false
 	}
+	if reason := c.pullMode(msg); reason != "" {
+		c.stats.PullRefused++
+		c.statusTo(to, msg.Room, CodeRejected, reason)
+		return false
+	}
 	if reason := repeated(msg, key); reason != "" {
 		c.stats.LayoutRefused[RefusedRepeat]++
 		c.statusTo(to, msg.Room, CodeRejected, reason)
@@ -406,7 +411,7 @@ func (c *prefillCore) onRequest(msg *wire.Request) bool {
 		c.statusTo(to, msg.Room, CodeRejected, reason)
 		return false
 	}
-	res := c.count(EventRequest, c.reg.Request(msg.Room, PeerRequest{Peer: key, Epoch: msg.From.Epoch, Required: msg.Required, Payload: msg}))
+	res := c.count(EventRequest, c.reg.Request(msg.Room, PeerRequest{Peer: key, Epoch: msg.From.Epoch, Required: msg.Required, Payload: msg, At: msg.At}))
 	if res.Outcome == Rejected {
 		c.statusTo(to, msg.Room, errCode(res.Err), res.Err.Error())
 		return false
@@ -492,6 +497,7 @@ func (p *decodePeer) claim(msg *wire.Request) {
 // in flight or able to land, or its pending requests were dropped). Only
 // the registration of the epoch that sent a request holds its pages.
 func (c *prefillCore) settled(room uint64, reqs []PeerRequest) {
+	c.pullSettled(room)
 	for _, pr := range reqs {
 		p := c.peers[pr.Peer]
 		if p == nil || p.from.Epoch != pr.Epoch || pr.Payload == nil || pr.Payload.Dummy {
@@ -613,11 +619,19 @@ func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
 	var writes []kvlayout.Write
 	for _, pr := range rm.requests {
 		w, reason := c.peerWrites(in, at, pr)
+		if reason == "" && pr.Payload != nil && pr.Payload.Pull {
+			// Pull: the chunk is published, not written (its writes are
+			// planned all the same, for what they refuse).
+			reason, w = c.publish(rm, in, at, pr), nil
+		}
 		if reason != "" {
 			c.failRoom(in.Room, reason)
 			return fmt.Errorf("room %d: %s", in.Room, reason)
 		}
 		writes = append(writes, w...)
+	}
+	if len(writes) == 0 && len(rm.requests) > 0 && rm.requests[0].Payload != nil && rm.requests[0].Payload.Pull {
+		return nil
 	}
 	// The worker posts these in order (up to two at once, never past a
 	// write without a notification): the room succeeds here once its very
@@ -896,7 +910,7 @@ func (c *prefillCore) failed(room uint64, reason string, res Result) {
 // expired tells the decode ranks of a room a deadline failed.
 func (c *prefillCore) expired(e Expiry) { c.statusFailed(e.Room, e.Peers, CodeFailed, e.Reason, "") }
 
-func (c *prefillCore) tick(time.Time) {}
+func (c *prefillCore) tick(now time.Time) { c.pullTick(now) }
 
 // needs marks the decode ranks with a live room or pending request here.
 func (c *prefillCore) needs(needed map[string]bool) {

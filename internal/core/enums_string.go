@@ -148,11 +148,12 @@ func _() {
 	_ = x[EffectReleased-6]
 	_ = x[EffectUnwatch-7]
 	_ = x[EffectLoadMetadata-8]
+	_ = x[EffectRead-9]
 }
 
-const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatchEffectLoadMetadata"
+const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatchEffectLoadMetadataEffectRead"
 
-var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81, 99}
+var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81, 99, 109}
 
 func (i EffectKind) String() string {
 	idx := int(i) - 1

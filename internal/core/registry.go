@@ -96,8 +96,11 @@ type PeerRequest struct {
 	// before it starts.
 	Required int
 	// Payload is carried, never read by the registry (the core keeps the
-	// decoded REQUEST there).
+	// decoded REQUEST there; it is never modified).
 	Payload *wire.Request
+	// At (pull) is the latest stamp of the decode process the prefill
+	// rank heard for the room: its REQUEST's, then its RENEWs'.
+	At uint64
 }
 
 // EventKind names an event.
@@ -912,6 +915,13 @@ func (rm *room) setDeadline(kind Deadline, at time.Time) { rm.kind, rm.deadline 
 // fail makes a live non-terminal room Failed; the first reason wins because
 // terminal rooms never reach here. Writes still in flight must drain within
 // the stall deadline.
+// renewed: a pull room's lease was renewed, which is progress (prefill).
+func (r *Registry) renewed(rm *room, now time.Time) {
+	if rm.status == Transferring {
+		rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
+	}
+}
+
 func (r *Registry) fail(rm *room, reason string, now time.Time) {
 	rm.status, rm.reason = Failed, r.cut(reason)
 	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))

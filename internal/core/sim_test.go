@@ -115,6 +115,8 @@ type simRoomSpec struct {
 	// layered: each chunk is sent layer by layer (simLayers calls of one
 	// layer each), not in one call.
 	layered bool
+	// pull: the decode ranks read the pages (simpull_test.go).
+	pull bool
 }
 
 func (r simRoomSpec) req() int {
@@ -283,6 +285,9 @@ type simWorld struct {
 	resolves  [][]Target  // per slot
 	writes    []simWrite
 	nextWrite int
+	reads     []simRead // pull reads asked for, posted or not (simpull_test.go)
+	nextRead  int
+	srel      map[[2]int]time.Time // (prefill inc, room): source pages released
 	incs      int
 	incSlot   []int    // incarnation → slot
 	incEp     []string // incarnation → its endpoint
@@ -412,7 +417,7 @@ func (w *simWorld) start(slot int, moved bool) {
 	from := wire.From{Role: name, Instance: name, Rank: rank, Endpoint: ep, Epoch: epochOf(w.incs)}
 	cc := CoreConfig{Role: role, Rank: rank, Compat: "sim", Layout: simLayout(), Registry: w.cfg.reg,
 		QuarantineTimeout: w.cfg.quarantine, RegisterRetry: time.Second, RecheckIdle: 8 * time.Second,
-		ProbeIdle: simProbeIdle, ProbeTimeout: simProbeIdle / 4}
+		ProbeIdle: simProbeIdle, ProbeTimeout: simProbeIdle / 4, Lease: simPullLease}
 	if role == RoleDecode {
 		kv, aux, state := RegionsOf(simLayout())
 		cc.Register = wire.Register{Compat: "sim", Agent: remoteName(from), KV: kv, Aux: aux, State: state, TPSize: 1}
@@ -491,6 +496,8 @@ func (w *simWorld) effects(slot int) {
 			w.net[slot][dst] = append(w.net[slot][dst], simMsg{from: p.from, to: e.To.Endpoint, msg: e.Msg})
 		case EffectPost:
 			p.jobs = append(p.jobs, simJob{room: e.Room, writes: slices.Clone(e.Writes)})
+		case EffectRead:
+			w.addRead(slot, p, e)
 		case EffectResolve:
 			w.resolves[slot] = append(w.resolves[slot], e.Target)
 		case EffectWatch:
@@ -508,6 +515,10 @@ func (w *simWorld) effects(slot int) {
 		case EffectWake:
 			w.checkWake(p, e)
 		case EffectReleased:
+			if w.isPrefill(slot) {
+				w.sourceReleased(p, e)
+				continue
+			}
 			w.released(p, e)
 		case EffectLoadMetadata:
 			if !w.isPrefill(slot) {
@@ -540,7 +551,9 @@ func (w *simWorld) checkWake(p *simProc, e Effect) {
 			if rm.status == Success && rm.dec != nil {
 				w.landedAll(p, e.Room)
 			}
-			if rm.status == Success && rm.dec == nil {
+			if rm.status == Success && rm.dec == nil && !w.isPull(e.Room) {
+				// (A pull room succeeds on its decode process's READ_DONE,
+				// which may arrive after that process died.)
 				// A room bound to a dead epoch fails: it cannot succeed
 				// after a decode process whose REQUEST it took died (a
 				// write to a gone process fails).
@@ -628,6 +641,7 @@ func (w *simWorld) released(p *simProc, e Effect) {
 // noWriteCanLand: invariant 1, no page released while a write to it can
 // land.
 func (w *simWorld) noWriteCanLand(p *simProc, room uint64) {
+	w.noReadCanLand(p, room)
 	for _, wr := range w.writes {
 		if wr.dstInc == p.inc && wr.room == room && !wr.landed {
 			w.fail("room %d: %s released its pages while write %d can still land", room, p.from.Peer(), wr.id)
@@ -954,6 +968,7 @@ func (w *simWorld) events() []simEvent {
 			})
 		}
 	}
+	w.readEvents(add)
 	w.appEvents(add)
 	w.heartbeatEvents(add)
 	if !w.calm {
@@ -1056,6 +1071,7 @@ func (w *simWorld) tick(d time.Duration) {
 	w.writes = slices.DeleteFunc(w.writes, func(wr simWrite) bool {
 		return wr.ghost && w.now.Sub(wr.posted) > simWriteLife
 	})
+	w.tickReads()
 	// A dead process's record lives out its lease.
 	for pr, rec := range w.records {
 		if rec.set && rec.dead && !w.now.Before(rec.expires) {
@@ -1067,10 +1083,16 @@ func (w *simWorld) tick(d time.Duration) {
 		if !w.active(s) {
 			continue
 		}
-		lost := p.core.stats.ProbesLost
+		lost, expired, renewed := p.core.stats.ProbesLost, p.core.stats.LeaseExpiries, p.core.stats.LeaseRenewals
 		p.core.Step(w.now, Tick{})
 		if p.core.stats.ProbesLost > lost {
 			w.cov.hit("probe lost: rank looked up again")
+		}
+		if p.core.stats.LeaseExpiries > expired {
+			w.cov.hit("lease expired")
+		}
+		if p.core.stats.LeaseRenewals > renewed {
+			w.cov.hit("lease renewed")
 		}
 		w.effects(s)
 		// No room may stay non-terminal past its deadline.
@@ -1136,6 +1158,23 @@ func (w *simWorld) deliver(src, dst int) {
 	case *wire.Status:
 		cp := *msg
 		cp.From = m.from
+		c.Step(w.now, Received{&cp})
+	case *wire.Pages:
+		cp := *msg
+		cp.From = m.from
+		c.Step(w.now, Received{&cp})
+	case *wire.Renew:
+		cp := *msg
+		cp.From = m.from
+		c.Step(w.now, Received{&cp})
+	case *wire.ReadDone:
+		cp := *msg
+		cp.From = m.from
+		if msg.Drained {
+			w.cov.hit("READ_DONE drained")
+		} else {
+			w.cov.hit("READ_DONE not drained")
+		}
 		c.Step(w.now, Received{&cp})
 	case *wire.Ping:
 		// The control loop answers a PING itself (a decode core's probe).
@@ -1326,7 +1365,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 				add(name+" init", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.inited = true
 					pages, aux := simDests(r)
-					p.core.Step(w.now, InitReceiver{Room: r.id, Spec: RequestSpec{DstPages: pages, AuxIndex: aux, Required: r.req()}})
+					p.core.Step(w.now, InitReceiver{Room: r.id, Spec: RequestSpec{DstPages: pages, AuxIndex: aux, Required: r.req(), Pull: r.pull}})
 					w.effects(slot)
 				}))
 			}
@@ -1465,6 +1504,7 @@ func (w *simWorld) kill(slot int) {
 			w.writes[i].ghost = true
 		}
 	}
+	w.killReads(p.inc)
 	for src := range w.net {
 		w.net[src][slot] = nil
 	}

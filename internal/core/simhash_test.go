@@ -122,6 +122,24 @@ func (w *simWorld) hash() [16]byte {
 		f.b1(wr.aborted)
 		f.b1(wr.landed)
 	}
+	f.i(len(w.reads))
+	for _, r := range w.reads {
+		f.i(r.dInc)
+		f.i(r.pInc)
+		f.u(r.room)
+		f.i(r.rd.Notif.Chunk)
+		f.i(r.rd.Notif.Lo)
+		f.b1(r.rd.Final)
+		f.t(r.rd.Until)
+		f.b1(r.posted)
+		f.t(r.postedAt)
+		f.b1(r.ghost)
+		f.b1(r.landed)
+	}
+	for _, k := range sortedPairs(slices.Collect(maps.Keys(w.srel))) {
+		f.i(k[0])
+		f.i(k[1])
+	}
 	for _, k := range slices.Sorted(maps.Keys(w.reported)) {
 		f.s(k)
 	}
@@ -272,6 +290,13 @@ func (c *Core) hash(f *fp) {
 		f.i(s.total)
 		f.b1(s.aux)
 		f.b1(s.acked)
+		f.b1(s.pull)
+		f.t(s.at0)
+		f.t(s.lastStamp)
+		f.i(s.leaseMillis)
+		f.i(s.reads)
+		f.i(s.unsettled)
+		f.b1(s.readDoneSent)
 	}
 	f.i(len(c.reg.rooms))
 	for _, id := range slices.Sorted(maps.Keys(c.reg.rooms)) {
@@ -283,6 +308,7 @@ func (c *Core) hash(f *fp) {
 		for _, q := range rm.requests {
 			f.s(q.Peer)
 			f.u(q.Epoch)
+			f.u(q.At)
 		}
 		f.i(rm.inflight)
 		f.i(rm.unsettled)
@@ -327,6 +353,7 @@ func (c *Core) hash(f *fp) {
 		for _, q := range p.requests {
 			f.s(q.Peer)
 			f.u(q.Epoch)
+			f.u(q.At)
 		}
 	}
 	f.i(len(c.reg.tombs))
@@ -391,6 +418,26 @@ func (c *Core) hash(f *fp) {
 	for _, ep := range slices.Sorted(maps.Keys(c.watching)) {
 		f.s(ep)
 	}
+	var pulls map[uint64]*pullHold
+	if c.prefillCore != nil {
+		pulls = c.pulls
+	}
+	f.i(len(pulls))
+	for _, id := range slices.Sorted(maps.Keys(pulls)) {
+		h := pulls[id]
+		f.u(id)
+		f.i(h.pages)
+		f.t(h.first)
+		f.t(h.deadline)
+		for _, pp := range h.peers {
+			f.s(pp.key)
+			f.u(pp.epoch)
+			f.b1(pp.open)
+			f.b1(pp.closed)
+			f.b1(pp.drained)
+			f.t(pp.leaseEnd)
+		}
+	}
 	f.i(len(holds))
 	for _, id := range slices.Sorted(maps.Keys(holds)) {
 		h := holds[id]
@@ -438,6 +485,8 @@ func (w *simWorld) clone() *simWorld {
 	c.hist = cloneRows(w.hist) // messages are never modified
 	c.resolves = cloneRows(w.resolves)
 	c.writes = slices.Clone(w.writes)
+	c.reads = slices.Clone(w.reads) // their Reads are never modified
+	c.srel = maps.Clone(w.srel)
 	c.incSlot = slices.Clone(w.incSlot)
 	c.incEp = slices.Clone(w.incEp)
 	c.rooms = slices.Clone(w.rooms)
@@ -532,6 +581,16 @@ func (c *Core) clone() *Core {
 			cp := *p
 			cp.inUse = maps.Clone(p.inUse)
 			n.peers[k] = &cp
+		}
+		n.pulls = make(map[uint64]*pullHold, len(c.pulls))
+		for id, h := range c.pulls {
+			cp := *h
+			cp.peers = make([]*pullPeer, len(h.peers))
+			for i, pp := range h.peers {
+				x := *pp
+				cp.peers[i] = &x
+			}
+			n.pulls[id] = &cp
 		}
 	}
 	if c.decodeCore != nil {

@@ -185,7 +185,7 @@ func (w *simWorld) simTableBound(c *Core, name string) (bound int, empty, ok boo
 		return r.MaxTombstones + owing
 	}
 	switch name {
-	case "reg.rooms", "holds":
+	case "reg.rooms", "holds", "pulls":
 		return rooms, true, true
 	case "reg.pending", "reg.pendingBy":
 		return r.MaxPendingRooms, true, true
@@ -241,7 +241,7 @@ func (w *simWorld) checkTables(p *simProc) {
 	}
 	s := p.core.Sizes()
 	if s.Live != t["reg.rooms"] || s.Pending != t["reg.pending"] || s.Tombstones != t["reg.tombs"] || s.Draining != t["reg.draining"] ||
-		s.PendingPeers != t["reg.pendingBy"] || s.Holds != t["holds"] || s.OwedAborts != t["targets[].owed"] || s.InUse != t["peers[].inUse"] {
+		s.PendingPeers != t["reg.pendingBy"] || s.Holds != t["holds"] || s.OwedAborts != t["targets[].owed"] || s.InUse != t["peers[].inUse"] || s.PullHolds != t["pulls"] {
 		w.fail("%s: Sizes() %+v disagrees with the tables %v", p.from.Peer(), s, t)
 	}
 }

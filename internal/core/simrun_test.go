@@ -161,6 +161,25 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.rooms, c.restarts, c.ticks, c.writesOK, c.noClear = []simRoomSpec{simRoomLayered(7, []int{0}, []int{0}, 1)}, 1, 1, true, true
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
 		}, "layer group sent", "layered room succeeded", "restart between layers", "load report Failed", "load report of a failed room with pages"),
+		// Pull rooms (issue 38): the decode rank reads what the prefill
+		// rank published under a lease.
+		"1→1 pull: reads fail, land late or stall; decode aborts; prefill clears early": mk(func(c *simConfig) {
+			c.rooms, c.mayLand, c.decodeAbort, c.prefillClearLive = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1)}, true, true, true
+		}, "read posted", "read ok", "read failed", "read failed, may land", "failed read landed", "source released",
+			"release after success", "release after drained ABORT_ACKs", "decode abort in WaitingForInput, REQUEST sent",
+			"READ_DONE drained", "READ_DONE not drained", "load report of a failed room with pages"),
+		"1→1 pull, 2 chunks: prefill aborts (abort racing a read); liveness": mk(func(c *simConfig) {
+			c.rooms, c.prefillAbort, c.writesOK, c.noClear, c.live = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 2)}, true, true, true, true
+		}, "read posted", "prefill abort in Transferring", "source released"),
+		"1→1 pull: the lease expires racing a read (three time jumps)": mk(func(c *simConfig) {
+			c.rooms, c.ticks, c.writesOK, c.noClear = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1)}, 3, true, true
+			c.jumps = []time.Duration{simPullLease, c.reg.StallTimeout, c.quarantine}
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
+		}, "read posted", "read refused at its gate", "lease expired", "source released forced", "read stalled"),
+		"1→1 pull: a rank restarts mid-read (one time jump)": mk(func(c *simConfig) {
+			c.rooms, c.restarts, c.ticks, c.writesOK, c.noClear = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1)}, 1, 1, true, true
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
+		}, "read posted", "read from a gone process failed", "source released", "read stalled"),
 		"1→1: a rank pauses past a time jump; liveness": mk(func(c *simConfig) {
 			c.pauses, c.ticks, c.live, c.noClear, c.writesOK = 1, 1, true, true, true
 		}, "paused past the heartbeat bound"),
@@ -214,6 +233,8 @@ func simRandomConfig() simConfig {
 	r3 := simRoom(3, []int{0, 1}, []int{0}, 2)
 	r6 := simRoom(6, []int{0, 1}, []int{1}, 3)
 	r6.required = 1 // both decode ranks ask; the prefill rank waits for one
+	r10 := simRoomLayered(10, []int{1}, []int{0, 1}, 1)
+	r10.pull = true // read layer group by layer group, from two prefill ranks
 	c.rooms = []simRoomSpec{
 		simRoom(1, []int{0}, []int{0}, 3),
 		simRoom(2, []int{1}, []int{1}, 2),
@@ -223,6 +244,8 @@ func simRandomConfig() simConfig {
 		r6,
 		simRoomLayered(7, []int{0}, []int{1}, 2),
 		simRoomLayered(8, []int{1}, []int{0, 1}, 1),
+		simPullRoom(9, []int{0}, []int{1}, 2),
+		r10,
 	}
 	c.spawn = 40
 	return c
@@ -333,8 +356,12 @@ var simRandomCoverage = map[string]int{
 	// (layered successes: 45 before REQUESTs probed idle processes first;
 	// the PINGs and PONGs take events of the same 400.)
 	"layer group sent": 600, "layered room succeeded": 38, "decode abort between layers": 5, "prefill abort between layers": 5,
-	"probe answered": 100, "probe lost: rank looked up again": 60, "room served after a lost probe": 25,
+	"probe answered": 90, "probe lost: rank looked up again": 60, "room served after a lost probe": 25,
 	"restart between layers": 5, "load report Failed": 10000, "load report Success": 5000, "load report of a failed room with pages": 1000,
+	// Pull rooms (9, and 10 layer-wise from two prefill ranks; "probe
+	// answered" was 100 before they took events of the same 400).
+	"read posted": 150, "read ok": 150, "read refused at its gate": 10, "read stalled": 3, "lease renewed": 200,
+	"READ_DONE drained": 500, "source released": 150, "source released forced": 5,
 }
 
 // TestSimRandom: swarm-random runs from fixed seeds (SIM_SEED_BASE moves

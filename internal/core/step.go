@@ -272,7 +272,7 @@ func (c *Core) Step(now time.Time, in Input) Output {
 			return Output{OK: p.posting(now, in.Room, in.Write)}
 		case WriteDone:
 			return Output{Result: p.writeDone(now, in.Room, in.Write, in.Err, in.Quiesced)}
-		case CreateReceiver, InitReceiver, AbortReceiver, ClearReceiver, RefuseRoom, Notified, Resolved, ResolveFailed, TargetChanged:
+		case CreateReceiver, InitReceiver, AbortReceiver, ClearReceiver, RefuseRoom, Notified, Resolved, ResolveFailed, TargetChanged, ReadPosting, ReadDone:
 			return wrongRole(in)
 		}
 		return unknownInput(in)
@@ -294,6 +294,10 @@ func (c *Core) Step(now time.Time, in Input) Output {
 		d.refuseRoom(now, in.Room, in.Targets, in.Reason)
 	case Notified:
 		d.notification(now, in)
+	case ReadPosting:
+		return Output{OK: d.readPosting(in.Room, in.Read)}
+	case ReadDone:
+		d.readDone(in.Room, in.Read, in.Err, in.Quiesced)
 	case Resolved:
 		d.resolvedRecord(now, in.Target, in.Endpoint, in.ServerKey, in.Cert, in.Epoch)
 	case ResolveFailed:

@@ -50,9 +50,14 @@ const (
 	TypeStatus
 	TypePing
 	TypePong
+	// Pull (PROTOCOL.md "Pull"): prefill publishes a chunk's pages, decode
+	// renews its lease and reports its reads done.
+	TypePages
+	TypeRenew
+	TypeReadDone
 )
 
-var typeNames = [...]string{"", "REGISTER", "REGISTER_ACK", "REQUEST", "ABORT", "ABORT_ACK", "STATUS", "PING", "PONG"}
+var typeNames = [...]string{"", "REGISTER", "REGISTER_ACK", "REQUEST", "ABORT", "ABORT_ACK", "STATUS", "PING", "PONG", "PAGES", "RENEW", "READ_DONE"}
 
 // String returns the wire name.
 func (t MsgType) String() string {
@@ -167,6 +172,63 @@ type Request struct {
 	// instances tells same-numbered ranks apart; absent, it is the prefill
 	// rank's own rank.
 	Source int
+	// Pull (optional, false when absent): the decode rank reads the room's
+	// pages itself once the prefill rank publishes them (PAGES), instead
+	// of the prefill rank writing them. At is then the decode rank's clock
+	// when it sent the REQUEST (Unix nanoseconds): the lease counts from it.
+	Pull bool
+	At   uint64
+}
+
+// MaxLeaseMillis bounds PAGES.lease_ms (a day).
+const MaxLeaseMillis = 24 * 3600 * 1000
+
+// MaxChunks bounds a room's chunks per prefill rank (PAGES.chunk, total).
+const MaxChunks = 1 << 16
+
+// Pages publishes one chunk (or one layer group of it) of a pull room to
+// the decode rank that asked for pull: prefill → decode. The decode rank
+// pairs Pages with its own REQUEST's pages, reads them, and accounts the
+// read as it would the chunk's notification (the same fields).
+type Pages struct {
+	From         From
+	Room         uint64
+	Chunk, Total int // Total: 0 but on the last chunk (the chunk count)
+	// First is the room position of the chunk's first prefill page (the
+	// prefill pages sent before it); Pages are the prefill rank's pages.
+	First int
+	Pages []uint32
+	// Lo, Hi, SpanLo, SpanHi: the layers, in the decode rank's numbering,
+	// as a notification names them.
+	Lo, Hi, SpanLo, SpanHi int
+	// Final: the rank's last message for the room; Aux (−1: none) and
+	// State are the prefill rank's aux item and state items to read.
+	Final bool
+	Aux   int
+	State [][]uint32
+	// At echoes the latest stamp (REQUEST or RENEW) of the decode process
+	// the prefill rank received; the lease runs LeaseMillis from it.
+	At          uint64
+	LeaseMillis int
+}
+
+// Renew asks the prefill rank to extend a pull room's lease: decode →
+// prefill. At is the decode rank's clock when it sent it.
+type Renew struct {
+	From From
+	Room uint64
+	At   uint64
+}
+
+// ReadDone reports a decode rank's reads of a pull room over: decode →
+// prefill. OK: every chunk and the final items were read. Drained: no
+// read of the room by this process is in flight or can still land.
+type ReadDone struct {
+	From    From
+	Room    uint64
+	OK      bool
+	Drained bool
+	Reason  string
 }
 
 // Abort is sent decode → prefill at any time.
@@ -224,6 +286,9 @@ func (*AbortAck) Type() MsgType    { return TypeAbortAck }
 func (*Status) Type() MsgType      { return TypeStatus }
 func (*Ping) Type() MsgType        { return TypePing }
 func (*Pong) Type() MsgType        { return TypePong }
+func (*Pages) Type() MsgType       { return TypePages }
+func (*Renew) Type() MsgType       { return TypeRenew }
+func (*ReadDone) Type() MsgType    { return TypeReadDone }
 
 func (m *Register) Sender() From    { return m.From }
 func (m *RegisterAck) Sender() From { return m.From }
@@ -233,6 +298,9 @@ func (m *AbortAck) Sender() From    { return m.From }
 func (m *Status) Sender() From      { return m.From }
 func (m *Ping) Sender() From        { return m.From }
 func (m *Pong) Sender() From        { return m.From }
+func (m *Pages) Sender() From       { return m.From }
+func (m *Renew) Sender() From       { return m.From }
+func (m *ReadDone) Sender() From    { return m.From }
 
 // SetFrom replaces the sender; the control loop stamps its own identity.
 func SetFrom(m Message, f From) {
@@ -252,6 +320,12 @@ func SetFrom(m Message, f From) {
 	case *Ping:
 		m.From = f
 	case *Pong:
+		m.From = f
+	case *Pages:
+		m.From = f
+	case *Renew:
+		m.From = f
+	case *ReadDone:
 		m.From = f
 	}
 }
@@ -329,11 +403,14 @@ func EncodeBody(m Message) ([]byte, error) {
 		e.kbool("ok", m.OK)
 		e.kreason("reason", m.Reason)
 	case *Request:
+		n := 8
 		if m.Source >= 0 {
-			e.mapLen(9)
-		} else {
-			e.mapLen(8)
+			n++
 		}
+		if m.Pull {
+			n += 2
+		}
+		e.mapLen(n)
 		e.from(m.From)
 		e.kuint("room", m.Room)
 		e.kbin("dst_pages", pagesToBin(m.DstPages))
@@ -349,6 +426,46 @@ func EncodeBody(m Message) ([]byte, error) {
 		if m.Source >= 0 {
 			e.kint("source", int64(m.Source))
 		}
+		if m.Pull {
+			e.kbool("pull", true)
+			e.kuint("at", m.At)
+		}
+	case *Pages:
+		e.mapLen(15)
+		e.from(m.From)
+		e.kuint("room", m.Room)
+		e.kint("chunk", int64(m.Chunk))
+		e.kint("total", int64(m.Total))
+		e.kint("first", int64(m.First))
+		if len(m.Pages) > MaxPages {
+			e.err(fmt.Errorf("%d pages exceed %d", len(m.Pages), MaxPages))
+		}
+		e.kbin("pages", pagesToBin(m.Pages))
+		e.kint("lo", int64(m.Lo))
+		e.kint("hi", int64(m.Hi))
+		e.kint("span_lo", int64(m.SpanLo))
+		e.kint("span_hi", int64(m.SpanHi))
+		e.kbool("final", m.Final)
+		e.kint("aux", int64(m.Aux))
+		e.key("state")
+		e.arrayLen(len(m.State))
+		for _, s := range m.State {
+			e.bytes(pagesToBin(s))
+		}
+		e.kuint("at", m.At)
+		e.kint("lease_ms", int64(m.LeaseMillis))
+	case *Renew:
+		e.mapLen(3)
+		e.from(m.From)
+		e.kuint("room", m.Room)
+		e.kuint("at", m.At)
+	case *ReadDone:
+		e.mapLen(5)
+		e.from(m.From)
+		e.kuint("room", m.Room)
+		e.kbool("ok", m.OK)
+		e.kbool("drained", m.Drained)
+		e.kreason("reason", m.Reason)
 	case *Abort:
 		if m.Code == "" {
 			e.mapLen(3)
@@ -408,6 +525,11 @@ func encodeCap(m Message) int {
 	case *Request:
 		n += 4 * len(m.DstPages)
 		for _, s := range m.StateIndices {
+			n += 5 + 4*len(s)
+		}
+	case *Pages:
+		n += 128 + 4*len(m.Pages)
+		for _, s := range m.State {
 			n += 5 + 4*len(s)
 		}
 	}
@@ -662,7 +784,10 @@ func Decode(frames [][]byte) (Message, error) {
 		m = &Request{From: b.from(), Room: b.uint("room"), DstPages: b.pages("dst_pages"),
 			AuxIndex: b.int("aux_index", -1, math.MaxInt32), StateIndices: b.pageLists("state_indices"),
 			Required: b.int("required", 1, math.MaxInt32), Prefix: b.int("prefix", 0, math.MaxInt32), Dummy: b.boolean("dummy"),
-			Source: b.optInt("source", 0, MaxRanks-1, -1)}
+			Source: b.optInt("source", 0, MaxRanks-1, -1), Pull: b.optBool("pull")}
+		if r := m.(*Request); r.Pull {
+			r.At = b.uint("at")
+		}
 	case TypeAbort:
 		m = &Abort{From: b.from(), Room: b.uint("room"), Code: b.optStr("code"), Reason: b.reason("reason")}
 	case TypeAbortAck:
@@ -677,6 +802,16 @@ func Decode(frames [][]byte) (Message, error) {
 		m = &Ping{From: b.from(), Seq: b.uint("seq")}
 	case TypePong:
 		m = &Pong{From: b.from(), Seq: b.uint("seq")}
+	case TypePages:
+		m = &Pages{From: b.from(), Room: b.uint("room"), Chunk: b.int("chunk", 0, MaxChunks-1), Total: b.int("total", 0, MaxChunks),
+			First: b.int("first", 0, math.MaxInt32), Pages: b.pages("pages"),
+			Lo: b.int("lo", 0, MaxRanks), Hi: b.int("hi", 0, MaxRanks), SpanLo: b.int("span_lo", 0, MaxRanks), SpanHi: b.int("span_hi", 0, MaxRanks),
+			Final: b.boolean("final"), Aux: b.int("aux", -1, math.MaxInt32), State: b.pageLists("state"),
+			At: b.uint("at"), LeaseMillis: b.int("lease_ms", 1, MaxLeaseMillis)}
+	case TypeRenew:
+		m = &Renew{From: b.from(), Room: b.uint("room"), At: b.uint("at")}
+	case TypeReadDone:
+		m = &ReadDone{From: b.from(), Room: b.uint("room"), OK: b.boolean("ok"), Drained: b.boolean("drained"), Reason: b.reason("reason")}
 	}
 	if b.err != nil {
 		b.err.Type = t
@@ -1066,6 +1201,14 @@ func (b *body) regions(k string) []Region {
 		out = append(out, reg)
 	}
 	return out
+}
+
+// optBool reads an optional boolean field (false when it is missing).
+func (b *body) optBool(k string) bool {
+	if _, ok := b.lookup(k); !ok || b.err != nil {
+		return false
+	}
+	return b.boolean(k)
 }
 
 // optInt reads an optional integer field (absent when it is missing).

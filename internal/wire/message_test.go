@@ -37,9 +37,12 @@ func codeMessages() []wire.Message {
 
 func TestGolden(t *testing.T) {
 	topo := len(wiretest.SampleMessages()) + len(topoMessages())
-	for i, m := range append(append(wiretest.SampleMessages(), topoMessages()...), codeMessages()...) {
+	code := topo + len(codeMessages())
+	for i, m := range append(append(append(wiretest.SampleMessages(), topoMessages()...), codeMessages()...), wiretest.PullMessages()...) {
 		name := m.Type().String()
 		switch {
+		case i >= code:
+			name += "_pull"
 		case i >= topo:
 			name += "_code"
 		case i >= len(wiretest.SampleMessages()):

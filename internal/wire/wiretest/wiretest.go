@@ -38,6 +38,19 @@ func SampleMessages() []wire.Message {
 	}
 }
 
+// PullMessages holds a pull REQUEST and one message of each pull type
+// (PROTOCOL.md "Pull"); the golden files are their exact encodings.
+func PullMessages() []wire.Message {
+	return []wire.Message{
+		&wire.Request{From: SampleFrom(wire.RoleDecode), Room: 42, DstPages: []uint32{7, 8}, AuxIndex: 3,
+			StateIndices: [][]uint32{}, Required: 1, Source: 0, Pull: true, At: 1_780_000_000_123_456_789},
+		&wire.Pages{From: SampleFrom(wire.RolePrefill), Room: 42, Chunk: 1, Total: 2, First: 4, Pages: []uint32{11, 12},
+			Lo: 0, Hi: 32, SpanLo: 0, SpanHi: 32, Final: true, Aux: 5, State: [][]uint32{{9}}, At: 1_780_000_000_123_456_789, LeaseMillis: 30000},
+		&wire.Renew{From: SampleFrom(wire.RoleDecode), Room: 42, At: 1_780_000_010_000_000_000},
+		&wire.ReadDone{From: SampleFrom(wire.RoleDecode), Room: 42, OK: true, Drained: true},
+	}
+}
+
 // EncodeMap builds a body from a generic map, as a foreign implementation
 // (or an attacker) would.
 func EncodeMap(t testing.TB, m map[string]any) []byte {

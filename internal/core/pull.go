@@ -1,0 +1,586 @@
+package core
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"github.com/kvbridge/kvbridge/internal/wire"
+)
+
+// Pull (docs/PROTOCOL.md "Pull"): the decode rank asks for it in its
+// REQUEST; the prefill rank publishes each chunk's pages (PAGES) instead of
+// writing them, the decode rank reads them and says when its reads are over
+// (READ_DONE). The prefill rank holds the pages under a lease the decode
+// rank renews (RENEW), and releases them only once no read of them can be
+// in progress: on READ_DONE drained from every decode process it
+// published to, or at a quarantine deadline past the lease.
+//
+// The lease is measured, on the decode side, from the decode rank's own
+// clock when it sent the message the prefill rank last heard (its REQUEST
+// or a RENEW: the "at" PAGES echoes), as a leader lease is: the prefill
+// rank's lease starts when it hears that message or later, so the decode
+// rank's end comes first on any two clocks that run at the same rate
+// (leaseMargin covers a drift). A read is posted only before the decode
+// rank's end (the gate, ReadPosting). Every other rule mirrors a write's:
+// the prefill rank's room counts each decode process's reads as one write
+// in flight from the first PAGES to its READ_DONE (drained false: may still
+// read, as a write that failed unquiesced), so ABORT_ACK, STATUS and the
+// stall and drain deadlines apply unchanged.
+
+// CodeLeaseExpired: a pull room's lease ended before its reads (STATUS,
+// READ_DONE reason, load report).
+const CodeLeaseExpired = "lease_expired"
+
+// leaseMargin: the decode rank's lease ends this fraction of the lease
+// before the prefill rank's would on the same clock rate (1/16).
+const leaseMarginShift = 4
+
+// Read is one pull read: what the prefill rank would have written to this
+// decode rank for one PAGES — page runs (prefill page or unit → decode page
+// or unit) over Layers of the prefill rank's numbering, and with the final
+// one its state runs and aux item — read from the prefill rank instead.
+// Remote, Peer and Slice are left to the shell (the prefill rank's agent,
+// layout and plan).
+type Read struct {
+	Source int    // the source's index in the room (its uid)
+	Target Target // the prefill rank
+	Epoch  uint64 // the prefill process whose pages these are
+	Writes []kvlayout.Write
+	// Notif is what the read's completion counts as (the notification the
+	// write would have carried); Final adds the aux notification.
+	Notif Notified
+	Final bool
+	// Until ends the lease: the read is not posted at or after it.
+	Until time.Time
+}
+
+// Pulling reports whether a PAGES published nothing to read (a dummy, or
+// pages the decode rank holds).
+func (r *Read) empty() bool { return len(r.Writes) == 0 }
+
+// ReadPosting is the gate right before a pull read is posted (decode):
+// the output's OK says whether it may be. A refused read is over (it was
+// never posted).
+type ReadPosting struct {
+	Room uint64
+	Read *Read
+}
+
+// ReadDone reports a pull read's completion (Err nil) or failure (decode);
+// Quiesced says a failed read can no longer land.
+type ReadDone struct {
+	Room     uint64
+	Read     *Read
+	Err      error
+	Quiesced bool
+}
+
+func (ReadPosting) input() {}
+func (ReadDone) input()    {}
+
+// pullHold is a prefill room's hold on its source pages once it published
+// a chunk for pull: until every decode process it published to reported
+// its reads drained, or a quarantine deadline past the lease. It outlives
+// Clear.
+type pullHold struct {
+	room  uint64
+	ch    chan struct{}
+	peers []*pullPeer
+	pages int // prefill pages published
+	first time.Time
+	// deadline: set once the room settled with a read that may still be
+	// in progress (no READ_DONE, or one not drained): forced release then.
+	deadline time.Time
+}
+
+// pullPeer is one decode process a pull room publishes to.
+type pullPeer struct {
+	key      string
+	epoch    uint64
+	open     bool // published, no READ_DONE yet: one write in flight of the room
+	closed   bool // READ_DONE came
+	drained  bool // ... saying no read can land
+	leaseEnd time.Time
+}
+
+// servesPull: this prefill rank publishes pages for pull.
+func (c *prefillCore) servesPull() bool { return c.cfg.Lease > 0 }
+
+// pullMode checks a REQUEST's mode against this rank and the room's
+// other requests ("" when it may be accepted).
+func (c *prefillCore) pullMode(msg *wire.Request) string {
+	if msg.Pull && !c.servesPull() {
+		return fmt.Sprintf("room %d: %s asked for pull; this prefill rank does not serve pull (no lease configured)", msg.Room, msg.From.Peer())
+	}
+	for _, pr := range c.roomRequests(msg.Room) {
+		if pr.Payload != nil && pr.Payload.Pull != msg.Pull {
+			return fmt.Sprintf("room %d: %s asked for %s, another decode rank of the room asked for %s (one room, one mode)",
+				msg.Room, msg.From.Peer(), modeName(msg.Pull), modeName(pr.Payload.Pull))
+		}
+	}
+	return ""
+}
+
+func modeName(pull bool) string {
+	if pull {
+		return "pull"
+	}
+	return "push"
+}
+
+// roomRequests are the accepted requests of a live or pending room.
+func (c *prefillCore) roomRequests(room uint64) []PeerRequest {
+	if rm, ok := c.reg.rooms[room]; ok {
+		return rm.requests
+	}
+	if p, ok := c.reg.pending[room]; ok {
+		return p.requests
+	}
+	return nil
+}
+
+// publish sends one chunk (or layer range) of a pull room to the decode
+// process of pr, opening its reads (one write in flight of the room) on the
+// first. A dummy gets the chunk's final range only, with no pages.
+func (c *prefillCore) publish(rm *room, in SendChunk, at chunkAt, pr PeerRequest) string {
+	req := pr.Payload
+	p := c.peers[pr.Peer]
+	if req.Dummy && !at.whole {
+		return ""
+	}
+	h := c.pulls[rm.id]
+	if h == nil {
+		h = &pullHold{room: rm.id, ch: make(chan struct{}), first: c.now}
+		c.pulls[rm.id] = h
+	}
+	var pp *pullPeer
+	for _, x := range h.peers {
+		if x.key == pr.Peer && x.epoch == pr.Epoch {
+			pp = x
+		}
+	}
+	if pp == nil {
+		pp = &pullPeer{key: pr.Peer, epoch: pr.Epoch}
+		h.peers = append(h.peers, pp)
+	}
+	if pp.closed {
+		return "" // its reads are over (it failed them): nothing more to publish
+	}
+	if !pp.open {
+		if res := c.count(EventPosted, c.reg.Posted(rm.id)); res.Outcome != Applied {
+			return fmt.Sprintf("publishing to %s: %v", pr.Peer, res.Err)
+		}
+		pp.open = true
+	}
+	pp.leaseEnd = c.now.Add(c.cfg.Lease)
+	shift := 0
+	if p.plan != nil {
+		shift = p.plan.RegionOffset / 2
+	}
+	msg := &wire.Pages{Room: rm.id, Chunk: at.chunk, Total: at.total, First: at.first,
+		Lo: at.lo + shift, Hi: at.hi + shift, SpanLo: shift, SpanHi: at.layers + shift,
+		Final: in.Last && at.whole, Aux: -1, State: [][]uint32{}, At: pr.At, LeaseMillis: int(c.cfg.Lease / time.Millisecond)}
+	if !req.Dummy {
+		msg.Pages = slices.Clone(in.Pages)
+		h.pages += len(in.Pages)
+	} else {
+		msg.Lo, msg.Hi = shift, at.layers+shift
+	}
+	if msg.Final && !req.Dummy {
+		msg.Aux = in.AuxIndex
+		for _, s := range in.State {
+			msg.State = append(msg.State, slices.Clone(s))
+		}
+	}
+	c.stats.PagesPublished++
+	c.send(wire.Peer{Endpoint: req.From.Endpoint}, rm.id, msg)
+	return ""
+}
+
+// onRenew extends a pull room's lease for the decode process that sent
+// it (its REQUEST's epoch): the stamp is kept for the next PAGES to echo,
+// and a published, live room's lease runs Lease from now.
+func (c *prefillCore) onRenew(msg *wire.Renew) {
+	key := msg.From.Peer()
+	reqs, found := c.roomRequests(msg.Room), false
+	for i, pr := range reqs {
+		if pr.Peer == key && pr.Epoch == msg.From.Epoch && pr.Payload != nil && pr.Payload.Pull {
+			reqs[i].At, found = max(pr.At, msg.At), true
+		}
+	}
+	if !found {
+		c.stats.PullRefused++
+		return
+	}
+	rm := c.reg.rooms[msg.Room]
+	h := c.pulls[msg.Room]
+	if rm == nil || rm.status.Terminal() || h == nil {
+		return
+	}
+	for _, pp := range h.peers {
+		if pp.key == key && pp.epoch == msg.From.Epoch && pp.open {
+			pp.leaseEnd = c.now.Add(c.cfg.Lease)
+			c.stats.LeaseRenewals++
+			c.reg.renewed(rm, c.now)
+		}
+	}
+}
+
+// onReadDone closes a decode process's reads of a pull room: the room's
+// write in flight for it completes (a failure when the reads failed, or
+// when they claim success before the room's last chunk was published;
+// quiesced when drained), and the source pages are released once nothing
+// can read them.
+func (c *prefillCore) onReadDone(msg *wire.ReadDone) {
+	h := c.pulls[msg.Room]
+	var pp *pullPeer
+	if h != nil {
+		for _, x := range h.peers {
+			if x.key == msg.From.Peer() && x.epoch == msg.From.Epoch && x.open {
+				pp = x
+			}
+		}
+	}
+	if pp == nil {
+		c.stats.PullRefused++ // never published to it, or already closed (a duplicate)
+		return
+	}
+	pp.open, pp.closed, pp.drained = false, true, msg.Drained
+	var err error
+	switch rm, live := c.reg.rooms[msg.Room]; {
+	case !msg.OK:
+		err = fmt.Errorf("decode %s: reads failed: %s", pp.key, cmp.Or(msg.Reason, "no reason given"))
+	case live && !rm.pre.done:
+		err = fmt.Errorf("decode %s reported its reads done before the room's last chunk was published", pp.key)
+	}
+	c.writeDone(c.now, msg.Room, &kvlayout.Write{Last: true, Remote: pp.key}, err, msg.Drained)
+	c.maybeReleasePull(h)
+}
+
+// pullSettled: the registry settled a pull room (nothing in flight, or the
+// drain deadline passed): its pages are released now if every decode
+// process said its reads drained, else at the quarantine deadline past
+// the latest lease.
+func (c *prefillCore) pullSettled(room uint64) {
+	h := c.pulls[room]
+	if h == nil || !h.deadline.IsZero() {
+		return
+	}
+	if c.maybeReleasePull(h) {
+		return
+	}
+	end := c.now
+	for _, pp := range h.peers {
+		end = later(end, pp.leaseEnd)
+	}
+	h.deadline = end.Add(c.cfg.QuarantineTimeout)
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// maybeReleasePull releases a pull room's source pages once it ended and
+// every decode process it published to said its reads drained.
+func (c *prefillCore) maybeReleasePull(h *pullHold) bool {
+	if c.pulls[h.room] != h {
+		return true // released already
+	}
+	if rm, live := c.reg.rooms[h.room]; live && !rm.status.Terminal() {
+		return false
+	}
+	for _, pp := range h.peers {
+		if pp.open || !pp.drained {
+			return false
+		}
+	}
+	c.releasePull(h, false)
+	return true
+}
+
+func (c *prefillCore) releasePull(h *pullHold, forced bool) {
+	delete(c.pulls, h.room)
+	if forced {
+		c.stats.ForcedReleases++
+	}
+	c.stats.SourceReleases++
+	c.emit(Effect{Kind: EffectWake, Room: h.room, Wake: h.ch})
+	c.emit(Effect{Kind: EffectReleased, Room: h.room, Forced: forced, Pages: h.pages, Held: c.now.Sub(h.first)})
+}
+
+// pullTick fails live pull rooms whose lease ended with reads open, and
+// releases those past their quarantine deadline.
+func (c *prefillCore) pullTick(now time.Time) {
+	for _, room := range slices.Sorted(maps.Keys(c.pulls)) {
+		h := c.pulls[room]
+		if !h.deadline.IsZero() {
+			if now.After(h.deadline) {
+				c.releasePull(h, true)
+			}
+			continue
+		}
+		rm, live := c.reg.rooms[room]
+		if !live || rm.status.Terminal() {
+			continue
+		}
+		for _, pp := range h.peers {
+			if pp.open && now.After(pp.leaseEnd) {
+				c.stats.LeaseExpiries++
+				reason := fmt.Sprintf("lease expired: decode %s (epoch %d) did not report its reads of room %d within the lease (%v)", pp.key, pp.epoch, room, c.cfg.Lease)
+				if c.count(EventUpdate, c.reg.Update(room, Failed, reason)).Outcome == Applied {
+					c.statusFailed(room, rm.requests, CodeLeaseExpired, reason, "")
+				}
+				break
+			}
+		}
+	}
+}
+
+// PullHold returns the channel closed when a prefill room's published
+// pages may be reused, and whether the room still holds them (false on a
+// decode rank, and for a room that published nothing for pull).
+func (c *Core) PullHold(room uint64) (chan struct{}, bool) {
+	if c.prefillCore == nil {
+		return nil, false
+	}
+	h, ok := c.prefillCore.pulls[room]
+	if !ok {
+		return nil, false
+	}
+	return h.ch, true
+}
+
+// PagesUnderLease counts the prefill pages published for pull and not yet
+// released (prefill; the lease gauge).
+func (c *Core) PagesUnderLease() int {
+	if c.prefillCore == nil {
+		return 0
+	}
+	n := 0
+	for _, h := range c.prefillCore.pulls {
+		n += h.pages
+	}
+	return n
+}
+
+// --- decode side ---
+
+// renewEvery is a pull source's renewal interval: a third of its lease.
+func (c *decodeCore) renewEvery(s *source) time.Duration {
+	if s.leaseMillis > 0 {
+		return time.Duration(s.leaseMillis) * time.Millisecond / 3
+	}
+	return c.cfg.Lease / 3
+}
+
+// onPages pairs a published chunk with the room's own pages and asks the
+// shell to read it (EffectRead), or counts it at once when there is
+// nothing to read. A PAGES must come from the process the REQUEST went to,
+// for a live pull room, within the lease it echoes; a malformed one fails
+// the room.
+func (c *decodeCore) onPages(msg *wire.Pages) {
+	rm, ok := c.reg.rooms[msg.Room]
+	var s *source
+	var tg *target
+	if ok && rm.dec != nil {
+		s, tg = c.sourceFrom(rm.dec.sources, msg.From.Endpoint)
+	}
+	if s == nil || !s.sent || s.epoch != msg.From.Epoch || !rm.dec.spec.Pull {
+		c.stats.PullRefused++
+		return
+	}
+	if rm.status.Terminal() {
+		// Its reads may be over: say so again (the first READ_DONE may
+		// have been lost, and the prefill rank still publishes).
+		c.stats.PullRefused++
+		if s.readDoneSent && s.reads == 0 {
+			c.sendReadDone(rm.id, s, tg, rm.status)
+		}
+		return
+	}
+	fail := func(code, format string, a ...any) {
+		c.stats.PullRefused++
+		c.failWith(rm.id, code, fmt.Sprintf("room %d: PAGES from prefill %s: ", rm.id, msg.From.Peer())+fmt.Sprintf(format, a...))
+	}
+	at := time.Unix(0, int64(msg.At))
+	switch {
+	case msg.At > uint64(1<<63-1) || at.Before(s.at0) || at.After(c.now):
+		fail(CodeFailed, "its lease counts from %v, not a time this rank sent a REQUEST or RENEW of the room", at)
+		return
+	}
+	lease := time.Duration(msg.LeaseMillis) * time.Millisecond
+	until := at.Add(lease - lease>>leaseMarginShift)
+	if !c.now.Before(until) {
+		fail(CodeLeaseExpired, "its lease (%v from %v) ended before it arrived", lease, at)
+		return
+	}
+	s.leaseMillis = msg.LeaseMillis
+	spec := rm.dec.spec
+	dummy := spec.Dummy || s.link.Dummy
+	in := Notified{Room: rm.id, UID: s.uid, Chunk: msg.Chunk, Total: msg.Total, Lo: msg.Lo, Hi: msg.Hi, SpanLo: msg.SpanLo, SpanHi: msg.SpanHi}
+	rd := &Read{Source: s.uid, Target: tg.t, Epoch: s.epoch, Final: msg.Final, Until: until}
+	if !dummy {
+		pm := s.link.Pages
+		if pm.Src == 0 {
+			pm = kvlayout.PageMap{Src: 1, Dst: 1}
+		}
+		src, dst, off, n, err := pm.Pair(msg.First, msg.Pages, spec.Prefix, spec.DstPages)
+		if err != nil {
+			fail(CodeFailed, "%v", err)
+			return
+		}
+		in.Off, in.N = max(off, 0), n
+		if len(src) > 0 {
+			rd.Writes = append(rd.Writes, kvlayout.Write{Runs: kvlayout.Runs(src, dst), Layers: kvlayout.Layers{Lo: msg.Lo - msg.SpanLo, Hi: msg.Hi - msg.SpanLo}, AuxSrc: -1, State: -1})
+		}
+	}
+	if !s.valid(in) {
+		fail(CodeFailed, "chunk %d of %d, layers [%d, %d) of [%d, %d) out of range or contradicting its earlier PAGES", msg.Chunk, msg.Total, msg.Lo, msg.Hi, msg.SpanLo, msg.SpanHi)
+		return
+	}
+	if msg.Final && !dummy && s.link.Aux {
+		for i, dst := range spec.StateIndices {
+			if len(dst) == 0 {
+				continue
+			}
+			if i >= len(msg.State) || len(msg.State[i]) != len(dst) {
+				fail(CodeFailed, "state region %d: %d items published, the room wants %d", i, len(stateAt(msg.State, i)), len(dst))
+				return
+			}
+			rd.Writes = append(rd.Writes, kvlayout.Write{Runs: kvlayout.Runs(msg.State[i], dst), AuxSrc: -1, State: i})
+		}
+		if spec.AuxIndex >= 0 && msg.Aux >= 0 {
+			rd.Writes = append(rd.Writes, kvlayout.Write{AuxSrc: msg.Aux, AuxDst: spec.AuxIndex, State: -1})
+		}
+	}
+	rd.Notif = in
+	if rd.empty() {
+		c.readLanded(rm.id, s, rd)
+		return
+	}
+	s.reads++
+	c.emit(Effect{Kind: EffectRead, Room: rm.id, To: tg.peer(), Read: rd})
+}
+
+// readSource finds the source a read of room came from, in the live room
+// or, once cleared, in its hold.
+func (c *decodeCore) readSource(room uint64, rd *Read) *source {
+	var srcs []*source
+	if rm, ok := c.reg.rooms[room]; ok && rm.dec != nil {
+		srcs = rm.dec.sources
+	} else if h, ok := c.holds[room]; ok {
+		srcs = h.srcs
+	}
+	for _, s := range srcs {
+		if s.uid == rd.Source && s.epoch == rd.Epoch && s.sent {
+			return s
+		}
+	}
+	return nil
+}
+
+// readPosting is the gate right before a pull read is posted: the room is
+// live and the lease has not ended. A refused read is over, unposted.
+func (c *decodeCore) readPosting(room uint64, rd *Read) bool {
+	s := c.readSource(room, rd)
+	if s == nil {
+		return false
+	}
+	rm, live := c.reg.rooms[room]
+	if live && !rm.status.Terminal() && c.now.Before(rd.Until) {
+		return true
+	}
+	s.reads--
+	c.stats.ReadsRefused++
+	if live && !rm.status.Terminal() {
+		c.failWith(room, CodeLeaseExpired, fmt.Sprintf("room %d: the lease of prefill %s's pages ended (%v) before this rank could read them", room, s.target, rd.Until))
+	}
+	c.maybeReadDone(room, s)
+	return false
+}
+
+// readDone counts a pull read's completion as the write's notification
+// would have counted; a failed one fails the room (unsettled: it may still
+// land, so its pages wait for the quarantine).
+func (c *decodeCore) readDone(room uint64, rd *Read, err error, quiesced bool) {
+	s := c.readSource(room, rd)
+	if s == nil || s.reads == 0 {
+		return
+	}
+	s.reads--
+	if err != nil {
+		if !quiesced {
+			s.unsettled++
+		}
+		if rm, live := c.reg.rooms[room]; live && !rm.status.Terminal() {
+			c.failWith(room, CodeFailed, fmt.Sprintf("room %d: a read from prefill %s failed: %v", room, s.target, err))
+		}
+		c.maybeReadDone(room, s)
+		return
+	}
+	c.readLanded(room, s, rd)
+}
+
+// readLanded counts what a read (or an empty PAGES) delivered, then sees
+// whether the room succeeded and whether its reads from s are over.
+func (c *decodeCore) readLanded(room uint64, s *source, rd *Read) {
+	c.notification(c.now, rd.Notif)
+	if rd.Final {
+		c.notification(c.now, Notified{Room: room, UID: s.uid, Aux: true})
+	}
+	c.maybeSucceed(room)
+	c.maybeReadDone(room, s)
+}
+
+// maybeReadDone tells a pull source that this process's reads of the room
+// are over — every chunk read (ok), or the room ended — once none is in
+// flight.
+func (c *decodeCore) maybeReadDone(room uint64, s *source) {
+	if !s.pull || !s.sent || s.readDoneSent || s.reads > 0 {
+		return
+	}
+	st, live := c.reg.Status(room)
+	if !s.complete() && live && !st.Terminal() {
+		return
+	}
+	s.readDoneSent = true
+	c.sendReadDone(room, s, c.targets[s.target], st)
+}
+
+func (c *decodeCore) sendReadDone(room uint64, s *source, tg *target, st Poll) {
+	if tg == nil || !tg.resolved || tg.epoch != s.epoch {
+		return // that process is gone: it cannot be told
+	}
+	m := &wire.ReadDone{Room: room, OK: s.complete(), Drained: s.unsettled == 0}
+	if !m.OK {
+		m.Reason = fmt.Sprintf("room %d ended %v before every chunk was read", room, st)
+	}
+	c.send(tg.peer(), room, m)
+}
+
+// pullTick renews the lease of every live pull room's sources not done
+// reading, a third of the lease after the last stamp.
+func (c *decodeCore) pullTick(now time.Time) {
+	for _, room := range slices.Sorted(maps.Keys(c.holds)) {
+		rm, live := c.reg.rooms[room]
+		if !live || rm.dec == nil || rm.status.Terminal() || !rm.dec.spec.Pull {
+			continue
+		}
+		for _, s := range rm.dec.sources {
+			tg := c.targets[s.target]
+			if !s.sent || s.complete() || tg == nil || tg.epoch != s.epoch || now.Before(s.lastStamp.Add(c.renewEvery(s))) {
+				continue
+			}
+			s.lastStamp = now
+			c.stats.LeaseRenewals++
+			c.send(tg.peer(), room, &wire.Renew{Room: room, At: uint64(now.UnixNano())})
+		}
+	}
+}

@@ -1,0 +1,124 @@
+package core
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/wire"
+)
+
+// pullScript is a pull room's whole path in the simulator: the prefill
+// rank publishes its chunk six seconds (one and a half leases) after the
+// REQUEST; the decode rank's renewals meanwhile keep the lease it echoes
+// current, so the read goes ahead.
+var pullScript = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init",
+	"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK", "deliver 1→0 REQUEST",
+	"time +3s", "deliver 1→0 RENEW", "time +3s", "deliver 1→0 RENEW",
+	"room 7 prefill 0 send chunk 0", "deliver 0→1 PAGES", "post read 1", "read 1 ok", "deliver 1→0 READ_DONE"}
+
+func pullScriptConfig() simConfig {
+	c := simBase()
+	c.rooms, c.ticks, c.noClear, c.writesOK = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1)}, 2, true, true
+	c.jumps = []time.Duration{3 * time.Second}
+	return c
+}
+
+func TestPullRenewalsKeepTheLease(t *testing.T) {
+	w, n := runScript(pullScriptConfig(), pullScript)
+	if w.err != nil || n != len(pullScript) {
+		t.Fatalf("stopped at %d of %d (%q): %v", n, len(pullScript), pullScript[min(n, len(pullScript)-1)], w.err)
+	}
+	for s, want := range []Poll{Success, Success} {
+		if st, _ := w.procs[s].core.Status(7); st != want {
+			f, _ := w.procs[s].core.Failure(7)
+			t.Fatalf("%s: room 7 %v (%s), want %v", w.procs[s].from.Peer(), st, f, want)
+		}
+	}
+	if !w.srcReleased(w.procs[0].inc, 7) {
+		t.Fatal("the prefill rank did not release its source pages after the READ_DONE")
+	}
+	if st := w.procs[0].core.Stats(); st.PagesPublished != 1 || st.SourceReleases != 1 {
+		t.Fatalf("prefill stats %+v: want 1 PAGES, 1 release", st)
+	}
+	if st := w.procs[1].core.Stats(); st.LeaseRenewals != 2 {
+		t.Fatalf("decode stats %+v: want 2 renewals sent", st)
+	}
+	if holds := w.procs[1].core.decodeCore.holds; len(holds) != 0 {
+		t.Fatalf("decode still holds rooms %v", holds)
+	}
+}
+
+// TestPullRefusals: a REQUEST for pull at a rank that does not serve it,
+// and one whose mode differs from the room's other REQUESTs, are refused
+// with STATUS rejected naming the room and the decode rank; a PAGES whose
+// lease stamp is no time the decode rank sent fails the room, saying so.
+func TestPullRefusals(t *testing.T) {
+	c := simBase()
+	c.rooms, c.noClear = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1)}, true
+	prefix := pullScript[:8]
+
+	// No lease configured: pull is not served.
+	w := startWorld(c)
+	cfg := w.procs[0].core.cfg
+	cfg.Lease = 0
+	core, err := NewCore(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.procs[0].core = core
+	if _, n := runScriptOn(w, prefix); n != len(prefix) {
+		t.Fatalf("stopped at %d: %v", n, w.err)
+	}
+	st := lastStatus(t, w, 0, 1)
+	if st.Code != CodeRejected || !strings.Contains(st.Reason, "room 7") || !strings.Contains(st.Reason, "decode/decode/0") || !strings.Contains(st.Reason, "does not serve pull") {
+		t.Fatalf("STATUS %+v", st)
+	}
+
+	// A PAGES whose stamp is in the decode rank's future.
+	w, n := runScript(c, append(prefix, "room 7 prefill 0 send chunk 0"))
+	if n != len(prefix)+1 {
+		t.Fatalf("stopped at %d: %v", n, w.err)
+	}
+	m := w.net[0][1][0].msg.(*wire.Pages)
+	m.At = uint64(w.now.Add(time.Hour).UnixNano())
+	w.deliver(0, 1)
+	f, _ := w.procs[1].core.Failure(7)
+	if !strings.Contains(f, "room 7: PAGES from prefill prefill/prefill/0") || !strings.Contains(f, "lease counts from") {
+		t.Fatalf("failure %q", f)
+	}
+	if w.procs[1].core.Stats().PullRefused != 1 || len(w.reads) != 0 {
+		t.Fatalf("refused %d, reads %v", w.procs[1].core.Stats().PullRefused, w.reads)
+	}
+}
+
+// runScriptOn applies script to a world already started.
+func runScriptOn(w *simWorld, script []string) (*simWorld, int) {
+	for i, name := range script {
+		k := -1
+		for j, e := range w.events() {
+			if e.name == name {
+				k = j
+				w.apply(e)
+				break
+			}
+		}
+		if k < 0 || w.err != nil {
+			return w, i
+		}
+	}
+	return w, len(script)
+}
+
+// lastStatus returns the last STATUS queued from slot src to dst.
+func lastStatus(t *testing.T, w *simWorld, src, dst int) *wire.Status {
+	t.Helper()
+	q := w.net[src][dst]
+	for i := len(q) - 1; i >= 0; i-- {
+		if s, ok := q[i].msg.(*wire.Status); ok {
+			return s
+		}
+	}
+	t.Fatalf("no STATUS from %d to %d in %v", src, dst, q)
+	return nil
+}
