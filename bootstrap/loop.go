@@ -384,6 +384,17 @@ func (l *Loop) encode(to Peer, m Message) (outbound, error) {
 			}
 			m = &c
 		}
+		if a, ok := m.(*RegisterAck); ok && a.Pull != nil {
+			c, offer := *a, *a.Pull
+			if offer.AgentMD, err = sealMD(o.tagKey, l.cfg.Auth.Secret, a.Pull.AgentMD, l.id, env.To); err != nil {
+				return o, err
+			}
+			if offer.Proof, err = sealMD(o.tagKey, l.cfg.Auth.Secret, a.Pull.Proof, l.id, env.To); err != nil {
+				return o, err
+			}
+			c.Pull = &offer
+			m = &c
+		}
 	}
 	o.body, err = wire.EncodeBody(m)
 	return o, err
@@ -545,6 +556,20 @@ func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 					refuse(AuthBadTag, false, fmt.Sprintf("REGISTER from %s: ownership proof: %v", from.Peer(), err))
 					return
 				}
+			}
+		}
+		if a, ok := m.(*RegisterAck); ok && a.Pull != nil {
+			var key []byte
+			if pc := l.addr.peerKey(env.Cert); pc != nil {
+				key = pc.key
+			}
+			var err error
+			if a.Pull.AgentMD, err = openMD(key, l.cfg.Auth.Secret, a.Pull.AgentMD, from, env.To); err == nil {
+				a.Pull.Proof, err = openMD(key, l.cfg.Auth.Secret, a.Pull.Proof, from, env.To)
+			}
+			if err != nil {
+				refuse(AuthBadTag, false, fmt.Sprintf("REGISTER_ACK from %s: pull offer: %v", from.Peer(), err))
+				return
 			}
 		}
 	}

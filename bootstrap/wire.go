@@ -15,6 +15,10 @@ type AbortAck = wire.AbortAck
 // decode).
 type Pages = wire.Pages
 
+// PullOffer is a prefill rank's memory for decode ranks to read, sent with
+// an ok REGISTER_ACK (its metadata and proof seed sealed).
+type PullOffer = wire.PullOffer
+
 // Renew asks the prefill rank to extend a pull room's lease (decode →
 // prefill).
 type Renew = wire.Renew

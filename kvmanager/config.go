@@ -71,6 +71,18 @@ type Config struct {
 	// The example binaries turn it on.
 	WarmMemory bool
 
+	// Pull (decode): every room reads its pages from the prefill ranks
+	// once they publish them, instead of having them written
+	// (docs/PROTOCOL.md "Pull"); the prefill ranks must serve pull.
+	Pull bool
+	// PullLease (prefill): how long a pull room's published pages wait
+	// for a decode rank's reads, renewed by the decode rank while it
+	// reads; at most StallTimeout (default StallTimeout / 2). Negative:
+	// this rank does not serve pull (its REGISTER_ACKs offer nothing to
+	// read, and pull REQUESTs are refused). On a decode rank it is the
+	// lease it renews a third of until a prefill rank says its own.
+	PullLease time.Duration
+
 	// QuarantineTimeout bounds how long a failed decode room's pages wait
 	// for the prefill ranks' ABORT_ACK (default 2 × StallTimeout); past it
 	// they are released as forced, logged and counted.
@@ -187,6 +199,7 @@ func (c *Config) fillDefaults() {
 	setDur(&r.PendingTimeout, d.PendingTimeout)
 	setDur(&r.TombstoneTTL, d.TombstoneTTL)
 	setDur(&c.QuarantineTimeout, 2*r.StallTimeout)
+	setDur(&c.PullLease, r.StallTimeout/2)
 	if r.MaxPendingRooms == 0 {
 		r.MaxPendingRooms = d.MaxPendingRooms
 	}
@@ -229,6 +242,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("kvmanager: %w", bootstrap.ErrNoSecret)
 	case c.RegisterRetry <= 0:
 		return fmt.Errorf("kvmanager: RegisterRetry must be positive, got %v", c.RegisterRetry)
+	case c.PullLease > c.Registry.StallTimeout:
+		return fmt.Errorf("kvmanager: PullLease (%v) must not exceed StallTimeout (%v): the stall deadline would end a longer lease", c.PullLease, c.Registry.StallTimeout)
+	case c.Pull && c.Role == core.RoleDecode && c.PullLease < 0:
+		return errors.New("kvmanager: a decode rank with Pull needs a positive PullLease (its renewal basis)")
 	}
 	if err := c.Layout.Validate(); err != nil {
 		return err
@@ -254,8 +271,9 @@ func (c *Config) Validate() error {
 // KVBRIDGE_BOOTSTRAP_URL, KVBRIDGE_ENGINE, KVBRIDGE_WORKERS and the
 // timeouts KVBRIDGE_BOOTSTRAP_TIMEOUT, KVBRIDGE_WAITING_TIMEOUT,
 // KVBRIDGE_STALL_TIMEOUT, KVBRIDGE_TOMBSTONE_TTL, KVBRIDGE_QUARANTINE,
-// KVBRIDGE_HEARTBEAT
-// (Go durations, e.g. 300s), and the shared secret (KVBRIDGE_SECRET or
+// KVBRIDGE_HEARTBEAT, KVBRIDGE_PULL_LEASE
+// (Go durations, e.g. 300s), KVBRIDGE_PULL=1 (decode: read every room),
+// and the shared secret (KVBRIDGE_SECRET or
 // KVBRIDGE_SECRET_FILE) or KVBRIDGE_INSECURE=1.
 func (c *Config) FromEnv() error {
 	auth, insecure, err := bootstrap.AuthFromEnv()
@@ -286,6 +304,13 @@ func (c *Config) FromEnv() error {
 	if v := os.Getenv("KVBRIDGE_ENGINE"); v != "" {
 		c.Engine.Engine = v
 	}
+	if v := os.Getenv("KVBRIDGE_PULL"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("kvmanager: KVBRIDGE_PULL=%q: %w", v, err)
+		}
+		c.Pull = b
+	}
 	if v := os.Getenv("KVBRIDGE_WORKERS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
@@ -300,6 +325,7 @@ func (c *Config) FromEnv() error {
 		"KVBRIDGE_TOMBSTONE_TTL":     &c.Registry.TombstoneTTL,
 		"KVBRIDGE_QUARANTINE":        &c.QuarantineTimeout,
 		"KVBRIDGE_HEARTBEAT":         &c.HeartbeatInterval,
+		"KVBRIDGE_PULL_LEASE":        &c.PullLease,
 	} {
 		if v := os.Getenv(name); v != "" {
 			d, err := time.ParseDuration(v)

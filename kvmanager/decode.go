@@ -29,6 +29,8 @@ type Decode struct {
 	// roomsKick wakes a notifier that polls (an engine without a wake-up
 	// channel) when a room is created: without live rooms it stops polling.
 	roomsKick chan struct{}
+	// pull is the rank's pull side (Config.Pull; nil without).
+	pull *pullState
 }
 
 // topoEntry is one instance's topology: looked up once by the first room
@@ -77,6 +79,10 @@ func NewDecode(cfg Config) (*Decode, error) {
 		}
 	})
 	m.resolver = d.resolve
+	if cfg.Pull {
+		d.startPull()
+		m.onAck, m.onReads = d.onRegisterAck, d.queueReads
+	}
 	m.start()
 	m.wg.Add(1)
 	go d.notifier()
@@ -321,7 +327,7 @@ func (d *Decode) links(room uint64, inst Instance) (links []core.Link, told []co
 	for i, l := range tl {
 		links[i] = core.Link{Target: core.Target{Bootstrap: inst.Bootstrap, Rank: l.TPRank, DP: dp, PP: l.PPRank,
 			InstTP: max(topo.TPSize, 1), InstPP: max(topo.PPSize, 1)},
-			Dummy: l.Dummy, Aux: l.Aux, Required: l.Required}
+			Dummy: l.Dummy, Aux: l.Aux, Required: l.Required, Pages: transfer.PageMap{Src: topo.PageSize, Dst: d.cfg.Model.PageTokens}}
 	}
 	return links, nil, nil
 }
@@ -397,6 +403,7 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec core.Reques
 		if bad = core.CheckSpec(room, spec); bad != nil {
 			return
 		}
+		spec.Pull = spec.Pull || d.cfg.Pull
 		bad = nil
 		res = c.Step(now, core.InitReceiver{Room: room, Spec: spec}).Result
 		_, ready, _ = c.Waiters(room)

@@ -22,6 +22,9 @@ type metrics struct {
 	discoveryBad, restored, relookups, owed, restarted    *prometheus.Desc
 	rechecks, layoutRefused, badNotifs                    *prometheus.Desc
 	probes, leasesLost                                    *prometheus.Desc
+	// Pull (docs/PROTOCOL.md "Pull").
+	underLease, leaseRenewals, leaseExpiries, readsRefused, pullRefused *prometheus.Desc
+	pageSeconds                                                         prometheus.Histogram
 
 	transfers prometheus.Counter
 	bytes     prometheus.Counter
@@ -69,6 +72,19 @@ func newMetrics(m *Manager) *metrics {
 		badNotifs: prometheus.NewDesc("kvbridge_bad_notifications_total",
 			"Data-plane notifications refused: unparseable, numbers out of range, or contradicting their chunk's earlier notifications.", nil, labels),
 		restarted: prometheus.NewDesc("kvbridge_peers_restarted_total", "Peers heard with a new epoch (their old epoch's rooms failed).", nil, labels),
+		underLease: prometheus.NewDesc("kvbridge_pull_pages_under_lease",
+			"Prefill pages published for pull whose decode ranks may still read them (not released yet).", nil, labels),
+		leaseRenewals: prometheus.NewDesc("kvbridge_pull_lease_renewals_total",
+			"Pull leases renewed: RENEWs applied (prefill) or sent (decode).", nil, labels),
+		leaseExpiries: prometheus.NewDesc("kvbridge_pull_lease_expiries_total",
+			"Pull rooms failed because a decode rank's lease ended before its reads were reported (prefill).", nil, labels),
+		readsRefused: prometheus.NewDesc("kvbridge_pull_reads_refused_total",
+			"Pull reads not posted: the room had ended or the lease had run out before the read's turn (decode).", nil, labels),
+		pullRefused: prometheus.NewDesc("kvbridge_pull_messages_refused_total",
+			"PAGES, RENEW and READ_DONE ignored or refused: stale epoch, unknown room or peer, a duplicate, a lease that had ended, a malformed publication, or a REQUEST for a mode the room or rank does not take.", nil, labels),
+		pageSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvbridge_pull_page_seconds",
+			Help: "Per pull room: prefill pages published × seconds from the first publication to their release.", ConstLabels: labels,
+			Buckets: prometheus.ExponentialBuckets(1e-3, 4, 14)}),
 		owed: prometheus.NewDesc("kvbridge_owed_aborts",
 			"ABORTs sent to prefill ranks and not yet acknowledged (re-sent to a restarted rank's new process).", nil, labels),
 		deferred: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_registers_deferred_total",
@@ -101,14 +117,15 @@ func (x *metrics) abort(stage core.Poll) {
 }
 
 func (x *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{x.transfers, x.bytes, x.latency, x.phases, x.aborts, x.overdue, x.deferred}
+	return []prometheus.Collector{x.transfers, x.bytes, x.latency, x.phases, x.aborts, x.overdue, x.deferred, x.pageSeconds}
 }
 
 func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.rooms
 	ch <- x.inflight
 	ch <- x.tables
-	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes} {
+	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes,
+		x.underLease, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -120,11 +137,17 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	var counts map[core.Poll]int
 	var inflight int
 	var st core.CoreStats
-	var tombs, pending int
+	var tombs, pending, leased int
 	x.m.read(func(c *core.Core) {
 		counts, inflight, tombs, pending = c.Tables()
 		st = c.Stats()
+		leased = c.PagesUnderLease()
 	})
+	ch <- prometheus.MustNewConstMetric(x.underLease, prometheus.GaugeValue, float64(leased))
+	ch <- prometheus.MustNewConstMetric(x.leaseRenewals, prometheus.CounterValue, float64(st.LeaseRenewals))
+	ch <- prometheus.MustNewConstMetric(x.leaseExpiries, prometheus.CounterValue, float64(st.LeaseExpiries))
+	ch <- prometheus.MustNewConstMetric(x.readsRefused, prometheus.CounterValue, float64(st.ReadsRefused))
+	ch <- prometheus.MustNewConstMetric(x.pullRefused, prometheus.CounterValue, float64(st.PullRefused))
 	ch <- prometheus.MustNewConstMetric(x.tables, prometheus.GaugeValue, float64(tombs), "tombstones")
 	ch <- prometheus.MustNewConstMetric(x.tables, prometheus.GaugeValue, float64(pending), "pending")
 	for p := core.Failed; p <= core.Success; p++ {

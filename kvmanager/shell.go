@@ -73,6 +73,13 @@ type Manager struct {
 	auxMem         []byte
 	stateMem       [][]byte
 
+	// offer is what a prefill rank that serves pull sends with its ok
+	// REGISTER_ACKs (pull.go); onAck (decode with Pull) takes a
+	// REGISTER_ACK before the core does; onReads hands reads to the
+	// readers.
+	offer   *bootstrap.PullOffer
+	onAck   func(*bootstrap.RegisterAck)
+	onReads func([]core.Effect)
 	// resolver looks decode targets up (set by NewDecode).
 	resolver func(core.Target)
 	// deregister deletes the rank's bootstrap record (prefill, set once
@@ -134,7 +141,8 @@ func newManager(cfg Config) (m *Manager, err error) {
 		// endpoint under a post when a decode process dies, so its own
 		// calls progress it (no thread, NIXL's strict lock).
 		cfg.Engine.NIXLProgress = nixl.NIXLProgressThread
-		if cfg.Role == core.RolePrefill {
+		if cfg.Role == core.RolePrefill || cfg.Pull {
+			// (A decode rank that pulls posts too: the same hazard.)
 			cfg.Engine.NIXLProgress = nixl.NIXLProgressCaller
 		}
 	}
@@ -148,7 +156,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 	ccfg := core.CoreConfig{Role: cfg.Role, Rank: cfg.Rank, Compat: cfg.Compat, Layout: cfg.Layout, Registry: cfg.Registry,
 		QuarantineTimeout: cfg.QuarantineTimeout, RegisterRetry: cfg.RegisterRetry, Parallel: cfg.Parallel, Model: cfg.Model,
 		MaxEpochs: cfg.MaxEpochs, RecheckIdle: cfg.HeartbeatInterval * time.Duration(cfg.MaxMisses+1),
-		ProbeIdle: max(cfg.ProbeIdle, 0), ProbeTimeout: cfg.ProbeTimeout}
+		ProbeIdle: max(cfg.ProbeIdle, 0), ProbeTimeout: cfg.ProbeTimeout, Lease: max(cfg.PullLease, 0)}
 	if cfg.Role == core.RoleDecode {
 		// The metadata blob is taken once, before any peer is contacted: a
 		// failure here fails New instead of wedging a registration.
@@ -167,6 +175,9 @@ func newManager(cfg Config) (m *Manager, err error) {
 		}
 	}
 	if m.core, err = core.NewCore(ccfg); err != nil {
+		return nil, err
+	}
+	if m.offer, err = m.pullOffer(); err != nil {
 		return nil, err
 	}
 	m.met = newMetrics(m)
@@ -350,14 +361,28 @@ func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 	if f := m.afterUnlock.Load(); f != nil {
 		(*f)()
 	}
-	var posts []core.Effect
+	var posts, reads []core.Effect
 	for _, e := range buf {
 		switch e.Kind {
 		case core.EffectSend:
 			if a, ok := e.Msg.(*bootstrap.RegisterAck); ok && !a.OK {
 				m.log.Warn("registration refused", zap.String("peer", e.To.Endpoint), zap.String("reason", a.Reason))
 			}
-			m.send(e.To, e.Msg)
+			switch e.Msg.(type) {
+			case *bootstrap.Pages:
+				// Its decode rank reads now: an engine that progresses
+				// only on its own calls keeps progressing meanwhile.
+				m.agent.KeepProgress(m.cfg.PullLease)
+			case *bootstrap.RegisterAck:
+				if m.offer != nil {
+					m.agent.KeepProgress(proofTimeout) // the decode rank reads the proof slots back
+				}
+			}
+			if e.Ready != nil {
+				m.sendWhenReady(e) // a PAGES whose data is not known to be in place yet
+				continue
+			}
+			m.send(e.To, m.withOffer(e.Msg))
 			if _, probe := e.Msg.(*bootstrap.Ping); probe {
 				// A probe's deadline is enforced at once, not at the next
 				// sweep.
@@ -380,10 +405,20 @@ func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 				m.resolver(e.Target)
 			}
 		case core.EffectReleased:
+			if m.cfg.Role == core.RolePrefill {
+				m.met.pageSeconds.Observe(float64(e.Pages) * e.Held.Seconds())
+				if e.Forced {
+					m.log.Warn("pull room's pages released by the quarantine past the lease, without a drained READ_DONE",
+						zap.Uint64("room", e.Room), zap.Duration("quarantine", m.cfg.QuarantineTimeout))
+				}
+				continue
+			}
 			if e.Forced {
 				m.log.Warn("quarantine deadline passed: pages released without ABORT_ACK",
 					zap.Uint64("room", e.Room), zap.Duration("quarantine", m.cfg.QuarantineTimeout))
 			}
+		case core.EffectRead:
+			reads = append(reads, e)
 		case core.EffectPost, core.EffectLoadMetadata:
 			posts = append(posts, e) // both may step: after effMu
 		}
@@ -391,6 +426,9 @@ func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 	clear(buf) // drop the messages and channels until the next step
 	m.effBuf = buf[:0]
 	m.effMu.Unlock()
+	if len(reads) > 0 && m.onReads != nil {
+		m.onReads(reads)
+	}
 	for _, e := range posts {
 		if e.Kind == core.EffectLoadMetadata {
 			m.loadMetadata(e.Msg.(*bootstrap.Register), *e.Plan)
@@ -430,6 +468,12 @@ func (m *Manager) handle(msg bootstrap.Message) {
 		var stage core.Poll // the room's status when the abort came (0: no sender yet)
 		m.receive(msg, func(c *core.Core) { stage, _ = c.Status(msg.Room) })
 		m.met.abort(stage)
+	case *bootstrap.RegisterAck:
+		if m.onAck != nil {
+			m.onAck(msg)
+			return
+		}
+		m.receive(msg, nil)
 	default:
 		m.receive(msg, nil)
 	}

@@ -875,10 +875,24 @@ func (n *libnixl) genNotif(remote string, msg []byte) error {
 const genNotifFlush = time.Second
 
 // kickFlush starts the GenNotif flusher, or extends its run.
-func (n *libnixl) kickFlush() {
+func (n *libnixl) kickFlush() { n.kickFlushFor(genNotifFlush) }
+
+// keepProgress: the agent's memory is about to be read by peers (pull):
+// without NIXL's progress thread a peer's first read waits for this
+// agent's worker to progress (the connection's wire-up), so the flusher
+// progresses it for d.
+func (n *libnixl) keepProgress(d time.Duration) {
+	if !n.prog {
+		n.kickFlushFor(d)
+	}
+}
+
+func (n *libnixl) kickFlushFor(d time.Duration) {
 	n.flushMu.Lock()
 	defer n.flushMu.Unlock()
-	n.flushUntil = time.Now().Add(genNotifFlush)
+	if until := time.Now().Add(d); until.After(n.flushUntil) {
+		n.flushUntil = until
+	}
 	if n.flushing || n.flushStop == nil {
 		return
 	}

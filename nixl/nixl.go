@@ -1010,6 +1010,17 @@ func (a *Agent) GenNotif(remote string, msg []byte) error {
 	return a.b.genNotif(remote, msg)
 }
 
+// KeepProgress makes the agent progress its engine for d although it
+// posts nothing: peers are about to read its memory (pull). Only an
+// engine without its own progress needs it (libnixl without NIXL's
+// progress thread, whose peers' first read waits for this side's
+// wire-up); elsewhere it does nothing.
+func (a *Agent) KeepProgress(d time.Duration) {
+	if k, ok := a.b.(interface{ keepProgress(time.Duration) }); ok {
+		k.keepProgress(d)
+	}
+}
+
 // Notifs drains the notifications received since the last call, in
 // arrival order.
 func (a *Agent) Notifs() ([]Notif, error) { return a.b.notifs() }

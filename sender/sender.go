@@ -104,6 +104,14 @@ func (s *Sender) Abort(reason string) { s.p.AbortSender(s.room, reason) }
 // Failure returns the first failure reason ("" unless Failed).
 func (s *Sender) Failure() string { return s.p.Failure(s.room) }
 
+// Released is closed once the room's pages may be reused. A room that
+// decode ranks pull (docs/PROTOCOL.md "Pull") holds its published pages
+// until every decode rank said its reads are over and drained, or until
+// the quarantine past its lease: a failed pull room's pages may still be
+// read until then, whatever Wait returned. A pushed room holds nothing
+// here (closed at once): its pages are free once Wait returns Success.
+func (s *Sender) Released() <-chan struct{} { return s.p.Released(s.room) }
+
 // Clear forgets the room; its id stays refused for the tombstone TTL.
 // Writes still in flight keep being counted, so an ABORT_ACK for the room
 // is only sent once none of them can land.

@@ -93,6 +93,11 @@ func ExpandSlice(runs []Run, local, remote Layout, s *Slice) (l, r []nixl.Desc) 
 	return kvlayout.ExpandSlice(runs, local, remote, s)
 }
 
+// Plan is what prefill rank p (model src) writes into decode rank d
+// (model dst, which may differ only in page tokens): the head slice and
+// region offset (nil when it writes nothing there).
+func Plan(src, dst Model, p, d Parallel) (*Slice, error) { return kvlayout.Plan(src, dst, p, d) }
+
 // Links maps a decode rank onto a prefill instance (only its sizes are
 // read) for one room.
 func Links(m Model, prefill, decode Parallel) ([]Link, error) {

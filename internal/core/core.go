@@ -262,6 +262,9 @@ type Effect struct {
 	Forced bool
 	Plan   *PeerPlan // EffectLoadMetadata
 	Read   *Read     // EffectRead
+	// Ready (EffectSend of a PAGES) gates the send: the published data is
+	// in place once it says true (SendChunk.Ready).
+	Ready kvlayout.Ready
 	// Pages and Held (EffectReleased on a prefill rank: its pull pages):
 	// the pages the room published and how long since the first.
 	Pages int

@@ -197,7 +197,7 @@ func (c *prefillCore) publish(rm *room, in SendChunk, at chunkAt, pr PeerRequest
 		}
 	}
 	c.stats.PagesPublished++
-	c.send(wire.Peer{Endpoint: req.From.Endpoint}, rm.id, msg)
+	c.emit(Effect{Kind: EffectSend, Room: rm.id, To: wire.Peer{Endpoint: req.From.Endpoint}, Msg: msg, Ready: in.Ready})
 	return ""
 }
 

@@ -155,6 +155,19 @@ type RegisterAck struct {
 	From   From
 	OK     bool
 	Reason string
+	// Pull (optional) is what a prefill rank that serves pull offers with
+	// an ok answer: its agent, metadata and memory, for the decode rank to
+	// read from (PROTOCOL.md "Pull").
+	Pull *PullOffer
+}
+
+// PullOffer is a prefill rank's memory for decode ranks to read: as a
+// REGISTER describes a decode rank's (AgentMD and Proof travel sealed).
+type PullOffer struct {
+	Agent          string
+	AgentMD        []byte
+	KV, Aux, State []Region
+	Proof          []byte
 }
 
 // Request asks a prefill rank for one room's KV.
@@ -398,10 +411,30 @@ func EncodeBody(m Message) ([]byte, error) {
 			e.kstr("page_layout", t.PageLayout)
 		}
 	case *RegisterAck:
-		e.mapLen(3)
+		if m.Pull != nil {
+			e.mapLen(4)
+		} else {
+			e.mapLen(3)
+		}
 		e.from(m.From)
 		e.kbool("ok", m.OK)
 		e.kreason("reason", m.Reason)
+		if o := m.Pull; o != nil {
+			e.key("pull")
+			e.mapLen(6)
+			e.kstr("agent", o.Agent)
+			if len(o.AgentMD) > MaxAgentMDBytes {
+				e.err(fmt.Errorf("agent_md of %d bytes exceeds %d", len(o.AgentMD), MaxAgentMDBytes))
+			}
+			e.kbin("agent_md", o.AgentMD)
+			e.regions("kv", o.KV)
+			e.regions("aux", o.Aux)
+			e.regions("state", o.State)
+			if len(o.Proof) > MaxProofBytes {
+				e.err(fmt.Errorf("proof of %d bytes exceeds %d", len(o.Proof), MaxProofBytes))
+			}
+			e.kbin("proof", o.Proof)
+		}
 	case *Request:
 		n := 8
 		if m.Source >= 0 {
@@ -522,6 +555,10 @@ func encodeCap(m Message) int {
 	switch m := m.(type) {
 	case *Register:
 		n += len(m.AgentMD) + len(m.Proof) + 64*(len(m.KV)+len(m.Aux)+len(m.State))
+	case *RegisterAck:
+		if o := m.Pull; o != nil {
+			n += len(o.AgentMD) + len(o.Proof) + 64*(len(o.KV)+len(o.Aux)+len(o.State))
+		}
 	case *Request:
 		n += 4 * len(m.DstPages)
 		for _, s := range m.StateIndices {
@@ -779,7 +816,18 @@ func Decode(frames [][]byte) (Message, error) {
 		}
 		m = r
 	case TypeRegisterAck:
-		m = &RegisterAck{From: b.from(), OK: b.boolean("ok"), Reason: b.reason("reason")}
+		a := &RegisterAck{From: b.from(), OK: b.boolean("ok"), Reason: b.reason("reason")}
+		if raw, ok := b.lookup("pull"); ok && b.err == nil {
+			if o := b.nested("pull", -1, raw); o != nil {
+				a.Pull = &PullOffer{Agent: o.str("agent"), AgentMD: o.binMax("agent_md", MaxAgentMDBytes),
+					KV: o.regions("kv"), Aux: o.regions("aux"), State: o.regions("state"), Proof: o.binMax("proof", MaxProofBytes)}
+				if o.err != nil {
+					b.err = o.err
+				}
+				o.release()
+			}
+		}
+		m = a
 	case TypeRequest:
 		m = &Request{From: b.from(), Room: b.uint("room"), DstPages: b.pages("dst_pages"),
 			AuxIndex: b.int("aux_index", -1, math.MaxInt32), StateIndices: b.pageLists("state_indices"),

@@ -1,0 +1,95 @@
+package e2e
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/receiver"
+	"github.com/kvbridge/kvbridge/sender"
+)
+
+// pulling configures the decode rank of a cluster to read its rooms.
+func pulling(cfg *kvmanager.Config) {
+	if cfg.Role == kvmanager.RoleDecode {
+		cfg.Pull = true
+	}
+}
+
+// released waits for a sender's pages to be released (a pull room holds
+// them until the decode rank's reads are over).
+func released(t *testing.T, s *sender.Sender) {
+	t.Helper()
+	select {
+	case <-s.Released():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("room %d: the prefill rank never released its published pages", s.Room())
+	}
+}
+
+// TestPullByteExact: the decode rank reads every room (pages over every
+// layer, the aux item, state items) from the prefill rank on every
+// engine, byte-exact; the prefill rank releases each room's pages once
+// the decode rank reported its reads, and counts them under lease until
+// then.
+func TestPullByteExact(t *testing.T) {
+	for engine := range engines {
+		t.Run(engine, func(t *testing.T) {
+			c := newCluster(t, engine, pulling)
+			for i, tokens := range []int{1, 17, 1000, 8192} {
+				id := uint64(300 + i)
+				rm := c.start(t, id, tokens)
+				ready(t, rm.s)
+				c.sendAll(t, rm, 16)
+				waitStatus(t, rm.r, kvmanager.Success)
+				waitStatus(t, rm.s, kvmanager.Success)
+				released(t, rm.s)
+				c.verify(t, rm)
+				c.finish(rm)
+			}
+			if st := c.prefill.Stats(); st.PagesPublished == 0 || st.SourceReleases != 4 || st.ForcedReleases != 0 {
+				t.Fatalf("prefill: %d PAGES, %d releases (%d forced), want 4 unforced", st.PagesPublished, st.SourceReleases, st.ForcedReleases)
+			}
+			if st := c.decode.Stats(); st.PullRefused != 0 || st.ReadsRefused != 0 {
+				t.Fatalf("decode refused %d pull messages and %d reads", st.PullRefused, st.ReadsRefused)
+			}
+			// State items and a prefix, read.
+			r, _ := receiver.New(c.decode, 370)
+			dst := c.dFree.Get(4)
+			if err := r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst[1:], Prefix: 1, AuxIndex: 3, StateIndices: [][]uint32{{5, 6, 7}, {9}}}); err != nil {
+				t.Fatal(err)
+			}
+			s, _ := sender.New(c.prefill, 370)
+			s.Init()
+			if st, err := s.WaitReady(ctx(t)); st != kvmanager.WaitingForInput {
+				t.Fatalf("%v %v", st, err)
+			}
+			src := c.pFree.Get(4)
+			if err := s.Send(src, true, 1, []uint32{10, 11, 40}, []uint32{2}); err != nil {
+				t.Fatal(err)
+			}
+			waitStatus(t, r, kvmanager.Success)
+			released(t, s)
+			ps, ds := c.prefill.StateMemory(), c.decode.StateMemory()
+			for _, pair := range [][3]int{{0, 10, 5}, {0, 11, 6}, {0, 40, 7}, {1, 2, 9}} {
+				region, from, to := pair[0], pair[1], pair[2]
+				n := c.prefill.Config().Layout.State[region].ItemBytes
+				if !bytes.Equal(ds[region][uint64(to)*n:uint64(to+1)*n], ps[region][uint64(from)*n:uint64(from+1)*n]) {
+					t.Fatalf("state region %d item %d → %d differs", region, from, to)
+				}
+			}
+			for region := range c.pKV {
+				for i := 1; i < 4; i++ {
+					s, d := src[i], dst[i]
+					if !bytes.Equal(c.dKV[region][d*pageBytes:(d+1)*pageBytes], c.pKV[region][s*pageBytes:(s+1)*pageBytes]) {
+						t.Fatalf("region %d page %d → %d differs", region, s, d)
+					}
+				}
+			}
+			if !bytes.Equal(c.dAux[3*auxItem:4*auxItem], c.pAux[1*auxItem:2*auxItem]) {
+				t.Fatal("aux item differs")
+			}
+		})
+	}
+}

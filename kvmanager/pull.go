@@ -1,0 +1,423 @@
+package kvmanager
+
+// Pull in the shell (docs/PROTOCOL.md "Pull"; the protocol is the core's,
+// internal/core/pull.go).
+//
+// A prefill rank that serves pull (PullLease ≥ 0) offers, with every
+// REGISTER_ACK ok, what a decode rank needs to read from it: its agent's
+// metadata, its regions and its ownership proof seed (sealed, as a
+// REGISTER's are). A decode rank with Pull accepts the offer before the
+// core sees the REGISTER_ACK: it loads the metadata and reads the proof
+// slots back, as a prefill rank does with a REGISTER, so it never reads
+// memory that is not the prefill process's own; an offer that fails
+// turns the REGISTER_ACK into a refusal, naming why. Then each EffectRead
+// is gated (ReadPosting), turned into descriptor pairs checked against both
+// layouts (transfer.ReadPairs), posted as one READ per memory kind, waited
+// for (bounded by the stall timeout) and stepped back as ReadDone.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/transfer"
+	"go.uber.org/zap"
+)
+
+// pullReaders is how many reads a decode rank keeps in progress at once.
+const pullReaders = 8
+
+// pullOffer builds the offer a prefill rank that serves pull sends with
+// its REGISTER_ACKs (nil when it does not serve pull).
+func (m *Manager) pullOffer() (*bootstrap.PullOffer, error) {
+	if m.cfg.Role != core.RolePrefill || m.cfg.PullLease < 0 {
+		return nil, nil
+	}
+	md, err := m.agent.Metadata()
+	if err != nil {
+		return nil, fmt.Errorf("kvmanager: agent metadata for the pull offer: %w", err)
+	}
+	kv, aux, state := core.RegionsOf(m.cfg.Layout)
+	return &bootstrap.PullOffer{Agent: m.agent.Name(), AgentMD: md, KV: kv, Aux: aux, State: state, Proof: m.proof[:]}, nil
+}
+
+// withOffer adds the rank's pull offer to an ok REGISTER_ACK.
+func (m *Manager) withOffer(msg bootstrap.Message) bootstrap.Message {
+	if a, ok := msg.(*bootstrap.RegisterAck); ok && a.OK && m.offer != nil && a.Pull == nil {
+		c := *a
+		c.Pull = m.offer
+		return &c
+	}
+	return msg
+}
+
+// sendWhenReady sends a PAGES once the data it publishes is in place
+// (SendLayers' ready): polled with a back-off, as the transfer pool polls
+// a write's; an error, or no answer within the stall timeout, fails the
+// room instead.
+func (m *Manager) sendWhenReady(e core.Effect) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		deadline := time.Now().Add(m.cfg.Registry.StallTimeout)
+		wait := 10 * time.Microsecond
+		for {
+			ok, err := e.Ready()
+			if err == nil && !ok && time.Now().After(deadline) {
+				err = fmt.Errorf("%w (%v)", transfer.ErrNotReady, m.cfg.Registry.StallTimeout)
+			}
+			if err != nil {
+				m.step(func(c *core.Core, now time.Time) {
+					c.Step(now, core.Fail{Room: e.Room, Reason: fmt.Sprintf("room %d: the published pages' data: %v", e.Room, err)})
+				})
+				return
+			}
+			if ok {
+				m.send(e.To, e.Msg)
+				return
+			}
+			select {
+			case <-m.closing:
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 500*time.Microsecond)
+		}
+	}()
+}
+
+// Released returns a channel closed once a pull room's published pages
+// may be reused: every decode rank it published to reported its reads
+// drained, or the quarantine past the lease ran out (counted as forced).
+// A room that published nothing for pull (a push room) holds nothing: the
+// channel is closed. It stays valid after Clear.
+func (p *Prefill) Released(room uint64) <-chan struct{} {
+	var ch chan struct{}
+	var ok bool
+	p.read(func(c *core.Core) { ch, ok = c.PullHold(room) })
+	if !ok {
+		return closedChan
+	}
+	return ch
+}
+
+// pullKey names one prefill process a decode rank reads from.
+type pullKey struct {
+	endpoint string
+	epoch    uint64
+}
+
+// pullPeer is a prefill process whose offer this decode rank accepted.
+type pullPeer struct {
+	remote string
+	layout transfer.Layout
+	offer  [32]byte // its hash: a repeated REGISTER_ACK with the same offer is not proven again
+}
+
+// pullState is a decode rank's pull side.
+type pullState struct {
+	mu sync.RWMutex // write-held while an offer replaces a remote: no read is posted through it meanwhile
+	// peers are the accepted offers; slices the rank mapping's slice per
+	// target (nil: identical layouts).
+	peers  map[pullKey]*pullPeer
+	slices map[core.Target]*transfer.Slice
+	// checking serializes the offers of one prefill agent.
+	checking map[string]chan struct{}
+	reads    chan readJob
+}
+
+type readJob struct {
+	room uint64
+	to   bootstrap.Peer
+	rd   *core.Read
+}
+
+// startPull starts a decode rank's readers.
+func (d *Decode) startPull() {
+	d.pull = &pullState{peers: map[pullKey]*pullPeer{}, slices: map[core.Target]*transfer.Slice{},
+		checking: map[string]chan struct{}{}, reads: make(chan readJob, 4096)}
+	for range pullReaders {
+		d.wg.Add(1)
+		go d.reader()
+	}
+}
+
+// onRegisterAck accepts a REGISTER_ACK's pull offer, off the receive
+// goroutine, then steps the REGISTER_ACK — as a refusal naming why when
+// the offer is missing or fails.
+func (d *Decode) onRegisterAck(msg *bootstrap.RegisterAck) {
+	if !msg.OK {
+		d.receive(msg, nil)
+		return
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		if err := d.acceptOffer(msg); err != nil {
+			refused := *msg
+			refused.OK, refused.Pull = false, nil
+			refused.Reason = fmt.Sprintf("pull from prefill %s (%s): %v", msg.From.Peer(), msg.From.Endpoint, err)
+			d.log.Warn("pull offer refused", zap.String("peer", msg.From.Peer()), zap.Error(err))
+			d.receive(&refused, nil)
+			return
+		}
+		d.receive(msg, nil)
+	}()
+}
+
+// errNoOffer: a prefill rank that does not serve pull.
+var errNoOffer = errors.New("its REGISTER_ACK offers nothing to read: it does not serve pull (PullLease < 0 there)")
+
+// acceptOffer checks a prefill process's offer and loads it: its agent
+// name is its own, its regions make a layout, and its memory is proven its
+// own by reading every proof slot back through the loaded metadata.
+func (d *Decode) acceptOffer(msg *bootstrap.RegisterAck) error {
+	o := msg.Pull
+	if o == nil {
+		return errNoOffer
+	}
+	from := msg.From
+	if sub := defaultName.FindStringSubmatch(o.Agent); sub != nil {
+		if want := fmt.Sprintf("%s-prefill-%d", from.Instance, from.Rank); o.Agent != want {
+			return fmt.Errorf("%w: agent %q has the form of another rank's default name (want %q)", errNotOwner, o.Agent, want)
+		}
+	}
+	lay, err := core.LayoutFrom(o.KV, o.Aux, o.State)
+	if err != nil {
+		return fmt.Errorf("its regions: %w", err)
+	}
+	hash := offerHash(o)
+	key := pullKey{from.Endpoint, from.Epoch}
+	ps := d.pull
+	// One offer of an agent at a time.
+	for {
+		ps.mu.Lock()
+		if p := ps.peers[key]; p != nil && p.offer == hash && d.agent.RemoteUsable(p.remote) {
+			ps.mu.Unlock()
+			return nil // a repeat of the offer already proven
+		}
+		busy, ok := ps.checking[o.Agent]
+		if !ok {
+			ps.checking[o.Agent] = make(chan struct{})
+			ps.mu.Unlock()
+			break
+		}
+		ps.mu.Unlock()
+		select {
+		case <-busy:
+		case <-d.closing:
+			return ErrManagerClosed
+		}
+	}
+	defer func() {
+		ps.mu.Lock()
+		close(ps.checking[o.Agent])
+		delete(ps.checking, o.Agent)
+		ps.mu.Unlock()
+	}()
+	// No read goes through the agent's remote while its metadata is
+	// replaced: the old process's entries go first.
+	ps.mu.Lock()
+	for k, p := range ps.peers {
+		if p.remote == o.Agent {
+			delete(ps.peers, k)
+		}
+	}
+	name, err := d.agent.LoadRemote(o.AgentMD)
+	ps.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("agent metadata: %w", err)
+	}
+	if name != o.Agent {
+		d.agent.InvalidateRemote(name)
+		return fmt.Errorf("%w: its metadata names agent %q, its offer %q", errNotOwner, name, o.Agent)
+	}
+	reg := &bootstrap.Register{From: from, Proof: o.Proof}
+	if err := d.checkProof(name, reg, lay); err != nil {
+		d.agent.InvalidateRemote(name)
+		return err
+	}
+	ps.mu.Lock()
+	ps.peers[key] = &pullPeer{remote: name, layout: lay, offer: hash}
+	ps.mu.Unlock()
+	return nil
+}
+
+// offerHash hashes an offer's metadata, regions and seed.
+func offerHash(o *bootstrap.PullOffer) [32]byte {
+	md, lay := registerHash(&bootstrap.Register{Agent: o.Agent, AgentMD: o.AgentMD, KV: o.KV, Aux: o.Aux, State: o.State, Proof: o.Proof})
+	for i := range md {
+		md[i] ^= lay[i]
+	}
+	return md
+}
+
+// pullSlice is the rank mapping's slice of what prefill rank t holds for
+// this rank (nil without a Model: identical layouts), computed once.
+func (d *Decode) pullSlice(t core.Target) (*transfer.Slice, error) {
+	if d.cfg.Model.Zero() {
+		return nil, nil
+	}
+	ps := d.pull
+	ps.mu.RLock()
+	s, ok := ps.slices[t]
+	ps.mu.RUnlock()
+	if ok {
+		return s, nil
+	}
+	topo, err := d.topology(t.Bootstrap)
+	if err != nil {
+		return nil, err
+	}
+	pm := d.cfg.Model.WithPages(topo.PageSize)
+	pp := transfer.Parallel{TPSize: topo.TPSize, TPRank: t.Rank, PPSize: topo.PPSize, PPRank: t.PP, DPSize: topo.DPSize, DPRank: t.DP}
+	if s, err = transfer.Plan(pm, d.cfg.Model, pp, d.cfg.Parallel); err != nil {
+		return nil, fmt.Errorf("prefill %v → decode %v: %w", pp.Norm(), d.cfg.Parallel.Norm(), err)
+	}
+	ps.mu.Lock()
+	ps.slices[t] = s
+	ps.mu.Unlock()
+	return s, nil
+}
+
+// reader carries out reads, one at a time.
+func (d *Decode) reader() {
+	defer d.wg.Done()
+	for {
+		select {
+		case <-d.closing:
+			return
+		case j := <-d.pull.reads:
+			err, quiesced := d.doRead(j)
+			if err == errGated {
+				continue
+			}
+			d.step(func(c *core.Core, now time.Time) {
+				c.Step(now, core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced})
+			})
+		}
+	}
+}
+
+// errGated: the read's gate refused it (the core counted it over).
+var errGated = errors.New("kvmanager: read gated")
+
+// doRead gates, posts and waits for one read. quiesced: a failure that
+// can no longer land (nothing of it was posted).
+func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
+	var ok bool
+	d.step(func(c *core.Core, now time.Time) { ok = c.Step(now, core.ReadPosting{Room: j.room, Read: j.rd}).OK })
+	if !ok {
+		return errGated, true
+	}
+	slice, err := d.pullSlice(j.rd.Target)
+	if err != nil {
+		return err, true
+	}
+	ps := d.pull
+	ps.mu.RLock()
+	p := ps.peers[pullKey{j.to.Endpoint, j.rd.Epoch}]
+	if p == nil {
+		ps.mu.RUnlock()
+		return fmt.Errorf("prefill process at %s (epoch %d) has no accepted pull offer here", j.to.Endpoint, j.rd.Epoch), true
+	}
+	own := d.cfg.Layout
+	var kvSrc, kvDst, hostSrc, hostDst []nixl.Desc
+	for i := range j.rd.Writes {
+		w := &j.rd.Writes[i]
+		s, t, err := transfer.ReadPairs(w, p.layout, own, slice)
+		if err != nil {
+			ps.mu.RUnlock()
+			return fmt.Errorf("room %d: read from prefill at %s: %w", j.room, j.to.Endpoint, err), true
+		}
+		if w.AuxSrc >= 0 || w.State >= 0 {
+			hostSrc, hostDst = append(hostSrc, s...), append(hostDst, t...)
+		} else {
+			kvSrc, kvDst = append(kvSrc, s...), append(kvDst, t...)
+		}
+	}
+	var xs []*nixl.Xfer
+	var releases []func()
+	defer func() {
+		for _, f := range releases {
+			f()
+		}
+	}()
+	post := func(srcKind, dstKind nixl.MemKind, src, dst []nixl.Desc) error {
+		if len(src) == 0 {
+			return nil
+		}
+		lp, err := d.agent.PrepLocal(dstKind, dst)
+		if err != nil {
+			return err
+		}
+		releases = append(releases, func() { lp.Release() })
+		rp, err := d.agent.PrepRemote(p.remote, srcKind, src)
+		if err != nil {
+			return err
+		}
+		releases = append(releases, func() { rp.Release() })
+		idx := make([]int, len(src))
+		for i := range idx {
+			idx[i] = i
+		}
+		x, err := d.agent.NewXfer(nixl.Read, lp, idx, rp, idx, nil)
+		if err != nil {
+			return err
+		}
+		releases = append(releases, func() { d.agent.Release(x) })
+		if err := d.agent.Post(x); err != nil {
+			return err
+		}
+		xs = append(xs, x)
+		return nil
+	}
+	err = post(p.layout.Kind, own.Kind, kvSrc, kvDst)
+	if err == nil {
+		err = post(nixl.DRAM, nixl.DRAM, hostSrc, hostDst)
+	}
+	ps.mu.RUnlock()
+	if err != nil {
+		// A post refused (nothing of it moved) is quiesced only when no
+		// earlier one of this read was posted.
+		return err, len(xs) == 0
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.StallTimeout)
+	defer cancel()
+	for _, x := range xs {
+		st, werr := d.agent.Wait(ctx, x)
+		if st != nixl.Done {
+			if werr == nil {
+				werr = fmt.Errorf("read ended %v", st)
+			}
+			return fmt.Errorf("room %d: read from prefill at %s: %w", j.room, j.to.Endpoint, werr), false
+		}
+	}
+	var n uint64
+	for _, dd := range kvDst {
+		n += dd.Len
+	}
+	for _, dd := range hostDst {
+		n += dd.Len
+	}
+	d.met.transfers.Add(float64(len(xs)))
+	d.met.bytes.Add(float64(n))
+	return nil, true
+}
+
+// queueReads hands a step's reads to the readers (after the step's
+// effects: a full queue waits for them).
+func (d *Decode) queueReads(reads []core.Effect) {
+	for _, e := range reads {
+		select {
+		case d.pull.reads <- readJob{room: e.Room, to: e.To, rd: e.Read}:
+		case <-d.closing:
+			return
+		}
+	}
+}
