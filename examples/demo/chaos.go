@@ -944,6 +944,17 @@ func (c *cluster) finalChecks() {
 	c.mu.Lock()
 	rooms := append([]*croom{}, c.rooms...)
 	c.mu.Unlock()
+	var urls []string
+	for _, p := range c.ranks() {
+		if p.cmd.ProcessState == nil {
+			urls = append(urls, p.http)
+		}
+	}
+	// Pulled pages: released by a drained READ_DONE, or by the
+	// quarantine past the lease after the room settled (its stall).
+	for _, pr := range leasesReleased(urls, chaosStallTimeout+chaosStallTimeout/2+chaosQuarantine+chaosDeadlineSlack, nil) {
+		c.problem("%s", pr)
+	}
 	for _, p := range c.ranks() {
 		if p.cmd.ProcessState != nil {
 			c.problem("%s exited: %s", p.name, p.cmd.ProcessState)

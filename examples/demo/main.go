@@ -215,7 +215,7 @@ func post(url string, body any) (rankcmd.RoomResult, error) {
 	return res, json.Unmarshal(data, &res)
 }
 
-var metricLine = regexp.MustCompile(`^(kvbridge_rooms|kvbridge_rooms_past_deadline)(\{[^}]*\})? ([0-9.e+-]+)$`)
+var metricLine = regexp.MustCompile(`^(kvbridge_rooms|kvbridge_rooms_past_deadline|kvbridge_pull_pages_under_lease)(\{[^}]*\})? ([0-9.e+-]+)$`)
 
 // pinned reads a rank's /metrics: live non-terminal rooms and rooms past
 // their deadline.
@@ -236,6 +236,68 @@ func pinnedAll(insts []*instance, problems []string) (float64, []string) {
 		problems = append(problems, fmt.Sprintf("%v rooms left live or past their deadline", n))
 	}
 	return n, problems
+}
+
+// instanceURLs lists the HTTP URLs of every rank of insts.
+func instanceURLs(insts []*instance) []string {
+	var out []string
+	for _, in := range insts {
+		for _, p := range in.ranks {
+			out = append(out, p.http)
+		}
+	}
+	return out
+}
+
+// demoLeaseBound bounds how long after the last request a prefill rank may
+// still hold pulled pages: the defaults' stall deadline, lease (half the
+// stall) and quarantine (twice the stall), and a second.
+const demoLeaseBound = 60*time.Second + 30*time.Second + 120*time.Second + time.Second
+
+// underLease reads a prefill rank's /metrics: its pages published for pull
+// and not released yet.
+func underLease(cl *http.Client, url string) (float64, error) {
+	resp, err := cl.Get(url + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	n := 0.0
+	for sc.Scan() {
+		if m := metricLine.FindStringSubmatch(sc.Text()); m != nil && m[1] == "kvbridge_pull_pages_under_lease" {
+			v, _ := strconv.ParseFloat(m[3], 64)
+			n += v
+		}
+	}
+	return n, sc.Err()
+}
+
+// leasesReleased waits up to bound for every rank of insts to have
+// released the pages it published for pull (a room's decode ranks report
+// their reads drained, or the quarantine past its lease runs out), adding
+// to problems the pages still held then.
+func leasesReleased(urls []string, bound time.Duration, problems []string) []string {
+	cl := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(bound)
+	for _, u := range urls {
+		for {
+			n, err := underLease(cl, u)
+			if err != nil {
+				problems = append(problems, "reading metrics: "+err.Error())
+				break
+			}
+			if n == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				problems = append(problems, fmt.Sprintf("%s: %v pulled pages still under lease %v after the last request (bound: stall, lease and quarantine)", u, n, bound))
+				break
+			}
+			time.Sleep(100 * time.Millisecond) // a check's poll of the metric (its bound is above), not synchronisation
+		}
+	}
+	return problems
 }
 
 func pinned(url string) (live, overdue float64, err error) {
@@ -260,6 +322,7 @@ func pinnedWith(cl *http.Client, url string) (live, overdue float64, err error) 
 		switch {
 		case m[1] == "kvbridge_rooms_past_deadline":
 			overdue += v
+		case m[1] == "kvbridge_pull_pages_under_lease":
 		case !strings.Contains(m[2], `status="Failed"`) && !strings.Contains(m[2], `status="Success"`):
 			live += v
 		}

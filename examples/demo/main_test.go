@@ -133,10 +133,17 @@ func TestDemoHostile(t *testing.T) {
 // no dead peer's shared-memory segments still mapped.
 //
 // The third run does the same with prefill pages of 16 tokens and decode
-// pages of 64 (pages paired token by token under every fault).
+// pages of 64 (pages paired token by token under every fault); the fourth
+// and fifth pull (the decode ranks read what the prefill ranks publish,
+// under a lease: docs/PROTOCOL.md "Pull"), with those pages over HTTP
+// discovery and with etcd's restart, and then also every prefill rank
+// must have released every page it published within the stall, lease and
+// quarantine bounds.
 func TestDemoChaos(t *testing.T) {
 	for _, tc := range []struct{ name, discovery, pages string }{
 		{"http", "http", ""}, {"etcd", "etcd", ""}, {"http, pages of 16 tokens to 64", "http", "-prefill-page-tokens 16 -decode-page-tokens 64"},
+		{"http, pull, pages of 16 tokens to 64", "http", "-transfer pull -prefill-page-tokens 16 -decode-page-tokens 64"},
+		{"etcd, pull", "etcd", "-transfer pull"},
 	} {
 		discovery := tc.discovery
 		t.Run(tc.name, func(t *testing.T) {
@@ -150,8 +157,11 @@ func TestDemoChaos(t *testing.T) {
 			}
 			t.Logf("\n%s", s)
 			restart := map[string]string{"http": "restart-bootstrap 1", "etcd": "restart-etcd 1"}[discovery]
-			if tc.pages != "" && !strings.Contains(s, "16-token prefill and 64-token decode pages") {
+			if strings.Contains(tc.pages, "page-tokens") && !strings.Contains(s, "16-token prefill and 64-token decode pages") {
 				t.Errorf("the summary does not name the page sizes")
+			}
+			if strings.Contains(tc.pages, "pull") && !strings.Contains(s, "discovery, pull") {
+				t.Errorf("the summary does not say the rooms are pulled")
 			}
 			for _, want := range []string{"(corrupt 0)", "OK: no page corrupt", "kill decode 1", "kill prefill 1", "kill prefill+decode 1", "pause decode 1", "pause prefill 1", restart, "memory (spared rank)"} {
 				if !strings.Contains(s, want) {

@@ -48,6 +48,7 @@ type demoFlags struct {
 	policy, fault, wire           string
 	layerwise                     bool
 	layerGroup                    int
+	transfer                      string          // -transfer: push or pull
 	set                           map[string]bool // the flags given
 	fs                            *flag.FlagSet
 	kv                            kvmodel.Model
@@ -103,6 +104,7 @@ func newDemoFlags() *demoFlags {
 	fs.IntVar(&o.layerGroup, "layer-group", 1, "with -layerwise: layers per SendLayers call")
 	fs.IntVar(&o.prefillPT, "prefill-page-tokens", 0, "tokens per page on the prefill ranks (0: the model's); pages of the two sides may differ when one size divides the other")
 	fs.IntVar(&o.decodePT, "decode-page-tokens", 0, "tokens per page on the decode ranks (0: the model's)")
+	fs.StringVar(&o.transfer, "transfer", "push", "push (the prefill ranks write each room into the decode ranks' pages) or pull (the decode ranks read what the prefill ranks publish, under a lease; docs/PROTOCOL.md \"Pull\")")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `demo: what make demo runs. It starts example prefill and decode ranks as
 separate processes on this machine (one per rank; the first prefill rank
@@ -216,6 +218,13 @@ func (o *demoFlags) settle() error {
 	if o.layerwise {
 		o.prefillArgs = append(o.prefillArgs, "-layerwise", "-layer-group", strconv.Itoa(o.layerGroup))
 	}
+	switch o.transfer {
+	case "push":
+	case "pull":
+		o.decodeArgs = append(o.decodeArgs, "-pull")
+	default:
+		return fmt.Errorf("-transfer %q: want push or pull", o.transfer)
+	}
 	return nil
 }
 
@@ -264,9 +273,9 @@ func (o *demoFlags) roomPages(tokens int) int {
 // topology is the summary's one-line description of the deployment.
 func (o *demoFlags) topology() string {
 	pages := o.pagesSaid()
-	return fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode %d × (PP %d × TP %d), %s %s pages, %s, %s discovery",
+	return fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode %d × (PP %d × TP %d), %s %s pages, %s, %s discovery, %s",
 		o.instances, o.pShape.DPSize, o.pShape.PPSize, o.pShape.TPSize, o.decodeInstances, o.dShape.PPSize, o.dShape.TPSize,
-		pages, strings.ToUpper(o.pageLayout), o.model, o.discovery)
+		pages, strings.ToUpper(o.pageLayout), o.model, o.discovery, o.transfer)
 }
 
 func (o *demoFlags) announce() {
@@ -327,7 +336,7 @@ func run(args []string) int {
 	defer cleanup()
 	switch {
 	case o.compute == "tinyllm":
-		topology := fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode %d × (PP %d × TP %d), %s pages, tinyllm, %s sends, "+o.wire+" wire",
+		topology := fmt.Sprintf("prefill %d × (DP %d × PP %d × TP %d) → decode %d × (PP %d × TP %d), %s pages, tinyllm, %s sends, "+o.wire+" wire, "+o.transfer,
 			o.instances, o.pShape.DPSize, o.pShape.PPSize, o.pShape.TPSize, o.decodeInstances, o.dShape.PPSize, o.dShape.TPSize, strings.ToUpper(o.pageLayout),
 			map[bool]string{false: "whole-chunk", true: fmt.Sprintf("layer-wise (%d per group)", o.layerGroup)}[o.layerwise])
 		return runTiny(tinyOptions{bin: o.bin, requests: o.requests, conc: o.conc, gen: o.gen, minTok: o.minTok, maxTok: o.maxTok,
@@ -565,6 +574,7 @@ func (r *fillRun) summary() int {
 		}
 	}
 	pinnedRooms, problems := pinnedAll(append(r.prefills, r.decodes...), problems)
+	problems = leasesReleased(instanceURLs(r.prefills), demoLeaseBound, problems)
 	if r.att != nil {
 		problems = append(problems, r.att.report(r.rssStart)...)
 	}

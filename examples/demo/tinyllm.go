@@ -365,6 +365,7 @@ func runTiny(o tinyOptions) int {
 		}
 	}
 	pinnedRooms, problems := pinnedAll(append(prefills, decodes...), problems)
+	problems = leasesReleased(instanceURLs(prefills), demoLeaseBound, problems)
 	for _, v := range [][]float64{ttft, tpot, sTTFT, sTPOT} {
 		sort.Float64s(v)
 	}

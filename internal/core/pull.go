@@ -26,10 +26,11 @@ import (
 // rank's end comes first on any two clocks that run at the same rate
 // (leaseMargin covers a drift). A read is posted only before the decode
 // rank's end (the gate, ReadPosting). Every other rule mirrors a write's:
-// the prefill rank's room counts each decode process's reads as one write
-// in flight from the first PAGES to its READ_DONE (drained false: may still
-// read, as a write that failed unquiesced), so ABORT_ACK, STATUS and the
-// stall and drain deadlines apply unchanged.
+// the prefill rank's room counts each decode process's reads as one lease
+// from the first PAGES to its READ_DONE, held as a write that failed
+// unquiesced is (it may still read until a drained READ_DONE, or the drain
+// deadline; the pull hold's quarantine covers the rest), so ABORT_ACK,
+// STATUS and the stall and drain deadlines apply unchanged.
 
 // CodeLeaseExpired: a pull room's lease ended before its reads (STATUS,
 // READ_DONE reason, load report).
@@ -171,7 +172,7 @@ func (c *prefillCore) publish(rm *room, in SendChunk, at chunkAt, pr PeerRequest
 		return "" // its reads are over (it failed them): nothing more to publish
 	}
 	if !pp.open {
-		if res := c.count(EventPosted, c.reg.Posted(rm.id)); res.Outcome != Applied {
+		if res := c.reg.leaseOpened(rm.id, c.now); res.Outcome != Applied {
 			return fmt.Sprintf("publishing to %s: %v", pr.Peer, res.Err)
 		}
 		pp.open = true
@@ -257,7 +258,9 @@ func (c *prefillCore) onReadDone(msg *wire.ReadDone) {
 	case live && !rm.pre.done:
 		err = fmt.Errorf("decode %s reported its reads done before the room's last chunk was published", pp.key)
 	}
-	c.writeDone(c.now, msg.Room, &kvlayout.Write{Last: true, Remote: pp.key}, err, msg.Drained)
+	if res := c.reg.leaseClosed(msg.Room, err, msg.Drained, c.now); err != nil && res.Outcome == Applied && res.Status == Failed {
+		c.statusFailed(msg.Room, c.reg.Requests(msg.Room), CodeFailed, err.Error(), "")
+	}
 	c.maybeReleasePull(h)
 }
 

@@ -731,7 +731,7 @@ func (r *Registry) writeDone(rm *room, last bool, werr error, quiesced bool, now
 	if last {
 		rm.lastDone = true
 	}
-	if rm.lastDone && rm.inflight == 0 {
+	if rm.lastDone && rm.inflight == 0 && rm.unsettled == 0 {
 		r.succeed(rm)
 	}
 	return Result{Outcome: Applied, Status: rm.status}
@@ -915,6 +915,77 @@ func (rm *room) setDeadline(kind Deadline, at time.Time) { rm.kind, rm.deadline 
 // fail makes a live non-terminal room Failed; the first reason wins because
 // terminal rooms never reach here. Writes still in flight must drain within
 // the stall deadline.
+// Pull leases (pull.go). A decode process's reads of a pull room are one
+// lease of the room from its first PAGES to its READ_DONE, counted with
+// the writes that failed unquiesced (unsettled): they may still read the
+// pages until the READ_DONE says drained, and past the room's drain
+// deadline the prefill rank's pull hold (a quarantine past the lease)
+// covers them, as the decode rank's covers such writes. So a room whose
+// decode process never answers settles at its drain deadline, not never.
+
+// leaseOpened opens a lease of a live room (its first PAGES to a decode
+// process).
+func (r *Registry) leaseOpened(id uint64, now time.Time) Result {
+	rm, ok := r.rooms[id]
+	switch {
+	case !ok || rm.role != RolePrefill:
+		return rejected(fmt.Errorf("room %d: lease on no prefill room: %w", id, ErrUnknownRoom))
+	case rm.status.Terminal():
+		return Result{Outcome: IgnoredTerminal, Status: rm.status}
+	case rm.status < WaitingForInput:
+		return Result{Outcome: Rejected, Status: rm.status, Err: fmt.Errorf("room %d: published in %v: %w", id, rm.status, ErrNotReady)}
+	case rm.lastDone:
+		return Result{Outcome: Rejected, Status: rm.status, Err: fmt.Errorf("room %d: published after a decode rank's reads of the whole room completed: %w", id, ErrInvalidEvent)}
+	}
+	rm.unsettled++
+	rm.enter(Transferring, now)
+	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
+	return Result{Outcome: Applied, Status: rm.status}
+}
+
+// leaseClosed closes a lease on its READ_DONE: drained, it no longer
+// holds the room's drain; err fails the room; otherwise (ok) the room
+// succeeds once every lease and write of it completed.
+func (r *Registry) leaseClosed(id uint64, err error, drained bool, now time.Time) Result {
+	if t, ok := r.tombs[id]; ok && t.kind == Cleared {
+		if !drained || t.unsettled == 0 {
+			return Result{Outcome: IgnoredCleared}
+		}
+		t.unsettled--
+		r.maybeSettleTomb(id, t)
+		if !t.holds() {
+			delete(r.draining, id)
+			if !t.drainExpired {
+				r.sendAcks(id, t.acks, true)
+				t.acks = nil
+			}
+			r.evictTombs(r.cfg.MaxTombstones)
+		}
+		return Result{Outcome: IgnoredCleared}
+	}
+	rm, ok := r.rooms[id]
+	if !ok || rm.role != RolePrefill {
+		return rejected(fmt.Errorf("room %d: lease closed on no prefill room: %w", id, ErrUnknownRoom))
+	}
+	if drained && rm.unsettled > 0 {
+		rm.unsettled--
+	}
+	switch {
+	case rm.status.Terminal():
+		r.maybeSettle(rm)
+		return r.drainResult(rm, IgnoredTerminal)
+	case err != nil:
+		r.fail(rm, err.Error(), now)
+		return r.drainResult(rm, Applied)
+	}
+	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
+	rm.lastDone = true
+	if rm.inflight == 0 && rm.unsettled == 0 {
+		r.succeed(rm)
+	}
+	return Result{Outcome: Applied, Status: rm.status}
+}
+
 // renewed: a pull room's lease was renewed, which is progress (prefill).
 func (r *Registry) renewed(rm *room, now time.Time) {
 	if rm.status == Transferring {

@@ -299,7 +299,11 @@ func (w *simWorld) liveBound() time.Duration {
 //	L3 by then: every ABORT a live prefill process heard was answered by
 //	   an ABORT_ACK;
 //	L4 after every room is cleared and the TTL passed: every room-bound
-//	   table of every core is empty (checkEmpty).
+//	   table of every core is empty (checkEmpty);
+//	L6 by t0 + liveBound + quarantine + stall + lease: every prefill
+//	   rank's pull rooms released their published pages (a drained
+//	   READ_DONE, or the quarantine past the lease after the room's drain
+//	   deadline — a decode process that never answers included).
 func (w *simWorld) liveness() {
 	if w.err != nil {
 		return
@@ -314,7 +318,9 @@ func (w *simWorld) liveness() {
 		}
 	}
 	t0 := w.now
-	end := t0.Add(w.liveBound() + w.cfg.quarantine + simQuietStep)
+	// (A pull room's source pages wait past its failure for its drain
+	// deadline, then past its lease for the quarantine: L6.)
+	end := t0.Add(w.liveBound() + w.cfg.quarantine + w.cfg.reg.StallTimeout + simPullLease + simQuietStep)
 	for w.err == nil {
 		w.drain()
 		if w.err != nil {
@@ -358,6 +364,10 @@ func (w *simWorld) liveness() {
 		}
 	}
 	for _, p := range w.procs {
+		if pc := p.core.prefillCore; pc != nil && len(pc.pulls) > 0 && !p.dead {
+			w.fail("liveness: %s still holds the published pages of pull rooms %v %v after faults stopped (bound %v)",
+				p.from.Peer(), slices.Sorted(maps.Keys(pc.pulls)), w.now.Sub(t0), w.liveBound()+w.cfg.quarantine+w.cfg.reg.StallTimeout+simPullLease)
+		}
 		if d := p.core.decodeCore; d != nil && len(d.holds) > 0 {
 			w.fail("liveness: %s still holds the pages of rooms %v %v after faults stopped (bound %v)",
 				p.from.Peer(), slices.Sorted(maps.Keys(d.holds)), w.now.Sub(t0), w.liveBound()+w.cfg.quarantine)

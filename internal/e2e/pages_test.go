@@ -17,9 +17,10 @@ import (
 // one sent in several chunks, one with a prefix decode holds — and every
 // head of every token of the room lands in the decode page and slot its
 // token maps to (kvmodel's token-indexed pattern, checked page by page).
+// Pushed (the prefill rank writes) and pulled (the decode rank reads).
 func TestPagesOfDifferentSizesByteExact(t *testing.T) {
 	const rankPages = 1024 // (newCluster fills 1 MiB of each region)
-	for engine := range engines {
+	for engine, pull := range modes() {
 		for _, tc := range []struct {
 			name            string
 			prefill, decode int
@@ -30,6 +31,7 @@ func TestPagesOfDifferentSizesByteExact(t *testing.T) {
 			{"32 to 8 HND", 32, 8, transfer.HND},
 		} {
 			t.Run(engine+"/"+tc.name, func(t *testing.T) {
+				engine, mode := splitMode(engine)
 				model := func(role kvmanager.Role) kvmodel.Model {
 					m := kvmodel.Presets["tiny"]
 					m.PageTokens = tc.prefill
@@ -39,6 +41,7 @@ func TestPagesOfDifferentSizesByteExact(t *testing.T) {
 					return m
 				}
 				c := newCluster(t, engine, func(cfg *kvmanager.Config) {
+					cfg.Pull = pull && cfg.Role == kvmanager.RoleDecode
 					m := model(cfg.Role)
 					cfg.Compat, cfg.Model, cfg.PageTokens = m.Compat(), m.Mapping(tc.layout), m.PageTokens
 					var err error
@@ -100,6 +103,7 @@ func TestPagesOfDifferentSizesByteExact(t *testing.T) {
 					}
 					waitStatus(t, r, kvmanager.Success)
 					waitStatus(t, s, kvmanager.Success)
+					released(t, s)
 					for region, mem := range dKV {
 						for k, pg := range dst {
 							pos := room.prefix + k
@@ -110,6 +114,9 @@ func TestPagesOfDifferentSizesByteExact(t *testing.T) {
 					}
 					r.Clear()
 					s.Clear()
+				}
+				if got := c.prefill.Stats().PagesPublished > 0; got != pull {
+					t.Fatalf("%s: pages published %v", mode, got)
 				}
 			})
 		}

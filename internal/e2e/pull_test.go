@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,4 +93,20 @@ func TestPullByteExact(t *testing.T) {
 			}
 		})
 	}
+}
+
+// modes lists every engine twice: "<engine>/push" (false) and
+// "<engine>/pull" (true).
+func modes() map[string]bool {
+	out := map[string]bool{}
+	for engine := range engines {
+		out[engine+"/push"], out[engine+"/pull"] = false, true
+	}
+	return out
+}
+
+// splitMode splits a modes() key.
+func splitMode(key string) (engine, mode string) {
+	i := strings.LastIndexByte(key, '/')
+	return key[:i], key[i+1:]
 }

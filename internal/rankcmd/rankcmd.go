@@ -120,6 +120,10 @@ type options struct {
 	front, served       string
 	reqTimeout, kvLease time.Duration
 	sglangPort          int
+	// Pull (docs/PROTOCOL.md "Pull"): a decode rank reads every room;
+	// a prefill rank's lease on what it publishes (negative: no pull).
+	pull      bool
+	pullLease time.Duration
 }
 
 // newFlags defines a rank's flags. The prefill-only ones (-serve-bootstrap,
@@ -185,6 +189,11 @@ func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 		fs.DurationVar(&o.kvLease, "kv-lease", 60*time.Second, "with -compute tinyllm: how long a prefill request in vLLM's flow (kv_transfer_params.do_remote_decode) holds the KV for its decode request")
 	} else {
 		fs.IntVar(&o.sglangPort, "sglang-bootstrap-port", 8998, "with -compute tinyllm: the bootstrap port of a request with bootstrap_host and no bootstrap_port (SGLang's default)")
+	}
+	if role == kvmanager.RoleDecode {
+		fs.BoolVar(&o.pull, "pull", env("KVBRIDGE_PULL", "") == "1", "read every room from its prefill ranks once they publish its pages (pull), instead of having them written (push); the prefill ranks must serve pull")
+	} else {
+		fs.DurationVar(&o.pullLease, "pull-lease", 0, "how long a pulled room's published pages wait for the decode rank's reads, renewed while it reads (0: the default, half the stall timeout; negative: do not serve pull)")
 	}
 	fs.BoolVar(&o.pprof, "pprof", false, "serve the Go runtime's profiles at /debug/pprof/ on -http (bearer token required)")
 	fs.BoolVar(&o.verbose, "v", false, "log at debug level")
@@ -475,6 +484,7 @@ func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Log
 	cfg.Registerer = reg
 	cfg.MaxMisses, cfg.SweepInterval, cfg.RegisterRetry = o.maxMisses, o.sweep, o.registerRetry
 	cfg.Registry.PendingTimeout = o.pending
+	cfg.Pull, cfg.PullLease = o.pull, o.pullLease
 	if o.maxMisses < 0 || o.sweep < 0 || o.registerRetry < 0 || o.pending < 0 || o.bootLease < 0 {
 		return nil, 2, errors.New("-max-misses, -sweep-interval, -register-retry, -pending-timeout and -bootstrap-lease must not be negative")
 	}
@@ -681,9 +691,10 @@ func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
 		res.Error = err.Error()
 		return res
 	}
-	defer r.pages.Put(src)
+	var s *sender.Sender
+	defer func() { r.putSource(s, src) }()
 	mark("pages")
-	s, err := sender.New(r.P, rr.Room)
+	s, err = sender.New(r.P, rr.Room)
 	if err != nil {
 		res.Error = err.Error()
 		return res
@@ -738,6 +749,29 @@ func (r *Rank) send(ctx context.Context, rr RoomRequest) RoomResult {
 	}
 	res.LatencyMS = float64(time.Since(start).Microseconds()) / 1e3
 	return res
+}
+
+// putSource gives a room's source pages back once no decode rank can read
+// them any more: at once for a pushed room, once Released for a pulled one
+// (its decode ranks reported their reads, or the quarantine past its lease
+// ran out; the request's answer does not wait for that).
+func (r *Rank) putSource(s *sender.Sender, src []uint32) {
+	if s == nil {
+		r.pages.Put(src)
+		return
+	}
+	ch := s.Released()
+	select {
+	case <-ch:
+		r.pages.Put(src)
+	default:
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			<-ch // (closed at the latest when the Manager closes)
+			r.pages.Put(src)
+		}()
+	}
 }
 
 // phases returns a function that records, under each name, the time since

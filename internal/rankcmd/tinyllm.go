@@ -388,8 +388,9 @@ func (t *tinyRank) prefill(ctx context.Context, pr PrefillRequest, data time.Dur
 		res.Error, res.Code = err.Error(), CodeNoPages
 		return res
 	}
-	defer r.pages.Put(src)
-	s, err := sender.New(r.P, pr.Room)
+	var s *sender.Sender
+	defer func() { r.putSource(s, src) }()
+	s, err = sender.New(r.P, pr.Room)
 	if err != nil {
 		res.Error, res.Code = err.Error(), roomErrCode(err)
 		return res
