@@ -68,7 +68,8 @@ func rankConfig(role kvmanager.Role, engine, boot string) kvmanager.Config {
 	for _, d := range []struct {
 		env string
 		dst *time.Duration
-	}{{"KVBRIDGE_E2E_HEARTBEAT", &cfg.HeartbeatInterval}, {"KVBRIDGE_E2E_PROBE_IDLE", &cfg.ProbeIdle}} {
+	}{{"KVBRIDGE_E2E_HEARTBEAT", &cfg.HeartbeatInterval}, {"KVBRIDGE_E2E_PROBE_IDLE", &cfg.ProbeIdle},
+		{"KVBRIDGE_E2E_STALL", &cfg.Registry.StallTimeout}, {"KVBRIDGE_E2E_QUARANTINE", &cfg.QuarantineTimeout}, {"KVBRIDGE_E2E_PULL_LEASE", &cfg.PullLease}} {
 		if v := os.Getenv(d.env); v != "" {
 			if x, err := time.ParseDuration(v); err == nil {
 				*d.dst = x
@@ -78,6 +79,10 @@ func rankConfig(role kvmanager.Role, engine, boot string) kvmanager.Config {
 	if strings.HasPrefix(boot, "etcd://") {
 		cfg.Etcd.LeaseTTL = 2 * time.Second
 	}
+	// KVBRIDGE_E2E_PULL=1: a decode rank reads its rooms (pull), and each
+	// rank says RELEASED <room> <forced releases so far> once a room's
+	// pages may be reused.
+	cfg.Pull = role == kvmanager.RoleDecode && os.Getenv("KVBRIDGE_E2E_PULL") == "1"
 	return cfg
 }
 
@@ -202,6 +207,10 @@ func runRank(role string) int {
 				}
 				st, _ := s.Wait(context.Background())
 				out <- fmt.Sprintf("DONE %d %v %s", room, st, strings.ReplaceAll(s.Failure(), " ", "_"))
+				if os.Getenv("KVBRIDGE_E2E_PULL") == "1" {
+					<-s.Released()
+					out <- fmt.Sprintf("RELEASED %d %d", room, m.Stats().ForcedReleases)
+				}
 			}(f[0] == "HOLD")
 		case "ABORT":
 			d.AbortReceiver(room, "aborted by the test")
@@ -271,6 +280,10 @@ func runRank(role string) int {
 					}
 				}
 				out <- fmt.Sprintf("DONE %d %v %s", room, st, note)
+				if os.Getenv("KVBRIDGE_E2E_PULL") == "1" {
+					<-rc.Released()
+					out <- fmt.Sprintf("RELEASED %d %d", room, m.Stats().ForcedReleases)
+				}
 			}()
 		}
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -109,4 +110,76 @@ func modes() map[string]bool {
 func splitMode(key string) (engine, mode string) {
 	i := strings.LastIndexByte(key, '/')
 	return key[:i], key[i+1:]
+}
+
+// pullRank starts a rank process that pulls (decode) or serves pull with
+// short deadlines (stall 2 s, lease 1 s, quarantine 3 s), so a room whose
+// peer died is released within seconds.
+func pullRank(t *testing.T, role, engine, boot string) *rankProc {
+	t.Helper()
+	return startChild(t, "KVBRIDGE_E2E_ROLE="+role, "KVBRIDGE_E2E_ENGINE="+engine, "KVBRIDGE_E2E_BOOT="+boot, "KVBRIDGE_E2E_PULL=1",
+		"KVBRIDGE_E2E_STALL=2s", "KVBRIDGE_E2E_QUARANTINE=3s", "KVBRIDGE_E2E_PULL_LEASE=1s")
+}
+
+// pullRoom runs one pulled room between two rank processes, byte-exact,
+// and waits for both sides' pages to be released.
+func pullRoom(t *testing.T, decode, prefill *rankProc, room uint64, src, dst []uint32) {
+	t.Helper()
+	runRoom(t, decode, prefill, room, src, dst)
+	decode.expect(t, fmt.Sprintf("RELEASED %d", room))
+	prefill.expect(t, fmt.Sprintf("RELEASED %d", room))
+}
+
+// TestPullRanksKilledMidRead: faults on processes while rooms are pulled.
+// A decode process SIGKILLed while the prefill process holds a room it
+// published: the prefill room fails, its pages are released by the
+// quarantine past the lease (forced: no READ_DONE can come), the prefill
+// process lives on and serves a new decode process (another port) byte-
+// exact. A prefill process SIGKILLed with a room published: the decode
+// room fails and its pages are released by its own quarantine, and a new
+// prefill process serves the next room. On ucx over tcp and shared memory,
+// and on a real NIXL where installed.
+func TestPullRanksKilledMidRead(t *testing.T) {
+	for _, engine := range []string{"ucx-tcp", "ucx-shm", "libnixl-real"} {
+		t.Run(engine, func(t *testing.T) {
+			if engine == "libnixl-real" {
+				needRealNIXL(t)
+			}
+			boot := startBootLease(t, testLease) // the killed prefill's record lapses soon
+			prefill := pullRank(t, "prefill", engine, boot)
+			decode := pullRank(t, "decode", engine, boot)
+			pp, dp := newPagePool(pages), newPagePool(pages)
+			pullRoom(t, decode, prefill, 1, pp.Get(64), dp.Get(64))
+
+			// The decode process dies with a room published to it.
+			src, dst := pp.Get(256), dp.Get(256)
+			decode.do(fmt.Sprintf("RECV 2 %s %s", csv(dst), csv(src)))
+			prefill.do(fmt.Sprintf("HOLD 2 %s 16", csv(src)))
+			prefill.expect(t, "HELD 2")
+			decode.kill(t)
+			if got := prefill.expect(t, "DONE 2"); !strings.HasPrefix(got, "DONE 2 Failed") {
+				t.Fatalf("prefill: %s", got)
+			}
+			var forced int
+			fmt.Sscanf(prefill.expect(t, "RELEASED 2"), "RELEASED 2 %d", &forced)
+			if forced != 1 {
+				t.Fatalf("room 2's pages were released with %d forced releases, want 1 (no READ_DONE from a dead process)", forced)
+			}
+			decode = pullRank(t, "decode", engine, boot)
+			pullRoom(t, decode, prefill, 3, pp.Get(64), dp.Get(64))
+
+			// The prefill process dies with a room published.
+			src, dst = pp.Get(256), dp.Get(256)
+			decode.do(fmt.Sprintf("RECV 4 %s %s", csv(dst), csv(src)))
+			prefill.do(fmt.Sprintf("HOLD 4 %s 16", csv(src)))
+			prefill.expect(t, "HELD 4")
+			prefill.kill(t)
+			if got := decode.expect(t, "DONE 4"); !strings.HasPrefix(got, "DONE 4 Failed") {
+				t.Fatalf("decode: %s", got)
+			}
+			decode.expect(t, "RELEASED 4")
+			prefill = pullRank(t, "prefill", engine, boot)
+			pullRoom(t, decode, prefill, 5, pp.Get(64), dp.Get(64))
+		})
+	}
 }
