@@ -408,6 +408,12 @@ func (c *decodeCore) onPages(msg *wire.Pages) {
 		}
 		return
 	}
+	if s.readDoneSent {
+		// Its reads are over and it was told so: it may have released
+		// the pages (a duplicate, or a late copy of one already read).
+		c.stats.PullRefused++
+		return
+	}
 	fail := func(code, format string, a ...any) {
 		c.stats.PullRefused++
 		c.failWith(rm.id, code, fmt.Sprintf("room %d: PAGES from prefill %s: ", rm.id, msg.From.Peer())+fmt.Sprintf(format, a...))

@@ -122,3 +122,41 @@ func lastStatus(t *testing.T, w *simWorld, src, dst int) *wire.Status {
 	t.Fatalf("no STATUS from %d to %d in %v", src, dst, q)
 	return nil
 }
+
+// TestPullModeOfARoom: every REQUEST of a room asks the same mode; one
+// that differs from a REQUEST the room holds is refused (STATUS rejected,
+// naming the room, the decode rank and both modes), both ways, pending or
+// live; a RENEW or READ_DONE for a room the rank never published to is
+// dropped and counted.
+func TestPullModeOfARoom(t *testing.T) {
+	for _, first := range []bool{true, false} {
+		c := newTestCore(t, RolePrefill, simRegistryConfig())
+		c.cfg.Lease = simPullLease
+		d1 := decodeFrom
+		d2 := wire.From{Role: "decode", Instance: "d", Rank: 1, Endpoint: "tcp://d:2", Epoch: 1}
+		register(t, c, d1)
+		register(t, c, d2)
+		r1, r2 := request(7, d1), request(7, d2)
+		r1.Required, r2.Required = 2, 2
+		r2.DstPages = []uint32{8}
+		r1.Pull, r2.Pull = first, !first
+		if !c.Step(t0, Received{r1}).OK {
+			t.Fatalf("the first REQUEST refused: %v", sent[*wire.Status](c.Effects()))
+		}
+		c.Effects()
+		if c.Step(t0, Received{r2}).OK {
+			t.Fatal("a REQUEST of the other mode accepted")
+		}
+		st := sent[*wire.Status](c.Effects())
+		if len(st) != 1 || st[0].Code != CodeRejected || !strings.Contains(st[0].Reason, "room 7") || !strings.Contains(st[0].Reason, "decode/d/1") ||
+			!strings.Contains(st[0].Reason, "one room, one mode") {
+			t.Fatalf("first pull %v: STATUS %+v", first, st)
+		}
+		before := c.Stats().PullRefused
+		c.Step(t0, Received{&wire.Renew{From: d2, Room: 7, At: 1}})
+		c.Step(t0, Received{&wire.ReadDone{From: d1, Room: 7, OK: true, Drained: true}})
+		if got := c.Stats().PullRefused - before; got != 2 {
+			t.Fatalf("first pull %v: %d RENEW/READ_DONE refused", first, got)
+		}
+	}
+}

@@ -61,6 +61,14 @@ var simRegressions = []simRegression{
 			"write 1 ok", "write 2 ok", "room 8 prefill 0 create", "room 8 prefill 0 init", "room 8 decode 0 create", "room 8 decode 0 init",
 			"deliver 1→0 REQUEST", "room 8 prefill 0 send chunk 0", "post at 0", "post at 0", "write 3 ok", "room 8 decode 0 abort",
 			"deliver 1→0 ABORT", "room 8 prefill 0 clear", "room 7 prefill 0 clear", "write 4 ok"}},
+	// Found by the simulator (issue 38): a duplicated PAGES read after the
+	// decode rank told that prefill rank its reads were over — the
+	// prefill rank may release the pages under the read.
+	{name: "a duplicated PAGES read after its source's READ_DONE", config: "2 prefill sources→1 pull: a control message duplicated (a PAGES read after its source's READ_DONE)",
+		mutant: "pages-after-read-done", want: "released its source pages (forced false) while read 3 may still pass its gate",
+		script: []string{"deliver 2→0 REGISTER", "deliver 0→2 REGISTER_ACK", "deliver 2→0 REQUEST", "deliver 2→1 REGISTER", "deliver 1→2 REGISTER_ACK",
+			"deliver 2→1 REQUEST", "room 7 prefill 0 send chunk 0", "deliver 0→2 PAGES", "room 7 prefill 1 send chunk 0", "duplicate 1→2 PAGES",
+			"deliver 1→2 PAGES", "post read 2", "read 2 ok", "deliver 1→2 PAGES", "deliver 2→1 READ_DONE"}},
 }
 
 func TestSimRegressions(t *testing.T) {

@@ -176,6 +176,11 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.jumps = []time.Duration{simPullLease, c.reg.StallTimeout, c.quarantine}
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
 		}, "read posted", "read refused at its gate", "lease expired", "source released forced", "read stalled"),
+		"2 prefill sources→1 pull: a control message duplicated (a PAGES read after its source's READ_DONE)": mk(func(c *simConfig) {
+			c.prefills, c.rooms, c.dups, c.writesOK, c.noClear = 2, []simRoomSpec{simPullRoom(7, []int{0}, []int{0, 1}, 1)}, 1, true, true
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 prefill 1 create", "room 7 prefill 1 init",
+				"room 7 decode 0 create", "room 7 decode 0 init", "resolve at 2", "resolve at 2"}
+		}, "message duplicated", "read ok", "source released", "release after success"),
 		"1→1 pull: a rank restarts mid-read (one time jump)": mk(func(c *simConfig) {
 			c.rooms, c.restarts, c.ticks, c.writesOK, c.noClear = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1)}, 1, 1, true, true
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}

@@ -152,11 +152,11 @@ var mutants = []mutant{
 	{name: "held-past-final-post", file: "internal/core/core_prefill.go", old: "\tif strings.HasSuffix(w.Notif, auxNotifSuffix) {", new: "\tif strings.HasSuffix(w.Notif, auxNotifSuffix) && false {",
 		pkg: "internal/core", run: "^(TestPagesFreeOnceTheirFinalWriteIsPosted)$"},
 	// Decode counts a chunk landed at its first layer group's notification.
-	{name: "chunk-layers-ignored", file: "internal/core/core_decode.go", old: "\t\tif !s.complete() {", new: "\t\tif !s.complete() && !(s.aux && s.total > 0 && len(s.chunks) >= s.total) {",
+	{name: "chunk-layers-ignored", file: "internal/core/core_decode.go", old: "\t\tif !s.complete() || s.reads > 0 {", new: "\t\tif (!s.complete() && !(s.aux && s.total > 0 && len(s.chunks) >= s.total)) || s.reads > 0 {",
 		pkg: "internal/core", run: ""},
 	// A notification that contradicts its chunk's earlier ones (span, positions) is counted.
 	{name: "notif-unchecked", file: "internal/core/core_decode.go", old: "\tif s.spanHi != 0 && (in.SpanLo != s.spanLo || in.SpanHi != s.spanHi) {", new: "\tif false {",
-		pkg: "internal/core", run: "^(TestNotifContradictionRefused)$", more: []edit{{"internal/core/core_decode.go", "\t} else if cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi {", "\t} else if false {"}}},
+		pkg: "internal/core", run: "^(TestNotifContradictionRefused)$", more: []edit{{"internal/core/core_decode.go", "\tif cs := s.chunks[in.Chunk]; cs != nil && (cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi) {", "\tif false {"}}},
 	// A failed room's load report is given before every source proved nothing else can land.
 	{name: "report-unproven", file: "internal/core/report.go", old: "\tif held {\n\t\treturn LoadReport{}, false // something may still land", new: "\tif held && false {\n\t\treturn LoadReport{}, false // something may still land",
 		pkg: "internal/core", run: "^(TestLoadReport)$", more: []edit{{"internal/core/report.go", "\t\tif sr.Proven {", "\t\tif true {"}}},
@@ -218,7 +218,7 @@ var mutants = []mutant{
 	// UCX's adaptive progress off in NIXL's UCX, huge pages for libnixl's
 	// memory, and the address check's per-device tcp priority and UCX 1.22
 	// namespace size.
-	{name: "prefill-agent-threaded", file: "kvmanager/shell.go", old: "		if cfg.Role == core.RolePrefill {\n", new: "		if false {\n",
+	{name: "prefill-agent-threaded", file: "kvmanager/shell.go", old: "		if cfg.Role == core.RolePrefill || cfg.Pull {\n", new: "		if false {\n",
 		pkg: "internal/e2e", run: "^TestRankAgentProgressModes$"},
 	{name: "nixl-adaptive-progress", file: "nixl/libnixl.go", old: "	return user + \"ADAPTIVE_PROGRESS=n\"", new: "	return user",
 		pkg: "nixl", run: "^TestLibNIXLEngineConfig$"},
@@ -345,6 +345,59 @@ var mutants = []mutant{
 		pkg: "kvmanager", run: "^TestRepeatProvenAgainWhenReloaded$"},
 	{name: "agent-name-not-owned", file: "kvmanager/proof.go", old: "	if owner != \"\" && owner != msg.From.Peer() {", new: "	if false && owner != \"\" && owner != msg.From.Peer() {",
 		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
+	// Pull (docs/PROTOCOL.md "Pull", issue 38): each rule of the lease
+	// and of the pages' release removed.
+	// A read posted after the decode rank's lease ended (its gate ignores
+	// the lease): posted after the prefill rank's lease for it ended.
+	{name: "pull-read-gate-unchecked", file: "internal/core/pull.go", old: "\tif live && !rm.status.Terminal() && c.now.Before(rd.Until) {", new: "\tif live && !rm.status.Terminal() {",
+		pkg: "internal/core", run: "^TestSimExhaustive$"},
+	// The decode rank's lease counted from a PAGES' arrival, not from the
+	// stamp it echoes (its own send): it ends after the prefill rank's.
+	{name: "pull-lease-from-arrival", file: "internal/core/pull.go", old: "\tuntil := at.Add(lease - lease>>leaseMarginShift)", new: "\tuntil := c.now.Add(lease - lease>>leaseMarginShift)",
+		pkg: "internal/core", run: "^TestSimExhaustive$"},
+	// Pages released once every READ_DONE came, drained or not: a read
+	// that failed after its post may still be reading them.
+	{name: "pull-release-undrained", file: "internal/core/pull.go", old: "\t\tif pp.open || !pp.drained {", new: "\t\tif pp.open {",
+		pkg: "internal/core", run: "^TestSimExhaustive$"},
+	// No quarantine past the lease: a room with a decode process that
+	// never answered releases its pages at its drain deadline.
+	{name: "pull-quarantine-skipped", file: "internal/core/pull.go", old: "\th.deadline = end.Add(c.cfg.QuarantineTimeout)", new: "\th.deadline = c.now",
+		pkg: "internal/core", run: "^TestSimExhaustive$"},
+	// A lease never expires: rooms whose decode rank never reads are left
+	// to the stall deadline (the lease-expiry configuration asserts it).
+	{name: "pull-lease-never-expires", file: "internal/core/pull.go", old: "\t\t\tif pp.open && now.After(pp.leaseEnd) {", new: "\t\t\tif false && pp.open && now.After(pp.leaseEnd) {",
+		pkg: "internal/core", run: "^TestSimExhaustive$"},
+	// No RENEW: a PAGES published long after the REQUEST echoes a stamp
+	// whose lease has ended, and the room fails.
+	{name: "pull-no-renewal", file: "internal/core/pull.go", old: "\t\t\tc.send(tg.peer(), room, &wire.Renew{Room: room, At: uint64(now.UnixNano())})", new: "\t\t\t_ = tg",
+		pkg: "internal/core", run: "^TestPullRenewalsKeepTheLease$"},
+	// A lease counted as a write in flight: a room whose decode process
+	// never answers never settles, its pages are held until the
+	// tombstone's TTL (found by the chaos soak; liveness L6).
+	{name: "lease-held-in-flight", file: "internal/core/registry.go", old: "\trm.unsettled++\n\trm.enter(Transferring, now)", new: "\trm.inflight++\n\trm.enter(Transferring, now)",
+		pkg: "internal/core", run: "^TestSimRandom$", more: []edit{{"internal/core/registry.go", "\tif drained && rm.unsettled > 0 {\n\t\trm.unsettled--\n\t}", "\tif rm.inflight > 0 {\n\t\trm.inflight--\n\t}"}}},
+	// A PAGES read after the decode rank told its prefill rank its reads
+	// were over (a duplicate): the pages may be released under it.
+	{name: "pages-after-read-done", file: "internal/core/pull.go", old: "\tif s.readDoneSent {\n\t\t// Its reads", new: "\tif false && s.readDoneSent {\n\t\t// Its reads",
+		pkg: "internal/core", run: "^(TestSimExhaustive|TestSimRegressions)$"},
+	// A decode room succeeds with a read still in flight (its pages are
+	// released under it).
+	{name: "success-with-reads-in-flight", file: "internal/core/core_decode.go", old: "\t\tif !s.complete() || s.reads > 0 {", new: "\t\tif !s.complete() {",
+		pkg: "internal/core", run: "^TestSimExhaustive$"},
+	// One room of two modes: a push decode rank's writes and a pull one's
+	// lease in one room.
+	{name: "pull-mode-mixed", file: "internal/core/pull.go", old: "\t\tif pr.Payload != nil && pr.Payload.Pull != msg.Pull {", new: "\t\tif false && pr.Payload != nil && pr.Payload.Pull != msg.Pull {",
+		pkg: "internal/core", run: "^TestPullModeOfARoom$"},
+	// A read's pages not checked against both sides' regions.
+	{name: "read-pairs-unchecked", file: "transfer/read.go", old: "\t\t\tif int(run.Src)+int(run.Len) > sp || int(run.Dst)+int(run.Len) > dp {", new: "\t\t\tif false {",
+		pkg: "transfer", run: "^TestReadPairs$"},
+	// A pull offer loaded without reading its proof slots back: a decode
+	// rank reads memory the offering process does not own.
+	{name: "offer-proof-skipped", file: "kvmanager/pull.go", old: "\tif err := d.checkProof(name, reg, lay); err != nil {", new: "\tif err := d.checkProof(name, reg, lay); err != nil && false {",
+		pkg: "kvmanager", run: "^TestPullOfferProven$"},
+	// An offer's agent name of another rank's default form accepted.
+	{name: "offer-name-unchecked", file: "kvmanager/pull.go", old: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); o.Agent != want {", new: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); false && o.Agent != want {",
+		pkg: "kvmanager", run: "^TestPullOfferProven$"},
 }
 
 func main() {
