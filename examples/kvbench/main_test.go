@@ -131,7 +131,7 @@ func TestModeAlone(t *testing.T) {
 			t.Errorf("chart %v: want one only with engine rows", err)
 		}
 	}
-	for _, mode := range []string{"control", "paged", "layerwise", "pages"} {
+	for _, mode := range []string{"control", "paged", "layerwise", "pages", "pull"} {
 		t.Run(mode, func(t *testing.T) { alone(t, mode) })
 	}
 	dir := t.TempDir()

@@ -32,7 +32,7 @@ func (b *bench) topoCluster(ptp, dtp int, layout transfer.PageLayout, pages int)
 
 // topoClusterPages is topoCluster with each side's tokens per page and
 // pages per region.
-func (b *bench) topoClusterPages(ptp, dtp int, layout transfer.PageLayout, pages, prefillPT, decodePT, decodePages int) (c *topoCluster, err error) {
+func (b *bench) topoClusterPages(ptp, dtp int, layout transfer.PageLayout, pages, prefillPT, decodePT, decodePages int, mods ...func(*kvmanager.Config)) (c *topoCluster, err error) {
 	auth := benchAuth()
 	c = &topoCluster{}
 	if c.srv, err = bootstrap.NewServer(bootstrap.ServerConfig{Token: auth.BootstrapToken()}); err != nil {
@@ -64,6 +64,9 @@ func (b *bench) topoClusterPages(ptp, dtp int, layout transfer.PageLayout, pages
 		cfg.Parallel, cfg.Model, cfg.PageTokens = par, m.Mapping(layout), m.PageTokens
 		var err error
 		cfg.Layout, err = m.RankLayout(b.mem, layout, par, n, 4096)
+		for _, mod := range mods {
+			mod(&cfg)
+		}
 		return cfg, err
 	}
 	for r := 0; r < ptp; r++ {
@@ -158,6 +161,7 @@ func (c *topoCluster) roomChunks(src, dst []uint32, chunk int) error {
 				}
 			}
 			s.Wait(ctx)
+			<-s.Released() // a pulled room's pages are free only then
 		}()
 	}
 	for i, r := range rs {
