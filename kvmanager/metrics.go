@@ -90,9 +90,9 @@ func newMetrics(m *Manager) *metrics {
 		deferred: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_registers_deferred_total",
 			Help: "REGISTERs left unanswered (their sender repeats them) because one from the same decode rank or naming the same agent was still being checked, or too many were.", ConstLabels: labels}),
 		transfers: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfers_total",
-			Help: "Writes completed.", ConstLabels: labels}),
+			Help: "Transfers completed: writes (a prefill rank, push) and reads (a decode rank, pull).", ConstLabels: labels}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfer_bytes_total",
-			Help: "Bytes written.", ConstLabels: labels}),
+			Help: "Bytes moved: written by a prefill rank (push) or read by a decode rank (pull).", ConstLabels: labels}),
 		phases: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvbridge_room_phase_seconds",
 			Help: "Time a room that succeeded spent in each status (prefill: bootstrapping = until Init and every REQUEST were in, " +
 				"waiting_for_input = until its first write was posted, transferring = until its last write completed; " +

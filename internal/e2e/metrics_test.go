@@ -40,7 +40,7 @@ func TestManagerMetrics(t *testing.T) {
 	// 512 tokens = 32 pages × 8 regions × 1 KiB, plus the 64-byte aux item,
 	// written by the prefill rank; the decode rank writes nothing.
 	want := `
-# HELP kvbridge_transfer_bytes_total Bytes written.
+# HELP kvbridge_transfer_bytes_total Bytes moved: written by a prefill rank (push) or read by a decode rank (pull).
 # TYPE kvbridge_transfer_bytes_total counter
 kvbridge_transfer_bytes_total{instance="` + c.decode.Config().Instance + `",rank="0",role="decode"} 0
 kvbridge_transfer_bytes_total{instance="` + c.prefill.Config().Instance + `",rank="0",role="prefill"} 262208

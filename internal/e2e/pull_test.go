@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
 )
@@ -181,5 +182,81 @@ func TestPullRanksKilledMidRead(t *testing.T) {
 			prefill = pullRank(t, "prefill", engine, boot)
 			pullRoom(t, decode, prefill, 5, pp.Get(64), dp.Get(64))
 		})
+	}
+}
+
+// TestPullMetrics: a pulled room's lease in Prometheus. While a room is
+// published and not done (its first chunk read, its last not sent), the
+// prefill rank counts its pages under lease and the decode rank renews
+// the lease (a third of a 60 ms lease); once done, nothing is under lease,
+// the room's page-seconds are observed once, and the bytes are counted on
+// the decode rank, which read them.
+func TestPullMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := newCluster(t, "loopback", func(cfg *kvmanager.Config) {
+		cfg.Registerer, cfg.PullLease = reg, time.Second
+		pulling(cfg)
+	})
+	rm := c.start(t, 80, 512) // 32 pages
+	ready(t, rm.s)
+	if err := rm.s.Send(rm.src[:16], false, rm.auxSrc); err != nil {
+		t.Fatal(err)
+	}
+	gauge := func(name string, role string) float64 {
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() != name {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "role" && l.GetValue() == role {
+						if m.GetGauge() != nil {
+							return m.GetGauge().GetValue()
+						}
+						if m.GetCounter() != nil {
+							return m.GetCounter().GetValue()
+						}
+						if h := m.GetHistogram(); h != nil {
+							return float64(h.GetSampleCount())
+						}
+					}
+				}
+			}
+		}
+		return -1
+	}
+	if got := gauge("kvbridge_pull_pages_under_lease", "prefill"); got != 16 {
+		t.Fatalf("pages under lease %v, want the 16 published", got)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for gauge("kvbridge_pull_lease_renewals_total", "decode") < 2 || gauge("kvbridge_pull_lease_renewals_total", "prefill") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("renewals: decode %v, prefill %v", gauge("kvbridge_pull_lease_renewals_total", "decode"), gauge("kvbridge_pull_lease_renewals_total", "prefill"))
+		}
+		time.Sleep(10 * time.Millisecond) // polls a counter the rank's sweeper moves (its bound is above)
+	}
+	if err := rm.s.Send(rm.src[16:], true, rm.auxSrc); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, rm.r, kvmanager.Success)
+	waitStatus(t, rm.s, kvmanager.Success)
+	released(t, rm.s)
+	c.verify(t, rm)
+	if got := gauge("kvbridge_pull_pages_under_lease", "prefill"); got != 0 {
+		t.Fatalf("pages under lease %v after the release", got)
+	}
+	if got := gauge("kvbridge_pull_page_seconds", "prefill"); got != 1 {
+		t.Fatalf("page-seconds observed %v times, want once", got)
+	}
+	if got := gauge("kvbridge_pull_lease_expiries_total", "prefill"); got != 0 {
+		t.Fatalf("%v lease expiries", got)
+	}
+	// 32 pages × 8 regions × 1 KiB and the 64-byte aux item, read.
+	if got := gauge("kvbridge_transfer_bytes_total", "decode"); got != 32*8*1024+64 {
+		t.Fatalf("decode read %v bytes", got)
 	}
 }
