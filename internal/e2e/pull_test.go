@@ -188,7 +188,7 @@ func TestPullRanksKilledMidRead(t *testing.T) {
 // TestPullMetrics: a pulled room's lease in Prometheus. While a room is
 // published and not done (its first chunk read, its last not sent), the
 // prefill rank counts its pages under lease and the decode rank renews
-// the lease (a third of a 60 ms lease); once done, nothing is under lease,
+// the lease (a third of a 1 s lease); once done, nothing is under lease,
 // the room's page-seconds are observed once, and the bytes are counted on
 // the decode rank, which read them.
 func TestPullMetrics(t *testing.T) {
