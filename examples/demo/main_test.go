@@ -199,12 +199,21 @@ func TestDemoTopologies(t *testing.T) {
 		{"pages of 4 tokens to 16", "-prefill-tp 2 -prefill-page-tokens 4 -decode-page-tokens 16"},
 		{"pages of 64 tokens to 16, NHD, TP 1 to 2", "-prefill-tp 1 -decode-tp 2 -prefill-page-tokens 64 -decode-page-tokens 16 -page-layout NHD"},
 		{"pages of 8 tokens to 32, PP 2 to 1, layer-wise", "-prefill-tp 1 -prefill-pp 2 -prefill-page-tokens 8 -decode-page-tokens 32 -layerwise -requests 12"},
+		// Pulled (docs/PROTOCOL.md "Pull"): TP fan-out, where one decode
+		// rank's reads end before the other's and its pages go to its next
+		// room at once; and PP with pages of different sizes, layer group
+		// by layer group.
+		{"pull, TP 1 to 2, NHD", "-transfer pull -prefill-tp 1 -decode-tp 2 -page-layout NHD"},
+		{"pull, pages of 8 tokens to 32, PP 2 to 1, layer-wise", "-transfer pull -prefill-tp 1 -prefill-pp 2 -prefill-page-tokens 8 -decode-page-tokens 32 -layerwise -requests 12"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"-short", "-requests", "24", "-abort-rate", "0.1"}, strings.Fields(tc.args)...)
 			s := runDemo(t, args...)
 			if !strings.Contains(s, "topology ") {
 				t.Fatalf("no topology line:\n%s", s)
+			}
+			if strings.Contains(tc.args, "-transfer pull") && !strings.Contains(s, "discovery, pull") {
+				t.Fatalf("the topology line does not say the rooms are pulled:\n%s", s)
 			}
 			if f := strings.Fields(tc.args); slices.Contains(f, "-decode-page-tokens") {
 				p, d := f[slices.Index(f, "-prefill-page-tokens")+1], f[slices.Index(f, "-decode-page-tokens")+1]
@@ -352,6 +361,9 @@ func TestDemoTinyllmPageSizes(t *testing.T) {
 	for _, tc := range []struct{ name, args string }{
 		{"4 to 16", "-prefill-page-tokens 4 -decode-page-tokens 16"},
 		{"32 to 8, NHD", "-prefill-page-tokens 32 -decode-page-tokens 8 -page-layout NHD"},
+		// vLLM's serial flow, the decode ranks pulling (its connector's
+		// default), over pages of different sizes.
+		{"4 to 16, vllm wire, pull", "-prefill-page-tokens 4 -decode-page-tokens 16 -wire vllm -transfer pull"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"-compute", "tinyllm", "-short", "-requests", "8", "-gen", "6", "-abort-rate", "0.25", "-seed", "5", "-bin", dir}, strings.Fields(tc.args)...)

@@ -498,6 +498,11 @@ func (p *decodePeer) claim(msg *wire.Request) {
 // the registration of the epoch that sent a request holds its pages.
 func (c *prefillCore) settled(room uint64, reqs []PeerRequest) {
 	c.pullSettled(room)
+	c.freeDests(room, reqs)
+}
+
+// freeDests frees what reqs' rooms hold of their decode ranks' pages.
+func (c *prefillCore) freeDests(room uint64, reqs []PeerRequest) {
 	for _, pr := range reqs {
 		p := c.peers[pr.Peer]
 		if p == nil || p.from.Epoch != pr.Epoch || pr.Payload == nil || pr.Payload.Dummy {

@@ -251,6 +251,16 @@ func (c *prefillCore) onReadDone(msg *wire.ReadDone) {
 		return
 	}
 	pp.open, pp.closed, pp.drained = false, true, msg.Drained
+	// Its reads are over: that decode process reuses the room's pages as
+	// soon as its own room ended (it never waits for the other decode
+	// ranks of the room), so they are no longer this room's — the mirror
+	// of a push room's final write (finalPosted). A later REQUEST of it
+	// naming them is another room's, not a conflict.
+	for _, pr := range c.reg.Requests(msg.Room) {
+		if pr.Peer == pp.key && pr.Epoch == pp.epoch {
+			c.freeDests(msg.Room, []PeerRequest{pr})
+		}
+	}
 	var err error
 	switch rm, live := c.reg.rooms[msg.Room]; {
 	case !msg.OK:

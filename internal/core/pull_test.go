@@ -160,3 +160,49 @@ func TestPullModeOfARoom(t *testing.T) {
 		}
 	}
 }
+
+// TestPullReadDoneFreesDestinations: a pull room of two decode ranks; the
+// one whose reads are over (READ_DONE) reuses its pages at once for its
+// next room, while the other still reads: the prefill rank accepts that
+// REQUEST (its pages are no longer the first room's), as it does after a
+// push room's final write to a rank (the demo's TP 1 → 2 pull runs had
+// such REQUESTs refused, page_in_use).
+func TestPullReadDoneFreesDestinations(t *testing.T) {
+	c := newTestCore(t, RolePrefill, simRegistryConfig())
+	c.cfg.Lease = simPullLease
+	d1 := decodeFrom
+	d2 := wire.From{Role: "decode", Instance: "d", Rank: 1, Endpoint: "tcp://d:2", Epoch: 1}
+	register(t, c, d1)
+	register(t, c, d2)
+	for _, d := range []wire.From{d1, d2} {
+		r := request(7, d)
+		r.Required, r.Pull, r.DstPages = 2, true, []uint32{3, 4}
+		if !c.Step(t0, Received{r}).OK {
+			t.Fatalf("REQUEST of %s refused: %v", d.Peer(), sent[*wire.Status](c.Effects()))
+		}
+	}
+	c.Step(t0, CreateSender{Room: 7})
+	c.Step(t0, InitSender{Room: 7})
+	if err := c.Step(t0, SendChunk{Room: 7, Pages: []uint32{1, 2}, Last: true, AuxIndex: -1}).Err; err != nil {
+		t.Fatal(err)
+	}
+	if got := len(sent[*wire.Pages](c.Effects())); got != 2 {
+		t.Fatalf("%d PAGES, want one per decode rank", got)
+	}
+	c.Step(t0, Received{&wire.ReadDone{From: d1, Room: 7, OK: true, Drained: true}})
+	c.Effects()
+	next := request(8, d1)
+	next.Pull, next.DstPages = true, []uint32{3, 4}
+	if !c.Step(t0, Received{next}).OK {
+		t.Fatalf("room 8's REQUEST for the pages room 7's finished reads left: %v", sent[*wire.Status](c.Effects()))
+	}
+	// The other decode rank still reads room 7: its pages stay held.
+	other := request(9, d2)
+	other.Pull, other.DstPages = true, []uint32{3}
+	if c.Step(t0, Received{other}).OK {
+		t.Fatal("a REQUEST for pages a live room still reads into was accepted")
+	}
+	if st, _ := c.Status(7); st != Transferring {
+		t.Fatalf("room 7 %v, want Transferring (one decode rank still reads)", st)
+	}
+}

@@ -395,6 +395,11 @@ var mutants = []mutant{
 	// rank reads memory the offering process does not own.
 	{name: "offer-proof-skipped", file: "kvmanager/pull.go", old: "\tif err := d.checkProof(name, reg, lay); err != nil {", new: "\tif err := d.checkProof(name, reg, lay); err != nil && false {",
 		pkg: "kvmanager", run: "^TestPullOfferProven$"},
+	// A decode rank's pages held by a pull room after its READ_DONE: its
+	// next room's REQUEST for them refused while another decode rank of
+	// the room still reads (found by the demo, TP 1 → 2).
+	{name: "read-done-keeps-dests", file: "internal/core/pull.go", old: "\t\t\tc.freeDests(msg.Room, []PeerRequest{pr})", new: "\t\t\t_ = pr",
+		pkg: "internal/core", run: "^TestPullReadDoneFreesDestinations$"},
 	// An offer's agent name of another rank's default form accepted.
 	{name: "offer-name-unchecked", file: "kvmanager/pull.go", old: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); o.Agent != want {", new: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); false && o.Agent != want {",
 		pkg: "kvmanager", run: "^TestPullOfferProven$"},
