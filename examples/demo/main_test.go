@@ -355,7 +355,7 @@ func TestDemoTinyllmWires(t *testing.T) {
 // pages than decode's, NHD, TP 2 → 1), short: every completion must be
 // token-identical to the single-process run — the KV cache a decode rank
 // generates from was paired token by token between pages of different
-// sizes, prefix reuse included.
+// sizes, prefix reuse included; the third pulls, in vLLM's serial flow.
 func TestDemoTinyllmPageSizes(t *testing.T) {
 	dir := binaries(t)
 	for _, tc := range []struct{ name, args string }{

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/kvmanager"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // pulling configures the decode rank of a cluster to read its rooms.
