@@ -46,9 +46,10 @@ func (m *Manager) pullOffer() (*bootstrap.PullOffer, error) {
 	return &bootstrap.PullOffer{Agent: m.agent.Name(), AgentMD: md, KV: kv, Aux: aux, State: state, Proof: m.proof[:]}, nil
 }
 
-// withOffer adds the rank's pull offer to an ok REGISTER_ACK.
+// withOffer fills in the rank's pull offer where the core decided to
+// offer it (an ok REGISTER_ACK to a decode rank that asked for pull).
 func (m *Manager) withOffer(msg bootstrap.Message) bootstrap.Message {
-	if a, ok := msg.(*bootstrap.RegisterAck); ok && a.OK && m.offer != nil && a.Pull == nil {
+	if a, ok := msg.(*bootstrap.RegisterAck); ok && a.OK && a.Pull != nil && m.offer != nil {
 		c := *a
 		c.Pull = m.offer
 		return &c

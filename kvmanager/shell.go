@@ -166,7 +166,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		}
 		kv, aux, state := core.RegionsOf(cfg.Layout)
 		ccfg.Register = bootstrap.Register{Compat: cfg.Compat, Agent: cfg.Engine.Name, AgentMD: md,
-			TPSize: cfg.Parallel.TPSize, TPRank: cfg.Parallel.TPRank, KV: kv, Aux: aux, State: state, Proof: m.proof[:]}
+			TPSize: cfg.Parallel.TPSize, TPRank: cfg.Parallel.TPRank, KV: kv, Aux: aux, State: state, Proof: m.proof[:], Pull: cfg.Pull}
 		if !cfg.Model.Zero() {
 			f := modelFacts(cfg.Model)
 			ccfg.Register.Topo = &bootstrap.Topo{PPSize: cfg.Parallel.PPSize, PPRank: cfg.Parallel.PPRank,
@@ -374,7 +374,7 @@ func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 				// only on its own calls keeps progressing meanwhile.
 				m.agent.KeepProgress(m.cfg.PullLease)
 			case *bootstrap.RegisterAck:
-				if m.offer != nil {
+				if a := e.Msg.(*bootstrap.RegisterAck); a.Pull != nil && m.offer != nil {
 					m.agent.KeepProgress(proofTimeout) // the decode rank reads the proof slots back
 				}
 			}

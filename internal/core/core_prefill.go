@@ -135,6 +135,9 @@ type PeerPlan struct {
 	Layout kvlayout.Layout
 	Mapped bool
 	Plan   *kvlayout.Slice
+	// Pull: the decode rank asked to read its rooms (its REGISTER's pull);
+	// the REGISTER_ACK then offers this rank's memory if it serves pull.
+	Pull bool
 }
 
 // prefillRoom is a prefill room's send cursor.
@@ -315,6 +318,7 @@ func (c *prefillCore) checkToLoad(now time.Time, msg *wire.Register) bool {
 		c.registerRefused(now, msg.From, err.Error())
 		return false
 	}
+	pp.Pull = msg.Pull
 	c.emit(Effect{Kind: EffectLoadMetadata, To: wire.Peer{Endpoint: msg.From.Endpoint}, Msg: msg, Plan: &pp})
 	return true
 }
@@ -335,7 +339,11 @@ func (c *prefillCore) registered(now time.Time, from wire.From, remote string, p
 		np.inUse = old.inUse // a repeated REGISTER of the same process: its rooms keep their pages
 	}
 	c.peers[key] = np
-	c.send(wire.Peer{Endpoint: from.Endpoint}, 0, &wire.RegisterAck{OK: true})
+	ack := &wire.RegisterAck{OK: true}
+	if pp.Pull && c.servesPull() {
+		ack.Pull = &wire.PullOffer{} // the shell fills in this rank's offer (kvmanager/pull.go)
+	}
+	c.send(wire.Peer{Endpoint: from.Endpoint}, 0, ack)
 }
 
 // peerGone fails every live room and drops every pending request that a

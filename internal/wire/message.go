@@ -130,6 +130,9 @@ type Register struct {
 	// proof slot after each of its regions (PROTOCOL.md "Memory proven to
 	// its owner"). It travels sealed to its recipient, as AgentMD does.
 	Proof []byte
+	// Pull (optional, false when absent): this decode rank reads its
+	// rooms; a prefill rank that serves pull answers with its offer.
+	Pull bool
 }
 
 // Topo is a rank's parallel shape beyond TP and the model facts of the
@@ -371,6 +374,9 @@ func EncodeBody(m Message) ([]byte, error) {
 		if len(m.Proof) > 0 {
 			n++
 		}
+		if m.Pull {
+			n++
+		}
 		e.mapLen(n)
 		e.from(m.From)
 		e.kstr("compat", m.Compat)
@@ -389,6 +395,9 @@ func EncodeBody(m Message) ([]byte, error) {
 		}
 		if len(m.Proof) > 0 {
 			e.kbin("proof", m.Proof)
+		}
+		if m.Pull {
+			e.kbool("pull", true)
 		}
 		if t := m.Topo; t != nil {
 			e.key("topo")
@@ -814,6 +823,7 @@ func Decode(frames [][]byte) (Message, error) {
 		if _, ok := b.lookup("proof"); ok && b.err == nil {
 			r.Proof = b.binMax("proof", MaxProofBytes)
 		}
+		r.Pull = b.optBool("pull")
 		m = r
 	case TypeRegisterAck:
 		a := &RegisterAck{From: b.from(), OK: b.boolean("ok"), Reason: b.reason("reason")}

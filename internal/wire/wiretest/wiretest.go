@@ -48,6 +48,8 @@ func PullMessages() []wire.Message {
 			Lo: 0, Hi: 32, SpanLo: 0, SpanHi: 32, Final: true, Aux: 5, State: [][]uint32{{9}}, At: 1_780_000_000_123_456_789, LeaseMillis: 30000},
 		&wire.Renew{From: SampleFrom(wire.RoleDecode), Room: 42, At: 1_780_000_010_000_000_000},
 		&wire.ReadDone{From: SampleFrom(wire.RoleDecode), Room: 42, OK: true, Drained: true},
+		&wire.Register{From: SampleFrom(wire.RoleDecode), Compat: "v1:llama3-8b:bf16:16", Agent: "decode-0", AgentMD: []byte{0xde, 0xad},
+			TPSize: 1, KV: []wire.Region{}, Aux: []wire.Region{}, State: []wire.Region{}, Proof: []byte{9, 9}, Pull: true},
 		&wire.RegisterAck{From: SampleFrom(wire.RolePrefill), OK: true, Reason: "", Pull: &wire.PullOffer{Agent: "llama-prefill-a-prefill-3",
 			AgentMD: []byte{0xca, 0xfe}, KV: []wire.Region{{Addr: 0x7f0000000000, Len: 1 << 20, ItemLen: 4096, Mem: wire.MemDRAM}},
 			Aux: []wire.Region{{Addr: 0x1000, Len: 4096, ItemLen: 64, Mem: wire.MemDRAM}}, State: []wire.Region{}, Proof: []byte{1, 2, 3}}},
