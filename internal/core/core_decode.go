@@ -119,12 +119,15 @@ type source struct {
 	total          int
 	aux            bool
 	acked          bool
-	// Pull (pull.go): the REQUEST asked for it at at0; lastStamp is the
-	// last REQUEST or RENEW sent; leaseMillis the lease its PAGES said.
-	// reads are in flight (EffectRead not yet done), unsettled failed
-	// without being quiesced; readDoneSent: READ_DONE went out.
+	// Pull (pull.go): stamps are the last stamps its REQUEST and RENEWs
+	// carried (nstamps sent in all), lastStamp when the last went;
+	// leaseMillis the lease its PAGES said. reads are in flight
+	// (EffectRead not yet done), unsettled failed without being quiesced;
+	// readDoneSent: READ_DONE went out.
 	pull             bool
-	at0, lastStamp   time.Time
+	stamps           [maxStamps]stamp
+	nstamps          int
+	lastStamp        time.Time
 	leaseMillis      int
 	reads, unsettled int
 	readDoneSent     bool
@@ -391,8 +394,8 @@ func (c *decodeCore) flushRequests(rm *room) {
 		req := &wire.Request{Room: rm.id, DstPages: sp.DstPages, AuxIndex: sp.AuxIndex,
 			StateIndices: sp.StateIndices, Required: sp.Required, Prefix: sp.Prefix, Dummy: sp.Dummy || s.link.Dummy, Source: s.uid}
 		if sp.Pull {
-			s.pull, s.at0, s.lastStamp = true, c.now, c.now
-			req.Pull, req.At = true, uint64(c.now.UnixNano())
+			s.pull, s.lastStamp = true, c.now
+			req.Pull, req.At = true, s.stamp(c.now)
 		}
 		if !s.link.Aux {
 			req.AuxIndex, req.StateIndices = -1, [][]uint32{}

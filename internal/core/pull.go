@@ -385,6 +385,43 @@ func (c *Core) PagesUnderLease() int {
 
 // --- decode side ---
 
+// maxStamps is how many of its last stamps a pull source remembers: a
+// PAGES must echo one of them (renewals go every third of the lease, so
+// these cover five leases).
+const maxStamps = 16
+
+// stamp is one stamp a decode rank sent a pull source: its value on the
+// wire (the wall clock in ns, made to grow) and the local time it stands
+// for, which keeps the clock's monotonic reading — the lease is measured
+// on that, so a wall clock stepped back does not lengthen it.
+type stamp struct {
+	wire uint64
+	at   time.Time
+}
+
+// stamp records and returns a new stamp sent at now.
+func (s *source) stamp(now time.Time) uint64 {
+	w := uint64(max(now.UnixNano(), 0))
+	if s.nstamps > 0 {
+		if last := s.stamps[(s.nstamps-1)%maxStamps].wire; w <= last {
+			w = last + 1
+		}
+	}
+	s.stamps[s.nstamps%maxStamps] = stamp{wire: w, at: now}
+	s.nstamps++
+	return w
+}
+
+// stampAt is the local time of one of the source's last stamps.
+func (s *source) stampAt(w uint64) (time.Time, bool) {
+	for i := range min(s.nstamps, maxStamps) {
+		if s.stamps[i].wire == w {
+			return s.stamps[i].at, true
+		}
+	}
+	return time.Time{}, false
+}
+
 // renewEvery is a pull source's renewal interval: a third of its lease.
 func (c *decodeCore) renewEvery(s *source) time.Duration {
 	if s.leaseMillis > 0 {
@@ -428,16 +465,15 @@ func (c *decodeCore) onPages(msg *wire.Pages) {
 		c.stats.PullRefused++
 		c.failWith(rm.id, code, fmt.Sprintf("room %d: PAGES from prefill %s: ", rm.id, msg.From.Peer())+fmt.Sprintf(format, a...))
 	}
-	at := time.Unix(0, int64(msg.At))
-	switch {
-	case msg.At > uint64(1<<63-1) || at.Before(s.at0) || at.After(c.now):
-		fail(CodeFailed, "its lease counts from %v, not a time this rank sent a REQUEST or RENEW of the room", at)
+	sentAt, ok := s.stampAt(msg.At)
+	if !ok {
+		fail(CodeFailed, "its lease counts from stamp %d, not one of the last %d this rank sent it (REQUEST, RENEW)", msg.At, maxStamps)
 		return
 	}
 	lease := time.Duration(msg.LeaseMillis) * time.Millisecond
-	until := at.Add(lease - lease>>leaseMarginShift)
+	until := sentAt.Add(lease - lease>>leaseMarginShift)
 	if !c.now.Before(until) {
-		fail(CodeLeaseExpired, "its lease (%v from %v) ended before it arrived", lease, at)
+		fail(CodeLeaseExpired, "its lease (%v from this rank's send at %v) ended before it arrived", lease, sentAt)
 		return
 	}
 	s.leaseMillis = msg.LeaseMillis
@@ -599,7 +635,7 @@ func (c *decodeCore) pullTick(now time.Time) {
 			}
 			s.lastStamp = now
 			c.stats.LeaseRenewals++
-			c.send(tg.peer(), room, &wire.Renew{Room: room, At: uint64(now.UnixNano())})
+			c.send(tg.peer(), room, &wire.Renew{Room: room, At: s.stamp(now)})
 		}
 	}
 }

@@ -291,7 +291,11 @@ func (c *Core) hash(f *fp) {
 		f.b1(s.aux)
 		f.b1(s.acked)
 		f.b1(s.pull)
-		f.t(s.at0)
+		f.i(s.nstamps)
+		for _, st := range s.stamps {
+			f.u(st.wire)
+			f.t(st.at)
+		}
 		f.t(s.lastStamp)
 		f.i(s.leaseMillis)
 		f.i(s.reads)

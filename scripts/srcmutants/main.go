@@ -353,7 +353,7 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestSimExhaustive$"},
 	// The decode rank's lease counted from a PAGES' arrival, not from the
 	// stamp it echoes (its own send): it ends after the prefill rank's.
-	{name: "pull-lease-from-arrival", file: "internal/core/pull.go", old: "\tuntil := at.Add(lease - lease>>leaseMarginShift)", new: "\tuntil := c.now.Add(lease - lease>>leaseMarginShift)",
+	{name: "pull-lease-from-arrival", file: "internal/core/pull.go", old: "\tuntil := sentAt.Add(lease - lease>>leaseMarginShift)", new: "\tuntil := c.now.Add(lease - lease>>leaseMarginShift)",
 		pkg: "internal/core", run: "^TestSimExhaustive$"},
 	// Pages released once every READ_DONE came, drained or not: a read
 	// that failed after its post may still be reading them.
