@@ -403,7 +403,11 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec core.Reques
 		if bad = core.CheckSpec(room, spec); bad != nil {
 			return
 		}
-		spec.Pull = spec.Pull || d.cfg.Pull
+		if spec.Pull && !d.cfg.Pull {
+			bad = fmt.Errorf("room %d: RequestSpec.Pull on a decode rank without Config.Pull (it has no readers, and its prefill ranks are not asked for offers): %w", room, core.ErrInvalidSpec)
+			return
+		}
+		spec.Pull = d.cfg.Pull
 		bad = nil
 		res = c.Step(now, core.InitReceiver{Room: room, Spec: spec}).Result
 		_, ready, _ = c.Waiters(room)

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
@@ -43,7 +44,8 @@ func (m *Manager) pullOffer() (*bootstrap.PullOffer, error) {
 		return nil, fmt.Errorf("kvmanager: agent metadata for the pull offer: %w", err)
 	}
 	kv, aux, state := core.RegionsOf(m.cfg.Layout)
-	return &bootstrap.PullOffer{Agent: m.agent.Name(), AgentMD: md, KV: kv, Aux: aux, State: state, Proof: m.proof[:]}, nil
+	return &bootstrap.PullOffer{Agent: m.agent.Name(), AgentMD: md, KV: kv, Aux: aux, State: state, Proof: m.proof[:],
+		LeaseMillis: max(int(m.cfg.PullLease/time.Millisecond), 1)}, nil
 }
 
 // withOffer fills in the rank's pull offer where the core decided to
@@ -127,10 +129,20 @@ type pullState struct {
 	// target (nil: identical layouts).
 	peers  map[pullKey]*pullPeer
 	slices map[core.Target]*transfer.Slice
-	// checking serializes the offers of one prefill agent.
+	// checking serializes the offers of one prefill agent; checks counts
+	// the offers being checked (at most maxOfferChecks).
 	checking map[string]chan struct{}
-	reads    chan readJob
+	checks   atomic.Int32
+	// queue holds the reads asked for and not yet taken by a reader; qsig
+	// wakes readers.
+	qmu   sync.Mutex
+	queue []readJob
+	qsig  chan struct{}
 }
+
+// maxOfferChecks bounds the offers a decode rank checks at once: a
+// REGISTER_ACK past it is left unanswered (its REGISTER is sent again).
+const maxOfferChecks = 16
 
 type readJob struct {
 	room uint64
@@ -141,7 +153,7 @@ type readJob struct {
 // startPull starts a decode rank's readers.
 func (d *Decode) startPull() {
 	d.pull = &pullState{peers: map[pullKey]*pullPeer{}, slices: map[core.Target]*transfer.Slice{},
-		checking: map[string]chan struct{}{}, reads: make(chan readJob, 4096)}
+		checking: map[string]chan struct{}{}, qsig: make(chan struct{}, pullReaders)}
 	for range pullReaders {
 		d.wg.Add(1)
 		go d.reader()
@@ -156,9 +168,15 @@ func (d *Decode) onRegisterAck(msg *bootstrap.RegisterAck) {
 		d.receive(msg, nil)
 		return
 	}
+	if d.pull.checks.Add(1) > maxOfferChecks {
+		d.pull.checks.Add(-1)
+		d.log.Warn("pull offer left unanswered: too many being checked (its REGISTER is sent again)", zap.String("peer", msg.From.Peer()))
+		return
+	}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
+		defer d.pull.checks.Add(-1)
 		if err := d.acceptOffer(msg); err != nil {
 			refused := *msg
 			refused.OK, refused.Pull = false, nil
@@ -245,6 +263,7 @@ func (d *Decode) acceptOffer(msg *bootstrap.RegisterAck) error {
 	}
 	ps.mu.Lock()
 	ps.peers[key] = &pullPeer{remote: name, layout: lay, offer: hash}
+	clear(ps.slices) // an instance may have changed shape or page size: computed again
 	ps.mu.Unlock()
 	return nil
 }
@@ -289,43 +308,60 @@ func (d *Decode) pullSlice(t core.Target) (*transfer.Slice, error) {
 // reader carries out reads, one at a time.
 func (d *Decode) reader() {
 	defer d.wg.Done()
+	ps := d.pull
 	for {
-		select {
-		case <-d.closing:
-			return
-		case j := <-d.pull.reads:
-			err, quiesced := d.doRead(j)
-			if err == errGated {
-				continue
+		ps.qmu.Lock()
+		if len(ps.queue) == 0 {
+			ps.qmu.Unlock()
+			select {
+			case <-d.closing:
+				return
+			case <-ps.qsig:
 			}
-			d.step(func(c *core.Core, now time.Time) {
-				c.Step(now, core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced})
-			})
+			continue
 		}
+		j := ps.queue[0]
+		ps.queue[0] = readJob{}
+		ps.queue = ps.queue[1:]
+		ps.qmu.Unlock()
+		err, quiesced := d.doRead(j)
+		if err == errGated {
+			continue
+		}
+		d.step(func(c *core.Core, now time.Time) {
+			c.Step(now, core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced})
+		})
 	}
 }
 
 // errGated: the read's gate refused it (the core counted it over).
 var errGated = errors.New("kvmanager: read gated")
 
-// doRead gates, posts and waits for one read. quiesced: a failure that
-// can no longer land (nothing of it was posted).
+// doRead prepares one read, gates it right before its posts (the lease
+// and the room checked then), posts it and waits for it. quiesced: a
+// failure that can no longer land (nothing of it reached the engine).
 func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
-	var ok bool
-	d.step(func(c *core.Core, now time.Time) { ok = c.Step(now, core.ReadPosting{Room: j.room, Read: j.rd}).OK })
-	if !ok {
-		return errGated, true
-	}
+	where := fmt.Sprintf("room %d: read from prefill at %s (epoch %d)", j.room, j.to.Endpoint, j.rd.Epoch)
 	slice, err := d.pullSlice(j.rd.Target)
 	if err != nil {
-		return err, true
+		return fmt.Errorf("%s: %w", where, err), true
 	}
 	ps := d.pull
+	// Held from the lookup to the last post: an offer that replaces this
+	// process's remote waits (acceptOffer), so nothing is prepared through
+	// one remote and posted through its successor.
 	ps.mu.RLock()
+	locked := true
+	unlock := func() {
+		if locked {
+			ps.mu.RUnlock()
+			locked = false
+		}
+	}
+	defer unlock()
 	p := ps.peers[pullKey{j.to.Endpoint, j.rd.Epoch}]
 	if p == nil {
-		ps.mu.RUnlock()
-		return fmt.Errorf("prefill process at %s (epoch %d) has no accepted pull offer here", j.to.Endpoint, j.rd.Epoch), true
+		return fmt.Errorf("%s: that process has no accepted pull offer here", where), true
 	}
 	own := d.cfg.Layout
 	var kvSrc, kvDst, hostSrc, hostDst []nixl.Desc
@@ -333,8 +369,7 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 		w := &j.rd.Writes[i]
 		s, t, err := transfer.ReadPairs(w, p.layout, own, slice)
 		if err != nil {
-			ps.mu.RUnlock()
-			return fmt.Errorf("room %d: read from prefill at %s: %w", j.room, j.to.Endpoint, err), true
+			return fmt.Errorf("%s: %w", where, err), true
 		}
 		if w.AuxSrc >= 0 || w.State >= 0 {
 			hostSrc, hostDst = append(hostSrc, s...), append(hostDst, t...)
@@ -349,7 +384,7 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 			f()
 		}
 	}()
-	post := func(srcKind, dstKind nixl.MemKind, src, dst []nixl.Desc) error {
+	prep := func(srcKind, dstKind nixl.MemKind, src, dst []nixl.Desc) error {
 		if len(src) == 0 {
 			return nil
 		}
@@ -372,22 +407,35 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 			return err
 		}
 		releases = append(releases, func() { d.agent.Release(x) })
-		if err := d.agent.Post(x); err != nil {
-			return err
-		}
 		xs = append(xs, x)
 		return nil
 	}
-	err = post(p.layout.Kind, own.Kind, kvSrc, kvDst)
+	err = prep(p.layout.Kind, own.Kind, kvSrc, kvDst)
 	if err == nil {
-		err = post(nixl.DRAM, nixl.DRAM, hostSrc, hostDst)
+		err = prep(nixl.DRAM, nixl.DRAM, hostSrc, hostDst)
 	}
-	ps.mu.RUnlock()
 	if err != nil {
-		// A post refused (nothing of it moved) is quiesced only when no
-		// earlier one of this read was posted.
-		return err, len(xs) == 0
+		return fmt.Errorf("%s: %w", where, err), true
 	}
+	// The gate, right before the posts.
+	var ok bool
+	d.step(func(c *core.Core, now time.Time) { ok = c.Step(now, core.ReadPosting{Room: j.room, Read: j.rd}).OK })
+	if !ok {
+		return errGated, true
+	}
+	for i, x := range xs {
+		if i > 0 && !d.cfg.Now().Before(j.rd.Until) {
+			// The lease ended between the posts: the rest is not posted;
+			// what was may still land.
+			return fmt.Errorf("%s: the lease ended (%v) between the read's posts", where, j.rd.Until), false
+		}
+		if err := d.agent.Post(x); err != nil {
+			// Refused before the engine saw it (its lists are stale) only
+			// then: any other failed post may have started.
+			return fmt.Errorf("%s: %w", where, err), i == 0 && errors.Is(err, nixl.ErrStalePrep)
+		}
+	}
+	unlock()
 	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.StallTimeout)
 	defer cancel()
 	for _, x := range xs {
@@ -396,7 +444,7 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 			if werr == nil {
 				werr = fmt.Errorf("read ended %v", st)
 			}
-			return fmt.Errorf("room %d: read from prefill at %s: %w", j.room, j.to.Endpoint, werr), false
+			return fmt.Errorf("%s: %w", where, werr), false
 		}
 	}
 	var n uint64
@@ -411,14 +459,21 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 	return nil, true
 }
 
-// queueReads hands a step's reads to the readers (after the step's
-// effects: a full queue waits for them).
+// queueReads hands a step's reads to the readers without waiting (it runs
+// on whatever goroutine stepped the core, the control loop's receive
+// goroutine included). The queue holds what PAGES the core accepted: at
+// most one read per chunk and layer group of each live room's source.
 func (d *Decode) queueReads(reads []core.Effect) {
+	ps := d.pull
+	ps.qmu.Lock()
 	for _, e := range reads {
+		ps.queue = append(ps.queue, readJob{room: e.Room, to: e.To, rd: e.Read})
+	}
+	ps.qmu.Unlock()
+	for range min(len(reads), pullReaders) {
 		select {
-		case d.pull.reads <- readJob{room: e.Room, to: e.To, rd: e.Read}:
-		case <-d.closing:
-			return
+		case ps.qsig <- struct{}{}:
+		default:
 		}
 	}
 }

@@ -1,6 +1,8 @@
 package kvmanager
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -84,5 +86,31 @@ func TestPullOfferProven(t *testing.T) {
 				t.Fatalf("accepted offers %v, want the genuine one", d.pull.peers)
 			}
 		})
+	}
+}
+
+// TestPullSpecNeedsTheConfig: a room's RequestSpec.Pull on a decode rank
+// without Config.Pull is refused at Init (it has no readers, and its
+// prefill ranks were not asked for offers: the room's reads would go
+// nowhere and hold its pages for good), and the room is left as it was.
+func TestPullSpecNeedsTheConfig(t *testing.T) {
+	cfg := DefaultConfig(core.RoleDecode)
+	cfg.Auth, cfg.Instance, cfg.Compat, cfg.Engine = testauth.Auth(), "spec-decode", "v1:test", nixl.Config{Engine: nixl.EngineLoopback}
+	cfg.BootstrapURL = "http://127.0.0.1:1"
+	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+	d, err := NewDecode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if res := d.CreateReceiver(5, d.DefaultTarget()); res.Outcome != core.Applied {
+		t.Fatal(res)
+	}
+	err = d.InitReceiver(context.Background(), 5, core.RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Pull: true})
+	if !errors.Is(err, core.ErrInvalidSpec) || !strings.Contains(err.Error(), "room 5") || !strings.Contains(err.Error(), "Config.Pull") {
+		t.Fatalf("Init: %v, want ErrInvalidSpec naming the room and Config.Pull", err)
+	}
+	if st, _ := d.Status(5); st != core.Bootstrapping {
+		t.Fatalf("room 5 %v after the refused Init, want Bootstrapping", st)
 	}
 }

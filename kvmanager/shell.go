@@ -426,8 +426,19 @@ func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 	clear(buf) // drop the messages and channels until the next step
 	m.effBuf = buf[:0]
 	m.effMu.Unlock()
-	if len(reads) > 0 && m.onReads != nil {
-		m.onReads(reads)
+	if len(reads) > 0 {
+		if m.onReads != nil {
+			m.onReads(reads)
+		} else {
+			// A rank without readers (no Config.Pull) never drops a read:
+			// it is over, unposted.
+			for _, e := range reads {
+				m.step(func(c *core.Core, now time.Time) {
+					c.Step(now, core.ReadDone{Room: e.Room, Read: e.Read, Quiesced: true,
+						Err: fmt.Errorf("room %d: this decode rank does not pull (Config.Pull)", e.Room)})
+				})
+			}
+		}
 	}
 	for _, e := range posts {
 		if e.Kind == core.EffectLoadMetadata {
@@ -692,6 +703,9 @@ func (m *Manager) Close() error {
 			m.pool.Close()
 		}
 		err = errors.Join(m.loop.Close(), m.agent.Close())
+		// Nothing reads this rank's memory now: pull rooms' pages are
+		// released (their waiters, sender.Released, wake only now).
+		m.step(func(c *core.Core, now time.Time) { c.ReleasePulls() })
 		if m.cfg.Registerer != nil {
 			m.cfg.Registerer.Unregister(m.met)
 		}

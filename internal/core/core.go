@@ -476,15 +476,19 @@ func (c *Core) tickAll(now time.Time) {
 	c.unwatchIdle()
 }
 
-// closeAll fails every live room with reason; the shell then stops. A
-// prefill rank's pull holds are released (its agent closes next: nothing
-// reads its memory after that), so their waiters wake.
+// closeAll fails every live room with reason; the shell then stops.
 func (c *Core) closeAll(now time.Time, reason string) {
 	for _, id := range slices.Sorted(maps.Keys(c.reg.rooms)) {
 		if !c.reg.rooms[id].status.Terminal() {
 			c.failRoom(id, reason)
 		}
 	}
+}
+
+// ReleasePulls releases every pull room's published pages (prefill),
+// waking their waiters: the shell calls it once its agent is closed,
+// when nothing can read this rank's memory any more.
+func (c *Core) ReleasePulls() {
 	if p := c.prefillCore; p != nil {
 		for _, id := range slices.Sorted(maps.Keys(p.pulls)) {
 			p.releasePull(p.pulls[id], true)

@@ -76,6 +76,9 @@ type target struct {
 	// would otherwise leave the prefill room to its deadline).
 	owedRetry time.Duration
 	nextOwed  time.Time
+	// leaseMillis is the pull lease its REGISTER_ACK's offer granted (0:
+	// none said): renewals go a third of it apart.
+	leaseMillis int
 }
 
 // owedAbort is an ABORT a prefill rank has not acknowledged.
@@ -127,6 +130,7 @@ type source struct {
 	pull             bool
 	stamps           [maxStamps]stamp
 	nstamps          int
+	asked            []uint64 // (chunk, lo, hi) of each PAGES read, or being read
 	lastStamp        time.Time
 	leaseMillis      int
 	reads, unsettled int
@@ -669,6 +673,10 @@ func (c *decodeCore) onRegisterAck(msg *wire.RegisterAck) {
 		c.targetRestarted(tg, msg.From.Epoch)
 	}
 	tg.reg, tg.epoch, tg.unanswered = regOK, msg.From.Epoch, 0
+	tg.leaseMillis = 0
+	if msg.Pull != nil {
+		tg.leaseMillis = msg.Pull.LeaseMillis
+	}
 	if restarted {
 		c.sendOwed(tg) // the new process may hold rooms aborted before it was known
 	}
@@ -710,6 +718,9 @@ func (c *decodeCore) sourceFrom(srcs []*source, endpoint string) (*source, *targ
 func (c *decodeCore) onStatus(msg *wire.Status) {
 	if msg.Status != wire.StatusFailed {
 		return
+	}
+	if msg.Code == CodeLeaseExpired {
+		c.resendReadDone(msg)
 	}
 	rm, ok := c.reg.rooms[msg.Room]
 	if !ok || rm.dec == nil || rm.status.Terminal() {

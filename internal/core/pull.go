@@ -91,8 +91,9 @@ type pullHold struct {
 	room  uint64
 	ch    chan struct{}
 	peers []*pullPeer
-	pages int // prefill pages published
-	first time.Time
+	pages   int // prefill pages published
+	counted int // chunks counted in pages
+	first   time.Time
 	// deadline: set once the room settled with a read that may still be
 	// in progress (no READ_DONE, or one not drained): forced release then.
 	deadline time.Time
@@ -187,7 +188,11 @@ func (c *prefillCore) publish(rm *room, in SendChunk, at chunkAt, pr PeerRequest
 		Final: in.Last && at.whole, Aux: -1, State: [][]uint32{}, At: pr.At, LeaseMillis: int(c.cfg.Lease / time.Millisecond)}
 	if !req.Dummy {
 		msg.Pages = slices.Clone(in.Pages)
-		h.pages += len(in.Pages)
+		if at.lo == 0 && h.counted <= at.chunk {
+			// Each page of the room once: not again for another decode
+			// rank or layer group.
+			h.pages, h.counted = h.pages+len(in.Pages), at.chunk+1
+		}
 	} else {
 		msg.Lo, msg.Hi = shift, at.layers+shift
 	}
@@ -264,9 +269,9 @@ func (c *prefillCore) onReadDone(msg *wire.ReadDone) {
 	var err error
 	switch rm, live := c.reg.rooms[msg.Room]; {
 	case !msg.OK:
-		err = fmt.Errorf("decode %s: reads failed: %s", pp.key, cmp.Or(msg.Reason, "no reason given"))
+		err = fmt.Errorf("room %d: decode %s: reads failed: %s", msg.Room, pp.key, cmp.Or(msg.Reason, "no reason given"))
 	case live && !rm.pre.done:
-		err = fmt.Errorf("decode %s reported its reads done before the room's last chunk was published", pp.key)
+		err = fmt.Errorf("room %d: decode %s reported its reads done before the room's last chunk was published", msg.Room, pp.key)
 	}
 	if res := c.reg.leaseClosed(msg.Room, err, msg.Drained, c.now); err != nil && res.Outcome == Applied && res.Status == Failed {
 		c.statusFailed(msg.Room, c.reg.Requests(msg.Room), CodeFailed, err.Error(), "")
@@ -385,6 +390,10 @@ func (c *Core) PagesUnderLease() int {
 
 // --- decode side ---
 
+// maxAsked bounds the PAGES one source of a room may have read (chunks ×
+// layer groups).
+const maxAsked = 1 << 16
+
 // maxStamps is how many of its last stamps a pull source remembers: a
 // PAGES must echo one of them (renewals go every third of the lease, so
 // these cover five leases).
@@ -422,12 +431,38 @@ func (s *source) stampAt(w uint64) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// renewEvery is a pull source's renewal interval: a third of its lease.
+// renewEvery is a pull source's renewal interval: a third of its lease —
+// the one its PAGES said, else the one its REGISTER_ACK offered (a
+// prefill rank's lease may be shorter than this rank's), else this rank's.
 func (c *decodeCore) renewEvery(s *source) time.Duration {
 	if s.leaseMillis > 0 {
 		return time.Duration(s.leaseMillis) * time.Millisecond / 3
 	}
+	if tg := c.targets[s.target]; tg != nil && tg.leaseMillis > 0 {
+		return time.Duration(tg.leaseMillis) * time.Millisecond / 3
+	}
 	return c.cfg.Lease / 3
+}
+
+// resendReadDone answers a prefill rank whose lease of a room ended
+// (STATUS lease_expired) with the room's READ_DONE again, when this rank's
+// reads of it are over and it was sent once (it may have been lost): the
+// prefill rank then releases the pages at once instead of at the
+// quarantine. A room this rank has cleared, and whose pages it released,
+// is not known any more: that lost READ_DONE costs the quarantine.
+func (c *decodeCore) resendReadDone(msg *wire.Status) {
+	var srcs []*source
+	if rm, ok := c.reg.rooms[msg.Room]; ok && rm.dec != nil {
+		srcs = rm.dec.sources
+	} else if h, ok := c.holds[msg.Room]; ok {
+		srcs = h.srcs
+	}
+	s, tg := c.sourceFrom(srcs, msg.From.Endpoint)
+	if s == nil || !s.pull || !s.readDoneSent || s.reads > 0 || s.epoch != msg.From.Epoch {
+		return
+	}
+	st, _ := c.reg.Status(msg.Room)
+	c.sendReadDone(msg.Room, s, tg, st)
 }
 
 // onPages pairs a published chunk with the room's own pages and asks the
@@ -500,6 +535,16 @@ func (c *decodeCore) onPages(msg *wire.Pages) {
 		fail(CodeFailed, "chunk %d of %d, layers [%d, %d) of [%d, %d) out of range or contradicting its earlier PAGES", msg.Chunk, msg.Total, msg.Lo, msg.Hi, msg.SpanLo, msg.SpanHi)
 		return
 	}
+	ask := uint64(msg.Chunk)<<32 | uint64(msg.Lo)<<16 | uint64(msg.Hi)
+	if slices.Contains(s.asked, ask) {
+		c.stats.PullRefused++ // a duplicate: read once already, or being read
+		return
+	}
+	if len(s.asked) >= maxAsked {
+		fail(CodeFailed, "more than %d chunks and layer groups published", maxAsked)
+		return
+	}
+	s.asked = append(s.asked, ask)
 	if msg.Final && !dummy && s.link.Aux {
 		for i, dst := range spec.StateIndices {
 			if len(dst) == 0 {

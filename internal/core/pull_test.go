@@ -206,3 +206,32 @@ func TestPullReadDoneFreesDestinations(t *testing.T) {
 		t.Fatalf("room 7 %v, want Transferring (one decode rank still reads)", st)
 	}
 }
+
+// TestPullReadDoneBeforeTheLastChunk: a READ_DONE ok before the room's
+// last chunk was published is no success: the room fails, naming the
+// room and the decode rank, and the pages stay held until they drain.
+func TestPullReadDoneBeforeTheLastChunk(t *testing.T) {
+	c := newTestCore(t, RolePrefill, simRegistryConfig())
+	c.cfg.Lease = simPullLease
+	register(t, c, decodeFrom)
+	r := request(7, decodeFrom)
+	r.Pull, r.DstPages = true, []uint32{3, 4}
+	if !c.Step(t0, Received{r}).OK {
+		t.Fatalf("REQUEST refused: %v", sent[*wire.Status](c.Effects()))
+	}
+	c.Step(t0, CreateSender{Room: 7})
+	c.Step(t0, InitSender{Room: 7})
+	if err := c.Step(t0, SendChunk{Room: 7, Pages: []uint32{1}, AuxIndex: -1}).Err; err != nil {
+		t.Fatal(err)
+	}
+	c.Effects()
+	c.Step(t0, Received{&wire.ReadDone{From: decodeFrom, Room: 7, OK: true, Drained: true}})
+	st, _ := c.Status(7)
+	reason, _ := c.Failure(7)
+	if st != Failed || !strings.Contains(reason, "room 7") || !strings.Contains(reason, "decode/d/0") || !strings.Contains(reason, "before the room's last chunk was published") {
+		t.Fatalf("room 7 %v (%q), want Failed naming the early READ_DONE", st, reason)
+	}
+	if _, held := c.PullHold(7); held {
+		t.Fatal("the pages are still held after the drained READ_DONE of the room's only decode rank")
+	}
+}

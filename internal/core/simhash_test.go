@@ -292,6 +292,10 @@ func (c *Core) hash(f *fp) {
 		f.b1(s.acked)
 		f.b1(s.pull)
 		f.i(s.nstamps)
+		f.i(len(s.asked))
+		for _, a := range s.asked {
+			f.u(a)
+		}
 		for _, st := range s.stamps {
 			f.u(st.wire)
 			f.t(st.at)
@@ -536,6 +540,7 @@ func (c *Core) clone() *Core {
 			return d
 		}
 		d := *s
+		d.asked = slices.Clone(s.asked)
 		d.chunks = make(map[int]*chunkSeen, len(s.chunks))
 		for k, cs := range s.chunks {
 			c := *cs

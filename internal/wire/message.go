@@ -171,6 +171,9 @@ type PullOffer struct {
 	AgentMD        []byte
 	KV, Aux, State []Region
 	Proof          []byte
+	// LeaseMillis is the lease the rank grants (the decode rank renews a
+	// third of it from its REQUEST on).
+	LeaseMillis int
 }
 
 // Request asks a prefill rank for one room's KV.
@@ -430,7 +433,7 @@ func EncodeBody(m Message) ([]byte, error) {
 		e.kreason("reason", m.Reason)
 		if o := m.Pull; o != nil {
 			e.key("pull")
-			e.mapLen(6)
+			e.mapLen(7)
 			e.kstr("agent", o.Agent)
 			if len(o.AgentMD) > MaxAgentMDBytes {
 				e.err(fmt.Errorf("agent_md of %d bytes exceeds %d", len(o.AgentMD), MaxAgentMDBytes))
@@ -443,6 +446,7 @@ func EncodeBody(m Message) ([]byte, error) {
 				e.err(fmt.Errorf("proof of %d bytes exceeds %d", len(o.Proof), MaxProofBytes))
 			}
 			e.kbin("proof", o.Proof)
+			e.kint("lease_ms", int64(o.LeaseMillis))
 		}
 	case *Request:
 		n := 8
@@ -830,7 +834,8 @@ func Decode(frames [][]byte) (Message, error) {
 		if raw, ok := b.lookup("pull"); ok && b.err == nil {
 			if o := b.nested("pull", -1, raw); o != nil {
 				a.Pull = &PullOffer{Agent: o.str("agent"), AgentMD: o.binMax("agent_md", MaxAgentMDBytes),
-					KV: o.regions("kv"), Aux: o.regions("aux"), State: o.regions("state"), Proof: o.binMax("proof", MaxProofBytes)}
+					KV: o.regions("kv"), Aux: o.regions("aux"), State: o.regions("state"), Proof: o.binMax("proof", MaxProofBytes),
+					LeaseMillis: o.int("lease_ms", 1, MaxLeaseMillis)}
 				if o.err != nil {
 					b.err = o.err
 				}

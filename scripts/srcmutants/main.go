@@ -400,6 +400,15 @@ var mutants = []mutant{
 	// the room still reads (found by the demo, TP 1 → 2).
 	{name: "read-done-keeps-dests", file: "internal/core/pull.go", old: "\t\t\tc.freeDests(msg.Room, []PeerRequest{pr})", new: "\t\t\t_ = pr",
 		pkg: "internal/core", run: "^TestPullReadDoneFreesDestinations$"},
+	// A duplicate READ_DONE closes a decode rank's lease again: the room
+	// counts another decode rank's reads over and releases its pages under
+	// them (found by review; the 1 → 2 pull configuration).
+	{name: "read-done-counted-twice", file: "internal/core/pull.go", old: "\t\t\tif x.key == msg.From.Peer() && x.epoch == msg.From.Epoch && x.open {", new: "\t\t\tif x.key == msg.From.Peer() && x.epoch == msg.From.Epoch {",
+		pkg: "internal/core", run: "^TestSimExhaustive$"},
+	// A READ_DONE ok before the room's last chunk was published taken as
+	// the room's success.
+	{name: "read-done-before-last", file: "internal/core/pull.go", old: "\tcase live && !rm.pre.done:\n", new: "\tcase false && live && !rm.pre.done:\n",
+		pkg: "internal/core", run: "^TestPullReadDoneBeforeTheLastChunk$"},
 	// An offer's agent name of another rank's default form accepted.
 	{name: "offer-name-unchecked", file: "kvmanager/pull.go", old: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); o.Agent != want {", new: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); false && o.Agent != want {",
 		pkg: "kvmanager", run: "^TestPullOfferProven$"},

@@ -52,7 +52,7 @@ func PullMessages() []wire.Message {
 			TPSize: 1, KV: []wire.Region{}, Aux: []wire.Region{}, State: []wire.Region{}, Proof: []byte{9, 9}, Pull: true},
 		&wire.RegisterAck{From: SampleFrom(wire.RolePrefill), OK: true, Reason: "", Pull: &wire.PullOffer{Agent: "llama-prefill-a-prefill-3",
 			AgentMD: []byte{0xca, 0xfe}, KV: []wire.Region{{Addr: 0x7f0000000000, Len: 1 << 20, ItemLen: 4096, Mem: wire.MemDRAM}},
-			Aux: []wire.Region{{Addr: 0x1000, Len: 4096, ItemLen: 64, Mem: wire.MemDRAM}}, State: []wire.Region{}, Proof: []byte{1, 2, 3}}},
+			Aux: []wire.Region{{Addr: 0x1000, Len: 4096, ItemLen: 64, Mem: wire.MemDRAM}}, State: []wire.Region{}, Proof: []byte{1, 2, 3}, LeaseMillis: 30000}},
 	}
 }
 
