@@ -88,9 +88,9 @@ func (ReadDone) input()    {}
 // its reads drained, or a quarantine deadline past the lease. It outlives
 // Clear.
 type pullHold struct {
-	room  uint64
-	ch    chan struct{}
-	peers []*pullPeer
+	room    uint64
+	ch      chan struct{}
+	peers   []*pullPeer
 	pages   int // prefill pages published
 	counted int // chunks counted in pages
 	first   time.Time
