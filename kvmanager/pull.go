@@ -76,7 +76,7 @@ func (m *Manager) sendWhenReady(e core.Effect) {
 			}
 			if err != nil {
 				m.step(func(c *core.Core, now time.Time) {
-					c.Step(now, core.Fail{Room: e.Room, Reason: fmt.Sprintf("room %d: the published pages' data: %v", e.Room, err)})
+					c.Step(now, core.Fail{Room: e.Room, Reason: fmt.Sprintf("room %d: the pages published to %s: their data: %v", e.Room, e.To.Endpoint, err)})
 				})
 				return
 			}

@@ -579,8 +579,8 @@ func (c *decodeCore) readSource(room uint64, rd *Read) *source {
 		srcs = h.srcs
 	}
 	for _, s := range srcs {
-		if s.uid == rd.Source && s.epoch == rd.Epoch && s.sent {
-			return s
+		if s.uid == rd.Source {
+			return s // (its epoch may have changed since: readPosting and readDone check)
 		}
 	}
 	return nil
@@ -594,7 +594,7 @@ func (c *decodeCore) readPosting(room uint64, rd *Read) bool {
 		return false
 	}
 	rm, live := c.reg.rooms[room]
-	if live && !rm.status.Terminal() && c.now.Before(rd.Until) {
+	if live && !rm.status.Terminal() && c.now.Before(rd.Until) && s.sent && s.epoch == rd.Epoch {
 		return true
 	}
 	s.reads--
@@ -615,6 +615,11 @@ func (c *decodeCore) readDone(room uint64, rd *Read, err error, quiesced bool) {
 		return
 	}
 	s.reads--
+	if err == nil && (!s.sent || s.epoch != rd.Epoch) {
+		// Read from a process this room no longer asks (it asked again,
+		// elsewhere): what it brought is not counted.
+		err, quiesced = fmt.Errorf("room %d: a read from prefill %s (epoch %d), which the room no longer asks", room, s.target, rd.Epoch), true
+	}
 	if err != nil {
 		if !quiesced {
 			s.unsettled++
