@@ -369,7 +369,7 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestSimExhaustive$"},
 	// No RENEW: a PAGES published long after the REQUEST echoes a stamp
 	// whose lease has ended, and the room fails.
-	{name: "pull-no-renewal", file: "internal/core/pull.go", old: "\t\t\tc.send(tg.peer(), room, &wire.Renew{Room: room, At: uint64(now.UnixNano())})", new: "\t\t\t_ = tg",
+	{name: "pull-no-renewal", file: "internal/core/pull.go", old: "\t\t\tc.send(tg.peer(), room, &wire.Renew{Room: room, At: s.stamp(now)})", new: "\t\t\t_ = tg",
 		pkg: "internal/core", run: "^TestPullRenewalsKeepTheLease$"},
 	// A lease counted as a write in flight: a room whose decode process
 	// never answers never settles, its pages are held until the
