@@ -349,7 +349,7 @@ var mutants = []mutant{
 	// and of the pages' release removed.
 	// A read posted after the decode rank's lease ended (its gate ignores
 	// the lease): posted after the prefill rank's lease for it ended.
-	{name: "pull-read-gate-unchecked", file: "internal/core/pull.go", old: "\tif live && !rm.status.Terminal() && c.now.Before(rd.Until) {", new: "\tif live && !rm.status.Terminal() {",
+	{name: "pull-read-gate-unchecked", file: "internal/core/pull.go", old: "\tif live && !rm.status.Terminal() && c.now.Before(rd.Until) && s.sent && s.epoch == rd.Epoch {", new: "\tif live && !rm.status.Terminal() && s.sent && s.epoch == rd.Epoch {",
 		pkg: "internal/core", run: "^TestSimExhaustive$"},
 	// The decode rank's lease counted from a PAGES' arrival, not from the
 	// stamp it echoes (its own send): it ends after the prefill rank's.
