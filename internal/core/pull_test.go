@@ -1,6 +1,7 @@
 package core
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -233,5 +234,38 @@ func TestPullReadDoneBeforeTheLastChunk(t *testing.T) {
 	}
 	if _, held := c.PullHold(7); held {
 		t.Fatal("the pages are still held after the drained READ_DONE of the room's only decode rank")
+	}
+}
+
+// TestPullSuccessWaitsForEveryRead: a decode room succeeds only with no
+// read of it in flight. A prefill rank that publishes a chunk's layers
+// twice over (a whole chunk, then a layer range of it again: not a
+// duplicate, another PAGES) has two reads of one page in flight; the
+// first completes the room's count, yet the room waits for the second —
+// its pages would otherwise be released, and reused, under it.
+func TestPullSuccessWaitsForEveryRead(t *testing.T) {
+	c := simBase()
+	c.rooms, c.noClear, c.writesOK = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1)}, true, true
+	w, n := runScript(c, append(slices.Clone(pullScript[:8]), "room 7 prefill 0 send chunk 0"))
+	if n != 9 || w.err != nil {
+		t.Fatalf("stopped at %d: %v", n, w.err)
+	}
+	first := *w.net[0][1][0].msg.(*wire.Pages)
+	again := first
+	again.Lo, again.Hi = first.Lo, first.Lo+1 // one layer of the chunk, published again
+	w.net[0][1] = append(w.net[0][1], simMsg{from: w.net[0][1][0].from, to: w.net[0][1][0].to, msg: &again})
+	for _, ev := range []string{"deliver 0→1 PAGES", "deliver 0→1 PAGES", "post read 1", "post read 2", "read 1 ok"} {
+		if _, k := runScriptOn(w, []string{ev}); k != 1 {
+			t.Fatalf("%q not enabled: %v", ev, w.err)
+		}
+	}
+	if st, _ := w.procs[1].core.Status(7); st == Success {
+		t.Fatal("the room succeeded with read 2 still in flight")
+	}
+	if _, k := runScriptOn(w, []string{"read 2 ok"}); k != 1 || w.err != nil {
+		t.Fatalf("read 2: %v", w.err)
+	}
+	if st, _ := w.procs[1].core.Status(7); st != Success {
+		t.Fatalf("room 7 %v once both reads landed, want Success", st)
 	}
 }
