@@ -500,6 +500,12 @@ func (c *decodeCore) onPages(msg *wire.Pages) {
 		c.stats.PullRefused++
 		c.failWith(rm.id, code, fmt.Sprintf("room %d: PAGES from prefill %s: ", rm.id, msg.From.Peer())+fmt.Sprintf(format, a...))
 	}
+	if msg.Hi <= msg.Lo || msg.SpanHi <= msg.SpanLo {
+		// (A notification's Hi 0 means an earlier revision's whole chunk;
+		// a PAGES always names its layers.)
+		fail(CodeFailed, "layers [%d, %d) of [%d, %d): an empty range", msg.Lo, msg.Hi, msg.SpanLo, msg.SpanHi)
+		return
+	}
 	sentAt, ok := s.stampAt(msg.At)
 	if !ok {
 		fail(CodeFailed, "its lease counts from stamp %d, not one of the last %d this rank sent it (REQUEST, RENEW)", msg.At, maxStamps)

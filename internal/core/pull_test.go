@@ -269,3 +269,83 @@ func TestPullSuccessWaitsForEveryRead(t *testing.T) {
 		t.Fatalf("room 7 %v once both reads landed, want Success", st)
 	}
 }
+
+// TestPullHostileMessages: PAGES, RENEW and READ_DONE with hostile values
+// — a stale or foreign sender, numbers past every bound, a chunk that
+// contradicts an earlier one, pages past the room, a stamp never sent,
+// lease times at their extremes — never crash a core, never make a read
+// outside the room's own pages, and are refused and counted (the room that
+// asked failed, naming why, where one is at stake).
+func TestPullHostileMessages(t *testing.T) {
+	c := simBase()
+	c.rooms, c.noClear = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 2)}, true
+	base, n := runScript(c, append(slices.Clone(pullScript[:8]), "room 7 prefill 0 send chunk 0"))
+	if n != 9 || base.err != nil {
+		t.Fatalf("stopped at %d: %v", n, base.err)
+	}
+	genuine := *base.net[0][1][0].msg.(*wire.Pages)
+	prefill := base.net[0][1][0].from
+	for _, tc := range []struct {
+		name    string
+		edit    func(p *wire.Pages, from *wire.From)
+		fail    bool          // the room fails (else the PAGES is only dropped)
+		advance time.Duration // time passes before it arrives
+	}{
+		{"from another epoch of the prefill rank (stale)", func(p *wire.Pages, f *wire.From) { f.Epoch-- }, false, 0},
+		{"for a room it never asked for", func(p *wire.Pages, f *wire.From) { p.Room = 99 }, false, 0},
+		{"pages past the room's (prefill sent more)", func(p *wire.Pages, f *wire.From) { p.First = 1 << 30 }, true, 0},
+		{"a chunk number at the bound", func(p *wire.Pages, f *wire.From) { p.Chunk = wire.MaxChunks }, true, 0},
+		{"layers outside their span", func(p *wire.Pages, f *wire.From) { p.Lo, p.Hi = 5, 9 }, true, 0},
+		{"an empty layer range", func(p *wire.Pages, f *wire.From) { p.Hi = p.Lo }, true, 0},
+		{"a stamp this rank never sent", func(p *wire.Pages, f *wire.From) { p.At++ }, true, 0},
+		{"a lease that ended before it arrived", func(p *wire.Pages, f *wire.From) { p.LeaseMillis = 1 }, true, 2 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := base.clone()
+			m := genuine
+			from := prefill
+			tc.edit(&m, &from)
+			m.Pages = slices.Clone(genuine.Pages)
+			w.net[0][1][0] = simMsg{from: from, to: w.net[0][1][0].to, msg: &m}
+			w.now = w.now.Add(tc.advance)
+			d := w.procs[1].core
+			refused := d.Stats().PullRefused + d.Stats().StaleEpoch
+			w.deliver(0, 1)
+			if w.err != nil {
+				t.Fatal(w.err)
+			}
+			if got := d.Stats().PullRefused + d.Stats().StaleEpoch; got != refused+1 {
+				t.Fatalf("refusals counted %d → %d", refused, got)
+			}
+			st, _ := d.Status(7)
+			reason, _ := d.Failure(7)
+			if tc.fail != (st == Failed) || (tc.fail && !strings.Contains(reason, "room 7")) {
+				t.Fatalf("room 7 %v (%q), want failed %v naming the room", st, reason, tc.fail)
+			}
+			for _, r := range w.reads {
+				for _, wr := range r.rd.Writes {
+					for _, run := range wr.Runs {
+						if wr.State < 0 && wr.AuxSrc < 0 && run.Dst+run.Len > simPages {
+							t.Fatalf("a read into decode page %d+%d, past the room's", run.Dst, run.Len)
+						}
+					}
+				}
+			}
+		})
+	}
+	// RENEW and READ_DONE from a process that asked nothing, or for a room
+	// it does not share, are dropped and counted by the prefill rank.
+	w := base.clone()
+	p := w.procs[0].core
+	before := p.Stats().PullRefused
+	stranger := wire.From{Role: "decode", Instance: "x", Rank: 5, Endpoint: "tcp://x:1", Epoch: 3}
+	p.Step(w.now, Received{&wire.Renew{From: stranger, Room: 7, At: 1}})
+	p.Step(w.now, Received{&wire.ReadDone{From: stranger, Room: 7, OK: true, Drained: true}})
+	p.Step(w.now, Received{&wire.ReadDone{From: w.procs[1].from, Room: 1 << 60, OK: true, Drained: true}})
+	if got := p.Stats().PullRefused - before; got != 3 {
+		t.Fatalf("%d of 3 hostile RENEW/READ_DONE counted", got)
+	}
+	if st, _ := p.Status(7); st.Terminal() {
+		t.Fatalf("room 7 %v after messages from strangers", st)
+	}
+}
