@@ -411,6 +411,10 @@ var mutants = []mutant{
 	// the room's success.
 	{name: "read-done-before-last", file: "internal/core/pull.go", old: "\tcase live && !rm.pre.done:\n", new: "\tcase false && live && !rm.pre.done:\n",
 		pkg: "internal/core", run: "^TestPullReadDoneBeforeTheLastChunk$"},
+	// A PAGES with an empty layer range read as an earlier revision's
+	// whole chunk (every layer).
+	{name: "pages-empty-layers", file: "internal/core/pull.go", old: "\tif msg.Hi <= msg.Lo || msg.SpanHi <= msg.SpanLo {", new: "\tif false {",
+		pkg: "internal/core", run: "^TestPullHostileMessages$"},
 	// An offer's agent name of another rank's default form accepted.
 	{name: "offer-name-unchecked", file: "kvmanager/pull.go", old: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); o.Agent != want {", new: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); false && o.Agent != want {",
 		pkg: "kvmanager", run: "^TestPullOfferProven$"},
