@@ -11,9 +11,10 @@ package kvmanager
 // slots back, as a prefill rank does with a REGISTER, so it never reads
 // memory that is not the prefill process's own; an offer that fails
 // turns the REGISTER_ACK into a refusal, naming why. Then each EffectRead
-// is gated (ReadPosting), turned into descriptor pairs checked against both
-// layouts (transfer.ReadPairs), posted as one READ per memory kind, waited
-// for (bounded by the stall timeout) and stepped back as ReadDone.
+// is turned into descriptor pairs checked against both layouts
+// (transfer.ReadPairs) and prepared, gated (ReadPosting) right before its
+// posts, posted as one READ per memory kind, waited for (bounded by the
+// stall timeout) and stepped back as ReadDone.
 
 import (
 	"context"
@@ -81,7 +82,15 @@ func (m *Manager) sendWhenReady(e core.Effect) {
 				return
 			}
 			if ok {
-				m.send(e.To, e.Msg)
+				// It echoes the latest stamp heard by now (the decode
+				// rank's RENEWs went on while the data was not ready).
+				msg := *e.Msg.(*bootstrap.Pages)
+				m.read(func(c *core.Core) {
+					if at, found := c.PullStamp(e.Room, e.To.Endpoint); found {
+						msg.At = at
+					}
+				})
+				m.send(e.To, &msg)
 				return
 			}
 			select {
@@ -118,13 +127,30 @@ type pullKey struct {
 // pullPeer is a prefill process whose offer this decode rank accepted.
 type pullPeer struct {
 	remote string
+	owner  string // the offering rank's identity (From.Peer())
 	layout transfer.Layout
 	offer  [32]byte // its hash: a repeated REGISTER_ACK with the same offer is not proven again
 }
 
+// remoteLocks stripes the locks of reads through a remote by its agent
+// name: a read holds its remote's for reading from its lookup to its last
+// post; an offer that replaces that remote's metadata holds it for
+// writing, so no read is prepared through one remote and posted through
+// its successor, and an offer stalls only the reads of its stripe.
+const remoteLocks = 64
+
+func (ps *pullState) remoteLock(name string) *sync.RWMutex {
+	h := uint32(2166136261)
+	for i := 0; i < len(name); i++ {
+		h = (h ^ uint32(name[i])) * 16777619
+	}
+	return &ps.locks[h%remoteLocks]
+}
+
 // pullState is a decode rank's pull side.
 type pullState struct {
-	mu sync.RWMutex // write-held while an offer replaces a remote: no read is posted through it meanwhile
+	mu    sync.RWMutex // guards the maps below (held briefly)
+	locks [remoteLocks]sync.RWMutex
 	// peers are the accepted offers; slices the rank mapping's slice per
 	// target (nil: identical layouts).
 	peers  map[pullKey]*pullPeer
@@ -168,12 +194,25 @@ func (d *Decode) onRegisterAck(msg *bootstrap.RegisterAck) {
 		d.receive(msg, nil)
 		return
 	}
+	awaited := false
+	d.read(func(c *core.Core) { awaited = c.AwaitsRegisterAck(msg.From.Endpoint) })
+	if !awaited {
+		d.receive(msg, nil) // no REGISTER of ours waits there: the core drops it, nothing is loaded
+		return
+	}
 	if d.pull.checks.Add(1) > maxOfferChecks {
 		d.pull.checks.Add(-1)
 		d.log.Warn("pull offer left unanswered: too many being checked (its REGISTER is sent again)", zap.String("peer", msg.From.Peer()))
 		return
 	}
+	d.regMu.Lock() // (Close sets regClosed under it before it waits for the goroutines)
+	if d.regClosed {
+		d.regMu.Unlock()
+		d.pull.checks.Add(-1)
+		return
+	}
 	d.wg.Add(1)
+	d.regMu.Unlock()
 	go func() {
 		defer d.wg.Done()
 		defer d.pull.checks.Add(-1)
@@ -193,7 +232,9 @@ func (d *Decode) onRegisterAck(msg *bootstrap.RegisterAck) {
 var errNoOffer = errors.New("its REGISTER_ACK offers nothing to read: it does not serve pull (PullLease < 0 there)")
 
 // acceptOffer checks a prefill process's offer and loads it: its agent
-// name is its own, its regions make a layout, and its memory is proven its
+// name is its own (of its default form, the sender's; the one the blob
+// itself names, checked before the blob is loaded; not another rank's
+// accepted one), its regions make a layout, and its memory is proven its
 // own by reading every proof slot back through the loaded metadata.
 func (d *Decode) acceptOffer(msg *bootstrap.RegisterAck) error {
 	o := msg.Pull
@@ -206,12 +247,18 @@ func (d *Decode) acceptOffer(msg *bootstrap.RegisterAck) error {
 			return fmt.Errorf("%w: agent %q has the form of another rank's default name (want %q)", errNotOwner, o.Agent, want)
 		}
 	}
+	if named, err := nixl.MetadataAgent(o.AgentMD); err != nil {
+		return fmt.Errorf("agent metadata: %w", err)
+	} else if named != o.Agent {
+		return fmt.Errorf("%w: its metadata names agent %q, its offer %q", errNotOwner, named, o.Agent)
+	}
 	lay, err := core.LayoutFrom(o.KV, o.Aux, o.State)
 	if err != nil {
 		return fmt.Errorf("its regions: %w", err)
 	}
 	hash := offerHash(o)
 	key := pullKey{from.Endpoint, from.Epoch}
+	owner := from.Peer()
 	ps := d.pull
 	// One offer of an agent at a time.
 	for {
@@ -219,6 +266,12 @@ func (d *Decode) acceptOffer(msg *bootstrap.RegisterAck) error {
 		if p := ps.peers[key]; p != nil && p.offer == hash && d.agent.RemoteUsable(p.remote) {
 			ps.mu.Unlock()
 			return nil // a repeat of the offer already proven
+		}
+		for _, p := range ps.peers {
+			if p.remote == o.Agent && p.owner != owner {
+				ps.mu.Unlock()
+				return fmt.Errorf("%w: agent %q is %s's, whose offer was accepted here", errNotOwner, o.Agent, p.owner)
+			}
 		}
 		busy, ok := ps.checking[o.Agent]
 		if !ok {
@@ -240,29 +293,31 @@ func (d *Decode) acceptOffer(msg *bootstrap.RegisterAck) error {
 		ps.mu.Unlock()
 	}()
 	// No read goes through the agent's remote while its metadata is
-	// replaced: the old process's entries go first.
+	// replaced: that rank's earlier entries, and this endpoint's other
+	// processes', go first.
+	rl := ps.remoteLock(o.Agent)
+	rl.Lock()
 	ps.mu.Lock()
 	for k, p := range ps.peers {
-		if p.remote == o.Agent {
+		if p.remote == o.Agent || k.endpoint == from.Endpoint {
 			delete(ps.peers, k)
 		}
 	}
-	name, err := d.agent.LoadRemote(o.AgentMD)
 	ps.mu.Unlock()
+	_, err = d.agent.LoadRemote(o.AgentMD)
+	rl.Unlock()
 	if err != nil {
 		return fmt.Errorf("agent metadata: %w", err)
 	}
-	if name != o.Agent {
-		d.agent.InvalidateRemote(name)
-		return fmt.Errorf("%w: its metadata names agent %q, its offer %q", errNotOwner, name, o.Agent)
-	}
+	// Nothing refers to the new remote until it is proven (no entry names
+	// it), so no read goes through it before.
 	reg := &bootstrap.Register{From: from, Proof: o.Proof}
-	if err := d.checkProof(name, reg, lay); err != nil {
-		d.agent.InvalidateRemote(name)
+	if err := d.checkProof(o.Agent, reg, lay); err != nil {
+		d.agent.InvalidateRemote(o.Agent)
 		return err
 	}
 	ps.mu.Lock()
-	ps.peers[key] = &pullPeer{remote: name, layout: lay, offer: hash}
+	ps.peers[key] = &pullPeer{remote: o.Agent, owner: owner, layout: lay, offer: hash}
 	clear(ps.slices) // an instance may have changed shape or page size: computed again
 	ps.mu.Unlock()
 	return nil
@@ -347,21 +402,31 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 		return fmt.Errorf("%s: %w", where, err), true
 	}
 	ps := d.pull
-	// Held from the lookup to the last post: an offer that replaces this
-	// process's remote waits (acceptOffer), so nothing is prepared through
-	// one remote and posted through its successor.
+	key := pullKey{j.to.Endpoint, j.rd.Epoch}
 	ps.mu.RLock()
+	p := ps.peers[key]
+	ps.mu.RUnlock()
+	if p == nil {
+		return fmt.Errorf("%s: that process has no accepted pull offer here", where), true
+	}
+	// Held from here to the last post: an offer that replaces this
+	// remote's metadata waits (acceptOffer), so nothing is prepared
+	// through one remote and posted through its successor.
+	rl := ps.remoteLock(p.remote)
+	rl.RLock()
 	locked := true
 	unlock := func() {
 		if locked {
-			ps.mu.RUnlock()
+			rl.RUnlock()
 			locked = false
 		}
 	}
 	defer unlock()
-	p := ps.peers[pullKey{j.to.Endpoint, j.rd.Epoch}]
-	if p == nil {
-		return fmt.Errorf("%s: that process has no accepted pull offer here", where), true
+	ps.mu.RLock()
+	still := ps.peers[key] == p
+	ps.mu.RUnlock()
+	if !still {
+		return fmt.Errorf("%s: that process's offer was replaced", where), true
 	}
 	own := d.cfg.Layout
 	var kvSrc, kvDst, hostSrc, hostDst []nixl.Desc

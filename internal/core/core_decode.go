@@ -130,7 +130,7 @@ type source struct {
 	pull             bool
 	stamps           [maxStamps]stamp
 	nstamps          int
-	asked            []uint64 // (chunk, lo, hi) of each PAGES read, or being read
+	asked            map[[3]int]struct{} // (chunk, lo, hi) of each PAGES read, or being read
 	lastStamp        time.Time
 	leaseMillis      int
 	reads, unsettled int

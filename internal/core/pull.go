@@ -375,6 +375,32 @@ func (c *Core) PullHold(room uint64) (chan struct{}, bool) {
 	return h.ch, true
 }
 
+// AwaitsRegisterAck reports whether a decode rank waits for a REGISTER_ACK
+// from endpoint (it sent a REGISTER there): a shell loads a pull offer only
+// then.
+func (c *Core) AwaitsRegisterAck(endpoint string) bool {
+	if c.decodeCore == nil {
+		return false
+	}
+	tg := c.decodeCore.targetAt(endpoint)
+	return tg != nil && tg.reg == regSent
+}
+
+// PullStamp is the latest stamp a prefill rank heard from the decode
+// process at endpoint for room (its REQUEST's or a RENEW's): a PAGES held
+// back for its data (SendLayers' ready) echoes it when it goes.
+func (c *Core) PullStamp(room uint64, endpoint string) (uint64, bool) {
+	if c.prefillCore == nil {
+		return 0, false
+	}
+	for _, pr := range c.prefillCore.roomRequests(room) {
+		if pr.Payload != nil && pr.Payload.Pull && pr.Payload.From.Endpoint == endpoint {
+			return pr.At, true
+		}
+	}
+	return 0, false
+}
+
 // PagesUnderLease counts the prefill pages published for pull and not yet
 // released (prefill; the lease gauge).
 func (c *Core) PagesUnderLease() int {
@@ -476,6 +502,14 @@ func (c *decodeCore) onPages(msg *wire.Pages) {
 	var tg *target
 	if ok && rm.dec != nil {
 		s, tg = c.sourceFrom(rm.dec.sources, msg.From.Endpoint)
+	} else if h, held := c.holds[msg.Room]; held {
+		// Cleared, its pages still held: its reads may be over, and the
+		// prefill rank still publishes (the READ_DONE may have been lost).
+		c.stats.PullRefused++
+		if s, tg = c.sourceFrom(h.srcs, msg.From.Endpoint); s != nil && s.pull && s.readDoneSent && s.reads == 0 && s.epoch == msg.From.Epoch {
+			c.sendReadDone(msg.Room, s, tg, Failed)
+		}
+		return
 	}
 	if s == nil || !s.sent || s.epoch != msg.From.Epoch || !rm.dec.spec.Pull {
 		c.stats.PullRefused++
@@ -541,8 +575,8 @@ func (c *decodeCore) onPages(msg *wire.Pages) {
 		fail(CodeFailed, "chunk %d of %d, layers [%d, %d) of [%d, %d) out of range or contradicting its earlier PAGES", msg.Chunk, msg.Total, msg.Lo, msg.Hi, msg.SpanLo, msg.SpanHi)
 		return
 	}
-	ask := uint64(msg.Chunk)<<32 | uint64(msg.Lo)<<16 | uint64(msg.Hi)
-	if slices.Contains(s.asked, ask) {
+	ask := [3]int{msg.Chunk, msg.Lo, msg.Hi}
+	if _, dup := s.asked[ask]; dup {
 		c.stats.PullRefused++ // a duplicate: read once already, or being read
 		return
 	}
@@ -550,7 +584,10 @@ func (c *decodeCore) onPages(msg *wire.Pages) {
 		fail(CodeFailed, "more than %d chunks and layer groups published", maxAsked)
 		return
 	}
-	s.asked = append(s.asked, ask)
+	if s.asked == nil {
+		s.asked = map[[3]int]struct{}{}
+	}
+	s.asked[ask] = struct{}{}
 	if msg.Final && !dummy && s.link.Aux {
 		for i, dst := range spec.StateIndices {
 			if len(dst) == 0 {
@@ -605,7 +642,11 @@ func (c *decodeCore) readPosting(room uint64, rd *Read) bool {
 	}
 	s.reads--
 	c.stats.ReadsRefused++
-	if live && !rm.status.Terminal() {
+	switch {
+	case !live || rm.status.Terminal():
+	case !s.sent || s.epoch != rd.Epoch:
+		c.failWith(room, CodeFailed, fmt.Sprintf("room %d: a read from prefill %s (epoch %d), which the room no longer asks", room, s.target, rd.Epoch))
+	default:
 		c.failWith(room, CodeLeaseExpired, fmt.Sprintf("room %d: the lease of prefill %s's pages ended (%v) before this rank could read them", room, s.target, rd.Until))
 	}
 	c.maybeReadDone(room, s)
@@ -686,7 +727,7 @@ func (c *decodeCore) pullTick(now time.Time) {
 		}
 		for _, s := range rm.dec.sources {
 			tg := c.targets[s.target]
-			if !s.sent || s.complete() || tg == nil || tg.epoch != s.epoch || now.Before(s.lastStamp.Add(c.renewEvery(s))) {
+			if !s.sent || (s.complete() && s.reads == 0) || tg == nil || tg.epoch != s.epoch || now.Before(s.lastStamp.Add(c.renewEvery(s))) {
 				continue
 			}
 			s.lastStamp = now

@@ -293,8 +293,12 @@ func (c *Core) hash(f *fp) {
 		f.b1(s.pull)
 		f.i(s.nstamps)
 		f.i(len(s.asked))
-		for _, a := range s.asked {
-			f.u(a)
+		for _, a := range slices.SortedFunc(maps.Keys(s.asked), func(x, y [3]int) int {
+			return cmp.Or(cmp.Compare(x[0], y[0]), cmp.Compare(x[1], y[1]), cmp.Compare(x[2], y[2]))
+		}) {
+			f.i(a[0])
+			f.i(a[1])
+			f.i(a[2])
 		}
 		for _, st := range s.stamps {
 			f.u(st.wire)
@@ -540,7 +544,7 @@ func (c *Core) clone() *Core {
 			return d
 		}
 		d := *s
-		d.asked = slices.Clone(s.asked)
+		d.asked = maps.Clone(s.asked)
 		d.chunks = make(map[int]*chunkSeen, len(s.chunks))
 		for k, cs := range s.chunks {
 			c := *cs
