@@ -395,7 +395,7 @@ var mutants = []mutant{
 		pkg: "transfer", run: "^TestReadPairs$"},
 	// A pull offer loaded without reading its proof slots back: a decode
 	// rank reads memory the offering process does not own.
-	{name: "offer-proof-skipped", file: "kvmanager/pull.go", old: "\tif err := d.checkProof(name, reg, lay); err != nil {", new: "\tif err := d.checkProof(name, reg, lay); err != nil && false {",
+	{name: "offer-proof-skipped", file: "kvmanager/pull.go", old: "\tif err := d.checkProof(o.Agent, reg, lay); err != nil {", new: "\tif err := d.checkProof(o.Agent, reg, lay); err != nil && false {",
 		pkg: "kvmanager", run: "^TestPullOfferProven$"},
 	// A decode rank's pages held by a pull room after its READ_DONE: its
 	// next room's REQUEST for them refused while another decode rank of
