@@ -687,6 +687,9 @@ func (n *libnixl) post(x *Xfer) error {
 	if !n.live() {
 		return errAgentClosed
 	}
+	// The index pairs go to NIXL as they are; it merges runs adjacent in
+	// the dense prepared lists itself (coalesce.go).
+	x.pieces.Store(int64(len(x.li)))
 	defer n.life.RUnlock()
 	n.fmu.RLock()
 	defer n.fmu.RUnlock()

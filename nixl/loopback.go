@@ -176,35 +176,46 @@ func (l *loopback) post(x *Xfer) error {
 		st.state, st.err = Failed, fmt.Errorf("loopback peer %q closed: %w", x.Remote, ErrTransfer)
 		return nil
 	}
-	for k := range x.Local {
-		src, dst := x.Local[k], x.Dst[k]
-		if x.Op == Read {
-			src, dst = dst, src
-		}
-		srcAgent, dstAgent := l, peer
-		srcKind, dstKind := x.local.Kind, x.remote.Kind
-		if x.Op == Read {
-			srcAgent, dstAgent = peer, l
-			srcKind, dstKind = dstKind, srcKind
-		}
-		if !srcAgent.covered(srcKind, src) || !dstAgent.covered(dstKind, dst) {
+	srcAgent, dstAgent := l, peer
+	srcKind, dstKind := x.local.Kind, x.remote.Kind
+	srcs, dsts := x.Local, x.Dst
+	if x.Op == Read {
+		srcAgent, dstAgent = peer, l
+		srcKind, dstKind = dstKind, srcKind
+		srcs, dsts = dsts, srcs
+	}
+	for k := range srcs {
+		if !srcAgent.covered(srcKind, srcs[k]) || !dstAgent.covered(dstKind, dsts[k]) {
 			st.state, st.err = Failed, fmt.Errorf("pair %d: memory no longer registered: %w", k, ErrInvalidDescriptor)
 			return nil
 		}
+	}
+	// Every pair is registered memory; a run of pairs adjacent on both
+	// sides is one copy.
+	var failed error
+	runs := descRuns(srcs, dsts, func(r pieceRun) {
+		if failed != nil {
+			return
+		}
+		src, dst := srcs[r.first], dsts[r.first]
 		if srcKind == VRAM || dstKind == VRAM {
 			dev := src.Dev
 			if dstKind == VRAM {
 				dev = dst.Dev
 			}
-			if err := deviceCopy(int(dev), dst.Addr, src.Addr, dst.Len); err != nil {
-				st.state, st.err = Failed, fmt.Errorf("pair %d: %w", k, err)
-				return nil
+			if err := deviceCopy(int(dev), dst.Addr, src.Addr, r.len); err != nil {
+				failed = fmt.Errorf("pair %d: %w", r.first, err)
 			}
-			continue
+			return
 		}
 		// A C copy: the addresses are registered memory (Go memory pinned by
 		// RegisterBytes, or C memory), never converted to Go pointers.
-		C.kvb_copy(C.uintptr_t(dst.Addr), C.uintptr_t(src.Addr), C.size_t(dst.Len))
+		C.kvb_copy(C.uintptr_t(dst.Addr), C.uintptr_t(src.Addr), C.size_t(r.len))
+	})
+	x.pieces.Store(int64(runs))
+	if failed != nil {
+		st.state, st.err = Failed, failed
+		return nil
 	}
 	if x.Notif != nil {
 		peer.queue = append(peer.queue, Notif{Remote: l.name, Msg: append([]byte{}, x.Notif...)})

@@ -235,6 +235,7 @@ type Xfer struct {
 	li, ri []int
 	posted time.Time
 	handle any
+	pieces atomic.Int64 // operations of the last post after coalescing (Pieces)
 
 	// Set by the agent's completion watcher (under Agent.wmu) and
 	// published by closing done.

@@ -103,6 +103,10 @@ type ucxPrep struct {
 	lens  []C.uint64_t
 	keys  []C.ucp_rkey_h // remote: the rkey of each descriptor
 	memhs []C.ucp_mem_h  // local: the memh of each descriptor
+	// spans name the registered piece each descriptor lies in (local: a
+	// registration's mapping, remote: the peer's region); coalesced
+	// copies never cross from one to another.
+	spans []uintptr
 }
 
 type ucxXfer struct {
@@ -1055,6 +1059,7 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 		if remote == "" {
 			p.memhs = make([]C.ucp_mem_h, len(descs))
 			p.addrs = make([]uintptr, len(descs))
+			p.spans = make([]uintptr, len(descs))
 			if kind == DRAM {
 				p.views = make([][]byte, len(descs))
 			}
@@ -1068,7 +1073,9 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 					}
 					m := u.localMems[j]
 					off := uint64(d.Addr - m.addr)
-					p.memhs[i], p.views[i] = m.memh, m.view[off:off+d.Len:off+d.Len]
+					p.memhs[i], p.views[i], p.spans[i] = m.memh, m.view[off:off+d.Len:off+d.Len], uintptr(j)
+				} else {
+					p.spans[i] = u.vramSpan(d)
 				}
 			}
 			return nil
@@ -1079,6 +1086,7 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 		}
 		p.remote = r
 		p.keys = make([]C.ucp_rkey_h, len(descs))
+		p.spans = make([]uintptr, len(descs))
 		p.addrs = make([]uintptr, len(descs))
 		if kind == DRAM {
 			p.views = make([][]byte, len(descs))
@@ -1089,7 +1097,7 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 				return fmt.Errorf("descriptor %d outside %s's regions: %w", i, remote, ErrInvalidDescriptor)
 			}
 			reg := r.regions[j]
-			p.keys[i] = r.rkeys[j]
+			p.keys[i], p.spans[i] = r.rkeys[j], uintptr(j)
 			if r.mapped[j] != 0 && p.addrs != nil {
 				p.addrs[i] = r.mapped[j] + (d.Addr - reg.Addr)
 			}
@@ -1132,6 +1140,25 @@ func (u *ucx) localIndex() *regionIndex {
 		u.localIdx = newRegionIndex(rs)
 	}
 	return u.localIdx
+}
+
+// vramSpan names the local VRAM registration piece holding d (one
+// allocation, as exportVRAM exported it) by its address in Go memory, an
+// identity only; DRAM spans are indices into u.localMems, never
+// compared with these (a transfer's local side is one memory kind).
+func (u *ucx) vramSpan(d Desc) uintptr {
+	for r := range u.regs {
+		if r.kind != VRAM {
+			continue
+		}
+		for i := range r.mems {
+			m := &r.mems[i]
+			if d.Addr >= m.addr && d.Addr-m.addr <= uintptr(m.len) && d.Len <= m.len-uint64(d.Addr-m.addr) {
+				return uintptr(unsafe.Pointer(m))
+			}
+		}
+	}
+	return 0
 }
 
 func (u *ucx) unprep(any) error { return nil }
@@ -1184,6 +1211,7 @@ func (u *ucx) post(x *Xfer) error {
 		m++
 	}
 	n = m
+	x.pieces.Store(int64(n))
 	read := C.int(0)
 	if x.Op == Read {
 		read = 1
@@ -1288,27 +1316,50 @@ func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 	return nil
 }
 
-// copyDirect does a direct write's copies (u.copyMu held for reading).
+// copyDirect does a direct write's copies (u.copyMu held for reading):
+// one per run of pairs adjacent on both sides inside one local
+// registration and one peer region (coalesce).
 func (u *ucx) copyDirect(x *Xfer, lp, rp *ucxPrep) error {
-	if x.local.Kind == VRAM || x.remote.Kind == VRAM {
+	vram := x.local.Kind == VRAM || x.remote.Kind == VRAM
+	addr := func(p *ucxPrep, i int) uint64 {
+		if vram {
+			return uint64(p.addrs[i])
+		}
+		return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(p.views[i]))))
+	}
+	var dst, src []uintptr
+	var lens []uint64
+	runs := coalesce(len(x.li),
+		func(k int) uint64 { return addr(lp, x.li[k]) },
+		func(k int) uint64 { return addr(rp, x.ri[k]) },
+		func(k int) uint64 { return uint64(lp.lens[x.li[k]]) },
+		func(k int) bool {
+			return lp.spans[x.li[k]] == lp.spans[x.li[k-1]] && rp.spans[x.ri[k]] == rp.spans[x.ri[k-1]]
+		},
+		func(r pieceRun) {
+			if vram {
+				dst, src, lens = append(dst, rp.addrs[x.ri[r.first]]), append(src, lp.addrs[x.li[r.first]]), append(lens, r.len)
+				return
+			}
+			// A run lies inside one view's backing (its registration's
+			// mapping, its peer region's): the slices over it stay inside
+			// one object.
+			lv := unsafe.Slice(unsafe.SliceData(lp.views[x.li[r.first]]), r.len)
+			rv := unsafe.Slice(unsafe.SliceData(rp.views[x.ri[r.first]]), r.len)
+			if x.Op == Read {
+				copy(lv, rv)
+			} else {
+				copy(rv, lv)
+			}
+		})
+	x.pieces.Store(int64(runs))
+	if vram {
 		// CUDA copies with unified addressing, all queued, one wait: the
 		// bytes are in place before the notification is handed on.
-		dst, src, n := make([]uintptr, len(x.li)), make([]uintptr, len(x.li)), make([]uint64, len(x.li))
-		for k := range x.li {
-			dst[k], src[k], n[k] = rp.addrs[x.ri[k]], lp.addrs[x.li[k]], uint64(lp.lens[x.li[k]])
-		}
 		if x.Op == Read {
 			dst, src = src, dst
 		}
-		return deviceCopies(u.device, dst, src, n)
-	}
-	for k := range x.li {
-		li, ri := x.li[k], x.ri[k]
-		if x.Op == Read {
-			copy(lp.views[li], rp.views[ri])
-		} else {
-			copy(rp.views[ri], lp.views[li])
-		}
+		return deviceCopies(u.device, dst, src, lens)
 	}
 	return nil
 }

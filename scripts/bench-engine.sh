@@ -97,10 +97,19 @@ perftest_run() {
 gcc -O2 -o "$out/ucxput" scripts/ucxput/ucxput.c -lucp -lucs
 
 # ucxput_run TRANSPORT SIZE ITERS WINDOW: one put stream of the
-# caller-memory reference ("Final: GB/s").
+# caller-memory reference ("Final: GB/s"), over the slots the kvbridge
+# case writes: one for a write waited for, else min(8, 256 MiB / SIZE)
+# (BenchmarkWriteStreamed's), so neither side rewrites memory that stays
+# in cache while the other does not.
 ucxput_run() {
-	local srv=("$out/ucxput" server @PORT@ "$2" caller)
-	pair_run "$1" 2 1 ${#srv[@]} "${srv[@]}" "$out/ucxput" client 127.0.0.1 @PORT@ "$2" "$3" caller "$4"
+	local slots=1
+	if [ "$4" != 1 ]; then
+		slots=$(((256 << 20) / $2))
+		((slots > 8)) && slots=8
+		((slots < 1)) && slots=1
+	fi
+	local srv=("$out/ucxput" server @PORT@ "$2" caller "$slots")
+	pair_run "$1" 2 1 ${#srv[@]} "${srv[@]}" "$out/ucxput" client 127.0.0.1 @PORT@ "$2" "$3" caller "$4" "$slots"
 }
 
 # steady KIND TRANSPORT SIZE WINDOW BYTES NMIN NMAX -> "GB/s CPU-s/GB" of
@@ -216,7 +225,7 @@ each+notif: every write carries its notification and is waited for; chunk of 8: 
 back to back, the notification on the last, all waited for; window of 8: 8 writes kept in flight,
 one notification per 8 writes. The reference: ucx_perftest -t ucp_put_bw for engine memory (UCX
 allocates it), ucxput (scripts/ucxput) for the caller's memory, registered as kvbridge registers it;
-with the case's puts in flight (each+notif: 1, the others: 8).
+with the case's puts in flight (each+notif: 1, the others: 8) over the case's slots (1; 8, 4 at 64 MiB).
 Goals: caller memory ≥ 0.9 × the same-memory reference at 1 MiB and 64 MiB, CPU per GB
 ≤ 1.2 ×.
 NOTE

@@ -418,6 +418,18 @@ var mutants = []mutant{
 	// An offer's agent name of another rank's default form accepted.
 	{name: "offer-name-unchecked", file: "kvmanager/pull.go", old: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); o.Agent != want {", new: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); false && o.Agent != want {",
 		pkg: "kvmanager", run: "^TestPullOfferProven$"},
+	// Descriptor coalescing off: every page of a contiguous run is an
+	// operation of its own (issue 40 item 5).
+	{name: "coalesce-never", file: "nixl/coalesce.go", old: "\t\tif k > 0 && s == send && d == dend && (join == nil || join(k)) {", new: "\t\tif false && k > 0 && s == send && d == dend && (join == nil || join(k)) {",
+		pkg: "nixl", run: "^TestWritesCoalesce$"},
+	// Pairs joined by their sources alone: a run's later pages land
+	// after its first destination, not at their own.
+	{name: "coalesce-source-only", file: "nixl/coalesce.go", old: "\t\tif k > 0 && s == send && d == dend && (join == nil || join(k)) {", new: "\t\tif k > 0 && s == send && (d == dend || true) && (join == nil || join(k)) {",
+		pkg: "nixl", run: "^TestWritesCoalesce$"},
+	// A direct copy's run crossing from one local registration into the
+	// next (its slice would leave the first one's memory).
+	{name: "copy-runs-cross-registrations", file: "nixl/ucx.go", old: "\t\t\treturn lp.spans[x.li[k]] == lp.spans[x.li[k-1]] && rp.spans[x.ri[k]] == rp.spans[x.ri[k-1]]", new: "\t\t\treturn true",
+		pkg: "nixl", run: "^TestWritesCoalesce$"},
 }
 
 func main() {

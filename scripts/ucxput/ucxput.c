@@ -7,12 +7,24 @@
 // sides use the same kind. The target only progresses its worker (puts
 // UCX emulates need it), as kvbridge's target does.
 //
-//   ucxput server PORT SIZE MEM
-//   ucxput client HOST PORT SIZE ITERS MEM [WINDOW]   -> "Final: GB/s"
+//   ucxput server PORT SIZE MEM [SLOTS]
+//   ucxput client HOST PORT SIZE ITERS MEM [WINDOW [SLOTS [OP]]]   -> "Final: GB/s"
 //
 // WINDOW is how many puts are in flight at once (default 16): make
 // bench-engine gives each row the concurrency of the kvbridge case it is
-// the reference of (1 for a write waited for, 8 for 8 in flight).
+// the reference of (1 for a write waited for, 8 for 8 in flight). SLOTS
+// (default 1; the same on both sides) is how many SIZE-byte slots of one
+// buffer the puts go to in turn, as the kvbridge case's writes do: with
+// one slot a 1 MiB put rewrites memory that stays in cache.
+//
+// OP "am" sends each SIZE bytes as a rendezvous active message instead of
+// a put, which the target receives into its slot (ucp_am_recv_data_nbx):
+// UCX's zero-copy path for memory it did not allocate (cma: the target
+// reads the sender's pages with process_vm_readv), measured next to the
+// put UCX emulates with two copies through the shared-memory queue. OP
+// "flush" follows each put with an endpoint flush and counts the flushes
+// as the puts' completions: each put known to have landed, as a kvbridge
+// write is when it completes.
 //
 // Built by scripts/bench-engine.sh against the system's UCX (libucx-dev).
 #include <arpa/inet.h>
@@ -72,7 +84,7 @@ static ucp_worker_h worker;
 static void init(void) {
 	ucp_config_t *cfg;
 	check("ucp_config_read", ucp_config_read(NULL, NULL, &cfg));
-	ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA};
+	ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA | UCP_FEATURE_AM};
 	check("ucp_init", ucp_init(&p, cfg, &ctx));
 	ucp_config_release(cfg);
 	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
@@ -102,13 +114,45 @@ static void *mem(const char *kind, size_t size, ucp_mem_h *memh) {
 	return a.address;
 }
 
-static int completed;
+static long completed;
 
 static void put_done(void *req, ucs_status_t st, void *user) {
 	(void)user;
 	if (st != UCS_OK) die("put", ucs_status_string(st));
 	completed++;
 	ucp_request_free(req);
+}
+
+#define AM_ID 7
+
+// The target's side of OP "am": the slot offset is the header; a
+// rendezvous message is received into the slot (the transport reads it
+// from the sender), an eager one copied there.
+static char *target_buf;
+static size_t target_len;
+
+static void am_recvd(void *req, ucs_status_t st, size_t len, void *user) {
+	(void)len;
+	(void)user;
+	if (st != UCS_OK) die("am receive", ucs_status_string(st));
+	ucp_request_free(req);
+}
+
+static ucs_status_t am_cb(void *arg, const void *hdr, size_t hdr_len, void *data, size_t len,
+			  const ucp_am_recv_param_t *param) {
+	(void)arg;
+	uint64_t off;
+	if (hdr_len != sizeof off) die("am", "bad header");
+	memcpy(&off, hdr, sizeof off);
+	if (off > target_len || len > target_len - off) die("am", "outside the buffer");
+	if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+		ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK, .cb.recv_am = am_recvd};
+		void *r = ucp_am_recv_data_nbx(worker, data, target_buf + off, len, &rp);
+		if (UCS_PTR_IS_ERR(r)) die("ucp_am_recv_data_nbx", ucs_status_string(UCS_PTR_STATUS(r)));
+		return UCS_OK;
+	}
+	memcpy(target_buf + off, data, len);
+	return UCS_OK;
 }
 
 static void wait_req(void *req, const char *what) {
@@ -127,11 +171,19 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-	if (argc == 5 && strcmp(argv[1], "server") == 0) {
+	if ((argc == 5 || argc == 6) && strcmp(argv[1], "server") == 0) {
 		size_t size = strtoull(argv[3], NULL, 10);
+		long slots = argc == 6 ? atol(argv[5]) : 1;
+		if (slots < 1) die("slots", "want at least 1");
 		init();
 		ucp_mem_h memh;
-		void *buf = mem(argv[4], size, &memh);
+		void *buf = mem(argv[4], size * slots, &memh);
+		target_buf = buf;
+		target_len = size * slots;
+		ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB,
+					     .id = AM_ID,
+					     .cb = am_cb};
+		check("ucp_worker_set_am_recv_handler", ucp_worker_set_am_recv_handler(worker, &hp));
 		int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
 		setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
 		struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2])), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -161,16 +213,24 @@ int main(int argc, char **argv) {
 		ucp_cleanup(ctx);
 		return 0;
 	}
-	if ((argc != 7 && argc != 8) || strcmp(argv[1], "client") != 0) {
-		fprintf(stderr, "usage: ucxput server PORT SIZE MEM | ucxput client HOST PORT SIZE ITERS MEM [WINDOW] (MEM: engine or caller)\n");
+	if (argc < 7 || argc > 10 || strcmp(argv[1], "client") != 0) {
+		fprintf(stderr, "usage: ucxput server PORT SIZE MEM [SLOTS] | ucxput client HOST PORT SIZE ITERS MEM [WINDOW [SLOTS [OP]]] (MEM: engine or caller; OP: put, flush or am)\n");
 		return 2;
 	}
-	if (argc == 8 && (window = atol(argv[7])) < 1) die("window", "want at least 1");
+	if (argc >= 8 && (window = atol(argv[7])) < 1) die("window", "want at least 1");
+	long slots = argc >= 9 ? atol(argv[8]) : 1;
+	if (slots < 1) die("slots", "want at least 1");
+	int am = argc == 10 && strcmp(argv[9], "am") == 0;
+	int flush = argc == 10 && strcmp(argv[9], "flush") == 0;
+	if (argc == 10 && !am && !flush && strcmp(argv[9], "put") != 0) die("op", "want put, flush or am");
 	size_t size = strtoull(argv[4], NULL, 10);
 	long iters = atol(argv[5]);
 	init();
 	ucp_mem_h memh;
-	void *buf = mem(argv[6], size, &memh);
+	char *buf = mem(argv[6], size * slots, &memh);
+	uint64_t *offs = calloc(slots, sizeof *offs); // the "am" headers: each slot's offset, never rewritten
+	if (offs == NULL) die("calloc", "failed");
+	for (long k = 0; k < slots; k++) offs[k] = (uint64_t)k * size;
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[3]))};
 	inet_pton(AF_INET, argv[2], &sa.sin_addr);
@@ -185,14 +245,31 @@ int main(int argc, char **argv) {
 	ucp_rkey_h rkey;
 	check("ucp_ep_rkey_unpack", ucp_ep_rkey_unpack(e, rkeyb, &rkey));
 	ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK, .cb.send = put_done};
+	ucp_request_param_t ap = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMH,
+				  .cb.send = put_done,
+				  .flags = UCP_AM_SEND_FLAG_RNDV,
+				  .memh = memh};
 	double t0 = 0;
 	long warm = iters / 10 + 1;
-	for (long i = 0, issued = 0; i < warm + iters; i++) {
+	long issued = 0;
+	for (long i = 0; i < warm + iters; i++) {
 		if (i == warm) { // warmed up: drain, then time the rest
 			while (completed < issued) ucp_worker_progress(worker);
 			t0 = now();
 		}
-		void *req = ucp_put_nbx(e, buf, size, raddr, rkey, &rp);
+		uint64_t off = (uint64_t)(i % slots) * size;
+		void *req;
+		if (am) {
+			req = ucp_am_send_nbx(e, AM_ID, &offs[i % slots], sizeof offs[0], buf + off, size, &ap);
+		} else if (flush) {
+			ucp_request_param_t np = {0};
+			req = ucp_put_nbx(e, buf + off, size, raddr + off, rkey, &np);
+			if (UCS_PTR_IS_ERR(req)) check("ucp_put_nbx", UCS_PTR_STATUS(req));
+			if (req != NULL) ucp_request_free(req); // completes with the flush after it
+			req = ucp_ep_flush_nbx(e, &rp);
+		} else {
+			req = ucp_put_nbx(e, buf + off, size, raddr + off, rkey, &rp);
+		}
 		issued++;
 		if (req == NULL) {
 			completed++;
@@ -201,6 +278,7 @@ int main(int argc, char **argv) {
 		}
 		while (issued - completed >= window) ucp_worker_progress(worker);
 	}
+	while (completed < issued) ucp_worker_progress(worker);
 	ucp_request_param_t fp = {0};
 	wait_req(ucp_ep_flush_nbx(e, &fp), "ucp_ep_flush_nbx");
 	double el = now() - t0;
@@ -221,5 +299,6 @@ int main(int argc, char **argv) {
 	ucp_cleanup(ctx);
 	free(peer);
 	free(rkeyb);
+	free(offs);
 	return 0;
 }
