@@ -924,15 +924,24 @@ func (b *bench) controlMode() error {
 }
 
 // bareRTT is the reference: PUSH/PULL echo with pebbe/zmq4, same frames;
-// wall and CPU time per round trip.
+// wall and CPU time per round trip. One context per end, as two ranks
+// have (and as kvbridge's loops do: each its own context and I/O thread);
+// with one shared context the round trip measured about half as fast
+// (issue 40).
 func bareRTT(n int) (time.Duration, time.Duration, error) {
-	ctx, err := zmq.NewContext()
+	ctxEcho, err := zmq.NewContext()
 	if err != nil {
 		return 0, 0, err
 	}
-	defer ctx.Term()
-	mk := func(t zmq.Type) *zmq.Socket { s, _ := ctx.NewSocket(t); s.SetLinger(0); return s }
-	pull, backPull, push, backPush := mk(zmq.PULL), mk(zmq.PULL), mk(zmq.PUSH), mk(zmq.PUSH)
+	defer ctxEcho.Term()
+	ctxSend, err := zmq.NewContext()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer ctxSend.Term()
+	mk := func(ctx *zmq.Context, t zmq.Type) *zmq.Socket { s, _ := ctx.NewSocket(t); s.SetLinger(0); return s }
+	pull, backPush := mk(ctxEcho, zmq.PULL), mk(ctxEcho, zmq.PUSH)
+	push, backPull := mk(ctxSend, zmq.PUSH), mk(ctxSend, zmq.PULL)
 	defer func() {
 		for _, s := range []*zmq.Socket{pull, backPull, push, backPush} {
 			s.Close()
