@@ -181,3 +181,59 @@ func TestUCXAdaptiveProgressOff(t *testing.T) {
 		}
 	}
 }
+
+// TestSpinWindowAfterServingAPeer: progress that found work while none
+// of the agent's own transfers was in flight, on an agent exposing caller
+// memory, served a peer's puts into it (emulated, moving only while this
+// side polls): the progress goroutine keeps polling for the longer target
+// window; after its own traffic, after nothing, or with only memory UCX
+// allocated (peers copy into it directly), for the short one.
+func TestSpinWindowAfterServingAPeer(t *testing.T) {
+	for _, c := range []struct {
+		events      uint
+		own, caller bool
+		want        time.Duration
+	}{
+		{3, false, true, targetSpinWindow},
+		{3, true, true, spinWindow},
+		{0, false, true, spinWindow},
+		{3, false, false, spinWindow},
+		{0, true, false, spinWindow},
+	} {
+		if got := spinFor(c.events, c.own, c.caller); got != c.want {
+			t.Errorf("spinFor(%d events, own transfers %v, caller memory %v) = %v, want %v", c.events, c.own, c.caller, got, c.want)
+		}
+	}
+	if targetSpinWindow <= spinWindow {
+		t.Errorf("the target window (%v) is no longer than the initiator's (%v)", targetSpinWindow, spinWindow)
+	}
+	// The agent knows whether it exposes caller memory.
+	a := open(t, engines()[1], "spin")
+	u := a.b.(*ucx)
+	count := func() int {
+		var n int
+		if err := u.do(func() error { n = u.callerRegs; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if _, _, err := a.Alloc(1 << 16); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("%d caller registrations after an Alloc", n)
+	}
+	r, err := a.RegisterBytes(make([]byte, 1<<16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d caller registrations after RegisterBytes, want 1", n)
+	}
+	if err := a.Deregister(r); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("%d caller registrations after Deregister, want 0", n)
+	}
+}

@@ -430,6 +430,19 @@ var mutants = []mutant{
 	// next (its slice would leave the first one's memory).
 	{name: "copy-runs-cross-registrations", file: "nixl/ucx.go", old: "\t\t\treturn lp.spans[x.li[k]] == lp.spans[x.li[k-1]] && rp.spans[x.ri[k]] == rp.spans[x.ri[k-1]]", new: "\t\t\treturn true",
 		pkg: "nixl", run: "^TestWritesCoalesce$"},
+	// A target serving a writer's emulated puts back to the short spin
+	// window: the stream waits on its wake-ups.
+	{name: "target-spin-short", file: "nixl/ucx.go", old: "\tif n > 0 && !own && exposesCaller {\n\t\treturn targetSpinWindow", new: "\tif n > 0 && !own && exposesCaller {\n\t\treturn spinWindow",
+		pkg: "nixl", run: "^TestSpinWindowAfterServingAPeer$"},
+	// The long window for every target, memory UCX allocated included:
+	// on two cores a spinning target takes the core a peer's direct copy
+	// into it needs (engine memory at 1 MiB: 15.5 → 10.4 GB/s).
+	{name: "target-spin-always", file: "nixl/ucx.go", old: "\tif n > 0 && !own && exposesCaller {", new: "\tif n > 0 && !own {",
+		pkg: "nixl", run: "^TestSpinWindowAfterServingAPeer$"},
+	// Caller registrations not counted: a target of emulated puts never
+	// takes the long window.
+	{name: "caller-regs-not-counted", file: "nixl/ucx.go", old: "\t\tu.callerRegs++", new: "",
+		pkg: "nixl", run: "^TestSpinWindowAfterServingAPeer$"},
 }
 
 func main() {
