@@ -156,12 +156,12 @@ type ucx struct {
 	all     map[*ucxXfer]struct{} // every unreleased transfer, freed at shutdown
 	// localIdx/localMems index DRAM registrations; nil after a change.
 	localIdx  *regionIndex
+	localMems []ucxMem
+	orphans   []ucxOrphan
 	// callerRegs counts the registrations of caller memory (progress
 	// goroutine only): while there are any, progress that served a peer
 	// keeps polling for targetSpinWindow.
 	callerRegs int
-	localMems []ucxMem
-	orphans   []ucxOrphan
 
 	mu    sync.Mutex
 	queue []Notif
@@ -294,8 +294,8 @@ func inProcessPeer(a *ucxAddress) (*ucx, error) {
 const (
 	spinWindow       = 200 * time.Microsecond
 	targetSpinWindow = 2 * time.Millisecond
-	idleMaxSleep = 5 * time.Second
-	maxBusyArms  = 64
+	idleMaxSleep     = 5 * time.Second
+	maxBusyArms      = 64
 )
 
 // transportPrefixes name UCX settings that belong to transports. UCX 1.13's
