@@ -207,6 +207,26 @@ func TestSpinWindowAfterServingAPeer(t *testing.T) {
 	if targetSpinWindow <= spinWindow {
 		t.Errorf("the target window (%v) is no longer than the initiator's (%v)", targetSpinWindow, spinWindow)
 	}
+	for tls, want := range map[string]bool{"": true, "all": true, "posix,cma,self": true, "sm,self": true, "tcp": false,
+		"tcp,self": false, "^tcp": true, "^sm": false, "^shm,tcp": false, "rc,ud,self": false, "sysv": true} {
+		if got := tlsSharedMemory(tls); got != want {
+			t.Errorf("tlsSharedMemory(%q) = %v, want %v", tls, got, want)
+		}
+	}
+	// Over tcp the engine's own write messages wake the target: no long
+	// spin, caller memory or not.
+	tcp := open(t, engines()[2], "spin-tcp")
+	if _, err := tcp.RegisterBytes(make([]byte, 1<<16)); err != nil {
+		t.Fatal(err)
+	}
+	tu := tcp.b.(*ucx)
+	var served bool
+	if err := tu.do(func() error { served = tu.servesEmulatedPuts(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if served {
+		t.Error("an agent on tcp alone takes the long spin window")
+	}
 	// The agent knows whether it exposes caller memory.
 	a := open(t, engines()[1], "spin")
 	u := a.b.(*ucx)
@@ -229,6 +249,13 @@ func TestSpinWindowAfterServingAPeer(t *testing.T) {
 	}
 	if n := count(); n != 1 {
 		t.Fatalf("%d caller registrations after RegisterBytes, want 1", n)
+	}
+	served = false
+	if err := u.do(func() error { served = u.servesEmulatedPuts(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if !served {
+		t.Error("an agent on shared memory exposing caller memory does not take the long spin window")
 	}
 	if err := a.Deregister(r); err != nil {
 		t.Fatal(err)

@@ -439,6 +439,10 @@ var mutants = []mutant{
 	// into it needs (engine memory at 1 MiB: 15.5 → 10.4 GB/s).
 	{name: "target-spin-always", file: "nixl/ucx.go", old: "\tif n > 0 && !own && exposesCaller {", new: "\tif n > 0 && !own {",
 		pkg: "nixl", run: "^TestSpinWindowAfterServingAPeer$"},
+	// The long window over tcp too: a same-host writer's sends lose the
+	// core the spinning target takes.
+	{name: "target-spin-over-tcp", file: "nixl/ucx.go", old: "func (u *ucx) servesEmulatedPuts() bool { return u.callerRegs > 0 && u.sharedMem }", new: "func (u *ucx) servesEmulatedPuts() bool { return u.callerRegs > 0 }",
+		pkg: "nixl", run: "^TestSpinWindowAfterServingAPeer$"},
 	// Caller registrations not counted: a target of emulated puts never
 	// takes the long window.
 	{name: "caller-regs-not-counted", file: "nixl/ucx.go", old: "\t\tu.callerRegs++", new: "",
