@@ -436,8 +436,10 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 		if c.done && (st != Done || !bytes.Equal(local[:512<<10], src[:512<<10])) {
 			t.Fatalf("%s: %v %v, byte-exact %v", c.name, st, err, bytes.Equal(local[:512<<10], src[:512<<10]))
 		}
-		if !c.done && st != Failed {
-			t.Fatalf("%s: %v %v, want Failed", c.name, st, err)
+		// Failed by the short answer itself (UCX's "Message truncated"),
+		// not later by a deadline: a read that accepted it would hang.
+		if !c.done && (st != Failed || err == nil || !strings.Contains(strings.ToLower(err.Error()), "truncated")) {
+			t.Fatalf("%s: %v %v, want Failed for the truncated answer", c.name, st, err)
 		}
 		p.ini.Release(x)
 		if c.done {
