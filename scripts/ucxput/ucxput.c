@@ -175,6 +175,7 @@ int main(int argc, char **argv) {
 		size_t size = strtoull(argv[3], NULL, 10);
 		long slots = argc == 6 ? atol(argv[5]) : 1;
 		if (slots < 1) die("slots", "want at least 1");
+		if (size == 0 || size > SIZE_MAX / (size_t)slots) die("size", "SIZE × SLOTS out of range");
 		init();
 		ucp_mem_h memh;
 		void *buf = mem(argv[4], size * slots, &memh);
@@ -199,6 +200,8 @@ int main(int argc, char **argv) {
 		check("ucp_rkey_pack", ucp_rkey_pack(ctx, memh, &rkey, &rlen));
 		uint64_t raddr = (uint64_t)(uintptr_t)buf;
 		xio(fd, &raddr, sizeof raddr, 1);
+		uint64_t tlen = (uint64_t)target_len; // the client checks its slots fit
+		xio(fd, &tlen, sizeof tlen, 1);
 		send_blob(fd, rkey, rlen);
 		// The target progresses until the client says it is done.
 		struct pollfd pf = {.fd = fd, .events = POLLIN};
@@ -225,6 +228,7 @@ int main(int argc, char **argv) {
 	if (argc == 10 && !am && !flush && strcmp(argv[9], "put") != 0) die("op", "want put, flush or am");
 	size_t size = strtoull(argv[4], NULL, 10);
 	long iters = atol(argv[5]);
+	if (size == 0 || size > SIZE_MAX / (size_t)slots) die("size", "SIZE × SLOTS out of range");
 	init();
 	ucp_mem_h memh;
 	char *buf = mem(argv[6], size * slots, &memh);
@@ -238,6 +242,9 @@ int main(int argc, char **argv) {
 	uint64_t alen, rlen, raddr;
 	void *peer = recv_blob(fd, &alen);
 	xio(fd, &raddr, sizeof raddr, 0);
+	uint64_t tlen;
+	xio(fd, &tlen, sizeof tlen, 0);
+	if ((uint64_t)size * (uint64_t)slots > tlen) die("slots", "SIZE × SLOTS is more than the server's buffer");
 	void *rkeyb = recv_blob(fd, &rlen);
 	ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS, .address = peer};
 	ucp_ep_h e;
