@@ -5,11 +5,14 @@ package nixl
 // a run as one operation (one put, one copy, one CUDA copy) when the pairs
 // are adjacent on both sides: each next source starts where the run's
 // source ends, each next destination where its destination ends, and the
-// engine's own condition holds (the same keys, the same device). SGLang's
-// NIXL connector saw descriptors per peer fall from 1.71 M to 13.3 K this
-// way (#40500). The libnixl engine passes index lists into a dense
-// prepared list, which NIXL (1.4: nixlAgent::makeXferReq) merges the same
-// way itself.
+// engine's own condition holds: the pairs lie in one registered region on
+// each side (a copy never spans two allocations that happen to be
+// adjacent), and for puts the same keys. Pairs whose source and
+// destination overlap are undefined, as a memcpy's are: a run is one copy.
+// SGLang's NIXL connector saw descriptors per peer fall from 1.71 M to
+// 13.3 K this way (#40500). The libnixl engine passes index lists into a
+// dense prepared list, which NIXL (1.4: nixlAgent::makeXferReq) merges
+// the same way itself.
 
 // pieceRun is one engine operation: pairs first … first+n−1, len bytes.
 type pieceRun struct {
@@ -45,17 +48,6 @@ func coalesce(n int, src, dst, length func(k int) uint64, join func(k int) bool,
 		each(cur)
 	}
 	return runs
-}
-
-// descRuns coalesces a transfer's descriptor pairs (local, remote), the
-// same device on each side joining.
-func descRuns(local, remote []Desc, each func(pieceRun)) int {
-	return coalesce(len(local),
-		func(k int) uint64 { return uint64(local[k].Addr) },
-		func(k int) uint64 { return uint64(remote[k].Addr) },
-		func(k int) uint64 { return local[k].Len },
-		func(k int) bool { return local[k].Dev == local[k-1].Dev && remote[k].Dev == remote[k-1].Dev },
-		each)
 }
 
 // Pieces is how many operations the engine split the transfer's last post

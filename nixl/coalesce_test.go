@@ -50,9 +50,10 @@ func TestCoalesceRuns(t *testing.T) {
 // (Pieces), and the bytes land where the pairs say. The ucx engine's three
 // paths: a copy into peer memory UCX allocated (direct), puts into the
 // caller's memory (shared memory) and its own active messages (tcp). The
-// caller's memory on the initiator is two registrations, adjacent: the
-// ucx engine never joins pages across them (its operations name one
-// registration's handle, and a direct copy's slices stay inside one).
+// caller's memory is two registrations on each side, adjacent: no engine
+// joins pages across them (the ucx engine's operations name one
+// registration's handle and key, a direct copy's slices stay inside one
+// mapping, and a loopback or CUDA copy must not span two allocations).
 func TestWritesCoalesce(t *testing.T) {
 	const page, pages = 4096, 64
 	type memCase struct {
@@ -69,11 +70,7 @@ func TestWritesCoalesce(t *testing.T) {
 				buf := func(a *Agent, caller bool) []byte {
 					if caller {
 						b := make([]byte, pages*page)
-						halves := [][]byte{b}
-						if a == p.ini {
-							halves = [][]byte{b[:pages/2*page], b[pages/2*page:]}
-						}
-						for _, h := range halves {
+						for _, h := range [][]byte{b[:pages/2*page], b[pages/2*page:]} {
 							if _, err := a.RegisterBytes(h); err != nil {
 								t.Fatal(err)
 							}
@@ -106,6 +103,7 @@ func TestWritesCoalesce(t *testing.T) {
 					{"destination backwards", seq(0, 16), rev(seq(0, 16)), 16},
 					{"source backwards", rev(seq(16, 16)), seq(16, 16), 16},
 					{"across the middle", seq(pages/2-4, 8), seq(8, 8), 1},
+					{"across the target's middle", seq(8, 8), seq(pages/2-4, 8), 1},
 				} {
 					fill(src, uint64(len(wc.li)+wc.runs))
 					for i := range dst {
@@ -126,8 +124,10 @@ func TestWritesCoalesce(t *testing.T) {
 					switch {
 					case ec.name == "libnixl-double" || ec.name == "libnixl-real":
 						want = len(wc.li) // NIXL merges them itself
-					case wc.name == "across the middle" && mc.ini && ec.name != "loopback":
+					case wc.name == "across the middle" && mc.ini, wc.name == "across the target's middle" && mc.tgt:
 						want = 2 // two registrations: a run each
+					case wc.name == "three runs" && mc.tgt:
+						want = 4 // the first run's destination crosses the target's middle
 					}
 					if got := x.Pieces(); got != want {
 						t.Errorf("%s: %d pairs moved as %d operations, want %d", wc.name, len(wc.li), got, want)
@@ -168,4 +168,125 @@ func rev(s []int) []int {
 		s[i], s[j] = s[j], s[i]
 	}
 	return s
+}
+
+// TestRunsStayInOnePeerMapping: the ucx engine copies into peer memory UCX
+// allocated through its own mapping of each peer region; two regions
+// whose mappings happen to be adjacent in the initiator (the kernel
+// places successive mappings side by side) are two copies, never one
+// slice across two mappings.
+func TestRunsStayInOnePeerMapping(t *testing.T) {
+	const page = 4096
+	p := newPair(t, engines()[1]) // ucx-shm: direct copies
+	_, src, err := p.ini.Alloc(4 * page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 8; i++ {
+		if _, _, err := p.tgt.Alloc(2 * page); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.remote = exchange(t, p.ini, p.tgt)
+	u := p.ini.b.(*ucx)
+	var mapped []uintptr
+	var regions []Desc
+	if err := u.do(func() error {
+		r := u.remotes[p.remote]
+		mapped = append(mapped, r.mapped...)
+		for _, rg := range r.regions {
+			regions = append(regions, rg.Desc)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := -1, -1
+	for i := range mapped {
+		for j := range mapped {
+			if i != j && mapped[i] != 0 && mapped[i]+uintptr(regions[i].Len) == mapped[j] {
+				a, b = i, j
+			}
+		}
+	}
+	if a < 0 {
+		t.Skipf("no two of the 8 peer regions are mapped side by side here (%x)", mapped)
+	}
+	// The last page of one region and the first of the next, from two
+	// adjacent source pages: adjacent on both sides as the copy sees them.
+	dst := []Desc{{Addr: regions[a].Addr + uintptr(regions[a].Len) - page, Len: page}, {Addr: regions[b].Addr, Len: page}}
+	fill(src, 7)
+	l, err := p.ini.PrepLocal(DRAM, pageDescs(src[:2*page], page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := p.ini.PrepRemote(p.remote, DRAM, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := p.ini.NewXfer(Write, l, []int{0, 1}, r, []int{0, 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ini.Post(x); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
+		t.Fatal(st, err)
+	}
+	if x.Pieces() != 2 {
+		t.Errorf("a run joined across two peer regions: %d operations, want 2", x.Pieces())
+	}
+}
+
+// TestVRAMRunsStayInOneRegistration: the two halves of one device
+// allocation registered separately are two regions; a CUDA copy never
+// spans them (on the CUDA double: a copy per registration).
+func TestVRAMRunsStayInOneRegistration(t *testing.T) {
+	vramCases(t, func(t *testing.T) {
+		const pages, page = 16, 4096
+		for _, ec := range engines()[:2] { // loopback, ucx-shm
+			t.Run(ec.name, func(t *testing.T) {
+				p := newPair(t, ec)
+				src, _ := devAlloc(t, pages*page)
+				dst, _ := devAlloc(t, pages*page)
+				half := uintptr(pages / 2 * page)
+				for _, d := range []Desc{{Addr: uintptr(src), Len: uint64(half)}, {Addr: uintptr(src) + half, Len: uint64(half)}} {
+					if _, err := p.ini.Register(VRAM, []Desc{d}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if _, err := p.tgt.Register(VRAM, []Desc{{Addr: uintptr(dst), Len: pages * page}}); err != nil {
+					t.Fatal(err)
+				}
+				p.remote = exchange(t, p.ini, p.tgt)
+				var s, d []Desc
+				for i := 0; i < pages; i++ {
+					s = append(s, Desc{Addr: uintptr(src) + uintptr(i*page), Len: page})
+					d = append(d, Desc{Addr: uintptr(dst) + uintptr(i*page), Len: page})
+				}
+				ls, err := p.ini.PrepLocal(VRAM, s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rs, err := p.ini.PrepRemote(p.remote, VRAM, d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				x, err := p.ini.NewXfer(Write, ls, seq(4, 8), rs, seq(0, 8), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := p.ini.Post(x); err != nil {
+					t.Fatal(err)
+				}
+				if st, err := wait(t, p.ini, x, time.Minute); st != Done {
+					t.Fatal(st, err)
+				}
+				if x.Pieces() != 2 {
+					t.Errorf("a VRAM run across two registrations: %d operations, want 2", x.Pieces())
+				}
+			})
+		}
+	})
 }

@@ -131,14 +131,23 @@ func (l *loopback) invalidate(name string) error {
 func (l *loopback) prep(string, MemKind, []Desc) (any, error) { return struct{}{}, nil }
 func (l *loopback) unprep(any) error                          { return nil }
 
-// covered reports whether d lies in memory of kind l has registered now.
-func (l *loopback) covered(kind MemKind, d Desc) bool {
+// loopRegion names one registered region: its registration and index.
+type loopRegion struct {
+	reg *[]remoteRegion
+	i   int
+}
+
+// regionOf returns the region of kind l has registered now that d lies
+// in (ok false: none).
+func (l *loopback) regionOf(kind MemKind, d Desc) (loopRegion, bool) {
 	for rs := range l.regs {
-		if inside(*rs, kind, d) {
-			return true
+		for i, r := range *rs {
+			if r.Kind == kind && r.Contains(d) {
+				return loopRegion{rs, i}, true
+			}
 		}
 	}
-	return false
+	return loopRegion{}, false
 }
 
 type loopbackXfer struct {
@@ -184,34 +193,45 @@ func (l *loopback) post(x *Xfer) error {
 		srcKind, dstKind = dstKind, srcKind
 		srcs, dsts = dsts, srcs
 	}
+	srcRegs, dstRegs := make([]loopRegion, len(srcs)), make([]loopRegion, len(srcs))
 	for k := range srcs {
-		if !srcAgent.covered(srcKind, srcs[k]) || !dstAgent.covered(dstKind, dsts[k]) {
+		var sok, dok bool
+		srcRegs[k], sok = srcAgent.regionOf(srcKind, srcs[k])
+		dstRegs[k], dok = dstAgent.regionOf(dstKind, dsts[k])
+		if !sok || !dok {
 			st.state, st.err = Failed, fmt.Errorf("pair %d: memory no longer registered: %w", k, ErrInvalidDescriptor)
 			return nil
 		}
 	}
 	// Every pair is registered memory; a run of pairs adjacent on both
-	// sides is one copy.
+	// sides and inside one registered region on each (one allocation: a
+	// device copy must not span two that happen to be adjacent) is one
+	// copy.
 	var failed error
-	runs := descRuns(srcs, dsts, func(r pieceRun) {
-		if failed != nil {
-			return
-		}
-		src, dst := srcs[r.first], dsts[r.first]
-		if srcKind == VRAM || dstKind == VRAM {
-			dev := src.Dev
-			if dstKind == VRAM {
-				dev = dst.Dev
+	runs := coalesce(len(srcs),
+		func(k int) uint64 { return uint64(srcs[k].Addr) },
+		func(k int) uint64 { return uint64(dsts[k].Addr) },
+		func(k int) uint64 { return srcs[k].Len },
+		func(k int) bool { return srcRegs[k] == srcRegs[k-1] && dstRegs[k] == dstRegs[k-1] },
+		func(r pieceRun) {
+			if failed != nil {
+				return
 			}
-			if err := deviceCopy(int(dev), dst.Addr, src.Addr, r.len); err != nil {
-				failed = fmt.Errorf("pair %d: %w", r.first, err)
+			src, dst := srcs[r.first], dsts[r.first]
+			if srcKind == VRAM || dstKind == VRAM {
+				dev := src.Dev
+				if dstKind == VRAM {
+					dev = dst.Dev
+				}
+				if err := deviceCopy(int(dev), dst.Addr, src.Addr, r.len); err != nil {
+					failed = fmt.Errorf("pair %d: %w", r.first, err)
+				}
+				return
 			}
-			return
-		}
-		// A C copy: the addresses are registered memory (Go memory pinned by
-		// RegisterBytes, or C memory), never converted to Go pointers.
-		C.kvb_copy(C.uintptr_t(dst.Addr), C.uintptr_t(src.Addr), C.size_t(r.len))
-	})
+			// A C copy: the addresses are registered memory (Go memory pinned by
+			// RegisterBytes, or C memory), never converted to Go pointers.
+			C.kvb_copy(C.uintptr_t(dst.Addr), C.uintptr_t(src.Addr), C.size_t(r.len))
+		})
 	x.pieces.Store(int64(runs))
 	if failed != nil {
 		st.state, st.err = Failed, failed

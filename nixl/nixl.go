@@ -824,15 +824,6 @@ func (idx *regionIndex) find(kind MemKind, d Desc) int {
 	return -1
 }
 
-func inside(regions []remoteRegion, kind MemKind, d Desc) bool {
-	for _, r := range regions {
-		if r.Kind == kind && r.Contains(d) {
-			return true
-		}
-	}
-	return false
-}
-
 // Release frees a prepared list.
 func (p *Prepped) Release() error {
 	if p.handle == nil {

@@ -430,6 +430,22 @@ var mutants = []mutant{
 	// next (its slice would leave the first one's memory).
 	{name: "copy-runs-cross-registrations", file: "nixl/ucx.go", old: "\t\t\treturn lp.spans[x.li[k]] == lp.spans[x.li[k-1]] && rp.spans[x.ri[k]] == rp.spans[x.ri[k-1]]", new: "\t\t\treturn true",
 		pkg: "nixl", run: "^TestWritesCoalesce$"},
+	// A direct copy's run crossing from one peer region's mapping into
+	// the next one's, mapped side by side (the slice would span two
+	// mappings).
+	{name: "copy-runs-cross-peer-mappings", file: "nixl/ucx.go", old: "\t\t\treturn lp.spans[x.li[k]] == lp.spans[x.li[k-1]] && rp.spans[x.ri[k]] == rp.spans[x.ri[k-1]]", new: "\t\t\treturn lp.spans[x.li[k]] == lp.spans[x.li[k-1]]",
+		pkg: "nixl", run: "^TestRunsStayInOnePeerMapping$"},
+	// A put's run crossing into the target's next registration under the
+	// first one's remote key (on an RDMA NIC a remote access error).
+	{name: "put-runs-cross-rkeys", file: "nixl/ucx.go", old: "\t\t\trkeys[m-1] == rp.keys[ri] && memhs[m-1] == lp.memhs[li] {", new: "\t\t\tmemhs[m-1] == lp.memhs[li] {",
+		pkg: "nixl", run: "^TestWritesCoalesce$"},
+	// Every VRAM registration the same span: a CUDA copy's run across two
+	// registrations (two allocations that may merely be adjacent).
+	{name: "vram-span-constant", file: "nixl/ucx.go", old: "\t\t\t\treturn uintptr(unsafe.Pointer(m))", new: "\t\t\t\treturn 1",
+		pkg: "nixl", run: "^TestVRAMRunsStayInOneRegistration$"},
+	// Loopback joining pages across registered regions.
+	{name: "loopback-runs-cross-regions", file: "nixl/loopback.go", old: "\t\tfunc(k int) bool { return srcRegs[k] == srcRegs[k-1] && dstRegs[k] == dstRegs[k-1] },", new: "\t\tfunc(k int) bool { return true },",
+		pkg: "nixl", run: "^TestWritesCoalesce$"},
 	// A target serving a writer's emulated puts back to the short spin
 	// window: the stream waits on its wake-ups.
 	{name: "target-spin-short", file: "nixl/ucx.go", old: "\tif n > 0 && !own && exposesCaller {\n\t\treturn targetSpinWindow", new: "\tif n > 0 && !own && exposesCaller {\n\t\treturn spinWindow",
