@@ -531,13 +531,16 @@ drain:
 
 // spinFor is the spin window after a pass: progress that found n events
 // with no transfer of this agent's own in flight, on an agent exposing
-// caller memory, served a peer's puts into it (emulated: a writer of the
-// caller's memory streams at this side's polling rate, measured 4.7–5.2
-// GB/s with 200 µs and 7.0–8.0 with 2 ms at 1 MiB, 8 in flight, at less
-// CPU per GB). Anything else — this agent's own traffic, whose completions
-// the back-off timer covers, or a notification after a peer's direct copy
-// into memory UCX allocated (which a longer spin only takes a core from,
-// on a small machine from the copy itself) — gets the short window.
+// caller memory, may have served a peer's puts into it (emulated: a
+// writer of the caller's memory streams at this side's polling rate,
+// measured 4.7–5.2 GB/s with 200 µs and 7.0–8.0 with 2 ms at 1 MiB, 8 in
+// flight, at less CPU per GB). Such an agent takes the long window after
+// any peer's event (a notification after a direct copy into its engine
+// memory too: the events do not say which). Everything else — this
+// agent's own traffic, whose completions the back-off timer covers, and
+// an agent exposing only memory UCX allocated, where a longer spin only
+// takes a core from a peer's direct copy — gets the short window, and so
+// does a pass started by a command.
 func spinFor(n uint, own, exposesCaller bool) time.Duration {
 	if n > 0 && !own && exposesCaller {
 		return targetSpinWindow
@@ -556,26 +559,34 @@ func (u *ucx) servesEmulatedPuts() bool { return u.callerRegs > 0 && u.sharedMem
 
 // tlsSharedMemory: a UCX_TLS setting whose transports include shared
 // memory — empty or "all", a list naming one ("sm", "shm", "mm", "posix",
-// "sysv", "xpmem", "knem", "cma"), or an exclusion list ("^…") that does
-// not exclude them all.
+// "sysv", "xpmem", "knem", "cma"), or an exclusion list ("^…") that
+// leaves one of them ("all", "sm" and "shm" stand for all five, "mm" for posix,
+// sysv and xpmem).
 func tlsSharedMemory(tls string) bool {
 	tls = strings.ToLower(strings.TrimSpace(tls))
+	if tls == "" {
+		return true
+	}
 	exclude := strings.HasPrefix(tls, "^")
-	named := false
+	left := map[string]bool{"posix": true, "sysv": true, "xpmem": true, "knem": true, "cma": true}
 	for _, t := range strings.Split(strings.TrimPrefix(tls, "^"), ",") {
-		switch strings.TrimSpace(t) {
-		case "sm", "shm", "mm":
-			if exclude {
-				return false
-			}
-			named = true
+		var names []string
+		switch t = strings.TrimSpace(t); t {
+		case "all", "sm", "shm":
+			names = []string{"posix", "sysv", "xpmem", "knem", "cma"}
+		case "mm":
+			names = []string{"posix", "sysv", "xpmem"}
 		case "posix", "sysv", "xpmem", "knem", "cma":
-			named = true
-		case "all":
+			names = []string{t}
+		}
+		if len(names) > 0 && !exclude {
 			return true
 		}
+		for _, n := range names {
+			delete(left, n)
+		}
 	}
-	return tls == "" || exclude || named
+	return exclude && len(left) > 0
 }
 
 // loop progresses the worker: it spins while recently busy, then sleeps
@@ -650,7 +661,7 @@ func (u *ucx) loop() {
 		select {
 		case f := <-u.cmds:
 			f()
-			last = time.Now()
+			last, window = time.Now(), spinWindow
 		case <-ready:
 			w.woke()
 			u.wakeups.Add(1)

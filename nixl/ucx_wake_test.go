@@ -208,7 +208,8 @@ func TestSpinWindowAfterServingAPeer(t *testing.T) {
 		t.Errorf("the target window (%v) is no longer than the initiator's (%v)", targetSpinWindow, spinWindow)
 	}
 	for tls, want := range map[string]bool{"": true, "all": true, "posix,cma,self": true, "sm,self": true, "tcp": false,
-		"tcp,self": false, "^tcp": true, "^sm": false, "^shm,tcp": false, "rc,ud,self": false, "sysv": true} {
+		"tcp,self": false, "^tcp": true, "^sm": false, "^shm,tcp": false, "rc,ud,self": false, "sysv": true,
+		"^posix,sysv,xpmem,knem,cma": false, "^mm,knem,cma": false, "^mm": true, "^posix": true, "^all": false, "cma,tcp": true} {
 		if got := tlsSharedMemory(tls); got != want {
 			t.Errorf("tlsSharedMemory(%q) = %v, want %v", tls, got, want)
 		}
