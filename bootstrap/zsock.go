@@ -359,9 +359,14 @@ func (s *zsock) send(frames [][]byte, flags C.int) error {
 
 // receiver receives whole messages, several per C call, into C memory held
 // until its next call; frames copies one out.
-type receiver struct{ b *C.kvb_batch }
+type receiver struct {
+	b   *C.kvb_batch
+	hdr [][]byte // frames' slice of frames, reused from one message to the next
+}
 
-func newReceiver() *receiver { return &receiver{b: C.kvb_batch_new()} }
+func newReceiver() *receiver {
+	return &receiver{b: C.kvb_batch_new(), hdr: make([][]byte, maxFramesKept+1)}
+}
 
 func (r *receiver) free() {
 	if r.b != nil {
@@ -382,13 +387,15 @@ func (r *receiver) recv(s *zsock, max int, flags C.int) (int, error) {
 }
 
 // frames returns message i of the last recv, copied to Go memory (one
-// allocation for all its bytes); a message with more than maxFramesKept
-// frames has maxFramesKept+1, the last ones empty.
+// allocation for all its bytes, which the message may keep); a message
+// with more than maxFramesKept frames has maxFramesKept+1, the last ones
+// empty. The slice of frames itself is the receiver's, valid until the
+// next call: whoever keeps a frame keeps the frame, never the slice.
 func (r *receiver) frames(i int) [][]byte {
 	b := r.b
 	nf := int(b.nframes[i])
 	kept := min(nf, maxFramesKept)
-	out := make([][]byte, nf)
+	out := r.hdr[:nf]
 	buf := make([]byte, int(b.total[i]))
 	off := 0
 	for f := 0; f < kept; f++ {
@@ -402,5 +409,6 @@ func (r *receiver) frames(i int) [][]byte {
 	for f := kept; f < nf; f++ {
 		out[f] = []byte{}
 	}
+	clear(r.hdr[nf:]) // no earlier message's bytes kept alive
 	return out
 }
