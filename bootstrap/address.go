@@ -162,7 +162,12 @@ func (a *addressing) verify(raw []byte, now time.Time) (*peerCert, error) {
 // process at that endpoint last sent), the next message number, and under
 // per-rank identity this rank's certificate and the pair key to tag with.
 func (a *addressing) envelope(to Peer) (Envelope, []byte, error) {
-	now := time.Now()
+	return a.envelopeAt(to, time.Now())
+}
+
+// envelopeAt is envelope with the time the caller read (certificates are
+// checked against it).
+func (a *addressing) envelopeAt(to Peer, now time.Time) (Envelope, []byte, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var env Envelope

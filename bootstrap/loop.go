@@ -130,10 +130,17 @@ type outbound struct {
 	to   Peer
 	body []byte // the message's third frame (the first two are its type's)
 	t    MsgType
+	// at is when Send encoded it (one clock read serves the envelope's
+	// certificate checks, the peer lookup and the send time).
+	at time.Time
+	// buf holds body's memory for bodyBufs: back there once ZeroMQ has
+	// copied the body (release).
+	buf *[]byte
 	// With Auth (sealed): the envelope (its number and time are stamped
 	// when the message is handed to ZeroMQ, under the peer's lock, so the
-	// numbers a peer receives grow in the order it receives them) and its
-	// tag key.
+	// numbers a peer receives grow in the order it receives them; the time
+	// is Send's, or the retry's for a message that waited in the backlog)
+	// and its tag key.
 	sealed bool
 	env    Envelope
 	tagKey []byte
@@ -359,11 +366,11 @@ func (l *Loop) Send(to Peer, m Message) error {
 // encode returns m's frames and, when Auth is on, its envelope addressed to
 // the peer, with a REGISTER's agent metadata sealed to it.
 func (l *Loop) encode(to Peer, m Message) (outbound, error) {
-	o := outbound{to: to, t: m.Type()}
+	o := outbound{to: to, t: m.Type(), at: time.Now()}
 	var err error
 	if l.addr != nil {
 		var env Envelope
-		if env, o.tagKey, err = l.addr.envelope(to); err != nil {
+		if env, o.tagKey, err = l.addr.envelopeAt(to, o.at); err != nil {
 			return o, err
 		}
 		if t := m.Type(); env.To.Epoch == 0 && t != TypePing && t != TypeRegister {
@@ -396,20 +403,44 @@ func (l *Loop) encode(to Peer, m Message) (outbound, error) {
 			m = &c
 		}
 	}
-	o.body, err = wire.EncodeBody(m)
+	o.buf = bodyBufs.Get().(*[]byte)
+	if o.body, err = wire.AppendBody(*o.buf, m); err != nil {
+		o.release()
+	}
 	return o, err
+}
+
+// bodyBufs are the memory of message bodies: a body goes out of Go memory
+// at the send (zsock.send copies it), after which its buffer serves the
+// next message, so a message's encoding allocates nothing. Buffers past
+// keptBody bytes (a REGISTER's metadata) are left to the GC.
+var bodyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+const keptBody = 4096
+
+// release gives o's body buffer back to bodyBufs: once the body is sent,
+// or dropped. o.body must not be used after.
+func (o *outbound) release() {
+	if o.buf == nil {
+		return
+	}
+	if cap(o.body) <= keptBody {
+		*o.buf = o.body[:0]
+		bodyBufs.Put(o.buf)
+	}
+	o.buf, o.body = nil, nil
 }
 
 // wire returns o's frames as they go on the wire, laid out in sc: sealed,
 // numbered and timed now when Auth is on (the owner of sc held: pc.mu).
-func (l *Loop) wire(o outbound, sc *scratch) [][]byte {
+func (l *Loop) wire(o outbound, sc *scratch, now time.Time) [][]byte {
 	magic, typ := wire.HeaderFrames(o.t)
 	sc.frames[0], sc.frames[1], sc.frames[2] = magic, typ, o.body
 	if !o.sealed {
 		return sc.frames[:3]
 	}
 	env := o.env
-	env.Seq, env.Sent = l.addr.nextSeq(), time.Now()
+	env.Seq, env.Sent = l.addr.nextSeq(), now
 	sc.env = l.cfg.Auth.sealInto(sc.env[:0], o.tagKey, sc.frames[:3], env)
 	sc.frames[3] = sc.env
 	return sc.frames[:4]
@@ -754,7 +785,8 @@ func (s *sender) shutdown() {
 	for _, pc := range s.peers {
 		pc.mu.Lock()
 		n := 0
-		for n < len(pc.backlog) && s.try(pc, pc.backlog[n]) {
+		now := time.Now()
+		for n < len(pc.backlog) && s.try(pc, pc.backlog[n], now) {
 			n++
 		}
 		pc.sock.setInt(zLinger, int(s.l.cfg.Linger/time.Millisecond))
@@ -891,7 +923,7 @@ func (s *sender) deliver(o outbound) error {
 			s.mu.Unlock()
 			return ErrClosed
 		}
-		pc, err := s.conn(o.to, time.Now(), o.t == TypePong)
+		pc, err := s.conn(o.to, o.at, o.t == TypePong)
 		s.mu.Unlock()
 		if err != nil {
 			reason := DropError
@@ -911,7 +943,7 @@ func (s *sender) deliver(o outbound) error {
 			pc.mu.Unlock()
 			continue
 		}
-		if len(pc.backlog) > 0 || !s.try(pc, o) {
+		if len(pc.backlog) > 0 || !s.try(pc, o, o.at) {
 			if len(pc.backlog) >= s.l.cfg.SendHWM {
 				pc.mu.Unlock()
 				s.dropped(o, DropPeerBusy, errors.New("peer queue and backlog full"))
@@ -939,11 +971,12 @@ func signalKick(c chan struct{}) {
 // the processing of its pipe credit commands during bursts of non-blocking
 // sends). It returns false if ZeroMQ would block (the message is still the
 // caller's); any other failure is counted and the message consumed.
-func (s *sender) try(pc *peerConn, o outbound) bool {
-	err := pc.sock.send(s.l.wire(o, &pc.scratch), zDontwait)
+func (s *sender) try(pc *peerConn, o outbound, now time.Time) bool {
+	err := pc.sock.send(s.l.wire(o, &pc.scratch, now), zDontwait)
 	pc.scratch.frames[2] = nil // the body is ZeroMQ's copy now: not kept alive here
 	if err == nil {
 		s.l.stat.sent.Add(1)
+		o.release()
 		return true
 	}
 	if zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
@@ -968,10 +1001,11 @@ func (s *sender) snapshot() []*peerConn {
 // message is left (heartbeat goroutine).
 func (s *sender) flush() {
 	moved := false
+	now := time.Now()
 	for _, pc := range s.snapshot() {
 		pc.mu.Lock()
 		n := 0
-		for !pc.closed && n < len(pc.backlog) && s.try(pc, pc.backlog[n]) {
+		for !pc.closed && n < len(pc.backlog) && s.try(pc, pc.backlog[n], now) {
 			n++
 		}
 		if n > 0 {
@@ -996,6 +1030,7 @@ func (s *sender) flush() {
 }
 
 func (s *sender) dropped(o outbound, reason string, err error) {
+	o.release()
 	s.l.stat.dropInc(reason)
 	s.limitMu.Lock()
 	n, ok := s.limit.allow(time.Now())
@@ -1093,7 +1128,7 @@ func (s *sender) heartbeat(now time.Time) {
 		if len(pc.backlog) == 0 {
 			s.seq++
 			if o, err := s.l.encode(pc.hint, &Ping{From: s.l.id, Seq: s.seq}); err == nil {
-				pc.awaiting = s.try(pc, o)
+				pc.awaiting = s.try(pc, o, o.at)
 			} else {
 				// A peer this rank cannot address is not heard from: a miss.
 				s.dropped(outbound{to: pc.hint, t: TypePing}, DropNoIdentity, err)

@@ -767,3 +767,61 @@ func TestSentBodyNotKeptAlive(t *testing.T) {
 		t.Fatalf("the socket's scratch still holds the sent body (%d bytes)", len(pc.scratch.frames[2]))
 	}
 }
+
+// TestBackloggedBodiesIntact: the body of a message a busy peer's queue
+// would not take waits in the backlog while later messages are encoded
+// into the buffers of sent ones (bodyBufs): every message arrives as it
+// was sent, none malformed, and every one not dropped arrives.
+func TestBackloggedBodiesIntact(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	got := make(chan *Abort, 1<<16)
+	recv := newRank(t, RolePrefill, "recv", func(c *LoopConfig) {
+		c.Handler = func(m Message) {
+			if a, ok := m.(*Abort); ok {
+				<-release // a peer that stopped reading
+				got <- a
+			}
+		}
+	})
+	t.Cleanup(open) // before recv closes (cleanups run last first)
+	send := newRank(t, RoleDecode, "send", func(c *LoopConfig) { c.SendHWM = 64 })
+	to := recv.peer()
+	reason := func(i int) string { return fmt.Sprintf("%08d", i) + strings.Repeat(string(rune('a'+i%26)), 900) }
+	sent := 0
+	post := func() {
+		if err := send.Send(to, &Abort{Room: uint64(sent), Reason: reason(sent)}); err != nil {
+			t.Fatal(err)
+		}
+		sent++
+	}
+	// Until ZeroMQ's queue and the sockets' buffers are full and messages
+	// wait in the backlog.
+	for send.snd.pending.Load() == 0 {
+		if sent == 1<<16 {
+			t.Fatal("no message waited in a backlog")
+		}
+		post()
+	}
+	// More while some wait: the backlog's bodies are not handed out again.
+	for k := 0; k < 32; k++ {
+		post()
+	}
+	open()
+	want := uint64(sent) - send.Stats().Dropped[DropPeerBusy]
+	seen := map[uint64]bool{}
+	for n := uint64(0); n < want; n++ {
+		a := <-got
+		if a.Reason != reason(int(a.Room)) {
+			t.Fatalf("message %d arrived with the body of another (reason %.12q…)", a.Room, a.Reason)
+		}
+		if seen[a.Room] {
+			t.Fatalf("message %d arrived twice: a waiting message went out with a later one's body", a.Room)
+		}
+		seen[a.Room] = true
+	}
+	if m := recv.Stats().MalformedTotal(); m > 0 {
+		t.Fatalf("%d messages arrived malformed", m)
+	}
+}

@@ -366,8 +366,17 @@ func HeaderFrames(t MsgType) (magic, typ []byte) { return magicFrame, typeFrames
 // EncodeBody encodes a message's body, its third frame, in one
 // allocation (a sender that builds the frames itself, as the control loop
 // does, allocates nothing more).
-func EncodeBody(m Message) ([]byte, error) {
-	e := &encoder{b: make([]byte, 0, encodeCap(m))}
+func EncodeBody(m Message) ([]byte, error) { return AppendBody(nil, m) }
+
+// AppendBody is EncodeBody into dst's memory (its length ignored): a
+// sender that reuses its buffers allocates nothing for most messages. The
+// body is dst's memory only when it fits in cap(dst) (returned either
+// way).
+func AppendBody(dst []byte, m Message) ([]byte, error) {
+	if c := encodeCap(m); cap(dst) < c {
+		dst = make([]byte, 0, c)
+	}
+	e := &encoder{b: dst[:0]}
 	switch m := m.(type) {
 	case *Register:
 		n := 9

@@ -430,6 +430,11 @@ var mutants = []mutant{
 	// next (its slice would leave the first one's memory).
 	{name: "copy-runs-cross-registrations", file: "nixl/ucx.go", old: "\t\t\treturn lp.spans[x.li[k]] == lp.spans[x.li[k-1]] && rp.spans[x.ri[k]] == rp.spans[x.ri[k-1]]", new: "\t\t\treturn true",
 		pkg: "nixl", run: "^TestWritesCoalesce$"},
+	// A message ZeroMQ would not take yet gives its body buffer back
+	// while it waits in the backlog: a later message is encoded into it
+	// and the waiting one goes out with that body (issue 40 item 4).
+	{name: "body-released-while-waiting", file: "bootstrap/loop.go", old: "\t\ts.dropped(o, DropError, err)\n\t\treturn true\n\t}\n\treturn false", new: "\t\ts.dropped(o, DropError, err)\n\t\treturn true\n\t}\n\to.release()\n\treturn false",
+		pkg: "bootstrap", run: "^TestBackloggedBodiesIntact$"},
 	// A direct copy's run crossing from one peer region's mapping into
 	// the next one's, mapped side by side (the slice would span two
 	// mappings).
