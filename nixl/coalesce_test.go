@@ -224,7 +224,16 @@ func TestRunsStayInOnePeerMapping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, err := p.ini.NewXfer(Write, l, []int{0, 1}, r, []int{0, 1}, nil)
+	if n := writePieces(t, p, l, []int{0, 1}, r, []int{0, 1}); n != 2 {
+		t.Errorf("a run joined across two peer regions: %d operations, want 2", n)
+	}
+}
+
+// writePieces writes pairs li → ri from p's initiator, waits for it to be
+// done, and returns how many operations the engine made of it.
+func writePieces(t *testing.T, p pair, l *Prepped, li []int, r *Prepped, ri []int) int {
+	t.Helper()
+	x, err := p.ini.NewXfer(Write, l, li, r, ri, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,9 +243,7 @@ func TestRunsStayInOnePeerMapping(t *testing.T) {
 	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
 		t.Fatal(st, err)
 	}
-	if x.Pieces() != 2 {
-		t.Errorf("a run joined across two peer regions: %d operations, want 2", x.Pieces())
-	}
+	return x.Pieces()
 }
 
 // TestVRAMRunsStayInOneRegistration: the two halves of one device
@@ -273,18 +280,8 @@ func TestVRAMRunsStayInOneRegistration(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				x, err := p.ini.NewXfer(Write, ls, seq(4, 8), rs, seq(0, 8), nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := p.ini.Post(x); err != nil {
-					t.Fatal(err)
-				}
-				if st, err := wait(t, p.ini, x, time.Minute); st != Done {
-					t.Fatal(st, err)
-				}
-				if x.Pieces() != 2 {
-					t.Errorf("a VRAM run across two registrations: %d operations, want 2", x.Pieces())
+				if n := writePieces(t, p, ls, seq(4, 8), rs, seq(0, 8)); n != 2 {
+					t.Errorf("a VRAM run across two registrations: %d operations, want 2", n)
 				}
 			})
 		}
