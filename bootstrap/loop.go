@@ -424,10 +424,12 @@ func (o *outbound) release() {
 	if o.buf == nil {
 		return
 	}
-	if cap(o.body) <= keptBody {
+	// A body that outgrew its buffer (or failed to encode) leaves the
+	// buffer as it was: nothing else refers to it.
+	if o.body != nil && cap(o.body) <= keptBody {
 		*o.buf = o.body[:0]
-		bodyBufs.Put(o.buf)
 	}
+	bodyBufs.Put(o.buf)
 	o.buf, o.body = nil, nil
 }
 
@@ -789,6 +791,7 @@ func (s *sender) shutdown() {
 		for n < len(pc.backlog) && s.try(pc, pc.backlog[n], now) {
 			n++
 		}
+		clear(pc.backlog[:n]) // sent: their buffers are the pool's again
 		pc.sock.setInt(zLinger, int(s.l.cfg.Linger/time.Millisecond))
 		pc.sock.close()
 		pc.closed = true
@@ -1128,6 +1131,8 @@ func (s *sender) heartbeat(now time.Time) {
 		if len(pc.backlog) == 0 {
 			s.seq++
 			if o, err := s.l.encode(pc.hint, &Ping{From: s.l.id, Seq: s.seq}); err == nil {
+				// A PING ZeroMQ would not take is not backlogged (the next
+				// interval sends another); its body buffer goes to the GC.
 				pc.awaiting = s.try(pc, o, o.at)
 			} else {
 				// A peer this rank cannot address is not heard from: a miss.

@@ -812,7 +812,12 @@ func TestBackloggedBodiesIntact(t *testing.T) {
 	want := uint64(sent) - send.Stats().Dropped[DropPeerBusy]
 	seen := map[uint64]bool{}
 	for n := uint64(0); n < want; n++ {
-		a := <-got
+		var a *Abort
+		select {
+		case a = <-got:
+		case <-time.After(time.Minute): // a lost message fails, not hangs
+			t.Fatalf("%d of %d messages arrived (malformed %d)", n, want, recv.Stats().MalformedTotal())
+		}
 		if a.Reason != reason(int(a.Room)) {
 			t.Fatalf("message %d arrived with the body of another (reason %.12q…)", a.Room, a.Reason)
 		}

@@ -118,7 +118,9 @@ type Config struct {
 	RankIdentity *bootstrap.RankIdentity
 	// ControlTap sees every control message as it came off the wire,
 	// before any check (bootstrap.LoopConfig.Tap): a capture for
-	// diagnostics and tests.
+	// diagnostics and tests. It runs on the receive goroutine and must not
+	// keep or modify frames: the slice is refilled for the next message
+	// (copy what you keep).
 	ControlTap func(frames [][]byte)
 	// MaxPeers bounds the control plane's PUSH sockets (default 1024; a
 	// new peer evicts the least recently used unwatched one, and is refused
