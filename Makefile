@@ -23,17 +23,21 @@ test: deps
 	@# The checkers (CPU-bound, one goroutine each) run beside the other packages' tests (mostly waiting on processes and sockets): 2 cores stay busy.
 	@$(MAKE) --no-print-directory -j2 test-checkers test-packages
 	@# Rate-dependent: the race detector slows the writes below the rate at which UCX's adaptive progress lost events (see the test).
-	$(GO) test -count=1 -run '^TestUCXNoLostWakeCrossProcess$$' ./nixl
+	$(GO) test -count=1 -timeout 3m -run '^TestUCXNoLostWakeCrossProcess$$' ./nixl
 	@# The simulator must still find the bugs it found: their source mutants laid over the core, each caught by the checkers (make mutants runs every mutant).
 	$(GO) run ./scripts/srcmutants -only $(SIM_MUTANTS) -run '^(TestSimFindsBugs|TestSimRegressions)$$'
 
 # The model checker and the simulator print what they checked.
 # The protocol core (internal/core): the checkers and the package's other tests.
+# Every go test has its timeout in sight: a package that runs past it panics, and the panic with the
+# tests still running is shown (the whole -v log is kept in CHECKERS_LOG).
+CHECKERS_LOG ?= $${TMPDIR:-/tmp}/kvbridge-checkers.log
+TEST_TIMEOUT ?= 8m
 test-checkers:
-	$(GO) test -race -count=1 -v ./internal/core | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:'
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -v ./internal/core 2>&1 | tee $(CHECKERS_LOG) | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:|^panic|running tests:|^\s+Test[^ ]* \(|[a-z_]+_test\.go:[0-9]+: .*(FAIL|Error|fail)'
 
 test-packages:
-	$(GO) test -race -count=1 -skip '$(CHECKERS)' ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -skip '$(CHECKERS)' ./...
 
 NIXL_RUNS ?= 20
 NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL|TestFirstRoomAfterPrefillRestartElsewhere|TestAbortReachesPrefillRestartedElsewhere|TestRoomAfterPrefillRestartElsewhere|TestRoomPostedRightAfterPrefillRestartElsewhere|TestPausedDecodeLearnsItsRoomsFailed|TestDecodeKilledRepeatedly|TestNIXLFaultRepro|TestLibNIXLBadThenGenuineMetadata|TestLibNIXLGenNotifFlushed|TestPrefixSkipped|TestForgedMemoryRefusedAcrossProcesses|TestPullByteExact|TestPullRanksKilledMidRead|TestPagesOfDifferentSizesByteExact)$$/^libnixl-real$$

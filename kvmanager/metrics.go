@@ -24,6 +24,7 @@ type metrics struct {
 	probes, leasesLost                                    *prometheus.Desc
 	// Pull (docs/PROTOCOL.md "Pull").
 	underLease, leaseRenewals, leaseExpiries, readsRefused, pullRefused *prometheus.Desc
+	foreignRefused                                                      *prometheus.Desc
 	pageSeconds                                                         prometheus.Histogram
 
 	transfers prometheus.Counter
@@ -66,6 +67,8 @@ func newMetrics(m *Manager) *metrics {
 		layoutRefused: prometheus.NewDesc("kvbridge_layout_refused_total",
 			"REGISTERs and REQUESTs refused for naming memory that cannot be right: overlapping regions, a destination named twice, a destination another live room of the decode process may still write.",
 			[]string{"reason"}, labels),
+		foreignRefused: prometheus.NewDesc("kvbridge_foreign_room_refused_total",
+			"REQUESTs and ABORTs refused for naming a room another decode instance asked for first (a room is one decode instance's).", nil, labels),
 		probes: prometheus.NewDesc("kvbridge_request_probes_total",
 			"PINGs sent before a REQUEST to a prefill process not heard from within ProbeIdle, by outcome (lost: no PONG within ProbeTimeout, the rank looked up again).",
 			[]string{"outcome"}, labels),
@@ -125,7 +128,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.inflight
 	ch <- x.tables
 	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes,
-		x.underLease, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused} {
+		x.underLease, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.foreignRefused} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -148,6 +151,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.leaseExpiries, prometheus.CounterValue, float64(st.LeaseExpiries))
 	ch <- prometheus.MustNewConstMetric(x.readsRefused, prometheus.CounterValue, float64(st.ReadsRefused))
 	ch <- prometheus.MustNewConstMetric(x.pullRefused, prometheus.CounterValue, float64(st.PullRefused))
+	ch <- prometheus.MustNewConstMetric(x.foreignRefused, prometheus.CounterValue, float64(st.ForeignRefused))
 	ch <- prometheus.MustNewConstMetric(x.tables, prometheus.GaugeValue, float64(tombs), "tombstones")
 	ch <- prometheus.MustNewConstMetric(x.tables, prometheus.GaugeValue, float64(pending), "pending")
 	for p := core.Failed; p <= core.Success; p++ {

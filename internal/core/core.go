@@ -214,6 +214,9 @@ type CoreStats struct {
 	ReadsRefused   uint64 // pull reads their gate refused (decode)
 	SourceReleases uint64 // pull rooms' source pages released (prefill; forced ones in ForcedReleases too)
 	PullRefused    uint64 // PAGES, RENEW or READ_DONE ignored: stale, unknown room or peer, a duplicate, or refused
+	// ForeignRefused (prefill): REQUESTs and ABORTs refused for naming a
+	// room that another decode instance asked for first.
+	ForeignRefused uint64
 }
 
 // EffectKind names an effect.

@@ -400,6 +400,11 @@ func (c *prefillCore) onRequest(msg *wire.Request) bool {
 		c.statusTo(to, msg.Room, CodeNotRegistered, fmt.Sprintf("room %d: %s (epoch %d) has not registered (send REGISTER first)", msg.Room, key, msg.From.Epoch))
 		return false
 	}
+	if reason := c.foreign(msg.From, msg.Room); reason != "" {
+		c.stats.ForeignRefused++
+		c.statusTo(to, msg.Room, CodeRejected, reason)
+		return false
+	}
 	if reason := checkRequest(msg, p); reason != "" {
 		c.statusTo(to, msg.Room, CodeOutOfRange, reason)
 		return false
@@ -427,6 +432,21 @@ func (c *prefillCore) onRequest(msg *wire.Request) bool {
 	p.claim(msg)
 	c.watch(msg.Room, to)
 	return true
+}
+
+// foreign explains why a REQUEST or ABORT from `from` may not touch room
+// ("" if it may): the room holds REQUESTs of another decode instance,
+// which asked for it first. A room belongs to the instance whose REQUEST
+// created it (live or pending) until it is cleared; its id alone, which
+// travels on the control wire, gives no other instance a say in it.
+func (c *prefillCore) foreign(from wire.From, room uint64) string {
+	for _, pr := range c.roomRequests(room) {
+		if pr.Payload != nil && pr.Payload.From.Instance != from.Instance {
+			return fmt.Sprintf("room %d: decode instance %q asked for it first; %s is of instance %q (a room is one decode instance's)",
+				room, pr.Payload.From.Instance, from.Peer(), from.Instance)
+		}
+	}
+	return ""
 }
 
 // repeated names a destination page, or an item of one state region, that
@@ -565,6 +585,14 @@ func checkRequest(msg *wire.Request, p *decodePeer) string {
 // already cleared.
 func (c *prefillCore) onAbort(msg *wire.Abort) {
 	ack := wire.Peer{Endpoint: msg.From.Endpoint}
+	if c.foreign(msg.From, msg.Room) != "" {
+		// Not its room: nothing of the sender's can be written under this
+		// id (none of its REQUESTs is the room's), which is what a drained
+		// ABORT_ACK says; the room is left as it is.
+		c.stats.ForeignRefused++
+		c.send(ack, msg.Room, &wire.AbortAck{Room: msg.Room, Drained: true})
+		return
+	}
 	reason := msg.Reason
 	if msg.Code != "" {
 		reason = msg.Code + ": " + reason

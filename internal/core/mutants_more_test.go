@@ -174,10 +174,11 @@ func TestPrefillFailsRoomsOfRestartedPeer(t *testing.T) {
 	})
 }
 
-// otherDecode is a second decode rank, beside decodeFrom.
+// otherDecode is a second decode rank of decodeFrom's instance (a room is
+// one decode instance's: its ranks share it).
 var otherDecode = func() wire.From {
 	o := decodeFrom
-	o.Instance, o.Endpoint = "other", "tcp://o:1"
+	o.Rank, o.Endpoint = 1, "tcp://o:1"
 	return o
 }()
 

@@ -94,6 +94,9 @@ type pullHold struct {
 	pages   int // prefill pages published
 	counted int // chunks counted in pages
 	first   time.Time
+	// published: the last publish, from which the room's stall deadline
+	// runs (docs/PROTOCOL.md "RENEW": the hold's bound).
+	published time.Time
 	// deadline: set once the room settled with a read that may still be
 	// in progress (no READ_DONE, or one not drained): forced release then.
 	deadline time.Time
@@ -178,6 +181,11 @@ func (c *prefillCore) publish(rm *room, in SendChunk, at chunkAt, pr PeerRequest
 		}
 		pp.open = true
 	}
+	// Publishing is this rank's own progress: the stall deadline runs
+	// from the last publish, and nothing a decode process sends moves it
+	// (a RENEW keeps a lease, not the room, alive).
+	c.reg.progressed(rm, c.now)
+	h.published = c.now
 	pp.leaseEnd = c.now.Add(c.cfg.Lease)
 	shift := 0
 	if p.plan != nil {
@@ -209,7 +217,11 @@ func (c *prefillCore) publish(rm *room, in SendChunk, at chunkAt, pr PeerRequest
 
 // onRenew extends a pull room's lease for the decode process that sent
 // it (its REQUEST's epoch): the stamp is kept for the next PAGES to echo,
-// and a published, live room's lease runs Lease from now.
+// and a published, live room's lease runs Lease from now. A RENEW is not
+// progress: the room's stall deadline runs from its last publish, so a
+// decode process that renews without reading holds the pages at most
+// until then, plus the drain deadline and the quarantine (docs/PROTOCOL.md
+// "RENEW").
 func (c *prefillCore) onRenew(msg *wire.Renew) {
 	key := msg.From.Peer()
 	reqs, found := c.roomRequests(msg.Room), false
@@ -231,7 +243,6 @@ func (c *prefillCore) onRenew(msg *wire.Renew) {
 		if pp.key == key && pp.epoch == msg.From.Epoch && pp.open {
 			pp.leaseEnd = c.now.Add(c.cfg.Lease)
 			c.stats.LeaseRenewals++
-			c.reg.renewed(rm, c.now)
 		}
 	}
 }

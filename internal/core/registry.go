@@ -986,8 +986,9 @@ func (r *Registry) leaseClosed(id uint64, err error, drained bool, now time.Time
 	return Result{Outcome: Applied, Status: rm.status}
 }
 
-// renewed: a pull room's lease was renewed, which is progress (prefill).
-func (r *Registry) renewed(rm *room, now time.Time) {
+// progressed restarts a transferring room's stall deadline: a prefill
+// rank published a pull room's chunk (its own progress).
+func (r *Registry) progressed(rm *room, now time.Time) {
 	if rm.status == Transferring {
 		rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
 	}

@@ -101,6 +101,16 @@ type simConfig struct {
 	// mustSucceed: rooms whose every side must end Success by the end of
 	// the quiet phase (configurations where nothing may fail them).
 	mustSucceed []uint64
+	// hostileRenew: decode rank 0 is hostile (simhostile_test.go): it
+	// never reads what it is offered, never says its reads are over or
+	// aborts, and sends a RENEW for every pull room of the configuration
+	// to every prefill rank at every tick, the quiet phase included.
+	hostileRenew bool
+	// intruder: the last decode rank is another decode instance that may,
+	// intrusions times, ask for, abort, renew or end the reads of rooms of
+	// the other instance (simhostile_test.go).
+	intruder   bool
+	intrusions int
 }
 
 // simRoomSpec: a room that the listed decode ranks receive from the listed
@@ -308,12 +318,12 @@ type simWorld struct {
 	reported   map[string]bool   // deaths heartbeats reported (reporter, endpoint, process there)
 	got        map[simCell]bool  // pages and layers landed
 	// Faults used (bounded by the configuration).
-	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails int
-	calm                                                                                             bool // the quiet phase: no faults
-	trace                                                                                            []string
-	cov                                                                                              *simCoverage // random runs and explorations: what was reached (not state)
-	weights                                                                                          map[string]int
-	err                                                                                              error
+	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails, intrusions int
+	calm                                                                                                         bool // the quiet phase: no faults
+	trace                                                                                                        []string
+	cov                                                                                                          *simCoverage // random runs and explorations: what was reached (not state)
+	weights                                                                                                      map[string]int
+	err                                                                                                          error
 }
 
 func (c simConfig) slots() int { return c.prefills + c.decodes }
@@ -414,7 +424,11 @@ func (w *simWorld) start(slot int, moved bool) {
 	if !w.isPrefill(slot) {
 		role, name, rank = RoleDecode, "decode", slot-w.cfg.prefills
 	}
-	from := wire.From{Role: name, Instance: name, Rank: rank, Endpoint: ep, Epoch: epochOf(w.incs)}
+	inst := name
+	if w.isIntruder(slot) {
+		inst = simIntruder
+	}
+	from := wire.From{Role: name, Instance: inst, Rank: rank, Endpoint: ep, Epoch: epochOf(w.incs)}
 	cc := CoreConfig{Role: role, Rank: rank, Compat: "sim", Layout: simLayout(), Registry: w.cfg.reg,
 		QuarantineTimeout: w.cfg.quarantine, RegisterRetry: time.Second, RecheckIdle: 8 * time.Second,
 		ProbeIdle: simProbeIdle, ProbeTimeout: simProbeIdle / 4, Lease: simPullLease}
@@ -493,10 +507,17 @@ func (w *simWorld) effects(slot int) {
 					}
 				}
 			}
+			if w.hostileDrops(slot, e.Msg) {
+				continue
+			}
 			w.net[slot][dst] = append(w.net[slot][dst], simMsg{from: p.from, to: e.To.Endpoint, msg: e.Msg})
 		case EffectPost:
 			p.jobs = append(p.jobs, simJob{room: e.Room, writes: slices.Clone(e.Writes)})
 		case EffectRead:
+			if w.isHostile(slot) {
+				w.cov.hit("hostile: read never posted")
+				continue
+			}
 			w.addRead(slot, p, e)
 		case EffectResolve:
 			w.resolves[slot] = append(w.resolves[slot], e.Target)
@@ -969,6 +990,7 @@ func (w *simWorld) events() []simEvent {
 		}
 	}
 	w.readEvents(add)
+	w.intruderEvents(add)
 	w.appEvents(add)
 	w.heartbeatEvents(add)
 	if !w.calm {
@@ -1072,6 +1094,7 @@ func (w *simWorld) tick(d time.Duration) {
 		return wr.ghost && w.now.Sub(wr.posted) > simWriteLife
 	})
 	w.tickReads()
+	w.hostileRenews()
 	// A dead process's record lives out its lease.
 	for pr, rec := range w.records {
 		if rec.set && rec.dead && !w.now.Before(rec.expires) {
@@ -1135,7 +1158,12 @@ func (w *simWorld) deliver(src, dst int) {
 		if rm := c.reg.rooms[msg.Room]; rm != nil && rm.required > 0 && len(rm.requests) >= rm.required {
 			w.cov.hit("REQUEST beyond the room's required")
 		}
+		if w.foreign(dst, m.from, msg.Room) {
+			w.checkForeign(dst, msg, msg.Room, func() { c.Step(w.now, Received{&cp}) })
+			break
+		}
 		if c.Step(w.now, Received{&cp}).OK {
+			w.checkOneInstance(dst, msg.Room)
 			k := simKey{pInc: p.inc, dInc: incOf(m.from.Epoch), room: msg.Room}
 			if _, again := w.asked[k]; again {
 				w.cov.hit("REQUEST accepted twice")
@@ -1145,6 +1173,10 @@ func (w *simWorld) deliver(src, dst int) {
 	case *wire.Abort:
 		cp := *msg
 		cp.From = m.from
+		if w.foreign(dst, m.from, msg.Room) {
+			w.checkForeign(dst, msg, msg.Room, func() { c.Step(w.now, Received{&cp}) })
+			break
+		}
 		w.heard[simKey{pInc: p.inc, dInc: incOf(m.from.Epoch), room: msg.Room}] = true
 		if w.isPrefill(dst) {
 			w.noteEarlyAbort(p, msg.Room)
@@ -1166,6 +1198,10 @@ func (w *simWorld) deliver(src, dst int) {
 	case *wire.Renew:
 		cp := *msg
 		cp.From = m.from
+		if w.foreign(dst, m.from, msg.Room) {
+			w.checkForeign(dst, msg, msg.Room, func() { c.Step(w.now, Received{&cp}) })
+			break
+		}
 		c.Step(w.now, Received{&cp})
 	case *wire.ReadDone:
 		cp := *msg
@@ -1174,6 +1210,10 @@ func (w *simWorld) deliver(src, dst int) {
 			w.cov.hit("READ_DONE drained")
 		} else {
 			w.cov.hit("READ_DONE not drained")
+		}
+		if w.foreign(dst, m.from, msg.Room) {
+			w.checkForeign(dst, msg, msg.Room, func() { c.Step(w.now, Received{&cp}) })
+			break
 		}
 		c.Step(w.now, Received{&cp})
 	case *wire.Ping:

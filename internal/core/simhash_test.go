@@ -236,7 +236,7 @@ func (w *simWorld) hash() [16]byte {
 		f.i(k[1])
 		f.b1(w.rel[k].forced)
 	}
-	for _, n := range []int{w.restarts, w.kills, w.peerDowns, w.ticks, w.losses, w.dups, w.replays, w.pauses, w.lookupFails, w.stales} {
+	for _, n := range []int{w.restarts, w.kills, w.peerDowns, w.ticks, w.losses, w.dups, w.replays, w.pauses, w.lookupFails, w.stales, w.intrusions} {
 		f.i(n)
 	}
 	var out [16]byte
@@ -440,6 +440,7 @@ func (c *Core) hash(f *fp) {
 		f.u(id)
 		f.i(h.pages)
 		f.t(h.first)
+		f.t(h.published)
 		f.t(h.deadline)
 		for _, pp := range h.peers {
 			f.s(pp.key)

@@ -250,8 +250,8 @@ func (w *simWorld) checkTables(p *simProc) {
 // quarantine passed with no traffic, every room-bound table of every core
 // is empty.
 func (w *simWorld) checkEmpty() {
-	for _, p := range w.procs {
-		if p.dead {
+	for s, p := range w.procs {
+		if p.dead || w.isHostile(s) {
 			continue
 		}
 		t := simTables(p.core)
@@ -323,6 +323,7 @@ func (w *simWorld) liveness() {
 	end := t0.Add(w.liveBound() + w.cfg.quarantine + w.cfg.reg.StallTimeout + simPullLease + simQuietStep)
 	for w.err == nil {
 		w.drain()
+		w.checkHoldBound()
 		if w.err != nil {
 			return
 		}
@@ -363,7 +364,10 @@ func (w *simWorld) liveness() {
 			}
 		}
 	}
-	for _, p := range w.procs {
+	for s, p := range w.procs {
+		if w.isHostile(s) {
+			continue // its own pages are its own affair: it never reads what it asked for
+		}
 		if pc := p.core.prefillCore; pc != nil && len(pc.pulls) > 0 && !p.dead {
 			w.fail("liveness: %s still holds the published pages of pull rooms %v %v after faults stopped (bound %v)",
 				p.from.Peer(), slices.Sorted(maps.Keys(pc.pulls)), w.now.Sub(t0), w.liveBound()+w.cfg.quarantine+w.cfg.reg.StallTimeout+simPullLease)
@@ -373,8 +377,8 @@ func (w *simWorld) liveness() {
 				p.from.Peer(), slices.Sorted(maps.Keys(d.holds)), w.now.Sub(t0), w.liveBound()+w.cfg.quarantine)
 		}
 	}
-	for _, p := range w.procs {
-		if d := p.core.decodeCore; d != nil {
+	for s, p := range w.procs {
+		if d := p.core.decodeCore; d != nil && !w.isHostile(s) {
 			for _, k := range slices.Sorted(maps.Keys(d.targets)) {
 				if owed := d.targets[k].owed; len(owed) > 0 {
 					tg := d.targets[k]

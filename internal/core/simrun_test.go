@@ -191,6 +191,21 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.rooms, c.restarts, c.ticks, c.writesOK, c.noClear = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1)}, 1, 1, true, true
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
 		}, "read posted", "read from a gone process failed", "source released", "read stalled"),
+		// Hostile peers (simhostile_test.go): a decode rank that renews
+		// forever and never reads; another decode instance forging
+		// messages for this one's rooms.
+		"1→1 pull: the decode rank renews forever and never reads (hostile); liveness while it renews": mk(func(c *simConfig) {
+			c.rooms, c.hostileRenew, c.live, c.noClear, c.writesOK = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 2)}, true, true, true, true
+			c.ticks, c.jumps = 2, []time.Duration{simPullLease, c.reg.StallTimeout}
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
+		}, "hostile: RENEW sent", "hostile: read never posted", "hostile: ABORT or READ_DONE withheld", "lease renewed", "hostile: RENEW for a room that failed", "source released forced"),
+		"1→2 decode instances: an intruder asks for, aborts, renews and ends the reads of the other instance's room": mk(func(c *simConfig) {
+			c.decodes, c.intruder, c.intrusions, c.noClear, c.writesOK = 2, true, 2, true, true
+			c.rooms = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1), simRoom(8, []int{1}, []int{0}, 1)}
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 8 prefill 0 create", "room 8 prefill 0 init",
+				"room 7 decode 0 create", "room 7 decode 0 init", "room 8 decode 1 create", "room 8 decode 1 init", "resolve at 1", "resolve at 2",
+				"deliver 1→0 REGISTER", "deliver 2→0 REGISTER", "deliver 0→1 REGISTER_ACK", "deliver 0→2 REGISTER_ACK"}
+		}, "intruder refused: REQUEST", "intruder refused: ABORT", "intruder refused: RENEW", "intruder refused: READ_DONE", "release after success"),
 		"1→1: a rank pauses past a time jump; liveness": mk(func(c *simConfig) {
 			c.pauses, c.ticks, c.live, c.noClear, c.writesOK = 1, 1, true, true, true
 		}, "paused past the heartbeat bound"),

@@ -44,6 +44,9 @@ func rankConfig(role kvmanager.Role, engine, boot string) kvmanager.Config {
 	cfg := kvmanager.DefaultConfig(role)
 	cfg.Auth = testauth.Auth()
 	cfg.Instance = "proc"
+	if v := os.Getenv("KVBRIDGE_E2E_INSTANCE"); v != "" {
+		cfg.Instance = v // another decode instance (its certificate names it)
+	}
 	cfg.Compat = "v1:test-layout"
 	cfg.BootstrapURL = boot
 	cfg.Engine = engines[engine]
@@ -244,6 +247,9 @@ func runRank(role string) int {
 		case "REFUSED": // REFUSED 0 → REFUSED <kvbridge_layout_refused_total by reason, as JSON>
 			b, _ := json.Marshal(m.Stats().LayoutRefused)
 			out <- "REFUSED " + string(b)
+		case "CORESTATS": // CORESTATS 0 → CORESTATS <the core's counters as JSON>
+			b, _ := json.Marshal(m.Stats())
+			out <- "CORESTATS " + string(b)
 		case "STATS": // STATS 0 → STATS <control-plane counters as JSON>
 			b, _ := json.Marshal(m.ControlStats())
 			out <- "STATS " + string(b)

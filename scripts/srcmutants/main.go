@@ -345,6 +345,26 @@ var mutants = []mutant{
 		pkg: "kvmanager", run: "^TestRepeatProvenAgainWhenReloaded$"},
 	{name: "agent-name-not-owned", file: "kvmanager/proof.go", old: "	if owner != \"\" && owner != msg.From.Peer() {", new: "	if false && owner != \"\" && owner != msg.From.Peer() {",
 		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
+	// Against a hostile peer (issue 49 item 3): each rule removed or
+	// weakened.
+	// A RENEW counts as progress again: a decode process that renews
+	// without reading keeps the room alive and its pages held forever.
+	{name: "renew-is-progress", file: "internal/core/pull.go", old: "\t\t\tc.stats.LeaseRenewals++\n\t\t}", new: "\t\t\tc.stats.LeaseRenewals++\n\t\t\tc.reg.progressed(rm, c.now)\n\t\t}",
+		pkg: "internal/core", run: "^(TestRenewIsNotProgress|TestSimExhaustive)$"},
+	// A publish is not progress: a room whose chunks come further apart
+	// in total than the stall deadline fails.
+	{name: "publish-not-progress", file: "internal/core/pull.go", old: "\tc.reg.progressed(rm, c.now)\n\th.published = c.now", new: "\th.published = c.now",
+		pkg: "internal/core", run: "^TestPublishIsProgress$"},
+	// Another decode instance's REQUEST for a room joins it.
+	{name: "foreign-request-accepted", file: "internal/core/core_prefill.go", old: "\tif reason := c.foreign(msg.From, msg.Room); reason != \"\" {", new: "\tif reason := c.foreign(msg.From, msg.Room); reason != \"\" && false {",
+		pkg: "internal/core", run: "^(TestRoomBelongsToTheInstanceThatAskedFirst|TestSimExhaustive)$"},
+	// Another decode instance's ABORT fails the room.
+	{name: "foreign-abort-applied", file: "internal/core/core_prefill.go", old: "\tif c.foreign(msg.From, msg.Room) != \"\" {", new: "\tif c.foreign(msg.From, msg.Room) != \"\" && false {",
+		pkg: "internal/core", run: "^(TestRoomBelongsToTheInstanceThatAskedFirst|TestSimExhaustive)$"},
+	// A room bound to the asking rank, not its instance (the wrong field):
+	// the instance's other ranks are refused.
+	{name: "foreign-by-rank", file: "internal/core/core_prefill.go", old: "\t\tif pr.Payload != nil && pr.Payload.From.Instance != from.Instance {", new: "\t\tif pr.Payload != nil && pr.Payload.From.Peer() != from.Peer() {",
+		pkg: "internal/core", run: "^TestRoomBelongsToTheInstanceThatAskedFirst$"},
 	// Pull (docs/PROTOCOL.md "Pull", issue 38): each rule of the lease
 	// and of the pages' release removed.
 	// A read posted after the decode rank's lease ended (its gate ignores
@@ -500,7 +520,9 @@ func main() {
 		start := time.Now()
 		// The tests a mutant names all run (each "with" subtest is
 		// checked); a whole package stops at its first failure.
-		pkg, args := filepath.Dir(m.file), []string{"test", "-count=1", "-v", "-overlay", ovf}
+		// A mutant that hangs a test is caught by its timeout (the panic
+		// names the running tests), well inside go's own 10 minutes.
+		pkg, args := filepath.Dir(m.file), []string{"test", "-count=1", "-timeout", "5m", "-v", "-overlay", ovf}
 		if m.pkg != "" {
 			pkg = m.pkg
 		}

@@ -1,0 +1,154 @@
+package core
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvbridge/kvbridge/internal/wire"
+)
+
+// Rules against a hostile peer (issue 49 item 3; docs/PROTOCOL.md "RENEW"
+// and "REQUEST"). The simulator's hostile configurations check them over
+// every interleaving (simhostile_test.go); these tests show each rule's
+// behaviour on one core, so a slip in it fails a test that names it.
+
+// pullRoomPublished returns a prefill core with pull room 7 requested by
+// decodeFrom, created, initialised and its first chunk (of two) published
+// at t0.
+func pullRoomPublished(t *testing.T) *Core {
+	t.Helper()
+	c := newTestCore(t, RolePrefill, simRegistryConfig())
+	c.cfg.Lease = simPullLease
+	register(t, c, decodeFrom)
+	r := request(7, decodeFrom)
+	r.Pull, r.DstPages = true, []uint32{7, 8}
+	require.True(t, c.Step(t0, Received{r}).OK, "REQUEST refused: %v", sent[*wire.Status](c.Effects()))
+	c.Step(t0, CreateSender{Room: 7})
+	c.Step(t0, InitSender{Room: 7})
+	require.NoError(t, c.Step(t0, SendChunk{Room: 7, Pages: []uint32{1}, AuxIndex: -1}).Err)
+	require.Len(t, sent[*wire.Pages](c.Effects()), 1, "the first chunk's PAGES")
+	return c
+}
+
+// TestRenewIsNotProgress: a decode process that keeps renewing a pull
+// room without reading it does not keep the room alive: the stall
+// deadline runs from the last publish, the room fails there, and its
+// published pages are released (forced, counted) by the drain deadline
+// plus the quarantine, while the RENEWs go on.
+func TestRenewIsNotProgress(t *testing.T) {
+	c := pullRoomPublished(t)
+	stall := c.cfg.Registry.StallTimeout
+	step := stall / 5 // well inside the lease: every RENEW is in time for it
+	now := t0
+	renew := func() {
+		c.Step(now, Received{&wire.Renew{From: decodeFrom, Room: 7, At: uint64(now.UnixNano())}})
+		c.Step(now, Tick{})
+	}
+	for now.Sub(t0) < stall-step {
+		now = now.Add(step)
+		renew()
+		st, _ := c.Status(7)
+		require.Equal(t, Transferring, st, "room 7 at %v after its last publish", now.Sub(t0))
+	}
+	assert.Positive(t, c.Stats().LeaseRenewals, "the RENEWs before the bound extend the lease")
+	// Past the stall deadline from the last publish the room fails,
+	// however many RENEWs came.
+	for now.Sub(t0) <= stall {
+		now = now.Add(step)
+		renew()
+	}
+	st, _ := c.Status(7)
+	require.Equal(t, Failed, st, "room 7 %v after its last publish, renewed every %v", now.Sub(t0), step)
+	// The bound, plus the clock's grain twice: the failure and the release
+	// each come at the first tick past their deadline.
+	bound := 2*stall + c.cfg.QuarantineTimeout + 2*step
+	for now.Sub(t0) <= bound {
+		_, held := c.PullHold(7)
+		if !held {
+			break
+		}
+		now = now.Add(step)
+		renew()
+	}
+	_, held := c.PullHold(7)
+	require.False(t, held, "room 7's published pages still held %v after its last publish (bound %v)", now.Sub(t0), bound)
+	assert.Equal(t, uint64(1), c.Stats().ForcedReleases, "the release is forced and counted")
+	assert.Zero(t, c.PagesUnderLease(), "the lease gauge falls at release")
+}
+
+// TestPublishIsProgress: each publish restarts the stall deadline, so a
+// room whose prefill rank publishes its chunks further apart than the
+// deadline's length in total, but not between two, lives on.
+func TestPublishIsProgress(t *testing.T) {
+	c := pullRoomPublished(t)
+	later := t0.Add(c.cfg.Registry.StallTimeout * 3 / 4)
+	require.NoError(t, c.Step(later, SendChunk{Room: 7, Pages: []uint32{2}, Last: true, AuxIndex: -1}).Err)
+	c.Step(later.Add(c.cfg.Registry.StallTimeout/2), Received{&wire.Renew{From: decodeFrom, Room: 7, At: 2}})
+	c.Step(later.Add(c.cfg.Registry.StallTimeout/2), Tick{})
+	st, _ := c.Status(7)
+	assert.Equal(t, Transferring, st, "room 7 after a publish within the stall deadline")
+}
+
+// TestRoomBelongsToTheInstanceThatAskedFirst: a REQUEST from another decode
+// instance for a room one instance asked for is refused, naming both
+// instances, and counted; so is its ABORT, which is answered drained and
+// leaves the room as it was. Ranks of the asking instance are not
+// affected.
+func TestRoomBelongsToTheInstanceThatAskedFirst(t *testing.T) {
+	for _, pending := range []bool{true, false} {
+		c := newTestCore(t, RolePrefill, simRegistryConfig())
+		other := wire.From{Role: "decode", Instance: "other", Rank: 0, Endpoint: "tcp://o:1", Epoch: 5}
+		rank1 := wire.From{Role: "decode", Instance: decodeFrom.Instance, Rank: 1, Endpoint: "tcp://d:2", Epoch: 1}
+		register(t, c, decodeFrom)
+		register(t, c, other)
+		register(t, c, rank1)
+		r := request(7, decodeFrom)
+		r.Required = 2
+		require.True(t, c.Step(t0, Received{r}).OK)
+		if !pending {
+			c.Step(t0, CreateSender{Room: 7})
+		}
+		c.Effects()
+
+		forged := request(7, other)
+		forged.Required = 2
+		assert.False(t, c.Step(t0, Received{forged}).OK, "pending %v: another instance's REQUEST for room 7 accepted", pending)
+		st := sent[*wire.Status](c.Effects())
+		require.Len(t, st, 1)
+		assert.Equal(t, CodeRejected, st[0].Code)
+		assert.Contains(t, st[0].Reason, `decode instance "d" asked for it first`)
+		assert.Contains(t, st[0].Reason, "decode/other/0")
+		assert.Equal(t, uint64(1), c.Stats().ForeignRefused)
+
+		c.Step(t0, Received{&wire.Abort{From: other, Room: 7, Reason: "forged"}})
+		acks := sent[*wire.AbortAck](c.Effects())
+		require.Len(t, acks, 1, "the foreign ABORT is answered")
+		assert.True(t, acks[0].Drained, "nothing of the foreign instance is written under room 7")
+		assert.Equal(t, uint64(2), c.Stats().ForeignRefused)
+		if !pending {
+			st, _ := c.Status(7)
+			assert.Equal(t, Bootstrapping, st, "room 7 after a foreign ABORT")
+		}
+		assert.Len(t, c.prefillCore.roomRequests(7), 1, "room 7's requests after a foreign ABORT")
+
+		// The asking instance's other rank joins the room.
+		r1 := request(7, rank1)
+		r1.Required, r1.DstPages = 2, []uint32{9}
+		assert.True(t, c.Step(t0, Received{r1}).OK, "pending %v: a rank of the asking instance refused: %v", pending, sent[*wire.Status](c.Effects()))
+	}
+}
+
+// TestForeignAbortOfAnUnaskedRoomStillTombstones: a room nobody asked for
+// yet has no instance; an ABORT for it is taken as an early abort (the
+// insider's power README's Security states).
+func TestForeignAbortOfAnUnaskedRoomStillTombstones(t *testing.T) {
+	c := newTestCore(t, RolePrefill, simRegistryConfig())
+	register(t, c, decodeFrom)
+	c.Step(t0, Received{&wire.Abort{From: decodeFrom, Room: 7, Reason: "early"}})
+	c.Effects()
+	assert.Zero(t, c.Stats().ForeignRefused)
+	_, tomb := c.reg.tombs[7]
+	assert.True(t, tomb, "an early ABORT leaves a tombstone")
+}

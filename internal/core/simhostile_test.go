@@ -1,0 +1,230 @@
+package core
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/wire"
+)
+
+// Hostile peers in the simulator (issue 49; docs/PROTOCOL.md "Bounds that
+// hold against a hostile peer"). Two kinds, each a configuration switch:
+//
+//   - hostileRenew: decode rank 0 holds a valid identity and misuses it
+//     forever — the faults stop, it does not. Its core runs, but what it is
+//     offered is never read, its ABORTs and READ_DONEs are withheld, and at
+//     every tick (the quiet phase's too) it sends a RENEW for every pull
+//     room of the configuration to every prefill rank of the room. The
+//     liveness phase's bounds (every room terminal, every published page
+//     released: L1, L6) are checked while it keeps going.
+//   - intruder: the last decode rank belongs to another decode instance.
+//     Up to intrusions times it asks for a room of the other instance
+//     (the REQUEST copied from the wire, with its own identity), aborts
+//     it, renews it, or says its reads of it are over. Checked on every
+//     delivery: a prefill process never holds one room's REQUESTs from two
+//     instances, and a foreign ABORT, RENEW or READ_DONE changes nothing
+//     of a room bound to another instance.
+
+// simIntruder is the intruder's decode instance name.
+const simIntruder = "intruder"
+
+func (w *simWorld) isHostile(slot int) bool { return w.cfg.hostileRenew && slot == w.cfg.prefills }
+
+func (w *simWorld) isIntruder(slot int) bool {
+	return w.cfg.intruder && slot == w.cfg.slots()-1 && !w.isPrefill(slot)
+}
+
+// hostileDrops: the hostile decode rank withholds what would end its
+// hold on a prefill rank's pages (an ABORT, a READ_DONE).
+func (w *simWorld) hostileDrops(slot int, m wire.Message) bool {
+	if !w.isHostile(slot) {
+		return false
+	}
+	switch m.(type) {
+	case *wire.Abort, *wire.ReadDone:
+		w.cov.hit("hostile: ABORT or READ_DONE withheld")
+		return true
+	}
+	return false
+}
+
+// hostileRenews: the hostile decode process renews every pull room of the
+// configuration with every prefill rank of the room, whatever the room's
+// state on either side, right before each tick is enforced (the quiet
+// phase's ticks included): the RENEWs are stepped at once, as if each
+// came just in time for the lease and the stall deadline it could extend.
+func (w *simWorld) hostileRenews() {
+	if !w.cfg.hostileRenew {
+		return
+	}
+	s := w.cfg.prefills
+	p := w.procs[s]
+	if p.dead || p.paused {
+		return
+	}
+	for _, r := range w.rooms {
+		if !r.pull || !slices.Contains(r.decodes, 0) {
+			continue
+		}
+		for _, pr := range r.prefills {
+			if q := w.procs[pr]; w.active(pr) {
+				w.cov.hit("hostile: RENEW sent")
+				q.core.Step(w.now, Received{&wire.Renew{From: p.from, Room: r.id, At: uint64(w.now.UnixNano())}})
+				if st, ok := q.core.Status(r.id); ok && st == Failed {
+					w.cov.hit("hostile: RENEW for a room that failed")
+				}
+				w.effects(pr)
+			}
+		}
+	}
+}
+
+// roomInstances are the decode instances whose REQUESTs a prefill core
+// holds for room (live or pending).
+func roomInstances(c *Core, room uint64) []string {
+	var out []string
+	if c.prefillCore == nil {
+		return nil
+	}
+	for _, pr := range c.prefillCore.roomRequests(room) {
+		if pr.Payload != nil && !slices.Contains(out, pr.Payload.From.Instance) {
+			out = append(out, pr.Payload.From.Instance)
+		}
+	}
+	return out
+}
+
+// intruderEvents: the intruder's forged messages for the other instance's
+// rooms, bounded by intrusions (each is one; at most one of each kind and
+// room in flight, so the space stays finite).
+func (w *simWorld) intruderEvents(add func(string, func(*simWorld))) {
+	if !w.cfg.intruder || w.calm || w.intrusions >= w.cfg.intrusions {
+		return
+	}
+	s := w.cfg.slots() - 1
+	if !w.active(s) {
+		return
+	}
+	rank := s - w.cfg.prefills
+	for _, r := range w.rooms {
+		if slices.Contains(r.decodes, rank) {
+			continue
+		}
+		for _, pr := range r.prefills {
+			if w.procs[pr].dead {
+				continue
+			}
+			r, pr := r, pr
+			forge := func(kind string, mk func() wire.Message) {
+				add(fmt.Sprintf("intruder %s room %d at %d", kind, r.id, pr), func(w *simWorld) {
+					w.intrusions++
+					p := w.procs[s]
+					w.net[s][pr] = append(w.net[s][pr], simMsg{from: p.from, to: w.procs[pr].endpoint, msg: mk()})
+				})
+			}
+			forge("asks for", func() wire.Message {
+				pages, aux := simDests(r)
+				return &wire.Request{Room: r.id, DstPages: pages, AuxIndex: aux, Required: r.req(), Pull: r.pull, At: uint64(w.now.UnixNano())}
+			})
+			forge("aborts", func() wire.Message { return &wire.Abort{Room: r.id, Reason: "forged"} })
+			if r.pull {
+				forge("renews", func() wire.Message { return &wire.Renew{Room: r.id, At: uint64(w.now.UnixNano())} })
+				forge("ends its reads of", func() wire.Message { return &wire.ReadDone{Room: r.id, OK: true, Drained: true} })
+			}
+		}
+	}
+}
+
+// foreign reports whether a message from `from` names a room that
+// prefill slot dst holds for another decode instance.
+func (w *simWorld) foreign(dst int, from wire.From, room uint64) bool {
+	if !w.isPrefill(dst) || from.Instance != simIntruder {
+		return false
+	}
+	inst := roomInstances(w.procs[dst].core, room)
+	return len(inst) > 0 && !slices.Contains(inst, simIntruder)
+}
+
+// roomSnapshot is what a foreign message must not change of a room on a
+// prefill core.
+type roomSnapshot struct {
+	live     bool
+	status   Poll
+	requests int
+	leases   string
+}
+
+func snapshotRoom(c *Core, room uint64) roomSnapshot {
+	var s roomSnapshot
+	if rm, ok := c.reg.rooms[room]; ok {
+		s.live, s.status, s.requests = true, rm.status, len(rm.requests)
+	} else if p, ok := c.reg.pending[room]; ok {
+		s.requests = len(p.requests)
+	}
+	if h := c.prefillCore.pulls[room]; h != nil {
+		for _, pp := range h.peers {
+			s.leases += fmt.Sprintf("%s/%d open=%v closed=%v end=%v;", pp.key, pp.epoch, pp.open, pp.closed, pp.leaseEnd.UnixNano())
+		}
+	}
+	return s
+}
+
+// checkForeign steps a foreign message on prefill slot dst and checks it
+// changed nothing of the room, and was counted.
+func (w *simWorld) checkForeign(dst int, msg wire.Message, room uint64, step func()) {
+	c := w.procs[dst].core
+	before, refused := snapshotRoom(c, room), c.stats.ForeignRefused
+	step()
+	if after := snapshotRoom(c, room); after != before {
+		w.fail("room %d: %s's %v from another decode instance changed the room on %s: %+v → %+v",
+			room, simIntruder, msg.Type(), w.procs[dst].from.Peer(), before, after)
+		return
+	}
+	switch msg.(type) {
+	case *wire.Request, *wire.Abort:
+		if c.stats.ForeignRefused == refused {
+			w.fail("room %d: %s's %v for another instance's room was not counted as refused on %s", room, simIntruder, msg.Type(), w.procs[dst].from.Peer())
+		}
+	}
+	w.cov.hit(fmt.Sprintf("intruder refused: %v", msg.Type()))
+}
+
+// checkOneInstance: a prefill core holds each room's REQUESTs from one
+// decode instance.
+func (w *simWorld) checkOneInstance(dst int, room uint64) {
+	if inst := roomInstances(w.procs[dst].core, room); len(inst) > 1 {
+		w.fail("room %d: %s holds REQUESTs from decode instances %v", room, w.procs[dst].from.Peer(), inst)
+	}
+}
+
+// simHoldBound is the hard bound on a pull room's hold on its published
+// pages, from its last publish, whatever RENEWs come (docs/PROTOCOL.md
+// "RENEW"): the stall deadline, which a RENEW does not move, then the
+// failed room's drain deadline, then the quarantine.
+func (w *simWorld) simHoldBound() time.Duration {
+	return 2*w.cfg.reg.StallTimeout + w.cfg.quarantine
+}
+
+// checkHoldBound: with a hostile decode rank renewing, no live prefill
+// process holds a pull room's pages past simHoldBound after its last
+// publish (plus the quiet phase's coarsest step, the clock's grain).
+func (w *simWorld) checkHoldBound() {
+	if !w.cfg.hostileRenew {
+		return
+	}
+	for s, p := range w.procs {
+		pc := p.core.prefillCore
+		if pc == nil || !w.active(s) {
+			continue
+		}
+		for _, id := range slices.Sorted(maps.Keys(pc.pulls)) {
+			h := pc.pulls[id]
+			if !h.published.IsZero() && w.now.Sub(h.published) > w.simHoldBound()+5*simQuietStep {
+				w.fail("room %d: %s still holds its published pages %v after its last publish while a decode rank renews (bound %v)",
+					id, p.from.Peer(), w.now.Sub(h.published), w.simHoldBound())
+			}
+		}
+	}
+}
