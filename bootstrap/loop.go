@@ -180,6 +180,8 @@ type Loop struct {
 	snd  *sender
 	addr *addressing // nil when Insecure
 
+	inbox *inbox
+
 	closeOnce sync.Once
 	closing   chan struct{}
 	sendDone  chan struct{}
@@ -227,7 +229,8 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 		cfg.Security = &sec
 	}
 	l = &Loop{cfg: cfg, id: cfg.Identity, log: cfg.Logger,
-		closing: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}), zapDone: make(chan struct{})}
+		closing: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}),
+		zapDone: make(chan struct{}), inbox: newInbox()}
 	l.snd = newSender(l)
 	if cfg.Auth != nil {
 		l.addr = newAddressing(cfg.Auth, cfg.RankIdentity, cfg.Identity.Role)
@@ -493,23 +496,42 @@ func (l *Loop) receive() {
 	var limiter logLimiter
 	var pace recvPace
 	for {
-		n, err := r.recv(l.pull, recvBatch, 0)
-		if err != nil {
-			if errors.Is(err, zmq.ETERM) {
-				return
-			}
+		// With messages waiting in the inbox, take only what is queued in
+		// the socket (a PING among it is answered), then serve the inbox
+		// again; with none, wait.
+		wait := !l.inbox.waiting()
+		n, err := r.recvWait(l.pull, recvBatch, wait)
+		switch {
+		case err == nil:
+			pace.ok()
+		case errors.Is(err, zmq.ETERM):
+			return
+		case !wait && errors.Is(err, zmq.Errno(syscall.EAGAIN)):
+			n = 0 // nothing queued
+		default:
 			l.log.Warn("control receive", zap.Error(err))
 			pace.fail(err)
 			continue
 		}
-		pace.ok()
 		for i := 0; i < n; i++ {
-			l.dispatch(r.frames(i), &limiter)
+			key, it, ok := l.admit(r.frames(i), &limiter)
+			if !ok {
+				continue
+			}
+			if i == n-1 && !l.inbox.waiting() {
+				l.handle(it) // nothing waits and nothing was read behind it: no queue
+				continue
+			}
+			l.queue(key, it, &limiter)
 		}
+		l.serve()
 	}
 }
 
-func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
+// admit checks one received message (authentication, decoding, the
+// identity and replay checks) and answers a PING at once; it returns what
+// is left for the Handler (ok) and the sending rank's inbox key (inbox.go).
+func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key string, it inboxItem, ok bool) {
 	if l.cfg.Tap != nil {
 		l.cfg.Tap(frames)
 	}
@@ -534,7 +556,7 @@ func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 		opened, e, why := l.cfg.Auth.open(frames, now, keyFor)
 		if why != "" {
 			refuse(why, false, "unauthenticated")
-			return
+			return "", inboxItem{}, false
 		}
 		frames, env = opened, e
 	} else if len(frames) == 4 {
@@ -554,9 +576,9 @@ func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 		// body's from could not be checked.
 		if me.Type == TypeRequest && me.HasRoom && me.Endpoint != "" && l.cfg.OnMalformedRequest != nil &&
 			(l.addr == nil || l.addr.vouch(l.id, me.Endpoint, env)) {
-			l.cfg.OnMalformedRequest(MalformedReport{Room: me.Room, Endpoint: me.Endpoint, Reason: err.Error()})
+			return me.Endpoint, inboxItem{mr: &MalformedReport{Room: me.Room, Endpoint: me.Endpoint, Reason: err.Error()}}, true
 		}
-		return
+		return "", inboxItem{}, false
 	}
 	from := m.Sender()
 	if l.addr != nil {
@@ -571,7 +593,7 @@ func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 				// per sender process, so a replay costs one PING at most.
 				_ = l.Send(Peer{Endpoint: from.Endpoint, Epoch: from.Epoch, Cert: string(env.Cert)}, &Ping{})
 			}
-			return
+			return "", inboxItem{}, false
 		}
 		if r, ok := m.(*Register); ok {
 			var key []byte
@@ -581,13 +603,13 @@ func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 			md, err := openMD(key, l.cfg.Auth.Secret, r.AgentMD, from, env.To)
 			if err != nil {
 				refuse(AuthBadTag, false, fmt.Sprintf("REGISTER from %s: agent metadata: %v", from.Peer(), err))
-				return
+				return "", inboxItem{}, false
 			}
 			r.AgentMD = md
 			if len(r.Proof) > 0 {
 				if r.Proof, err = openMD(key, l.cfg.Auth.Secret, r.Proof, from, env.To); err != nil {
 					refuse(AuthBadTag, false, fmt.Sprintf("REGISTER from %s: ownership proof: %v", from.Peer(), err))
-					return
+					return "", inboxItem{}, false
 				}
 			}
 		}
@@ -602,7 +624,7 @@ func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 			}
 			if err != nil {
 				refuse(AuthBadTag, false, fmt.Sprintf("REGISTER_ACK from %s: pull offer: %v", from.Peer(), err))
-				return
+				return "", inboxItem{}, false
 			}
 		}
 	}
@@ -610,11 +632,23 @@ func (l *Loop) dispatch(frames [][]byte, limiter *logLimiter) {
 	switch m := m.(type) {
 	case *Ping:
 		_ = l.Send(Peer{Endpoint: from.Endpoint}, &Pong{Seq: m.Seq})
+		return "", inboxItem{}, false
 	case *Pong:
 		l.snd.pong(from.Endpoint)
-		l.cfg.Handler(m)
-	default:
-		l.cfg.Handler(m)
+	}
+	return from.Endpoint, inboxItem{m: m}, true
+}
+
+// queue puts a message in its sending rank's inbox queue, or drops and
+// counts it when the rank's backlog (or the whole inbox) is full.
+func (l *Loop) queue(key string, it inboxItem, limiter *logLimiter) {
+	if l.inbox.push(key, it) {
+		return
+	}
+	l.stat.backlogged.Add(1)
+	if n, ok := limiter.allow(time.Now()); ok {
+		l.log.Warn("control message dropped: its sender's backlog is full", zap.String("rank", l.id.Peer()),
+			zap.String("from", key), zap.Int("per_rank_bound", maxPeerBacklog), zap.Int("suppressed", n))
 	}
 }
 

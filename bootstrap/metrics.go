@@ -39,6 +39,7 @@ type Stats struct {
 	Refused         map[string]uint64 // messages dropped by authentication, by reason (Auth*)
 	Replayed        map[string]uint64 // authentic messages dropped as replays, by reason (Replay*)
 	PeersDead       uint64            // peers declared dead by heartbeats
+	Backlogged      uint64            // received messages dropped: their sending rank's backlog (or the inbox) was full
 	Sockets         uint64            // PUSH sockets open now (≤ MaxPeers)
 }
 
@@ -53,6 +54,7 @@ func (s Stats) MalformedTotal() uint64 {
 
 type counters struct {
 	received, sent, unauth, dead atomic.Uint64
+	backlogged                   atomic.Uint64
 	sockets                      atomic.Uint64    // gauge
 	malformed                    [7]atomic.Uint64 // indexed like MalformedReasons
 	dropped                      [8]atomic.Uint64 // indexed like dropReasons
@@ -95,7 +97,7 @@ func (c *counters) dropInc(reason string) {
 
 func (c *counters) snapshot() Stats {
 	s := Stats{Received: c.received.Load(), Sent: c.sent.Load(), Unauthenticated: c.unauth.Load(),
-		PeersDead: c.dead.Load(), Sockets: c.sockets.Load(),
+		PeersDead: c.dead.Load(), Sockets: c.sockets.Load(), Backlogged: c.backlogged.Load(),
 		Malformed: map[string]uint64{}, Dropped: map[string]uint64{}, Refused: map[string]uint64{},
 		Replayed: map[string]uint64{}}
 	for i, r := range ReplayReasons {
@@ -119,7 +121,7 @@ type collector struct {
 	c                                                         *counters
 	malformed, dropped, received, sent, unauth, dead, refused *prometheus.Desc
 	replayed                                                  *prometheus.Desc
-	sockets                                                   *prometheus.Desc
+	sockets, backlogged                                       *prometheus.Desc
 }
 
 func newCollector(c *counters, id From) *collector {
@@ -135,14 +137,16 @@ func newCollector(c *counters, id From) *collector {
 		unauth:    d("kvbridge_unauthenticated_connections_total", "Connections refused by the CURVE allow-list."),
 		dead:      d("kvbridge_peers_dead_total", "Peers declared dead after missed heartbeats."),
 		sockets:   d("kvbridge_control_sockets", "PUSH sockets open to peers (bounded by MaxPeers)."),
-		refused:   d("kvbridge_unauthenticated_messages_total", "Control messages dropped by authentication, by reason.", "reason"),
+		backlogged: d("kvbridge_control_backlog_dropped_total",
+			"Received control messages dropped because their sending rank's backlog (8,192 messages waiting to be handled; one backlog per sending process) or the inbox (65,536) was full."),
+		refused: d("kvbridge_unauthenticated_messages_total", "Control messages dropped by authentication, by reason.", "reason"),
 		replayed: d("kvbridge_replayed_messages_total",
 			"Authentic control messages dropped as replays: addressed to another process of this rank, or a message number already received.", "reason"),
 	}
 }
 
 func (k *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{k.malformed, k.dropped, k.received, k.sent, k.unauth, k.dead, k.refused, k.replayed, k.sockets} {
+	for _, d := range []*prometheus.Desc{k.malformed, k.dropped, k.received, k.sent, k.unauth, k.dead, k.refused, k.replayed, k.sockets, k.backlogged} {
 		ch <- d
 	}
 }
@@ -162,6 +166,7 @@ func (k *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(k.replayed, prometheus.CounterValue, float64(v), r)
 	}
 	ch <- prometheus.MustNewConstMetric(k.sockets, prometheus.GaugeValue, float64(s.Sockets))
+	ch <- prometheus.MustNewConstMetric(k.backlogged, prometheus.CounterValue, float64(s.Backlogged))
 	ch <- prometheus.MustNewConstMetric(k.received, prometheus.CounterValue, float64(s.Received))
 	ch <- prometheus.MustNewConstMetric(k.sent, prometheus.CounterValue, float64(s.Sent))
 	ch <- prometheus.MustNewConstMetric(k.unauth, prometheus.CounterValue, float64(s.Unauthenticated))

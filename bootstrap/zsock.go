@@ -386,6 +386,15 @@ func (r *receiver) recv(s *zsock, max int, flags C.int) (int, error) {
 	return int(n), nil
 }
 
+// recvWait is recv waiting for the first message (wait) or taking only
+// what is queued (an EAGAIN error when nothing is).
+func (r *receiver) recvWait(s *zsock, max int, wait bool) (int, error) {
+	if wait {
+		return r.recv(s, max, 0)
+	}
+	return r.recv(s, max, zDontwait)
+}
+
 // frames returns message i of the last recv, copied to Go memory (one
 // allocation for all its bytes, which the message may keep); a message
 // with more than maxFramesKept frames has maxFramesKept+1, the last ones

@@ -365,6 +365,19 @@ var mutants = []mutant{
 	// the instance's other ranks are refused.
 	{name: "foreign-by-rank", file: "internal/core/core_prefill.go", old: "\t\tif pr.Payload != nil && pr.Payload.From.Instance != from.Instance {", new: "\t\tif pr.Payload != nil && pr.Payload.From.Peer() != from.Peer() {",
 		pkg: "internal/core", run: "^TestRoomBelongsToTheInstanceThatAskedFirst$"},
+	// The control loop's inbox (issue 49 item 3): the inbox served to the
+	// end before the next read (a PING waits behind the whole flood); one
+	// rank served until its queue is empty; the next read waiting while
+	// messages wait (they are handled only when another comes); no bound
+	// on a rank's backlog.
+	{name: "inbox-serve-unbudgeted", file: "bootstrap/inbox.go", old: "\t\tif !time.Now().Before(deadline) {", new: "\t\tif false && !time.Now().Before(deadline) {",
+		pkg: "bootstrap", run: "^TestFloodDelaysNoHeartbeat$"},
+	{name: "inbox-wait-with-backlog", file: "bootstrap/loop.go", old: "\t\twait := !l.inbox.waiting()", new: "\t\twait := true",
+		pkg: "bootstrap", run: "^TestFloodDelaysNoHeartbeat$"},
+	{name: "inbox-one-rank-at-a-time", file: "bootstrap/inbox.go", old: "\tif q.len() > 0 {\n\t\tb.ring = append(b.ring, key)", new: "\tif q.len() > 0 {\n\t\tb.ring = append([]string{key}, b.ring...)",
+		pkg: "bootstrap", run: "^(TestFloodDelaysNoHeartbeat|TestInboxBounds)$"},
+	{name: "inbox-unbounded", file: "bootstrap/inbox.go", old: "\tif b.total >= maxBacklog || (q != nil && q.len() >= maxPeerBacklog) {", new: "\tif false {",
+		pkg: "bootstrap", run: "^TestInboxBounds$"},
 	// Pull (docs/PROTOCOL.md "Pull", issue 38): each rule of the lease
 	// and of the pages' release removed.
 	// A read posted after the decode rank's lease ended (its gate ignores

@@ -1,0 +1,121 @@
+package bootstrap
+
+import "time"
+
+// The inbox: received messages wait here, one queue per sending process
+// (its endpoint: under per-rank identity a rank has at most 4),
+// and the receive goroutine hands them to the Handler round-robin over the
+// ranks that have some, between its reads (issue 49 item 3). Every message
+// read is checked and admitted first — a PING answered at once, a PONG's
+// peer noted alive —, then the inbox is served for at most serveBudget
+// before the next read, which does not wait while messages remain. So a
+// heartbeat waits behind at most one budget of handling, one rank's flood
+// delays another rank's message by at most one message of its own per
+// round, and with no backlog a message is handled right after it is read,
+// on the same goroutine (no hand-off: the round trip stays as it was).
+//
+// Bounds: maxPeerBacklog messages per sending process and maxBacklog in all;
+// a message past either is dropped and counted (Stats.Backlogged,
+// kvbridge_control_backlog_dropped_total): the protocol survives a lost
+// control message (retries, deadlines), and it is the flooding rank's.
+const (
+	maxPeerBacklog = 1 << 13
+	maxBacklog     = 1 << 16
+	// serveBudget: how long the receive goroutine hands messages to the
+	// Handler before it reads again (a handler call in progress finishes).
+	serveBudget = time.Millisecond
+)
+
+// inboxItem is one message for the Handler, or a malformed REQUEST's
+// report for OnMalformedRequest.
+type inboxItem struct {
+	m  Message
+	mr *MalformedReport
+}
+
+// peerQueue is one sending rank's messages, in the order they came.
+type peerQueue struct {
+	items []inboxItem
+	head  int
+}
+
+func (q *peerQueue) len() int { return len(q.items) - q.head }
+
+// inbox is the receive goroutine's alone: no lock.
+type inbox struct {
+	queues map[string]*peerQueue
+	ring   []string // ranks with messages waiting, in serving order
+	total  int
+}
+
+func newInbox() *inbox {
+	return &inbox{queues: map[string]*peerQueue{}}
+}
+
+// push queues it for key's rank; false when a bound is reached (dropped).
+func (b *inbox) push(key string, it inboxItem) bool {
+	q := b.queues[key]
+	if b.total >= maxBacklog || (q != nil && q.len() >= maxPeerBacklog) {
+		return false
+	}
+	if q == nil {
+		q = &peerQueue{}
+		b.queues[key] = q
+		b.ring = append(b.ring, key)
+	}
+	q.items = append(q.items, it)
+	b.total++
+	return true
+}
+
+// waiting reports whether any message waits.
+func (b *inbox) waiting() bool { return b.total > 0 }
+
+// pop takes the next rank's first message and puts the rank at the back
+// of the ring if it has more; false when nothing waits.
+func (b *inbox) pop() (inboxItem, bool) {
+	if len(b.ring) == 0 {
+		return inboxItem{}, false
+	}
+	key := b.ring[0]
+	b.ring = b.ring[1:]
+	q := b.queues[key]
+	it := q.items[q.head]
+	q.items[q.head] = inboxItem{}
+	q.head++
+	b.total--
+	if q.len() > 0 {
+		b.ring = append(b.ring, key)
+	} else {
+		delete(b.queues, key)
+	}
+	if len(b.ring) == 0 {
+		b.ring = nil // let a long ring's array go
+	}
+	return it, true
+}
+
+// serve hands waiting messages to the Handler, one rank at a time in
+// turn, until none waits or the budget is spent (receive goroutine).
+func (l *Loop) serve() {
+	deadline := time.Now().Add(serveBudget)
+	for {
+		it, ok := l.inbox.pop()
+		if !ok {
+			return
+		}
+		l.handle(it)
+		if !time.Now().Before(deadline) {
+			return
+		}
+	}
+}
+
+// handle hands one item to the Handler (or OnMalformedRequest).
+func (l *Loop) handle(it inboxItem) {
+	if it.mr != nil {
+		l.cfg.OnMalformedRequest(*it.mr)
+		return
+	}
+	l.cfg.Handler(it.m)
+}
