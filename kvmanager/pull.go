@@ -49,17 +49,6 @@ func (m *Manager) pullOffer() (*bootstrap.PullOffer, error) {
 		LeaseMillis: max(int(m.cfg.PullLease/time.Millisecond), 1)}, nil
 }
 
-// withOffer fills in the rank's pull offer where the core decided to
-// offer it (an ok REGISTER_ACK to a decode rank that asked for pull).
-func (m *Manager) withOffer(msg bootstrap.Message) bootstrap.Message {
-	if a, ok := msg.(*bootstrap.RegisterAck); ok && a.OK && a.Pull != nil && m.offer != nil {
-		c := *a
-		c.Pull = m.offer
-		return &c
-	}
-	return msg
-}
-
 // sendWhenReady sends a PAGES once the data it publishes is in place
 // (SendLayers' ready): polled with a back-off, as the transfer pool polls
 // a write's; an error, or no answer within the stall timeout, fails the

@@ -40,7 +40,11 @@ func TestPullOfferProven(t *testing.T) {
 			}
 			t.Cleanup(func() { d.Close() })
 			from := bootstrap.From{Role: bootstrap.RolePrefill, Instance: p.cfg.Instance, Rank: 0, Endpoint: p.Endpoint(), Epoch: p.Epoch()}
-			genuine := *p.offer
+			offered, err := p.pullOffer()
+			if err != nil || offered == nil {
+				t.Fatalf("the prefill rank's offer: %v, %v", offered, err)
+			}
+			genuine := *offered
 			victim := newProofRankNamed(t, tc.engine, "offer-victim-"+tc.name, "kv-agent-of-victim-"+tc.name, len(p.cfg.Layout.Regions)) // a name of its own: the proof, not the name, refuses it
 			offer := func(edit func(o *bootstrap.PullOffer)) *bootstrap.RegisterAck {
 				o := genuine

@@ -73,11 +73,9 @@ type Manager struct {
 	auxMem         []byte
 	stateMem       [][]byte
 
-	// offer is what a prefill rank that serves pull sends with its ok
-	// REGISTER_ACKs (pull.go); onAck (decode with Pull) takes a
-	// REGISTER_ACK before the core does; onReads hands reads to the
-	// readers.
-	offer   *bootstrap.PullOffer
+	// onAck (decode with Pull) takes a REGISTER_ACK before the core does;
+	// onReads hands reads to the readers. (A prefill rank's pull offer is
+	// the core's: CoreConfig.Offer.)
 	onAck   func(*bootstrap.RegisterAck)
 	onReads func([]core.Effect)
 	// resolver looks decode targets up (set by NewDecode).
@@ -174,10 +172,11 @@ func newManager(cfg Config) (m *Manager, err error) {
 				HeadBytes: f.HeadBytes, PageTokens: cfg.Model.PageTokens, MLA: f.MLA, PageLayout: f.PageLayout}
 		}
 	}
-	if m.core, err = core.NewCore(ccfg); err != nil {
+	if ccfg.Offer, err = m.pullOffer(); err != nil {
 		return nil, err
 	}
-	if m.offer, err = m.pullOffer(); err != nil {
+	ccfg.OfferProgress = proofTimeout // the decode rank reads the offer's proof slots back
+	if m.core, err = core.NewCore(ccfg); err != nil {
 		return nil, err
 	}
 	m.met = newMetrics(m)
@@ -368,21 +367,11 @@ func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 			if a, ok := e.Msg.(*bootstrap.RegisterAck); ok && !a.OK {
 				m.log.Warn("registration refused", zap.String("peer", e.To.Endpoint), zap.String("reason", a.Reason))
 			}
-			switch e.Msg.(type) {
-			case *bootstrap.Pages:
-				// Its decode rank reads now: an engine that progresses
-				// only on its own calls keeps progressing meanwhile.
-				m.agent.KeepProgress(m.cfg.PullLease)
-			case *bootstrap.RegisterAck:
-				if a := e.Msg.(*bootstrap.RegisterAck); a.Pull != nil && m.offer != nil {
-					m.agent.KeepProgress(proofTimeout) // the decode rank reads the proof slots back
-				}
-			}
 			if e.Ready != nil {
 				m.sendWhenReady(e) // a PAGES whose data is not known to be in place yet
 				continue
 			}
-			m.send(e.To, m.withOffer(e.Msg))
+			m.send(e.To, e.Msg)
 			if _, probe := e.Msg.(*bootstrap.Ping); probe {
 				// A probe's deadline is enforced at once, not at the next
 				// sweep.
@@ -417,6 +406,8 @@ func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 				m.log.Warn("quarantine deadline passed: pages released without ABORT_ACK",
 					zap.Uint64("room", e.Room), zap.Duration("quarantine", m.cfg.QuarantineTimeout))
 			}
+		case core.EffectKeepProgress:
+			m.agent.KeepProgress(e.Keep)
 		case core.EffectRead:
 			reads = append(reads, e)
 		case core.EffectPost, core.EffectLoadMetadata:
@@ -705,7 +696,7 @@ func (m *Manager) Close() error {
 		err = errors.Join(m.loop.Close(), m.agent.Close())
 		// Nothing reads this rank's memory now: pull rooms' pages are
 		// released (their waiters, sender.Released, wake only now).
-		m.step(func(c *core.Core, now time.Time) { c.ReleasePulls() })
+		m.step(func(c *core.Core, now time.Time) { c.Step(now, core.AgentClosed{}) })
 		if m.cfg.Registerer != nil {
 			m.cfg.Registerer.Unregister(m.met)
 		}

@@ -155,6 +155,13 @@ type CoreConfig struct {
 	// lease it renews a third of, until a PAGES says the prefill rank's.
 	// At most StallTimeout: the stall deadline would end a longer one.
 	Lease time.Duration
+	// Offer (prefill, with Lease): the rank's pull offer, sent whole in
+	// an ok REGISTER_ACK to a decode rank that asked for pull (nil: an
+	// empty offer, for tests); OfferProgress: how long the rank's agent
+	// keeps progressing after it (the decode rank reads its proof slots
+	// back through it, EffectKeepProgress).
+	Offer         *wire.PullOffer
+	OfferProgress time.Duration
 }
 
 // MaxSources bounds the prefill ranks of one decode room.
@@ -251,6 +258,11 @@ const (
 	// read gated by ReadPosting right before it is posted, then step
 	// ReadDone.
 	EffectRead
+	// EffectKeepProgress (prefill, pull): a peer is about to read this
+	// rank's memory (a PAGES published, a pull offer's proof slots): an
+	// engine that moves reads only while its agent progresses keeps
+	// progressing for Keep.
+	EffectKeepProgress
 )
 
 // Effect is one output of the core.
@@ -272,6 +284,8 @@ type Effect struct {
 	// the pages the room published and how long since the first.
 	Pages int
 	Held  time.Duration
+	// Keep (EffectKeepProgress): how long the agent keeps progressing.
+	Keep time.Duration
 }
 
 // Target names one prefill rank a decode room pulls from: the bootstrap
@@ -484,17 +498,6 @@ func (c *Core) closeAll(now time.Time, reason string) {
 	for _, id := range slices.Sorted(maps.Keys(c.reg.rooms)) {
 		if !c.reg.rooms[id].status.Terminal() {
 			c.failRoom(id, reason)
-		}
-	}
-}
-
-// ReleasePulls releases every pull room's published pages (prefill),
-// waking their waiters: the shell calls it once its agent is closed,
-// when nothing can read this rank's memory any more.
-func (c *Core) ReleasePulls() {
-	if p := c.prefillCore; p != nil {
-		for _, id := range slices.Sorted(maps.Keys(p.pulls)) {
-			p.releasePull(p.pulls[id], true)
 		}
 	}
 }

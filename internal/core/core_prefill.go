@@ -341,9 +341,16 @@ func (c *prefillCore) registered(now time.Time, from wire.From, remote string, p
 	c.peers[key] = np
 	ack := &wire.RegisterAck{OK: true}
 	if pp.Pull && c.servesPull() {
-		ack.Pull = &wire.PullOffer{} // the shell fills in this rank's offer (kvmanager/pull.go)
+		ack.Pull = c.cfg.Offer
+		if ack.Pull == nil {
+			ack.Pull = &wire.PullOffer{}
+		}
 	}
 	c.send(wire.Peer{Endpoint: from.Endpoint}, 0, ack)
+	if ack.Pull != nil && c.cfg.OfferProgress > 0 {
+		// The decode rank reads the offer's proof slots back now.
+		c.emit(Effect{Kind: EffectKeepProgress, Keep: c.cfg.OfferProgress})
+	}
 }
 
 // peerGone fails every live room and drops every pending request that a

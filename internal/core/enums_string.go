@@ -149,11 +149,12 @@ func _() {
 	_ = x[EffectUnwatch-7]
 	_ = x[EffectLoadMetadata-8]
 	_ = x[EffectRead-9]
+	_ = x[EffectKeepProgress-10]
 }
 
-const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatchEffectLoadMetadataEffectRead"
+const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatchEffectLoadMetadataEffectReadEffectKeepProgress"
 
-var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81, 99, 109}
+var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81, 99, 109, 127}
 
 func (i EffectKind) String() string {
 	idx := int(i) - 1

@@ -2,6 +2,7 @@ package core
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -151,4 +152,68 @@ func TestForeignAbortOfAnUnaskedRoomStillTombstones(t *testing.T) {
 	assert.Zero(t, c.Stats().ForeignRefused)
 	_, tomb := c.reg.tombs[7]
 	assert.True(t, tomb, "an early ABORT leaves a tombstone")
+}
+
+// TestKeepProgressIsTheCores (issue 49 item 1): the choice to keep the
+// agent progressing is an effect of the core, not a shell's look at the
+// messages: one for every PAGES published (the lease), one for a
+// REGISTER_ACK that carries this rank's pull offer (OfferProgress), none
+// for a REGISTER_ACK without one. The offer is sent whole by the core.
+// AgentClosed (an input, not a second door) releases the published pages.
+func TestKeepProgressIsTheCores(t *testing.T) {
+	keeps := func(effects []Effect) []time.Duration {
+		var out []time.Duration
+		for _, e := range effects {
+			if e.Kind == EffectKeepProgress {
+				out = append(out, e.Keep)
+			}
+		}
+		return out
+	}
+	c := newTestCore(t, RolePrefill, simRegistryConfig())
+	c.cfg.Lease, c.cfg.OfferProgress = simPullLease, 5*time.Second
+	c.cfg.Offer = &wire.PullOffer{Agent: "prefill-agent", LeaseMillis: int(simPullLease / time.Millisecond)}
+	for _, pull := range []bool{false, true} {
+		from := decodeFrom
+		if !pull {
+			from.Rank, from.Endpoint = 1, "tcp://d:2"
+		}
+		kv, aux, state := RegionsOf(simLayout())
+		msg := &wire.Register{From: from, Compat: "sim", KV: kv, Aux: aux, State: state, Pull: pull}
+		plan, err := c.CheckRegister(msg)
+		require.NoError(t, err)
+		plan.Pull = pull // as the core's check does (EffectLoadMetadata's plan)
+		c.Step(t0, Registered{From: from, Remote: "agent", Plan: plan})
+		effects := c.Effects()
+		acks := sent[*wire.RegisterAck](effects)
+		require.Len(t, acks, 1)
+		if !pull {
+			assert.Nil(t, acks[0].Pull, "no offer to a decode rank that pushes")
+			assert.Empty(t, keeps(effects))
+			continue
+		}
+		assert.Same(t, c.cfg.Offer, acks[0].Pull, "the rank's offer, sent whole")
+		assert.Equal(t, []time.Duration{5 * time.Second}, keeps(effects), "the agent progresses while the proof slots are read back")
+	}
+	r := request(7, decodeFrom)
+	r.Pull = true
+	require.True(t, c.Step(t0, Received{r}).OK)
+	c.Step(t0, CreateSender{Room: 7})
+	c.Step(t0, InitSender{Room: 7})
+	require.NoError(t, c.Step(t0, SendChunk{Room: 7, Pages: []uint32{1}, Last: true, AuxIndex: -1}).Err)
+	effects := c.Effects()
+	require.Len(t, sent[*wire.Pages](effects), 1)
+	assert.Equal(t, []time.Duration{simPullLease}, keeps(effects), "the agent progresses for the lease after a PAGES")
+
+	ch, held := c.PullHold(7)
+	require.True(t, held)
+	c.Step(t0, AgentClosed{})
+	_, held = c.PullHold(7)
+	assert.False(t, held, "room 7's pages after the agent closed")
+	woken := false
+	for _, e := range c.Effects() {
+		woken = woken || (e.Kind == EffectWake && e.Wake == ch)
+	}
+	assert.True(t, woken, "room 7's hold waiter woken when the agent closed")
+	assert.Equal(t, uint64(1), c.Stats().ForcedReleases)
 }

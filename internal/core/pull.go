@@ -212,6 +212,9 @@ func (c *prefillCore) publish(rm *room, in SendChunk, at chunkAt, pr PeerRequest
 	}
 	c.stats.PagesPublished++
 	c.emit(Effect{Kind: EffectSend, Room: rm.id, To: wire.Peer{Endpoint: req.From.Endpoint}, Msg: msg, Ready: in.Ready})
+	// Its decode rank reads now: an engine that moves reads only while
+	// this rank's agent progresses keeps progressing meanwhile.
+	c.emit(Effect{Kind: EffectKeepProgress, Room: rm.id, Keep: c.cfg.Lease})
 	return ""
 }
 

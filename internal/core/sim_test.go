@@ -535,6 +535,11 @@ func (w *simWorld) effects(slot int) {
 			w.cov.hit("peer unwatched")
 		case EffectWake:
 			w.checkWake(p, e)
+		case EffectKeepProgress:
+			if !w.isPrefill(slot) || e.Keep <= 0 {
+				w.fail("%s asked to keep progressing for %v", p.from.Peer(), e.Keep)
+			}
+			w.cov.hit("agent kept progressing")
 		case EffectReleased:
 			if w.isPrefill(slot) {
 				w.sourceReleased(p, e)

@@ -180,7 +180,7 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.prefills, c.rooms, c.dups, c.writesOK, c.noClear = 2, []simRoomSpec{simPullRoom(7, []int{0}, []int{0, 1}, 1)}, 1, true, true
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 prefill 1 create", "room 7 prefill 1 init",
 				"room 7 decode 0 create", "room 7 decode 0 init", "resolve at 2", "resolve at 2"}
-		}, "message duplicated", "read ok", "source released", "release after success"),
+		}, "message duplicated", "read ok", "source released", "release after success", "agent kept progressing"),
 		"1→2 decode ranks pull: a control message duplicated, decode 0 aborts (a READ_DONE counted twice)": mk(func(c *simConfig) {
 			c.decodes, c.rooms, c.dups, c.writesOK, c.noClear = 2, []simRoomSpec{simPullRoom(7, []int{0, 1}, []int{0}, 1)}, 1, true, true
 			c.decodeAbort, c.abortDecodes = true, []int{0}

@@ -2,6 +2,8 @@ package core
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
@@ -178,6 +180,10 @@ type (
 	Tick struct{}
 	// Close fails every live room with Reason; the shell then stops.
 	Close struct{ Reason string }
+	// AgentClosed: the rank's engine agent is closed, so nothing reads
+	// its memory any more: a prefill rank releases every pull room's
+	// published pages (forced, counted), waking their waiters.
+	AgentClosed struct{}
 )
 
 func (CreateSender) input()     {}
@@ -204,6 +210,7 @@ func (PeerUnreachable) input()  {}
 func (Tick) input()             {}
 func (Close) input()            {}
 func (Fail) input()             {}
+func (AgentClosed) input()      {}
 
 // Output is what a step returns besides its effects (Effects): the
 // outcome of a room event, whether a message or a write was accepted, or
@@ -254,6 +261,13 @@ func (c *Core) Step(now time.Time, in Input) Output {
 		return Output{}
 	case Close:
 		c.closeAll(now, in.Reason)
+		return Output{}
+	case AgentClosed:
+		if p := c.prefillCore; p != nil {
+			for _, id := range slices.Sorted(maps.Keys(p.pulls)) {
+				p.releasePull(p.pulls[id], true)
+			}
+		}
 		return Output{}
 	}
 	if p := c.prefillCore; p != nil {

@@ -378,6 +378,15 @@ var mutants = []mutant{
 		pkg: "bootstrap", run: "^(TestFloodDelaysNoHeartbeat|TestInboxBounds)$"},
 	{name: "inbox-unbounded", file: "bootstrap/inbox.go", old: "\tif b.total >= maxBacklog || (q != nil && q.len() >= maxPeerBacklog) {", new: "\tif false {",
 		pkg: "bootstrap", run: "^TestInboxBounds$"},
+	// The core's decisions the shell used to make (issue 49 item 1): no
+	// progress kept after a PAGES, or after a pull offer; the agent's
+	// close not releasing the published pages.
+	{name: "pages-no-keep-progress", file: "internal/core/pull.go", old: "\tc.emit(Effect{Kind: EffectKeepProgress, Room: rm.id, Keep: c.cfg.Lease})", new: "",
+		pkg: "internal/core", run: "^TestKeepProgressIsTheCores$"},
+	{name: "offer-no-keep-progress", file: "internal/core/core_prefill.go", old: "\tif ack.Pull != nil && c.cfg.OfferProgress > 0 {", new: "\tif false && ack.Pull != nil && c.cfg.OfferProgress > 0 {",
+		pkg: "internal/core", run: "^TestKeepProgressIsTheCores$"},
+	{name: "agent-closed-keeps-pulls", file: "internal/core/step.go", old: "\t\t\t\tp.releasePull(p.pulls[id], true)", new: "\t\t\t\t_ = id",
+		pkg: "internal/core", run: "^TestKeepProgressIsTheCores$"},
 	// Pull (docs/PROTOCOL.md "Pull", issue 38): each rule of the lease
 	// and of the pages' release removed.
 	// A read posted after the decode rank's lease ended (its gate ignores
