@@ -34,7 +34,8 @@ test: deps
 CHECKERS_LOG ?= $${TMPDIR:-/tmp}/kvbridge-checkers.log
 TEST_TIMEOUT ?= 8m
 test-checkers:
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -v ./internal/core 2>&1 | tee $(CHECKERS_LOG) | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:|^panic|running tests:|^\s+Test[^ ]* \(|[a-z_]+_test\.go:[0-9]+: .*(FAIL|Error|fail)'
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -v ./internal/core 2>&1 | tee $(CHECKERS_LOG) | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:|^panic|running tests:|^\s+Test[^ ]* \(|[a-z_]+_test\.go:[0-9]+: .*(FAIL|Error|fail)' \
+		|| { echo "test-checkers failed: the whole -v log is in $(CHECKERS_LOG)"; exit 1; }
 
 test-packages:
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -skip '$(CHECKERS)' ./...

@@ -323,7 +323,7 @@ func (w *simWorld) liveness() {
 	end := t0.Add(w.liveBound() + w.cfg.quarantine + w.cfg.reg.StallTimeout + simPullLease + simQuietStep)
 	for w.err == nil {
 		w.drain()
-		w.checkHoldBound()
+		w.checkHoldBound(t0)
 		if w.err != nil {
 			return
 		}

@@ -30,7 +30,7 @@ func everyInput() map[string]Input {
 		"ResolveFailed":   ResolveFailed{Target: prefillT, Err: errors.New("test")},
 		"TargetChanged":   TargetChanged{Target: prefillT, Gone: true},
 		"PeerUnreachable": PeerUnreachable{Endpoint: "tcp://x:1", Reason: "test"}, "Tick": Tick{}, "Close": Close{Reason: "test"},
-		"Fail": Fail{Room: 1, Reason: "test"},
+		"Fail": Fail{Room: 1, Reason: "test"}, "AgentClosed": AgentClosed{},
 	}
 }
 

@@ -350,7 +350,7 @@ var mutants = []mutant{
 	// A RENEW counts as progress again: a decode process that renews
 	// without reading keeps the room alive and its pages held forever.
 	{name: "renew-is-progress", file: "internal/core/pull.go", old: "\t\t\tc.stats.LeaseRenewals++\n\t\t}", new: "\t\t\tc.stats.LeaseRenewals++\n\t\t\tc.reg.progressed(rm, c.now)\n\t\t}",
-		pkg: "internal/core", run: "^(TestRenewIsNotProgress|TestSimExhaustive)$"},
+		pkg: "internal/core", run: "^(TestRenewIsNotProgress|TestSimExhaustive|TestSimRandomHostile)$"},
 	// A publish is not progress: a room whose chunks come further apart
 	// in total than the stall deadline fails.
 	{name: "publish-not-progress", file: "internal/core/pull.go", old: "\tc.reg.progressed(rm, c.now)\n\th.published = c.now", new: "\th.published = c.now",
