@@ -247,7 +247,7 @@ func TestSimRandomHostile(t *testing.T) {
 	cfg := simRandomConfig()
 	cfg.hostileRenew = true
 	total := newSimCoverage()
-	const n = 100 // (make sim's SIM_SEEDS is TestSimRandom's)
+	const n = 50 // (make sim's SIM_SEEDS is TestSimRandom's)
 	for seed := uint64(0); seed < uint64(n); seed++ {
 		run, err := runRandom(cfg, seed, simRandomSteps)
 		if err != nil {
