@@ -88,17 +88,6 @@ func TestFloodDelaysNoHeartbeat(t *testing.T) {
 	t.Logf("of the flood's %d ABORTs, %d were handled when the PING was answered, %d when the REQUEST was", flood, handledAtPong.Load(), handledAtRequest.Load())
 }
 
-// roomOf is a message's room (0 when it names none).
-func roomOf(m Message) uint64 {
-	switch m := m.(type) {
-	case *Abort:
-		return m.Room
-	case *Request:
-		return m.Room
-	}
-	return 0
-}
-
 // TestInboxBounds: a rank's backlog holds maxPeerBacklog messages; one
 // more is dropped and counted, while another rank's message still gets
 // in and is served in the next round. (A loop without its goroutines: a
