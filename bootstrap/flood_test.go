@@ -73,9 +73,12 @@ func TestFloodDelaysNoHeartbeat(t *testing.T) {
 
 	require.NoError(t, honest.Send(prefill.peer(), &Ping{Seq: 7}))
 	require.NoError(t, honest.Send(prefill.peer(), &Request{Room: 1 << 40, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}))
-	for p := range pongs {
-		if p.Seq == 7 {
-			break
+	for answered := false; !answered; {
+		select {
+		case p := <-pongs:
+			answered = p.Seq == 7
+		case <-time.After(recvTimeout):
+			t.Fatal("the honest rank's PING not answered")
 		}
 	}
 	require.Eventually(t, func() bool { return handledAtRequest.Load() >= 0 }, 4*recvTimeout, time.Millisecond,
@@ -90,19 +93,23 @@ func TestFloodDelaysNoHeartbeat(t *testing.T) {
 
 // TestInboxBounds: a rank's backlog holds maxPeerBacklog messages; one
 // more is dropped and counted, while another rank's message still gets
-// in and is served in the next round. (A loop without its goroutines: a
-// live one would serve its inbox whenever a signal interrupts its wait.)
+// in and is served in the next round. Ranks that fill the whole inbox do
+// not lock out one that sends a few. A rank that always has messages
+// waiting does not grow its queue's array for good. (A loop without its
+// goroutines: a live one would serve its inbox whenever a signal
+// interrupts its wait.)
 func TestInboxBounds(t *testing.T) {
 	r := &Loop{inbox: newInbox(), log: zap.NewNop(), id: From{Role: RolePrefill, Instance: "p"}}
 	msg := func(inst string) inboxItem {
 		return inboxItem{m: &Abort{From: From{Role: RoleDecode, Instance: inst}, Room: 1}}
 	}
+	rank := func(inst string) inboxKey { return inboxKey{RoleDecode, inst, 0} }
 	var limiter logLimiter
 	for range maxPeerBacklog + 4 {
-		r.queue("tcp://a", msg("a"), &limiter)
+		r.queue(rank("a"), msg("a"), &limiter)
 	}
 	assert.Equal(t, uint64(4), r.Stats().Backlogged, "the messages past a's backlog are dropped and counted")
-	r.queue("tcp://b", msg("b"), &limiter)
+	r.queue(rank("b"), msg("b"), &limiter)
 	assert.Equal(t, uint64(4), r.Stats().Backlogged, "another rank's message gets in")
 	var order []string
 	for {
@@ -115,6 +122,32 @@ func TestInboxBounds(t *testing.T) {
 	require.Len(t, order, maxPeerBacklog+1)
 	assert.Equal(t, []string{"a", "b", "a"}, order[:3], "b is served in a's first round")
 	assert.False(t, r.inbox.waiting())
+
+	// Flooding ranks fill the inbox: a rank with few messages still gets in.
+	floods := maxBacklog / maxPeerBacklog
+	for f := range floods {
+		for range maxPeerBacklog {
+			r.queue(rank(fmt.Sprint("flood-", f)), msg("flood"), &limiter)
+		}
+	}
+	before := r.Stats().Backlogged
+	for range fairBacklog + 1 {
+		r.queue(rank("honest"), msg("honest"), &limiter)
+	}
+	assert.Equal(t, before+1, r.Stats().Backlogged, "past a full inbox, a rank gets in up to its fair share of %d", fairBacklog)
+	for r.inbox.waiting() {
+		r.inbox.pop()
+	}
+
+	// A standing backlog, pushed and popped a million times.
+	for range 100 {
+		r.queue(rank("a"), msg("a"), &limiter)
+	}
+	for range 1_000_000 {
+		r.queue(rank("a"), msg("a"), &limiter)
+		r.inbox.pop()
+	}
+	assert.Less(t, cap(r.inbox.queues[rank("a")].items), 10_000, "a's queue's array holds what waits, not what passed")
 }
 
 // BenchmarkPingDuringFlood: the round trip of an honest rank's PING to a
@@ -184,4 +217,23 @@ func BenchmarkPingDuringFlood(b *testing.B) {
 			_ = l.Close()
 		}
 	}
+}
+
+// TestFloodFromManyEndpointsIsOneRanks: the endpoint in a message's from is
+// the sender's claim (a rank may make up new ones), so the inbox keys its
+// queues by the sending rank: one rank's messages from four endpoints wait
+// in one queue, take one turn and count against one backlog. (A loop
+// without its goroutines, Insecure: admit alone.)
+func TestFloodFromManyEndpointsIsOneRanks(t *testing.T) {
+	r := &Loop{inbox: newInbox(), log: zap.NewNop(), id: From{Role: RolePrefill, Instance: "p"}, cfg: LoopConfig{Insecure: true}}
+	var limiter logLimiter
+	for i := range 4 {
+		frames, err := Encode(&Abort{From: From{Role: RoleDecode, Instance: "flooder", Rank: 0, Endpoint: fmt.Sprintf("tcp://10.0.0.1:%d", 5000+i), Epoch: 1}, Room: uint64(i)})
+		require.NoError(t, err)
+		key, it, ok := r.admit(frames, &limiter)
+		require.True(t, ok)
+		r.queue(key, it, &limiter)
+	}
+	assert.Len(t, r.inbox.queues, 1, "one rank's messages from four endpoints wait in one queue")
+	assert.Len(t, r.inbox.ring, 1, "and take one turn")
 }

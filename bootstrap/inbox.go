@@ -2,8 +2,9 @@ package bootstrap
 
 import "time"
 
-// The inbox: received messages wait here, one queue per sending process
-// (its endpoint: under per-rank identity a rank has at most 4),
+// The inbox: received messages wait here, one queue per sending rank
+// (role, instance and rank: under per-rank identity its certificate's, so
+// a rank gets one turn and one backlog however many endpoints it uses),
 // and the receive goroutine hands them to the Handler round-robin over the
 // ranks that have some, between its reads (issue 49 item 3). Every message
 // read is checked and admitted first — a PING answered at once, a PONG's
@@ -14,13 +15,18 @@ import "time"
 // round, and with no backlog a message is handled right after it is read,
 // on the same goroutine (no hand-off: the round trip stays as it was).
 //
-// Bounds: maxPeerBacklog messages per sending process and maxBacklog in all;
-// a message past either is dropped and counted (Stats.Backlogged,
-// kvbridge_control_backlog_dropped_total): the protocol survives a lost
-// control message (retries, deadlines), and it is the flooding rank's.
+// Bounds: maxPeerBacklog messages per sending rank and maxBacklog in all,
+// past which only a rank with fewer than fairBacklog waiting gets in (so
+// ranks that fill the inbox cannot lock out one that sends a few; at most
+// 2 × maxBacklog wait); a message past them is dropped and counted
+// (Stats.Backlogged, kvbridge_control_backlog_dropped_total): the protocol
+// survives a lost control message (retries, deadlines), and it is the
+// flooding rank's. Messages still waiting when the loop closes are dropped
+// with it (their rooms fail as the rank closes).
 const (
 	maxPeerBacklog = 1 << 13
 	maxBacklog     = 1 << 16
+	fairBacklog    = 64
 	// serveBudget: how long the receive goroutine hands messages to the
 	// Handler before it reads again (a handler call in progress finishes).
 	serveBudget = time.Millisecond
@@ -33,29 +39,37 @@ type inboxItem struct {
 	mr *MalformedReport
 }
 
-// peerQueue is one sending rank's messages, in the order they came.
-type peerQueue struct {
-	items []inboxItem
-	head  int
+// inboxKey names a sending rank (a malformed REQUEST's report: its
+// endpoint, in instance, with no role).
+type inboxKey struct {
+	role, instance string
+	rank           int
 }
 
-func (q *peerQueue) len() int { return len(q.items) - q.head }
+// peerQueue is one sending rank's messages, in the order they came.
+type peerQueue struct{ items []inboxItem }
+
+func (q *peerQueue) len() int { return len(q.items) }
 
 // inbox is the receive goroutine's alone: no lock.
 type inbox struct {
-	queues map[string]*peerQueue
-	ring   []string // ranks with messages waiting, in serving order
+	queues map[inboxKey]*peerQueue
+	ring   []inboxKey // ranks with messages waiting, in serving order
 	total  int
 }
 
 func newInbox() *inbox {
-	return &inbox{queues: map[string]*peerQueue{}}
+	return &inbox{queues: map[inboxKey]*peerQueue{}}
 }
 
 // push queues it for key's rank; false when a bound is reached (dropped).
-func (b *inbox) push(key string, it inboxItem) bool {
+func (b *inbox) push(key inboxKey, it inboxItem) bool {
 	q := b.queues[key]
-	if b.total >= maxBacklog || (q != nil && q.len() >= maxPeerBacklog) {
+	n := 0
+	if q != nil {
+		n = q.len()
+	}
+	if n >= maxPeerBacklog || (b.total >= maxBacklog && (n >= fairBacklog || b.total >= 2*maxBacklog)) {
 		return false
 	}
 	if q == nil {
@@ -80,9 +94,9 @@ func (b *inbox) pop() (inboxItem, bool) {
 	key := b.ring[0]
 	b.ring = b.ring[1:]
 	q := b.queues[key]
-	it := q.items[q.head]
-	q.items[q.head] = inboxItem{}
-	q.head++
+	it := q.items[0]
+	q.items[0] = inboxItem{}
+	q.items = q.items[1:] // (an append copies only what still waits: no array grows for good)
 	b.total--
 	if q.len() > 0 {
 		b.ring = append(b.ring, key)

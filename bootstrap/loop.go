@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -56,8 +57,10 @@ type LoopConfig struct {
 	// free port.
 	Bind string
 	// Handler receives every well-formed message but PING (answered with a
-	// PONG here), in arrival order, on the loop's receive goroutine: it
-	// must not block. A PONG reaches it after the heartbeat has counted it.
+	// PONG here) on the loop's receive goroutine: it must not block. Each
+	// sending rank's messages come in the order they arrived; ranks take
+	// turns (inbox.go), so messages of different ranks may not. A PONG
+	// reaches it after the heartbeat has counted it.
 	Handler func(Message)
 	// OnPeerDown is called once per peer heartbeats declared dead.
 	OnPeerDown func(PeerDown)
@@ -531,7 +534,7 @@ func (l *Loop) receive() {
 // admit checks one received message (authentication, decoding, the
 // identity and replay checks) and answers a PING at once; it returns what
 // is left for the Handler (ok) and the sending rank's inbox key (inbox.go).
-func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key string, it inboxItem, ok bool) {
+func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key inboxKey, it inboxItem, ok bool) {
 	if l.cfg.Tap != nil {
 		l.cfg.Tap(frames)
 	}
@@ -556,7 +559,7 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key string, it inbox
 		opened, e, why := l.cfg.Auth.open(frames, now, keyFor)
 		if why != "" {
 			refuse(why, false, "unauthenticated")
-			return "", inboxItem{}, false
+			return inboxKey{}, inboxItem{}, false
 		}
 		frames, env = opened, e
 	} else if len(frames) == 4 {
@@ -576,9 +579,9 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key string, it inbox
 		// body's from could not be checked.
 		if me.Type == TypeRequest && me.HasRoom && me.Endpoint != "" && l.cfg.OnMalformedRequest != nil &&
 			(l.addr == nil || l.addr.vouch(l.id, me.Endpoint, env)) {
-			return me.Endpoint, inboxItem{mr: &MalformedReport{Room: me.Room, Endpoint: me.Endpoint, Reason: err.Error()}}, true
+			return inboxKey{instance: me.Endpoint}, inboxItem{mr: &MalformedReport{Room: me.Room, Endpoint: me.Endpoint, Reason: err.Error()}}, true
 		}
-		return "", inboxItem{}, false
+		return inboxKey{}, inboxItem{}, false
 	}
 	from := m.Sender()
 	if l.addr != nil {
@@ -593,7 +596,7 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key string, it inbox
 				// per sender process, so a replay costs one PING at most.
 				_ = l.Send(Peer{Endpoint: from.Endpoint, Epoch: from.Epoch, Cert: string(env.Cert)}, &Ping{})
 			}
-			return "", inboxItem{}, false
+			return inboxKey{}, inboxItem{}, false
 		}
 		if r, ok := m.(*Register); ok {
 			var key []byte
@@ -603,13 +606,13 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key string, it inbox
 			md, err := openMD(key, l.cfg.Auth.Secret, r.AgentMD, from, env.To)
 			if err != nil {
 				refuse(AuthBadTag, false, fmt.Sprintf("REGISTER from %s: agent metadata: %v", from.Peer(), err))
-				return "", inboxItem{}, false
+				return inboxKey{}, inboxItem{}, false
 			}
 			r.AgentMD = md
 			if len(r.Proof) > 0 {
 				if r.Proof, err = openMD(key, l.cfg.Auth.Secret, r.Proof, from, env.To); err != nil {
 					refuse(AuthBadTag, false, fmt.Sprintf("REGISTER from %s: ownership proof: %v", from.Peer(), err))
-					return "", inboxItem{}, false
+					return inboxKey{}, inboxItem{}, false
 				}
 			}
 		}
@@ -624,7 +627,7 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key string, it inbox
 			}
 			if err != nil {
 				refuse(AuthBadTag, false, fmt.Sprintf("REGISTER_ACK from %s: pull offer: %v", from.Peer(), err))
-				return "", inboxItem{}, false
+				return inboxKey{}, inboxItem{}, false
 			}
 		}
 	}
@@ -632,23 +635,23 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key string, it inbox
 	switch m := m.(type) {
 	case *Ping:
 		_ = l.Send(Peer{Endpoint: from.Endpoint}, &Pong{Seq: m.Seq})
-		return "", inboxItem{}, false
+		return inboxKey{}, inboxItem{}, false
 	case *Pong:
 		l.snd.pong(from.Endpoint)
 	}
-	return from.Endpoint, inboxItem{m: m}, true
+	return inboxKey{from.Role, from.Instance, from.Rank}, inboxItem{m: m}, true
 }
 
 // queue puts a message in its sending rank's inbox queue, or drops and
 // counts it when the rank's backlog (or the whole inbox) is full.
-func (l *Loop) queue(key string, it inboxItem, limiter *logLimiter) {
+func (l *Loop) queue(key inboxKey, it inboxItem, limiter *logLimiter) {
 	if l.inbox.push(key, it) {
 		return
 	}
 	l.stat.backlogged.Add(1)
 	if n, ok := limiter.allow(time.Now()); ok {
 		l.log.Warn("control message dropped: its sender's backlog is full", zap.String("rank", l.id.Peer()),
-			zap.String("from", key), zap.Int("per_rank_bound", maxPeerBacklog), zap.Int("suppressed", n))
+			zap.String("from", key.role+"/"+key.instance+"/"+strconv.Itoa(key.rank)), zap.Int("per_rank_bound", maxPeerBacklog), zap.Int("suppressed", n))
 	}
 }
 

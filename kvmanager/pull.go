@@ -71,15 +71,11 @@ func (m *Manager) sendWhenReady(e core.Effect) {
 				return
 			}
 			if ok {
-				// It echoes the latest stamp heard by now (the decode
-				// rank's RENEWs went on while the data was not ready).
-				msg := *e.Msg.(*bootstrap.Pages)
-				m.read(func(c *core.Core) {
-					if at, found := c.PullStamp(e.Room, e.To.Endpoint); found {
-						msg.At = at
-					}
+				// The core stamps it (the decode rank's RENEWs went on
+				// while the data was not ready) and sends it.
+				m.step(func(c *core.Core, now time.Time) {
+					c.Step(now, core.PagesReady{To: e.To, Msg: e.Msg.(*bootstrap.Pages)})
 				})
-				m.send(e.To, &msg)
 				return
 			}
 			select {

@@ -346,11 +346,12 @@ func (c *prefillCore) registered(now time.Time, from wire.From, remote string, p
 			ack.Pull = &wire.PullOffer{}
 		}
 	}
-	c.send(wire.Peer{Endpoint: from.Endpoint}, 0, ack)
 	if ack.Pull != nil && c.cfg.OfferProgress > 0 {
-		// The decode rank reads the offer's proof slots back now.
+		// The decode rank reads the offer's proof slots back once it has
+		// the ACK.
 		c.emit(Effect{Kind: EffectKeepProgress, Keep: c.cfg.OfferProgress})
 	}
+	c.send(wire.Peer{Endpoint: from.Endpoint}, 0, ack)
 }
 
 // peerGone fails every live room and drops every pending request that a

@@ -217,3 +217,53 @@ func TestKeepProgressIsTheCores(t *testing.T) {
 	assert.True(t, woken, "room 7's hold waiter woken when the agent closed")
 	assert.Equal(t, uint64(1), c.Stats().ForcedReleases)
 }
+
+// TestReadDoneIsNotProgress: a READ_DONE ok that leaves the room unsettled
+// (not drained) does not push the stall deadline out: the room fails at
+// its last publish's deadline, so k decode processes cannot stretch the
+// hold by k stall timeouts between them.
+func TestReadDoneIsNotProgress(t *testing.T) {
+	c := pullRoomPublished(t)
+	stall := c.cfg.Registry.StallTimeout
+	require.NoError(t, c.Step(t0, SendChunk{Room: 7, Pages: []uint32{2}, Last: true, AuxIndex: -1}).Err)
+	c.Step(t0.Add(stall*9/10), Received{&wire.ReadDone{From: decodeFrom, Room: 7, OK: true, Drained: false}})
+	c.Step(t0.Add(stall*11/10), Tick{})
+	st, _ := c.Status(7)
+	assert.Equal(t, Failed, st, "room 7 past its last publish's stall deadline, after a READ_DONE not drained")
+}
+
+// TestHeldBackPagesCountFromTheirSend: a PAGES held back for its data
+// (SendChunk.Ready) goes when the shell steps PagesReady: the core stamps
+// it with the latest stamp its decode process sent (a RENEW's, heard
+// meanwhile), sends it, keeps the agent progressing for the lease, and
+// counts the send as its progress — the stall deadline and the hold's
+// bound run from it, not from the SendChunk.
+func TestHeldBackPagesCountFromTheirSend(t *testing.T) {
+	c := pullRoomPublished(t)
+	stall := c.cfg.Registry.StallTimeout
+	ready := func() (bool, error) { return true, nil }
+	require.NoError(t, c.Step(t0, SendChunk{Room: 7, Pages: []uint32{2}, Last: true, AuxIndex: -1, Ready: ready}).Err)
+	var held *wire.Pages
+	for _, e := range c.Effects() {
+		assert.NotEqual(t, EffectKeepProgress, e.Kind, "no progress kept for a PAGES not sent yet")
+		if p, ok := e.Msg.(*wire.Pages); ok && e.Ready != nil {
+			held = p
+		}
+	}
+	require.NotNil(t, held, "the last chunk's PAGES, held back for its data")
+	c.Step(t0.Add(stall/2), Received{&wire.Renew{From: decodeFrom, Room: 7, At: 99}})
+	sentAt := t0.Add(stall * 9 / 10)
+	c.Step(sentAt, PagesReady{To: wire.Peer{Endpoint: decodeFrom.Endpoint}, Msg: held})
+	effects := c.Effects()
+	pages := sent[*wire.Pages](effects)
+	require.Len(t, pages, 1)
+	assert.Equal(t, uint64(99), pages[0].At, "stamped with the latest RENEW's stamp")
+	assert.Equal(t, EffectKeepProgress, effects[0].Kind, "the agent keeps progressing, before the send")
+	c.Step(t0.Add(stall*6/5), Received{&wire.Renew{From: decodeFrom, Room: 7, At: 100}}) // its lease goes on
+	c.Step(t0.Add(stall*3/2), Tick{})
+	st, _ := c.Status(7)
+	assert.Equal(t, Transferring, st, "room 7 within the stall deadline of its last PAGES' send")
+	c.Step(sentAt.Add(stall*11/10), Tick{})
+	st, _ = c.Status(7)
+	assert.Equal(t, Failed, st, "room 7 past the stall deadline of its last PAGES' send")
+}

@@ -211,10 +211,13 @@ func (c *prefillCore) publish(rm *room, in SendChunk, at chunkAt, pr PeerRequest
 		}
 	}
 	c.stats.PagesPublished++
+	if in.Ready == nil {
+		// Its decode rank reads now: an engine that moves reads only while
+		// this rank's agent progresses keeps progressing meanwhile. (A
+		// PAGES held back for its data: when it goes, PagesReady.)
+		c.emit(Effect{Kind: EffectKeepProgress, Room: rm.id, Keep: c.cfg.Lease})
+	}
 	c.emit(Effect{Kind: EffectSend, Room: rm.id, To: wire.Peer{Endpoint: req.From.Endpoint}, Msg: msg, Ready: in.Ready})
-	// Its decode rank reads now: an engine that moves reads only while
-	// this rank's agent progresses keeps progressing meanwhile.
-	c.emit(Effect{Kind: EffectKeepProgress, Room: rm.id, Keep: c.cfg.Lease})
 	return ""
 }
 
@@ -400,19 +403,34 @@ func (c *Core) AwaitsRegisterAck(endpoint string) bool {
 	return tg != nil && tg.reg == regSent
 }
 
-// PullStamp is the latest stamp a prefill rank heard from the decode
-// process at endpoint for room (its REQUEST's or a RENEW's): a PAGES held
-// back for its data (SendLayers' ready) echoes it when it goes.
-func (c *Core) PullStamp(room uint64, endpoint string) (uint64, bool) {
-	if c.prefillCore == nil {
-		return 0, false
-	}
-	for _, pr := range c.prefillCore.roomRequests(room) {
-		if pr.Payload != nil && pr.Payload.Pull && pr.Payload.From.Endpoint == endpoint {
-			return pr.At, true
+// PagesReady is a PAGES that was held back for its data (its EffectSend
+// carried SendChunk.Ready) and may go now (prefill): the core stamps it
+// with the latest stamp heard from its decode process (its RENEWs went on
+// meanwhile) and sends it; its going is this rank's progress, as a
+// publish is (the stall deadline and the hold's bound run from it), and
+// the agent keeps progressing for the lease.
+type PagesReady struct {
+	To  wire.Peer
+	Msg *wire.Pages
+}
+
+func (PagesReady) input() {}
+
+func (c *prefillCore) pagesReady(in PagesReady) {
+	msg := *in.Msg
+	for _, pr := range c.roomRequests(msg.Room) {
+		if pr.Payload != nil && pr.Payload.Pull && pr.Payload.From.Endpoint == in.To.Endpoint {
+			msg.At = pr.At
 		}
 	}
-	return 0, false
+	if h := c.pulls[msg.Room]; h != nil {
+		h.published = c.now
+		if rm, live := c.reg.rooms[msg.Room]; live {
+			c.reg.progressed(rm, c.now)
+		}
+	}
+	c.emit(Effect{Kind: EffectKeepProgress, Room: msg.Room, Keep: c.cfg.Lease})
+	c.emit(Effect{Kind: EffectSend, Room: msg.Room, To: in.To, Msg: &msg})
 }
 
 // PagesUnderLease counts the prefill pages published for pull and not yet

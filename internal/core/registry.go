@@ -978,7 +978,9 @@ func (r *Registry) leaseClosed(id uint64, err error, drained bool, now time.Time
 		r.fail(rm, err.Error(), now)
 		return r.drainResult(rm, Applied)
 	}
-	rm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))
+	// (The stall deadline stays where the last publish put it: a
+	// READ_DONE is not progress either, or each of a room's decode
+	// processes could push it out once more.)
 	rm.lastDone = true
 	if rm.inflight == 0 && rm.unsettled == 0 {
 		r.succeed(rm)

@@ -286,6 +286,9 @@ func (c *Core) Step(now time.Time, in Input) Output {
 			return Output{OK: p.posting(now, in.Room, in.Write)}
 		case WriteDone:
 			return Output{Result: p.writeDone(now, in.Room, in.Write, in.Err, in.Quiesced)}
+		case PagesReady:
+			p.pagesReady(in)
+			return Output{}
 		case CreateReceiver, InitReceiver, AbortReceiver, ClearReceiver, RefuseRoom, Notified, Resolved, ResolveFailed, TargetChanged, ReadPosting, ReadDone:
 			return wrongRole(in)
 		}
@@ -318,7 +321,7 @@ func (c *Core) Step(now time.Time, in Input) Output {
 		d.resolveFailed(now, in.Target, in.Err)
 	case TargetChanged:
 		d.targetChangedRecord(now, in.Target, in.Endpoint, in.ServerKey, in.Cert, in.Epoch, in.Gone)
-	case CreateSender, InitSender, SendChunk, AbortSender, ClearSender, Posting, WriteDone:
+	case CreateSender, InitSender, SendChunk, AbortSender, ClearSender, Posting, WriteDone, PagesReady:
 		return wrongRole(in)
 	default:
 		return unknownInput(in)

@@ -351,6 +351,17 @@ var mutants = []mutant{
 	// without reading keeps the room alive and its pages held forever.
 	{name: "renew-is-progress", file: "internal/core/pull.go", old: "\t\t\tc.stats.LeaseRenewals++\n\t\t}", new: "\t\t\tc.stats.LeaseRenewals++\n\t\t\tc.reg.progressed(rm, c.now)\n\t\t}",
 		pkg: "internal/core", run: "^(TestRenewIsNotProgress|TestSimExhaustive|TestSimRandomHostile)$"},
+	// A READ_DONE is progress again: each decode process of the room can
+	// push the stall deadline out once more without reading.
+	{name: "read-done-is-progress", file: "internal/core/registry.go", old: "\trm.lastDone = true\n\tif rm.inflight == 0 && rm.unsettled == 0 {", new: "\trm.setDeadline(DeadlineStall, now.Add(r.cfg.StallTimeout))\n\trm.lastDone = true\n\tif rm.inflight == 0 && rm.unsettled == 0 {",
+		pkg: "internal/core", run: "^TestReadDoneIsNotProgress$"},
+	// A held-back PAGES's send is not progress: its decode rank has the
+	// rest of the publish's stall deadline, not a whole one, to read it.
+	{name: "held-pages-not-progress", file: "internal/core/pull.go", old: "\t\t\tc.reg.progressed(rm, c.now)\n\t\t}\n\t}\n\tc.emit(Effect{Kind: EffectKeepProgress, Room: msg.Room", new: "\t\t\t_ = rm\n\t\t}\n\t}\n\tc.emit(Effect{Kind: EffectKeepProgress, Room: msg.Room",
+		pkg: "internal/core", run: "^TestHeldBackPagesCountFromTheirSend$"},
+	// A held-back PAGES sent with the stamp it had at publish.
+	{name: "held-pages-old-stamp", file: "internal/core/pull.go", old: "\t\t\tmsg.At = pr.At\n", new: "",
+		pkg: "internal/core", run: "^TestHeldBackPagesCountFromTheirSend$"},
 	// A publish is not progress: a room whose chunks come further apart
 	// in total than the stall deadline fails.
 	{name: "publish-not-progress", file: "internal/core/pull.go", old: "\tc.reg.progressed(rm, c.now)\n\th.published = c.now", new: "\th.published = c.now",
@@ -376,8 +387,15 @@ var mutants = []mutant{
 		pkg: "bootstrap", run: "^TestFloodDelaysNoHeartbeat$"},
 	{name: "inbox-one-rank-at-a-time", file: "bootstrap/inbox.go", old: "\tif q.len() > 0 {\n\t\tb.ring = append(b.ring, key)", new: "\tif q.len() > 0 {\n\t\tb.ring = append([]string{key}, b.ring...)",
 		pkg: "bootstrap", run: "^(TestFloodDelaysNoHeartbeat|TestInboxBounds)$"},
-	{name: "inbox-unbounded", file: "bootstrap/inbox.go", old: "\tif b.total >= maxBacklog || (q != nil && q.len() >= maxPeerBacklog) {", new: "\tif false {",
+	{name: "inbox-unbounded", file: "bootstrap/inbox.go", old: "\tif n >= maxPeerBacklog || (b.total >= maxBacklog && (n >= fairBacklog || b.total >= 2*maxBacklog)) {", new: "\tif n < 0 {",
 		pkg: "bootstrap", run: "^TestInboxBounds$"},
+	// A full inbox refuses every rank: the flooders lock the others out.
+	{name: "inbox-full-locks-out", file: "bootstrap/inbox.go", old: "(n >= fairBacklog || b.total >= 2*maxBacklog)", new: "(true || b.total >= 2*maxBacklog)",
+		pkg: "bootstrap", run: "^TestInboxBounds$"},
+	// The inbox keyed by the sending endpoint, which the sender claims: a
+	// rank gets a turn and a backlog per endpoint it makes up.
+	{name: "inbox-by-endpoint", file: "bootstrap/loop.go", old: "\treturn inboxKey{from.Role, from.Instance, from.Rank}, inboxItem{m: m}, true", new: "\treturn inboxKey{instance: from.Endpoint}, inboxItem{m: m}, true",
+		pkg: "bootstrap", run: "^TestFloodFromManyEndpointsIsOneRanks$"},
 	// The core's decisions the shell used to make (issue 49 item 1): no
 	// progress kept after a PAGES, or after a pull offer; the agent's
 	// close not releasing the published pages.
