@@ -56,6 +56,10 @@ type inbox struct {
 	queues map[inboxKey]*peerQueue
 	ring   []inboxKey // ranks with messages waiting, in serving order
 	total  int
+	// last: the queue the last push went to (a batch is mostly one
+	// rank's: no map look-up then).
+	lastKey inboxKey
+	last    *peerQueue
 }
 
 func newInbox() *inbox {
@@ -64,7 +68,10 @@ func newInbox() *inbox {
 
 // push queues it for key's rank; false when a bound is reached (dropped).
 func (b *inbox) push(key inboxKey, it inboxItem) bool {
-	q := b.queues[key]
+	q := b.last
+	if q == nil || key != b.lastKey {
+		q = b.queues[key]
+	}
 	n := 0
 	if q != nil {
 		n = q.len()
@@ -79,6 +86,7 @@ func (b *inbox) push(key inboxKey, it inboxItem) bool {
 	}
 	q.items = append(q.items, it)
 	b.total++
+	b.lastKey, b.last = key, q
 	return true
 }
 
@@ -102,6 +110,9 @@ func (b *inbox) pop() (inboxItem, bool) {
 		b.ring = append(b.ring, key)
 	} else {
 		delete(b.queues, key)
+		if b.last == q {
+			b.last = nil
+		}
 	}
 	if len(b.ring) == 0 {
 		b.ring = nil // let a long ring's array go

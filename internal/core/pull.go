@@ -181,11 +181,7 @@ func (c *prefillCore) publish(rm *room, in SendChunk, at chunkAt, pr PeerRequest
 		}
 		pp.open = true
 	}
-	// Publishing is this rank's own progress: the stall deadline runs
-	// from the last publish, and nothing a decode process sends moves it
-	// (a RENEW keeps a lease, not the room, alive).
-	c.reg.progressed(rm, c.now)
-	h.published = c.now
+	c.published(h)
 	pp.leaseEnd = c.now.Add(c.cfg.Lease)
 	shift := 0
 	if p.plan != nil {
@@ -219,6 +215,17 @@ func (c *prefillCore) publish(rm *room, in SendChunk, at chunkAt, pr PeerRequest
 	}
 	c.emit(Effect{Kind: EffectSend, Room: rm.id, To: wire.Peer{Endpoint: req.From.Endpoint}, Msg: msg, Ready: in.Ready})
 	return ""
+}
+
+// published notes a publish (a PAGES made, or a held-back one sent): this
+// rank's own progress, from which the room's stall deadline runs; nothing
+// a decode process sends moves it (a RENEW keeps a lease, not the room,
+// alive).
+func (c *prefillCore) published(h *pullHold) {
+	h.published = c.now
+	if rm, live := c.reg.rooms[h.room]; live {
+		c.reg.progressed(rm, c.now)
+	}
 }
 
 // onRenew extends a pull room's lease for the decode process that sent
@@ -424,10 +431,7 @@ func (c *prefillCore) pagesReady(in PagesReady) {
 		}
 	}
 	if h := c.pulls[msg.Room]; h != nil {
-		h.published = c.now
-		if rm, live := c.reg.rooms[msg.Room]; live {
-			c.reg.progressed(rm, c.now)
-		}
+		c.published(h)
 	}
 	c.emit(Effect{Kind: EffectKeepProgress, Room: msg.Room, Keep: c.cfg.Lease})
 	c.emit(Effect{Kind: EffectSend, Room: msg.Room, To: in.To, Msg: &msg})

@@ -357,14 +357,14 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestReadDoneIsNotProgress$"},
 	// A held-back PAGES's send is not progress: its decode rank has the
 	// rest of the publish's stall deadline, not a whole one, to read it.
-	{name: "held-pages-not-progress", file: "internal/core/pull.go", old: "\t\t\tc.reg.progressed(rm, c.now)\n\t\t}\n\t}\n\tc.emit(Effect{Kind: EffectKeepProgress, Room: msg.Room", new: "\t\t\t_ = rm\n\t\t}\n\t}\n\tc.emit(Effect{Kind: EffectKeepProgress, Room: msg.Room",
+	{name: "held-pages-not-progress", file: "internal/core/pull.go", old: "\t\tc.published(h)\n\t}\n\tc.emit(Effect{Kind: EffectKeepProgress, Room: msg.Room", new: "\t\th.published = c.now\n\t}\n\tc.emit(Effect{Kind: EffectKeepProgress, Room: msg.Room",
 		pkg: "internal/core", run: "^TestHeldBackPagesCountFromTheirSend$"},
 	// A held-back PAGES sent with the stamp it had at publish.
 	{name: "held-pages-old-stamp", file: "internal/core/pull.go", old: "\t\t\tmsg.At = pr.At\n", new: "",
 		pkg: "internal/core", run: "^TestHeldBackPagesCountFromTheirSend$"},
 	// A publish is not progress: a room whose chunks come further apart
 	// in total than the stall deadline fails.
-	{name: "publish-not-progress", file: "internal/core/pull.go", old: "\tc.reg.progressed(rm, c.now)\n\th.published = c.now", new: "\th.published = c.now",
+	{name: "publish-not-progress", file: "internal/core/pull.go", old: "\tc.published(h)\n\tpp.leaseEnd = c.now.Add(c.cfg.Lease)", new: "\th.published = c.now\n\tpp.leaseEnd = c.now.Add(c.cfg.Lease)",
 		pkg: "internal/core", run: "^TestPublishIsProgress$"},
 	// Another decode instance's REQUEST for a room joins it.
 	{name: "foreign-request-accepted", file: "internal/core/core_prefill.go", old: "\tif reason := c.foreign(msg.From, msg.Room); reason != \"\" {", new: "\tif reason := c.foreign(msg.From, msg.Room); reason != \"\" && false {",
