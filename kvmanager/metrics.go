@@ -25,6 +25,7 @@ type metrics struct {
 	// Pull (docs/PROTOCOL.md "Pull").
 	underLease, leaseRenewals, leaseExpiries, readsRefused, pullRefused *prometheus.Desc
 	foreignRefused                                                      *prometheus.Desc
+	challenges, challengesIgnored                                       *prometheus.Desc
 	pageSeconds                                                         prometheus.Histogram
 
 	transfers prometheus.Counter
@@ -67,6 +68,11 @@ func newMetrics(m *Manager) *metrics {
 		layoutRefused: prometheus.NewDesc("kvbridge_layout_refused_total",
 			"REGISTERs and REQUESTs refused for naming memory that cannot be right: overlapping regions, a destination named twice, a destination another live room of the decode process may still write.",
 			[]string{"reason"}, labels),
+		challenges: prometheus.NewDesc("kvbridge_challenges_total",
+			"Agent challenges of REGISTERs (docs/PROTOCOL.md \"The agent challenge\"), by outcome: sent, echoed, expired (unechoed past the deadline; refused as not_owner where the sender kept registering), deferred (too many open).",
+			[]string{"outcome"}, labels),
+		challengesIgnored: prometheus.NewDesc("kvbridge_challenges_ignored_total",
+			"Agent challenges this decode rank's agent got for another identity (a REGISTER elsewhere named this rank's agent), or malformed: dropped.", nil, labels),
 		foreignRefused: prometheus.NewDesc("kvbridge_foreign_room_refused_total",
 			"REQUESTs and ABORTs refused for naming a room another decode instance asked for first (a room is one decode instance's).", nil, labels),
 		probes: prometheus.NewDesc("kvbridge_request_probes_total",
@@ -128,7 +134,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.inflight
 	ch <- x.tables
 	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes,
-		x.underLease, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.foreignRefused} {
+		x.underLease, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.foreignRefused, x.challenges, x.challengesIgnored} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -152,6 +158,13 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.readsRefused, prometheus.CounterValue, float64(st.ReadsRefused))
 	ch <- prometheus.MustNewConstMetric(x.pullRefused, prometheus.CounterValue, float64(st.PullRefused))
 	ch <- prometheus.MustNewConstMetric(x.foreignRefused, prometheus.CounterValue, float64(st.ForeignRefused))
+	for _, c := range []struct {
+		outcome string
+		n       uint64
+	}{{"sent", st.Challenges}, {"echoed", st.ChallengesPassed}, {"expired", st.ChallengesExpired}, {"deferred", st.ChallengesDeferred}} {
+		ch <- prometheus.MustNewConstMetric(x.challenges, prometheus.CounterValue, float64(c.n), c.outcome)
+	}
+	ch <- prometheus.MustNewConstMetric(x.challengesIgnored, prometheus.CounterValue, float64(st.ChallengesIgnored))
 	ch <- prometheus.MustNewConstMetric(x.tables, prometheus.GaugeValue, float64(tombs), "tombstones")
 	ch <- prometheus.MustNewConstMetric(x.tables, prometheus.GaugeValue, float64(pending), "pending")
 	for p := core.Failed; p <= core.Success; p++ {

@@ -127,6 +127,36 @@ func (m *Manager) loadMetadata(msg *bootstrap.Register, lay core.PeerPlan) {
 	go m.bindRegister(msg, lay)
 }
 
+// challenge carries out EffectChallenge: it checks the REGISTER's claims
+// (the blob names the REGISTER's agent, a name not another rank's), then,
+// on a goroutine of its own (engine I/O), loads the blob and sends its
+// agent the challenge notification — a message, never an access to that
+// process's memory. Nothing else goes through that agent until the
+// sender echoes the challenge (the core admits the REGISTER that does).
+func (m *Manager) challenge(msg *bootstrap.Register, notif string) {
+	if !m.registersReady.Load() {
+		m.met.deferred.Inc() // NewPrefill has not finished: the sender repeats it
+		return
+	}
+	if _, err := m.checkClaims(msg); err != nil {
+		m.refuseRegister(msg, err)
+		return
+	}
+	if !m.beginCheck(msg.From.Peer(), msg.Agent) {
+		return
+	}
+	go func() {
+		defer m.endCheck(msg.From.Peer(), msg.Agent)
+		name, err := m.agent.LoadRemote(msg.AgentMD)
+		if err == nil {
+			err = m.agent.GenNotif(name, []byte(notif))
+		}
+		if err != nil {
+			m.refuseRegister(msg, fmt.Errorf("agent metadata: challenging the agent it names: %w", err))
+		}
+	}()
+}
+
 // post hands a chunk's writes to the pool; every write passes the core's
 // gate right before it is posted, and reports its completion back.
 func (m *Manager) post(e core.Effect) {

@@ -32,13 +32,13 @@ type proofRank struct {
 	acks        chan *bootstrap.RegisterAck
 }
 
-func newProofRank(t *testing.T, engine nixl.Config, instance string, regions int) *proofRank {
+func newProofRank(t testing.TB, engine nixl.Config, instance string, regions int) *proofRank {
 	t.Helper()
 	return newProofRankNamed(t, engine, instance, instance+"-decode-0", regions)
 }
 
 // newProofRankNamed is a proofRank whose agent has a name of its own.
-func newProofRankNamed(t *testing.T, engine nixl.Config, instance, agent string, regions int) *proofRank {
+func newProofRankNamed(t testing.TB, engine nixl.Config, instance, agent string, regions int) *proofRank {
 	t.Helper()
 	engine.Name = agent
 	a, err := nixl.Open(engine)
@@ -98,15 +98,70 @@ func (r *proofRank) register(t *testing.T, p *Prefill, agent string, md []byte, 
 	t.Helper()
 	reg := &bootstrap.Register{Compat: p.cfg.Compat, Agent: agent, AgentMD: md, TPSize: 1,
 		KV: kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: proof}
-	if err := r.loop.Send(bootstrap.Peer{Endpoint: p.Endpoint()}, reg); err != nil {
-		t.Fatal(err)
+	return echoingRegister(t, r.loop, r.agent, r.owner, bootstrap.Peer{Endpoint: p.Endpoint()}, reg, r.acks)
+}
+
+// echoingRegister sends reg as a decode rank does until an answer comes:
+// again every second (its RegisterRetry), and at once, echoing it, when
+// the rank's agent gets an agent challenge for its identity owner.
+func echoingRegister(t *testing.T, loop *bootstrap.Loop, agent *nixl.Agent, owner string, to bootstrap.Peer, reg *bootstrap.Register, acks chan *bootstrap.RegisterAck) *bootstrap.RegisterAck {
+	t.Helper()
+	for len(acks) > 0 {
+		<-acks // a late answer to an earlier repeat
 	}
-	select {
-	case a := <-r.acks:
-		return a
-	case <-time.After(30 * time.Second):
-		t.Fatal("no REGISTER_ACK within 30 s")
-		return nil
+	send := func() {
+		if err := loop.Send(to, reg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send()
+	deadline := time.After(30 * time.Second)
+	poll := time.NewTicker(10 * time.Millisecond) // the agent's notifications (a decode rank's notifier)
+	defer poll.Stop()
+	repeat := time.NewTicker(time.Second)
+	defer repeat.Stop()
+	for {
+		select {
+		case a := <-acks:
+			return a
+		case <-deadline:
+			t.Fatal("no REGISTER_ACK within 30 s")
+			return nil
+		case <-repeat.C:
+			send()
+		case <-poll.C:
+			ns, _ := agent.Notifs()
+			for _, n := range ns {
+				if x, ok := core.ParseChallenge(string(n.Msg)); ok && x.For == owner {
+					reg.Echo = append(reg.Echo, x.Nonce...)
+					reg.Echo = reg.Echo[max(0, len(reg.Echo)-core.MaxEchoes*core.ChallengeBytes):]
+					send()
+				}
+			}
+		}
+	}
+}
+
+// awaitChallenge returns the nonce of the first agent challenge for r's
+// identity that r's agent gets (30 s at most).
+func awaitChallenge(t *testing.T, r *proofRank) []byte {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	poll := time.NewTicker(10 * time.Millisecond)
+	defer poll.Stop()
+	for {
+		select {
+		case <-deadline:
+			t.Fatalf("%s: no agent challenge within 30 s", r.owner)
+			return nil
+		case <-poll.C:
+			ns, _ := r.agent.Notifs()
+			for _, n := range ns {
+				if x, ok := core.ParseChallenge(string(n.Msg)); ok && x.For == r.owner {
+					return x.Nonce
+				}
+			}
+		}
 	}
 }
 
@@ -292,9 +347,27 @@ func BenchmarkRegisterProof(b *testing.B) {
 			defer d.Close()
 			msg := d.core.Config().Register // as the decode rank sends it (unsealed: the loop seals it)
 			msg.From = bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proof-bench-decode", Rank: 0, Endpoint: "tcp://127.0.0.1:1", Epoch: 1}
-			var proof, rest time.Duration
+			// The agent challenge's data-plane leg: a notification from the
+			// prefill's agent to a decode agent, sent until it is read
+			// there (a raw agent: the Decode's notifier would take it).
+			notified := newProofRank(b, ec.engine, "proof-bench-notif", 2)
+			if _, err := p.agent.LoadRemote(notified.md); err != nil {
+				b.Fatal(err)
+			}
+			notif := []byte(core.ChallengeNotif(make([]byte, core.ChallengeBytes), notified.owner))
+			var proof, rest, challenge time.Duration
 			b.ResetTimer()
 			for b.Loop() {
+				tc := time.Now()
+				if err := p.agent.GenNotif(notified.name, notif); err != nil {
+					b.Fatal(err)
+				}
+				for {
+					if ns, _ := notified.agent.Notifs(); len(ns) > 0 {
+						break
+					}
+				}
+				challenge += time.Since(tc)
 				t0 := time.Now()
 				var plan core.PeerPlan
 				p.read(func(c *core.Core) { plan, err = c.CheckRegister(&msg) })
@@ -322,6 +395,8 @@ func BenchmarkRegisterProof(b *testing.B) {
 			b.ReportMetric(float64(proof.Nanoseconds())/float64(b.N), "proof-ns/op")
 			b.ReportMetric(float64(rest.Nanoseconds())/float64(b.N), "rest-ns/op")
 			b.ReportMetric(float64(proof)/float64(rest), "proof/rest")
+			b.ReportMetric(float64(challenge.Nanoseconds())/float64(b.N), "challenge-notif-ns/op")
+			b.ReportMetric(float64(challenge)/float64(rest), "challenge/rest")
 		})
 	}
 }
@@ -398,16 +473,22 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 		}
 	}
 	p.regMu.Unlock()
+	slowMsg := &bootstrap.Register{Compat: p.cfg.Compat, Agent: slow.name, AgentMD: slow.md, TPSize: 1,
+		KV: slow.kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: slow.seed}
 	send := func(r *proofRank) {
 		t.Helper()
-		msg := &bootstrap.Register{Compat: p.cfg.Compat, Agent: r.name, AgentMD: r.md, TPSize: 1,
-			KV: r.kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: r.seed}
-		if err := r.loop.Send(bootstrap.Peer{Endpoint: p.Endpoint()}, msg); err != nil {
+		if err := r.loop.Send(bootstrap.Peer{Endpoint: p.Endpoint()}, slowMsg); err != nil {
 			t.Fatal(err)
 		}
 	}
 	send(slow)
-	<-holding // its proof read is in progress, and does not come back
+	slowMsg.Echo = awaitChallenge(t, slow) // the agent challenge first
+	send(slow)
+	select {
+	case <-holding: // its proof read is in progress, and does not come back
+	case <-time.After(30 * time.Second):
+		t.Fatal("the held rank's proof read did not start")
+	}
 	if a := quick.register(t, p, quick.name, quick.md, quick.kv, quick.seed); !a.OK {
 		t.Fatalf("another rank's REGISTER while one is held: %s", a.Reason)
 	}

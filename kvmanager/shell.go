@@ -176,6 +176,11 @@ func newManager(cfg Config) (m *Manager, err error) {
 		return nil, err
 	}
 	ccfg.OfferProgress = proofTimeout // the decode rank reads the offer's proof slots back
+	ccfg.Identity = bootstrap.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank}.Peer()
+	ccfg.ChallengeTimeout = proofTimeout
+	if _, err = rand.Read(ccfg.ChallengeKey[:]); err != nil {
+		return nil, fmt.Errorf("kvmanager: drawing the challenge key: %w", err)
+	}
 	if m.core, err = core.NewCore(ccfg); err != nil {
 		return nil, err
 	}
@@ -408,10 +413,14 @@ func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 			}
 		case core.EffectKeepProgress:
 			m.agent.KeepProgress(e.Keep)
+		case core.EffectUnload:
+			if err := m.agent.InvalidateRemote(e.Remote); err != nil && !errors.Is(err, nixl.ErrRemoteUnknown) {
+				m.log.Warn("unloading a challenged agent", zap.String("agent", e.Remote), zap.Error(err))
+			}
 		case core.EffectRead:
 			reads = append(reads, e)
-		case core.EffectPost, core.EffectLoadMetadata:
-			posts = append(posts, e) // both may step: after effMu
+		case core.EffectPost, core.EffectLoadMetadata, core.EffectChallenge:
+			posts = append(posts, e) // each may step: after effMu
 		}
 	}
 	clear(buf) // drop the messages and channels until the next step
@@ -432,8 +441,12 @@ func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 		}
 	}
 	for _, e := range posts {
-		if e.Kind == core.EffectLoadMetadata {
+		switch e.Kind {
+		case core.EffectLoadMetadata:
 			m.loadMetadata(e.Msg.(*bootstrap.Register), *e.Plan)
+			continue
+		case core.EffectChallenge:
+			m.challenge(e.Msg.(*bootstrap.Register), e.Notif)
 			continue
 		}
 		m.post(e)

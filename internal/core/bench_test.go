@@ -106,6 +106,7 @@ func BenchmarkCoreRoom(b *testing.B) {
 				cp := *m
 				cp.From = from
 				lay, _ := dst.CheckRegister(&cp)
+				echoChallenge(b, dst, &cp, now)
 				dst.Step(now, Registered{From: from, Remote: "agent", Plan: lay})
 			case *wire.RegisterAck:
 				cp := *m

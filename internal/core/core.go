@@ -81,6 +81,10 @@ type prefillCore struct {
 	peers map[string]*decodePeer
 	// pulls are the pull rooms whose published pages are held (pull.go).
 	pulls map[uint64]*pullHold
+	// challenges are the agent challenges by registering identity
+	// (challenge.go); challengeSeq numbers their nonces.
+	challenges   map[string]*challenge
+	challengeSeq uint64
 }
 
 // decodeCore is a decode rank's own state: prefill targets by key, their
@@ -94,6 +98,9 @@ type decodeCore struct {
 	// failCode is the failure code of the room being failed (set around
 	// failRoom; empty: CodeFailed).
 	failCode string
+	// echo holds the nonces of the last MaxEchoes agent challenges sent
+	// for this rank, echoed in each REGISTER.
+	echo []byte
 }
 
 // heardPeer is what the core last heard from one peer identity.
@@ -162,6 +169,16 @@ type CoreConfig struct {
 	// back through it, EffectKeepProgress).
 	Offer         *wire.PullOffer
 	OfferProgress time.Duration
+	// Identity (decode) is this rank's identity as its peers see it
+	// (From.Peer()): it echoes only the agent challenges sent for it.
+	Identity string
+	// ChallengeKey (prefill) keys the agent challenges' nonces: random
+	// and secret (a zero key makes them predictable; tests only).
+	// ChallengeTimeout (prefill) is how long a REGISTER's sender has to
+	// echo its challenge before the registration is refused (0:
+	// DefaultChallengeTimeout).
+	ChallengeKey     [32]byte
+	ChallengeTimeout time.Duration
 }
 
 // MaxSources bounds the prefill ranks of one decode room.
@@ -224,6 +241,15 @@ type CoreStats struct {
 	// ForeignRefused (prefill): REQUESTs and ABORTs refused for naming a
 	// room that another decode instance asked for first.
 	ForeignRefused uint64
+	// Agent challenges (prefill): sent (one per registering process and
+	// blob), echoed, expired unechoed (a not_owner refusal where the
+	// sender registered again meanwhile), and REGISTERs left unanswered
+	// while maxChallenges were open.
+	Challenges, ChallengesPassed, ChallengesExpired, ChallengesDeferred uint64
+	// ChallengesIgnored (decode): challenge notifications for another
+	// identity (a REGISTER elsewhere named this rank's agent) or
+	// malformed.
+	ChallengesIgnored uint64
 }
 
 // EffectKind names an effect.
@@ -263,6 +289,14 @@ const (
 	// engine that moves reads only while its agent progresses keeps
 	// progressing for Keep.
 	EffectKeepProgress
+	// EffectChallenge (prefill): load the agent metadata of the REGISTER
+	// Msg and send its agent the notification Notif through the data
+	// plane — nothing else goes through that agent until the REGISTER's
+	// sender echoes it (PROTOCOL.md "The agent challenge").
+	EffectChallenge
+	// EffectUnload (prefill): drop the remote agent Remote, loaded for a
+	// challenge that was never echoed.
+	EffectUnload
 )
 
 // Effect is one output of the core.
@@ -286,6 +320,10 @@ type Effect struct {
 	Held  time.Duration
 	// Keep (EffectKeepProgress): how long the agent keeps progressing.
 	Keep time.Duration
+	// Notif (EffectChallenge): the notification to send.
+	Notif string
+	// Remote (EffectUnload): the remote agent's name.
+	Remote string
 }
 
 // Target names one prefill rank a decode room pulls from: the bootstrap
@@ -351,7 +389,7 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 	}
 	c := &Core{base: b}
 	if cfg.Role == RolePrefill {
-		c.prefillCore = &prefillCore{base: b, peers: map[string]*decodePeer{}, pulls: map[uint64]*pullHold{}}
+		c.prefillCore = &prefillCore{base: b, peers: map[string]*decodePeer{}, pulls: map[uint64]*pullHold{}, challenges: map[string]*challenge{}}
 		b.role = c.prefillCore
 	} else {
 		c.decodeCore = &decodeCore{base: b, targets: map[string]*target{}, holds: map[uint64]*hold{},

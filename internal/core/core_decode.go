@@ -476,6 +476,9 @@ func (c *decodeCore) sendRegister(tg *target) {
 		topo.PeerTPSize, topo.PeerPPSize = tg.t.InstTP, tg.t.InstPP
 		m.Topo = &topo
 	}
+	if len(c.echo) > 0 {
+		m.Echo = append([]byte(nil), c.echo...)
+	}
 	c.send(tg.peer(), 0, &m)
 }
 

@@ -319,6 +319,9 @@ func (c *prefillCore) checkToLoad(now time.Time, msg *wire.Register) bool {
 		return false
 	}
 	pp.Pull = msg.Pull
+	if !c.admit(now, msg) {
+		return false // its agent challenged: the sender's next REGISTER echoes it
+	}
 	c.emit(Effect{Kind: EffectLoadMetadata, To: wire.Peer{Endpoint: msg.From.Endpoint}, Msg: msg, Plan: &pp})
 	return true
 }
@@ -329,6 +332,13 @@ func (c *prefillCore) checkToLoad(now time.Time, msg *wire.Register) bool {
 func (c *prefillCore) registered(now time.Time, from wire.From, remote string, pp PeerPlan) {
 	if !c.hear(from) {
 		return // a late REGISTER of an epoch the peer already left
+	}
+	if !c.passedChallenge(from) {
+		// Nothing is bound to a blob whose agent was not shown the
+		// sender's (a challenge voided meanwhile by a newer REGISTER).
+		c.stats.LayoutRefused[RefusedNotOwner]++
+		c.registerRefused(now, from, fmt.Sprintf("memory not proven the registering process's (not_owner): %s (epoch %d) has not echoed its agent challenge", from.Peer(), from.Epoch))
+		return
 	}
 	key := from.Peer()
 	if old := c.peers[key]; old != nil && old.from.Epoch != from.Epoch {
@@ -959,7 +969,10 @@ func (c *prefillCore) failed(room uint64, reason string, res Result) {
 // expired tells the decode ranks of a room a deadline failed.
 func (c *prefillCore) expired(e Expiry) { c.statusFailed(e.Room, e.Peers, CodeFailed, e.Reason, "") }
 
-func (c *prefillCore) tick(now time.Time) { c.pullTick(now) }
+func (c *prefillCore) tick(now time.Time) {
+	c.pullTick(now)
+	c.challengeTick(now)
+}
 
 // needs marks the decode ranks with a live room or pending request here.
 func (c *prefillCore) needs(needed map[string]bool) {

@@ -29,6 +29,7 @@ func newTestCore(tb testing.TB, role Role, reg RegistryConfig) *Core {
 	if role == RoleDecode {
 		kv, aux, state := RegionsOf(simLayout())
 		cfg.Register = wire.Register{Compat: "sim", Agent: "decode-agent", KV: kv, Aux: aux, State: state, TPSize: 1}
+		cfg.Identity = decodeFrom.Peer()
 	}
 	c, err := NewCore(cfg)
 	if err != nil {
@@ -77,6 +78,7 @@ func registerLayout(t *testing.T, c *Core, from wire.From, peer kvlayout.Layout)
 	if err != nil {
 		t.Fatal(err)
 	}
+	echoChallenge(t, c, msg, t0)
 	c.Step(t0, Registered{From: from, Remote: "agent", Plan: lay})
 	if acks := sent[*wire.RegisterAck](c.Effects()); len(acks) != 1 || !acks[0].OK {
 		t.Fatalf("REGISTER not acknowledged: %v", acks)

@@ -150,11 +150,13 @@ func _() {
 	_ = x[EffectLoadMetadata-8]
 	_ = x[EffectRead-9]
 	_ = x[EffectKeepProgress-10]
+	_ = x[EffectChallenge-11]
+	_ = x[EffectUnload-12]
 }
 
-const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatchEffectLoadMetadataEffectReadEffectKeepProgress"
+const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatchEffectLoadMetadataEffectReadEffectKeepProgressEffectChallengeEffectUnload"
 
-var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81, 99, 109, 127}
+var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81, 99, 109, 127, 142, 154}
 
 func (i EffectKind) String() string {
 	idx := int(i) - 1

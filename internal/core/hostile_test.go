@@ -183,6 +183,7 @@ func TestKeepProgressIsTheCores(t *testing.T) {
 		plan, err := c.CheckRegister(msg)
 		require.NoError(t, err)
 		plan.Pull = pull // as the core's check does (EffectLoadMetadata's plan)
+		echoChallenge(t, c, msg, t0)
 		c.Step(t0, Registered{From: from, Remote: "agent", Plan: plan})
 		effects := c.Effects()
 		acks := sent[*wire.RegisterAck](effects)
@@ -266,4 +267,30 @@ func TestHeldBackPagesCountFromTheirSend(t *testing.T) {
 	c.Step(sentAt.Add(stall*11/10), Tick{})
 	st, _ = c.Status(7)
 	assert.Equal(t, Failed, st, "room 7 past the stall deadline of its last PAGES' send")
+}
+
+// echoChallenge passes msg's agent challenge at c as its decode rank
+// would: the REGISTER, the challenge it draws (EffectChallenge), and the
+// REGISTER echoing the challenge's nonce, whose EffectLoadMetadata is
+// dropped (the caller steps Registered).
+func echoChallenge(tb testing.TB, c *Core, msg *wire.Register, now time.Time) {
+	tb.Helper()
+	if c.Step(now, Received{Msg: msg}).OK {
+		c.Effects() // passed already (a repeat of the same process and blob)
+		return
+	}
+	var nonce []byte
+	for _, e := range c.Effects() {
+		if e.Kind == EffectChallenge {
+			ch, ok := ParseChallenge(e.Notif)
+			require.True(tb, ok, "challenge %q", e.Notif)
+			require.Equal(tb, msg.From.Peer(), ch.For)
+			nonce = ch.Nonce
+		}
+	}
+	require.NotNil(tb, nonce, "no challenge for %s's REGISTER", msg.From.Peer())
+	cp := *msg
+	cp.Echo = nonce
+	require.True(tb, c.Step(now, Received{Msg: &cp}).OK, "the echoing REGISTER was not passed on to be loaded")
+	c.Effects()
 }

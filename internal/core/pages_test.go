@@ -58,6 +58,7 @@ func TestPagesOfDifferentSizes(t *testing.T) {
 	if pp.Plan == nil || pp.Plan.Full || pp.Plan.Pages() != (kvlayout.PageMap{Src: 2, Dst: 8}) {
 		t.Fatalf("plan %+v", pp.Plan)
 	}
+	echoChallenge(t, c, reg, t0)
 	c.Step(t0, Registered{From: decodeFrom, Remote: "agent", Plan: pp})
 	c.Step(t0, CreateSender{Room: 1})
 	c.Step(t0, InitSender{Room: 1})
@@ -112,6 +113,7 @@ func TestChunkRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	echoChallenge(t, c, reg, t0)
 	c.Step(t0, Registered{From: decodeFrom, Remote: "agent", Plan: pp})
 	c.Step(t0, CreateSender{Room: 1})
 	c.Step(t0, InitSender{Room: 1})

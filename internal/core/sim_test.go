@@ -156,6 +156,9 @@ const (
 	// simProbeIdle is the decode cores' ProbeIdle (their ProbeTimeout a
 	// quarter of it): after any time jump a REQUEST first PINGs.
 	simProbeIdle = time.Second
+	// simChallengeTimeout: how long a REGISTER's sender has to echo its
+	// agent challenge.
+	simChallengeTimeout = 2 * time.Second
 	// simWriteLife is the model's one timing assumption about the data
 	// plane: no write lands later than this after it was posted. The
 	// quarantine (30 s) must exceed it: that is what makes a forced
@@ -200,9 +203,10 @@ type simProc struct {
 // simLoad is a REGISTER that passed its checks and whose metadata a
 // prefill process is loading (the shell does it off the control loop).
 type simLoad struct {
-	from wire.From
-	plan PeerPlan
-	at   int // the trace's length when the check ran (coverage only)
+	from  wire.From
+	agent string // the agent its blob names (the sim's blob is the agent's name)
+	plan  PeerPlan
+	at    int // the trace's length when the check ran (coverage only)
 }
 
 type simJob struct {
@@ -434,8 +438,10 @@ func (w *simWorld) start(slot int, moved bool) {
 		ProbeIdle: simProbeIdle, ProbeTimeout: simProbeIdle / 4, Lease: simPullLease}
 	if role == RoleDecode {
 		kv, aux, state := RegionsOf(simLayout())
-		cc.Register = wire.Register{Compat: "sim", Agent: remoteName(from), KV: kv, Aux: aux, State: state, TPSize: 1}
+		cc.Register = wire.Register{Compat: "sim", Agent: remoteName(from), AgentMD: []byte(remoteName(from)), KV: kv, Aux: aux, State: state, TPSize: 1}
+		cc.Identity = from.Peer()
 	}
+	cc.ChallengeTimeout = simChallengeTimeout
 	c, err := NewCore(cc)
 	if err != nil {
 		panic(err)
@@ -493,9 +499,9 @@ func (w *simWorld) effects(slot int) {
 			case *wire.AbortAck:
 				if m.Drained {
 					// Invariant 7: drained only when no write of the room
-					// from this process can land.
+					// from this process can land in the ACK's recipient.
 					for _, wr := range w.writes {
-						if wr.srcInc == p.inc && wr.room == m.Room && !wr.landed {
+						if wr.srcInc == p.inc && wr.room == m.Room && !wr.landed && w.incEp[wr.dstInc] == e.To.Endpoint {
 							w.fail("room %d: %s sent ABORT_ACK drained while write %d can still land (ghost %v)", m.Room, p.from.Peer(), wr.id, wr.ghost)
 						}
 					}
@@ -546,12 +552,23 @@ func (w *simWorld) effects(slot int) {
 				continue
 			}
 			w.released(p, e)
+		case EffectUnload:
+			if !w.isPrefill(slot) || p.core.AgentOwner(e.Remote) != "" {
+				w.fail("%s unloads agent %q (owner %q)", p.from.Peer(), e.Remote, p.core.AgentOwner(e.Remote))
+			}
+			w.cov.hit("unechoed challenge's agent unloaded")
+		case EffectChallenge:
+			if !w.isPrefill(slot) {
+				w.fail("%s sent an agent challenge", p.from.Peer())
+				continue
+			}
+			w.challenge(e)
 		case EffectLoadMetadata:
 			if !w.isPrefill(slot) {
 				w.fail("%s asked to load metadata", p.from.Peer())
 				continue
 			}
-			p.loads = append(p.loads, simLoad{from: e.Msg.Sender(), plan: *e.Plan, at: len(w.trace)})
+			p.loads = append(p.loads, simLoad{from: e.Msg.Sender(), agent: string(e.Msg.(*wire.Register).AgentMD), plan: *e.Plan, at: len(w.trace)})
 			if w.cfg.regWindow {
 				w.cov.hit("REGISTER's metadata load in progress")
 			}
@@ -938,6 +955,10 @@ func (w *simWorld) events() []simEvent {
 				p := w.procs[s]
 				nt := p.notifs[0]
 				p.notifs = p.notifs[1:]
+				if IsChallenge(nt) {
+					w.deliverChallenge(s, nt)
+					return
+				}
 				x, ok := ParseNotif(nt)
 				if !ok {
 					w.fail("bad notification %q", nt)
@@ -1112,7 +1133,13 @@ func (w *simWorld) tick(d time.Duration) {
 			continue
 		}
 		lost, expired, renewed := p.core.stats.ProbesLost, p.core.stats.LeaseExpiries, p.core.stats.LeaseRenewals
+		unechoed, notOwner := p.core.stats.ChallengesExpired, p.core.stats.LayoutRefused[RefusedNotOwner]
 		p.core.Step(w.now, Tick{})
+		if p.core.stats.LayoutRefused[RefusedNotOwner] > notOwner {
+			w.cov.hit("challenge expired: registration refused")
+		} else if p.core.stats.ChallengesExpired > unechoed {
+			w.cov.hit("challenge expired: forgotten")
+		}
 		if p.core.stats.ProbesLost > lost {
 			w.cov.hit("probe lost: rank looked up again")
 		}
@@ -1240,6 +1267,11 @@ func (w *simWorld) bind(slot int) {
 	p := w.procs[slot]
 	ld := p.loads[0]
 	p.loads = p.loads[1:]
+	if ld.agent != remoteName(ld.from) {
+		// The data plane would now go through another process's agent:
+		// its proof read first (the confused deputy).
+		w.fail("%s loads, for %s, a blob naming agent %s: another process's", p.from.Peer(), ld.from.Peer(), ld.agent)
+	}
 	p.core.Step(w.now, Registered{From: ld.from, Remote: remoteName(ld.from), Plan: ld.plan})
 	w.effects(slot)
 }

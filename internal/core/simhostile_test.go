@@ -109,6 +109,7 @@ func (w *simWorld) intruderEvents(add func(string, func(*simWorld))) {
 		return
 	}
 	rank := s - w.cfg.prefills
+	w.intruderRegisters(add)
 	for _, r := range w.rooms {
 		if slices.Contains(r.decodes, rank) {
 			continue
@@ -185,6 +186,16 @@ func (w *simWorld) checkForeign(dst int, msg wire.Message, room uint64, step fun
 	}
 	switch msg.(type) {
 	case *wire.Request, *wire.Abort:
+		registered := false
+		for _, p := range c.prefillCore.peers {
+			registered = registered || p.from.Instance == simIntruder
+		}
+		if _, isReq := msg.(*wire.Request); isReq && !registered {
+			// An intruder not registered here (its forged REGISTER is
+			// never bound) is refused before the room is looked at.
+			w.cov.hit("intruder refused: REQUEST unregistered")
+			return
+		}
 		if c.stats.ForeignRefused == refused {
 			w.fail("room %d: %s's %v for another instance's room was not counted as refused on %s", room, simIntruder, msg.Type(), w.procs[dst].from.Peer())
 		}

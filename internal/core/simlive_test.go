@@ -199,6 +199,10 @@ func (w *simWorld) simTableBound(c *Core, name string) (bound int, empty, ok boo
 		return w.incs, true, true
 	case "peers":
 		return w.cfg.slots(), false, true
+	case "challenges": // one per registering identity (maxChallenges in a deployment)
+		return w.cfg.slots(), false, true
+	case "echo": // bytes: the last MaxEchoes nonces
+		return MaxEchoes * ChallengeBytes, false, true
 	case "peers[].inUse": // each registration's pages and aux items (simLayout has no state)
 		return w.cfg.slots() * (simPages + simLayout().AuxItems()), true, true
 	case "targets", "roomsOf":

@@ -133,7 +133,7 @@ func simExhaustiveConfigs() map[string]simCase {
 		// process, or a failed load.
 		"1→1: REGISTER checked, then bound after its metadata load, other events between (a load fails, decode restarts, aborts); liveness": mk(func(c *simConfig) {
 			c.regWindow, c.loadFails, c.restarts, c.decodeAbort, c.noClear, c.live = true, 1, 1, true, true, true
-		}, "REGISTER's metadata load in progress", "REGISTER bound with other events between its check and its bind", "metadata load failed"),
+		}, "REGISTER's metadata load in progress", "REGISTER bound with other events between its check and its bind", "metadata load failed", "challenge in flight"),
 		"2 decode ranks, required 1 (more REQUESTs than required)": mk(func(c *simConfig) {
 			r := simRoom(7, []int{0, 1}, []int{0}, 1)
 			r.required = 1
@@ -206,6 +206,18 @@ func simExhaustiveConfigs() map[string]simCase {
 				"room 7 decode 0 create", "room 7 decode 0 init", "room 8 decode 1 create", "room 8 decode 1 init", "resolve at 1", "resolve at 2",
 				"deliver 1→0 REGISTER", "deliver 2→0 REGISTER", "deliver 0→1 REGISTER_ACK", "deliver 0→2 REGISTER_ACK"}
 		}, "intruder refused: REQUEST", "intruder refused: ABORT", "intruder refused: RENEW", "intruder refused: READ_DONE", "release after success"),
+		// A decode rank of another instance REGISTERs, under its own
+		// identity, with a blob naming decode 0's agent: the challenge
+		// reaches decode 0, which drops it (another identity's); past
+		// the challenge timeout the registration is refused, and nothing
+		// was ever loaded through the forged blob (bind's check).
+		"1→2 decode instances: the intruder registers a blob naming the other's agent (the confused deputy); a time jump": mk(func(c *simConfig) {
+			c.decodes, c.intruder, c.intrusions, c.noClear, c.writesOK, c.ticks = 2, true, 2, true, true, 1
+			c.jumps = []time.Duration{simChallengeTimeout + time.Millisecond}
+			c.rooms = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 1)}
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init", "resolve at 1",
+				"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK"}
+		}, "agent challenged", "challenge echoed", "challenge for another identity dropped", "challenge expired: registration refused", "unechoed challenge's agent unloaded", "release after success"),
 		"1→1: a rank pauses past a time jump; liveness": mk(func(c *simConfig) {
 			c.pauses, c.ticks, c.live, c.noClear, c.writesOK = 1, 1, true, true, true
 		}, "paused past the heartbeat bound"),
@@ -381,7 +393,7 @@ var simRandomCoverage = map[string]int{
 	"REQUEST beyond the room's required": 20, // "write to a gone process failed": rare here, asserted by the kill configuration
 	// (layered successes: 45 before REQUESTs probed idle processes first;
 	// the PINGs and PONGs take events of the same 400.)
-	"layer group sent": 600, "layered room succeeded": 38, "decode abort between layers": 5, "prefill abort between layers": 5,
+	"layer group sent": 600, "layered room succeeded": 38, "decode abort between layers": 3, "challenge expired: forgotten": 100, "challenge to a gone agent": 20, "prefill abort between layers": 5,
 	"probe answered": 90, "probe lost: rank looked up again": 60, "room served after a lost probe": 25,
 	"restart between layers": 5, "load report Failed": 10000, "load report Success": 5000, "load report of a failed room with pages": 1000,
 	// Pull rooms (9, and 10 layer-wise from two prefill ranks; "probe

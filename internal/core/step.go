@@ -136,6 +136,13 @@ type (
 		// of an earlier revision's notification (positions not told).
 		Off, N, Lo, Hi, SpanLo, SpanHi int
 	}
+	// Challenged (decode) is an agent challenge's notification
+	// (ParseChallenge): a prefill rank got a REGISTER whose blob names this
+	// rank's agent and asks the registering identity For to echo Nonce.
+	Challenged struct {
+		For   string
+		Nonce []byte
+	}
 )
 
 // Discovery, faults and time.
@@ -203,6 +210,7 @@ func (MalformedRequest) input() {}
 func (Posting) input()          {}
 func (WriteDone) input()        {}
 func (Notified) input()         {}
+func (Challenged) input()       {}
 func (Resolved) input()         {}
 func (ResolveFailed) input()    {}
 func (TargetChanged) input()    {}
@@ -289,7 +297,7 @@ func (c *Core) Step(now time.Time, in Input) Output {
 		case PagesReady:
 			p.pagesReady(in)
 			return Output{}
-		case CreateReceiver, InitReceiver, AbortReceiver, ClearReceiver, RefuseRoom, Notified, Resolved, ResolveFailed, TargetChanged, ReadPosting, ReadDone:
+		case CreateReceiver, InitReceiver, AbortReceiver, ClearReceiver, RefuseRoom, Notified, Challenged, Resolved, ResolveFailed, TargetChanged, ReadPosting, ReadDone:
 			return wrongRole(in)
 		}
 		return unknownInput(in)
@@ -311,6 +319,8 @@ func (c *Core) Step(now time.Time, in Input) Output {
 		d.refuseRoom(now, in.Room, in.Targets, in.Reason)
 	case Notified:
 		d.notification(now, in)
+	case Challenged:
+		d.challenged(in)
 	case ReadPosting:
 		return Output{OK: d.readPosting(in.Room, in.Read)}
 	case ReadDone:

@@ -26,7 +26,7 @@ func everyInput() map[string]Input {
 		"RegisterRefused":  RegisterRefused{From: decodeFrom, Reason: "test"},
 		"MalformedRequest": MalformedRequest{Room: 1, Endpoint: decodeFrom.Endpoint, Reason: "test"},
 		"Posting":          Posting{Room: 1, Write: w}, "WriteDone": WriteDone{Room: 1, Write: w},
-		"Notified": Notified{Room: 1}, "Resolved": Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint},
+		"Notified": Notified{Room: 1}, "Challenged": Challenged{For: decodeFrom.Peer(), Nonce: make([]byte, ChallengeBytes)}, "Resolved": Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint},
 		"ResolveFailed":   ResolveFailed{Target: prefillT, Err: errors.New("test")},
 		"TargetChanged":   TargetChanged{Target: prefillT, Gone: true},
 		"PeerUnreachable": PeerUnreachable{Endpoint: "tcp://x:1", Reason: "test"}, "Tick": Tick{}, "Close": Close{Reason: "test"},
@@ -128,12 +128,22 @@ func TestFailInput(t *testing.T) {
 func TestRegisterAsLoadEffect(t *testing.T) {
 	c := testCore(t, RolePrefill)
 	kv, aux, state := RegionsOf(simLayout())
-	good := &wire.Register{From: decodeFrom, Compat: "sim", KV: kv, Aux: aux, State: state}
-	if !c.Step(t0, Received{Msg: good}).OK {
-		t.Fatal("a valid REGISTER was not passed on to be loaded")
+	first := &wire.Register{From: decodeFrom, Compat: "sim", KV: kv, Aux: aux, State: state}
+	if c.Step(t0, Received{Msg: first}).OK {
+		t.Fatal("a REGISTER was passed on to be loaded before its agent challenge was echoed")
 	}
 	eff := c.Effects()
-	if len(eff) != 1 || eff[0].Kind != EffectLoadMetadata || eff[0].Msg != good || eff[0].Plan == nil || eff[0].To.Endpoint != decodeFrom.Endpoint {
+	if len(eff) != 1 || eff[0].Kind != EffectChallenge || eff[0].Msg != first {
+		t.Fatalf("effects of a first REGISTER: %+v", eff)
+	}
+	ch, _ := ParseChallenge(eff[0].Notif)
+	good := *first
+	good.Echo = ch.Nonce
+	if !c.Step(t0, Received{Msg: &good}).OK {
+		t.Fatal("a valid REGISTER was not passed on to be loaded")
+	}
+	eff = c.Effects()
+	if len(eff) != 1 || eff[0].Kind != EffectLoadMetadata || eff[0].Msg != &good || eff[0].Plan == nil || eff[0].To.Endpoint != decodeFrom.Endpoint {
 		t.Fatalf("effects of a valid REGISTER: %+v", eff)
 	}
 	plan := *eff[0].Plan

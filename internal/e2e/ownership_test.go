@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/rawagent"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -79,6 +82,34 @@ func blobParts(t *testing.T, b []byte) (head, agent, lib, table, payload []byte)
 		str() // the region's key
 	}
 	return b[:as], b[as:ae], b[ae:le], b[ts:off], b[off:]
+}
+
+// relocated is a blob's region table with its regions moved, keeping
+// their offsets from the lowest, to start at base, and the same move for a
+// REGISTER's regions.
+func relocated(t *testing.T, table []byte, base uint64) ([]byte, func([]bootstrap.Region) []bootstrap.Region) {
+	t.Helper()
+	out := append([]byte(nil), table...)
+	n := int(binary.LittleEndian.Uint32(out))
+	var at []int
+	low := uint64(math.MaxUint64)
+	off := 4
+	for range n {
+		at = append(at, off+1)
+		low = min(low, binary.LittleEndian.Uint64(out[off+1:]))
+		off += 1 + 24
+		off += 4 + int(binary.LittleEndian.Uint32(out[off:]))
+	}
+	for _, a := range at {
+		binary.LittleEndian.PutUint64(out[a:], binary.LittleEndian.Uint64(out[a:])-low+base)
+	}
+	return out, func(rs []bootstrap.Region) []bootstrap.Region {
+		moved := append([]bootstrap.Region(nil), rs...)
+		for i := range moved {
+			moved[i].Addr = moved[i].Addr - low + base
+		}
+		return moved
+	}
 }
 
 // lenStr is a length-prefixed string as the blob writes it.
@@ -190,19 +221,45 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 			f := strings.Fields(prefill.ready)
 			epoch, _ := strconv.ParseUint(f[2], 10, 64)
 			to := bootstrap.Peer{Endpoint: f[1], Cert: string(ids[0].Cert.Raw()), Epoch: epoch}
+			// The attacker registers as a decode rank does: it repeats
+			// its REGISTER every second and echoes at once any agent
+			// challenge its own agent gets (so the cases with its own blob
+			// reach the ownership proof).
 			register := func(agentName string, md []byte, kv, aux, state []bootstrap.Region, seed []byte) *bootstrap.RegisterAck {
 				t.Helper()
-				err := loop.Send(to, &bootstrap.Register{Compat: "v1:test-layout", Agent: agentName, AgentMD: md, TPSize: 1,
-					KV: kv, Aux: aux, State: state, Proof: seed})
-				if err != nil {
-					t.Fatal(err)
+				reg := &bootstrap.Register{Compat: "v1:test-layout", Agent: agentName, AgentMD: md, TPSize: 1,
+					KV: kv, Aux: aux, State: state, Proof: seed}
+				for len(acks) > 0 {
+					<-acks // a late answer to an earlier repeat
 				}
-				select {
-				case a := <-acks:
-					return a
-				case <-time.After(30 * time.Second):
-					t.Fatal("no REGISTER_ACK within 30 s")
-					return nil
+				send := func() {
+					if err := loop.Send(to, reg); err != nil {
+						t.Fatal(err)
+					}
+				}
+				send()
+				deadline := time.After(30 * time.Second)
+				poll, repeat := time.NewTicker(10*time.Millisecond), time.NewTicker(time.Second)
+				defer poll.Stop()
+				defer repeat.Stop()
+				for {
+					select {
+					case a := <-acks:
+						return a
+					case <-deadline:
+						t.Fatal("no REGISTER_ACK within 30 s")
+						return nil
+					case <-repeat.C:
+						send()
+					case <-poll.C:
+						ns, _ := agent.Notifs()
+						for _, n := range ns {
+							if x, ok := core.ParseChallenge(string(n.Msg)); ok && x.For == attackerID.Peer() {
+								reg.Echo = append(reg.Echo, x.Nonce...)
+								send()
+							}
+						}
+					}
 				}
 			}
 
@@ -223,13 +280,21 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 				return out
 			}
 			victimAs := forged(vHead, lenStr(cfg.Name), vLib, vTable, vPayload)
+			// The victim's worker address (its process, its endpoints) with
+			// a region table and regions moved to addresses it never mapped
+			// (a review saw a read through such a blob kill the victim:
+			// SIGSEGV in ucp_get_req_handler; here, without the challenge,
+			// the engine refuses it at load on shm and the victim's engine
+			// refuses the read on tcp — after it reached the victim).
+			unmappedTable, moveTo := relocated(t, vTable, 0x100000)
+			unmapped := forged(vHead, lenStr(cfg.Name), vLib, unmappedTable, vPayload)
 			for _, c := range []struct {
 				what           string
 				agent          string
 				md             []byte
 				kv, aux, state []bootstrap.Region
 				seed           []byte
-			}{
+			}{ // (a blob whose worker address is the victim's is one of victimAs, unmapped, vm.MD)
 				{"the victim's blob (its pid, segments and keys) under the attacker's name, the victim's regions",
 					cfg.Name, victimAs, vm.KV, vm.Aux, vm.State, seed},
 				{"the same, each region shifted so its slot falls on bytes the victim never wrote, a seed of zeros",
@@ -240,6 +305,8 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 				{"its own memory, the regions moved onto bytes it never wrote (the read comes back, the values do not match)",
 					cfg.Name, ownMD, shift(ownKV), shift(ownAux), shift(ownState), seed},
 				{"the victim's blob and agent name", vm.Agent, vm.MD, vm.KV, vm.Aux, vm.State, seed},
+				{"the victim's worker address under the attacker's name, its regions moved to memory the victim never mapped (the confused deputy)",
+					cfg.Name, unmapped, moveTo(vm.KV), moveTo(vm.Aux), moveTo(vm.State), seed},
 				{"its own memory under the default name of a decode rank not started yet", "proc-decode-1",
 					forged(oHead, lenStr("proc-decode-1"), oLib, oTable, oPayload), ownKV, ownAux, ownState, seed},
 			} {
@@ -250,6 +317,12 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 				}
 				if !strings.Contains(a.Reason, "not_owner") && !strings.Contains(a.Reason, "agent metadata") {
 					t.Fatalf("%s: refused for a reason not naming ownership: %s", c.what, a.Reason)
+				}
+				if victims := bytes.Equal(c.md, victimAs) || bytes.Equal(c.md, unmapped) || bytes.Equal(c.md, vm.MD); victims &&
+					(strings.Contains(a.Reason, "proof slot") || strings.Contains(a.Reason, "target refused")) {
+					// Issue 49, 2: nothing goes through a blob before its
+					// agent echoes the challenge — no read reaches the victim.
+					t.Fatalf("%s: the prefill read through the victim's agent before any challenge was echoed: %s", c.what, a.Reason)
 				}
 				if strings.Contains(a.Reason, "not_owner") && refused() != n+1 {
 					t.Fatalf("%s: not counted as not_owner (%d → %d)", c.what, n, refused())

@@ -27,6 +27,9 @@ const (
 	MaxAgentMDBytes = 8 << 20
 	// MaxProofBytes bounds REGISTER's ownership proof (32 bytes, sealed).
 	MaxProofBytes = 128
+	// MaxEchoBytes bounds REGISTER's echo: the agent challenges' nonces
+	// (16 bytes each) its sender was sent through the data plane.
+	MaxEchoBytes = 64
 	// MaxRegions bounds each of REGISTER's region lists.
 	MaxRegions = 4096
 	// MaxPages bounds dst_pages and each state index list.
@@ -133,6 +136,12 @@ type Register struct {
 	// Pull (optional, false when absent): this decode rank reads its
 	// rooms; a prefill rank that serves pull answers with its offer.
 	Pull bool
+	// Echo (optional) holds the nonces of the agent challenges this
+	// process was sent through the data plane (PROTOCOL.md "The agent
+	// challenge"), end to end: a prefill rank loads nothing of a REGISTER
+	// before its sender echoes the nonce sent to the agent its metadata
+	// names.
+	Echo []byte
 }
 
 // Topo is a rank's parallel shape beyond TP and the model facts of the
@@ -389,6 +398,9 @@ func AppendBody(dst []byte, m Message) ([]byte, error) {
 		if m.Pull {
 			n++
 		}
+		if len(m.Echo) > 0 {
+			n++
+		}
 		e.mapLen(n)
 		e.from(m.From)
 		e.kstr("compat", m.Compat)
@@ -410,6 +422,12 @@ func AppendBody(dst []byte, m Message) ([]byte, error) {
 		}
 		if m.Pull {
 			e.kbool("pull", true)
+		}
+		if len(m.Echo) > MaxEchoBytes {
+			e.err(fmt.Errorf("echo of %d bytes exceeds %d", len(m.Echo), MaxEchoBytes))
+		}
+		if len(m.Echo) > 0 {
+			e.kbin("echo", m.Echo)
 		}
 		if t := m.Topo; t != nil {
 			e.key("topo")
@@ -576,7 +594,7 @@ func encodeCap(m Message) int {
 	n := 256
 	switch m := m.(type) {
 	case *Register:
-		n += len(m.AgentMD) + len(m.Proof) + 64*(len(m.KV)+len(m.Aux)+len(m.State))
+		n += len(m.AgentMD) + len(m.Proof) + len(m.Echo) + 64*(len(m.KV)+len(m.Aux)+len(m.State))
 	case *RegisterAck:
 		if o := m.Pull; o != nil {
 			n += len(o.AgentMD) + len(o.Proof) + 64*(len(o.KV)+len(o.Aux)+len(o.State))
@@ -837,6 +855,9 @@ func Decode(frames [][]byte) (Message, error) {
 			r.Proof = b.binMax("proof", MaxProofBytes)
 		}
 		r.Pull = b.optBool("pull")
+		if _, ok := b.lookup("echo"); ok && b.err == nil {
+			r.Echo = b.binMax("echo", MaxEchoBytes)
+		}
 		m = r
 	case TypeRegisterAck:
 		a := &RegisterAck{From: b.from(), OK: b.boolean("ok"), Reason: b.reason("reason")}

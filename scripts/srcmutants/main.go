@@ -328,7 +328,7 @@ var mutants = []mutant{
 	// read back but not compared; an agent name another decode rank
 	// registered taken over (its remote dropped by the refusal).
 	{name: "proof-not-compared", file: "kvmanager/proof.go", old: "		if !hmac.Equal(buf[i*proofLen:(i+1)*proofLen], ck.value(msg.Proof, owner)) {", new: "		if false && !hmac.Equal(buf[i*proofLen:(i+1)*proofLen], ck.value(msg.Proof, owner)) {",
-		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
+		pkg: "internal/e2e", run: "^TestForgedMemoryRefusedAcrossProcesses$"},
 	// The slot's value not keyed by the seed: bytes already in another
 	// process's memory match a seed of the attacker's choice.
 	{name: "proof-not-keyed", file: "kvmanager/proof.go", old: "	h := hmac.New(sha256.New, seed)", new: "	h := hmac.New(sha256.New, nil)",
@@ -405,6 +405,69 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestKeepProgressIsTheCores$"},
 	{name: "agent-closed-keeps-pulls", file: "internal/core/step.go", old: "\t\t\t\tp.releasePull(p.pulls[id], true)", new: "\t\t\t\t_ = id",
 		pkg: "internal/core", run: "^TestKeepProgressIsTheCores$"},
+	// The agent challenge (issue 49 item 2, docs/PROTOCOL.md "The agent
+	// challenge"): each rule removed or weakened.
+	// No challenge: a REGISTER's blob is loaded (and its proof read through
+	// it) at once.
+	{name: "challenge-skipped", file: "internal/core/core_prefill.go", old: "\tif !c.admit(now, msg) {", new: "\tif c.passedChallenge(msg.From) && !c.admit(now, msg) {",
+		pkg: "internal/core", run: "^(TestNothingLoadedBeforeTheEcho|TestSimExhaustive)$"},
+	// Any echo of a nonce's length passes.
+	{name: "echo-any", file: "internal/core/challenge.go", old: "\t\tif hmac.Equal(echo[i:i+ChallengeBytes], nonce[:]) {", new: "\t\tif len(echo[i:i+ChallengeBytes]) == len(nonce) {",
+		pkg: "internal/core", run: "^(TestNothingLoadedBeforeTheEcho|TestSimExhaustive)$"},
+	// The challenge not bound to the blob it was sent for: another blob
+	// passes with its echo.
+	{name: "challenge-not-bound-to-blob", file: "internal/core/challenge.go", old: "\tif ch != nil && (ch.from.Epoch != msg.From.Epoch || ch.md != md) {", new: "\tif ch != nil && (ch.from.Epoch != msg.From.Epoch) {",
+		pkg: "internal/core", run: "^TestNothingLoadedBeforeTheEcho$"},
+	// ... nor to the process (epoch).
+	{name: "challenge-not-bound-to-epoch", file: "internal/core/challenge.go", old: "\tif ch != nil && (ch.from.Epoch != msg.From.Epoch || ch.md != md) {", new: "\tif ch != nil && (ch.md != md) {",
+		pkg: "internal/core", run: "^TestNothingLoadedBeforeTheEcho$"},
+	// A bind without a passed challenge.
+	{name: "bind-without-challenge", file: "internal/core/core_prefill.go", old: "\tif !c.passedChallenge(from) {", new: "\tif false {",
+		pkg: "internal/core", run: "^TestBindNeedsThePassedChallenge$"},
+	// A decode rank echoes a challenge meant for another identity.
+	{name: "decode-echoes-any-identity", file: "internal/core/challenge.go", old: "\tif in.For != c.cfg.Identity || len(in.Nonce) != ChallengeBytes {", new: "\tif len(in.Nonce) != ChallengeBytes {",
+		pkg: "internal/core", run: "^TestDecodeEchoesOnlyItsOwnChallenge$"},
+	// A challenge whose sender fell silent refuses it too.
+	{name: "challenge-silent-refused", file: "internal/core/challenge.go", old: "\t\tif ch.repeats == 0 {", new: "\t\tif ch.repeats < 0 {",
+		pkg: "internal/core", run: "^TestUnechoedChallengeEnds$"},
+	// Challenges never expire: an attacker's stays, nothing is refused.
+	{name: "challenge-never-expires", file: "internal/core/challenge.go", old: "\t\tif ch.passed || !now.After(ch.deadline) {", new: "\t\tif true {",
+		pkg: "internal/core", run: "^(TestUnechoedChallengeEnds|TestSimExhaustive)$"},
+	// Off by one: a challenge ends at its deadline, not past it.
+	{name: "challenge-expires-at-deadline", file: "internal/core/challenge.go", old: "\t\tif ch.passed || !now.After(ch.deadline) {", new: "\t\tif ch.passed || now.Before(ch.deadline) {",
+		pkg: "internal/core", run: "^TestUnechoedChallengeEnds$"},
+	// An unechoed challenge's agent unloaded though a rank registered
+	// that name.
+	{name: "unload-owned-agent", file: "internal/core/challenge.go", old: "\tif agent == \"\" || c.agentOwner(agent) != \"\" {", new: "\tif agent == \"\" {",
+		pkg: "internal/core", run: "^TestChallengeNeverTouchesAnotherRanksAgent$"},
+	// A REGISTER under another rank's agent name challenged (its blob
+	// loaded over that rank's remote).
+	{name: "challenge-under-owned-name", file: "internal/core/challenge.go", old: "\tif owner := c.agentOwner(msg.Agent); owner != \"\" && owner != key {", new: "\tif owner := c.agentOwner(msg.Agent); false {",
+		pkg: "internal/core", run: "^TestChallengeNeverTouchesAnotherRanksAgent$"},
+	// The decode shell takes a challenge for an unknown notification: no
+	// decode rank process registers.
+	{name: "challenge-notif-dropped", file: "kvmanager/decode.go", old: "\tif core.IsChallenge(s) {", new: "\tif false {",
+		pkg: "internal/e2e", run: "^TestForgedMemoryRefusedAcrossProcesses$"},
+	// Each range check on a data-plane notification (issue 49, item 5):
+	// removed, or off by one.
+	{name: "notif-chunk-off-by-one", file: "internal/core/core_decode.go", old: "in.Chunk >= maxNotifChunks", new: "in.Chunk > maxNotifChunks",
+		pkg: "internal/core", run: "^TestNotificationRangesRefused$"},
+	{name: "notif-total-unbounded", file: "internal/core/core_decode.go", old: "|| in.Total > maxNotifChunks {", new: "{",
+		pkg: "internal/core", run: "^TestNotificationRangesRefused$"},
+	{name: "notif-span-unbounded", file: "internal/core/core_decode.go", old: "|| in.SpanHi-in.SpanLo > maxNotifLayers ||", new: "||",
+		pkg: "internal/core", run: "^TestNotificationRangesRefused$"},
+	{name: "notif-below-span", file: "internal/core/core_decode.go", old: "in.Lo < in.SpanLo || in.Hi", new: "in.Hi",
+		pkg: "internal/core", run: "^TestNotificationRangesRefused$"},
+	{name: "notif-past-span", file: "internal/core/core_decode.go", old: "in.Hi > in.SpanHi || ", new: "",
+		pkg: "internal/core", run: "^TestNotificationRangesRefused$"},
+	{name: "notif-empty-range", file: "internal/core/core_decode.go", old: "in.Lo >= in.Hi ||", new: "in.Lo > in.Hi ||",
+		pkg: "internal/core", run: "^TestNotificationRangesRefused$"},
+	{name: "notif-off-unchecked", file: "internal/core/core_decode.go", old: "in.Off < -1 || ", new: "",
+		pkg: "internal/core", run: "^TestNotificationRangesRefused$"},
+	{name: "notif-n-unbounded", file: "internal/core/core_decode.go", old: "|| in.N > maxNotifChunks*maxNotifLayers {", new: "{",
+		pkg: "internal/core", run: "^TestNotificationRangesRefused$"},
+	{name: "notif-chunk-place-unchecked", file: "internal/core/core_decode.go", old: "\tif cs := s.chunks[in.Chunk]; cs != nil && (cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi) {", new: "\tif cs := s.chunks[in.Chunk]; cs != nil && (cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi) {",
+		pkg: "internal/core", run: "^TestNotificationRangesRefused$"},
 	// Pull (docs/PROTOCOL.md "Pull", issue 38): each rule of the lease
 	// and of the pages' release removed.
 	// A read posted after the decode rank's lease ended (its gate ignores

@@ -1,0 +1,272 @@
+package core
+
+// The agent challenge (docs/PROTOCOL.md "The agent challenge"). A
+// REGISTER's metadata names an engine agent — for UCX a worker address,
+// which names a process by its pid and its endpoints — and nothing in it
+// is secret: a decode rank with a valid identity can send another
+// process's blob as its own. Anything the prefill rank then does through
+// that blob, the ownership proof's read included, runs inside that other
+// process (UCX serves an emulated read there: a forged address kills it).
+// So before any data-plane operation goes through a REGISTER's blob, the
+// prefill rank sends a nonce through the data plane as a notification to
+// the agent the blob names — only that process reads it — and binds
+// nothing until the REGISTER's sender echoes the nonce back on the control
+// plane under its own identity. A notification is a message, not an
+// access to the receiver's memory: a process that gets a challenge not
+// meant for it (naming another identity) drops it, counted, and is
+// otherwise untouched.
+//
+// The challenge is core state: one per registering decode identity, bound
+// to its epoch and to its blob's hash; a new epoch or another blob voids
+// it. One that is not echoed within ChallengeTimeout while its sender
+// kept registering refuses the registration (not_owner); one whose
+// sender fell silent is forgotten. A passed challenge stays while its
+// registration does, so a repeated REGISTER of the same process and blob
+// is not challenged again.
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/wire"
+)
+
+const (
+	// ChallengeBytes is a challenge nonce's size.
+	ChallengeBytes = 16
+	// MaxEchoes bounds the nonces a decode rank keeps and echoes in each
+	// REGISTER (one per prefill rank challenging it at once).
+	MaxEchoes = wire.MaxEchoBytes / ChallengeBytes
+	// DefaultChallengeTimeout is ChallengeTimeout's default.
+	DefaultChallengeTimeout = 5 * time.Second
+	// maxChallenges bounds the challenges a prefill rank keeps.
+	maxChallenges = 1024
+	// challengePrefix starts a challenge notification.
+	challengePrefix = "kvbc1:"
+)
+
+// challenge is one registering decode identity's: the process (epoch) and
+// blob it was sent for, its nonce, and whether it was echoed.
+type challenge struct {
+	from     wire.From
+	agent    string // the agent name its REGISTER gave (the blob loaded under it)
+	md       [32]byte
+	nonce    [ChallengeBytes]byte
+	deadline time.Time
+	passed   bool
+	// repeats counts the sender's REGISTERs without the echo since the
+	// challenge went out: a sender that keeps registering but cannot echo
+	// is refused at the deadline; one that fell silent (paused, gone, its
+	// echo lost) is only forgotten, and challenged afresh when it
+	// registers again.
+	repeats int
+}
+
+// ChallengeNotif is the notification text of a challenge for the decode
+// identity peer (From.Peer()): "kvbc1:<nonce, hex>:<peer>".
+func ChallengeNotif(nonce []byte, peer string) string {
+	return challengePrefix + hex.EncodeToString(nonce) + ":" + peer
+}
+
+// ParseChallenge parses ChallengeNotif's text; false for anything else.
+func ParseChallenge(s string) (Challenged, bool) {
+	rest, ok := strings.CutPrefix(s, challengePrefix)
+	if !ok {
+		return Challenged{}, false
+	}
+	h, peer, ok := strings.Cut(rest, ":")
+	if !ok || len(h) != 2*ChallengeBytes || peer == "" || len(peer) > 3*wire.MaxNameBytes {
+		return Challenged{}, false
+	}
+	nonce, err := hex.DecodeString(h)
+	if err != nil {
+		return Challenged{}, false
+	}
+	return Challenged{For: peer, Nonce: nonce}, true
+}
+
+// IsChallenge reports whether a notification is a challenge (even a
+// malformed one), not a room's.
+func IsChallenge(s string) bool { return strings.HasPrefix(s, challengePrefix) }
+
+func (c CoreConfig) challengeTimeout() time.Duration {
+	if c.ChallengeTimeout > 0 {
+		return c.ChallengeTimeout
+	}
+	return DefaultChallengeTimeout
+}
+
+// admit decides whether a REGISTER that passed CheckRegister may have its
+// blob loaded and its memory proven: only once its sender echoed the
+// challenge sent to the blob's agent for this process and blob. Otherwise
+// the challenge is sent (again: a REGISTER repeated before its echo came
+// sends the same nonce) and the REGISTER waits for its sender's next.
+func (c *prefillCore) admit(now time.Time, msg *wire.Register) bool {
+	key := msg.From.Peer()
+	if owner := c.agentOwner(msg.Agent); owner != "" && owner != key {
+		// Loading its blob under that name would replace another rank's
+		// remote agent here.
+		c.stats.LayoutRefused[RefusedNotOwner]++
+		c.registerRefused(now, msg.From, fmt.Sprintf("memory not proven the registering process's (not_owner): agent %q is registered here by %s", msg.Agent, owner))
+		return false
+	}
+	for other, ch := range c.challenges {
+		if other != key && ch.agent == msg.Agent && !ch.passed {
+			c.stats.ChallengesDeferred++ // another rank's challenge loaded that name: left for the sender to repeat
+			return false
+		}
+	}
+	md := sha256.Sum256(msg.AgentMD)
+	ch := c.challenges[key]
+	if ch != nil && (ch.from.Epoch != msg.From.Epoch || ch.md != md) {
+		delete(c.challenges, key) // another process of the rank, or another blob
+		if !ch.passed && ch.agent != msg.Agent {
+			c.unload(ch.agent)
+		}
+		ch = nil
+	}
+	if ch != nil && ch.passed {
+		return true
+	}
+	if ch != nil && echoes(msg.Echo, ch.nonce) {
+		ch.passed = true
+		c.stats.ChallengesPassed++
+		return true
+	}
+	if ch != nil {
+		ch.repeats++
+	}
+	if ch == nil {
+		if len(c.challenges) >= maxChallenges {
+			c.pruneChallenges(now)
+		}
+		if len(c.challenges) >= maxChallenges {
+			c.stats.ChallengesDeferred++ // left for its sender to repeat
+			return false
+		}
+		ch = &challenge{from: msg.From, agent: msg.Agent, md: md, deadline: now.Add(c.cfg.challengeTimeout())}
+		c.challengeSeq++
+		h := hmac.New(sha256.New, c.cfg.ChallengeKey[:])
+		var b [16]byte
+		binary.LittleEndian.PutUint64(b[:], c.challengeSeq)
+		binary.LittleEndian.PutUint64(b[8:], msg.From.Epoch)
+		h.Write(b[:])
+		h.Write(md[:])
+		h.Write([]byte(key))
+		copy(ch.nonce[:], h.Sum(nil))
+		c.challenges[key] = ch
+		c.stats.Challenges++
+	}
+	// An engine that sends a notification only while its agent
+	// progresses keeps progressing until the echo is due.
+	c.emit(Effect{Kind: EffectKeepProgress, Keep: c.cfg.challengeTimeout()})
+	c.emit(Effect{Kind: EffectChallenge, To: wire.Peer{Endpoint: msg.From.Endpoint}, Msg: msg, Notif: ChallengeNotif(ch.nonce[:], key)})
+	return false
+}
+
+// echoes reports whether echo (nonces end to end) holds nonce.
+func echoes(echo []byte, nonce [ChallengeBytes]byte) bool {
+	for i := 0; i+ChallengeBytes <= len(echo); i += ChallengeBytes {
+		if hmac.Equal(echo[i:i+ChallengeBytes], nonce[:]) {
+			return true
+		}
+	}
+	return false
+}
+
+// passedChallenge reports whether from's challenge was echoed: a bind
+// needs it.
+func (c *prefillCore) passedChallenge(from wire.From) bool {
+	ch := c.challenges[from.Peer()]
+	return ch != nil && ch.passed && ch.from.Epoch == from.Epoch
+}
+
+// challengeTick ends each challenge unechoed past its deadline: the
+// registration is refused (not_owner, counted) if its sender registered
+// again meanwhile without the echo, else only forgotten.
+func (c *prefillCore) challengeTick(now time.Time) {
+	for _, key := range slices.Sorted(maps.Keys(c.challenges)) {
+		ch := c.challenges[key]
+		if ch.passed || !now.After(ch.deadline) {
+			continue
+		}
+		delete(c.challenges, key)
+		c.stats.ChallengesExpired++
+		c.unload(ch.agent)
+		if ch.repeats == 0 {
+			continue
+		}
+		c.stats.LayoutRefused[RefusedNotOwner]++
+		c.registerRefused(now, ch.from, fmt.Sprintf("memory not proven the registering process's (not_owner): %s (epoch %d) did not echo, within %v, the challenge sent through the data plane to the agent its metadata names: that agent is another process's, or the data plane cannot reach it",
+			key, ch.from.Epoch, c.cfg.challengeTimeout()))
+	}
+}
+
+// unload asks the shell to drop the remote agent an unechoed challenge
+// loaded, unless a registration or another challenge uses its name: a
+// peer sending blob after blob loads nothing that stays.
+func (c *prefillCore) unload(agent string) {
+	if agent == "" || c.agentOwner(agent) != "" {
+		return
+	}
+	for _, ch := range c.challenges {
+		if ch.agent == agent {
+			return
+		}
+	}
+	c.emit(Effect{Kind: EffectUnload, Remote: agent})
+}
+
+// pruneChallenges forgets expired challenges (unloading their agents)
+// and passed ones whose registration is gone.
+func (c *prefillCore) pruneChallenges(now time.Time) {
+	var gone []string
+	maps.DeleteFunc(c.challenges, func(key string, ch *challenge) bool {
+		if !ch.passed {
+			if now.After(ch.deadline) {
+				gone = append(gone, ch.agent)
+				return true
+			}
+			return false
+		}
+		p := c.peers[key]
+		return p == nil || p.from.Epoch != ch.from.Epoch
+	})
+	slices.Sort(gone)
+	for _, agent := range gone {
+		c.unload(agent)
+	}
+}
+
+// challenged (decode) keeps a challenge meant for this rank's identity and
+// sends a REGISTER echoing it to every prefill rank still waiting for one
+// (the challenge does not say which sent it; a nonce is worth nothing to
+// another rank: it binds this identity). A challenge for another identity
+// — a REGISTER elsewhere named this rank's agent — is dropped, counted.
+func (c *decodeCore) challenged(in Challenged) {
+	if in.For != c.cfg.Identity || len(in.Nonce) != ChallengeBytes {
+		c.stats.ChallengesIgnored++
+		return
+	}
+	for i := 0; i+ChallengeBytes <= len(c.echo); i += ChallengeBytes {
+		if string(c.echo[i:i+ChallengeBytes]) == string(in.Nonce) {
+			return // a repeat: the REGISTER that echoes it went out
+		}
+	}
+	c.echo = append(c.echo, in.Nonce...)
+	if n := len(c.echo); n > MaxEchoes*ChallengeBytes {
+		c.echo = append([]byte(nil), c.echo[n-MaxEchoes*ChallengeBytes:]...)
+	}
+	for _, key := range slices.Sorted(maps.Keys(c.targets)) {
+		if tg := c.targets[key]; tg.resolved && !tg.resolving && tg.reg == regSent {
+			c.sendRegister(tg)
+		}
+	}
+}
