@@ -35,6 +35,9 @@ type metrics struct {
 	aborts    *prometheus.CounterVec   // by stage (status at abort)
 	overdue   prometheus.Gauge
 	deferred  prometheus.Counter // REGISTERs left for their sender to repeat (proof.go)
+	// challengeSendFailed: agent challenges whose notification the engine
+	// refused to send (the sender's repeat sends it again).
+	challengeSendFailed prometheus.Counter
 }
 
 func newMetrics(m *Manager) *metrics {
@@ -98,6 +101,8 @@ func newMetrics(m *Manager) *metrics {
 			"ABORTs sent to prefill ranks and not yet acknowledged (re-sent to a restarted rank's new process).", nil, labels),
 		deferred: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_registers_deferred_total",
 			Help: "REGISTERs left unanswered (their sender repeats them) because one from the same decode rank or naming the same agent was still being checked, or too many were.", ConstLabels: labels}),
+		challengeSendFailed: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_challenge_send_failed_total",
+			Help: "Agent challenges whose notification the engine refused to send: left for the REGISTER's repeat, which sends it again.", ConstLabels: labels}),
 		transfers: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfers_total",
 			Help: "Transfers completed: writes (a prefill rank, push) and reads (a decode rank, pull).", ConstLabels: labels}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfer_bytes_total",
@@ -126,7 +131,7 @@ func (x *metrics) abort(stage core.Poll) {
 }
 
 func (x *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{x.transfers, x.bytes, x.latency, x.phases, x.aborts, x.overdue, x.deferred, x.pageSeconds}
+	return []prometheus.Collector{x.transfers, x.bytes, x.latency, x.phases, x.aborts, x.overdue, x.deferred, x.challengeSendFailed, x.pageSeconds}
 }
 
 func (x *metrics) Describe(ch chan<- *prometheus.Desc) {

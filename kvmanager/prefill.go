@@ -148,11 +148,22 @@ func (m *Manager) challenge(msg *bootstrap.Register, notif string) {
 	go func() {
 		defer m.endCheck(msg.From.Peer(), msg.Agent)
 		name, err := m.agent.LoadRemote(msg.AgentMD)
-		if err == nil {
-			err = m.agent.GenNotif(name, []byte(notif))
-		}
 		if err != nil {
 			m.refuseRegister(msg, fmt.Errorf("agent metadata: challenging the agent it names: %w", err))
+			return
+		}
+		if err := m.agent.GenNotif(name, []byte(notif)); err != nil {
+			// Maybe transient: the sender's repeat sends it again.
+			m.met.challengeSendFailed.Inc()
+			m.log.Warn("agent challenge not sent", zap.String("peer", msg.From.Peer()), zap.String("agent", name), zap.Error(err))
+		}
+		// An unload the core asked for while this load ran found nothing
+		// to drop: drop it here, unless a challenge or a rank holds the
+		// name now.
+		var held bool
+		m.read(func(c *core.Core) { held = c.ChallengeHolds(name) || c.AgentOwner(name) != "" })
+		if !held {
+			_ = m.agent.InvalidateRemote(name)
 		}
 	}()
 }

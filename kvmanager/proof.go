@@ -35,7 +35,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"regexp"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
@@ -161,10 +160,6 @@ func (m *Manager) writeProof(l transfer.Layout, owner string) error {
 	return nil
 }
 
-// defaultName matches the agent names kvbridge gives ranks by default
-// (newManager: "<instance>-<role>-<rank>").
-var defaultName = regexp.MustCompile(`^(.+)-(decode|prefill)-(0|[1-9][0-9]{0,8})$`)
-
 // provenReg is the last registration a decode rank proved here: a repeat
 // from the same process with the same blob and regions is not read again.
 type provenReg struct {
@@ -204,10 +199,8 @@ func (m *Manager) checkClaims(msg *bootstrap.Register) (repeat bool, err error) 
 	if name != msg.Agent {
 		return false, fmt.Errorf("%w: the agent metadata names agent %q, the REGISTER %q", errNotOwner, name, msg.Agent)
 	}
-	if g := defaultName.FindStringSubmatch(name); g != nil {
-		if own := g[2] + "/" + g[1] + "/" + g[3]; own != msg.From.Peer() {
-			return false, fmt.Errorf("%w: agent %q is the default name of %s, not of %s", errNotOwner, name, own, msg.From.Peer())
-		}
+	if own := core.DefaultNameOwner(name); own != "" && own != msg.From.Peer() {
+		return false, fmt.Errorf("%w: agent %q is the default name of %s, not of %s", errNotOwner, name, own, msg.From.Peer())
 	}
 	var owner string
 	m.read(func(c *core.Core) { owner = c.AgentOwner(name) })
@@ -247,6 +240,14 @@ func (m *Manager) beginCheck(peer, agent string) bool {
 	m.checking[peer], m.checking["agent "+agent] = true, true
 	m.wg.Add(1)
 	return true
+}
+
+// agentBusy reports whether a check or a challenge's load runs under the
+// agent name.
+func (m *Manager) agentBusy(agent string) bool {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	return m.checking["agent "+agent]
 }
 
 func (m *Manager) endCheck(peer, agent string) {

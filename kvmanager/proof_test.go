@@ -354,7 +354,7 @@ func BenchmarkRegisterProof(b *testing.B) {
 			if _, err := p.agent.LoadRemote(notified.md); err != nil {
 				b.Fatal(err)
 			}
-			notif := []byte(core.ChallengeNotif(make([]byte, core.ChallengeBytes), notified.owner))
+			notif := []byte(core.ChallengeNotif(make([]byte, core.ChallengeBytes), notified.owner, p.Endpoint()))
 			var proof, rest, challenge time.Duration
 			b.ResetTimer()
 			for b.Loop() {

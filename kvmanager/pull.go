@@ -227,7 +227,7 @@ func (d *Decode) acceptOffer(msg *bootstrap.RegisterAck) error {
 		return errNoOffer
 	}
 	from := msg.From
-	if sub := defaultName.FindStringSubmatch(o.Agent); sub != nil {
+	if core.DefaultNameOwner(o.Agent) != "" {
 		if want := fmt.Sprintf("%s-prefill-%d", from.Instance, from.Rank); o.Agent != want {
 			return fmt.Errorf("%w: agent %q has the form of another rank's default name (want %q)", errNotOwner, o.Agent, want)
 		}

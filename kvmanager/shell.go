@@ -201,6 +201,11 @@ func newManager(cfg Config) (m *Manager, err error) {
 		}
 		return nil, err
 	}
+	if cfg.Role == core.RolePrefill {
+		// Named in its agent challenges: a decode rank echoes to it.
+		ep := m.loop.Endpoint()
+		m.step(func(c *core.Core, now time.Time) { c.Step(now, core.Bound{Endpoint: ep}) })
+	}
 	return m, nil
 }
 
@@ -414,6 +419,9 @@ func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 		case core.EffectKeepProgress:
 			m.agent.KeepProgress(e.Keep)
 		case core.EffectUnload:
+			if m.agentBusy(e.Remote) {
+				continue // a load under the name runs: it unloads after itself
+			}
 			if err := m.agent.InvalidateRemote(e.Remote); err != nil && !errors.Is(err, nixl.ErrRemoteUnknown) {
 				m.log.Warn("unloading a challenged agent", zap.String("agent", e.Remote), zap.Error(err))
 			}

@@ -107,7 +107,7 @@ func BenchmarkCoreRoom(b *testing.B) {
 				cp.From = from
 				lay, _ := dst.CheckRegister(&cp)
 				echoChallenge(b, dst, &cp, now)
-				dst.Step(now, Registered{From: from, Remote: "agent", Plan: lay})
+				dst.Step(now, Registered{From: from, Remote: cp.Agent, Plan: lay})
 			case *wire.RegisterAck:
 				cp := *m
 				cp.From = from

@@ -31,6 +31,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -70,9 +71,10 @@ type challenge struct {
 }
 
 // ChallengeNotif is the notification text of a challenge for the decode
-// identity peer (From.Peer()): "kvbc1:<nonce, hex>:<peer>".
-func ChallengeNotif(nonce []byte, peer string) string {
-	return challengePrefix + hex.EncodeToString(nonce) + ":" + peer
+// identity peer (From.Peer()) from the prefill rank at endpoint:
+// "kvbc1:<nonce, hex>:<peer, hex>:<endpoint>".
+func ChallengeNotif(nonce []byte, peer, endpoint string) string {
+	return challengePrefix + hex.EncodeToString(nonce) + ":" + hex.EncodeToString([]byte(peer)) + ":" + endpoint
 }
 
 // ParseChallenge parses ChallengeNotif's text; false for anything else.
@@ -81,15 +83,19 @@ func ParseChallenge(s string) (Challenged, bool) {
 	if !ok {
 		return Challenged{}, false
 	}
-	h, peer, ok := strings.Cut(rest, ":")
-	if !ok || len(h) != 2*ChallengeBytes || peer == "" || len(peer) > 3*wire.MaxNameBytes {
+	f := strings.SplitN(rest, ":", 3)
+	if len(f) != 3 || len(f[0]) != 2*ChallengeBytes || f[1] == "" || len(f[1]) > 6*wire.MaxNameBytes || len(f[2]) > wire.MaxNameBytes {
 		return Challenged{}, false
 	}
-	nonce, err := hex.DecodeString(h)
+	nonce, err := hex.DecodeString(f[0])
 	if err != nil {
 		return Challenged{}, false
 	}
-	return Challenged{For: peer, Nonce: nonce}, true
+	peer, err := hex.DecodeString(f[1])
+	if err != nil {
+		return Challenged{}, false
+	}
+	return Challenged{For: string(peer), Nonce: nonce, Endpoint: f[2]}, true
 }
 
 // IsChallenge reports whether a notification is a challenge (even a
@@ -110,18 +116,30 @@ func (c CoreConfig) challengeTimeout() time.Duration {
 // sends the same nonce) and the REGISTER waits for its sender's next.
 func (c *prefillCore) admit(now time.Time, msg *wire.Register) bool {
 	key := msg.From.Peer()
-	if owner := c.agentOwner(msg.Agent); owner != "" && owner != key {
-		// Loading its blob under that name would replace another rank's
-		// remote agent here.
+	refuse := func(format string, a ...any) bool {
 		c.stats.LayoutRefused[RefusedNotOwner]++
-		c.registerRefused(now, msg.From, fmt.Sprintf("memory not proven the registering process's (not_owner): agent %q is registered here by %s", msg.Agent, owner))
+		c.registerRefused(now, msg.From, "memory not proven the registering process's (not_owner): "+fmt.Sprintf(format, a...))
 		return false
 	}
-	for other, ch := range c.challenges {
-		if other != key && ch.agent == msg.Agent && !ch.passed {
-			c.stats.ChallengesDeferred++ // another rank's challenge loaded that name: left for the sender to repeat
-			return false
+	// Loading a blob under a name replaces the remote agent of that name:
+	// a name another rank registered, is being bound under, or holds by
+	// default is never challenged.
+	if owner := c.agentOwner(msg.Agent); owner != "" && owner != key {
+		return refuse("agent %q is registered here by %s", msg.Agent, owner)
+	}
+	if own := DefaultNameOwner(msg.Agent); own != "" && own != key {
+		return refuse("agent %q is the default name of %s, not of %s", msg.Agent, own, key)
+	}
+	for _, other := range slices.Sorted(maps.Keys(c.challenges)) {
+		ch := c.challenges[other]
+		if other == key || ch.agent != msg.Agent {
+			continue
 		}
+		if ch.passed {
+			return refuse("agent %q is being registered here by %s", msg.Agent, other)
+		}
+		c.stats.ChallengesDeferred++ // another rank's challenge loaded that name: left for the sender to repeat
+		return false
 	}
 	md := sha256.Sum256(msg.AgentMD)
 	ch := c.challenges[key]
@@ -144,10 +162,10 @@ func (c *prefillCore) admit(now time.Time, msg *wire.Register) bool {
 		ch.repeats++
 	}
 	if ch == nil {
-		if len(c.challenges) >= maxChallenges {
+		if c.openChallenges() >= maxChallenges {
 			c.pruneChallenges(now)
 		}
-		if len(c.challenges) >= maxChallenges {
+		if c.openChallenges() >= maxChallenges {
 			c.stats.ChallengesDeferred++ // left for its sender to repeat
 			return false
 		}
@@ -167,8 +185,62 @@ func (c *prefillCore) admit(now time.Time, msg *wire.Register) bool {
 	// An engine that sends a notification only while its agent
 	// progresses keeps progressing until the echo is due.
 	c.emit(Effect{Kind: EffectKeepProgress, Keep: c.cfg.challengeTimeout()})
-	c.emit(Effect{Kind: EffectChallenge, To: wire.Peer{Endpoint: msg.From.Endpoint}, Msg: msg, Notif: ChallengeNotif(ch.nonce[:], key)})
+	c.emit(Effect{Kind: EffectChallenge, To: wire.Peer{Endpoint: msg.From.Endpoint}, Msg: msg, Notif: ChallengeNotif(ch.nonce[:], key, c.endpoint)})
 	return false
+}
+
+// openChallenges counts the challenges not echoed yet (the ones
+// maxChallenges bounds: a passed one is a registration's, bound or being
+// bound).
+func (c *prefillCore) openChallenges() int {
+	n := 0
+	for _, ch := range c.challenges {
+		if !ch.passed {
+			n++
+		}
+	}
+	return n
+}
+
+// challengeRefused drops the challenge of a registration the shell
+// refused (its claims, its blob's load or its proof): the next REGISTER
+// starts afresh, and a name it held is free again.
+func (c *prefillCore) challengeRefused(from wire.From) {
+	key := from.Peer()
+	ch := c.challenges[key]
+	if ch == nil || ch.from.Epoch != from.Epoch {
+		return
+	}
+	delete(c.challenges, key)
+	c.unload(ch.agent)
+}
+
+// ChallengeHolds reports whether a challenge (open or passed) holds the
+// agent name: the shell keeps a remote it loaded for one only then.
+func (c *Core) ChallengeHolds(agent string) bool {
+	if c.prefillCore == nil {
+		return false
+	}
+	for _, ch := range c.prefillCore.challenges {
+		if ch.agent == agent {
+			return true
+		}
+	}
+	return false
+}
+
+// defaultNameRE matches the agent names kvbridge gives ranks by default:
+// "<instance>-<role>-<rank>".
+var defaultNameRE = regexp.MustCompile(`^(.+)-(decode|prefill)-(0|[1-9][0-9]{0,8})$`)
+
+// DefaultNameOwner returns the rank (role/instance/rank) whose default
+// agent name name is, or "".
+func DefaultNameOwner(name string) string {
+	g := defaultNameRE.FindStringSubmatch(name)
+	if g == nil {
+		return ""
+	}
+	return g[2] + "/" + g[1] + "/" + g[3]
 }
 
 // echoes reports whether echo (nonces end to end) holds nonce.
@@ -225,7 +297,7 @@ func (c *prefillCore) unload(agent string) {
 }
 
 // pruneChallenges forgets expired challenges (unloading their agents)
-// and passed ones whose registration is gone.
+// and passed ones whose rank registered another process since.
 func (c *prefillCore) pruneChallenges(now time.Time) {
 	var gone []string
 	maps.DeleteFunc(c.challenges, func(key string, ch *challenge) bool {
@@ -236,8 +308,11 @@ func (c *prefillCore) pruneChallenges(now time.Time) {
 			}
 			return false
 		}
+		// A passed one is a registration's, bound or being bound (the
+		// shell's refusal drops it): kept until the rank's registration
+		// is another process's.
 		p := c.peers[key]
-		return p == nil || p.from.Epoch != ch.from.Epoch
+		return p != nil && p.from.Epoch != ch.from.Epoch
 	})
 	slices.Sort(gone)
 	for _, agent := range gone {
@@ -264,9 +339,22 @@ func (c *decodeCore) challenged(in Challenged) {
 	if n := len(c.echo); n > MaxEchoes*ChallengeBytes {
 		c.echo = append([]byte(nil), c.echo[n-MaxEchoes*ChallengeBytes:]...)
 	}
+	// To the prefill rank at the challenge's endpoint if it waits for an
+	// answer here; else (an endpoint this rank knows by another name) to
+	// every one that waits.
+	var waiting, at []*target
 	for _, key := range slices.Sorted(maps.Keys(c.targets)) {
 		if tg := c.targets[key]; tg.resolved && !tg.resolving && tg.reg == regSent {
-			c.sendRegister(tg)
+			waiting = append(waiting, tg)
+			if tg.endpoint == in.Endpoint {
+				at = append(at, tg)
+			}
 		}
+	}
+	if len(at) == 0 {
+		at = waiting
+	}
+	for _, tg := range at {
+		c.sendRegister(tg)
 	}
 }

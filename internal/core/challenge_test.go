@@ -1,6 +1,7 @@
 package core
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -167,62 +168,137 @@ func TestUnechoedChallengeEnds(t *testing.T) {
 // TestChallengeNeverTouchesAnotherRanksAgent: a REGISTER naming an agent
 // another rank registered here is refused at once (its blob would replace
 // that rank's remote); an unechoed challenge under a name a rank
-// registered since is not unloaded.
+// registered is not unloaded.
 func TestChallengeNeverTouchesAnotherRanksAgent(t *testing.T) {
 	c := testCore(t, RolePrefill)
-	register(t, c, decodeFrom) // agent "agent"
+	register(t, c, decodeFrom) // its agent: agentOf(decodeFrom)
 	other := decodeFrom
 	other.Rank, other.Endpoint = 1, "tcp://d:2"
-	ch, rest := challengeOf(t, c, testRegister(other, "agent", "blob"), t0)
+	ch, rest := challengeOf(t, c, testRegister(other, agentOf(decodeFrom), "blob"), t0)
 	assert.Nil(t, ch, "challenged under another rank's agent name")
 	acks := sent[*wire.RegisterAck](rest)
 	require.Len(t, acks, 1)
 	assert.False(t, acks[0].OK)
-	assert.Contains(t, acks[0].Reason, "registered here by "+decodeFrom.Peer())
+	assert.Contains(t, acks[0].Reason, "is registered here by "+decodeFrom.Peer())
 
-	third := decodeFrom
-	third.Rank, third.Endpoint = 2, "tcp://d:3"
-	ch, _ = challengeOf(t, c, testRegister(third, "agent-3", "blob 3"), t0)
-	require.NotNil(t, ch)
-	c.prefillCore.peers[other.Peer()] = &decodePeer{from: other, remote: "agent-3"} // a rank that registered that name since
-	c.Step(t0.Add(time.Minute), Tick{})
-	for _, e := range c.Effects() {
-		assert.NotEqual(t, EffectUnload, e.Kind, "unloaded %q, a registered rank's agent", e.Remote)
+	// Another rank's default name, not registered here yet.
+	ch, rest = challengeOf(t, c, testRegister(other, "d-decode-7", "blob"), t0)
+	assert.Nil(t, ch, "challenged under another rank's default agent name")
+	acks = sent[*wire.RegisterAck](rest)
+	require.Len(t, acks, 1)
+	assert.Contains(t, acks[0].Reason, "default name of decode/d/7")
+
+	// A name whose challenge another rank passed (its bind under way).
+	fourth := decodeFrom
+	fourth.Rank, fourth.Endpoint = 4, "tcp://d:4"
+	echoChallenge(t, c, testRegister(fourth, "agent-4", "blob 4"), t0)
+	ch, rest = challengeOf(t, c, testRegister(other, "agent-4", "blob"), t0)
+	assert.Nil(t, ch, "challenged under a name another rank is being bound under")
+	acks = sent[*wire.RegisterAck](rest)
+	require.Len(t, acks, 1)
+	assert.Contains(t, acks[0].Reason, "being registered here by "+fourth.Peer())
+
+	// The registered rank itself sends another blob under its name (the
+	// shell refuses it: a process's blob does not change): neither the
+	// refusal nor, for a second such REGISTER, the challenge's expiry
+	// unloads the name its registration uses.
+	require.Equal(t, decodeFrom.Peer(), c.AgentOwner(agentOf(decodeFrom)))
+	for _, end := range []func(){
+		func() { c.Step(t0, RegisterRefused{From: decodeFrom, Reason: "other agent metadata", NotOwner: true}) },
+		func() { c.Step(t0.Add(time.Minute), Tick{}) },
+	} {
+		ch, _ = challengeOf(t, c, testRegister(decodeFrom, agentOf(decodeFrom), "another blob"), t0)
+		require.NotNil(t, ch)
+		end()
+		for _, e := range c.Effects() {
+			assert.NotEqual(t, EffectUnload, e.Kind, "unloaded %q, a registered rank's agent", e.Remote)
+		}
 	}
+	assert.True(t, c.Registered(decodeFrom.Peer(), decodeFrom.Epoch))
 }
 
 // TestDecodeEchoesOnlyItsOwnChallenge: a decode rank echoes a challenge
-// for its own identity at once, in a REGISTER to each prefill rank it is
-// registering with; one for another identity (a REGISTER elsewhere named
-// this rank's agent) is dropped and counted, and nothing is sent.
+// for its own identity at once, in a REGISTER to the prefill rank at the
+// challenge's endpoint (to every one it is registering with when it knows
+// none there); one for another identity (a REGISTER elsewhere named this
+// rank's agent) is dropped and counted, and nothing is sent.
 func TestDecodeEchoesOnlyItsOwnChallenge(t *testing.T) {
 	d := testCore(t, RoleDecode)
-	d.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
+	other := Target{Bootstrap: prefillT.Bootstrap, Rank: 1}
+	d.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT, other}})
 	d.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
+	d.Step(t0, Resolved{Target: other, Endpoint: "tcp://p:2"})
 	d.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{0}, AuxIndex: -1}})
-	require.Len(t, sent[*wire.Register](d.Effects()), 1)
+	require.Len(t, sent[*wire.Register](d.Effects()), 2)
 
 	nonce := []byte("0123456789abcdef")
-	d.Step(t0, Challenged{For: "decode/attacker/0", Nonce: nonce})
+	d.Step(t0, Challenged{For: "decode/attacker/0", Nonce: nonce, Endpoint: prefillFrom.Endpoint})
 	assert.Empty(t, d.Effects(), "answered another identity's challenge")
 	assert.EqualValues(t, 1, d.Stats().ChallengesIgnored)
 
-	d.Step(t0, Challenged{For: decodeFrom.Peer(), Nonce: nonce})
-	regs := sent[*wire.Register](d.Effects())
-	require.Len(t, regs, 1, "no REGISTER echoing the challenge")
+	d.Step(t0, Challenged{For: decodeFrom.Peer(), Nonce: nonce, Endpoint: prefillFrom.Endpoint})
+	effects := d.Effects()
+	regs := sent[*wire.Register](effects)
+	require.Len(t, regs, 1, "the echo goes to the challenging rank alone")
+	assert.Equal(t, prefillFrom.Endpoint, effects[0].To.Endpoint)
 	assert.Equal(t, nonce, regs[0].Echo)
-	d.Step(t0, Challenged{For: decodeFrom.Peer(), Nonce: nonce})
+	d.Step(t0, Challenged{For: decodeFrom.Peer(), Nonce: nonce, Endpoint: prefillFrom.Endpoint})
 	assert.Empty(t, sent[*wire.Register](d.Effects()), "a repeated challenge sent another REGISTER")
+
+	second := []byte("fedcba9876543210")
+	d.Step(t0, Challenged{For: decodeFrom.Peer(), Nonce: second, Endpoint: "tcp://unknown:9"})
+	regs = sent[*wire.Register](d.Effects())
+	require.Len(t, regs, 2, "an endpoint it knows by no name: every rank it waits for")
+	assert.Equal(t, append(append([]byte(nil), nonce...), second...), regs[0].Echo)
+}
+
+// TestRefusedRegistrationDropsItsChallenge: a registration the shell
+// refused (its claims, its blob, its proof) drops its challenge and
+// unloads its blob; the next REGISTER draws a new nonce.
+func TestRefusedRegistrationDropsItsChallenge(t *testing.T) {
+	c := testCore(t, RolePrefill)
+	msg := testRegister(decodeFrom, "decode-agent", "blob")
+	ch, _ := challengeOf(t, c, msg, t0)
+	require.NotNil(t, ch)
+	c.Step(t0, RegisterRefused{From: decodeFrom, Reason: "agent metadata: refused by the engine"})
+	var unloaded []string
+	for _, e := range c.Effects() {
+		if e.Kind == EffectUnload {
+			unloaded = append(unloaded, e.Remote)
+		}
+	}
+	assert.Equal(t, []string{"decode-agent"}, unloaded)
+	again, _ := challengeOf(t, c, msg, t0)
+	require.NotNil(t, again)
+	assert.NotEqual(t, ch.Nonce, again.Nonce)
+}
+
+// TestPassedChallengesDoNotFillTheBound: maxChallenges bounds the open
+// challenges only; as many registered ranks as that still leave room for
+// the next one.
+func TestPassedChallengesDoNotFillTheBound(t *testing.T) {
+	c := testCore(t, RolePrefill)
+	for i := range maxChallenges {
+		from := decodeFrom
+		from.Rank, from.Endpoint = i, fmt.Sprintf("tcp://d:%d", i)
+		echoChallenge(t, c, testRegister(from, fmt.Sprintf("agent-%d", i), "blob"), t0)
+	}
+	next := decodeFrom
+	next.Rank, next.Endpoint = maxChallenges, "tcp://d:next"
+	ch, _ := challengeOf(t, c, testRegister(next, "agent-next", "blob"), t0)
+	assert.NotNil(t, ch, "a new rank deferred behind passed challenges")
+	assert.Zero(t, c.Stats().ChallengesDeferred)
 }
 
 // TestChallengeNotifParses: the notification's round trip, and what is not
 // one.
 func TestChallengeNotifParses(t *testing.T) {
 	n := []byte("0123456789abcdef")
-	x, ok := ParseChallenge(ChallengeNotif(n, "decode/a:b/3"))
+	x, ok := ParseChallenge(ChallengeNotif(n, "decode/a:b/3", "tcp://p:1"))
 	require.True(t, ok)
-	assert.Equal(t, Challenged{For: "decode/a:b/3", Nonce: n}, x)
-	for _, bad := range []string{"kvbc1:", "kvbc1:00:decode/d/0", "kvbc1:" + "zz" + "00112233445566778899aabbccddee" + ":d", "kvbc1:00112233445566778899aabbccddeeff:", "kvb1:1:0:aux"} {
+	assert.Equal(t, Challenged{For: "decode/a:b/3", Nonce: n, Endpoint: "tcp://p:1"}, x)
+	for _, bad := range []string{"kvbc1:", "kvbc1:00:6464:e", "kvbc1:" + "zz" + "00112233445566778899aabbccddee" + ":6464:e", "kvbc1:00112233445566778899aabbccddeeff::e",
+		"kvbc1:00112233445566778899aabbccddeeff:zz:e", "kvbc1:00112233445566778899aabbccddeeff:6464", "kvb1:1:0:aux"} {
 		_, ok := ParseChallenge(bad)
 		assert.False(t, ok, "%q parsed", bad)
 	}

@@ -85,6 +85,9 @@ type prefillCore struct {
 	// (challenge.go); challengeSeq numbers their nonces.
 	challenges   map[string]*challenge
 	challengeSeq uint64
+	// endpoint is the rank's control endpoint (Bound), named in its
+	// challenges.
+	endpoint string
 }
 
 // decodeCore is a decode rank's own state: prefill targets by key, their

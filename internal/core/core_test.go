@@ -55,6 +55,9 @@ func sent[T wire.Message](effects []Effect) []T {
 	return out
 }
 
+// agentOf is a test decode rank's agent name (each rank its own).
+func agentOf(from wire.From) string { return "agent-" + from.Peer() }
+
 // testPeerPages is how many pages register's decode layout holds: request
 // names a page of its own for each room (a decode rank never names a page
 // another live room of it holds, or the prefill rank refuses the REQUEST).
@@ -73,13 +76,13 @@ func register(t *testing.T, c *Core, from wire.From) {
 func registerLayout(t *testing.T, c *Core, from wire.From, peer kvlayout.Layout) {
 	t.Helper()
 	kv, aux, state := RegionsOf(peer)
-	msg := &wire.Register{From: from, Compat: "sim", KV: kv, Aux: aux, State: state}
+	msg := &wire.Register{From: from, Compat: "sim", Agent: agentOf(from), KV: kv, Aux: aux, State: state}
 	lay, err := c.CheckRegister(msg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	echoChallenge(t, c, msg, t0)
-	c.Step(t0, Registered{From: from, Remote: "agent", Plan: lay})
+	c.Step(t0, Registered{From: from, Remote: agentOf(from), Plan: lay})
 	if acks := sent[*wire.RegisterAck](c.Effects()); len(acks) != 1 || !acks[0].OK {
 		t.Fatalf("REGISTER not acknowledged: %v", acks)
 	}

@@ -179,12 +179,12 @@ func TestKeepProgressIsTheCores(t *testing.T) {
 			from.Rank, from.Endpoint = 1, "tcp://d:2"
 		}
 		kv, aux, state := RegionsOf(simLayout())
-		msg := &wire.Register{From: from, Compat: "sim", KV: kv, Aux: aux, State: state, Pull: pull}
+		msg := &wire.Register{From: from, Compat: "sim", Agent: agentOf(from), KV: kv, Aux: aux, State: state, Pull: pull}
 		plan, err := c.CheckRegister(msg)
 		require.NoError(t, err)
 		plan.Pull = pull // as the core's check does (EffectLoadMetadata's plan)
 		echoChallenge(t, c, msg, t0)
-		c.Step(t0, Registered{From: from, Remote: "agent", Plan: plan})
+		c.Step(t0, Registered{From: from, Remote: agentOf(from), Plan: plan})
 		effects := c.Effects()
 		acks := sent[*wire.RegisterAck](effects)
 		require.Len(t, acks, 1)

@@ -1,6 +1,8 @@
 package core
 
 import (
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"slices"
 	"strings"
 	"testing"
@@ -332,6 +334,56 @@ func TestPullHostileMessages(t *testing.T) {
 				}
 			}
 		})
+	}
+	// The lease's end is exclusive: a PAGES arriving exactly as its lease
+	// (less the margin) ends fails the room; a nanosecond earlier it is
+	// read. (Each check here is a mutant: pages-lease-boundary.)
+	for _, early := range []time.Duration{0, time.Nanosecond} {
+		w := base.clone()
+		d := w.procs[1].core
+		sentAt, ok := d.reg.rooms[7].dec.sources[0].stampAt(genuine.At)
+		require.True(t, ok)
+		lease := time.Duration(genuine.LeaseMillis) * time.Millisecond
+		w.now = sentAt.Add(lease - lease>>leaseMarginShift - early)
+		w.deliver(0, 1)
+		require.NoError(t, w.err)
+		st, _ := d.Status(7)
+		assert.Equal(t, early == 0, st == Failed, "a PAGES %v before its lease's end: room %v", early, st)
+	}
+	// A duplicate PAGES (a replay, a resend) is read once: the second is
+	// dropped and counted, no second read asked.
+	{
+		w := base.clone()
+		d := w.procs[1].core
+		dup := genuine
+		w.net[0][1] = append(w.net[0][1], simMsg{from: prefill, to: w.net[0][1][0].to, msg: &dup})
+		w.deliver(0, 1)
+		reads, refused := len(w.reads), d.Stats().PullRefused
+		w.deliver(0, 1)
+		require.NoError(t, w.err)
+		assert.Equal(t, reads, len(w.reads), "a duplicate PAGES read again")
+		assert.Equal(t, refused+1, d.Stats().PullRefused)
+	}
+	// A decode rank asks at most maxAsked chunks and layer groups of one
+	// source: one more fails the room instead of growing its table.
+	{
+		w := base.clone()
+		d := w.procs[1].core
+		src := d.reg.rooms[7].dec.sources[0]
+		for i := 0; len(src.asked) < maxAsked; i++ {
+			m := genuine
+			m.Chunk, m.Lo, m.Hi, m.From = i/2, i%2, i%2+1, prefill
+			d.Step(w.now, Received{&m})
+			require.Equal(t, i+1, len(src.asked), "PAGES %d not asked", i)
+		}
+		m := genuine
+		m.Chunk, m.Lo, m.Hi, m.From = maxAsked/2, 0, 1, prefill // a chunk not asked yet
+		d.Step(w.now, Received{&m})
+		st, _ := d.Status(7)
+		reason, _ := d.Failure(7)
+		assert.Equal(t, Failed, st)
+		assert.Contains(t, reason, "more than")
+		assert.Len(t, src.asked, maxAsked)
 	}
 	// RENEW and READ_DONE from a process that asked nothing, or for a room
 	// it does not share, are dropped and counted by the prefill rank.

@@ -446,6 +446,9 @@ func (w *simWorld) start(slot int, moved bool) {
 	if err != nil {
 		panic(err)
 	}
+	if role == RolePrefill {
+		c.Step(w.now, Bound{Endpoint: ep})
+	}
 	w.procs[slot] = &simProc{core: c, from: from, endpoint: ep, inc: w.incs}
 	if w.isPrefill(slot) {
 		old := w.records[slot]
@@ -1677,8 +1680,8 @@ func (w *simWorld) checkState() {
 	for _, r := range w.rooms {
 		for _, ds := range r.decodes {
 			sd := w.sides[[2]uint64{uint64(w.cfg.prefills + ds), r.id}]
-			if !sd.abortApplied || sd.lost || w.now.Sub(sd.abortAt) >= w.cfg.reg.TombstoneTTL {
-				continue
+			if !sd.abortApplied || sd.lost || w.now.Sub(sd.abortAt) >= w.cfg.reg.TombstoneTTL || w.isHostile(w.cfg.prefills+ds) {
+				continue // (the hostile rank withholds its ABORTs: the room ends by its deadline, L1)
 			}
 			for i, ps := range r.prefills {
 				pc := w.procs[ps]

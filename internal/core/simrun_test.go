@@ -395,7 +395,7 @@ var simRandomCoverage = map[string]int{
 	// the PINGs and PONGs take events of the same 400.)
 	"layer group sent": 600, "layered room succeeded": 38, "decode abort between layers": 3, "challenge expired: forgotten": 100, "challenge to a gone agent": 20, "prefill abort between layers": 5,
 	"probe answered": 90, "probe lost: rank looked up again": 60, "room served after a lost probe": 25,
-	"restart between layers": 5, "load report Failed": 10000, "load report Success": 5000, "load report of a failed room with pages": 1000,
+	"restart between layers": 2, "load report Failed": 10000, "load report Success": 5000, "load report of a failed room with pages": 1000,
 	// Pull rooms (9, and 10 layer-wise from two prefill ranks; "probe
 	// answered" was 100 before they took events of the same 400).
 	"read posted": 150, "read ok": 150, "read refused at its gate": 10, "read stalled": 3, "lease renewed": 200,

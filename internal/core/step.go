@@ -142,7 +142,14 @@ type (
 	Challenged struct {
 		For   string
 		Nonce []byte
+		// Endpoint is the challenging prefill rank's control endpoint
+		// (its echo goes there).
+		Endpoint string
 	}
+	// Bound (prefill) tells the core the control endpoint its rank's
+	// loop bound (named in its challenges, so a decode rank answers
+	// the one that asked).
+	Bound struct{ Endpoint string }
 )
 
 // Discovery, faults and time.
@@ -211,6 +218,7 @@ func (Posting) input()          {}
 func (WriteDone) input()        {}
 func (Notified) input()         {}
 func (Challenged) input()       {}
+func (Bound) input()            {}
 func (Resolved) input()         {}
 func (ResolveFailed) input()    {}
 func (TargetChanged) input()    {}
@@ -253,6 +261,9 @@ func (c *Core) Step(now time.Time, in Input) Output {
 	case RegisterRefused:
 		if in.NotOwner && c.prefillCore != nil {
 			c.stats.LayoutRefused[RefusedNotOwner]++
+		}
+		if c.prefillCore != nil && c.hear(in.From) {
+			c.prefillCore.challengeRefused(in.From)
 		}
 		c.refuseRegister(now, in.From, in.Reason)
 		return Output{}
@@ -297,6 +308,9 @@ func (c *Core) Step(now time.Time, in Input) Output {
 		case PagesReady:
 			p.pagesReady(in)
 			return Output{}
+		case Bound:
+			p.endpoint = in.Endpoint
+			return Output{}
 		case CreateReceiver, InitReceiver, AbortReceiver, ClearReceiver, RefuseRoom, Notified, Challenged, Resolved, ResolveFailed, TargetChanged, ReadPosting, ReadDone:
 			return wrongRole(in)
 		}
@@ -331,7 +345,7 @@ func (c *Core) Step(now time.Time, in Input) Output {
 		d.resolveFailed(now, in.Target, in.Err)
 	case TargetChanged:
 		d.targetChangedRecord(now, in.Target, in.Endpoint, in.ServerKey, in.Cert, in.Epoch, in.Gone)
-	case CreateSender, InitSender, SendChunk, AbortSender, ClearSender, Posting, WriteDone, PagesReady:
+	case CreateSender, InitSender, SendChunk, AbortSender, ClearSender, Posting, WriteDone, PagesReady, Bound:
 		return wrongRole(in)
 	default:
 		return unknownInput(in)

@@ -26,7 +26,7 @@ func everyInput() map[string]Input {
 		"RegisterRefused":  RegisterRefused{From: decodeFrom, Reason: "test"},
 		"MalformedRequest": MalformedRequest{Room: 1, Endpoint: decodeFrom.Endpoint, Reason: "test"},
 		"Posting":          Posting{Room: 1, Write: w}, "WriteDone": WriteDone{Room: 1, Write: w},
-		"Notified": Notified{Room: 1}, "Challenged": Challenged{For: decodeFrom.Peer(), Nonce: make([]byte, ChallengeBytes)}, "Resolved": Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint},
+		"Notified": Notified{Room: 1}, "Challenged": Challenged{For: decodeFrom.Peer(), Nonce: make([]byte, ChallengeBytes)}, "Bound": Bound{Endpoint: prefillFrom.Endpoint}, "Resolved": Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint},
 		"ResolveFailed":   ResolveFailed{Target: prefillT, Err: errors.New("test")},
 		"TargetChanged":   TargetChanged{Target: prefillT, Gone: true},
 		"PeerUnreachable": PeerUnreachable{Endpoint: "tcp://x:1", Reason: "test"}, "Tick": Tick{}, "Close": Close{Reason: "test"},
@@ -133,10 +133,12 @@ func TestRegisterAsLoadEffect(t *testing.T) {
 		t.Fatal("a REGISTER was passed on to be loaded before its agent challenge was echoed")
 	}
 	eff := c.Effects()
-	if len(eff) != 1 || eff[0].Kind != EffectChallenge || eff[0].Msg != first {
+	// The agent keeps progressing while the notification goes out, then
+	// the challenge.
+	if len(eff) != 2 || eff[0].Kind != EffectKeepProgress || eff[1].Kind != EffectChallenge || eff[1].Msg != first {
 		t.Fatalf("effects of a first REGISTER: %+v", eff)
 	}
-	ch, _ := ParseChallenge(eff[0].Notif)
+	ch, _ := ParseChallenge(eff[1].Notif)
 	good := *first
 	good.Echo = ch.Nonce
 	if !c.Step(t0, Received{Msg: &good}).OK {

@@ -444,6 +444,21 @@ var mutants = []mutant{
 	// loaded over that rank's remote).
 	{name: "challenge-under-owned-name", file: "internal/core/challenge.go", old: "\tif owner := c.agentOwner(msg.Agent); owner != \"\" && owner != key {", new: "\tif owner := c.agentOwner(msg.Agent); false {",
 		pkg: "internal/core", run: "^TestChallengeNeverTouchesAnotherRanksAgent$"},
+	// A name whose challenge another rank passed (its bind under way) challenged again: its load replaces that rank's remote before the bind.
+	{name: "challenge-passed-name-taken", file: "internal/core/challenge.go", old: "\t\tif ch.passed {\n\t\t\treturn refuse(", new: "\t\tif false {\n\t\t\treturn refuse(",
+		pkg: "internal/core", run: "^TestChallengeNeverTouchesAnotherRanksAgent$"},
+	// Another rank's default name challenged (held open, it blocks that rank).
+	{name: "challenge-default-name-unchecked", file: "internal/core/challenge.go", old: "\tif own := DefaultNameOwner(msg.Agent); own != \"\" && own != key {", new: "\tif own := DefaultNameOwner(msg.Agent); false && own != key {",
+		pkg: "internal/core", run: "^TestChallengeNeverTouchesAnotherRanksAgent$"},
+	// A registration the shell refused keeps its challenge (and its name).
+	{name: "refused-keeps-challenge", file: "internal/core/step.go", old: "\t\t\tc.prefillCore.challengeRefused(in.From)", new: "\t\t\t_ = in.From",
+		pkg: "internal/core", run: "^TestRefusedRegistrationDropsItsChallenge$"},
+	// Passed challenges counted toward maxChallenges: registered ranks lock new ones out.
+	{name: "passed-fill-the-bound", file: "internal/core/challenge.go", old: "\t\tif !ch.passed {\n\t\t\tn++", new: "\t\tif ch != nil {\n\t\t\tn++",
+		pkg: "internal/core", run: "^TestPassedChallengesDoNotFillTheBound$"},
+	// The echo sent to every prefill rank waiting, not the one that asked (a storm with many).
+	{name: "echo-to-every-target", file: "internal/core/challenge.go", old: "\t\t\tif tg.endpoint == in.Endpoint {", new: "\t\t\tif true {",
+		pkg: "internal/core", run: "^TestDecodeEchoesOnlyItsOwnChallenge$"},
 	// The decode shell takes a challenge for an unknown notification: no
 	// decode rank process registers.
 	{name: "challenge-notif-dropped", file: "kvmanager/decode.go", old: "\tif core.IsChallenge(s) {", new: "\tif false {",
@@ -468,6 +483,20 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestNotificationRangesRefused$"},
 	{name: "notif-chunk-place-unchecked", file: "internal/core/core_decode.go", old: "\tif cs := s.chunks[in.Chunk]; cs != nil && (cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi) {", new: "\tif cs := s.chunks[in.Chunk]; cs != nil && (cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi) {",
 		pkg: "internal/core", run: "^TestNotificationRangesRefused$"},
+	// Each range check on a PAGES (issue 49, item 5): removed, or off
+	// by one. (An empty span, and another epoch than the source's, are
+	// refused by valid() and the epoch check first: removing their own
+	// test changes nothing.)
+	{name: "pages-lease-boundary", file: "internal/core/pull.go", old: "\tif !c.now.Before(until) {", new: "\tif c.now.After(until) {",
+		pkg: "internal/core", run: "^TestPullHostileMessages$"},
+	{name: "pages-pair-error-ignored", file: "internal/core/pull.go", old: "\t\t\tfail(CodeFailed, \"%v\", err)\n\t\t\treturn", new: "\t\t\t_ = err",
+		pkg: "internal/core", run: "^TestPullHostileMessages$"},
+	{name: "pages-range-unchecked", file: "internal/core/pull.go", old: "\tif !s.valid(in) {", new: "\tif false {",
+		pkg: "internal/core", run: "^TestPullHostileMessages$"},
+	{name: "pages-duplicate-read-again", file: "internal/core/pull.go", old: "\tif _, dup := s.asked[ask]; dup {", new: "\tif _, dup := s.asked[ask]; false && dup {",
+		pkg: "internal/core", run: "^TestPullHostileMessages$"},
+	{name: "pages-asked-unbounded", file: "internal/core/pull.go", old: "\tif len(s.asked) >= maxAsked {", new: "\tif false {",
+		pkg: "internal/core", run: "^TestPullHostileMessages$"},
 	// Pull (docs/PROTOCOL.md "Pull", issue 38): each rule of the lease
 	// and of the pages' release removed.
 	// A read posted after the decode rank's lease ended (its gate ignores
