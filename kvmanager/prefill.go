@@ -2,6 +2,7 @@ package kvmanager
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
 	"time"
@@ -147,10 +148,15 @@ func (m *Manager) challenge(msg *bootstrap.Register, notif string) {
 	}
 	go func() {
 		defer m.endCheck(msg.From.Peer(), msg.Agent)
-		name, err := m.agent.LoadRemote(msg.AgentMD)
-		if err != nil {
-			m.refuseRegister(msg, fmt.Errorf("agent metadata: challenging the agent it names: %w", err))
-			return
+		name := msg.Agent
+		if h := sha256.Sum256(msg.AgentMD); m.challengedWith(name) != h || !m.agent.RemoteUsable(name) {
+			var err error
+			if name, err = m.agent.LoadRemote(msg.AgentMD); err != nil {
+				m.forgetChallenged(msg.Agent)
+				m.refuseRegister(msg, fmt.Errorf("agent metadata: challenging the agent it names: %w", err))
+				return
+			}
+			m.setChallenged(name, h)
 		}
 		if err := m.agent.GenNotif(name, []byte(notif)); err != nil {
 			// Maybe transient: the sender's repeat sends it again.
@@ -163,9 +169,33 @@ func (m *Manager) challenge(msg *bootstrap.Register, notif string) {
 		var held bool
 		m.read(func(c *core.Core) { held = c.ChallengeHolds(name) || c.AgentOwner(name) != "" })
 		if !held {
+			m.forgetChallenged(name)
 			_ = m.agent.InvalidateRemote(name)
 		}
 	}()
+}
+
+// challengedWith returns the hash of the blob a challenge loaded under the
+// agent name (zero: none).
+func (m *Manager) challengedWith(name string) [32]byte {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	return m.challenged[name]
+}
+
+func (m *Manager) setChallenged(name string, h [32]byte) {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	if m.challenged == nil {
+		m.challenged = map[string][32]byte{}
+	}
+	m.challenged[name] = h
+}
+
+func (m *Manager) forgetChallenged(name string) {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	delete(m.challenged, name)
 }
 
 // post hands a chunk's writes to the pool; every write passes the core's

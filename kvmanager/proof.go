@@ -183,8 +183,8 @@ func registerHash(msg *bootstrap.Register) (md, lay [32]byte) {
 
 // checkClaims refuses, before its metadata is loaded, a REGISTER without
 // a seed, whose blob names another agent than the REGISTER does, whose
-// agent name is another rank's default name or an agent another decode
-// rank registered here, or that repeats a registration of its process
+// agent name is an agent another decode rank registered here (the core
+// refused another rank's default name already), or that repeats a registration of its process
 // with other metadata (a process's blob does not change). repeat is true
 // for a REGISTER of a process proven here with this very blob and these
 // regions (nothing to read again).
@@ -198,9 +198,6 @@ func (m *Manager) checkClaims(msg *bootstrap.Register) (repeat bool, err error) 
 	}
 	if name != msg.Agent {
 		return false, fmt.Errorf("%w: the agent metadata names agent %q, the REGISTER %q", errNotOwner, name, msg.Agent)
-	}
-	if own := core.DefaultNameOwner(name); own != "" && own != msg.From.Peer() {
-		return false, fmt.Errorf("%w: agent %q is the default name of %s, not of %s", errNotOwner, name, own, msg.From.Peer())
 	}
 	var owner string
 	m.read(func(c *core.Core) { owner = c.AgentOwner(name) })
@@ -289,9 +286,13 @@ func (m *Manager) proveRegister(msg *bootstrap.Register, lay core.PeerPlan) (str
 	if repeat && m.agent.RemoteUsable(name) {
 		return name, nil
 	}
-	if name, err = m.agent.LoadRemote(msg.AgentMD); err != nil {
-		return "", fmt.Errorf("agent metadata: %w", err)
+	// The blob its challenge loaded is this very blob: not loaded again.
+	if h := sha256.Sum256(msg.AgentMD); m.challengedWith(name) != h || !m.agent.RemoteUsable(name) {
+		if name, err = m.agent.LoadRemote(msg.AgentMD); err != nil {
+			return "", fmt.Errorf("agent metadata: %w", err)
+		}
 	}
+	m.forgetChallenged(name) // bound or refused next: no longer a challenge's
 	if err = m.checkProof(name, msg, lay.Layout); err != nil {
 		// Nothing is written through a remote whose memory is not proven
 		// the sender's. (A repeat's blob is the proven one: what a reload

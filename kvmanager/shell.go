@@ -60,14 +60,19 @@ type Manager struct {
 	// Under regMu, a prefill rank's REGISTER checks (proof.go): those in
 	// progress by decode rank and agent name, the registrations proven,
 	// free read-back buffers, and whether Close stopped new checks.
-	proof     [proofLen]byte
-	regMu     sync.Mutex
-	checking  map[string]bool
-	proven    map[string]provenReg
-	proofBufs [][]byte
-	regClosed bool
-	proofHook func(*bootstrap.Register) // tests: runs before a proof's read
-	deferHook func()                    // tests: runs (under regMu) when a REGISTER's check is deferred
+	proof    [proofLen]byte
+	regMu    sync.Mutex
+	checking map[string]bool
+	proven   map[string]provenReg
+	// challenged: the blob (its hash) a challenge loaded under each agent
+	// name, so the bind that follows the echo does not load it again (a
+	// second load replacing the first left the first's shared-memory
+	// mappings behind).
+	challenged map[string][32]byte
+	proofBufs  [][]byte
+	regClosed  bool
+	proofHook  func(*bootstrap.Register) // tests: runs before a proof's read
+	deferHook  func()                    // tests: runs (under regMu) when a REGISTER's check is deferred
 	// registersReady: a prefill rank's pool exists, REGISTERs are handled.
 	registersReady atomic.Bool
 	auxMem         []byte
@@ -422,6 +427,7 @@ func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 			if m.agentBusy(e.Remote) {
 				continue // a load under the name runs: it unloads after itself
 			}
+			m.forgetChallenged(e.Remote)
 			if err := m.agent.InvalidateRemote(e.Remote); err != nil && !errors.Is(err, nixl.ErrRemoteUnknown) {
 				m.log.Warn("unloading a challenged agent", zap.String("agent", e.Remote), zap.Error(err))
 			}

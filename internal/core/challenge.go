@@ -27,8 +27,8 @@ package core
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"maps"
 	"regexp"
@@ -72,9 +72,19 @@ type challenge struct {
 
 // ChallengeNotif is the notification text of a challenge for the decode
 // identity peer (From.Peer()) from the prefill rank at endpoint:
-// "kvbc1:<nonce, hex>:<peer, hex>:<endpoint>".
+// "kvbc1:<nonce, base64url>:<endpoint tag>:<peer>", the endpoint tag the
+// first 4 bytes of its SHA-256 (base64url). Short on purpose: with the
+// sender's name it stays within UCX's short active message (a longer one
+// goes as bcopy, which maps the receiver's descriptor segments, and the
+// mappings of a decode process that died stayed: TestDemoChaos).
 func ChallengeNotif(nonce []byte, peer, endpoint string) string {
-	return challengePrefix + hex.EncodeToString(nonce) + ":" + hex.EncodeToString([]byte(peer)) + ":" + endpoint
+	return challengePrefix + base64.RawURLEncoding.EncodeToString(nonce) + ":" + EndpointTag(endpoint) + ":" + peer
+}
+
+// EndpointTag is a challenge's tag of a prefill rank's control endpoint.
+func EndpointTag(endpoint string) string {
+	h := sha256.Sum256([]byte(endpoint))
+	return base64.RawURLEncoding.EncodeToString(h[:4])
 }
 
 // ParseChallenge parses ChallengeNotif's text; false for anything else.
@@ -84,18 +94,14 @@ func ParseChallenge(s string) (Challenged, bool) {
 		return Challenged{}, false
 	}
 	f := strings.SplitN(rest, ":", 3)
-	if len(f) != 3 || len(f[0]) != 2*ChallengeBytes || f[1] == "" || len(f[1]) > 6*wire.MaxNameBytes || len(f[2]) > wire.MaxNameBytes {
+	if len(f) != 3 || len(f[1]) != 6 || f[2] == "" || len(f[2]) > 3*wire.MaxNameBytes {
 		return Challenged{}, false
 	}
-	nonce, err := hex.DecodeString(f[0])
-	if err != nil {
+	nonce, err := base64.RawURLEncoding.DecodeString(f[0])
+	if err != nil || len(nonce) != ChallengeBytes {
 		return Challenged{}, false
 	}
-	peer, err := hex.DecodeString(f[1])
-	if err != nil {
-		return Challenged{}, false
-	}
-	return Challenged{For: string(peer), Nonce: nonce, Endpoint: f[2]}, true
+	return Challenged{For: f[2], Nonce: nonce, EndpointTag: f[1]}, true
 }
 
 // IsChallenge reports whether a notification is a challenge (even a
@@ -346,7 +352,7 @@ func (c *decodeCore) challenged(in Challenged) {
 	for _, key := range slices.Sorted(maps.Keys(c.targets)) {
 		if tg := c.targets[key]; tg.resolved && !tg.resolving && tg.reg == regSent {
 			waiting = append(waiting, tg)
-			if tg.endpoint == in.Endpoint {
+			if EndpointTag(tg.endpoint) == in.EndpointTag {
 				at = append(at, tg)
 			}
 		}

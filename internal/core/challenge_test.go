@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -232,21 +233,21 @@ func TestDecodeEchoesOnlyItsOwnChallenge(t *testing.T) {
 	require.Len(t, sent[*wire.Register](d.Effects()), 2)
 
 	nonce := []byte("0123456789abcdef")
-	d.Step(t0, Challenged{For: "decode/attacker/0", Nonce: nonce, Endpoint: prefillFrom.Endpoint})
+	d.Step(t0, Challenged{For: "decode/attacker/0", Nonce: nonce, EndpointTag: EndpointTag(prefillFrom.Endpoint)})
 	assert.Empty(t, d.Effects(), "answered another identity's challenge")
 	assert.EqualValues(t, 1, d.Stats().ChallengesIgnored)
 
-	d.Step(t0, Challenged{For: decodeFrom.Peer(), Nonce: nonce, Endpoint: prefillFrom.Endpoint})
+	d.Step(t0, Challenged{For: decodeFrom.Peer(), Nonce: nonce, EndpointTag: EndpointTag(prefillFrom.Endpoint)})
 	effects := d.Effects()
 	regs := sent[*wire.Register](effects)
 	require.Len(t, regs, 1, "the echo goes to the challenging rank alone")
 	assert.Equal(t, prefillFrom.Endpoint, effects[0].To.Endpoint)
 	assert.Equal(t, nonce, regs[0].Echo)
-	d.Step(t0, Challenged{For: decodeFrom.Peer(), Nonce: nonce, Endpoint: prefillFrom.Endpoint})
+	d.Step(t0, Challenged{For: decodeFrom.Peer(), Nonce: nonce, EndpointTag: EndpointTag(prefillFrom.Endpoint)})
 	assert.Empty(t, sent[*wire.Register](d.Effects()), "a repeated challenge sent another REGISTER")
 
 	second := []byte("fedcba9876543210")
-	d.Step(t0, Challenged{For: decodeFrom.Peer(), Nonce: second, Endpoint: "tcp://unknown:9"})
+	d.Step(t0, Challenged{For: decodeFrom.Peer(), Nonce: second, EndpointTag: EndpointTag("tcp://unknown:9")})
 	regs = sent[*wire.Register](d.Effects())
 	require.Len(t, regs, 2, "an endpoint it knows by no name: every rank it waits for")
 	assert.Equal(t, append(append([]byte(nil), nonce...), second...), regs[0].Echo)
@@ -296,9 +297,10 @@ func TestChallengeNotifParses(t *testing.T) {
 	n := []byte("0123456789abcdef")
 	x, ok := ParseChallenge(ChallengeNotif(n, "decode/a:b/3", "tcp://p:1"))
 	require.True(t, ok)
-	assert.Equal(t, Challenged{For: "decode/a:b/3", Nonce: n, Endpoint: "tcp://p:1"}, x)
-	for _, bad := range []string{"kvbc1:", "kvbc1:00:6464:e", "kvbc1:" + "zz" + "00112233445566778899aabbccddee" + ":6464:e", "kvbc1:00112233445566778899aabbccddeeff::e",
-		"kvbc1:00112233445566778899aabbccddeeff:zz:e", "kvbc1:00112233445566778899aabbccddeeff:6464", "kvb1:1:0:aux"} {
+	assert.Equal(t, Challenged{For: "decode/a:b/3", Nonce: n, EndpointTag: EndpointTag("tcp://p:1")}, x)
+	good := ChallengeNotif(n, "decode/d/0", "tcp://p:1")
+	for _, bad := range []string{"kvbc1:", good[:len("kvbc1:")+21] + good[len("kvbc1:")+22:], strings.Replace(good, ":", "", 2), good[:len(good)-len("decode/d/0")],
+		strings.Replace(good, EndpointTag("tcp://p:1"), "abc", 1), "kvb1:1:0:aux"} {
 		_, ok := ParseChallenge(bad)
 		assert.False(t, ok, "%q parsed", bad)
 	}

@@ -142,9 +142,9 @@ type (
 	Challenged struct {
 		For   string
 		Nonce []byte
-		// Endpoint is the challenging prefill rank's control endpoint
-		// (its echo goes there).
-		Endpoint string
+		// EndpointTag names the challenging prefill rank's control
+		// endpoint (EndpointTag): its echo goes there.
+		EndpointTag string
 	}
 	// Bound (prefill) tells the core the control endpoint its rank's
 	// loop bound (named in its challenges, so a decode rank answers

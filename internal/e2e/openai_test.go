@@ -495,6 +495,43 @@ func TestOpenAIBadRequests(t *testing.T) {
 		t.Errorf("expired kv_transfer_params: %v, want 503 kv_transfer_params_expired", err)
 	}
 
+	// A decode leg refused for a field of its own (issue 51: the sidecar
+	// sends the prefill leg with max_tokens 1, so only the decode leg
+	// carries the client's fields) releases the KV its prefill leg holds
+	// at once, not at the lease's end: the request is read whole, so its
+	// ticket's prompt still matches.
+	for _, tc := range []struct {
+		name string
+		edit func(b map[string]any)
+		code string
+	}{
+		{"max_tokens -1", func(b map[string]any) { b["max_tokens"] = -1 }, "invalid_max_tokens"},
+		{"max_tokens 0", func(b map[string]any) { b["max_tokens"] = 0 }, "invalid_max_tokens"},
+		{"max_tokens 1e9", func(b map[string]any) { b["max_tokens"] = 1e9 }, "invalid_max_tokens"},
+		{"max_tokens 1.5", func(b map[string]any) { b["max_tokens"] = 1.5 }, "invalid_max_tokens"},
+		{`max_tokens "8"`, func(b map[string]any) { b["max_tokens"] = "8" }, "invalid_max_tokens"},
+		{`stream "yes"`, func(b map[string]any) { b["stream"] = "yes" }, "invalid_stream"},
+		{"min_tokens above max_tokens", func(b map[string]any) { b["min_tokens"] = 9 }, "invalid_min_tokens"},
+	} {
+		id := "req-refused-" + strings.ReplaceAll(tc.name, " ", "-")
+		kv, err := pd.vllmPrefill(ctx, "/v1/completions", pb, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := clone(pb)
+		tc.edit(db)
+		_, err = pd.vllmDecode(ctx, "/v1/completions", db, kv, id)
+		var e *openai.Error
+		if !errors.As(err, &e) || e.Status != 400 || e.Body.Code != tc.code {
+			t.Errorf("decode leg with %s: %v, want 400 %s", tc.name, err, tc.code)
+		}
+		expired := metric(t, c.client, c.prefill[0].http, "kvbridge_example_kv_lease_expired_total")
+		waitMetricAtMost(t, c.client, c.prefill[0].http, "kvbridge_example_kv_held_rooms", 0, 30*time.Second)
+		if got := metric(t, c.client, c.prefill[0].http, "kvbridge_example_kv_lease_expired_total"); got != expired {
+			t.Errorf("decode leg with %s: its prefill leg's KV was released by the lease's end (%v → %v expiries), not by the refusal", tc.name, expired, got)
+		}
+	}
+
 	// The prefill side refuses first (its abort extension): the decode
 	// side hears it from kvbridge and answers 503 without waiting.
 	ab := body(tinyPrompt(rng, 8), 3, false)
@@ -565,6 +602,18 @@ func waitMetric(t *testing.T, cl *http.Client, rank, name string, want float64, 
 	for metric(t, cl, rank, name) < want {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: %s did not reach %v within %s", rank, name, want, d)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the rank's metrics
+	}
+}
+
+// waitMetricAtMost waits until a rank's metric is at most want.
+func waitMetricAtMost(t *testing.T, cl *http.Client, rank, name string, want float64, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for got := metric(t, cl, rank, name); got > want; got = metric(t, cl, rank, name) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s still %v after %s, want at most %v", rank, name, got, d, want)
 		}
 		time.Sleep(20 * time.Millisecond) // polling the rank's metrics
 	}

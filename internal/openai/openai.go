@@ -202,7 +202,8 @@ func stringField(name string, r json.RawMessage) (string, *Error) {
 // vocab is the model's vocabulary (a text prompt needs ≥ 256: its bytes
 // are the token ids). A body refused for another field still returns
 // the Request with its SGLang or KVTransfer fields when those were valid,
-// so the server can tell the room's other side.
+// and its prompt when that was, so the server can tell the room's other
+// side.
 func Parse(data []byte, chat bool, vocab int) (*Request, *Error) {
 	var b body
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -216,10 +217,17 @@ func Parse(data []byte, chat bool, vocab int) (*Request, *Error) {
 	if e := r.parseDisagg(b); e != nil {
 		return nil, e
 	}
-	return r, r.parseRest(b, vocab)
+	// The whole request is read before it is refused: the prompt too, so a
+	// refused request's room (its ticket is bound to its prompt) can still
+	// be released on the other side.
+	e := r.parseRest(b)
+	if pe := r.parsePrompt(b, vocab); e == nil {
+		e = pe
+	}
+	return r, e
 }
 
-func (r *Request) parseRest(b body, vocab int) *Error {
+func (r *Request) parseRest(b body) *Error {
 	var e *Error
 	if r.Model, e = stringField("model", b.Model); e != nil {
 		return e
@@ -281,7 +289,7 @@ func (r *Request) parseRest(b body, vocab int) *Error {
 	} else if ok && int(minT) > r.MaxTokens {
 		return BadRequest("invalid_min_tokens", "min_tokens %d exceeds max_tokens %d", minT, r.MaxTokens)
 	}
-	return r.parsePrompt(b, vocab)
+	return nil
 }
 
 func (r *Request) parsePrompt(b body, vocab int) *Error {

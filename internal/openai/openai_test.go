@@ -3,6 +3,8 @@ package openai
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -108,6 +110,26 @@ func TestParseKeepsTheRoomOfARefusal(t *testing.T) {
 	if e == nil || r == nil || r.SGLang == nil || r.SGLang.Room != 12 {
 		t.Fatalf("%+v %v", r, e)
 	}
+}
+
+// TestParseReadsThePromptOfARefusal (issue 51): a request refused for a
+// field of its own still carries its prompt — a vLLM decode leg's ticket
+// is bound to it, and the server releases the held KV only for a ticket
+// that matches — and the refusal names the field, not the prompt.
+func TestParseReadsThePromptOfARefusal(t *testing.T) {
+	for _, field := range []string{`"max_tokens": -1`, `"max_tokens": 0`, `"max_tokens": 1e9`, `"max_tokens": 1.5`, `"max_tokens": "8"`,
+		`"stream": "yes"`, `"max_tokens": 2, "min_tokens": 3`} {
+		r, e := Parse([]byte(`{"prompt": [5, 6, 7], `+field+`, "kv_transfer_params": {"do_remote_prefill": true}}`), false, 256)
+		require.NotNil(t, e, field)
+		require.NotNil(t, r, field)
+		assert.NotContains(t, e.Body.Code, "prompt", field)
+		assert.Equal(t, []int{5, 6, 7}, r.Prompt, field)
+		assert.NotNil(t, r.KVTransfer, field)
+	}
+	// A bad prompt is named when nothing before it is wrong.
+	_, e := Parse([]byte(`{"prompt": [], "max_tokens": 2}`), false, 256)
+	require.NotNil(t, e)
+	assert.Equal(t, "invalid_prompt", e.Body.Code)
 }
 
 func runes(ids []int) []rune {

@@ -333,8 +333,8 @@ var mutants = []mutant{
 	// process's memory match a seed of the attacker's choice.
 	{name: "proof-not-keyed", file: "kvmanager/proof.go", old: "	h := hmac.New(sha256.New, seed)", new: "	h := hmac.New(sha256.New, nil)",
 		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
-	{name: "default-name-not-reserved", file: "kvmanager/proof.go", old: "		if own := g[2] + \"/\" + g[1] + \"/\" + g[3]; own != msg.From.Peer() {", new: "		if own := g[2] + \"/\" + g[1] + \"/\" + g[3]; false && own != msg.From.Peer() {",
-		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
+	{name: "default-name-not-reserved", file: "internal/core/challenge.go", old: "\tif own := DefaultNameOwner(msg.Agent); own != \"\" && own != key {", new: "\tif own := DefaultNameOwner(msg.Agent); false && own != key {",
+		pkg: "internal/core", run: "^TestChallengeNeverTouchesAnotherRanksAgent$"},
 	{name: "proof-check-on-control-loop", file: "kvmanager/prefill.go", old: "	go m.bindRegister(msg, lay)", new: "	m.bindRegister(msg, lay)",
 		pkg: "kvmanager", run: "^TestRegisterCheckOffTheControlLoop$"},
 	{name: "repeat-with-other-blob-loaded", file: "kvmanager/proof.go", old: "		if p.md != md || p.lay != lay {", new: "		if false && (p.md != md || p.lay != lay) {",
@@ -447,9 +447,6 @@ var mutants = []mutant{
 	// A name whose challenge another rank passed (its bind under way) challenged again: its load replaces that rank's remote before the bind.
 	{name: "challenge-passed-name-taken", file: "internal/core/challenge.go", old: "\t\tif ch.passed {\n\t\t\treturn refuse(", new: "\t\tif false {\n\t\t\treturn refuse(",
 		pkg: "internal/core", run: "^TestChallengeNeverTouchesAnotherRanksAgent$"},
-	// Another rank's default name challenged (held open, it blocks that rank).
-	{name: "challenge-default-name-unchecked", file: "internal/core/challenge.go", old: "\tif own := DefaultNameOwner(msg.Agent); own != \"\" && own != key {", new: "\tif own := DefaultNameOwner(msg.Agent); false && own != key {",
-		pkg: "internal/core", run: "^TestChallengeNeverTouchesAnotherRanksAgent$"},
 	// A registration the shell refused keeps its challenge (and its name).
 	{name: "refused-keeps-challenge", file: "internal/core/step.go", old: "\t\t\tc.prefillCore.challengeRefused(in.From)", new: "\t\t\t_ = in.From",
 		pkg: "internal/core", run: "^TestRefusedRegistrationDropsItsChallenge$"},
@@ -457,7 +454,7 @@ var mutants = []mutant{
 	{name: "passed-fill-the-bound", file: "internal/core/challenge.go", old: "\t\tif !ch.passed {\n\t\t\tn++", new: "\t\tif ch != nil {\n\t\t\tn++",
 		pkg: "internal/core", run: "^TestPassedChallengesDoNotFillTheBound$"},
 	// The echo sent to every prefill rank waiting, not the one that asked (a storm with many).
-	{name: "echo-to-every-target", file: "internal/core/challenge.go", old: "\t\t\tif tg.endpoint == in.Endpoint {", new: "\t\t\tif true {",
+	{name: "echo-to-every-target", file: "internal/core/challenge.go", old: "\t\t\tif EndpointTag(tg.endpoint) == in.EndpointTag {", new: "\t\t\tif true {",
 		pkg: "internal/core", run: "^TestDecodeEchoesOnlyItsOwnChallenge$"},
 	// The decode shell takes a challenge for an unknown notification: no
 	// decode rank process registers.
