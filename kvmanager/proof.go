@@ -42,6 +42,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
+	"go.uber.org/zap"
 )
 
 // proofLen is the seed's size, and the size of the value at the start of
@@ -239,12 +240,39 @@ func (m *Manager) beginCheck(peer, agent string) bool {
 	return true
 }
 
-// agentBusy reports whether a check or a challenge's load runs under the
-// agent name.
-func (m *Manager) agentBusy(agent string) bool {
+// unload carries out EffectUnload on a goroutine of its own, holding the
+// agent name's reservation (no load under the name meanwhile): it drops
+// the remote unless a challenge or a rank holds the name by then. A load
+// running under the name when it comes unloads after itself instead.
+func (m *Manager) unload(agent string) {
 	m.regMu.Lock()
-	defer m.regMu.Unlock()
-	return m.checking["agent "+agent]
+	if m.regClosed || m.checking["agent "+agent] {
+		m.regMu.Unlock()
+		return
+	}
+	if m.checking == nil {
+		m.checking = map[string]bool{}
+	}
+	m.checking["agent "+agent] = true
+	m.wg.Add(1)
+	m.regMu.Unlock()
+	go func() {
+		defer func() {
+			m.regMu.Lock()
+			delete(m.checking, "agent "+agent)
+			m.regMu.Unlock()
+			m.wg.Done()
+		}()
+		var held bool
+		m.read(func(c *core.Core) { held = c.ChallengeHolds(agent) || c.AgentOwner(agent) != "" })
+		if held {
+			return
+		}
+		m.forgetChallenged(agent)
+		if err := m.agent.InvalidateRemote(agent); err != nil && !errors.Is(err, nixl.ErrRemoteUnknown) {
+			m.log.Warn("unloading a challenged agent", zap.String("agent", agent), zap.Error(err))
+		}
+	}()
 }
 
 func (m *Manager) endCheck(peer, agent string) {

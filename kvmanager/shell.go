@@ -424,13 +424,10 @@ func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 		case core.EffectKeepProgress:
 			m.agent.KeepProgress(e.Keep)
 		case core.EffectUnload:
-			if m.agentBusy(e.Remote) {
-				continue // a load under the name runs: it unloads after itself
-			}
-			m.forgetChallenged(e.Remote)
-			if err := m.agent.InvalidateRemote(e.Remote); err != nil && !errors.Is(err, nixl.ErrRemoteUnknown) {
-				m.log.Warn("unloading a challenged agent", zap.String("agent", e.Remote), zap.Error(err))
-			}
+			// Off the effects: closing an endpoint to a dead peer waits
+			// (up to the engine's close bound), and every step would wait
+			// behind it.
+			m.unload(e.Remote)
 		case core.EffectRead:
 			reads = append(reads, e)
 		case core.EffectPost, core.EffectLoadMetadata, core.EffectChallenge:
