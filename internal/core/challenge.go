@@ -49,6 +49,9 @@ const (
 	DefaultChallengeTimeout = 5 * time.Second
 	// maxChallenges bounds the challenges a prefill rank keeps.
 	maxChallenges = 1024
+	// challengeProgress is how long the agent keeps progressing after a
+	// challenge's notification.
+	challengeProgress = 250 * time.Millisecond
 	// challengePrefix starts a challenge notification.
 	challengePrefix = "kvbc1:"
 )
@@ -189,8 +192,10 @@ func (c *prefillCore) admit(now time.Time, msg *wire.Register) bool {
 		c.stats.Challenges++
 	}
 	// An engine that sends a notification only while its agent
-	// progresses keeps progressing until the echo is due.
-	c.emit(Effect{Kind: EffectKeepProgress, Keep: c.cfg.challengeTimeout()})
+	// progresses keeps progressing long enough to send it (a REGISTER
+	// repeated without the echo sends it again); not the whole timeout:
+	// a polling engine's idle rank would poll all that while.
+	c.emit(Effect{Kind: EffectKeepProgress, Keep: min(c.cfg.challengeTimeout(), challengeProgress)})
 	c.emit(Effect{Kind: EffectChallenge, To: wire.Peer{Endpoint: msg.From.Endpoint}, Msg: msg, Notif: ChallengeNotif(ch.nonce[:], key, c.endpoint)})
 	return false
 }
