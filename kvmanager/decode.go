@@ -158,9 +158,7 @@ func (d *Decode) CreateReceiver(room uint64, targets ...core.Target) (res core.R
 	if len(targets) == 0 {
 		return d.CreateReceiverFor(room, Instance{DP: AutoDP})
 	}
-	d.step(func(c *core.Core, now time.Time) {
-		res = c.Step(now, core.CreateReceiver{Room: room, Targets: targets}).Result
-	})
+	res = d.stepIn(core.CreateReceiver{Room: room, Targets: targets}).Result
 	d.kickNotifier()
 	return res
 }
@@ -202,10 +200,7 @@ func (d *Decode) watch(url string, ch <-chan bootstrap.RankEvent) {
 			// lookup fails the rooms naming the certificate (resolve).
 			cert = ""
 		}
-		d.step(func(c *core.Core, now time.Time) {
-			c.Step(now, core.TargetChanged{Target: t, Endpoint: ev.Endpoint, ServerKey: ev.PublicKey, Cert: cert,
-				Epoch: ev.Epoch, Gone: ev.Deleted})
-		})
+		d.stepIn(core.TargetChanged{Target: t, Endpoint: ev.Endpoint, ServerKey: ev.PublicKey, Cert: cert, Epoch: ev.Epoch, Gone: ev.Deleted})
 		if ev.Deleted {
 			d.forgetTopology(url) // the instance may come back in another shape
 		}
@@ -373,15 +368,11 @@ func (d *Decode) CreateReceiverFor(room uint64, inst Instance) (res core.Result)
 		if len(told) > 0 {
 			// The prefill ranks may already hold the room: tell them, or
 			// each waits for its bootstrap deadline.
-			d.step(func(c *core.Core, now time.Time) {
-				c.Step(now, core.RefuseRoom{Room: room, Targets: told, Reason: err.Error()})
-			})
+			d.stepIn(core.RefuseRoom{Room: room, Targets: told, Reason: err.Error()})
 		}
 		return core.Result{Outcome: core.Rejected, Err: err}
 	}
-	d.step(func(c *core.Core, now time.Time) {
-		res = c.Step(now, core.CreateReceiver{Room: room, Links: links}).Result
-	})
+	res = d.stepIn(core.CreateReceiver{Room: room, Links: links}).Result
 	d.kickNotifier()
 	return res
 }
@@ -473,7 +464,7 @@ func (d *Decode) AbortReceiver(room uint64, reason string) (res core.Result) {
 // ClearReceiver forgets the room. An unfinished room is aborted first; its
 // pages stay quarantined past Clear until Released.
 func (d *Decode) ClearReceiver(room uint64) (res core.Result) {
-	d.step(func(c *core.Core, now time.Time) { res = c.Step(now, core.ClearReceiver{Room: room}).Result })
+	res = d.stepIn(core.ClearReceiver{Room: room}).Result
 	return res
 }
 
@@ -593,7 +584,7 @@ func (d *Decode) onNotif(s string) {
 		// A prefill rank asks this rank to echo the nonce (the core
 		// drops one for another identity, or malformed, counted).
 		x, _ := core.ParseChallenge(s)
-		d.step(func(c *core.Core, now time.Time) { c.Step(now, x) })
+		d.stepIn(x)
 		return
 	}
 	n, ok := core.ParseNotif(s)

@@ -239,9 +239,7 @@ func (m *Manager) post(e core.Effect) {
 		},
 	}
 	if err := m.pool.Submit(job); err != nil {
-		m.step(func(c *core.Core, now time.Time) {
-			c.Step(now, core.Fail{Room: room, Reason: fmt.Sprintf("room %d: %v", room, err)})
-		})
+		m.stepIn(core.Fail{Room: room, Reason: fmt.Sprintf("room %d: %v", room, err)})
 	}
 }
 
@@ -276,7 +274,7 @@ func (m *Manager) trace(room uint64, ev TraceEvent) {
 
 // CreateSender creates the prefill side of a room (see package sender).
 func (p *Prefill) CreateSender(room uint64) (res core.Result) {
-	p.step(func(c *core.Core, now time.Time) { res = c.Step(now, core.CreateSender{Room: room}).Result })
+	res = p.stepIn(core.CreateSender{Room: room}).Result
 	par := p.cfg.Parallel
 	if res.Outcome == core.Applied && p.cfg.PublishRoomDP && p.boot != nil && par.DPSize > 1 && par.TPRank == 0 && par.PPRank == 0 {
 		p.wg.Add(1)
@@ -294,7 +292,7 @@ func (p *Prefill) CreateSender(room uint64) (res core.Result) {
 
 // InitSender marks the sender initialised.
 func (p *Prefill) InitSender(room uint64) (res core.Result) {
-	p.step(func(c *core.Core, now time.Time) { res = c.Step(now, core.InitSender{Room: room}).Result })
+	res = p.stepIn(core.InitSender{Room: room}).Result
 	return res
 }
 
@@ -304,9 +302,7 @@ func (p *Prefill) InitSender(room uint64) (res core.Result) {
 // state_indices[i]) and then the aux item at auxIndex (−1 for none) follow.
 // The room must be WaitingForInput or Transferring.
 func (p *Prefill) SendChunk(room uint64, pages []uint32, last bool, auxIndex int, state [][]uint32) (err error) {
-	p.step(func(c *core.Core, now time.Time) {
-		err = c.Step(now, core.SendChunk{Room: room, Pages: pages, Last: last, AuxIndex: auxIndex, State: state}).Err
-	})
+	err = p.stepIn(core.SendChunk{Room: room, Pages: pages, Last: last, AuxIndex: auxIndex, State: state}).Err
 	return err
 }
 
@@ -324,10 +320,7 @@ func (p *Prefill) SendChunk(room uint64, pages []uint32, last bool, auxIndex int
 // unposted, on ready's error or when it has not said true within the
 // stall timeout. SendChunk is SendLayers over every layer.
 func (p *Prefill) SendLayers(room uint64, pages []uint32, lo, hi int, last bool, auxIndex int, ready transfer.Ready, state [][]uint32) (err error) {
-	p.step(func(c *core.Core, now time.Time) {
-		err = c.Step(now, core.SendChunk{Room: room, Pages: pages, Last: last, AuxIndex: auxIndex, State: state,
-			Layers: transfer.Layers{Lo: lo, Hi: hi}, Ready: ready}).Err
-	})
+	err = p.stepIn(core.SendChunk{Room: room, Pages: pages, Last: last, AuxIndex: auxIndex, State: state, Layers: transfer.Layers{Lo: lo, Hi: hi}, Ready: ready}).Err
 	return err
 }
 
@@ -349,6 +342,6 @@ func (p *Prefill) AbortSender(room uint64, reason string) (res core.Result) {
 
 // ClearSender forgets the room.
 func (p *Prefill) ClearSender(room uint64) (res core.Result) {
-	p.step(func(c *core.Core, now time.Time) { res = c.Step(now, core.ClearSender{Room: room}).Result })
+	res = p.stepIn(core.ClearSender{Room: room}).Result
 	return res
 }

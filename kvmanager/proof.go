@@ -294,9 +294,7 @@ func (m *Manager) bindRegister(msg *bootstrap.Register, lay core.PeerPlan) {
 		m.refuseRegister(msg, err)
 		return
 	}
-	m.step(func(c *core.Core, now time.Time) {
-		c.Step(now, core.Registered{From: msg.From, Remote: name, Plan: lay})
-	})
+	m.stepIn(core.Registered{From: msg.From, Remote: name, Plan: lay})
 }
 
 // proveRegister checks a REGISTER's claims again now that its rank and
@@ -361,9 +359,7 @@ func (m *Manager) proveRegister(msg *bootstrap.Register, lay core.PeerPlan) (str
 // refuseRegister answers a REGISTER with its refusal.
 func (m *Manager) refuseRegister(msg *bootstrap.Register, err error) {
 	notOwner := errors.Is(err, errNotOwner)
-	m.step(func(c *core.Core, now time.Time) {
-		c.Step(now, core.RegisterRefused{From: msg.From, Reason: err.Error(), NotOwner: notOwner})
-	})
+	m.stepIn(core.RegisterRefused{From: msg.From, Reason: err.Error(), NotOwner: notOwner})
 }
 
 // checkProof reads back the proof slots of the memory a REGISTER describes

@@ -65,17 +65,13 @@ func (m *Manager) sendWhenReady(e core.Effect) {
 				err = fmt.Errorf("%w (%v)", transfer.ErrNotReady, m.cfg.Registry.StallTimeout)
 			}
 			if err != nil {
-				m.step(func(c *core.Core, now time.Time) {
-					c.Step(now, core.Fail{Room: e.Room, Reason: fmt.Sprintf("room %d: the pages published to %s: their data: %v", e.Room, e.To.Endpoint, err)})
-				})
+				m.stepIn(core.Fail{Room: e.Room, Reason: fmt.Sprintf("room %d: the pages published to %s: their data: %v", e.Room, e.To.Endpoint, err)})
 				return
 			}
 			if ok {
 				// The core stamps it (the decode rank's RENEWs went on
 				// while the data was not ready) and sends it.
-				m.step(func(c *core.Core, now time.Time) {
-					c.Step(now, core.PagesReady{To: e.To, Msg: e.Msg.(*bootstrap.Pages)})
-				})
+				m.stepIn(core.PagesReady{To: e.To, Msg: e.Msg.(*bootstrap.Pages)})
 				return
 			}
 			select {
@@ -368,9 +364,7 @@ func (d *Decode) reader() {
 		if err == errGated {
 			continue
 		}
-		d.step(func(c *core.Core, now time.Time) {
-			c.Step(now, core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced})
-		})
+		d.stepIn(core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced})
 	}
 }
 
@@ -468,9 +462,7 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 		return fmt.Errorf("%s: %w", where, err), true
 	}
 	// The gate, right before the posts.
-	var ok bool
-	d.step(func(c *core.Core, now time.Time) { ok = c.Step(now, core.ReadPosting{Room: j.room, Read: j.rd}).OK })
-	if !ok {
+	if !d.stepIn(core.ReadPosting{Room: j.room, Read: j.rd}).OK {
 		return errGated, true
 	}
 	for i, x := range xs {

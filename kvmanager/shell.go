@@ -209,7 +209,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 	if cfg.Role == core.RolePrefill {
 		// Named in its agent challenges: a decode rank echoes to it.
 		ep := m.loop.Endpoint()
-		m.step(func(c *core.Core, now time.Time) { c.Step(now, core.Bound{Endpoint: ep}) })
+		m.stepIn(core.Bound{Endpoint: ep})
 	}
 	return m, nil
 }
@@ -361,6 +361,14 @@ func (m *Manager) Config() Config { return m.cfg }
 // — an encode, a seal and a cgo call per send are no longer paid under
 // it. Posts go to the transfer pool after effMu is let go (Submit may
 // block while a worker's gate needs the lock and effMu).
+// stepIn steps one input into the core at the shell's clock and carries
+// out its effects: the shell's way into the core (step, for the few
+// callers that also read the core in the same critical section).
+func (m *Manager) stepIn(in core.Input) (out core.Output) {
+	m.step(func(c *core.Core, now time.Time) { out = c.Step(now, in) })
+	return out
+}
+
 func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 	m.mu.Lock()
 	f(m.core, m.cfg.Now())
@@ -444,10 +452,7 @@ func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 			// A rank without readers (no Config.Pull) never drops a read:
 			// it is over, unposted.
 			for _, e := range reads {
-				m.step(func(c *core.Core, now time.Time) {
-					c.Step(now, core.ReadDone{Room: e.Room, Read: e.Read, Quiesced: true,
-						Err: fmt.Errorf("room %d: this decode rank does not pull (Config.Pull)", e.Room)})
-				})
+				m.stepIn(core.ReadDone{Room: e.Room, Read: e.Read, Quiesced: true, Err: fmt.Errorf("room %d: this decode rank does not pull (Config.Pull)", e.Room)})
 			}
 		}
 	}
@@ -526,16 +531,12 @@ func (m *Manager) receive(msg bootstrap.Message, peek func(c *core.Core)) (out c
 // malformed answers a REQUEST the codec refused but that named its room and
 // sender (the core decides: only a prefill rank answers).
 func (m *Manager) malformed(r bootstrap.MalformedReport) {
-	m.step(func(c *core.Core, now time.Time) {
-		c.Step(now, core.MalformedRequest{Room: r.Room, Endpoint: r.Endpoint, Reason: r.Reason})
-	})
+	m.stepIn(core.MalformedRequest{Room: r.Room, Endpoint: r.Endpoint, Reason: r.Reason})
 }
 
 func (m *Manager) peerDown(p bootstrap.PeerDown) {
 	m.log.Warn("peer down", zap.String("endpoint", p.Endpoint), zap.String("reason", p.Reason))
-	m.step(func(c *core.Core, now time.Time) {
-		c.Step(now, core.PeerUnreachable{Endpoint: p.Endpoint, Reason: p.Reason})
-	})
+	m.stepIn(core.PeerUnreachable{Endpoint: p.Endpoint, Reason: p.Reason})
 }
 
 func (m *Manager) sweeper() {
@@ -556,7 +557,7 @@ func (m *Manager) sweeper() {
 // sweeper calls it every SweepInterval; tests with a fake clock call it
 // directly).
 func (m *Manager) Tick() {
-	m.step(func(c *core.Core, now time.Time) { c.Step(now, core.Tick{}) })
+	m.stepIn(core.Tick{})
 	m.met.overdue.Set(float64(m.Overdue()))
 }
 
@@ -695,7 +696,7 @@ func (m *Manager) wait(ctx context.Context, room uint64, what string, pick func(
 func (m *Manager) Close() error {
 	var err error
 	m.closeOnce.Do(func() {
-		m.step(func(c *core.Core, now time.Time) { c.Step(now, core.Close{Reason: "manager closed"}) })
+		m.stepIn(core.Close{Reason: "manager closed"})
 		// A step that took the core's lock before Close's may still be
 		// carrying out its effects (a lookup among them adds to a wait
 		// group): they end before anything below stops.
@@ -720,7 +721,7 @@ func (m *Manager) Close() error {
 		err = errors.Join(m.loop.Close(), m.agent.Close())
 		// Nothing reads this rank's memory now: pull rooms' pages are
 		// released (their waiters, sender.Released, wake only now).
-		m.step(func(c *core.Core, now time.Time) { c.Step(now, core.AgentClosed{}) })
+		m.stepIn(core.AgentClosed{})
 		if m.cfg.Registerer != nil {
 			m.cfg.Registerer.Unregister(m.met)
 		}
