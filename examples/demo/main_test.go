@@ -147,6 +147,7 @@ func TestDemoChaos(t *testing.T) {
 	} {
 		discovery := tc.discovery
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // each round is its own processes, ports and discovery; mostly waiting out pauses and bounds
 			dir := binaries(t)
 			args := append([]string{"-chaos", "-chaos-duration", "1s", "-chaos-quiet", "3s", "-discovery", discovery, "-bin", dir}, strings.Fields(tc.pages)...)
 			cmd := exec.Command(filepath.Join(dir, "demo"), args...)
@@ -207,6 +208,7 @@ func TestDemoTopologies(t *testing.T) {
 		{"pull, pages of 8 tokens to 32, PP 2 to 1, layer-wise", "-transfer pull -prefill-tp 1 -prefill-pp 2 -prefill-page-tokens 8 -decode-page-tokens 32 -layerwise -requests 12"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // each demo is its own processes and ports
 			args := append([]string{"-short", "-requests", "24", "-abort-rate", "0.1"}, strings.Fields(tc.args)...)
 			s := runDemo(t, args...)
 			if !strings.Contains(s, "topology ") {

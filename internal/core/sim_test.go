@@ -1837,6 +1837,16 @@ func (w *simWorld) slotsOf(r simRoomSpec) []int {
 // states and transitions, what was reached, or the first violation with
 // the trace that reaches it (which replays exactly).
 func simExplore(cfg simConfig, maxStates int) (states, transitions int, cov *simCoverage, err error) {
+	return simExploreUpTo(cfg, maxStates, false)
+}
+
+// errExploredEnough ends a partial exploration at its bound.
+var errExploredEnough = errors.New("explored up to the bound")
+
+// simExploreUpTo is simExplore; with partial, it stops without error after
+// maxStates distinct states (the first ones depth first: under the race
+// detector, raceStates).
+func simExploreUpTo(cfg simConfig, maxStates int, partial bool) (states, transitions int, cov *simCoverage, err error) {
 	start := startWorld(cfg)
 	if start.err != nil {
 		return 0, 0, nil, start.err
@@ -1869,6 +1879,9 @@ func simExplore(cfg simConfig, maxStates int) (states, transitions int, cov *sim
 			}
 			seen[fp] = struct{}{}
 			if len(seen) > maxStates {
+				if partial {
+					return errExploredEnough
+				}
 				return fmt.Errorf("more than %d states: bound the configuration", maxStates)
 			}
 			if err := visit(next); err != nil {
@@ -1878,6 +1891,9 @@ func simExplore(cfg simConfig, maxStates int) (states, transitions int, cov *sim
 		return nil
 	}
 	err = visit(start)
+	if errors.Is(err, errExploredEnough) {
+		err = nil
+	}
 	return len(seen), transitions, cov, err
 }
 

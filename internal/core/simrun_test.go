@@ -333,6 +333,14 @@ func TestSimExhaustive(t *testing.T) {
 		sc := cases[name]
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
+			if raceOn {
+				states, transitions, _, err := simExploreUpTo(sc.cfg, raceStates, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("%s, under the race detector: the first %d states and %d transitions (every interleaving: make test-checkers)", name, states, transitions)
+				return
+			}
 			states, transitions, cov, err := simExplore(sc.cfg, 600_000)
 			if err != nil {
 				t.Fatal(err)
@@ -410,7 +418,7 @@ var simRandomCoverage = map[string]int{
 func TestSimRandom(t *testing.T) {
 	t.Parallel() // CPU-bound: alongside the other checkers
 	base, _ := strconv.ParseUint(os.Getenv("SIM_SEED_BASE"), 10, 64)
-	n := simSeeds(200)
+	n := simSeeds(200) / raceSeeds
 	cfg := simRandomConfig()
 	total := newSimCoverage()
 	withSuccess := 0
@@ -463,7 +471,7 @@ func TestSimRandom(t *testing.T) {
 func TestSimDeterministic(t *testing.T) {
 	t.Parallel() // CPU-bound: alongside the other checkers
 	cfg := simRandomConfig()
-	for seed := uint64(0); seed < 12; seed++ {
+	for seed := uint64(0); seed < 12/raceSeeds; seed++ {
 		a, errA := runRandom(cfg, seed, simRandomSteps)
 		b, errB := runRandom(cfg, seed, simRandomSteps)
 		if (errA == nil) != (errB == nil) || !slices.Equal(a.trace, b.trace) {

@@ -42,6 +42,7 @@ func requestsHeld(s core.CoreStats) uint64 {
 // genuine instance byte-exact. Before issue 49 the attacker's REQUEST
 // joined the room (a second decode rank of it), and its ABORT failed it.
 func TestRoomAskedForBySecondInstance(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	_, envs, _ := identityFiles(t,
 		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0},
 		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 0},

@@ -20,6 +20,7 @@ import (
 // and serve the next decode process byte-exact. 2 kills on the ucx
 // engine here; 20 on a real NIXL (make test-nixl).
 func TestDecodeKilledRepeatedly(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	onRestartEngines(t, func(t *testing.T, engine string) {
 		kills := 2
 		if engine == "libnixl-real" {

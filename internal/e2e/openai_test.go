@@ -290,6 +290,7 @@ func (p *pdClient) mode(m string) func(context.Context, string, map[string]any) 
 // with its usage; a request without P/D fields served by the decode front
 // alone; nothing left held on any rank.
 func TestOpenAIWires(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	for _, tc := range []struct {
 		name           string
 		layout         string
@@ -351,6 +352,7 @@ func TestOpenAIWires(t *testing.T) {
 // a request aborted on purpose on each side retried on a fresh room, and
 // nothing held.
 func TestOpenAIRouterWires(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	for _, wire := range []string{"sglang", "vllm"} {
 		t.Run(wire, func(t *testing.T) {
 			c := startTinyClusterWith(t, tinyE2E, "NHD", transfer.Parallel{TPSize: 2}, transfer.Parallel{TPSize: 1}, tinyOpts{wire: wire})
@@ -377,6 +379,7 @@ func TestOpenAIRouterWires(t *testing.T) {
 // the lease's expiry counted), and a decode request for a room whose
 // prefill server aborted or refused it first.
 func TestOpenAIBadRequests(t *testing.T) {
+	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	c, pd := openaiCluster(t, "NHD", transfer.Parallel{}, transfer.Parallel{}, "-kv-lease", "3s", "-request-timeout", "4s", "-pages", "64")
 	ctx := context.Background()
 	rng := mrand.New(mrand.NewPCG(9, 9))
@@ -624,6 +627,7 @@ func waitMetricAtMost(t *testing.T, cl *http.Client, rank, name string, want flo
 // client an error in SGLang's wire and the sidecar a 5xx it retries in
 // vLLM's, and the restarted server serves; nothing stays held.
 func TestOpenAIFaults(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	c, pd := openaiCluster(t, "NHD", transfer.Parallel{}, transfer.Parallel{})
 	rng := mrand.New(mrand.NewPCG(10, 10))
 	u, _ := url.Parse(pd.prefill)

@@ -137,6 +137,7 @@ func lenStr(s string) []byte {
 // 41), the first was acknowledged and the prefill rank wrote the attacker's
 // rooms into the victim; before the proofs were keyed, the second was.
 func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
+	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	for _, engine := range []string{"ucx-shm", "ucx-tcp", "libnixl-real"} {
 		t.Run(engine, func(t *testing.T) {
 			if engine == "libnixl-real" {

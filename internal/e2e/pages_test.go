@@ -19,6 +19,8 @@ import (
 // token maps to (kvmodel's token-indexed pattern, checked page by page).
 // Pushed (the prefill rank writes) and pulled (the decode rank reads).
 func TestPagesOfDifferentSizesByteExact(t *testing.T) {
+	t.Parallel() // its own processes and ports
+
 	const rankPages = 1024 // (newCluster fills 1 MiB of each region)
 	for engine, pull := range modes() {
 		for _, tc := range []struct {

@@ -412,6 +412,7 @@ func startBoot(t *testing.T) string {
 }
 
 func TestSeparateProcesses(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	for _, engine := range []string{"ucx-shm", "ucx-tcp", "libnixl-real"} {
 		t.Run(engine, func(t *testing.T) {
 			if engine == "libnixl-real" {
@@ -433,6 +434,7 @@ func TestSeparateProcesses(t *testing.T) {
 const bound = 200*time.Millisecond*3 + 2*time.Second
 
 func TestDecodeKilledMidTransfer(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	boot := startBoot(t)
 	prefill := startRank(t, "prefill", "ucx-tcp", boot)
 	decode := startRank(t, "decode", "ucx-tcp", boot)
@@ -456,6 +458,7 @@ func TestDecodeKilledMidTransfer(t *testing.T) {
 }
 
 func TestPrefillKilledMidTransfer(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	boot := startBoot(t)
 	prefill := startRank(t, "prefill", "ucx-tcp", boot)
 	decode := startRank(t, "decode", "ucx-tcp", boot)

@@ -141,6 +141,7 @@ func pullRoom(t *testing.T, decode, prefill *rankProc, room uint64, src, dst []u
 // prefill process serves the next room. On ucx over tcp and shared memory,
 // and on a real NIXL where installed.
 func TestPullRanksKilledMidRead(t *testing.T) {
+	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	for _, engine := range []string{"ucx-tcp", "ucx-shm", "libnixl-real"} {
 		t.Run(engine, func(t *testing.T) {
 			if engine == "libnixl-real" {

@@ -85,6 +85,7 @@ func runRoom(t *testing.T, decode, prefill *rankProc, room uint64, src, dst []ui
 // REGISTER there forever ("waiting for the prefill ranks' REGISTER_ACK").
 // It must look the rank up again and reach the new process.
 func TestFirstRoomAfterPrefillRestartElsewhere(t *testing.T) {
+	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	onRestartEngines(t, func(t *testing.T, engine string) {
 		boot := startBootLease(t, testLease)
 		startRank(t, "prefill", engine, boot).kill(t)
@@ -113,6 +114,7 @@ func TestFirstRoomAfterPrefillRestartElsewhere(t *testing.T) {
 // seed's silent pin, through discovery). The ABORT must reach the new
 // process too.
 func TestAbortReachesPrefillRestartedElsewhere(t *testing.T) {
+	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	onRestartEngines(t, func(t *testing.T, engine string) {
 		boot := startBootLease(t, testLease)
 		old := startRank(t, "prefill", engine, boot)
@@ -148,6 +150,7 @@ func TestAbortReachesPrefillRestartedElsewhere(t *testing.T) {
 // Case 3: the first room after a prefill rank restarted elsewhere, from a
 // decode rank that had registered with the old process, must succeed.
 func TestRoomAfterPrefillRestartElsewhere(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	onRestartEngines(t, func(t *testing.T, engine string) {
 		boot := startBootLease(t, testLease)
 		old := startRank(t, "prefill", engine, boot)
@@ -172,6 +175,7 @@ func TestRoomAfterPrefillRestartElsewhere(t *testing.T) {
 // KVBRIDGE_E2E_PROBE_IDLE=-1s turns the probe off: the room then fails.
 // On ucx-tcp and, where installed, a real NIXL.
 func TestRoomPostedRightAfterPrefillRestartElsewhere(t *testing.T) {
+	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	onRestartEngines(t, func(t *testing.T, engine string) {
 		roomPostedRightAfterPrefillRestartElsewhere(t, engine)
 	})
@@ -227,6 +231,7 @@ func roomPostedRightAfterPrefillRestartElsewhere(t *testing.T, engine string) {
 // prefill rank tells the peer it declared dead, so the resumed decode
 // rank settles the room from that.
 func TestPausedDecodeLearnsItsRoomsFailed(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	onRestartEngines(t, func(t *testing.T, engine string) {
 		boot := startBoot(t)
 		prefill := startRank(t, "prefill", engine, boot)
@@ -261,6 +266,7 @@ func TestPausedDecodeLearnsItsRoomsFailed(t *testing.T) {
 // the record was written back by hand. A real prefill process must put its
 // record back at its next renewal (a third of its 2 s lease).
 func TestEtcdPrefillRestoresItsRecord(t *testing.T) {
+	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	srv, err := etcdtest.Start()
 	if err != nil {
 		t.Fatal(err)

@@ -149,6 +149,7 @@ func pdRoomOf(t *testing.T, prefill, decode *rankProc, id uint64, n, chunk int, 
 // re-presented under another decode rank's identity it is refused — and
 // the live rooms of the restarted processes succeed meanwhile.
 func TestCapturedMessagesReplayed(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	_, envs, ids := identityFiles(t,
 		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc"},
 		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc"},
@@ -251,6 +252,7 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 // the prefill rank: a drained ABORT_ACK and a STATUS failed claiming it
 // are refused unread by the decode rank process, and its room succeeds.
 func TestSecretAloneSpeaksAsNoRank(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	_, envs, _ := identityFiles(t,
 		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc"},
 		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc"})
@@ -311,6 +313,7 @@ func freePort(t *testing.T) string {
 // room at once, saying so, instead of sending the decode rank to the wrong
 // prefill rank.
 func TestRecordCertificateIsTheRanks(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	ca, envs, _ := identityFiles(t,
 		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc"},
 		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc"})

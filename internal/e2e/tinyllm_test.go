@@ -407,6 +407,7 @@ func (c *tinyCluster) wrongHeads(t *testing.T, fault string) {
 // purpose at every stage and retried on a fresh room; a wrong head
 // mapping on the decode side changes the tokens.
 func TestTinyllmTP2to1(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	c := startTinyCluster(t, tinyE2E, "NHD", transfer.Parallel{TPSize: 2}, transfer.Parallel{TPSize: 1})
 	c.mixed(t, 1)
 	rng := rand.New(rand.NewPCG(2, 2))
@@ -430,6 +431,7 @@ func TestTinyllmTP2to1(t *testing.T) {
 // decode rank receives its head, the first gathers the other's; a prefill
 // rank that writes its heads swapped changes the tokens.
 func TestTinyllmTP1to2(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	c := startTinyCluster(t, tinyE2E, "HND", transfer.Parallel{TPSize: 1}, transfer.Parallel{TPSize: 2}, "-layerwise")
 	c.mixed(t, 3)
 	c.wrongHeads(t, "swap-heads-prefill")
@@ -438,6 +440,7 @@ func TestTinyllmTP1to2(t *testing.T) {
 // TestTinyllmReplicatedHeads: one KV head over prefill TP 2 (both ranks
 // hold it; the second is a dummy link) → decode TP 1, HND.
 func TestTinyllmReplicatedHeads(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	cfg := tinyE2E
 	cfg.KVHeads = 1
 	c := startTinyCluster(t, cfg, "HND", transfer.Parallel{TPSize: 2}, transfer.Parallel{TPSize: 1})
@@ -448,6 +451,7 @@ func TestTinyllmReplicatedHeads(t *testing.T) {
 // NHD, layer-wise; each stage writes its layers into the decode rank's
 // regions, layer by layer.
 func TestTinyllmPP2to1(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	cfg := tinyE2E
 	cfg.Layers = 4
 	c := startTinyCluster(t, cfg, "NHD", transfer.Parallel{PPSize: 2}, transfer.Parallel{}, "-layerwise")
@@ -459,6 +463,7 @@ func TestTinyllmPP2to1(t *testing.T) {
 // the same ports (a new process, a new epoch); every request still
 // completes token-identical, some of them on a retry.
 func TestTinyllmPrefillRestarted(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	c := startTinyCluster(t, tinyE2E, "NHD", transfer.Parallel{}, transfer.Parallel{})
 	rng := rand.New(rand.NewPCG(6, 6))
 	prompts := make([][]int, 12)

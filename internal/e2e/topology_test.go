@@ -147,6 +147,7 @@ func startTopoRank(t *testing.T, role, boot string, tp, rank int) *rankProc {
 // bootstrap deadline (300 s by default). It tells the instance's ranks
 // (ABORT, code refused), which fail their rooms at once.
 func TestRefusedRoomFailsPrefill(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	boot := startBoot(t)
 	p := startTopoRank(t, "prefill", boot, 1, 0)
 	d := startChild(t, "KVBRIDGE_E2E_TOPO=decode", "KVBRIDGE_E2E_BOOT="+boot, "KVBRIDGE_E2E_PP=2")
@@ -193,6 +194,7 @@ func twoToOneAt(t *testing.T, boot string) (p0, p1, d *rankProc) {
 // pages are released — by the quarantine deadline, since the dead rank can
 // never acknowledge: nothing stays pinned.
 func TestTopologyPrefillRankKilled(t *testing.T) {
+	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	p0, p1, d := twoToOne(t)
 	killed := time.Now()
 	p1.cmd.Process.Signal(syscall.SIGKILL)
@@ -213,6 +215,7 @@ func TestTopologyPrefillRankKilled(t *testing.T) {
 // both prefill ranks are mid-transfer; both fail it, both acknowledge the
 // abort as drained, and the pages are released by those ACKs (not forced).
 func TestTopologyAbortWhileSeveralWrite(t *testing.T) {
+	t.Parallel() // its own processes and ports
 	p0, p1, d := twoToOne(t)
 	d.do("ABORT 1")
 	if got := d.expect(t, "DONE 1"); !strings.HasPrefix(got, "DONE 1 Failed") {
@@ -348,6 +351,7 @@ func TestDPGroupLookedUp(t *testing.T) {
 // rank's record vanishes within its lease TTL (2 s here, seen by a watch)
 // and the decode room bound to it fails; the surviving rank gets the ABORT.
 func TestEtcdPrefillRankKilled(t *testing.T) {
+	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	srv, err := etcdtest.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -391,6 +395,7 @@ func TestEtcdPrefillRankKilled(t *testing.T) {
 // working from the cached topology and endpoints; once etcd is back the new
 // instance is found. Nothing is left pinned.
 func TestEtcdStoppedMidRun(t *testing.T) {
+	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	srv, err := etcdtest.Start()
 	if err != nil {
 		t.Fatal(err)
