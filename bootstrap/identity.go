@@ -26,7 +26,7 @@ import (
 // agreement of the two ranks' keys (static-static, as Noise's KK pattern).
 // A holder of the deployment secret alone therefore cannot speak as any
 // rank; a holder of one rank's key speaks only as that rank (to anyone but
-// that rank itself: see README "Security").
+// that rank itself: see docs/SECURITY.md).
 
 // CertMagic opens every certificate.
 const CertMagic = "KVC1"

@@ -2,6 +2,9 @@ package receiver_test
 
 import (
 	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -29,4 +32,59 @@ func TestREADMEExample(t *testing.T) {
 	if block != example {
 		t.Errorf("README's example differs from receiver.Example: paste example_test.go's Example into README.\nREADME:\n%s\nExample:\n%s", block, example)
 	}
+}
+
+// TestDocLinks: every relative link in README.md and docs/*.md names a
+// file that exists and, with a #fragment, a heading in it (GitHub's
+// anchors), so the split of README into docs/ cannot leave a link behind.
+func TestDocLinks(t *testing.T) {
+	files, err := filepath.Glob("../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, "../README.md", "../DEVELOPERS.md", "../BENCHMARKS.md")
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	checked := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(b), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			path, frag, _ := strings.Cut(target, "#")
+			dest := f
+			if path != "" {
+				dest = filepath.Join(filepath.Dir(f), path)
+			}
+			body, err := os.ReadFile(dest)
+			if err != nil {
+				t.Errorf("%s: link %q: %v", f, target, err)
+				continue
+			}
+			checked++
+			if frag != "" && !slices.Contains(anchors(string(body)), frag) {
+				t.Errorf("%s: link %q: %s has no heading with that anchor", f, target, dest)
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("only %d links checked: the pattern finds none", checked)
+	}
+}
+
+// anchors are the GitHub anchors of a Markdown file's headings.
+func anchors(md string) []string {
+	var out []string
+	drop := regexp.MustCompile(`[^\p{L}\p{N}\- ]`)
+	for _, l := range strings.Split(md, "\n") {
+		if h, ok := strings.CutPrefix(strings.TrimLeft(l, "#"), " "); ok && strings.HasPrefix(l, "#") {
+			a := drop.ReplaceAllString(strings.ToLower(strings.TrimSpace(h)), "")
+			out = append(out, strings.ReplaceAll(a, " ", "-"))
+		}
+	}
+	return out
 }

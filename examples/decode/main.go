@@ -7,7 +7,7 @@
 // tokens; examples/router drives it. The instance's first rank also serves
 // OpenAI routes (/v1/completions, /v1/chat/completions) in SGLang's and
 // vLLM's P/D wires for the whole instance (the other ranks join it with
-// -front; README "Behind llm-d or SGLang's router"). GET /metrics and
+// -front; docs/ROUTERS.md). GET /metrics and
 // /healthz are served on the same -http address.
 package main
 

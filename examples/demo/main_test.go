@@ -98,7 +98,7 @@ func stderrOf(err error) string {
 // from a real run).
 func TestDemoShort(t *testing.T) {
 	s := runDemo(t, "-short", "-abort-rate", "0.2")
-	got, want := summaryLabels(s), summaryLabels(readmeSection(t, "The two commands"))
+	got, want := summaryLabels(s), summaryLabels(docSection(t, "README.md", "The two commands"))
 	if strings.Join(got, "|") != strings.Join(want, "|") || len(want) == 0 {
 		t.Errorf("the summary's lines are\n  %q\nREADME's sample's\n  %q\nrun make demo and paste its summary into README.md", got, want)
 	}
@@ -238,35 +238,35 @@ func TestHelp(t *testing.T) {
 	if first, _, _ := strings.Cut(out, "\n"); !strings.HasPrefix(first, "demo: what make demo runs. It starts example prefill and decode ranks") {
 		t.Errorf("demo -h starts with %q:\n%s", first, out)
 	}
-	// README's Topologies section lists the demo's shape flags.
-	readme := readREADME(t)
-	_, list, ok := strings.Cut(readme, "`bin/demo` starts one process per rank: `")
+	// docs/TOPOLOGIES.md lists the demo's shape flags.
+	_, list, ok := strings.Cut(readDoc(t, "docs/TOPOLOGIES.md"), "`bin/demo` starts one process per rank: `")
 	list, _, _ = strings.Cut(list, "`")
 	if !ok || !strings.Contains(list, "-decode-instances") {
-		t.Fatalf("README's demo flag list not found, or without -decode-instances: %q", list)
+		t.Fatalf("docs/TOPOLOGIES.md's demo flag list not found, or without -decode-instances: %q", list)
 	}
 	for _, f := range strings.Fields(list) {
 		if strings.HasPrefix(f, "-") && !strings.Contains(out, "\n  "+f+" ") && !strings.Contains(out, "\n  "+f+"\n") {
-			t.Errorf("README lists %s, which demo -h does not", f)
+			t.Errorf("docs/TOPOLOGIES.md lists %s, which demo -h does not", f)
 		}
 	}
 }
 
-func readREADME(t *testing.T) string {
+// readDoc is a file of the repository's documentation (README.md, docs/…).
+func readDoc(t *testing.T, path string) string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile(filepath.Join("..", "..", path))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return string(b)
 }
 
-// readmeSection is README's section under "## heading", up to the next.
-func readmeSection(t *testing.T, heading string) string {
+// docSection is a documentation file's section under "## heading", up to the next.
+func docSection(t *testing.T, path, heading string) string {
 	t.Helper()
-	_, sec, ok := strings.Cut(readREADME(t), "\n## "+heading+"\n")
+	_, sec, ok := strings.Cut(readDoc(t, path), "\n## "+heading+"\n")
 	if !ok {
-		t.Fatalf("README has no section %q", heading)
+		t.Fatalf("%s has no section %q", path, heading)
 	}
 	sec, _, _ = strings.Cut(sec, "\n## ")
 	return sec
@@ -316,9 +316,9 @@ func TestDemoTinyllm(t *testing.T) {
 		}
 	}
 	t.Logf("\n%s", s)
-	// README's sample of this mode comes from a real run: the same lines.
-	if got, want := summaryLabels(s), summaryLabels(readmeSection(t, "Embedding kvbridge in an engine")); strings.Join(got, "|") != strings.Join(want, "|") || len(want) == 0 {
-		t.Errorf("the summary's lines are\n  %q\nREADME's tinyllm sample's\n  %q", got, want)
+	// docs/EMBEDDING.md's sample of this mode comes from a real run: the same lines.
+	if got, want := summaryLabels(s), summaryLabels(docSection(t, "docs/EMBEDDING.md", "The example server")); strings.Join(got, "|") != strings.Join(want, "|") || len(want) == 0 {
+		t.Errorf("the summary's lines are\n  %q\ndocs/EMBEDDING.md's tinyllm sample's\n  %q", got, want)
 	}
 	out, err = exec.Command(filepath.Join(dir, "demo"), append(args, "-fault", "swap-heads-decode", "-requests", "2", "-abort-rate", "0")...).Output()
 	if s := string(out); err == nil || !strings.Contains(s, "the single-process run's") {

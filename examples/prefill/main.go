@@ -9,8 +9,7 @@
 // The instance's first rank also serves OpenAI routes (/v1/completions,
 // /v1/chat/completions) in SGLang's and vLLM's P/D wires for the whole
 // instance, and by default the bootstrap server on its host's port 8998
-// (the other ranks join it with -front; README "Behind llm-d or SGLang's
-// router"). GET /metrics and /healthz are served on the same -http address.
+// (the other ranks join it with -front; docs/ROUTERS.md). GET /metrics and /healthz are served on the same -http address.
 package main
 
 import (

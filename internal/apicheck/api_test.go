@@ -170,7 +170,7 @@ func exported(t *testing.T, root, dir string) []string {
 // TestPublicAPI: the exported identifiers of the public packages are
 // testdata/api.txt's. A change to the API fails it until the list is
 // regenerated (go test ./internal/apicheck -update) and the change
-// reviewed with it; README's "The public API" table says which of these an
+// reviewed with it; docs/EMBEDDING.md's "The public API" table says which of these an
 // engine needs.
 func TestPublicAPI(t *testing.T) {
 	var got []string

@@ -143,7 +143,7 @@ func TestRoomBelongsToTheInstanceThatAskedFirst(t *testing.T) {
 
 // TestForeignAbortOfAnUnaskedRoomStillTombstones: a room nobody asked for
 // yet has no instance; an ABORT for it is taken as an early abort (the
-// insider's power README's Security states).
+// insider's power docs/SECURITY.md states).
 func TestForeignAbortOfAnUnaskedRoomStillTombstones(t *testing.T) {
 	c := newTestCore(t, RolePrefill, simRegistryConfig())
 	register(t, c, decodeFrom)

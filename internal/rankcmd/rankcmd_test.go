@@ -229,15 +229,15 @@ func bytesOf(rs []RoomResult) []uint64 {
 func TestHelp(t *testing.T) {
 	prefillOnly := []string{"-serve-bootstrap", "-publish-dp", "-in-flight", "-bootstrap-lease"}
 	shared := []string{"-model", "-pages", "-bootstrap", "-tp", "-pp", "-dp", "-page-layout", "-insecure", "-max-misses", "-sweep-interval", "-register-retry", "-pending-timeout"}
-	// and the flags README's Topologies section says both binaries take
-	readme, err := os.ReadFile("../../README.md")
+	// and the flags docs/TOPOLOGIES.md says both binaries take
+	readme, err := os.ReadFile("../../docs/TOPOLOGIES.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, list, ok := strings.Cut(string(readme), "The example binaries take `")
 	list, _, _ = strings.Cut(list, "`")
 	if !ok || !strings.Contains(list, "-tp-rank") {
-		t.Fatalf("README's list of the example binaries' flags not found: %q", list)
+		t.Fatalf("docs/TOPOLOGIES.md's list of the example binaries' flags not found: %q", list)
 	}
 	shared = append(shared, strings.Fields(list)...)
 	for _, tc := range []struct {
