@@ -40,7 +40,7 @@ test-checkers:
 		|| { echo "test-checkers failed: the whole -v log is in $(CHECKERS_LOG)"; exit 1; }
 
 test-packages:
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -parallel 4 ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -p 3 -parallel 4 ./...
 
 NIXL_RUNS ?= 20
 NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL|TestFirstRoomAfterPrefillRestartElsewhere|TestAbortReachesPrefillRestartedElsewhere|TestRoomAfterPrefillRestartElsewhere|TestRoomPostedRightAfterPrefillRestartElsewhere|TestPausedDecodeLearnsItsRoomsFailed|TestDecodeKilledRepeatedly|TestNIXLFaultRepro|TestLibNIXLBadThenGenuineMetadata|TestLibNIXLGenNotifFlushed|TestPrefixSkipped|TestForgedMemoryRefusedAcrossProcesses|TestPullByteExact|TestPullRanksKilledMidRead|TestPagesOfDifferentSizesByteExact)$$/^libnixl-real$$
