@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"time"
 
@@ -46,6 +47,46 @@ func NewPrefill(cfg Config) (*Prefill, error) {
 	return p, nil
 }
 
+// registerAttempt bounds one attempt of the rank's first registration: a
+// server that does not answer is named in the log within it (then every
+// registerWarnEvery), not only when BootstrapTimeout ends.
+const (
+	registerAttempt   = 2 * time.Second
+	registerWarnEvery = 30 * time.Second
+)
+
+// firstRegistration puts the rank's record, in attempts of registerAttempt
+// and then twice as long each (each retrying inside, with back-off), until
+// Registry.BootstrapTimeout:
+// a server that refuses connections or does not answer is logged after
+// the first attempt, with the error behind it, and retried. An answer
+// that is final (a 4xx: refused token, bad record) ends it at once.
+func (m *Manager) firstRegistration(cl bootstrap.Discovery, rec bootstrap.RankRecord) (time.Duration, error) {
+	deadline := time.Now().Add(m.cfg.Registry.BootstrapTimeout)
+	var warned time.Time
+	for attempt := registerAttempt; ; attempt = min(2*attempt, registerWarnEvery) {
+		end := time.Now().Add(attempt) // (longer each time: a slow server gets its time)
+		if end.After(deadline) {
+			end = deadline
+		}
+		ctx, cancel := context.WithDeadline(m.ctx, end)
+		ttl, err := cl.RegisterRank(ctx, rec)
+		cancel()
+		var he *bootstrap.HTTPError
+		switch {
+		case err == nil:
+			return ttl, nil
+		case m.ctx.Err() != nil, !time.Now().Before(deadline), errors.As(err, &he) && he.Code < 500:
+			return 0, err
+		}
+		if time.Since(warned) >= registerWarnEvery {
+			warned = time.Now()
+			m.log.Warn("the bootstrap server does not answer; retrying until the bootstrap timeout",
+				zap.String("bootstrap", m.cfg.BootstrapURL), zap.Duration("bootstrap_timeout", m.cfg.Registry.BootstrapTimeout), zap.Error(err))
+		}
+	}
+}
+
 // registerRank puts the rank's record on the bootstrap server, keeps its
 // lease renewed at a third of the server's TTL, and deletes it at Close.
 func (m *Manager) registerRank() error {
@@ -59,9 +100,7 @@ func (m *Manager) registerRank() error {
 		DType: m.cfg.DType, Compat: m.cfg.Compat, PublicKey: m.loop.PublicKey(), Epoch: m.loop.Identity().Epoch,
 		Cert:       base64.StdEncoding.EncodeToString(m.loop.Cert()),
 		ModelFacts: modelFacts(m.cfg.Model)}
-	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Registry.BootstrapTimeout)
-	ttl, err := cl.RegisterRank(ctx, rec)
-	cancel()
+	ttl, err := m.firstRegistration(cl, rec)
 	if err != nil {
 		cl.Close()
 		return fmt.Errorf("kvmanager: rank %s registering with the bootstrap server %s: %w", rec.Endpoint, m.cfg.BootstrapURL, err)

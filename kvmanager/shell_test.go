@@ -20,11 +20,7 @@ import (
 // its configuration first.
 func newTestPrefill(t testing.TB, edits ...func(*Config)) *Prefill {
 	t.Helper()
-	cfg := DefaultConfig(core.RolePrefill)
-	cfg.Auth = testauth.Auth()
-	cfg.Instance, cfg.Compat = "shell-test", "v1:test"
-	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
-	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+	cfg := testPrefillConfig()
 	for _, e := range edits {
 		e(&cfg)
 	}
@@ -34,6 +30,16 @@ func newTestPrefill(t testing.TB, edits ...func(*Config)) *Prefill {
 	}
 	t.Cleanup(func() { p.Close() })
 	return p
+}
+
+// testPrefillConfig is newTestPrefill's configuration.
+func testPrefillConfig() Config {
+	cfg := DefaultConfig(core.RolePrefill)
+	cfg.Auth = testauth.Auth()
+	cfg.Instance, cfg.Compat = "shell-test", "v1:test"
+	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
+	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+	return cfg
 }
 
 // TestManagerWait: the shell's Wait returns at the room's terminal status,

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/cli"
+
 	"github.com/kvbridge/kvbridge/internal/etcdtest"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/rankcmd"
@@ -152,7 +154,7 @@ func (o *demoFlags) settle() error {
 	}
 	m, ok := kvmodel.Presets[o.model]
 	if !ok {
-		return fmt.Errorf("unknown model %q (have %s)", o.model, kvmodel.PresetNames())
+		return fmt.Errorf("-model %q: want one of %s", o.model, kvmodel.PresetNames())
 	}
 	o.kv = m
 	switch o.discovery {
@@ -314,11 +316,8 @@ func (o *demoFlags) security() (func(), error) {
 
 func run(args []string) int {
 	o := newDemoFlags()
-	if err := o.fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := cli.Parse(o.fs, args); !ok {
+		return code
 	}
 	if o.serveEtcd != "" {
 		return serveEtcd(o.serveEtcd)

@@ -38,7 +38,6 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -53,6 +52,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/kvbridge/kvbridge/internal/cli"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/gpu"
@@ -142,16 +143,13 @@ flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := cli.Parse(fs, args); !ok {
+		return code
 	}
 	b := &bench{engine: *engine, tls: *tls, quick: *quick, model: kvmodel.Presets[*model], idleFor: *idleFor, bin: *bin,
 		layerCompute: *layerCompute, layerRooms: max(*layerRooms, 1)}
 	if b.model.Name == "" {
-		fmt.Fprintf(os.Stderr, "kvbench: unknown model %q\n", *model)
+		fmt.Fprintf(os.Stderr, "kvbench: -model %q: want one of %s\n", *model, kvmodel.PresetNames())
 		return 2
 	}
 	modes := map[string]func() error{"engine": b.engineMode, "paged": b.pagedMode, "rooms": b.roomsMode, "control": b.controlMode,

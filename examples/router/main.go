@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/cli"
+
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/router"
 )
@@ -58,11 +60,8 @@ func run(args []string) int {
 	timeout := fs.Duration("timeout", 60*time.Second, "one attempt's bound")
 	insecure := fs.Bool("insecure", false, "the ranks run without a shared secret")
 	wire := fs.String("wire", "kvbridge", "how a pair is driven: kvbridge (every rank's per-rank routes), sglang (SGLang's router: bootstrap_host/port/room to both fronts at once) or vllm (vLLM's serial kv_transfer_params flow); with sglang and vllm an instance may be listed by its front alone")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := cli.Parse(fs, args); !ok {
+		return code
 	}
 	auth, envInsecure, err := bootstrap.AuthFromEnv()
 	if err != nil {

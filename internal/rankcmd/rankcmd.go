@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/cli"
+
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/tinyllm"
@@ -216,11 +218,8 @@ func roleName(role kvmanager.Role) string {
 func Main(role kvmanager.Role, args []string) int {
 	name := roleName(role)
 	fs, o := newFlags(role)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := cli.Parse(fs, args); !ok {
+		return code
 	}
 	auth, envInsecure, err := bootstrap.AuthFromEnv()
 	if err != nil {
@@ -263,12 +262,10 @@ func Main(role kvmanager.Role, args []string) int {
 			scfg.Token = auth.BootstrapToken()
 		}
 		if bootSrv, err = bootstrap.NewServer(scfg); err != nil {
-			log.Error("bootstrap server", zap.Error(err))
-			return 1
+			return cli.Fail(name, "-serve-bootstrap "+o.serveBoot, err)
 		}
 		if err := bootSrv.Start(o.serveBoot); err != nil {
-			log.Error("bootstrap server", zap.Error(err))
-			return 1
+			return cli.Fail(name, "-serve-bootstrap "+o.serveBoot, err)
 		}
 		defer bootSrv.Close(context.Background())
 		o.boot = bootSrv.URL()
@@ -280,10 +277,9 @@ func Main(role kvmanager.Role, args []string) int {
 	if err != nil {
 		if code == 2 {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
-		} else {
-			log.Error("starting the rank", zap.Error(err))
+			return code
 		}
-		return code
+		return cli.Fail(name, "starting the rank", err)
 	}
 	r.boot = bootSrv
 	mgr := r.M
@@ -305,9 +301,8 @@ func Main(role kvmanager.Role, args []string) int {
 	}
 	r.ln, err = net.Listen("tcp", o.httpAddr)
 	if err != nil {
-		log.Error("http listen", zap.Error(err))
 		mgr.Close()
-		return 1
+		return cli.Fail(name, "-http "+o.httpAddr, err)
 	}
 	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go r.http.Serve(r.ln)
@@ -316,10 +311,9 @@ func Main(role kvmanager.Role, args []string) int {
 	if o.front != "" {
 		// Ready means joined: the front serves the instance from then on.
 		if err := r.join(o.front, time.Minute); err != nil {
-			log.Error("joining the instance's front", zap.String("front", o.front), zap.Error(err))
 			r.http.Close()
 			mgr.Close()
-			return 1
+			return cli.Fail(name, "-front "+o.front+": joining the instance's front", err)
 		}
 		r.wg.Add(1)
 		go func() {
@@ -423,7 +417,7 @@ func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Log
 	switch o.compute {
 	case "fill":
 		if !ok {
-			return nil, 2, fmt.Errorf("unknown model %q (have %s)", o.model, kvmodel.PresetNames())
+			return nil, 2, fmt.Errorf("-model %q: want one of %s", o.model, kvmodel.PresetNames())
 		}
 	case "tinyllm":
 		var err error
@@ -459,6 +453,9 @@ func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Log
 	cfg := kvmanager.DefaultConfig(role)
 	pl, err := transfer.ParsePageLayout(o.pageLayout)
 	if err != nil {
+		return nil, 2, fmt.Errorf("-page-layout: %w", err)
+	}
+	if err := cli.OneOf("engine", o.engine, "ucx", "libnixl", "loopback", "auto"); err != nil {
 		return nil, 2, err
 	}
 	if err := o.par.Validate(); err != nil {
