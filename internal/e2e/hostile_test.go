@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/testauth"
 )
 
 // Issue 49, 3 on real processes: a room is one decode instance's.
@@ -73,4 +75,73 @@ func TestRoomAskedForBySecondInstance(t *testing.T) {
 	assert.Equal(t, "DONE 5 Success verified", genuine.expect(t, "DONE"), "the genuine instance's room 5")
 	assert.True(t, strings.HasPrefix(prefill.expect(t, "DONE"), "DONE 5 Success"))
 	pdRoom(t, prefill, attacker, 6, pp, ap) // the attacker's own rooms still work
+}
+
+// TestAbortFloodDelaysNoOne (issue 49, 3): a decode rank with its own
+// certificate floods a prefill rank process with ABORTs for rooms that
+// are not its (as fast as its socket takes them) while an honest decode
+// rank process runs rooms with the same prefill rank, heartbeats every
+// 200 ms and a peer declared dead after 2 missed. Every honest room
+// succeeds byte-exact, neither honest rank declares the other dead, and
+// the flood reached the prefill rank (received or dropped from the
+// flooder's own backlog, counted). Before issue 49 the prefill rank's
+// receive goroutine handled every message before it read the next, so a
+// PING waited behind the flood (18.8 s round trips under 100,000 ABORTs,
+// measured from outside). The round trips are logged, not asserted.
+func TestAbortFloodDelaysNoOne(t *testing.T) {
+	t.Parallel() // its own processes and ports
+	attackerID := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "attacker", Rank: 0}
+	_, envs, ids := identityFiles(t,
+		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0},
+		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 0},
+		attackerID)
+	boot := startBoot(t)
+	base := []string{"KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}
+	prefill := startChild(t, append(append([]string{"KVBRIDGE_E2E_ROLE=prefill"}, base...), envs[0]...)...)
+	genuine := startChild(t, append(append([]string{"KVBRIDGE_E2E_ROLE=decode"}, base...), envs[1]...)...)
+	pp, gp := newPagePool(pages), newPagePool(pages)
+	pdRoom(t, prefill, genuine, 1, pp, gp) // registered, served
+
+	loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
+		Auth: testauth.Auth(), RankIdentity: ids[2], Handler: func(bootstrap.Message) {}})
+	require.NoError(t, err)
+	defer loop.Close()
+	f := strings.Fields(prefill.ready)
+	epoch, err := strconv.ParseUint(f[2], 10, 64)
+	require.NoError(t, err)
+	to := bootstrap.Peer{Endpoint: f[1], Cert: string(ids[0].Cert.Raw()), Epoch: epoch}
+
+	pBefore, gBefore := prefill.stats(t), genuine.stats(t)
+	stop, flooded := make(chan struct{}), make(chan int)
+	go func() {
+		n := 0
+		defer func() { flooded <- n }()
+		for ; ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// Rooms no one else uses: the ABORTs are the attacker's own
+			// early aborts (tombstones, bounded), each one handled.
+			if err := loop.Send(to, &bootstrap.Abort{Room: 1<<40 + uint64(n), Reason: "flood"}); err != nil {
+				return
+			}
+		}
+	}()
+	start := time.Now()
+	const rooms = 20
+	for id := uint64(100); id < 100+rooms; id++ {
+		pdRoom(t, prefill, genuine, id, pp, gp) // Success, verified: else it fails the test
+	}
+	elapsed := time.Since(start)
+	close(stop)
+	sent := <-flooded
+	pAfter, gAfter := prefill.stats(t), genuine.stats(t)
+	reached := (pAfter.Received - pBefore.Received) + (pAfter.Backlogged - pBefore.Backlogged)
+	assert.Equal(t, pBefore.PeersDead, pAfter.PeersDead, "the prefill rank declared a peer dead during the flood")
+	assert.Equal(t, gBefore.PeersDead, gAfter.PeersDead, "the honest decode rank declared the prefill rank dead during the flood")
+	assert.GreaterOrEqual(t, reached, uint64(rooms*100), "the flood did not reach the prefill rank: %d of %d sent", reached, sent)
+	t.Logf("%d ABORTs sent in %v, %d received or dropped by the prefill rank (%d dropped from the flooder's backlog); %d honest rooms, %v each",
+		sent, elapsed.Round(time.Millisecond), reached, pAfter.Backlogged-pBefore.Backlogged, rooms, (elapsed / rooms).Round(time.Millisecond))
 }
