@@ -1,0 +1,80 @@
+package apicheck
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// layers is the layering docs/PACKAGES.md draws: a package imports (in
+// its non-test files) only packages of a lower layer. 0–2: the pure
+// internals (the wire codec, memory spans, the layout arithmetic, the
+// protocol core) and leaf helpers; 3–4: the data plane, the control plane
+// and the transfer pool; 5: the rank shells; 6: the request handles; 7–9:
+// what the example servers and the tests share, then the servers; 10: the
+// example binaries. No package, test files included, imports examples/.
+var layers = map[string]int{
+	"internal/wire": 0, "internal/mem": 0, "gpu": 0, "gpu/discover": 0, "internal/cpustat": 0, "internal/capture": 0,
+	"internal/cli": 0, "internal/leakcheck": 0, "internal/nixldouble": 0, "internal/cudadouble": 0, "internal/apicheck": 0,
+	"internal/wire/wiretest": 1, "internal/kvlayout": 1,
+	"internal/core": 2,
+	"nixl": 3, "bootstrap": 3,
+	"internal/rawagent": 4, "transfer": 4,
+	"kvmanager": 5,
+	"sender": 6, "receiver": 6,
+	"internal/testauth": 7, "internal/etcdtest": 7, "internal/kvmodel": 7, "internal/tinyllm": 7, "internal/openai": 7, "internal/layerbench": 7,
+	"internal/rankcmd": 8,
+	"internal/router": 9, "internal/e2e": 9, "scripts/srcmutants": 9,
+	"examples/prefill": 10, "examples/decode": 10, "examples/demo": 10, "examples/router": 10, "examples/kvbench": 10, "examples/gpucheck": 10,
+}
+
+type listed struct {
+	ImportPath                          string
+	Imports, TestImports, XTestImports []string
+}
+
+// TestLayering: every package of the module has a layer, imports only
+// packages of lower layers, and nothing imports examples/.
+func TestLayering(t *testing.T) {
+	cmd := exec.Command("go", "list", "-json", "./...")
+	cmd.Dir = "../.."
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, stderr.String())
+	dec := json.NewDecoder(bytes.NewReader(out))
+	n := 0
+	for {
+		var p listed
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else {
+			require.NoError(t, err)
+		}
+		n++
+		name := strings.TrimPrefix(p.ImportPath, module)
+		mine, ok := layers[name]
+		if !assert.True(t, ok, "%s has no layer: add it to layers and to docs/PACKAGES.md", name) {
+			continue
+		}
+		for _, imp := range p.Imports {
+			dep, ok := strings.CutPrefix(imp, module)
+			if !ok {
+				continue
+			}
+			assert.Less(t, layers[dep], mine, "%s (layer %d) imports %s (layer %d): an arrow back up the layering", name, mine, dep, layers[dep])
+		}
+		for _, imp := range slices.Concat(p.Imports, p.TestImports, p.XTestImports) {
+			assert.False(t, strings.HasPrefix(imp, module+"examples/"), "%s imports %s: nothing imports examples/", name, imp)
+		}
+	}
+	assert.Greater(t, n, 30, "go list found only %d packages", n)
+}
