@@ -26,18 +26,18 @@ var layers = map[string]int{
 	"internal/cli": 0, "internal/leakcheck": 0, "internal/nixldouble": 0, "internal/cudadouble": 0, "internal/apicheck": 0,
 	"internal/wire/wiretest": 1, "internal/kvlayout": 1,
 	"internal/core": 2,
-	"nixl": 3, "bootstrap": 3,
+	"nixl":          3, "bootstrap": 3,
 	"internal/rawagent": 4, "transfer": 4,
 	"kvmanager": 5,
-	"sender": 6, "receiver": 6,
+	"sender":    6, "receiver": 6,
 	"internal/testauth": 7, "internal/etcdtest": 7, "internal/kvmodel": 7, "internal/tinyllm": 7, "internal/openai": 7, "internal/layerbench": 7,
 	"internal/rankcmd": 8,
-	"internal/router": 9, "internal/e2e": 9, "scripts/srcmutants": 9,
+	"internal/router":  9, "internal/e2e": 9, "scripts/srcmutants": 9,
 	"examples/prefill": 10, "examples/decode": 10, "examples/demo": 10, "examples/router": 10, "examples/kvbench": 10, "examples/gpucheck": 10,
 }
 
 type listed struct {
-	ImportPath                          string
+	ImportPath                         string
 	Imports, TestImports, XTestImports []string
 }
 
