@@ -29,6 +29,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/openai"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/assert"
 )
 
 // pdClient sends what the llm-d sidecar sends to a prefill and a decode
@@ -751,4 +752,70 @@ func established(t *testing.T, p *tinyProc) int {
 		}
 	}
 	return n
+}
+
+// TestOpenAIRoomCollision (issue 51): a bootstrap_room asked for twice at
+// once at the SGLang fronts — a router that reuses ids — over prefill
+// TP 2 → decode TP 1 (the prefill front hands the room to its other rank)
+// and TP 1 → 2. Each front lets one of the two requests have the room and
+// refuses the other 409 room_reused before any rank creates it; the legs
+// may pair crosswise (SGLang's wire cannot tell the requests apart), and
+// then the decode front refuses 409 too, seeing another prompt's KV, and
+// the prefill leg whose KV it was fails 503. No answer is a 500, none carries another prompt's tokens, at most one is
+// served on each side, and nothing stays held. Before, a collision split
+// the prefill instance's ranks between the two requests (both refused) and
+// the decode front answered 500 "the aux item is not this prompt's".
+func TestOpenAIRoomCollision(t *testing.T) {
+	t.Parallel() // its own processes and ports
+	for _, tc := range []struct {
+		name           string
+		pShape, dShape transfer.Parallel
+	}{{"TP2to1", transfer.Parallel{TPSize: 2}, transfer.Parallel{TPSize: 1}}, {"TP1to2", transfer.Parallel{TPSize: 1}, transfer.Parallel{TPSize: 2}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, pd := openaiCluster(t, "NHD", tc.pShape, tc.dShape)
+			rng := mrand.New(mrand.NewPCG(5, 5))
+			ctx := context.Background()
+			for round := range 4 {
+				room := sglangRoom()
+				type res struct {
+					b   map[string]any
+					a   *openai.Answer
+					err error
+				}
+				both := make(chan res, 2)
+				for range 2 {
+					b := body(tinyPrompt(rng, 6), 24, false)
+					go func() {
+						a, err := pd.sglangRoom(ctx, "/v1/completions", b, room, nil)
+						both <- res{b, a, err}
+					}()
+				}
+				served, prefillServed := 0, 0
+				for range 2 {
+					r := <-both
+					var e *openai.Error
+					switch {
+					case r.err == nil:
+						served++
+						assert.Equal(t, c.want(t, r.b), r.a.Tokens, "round %d: a served request's tokens", round)
+					case errors.As(r.err, &e):
+						assert.Equal(t, 409, e.Status, "round %d: %v", round, r.err)
+						assert.Equal(t, "room_reused", e.Body.Code, "round %d: %v", round, r.err)
+					default:
+						t.Errorf("round %d: %v", round, r.err)
+					}
+					switch code := <-pd.prefillStatus; code {
+					case 200:
+						prefillServed++
+					case 409, 503: // refused; or its KV went to the other request's decode leg, which refused it
+					default:
+						t.Errorf("round %d: room %d asked for twice at once: the prefill front answered %d", round, room, code)
+					}
+				}
+				assert.LessOrEqual(t, served, 1, "round %d: both decode requests of room %d served", round, room)
+				assert.LessOrEqual(t, prefillServed, 1, "round %d: room %d asked for twice at once: the prefill front served both", round, room)
+			}
+			c.nothingPinned(t)
+		})
+	}
 }

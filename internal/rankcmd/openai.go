@@ -234,6 +234,11 @@ func (t *tinyRank) instancePrefill(ctx context.Context, oreq *openai.Request, ro
 		t.refuseDisagg(oreq, err.Error())
 		return PrefillResult{}, openai.Errorf(503, "instance_incomplete", "room %d: %v", room, err)
 	}
+	release, oe := t.claim(room)
+	if oe != nil {
+		return PrefillResult{}, oe // (not told to the other side: the room is the other request's)
+	}
+	defer release()
 	pr := t.prefillRequest(oreq, room, lease)
 	results := make([]PrefillResult, len(ms))
 	cl := r.client()
@@ -287,6 +292,26 @@ func prefillError(room uint64, err error) *openai.Error {
 		return codeError(CodeDeadline, "room %d: %v", room, err)
 	}
 	return codeError(CodeRoomFailed, "room %d failed on the prefill side: %v", room, err)
+}
+
+// claim reserves a room id on this front for one request until it ends.
+// A second request naming a room another request is running here is
+// refused 409 before any rank of the instance creates it: each rank
+// checks only its own rooms, so two requests with one id (a router that
+// reuses bootstrap_room) could otherwise each take some of the instance's
+// ranks and fail both, or pair one's KV with the other's decode.
+func (t *tinyRank) claim(room uint64) (release func(), oe *openai.Error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.claimed[room] {
+		return nil, openai.Errorf(409, CodeRoomReused, "room %d is another request's on this instance: a router gave one room id to two requests", room)
+	}
+	t.claimed[room] = true
+	return func() {
+		t.mu.Lock()
+		delete(t.claimed, room)
+		t.mu.Unlock()
+	}, nil
 }
 
 // abortMembers aborts a room on the members (this rank directly).
@@ -475,6 +500,12 @@ func (t *tinyRank) decode(ctx context.Context, wr *openai.Writer, oreq *openai.R
 		fail(openai.Errorf(503, "instance_incomplete", "room %d: %v", room, err))
 		return
 	}
+	release, oe := t.claim(room)
+	if oe != nil {
+		wr.Fail(oe) // (not told to the other side: the room is the other request's)
+		return
+	}
+	defer release()
 	if oe := t.probe(ctx, boot); oe != nil {
 		wr.Fail(oe)
 		return

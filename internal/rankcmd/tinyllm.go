@@ -120,6 +120,7 @@ type tinyRank struct {
 	lease           *leaseMetrics                  // prefill: rooms held for a later decode request
 	used            *usedTickets                   // decode front: kv_transfer_params already served
 	probes          sync.Map                       // decode front: bootstrap URL → time.Time it last answered
+	claimed         map[uint64]bool                // front: rooms a request is running on this instance (claim)
 }
 
 func (r *Rank) initTiny(m *tinyllm.Model, o *options) error {
@@ -134,7 +135,7 @@ func (r *Rank) initTiny(m *tinyllm.Model, o *options) error {
 		return err
 	}
 	t := &tinyRank{r: r, m: m, cache: c, layout: pl, first: first, heads: heads, layer0: l0, nlayers: nl, held: map[uint64]*heldRoom{},
-		live: map[uint64]func(string){}, view: instanceView{members: map[int]member{}}, used: newUsedTickets()}
+		live: map[uint64]func(string){}, view: instanceView{members: map[int]member{}}, used: newUsedTickets(), claimed: map[uint64]bool{}}
 	reg := r.reg
 	if r.Role != kvmanager.RolePrefill {
 		reg = nil // (a decode rank holds nothing: the metrics are a prefill rank's)
@@ -749,7 +750,10 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 	first := int(binary.LittleEndian.Uint32(item[4:]))
 	if binary.LittleEndian.Uint32(item[0:]) != auxMagic || int(binary.LittleEndian.Uint32(item[8:])) != plen ||
 		binary.LittleEndian.Uint64(item[12:]) != promptHash(gr.Prompt) || first >= t.m.Vocab {
-		ev.Error, ev.Code = "the aux item is not this prompt's", CodeInternal
+		// Another prompt's KV: the room id was given to two requests,
+		// whose legs paired crosswise (SGLang's wire cannot tell them
+		// apart). The client may retry on a new room.
+		ev.Error, ev.Code = fmt.Sprintf("room %d holds another prompt's KV: its id was given to two requests", gr.Room), CodeRoomReused
 		return ev
 	}
 	var kv tinyllm.KV = seq
