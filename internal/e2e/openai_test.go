@@ -30,6 +30,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // pdClient sends what the llm-d sidecar sends to a prefill and a decode
@@ -714,6 +715,37 @@ func TestOpenAIFaults(t *testing.T) {
 	}
 	if r.err != nil || !slices.Equal(r.a.Tokens, c.want(t, vb)) {
 		t.Fatalf("vLLM's flow across the prefill server's kill: %v %v", r.a, r.err)
+	}
+
+	// vLLM: the prefill server answers (its KV held for the decode
+	// request), is killed and restarted; the decode request with the old
+	// kv_transfer_params is refused 503 kv_transfer_params_stale at once —
+	// the ticket names the process that held the KV, and the bootstrap
+	// server now names another (issue 51: it waited for its 60 s deadline,
+	// 504). The request sent again is served.
+	kv, err := pd.vllmPrefill(context.Background(), "/v1/completions", vb, "req-restart")
+	require.NoError(t, err)
+	c.prefill[0].kill()
+	c.prefill[0] = startTinyRank(t, "prefill", c.prefill[0].args...)
+	start = time.Now()
+	_, err = pd.vllmDecode(context.Background(), "/v1/completions", vb, kv, "req-restart")
+	var e *openai.Error
+	if assert.ErrorAs(t, err, &e, "the decode request with kv_transfer_params from before the restart") {
+		assert.Equal(t, 503, e.Status, "%v", err)
+		assert.Equal(t, "kv_transfer_params_stale", e.Body.Code, "%v", err)
+	}
+	t.Logf("kv_transfer_params from before the prefill server's restart: %v after %v", err, time.Since(start).Round(time.Millisecond))
+	// Sent again (as the router does): the first try can still fail 503 if
+	// the decode rank held the killed process's endpoint (docs/ROUTERS.md).
+	var a *openai.Answer
+	for try := 0; try < 5; try++ {
+		if a, err = pd.vllm(context.Background(), "/v1/completions", vb); status(err) != 503 {
+			break
+		}
+		t.Logf("the request sent again after the restart: %v; once more", err)
+	}
+	if err != nil || !slices.Equal(a.Tokens, c.want(t, vb)) {
+		t.Fatalf("the request sent again after the restart: %v %v", a, err)
 	}
 	c.nothingPinned(t)
 }

@@ -98,7 +98,12 @@ type Ticket struct {
 	Tokens    int    `json:"tokens"`
 	Prompt    string `json:"prompt_hash"` // hex
 	ExpiresMS int64  `json:"expires_ms"`  // Unix milliseconds
-	Sig       string `json:"sig,omitempty"`
+	// Ranks (v2) are the prefill processes holding the room's KV: each
+	// "tp.pp@epoch", in rank order. A decode server compares them with the
+	// bootstrap server's records: a rank whose process restarted since (or
+	// is gone) no longer holds the KV.
+	Ranks string `json:"ranks"`
+	Sig   string `json:"sig,omitempty"`
 }
 
 // RoomID parses the ticket's room.
@@ -113,8 +118,8 @@ func (t *Ticket) RoomID() (uint64, error) {
 // Signed is the ticket's text under its signature (every field but Sig,
 // in a fixed order).
 func (t *Ticket) Signed() []byte {
-	return fmt.Appendf(nil, "kvbridge kv_transfer_params v%d\x00%s\x00%s\x00%d\x00%s\x00%d\x00%s\x00%d",
-		t.Version, t.Room, t.Bootstrap, t.DP, t.Instance, t.Tokens, t.Prompt, t.ExpiresMS)
+	return fmt.Appendf(nil, "kvbridge kv_transfer_params v%d\x00%s\x00%s\x00%d\x00%s\x00%d\x00%s\x00%d\x00%s",
+		t.Version, t.Room, t.Bootstrap, t.DP, t.Instance, t.Tokens, t.Prompt, t.ExpiresMS, t.Ranks)
 }
 
 // Error is an OpenAI error answer's body.

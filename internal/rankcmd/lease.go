@@ -9,13 +9,20 @@ package rankcmd
 // the decode ranks asked aborts the room (its pages go back; counted).
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/openai"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -89,8 +96,8 @@ func (r *Rank) checkTicket(kv *openai.KVTransferParams, prompt []int, now time.T
 	if t == nil {
 		return 0, nil, openai.BadRequest("invalid_kv_transfer_params", "kv_transfer_params carry no kvbridge ticket: they come from a prefill server that is not a kvbridge example rank")
 	}
-	if t.Version != 1 {
-		return 0, nil, openai.BadRequest("invalid_kv_transfer_params", "kv_transfer_params.kvbridge version %d: this server reads 1", t.Version)
+	if t.Version != ticketVersion {
+		return 0, nil, openai.BadRequest("invalid_kv_transfer_params", "kv_transfer_params.kvbridge version %d: this server reads %d", t.Version, ticketVersion)
 	}
 	if r.ticketKey != nil {
 		m := hmac.New(sha256.New, r.ticketKey)
@@ -112,6 +119,75 @@ func (r *Rank) checkTicket(kv *openai.KVTransferParams, prompt []int, now time.T
 			room, now.Sub(exp).Round(time.Millisecond), t.Instance)
 	}
 	return room, t, nil
+}
+
+// ticketVersion: 2 names the prefill processes holding the KV (Ranks).
+const ticketVersion = 2
+
+// ticketRanks is a ticket's Ranks: the processes of the room's DP group.
+func ticketRanks(ms []member, self Info) string {
+	var out []string
+	for _, m := range ms {
+		in := m.info
+		if m.url == "" {
+			in = self
+		}
+		out = append(out, fmt.Sprintf("%d.%d@%d", in.Parallel.TPRank, in.Parallel.PPRank, in.Epoch))
+	}
+	slices.Sort(out)
+	return strings.Join(out, ",")
+}
+
+// ticketHolders checks that the prefill processes a ticket names still
+// hold its KV: each is the process its bootstrap server's record names
+// now (GET /v1/ranks, bounded by 2 s). One that restarted since, or
+// whose record is gone, answers 503 kv_transfer_params_stale — at once,
+// not when the room's REQUEST times out on a process that never held it.
+func (r *Rank) ticketHolders(ctx context.Context, room uint64, t *openai.Ticket) *openai.Error {
+	if !strings.HasPrefix(t.Bootstrap, "http://") && !strings.HasPrefix(t.Bootstrap, "https://") {
+		return nil // etcd discovery: the room's REQUEST finds the ranks
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	for _, f := range strings.Split(t.Ranks, ",") {
+		var tp, pp int
+		var epoch uint64
+		if _, err := fmt.Sscanf(f, "%d.%d@%d", &tp, &pp, &epoch); err != nil {
+			return openai.BadRequest("invalid_kv_transfer_params", "kv_transfer_params.kvbridge.ranks %.64q: %v", t.Ranks, err)
+		}
+		var ri bootstrap.RankInfo
+		err := getJSON(ctx, r.httpClient, fmt.Sprintf("%s/v1/ranks?dp=%d&tp=%d&pp=%d", t.Bootstrap, t.DP, tp, pp), &ri)
+		switch {
+		case err != nil:
+			return openai.Errorf(503, "kv_transfer_params_stale", "room %d: prefill rank tp %d pp %d of %q, which holds its KV, is not registered at %s now (%v): send the request again",
+				room, tp, pp, t.Instance, t.Bootstrap, err)
+		case ri.Epoch != epoch:
+			return openai.Errorf(503, "kv_transfer_params_stale", "room %d: prefill rank tp %d pp %d of %q restarted since it computed the KV (epoch %d, now %d): send the request again",
+				room, tp, pp, t.Instance, epoch, ri.Epoch)
+		}
+	}
+	return nil
+}
+
+// getJSON GETs url into out: an error for anything but a 200.
+func getJSON(ctx context.Context, cl *http.Client, url string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := cl.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s answered %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return json.Unmarshal(body, out)
 }
 
 // usedTickets remembers the rooms a decode front started from

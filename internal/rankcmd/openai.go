@@ -41,6 +41,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/openai"
 	"github.com/kvbridge/kvbridge/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -86,14 +87,47 @@ func (t *tinyRank) serveModels(w http.ResponseWriter, req *http.Request) {
 
 // serveHealth answers 200 once the rank serves; a front only once every
 // rank of its instance has joined.
-func (t *tinyRank) serveHealth(w http.ResponseWriter, _ *http.Request) {
+func (t *tinyRank) serveHealth(w http.ResponseWriter, req *http.Request) {
 	if t.r.isFront() {
-		if _, err := t.members(-1); err != nil {
+		ms, err := t.members(-1)
+		if err == nil && t.r.Role == kvmanager.RolePrefill {
+			err = t.registered(req.Context(), ms)
+		}
+		if err != nil {
 			openai.WriteError(w, openai.Errorf(503, "instance_incomplete", "%v", err))
 			return
 		}
 	}
 	fmt.Fprintln(w, "ok")
+}
+
+// registered checks that every rank of a prefill instance is the process
+// its bootstrap server's record names (GET /v1/ranks, bounded by 2 s):
+// until then a decode rank cannot reach the instance whole (issue 51:
+// /health said ok while the bootstrap server had 1 of 2 ranks).
+func (t *tinyRank) registered(ctx context.Context, ms []member) error {
+	boot := t.r.bootURL
+	if !strings.HasPrefix(boot, "http://") && !strings.HasPrefix(boot, "https://") {
+		return nil // etcd: the records are the ranks' own leases
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	for _, m := range ms {
+		in := m.info
+		if m.url == "" {
+			in = Info{Parallel: t.r.Par, Epoch: t.r.epoch()}
+		}
+		p := in.Parallel
+		var ri bootstrap.RankInfo
+		err := getJSON(ctx, t.r.httpClient, fmt.Sprintf("%s/v1/ranks?dp=%d&tp=%d&pp=%d", boot, p.DPRank, p.TPRank, p.PPRank), &ri)
+		switch {
+		case err != nil:
+			return fmt.Errorf("rank dp %d tp %d pp %d is not registered at the bootstrap server %s: %v", p.DPRank, p.TPRank, p.PPRank, boot, err)
+		case ri.Epoch != in.Epoch:
+			return fmt.Errorf("rank dp %d tp %d pp %d: the bootstrap server %s names another process (epoch %d, the rank's %d)", p.DPRank, p.TPRank, p.PPRank, boot, ri.Epoch, in.Epoch)
+		}
+	}
+	return nil
 }
 
 func (t *tinyRank) serveOpenAI(chat bool) http.HandlerFunc {
@@ -151,6 +185,9 @@ func (t *tinyRank) serveOpenAI(chat bool) http.HandlerFunc {
 			t.decode(ctx, wr, oreq, sg.Room, t.sglangURL(sg), nil, "sglang")
 		case t.r.Role == kvmanager.RoleDecode && oreq.KVTransfer != nil && oreq.KVTransfer.DoRemotePrefill:
 			room, tk, oe := t.r.checkTicket(oreq.KVTransfer, oreq.Prompt, time.Now())
+			if oe == nil {
+				oe = t.r.ticketHolders(ctx, room, tk)
+			}
 			if oe == nil {
 				_, oe = t.used.claim(room, time.UnixMilli(tk.ExpiresMS), time.Now())
 			}
@@ -411,8 +448,9 @@ func (t *tinyRank) prefillVLLM(ctx context.Context, wr *openai.Writer, oreq *ope
 	// than any of theirs.
 	exp := start.Add(r.kvLease)
 	group := int(room % uint64(max(r.Par.DPSize, 1)))
-	tk := &openai.Ticket{Version: 1, Room: strconv.FormatUint(room, 10), Bootstrap: boot, DP: group, Instance: r.Instance,
-		Tokens: len(oreq.Prompt), Prompt: promptHashHex(oreq.Prompt), ExpiresMS: exp.UnixMilli()}
+	ms, _ := t.members(group) // (instancePrefill ran on them)
+	tk := &openai.Ticket{Version: ticketVersion, Room: strconv.FormatUint(room, 10), Bootstrap: boot, DP: group, Instance: r.Instance,
+		Tokens: len(oreq.Prompt), Prompt: promptHashHex(oreq.Prompt), ExpiresMS: exp.UnixMilli(), Ranks: ticketRanks(ms, r.info())}
 	r.sign(tk)
 	kv := &openai.KVTransferParams{DoRemotePrefill: true, RemoteEngineID: &r.Instance, RemoteRequestID: id,
 		RemoteBlockIDs: []int{}, RemoteNumTokens: len(oreq.Prompt), TPSize: r.Par.TPSize, PPSize: r.Par.PPSize,

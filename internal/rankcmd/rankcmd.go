@@ -345,7 +345,16 @@ func Main(role kvmanager.Role, args []string) int {
 func (r *Rank) info() Info {
 	return Info{Role: roleName(r.Role), Model: r.Model, Endpoint: r.M.Endpoint(), Bootstrap: r.bootURL, Engine: r.M.Engine(),
 		Pages: r.npage, BytesPerToken: r.Model.BytesPerToken(), Instance: r.Instance, Parallel: r.Par, Compute: r.compute,
-		Fingerprint: r.fingerprint(), Layout: r.Mapping.Layout, Vocab: r.vocab()}
+		Fingerprint: r.fingerprint(), Layout: r.Mapping.Layout, Vocab: r.vocab(), Epoch: r.epoch()}
+}
+
+// epoch is the rank's process's control-plane epoch (0 before its Manager
+// exists).
+func (r *Rank) epoch() uint64 {
+	if r.M == nil {
+		return 0
+	}
+	return r.M.Epoch()
 }
 
 // frontOptions checks -front and the OpenAI flags, and fills what they

@@ -64,6 +64,7 @@ type Info struct {
 	Fingerprint   string              `json:"fingerprint,omitempty"` // the tinyllm model's
 	Layout        transfer.PageLayout `json:"page_layout"`
 	Vocab         int                 `json:"vocab,omitempty"` // the tinyllm model's
+	Epoch         uint64              `json:"epoch"`           // the rank's process (its control-plane epoch)
 }
 
 func (r *Rank) vocab() int {

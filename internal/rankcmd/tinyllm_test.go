@@ -6,9 +6,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -100,13 +103,30 @@ func TestPrefixCache(t *testing.T) {
 
 // TestFrontJoin: an instance's front takes its other ranks' joins only
 // when they are of its instance, role, model and shape, and reports the
-// instance whole (GET /health) only once every rank has joined; a rank
+// instance whole (GET /health) only once every rank has joined and its
+// bootstrap server names each rank's process; a rank
 // that is not a front refuses the OpenAI routes, naming the front's place.
 func TestFrontJoin(t *testing.T) {
 	m, _ := tinyllm.New(tinyllm.Config{Layers: 1, QHeads: 2, KVHeads: 2, HeadDim: 4, FFN: 4, Vocab: 50, Seed: 1})
 	par := transfer.Parallel{TPSize: 2, PPSize: 1, DPSize: 1}
+	// A bootstrap server's GET /v1/ranks: the records registered so far,
+	// by TP rank.
+	var bmu sync.Mutex
+	records := map[int]uint64{0: 0} // the front's (its epoch: 0, no Manager here)
+	boot := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		tp, _ := strconv.Atoi(req.URL.Query().Get("tp"))
+		bmu.Lock()
+		epoch, ok := records[tp]
+		bmu.Unlock()
+		if !ok {
+			http.Error(w, `{"error":"no such rank"}`, http.StatusNotFound)
+			return
+		}
+		json.NewEncoder(w).Encode(bootstrap.RankInfo{Endpoint: "tcp://x", Epoch: epoch})
+	}))
+	defer boot.Close()
 	r := &Rank{Role: kvmanager.RolePrefill, Model: kvmodel.Model{PageTokens: 4}, npage: 4, token: "tok", Par: par, Instance: "p",
-		log: zap.NewNop(), bootURL: "http://boot:1"}
+		log: zap.NewNop(), bootURL: boot.URL, httpClient: boot.Client()}
 	r.tiny = &tinyRank{r: r, m: m, view: instanceView{members: map[int]member{}}}
 	mux := http.NewServeMux()
 	r.tiny.routes(mux)
@@ -134,7 +154,7 @@ func TestFrontJoin(t *testing.T) {
 	if h := health(); h != 503 {
 		t.Errorf("/health with rank 1 missing: %d, want 503", h)
 	}
-	peer := Info{Role: "prefill", Instance: "p", Parallel: transfer.Parallel{TPSize: 2, TPRank: 1}, Fingerprint: m.Fingerprint()}
+	peer := Info{Role: "prefill", Instance: "p", Parallel: transfer.Parallel{TPSize: 2, TPRank: 1}, Fingerprint: m.Fingerprint(), Epoch: 7}
 	for _, tc := range []struct {
 		name string
 		mut  func(*JoinRequest)
@@ -158,8 +178,23 @@ func TestFrontJoin(t *testing.T) {
 	if code := post("/v1/instance/join", JoinRequest{Info: peer, HTTP: "0.0.0.0:9"}); code != 200 {
 		t.Fatalf("join: %d", code)
 	}
+	// Joined, but the bootstrap server has no record of rank 1 yet, then
+	// a record of another process (issue 51: /health said ok while the
+	// bootstrap server had 1 of 2 ranks): not whole.
+	if h := health(); h != 503 {
+		t.Errorf("/health with every rank joined, rank 1 not registered: %d, want 503", h)
+	}
+	bmu.Lock()
+	records[1] = 6
+	bmu.Unlock()
+	if h := health(); h != 503 {
+		t.Errorf("/health with rank 1's record naming another process: %d, want 503", h)
+	}
+	bmu.Lock()
+	records[1] = 7
+	bmu.Unlock()
 	if h := health(); h != 200 {
-		t.Errorf("/health with every rank joined: %d, want 200", h)
+		t.Errorf("/health with every rank joined and registered: %d, want 200", h)
 	}
 	ms, err := r.tiny.members(0)
 	if err != nil || len(ms) != 2 || ms[1].url != "http://127.0.0.1:9" {
