@@ -525,11 +525,14 @@ func TestOpenAIBadRequests(t *testing.T) {
 		}
 		db := clone(pb)
 		tc.edit(db)
+		refused := fmt.Sprintf("kvbridge_example_rooms_refused_total{code=%q}", tc.code)
+		before := metric(t, c.client, c.decode[0].http, refused)
 		_, err = pd.vllmDecode(ctx, "/v1/completions", db, kv, id)
 		var e *openai.Error
 		if !errors.As(err, &e) || e.Status != 400 || e.Body.Code != tc.code {
 			t.Errorf("decode leg with %s: %v, want 400 %s", tc.name, err, tc.code)
 		}
+		assert.Equal(t, before+1, metric(t, c.client, c.decode[0].http, refused), "decode leg with %s: the refusal counted by its code", tc.name)
 		expired := metric(t, c.client, c.prefill[0].http, "kvbridge_example_kv_lease_expired_total")
 		waitMetricAtMost(t, c.client, c.prefill[0].http, "kvbridge_example_kv_held_rooms", 0, 30*time.Second)
 		if got := metric(t, c.client, c.prefill[0].http, "kvbridge_example_kv_lease_expired_total"); got != expired {
@@ -566,7 +569,8 @@ func TestOpenAIBadRequests(t *testing.T) {
 	c.nothingPinned(t)
 }
 
-// metric reads one unlabelled metric of a rank.
+// metric reads one metric of a rank (a labelled series that does not
+// exist yet is 0).
 func metric(t *testing.T, cl *http.Client, rank, name string) float64 {
 	t.Helper()
 	resp, err := cl.Get(rank + "/metrics")
@@ -581,6 +585,9 @@ func metric(t *testing.T, cl *http.Client, rank, name string) float64 {
 			f, _ := strconv.ParseFloat(v, 64)
 			return f
 		}
+	}
+	if strings.Contains(name, "{") {
+		return 0 // a labelled series not created yet: no event counted
 	}
 	t.Fatalf("%s has no metric %s", rank, name)
 	return 0

@@ -33,6 +33,9 @@ type leaseMetrics struct {
 	rooms, pages prometheus.Gauge
 	expired      prometheus.Counter
 	held         prometheus.Histogram
+	// refused counts the requests a front refused or failed after it read
+	// their room (the room's other side told at once), by code.
+	refused *prometheus.CounterVec
 }
 
 func newLeaseMetrics(reg prometheus.Registerer) (*leaseMetrics, error) {
@@ -45,9 +48,11 @@ func newLeaseMetrics(reg prometheus.Registerer) (*leaseMetrics, error) {
 			Help: "Held rooms aborted because no decode rank asked for them within the lease."}),
 		held: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvbridge_example_kv_held_seconds",
 			Help: "From a held room's forward pass to its decode ranks' REQUESTs (or the lease's end).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 18)}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvbridge_example_rooms_refused_total",
+			Help: "Requests a front refused or failed after it read their room, by code; the room's other side is told at once (its held KV or its room released)."}, []string{"code"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.rooms, m.pages, m.expired, m.held} {
+		for _, c := range []prometheus.Collector{m.rooms, m.pages, m.expired, m.held, m.refused} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -163,7 +163,7 @@ func (t *tinyRank) serveOpenAI(chat bool) http.HandlerFunc {
 			}
 		}
 		if oe != nil {
-			t.refuseDisagg(oreq, fmt.Sprintf("%s refused the request: %s", roleName(t.r.Role), oe.Body.Message))
+			t.refuseDisagg(oreq, oe.Body.Code, fmt.Sprintf("%s refused the request: %s", roleName(t.r.Role), oe.Body.Message))
 			openai.WriteError(w, oe)
 			return
 		}
@@ -268,7 +268,7 @@ func (t *tinyRank) instancePrefill(ctx context.Context, oreq *openai.Request, ro
 	group := int(room % uint64(max(r.Par.DPSize, 1)))
 	ms, err := t.members(group)
 	if err != nil {
-		t.refuseDisagg(oreq, err.Error())
+		t.refuseDisagg(oreq, "instance_incomplete", err.Error())
 		return PrefillResult{}, openai.Errorf(503, "instance_incomplete", "room %d: %v", room, err)
 	}
 	release, oe := t.claim(room)
@@ -368,7 +368,7 @@ func (t *tinyRank) abortMembers(ms []member, a AbortRequest) {
 // refuseDisagg tells the other side of a refused request's room that it
 // will not be served here (in the background, bounded): every rank of
 // this instance that the room would run on creates and aborts it.
-func (t *tinyRank) refuseDisagg(oreq *openai.Request, reason string) {
+func (t *tinyRank) refuseDisagg(oreq *openai.Request, code, reason string) {
 	if oreq == nil || !t.r.isFront() {
 		return
 	}
@@ -388,6 +388,7 @@ func (t *tinyRank) refuseDisagg(oreq *openai.Request, reason string) {
 	default:
 		return
 	}
+	t.lease.refused.WithLabelValues(code).Inc()
 	t.r.wg.Add(1)
 	go func() {
 		defer t.r.wg.Done()
@@ -526,7 +527,7 @@ func (t *tinyRank) probe(ctx context.Context, boot string) *openai.Error {
 func (t *tinyRank) decode(ctx context.Context, wr *openai.Writer, oreq *openai.Request, room uint64, boot string, dp *int, mode string) {
 	r := t.r
 	fail := func(oe *openai.Error) {
-		t.refuseDisagg(oreq, oe.Body.Message)
+		t.refuseDisagg(oreq, oe.Body.Code, oe.Body.Message)
 		wr.Fail(oe)
 	}
 	if r.Par.DPSize > 1 {

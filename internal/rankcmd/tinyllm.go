@@ -144,6 +144,11 @@ func (r *Rank) initTiny(m *tinyllm.Model, o *options) error {
 	if t.lease, err = newLeaseMetrics(reg); err != nil {
 		return err
 	}
+	if reg == nil && r.reg != nil {
+		if err := r.reg.Register(t.lease.refused); err != nil { // (refusals are both fronts')
+			return err
+		}
+	}
 	single := r.Par.TPSize*r.Par.PPSize*r.Par.DPSize == 1
 	if r.Role == kvmanager.RoleDecode && single && o.prefixPages != 0 {
 		n := o.prefixPages
