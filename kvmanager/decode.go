@@ -113,13 +113,11 @@ func (d *Decode) resolve(t core.Target) {
 		if err == nil && d.cfg.RankIdentity != nil {
 			err = d.checkRankCert(t, info)
 		}
-		d.step(func(c *core.Core, now time.Time) {
-			if err != nil {
-				c.Step(now, core.ResolveFailed{Target: t, Err: err})
-				return
-			}
-			c.Step(now, core.Resolved{Target: t, Endpoint: info.Endpoint, ServerKey: info.PublicKey, Cert: info.CertBytes(), Epoch: info.Epoch})
-		})
+		if err != nil {
+			d.stepIn(core.ResolveFailed{Target: t, Err: err})
+			return
+		}
+		d.stepIn(core.Resolved{Target: t, Endpoint: info.Endpoint, ServerKey: info.PublicKey, Cert: info.CertBytes(), Epoch: info.Epoch})
 	}()
 }
 
@@ -386,26 +384,19 @@ func (d *Decode) CreateReceiverFor(room uint64, inst Instance) (res core.Result)
 // is refused at the call (ErrInvalidSpec; the room is left as it was): every
 // prefill rank would refuse its REQUEST.
 func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec core.RequestSpec) error {
-	var res core.Result
+	if err := core.CheckSpec(room, spec); err != nil {
+		return err
+	}
+	if spec.Pull && !d.cfg.Pull {
+		return fmt.Errorf("room %d: RequestSpec.Pull on a decode rank without Config.Pull (it has no readers, and its prefill ranks are not asked for offers): %w", room, core.ErrInvalidSpec)
+	}
+	spec.Pull = d.cfg.Pull
 	var ready chan struct{}
-	var bad error
+	d.read(func(c *core.Core) { _, ready, _ = c.Waiters(room) }) // (the room's, from its creation)
+	res := d.stepIn(core.InitReceiver{Room: room, Spec: spec}).Result
 	var reason string
-	d.step(func(c *core.Core, now time.Time) {
-		if bad = core.CheckSpec(room, spec); bad != nil {
-			return
-		}
-		if spec.Pull && !d.cfg.Pull {
-			bad = fmt.Errorf("room %d: RequestSpec.Pull on a decode rank without Config.Pull (it has no readers, and its prefill ranks are not asked for offers): %w", room, core.ErrInvalidSpec)
-			return
-		}
-		spec.Pull = d.cfg.Pull
-		bad = nil
-		res = c.Step(now, core.InitReceiver{Room: room, Spec: spec}).Result
-		_, ready, _ = c.Waiters(room)
-		reason, _ = c.Failure(room)
-	})
-	if bad != nil {
-		return bad
+	if res.Status == core.Failed {
+		d.read(func(c *core.Core) { reason, _ = c.Failure(room) }) // (a room keeps its first reason)
 	}
 	switch {
 	case res.Outcome == core.Applied:
@@ -452,13 +443,9 @@ func (d *Decode) failedErr(room uint64, reason string) error {
 // AbortReceiver fails the room and tells its prefill ranks (also before
 // its REQUEST went out); the pages stay quarantined until Released.
 func (d *Decode) AbortReceiver(room uint64, reason string) (res core.Result) {
-	var stage core.Poll
-	d.step(func(c *core.Core, now time.Time) {
-		stage, _ = c.Status(room)
-		res = c.Step(now, core.AbortReceiver{Room: room, Reason: reason}).Result
-	})
-	d.met.abort(stage)
-	return res
+	out := d.stepIn(core.AbortReceiver{Room: room, Reason: reason})
+	d.met.abort(out.Prior)
+	return out.Result
 }
 
 // ClearReceiver forgets the room. An unfinished room is aborted first; its
@@ -594,20 +581,10 @@ func (d *Decode) onNotif(s string) {
 		return
 	}
 	room := n.Room
-	var before, after core.Poll
-	var started, at time.Time
-	var entered [core.Success + 1]time.Time
-	d.step(func(c *core.Core, now time.Time) {
-		before, _ = c.Status(room)
-		c.Step(now, n)
-		after, _ = c.Status(room)
-		started, entered, _ = c.RoomTimes(room)
-		at = now
-	})
-	if before != core.Success && after == core.Success {
+	if out := d.stepIn(n); out.Succeeded {
 		d.trace(room, TraceLastNotif)
 		d.trace(room, TraceSuccess)
-		d.met.latency.Observe(at.Sub(started).Seconds())
-		d.met.observePhases(entered)
+		d.met.latency.Observe(out.Entered[core.Success].Sub(out.Started).Seconds())
+		d.met.observePhases(out.Entered)
 	}
 }

@@ -143,7 +143,7 @@ func (m *Manager) registerRank() error {
 // CheckRegister run there, and a REGISTER that passes comes back as
 // EffectLoadMetadata (loadMetadata), carried out after the step.
 func (m *Manager) onRegister(msg *bootstrap.Register) {
-	m.receive(msg, nil)
+	m.receive(msg)
 }
 
 // loadMetadata carries out EffectLoadMetadata: it checks the REGISTER's
@@ -243,13 +243,9 @@ func (m *Manager) post(e core.Effect) {
 	room := e.Room
 	job := transfer.Job{Room: room, Writes: e.Writes,
 		Gate: func(w *transfer.Write) (ok bool) {
-			first := false
-			m.step(func(c *core.Core, now time.Time) {
-				st, live := c.Status(room)
-				first = live && st < core.Transferring
-				ok = c.Step(now, core.Posting{Room: room, Write: w}).OK
-			})
-			if ok && first {
+			out := m.stepIn(core.Posting{Room: room, Write: w})
+			ok = out.OK
+			if ok && out.Prior != 0 && out.Prior < core.Transferring { // the room's first post
 				m.trace(room, TraceFirstPost)
 			}
 			return ok
@@ -264,16 +260,9 @@ func (m *Manager) post(e core.Effect) {
 				m.met.transfers.Inc()
 				m.met.bytes.Add(float64(writeBytes(w, m.cfg.Layout)))
 			}
-			var res core.Result
-			var started time.Time
-			var entered [core.Success + 1]time.Time
-			m.step(func(c *core.Core, now time.Time) {
-				res = c.Step(now, core.WriteDone{Room: room, Write: w, Err: err, Quiesced: quiesced}).Result
-				started, entered, _ = c.RoomTimes(room)
-			})
-			if res.Outcome == core.Applied && res.Status == core.Success && !started.IsZero() {
-				m.met.latency.Observe(m.cfg.Now().Sub(started).Seconds())
-				m.met.observePhases(entered)
+			if out := m.stepIn(core.WriteDone{Room: room, Write: w, Err: err, Quiesced: quiesced}); out.Succeeded {
+				m.met.latency.Observe(out.Entered[core.Success].Sub(out.Started).Seconds())
+				m.met.observePhases(out.Entered)
 			}
 		},
 	}
@@ -370,13 +359,9 @@ func (p *Prefill) Layers() int { return max(len(p.cfg.Layout.Regions)/2, 1) }
 // AbortSender fails the room from the prefill side; its decode ranks are
 // told.
 func (p *Prefill) AbortSender(room uint64, reason string) (res core.Result) {
-	var stage core.Poll
-	p.step(func(c *core.Core, now time.Time) {
-		stage, _ = c.Status(room)
-		res = c.Step(now, core.AbortSender{Room: room, Reason: reason}).Result
-	})
-	p.met.abort(stage)
-	return res
+	out := p.stepIn(core.AbortSender{Room: room, Reason: reason})
+	p.met.abort(out.Prior)
+	return out.Result
 }
 
 // ClearSender forgets the room.

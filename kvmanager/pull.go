@@ -172,13 +172,13 @@ func (d *Decode) startPull() {
 // the offer is missing or fails.
 func (d *Decode) onRegisterAck(msg *bootstrap.RegisterAck) {
 	if !msg.OK {
-		d.receive(msg, nil)
+		d.receive(msg)
 		return
 	}
 	awaited := false
 	d.read(func(c *core.Core) { awaited = c.AwaitsRegisterAck(msg.From.Endpoint) })
 	if !awaited {
-		d.receive(msg, nil) // no REGISTER of ours waits there: the core drops it, nothing is loaded
+		d.receive(msg) // no REGISTER of ours waits there: the core drops it, nothing is loaded
 		return
 	}
 	if d.pull.checks.Add(1) > maxOfferChecks {
@@ -202,10 +202,10 @@ func (d *Decode) onRegisterAck(msg *bootstrap.RegisterAck) {
 			refused.OK, refused.Pull = false, nil
 			refused.Reason = fmt.Sprintf("pull from prefill %s (%s): %v", msg.From.Peer(), msg.From.Endpoint, err)
 			d.log.Warn("pull offer refused", zap.String("peer", msg.From.Peer()), zap.Error(err))
-			d.receive(&refused, nil)
+			d.receive(&refused)
 			return
 		}
-		d.receive(msg, nil)
+		d.receive(msg)
 	}()
 }
 

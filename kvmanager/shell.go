@@ -362,16 +362,19 @@ func (m *Manager) Config() Config { return m.cfg }
 // it. Posts go to the transfer pool after effMu is let go (Submit may
 // block while a worker's gate needs the lock and effMu).
 // stepIn steps one input into the core at the shell's clock and carries
-// out its effects: the shell's way into the core (step, for the few
-// callers that also read the core in the same critical section).
-func (m *Manager) stepIn(in core.Input) (out core.Output) {
-	m.step(func(c *core.Core, now time.Time) { out = c.Step(now, in) })
+// out its effects: the shell's one way into the core. What a caller needs
+// to know of the room besides (its status before, its times when it
+// succeeded) comes in the Output.
+func (m *Manager) stepIn(in core.Input) core.Output {
+	m.mu.Lock()
+	out := m.core.Step(m.cfg.Now(), in)
+	m.carryOut()
 	return out
 }
 
-func (m *Manager) step(f func(c *core.Core, now time.Time)) {
-	m.mu.Lock()
-	f(m.core, m.cfg.Now())
+// carryOut takes the core's effects, lets m.mu go (the caller holds it)
+// and carries them out, in step order.
+func (m *Manager) carryOut() {
 	effects := m.core.Effects()
 	if len(effects) == 0 {
 		m.mu.Unlock()
@@ -492,37 +495,27 @@ func (m *Manager) handle(msg bootstrap.Message) {
 	case *bootstrap.Register:
 		m.onRegister(msg)
 	case *bootstrap.Request:
-		if m.receive(msg, nil).OK {
+		if m.receive(msg).OK {
 			m.trace(msg.Room, TraceRequest)
 		}
 	case *bootstrap.Abort:
-		var stage core.Poll // the room's status when the abort came (0: no sender yet)
-		m.receive(msg, func(c *core.Core) { stage, _ = c.Status(msg.Room) })
-		m.met.abort(stage)
+		m.met.abort(m.receive(msg).Prior) // the room's status when the abort came (0: no sender yet)
 	case *bootstrap.RegisterAck:
 		if m.onAck != nil {
 			m.onAck(msg)
 			return
 		}
-		m.receive(msg, nil)
+		m.receive(msg)
 	default:
-		m.receive(msg, nil)
+		m.receive(msg)
 	}
 }
 
 // receive steps a received message into the core (peek, if set, reads the
 // core first, in the same step) and logs a restart the epoch check found.
-func (m *Manager) receive(msg bootstrap.Message, peek func(c *core.Core)) (out core.Output) {
-	var restarted bool
-	m.step(func(c *core.Core, now time.Time) {
-		if peek != nil {
-			peek(c)
-		}
-		before := c.Stats().PeersRestarted
-		out = c.Step(now, core.Received{Msg: msg})
-		restarted = c.Stats().PeersRestarted > before
-	})
-	if restarted {
+func (m *Manager) receive(msg bootstrap.Message) core.Output {
+	out := m.stepIn(core.Received{Msg: msg})
+	if out.PeerRestarted {
 		m.log.Warn("peer restarted", zap.String("peer", msg.Sender().Peer()), zap.String("endpoint", msg.Sender().Endpoint))
 	}
 	return out

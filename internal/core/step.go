@@ -235,6 +235,69 @@ type Output struct {
 	Result Result
 	OK     bool // Received: a REQUEST was accepted, a REGISTER may be bound; Posting: the write may be posted
 	Err    error
+	// Prior is the status of the input's room (its Room field, or the
+	// room a received message names) before the step; 0: the core had no
+	// live room of that id, or the input names none.
+	Prior Poll
+	// Succeeded: the step took the room to Success; Started and Entered
+	// are then its times (RoomTimes), for the shell's latency metrics.
+	Succeeded bool
+	Started   time.Time
+	Entered   [Success + 1]time.Time
+	// PeerRestarted: the step heard a peer with a new epoch.
+	PeerRestarted bool
+}
+
+// roomOf is the room an input is about, if any.
+func roomOf(in Input) (uint64, bool) {
+	switch in := in.(type) {
+	case CreateSender:
+		return in.Room, true
+	case InitSender:
+		return in.Room, true
+	case SendChunk:
+		return in.Room, true
+	case AbortSender:
+		return in.Room, true
+	case ClearSender:
+		return in.Room, true
+	case CreateReceiver:
+		return in.Room, true
+	case InitReceiver:
+		return in.Room, true
+	case AbortReceiver:
+		return in.Room, true
+	case ClearReceiver:
+		return in.Room, true
+	case RefuseRoom:
+		return in.Room, true
+	case Posting:
+		return in.Room, true
+	case WriteDone:
+		return in.Room, true
+	case Notified:
+		return in.Room, true
+	case Fail:
+		return in.Room, true
+	case Received:
+		switch m := in.Msg.(type) {
+		case *wire.Request:
+			return m.Room, true
+		case *wire.Abort:
+			return m.Room, true
+		case *wire.AbortAck:
+			return m.Room, true
+		case *wire.Status:
+			return m.Room, true
+		case *wire.Pages:
+			return m.Room, true
+		case *wire.Renew:
+			return m.Room, true
+		case *wire.ReadDone:
+			return m.Room, true
+		}
+	}
+	return 0, false
 }
 
 // Step takes one input at now: the core's one entry point, used by the
@@ -248,6 +311,25 @@ func (c *Core) Step(now time.Time, in Input) Output {
 	if in == nil {
 		return unknownInput(in)
 	}
+	room, hasRoom := roomOf(in)
+	var prior Poll
+	if hasRoom {
+		prior, _ = c.reg.Status(room)
+	}
+	restarts := c.stats.PeersRestarted
+	out := c.stepInput(now, in)
+	out.Prior, out.PeerRestarted = prior, c.stats.PeersRestarted > restarts
+	if hasRoom && prior != Success {
+		if after, _ := c.reg.Status(room); after == Success {
+			out.Succeeded = true
+			out.Started, out.Entered, _ = c.RoomTimes(room)
+		}
+	}
+	return out
+}
+
+// stepInput is Step's one case per input.
+func (c *Core) stepInput(now time.Time, in Input) Output {
 	c.step(now) // the one clock step: every handler runs at now
 	switch in := in.(type) {
 	case Received:
