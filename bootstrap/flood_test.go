@@ -150,6 +150,45 @@ func TestInboxBounds(t *testing.T) {
 	assert.Less(t, cap(r.inbox.queues[rank("a")].items), 10_000, "a's queue's array holds what waits, not what passed")
 }
 
+// TestInboxByteBounds: the inbox bounds the bytes that wait, not only the
+// messages (issue 49, 3: 8,192 messages of up to 16 MiB from one rank
+// could hold 128 GiB). One rank's messages past maxPeerBytes are dropped
+// and counted while another rank's still get in; ranks that fill maxBytes
+// leave each other rank its fair share; nothing is admitted past
+// 2 × maxBytes.
+func TestInboxByteBounds(t *testing.T) {
+	r := &Loop{inbox: newInbox(), log: zap.NewNop(), id: From{Role: RolePrefill, Instance: "p"}}
+	item := func(inst string, size int) inboxItem {
+		return inboxItem{m: &Abort{From: From{Role: RoleDecode, Instance: inst}, Room: 1}, size: size}
+	}
+	rank := func(inst string) inboxKey { return inboxKey{RoleDecode, inst, 0} }
+	var limiter logLimiter
+	const big = MaxBodySize
+	for range maxPeerBytes/big + 2 {
+		r.queue(rank("a"), item("a", big), &limiter)
+	}
+	assert.Equal(t, uint64(2), r.Stats().Backlogged, "a's messages past %d bytes are dropped and counted", maxPeerBytes)
+	assert.Equal(t, maxPeerBytes, r.inbox.bytes)
+	r.queue(rank("b"), item("b", 100), &limiter)
+	assert.Equal(t, uint64(2), r.Stats().Backlogged, "another rank's message gets in")
+
+	// Many ranks, each within its own bound, up to the hard cap.
+	for f := 0; r.inbox.bytes+big <= 2*maxBytes; f++ {
+		before := r.Stats().Backlogged
+		r.queue(rank(fmt.Sprint("flood-", f)), item("flood", big), &limiter)
+		require.Equal(t, before, r.Stats().Backlogged, "rank flood-%d's first message (its fair share) refused at %d bytes waiting", f, r.inbox.bytes)
+	}
+	assert.LessOrEqual(t, r.inbox.bytes, 2*maxBytes)
+	before := r.Stats().Backlogged
+	r.queue(rank("late"), item("late", big), &limiter)
+	assert.Equal(t, before+1, r.Stats().Backlogged, "past 2 × maxBytes nothing gets in")
+	assert.LessOrEqual(t, r.inbox.bytes, 2*maxBytes, "bytes waiting")
+	for r.inbox.waiting() {
+		r.inbox.pop()
+	}
+	assert.Zero(t, r.inbox.bytes, "every byte accounted for when the inbox empties")
+}
+
 // BenchmarkPingDuringFlood: the round trip of an honest rank's PING to a
 // prefill rank while 16 other processes' 8,000 ABORTs (500 each: within
 // every backlog, so nothing is dropped and both versions do the same

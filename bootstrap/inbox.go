@@ -15,10 +15,14 @@ import "time"
 // round, and with no backlog a message is handled right after it is read,
 // on the same goroutine (no hand-off: the round trip stays as it was).
 //
-// Bounds: maxPeerBacklog messages per sending rank and maxBacklog in all,
-// past which only a rank with fewer than fairBacklog waiting gets in (so
-// ranks that fill the inbox cannot lock out one that sends a few; at most
-// 2 × maxBacklog wait); a message past them is dropped and counted
+// Bounds: maxPeerBacklog messages and maxPeerBytes of them per sending
+// rank, and maxBacklog messages and maxBytes in all, past which only a
+// rank with fewer than fairBacklog messages waiting gets in (so ranks that
+// fill the inbox cannot lock out one that sends a few; at most
+// 2 × maxBacklog messages and 2 × maxBytes wait). A message counts its
+// frames' bytes (at most MaxBodySize and its envelope): bounded by count
+// alone, 8,192 messages of 16 MiB from one rank could hold 128 GiB. A
+// message past the bounds is dropped and counted
 // (Stats.Backlogged, kvbridge_control_backlog_dropped_total): the protocol
 // survives a lost control message (retries, deadlines), and it is the
 // flooding rank's. Messages still waiting when the loop closes are dropped
@@ -27,6 +31,8 @@ const (
 	maxPeerBacklog = 1 << 13
 	maxBacklog     = 1 << 16
 	fairBacklog    = 64
+	maxPeerBytes   = 64 << 20  // four messages of MaxBodySize
+	maxBytes       = 256 << 20 // (a rank's fair share past it: fairBacklog messages, up to 2 × maxBytes in all)
 	// serveBudget: how long the receive goroutine hands messages to the
 	// Handler before it reads again (a handler call in progress finishes).
 	serveBudget = time.Millisecond
@@ -35,8 +41,9 @@ const (
 // inboxItem is one message for the Handler, or a malformed REQUEST's
 // report for OnMalformedRequest.
 type inboxItem struct {
-	m  Message
-	mr *MalformedReport
+	m    Message
+	mr   *MalformedReport
+	size int // the message's frames' bytes (the inbox's byte bounds)
 }
 
 // inboxKey names a sending rank (a malformed REQUEST's report: its
@@ -47,7 +54,10 @@ type inboxKey struct {
 }
 
 // peerQueue is one sending rank's messages, in the order they came.
-type peerQueue struct{ items []inboxItem }
+type peerQueue struct {
+	items []inboxItem
+	bytes int
+}
 
 func (q *peerQueue) len() int { return len(q.items) }
 
@@ -56,6 +66,7 @@ type inbox struct {
 	queues map[inboxKey]*peerQueue
 	ring   []inboxKey // ranks with messages waiting, in serving order
 	total  int
+	bytes  int
 	// last: the queue the last push went to (a batch is mostly one
 	// rank's: no map look-up then).
 	lastKey inboxKey
@@ -72,11 +83,13 @@ func (b *inbox) push(key inboxKey, it inboxItem) bool {
 	if q == nil || key != b.lastKey {
 		q = b.queues[key]
 	}
-	n := 0
+	n, nb := 0, 0
 	if q != nil {
-		n = q.len()
+		n, nb = q.len(), q.bytes
 	}
-	if n >= maxPeerBacklog || (b.total >= maxBacklog && (n >= fairBacklog || b.total >= 2*maxBacklog)) {
+	full := b.total >= maxBacklog || b.bytes+it.size > maxBytes
+	if n >= maxPeerBacklog || nb+it.size > maxPeerBytes ||
+		(full && (n >= fairBacklog || b.total >= 2*maxBacklog || b.bytes+it.size > 2*maxBytes)) {
 		return false
 	}
 	if q == nil {
@@ -85,7 +98,9 @@ func (b *inbox) push(key inboxKey, it inboxItem) bool {
 		b.ring = append(b.ring, key)
 	}
 	q.items = append(q.items, it)
+	q.bytes += it.size
 	b.total++
+	b.bytes += it.size
 	b.lastKey, b.last = key, q
 	return true
 }
@@ -105,7 +120,9 @@ func (b *inbox) pop() (inboxItem, bool) {
 	it := q.items[0]
 	q.items[0] = inboxItem{}
 	q.items = q.items[1:] // (an append copies only what still waits: no array grows for good)
+	q.bytes -= it.size
 	b.total--
+	b.bytes -= it.size
 	if q.len() > 0 {
 		b.ring = append(b.ring, key)
 	} else {

@@ -579,7 +579,7 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key inboxKey, it inb
 		// body's from could not be checked.
 		if me.Type == TypeRequest && me.HasRoom && me.Endpoint != "" && l.cfg.OnMalformedRequest != nil &&
 			(l.addr == nil || l.addr.vouch(l.id, me.Endpoint, env)) {
-			return inboxKey{instance: me.Endpoint}, inboxItem{mr: &MalformedReport{Room: me.Room, Endpoint: me.Endpoint, Reason: err.Error()}}, true
+			return inboxKey{instance: me.Endpoint}, inboxItem{mr: &MalformedReport{Room: me.Room, Endpoint: me.Endpoint, Reason: err.Error()}, size: framesSize(frames)}, true
 		}
 		return inboxKey{}, inboxItem{}, false
 	}
@@ -639,7 +639,16 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key inboxKey, it inb
 	case *Pong:
 		l.snd.pong(from.Endpoint)
 	}
-	return inboxKey{from.Role, from.Instance, from.Rank}, inboxItem{m: m}, true
+	return inboxKey{from.Role, from.Instance, from.Rank}, inboxItem{m: m, size: framesSize(frames)}, true
+}
+
+// framesSize is a received message's bytes, as the inbox counts them.
+func framesSize(frames [][]byte) int {
+	n := 0
+	for _, f := range frames {
+		n += len(f)
+	}
+	return n
 }
 
 // queue puts a message in its sending rank's inbox queue, or drops and

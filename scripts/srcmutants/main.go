@@ -401,16 +401,22 @@ var mutants = []mutant{
 		pkg: "bootstrap", run: "^TestFloodDelaysNoHeartbeat$"},
 	{name: "inbox-wait-with-backlog", file: "bootstrap/loop.go", old: "\t\twait := !l.inbox.waiting()", new: "\t\twait := true",
 		pkg: "bootstrap", run: "^TestFloodDelaysNoHeartbeat$"},
-	{name: "inbox-one-rank-at-a-time", file: "bootstrap/inbox.go", old: "\tif q.len() > 0 {\n\t\tb.ring = append(b.ring, key)", new: "\tif q.len() > 0 {\n\t\tb.ring = append([]string{key}, b.ring...)",
+	{name: "inbox-one-rank-at-a-time", file: "bootstrap/inbox.go", old: "\tif q.len() > 0 {\n\t\tb.ring = append(b.ring, key)", new: "\tif q.len() > 0 {\n\t\tb.ring = append([]inboxKey{key}, b.ring...)",
 		pkg: "bootstrap", run: "^(TestFloodDelaysNoHeartbeat|TestInboxBounds)$"},
-	{name: "inbox-unbounded", file: "bootstrap/inbox.go", old: "\tif n >= maxPeerBacklog || (b.total >= maxBacklog && (n >= fairBacklog || b.total >= 2*maxBacklog)) {", new: "\tif n < 0 {",
+	{name: "inbox-unbounded", file: "bootstrap/inbox.go", old: "\tif n >= maxPeerBacklog || nb+it.size > maxPeerBytes ||\n\t\t(full && (n >= fairBacklog || b.total >= 2*maxBacklog || b.bytes+it.size > 2*maxBytes)) {", new: "\tif n < 0 && nb < 0 && full {",
 		pkg: "bootstrap", run: "^TestInboxBounds$"},
+	// The inbox bounded by messages only: one rank's 16 MiB messages pile
+	// up to 128 GiB; bytes not given back when a message is served.
+	{name: "inbox-bytes-unbounded", file: "bootstrap/inbox.go", old: "nb+it.size > maxPeerBytes ||", new: "nb < 0 ||",
+		pkg: "bootstrap", run: "^TestInboxByteBounds$"},
+	{name: "inbox-bytes-kept", file: "bootstrap/inbox.go", old: "\tq.bytes -= it.size\n\tb.total--\n\tb.bytes -= it.size", new: "\tb.total--",
+		pkg: "bootstrap", run: "^TestInboxByteBounds$"},
 	// A full inbox refuses every rank: the flooders lock the others out.
-	{name: "inbox-full-locks-out", file: "bootstrap/inbox.go", old: "(n >= fairBacklog || b.total >= 2*maxBacklog)", new: "(true || b.total >= 2*maxBacklog)",
+	{name: "inbox-full-locks-out", file: "bootstrap/inbox.go", old: "(full && (n >= fairBacklog ||", new: "(full && (true ||",
 		pkg: "bootstrap", run: "^TestInboxBounds$"},
 	// The inbox keyed by the sending endpoint, which the sender claims: a
 	// rank gets a turn and a backlog per endpoint it makes up.
-	{name: "inbox-by-endpoint", file: "bootstrap/loop.go", old: "\treturn inboxKey{from.Role, from.Instance, from.Rank}, inboxItem{m: m}, true", new: "\treturn inboxKey{instance: from.Endpoint}, inboxItem{m: m}, true",
+	{name: "inbox-by-endpoint", file: "bootstrap/loop.go", old: "\treturn inboxKey{from.Role, from.Instance, from.Rank}, inboxItem{m: m, size: framesSize(frames)}, true", new: "\treturn inboxKey{instance: from.Endpoint}, inboxItem{m: m, size: framesSize(frames)}, true",
 		pkg: "bootstrap", run: "^TestFloodFromManyEndpointsIsOneRanks$"},
 	// The core's decisions the shell used to make (issue 49 item 1): no
 	// progress kept after a PAGES, or after a pull offer; the agent's
