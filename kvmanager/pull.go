@@ -50,36 +50,21 @@ func (m *Manager) pullOffer() (*bootstrap.PullOffer, error) {
 }
 
 // sendWhenReady sends a PAGES once the data it publishes is in place
-// (SendLayers' ready): polled with a back-off, as the transfer pool polls
-// a write's; an error, or no answer within the stall timeout, fails the
-// room instead.
+// (SendLayers' ready), waiting with the transfer pool's readiness poll
+// (transfer.WaitReady: its back-off and stall bound); an error, or no
+// answer within the stall timeout, fails the room instead.
 func (m *Manager) sendWhenReady(e core.Effect) {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		deadline := time.Now().Add(m.cfg.Registry.StallTimeout)
-		wait := 10 * time.Microsecond
-		for {
-			ok, err := e.Ready()
-			if err == nil && !ok && time.Now().After(deadline) {
-				err = fmt.Errorf("%w (%v)", transfer.ErrNotReady, m.cfg.Registry.StallTimeout)
-			}
-			if err != nil {
-				m.stepIn(core.Fail{Room: e.Room, Reason: fmt.Sprintf("room %d: the pages published to %s: their data: %v", e.Room, e.To.Endpoint, err)})
-				return
-			}
-			if ok {
-				// The core stamps it (the decode rank's RENEWs went on
-				// while the data was not ready) and sends it.
-				m.stepIn(core.PagesReady{To: e.To, Msg: e.Msg.(*bootstrap.Pages)})
-				return
-			}
-			select {
-			case <-m.closing:
-				return
-			case <-time.After(wait):
-			}
-			wait = min(2*wait, 500*time.Microsecond)
+		switch err := transfer.WaitReady(e.Ready, m.cfg.Registry.StallTimeout, m.closing); {
+		case errors.Is(err, transfer.ErrClosed):
+		case err != nil:
+			m.stepIn(core.Fail{Room: e.Room, Reason: fmt.Sprintf("room %d: the pages published to %s: %v", e.Room, e.To.Endpoint, err)})
+		default:
+			// The core stamps it (the decode rank's RENEWs went on while
+			// the data was not ready) and sends it.
+			m.stepIn(core.PagesReady{To: e.To, Msg: e.Msg.(*bootstrap.Pages)})
 		}
 	}()
 }

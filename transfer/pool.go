@@ -178,16 +178,9 @@ type roomWork struct {
 	// the worker's turn or waiting list.
 	inflight, silent int
 	queued           bool
-	// waitSince: when the next write was first found not Ready (zero:
-	// not waiting).
-	waitSince time.Time
+	// wait: the next write's wait for its data (ready.go).
+	wait readiness
 }
-
-// Backoff of the poll of writes whose data is not ready yet.
-const (
-	readyPollMin = 10 * time.Microsecond
-	readyPollMax = 500 * time.Microsecond
-)
 
 // flight is a write posted and not yet final.
 type flight struct {
@@ -419,26 +412,22 @@ func (p *Pool) ready(rw *roomWork, closing bool) error {
 	if w.Ready == nil {
 		return nil
 	}
-	ok, err := w.Ready()
-	if j := rw.jobs[0]; err == nil && !ok && j.Live != nil && !j.Live() {
-		rw.waitSince = time.Time{}
-		return errOver
-	}
+	var notYet bool
+	err := rw.wait.check(func() (bool, error) {
+		ok, err := w.Ready()
+		notYet = err == nil && !ok
+		return ok, err
+	}, p.cfg.Stall, time.Now())
 	switch {
-	case err != nil:
-		err = fmt.Errorf("transfer: the write's data: %w", err)
-	case ok:
-	case closing:
-		err = ErrClosed
-	case rw.waitSince.IsZero():
-		rw.waitSince = time.Now()
+	case notYet && rw.jobs[0].Live != nil && !rw.jobs[0].Live():
+		rw.wait = readiness{}
+		return errOver
+	case notYet && closing:
+		rw.wait = readiness{}
+		return ErrClosed
+	case errors.Is(err, errWaitReady):
 		return errWait
-	case time.Since(rw.waitSince) < p.cfg.Stall:
-		return errWait
-	default:
-		err = fmt.Errorf("%w (%v)", ErrNotReady, p.cfg.Stall)
 	}
-	rw.waitSince = time.Time{}
 	return err
 }
 

@@ -212,6 +212,13 @@ var mutants = []mutant{
 	// restricted to some layers writes them all.
 	{name: "ready-ignored", file: "transfer/pool.go", old: "	if w.Ready == nil {\n", new: "	if w.Ready == nil || true {\n",
 		pkg: "internal/e2e", run: "^TestLayerwiseByteExact$"},
+	// The readiness poll shared by the pool and a pull room's held PAGES
+	// (ready.go): a PAGES sent before its data is in place; a write
+	// whose data never comes waiting for good.
+	{name: "pages-ready-ignored", file: "transfer/ready.go", old: "\tif ready == nil {\n", new: "\tif ready == nil || true {\n",
+		pkg: "transfer", run: "^TestWaitReady$"},
+	{name: "ready-stall-unbounded", file: "transfer/ready.go", old: "\tcase now.Sub(r.since) < stall:", new: "\tcase now.Sub(r.since) < stall || true:",
+		pkg: "transfer", run: "^TestWaitReady$"},
 	{name: "layers-ignored", file: "internal/kvlayout/write.go", old: "	if l.Hi == 0 {\n", new: "	if l.Hi >= 0 {\n",
 		pkg: "transfer", run: "^TestPoolWritesOnlyItsLayers$"},
 	// Issue 22 on a real NIXL: the progress mode a rank gives its agent,
