@@ -138,7 +138,7 @@ func newCollector(c *counters, id From) *collector {
 		dead:      d("kvbridge_peers_dead_total", "Peers declared dead after missed heartbeats."),
 		sockets:   d("kvbridge_control_sockets", "PUSH sockets open to peers (bounded by MaxPeers)."),
 		backlogged: d("kvbridge_control_backlog_dropped_total",
-			"Received control messages dropped because their sending rank's backlog (8,192 messages waiting to be handled; one backlog per sending process) or the inbox (65,536) was full."),
+			"Received control messages dropped because their sending rank's backlog (8,192 messages or 64 MiB waiting to be handled) or the inbox (65,536 messages or 256 MiB) was full."),
 		refused: d("kvbridge_unauthenticated_messages_total", "Control messages dropped by authentication, by reason.", "reason"),
 		replayed: d("kvbridge_replayed_messages_total",
 			"Authentic control messages dropped as replays: addressed to another process of this rank, or a message number already received.", "reason"),

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -442,6 +443,13 @@ func (w *simWorld) start(slot int, moved bool) {
 		cc.Identity = from.Peer()
 	}
 	cc.ChallengeTimeout = simChallengeTimeout
+	if role == RolePrefill {
+		// Each process its own challenge key, as a real one draws it at
+		// random: with one key two prefill ranks challenged the same
+		// decode process with the same nonce, and the decode rank, taking
+		// the second for a repeat of the first, never echoed it.
+		binary.LittleEndian.PutUint64(cc.ChallengeKey[:], uint64(w.incs)+1)
+	}
 	c, err := NewCore(cc)
 	if err != nil {
 		panic(err)

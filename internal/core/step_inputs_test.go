@@ -6,6 +6,7 @@ import (
 	"go/parser"
 	"go/token"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,13 +157,15 @@ func TestRegisterAsLoadEffect(t *testing.T) {
 
 	other := decodeFrom
 	other.Rank, other.Endpoint = 1, "tcp://d:2"
-	bad := &wire.Register{From: other, Compat: "another model"}
+	// Valid but for its model (a name of its own, its regions): refused
+	// at once for the compat hash, before any challenge or load.
+	bad := &wire.Register{From: other, Compat: "another model", Agent: "other-agent", KV: kv, Aux: aux, State: state}
 	if c.Step(t0, Received{Msg: bad}).OK {
 		t.Fatal("a REGISTER of another compat hash was passed on to be loaded")
 	}
 	eff = c.Effects()
 	acks := sent[*wire.RegisterAck](eff)
-	if len(acks) != 1 || acks[0].OK || len(eff) != 1 {
-		t.Fatalf("effects of an invalid REGISTER: %+v", eff)
+	if len(acks) != 1 || acks[0].OK || len(eff) != 1 || !strings.Contains(acks[0].Reason, "compat") {
+		t.Fatalf("effects of an invalid REGISTER: %+v (want one REGISTER_ACK refusing its compat hash)", eff)
 	}
 }
