@@ -412,20 +412,18 @@ func (p *Pool) ready(rw *roomWork, closing bool) error {
 	if w.Ready == nil {
 		return nil
 	}
-	var notYet bool
-	err := rw.wait.check(func() (bool, error) {
-		ok, err := w.Ready()
-		notYet = err == nil && !ok
-		return ok, err
-	}, p.cfg.Stall, time.Now())
-	switch {
-	case notYet && rw.jobs[0].Live != nil && !rw.jobs[0].Live():
-		rw.wait = readiness{}
-		return errOver
-	case notYet && closing:
-		rw.wait = readiness{}
-		return ErrClosed
-	case errors.Is(err, errWaitReady):
+	ok, err := w.Ready()
+	if err == nil && !ok { // not ready: the room over, or the pool closing, ends the wait
+		if live := rw.jobs[0].Live; live != nil && !live() {
+			rw.wait = readiness{}
+			return errOver
+		}
+		if closing {
+			rw.wait = readiness{}
+			return ErrClosed
+		}
+	}
+	if err = rw.wait.check(ok, err, p.cfg.Stall, time.Now()); errors.Is(err, errWaitReady) {
 		return errWait
 	}
 	return err

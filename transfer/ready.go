@@ -27,11 +27,10 @@ type readiness struct {
 	since time.Time // when it was first found not ready (zero: not waiting)
 }
 
-// check asks ready once: nil when the data is in place, errWaitReady to
-// ask again later, or the error that fails the item — ready's own
-// (wrapped), or ErrNotReady past stall.
-func (r *readiness) check(ready func() (bool, error), stall time.Duration, now time.Time) error {
-	ok, err := ready()
+// check takes one answer of Ready (ok, err): nil when the data is in
+// place, errWaitReady to ask again later, or the error that fails the item
+// — Ready's own (wrapped), or ErrNotReady past stall.
+func (r *readiness) check(ok bool, err error, stall time.Duration, now time.Time) error {
 	switch {
 	case err != nil:
 		err = fmt.Errorf("transfer: the data: %w", err)
@@ -61,7 +60,8 @@ func WaitReady(ready func() (bool, error), stall time.Duration, closing <-chan s
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
-		err := r.check(ready, stall, time.Now())
+		ok, err := ready()
+		err = r.check(ok, err, stall, time.Now())
 		if !errors.Is(err, errWaitReady) {
 			return err
 		}
