@@ -391,8 +391,13 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec core.Reques
 		return fmt.Errorf("room %d: RequestSpec.Pull on a decode rank without Config.Pull (it has no readers, and its prefill ranks are not asked for offers): %w", room, core.ErrInvalidSpec)
 	}
 	spec.Pull = d.cfg.Pull
-	var ready chan struct{}
-	d.read(func(c *core.Core) { _, ready, _ = c.Waiters(room) }) // (the room's, from its creation)
+	var ready <-chan struct{}
+	d.read(func(c *core.Core) {
+		// (Asked before the step: the room's ready wake may be its own.)
+		if _, pending, ok := c.Pending(room); ok && pending {
+			ready = d.waits.on(room, core.WakeReady)
+		}
+	})
 	res := d.stepIn(core.InitReceiver{Room: room, Spec: spec}).Result
 	var reason string
 	if res.Status == core.Failed {
@@ -408,6 +413,9 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec core.Reques
 		return d.failedErr(room, reason)
 	default:
 		return fmt.Errorf("room %d: request in %v: %w", room, res.Status, core.ErrNotReady)
+	}
+	if ready == nil { // woken already (its effect may still be on its way)
+		ready = d.woken()
 	}
 	select {
 	case <-ready:
@@ -462,12 +470,12 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // REQUEST acknowledged the abort as drained, or the quarantine deadline
 // passed (counted as forced). It stays valid after Clear.
 func (d *Decode) Released(room uint64) <-chan struct{} {
-	var ch chan struct{}
-	var ok bool
-	d.read(func(c *core.Core) { ch, ok = c.Hold(room) })
-	if !ok {
-		return closedChan
-	}
+	var ch <-chan struct{} = closedChan
+	d.read(func(c *core.Core) {
+		if c.Hold(room) {
+			ch = d.waits.on(room, core.WakeHold)
+		}
+	})
 	return ch
 }
 

@@ -75,12 +75,12 @@ func (m *Manager) sendWhenReady(e core.Effect) {
 // A room that published nothing for pull (a push room) holds nothing: the
 // channel is closed. It stays valid after Clear.
 func (p *Prefill) Released(room uint64) <-chan struct{} {
-	var ch chan struct{}
-	var ok bool
-	p.read(func(c *core.Core) { ch, ok = c.PullHold(room) })
-	if !ok {
-		return closedChan
-	}
+	var ch <-chan struct{} = closedChan
+	p.read(func(c *core.Core) {
+		if c.PullHold(room) {
+			ch = p.waits.on(room, core.WakePull)
+		}
+	})
 	return ch
 }
 

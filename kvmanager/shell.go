@@ -47,6 +47,8 @@ type Manager struct {
 	// effMu) holds a step's effects once mu is let go.
 	effMu  sync.Mutex
 	effBuf []core.Effect
+	// waits are the callers' channels, closed by the core's wake effects.
+	waits waiters
 	// afterUnlock, when set (tests), runs between letting go of mu and
 	// carrying out the step's effects; onSend as each message is handed
 	// to the loop. Atomic: tests set them while the rank runs.
@@ -410,7 +412,7 @@ func (m *Manager) carryOut() {
 				})
 			}
 		case core.EffectWake:
-			close(e.Wake)
+			m.waits.wake(e.Room, e.Wake)
 		case core.EffectWatch:
 			_ = m.loop.Watch(e.To)
 		case core.EffectUnwatch:
@@ -569,6 +571,7 @@ func (m *Manager) Failure(room uint64) (reason string) {
 // Sizes counts what the rank's core holds.
 func (m *Manager) Sizes() (s core.CoreSizes) {
 	m.read(func(c *core.Core) { s = c.Sizes() })
+	s.Waiters = m.waits.size()
 	return s
 }
 
@@ -634,22 +637,27 @@ func (m *Manager) InFlight(room uint64) (n int) {
 // Wait blocks until the room is terminal, the room is cleared, ctx ends or
 // the Manager closes, and returns its status then.
 func (m *Manager) Wait(ctx context.Context, room uint64) (core.Poll, error) {
-	return m.wait(ctx, room, "wait", func(done, _ chan struct{}) chan struct{} { return done })
+	return m.wait(ctx, room, "wait", core.WakeDone)
 }
 
 // WaitReady blocks until the room can move data (WaitingForInput or
 // later), is terminal or cleared, ctx ends or the Manager closes.
 func (m *Manager) WaitReady(ctx context.Context, room uint64) (core.Poll, error) {
-	return m.wait(ctx, room, "wait ready", func(_, ready chan struct{}) chan struct{} { return ready })
+	return m.wait(ctx, room, "wait ready", core.WakeReady)
 }
 
-func (m *Manager) wait(ctx context.Context, room uint64, what string, pick func(done, ready chan struct{}) chan struct{}) (core.Poll, error) {
-	var ch chan struct{}
+func (m *Manager) wait(ctx context.Context, room uint64, what string, wake core.Wake) (core.Poll, error) {
+	var ch <-chan struct{}
 	var err error
+	woken := false
 	m.read(func(c *core.Core) {
-		done, ready, ok := c.Waiters(room)
+		done, ready, ok := c.Pending(room)
 		if ok {
-			ch = pick(done, ready)
+			if (wake == core.WakeDone && done) || (wake == core.WakeReady && ready) {
+				ch = m.waits.on(room, wake)
+			} else {
+				woken = true
+			}
 			return
 		}
 		kind, reason, ok := c.Tombstone(room, m.cfg.Now())
@@ -664,6 +672,9 @@ func (m *Manager) wait(ctx context.Context, room uint64, what string, pick func(
 	})
 	if err != nil {
 		return 0, err
+	}
+	if woken {
+		ch = m.woken()
 	}
 	if m.parked != nil {
 		m.parked(room)

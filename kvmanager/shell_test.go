@@ -14,6 +14,8 @@ import (
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // newTestPrefill is a prefill rank over the loopback engine; edits change
@@ -233,4 +235,48 @@ func TestDecodeWithoutDefaultBootstrap(t *testing.T) {
 	if _, known := d.Status(42); known {
 		t.Fatal("the refused room was created")
 	}
+}
+
+// TestWaitersAreTheShells: the core makes no channel. A caller's channel is
+// the shell's, made when it waits and freed when the core's wake for it is
+// carried out — also after the caller gave up — and a wait for a wake the
+// core already emitted returns at once.
+func TestWaitersAreTheShells(t *testing.T) {
+	p := newTestPrefill(t)
+	parked := make(chan uint64, 1)
+	p.parked = func(room uint64) { parked <- room }
+	p.CreateSender(1)
+	p.CreateSender(2)
+
+	// Every receive is bounded: a wake that is lost fails the test.
+	bounded, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	ctx, cancel := context.WithCancel(bounded)
+	errc := make(chan error, 1)
+	go func() { _, err := p.Wait(ctx, 1); errc <- err }()
+	require.Equal(t, uint64(1), <-parked)
+	require.Equal(t, 1, p.Sizes().Waiters, "room 1's done waiter while it waits")
+	cancel()
+	require.ErrorIs(t, <-errc, context.Canceled)
+	require.Equal(t, 1, p.Sizes().Waiters, "the channel is kept until room 1's wake (one per waited event: bounded by the rooms)")
+
+	go func() { _, err := p.WaitReady(bounded, 2); errc <- err }()
+	require.Equal(t, uint64(2), <-parked)
+	assert.Equal(t, 2, p.Sizes().Waiters)
+	p.AbortSender(2, "operator")
+	require.NoError(t, <-errc, "room 2's ready waiter woken by its failure")
+	assert.Equal(t, 1, p.Sizes().Waiters, "room 2's channel freed by its wake")
+
+	p.AbortSender(1, "operator")
+	assert.Equal(t, 0, p.Sizes().Waiters, "room 1's channel freed by its wake, its waiter long gone")
+
+	// Woken already: the wait returns at once, and makes no channel.
+	st, err := p.Wait(bounded, 1)
+	require.NoError(t, err)
+	assert.Equal(t, core.Failed, st)
+	assert.Equal(t, 0, p.Sizes().Waiters)
+	p.ClearSender(1)
+	p.ClearSender(2)
+	s := p.Sizes()
+	assert.Equal(t, 0, s.Total()-s.Tombstones, "nothing left of two cleared rooms but their tombstones: %+v", s)
 }

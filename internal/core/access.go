@@ -11,9 +11,10 @@ import (
 // What the shell reads of the core besides Step's results: each is a
 // read under the shell's lock, none changes what the core decides.
 
-// Waiters returns a live room's done and ready channels (closed when the
-// room is terminal, and when it can move data).
-func (c *Core) Waiters(room uint64) (done, ready chan struct{}, ok bool) { return c.waiters(room) }
+// Pending says whether a live room's done and ready waiters are still to
+// be woken (by an EffectWake of WakeDone and WakeReady); ok is false for a
+// room that is not live.
+func (c *Core) Pending(room uint64) (done, ready, ok bool) { return c.pending(room) }
 
 // Tombstone returns the kind and reason of a room's tombstone, if one is
 // kept at now (an expired one is dropped).

@@ -265,7 +265,8 @@ const (
 	// EffectPost: submit Writes (one chunk of Room) to the transfer pool;
 	// each write is gated by Core.Posting right before it is posted.
 	EffectPost
-	// EffectWake: close Wake (a waiter's channel).
+	// EffectWake: release the shell's waiters of Room's Wake (the core
+	// makes no channel: waiters are the shell's, woken by this effect).
 	EffectWake
 	// EffectResolve: look up Target's prefill rank (endpoint and key), then
 	// step Resolved or ResolveFailed.
@@ -309,7 +310,7 @@ type Effect struct {
 	To     wire.Peer
 	Msg    wire.Message
 	Writes []kvlayout.Write
-	Wake   chan struct{}
+	Wake   Wake // EffectWake
 	Target Target
 	Forced bool
 	Plan   *PeerPlan // EffectLoadMetadata
@@ -501,21 +502,41 @@ type CoreSizes struct {
 	// PullHolds (prefill) counts pull rooms whose published pages are not
 	// released yet.
 	PullHolds int
+	// Waiters counts the shell's waiters' channels (set by the shell: the
+	// core makes none), each woken by an EffectWake.
+	Waiters int
 }
 
 // Total is the number of room-bound entries (peers and targets are
 // bounded by the deployment, not by rooms).
 func (s CoreSizes) Total() int {
-	return s.Sizes.Total() + s.Holds + s.OwedAborts + s.InUse + s.PullHolds
+	return s.Sizes.Total() + s.Holds + s.OwedAborts + s.InUse + s.PullHolds + s.Waiters
 }
 
-// waiters returns a live room's done and ready channels.
-func (c *Core) waiters(room uint64) (done, ready chan struct{}, ok bool) {
+// Wake names what an EffectWake releases.
+type Wake uint8
+
+const (
+	// WakeDone: the room is terminal (or gone).
+	WakeDone Wake = 1 + iota
+	// WakeReady: the room can move data (WaitingForInput or later), or is
+	// terminal.
+	WakeReady
+	// WakeHold (decode): the room's destination pages may be reused.
+	WakeHold
+	// WakePull (prefill): the pages the room published for pull may be
+	// reused.
+	WakePull
+)
+
+// pending says whether a live room's done and ready waiters are still to
+// be woken.
+func (c *Core) pending(room uint64) (done, ready, ok bool) {
 	rm, ok := c.reg.rooms[room]
 	if !ok {
-		return nil, nil, false
+		return false, false, false
 	}
-	return rm.done, rm.ready, true
+	return !rm.doneWoken, !rm.readyWoken, true
 }
 
 // tickAll enforces every deadline passed at now: registry deadlines (STATUS
@@ -665,13 +686,14 @@ func (c *Core) Report(room uint64) (LoadReport, bool) {
 	return c.decodeCore.loadReport(room)
 }
 
-// Hold returns the channel closed when a decode room's pages may be
-// reused, and whether the room still holds them (false on a prefill rank).
-func (c *Core) Hold(room uint64) (chan struct{}, bool) {
+// Hold says whether a decode room still holds its destination pages
+// (false on a prefill rank): their release is an EffectWake of WakeHold.
+func (c *Core) Hold(room uint64) bool {
 	if c.decodeCore == nil {
-		return nil, false
+		return false
 	}
-	return c.decodeCore.hold(room)
+	_, ok := c.decodeCore.holds[room]
+	return ok
 }
 
 // CheckRegister validates a REGISTER against this rank (compat, role and

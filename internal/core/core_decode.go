@@ -232,7 +232,6 @@ func (c *decodeCore) failWith(room uint64, code, reason string) {
 // outlives Clear.
 type hold struct {
 	room     uint64
-	ch       chan struct{}
 	srcs     []*source
 	failed   bool
 	deadline time.Time
@@ -327,7 +326,7 @@ func (c *decodeCore) createReceiverLinks(now time.Time, room uint64, links []Lin
 		rm.dec.sources = append(rm.dec.sources, &source{target: l.Target.key(), uid: i, link: l, chunks: map[int]*chunkSeen{}})
 	}
 	c.index(rm, true)
-	h := &hold{room: room, ch: make(chan struct{}), srcs: rm.dec.sources}
+	h := &hold{room: room, srcs: rm.dec.sources}
 	c.holds[room] = h
 	if res.Status == Failed { // aborted before it existed: nothing was asked
 		c.release(h, false)
@@ -782,7 +781,7 @@ func (c *decodeCore) release(h *hold, forced bool) {
 	if forced {
 		c.stats.ForcedReleases++
 	}
-	c.emit(Effect{Kind: EffectWake, Room: h.room, Wake: h.ch})
+	c.emit(Effect{Kind: EffectWake, Room: h.room, Wake: WakeHold})
 	c.emit(Effect{Kind: EffectReleased, Room: h.room, Forced: forced})
 }
 
@@ -892,15 +891,6 @@ func (c *decodeCore) clearReceiver(now time.Time, room uint64) Result {
 		c.index(rm, false)
 	}
 	return res
-}
-
-// hold is Core.Hold.
-func (c *decodeCore) hold(room uint64) (chan struct{}, bool) {
-	h, ok := c.holds[room]
-	if !ok {
-		return nil, false
-	}
-	return h.ch, true
 }
 
 func downCode(restarted bool) string {

@@ -9,6 +9,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/mem"
 	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/stretchr/testify/require"
 )
 
 // Unit tests of the core for the review's bugs that are about liveness or
@@ -275,13 +276,22 @@ func TestRestartFailsRoomAndAbortsNewProcess(t *testing.T) {
 	// An ABORT_ACK from the new process does not release the pages: only
 	// the process the REQUEST went to can say nothing of it will land.
 	c.Step(t0, Received{Msg: &wire.AbortAck{From: restarted, Room: 1, Drained: true}})
-	if _, held := c.Hold(1); !held {
+	if held := c.Hold(1); !held {
 		t.Fatal("pages released by an ABORT_ACK from another epoch")
 	}
 	c.Step(t0, Received{Msg: &wire.AbortAck{From: prefillFrom, Room: 1, Drained: true}})
-	if _, held := c.Hold(1); held {
+	if held := c.Hold(1); held {
 		t.Fatal("pages still held after the old epoch's drained ABORT_ACK")
 	}
+	// The release wakes the hold's waiters (the shell's Released): the
+	// effect names the room and the hold.
+	var wakes []Effect
+	for _, e := range c.Effects() {
+		if e.Kind == EffectWake {
+			wakes = append(wakes, Effect{Kind: e.Kind, Room: e.Room, Wake: e.Wake})
+		}
+	}
+	require.Equal(t, []Effect{{Kind: EffectWake, Room: 1, Wake: WakeHold}}, wakes, "wakes at the release")
 }
 
 // Bug 4 at the core's surface: an abort before Init is sent to the

@@ -66,14 +66,14 @@ func TestRenewIsNotProgress(t *testing.T) {
 	// each come at the first tick past their deadline.
 	bound := 2*stall + c.cfg.QuarantineTimeout + 2*step
 	for now.Sub(t0) <= bound {
-		_, held := c.PullHold(7)
+		held := c.PullHold(7)
 		if !held {
 			break
 		}
 		now = now.Add(step)
 		renew()
 	}
-	_, held := c.PullHold(7)
+	held := c.PullHold(7)
 	require.False(t, held, "room 7's published pages still held %v after its last publish (bound %v)", now.Sub(t0), bound)
 	assert.Equal(t, uint64(1), c.Stats().ForcedReleases, "the release is forced and counted")
 	assert.Zero(t, c.PagesUnderLease(), "the lease gauge falls at release")
@@ -206,14 +206,12 @@ func TestKeepProgressIsTheCores(t *testing.T) {
 	require.Len(t, sent[*wire.Pages](effects), 1)
 	assert.Equal(t, []time.Duration{simPullLease}, keeps(effects), "the agent progresses for the lease after a PAGES")
 
-	ch, held := c.PullHold(7)
-	require.True(t, held)
+	require.True(t, c.PullHold(7))
 	c.Step(t0, AgentClosed{})
-	_, held = c.PullHold(7)
-	assert.False(t, held, "room 7's pages after the agent closed")
+	assert.False(t, c.PullHold(7), "room 7's pages after the agent closed")
 	woken := false
 	for _, e := range c.Effects() {
-		woken = woken || (e.Kind == EffectWake && e.Wake == ch)
+		woken = woken || (e.Kind == EffectWake && e.Room == 7 && e.Wake == WakePull)
 	}
 	assert.True(t, woken, "room 7's hold waiter woken when the agent closed")
 	assert.Equal(t, uint64(1), c.Stats().ForcedReleases)

@@ -245,28 +245,22 @@ func (s *mcState) check() error {
 		if !rm.status.Valid() {
 			return fmt.Errorf("stored invalid status %v", rm.status)
 		}
-		// The ready channel is closed exactly when data can move or the
+		// The ready waiters are woken exactly when data can move or the
 		// room is over.
-		select {
-		case <-rm.ready:
+		if s.reg.woken[rm]&(1<<WakeReady) != 0 {
 			if rm.status < WaitingForInput && rm.status != Failed {
 				return fmt.Errorf("ready signalled in %v", rm.status)
 			}
-		default:
-			if rm.status >= WaitingForInput || rm.status == Failed {
-				return fmt.Errorf("ready not signalled in %v", rm.status)
-			}
+		} else if rm.status >= WaitingForInput || rm.status == Failed {
+			return fmt.Errorf("ready not signalled in %v", rm.status)
 		}
-		// The done channel is closed exactly when the room is terminal.
-		select {
-		case <-rm.done:
+		// The done waiters are woken exactly when the room is terminal.
+		if s.reg.woken[rm]&(1<<WakeDone) != 0 {
 			if !rm.status.Terminal() {
 				return fmt.Errorf("waiters woken in %v", rm.status)
 			}
-		default:
-			if rm.status.Terminal() {
-				return fmt.Errorf("waiters not woken in %v", rm.status)
-			}
+		} else if rm.status.Terminal() {
+			return fmt.Errorf("waiters not woken in %v", rm.status)
 		}
 		if !rm.status.Terminal() {
 			// Invariant 1: a live room always has a deadline no later than

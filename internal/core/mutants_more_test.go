@@ -49,7 +49,7 @@ func TestQuarantineLastsItsTimeout(t *testing.T) {
 		c.Step(t0, AbortReceiver{Room: 1, Reason: "client went away"})
 		c.Effects()
 		c.Step(t0.Add(time.Second), Tick{})
-		_, held := c.Hold(1)
+		held := c.Hold(1)
 		if got := releases(c.Effects()); held != fixed || (fixed && len(got) != 0) {
 			t.Fatalf("1 s after the abort: held %v, released %v (want held: %v)", held, got, fixed)
 		}
@@ -58,7 +58,7 @@ func TestQuarantineLastsItsTimeout(t *testing.T) {
 		}
 		q := c.cfg.QuarantineTimeout
 		c.Step(t0.Add(q-time.Second), Tick{})
-		if _, held := c.Hold(1); !held {
+		if held := c.Hold(1); !held {
 			t.Fatalf("released %v before the quarantine deadline (%v)", releases(c.Effects()), q)
 		}
 		c.Effects()
@@ -74,13 +74,12 @@ func TestQuarantineLastsItsTimeout(t *testing.T) {
 func TestDoneWokenOnlyWhenTerminal(t *testing.T) {
 	fixedAndMutant(t, "wake-early", func(t *testing.T, fixed bool) {
 		c := decodeAsked(t)
-		done, _, ok := c.waiters(1)
-		if !ok {
-			t.Fatal("no waiters for room 1")
+		if done, _, ok := c.pending(1); !ok || !done {
+			t.Fatal("room 1's done waiters not pending")
 		}
 		woken := func(effects []Effect) (n int) {
 			for _, e := range effects {
-				if e.Kind == EffectWake && e.Wake == done {
+				if e.Kind == EffectWake && e.Room == 1 && e.Wake == WakeDone {
 					n++
 				}
 			}
@@ -259,7 +258,7 @@ func TestNotDrainedAckKeepsPages(t *testing.T) {
 		c.Step(t0, AbortReceiver{Room: 1, Reason: "client went away"})
 		c.Effects()
 		c.Step(t0, Received{Msg: &wire.AbortAck{From: prefillFrom, Room: 1, Drained: false}})
-		if _, held := c.Hold(1); held != fixed {
+		if held := c.Hold(1); held != fixed {
 			t.Fatalf("after drained=false: held %v, released %v", held, releases(c.Effects()))
 		}
 		if !fixed {

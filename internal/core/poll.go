@@ -1,6 +1,6 @@
 package core
 
-//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -type=Poll,Role,Outcome,Tombstone,Deadline,EventKind,EffectKind -output=enums_string.go
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -type=Poll,Role,Outcome,Tombstone,Deadline,EventKind,EffectKind,Wake -output=enums_string.go
 
 // Poll is a room's transfer status as seen by one rank. The order matches
 // SGLang's KVPoll so that the minimum over ranks is the room's overall status:

@@ -89,7 +89,6 @@ func (ReadDone) input()    {}
 // Clear.
 type pullHold struct {
 	room    uint64
-	ch      chan struct{}
 	peers   []*pullPeer
 	pages   int // prefill pages published
 	counted int // chunks counted in pages
@@ -159,7 +158,7 @@ func (c *prefillCore) publish(rm *room, in SendChunk, at chunkAt, pr PeerRequest
 	}
 	h := c.pulls[rm.id]
 	if h == nil {
-		h = &pullHold{room: rm.id, ch: make(chan struct{}), first: c.now}
+		h = &pullHold{room: rm.id, first: c.now}
 		c.pulls[rm.id] = h
 	}
 	var pp *pullPeer
@@ -353,7 +352,7 @@ func (c *prefillCore) releasePull(h *pullHold, forced bool) {
 		c.stats.ForcedReleases++
 	}
 	c.stats.SourceReleases++
-	c.emit(Effect{Kind: EffectWake, Room: h.room, Wake: h.ch})
+	c.emit(Effect{Kind: EffectWake, Room: h.room, Wake: WakePull})
 	c.emit(Effect{Kind: EffectReleased, Room: h.room, Forced: forced, Pages: h.pages, Held: c.now.Sub(h.first)})
 }
 
@@ -385,18 +384,15 @@ func (c *prefillCore) pullTick(now time.Time) {
 	}
 }
 
-// PullHold returns the channel closed when a prefill room's published
-// pages may be reused, and whether the room still holds them (false on a
-// decode rank, and for a room that published nothing for pull).
-func (c *Core) PullHold(room uint64) (chan struct{}, bool) {
+// PullHold says whether a prefill room still holds the pages it published
+// for pull (false on a decode rank, and for a room that published nothing
+// for pull): their release is an EffectWake of WakePull.
+func (c *Core) PullHold(room uint64) bool {
 	if c.prefillCore == nil {
-		return nil, false
+		return false
 	}
-	h, ok := c.prefillCore.pulls[room]
-	if !ok {
-		return nil, false
-	}
-	return h.ch, true
+	_, ok := c.prefillCore.pulls[room]
+	return ok
 }
 
 // AwaitsRegisterAck reports whether a decode rank waits for a REGISTER_ACK

@@ -234,7 +234,7 @@ func TestPullReadDoneBeforeTheLastChunk(t *testing.T) {
 	if st != Failed || !strings.Contains(reason, "room 7") || !strings.Contains(reason, "decode/d/0") || !strings.Contains(reason, "before the room's last chunk was published") {
 		t.Fatalf("room 7 %v (%q), want Failed naming the early READ_DONE", st, reason)
 	}
-	if _, held := c.PullHold(7); held {
+	if held := c.PullHold(7); held {
 		t.Fatal("the pages are still held after the drained READ_DONE of the room's only decode rank")
 	}
 }

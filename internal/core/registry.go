@@ -217,8 +217,7 @@ type room struct {
 	// acks are the ABORT_ACKs owed once no write of the room can land.
 	acks []wire.Peer
 
-	// Waiters: closed by the shell when the core emits their wake effect.
-	done, ready           chan struct{}
+	// Whether the room's wake effects (WakeDone, WakeReady) went out.
 	doneWoken, readyWoken bool
 
 	pre prefillRoom // role-specific state the core keeps
@@ -330,7 +329,7 @@ func (r *Registry) emit(e Effect) { *r.out = append(*r.out, e) }
 func (r *Registry) wakeDone(rm *room) {
 	if !rm.doneWoken {
 		rm.doneWoken = true
-		r.emit(Effect{Kind: EffectWake, Room: rm.id, Wake: rm.done})
+		r.emit(Effect{Kind: EffectWake, Room: rm.id, Wake: WakeDone})
 	}
 	r.wakeReady(rm)
 }
@@ -338,7 +337,7 @@ func (r *Registry) wakeDone(rm *room) {
 func (r *Registry) wakeReady(rm *room) {
 	if !rm.readyWoken {
 		rm.readyWoken = true
-		r.emit(Effect{Kind: EffectWake, Room: rm.id, Wake: rm.ready})
+		r.emit(Effect{Kind: EffectWake, Room: rm.id, Wake: WakeReady})
 	}
 }
 
@@ -563,7 +562,7 @@ func (r *Registry) create(id uint64, role Role, now time.Time) Result {
 		return Result{Outcome: Rejected, Status: rm.status,
 			Err: fmt.Errorf("room %d: a %v handle exists (%v): %w", id, rm.role, rm.status, ErrRoomInUse)}
 	}
-	rm := &room{id: id, role: role, created: now, done: make(chan struct{}), ready: make(chan struct{})}
+	rm := &room{id: id, role: role, created: now}
 	if t, ok := r.tomb(id, now); ok {
 		if t.kind == Cleared {
 			return rejected(fmt.Errorf("room %d: cleared %v ago, ids must be unique for %v: %w",

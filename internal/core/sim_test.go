@@ -598,7 +598,7 @@ func (w *simWorld) effects(slot int) {
 func (w *simWorld) checkWake(p *simProc, e Effect) {
 	if rm, ok := p.core.reg.rooms[e.Room]; ok {
 		switch e.Wake {
-		case rm.done:
+		case WakeDone:
 			if !rm.status.Terminal() {
 				w.fail("room %d: %s woke its done waiter while %v", e.Room, p.from.Peer(), rm.status)
 			}
@@ -617,16 +617,24 @@ func (w *simWorld) checkWake(p *simProc, e Effect) {
 					}
 				}
 			}
-		case rm.ready:
+		case WakeReady:
 			if rm.status == Bootstrapping {
 				w.fail("room %d: %s woke its ready waiter while %v", e.Room, p.from.Peer(), rm.status)
 			}
 		}
 	}
 	if d := p.core.decodeCore; d != nil {
-		if h, ok := d.holds[e.Room]; ok && h.ch == e.Wake {
+		if _, ok := d.holds[e.Room]; ok && e.Wake == WakeHold {
 			w.fail("room %d: %s woke its hold's waiter while the pages are held", e.Room, p.from.Peer())
 		}
+	}
+	if pc := p.core.prefillCore; pc != nil {
+		if _, ok := pc.pulls[e.Room]; ok && e.Wake == WakePull {
+			w.fail("room %d: %s woke its pull hold's waiter while the published pages are held", e.Room, p.from.Peer())
+		}
+	}
+	if (e.Wake == WakeHold && p.core.decodeCore == nil) || (e.Wake == WakePull && p.core.prefillCore == nil) {
+		w.fail("room %d: %s woke a %v waiter, which its role has not", e.Room, p.from.Peer(), e.Wake)
 	}
 }
 

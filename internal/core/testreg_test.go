@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -13,8 +14,9 @@ import (
 
 // testReg is the smallest shell around a Registry, for the registry's own
 // tests: a mutex (the model of the Manager's), a fake clock whose time each
-// event happens at, and the wake effects carried out by closing channels.
-// Sends (owed ABORT_ACKs) are recorded in acks.
+// event happens at, and the wake effects carried out as the Manager does:
+// recorded per room (woken) and closing the channels of Wait's waiters,
+// which are the shell's. Sends (owed ABORT_ACKs) are recorded in acks.
 type testReg struct {
 	*Registry
 	clk *fakeClock
@@ -24,10 +26,14 @@ type testReg struct {
 	acks   []*wire.AbortAck
 	closed chan struct{}
 	once   sync.Once
+	// woken: per live room, the bits (1<<Wake) of the wake effects
+	// carried out; waits: Wait's done waiters, by room.
+	woken map[*room]uint8
+	waits map[uint64]chan struct{}
 }
 
 func newTestReg(cfg RegistryConfig, clk *fakeClock) (*testReg, error) {
-	t := &testReg{clk: clk, closed: make(chan struct{})}
+	t := &testReg{clk: clk, closed: make(chan struct{}), woken: map[*room]uint8{}, waits: map[uint64]chan struct{}{}}
 	r, err := NewRegistry(cfg, &t.out)
 	if err != nil {
 		return nil, err
@@ -50,7 +56,13 @@ func (t *testReg) flush() {
 	for _, e := range t.out {
 		switch e.Kind {
 		case EffectWake:
-			close(e.Wake)
+			if rm := t.rooms[e.Room]; rm != nil {
+				t.woken[rm] |= 1 << e.Wake
+			}
+			if ch := t.waits[e.Room]; ch != nil && e.Wake == WakeDone {
+				close(ch)
+				delete(t.waits, e.Room)
+			}
 		case EffectSend:
 			if a, ok := e.Msg.(*wire.AbortAck); ok {
 				t.acks = append(t.acks, a)
@@ -58,6 +70,9 @@ func (t *testReg) flush() {
 		}
 	}
 	t.out = t.out[:0]
+	if len(t.woken) > 2*len(t.rooms)+16 {
+		maps.DeleteFunc(t.woken, func(rm *room, _ uint8) bool { return t.rooms[rm.id] != rm })
+	}
 }
 
 func (t *testReg) Create(id uint64, role Role) Result {
@@ -154,9 +169,18 @@ func (t *testReg) Wait(ctx context.Context, id uint64) (Poll, error) {
 			return 0, fmt.Errorf("room %d: wait: %w: %s", id, ErrRoomAborted, tb.reason)
 		}
 	}
+	ch := t.waits[id]
+	if ch == nil {
+		ch = make(chan struct{})
+		if t.woken[rm]&(1<<WakeDone) != 0 {
+			close(ch)
+		} else {
+			t.waits[id] = ch
+		}
+	}
 	t.mu.Unlock()
 	select {
-	case <-rm.done:
+	case <-ch:
 	case <-ctx.Done():
 		return 0, fmt.Errorf("room %d: wait: %w", id, ctx.Err())
 	case <-t.closed:
@@ -176,13 +200,7 @@ func (t *testReg) clone(clk *fakeClock) *testReg {
 		cp := *rm
 		cp.requests = slices.Clone(rm.requests)
 		cp.acks = slices.Clone(rm.acks)
-		cp.done, cp.ready = make(chan struct{}), make(chan struct{})
-		if rm.doneWoken {
-			close(cp.done)
-		}
-		if rm.readyWoken {
-			close(cp.ready)
-		}
+		c.woken[&cp] = t.woken[rm]
 		c.rooms[id] = &cp
 	}
 	for id, p := range t.pending {

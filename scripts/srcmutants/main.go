@@ -53,7 +53,7 @@ var mutants = []mutant{
 	{name: "failed-write-drains", file: "internal/core/core_prefill.go", old: "\tres := c.count(EventWriteDone, c.reg.WriteDone(room, w.Last, err, quiesced))", new: "\tquiesced = true\n\tres := c.count(EventWriteDone, c.reg.WriteDone(room, w.Last, err, quiesced))",
 		pkg: "internal/core", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
 	// Clear ends the decode quarantine.
-	{name: "clear-releases", file: "internal/core/core_decode.go", old: "\t\tc.index(rm, false)\n\t}\n\treturn res\n}\n\n// hold is Core.Hold.", new: "\t\tc.index(rm, false)\n\t}\n\tif h := c.holds[room]; h != nil {\n\t\tc.release(h, false)\n\t}\n\treturn res\n}\n\n// hold is Core.Hold.",
+	{name: "clear-releases", file: "internal/core/core_decode.go", old: "\t\tc.index(rm, false)\n\t}\n\treturn res\n}\n\nfunc downCode(", new: "\t\tc.index(rm, false)\n\t}\n\tif h := c.holds[room]; h != nil {\n\t\tc.release(h, false)\n\t}\n\treturn res\n}\n\nfunc downCode(",
 		pkg: "internal/core", run: "^(TestSimExhaustive|TestSimFindsBugs|TestSimRegressions|TestSimRestartBeforeSender)$"},
 	// An abort before the REQUEST is not sent.
 	{name: "no-early-abort", file: "internal/core/core_decode.go", old: "\t\t\tc.oweAbort(c.targets[s.target], room, \"\", reason)", new: "\t\t\tif !s.sent {\n\t\t\t\tcontinue\n\t\t\t}\n\t\t\tc.oweAbort(c.targets[s.target], room, \"\", reason)",
@@ -646,6 +646,22 @@ var mutants = []mutant{
 	// takes the long window.
 	{name: "caller-regs-not-counted", file: "nixl/ucx.go", old: "\t\tu.callerRegs++", new: "",
 		pkg: "nixl", run: "^TestSpinWindowAfterServingAPeer$"},
+	// The shell's waiters (the core makes no channel): a woken channel is
+	// kept in the table after its wake.
+	{name: "shell-waiter-kept", file: "kvmanager/waiters.go", old: "\t\tclose(ch)\n\t\tdelete(w.chans, k)\n", new: "\t\tclose(ch)\n",
+		pkg: "kvmanager", run: "^TestWaitersAreTheShells$"},
+	// The core's wake effect is not carried out: waiters wait on.
+	{name: "shell-wake-dropped", file: "kvmanager/shell.go", old: "\t\t\tm.waits.wake(e.Room, e.Wake)\n", new: "\t\t\t_ = e.Wake\n",
+		pkg: "kvmanager", run: "^TestWaitersAreTheShells$"},
+	// A wait for a wake the core already emitted waits for another one.
+	{name: "shell-woken-waits", file: "kvmanager/shell.go", old: "\t\t\t} else {\n\t\t\t\twoken = true\n", new: "\t\t\t} else {\n\t\t\t\tch = m.waits.on(room, wake)\n",
+		pkg: "kvmanager", run: "^TestWaitersAreTheShells$"},
+	// A decode hold's release wakes the room's done waiters, not the hold's.
+	{name: "hold-wake-kind", file: "internal/core/core_decode.go", old: "Wake: WakeHold}", new: "Wake: WakeDone}",
+		pkg: "internal/core", run: "^TestRestartFailsRoomAndAbortsNewProcess$"},
+	// A pull hold's release wakes the decode hold's waiters.
+	{name: "pull-wake-kind", file: "internal/core/pull.go", old: "Wake: WakePull}", new: "Wake: WakeHold}",
+		pkg: "internal/core", run: "^TestKeepProgressIsTheCores$"},
 }
 
 func main() {
