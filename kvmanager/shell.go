@@ -400,17 +400,16 @@ func (m *Manager) carryOut() {
 				continue
 			}
 			m.send(e.To, e.Msg)
-			if _, probe := e.Msg.(*bootstrap.Ping); probe {
-				// A probe's deadline is enforced at once, not at the next
-				// sweep.
-				time.AfterFunc(m.cfg.ProbeTimeout+time.Millisecond, func() {
-					select {
-					case <-m.closing:
-					default:
-						m.Tick()
-					}
-				})
-			}
+		case core.EffectTimer:
+			// A deadline shorter than the sweep (a probe's): enforced at
+			// once, not at the next sweep.
+			time.AfterFunc(max(e.At.Sub(m.cfg.Now()), 0)+time.Millisecond, func() {
+				select {
+				case <-m.closing:
+				default:
+					m.Tick()
+				}
+			})
 		case core.EffectWake:
 			m.waits.wake(e.Room, e.Wake)
 		case core.EffectWatch:

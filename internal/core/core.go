@@ -301,6 +301,10 @@ const (
 	// EffectUnload (prefill): drop the remote agent Remote, loaded for a
 	// challenge that was never echoed.
 	EffectUnload
+	// EffectTimer: step Tick at At (or soon after): a deadline the core
+	// set that is shorter than the shell's sweep — a probe's PONG is
+	// awaited for ProbeTimeout, not until the next sweep.
+	EffectTimer
 )
 
 // Effect is one output of the core.
@@ -328,6 +332,8 @@ type Effect struct {
 	Notif string
 	// Remote (EffectUnload): the remote agent's name.
 	Remote string
+	// At (EffectTimer): when to step Tick.
+	At time.Time
 }
 
 // Target names one prefill rank a decode room pulls from: the bootstrap

@@ -429,6 +429,7 @@ func (c *decodeCore) probe(tg *target) {
 	tg.probing, tg.probeDeadline = true, c.now.Add(c.cfg.ProbeTimeout)
 	c.stats.Probes++
 	c.send(tg.peer(), 0, &wire.Ping{})
+	c.emit(Effect{Kind: EffectTimer, At: tg.probeDeadline})
 }
 
 // heardFrom records a message from a target's endpoint; a probe it

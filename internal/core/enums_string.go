@@ -152,11 +152,12 @@ func _() {
 	_ = x[EffectKeepProgress-10]
 	_ = x[EffectChallenge-11]
 	_ = x[EffectUnload-12]
+	_ = x[EffectTimer-13]
 }
 
-const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatchEffectLoadMetadataEffectReadEffectKeepProgressEffectChallengeEffectUnload"
+const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatchEffectLoadMetadataEffectReadEffectKeepProgressEffectChallengeEffectUnloadEffectTimer"
 
-var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81, 99, 109, 127, 142, 154}
+var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81, 99, 109, 127, 142, 154, 165}
 
 func (i EffectKind) String() string {
 	idx := int(i) - 1

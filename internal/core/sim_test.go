@@ -563,6 +563,14 @@ func (w *simWorld) effects(slot int) {
 				continue
 			}
 			w.released(p, e)
+		case EffectTimer:
+			// Only a decode rank's probe asks for a timer, for its
+			// ProbeTimeout (the simulator's ticks reach it: a lost probe
+			// is covered).
+			if w.isPrefill(slot) || !e.At.Equal(w.now.Add(simProbeIdle/4)) {
+				w.fail("%s asked for a timer at %v (now %v)", p.from.Peer(), e.At, w.now)
+			}
+			w.cov.hit("probe timer asked")
 		case EffectUnload:
 			if !w.isPrefill(slot) || p.core.AgentOwner(e.Remote) != "" {
 				w.fail("%s unloads agent %q (owner %q)", p.from.Peer(), e.Remote, p.core.AgentOwner(e.Remote))

@@ -115,7 +115,7 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "resolve at 1", "room 7 decode 0 init",
 				"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK", "deliver 1→0 REQUEST", "room 7 prefill 0 send chunk 0", "post at 0", "post at 0",
 				"write 1 ok", "notif at 1", "write 2 ok", "notif at 1", "kill 0", "start 0", "time +2s"}
-		}, "probe lost: rank looked up again", "room served after a lost probe"),
+		}, "probe lost: rank looked up again", "room served after a lost probe", "probe timer asked"),
 		// A process heard from within ProbeIdle goes unprobed; killed and
 		// started elsewhere just after, the REQUEST goes to it, the PING
 		// that follows is lost, and the lookup that names the new process
@@ -402,7 +402,7 @@ var simRandomCoverage = map[string]int{
 	// (layered successes: 45 before REQUESTs probed idle processes first;
 	// the PINGs and PONGs take events of the same 400.)
 	"layer group sent": 600, "layered room succeeded": 38, "decode abort between layers": 3, "challenge expired: forgotten": 100, "challenge to a gone agent": 20, "prefill abort between layers": 5,
-	"probe answered": 90, "probe lost: rank looked up again": 60, "room served after a lost probe": 25,
+	"probe answered": 90, "probe lost: rank looked up again": 60, "probe timer asked": 300, "room served after a lost probe": 25,
 	"restart between layers": 2, "load report Failed": 10000, "load report Success": 5000, "load report of a failed room with pages": 1000,
 	// Pull rooms (9, and 10 layer-wise from two prefill ranks; "probe
 	// answered" was 100 before they took events of the same 400).

@@ -662,6 +662,15 @@ var mutants = []mutant{
 	// A pull hold's release wakes the decode hold's waiters.
 	{name: "pull-wake-kind", file: "internal/core/pull.go", old: "Wake: WakePull}", new: "Wake: WakeHold}",
 		pkg: "internal/core", run: "^TestKeepProgressIsTheCores$"},
+	// A probe's deadline reaches the core only at the next sweep: the
+	// core asks for no timer, the shell ignores one, or it is set on the
+	// wrong clock (ProbeIdle's instead of ProbeTimeout's).
+	{name: "probe-timer-dropped", file: "internal/core/core_decode.go", old: "\tc.emit(Effect{Kind: EffectTimer, At: tg.probeDeadline})\n", new: "",
+		pkg: "kvmanager", run: "^TestProbeTimerTicksTheCore$"},
+	{name: "shell-timer-ignored", file: "kvmanager/shell.go", old: "\t\tcase core.EffectTimer:\n", new: "\t\tcase core.EffectTimer:\n\t\t\tcontinue\n",
+		pkg: "kvmanager", run: "^TestProbeTimerTicksTheCore$"},
+	{name: "probe-timer-idle-clock", file: "internal/core/core_decode.go", old: "At: tg.probeDeadline})", new: "At: c.now.Add(c.cfg.ProbeIdle)})",
+		pkg: "kvmanager", run: "^TestProbeTimerTicksTheCore$"},
 }
 
 func main() {
