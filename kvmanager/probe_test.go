@@ -23,7 +23,7 @@ func TestProbeTimerTicksTheCore(t *testing.T) {
 	cfg.Instance, cfg.Compat, cfg.BootstrapURL = "probe-test", "v1:test", "http://127.0.0.1:1"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}} // allocated here
-	cfg.SweepInterval = time.Hour // no sweep in this test
+	cfg.SweepInterval = time.Hour                                                                                    // no sweep in this test
 	cfg.ProbeIdle, cfg.ProbeTimeout = time.Nanosecond, 20*time.Millisecond
 	d, err := NewDecode(cfg)
 	require.NoError(t, err)
