@@ -156,7 +156,7 @@ func (m *Manager) loadMetadata(msg *bootstrap.Register, lay core.PeerPlan) {
 		m.met.deferred.Inc() // NewPrefill has not finished: the sender repeats it
 		return
 	}
-	if _, err := m.checkClaims(msg); err != nil { // early; again once the rank and name are reserved
+	if err := m.checkClaims(msg); err != nil { // early; again once the rank and name are reserved
 		m.refuseRegister(msg, err)
 		return
 	}
@@ -178,7 +178,7 @@ func (m *Manager) challenge(msg *bootstrap.Register, notif string) {
 		m.met.deferred.Inc() // NewPrefill has not finished: the sender repeats it
 		return
 	}
-	if _, err := m.checkClaims(msg); err != nil {
+	if err := m.checkClaims(msg); err != nil {
 		m.refuseRegister(msg, err)
 		return
 	}

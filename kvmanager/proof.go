@@ -55,10 +55,6 @@ const proofTimeout = 5 * time.Second
 // maxProofChecks bounds the REGISTERs being checked at once.
 const maxProofChecks = 16
 
-// maxProven is the number of proven registrations remembered before those
-// of processes no longer registered are forgotten.
-const maxProven = 1024
-
 // proofInfo separates the slot values from any other use of the seed.
 const proofInfo = "kvbridge ownership proof v1"
 
@@ -161,61 +157,29 @@ func (m *Manager) writeProof(l transfer.Layout, owner string) error {
 	return nil
 }
 
-// provenReg is the last registration a decode rank proved here: a repeat
-// from the same process with the same blob and regions is not read again.
-type provenReg struct {
-	epoch   uint64
-	md, lay [32]byte
-}
-
-// registerHash hashes a REGISTER's blob and regions.
-func registerHash(msg *bootstrap.Register) (md, lay [32]byte) {
-	md = sha256.Sum256(msg.AgentMD)
-	h := sha256.New()
-	for _, list := range [][]bootstrap.Region{msg.KV, msg.Aux, msg.State} {
-		fmt.Fprintf(h, "%d;", len(list))
-		for _, r := range list {
-			fmt.Fprintf(h, "%d,%d,%d,%d,%s;", r.Addr, r.Len, r.ItemLen, r.Dev, r.Mem)
-		}
-	}
-	copy(lay[:], h.Sum(nil))
-	return md, lay
-}
-
 // checkClaims refuses, before its metadata is loaded, a REGISTER without
-// a seed, whose blob names another agent than the REGISTER does, whose
+// a seed, whose blob names another agent than the REGISTER does, or whose
 // agent name is an agent another decode rank registered here (the core
-// refused another rank's default name already), or that repeats a registration of its process
-// with other metadata (a process's blob does not change). repeat is true
-// for a REGISTER of a process proven here with this very blob and these
-// regions (nothing to read again).
-func (m *Manager) checkClaims(msg *bootstrap.Register) (repeat bool, err error) {
+// refused another rank's default name already, and a registered process's
+// REGISTER with other metadata or regions: PeerPlan.Repeat says a REGISTER
+// repeats its process's registration).
+func (m *Manager) checkClaims(msg *bootstrap.Register) error {
 	if len(msg.Proof) != proofLen {
-		return false, fmt.Errorf("%w: the REGISTER carries no ownership proof (%d bytes, want %d; a decode rank from before proofs must be upgraded)", errNotOwner, len(msg.Proof), proofLen)
+		return fmt.Errorf("%w: the REGISTER carries no ownership proof (%d bytes, want %d; a decode rank from before proofs must be upgraded)", errNotOwner, len(msg.Proof), proofLen)
 	}
 	name, err := nixl.MetadataAgent(msg.AgentMD)
 	if err != nil {
-		return false, fmt.Errorf("agent metadata: %w", err)
+		return fmt.Errorf("agent metadata: %w", err)
 	}
 	if name != msg.Agent {
-		return false, fmt.Errorf("%w: the agent metadata names agent %q, the REGISTER %q", errNotOwner, name, msg.Agent)
+		return fmt.Errorf("%w: the agent metadata names agent %q, the REGISTER %q", errNotOwner, name, msg.Agent)
 	}
 	var owner string
 	m.read(func(c *core.Core) { owner = c.AgentOwner(name) })
 	if owner != "" && owner != msg.From.Peer() {
-		return false, fmt.Errorf("%w: agent %q is registered here by %s", errNotOwner, name, owner)
+		return fmt.Errorf("%w: agent %q is registered here by %s", errNotOwner, name, owner)
 	}
-	md, lay := registerHash(msg)
-	m.regMu.Lock()
-	p, ok := m.proven[msg.From.Peer()]
-	m.regMu.Unlock()
-	if ok && p.epoch == msg.From.Epoch {
-		if p.md != md || p.lay != lay {
-			return false, fmt.Errorf("%w: %s (epoch %d) registered here with other agent metadata or regions: a process's do not change", errNotOwner, msg.From.Peer(), msg.From.Epoch)
-		}
-		return true, nil
-	}
-	return false, nil
+	return nil
 }
 
 // beginCheck reserves the check of a REGISTER: false (the REGISTER left
@@ -304,12 +268,12 @@ func (m *Manager) bindRegister(msg *bootstrap.Register, lay core.PeerPlan) {
 // usable, which is left as it is — and prepares its lists; it returns the
 // remote's name.
 func (m *Manager) proveRegister(msg *bootstrap.Register, lay core.PeerPlan) (string, error) {
-	repeat, err := m.checkClaims(msg)
+	err := m.checkClaims(msg)
 	if err != nil {
 		return "", err
 	}
 	name := msg.Agent
-	if repeat && m.agent.RemoteUsable(name) {
+	if lay.Repeat && m.agent.RemoteUsable(name) {
 		return name, nil
 	}
 	// The blob its challenge loaded is this very blob: not loaded again.
@@ -331,27 +295,6 @@ func (m *Manager) proveRegister(msg *bootstrap.Register, lay core.PeerPlan) (str
 		// The peer's memory as its REGISTER describes it does not lie
 		// inside what its metadata registered.
 		return "", fmt.Errorf("preparing the peer's descriptor lists: %w", err)
-	}
-	md, l := registerHash(msg)
-	m.regMu.Lock()
-	defer m.regMu.Unlock()
-	if m.proven == nil {
-		m.proven = map[string]provenReg{}
-	}
-	m.proven[msg.From.Peer()] = provenReg{epoch: msg.From.Epoch, md: md, lay: l}
-	if len(m.proven) > maxProven {
-		// Bounded: forget the processes no longer registered here.
-		var stale []string
-		m.read(func(c *core.Core) {
-			for peer, p := range m.proven {
-				if peer != msg.From.Peer() && !c.Registered(peer, p.epoch) {
-					stale = append(stale, peer)
-				}
-			}
-		})
-		for _, peer := range stale {
-			delete(m.proven, peer)
-		}
 	}
 	return name, nil
 }

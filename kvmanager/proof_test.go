@@ -372,7 +372,7 @@ func BenchmarkRegisterProof(b *testing.B) {
 				var plan core.PeerPlan
 				p.read(func(c *core.Core) { plan, err = c.CheckRegister(&msg) })
 				if err == nil {
-					_, err = p.checkClaims(&msg)
+					err = p.checkClaims(&msg)
 				}
 				var name string
 				if err == nil {

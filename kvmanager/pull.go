@@ -18,6 +18,7 @@ package kvmanager
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"sync"
@@ -291,11 +292,17 @@ func (d *Decode) acceptOffer(msg *bootstrap.RegisterAck) error {
 
 // offerHash hashes an offer's metadata, regions and seed.
 func offerHash(o *bootstrap.PullOffer) [32]byte {
-	md, lay := registerHash(&bootstrap.Register{Agent: o.Agent, AgentMD: o.AgentMD, KV: o.KV, Aux: o.Aux, State: o.State, Proof: o.Proof})
-	for i := range md {
-		md[i] ^= lay[i]
+	h := sha256.New()
+	fmt.Fprintf(h, "%d;%s;%d;%s;%d;%s;", len(o.Agent), o.Agent, len(o.AgentMD), o.AgentMD, len(o.Proof), o.Proof)
+	for _, list := range [][]bootstrap.Region{o.KV, o.Aux, o.State} {
+		fmt.Fprintf(h, "%d;", len(list))
+		for _, r := range list {
+			fmt.Fprintf(h, "%d,%d,%d,%d,%s;", r.Addr, r.Len, r.ItemLen, r.Dev, r.Mem)
+		}
 	}
-	return md
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum
 }
 
 // pullSlice is the rank mapping's slice of what prefill rank t holds for

@@ -60,12 +60,12 @@ type Manager struct {
 	// proof is this process's ownership proof seed: its values are in the
 	// slot after each of its regions, the seed in its REGISTERs (sealed).
 	// Under regMu, a prefill rank's REGISTER checks (proof.go): those in
-	// progress by decode rank and agent name, the registrations proven,
-	// free read-back buffers, and whether Close stopped new checks.
+	// progress by decode rank and agent name, free read-back buffers, and
+	// whether Close stopped new checks. (The registrations proven are the
+	// core's: PeerPlan.Repeat.)
 	proof    [proofLen]byte
 	regMu    sync.Mutex
 	checking map[string]bool
-	proven   map[string]provenReg
 	// challenged: the blob (its hash) a challenge loaded under each agent
 	// name, so the bind that follows the echo does not load it again (a
 	// second load replacing the first left the first's shared-memory

@@ -199,19 +199,24 @@ func TestChallengeNeverTouchesAnotherRanksAgent(t *testing.T) {
 	require.Len(t, acks, 1)
 	assert.Contains(t, acks[0].Reason, "being registered here by "+fourth.Peer())
 
-	// The registered rank itself sends another blob under its name (the
-	// shell refuses it: a process's blob does not change): neither the
-	// refusal nor, for a second such REGISTER, the challenge's expiry
-	// unloads the name its registration uses.
+	// The registered rank itself sends another blob under its name: the
+	// core refuses it at once (a process's blob does not change: not_owner,
+	// counted), challenges nothing, and nothing — the refusal, a second
+	// one, the time a challenge would expire — unloads the name its
+	// registration uses.
 	require.Equal(t, decodeFrom.Peer(), c.AgentOwner(agentOf(decodeFrom)))
-	for _, end := range []func(){
-		func() { c.Step(t0, RegisterRefused{From: decodeFrom, Reason: "other agent metadata", NotOwner: true}) },
-		func() { c.Step(t0.Add(time.Minute), Tick{}) },
-	} {
-		ch, _ = challengeOf(t, c, testRegister(decodeFrom, agentOf(decodeFrom), "another blob"), t0)
-		require.NotNil(t, ch)
-		end()
-		for _, e := range c.Effects() {
+	refused := c.Stats().LayoutRefused[RefusedNotOwner]
+	for i := range 2 {
+		ch, rest = challengeOf(t, c, testRegister(decodeFrom, agentOf(decodeFrom), "another blob"), t0)
+		assert.Nil(t, ch, "a registered process's changed REGISTER challenged")
+		acks = sent[*wire.RegisterAck](rest)
+		require.Len(t, acks, 1)
+		assert.False(t, acks[0].OK)
+		assert.Contains(t, acks[0].Reason, "not_owner")
+		assert.Contains(t, acks[0].Reason, "do not change")
+		assert.Equal(t, refused+uint64(i)+1, c.Stats().LayoutRefused[RefusedNotOwner])
+		c.Step(t0.Add(time.Minute), Tick{})
+		for _, e := range append(rest, c.Effects()...) {
 			assert.NotEqual(t, EffectUnload, e.Kind, "unloaded %q, a registered rank's agent", e.Remote)
 		}
 	}
@@ -304,4 +309,52 @@ func TestChallengeNotifParses(t *testing.T) {
 		_, ok := ParseChallenge(bad)
 		assert.False(t, ok, "%q parsed", bad)
 	}
+}
+
+// TestChangedRegistrationRefusedAtBind: the registrations proven are the
+// core's. Two REGISTERs of one process with different agent metadata both
+// pass to be loaded (neither bound yet); the first binds, the second is
+// refused at its bind (not_owner: a process's metadata does not change)
+// and the first registration stays. A repeat of the bound one is a Repeat
+// (its proof need not be read again).
+func TestChangedRegistrationRefusedAtBind(t *testing.T) {
+	c := testCore(t, RolePrefill)
+	first := testRegister(decodeFrom, agentOf(decodeFrom), "blob")
+	second := testRegister(decodeFrom, agentOf(decodeFrom), "blob, edited")
+	// load passes msg's challenge (when it draws one) and returns the plan
+	// its EffectLoadMetadata carries.
+	load := func(msg *wire.Register) PeerPlan {
+		t.Helper()
+		ch, rest := challengeOf(t, c, msg, t0)
+		if ch != nil {
+			cp := *msg
+			cp.Echo = ch.Nonce
+			require.True(t, c.Step(t0, Received{Msg: &cp}).OK, "REGISTER %q passed on to be loaded", msg.AgentMD)
+			rest = c.Effects()
+		}
+		var plans []PeerPlan
+		for _, e := range rest {
+			if e.Kind == EffectLoadMetadata {
+				plans = append(plans, *e.Plan)
+			}
+		}
+		require.Len(t, plans, 1, "REGISTER %q's load", msg.AgentMD)
+		return plans[0]
+	}
+	p1, p2 := load(first), load(second)
+	assert.False(t, p1.Repeat)
+	assert.False(t, p2.Repeat, "nothing bound yet")
+
+	c.Step(t0, Registered{From: decodeFrom, Remote: agentOf(decodeFrom), Plan: p1})
+	acks := sent[*wire.RegisterAck](c.Effects())
+	require.Len(t, acks, 1)
+	require.True(t, acks[0].OK)
+	c.Step(t0, Registered{From: decodeFrom, Remote: agentOf(decodeFrom), Plan: p2})
+	acks = sent[*wire.RegisterAck](c.Effects())
+	require.Len(t, acks, 1)
+	assert.False(t, acks[0].OK, "a second registration of the process with other metadata bound")
+	assert.Contains(t, acks[0].Reason, "not_owner")
+	assert.EqualValues(t, 1, c.Stats().LayoutRefused[RefusedNotOwner])
+
+	assert.True(t, load(first).Repeat, "a repeat of the bound registration")
 }

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
@@ -31,6 +32,36 @@ type decodePeer struct {
 	// this rank is posted (finalPosted). Bounded by the registered items;
 	// it goes with the registration.
 	inUse map[dest]uint64
+	// md, lay: the hashes of the registration's agent metadata and regions
+	// (registrationHash): a process's do not change, and a repeat of them
+	// is not proven again (PeerPlan.Repeat).
+	md, lay [32]byte
+}
+
+// registrationHash hashes a REGISTER's agent metadata and its regions.
+func registrationHash(msg *wire.Register) (md, lay [32]byte) {
+	md = sha256.Sum256(msg.AgentMD)
+	h := sha256.New()
+	for _, list := range [][]wire.Region{msg.KV, msg.Aux, msg.State} {
+		fmt.Fprintf(h, "%d;", len(list))
+		for _, r := range list {
+			fmt.Fprintf(h, "%d,%d,%d,%d,%s;", r.Addr, r.Len, r.ItemLen, r.Dev, r.Mem)
+		}
+	}
+	copy(lay[:], h.Sum(nil))
+	return md, lay
+}
+
+// changedRegistration explains why a REGISTER may not replace the
+// registration its process holds here ("" if it may): a process's agent
+// metadata and regions do not change, so other ones under the same epoch
+// are not its own (not_owner).
+func (c *prefillCore) changedRegistration(from wire.From, md, lay [32]byte) string {
+	p := c.peers[from.Peer()]
+	if p == nil || p.from.Epoch != from.Epoch || (p.md == md && p.lay == lay) {
+		return ""
+	}
+	return fmt.Sprintf("memory not proven the registering process's (not_owner): %s (epoch %d) registered here with other agent metadata or regions: a process's do not change", from.Peer(), from.Epoch)
 }
 
 // dest is one destination item of a decode rank's memory: a KV page, an
@@ -138,6 +169,13 @@ type PeerPlan struct {
 	// Pull: the decode rank asked to read its rooms (its REGISTER's pull);
 	// the REGISTER_ACK then offers this rank's memory if it serves pull.
 	Pull bool
+	// Repeat: the REGISTER repeats its process's registration here (the
+	// same agent metadata and regions, proven when it was bound): the shell
+	// need not read its proof again while the remote it loaded is usable.
+	Repeat bool
+	// md, lay: the REGISTER's hashes (registrationHash), kept with the
+	// registration Registered binds.
+	md, lay [32]byte
 }
 
 // prefillRoom is a prefill room's send cursor.
@@ -238,6 +276,15 @@ func overlap(msg *wire.Register) string {
 // agent metadata only after it passes, then steps Registered (or
 // RegisterRefused).
 func (c *prefillCore) checkRegister(msg *wire.Register) (PeerPlan, error) {
+	pp, err := c.checkLayout(msg)
+	if err == nil {
+		pp.md, pp.lay = registrationHash(msg)
+	}
+	return pp, err
+}
+
+// checkLayout is checkRegister's check of compat, layout and topology.
+func (c *prefillCore) checkLayout(msg *wire.Register) (PeerPlan, error) {
 	if msg.Compat != c.cfg.Compat {
 		return PeerPlan{}, fmt.Errorf("compat mismatch: prefill %q, decode %q", c.cfg.Compat, msg.Compat)
 	}
@@ -319,6 +366,14 @@ func (c *prefillCore) checkToLoad(now time.Time, msg *wire.Register) bool {
 		return false
 	}
 	pp.Pull = msg.Pull
+	if reason := c.changedRegistration(msg.From, pp.md, pp.lay); reason != "" {
+		c.stats.LayoutRefused[RefusedNotOwner]++
+		c.registerRefused(now, msg.From, reason)
+		return false
+	}
+	if p := c.peers[msg.From.Peer()]; p != nil && p.from.Epoch == msg.From.Epoch {
+		pp.Repeat = true
+	}
 	if !c.admit(now, msg) {
 		return false // its agent challenged: the sender's next REGISTER echoes it
 	}
@@ -340,11 +395,18 @@ func (c *prefillCore) registered(now time.Time, from wire.From, remote string, p
 		c.registerRefused(now, from, fmt.Sprintf("memory not proven the registering process's (not_owner): %s (epoch %d) has not echoed its agent challenge", from.Peer(), from.Epoch))
 		return
 	}
+	if reason := c.changedRegistration(from, pp.md, pp.lay); reason != "" {
+		// Another REGISTER of the process, with other metadata or
+		// regions, was bound while this one was being loaded.
+		c.stats.LayoutRefused[RefusedNotOwner]++
+		c.registerRefused(now, from, reason)
+		return
+	}
 	key := from.Peer()
 	if old := c.peers[key]; old != nil && old.from.Epoch != from.Epoch {
 		c.peerGone(key, old.from.Epoch, true, CodePeerRestarted, fmt.Sprintf("peer restarted: %s (epoch %d → %d)", key, old.from.Epoch, from.Epoch))
 	}
-	np := &decodePeer{from: from, remote: remote, layout: pp.Layout, mapped: pp.Mapped, plan: pp.Plan, inUse: map[dest]uint64{}}
+	np := &decodePeer{from: from, remote: remote, layout: pp.Layout, mapped: pp.Mapped, plan: pp.Plan, inUse: map[dest]uint64{}, md: pp.md, lay: pp.lay}
 	if old := c.peers[key]; old != nil && old.from.Epoch == from.Epoch {
 		np.inUse = old.inUse // a repeated REGISTER of the same process: its rooms keep their pages
 	}

@@ -348,11 +348,19 @@ var mutants = []mutant{
 		pkg: "kvmanager", run: "^TestRegisterClaimsCheckedAgainOnceReserved$"},
 	{name: "proof-check-on-control-loop", file: "kvmanager/prefill.go", old: "	go m.bindRegister(msg, lay)", new: "	m.bindRegister(msg, lay)",
 		pkg: "kvmanager", run: "^TestRegisterCheckOffTheControlLoop$"},
-	{name: "repeat-with-other-blob-loaded", file: "kvmanager/proof.go", old: "		if p.md != md || p.lay != lay {", new: "		if false && (p.md != md || p.lay != lay) {",
+	{name: "repeat-with-other-blob-loaded", file: "internal/core/core_prefill.go", old: "|| (p.md == md && p.lay == lay) {", new: "|| true {",
 		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
-	{name: "claims-not-checked-again", file: "kvmanager/proof.go", old: "	repeat, err := m.checkClaims(msg)\n	if err != nil {\n		return \"\", err\n	}", new: "	repeat, _ := m.checkClaims(msg)\n	var err error",
+	// The core's bind of a REGISTER does not check again that its process
+	// registered no other metadata or regions while it was loaded.
+	{name: "changed-registration-bound", file: "internal/core/core_prefill.go", old: "\tif reason := c.changedRegistration(from, pp.md, pp.lay); reason != \"\" {", new: "\tif reason := c.changedRegistration(from, pp.md, pp.lay); false && reason != \"\" {",
+		pkg: "internal/core", run: "^TestChangedRegistrationRefusedAtBind$"},
+	// A REGISTER is taken for a repeat of its process's registration
+	// without one: its proof is not read.
+	{name: "repeat-unregistered", file: "internal/core/core_prefill.go", old: "\tif p := c.peers[msg.From.Peer()]; p != nil && p.from.Epoch == msg.From.Epoch {\n\t\tpp.Repeat = true", new: "\tif p := c.peers[msg.From.Peer()]; true || p != nil && p.from.Epoch == msg.From.Epoch {\n\t\tpp.Repeat = true",
+		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
+	{name: "claims-not-checked-again", file: "kvmanager/proof.go", old: "	err := m.checkClaims(msg)\n	if err != nil {\n		return \"\", err\n	}", new: "	var err error",
 		pkg: "kvmanager", run: "^TestRegisterClaimsCheckedAgainOnceReserved$"},
-	{name: "repeat-not-proven-after-reload", file: "kvmanager/proof.go", old: "	if err = m.checkProof(name, msg, lay.Layout); err != nil {", new: "	if err = m.checkProof(name, msg, lay.Layout); err != nil && !repeat {",
+	{name: "repeat-not-proven-after-reload", file: "kvmanager/proof.go", old: "	if err = m.checkProof(name, msg, lay.Layout); err != nil {", new: "	if err = m.checkProof(name, msg, lay.Layout); err != nil && !lay.Repeat {",
 		pkg: "kvmanager", run: "^TestRepeatProvenAgainWhenReloaded$"},
 	// Against a hostile peer (issue 49 item 3): each rule removed or
 	// weakened.
