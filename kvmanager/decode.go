@@ -81,7 +81,7 @@ func NewDecode(cfg Config) (*Decode, error) {
 	m.resolver = d.resolve
 	if cfg.Pull {
 		d.startPull()
-		m.onAck, m.onReads = d.onRegisterAck, d.queueReads
+		m.onOffer, m.onReads = d.loadOffer, d.queueReads
 	}
 	m.start()
 	m.wg.Add(1)

@@ -24,6 +24,7 @@ type metrics struct {
 	probes, leasesLost                                    *prometheus.Desc
 	// Pull (docs/PROTOCOL.md "Pull").
 	underLease, leaseRenewals, leaseExpiries, readsRefused, pullRefused *prometheus.Desc
+	offers                                                              *prometheus.Desc
 	foreignRefused                                                      *prometheus.Desc
 	challenges, challengesIgnored                                       *prometheus.Desc
 	pageSeconds                                                         prometheus.Histogram
@@ -92,6 +93,8 @@ func newMetrics(m *Manager) *metrics {
 			"Pull rooms failed because a decode rank's lease ended before its reads were reported (prefill).", nil, labels),
 		readsRefused: prometheus.NewDesc("kvbridge_pull_reads_refused_total",
 			"Pull reads not posted: the room had ended or the lease had run out before the read's turn (decode).", nil, labels),
+		offers: prometheus.NewDesc("kvbridge_pull_offers_total",
+			"Pull offers a decode rank did not take: refused (none, another process's agent, regions that make no layout, or not proven: the pair is not registered) or deferred (its agent's offer being checked, or 16 checks at once: the REGISTER's repeat brings it again).", []string{"outcome"}, labels),
 		pullRefused: prometheus.NewDesc("kvbridge_pull_messages_refused_total",
 			"PAGES, RENEW and READ_DONE ignored or refused: stale epoch, unknown room or peer, a duplicate, a lease that had ended, a malformed publication, or a REQUEST for a mode the room or rank does not take.", nil, labels),
 		pageSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvbridge_pull_page_seconds",
@@ -139,7 +142,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.inflight
 	ch <- x.tables
 	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes,
-		x.underLease, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.foreignRefused, x.challenges, x.challengesIgnored} {
+		x.underLease, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.challenges, x.challengesIgnored} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -162,6 +165,8 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.leaseExpiries, prometheus.CounterValue, float64(st.LeaseExpiries))
 	ch <- prometheus.MustNewConstMetric(x.readsRefused, prometheus.CounterValue, float64(st.ReadsRefused))
 	ch <- prometheus.MustNewConstMetric(x.pullRefused, prometheus.CounterValue, float64(st.PullRefused))
+	ch <- prometheus.MustNewConstMetric(x.offers, prometheus.CounterValue, float64(st.OffersRefused), "refused")
+	ch <- prometheus.MustNewConstMetric(x.offers, prometheus.CounterValue, float64(st.OffersDeferred), "deferred")
 	ch <- prometheus.MustNewConstMetric(x.foreignRefused, prometheus.CounterValue, float64(st.ForeignRefused))
 	for _, c := range []struct {
 		outcome string

@@ -18,11 +18,9 @@ package kvmanager
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
@@ -85,20 +83,6 @@ func (p *Prefill) Released(room uint64) <-chan struct{} {
 	return ch
 }
 
-// pullKey names one prefill process a decode rank reads from.
-type pullKey struct {
-	endpoint string
-	epoch    uint64
-}
-
-// pullPeer is a prefill process whose offer this decode rank accepted.
-type pullPeer struct {
-	remote string
-	owner  string // the offering rank's identity (From.Peer())
-	layout transfer.Layout
-	offer  [32]byte // its hash: a repeated REGISTER_ACK with the same offer is not proven again
-}
-
 // remoteLocks stripes the locks of reads through a remote by its agent
 // name: a read holds its remote's for reading from its lookup to its last
 // post; an offer that replaces that remote's metadata holds it for
@@ -114,28 +98,20 @@ func (ps *pullState) remoteLock(name string) *sync.RWMutex {
 	return &ps.locks[h%remoteLocks]
 }
 
-// pullState is a decode rank's pull side.
+// pullState is a decode rank's pull side. (The accepted offers are the
+// core's: each read carries its offer's remote and layout.)
 type pullState struct {
-	mu    sync.RWMutex // guards the maps below (held briefly)
+	mu    sync.RWMutex // guards slices (held briefly)
 	locks [remoteLocks]sync.RWMutex
-	// peers are the accepted offers; slices the rank mapping's slice per
-	// target (nil: identical layouts).
-	peers  map[pullKey]*pullPeer
+	// slices is the rank mapping's slice per target (nil: identical
+	// layouts).
 	slices map[core.Target]*transfer.Slice
-	// checking serializes the offers of one prefill agent; checks counts
-	// the offers being checked (at most maxOfferChecks).
-	checking map[string]chan struct{}
-	checks   atomic.Int32
 	// queue holds the reads asked for and not yet taken by a reader; qsig
 	// wakes readers.
 	qmu   sync.Mutex
 	queue []readJob
 	qsig  chan struct{}
 }
-
-// maxOfferChecks bounds the offers a decode rank checks at once: a
-// REGISTER_ACK past it is left unanswered (its REGISTER is sent again).
-const maxOfferChecks = 16
 
 type readJob struct {
 	room uint64
@@ -145,164 +121,71 @@ type readJob struct {
 
 // startPull starts a decode rank's readers.
 func (d *Decode) startPull() {
-	d.pull = &pullState{peers: map[pullKey]*pullPeer{}, slices: map[core.Target]*transfer.Slice{},
-		checking: map[string]chan struct{}{}, qsig: make(chan struct{}, pullReaders)}
+	d.pull = &pullState{slices: map[core.Target]*transfer.Slice{}, qsig: make(chan struct{}, pullReaders)}
 	for range pullReaders {
 		d.wg.Add(1)
 		go d.reader()
 	}
 }
 
-// onRegisterAck accepts a REGISTER_ACK's pull offer, off the receive
-// goroutine, then steps the REGISTER_ACK — as a refusal naming why when
-// the offer is missing or fails.
-func (d *Decode) onRegisterAck(msg *bootstrap.RegisterAck) {
-	if !msg.OK {
-		d.receive(msg)
-		return
-	}
-	awaited := false
-	d.read(func(c *core.Core) { awaited = c.AwaitsRegisterAck(msg.From.Endpoint) })
-	if !awaited {
-		d.receive(msg) // no REGISTER of ours waits there: the core drops it, nothing is loaded
-		return
-	}
-	if d.pull.checks.Add(1) > maxOfferChecks {
-		d.pull.checks.Add(-1)
-		d.log.Warn("pull offer left unanswered: too many being checked (its REGISTER is sent again)", zap.String("peer", msg.From.Peer()))
-		return
-	}
+// loadOffer carries out EffectLoadOffer on a goroutine of its own (engine
+// I/O): it loads the offer's agent metadata and proves its memory the
+// offering process's, then steps OfferLoaded.
+func (d *Decode) loadOffer(p *core.OfferPlan) {
 	d.regMu.Lock() // (Close sets regClosed under it before it waits for the goroutines)
 	if d.regClosed {
 		d.regMu.Unlock()
-		d.pull.checks.Add(-1)
 		return
 	}
 	d.wg.Add(1)
 	d.regMu.Unlock()
 	go func() {
 		defer d.wg.Done()
-		defer d.pull.checks.Add(-1)
-		if err := d.acceptOffer(msg); err != nil {
-			refused := *msg
-			refused.OK, refused.Pull = false, nil
-			refused.Reason = fmt.Sprintf("pull from prefill %s (%s): %v", msg.From.Peer(), msg.From.Endpoint, err)
-			d.log.Warn("pull offer refused", zap.String("peer", msg.From.Peer()), zap.Error(err))
-			d.receive(&refused)
-			return
+		err := d.proveOffer(p)
+		if err != nil {
+			d.log.Warn("pull offer refused", zap.String("peer", p.Ack.From.Peer()), zap.Error(err))
+		} else if !p.Repeat {
+			d.pull.mu.Lock()
+			clear(d.pull.slices) // an instance may have changed shape or page size: computed again
+			d.pull.mu.Unlock()
 		}
-		d.receive(msg)
+		d.stepIn(core.OfferLoaded{Plan: p, Err: err})
 	}()
 }
 
-// errNoOffer: a prefill rank that does not serve pull.
-var errNoOffer = errors.New("its REGISTER_ACK offers nothing to read: it does not serve pull (PullLease < 0 there)")
-
-// acceptOffer checks a prefill process's offer and loads it: its agent
-// name is its own (of its default form, the sender's; the one the blob
-// itself names, checked before the blob is loaded; not another rank's
-// accepted one), its regions make a layout, and its memory is proven its
-// own by reading every proof slot back through the loaded metadata.
-func (d *Decode) acceptOffer(msg *bootstrap.RegisterAck) error {
-	o := msg.Pull
-	if o == nil {
-		return errNoOffer
-	}
-	from := msg.From
-	if core.DefaultNameOwner(o.Agent) != "" {
-		if want := fmt.Sprintf("%s-prefill-%d", from.Instance, from.Rank); o.Agent != want {
-			return fmt.Errorf("%w: agent %q has the form of another rank's default name (want %q)", errNotOwner, o.Agent, want)
-		}
+// proveOffer loads an offer's agent metadata — its agent name the one the
+// blob itself names, checked before the blob is loaded — and proves its
+// memory its own by reading every proof slot back through it. A repeat of
+// the accepted offer whose remote is still usable is left as it is.
+func (d *Decode) proveOffer(p *core.OfferPlan) error {
+	o := p.Ack.Pull
+	if p.Repeat && d.agent.RemoteUsable(o.Agent) {
+		return nil
 	}
 	if named, err := nixl.MetadataAgent(o.AgentMD); err != nil {
 		return fmt.Errorf("agent metadata: %w", err)
 	} else if named != o.Agent {
 		return fmt.Errorf("%w: its metadata names agent %q, its offer %q", errNotOwner, named, o.Agent)
 	}
-	lay, err := core.LayoutFrom(o.KV, o.Aux, o.State)
-	if err != nil {
-		return fmt.Errorf("its regions: %w", err)
-	}
-	hash := offerHash(o)
-	key := pullKey{from.Endpoint, from.Epoch}
-	owner := from.Peer()
-	ps := d.pull
-	// One offer of an agent at a time.
-	for {
-		ps.mu.Lock()
-		if p := ps.peers[key]; p != nil && p.offer == hash && d.agent.RemoteUsable(p.remote) {
-			ps.mu.Unlock()
-			return nil // a repeat of the offer already proven
-		}
-		for _, p := range ps.peers {
-			if p.remote == o.Agent && p.owner != owner {
-				ps.mu.Unlock()
-				return fmt.Errorf("%w: agent %q is %s's, whose offer was accepted here", errNotOwner, o.Agent, p.owner)
-			}
-		}
-		busy, ok := ps.checking[o.Agent]
-		if !ok {
-			ps.checking[o.Agent] = make(chan struct{})
-			ps.mu.Unlock()
-			break
-		}
-		ps.mu.Unlock()
-		select {
-		case <-busy:
-		case <-d.closing:
-			return ErrManagerClosed
-		}
-	}
-	defer func() {
-		ps.mu.Lock()
-		close(ps.checking[o.Agent])
-		delete(ps.checking, o.Agent)
-		ps.mu.Unlock()
-	}()
 	// No read goes through the agent's remote while its metadata is
-	// replaced: that rank's earlier entries, and this endpoint's other
-	// processes', go first.
-	rl := ps.remoteLock(o.Agent)
+	// replaced: a read holds its stripe from before its gate to its last
+	// post (the core dropped the offers it replaces, so no read passes
+	// the gate through them any more).
+	rl := d.pull.remoteLock(o.Agent)
 	rl.Lock()
-	ps.mu.Lock()
-	for k, p := range ps.peers {
-		if p.remote == o.Agent || k.endpoint == from.Endpoint {
-			delete(ps.peers, k)
-		}
-	}
-	ps.mu.Unlock()
-	_, err = d.agent.LoadRemote(o.AgentMD)
+	_, err := d.agent.LoadRemote(o.AgentMD)
 	rl.Unlock()
 	if err != nil {
 		return fmt.Errorf("agent metadata: %w", err)
 	}
-	// Nothing refers to the new remote until it is proven (no entry names
-	// it), so no read goes through it before.
-	reg := &bootstrap.Register{From: from, Proof: o.Proof}
-	if err := d.checkProof(o.Agent, reg, lay); err != nil {
+	// Nothing refers to the new remote until the core accepts it, so no
+	// read goes through it before it is proven.
+	reg := &bootstrap.Register{From: p.Ack.From, Proof: o.Proof}
+	if err := d.checkProof(o.Agent, reg, p.Layout); err != nil {
 		d.agent.InvalidateRemote(o.Agent)
 		return err
 	}
-	ps.mu.Lock()
-	ps.peers[key] = &pullPeer{remote: o.Agent, owner: owner, layout: lay, offer: hash}
-	clear(ps.slices) // an instance may have changed shape or page size: computed again
-	ps.mu.Unlock()
 	return nil
-}
-
-// offerHash hashes an offer's metadata, regions and seed.
-func offerHash(o *bootstrap.PullOffer) [32]byte {
-	h := sha256.New()
-	fmt.Fprintf(h, "%d;%s;%d;%s;%d;%s;", len(o.Agent), o.Agent, len(o.AgentMD), o.AgentMD, len(o.Proof), o.Proof)
-	for _, list := range [][]bootstrap.Region{o.KV, o.Aux, o.State} {
-		fmt.Fprintf(h, "%d;", len(list))
-		for _, r := range list {
-			fmt.Fprintf(h, "%d,%d,%d,%d,%s;", r.Addr, r.Len, r.ItemLen, r.Dev, r.Mem)
-		}
-	}
-	var sum [32]byte
-	copy(sum[:], h.Sum(nil))
-	return sum
 }
 
 // pullSlice is the rank mapping's slice of what prefill rank t holds for
@@ -372,18 +255,14 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 	if err != nil {
 		return fmt.Errorf("%s: %w", where, err), true
 	}
-	ps := d.pull
-	key := pullKey{j.to.Endpoint, j.rd.Epoch}
-	ps.mu.RLock()
-	p := ps.peers[key]
-	ps.mu.RUnlock()
-	if p == nil {
+	if j.rd.Remote == "" {
 		return fmt.Errorf("%s: that process has no accepted pull offer here", where), true
 	}
 	// Held from here to the last post: an offer that replaces this
-	// remote's metadata waits (acceptOffer), so nothing is prepared
-	// through one remote and posted through its successor.
-	rl := ps.remoteLock(p.remote)
+	// remote's metadata waits (proveOffer), so nothing is prepared
+	// through one remote and posted through its successor; the gate
+	// refuses a read whose offer the core replaced.
+	rl := d.pull.remoteLock(j.rd.Remote)
 	rl.RLock()
 	locked := true
 	unlock := func() {
@@ -393,17 +272,11 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 		}
 	}
 	defer unlock()
-	ps.mu.RLock()
-	still := ps.peers[key] == p
-	ps.mu.RUnlock()
-	if !still {
-		return fmt.Errorf("%s: that process's offer was replaced", where), true
-	}
 	own := d.cfg.Layout
 	var kvSrc, kvDst, hostSrc, hostDst []nixl.Desc
 	for i := range j.rd.Writes {
 		w := &j.rd.Writes[i]
-		s, t, err := transfer.ReadPairs(w, p.layout, own, slice)
+		s, t, err := transfer.ReadPairs(w, j.rd.Layout, own, slice)
 		if err != nil {
 			return fmt.Errorf("%s: %w", where, err), true
 		}
@@ -429,7 +302,7 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 			return err
 		}
 		releases = append(releases, func() { lp.Release() })
-		rp, err := d.agent.PrepRemote(p.remote, srcKind, src)
+		rp, err := d.agent.PrepRemote(j.rd.Remote, srcKind, src)
 		if err != nil {
 			return err
 		}
@@ -446,7 +319,7 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 		xs = append(xs, x)
 		return nil
 	}
-	err = prep(p.layout.Kind, own.Kind, kvSrc, kvDst)
+	err = prep(j.rd.Layout.Kind, own.Kind, kvSrc, kvDst)
 	if err == nil {
 		err = prep(nixl.DRAM, nixl.DRAM, hostSrc, hostDst)
 	}

@@ -5,12 +5,15 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
 )
 
 // TestPullOfferProven: a decode rank that pulls reads only memory proven
@@ -34,12 +37,36 @@ func TestPullOfferProven(t *testing.T) {
 			cfg.Auth, cfg.Instance, cfg.Compat, cfg.Engine, cfg.Pull = testauth.Auth(), "offer-decode-"+tc.name, "v1:test", tc.engine, true
 			cfg.BootstrapURL = "http://127.0.0.1:1" // never asked: the offers are handed to it directly
 			cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+			reg := prometheus.NewRegistry()
+			cfg.Registerer = reg
 			d, err := NewDecode(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { d.Close() })
-			from := bootstrap.From{Role: bootstrap.RolePrefill, Instance: p.cfg.Instance, Rank: 0, Endpoint: p.Endpoint(), Epoch: p.Epoch()}
+			// The offers come from an endpoint of no process (the genuine
+			// prefill rank would answer the REGISTERs itself) under the
+			// prefill rank's identity: its proofs are for that identity.
+			from := bootstrap.From{Role: bootstrap.RolePrefill, Instance: p.cfg.Instance, Rank: 0, Endpoint: "tcp://127.0.0.1:9", Epoch: p.Epoch()}
+			target := core.Target{Bootstrap: cfg.BootstrapURL, Rank: 0}
+			d.resolver = func(core.Target) {} // the test resolves the target itself
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			room := uint64(0)
+			// deliver answers a new room's REGISTER with ack and returns
+			// the room's status once it is ready or failed, and why.
+			deliver := func(ack *bootstrap.RegisterAck) (core.Poll, string) {
+				t.Helper()
+				room++
+				require.Equal(t, core.Applied, d.CreateReceiver(room, target).Outcome)
+				d.stepIn(core.Resolved{Target: target, Endpoint: from.Endpoint})
+				spec := core.RequestSpec{DstPages: []uint32{uint32(room - 1)}, AuxIndex: -1, Pull: true}
+				require.Equal(t, core.Applied, d.stepIn(core.InitReceiver{Room: room, Spec: spec}).Result.Outcome)
+				d.handle(ack)
+				st, err := d.WaitReady(ctx, room)
+				require.NoError(t, err)
+				return st, d.Failure(room)
+			}
 			offered, err := p.pullOffer()
 			if err != nil || offered == nil {
 				t.Fatalf("the prefill rank's offer: %v, %v", offered, err)
@@ -74,21 +101,28 @@ func TestPullOfferProven(t *testing.T) {
 				{"a wrong seed", offer(func(o *bootstrap.PullOffer) { o.Proof = victim.seed }), "not_owner"},
 				{"no offer", &bootstrap.RegisterAck{From: from, OK: true}, "does not serve pull"},
 			} {
-				err := d.acceptOffer(c.ack)
-				if err == nil || !strings.Contains(err.Error(), c.want) {
-					t.Fatalf("%s: %v, want a refusal naming %q", c.what, err, c.want)
+				st, reason := deliver(c.ack)
+				require.Equal(t, core.Failed, st, "%s: accepted", c.what)
+				require.Contains(t, reason, c.want, "%s: the refusal names why", c.what)
+				require.Zero(t, d.Sizes().Offers, "%s: refused, yet an offer stays accepted", c.what)
+				t.Logf("%s: refused: %s", c.what, reason)
+			}
+			st, reason := deliver(offer(nil))
+			require.Equal(t, core.WaitingForInput, st, "the genuine offer refused: %s", reason)
+			require.Equal(t, 1, d.Sizes().Offers, "the genuine offer accepted")
+			families, err := reg.Gather()
+			require.NoError(t, err)
+			refused := -1.0
+			for _, f := range families {
+				for _, m := range f.GetMetric() {
+					for _, l := range m.GetLabel() {
+						if f.GetName() == "kvbridge_pull_offers_total" && l.GetName() == "outcome" && l.GetValue() == "refused" {
+							refused = m.GetCounter().GetValue()
+						}
+					}
 				}
-				if len(d.pull.peers) != 0 {
-					t.Fatalf("%s: refused, yet an offer stays accepted: %v", c.what, d.pull.peers)
-				}
-				t.Logf("%s: refused: %v", c.what, err)
 			}
-			if err := d.acceptOffer(offer(nil)); err != nil {
-				t.Fatalf("the genuine offer refused: %v", err)
-			}
-			if len(d.pull.peers) != 1 {
-				t.Fatalf("accepted offers %v, want the genuine one", d.pull.peers)
-			}
+			require.Equal(t, 7.0, refused, "kvbridge_pull_offers_total{outcome=\"refused\"}")
 		})
 	}
 }

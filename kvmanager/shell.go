@@ -80,10 +80,10 @@ type Manager struct {
 	auxMem         []byte
 	stateMem       [][]byte
 
-	// onAck (decode with Pull) takes a REGISTER_ACK before the core does;
-	// onReads hands reads to the readers. (A prefill rank's pull offer is
+	// onOffer (decode with Pull) loads and proves an offer the core
+	// checked; onReads hands reads to the readers. (A prefill rank's pull offer is
 	// the core's: CoreConfig.Offer.)
-	onAck   func(*bootstrap.RegisterAck)
+	onOffer func(*core.OfferPlan)
 	onReads func([]core.Effect)
 	// resolver looks decode targets up (set by NewDecode).
 	resolver func(core.Target)
@@ -442,7 +442,7 @@ func (m *Manager) carryOut() {
 			m.unload(e.Remote)
 		case core.EffectRead:
 			reads = append(reads, e)
-		case core.EffectPost, core.EffectLoadMetadata, core.EffectChallenge:
+		case core.EffectPost, core.EffectLoadMetadata, core.EffectChallenge, core.EffectLoadOffer:
 			posts = append(posts, e) // each may step: after effMu
 		}
 	}
@@ -467,6 +467,13 @@ func (m *Manager) carryOut() {
 			continue
 		case core.EffectChallenge:
 			m.challenge(e.Msg.(*bootstrap.Register), e.Notif)
+			continue
+		case core.EffectLoadOffer:
+			if m.onOffer != nil {
+				m.onOffer(e.Offer)
+			} else {
+				m.stepIn(core.OfferLoaded{Plan: e.Offer, Err: errors.New("this decode rank does not pull (Config.Pull)")})
+			}
 			continue
 		}
 		m.post(e)
@@ -501,12 +508,6 @@ func (m *Manager) handle(msg bootstrap.Message) {
 		}
 	case *bootstrap.Abort:
 		m.met.abort(m.receive(msg).Prior) // the room's status when the abort came (0: no sender yet)
-	case *bootstrap.RegisterAck:
-		if m.onAck != nil {
-			m.onAck(msg)
-			return
-		}
-		m.receive(msg)
 	default:
 		m.receive(msg)
 	}

@@ -104,6 +104,12 @@ type decodeCore struct {
 	// echo holds the nonces of the last MaxEchoes agent challenges sent
 	// for this rank, echoed in each REGISTER.
 	echo []byte
+	// offers are the prefill processes' pull offers accepted (offer.go);
+	// offerChecks the agents whose offer is being loaded; offerGen numbers
+	// acceptances.
+	offers      map[offerKey]*acceptedOffer
+	offerChecks map[string]bool
+	offerGen    uint64
 }
 
 // heardPeer is what the core last heard from one peer identity.
@@ -241,6 +247,8 @@ type CoreStats struct {
 	ReadsRefused   uint64 // pull reads their gate refused (decode)
 	SourceReleases uint64 // pull rooms' source pages released (prefill; forced ones in ForcedReleases too)
 	PullRefused    uint64 // PAGES, RENEW or READ_DONE ignored: stale, unknown room or peer, a duplicate, or refused
+	OffersRefused  uint64 // (decode) pull offers refused: none, another's agent, bad regions, or not proven
+	OffersDeferred uint64 // (decode) REGISTER_ACKs left unanswered: their agent's offer being loaded, or too many
 	// ForeignRefused (prefill): REQUESTs and ABORTs refused for naming a
 	// room that another decode instance asked for first.
 	ForeignRefused uint64
@@ -301,6 +309,10 @@ const (
 	// EffectUnload (prefill): drop the remote agent Remote, loaded for a
 	// challenge that was never echoed.
 	EffectUnload
+	// EffectLoadOffer (decode, pull): load the agent metadata of Offer's
+	// REGISTER_ACK and prove its memory the offering process's (engine
+	// I/O, off the core), then step OfferLoaded.
+	EffectLoadOffer
 	// EffectTimer: step Tick at At (or soon after): a deadline the core
 	// set that is shorter than the shell's sweep — a probe's PONG is
 	// awaited for ProbeTimeout, not until the next sweep.
@@ -334,6 +346,8 @@ type Effect struct {
 	Remote string
 	// At (EffectTimer): when to step Tick.
 	At time.Time
+	// Offer (EffectLoadOffer): the offer to load and prove.
+	Offer *OfferPlan
 }
 
 // Target names one prefill rank a decode room pulls from: the bootstrap
@@ -403,7 +417,7 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 		b.role = c.prefillCore
 	} else {
 		c.decodeCore = &decodeCore{base: b, targets: map[string]*target{}, holds: map[uint64]*hold{},
-			roomsOf: map[string]map[uint64]struct{}{}}
+			roomsOf: map[string]map[uint64]struct{}{}, offers: map[offerKey]*acceptedOffer{}, offerChecks: map[string]bool{}}
 		b.role = c.decodeCore
 	}
 	b.reg.settler = b.role
@@ -488,7 +502,7 @@ func (c *Core) Sizes() CoreSizes {
 		}
 	}
 	if d := c.decodeCore; d != nil {
-		s.Targets, s.Holds = len(d.targets), len(d.holds)
+		s.Targets, s.Holds, s.Offers = len(d.targets), len(d.holds), len(d.offers)
 		for _, tg := range d.targets {
 			s.OwedAborts += len(tg.owed)
 		}
@@ -500,8 +514,11 @@ func (c *Core) Sizes() CoreSizes {
 type CoreSizes struct {
 	Sizes
 	Peers, Targets, Holds int
-	OwedAborts            int // ABORTs not yet acknowledged, over every target
-	Epochs                int // peer epochs remembered (≤ MaxEpochs)
+	// Offers (decode, pull) counts the prefill processes' pull offers
+	// accepted (bounded by the deployment, as peers and targets are).
+	Offers     int
+	OwedAborts int // ABORTs not yet acknowledged, over every target
+	Epochs     int // peer epochs remembered (≤ MaxEpochs)
 	// InUse (prefill) counts the decode destinations (pages, aux and state
 	// items) rooms may still write, over every registration.
 	InUse int
@@ -642,6 +659,10 @@ func (c *Core) receive(now time.Time, msg wire.Message) (accepted bool) {
 	case *wire.AbortAck:
 		d.onAbortAck(m)
 	case *wire.RegisterAck:
+		if m.OK && d.pullsOffers() {
+			d.onOfferAck(m) // its offer loaded and proven first
+			break
+		}
 		d.onRegisterAck(m)
 	case *wire.Status:
 		d.onStatus(m)

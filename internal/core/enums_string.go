@@ -152,12 +152,13 @@ func _() {
 	_ = x[EffectKeepProgress-10]
 	_ = x[EffectChallenge-11]
 	_ = x[EffectUnload-12]
-	_ = x[EffectTimer-13]
+	_ = x[EffectLoadOffer-13]
+	_ = x[EffectTimer-14]
 }
 
-const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatchEffectLoadMetadataEffectReadEffectKeepProgressEffectChallengeEffectUnloadEffectTimer"
+const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatchEffectLoadMetadataEffectReadEffectKeepProgressEffectChallengeEffectUnloadEffectLoadOfferEffectTimer"
 
-var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81, 99, 109, 127, 142, 154, 165}
+var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81, 99, 109, 127, 142, 154, 169, 180}
 
 func (i EffectKind) String() string {
 	idx := int(i) - 1

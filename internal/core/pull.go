@@ -57,6 +57,14 @@ type Read struct {
 	Final bool
 	// Until ends the lease: the read is not posted at or after it.
 	Until time.Time
+	// Remote and Layout (a rank that pulls through offers): the loaded
+	// agent of the accepted offer the read goes through, and the layout
+	// its regions make. The gate refuses the read once that offer is
+	// replaced (offerAt, offer).
+	Remote  string
+	Layout  kvlayout.Layout
+	offerAt offerKey
+	offer   uint64
 }
 
 // Pulling reports whether a PAGES published nothing to read (a dummy, or
@@ -395,17 +403,6 @@ func (c *Core) PullHold(room uint64) bool {
 	return ok
 }
 
-// AwaitsRegisterAck reports whether a decode rank waits for a REGISTER_ACK
-// from endpoint (it sent a REGISTER there): a shell loads a pull offer only
-// then.
-func (c *Core) AwaitsRegisterAck(endpoint string) bool {
-	if c.decodeCore == nil {
-		return false
-	}
-	tg := c.decodeCore.targetAt(endpoint)
-	return tg != nil && tg.reg == regSent
-}
-
 // PagesReady is a PAGES that was held back for its data (its EffectSend
 // carried SendChunk.Ready) and may go now (prefill): the core stamps it
 // with the latest stamp heard from its decode process (its RENEWs went on
@@ -640,6 +637,10 @@ func (c *decodeCore) onPages(msg *wire.Pages) {
 		c.readLanded(rm.id, s, rd)
 		return
 	}
+	if !c.readOffer(rd, tg.endpoint) {
+		fail(CodeFailed, "prefill at %s (epoch %d) has no accepted pull offer here", tg.endpoint, s.epoch)
+		return
+	}
 	s.reads++
 	c.emit(Effect{Kind: EffectRead, Room: rm.id, To: tg.peer(), Read: rd})
 }
@@ -669,7 +670,7 @@ func (c *decodeCore) readPosting(room uint64, rd *Read) bool {
 		return false
 	}
 	rm, live := c.reg.rooms[room]
-	if live && !rm.status.Terminal() && c.now.Before(rd.Until) && s.sent && s.epoch == rd.Epoch {
+	if live && !rm.status.Terminal() && c.now.Before(rd.Until) && s.sent && s.epoch == rd.Epoch && c.offerCurrent(rd) {
 		return true
 	}
 	s.reads--
@@ -678,6 +679,8 @@ func (c *decodeCore) readPosting(room uint64, rd *Read) bool {
 	case !live || rm.status.Terminal():
 	case !s.sent || s.epoch != rd.Epoch:
 		c.failWith(room, CodeFailed, fmt.Sprintf("room %d: a read from prefill %s (epoch %d), which the room no longer asks", room, s.target, rd.Epoch))
+	case !c.offerCurrent(rd):
+		c.failWith(room, CodeFailed, fmt.Sprintf("room %d: prefill %s's (epoch %d) pull offer was replaced before this read was posted", room, s.target, rd.Epoch))
 	default:
 		c.failWith(room, CodeLeaseExpired, fmt.Sprintf("room %d: the lease of prefill %s's pages ended (%v) before this rank could read them", room, s.target, rd.Until))
 	}

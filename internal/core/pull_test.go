@@ -61,7 +61,10 @@ func TestPullRefusals(t *testing.T) {
 	c.rooms, c.noClear = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1)}, true
 	prefix := pullScript[:8]
 
-	// No lease configured: pull is not served.
+	// No lease configured: pull is not served. (The decode rank asks for
+	// no offer here, so its REQUEST goes and meets the prefill rank's
+	// refusal; one that pulls through offers refuses the REGISTER_ACK that
+	// offers nothing first: TestOfferChecks.)
 	w := startWorld(c)
 	cfg := w.procs[0].core.cfg
 	cfg.Lease = 0
@@ -70,6 +73,11 @@ func TestPullRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.procs[0].core = core
+	dcfg := w.procs[1].core.cfg
+	dcfg.Register.Pull = false
+	if w.procs[1].core, err = NewCore(dcfg); err != nil {
+		t.Fatal(err)
+	}
 	if _, n := runScriptOn(w, prefix); n != len(prefix) {
 		t.Fatalf("stopped at %d: %v", n, w.err)
 	}

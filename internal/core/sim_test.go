@@ -192,12 +192,13 @@ type simProc struct {
 	core     *Core
 	from     wire.From
 	endpoint string
-	inc      int       // incarnation: unique per process start
-	jobs     []simJob  // prefill: chunks queued in the pool
-	notifs   []string  // decode: notifications arrived, in order
-	loads    []simLoad // prefill: REGISTERs checked whose metadata load is in progress (regWindow)
-	dead     bool      // killed, not started again
-	paused   bool      // SIGSTOPped
+	inc      int          // incarnation: unique per process start
+	jobs     []simJob     // prefill: chunks queued in the pool
+	notifs   []string     // decode: notifications arrived, in order
+	loads    []simLoad    // prefill: REGISTERs checked whose metadata load is in progress (regWindow)
+	offers   []*OfferPlan // decode: offers to load and prove (answered in the same event)
+	dead     bool         // killed, not started again
+	paused   bool         // SIGSTOPped
 	pausedAt time.Time
 }
 
@@ -440,7 +441,15 @@ func (w *simWorld) start(slot int, moved bool) {
 	if role == RoleDecode {
 		kv, aux, state := RegionsOf(simLayout())
 		cc.Register = wire.Register{Compat: "sim", Agent: remoteName(from), AgentMD: []byte(remoteName(from)), KV: kv, Aux: aux, State: state, TPSize: 1}
+		// A configuration with pull rooms has its decode ranks pull as a
+		// rank with Config.Pull does: through the offers their
+		// REGISTER_ACKs carry, each loaded and proven (OfferLoaded).
+		cc.Register.Pull = slices.ContainsFunc(w.cfg.rooms, func(r simRoomSpec) bool { return r.pull })
 		cc.Identity = from.Peer()
+	} else {
+		kv, aux, state := RegionsOf(simLayout())
+		cc.Offer = &wire.PullOffer{Agent: remoteName(from), AgentMD: []byte(remoteName(from)), KV: kv, Aux: aux, State: state, Proof: []byte(from.Peer()),
+			LeaseMillis: int(simPullLease / time.Millisecond)}
 	}
 	cc.ChallengeTimeout = simChallengeTimeout
 	if role == RolePrefill {
@@ -582,6 +591,12 @@ func (w *simWorld) effects(slot int) {
 				continue
 			}
 			w.challenge(e)
+		case EffectLoadOffer:
+			if w.isPrefill(slot) {
+				w.fail("%s asked to load a pull offer", p.from.Peer())
+				continue
+			}
+			p.offers = append(p.offers, e.Offer)
 		case EffectLoadMetadata:
 			if !w.isPrefill(slot) {
 				w.fail("%s asked to load metadata", p.from.Peer())
@@ -597,6 +612,9 @@ func (w *simWorld) effects(slot int) {
 		for len(p.loads) > 0 { // the load and the bind in the same event
 			w.bind(slot)
 		}
+	}
+	for len(p.offers) > 0 { // the offer's load and proof in the same event
+		w.acceptOffer(slot)
 	}
 }
 
@@ -1300,6 +1318,22 @@ func (w *simWorld) bind(slot int) {
 		w.fail("%s loads, for %s, a blob naming agent %s: another process's", p.from.Peer(), ld.from.Peer(), ld.agent)
 	}
 	p.core.Step(w.now, Registered{From: ld.from, Remote: remoteName(ld.from), Plan: ld.plan})
+	w.effects(slot)
+}
+
+// acceptOffer loads and proves a decode process's next offer: a proof read
+// through another process's agent than the offering one's would be the
+// confused deputy; the simulator's offers are each their process's own.
+func (w *simWorld) acceptOffer(slot int) {
+	p := w.procs[slot]
+	pl := p.offers[0]
+	p.offers = p.offers[1:]
+	from := pl.Ack.From
+	if pl.Ack.Pull.Agent != remoteName(from) {
+		w.fail("%s loads, for %s's offer, agent %s: another process's", p.from.Peer(), from.Peer(), pl.Ack.Pull.Agent)
+	}
+	w.cov.hit(fmt.Sprintf("pull offer loaded (repeat %v)", pl.Repeat))
+	p.core.Step(w.now, OfferLoaded{Plan: pl})
 	w.effects(slot)
 }
 

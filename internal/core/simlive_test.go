@@ -201,6 +201,10 @@ func (w *simWorld) simTableBound(c *Core, name string) (bound int, empty, ok boo
 		return w.cfg.slots(), false, true
 	case "challenges": // one per registering identity (maxChallenges in a deployment)
 		return w.cfg.slots(), false, true
+	case "offers": // one per prefill process (endpoint and epoch) ever offering
+		return w.incs, false, true
+	case "offerChecks": // offers being loaded: each answered (OfferLoaded)
+		return maxOfferChecks, true, true
 	case "echo": // bytes: the last MaxEchoes nonces
 		return MaxEchoes * ChallengeBytes, false, true
 	case "peers[].inUse": // each registration's pages and aux items (simLayout has no state)

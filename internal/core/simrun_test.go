@@ -170,7 +170,7 @@ func simExhaustiveConfigs() map[string]simCase {
 			"READ_DONE drained", "READ_DONE not drained", "load report of a failed room with pages"),
 		"1→1 pull, 2 chunks: prefill aborts (abort racing a read); liveness": mk(func(c *simConfig) {
 			c.rooms, c.prefillAbort, c.writesOK, c.noClear, c.live = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 2)}, true, true, true, true
-		}, "read posted", "prefill abort in Transferring", "source released"),
+		}, "read posted", "prefill abort in Transferring", "source released", "pull offer loaded (repeat false)"),
 		"1→1 pull: the lease expires racing a read (three time jumps)": mk(func(c *simConfig) {
 			c.rooms, c.ticks, c.writesOK, c.noClear = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1)}, 3, true, true
 			c.jumps = []time.Duration{simPullLease, c.reg.StallTimeout, c.quarantine}
@@ -406,7 +406,7 @@ var simRandomCoverage = map[string]int{
 	"restart between layers": 2, "load report Failed": 10000, "load report Success": 5000, "load report of a failed room with pages": 1000,
 	// Pull rooms (9, and 10 layer-wise from two prefill ranks; "probe
 	// answered" was 100 before they took events of the same 400).
-	"read posted": 150, "read ok": 150, "read refused at its gate": 10, "read stalled": 3, "lease renewed": 200,
+	"read posted": 150, "read ok": 150, "pull offer loaded (repeat false)": 500, "pull offer loaded (repeat true)": 400, "read refused at its gate": 10, "read stalled": 3, "lease renewed": 200,
 	"READ_DONE drained": 500, "source released": 150, "source released forced": 5,
 }
 

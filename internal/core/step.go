@@ -334,6 +334,12 @@ func (c *Core) stepInput(now time.Time, in Input) Output {
 	switch in := in.(type) {
 	case Received:
 		return Output{OK: c.receive(now, in.Msg)}
+	case OfferLoaded:
+		if c.decodeCore == nil {
+			return wrongRole(in)
+		}
+		c.decodeCore.offerLoaded(in)
+		return Output{}
 	case Registered:
 		if c.prefillCore == nil {
 			return wrongRole(in)

@@ -535,7 +535,7 @@ var mutants = []mutant{
 	// and of the pages' release removed.
 	// A read posted after the decode rank's lease ended (its gate ignores
 	// the lease): posted after the prefill rank's lease for it ended.
-	{name: "pull-read-gate-unchecked", file: "internal/core/pull.go", old: "\tif live && !rm.status.Terminal() && c.now.Before(rd.Until) && s.sent && s.epoch == rd.Epoch {", new: "\tif live && !rm.status.Terminal() && s.sent && s.epoch == rd.Epoch {",
+	{name: "pull-read-gate-unchecked", file: "internal/core/pull.go", old: "\tif live && !rm.status.Terminal() && c.now.Before(rd.Until) && s.sent && s.epoch == rd.Epoch && c.offerCurrent(rd) {", new: "\tif live && !rm.status.Terminal() && s.sent && s.epoch == rd.Epoch && c.offerCurrent(rd) {",
 		pkg: "internal/core", run: "^TestSimExhaustive$"},
 	// The decode rank's lease counted from a PAGES' arrival, not from the
 	// stamp it echoes (its own send): it ends after the prefill rank's.
@@ -581,7 +581,7 @@ var mutants = []mutant{
 		pkg: "transfer", run: "^TestReadPairs$"},
 	// A pull offer loaded without reading its proof slots back: a decode
 	// rank reads memory the offering process does not own.
-	{name: "offer-proof-skipped", file: "kvmanager/pull.go", old: "\tif err := d.checkProof(o.Agent, reg, lay); err != nil {", new: "\tif err := d.checkProof(o.Agent, reg, lay); err != nil && false {",
+	{name: "offer-proof-skipped", file: "kvmanager/pull.go", old: "\tif err := d.checkProof(o.Agent, reg, p.Layout); err != nil {", new: "\tif err := d.checkProof(o.Agent, reg, p.Layout); err != nil && false {",
 		pkg: "kvmanager", run: "^TestPullOfferProven$"},
 	// A decode rank's pages held by a pull room after its READ_DONE: its
 	// next room's REQUEST for them refused while another decode rank of
@@ -602,7 +602,7 @@ var mutants = []mutant{
 	{name: "pages-empty-layers", file: "internal/core/pull.go", old: "\tif msg.Hi <= msg.Lo || msg.SpanHi <= msg.SpanLo {", new: "\tif false {",
 		pkg: "internal/core", run: "^TestPullHostileMessages$"},
 	// An offer's agent name of another rank's default form accepted.
-	{name: "offer-name-unchecked", file: "kvmanager/pull.go", old: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); o.Agent != want {", new: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); false && o.Agent != want {",
+	{name: "offer-name-unchecked", file: "internal/core/offer.go", old: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); o.Agent != want {", new: "\t\tif want := fmt.Sprintf(\"%s-prefill-%d\", from.Instance, from.Rank); false && o.Agent != want {",
 		pkg: "kvmanager", run: "^TestPullOfferProven$"},
 	// Descriptor coalescing off: every page of a contiguous run is an
 	// operation of its own (issue 40 item 5).
@@ -679,6 +679,21 @@ var mutants = []mutant{
 		pkg: "kvmanager", run: "^TestProbeTimerTicksTheCore$"},
 	{name: "probe-timer-idle-clock", file: "internal/core/core_decode.go", old: "At: tg.probeDeadline})", new: "At: c.now.Add(c.cfg.ProbeIdle)})",
 		pkg: "kvmanager", run: "^TestProbeTimerTicksTheCore$"},
+	// The pull offers are the core's (offer.go): each rule removed.
+	{name: "offer-none-accepted", file: "internal/core/offer.go", old: "\tif o == nil {\n\t\tc.refuseOffer(msg, ErrNoOffer)", new: "\tif o == nil {\n\t\tc.onRegisterAck(msg)",
+		pkg: "internal/core", run: "^TestOfferChecks$"},
+	{name: "offer-owner-unchecked", file: "internal/core/offer.go", old: "if p := c.offers[k]; p.remote == o.Agent && p.owner != from.Peer() {", new: "if p := c.offers[k]; false && p.remote == o.Agent && p.owner != from.Peer() {",
+		pkg: "internal/core", run: "^TestOfferChecks$"},
+	{name: "offer-not-serialized", file: "internal/core/offer.go", old: "\tif c.offerChecks[o.Agent] || len(c.offerChecks) >= maxOfferChecks {", new: "\tif len(c.offerChecks) >= maxOfferChecks {",
+		pkg: "internal/core", run: "^TestOfferChecks$"},
+	{name: "offer-failed-proof-accepted", file: "internal/core/offer.go", old: "\tif in.Err != nil {\n\t\tc.refuseOffer(p.Ack, in.Err)", new: "\tif false && in.Err != nil {\n\t\tc.refuseOffer(p.Ack, in.Err)",
+		pkg: "internal/core", run: "^TestOfferChecks$"},
+	{name: "offer-replaced-kept", file: "internal/core/offer.go", old: "\tif !plan.Repeat {\n\t\t// No read", new: "\tif false && !plan.Repeat {\n\t\t// No read",
+		pkg: "internal/core", run: "^TestReadGatedByItsOffer$"},
+	{name: "read-gate-offer-unchecked", file: "internal/core/pull.go", old: "s.epoch == rd.Epoch && c.offerCurrent(rd) {", new: "s.epoch == rd.Epoch {",
+		pkg: "internal/core", run: "^TestReadGatedByItsOffer$"},
+	{name: "read-without-offer", file: "internal/core/offer.go", old: "\tif o == nil {\n\t\treturn false\n\t}", new: "\tif o == nil {\n\t\treturn true\n\t}",
+		pkg: "internal/core", run: "^TestReadGatedByItsOffer$"},
 }
 
 func main() {
