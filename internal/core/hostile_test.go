@@ -65,6 +65,7 @@ func TestRenewIsNotProgress(t *testing.T) {
 	// The bound, plus the clock's grain twice: the failure and the release
 	// each come at the first tick past their deadline.
 	bound := 2*stall + c.cfg.QuarantineTimeout + 2*step
+	refused, renewed := c.Stats().PullRefused, uint64(0)
 	for now.Sub(t0) <= bound {
 		held := c.PullHold(7)
 		if !held {
@@ -72,9 +73,11 @@ func TestRenewIsNotProgress(t *testing.T) {
 		}
 		now = now.Add(step)
 		renew()
+		renewed++
 	}
 	held := c.PullHold(7)
 	require.False(t, held, "room 7's published pages still held %v after its last publish (bound %v)", now.Sub(t0), bound)
+	assert.Equal(t, refused+renewed, c.Stats().PullRefused, "each RENEW of the failed room refused and counted")
 	assert.Equal(t, uint64(1), c.Stats().ForcedReleases, "the release is forced and counted")
 	assert.Zero(t, c.PagesUnderLease(), "the lease gauge falls at release")
 }

@@ -257,6 +257,11 @@ func (c *prefillCore) onRenew(msg *wire.Renew) {
 	rm := c.reg.rooms[msg.Room]
 	h := c.pulls[msg.Room]
 	if rm == nil || rm.status.Terminal() || h == nil {
+		// Its stamp is kept (a late PAGES of the room still pairs), but a
+		// RENEW extends nothing of a room that ended: refused, counted (a
+		// decode rank that keeps renewing one is seen in
+		// kvbridge_pull_messages_refused_total).
+		c.stats.PullRefused++
 		return
 	}
 	for _, pp := range h.peers {
