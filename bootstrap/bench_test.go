@@ -176,15 +176,47 @@ type benchPair struct {
 	onA, onB atomic.Pointer[func(Message)]
 }
 
-// newBenchPair starts two loops, authenticated (the default) or Insecure.
-// Like the bare reference, the handlers do the benchmark's work on the
-// receive goroutine (count, answer), with no hand-off to another goroutine.
-func newBenchPair(b *testing.B, insecure bool) *benchPair {
+// benchMode is how a control benchmark's ranks authenticate: the shared
+// secret (auth, the default), per-rank identity (each rank its certificate,
+// messages keyed by the pair's key), or not at all (Insecure).
+type benchMode int
+
+const (
+	benchAuth benchMode = iota
+	benchIdentity
+	benchInsecure
+)
+
+// benchIDs are the two ranks' identities in benchIdentity mode.
+var benchIDs = sync.OnceValues(func() ([2]*RankIdentity, error) {
+	var ids [2]*RankIdentity
+	ca, err := NewCA()
+	if err != nil {
+		return ids, err
+	}
+	for i, role := range []string{RoleDecode, RolePrefill} {
+		if ids[i], err = ca.Issue(role, []string{"a", "b"}[i], 0, time.Now().Add(time.Hour)); err != nil {
+			return ids, err
+		}
+	}
+	return ids, nil
+})
+
+// newBenchPair starts two loops in the given mode. Like the bare
+// reference, the handlers do the benchmark's work on the receive goroutine
+// (count, answer), with no hand-off to another goroutine.
+func newBenchPair(b *testing.B, mode benchMode) *benchPair {
 	p := &benchPair{}
 	var err error
-	auth := testAuth()
+	auth, insecure := testAuth(), mode == benchInsecure
 	if insecure {
 		auth = nil
+	}
+	var ids [2]*RankIdentity
+	if mode == benchIdentity {
+		if ids, err = benchIDs(); err != nil {
+			b.Fatal(err)
+		}
 	}
 	call := func(f *atomic.Pointer[func(Message)]) func(Message) {
 		return func(m Message) {
@@ -194,12 +226,12 @@ func newBenchPair(b *testing.B, insecure bool) *benchPair {
 		}
 	}
 	p.a, err = NewLoop(LoopConfig{Identity: From{Role: RoleDecode, Instance: "a"}, Bind: "tcp://127.0.0.1:*",
-		Handler: call(&p.onA), SendHWM: 100000, Auth: auth, Insecure: insecure})
+		Handler: call(&p.onA), SendHWM: 100000, Auth: auth, Insecure: insecure, RankIdentity: ids[0]})
 	if err != nil {
 		b.Fatal(err)
 	}
 	p.b, err = NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "b"}, Bind: "tcp://127.0.0.1:*",
-		SendHWM: 100000, Auth: auth, Insecure: insecure, Handler: call(&p.onB)})
+		SendHWM: 100000, Auth: auth, Insecure: insecure, Handler: call(&p.onB), RankIdentity: ids[1]})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -221,10 +253,22 @@ func countTo(n int, done chan struct{}) func(Message) {
 	}
 }
 
-// modes runs a control benchmark authenticated (the default) and Insecure.
-func modes(b *testing.B, f func(b *testing.B, insecure bool)) {
-	b.Run("auth", func(b *testing.B) { f(b, false) })
-	b.Run("insecure", func(b *testing.B) { f(b, true) })
+// modes runs a control benchmark authenticated with the secret (the
+// default), under per-rank identity, and Insecure.
+func modes(b *testing.B, f func(b *testing.B, mode benchMode)) {
+	b.Run("auth", func(b *testing.B) { f(b, benchAuth) })
+	b.Run("identity", func(b *testing.B) { f(b, benchIdentity) })
+	b.Run("insecure", func(b *testing.B) { f(b, benchInsecure) })
+}
+
+// peerOf addresses the loop l (under per-rank identity, with its
+// certificate).
+func peerOf(l *Loop, epoch bool) Peer {
+	p := Peer{Endpoint: l.Endpoint(), Cert: string(l.Cert())}
+	if epoch {
+		p.Epoch = l.Identity().Epoch
+	}
+	return p
 }
 
 // BenchmarkControlThroughput: one-way message rate between two ranks on
@@ -236,15 +280,15 @@ func modes(b *testing.B, f func(b *testing.B, insecure bool)) {
 // the frames a rank sends (sealed with Auth), one context per end.
 func BenchmarkControlThroughput(b *testing.B) { modes(b, controlThroughput) }
 
-func controlThroughput(b *testing.B, insecure bool) {
-	frames, sealed := benchFrames(b), thinFrames(b, insecure)
+func controlThroughput(b *testing.B, mode benchMode) {
+	frames, sealed := benchFrames(b), thinFrames(b, mode)
 	z, z1, zt := newBare(b, false), newBare(b, true), newThin(b)
 	defer z.close()
 	defer z1.close()
 	defer zt.close()
-	p := newBenchPair(b, insecure)
+	p := newBenchPair(b, mode)
 	defer p.close()
-	to := Peer{Endpoint: p.b.Endpoint(), Epoch: p.b.Identity().Epoch}
+	to := peerOf(p.b, true)
 	run := func(n int) {
 		done := make(chan struct{})
 		h := countTo(n, done)
@@ -287,16 +331,15 @@ func controlThroughput(b *testing.B, insecure bool) {
 // sends the next request, as the bare reference's loop does.
 func BenchmarkControlRoundTrip(b *testing.B) { modes(b, controlRoundTrip) }
 
-func controlRoundTrip(b *testing.B, insecure bool) {
-	frames, sealed := benchFrames(b), thinFrames(b, insecure)
+func controlRoundTrip(b *testing.B, mode benchMode) {
+	frames, sealed := benchFrames(b), thinFrames(b, mode)
 	z, z1, zt := newBare(b, false), newBare(b, true), newThin(b)
 	defer z.close()
 	defer z1.close()
 	defer zt.close()
-	p := newBenchPair(b, insecure)
+	p := newBenchPair(b, mode)
 	defer p.close()
-	to := Peer{Endpoint: p.b.Endpoint(), Epoch: p.b.Identity().Epoch}
-	back := Peer{Endpoint: p.a.Endpoint()}
+	to, back := peerOf(p.b, true), peerOf(p.a, false)
 	echo := func(m Message) {
 		if a, ok := m.(*Abort); ok {
 			p.b.Send(back, &Abort{Room: a.Room, Reason: "benchmark"})
@@ -445,10 +488,10 @@ func BenchmarkEd25519PerMessage(b *testing.B) {
 // checks and handler (both loops real, their sockets idle), authenticated
 // and Insecure. What the control benchmarks spend besides ZeroMQ.
 func BenchmarkMessagePath(b *testing.B) {
-	modes(b, func(b *testing.B, insecure bool) {
-		p := newBenchPair(b, insecure)
+	modes(b, func(b *testing.B, mode benchMode) {
+		p := newBenchPair(b, mode)
 		defer p.close()
-		to := Peer{Endpoint: p.b.Endpoint(), Epoch: p.b.Identity().Epoch}
+		to := peerOf(p.b, true)
 		var got int
 		h := func(Message) { got++ }
 		p.onB.Store(&h)

@@ -71,13 +71,25 @@ func (z *thinZMQ) close() {
 }
 
 // thinFrames are the frames a rank sends for benchFrames' message: with
-// Auth sealed (an envelope addressed to a peer), else the three frames.
-func thinFrames(tb testing.TB, insecure bool) [][]byte {
+// Auth sealed (an envelope addressed to a peer; under per-rank identity as
+// the first bench rank to the second), else the three frames.
+func thinFrames(tb testing.TB, mode benchMode) [][]byte {
 	f := benchFrames(tb)
-	if insecure {
-		return f
-	}
 	to := wiretest.SampleFrom(RolePrefill)
+	switch mode {
+	case benchInsecure:
+		return f
+	case benchIdentity:
+		ids, err := benchIDs()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		sealed, err := SealAs(testAuth(), ids[0], ids[1].Cert.Raw(), f[:3:3], Envelope{Sent: time.Now(), Seq: 1, To: ids[1].Cert.Identity()})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return sealed
+	}
 	return testAuth().Seal(f[:3:3], Envelope{Sent: time.Now(), Seq: 1, To: to})
 }
 
