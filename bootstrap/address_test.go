@@ -5,16 +5,21 @@ import (
 	"crypto/ecdh"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // tap is a PULL socket a test points a rank at to capture what the rank
@@ -377,11 +382,22 @@ func TestAgentMetadataSealedToItsRecipient(t *testing.T) {
 	if r := prefill.next(t).(*Register); !bytes.Equal(r.AgentMD, md) || !bytes.Equal(r.Proof, proof) {
 		t.Fatalf("the recipient read %q and proof %q", r.AgentMD, r.Proof)
 	}
-	// Another decode rank's holder presents the sealed blob in its own
-	// REGISTER: the seal names its owner.
+	// The body itself is sealed to the recipient: an insider on the wire
+	// decodes nothing of it.
+	if _, err := Decode(captured[:3]); err == nil {
+		t.Fatal("a REGISTER sealed to the prefill rank decoded from the wire")
+	}
+	// Another decode rank's holder that got the sealed blob anyway (as the
+	// recipient reads the body) presents it in its own REGISTER: the
+	// blob's own seal names its owner.
 	insider, _ := ca.Issue(RoleDecode, "d", 1, time.Now().Add(time.Hour))
 	liar := newRank(t, RoleDecode, "d", withIdentity(insider))
-	m, err := Decode(captured[:3])
+	now := time.Now()
+	opened, _, why := testAuth().open(slices.Clone(captured), now, newAddressing(testAuth(), pid, RolePrefill).keyFor(now))
+	if why != "" {
+		t.Fatal(why)
+	}
+	m, err := Decode(opened)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,11 +454,25 @@ func TestGoldenEnvelope(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pair, err := SealAs(a, dec, pre.Cert.raw, frames, env)
+	// Under per-rank identity the body is sealed (PROTOCOL.md "Sealed
+	// bodies"); the nonce is the sender's 16-byte prefix and message number
+	// (here a fixed prefix: 0x00..0x0f).
+	key, err := tagKey(a, dec, pre.Cert.raw)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, got := range map[string][]byte{"CERT_decode.bin": dec.Cert.raw, "ENVELOPE_secret.bin": secret[3], "ENVELOPE_pair.bin": pair[3]} {
+	penv := env
+	penv.Cert = dec.Cert.raw
+	nonce := make([]byte, SealNonceBytes)
+	for i := range 16 {
+		nonce[i] = byte(i)
+	}
+	binary.LittleEndian.PutUint64(nonce[16:], penv.Seq)
+	pair := a.sealWith(key, frames, penv, nonce)
+	if bytes.Contains(pair[2], []byte("client left")) {
+		t.Fatal("the sealed body carries its reason in the clear")
+	}
+	for name, got := range map[string][]byte{"CERT_decode.bin": dec.Cert.raw, "ENVELOPE_secret.bin": secret[3], "ENVELOPE_pair.bin": pair[3], "BODY_pair.bin": pair[2]} {
 		path := filepath.Join("testdata", "golden", name)
 		if *update {
 			if err := os.WriteFile(path, got, 0o644); err != nil {
@@ -487,7 +517,7 @@ func TestAgentMetadataBoundToOwnerWithSecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	orig, _, why := parseEnvelope(captured[3])
+	orig, _, _, why := parseEnvelope(captured[3])
 	if why != "" {
 		t.Fatal(why)
 	}
@@ -651,5 +681,73 @@ func TestWindowsKeptWithinTheSkew(t *testing.T) {
 	st := prefill.Stats()
 	if st.Replayed[ReplayDuplicate] != 2 || st.Replayed[ReplayOverflow] == 0 {
 		t.Fatalf("after the flood: replays %v, want 2 duplicates and the flood's last senders refused as overflow", st.Replayed)
+	}
+}
+
+// TestBodiesSealedUnderRankIdentity (issue 49, 3): under per-rank identity
+// a message's body is sealed to its recipient — its room id and reason are
+// not on the wire in the clear, as they are under the shared secret alone
+// — and opens only there; a flipped byte of the body or of its type frame
+// is refused (bad_tag), and a tagged but unsealed message, as an earlier
+// revision sends, is refused and counted (unsealed).
+func TestBodiesSealedUnderRankIdentity(t *testing.T) {
+	const room = 0x0123456789abcdef
+	reason := []byte("a reason only the recipient reads")
+	roomBytes := binary.BigEndian.AppendUint64(nil, room) // as msgpack carries a uint64
+	capture := func(t *testing.T, from, to *testRank) [][]byte {
+		t.Helper()
+		tp := newTap(t)
+		p := to.peer()
+		p.Endpoint = tp.ep
+		require.NoError(t, from.Send(p, &Abort{Room: room, Reason: string(reason)}))
+		return tp.next(t)
+	}
+	clear := func(frames [][]byte) bool {
+		all := bytes.Join(frames, nil)
+		return bytes.Contains(all, reason) || bytes.Contains(all, roomBytes)
+	}
+
+	// The shared secret alone: tagged, readable (what the seal hides).
+	open := capture(t, newRank(t, RoleDecode, "s", nil), newRank(t, RolePrefill, "s", nil))
+	require.True(t, clear(open), "under the secret alone the room and reason travel readable")
+	assert.Equal(t, EnvelopeMagic, string(open[3][:4]))
+
+	_, did, pid := identities(t)
+	decode := newRank(t, RoleDecode, "d", withIdentity(did))
+	prefill := newRank(t, RolePrefill, "p", withIdentity(pid))
+	sealed := capture(t, decode, prefill)
+	assert.False(t, clear(sealed), "room id or reason on the wire in the clear under per-rank identity")
+	assert.Equal(t, EnvelopeSealedMagic, string(sealed[3][:4]))
+	w := newWire(t, prefill, did)
+	w.send(sealed)
+	a := prefill.next(t).(*Abort)
+	assert.Equal(t, uint64(room), a.Room)
+	assert.Equal(t, string(reason), a.Reason)
+
+	// Altered: a byte of the body, of the type frame.
+	for i, at := range []int{2, 1} {
+		bad := make([][]byte, len(sealed))
+		for j := range sealed {
+			bad[j] = slices.Clone(sealed[j])
+		}
+		bad[at][len(bad[at])-1] ^= 1
+		w.send(bad)
+		w.sync(uint64(10 + i))
+		assert.EqualValues(t, i+1, prefill.Stats().Refused[AuthBadTag], "frame %d altered", at)
+	}
+
+	// Tagged with the pair key but not sealed (an earlier revision).
+	f, err := Encode(&Abort{From: decode.Identity(), Room: room, Reason: string(reason)})
+	require.NoError(t, err)
+	env, key, err := w.ad.envelope(prefill.peer())
+	require.NoError(t, err)
+	env.Sent, env.Seq = time.Now(), 1<<20
+	w.send(append(f[:3:3], testAuth().sealInto(nil, key, f, env)))
+	w.sync(12)
+	assert.EqualValues(t, 1, prefill.Stats().Refused[AuthUnsealed])
+	select {
+	case m := <-prefill.msgs:
+		t.Fatalf("an unsealed or altered message was handled: %+v", m)
+	default:
 	}
 }

@@ -1,7 +1,9 @@
 package bootstrap
 
 import (
+	"crypto/cipher"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -13,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/crypto/chacha20poly1305"
 )
 
 // Auth authenticates the control plane and the bootstrap server's writes
@@ -37,7 +41,9 @@ type Auth struct {
 
 	pool   sync.Pool
 	pairMu sync.RWMutex
-	pairs  map[string]*sync.Pool // HMACs by pair key
+	pairs  map[string]*sync.Pool  // HMACs by pair key
+	aeads  map[string]cipher.AEAD // body ciphers by pair key (under pairMu)
+	aads   sync.Pool              // *[]byte: the associated data of a sealed message
 }
 
 // MinSecretBytes is the shortest secret accepted.
@@ -47,10 +53,25 @@ const MinSecretBytes = 16
 // revision's 40-byte frame of time and tag is refused as unaddressed).
 const EnvelopeMagic = "KVA2"
 
+// EnvelopeSealedMagic opens the authentication frame of a message sealed
+// under per-rank identity ("KVA3", PROTOCOL.md "Sealed bodies"): its body
+// (frame 2) is encrypted and authenticated with XChaCha20-Poly1305 under
+// the pair's body key, and the envelope ends with the message's 24-byte
+// nonce where a tagged envelope has its tag.
+const EnvelopeSealedMagic = "KVA3"
+
 // envelopeFixed is the envelope's length without the receiver's instance
 // name and the certificate: magic, sent, seq, to epoch, to role, to rank,
-// the two lengths and the tag.
+// the two lengths and the tag (a sealed envelope's nonce is shorter).
 const envelopeFixed = 4 + 8 + 8 + 8 + 1 + 4 + 2 + 2 + sha256.Size
+
+// SealNonceBytes is a sealed message's nonce: the sending process's
+// random 16-byte prefix, then its message number (little-endian).
+const SealNonceBytes = chacha20poly1305.NonceSizeX
+
+// sealedFixed is a sealed envelope's length without the instance name and
+// the certificate.
+const sealedFixed = envelopeFixed - sha256.Size + SealNonceBytes
 
 // MaxEnvelopeBytes bounds the authentication frame.
 const MaxEnvelopeBytes = envelopeFixed + MaxNameBytes + MaxCertBytes
@@ -73,10 +94,14 @@ const (
 	// receiver epoch on a message that needs one (all but PING and
 	// REGISTER), or is the first revision's frame.
 	AuthUnaddressed = "unaddressed"
+	// AuthUnsealed: under per-rank identity, a message tagged but not
+	// sealed (its body readable on the wire: a sender of an earlier
+	// revision).
+	AuthUnsealed = "unsealed"
 )
 
 // AuthReasons lists the reasons, in label order.
-var AuthReasons = []string{AuthMissing, AuthBadTag, AuthStale, AuthNoIdentity, AuthForged, AuthUnaddressed}
+var AuthReasons = []string{AuthMissing, AuthBadTag, AuthStale, AuthNoIdentity, AuthForged, AuthUnaddressed, AuthUnsealed}
 
 // Why a fresh, authentic message was still dropped (the label of
 // kvbridge_replayed_messages_total).
@@ -190,19 +215,100 @@ func (a *Auth) Seal(frames [][]byte, env Envelope) [][]byte {
 	return a.seal(nil, frames, env)
 }
 
+// seal seals a message's three frames: tagged with the secret (key nil),
+// or under a pair key with its body sealed (a random nonce; a Loop uses
+// its process's prefix and the message number instead).
 func (a *Auth) seal(key []byte, frames [][]byte, env Envelope) [][]byte {
-	return append(frames, a.sealInto(nil, key, frames, env))
+	if key == nil {
+		return append(frames, a.sealInto(nil, key, frames, env))
+	}
+	var nonce [SealNonceBytes]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		panic(err) // crypto/rand does not fail
+	}
+	return a.sealWith(key, frames, env, nonce[:])
+}
+
+// sealWith seals frames under a pair key with the given nonce: frame 2
+// encrypted, the sealed envelope appended (frames is not changed).
+func (a *Auth) sealWith(key []byte, frames [][]byte, env Envelope, nonce []byte) [][]byte {
+	out := slices.Clone(frames[:3])
+	var envFrame []byte
+	envFrame, out[2] = a.sealBodyInto(nil, nil, key, frames, env, nonce)
+	return append(out, envFrame)
 }
 
 // sealInto appends the authentication frame of frames to dst (a sender
 // reuses dst's memory from one message to the next).
 func (a *Auth) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope) []byte {
+	f := appendEnvelope(dst, EnvelopeMagic, env)
+	return a.tag(f, key, frames, f[len(dst):])
+}
+
+// sealBodyInto seals a message under a pair key: it appends the sealed
+// authentication frame (the envelope, then nonce) to dst and frame 2
+// encrypted, with its 16-byte tag, to body. The associated data are
+// frames 0 and 1 and the whole envelope.
+func (a *Auth) sealBodyInto(dst, body, key []byte, frames [][]byte, env Envelope, nonce []byte) (envFrame, sealed []byte) {
+	f := appendEnvelope(dst, EnvelopeSealedMagic, env)
+	f = append(f, nonce...)
+	aad := a.aad(frames, f[len(dst):])
+	sealed = a.aeadFor(key).Seal(body, nonce, frames[2], *aad)
+	a.aads.Put(aad)
+	return f, sealed
+}
+
+// aad lays out a sealed message's associated data: for frames 0 and 1
+// their length as a uint32 and their bytes, then the envelope. The caller
+// puts it back in a.aads.
+func (a *Auth) aad(frames [][]byte, env []byte) *[]byte {
+	p, _ := a.aads.Get().(*[]byte)
+	if p == nil {
+		p = new([]byte)
+	}
+	b := (*p)[:0]
+	for _, f := range frames[:2] {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(f)))
+		b = append(b, f...)
+	}
+	*p = append(b, env...)
+	return p
+}
+
+// aeadFor returns the body cipher of a pair key: XChaCha20-Poly1305 keyed
+// with HMAC-SHA256(pair key, "kvbridge body v1") (at most maxBookEntries
+// are kept; past it the cache starts again).
+func (a *Auth) aeadFor(key []byte) cipher.AEAD {
+	a.pairMu.RLock()
+	c := a.aeads[string(key)]
+	a.pairMu.RUnlock()
+	if c != nil {
+		return c
+	}
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("kvbridge body v1"))
+	c, err := chacha20poly1305.NewX(m.Sum(nil))
+	if err != nil {
+		panic(err) // a 32-byte key always makes a cipher
+	}
+	a.pairMu.Lock()
+	if a.aeads == nil || len(a.aeads) >= maxBookEntries {
+		a.aeads = map[string]cipher.AEAD{}
+	}
+	a.aeads[string(key)] = c
+	a.pairMu.Unlock()
+	return c
+}
+
+// appendEnvelope appends an envelope's fields, from magic to the
+// certificate, to dst.
+func appendEnvelope(dst []byte, magic string, env Envelope) []byte {
 	inst := env.To.Instance
 	if len(inst) > MaxNameBytes {
 		inst = inst[:MaxNameBytes]
 	}
 	f := slices.Grow(dst, envelopeFixed+len(inst)+len(env.Cert))
-	f = append(f, EnvelopeMagic...)
+	f = append(f, magic...)
 	f = binary.LittleEndian.AppendUint64(f, uint64(env.Sent.UnixNano()))
 	f = binary.LittleEndian.AppendUint64(f, env.Seq)
 	f = binary.LittleEndian.AppendUint64(f, env.To.Epoch)
@@ -211,18 +317,26 @@ func (a *Auth) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope) [
 	f = binary.LittleEndian.AppendUint16(f, uint16(len(inst)))
 	f = append(f, inst...)
 	f = binary.LittleEndian.AppendUint16(f, uint16(len(env.Cert)))
-	f = append(f, env.Cert...)
-	return a.tag(f, key, frames, f[len(dst):])
+	return append(f, env.Cert...)
 }
 
 // parseEnvelope splits the authentication frame into the envelope and
-// the offset of its tag; why is AuthMissing, AuthBadTag or AuthUnaddressed.
-func parseEnvelope(f []byte) (env Envelope, tagAt int, why string) {
+// the offset of its tag (a sealed one's: of its nonce); why is AuthMissing,
+// AuthBadTag or AuthUnaddressed.
+func parseEnvelope(f []byte) (env Envelope, tagAt int, sealed bool, why string) {
 	if len(f) == 8+sha256.Size { // the first revision's frame: time and tag only
-		return env, 0, AuthUnaddressed
+		return env, 0, false, AuthUnaddressed
 	}
-	if len(f) < envelopeFixed || len(f) > MaxEnvelopeBytes || string(f[:4]) != EnvelopeMagic {
-		return env, 0, AuthBadTag
+	if len(f) < 4 {
+		return env, 0, false, AuthBadTag
+	}
+	sealed = string(f[:4]) == EnvelopeSealedMagic
+	fixed, tail := envelopeFixed, sha256.Size
+	if sealed {
+		fixed, tail = sealedFixed, SealNonceBytes
+	}
+	if len(f) < fixed || len(f) > MaxEnvelopeBytes || (!sealed && string(f[:4]) != EnvelopeMagic) {
+		return env, 0, false, AuthBadTag
 	}
 	env.Sent = time.Unix(0, int64(binary.LittleEndian.Uint64(f[4:])))
 	env.Seq = binary.LittleEndian.Uint64(f[12:])
@@ -232,20 +346,20 @@ func parseEnvelope(f []byte) (env Envelope, tagAt int, why string) {
 	off := 33
 	n := int(binary.LittleEndian.Uint16(f[off:]))
 	off += 2
-	if n > MaxNameBytes || len(f)-off < n+2+sha256.Size {
-		return env, 0, AuthBadTag
+	if n > MaxNameBytes || len(f)-off < n+2+tail {
+		return env, 0, false, AuthBadTag
 	}
 	env.To.Instance = string(f[off : off+n])
 	off += n
 	c := int(binary.LittleEndian.Uint16(f[off:]))
 	off += 2
-	if c > MaxCertBytes || len(f)-off != c+sha256.Size {
-		return env, 0, AuthBadTag
+	if c > MaxCertBytes || len(f)-off != c+tail {
+		return env, 0, false, AuthBadTag
 	}
 	if c > 0 {
 		env.Cert = f[off : off+c]
 	}
-	return env, off + c, ""
+	return env, off + c, sealed, ""
 }
 
 // Open checks and strips the authentication frame of a message tagged
@@ -263,7 +377,7 @@ func (a *Auth) open(frames [][]byte, now time.Time, keyFor func(cert []byte) ([]
 		return nil, Envelope{}, AuthMissing
 	}
 	f := frames[3]
-	env, at, why := parseEnvelope(f)
+	env, at, sealed, why := parseEnvelope(f)
 	if why != "" {
 		return nil, env, why
 	}
@@ -273,10 +387,23 @@ func (a *Auth) open(frames [][]byte, now time.Time, keyFor func(cert []byte) ([]
 		if key, why = keyFor(env.Cert); why != "" {
 			return nil, env, why
 		}
-	case env.Cert != nil:
+	case env.Cert != nil || sealed:
 		return nil, env, AuthNoIdentity // a certificate this rank has no key for
 	}
-	if !a.tagEqual(f[at:], key, frames[:3], f[:at]) {
+	switch {
+	case sealed:
+		aad := a.aad(frames, f)
+		body, err := a.aeadFor(key).Open(frames[2][:0], f[at:], frames[2], *aad)
+		a.aads.Put(aad)
+		if err != nil {
+			return nil, env, AuthBadTag
+		}
+		frames[2] = body // decrypted in place
+	case key != nil:
+		// Under per-rank identity every body is sealed: a tagged one
+		// went readable on the wire.
+		return nil, env, AuthUnsealed
+	case !a.tagEqual(f[at:], key, frames[:3], f[:at]):
 		return nil, env, AuthBadTag
 	}
 	if d := now.Sub(env.Sent); d > a.MaxSkew || d < -a.MaxSkew {

@@ -155,6 +155,9 @@ type outbound struct {
 type scratch struct {
 	frames [4][]byte
 	env    []byte
+	// body and nonce: a sealed message's encrypted body and its nonce.
+	body  []byte
+	nonce [SealNonceBytes]byte
 }
 
 type watchCmd struct {
@@ -449,7 +452,14 @@ func (l *Loop) wire(o outbound, sc *scratch, now time.Time) [][]byte {
 	}
 	env := o.env
 	env.Seq, env.Sent = l.addr.nextSeq(), now
-	sc.env = l.cfg.Auth.sealInto(sc.env[:0], o.tagKey, sc.frames[:3], env)
+	if o.tagKey != nil {
+		// Per-rank identity: the body sealed under the pair's key (room
+		// ids and page lists are not readable on the wire).
+		sc.env, sc.body = l.cfg.Auth.sealBodyInto(sc.env[:0], sc.body[:0], o.tagKey, sc.frames[:3], env, l.addr.nonce(&sc.nonce, env.Seq))
+		sc.frames[2] = sc.body
+	} else {
+		sc.env = l.cfg.Auth.sealInto(sc.env[:0], o.tagKey, sc.frames[:3], env)
+	}
 	sc.frames[3] = sc.env
 	return sc.frames[:4]
 }

@@ -58,7 +58,7 @@ type counters struct {
 	sockets                      atomic.Uint64    // gauge
 	malformed                    [7]atomic.Uint64 // indexed like MalformedReasons
 	dropped                      [8]atomic.Uint64 // indexed like dropReasons
-	refused                      [6]atomic.Uint64 // indexed like AuthReasons
+	refused                      [7]atomic.Uint64 // indexed like AuthReasons
 	replayed                     [3]atomic.Uint64 // indexed like ReplayReasons
 }
 
