@@ -583,6 +583,25 @@ func SealAgentMD(auth *Auth, id *RankIdentity, peer []byte, md []byte, from, to 
 	return sealMD(key, auth.Secret, md, from, to)
 }
 
+// OpenAs opens a message sent to the rank id names under per-rank identity
+// (its body sealed to id; PROTOCOL.md "Sealed bodies"), for tools and tests
+// that speak the protocol without a Loop: the sender's certificate must be
+// the deployment CA's. It checks what Auth.Open checks, not the Loop's
+// addressing and replay rules; why is an Auth* reason. The body is
+// decrypted in place (frames[2]).
+func OpenAs(auth *Auth, id *RankIdentity, frames [][]byte, now time.Time) (opened [][]byte, env Envelope, why string) {
+	return auth.open(frames, now, func(cert []byte) ([]byte, string) {
+		if cert == nil {
+			return nil, AuthNoIdentity
+		}
+		key, err := tagKey(auth, id, cert)
+		if err != nil {
+			return nil, AuthNoIdentity
+		}
+		return key, ""
+	})
+}
+
 func tagKey(auth *Auth, id *RankIdentity, peer []byte) ([]byte, error) {
 	if id == nil {
 		return nil, nil

@@ -751,3 +751,31 @@ func TestBodiesSealedUnderRankIdentity(t *testing.T) {
 	default:
 	}
 }
+
+// TestSealNoncesNeverRepeat: a sealed message's nonce is its process's
+// random prefix and its message number, so no two messages under one pair
+// key share one — neither two of a process, nor the same number from two
+// lives of one rank (a restart numbers from 1 again). And what the loop
+// sends carries it: two messages' nonces differ.
+func TestSealNoncesNeverRepeat(t *testing.T) {
+	_, did, pid := identities(t)
+	first, restarted := newAddressing(testAuth(), did, RoleDecode), newAddressing(testAuth(), did, RoleDecode)
+	var a, b, c [SealNonceBytes]byte
+	n1, n2 := first.nonce(&a, 1), first.nonce(&b, 2)
+	assert.NotEqual(t, n1, n2, "two messages of one process")
+	assert.NotEqual(t, n1, restarted.nonce(&c, 1), "message 1 of two lives of one rank")
+	assert.Equal(t, binary.LittleEndian.AppendUint64(nil, 2), n2[16:], "the message number closes the nonce")
+
+	decode := newRank(t, RoleDecode, "d", withIdentity(did))
+	prefill := newRank(t, RolePrefill, "p", withIdentity(pid))
+	tp := newTap(t)
+	to := prefill.peer()
+	to.Endpoint = tp.ep
+	nonces := map[string]bool{}
+	for i := range 3 {
+		require.NoError(t, decode.Send(to, &Abort{Room: uint64(i)}))
+		env := tp.next(t)[3]
+		nonces[string(env[len(env)-SealNonceBytes:])] = true
+	}
+	assert.Len(t, nonces, 3)
+}

@@ -128,8 +128,16 @@ func (a *attacker) run(ctx context.Context) {
 				continue
 			}
 			// Only the REGISTER_ACKs are counted: under per-rank identity they
-			// are tagged with the pair key of the rank they answer.
+			// are sealed to the rank they answer (one of the insider's three).
 			if len(frames) == 4 {
+				if a.ids[0] != nil {
+					for _, id := range a.ids {
+						if opened, _, why := bootstrap.OpenAs(auth, id, cloneFrames(frames), time.Now()); why == "" {
+							frames = opened
+							break
+						}
+					}
+				}
 				if m, err := bootstrap.Decode(frames[:3]); err == nil {
 					if ack, ok := m.(*bootstrap.RegisterAck); ok && !ack.OK {
 						a.mu.Lock()
@@ -191,6 +199,15 @@ func (a *attacker) send(s *zmq.Socket, class string, frames [][]byte) {
 	a.mu.Lock()
 	a.sent[class]++
 	a.mu.Unlock()
+}
+
+// cloneFrames copies frames (a sealed body is opened in place).
+func cloneFrames(frames [][]byte) [][]byte {
+	out := make([][]byte, len(frames))
+	for i, f := range frames {
+		out[i] = append([]byte(nil), f...)
+	}
+	return out
 }
 
 func encode(m bootstrap.Message) [][]byte {

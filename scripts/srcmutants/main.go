@@ -698,6 +698,20 @@ var mutants = []mutant{
 	// that keeps renewing one is not seen).
 	{name: "renew-after-end-uncounted", file: "internal/core/pull.go", old: "\t\t// kvbridge_pull_messages_refused_total).\n\t\tc.stats.PullRefused++\n", new: "\t\t// kvbridge_pull_messages_refused_total).\n",
 		pkg: "internal/core", run: "^TestRenewIsNotProgress$"},
+	// Sealed bodies under per-rank identity (PROTOCOL.md "Sealed bodies"):
+	// the loop tags instead of sealing; a tagged message accepted from a
+	// certificate holder; the type frame left out of the associated data;
+	// the nonce's prefix not drawn, or its message number left out.
+	{name: "seal-body-skipped", file: "bootstrap/loop.go", old: "\tif o.tagKey != nil {\n\t\t// Per-rank identity", new: "\tif false && o.tagKey != nil {\n\t\t// Per-rank identity",
+		pkg: "bootstrap", run: "^TestBodiesSealedUnderRankIdentity$"},
+	{name: "unsealed-accepted", file: "bootstrap/auth.go", old: "\tcase key != nil:\n\t\t// Under per-rank identity every body is sealed", new: "\tcase key != nil && false:\n\t\t// Under per-rank identity every body is sealed",
+		pkg: "bootstrap", run: "^TestBodiesSealedUnderRankIdentity$"},
+	{name: "seal-aad-without-type", file: "bootstrap/auth.go", old: "\tfor _, f := range frames[:2] {", new: "\tfor _, f := range frames[:1] {",
+		pkg: "bootstrap", run: "^TestBodiesSealedUnderRankIdentity$"},
+	{name: "nonce-prefix-fixed", file: "bootstrap/address.go", old: "\tif _, err := rand.Read(a.noncePrefix[:]); err != nil {", new: "\tif _, err := rand.Read(make([]byte, 16)); err != nil {",
+		pkg: "bootstrap", run: "^TestSealNoncesNeverRepeat$"},
+	{name: "nonce-without-seq", file: "bootstrap/address.go", old: "\tbinary.LittleEndian.PutUint64(dst[len(a.noncePrefix):], seq)\n", new: "",
+		pkg: "bootstrap", run: "^TestSealNoncesNeverRepeat$"},
 }
 
 func main() {
