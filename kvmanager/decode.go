@@ -25,7 +25,11 @@ type Decode struct {
 
 	clientsMu sync.Mutex
 	clients   map[string]bootstrap.Discovery // by bootstrap URL (http:// or etcd://)
-	topos     map[string]*topoEntry          // prefill instances' topologies, by bootstrap URL
+	// lookups are the topology lookups in progress, by bootstrap URL (the
+	// topologies themselves are the core's: Core.Topology); watched the
+	// URLs whose rank changes are watched.
+	lookups map[string]*topoLookup
+	watched map[string]bool
 	// roomsKick wakes a notifier that polls (an engine without a wake-up
 	// channel) when a room is created: without live rooms it stops polling.
 	roomsKick chan struct{}
@@ -33,10 +37,9 @@ type Decode struct {
 	pull *pullState
 }
 
-// topoEntry is one instance's topology: looked up once by the first room
-// that needs it (the others wait), kept while the rank lives; a failed
-// lookup is forgotten so the next room tries again.
-type topoEntry struct {
+// topoLookup is one instance's topology being looked up by the first room
+// that needs it (the others wait for its answer).
+type topoLookup struct {
 	done chan struct{}
 	topo bootstrap.Topology
 	err  error
@@ -62,7 +65,7 @@ func NewDecode(cfg Config) (*Decode, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Decode{Manager: m, clients: map[string]bootstrap.Discovery{}, topos: map[string]*topoEntry{}, roomsKick: make(chan struct{}, 1)}
+	d := &Decode{Manager: m, clients: map[string]bootstrap.Discovery{}, lookups: map[string]*topoLookup{}, watched: map[string]bool{}, roomsKick: make(chan struct{}, 1)}
 	m.discoveries = func() (out []bootstrap.Discovery) {
 		d.clientsMu.Lock()
 		defer d.clientsMu.Unlock()
@@ -107,14 +110,12 @@ func (d *Decode) resolve(t core.Target) {
 		if err == nil {
 			info, err = cl.Rank(ctx, t.DP, t.Rank, t.PP)
 		}
-		if errors.Is(err, bootstrap.ErrRankUnknown) {
-			d.forgetTopology(t.Bootstrap) // the instance changed shape, or went away
-		}
+		unknown := errors.Is(err, bootstrap.ErrRankUnknown) // (the core drops the instance's topology)
 		if err == nil && d.cfg.RankIdentity != nil {
 			err = d.checkRankCert(t, info)
 		}
 		if err != nil {
-			d.stepIn(core.ResolveFailed{Target: t, Err: err})
+			d.stepIn(core.ResolveFailed{Target: t, Err: err, Unknown: unknown})
 			return
 		}
 		d.stepIn(core.Resolved{Target: t, Endpoint: info.Endpoint, ServerKey: info.PublicKey, Cert: info.CertBytes(), Epoch: info.Epoch})
@@ -189,6 +190,11 @@ func (d *Decode) client(url string) (bootstrap.Discovery, error) {
 // bound to it at once (heartbeats would, later) and is looked up again.
 func (d *Decode) watch(url string, ch <-chan bootstrap.RankEvent) {
 	defer d.wg.Done()
+	defer func() { // ended: the next lookup of the instance watches it again
+		d.clientsMu.Lock()
+		delete(d.watched, url)
+		d.clientsMu.Unlock()
+	}()
 	for ev := range ch {
 		t := core.Target{Bootstrap: url, DP: ev.DP, Rank: ev.TP, PP: ev.PP}
 		cert := bootstrap.RankInfo{Cert: ev.Cert}.CertBytes()
@@ -198,38 +204,28 @@ func (d *Decode) watch(url string, ch <-chan bootstrap.RankEvent) {
 			// lookup fails the rooms naming the certificate (resolve).
 			cert = ""
 		}
+		// (Gone: the core drops the instance's topology too.)
 		d.stepIn(core.TargetChanged{Target: t, Endpoint: ev.Endpoint, ServerKey: ev.PublicKey, Cert: cert, Epoch: ev.Epoch, Gone: ev.Deleted})
-		if ev.Deleted {
-			d.forgetTopology(url) // the instance may come back in another shape
-		}
 	}
 }
 
-// forgetTopology drops an instance's cached topology ("" for every
-// instance), so the next room reads it again.
-func (d *Decode) forgetTopology(url string) {
-	d.clientsMu.Lock()
-	defer d.clientsMu.Unlock()
-	for u, e := range d.topos {
-		if url != "" && u != url {
-			continue
-		}
-		select {
-		case <-e.done:
-			delete(d.topos, u)
-		default: // a lookup in progress gives a fresh answer anyway
-		}
-	}
-}
-
-// topology returns a prefill instance's topology, looked up once.
+// topology returns a prefill instance's topology: the one the core keeps,
+// else looked up in its bootstrap service — once at a time per instance,
+// the other rooms waiting for its answer — and stepped into the core. Its
+// rank changes are watched from the first lookup on.
 func (d *Decode) topology(url string) (bootstrap.Topology, error) {
+	var kept core.Topology
+	ok := false
+	d.read(func(c *core.Core) { kept, ok = c.Topology(url) })
+	if ok {
+		return fromCoreTopology(kept), nil
+	}
 	d.clientsMu.Lock()
-	e := d.topos[url]
+	e := d.lookups[url]
 	first := e == nil
 	if first {
-		e = &topoEntry{done: make(chan struct{})}
-		d.topos[url] = e
+		e = &topoLookup{done: make(chan struct{})}
+		d.lookups[url] = e
 	}
 	d.clientsMu.Unlock()
 	if first {
@@ -240,16 +236,21 @@ func (d *Decode) topology(url string) (bootstrap.Topology, error) {
 		}
 		cancel()
 		if e.err == nil {
-			if ch := cl.Watch(d.ctx); ch != nil {
-				d.wg.Add(1)
-				go d.watch(url, ch)
+			d.stepIn(core.TopologyLearned{URL: url, Topo: toCoreTopology(e.topo)})
+			d.clientsMu.Lock()
+			watch := !d.watched[url]
+			d.watched[url] = true
+			d.clientsMu.Unlock()
+			if watch {
+				if ch := cl.Watch(d.ctx); ch != nil {
+					d.wg.Add(1)
+					go d.watch(url, ch)
+				}
 			}
 		}
-		if e.err != nil {
-			d.clientsMu.Lock()
-			delete(d.topos, url)
-			d.clientsMu.Unlock()
-		}
+		d.clientsMu.Lock()
+		delete(d.lookups, url)
+		d.clientsMu.Unlock()
 		close(e.done)
 	}
 	select {
@@ -258,6 +259,18 @@ func (d *Decode) topology(url string) (bootstrap.Topology, error) {
 		return bootstrap.Topology{}, ErrManagerClosed
 	}
 	return e.topo, e.err
+}
+
+// toCoreTopology and fromCoreTopology convert a bootstrap service's answer
+// to the core's copy and back.
+func toCoreTopology(t bootstrap.Topology) core.Topology {
+	return core.Topology{Instance: t.Instance, DPSize: t.DPSize, TPSize: t.TPSize, PPSize: t.PPSize, PageSize: t.PageSize,
+		DType: t.DType, Compat: t.Compat, Layers: t.Layers, KVHeads: t.KVHeads, HeadBytes: t.HeadBytes, MLA: t.MLA, PageLayout: t.PageLayout}
+}
+
+func fromCoreTopology(t core.Topology) bootstrap.Topology {
+	return bootstrap.Topology{Instance: t.Instance, DPSize: t.DPSize, TPSize: t.TPSize, PPSize: t.PPSize, PageSize: t.PageSize,
+		DType: t.DType, Compat: t.Compat, ModelFacts: bootstrap.ModelFacts{Layers: t.Layers, KVHeads: t.KVHeads, HeadBytes: t.HeadBytes, MLA: t.MLA, PageLayout: t.PageLayout}}
 }
 
 // Links computes a room's prefill ranks in an instance: the rank mapping
@@ -440,9 +453,8 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec core.Reques
 // reason.
 func (d *Decode) failedErr(room uint64, reason string) error {
 	if strings.Contains(reason, core.ErrIncompatible.Error()) {
-		// A prefill rank refused us: an instance may have changed
-		// shape under a cached topology. Read them again.
-		d.forgetTopology("")
+		// A prefill rank refused us (the core dropped the topologies:
+		// an instance may have changed shape under one).
 		return fmt.Errorf("room %d: %w%s", room, core.ErrIncompatible, strings.TrimPrefix(reason, core.ErrIncompatible.Error()))
 	}
 	return fmt.Errorf("room %d: %w: %s", room, core.ErrRoomFailed, reason)

@@ -110,6 +110,9 @@ type decodeCore struct {
 	offers      map[offerKey]*acceptedOffer
 	offerChecks map[string]bool
 	offerGen    uint64
+	// topos are the prefill instances' topologies, by bootstrap URL
+	// (topology.go).
+	topos map[string]Topology
 }
 
 // heardPeer is what the core last heard from one peer identity.
@@ -417,7 +420,7 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 		b.role = c.prefillCore
 	} else {
 		c.decodeCore = &decodeCore{base: b, targets: map[string]*target{}, holds: map[uint64]*hold{},
-			roomsOf: map[string]map[uint64]struct{}{}, offers: map[offerKey]*acceptedOffer{}, offerChecks: map[string]bool{}}
+			roomsOf: map[string]map[uint64]struct{}{}, offers: map[offerKey]*acceptedOffer{}, offerChecks: map[string]bool{}, topos: map[string]Topology{}}
 		b.role = c.decodeCore
 	}
 	b.reg.settler = b.role

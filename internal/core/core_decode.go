@@ -668,6 +668,9 @@ func (c *decodeCore) onRegisterAck(msg *wire.RegisterAck) {
 	}
 	if !msg.OK {
 		tg.reg = regNone
+		// A prefill rank refused us: an instance may have changed shape
+		// under a cached topology. The next room reads them again.
+		c.forgetTopology("")
 		c.failWaiting(tg, fmt.Sprintf("%v: prefill %s: %s", ErrIncompatible, msg.From.Peer(), msg.Reason))
 		return
 	}

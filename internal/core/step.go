@@ -168,6 +168,9 @@ type (
 	ResolveFailed struct {
 		Target Target
 		Err    error
+		// Unknown: the bootstrap service has no record of the rank (the
+		// instance changed shape, or went away): its topology is dropped.
+		Unknown bool
 	}
 	// TargetChanged is a discovery watch's news of a prefill rank: its
 	// record vanished (Gone) or names another endpoint or epoch.
@@ -399,7 +402,7 @@ func (c *Core) stepInput(now time.Time, in Input) Output {
 		case Bound:
 			p.endpoint = in.Endpoint
 			return Output{}
-		case CreateReceiver, InitReceiver, AbortReceiver, ClearReceiver, RefuseRoom, Notified, Challenged, Resolved, ResolveFailed, TargetChanged, ReadPosting, ReadDone:
+		case CreateReceiver, InitReceiver, AbortReceiver, ClearReceiver, RefuseRoom, Notified, Challenged, Resolved, ResolveFailed, TargetChanged, ReadPosting, ReadDone, TopologyLearned:
 			return wrongRole(in)
 		}
 		return unknownInput(in)
@@ -430,9 +433,17 @@ func (c *Core) stepInput(now time.Time, in Input) Output {
 	case Resolved:
 		d.resolvedRecord(now, in.Target, in.Endpoint, in.ServerKey, in.Cert, in.Epoch)
 	case ResolveFailed:
+		if in.Unknown {
+			d.forgetTopology(in.Target.Bootstrap) // the instance changed shape, or went away
+		}
 		d.resolveFailed(now, in.Target, in.Err)
 	case TargetChanged:
+		if in.Gone {
+			d.forgetTopology(in.Target.Bootstrap) // the instance may come back in another shape
+		}
 		d.targetChangedRecord(now, in.Target, in.Endpoint, in.ServerKey, in.Cert, in.Epoch, in.Gone)
+	case TopologyLearned:
+		d.learnTopology(in.URL, in.Topo)
 	case CreateSender, InitSender, SendChunk, AbortSender, ClearSender, Posting, WriteDone, PagesReady, Bound:
 		return wrongRole(in)
 	default:

@@ -5,6 +5,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -32,25 +33,39 @@ func everyInput() map[string]Input {
 		"TargetChanged":   TargetChanged{Target: prefillT, Gone: true},
 		"PeerUnreachable": PeerUnreachable{Endpoint: "tcp://x:1", Reason: "test"}, "Tick": Tick{}, "Close": Close{Reason: "test"},
 		"Fail": Fail{Room: 1, Reason: "test"}, "AgentClosed": AgentClosed{},
+		"OfferLoaded":     OfferLoaded{Plan: &OfferPlan{Ack: &wire.RegisterAck{From: prefillFrom, OK: true, Pull: &wire.PullOffer{Agent: "a"}}}},
+		"TopologyLearned": TopologyLearned{URL: prefillT.Bootstrap, Topo: Topology{Instance: "p", TPSize: 1}},
+		"PagesReady":      PagesReady{To: wire.Peer{Endpoint: decodeFrom.Endpoint}, Msg: &wire.Pages{Room: 1}},
+		"ReadPosting":     ReadPosting{Room: 1, Read: &Read{}},
+		"ReadDone":        ReadDone{Room: 1, Read: &Read{}},
 	}
 }
 
 // TestStepHandlesEveryInput: every type that implements Input (read from
-// step.go's source, so a new one cannot be missed) has a case in Step on
+// the package's sources, so a new one cannot be missed) has a case in Step on
 // both roles — handled, or refused as the other role's —, and an input
 // with no case (nil) is refused with ErrUnknownInput instead of being
 // dropped silently.
 func TestStepHandlesEveryInput(t *testing.T) {
 	fs := token.NewFileSet()
-	f, err := parser.ParseFile(fs, "step.go", nil, 0)
+	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var declared []string
-	for _, d := range f.Decls {
-		if fn, ok := d.(*ast.FuncDecl); ok && fn.Name.Name == "input" && fn.Recv != nil {
-			if id, ok := fn.Recv.List[0].Type.(*ast.Ident); ok {
-				declared = append(declared, id.Name)
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fs, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			if fn, ok := d.(*ast.FuncDecl); ok && fn.Name.Name == "input" && fn.Recv != nil {
+				if id, ok := fn.Recv.List[0].Type.(*ast.Ident); ok {
+					declared = append(declared, id.Name)
+				}
 			}
 		}
 	}

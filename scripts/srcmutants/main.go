@@ -712,6 +712,14 @@ var mutants = []mutant{
 		pkg: "bootstrap", run: "^TestSealNoncesNeverRepeat$"},
 	{name: "nonce-without-seq", file: "bootstrap/address.go", old: "\tbinary.LittleEndian.PutUint64(dst[len(a.noncePrefix):], seq)\n", new: "",
 		pkg: "bootstrap", run: "^TestSealNoncesNeverRepeat$"},
+	// The topologies are the core's (topology.go): each rule that stops
+	// trusting one removed.
+	{name: "topology-kept-on-unknown-rank", file: "internal/core/step.go", old: "\t\tif in.Unknown {\n\t\t\td.forgetTopology(in.Target.Bootstrap)", new: "\t\tif false && in.Unknown {\n\t\t\td.forgetTopology(in.Target.Bootstrap)",
+		pkg: "internal/core", run: "^TestTopologyIsTheCores$"},
+	{name: "topology-kept-on-gone", file: "internal/core/step.go", old: "\t\tif in.Gone {\n\t\t\td.forgetTopology(in.Target.Bootstrap)", new: "\t\tif false && in.Gone {\n\t\t\td.forgetTopology(in.Target.Bootstrap)",
+		pkg: "internal/core", run: "^TestTopologyIsTheCores$"},
+	{name: "topology-kept-after-refusal", file: "internal/core/core_decode.go", old: "\t\tc.forgetTopology(\"\")\n", new: "",
+		pkg: "internal/core", run: "^TestTopologyIsTheCores$"},
 }
 
 func main() {
