@@ -178,6 +178,9 @@ type roomWork struct {
 	// the worker's turn or waiting list.
 	inflight, silent int
 	queued           bool
+	// posted: the room has had a write posted (before: its first write
+	// goes ahead of other rooms' later ones).
+	posted bool
 	// wait: the next write's wait for its data (ready.go).
 	wait readiness
 }
@@ -210,7 +213,14 @@ func (p *Pool) worker(q chan Job) {
 		}
 		select {
 		case <-wk.readyC():
-			wk.turn, wk.waiting, wk.nextPoll = append(wk.turn, wk.waiting...), nil, time.Time{}
+			for _, rw := range wk.waiting { // back in turn (a room that posted nothing yet: ahead)
+				if rw.posted {
+					wk.turn = append(wk.turn, rw)
+				} else {
+					wk.fresh = append(wk.fresh, rw)
+				}
+			}
+			wk.waiting, wk.nextPoll = nil, time.Time{}
 			wk.readyPoll = min(2*wk.readyPoll, readyPollMax)
 		case x := <-wk.done:
 			wk.complete(x)
@@ -230,9 +240,14 @@ func (p *Pool) worker(q chan Job) {
 // the writes in flight and the timers of the stall deadline and the
 // ready poll.
 type workerState struct {
-	p       *Pool
-	rooms   map[uint64]*roomWork
-	turn    []*roomWork // rooms with a write to post and room for it, in turn order
+	p     *Pool
+	rooms map[uint64]*roomWork
+	// fresh and turn: the rooms with a write to post and room for it, in
+	// turn order — fresh those that have posted nothing yet, served first,
+	// so a room's first write does not wait behind the later writes of
+	// every room ahead of it (issue 52: REQUEST → first post).
+	fresh   []*roomWork
+	turn    []*roomWork
 	waiting []*roomWork // rooms whose next write's data is not ready
 	flights map[*nixl.Xfer]*flight
 	done    chan *nixl.Xfer
@@ -248,6 +263,10 @@ type workerState struct {
 func (wk *workerState) enqueue(rw *roomWork) {
 	if !rw.queued && rw.inflight < wk.p.cfg.RoomInFlight && rw.silent == 0 && rw.more() {
 		rw.queued = true
+		if !rw.posted {
+			wk.fresh = append(wk.fresh, rw)
+			return
+		}
 		wk.turn = append(wk.turn, rw)
 	}
 }
@@ -264,9 +283,13 @@ func (wk *workerState) settle(rw *roomWork) {
 // that is over drops its writes. closed: the pool is closing.
 func (wk *workerState) post(closed bool) {
 	p := wk.p
-	for len(wk.flights) < p.cfg.InFlight && len(wk.turn) > 0 {
-		rw := wk.turn[0]
-		wk.turn = wk.turn[1:]
+	for len(wk.flights) < p.cfg.InFlight && len(wk.fresh)+len(wk.turn) > 0 {
+		var rw *roomWork
+		if len(wk.fresh) > 0 {
+			rw, wk.fresh = wk.fresh[0], wk.fresh[1:]
+		} else {
+			rw, wk.turn = wk.turn[0], wk.turn[1:]
+		}
 		readyErr := p.ready(rw, closed)
 		if readyErr == errWait {
 			wk.waiting = append(wk.waiting, rw)
@@ -296,6 +319,7 @@ func (wk *workerState) post(closed bool) {
 		} else if f, posted, err := p.start(w, wk.done); f != nil {
 			f.rw, f.job = rw, j
 			rw.inflight++
+			rw.posted = true
 			if w.Notif == "" {
 				rw.silent++
 			}
