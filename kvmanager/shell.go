@@ -407,7 +407,7 @@ func (m *Manager) carryOut() {
 				select {
 				case <-m.closing:
 				default:
-					m.Tick()
+					m.tick()
 				}
 			})
 		case core.EffectWake:
@@ -543,15 +543,14 @@ func (m *Manager) sweeper() {
 		case <-m.closing:
 			return
 		case <-t.C:
-			m.Tick()
+			m.tick()
 		}
 	}
 }
 
-// Tick enforces every deadline passed at the Manager's clock now (the
-// sweeper calls it every SweepInterval; tests with a fake clock call it
-// directly).
-func (m *Manager) Tick() {
+// tick enforces every deadline passed at the Manager's clock now (the
+// sweeper calls it every SweepInterval, a core's timer at its deadline).
+func (m *Manager) tick() {
 	m.stepIn(core.Tick{})
 	m.met.overdue.Set(float64(m.Overdue()))
 }
