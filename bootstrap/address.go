@@ -95,7 +95,7 @@ type addressing struct {
 	// number): drawn at random per process, so no two processes — nor
 	// two lives of one rank, whose numbers start again at 1 — seal two
 	// messages under one pair key with the same nonce.
-	noncePrefix [SealNonceBytes - 8]byte
+	noncePrefix [sealNonceBytes - 8]byte
 
 	mu       sync.Mutex
 	book     map[string]*where
@@ -122,7 +122,7 @@ func newAddressing(auth *Auth, id *RankIdentity, role string) *addressing {
 
 // nonce lays out a sealed message's nonce in dst: the process's prefix,
 // then the message number.
-func (a *addressing) nonce(dst *[SealNonceBytes]byte, seq uint64) []byte {
+func (a *addressing) nonce(dst *[sealNonceBytes]byte, seq uint64) []byte {
 	copy(dst[:], a.noncePrefix[:])
 	binary.LittleEndian.PutUint64(dst[len(a.noncePrefix):], seq)
 	return dst[:]

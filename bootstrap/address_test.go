@@ -463,7 +463,7 @@ func TestGoldenEnvelope(t *testing.T) {
 	}
 	penv := env
 	penv.Cert = dec.Cert.raw
-	nonce := make([]byte, SealNonceBytes)
+	nonce := make([]byte, sealNonceBytes)
 	for i := range 16 {
 		nonce[i] = byte(i)
 	}
@@ -717,7 +717,7 @@ func TestBodiesSealedUnderRankIdentity(t *testing.T) {
 	prefill := newRank(t, RolePrefill, "p", withIdentity(pid))
 	sealed := capture(t, decode, prefill)
 	assert.False(t, clear(sealed), "room id or reason on the wire in the clear under per-rank identity")
-	assert.Equal(t, EnvelopeSealedMagic, string(sealed[3][:4]))
+	assert.Equal(t, envelopeSealedMagic, string(sealed[3][:4]))
 	w := newWire(t, prefill, did)
 	w.send(sealed)
 	a := prefill.next(t).(*Abort)
@@ -760,7 +760,7 @@ func TestBodiesSealedUnderRankIdentity(t *testing.T) {
 func TestSealNoncesNeverRepeat(t *testing.T) {
 	_, did, pid := identities(t)
 	first, restarted := newAddressing(testAuth(), did, RoleDecode), newAddressing(testAuth(), did, RoleDecode)
-	var a, b, c [SealNonceBytes]byte
+	var a, b, c [sealNonceBytes]byte
 	n1, n2 := first.nonce(&a, 1), first.nonce(&b, 2)
 	assert.NotEqual(t, n1, n2, "two messages of one process")
 	assert.NotEqual(t, n1, restarted.nonce(&c, 1), "message 1 of two lives of one rank")
@@ -775,7 +775,7 @@ func TestSealNoncesNeverRepeat(t *testing.T) {
 	for i := range 3 {
 		require.NoError(t, decode.Send(to, &Abort{Room: uint64(i)}))
 		env := tp.next(t)[3]
-		nonces[string(env[len(env)-SealNonceBytes:])] = true
+		nonces[string(env[len(env)-sealNonceBytes:])] = true
 	}
 	assert.Len(t, nonces, 3)
 }

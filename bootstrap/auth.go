@@ -53,25 +53,25 @@ const MinSecretBytes = 16
 // revision's 40-byte frame of time and tag is refused as unaddressed).
 const EnvelopeMagic = "KVA2"
 
-// EnvelopeSealedMagic opens the authentication frame of a message sealed
+// envelopeSealedMagic opens the authentication frame of a message sealed
 // under per-rank identity ("KVA3", PROTOCOL.md "Sealed bodies"): its body
 // (frame 2) is encrypted and authenticated with XChaCha20-Poly1305 under
 // the pair's body key, and the envelope ends with the message's 24-byte
 // nonce where a tagged envelope has its tag.
-const EnvelopeSealedMagic = "KVA3"
+const envelopeSealedMagic = "KVA3"
 
 // envelopeFixed is the envelope's length without the receiver's instance
 // name and the certificate: magic, sent, seq, to epoch, to role, to rank,
 // the two lengths and the tag (a sealed envelope's nonce is shorter).
 const envelopeFixed = 4 + 8 + 8 + 8 + 1 + 4 + 2 + 2 + sha256.Size
 
-// SealNonceBytes is a sealed message's nonce: the sending process's
+// sealNonceBytes is a sealed message's nonce: the sending process's
 // random 16-byte prefix, then its message number (little-endian).
-const SealNonceBytes = chacha20poly1305.NonceSizeX
+const sealNonceBytes = chacha20poly1305.NonceSizeX
 
 // sealedFixed is a sealed envelope's length without the instance name and
 // the certificate.
-const sealedFixed = envelopeFixed - sha256.Size + SealNonceBytes
+const sealedFixed = envelopeFixed - sha256.Size + sealNonceBytes
 
 // MaxEnvelopeBytes bounds the authentication frame.
 const MaxEnvelopeBytes = envelopeFixed + MaxNameBytes + MaxCertBytes
@@ -222,7 +222,7 @@ func (a *Auth) seal(key []byte, frames [][]byte, env Envelope) [][]byte {
 	if key == nil {
 		return append(frames, a.sealInto(nil, key, frames, env))
 	}
-	var nonce [SealNonceBytes]byte
+	var nonce [sealNonceBytes]byte
 	if _, err := rand.Read(nonce[:]); err != nil {
 		panic(err) // crypto/rand does not fail
 	}
@@ -250,7 +250,7 @@ func (a *Auth) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope) [
 // encrypted, with its 16-byte tag, to body. The associated data are
 // frames 0 and 1 and the whole envelope.
 func (a *Auth) sealBodyInto(dst, body, key []byte, frames [][]byte, env Envelope, nonce []byte) (envFrame, sealed []byte) {
-	f := appendEnvelope(dst, EnvelopeSealedMagic, env)
+	f := appendEnvelope(dst, envelopeSealedMagic, env)
 	f = append(f, nonce...)
 	aad := a.aad(frames, f[len(dst):])
 	sealed = a.aeadFor(key).Seal(body, nonce, frames[2], *aad)
@@ -330,10 +330,10 @@ func parseEnvelope(f []byte) (env Envelope, tagAt int, sealed bool, why string) 
 	if len(f) < 4 {
 		return env, 0, false, AuthBadTag
 	}
-	sealed = string(f[:4]) == EnvelopeSealedMagic
+	sealed = string(f[:4]) == envelopeSealedMagic
 	fixed, tail := envelopeFixed, sha256.Size
 	if sealed {
-		fixed, tail = sealedFixed, SealNonceBytes
+		fixed, tail = sealedFixed, sealNonceBytes
 	}
 	if len(f) < fixed || len(f) > MaxEnvelopeBytes || (!sealed && string(f[:4]) != EnvelopeMagic) {
 		return env, 0, false, AuthBadTag

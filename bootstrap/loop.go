@@ -157,7 +157,7 @@ type scratch struct {
 	env    []byte
 	// body and nonce: a sealed message's encrypted body and its nonce.
 	body  []byte
-	nonce [SealNonceBytes]byte
+	nonce [sealNonceBytes]byte
 }
 
 type watchCmd struct {

@@ -172,7 +172,7 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	if _, err := bootstrap.Decode(captured[:3]); err == nil {
 		t.Fatal("the captured REGISTER decodes on the path: its body is not sealed")
 	}
-	if string(captured[3][:4]) != bootstrap.EnvelopeSealedMagic {
+	if string(captured[3][:4]) != "KVA3" { // PROTOCOL.md "Sealed bodies"
 		t.Fatalf("the captured REGISTER's envelope is %q, want a sealed one", captured[3][:4])
 	}
 
