@@ -92,8 +92,8 @@ func NewDecode(cfg Config) (*Decode, error) {
 	return d, nil
 }
 
-// DefaultTarget is the prefill rank of Config.BootstrapURL and PrefillRank.
-func (d *Decode) DefaultTarget() core.Target {
+// defaultTarget is the prefill rank of Config.BootstrapURL and PrefillRank.
+func (d *Decode) defaultTarget() core.Target {
 	return core.Target{Bootstrap: d.cfg.BootstrapURL, Rank: d.cfg.PrefillRank}
 }
 

@@ -141,7 +141,7 @@ func TestPullSpecNeedsTheConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	if res := d.CreateReceiver(5, d.DefaultTarget()); res.Outcome != core.Applied {
+	if res := d.CreateReceiver(5, d.defaultTarget()); res.Outcome != core.Applied {
 		t.Fatal(res)
 	}
 	err = d.InitReceiver(context.Background(), 5, core.RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Pull: true})
