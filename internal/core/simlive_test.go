@@ -203,6 +203,8 @@ func (w *simWorld) simTableBound(c *Core, name string) (bound int, empty, ok boo
 		return w.cfg.slots(), false, true
 	case "offers": // one per prefill process (endpoint and epoch) ever offering
 		return w.incs, false, true
+	case "topos": // the prefill instances' topologies (the simulator looks none up)
+		return maxTopologies, false, true
 	case "offerChecks": // offers being loaded: each answered (OfferLoaded)
 		return maxOfferChecks, true, true
 	case "echo": // bytes: the last MaxEchoes nonces
