@@ -221,6 +221,15 @@ func TestChallengeNeverTouchesAnotherRanksAgent(t *testing.T) {
 		}
 	}
 	assert.True(t, c.Registered(decodeFrom.Peer(), decodeFrom.Epoch))
+
+	// The shell refuses a repeat of the registered process (its proof
+	// failed after a reload, say): the refusal drops that process's
+	// challenge, not the remote its bound registration still uses.
+	c.Step(t0.Add(time.Minute), RegisterRefused{From: decodeFrom, Reason: "proof slot 0 holds another value (not_owner)", NotOwner: true})
+	for _, e := range c.Effects() {
+		assert.NotEqual(t, EffectUnload, e.Kind, "unloaded %q, a registered rank's agent, at its repeat's refusal", e.Remote)
+	}
+	assert.Equal(t, decodeFrom.Peer(), c.AgentOwner(agentOf(decodeFrom)))
 }
 
 // TestDecodeEchoesOnlyItsOwnChallenge: a decode rank echoes a challenge
