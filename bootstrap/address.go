@@ -594,7 +594,11 @@ func OpenAs(auth *Auth, id *RankIdentity, frames [][]byte, now time.Time) (opene
 		if cert == nil {
 			return nil, AuthNoIdentity
 		}
-		key, err := tagKey(auth, id, cert)
+		c, err := ParseCert(cert, id.CA, now)
+		if err != nil || c.Role == id.Cert.Role { // (a rank talks to the other role's ranks)
+			return nil, AuthNoIdentity
+		}
+		key, err := id.pairKey(auth.Secret, c)
 		if err != nil {
 			return nil, AuthNoIdentity
 		}

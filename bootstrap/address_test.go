@@ -745,6 +745,15 @@ func TestBodiesSealedUnderRankIdentity(t *testing.T) {
 	w.send(append(f[:3:3], testAuth().sealInto(nil, key, f, env)))
 	w.sync(12)
 	assert.EqualValues(t, 1, prefill.Stats().Refused[AuthUnsealed])
+	// The same with a tag that is not the pair's (anyone can carry a
+	// certificate): bad_tag, not counted as a peer of an earlier revision.
+	env.Seq++
+	forged := testAuth().sealInto(nil, key, f, env)
+	forged[len(forged)-1] ^= 1
+	w.send(append(f[:3:3], forged))
+	w.sync(13)
+	assert.EqualValues(t, 1, prefill.Stats().Refused[AuthUnsealed])
+	assert.EqualValues(t, 3, prefill.Stats().Refused[AuthBadTag])
 	select {
 	case m := <-prefill.msgs:
 		t.Fatalf("an unsealed or altered message was handled: %+v", m)

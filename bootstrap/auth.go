@@ -399,12 +399,12 @@ func (a *Auth) open(frames [][]byte, now time.Time, keyFor func(cert []byte) ([]
 			return nil, env, AuthBadTag
 		}
 		frames[2] = body // decrypted in place
-	case key != nil:
-		// Under per-rank identity every body is sealed: a tagged one
-		// went readable on the wire.
-		return nil, env, AuthUnsealed
 	case !a.tagEqual(f[at:], key, frames[:3], f[:at]):
 		return nil, env, AuthBadTag
+	case key != nil:
+		// Under per-rank identity every body is sealed: an authentic but
+		// only tagged one went readable on the wire.
+		return nil, env, AuthUnsealed
 	}
 	if d := now.Sub(env.Sent); d > a.MaxSkew || d < -a.MaxSkew {
 		return nil, env, AuthStale

@@ -1033,6 +1033,9 @@ func signalKick(c chan struct{}) {
 func (s *sender) try(pc *peerConn, o outbound, now time.Time) bool {
 	err := pc.sock.send(s.l.wire(o, &pc.scratch, now), zDontwait)
 	pc.scratch.frames[2] = nil // the body is ZeroMQ's copy now: not kept alive here
+	if cap(pc.scratch.body) > keptBody {
+		pc.scratch.body = nil // a large sealed body (a REGISTER's metadata): not kept per peer
+	}
 	if err == nil {
 		s.l.stat.sent.Add(1)
 		o.release()

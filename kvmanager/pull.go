@@ -159,8 +159,15 @@ func (d *Decode) loadOffer(p *core.OfferPlan) {
 // the accepted offer whose remote is still usable is left as it is.
 func (d *Decode) proveOffer(p *core.OfferPlan) error {
 	o := p.Ack.Pull
-	if p.Repeat && d.agent.RemoteUsable(o.Agent) {
-		return nil
+	if p.Repeat {
+		if d.agent.RemoteUsable(o.Agent) {
+			return nil
+		}
+		// Reads go through the accepted offer until the core hears
+		// otherwise: its remote is not loaded again under it. Refused,
+		// the offer is dropped, and the next REGISTER_ACK loads and
+		// proves it anew.
+		return fmt.Errorf("agent %q: the accepted offer's remote is no longer usable", o.Agent)
 	}
 	if named, err := nixl.MetadataAgent(o.AgentMD); err != nil {
 		return fmt.Errorf("agent metadata: %w", err)

@@ -166,12 +166,23 @@ func (c *decodeCore) offerLoaded(in OfferLoaded) {
 	}
 	p, o := in.Plan, in.Plan.Ack.Pull
 	delete(c.offerChecks, o.Agent)
+	from := p.Ack.From
+	key := offerKey{from.Endpoint, from.Epoch}
+	if !c.hear(from) {
+		// Its process retired while the offer was loaded (a newer epoch
+		// heard at the endpoint): nothing of it is taken — the target
+		// stays with the process that replaced it (counted stale).
+		return
+	}
 	if in.Err != nil {
+		if cur := c.offers[key]; cur != nil && cur.remote == o.Agent {
+			// A repeat whose remote had to be loaded again and was not
+			// proven: no read goes through it.
+			delete(c.offers, key)
+		}
 		c.refuseOffer(p.Ack, in.Err)
 		return
 	}
-	from := p.Ack.From
-	key := offerKey{from.Endpoint, from.Epoch}
 	if cur := c.offers[key]; cur == nil || cur.hash != p.hash {
 		c.offerGen++
 		c.offers[key] = &acceptedOffer{remote: o.Agent, owner: from.Peer(), layout: p.Layout, hash: p.hash, gen: c.offerGen}

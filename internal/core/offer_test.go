@@ -181,3 +181,43 @@ func TestReadGatedByItsOffer(t *testing.T) {
 		assert.Contains(t, reason, "no accepted pull offer")
 	})
 }
+
+// TestLateOfferLoadedIsStale (review of 1ffb660): an offer whose process
+// retired while it was loaded — a newer epoch heard at the endpoint — is
+// not taken when its load ends: the target stays with the newer process,
+// no offer of the old one is installed, no REQUEST goes to it. And a
+// repeat whose remote was not proven again leaves no accepted offer.
+func TestLateOfferLoadedIsStale(t *testing.T) {
+	c := offerCore(t)
+	c.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true, Pull: testOffer()}})
+	plans := offerLoads(c.Effects())
+	require.Len(t, plans, 1)
+	newer := prefillFrom
+	newer.Epoch++
+	c.Step(t0, Received{Msg: &wire.Status{From: newer, Room: 99, Status: wire.StatusFailed, Reason: "x"}}) // the newer process heard
+	c.Effects()
+	stale := c.Stats().StaleEpoch
+	c.Step(t0, OfferLoaded{Plan: plans[0]})
+	effects := c.Effects()
+	assert.Empty(t, sent[*wire.Request](effects), "a REQUEST went to the retired process")
+	assert.Zero(t, c.Sizes().Offers, "the retired process's offer installed")
+	assert.Equal(t, stale+1, c.Stats().StaleEpoch)
+
+	t.Run("a repeat not proven again", func(t *testing.T) {
+		c := offerCore(t)
+		ack := &wire.RegisterAck{From: prefillFrom, OK: true, Pull: testOffer()}
+		c.Step(t0, Received{Msg: ack})
+		plans := offerLoads(c.Effects())
+		require.Len(t, plans, 1)
+		c.Step(t0, OfferLoaded{Plan: plans[0]})
+		c.Effects()
+		require.Equal(t, 1, c.Sizes().Offers)
+		c.decodeCore.targetAt(prefillFrom.Endpoint).reg = regSent // registering again
+		c.Step(t0, Received{Msg: ack})
+		plans = offerLoads(c.Effects())
+		require.Len(t, plans, 1)
+		require.True(t, plans[0].Repeat)
+		c.Step(t0, OfferLoaded{Plan: plans[0], Err: errNotOwnerForTest})
+		assert.Zero(t, c.Sizes().Offers, "a repeat whose remote was not proven again stays accepted")
+	})
+}

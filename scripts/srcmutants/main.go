@@ -686,7 +686,7 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestOfferChecks$"},
 	{name: "offer-not-serialized", file: "internal/core/offer.go", old: "\tif c.offerChecks[o.Agent] || len(c.offerChecks) >= maxOfferChecks {", new: "\tif len(c.offerChecks) >= maxOfferChecks {",
 		pkg: "internal/core", run: "^TestOfferChecks$"},
-	{name: "offer-failed-proof-accepted", file: "internal/core/offer.go", old: "\tif in.Err != nil {\n\t\tc.refuseOffer(p.Ack, in.Err)", new: "\tif false && in.Err != nil {\n\t\tc.refuseOffer(p.Ack, in.Err)",
+	{name: "offer-failed-proof-accepted", file: "internal/core/offer.go", old: "\tif in.Err != nil {\n\t\tif cur := c.offers[key]", new: "\tif false && in.Err != nil {\n\t\tif cur := c.offers[key]",
 		pkg: "internal/core", run: "^TestOfferChecks$"},
 	{name: "offer-replaced-kept", file: "internal/core/offer.go", old: "\tif !plan.Repeat {\n\t\t// No read", new: "\tif false && !plan.Repeat {\n\t\t// No read",
 		pkg: "internal/core", run: "^TestReadGatedByItsOffer$"},
@@ -720,6 +720,16 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestTopologyIsTheCores$"},
 	{name: "topology-kept-after-refusal", file: "internal/core/core_decode.go", old: "\t\tc.forgetTopology(\"\")\n", new: "",
 		pkg: "internal/core", run: "^TestTopologyIsTheCores$"},
+	// Found by review: an offer loaded for a process that retired
+	// meanwhile taken; a repeat not proven again kept accepted; a tagged
+	// message from a certificate holder counted unsealed before its tag
+	// was checked.
+	{name: "late-offer-taken", file: "internal/core/offer.go", old: "\tif !c.hear(from) {", new: "\tif false && !c.hear(from) {",
+		pkg: "internal/core", run: "^TestLateOfferLoadedIsStale$"},
+	{name: "unproven-repeat-kept", file: "internal/core/offer.go", old: "\t\t\tdelete(c.offers, key)\n", new: "",
+		pkg: "internal/core", run: "^TestLateOfferLoadedIsStale$"},
+	{name: "unsealed-before-tag", file: "bootstrap/auth.go", old: "\tcase !a.tagEqual(f[at:], key, frames[:3], f[:at]):\n\t\treturn nil, env, AuthBadTag\n\tcase key != nil:", new: "\tcase key != nil:\n\t\treturn nil, env, AuthUnsealed\n\tcase !a.tagEqual(f[at:], key, frames[:3], f[:at]):",
+		pkg: "bootstrap", run: "^TestBodiesSealedUnderRankIdentity$"},
 }
 
 func main() {
