@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -787,4 +788,27 @@ func TestSealNoncesNeverRepeat(t *testing.T) {
 		nonces[string(env[len(env)-sealNonceBytes:])] = true
 	}
 	assert.Len(t, nonces, 3)
+}
+
+// TestSealedHeaderFramesBounded (review of 3fee272): a sealed message's
+// magic and type frames are bounded before they are copied into the
+// associated data — anyone can carry a certificate, so an unauthenticated
+// sender must not make a rank copy megabytes before the check.
+func TestSealedHeaderFramesBounded(t *testing.T) {
+	_, did, pid := identities(t)
+	a := testAuth()
+	key, err := tagKey(a, did, pid.Cert.raw)
+	require.NoError(t, err)
+	f, err := Encode(&Abort{From: From{Role: RoleDecode, Instance: "d"}, Room: 1})
+	require.NoError(t, err)
+	sealed := a.seal(key, f[:3:3], Envelope{Sent: time.Now(), Seq: 1, To: pid.Cert.Identity(), Cert: did.Cert.raw})
+	sealed[1] = make([]byte, 4<<20) // a type frame of 4 MiB
+	fresh := testAuth()             // (a pool with no buffer yet)
+	now := time.Now()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, _, why := fresh.open(sealed, now, newAddressing(fresh, pid, RolePrefill).keyFor(now))
+	runtime.ReadMemStats(&after)
+	assert.Equal(t, AuthBadTag, why)
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "bytes allocated to refuse a 4 MiB type frame")
 }

@@ -69,6 +69,10 @@ const envelopeFixed = 4 + 8 + 8 + 8 + 1 + 4 + 2 + 2 + sha256.Size
 // random 16-byte prefix, then its message number (little-endian).
 const sealNonceBytes = chacha20poly1305.NonceSizeX
 
+// maxHeaderFrame bounds frames 0 and 1 of a sealed message (the magic and
+// the type name) before they are read.
+const maxHeaderFrame = 32
+
 // sealedFixed is a sealed envelope's length without the instance name and
 // the certificate.
 const sealedFixed = envelopeFixed - sha256.Size + sealNonceBytes
@@ -392,6 +396,12 @@ func (a *Auth) open(frames [][]byte, now time.Time, keyFor func(cert []byte) ([]
 	}
 	switch {
 	case sealed:
+		if len(frames[0]) > maxHeaderFrame || len(frames[1]) > maxHeaderFrame {
+			// Not a message any rank sends (a magic and a type name):
+			// refused before its frames are copied into the associated
+			// data.
+			return nil, env, AuthBadTag
+		}
 		aad := a.aad(frames, f)
 		body, err := a.aeadFor(key).Open(frames[2][:0], f[at:], frames[2], *aad)
 		a.aads.Put(aad)

@@ -187,6 +187,9 @@ func (c *decodeCore) offerLoaded(in OfferLoaded) {
 		c.offerGen++
 		c.offers[key] = &acceptedOffer{remote: o.Agent, owner: from.Peer(), layout: p.Layout, hash: p.hash, gen: c.offerGen}
 	}
+	// The rank's earlier processes (elsewhere: a restart on a new port)
+	// are gone: their offers go, so the table holds one per prefill rank.
+	maps.DeleteFunc(c.offers, func(k offerKey, x *acceptedOffer) bool { return x.owner == from.Peer() && k != key })
 	c.onRegisterAck(p.Ack)
 }
 

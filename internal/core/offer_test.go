@@ -221,3 +221,29 @@ func TestLateOfferLoadedIsStale(t *testing.T) {
 		assert.Zero(t, c.Sizes().Offers, "a repeat whose remote was not proven again stays accepted")
 	})
 }
+
+// TestOffersOnePerRank (review of 1ffb660): a prefill rank restarted on a
+// new port leaves no offer of its earlier process behind: the table holds
+// one per prefill rank, whatever its processes' endpoints.
+func TestOffersOnePerRank(t *testing.T) {
+	c := offerCore(t)
+	c.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true, Pull: testOffer()}})
+	plans := offerLoads(c.Effects())
+	require.Len(t, plans, 1)
+	c.Step(t0, OfferLoaded{Plan: plans[0]})
+	c.Effects()
+	require.Equal(t, 1, c.Sizes().Offers)
+
+	moved := prefillFrom
+	moved.Endpoint, moved.Epoch = "tcp://p:9", prefillFrom.Epoch+1
+	c.Step(t0, Resolved{Target: prefillT, Endpoint: moved.Endpoint, Epoch: moved.Epoch})
+	c.Effects()
+	c.decodeCore.targetAt(moved.Endpoint).reg = regSent // (its REGISTER to the new process)
+	o := testOffer()
+	o.Agent, o.AgentMD = "agent-of-p-restarted", []byte("the new process's blob") // (another name: the earlier offer's is not replaced by name)
+	c.Step(t0, Received{Msg: &wire.RegisterAck{From: moved, OK: true, Pull: o}})
+	plans = offerLoads(c.Effects())
+	require.Len(t, plans, 1)
+	c.Step(t0, OfferLoaded{Plan: plans[0]})
+	assert.Equal(t, 1, c.Sizes().Offers, "the rank's earlier process's offer kept")
+}

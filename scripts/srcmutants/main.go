@@ -730,6 +730,12 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestLateOfferLoadedIsStale$"},
 	{name: "unsealed-before-tag", file: "bootstrap/auth.go", old: "\tcase !a.tagEqual(f[at:], key, frames[:3], f[:at]):\n\t\treturn nil, env, AuthBadTag\n\tcase key != nil:", new: "\tcase key != nil:\n\t\treturn nil, env, AuthUnsealed\n\tcase !a.tagEqual(f[at:], key, frames[:3], f[:at]):",
 		pkg: "bootstrap", run: "^TestBodiesSealedUnderRankIdentity$"},
+	// A sealed message's header frames copied unbounded; a rank's earlier
+	// processes' offers kept.
+	{name: "sealed-header-unbounded", file: "bootstrap/auth.go", old: "\t\tif len(frames[0]) > maxHeaderFrame || len(frames[1]) > maxHeaderFrame {", new: "\t\tif false {",
+		pkg: "bootstrap", run: "^TestSealedHeaderFramesBounded$"},
+	{name: "offers-per-process", file: "internal/core/offer.go", old: "return x.owner == from.Peer() && k != key", new: "return false && x.owner == from.Peer() && k != key",
+		pkg: "internal/core", run: "^TestOffersOnePerRank$"},
 }
 
 func main() {
