@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -42,14 +43,19 @@ type decodePeer struct {
 func registrationHash(msg *wire.Register) (md, lay [32]byte) {
 	md = sha256.Sum256(msg.AgentMD)
 	h := sha256.New()
-	for _, list := range [][]wire.Region{msg.KV, msg.Aux, msg.State} {
+	hashRegions(h, msg.KV, msg.Aux, msg.State)
+	copy(lay[:], h.Sum(nil))
+	return md, lay
+}
+
+// hashRegions writes a REGISTER's or an offer's region lists to h.
+func hashRegions(h io.Writer, lists ...[]wire.Region) {
+	for _, list := range lists {
 		fmt.Fprintf(h, "%d;", len(list))
 		for _, r := range list {
 			fmt.Fprintf(h, "%d,%d,%d,%d,%s;", r.Addr, r.Len, r.ItemLen, r.Dev, r.Mem)
 		}
 	}
-	copy(lay[:], h.Sum(nil))
-	return md, lay
 }
 
 // changedRegistration explains why a REGISTER may not replace the

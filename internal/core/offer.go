@@ -75,12 +75,7 @@ func (OfferLoaded) input() {}
 func offerHash(o *wire.PullOffer) [32]byte {
 	h := sha256.New()
 	fmt.Fprintf(h, "%d;%s;%d;%s;%d;%s;", len(o.Agent), o.Agent, len(o.AgentMD), o.AgentMD, len(o.Proof), o.Proof)
-	for _, list := range [][]wire.Region{o.KV, o.Aux, o.State} {
-		fmt.Fprintf(h, "%d;", len(list))
-		for _, r := range list {
-			fmt.Fprintf(h, "%d,%d,%d,%d,%s;", r.Addr, r.Len, r.ItemLen, r.Dev, r.Mem)
-		}
-	}
+	hashRegions(h, o.KV, o.Aux, o.State)
 	var sum [32]byte
 	copy(sum[:], h.Sum(nil))
 	return sum
