@@ -95,9 +95,13 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 		// address reaches no agent, nobody: the REGISTER stays unanswered
 		// (the rank alive, the blob loaded but unused) and the try counts
 		// as challenged.
+		// A REGISTER left for its sender to repeat (the previous try's
+		// check still running, on a loaded machine) is repeated every
+		// second, as a decode rank's is.
 		deadline := time.After(30 * time.Second)
-		poll := time.NewTicker(5 * time.Millisecond)
+		poll, repeat := time.NewTicker(5*time.Millisecond), time.NewTicker(time.Second)
 		defer poll.Stop()
+		defer repeat.Stop()
 		var silent time.Time
 		for {
 			select {
@@ -106,6 +110,11 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 			case <-deadline:
 				t.Fatal("no REGISTER_ACK within 30 s: the prefill rank stopped answering")
 				return nil
+			case <-repeat.C:
+				if err := loop.Send(to, reg); err != nil {
+					t.Fatal(err)
+				}
+				continue
 			case <-poll.C:
 			}
 			ns, _ := dec.Notifs()
