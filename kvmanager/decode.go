@@ -84,7 +84,7 @@ func NewDecode(cfg Config) (*Decode, error) {
 	m.resolver = d.resolve
 	if cfg.Pull {
 		d.startPull()
-		m.onOffer, m.onReads = d.loadOffer, d.queueReads
+		m.onOffer, m.onReads, m.onChallengeOffer = d.loadOffer, d.queueReads, d.challengeOffer
 	}
 	m.start()
 	m.wg.Add(1)

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
@@ -37,6 +38,23 @@ func NewPrefill(cfg Config) (*Prefill, error) {
 		return nil, err
 	}
 	m.registersReady.Store(true) // REGISTERs are handled from here on (the pool exists)
+	kick := make(chan struct{}, 1)
+	var until atomic.Int64
+	m.listen = func(d time.Duration) {
+		end := time.Now().Add(d).UnixNano()
+		for {
+			cur := until.Load()
+			if cur >= end || until.CompareAndSwap(cur, end) {
+				break
+			}
+		}
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	m.wg.Add(1)
+	go p.notifier(kick, &until)
 	if m.cfg.BootstrapURL != "" {
 		if err := m.registerRank(); err != nil {
 			m.Close()
@@ -45,6 +63,60 @@ func NewPrefill(cfg Config) (*Prefill, error) {
 	}
 	m.start()
 	return p, nil
+}
+
+// notifier reads the agent's notifications: a decode rank that pulls
+// sends the agent its offer names a challenge (core.Challenged), which
+// this rank echoes in its next REGISTER_ACK, before it reads through the
+// offer; anything else is dropped, counted
+// (kvbridge_challenges_ignored_total). It blocks on the engine's wake-up
+// channel where there is one (no timer: an idle rank costs no CPU).
+// Otherwise (libnixl) it polls with a back-off of up to 1 ms only while a
+// listen window is open — the core opens one with each REGISTER_ACK that
+// carries the offer (EffectKeepProgress) — and waits for the next one
+// otherwise.
+func (p *Prefill) notifier(kick <-chan struct{}, until *atomic.Int64) {
+	defer p.wg.Done()
+	wake := p.agent.NotifyC()
+	idle := time.Duration(0)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		ns, err := p.agent.Notifs()
+		if err == nil && len(ns) > 0 {
+			idle = 0
+			for _, n := range ns {
+				x, _ := core.ParseChallenge(string(n.Msg)) // (anything else: a zero challenge, ignored and counted)
+				p.stepIn(x)
+			}
+			continue
+		}
+		if wake != nil {
+			select {
+			case <-p.closing:
+				return
+			case <-wake:
+			}
+			continue
+		}
+		left := time.Until(time.Unix(0, until.Load()))
+		if left <= 0 {
+			select {
+			case <-p.closing:
+				return
+			case <-kick:
+				idle = 0
+			}
+			continue
+		}
+		idle = min(max(2*idle, 10*time.Microsecond), time.Millisecond, left)
+		timer.Reset(idle)
+		select {
+		case <-p.closing:
+			return
+		case <-timer.C:
+		}
+	}
 }
 
 // registerAttempt bounds one attempt of the rank's first registration: a

@@ -153,6 +153,55 @@ func (d *Decode) loadOffer(p *core.OfferPlan) {
 	}()
 }
 
+// challengeOffer carries out EffectChallengeOffer on a goroutine of its
+// own (engine I/O): it loads the offer's agent metadata — the agent the
+// blob names checked to be the offer's first — and sends that agent the
+// challenge notification, a message, never an access to that process's
+// memory; then steps OfferChallenged. Nothing is read through the agent
+// until the offering rank echoes the nonce (the core then asks for the
+// proof, EffectLoadOffer).
+func (d *Decode) challengeOffer(p *core.OfferPlan, notif string) {
+	d.regMu.Lock()
+	if d.regClosed {
+		d.regMu.Unlock()
+		return
+	}
+	d.wg.Add(1)
+	d.regMu.Unlock()
+	go func() {
+		defer d.wg.Done()
+		err := d.sendOfferChallenge(p, notif)
+		if err != nil {
+			d.log.Warn("pull offer refused", zap.String("peer", p.Ack.From.Peer()), zap.Error(err))
+		}
+		d.stepIn(core.OfferChallenged{Plan: p, Err: err})
+	}()
+}
+
+func (d *Decode) sendOfferChallenge(p *core.OfferPlan, notif string) error {
+	o := p.Ack.Pull
+	if named, err := nixl.MetadataAgent(o.AgentMD); err != nil {
+		return fmt.Errorf("agent metadata: %w", err)
+	} else if named != o.Agent {
+		return fmt.Errorf("%w: its metadata names agent %q, its offer %q", errNotOwner, named, o.Agent)
+	}
+	// (The core dropped every accepted offer through this name first: no
+	// read goes through the remote it replaces.)
+	rl := d.pull.remoteLock(o.Agent)
+	rl.Lock()
+	_, err := d.agent.LoadRemote(o.AgentMD)
+	rl.Unlock()
+	if err != nil {
+		return fmt.Errorf("agent metadata: challenging the agent it names: %w", err)
+	}
+	if err := d.agent.GenNotif(o.Agent, []byte(notif)); err != nil {
+		// Maybe transient: the offer's next REGISTER_ACK sends it again.
+		d.met.challengeSendFailed.Inc()
+		d.log.Warn("offer challenge not sent", zap.String("peer", p.Ack.From.Peer()), zap.String("agent", o.Agent), zap.Error(err))
+	}
+	return nil
+}
+
 // proveOffer loads an offer's agent metadata — its agent name the one the
 // blob itself names, checked before the blob is loaded — and proves its
 // memory its own by reading every proof slot back through it. A repeat of

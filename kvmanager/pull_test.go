@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,6 +40,8 @@ func TestPullOfferProven(t *testing.T) {
 			cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
 			reg := prometheus.NewRegistry()
 			cfg.Registerer = reg
+			var jumped atomic.Int64 // the decode rank's clock runs this far ahead
+			cfg.Now = func() time.Time { return time.Now().Add(time.Duration(jumped.Load())) }
 			d, err := NewDecode(cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -53,9 +56,17 @@ func TestPullOfferProven(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			room := uint64(0)
+			var echoed []byte
+			decodeID := bootstrap.From{Role: bootstrap.RoleDecode, Instance: cfg.Instance, Rank: cfg.Rank}.Peer()
 			// deliver answers a new room's REGISTER with ack and returns
-			// the room's status once it is ready or failed, and why.
-			deliver := func(ack *bootstrap.RegisterAck) (core.Poll, string) {
+			// the room's status once it is ready or failed, and why. An
+			// offer the core does not refuse at once has its agent
+			// challenged first: where that agent is the prefill rank's
+			// (answer), the rank's core keeps the nonce its agent got, and
+			// ack is delivered again echoing it, as the rank's next
+			// REGISTER_ACK would; otherwise ack is repeated without the
+			// echo and the challenge expires (the clock jumps past it).
+			deliver := func(ack *bootstrap.RegisterAck, challenged, answer bool) (core.Poll, string) {
 				t.Helper()
 				room++
 				require.Equal(t, core.Applied, d.CreateReceiver(room, target).Outcome)
@@ -63,6 +74,25 @@ func TestPullOfferProven(t *testing.T) {
 				spec := core.RequestSpec{DstPages: []uint32{uint32(room - 1)}, AuxIndex: -1, Pull: true}
 				require.Equal(t, core.Applied, d.stepIn(core.InitReceiver{Room: room, Spec: spec}).Result.Outcome)
 				d.handle(ack)
+				if challenged {
+					require.Eventually(t, func() bool { return d.Sizes().OfferChecks == 0 }, 10*time.Second, time.Millisecond, "the challenge's load did not end")
+					if answer {
+						var nonce []byte
+						require.Eventually(t, func() bool {
+							p.read(func(c *core.Core) { nonce = c.Echo(decodeID) })
+							return nonce != nil && string(nonce) != string(echoed)
+						}, 10*time.Second, time.Millisecond, "the prefill rank's agent got no challenge")
+						echoed = nonce
+						e := *ack
+						e.Echo = nonce
+						d.handle(&e)
+					} else {
+						d.handle(ack) // repeated without the echo
+						require.Eventually(t, func() bool { return d.Sizes().OfferChecks == 0 }, 10*time.Second, time.Millisecond, "the challenge's load did not end")
+						jumped.Add(int64(proofTimeout + time.Second))
+						d.tick()
+					}
+				}
 				st, err := d.WaitReady(ctx, room)
 				require.NoError(t, err)
 				return st, d.Failure(room)
@@ -81,33 +111,34 @@ func TestPullOfferProven(t *testing.T) {
 				return &bootstrap.RegisterAck{From: from, OK: true, Pull: &o}
 			}
 			for _, c := range []struct {
-				what string
-				ack  *bootstrap.RegisterAck
-				want string
+				what               string
+				ack                *bootstrap.RegisterAck
+				challenged, answer bool
+				want               string
 			}{
 				{"the victim's blob, name and regions", offer(func(o *bootstrap.PullOffer) {
 					o.Agent, o.AgentMD, o.KV, o.Aux = victim.name, victim.md, victim.kv, []bootstrap.Region{}
-				}), "not_owner"},
+				}), true, false, "did not echo"},
 				{"the same with the victim's seed", offer(func(o *bootstrap.PullOffer) {
 					o.Agent, o.AgentMD, o.KV, o.Aux, o.Proof = victim.name, victim.md, victim.kv, []bootstrap.Region{}, victim.seed
-				}), "not_owner"},
+				}), true, false, "did not echo"},
 				{"the victim's blob renamed to the prefill rank, the victim's regions", offer(func(o *bootstrap.PullOffer) {
 					o.AgentMD, o.KV, o.Aux = renamed(t, victim.md, genuine.Agent), victim.kv, []bootstrap.Region{}
-				}), "not_owner"},
-				{"the prefill rank's blob, the victim's regions", offer(func(o *bootstrap.PullOffer) { o.KV, o.Aux = victim.kv, []bootstrap.Region{} }), "not_owner"},
+				}), true, false, "did not echo"},
+				{"the prefill rank's blob, the victim's regions", offer(func(o *bootstrap.PullOffer) { o.KV, o.Aux = victim.kv, []bootstrap.Region{} }), true, true, "not_owner"},
 				{"another rank's default agent name", offer(func(o *bootstrap.PullOffer) {
 					o.Agent, o.AgentMD = p.cfg.Instance+"-prefill-7", renamed(t, genuine.AgentMD, p.cfg.Instance+"-prefill-7")
-				}), "not_owner"},
-				{"a wrong seed", offer(func(o *bootstrap.PullOffer) { o.Proof = victim.seed }), "not_owner"},
-				{"no offer", &bootstrap.RegisterAck{From: from, OK: true}, "does not serve pull"},
+				}), false, false, "not_owner"},
+				{"a wrong seed", offer(func(o *bootstrap.PullOffer) { o.Proof = victim.seed }), true, true, "not_owner"},
+				{"no offer", &bootstrap.RegisterAck{From: from, OK: true}, false, false, "does not serve pull"},
 			} {
-				st, reason := deliver(c.ack)
+				st, reason := deliver(c.ack, c.challenged, c.answer)
 				require.Equal(t, core.Failed, st, "%s: accepted", c.what)
 				require.Contains(t, reason, c.want, "%s: the refusal names why", c.what)
 				require.Zero(t, d.Sizes().Offers, "%s: refused, yet an offer stays accepted", c.what)
 				t.Logf("%s: refused: %s", c.what, reason)
 			}
-			st, reason := deliver(offer(nil))
+			st, reason := deliver(offer(nil), true, true)
 			require.Equal(t, core.WaitingForInput, st, "the genuine offer refused: %s", reason)
 			require.Equal(t, 1, d.Sizes().Offers, "the genuine offer accepted")
 			families, err := reg.Gather()

@@ -85,6 +85,12 @@ type Manager struct {
 	// the core's: CoreConfig.Offer.)
 	onOffer func(*core.OfferPlan)
 	onReads func([]core.Effect)
+	// onChallengeOffer (decode with Pull) loads an offer's agent and sends
+	// it the offer challenge; listen (prefill serving pull) has its
+	// notifier read the agent's notifications for a while (an offer
+	// challenge comes after each REGISTER_ACK with the offer).
+	onChallengeOffer func(*core.OfferPlan, string)
+	listen           func(time.Duration)
 	// resolver looks decode targets up (set by NewDecode).
 	resolver func(core.Target)
 	// deregister deletes the rank's bootstrap record (prefill, set once
@@ -435,6 +441,9 @@ func (m *Manager) carryOut() {
 			}
 		case core.EffectKeepProgress:
 			m.agent.KeepProgress(e.Keep)
+			if m.listen != nil {
+				m.listen(e.Keep) // (prefill) an offer's challenge may come
+			}
 		case core.EffectUnload:
 			// Off the effects: closing an endpoint to a dead peer waits
 			// (up to the engine's close bound), and every step would wait
@@ -442,7 +451,7 @@ func (m *Manager) carryOut() {
 			m.unload(e.Remote)
 		case core.EffectRead:
 			reads = append(reads, e)
-		case core.EffectPost, core.EffectLoadMetadata, core.EffectChallenge, core.EffectLoadOffer:
+		case core.EffectPost, core.EffectLoadMetadata, core.EffectChallenge, core.EffectLoadOffer, core.EffectChallengeOffer:
 			posts = append(posts, e) // each may step: after effMu
 		}
 	}
@@ -467,6 +476,13 @@ func (m *Manager) carryOut() {
 			continue
 		case core.EffectChallenge:
 			m.challenge(e.Msg.(*bootstrap.Register), e.Notif)
+			continue
+		case core.EffectChallengeOffer:
+			if m.onChallengeOffer != nil {
+				m.onChallengeOffer(e.Offer, e.Notif)
+			} else {
+				m.stepIn(core.OfferChallenged{Plan: e.Offer, Err: errors.New("this decode rank does not pull (Config.Pull)")})
+			}
 			continue
 		case core.EffectLoadOffer:
 			if m.onOffer != nil {

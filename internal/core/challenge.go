@@ -227,9 +227,24 @@ func (c *prefillCore) challengeRefused(from wire.From) {
 }
 
 // ChallengeHolds reports whether a challenge (open or passed) holds the
-// agent name: the shell keeps a remote it loaded for one only then.
+// agent name — on a decode rank, an offer challenge, an offer being
+// loaded or an accepted offer —: the shell keeps a remote it loaded for
+// one only then.
 func (c *Core) ChallengeHolds(agent string) bool {
-	if c.prefillCore == nil {
+	if d := c.decodeCore; d != nil {
+		if d.offerChecks[agent] {
+			return true
+		}
+		for _, o := range d.offers {
+			if o.remote == agent {
+				return true
+			}
+		}
+		for _, ch := range d.offerChallenges {
+			if ch.agent == agent {
+				return true
+			}
+		}
 		return false
 	}
 	for _, ch := range c.prefillCore.challenges {
@@ -368,4 +383,68 @@ func (c *decodeCore) challenged(in Challenged) {
 	for _, tg := range at {
 		c.sendRegister(tg)
 	}
+}
+
+// offerEcho is an offer challenge's nonce kept to echo, and when it came.
+type offerEcho struct {
+	nonce [ChallengeBytes]byte
+	at    time.Time
+}
+
+// challenged (prefill) keeps an offer challenge meant for this rank's
+// identity — a decode rank that got this rank's offer sent it to the
+// agent the offer names, which is this one — and answers at once every
+// registration of the challenging rank that asked for the offer, its
+// REGISTER_ACK echoing the nonce (later ones echo it too). One for
+// another identity (an offer elsewhere named this rank's agent), or to a
+// rank that offers nothing, is dropped, counted.
+func (c *prefillCore) challenged(now time.Time, in Challenged) {
+	if in.For != c.cfg.Identity || len(in.Nonce) != ChallengeBytes || !c.servesPull() {
+		c.stats.ChallengesIgnored++
+		return
+	}
+	var n [ChallengeBytes]byte
+	copy(n[:], in.Nonce)
+	if e, ok := c.echoes[in.EndpointTag]; ok && e.nonce == n {
+		return // a repeat: the REGISTER_ACK that echoes it went out
+	}
+	if _, ok := c.echoes[in.EndpointTag]; !ok && len(c.echoes) >= maxChallenges {
+		// The oldest goes (its rank's challenge is sent again with its
+		// next REGISTER_ACK).
+		oldest := ""
+		for _, tag := range slices.Sorted(maps.Keys(c.echoes)) {
+			if oldest == "" || c.echoes[tag].at.Before(c.echoes[oldest].at) {
+				oldest = tag
+			}
+		}
+		delete(c.echoes, oldest)
+	}
+	c.echoes[in.EndpointTag] = offerEcho{nonce: n, at: now}
+	c.stats.OfferEchoes++
+	for _, key := range slices.Sorted(maps.Keys(c.peers)) {
+		if p := c.peers[key]; p.pull && EndpointTag(key) == in.EndpointTag {
+			c.ackRegister(p)
+		}
+	}
+}
+
+// Echo (prefill) returns the offer challenge's nonce this rank echoes to
+// the decode identity peer (From.Peer()) in its REGISTER_ACKs; nil when
+// it keeps none.
+func (c *Core) Echo(peer string) []byte {
+	if c.prefillCore == nil {
+		return nil
+	}
+	if e, ok := c.prefillCore.echoes[EndpointTag(peer)]; ok {
+		return slices.Clone(e.nonce[:])
+	}
+	return nil
+}
+
+// echoTick forgets the echoes kept past twice the challenge timeout (the
+// challenge they answer has expired at its sender).
+func (c *prefillCore) echoTick(now time.Time) {
+	maps.DeleteFunc(c.echoes, func(_ string, e offerEcho) bool {
+		return now.Sub(e.at) > 2*c.cfg.challengeTimeout()
+	})
 }

@@ -85,6 +85,10 @@ type prefillCore struct {
 	// (challenge.go); challengeSeq numbers their nonces.
 	challenges   map[string]*challenge
 	challengeSeq uint64
+	// echoes are the offer challenges' nonces this rank was sent, by the
+	// challenging decode rank's tag (EndpointTag of its identity): each
+	// REGISTER_ACK with an offer to that rank echoes its own.
+	echoes map[string]offerEcho
 	// endpoint is the rank's control endpoint (Bound), named in its
 	// challenges.
 	endpoint string
@@ -110,6 +114,10 @@ type decodeCore struct {
 	offers      map[offerKey]*acceptedOffer
 	offerChecks map[string]bool
 	offerGen    uint64
+	// offerChallenges are the offer challenges awaiting their echo, by
+	// offering process (offer.go); offerSeq numbers their nonces.
+	offerChallenges map[offerKey]*offerChallenge
+	offerSeq        uint64
 	// topos are the prefill instances' topologies, by bootstrap URL
 	// (topology.go).
 	topos map[string]Topology
@@ -260,10 +268,15 @@ type CoreStats struct {
 	// sender registered again meanwhile), and REGISTERs left unanswered
 	// while maxChallenges were open.
 	Challenges, ChallengesPassed, ChallengesExpired, ChallengesDeferred uint64
-	// ChallengesIgnored (decode): challenge notifications for another
-	// identity (a REGISTER elsewhere named this rank's agent) or
-	// malformed.
+	// ChallengesIgnored: challenge notifications for another identity (a
+	// REGISTER or an offer elsewhere named this rank's agent) or
+	// malformed, or (prefill) to a rank that offers nothing.
 	ChallengesIgnored uint64
+	// Offer challenges (decode, pull): sent (one per offering process and
+	// offer), echoed, and expired unechoed (the offer refused not_owner
+	// where its sender answered again meanwhile). OfferEchoes (prefill):
+	// offer challenges kept to echo.
+	OfferChallenges, OfferChallengesPassed, OfferChallengesExpired, OfferEchoes uint64
 }
 
 // EffectKind names an effect.
@@ -320,6 +333,11 @@ const (
 	// set that is shorter than the shell's sweep — a probe's PONG is
 	// awaited for ProbeTimeout, not until the next sweep.
 	EffectTimer
+	// EffectChallengeOffer (decode, pull): load the agent metadata of
+	// Offer's REGISTER_ACK and send its agent Notif, the offer challenge
+	// (a message, never an access to that process's memory), then step
+	// OfferChallenged.
+	EffectChallengeOffer
 )
 
 // Effect is one output of the core.
@@ -349,7 +367,8 @@ type Effect struct {
 	Remote string
 	// At (EffectTimer): when to step Tick.
 	At time.Time
-	// Offer (EffectLoadOffer): the offer to load and prove.
+	// Offer (EffectLoadOffer, EffectChallengeOffer): the offer to load and
+	// prove, or to challenge.
 	Offer *OfferPlan
 }
 
@@ -416,11 +435,12 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 	}
 	c := &Core{base: b}
 	if cfg.Role == RolePrefill {
-		c.prefillCore = &prefillCore{base: b, peers: map[string]*decodePeer{}, pulls: map[uint64]*pullHold{}, challenges: map[string]*challenge{}}
+		c.prefillCore = &prefillCore{base: b, peers: map[string]*decodePeer{}, pulls: map[uint64]*pullHold{}, challenges: map[string]*challenge{}, echoes: map[string]offerEcho{}}
 		b.role = c.prefillCore
 	} else {
 		c.decodeCore = &decodeCore{base: b, targets: map[string]*target{}, holds: map[uint64]*hold{},
-			roomsOf: map[string]map[uint64]struct{}{}, offers: map[offerKey]*acceptedOffer{}, offerChecks: map[string]bool{}, topos: map[string]Topology{}}
+			roomsOf: map[string]map[uint64]struct{}{}, offers: map[offerKey]*acceptedOffer{}, offerChecks: map[string]bool{}, topos: map[string]Topology{},
+			offerChallenges: map[offerKey]*offerChallenge{}}
 		b.role = c.decodeCore
 	}
 	b.reg.settler = b.role
@@ -505,7 +525,7 @@ func (c *Core) Sizes() CoreSizes {
 		}
 	}
 	if d := c.decodeCore; d != nil {
-		s.Targets, s.Holds, s.Offers = len(d.targets), len(d.holds), len(d.offers)
+		s.Targets, s.Holds, s.Offers, s.OfferChecks = len(d.targets), len(d.holds), len(d.offers), len(d.offerChecks)
 		for _, tg := range d.targets {
 			s.OwedAborts += len(tg.owed)
 		}
@@ -519,9 +539,12 @@ type CoreSizes struct {
 	Peers, Targets, Holds int
 	// Offers (decode, pull) counts the prefill processes' pull offers
 	// accepted (bounded by the deployment, as peers and targets are).
-	Offers     int
-	OwedAborts int // ABORTs not yet acknowledged, over every target
-	Epochs     int // peer epochs remembered (≤ MaxEpochs)
+	Offers int
+	// OfferChecks (decode, pull) counts the offers whose agent is being
+	// loaded (challenged or proven) by the shell right now.
+	OfferChecks int
+	OwedAborts  int // ABORTs not yet acknowledged, over every target
+	Epochs      int // peer epochs remembered (≤ MaxEpochs)
 	// InUse (prefill) counts the decode destinations (pages, aux and state
 	// items) rooms may still write, over every registration.
 	InUse int

@@ -1003,6 +1003,7 @@ func (c *decodeCore) tick(now time.Time) {
 		}
 	}
 	c.pullTick(now)
+	c.offerChallengeTick(now)
 	for _, k := range slices.Sorted(maps.Keys(c.targets)) {
 		tg := c.targets[k]
 		maps.DeleteFunc(tg.owed, func(_ uint64, o owedAbort) bool { return now.After(o.until) })

@@ -37,6 +37,8 @@ type decodePeer struct {
 	// (registrationHash): a process's do not change, and a repeat of them
 	// is not proven again (PeerPlan.Repeat).
 	md, lay [32]byte
+	// pull: its REGISTER asked for this rank's offer.
+	pull bool
 }
 
 // registrationHash hashes a REGISTER's agent metadata and its regions.
@@ -416,20 +418,31 @@ func (c *prefillCore) registered(now time.Time, from wire.From, remote string, p
 	if old := c.peers[key]; old != nil && old.from.Epoch == from.Epoch {
 		np.inUse = old.inUse // a repeated REGISTER of the same process: its rooms keep their pages
 	}
+	np.pull = pp.Pull
 	c.peers[key] = np
+	c.ackRegister(np)
+}
+
+// ackRegister sends a bound registration its REGISTER_ACK: with this
+// rank's offer if it asked for one and this rank serves pull, and the echo
+// of the offer challenge its rank sent here, if any.
+func (c *prefillCore) ackRegister(p *decodePeer) {
 	ack := &wire.RegisterAck{OK: true}
-	if pp.Pull && c.servesPull() {
+	if p.pull && c.servesPull() {
 		ack.Pull = c.cfg.Offer
 		if ack.Pull == nil {
 			ack.Pull = &wire.PullOffer{}
 		}
+		if e, ok := c.echoes[EndpointTag(p.from.Peer())]; ok {
+			ack.Echo = slices.Clone(e.nonce[:])
+		}
 	}
 	if ack.Pull != nil && c.cfg.OfferProgress > 0 {
-		// The decode rank reads the offer's proof slots back once it has
-		// the ACK.
+		// The decode rank challenges the offer's agent (a notification
+		// this agent receives), then reads the offer's proof slots back.
 		c.emit(Effect{Kind: EffectKeepProgress, Keep: c.cfg.OfferProgress})
 	}
-	c.send(wire.Peer{Endpoint: from.Endpoint}, 0, ack)
+	c.send(wire.Peer{Endpoint: p.from.Endpoint}, 0, ack)
 }
 
 // peerGone fails every live room and drops every pending request that a
@@ -1040,6 +1053,7 @@ func (c *prefillCore) expired(e Expiry) { c.statusFailed(e.Room, e.Peers, CodeFa
 func (c *prefillCore) tick(now time.Time) {
 	c.pullTick(now)
 	c.challengeTick(now)
+	c.echoTick(now)
 }
 
 // needs marks the decode ranks with a live room or pending request here.

@@ -154,11 +154,12 @@ func _() {
 	_ = x[EffectUnload-12]
 	_ = x[EffectLoadOffer-13]
 	_ = x[EffectTimer-14]
+	_ = x[EffectChallengeOffer-15]
 }
 
-const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatchEffectLoadMetadataEffectReadEffectKeepProgressEffectChallengeEffectUnloadEffectLoadOfferEffectTimer"
+const _EffectKind_name = "EffectSendEffectPostEffectWakeEffectResolveEffectWatchEffectReleasedEffectUnwatchEffectLoadMetadataEffectReadEffectKeepProgressEffectChallengeEffectUnloadEffectLoadOfferEffectTimerEffectChallengeOffer"
 
-var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81, 99, 109, 127, 142, 154, 169, 180}
+var _EffectKind_index = [...]uint8{0, 10, 20, 30, 43, 54, 68, 81, 99, 109, 127, 142, 154, 169, 180, 200}
 
 func (i EffectKind) String() string {
 	idx := int(i) - 1

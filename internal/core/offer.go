@@ -14,11 +14,14 @@ package core
 // a read whose offer was replaced meanwhile.
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/wire"
@@ -141,6 +144,12 @@ func (c *decodeCore) onOfferAck(msg *wire.RegisterAck) {
 		return
 	}
 	if !plan.Repeat {
+		if c.challengeHolds(o.Agent, key) {
+			// Another process's offer challenge loaded that name: left
+			// for its REGISTER to be sent again.
+			c.stats.OffersDeferred++
+			return
+		}
 		// No read goes through the agent's remote, nor through this
 		// endpoint's other processes', while its metadata is replaced:
 		// their offers go first (a read already past its gate finishes
@@ -148,9 +157,178 @@ func (c *decodeCore) onOfferAck(msg *wire.RegisterAck) {
 		maps.DeleteFunc(c.offers, func(k offerKey, p *acceptedOffer) bool {
 			return p.remote == o.Agent || k.endpoint == from.Endpoint
 		})
+		if !c.offerEchoed(msg, plan, key, tg) {
+			return // its agent challenged: the offering rank's next REGISTER_ACK echoes it
+		}
 	}
 	c.offerChecks[o.Agent] = true
 	c.emit(Effect{Kind: EffectLoadOffer, To: tg.peer(), Offer: plan})
+}
+
+// offerChallenge is one offering process's challenge: the offer it was
+// sent for, its nonce, and the last REGISTER_ACK that carried the offer
+// without the echo (refused if the challenge expires).
+type offerChallenge struct {
+	agent    string
+	hash     [32]byte
+	nonce    [ChallengeBytes]byte
+	deadline time.Time
+	repeats  int
+	ack      *wire.RegisterAck
+}
+
+// maxOfferChallenges bounds the offer challenges a decode rank keeps (one
+// per prefill process it registers with at once).
+const maxOfferChallenges = 1024
+
+// OfferChallenged reports an EffectChallengeOffer's outcome (decode): Err
+// nil once the offer's agent metadata is loaded and the challenge sent to
+// it; otherwise the REGISTER_ACK is taken as a refusal naming Err.
+type OfferChallenged struct {
+	Plan *OfferPlan
+	Err  error
+}
+
+func (OfferChallenged) input() {}
+
+// offerEchoed decides whether a new offer may be loaded and proven (the
+// proof reads through it, docs/PROTOCOL.md "The agent challenge"): only
+// once the REGISTER_ACK carrying it echoes the nonce this rank sent, as a
+// data-plane notification, to the agent the offer names — which only that
+// process reads. Otherwise the challenge is sent (again: a REGISTER_ACK
+// repeated before its echo came sends the same nonce).
+func (c *decodeCore) offerEchoed(msg *wire.RegisterAck, plan *OfferPlan, key offerKey, tg *target) bool {
+	o := msg.Pull
+	ch := c.offerChallenges[key]
+	if ch != nil && ch.hash != plan.hash {
+		delete(c.offerChallenges, key) // another offer of the process
+		c.unloadOffer(ch.agent)
+		ch = nil
+	}
+	if ch != nil && echoes(msg.Echo, ch.nonce) {
+		delete(c.offerChallenges, key) // passed: the proof follows
+		c.stats.OfferChallengesPassed++
+		return true
+	}
+	if ch == nil {
+		if len(c.offerChallenges) >= maxOfferChallenges {
+			c.pruneOfferChallenges(c.now)
+		}
+		if len(c.offerChallenges) >= maxOfferChallenges {
+			c.stats.OffersDeferred++ // its REGISTER is sent again
+			return false
+		}
+		ch = &offerChallenge{agent: o.Agent, hash: plan.hash, deadline: c.now.Add(c.cfg.challengeTimeout())}
+		c.offerSeq++
+		h := hmac.New(sha256.New, c.cfg.ChallengeKey[:])
+		var b [16]byte
+		binary.LittleEndian.PutUint64(b[:], c.offerSeq)
+		binary.LittleEndian.PutUint64(b[8:], msg.From.Epoch)
+		h.Write(b[:])
+		h.Write(plan.hash[:])
+		h.Write([]byte(key.endpoint))
+		copy(ch.nonce[:], h.Sum(nil))
+		c.offerChallenges[key] = ch
+		c.stats.OfferChallenges++
+	} else {
+		ch.repeats++
+	}
+	ch.ack = msg
+	c.offerChecks[o.Agent] = true // its load: until OfferChallenged
+	c.emit(Effect{Kind: EffectKeepProgress, Keep: min(c.cfg.challengeTimeout(), challengeProgress)})
+	c.emit(Effect{Kind: EffectChallengeOffer, To: tg.peer(), Offer: plan, Notif: ChallengeNotif(ch.nonce[:], msg.From.Peer(), c.cfg.Identity)})
+	return false
+}
+
+// challengeHolds: an offer challenge of another process than key's holds
+// the agent name (loaded under it, its echo awaited).
+func (c *decodeCore) challengeHolds(agent string, key offerKey) bool {
+	for k, ch := range c.offerChallenges {
+		if k != key && ch.agent == agent {
+			return true
+		}
+	}
+	return false
+}
+
+// offerChallenged takes an EffectChallengeOffer's outcome: a failed load
+// refuses the offer; a challenge that is no longer awaited (expired,
+// replaced, its process gone) has its agent unloaded.
+func (c *decodeCore) offerChallenged(in OfferChallenged) {
+	if in.Plan == nil || in.Plan.Ack == nil || in.Plan.Ack.Pull == nil {
+		return
+	}
+	p, o := in.Plan, in.Plan.Ack.Pull
+	delete(c.offerChecks, o.Agent)
+	from := p.Ack.From
+	key := offerKey{from.Endpoint, from.Epoch}
+	ch := c.offerChallenges[key]
+	held := ch != nil && ch.hash == p.hash
+	if held && in.Err != nil {
+		delete(c.offerChallenges, key)
+		held = false
+		if c.hear(from) {
+			c.refuseOffer(p.Ack, in.Err)
+		}
+	}
+	if !held {
+		c.unloadOffer(o.Agent)
+	}
+}
+
+// unloadOffer asks the shell to drop a remote agent an offer challenge
+// loaded, unless an accepted offer, a challenge or a load uses its name.
+func (c *decodeCore) unloadOffer(agent string) {
+	if agent == "" || c.offerChecks[agent] {
+		return
+	}
+	for _, p := range c.offers {
+		if p.remote == agent {
+			return
+		}
+	}
+	for _, ch := range c.offerChallenges {
+		if ch.agent == agent {
+			return
+		}
+	}
+	c.emit(Effect{Kind: EffectUnload, Remote: agent})
+}
+
+// offerChallengeTick ends each offer challenge unechoed past its
+// deadline: the offer is refused (not_owner, counted) if its process
+// answered again meanwhile without the echo, else only forgotten.
+func (c *decodeCore) offerChallengeTick(now time.Time) {
+	for _, key := range slices.SortedFunc(maps.Keys(c.offerChallenges), cmpOfferKeys) {
+		ch := c.offerChallenges[key]
+		if !now.After(ch.deadline) {
+			continue
+		}
+		delete(c.offerChallenges, key)
+		c.stats.OfferChallengesExpired++
+		c.unloadOffer(ch.agent)
+		if ch.repeats == 0 || ch.ack == nil || !c.hear(ch.ack.From) {
+			continue
+		}
+		c.refuseOffer(ch.ack, fmt.Errorf("not_owner: its process (epoch %d) did not echo, within %v, the challenge sent through the data plane to agent %q, which its offer names: that agent is another process's, or the data plane cannot reach it",
+			key.epoch, c.cfg.challengeTimeout(), ch.agent))
+	}
+}
+
+// pruneOfferChallenges forgets the expired offer challenges.
+func (c *decodeCore) pruneOfferChallenges(now time.Time) {
+	var gone []string
+	maps.DeleteFunc(c.offerChallenges, func(_ offerKey, ch *offerChallenge) bool {
+		if now.After(ch.deadline) {
+			gone = append(gone, ch.agent)
+			return true
+		}
+		return false
+	})
+	slices.Sort(gone)
+	for _, agent := range gone {
+		c.unloadOffer(agent)
+	}
 }
 
 // offerLoaded takes an EffectLoadOffer's outcome: a proven offer is

@@ -32,6 +32,37 @@ func testOffer() *wire.PullOffer {
 	return &wire.PullOffer{Agent: "agent-of-p", AgentMD: []byte("blob of agent-of-p"), KV: kv, Aux: aux, State: state, Proof: []byte("seed"), LeaseMillis: 4000}
 }
 
+// offerChallenges are the EffectChallengeOffer effects' plans.
+func offerChallenges(effects []Effect) (plans []*OfferPlan, notifs []string) {
+	for _, e := range effects {
+		if e.Kind == EffectChallengeOffer {
+			plans, notifs = append(plans, e.Offer), append(notifs, e.Notif)
+		}
+	}
+	return plans, notifs
+}
+
+// echoed steps ack, whose offer is new to c: the offer's agent is
+// challenged (loaded, nothing proven or read yet), and the REGISTER_ACK
+// returned is ack echoing the challenge's nonce, as the offering rank
+// sends it once its agent got the notification.
+func echoed(t *testing.T, c *Core, ack *wire.RegisterAck) *wire.RegisterAck {
+	t.Helper()
+	c.Step(t0, Received{Msg: ack})
+	effects := c.Effects()
+	assert.Empty(t, offerLoads(effects), "an offer loaded before its challenge was echoed")
+	plans, notifs := offerChallenges(effects)
+	require.Len(t, plans, 1)
+	c.Step(t0, OfferChallenged{Plan: plans[0]})
+	c.Effects()
+	x, ok := ParseChallenge(notifs[0])
+	require.True(t, ok)
+	require.Equal(t, ack.From.Peer(), x.For)
+	e := *ack
+	e.Echo = x.Nonce
+	return &e
+}
+
 func offerLoads(effects []Effect) (plans []*OfferPlan) {
 	for _, e := range effects {
 		if e.Kind == EffectLoadOffer {
@@ -76,7 +107,7 @@ func TestOfferChecks(t *testing.T) {
 	}
 
 	c := offerCore(t)
-	ack := &wire.RegisterAck{From: prefillFrom, OK: true, Pull: testOffer()}
+	ack := echoed(t, c, &wire.RegisterAck{From: prefillFrom, OK: true, Pull: testOffer()})
 	c.Step(t0, Received{Msg: ack})
 	effects := c.Effects()
 	plans := offerLoads(effects)
@@ -119,7 +150,7 @@ func TestOfferChecks(t *testing.T) {
 	c.Effects()
 	o := testOffer()
 	o.Agent = "agent-of-p1"
-	c.Step(t0, Received{Msg: &wire.RegisterAck{From: other, OK: true, Pull: o}})
+	c.Step(t0, Received{Msg: echoed(t, c, &wire.RegisterAck{From: other, OK: true, Pull: o})})
 	plans = offerLoads(c.Effects())
 	require.Len(t, plans, 1)
 	c.Step(t0, OfferLoaded{Plan: plans[0], Err: errNotOwnerForTest})
@@ -157,7 +188,7 @@ func TestReadGatedByItsOffer(t *testing.T) {
 	o := *w.procs[0].core.cfg.Offer
 	o.AgentMD = []byte("other metadata")
 	d.Step(w.now, Received{Msg: &wire.RegisterAck{From: prefill, OK: true, Pull: &o}})
-	plans := offerLoads(d.Effects()) // its load under way: not carried out yet
+	plans, _ := offerChallenges(d.Effects()) // its agent challenged, the load under way: not carried out yet
 	require.Len(t, plans, 1)
 	assert.Zero(t, d.Sizes().Offers, "the replaced offer dropped before the new metadata is loaded")
 
@@ -189,7 +220,7 @@ func TestReadGatedByItsOffer(t *testing.T) {
 // repeat whose remote was not proven again leaves no accepted offer.
 func TestLateOfferLoadedIsStale(t *testing.T) {
 	c := offerCore(t)
-	c.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true, Pull: testOffer()}})
+	c.Step(t0, Received{Msg: echoed(t, c, &wire.RegisterAck{From: prefillFrom, OK: true, Pull: testOffer()})})
 	plans := offerLoads(c.Effects())
 	require.Len(t, plans, 1)
 	newer := prefillFrom
@@ -205,7 +236,7 @@ func TestLateOfferLoadedIsStale(t *testing.T) {
 
 	t.Run("a repeat not proven again", func(t *testing.T) {
 		c := offerCore(t)
-		ack := &wire.RegisterAck{From: prefillFrom, OK: true, Pull: testOffer()}
+		ack := echoed(t, c, &wire.RegisterAck{From: prefillFrom, OK: true, Pull: testOffer()})
 		c.Step(t0, Received{Msg: ack})
 		plans := offerLoads(c.Effects())
 		require.Len(t, plans, 1)
@@ -227,7 +258,7 @@ func TestLateOfferLoadedIsStale(t *testing.T) {
 // one per prefill rank, whatever its processes' endpoints.
 func TestOffersOnePerRank(t *testing.T) {
 	c := offerCore(t)
-	c.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true, Pull: testOffer()}})
+	c.Step(t0, Received{Msg: echoed(t, c, &wire.RegisterAck{From: prefillFrom, OK: true, Pull: testOffer()})})
 	plans := offerLoads(c.Effects())
 	require.Len(t, plans, 1)
 	c.Step(t0, OfferLoaded{Plan: plans[0]})
@@ -241,7 +272,7 @@ func TestOffersOnePerRank(t *testing.T) {
 	c.decodeCore.targetAt(moved.Endpoint).reg = regSent // (its REGISTER to the new process)
 	o := testOffer()
 	o.Agent, o.AgentMD = "agent-of-p-restarted", []byte("the new process's blob") // (another name: the earlier offer's is not replaced by name)
-	c.Step(t0, Received{Msg: &wire.RegisterAck{From: moved, OK: true, Pull: o}})
+	c.Step(t0, Received{Msg: echoed(t, c, &wire.RegisterAck{From: moved, OK: true, Pull: o})})
 	plans = offerLoads(c.Effects())
 	require.Len(t, plans, 1)
 	c.Step(t0, OfferLoaded{Plan: plans[0]})

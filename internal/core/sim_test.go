@@ -452,13 +452,12 @@ func (w *simWorld) start(slot int, moved bool) {
 			LeaseMillis: int(simPullLease / time.Millisecond)}
 	}
 	cc.ChallengeTimeout = simChallengeTimeout
-	if role == RolePrefill {
-		// Each process its own challenge key, as a real one draws it at
-		// random: with one key two prefill ranks challenged the same
-		// decode process with the same nonce, and the decode rank, taking
-		// the second for a repeat of the first, never echoed it.
-		binary.LittleEndian.PutUint64(cc.ChallengeKey[:], uint64(w.incs)+1)
-	}
+	// Each process its own challenge key, as a real one draws it at
+	// random: with one key two prefill ranks challenged the same decode
+	// process with the same nonce, and the decode rank, taking the second
+	// for a repeat of the first, never echoed it.
+	binary.LittleEndian.PutUint64(cc.ChallengeKey[:], uint64(w.incs)+1)
+	cc.Identity = from.Peer()
 	c, err := NewCore(cc)
 	if err != nil {
 		panic(err)
@@ -562,7 +561,7 @@ func (w *simWorld) effects(slot int) {
 		case EffectWake:
 			w.checkWake(p, e)
 		case EffectKeepProgress:
-			if !w.isPrefill(slot) || e.Keep <= 0 {
+			if e.Keep <= 0 {
 				w.fail("%s asked to keep progressing for %v", p.from.Peer(), e.Keep)
 			}
 			w.cov.hit("agent kept progressing")
@@ -581,7 +580,16 @@ func (w *simWorld) effects(slot int) {
 			}
 			w.cov.hit("probe timer asked")
 		case EffectUnload:
-			if !w.isPrefill(slot) || p.core.AgentOwner(e.Remote) != "" {
+			if !w.isPrefill(slot) {
+				for _, o := range p.core.decodeCore.offers {
+					if o.remote == e.Remote {
+						w.fail("%s unloads agent %q, an accepted offer's", p.from.Peer(), e.Remote)
+					}
+				}
+				w.cov.hit("unechoed offer challenge's agent unloaded")
+				continue
+			}
+			if p.core.AgentOwner(e.Remote) != "" {
 				w.fail("%s unloads agent %q (owner %q)", p.from.Peer(), e.Remote, p.core.AgentOwner(e.Remote))
 			}
 			w.cov.hit("unechoed challenge's agent unloaded")
@@ -591,6 +599,12 @@ func (w *simWorld) effects(slot int) {
 				continue
 			}
 			w.challenge(e)
+		case EffectChallengeOffer:
+			if w.isPrefill(slot) {
+				w.fail("%s sent an offer challenge", p.from.Peer())
+				continue
+			}
+			w.challengeOffer(slot, e)
 		case EffectLoadOffer:
 			if w.isPrefill(slot) {
 				w.fail("%s asked to load a pull offer", p.from.Peer())

@@ -57,7 +57,42 @@ func (w *simWorld) challenge(e Effect) {
 	}
 }
 
-// deliverChallenge steps a challenge notification into decode slot s.
+// challengeOffer carries out EffectChallengeOffer on decode slot s: the
+// agent the offer names is loaded (OfferChallenged) and its process gets
+// the notification — within the decode's step (with the REGISTER_ACK
+// echoing it, where nothing waits ahead of it on its link), unless
+// regWindow makes it an event of its own or that process is paused.
+func (w *simWorld) challengeOffer(s int, e Effect) {
+	w.cov.hit("offer challenged")
+	p := w.procs[s]
+	p.core.Step(w.now, OfferChallenged{Plan: e.Offer})
+	w.effects(s)
+	inc := remoteInc(string(e.Offer.Ack.Pull.AgentMD))
+	if inc < 0 || inc >= len(w.incSlot) {
+		w.fail("offer challenge to agent %q: no such process", e.Offer.Ack.Pull.AgentMD)
+		return
+	}
+	ts := w.incSlot[inc]
+	q := w.procs[ts]
+	if q == nil || q.dead || q.inc != inc {
+		w.cov.hit("offer challenge to a gone agent")
+		return
+	}
+	if w.cfg.regWindow || q.paused {
+		q.notifs = append(q.notifs, e.Notif)
+		w.cov.hit("offer challenge in flight")
+		return
+	}
+	before := len(w.net[ts][s])
+	w.deliverChallenge(ts, e.Notif)
+	if q := w.net[ts][s]; before == 0 && len(q) == 1 {
+		if a, ok := q[0].msg.(*wire.RegisterAck); ok && len(a.Echo) > 0 {
+			w.deliver(ts, s)
+		}
+	}
+}
+
+// deliverChallenge steps a challenge notification into slot s.
 func (w *simWorld) deliverChallenge(s int, nt string) {
 	p := w.procs[s]
 	x, ok := ParseChallenge(nt)
@@ -67,13 +102,17 @@ func (w *simWorld) deliverChallenge(s int, nt string) {
 	}
 	ignored := p.core.stats.ChallengesIgnored
 	p.core.Step(w.now, x)
+	role := "decode"
+	if w.isPrefill(s) {
+		role = "prefill"
+	}
 	if p.core.stats.ChallengesIgnored > ignored {
 		if x.For == p.from.Peer() {
 			w.fail("%s dropped a challenge for itself", p.from.Peer())
 		}
-		w.cov.hit("challenge for another identity dropped")
+		w.cov.hit("challenge for another identity dropped (" + role + ")")
 	} else {
-		w.cov.hit("challenge echoed")
+		w.cov.hit("challenge echoed (" + role + ")")
 	}
 	w.effects(s)
 }

@@ -451,6 +451,43 @@ func (c *Core) hash(f *fp) {
 			f.t(pp.leaseEnd)
 		}
 	}
+	// The agent and offer challenges, and the offers accepted.
+	if p := c.prefillCore; p != nil {
+		for _, k := range slices.Sorted(maps.Keys(p.challenges)) {
+			ch := p.challenges[k]
+			f.s(k)
+			f.u(ch.from.Epoch)
+			f.s(ch.agent)
+			f.b1(ch.passed)
+			f.i(ch.repeats)
+			f.t(ch.deadline)
+		}
+		for _, k := range slices.Sorted(maps.Keys(p.echoes)) {
+			f.s(k)
+			e := p.echoes[k]
+			f.s(string(e.nonce[:]))
+		}
+	}
+	if d := c.decodeCore; d != nil {
+		f.s(string(d.echo))
+		for _, k := range slices.SortedFunc(maps.Keys(d.offers), cmpOfferKeys) {
+			f.s(k.endpoint)
+			f.u(k.epoch)
+			f.s(d.offers[k].remote)
+			f.u(d.offers[k].gen)
+		}
+		for _, a := range slices.Sorted(maps.Keys(d.offerChecks)) {
+			f.s(a)
+		}
+		for _, k := range slices.SortedFunc(maps.Keys(d.offerChallenges), cmpOfferKeys) {
+			ch := d.offerChallenges[k]
+			f.s(k.endpoint)
+			f.u(k.epoch)
+			f.s(ch.agent)
+			f.i(ch.repeats)
+			f.t(ch.deadline)
+		}
+	}
 	f.i(len(holds))
 	for _, id := range slices.Sorted(maps.Keys(holds)) {
 		h := holds[id]
@@ -626,6 +663,25 @@ func (c *Core) clone() *Core {
 		n.roomsOf = make(map[string]map[uint64]struct{}, len(c.roomsOf))
 		for k, set := range c.roomsOf {
 			n.roomsOf[k] = maps.Clone(set)
+		}
+	}
+	if c.prefillCore != nil {
+		n.challenges = make(map[string]*challenge, len(c.challenges))
+		for k, ch := range c.challenges {
+			cp := *ch
+			n.challenges[k] = &cp
+		}
+		n.echoes = maps.Clone(c.echoes)
+	}
+	if c.decodeCore != nil {
+		n.echo = slices.Clone(c.echo)
+		n.offers = maps.Clone(c.offers) // entries are replaced, never modified
+		n.offerChecks = maps.Clone(c.offerChecks)
+		n.topos = maps.Clone(c.topos)
+		n.offerChallenges = make(map[offerKey]*offerChallenge, len(c.offerChallenges))
+		for k, ch := range c.offerChallenges {
+			cp := *ch
+			n.offerChallenges[k] = &cp
 		}
 	}
 	n.watching = maps.Clone(c.watching)

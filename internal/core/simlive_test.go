@@ -201,6 +201,10 @@ func (w *simWorld) simTableBound(c *Core, name string) (bound int, empty, ok boo
 		return w.cfg.slots(), false, true
 	case "challenges": // one per registering identity (maxChallenges in a deployment)
 		return w.cfg.slots(), false, true
+	case "echoes": // one per challenging decode identity (maxChallenges in a deployment)
+		return w.cfg.slots(), false, true
+	case "offerChallenges": // one per offering prefill process (maxOfferChallenges in a deployment)
+		return w.incs, false, true
 	case "offers": // one per prefill process (endpoint and epoch) ever offering
 		return w.incs, false, true
 	case "topos": // the prefill instances' topologies (the simulator looks none up)

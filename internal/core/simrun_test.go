@@ -217,7 +217,7 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.rooms = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 1)}
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init", "resolve at 1",
 				"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK"}
-		}, "agent challenged", "challenge echoed", "challenge for another identity dropped", "challenge expired: registration refused", "unechoed challenge's agent unloaded", "release after success"),
+		}, "agent challenged", "challenge echoed (decode)", "challenge for another identity dropped (decode)", "challenge expired: registration refused", "unechoed challenge's agent unloaded", "release after success"),
 		"1→1: a rank pauses past a time jump; liveness": mk(func(c *simConfig) {
 			c.pauses, c.ticks, c.live, c.noClear, c.writesOK = 1, 1, true, true, true
 		}, "paused past the heartbeat bound"),

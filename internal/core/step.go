@@ -136,14 +136,16 @@ type (
 		// of an earlier revision's notification (positions not told).
 		Off, N, Lo, Hi, SpanLo, SpanHi int
 	}
-	// Challenged (decode) is an agent challenge's notification
-	// (ParseChallenge): a prefill rank got a REGISTER whose blob names this
-	// rank's agent and asks the registering identity For to echo Nonce.
+	// Challenged is an agent challenge's notification (ParseChallenge).
+	// On a decode rank: a prefill rank got a REGISTER whose blob names
+	// this rank's agent and asks the registering identity For to echo
+	// Nonce. On a prefill rank: a decode rank got an offer naming this
+	// rank's agent and asks the offering identity For to echo Nonce.
 	Challenged struct {
 		For   string
 		Nonce []byte
-		// EndpointTag names the challenging prefill rank's control
-		// endpoint (EndpointTag): its echo goes there.
+		// EndpointTag names the challenger (EndpointTag): a prefill rank's
+		// control endpoint, a decode rank's identity. Its echo goes there.
 		EndpointTag string
 	}
 	// Bound (prefill) tells the core the control endpoint its rank's
@@ -343,6 +345,19 @@ func (c *Core) stepInput(now time.Time, in Input) Output {
 		}
 		c.decodeCore.offerLoaded(in)
 		return Output{}
+	case OfferChallenged:
+		if c.decodeCore == nil {
+			return wrongRole(in)
+		}
+		c.decodeCore.offerChallenged(in)
+		return Output{}
+	case Challenged:
+		if c.prefillCore != nil {
+			c.prefillCore.challenged(now, in)
+		} else {
+			c.decodeCore.challenged(in)
+		}
+		return Output{}
 	case Registered:
 		if c.prefillCore == nil {
 			return wrongRole(in)
@@ -402,7 +417,7 @@ func (c *Core) stepInput(now time.Time, in Input) Output {
 		case Bound:
 			p.endpoint = in.Endpoint
 			return Output{}
-		case CreateReceiver, InitReceiver, AbortReceiver, ClearReceiver, RefuseRoom, Notified, Challenged, Resolved, ResolveFailed, TargetChanged, ReadPosting, ReadDone, TopologyLearned:
+		case CreateReceiver, InitReceiver, AbortReceiver, ClearReceiver, RefuseRoom, Notified, Resolved, ResolveFailed, TargetChanged, ReadPosting, ReadDone, TopologyLearned:
 			return wrongRole(in)
 		}
 		return unknownInput(in)
@@ -424,8 +439,6 @@ func (c *Core) stepInput(now time.Time, in Input) Output {
 		d.refuseRoom(now, in.Room, in.Targets, in.Reason)
 	case Notified:
 		d.notification(now, in)
-	case Challenged:
-		d.challenged(in)
 	case ReadPosting:
 		return Output{OK: d.readPosting(in.Room, in.Read)}
 	case ReadDone:

@@ -34,6 +34,7 @@ func everyInput() map[string]Input {
 		"PeerUnreachable": PeerUnreachable{Endpoint: "tcp://x:1", Reason: "test"}, "Tick": Tick{}, "Close": Close{Reason: "test"},
 		"Fail": Fail{Room: 1, Reason: "test"}, "AgentClosed": AgentClosed{},
 		"OfferLoaded":     OfferLoaded{Plan: &OfferPlan{Ack: &wire.RegisterAck{From: prefillFrom, OK: true, Pull: &wire.PullOffer{Agent: "a"}}}},
+		"OfferChallenged": OfferChallenged{Plan: &OfferPlan{Ack: &wire.RegisterAck{From: prefillFrom, OK: true, Pull: &wire.PullOffer{Agent: "a"}}}},
 		"TopologyLearned": TopologyLearned{URL: prefillT.Bootstrap, Topo: Topology{Instance: "p", TPSize: 1}},
 		"PagesReady":      PagesReady{To: wire.Peer{Endpoint: decodeFrom.Endpoint}, Msg: &wire.Pages{Room: 1}},
 		"ReadPosting":     ReadPosting{Room: 1, Read: &Read{}},

@@ -171,6 +171,12 @@ type RegisterAck struct {
 	// an ok answer: its agent, metadata and memory, for the decode rank to
 	// read from (PROTOCOL.md "Pull").
 	Pull *PullOffer
+	// Echo (optional, with Pull) is the nonce of the offer challenge the
+	// answered decode rank sent this process through the data plane
+	// (PROTOCOL.md "The agent challenge"): the decode rank reads nothing
+	// through an offer before its sender echoes the nonce sent to the
+	// agent the offer names.
+	Echo []byte
 }
 
 // PullOffer is a prefill rank's memory for decode ranks to read: as a
@@ -450,14 +456,23 @@ func AppendBody(dst []byte, m Message) ([]byte, error) {
 			e.kstr("page_layout", t.PageLayout)
 		}
 	case *RegisterAck:
+		n := 3
 		if m.Pull != nil {
-			e.mapLen(4)
-		} else {
-			e.mapLen(3)
+			n++
 		}
+		if len(m.Echo) > 0 {
+			n++
+		}
+		e.mapLen(n)
 		e.from(m.From)
 		e.kbool("ok", m.OK)
 		e.kreason("reason", m.Reason)
+		if len(m.Echo) > MaxEchoBytes {
+			e.err(fmt.Errorf("echo of %d bytes exceeds %d", len(m.Echo), MaxEchoBytes))
+		}
+		if len(m.Echo) > 0 {
+			e.kbin("echo", m.Echo)
+		}
 		if o := m.Pull; o != nil {
 			e.key("pull")
 			e.mapLen(7)
@@ -596,6 +611,7 @@ func encodeCap(m Message) int {
 	case *Register:
 		n += len(m.AgentMD) + len(m.Proof) + len(m.Echo) + 64*(len(m.KV)+len(m.Aux)+len(m.State))
 	case *RegisterAck:
+		n += len(m.Echo)
 		if o := m.Pull; o != nil {
 			n += len(o.AgentMD) + len(o.Proof) + 64*(len(o.KV)+len(o.Aux)+len(o.State))
 		}
@@ -871,6 +887,9 @@ func Decode(frames [][]byte) (Message, error) {
 				}
 				o.release()
 			}
+		}
+		if _, ok := b.lookup("echo"); ok && b.err == nil {
+			a.Echo = b.binMax("echo", MaxEchoBytes)
 		}
 		m = a
 	case TypeRequest:

@@ -35,12 +35,27 @@ func codeMessages() []wire.Message {
 		Reason: "prefill PP 1 → decode PP 2 is not supported"}}
 }
 
+// echoMessages carry the offer challenge's echo (a REGISTER_ACK with an
+// offer and the nonce its decode rank sent the offer's agent).
+func echoMessages() []wire.Message {
+	for _, m := range wiretest.PullMessages() {
+		if a, ok := m.(*wire.RegisterAck); ok {
+			a.Echo = bytes.Repeat([]byte{0xe5}, 16)
+			return []wire.Message{a}
+		}
+	}
+	return nil
+}
+
 func TestGolden(t *testing.T) {
 	topo := len(wiretest.SampleMessages()) + len(topoMessages())
 	code := topo + len(codeMessages())
-	for i, m := range append(append(append(wiretest.SampleMessages(), topoMessages()...), codeMessages()...), wiretest.PullMessages()...) {
+	pull := code + len(wiretest.PullMessages())
+	for i, m := range append(append(append(append(wiretest.SampleMessages(), topoMessages()...), codeMessages()...), wiretest.PullMessages()...), echoMessages()...) {
 		name := m.Type().String()
 		switch {
+		case i >= pull:
+			name += "_echo"
 		case i >= code:
 			name += "_pull"
 		case i >= topo:
