@@ -112,6 +112,10 @@ type simConfig struct {
 	// the other instance (simhostile_test.go).
 	intruder   bool
 	intrusions int
+	// forger: prefill rank 0 holds a valid identity and, intrusions
+	// times, answers decode rank 0 with an offer under a name of its own
+	// whose blob names the last decode rank's agent (simhostile_test.go).
+	forger bool
 }
 
 // simRoomSpec: a room that the listed decode ranks receive from the listed
@@ -1076,6 +1080,7 @@ func (w *simWorld) events() []simEvent {
 	}
 	w.readEvents(add)
 	w.intruderEvents(add)
+	w.forgerEvents(add)
 	w.appEvents(add)
 	w.heartbeatEvents(add)
 	if !w.calm {
@@ -1193,7 +1198,15 @@ func (w *simWorld) tick(d time.Duration) {
 		}
 		lost, expired, renewed := p.core.stats.ProbesLost, p.core.stats.LeaseExpiries, p.core.stats.LeaseRenewals
 		unechoed, notOwner := p.core.stats.ChallengesExpired, p.core.stats.LayoutRefused[RefusedNotOwner]
+		offerUnechoed, offersRefused := p.core.stats.OfferChallengesExpired, p.core.stats.OffersRefused
 		p.core.Step(w.now, Tick{})
+		if p.core.stats.OfferChallengesExpired > offerUnechoed {
+			if p.core.stats.OffersRefused > offersRefused {
+				w.cov.hit("offer challenge expired: offer refused")
+			} else {
+				w.cov.hit("offer challenge expired: forgotten")
+			}
+		}
 		if p.core.stats.LayoutRefused[RefusedNotOwner] > notOwner {
 			w.cov.hit("challenge expired: registration refused")
 		} else if p.core.stats.ChallengesExpired > unechoed {

@@ -28,6 +28,15 @@ import (
 //     instances, and a foreign ABORT, RENEW or READ_DONE changes nothing
 //     of a room bound to another instance.
 
+//   - forger: prefill rank 0 holds a valid identity and, up to intrusions
+//     times, answers decode rank 0's registration with an offer under an
+//     agent name of its own whose blob names the last decode rank's agent
+//     (the confused deputy, pull direction). The offer challenge reaches
+//     that bystander, which drops it; the offer is refused when the
+//     challenge expires (if the forgery was repeated) or replaced by the
+//     rank's genuine offer; acceptOffer fails the run if any offer's
+//     proof were read through another process's agent.
+
 // simIntruder is the intruder's decode instance name.
 const simIntruder = "intruder"
 
@@ -276,4 +285,29 @@ func TestSimRandomHostile(t *testing.T) {
 	}
 	t.Logf("%d hostile swarm runs: %d RENEWs from the hostile rank, %d pull sources released (%d forced)", n,
 		total.hits["hostile: RENEW sent"], total.hits["source released"]+total.hits["source released forced"], total.hits["source released forced"])
+}
+
+// forgerEvents: prefill rank 0 answers decode rank 0 with a forged offer
+// (forger), as a message on their link, while decode rank 0 waits for its
+// REGISTER_ACK.
+func (w *simWorld) forgerEvents(add func(string, func(*simWorld))) {
+	if !w.cfg.forger || w.calm || w.intrusions >= w.cfg.intrusions {
+		return
+	}
+	d, v := w.cfg.prefills, w.cfg.slots()-1
+	if !w.active(0) || !w.active(d) || d == v || w.procs[v].dead {
+		return
+	}
+	tg := w.procs[d].core.decodeCore.targetAt(w.procs[0].endpoint)
+	if tg == nil || tg.reg != regSent {
+		return
+	}
+	add("forger offers the last decode rank's agent at 1", func(w *simWorld) {
+		w.intrusions++
+		w.cov.hit("forger: offer naming another process's agent sent")
+		p := w.procs[0]
+		o := *p.core.cfg.Offer
+		o.Agent, o.AgentMD = "forged|"+p.from.Peer(), []byte(remoteName(w.procs[v].from))
+		w.net[0][d] = append(w.net[0][d], simMsg{from: p.from, to: w.procs[d].endpoint, msg: &wire.RegisterAck{OK: true, Pull: &o}})
+	})
 }

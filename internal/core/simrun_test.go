@@ -218,6 +218,19 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init", "resolve at 1",
 				"deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK"}
 		}, "agent challenged", "challenge echoed (decode)", "challenge for another identity dropped (decode)", "challenge expired: registration refused", "unechoed challenge's agent unloaded", "release after success"),
+		// Prefill rank 0 answers decode rank 0 with an offer whose blob
+		// names decode rank 1's agent (the confused deputy, pull
+		// direction): the offer challenge reaches decode rank 1, which
+		// drops it; the forged offer is refused when the challenge
+		// expires, or replaced by the genuine one; nothing is ever proven
+		// or read through the forged blob (acceptOffer's check).
+		"1→2 pull: the prefill rank offers another process's agent (the confused deputy, pull direction); a time jump": mk(func(c *simConfig) {
+			c.decodes, c.forger, c.intrusions, c.noClear, c.writesOK, c.ticks = 2, true, 2, true, true, 1
+			c.jumps = []time.Duration{simChallengeTimeout + time.Millisecond}
+			c.rooms = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1)}
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init", "resolve at 1"}
+		}, "forger: offer naming another process's agent sent", "offer challenged", "challenge echoed (prefill)", "challenge for another identity dropped (decode)",
+			"offer challenge expired: offer refused", "unechoed offer challenge's agent unloaded", "pull offer loaded (repeat false)"),
 		"1→1: a rank pauses past a time jump; liveness": mk(func(c *simConfig) {
 			c.pauses, c.ticks, c.live, c.noClear, c.writesOK = 1, 1, true, true, true
 		}, "paused past the heartbeat bound"),
@@ -406,6 +419,7 @@ var simRandomCoverage = map[string]int{
 	"restart between layers": 2, "load report Failed": 10000, "load report Success": 5000, "load report of a failed room with pages": 1000,
 	// Pull rooms (9, and 10 layer-wise from two prefill ranks; "probe
 	// answered" was 100 before they took events of the same 400).
+	"offer challenged": 800, "challenge echoed (prefill)": 800,
 	"read posted": 150, "read ok": 150, "pull offer loaded (repeat false)": 500, "pull offer loaded (repeat true)": 400, "read refused at its gate": 10, "read stalled": 3, "lease renewed": 200,
 	"READ_DONE drained": 500, "source released": 150, "source released forced": 5,
 }

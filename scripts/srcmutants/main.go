@@ -736,6 +736,63 @@ var mutants = []mutant{
 		pkg: "bootstrap", run: "^TestSealedHeaderFramesBounded$"},
 	{name: "offers-per-process", file: "internal/core/offer.go", old: "return x.owner == from.Peer() && k != key", new: "return false && x.owner == from.Peer() && k != key",
 		pkg: "internal/core", run: "^TestOffersOnePerRank$"},
+	// The offer challenge (issue 49 item 2, pull direction; docs/PROTOCOL.md
+	// "The agent challenge"): each rule removed or weakened.
+	// No challenge: an offer is proven (read through) at once.
+	{name: "offer-challenge-skipped", file: "internal/core/offer.go", old: "\t\tif !c.offerEchoed(msg, plan, key, tg) {", new: "\t\tif false && !c.offerEchoed(msg, plan, key, tg) {",
+		pkg: "internal/core", run: "^(TestNothingReadThroughAnOfferBeforeItsEcho|TestSimExhaustive)$"},
+	// Any echo passes.
+	{name: "offer-echo-any", file: "internal/core/offer.go", old: "\tif ch != nil && echoes(msg.Echo, ch.nonce) {", new: "\tif ch != nil && len(msg.Echo) > 0 {",
+		pkg: "internal/core", run: "^TestNothingReadThroughAnOfferBeforeItsEcho$"},
+	// The challenge not bound to the offer it was sent for.
+	{name: "offer-challenge-not-bound-to-offer", file: "internal/core/offer.go", old: "\tif ch != nil && ch.hash != plan.hash {", new: "\tif false && ch != nil && ch.hash != plan.hash {",
+		pkg: "internal/core", run: "^TestOfferChallengeBoundToItsOffer$"},
+	// An answer while the challenge's load runs challenges again (two
+	// loads of one name at once).
+	{name: "offer-challenge-load-not-held", file: "internal/core/offer.go", old: "\tc.offerChecks[o.Agent] = true // its load: until OfferChallenged", new: "",
+		pkg: "internal/core", run: "^TestNothingReadThroughAnOfferBeforeItsEcho$"},
+	// A silent offerer's challenge refuses its offer too.
+	{name: "offer-challenge-silent-refused", file: "internal/core/offer.go", old: "\t\tif ch.repeats == 0 || ch.ack == nil || !c.hear(ch.ack.From) {", new: "\t\tif ch.ack == nil || !c.hear(ch.ack.From) {",
+		pkg: "internal/core", run: "^TestUnechoedOfferChallengeEnds$"},
+	// Offer challenges never expire: a forger's offer is never refused.
+	{name: "offer-challenge-never-expires", file: "internal/core/offer.go", old: "\t\tif !now.After(ch.deadline) {\n\t\t\tcontinue\n\t\t}\n\t\tdelete(c.offerChallenges, key)", new: "\t\tif true {\n\t\t\tcontinue\n\t\t}\n\t\tdelete(c.offerChallenges, key)",
+		pkg: "internal/core", run: "^(TestUnechoedOfferChallengeEnds|TestSimExhaustive)$"},
+	// Off by one: an offer challenge ends at its deadline, not past it.
+	{name: "offer-challenge-expires-at-deadline", file: "internal/core/offer.go", old: "\t\tif !now.After(ch.deadline) {\n\t\t\tcontinue\n\t\t}\n\t\tdelete(c.offerChallenges, key)", new: "\t\tif now.Before(ch.deadline) {\n\t\t\tcontinue\n\t\t}\n\t\tdelete(c.offerChallenges, key)",
+		pkg: "internal/core", run: "^TestUnechoedOfferChallengeEnds$"},
+	// A failed challenge load left waiting.
+	{name: "offer-challenge-load-failure-ignored", file: "internal/core/offer.go", old: "\tif held && in.Err != nil {", new: "\tif false && held && in.Err != nil {",
+		pkg: "internal/core", run: "^TestUnechoedOfferChallengeEnds$"},
+	// Another process's offer loaded over a name a challenge holds.
+	{name: "offer-challenge-name-not-held", file: "internal/core/offer.go", old: "\t\tif c.challengeHolds(o.Agent, key) {", new: "\t\tif false {",
+		pkg: "internal/core", run: "^TestOfferChallengeHoldsItsAgent$"},
+	// A prefill rank echoes a challenge meant for another identity, or
+	// keeps one though it serves no pull.
+	{name: "prefill-echoes-any-identity", file: "internal/core/challenge.go", old: "\tif in.For != c.cfg.Identity || len(in.Nonce) != ChallengeBytes || !c.servesPull() {", new: "\tif len(in.Nonce) != ChallengeBytes || !c.servesPull() {",
+		pkg: "internal/core", run: "^TestPrefillEchoesItsOfferChallenge$"},
+	{name: "prefill-echoes-without-pull", file: "internal/core/challenge.go", old: "\tif in.For != c.cfg.Identity || len(in.Nonce) != ChallengeBytes || !c.servesPull() {", new: "\tif in.For != c.cfg.Identity || len(in.Nonce) != ChallengeBytes {",
+		pkg: "internal/core", run: "^TestPrefillEchoesItsOfferChallenge$"},
+	// The echo waits for the challenger's next REGISTER (up to its retry
+	// interval) instead of answering at once.
+	{name: "prefill-echo-not-at-once", file: "internal/core/challenge.go", old: "\t\t\tc.ackRegister(p)\n", new: "\t\t\t_ = p\n",
+		pkg: "internal/core", run: "^TestPrefillEchoesItsOfferChallenge$"},
+	// ... or answers every registration, not the challenger's.
+	{name: "prefill-echo-to-any-rank", file: "internal/core/challenge.go", old: "p.pull && EndpointTag(key) == in.EndpointTag {", new: "p.pull {",
+		pkg: "internal/core", run: "^TestPrefillEchoesItsOfferChallenge$"},
+	// The REGISTER_ACK carries no echo: no offer is ever accepted.
+	{name: "prefill-echo-not-sent", file: "internal/core/core_prefill.go", old: "\t\t\tack.Echo = slices.Clone(e.nonce[:])", new: "\t\t\t_ = e",
+		pkg: "internal/core", run: "^(TestPrefillEchoesItsOfferChallenge|TestSimExhaustive)$"},
+	// Echoes kept forever, or beyond their bound.
+	{name: "prefill-echoes-kept", file: "internal/core/challenge.go", old: "\t\treturn now.Sub(e.at) > 2*c.cfg.challengeTimeout()", new: "\t\treturn false",
+		pkg: "internal/core", run: "^TestPrefillEchoesItsOfferChallenge$"},
+	{name: "prefill-echoes-unbounded", file: "internal/core/challenge.go", old: "!ok && len(c.echoes) >= maxChallenges {", new: "!ok && false {",
+		pkg: "internal/core", run: "^TestPrefillEchoesBounded$"},
+	// The shells: the prefill rank's notifier drops the challenge; the
+	// decode rank loads the offer's agent but sends no challenge.
+	{name: "shell-prefill-challenge-dropped", file: "kvmanager/prefill.go", old: "\t\t\t\tp.stepIn(x)", new: "\t\t\t\t_ = x",
+		pkg: "kvmanager", run: "^TestPullOfferProven$"},
+	{name: "shell-offer-challenge-not-sent", file: "kvmanager/pull.go", old: "\tif err := d.agent.GenNotif(o.Agent, []byte(notif)); err != nil {", new: "\tif err := error(nil); err != nil {",
+		pkg: "kvmanager", run: "^TestPullOfferProven$"},
 }
 
 func main() {
