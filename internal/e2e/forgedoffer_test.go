@@ -1,0 +1,181 @@
+package e2e
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/kvmanager"
+)
+
+// TestForgedOfferRefusedAcrossProcesses: issue 49's confused deputy in the
+// pull direction, on real processes. A prefill rank process and a decode
+// rank process (the bystander) work together; a second decode rank process
+// (the deputy) pulls its rooms from a prefill rank that is this test — an
+// attacker holding a valid identity (prefill rank 0 of instance "forger"),
+// listed by a bootstrap server of its own. To each REGISTER of the deputy
+// it answers ok with an offer under its own default agent name whose blob
+// is the bystander's worker address (its process, its endpoints) and whose
+// regions are the bystander's, or moved to memory the bystander never
+// mapped (before the offer challenge, the deputy's proof read through such
+// a blob ran inside the bystander; a read through one naming unmapped
+// memory killed the bystander in the push direction: SIGSEGV in
+// ucp_get_req_handler). The deputy challenges the offer's agent: the
+// notification reaches the bystander, which drops it (another identity's,
+// counted); the forger cannot echo it, and past the challenge timeout the
+// deputy refuses the offer (not_owner, "did not echo"), counted, its room
+// failed. Nothing was read through the forged blob: the bystander's memory
+// is byte for byte what it was, and its next room succeeds, verified.
+func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
+	t.Parallel() // its own processes, ports and discovery: mostly waiting (the challenge's timeout)
+	for _, engine := range []string{"ucx-shm", "ucx-tcp", "libnixl-real"} {
+		t.Run(engine, func(t *testing.T) {
+			if engine == "libnixl-real" {
+				needRealNIXL(t)
+			}
+			forgerID := bootstrap.From{Role: bootstrap.RolePrefill, Instance: "forger", Rank: 0}
+			deputyID := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "deputy", Rank: 0}
+			_, envs, ids := identityFiles(t,
+				bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0},
+				bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 0},
+				deputyID, forgerID)
+			boot := startBoot(t)
+			prefill := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot}, envs[0]...)...)
+			bystander := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot}, envs[1]...)...)
+			pp, dp := newPagePool(pages), newPagePool(pages)
+			pdRoom(t, prefill, bystander, 1, pp, dp) // registered and working
+
+			var vm rankMemory
+			bystander.do("MEMORY 0")
+			require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(bystander.expect(t, "MEMORY "), "MEMORY ")), &vm))
+			sum := func() string { bystander.do("SUM 0"); return bystander.expect(t, "SUM ") }
+			before := sum()
+
+			// The forger: a control loop under its identity, listed as
+			// prefill rank 0 of its instance by a bootstrap server of its
+			// own, answering every REGISTER with the offer forged at the
+			// time.
+			regs := make(chan *bootstrap.Register, 16)
+			loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: forgerID, Bind: "tcp://127.0.0.1:*",
+				Auth: testauth.Auth(), RankIdentity: ids[3],
+				Handler: func(m bootstrap.Message) {
+					if r, ok := m.(*bootstrap.Register); ok {
+						select {
+						case regs <- r:
+						default:
+						}
+					}
+				}})
+			require.NoError(t, err)
+			defer loop.Close()
+			boot2 := startBoot(t)
+			def := rankConfig(kvmanager.RolePrefill, engine, boot2)
+			cl, err := bootstrap.Dial(boot2, bootstrap.DialOptions{Token: testauth.Auth().BootstrapToken()})
+			require.NoError(t, err)
+			defer cl.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err = cl.RegisterRank(ctx, bootstrap.RankRecord{Instance: forgerID.Instance, TPSize: 1, PPSize: 1, DPSize: 1,
+				Endpoint: loop.Endpoint(), PageSize: def.PageTokens, DType: def.DType, Compat: def.Compat,
+				PublicKey: loop.PublicKey(), Epoch: loop.Identity().Epoch, Cert: base64.StdEncoding.EncodeToString(loop.Cert())})
+			cancel()
+			require.NoError(t, err)
+
+			name := "forger-prefill-0" // the forger's own default name: it passes the name check
+			unmappedTable, moveTo := relocated(t, blobTable(t, vm.MD), 0x100000)
+			vHead, _, vLib, vTable, vPayload := blobParts(t, vm.MD)
+			join := func(parts ...[]byte) []byte {
+				var b []byte
+				for _, p := range parts {
+					b = append(b, p...)
+				}
+				return b
+			}
+			deputy := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot2,
+				"KVBRIDGE_E2E_PULL=1", "KVBRIDGE_E2E_INSTANCE=" + deputyID.Instance}, envs[2]...)...)
+			ignored := coreStats(t, bystander).ChallengesIgnored
+			expired := uint64(0) // the forgeries the challenge refused
+			for i, c := range []struct {
+				what  string
+				offer bootstrap.PullOffer
+			}{
+				{"the bystander's worker address and regions under the forger's name", bootstrap.PullOffer{Agent: name,
+					AgentMD: join(vHead, lenStr(name), vLib, vTable, vPayload), KV: vm.KV, Aux: vm.Aux, State: vm.State,
+					Proof: make([]byte, 32), LeaseMillis: 1000}},
+				{"the bystander's worker address, its regions moved to memory it never mapped", bootstrap.PullOffer{Agent: name,
+					AgentMD: join(vHead, lenStr(name), vLib, unmappedTable, vPayload), KV: moveTo(vm.KV), Aux: moveTo(vm.Aux), State: moveTo(vm.State),
+					Proof: make([]byte, 32), LeaseMillis: 1000}},
+			} {
+				room := uint64(10 + i)
+				stop := make(chan struct{})
+				answered := make(chan int, 1)
+				go func() { // answer every REGISTER of the deputy with the forgery
+					n := 0
+					for {
+						select {
+						case <-stop:
+							answered <- n
+							return
+						case r := <-regs:
+							o := c.offer
+							to := bootstrap.Peer{Endpoint: r.From.Endpoint, Cert: string(ids[2].Cert.Raw()), Epoch: r.From.Epoch}
+							if loop.Send(to, &bootstrap.RegisterAck{OK: true, Pull: &o}) == nil {
+								n++
+							}
+						}
+					}
+				}()
+				src, dst := pp.Get(8), dp.Get(8)
+				deputy.do(fmt.Sprintf("RECV %d %s %s", room, csv(dst), csv(src)))
+				done := deputy.expect(t, fmt.Sprintf("DONE %d", room))
+				close(stop)
+				n := <-answered
+				t.Logf("%s: %d forged REGISTER_ACKs; %s", c.what, n, done)
+				// Failed at Init ("error": the registration refused while
+				// Init waited for it) or after ("Failed <reason>").
+				failedAtInit := strings.HasPrefix(done, fmt.Sprintf("DONE %d error ", room))
+				require.True(t, failedAtInit || strings.HasPrefix(done, fmt.Sprintf("DONE %d Failed", room)), "%s: %s", c.what, done)
+				reason := strings.ReplaceAll(done, "_", " ")
+				// Refused by the challenge, or (regions its keys do not
+				// map, on shared memory) by the engine's check of the
+				// blob at its load: either way before anything is read.
+				if !strings.Contains(reason, "bad metadata") {
+					assert.Contains(t, reason, "not owner", c.what)
+					assert.Contains(t, reason, "did not echo", "%s: refused for another cause than the unechoed challenge: nothing may be read through the blob first", c.what)
+					expired++
+				}
+				assert.Contains(t, reason, forgerID.Peer(), "%s: the refusal names the offering rank", c.what)
+				assert.NotContains(t, reason, "proof slot", "%s: the proof was read through the forged blob", c.what)
+				if !failedAtInit {
+					deputy.expect(t, fmt.Sprintf("RELEASED %d", room))
+				}
+				pp.Put(src)
+				dp.Put(dst)
+			}
+			ds := coreStats(t, deputy)
+			require.Positive(t, expired, "no forgery reached the challenge")
+			assert.GreaterOrEqual(t, ds.OfferChallengesExpired, expired, "the deputy's offer challenges expired")
+			assert.GreaterOrEqual(t, ds.OffersRefused, uint64(2), "the forged offers refused, counted")
+			assert.Zero(t, ds.OfferChallengesPassed, "a forged offer's challenge passed")
+			// The notification reached the bystander, which dropped it.
+			assert.Greater(t, coreStats(t, bystander).ChallengesIgnored, ignored, "the bystander never got the offer challenge")
+			assert.Equal(t, before, sum(), "the bystander's memory changed under the attack")
+			pdRoom(t, prefill, bystander, 2, pp, dp) // alive, registered, byte-exact
+		})
+	}
+}
+
+// blobTable is a blob's region table.
+func blobTable(t *testing.T, md []byte) []byte {
+	t.Helper()
+	_, _, _, table, _ := blobParts(t, md)
+	return table
+}
