@@ -42,7 +42,7 @@ test-checkers:
 # Three packages at a time, the two longest (which mostly wait on processes) first; nixl's CPU-bound tests come later, when
 # less runs beside them (first, beside the checkers, they took 195 s; here about 135).
 test-packages:
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -p 3 -parallel 4 ./internal/e2e ./examples/demo ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -p 3 -parallel 4 ./internal/e2e ./examples/internal/e2e ./examples/demo ./...
 
 NIXL_RUNS ?= 20
 NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL|TestFirstRoomAfterPrefillRestartElsewhere|TestAbortReachesPrefillRestartedElsewhere|TestRoomAfterPrefillRestartElsewhere|TestRoomPostedRightAfterPrefillRestartElsewhere|TestPausedDecodeLearnsItsRoomsFailed|TestDecodeKilledRepeatedly|TestNIXLFaultRepro|TestLibNIXLBadThenGenuineMetadata|TestLibNIXLGenNotifFlushed|TestPrefixSkipped|TestForgedMemoryRefusedAcrossProcesses|TestPullByteExact|TestPullRanksKilledMidRead|TestPagesOfDifferentSizesByteExact)$$/^libnixl-real$$

@@ -25,7 +25,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
-	"github.com/kvbridge/kvbridge/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"

@@ -1,6 +1,6 @@
 package main
 
-// -compute tinyllm: the demo's ranks serve a real model (internal/tinyllm)
+// -compute tinyllm: the demo's ranks serve a real model (examples/internal/tinyllm)
 // behind the example router, and every completion is compared with the
 // same model run in this process.
 
@@ -21,8 +21,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvbridge/kvbridge/internal/router"
-	"github.com/kvbridge/kvbridge/internal/tinyllm"
+	"github.com/kvbridge/kvbridge/examples/internal/router"
+	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/transfer"
 )
 

@@ -53,7 +53,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvbridge/kvbridge/internal/cli"
+	"github.com/kvbridge/kvbridge/examples/internal/cli"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/gpu"

@@ -15,7 +15,7 @@ package main
 import (
 	"os"
 
-	"github.com/kvbridge/kvbridge/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
 	"github.com/kvbridge/kvbridge/kvmanager"
 )
 

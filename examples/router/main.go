@@ -21,10 +21,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvbridge/kvbridge/internal/cli"
+	"github.com/kvbridge/kvbridge/examples/internal/cli"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
-	"github.com/kvbridge/kvbridge/internal/router"
+	"github.com/kvbridge/kvbridge/examples/internal/router"
 )
 
 type list [][]string

@@ -688,7 +688,7 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestOfferChecks$"},
 	{name: "offer-failed-proof-accepted", file: "internal/core/offer.go", old: "\tif in.Err != nil {\n\t\tif cur := c.offers[key]", new: "\tif false && in.Err != nil {\n\t\tif cur := c.offers[key]",
 		pkg: "internal/core", run: "^TestOfferChecks$"},
-	{name: "offer-replaced-kept", file: "internal/core/offer.go", old: "\tif !plan.Repeat {\n\t\t// No read", new: "\tif false && !plan.Repeat {\n\t\t// No read",
+	{name: "offer-replaced-kept", file: "internal/core/offer.go", old: "\t\t\treturn p.remote == o.Agent || k.endpoint == from.Endpoint", new: "\t\t\treturn false && (p.remote == o.Agent || k.endpoint == from.Endpoint)",
 		pkg: "internal/core", run: "^TestReadGatedByItsOffer$"},
 	{name: "read-gate-offer-unchecked", file: "internal/core/pull.go", old: "s.epoch == rd.Epoch && c.offerCurrent(rd) {", new: "s.epoch == rd.Epoch {",
 		pkg: "internal/core", run: "^TestReadGatedByItsOffer$"},

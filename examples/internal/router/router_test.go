@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
-	"github.com/kvbridge/kvbridge/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/goleak"
 )

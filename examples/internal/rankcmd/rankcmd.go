@@ -24,11 +24,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvbridge/kvbridge/internal/cli"
+	"github.com/kvbridge/kvbridge/examples/internal/cli"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
-	"github.com/kvbridge/kvbridge/internal/tinyllm"
+	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"

@@ -17,7 +17,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/kvbridge/kvbridge/internal/openai"
+	"github.com/kvbridge/kvbridge/examples/internal/openai"
 )
 
 // track counts an attempt in flight on both instances until the returned

@@ -13,7 +13,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
-	"github.com/kvbridge/kvbridge/internal/tinyllm"
+	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"

@@ -27,8 +27,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvbridge/kvbridge/internal/openai"
-	"github.com/kvbridge/kvbridge/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/examples/internal/openai"
+	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"

@@ -23,7 +23,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
-	"github.com/kvbridge/kvbridge/internal/openai"
+	"github.com/kvbridge/kvbridge/examples/internal/openai"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

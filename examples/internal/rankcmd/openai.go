@@ -42,8 +42,8 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
-	"github.com/kvbridge/kvbridge/internal/openai"
-	"github.com/kvbridge/kvbridge/internal/tinyllm"
+	"github.com/kvbridge/kvbridge/examples/internal/openai"
+	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"go.uber.org/zap"
 )

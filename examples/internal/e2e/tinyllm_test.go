@@ -26,10 +26,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/internal/rankcmd"
-	"github.com/kvbridge/kvbridge/internal/router"
+	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/examples/internal/router"
 	"github.com/kvbridge/kvbridge/internal/testauth"
-	"github.com/kvbridge/kvbridge/internal/tinyllm"
+	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/transfer"
 )

@@ -26,7 +26,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/internal/openai"
+	"github.com/kvbridge/kvbridge/examples/internal/openai"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/assert"
