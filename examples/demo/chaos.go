@@ -24,8 +24,8 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
-	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"

@@ -17,11 +17,11 @@ import (
 
 	"github.com/kvbridge/kvbridge/examples/internal/cli"
 
-	"github.com/kvbridge/kvbridge/internal/etcdtest"
-	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
 	"github.com/kvbridge/kvbridge/examples/internal/router"
 	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
+	"github.com/kvbridge/kvbridge/internal/etcdtest"
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/transfer"
 )

@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
-	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/nixl"
 )
 

@@ -36,7 +36,7 @@ var layers = map[string]int{
 	"internal/testauth": 7, "internal/etcdtest": 7, "internal/kvmodel": 7, "internal/layerbench": 7,
 	"examples/internal/cli": 7, "examples/internal/tinyllm": 7, "examples/internal/openai": 7,
 	"examples/internal/rankcmd": 8,
-	"internal/e2e": 9, "scripts/srcmutants": 9, "examples/internal/router": 9, "examples/internal/e2e": 9,
+	"internal/e2e":              9, "scripts/srcmutants": 9, "examples/internal/router": 9, "examples/internal/e2e": 9,
 	"examples/prefill": 10, "examples/decode": 10, "examples/demo": 10, "examples/router": 10, "examples/kvbench": 10, "examples/gpucheck": 10,
 }
 

@@ -28,8 +28,8 @@ import (
 
 	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
 	"github.com/kvbridge/kvbridge/examples/internal/router"
-	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
+	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/transfer"
 )

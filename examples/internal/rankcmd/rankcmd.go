@@ -27,8 +27,8 @@ import (
 	"github.com/kvbridge/kvbridge/examples/internal/cli"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
-	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"

@@ -230,7 +230,7 @@ func TestHelp(t *testing.T) {
 	prefillOnly := []string{"-serve-bootstrap", "-publish-dp", "-in-flight", "-bootstrap-lease"}
 	shared := []string{"-model", "-pages", "-bootstrap", "-tp", "-pp", "-dp", "-page-layout", "-insecure", "-max-misses", "-sweep-interval", "-register-retry", "-pending-timeout"}
 	// and the flags docs/TOPOLOGIES.md says both binaries take
-	readme, err := os.ReadFile("../../docs/TOPOLOGIES.md")
+	readme, err := os.ReadFile("../../../docs/TOPOLOGIES.md")
 	if err != nil {
 		t.Fatal(err)
 	}

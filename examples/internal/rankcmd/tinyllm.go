@@ -41,8 +41,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"

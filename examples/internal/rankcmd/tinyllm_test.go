@@ -12,8 +12,8 @@ import (
 	"testing"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
-	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"

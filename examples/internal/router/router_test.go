@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/goleak"
 )
