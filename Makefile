@@ -45,7 +45,7 @@ test-packages:
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -p 3 -parallel 4 ./internal/e2e ./examples/internal/e2e ./examples/demo ./...
 
 NIXL_RUNS ?= 20
-NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL|TestFirstRoomAfterPrefillRestartElsewhere|TestAbortReachesPrefillRestartedElsewhere|TestRoomAfterPrefillRestartElsewhere|TestRoomPostedRightAfterPrefillRestartElsewhere|TestPausedDecodeLearnsItsRoomsFailed|TestDecodeKilledRepeatedly|TestNIXLFaultRepro|TestLibNIXLBadThenGenuineMetadata|TestLibNIXLGenNotifFlushed|TestPrefixSkipped|TestForgedMemoryRefusedAcrossProcesses|TestPullByteExact|TestPullRanksKilledMidRead|TestPagesOfDifferentSizesByteExact)$$/^libnixl-real$$
+NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL|TestFirstRoomAfterPrefillRestartElsewhere|TestAbortReachesPrefillRestartedElsewhere|TestRoomAfterPrefillRestartElsewhere|TestRoomPostedRightAfterPrefillRestartElsewhere|TestPausedDecodeLearnsItsRoomsFailed|TestDecodeKilledRepeatedly|TestNIXLFaultRepro|TestLibNIXLBadThenGenuineMetadata|TestLibNIXLGenNotifFlushed|TestPrefixSkipped|TestForgedMemoryRefusedAcrossProcesses|TestForgedOfferRefusedAcrossProcesses|TestPullByteExact|TestPullRanksKilledMidRead|TestPagesOfDifferentSizesByteExact)$$/^libnixl-real$$
 ## test-nixl: the engine contract and the e2e byte-exact, separate-process, soak and restart tests on a real NIXL, NIXL_RUNS times (KVBRIDGE_NIXL_LIB names its libnixl_capi.so; see DEVELOPERS.md)
 # The whole -v log is kept in NIXL_LOG for reading a failure; the summary counts each test's and case's results.
 NIXL_LOG ?= $${TMPDIR:-/tmp}/kvbridge-test-nixl.log
