@@ -2,6 +2,7 @@ package gpu
 
 /*
 #cgo LDFLAGS: -ldl
+#cgo CFLAGS: -I${SRCDIR}/../internal/dl
 #include <stdlib.h>
 #include "cuda.h"
 
@@ -63,6 +64,8 @@ import (
 	"runtime"
 	"sync"
 	"unsafe"
+
+	_ "github.com/kvbridge/kvbridge/internal/dl" // kvb_dl.h, the one dlopen loader (included by the C files)
 )
 
 // ErrNoDriver: libcuda.so.1 is absent or has no usable device.

@@ -23,6 +23,16 @@ func TestNoDriver(t *testing.T) {
 	}
 }
 
+// TestLoadDriverNamesMissingSymbol: a library that is not the CUDA driver
+// (here the C library) is refused by the shared loader (internal/dl),
+// naming the library and the first symbol of the table it lacks.
+func TestLoadDriverNamesMissingSymbol(t *testing.T) {
+	_, err := LoadDriver("libc.so.6")
+	if !errors.Is(err, ErrNoDriver) || !strings.Contains(err.Error(), "libc.so.6: missing symbol cuInit") {
+		t.Fatalf("a library without the driver's symbols: %v", err)
+	}
+}
+
 // driverCases runs a test body on the CUDA double and, where one exists, on
 // the real driver (reported as skipped, with the reason, where none is).
 func driverCases(t *testing.T, body func(t *testing.T, d *Driver, double bool)) {

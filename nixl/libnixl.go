@@ -2,6 +2,7 @@ package nixl
 
 /*
 #cgo LDFLAGS: -ldl
+#cgo CFLAGS: -I${SRCDIR}/../internal/dl
 #include <stdlib.h>
 #include <stdint.h>
 #include <sys/mman.h>

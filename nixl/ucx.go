@@ -2,6 +2,7 @@ package nixl
 
 /*
 #cgo LDFLAGS: -ldl
+#cgo CFLAGS: -I${SRCDIR}/../internal/dl
 #include <stdlib.h>
 #include <string.h>
 #include "ucx_engine.h"
@@ -22,6 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	_ "github.com/kvbridge/kvbridge/internal/dl" // kvb_dl.h, the one dlopen loader (included by the C files)
 )
 
 // The ucx engine drives libucp directly. One worker per agent, created and

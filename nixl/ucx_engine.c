@@ -1,5 +1,7 @@
 #include "ucx_engine.h"
 
+#include "kvb_dl.h"
+
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,57 +10,55 @@
 
 kvbu_api kvbu;
 
+static const kvb_dl_sym ucp_syms[] = {
+	KVB_DL_SYM(kvbu_api, ucp_get_version, "ucp_get_version", 1),
+	KVB_DL_SYM(kvbu_api, ucp_config_read, "ucp_config_read", 1),
+	KVB_DL_SYM(kvbu_api, ucp_config_modify, "ucp_config_modify", 1),
+	KVB_DL_SYM(kvbu_api, ucp_config_release, "ucp_config_release", 1),
+	KVB_DL_SYM(kvbu_api, ucp_init_version, "ucp_init_version", 1),
+	KVB_DL_SYM(kvbu_api, ucp_cleanup, "ucp_cleanup", 1),
+	KVB_DL_SYM(kvbu_api, ucp_worker_create, "ucp_worker_create", 1),
+	KVB_DL_SYM(kvbu_api, ucp_worker_destroy, "ucp_worker_destroy", 1),
+	KVB_DL_SYM(kvbu_api, ucp_worker_get_address, "ucp_worker_get_address", 1),
+	KVB_DL_SYM(kvbu_api, ucp_worker_release_address, "ucp_worker_release_address", 1),
+	KVB_DL_SYM(kvbu_api, ucp_worker_progress, "ucp_worker_progress", 1),
+	KVB_DL_SYM(kvbu_api, ucp_worker_get_efd, "ucp_worker_get_efd", 1),
+	KVB_DL_SYM(kvbu_api, ucp_worker_arm, "ucp_worker_arm", 1),
+	KVB_DL_SYM(kvbu_api, ucp_worker_set_am_recv_handler, "ucp_worker_set_am_recv_handler", 1),
+	KVB_DL_SYM(kvbu_api, ucp_ep_create, "ucp_ep_create", 1),
+	KVB_DL_SYM(kvbu_api, ucp_ep_close_nbx, "ucp_ep_close_nbx", 1),
+	KVB_DL_SYM(kvbu_api, ucp_ep_flush_nbx, "ucp_ep_flush_nbx", 1),
+	KVB_DL_SYM(kvbu_api, ucp_ep_rkey_unpack, "ucp_ep_rkey_unpack", 1),
+	KVB_DL_SYM(kvbu_api, ucp_ep_print_info, "ucp_ep_print_info", 1),
+	KVB_DL_SYM(kvbu_api, ucp_put_nbx, "ucp_put_nbx", 1),
+	KVB_DL_SYM(kvbu_api, ucp_get_nbx, "ucp_get_nbx", 1),
+	KVB_DL_SYM(kvbu_api, ucp_am_send_nbx, "ucp_am_send_nbx", 1),
+	KVB_DL_SYM(kvbu_api, ucp_mem_map, "ucp_mem_map", 1),
+	KVB_DL_SYM(kvbu_api, ucp_mem_unmap, "ucp_mem_unmap", 1),
+	KVB_DL_SYM(kvbu_api, ucp_mem_query, "ucp_mem_query", 1),
+	KVB_DL_SYM(kvbu_api, ucp_rkey_pack, "ucp_rkey_pack", 1),
+	KVB_DL_SYM(kvbu_api, ucp_rkey_buffer_release, "ucp_rkey_buffer_release", 1),
+	KVB_DL_SYM(kvbu_api, ucp_rkey_ptr, "ucp_rkey_ptr", 1),
+	KVB_DL_SYM(kvbu_api, ucp_rkey_destroy, "ucp_rkey_destroy", 1),
+	KVB_DL_SYM(kvbu_api, ucp_request_check_status, "ucp_request_check_status", 1),
+	KVB_DL_SYM(kvbu_api, ucp_request_cancel, "ucp_request_cancel", 1),
+	KVB_DL_SYM(kvbu_api, ucp_request_free, "ucp_request_free", 1),
+	KVB_DL_SYM(kvbu_api, ucs_status_string, "ucs_status_string", 1),
+};
+
 int kvbu_load(const char *path, char *err, size_t errlen)
 {
-	void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+	void *h = kvb_dl_open(path, RTLD_NOW | RTLD_GLOBAL, err, errlen);
 	if (h == NULL) {
-		snprintf(err, errlen, "%s", dlerror());
 		return -1;
 	}
 	kvbu_api api;
-#define SYM(name)                                                                            \
-	do {                                                                                 \
-		*(void **)(&api.name) = dlsym(h, #name);                                     \
-		if (api.name == NULL) {                                                      \
-			snprintf(err, errlen, "%s has no %s: not a UCX 1.x libucp", path, #name); \
-			dlclose(h);                                                          \
-			return -1;                                                           \
-		}                                                                            \
-	} while (0)
-	SYM(ucp_get_version);
-	SYM(ucp_config_read);
-	SYM(ucp_config_modify);
-	SYM(ucp_config_release);
-	SYM(ucp_init_version);
-	SYM(ucp_cleanup);
-	SYM(ucp_worker_create);
-	SYM(ucp_worker_destroy);
-	SYM(ucp_worker_get_address);
-	SYM(ucp_worker_release_address);
-	SYM(ucp_worker_progress);
-	SYM(ucp_worker_get_efd);
-	SYM(ucp_worker_arm);
-	SYM(ucp_worker_set_am_recv_handler);
-	SYM(ucp_ep_create);
-	SYM(ucp_ep_close_nbx);
-	SYM(ucp_ep_flush_nbx);
-	SYM(ucp_ep_rkey_unpack);
-	SYM(ucp_ep_print_info);
-	SYM(ucp_put_nbx);
-	SYM(ucp_get_nbx);
-	SYM(ucp_am_send_nbx);
-	SYM(ucp_mem_map);
-	SYM(ucp_mem_unmap);
-	SYM(ucp_mem_query);
-	SYM(ucp_rkey_pack);
-	SYM(ucp_rkey_buffer_release);
-	SYM(ucp_rkey_ptr);
-	SYM(ucp_rkey_destroy);
-	SYM(ucp_request_check_status);
-	SYM(ucp_request_cancel);
-	SYM(ucp_request_free);
-	SYM(ucs_status_string);
-#undef SYM
+	const char *missing = kvb_dl_bind(h, &api, ucp_syms, KVB_DL_LEN(ucp_syms));
+	if (missing != NULL) {
+		snprintf(err, errlen, "%s has no %s: not a UCX 1.x libucp", path, missing);
+		dlclose(h);
+		return -1;
+	}
 	unsigned major, minor, release;
 	api.ucp_get_version(&major, &minor, &release);
 	if (major != 1 || minor < 13) {
