@@ -14,7 +14,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	mrand "math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -22,6 +24,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -53,7 +56,8 @@ type pdClient struct {
 	prefill, decode   string // the fronts' URLs
 	bootPort          int    // SGLANG_BOOTSTRAP_PORT: the prefill instance's bootstrap port
 	retries           int
-	prefillStatus     chan int // sglang: what each prefill request answered (the sidecar discards it)
+	prefillStatus     chan int     // sglang: what each prefill request answered (the sidecar discards it)
+	prefillAnswer     atomic.Value // mooncake: the last refused prefill leg's answer (string)
 	lastPrefillAnswer map[string]any
 }
 
@@ -280,10 +284,116 @@ func (c *tinyCluster) nothingPinned(t *testing.T) {
 }
 
 func (p *pdClient) mode(m string) func(context.Context, string, map[string]any) (*openai.Answer, error) {
-	if m == "sglang" {
+	switch m {
+	case "sglang":
 		return p.sglang
+	case "mooncake":
+		return p.mooncake
 	}
 	return p.vllm
+}
+
+// mooncakeQuery is what the sidecar's "mooncake" connector asks first:
+// GET /query on the prefill host's bootstrap port (8998 by default, here
+// the instance's bootstrap port), dp rank → engine id.
+func (p *pdClient) mooncakeQuery(ctx context.Context) (map[string]string, error) {
+	u, _ := url.Parse(p.prefill)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/query", net.JoinHostPort(u.Hostname(), strconv.Itoa(p.bootPort))), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := p.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 400 {
+		return nil, fmt.Errorf("GET /query: %s", resp.Status)
+	}
+	var data map[string]map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&data); err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for dp, e := range data {
+		if id, ok := e["engine_id"].(string); ok {
+			out[dp] = id
+		}
+	}
+	return out, nil
+}
+
+// mooncake sends a request as the sidecar's "mooncake" connector does:
+// GET /query for the prefill instance's engine ids, one DP rank picked,
+// a fresh transfer_id; then both legs at once — to the prefill server the
+// client's body capped to one token (stream false, stream_options and
+// min_tokens dropped) with kv_transfer_params {do_remote_prefill: false,
+// do_remote_decode: true, transfer_id} and the header
+// X-data-parallel-rank, not cancelled with the client's; to the decode
+// server the client's body with {do_remote_prefill: true,
+// do_remote_decode: false, transfer_id, remote_bootstrap_addr,
+// remote_engine_id}, whose answer is the client's.
+func (p *pdClient) mooncake(ctx context.Context, path string, client map[string]any) (*openai.Answer, error) {
+	return p.mooncakeWith(ctx, path, client, "", nil)
+}
+
+// mooncakeWith is mooncake with a given transfer id ("": a fresh one) and
+// an edit of both legs before they are sent (a malformed request).
+func (p *pdClient) mooncakeWith(ctx context.Context, path string, client map[string]any, xfer string, edit func(pre, dec map[string]any, dpHeader *string)) (*openai.Answer, error) {
+	engines, err := p.mooncakeQuery(ctx)
+	if err != nil {
+		return nil, openai.Errorf(http.StatusBadGateway, "proxy", "%v", err)
+	}
+	var dp, engine string
+	for dp, engine = range engines {
+		break
+	}
+	if xfer == "" {
+		var id [16]byte
+		rand.Read(id[:])
+		xfer = "xfer-" + hex.EncodeToString(id[:])
+	}
+	u, _ := url.Parse(p.prefill)
+	pre := clone(client)
+	pre["kv_transfer_params"] = map[string]any{"do_remote_prefill": false, "do_remote_decode": true, "transfer_id": xfer}
+	pre["max_tokens"] = 1
+	if path == "/v1/chat/completions" {
+		pre["max_completion_tokens"] = 1
+	}
+	delete(pre, "min_tokens")
+	pre["stream"] = false
+	delete(pre, "stream_options")
+	dec := clone(client)
+	dec["kv_transfer_params"] = map[string]any{"do_remote_prefill": true, "do_remote_decode": false, "transfer_id": xfer,
+		"remote_bootstrap_addr": "http://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(p.bootPort)), "remote_engine_id": engine}
+	if edit != nil {
+		edit(pre, dec, &dp)
+	}
+	pb, _ := json.Marshal(pre)
+	db, _ := json.Marshal(dec)
+	go func() {
+		code := 200
+		req, err := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodPost, p.prefill+path, bytes.NewReader(pb))
+		if err == nil {
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer "+p.token)
+			req.Header.Set("X-data-parallel-rank", dp)
+			var resp *http.Response
+			if resp, err = p.http.Do(req); err == nil {
+				code = resp.StatusCode
+				msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+				resp.Body.Close()
+				if code != 200 {
+					p.prefillAnswer.Store(string(msg))
+				}
+			}
+		}
+		if err != nil {
+			code = 502
+		}
+		p.prefillStatus <- code
+	}()
+	return p.send(ctx, p.decode+path, db, "", nil)
 }
 
 // TestOpenAIWires: both wires over prefill TP 2 → decode TP 1 (NHD) and
@@ -306,7 +416,7 @@ func TestOpenAIWires(t *testing.T) {
 			c, pd := openaiCluster(t, tc.layout, tc.pShape, tc.dShape, tc.prefill...)
 			rng := mrand.New(mrand.NewPCG(7, 7))
 			chat := []map[string]any{{"role": "system", "content": "be brief"}, {"role": "user", "content": []map[string]any{{"type": "text", "text": "where does the KV go?"}}}}
-			for _, mode := range []string{"sglang", "vllm"} {
+			for _, mode := range []string{"sglang", "vllm", "mooncake"} {
 				send := pd.mode(mode)
 				for i, req := range []struct {
 					path string
@@ -857,4 +967,100 @@ func TestOpenAIRoomCollision(t *testing.T) {
 			c.nothingPinned(t)
 		})
 	}
+}
+
+// TestOpenAIMooncakeBadRequests: the MooncakeConnector wire's malformed
+// legs, sent as the sidecar sends both at once. A refused leg whose room
+// is known (its transfer id) tells the other side, which answers 503 at
+// once rather than 504 at its deadline: a decode leg naming an engine id
+// that is not the instance's (every DP group of the prefill instance is
+// told), a prefill leg naming a DP group the instance does not have. A
+// decode leg without a usable bootstrap address cannot name its prefill
+// instance: that prefill leg ends at its deadline (504). A transfer id
+// with a line break is refused on both; one reused is refused (409) on
+// both. Nothing stays held on any rank.
+func TestOpenAIMooncakeBadRequests(t *testing.T) {
+	t.Parallel() // its own processes and ports
+	c, pd := openaiCluster(t, "NHD", transfer.Parallel{}, transfer.Parallel{}, "-request-timeout", "4s")
+	ctx := context.Background()
+	rng := mrand.New(mrand.NewPCG(5, 5))
+	for _, tc := range []struct {
+		name               string
+		edit               func(pre, dec map[string]any, dp *string)
+		decode, prefill    int
+		decodeCode, reason string
+	}{
+		{"an engine id not the instance's", func(_, dec map[string]any, _ *string) {
+			dec["kv_transfer_params"].(map[string]any)["remote_engine_id"] = "vllm-engine-0"
+		}, 400, 503, "invalid_remote_engine_id", "the prefill leg told"},
+		{"a DP group the instance lacks", func(_, _ map[string]any, dp *string) { *dp = "7" }, 503, 400, "", "the decode leg told"},
+		{"no usable bootstrap address", func(_, dec map[string]any, _ *string) {
+			dec["kv_transfer_params"].(map[string]any)["remote_bootstrap_addr"] = "ftp://nowhere"
+		}, 400, 504, "invalid_remote_bootstrap_addr", "nobody to tell: the prefill leg ends at its deadline"},
+		{"a transfer id with a line break", func(pre, dec map[string]any, _ *string) {
+			pre["kv_transfer_params"].(map[string]any)["transfer_id"] = "xfer-\nx"
+			dec["kv_transfer_params"].(map[string]any)["transfer_id"] = "xfer-\nx"
+		}, 400, 400, "invalid_transfer_id", "refused on both"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := pd.mooncakeWith(ctx, "/v1/completions", body(tinyPrompt(rng, 6), 3, false), "", tc.edit)
+			var e *openai.Error
+			require.ErrorAs(t, err, &e, "the decode leg answered")
+			assert.Equal(t, tc.decode, e.Status, "decode leg: %v", err)
+			if tc.decodeCode != "" {
+				assert.Equal(t, tc.decodeCode, e.Body.Code, "decode leg: %v", err)
+			}
+			assert.Equal(t, tc.prefill, <-pd.prefillStatus, "prefill leg (%s)", tc.reason)
+			c.nothingPinned(t)
+		})
+	}
+	t.Run("an engine id not the instance's, prefill DP 2", func(t *testing.T) {
+		// The prefill leg on DP group 1, its room's own group (room % 2)
+		// 0: only a decode front that tells every group reaches it.
+		c2, pd2 := openaiCluster(t, "NHD", transfer.Parallel{DPSize: 2}, transfer.Parallel{}, "-request-timeout", "4s")
+		xfer := ""
+		for i := 0; xfer == "" || openai.MooncakeRoom(xfer)%2 != 0; i++ {
+			xfer = fmt.Sprintf("xfer-dp-%d", i)
+		}
+		_, err := pd2.mooncakeWith(ctx, "/v1/completions", body(tinyPrompt(rng, 6), 3, false), xfer, func(_, dec map[string]any, dp *string) {
+			*dp = "1"
+			dec["kv_transfer_params"].(map[string]any)["remote_engine_id"] = "vllm-engine-0"
+		})
+		assert.Equal(t, 400, status(err), "decode leg: %v", err)
+		assert.Equal(t, 503, <-pd2.prefillStatus, "the prefill leg on DP group 1 was not told: %v", pd2.prefillAnswer.Load())
+		c2.nothingPinned(t)
+
+		// X-data-parallel-rank honoured: each DP group serves the rooms
+		// whose engine id names it, whatever the room's own group.
+		engines, err := pd2.mooncakeQuery(ctx)
+		require.NoError(t, err)
+		require.Len(t, engines, 2, "GET /query: %v", engines)
+		for g, dp := range []string{"0", "1"} {
+			id := "" // a room whose own group (room % 2) is the other one
+			for i := 0; id == "" || openai.MooncakeRoom(id)%2 == uint64(g); i++ {
+				id = fmt.Sprintf("xfer-ok-%s-%d", dp, i)
+			}
+			b := body(tinyPrompt(rng, 7), 4, false)
+			a, err := pd2.mooncakeWith(ctx, "/v1/completions", b, id, func(_, dec map[string]any, h *string) {
+				*h = dp
+				dec["kv_transfer_params"].(map[string]any)["remote_engine_id"] = engines[dp]
+			})
+			require.NoError(t, err, "DP group %s", dp)
+			assert.Equal(t, c2.want(t, b), a.Tokens, "DP group %s", dp)
+			assert.Equal(t, 200, <-pd2.prefillStatus, "DP group %s: the prefill leg", dp)
+		}
+		c2.nothingPinned(t)
+	})
+	t.Run("a reused transfer id", func(t *testing.T) {
+		xfer := "xfer-reused"
+		b := body(tinyPrompt(rng, 6), 3, false)
+		a, err := pd.mooncakeWith(ctx, "/v1/completions", b, xfer, nil)
+		require.NoError(t, err)
+		assert.Equal(t, c.want(t, b), a.Tokens)
+		require.Equal(t, 200, <-pd.prefillStatus)
+		_, err = pd.mooncakeWith(ctx, "/v1/completions", body(tinyPrompt(rng, 6), 3, false), xfer, nil)
+		assert.Equal(t, 409, status(err), "decode leg: %v", err)
+		assert.Equal(t, 409, <-pd.prefillStatus, "prefill leg")
+		c.nothingPinned(t)
+	})
 }

@@ -191,7 +191,8 @@ func startTinyClusterWith(t *testing.T, cfg tinyllm.Config, layout string, pShap
 	c := &tinyCluster{m: m}
 	shape := func(name string, par transfer.Parallel) []string {
 		return append(slices.Clone(common), "-instance", name, "-tp", strconv.Itoa(par.TPSize), "-tp-rank", strconv.Itoa(par.TPRank),
-			"-pp", strconv.Itoa(par.PPSize), "-pp-rank", strconv.Itoa(par.PPRank), "-http", "127.0.0.1:0") // the rank prints its address; a port picked here could be taken before it binds
+			"-pp", strconv.Itoa(par.PPSize), "-pp-rank", strconv.Itoa(par.PPRank), "-dp", strconv.Itoa(par.DPSize), "-dp-rank", strconv.Itoa(par.DPRank),
+			"-http", "127.0.0.1:0") // the rank prints its address; a port picked here could be taken before it binds
 	}
 	// Prefill rank 0 first (it serves the bootstrap server), then the
 	// others at once.
@@ -202,15 +203,17 @@ func startTinyClusterWith(t *testing.T, cfg tinyllm.Config, layout string, pShap
 	var specs []spec
 	for _, role := range []string{"prefill", "decode"} {
 		sh := map[string]transfer.Parallel{"prefill": pShape, "decode": dShape}[role].Norm()
-		for pp := 0; pp < sh.PPSize; pp++ {
-			for tp := 0; tp < sh.TPSize; tp++ {
-				args := shape(role+"-0", transfer.Parallel{TPSize: sh.TPSize, TPRank: tp, PPSize: sh.PPSize, PPRank: pp})
-				if role == "prefill" {
-					args = append(args, o.prefill...)
-				} else {
-					args = append(args, o.decode...)
+		for dp := 0; dp < sh.DPSize; dp++ {
+			for pp := 0; pp < sh.PPSize; pp++ {
+				for tp := 0; tp < sh.TPSize; tp++ {
+					args := shape(role+"-0", transfer.Parallel{TPSize: sh.TPSize, TPRank: tp, PPSize: sh.PPSize, PPRank: pp, DPSize: sh.DPSize, DPRank: dp})
+					if role == "prefill" {
+						args = append(args, o.prefill...)
+					} else {
+						args = append(args, o.decode...)
+					}
+					specs = append(specs, spec{role, args})
 				}
-				specs = append(specs, spec{role, args})
 			}
 		}
 	}

@@ -15,11 +15,14 @@ package openai
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"net/url"
 	"strconv"
 	"strings"
 )
@@ -49,6 +52,10 @@ type Request struct {
 	SGLang *SGLang
 	// KVTransfer is set when the body carries vLLM's kv_transfer_params.
 	KVTransfer *KVTransferParams
+	// Mooncake is set when those kv_transfer_params carry a transfer_id
+	// (vLLM's MooncakeConnector wire, the llm-d sidecar's "mooncake"
+	// connector): both legs at once, the room named by the transfer id.
+	Mooncake *Mooncake
 	// AbortAt and Fault are kvbridge's test extensions: "prefill",
 	// "decode-before", "decode-mid" aborts the room at that stage on the
 	// server it concerns; "swap-heads-prefill" / "swap-heads-decode" plant a
@@ -83,6 +90,51 @@ type KVTransferParams struct {
 	RemoteBlocksExpiryTime float64 `json:"remote_blocks_expiry_time,omitempty"`
 	TransferMode           string  `json:"transfer_mode,omitempty"`
 	KVBridge               *Ticket `json:"kvbridge,omitempty"`
+	// TransferID and RemoteBootstrapAddr: vLLM's MooncakeConnector wire
+	// (both legs carry transfer_id; the decode leg also the prefill
+	// instance's bootstrap address and engine id).
+	TransferID          string `json:"transfer_id,omitempty"`
+	RemoteBootstrapAddr string `json:"remote_bootstrap_addr,omitempty"`
+}
+
+// Mooncake is a request of the MooncakeConnector wire: the room its
+// transfer id names and, on the decode leg, where the prefill instance's
+// bootstrap server is and which of its DP groups holds the KV (the engine
+// id its GET /query gave). DP is -1 until known (the prefill leg's comes
+// in the X-data-parallel-rank header).
+type Mooncake struct {
+	TransferID string
+	Room       uint64
+	Bootstrap  string
+	EngineID   string
+	DP         int
+}
+
+// MooncakeRoom is the room a transfer id names: the first 63 bits of its
+// SHA-256, the same on both legs.
+func MooncakeRoom(transferID string) uint64 {
+	h := sha256.Sum256([]byte(transferID))
+	return binary.BigEndian.Uint64(h[:8]) >> 1
+}
+
+// MooncakeEngineID is the engine id kvbridge's prefill instance gives DP
+// group dp in its GET /query answer; ParseMooncakeEngineID reads the
+// group back (false: not one of kvbridge's).
+func MooncakeEngineID(instance string, dp int) string {
+	return fmt.Sprintf("kvbridge:%s:dp%d", instance, dp)
+}
+
+func ParseMooncakeEngineID(id string) (instance string, dp int, ok bool) {
+	rest, found := strings.CutPrefix(id, "kvbridge:")
+	i := strings.LastIndex(rest, ":dp")
+	if !found || i <= 0 {
+		return "", 0, false
+	}
+	v, err := strconv.Atoi(rest[i+3:])
+	if err != nil || v < 0 || v > 1<<16 || strconv.Itoa(v) != rest[i+3:] {
+		return "", 0, false
+	}
+	return rest[:i], v, true
 }
 
 // Ticket is the part of kv_transfer_params a kvbridge decode server
@@ -220,6 +272,11 @@ func Parse(data []byte, chat bool, vocab int) (*Request, *Error) {
 	}
 	r := &Request{Chat: chat}
 	if e := r.parseDisagg(b); e != nil {
+		if r.Mooncake != nil {
+			// Its room is known (the transfer id): returned, so the
+			// server can release the room's other side.
+			return r, e
+		}
 		return nil, e
 	}
 	// The whole request is read before it is refused: the prompt too, so a
@@ -385,9 +442,42 @@ func (r *Request) parseDisagg(b body) *Error {
 			return BadRequest("invalid_kv_transfer_params", "kv_transfer_params must set exactly one of do_remote_decode (to a prefill server) and do_remote_prefill (to a decode server)")
 		}
 		r.KVTransfer = &kv
+		if kv.TransferID != "" {
+			if e := r.parseMooncake(&kv); e != nil {
+				return e
+			}
+		}
 	}
 	if r.SGLang != nil && r.KVTransfer != nil {
 		return BadRequest("invalid_request", "a request carries SGLang's bootstrap fields or vLLM's kv_transfer_params, not both")
+	}
+	return nil
+}
+
+// parseMooncake reads the MooncakeConnector wire's kv_transfer_params:
+// transfer_id on both legs; on the decode leg remote_bootstrap_addr (an
+// http URL) and remote_engine_id (one of kvbridge's: the DP group).
+func (r *Request) parseMooncake(kv *KVTransferParams) *Error {
+	id := kv.TransferID
+	if len(id) > 256 || strings.ContainsAny(id, "\"\\\r\n") {
+		return BadRequest("invalid_transfer_id", "transfer_id %.64q: at most 256 bytes, no quotes, backslashes or line breaks", id)
+	}
+	m := &Mooncake{TransferID: id, Room: MooncakeRoom(id), DP: -1}
+	r.Mooncake = m // (set from here on: a refusal below still names the room)
+	if kv.DoRemotePrefill {
+		u, err := url.Parse(kv.RemoteBootstrapAddr)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || len(kv.RemoteBootstrapAddr) > 512 {
+			return BadRequest("invalid_remote_bootstrap_addr", "remote_bootstrap_addr %.64q is not the prefill instance's http bootstrap address", kv.RemoteBootstrapAddr)
+		}
+		m.Bootstrap = strings.TrimRight(kv.RemoteBootstrapAddr, "/")
+		if kv.RemoteEngineID == nil {
+			return BadRequest("invalid_remote_engine_id", "remote_engine_id is missing: the decode leg names the prefill engine (GET /query on its bootstrap address)")
+		}
+		_, dp, ok := ParseMooncakeEngineID(*kv.RemoteEngineID)
+		if !ok {
+			return BadRequest("invalid_remote_engine_id", "remote_engine_id %.64q is not one a kvbridge prefill instance gives (GET /query on its bootstrap address)", *kv.RemoteEngineID)
+		}
+		m.EngineID, m.DP = *kv.RemoteEngineID, dp
 	}
 	return nil
 }

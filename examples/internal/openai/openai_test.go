@@ -242,3 +242,48 @@ func ExampleParse() {
 	// true [104 105] 2 10.0.0.1 8998 1796301053562099184
 	// 400 invalid_max_tokens
 }
+
+// TestParseMooncake: the MooncakeConnector wire's kv_transfer_params, as
+// the llm-d sidecar's "mooncake" connector sends them: the room is the
+// transfer id's on both legs; the decode leg's engine id names the DP
+// group; a malformed decode leg is refused naming the field, its room
+// still returned (so the prefill leg can be told).
+func TestParseMooncake(t *testing.T) {
+	pre := `{"prompt": "x", "kv_transfer_params": {"do_remote_prefill": false, "do_remote_decode": true, "transfer_id": "xfer-1"}}`
+	r, e := Parse([]byte(pre), false, 256)
+	require.Nil(t, e)
+	require.NotNil(t, r.Mooncake)
+	assert.Equal(t, MooncakeRoom("xfer-1"), r.Mooncake.Room)
+	assert.Equal(t, -1, r.Mooncake.DP, "the prefill leg's group comes in its header")
+	assert.NotEqual(t, MooncakeRoom("xfer-1"), MooncakeRoom("xfer-2"))
+	assert.Less(t, MooncakeRoom("xfer-1"), uint64(1)<<63)
+
+	dec := func(boot, engine string) string {
+		return fmt.Sprintf(`{"prompt": "x", "kv_transfer_params": {"do_remote_prefill": true, "do_remote_decode": false, "transfer_id": "xfer-1", "remote_bootstrap_addr": %q, "remote_engine_id": %q}}`, boot, engine)
+	}
+	r, e = Parse([]byte(dec("http://10.0.0.1:8998/", MooncakeEngineID("p-0", 3))), false, 256)
+	require.Nil(t, e)
+	assert.Equal(t, Mooncake{TransferID: "xfer-1", Room: MooncakeRoom("xfer-1"), Bootstrap: "http://10.0.0.1:8998", EngineID: "kvbridge:p-0:dp3", DP: 3}, *r.Mooncake)
+
+	for _, tc := range []struct{ body, code string }{
+		{dec("http://10.0.0.1:8998", "vllm-engine-0"), "invalid_remote_engine_id"},
+		{dec("http://10.0.0.1:8998", "kvbridge:p-0:dp-1"), "invalid_remote_engine_id"},
+		{dec("http://10.0.0.1:8998", "kvbridge:p-0:dp03"), "invalid_remote_engine_id"},
+		{dec("ftp://10.0.0.1", MooncakeEngineID("p", 0)), "invalid_remote_bootstrap_addr"},
+		{dec("http://u:p@10.0.0.1", MooncakeEngineID("p", 0)), "invalid_remote_bootstrap_addr"},
+	} {
+		r, e := Parse([]byte(tc.body), false, 256)
+		require.NotNil(t, e, tc.body)
+		assert.Equal(t, tc.code, e.Body.Code, tc.body)
+		require.NotNil(t, r, "%s: the room of a refused leg is returned", tc.body)
+		assert.Equal(t, MooncakeRoom("xfer-1"), r.Mooncake.Room)
+	}
+	_, e = Parse([]byte(`{"prompt": "x", "kv_transfer_params": {"do_remote_decode": true, "transfer_id": "a\nb"}}`), false, 256)
+	require.NotNil(t, e)
+	assert.Equal(t, "invalid_transfer_id", e.Body.Code)
+
+	inst, dp, ok := ParseMooncakeEngineID(MooncakeEngineID("a:b", 12))
+	assert.True(t, ok)
+	assert.Equal(t, "a:b", inst)
+	assert.Equal(t, 12, dp)
+}

@@ -27,6 +27,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
 	"go.uber.org/zap"
 )
@@ -344,6 +346,9 @@ type AbortRequest struct {
 	Reason    string `json:"reason"`
 	Prefill   string `json:"prefill,omitempty"`
 	PrefillDP *int   `json:"prefill_dp,omitempty"`
+	// PrefillAll: every rank of the prefill instance at Prefill is told
+	// (a decode leg that named no DP group the instance has).
+	PrefillAll bool `json:"prefill_all,omitempty"`
 }
 
 func (t *tinyRank) serveAbort(w http.ResponseWriter, req *http.Request) {
@@ -371,7 +376,37 @@ func (t *tinyRank) abortRoom(a AbortRequest) {
 		abort(reason)
 		return
 	}
+	if a.PrefillAll && a.Prefill != "" && t.r.D != nil {
+		t.refuseAll(a.Room, reason, a.Prefill)
+		return
+	}
 	t.refuse(a.Room, reason, a.Prefill, a.PrefillDP)
+}
+
+// refuseAll tells every rank of the prefill instance at prefill (each DP
+// group, TP rank and PP stage its bootstrap server's topology lists) that
+// this decode instance will not serve room: one room of this rank with
+// each of them as a source, created and aborted.
+func (t *tinyRank) refuseAll(room uint64, reason, prefill string) {
+	topo, ok := t.prefillTopology(prefill)
+	if !ok {
+		t.refuse(room, reason, prefill, nil)
+		return
+	}
+	var targets []kvmanager.Target
+	for dp := range max(topo.DPSize, 1) {
+		for pp := range max(topo.PPSize, 1) {
+			for tp := range max(topo.TPSize, 1) {
+				targets = append(targets, kvmanager.Target{Bootstrap: prefill, DP: dp, Rank: tp, PP: pp})
+			}
+		}
+	}
+	rc, err := receiver.NewFrom(t.r.D, room, targets...)
+	if err != nil {
+		return
+	}
+	rc.Abort(reason)
+	rc.Clear()
 }
 
 // refuse tells a room's peers that this rank will not serve it: the room

@@ -31,6 +31,7 @@ import (
 	"crypto/subtle"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -150,6 +151,15 @@ func (t *tinyRank) serveOpenAI(chat bool) http.HandlerFunc {
 			return
 		}
 		oreq, oe := openai.Parse(data, chat, t.m.Vocab)
+		if oreq != nil && oreq.Mooncake != nil && t.r.Role == kvmanager.RolePrefill {
+			// The prefill leg's DP group comes in a header: the one whose
+			// engine id the decode leg was given.
+			if dp, he := t.r.mooncakeDP(req.Header.Get(mooncakeDPHeader), oreq.Mooncake.Room); he != nil && oe == nil {
+				oe = he
+			} else if he == nil {
+				oreq.Mooncake.DP = dp
+			}
+		}
 		if oe == nil && oreq.Model != "" && oreq.Model != t.r.served {
 			oe = openai.Errorf(404, "model_not_found", "the model %.64q does not exist here: this server serves %q", oreq.Model, t.r.served)
 		}
@@ -176,6 +186,12 @@ func (t *tinyRank) serveOpenAI(chat bool) http.HandlerFunc {
 		ctx, cancel := context.WithTimeout(req.Context(), t.r.reqTimeout)
 		defer cancel()
 		switch {
+		case t.r.Role == kvmanager.RolePrefill && oreq.Mooncake != nil:
+			t.prefillMooncake(ctx, wr, oreq)
+		case t.r.Role == kvmanager.RoleDecode && oreq.Mooncake != nil && oreq.KVTransfer.DoRemotePrefill:
+			mc := oreq.Mooncake
+			dp := mc.DP
+			t.decode(ctx, wr, oreq, mc.Room, mc.Bootstrap, &dp, "mooncake")
 		case t.r.Role == kvmanager.RolePrefill && oreq.SGLang != nil:
 			t.prefillSGLang(ctx, wr, oreq)
 		case t.r.Role == kvmanager.RolePrefill && oreq.KVTransfer != nil && oreq.KVTransfer.DoRemoteDecode:
@@ -263,9 +279,11 @@ func (t *tinyRank) prefillRequest(oreq *openai.Request, room uint64, lease time.
 // or the first member's when it is not in the group. With a lease the
 // members answer once computed (Held); if any fails, every member's room
 // is aborted.
-func (t *tinyRank) instancePrefill(ctx context.Context, oreq *openai.Request, room uint64, lease time.Duration) (PrefillResult, *openai.Error) {
+func (t *tinyRank) instancePrefill(ctx context.Context, oreq *openai.Request, room uint64, group int, lease time.Duration) (PrefillResult, *openai.Error) {
 	r := t.r
-	group := int(room % uint64(max(r.Par.DPSize, 1)))
+	if group < 0 {
+		group = int(room % uint64(max(r.Par.DPSize, 1)))
+	}
 	ms, err := t.members(group)
 	if err != nil {
 		t.refuseDisagg(oreq, "instance_incomplete", err.Error())
@@ -373,7 +391,20 @@ func (t *tinyRank) refuseDisagg(oreq *openai.Request, code, reason string) {
 		return
 	}
 	a := AbortRequest{Reason: reason}
+	group := -2 // the prefill instance's DP group holding the room: room % dp
 	switch {
+	case oreq.Mooncake != nil && t.r.Role == kvmanager.RolePrefill:
+		a.Room, group = oreq.Mooncake.Room, oreq.Mooncake.DP // (-1, unknown: every group)
+	case oreq.Mooncake != nil && oreq.KVTransfer.DoRemotePrefill:
+		if oreq.Mooncake.Bootstrap == "" {
+			return // no prefill instance named: nobody to tell
+		}
+		a.Room, a.Prefill = oreq.Mooncake.Room, oreq.Mooncake.Bootstrap
+		if dp := oreq.Mooncake.DP; dp >= 0 {
+			a.PrefillDP = &dp
+		}
+	case oreq.Mooncake != nil:
+		return // a prefill leg sent to a decode server: refused, nothing of it here
 	case oreq.SGLang != nil && t.r.Role == kvmanager.RolePrefill:
 		a.Room = oreq.SGLang.Room
 	case oreq.SGLang != nil:
@@ -402,27 +433,109 @@ func (t *tinyRank) refuseDisagg(oreq *openai.Request, code, reason string) {
 		}
 		dp := -1
 		if t.r.Role == kvmanager.RolePrefill {
-			dp = int(a.Room % uint64(max(t.r.Par.DPSize, 1)))
+			dp = group
+			if group == -2 {
+				dp = int(a.Room % uint64(max(t.r.Par.DPSize, 1)))
+			}
 		}
 		ms, _ := t.members(dp)
 		if ms == nil {
 			ms = []member{{}}
 		}
+		if oreq.Mooncake != nil && a.Prefill != "" && a.PrefillDP == nil {
+			// A decode leg whose engine id named no DP group: every rank
+			// of the prefill instance is told (one group holds the room),
+			// by one rank of this instance.
+			a.PrefillAll = true
+			ms = ms[:1]
+		}
 		t.abortMembers(ms, a)
 	}()
+}
+
+// prefillTopology is the topology of the prefill instance at the
+// bootstrap server boot (false when it cannot be read).
+func (t *tinyRank) prefillTopology(boot string) (bootstrap.Topology, bool) {
+	var topo bootstrap.Topology
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, boot+"/v1/topology", nil)
+	if err != nil {
+		return topo, false
+	}
+	resp, err := t.r.httpClient.Do(req)
+	if err != nil {
+		return topo, false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&topo) != nil {
+		return topo, false
+	}
+	// (bounded: a room has at most 1,024 sources)
+	return topo, max(topo.DPSize, 1)*max(topo.TPSize, 1)*max(topo.PPSize, 1) <= 1024
 }
 
 // prefillSGLang: the prefill side of SGLang's wire. The answer (which the
 // routers discard) is the first token, after the room ended.
 func (t *tinyRank) prefillSGLang(ctx context.Context, wr *openai.Writer, oreq *openai.Request) {
 	room := oreq.SGLang.Room
-	res, oe := t.instancePrefill(ctx, oreq, room, 0)
+	res, oe := t.instancePrefill(ctx, oreq, room, -1, 0)
 	if oe != nil {
 		wr.Fail(oe)
 		return
 	}
 	wr.Token(res.FirstToken)
 	wr.Finish(nil, ext{Mode: "sglang", Room: room, PhasesMS: res.PhasesMS})
+}
+
+// mooncakeDPHeader names the prefill leg's DP group in the
+// MooncakeConnector wire (the llm-d sidecar sets it to the group whose
+// engine id it gave the decode leg).
+const mooncakeDPHeader = "X-data-parallel-rank"
+
+// mooncakeDP reads the prefill leg's X-data-parallel-rank: a DP group of
+// this instance; absent, the room's group (room % dp).
+func (r *Rank) mooncakeDP(h string, room uint64) (int, *openai.Error) {
+	n := max(r.Par.DPSize, 1)
+	if h == "" {
+		return int(room % uint64(n)), nil
+	}
+	dp, err := strconv.Atoi(h)
+	if err != nil || dp < 0 || dp >= n || strconv.Itoa(dp) != h {
+		return 0, openai.BadRequest("invalid_dp_rank", "%s %.16q is not a DP group of this instance, [0, %d)", mooncakeDPHeader, h, n)
+	}
+	return dp, nil
+}
+
+// prefillMooncake: the prefill side of the MooncakeConnector wire: as
+// SGLang's (both legs at once, either first), the room named by the
+// transfer id, on the DP group the header names.
+func (t *tinyRank) prefillMooncake(ctx context.Context, wr *openai.Writer, oreq *openai.Request) {
+	mc := oreq.Mooncake
+	res, oe := t.instancePrefill(ctx, oreq, mc.Room, mc.DP, 0)
+	if oe != nil {
+		wr.Fail(oe)
+		return
+	}
+	wr.Token(res.FirstToken)
+	wr.Finish(nil, ext{Mode: "mooncake", Room: mc.Room, PhasesMS: res.PhasesMS})
+}
+
+// serveMooncakeQuery answers GET /query on the bootstrap address as vLLM's
+// MooncakeConnector bootstrap server does: for each DP group of the
+// instance, by its number, the engine id the decode leg names it by.
+func (r *Rank) serveMooncakeQuery(w http.ResponseWriter, req *http.Request) {
+	if req.Method != http.MethodGet {
+		w.Header().Set("Allow", "GET")
+		http.Error(w, "GET /query", http.StatusMethodNotAllowed)
+		return
+	}
+	out := map[string]map[string]any{}
+	for dp := range max(r.Par.DPSize, 1) {
+		out[strconv.Itoa(dp)] = map[string]any{"engine_id": openai.MooncakeEngineID(r.Instance, dp), "dp_rank": dp,
+			"tp_size": r.Par.TPSize, "pp_size": max(r.Par.PPSize, 1), "bootstrap": r.bootURL}
+	}
+	writeJSON(w, out)
 }
 
 // randomRoom is a room id for vLLM's flow, where the prefill server picks
@@ -440,7 +553,7 @@ func (t *tinyRank) prefillVLLM(ctx context.Context, wr *openai.Writer, oreq *ope
 	room := randomRoom()
 	start := time.Now()
 	boot := r.advertisedBootstrap(req)
-	res, oe := t.instancePrefill(ctx, oreq, room, r.kvLease)
+	res, oe := t.instancePrefill(ctx, oreq, room, -1, r.kvLease)
 	if oe != nil {
 		wr.Fail(oe)
 		return

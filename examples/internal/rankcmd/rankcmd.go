@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -256,6 +257,7 @@ func Main(role kvmanager.Role, args []string) int {
 	log = log.With(zap.String("role", name), zap.String("instance", o.instance), zap.Stringer("rank", o.par.Norm()))
 
 	var bootSrv *bootstrap.Server
+	var queryRank atomic.Pointer[Rank] // answers GET /query once up
 	if role == kvmanager.RolePrefill && o.serveBoot != "" {
 		scfg := bootstrap.ServerConfig{Insecure: o.insecure, LeaseTTL: o.bootLease}
 		if auth != nil {
@@ -264,11 +266,30 @@ func Main(role kvmanager.Role, args []string) int {
 		if bootSrv, err = bootstrap.NewServer(scfg); err != nil {
 			return cli.Fail(name, "-serve-bootstrap "+o.serveBoot, err)
 		}
-		if err := bootSrv.Start(o.serveBoot); err != nil {
+		// The bootstrap server, and GET /query as vLLM's MooncakeConnector
+		// bootstrap server answers it (the llm-d sidecar's "mooncake"
+		// connector asks the prefill host's port 8998), once the rank is up.
+		ln, err := net.Listen("tcp", o.serveBoot)
+		if err != nil {
 			return cli.Fail(name, "-serve-bootstrap "+o.serveBoot, err)
 		}
-		defer bootSrv.Close(context.Background())
-		o.boot = bootSrv.URL()
+		bmux := http.NewServeMux()
+		bmux.Handle("/", bootSrv)
+		bmux.HandleFunc("/query", func(w http.ResponseWriter, req *http.Request) {
+			if r := queryRank.Load(); r != nil {
+				r.serveMooncakeQuery(w, req)
+				return
+			}
+			http.Error(w, "the rank is starting", http.StatusServiceUnavailable)
+		})
+		hs := &http.Server{Handler: bmux, ReadHeaderTimeout: 10 * time.Second}
+		go hs.Serve(ln) //nolint:errcheck // ErrServerClosed at Shutdown
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = hs.Shutdown(ctx)
+		}()
+		o.boot = "http://" + ln.Addr().String()
 		log.Info("bootstrap server", zap.String("url", o.boot))
 	}
 	reg := prometheus.NewRegistry()
@@ -282,6 +303,8 @@ func Main(role kvmanager.Role, args []string) int {
 		return cli.Fail(name, "starting the rank", err)
 	}
 	r.boot = bootSrv
+	queryRank.Store(r)
+	defer queryRank.CompareAndSwap(r, nil)
 	mgr := r.M
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
