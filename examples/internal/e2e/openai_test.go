@@ -264,7 +264,14 @@ func rooms(cl *http.Client, rank string) (float64, error) {
 // failure within a heartbeat bound) until no rank holds a room.
 func (c *tinyCluster) nothingPinned(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	c.nothingPinnedWithin(t, 15*time.Second)
+}
+
+// nothingPinnedWithin: no rank holds a room within d (a bound shorter
+// than a lease shows that a refusal released the room, not its lease).
+func (c *tinyCluster) nothingPinnedWithin(t *testing.T, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for {
 		var held []string
 		for _, p := range append(slices.Clone(c.prefill), c.decode...) {
@@ -277,7 +284,7 @@ func (c *tinyCluster) nothingPinned(t *testing.T) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("rooms still held 15 s after the requests ended: %s", strings.Join(held, "; "))
+			t.Fatalf("rooms still held %v after the requests ended: %s", d, strings.Join(held, "; "))
 		}
 		time.Sleep(20 * time.Millisecond) // polling the ranks' metrics
 	}
@@ -289,8 +296,49 @@ func (p *pdClient) mode(m string) func(context.Context, string, map[string]any) 
 		return p.sglang
 	case "mooncake":
 		return p.mooncake
+	case "offloading":
+		return p.offloading
 	}
 	return p.vllm
+}
+
+// offloading sends a request as the sidecar's "offloading" connector does
+// (vLLM's OffloadingConnector P2P wire): a fresh kv_request_id; first the
+// prefill server, the client's body capped to one token with
+// kv_transfer_params {remote_decoder: {kv_request_id}}, its answer
+// discarded — a failed one is the client's answer and no decode leg goes
+// —; then the decode server, the client's body with {remote_prefiller:
+// {kv_request_id, remote_host: the prefill host, remote_port: its P2P
+// port, here the prefill instance's bootstrap port}}.
+func (p *pdClient) offloading(ctx context.Context, path string, client map[string]any) (*openai.Answer, error) {
+	return p.offloadingWith(ctx, path, client, nil)
+}
+
+func (p *pdClient) offloadingWith(ctx context.Context, path string, client map[string]any, edit func(pre, dec map[string]any)) (*openai.Answer, error) {
+	var id [16]byte
+	rand.Read(id[:])
+	kvID := hex.EncodeToString(id[:])
+	u, _ := url.Parse(p.prefill)
+	pre := clone(client)
+	pre["kv_transfer_params"] = map[string]any{"remote_decoder": map[string]any{"kv_request_id": kvID}}
+	pre["max_tokens"] = 1
+	if path == "/v1/chat/completions" {
+		pre["max_completion_tokens"] = 1
+	}
+	delete(pre, "min_tokens")
+	pre["stream"] = false
+	delete(pre, "stream_options")
+	dec := clone(client)
+	dec["kv_transfer_params"] = map[string]any{"remote_prefiller": map[string]any{"kv_request_id": kvID, "remote_host": u.Hostname(), "remote_port": p.bootPort}}
+	if edit != nil {
+		edit(pre, dec)
+	}
+	pb, _ := json.Marshal(pre)
+	db, _ := json.Marshal(dec)
+	if _, err := p.send(ctx, p.prefill+path, pb, "", nil); err != nil {
+		return nil, err
+	}
+	return p.send(ctx, p.decode+path, db, "", nil)
 }
 
 // mooncakeQuery is what the sidecar's "mooncake" connector asks first:
@@ -416,7 +464,7 @@ func TestOpenAIWires(t *testing.T) {
 			c, pd := openaiCluster(t, tc.layout, tc.pShape, tc.dShape, tc.prefill...)
 			rng := mrand.New(mrand.NewPCG(7, 7))
 			chat := []map[string]any{{"role": "system", "content": "be brief"}, {"role": "user", "content": []map[string]any{{"type": "text", "text": "where does the KV go?"}}}}
-			for _, mode := range []string{"sglang", "vllm", "mooncake"} {
+			for _, mode := range []string{"sglang", "vllm", "mooncake", "offloading"} {
 				send := pd.mode(mode)
 				for i, req := range []struct {
 					path string
@@ -1063,4 +1111,62 @@ func TestOpenAIMooncakeBadRequests(t *testing.T) {
 		assert.Equal(t, 409, <-pd.prefillStatus, "prefill leg")
 		c.nothingPinned(t)
 	})
+}
+
+// TestOpenAIOffloadingBadRequests: the OffloadingConnector wire's
+// malformed legs, each answered with its status and code: a kv_request_id
+// with a line break (refused on the prefill leg, so no decode leg goes); a
+// remote_port out of range (the decode front cannot name the prefill
+// instance, so the room the prefill leg holds ends with its -kv-lease); a
+// decode leg naming an id no prefill leg held (it ends at its deadline,
+// 504); a decode leg refused with a usable address (another model): the
+// held room is released at once; each leg to the other role's server, and
+// both role keys at once. Nothing stays held.
+func TestOpenAIOffloadingBadRequests(t *testing.T) {
+	t.Parallel() // its own processes and ports
+	c := startTinyClusterWith(t, tinyE2E, "NHD", transfer.Parallel{}, transfer.Parallel{}, tinyOpts{prefill: []string{"-request-timeout", "3s", "-kv-lease", "3s"},
+		decode: []string{"-request-timeout", "3s"}, decodeNoBootstrap: true})
+	pd := newPDClient(t, c)
+	ctx := context.Background()
+	rng := mrand.New(mrand.NewPCG(3, 3))
+	kvp := func(m map[string]any, role string) map[string]any {
+		return m["kv_transfer_params"].(map[string]any)[role].(map[string]any)
+	}
+	for _, tc := range []struct {
+		name   string
+		edit   func(pre, dec map[string]any)
+		status int
+		code   string
+		within time.Duration // nothing held within (0: at most 15 s)
+	}{
+		{"a kv_request_id with a line break", func(pre, _ map[string]any) { kvp(pre, "remote_decoder")["kv_request_id"] = "a\nb" }, 400, "invalid_kv_request_id", 0},
+		{"a remote_port out of range", func(_, dec map[string]any) { kvp(dec, "remote_prefiller")["remote_port"] = 70000 }, 400, "invalid_remote_port", 0},
+		{"an id no prefill leg held", func(_, dec map[string]any) { kvp(dec, "remote_prefiller")["kv_request_id"] = "never-held" }, 504, "deadline", 0},
+		{"another model on the decode leg: the held room told at once", func(_, dec map[string]any) { dec["model"] = "gpt-9" }, 404, "model_not_found", 2 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := pd.offloadingWith(ctx, "/v1/completions", body(tinyPrompt(rng, 6), 3, false), tc.edit)
+			var e *openai.Error
+			require.ErrorAs(t, err, &e)
+			assert.Equal(t, tc.status, e.Status, "%v", err)
+			assert.Equal(t, tc.code, e.Body.Code, "%v", err)
+			if tc.within > 0 {
+				c.nothingPinnedWithin(t, tc.within) // the lease is 3 s
+			}
+			c.nothingPinned(t)
+		})
+	}
+	for _, tc := range []struct{ name, url, body, code string }{
+		{"remote_decoder to a decode server", pd.decode, `{"prompt": "x", "kv_transfer_params": {"remote_decoder": {"kv_request_id": "a"}}}`, "wrong_server"},
+		{"remote_prefiller to a prefill server", pd.prefill, `{"prompt": "x", "kv_transfer_params": {"remote_prefiller": {"kv_request_id": "a", "remote_host": "h", "remote_port": 1}}}`, "wrong_server"},
+		{"both role keys", pd.prefill, `{"prompt": "x", "kv_transfer_params": {"remote_decoder": {"kv_request_id": "a"}, "remote_prefiller": {"kv_request_id": "a", "remote_host": "h", "remote_port": 1}}}`, "invalid_kv_transfer_params"},
+	} {
+		_, err := pd.send(ctx, tc.url+"/v1/completions", []byte(tc.body), "", nil)
+		var e *openai.Error
+		if assert.ErrorAs(t, err, &e, tc.name) {
+			assert.Equal(t, 400, e.Status, tc.name)
+			assert.Equal(t, tc.code, e.Body.Code, tc.name)
+		}
+	}
+	c.nothingPinned(t)
 }

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -52,6 +53,11 @@ type Request struct {
 	SGLang *SGLang
 	// KVTransfer is set when the body carries vLLM's kv_transfer_params.
 	KVTransfer *KVTransferParams
+	// Offload is set when those kv_transfer_params carry remote_decoder
+	// (a prefill leg) or remote_prefiller (a decode leg): vLLM's
+	// OffloadingConnector wire, the llm-d sidecar's "offloading"
+	// connector, prefill leg first.
+	Offload *Offload
 	// Mooncake is set when those kv_transfer_params carry a transfer_id
 	// (vLLM's MooncakeConnector wire, the llm-d sidecar's "mooncake"
 	// connector): both legs at once, the room named by the transfer id.
@@ -95,6 +101,29 @@ type KVTransferParams struct {
 	// instance's bootstrap address and engine id).
 	TransferID          string `json:"transfer_id,omitempty"`
 	RemoteBootstrapAddr string `json:"remote_bootstrap_addr,omitempty"`
+	// RemoteDecoder and RemotePrefiller: vLLM's OffloadingConnector P2P
+	// wire (the llm-d sidecar's "offloading" connector): the prefill leg
+	// names the decoder's kv_request_id, the decode leg the prefiller's
+	// kv_request_id and its P2P tier's host and port.
+	RemoteDecoder   *P2PParams `json:"remote_decoder,omitempty"`
+	RemotePrefiller *P2PParams `json:"remote_prefiller,omitempty"`
+}
+
+// P2PParams is one role key of the OffloadingConnector wire.
+type P2PParams struct {
+	KVRequestID string `json:"kv_request_id"`
+	RemoteHost  string `json:"remote_host,omitempty"`
+	RemotePort  int    `json:"remote_port,omitempty"`
+}
+
+// Offload is a request of the OffloadingConnector wire: the room its
+// kv_request_id names (as a transfer id names one, MooncakeRoom) and, on
+// the decode leg, the prefill instance's bootstrap server at the
+// prefiller's P2P host and port.
+type Offload struct {
+	KVRequestID string
+	Room        uint64
+	Bootstrap   string
 }
 
 // Mooncake is a request of the MooncakeConnector wire: the room its
@@ -272,7 +301,7 @@ func Parse(data []byte, chat bool, vocab int) (*Request, *Error) {
 	}
 	r := &Request{Chat: chat}
 	if e := r.parseDisagg(b); e != nil {
-		if r.Mooncake != nil {
+		if r.Mooncake != nil || r.Offload != nil {
 			// Its room is known (the transfer id): returned, so the
 			// server can release the room's other side.
 			return r, e
@@ -438,6 +467,10 @@ func (r *Request) parseDisagg(b body) *Error {
 		if err := json.Unmarshal(b.KVTransferParams, &kv); err != nil {
 			return BadRequest("invalid_kv_transfer_params", "kv_transfer_params: %v", err)
 		}
+		if kv.RemoteDecoder != nil || kv.RemotePrefiller != nil {
+			r.KVTransfer = &kv
+			return r.parseOffload(&kv)
+		}
 		if kv.DoRemoteDecode == kv.DoRemotePrefill {
 			return BadRequest("invalid_kv_transfer_params", "kv_transfer_params must set exactly one of do_remote_decode (to a prefill server) and do_remote_prefill (to a decode server)")
 		}
@@ -450,6 +483,39 @@ func (r *Request) parseDisagg(b body) *Error {
 	}
 	if r.SGLang != nil && r.KVTransfer != nil {
 		return BadRequest("invalid_request", "a request carries SGLang's bootstrap fields or vLLM's kv_transfer_params, not both")
+	}
+	return nil
+}
+
+// parseOffload reads the OffloadingConnector wire's kv_transfer_params:
+// remote_decoder {kv_request_id} on the prefill leg, remote_prefiller
+// {kv_request_id, remote_host, remote_port} on the decode leg (one of
+// them).
+func (r *Request) parseOffload(kv *KVTransferParams) *Error {
+	if kv.RemoteDecoder != nil && kv.RemotePrefiller != nil {
+		return BadRequest("invalid_kv_transfer_params", "kv_transfer_params carry remote_decoder (to a prefill server) or remote_prefiller (to a decode server), not both")
+	}
+	if r.SGLang != nil || kv.TransferID != "" {
+		return BadRequest("invalid_request", "a request carries one wire's fields, not several")
+	}
+	p := kv.RemoteDecoder
+	if p == nil {
+		p = kv.RemotePrefiller
+	}
+	id := p.KVRequestID
+	if id == "" || len(id) > 256 || strings.ContainsAny(id, "\"\\\r\n") {
+		return BadRequest("invalid_kv_request_id", "kv_request_id %.64q: 1 to 256 bytes, no quotes, backslashes or line breaks", id)
+	}
+	o := &Offload{KVRequestID: id, Room: MooncakeRoom(id)}
+	r.Offload = o // (set from here on: a refusal below still names the room)
+	if q := kv.RemotePrefiller; q != nil {
+		if q.RemoteHost == "" || len(q.RemoteHost) > 253 || strings.ContainsAny(q.RemoteHost, "/?#@ ") {
+			return BadRequest("invalid_remote_host", "remote_host %.64q is not a host name or address", q.RemoteHost)
+		}
+		if q.RemotePort < 1 || q.RemotePort > 65535 {
+			return BadRequest("invalid_remote_port", "remote_port %d not in [1, 65535]", q.RemotePort)
+		}
+		o.Bootstrap = "http://" + net.JoinHostPort(q.RemoteHost, strconv.Itoa(q.RemotePort))
 	}
 	return nil
 }

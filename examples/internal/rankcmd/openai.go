@@ -186,6 +186,14 @@ func (t *tinyRank) serveOpenAI(chat bool) http.HandlerFunc {
 		ctx, cancel := context.WithTimeout(req.Context(), t.r.reqTimeout)
 		defer cancel()
 		switch {
+		case t.r.Role == kvmanager.RolePrefill && oreq.Offload != nil && oreq.KVTransfer.RemoteDecoder != nil:
+			t.prefillOffload(ctx, wr, oreq)
+		case t.r.Role == kvmanager.RoleDecode && oreq.Offload != nil && oreq.KVTransfer.RemotePrefiller != nil:
+			t.decode(ctx, wr, oreq, oreq.Offload.Room, oreq.Offload.Bootstrap, nil, "offloading")
+		case oreq.Offload != nil:
+			wr.Fail(openai.BadRequest("wrong_server", "kv_transfer_params with %s go to a %s server, this is a %s server",
+				map[bool]string{true: "remote_decoder", false: "remote_prefiller"}[oreq.KVTransfer.RemoteDecoder != nil],
+				map[bool]string{true: "prefill", false: "decode"}[oreq.KVTransfer.RemoteDecoder != nil], roleName(t.r.Role)))
 		case t.r.Role == kvmanager.RolePrefill && oreq.Mooncake != nil:
 			t.prefillMooncake(ctx, wr, oreq)
 		case t.r.Role == kvmanager.RoleDecode && oreq.Mooncake != nil && oreq.KVTransfer.DoRemotePrefill:
@@ -393,6 +401,15 @@ func (t *tinyRank) refuseDisagg(oreq *openai.Request, code, reason string) {
 	a := AbortRequest{Reason: reason}
 	group := -2 // the prefill instance's DP group holding the room: room % dp
 	switch {
+	case oreq.Offload != nil && t.r.Role == kvmanager.RolePrefill && oreq.KVTransfer.RemoteDecoder != nil:
+		a.Room = oreq.Offload.Room
+	case oreq.Offload != nil && oreq.KVTransfer.RemotePrefiller != nil:
+		if oreq.Offload.Bootstrap == "" {
+			return // no prefill instance named: nobody to tell
+		}
+		a.Room, a.Prefill = oreq.Offload.Room, oreq.Offload.Bootstrap
+	case oreq.Offload != nil:
+		return // a leg sent to the other role's server: refused, nothing of it here
 	case oreq.Mooncake != nil && t.r.Role == kvmanager.RolePrefill:
 		a.Room, group = oreq.Mooncake.Room, oreq.Mooncake.DP // (-1, unknown: every group)
 	case oreq.Mooncake != nil && oreq.KVTransfer.DoRemotePrefill:
@@ -519,6 +536,22 @@ func (t *tinyRank) prefillMooncake(ctx context.Context, wr *openai.Writer, oreq 
 	}
 	wr.Token(res.FirstToken)
 	wr.Finish(nil, ext{Mode: "mooncake", Room: mc.Room, PhasesMS: res.PhasesMS})
+}
+
+// prefillOffload: the prefill side of the OffloadingConnector wire (the
+// sidecar sends it first, then the decode leg): the room named by the
+// kv_request_id, computed and held under -kv-lease for the decode leg to
+// start, as in vLLM's serial wire; the answer (which the sidecar
+// discards) is the first token.
+func (t *tinyRank) prefillOffload(ctx context.Context, wr *openai.Writer, oreq *openai.Request) {
+	room := oreq.Offload.Room
+	res, oe := t.instancePrefill(ctx, oreq, room, -1, t.r.kvLease)
+	if oe != nil {
+		wr.Fail(oe)
+		return
+	}
+	wr.Token(res.FirstToken)
+	wr.Finish(nil, ext{Mode: "offloading", Room: room, PhasesMS: res.PhasesMS})
 }
 
 // serveMooncakeQuery answers GET /query on the bootstrap address as vLLM's
