@@ -287,3 +287,28 @@ func TestParseMooncake(t *testing.T) {
 	assert.Equal(t, "a:b", inst)
 	assert.Equal(t, 12, dp)
 }
+
+// TestParseOffload: the OffloadingConnector wire's role keys: the room is
+// the kv_request_id's on both legs; the decode leg's bootstrap server is
+// the prefiller's P2P host and port; malformed keys are refused naming
+// the field, the room still returned where the id was read.
+func TestParseOffload(t *testing.T) {
+	r, e := Parse([]byte(`{"prompt": "x", "kv_transfer_params": {"remote_decoder": {"kv_request_id": "kq-1"}}}`), false, 256)
+	require.Nil(t, e)
+	assert.Equal(t, Offload{KVRequestID: "kq-1", Room: MooncakeRoom("kq-1")}, *r.Offload)
+	r, e = Parse([]byte(`{"prompt": "x", "kv_transfer_params": {"remote_prefiller": {"kv_request_id": "kq-1", "remote_host": "10.0.0.3", "remote_port": 8998}}}`), false, 256)
+	require.Nil(t, e)
+	assert.Equal(t, Offload{KVRequestID: "kq-1", Room: MooncakeRoom("kq-1"), Bootstrap: "http://10.0.0.3:8998"}, *r.Offload)
+	for _, tc := range []struct{ body, code string }{
+		{`{"prompt": "x", "kv_transfer_params": {"remote_decoder": {"kv_request_id": ""}}}`, "invalid_kv_request_id"},
+		{`{"prompt": "x", "kv_transfer_params": {"remote_prefiller": {"kv_request_id": "kq", "remote_host": "a/b", "remote_port": 1}}}`, "invalid_remote_host"},
+		{`{"prompt": "x", "kv_transfer_params": {"remote_prefiller": {"kv_request_id": "kq", "remote_host": "h", "remote_port": 0}}}`, "invalid_remote_port"},
+		{`{"prompt": "x", "kv_transfer_params": {"remote_decoder": {"kv_request_id": "kq"}, "remote_prefiller": {"kv_request_id": "kq", "remote_host": "h", "remote_port": 1}}}`, "invalid_kv_transfer_params"},
+		{`{"prompt": "x", "kv_transfer_params": {"remote_decoder": {"kv_request_id": "kq"}, "transfer_id": "x"}}`, "invalid_request"},
+	} {
+		_, e := Parse([]byte(tc.body), false, 256)
+		if assert.NotNil(t, e, tc.body) {
+			assert.Equal(t, tc.code, e.Body.Code, tc.body)
+		}
+	}
+}
