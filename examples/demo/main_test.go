@@ -328,14 +328,15 @@ func TestDemoTinyllm(t *testing.T) {
 }
 
 // TestDemoTinyllmWires is `make demo DEMO_FLAGS="-compute tinyllm -wire
-// sglang"` (and vllm), short: the router drives each instance's front in
-// SGLang's wire and in vLLM's serial kv_transfer_params flow, a quarter of
+// sglang"` (and vllm, mooncake, offloading), short: the router drives each
+// instance's front in SGLang's wire, vLLM's serial kv_transfer_params flow
+// and the sidecar's mooncake and offloading connectors' wires, a quarter of
 // the requests aborted on purpose and retried; every completion must be
 // token-identical to the single-process run, nothing pinned (held rooms
 // of vLLM's flow included).
 func TestDemoTinyllmWires(t *testing.T) {
 	dir := binaries(t)
-	for _, wire := range []string{"sglang", "vllm"} {
+	for _, wire := range []string{"sglang", "vllm", "mooncake", "offloading"} {
 		t.Run(wire, func(t *testing.T) {
 			args := []string{"-compute", "tinyllm", "-short", "-requests", "8", "-gen", "6", "-abort-rate", "0.25", "-seed", "4", "-wire", wire, "-bin", dir}
 			out, err := exec.Command(filepath.Join(dir, "demo"), args...).Output()

@@ -101,7 +101,7 @@ func newDemoFlags() *demoFlags {
 	fs.IntVar(&o.gen, "gen", 16, "with -compute tinyllm: tokens generated per request (max_tokens)")
 	fs.StringVar(&o.policy, "policy", "round-robin", "with -compute tinyllm: the router's instance choice, round-robin or least-loaded")
 	fs.StringVar(&o.fault, "fault", "", "with -compute tinyllm: a deliberate fault on every request (swap-heads-prefill, swap-heads-decode: a wrong head mapping), so the comparison must fail")
-	fs.StringVar(&o.wire, "wire", "kvbridge", "with -compute tinyllm: how the router drives a pair: kvbridge (every rank's per-rank routes), sglang (SGLang's router: bootstrap_host/port/room to both instances' fronts at once) or vllm (vLLM's serial kv_transfer_params flow)")
+	fs.StringVar(&o.wire, "wire", "kvbridge", "with -compute tinyllm: how the router drives a pair: kvbridge (every rank's per-rank routes), sglang (SGLang's router: bootstrap_host/port/room to both instances' fronts at once), vllm (vLLM's serial kv_transfer_params flow), mooncake (vLLM's MooncakeConnector wire) or offloading (vLLM's OffloadingConnector P2P wire)")
 	fs.BoolVar(&o.layerwise, "layerwise", false, "the prefill ranks send each room layer group by layer group (sender.SendLayers) instead of one Send per chunk")
 	fs.IntVar(&o.layerGroup, "layer-group", 1, "with -layerwise: layers per SendLayers call")
 	fs.IntVar(&o.prefillPT, "prefill-page-tokens", 0, "tokens per page on the prefill ranks (0: the model's); pages of the two sides may differ when one size divides the other")

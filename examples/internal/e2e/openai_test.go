@@ -507,13 +507,13 @@ func TestOpenAIWires(t *testing.T) {
 	}
 }
 
-// TestOpenAIRouterWires: the example router's -wire sglang and vllm in
-// front of the fronts (instances listed by every rank): token identity,
+// TestOpenAIRouterWires: the example router's -wire sglang, vllm,
+// mooncake and offloading in front of the fronts (instances listed by every rank): token identity,
 // a request aborted on purpose on each side retried on a fresh room, and
 // nothing held.
 func TestOpenAIRouterWires(t *testing.T) {
 	t.Parallel() // its own processes and ports
-	for _, wire := range []string{"sglang", "vllm"} {
+	for _, wire := range []string{"sglang", "vllm", "mooncake", "offloading"} {
 		t.Run(wire, func(t *testing.T) {
 			c := startTinyClusterWith(t, tinyE2E, "NHD", transfer.Parallel{TPSize: 2}, transfer.Parallel{TPSize: 1}, tinyOpts{wire: wire})
 			rng := mrand.New(mrand.NewPCG(8, 8))

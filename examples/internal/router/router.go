@@ -66,7 +66,14 @@ type Config struct {
 	//     {do_remote_decode: true}, stream false and the token limits at 1
 	//     (retried on 502, 503, 504), then the decode front with the
 	//     client's body and the answer's kv_transfer_params.
-	// With sglang and vllm an instance may be listed by its front alone.
+	//   - "mooncake": vLLM's MooncakeConnector wire, as the sidecar's
+	//     mooncake connector sends it (GET /query on the prefill
+	//     instance's bootstrap server, then both fronts at once with one
+	//     transfer_id);
+	//   - "offloading": vLLM's OffloadingConnector P2P wire, as the
+	//     sidecar's offloading connector sends it (the prefill front with
+	//     remote_decoder, then the decode front with remote_prefiller).
+	// With the OpenAI wires an instance may be listed by its front alone.
 	Wire string
 	// PrefillRetries: vllm's retries of a prefill answered 502/503/504
 	// (default 2; −1: none).
@@ -74,7 +81,7 @@ type Config struct {
 }
 
 // Wires are the values of Config.Wire.
-var Wires = []string{"kvbridge", "sglang", "vllm"}
+var Wires = []string{"kvbridge", "sglang", "vllm", "mooncake", "offloading"}
 
 // Instance is one prefill or decode instance.
 type Instance struct {
@@ -498,6 +505,10 @@ func (rt *Router) serveCompletions(w http.ResponseWriter, req *http.Request) {
 			failErr = rt.attemptSGLang(req.Context(), pre, dec, room, cr, abort, chunk, rep)
 		case "vllm":
 			failErr = rt.attemptVLLM(req.Context(), pre, dec, cr, abort, chunk, rep)
+		case "mooncake":
+			failErr = rt.attemptMooncake(req.Context(), pre, dec, room, cr, abort, chunk, rep)
+		case "offloading":
+			failErr = rt.attemptOffloading(req.Context(), pre, dec, cr, abort, chunk, rep)
 		default:
 			failErr = rt.attempt(req.Context(), pre, dec, room, prompt, cr.MaxTokens, abort, cr.Fault, chunk, rep)
 		}

@@ -1,8 +1,9 @@
 package router
 
 // The OpenAI wires: the router as SGLang's router (and the llm-d sidecar's
-// sglang connector) or as the sidecar's nixlv2 connector (vLLM's serial
-// flow) drive a pair of instances, through each instance's front.
+// sglang connector), or as the sidecar's nixlv2 (vLLM's serial flow),
+// mooncake or offloading connector, drives a pair of instances through
+// each instance's front.
 
 import (
 	"bytes"
@@ -12,9 +13,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvbridge/kvbridge/examples/internal/openai"
@@ -54,6 +58,11 @@ func clientBody(cr *CompletionRequest, abort string) map[string]any {
 // openaiPost posts an OpenAI body to a front and reads its answer, each
 // token to emit (nil: none).
 func (rt *Router) openaiPost(ctx context.Context, url string, body map[string]any, reqID string, emit func(int) error) (*openai.Answer, error) {
+	return rt.openaiPostHeader(ctx, url, body, reqID, emit, nil)
+}
+
+// openaiPostHeader is openaiPost with headers of its own.
+func (rt *Router) openaiPostHeader(ctx context.Context, url string, body map[string]any, reqID string, emit func(int) error, header map[string]string) (*openai.Answer, error) {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
@@ -68,6 +77,9 @@ func (rt *Router) openaiPost(ctx context.Context, url string, body map[string]an
 	}
 	if reqID != "" {
 		req.Header.Set("X-Request-Id", reqID)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
 	}
 	resp, err := rt.cfg.Client.Do(req)
 	if err != nil {
@@ -198,6 +210,124 @@ func (rt *Router) attemptVLLM(parent context.Context, pre, dec *Instance, cr *Co
 	dbody := clientBody(cr, abort)
 	dbody["kv_transfer_params"] = raw.KV
 	a, err := rt.openaiPost(ctx, dec.Ranks[0].URL+"/v1/completions", dbody, reqID, emit)
+	report(a, rep)
+	if err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	return nil
+}
+
+// attemptMooncake: vLLM's MooncakeConnector wire, as the sidecar's
+// mooncake connector sends it: GET /query on the prefill instance's
+// bootstrap server for its DP groups' engine ids (one picked), a fresh
+// transfer_id, then both fronts at once — the prefill front the body
+// capped to one token with kv_transfer_params {do_remote_decode: true,
+// transfer_id} and X-data-parallel-rank, the decode front the client's
+// body with {do_remote_prefill: true, transfer_id, remote_bootstrap_addr,
+// remote_engine_id}, whose answer is the client's.
+func (rt *Router) attemptMooncake(parent context.Context, pre, dec *Instance, room uint64, cr *CompletionRequest, abort string, emit func(int) error, rep *KVReport) error {
+	ctx, cancel := context.WithTimeout(parent, rt.cfg.Timeout)
+	defer cancel()
+	defer rt.track(pre, dec)()
+	engines, err := rt.mooncakeEngines(ctx, pre.Bootstrap)
+	if err != nil {
+		return fmt.Errorf("prefill: %w", err)
+	}
+	dps := make([]string, 0, len(engines))
+	for dp := range engines {
+		dps = append(dps, dp)
+	}
+	slices.Sort(dps)
+	dp := dps[room%uint64(len(dps))] // (the sidecar picks one at random)
+	var id [16]byte
+	crand.Read(id[:])
+	xfer := "xfer-" + hex.EncodeToString(id[:])
+	pbody := clientBody(cr, abort)
+	pbody["kv_transfer_params"] = map[string]any{"do_remote_prefill": false, "do_remote_decode": true, "transfer_id": xfer}
+	pbody["stream"] = false
+	pbody["max_tokens"], pbody["max_completion_tokens"] = 1, 1
+	dbody := clientBody(cr, abort)
+	dbody["kv_transfer_params"] = map[string]any{"do_remote_prefill": true, "do_remote_decode": false, "transfer_id": xfer,
+		"remote_bootstrap_addr": pre.Bootstrap, "remote_engine_id": engines[dp]}
+	perr := make(chan error, 1)
+	go func() {
+		_, err := rt.openaiPostHeader(ctx, pre.Ranks[0].URL+"/v1/completions", pbody, "", nil, map[string]string{"X-data-parallel-rank": dp})
+		perr <- err
+	}()
+	a, err := rt.openaiPost(ctx, dec.Ranks[0].URL+"/v1/completions", dbody, "", emit)
+	if err != nil {
+		cancel()
+	}
+	pe := <-perr
+	report(a, rep)
+	if err != nil {
+		if pe != nil {
+			return fmt.Errorf("decode: %w (prefill: %v)", err, pe)
+		}
+		return fmt.Errorf("decode: %w", err)
+	}
+	return nil
+}
+
+// mooncakeEngines asks a prefill instance's bootstrap server GET /query:
+// DP group → engine id.
+func (rt *Router) mooncakeEngines(ctx context.Context, boot string) (map[string]string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(boot, "/")+"/query", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := rt.cfg.Client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s/query: %s", boot, resp.Status)
+	}
+	var data map[string]map[string]any
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&data); err != nil {
+		return nil, fmt.Errorf("GET %s/query: %w", boot, err)
+	}
+	out := map[string]string{}
+	for dp, e := range data {
+		if id, ok := e["engine_id"].(string); ok {
+			out[dp] = id
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("GET %s/query: no engine_id", boot)
+	}
+	return out, nil
+}
+
+// attemptOffloading: vLLM's OffloadingConnector P2P wire, as the
+// sidecar's offloading connector sends it: a fresh kv_request_id; the
+// prefill front first, the body capped to one token with
+// kv_transfer_params {remote_decoder: {kv_request_id}}; then, once it
+// answered, the decode front with the client's body and {remote_prefiller:
+// {kv_request_id, remote_host, remote_port}} naming the prefill
+// instance's bootstrap server.
+func (rt *Router) attemptOffloading(parent context.Context, pre, dec *Instance, cr *CompletionRequest, abort string, emit func(int) error, rep *KVReport) error {
+	ctx, cancel := context.WithTimeout(parent, rt.cfg.Timeout)
+	defer cancel()
+	defer rt.track(pre, dec)()
+	host, port, err := bootstrapHostPort(pre.Bootstrap)
+	if err != nil {
+		return err
+	}
+	var id [16]byte
+	crand.Read(id[:])
+	kvID := hex.EncodeToString(id[:])
+	pbody := clientBody(cr, abort)
+	pbody["kv_transfer_params"] = map[string]any{"remote_decoder": map[string]any{"kv_request_id": kvID}}
+	pbody["stream"] = false
+	pbody["max_tokens"], pbody["max_completion_tokens"] = 1, 1
+	if _, err := rt.openaiPost(ctx, pre.Ranks[0].URL+"/v1/completions", pbody, "", nil); err != nil {
+		return fmt.Errorf("prefill: %w", err)
+	}
+	dbody := clientBody(cr, abort)
+	dbody["kv_transfer_params"] = map[string]any{"remote_prefiller": map[string]any{"kv_request_id": kvID, "remote_host": host, "remote_port": port}}
+	a, err := rt.openaiPost(ctx, dec.Ranks[0].URL+"/v1/completions", dbody, "", emit)
 	report(a, rep)
 	if err != nil {
 		return fmt.Errorf("decode: %w", err)
