@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
@@ -51,14 +52,15 @@ import (
 //     X-Request-Id. A server it cannot reach answers 502, as its reverse
 //     proxy does.
 type pdClient struct {
-	http              *http.Client
-	token             string
-	prefill, decode   string // the fronts' URLs
-	bootPort          int    // SGLANG_BOOTSTRAP_PORT: the prefill instance's bootstrap port
-	retries           int
-	prefillStatus     chan int     // sglang: what each prefill request answered (the sidecar discards it)
-	prefillAnswer     atomic.Value // mooncake: the last refused prefill leg's answer (string)
-	lastPrefillAnswer map[string]any
+	http            *http.Client
+	token           string
+	prefill, decode string // the fronts' URLs
+	bootPort        int    // SGLANG_BOOTSTRAP_PORT: the prefill instance's bootstrap port
+	retries         int
+	prefillStatus   chan int     // sglang: what each prefill request answered (the sidecar discards it)
+	prefillAnswer   atomic.Value // mooncake: the last refused prefill leg's answer (string)
+	pushes            *pushCache
+	lastPrefillAnswer              map[string]any
 }
 
 func newPDClient(t *testing.T, c *tinyCluster) *pdClient {
@@ -68,7 +70,7 @@ func newPDClient(t *testing.T, c *tinyCluster) *pdClient {
 	}
 	port, _ := strconv.Atoi(u.Port())
 	return &pdClient{http: c.client, token: testauth.Auth().BootstrapToken(), prefill: c.prefill[0].http, decode: c.decode[0].http,
-		bootPort: port, retries: 3, prefillStatus: make(chan int, 64)}
+		bootPort: port, retries: 3, prefillStatus: make(chan int, 64), pushes: &pushCache{}}
 }
 
 // send posts a body; a transport failure is a 502, as the sidecar's
@@ -298,8 +300,113 @@ func (p *pdClient) mode(m string) func(context.Context, string, map[string]any) 
 		return p.mooncake
 	case "offloading":
 		return p.offloading
+	case "push":
+		return p.push
 	}
 	return p.vllm
+}
+
+// pushCache is a pdClient's vLLM push state: the prefill server's cached
+// identity (map[string]any), and the requests sent serially and at once.
+type pushCache struct {
+	identity                       atomic.Value
+	serialPushes, concurrentPushes atomic.Int64
+}
+
+// pushIdentityFields are the fields of a prefill answer's
+// kv_transfer_params the sidecar caches as a prefill endpoint's vLLM push
+// identity (required ones true).
+var pushIdentityFields = map[string]bool{"remote_engine_id": true, "remote_host": true, "remote_port": true, "tp_size": true,
+	"transfer_mode": true, "pp_size": false, "dcp_size": false}
+
+// pushIdentity is the identity in a prefill answer's kv_transfer_params
+// (false: none, as the sidecar reads it: transfer_mode push and every
+// required field a string or a number).
+func pushIdentity(kv any) (map[string]any, bool) {
+	m, ok := kv.(map[string]any)
+	if !ok || m["transfer_mode"] != "push" {
+		return nil, false
+	}
+	id := map[string]any{}
+	for f, req := range pushIdentityFields {
+		v, present := m[f]
+		if !present && !req {
+			continue
+		}
+		switch v.(type) {
+		case string, float64:
+			id[f] = v
+		default:
+			return nil, false
+		}
+	}
+	return id, true
+}
+
+// push sends a request as the sidecar's nixlv2 connector in vLLM push
+// mode does: with no identity cached for the prefill server, the serial
+// flow (vllm), caching the identity its answer carries; with one, both
+// legs at once — the prefill server the nixlv2 prefill body with a fresh
+// transfer_id and X-Request-Id, the decode server the client's body with
+// the identity, do_remote_prefill, remote_request_id and the same
+// transfer_id —, the decode's answer the client's once the prefill
+// answered with the same identity (else the decode leg is sent again with
+// the prefill's kv_transfer_params, serially).
+func (p *pdClient) push(ctx context.Context, path string, client map[string]any) (*openai.Answer, error) {
+	var id [16]byte
+	rand.Read(id[:])
+	reqID := hex.EncodeToString(id[:])
+	identity, cached := p.pushes.identity.Load().(map[string]any)
+	if !cached {
+		kv, err := p.vllmPrefill(ctx, path, client, reqID)
+		if err != nil {
+			return nil, err
+		}
+		if idn, ok := pushIdentity(kv); ok {
+			p.pushes.identity.Store(idn)
+		}
+		p.pushes.serialPushes.Add(1)
+		return p.vllmDecode(ctx, path, client, kv, reqID)
+	}
+	rand.Read(id[:])
+	xfer := "tx" + hex.EncodeToString(id[:])
+	pre := clone(client)
+	pre["kv_transfer_params"] = map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
+		"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil, "transfer_id": xfer}
+	pre["stream"] = false
+	delete(pre, "stream_options")
+	pre["max_tokens"], pre["max_completion_tokens"] = 1, 1
+	delete(pre, "min_tokens")
+	dkv := clone(identity)
+	dkv["do_remote_prefill"], dkv["do_remote_decode"], dkv["remote_request_id"], dkv["transfer_id"] = true, false, reqID, xfer
+	dec := clone(client)
+	dec["kv_transfer_params"] = dkv
+	pb, _ := json.Marshal(pre)
+	db, _ := json.Marshal(dec)
+	type res struct {
+		a   *openai.Answer
+		err error
+	}
+	pc := make(chan res, 1)
+	go func() {
+		a, err := p.send(ctx, p.prefill+path, pb, reqID, nil)
+		pc <- res{a, err}
+	}()
+	a, err := p.send(ctx, p.decode+path, db, reqID, nil)
+	pr := <-pc
+	p.pushes.concurrentPushes.Add(1)
+	if pr.err != nil {
+		return nil, pr.err // the prefill's error is the client's
+	}
+	var ans map[string]any
+	if e := json.Unmarshal(pr.a.Raw, &ans); e != nil {
+		return nil, e
+	}
+	if idn, ok := pushIdentity(ans["kv_transfer_params"]); !ok || !maps.Equal(idn, identity) {
+		p.pushes.identity.Store(idn)
+		return p.vllmDecode(ctx, path, client, ans["kv_transfer_params"], reqID)
+	}
+	return a, err
 }
 
 // offloading sends a request as the sidecar's "offloading" connector does
@@ -464,7 +571,7 @@ func TestOpenAIWires(t *testing.T) {
 			c, pd := openaiCluster(t, tc.layout, tc.pShape, tc.dShape, tc.prefill...)
 			rng := mrand.New(mrand.NewPCG(7, 7))
 			chat := []map[string]any{{"role": "system", "content": "be brief"}, {"role": "user", "content": []map[string]any{{"type": "text", "text": "where does the KV go?"}}}}
-			for _, mode := range []string{"sglang", "vllm", "mooncake", "offloading"} {
+			for _, mode := range []string{"sglang", "vllm", "mooncake", "offloading", "push"} {
 				send := pd.mode(mode)
 				for i, req := range []struct {
 					path string

@@ -63,6 +63,8 @@ type tinyProc struct {
 	http string // http://host:port
 	boot string
 	done chan struct{}
+	// stderr is its log (read once it ended).
+	stderr *bytes.Buffer
 }
 
 // startTinyRank runs a rank process and waits for its ready line.
@@ -87,7 +89,7 @@ func startTinyRankErr(t *testing.T, role string, args ...string) (*tinyProc, err
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &tinyProc{role: role, args: args, cmd: cmd, done: make(chan struct{})}
+	p := &tinyProc{role: role, args: args, cmd: cmd, done: make(chan struct{}), stderr: &stderr}
 	line := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -100,7 +102,19 @@ func startTinyRankErr(t *testing.T, role string, args ...string) (*tinyProc, err
 		cmd.Wait()
 		close(p.done)
 	}()
-	t.Cleanup(func() { p.stop(t) })
+	t.Cleanup(func() {
+		p.stop(t)
+		if strings.Contains(p.stderr.String(), "WARNING: DATA RACE") {
+			// A rank process built with -race reports a race on its
+			// stderr and exits 66 only at its end: failed here.
+			t.Errorf("%s %s: the race detector found a data race in the rank process", p.role, p.http)
+		}
+		if t.Failed() {
+			// (read once the process ended: nothing writes it any more)
+			log := p.stderr.String()
+			t.Logf("%s %s's log, its last 8 KiB:\n%s", p.role, p.http, log[max(len(log)-8192, 0):])
+		}
+	})
 	select {
 	case l := <-line:
 		for _, f := range strings.Fields(l) {

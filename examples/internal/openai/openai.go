@@ -58,6 +58,10 @@ type Request struct {
 	// OffloadingConnector wire, the llm-d sidecar's "offloading"
 	// connector, prefill leg first.
 	Offload *Offload
+	// Push is set for vLLM push's concurrent dispatch: a prefill leg with
+	// the nixlv2 fields and a transfer_id, or a decode leg with a cached
+	// prefill identity (transfer_mode "push") and a transfer_id, no ticket.
+	Push *Push
 	// Mooncake is set when those kv_transfer_params carry a transfer_id
 	// (vLLM's MooncakeConnector wire, the llm-d sidecar's "mooncake"
 	// connector): both legs at once, the room named by the transfer id.
@@ -114,6 +118,16 @@ type P2PParams struct {
 	KVRequestID string `json:"kv_request_id"`
 	RemoteHost  string `json:"remote_host,omitempty"`
 	RemotePort  int    `json:"remote_port,omitempty"`
+}
+
+// Push is a request of vLLM push's concurrent dispatch: the room its
+// transfer id names (as for the MooncakeConnector wire) and, on the
+// decode leg, the prefill instance's bootstrap server its cached identity
+// names.
+type Push struct {
+	TransferID string
+	Room       uint64
+	Bootstrap  string
 }
 
 // Offload is a request of the OffloadingConnector wire: the room its
@@ -301,7 +315,7 @@ func Parse(data []byte, chat bool, vocab int) (*Request, *Error) {
 	}
 	r := &Request{Chat: chat}
 	if e := r.parseDisagg(b); e != nil {
-		if r.Mooncake != nil || r.Offload != nil {
+		if r.Mooncake != nil || r.Offload != nil || r.Push != nil {
 			// Its room is known (the transfer id): returned, so the
 			// server can release the room's other side.
 			return r, e
@@ -476,8 +490,27 @@ func (r *Request) parseDisagg(b body) *Error {
 		}
 		r.KVTransfer = &kv
 		if kv.TransferID != "" {
-			if e := r.parseMooncake(&kv); e != nil {
-				return e
+			// vLLM push with a cached identity (the sidecar's nixlv2
+			// connector dispatching both legs at once) or the
+			// MooncakeConnector wire: the push prefill leg names the
+			// nixlv2 fields (null), the push decode leg the identity
+			// (remote_host, remote_port, transfer_mode "push") and no
+			// bootstrap address.
+			var keys map[string]json.RawMessage
+			_ = json.Unmarshal(b.KVTransferParams, &keys)
+			_, nixlFields := keys["remote_engine_id"]
+			switch {
+			case kv.DoRemoteDecode && nixlFields, kv.DoRemotePrefill && kv.KVBridge == nil && kv.RemoteBootstrapAddr == "" && kv.TransferMode == "push":
+				if e := r.parsePush(&kv); e != nil {
+					return e
+				}
+			case kv.DoRemotePrefill && kv.KVBridge != nil:
+				// (a decode leg sent again with the prefill's answer: its
+				// ticket names the room)
+			default:
+				if e := r.parseMooncake(&kv); e != nil {
+					return e
+				}
 			}
 		}
 	}
@@ -516,6 +549,29 @@ func (r *Request) parseOffload(kv *KVTransferParams) *Error {
 			return BadRequest("invalid_remote_port", "remote_port %d not in [1, 65535]", q.RemotePort)
 		}
 		o.Bootstrap = "http://" + net.JoinHostPort(q.RemoteHost, strconv.Itoa(q.RemotePort))
+	}
+	return nil
+}
+
+// parsePush reads vLLM push's concurrent dispatch (the llm-d sidecar's
+// nixlv2 connector with a cached prefill identity): transfer_id on both
+// legs, which names the room; on the decode leg the identity's
+// remote_host and remote_port, the prefill instance's bootstrap server.
+func (r *Request) parsePush(kv *KVTransferParams) *Error {
+	id := kv.TransferID
+	if len(id) > 256 || strings.ContainsAny(id, "\"\\\r\n") {
+		return BadRequest("invalid_transfer_id", "transfer_id %.64q: at most 256 bytes, no quotes, backslashes or line breaks", id)
+	}
+	p := &Push{TransferID: id, Room: MooncakeRoom(id)}
+	r.Push = p // (set from here on: a refusal below still names the room)
+	if kv.DoRemotePrefill {
+		if kv.RemoteHost == nil || *kv.RemoteHost == "" || len(*kv.RemoteHost) > 253 || strings.ContainsAny(*kv.RemoteHost, "/?#@ ") {
+			return BadRequest("invalid_remote_host", "remote_host is not a host name or address: the decode leg names the prefill instance's bootstrap server (its cached identity)")
+		}
+		if kv.RemotePort == nil || *kv.RemotePort < 1 || *kv.RemotePort > 65535 {
+			return BadRequest("invalid_remote_port", "remote_port not in [1, 65535]: the decode leg names the prefill instance's bootstrap server (its cached identity)")
+		}
+		p.Bootstrap = "http://" + net.JoinHostPort(*kv.RemoteHost, strconv.Itoa(*kv.RemotePort))
 	}
 	return nil
 }

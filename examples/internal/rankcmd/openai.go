@@ -194,6 +194,12 @@ func (t *tinyRank) serveOpenAI(chat bool) http.HandlerFunc {
 			wr.Fail(openai.BadRequest("wrong_server", "kv_transfer_params with %s go to a %s server, this is a %s server",
 				map[bool]string{true: "remote_decoder", false: "remote_prefiller"}[oreq.KVTransfer.RemoteDecoder != nil],
 				map[bool]string{true: "prefill", false: "decode"}[oreq.KVTransfer.RemoteDecoder != nil], roleName(t.r.Role)))
+		case t.r.Role == kvmanager.RoleDecode && oreq.Push != nil && oreq.KVTransfer.DoRemotePrefill:
+			// vLLM push, dispatched at once with the prefill leg from a
+			// cached identity: the room the transfer id names, started at
+			// the identity's bootstrap server (a prefill process restarted
+			// since serves it too: the room meets it there).
+			t.decode(ctx, wr, oreq, oreq.Push.Room, oreq.Push.Bootstrap, nil, "push")
 		case t.r.Role == kvmanager.RolePrefill && oreq.Mooncake != nil:
 			t.prefillMooncake(ctx, wr, oreq)
 		case t.r.Role == kvmanager.RoleDecode && oreq.Mooncake != nil && oreq.KVTransfer.DoRemotePrefill:
@@ -410,6 +416,15 @@ func (t *tinyRank) refuseDisagg(oreq *openai.Request, code, reason string) {
 		a.Room, a.Prefill = oreq.Offload.Room, oreq.Offload.Bootstrap
 	case oreq.Offload != nil:
 		return // a leg sent to the other role's server: refused, nothing of it here
+	case oreq.Push != nil && t.r.Role == kvmanager.RolePrefill && oreq.KVTransfer.DoRemoteDecode:
+		a.Room = oreq.Push.Room // (its group: room % dp, as its decode leg's)
+	case oreq.Push != nil && oreq.KVTransfer.DoRemotePrefill && t.r.Role == kvmanager.RoleDecode:
+		if oreq.Push.Bootstrap == "" {
+			return // no prefill instance named: nobody to tell
+		}
+		a.Room, a.Prefill = oreq.Push.Room, oreq.Push.Bootstrap
+	case oreq.Push != nil:
+		return
 	case oreq.Mooncake != nil && t.r.Role == kvmanager.RolePrefill:
 		a.Room, group = oreq.Mooncake.Room, oreq.Mooncake.DP // (-1, unknown: every group)
 	case oreq.Mooncake != nil && oreq.KVTransfer.DoRemotePrefill:
@@ -584,6 +599,11 @@ func randomRoom() uint64 {
 func (t *tinyRank) prefillVLLM(ctx context.Context, wr *openai.Writer, oreq *openai.Request, id string, req *http.Request) {
 	r := t.r
 	room := randomRoom()
+	if oreq.Push != nil {
+		// vLLM push dispatched at once: the decode leg, from the cached
+		// identity, starts the room its transfer id names.
+		room = oreq.Push.Room
+	}
 	start := time.Now()
 	boot := r.advertisedBootstrap(req)
 	res, oe := t.instancePrefill(ctx, oreq, room, -1, r.kvLease)

@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -472,6 +473,10 @@ func (t *tinyRank) prefill(ctx context.Context, pr PrefillRequest, data time.Dur
 		// Held: answer now; the decode request comes when it comes.
 		lease := time.Duration(pr.LeaseMS) * time.Millisecond
 		held := res
+		// Its own phases map: this room goes on marking its phases while
+		// the answer is encoded (at once when its decode ranks' REQUESTs
+		// came first, as with vLLM push dispatched concurrently).
+		held.PhasesMS = maps.Clone(res.PhasesMS)
 		held.Status, held.Pages = Held, slices.Clone(src)
 		if st := s.Poll(); st == kvmanager.Failed {
 			held.Status, held.Reason, held.Code = st.String(), s.Failure(), CodeRoomFailed
