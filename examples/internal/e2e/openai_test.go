@@ -52,18 +52,18 @@ import (
 //     X-Request-Id. A server it cannot reach answers 502, as its reverse
 //     proxy does.
 type pdClient struct {
-	http            *http.Client
-	token           string
-	prefill, decode string // the fronts' URLs
-	bootPort        int    // SGLANG_BOOTSTRAP_PORT: the prefill instance's bootstrap port
-	retries         int
-	prefillStatus   chan int     // sglang: what each prefill request answered (the sidecar discards it)
-	prefillAnswer   atomic.Value // mooncake: the last refused prefill leg's answer (string)
+	http              *http.Client
+	token             string
+	prefill, decode   string // the fronts' URLs
+	bootPort          int    // SGLANG_BOOTSTRAP_PORT: the prefill instance's bootstrap port
+	retries           int
+	prefillStatus     chan int     // sglang: what each prefill request answered (the sidecar discards it)
+	prefillAnswer     atomic.Value // mooncake: the last refused prefill leg's answer (string)
 	pushes            *pushCache
-	lastPrefillAnswer              map[string]any
+	lastPrefillAnswer map[string]any
 }
 
-func newPDClient(t *testing.T, c *tinyCluster) *pdClient {
+func newPDClient(t testing.TB, c *tinyCluster) *pdClient {
 	u, err := url.Parse(c.prefill[0].boot)
 	if err != nil {
 		t.Fatal(err)
@@ -356,8 +356,8 @@ func (p *pdClient) push(ctx context.Context, path string, client map[string]any)
 	var id [16]byte
 	rand.Read(id[:])
 	reqID := hex.EncodeToString(id[:])
-	identity, cached := p.pushes.identity.Load().(map[string]any)
-	if !cached {
+	identity, _ := p.pushes.identity.Load().(map[string]any)
+	if identity == nil {
 		kv, err := p.vllmPrefill(ctx, path, client, reqID)
 		if err != nil {
 			return nil, err
@@ -387,14 +387,26 @@ func (p *pdClient) push(ctx context.Context, path string, client map[string]any)
 		a   *openai.Answer
 		err error
 	}
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	pc := make(chan res, 1)
 	go func() {
-		a, err := p.send(ctx, p.prefill+path, pb, reqID, nil)
+		a, err := p.send(pctx, p.prefill+path, pb, reqID, nil)
 		pc <- res{a, err}
 	}()
 	a, err := p.send(ctx, p.decode+path, db, reqID, nil)
-	pr := <-pc
 	p.pushes.concurrentPushes.Add(1)
+	if err != nil {
+		// The sidecar: decode failed first — the prefill is cancelled
+		// (it could write into blocks decode freed), decode's error is the
+		// client's, and the identity is dropped (the next request goes
+		// serially and learns it again).
+		cancel()
+		<-pc
+		p.pushes.identity.Store(map[string]any(nil))
+		return nil, err
+	}
+	pr := <-pc
 	if pr.err != nil {
 		return nil, pr.err // the prefill's error is the client's
 	}
@@ -1276,4 +1288,117 @@ func TestOpenAIOffloadingBadRequests(t *testing.T) {
 		}
 	}
 	c.nothingPinned(t)
+}
+
+// TestOpenAIPush: vLLM push with a cached identity, as the sidecar's nixlv2
+// connector in push mode sends it: the first request goes serially and
+// the identity in the prefill's answer (remote_engine_id, remote_host and
+// remote_port — the instance's bootstrap server —, tp_size, pp_size,
+// transfer_mode push) is cached; later ones go to both servers at once
+// with one transfer_id, the decode leg built from the identity before the
+// prefill answered: token-identical. The prefill process killed and
+// started again in place (a new process, the same identity): the next
+// request at once is served (its room meets the new process at the
+// bootstrap server) or refused 503, retryable, where the decode rank
+// still held the dead process's endpoint, nothing held; the requests
+// after it are served. An identity naming a bootstrap server that is
+// gone (the instance moved): the decode leg answers 503 at once
+// (retryable), the prefill leg is cancelled, nothing stays held, and the
+// next request, serial, learns the new identity.
+func TestOpenAIPush(t *testing.T) {
+	t.Parallel() // its own processes and ports
+	c, pd := openaiCluster(t, "NHD", transfer.Parallel{}, transfer.Parallel{})
+	ctx := context.Background()
+	rng := mrand.New(mrand.NewPCG(11, 11))
+	expect := func(what string) {
+		t.Helper()
+		b := body(tinyPrompt(rng, 8), 4, false)
+		a, err := pd.push(ctx, "/v1/completions", b)
+		require.NoError(t, err, what)
+		assert.Equal(t, c.want(t, b), a.Tokens, what)
+	}
+	expect("the first request (serial)")
+	id, _ := pd.pushes.identity.Load().(map[string]any)
+	require.NotNil(t, id, "no identity in the prefill's answer")
+	assert.Equal(t, "push", id["transfer_mode"])
+	for i := range 3 {
+		expect(fmt.Sprintf("request %d at once", i))
+	}
+	assert.EqualValues(t, 1, pd.pushes.serialPushes.Load())
+	assert.EqualValues(t, 3, pd.pushes.concurrentPushes.Load())
+
+	c.prefill[0].kill()
+	c.prefill[0] = startTinyRank(t, "prefill", c.prefill[0].args...)
+	require.Eventually(t, func() bool {
+		resp, err := c.client.Get(c.prefill[0].http + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}, 30*time.Second, 20*time.Millisecond, "the restarted prefill instance never whole")
+	// The first request at once after the restart: served (its room met
+	// the new process), or refused 503 — retryable — where the decode
+	// rank still held the dead process's endpoint; then the identity is
+	// dropped and the next request, serial, is served.
+	b := body(tinyPrompt(rng, 8), 4, false)
+	a, err := pd.push(ctx, "/v1/completions", b)
+	if err != nil {
+		assert.Equal(t, 503, status(err), "after the restart: %v", err)
+		t.Logf("the first request at once after the restart: %v (retryable)", err)
+		c.nothingPinned(t)
+		expect("serial, after the refused one")
+	} else {
+		assert.Equal(t, c.want(t, b), a.Tokens, "after the restart")
+	}
+	expect("after the prefill's restart in place")
+
+	stale := maps.Clone(id)
+	port, _ := strconv.Atoi(freePort(t))
+	stale["remote_port"] = float64(port)
+	pd.pushes.identity.Store(stale)
+	start := time.Now()
+	_, err = pd.push(ctx, "/v1/completions", body(tinyPrompt(rng, 8), 4, false))
+	assert.Equal(t, 503, status(err), "a stale identity: %v", err)
+	assert.Less(t, time.Since(start), 10*time.Second, "a stale identity refused at its deadline, not at once")
+	c.nothingPinned(t)
+	expect("serial again after the stale identity")
+	assert.Equal(t, id, pd.pushes.identity.Load(), "the identity learnt again")
+}
+
+// BenchmarkPushTTFT: time to first token of vLLM push dispatched at once
+// from a cached identity against nixlv2's serial flow, interleaved on the
+// same pair (prefill TP 1 → decode TP 1, the tests' model, a 96-token
+// prompt, ucx over shared memory): each request asks for one token, so
+// its latency is its time to first token through both fronts. Reports
+// each way's p50 and p99 and their ratio (concurrent / serial).
+func BenchmarkPushTTFT(b *testing.B) {
+	c := startTinyClusterWith(b, tinyE2E, "NHD", transfer.Parallel{}, transfer.Parallel{}, tinyOpts{decodeNoBootstrap: true})
+	pd := newPDClient(b, c)
+	ctx := context.Background()
+	rng := mrand.New(mrand.NewPCG(1, 2))
+	one := func(send func(context.Context, string, map[string]any) (*openai.Answer, error)) time.Duration {
+		start := time.Now()
+		if _, err := send(ctx, "/v1/completions", body(tinyPrompt(rng, 96), 1, false)); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	one(pd.push) // (serial: learns the identity)
+	var serial, concurrent []time.Duration
+	for b.Loop() {
+		serial = append(serial, one(pd.vllm))
+		concurrent = append(concurrent, one(pd.push))
+	}
+	q := func(d []time.Duration, p float64) float64 {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return s[min(int(p*float64(len(s))), len(s)-1)].Seconds() * 1e3
+	}
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(q(serial, 0.5), "serial-p50-ms")
+	b.ReportMetric(q(serial, 0.99), "serial-p99-ms")
+	b.ReportMetric(q(concurrent, 0.5), "push-p50-ms")
+	b.ReportMetric(q(concurrent, 0.99), "push-p99-ms")
+	b.ReportMetric(q(concurrent, 0.5)/q(serial, 0.5), "p50-ratio")
 }

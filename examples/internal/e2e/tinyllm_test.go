@@ -68,7 +68,7 @@ type tinyProc struct {
 }
 
 // startTinyRank runs a rank process and waits for its ready line.
-func startTinyRank(t *testing.T, role string, args ...string) *tinyProc {
+func startTinyRank(t testing.TB, role string, args ...string) *tinyProc {
 	t.Helper()
 	p, err := startTinyRankErr(t, role, args...)
 	if err != nil {
@@ -78,7 +78,7 @@ func startTinyRank(t *testing.T, role string, args ...string) *tinyProc {
 }
 
 // startTinyRankErr is startTinyRank for any goroutine.
-func startTinyRankErr(t *testing.T, role string, args ...string) (*tinyProc, error) {
+func startTinyRankErr(t testing.TB, role string, args ...string) (*tinyProc, error) {
 	a, _ := json.Marshal(args)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "KVBRIDGE_E2E_TINYLLM="+role, "KVBRIDGE_E2E_TINYLLM_ARGS="+string(a),
@@ -144,7 +144,7 @@ func startTinyRankErr(t *testing.T, role string, args ...string) (*tinyProc, err
 	return p, nil
 }
 
-func (p *tinyProc) stop(t *testing.T) {
+func (p *tinyProc) stop(t testing.TB) {
 	select {
 	case <-p.done:
 		return
@@ -177,7 +177,7 @@ type tinyCluster struct {
 // given shapes (one process per rank; prefill rank 0 serves the bootstrap
 // server; each instance's other ranks join its first, the front) and a
 // router over them.
-func startTinyCluster(t *testing.T, cfg tinyllm.Config, layout string, pShape, dShape transfer.Parallel, prefillExtra ...string) *tinyCluster {
+func startTinyCluster(t testing.TB, cfg tinyllm.Config, layout string, pShape, dShape transfer.Parallel, prefillExtra ...string) *tinyCluster {
 	t.Helper()
 	return startTinyClusterWith(t, cfg, layout, pShape, dShape, tinyOpts{prefill: prefillExtra})
 }
@@ -191,7 +191,7 @@ type tinyOpts struct {
 	wire              string
 }
 
-func startTinyClusterWith(t *testing.T, cfg tinyllm.Config, layout string, pShape, dShape transfer.Parallel, o tinyOpts) *tinyCluster {
+func startTinyClusterWith(t testing.TB, cfg tinyllm.Config, layout string, pShape, dShape transfer.Parallel, o tinyOpts) *tinyCluster {
 	t.Helper()
 	m, err := tinyllm.New(cfg)
 	if err != nil {
