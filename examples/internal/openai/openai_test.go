@@ -312,3 +312,45 @@ func TestParseOffload(t *testing.T) {
 		}
 	}
 }
+
+// TestParsePush: vLLM push dispatched at once (the sidecar's nixlv2
+// connector with a cached identity): a prefill leg with the nixlv2 fields
+// and a transfer_id, a decode leg with the identity and no ticket, each
+// naming the transfer id's room (a MooncakeConnector prefill leg, without
+// the nixlv2 fields, is not push); a decode leg without a usable host or
+// port is refused naming it; one carrying a ticket is the serial flow's.
+func TestParsePush(t *testing.T) {
+	r, e := Parse([]byte(`{"prompt": "x", "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null, "transfer_id": "tx1"}}`), false, 256)
+	require.Nil(t, e)
+	require.NotNil(t, r.Push)
+	assert.Nil(t, r.Mooncake)
+	assert.Equal(t, Push{TransferID: "tx1", Room: MooncakeRoom("tx1")}, *r.Push)
+
+	r, e = Parse([]byte(`{"prompt": "x", "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false, "transfer_id": "tx1"}}`), false, 256)
+	require.Nil(t, e)
+	assert.Nil(t, r.Push, "a MooncakeConnector prefill leg taken for push")
+	assert.NotNil(t, r.Mooncake)
+
+	dec := func(host, port string) string {
+		return `{"prompt": "x", "kv_transfer_params": {"do_remote_prefill": true, "do_remote_decode": false, "remote_engine_id": "p0", "remote_host": ` + host + `, "remote_port": ` + port + `, "tp_size": 1, "transfer_mode": "push", "remote_request_id": "r", "transfer_id": "tx1"}}`
+	}
+	r, e = Parse([]byte(dec(`"10.0.0.2"`, "8998")), false, 256)
+	require.Nil(t, e)
+	assert.Equal(t, Push{TransferID: "tx1", Room: MooncakeRoom("tx1"), Bootstrap: "http://10.0.0.2:8998"}, *r.Push)
+	for _, tc := range []struct{ host, port, code string }{
+		{`null`, "8998", "invalid_remote_host"},
+		{`"a/b"`, "8998", "invalid_remote_host"},
+		{`"10.0.0.2"`, "null", "invalid_remote_port"},
+		{`"10.0.0.2"`, "70000", "invalid_remote_port"},
+	} {
+		r, e := Parse([]byte(dec(tc.host, tc.port)), false, 256)
+		if assert.NotNil(t, e, tc) {
+			assert.Equal(t, tc.code, e.Body.Code, tc)
+			assert.Equal(t, MooncakeRoom("tx1"), r.Push.Room, "the room of a refused leg")
+		}
+	}
+	r, e = Parse([]byte(`{"prompt": "x", "kv_transfer_params": {"do_remote_prefill": true, "transfer_mode": "push", "transfer_id": "tx1", "kvbridge": {"v": 2, "room": "5"}}}`), false, 256)
+	require.Nil(t, e)
+	assert.Nil(t, r.Push, "a decode leg with a ticket taken for push")
+	assert.Nil(t, r.Mooncake)
+}
