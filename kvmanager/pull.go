@@ -132,15 +132,7 @@ func (d *Decode) startPull() {
 // I/O): it loads the offer's agent metadata and proves its memory the
 // offering process's, then steps OfferLoaded.
 func (d *Decode) loadOffer(p *core.OfferPlan) {
-	d.regMu.Lock() // (Close sets regClosed under it before it waits for the goroutines)
-	if d.regClosed {
-		d.regMu.Unlock()
-		return
-	}
-	d.wg.Add(1)
-	d.regMu.Unlock()
-	go func() {
-		defer d.wg.Done()
+	d.offerIO(func() {
 		err := d.proveOffer(p)
 		if err != nil {
 			d.log.Warn("pull offer refused", zap.String("peer", p.Ack.From.Peer()), zap.Error(err))
@@ -150,7 +142,7 @@ func (d *Decode) loadOffer(p *core.OfferPlan) {
 			d.pull.mu.Unlock()
 		}
 		d.stepIn(core.OfferLoaded{Plan: p, Err: err})
-	}()
+	})
 }
 
 // challengeOffer carries out EffectChallengeOffer on a goroutine of its
@@ -161,6 +153,19 @@ func (d *Decode) loadOffer(p *core.OfferPlan) {
 // until the offering rank echoes the nonce (the core then asks for the
 // proof, EffectLoadOffer).
 func (d *Decode) challengeOffer(p *core.OfferPlan, notif string) {
+	d.offerIO(func() {
+		err := d.sendOfferChallenge(p, notif)
+		if err != nil {
+			d.log.Warn("pull offer refused", zap.String("peer", p.Ack.From.Peer()), zap.Error(err))
+		}
+		d.stepIn(core.OfferChallenged{Plan: p, Err: err})
+	})
+}
+
+// offerIO runs f (an offer's engine I/O, then its step) on a goroutine of
+// its own, unless the rank is closing (Close sets regClosed under regMu
+// before it waits for the goroutines).
+func (d *Decode) offerIO(f func()) {
 	d.regMu.Lock()
 	if d.regClosed {
 		d.regMu.Unlock()
@@ -170,34 +175,42 @@ func (d *Decode) challengeOffer(p *core.OfferPlan, notif string) {
 	d.regMu.Unlock()
 	go func() {
 		defer d.wg.Done()
-		err := d.sendOfferChallenge(p, notif)
-		if err != nil {
-			d.log.Warn("pull offer refused", zap.String("peer", p.Ack.From.Peer()), zap.Error(err))
-		}
-		d.stepIn(core.OfferChallenged{Plan: p, Err: err})
+		f()
 	}()
 }
 
 func (d *Decode) sendOfferChallenge(p *core.OfferPlan, notif string) error {
 	o := p.Ack.Pull
-	if named, err := nixl.MetadataAgent(o.AgentMD); err != nil {
-		return fmt.Errorf("agent metadata: %w", err)
-	} else if named != o.Agent {
-		return fmt.Errorf("%w: its metadata names agent %q, its offer %q", errNotOwner, named, o.Agent)
-	}
 	// (The core dropped every accepted offer through this name first: no
 	// read goes through the remote it replaces.)
-	rl := d.pull.remoteLock(o.Agent)
-	rl.Lock()
-	_, err := d.agent.LoadRemote(o.AgentMD)
-	rl.Unlock()
-	if err != nil {
-		return fmt.Errorf("agent metadata: challenging the agent it names: %w", err)
+	if err := d.loadOfferAgent(o); err != nil {
+		return fmt.Errorf("challenging the agent it names: %w", err)
 	}
 	if err := d.agent.GenNotif(o.Agent, []byte(notif)); err != nil {
 		// Maybe transient: the offer's next REGISTER_ACK sends it again.
 		d.met.challengeSendFailed.Inc()
 		d.log.Warn("offer challenge not sent", zap.String("peer", p.Ack.From.Peer()), zap.String("agent", o.Agent), zap.Error(err))
+	}
+	return nil
+}
+
+// loadOfferAgent loads an offer's agent metadata, its agent name checked
+// first to be the one the blob itself names. No read goes through the
+// agent's remote while its metadata is replaced: a read holds its stripe
+// from before its gate to its last post (the core dropped the offers it
+// replaces, so no read passes the gate through them any more).
+func (d *Decode) loadOfferAgent(o *bootstrap.PullOffer) error {
+	if named, err := nixl.MetadataAgent(o.AgentMD); err != nil {
+		return fmt.Errorf("agent metadata: %w", err)
+	} else if named != o.Agent {
+		return fmt.Errorf("%w: its metadata names agent %q, its offer %q", errNotOwner, named, o.Agent)
+	}
+	rl := d.pull.remoteLock(o.Agent)
+	rl.Lock()
+	_, err := d.agent.LoadRemote(o.AgentMD)
+	rl.Unlock()
+	if err != nil {
+		return fmt.Errorf("agent metadata: %w", err)
 	}
 	return nil
 }
@@ -218,21 +231,8 @@ func (d *Decode) proveOffer(p *core.OfferPlan) error {
 		// proves it anew.
 		return fmt.Errorf("agent %q: the accepted offer's remote is no longer usable", o.Agent)
 	}
-	if named, err := nixl.MetadataAgent(o.AgentMD); err != nil {
-		return fmt.Errorf("agent metadata: %w", err)
-	} else if named != o.Agent {
-		return fmt.Errorf("%w: its metadata names agent %q, its offer %q", errNotOwner, named, o.Agent)
-	}
-	// No read goes through the agent's remote while its metadata is
-	// replaced: a read holds its stripe from before its gate to its last
-	// post (the core dropped the offers it replaces, so no read passes
-	// the gate through them any more).
-	rl := d.pull.remoteLock(o.Agent)
-	rl.Lock()
-	_, err := d.agent.LoadRemote(o.AgentMD)
-	rl.Unlock()
-	if err != nil {
-		return fmt.Errorf("agent metadata: %w", err)
+	if err := d.loadOfferAgent(o); err != nil {
+		return err
 	}
 	// Nothing refers to the new remote until the core accepts it, so no
 	// read goes through it before it is proven.

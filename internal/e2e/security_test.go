@@ -15,6 +15,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/internal/testnet"
 	zmq "github.com/pebbe/zmq4"
 )
 
@@ -282,19 +283,8 @@ func TestSecretAloneSpeaksAsNoRank(t *testing.T) {
 }
 
 // freePort returns a port nothing listens on now.
-func freePort(t *testing.T) string {
-	t.Helper()
-	ctx, _ := zmq.NewContext()
-	defer ctx.Term()
-	s, _ := ctx.NewSocket(zmq.PULL)
-	s.SetLinger(0)
-	if err := s.Bind("tcp://127.0.0.1:*"); err != nil {
-		t.Fatal(err)
-	}
-	ep, _ := s.GetLastEndpoint()
-	s.Close()
-	return strings.TrimPrefix(ep, "tcp://127.0.0.1:")
-}
+// freePort returns a tcp port on 127.0.0.1 free a moment ago.
+func freePort(t *testing.T) string { return testnet.FreePort(t) }
 
 // TestRecordCertificateIsTheRanks (review of issue 23): under per-rank
 // identity a decode rank process takes a prefill rank's record only if

@@ -7,27 +7,13 @@ package e2e
 
 import (
 	"os"
-	"strings"
 	"testing"
 
-	zmq "github.com/pebbe/zmq4"
-
 	"github.com/kvbridge/kvbridge/internal/leakcheck"
+	"github.com/kvbridge/kvbridge/internal/testnet"
 )
 
 func TestMain(m *testing.M) { os.Exit(leakcheck.Run(m)) }
 
 // freePort returns a tcp port on 127.0.0.1 free a moment ago.
-func freePort(t *testing.T) string {
-	t.Helper()
-	ctx, _ := zmq.NewContext()
-	defer ctx.Term()
-	s, _ := ctx.NewSocket(zmq.PULL)
-	s.SetLinger(0)
-	if err := s.Bind("tcp://127.0.0.1:*"); err != nil {
-		t.Fatal(err)
-	}
-	ep, _ := s.GetLastEndpoint()
-	s.Close()
-	return strings.TrimPrefix(ep, "tcp://127.0.0.1:")
-}
+func freePort(t *testing.T) string { return testnet.FreePort(t) }

@@ -136,12 +136,20 @@ func (rt *Router) attemptSGLang(parent context.Context, pre, dec *Instance, room
 	}
 	body := clientBody(cr, abort)
 	body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"] = host, port, room
+	return rt.bothAtOnce(ctx, cancel, pre, dec, body, nil, body, emit, rep)
+}
+
+// bothAtOnce posts pbody (with header) to the prefill front and dbody to
+// the decode front at once; the decode front's answer is the client's, and
+// its failure cancels the prefill's request.
+func (rt *Router) bothAtOnce(ctx context.Context, cancel context.CancelFunc, pre, dec *Instance, pbody map[string]any, header map[string]string,
+	dbody map[string]any, emit func(int) error, rep *KVReport) error {
 	perr := make(chan error, 1)
 	go func() {
-		_, err := rt.openaiPost(ctx, pre.Ranks[0].URL+"/v1/completions", body, "", nil)
+		_, err := rt.openaiPostHeader(ctx, pre.Ranks[0].URL+"/v1/completions", pbody, "", nil, header)
 		perr <- err
 	}()
-	a, err := rt.openaiPost(ctx, dec.Ranks[0].URL+"/v1/completions", body, "", emit)
+	a, err := rt.openaiPost(ctx, dec.Ranks[0].URL+"/v1/completions", dbody, "", emit)
 	if err != nil {
 		cancel()
 	}
@@ -249,24 +257,7 @@ func (rt *Router) attemptMooncake(parent context.Context, pre, dec *Instance, ro
 	dbody := clientBody(cr, abort)
 	dbody["kv_transfer_params"] = map[string]any{"do_remote_prefill": true, "do_remote_decode": false, "transfer_id": xfer,
 		"remote_bootstrap_addr": pre.Bootstrap, "remote_engine_id": engines[dp]}
-	perr := make(chan error, 1)
-	go func() {
-		_, err := rt.openaiPostHeader(ctx, pre.Ranks[0].URL+"/v1/completions", pbody, "", nil, map[string]string{"X-data-parallel-rank": dp})
-		perr <- err
-	}()
-	a, err := rt.openaiPost(ctx, dec.Ranks[0].URL+"/v1/completions", dbody, "", emit)
-	if err != nil {
-		cancel()
-	}
-	pe := <-perr
-	report(a, rep)
-	if err != nil {
-		if pe != nil {
-			return fmt.Errorf("decode: %w (prefill: %v)", err, pe)
-		}
-		return fmt.Errorf("decode: %w", err)
-	}
-	return nil
+	return rt.bothAtOnce(ctx, cancel, pre, dec, pbody, map[string]string{"X-data-parallel-rank": dp}, dbody, emit, rep)
 }
 
 // mooncakeEngines asks a prefill instance's bootstrap server GET /query:
