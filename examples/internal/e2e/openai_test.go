@@ -306,6 +306,19 @@ func (p *pdClient) mode(m string) func(context.Context, string, map[string]any) 
 	return p.vllm
 }
 
+// capOneToken makes a prefill leg's body as the sidecar's CapSingleToken
+// does: one output token (max_tokens, and max_completion_tokens for chat),
+// no min_tokens, not streamed.
+func capOneToken(b map[string]any, path string) {
+	b["max_tokens"] = 1
+	if path == "/v1/chat/completions" {
+		b["max_completion_tokens"] = 1
+	}
+	delete(b, "min_tokens")
+	b["stream"] = false
+	delete(b, "stream_options")
+}
+
 // pushCache is a pdClient's vLLM push state: the prefill server's cached
 // identity (map[string]any), and the requests sent serially and at once.
 type pushCache struct {
@@ -373,10 +386,7 @@ func (p *pdClient) push(ctx context.Context, path string, client map[string]any)
 	pre := clone(client)
 	pre["kv_transfer_params"] = map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
 		"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil, "transfer_id": xfer}
-	pre["stream"] = false
-	delete(pre, "stream_options")
-	pre["max_tokens"], pre["max_completion_tokens"] = 1, 1
-	delete(pre, "min_tokens")
+	capOneToken(pre, path)
 	dkv := clone(identity)
 	dkv["do_remote_prefill"], dkv["do_remote_decode"], dkv["remote_request_id"], dkv["transfer_id"] = true, false, reqID, xfer
 	dec := clone(client)
@@ -440,13 +450,7 @@ func (p *pdClient) offloadingWith(ctx context.Context, path string, client map[s
 	u, _ := url.Parse(p.prefill)
 	pre := clone(client)
 	pre["kv_transfer_params"] = map[string]any{"remote_decoder": map[string]any{"kv_request_id": kvID}}
-	pre["max_tokens"] = 1
-	if path == "/v1/chat/completions" {
-		pre["max_completion_tokens"] = 1
-	}
-	delete(pre, "min_tokens")
-	pre["stream"] = false
-	delete(pre, "stream_options")
+	capOneToken(pre, path)
 	dec := clone(client)
 	dec["kv_transfer_params"] = map[string]any{"remote_prefiller": map[string]any{"kv_request_id": kvID, "remote_host": u.Hostname(), "remote_port": p.bootPort}}
 	if edit != nil {
@@ -523,13 +527,7 @@ func (p *pdClient) mooncakeWith(ctx context.Context, path string, client map[str
 	u, _ := url.Parse(p.prefill)
 	pre := clone(client)
 	pre["kv_transfer_params"] = map[string]any{"do_remote_prefill": false, "do_remote_decode": true, "transfer_id": xfer}
-	pre["max_tokens"] = 1
-	if path == "/v1/chat/completions" {
-		pre["max_completion_tokens"] = 1
-	}
-	delete(pre, "min_tokens")
-	pre["stream"] = false
-	delete(pre, "stream_options")
+	capOneToken(pre, path)
 	dec := clone(client)
 	dec["kv_transfer_params"] = map[string]any{"do_remote_prefill": true, "do_remote_decode": false, "transfer_id": xfer,
 		"remote_bootstrap_addr": "http://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(p.bootPort)), "remote_engine_id": engine}
