@@ -909,7 +909,8 @@ func waitMetricAtMost(t *testing.T, cl *http.Client, rank, name string, want flo
 // TestOpenAIFaults: a client that goes away before its KV came aborts the
 // room on both sides; a prefill server killed mid-request gives the
 // client an error in SGLang's wire and the sidecar a 5xx it retries in
-// vLLM's, and the restarted server serves; nothing stays held.
+// vLLM's, and the restarted server serves — in the MooncakeConnector and
+// OffloadingConnector wires too —; nothing stays held.
 func TestOpenAIFaults(t *testing.T) {
 	t.Parallel() // its own processes and ports
 	c, pd := openaiCluster(t, "NHD", transfer.Parallel{}, transfer.Parallel{})
@@ -1030,6 +1031,36 @@ func TestOpenAIFaults(t *testing.T) {
 		t.Fatalf("the request sent again after the restart: %v %v", a, err)
 	}
 	c.nothingPinned(t)
+
+	// The MooncakeConnector and OffloadingConnector wires across a prefill
+	// server's kill and restart (a new process on the same ports, the same
+	// engine ids): the next request is served, or refused 503 — retryable
+	// — where the decode rank still held the killed process's endpoint,
+	// and served when sent again; nothing stays held.
+	for _, mode := range []string{"mooncake", "offloading"} {
+		c.prefill[0].kill()
+		c.prefill[0] = startTinyRank(t, "prefill", c.prefill[0].args...)
+		require.Eventually(t, func() bool {
+			resp, err := c.client.Get(c.prefill[0].http + "/health")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == 200
+		}, 30*time.Second, 20*time.Millisecond, "%s: the restarted prefill instance never whole", mode)
+		for len(pd.prefillStatus) > 0 {
+			<-pd.prefillStatus
+		}
+		mb := body(tinyPrompt(rng, 8), 4, false)
+		a, err := pd.mode(mode)(context.Background(), "/v1/completions", mb)
+		for try := 0; try < 3 && status(err) == 503; try++ {
+			t.Logf("%s after the prefill server's restart: %v; once more", mode, err)
+			a, err = pd.mode(mode)(context.Background(), "/v1/completions", mb)
+		}
+		require.NoError(t, err, "%s after the prefill server's restart", mode)
+		assert.Equal(t, c.want(t, mb), a.Tokens, "%s after the prefill server's restart", mode)
+		c.nothingPinned(t)
+	}
 }
 
 // waitConnected waits until a stopped process's HTTP port has more
