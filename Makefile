@@ -26,8 +26,6 @@ test: deps
 	@$(MAKE) --no-print-directory -j2 test-checkers test-packages
 	@# Rate-dependent: the race detector slows the writes below the rate at which UCX's adaptive progress lost events (see the test).
 	$(GO) test -count=1 -timeout 3m -run '^TestUCXNoLostWakeCrossProcess$$' ./nixl
-	@# The simulator must still find the bugs it found: their source mutants laid over the core, each caught by the checkers (make mutants runs every mutant).
-	$(GO) run ./scripts/srcmutants -only $(SIM_MUTANTS) -run '^(TestSimFindsBugs|TestSimRegressions)$$'
 
 # The model checker and the simulator print what they checked.
 # The protocol core (internal/core): the checkers and the package's other tests.
@@ -38,6 +36,9 @@ TEST_TIMEOUT ?= 5m
 test-checkers:
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v -run '$(CHECKERS)' ./internal/core 2>&1 | tee $(CHECKERS_LOG) | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:|^panic|running tests:|^\s+Test[^ ]* \(|[a-z_]+_test\.go:[0-9]+: .*(FAIL|Error|fail)' \
 		|| { echo "test-checkers failed: the whole -v log is in $(CHECKERS_LOG)"; exit 1; }
+	@# The simulator must still find the bugs it found: their source mutants laid over the core, each caught by the checkers (make mutants
+	@# runs every mutant). Here, beside the other packages' tests, rather than after them.
+	$(GO) run ./scripts/srcmutants -only $(SIM_MUTANTS) -run '^(TestSimFindsBugs|TestSimRegressions)$$'
 
 # Three packages at a time, the two longest (which mostly wait on processes) first; nixl's CPU-bound tests come later, when
 # less runs beside them (first, beside the checkers, they took 195 s; here about 135).
