@@ -40,7 +40,7 @@ func NewPrefill(cfg Config) (*Prefill, error) {
 	m.registersReady.Store(true) // REGISTERs are handled from here on (the pool exists)
 	kick := make(chan struct{}, 1)
 	var until atomic.Int64
-	m.listen = func(d time.Duration) {
+	listen := func(d time.Duration) {
 		end := time.Now().Add(d).UnixNano()
 		for {
 			cur := until.Load()
@@ -53,6 +53,7 @@ func NewPrefill(cfg Config) (*Prefill, error) {
 		default:
 		}
 	}
+	m.listen.Store(&listen)
 	m.wg.Add(1)
 	go p.notifier(kick, &until)
 	if m.cfg.BootstrapURL != "" {

@@ -90,7 +90,7 @@ type Manager struct {
 	// notifier read the agent's notifications for a while (an offer
 	// challenge comes after each REGISTER_ACK with the offer).
 	onChallengeOffer func(*core.OfferPlan, string)
-	listen           func(time.Duration)
+	listen           atomic.Pointer[func(time.Duration)] // (set once the prefill's notifier runs; the control loop may step the core before)
 	// resolver looks decode targets up (set by NewDecode).
 	resolver func(core.Target)
 	// deregister deletes the rank's bootstrap record (prefill, set once
@@ -441,8 +441,8 @@ func (m *Manager) carryOut() {
 			}
 		case core.EffectKeepProgress:
 			m.agent.KeepProgress(e.Keep)
-			if m.listen != nil {
-				m.listen(e.Keep) // (prefill) an offer's challenge may come
+			if listen := m.listen.Load(); listen != nil {
+				(*listen)(e.Keep) // (prefill) an offer's challenge may come
 			}
 		case core.EffectUnload:
 			// Off the effects: closing an endpoint to a dead peer waits
