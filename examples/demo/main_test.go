@@ -338,6 +338,7 @@ func TestDemoTinyllmWires(t *testing.T) {
 	dir := binaries(t)
 	for _, wire := range []string{"sglang", "vllm", "mooncake", "offloading"} {
 		t.Run(wire, func(t *testing.T) {
+			t.Parallel() // each demo is its own processes and ports
 			args := []string{"-compute", "tinyllm", "-short", "-requests", "8", "-gen", "6", "-abort-rate", "0.25", "-seed", "4", "-wire", wire, "-bin", dir}
 			out, err := exec.Command(filepath.Join(dir, "demo"), args...).Output()
 			s := string(out)
