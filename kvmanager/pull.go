@@ -231,8 +231,10 @@ func (d *Decode) proveOffer(p *core.OfferPlan) error {
 		// proves it anew.
 		return fmt.Errorf("agent %q: the accepted offer's remote is no longer usable", o.Agent)
 	}
-	if err := d.loadOfferAgent(o); err != nil {
-		return err
+	if !p.Loaded || !d.agent.RemoteUsable(o.Agent) {
+		if err := d.loadOfferAgent(o); err != nil {
+			return err
+		}
 	}
 	// Nothing refers to the new remote until the core accepts it, so no
 	// read goes through it before it is proven.

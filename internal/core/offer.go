@@ -60,6 +60,11 @@ type OfferPlan struct {
 	Ack    *wire.RegisterAck
 	Layout kvlayout.Layout
 	Repeat bool
+	// Loaded: the offer's challenge, just echoed, loaded this very blob
+	// under its agent name, and nothing has loaded that name since (the
+	// challenge held it): the shell proves it without loading it again,
+	// if that remote is still usable.
+	Loaded bool
 	hash   [32]byte
 }
 
@@ -160,6 +165,7 @@ func (c *decodeCore) onOfferAck(msg *wire.RegisterAck) {
 		if !c.offerEchoed(msg, plan, key, tg) {
 			return // its agent challenged: the offering rank's next REGISTER_ACK echoes it
 		}
+		plan.Loaded = true
 	}
 	c.offerChecks[o.Agent] = true
 	c.emit(Effect{Kind: EffectLoadOffer, To: tg.peer(), Offer: plan})
@@ -202,7 +208,9 @@ func (c *decodeCore) offerEchoed(msg *wire.RegisterAck, plan *OfferPlan, key off
 	ch := c.offerChallenges[key]
 	if ch != nil && ch.hash != plan.hash {
 		delete(c.offerChallenges, key) // another offer of the process
-		c.unloadOffer(ch.agent)
+		if ch.agent != o.Agent {
+			c.unloadOffer(ch.agent) // (under the same name the new challenge loads it again)
+		}
 		ch = nil
 	}
 	if ch != nil && echoes(msg.Echo, ch.nonce) {
@@ -276,21 +284,15 @@ func (c *decodeCore) offerChallenged(in OfferChallenged) {
 	}
 }
 
-// unloadOffer asks the shell to drop a remote agent an offer challenge
-// loaded, unless an accepted offer, a challenge or a load uses its name.
+// unloadOffer asks the shell to drop the remote agent an offer challenge
+// loaded, unless a load of that name is still running (its
+// OfferChallenged unloads it then). No accepted offer and no other
+// challenge can hold the name: a challenge's name is its own from its
+// creation (the accepted offers through it dropped, other processes'
+// offers of it deferred) — the simulator fails a run that unloads one.
 func (c *decodeCore) unloadOffer(agent string) {
 	if agent == "" || c.offerChecks[agent] {
 		return
-	}
-	for _, p := range c.offers {
-		if p.remote == agent {
-			return
-		}
-	}
-	for _, ch := range c.offerChallenges {
-		if ch.agent == agent {
-			return
-		}
 	}
 	c.emit(Effect{Kind: EffectUnload, Remote: agent})
 }

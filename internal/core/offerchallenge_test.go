@@ -88,6 +88,7 @@ func TestNothingReadThroughAnOfferBeforeItsEcho(t *testing.T) {
 	plans := offerLoads(rest)
 	require.Len(t, plans, 1, "the echo must pass to the proof")
 	assert.False(t, plans[0].Repeat)
+	assert.True(t, plans[0].Loaded, "the challenge's load of this blob not told: the shell loads it a second time")
 	assert.Empty(t, sent[*wire.Request](rest), "a REQUEST before the proof")
 	assert.EqualValues(t, 1, c.Stats().OfferChallengesPassed)
 	c.Step(t0, OfferLoaded{Plan: plans[0]})
@@ -321,4 +322,36 @@ func TestPrefillEchoesBounded(t *testing.T) {
 	assert.Len(t, c.prefillCore.echoes, maxChallenges)
 	_, oldest := c.prefillCore.echoes[EndpointTag(string(rune(0))+"x")]
 	assert.False(t, oldest, "the oldest echo kept past the bound")
+}
+
+// TestOfferChallengeReplacedUnderItsName: another offer of the process
+// under the same agent name voids the challenge and draws a new one,
+// whose load replaces the blob under that name: nothing is unloaded
+// (an unload would race the new challenge's load of the name).
+func TestOfferChallengeReplacedUnderItsName(t *testing.T) {
+	c := offerCore(t)
+	ch, plan, _ := challengedOffer(t, c, &wire.RegisterAck{From: prefillFrom, OK: true, Pull: testOffer()}, t0)
+	require.NotNil(t, ch)
+	c.Step(t0, OfferChallenged{Plan: plan})
+	c.Effects()
+	o := testOffer()
+	o.AgentMD = []byte("other metadata of the same agent")
+	ch2, _, rest := challengedOffer(t, c, &wire.RegisterAck{From: prefillFrom, OK: true, Pull: o}, t0)
+	require.NotNil(t, ch2, "another offer of the process not challenged")
+	assert.NotEqual(t, ch.Nonce, ch2.Nonce)
+	assert.NotContains(t, rest, Effect{Kind: EffectUnload, Remote: o.Agent}, "the name unloaded while its new challenge loads it")
+}
+
+// TestOfferChallengeExpiresDuringItsLoad: a challenge that expires while
+// the shell still loads its blob leaves the name alone until that load
+// ends (OfferChallenged), then unloads it.
+func TestOfferChallengeExpiresDuringItsLoad(t *testing.T) {
+	c := offerCore(t)
+	ch, plan, _ := challengedOffer(t, c, &wire.RegisterAck{From: prefillFrom, OK: true, Pull: testOffer()}, t0)
+	require.NotNil(t, ch)
+	c.Step(t0.Add(DefaultChallengeTimeout+time.Millisecond), Tick{})
+	assert.NotContains(t, c.Effects(), Effect{Kind: EffectUnload, Remote: testOffer().Agent}, "unloaded while its load runs")
+	assert.EqualValues(t, 1, c.Stats().OfferChallengesExpired)
+	c.Step(t0.Add(DefaultChallengeTimeout+time.Millisecond), OfferChallenged{Plan: plan})
+	assert.Contains(t, c.Effects(), Effect{Kind: EffectUnload, Remote: testOffer().Agent}, "the expired challenge's blob never unloaded")
 }

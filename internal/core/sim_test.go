@@ -590,6 +590,11 @@ func (w *simWorld) effects(slot int) {
 						w.fail("%s unloads agent %q, an accepted offer's", p.from.Peer(), e.Remote)
 					}
 				}
+				for _, ch := range p.core.decodeCore.offerChallenges {
+					if ch.agent == e.Remote {
+						w.fail("%s unloads agent %q, an open offer challenge's", p.from.Peer(), e.Remote)
+					}
+				}
 				w.cov.hit("unechoed offer challenge's agent unloaded")
 				continue
 			}

@@ -787,6 +787,17 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestPrefillEchoesItsOfferChallenge$"},
 	{name: "prefill-echoes-unbounded", file: "internal/core/challenge.go", old: "!ok && len(c.echoes) >= maxChallenges {", new: "!ok && false {",
 		pkg: "internal/core", run: "^TestPrefillEchoesBounded$"},
+	// An offer challenge replaced under the same agent name unloads it
+	// (racing the new challenge's load of the name).
+	{name: "offer-challenge-replaced-unloads-name", file: "internal/core/offer.go", old: "\t\tif ch.agent != o.Agent {\n\t\t\tc.unloadOffer(ch.agent)", new: "\t\tif true {\n\t\t\tc.unloadOffer(ch.agent)",
+		pkg: "internal/core", run: "^TestOfferChallengeReplacedUnderItsName$"},
+	// The proof not told that the echoed challenge loaded its blob: the
+	// shell loads (connects) it a second time.
+	{name: "offer-loaded-untold", file: "internal/core/offer.go", old: "\t\tplan.Loaded = true\n", new: "\n",
+		pkg: "internal/core", run: "^TestNothingReadThroughAnOfferBeforeItsEcho$"},
+	// An expired offer challenge's blob unloaded while its load runs.
+	{name: "offer-unload-during-load", file: "internal/core/offer.go", old: "\tif agent == \"\" || c.offerChecks[agent] {\n\t\treturn\n\t}\n\tc.emit(Effect{Kind: EffectUnload", new: "\tif agent == \"\" {\n\t\treturn\n\t}\n\tc.emit(Effect{Kind: EffectUnload",
+		pkg: "internal/core", run: "^TestOfferChallengeExpiresDuringItsLoad$"},
 	// The shells: the prefill rank's notifier drops the challenge; the
 	// decode rank loads the offer's agent but sends no challenge.
 	{name: "shell-prefill-challenge-dropped", file: "kvmanager/prefill.go", old: "\t\t\t\tp.stepIn(x)", new: "\t\t\t\t_ = x",

@@ -1038,16 +1038,7 @@ func TestOpenAIFaults(t *testing.T) {
 	// — where the decode rank still held the killed process's endpoint,
 	// and served when sent again; nothing stays held.
 	for _, mode := range []string{"mooncake", "offloading"} {
-		c.prefill[0].kill()
-		c.prefill[0] = startTinyRank(t, "prefill", c.prefill[0].args...)
-		require.Eventually(t, func() bool {
-			resp, err := c.client.Get(c.prefill[0].http + "/health")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == 200
-		}, 30*time.Second, 20*time.Millisecond, "%s: the restarted prefill instance never whole", mode)
+		c.restartPrefillFront(t)
 		for len(pd.prefillStatus) > 0 {
 			<-pd.prefillStatus
 		}
@@ -1061,6 +1052,23 @@ func TestOpenAIFaults(t *testing.T) {
 		assert.Equal(t, c.want(t, mb), a.Tokens, "%s after the prefill server's restart", mode)
 		c.nothingPinned(t)
 	}
+}
+
+// restartPrefillFront SIGKILLs the prefill instance's front and starts it
+// again on the same ports (a new process), then waits until its /health
+// says the instance is whole.
+func (c *tinyCluster) restartPrefillFront(t *testing.T) {
+	t.Helper()
+	c.prefill[0].kill()
+	c.prefill[0] = startTinyRank(t, "prefill", c.prefill[0].args...)
+	require.Eventually(t, func() bool {
+		resp, err := c.client.Get(c.prefill[0].http + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}, 30*time.Second, 20*time.Millisecond, "the restarted prefill instance never whole")
 }
 
 // waitConnected waits until a stopped process's HTTP port has more
@@ -1356,16 +1364,7 @@ func TestOpenAIPush(t *testing.T) {
 	assert.EqualValues(t, 1, pd.pushes.serialPushes.Load())
 	assert.EqualValues(t, 3, pd.pushes.concurrentPushes.Load())
 
-	c.prefill[0].kill()
-	c.prefill[0] = startTinyRank(t, "prefill", c.prefill[0].args...)
-	require.Eventually(t, func() bool {
-		resp, err := c.client.Get(c.prefill[0].http + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	}, 30*time.Second, 20*time.Millisecond, "the restarted prefill instance never whole")
+	c.restartPrefillFront(t)
 	// The first request at once after the restart: served (its room met
 	// the new process), or refused 503 — retryable — where the decode
 	// rank still held the dead process's endpoint; then the identity is
