@@ -1340,11 +1340,14 @@ func TestOpenAIOffloadingBadRequests(t *testing.T) {
 // still held the dead process's endpoint, nothing held; the requests
 // after it are served. An identity naming a bootstrap server that is
 // gone (the instance moved): the decode leg answers 503 at once
-// (retryable), the prefill leg is cancelled, nothing stays held, and the
-// next request, serial, learns the new identity.
+// (retryable) and the prefill leg is cancelled — a prefill leg cancelled
+// while it computes releases its room at once, one that had answered
+// keeps its KV until -kv-lease (3 s here: nobody can name the room to
+// it) —, nothing stays held, and the next request, serial, learns the new
+// identity.
 func TestOpenAIPush(t *testing.T) {
 	t.Parallel() // its own processes and ports
-	c, pd := openaiCluster(t, "NHD", transfer.Parallel{}, transfer.Parallel{})
+	c, pd := openaiCluster(t, "NHD", transfer.Parallel{}, transfer.Parallel{}, "-kv-lease", "3s")
 	ctx := context.Background()
 	rng := mrand.New(mrand.NewPCG(11, 11))
 	expect := func(what string) {
