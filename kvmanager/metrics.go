@@ -25,7 +25,7 @@ type metrics struct {
 	// Pull (docs/PROTOCOL.md "Pull").
 	underLease, leaseRenewals, leaseExpiries, readsRefused, pullRefused *prometheus.Desc
 	offers                                                              *prometheus.Desc
-	foreignRefused                                                      *prometheus.Desc
+	foreignRefused, tombsForgotten                                      *prometheus.Desc
 	challenges, challengesIgnored                                       *prometheus.Desc
 	pageSeconds                                                         prometheus.Histogram
 
@@ -79,6 +79,9 @@ func newMetrics(m *Manager) *metrics {
 			"Agent challenges this decode rank's agent got for another identity (a REGISTER elsewhere named this rank's agent), or malformed: dropped.", nil, labels),
 		foreignRefused: prometheus.NewDesc("kvbridge_foreign_room_refused_total",
 			"REQUESTs and ABORTs refused for naming a room another decode instance asked for first (a room is one decode instance's).", nil, labels),
+		tombsForgotten: prometheus.NewDesc("kvbridge_tombstones_forgotten_total",
+			"Room tombstones forgotten before their TTL, by reason: bound (past MaxTombstones, the oldest settled), rank_share (a rank's early aborts past MaxTombstones/8, its oldest: one rank's ABORT flood forgets its own).",
+			[]string{"reason"}, labels),
 		probes: prometheus.NewDesc("kvbridge_request_probes_total",
 			"PINGs sent before a REQUEST to a prefill process not heard from within ProbeIdle, by outcome (lost: no PONG within ProbeTimeout, the rank looked up again).",
 			[]string{"outcome"}, labels),
@@ -142,7 +145,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.inflight
 	ch <- x.tables
 	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes,
-		x.underLease, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.challenges, x.challengesIgnored} {
+		x.underLease, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.challenges, x.challengesIgnored} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -168,6 +171,8 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.offers, prometheus.CounterValue, float64(st.OffersRefused), "refused")
 	ch <- prometheus.MustNewConstMetric(x.offers, prometheus.CounterValue, float64(st.OffersDeferred), "deferred")
 	ch <- prometheus.MustNewConstMetric(x.foreignRefused, prometheus.CounterValue, float64(st.ForeignRefused))
+	ch <- prometheus.MustNewConstMetric(x.tombsForgotten, prometheus.CounterValue, float64(st.TombstonesEvicted), "bound")
+	ch <- prometheus.MustNewConstMetric(x.tombsForgotten, prometheus.CounterValue, float64(st.EarlyAbortsForgotten), "rank_share")
 	for _, c := range []struct {
 		outcome string
 		n       uint64

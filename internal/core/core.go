@@ -260,6 +260,10 @@ type CoreStats struct {
 	PullRefused    uint64 // PAGES, RENEW or READ_DONE ignored: stale, unknown room or peer, a duplicate, or refused
 	OffersRefused  uint64 // (decode) pull offers refused: none, another's agent, bad regions, or not proven
 	OffersDeferred uint64 // (decode) REGISTER_ACKs left unanswered: their agent's offer being loaded, or too many
+	// Tombstones forgotten before their TTL (prefill): settled ones past
+	// MaxTombstones (TombstonesEvicted), and early aborts past their
+	// rank's share, MaxTombstones/8 (EarlyAbortsForgotten).
+	TombstonesEvicted, EarlyAbortsForgotten uint64
 	// ForeignRefused (prefill): REQUESTs and ABORTs refused for naming a
 	// room that another decode instance asked for first.
 	ForeignRefused uint64
@@ -507,7 +511,11 @@ func (c *base) count(kind EventKind, r Result) Result {
 }
 
 // Stats returns the core's counters.
-func (c *Core) Stats() CoreStats { return c.stats }
+func (c *Core) Stats() CoreStats {
+	s := c.stats
+	s.TombstonesEvicted, s.EarlyAbortsForgotten = uint64(c.reg.evicted), uint64(c.reg.forgotten)
+	return s
+}
 
 // Status returns a room's status (known false without a live room).
 func (c *Core) Status(room uint64) (Poll, bool) { return c.reg.Status(room) }

@@ -696,7 +696,7 @@ func (c *prefillCore) onAbort(msg *wire.Abort) {
 	if msg.Code != "" {
 		reason = msg.Code + ": " + reason
 	}
-	res := c.count(EventAbort, c.reg.Abort(msg.Room, fmt.Sprintf("%s by %s", reason, msg.From.Peer()), &ack))
+	res := c.count(EventAbort, c.reg.Apply(Event{Kind: EventAbort, Room: msg.Room, Reason: fmt.Sprintf("%s by %s", reason, msg.From.Peer()), Ack: &ack, By: msg.From.Peer()}))
 	switch res.Outcome {
 	case Applied:
 		c.statusFailed(msg.Room, c.reg.Requests(msg.Room), CodeAborted, "aborted by "+msg.From.Peer(), msg.From.Peer())

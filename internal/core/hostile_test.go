@@ -295,3 +295,39 @@ func echoChallenge(tb testing.TB, c *Core, msg *wire.Register, now time.Time) {
 	require.True(tb, c.Step(now, Received{Msg: &cp}).OK, "the echoing REGISTER was not passed on to be loaded")
 	c.Effects()
 }
+
+// TestAbortFloodForgetsItsOwn: one decode rank floods a prefill rank with
+// ABORTs for room ids no one asked for (early aborts: each a tombstone)
+// after an honest decode rank aborted its room 7 early. The flooder keeps
+// at most its share of the tombstone bound (MaxTombstones/8): past it its
+// own oldest are forgotten (counted), never the honest rank's, so room
+// 7's sender, created after the flood, starts Failed at once instead of
+// waiting out its bootstrap deadline; the flooder's ABORTs are each still
+// answered drained.
+func TestAbortFloodForgetsItsOwn(t *testing.T) {
+	reg := simRegistryConfig()
+	reg.MaxTombstones = 16
+	share := reg.MaxTombstones / 8
+	c := newTestCore(t, RolePrefill, reg)
+	flooder := wire.From{Role: "decode", Instance: "flood", Rank: 0, Endpoint: "tcp://f:1", Epoch: 3}
+	c.Step(t0, Received{&wire.Abort{From: decodeFrom, Room: 7, Reason: "cancelled"}})
+	require.Len(t, sent[*wire.AbortAck](c.Effects()), 1, "the honest early abort's ABORT_ACK")
+	const flood = 100
+	for i := range flood {
+		c.Step(t0, Received{&wire.Abort{From: flooder, Room: 1<<40 + uint64(i), Reason: "flood"}})
+		acks := sent[*wire.AbortAck](c.Effects())
+		require.Len(t, acks, 1, "flooded ABORT %d's ABORT_ACK", i)
+		require.True(t, acks[0].Drained, "flooded ABORT %d's ABORT_ACK", i)
+	}
+	st := c.Stats()
+	assert.Equal(t, uint64(flood-share), st.EarlyAbortsForgotten, "the flooder's early aborts past its share of %d", share)
+	assert.Zero(t, st.TombstonesEvicted, "no tombstone forgotten past MaxTombstones: the flood forgot its own")
+	assert.Equal(t, share+1, c.Sizes().Tombstones, "the flooder's share and room 7's")
+	for i := flood - share; i < flood; i++ {
+		_, kept := c.reg.tombs[1<<40+uint64(i)]
+		assert.True(t, kept, "the flooder's newest early aborts are the ones kept (room %d)", 1<<40+i)
+	}
+	c.Step(t0.Add(time.Second), CreateSender{Room: 7})
+	st7, _ := c.Status(7)
+	assert.Equal(t, Failed, st7, "room 7's sender, created after its early abort and the flood, starts Failed")
+}

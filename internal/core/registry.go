@@ -31,6 +31,11 @@ type RegistryConfig struct {
 	// tombstone without an owed ABORT_ACK or a write that can still land is
 	// forgotten early (counted); the id is then free again sooner. Those
 	// that still owe one are kept past the bound until they settle.
+	//
+	// One rank's early aborts (ABORTs for rooms with no sender yet) keep
+	// at most MaxTombstones/8 tombstones (at least 1): past its share a
+	// rank's oldest early abort is forgotten first (counted), so one
+	// rank's flood of ABORTs forgets its own, not the others'.
 	MaxTombstones int
 	// MaxPendingPerPeer bounds the rooms one peer may hold pending, so a
 	// single peer cannot lock the others out of MaxPendingRooms.
@@ -145,6 +150,10 @@ type Event struct {
 	Err      error       // EventWriteDone
 	Quiesced bool        // EventWriteDone
 	Ack      *wire.Peer  // EventAbort
+	// By names the rank that sent an ABORT (wire.From.Peer: role,
+	// instance, rank), "" for a local abort: an early abort's tombstone
+	// counts against that rank's share of MaxTombstones.
+	By string // EventAbort
 }
 
 // Result is what an event did.
@@ -256,6 +265,10 @@ type tomb struct {
 	kind    Tombstone
 	reason  string
 	expires time.Time
+	// by: the rank whose ABORT made this early-abort tombstone ("" for
+	// a local abort, a pending deadline or a clear); it counts in that
+	// rank's share (earlyBy).
+	by string
 	// A room cleared with writes that can still land keeps counting them
 	// here, with the ABORT_ACKs it owes, until they drain or drainBy.
 	inflight, unsettled int
@@ -291,6 +304,13 @@ type Registry struct {
 	draining map[uint64]struct{}
 	// evicted counts tombstones forgotten early by MaxTombstones.
 	evicted int
+	// earlyBy counts each rank's early-abort tombstones, and earlyQ lists
+	// them in creation order (entries whose tombstone is gone are stale):
+	// past the rank's share (MaxTombstones/8) its oldest is forgotten.
+	earlyBy map[string]int
+	earlyQ  map[string][]uint64
+	// forgotten counts early aborts forgotten for their rank's share.
+	forgotten int
 	// pendingBy counts each peer's pending requests (MaxPendingPerPeer).
 	pendingBy map[string]int
 
@@ -315,6 +335,8 @@ func NewRegistry(cfg RegistryConfig, out *[]Effect) (*Registry, error) {
 		rooms:     make(map[uint64]*room),
 		pending:   make(map[uint64]*pendingRoom),
 		tombs:     make(map[uint64]*tomb),
+		earlyBy:   make(map[string]int),
+		earlyQ:    make(map[string][]uint64),
 		draining:  make(map[uint64]struct{}),
 		pendingBy: make(map[string]int),
 		out:       out,
@@ -398,7 +420,7 @@ func (r *Registry) Apply(ev Event) Result {
 	case EventRequest:
 		return r.request(ev.Room, ev.Request, now)
 	case EventAbort:
-		return r.abort(ev.Room, ev.Reason, ev.Ack, now)
+		return r.abort(ev.Room, ev.Reason, ev.Ack, ev.By, now)
 	case EventClear:
 		return r.clear(ev.Room, now)
 	case EventWriteDone:
@@ -486,8 +508,44 @@ func (r *Registry) dropTomb(id uint64) {
 	if t := r.tombs[id]; t != nil && len(t.reqs) > 0 {
 		r.settle(id, t.reqs) // forgotten: nothing can count its writes any more
 	}
+	if t := r.tombs[id]; t != nil && t.by != "" {
+		r.uncount(t.by)
+	}
 	delete(r.tombs, id)
 	delete(r.draining, id)
+}
+
+// uncount takes one early abort off rank by's share.
+func (r *Registry) uncount(by string) {
+	if r.earlyBy[by]--; r.earlyBy[by] <= 0 {
+		delete(r.earlyBy, by)
+		delete(r.earlyQ, by)
+	}
+}
+
+// earlyShare is how many early-abort tombstones one rank keeps.
+func (r *Registry) earlyShare() int { return max(1, r.cfg.MaxTombstones/8) }
+
+// addEarly records rank by's early abort of id, first forgetting that
+// rank's oldest ones past its share (they hold and owe nothing: an early
+// abort's ABORT_ACK is sent at once).
+func (r *Registry) addEarly(id uint64, t *tomb) {
+	by := t.by
+	for q := r.earlyQ[by]; r.earlyBy[by] >= r.earlyShare() && len(q) > 0; q = r.earlyQ[by] {
+		old := q[0]
+		r.earlyQ[by] = q[1:]
+		if o, ok := r.tombs[old]; ok && o.by == by && !o.holds() && len(o.acks) == 0 {
+			r.dropTomb(old)
+			r.forgotten++
+		}
+	}
+	r.addTomb(id, t)
+	r.earlyBy[by]++
+	q := append(r.earlyQ[by], id)
+	if len(q) > 2*r.earlyBy[by]+16 { // stale entries: compact
+		q = slices.DeleteFunc(q, func(x uint64) bool { o, ok := r.tombs[x]; return !ok || o.by != by })
+	}
+	r.earlyQ[by] = q
 }
 
 // settle tells the settler that reqs, accepted for room id, can no longer
@@ -801,7 +859,7 @@ func (r *Registry) update(rm *room, to Poll, reason string, now time.Time) Resul
 	}
 }
 
-func (r *Registry) abort(id uint64, reason string, ack *wire.Peer, now time.Time) Result {
+func (r *Registry) abort(id uint64, reason string, ack *wire.Peer, by string, now time.Time) Result {
 	if reason == "" {
 		reason = "aborted"
 	} else {
@@ -835,6 +893,12 @@ func (r *Registry) abort(id uint64, reason string, ack *wire.Peer, now time.Time
 		return r.drainResult(rm, Applied)
 	}
 	if t, ok := r.tomb(id, now); ok {
+		if t.by != "" && t.by != by {
+			// Another rank aborted it too: no one rank's share any more
+			// (a flooder cannot forget a room another rank aborted).
+			r.uncount(t.by)
+			t.by = ""
+		}
 		if t.kind == AbortedEarly && t.expires.Before(now.Add(r.cfg.TombstoneTTL)) {
 			// Every abort is remembered for a whole TTL from its arrival
 			// (another decode rank's abort may come long after the first).
@@ -859,7 +923,12 @@ func (r *Registry) abort(id uint64, reason string, ack *wire.Peer, now time.Time
 		dropped = p.requests
 		r.settle(id, dropped)
 	}
-	r.addTomb(id, &tomb{kind: AbortedEarly, reason: r.cut(reason), expires: now.Add(r.cfg.TombstoneTTL)})
+	t := &tomb{kind: AbortedEarly, reason: r.cut(reason), expires: now.Add(r.cfg.TombstoneTTL), by: by}
+	if by != "" {
+		r.addEarly(id, t)
+	} else {
+		r.addTomb(id, t)
+	}
 	acks(true)
 	return Result{Outcome: Tombstoned, Peers: dropped}
 }

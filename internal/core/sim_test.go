@@ -116,6 +116,10 @@ type simConfig struct {
 	// times, answers decode rank 0 with an offer under a name of its own
 	// whose blob names the last decode rank's agent (simhostile_test.go).
 	forger bool
+	// hostileFlood: decode rank 0 is hostile and floods: at every tick
+	// (the quiet phase's too) it sends ABORTs and READ_DONEs for
+	// simFloodIDs fresh room ids (simhostile_test.go).
+	hostileFlood bool
 }
 
 // simRoomSpec: a room that the listed decode ranks receive from the listed
@@ -204,6 +208,9 @@ type simProc struct {
 	dead     bool         // killed, not started again
 	paused   bool         // SIGSTOPped
 	pausedAt time.Time
+	// shareFull: a rank other than a flooding one (hostileFlood) kept its
+	// whole share of early aborts here: its own may have been forgotten.
+	shareFull bool
 }
 
 // simLoad is a REGISTER that passed its checks and whose metadata a
@@ -329,6 +336,7 @@ type simWorld struct {
 	got        map[simCell]bool  // pages and layers landed
 	// Faults used (bounded by the configuration).
 	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails, intrusions int
+	floods                                                                                                       int  // the hostile flood's ticks (its room ids)
 	calm                                                                                                         bool // the quiet phase: no faults
 	trace                                                                                                        []string
 	cov                                                                                                          *simCoverage // random runs and explorations: what was reached (not state)
@@ -1729,6 +1737,7 @@ func (w *simWorld) checkState() {
 			continue
 		}
 		w.checkTables(p)
+		w.noteShares(p)
 		if p.core.decodeCore != nil {
 			for _, id := range slices.Sorted(maps.Keys(p.core.reg.rooms)) {
 				w.checkReport(p, id)
@@ -1786,7 +1795,10 @@ func (w *simWorld) checkState() {
 				// still ends it).
 				// So is an ABORT past the owed-ABORT bound (MaxPendingRooms
 				// per rank) before the rank was looked up: dropped, counted.
-				evicted := pc.core.reg.evicted > 0 || w.procs[w.cfg.prefills+ds].core.stats.AbortsDropped > 0
+				// Past its rank's share (MaxTombstones/8) a rank's oldest
+				// early aborts are forgotten too — but never an honest rank's
+				// for a flooding one's (hostileFlood: its share is its own).
+				evicted := pc.core.reg.evicted > 0 || w.procs[w.cfg.prefills+ds].core.stats.AbortsDropped > 0 || w.forgotOwn(pc)
 				if st, ok := pc.core.Status(r.id); ok && !st.Terminal() && !evicted {
 					w.fail("room %d: decode %d aborted, prefill %d still %v with the network quiet", r.id, ds, ps, st)
 				}
@@ -1832,12 +1844,15 @@ func (w *simWorld) checkEarlyAbort(p *simProc, room uint64) {
 	if !ok || w.now.Sub(at[1]) >= ttl {
 		return
 	}
-	if st, _ := p.core.Status(room); st != Failed && p.core.reg.evicted == 0 {
+	if st, _ := p.core.Status(room); st != Failed && p.core.reg.evicted == 0 && !w.forgotOwn(p) {
 		w.fail("room %d: %s created its sender %s after the last ABORT it heard before the sender existed (inside the tombstone TTL of %s), and it started %v",
 			room, p.from.Peer(), w.now.Sub(at[1]), ttl, st)
 	}
 	if w.now.Sub(at[0]) >= ttl {
 		w.cov.hit("sender created past the first early ABORT's TTL, inside the last's")
+	}
+	if w.cfg.hostileFlood && p.core.reg.forgotten > 0 {
+		w.cov.hit("sender created Failed after an early ABORT, the flooder's own forgotten")
 	}
 }
 

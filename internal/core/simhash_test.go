@@ -87,6 +87,7 @@ func (w *simWorld) hash() [16]byte {
 		f.s(p.endpoint)
 		f.b1(p.dead)
 		f.b1(p.paused)
+		f.b1(p.shareFull)
 		if p.paused {
 			f.t(p.pausedAt)
 		}
@@ -236,7 +237,7 @@ func (w *simWorld) hash() [16]byte {
 		f.i(k[1])
 		f.b1(w.rel[k].forced)
 	}
-	for _, n := range []int{w.restarts, w.kills, w.peerDowns, w.ticks, w.losses, w.dups, w.replays, w.pauses, w.lookupFails, w.stales, w.intrusions} {
+	for _, n := range []int{w.restarts, w.kills, w.peerDowns, w.ticks, w.losses, w.dups, w.replays, w.pauses, w.lookupFails, w.stales, w.intrusions, w.floods} {
 		f.i(n)
 	}
 	var out [16]byte
@@ -352,6 +353,13 @@ func (c *Core) hash(f *fp) {
 		}
 	}
 	f.i(c.reg.evicted) // exempts invariant 2 (see checkState)
+	f.i(c.reg.forgotten)
+	for _, by := range slices.Sorted(maps.Keys(c.reg.earlyQ)) { // each rank's forgetting order
+		f.s(by)
+		for _, id := range c.reg.earlyQ[by] {
+			f.u(id)
+		}
+	}
 	f.u(c.stats.AbortsDropped)
 	for _, ref := range c.reg.tombQ { // the eviction order
 		f.u(ref.id)
@@ -373,6 +381,7 @@ func (c *Core) hash(f *fp) {
 		t := c.reg.tombs[id]
 		f.u(id)
 		f.i(int(t.kind))
+		f.s(t.by)
 		f.u(uint64(min(t.expires.Sub(f.now), c.cfg.Registry.TombstoneTTL)))
 		f.i(t.inflight)
 		f.i(t.unsettled)
@@ -626,6 +635,11 @@ func (c *Core) clone() *Core {
 	reg.tombQ = slices.Clone(c.reg.tombQ)
 	reg.draining = maps.Clone(c.reg.draining)
 	reg.pendingBy = maps.Clone(c.reg.pendingBy)
+	reg.earlyBy = maps.Clone(c.reg.earlyBy)
+	reg.earlyQ = make(map[string][]uint64, len(c.reg.earlyQ))
+	for k, q := range c.reg.earlyQ {
+		reg.earlyQ[k] = slices.Clone(q)
+	}
 	if c.prefillCore != nil {
 		n.peers = make(map[string]*decodePeer, len(c.peers))
 		for k, p := range c.peers {

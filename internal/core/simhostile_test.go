@@ -40,7 +40,9 @@ import (
 // simIntruder is the intruder's decode instance name.
 const simIntruder = "intruder"
 
-func (w *simWorld) isHostile(slot int) bool { return w.cfg.hostileRenew && slot == w.cfg.prefills }
+func (w *simWorld) isHostile(slot int) bool {
+	return (w.cfg.hostileRenew || w.cfg.hostileFlood) && slot == w.cfg.prefills
+}
 
 func (w *simWorld) isIntruder(slot int) bool {
 	return w.cfg.intruder && slot == w.cfg.slots()-1 && !w.isPrefill(slot)
@@ -67,6 +69,7 @@ func (w *simWorld) hostileDrops(slot int, m wire.Message) bool {
 // came just in time for the lease and the stall deadline it could extend.
 func (w *simWorld) hostileRenews() {
 	if !w.cfg.hostileRenew {
+		w.hostileFlood()
 		return
 	}
 	s := w.cfg.prefills
@@ -88,6 +91,75 @@ func (w *simWorld) hostileRenews() {
 				w.effects(pr)
 			}
 		}
+	}
+	w.hostileFlood()
+}
+
+// simFloodBase, simFloodIDs: the flood's room ids (fresh at every tick),
+// and how many of them each tick — past the flooder's share of the
+// tombstone bound (MaxTombstones/8) at its first tick.
+const (
+	simFloodBase = 1 << 40
+	simFloodIDs  = 10
+)
+
+// hostileFlood (hostileFlood): the hostile decode process sends every
+// live prefill process ABORTs and READ_DONEs for simFloodIDs fresh room
+// ids no one else uses (another instance's rooms: the intruder), stepped
+// at once. The prefill process's answers to it (ABORT_ACKs for rooms it
+// has none of) are dropped: it ignores them. Checked: the
+// flood never makes a prefill process forget another rank's tombstone
+// (its early aborts are its own share's), and every honest room still
+// ends within its bounds (the liveness phase, while it floods).
+func (w *simWorld) hostileFlood() {
+	if !w.cfg.hostileFlood {
+		return
+	}
+	s := w.cfg.prefills
+	p := w.procs[s]
+	if p.dead || p.paused {
+		return
+	}
+	var ids []uint64
+	for k := range simFloodIDs {
+		ids = append(ids, simFloodBase+uint64(w.floods*simFloodIDs+k))
+	}
+	w.floods++
+	for pr := range w.cfg.prefills {
+		q := w.procs[pr]
+		if !w.active(pr) {
+			continue
+		}
+		// The others' tombstones before the flood: it may make the
+		// prefill process forget one only where they and the flooder's
+		// share fill the bound.
+		others, evicted := 0, q.core.reg.evicted
+		for _, tb := range q.core.reg.tombs {
+			if tb.by != p.from.Peer() {
+				others++
+			}
+		}
+		share := max(1, w.cfg.reg.MaxTombstones/8)
+		for _, id := range ids {
+			w.cov.hit("hostile: ABORT flood sent")
+			q.core.Step(w.now, Received{&wire.Abort{From: p.from, Room: id, Reason: "flood"}})
+			q.core.Step(w.now, Received{&wire.ReadDone{From: p.from, Room: id, OK: true, Drained: true}})
+		}
+		if q.core.reg.forgotten > 0 {
+			w.cov.hit("hostile: its own early aborts forgotten (its share)")
+		}
+		if n := q.core.reg.earlyBy[p.from.Peer()]; n > share {
+			w.fail("%s keeps %d early aborts of the flooding rank %s, past its share of %d", q.from.Peer(), n, p.from.Peer(), share)
+		}
+		if q.core.reg.evicted > evicted && others+share < w.cfg.reg.MaxTombstones {
+			w.fail("%s forgot %d tombstones past MaxTombstones (%d) under one decode rank's ABORT flood, with %d others': the flood must forget its own early aborts (its share, %d), not others'",
+				q.from.Peer(), q.core.reg.evicted-evicted, w.cfg.reg.MaxTombstones, others, share)
+		}
+		w.effects(pr)
+		w.net[pr][s] = slices.DeleteFunc(w.net[pr][s], func(m simMsg) bool {
+			a, ok := m.msg.(*wire.AbortAck)
+			return ok && a.Room >= simFloodBase
+		})
 	}
 }
 
@@ -265,7 +337,7 @@ func (w *simWorld) checkHoldBound(t0 time.Time) {
 func TestSimRandomHostile(t *testing.T) {
 	t.Parallel() // CPU-bound: alongside the other checkers
 	cfg := simRandomConfig()
-	cfg.hostileRenew = true
+	cfg.hostileRenew, cfg.hostileFlood = true, true
 	total := newSimCoverage()
 	const n = 50 / raceSeeds // (make sim's SIM_SEEDS is TestSimRandom's)
 	for seed := uint64(0); seed < uint64(n); seed++ {
@@ -278,7 +350,8 @@ func TestSimRandomHostile(t *testing.T) {
 	if raceOn {
 		return // the coverage of all 50: make test-checkers
 	}
-	for _, what := range []string{"hostile: RENEW sent", "hostile: read never posted", "hostile: RENEW for a room that failed", "source released forced"} {
+	for _, what := range []string{"hostile: RENEW sent", "hostile: read never posted", "hostile: RENEW for a room that failed", "source released forced",
+		"hostile: ABORT flood sent", "hostile: its own early aborts forgotten (its share)"} {
 		if total.hits[what] == 0 {
 			t.Errorf("the hostile swarm never reached %q (reached: %v)", what, total.hits)
 		}
@@ -310,4 +383,28 @@ func (w *simWorld) forgerEvents(add func(string, func(*simWorld))) {
 		o.Agent, o.AgentMD = "forged|"+p.from.Peer(), []byte(remoteName(w.procs[v].from))
 		w.net[0][d] = append(w.net[0][d], simMsg{from: p.from, to: w.procs[d].endpoint, msg: &wire.RegisterAck{OK: true, Pull: &o}})
 	})
+}
+
+// forgotOwn: the prefill process may have forgotten an honest rank's early
+// abort for that rank's share. Outside hostileFlood any forgotten one
+// counts (a random run's honest rank may abort many rooms early); with a
+// flooder, only where an honest rank itself kept its whole share here
+// (noteShares): the flood's own are never another rank's.
+func (w *simWorld) forgotOwn(p *simProc) bool {
+	return p.core.reg.forgotten > 0 && (!w.cfg.hostileFlood || p.shareFull)
+}
+
+// noteShares records that a rank other than the flooder kept its whole
+// share of early aborts on p (after any event: one more forgets its
+// oldest).
+func (w *simWorld) noteShares(p *simProc) {
+	if !w.cfg.hostileFlood || p.shareFull {
+		return
+	}
+	flooder := w.procs[w.cfg.prefills].from.Peer()
+	for by, n := range p.core.reg.earlyBy {
+		if by != flooder && n >= max(1, w.cfg.reg.MaxTombstones/8) {
+			p.shareFull = true
+		}
+	}
 }

@@ -199,6 +199,19 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.ticks, c.jumps = 2, []time.Duration{simPullLease, c.reg.StallTimeout}
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
 		}, "hostile: RENEW sent", "hostile: read never posted", "hostile: ABORT or READ_DONE withheld", "lease renewed", "hostile: RENEW for a room that failed", "source released forced"),
+		// The hostile decode rank also floods ABORTs and READ_DONEs for
+		// fresh room ids and the other decode rank's room at every tick;
+		// the honest decode rank aborts its room early (before the
+		// prefill rank's sender exists): its tombstone must outlive the
+		// flood (the flooder's early aborts are forgotten within its own
+		// share), so the sender created later starts Failed.
+		"1→2 decode ranks: decode 0 floods ABORTs and READ_DONEs (hostile), decode 1 aborts its room early; liveness while it floods": mk(func(c *simConfig) {
+			c.decodes, c.hostileFlood, c.live, c.noClear, c.writesOK = 2, true, true, true, true
+			c.rooms = []simRoomSpec{simRoom(8, []int{1}, []int{0}, 1)}
+			c.decodeAbort, c.abortDecodes = true, []int{1}
+			c.ticks = 1
+			c.prefix = []string{"room 8 decode 1 create", "room 8 decode 1 init", "resolve at 2", "deliver 2→0 REGISTER", "deliver 0→2 REGISTER_ACK"}
+		}, "hostile: ABORT flood sent", "hostile: its own early aborts forgotten (its share)", "sender created Failed after an early ABORT, the flooder's own forgotten"),
 		"1→2 decode instances: an intruder asks for, aborts, renews and ends the reads of the other instance's room": mk(func(c *simConfig) {
 			c.decodes, c.intruder, c.intrusions, c.noClear, c.writesOK = 2, true, 2, true, true
 			c.rooms = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1), simRoom(8, []int{1}, []int{0}, 1)}

@@ -220,6 +220,12 @@ func (t *testReg) clone(clk *fakeClock) *testReg {
 	for k, n := range t.pendingBy {
 		c.pendingBy[k] = n
 	}
+	for k, n := range t.earlyBy {
+		c.earlyBy[k] = n
+	}
+	for k, q := range t.earlyQ {
+		c.earlyQ[k] = slices.Clone(q)
+	}
 	c.acks = slices.Clone(t.acks)
 	return c
 }
