@@ -4,6 +4,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // Only gpu/discover (and what imports it: examples/gpucheck) compiles
@@ -13,12 +15,8 @@ func TestOnlyDiscoveryCompilesNVML(t *testing.T) {
 	pkgs := []string{"../nixl", "../kvmanager", "../transfer", "../bootstrap", "../sender", "../receiver", "../gpu",
 		"../examples/prefill", "../examples/decode", "../examples/demo", "../examples/kvbench"}
 	out, err := exec.Command("go", append([]string{"list", "-deps"}, pkgs...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "go list: %s", out)
 	for _, p := range strings.Fields(string(out)) {
-		if strings.Contains(p, "go-nvml") {
-			t.Fatalf("%s is in the dependencies of %v", p, pkgs)
-		}
+		require.NotContains(t, p, "go-nvml", "%s is in the dependencies of %v", p, pkgs)
 	}
 }

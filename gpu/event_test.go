@@ -2,22 +2,19 @@ package gpu
 
 import (
 	"bytes"
-	"errors"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // openStream is a stream on device 0 of d, released at the test's end.
 func openStream(t *testing.T, d *Driver) (*Context, *Stream) {
 	t.Helper()
 	c, err := d.Primary(0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { c.Release() })
 	s, err := c.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { s.Destroy() })
 	return c, s
 }
@@ -30,52 +27,31 @@ func TestEventGatesOnTheStream(t *testing.T) {
 		c, s := openStream(t, d)
 		const n = 1 << 20
 		a, err := c.Alloc(n)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		defer c.Free(a)
 		b, _ := c.Alloc(n)
 		defer c.Free(b)
 		src := bytes.Repeat([]byte("layer-01"), n/8)
-		if err := c.CopyHtoD(a, src); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.CopyDtoDAsync(b, a, n); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, c.CopyHtoD(a, src))
+		require.NoError(t, s.CopyDtoDAsync(b, a, n))
 		ev, err := s.Record()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ev.Sync(); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
+		require.NoError(t, ev.Sync())
 		ready := ev.Ready()
-		if done, err := ready(); !done || err != nil {
-			t.Fatalf("after Sync: ready %v, %v", done, err)
-		}
+		done, err := ready()
+		require.NoError(t, err, "after Sync")
+		require.True(t, done, "after Sync: ready")
 		got := make([]byte, n)
-		if err := c.CopyDtoH(got, b); err != nil || !bytes.Equal(got, src) {
-			t.Fatalf("the copy before the event is not in place: %v", err)
-		}
-		if err := ev.Rerecord(); err != nil {
-			t.Fatal(err)
-		}
-		if err := ev.Sync(); err != nil {
-			t.Fatal(err)
-		}
-		if err := ev.Destroy(); err != nil {
-			t.Fatal(err)
-		}
-		if err := ev.Destroy(); err != nil {
-			t.Fatalf("second Destroy: %v", err)
-		}
-		if done, err := ready(); done || !errors.Is(err, ErrEventDestroyed) {
-			t.Fatalf("Query after Destroy: %v, %v", done, err)
-		}
-		if err := ev.Sync(); !errors.Is(err, ErrEventDestroyed) {
-			t.Fatalf("Sync after Destroy: %v", err)
-		}
+		require.NoError(t, c.CopyDtoH(got, b), "the copy before the event is not in place")
+		require.Equal(t, src, got, "the copy before the event is not in place")
+		require.NoError(t, ev.Rerecord())
+		require.NoError(t, ev.Sync())
+		require.NoError(t, ev.Destroy())
+		require.NoError(t, ev.Destroy(), "second Destroy")
+		done, err = ready()
+		require.ErrorIs(t, err, ErrEventDestroyed, "Query after Destroy")
+		require.False(t, done, "Query after Destroy")
+		require.ErrorIs(t, ev.Sync(), ErrEventDestroyed, "Sync after Destroy")
 	})
 }
 
@@ -85,71 +61,61 @@ func TestEventGatesOnTheStream(t *testing.T) {
 // Sync completes one early; the count is read at record time.
 func TestEventNotReadyThenReady(t *testing.T) {
 	d, err := LoadDriver(doubleLib)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	_, s := openStream(t, d)
 	t.Setenv("KVB_FAKE_EVENT_POLLS", "3")
 	ev, err := s.Record()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer ev.Destroy()
 	t.Setenv("KVB_FAKE_EVENT_POLLS", "0") // read at record: no effect on ev
 	ready := ev.Ready()
 	for i := range 3 {
-		if done, err := ready(); done || err != nil {
-			t.Fatalf("query %d of a running event: %v, %v", i+1, done, err)
-		}
+		done, err := ready()
+		require.NoError(t, err, "query %d of a running event", i+1)
+		require.False(t, done, "query %d of a running event", i+1)
 	}
-	if done, err := ready(); !done || err != nil {
-		t.Fatalf("query 4: %v, %v", done, err)
-	}
+	done, err := ready()
+	require.NoError(t, err, "query 4")
+	require.True(t, done, "query 4")
 	t.Setenv("KVB_FAKE_EVENT_POLLS", "1000")
-	if err := ev.Rerecord(); err != nil {
-		t.Fatal(err)
-	}
-	if done, err := ev.Query(); done || err != nil {
-		t.Fatalf("re-recorded: %v, %v", done, err)
-	}
-	if err := ev.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	if done, err := ev.Query(); !done || err != nil {
-		t.Fatalf("after Sync: %v, %v", done, err)
-	}
+	require.NoError(t, ev.Rerecord())
+	done, err = ev.Query()
+	require.NoError(t, err, "re-recorded")
+	require.False(t, done, "re-recorded")
+	require.NoError(t, ev.Sync())
+	done, err = ev.Query()
+	require.NoError(t, err, "after Sync")
+	require.True(t, done, "after Sync")
 }
 
 // TestEventErrors (double): a failing query is an error naming the call
 // and the code, not "not ready"; a failing record returns no event.
 func TestEventErrors(t *testing.T) {
 	d, err := LoadDriver(doubleLib)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	_, s := openStream(t, d)
 	ev, err := s.Record()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer ev.Destroy()
 	var ce *CUDAError
 	t.Setenv("KVB_CUDA_DOUBLE_FAIL", "cuEventQuery")
-	if done, err := ev.Ready()(); done || !errors.As(err, &ce) || ce.Call != "cuEventQuery" || ce.Name != "CUDA_ERROR_OUT_OF_MEMORY" {
-		t.Fatalf("failing query: %v, %v", done, err)
-	}
+	done, err := ev.Ready()()
+	require.False(t, done, "failing query")
+	require.ErrorAs(t, err, &ce, "failing query")
+	require.Equal(t, "cuEventQuery", ce.Call, "failing query: %v", err)
+	require.Equal(t, "CUDA_ERROR_OUT_OF_MEMORY", ce.Name, "failing query: %v", err)
 	for _, sym := range []string{"cuEventCreate", "cuEventRecord"} {
 		t.Setenv("KVB_CUDA_DOUBLE_FAIL", sym)
-		if e, err := s.Record(); e != nil || !errors.As(err, &ce) || ce.Call != "cuEventRecord" {
-			t.Fatalf("record with %s failing: %v, %v", sym, e, err)
-		}
+		e, err := s.Record()
+		require.Nil(t, e, "record with %s failing", sym)
+		require.ErrorAs(t, err, &ce, "record with %s failing", sym)
+		require.Equal(t, "cuEventRecord", ce.Call, "record with %s failing: %v", sym, err)
 	}
 	t.Setenv("KVB_CUDA_DOUBLE_FAIL", "cuEventSynchronize")
-	if err := ev.Sync(); !errors.As(err, &ce) || ce.Call != "cuEventSynchronize" {
-		t.Fatalf("failing sync: %v", err)
-	}
+	require.ErrorAs(t, ev.Sync(), &ce, "failing sync")
+	require.Equal(t, "cuEventSynchronize", ce.Call, "failing sync")
 	t.Setenv("KVB_CUDA_DOUBLE_FAIL", "")
-	if done, err := ev.Query(); !done || err != nil {
-		t.Fatalf("query once the failure is gone: %v, %v", done, err)
-	}
+	done, err = ev.Query()
+	require.NoError(t, err, "query once the failure is gone")
+	require.True(t, done, "query once the failure is gone")
 }

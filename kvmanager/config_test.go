@@ -7,6 +7,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/require"
 )
 
 // Bug 10: zero means "default" only where zero is not a valid value.
@@ -15,16 +16,12 @@ func TestConfigDefaultsFieldByField(t *testing.T) {
 	cfg.Registry.StallTimeout = 7 * time.Second // custom; BootstrapTimeout left zero
 	cfg.Registry.TombstoneTTL = time.Hour
 	cfg.fillDefaults()
-	if cfg.PrefillRank != 0 {
-		t.Fatalf("PrefillRank 0 replaced by %d", cfg.PrefillRank)
-	}
+	require.Zero(t, cfg.PrefillRank, "PrefillRank 0 replaced")
 	def := core.DefaultRegistryConfig()
-	if cfg.Registry.StallTimeout != 7*time.Second || cfg.Registry.TombstoneTTL != time.Hour {
-		t.Fatalf("custom timeouts replaced: %+v", cfg.Registry)
-	}
-	if cfg.Registry.BootstrapTimeout != def.BootstrapTimeout || cfg.QuarantineTimeout != 14*time.Second {
-		t.Fatalf("zero fields not defaulted: %+v quarantine %v", cfg.Registry, cfg.QuarantineTimeout)
-	}
+	require.Equal(t, 7*time.Second, cfg.Registry.StallTimeout, "custom timeouts replaced: %+v", cfg.Registry)
+	require.Equal(t, time.Hour, cfg.Registry.TombstoneTTL, "custom timeouts replaced: %+v", cfg.Registry)
+	require.Equal(t, def.BootstrapTimeout, cfg.Registry.BootstrapTimeout, "zero fields not defaulted: %+v", cfg.Registry)
+	require.Equal(t, 14*time.Second, cfg.QuarantineTimeout, "zero fields not defaulted: quarantine")
 }
 
 // kvbridge_transfer_bytes_total counts the layers a write moved, not every
@@ -32,11 +29,7 @@ func TestConfigDefaultsFieldByField(t *testing.T) {
 func TestWriteBytesCountsItsLayers(t *testing.T) {
 	l := transfer.Layout{Regions: make([]nixl.Desc, 4), PageBytes: 64} // 2 layers, 64-byte pages
 	w := transfer.Write{Runs: []transfer.Run{{Src: 0, Dst: 0, Len: 3}}, AuxSrc: -1, State: -1}
-	if got := writeBytes(&w, l); got != 3*64*4 {
-		t.Fatalf("whole chunk: %d bytes, want %d", got, 3*64*4)
-	}
+	require.EqualValues(t, 3*64*4, writeBytes(&w, l), "whole chunk: bytes")
 	w.Layers = transfer.Layers{Lo: 1, Hi: 2}
-	if got := writeBytes(&w, l); got != 3*64*2 {
-		t.Fatalf("layer 1 of 2: %d bytes, want %d", got, 3*64*2)
-	}
+	require.EqualValues(t, 3*64*2, writeBytes(&w, l), "layer 1 of 2: bytes")
 }

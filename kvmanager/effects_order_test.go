@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/stretchr/testify/require"
 )
 
 // TestEffectsCarriedOutInStepOrder: a rank's effects are carried out after
@@ -51,7 +52,5 @@ func TestEffectsCarriedOutInStepOrder(t *testing.T) {
 	<-bDone
 	m.afterUnlock.Store(nil)
 	m.onSend.Store(nil)
-	if len(order) != 2 || order[0] != 1 || order[1] != 2 {
-		t.Fatalf("ABORT_ACKs handed to the loop for rooms %v, want [1 2] (the steps' order)", order)
-	}
+	require.Equal(t, []uint64{1, 2}, order, "ABORT_ACKs handed to the loop for rooms, want [1 2] (the steps' order)")
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
@@ -13,6 +12,7 @@ import (
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
 )
 
 // testLayout is a DRAM layout of 2 layers of 64 pages of 64 bytes, with 16
@@ -38,13 +38,9 @@ func TestLayoutRefusalsExported(t *testing.T) {
 	p.read(func(c *core.Core) {
 		_, err = c.CheckRegister(&bootstrap.Register{From: bootstrap.From{Role: "decode", Instance: "d", Rank: 0, Endpoint: "tcp://d:1", Epoch: 1}, Compat: p.cfg.Compat, KV: kv, Aux: aux, State: state})
 	})
-	if err == nil || !strings.Contains(err.Error(), "overlapping regions") {
-		t.Fatalf("an overlapping REGISTER: %v", err)
-	}
+	require.ErrorContains(t, err, "overlapping regions", "an overlapping REGISTER")
 	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	got := map[string]float64{}
 	for _, f := range families {
 		if f.GetName() != "kvbridge_layout_refused_total" {
@@ -58,9 +54,7 @@ func TestLayoutRefusalsExported(t *testing.T) {
 			}
 		}
 	}
-	if want := map[string]float64{"overlapping_regions": 1, "repeated_page": 0, "page_in_use": 0, "not_owner": 0}; fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("kvbridge_layout_refused_total %v, want %v", got, want)
-	}
+	require.Equal(t, fmt.Sprint(map[string]float64{"overlapping_regions": 1, "repeated_page": 0, "page_in_use": 0, "not_owner": 0}), fmt.Sprint(got), "kvbridge_layout_refused_total")
 }
 
 // Decode.InitReceiver refuses a spec naming a destination page, or an item
@@ -76,9 +70,7 @@ func TestInitReceiverRefusesRepeatedDestinations(t *testing.T) {
 		cfg.Layout.Regions = []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}
 		cfg.Layout.Aux, cfg.Layout.State[0].Addr = nixl.Desc{Len: 4 * 16}, 0
 		d, err := NewDecode(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		defer d.Close()
 		for _, spec := range []core.RequestSpec{
 			{DstPages: []uint32{1, 2, 1}, AuxIndex: -1},
@@ -87,12 +79,8 @@ func TestInitReceiverRefusesRepeatedDestinations(t *testing.T) {
 		} {
 			// Room 9 does not exist: a spec that passes gets ErrUnknownRoom.
 			err := d.InitReceiver(context.Background(), 9, spec)
-			if errors.Is(err, core.ErrInvalidSpec) != fixed {
-				t.Fatalf("%+v: %v", spec, err)
-			}
+			require.Equal(t, fixed, errors.Is(err, core.ErrInvalidSpec), "%+v: %v", spec, err)
 		}
-		if err := d.InitReceiver(context.Background(), 9, core.RequestSpec{DstPages: []uint32{1, 2}, AuxIndex: -1}); !errors.Is(err, core.ErrUnknownRoom) {
-			t.Fatalf("a valid spec for an unknown room: %v", err)
-		}
+		require.ErrorIs(t, d.InitReceiver(context.Background(), 9, core.RequestSpec{DstPages: []uint32{1, 2}, AuxIndex: -1}), core.ErrUnknownRoom, "a valid spec for an unknown room")
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/nixldouble"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -34,8 +35,6 @@ func libnixlDouble(t *testing.T) string {
 			doublePath, doubleErr = nixldouble.Build(doubleDir)
 		}
 	})
-	if doubleErr != nil {
-		t.Fatal(doubleErr)
-	}
+	require.NoError(t, doubleErr)
 	return doublePath
 }

@@ -6,6 +6,8 @@ import (
 
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestPhaseHistograms: a room that entered Bootstrapping at t0,
@@ -24,9 +26,7 @@ func TestPhaseHistograms(t *testing.T) {
 	reg.MustRegister(m.phases)
 	m.observePhases(entered)
 	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	got := map[string]float64{}
 	for _, f := range families {
 		for _, mm := range f.GetMetric() {
@@ -39,8 +39,6 @@ func TestPhaseHistograms(t *testing.T) {
 	}
 	want := map[string]float64{"bootstrapping": 2, "waiting_for_input": 3, "transferring": 4}
 	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("%s: %v s, want %v (all: %v)", k, got[k], v, got)
-		}
+		assert.Equal(t, v, got[k], "%s: seconds (all: %v)", k, got)
 	}
 }

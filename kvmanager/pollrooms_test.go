@@ -11,6 +11,8 @@ import (
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // Both roles' handles carry the batch poll.
@@ -29,9 +31,7 @@ func pollPrefill(tb testing.TB) *Prefill {
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
 	p, err := NewPrefill(cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	require.NoError(tb, err)
 	tb.Cleanup(func() { p.Close() })
 	return p
 }
@@ -62,22 +62,13 @@ func TestPollRooms(t *testing.T) {
 		if !known {
 			st = 0
 		}
-		if out[i] != st || out[i] != want[i] {
-			t.Errorf("room %d: PollRooms %v, Status %v (known %v), want %v", id, out[i], st, known, want[i])
-		}
+		assert.Equal(t, want[i], out[i], "room %d: PollRooms (Status %v, known %v)", id, st, known)
+		assert.Equal(t, st, out[i], "room %d: PollRooms vs Status (known %v)", id, known)
 	}
-	if out[len(rooms)] != core.Success || out[len(rooms)+1] != core.Success {
-		t.Errorf("PollRooms wrote past len(rooms): %v", out[len(rooms):])
-	}
+	assert.Equal(t, core.Success, out[len(rooms)], "PollRooms wrote past len(rooms): %v", out[len(rooms):])
+	assert.Equal(t, core.Success, out[len(rooms)+1], "PollRooms wrote past len(rooms): %v", out[len(rooms):])
 	p.PollRooms(nil, nil) // nothing to poll, nothing to write
-	func() {
-		defer func() {
-			if r := recover(); r == nil {
-				t.Error("PollRooms with a short out did not panic")
-			}
-		}()
-		p.PollRooms(rooms, out[:3])
-	}()
+	assert.Panics(t, func() { p.PollRooms(rooms, out[:3]) }, "PollRooms with a short out did not panic")
 }
 
 // TestPollRoomsAllocatesNothing: the batch poll over 1,000 rooms allocates
@@ -92,12 +83,9 @@ func TestPollRoomsAllocatesNothing(t *testing.T) {
 		}
 	}
 	out := make([]core.Poll, len(rooms))
-	if n := testing.AllocsPerRun(100, func() { p.PollRooms(rooms, out) }); n != 0 {
-		t.Fatalf("PollRooms allocated %v times per call", n)
-	}
-	if out[0] != core.Bootstrapping || out[1] != 0 {
-		t.Fatalf("statuses %v %v", out[0], out[1])
-	}
+	require.Zero(t, testing.AllocsPerRun(100, func() { p.PollRooms(rooms, out) }), "PollRooms allocations per call")
+	require.Equal(t, core.Bootstrapping, out[0], "status of room 0")
+	require.Zero(t, out[1], "status of room 1")
 }
 
 // TestPollRoomsIsOneSnapshot: a writer creates two rooms in one step and
@@ -147,9 +135,7 @@ func TestPollRoomsIsOneSnapshot(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	if splits > 0 {
-		t.Fatalf("%d of %d batch polls saw one room of a pair created in one step and not the other", splits, polls)
-	}
+	require.Zero(t, splits, "of %d batch polls, those that saw one room of a pair created in one step and not the other", polls)
 	t.Logf("%d polls, %d saw the pair live", polls, seen)
 }
 

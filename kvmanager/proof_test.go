@@ -1,7 +1,6 @@
 package kvmanager
 
 import (
-	"bytes"
 	"encoding/binary"
 	"runtime"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
 )
 
 // proofRank is a decode rank's memory and identity as a test drives it: an
@@ -42,18 +42,14 @@ func newProofRankNamed(t testing.TB, engine nixl.Config, instance, agent string,
 	t.Helper()
 	engine.Name = agent
 	a, err := nixl.Open(engine)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { a.Close() })
 	from := bootstrap.From{Role: bootstrap.RoleDecode, Instance: instance, Rank: 0}
 	r := &proofRank{name: engine.Name, owner: from.Peer(), agent: a, seed: make([]byte, proofLen), acks: make(chan *bootstrap.RegisterAck, 4)}
 	copy(r.seed, instance)
 	for i := range regions {
 		_, buf, err := a.Alloc(8*64 + transfer.ProofBytes)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for k := range buf[:8*64] {
 			buf[k] = byte(i*31 + k) // the rank's KV: must never change
 		}
@@ -61,15 +57,12 @@ func newProofRankNamed(t testing.TB, engine nixl.Config, instance, agent string,
 		r.kv = append(r.kv, bootstrap.Region{Addr: uint64(nixl.BytesDesc(buf).Addr), Len: 8 * 64, ItemLen: 64, Mem: bootstrap.MemDRAM})
 	}
 	lay, err := core.LayoutFrom(r.kv, []bootstrap.Region{}, []bootstrap.Region{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for i, pr := range proofRegions(lay) {
 		copy(r.mem[i][8*64:], pr.value(r.seed, r.owner))
 	}
-	if r.md, err = a.Metadata(); err != nil {
-		t.Fatal(err)
-	}
+	r.md, err = a.Metadata()
+	require.NoError(t, err)
 	r.loop, err = bootstrap.NewLoop(bootstrap.LoopConfig{
 		Identity: from, Bind: "tcp://127.0.0.1:*", Auth: testauth.Auth(),
 		Handler: func(m bootstrap.Message) {
@@ -77,9 +70,7 @@ func newProofRankNamed(t testing.TB, engine nixl.Config, instance, agent string,
 				r.acks <- a
 			}
 		}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { r.loop.Close() })
 	return r
 }
@@ -110,9 +101,7 @@ func echoingRegister(t *testing.T, loop *bootstrap.Loop, agent *nixl.Agent, owne
 		<-acks // a late answer to an earlier repeat
 	}
 	send := func() {
-		if err := loop.Send(to, reg); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, loop.Send(to, reg))
 	}
 	send()
 	deadline := time.After(30 * time.Second)
@@ -170,9 +159,7 @@ func awaitChallenge(t *testing.T, r *proofRank) []byte {
 // agent name replaced: the same process, memory and keys, another name.
 func renamed(t *testing.T, md []byte, name string) []byte {
 	t.Helper()
-	if len(md) < 5 || string(md[:4]) != "KVBN" {
-		t.Fatalf("not a kvbridge blob: %x", md[:min(5, len(md))])
-	}
+	require.True(t, len(md) >= 5 && string(md[:4]) == "KVBN", "not a kvbridge blob: %x", md[:min(5, len(md))])
 	off := 5
 	skip := func() (int, int) {
 		n := int(binary.LittleEndian.Uint32(md[off:]))
@@ -225,9 +212,8 @@ func TestRegisterForeignMemoryRefused(t *testing.T) {
 			late := newProofRank(t, tc.engine, "late-"+tc.name, n)
 			attacker := newProofRank(t, tc.engine, "attacker-"+tc.name, n)
 			for _, r := range []*proofRank{victim, custom} {
-				if a := r.register(t, p, r.name, r.md, r.kv, r.seed); !a.OK {
-					t.Fatalf("%s's genuine REGISTER refused: %s", r.owner, a.Reason)
-				}
+				a := r.register(t, p, r.name, r.md, r.kv, r.seed)
+				require.True(t, a.OK, "%s's genuine REGISTER refused: %s", r.owner, a.Reason)
 			}
 			refusals := func() uint64 {
 				var s core.CoreStats
@@ -257,55 +243,41 @@ func TestRegisterForeignMemoryRefused(t *testing.T) {
 			} {
 				before := refusals()
 				a := attacker.register(t, p, c.agent, c.md, c.kv, c.seed)
-				if a.OK {
-					t.Fatalf("%s: accepted (REGISTER_ACK ok): the prefill rank would write the attacker's rooms there", c.what)
-				}
-				if !strings.Contains(a.Reason, "not_owner") && !strings.Contains(a.Reason, "agent metadata") {
-					t.Fatalf("%s: refused for a reason that does not name the ownership check: %s", c.what, a.Reason)
-				}
-				if got := refusals(); strings.Contains(a.Reason, "not_owner") && got != before+1 {
-					t.Fatalf("%s: kvbridge_layout_refused_total{reason=not_owner} %d → %d", c.what, before, got)
+				require.False(t, a.OK, "%s: accepted (REGISTER_ACK ok): the prefill rank would write the attacker's rooms there", c.what)
+				require.True(t, strings.Contains(a.Reason, "not_owner") || strings.Contains(a.Reason, "agent metadata"),
+					"%s: refused for a reason that does not name the ownership check: %s", c.what, a.Reason)
+				if got := refusals(); strings.Contains(a.Reason, "not_owner") {
+					require.Equal(t, before+1, got, "%s: kvbridge_layout_refused_total{reason=not_owner} after one more refusal", c.what)
 				}
 				t.Logf("%s: refused: %s", c.what, a.Reason)
 			}
-			if refusals() < 5 { // (the NIXL double refuses a renamed blob as bad metadata first)
-				t.Fatalf("only %d refusals counted as not_owner", refusals())
-			}
+			// (The NIXL double refuses a renamed blob as bad metadata first.)
+			require.GreaterOrEqual(t, refusals(), uint64(5), "refusals counted as not_owner")
 			// The victims' registrations are intact: their remotes are
 			// loaded, their names still their own, the memory as written.
 			for _, r := range []*proofRank{victim, custom} {
-				if !p.agent.RemoteContains(r.name, nixl.DRAM, nixl.BytesDesc(r.mem[0])) {
-					t.Fatalf("%s's remote agent is gone from the prefill rank: an attacker's REGISTER replaced or dropped it", r.owner)
-				}
+				require.True(t, p.agent.RemoteContains(r.name, nixl.DRAM, nixl.BytesDesc(r.mem[0])), "%s's remote agent is gone from the prefill rank: an attacker's REGISTER replaced or dropped it", r.owner)
 			}
 			var owner string
 			p.read(func(c *core.Core) { owner = c.AgentOwner(victim.name) })
-			if owner != victim.owner {
-				t.Fatalf("the victim's agent is registered to %q", owner)
-			}
+			require.Equal(t, victim.owner, owner, "the victim's agent is registered to another")
 			for i, buf := range victim.mem {
 				for k := range buf[:8*64] {
-					if buf[k] != byte(i*31+k) {
-						t.Fatalf("the victim's region %d changed at byte %d", i, k)
-					}
+					require.Equal(t, byte(i*31+k), buf[k], "the victim's region %d changed at byte %d", i, k)
 				}
 			}
 			for _, r := range []*proofRank{victim, late, attacker} {
-				if a := r.register(t, p, r.name, r.md, r.kv, r.seed); !a.OK {
-					t.Fatalf("%s's genuine REGISTER refused after the attacks: %s", r.owner, a.Reason)
-				}
+				a := r.register(t, p, r.name, r.md, r.kv, r.seed)
+				require.True(t, a.OK, "%s's genuine REGISTER refused after the attacks: %s", r.owner, a.Reason)
 			}
 			// A repeat of a proven registration is not read again; the same
 			// process with another blob is refused, its registration kept.
-			if a := victim.register(t, p, victim.name, victim.md, victim.kv, victim.seed); !a.OK {
-				t.Fatalf("the victim's repeated REGISTER refused: %s", a.Reason)
-			}
-			if a := victim.register(t, p, victim.name+"x", renamed(t, victim.md, victim.name+"x"), victim.kv, victim.seed); a.OK || !strings.Contains(a.Reason, "other agent metadata") {
-				t.Fatalf("the victim's process registered again with another blob: ok %v, %s", a.OK, a.Reason)
-			}
-			if !p.agent.RemoteContains(victim.name, nixl.DRAM, nixl.BytesDesc(victim.mem[0])) {
-				t.Fatal("a refused repeat dropped the victim's remote")
-			}
+			a := victim.register(t, p, victim.name, victim.md, victim.kv, victim.seed)
+			require.True(t, a.OK, "the victim's repeated REGISTER refused: %s", a.Reason)
+			a = victim.register(t, p, victim.name+"x", renamed(t, victim.md, victim.name+"x"), victim.kv, victim.seed)
+			require.False(t, a.OK, "the victim's process registered again with another blob: %s", a.Reason)
+			require.Contains(t, a.Reason, "other agent metadata", "the victim's process registered again with another blob")
+			require.True(t, p.agent.RemoteContains(victim.name, nixl.DRAM, nixl.BytesDesc(victim.mem[0])), "a refused repeat dropped the victim's remote")
 		})
 	}
 }
@@ -341,9 +313,7 @@ func BenchmarkRegisterProof(b *testing.B) {
 			dcfg.Instance, dcfg.Compat, dcfg.BootstrapURL = "proof-bench-decode", p.cfg.Compat, "http://127.0.0.1:1"
 			dcfg.Engine, dcfg.Layout = ec.engine, lay()
 			d, err := NewDecode(dcfg)
-			if err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
 			defer d.Close()
 			msg := d.core.Config().Register // as the decode rank sends it (unsealed: the loop seals it)
 			msg.From = bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proof-bench-decode", Rank: 0, Endpoint: "tcp://127.0.0.1:1", Epoch: 1}
@@ -359,9 +329,7 @@ func BenchmarkRegisterProof(b *testing.B) {
 			b.ResetTimer()
 			for b.Loop() {
 				tc := time.Now()
-				if err := p.agent.GenNotif(notified.name, notif); err != nil {
-					b.Fatal(err)
-				}
+				require.NoError(b, p.agent.GenNotif(notified.name, notif))
 				for {
 					if ns, _ := notified.agent.Notifs(); len(ns) > 0 {
 						break
@@ -386,9 +354,7 @@ func BenchmarkRegisterProof(b *testing.B) {
 				if err == nil {
 					err = p.pool.PreparePeer(name, plan.Layout)
 				}
-				if err != nil {
-					b.Fatal(err)
-				}
+				require.NoError(b, err)
 				proof += t2.Sub(t1)
 				rest += t1.Sub(t0) + time.Since(t2)
 			}
@@ -422,19 +388,16 @@ func TestCallerRegionsNeedProofSlots(t *testing.T) {
 		}
 		return cfg
 	}
-	if _, err := NewDecode(mk(8 * 64)); err == nil || !strings.Contains(err.Error(), "ownership proof slot") || !strings.Contains(err.Error(), "KV region 0") {
-		t.Fatalf("regions back to back: %v, want a refusal naming the proof slot and both regions", err)
-	}
+	_, err := NewDecode(mk(8 * 64))
+	require.ErrorContains(t, err, "ownership proof slot", "regions back to back: want a refusal naming the proof slot and both regions")
+	require.ErrorContains(t, err, "KV region 0", "regions back to back: want a refusal naming the proof slot and both regions")
 	d, err := NewDecode(mk(8*64 + transfer.ProofBytes))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer d.Close()
 	for i, pr := range proofRegions(d.cfg.Layout) {
 		off := i*(8*64+transfer.ProofBytes) + 8*64
-		if !bytes.Equal(mem[off:off+proofLen], pr.value(d.proof[:], "decode/slots/0")) || bytes.Equal(d.proof[:], make([]byte, proofLen)) {
-			t.Fatalf("the slot after region %d does not hold the process's value for it", i)
-		}
+		require.Equal(t, pr.value(d.proof[:], "decode/slots/0"), mem[off:off+proofLen], "the slot after region %d does not hold the process's value for it", i)
+		require.NotEqual(t, make([]byte, proofLen), d.proof[:], "the slot after region %d does not hold the process's value for it (the process's proof is all zero)", i)
 	}
 }
 
@@ -477,9 +440,7 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 		KV: slow.kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: slow.seed}
 	send := func(r *proofRank) {
 		t.Helper()
-		if err := r.loop.Send(bootstrap.Peer{Endpoint: p.Endpoint()}, slowMsg); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.loop.Send(bootstrap.Peer{Endpoint: p.Endpoint()}, slowMsg))
 	}
 	send(slow)
 	slowMsg.Echo = awaitChallenge(t, slow) // the agent challenge first
@@ -489,14 +450,11 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the held rank's proof read did not start")
 	}
-	if a := quick.register(t, p, quick.name, quick.md, quick.kv, quick.seed); !a.OK {
-		t.Fatalf("another rank's REGISTER while one is held: %s", a.Reason)
-	}
+	a := quick.register(t, p, quick.name, quick.md, quick.kv, quick.seed)
+	require.True(t, a.OK, "another rank's REGISTER while one is held: %s", a.Reason)
 	deferred := func() float64 {
 		families, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, f := range families {
 			if f.GetName() == "kvbridge_registers_deferred_total" {
 				return f.GetMetric()[0].GetCounter().GetValue()
@@ -512,9 +470,9 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the held rank's repeat was not deferred")
 	}
-	if d := quick.register(t, p, quick.name, quick.md, quick.kv, quick.seed); !d.OK || deferred() != 1 {
-		t.Fatalf("the held rank's repeat: %v deferred (want 1); the other rank's repeat %v", deferred(), d.OK)
-	}
+	d := quick.register(t, p, quick.name, quick.md, quick.kv, quick.seed)
+	require.True(t, d.OK, "the other rank's repeat refused: %s", d.Reason)
+	require.Equal(t, float64(1), deferred(), "the held rank's repeat: deferred")
 	select {
 	case a := <-slow.acks:
 		t.Fatalf("an answer to the held rank before its read returned: %+v", a)
@@ -523,9 +481,7 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 	release()
 	select {
 	case a := <-slow.acks:
-		if !a.OK {
-			t.Fatalf("the held REGISTER, once its read returned: %s", a.Reason)
-		}
+		require.True(t, a.OK, "the held REGISTER, once its read returned: %s", a.Reason)
 	case <-time.After(30 * time.Second):
 		t.Fatal("no answer to the held REGISTER after its read returned")
 	}
@@ -545,27 +501,20 @@ func TestRegisterClaimsCheckedAgainOnceReserved(t *testing.T) {
 	n := len(p.cfg.Layout.Regions)
 	victim := newProofRankNamed(t, engine, "reserve-victim", "shared-kv-agent", n)
 	attacker := newProofRankNamed(t, engine, "reserve-attacker", "shared-kv-agent", n)
-	if a := victim.register(t, p, victim.name, victim.md, victim.kv, victim.seed); !a.OK {
-		t.Fatalf("the victim's REGISTER: %s", a.Reason)
-	}
+	a := victim.register(t, p, victim.name, victim.md, victim.kv, victim.seed)
+	require.True(t, a.OK, "the victim's REGISTER: %s", a.Reason)
 	msg := &bootstrap.Register{From: attacker.loop.Identity(), Compat: p.cfg.Compat, Agent: attacker.name, AgentMD: attacker.md, TPSize: 1,
 		KV: attacker.kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: attacker.seed}
 	var plan core.PeerPlan
 	var err error
 	p.read(func(c *core.Core) { plan, err = c.CheckRegister(msg) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !p.beginCheck(msg.From.Peer(), msg.Agent) {
-		t.Fatal("the check could not be reserved")
-	}
+	require.NoError(t, err)
+	require.True(t, p.beginCheck(msg.From.Peer(), msg.Agent), "the check could not be reserved")
 	p.bindRegister(msg, plan) // (releases the reservation)
 	var owner string
 	p.read(func(c *core.Core) { owner = c.AgentOwner(victim.name) })
-	if owner != victim.owner || !p.agent.RemoteContains(victim.name, nixl.DRAM, nixl.BytesDesc(victim.mem[0])) {
-		t.Fatalf("after the attacker's REGISTER under the victim's name: the name is %q's, the remote holds the victim's memory %v",
-			owner, p.agent.RemoteContains(victim.name, nixl.DRAM, nixl.BytesDesc(victim.mem[0])))
-	}
+	require.Equal(t, victim.owner, owner, "after the attacker's REGISTER under the victim's name: the name's owner")
+	require.True(t, p.agent.RemoteContains(victim.name, nixl.DRAM, nixl.BytesDesc(victim.mem[0])), "after the attacker's REGISTER under the victim's name: the remote no longer holds the victim's memory")
 }
 
 // TestRepeatProvenAgainWhenReloaded: a repeat of a proven registration
@@ -577,17 +526,14 @@ func TestRepeatProvenAgainWhenReloaded(t *testing.T) {
 	engine := nixl.Config{Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}}
 	p := newTestPrefill(t, func(c *Config) { c.Engine, c.Instance = engine, "reload-prefill" })
 	r := newProofRank(t, engine, "reload", len(p.cfg.Layout.Regions))
-	if a := r.register(t, p, r.name, r.md, r.kv, r.seed); !a.OK {
-		t.Fatalf("the first REGISTER: %s", a.Reason)
-	}
+	a := r.register(t, p, r.name, r.md, r.kv, r.seed)
+	require.True(t, a.OK, "the first REGISTER: %s", a.Reason)
 	copy(r.mem[0][8*64:], make([]byte, proofLen)) // the memory the blob names is no longer proven
-	if a := r.register(t, p, r.name, r.md, r.kv, r.seed); !a.OK {
-		t.Fatalf("a repeat while its remote is usable (left as it is): %s", a.Reason)
-	}
-	if err := p.agent.InvalidateRemote(r.name); err != nil { // as after a failed transfer: loaded again at the next REGISTER
-		t.Fatal(err)
-	}
-	if a := r.register(t, p, r.name, r.md, r.kv, r.seed); a.OK || !strings.Contains(a.Reason, "not_owner") {
-		t.Fatalf("a repeat that loads the blob again over memory no longer proven: ok %v, %s", a.OK, a.Reason)
-	}
+	a = r.register(t, p, r.name, r.md, r.kv, r.seed)
+	require.True(t, a.OK, "a repeat while its remote is usable (left as it is): %s", a.Reason)
+	// As after a failed transfer: loaded again at the next REGISTER.
+	require.NoError(t, p.agent.InvalidateRemote(r.name))
+	a = r.register(t, p, r.name, r.md, r.kv, r.seed)
+	require.False(t, a.OK, "a repeat that loads the blob again over memory no longer proven: %s", a.Reason)
+	require.Contains(t, a.Reason, "not_owner", "a repeat that loads the blob again over memory no longer proven")
 }

@@ -43,9 +43,7 @@ func TestPullOfferProven(t *testing.T) {
 			var jumped atomic.Int64 // the decode rank's clock runs this far ahead
 			cfg.Now = func() time.Time { return time.Now().Add(time.Duration(jumped.Load())) }
 			d, err := NewDecode(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			t.Cleanup(func() { d.Close() })
 			// The offers come from an endpoint of no process (the genuine
 			// prefill rank would answer the REGISTERs itself) under the
@@ -168,9 +166,7 @@ func TestPullSpecNeedsTheConfig(t *testing.T) {
 	cfg.BootstrapURL = "http://127.0.0.1:1"
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
 	d, err := NewDecode(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
 	if res := d.CreateReceiver(5, d.defaultTarget()); res.Outcome != core.Applied {
 		t.Fatal(res)

@@ -12,6 +12,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/require"
 )
 
 // TestRegisterMutatedAgentMetadata (issue 23): signed REGISTERs whose
@@ -31,32 +32,24 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 	})
 	// The decode rank's agent: real memory of the prefill's layout.
 	dec, err := nixl.Open(nixl.Config{Name: "md-fuzz-decode", Engine: nixl.EngineUCX, UCX: shm})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer dec.Close()
 	var kv []bootstrap.Region
 	var mem [][]byte
 	proof := []byte("the md-fuzz decode's own seed...")
 	for range p.cfg.Layout.Regions {
 		_, buf, err := dec.Alloc(8*64 + transfer.ProofBytes)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		mem = append(mem, buf)
 		kv = append(kv, bootstrap.Region{Addr: uint64(nixl.BytesDesc(buf).Addr), Len: 8 * 64, ItemLen: 64, Mem: bootstrap.MemDRAM})
 	}
 	lay, err := core.LayoutFrom(kv, []bootstrap.Region{}, []bootstrap.Region{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for i, pr := range proofRegions(lay) {
 		copy(mem[i][8*64:], pr.value(proof, "decode/md-fuzz-decode/0")) // its ownership proof, after the region
 	}
 	md, err := dec.Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	payload, keys := blobFields(t, md)
 
 	// Each REGISTER from a new process of the decode rank (a new epoch):
@@ -79,15 +72,11 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 					acks <- a
 				}
 			}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		defer loop.Close()
 		reg := &bootstrap.Register{Compat: p.cfg.Compat, Agent: "md-fuzz-decode", AgentMD: agentMD, TPSize: 1,
 			KV: kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: proof}
-		if err := loop.Send(to, reg); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, loop.Send(to, reg))
 		// The blob loads (the path that aborted the rank) when its agent is
 		// challenged: the REGISTER is answered then if the blob is refused;
 		// if it loads, the challenge reaches the decode agent — echoed
@@ -111,9 +100,7 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 				t.Fatal("no REGISTER_ACK within 30 s: the prefill rank stopped answering")
 				return nil
 			case <-repeat.C:
-				if err := loop.Send(to, reg); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, loop.Send(to, reg))
 				continue
 			case <-poll.C:
 			}
@@ -121,9 +108,7 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 			for _, n := range ns {
 				if x, ok := core.ParseChallenge(string(n.Msg)); ok && x.For == "decode/md-fuzz-decode/0" {
 					reg.Echo = x.Nonce
-					if err := loop.Send(to, reg); err != nil {
-						t.Fatal(err)
-					}
+					require.NoError(t, loop.Send(to, reg))
 					silent = time.Time{}
 				}
 			}
@@ -143,9 +128,9 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 			}
 		}
 	}
-	if a := register(md); a == nil || !a.OK {
-		t.Fatalf("genuine metadata refused: %s", a.Reason)
-	}
+	a := register(md)
+	require.NotNil(t, a, "genuine metadata: no REGISTER_ACK")
+	require.True(t, a.OK, "genuine metadata refused: %s", a.Reason)
 
 	const tries = 400
 	r := rand.New(rand.NewPCG(23, 4))
@@ -182,22 +167,19 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 			continue
 		}
 		refused++
-		if !strings.Contains(a.Reason, "agent metadata") && !strings.Contains(a.Reason, "descriptor lists") && !strings.Contains(a.Reason, "not_owner") {
-			t.Fatalf("REGISTER %d refused for a reason not naming the metadata: %s", i, a.Reason)
-		}
+		require.True(t, strings.Contains(a.Reason, "agent metadata") || strings.Contains(a.Reason, "descriptor lists") || strings.Contains(a.Reason, "not_owner"),
+			"REGISTER %d refused for a reason not naming the metadata: %s", i, a.Reason)
 	}
-	if got := p.agent.MetadataRefused(); got == 0 || int(got) > refused {
-		t.Fatalf("the agent counted %d refused blobs, the REGISTER_ACKs %d refusals", got, refused)
-	}
+	got := p.agent.MetadataRefused()
+	require.NotZero(t, got, "the agent counted no refused blobs")
+	require.LessOrEqual(t, int(got), refused, "the agent counted more refused blobs than the REGISTER_ACKs refusals")
 	t.Logf("%d mutated REGISTERs through the control plane: %d refused (%d counted as bad metadata), %d accepted, %d loaded and challenged but unreachable",
 		tries, refused, p.agent.MetadataRefused(), accepted, challenged)
-	if refused+challenged < tries/2 {
-		t.Fatalf("only %d of %d refused: the mutations are not reaching the checks", refused, tries)
-	}
+	require.GreaterOrEqual(t, refused+challenged, tries/2, "only %d of %d refused: the mutations are not reaching the checks", refused, tries)
 	// The rank is alive and registers the genuine metadata again.
-	if a := register(md); a == nil || !a.OK {
-		t.Fatalf("genuine metadata refused after the mutations: %+v", a)
-	}
+	a = register(md)
+	require.NotNil(t, a, "genuine metadata after the mutations: no REGISTER_ACK")
+	require.True(t, a.OK, "genuine metadata refused after the mutations: %+v", a)
 }
 
 // blobFields finds, in a kvbridge metadata blob (nixl/metadata.go's format:
@@ -212,9 +194,8 @@ func blobFields(t *testing.T, b []byte) (payload [2]int, keys [][2]int) {
 		off += 4 + n
 		return s
 	}
-	if string(b[:4]) != "KVBN" || b[4] != 2 {
-		t.Fatalf("blob %x... is not a version 2 kvbridge blob", b[:5])
-	}
+	require.Equal(t, "KVBN", string(b[:4]), "blob %x... is not a version 2 kvbridge blob", b[:5])
+	require.EqualValues(t, 2, b[4], "blob %x... is not a version 2 kvbridge blob", b[:5])
 	str()
 	str()
 	str()
@@ -227,8 +208,6 @@ func blobFields(t *testing.T, b []byte) (payload [2]int, keys [][2]int) {
 		}
 	}
 	payload = str()
-	if payload[1] != len(b) {
-		t.Fatalf("blob of %d bytes, payload ends at %d", len(b), payload[1])
-	}
+	require.Equal(t, len(b), payload[1], "blob of %d bytes: payload end", len(b))
 	return payload, keys
 }

@@ -27,9 +27,7 @@ func newTestPrefill(t testing.TB, edits ...func(*Config)) *Prefill {
 		e(&cfg)
 	}
 	p, err := NewPrefill(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { p.Close() })
 	return p
 }
@@ -126,14 +124,10 @@ func TestManagerExportsLoopCounters(t *testing.T) {
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
 	p, err := NewPrefill(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer p.Close()
 	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	got := map[string]bool{}
 	for _, f := range families {
 		got[f.GetName()] = true
@@ -152,9 +146,7 @@ func TestManagerExportsLoopCounters(t *testing.T) {
 	// rank's labels) registers too.
 	cfg.Instance = "metrics-test-2"
 	p2, err := NewPrefill(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	p2.Close()
 }
 
@@ -170,9 +162,7 @@ func TestConfigNeedsASecret(t *testing.T) {
 	}
 	cfg.Insecure = true
 	p, err := NewPrefill(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	p.Close()
 }
 
@@ -184,9 +174,7 @@ func TestConfigNeedsASecret(t *testing.T) {
 // prefill rank at start, seen once in CI (TestDemoTopologies).
 func TestNewFailsCleanlyWhenTheLoopCannotStart(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer ln.Close()
 	for _, role := range []core.Role{core.RolePrefill, core.RoleDecode} {
 		cfg := DefaultConfig(role)
@@ -224,9 +212,7 @@ func TestDecodeWithoutDefaultBootstrap(t *testing.T) {
 	}
 	cfg.Model = transfer.Model{Layers: 1, KVHeads: 1, HeadBytes: 16, PageTokens: 4}
 	d, err := NewDecode(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer d.Close()
 	res := d.CreateReceiverFor(42, Instance{DP: AutoDP})
 	if res.Outcome != core.Rejected || !strings.Contains(res.Err.Error(), "room 42 names no prefill instance") {

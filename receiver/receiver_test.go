@@ -2,8 +2,6 @@ package receiver_test
 
 import (
 	"context"
-	"errors"
-	"strings"
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/testauth"
@@ -11,6 +9,7 @@ import (
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/require"
 )
 
 func decode(t *testing.T) *kvmanager.Decode {
@@ -21,9 +20,7 @@ func decode(t *testing.T) *kvmanager.Decode {
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 1024, Regions: []nixl.Desc{{Len: 1 << 16}, {Len: 1 << 16}}}
 	d, err := kvmanager.NewDecode(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
 	return d
 }
@@ -37,20 +34,16 @@ func decode(t *testing.T) *kvmanager.Decode {
 func TestInitAfterAbortSaysFailed(t *testing.T) {
 	d := decode(t)
 	r, err := receiver.New(d, 9)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	r.Abort("client went away")
 	err = r.Init(context.Background(), kvmanager.RequestSpec{DstPages: []uint32{0, 1}, AuxIndex: -1})
-	if !errors.Is(err, kvmanager.ErrRoomFailed) || errors.Is(err, kvmanager.ErrNotReady) {
-		t.Fatalf("Init after abort: %v; want ErrRoomFailed", err)
-	}
-	if !strings.Contains(err.Error(), "room 9") || !strings.Contains(err.Error(), "client went away") {
-		t.Fatalf("Init after abort: %q names neither the room nor the reason", err)
-	}
-	if st, err := r.Wait(context.Background()); st != kvmanager.Failed || err != nil {
-		t.Fatalf("Wait = %v, %v; want Failed", st, err)
-	}
+	require.ErrorIs(t, err, kvmanager.ErrRoomFailed, "Init after abort")
+	require.NotErrorIs(t, err, kvmanager.ErrNotReady, "Init after abort")
+	require.ErrorContains(t, err, "room 9", "Init after abort: names neither the room nor the reason")
+	require.ErrorContains(t, err, "client went away", "Init after abort: names neither the room nor the reason")
+	st, err := r.Wait(context.Background())
+	require.NoError(t, err, "Wait")
+	require.Equal(t, kvmanager.Failed, st, "Wait")
 	select {
 	case <-r.Released():
 	default:

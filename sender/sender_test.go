@@ -1,7 +1,6 @@
 package sender_test
 
 import (
-	"errors"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"testing"
 
@@ -9,6 +8,7 @@ import (
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/require"
 )
 
 func prefill(t *testing.T) *kvmanager.Prefill {
@@ -18,9 +18,7 @@ func prefill(t *testing.T) *kvmanager.Prefill {
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 1024, Regions: []nixl.Desc{{Len: 1 << 16}, {Len: 1 << 16}}}
 	m, err := kvmanager.NewPrefill(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { m.Close() })
 	return m
 }
@@ -28,36 +26,22 @@ func prefill(t *testing.T) *kvmanager.Prefill {
 func TestSenderHandle(t *testing.T) {
 	m := prefill(t)
 	s, err := sender.New(m, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sender.New(m, 1); !errors.Is(err, kvmanager.ErrRoomInUse) {
-		t.Fatalf("duplicate: %v", err)
-	}
-	if err := s.Init(); err != nil {
-		t.Fatal(err)
-	}
-	if s.Poll() != kvmanager.Bootstrapping {
-		t.Fatalf("no decode request yet, status %v", s.Poll())
-	}
-	if err := s.Send([]uint32{0}, true, -1); !errors.Is(err, kvmanager.ErrNotReady) {
-		t.Fatalf("send before the request: %v", err)
-	}
+	require.NoError(t, err)
+	_, err = sender.New(m, 1)
+	require.ErrorIs(t, err, kvmanager.ErrRoomInUse, "duplicate")
+	require.NoError(t, s.Init())
+	require.Equal(t, kvmanager.Bootstrapping, s.Poll(), "no decode request yet")
+	require.ErrorIs(t, s.Send([]uint32{0}, true, -1), kvmanager.ErrNotReady, "send before the request")
 	s.Abort("operator")
-	if s.Poll() != kvmanager.Failed || s.Failure() != "aborted: operator" {
-		t.Fatalf("after abort: %v %q", s.Poll(), s.Failure())
-	}
+	require.Equal(t, kvmanager.Failed, s.Poll(), "after abort")
+	require.Equal(t, "aborted: operator", s.Failure(), "after abort")
 	s.Clear()
-	if s.Poll() != 0 {
-		t.Fatal("a cleared room still answers")
-	}
-	if _, err := sender.New(m, 1); !errors.Is(err, kvmanager.ErrRoomCleared) {
-		t.Fatalf("reuse inside the TTL: %v", err)
-	}
+	require.Zero(t, s.Poll(), "a cleared room still answers")
+	_, err = sender.New(m, 1)
+	require.ErrorIs(t, err, kvmanager.ErrRoomCleared, "reuse inside the TTL")
 	// An abort before the sender (here from the prefill side itself).
 	m.AbortSender(2, "early")
 	s2, err := sender.New(m, 2)
-	if err != nil || s2.Poll() != kvmanager.Failed {
-		t.Fatalf("sender after an early abort: %v %v", s2, err)
-	}
+	require.NoError(t, err, "sender after an early abort")
+	require.Equal(t, kvmanager.Failed, s2.Poll(), "sender after an early abort: %v", s2)
 }

@@ -10,6 +10,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestPoolWritesOnlyItsLayers: a write restricted to layers [1, 3) moves
@@ -34,30 +37,22 @@ func TestPoolWritesOnlyItsLayers(t *testing.T) {
 				}
 			}
 			pool, err := NewPool(p.agent, p.layout, Config{Workers: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			defer pool.Close()
 			done := make(chan error, 2)
 			for _, l := range []Layers{{Lo: 1, Hi: 3}} {
-				if err := pool.Submit(Job{Room: 1, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 2, Dst: 5, Len: 2}}, AuxSrc: -1, State: -1, Slice: tc.slice, Layers: l}},
+				require.NoError(t, pool.Submit(Job{Room: 1, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 2, Dst: 5, Len: 2}}, AuxSrc: -1, State: -1, Slice: tc.slice, Layers: l}},
 					Gate: func(*Write) bool { return true },
-					Done: func(_ *Write, err error, _ bool) { done <- err }}); err != nil {
-					t.Fatal(err)
-				}
+					Done: func(_ *Write, err error, _ bool) { done <- err }}))
 			}
-			if err := <-done; err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, <-done)
 			zero := make([]byte, page)
 			for r := range d.kv {
 				got := d.kv[r][5*page : 7*page]
 				written := !bytes.Equal(got[:page], zero) || !bytes.Equal(got[page:], zero)
-				if want := r >= 2 && r < 6; written != want {
-					t.Errorf("region %d (layer %d): written %v, want %v", r, r/2, written, want)
-				}
-				if tc.slice == nil && r >= 2 && r < 6 && !bytes.Equal(got, p.kv[r][2*page:4*page]) {
-					t.Errorf("region %d: pages differ", r)
+				assert.Equal(t, r >= 2 && r < 6, written, "region %d (layer %d): written", r, r/2)
+				if tc.slice == nil && r >= 2 && r < 6 {
+					assert.Equal(t, p.kv[r][2*page:4*page], got, "region %d: pages differ", r)
 				}
 			}
 		})
@@ -71,9 +66,7 @@ func TestPoolReadyGates(t *testing.T) {
 	p, d := newRank(t, "tr-prefill", 1, 8, 64), newRank(t, "tr-decode", 1, 8, 64)
 	remote := connect(t, p, d)
 	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1, Stall: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer pool.Close()
 	type result struct {
 		room     uint64
@@ -84,38 +77,36 @@ func TestPoolReadyGates(t *testing.T) {
 	var gated atomic.Int32
 	submit := func(room uint64, ready Ready) {
 		t.Helper()
-		if err := pool.Submit(Job{Room: room, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 0, Dst: uint32(room), Len: 1}}, AuxSrc: -1, State: -1, Ready: ready}},
+		require.NoError(t, pool.Submit(Job{Room: room, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 0, Dst: uint32(room), Len: 1}}, AuxSrc: -1, State: -1, Ready: ready}},
 			Gate: func(*Write) bool { gated.Add(1); return true },
-			Done: func(w *Write, err error, q bool) { got <- result{uint64(w.Runs[0].Dst), err, q} }}); err != nil {
-			t.Fatal(err)
-		}
+			Done: func(w *Write, err error, q bool) { got <- result{uint64(w.Runs[0].Dst), err, q} }}))
 	}
 	var ready atomic.Bool
 	var asked atomic.Int32
 	submit(1, func() (bool, error) { asked.Add(1); return ready.Load(), nil })
 	submit(2, nil)
-	if r := <-got; r.room != 2 || r.err != nil {
-		t.Fatalf("the ready room's write: %+v (a waiting room held it back?)", r)
-	}
+	r := <-got
+	require.EqualValues(t, 2, r.room, "the ready room's write: %+v (a waiting room held it back?)", r)
+	require.NoError(t, r.err, "the ready room's write (a waiting room held it back?)")
 	for asked.Load() < 3 { // asked again and again while not ready
 		runtime.Gosched()
 	}
-	if gated.Load() != 1 {
-		t.Fatalf("%d writes passed the gate before room 1's data was ready", gated.Load())
-	}
+	require.EqualValues(t, 1, gated.Load(), "writes that passed the gate before room 1's data was ready")
 	ready.Store(true)
-	if r := <-got; r.room != 1 || r.err != nil {
-		t.Fatalf("room 1 once ready: %+v", r)
-	}
+	r = <-got
+	require.EqualValues(t, 1, r.room, "room 1 once ready: %+v", r)
+	require.NoError(t, r.err, "room 1 once ready")
 	boom := errors.New("kernel failed")
 	submit(3, func() (bool, error) { return false, boom })
-	if r := <-got; r.room != 3 || !errors.Is(r.err, boom) || !r.quiesced {
-		t.Fatalf("ready error: %+v", r)
-	}
+	r = <-got
+	require.EqualValues(t, 3, r.room, "ready error: %+v", r)
+	require.ErrorIs(t, r.err, boom, "ready error: %+v", r)
+	require.True(t, r.quiesced, "ready error: %+v", r)
 	submit(4, func() (bool, error) { return false, nil })
-	if r := <-got; r.room != 4 || !errors.Is(r.err, ErrNotReady) || !r.quiesced {
-		t.Fatalf("never ready: %+v", r)
-	}
+	r = <-got
+	require.EqualValues(t, 4, r.room, "never ready: %+v", r)
+	require.ErrorIs(t, r.err, ErrNotReady, "never ready: %+v", r)
+	require.True(t, r.quiesced, "never ready: %+v", r)
 }
 
 // A write without a notification (a state write) is vouched for only by a
@@ -125,9 +116,7 @@ func TestPoolSilentWriteNotOvertaken(t *testing.T) {
 	p, d := newRank(t, "ts-prefill", 1, 8, 64), newRank(t, "ts-decode", 1, 8, 64)
 	remote := connect(t, p, d)
 	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer pool.Close()
 	var mu sync.Mutex
 	var events []string
@@ -145,9 +134,8 @@ func TestPoolSilentWriteNotOvertaken(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if i, j := slices.Index(events, "done silent"), slices.Index(events, "post aux"); i < 0 || j < 0 || j < i {
-		t.Fatalf("the aux write was posted before the silent write completed: %v", events)
-	}
+	i, j := slices.Index(events, "done silent"), slices.Index(events, "post aux")
+	require.True(t, i >= 0 && j >= 0 && j >= i, "the aux write was posted before the silent write completed: %v", events)
 	if i, j := slices.Index(events, "post silent"), slices.Index(events, "done kv"); j >= 0 && i > j {
 		t.Logf("(the first two went one after the other: %v)", events)
 	}
@@ -160,9 +148,7 @@ func TestPoolReadyNotStarved(t *testing.T) {
 	p, d := newRank(t, "tn-prefill", 1, 8, 64), newRank(t, "tn-decode", 1, 8, 64)
 	remote := connect(t, p, d)
 	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1, Stall: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer pool.Close()
 	var asked atomic.Int32
 	posted := make(chan struct{})
@@ -177,9 +163,7 @@ func TestPoolReadyNotStarved(t *testing.T) {
 		case <-posted:
 			// The asks take about 1.1 ms of back-off: about 1,400 jobs
 			// here; with the ask pushed back by each job, 20,000 to all.
-			if sent >= 10_000 {
-				t.Fatalf("the waiting write was asked again only after %d other jobs", sent)
-			}
+			require.Less(t, sent, 10_000, "the waiting write was asked again only after that many other jobs")
 			goto live
 		default:
 		}

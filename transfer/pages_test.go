@@ -1,8 +1,9 @@
 package transfer
 
 import (
-	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // TestPoolPagesOfDifferentSizes: the pool writes a room between pages of
@@ -83,14 +84,10 @@ func poolPagesOfDifferentSizes(t *testing.T) {
 				}
 			}
 			pool, err := NewPool(p.agent, p.layout, Config{Workers: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			defer pool.Close()
 			s, dd, _, _, err := sl.Pages().Pair(0, src, 0, dst)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			done := make(chan error, 1)
 			submit := func(runs []Run) error {
 				if err := pool.Submit(Job{Room: 1, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: runs, AuxSrc: -1, State: -1, Slice: sl}},
@@ -100,9 +97,7 @@ func poolPagesOfDifferentSizes(t *testing.T) {
 				}
 				return <-done
 			}
-			if err := submit(Runs(s, dd)); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, submit(Runs(s, dd)))
 			dpb := d.layout.PageBytes
 			covered := make([][]bool, len(d.kv))
 			for r := range d.kv {
@@ -129,9 +124,7 @@ func poolPagesOfDifferentSizes(t *testing.T) {
 			}
 			// One unit past the decode regions' pages.
 			units := uint32(pages * max(tc.dstTok/tc.srcTok, 1))
-			if err := submit([]Run{{Src: 0, Dst: units, Len: 1}}); err == nil || !strings.Contains(err.Error(), "outside the regions") {
-				t.Fatalf("a unit past the peer's pages: %v", err)
-			}
+			require.ErrorContains(t, submit([]Run{{Src: 0, Dst: units, Len: 1}}), "outside the regions", "a unit past the peer's pages")
 		})
 	}
 }

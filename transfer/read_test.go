@@ -1,10 +1,11 @@
 package transfer
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestReadPairs: the descriptor pairs a pulling decode rank reads, for
@@ -27,30 +28,30 @@ func TestReadPairs(t *testing.T) {
 
 	// Pages of layer 1 (regions 2 and 3), two runs.
 	s, d, err := ReadPairs(&Write{Runs: []Run{{Src: 1, Dst: 6, Len: 2}, {Src: 7, Dst: 0, Len: 1}}, Layers: Layers{Lo: 1, Hi: 2}, AuxSrc: -1, State: -1}, src, dst, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	want := [][2]nixl.Desc{
 		{{Addr: 0x10020000 + 64, Len: 128}, {Addr: 0x20020000 + 6*64, Len: 128}},
 		{{Addr: 0x10020000 + 7*64, Len: 64}, {Addr: 0x20020000, Len: 64}},
 		{{Addr: 0x10030000 + 64, Len: 128}, {Addr: 0x20030000 + 6*64, Len: 128}},
 		{{Addr: 0x10030000 + 7*64, Len: 64}, {Addr: 0x20030000, Len: 64}},
 	}
-	if len(s) != len(want) || len(d) != len(want) {
-		t.Fatalf("%d and %d pieces, want %d", len(s), len(d), len(want))
-	}
+	require.Len(t, s, len(want), "source pieces")
+	require.Len(t, d, len(want), "destination pieces")
 	for i, w := range want {
-		if s[i] != w[0] || d[i] != w[1] {
-			t.Fatalf("piece %d: %+v → %+v, want %+v → %+v", i, s[i], d[i], w[0], w[1])
-		}
+		require.Equal(t, w[0], s[i], "piece %d: source", i)
+		require.Equal(t, w[1], d[i], "piece %d: destination", i)
 	}
 	// The aux item and state items.
-	if s, d, err := ReadPairs(&Write{AuxSrc: 3, AuxDst: 1, State: -1}, src, dst, nil); err != nil || s[0].Addr != 0x10100000+48 || d[0].Addr != 0x20100000+16 || s[0].Len != 16 {
-		t.Fatalf("aux: %+v %+v %v", s, d, err)
-	}
-	if s, d, err := ReadPairs(&Write{Runs: []Run{{Src: 2, Dst: 0, Len: 2}}, AuxSrc: -1, State: 0}, src, dst, nil); err != nil || len(s) != 2 || s[1].Addr != 0x10200000+96 || d[1].Addr != 0x20200000+32 {
-		t.Fatalf("state: %+v %+v %v", s, d, err)
-	}
+	s, d, err = ReadPairs(&Write{AuxSrc: 3, AuxDst: 1, State: -1}, src, dst, nil)
+	require.NoError(t, err, "aux")
+	require.EqualValues(t, 0x10100000+48, s[0].Addr, "aux: %+v %+v", s, d)
+	require.EqualValues(t, 0x20100000+16, d[0].Addr, "aux: %+v %+v", s, d)
+	require.EqualValues(t, 16, s[0].Len, "aux: %+v %+v", s, d)
+	s, d, err = ReadPairs(&Write{Runs: []Run{{Src: 2, Dst: 0, Len: 2}}, AuxSrc: -1, State: 0}, src, dst, nil)
+	require.NoError(t, err, "state")
+	require.Len(t, s, 2, "state: %+v %+v", s, d)
+	require.EqualValues(t, 0x10200000+96, s[1].Addr, "state: %+v %+v", s, d)
+	require.EqualValues(t, 0x20200000+32, d[1].Addr, "state: %+v %+v", s, d)
 	// A head slice of pages of different sizes (prefill 4 tokens, decode
 	// 8), HND: checked by the rank mapping's bounds.
 	sl := &Slice{Heads: 2, SrcHeads: 2, DstHeads: 2, HeadBytes: 8, PageTokens: 4, DstPageTokens: 8, Layout: HND}
@@ -59,9 +60,8 @@ func TestReadPairs(t *testing.T) {
 	for r := range dl8.Regions {
 		dl8.Regions[r].Len = pages * 128
 	}
-	if _, _, err := ReadPairs(&Write{Runs: []Run{{Src: 0, Dst: 3, Len: 2}}, AuxSrc: -1, State: -1}, sl4, dl8, sl); err != nil {
-		t.Fatalf("slice: %v", err)
-	}
+	_, _, err = ReadPairs(&Write{Runs: []Run{{Src: 0, Dst: 3, Len: 2}}, AuxSrc: -1, State: -1}, sl4, dl8, sl)
+	require.NoError(t, err, "slice")
 
 	// Every piece outside a side's regions is refused.
 	for _, tc := range []struct {
@@ -82,8 +82,9 @@ func TestReadPairs(t *testing.T) {
 		if tc.s != nil {
 			l, r = sl4, dl8
 		}
-		if s, d, err := ReadPairs(&tc.w, l, r, tc.s); err == nil || !strings.Contains(err.Error(), tc.want) || s != nil || d != nil {
-			t.Errorf("%s: %v (%d, %d pieces), want an error containing %q and nothing to read", tc.name, err, len(s), len(d), tc.want)
-		}
+		s, d, err := ReadPairs(&tc.w, l, r, tc.s)
+		assert.ErrorContains(t, err, tc.want, "%s", tc.name)
+		assert.Nil(t, s, "%s: want nothing to read", tc.name)
+		assert.Nil(t, d, "%s: want nothing to read", tc.name)
 	}
 }

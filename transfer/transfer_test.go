@@ -2,14 +2,14 @@ package transfer
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
-	"reflect"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -26,16 +26,12 @@ type rank struct {
 func newRank(t *testing.T, name string, layers, pages int, page uint64) *rank {
 	t.Helper()
 	a, err := nixl.Open(nixl.Config{Name: name, Engine: nixl.EngineLoopback})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { a.Close() })
 	r := &rank{agent: a, layout: Layout{Kind: nixl.DRAM, PageBytes: page, AuxItemBytes: 64}}
 	for i := 0; i < 2*layers; i++ {
 		_, buf, err := a.Alloc(uint64(pages) * page)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		r.kv = append(r.kv, buf)
 		r.layout.Regions = append(r.layout.Regions, nixl.BytesDesc(buf))
 	}
@@ -47,9 +43,7 @@ func newRank(t *testing.T, name string, layers, pages int, page uint64) *rank {
 func connect(t *testing.T, from, to *rank) string {
 	md, _ := to.agent.Metadata()
 	name, err := from.agent.LoadRemote(md)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return name
 }
 
@@ -64,9 +58,7 @@ func TestPoolWritesPagesInOrder(t *testing.T) {
 	}
 	copy(p.aux[3*64:4*64], bytes.Repeat([]byte{0xa5}, 64))
 	pool, err := NewPool(p.agent, p.layout, Config{Workers: 2, RoomInFlight: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer pool.Close()
 
 	var mu sync.Mutex
@@ -74,9 +66,7 @@ func TestPoolWritesPagesInOrder(t *testing.T) {
 	done := make(chan struct{})
 	gate := func(w *Write) bool { return true }
 	record := func(w *Write, err error, _ bool) {
-		if err != nil {
-			t.Error(err)
-		}
+		assert.NoError(t, err)
 		mu.Lock()
 		order = append(order, w.Notif)
 		n := len(order)
@@ -99,23 +89,17 @@ func TestPoolWritesPagesInOrder(t *testing.T) {
 	}
 	for _, j := range jobs {
 		j.Gate, j.Done = gate, record
-		if err := pool.Submit(j); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, pool.Submit(j))
 	}
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("writes did not complete")
 	}
-	if want := []string{"kvb1:7:0:0:0", "kvb1:7:0:1:2", "kvb1:7:0:aux", "kvb1:7:0:empty"}; !reflect.DeepEqual(order, want) {
-		t.Fatalf("order %v", order)
-	}
+	require.Equal(t, []string{"kvb1:7:0:0:0", "kvb1:7:0:1:2", "kvb1:7:0:aux", "kvb1:7:0:empty"}, order, "order")
 	check := func(sp, dp uint32) {
 		for l := range p.kv {
-			if !bytes.Equal(d.kv[l][dp*page:(dp+1)*page], p.kv[l][sp*page:(sp+1)*page]) {
-				t.Fatalf("region %d: page %d → %d wrong", l, sp, dp)
-			}
+			require.Equal(t, p.kv[l][sp*page:(sp+1)*page], d.kv[l][dp*page:(dp+1)*page], "region %d: page %d → %d wrong", l, sp, dp)
 		}
 	}
 	for i := uint32(0); i < 10; i++ {
@@ -124,17 +108,13 @@ func TestPoolWritesPagesInOrder(t *testing.T) {
 	for i := range src1 {
 		check(src1[i], dst1[i])
 	}
-	if !bytes.Equal(d.aux[9*64:10*64], p.aux[3*64:4*64]) {
-		t.Fatal("aux item not written")
-	}
+	require.Equal(t, p.aux[3*64:4*64], d.aux[9*64:10*64], "aux item not written")
 	ns, _ := d.agent.Notifs()
 	var got []string
 	for _, n := range ns {
 		got = append(got, string(n.Msg))
 	}
-	if !reflect.DeepEqual(got, order) {
-		t.Fatalf("notifications %v", got)
-	}
+	require.Equal(t, order, got, "notifications")
 }
 
 func TestPoolGateDrops(t *testing.T) {
@@ -150,12 +130,9 @@ func TestPoolGateDrops(t *testing.T) {
 			Dropped: func(w *Write) { dropped <- w.Notif }})
 	}
 	pool.Close()
-	if wrote != 1 || len(dropped) != 2 {
-		t.Fatalf("wrote %d, dropped %d", wrote, len(dropped))
-	}
-	if err := pool.Submit(Job{Room: 1}); !errors.Is(err, ErrClosed) {
-		t.Fatalf("submit after close: %v", err)
-	}
+	require.Equal(t, 1, wrote, "wrote")
+	require.Len(t, dropped, 2, "dropped")
+	require.ErrorIs(t, pool.Submit(Job{Room: 1}), ErrClosed, "submit after close")
 }
 
 // TestPoolQuiesced: a write that fails before anything is posted is
@@ -180,10 +157,10 @@ func TestPoolQuiesced(t *testing.T) {
 	},
 		Gate: func(*Write) bool { return true },
 		Done: func(_ *Write, err error, q bool) { got <- done{err, q} }})
-	if r := <-got; r.err == nil || !r.quiesced {
-		t.Fatalf("write refused before its post: err %v quiesced %v", r.err, r.quiesced)
-	}
-	if r := <-got; r.err != nil || r.quiesced {
-		t.Fatalf("completed write: err %v quiesced %v", r.err, r.quiesced)
-	}
+	r := <-got
+	require.Error(t, r.err, "write refused before its post")
+	require.True(t, r.quiesced, "write refused before its post: quiesced")
+	r = <-got
+	require.NoError(t, r.err, "completed write")
+	require.False(t, r.quiesced, "completed write: quiesced")
 }

@@ -3,10 +3,11 @@ package main
 import (
 	"fmt"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/capture"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestLayerwiseMode: -mode layerwise gives, for each compute and size, a
@@ -20,34 +21,31 @@ func TestLayerwiseMode(t *testing.T) {
 	out := stdout(t, func() {
 		code = run([]string{"-mode", "layerwise", "-quick", "-model", "tiny", "-json", js, "-png", ""})
 	})
-	if code != 0 {
-		t.Fatalf("kvbench -mode layerwise: exit %d\n%s", code, out)
-	}
+	require.Zero(t, code, "kvbench -mode layerwise: exit\n%s", out)
 	want := map[string]string{}
 	for _, compute := range []string{"cpu", "device"} {
 		for _, n := range []string{"256", "512"} {
 			name := fmt.Sprintf("tiny %s tok %s", n, compute)
 			want[name+" TTFT"], want[name+" tail"] = "whole-chunk", "one layer's transfer"
-			if !strings.Contains(out, "layerwise "+name+": 2 layers, one layer's compute ") || !strings.Contains(out, "(goal ≤ 0.6)") {
-				t.Errorf("no goal line for %s in:\n%s", name, out)
-			}
+			assert.Contains(t, out, "layerwise "+name+": 2 layers, one layer's compute ", "no goal line for %s", name)
+			assert.Contains(t, out, "(goal ≤ 0.6)", "no goal line for %s", name)
 		}
 	}
 	for _, r := range readRows(t, js) {
 		ref, ok := want[r.Name]
-		if !ok || r.Mode != "layerwise" || r.Unit != "ms" || r.Value <= 0 || r.References[ref] <= 0 || r.Ratios[ref] <= 0 {
-			t.Errorf("unexpected row %+v", r)
-		}
+		assert.True(t, ok, "unexpected row %+v", r)
+		assert.Equal(t, "layerwise", r.Mode, "unexpected row %+v", r)
+		assert.Equal(t, "ms", r.Unit, "unexpected row %+v", r)
+		assert.Positive(t, r.Value, "unexpected row %+v", r)
+		assert.Positive(t, r.References[ref], "unexpected row %+v", r)
+		assert.Positive(t, r.Ratios[ref], "unexpected row %+v", r)
 		checkCPU(t, r)
 		delete(want, r.Name)
 	}
-	for name := range want {
-		t.Errorf("no row %q", name)
-	}
+	assert.Empty(t, want, "no rows for these")
 	errOut := capture.Stderr(t, func() {
 		code = run([]string{"-mode", "layerwise", "-quick", "-model", "tiny", "-layer-compute", "gpu", "-json", "", "-png", ""})
 	})
-	if code != 1 || !strings.Contains(errOut, `-layer-compute "gpu"`) {
-		t.Errorf("-layer-compute gpu: exit %d, %q", code, errOut)
-	}
+	assert.Equal(t, 1, code, "-layer-compute gpu: exit (%q)", errOut)
+	assert.Contains(t, errOut, `-layer-compute "gpu"`, "-layer-compute gpu")
 }

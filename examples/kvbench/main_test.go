@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +12,8 @@ import (
 	"github.com/kvbridge/kvbridge/internal/capture"
 	"github.com/kvbridge/kvbridge/internal/cudadouble"
 	"github.com/kvbridge/kvbridge/internal/nixldouble"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -31,70 +32,51 @@ func TestMain(m *testing.M) {
 func TestQuickRun(t *testing.T) {
 	dir := t.TempDir()
 	js, png := filepath.Join(dir, "out.json"), filepath.Join(dir, "out.png")
-	if code := run([]string{"-quick", "-model", "tiny", "-json", js, "-png", png}); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
+	require.Zero(t, run([]string{"-quick", "-model", "tiny", "-json", js, "-png", png}), "exit")
 	var rows []Row
 	data, err := os.ReadFile(js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(data, &rows); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(data, &rows))
 	modes := map[string]int{}
 	for _, r := range rows {
 		modes[r.Mode]++
-		if r.Value <= 0 || r.Unit == "" || r.Name == "" {
-			t.Errorf("row without a figure: %+v", r)
-		}
-		if len(r.References) == 0 {
-			t.Errorf("row without a reference: %+v", r)
-		}
+		assert.Positive(t, r.Value, "row without a figure: %+v", r)
+		assert.NotEmpty(t, r.Unit, "row without a figure: %+v", r)
+		assert.NotEmpty(t, r.Name, "row without a figure: %+v", r)
+		assert.NotEmpty(t, r.References, "row without a reference: %+v", r)
 		for k, v := range r.References {
-			if v <= 0 || r.Ratios[k] <= 0 {
-				t.Errorf("reference %s of %s: %v (ratio %v)", k, r.Name, v, r.Ratios[k])
-			}
+			assert.Positive(t, v, "reference %s of %s (ratio %v)", k, r.Name, r.Ratios[k])
+			assert.Positive(t, r.Ratios[k], "reference %s of %s: %v: ratio", k, r.Name, v)
 		}
 		checkCPU(t, r)
 	}
 	for _, m := range []string{"engine", "paged", "rooms", "topology", "discovery", "control"} {
-		if modes[m] == 0 {
-			t.Errorf("no %s rows", m)
-		}
+		assert.NotZero(t, modes[m], "no %s rows", m)
 	}
-	if st, err := os.Stat(png); err != nil || st.Size() < 1000 {
-		t.Fatalf("chart: %v", err)
-	}
+	st, err := os.Stat(png)
+	require.NoError(t, err, "chart")
+	require.GreaterOrEqual(t, st.Size(), int64(1000), "chart")
 }
 
 // checkCPU: a row says what it cost (issue 24): kvbridge's CPU in a unit,
 // and at least one reference's CPU in the same run, with its ratio.
 func checkCPU(t *testing.T, r Row) {
 	t.Helper()
-	if r.CPU <= 0 || r.CPUUnit == "" {
-		t.Errorf("row without its CPU: %+v", r)
-	}
-	if len(r.RefCPU) == 0 {
-		t.Errorf("row without a reference's CPU: %+v", r)
-	}
+	assert.Positive(t, r.CPU, "row without its CPU: %+v", r)
+	assert.NotEmpty(t, r.CPUUnit, "row without its CPU: %+v", r)
+	assert.NotEmpty(t, r.RefCPU, "row without a reference's CPU: %+v", r)
 	for k, v := range r.RefCPU {
-		if v <= 0 || r.CPURatios[k] <= 0 {
-			t.Errorf("reference CPU %s of %s: %v (ratio %v)", k, r.Name, v, r.CPURatios[k])
-		}
+		assert.Positive(t, v, "reference CPU %s of %s (ratio %v)", k, r.Name, r.CPURatios[k])
+		assert.Positive(t, r.CPURatios[k], "reference CPU %s of %s: %v: ratio", k, r.Name, v)
 	}
 }
 
 func readRows(t *testing.T, path string) []Row {
 	t.Helper()
 	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var rows []Row
-	if err := json.Unmarshal(data, &rows); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, json.Unmarshal(data, &rows))
 	return rows
 }
 
@@ -110,44 +92,35 @@ func TestModeAlone(t *testing.T) {
 		dir := t.TempDir()
 		js, png := filepath.Join(dir, "out.json"), filepath.Join(dir, "out.png")
 		args := append([]string{"-mode", mode, "-quick", "-model", "tiny", "-json", js, "-png", png}, extra...)
-		if code := run(args); code != 0 {
-			t.Fatalf("kvbench %s: exit %d, want 0", strings.Join(args, " "), code)
-		}
+		require.Zero(t, run(args), "kvbench %s: exit", strings.Join(args, " "))
 		rows := readRows(t, js)
-		if len(rows) == 0 {
-			t.Fatalf("no rows")
-		}
+		require.NotEmpty(t, rows, "no rows")
 		vram := slices.Contains(extra, "VRAM")
 		for _, r := range rows {
-			if r.Mode != mode {
-				t.Errorf("a %s row from -mode %s", r.Mode, mode)
-			}
+			assert.Equal(t, mode, r.Mode, "a row from -mode %s", mode)
 			checkCPU(t, r)
-			if vram && (!strings.HasSuffix(r.Name, " VRAM") || r.References["cuMemcpyDtoD"] <= 0 || r.RefCPU["cuMemcpyDtoD"] <= 0) {
-				t.Errorf("a -mem VRAM row without its cuMemcpyDtoD reference: %+v", r)
+			if vram {
+				assert.True(t, strings.HasSuffix(r.Name, " VRAM"), "a -mem VRAM row without its cuMemcpyDtoD reference: %+v", r)
+				assert.Positive(t, r.References["cuMemcpyDtoD"], "a -mem VRAM row without its cuMemcpyDtoD reference: %+v", r)
+				assert.Positive(t, r.RefCPU["cuMemcpyDtoD"], "a -mem VRAM row without its cuMemcpyDtoD reference: %+v", r)
 			}
 		}
-		if _, err := os.Stat(png); (err == nil) != (mode == "engine") {
-			t.Errorf("chart %v: want one only with engine rows", err)
-		}
+		_, err := os.Stat(png)
+		assert.Equal(t, mode == "engine", err == nil, "chart %v: want one only with engine rows", err)
 	}
 	for _, mode := range []string{"control", "paged", "layerwise", "pages", "pull"} {
 		t.Run(mode, func(t *testing.T) { alone(t, mode) })
 	}
 	dir := t.TempDir()
 	cuda, err := cudadouble.Build(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Setenv("KVBRIDGE_CUDA_LIB", cuda)
 	nixlSkip := ""
 	if os.Getenv("KVBRIDGE_NIXL_LIB") != "" {
 		nixlSkip = "KVBRIDGE_NIXL_LIB is set: a real NIXL cannot move the CUDA double's memory"
 	} else {
 		lib, err := nixldouble.Build(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		t.Setenv("KVBRIDGE_NIXL_LIB", lib)
 	}
 	for _, engine := range []string{"loopback", "ucx", "libnixl"} {
@@ -175,22 +148,22 @@ func TestVRAMRefusedWithoutGPU(t *testing.T) {
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		err := cmd.Run()
 		var ee *exec.ExitError
-		if err != nil && !errors.As(err, &ee) {
-			t.Fatal(err)
+		if err != nil {
+			require.ErrorAs(t, err, &ee)
 		}
 		return cmd.ProcessState.ExitCode(), out.String(), errb.String()
 	}
 	code, out, errs := kvbench("-mem VRAM -quick -model tiny")
-	if code != 1 || out != "" || strings.Count(errs, "\n") != 1 || !strings.HasPrefix(errs, "kvbench: -mem VRAM needs a GPU") || !strings.Contains(errs, "no-libcuda.so.1") {
-		t.Errorf("kvbench -mem VRAM without a GPU: exit %d, stdout %q, stderr %q; want exit 1 and one line with the reason", code, out, errs)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "kvbench.json")); err == nil {
-		t.Errorf("a refused run wrote results")
-	}
+	assert.Equal(t, 1, code, "kvbench -mem VRAM without a GPU: exit (stdout %q, stderr %q)", out, errs)
+	assert.Empty(t, out, "kvbench -mem VRAM without a GPU: stdout")
+	assert.Equal(t, 1, strings.Count(errs, "\n"), "kvbench -mem VRAM without a GPU: want one line with the reason: %q", errs)
+	assert.True(t, strings.HasPrefix(errs, "kvbench: -mem VRAM needs a GPU"), "kvbench -mem VRAM without a GPU: stderr %q", errs)
+	assert.Contains(t, errs, "no-libcuda.so.1", "kvbench -mem VRAM without a GPU: stderr")
+	_, err := os.Stat(filepath.Join(dir, "kvbench.json"))
+	assert.Error(t, err, "a refused run wrote results")
 	code, _, errs = kvbench("-mem VRAM -mode control")
-	if code != 2 || !strings.Contains(errs, "-mem VRAM applies to engine, paged, rooms") {
-		t.Errorf("kvbench -mem VRAM -mode control: exit %d, %q; want 2 and the modes it applies to", code, errs)
-	}
+	assert.Equal(t, 2, code, "kvbench -mem VRAM -mode control: exit (%q)", errs)
+	assert.Contains(t, errs, "-mem VRAM applies to engine, paged, rooms", "kvbench -mem VRAM -mode control: want the modes it applies to")
 }
 
 // TestIdleMode: -mode idle starts real ucx rank processes, registers them
@@ -207,42 +180,34 @@ func TestIdleMode(t *testing.T) {
 	out := stdout(t, func() {
 		code = run([]string{"-mode", "idle", "-idle-for", "1s", "-quick", "-model", "tiny", "-json", js, "-png", filepath.Join(dir, "x.png")})
 	})
-	if code != 0 {
-		t.Fatalf("kvbench -mode idle: exit %d\n%s", code, out)
-	}
+	require.Zero(t, code, "kvbench -mode idle: exit\n%s", out)
 	want := map[string]bool{"ucx prefill rank process": false, "ucx decode rank process": false, "loopback prefill + decode, one process": false}
 	for _, r := range readRows(t, js) {
-		if _, ok := want[r.Name]; !ok || r.Mode != "idle" || r.Unit != "% of a core" || r.Value < 0 || r.References["goal"] != idleGoal {
-			t.Errorf("unexpected row %+v", r)
-		}
+		assert.Contains(t, want, r.Name, "unexpected row %+v", r)
+		assert.Equal(t, "idle", r.Mode, "unexpected row %+v", r)
+		assert.Equal(t, "% of a core", r.Unit, "unexpected row %+v", r)
+		assert.GreaterOrEqual(t, r.Value, 0.0, "unexpected row %+v", r)
+		assert.Equal(t, idleGoal, r.References["goal"], "unexpected row %+v", r)
 		want[r.Name] = true
 	}
 	for name, seen := range want {
-		if !seen {
-			t.Errorf("no row %q", name)
-		}
+		assert.True(t, seen, "no row %q", name)
 	}
-	if !strings.Contains(out, "idle goal ≤ 0.1 % of a core per rank over 1s: ") {
-		t.Errorf("no goal line in:\n%s", out)
-	}
+	assert.Contains(t, out, "idle goal ≤ 0.1 % of a core per rank over 1s: ", "no goal line")
 }
 
 // stdout runs f with os.Stdout sent to a file and returns what f wrote.
 func stdout(t *testing.T, f func()) string {
 	t.Helper()
 	tmp, err := os.CreateTemp(t.TempDir(), "stdout")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer tmp.Close()
 	saved := os.Stdout
 	os.Stdout = tmp
 	defer func() { os.Stdout = saved }()
 	f()
 	b, err := os.ReadFile(tmp.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return string(b)
 }
 
@@ -251,10 +216,7 @@ func stdout(t *testing.T, f func()) string {
 func TestHelp(t *testing.T) {
 	var code int
 	out := capture.Stderr(t, func() { code = run([]string{"-h"}) })
-	if code != 0 {
-		t.Errorf("kvbench -h: exit %d, want 0", code)
-	}
-	if !strings.HasPrefix(out, "kvbench: measures kvbridge") || !strings.Contains(out, "\n  -mode ") {
-		t.Errorf("kvbench -h:\n%s", out)
-	}
+	assert.Zero(t, code, "kvbench -h: exit")
+	assert.True(t, strings.HasPrefix(out, "kvbench: measures kvbridge"), "kvbench -h:\n%s", out)
+	assert.Contains(t, out, "\n  -mode ", "kvbench -h")
 }

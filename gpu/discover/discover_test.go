@@ -1,7 +1,6 @@
 package discover
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/stretchr/testify/require"
 )
 
 // machine is a go-nvml mock DGX with NUMA and NVLink answers added (the
@@ -50,23 +50,22 @@ func TestDiscoverDGX(t *testing.T) {
 	for name, s := range map[string]*server.Server{"H100": dgxh100.New(), "H200": dgxh200.New()} {
 		t.Run(name, func(t *testing.T) {
 			devs, err := DiscoverWith(machine(t, s))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(devs) != 8 {
-				t.Fatalf("%d devices, want 8", len(devs))
-			}
+			require.NoError(t, err)
+			require.Len(t, devs, 8, "devices")
 			for i, d := range devs {
-				if d.Index != i || d.UUID == "" || !strings.Contains(d.Name, name) || d.MemoryTotal == 0 ||
-					d.PCIBusID == "" || d.NUMANode != i/4 || len(d.NVLinkPeers) != 18 {
-					t.Fatalf("device %d: %+v", i, d)
-				}
+				require.Equal(t, i, d.Index, "device %d: %+v", i, d)
+				require.NotEmpty(t, d.UUID, "device %d: %+v", i, d)
+				require.Contains(t, d.Name, name, "device %d: %+v", i, d)
+				require.NotZero(t, d.MemoryTotal, "device %d: %+v", i, d)
+				require.NotEmpty(t, d.PCIBusID, "device %d: %+v", i, d)
+				require.Equal(t, i/4, d.NUMANode, "device %d: %+v", i, d)
+				require.Len(t, d.NVLinkPeers, 18, "device %d: %+v", i, d)
 			}
-			if devs[0].UUID == devs[1].UUID || devs[0].PCIBusID == devs[1].PCIBusID || devs[2].PCIBusID != "00000000:38:00.0" {
-				t.Fatal("devices not distinct")
-			}
-			if name == "H200" && devs[0].MemoryTotal < 140<<30 {
-				t.Fatalf("H200 memory %d", devs[0].MemoryTotal)
+			require.NotEqual(t, devs[0].UUID, devs[1].UUID, "devices not distinct")
+			require.NotEqual(t, devs[0].PCIBusID, devs[1].PCIBusID, "devices not distinct")
+			require.Equal(t, "00000000:38:00.0", devs[2].PCIBusID, "devices not distinct")
+			if name == "H200" {
+				require.GreaterOrEqual(t, devs[0].MemoryTotal, uint64(140<<30), "H200 memory")
 			}
 		})
 	}
@@ -78,12 +77,9 @@ func TestDiscoverInitFailureMakesNoOtherCall(t *testing.T) {
 	for _, ret := range []nvml.Return{nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED, nvml.ERROR_NO_PERMISSION} {
 		lib := &mock.Interface{InitFunc: func() nvml.Return { return ret }}
 		_, err := DiscoverWith(lib)
-		if !errors.Is(err, ErrNoGPU) {
-			t.Fatalf("Init %d: %v", ret, err)
-		}
-		if len(lib.InitCalls()) != 1 || len(lib.ShutdownCalls()) != 0 {
-			t.Fatal("calls after a failed Init")
-		}
+		require.ErrorIs(t, err, ErrNoGPU, "Init %d", ret)
+		require.Len(t, lib.InitCalls(), 1, "calls after a failed Init")
+		require.Empty(t, lib.ShutdownCalls(), "calls after a failed Init")
 	}
 }
 
@@ -93,12 +89,9 @@ func TestDiscoverNoDevices(t *testing.T) {
 		ShutdownFunc:       func() nvml.Return { return nvml.SUCCESS },
 		DeviceGetCountFunc: func() (int, nvml.Return) { return 0, nvml.SUCCESS },
 	}
-	if _, err := DiscoverWith(lib); !errors.Is(err, ErrNoGPU) {
-		t.Fatalf("zero devices: %v", err)
-	}
-	if len(lib.ShutdownCalls()) != 1 {
-		t.Fatal("Shutdown not called after a successful Init")
-	}
+	_, err := DiscoverWith(lib)
+	require.ErrorIs(t, err, ErrNoGPU, "zero devices")
+	require.Len(t, lib.ShutdownCalls(), 1, "Shutdown not called after a successful Init")
 }
 
 // Every failure return names the call and the device, and Shutdown still runs.
@@ -143,12 +136,10 @@ func TestDiscoverFailureReturns(t *testing.T) {
 			tc.set(s, s.Devices[3].(*server.Device))
 			_, err := DiscoverWith(s)
 			var ne *NVMLError
-			if !errors.As(err, &ne) || !strings.HasPrefix(ne.Call, tc.call) || ne.Return != boom {
-				t.Fatalf("got %v", err)
-			}
-			if shutdowns != 1 {
-				t.Fatalf("Shutdown called %d times", shutdowns)
-			}
+			require.ErrorAs(t, err, &ne)
+			require.True(t, strings.HasPrefix(ne.Call, tc.call), "got %v", err)
+			require.Equal(t, boom, ne.Return, "got %v", err)
+			require.Equal(t, 1, shutdowns, "Shutdown calls")
 		})
 	}
 }
@@ -162,12 +153,9 @@ func TestDiscoverOptionalQueries(t *testing.T) {
 		dev.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 	}
 	devs, err := DiscoverWith(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if devs[0].NUMANode != -1 || len(devs[0].NVLinkPeers) != 0 {
-		t.Fatalf("%+v", devs[0])
-	}
+	require.NoError(t, err)
+	require.Equal(t, -1, devs[0].NUMANode, "%+v", devs[0])
+	require.Empty(t, devs[0].NVLinkPeers, "%+v", devs[0])
 }
 
 // On this machine (no driver) the real library reports ErrNoGPU and the
@@ -175,9 +163,7 @@ func TestDiscoverOptionalQueries(t *testing.T) {
 func TestDiscoverRealLibrary(t *testing.T) {
 	devs, err := Discover()
 	if err != nil {
-		if !errors.Is(err, ErrNoGPU) {
-			t.Fatalf("want ErrNoGPU without a driver, got %v", err)
-		}
+		require.ErrorIs(t, err, ErrNoGPU, "want ErrNoGPU without a driver")
 		t.Logf("no GPU here: %v", err)
 		return
 	}

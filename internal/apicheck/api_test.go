@@ -17,6 +17,9 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -36,17 +39,13 @@ const module = "github.com/kvbridge/kvbridge/"
 // import path each local import name stands for.
 func parseDir(t *testing.T, dir string) ([]*ast.File, map[string]string) {
 	bp, err := build.Default.ImportDir(dir, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	fs := token.NewFileSet()
 	var files []*ast.File
 	imports := map[string]string{}
 	for _, name := range append(bp.GoFiles, bp.CgoFiles...) {
 		f, err := parser.ParseFile(fs, filepath.Join(dir, name), nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		files = append(files, f)
 		for _, im := range f.Imports {
 			path := strings.Trim(im.Path.Value, `"`)
@@ -179,14 +178,10 @@ func TestPublicAPI(t *testing.T) {
 	}
 	golden := filepath.Join("testdata", "api.txt")
 	if *update {
-		if err := os.WriteFile(golden, []byte(strings.Join(got, "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.WriteFile(golden, []byte(strings.Join(got, "\n")+"\n"), 0o644))
 	}
 	b, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	want := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
 	var added, removed []string
 	for _, g := range got {
@@ -199,7 +194,5 @@ func TestPublicAPI(t *testing.T) {
 			removed = append(removed, w)
 		}
 	}
-	if len(added)+len(removed) > 0 {
-		t.Errorf("the public API changed: added %q, removed %q.\nIf deliberate: go test ./internal/apicheck -update, and review testdata/api.txt's diff", added, removed)
-	}
+	assert.Zero(t, len(added)+len(removed), "the public API changed: added %q, removed %q.\nIf deliberate: go test ./internal/apicheck -update, and review testdata/api.txt's diff", added, removed)
 }

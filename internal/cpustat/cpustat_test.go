@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestMain(m *testing.M) {
@@ -61,14 +64,11 @@ func TestParseStat(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := parseStat(tc.line, tc.hz)
 			if tc.bad {
-				if err == nil {
-					t.Fatalf("parsed %v from a malformed line", got)
-				}
+				require.Error(t, err, "parsed %v from a malformed line", got)
 				return
 			}
-			if err != nil || got != tc.want {
-				t.Fatalf("got %v %v, want %v", got, err, tc.want)
-			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
 		})
 	}
 }
@@ -85,12 +85,8 @@ func TestAuxClockTick(t *testing.T) {
 	auxv = append(auxv, pair(6, 4096)...) // AT_PAGESZ
 	auxv = append(auxv, pair(17, 250)...)
 	auxv = append(auxv, pair(0, 0)...)
-	if got := auxClockTick(auxv); got != 250 {
-		t.Errorf("AT_CLKTCK 250: got %d", got)
-	}
-	if got := auxClockTick(append(pair(6, 4096), pair(0, 0)...)); got != 0 {
-		t.Errorf("no AT_CLKTCK: got %d", got)
-	}
+	assert.EqualValues(t, 250, auxClockTick(auxv), "AT_CLKTCK 250")
+	assert.EqualValues(t, 0, auxClockTick(append(pair(6, 4096), pair(0, 0)...)), "no AT_CLKTCK")
 }
 
 // TestProcessAgreesWithRusage: /proc's count of this process (ticks
@@ -100,13 +96,9 @@ func TestProcessAgreesWithRusage(t *testing.T) {
 	burn(300 * time.Millisecond)
 	self := Self().Total()
 	proc, err := Process(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	slack := 3 * time.Second / time.Duration(ClockTick())
-	if d := proc.Total() - self; d > slack || d < -slack {
-		t.Fatalf("/proc says %v, getrusage %v (tick %d Hz)", proc.Total(), self, ClockTick())
-	}
+	require.InDelta(t, self, proc.Total(), float64(slack), "/proc says %v, getrusage %v (tick %d Hz)", proc.Total(), self, ClockTick())
 }
 
 // TestChild: a child's CPU is seen through /proc while it runs, in its
@@ -120,44 +112,23 @@ func TestChild(t *testing.T) {
 	stdout, _ := cmd.StdoutPipe()
 	burn(100 * time.Millisecond) // before the meter: not to be counted
 	m0, err := Start(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
 	m, err := Start(cmd.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l, _ := bufio.NewReader(stdout).ReadString('\n'); l != "burned\n" {
-		t.Fatalf("child said %q", l)
-	}
+	require.NoError(t, err)
+	l, _ := bufio.NewReader(stdout).ReadString('\n')
+	require.Equal(t, "burned\n", l, "child said")
 	r, err := m.Read()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := r.Total(); got < 150*time.Millisecond {
-		t.Errorf("meter on the child: %v, want at least 150ms (it burned 200ms)", got)
-	}
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, r.Total(), 150*time.Millisecond, "meter on the child (it burned 200ms)")
 	stdin.Close()
-	if err := cmd.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	if got := Of(cmd.ProcessState).Total(); got < 200*time.Millisecond {
-		t.Errorf("ProcessState: %v, want at least 200ms", got)
-	}
-	if got := Children().Sub(before).Total(); got < 200*time.Millisecond {
-		t.Errorf("Children: %v, want at least 200ms", got)
-	}
-	if _, err := Process(cmd.Process.Pid); err == nil {
-		t.Errorf("Process of a reaped child: no error")
-	}
+	require.NoError(t, cmd.Wait())
+	assert.GreaterOrEqual(t, Of(cmd.ProcessState).Total(), 200*time.Millisecond, "ProcessState")
+	assert.GreaterOrEqual(t, Children().Sub(before).Total(), 200*time.Millisecond, "Children")
+	_, err = Process(cmd.Process.Pid)
+	assert.Error(t, err, "Process of a reaped child: no error")
 	self, _ := m0.Read()
-	if self.Total() >= 100*time.Millisecond {
-		t.Errorf("this process's meter counted CPU from before its Start or the child's: %v", self.Total())
-	}
-	if PerGB(time.Second, 2e9) != 0.5 || PerGB(time.Second, 0) != 0 {
-		t.Errorf("PerGB")
-	}
+	assert.Less(t, self.Total(), 100*time.Millisecond, "this process's meter counted CPU from before its Start or the child's")
+	assert.Equal(t, 0.5, PerGB(time.Second, 2e9), "PerGB")
+	assert.Equal(t, 0.0, PerGB(time.Second, 0), "PerGB")
 }

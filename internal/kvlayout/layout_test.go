@@ -1,10 +1,11 @@
 package kvlayout
 
 import (
-	"reflect"
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/mem"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -21,24 +22,19 @@ func TestRuns(t *testing.T) {
 		{[]uint32{1, 2, 3, 7, 8}, []uint32{10, 11, 20, 21, 22}, []Run{{Src: 1, Dst: 10, Len: 2}, {Src: 3, Dst: 20, Len: 1}, {Src: 7, Dst: 21, Len: 2}}},
 		{[]uint32{3, 2, 1}, []uint32{1, 2, 3}, []Run{{Src: 3, Dst: 1, Len: 1}, {Src: 2, Dst: 2, Len: 1}, {Src: 1, Dst: 3, Len: 1}}},
 	} {
-		if got := Runs(tc.src, tc.dst); !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("Runs(%v, %v) = %v, want %v", tc.src, tc.dst, got, tc.want)
-		}
+		assert.Equal(t, tc.want, Runs(tc.src, tc.dst), "Runs(%v, %v)", tc.src, tc.dst)
 	}
 }
 
 func TestLayoutValidate(t *testing.T) {
 	good := Layout{Regions: []mem.Desc{{Addr: 1, Len: 64}, {Addr: 100, Len: 64}}, PageBytes: 16}
-	if err := good.Validate(); err != nil || good.Pages() != 4 {
-		t.Fatalf("%v %d", err, good.Pages())
-	}
+	require.NoError(t, good.Validate())
+	require.Equal(t, 4, good.Pages())
 	for _, l := range []Layout{
 		{Regions: []mem.Desc{{Addr: 1, Len: 64}}, PageBytes: 16},
 		{Regions: []mem.Desc{{Addr: 1, Len: 64}, {Addr: 100, Len: 32}}, PageBytes: 16},
 		{Regions: []mem.Desc{{Addr: 1, Len: 64}, {Addr: 100, Len: 64}}, PageBytes: 0},
 	} {
-		if l.Validate() == nil {
-			t.Errorf("accepted %+v", l)
-		}
+		assert.Error(t, l.Validate(), "accepted %+v", l)
 	}
 }

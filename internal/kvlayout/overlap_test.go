@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/mem"
+	"github.com/stretchr/testify/assert"
 )
 
 func TestOverlap(t *testing.T) {
@@ -29,16 +30,13 @@ func TestOverlap(t *testing.T) {
 	} {
 		i, j, ok := Overlap(tc.spans)
 		if tc.i < 0 {
-			if ok {
-				t.Errorf("%s: %d and %d overlap", tc.name, i, j)
-			}
+			assert.False(t, ok, "%s: %d and %d overlap", tc.name, i, j)
 			continue
 		}
-		if !ok || i != tc.i || j != tc.j {
-			t.Errorf("%s: got %d, %d, %v; want %d, %d", tc.name, i, j, ok, tc.i, tc.j)
+		if assert.True(t, ok, "%s: no overlap", tc.name) {
+			assert.Equal(t, tc.i, i, "%s: first", tc.name)
+			assert.Equal(t, tc.j, j, "%s: second", tc.name)
 		}
 	}
-	if got := host(math.MaxUint64-10, 100).End(); got != math.MaxUint64 {
-		t.Errorf("End past the top: %#x", got)
-	}
+	assert.Equal(t, uint64(math.MaxUint64), host(math.MaxUint64-10, 100).End(), "End past the top")
 }

@@ -1,10 +1,10 @@
 package kvlayout
 
 import (
-	"errors"
-	"reflect"
-	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestPageMapPair is the page pairing's table: units of the smaller page,
@@ -45,14 +45,14 @@ func TestPageMapPair(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s, d, off, n, err := tc.pm.Pair(tc.first, tc.src, tc.prefix, tc.dst)
 			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("want an error with %q, got %v", tc.err, err)
-				}
+				require.ErrorContains(t, err, tc.err)
 				return
 			}
-			if err != nil || !reflect.DeepEqual(s, tc.s) || !reflect.DeepEqual(d, tc.d) || off != tc.off || n != tc.n {
-				t.Fatalf("got %v → %v at [%d, +%d) err %v, want %v → %v at [%d, +%d)", s, d, off, n, err, tc.s, tc.d, tc.off, tc.n)
-			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.s, s, "source units")
+			assert.Equal(t, tc.d, d, "destination units")
+			assert.Equal(t, tc.off, off, "offset")
+			assert.Equal(t, tc.n, n, "count")
 		})
 	}
 }
@@ -63,15 +63,14 @@ func TestPageMapAligned(t *testing.T) {
 		end  int
 		want bool
 	}{{PageMap{4, 4}, 3, true}, {PageMap{8, 2}, 1, true}, {PageMap{2, 8}, 4, true}, {PageMap{2, 8}, 6, false}, {PageMap{2, 8}, 0, true}} {
-		if got := tc.pm.Aligned(tc.end); got != tc.want {
-			t.Errorf("%+v.Aligned(%d) = %v, want %v", tc.pm, tc.end, got, tc.want)
-		}
+		assert.Equal(t, tc.want, tc.pm.Aligned(tc.end), "%+v.Aligned(%d)", tc.pm, tc.end)
 	}
 	// 2-token pages into 8-token ones: 6 pages end inside decode page 1,
 	// which a prefix of 2 holds (and one of 1 does not).
-	if pm := (PageMap{2, 8}); !pm.InPrefix(6, 2) || pm.InPrefix(6, 1) || !pm.InPrefix(4, 1) {
-		t.Errorf("InPrefix: %v %v %v", pm.InPrefix(6, 2), pm.InPrefix(6, 1), pm.InPrefix(4, 1))
-	}
+	pm := PageMap{2, 8}
+	assert.True(t, pm.InPrefix(6, 2), "InPrefix(6, 2)")
+	assert.False(t, pm.InPrefix(6, 1), "InPrefix(6, 1)")
+	assert.True(t, pm.InPrefix(4, 1), "InPrefix(4, 1)")
 }
 
 // TestPlanPageSizes: a plan between different page sizes carries both and
@@ -81,19 +80,21 @@ func TestPlanPageSizes(t *testing.T) {
 	ms, md := llama(NHD), llama(NHD)
 	md.PageTokens = 16
 	sl, err := Plan(ms, md, Parallel{}, Parallel{})
-	if err != nil || sl.Full || sl.Paged() || sl.Unit() != 4 || sl.DstPageTokens != 16 {
-		t.Fatalf("plan %+v err %v", sl, err)
-	}
-	if sl, err = Plan(ms, ms, Parallel{}, Parallel{}); err != nil || !sl.Full || !sl.Paged() {
-		t.Fatalf("same pages: plan %+v err %v", sl, err)
-	}
+	require.NoError(t, err)
+	require.False(t, sl.Full, "plan %+v", sl)
+	require.False(t, sl.Paged(), "plan %+v", sl)
+	require.Equal(t, 4, sl.Unit(), "plan %+v", sl)
+	require.Equal(t, 16, sl.DstPageTokens, "plan %+v", sl)
+	sl, err = Plan(ms, ms, Parallel{}, Parallel{})
+	require.NoError(t, err, "same pages")
+	require.True(t, sl.Full, "same pages: plan %+v", sl)
+	require.True(t, sl.Paged(), "same pages: plan %+v", sl)
 	md.PageTokens = 6
-	if _, err := Plan(ms, md, Parallel{}, Parallel{}); !errors.Is(err, ErrTopology) {
-		t.Fatalf("4- and 6-token pages: %v", err)
-	}
+	_, err = Plan(ms, md, Parallel{}, Parallel{})
+	require.ErrorIs(t, err, ErrTopology, "4- and 6-token pages")
 	md = llama(HND)
 	md.PageTokens = 8
-	if _, err := Plan(ms, md, Parallel{}, Parallel{}); !errors.Is(err, ErrTopology) || !strings.Contains(err.Error(), "beyond their page tokens") {
-		t.Fatalf("NHD → HND: %v", err)
-	}
+	_, err = Plan(ms, md, Parallel{}, Parallel{})
+	require.ErrorIs(t, err, ErrTopology, "NHD → HND")
+	require.ErrorContains(t, err, "beyond their page tokens", "NHD → HND")
 }

@@ -2,7 +2,6 @@ package layerbench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -21,9 +21,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func newRig(t *testing.T, layers, pages int) *Rig {
 	t.Helper()
 	srv := testauth.Server()
-	if err := srv.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, srv.Start("127.0.0.1:0"))
 	t.Cleanup(func() { srv.Close(context.Background()) })
 	model := kvmodel.Presets["tiny"]
 	model.Layers = layers
@@ -37,14 +35,10 @@ func newRig(t *testing.T, layers, pages int) *Rig {
 		return cfg
 	}
 	p, err := kvmanager.NewPrefill(mk(kvmanager.RolePrefill))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { p.Close() })
 	d, err := kvmanager.NewDecode(mk(kvmanager.RoleDecode))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
 	return &Rig{Prefill: p, Decode: d, Verify: true}
 }
@@ -65,21 +59,14 @@ func TestRoomsLandAsComputed(t *testing.T) {
 			kern = dev
 		}
 		rm, err := g.RunRoom(ctx, src, dst, i%2 == 1, kern)
-		if err != nil {
-			t.Fatalf("room %d (layer-wise %v): %v", i+1, i%2 == 1, err)
-		}
-		if rm.TTFT < rm.Tail || rm.TTFT < rm.Compute {
-			t.Fatalf("room %d: TTFT %v shorter than its tail %v or compute %v", i+1, rm.TTFT, rm.Tail, rm.Compute)
-		}
+		require.NoError(t, err, "room %d (layer-wise %v)", i+1, i%2 == 1)
+		require.GreaterOrEqual(t, rm.TTFT, rm.Tail, "room %d: TTFT shorter than its tail", i+1)
+		require.GreaterOrEqual(t, rm.TTFT, rm.Compute, "room %d: TTFT shorter than its compute", i+1)
 		// A write per layer group (and the aux item's) against one write
 		// of every layer (and the aux item's).
-		if want := map[bool]uint64{true: 4 + 1, false: 1 + 1}[i%2 == 1]; rm.Posted != want {
-			t.Fatalf("room %d (layer-wise %v): %d writes posted, want %d", i+1, i%2 == 1, rm.Posted, want)
-		}
+		require.Equal(t, map[bool]uint64{true: 4 + 1, false: 1 + 1}[i%2 == 1], rm.Posted, "room %d (layer-wise %v): writes posted", i+1, i%2 == 1)
 	}
-	if g.Prefill.Layers() != 4 {
-		t.Fatalf("prefill layers %d", g.Prefill.Layers())
-	}
+	require.Equal(t, 4, g.Prefill.Layers(), "prefill layers")
 }
 
 // TestVerifyCatchesAStalePage: the check RunRoom makes would see a page the
@@ -88,14 +75,11 @@ func TestVerifyCatchesAStalePage(t *testing.T) {
 	g := newRig(t, 2, 4)
 	k := NewKernel(false)
 	src, dst := []uint32{0, 1}, []uint32{2, 3}
-	if _, err := g.RunRoom(context.Background(), src, dst, true, k); err != nil {
-		t.Fatal(err)
-	}
+	_, err := g.RunRoom(context.Background(), src, dst, true, k)
+	require.NoError(t, err)
 	pkv, _ := g.Prefill.Memory()
 	k.Layer(pkv, g.Prefill.Config().Layout.PageBytes, src, 99, 1) // as a next room's compute, not sent
-	if err := g.verify(99, k, src, dst, 2); !errors.Is(err, errMismatch) {
-		t.Fatalf("a layer computed and not sent passed the check: %v", err)
-	}
+	require.ErrorIs(t, g.verify(99, k, src, dst, 2), errMismatch, "a layer computed and not sent passed the check")
 }
 
 // TestMeasure: the figures of a short measurement are all there and
@@ -103,16 +87,19 @@ func TestVerifyCatchesAStalePage(t *testing.T) {
 func TestMeasure(t *testing.T) {
 	g := newRig(t, 4, 16)
 	res, err := g.Measure(context.Background(), NewKernel(false), 256, 16, 2, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Layers != 4 || res.Rooms != 2 || res.Tokens != 256 || res.LayerTransfer <= 0 || res.StreamedLayerTransfer <= 0 || res.LayerCompute <= 0 ||
-		res.Whole.TTFT <= 0 || res.Layerwise.TTFT <= 0 || res.WholeCPU <= 0 || res.LayerwiseCPU <= 0 {
-		t.Fatalf("incomplete result %+v", res)
-	}
-	if res.TTFTRatio() <= 0 || res.TailRatio() <= 0 {
-		t.Fatalf("ratios %v %v", res.TTFTRatio(), res.TailRatio())
-	}
+	require.NoError(t, err)
+	require.EqualValues(t, 4, res.Layers, "incomplete result %+v", res)
+	require.EqualValues(t, 2, res.Rooms, "incomplete result %+v", res)
+	require.EqualValues(t, 256, res.Tokens, "incomplete result %+v", res)
+	require.Positive(t, res.LayerTransfer, "incomplete result %+v", res)
+	require.Positive(t, res.StreamedLayerTransfer, "incomplete result %+v", res)
+	require.Positive(t, res.LayerCompute, "incomplete result %+v", res)
+	require.Positive(t, res.Whole.TTFT, "incomplete result %+v", res)
+	require.Positive(t, res.Layerwise.TTFT, "incomplete result %+v", res)
+	require.Positive(t, res.WholeCPU, "incomplete result %+v", res)
+	require.Positive(t, res.LayerwiseCPU, "incomplete result %+v", res)
+	require.Positive(t, res.TTFTRatio(), "ratios")
+	require.Positive(t, res.TailRatio(), "ratios")
 }
 
 // TestCalibrate: more products take longer, so the calibration can aim
@@ -121,16 +108,12 @@ func TestCalibrate(t *testing.T) {
 	k := NewKernel(false)
 	kv := [][]byte{make([]byte, 4096), make([]byte, 4096)}
 	k.Calibrate(0, kv, 1024, []uint32{0, 1})
-	if k.Reps != 0 {
-		t.Fatalf("target 0: Reps %d", k.Reps)
-	}
+	require.Zero(t, k.Reps, "target 0: Reps")
 	k.Calibrate(50*time.Millisecond, kv, 1024, []uint32{0, 1})
-	if k.Reps < 10 {
-		t.Fatalf("target 50ms: Reps %d", k.Reps)
-	}
+	require.GreaterOrEqual(t, k.Reps, 10, "target 50ms: Reps")
 	d := NewKernel(true)
 	d.Calibrate(time.Millisecond, kv, 1024, []uint32{0, 1})
-	if d.Wait <= 0 || d.Wait > time.Millisecond || d.Reps != 0 {
-		t.Fatalf("device stand-in, target 1ms: Wait %v, Reps %d", d.Wait, d.Reps)
-	}
+	require.Positive(t, d.Wait, "device stand-in, target 1ms: Wait")
+	require.LessOrEqual(t, d.Wait, time.Millisecond, "device stand-in, target 1ms: Wait")
+	require.Zero(t, d.Reps, "device stand-in, target 1ms: Reps")
 }

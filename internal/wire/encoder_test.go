@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -20,12 +22,8 @@ func TestEncoderMatchesMsgpack(t *testing.T) {
 	check := func(what string, got []byte, f func(*msgpack.Encoder) error) {
 		t.Helper()
 		var buf bytes.Buffer
-		if err := f(msgpack.NewEncoder(&buf)); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, buf.Bytes()) {
-			t.Errorf("%s: % x, msgpack writes % x", what, got[:min(len(got), 8)], buf.Bytes()[:min(buf.Len(), 8)])
-		}
+		require.NoError(t, f(msgpack.NewEncoder(&buf)))
+		assert.True(t, bytes.Equal(got, buf.Bytes()), "%s: % x, msgpack writes % x", what, got[:min(len(got), 8)], buf.Bytes()[:min(buf.Len(), 8)])
 	}
 	for _, n := range lens {
 		e := &encoder{}

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
-	"reflect"
 	"runtime"
 	"sync"
 	"testing"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -65,41 +66,24 @@ func TestGolden(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			frames, err := wire.Encode(m)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if string(frames[0]) != "KVB1" || string(frames[1]) != m.Type().String() {
-				t.Fatalf("frames 0/1 = %q %q", frames[0], frames[1])
-			}
+			require.NoError(t, err)
+			require.Equal(t, "KVB1", string(frames[0]), "frame 0")
+			require.Equal(t, m.Type().String(), string(frames[1]), "frame 1")
 			path := filepath.Join("testdata", "golden", name+".msgpack")
 			if *update {
-				if err := os.WriteFile(path, frames[2], 0o644); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, os.WriteFile(path, frames[2], 0o644))
 			}
 			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test ./bootstrap -run TestGolden -update once)", err)
-			}
-			if !bytes.Equal(frames[2], want) {
-				t.Fatalf("wire format drifted for %v:\n got %x\nwant %x", m.Type(), frames[2], want)
-			}
+			require.NoError(t, err, "run go test ./bootstrap -run TestGolden -update once")
+			require.Equal(t, want, frames[2], "wire format drifted for %v", m.Type())
 			got, err := wire.Decode([][]byte{[]byte(wire.Magic), []byte(m.Type().String()), want})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(got, m) {
-				t.Fatalf("round trip:\n got %+v\nwant %+v", got, m)
-			}
+			require.NoError(t, err)
+			require.Equal(t, m, got, "round trip")
 			// Any MessagePack implementation reads the golden body as a map
 			// with the PROTOCOL.md keys.
 			var generic map[string]any
-			if err := msgpack.Unmarshal(want, &generic); err != nil {
-				t.Fatal(err)
-			}
-			if _, ok := generic["from"].(map[string]any)["endpoint"]; !ok {
-				t.Fatalf("generic decode lacks from.endpoint: %v", generic)
-			}
+			require.NoError(t, msgpack.Unmarshal(want, &generic))
+			require.Contains(t, generic["from"].(map[string]any), "endpoint", "generic decode lacks from.endpoint: %v", generic)
 		})
 	}
 }
@@ -119,13 +103,12 @@ func TestDecodeAcceptsForeignEncodings(t *testing.T) {
 	m["room"] = int64(5)
 	m["required"] = uint8(1)
 	msg, err := wire.Decode([][]byte{[]byte(wire.Magic), []byte("REQUEST"), wiretest.EncodeMap(t, m)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	r := msg.(*wire.Request)
-	if r.Room != 5 || r.AuxIndex != -1 || len(r.DstPages) != 1 || r.DstPages[0] != 1 || r.From.Epoch != 9 {
-		t.Fatalf("decoded %+v", r)
-	}
+	assert.EqualValues(t, 5, r.Room, "decoded %+v", r)
+	assert.EqualValues(t, -1, r.AuxIndex, "decoded %+v", r)
+	assert.Equal(t, []uint32{1}, r.DstPages, "decoded %+v", r)
+	assert.EqualValues(t, 9, r.From.Epoch, "decoded %+v", r)
 }
 
 func TestDecodeMalformed(t *testing.T) {
@@ -179,24 +162,20 @@ func TestDecodeMalformed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := wire.Decode(tc.frames)
 			var me *wire.MalformedError
-			if !errors.As(err, &me) {
-				t.Fatalf("want MalformedError, got %v", err)
+			require.ErrorAs(t, err, &me, "want MalformedError")
+			require.Equal(t, tc.reason, me.Reason, "reason (%v)", me)
+			if tc.field != "" {
+				require.Equal(t, tc.field, me.Field, "field (%v)", me)
 			}
-			if me.Reason != tc.reason || (tc.field != "" && me.Field != tc.field) {
-				t.Fatalf("got reason %s field %q (%v), want %s %q", me.Reason, me.Field, me, tc.reason, tc.field)
-			}
-			if me.HasRoom != tc.hasRoom {
-				t.Fatalf("HasRoom = %v, want %v (%v)", me.HasRoom, tc.hasRoom, me)
-			}
+			require.Equal(t, tc.hasRoom, me.HasRoom, "HasRoom (%v)", me)
 		})
 	}
 	// A malformed REQUEST that still names its room and sender can be answered.
 	_, err := wire.Decode(req(with("required", 0)))
 	var me *wire.MalformedError
 	errors.As(err, &me)
-	if me.Room != 5 || me.Endpoint != "tcp://127.0.0.1:1" {
-		t.Fatalf("salvage: %+v", me)
-	}
+	require.EqualValues(t, 5, me.Room, "salvage: %+v", me)
+	require.Equal(t, "tcp://127.0.0.1:1", me.Endpoint, "salvage: %+v", me)
 }
 
 func TestDecodeRegionChecks(t *testing.T) {
@@ -206,9 +185,8 @@ func TestDecodeRegionChecks(t *testing.T) {
 		return [][]byte{[]byte(wire.Magic), []byte("REGISTER"), wiretest.EncodeMap(t, m)}
 	}
 	good := map[string]any{"addr": 4096, "len": 4096, "item_len": 64, "dev": 0, "mem": "DRAM"}
-	if _, err := wire.Decode(reg(good)); err != nil {
-		t.Fatal(err)
-	}
+	_, err := wire.Decode(reg(good))
+	require.NoError(t, err)
 	for k, v := range map[string]any{"mem": "HBM", "item_len": 0, "dev": -1} {
 		r := map[string]any{}
 		for kk, vv := range good {
@@ -217,8 +195,9 @@ func TestDecodeRegionChecks(t *testing.T) {
 		r[k] = v
 		_, err := wire.Decode(reg(r))
 		var me *wire.MalformedError
-		if !errors.As(err, &me) || me.Reason != wire.ReasonOutOfRange || me.Field != "kv[0]."+k {
-			t.Errorf("%s=%v: %v", k, v, err)
+		if assert.ErrorAs(t, err, &me, "%s=%v", k, v) {
+			assert.Equal(t, wire.ReasonOutOfRange, me.Reason, "%s=%v: %v", k, v, err)
+			assert.Equal(t, "kv[0]."+k, me.Field, "%s=%v: %v", k, v, err)
 		}
 	}
 }
@@ -236,22 +215,14 @@ func FuzzDecode(f *testing.F) {
 		m, err := wire.Decode([][]byte{[]byte(wire.Magic), typ, body})
 		if err != nil {
 			var me *wire.MalformedError
-			if !errors.As(err, &me) {
-				t.Fatalf("non-Malformed error %T", err)
-			}
+			require.ErrorAs(t, err, &me, "non-Malformed error %T", err)
 			return
 		}
 		frames, err := wire.Encode(m)
-		if err != nil {
-			t.Fatalf("re-encode: %v", err)
-		}
+		require.NoError(t, err, "re-encode")
 		again, err := wire.Decode(frames)
-		if err != nil {
-			t.Fatalf("re-decode: %v", err)
-		}
-		if !reflect.DeepEqual(m, again) {
-			t.Fatalf("not stable:\n%+v\n%+v", m, again)
-		}
+		require.NoError(t, err, "re-decode")
+		require.Equal(t, m, again, "not stable")
 	})
 }
 
@@ -260,9 +231,8 @@ func TestDecodeDeepNesting(t *testing.T) {
 	// exhaust the stack; this one walks them iteratively.
 	body := append([]byte{0x81, 0xa1, 'x'}, bytes.Repeat([]byte{0x91}, 8<<20)...)
 	body = append(body, 0x00)
-	if _, err := wire.Decode([][]byte{[]byte(wire.Magic), []byte("PING"), body}); err == nil {
-		t.Fatal("want an error for a PING without its fields")
-	}
+	_, err := wire.Decode([][]byte{[]byte(wire.Magic), []byte("PING"), body})
+	require.Error(t, err, "want an error for a PING without its fields")
 }
 
 // TestDecodeBounds: every variable-length field has a bound, checked before
@@ -320,15 +290,13 @@ func TestDecodeBounds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := wire.Decode(tc.frames)
 			if tc.ok {
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				return
 			}
 			var me *wire.MalformedError
-			if !errors.As(err, &me) || me.Reason != wire.ReasonOutOfRange || me.Field != tc.field {
-				t.Fatalf("want out_of_range on %s, got %v", tc.field, err)
-			}
+			require.ErrorAs(t, err, &me, "want out_of_range on %s", tc.field)
+			require.Equal(t, wire.ReasonOutOfRange, me.Reason, "want out_of_range on %s, got %v", tc.field, err)
+			require.Equal(t, tc.field, me.Field, "want out_of_range on %s, got %v", tc.field, err)
 		})
 	}
 
@@ -358,32 +326,24 @@ func TestDecodeBounds(t *testing.T) {
 		_, err := wire.Decode([][]byte{[]byte(wire.Magic), []byte(typ), body})
 		runtime.ReadMemStats(&after)
 		var me *wire.MalformedError
-		if !errors.As(err, &me) || me.Reason != wire.ReasonOutOfRange {
-			t.Fatalf("%s: want out_of_range, got %v", field, err)
-		}
-		if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
-			t.Fatalf("%s: decoding a %d-element header allocated %d bytes", field, n, got)
-		}
+		require.ErrorAs(t, err, &me, "%s: want out_of_range", field)
+		require.Equal(t, wire.ReasonOutOfRange, me.Reason, "%s: want out_of_range, got %v", field, err)
+		require.LessOrEqual(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "%s: decoding a %d-element header allocated too much", field, n)
 	}
 }
 
 func TestEncodeCutsReasonsAndRefusesLongNames(t *testing.T) {
 	frames, err := wire.Encode(&wire.Abort{From: wiretest.SampleFrom(wire.RoleDecode), Room: 1, Reason: string(bytes.Repeat([]byte("é"), wire.MaxReasonBytes))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	m, err := wire.Decode(frames)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r := m.(*wire.Abort).Reason; len(r) > wire.MaxReasonBytes || !utf8.ValidString(r) {
-		t.Fatalf("reason of %d bytes, valid UTF-8 %v", len(r), utf8.ValidString(r))
-	}
+	require.NoError(t, err)
+	r := m.(*wire.Abort).Reason
+	require.LessOrEqual(t, len(r), wire.MaxReasonBytes, "reason of %d bytes", len(r))
+	require.True(t, utf8.ValidString(r), "reason not valid UTF-8")
 	f := wiretest.SampleFrom(wire.RoleDecode)
 	f.Instance = string(bytes.Repeat([]byte{'i'}, wire.MaxNameBytes+1))
-	if _, err := wire.Encode(&wire.Ping{From: f}); err == nil {
-		t.Fatal("an instance name past MaxNameBytes was encoded")
-	}
+	_, err = wire.Encode(&wire.Ping{From: f})
+	require.Error(t, err, "an instance name past MaxNameBytes was encoded")
 }
 
 // TestDecodeConcurrent: Decode recycles its parsed maps; messages decoded
@@ -394,9 +354,7 @@ func TestDecodeConcurrent(t *testing.T) {
 	var frames [][][]byte
 	for _, m := range msgs {
 		f, err := wire.Encode(m)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		frames = append(frames, f)
 	}
 	bad := [][]byte{[]byte(wire.Magic), []byte("ABORT"), wiretest.EncodeMap(t, map[string]any{"room": 1, "from": map[string]any{"role": "x"}})}
@@ -410,26 +368,22 @@ func TestDecodeConcurrent(t *testing.T) {
 			for i := 0; i < 200; i++ {
 				j := (g + i) % len(frames)
 				m, err := wire.Decode(frames[j])
-				if err != nil {
-					t.Error(err)
+				if !assert.NoError(t, err) {
 					return
 				}
 				kept = append(kept, m)
-				if _, err := wire.Decode(bad); err == nil {
-					t.Error("a malformed body decoded")
+				if _, err := wire.Decode(bad); !assert.Error(t, err, "a malformed body decoded") {
 					return
 				}
 			}
 			for i, m := range kept {
-				if !reflect.DeepEqual(m, msgs[(g+i)%len(frames)]) {
-					t.Errorf("decoded %+v, want %+v", m, msgs[(g+i)%len(frames)])
+				if !assert.Equal(t, msgs[(g+i)%len(frames)], m, "decoded") {
 					return
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	if got, _ := wire.Decode(frames[0]); !reflect.DeepEqual(got, want) {
-		t.Fatalf("%+v after, %+v before", got, want)
-	}
+	got, _ := wire.Decode(frames[0])
+	require.Equal(t, want, got, "decoded after vs before")
 }

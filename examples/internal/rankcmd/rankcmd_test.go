@@ -22,6 +22,8 @@ import (
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 )
@@ -58,17 +60,11 @@ func TestRoomRequestBounds(t *testing.T) {
 			req.Header.Set("Authorization", "Bearer "+tc.token)
 		}
 		resp, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
+		require.NoError(t, err, "%s", tc.name)
 		resp.Body.Close()
-		if resp.StatusCode != tc.code {
-			t.Errorf("%s: %d, want %d", tc.name, resp.StatusCode, tc.code)
-		}
+		assert.Equal(t, tc.code, resp.StatusCode, "%s", tc.name)
 	}
-	if p := kvmodel.NewPages(4, 1).Get(math.MinInt); p != nil {
-		t.Fatalf("Get of a negative count returned %v", p)
-	}
+	require.Nil(t, kvmodel.NewPages(4, 1).Get(math.MinInt), "Get of a negative count")
 }
 
 // TestRoomStateEndpoint: GET /v1/room?room=N reads a live room's state
@@ -80,14 +76,10 @@ func TestRoomStateEndpoint(t *testing.T) {
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
 	p, err := kvmanager.NewPrefill(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer p.Close()
 	s, err := sender.New(p, 42)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer s.Clear()
 	s.Init()
 	r := &Rank{M: p.Manager, P: p, token: "tok"}
@@ -99,25 +91,20 @@ func TestRoomStateEndpoint(t *testing.T) {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
 		resp, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	if code, body := get("/?room=42", "tok"); code != 200 || !strings.Contains(body, `"status":"Bootstrapping"`) {
-		t.Fatalf("live room: %d %s", code, body)
-	}
-	if code, _ := get("/?room=7", "tok"); code != 404 {
-		t.Fatalf("unknown room: %d", code)
-	}
-	if code, _ := get("/?room=42", ""); code != 401 {
-		t.Fatalf("without the token: %d", code)
-	}
-	if code, _ := get("/?room=x", "tok"); code != 400 {
-		t.Fatalf("bad room: %d", code)
-	}
+	code, body := get("/?room=42", "tok")
+	require.Equal(t, 200, code, "live room: %s", body)
+	require.Contains(t, body, `"status":"Bootstrapping"`, "live room")
+	code, _ = get("/?room=7", "tok")
+	require.Equal(t, 404, code, "unknown room")
+	code, _ = get("/?room=42", "")
+	require.Equal(t, 401, code, "without the token")
+	code, _ = get("/?room=x", "tok")
+	require.Equal(t, 400, code, "bad room")
 }
 
 // startRank builds a rank from command-line flags, as Main does, with the
@@ -125,13 +112,9 @@ func TestRoomStateEndpoint(t *testing.T) {
 func startRank(t *testing.T, role kvmanager.Role, args ...string) (*Rank, *httptest.Server) {
 	t.Helper()
 	fs, o := newFlags(role)
-	if err := fs.Parse(append([]string{"-engine", "loopback", "-warm=false"}, args...)); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, fs.Parse(append([]string{"-engine", "loopback", "-warm=false"}, args...)))
 	r, _, err := newRank(role, o, testauth.Auth(), zap.NewNop(), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	srv := httptest.NewServer(http.HandlerFunc(r.serveRoom))
 	t.Cleanup(func() {
 		srv.Close()
@@ -146,15 +129,12 @@ func postRoom(t *testing.T, srv *httptest.Server, rr RoomRequest) RoomResult {
 	req, _ := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+testauth.Auth().BootstrapToken())
 	resp, err := srv.Client().Do(req)
-	if err != nil {
-		t.Error(err)
+	if !assert.NoError(t, err, "room %d", rr.Room) { // (on the caller's goroutine or not: assert, not require)
 		return RoomResult{}
 	}
 	defer resp.Body.Close()
 	var res RoomResult
-	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
-		t.Errorf("room %d: %d: %v", rr.Room, resp.StatusCode, err)
-	}
+	assert.NoError(t, json.NewDecoder(resp.Body).Decode(&res), "room %d: %d", rr.Room, resp.StatusCode)
 	return res
 }
 
@@ -173,9 +153,7 @@ func TestRoomBytesBothSides(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			boot := testauth.Server()
-			if err := boot.Start("127.0.0.1:0"); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, boot.Start("127.0.0.1:0"))
 			defer boot.Close(context.Background())
 			common := []string{"-model", "tiny", "-pages", "512", "-page-layout", "HND", "-bootstrap", boot.URL()}
 			var prefills []*httptest.Server
@@ -195,20 +173,16 @@ func TestRoomBytesBothSides(t *testing.T) {
 				dres := postRoom(t, dsrv, rr)
 				wg.Wait()
 				want := uint64(tokens) * d.Model.BytesPerToken()
-				if dres.Status != "Success" || dres.Corrupt != 0 || dres.PagesVerified == 0 {
-					t.Fatalf("room %d: decode %+v", room, dres)
-				}
+				require.Equal(t, "Success", dres.Status, "room %d: decode %+v", room, dres)
+				require.Zero(t, dres.Corrupt, "room %d: decode %+v", room, dres)
+				require.NotZero(t, dres.PagesVerified, "room %d: decode %+v", room, dres)
 				var sum uint64
 				for j, p := range pres {
-					if p.Status != "Success" {
-						t.Fatalf("room %d: prefill rank %d %+v", room, j, p)
-					}
+					require.Equal(t, "Success", p.Status, "room %d: prefill rank %d %+v", room, j, p)
 					sum += p.Bytes
 				}
-				if dres.Bytes != want || sum != want {
-					t.Errorf("room %d (%d tokens): decode bytes %d, prefill ranks' bytes %d (each %v); want both %d",
-						room, tokens, dres.Bytes, sum, bytesOf(pres), want)
-				}
+				assert.Equal(t, want, dres.Bytes, "room %d (%d tokens): decode bytes", room, tokens)
+				assert.Equal(t, want, sum, "room %d (%d tokens): prefill ranks' bytes (each %v)", room, tokens, bytesOf(pres))
 			}
 		})
 	}
@@ -231,14 +205,11 @@ func TestHelp(t *testing.T) {
 	shared := []string{"-model", "-pages", "-bootstrap", "-tp", "-pp", "-dp", "-page-layout", "-insecure", "-max-misses", "-sweep-interval", "-register-retry", "-pending-timeout"}
 	// and the flags docs/TOPOLOGIES.md says both binaries take
 	readme, err := os.ReadFile("../../../docs/TOPOLOGIES.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	_, list, ok := strings.Cut(string(readme), "The example binaries take `")
 	list, _, _ = strings.Cut(list, "`")
-	if !ok || !strings.Contains(list, "-tp-rank") {
-		t.Fatalf("docs/TOPOLOGIES.md's list of the example binaries' flags not found: %q", list)
-	}
+	require.True(t, ok, "docs/TOPOLOGIES.md's list of the example binaries' flags not found")
+	require.Contains(t, list, "-tp-rank", "docs/TOPOLOGIES.md's list of the example binaries' flags not found")
 	shared = append(shared, strings.Fields(list)...)
 	for _, tc := range []struct {
 		role kvmanager.Role
@@ -246,30 +217,21 @@ func TestHelp(t *testing.T) {
 	}{{kvmanager.RolePrefill, "prefill"}, {kvmanager.RoleDecode, "decode"}} {
 		var code int
 		out := capture.Stderr(t, func() { code = Main(tc.role, []string{"-h"}) })
-		if code != 0 {
-			t.Errorf("%s -h: exit %d, want 0", tc.name, code)
-		}
-		if want := "usage: " + tc.name + " [flags]\n\nA kvbridge " + tc.name + " rank."; !strings.HasPrefix(out, want) {
-			t.Errorf("%s -h does not start with %q:\n%s", tc.name, want, out)
-		}
+		assert.Zero(t, code, "%s -h: exit", tc.name)
+		want := "usage: " + tc.name + " [flags]\n\nA kvbridge " + tc.name + " rank."
+		assert.True(t, strings.HasPrefix(out, want), "%s -h does not start with %q:\n%s", tc.name, want, out)
 		listed := func(f string) bool {
 			return strings.Contains(out, "\n  "+f+" ") || strings.Contains(out, "\n  "+f+"\n")
 		}
 		for _, f := range shared {
-			if !listed(f) {
-				t.Errorf("%s -h does not list %s:\n%s", tc.name, f, out)
-			}
+			assert.True(t, listed(f), "%s -h does not list %s:\n%s", tc.name, f, out)
 		}
 		for _, f := range prefillOnly {
-			if listed(f) != (tc.role == kvmanager.RolePrefill) {
-				t.Errorf("%s -h: %s listed %v:\n%s", tc.name, f, listed(f), out)
-			}
+			assert.Equal(t, tc.role == kvmanager.RolePrefill, listed(f), "%s -h: %s listed:\n%s", tc.name, f, out)
 			if tc.role == kvmanager.RoleDecode {
 				fs, _ := newFlags(tc.role)
 				fs.SetOutput(io.Discard)
-				if err := fs.Parse([]string{f + "=1"}); err == nil {
-					t.Errorf("decode takes %s", f)
-				}
+				assert.Error(t, fs.Parse([]string{f + "=1"}), "decode takes %s", f)
 			}
 		}
 	}
@@ -280,16 +242,15 @@ func TestHelp(t *testing.T) {
 func TestTimingFlags(t *testing.T) {
 	fs, o := newFlags(kvmanager.RolePrefill)
 	fs.SetOutput(io.Discard)
-	if err := fs.Parse([]string{"-max-misses", "3", "-sweep-interval", "50ms", "-register-retry", "20ms",
-		"-pending-timeout", "4s", "-bootstrap-lease", "2s"}); err != nil {
-		t.Fatal(err)
-	}
-	if o.maxMisses != 3 || o.sweep != 50*time.Millisecond || o.registerRetry != 20*time.Millisecond ||
-		o.pending != 4*time.Second || o.bootLease != 2*time.Second {
-		t.Fatalf("parsed %+v", o)
-	}
+	require.NoError(t, fs.Parse([]string{"-max-misses", "3", "-sweep-interval", "50ms", "-register-retry", "20ms",
+		"-pending-timeout", "4s", "-bootstrap-lease", "2s"}))
+	require.EqualValues(t, 3, o.maxMisses, "parsed %+v", o)
+	require.Equal(t, 50*time.Millisecond, o.sweep, "parsed %+v", o)
+	require.Equal(t, 20*time.Millisecond, o.registerRetry, "parsed %+v", o)
+	require.Equal(t, 4*time.Second, o.pending, "parsed %+v", o)
+	require.Equal(t, 2*time.Second, o.bootLease, "parsed %+v", o)
 	o.sweep = -time.Second
-	if _, code, err := newRank(kvmanager.RolePrefill, o, testauth.Auth(), zap.NewNop(), prometheus.NewRegistry()); code != 2 || err == nil {
-		t.Fatalf("a negative -sweep-interval: code %d, err %v; want 2 and an error", code, err)
-	}
+	_, code, err := newRank(kvmanager.RolePrefill, o, testauth.Auth(), zap.NewNop(), prometheus.NewRegistry())
+	require.Equal(t, 2, code, "a negative -sweep-interval: code (err %v)", err)
+	require.Error(t, err, "a negative -sweep-interval: want an error")
 }

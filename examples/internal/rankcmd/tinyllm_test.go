@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +15,8 @@ import (
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 )
 
@@ -59,13 +60,9 @@ func TestModelRequestBounds(t *testing.T) {
 				req.Header.Set("Authorization", "Bearer "+tc.token)
 			}
 			resp, err := srv.Client().Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			resp.Body.Close()
-			if resp.StatusCode != tc.code {
-				t.Errorf("%s %s: %d, want %d", path, tc.name, resp.StatusCode, tc.code)
-			}
+			assert.Equal(t, tc.code, resp.StatusCode, "%s %s", path, tc.name)
 		}
 		srv.Close()
 	}
@@ -77,28 +74,22 @@ func TestPrefixCache(t *testing.T) {
 	c := newPrefixCache(4, 2)
 	var freed []uint32
 	free := func(p []uint32) { freed = append(freed, p...) }
-	if !c.insertFreeing([]int{1, 2, 3, 4}, []uint32{10, 11}, free) || !c.insertFreeing([]int{1, 2, 5, 6}, []uint32{20, 21}, free) {
-		t.Fatal("insert refused")
-	}
+	require.True(t, c.insertFreeing([]int{1, 2, 3, 4}, []uint32{10, 11}, free), "insert refused")
+	require.True(t, c.insertFreeing([]int{1, 2, 5, 6}, []uint32{20, 21}, free), "insert refused")
 	e, k := c.lookup([]int{1, 2, 3, 4, 9})
-	if k != 2 || !slices.Equal(e.pages, []uint32{10, 11}) {
-		t.Fatalf("lookup: %d pages of %v", k, e)
-	}
-	if _, k := c.lookup([]int{1, 2, 3, 4}); k != 1 {
-		t.Fatalf("a prompt covered exactly: %d pages reused, want 1 (its last page is transferred)", k)
-	}
-	if e, k := c.lookup([]int{7, 7, 7}); e != nil || k != 0 {
-		t.Fatalf("no match: %v %d", e, k)
-	}
+	require.Equal(t, 2, k, "lookup: pages of %v", e)
+	require.Equal(t, []uint32{10, 11}, e.pages, "lookup")
+	_, k = c.lookup([]int{1, 2, 3, 4})
+	require.Equal(t, 1, k, "a prompt covered exactly: pages reused, want 1 (its last page is transferred)")
+	none, k := c.lookup([]int{7, 7, 7})
+	require.Nil(t, none, "no match")
+	require.Zero(t, k, "no match")
 	// Full; the entry in use (refs 2: two lookups above) stays, the other goes.
-	if !c.insertFreeing([]int{8, 8, 8, 8}, []uint32{30, 31}, free) || !slices.Equal(freed, []uint32{20, 21}) {
-		t.Fatalf("eviction freed %v", freed)
-	}
+	require.True(t, c.insertFreeing([]int{8, 8, 8, 8}, []uint32{30, 31}, free), "eviction: insert refused")
+	require.Equal(t, []uint32{20, 21}, freed, "eviction freed")
 	c.release(e)
 	c.release(e)
-	if c.insertFreeing([]int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, []uint32{1, 2, 3, 4, 5}, free) {
-		t.Fatal("an entry above the capacity was taken")
-	}
+	require.False(t, c.insertFreeing([]int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, []uint32{1, 2, 3, 4, 5}, free), "an entry above the capacity was taken")
 }
 
 // TestFrontJoin: an instance's front takes its other ranks' joins only
@@ -137,23 +128,17 @@ func TestFrontJoin(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+path, bytes.NewReader(b))
 		req.Header.Set("Authorization", "Bearer tok")
 		resp, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		resp.Body.Close()
 		return resp.StatusCode
 	}
 	health := func() int {
 		resp, err := srv.Client().Get(srv.URL + "/health")
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	if h := health(); h != 503 {
-		t.Errorf("/health with rank 1 missing: %d, want 503", h)
-	}
+	assert.Equal(t, 503, health(), "/health with rank 1 missing")
 	peer := Info{Role: "prefill", Instance: "p", Parallel: transfer.Parallel{TPSize: 2, TPRank: 1}, Fingerprint: m.Fingerprint(), Epoch: 7}
 	for _, tc := range []struct {
 		name string
@@ -168,41 +153,27 @@ func TestFrontJoin(t *testing.T) {
 	} {
 		j := JoinRequest{Info: peer, HTTP: "127.0.0.1:9"}
 		tc.mut(&j)
-		if code := post("/v1/instance/join", j); code != http.StatusConflict {
-			t.Errorf("join of %s: %d, want 409", tc.name, code)
-		}
+		assert.Equal(t, http.StatusConflict, post("/v1/instance/join", j), "join of %s", tc.name)
 	}
-	if h := health(); h != 503 {
-		t.Errorf("/health after refused joins: %d, want 503", h)
-	}
-	if code := post("/v1/instance/join", JoinRequest{Info: peer, HTTP: "0.0.0.0:9"}); code != 200 {
-		t.Fatalf("join: %d", code)
-	}
+	assert.Equal(t, 503, health(), "/health after refused joins")
+	require.Equal(t, 200, post("/v1/instance/join", JoinRequest{Info: peer, HTTP: "0.0.0.0:9"}), "join")
 	// Joined, but the bootstrap server has no record of rank 1 yet, then
 	// a record of another process (issue 51: /health said ok while the
 	// bootstrap server had 1 of 2 ranks): not whole.
-	if h := health(); h != 503 {
-		t.Errorf("/health with every rank joined, rank 1 not registered: %d, want 503", h)
-	}
+	assert.Equal(t, 503, health(), "/health with every rank joined, rank 1 not registered")
 	bmu.Lock()
 	records[1] = 6
 	bmu.Unlock()
-	if h := health(); h != 503 {
-		t.Errorf("/health with rank 1's record naming another process: %d, want 503", h)
-	}
+	assert.Equal(t, 503, health(), "/health with rank 1's record naming another process")
 	bmu.Lock()
 	records[1] = 7
 	bmu.Unlock()
-	if h := health(); h != 200 {
-		t.Errorf("/health with every rank joined and registered: %d, want 200", h)
-	}
+	assert.Equal(t, 200, health(), "/health with every rank joined and registered")
 	ms, err := r.tiny.members(0)
-	if err != nil || len(ms) != 2 || ms[1].url != "http://127.0.0.1:9" {
-		t.Errorf("members %+v %v (an unspecified host is the joiner's address)", ms, err)
+	if assert.NoError(t, err, "members") && assert.Len(t, ms, 2, "members %+v", ms) {
+		assert.Equal(t, "http://127.0.0.1:9", ms[1].url, "members %+v (an unspecified host is the joiner's address)", ms)
 	}
 	// A rank that is not the front.
 	r.Par.TPRank = 1
-	if code := post("/v1/completions", map[string]any{"prompt": []int{1}}); code != http.StatusMisdirectedRequest {
-		t.Errorf("/v1/completions on a rank that is not the front: %d, want 421", code)
-	}
+	assert.Equal(t, http.StatusMisdirectedRequest, post("/v1/completions", map[string]any{"prompt": []int{1}}), "/v1/completions on a rank that is not the front")
 }

@@ -16,6 +16,8 @@ import (
 	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -81,9 +83,7 @@ func startFake(t *testing.T, role, instance string, par transfer.Parallel) (*fak
 
 func newRouter(t *testing.T, cfg Config) (*Router, string) {
 	rt, err := New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	srv := httptest.NewServer(rt.Handler())
 	t.Cleanup(srv.Close)
 	return rt, srv.URL
@@ -91,9 +91,7 @@ func newRouter(t *testing.T, cfg Config) (*Router, string) {
 
 func post(t *testing.T, url, body string) (int, string) {
 	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
@@ -109,12 +107,12 @@ func TestCompletions(t *testing.T) {
 	_, url := newRouter(t, Config{Prefill: [][]string{{u0}, {u1}}, Decode: [][]string{{ud}}})
 	code, body := post(t, url, `{"prompt":"AB","max_tokens":3}`)
 	var c Completion
-	if err := json.Unmarshal([]byte(body), &c); code != 200 || err != nil {
-		t.Fatalf("%d %s", code, body)
-	}
-	if got := fmt.Sprint(c.Choices[0].TokenIDs); got != "[65 66 67]" || c.Choices[0].Text != "ABC" || c.Usage.PromptTokens != 2 || c.KV.Prefill != "p0" {
-		t.Fatalf("answer %+v (%s)", c, body)
-	}
+	require.Equal(t, 200, code, body)
+	require.NoError(t, json.Unmarshal([]byte(body), &c), body)
+	require.Equal(t, "[65 66 67]", fmt.Sprint(c.Choices[0].TokenIDs), "answer %+v (%s)", c, body)
+	require.Equal(t, "ABC", c.Choices[0].Text, "answer %+v (%s)", c, body)
+	require.EqualValues(t, 2, c.Usage.PromptTokens, "answer %+v (%s)", c, body)
+	require.Equal(t, "p0", c.KV.Prefill, "answer %+v (%s)", c, body)
 	code, body = post(t, url, `{"prompt":[10,11],"max_tokens":2,"stream":true}`)
 	var ids []int
 	final := false
@@ -125,29 +123,27 @@ func TestCompletions(t *testing.T) {
 			continue
 		}
 		var c Completion
-		if err := json.Unmarshal([]byte(data), &c); err != nil {
-			t.Fatalf("%q: %v", data, err)
-		}
+		require.NoError(t, json.Unmarshal([]byte(data), &c), "%q", data)
 		ids = append(ids, c.Choices[0].TokenIDs...)
 		if c.KV != nil {
 			final = c.KV.Prefill == "p1" && *c.Choices[0].FinishReason == "length"
 		}
 	}
-	if code != 200 || fmt.Sprint(ids) != "[10 11]" || !final || !strings.HasSuffix(body, "data: [DONE]\n\n") {
-		t.Fatalf("stream %d:\n%s", code, body)
-	}
+	require.Equal(t, 200, code, "stream:\n%s", body)
+	require.Equal(t, "[10 11]", fmt.Sprint(ids), "stream:\n%s", body)
+	require.True(t, final, "stream: no final chunk:\n%s", body)
+	require.True(t, strings.HasSuffix(body, "data: [DONE]\n\n"), "stream:\n%s", body)
 	// The decode rank got the prefill instance's bootstrap address and the
 	// room the prefill instance got.
-	if !strings.Contains(d.bodies[0], `"prefill":"http://boot-p0"`) || d.rooms[0] != p0.rooms[0] || d.rooms[1] != p1.rooms[0] || d.rooms[0] == d.rooms[1] {
-		t.Fatalf("decode bodies %q rooms %v, prefill rooms %v %v", d.bodies, d.rooms, p0.rooms, p1.rooms)
-	}
+	require.Contains(t, d.bodies[0], `"prefill":"http://boot-p0"`, "decode bodies %q", d.bodies)
+	require.Equal(t, p0.rooms[0], d.rooms[0], "decode rooms %v, prefill rooms %v %v", d.rooms, p0.rooms, p1.rooms)
+	require.Equal(t, p1.rooms[0], d.rooms[1], "decode rooms %v, prefill rooms %v %v", d.rooms, p0.rooms, p1.rooms)
+	require.NotEqual(t, d.rooms[0], d.rooms[1], "decode rooms %v, prefill rooms %v %v", d.rooms, p0.rooms, p1.rooms)
 	resp, _ := http.Get(url + "/metrics")
 	m, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{"kvbridge_router_ttft_seconds_count 2", "kvbridge_router_tpot_seconds_count 2", `kvbridge_router_requests_total{outcome="ok"} 2`} {
-		if !strings.Contains(string(m), want) {
-			t.Errorf("metrics lack %q", want)
-		}
+		assert.Contains(t, string(m), want, "metrics lack %q", want)
 	}
 }
 
@@ -160,13 +156,13 @@ func TestRetries(t *testing.T) {
 	code, body := post(t, url, `{"prompt":[5],"max_tokens":2,"abort_at":"decode-mid"}`)
 	var c Completion
 	json.Unmarshal([]byte(body), &c)
-	if code != 200 || c.KV.Attempts != 2 || len(d.rooms) != 2 || d.rooms[0] == d.rooms[1] {
-		t.Fatalf("%d %s (rooms %v)", code, body, d.rooms)
-	}
+	require.Equal(t, 200, code, "%s (rooms %v)", body, d.rooms)
+	require.EqualValues(t, 2, c.KV.Attempts, "%s (rooms %v)", body, d.rooms)
+	require.Len(t, d.rooms, 2, "%s", body)
+	require.NotEqual(t, d.rooms[0], d.rooms[1], "%s (rooms %v)", body, d.rooms)
 	_, url = newRouter(t, Config{Prefill: [][]string{{up}}, Decode: [][]string{{ud}}, Retries: -1})
-	if code, body := post(t, url, `{"prompt":[5],"max_tokens":2,"abort_at":"decode-before"}`); code != http.StatusBadGateway {
-		t.Fatalf("without retries: %d %s", code, body)
-	}
+	code, body = post(t, url, `{"prompt":[5],"max_tokens":2,"abort_at":"decode-before"}`)
+	require.Equal(t, http.StatusBadGateway, code, "without retries: %s", body)
 }
 
 // TestLeastLoaded picks the instance with fewer requests in flight.
@@ -176,13 +172,9 @@ func TestLeastLoaded(t *testing.T) {
 	_, ud := startFake(t, "decode", "d0", transfer.Parallel{})
 	rt, _ := newRouter(t, Config{Prefill: [][]string{{u0}, {u1}}, Decode: [][]string{{ud}}, Policy: "least-loaded"})
 	rt.prefill[0].inflight.Add(3)
-	if got := rt.pick(rt.prefill, 0); got.Name != "p1" {
-		t.Fatalf("picked %s", got.Name)
-	}
+	require.Equal(t, "p1", rt.pick(rt.prefill, 0).Name, "picked")
 	rt.prefill[1].inflight.Add(5)
-	if got := rt.pick(rt.prefill, 1); got.Name != "p0" {
-		t.Fatalf("picked %s", got.Name)
-	}
+	require.Equal(t, "p0", rt.pick(rt.prefill, 1).Name, "picked")
 }
 
 // TestMultiRankDecode: the first decode rank gets the others as peers
@@ -192,12 +184,10 @@ func TestMultiRankDecode(t *testing.T) {
 	d0, u0 := startFake(t, "decode", "d", transfer.Parallel{TPSize: 2})
 	d1, u1 := startFake(t, "decode", "d", transfer.Parallel{TPSize: 2, TPRank: 1})
 	_, url := newRouter(t, Config{Prefill: [][]string{{up}}, Decode: [][]string{{u1, u0}}}) // any order
-	if code, body := post(t, url, `{"prompt":[7],"max_tokens":2}`); code != 200 {
-		t.Fatalf("%d %s", code, body)
-	}
-	if !strings.Contains(d0.bodies[0], `"peers":["`+u1+`"]`) || strings.Contains(d1.bodies[0], "peers") {
-		t.Fatalf("rank 0 %s\nrank 1 %s", d0.bodies[0], d1.bodies[0])
-	}
+	code, body := post(t, url, `{"prompt":[7],"max_tokens":2}`)
+	require.Equal(t, 200, code, body)
+	require.Contains(t, d0.bodies[0], `"peers":["`+u1+`"]`, "rank 0")
+	require.NotContains(t, d1.bodies[0], "peers", "rank 1")
 }
 
 // TestRefusals: bad requests are 400s; an unsupported topology, a
@@ -208,53 +198,44 @@ func TestRefusals(t *testing.T) {
 	_, url := newRouter(t, Config{Prefill: [][]string{{up}}, Decode: [][]string{{ud}}})
 	for _, body := range []string{`{"prompt":[],"max_tokens":2}`, `{"prompt":[300]}`, `{"prompt":[-1]}`, `{"prompt":{}}`, `{"prompt":"x","max_tokens":-1}`,
 		`{"prompt":"x","abort_at":"never"}`, `{"prompt":"x","fault":"x"}`, `not json`} {
-		if code, msg := post(t, url, body); code != http.StatusBadRequest {
-			t.Errorf("%s: %d %s", body, code, msg)
-		}
+		code, msg := post(t, url, body)
+		assert.Equal(t, http.StatusBadRequest, code, "%s: %s", body, msg)
 	}
 	ctx := context.Background()
-	if _, err := New(ctx, Config{Prefill: [][]string{{ud}}, Decode: [][]string{{ud}}}); err == nil || !strings.Contains(err.Error(), "is a decode rank") {
-		t.Errorf("a decode rank listed as prefill: %v", err)
-	}
+	_, err := New(ctx, Config{Prefill: [][]string{{ud}}, Decode: [][]string{{ud}}})
+	assert.ErrorContains(t, err, "is a decode rank", "a decode rank listed as prefill")
 	_, upp := startFake(t, "prefill", "p1", transfer.Parallel{})
 	_, ud2 := startFake(t, "decode", "d2", transfer.Parallel{PPSize: 2})
 	_, ud3 := startFake(t, "decode", "d2", transfer.Parallel{PPSize: 2, PPRank: 1})
-	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{ud2, ud3}}}); err == nil || !strings.Contains(err.Error(), "unsupported topology") {
-		t.Errorf("prefill PP 1 → decode PP 2: %v", err)
-	}
-	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{ud2}}}); err == nil {
-		t.Error("an instance listed without all its ranks was accepted")
-	}
+	_, err = New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{ud2, ud3}}})
+	assert.ErrorContains(t, err, "unsupported topology", "prefill PP 1 → decode PP 2")
+	_, err = New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{ud2}}})
+	assert.Error(t, err, "an instance listed without all its ranks was accepted")
 	f, uf := startFake(t, "decode", "d4", transfer.Parallel{})
 	f.info.Fingerprint = "other"
-	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{uf}}}); err == nil {
-		t.Error("a rank serving another model was accepted")
-	}
+	_, err = New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{uf}}})
+	assert.Error(t, err, "a rank serving another model was accepted")
 	// Pages of another size: accepted when one size divides the other.
 	f16, u16 := startFake(t, "decode", "d5", transfer.Parallel{})
 	f16.info.Model.PageTokens = 16
-	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{u16}}}); err != nil {
-		t.Errorf("4-token prefill pages, 16-token decode pages: %v", err)
-	}
+	_, err = New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{u16}}})
+	assert.NoError(t, err, "4-token prefill pages, 16-token decode pages")
 	f6, u6 := startFake(t, "decode", "d6", transfer.Parallel{})
 	f6.info.Model.PageTokens = 6
-	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{u6}}}); err == nil || !strings.Contains(err.Error(), "one must divide the other") {
-		t.Errorf("4-token prefill pages, 6-token decode pages: %v", err)
-	}
+	_, err = New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{u6}}})
+	assert.ErrorContains(t, err, "one must divide the other", "4-token prefill pages, 6-token decode pages")
 	// Every prefill × decode pair is checked, not each rank against the
 	// first: 4 divides 8 and 12, 8 and 12 do not divide.
 	f8, u8 := startFake(t, "prefill", "p8", transfer.Parallel{})
 	f8.info.Model.PageTokens = 8
 	f12, u12 := startFake(t, "decode", "d12", transfer.Parallel{})
 	f12.info.Model.PageTokens = 12
-	if _, err := New(ctx, Config{Prefill: [][]string{{upp}, {u8}}, Decode: [][]string{{u12}}}); err == nil || !strings.Contains(err.Error(), "p8 → d12") {
-		t.Errorf("prefill pages of 4 and 8 tokens, decode pages of 12: %v", err)
-	}
+	_, err = New(ctx, Config{Prefill: [][]string{{upp}, {u8}}, Decode: [][]string{{u12}}})
+	assert.ErrorContains(t, err, "p8 → d12", "prefill pages of 4 and 8 tokens, decode pages of 12")
 	// Ranks of one instance keep one page size.
 	_, ua := startFake(t, "decode", "d7", transfer.Parallel{TPSize: 2})
 	fb, ub := startFake(t, "decode", "d7", transfer.Parallel{TPSize: 2, TPRank: 1})
 	fb.info.Model.PageTokens = 16
-	if _, err := New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{ua, ub}}}); err == nil || !strings.Contains(err.Error(), "its instance's other ranks") {
-		t.Errorf("ranks of one instance with 4- and 16-token pages: %v", err)
-	}
+	_, err = New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{ua, ub}}})
+	assert.ErrorContains(t, err, "its instance's other ranks", "ranks of one instance with 4- and 16-token pages")
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -139,9 +141,7 @@ func pagedCache(t *testing.T, m *Model, layout transfer.PageLayout, pageTokens, 
 		regions[i] = make([]byte, npages*pageTokens*heads*m.HeadDim*4)
 	}
 	c, err := NewCache(regions, 0, first, heads, m.HeadDim, pageTokens, layout)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	perm := rng.Perm(npages)
 	var pages []uint32
 	for i := 0; i < (n+pageTokens-1)/pageTokens; i++ {
@@ -159,34 +159,22 @@ func TestMatchesReference(t *testing.T) {
 	for _, cfg := range []Config{small, {Layers: 2, QHeads: 4, KVHeads: 4, HeadDim: 4, FFN: 8, Vocab: 50, Seed: 3},
 		{Layers: 2, QHeads: 6, KVHeads: 1, HeadDim: 6, FFN: 16, Vocab: 300, Seed: 9, RopeTheta: 500}} {
 		m, err := New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, plen := range []int{1, 5, 16, 23} {
 			prompt, n := randPrompt(rng, plen, cfg.Vocab), 9
 			want, wantLogits := reference(m, prompt, n)
 			dense, err := m.Generate(prompt, n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !slices.Equal(dense, want) {
-				t.Fatalf("%+v prompt %d: dense %v, reference %v", cfg, plen, dense, want)
-			}
+			require.NoError(t, err)
+			require.Equal(t, want, dense, "%+v prompt %d: dense vs reference", cfg, plen)
 			for _, layout := range []transfer.PageLayout{transfer.NHD, transfer.HND} {
 				seq := pagedCache(t, m, layout, 4, 16, 0, cfg.KVHeads, plen+n, rng)
 				lg, err := m.Prefill(prompt, seq, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				for i, v := range lg {
-					if d := math.Abs(float64(v) - wantLogits[0][i]); d > 1e-3*(1+math.Abs(wantLogits[0][i])) {
-						t.Fatalf("%+v %v: logit %d is %v, reference %v", cfg, layout, i, v, wantLogits[0][i])
-					}
+					require.InDelta(t, wantLogits[0][i], float64(v), 1e-3*(1+math.Abs(wantLogits[0][i])), "%+v %v: logit %d", cfg, layout, i)
 				}
 				got, _ := m.Continue(Argmax(lg), plen, n, seq, nil)
-				if !slices.Equal(got, dense) {
-					t.Fatalf("%+v %v prompt %d: paged %v, dense %v", cfg, layout, plen, got, dense)
-				}
+				require.Equal(t, dense, got, "%+v %v prompt %d: paged vs dense", cfg, layout, plen)
 			}
 		}
 	}
@@ -211,9 +199,7 @@ func TestShardsReassemble(t *testing.T) {
 		for tp := 0; tp < 2; tp++ {
 			for pp := 0; pp < 2; pp++ {
 				first, heads, err := tm.Heads(2, tp)
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				l0, nl := tm.StageLayers(2, pp)
 				shard := pagedCache(t, m, transfer.NHD, 4, 8, first, heads, len(prompt), rng)
 				shard.C.Layer0, shard.C.Layers, shard.C.Regions = l0, nl, shard.C.Regions[:2*nl]
@@ -234,9 +220,7 @@ func TestShardsReassemble(t *testing.T) {
 			}
 		}
 		got, _ := m.Continue(Argmax(lg), len(prompt), n, dst, nil)
-		if !slices.Equal(got, want) {
-			t.Fatalf("kv heads %d: reassembled %v, single process %v", kvh, got, want)
-		}
+		require.Equal(t, want, got, "kv heads %d: reassembled vs single process", kvh)
 	}
 }
 
@@ -258,9 +242,7 @@ func TestWrongHeadsChangeTokens(t *testing.T) {
 			differ++
 		}
 	}
-	if differ < 5 {
-		t.Fatalf("swapped heads changed the tokens of %d of 5 prompts, want all", differ)
-	}
+	require.Equal(t, 5, differ, "prompts of 5 whose tokens swapped heads changed, want all")
 }
 
 // TestSeedsAndVariety: the same seed gives the same weights and tokens,
@@ -275,31 +257,25 @@ func TestSeedsAndVariety(t *testing.T) {
 	ta, _ := a.Generate(prompt, 16)
 	tb, _ := b.Generate(prompt, 16)
 	to, _ := o.Generate(prompt, 16)
-	if !slices.Equal(ta, tb) || slices.Equal(ta, to) {
-		t.Fatalf("seed 1 twice: %v %v; seed 2: %v", ta, tb, to)
-	}
+	require.Equal(t, ta, tb, "seed 1 twice")
+	require.NotEqual(t, ta, to, "seed 1 and seed 2")
 	distinct := map[int]bool{}
 	for _, v := range ta {
 		distinct[v] = true
 	}
-	if len(distinct) < 4 {
-		t.Fatalf("16 tokens with %d distinct: %v", len(distinct), ta)
-	}
+	require.GreaterOrEqual(t, len(distinct), 4, "16 tokens, distinct ones: %v", ta)
 }
 
 func TestRefusals(t *testing.T) {
 	for _, c := range []Config{{}, {Layers: 1, QHeads: 3, KVHeads: 2, HeadDim: 4, FFN: 4, Vocab: 4}, {Layers: 1, QHeads: 2, KVHeads: 2, HeadDim: 3, FFN: 4, Vocab: 4}} {
-		if _, err := New(c); err == nil {
-			t.Errorf("%+v accepted", c)
-		}
+		_, err := New(c)
+		assert.Error(t, err, "%+v accepted", c)
 	}
 	m, _ := New(small)
-	if _, err := m.Prefill([]int{1, small.Vocab}, NewDense(3, 2, 8, 2), nil); err == nil {
-		t.Error("a token outside the vocabulary was accepted")
-	}
-	if _, err := m.Prefill(nil, NewDense(3, 2, 8, 2), nil); err == nil {
-		t.Error("an empty prompt was accepted")
-	}
+	_, err := m.Prefill([]int{1, small.Vocab}, NewDense(3, 2, 8, 2), nil)
+	assert.Error(t, err, "a token outside the vocabulary was accepted")
+	_, err = m.Prefill(nil, NewDense(3, 2, 8, 2), nil)
+	assert.Error(t, err, "an empty prompt was accepted")
 }
 
 func BenchmarkDefaultRequest(b *testing.B) {
