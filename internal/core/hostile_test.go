@@ -331,3 +331,28 @@ func TestAbortFloodForgetsItsOwn(t *testing.T) {
 	st7, _ := c.Status(7)
 	assert.Equal(t, Failed, st7, "room 7's sender, created after its early abort and the flood, starts Failed")
 }
+
+// TestAbortFloodKeepsARoomAnotherRankAborted: a flooding rank aborts room
+// 7 first (an id it learned), then the honest rank that asked for it
+// aborts it early too, then the flood goes on past the flooder's share.
+// Room 7's tombstone is no longer the flooder's alone: it is not among
+// the flooder's oldest to forget, and the sender created later starts
+// Failed.
+func TestAbortFloodKeepsARoomAnotherRankAborted(t *testing.T) {
+	reg := simRegistryConfig()
+	reg.MaxTombstones = 16
+	c := newTestCore(t, RolePrefill, reg)
+	flooder := wire.From{Role: "decode", Instance: "d", Rank: 1, Endpoint: "tcp://f:1", Epoch: 3}
+	c.Step(t0, Received{&wire.Abort{From: flooder, Room: 7, Reason: "flood"}})
+	c.Step(t0, Received{&wire.Abort{From: decodeFrom, Room: 7, Reason: "cancelled"}})
+	require.Len(t, sent[*wire.AbortAck](c.Effects()), 2, "both ABORTs of room 7 answered")
+	for i := range 100 {
+		c.Step(t0, Received{&wire.Abort{From: flooder, Room: 1<<40 + uint64(i), Reason: "flood"}})
+	}
+	assert.Positive(t, c.Stats().EarlyAbortsForgotten, "the flooder's own early aborts forgotten past its share")
+	_, kept := c.reg.tombs[7]
+	require.True(t, kept, "room 7's tombstone, aborted by %s too, forgotten by %s's flood", decodeFrom.Peer(), flooder.Peer())
+	c.Step(t0.Add(time.Second), CreateSender{Room: 7})
+	st, _ := c.Status(7)
+	assert.Equal(t, Failed, st, "room 7's sender starts Failed")
+}

@@ -127,6 +127,21 @@ var mutants = []mutant{
 	// Sweep fails overdue rooms in map order, not room order.
 	{name: "sweep-map-order", file: "internal/core/registry.go", old: "\t}\n\tslices.Sort(due)\n\tfor _, id := range due {\n\t\trm := r.rooms[id]", new: "\t}\n\tfor _, id := range due {\n\t\trm := r.rooms[id]",
 		pkg: "internal/core", run: "^(TestSweepInRoomOrder)$"},
+	// One rank's early aborts are not held to its share: its ABORT flood forgets others' tombstones (issue 49).
+	{name: "early-share-ignored", file: "internal/core/registry.go", old: "\tif by != \"\" {\n\t\tr.addEarly(id, t)", new: "\tif false {\n\t\tr.addEarly(id, t)",
+		pkg: "internal/core", run: "^(TestAbortFloodForgetsItsOwn|TestSimExhaustive|TestSimRandomHostile)$"},
+	// A rank keeps one early abort more than its share.
+	{name: "early-share-off-by-one", file: "internal/core/registry.go", old: "r.earlyBy[by] >= r.earlyShare()", new: "r.earlyBy[by] > r.earlyShare()",
+		pkg: "internal/core", run: "^(TestAbortFloodForgetsItsOwn|TestSimRandomHostile)$"},
+	// A dropped early-abort tombstone stays counted in its rank's share.
+	{name: "early-uncount-skipped", file: "internal/core/registry.go", old: "\tif t := r.tombs[id]; t != nil && t.by != \"\" {\n\t\tr.uncount(t.by)", new: "\tif t := r.tombs[id]; t != nil && t.by != \"\" && false {\n\t\tr.uncount(t.by)",
+		pkg: "internal/core", run: "^(TestSimExhaustive)$"},
+	// A tombstone another rank also aborted stays the first rank's: a flooder that aborted the id first forgets it.
+	{name: "early-shared-kept", file: "internal/core/registry.go", old: "\t\tif t.by != \"\" && t.by != by {", new: "\t\tif t.by != \"\" && t.by != by && false {",
+		pkg: "internal/core", run: "^(TestAbortFloodKeepsARoomAnotherRankAborted)$"},
+	// The prefill core does not name the ABORT's rank: every early abort is no rank's share.
+	{name: "abort-by-unset", file: "internal/core/core_prefill.go", old: "Ack: &ack, By: msg.From.Peer()}", new: "Ack: &ack, By: \"\"}",
+		pkg: "internal/core", run: "^(TestAbortFloodForgetsItsOwn|TestSimExhaustive)$"},
 	// A tombstone kept past MaxTombstones while it owed is not trimmed when it settles.
 	{name: "no-tomb-trim", file: "internal/core/registry.go", old: "\t\tr.evictTombs(r.cfg.MaxTombstones) // it settled: the bound holds again\n", new: "\n",
 		pkg: "internal/core", run: "^(TestSimRegressions)$"},
