@@ -789,6 +789,28 @@ func (c *decodeCore) release(h *hold, forced bool) {
 	c.emit(Effect{Kind: EffectReleased, Room: h.room, Forced: forced})
 }
 
+// notified steps a data-plane notification (Step's Notified). One that
+// can be no source's data is refused and counted (BadNotifs) before
+// notification sees it: for a room not yet Success, a uid that names no
+// source its REQUEST went to, a pull source's (what it lands is what its
+// reads land: a notification would count chunks nothing read), and
+// positions past the REQUEST's dst_pages.
+func (c *decodeCore) notified(now time.Time, in Notified) {
+	if rm, ok := c.reg.rooms[in.Room]; ok && rm.dec != nil && rm.status != Success {
+		var src *source
+		for _, s := range rm.dec.sources {
+			if s.uid == in.UID && s.sent {
+				src = s
+			}
+		}
+		if src == nil || src.pull || !in.Aux && in.Off >= 0 && in.Off+in.N > len(rm.dec.spec.DstPages) {
+			c.stats.BadNotifs++
+			return
+		}
+	}
+	c.notification(now, in)
+}
+
 // notification counts a prefill rank's notification for a room (a chunk's
 // layer group, or its aux write; docs/PROTOCOL.md "Data plane:
 // notifications"). The room succeeds when every source delivered every

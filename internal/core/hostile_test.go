@@ -356,3 +356,67 @@ func TestAbortFloodKeepsARoomAnotherRankAborted(t *testing.T) {
 	st, _ := c.Status(7)
 	assert.Equal(t, Failed, st, "room 7's sender starts Failed")
 }
+
+// TestExpiredTombstoneAnswersWhatItOwes: a room cleared while its write
+// was in flight keeps, in its tombstone, the ABORT_ACK owed to the decode
+// rank that aborted it (until the write drains, or its drain deadline).
+// When the first event to find the tombstone past its TTL is not a tick
+// (here another decode rank's ABORT of the id, the first step after a
+// long stall), the tombstone is forgotten there: it still answers the
+// ABORT it owes (not drained: its write never completed), as the tick
+// that enforces the drain deadline would have, instead of dropping the
+// ABORT_ACK with it (the aborting rank would never hear it).
+func TestExpiredTombstoneAnswersWhatItOwes(t *testing.T) {
+	reg := simRegistryConfig()
+	c := newTestCore(t, RolePrefill, reg)
+	register(t, c, decodeFrom)
+	require.True(t, c.Step(t0, Received{request(7, decodeFrom)}).OK, "REQUEST refused: %v", sent[*wire.Status](c.Effects()))
+	c.Step(t0, CreateSender{Room: 7})
+	c.Step(t0, InitSender{Room: 7})
+	require.NoError(t, c.Step(t0, SendChunk{Room: 7, Pages: []uint32{1}, AuxIndex: -1, Last: true}).Err)
+	var posts []Effect
+	for _, e := range c.Effects() {
+		if e.Kind == EffectPost {
+			posts = append(posts, e)
+		}
+	}
+	require.Len(t, posts, 1, "the chunk's post")
+	require.True(t, c.Step(t0, Posting{Room: 7, Write: &posts[0].Writes[0]}).OK, "the write may be posted")
+	c.Step(t0, Received{&wire.Abort{From: decodeFrom, Room: 7, Reason: "cancelled"}})
+	require.Empty(t, sent[*wire.AbortAck](c.Effects()), "the write is in flight: the ABORT_ACK is owed, not sent")
+	c.Step(t0, ClearSender{Room: 7})
+	c.Effects()
+	require.NotNil(t, c.reg.tombs[7], "room 7's tombstone")
+	require.Len(t, c.reg.tombs[7].acks, 1, "the tombstone owes decode rank 0's ABORT_ACK")
+
+	// No tick until past the TTL: the next step is rank 1's ABORT.
+	other := decodeFrom
+	other.Rank, other.Endpoint = 1, "tcp://d:2"
+	late := t0.Add(reg.TombstoneTTL + time.Second)
+	c.Step(late, Received{&wire.Abort{From: other, Room: 7, Reason: "cancelled"}})
+	c.Step(late, Tick{})
+	owed := map[string][]bool{}
+	for _, e := range c.Effects() {
+		if a, ok := e.Msg.(*wire.AbortAck); ok && e.Kind == EffectSend && a.Room == 7 {
+			owed[e.To.Endpoint] = append(owed[e.To.Endpoint], a.Drained)
+		}
+	}
+	assert.Equal(t, []bool{false}, owed[decodeFrom.Endpoint], "decode rank 0's ABORT answered once, not drained (its write never completed)")
+	assert.Len(t, owed[other.Endpoint], 1, "decode rank 1's ABORT answered")
+}
+
+// TestRepeatedAbortKeepsTombQBounded: a rank repeating one early ABORT
+// renews its tombstone's TTL each time, and each renewal queues an entry
+// for the expiry order. Between two ticks the queue stays within its
+// bound (stale entries compacted past 2×tombstones+64), however many
+// repeats come.
+func TestRepeatedAbortKeepsTombQBounded(t *testing.T) {
+	c := newTestCore(t, RolePrefill, simRegistryConfig())
+	now := t0
+	for range 10000 {
+		now = now.Add(time.Microsecond)
+		c.Step(now, Received{&wire.Abort{From: decodeFrom, Room: 7, Reason: "again"}})
+		require.LessOrEqual(t, len(c.reg.tombQ), 2*len(c.reg.tombs)+65, "the tombstones' expiry queue grew past its bound between ticks")
+	}
+	assert.Len(t, sent[*wire.AbortAck](c.Effects()), 10000, "every ABORT answered")
+}

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -28,7 +29,10 @@ func TestNotificationRangesRefused(t *testing.T) {
 		{"layers past the span", with(func(n *Notified) { n.Lo, n.Hi = 1, 3 }), with(func(n *Notified) { n.Lo, n.Hi = 1, 2 }), nil},
 		{"an empty layer range", with(func(n *Notified) { n.Lo, n.Hi = 1, 1 }), with(func(n *Notified) { n.Lo, n.Hi = 0, 1 }), nil},
 		{"a position before the list", with(func(n *Notified) { n.Off = -2 }), with(func(n *Notified) { n.Off = -1 }), nil},
-		{"positions past the bound", with(func(n *Notified) { n.N = maxNotifChunks*maxNotifLayers + 1 }), with(func(n *Notified) { n.N = maxNotifChunks * maxNotifLayers }), nil},
+		{"positions past the bound", with(func(n *Notified) { n.Off, n.N = -1, maxNotifChunks*maxNotifLayers+1 }), with(func(n *Notified) { n.Off, n.N = -1, maxNotifChunks*maxNotifLayers }), nil},
+		{"positions past the REQUEST's pages", with(func(n *Notified) { n.N = 2 }), ok, nil},
+		{"a position past the REQUEST's pages", with(func(n *Notified) { n.Off = 1 }), with(func(n *Notified) { n.N = 0 }), nil},
+		{"a uid that is no source's", with(func(n *Notified) { n.UID = 1 }), ok, nil},
 		{"another span than the source's", with(func(n *Notified) { n.Chunk, n.SpanHi = 1, 3 }), with(func(n *Notified) { n.Chunk = 1 }), []Notified{ok}},
 		{"another place than the chunk's", with(func(n *Notified) { n.Lo, n.Hi, n.Off = 1, 2, 5 }), with(func(n *Notified) { n.Lo, n.Hi = 1, 2 }), []Notified{ok}},
 	} {
@@ -54,4 +58,29 @@ func TestNotificationRangesRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNotificationOfAPullSourceRefused: a pull room's source lands what
+// its reads land; a data-plane notification naming it (its uid, in range,
+// for the chunk its PAGES announced) is refused and counted, and counts
+// nothing: the room cannot succeed on chunks nothing read.
+func TestNotificationOfAPullSourceRefused(t *testing.T) {
+	cfg := simBase()
+	cfg.rooms, cfg.noClear = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1)}, true
+	w, n := runScript(cfg, append(slices.Clone(pullScript[:8]), "room 7 prefill 0 send chunk 0"))
+	require.Equal(t, 9, n, "the script stopped early: %v", w.err)
+	require.NoError(t, w.err)
+	c := w.procs[1].core
+	require.True(t, c.reg.rooms[7].dec.sources[0].sent, "room 7's REQUEST went to its source")
+	before := sourcesData(c, 7)
+	for _, n := range []Notified{
+		{Room: 7, UID: 0, Chunk: 0, Total: 1, Off: 0, N: 1, Lo: 0, Hi: simLayers, SpanLo: 0, SpanHi: simLayers},
+		{Room: 7, UID: 0, Aux: true},
+	} {
+		c.Step(w.now, n)
+	}
+	assert.EqualValues(t, 2, c.Stats().BadNotifs, "a pull source's notifications refused and counted")
+	assert.Equal(t, before, sourcesData(c, 7), "a pull source's notifications counted as data")
+	st, _ := c.Status(7)
+	assert.NotEqual(t, Success, st, "room 7 succeeded on notifications nothing read")
 }

@@ -508,6 +508,14 @@ func (r *Registry) dropTomb(id uint64) {
 	if t := r.tombs[id]; t != nil && len(t.reqs) > 0 {
 		r.settle(id, t.reqs) // forgotten: nothing can count its writes any more
 	}
+	if t := r.tombs[id]; t != nil && len(t.acks) > 0 {
+		// Forgotten while it still owes ABORT_ACKs (found past its TTL by
+		// an event before the tick that enforces its drain deadline):
+		// answer them as that tick would, not drained if a write may
+		// still land.
+		r.sendAcks(id, t.acks, !t.holds())
+		t.acks = nil
+	}
 	if t := r.tombs[id]; t != nil && t.by != "" {
 		r.uncount(t.by)
 	}
@@ -904,6 +912,7 @@ func (r *Registry) abort(id uint64, reason string, ack *wire.Peer, by string, no
 			// (another decode rank's abort may come long after the first).
 			t.expires = now.Add(r.cfg.TombstoneTTL)
 			r.tombQ = append(r.tombQ, tombRef{id, t.expires})
+			r.compactTombQ()
 		}
 		switch {
 		case t.holds() && !t.drainExpired:
@@ -1170,7 +1179,16 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 			r.dropTomb(ref.id)
 		}
 	}
-	if len(r.tombQ) > 2*len(r.tombs)+64 { // compact stale entries
+	r.compactTombQ()
+	return out
+}
+
+// compactTombQ drops the stale entries of tombQ once they outnumber the
+// live ones (past 2×tombs+64): at every tick, and after each ABORT that
+// renews a tombstone's TTL (each adds an entry: a peer repeating one
+// ABORT must not grow the queue until the next tick).
+func (r *Registry) compactTombQ() {
+	if len(r.tombQ) > 2*len(r.tombs)+64 {
 		q := r.tombQ[:0]
 		for _, ref := range r.tombQ {
 			if t, ok := r.tombs[ref.id]; ok && t.expires.Equal(ref.expires) {
@@ -1179,7 +1197,6 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 		}
 		r.tombQ = q
 	}
-	return out
 }
 
 func deadlineName(d Deadline) string {

@@ -118,8 +118,15 @@ type simConfig struct {
 	forger bool
 	// hostileFlood: decode rank 0 is hostile and floods: at every tick
 	// (the quiet phase's too) it sends ABORTs and READ_DONEs for
-	// simFloodIDs fresh room ids (simhostile_test.go).
+	// simFloodIDs fresh room ids and for every room of the configuration
+	// it is not a decode rank of (simhostile_test.go).
 	hostileFlood bool
+	// hostilePrefill: prefill rank 0 holds a valid identity and misuses
+	// it at every tick (the quiet phase's too): it sends every decode
+	// rank notifications and PAGES with hostile ranges for every room
+	// (simhostile_test.go). latePongs: prefill rank 0 answers PINGs only
+	// past the probe timeout.
+	hostilePrefill, latePongs bool
 }
 
 // simRoomSpec: a room that the listed decode ranks receive from the listed
@@ -336,8 +343,9 @@ type simWorld struct {
 	got        map[simCell]bool  // pages and layers landed
 	// Faults used (bounded by the configuration).
 	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails, intrusions int
-	floods                                                                                                       int  // the hostile flood's ticks (its room ids)
-	calm                                                                                                         bool // the quiet phase: no faults
+	floods                                                                                                       int       // the hostile flood's ticks (its room ids)
+	late                                                                                                         []simLate // hostilePrefill: PONGs held past the probe timeout
+	calm                                                                                                         bool      // the quiet phase: no faults
 	trace                                                                                                        []string
 	cov                                                                                                          *simCoverage // random runs and explorations: what was reached (not state)
 	weights                                                                                                      map[string]int
@@ -1335,7 +1343,14 @@ func (w *simWorld) deliver(src, dst int) {
 		c.Step(w.now, Received{&cp})
 	case *wire.Ping:
 		// The control loop answers a PING itself (a decode core's probe).
-		w.net[dst][src] = append(w.net[dst][src], simMsg{from: p.from, to: m.from.Endpoint, msg: &wire.Pong{Seq: msg.Seq}})
+		pong := simMsg{from: p.from, to: m.from.Endpoint, msg: &wire.Pong{Seq: msg.Seq}}
+		if w.cfg.latePongs && dst == 0 {
+			// latePongs: answered, but only past the probe timeout.
+			w.late = append(w.late, simLate{src: dst, dst: src, due: w.now.Add(simProbeIdle/4 + time.Millisecond), msg: pong})
+			w.cov.hit("hostile: PONG held past the probe timeout")
+			break
+		}
+		w.net[dst][src] = append(w.net[dst][src], pong)
 	case *wire.Pong:
 		cp := *msg
 		cp.From = m.from

@@ -240,6 +240,12 @@ func (w *simWorld) hash() [16]byte {
 	for _, n := range []int{w.restarts, w.kills, w.peerDowns, w.ticks, w.losses, w.dups, w.replays, w.pauses, w.lookupFails, w.stales, w.intrusions, w.floods} {
 		f.i(n)
 	}
+	for _, l := range w.late { // hostilePrefill's held PONGs
+		f.i(l.src)
+		f.i(l.dst)
+		f.t(l.due)
+		f.s(l.msg.to)
+	}
 	var out [16]byte
 	binary.LittleEndian.PutUint64(out[:8], f.a.Sum64())
 	binary.LittleEndian.PutUint64(out[8:], f.b.Sum64())
@@ -522,6 +528,7 @@ func cloneRows[T any](rows [][]T) [][]T {
 
 func (w *simWorld) clone() *simWorld {
 	c := *w
+	c.late = slices.Clone(w.late)
 	c.procs = make([]*simProc, len(w.procs))
 	for i, p := range w.procs {
 		cp := *p

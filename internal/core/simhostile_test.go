@@ -70,6 +70,7 @@ func (w *simWorld) hostileDrops(slot int, m wire.Message) bool {
 func (w *simWorld) hostileRenews() {
 	if !w.cfg.hostileRenew {
 		w.hostileFlood()
+		w.hostilePrefillTick()
 		return
 	}
 	s := w.cfg.prefills
@@ -93,6 +94,7 @@ func (w *simWorld) hostileRenews() {
 		}
 	}
 	w.hostileFlood()
+	w.hostilePrefillTick()
 }
 
 // simFloodBase, simFloodIDs: the flood's room ids (fresh at every tick),
@@ -105,9 +107,11 @@ const (
 
 // hostileFlood (hostileFlood): the hostile decode process sends every
 // live prefill process ABORTs and READ_DONEs for simFloodIDs fresh room
-// ids no one else uses (another instance's rooms: the intruder), stepped
-// at once. The prefill process's answers to it (ABORT_ACKs for rooms it
-// has none of) are dropped: it ignores them. Checked: the
+// ids no one else uses and for the rooms of the configuration it is not a
+// decode rank of (its own instance's: they fail; another instance's are
+// the intruder's), stepped at once. The prefill process's answers to the
+// fresh ids (ABORT_ACKs for rooms it has none of) are dropped: it ignores
+// them. Checked: the
 // flood never makes a prefill process forget another rank's tombstone
 // (its early aborts are its own share's), and every honest room still
 // ends within its bounds (the liveness phase, while it floods).
@@ -125,6 +129,11 @@ func (w *simWorld) hostileFlood() {
 		ids = append(ids, simFloodBase+uint64(w.floods*simFloodIDs+k))
 	}
 	w.floods++
+	for _, r := range w.rooms {
+		if !slices.Contains(r.decodes, 0) {
+			ids = append(ids, r.id)
+		}
+	}
 	for pr := range w.cfg.prefills {
 		q := w.procs[pr]
 		if !w.active(pr) {
@@ -406,5 +415,141 @@ func (w *simWorld) noteShares(p *simProc) {
 		if by != flooder && n >= max(1, w.cfg.reg.MaxTombstones/8) {
 			p.shareFull = true
 		}
+	}
+}
+
+// simLate is a message a hostile process holds until due.
+type simLate struct {
+	src, dst int
+	due      time.Time
+	msg      simMsg
+}
+
+// hostileNotifs are notifications with hostile ranges for a room's
+// source uid (ParseNotif reads each; the core must refuse each, and count
+// it, never count it as data): a chunk id and a total past the bound, a
+// span of more layers than the bound, an empty layer range, a layer past
+// its span, the positions of chunk 0 contradicted, and a uid that is no
+// source of the room.
+func hostileNotifs(room uint64, uid, sources int) []string {
+	return []string{
+		fmt.Sprintf("kvb1:%d:%d:%d:0:0:1:0:1:0:1", room, uid, maxNotifChunks),
+		fmt.Sprintf("kvb1:%d:%d:0:%d:0:1:0:1:0:1", room, uid, maxNotifChunks+1),
+		fmt.Sprintf("kvb1:%d:%d:0:0:0:1:0:1:0:%d", room, uid, maxNotifLayers+1),
+		fmt.Sprintf("kvb1:%d:%d:0:0:0:1:1:1:0:%d", room, uid, simLayers),
+		fmt.Sprintf("kvb1:%d:%d:0:0:0:1:0:%d:0:%d", room, uid, simLayers+1, simLayers),
+		fmt.Sprintf("kvb1:%d:%d:0:0:%d:1:0:1:0:%d", room, uid, 1<<20, simLayers),
+		fmt.Sprintf("kvb1:%d:%d:0:0:0:1:0:1:0:1", room, sources+3),
+	}
+}
+
+// hostilePages are PAGES with hostile ranges: an empty layer range, a
+// lease stamp this decode rank never sent, a chunk past the bound.
+func hostilePages(from wire.From, room uint64) []*wire.Pages {
+	return []*wire.Pages{
+		{From: from, Room: room, Lo: 1, Hi: 1, SpanLo: 0, SpanHi: simLayers, Aux: -1, LeaseMillis: 1000},
+		{From: from, Room: room, Lo: 0, Hi: 1, SpanLo: 0, SpanHi: simLayers, Aux: -1, At: 12345, LeaseMillis: 1000},
+		{From: from, Room: room, Chunk: wire.MaxChunks, Lo: 0, Hi: 1, SpanLo: 0, SpanHi: 1, Aux: -1, LeaseMillis: 1000},
+	}
+}
+
+// sourcesData is what a decode room counted as landed, per source.
+func sourcesData(c *Core, room uint64) string {
+	rm, ok := c.reg.rooms[room]
+	if !ok || rm.dec == nil {
+		return ""
+	}
+	out := fmt.Sprint(rm.status, ";")
+	for _, s := range rm.dec.sources {
+		out += fmt.Sprintf("%d full=%d total=%d aux=%v span=%d-%d legacy=%v:", s.uid, s.full, s.total, s.aux, s.spanLo, s.spanHi, s.legacy)
+		for _, k := range slices.Sorted(maps.Keys(s.chunks)) {
+			cs := s.chunks[k]
+			out += fmt.Sprintf(" %d@%d+%d/%d%v", k, cs.off, cs.n, cs.left, cs.got)
+		}
+		out += ";"
+	}
+	return out
+}
+
+// hostilePrefillTick: prefill rank 0 releases the PONGs it held past the
+// probe timeout (latePongs), then (hostilePrefill) sends every live decode process, for
+// every room of the configuration, hostileNotifs (under its own uid where
+// it is a source of the room) and, for pull rooms, hostilePages, each
+// stepped at once. Checked: a hostile notification changes nothing a
+// decode room counted as landed and is counted (BadNotifs) where the room
+// is live; a hostile PAGES posts no read (it is refused, and a room it is
+// a source of fails: PullRefused).
+func (w *simWorld) hostilePrefillTick() {
+	w.late = slices.DeleteFunc(w.late, func(l simLate) bool {
+		if w.now.Before(l.due) {
+			return false
+		}
+		w.net[l.src][l.dst] = append(w.net[l.src][l.dst], l.msg)
+		w.cov.hit("hostile: PONG sent late")
+		return true
+	})
+	if !w.cfg.hostilePrefill {
+		return
+	}
+	h := w.procs[0]
+	if h.dead || h.paused {
+		return
+	}
+	for s := w.cfg.prefills; s < w.cfg.slots(); s++ {
+		d := w.procs[s]
+		if !w.active(s) {
+			continue
+		}
+		for _, r := range w.rooms {
+			uid := slices.Index(r.prefills, 0)
+			if uid < 0 {
+				uid = len(r.prefills) // no source of the room: a uid it has none of
+			}
+			for _, n := range hostileNotifs(r.id, uid, len(r.prefills)) {
+				in, ok := ParseNotif(n)
+				if !ok {
+					w.fail("hostile notification %q does not parse: it tests nothing", n)
+					continue
+				}
+				before, bad := sourcesData(d.core, r.id), d.core.stats.BadNotifs
+				rm := d.core.reg.rooms[r.id]
+				counts := rm != nil && rm.dec != nil && rm.status != Success
+				if counts && !r.pull && in.UID < len(r.prefills) && rm.dec.sources[in.UID].sent {
+					w.cov.hit("hostile: notification from a push source refused")
+				}
+				d.core.Step(w.now, in)
+				if after := sourcesData(d.core, r.id); after != before {
+					w.fail("room %d: %s counted the hostile notification %q from %s as data: %s → %s", r.id, d.from.Peer(), n, h.from.Peer(), before, after)
+				}
+				if counts && d.core.stats.BadNotifs != bad+1 {
+					w.fail("room %d: %s did not count the hostile notification %q as bad (%d → %d)", r.id, d.from.Peer(), n, bad, d.core.stats.BadNotifs)
+				}
+				w.cov.hit("hostile: notification with hostile ranges sent")
+				if counts {
+					w.cov.hit("hostile: notification refused on a live room")
+				}
+			}
+			if !r.pull {
+				continue
+			}
+			for _, pg := range hostilePages(h.from, r.id) {
+				refused := d.core.stats.PullRefused
+				if rm := d.core.reg.rooms[r.id]; rm != nil && rm.dec != nil && !rm.status.Terminal() && slices.ContainsFunc(rm.dec.sources, func(s *source) bool { return s.sent }) {
+					w.cov.hit("hostile: PAGES from a source refused")
+				}
+				d.core.Step(w.now, Received{pg})
+				for _, e := range d.core.out {
+					if e.Kind == EffectRead && e.Room == r.id {
+						w.fail("room %d: %s posted a read for hostile PAGES %+v from %s", r.id, d.from.Peer(), *pg, h.from.Peer())
+					}
+				}
+				if d.core.stats.PullRefused == refused {
+					w.fail("room %d: %s did not refuse hostile PAGES %+v from %s", r.id, d.from.Peer(), *pg, h.from.Peer())
+				}
+				w.cov.hit("hostile: PAGES with hostile ranges refused")
+			}
+			w.effects(s)
+		}
+		w.effects(s)
 	}
 }

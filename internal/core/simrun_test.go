@@ -212,6 +212,28 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.ticks = 1
 			c.prefix = []string{"room 8 decode 1 create", "room 8 decode 1 init", "resolve at 2", "deliver 2→0 REGISTER", "deliver 0→2 REGISTER_ACK"}
 		}, "hostile: ABORT flood sent", "hostile: its own early aborts forgotten (its share)", "sender created Failed after an early ABORT, the flooder's own forgotten"),
+		// Prefill rank 0 is hostile: at every tick it sends the decode
+		// rank notifications and PAGES with hostile ranges for its push
+		// and pull rooms (under its own uid and one that is no source's): refused,
+		// counted, never counted as data, no read posted; the room ends
+		// within its bounds.
+		"1→1 push and pull: the prefill rank sends notifications and PAGES with hostile ranges (hostile); liveness while it goes": mk(func(c *simConfig) {
+			c.hostilePrefill, c.live, c.noClear, c.writesOK = true, true, true, true
+			c.rooms = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 1), simPullRoom(8, []int{0}, []int{0}, 1)}
+			c.ticks, c.jumps = 1, []time.Duration{simPullLease}
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 8 prefill 0 create", "room 8 prefill 0 init"}
+		}, "hostile: notification with hostile ranges sent", "hostile: notification refused on a live room", "hostile: notification from a push source refused",
+			"hostile: PAGES with hostile ranges refused", "hostile: PAGES from a source refused"),
+		// The prefill rank answers the decode rank's probes only past
+		// their timeout: the probe is lost, the rank looked up again,
+		// the late PONG heard after; every room ends within its bounds.
+		"1→1: the prefill rank answers probes late (hostile); liveness": mk(func(c *simConfig) {
+			c.latePongs, c.live, c.noClear, c.writesOK = true, true, true, true
+			c.rooms = []simRoomSpec{simRoom(8, []int{0}, []int{0}, 1), simRoom(9, []int{0}, []int{0}, 1)}
+			c.ticks, c.jumps = 2, []time.Duration{2 * simProbeIdle, simProbeIdle / 2}
+			c.prefix = []string{"room 8 prefill 0 create", "room 8 prefill 0 init", "room 9 prefill 0 create", "room 9 prefill 0 init",
+				"room 8 decode 0 create", "room 8 decode 0 init", "resolve at 1", "deliver 1→0 REGISTER", "deliver 0→1 REGISTER_ACK", "time +2s", "room 9 decode 0 create", "room 9 decode 0 init"}
+		}, "hostile: PONG held past the probe timeout", "hostile: PONG sent late", "probe lost: rank looked up again"),
 		"1→2 decode instances: an intruder asks for, aborts, renews and ends the reads of the other instance's room": mk(func(c *simConfig) {
 			c.decodes, c.intruder, c.intrusions, c.noClear, c.writesOK = 2, true, 2, true, true
 			c.rooms = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1), simRoom(8, []int{1}, []int{0}, 1)}

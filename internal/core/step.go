@@ -438,7 +438,7 @@ func (c *Core) stepInput(now time.Time, in Input) Output {
 	case RefuseRoom:
 		d.refuseRoom(now, in.Room, in.Targets, in.Reason)
 	case Notified:
-		d.notification(now, in)
+		d.notified(now, in)
 	case ReadPosting:
 		return Output{OK: d.readPosting(in.Room, in.Read)}
 	case ReadDone:

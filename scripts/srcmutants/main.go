@@ -142,6 +142,21 @@ var mutants = []mutant{
 	// The prefill core does not name the ABORT's rank: every early abort is no rank's share.
 	{name: "abort-by-unset", file: "internal/core/core_prefill.go", old: "Ack: &ack, By: msg.From.Peer()}", new: "Ack: &ack, By: \"\"}",
 		pkg: "internal/core", run: "^(TestAbortFloodForgetsItsOwn|TestSimExhaustive)$"},
+	// A pull source's data-plane notification is counted as data: a pull room can succeed on chunks nothing read (issue 49).
+	{name: "notif-pull-source-counted", file: "internal/core/core_decode.go", old: "if src == nil || src.pull || !in.Aux && in.Off >= 0 && in.Off+in.N > len(rm.dec.spec.DstPages) {", new: "if src == nil || !in.Aux && in.Off >= 0 && in.Off+in.N > len(rm.dec.spec.DstPages) {",
+		pkg: "internal/core", run: "^(TestNotificationOfAPullSourceRefused|TestSimExhaustive)$"},
+	// A notification's positions past the REQUEST's dst_pages are recorded (a load report then lists positions the room has not).
+	{name: "notif-positions-past-pages", file: "internal/core/core_decode.go", old: "if src == nil || src.pull || !in.Aux && in.Off >= 0 && in.Off+in.N > len(rm.dec.spec.DstPages) {", new: "if src == nil || src.pull {",
+		pkg: "internal/core", run: "^(TestNotificationRangesRefused|TestSimExhaustive)$"},
+	// A notification naming a uid that is no source of a live room is dropped uncounted.
+	{name: "notif-unknown-uid-uncounted", file: "internal/core/core_decode.go", old: "if src == nil || src.pull || !in.Aux && in.Off >= 0 && in.Off+in.N > len(rm.dec.spec.DstPages) {", new: "if src != nil && (src.pull || !in.Aux && in.Off >= 0 && in.Off+in.N > len(rm.dec.spec.DstPages)) {",
+		pkg: "internal/core", run: "^(TestNotificationRangesRefused|TestSimExhaustive)$"},
+	// A tombstone found past its TTL by an event before the tick drops the ABORT_ACKs it owes (found by the simulator's flood).
+	{name: "expired-tomb-acks-dropped", file: "internal/core/registry.go", old: "\t\tr.sendAcks(id, t.acks, !t.holds())\n\t\tt.acks = nil\n\t}\n\tif t := r.tombs[id]; t != nil && t.by", new: "\t\tt.acks = nil\n\t}\n\tif t := r.tombs[id]; t != nil && t.by",
+		pkg: "internal/core", run: "^(TestExpiredTombstoneAnswersWhatItOwes|TestSimRandomHostile)$"},
+	// A renewed tombstone's expiry entry is queued without compacting: one rank repeating an ABORT grows the queue until the next tick.
+	{name: "tombq-renew-uncompacted", file: "internal/core/registry.go", old: "\t\t\tr.tombQ = append(r.tombQ, tombRef{id, t.expires})\n\t\t\tr.compactTombQ()\n", new: "\t\t\tr.tombQ = append(r.tombQ, tombRef{id, t.expires})\n",
+		pkg: "internal/core", run: "^(TestRepeatedAbortKeepsTombQBounded|TestSimRandomHostile)$"},
 	// A tombstone kept past MaxTombstones while it owed is not trimmed when it settles.
 	{name: "no-tomb-trim", file: "internal/core/registry.go", old: "\t\tr.evictTombs(r.cfg.MaxTombstones) // it settled: the bound holds again\n", new: "\n",
 		pkg: "internal/core", run: "^(TestSimRegressions)$"},
