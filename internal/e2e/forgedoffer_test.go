@@ -47,7 +47,8 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 			_, envs, ids := identityFiles(t,
 				bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0},
 				bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 0},
-				deputyID, forgerID)
+				deputyID, forgerID,
+				bootstrap.From{Role: bootstrap.RoleDecode, Instance: "custom", Rank: 0})
 			boot := startBoot(t)
 			prefill := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot}, envs[0]...)...)
 			bystander := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot}, envs[1]...)...)
@@ -59,6 +60,19 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 			require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(bystander.expect(t, "MEMORY "), "MEMORY ")), &vm))
 			sum := func() string { bystander.do("SUM 0"); return bystander.expect(t, "SUM ") }
 			before := sum()
+			// A second bystander under a custom agent name: its blob, under
+			// that name, is one even real NIXL loads (the name its own
+			// section carries), so the challenge is what refuses it there.
+			custom := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot,
+				"KVBRIDGE_E2E_INSTANCE=custom", "KVBRIDGE_E2E_AGENT=kv-agent-of-custom"}, envs[4]...)...)
+			cp := newPagePool(pages)
+			pdRoom(t, prefill, custom, 3, pp, cp)
+			var cm rankMemory
+			custom.do("MEMORY 0")
+			require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(custom.expect(t, "MEMORY "), "MEMORY ")), &cm))
+			require.Equal(t, "kv-agent-of-custom", cm.Agent, "the custom bystander's agent name")
+			customSum := func() string { custom.do("SUM 0"); return custom.expect(t, "SUM ") }
+			customBefore := customSum()
 
 			// The forger: a control loop under its identity, listed as
 			// prefill rank 0 of its instance by a bootstrap server of its
@@ -101,20 +115,25 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 			}
 			deputy := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot2,
 				"KVBRIDGE_E2E_PULL=1", "KVBRIDGE_E2E_INSTANCE=" + deputyID.Instance}, envs[2]...)...)
-			ignored := coreStats(t, bystander).ChallengesIgnored
+			ignored, customIgnored := coreStats(t, bystander).ChallengesIgnored, coreStats(t, custom).ChallengesIgnored
 			expired := uint64(0) // the forgeries the challenge refused
 			for i, c := range []struct {
 				what  string
 				offer bootstrap.PullOffer
+				// challenged: refused by the unechoed challenge on every
+				// engine (a blob even real NIXL loads).
+				challenged bool
 			}{
 				{"the bystander's worker address and regions under the forger's name", bootstrap.PullOffer{Agent: name,
 					AgentMD: join(vHead, lenStr(name), vLib, vTable, vPayload), KV: vm.KV, Aux: vm.Aux, State: vm.State,
-					Proof: make([]byte, 32), LeaseMillis: 1000}},
+					Proof: make([]byte, 32), LeaseMillis: 1000}, false},
 				{"the bystander's worker address, its regions moved to memory it never mapped", bootstrap.PullOffer{Agent: name,
 					AgentMD: join(vHead, lenStr(name), vLib, unmappedTable, vPayload), KV: moveTo(vm.KV), Aux: moveTo(vm.Aux), State: moveTo(vm.State),
-					Proof: make([]byte, 32), LeaseMillis: 1000}},
+					Proof: make([]byte, 32), LeaseMillis: 1000}, false},
 				{"the bystander's blob and agent name (a decode rank's default name)", bootstrap.PullOffer{Agent: vm.Agent,
-					AgentMD: vm.MD, KV: vm.KV, Aux: vm.Aux, State: vm.State, Proof: make([]byte, 32), LeaseMillis: 1000}},
+					AgentMD: vm.MD, KV: vm.KV, Aux: vm.Aux, State: vm.State, Proof: make([]byte, 32), LeaseMillis: 1000}, false},
+				{"a custom-named decode rank's blob and agent name", bootstrap.PullOffer{Agent: cm.Agent,
+					AgentMD: cm.MD, KV: cm.KV, Aux: cm.Aux, State: cm.State, Proof: make([]byte, 32), LeaseMillis: 1000}, true},
 			} {
 				room := uint64(10 + i)
 				stop := make(chan struct{})
@@ -146,6 +165,9 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 				failedAtInit := strings.HasPrefix(done, fmt.Sprintf("DONE %d error ", room))
 				require.True(t, failedAtInit || strings.HasPrefix(done, fmt.Sprintf("DONE %d Failed", room)), "%s: %s", c.what, done)
 				reason := strings.ReplaceAll(done, "_", " ")
+				if c.challenged {
+					assert.Contains(t, reason, "did not echo", "%s: not refused by the unechoed challenge", c.what)
+				}
 				// Refused by the challenge; or, before anything is loaded,
 				// as another rank's default name; or by the engine's check
 				// of the blob at its load (regions its keys do not map, on
@@ -182,6 +204,11 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 			}
 			assert.Equal(t, before, sum(), "the bystander's memory changed under the attack")
 			pdRoom(t, prefill, bystander, 2, pp, dp) // alive, registered, byte-exact
+			assert.Equal(t, customBefore, customSum(), "the custom-named bystander's memory changed under the attack")
+			if engine != "libnixl-real" { // (an idle libnixl rank polls no notifications: the challenge waits unread)
+				assert.Greater(t, coreStats(t, custom).ChallengesIgnored, customIgnored, "the custom-named bystander never got the offer challenge")
+			}
+			pdRoom(t, prefill, custom, 4, pp, cp)
 		})
 	}
 }

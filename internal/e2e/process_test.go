@@ -66,6 +66,9 @@ func rankConfig(role kvmanager.Role, engine, boot string) kvmanager.Config {
 	if v := os.Getenv("KVBRIDGE_E2E_BIND"); v != "" {
 		cfg.Bind = v
 	}
+	if v := os.Getenv("KVBRIDGE_E2E_AGENT"); v != "" {
+		cfg.Engine.Name = v // a custom agent name (first come, first served)
+	}
 	// A test may give a rank the default heartbeat (5 s), or turn its
 	// REQUEST probes off (ProbeIdle -1) to show what they prevent.
 	for _, d := range []struct {
