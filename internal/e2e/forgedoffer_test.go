@@ -26,7 +26,9 @@ import (
 // it answers ok with an offer under its own default agent name whose blob
 // is the bystander's worker address (its process, its endpoints) and whose
 // regions are the bystander's, or moved to memory the bystander never
-// mapped, or the bystander's blob under its own (default) name (before the offer challenge, the deputy's proof read through such
+// mapped, or the bystander's blob under its own (default) name, or a
+// second bystander's blob under its own custom agent name — a blob real
+// NIXL loads, so there too only the challenge refuses it (before the offer challenge, the deputy's proof read through such
 // a blob ran inside the bystander; a read through one naming unmapped
 // memory killed the bystander in the push direction: SIGSEGV in
 // ucp_get_req_handler). The deputy challenges the offer's agent: the
