@@ -656,6 +656,9 @@ func runChild() int {
 	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "nixl-only" {
 		return nixlOnlyChild()
 	}
+	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "silent" {
+		return silentChild()
+	}
 	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "writer" {
 		return writerChild()
 	}

@@ -1,0 +1,268 @@
+package nixl
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Issue 54 item 1: can a transfer that NIXL reports complete leave part of
+// its bytes undelivered? A target process registers four pages, then makes
+// the third unreadable and unwritable (PROT_NONE, after registration: the
+// memory is gone as far as the kernel is concerned). An initiator reads
+// and writes the four pages as one transfer list, over UCX's shared-memory
+// transports (cma: process_vm_readv and process_vm_writev; tcp carries the
+// active messages). The test
+// records what NIXL returns for each transfer and what landed.
+
+// silentUCX: tcp carries the active messages (NIXL's UCX backend asks for
+// peer failure handling, which posix and self lack), cma the reads and
+// writes of host memory.
+var silentUCX = map[string]string{"TLS": "tcp,cma,self", "NET_DEVICES": "lo"}
+
+const (
+	silentPages = 4
+	silentPage  = 4096
+	silentGone  = 2 // the page made PROT_NONE
+)
+
+// silentChild is the target: KVBRIDGE_NIXL_CHILD=silent. It prints its
+// metadata and address, then answers PROTECT (the gone page made
+// PROT_NONE), CHECK (made readable again: the first byte of each page and
+// whether the page is that byte throughout) and FILL (each page i set to
+// 0x10+i), one line each.
+func silentChild() int {
+	cfg := Config{Name: "silent-target", Engine: EngineLibNIXL, NIXLLib: realNIXL()}
+	if os.Getenv("KVBRIDGE_NIXL_SILENT_ENGINE") == EngineUCX {
+		cfg = Config{Name: "silent-target", Engine: EngineUCX, UCX: shmUCX}
+	}
+	a, err := Open(cfg)
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	defer a.Close()
+	buf, err := syscall.Mmap(-1, 0, silentPages*silentPage, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	fillPages := func() {
+		for i := range silentPages {
+			for k := range silentPage {
+				buf[i*silentPage+k] = byte(0x10 + i)
+			}
+		}
+	}
+	fillPages()
+	if _, err := a.Register(DRAM, []Desc{BytesDesc(buf)}); err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	md, err := a.Metadata()
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	fmt.Printf("MD %x %x\n", md, BytesDesc(buf).Addr)
+	gone := buf[silentGone*silentPage : (silentGone+1)*silentPage]
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		switch sc.Text() {
+		case "PROTECT":
+			fmt.Println("OK", syscall.Mprotect(gone, syscall.PROT_NONE))
+		case "CHECK":
+			err := syscall.Mprotect(gone, syscall.PROT_READ|syscall.PROT_WRITE)
+			var f []string
+			for i := range silentPages {
+				p := buf[i*silentPage : (i+1)*silentPage]
+				same := true
+				for _, b := range p {
+					same = same && b == p[0]
+				}
+				f = append(f, fmt.Sprintf("%02x:%v", p[0], same))
+			}
+			fmt.Println("PAGES", strings.Join(f, " "), err)
+		case "FILL":
+			fillPages()
+			fmt.Println("OK filled")
+		}
+	}
+	return 0
+}
+
+// TestLibNIXLSilentPartialCompletion (make test-nixl; a real NIXL only: the
+// double does not model it yet): five reads and five writes of four pages,
+// the third gone. Checked, whatever NIXL reports: the gone page is never
+// read or written, a transfer reported complete delivered the pages before
+// it, and the target survives. Logged: how many transfers NIXL reported
+// complete, and how many of their pages did not land — a silent partial
+// completion. Seen with NIXL 1.4.0 on UCX 1.22.0 (2026-12-06): 5 of 5
+// reads and 5 of 5 writes reported complete, no error, with the gone page
+// *and the one after it* not delivered (the four descriptors are one
+// contiguous copy that stops at the fault).
+//
+// Not run on kvbridge's own ucx engine yet: there (seen 2026-12-06, UCX
+// 1.13.1 over posix, cma, self) the READ is not reported complete — it
+// fails at its 20 s deadline — but the *target* process dies (SIGSEGV in a
+// UCX thread touching the PROT_NONE page), where NIXL's target survives.
+func TestLibNIXLSilentPartialCompletion(t *testing.T) {
+	for _, engine := range []string{"libnixl-real"} {
+		t.Run(engine, func(t *testing.T) { silentCompletion(t, engine) })
+	}
+}
+
+func silentCompletion(t *testing.T, engine string) {
+	// kvbridge's own engine over shared memory: cma's reads and writes
+	// (over tcp its writes are active messages the target copies itself).
+	cfg := Config{Name: "silent-initiator", Engine: EngineUCX, UCX: shmUCX, XferTimeout: 20 * time.Second}
+	env := []string{"KVBRIDGE_NIXL_CHILD=silent", "KVBRIDGE_NIXL_SILENT_ENGINE=" + cfg.Engine}
+	if engine == "libnixl-real" {
+		if realNIXL() == "" {
+			t.Skip("needs a real NIXL (KVBRIDGE_NIXL_LIB; make test-nixl)")
+		}
+		cfg = Config{Name: "silent-initiator", Engine: EngineLibNIXL, NIXLLib: realNIXL(), XferTimeout: 20 * time.Second}
+		env = []string{"KVBRIDGE_NIXL_CHILD=silent", "KVBRIDGE_NIXL_SILENT_ENGINE=" + cfg.Engine}
+		for k, v := range silentUCX { // NIXL's UCX backend reads UCX's environment
+			t.Setenv("UCX_"+k, v)
+		}
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		stdin.Close()
+		select {
+		case err := <-exited:
+			assert.NoError(t, err, "the target process")
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			t.Error("the target did not exit")
+		}
+	}()
+	lines := bufio.NewScanner(stdout)
+	lines.Buffer(make([]byte, 1<<20), 1<<20)
+	line := func(prefix string) []string {
+		t.Helper()
+		require.True(t, lines.Scan(), "the target said nothing more, waiting for %s", prefix)
+		for strings.HasPrefix(lines.Text(), "[") { // UCX's own log lines
+			t.Logf("target: %s", lines.Text())
+			require.True(t, lines.Scan(), "the target said nothing more, waiting for %s", prefix)
+		}
+		f := strings.Fields(lines.Text())
+		require.True(t, len(f) > 0 && f[0] == prefix, "the target said %q, want %s", lines.Text(), prefix)
+		return f
+	}
+	say := func(cmd, prefix string) []string {
+		t.Helper()
+		_, err := fmt.Fprintln(stdin, cmd)
+		require.NoError(t, err)
+		return line(prefix)
+	}
+	f := line("MD")
+	md, err := hex.DecodeString(f[1])
+	require.NoError(t, err)
+	addr, err := strconv.ParseUint(f[2], 16, 64)
+	require.NoError(t, err)
+
+	a, err := Open(cfg)
+	require.NoError(t, err)
+	defer a.Close()
+	remote, err := a.LoadRemote(md)
+	require.NoError(t, err)
+	_, local, err := a.Alloc(silentPages * silentPage)
+	require.NoError(t, err)
+	var ld, rd []Desc
+	idx := make([]int, silentPages)
+	for i := range silentPages {
+		ld = append(ld, BytesDesc(local[i*silentPage:(i+1)*silentPage]))
+		rd = append(rd, Desc{Addr: uintptr(addr) + uintptr(i*silentPage), Len: silentPage})
+		idx[i] = i
+	}
+	lp, err := a.PrepLocal(DRAM, ld)
+	require.NoError(t, err)
+	rp, err := a.PrepRemote(remote, DRAM, rd)
+	require.NoError(t, err)
+	run := func(op Op) (reported string) {
+		x, err := a.NewXfer(op, lp, idx, rp, idx, nil)
+		require.NoError(t, err)
+		defer a.Release(x)
+		if err := a.Post(x); err != nil {
+			return "post failed: " + err.Error()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		st, err := a.Wait(ctx, x)
+		if st != Done {
+			return fmt.Sprintf("%v: %v", st, err)
+		}
+		return "complete"
+	}
+	const rounds = 5
+	silent, lost := map[Op]int{}, map[Op]int{} // transfers reported complete; their pages that did not land
+	for r := range rounds {
+		// READ: the local pages start as 0xaa.
+		for i := range local {
+			local[i] = 0xaa
+		}
+		require.Equal(t, "OK <nil>", strings.Join(say("PROTECT", "OK"), " "))
+		got := run(Read)
+		assert.Equal(t, byte(0xaa), local[silentGone*silentPage], "read round %d: the gone page was read", r)
+		if got == "complete" {
+			for i := range silentGone {
+				assert.Equal(t, byte(0x10+i), local[i*silentPage], "read round %d, page %d (before the gone one), reported complete", r, i)
+			}
+			silent[Read]++
+			for i := range silentPages {
+				if local[i*silentPage] != byte(0x10+i) {
+					lost[Read]++
+				}
+			}
+		}
+		t.Logf("read round %d: %s; the local pages' first bytes %x", r, got, []byte{local[0], local[silentPage], local[2*silentPage], local[3*silentPage]})
+		// WRITE: the local pages are 0x50+i; the target's 0x10+i.
+		for i := range silentPages {
+			for k := range silentPage {
+				local[i*silentPage+k] = byte(0x50 + i)
+			}
+		}
+		got = run(Write)
+		pages := say("CHECK", "PAGES")
+		require.Len(t, pages, silentPages+2, "the target's pages: %v", pages)
+		assert.Equal(t, "<nil>", pages[silentPages+1], "the target made its page readable again")
+		assert.Equal(t, "12:true", pages[1+silentGone], "write round %d: the gone page changed", r)
+		if got == "complete" {
+			for i := range silentGone {
+				assert.Equal(t, fmt.Sprintf("%02x:true", 0x50+i), pages[1+i], "write round %d, page %d (before the gone one), reported complete", r, i)
+			}
+			silent[Write]++
+			for i := range silentPages {
+				if pages[1+i] != fmt.Sprintf("%02x:true", 0x50+i) {
+					lost[Write]++
+				}
+			}
+		}
+		t.Logf("write round %d: %s; the target's pages %v", r, got, pages[1:silentPages+1])
+		require.Equal(t, "OK filled", strings.Join(say("FILL", "OK"), " "))
+	}
+	t.Logf("reported complete with page %d of %d gone (a silent partial completion): %d of %d reads (%d pages not read), %d of %d writes (%d pages not written)",
+		silentGone, silentPages, silent[Read], rounds, lost[Read], silent[Write], rounds, lost[Write])
+}
