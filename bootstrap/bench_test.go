@@ -12,6 +12,7 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"github.com/stretchr/testify/require"
 )
 
 // bareZMQ is the reference: PUSH/PULL over tcp loopback with pebbe/zmq4
@@ -29,21 +30,16 @@ type bareZMQ struct {
 
 func newBare(tb testing.TB, shared bool) *bareZMQ {
 	ctxA, err := zmq.NewContext()
-	if err != nil {
-		tb.Fatal(err)
-	}
+	require.NoError(tb, err)
 	ctxB := ctxA
 	if !shared {
-		if ctxB, err = zmq.NewContext(); err != nil {
-			tb.Fatal(err)
-		}
+		ctxB, err = zmq.NewContext()
+		require.NoError(tb, err)
 	}
 	z := &bareZMQ{ctxA: ctxA, ctxB: ctxB}
 	mk := func(ctx *zmq.Context, t zmq.Type) *zmq.Socket {
 		s, err := ctx.NewSocket(t)
-		if err != nil {
-			tb.Fatal(err)
-		}
+		require.NoError(tb, err)
 		s.SetLinger(0)
 		s.SetSndhwm(100000)
 		s.SetRcvhwm(100000)
@@ -73,9 +69,7 @@ func (z *bareZMQ) close() {
 
 func benchFrames(tb testing.TB) [][]byte {
 	f, err := Encode(&Abort{From: wiretest.SampleFrom(RoleDecode), Room: 123456, Reason: "benchmark"})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	require.NoError(tb, err)
 	return f
 }
 
@@ -121,9 +115,7 @@ func (z *bareZMQ) roundTrip(n int, frames [][]byte) time.Duration {
 // cpuTime is the process's CPU time so far (user + system, every thread).
 func cpuTime(tb testing.TB) time.Duration {
 	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
+	require.NoError(tb, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
@@ -214,9 +206,8 @@ func newBenchPair(b *testing.B, mode benchMode) *benchPair {
 	}
 	var ids [2]*RankIdentity
 	if mode == benchIdentity {
-		if ids, err = benchIDs(); err != nil {
-			b.Fatal(err)
-		}
+		ids, err = benchIDs()
+		require.NoError(b, err)
 	}
 	call := func(f *atomic.Pointer[func(Message)]) func(Message) {
 		return func(m Message) {
@@ -227,14 +218,10 @@ func newBenchPair(b *testing.B, mode benchMode) *benchPair {
 	}
 	p.a, err = NewLoop(LoopConfig{Identity: From{Role: RoleDecode, Instance: "a"}, Bind: "tcp://127.0.0.1:*",
 		Handler: call(&p.onA), SendHWM: 100000, Auth: auth, Insecure: insecure, RankIdentity: ids[0]})
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	p.b, err = NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "b"}, Bind: "tcp://127.0.0.1:*",
 		SendHWM: 100000, Auth: auth, Insecure: insecure, Handler: call(&p.onB), RankIdentity: ids[1]})
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	return p
 }
 
@@ -314,9 +301,7 @@ func controlThroughput(b *testing.B, mode benchMode) {
 	b.ReportMetric(float64(b.N)/thin.Seconds(), "thin-msgs/s")
 	b.ReportMetric(thin.Seconds()/kvb.Seconds(), "ratio-thin")
 	b.ReportMetric(float64(cpu[3].Nanoseconds())/1e3/float64(b.N), "thin-cpu-µs/msg")
-	if d := p.a.Stats().Dropped[DropPeerBusy]; d > 0 {
-		b.Fatalf("%d messages dropped as peer_busy", d)
-	}
+	require.Zero(b, p.a.Stats().Dropped[DropPeerBusy], "messages dropped as peer_busy")
 	b.ReportMetric(float64(b.N)/kvb.Seconds(), "kvbridge-msgs/s")
 	b.ReportMetric(float64(b.N)/bare.Seconds(), "zmq-msgs/s")
 	b.ReportMetric(float64(b.N)/shared.Seconds(), "zmq1ctx-msgs/s")
@@ -360,9 +345,7 @@ func controlRoundTrip(b *testing.B, mode benchMode) {
 			p.a.Send(to, &Abort{Room: uint64(got), Reason: "benchmark"})
 		}
 		p.onA.Store(&next)
-		if err := p.a.Send(to, &Abort{Reason: "benchmark"}); err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, p.a.Send(to, &Abort{Reason: "benchmark"}))
 		<-done
 	}
 	z.roundTrip(200, frames)
@@ -432,24 +415,18 @@ func BenchmarkAuth(b *testing.B) {
 func BenchmarkAuthPair(b *testing.B) {
 	a := testAuth()
 	ca, err := NewCA()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	dec, _ := ca.Issue(RoleDecode, "d", 0, time.Now().Add(time.Hour))
 	pre, _ := ca.Issue(RolePrefill, "p", 3, time.Now().Add(time.Hour))
 	send := newAddressing(a, dec, RoleDecode)
 	recv := newAddressing(a, pre, RolePrefill)
 	frames := benchFrames(b)
 	m, err := Decode(frames)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	self := From{Role: RolePrefill, Instance: "p", Rank: 3, Epoch: 7}
 	to := Peer{Endpoint: "tcp://127.0.0.1:1", Cert: string(pre.Cert.Raw()), Epoch: 7}
 	env, key, err := send.envelope(to)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	m.(*Abort).From = From{Role: RoleDecode, Instance: "d", Rank: 0, Endpoint: "tcp://127.0.0.1:2", Epoch: 9}
 	frames, _ = Encode(m)
 	b.ReportAllocs()
@@ -512,8 +489,6 @@ func BenchmarkMessagePath(b *testing.B) {
 			o.release() // as a send does (the handler kept nothing of the body)
 		}
 		b.StopTimer()
-		if got != b.N {
-			b.Fatalf("%d of %d messages reached the handler", got, b.N)
-		}
+		require.EqualValues(b, b.N, got, "messages reached the handler, of %d", b.N)
 	})
 }

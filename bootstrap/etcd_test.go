@@ -2,13 +2,12 @@ package bootstrap
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/etcdtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -25,14 +24,12 @@ func nextEvent(t *testing.T, ch <-chan RankEvent, what string, match func(RankEv
 	for {
 		select {
 		case ev, ok := <-ch:
-			if !ok {
-				t.Fatalf("watch closed waiting for %s", what)
-			}
+			require.True(t, ok, "watch closed waiting for %s", what)
 			if match(ev) {
 				return ev
 			}
 		case <-deadline:
-			t.Fatalf("no %s", what)
+			require.Fail(t, "no "+what)
 		}
 	}
 }
@@ -45,9 +42,7 @@ func nextEvent(t *testing.T, ch <-chan RankEvent, what string, match func(RankEv
 // stopped giving clear errors that name the endpoint, then working again.
 func TestEtcdRecordsLeasesAndWatch(t *testing.T) {
 	srv, err := etcdtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer srv.Close()
 	target := "etcd://" + srv.Endpoint + "/inst-a"
 	// The rank that dies holds a 2 s lease; the others hold 10 s ones, so
@@ -56,9 +51,7 @@ func TestEtcdRecordsLeasesAndWatch(t *testing.T) {
 	// load, and the topology read below wait out its context).
 	dialTTL := func(ttl time.Duration) *EtcdClient {
 		c, err := DialEtcd(target, EtcdConfig{LeaseTTL: ttl})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		return c
 	}
 	dial := func() *EtcdClient { return dialTTL(10 * time.Second) }
@@ -69,48 +62,42 @@ func TestEtcdRecordsLeasesAndWatch(t *testing.T) {
 	events := reader.Watch(ctx)
 	a, b := dial(), dialTTL(2*time.Second)
 	defer a.Close()
-	if ttl, err := a.RegisterRank(ctx, etcdRecord(0, "tcp://10.0.0.1:1")); err != nil || ttl != 10*time.Second {
-		t.Fatalf("register: %v %v", ttl, err)
-	}
-	if ttl, err := b.RegisterRank(ctx, etcdRecord(1, "tcp://10.0.0.2:1")); err != nil || ttl != 2*time.Second {
-		t.Fatalf("register: %v %v", ttl, err)
-	}
+	ttl, err := a.RegisterRank(ctx, etcdRecord(0, "tcp://10.0.0.1:1"))
+	require.NoError(t, err, "register: %v", ttl)
+	require.Equal(t, 10*time.Second, ttl, "register")
+	ttl, err = b.RegisterRank(ctx, etcdRecord(1, "tcp://10.0.0.2:1"))
+	require.NoError(t, err, "register: %v", ttl)
+	require.Equal(t, 2*time.Second, ttl, "register")
 	topo, err := reader.Topology(ctx)
-	if err != nil || topo.TPSize != 2 || topo.Instance != "inst-a" {
-		t.Fatalf("topology %+v %v", topo, err)
-	}
-	if ri, err := reader.Rank(ctx, 0, 1, 0); err != nil || ri.Endpoint != "tcp://10.0.0.2:1" {
-		t.Fatalf("rank %+v %v", ri, err)
-	}
-	if _, err := reader.Rank(ctx, 0, 7, 0); !errors.Is(err, ErrRankUnknown) {
-		t.Fatalf("unknown rank: %v", err)
-	}
+	require.NoError(t, err, "topology %+v", topo)
+	require.Equal(t, 2, topo.TPSize, "topology %+v", topo)
+	require.Equal(t, "inst-a", topo.Instance, "topology %+v", topo)
+	ri, err := reader.Rank(ctx, 0, 1, 0)
+	require.NoError(t, err, "rank %+v", ri)
+	require.Equal(t, "tcp://10.0.0.2:1", ri.Endpoint, "rank %+v", ri)
+	_, err = reader.Rank(ctx, 0, 7, 0)
+	require.ErrorIs(t, err, ErrRankUnknown, "unknown rank")
 	// Another endpoint cannot take a live rank's record.
 	c := dial()
 	// Its lease first, under the test's context (a loaded machine once took
 	// longer than the attempt's own bound to grant it); the attempt then
 	// waits for the live record's lease, in vain, until its bound.
-	if _, err := c.ensureLease(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, err = c.ensureLease(ctx)
+	require.NoError(t, err)
 	short, stop := context.WithTimeout(ctx, 2*time.Second)
 	_, err = c.RegisterRank(short, etcdRecord(1, "tcp://10.6.6.6:1"))
 	stop()
 	c.Close()
-	if err == nil || !strings.Contains(err.Error(), "held by tcp://10.0.0.2:1") {
-		t.Fatalf("a live record was replaced: %v", err)
-	}
+	require.ErrorContains(t, err, "held by tcp://10.0.0.2:1", "a live record was replaced")
 	// Malformed records under the prefix are ignored and counted.
 	raw, _ := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}})
 	defer raw.Close()
 	raw.Put(ctx, "/kvbridge/inst-a/ranks/0/5/0", "{not json")
 	raw.Put(ctx, "/kvbridge/inst-a/ranks/0/6/0", `{"instance":"inst-a","dp_size":1,"tp_rank":1,"tp_size":2,"pp_size":1,"endpoint":"tcp://1.2.3.4:5","page_size":16,"dtype":"bf16","compat":"v1:abc"}`)
-	if topo, err := reader.Topology(ctx); err != nil || topo.TPSize != 2 {
-		t.Fatalf("topology with malformed records: %+v %v", topo, err)
-	}
-	if n := reader.Malformed(); n < 2 {
-		t.Fatalf("malformed records counted: %d", n)
-	}
+	topo, err = reader.Topology(ctx)
+	require.NoError(t, err, "topology with malformed records: %+v", topo)
+	require.Equal(t, 2, topo.TPSize, "topology with malformed records: %+v", topo)
+	require.GreaterOrEqual(t, reader.Malformed(), uint64(2), "malformed records counted")
 	// A rank that dies without deregistering vanishes within its lease.
 	died := time.Now()
 	b.abandon()
@@ -119,9 +106,8 @@ func TestEtcdRecordsLeasesAndWatch(t *testing.T) {
 	// Its restart, on another endpoint, is pushed by the watch.
 	b2 := dial()
 	defer b2.Close()
-	if _, err := b2.RegisterRank(ctx, etcdRecord(1, "tcp://10.0.0.9:1")); err != nil {
-		t.Fatal(err)
-	}
+	_, err = b2.RegisterRank(ctx, etcdRecord(1, "tcp://10.0.0.9:1"))
+	require.NoError(t, err)
 	nextEvent(t, events, "the restarted rank", func(ev RankEvent) bool { return !ev.Deleted && ev.Endpoint == "tcp://10.0.0.9:1" })
 	// A rank that closes deregisters at once (its lease is revoked).
 	a.Close()
@@ -129,45 +115,35 @@ func TestEtcdRecordsLeasesAndWatch(t *testing.T) {
 
 	// Unreachable etcd: a clear error naming the endpoint, within ctx.
 	gone, err := DialEtcd("etcd://127.0.0.1:1/x", EtcdConfig{DialTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	short, stop = context.WithTimeout(ctx, 500*time.Millisecond)
 	_, err = gone.Topology(short)
 	stop()
 	gone.Close()
-	if err == nil || !strings.Contains(err.Error(), "etcd 127.0.0.1:1") {
-		t.Fatalf("unreachable etcd: %v", err)
-	}
+	require.ErrorContains(t, err, "etcd 127.0.0.1:1", "unreachable etcd")
 	// etcd stopped, then back.
 	srv.Stop()
 	short, stop = context.WithTimeout(ctx, 500*time.Millisecond)
 	_, err = reader.Rank(short, 0, 1, 0)
 	stop()
-	if err == nil || !strings.Contains(err.Error(), "etcd "+srv.Endpoint) {
-		t.Fatalf("stopped etcd: %v", err)
-	}
-	if err := srv.Restart(); err != nil {
-		t.Fatal(err)
-	}
-	if ri, err := reader.Rank(ctx, 0, 1, 0); err != nil || ri.Endpoint != "tcp://10.0.0.9:1" {
-		t.Fatalf("after etcd came back: %+v %v", ri, err)
-	}
+	require.ErrorContains(t, err, "etcd "+srv.Endpoint, "stopped etcd")
+	require.NoError(t, srv.Restart())
+	ri, err = reader.Rank(ctx, 0, 1, 0)
+	require.NoError(t, err, "after etcd came back: %+v", ri)
+	require.Equal(t, "tcp://10.0.0.9:1", ri.Endpoint, "after etcd came back: %+v", ri)
 }
 
 func TestParseEtcdTarget(t *testing.T) {
 	eps, inst, err := ParseEtcdTarget("etcd://a:1,b:2/prefill-a")
-	if err != nil || fmt.Sprint(eps) != "[a:1 b:2]" || inst != "prefill-a" {
-		t.Fatalf("%v %q %v", eps, inst, err)
-	}
+	require.NoError(t, err, "%v %q", eps, inst)
+	require.Equal(t, []string{"a:1", "b:2"}, eps)
+	require.Equal(t, "prefill-a", inst)
 	for _, bad := range []string{"etcd://a:1", "etcd:///x", "etcd://a:1/", "etcd://a:1/x/y", "etcd://a:1,,b:2/x", "http://a/x"} {
-		if _, _, err := ParseEtcdTarget(bad); err == nil {
-			t.Errorf("%s accepted", bad)
-		}
+		_, _, err := ParseEtcdTarget(bad)
+		assert.Error(t, err, "%s accepted", bad)
 	}
-	if _, err := Dial("ftp://x", DialOptions{}); err == nil {
-		t.Error("ftp:// accepted")
-	}
+	_, err = Dial("ftp://x", DialOptions{})
+	assert.Error(t, err, "ftp:// accepted")
 }
 
 // TestEtcdHolderRestoresItsRecord (issue 20, case 5): a prefill rank never
@@ -178,26 +154,19 @@ func TestParseEtcdTarget(t *testing.T) {
 // still waits for a live holder.
 func TestEtcdHolderRestoresItsRecord(t *testing.T) {
 	srv, err := etcdtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer srv.Close()
 	target := "etcd://" + srv.Endpoint + "/inst-a"
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	a, err := DialEtcd(target, EtcdConfig{LeaseTTL: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer a.Close()
 	mine := etcdRecord(0, "tcp://10.0.0.1:1")
-	if _, err := a.RegisterRank(ctx, mine); err != nil {
-		t.Fatal(err)
-	}
+	_, err = a.RegisterRank(ctx, mine)
+	require.NoError(t, err)
 	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer raw.Close()
 	key := "/kvbridge/inst-a/ranks/0/0/0"
 	other := `{"instance":"inst-a","dp_size":1,"tp_rank":0,"tp_size":2,"pp_size":1,"endpoint":"tcp://6.6.6.6:6","page_size":16,"dtype":"bf16","compat":"v1:abc"}`
@@ -209,37 +178,28 @@ func TestEtcdHolderRestoresItsRecord(t *testing.T) {
 		{"garbage", func() error { _, err := raw.Put(ctx, key, "{not json"); return err }},
 		{"another endpoint", func() error { _, err := raw.Put(ctx, key, other); return err }},
 	} {
-		if err := damage.do(); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, damage.do())
 		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second) // as a renewal runs: bounded by its period
 		_, err := a.RegisterRank(rctx, mine)
 		rcancel()
-		if err != nil {
-			t.Fatalf("%s: renewal: %v", damage.name, err)
-		}
+		require.NoError(t, err, "%s: renewal", damage.name)
 		got, err := raw.Get(ctx, key)
-		if err != nil || len(got.Kvs) != 1 {
-			t.Fatalf("%s: %v %v", damage.name, got, err)
-		}
-		if rec, ok := a.parseRecord(key, got.Kvs[0].Value); !ok || rec.Endpoint != mine.Endpoint || got.Kvs[0].Lease == 0 {
-			t.Fatalf("%s: record not restored: %s (lease %x)", damage.name, got.Kvs[0].Value, got.Kvs[0].Lease)
-		}
-		if n := a.Restored(); n != uint64(i+1) {
-			t.Fatalf("%s: restored %d, want %d", damage.name, n, i+1)
-		}
+		require.NoError(t, err, "%s: %v", damage.name, got)
+		require.Len(t, got.Kvs, 1, "%s: %v", damage.name, got)
+		rec, ok := a.parseRecord(key, got.Kvs[0].Value)
+		require.True(t, ok, "%s: record not restored: %s (lease %x)", damage.name, got.Kvs[0].Value, got.Kvs[0].Lease)
+		require.Equal(t, mine.Endpoint, rec.Endpoint, "%s: record not restored: %s (lease %x)", damage.name, got.Kvs[0].Value, got.Kvs[0].Lease)
+		require.NotZero(t, got.Kvs[0].Lease, "%s: record not restored: %s (lease %x)", damage.name, got.Kvs[0].Value, got.Kvs[0].Lease)
+		require.Equal(t, uint64(i+1), a.Restored(), "%s: restored", damage.name)
 	}
 	// A newcomer for the same rank still waits for the live holder.
 	b, err := DialEtcd(target, EtcdConfig{LeaseTTL: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer b.Close()
 	bctx, bcancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer bcancel()
-	if _, err := b.RegisterRank(bctx, etcdRecord(0, "tcp://10.0.0.9:1")); err == nil || !strings.Contains(err.Error(), "is held by tcp://10.0.0.1:1") {
-		t.Fatalf("a newcomer replaced the live holder: %v", err)
-	}
+	_, err = b.RegisterRank(bctx, etcdRecord(0, "tcp://10.0.0.9:1"))
+	require.ErrorContains(t, err, "is held by tcp://10.0.0.1:1", "a newcomer replaced the live holder")
 }
 
 // TestEtcdLeaseLostUnderAWrite has etcd revoke the client's lease right
@@ -250,48 +210,36 @@ func TestEtcdHolderRestoresItsRecord(t *testing.T) {
 // a new lease, and the loss is counted.
 func TestEtcdLeaseLostUnderAWrite(t *testing.T) {
 	srv, err := etcdtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer raw.Close()
 	a, err := DialEtcd("etcd://"+srv.Endpoint+"/inst-a", EtcdConfig{LeaseTTL: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer a.Close()
 	var revoked []clientv3.LeaseID
 	a.beforeWrite = func(lease clientv3.LeaseID) {
 		if len(revoked) < 2 && (len(revoked) == 0 || revoked[len(revoked)-1] != lease) {
-			if _, err := raw.Revoke(ctx, lease); err != nil {
-				t.Errorf("revoke: %v", err)
-			}
+			_, err := raw.Revoke(ctx, lease)
+			assert.NoError(t, err, "revoke")
 			revoked = append(revoked, lease)
 		}
 	}
 	mine := etcdRecord(0, "tcp://10.0.0.1:1")
-	if _, err := a.RegisterRank(ctx, mine); err != nil {
-		t.Fatalf("registration under a lost lease: %v", err)
-	}
-	if err := a.PublishRoomDP(ctx, 7, 0); err != nil {
-		t.Fatalf("room DP under a lost lease: %v", err)
-	}
-	if len(revoked) != 2 || a.LeasesLost() != 2 {
-		t.Fatalf("revoked %v, counted %d lost, want 2 and 2", revoked, a.LeasesLost())
-	}
+	_, err = a.RegisterRank(ctx, mine)
+	require.NoError(t, err, "registration under a lost lease")
+	require.NoError(t, a.PublishRoomDP(ctx, 7, 0), "room DP under a lost lease")
+	require.Len(t, revoked, 2, "revoked %v, counted %d lost, want 2 and 2", revoked, a.LeasesLost())
+	require.EqualValues(t, 2, a.LeasesLost(), "revoked %v, counted lost, want 2 and 2", revoked)
 	for _, key := range []string{"/kvbridge/inst-a/ranks/0/0/0", "/kvbridge/inst-a/rooms/7"} {
 		got, err := raw.Get(ctx, key)
-		if err != nil || len(got.Kvs) != 1 {
-			t.Fatalf("%s: %v %v", key, got, err)
-		}
-		if l := clientv3.LeaseID(got.Kvs[0].Lease); l == 0 || l == revoked[0] || l == revoked[1] {
-			t.Fatalf("%s: under lease %x (revoked %v)", key, l, revoked)
-		}
+		require.NoError(t, err, "%s: %v", key, got)
+		require.Len(t, got.Kvs, 1, "%s: %v", key, got)
+		l := clientv3.LeaseID(got.Kvs[0].Lease)
+		require.NotZero(t, l, "%s: under lease %x (revoked %v)", key, l, revoked)
+		require.NotContains(t, revoked, l, "%s: under lease %x (revoked %v)", key, l, revoked)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // FuzzOpen: the authentication frame's check never panics on any four
@@ -17,9 +19,7 @@ func FuzzOpen(f *testing.F) {
 	var sealed [][][]byte
 	for i, m := range wiretest.SampleMessages() {
 		frames, err := Encode(m)
-		if err != nil {
-			f.Fatal(err)
-		}
+		require.NoError(f, err)
 		s := a.Seal(frames, Envelope{Sent: now, Seq: uint64(i + 1), To: From{Role: RolePrefill, Instance: "p", Rank: i % 3, Epoch: 9}})
 		sealed = append(sealed, s)
 		f.Add(s[0], s[1], s[2], s[3])
@@ -30,20 +30,17 @@ func FuzzOpen(f *testing.F) {
 		frames := [][]byte{f0, f1, f2, f3}
 		opened, env, why := a.Open(frames, now)
 		if why != "" {
-			if opened != nil {
-				t.Fatalf("refused (%s) but returned frames", why)
-			}
+			require.Nil(t, opened, "refused (%s) but returned frames", why)
 			return
 		}
 		for _, s := range sealed {
 			if bytes.Equal(s[0], f0) && bytes.Equal(s[1], f1) && bytes.Equal(s[2], f2) && bytes.Equal(s[3], f3) {
-				if len(opened) != 3 || env.Sent.UnixNano() != now.UnixNano() {
-					t.Fatalf("opened %d frames, sent %v", len(opened), env.Sent)
-				}
+				require.Len(t, opened, 3, "opened frames, sent %v", env.Sent)
+				require.Equal(t, now.UnixNano(), env.Sent.UnixNano(), "opened %d frames, sent %v", len(opened), env.Sent)
 				return
 			}
 		}
-		t.Fatalf("opened frames nobody sealed: %q %q %x %x", f0, f1, f2, f3)
+		require.Fail(t, "opened frames nobody sealed", "%q %q %x %x", f0, f1, f2, f3)
 	})
 }
 
@@ -56,9 +53,7 @@ func FuzzOpenMD(f *testing.F) {
 	to := From{Role: RolePrefill, Instance: "p", Rank: 0, Epoch: 5}
 	md := []byte("agent metadata")
 	s, err := sealMD(key, secret, md, from, to)
-	if err != nil {
-		f.Fatal(err)
-	}
+	require.NoError(f, err)
 	f.Add(s, uint64(3), uint64(5))
 	f.Add(s[:len(s)-1], uint64(3), uint64(5))
 	f.Add([]byte(sealMagic), uint64(0), uint64(0))
@@ -72,13 +67,12 @@ func FuzzOpenMD(f *testing.F) {
 		// Whatever opens is md sealed between these two processes, under
 		// the nonce it carries (each fuzz worker seals its own seed).
 		g, err := sealGCM(key, secret)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		head := b[:len(sealMagic)+g.NonceSize()]
 		want := g.Seal(bytes.Clone(head), head[len(sealMagic):], md, sealAAD(from, to))
-		if !bytes.Equal(b, want) || fromEpoch != 3 || toEpoch != 5 || !bytes.Equal(got, md) {
-			t.Fatalf("opened %q from %x (epochs %d → %d)", got, b, fromEpoch, toEpoch)
-		}
+		require.Equal(t, want, b, "opened %q from %x (epochs %d → %d)", got, b, fromEpoch, toEpoch)
+		require.EqualValues(t, 3, fromEpoch, "opened %q from %x (epochs %d → %d)", got, b, fromEpoch, toEpoch)
+		require.EqualValues(t, 5, toEpoch, "opened %q from %x (epochs %d → %d)", got, b, fromEpoch, toEpoch)
+		require.Equal(t, md, got, "opened %q from %x (epochs %d → %d)", got, b, fromEpoch, toEpoch)
 	})
 }

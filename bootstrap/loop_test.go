@@ -2,14 +2,12 @@ package bootstrap
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
 	"go.uber.org/zap"
 	"net"
 	"os"
 	"os/exec"
-	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -19,6 +17,8 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // recvTimeout bounds every wait for a message in these tests; it is a
@@ -72,14 +72,10 @@ func newRank(t *testing.T, role, instance string, mut func(*LoopConfig)) *testRa
 		mut(&cfg)
 	}
 	l, err := NewLoop(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	r.Loop = l
 	t.Cleanup(func() {
-		if err := l.Close(); err != nil {
-			t.Error(err)
-		}
+		assert.NoError(t, l.Close())
 	})
 	return r
 }
@@ -114,41 +110,27 @@ func TestLoopExchangesEveryType(t *testing.T) {
 		if m.Sender().Role == RolePrefill {
 			from, to = prefill, decode
 		}
-		if err := from.Send(to.peer(), m); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, from.Send(to.peer(), m))
 		got := to.next(t)
-		if !reflect.DeepEqual(got, m) {
-			t.Fatalf("%v:\n got %+v\nwant %+v", m.Type(), got, m)
-		}
-		if got.Sender() != from.Identity() || got.Sender().Endpoint != from.Endpoint() {
-			t.Fatalf("from = %+v, want %+v", got.Sender(), from.Identity())
-		}
+		require.Equal(t, m, got, "%v", m.Type())
+		require.Equal(t, from.Identity(), got.Sender(), "from")
+		require.Equal(t, from.Endpoint(), got.Sender().Endpoint, "from = %+v, want %+v", got.Sender(), from.Identity())
 	}
 	// PING is answered with PONG by the loop itself: a watched peer stays alive.
-	if err := decode.Watch(prefill.peer()); err != nil {
-		t.Fatal(err)
-	}
-	if s := prefill.Stats(); s.MalformedTotal() != 0 {
-		t.Fatalf("malformed: %+v", s.Malformed)
-	}
+	require.NoError(t, decode.Watch(prefill.peer()))
+	s := prefill.Stats()
+	require.Zero(t, s.MalformedTotal(), "malformed: %+v", s.Malformed)
 }
 
 // rawPush is a bare ZeroMQ client that sends whatever frames it is given.
 func rawPush(t *testing.T, endpoint string) *zmq.Socket {
 	t.Helper()
 	ctx, err := zmq.NewContext()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	s, err := ctx.NewSocket(zmq.PUSH)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	s.SetLinger(2 * time.Second)
-	if err := s.Connect(endpoint); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, s.Connect(endpoint))
 	t.Cleanup(func() { s.Close(); ctx.Term() })
 	return s
 }
@@ -164,9 +146,7 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 	rawFrom.Epoch++
 	good := func(room uint64) [][]byte {
 		f, err := Encode(&Abort{From: rawFrom, Room: room, Reason: "ok"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		return f
 	}
 	okBody := good(0)[2]
@@ -194,19 +174,15 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 	room := uint64(1)
 	var order []uint64
 	for name, frames := range bad {
-		if _, err := raw.SendMessage(sealed(prefill.Identity(), good(room))); err != nil {
-			t.Fatal(err)
-		}
+		_, err := raw.SendMessage(sealed(prefill.Identity(), good(room)))
+		require.NoError(t, err)
 		order = append(order, room)
 		room++
-		if _, err := raw.SendMessage(sealed(prefill.Identity(), frames)); err != nil {
-			t.Fatal(name, err)
-		}
-		_, err := Decode(frames)
+		_, err = raw.SendMessage(sealed(prefill.Identity(), frames))
+		require.NoError(t, err, name)
+		_, err = Decode(frames)
 		var me *MalformedError
-		if !errors.As(err, &me) {
-			t.Fatalf("%s: the test's bad message decodes", name)
-		}
+		require.ErrorAs(t, err, &me, "%s: the test's bad message decodes", name)
 		if me.Reason == ReasonFrames {
 			// Sealed, a wrong frame count has no authentication frame
 			// where it belongs: refused before it is decoded.
@@ -221,24 +197,20 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 	for _, want := range order {
 		m := prefill.next(t)
 		a, ok := m.(*Abort)
-		if !ok || a.Room != want {
-			t.Fatalf("good traffic out of order or altered: got %+v, want ABORT room %d", m, want)
-		}
+		require.True(t, ok, "good traffic out of order or altered: got %+v, want ABORT room %d", m, want)
+		require.Equal(t, want, a.Room, "good traffic out of order or altered: got %+v, want ABORT room", m)
 	}
 	st := prefill.Stats()
 	for reason, n := range wantReasons {
-		if st.Malformed[reason] != n {
-			t.Errorf("malformed[%s] = %d, want %d (all: %v)", reason, st.Malformed[reason], n, st.Malformed)
-		}
+		assert.Equal(t, n, st.Malformed[reason], "malformed[%s] (all: %v)", reason, st.Malformed)
 	}
-	if st.MalformedTotal()+st.Refused[AuthMissing] != uint64(len(bad)) || st.Refused[AuthMissing] != wantRefused {
-		t.Fatalf("counted %d malformed and %d refused, sent %d", st.MalformedTotal(), st.Refused[AuthMissing], len(bad))
-	}
+	require.Equal(t, uint64(len(bad)), st.MalformedTotal()+st.Refused[AuthMissing], "counted %d malformed and %d refused, sent %d", st.MalformedTotal(), st.Refused[AuthMissing], len(bad))
+	require.Equal(t, wantRefused, st.Refused[AuthMissing], "counted %d malformed and %d refused, sent %d", st.MalformedTotal(), st.Refused[AuthMissing], len(bad))
 	select {
 	case r := <-prefill.malformed:
-		if r.Room != 77 || r.Endpoint != decode.Endpoint() || !strings.Contains(r.Reason, "required") {
-			t.Fatalf("malformed REQUEST reported as %+v", r)
-		}
+		require.EqualValues(t, 77, r.Room, "malformed REQUEST reported as %+v", r)
+		require.Equal(t, decode.Endpoint(), r.Endpoint, "malformed REQUEST reported as %+v", r)
+		require.Contains(t, r.Reason, "required", "malformed REQUEST reported as %+v", r)
 	case <-time.After(recvTimeout):
 		t.Fatal("malformed REQUEST not reported")
 	}
@@ -246,15 +218,11 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 	// A body over MaxBodySize is refused by the socket (the connection is
 	// dropped) and never reaches the handler; other peers are unaffected.
 	huge := rawPush(t, prefill.Endpoint())
-	if _, err := huge.SendMessage(Magic, "ABORT", make([]byte, MaxBodySize+8192)); err != nil {
-		t.Fatal(err)
-	}
-	if err := decode.Send(prefill.peer(), &Abort{Room: 9999}); err != nil {
-		t.Fatal(err)
-	}
-	if m := prefill.next(t); m.(*Abort).Room != 9999 {
-		t.Fatalf("after the huge body: %+v", m)
-	}
+	_, err := huge.SendMessage(Magic, "ABORT", make([]byte, MaxBodySize+8192))
+	require.NoError(t, err)
+	require.NoError(t, decode.Send(prefill.peer(), &Abort{Room: 9999}))
+	m := prefill.next(t)
+	require.EqualValues(t, 9999, m.(*Abort).Room, "after the huge body: %+v", m)
 	select {
 	case m := <-prefill.msgs:
 		t.Fatalf("unexpected message %+v", m)
@@ -270,35 +238,27 @@ func TestCgoCallsPerMessage(t *testing.T) {
 	recv := newRank(t, RolePrefill, "p", nil)
 	send := newRank(t, RoleDecode, "d", nil)
 	to := recv.peer()
-	if err := send.Send(to, &Abort{Room: 0}); err != nil { // opens the socket
-		t.Fatal(err)
-	}
+	require.NoError(t, send.Send(to, &Abort{Room: 0})) // opens the socket
 	recv.next(t)
 	const n = 2000
 	before := runtime.NumCgoCall()
 	for i := 1; i <= n; i++ {
-		if err := send.Send(to, &Abort{Room: uint64(i)}); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, send.Send(to, &Abort{Room: uint64(i)}))
 	}
 	for i := 1; i <= n; i++ {
-		if m := recv.next(t).(*Abort); m.Room != uint64(i) {
-			t.Fatalf("room %d, want %d", m.Room, i)
-		}
+		m := recv.next(t).(*Abort)
+		require.Equal(t, uint64(i), m.Room, "room")
 	}
 	// The slack covers the heartbeat's PINGs and PONGs, should one fire.
-	if calls := runtime.NumCgoCall() - before; calls > 2*n+50 {
-		t.Fatalf("%d C calls for %d messages (%.1f each), want at most 2 each", calls, n, float64(calls)/n)
-	}
+	calls := runtime.NumCgoCall() - before
+	require.LessOrEqual(t, calls, int64(2*n+50), "%d C calls for %d messages (%.1f each), want at most 2 each", calls, n, float64(calls)/n)
 }
 
 // freeEndpoint returns a loopback endpoint nobody listens on.
 func freeEndpoint(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	addr := ln.Addr().String()
 	ln.Close()
 	return "tcp://" + addr
@@ -314,26 +274,19 @@ func TestDeadEndpointDoesNotDelayOthers(t *testing.T) {
 	room := uint64(0)
 	for round := 0; round < 5; round++ {
 		for i := 0; i < 100; i++ {
-			if err := decode.Send(nobody, &Abort{Room: 1 << 40}); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, decode.Send(nobody, &Abort{Room: 1 << 40}))
 		}
 		first := room
 		for i := 0; i < 40; i++ {
-			if err := decode.Send(prefill.peer(), &Abort{Room: room}); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, decode.Send(prefill.peer(), &Abort{Room: room}))
 			room++
 		}
 		for want := first; want < room; want++ {
-			if m := prefill.next(t).(*Abort); m.Room != want {
-				t.Fatalf("got room %d, want %d", m.Room, want)
-			}
+			m := prefill.next(t).(*Abort)
+			require.Equal(t, want, m.Room, "got room")
 		}
 	}
-	if d := decode.Stats().Dropped[DropPeerBusy]; d == 0 {
-		t.Fatal("the dead peer's queue never filled: the test did not exercise the high-water mark")
-	}
+	require.NotZero(t, decode.Stats().Dropped[DropPeerBusy], "the dead peer's queue never filled: the test did not exercise the high-water mark")
 }
 
 // Sends run on the caller's goroutine: many goroutines sending to one
@@ -351,8 +304,7 @@ func TestConcurrentSendersKeepOrder(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < each; i++ {
-				if err := send.Send(to, &Abort{Room: uint64(g*each + i)}); err != nil {
-					t.Error(err)
+				if !assert.NoError(t, send.Send(to, &Abort{Room: uint64(g*each + i)})) {
 					return
 				}
 			}
@@ -363,9 +315,7 @@ func TestConcurrentSendersKeepOrder(t *testing.T) {
 	for n := 0; n < senders*each; n++ {
 		m := (<-got).(*Abort)
 		g, i := int(m.Room)/each, int(m.Room)%each
-		if i != next[g] {
-			t.Fatalf("sender %d: message %d arrived after %d", g, i, next[g]-1)
-		}
+		require.Equal(t, next[g], i, "sender %d: message %d arrived after %d", g, i, next[g]-1)
 		next[g]++
 	}
 }
@@ -379,16 +329,12 @@ func TestHeartbeatDetectsKilledPeer(t *testing.T) {
 	cmd.Env = append(os.Environ(), "KVBRIDGE_TEST_CHILD=peer", "KVBRIDGE_TEST_PARENT="+parent.Endpoint(),
 		fmt.Sprintf("KVBRIDGE_TEST_PARENT_EPOCH=%d", parent.Identity().Epoch))
 	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, cmd.Start())
 	defer cmd.Wait()
 	defer cmd.Process.Kill()
 	hello := parent.next(t).(*Abort)
 	child := hello.From
-	if err := parent.Watch(Peer{Endpoint: child.Endpoint}); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, parent.Watch(Peer{Endpoint: child.Endpoint}))
 	// Alive: a few intervals pass with PONGs and no report. Wait for PONGs
 	// to be counted before killing, so the bound starts from a live peer.
 	deadline := time.Now().Add(recvTimeout)
@@ -404,28 +350,21 @@ func TestHeartbeatDetectsKilledPeer(t *testing.T) {
 	default:
 	}
 	killed := time.Now()
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	select {
 	case d := <-parent.down:
 		took := time.Since(killed)
 		bound := interval * (misses + 1)
 		t.Logf("killed peer reported %v after SIGKILL (bound %v)", took, bound)
-		if d.Reason != ReasonPeerUnreachable || d.Endpoint != child.Endpoint {
-			t.Fatalf("report %+v", d)
-		}
+		require.Equal(t, ReasonPeerUnreachable, d.Reason, "report %+v", d)
+		require.Equal(t, child.Endpoint, d.Endpoint, "report %+v", d)
 		// The bound holds from the last PONG; the slack absorbs scheduling
 		// noise on a loaded machine.
-		if took > bound+time.Second {
-			t.Fatalf("reported after %v, bound %v", took, bound)
-		}
+		require.LessOrEqual(t, took, bound+time.Second, "reported after %v, bound %v", took, bound)
 	case <-time.After(recvTimeout):
 		t.Fatal("killed peer never reported")
 	}
-	if parent.Stats().PeersDead != 1 {
-		t.Fatalf("stats %+v", parent.Stats())
-	}
+	require.EqualValues(t, 1, parent.Stats().PeersDead, "stats %+v", parent.Stats())
 }
 
 // TestPingNeverReportsRestart: a PING is unsolicited, so one carrying a new
@@ -442,17 +381,13 @@ func TestPingNeverReportsRestart(t *testing.T) {
 	forged.Epoch = 99
 	for _, m := range []Message{&Abort{From: real, Room: 1}, &Ping{From: forged, Seq: 1}, &Abort{From: real, Room: 2}} {
 		f, err := Encode(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := raw.SendMessage(sealed(prefill.Identity(), f)); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
+		_, err = raw.SendMessage(sealed(prefill.Identity(), f))
+		require.NoError(t, err)
 	}
 	for want := uint64(1); want <= 2; want++ {
-		if m := prefill.next(t).(*Abort); m.Room != want {
-			t.Fatalf("room %d, want %d", m.Room, want)
-		}
+		m := prefill.next(t).(*Abort)
+		require.Equal(t, want, m.Room, "room")
 	}
 	select {
 	case p := <-prefill.down:
@@ -477,14 +412,12 @@ func TestHeartbeatCountsOnlyRealMisses(t *testing.T) {
 		pc.moved = true
 		s.heartbeat(now)
 	}
-	if len(down) != 0 || pc.misses != 0 {
-		t.Fatalf("a peer whose backlog moves was declared dead (misses %d, down %v)", pc.misses, down)
-	}
+	require.Empty(t, down, "a peer whose backlog moves was declared dead (misses %d, down %v)", pc.misses, down)
+	require.Zero(t, pc.misses, "a peer whose backlog moves was declared dead (misses %d, down %v)", pc.misses, down)
 	s.heartbeat(now) // the backlog stands still: one miss
 	s.heartbeat(now) // two: dead
-	if len(down) != 1 || down[0].Reason != ReasonPeerUnreachable {
-		t.Fatalf("a stuck backlog must count as misses: %v", down)
-	}
+	require.Len(t, down, 1, "a stuck backlog must count as misses: %v", down)
+	require.Equal(t, ReasonPeerUnreachable, down[0].Reason, "a stuck backlog must count as misses: %v", down)
 }
 
 func TestCurveAdmitsOnlyListedKeys(t *testing.T) {
@@ -493,9 +426,7 @@ func TestCurveAdmitsOnlyListedKeys(t *testing.T) {
 	}
 	keys := func() *Security {
 		pub, sec, err := GenerateKeyPair()
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		return &Security{PublicKey: pub, SecretKey: sec}
 	}
 	good, stranger, server := keys(), keys(), keys()
@@ -505,9 +436,7 @@ func TestCurveAdmitsOnlyListedKeys(t *testing.T) {
 	unlisted := newRank(t, RoleDecode, "unlisted", func(c *LoopConfig) { c.Security = stranger })
 
 	for i := uint64(0); i < 10; i++ {
-		if err := unlisted.Send(prefill.peer(), &Abort{Room: 1000 + i}); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, unlisted.Send(prefill.peer(), &Abort{Room: 1000 + i}))
 	}
 	deadline := time.Now().Add(recvTimeout)
 	for prefill.Stats().Unauthenticated == 0 {
@@ -516,21 +445,17 @@ func TestCurveAdmitsOnlyListedKeys(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err := listed.Send(prefill.peer(), &Abort{Room: 1}); err != nil {
-		t.Fatal(err)
-	}
-	if m := prefill.next(t).(*Abort); m.Room != 1 || m.From.Instance != "listed" {
-		t.Fatalf("got %+v", m)
-	}
+	require.NoError(t, listed.Send(prefill.peer(), &Abort{Room: 1}))
+	m := prefill.next(t).(*Abort)
+	require.EqualValues(t, 1, m.Room, "got %+v", m)
+	require.Equal(t, "listed", m.From.Instance, "got %+v", m)
 	select {
 	case m := <-prefill.msgs:
 		t.Fatalf("a message got through: %+v", m)
 	default:
 	}
 	// Without a peer's server key a secure rank does not send in clear.
-	if err := listed.Send(Peer{Endpoint: freeEndpoint(t), Epoch: 1}, &Abort{Room: 3}); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, listed.Send(Peer{Endpoint: freeEndpoint(t), Epoch: 1}, &Abort{Room: 3}))
 	for listed.Stats().Dropped[DropNoKey] != 1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("send without a key not dropped: %v", listed.Stats().Dropped)
@@ -546,9 +471,9 @@ func TestSecurityFromEnv(t *testing.T) {
 	}
 	peerPub, _, _ := GenerateKeyPair()
 	t.Setenv(EnvCurveSecretKey, "")
-	if s, err := SecurityFromEnv(); s != nil || err != nil {
-		t.Fatalf("off by default: %v %v", s, err)
-	}
+	s, err := SecurityFromEnv()
+	require.NoError(t, err, "off by default: %v", s)
+	require.Nil(t, s, "off by default")
 	dir := t.TempDir()
 	keyFile := dir + "/secret"
 	os.WriteFile(keyFile, []byte("# rank key\n"+sec+"\n"), 0o600)
@@ -556,30 +481,21 @@ func TestSecurityFromEnv(t *testing.T) {
 	os.WriteFile(allowFile, []byte(peerPub+"\n"), 0o600)
 	t.Setenv(EnvCurveSecretKeyFile, keyFile)
 	t.Setenv(EnvCurveAllowFile, allowFile)
-	s, err := SecurityFromEnv()
-	if err != nil || s.PublicKey != pub || len(s.AllowedKeys) != 1 || s.AllowedKeys[0] != peerPub {
-		t.Fatalf("%+v %v", s, err)
-	}
+	s, err = SecurityFromEnv()
+	require.NoError(t, err, "%+v", s)
+	require.Equal(t, pub, s.PublicKey, "%+v", s)
+	require.Equal(t, []string{peerPub}, s.AllowedKeys, "%+v", s)
 	t.Setenv(EnvCurveAllow, "not-a-key")
-	if _, err := SecurityFromEnv(); err == nil {
-		t.Fatal("a bad allowed key must be refused")
-	}
+	_, err = SecurityFromEnv()
+	require.Error(t, err, "a bad allowed key must be refused")
 }
 
 func TestLoopCloseIdempotent(t *testing.T) {
 	r := newRank(t, RoleDecode, "d", nil)
-	if err := r.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Send(Peer{Endpoint: "tcp://127.0.0.1:1"}, &Abort{}); !errors.Is(err, ErrClosed) {
-		t.Fatalf("send after close: %v", err)
-	}
-	if err := r.Watch(Peer{Endpoint: "tcp://127.0.0.1:1"}); !errors.Is(err, ErrClosed) {
-		t.Fatalf("watch after close: %v", err)
-	}
+	require.NoError(t, r.Close())
+	require.NoError(t, r.Close())
+	require.ErrorIs(t, r.Send(Peer{Endpoint: "tcp://127.0.0.1:1"}, &Abort{}), ErrClosed, "send after close")
+	require.ErrorIs(t, r.Watch(Peer{Endpoint: "tcp://127.0.0.1:1"}), ErrClosed, "watch after close")
 }
 
 func TestLoopConfigValidate(t *testing.T) {
@@ -595,9 +511,8 @@ func TestLoopConfigValidate(t *testing.T) {
 		"secret and insecure": {Identity: From{Role: RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(Message) {},
 			Auth: testAuth(), Insecure: true},
 	} {
-		if l, err := NewLoop(c); err == nil {
+		if l, err := NewLoop(c); !assert.Error(t, err, "%s: accepted", name) {
 			l.Close()
-			t.Errorf("%s: accepted", name)
 		}
 	}
 }
@@ -612,9 +527,7 @@ func TestUnauthenticatedMessagesDropped(t *testing.T) {
 	raw := rawPush(t, prefill.Endpoint())
 	frames := func(m Message) [][]byte {
 		f, err := Encode(m)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		return f
 	}
 	req := &Request{From: decode.Identity(), Room: 5, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}
@@ -637,32 +550,26 @@ func TestUnauthenticatedMessagesDropped(t *testing.T) {
 	}
 	want := map[string]uint64{}
 	for name, c := range cases {
-		if _, err := raw.SendMessage(c.frames); err != nil {
-			t.Fatal(name, err)
-		}
+		_, err := raw.SendMessage(c.frames)
+		require.NoError(t, err, name)
 		want[c.reason]++
 	}
 	// An authenticated message behind them proves they were processed.
-	if _, err := raw.SendMessage(sealed(prefill.Identity(), frames(&Abort{From: decode.Identity(), Room: 99}))); err != nil {
-		t.Fatal(err)
-	}
-	if m := prefill.next(t); m.Type() != TypeAbort || m.(*Abort).Room != 99 {
-		t.Fatalf("an unauthenticated message reached the handler: %+v", m)
-	}
+	_, err := raw.SendMessage(sealed(prefill.Identity(), frames(&Abort{From: decode.Identity(), Room: 99})))
+	require.NoError(t, err)
+	m := prefill.next(t)
+	require.Equal(t, TypeAbort, m.Type(), "an unauthenticated message reached the handler: %+v", m)
+	require.EqualValues(t, 99, m.(*Abort).Room, "an unauthenticated message reached the handler: %+v", m)
 	for _, r := range AuthReasons {
 		want[r] += 0
 	}
-	if got := prefill.Stats().Refused; !reflect.DeepEqual(got, want) {
-		t.Fatalf("refused %v, want %v", got, want)
-	}
+	require.Equal(t, want, prefill.Stats().Refused, "refused")
 	select {
 	case m := <-decode.msgs:
 		t.Fatalf("an unauthenticated message was answered: %+v", m)
 	default:
 	}
-	if n := prefill.Stats().Sent; n != 0 {
-		t.Fatalf("prefill sent %d messages (a PONG or STATUS to an unauthenticated sender)", n)
-	}
+	require.Zero(t, prefill.Stats().Sent, "prefill sent messages (a PONG or STATUS to an unauthenticated sender)")
 }
 
 // TestForgedIdentitiesOpenNoSockets: PINGs claiming thousands of endpoints
@@ -675,14 +582,12 @@ func TestForgedIdentitiesOpenNoSockets(t *testing.T) {
 	const n = 2000
 	for i := 0; i < n; i++ {
 		f, _ := Encode(&Ping{From: From{Role: RoleDecode, Instance: "forged", Rank: i, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 10000+i), Epoch: 1}, Seq: 1})
-		if _, err := raw.SendMessage(f); err != nil {
-			t.Fatal(err)
-		}
+		_, err := raw.SendMessage(f)
+		require.NoError(t, err)
 		// ABORTs under distinct identities fill the epoch table.
 		f, _ = Encode(&Abort{From: From{Role: RoleDecode, Instance: "forged", Rank: i, Endpoint: "tcp://127.0.0.1:1", Epoch: 1}, Room: uint64(i)})
-		if _, err := raw.SendMessage(f); err != nil {
-			t.Fatal(err)
-		}
+		_, err = raw.SendMessage(f)
+		require.NoError(t, err)
 	}
 	for i := 0; i < n; i++ {
 		prefill.next(t)
@@ -691,41 +596,25 @@ func TestForgedIdentitiesOpenNoSockets(t *testing.T) {
 	// PING has been answered or dropped. Drops are counted on the send
 	// goroutine; a marker send to a known peer orders behind them.
 	decode := newRank(t, RoleDecode, "d", func(c *LoopConfig) { c.Auth, c.Insecure = nil, true })
-	if err := prefill.Send(decode.peer(), &Status{Room: 1, Status: StatusFailed}); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, prefill.Send(decode.peer(), &Status{Room: 1, Status: StatusFailed}))
 	decode.next(t)
 	st := prefill.Stats()
 	// (Sent is counted after the marker left, so it may still read 0.)
-	if st.Dropped[DropUnknownPeer] != n || st.Sent > 1 {
-		t.Fatalf("PONGs to forged endpoints: dropped %d (want %d), sent %d (want only the marker)", st.Dropped[DropUnknownPeer], n, st.Sent)
-	}
+	require.EqualValues(t, n, st.Dropped[DropUnknownPeer], "PONGs to forged endpoints: dropped (want %d), sent %d (want only the marker)", n, st.Sent)
+	require.LessOrEqual(t, st.Sent, uint64(1), "PONGs to forged endpoints: dropped %d (want %d), sent %d (want only the marker)", st.Dropped[DropUnknownPeer], n, st.Sent)
 
 	// Sockets: 8 watched peers fill MaxPeers; a ninth endpoint is refused
 	// (not created); once one is unwatched it is evicted first.
 	for i := 0; i < 8; i++ {
-		if err := prefill.Watch(Peer{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 20000+i)}); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, prefill.Watch(Peer{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 20000+i)}))
 	}
-	if err := prefill.Send(Peer{Endpoint: "tcp://127.0.0.1:29999"}, &Status{Room: 2, Status: StatusFailed}); err != nil {
-		t.Fatal(err)
-	}
-	if err := prefill.Unwatch("tcp://127.0.0.1:20000"); err != nil {
-		t.Fatal(err)
-	}
-	if err := prefill.Send(decode.peer(), &Status{Room: 3, Status: StatusFailed}); err != nil {
-		t.Fatal(err)
-	}
-	if m := decode.next(t); m.(*Status).Room != 3 {
-		t.Fatalf("got %+v", m)
-	}
-	if got := prefill.Stats().Dropped[DropTooManyPeers]; got < 1 {
-		t.Fatalf("no send refused with every socket watched (too_many_peers %d)", got)
-	}
-	if got := int(prefill.Stats().Sockets); got > 8 {
-		t.Fatalf("%d sockets open, MaxPeers 8", got)
-	}
+	require.NoError(t, prefill.Send(Peer{Endpoint: "tcp://127.0.0.1:29999"}, &Status{Room: 2, Status: StatusFailed}))
+	require.NoError(t, prefill.Unwatch("tcp://127.0.0.1:20000"))
+	require.NoError(t, prefill.Send(decode.peer(), &Status{Room: 3, Status: StatusFailed}))
+	m := decode.next(t)
+	require.EqualValues(t, 3, m.(*Status).Room, "got %+v", m)
+	require.GreaterOrEqual(t, prefill.Stats().Dropped[DropTooManyPeers], uint64(1), "no send refused with every socket watched (too_many_peers)")
+	require.LessOrEqual(t, int(prefill.Stats().Sockets), 8, "sockets open, MaxPeers 8")
 }
 
 // TestSentBodyNotKeptAlive: once a message is handed to ZeroMQ (which
@@ -740,32 +629,22 @@ func TestSentBodyNotKeptAlive(t *testing.T) {
 				got <- m
 			}
 		}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer b.Close()
 	a, err := NewLoop(LoopConfig{Identity: From{Role: RoleDecode, Instance: "a"}, Bind: "tcp://127.0.0.1:*",
 		Auth: testAuth(), Handler: func(Message) {}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer a.Close()
 	to := Peer{Endpoint: b.Endpoint(), Epoch: b.Identity().Epoch}
-	if err := a.Send(to, &Abort{Room: 1, Reason: strings.Repeat("r", 200)}); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, a.Send(to, &Abort{Room: 1, Reason: strings.Repeat("r", 200)}))
 	<-got
 	a.snd.mu.Lock()
 	pc := a.snd.peers[b.Endpoint()]
 	a.snd.mu.Unlock()
-	if pc == nil {
-		t.Fatal("no socket to the peer")
-	}
+	require.NotNil(t, pc, "no socket to the peer")
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	if pc.scratch.frames[2] != nil {
-		t.Fatalf("the socket's scratch still holds the sent body (%d bytes)", len(pc.scratch.frames[2]))
-	}
+	require.Nil(t, pc.scratch.frames[2], "the socket's scratch still holds the sent body (%d bytes)", len(pc.scratch.frames[2]))
 }
 
 // TestBackloggedBodiesIntact: the body of a message a busy peer's queue
@@ -791,9 +670,7 @@ func TestBackloggedBodiesIntact(t *testing.T) {
 	reason := func(i int) string { return fmt.Sprintf("%08d", i) + strings.Repeat(string(rune('a'+i%26)), 900) }
 	sent := 0
 	post := func() {
-		if err := send.Send(to, &Abort{Room: uint64(sent), Reason: reason(sent)}); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, send.Send(to, &Abort{Room: uint64(sent), Reason: reason(sent)}))
 		sent++
 	}
 	// Until ZeroMQ's queue and the sockets' buffers are full and messages
@@ -818,15 +695,9 @@ func TestBackloggedBodiesIntact(t *testing.T) {
 		case <-time.After(time.Minute): // a lost message fails, not hangs
 			t.Fatalf("%d of %d messages arrived (malformed %d)", n, want, recv.Stats().MalformedTotal())
 		}
-		if a.Reason != reason(int(a.Room)) {
-			t.Fatalf("message %d arrived with the body of another (reason %.12q…)", a.Room, a.Reason)
-		}
-		if seen[a.Room] {
-			t.Fatalf("message %d arrived twice: a waiting message went out with a later one's body", a.Room)
-		}
+		require.Equal(t, reason(int(a.Room)), a.Reason, "message %d arrived with the body of another (reason %.12q…)", a.Room, a.Reason)
+		require.False(t, seen[a.Room], "message %d arrived twice: a waiting message went out with a later one's body", a.Room)
 		seen[a.Room] = true
 	}
-	if m := recv.Stats().MalformedTotal(); m > 0 {
-		t.Fatalf("%d messages arrived malformed", m)
-	}
+	require.Zero(t, recv.Stats().MalformedTotal(), "messages arrived malformed")
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"github.com/stretchr/testify/require"
 )
 
 // A receive loop paces itself through errors (issue 24's review: a socket
@@ -15,18 +16,12 @@ import (
 func TestRecvPace(t *testing.T) {
 	var p recvPace
 	p.fail(zmq.Errno(syscall.EINTR))
-	if p.d != 0 {
-		t.Fatalf("EINTR paced: %v", p.d)
-	}
+	require.Zero(t, p.d, "EINTR paced")
 	want := []time.Duration{1, 2, 4, 8, 16, 32, 64, 100, 100}
 	for i, w := range want {
 		p.fail(zmq.Errno(syscall.ENOTSOCK))
-		if p.d != w*time.Millisecond {
-			t.Fatalf("error %d: paced %v, want %v", i+1, p.d, w*time.Millisecond)
-		}
+		require.Equal(t, w*time.Millisecond, p.d, "error %d: paced", i+1)
 	}
 	p.ok()
-	if p.d != 0 {
-		t.Fatalf("a message did not reset the pace: %v", p.d)
-	}
+	require.Zero(t, p.d, "a message did not reset the pace")
 }

@@ -3,7 +3,6 @@ package bootstrap
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func record(dp, tp int) RankRecord {
@@ -30,9 +32,7 @@ func (c *fakeClock) now() time.Time { return c.t }
 func newTestServer(t *testing.T) (*Server, *fakeClock) {
 	clk := &fakeClock{t: time.Unix(1000, 0)}
 	s, err := NewServer(ServerConfig{Token: testToken, LeaseTTL: 15 * time.Second, Now: clk.now})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return s, clk
 }
 
@@ -53,23 +53,17 @@ func callWith(t *testing.T, srv *httptest.Server, token, method, path, body stri
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := srv.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
 	var out map[string]any
-	if err := json.Unmarshal(data, &out); err != nil {
-		t.Fatalf("%s %s: body %q is not JSON", method, path, data)
-	}
+	require.NoError(t, json.Unmarshal(data, &out), "%s %s: body %q is not JSON", method, path, data)
 	return resp.StatusCode, out
 }
 
 func jsonOf(t *testing.T, v any) string {
 	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return string(b)
 }
 
@@ -78,56 +72,49 @@ func TestServerRoutes(t *testing.T) {
 	srv := httptest.NewServer(s)
 	defer srv.Close()
 
-	if code, _ := call(t, srv, "GET", "/healthz", ""); code != 200 {
-		t.Fatalf("healthz %d", code)
-	}
-	if code, body := call(t, srv, "GET", "/v1/topology", ""); code != 503 || body["error"] == "" {
-		t.Fatalf("empty table: %d %v", code, body)
-	}
-	if code, _ := call(t, srv, "PUT", "/v1/ranks", jsonOf(t, record(0, 0))); code != 200 {
-		t.Fatalf("register: %d", code)
-	}
+	code, _ := call(t, srv, "GET", "/healthz", "")
+	require.Equal(t, 200, code, "healthz")
 	code, body := call(t, srv, "GET", "/v1/topology", "")
-	if code != 503 || !strings.Contains(body["error"].(string), "1 of 2") {
-		t.Fatalf("half the ranks: %d %v", code, body)
-	}
-	if code, _ := call(t, srv, "PUT", "/v1/ranks", jsonOf(t, record(0, 1))); code != 200 {
-		t.Fatal(code)
-	}
+	require.Equal(t, 503, code, "empty table: %v", body)
+	require.NotEqual(t, "", body["error"], "empty table: %d %v", code, body)
+	code, _ = call(t, srv, "PUT", "/v1/ranks", jsonOf(t, record(0, 0)))
+	require.Equal(t, 200, code, "register")
 	code, body = call(t, srv, "GET", "/v1/topology", "")
-	if code != 200 || body["tp_size"].(float64) != 2 || body["compat"] != "v1:abc" || body["page_size"].(float64) != 16 {
-		t.Fatalf("topology: %d %v", code, body)
-	}
+	require.Equal(t, 503, code, "half the ranks: %v", body)
+	require.Contains(t, body["error"].(string), "1 of 2", "half the ranks: %d %v", code, body)
+	code, _ = call(t, srv, "PUT", "/v1/ranks", jsonOf(t, record(0, 1)))
+	require.Equal(t, 200, code)
+	code, body = call(t, srv, "GET", "/v1/topology", "")
+	require.Equal(t, 200, code, "topology: %v", body)
+	require.Equal(t, float64(2), body["tp_size"].(float64), "topology: %d %v", code, body)
+	require.Equal(t, "v1:abc", body["compat"], "topology: %d %v", code, body)
+	require.Equal(t, float64(16), body["page_size"].(float64), "topology: %d %v", code, body)
 	code, body = call(t, srv, "GET", "/v1/ranks?dp=0&tp=1&pp=0", "")
-	if code != 200 || body["endpoint"] != "tcp://10.0.0.2:17000" {
-		t.Fatalf("rank: %d %v", code, body)
-	}
-	if code, _ := call(t, srv, "GET", "/v1/ranks?dp=0&tp=5&pp=0", ""); code != 404 {
-		t.Fatalf("unknown rank: %d", code)
-	}
+	require.Equal(t, 200, code, "rank: %v", body)
+	require.Equal(t, "tcp://10.0.0.2:17000", body["endpoint"], "rank: %d %v", code, body)
+	code, _ = call(t, srv, "GET", "/v1/ranks?dp=0&tp=5&pp=0", "")
+	require.Equal(t, 404, code, "unknown rank")
 	// A live rank's record is held: another endpoint is refused (409 with
 	// Retry-After) until the lease lapses; the same endpoint renews it.
 	moved := record(0, 1)
 	moved.Endpoint = "tcp://10.0.0.9:17001"
-	if code, body := call(t, srv, "PUT", "/v1/ranks", jsonOf(t, moved)); code != 409 || !strings.Contains(body["error"].(string), "held by tcp://10.0.0.2:17000") {
-		t.Fatalf("replacing a live rank: %d %v", code, body)
-	}
+	code, body = call(t, srv, "PUT", "/v1/ranks", jsonOf(t, moved))
+	require.Equal(t, 409, code, "replacing a live rank: %v", body)
+	require.Contains(t, body["error"].(string), "held by tcp://10.0.0.2:17000", "replacing a live rank: %d %v", code, body)
 	clk.t = clk.t.Add(10 * time.Second)
-	if code, body := call(t, srv, "PUT", "/v1/ranks", jsonOf(t, record(0, 1))); code != 200 || body["replaced"] != false {
-		t.Fatalf("renewal: %d %v", code, body)
-	}
+	code, body = call(t, srv, "PUT", "/v1/ranks", jsonOf(t, record(0, 1)))
+	require.Equal(t, 200, code, "renewal: %v", body)
+	require.Equal(t, false, body["replaced"], "renewal: %d %v", code, body)
 	clk.t = clk.t.Add(10 * time.Second)
-	if code, _ := call(t, srv, "PUT", "/v1/ranks", jsonOf(t, moved)); code != 409 {
-		t.Fatalf("replaced within the renewed lease: %d", code)
-	}
+	code, _ = call(t, srv, "PUT", "/v1/ranks", jsonOf(t, moved))
+	require.Equal(t, 409, code, "replaced within the renewed lease")
 	// A restarted rank re-registers with a new endpoint once the lease lapsed.
 	clk.t = clk.t.Add(6 * time.Second)
-	if code, body := call(t, srv, "PUT", "/v1/ranks", jsonOf(t, moved)); code != 200 || body["replaced"] != true {
-		t.Fatalf("re-register: %d %v", code, body)
-	}
-	if _, body := call(t, srv, "GET", "/v1/ranks?dp=0&tp=1&pp=0", ""); body["endpoint"] != moved.Endpoint {
-		t.Fatalf("after re-register: %v", body)
-	}
+	code, body = call(t, srv, "PUT", "/v1/ranks", jsonOf(t, moved))
+	require.Equal(t, 200, code, "re-register: %v", body)
+	require.Equal(t, true, body["replaced"], "re-register: %d %v", code, body)
+	_, body = call(t, srv, "GET", "/v1/ranks?dp=0&tp=1&pp=0", "")
+	require.Equal(t, moved.Endpoint, body["endpoint"], "after re-register: %v", body)
 
 	bad := func(mut func(*RankRecord)) string {
 		r := record(0, 0)
@@ -156,18 +143,15 @@ func TestServerRoutes(t *testing.T) {
 		{"unknown route", "GET", "/v2/x", "", 404},
 	} {
 		code, body := call(t, srv, tc.method, tc.path, tc.body)
-		if code != tc.code || body["error"] == nil || body["error"] == "" {
-			t.Errorf("%s: %d %v, want %d with a reason", tc.name, code, body, tc.code)
-		}
+		assert.Equal(t, tc.code, code, "%s: %v, want a reason", tc.name, body)
+		assert.NotEmpty(t, body["error"], "%s: %d %v, want %d with a reason", tc.name, code, body, tc.code)
 	}
 }
 
 func TestClientRetriesUntilTopologyComplete(t *testing.T) {
 	// The server is not even listening when the client starts.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	addr := ln.Addr().String()
 	ln.Close()
 	c := NewClient("http://" + addr)
@@ -182,36 +166,28 @@ func TestClientRetriesUntilTopologyComplete(t *testing.T) {
 		got <- err
 	}()
 	srv, _ := newTestServer(t)
-	if err := srv.Start(addr); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, srv.Start(addr))
 	defer srv.Close(context.Background())
 	reg := NewClient(srv.URL())
 	reg.Token = testToken
 	for tp := 0; tp < 2; tp++ {
-		if _, err := reg.RegisterRank(ctx, record(0, tp)); err != nil {
-			t.Fatal(err)
-		}
+		_, err := reg.RegisterRank(ctx, record(0, tp))
+		require.NoError(t, err)
 	}
-	if err := <-got; err != nil {
-		t.Fatal(err)
-	}
-	if topo.TPSize != 2 || topo.Instance != "prefill-a" {
-		t.Fatalf("topology %+v", topo)
-	}
+	require.NoError(t, <-got)
+	require.Equal(t, 2, topo.TPSize, "topology %+v", topo)
+	require.Equal(t, "prefill-a", topo.Instance, "topology %+v", topo)
 	ri, err := c.Rank(ctx, 0, 1, 0)
-	if err != nil || ri.Endpoint != "tcp://10.0.0.2:17000" {
-		t.Fatalf("rank %+v %v", ri, err)
-	}
-	if _, err := c.Rank(ctx, 0, 7, 0); !errors.Is(err, ErrRankUnknown) {
-		t.Fatalf("unknown rank: %v", err)
-	}
+	require.NoError(t, err, "rank %+v", ri)
+	require.Equal(t, "tcp://10.0.0.2:17000", ri.Endpoint, "rank %+v", ri)
+	_, err = c.Rank(ctx, 0, 7, 0)
+	require.ErrorIs(t, err, ErrRankUnknown, "unknown rank")
 	bad := record(0, 0)
 	bad.Compat = "other"
 	var he *HTTPError
-	if _, err := reg.RegisterRank(ctx, bad); !errors.As(err, &he) || he.Code != 409 {
-		t.Fatalf("conflict must be final, got %v", err)
-	}
+	_, err = reg.RegisterRank(ctx, bad)
+	require.ErrorAs(t, err, &he, "conflict must be final")
+	require.Equal(t, 409, he.Code, "conflict must be final, got %v", err)
 }
 
 func TestClientGivesUpWithContext(t *testing.T) {
@@ -223,9 +199,8 @@ func TestClientGivesUpWithContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err := c.Topology(ctx)
-	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no prefill rank") {
-		t.Fatalf("want deadline with the last reason, got %v", err)
-	}
+	require.ErrorIs(t, err, context.DeadlineExceeded, "want deadline with the last reason")
+	require.ErrorContains(t, err, "no prefill rank", "want deadline with the last reason")
 }
 
 // TestServerHostileWrites: writes need the token; bodies are capped and
@@ -255,43 +230,32 @@ func TestServerHostileWrites(t *testing.T) {
 		{"huge size", testToken, "PUT", "/v1/ranks", jsonOf(t, func() RankRecord { r := record(0, 0); r.TPSize = 1 << 30; return r }()), 400},
 	} {
 		code, body := callWith(t, srv, tc.token, tc.method, tc.path, tc.body)
-		if code != tc.code || body["error"] == "" {
-			t.Errorf("%s: %d %v, want %d with a reason", tc.name, code, body, tc.code)
-		}
+		assert.Equal(t, tc.code, code, "%s: %v, want a reason", tc.name, body)
+		assert.NotEqual(t, "", body["error"], "%s: %d %v, want %d with a reason", tc.name, code, body, tc.code)
 	}
-	if code, body := call(t, srv, "GET", "/v1/ranks?dp=0&tp=0&pp=0", ""); code != 404 {
-		t.Fatalf("a refused write registered a rank: %d %v", code, body)
-	}
+	code, body := call(t, srv, "GET", "/v1/ranks?dp=0&tp=0&pp=0", "")
+	require.Equal(t, 404, code, "a refused write registered a rank: %v", body)
 	// 10 MB: answered 413, not reset.
 	req, _ := http.NewRequest("PUT", srv.URL+"/v1/ranks", strings.NewReader(`{"instance":"`+strings.Repeat("x", 10<<20)+`"}`))
 	req.Header.Set("Authorization", "Bearer "+testToken)
 	resp, err := srv.Client().Do(req)
-	if err != nil {
-		t.Fatalf("10 MB body: %v (want a 413 answer)", err)
-	}
+	require.NoError(t, err, "10 MB body (want a 413 answer)")
 	resp.Body.Close()
-	if resp.StatusCode != 413 {
-		t.Fatalf("10 MB body: %d, want 413", resp.StatusCode)
-	}
+	require.Equal(t, 413, resp.StatusCode, "10 MB body")
 	// DELETE: only the record's own endpoint.
-	if code, _ := call(t, srv, "PUT", "/v1/ranks", rec); code != 200 {
-		t.Fatal(code)
-	}
-	if code, _ := call(t, srv, "DELETE", "/v1/ranks?dp=0&tp=0&pp=0&endpoint=tcp://10.6.6.6:1", ""); code != 409 {
-		t.Fatalf("delete by another endpoint: %d", code)
-	}
-	if code, _ := call(t, srv, "DELETE", "/v1/ranks?dp=0&tp=0&pp=0&endpoint=tcp://10.0.0.1:17000", ""); code != 200 {
-		t.Fatalf("delete by the owner: %d", code)
-	}
+	code, _ = call(t, srv, "PUT", "/v1/ranks", rec)
+	require.Equal(t, 200, code)
+	code, _ = call(t, srv, "DELETE", "/v1/ranks?dp=0&tp=0&pp=0&endpoint=tcp://10.6.6.6:1", "")
+	require.Equal(t, 409, code, "delete by another endpoint")
+	code, _ = call(t, srv, "DELETE", "/v1/ranks?dp=0&tp=0&pp=0&endpoint=tcp://10.0.0.1:17000", "")
+	require.Equal(t, 200, code, "delete by the owner")
 	// Once deleted, the rank's next process registers at once.
 	moved := record(0, 0)
 	moved.Endpoint = "tcp://10.0.0.1:17999"
-	if code, _ := call(t, srv, "PUT", "/v1/ranks", jsonOf(t, moved)); code != 200 {
-		t.Fatalf("after delete: %d", code)
-	}
-	if _, err := NewServer(ServerConfig{}); !errors.Is(err, ErrNoToken) {
-		t.Fatalf("a server without token or Insecure: %v", err)
-	}
+	code, _ = call(t, srv, "PUT", "/v1/ranks", jsonOf(t, moved))
+	require.Equal(t, 200, code, "after delete")
+	_, err = NewServer(ServerConfig{})
+	require.ErrorIs(t, err, ErrNoToken, "a server without token or Insecure")
 }
 
 // TestServerRoomDP: a room's DP group is published with the token, within
@@ -303,9 +267,8 @@ func TestServerRoomDP(t *testing.T) {
 	defer srv.Close()
 	rec := record(0, 0)
 	rec.DPSize, rec.TPSize = 2, 1
-	if code, body := call(t, srv, "PUT", "/v1/ranks", jsonOf(t, rec)); code != 200 {
-		t.Fatalf("register: %d %v", code, body)
-	}
+	code, body := call(t, srv, "PUT", "/v1/ranks", jsonOf(t, rec))
+	require.Equal(t, 200, code, "register: %v", body)
 	for _, tc := range []struct {
 		name, token, method, path, body string
 		code                            int
@@ -316,14 +279,13 @@ func TestServerRoomDP(t *testing.T) {
 		{"bad room", "", "GET", "/v1/rooms?room=x", "", 400},
 		{"publish", testToken, "PUT", "/v1/rooms", `{"room":7,"dp_rank":1}`, 200},
 	} {
-		if code, body := callWith(t, srv, tc.token, tc.method, tc.path, tc.body); code != tc.code {
-			t.Errorf("%s: %d %v, want %d", tc.name, code, body, tc.code)
-		}
+		code, body := callWith(t, srv, tc.token, tc.method, tc.path, tc.body)
+		assert.Equal(t, tc.code, code, "%s: %v", tc.name, body)
 	}
 	c := NewClient(srv.URL)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if dp, err := c.RoomDP(ctx, 7); err != nil || dp != 1 {
-		t.Fatalf("RoomDP: %d %v", dp, err)
-	}
+	dp, err := c.RoomDP(ctx, 7)
+	require.NoError(t, err, "RoomDP: %d", dp)
+	require.Equal(t, 1, dp, "RoomDP")
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
+	"github.com/stretchr/testify/require"
 )
 
 // thinZMQ is the reference on kvbridge's own ZeroMQ binding (one C call
@@ -24,39 +25,27 @@ type thinZMQ struct {
 func newThin(tb testing.TB) *thinZMQ {
 	z := &thinZMQ{rA: newReceiver(), rB: newReceiver()}
 	var err error
-	if z.ctxA, err = newZctx(); err != nil {
-		tb.Fatal(err)
-	}
-	if z.ctxB, err = newZctx(); err != nil {
-		tb.Fatal(err)
-	}
+	z.ctxA, err = newZctx()
+	require.NoError(tb, err)
+	z.ctxB, err = newZctx()
+	require.NoError(tb, err)
 	mk := func(s *zsock, err error) *zsock {
-		if err != nil {
-			tb.Fatal(err)
-		}
+		require.NoError(tb, err)
 		for _, err := range []error{s.setInt(zLinger, 0), s.setInt(zSndhwm, 100000), s.setInt(zRcvhwm, 100000)} {
-			if err != nil {
-				tb.Fatal(err)
-			}
+			require.NoError(tb, err)
 		}
 		return s
 	}
 	// A sends on push and receives on backPull; B the other way round.
 	z.pull, z.backPull = mk(z.ctxB.socket(zPULL)), mk(z.ctxA.socket(zPULL))
 	for _, s := range []*zsock{z.pull, z.backPull} {
-		if err := s.bind("tcp://127.0.0.1:*"); err != nil {
-			tb.Fatal(err)
-		}
+		require.NoError(tb, s.bind("tcp://127.0.0.1:*"))
 	}
 	ep1, _ := z.pull.lastEndpoint()
 	ep2, _ := z.backPull.lastEndpoint()
 	z.push, z.backPush = mk(z.ctxA.socket(zPUSH)), mk(z.ctxB.socket(zPUSH))
-	if err := z.push.connect(ep1); err != nil {
-		tb.Fatal(err)
-	}
-	if err := z.backPush.connect(ep2); err != nil {
-		tb.Fatal(err)
-	}
+	require.NoError(tb, z.push.connect(ep1))
+	require.NoError(tb, z.backPush.connect(ep2))
 	return z
 }
 
@@ -81,13 +70,9 @@ func thinFrames(tb testing.TB, mode benchMode) [][]byte {
 		return f
 	case benchIdentity:
 		ids, err := benchIDs()
-		if err != nil {
-			tb.Fatal(err)
-		}
+		require.NoError(tb, err)
 		sealed, err := SealAs(testAuth(), ids[0], ids[1].Cert.Raw(), f[:3:3], Envelope{Sent: time.Now(), Seq: 1, To: ids[1].Cert.Identity()})
-		if err != nil {
-			tb.Fatal(err)
-		}
+		require.NoError(tb, err)
 		return sealed
 	}
 	return testAuth().Seal(f[:3:3], Envelope{Sent: time.Now(), Seq: 1, To: to})

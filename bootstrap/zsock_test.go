@@ -6,6 +6,9 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // A receive batch stops taking messages once it holds 1 MiB (review of
@@ -13,45 +16,30 @@ import (
 // authentication); what it leaves is taken by the next call, in order.
 func TestReceiveBatchBytesCapped(t *testing.T) {
 	ctx, err := newZctx()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	pull, err := ctx.socket(zPULL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	push, err := ctx.socket(zPUSH)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pull.bind("inproc://batch-cap"); err != nil {
-		t.Fatal(err)
-	}
-	if err := push.connect("inproc://batch-cap"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, pull.bind("inproc://batch-cap"))
+	require.NoError(t, push.connect("inproc://batch-cap"))
 	big := make([]byte, 600<<10)
 	for i := range 3 {
 		big[0] = byte(i)
-		if err := push.send([][]byte{big, []byte(fmt.Sprint(i))}, 0); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, push.send([][]byte{big, []byte(fmt.Sprint(i))}, 0))
 	}
 	small := [][]byte{[]byte("a"), []byte("b")}
-	if err := push.send(small, 0); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, push.send(small, 0))
 	r := newReceiver()
 	got := []int{}
 	for seen := 0; seen < 4; {
 		n, err := r.recv(pull, recvBatch, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		got = append(got, n)
 		for i := 0; i < n; i++ {
-			if f := r.frames(i); seen < 3 && (len(f) != 2 || f[0][0] != byte(seen)) {
-				t.Fatalf("message %d out of order or cut: %d frames", seen, len(f))
+			if f := r.frames(i); seen < 3 {
+				require.Len(t, f, 2, "message %d out of order or cut", seen)
+				require.Equal(t, byte(seen), f[0][0], "message %d out of order or cut: %d frames", seen, len(f))
 			}
 			seen++
 		}
@@ -59,14 +47,10 @@ func TestReceiveBatchBytesCapped(t *testing.T) {
 	r.free()
 	push.close()
 	pull.close()
-	if err := ctx.term(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, ctx.term())
 	// All four were queued (inproc) before the first call: 600 KiB, then
 	// 1.2 MiB ≥ 1 MiB stops it at two; the third and the small one follow.
-	if fmt.Sprint(got) != "[2 2]" {
-		t.Fatalf("batches %v, want [2 2]: a batch went on past 1 MiB", got)
-	}
+	require.Equal(t, []int{2, 2}, got, "batches, want [2 2]: a batch went on past 1 MiB")
 }
 
 // A signal landing on the thread in zmq_bind makes it fail with EINTR (CI:
@@ -75,9 +59,7 @@ func TestReceiveBatchBytesCapped(t *testing.T) {
 // and setting options retry, as every other ZeroMQ call here does.
 func TestSocketCallsRetryAfterSignal(t *testing.T) {
 	ctx, err := newZctx()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer ctx.term()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -98,33 +80,31 @@ func TestSocketCallsRetryAfterSignal(t *testing.T) {
 	defer func() { close(stop); <-done }()
 	for i := range 300 {
 		s, err := ctx.socket(zPULL)
-		if err != nil {
-			t.Fatalf("socket %d: %v", i, err)
-		}
-		if err := s.setInt(zLinger, 0); err != nil {
+		require.NoError(t, err, "socket %d", i)
+		if !assert.NoError(t, s.setInt(zLinger, 0), "setsockopt %d", i) {
 			s.close()
-			t.Fatalf("setsockopt %d: %v", i, err)
+			t.FailNow()
 		}
-		if err := s.bind("tcp://127.0.0.1:*"); err != nil {
+		if !assert.NoError(t, s.bind("tcp://127.0.0.1:*"), "bind %d", i) {
 			s.close()
-			t.Fatalf("bind %d: %v", i, err)
+			t.FailNow()
 		}
-		if _, err := s.lastEndpoint(); err != nil {
+		if _, err := s.lastEndpoint(); !assert.NoError(t, err, "last endpoint %d", i) {
 			s.close()
-			t.Fatalf("last endpoint %d: %v", i, err)
+			t.FailNow()
 		}
 		// More binds without a descriptor each: more chances for a
 		// signal to land inside one (with 30 per socket the unretried
 		// bind failed 14 runs in 20, with 200 20 in 20).
 		for j := range 200 {
-			if err := s.bind("inproc://retry-" + strconv.Itoa(i) + "-" + strconv.Itoa(j)); err != nil {
+			if !assert.NoError(t, s.bind("inproc://retry-"+strconv.Itoa(i)+"-"+strconv.Itoa(j)), "bind %d.%d", i, j) {
 				s.close()
-				t.Fatalf("bind %d.%d: %v", i, j, err)
+				t.FailNow()
 			}
 		}
-		if err := s.connect("inproc://nobody-" + strconv.Itoa(i)); err != nil {
+		if !assert.NoError(t, s.connect("inproc://nobody-"+strconv.Itoa(i)), "connect %d", i) {
 			s.close()
-			t.Fatalf("connect %d: %v", i, err)
+			t.FailNow()
 		}
 		s.close()
 	}

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // The fuzz of issue 23: mutations of real agents' metadata (their UCX
@@ -61,37 +63,26 @@ func newFuzzEnv(t *testing.T) *fuzzEnv {
 	}{{"shm", shmUCX}, {"tcp", tcpUCX}, {"all", allUCX}}
 	open := func(name string, ucx map[string]string) *Agent {
 		a, err := Open(Config{Name: name, Engine: EngineUCX, UCX: ucx, XferTimeout: 5 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		t.Cleanup(func() { a.Close() })
 		return a
 	}
 	for _, c := range cfgs {
 		loader := open("fuzz-loader-"+c.name, c.ucx)
 		_, src, err := loader.Alloc(1 << 16)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		target := open("fuzz-target-"+c.name, c.ucx)
 		_, buf, err := target.Alloc(1 << 16)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		// Memory the caller registers (not UCX's): keys of the registering
 		// transports only (cma, self, tcp).
 		mm, err := syscall.Mmap(-1, 0, 1<<16, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		t.Cleanup(func() { syscall.Munmap(mm) })
-		if _, err := target.RegisterBytes(mm); err != nil {
-			t.Fatal(err)
-		}
+		_, err = target.RegisterBytes(mm)
+		require.NoError(t, err)
 		md, err := target.Metadata()
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		e.peers = append(e.peers, &fuzzPeer{name: "in-process " + c.name, md: md, loader: loader, target: target, buf: buf, src: src})
 		// The loader of this configuration also loads another process's agent.
 		ch := startChild(t, c.name, "KVBRIDGE_NIXL_CHILD_SIZE=65536")
@@ -99,13 +90,11 @@ func newFuzzEnv(t *testing.T) *fuzzEnv {
 	}
 	for _, p := range e.peers {
 		var err error
-		if p.blob, err = decodeMetadata(p.md, EngineUCX, p.loader.b.(*ucx).library); err != nil {
-			t.Fatalf("%s: %v", p.name, err)
-		}
+		p.blob, err = decodeMetadata(p.md, EngineUCX, p.loader.b.(*ucx).library)
+		require.NoError(t, err, p.name)
 		// Every genuine blob loads.
-		if _, err := p.loader.LoadRemote(p.md); err != nil {
-			t.Fatalf("%s: genuine metadata refused: %v", p.name, err)
-		}
+		_, err = p.loader.LoadRemote(p.md)
+		require.NoError(t, err, "%s: genuine metadata refused", p.name)
 	}
 	return e
 }
@@ -416,9 +405,7 @@ func (e *fuzzEnv) run(t *testing.T, seed uint64, tries int, tick func(int)) fuzz
 		if err != nil {
 			if errors.Is(err, ErrBadMetadata) {
 				st.refused++
-				if p.loader.MetadataRefused() != before+1 {
-					t.Fatalf("try %d: a refused blob was not counted", i)
-				}
+				require.Equal(t, before+1, p.loader.MetadataRefused(), "try %d: a refused blob was not counted", i)
 			}
 			st.reasons[reasonClass(err)]++
 			continue
@@ -429,9 +416,7 @@ func (e *fuzzEnv) run(t *testing.T, seed uint64, tries int, tick func(int)) fuzz
 			st.wrote++
 		}
 		_ = what
-		if err := p.loader.InvalidateRemote(name); err != nil {
-			t.Fatalf("try %d: invalidate %q: %v", i, name, err)
-		}
+		require.NoError(t, p.loader.InvalidateRemote(name), "try %d: invalidate %q", i, name)
 	}
 	return st
 }
@@ -465,9 +450,7 @@ func (e *fuzzEnv) checkGenuine(t *testing.T) {
 	t.Helper()
 	for k, p := range e.peers {
 		name, err := p.loader.LoadRemote(p.md)
-		if err != nil {
-			t.Fatalf("%s: genuine metadata refused after the fuzz: %v", p.name, err)
-		}
+		require.NoError(t, err, "%s: genuine metadata refused after the fuzz", p.name)
 		data := p.src[:4096]
 		fill(data, uint64(100+k))
 		var dst Desc
@@ -477,17 +460,14 @@ func (e *fuzzEnv) checkGenuine(t *testing.T) {
 			dst = BytesDesc(p.buf[:4096])
 		}
 		x := write(t, pair{ini: p.loader, remote: name}, []Desc{BytesDesc(data)}, []Desc{dst}, []byte("verify:4096"))
-		if st, err := wait(t, p.loader, x, time.Minute); st != Done {
-			t.Fatalf("%s: write after the fuzz: %v %v", p.name, st, err)
-		}
+		st, err := wait(t, p.loader, x, time.Minute)
+		require.Equal(t, Done, st, "%s: write after the fuzz: %v", p.name, err)
 		p.loader.Release(x)
 		want := fmt.Sprintf("CRC %08x", crc32.ChecksumIEEE(data))
 		if p.child != nil {
-			if got := p.child.line(t, "CRC"); got != want {
-				t.Fatalf("%s: the child's buffer: %s, want %s", p.name, got, want)
-			}
-		} else if got := fmt.Sprintf("CRC %08x", crc32.ChecksumIEEE(p.buf[:4096])); got != want {
-			t.Fatalf("%s: the target's buffer: %s, want %s", p.name, got, want)
+			require.Equal(t, want, p.child.line(t, "CRC"), "%s: the child's buffer", p.name)
+		} else {
+			require.Equal(t, want, fmt.Sprintf("CRC %08x", crc32.ChecksumIEEE(p.buf[:4096])), "%s: the target's buffer", p.name)
 		}
 	}
 }
@@ -524,9 +504,7 @@ func TestUCXMetadataFuzz(t *testing.T) {
 		rs = rs[:25]
 	}
 	t.Logf("refusals by reason:\n%s", strings.Join(rs, "\n"))
-	if st.refused < st.tries/2 {
-		t.Fatalf("only %d of %d mutations refused: the fuzz is not reaching the checks", st.refused, st.tries)
-	}
+	require.GreaterOrEqual(t, st.refused, st.tries/2, "only %d of %d mutations refused: the fuzz is not reaching the checks", st.refused, st.tries)
 	e.checkGenuine(t)
 }
 
@@ -544,15 +522,11 @@ func TestUCXMetadataFuzzLegacyAborts(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestUCXMetadataFuzzLegacyChild$", "-test.v")
 			cmd.Env = append(os.Environ(), "KVBRIDGE_NIXL_FUZZ_LEGACY="+mode)
 			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			var stderr strings.Builder
 			cmd.Stderr = &stderr
 			start := time.Now()
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, cmd.Start())
 			last, survived := -1, false
 			sc := bufio.NewScanner(out)
 			for sc.Scan() {
@@ -620,9 +594,7 @@ func crashLine(s string) string {
 
 func fuzzUCXVersion(t *testing.T) ucxVersion {
 	a, err := Open(Config{Name: "fuzz-version", Engine: EngineUCX, UCX: shmUCX})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer a.Close()
 	return a.b.(*ucx).local.ver
 }

@@ -3,7 +3,6 @@ package nixl
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -11,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // openUCXAgent opens a ucx agent with 64 KiB of UCX memory and 64 KiB of
@@ -18,24 +20,16 @@ import (
 func openUCXAgent(t *testing.T, name string, tls map[string]string) (*Agent, *metadataBlob) {
 	t.Helper()
 	a, err := Open(Config{Name: name, Engine: EngineUCX, UCX: tls, XferTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { a.Close() })
-	if _, _, err := a.Alloc(1 << 16); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.RegisterBytes(make([]byte, 1<<16)); err != nil {
-		t.Fatal(err)
-	}
+	_, _, err = a.Alloc(1 << 16)
+	require.NoError(t, err)
+	_, err = a.RegisterBytes(make([]byte, 1<<16))
+	require.NoError(t, err)
 	md, err := a.Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	m, err := decodeMetadata(md, EngineUCX, a.b.(*ucx).library)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return a, m
 }
 
@@ -44,9 +38,7 @@ func openUCXAgent(t *testing.T, name string, tls map[string]string) (*Agent, *me
 // every truncation and every extension of one is refused, never read
 // past.
 func TestUCXAddressParse(t *testing.T) {
-	if got := ucsCRC16("self"); got != 0x7563 {
-		t.Fatalf("crc16(self) = %#x, want 0x7563 (UCX's checksum, as packed in addresses)", got)
-	}
+	require.EqualValues(t, 0x7563, ucsCRC16("self"), "crc16(self), want 0x7563 (UCX's checksum, as packed in addresses)")
 	for _, c := range []struct {
 		name string
 		ucx  map[string]string
@@ -56,26 +48,20 @@ func TestUCXAddressParse(t *testing.T) {
 		a, m := openUCXAgent(t, "parse-"+c.name, c.ucx)
 		u := a.b.(*ucx)
 		addr, err := parseUCXAddress(m.payload, u.local.ver)
-		if err != nil {
-			t.Fatalf("%s: own address: %v", c.name, err)
-		}
+		require.NoError(t, err, "%s: own address", c.name)
 		var tls []string
 		for _, d := range addr.devices {
 			for _, tl := range d.ifaces {
 				tls = append(tls, tlName(tl.csum))
 			}
 		}
-		if strings.Join(tls, ",") != strings.Join(c.tls, ",") {
-			t.Errorf("%s: transports %v, want %v (%s)", c.name, tls, c.tls, describeUCXAddress(addr))
-		}
+		assert.Equal(t, strings.Join(c.tls, ","), strings.Join(tls, ","), "%s: transports (%s)", c.name, describeUCXAddress(addr))
 		for n := 0; n < len(m.payload); n++ {
-			if _, err := parseUCXAddress(m.payload[:n], u.local.ver); err == nil {
-				t.Errorf("%s: the address truncated to %d of %d bytes parses", c.name, n, len(m.payload))
-			}
+			_, err := parseUCXAddress(m.payload[:n], u.local.ver)
+			assert.Error(t, err, "%s: the address truncated to %d of %d bytes parses", c.name, n, len(m.payload))
 		}
-		if _, err := parseUCXAddress(append(bytes.Clone(m.payload), 0), u.local.ver); err == nil {
-			t.Errorf("%s: the address with a byte appended parses", c.name)
-		}
+		_, err = parseUCXAddress(append(bytes.Clone(m.payload), 0), u.local.ver)
+		assert.Error(t, err, "%s: the address with a byte appended parses", c.name)
 	}
 }
 
@@ -95,22 +81,19 @@ func TestUCXAddressV2AndReleaseVersions(t *testing.T) {
 	b = append(b, ucpAddrFlagLast|0x3f, 70)
 	b = append(b, make([]byte, 70)...)
 	_, err := parseUCXAddress(b, v119)
-	if err == nil || !strings.Contains(err.Error(), "md index 130") {
-		t.Fatalf("md index 130 (UCX's md maps are 64 bits): %v", err)
-	}
+	require.ErrorContains(t, err, "md index 130", "md index 130 (UCX's md maps are 64 bits)")
 	b[11] = 9
 	a, err := parseUCXAddress(b, v119)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.version != ucpObjV2 || a.uuid != 0x1122334455667788 || len(a.devices) != 1 || a.devices[0].md != 9 ||
-		len(a.devices[0].addr) != 40 || len(a.devices[0].ifaces[0].addr) != 70 {
-		t.Fatalf("parsed %+v", a)
-	}
+	require.NoError(t, err)
+	require.EqualValues(t, ucpObjV2, a.version, "parsed %+v", a)
+	require.EqualValues(t, uint64(0x1122334455667788), a.uuid, "parsed %+v", a)
+	require.Len(t, a.devices, 1, "parsed %+v", a)
+	require.EqualValues(t, 9, a.devices[0].md, "parsed %+v", a)
+	require.Len(t, a.devices[0].addr, 40, "parsed %+v", a)
+	require.Len(t, a.devices[0].ifaces[0].addr, 70, "parsed %+v", a)
 	for n := 0; n < len(b); n++ {
-		if _, err := parseUCXAddress(b[:n], v119); err == nil {
-			t.Fatalf("truncated to %d of %d bytes: parses", n, len(b))
-		}
+		_, err := parseUCXAddress(b[:n], v119)
+		require.Error(t, err, "truncated to %d of %d bytes: parses", n, len(b))
 	}
 	// v1: a 1.19 peer packs its minor release (19 → 3) in a trailing
 	// empty device, and its md indices have no legacy bits; an older
@@ -133,42 +116,36 @@ func TestUCXAddressV2AndReleaseVersions(t *testing.T) {
 		t.Fatalf("md 69 from a 1.19 peer accepted: %s", describeUCXAddress(a))
 	}
 	old, err := parseUCXAddress(v1(true), v119)
-	if err != nil || old.devices[0].md != 5 {
-		t.Fatalf("a pre-1.19 peer's md byte 0x45 (legacy bit and md 5): %v %+v", err, old)
-	}
-	if old, err := parseUCXAddress(v1(true), ucxVersion{1, 13, 1}); err != nil || old.devices[0].md != 5 {
-		t.Fatalf("md byte 0x45 at 1.13 (mask 0x1f): %v %+v", err, old)
-	}
-	if got := unpackReleaseVersion(v119, 3); got != 19 {
-		t.Fatalf("release 3 unpacked at 1.19: %d", got)
-	}
-	if got := unpackReleaseVersion(ucxVersion{1, 21, 0}, 2); got != 18 {
-		t.Fatalf("release 2 unpacked at 1.21: %d", got)
-	}
+	require.NoError(t, err, "a pre-1.19 peer's md byte 0x45 (legacy bit and md 5): %+v", old)
+	require.EqualValues(t, 5, old.devices[0].md, "a pre-1.19 peer's md byte 0x45 (legacy bit and md 5): %+v", old)
+	old, err = parseUCXAddress(v1(true), ucxVersion{1, 13, 1})
+	require.NoError(t, err, "md byte 0x45 at 1.13 (mask 0x1f): %+v", old)
+	require.EqualValues(t, 5, old.devices[0].md, "md byte 0x45 at 1.13 (mask 0x1f): %+v", old)
+	require.EqualValues(t, 19, unpackReleaseVersion(v119, 3), "release 3 unpacked at 1.19")
+	require.EqualValues(t, 18, unpackReleaseVersion(ucxVersion{1, 21, 0}, 2), "release 2 unpacked at 1.21")
 }
 
 // TestMetadataVersions: the blob's version and the engine library are
 // checked before anything after them is read.
 func TestMetadataVersions(t *testing.T) {
 	good := (&metadataBlob{engine: EngineUCX, library: "ucx/1.13.1", agent: "peer", payload: []byte{1, 2}}).encode()
-	if _, err := decodeMetadata(good, EngineUCX, "ucx/1.13.0"); err != nil {
-		t.Fatalf("a patch release apart: %v", err)
-	}
+	_, err := decodeMetadata(good, EngineUCX, "ucx/1.13.0")
+	require.NoError(t, err, "a patch release apart")
 	old := bytes.Clone(good)
 	old[4] = 1
-	if _, err := decodeMetadata(old, EngineUCX, "ucx/1.13.1"); !errors.Is(err, ErrBadMetadata) ||
-		!strings.Contains(err.Error(), "metadata version 1") || !strings.Contains(err.Error(), "older") && !strings.Contains(err.Error(), "before") {
-		t.Fatalf("a version 1 blob: %v", err)
-	}
+	_, err = decodeMetadata(old, EngineUCX, "ucx/1.13.1")
+	require.ErrorIs(t, err, ErrBadMetadata, "a version 1 blob")
+	require.ErrorContains(t, err, "metadata version 1", "a version 1 blob")
+	require.True(t, strings.Contains(err.Error(), "older") || strings.Contains(err.Error(), "before"), "a version 1 blob: %v", err)
 	// Another minor release, and a payload that is garbage: the library
 	// is what is refused, naming both.
 	other := (&metadataBlob{engine: EngineUCX, library: "ucx/1.19.1", agent: "peer", payload: []byte{1}}).encode()
 	other = append(other[:len(other)-9], 0xff, 0xff, 0xff, 0xff) // region count and payload: garbage
-	_, err := decodeMetadata(other, EngineUCX, "ucx/1.13.1")
-	if !errors.Is(err, ErrBadMetadata) || !strings.Contains(err.Error(), `"ucx/1.19.1"`) ||
-		!strings.Contains(err.Error(), `"ucx/1.13.1"`) || !strings.Contains(err.Error(), `agent "peer"`) {
-		t.Fatalf("another UCX minor release: %v", err)
-	}
+	_, err = decodeMetadata(other, EngineUCX, "ucx/1.13.1")
+	require.ErrorIs(t, err, ErrBadMetadata, "another UCX minor release")
+	require.ErrorContains(t, err, `"ucx/1.19.1"`, "another UCX minor release")
+	require.ErrorContains(t, err, `"ucx/1.13.1"`, "another UCX minor release")
+	require.ErrorContains(t, err, `agent "peer"`, "another UCX minor release")
 	for _, c := range []struct {
 		have, peer string
 		ok         bool
@@ -178,9 +155,7 @@ func TestMetadataVersions(t *testing.T) {
 		{"nixl/ucx-1.19.0", "nixl/ucx-unknown", false}, {"nixl/ucx-unknown", "nixl/ucx-unknown", true},
 		{"ucx/1.13.1", "nixl/ucx-1.13.1", false}, {"loopback", "loopback", true}, {"ucx/1.13.1", "", false},
 	} {
-		if got := libCompatible(c.have, c.peer); got != c.ok {
-			t.Errorf("libCompatible(%q, %q) = %v", c.have, c.peer, got)
-		}
+		assert.Equal(t, c.ok, libCompatible(c.have, c.peer), "libCompatible(%q, %q)", c.have, c.peer)
 	}
 }
 
@@ -188,9 +163,8 @@ func TestMetadataVersions(t *testing.T) {
 // the checks do not read.
 func TestUCXRefusesUnifiedMode(t *testing.T) {
 	_, err := Open(Config{Name: "unified", Engine: EngineUCX, UCX: map[string]string{"TLS": "posix,self", "UNIFIED_MODE": "y"}})
-	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "unified mode") {
-		t.Fatalf("UNIFIED_MODE=y: %v", err)
-	}
+	require.ErrorIs(t, err, ErrUnsupported, "UNIFIED_MODE=y")
+	require.ErrorContains(t, err, "unified mode", "UNIFIED_MODE=y")
 }
 
 // TestUCXAddressRefusals: mutations of a real address, each refused for
@@ -203,9 +177,7 @@ func TestUCXAddressRefusals(t *testing.T) {
 	_, other := openUCXAgent(t, "refusals-other", shmUCX)
 	u := loader.b.(*ucx)
 	a, err := parseUCXAddress(m.payload, u.local.ver)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	find := func(name string) (dev, iface []byte) {
 		for _, d := range a.devices {
 			for _, tl := range d.ifaces {
@@ -286,19 +258,14 @@ func TestUCXAddressRefusals(t *testing.T) {
 		}
 		before := loader.MetadataRefused()
 		_, err := loader.LoadRemote(mm.encode())
-		if !errors.Is(err, ErrBadMetadata) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: %v, want ErrBadMetadata saying %q", c.name, err, c.want)
+		if assert.ErrorIs(t, err, ErrBadMetadata, "%s: want ErrBadMetadata saying %q", c.name, c.want) {
+			assert.ErrorContains(t, err, c.want, "%s: want ErrBadMetadata saying %q", c.name, c.want)
 		}
-		if !strings.Contains(fmt.Sprint(err), `agent "refusals-target"`) {
-			t.Errorf("%s: the error does not name the peer: %v", c.name, err)
-		}
-		if loader.MetadataRefused() != before+1 {
-			t.Errorf("%s: not counted", c.name)
-		}
+		assert.Contains(t, fmt.Sprint(err), `agent "refusals-target"`, "%s: the error does not name the peer", c.name)
+		assert.Equal(t, before+1, loader.MetadataRefused(), "%s: not counted", c.name)
 	}
-	if _, err := loader.LoadRemote(m.encode()); err != nil {
-		t.Fatalf("the genuine blob: %v", err)
-	}
+	_, err = loader.LoadRemote(m.encode())
+	require.NoError(t, err, "the genuine blob")
 }
 
 // allocIdx is the index of the region of memory UCX allocated (the one with
@@ -353,19 +320,16 @@ func TestNIXLBlobAddressCheck(t *testing.T) {
 	_, pm := openUCXAgent(t, "nixl-check-peer", shmUCX)
 	u := loader.b.(*ucx)
 	local, err := nixlLocal(nixlBlob("self", [2][]byte{[]byte("UCX"), lm.payload}), u.local.ver)
-	if err != nil || local == nil {
-		t.Fatalf("own NIXL blob: %v %v", local, err)
-	}
-	if l, err := nixlLocal([]byte("DBL1double"), u.local.ver); l != nil || err != nil {
-		t.Fatalf("a blob that is not NIXL's serialization: %v %v", l, err)
-	}
+	require.NoError(t, err, "own NIXL blob: %v", local)
+	require.NotNil(t, local, "own NIXL blob")
+	l, err := nixlLocal([]byte("DBL1double"), u.local.ver)
+	require.NoError(t, err, "a blob that is not NIXL's serialization: %v", l)
+	require.Nil(t, l, "a blob that is not NIXL's serialization")
 	genuine := nixlBlob(pm.agent, [2][]byte{[]byte("POSIX"), []byte("x")}, [2][]byte{[]byte("UCX"), pm.payload})
 	envelope := func(b []byte) *metadataBlob {
 		return &metadataBlob{engine: EngineLibNIXL, library: "nixl/ucx-1.13.1", agent: pm.agent, payload: b}
 	}
-	if err := checkNIXLPeer(local, envelope(genuine)); err != nil {
-		t.Fatalf("genuine: %v", err)
-	}
+	require.NoError(t, checkNIXLPeer(local, envelope(genuine)), "genuine")
 	for name, c := range map[string]struct {
 		b    []byte
 		want string
@@ -376,8 +340,9 @@ func TestNIXLBlobAddressCheck(t *testing.T) {
 		"truncated":       {genuine[:40], "missing"},
 		"length too long": {append(bytes.Clone(genuine[:16]), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f), "bytes"},
 	} {
-		if err := checkNIXLPeer(local, envelope(c.b)); !errors.Is(err, ErrBadMetadata) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: %v, want %q", name, err, c.want)
+		err := checkNIXLPeer(local, envelope(c.b))
+		if assert.ErrorIs(t, err, ErrBadMetadata, "%s: want %q", name, c.want) {
+			assert.ErrorContains(t, err, c.want, "%s", name)
 		}
 	}
 	// The peer's own UCX address with the posix FIFO flags cleared (issue
@@ -391,18 +356,13 @@ func TestNIXLBlobAddressCheck(t *testing.T) {
 			}
 		}
 	}
-	if err := checkNIXLPeer(local, envelope(nixlBlob(pm.agent, [2][]byte{[]byte("UCX"), bad}))); err == nil ||
-		!strings.Contains(err.Error(), "file-backed") {
-		t.Fatalf("issue 23's address in a NIXL blob: %v", err)
-	}
+	require.ErrorContains(t, checkNIXLPeer(local, envelope(nixlBlob(pm.agent, [2][]byte{[]byte("UCX"), bad}))), "file-backed", "issue 23's address in a NIXL blob")
 
 	r := rand.New(rand.NewPCG(23, 5))
 	lens, spans := addrFields(pm.payload)
 	passed, written := 0, 0
 	_, src, err := loader.Alloc(1 << 16)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	peer := &fuzzPeer{loader: loader, src: src}
 	for i := 0; i < 5000; i++ {
 		var b []byte
@@ -413,16 +373,12 @@ func TestNIXLBlobAddressCheck(t *testing.T) {
 			b = nixlBlob(pm.agent, [2][]byte{[]byte("UCX"), addr})
 		}
 		if err := checkNIXLPeer(local, envelope(b)); err != nil {
-			if !errors.Is(err, ErrBadMetadata) {
-				t.Fatalf("try %d: %v is not ErrBadMetadata", i, err)
-			}
+			require.ErrorIs(t, err, ErrBadMetadata, "try %d", i)
 			continue
 		}
 		passed++
 		nm, err := parseNIXLMD(b)
-		if err != nil {
-			t.Fatalf("try %d: passed the check but does not parse: %v", i, err)
-		}
+		require.NoError(t, err, "try %d: passed the check but does not parse", i)
 		ub := *pm
 		ub.payload = nm.conns["UCX"]
 		name, err := loader.LoadRemote(ub.encode())
@@ -432,14 +388,11 @@ func TestNIXLBlobAddressCheck(t *testing.T) {
 		if fuzzWrite(peer, name, ub.regions) == nil {
 			written++
 		}
-		if err := loader.InvalidateRemote(name); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, loader.InvalidateRemote(name))
 	}
 	t.Logf("5000 mutated NIXL blobs: %d passed the check (their UCX addresses then loaded here, %d written)", passed, written)
-	if _, err := loader.LoadRemote(pm.encode()); err != nil {
-		t.Fatalf("the genuine peer after the mutations: %v", err)
-	}
+	_, err = loader.LoadRemote(pm.encode())
+	require.NoError(t, err, "the genuine peer after the mutations")
 }
 
 // TestLibNIXLLibraryVersion: libnixl agents name the UCX NIXL's plugin
@@ -451,31 +404,22 @@ func TestLibNIXLLibraryVersion(t *testing.T) {
 		t.Skip(s)
 	}
 	a, err := Open(Config{Name: "nixl-lib-a", Engine: EngineLibNIXL, NIXLLib: doubleLib()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer a.Close()
 	lib := a.b.(*libnixl).library
-	if !strings.HasPrefix(lib, "nixl/ucx-") {
-		t.Fatalf("library %q", lib)
-	}
+	require.True(t, strings.HasPrefix(lib, "nixl/ucx-"), "library %q", lib)
 	md, err := a.Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	m, err := decodeMetadata(md, EngineLibNIXL, lib)
-	if err != nil || m.library != lib {
-		t.Fatalf("own blob: %v %q", err, m.library)
-	}
+	require.NoError(t, err, "own blob")
+	require.Equal(t, lib, m.library, "own blob")
 	// A peer on another UCX release is refused before NIXL sees its blob.
 	m.library = "nixl/ucx-9.99.0"
 	m.agent = "nixl-lib-elsewhere"
-	if _, err := a.LoadRemote(m.encode()); !errors.Is(err, ErrBadMetadata) || !strings.Contains(err.Error(), "9.99.0") {
-		t.Fatalf("a peer on UCX 9.99: %v", err)
-	}
-	if a.MetadataRefused() != 1 {
-		t.Fatalf("refused %d", a.MetadataRefused())
-	}
+	_, err = a.LoadRemote(m.encode())
+	require.ErrorIs(t, err, ErrBadMetadata, "a peer on UCX 9.99")
+	require.ErrorContains(t, err, "9.99.0", "a peer on UCX 9.99")
+	require.EqualValues(t, 1, a.MetadataRefused(), "refused")
 }
 
 // TestUCXTCPPriorityPerDevice (issue 22): UCX's tcp packs priority 0 for the
@@ -489,9 +433,7 @@ func TestUCXTCPPriorityPerDevice(t *testing.T) {
 	_, m := openUCXAgent(t, "tcp-prio-target", tcpUCX)
 	u := loader.b.(*ucx)
 	a, err := parseUCXAddress(m.payload, u.local.ver)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var attr []byte
 	for _, d := range a.devices {
 		for _, tl := range d.ifaces {
@@ -500,9 +442,7 @@ func TestUCXTCPPriorityPerDevice(t *testing.T) {
 			}
 		}
 	}
-	if attr == nil {
-		t.Fatalf("no tcp in %s", describeUCXAddress(a))
-	}
+	require.NotNil(t, attr, "no tcp in %s", describeUCXAddress(a))
 	prio := offsetIn(m.payload, ifaceCaps(ucxIface{attr: attr}, a.version))
 	for _, c := range []struct {
 		prio byte
@@ -511,11 +451,9 @@ func TestUCXTCPPriorityPerDevice(t *testing.T) {
 		b := bytes.Clone(m.payload)
 		b[prio] = c.prio
 		_, err := u.local.checkAddress(b)
-		if (err == nil) != c.ok {
-			t.Errorf("tcp priority %d: %v, want accepted %v", c.prio, err, c.ok)
-		}
-		if err != nil && !strings.Contains(err.Error(), "priority and capabilities") {
-			t.Errorf("tcp priority %d: %v, want a priority refusal", c.prio, err)
+		assert.Equal(t, c.ok, err == nil, "tcp priority %d: %v, want accepted", c.prio, err)
+		if err != nil {
+			assert.ErrorContains(t, err, "priority and capabilities", "tcp priority %d: want a priority refusal", c.prio)
 		}
 	}
 }
@@ -533,9 +471,7 @@ func TestUCXTCPEveryDevice(t *testing.T) {
 		m, _ := decodeMetadata(md, EngineUCX, tgt.b.(*ucx).library)
 		return m.payload
 	}(), tgt.b.(*ucx).local.ver)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	prios := map[byte]bool{}
 	for _, d := range a.devices {
 		for _, tl := range d.ifaces {
@@ -551,12 +487,10 @@ func TestUCXTCPEveryDevice(t *testing.T) {
 	p := pair{ini: ini, tgt: tgt, remote: exchange(t, ini, tgt)}
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("every"))
 	defer ini.Release(x)
-	if st, err := wait(t, ini, x, time.Minute); st != Done || err != nil {
-		t.Fatalf("write over tcp on every device: %v %v", st, err)
-	}
-	if !bytes.Equal(src, dst) {
-		t.Fatal("not byte-exact")
-	}
+	st, err := wait(t, ini, x, time.Minute)
+	require.NoError(t, err, "write over tcp on every device: %v", st)
+	require.Equal(t, Done, st, "write over tcp on every device")
+	require.True(t, bytes.Equal(src, dst), "not byte-exact")
 }
 
 // TestUCXNamespaceSizes (issue 22): UCX 1.22 made ucs_sys_ns_t 4 bytes
@@ -570,36 +504,30 @@ func TestUCXNamespaceSizes(t *testing.T) {
 		ns  int
 	}{{ucxVersion{1, 13, 1}, 8}, {ucxVersion{1, 21, 0}, 8}, {ucxVersion{1, 22, 0}, 4}, {ucxVersion{2, 0, 0}, 4}} {
 		l := &ucxLocal{ver: c.ver, own: map[uint16]ucxIface{ucsCRC16("cma"): {addr: make([]byte, 4+c.ns)}}}
-		if got := c.ver.nsLen(); got != c.ns {
-			t.Fatalf("%v: namespace of %d bytes, want %d", c.ver, got, c.ns)
-		}
+		require.Equal(t, c.ns, c.ver.nsLen(), "%v: namespace bytes", c.ver)
 		for _, ns := range []int{4, 8} {
 			want := ns == c.ns
 			lo := append([]byte{1, afINET}, make([]byte, 8+ns)...)
-			if _, err := l.checkTransport("tcp", lo, []byte{0x12, 0x34}); (err == nil) != want {
-				t.Errorf("%v: tcp loopback device with a %d-byte namespace: %v, want accepted %v", c.ver, ns, err, want)
-			}
+			_, err := l.checkTransport("tcp", lo, []byte{0x12, 0x34})
+			assert.Equal(t, want, err == nil, "%v: tcp loopback device with a %d-byte namespace: %v, want accepted", c.ver, ns, err)
 			sm := make([]byte, 8+ns)
 			binary.LittleEndian.PutUint64(sm, uctLocalAddrFlagNS|7)
-			if err := checkSMDevice(sm, c.ver); (err == nil) != want {
-				t.Errorf("%v: shared-memory device with a %d-byte namespace: %v, want accepted %v", c.ver, ns, err, want)
-			}
+			err = checkSMDevice(sm, c.ver)
+			assert.Equal(t, want, err == nil, "%v: shared-memory device with a %d-byte namespace: %v, want accepted", c.ver, ns, err)
 			// cma: this process's pid, flagged as carrying its PID namespace.
 			cma := binary.LittleEndian.AppendUint32(nil, uint32(os.Getpid())|uctCMAAddrFlagPIDNS)
 			cma = append(cma, make([]byte, ns)...)
 			dev := binary.LittleEndian.AppendUint64(nil, 7)
-			if _, err := l.checkTransport("cma", dev, cma); (err == nil) != want {
-				t.Errorf("%v: cma address with a %d-byte PID namespace: %v, want accepted %v", c.ver, ns, err, want)
-			}
+			_, err = l.checkTransport("cma", dev, cma)
+			assert.Equal(t, want, err == nil, "%v: cma address with a %d-byte PID namespace: %v, want accepted", c.ver, ns, err)
 			// posix: a procfs FIFO id flagged as carrying its PID namespace;
 			// the size is checked before the segment (which does not exist).
 			posix := binary.LittleEndian.AppendUint64(nil, posixSegProcfs|posixSegPIDNS)
 			posix = append(posix, make([]byte, ns)...)
 			l.own[ucsCRC16("posix")] = ucxIface{addr: posix}
-			_, err := l.checkTransport("posix", dev, posix)
-			if sizeRefused := err != nil && strings.Contains(err.Error(), "PID-namespace flag"); sizeRefused == want {
-				t.Errorf("%v: posix address with a %d-byte PID namespace: %v, want its size accepted %v", c.ver, ns, err, want)
-			}
+			_, err = l.checkTransport("posix", dev, posix)
+			sizeRefused := err != nil && strings.Contains(err.Error(), "PID-namespace flag")
+			assert.NotEqual(t, want, sizeRefused, "%v: posix address with a %d-byte PID namespace: %v, want its size accepted %v", c.ver, ns, err, want)
 		}
 	}
 }
@@ -614,16 +542,13 @@ func TestMetadataAgent(t *testing.T) {
 		}
 		a := open(t, ec, "md-agent")
 		md, err := a.Metadata()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if name, err := MetadataAgent(md); err != nil || name != a.Name() {
-			t.Fatalf("%s: MetadataAgent = %q, %v; want %q", ec.name, name, err, a.Name())
-		}
+		require.NoError(t, err)
+		name, err := MetadataAgent(md)
+		require.NoError(t, err, "%s: MetadataAgent = %q", ec.name, name)
+		require.Equal(t, a.Name(), name, "%s: MetadataAgent", ec.name)
 		for _, bad := range [][]byte{nil, md[:5], md[:12], []byte("NIXL not kvbridge's"), append([]byte(md[:9:9]), 0, 0, 0, 0)} {
-			if name, err := MetadataAgent(bad); !errors.Is(err, ErrBadMetadata) {
-				t.Fatalf("%s: MetadataAgent(%x) = %q, %v; want ErrBadMetadata", ec.name, bad, name, err)
-			}
+			name, err := MetadataAgent(bad)
+			require.ErrorIs(t, err, ErrBadMetadata, "%s: MetadataAgent(%x) = %q", ec.name, bad, name)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/cpustat"
+	"github.com/stretchr/testify/require"
 )
 
 // Engine write bandwidth. scripts/bench-engine.sh runs these next to
@@ -31,9 +32,7 @@ type benchCPU struct {
 
 func startCPU(b *testing.B, c *child) *benchCPU {
 	m, err := cpustat.Start(0)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	cpu := &benchCPU{m: m, child: c}
 	if c != nil {
 		cpu.c0 = childCPU(b, c)
@@ -45,13 +44,10 @@ func startCPU(b *testing.B, c *child) *benchCPU {
 // to the microsecond (/proc counts 10 ms ticks, too coarse for a short
 // benchmark). Call it outside the timed region.
 func childCPU(b *testing.B, c *child) time.Duration {
-	if _, err := fmt.Fprintln(c.stdin, "cpu"); err != nil {
-		b.Fatal(err)
-	}
+	_, err := fmt.Fprintln(c.stdin, "cpu")
+	require.NoError(b, err)
 	ns, err := strconv.ParseInt(strings.Fields(c.line(b, "CPU"))[1], 10, 64)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	return time.Duration(ns)
 }
 
@@ -59,9 +55,7 @@ func childCPU(b *testing.B, c *child) time.Duration {
 // tgt-cpu-s/GB, the child's share. Call it after StopTimer.
 func (c *benchCPU) report(b *testing.B, bytes float64) {
 	r, err := c.m.Read()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	total := r.Total()
 	if c.child != nil {
 		tgt := childCPU(b, c.child) - c.c0
@@ -98,13 +92,9 @@ func spin(b *testing.B, a *Agent, x *Xfer) {
 func benchWrite(b *testing.B, ec engineCase, pieces, piece int) {
 	p := pair{ini: open(b, ec, "bini"), tgt: open(b, ec, "btgt")}
 	_, src, err := p.ini.Alloc(uint64(pieces * piece))
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	_, dst, err := p.tgt.Alloc(uint64(pieces * piece))
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	p.remote = exchange(b, p.ini, p.tgt)
 	var s, d []Desc
 	for i := 0; i < pieces; i++ {
@@ -118,9 +108,7 @@ func benchWrite(b *testing.B, ec engineCase, pieces, piece int) {
 		idx[i] = i
 	}
 	x, err := p.ini.NewXfer(Write, l, idx, r, idx, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	b.SetBytes(int64(pieces * piece))
 	b.ResetTimer()
 	cpu := startCPU(b, nil)
@@ -265,39 +253,30 @@ func newCrossCase(b testing.TB, transport string, ucx map[string]string, mem str
 	c := startChild(b, transport, "KVBRIDGE_NIXL_BENCH_CHILD=1", "KVBRIDGE_NIXL_CHILD_MEM="+mem,
 		"KVBRIDGE_NIXL_CHILD_SIZE="+strconv.Itoa(n*slots))
 	a, err := Open(Config{Name: fmt.Sprintf("bench-parent-%d", agentSeq.Add(1)), Engine: EngineUCX, UCX: ucx})
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	b.Cleanup(func() { a.Close() })
 	remote, err := a.LoadRemote(c.md)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	var src []byte
 	if mem == "caller" {
-		if src, err = syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON); err != nil {
-			b.Fatal(err)
-		}
+		src, err = syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+		require.NoError(b, err)
 		b.Cleanup(func() { syscall.Munmap(src) })
-		if _, err := a.Register(DRAM, []Desc{BytesDesc(src)}); err != nil {
-			b.Fatal(err)
-		}
-	} else if _, src, err = a.Alloc(uint64(n)); err != nil {
-		b.Fatal(err)
+		_, err := a.Register(DRAM, []Desc{BytesDesc(src)})
+		require.NoError(b, err)
+	} else {
+		_, src, err = a.Alloc(uint64(n))
+		require.NoError(b, err)
 	}
 	fill(src, 3)
 	l, err := a.PrepLocal(DRAM, []Desc{BytesDesc(src)})
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	var ds []Desc
 	for k := 0; k < slots; k++ {
 		ds = append(ds, Desc{Addr: c.addr + uintptr(k*n), Len: uint64(n)})
 	}
 	r, err := a.PrepRemote(remote, DRAM, ds)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	return &crossCase{a: a, c: c, src: src, local: l, dests: r}
 }
 
@@ -311,9 +290,7 @@ func (cc *crossCase) xfer(b testing.TB, k int, notif []byte) *Xfer {
 // k).
 func (cc *crossCase) xferOp(b testing.TB, op Op, k int, notif []byte) *Xfer {
 	x, err := cc.a.NewXfer(op, cc.local, []int{0}, cc.dests, []int{k}, notif)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	b.Cleanup(func() { cc.a.Release(x) })
 	return x
 }

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestCoalesceRuns(t *testing.T) {
@@ -29,19 +32,8 @@ func TestCoalesceRuns(t *testing.T) {
 			func(k int) uint64 { return c.pairs[k].l },
 			func(k int) bool { return !c.split[k] },
 			func(r pieceRun) { got = append(got, r) })
-		if n != len(got) {
-			t.Errorf("%s: %d runs counted, %d given", c.name, n, len(got))
-		}
-		if len(got) != len(c.want) {
-			t.Errorf("%s: runs %v, want %v", c.name, got, c.want)
-			continue
-		}
-		for i := range got {
-			if got[i] != c.want[i] {
-				t.Errorf("%s: runs %v, want %v", c.name, got, c.want)
-				break
-			}
-		}
+		assert.Len(t, got, n, "%s: runs counted, given", c.name)
+		assert.Equal(t, c.want, got, "%s: runs", c.name)
 	}
 }
 
@@ -71,28 +63,21 @@ func TestWritesCoalesce(t *testing.T) {
 					if caller {
 						b := make([]byte, pages*page)
 						for _, h := range [][]byte{b[:pages/2*page], b[pages/2*page:]} {
-							if _, err := a.RegisterBytes(h); err != nil {
-								t.Fatal(err)
-							}
+							_, err := a.RegisterBytes(h)
+							require.NoError(t, err)
 						}
 						return b
 					}
 					_, b, err := a.Alloc(pages * page)
-					if err != nil {
-						t.Fatal(err)
-					}
+					require.NoError(t, err)
 					return b
 				}
 				src, dst := buf(p.ini, mc.ini), buf(p.tgt, mc.tgt)
 				p.remote = exchange(t, p.ini, p.tgt)
 				l, err := p.ini.PrepLocal(DRAM, pageDescs(src, page))
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				r, err := p.ini.PrepRemote(p.remote, DRAM, pageDescs(dst, page))
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				for _, wc := range []struct {
 					name   string
 					li, ri []int
@@ -110,15 +95,10 @@ func TestWritesCoalesce(t *testing.T) {
 						dst[i] = 0
 					}
 					x, err := p.ini.NewXfer(Write, l, wc.li, r, wc.ri, []byte(wc.name))
-					if err != nil {
-						t.Fatal(err)
-					}
-					if err := p.ini.Post(x); err != nil {
-						t.Fatal(err)
-					}
-					if st, err := wait(t, p.ini, x, time.Minute); st != Done {
-						t.Fatalf("%s: state %v: %v", wc.name, st, err)
-					}
+					require.NoError(t, err)
+					require.NoError(t, p.ini.Post(x))
+					st, err := wait(t, p.ini, x, time.Minute)
+					require.Equal(t, Done, st, "%s: state: %v", wc.name, err)
 					waitNotif(t, p.tgt, time.Minute)
 					want := wc.runs
 					switch {
@@ -129,18 +109,12 @@ func TestWritesCoalesce(t *testing.T) {
 					case wc.name == "three runs" && mc.tgt:
 						want = 4 // the first run's destination crosses the target's middle
 					}
-					if got := x.Pieces(); got != want {
-						t.Errorf("%s: %d pairs moved as %d operations, want %d", wc.name, len(wc.li), got, want)
-					}
+					assert.Equal(t, want, x.Pieces(), "%s: %d pairs moved as operations", wc.name, len(wc.li))
 					for k := range wc.li {
 						s, d := src[wc.li[k]*page:(wc.li[k]+1)*page], dst[wc.ri[k]*page:(wc.ri[k]+1)*page]
-						if !bytes.Equal(s, d) {
-							t.Fatalf("%s: page %d → %d corrupted", wc.name, wc.li[k], wc.ri[k])
-						}
+						require.True(t, bytes.Equal(s, d), "%s: page %d → %d corrupted", wc.name, wc.li[k], wc.ri[k])
 					}
-					if err := p.ini.Release(x); err != nil {
-						t.Fatal(err)
-					}
+					require.NoError(t, p.ini.Release(x))
 				}
 			})
 		}
@@ -179,28 +153,23 @@ func TestRunsStayInOnePeerMapping(t *testing.T) {
 	const page = 4096
 	p := newPair(t, engines()[1]) // ucx-shm: direct copies
 	_, src, err := p.ini.Alloc(4 * page)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for i := 0; i < 8; i++ {
-		if _, _, err := p.tgt.Alloc(2 * page); err != nil {
-			t.Fatal(err)
-		}
+		_, _, err := p.tgt.Alloc(2 * page)
+		require.NoError(t, err)
 	}
 	p.remote = exchange(t, p.ini, p.tgt)
 	u := p.ini.b.(*ucx)
 	var mapped []uintptr
 	var regions []Desc
-	if err := u.do(func() error {
+	require.NoError(t, u.do(func() error {
 		r := u.remotes[p.remote]
 		mapped = append(mapped, r.mapped...)
 		for _, rg := range r.regions {
 			regions = append(regions, rg.Desc)
 		}
 		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	}))
 	a, b := -1, -1
 	for i := range mapped {
 		for j := range mapped {
@@ -217,16 +186,10 @@ func TestRunsStayInOnePeerMapping(t *testing.T) {
 	dst := []Desc{{Addr: regions[a].Addr + uintptr(regions[a].Len) - page, Len: page}, {Addr: regions[b].Addr, Len: page}}
 	fill(src, 7)
 	l, err := p.ini.PrepLocal(DRAM, pageDescs(src[:2*page], page))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	r, err := p.ini.PrepRemote(p.remote, DRAM, dst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := writePieces(t, p, l, []int{0, 1}, r, []int{0, 1}); n != 2 {
-		t.Errorf("a run joined across two peer regions: %d operations, want 2", n)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, 2, writePieces(t, p, l, []int{0, 1}, r, []int{0, 1}), "a run joined across two peer regions: operations")
 }
 
 // writePieces writes pairs li → ri from p's initiator, waits for it to be
@@ -234,15 +197,10 @@ func TestRunsStayInOnePeerMapping(t *testing.T) {
 func writePieces(t *testing.T, p pair, l *Prepped, li []int, r *Prepped, ri []int) int {
 	t.Helper()
 	x, err := p.ini.NewXfer(Write, l, li, r, ri, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.ini.Post(x); err != nil {
-		t.Fatal(err)
-	}
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
-		t.Fatal(st, err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, p.ini.Post(x))
+	st, err := wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, err)
 	return x.Pieces()
 }
 
@@ -259,13 +217,11 @@ func TestVRAMRunsStayInOneRegistration(t *testing.T) {
 				dst, _ := devAlloc(t, pages*page)
 				half := uintptr(pages / 2 * page)
 				for _, d := range []Desc{{Addr: uintptr(src), Len: uint64(half)}, {Addr: uintptr(src) + half, Len: uint64(half)}} {
-					if _, err := p.ini.Register(VRAM, []Desc{d}); err != nil {
-						t.Fatal(err)
-					}
+					_, err := p.ini.Register(VRAM, []Desc{d})
+					require.NoError(t, err)
 				}
-				if _, err := p.tgt.Register(VRAM, []Desc{{Addr: uintptr(dst), Len: pages * page}}); err != nil {
-					t.Fatal(err)
-				}
+				_, err := p.tgt.Register(VRAM, []Desc{{Addr: uintptr(dst), Len: pages * page}})
+				require.NoError(t, err)
 				p.remote = exchange(t, p.ini, p.tgt)
 				var s, d []Desc
 				for i := 0; i < pages; i++ {
@@ -273,16 +229,10 @@ func TestVRAMRunsStayInOneRegistration(t *testing.T) {
 					d = append(d, Desc{Addr: uintptr(dst) + uintptr(i*page), Len: page})
 				}
 				ls, err := p.ini.PrepLocal(VRAM, s)
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				rs, err := p.ini.PrepRemote(p.remote, VRAM, d)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if n := writePieces(t, p, ls, seq(4, 8), rs, seq(0, 8)); n != 2 {
-					t.Errorf("a VRAM run across two registrations: %d operations, want 2", n)
-				}
+				require.NoError(t, err)
+				assert.Equal(t, 2, writePieces(t, p, ls, seq(4, 8), rs, seq(0, 8)), "a VRAM run across two registrations: operations")
 			})
 		}
 	})

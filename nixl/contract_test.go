@@ -20,6 +20,8 @@ import (
 	"github.com/kvbridge/kvbridge/internal/cudadouble"
 	"github.com/kvbridge/kvbridge/internal/leakcheck"
 	"github.com/kvbridge/kvbridge/internal/nixldouble"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // doubleDir holds the NIXL C API test double built for this test binary.
@@ -138,9 +140,7 @@ type pair struct {
 func open(t testing.TB, ec engineCase, role string) *Agent {
 	t.Helper()
 	a, err := Open(ec.cfg(fmt.Sprintf("%s-%s-%d", ec.name, role, agentSeq.Add(1)), role))
-	if err != nil {
-		t.Fatalf("%s: open: %v", ec.name, err)
-	}
+	require.NoError(t, err, "%s: open", ec.name)
 	t.Cleanup(func() { a.Close() })
 	return a
 }
@@ -148,23 +148,14 @@ func open(t testing.TB, ec engineCase, role string) *Agent {
 func exchange(t testing.TB, ini, tgt *Agent) string {
 	t.Helper()
 	md, err := tgt.Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	name, err := ini.LoadRemote(md)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if name != tgt.Name() {
-		t.Fatalf("LoadRemote returned %q, want %q", name, tgt.Name())
-	}
+	require.NoError(t, err)
+	require.Equal(t, tgt.Name(), name, "LoadRemote returned")
 	back, err := ini.Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tgt.LoadRemote(back); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	_, err = tgt.LoadRemote(back)
+	require.NoError(t, err)
 	return name
 }
 
@@ -186,12 +177,8 @@ func waitNotif(t testing.TB, a *Agent, d time.Duration) Notif {
 	deadline := time.Now().Add(d)
 	for {
 		ns, err := a.Notifs()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(ns) > 1 {
-			t.Fatalf("got %d notifications, want one: %q", len(ns), ns)
-		}
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(ns), 1, "got notifications, want one: %q", ns)
 		if len(ns) == 1 {
 			return ns[0]
 		}
@@ -215,24 +202,16 @@ func fill(b []byte, seed uint64) {
 func write(t testing.TB, p pair, src, dst []Desc, notif []byte) *Xfer {
 	t.Helper()
 	l, err := p.ini.PrepLocal(DRAM, src)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	r, err := p.ini.PrepRemote(p.remote, DRAM, dst)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	idx := make([]int, len(src))
 	for i := range idx {
 		idx[i] = i
 	}
 	x, err := p.ini.NewXfer(Write, l, idx, r, idx, notif)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.ini.Post(x); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, p.ini.Post(x))
 	return x
 }
 
@@ -265,18 +244,16 @@ func newPair(t *testing.T, ec engineCase) pair {
 
 func contractMetadata(t *testing.T, ec engineCase) {
 	p := newPair(t, ec)
-	if _, _, err := p.tgt.Alloc(4096); err != nil {
-		t.Fatal(err)
-	}
+	_, _, err := p.tgt.Alloc(4096)
+	require.NoError(t, err)
 	exchange(t, p.ini, p.tgt)
 	for name, md := range map[string][]byte{
 		"empty":     nil,
 		"garbage":   []byte("not metadata at all"),
 		"truncated": func() []byte { m, _ := p.tgt.Metadata(); return m[:len(m)/2] }(),
 	} {
-		if _, err := p.ini.LoadRemote(md); !errors.Is(err, ErrBadMetadata) {
-			t.Errorf("%s metadata: %v", name, err)
-		}
+		_, err := p.ini.LoadRemote(md)
+		assert.ErrorIs(t, err, ErrBadMetadata, "%s metadata", name)
 	}
 	other := engines()[0]
 	if ec.name == "loopback" {
@@ -284,34 +261,26 @@ func contractMetadata(t *testing.T, ec engineCase) {
 	}
 	o := open(t, other, "other")
 	md, _ := o.Metadata()
-	if _, err := p.ini.LoadRemote(md); !errors.Is(err, ErrBadMetadata) {
-		t.Errorf("another engine's metadata: %v", err)
-	}
+	_, err = p.ini.LoadRemote(md)
+	assert.ErrorIs(t, err, ErrBadMetadata, "another engine's metadata")
 }
 
 func contractBulk(t *testing.T, ec engineCase) {
 	const size = 256 << 20
 	p := newPair(t, ec)
 	_, src, err := p.ini.Alloc(size)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	_, dst, err := p.tgt.Alloc(size)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	fill(src, 1)
 	p.remote = exchange(t, p.ini, p.tgt)
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("bulk"))
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
-		t.Fatalf("state %v: %v", st, err)
-	}
-	if n := waitNotif(t, p.tgt, time.Minute); string(n.Msg) != "bulk" || n.Remote != p.ini.Name() {
-		t.Fatalf("notif %+v", n)
-	}
-	if crc32.ChecksumIEEE(src) != crc32.ChecksumIEEE(dst) {
-		t.Fatal("256 MiB arrived corrupted")
-	}
+	st, err := wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "state: %v", err)
+	n := waitNotif(t, p.tgt, time.Minute)
+	require.Equal(t, "bulk", string(n.Msg), "notif %+v", n)
+	require.Equal(t, p.ini.Name(), n.Remote, "notif %+v", n)
+	require.Equal(t, crc32.ChecksumIEEE(src), crc32.ChecksumIEEE(dst), "256 MiB arrived corrupted")
 	p.ini.Release(x)
 }
 
@@ -319,13 +288,9 @@ func contractScatter(t *testing.T, ec engineCase) {
 	const n, piece = 4096, 32 << 10
 	p := newPair(t, ec)
 	_, src, err := p.ini.Alloc(n * piece)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	_, dst, err := p.tgt.Alloc(n * piece)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	fill(src, 2)
 	p.remote = exchange(t, p.ini, p.tgt)
 	// Scatter: source piece i goes to destination piece perm[i].
@@ -336,14 +301,11 @@ func contractScatter(t *testing.T, ec engineCase) {
 		d = append(d, BytesDesc(dst[perm[i]*piece:(perm[i]+1)*piece]))
 	}
 	x := write(t, p, s, d, []byte("scatter"))
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
-		t.Fatalf("state %v: %v", st, err)
-	}
+	st, err := wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "state: %v", err)
 	waitNotif(t, p.tgt, time.Minute)
 	for i := 0; i < n; i++ {
-		if !bytes.Equal(src[i*piece:(i+1)*piece], dst[perm[i]*piece:(perm[i]+1)*piece]) {
-			t.Fatalf("piece %d corrupted", i)
-		}
+		require.True(t, bytes.Equal(src[i*piece:(i+1)*piece], dst[perm[i]*piece:(perm[i]+1)*piece]), "piece %d corrupted", i)
 	}
 	p.ini.Release(x)
 }
@@ -358,39 +320,28 @@ func contractNotifs(t *testing.T, ec engineCase) {
 	l, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
 	r, _ := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
 	x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("round"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for round := byte(1); round <= 3; round++ {
 		for i := range src {
 			src[i] = round
 		}
-		if err := p.ini.Post(x); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, p.ini.Post(x))
 		n := waitNotif(t, p.tgt, time.Minute)
 		// The notification must not overtake the data.
-		if dst[0] != round || dst[size-1] != round || !bytes.Equal(dst, src) {
-			t.Fatalf("round %d: notification %q arrived before the data", round, n.Msg)
-		}
-		if st, err := wait(t, p.ini, x, time.Minute); st != Done {
-			t.Fatalf("state %v: %v", st, err)
-		}
+		require.Equal(t, round, dst[0], "round %d: notification %q arrived before the data", round, n.Msg)
+		require.Equal(t, round, dst[size-1], "round %d: notification %q arrived before the data", round, n.Msg)
+		require.True(t, bytes.Equal(dst, src), "round %d: notification %q arrived before the data", round, n.Msg)
+		st, err := wait(t, p.ini, x, time.Minute)
+		require.Equal(t, Done, st, "state: %v", err)
 	}
-	if err := p.ini.GenNotif(p.remote, []byte("plain")); err != nil {
-		t.Fatal(err)
-	}
-	if n := waitNotif(t, p.tgt, time.Minute); string(n.Msg) != "plain" {
-		t.Fatalf("GenNotif delivered %q", n.Msg)
-	}
+	require.NoError(t, p.ini.GenNotif(p.remote, []byte("plain")))
+	n := waitNotif(t, p.tgt, time.Minute)
+	require.Equal(t, "plain", string(n.Msg), "GenNotif delivered")
 	// Exactly once: nothing more is pending.
 	time.Sleep(10 * time.Millisecond)
-	if ns, _ := p.tgt.Notifs(); len(ns) != 0 {
-		t.Fatalf("duplicate notifications: %q", ns)
-	}
-	if err := p.ini.GenNotif("nobody", nil); !errors.Is(err, ErrRemoteUnknown) {
-		t.Fatalf("notify unknown: %v", err)
-	}
+	ns, _ := p.tgt.Notifs()
+	require.Empty(t, ns, "duplicate notifications: %q", ns)
+	require.ErrorIs(t, p.ini.GenNotif("nobody", nil), ErrRemoteUnknown, "notify unknown")
 	p.ini.Release(x)
 }
 
@@ -404,18 +355,11 @@ func contractRead(t *testing.T, ec engineCase) {
 	l, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(local)})
 	r, _ := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(remote)})
 	x, err := p.ini.NewXfer(Read, l, []int{0}, r, []int{0}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.ini.Post(x); err != nil {
-		t.Fatal(err)
-	}
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
-		t.Fatalf("state %v: %v", st, err)
-	}
-	if !bytes.Equal(local, remote) {
-		t.Fatal("READ returned wrong bytes")
-	}
+	require.NoError(t, err)
+	require.NoError(t, p.ini.Post(x))
+	st, err := wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "state: %v", err)
+	require.True(t, bytes.Equal(local, remote), "READ returned wrong bytes")
 	p.ini.Release(x)
 }
 
@@ -438,27 +382,20 @@ func contractBadDescs(t *testing.T, ec engineCase) {
 		"register null":     func() error { _, err := p.ini.Register(DRAM, []Desc{{Len: 10}}); return err }(),
 		"register wraps":    func() error { _, err := p.ini.Register(DRAM, []Desc{{Addr: ^uintptr(0) - 4, Len: 10}}); return err }(),
 	} {
-		if !errors.Is(err, ErrInvalidDescriptor) {
-			t.Errorf("%s: %v, want ErrInvalidDescriptor", name, err)
-		}
+		assert.ErrorIs(t, err, ErrInvalidDescriptor, name)
 	}
-	if _, err := p.ini.PrepRemote("nobody", DRAM, []Desc{BytesDesc(dst)}); !errors.Is(err, ErrRemoteUnknown) {
-		t.Errorf("unknown remote: %v", err)
-	}
+	_, err := p.ini.PrepRemote("nobody", DRAM, []Desc{BytesDesc(dst)})
+	assert.ErrorIs(t, err, ErrRemoteUnknown, "unknown remote")
 	l, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src[:4096]), BytesDesc(src[4096:8192])})
 	r, _ := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst[:4096]), BytesDesc(dst[:100])})
-	if _, err := p.ini.NewXfer(Write, l, []int{0, 2}, r, []int{0, 1}, nil); !errors.Is(err, ErrInvalidDescriptor) {
-		t.Errorf("index out of range: %v", err)
-	}
-	if _, err := p.ini.NewXfer(Write, l, []int{1}, r, []int{1}, nil); !errors.Is(err, ErrInvalidRequest) {
-		t.Errorf("length mismatch: %v", err)
-	}
-	if _, err := p.ini.NewXfer(Write, l, []int{0}, l, []int{0}, nil); !errors.Is(err, ErrInvalidRequest) {
-		t.Errorf("local as remote: %v", err)
-	}
-	if _, err := p.ini.NewXfer(Write, l, nil, r, nil, nil); !errors.Is(err, ErrInvalidRequest) {
-		t.Errorf("empty request: %v", err)
-	}
+	_, err = p.ini.NewXfer(Write, l, []int{0, 2}, r, []int{0, 1}, nil)
+	assert.ErrorIs(t, err, ErrInvalidDescriptor, "index out of range")
+	_, err = p.ini.NewXfer(Write, l, []int{1}, r, []int{1}, nil)
+	assert.ErrorIs(t, err, ErrInvalidRequest, "length mismatch")
+	_, err = p.ini.NewXfer(Write, l, []int{0}, l, []int{0}, nil)
+	assert.ErrorIs(t, err, ErrInvalidRequest, "local as remote")
+	_, err = p.ini.NewXfer(Write, l, nil, r, nil, nil)
+	assert.ErrorIs(t, err, ErrInvalidRequest, "empty request")
 }
 
 // A remote invalidated with a write in flight ends in Done or Failed,
@@ -470,17 +407,11 @@ func contractInvalidate(t *testing.T, ec engineCase) {
 	_, dst, _ := p.tgt.Alloc(size)
 	p.remote = exchange(t, p.ini, p.tgt)
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("x"))
-	if err := p.ini.InvalidateRemote(p.remote); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, p.ini.InvalidateRemote(p.remote))
 	st, err := wait(t, p.ini, x, time.Minute)
 	t.Logf("after invalidate: %v %v", st, err)
-	if err := p.ini.Post(x); !errors.Is(err, ErrRemoteUnknown) {
-		t.Fatalf("post after invalidate: %v", err)
-	}
-	if err := p.ini.InvalidateRemote(p.remote); !errors.Is(err, ErrRemoteUnknown) {
-		t.Fatalf("second invalidate: %v", err)
-	}
+	require.ErrorIs(t, p.ini.Post(x), ErrRemoteUnknown, "post after invalidate")
+	require.ErrorIs(t, p.ini.InvalidateRemote(p.remote), ErrRemoteUnknown, "second invalidate")
 	p.ini.Release(x)
 }
 
@@ -530,11 +461,9 @@ func contractConcurrent(t *testing.T, ec engineCase) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		t.Fatal(err)
+		require.NoError(t, err)
 	}
-	if !bytes.Equal(src, dst) {
-		t.Fatal("concurrent writes corrupted data")
-	}
+	require.True(t, bytes.Equal(src, dst), "concurrent writes corrupted data")
 }
 
 func contractCloseInFlight(t *testing.T, ec engineCase) {
@@ -548,21 +477,14 @@ func contractCloseInFlight(t *testing.T, ec engineCase) {
 	go func() { done <- p.ini.Close() }()
 	select {
 	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 	case <-time.After(time.Minute):
 		t.Fatal("Close hung with a transfer in flight")
 	}
-	if err := p.ini.Close(); err != nil {
-		t.Fatalf("second Close: %v", err)
-	}
-	if st, _ := p.ini.Status(x); st == InProgress {
-		t.Fatal("a transfer still in progress after Close")
-	}
-	if err := p.ini.Post(x); !errors.Is(err, ErrClosed) {
-		t.Fatalf("post after close: %v", err)
-	}
+	require.NoError(t, p.ini.Close(), "second Close")
+	st, _ := p.ini.Status(x)
+	require.NotEqual(t, InProgress, st, "a transfer still in progress after Close")
+	require.ErrorIs(t, p.ini.Post(x), ErrClosed, "post after close")
 }
 
 // Transfers released while in flight (a room aborted mid-write) are
@@ -579,15 +501,13 @@ func contractReleaseInFlight(t *testing.T, ec engineCase) {
 	fill(src, 41)
 	for i := range 8 {
 		x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
-		if err := p.ini.Release(x); err != nil {
-			t.Fatalf("release %d in flight: %v", i, err)
-		}
+		require.NoError(t, p.ini.Release(x), "release %d in flight", i)
 	}
 	clear(dst)
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(src, dst) {
-		t.Fatalf("a write after 8 released in flight: %v %v", st, err)
-	}
+	st, err := wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "a write after 8 released in flight: %v", err)
+	require.True(t, bytes.Equal(src, dst), "a write after 8 released in flight: %v %v", st, err)
 	p.ini.Release(x)
 }
 
@@ -603,25 +523,18 @@ func contractPostAfterReload(t *testing.T, ec engineCase) {
 	l, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
 	r, _ := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
 	md, _ := p.tgt.Metadata()
-	if _, err := p.ini.LoadRemote(md); err != nil {
-		t.Fatal(err)
-	}
+	_, err := p.ini.LoadRemote(md)
+	require.NoError(t, err)
 	x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.ini.Post(x); !errors.Is(err, ErrStalePrep) {
-		t.Fatalf("post from a list prepared before the reload: %v, want ErrStalePrep", err)
-	}
+	require.NoError(t, err)
+	require.ErrorIs(t, p.ini.Post(x), ErrStalePrep, "post from a list prepared before the reload")
 	p.ini.Release(x)
 	r2, err := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	x = write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(src, dst) {
-		t.Fatalf("after preparing again: %v %v", st, err)
-	}
+	st, err := wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "after preparing again: %v", err)
+	require.True(t, bytes.Equal(src, dst), "after preparing again: %v %v", st, err)
 	p.ini.Release(x)
 	r.Release()
 	r2.Release()
@@ -629,24 +542,18 @@ func contractPostAfterReload(t *testing.T, ec engineCase) {
 }
 
 func TestOpenErrors(t *testing.T) {
-	if _, err := Open(Config{Name: "x", Engine: "warp"}); !errors.Is(err, ErrEngineUnavailable) {
-		t.Fatalf("unknown engine: %v", err)
-	}
-	if _, err := Open(Config{Engine: EngineLoopback}); err == nil {
-		t.Fatal("empty name accepted")
-	}
-	_, err := openLibNIXL(Config{Name: "x", NIXLLib: "/nonexistent/libnixl_capi.so"})
-	if !errors.Is(err, ErrEngineUnavailable) || !strings.Contains(err.Error(), "NIXL is not installed") {
-		t.Fatalf("missing NIXL: %v", err)
-	}
+	_, err := Open(Config{Name: "x", Engine: "warp"})
+	require.ErrorIs(t, err, ErrEngineUnavailable, "unknown engine")
+	_, err = Open(Config{Engine: EngineLoopback})
+	require.Error(t, err, "empty name accepted")
+	_, err = openLibNIXL(Config{Name: "x", NIXLLib: "/nonexistent/libnixl_capi.so"})
+	require.ErrorIs(t, err, ErrEngineUnavailable, "missing NIXL")
+	require.ErrorContains(t, err, "NIXL is not installed", "missing NIXL")
 	a, err := Open(Config{Name: "dup", Engine: EngineLoopback})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer a.Close()
-	if _, err := Open(Config{Name: "dup", Engine: EngineLoopback}); err == nil {
-		t.Fatal("duplicate loopback name accepted")
-	}
+	_, err = Open(Config{Name: "dup", Engine: EngineLoopback})
+	require.Error(t, err, "duplicate loopback name accepted")
 }
 
 // runChild is the peer process for the cross-process tests: it opens a ucx
@@ -758,42 +665,25 @@ func runChild() int {
 func contractPostAfterDeregister(t *testing.T, ec engineCase) {
 	p := newPair(t, ec)
 	reg, src, err := p.ini.Alloc(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	_, dst, _ := p.tgt.Alloc(1 << 20)
 	p.remote = exchange(t, p.ini, p.tgt)
 	l, err := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	r, err := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.ini.Deregister(reg); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.ini.Post(x); !errors.Is(err, ErrInvalidDescriptor) {
-		t.Fatalf("post after deregister: %v, want ErrInvalidDescriptor", err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, p.ini.Deregister(reg))
+	require.ErrorIs(t, p.ini.Post(x), ErrInvalidDescriptor, "post after deregister")
 	// Memory registered again is usable again.
 	_, src2, _ := p.ini.Alloc(1 << 20)
 	l2, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src2)})
 	x2, err := p.ini.NewXfer(Write, l2, []int{0}, r, []int{0}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.ini.Post(x2); err != nil {
-		t.Fatal(err)
-	}
-	if st, err := wait(t, p.ini, x2, time.Minute); st != Done {
-		t.Fatalf("%v %v", st, err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, p.ini.Post(x2))
+	st, err := wait(t, p.ini, x2, time.Minute)
+	require.Equal(t, Done, st, err)
 	p.ini.Release(x2)
 }
 
@@ -802,9 +692,7 @@ func contractPostAfterDeregister(t *testing.T, ec engineCase) {
 // UCX 1.13 asserts in ucp_ep_create and aborts the process).
 func TestUCXRefusesHostileWorkerAddresses(t *testing.T) {
 	a, err := Open(Config{Name: "hostile-md", Engine: EngineUCX, UCX: shmUCX})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer a.Close()
 	random := make([]byte, 300)
 	for i := range random {
@@ -819,9 +707,8 @@ func TestUCXRefusesHostileWorkerAddresses(t *testing.T) {
 		"too long":       make([]byte, maxWorkerAddress+1),
 	} {
 		md := (&metadataBlob{engine: EngineUCX, agent: "forger", payload: payload}).encode()
-		if _, err := a.LoadRemote(md); !errors.Is(err, ErrBadMetadata) {
-			t.Errorf("%s: %v, want ErrBadMetadata", name, err)
-		}
+		_, err := a.LoadRemote(md)
+		assert.ErrorIs(t, err, ErrBadMetadata, name)
 	}
 }
 
@@ -839,16 +726,12 @@ func TestUCXSettingsPerAgent(t *testing.T) {
 		a.Close()
 		t.Fatal("an agent with TCP_TX_SEG_SIZE above the RX size opened: the setting was not applied")
 	}
-	if _, ok := os.LookupEnv("UCX_TCP_TX_SEG_SIZE"); ok {
-		t.Fatal("opening an agent wrote UCX_TCP_TX_SEG_SIZE into the process environment")
-	}
+	_, ok := os.LookupEnv("UCX_TCP_TX_SEG_SIZE")
+	require.False(t, ok, "opening an agent wrote UCX_TCP_TX_SEG_SIZE into the process environment")
 	// Another agent in the same process is unaffected.
 	a, err := Open(Config{Name: "ucx-default-seg", Engine: EngineUCX, UCX: map[string]string{"TLS": "tcp", "NET_DEVICES": "lo"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	a.Close()
-	if _, err := Open(Config{Name: "ucx-conflict", Engine: EngineUCX, UCX: map[string]string{"TCP_TX_SEG_SIZE": "1M", "DC_TX_SEG_SIZE": "2M"}}); !errors.Is(err, ErrInvalidRequest) {
-		t.Fatalf("conflicting unprefixed settings: %v", err)
-	}
+	_, err = Open(Config{Name: "ucx-conflict", Engine: EngineUCX, UCX: map[string]string{"TCP_TX_SEG_SIZE": "1M", "DC_TX_SEG_SIZE": "2M"}})
+	require.ErrorIs(t, err, ErrInvalidRequest, "conflicting unprefixed settings")
 }

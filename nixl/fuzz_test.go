@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // ucxSeeds are this process's own worker addresses (shared memory, tcp,
@@ -12,21 +14,14 @@ func ucxSeeds(f *testing.F) (addrs, blobs [][]byte, ver ucxVersion, library stri
 	f.Helper()
 	for _, tls := range []map[string]string{shmUCX, tcpUCX, allUCX} {
 		a, err := Open(Config{Name: "fuzz", Engine: EngineUCX, UCX: tls})
-		if err != nil {
-			f.Fatal(err)
-		}
-		if _, _, err := a.Alloc(1 << 16); err != nil {
-			f.Fatal(err)
-		}
+		require.NoError(f, err)
+		_, _, err = a.Alloc(1 << 16)
+		require.NoError(f, err)
 		md, err := a.Metadata()
-		if err != nil {
-			f.Fatal(err)
-		}
+		require.NoError(f, err)
 		u := a.b.(*ucx)
 		m, err := decodeMetadata(md, EngineUCX, u.library)
-		if err != nil {
-			f.Fatal(err)
-		}
+		require.NoError(f, err)
 		addrs, blobs, ver, library = append(addrs, m.payload), append(blobs, md), u.local.ver, u.library
 		a.Close()
 	}
@@ -61,9 +56,8 @@ func FuzzParseUCXAddress(f *testing.F) {
 			return
 		}
 		_ = describeUCXAddress(a)
-		if _, err := parseUCXAddress(append(bytes.Clone(b), 0), v); err == nil {
-			t.Fatalf("accepted %x and also with a byte appended", b)
-		}
+		_, err = parseUCXAddress(append(bytes.Clone(b), 0), v)
+		require.Error(t, err, "accepted %x and also with a byte appended", b)
 	})
 }
 
@@ -82,12 +76,9 @@ func FuzzParseNIXLMD(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if md == nil {
-			t.Fatal("nil metadata without an error")
-		}
-		if _, err := parseNIXLMD(append(bytes.Clone(b), '|')); err == nil {
-			t.Fatalf("accepted %x and also with a byte appended", b)
-		}
+		require.NotNil(t, md, "nil metadata without an error")
+		_, err = parseNIXLMD(append(bytes.Clone(b), '|'))
+		require.Error(t, err, "accepted %x and also with a byte appended", b)
 	})
 }
 
@@ -105,9 +96,7 @@ func FuzzDecodeMetadata(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if got := m.encode(); !bytes.Equal(got, b) {
-			t.Fatalf("decoded %x, encodes to %x", b, got)
-		}
+		require.Equal(t, b, m.encode(), "decoded %x, encodes to", b)
 		_ = m.remoteRegions()
 	})
 }

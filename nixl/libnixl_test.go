@@ -15,6 +15,8 @@ import (
 	"unsafe"
 
 	"github.com/kvbridge/kvbridge/internal/nixldouble"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // These tests drive the real libnixl binding (loading, marshalling, handles,
@@ -46,9 +48,7 @@ func nixlPairOn(t *testing.T, lib string, timeout time.Duration, ini, tgt NIXLPr
 	mk := func(role string, mode NIXLProgress) *Agent {
 		a, err := Open(Config{Name: fmt.Sprintf("nx-%s-%s-%d", role, t.Name(), agentSeq.Add(1)), Engine: EngineLibNIXL, NIXLLib: lib,
 			XferTimeout: timeout, NIXLProgress: mode})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		t.Cleanup(func() { a.Close() })
 		return a
 	}
@@ -79,20 +79,20 @@ func TestLibNIXLInjectedErrors(t *testing.T) {
 	l, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
 	r, _ := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
 	x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	err = p.ini.Post(x)
 	var ne *NIXLError
-	if !errors.As(err, &ne) || ne.Status != -2 || ne.Call != "nixl_capi_post_xfer_req" || !errors.Is(err, ErrTransfer) {
-		t.Fatalf("post with an injected backend error: %v", err)
-	}
+	require.ErrorAs(t, err, &ne, "post with an injected backend error")
+	require.EqualValues(t, -2, ne.Status, "post with an injected backend error: %v", err)
+	require.Equal(t, "nixl_capi_post_xfer_req", ne.Call, "post with an injected backend error: %v", err)
+	require.ErrorIs(t, err, ErrTransfer, "post with an injected backend error")
 	// Issue 22: the remote is fenced until its metadata loads again.
 	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
-	if err := p.ini.Post(x); !errors.Is(err, ErrTransfer) || errors.As(err, &ne) || !strings.Contains(err.Error(), p.remote) ||
-		p.ini.PostsFenced() != 1 {
-		t.Fatalf("post after a failed one: %v (%d fenced)", err, p.ini.PostsFenced())
-	}
+	err = p.ini.Post(x)
+	require.ErrorIs(t, err, ErrTransfer, "post after a failed one (%d fenced)", p.ini.PostsFenced())
+	require.False(t, errors.As(err, &ne), "post after a failed one: %v (%d fenced)", err, p.ini.PostsFenced())
+	require.ErrorContains(t, err, p.remote, "post after a failed one (%d fenced)", p.ini.PostsFenced())
+	require.EqualValues(t, 1, p.ini.PostsFenced(), "post after a failed one: %v (fenced)", err)
 	p.ini.Release(x)
 	reload := func() {
 		t.Helper()
@@ -100,27 +100,23 @@ func TestLibNIXLInjectedErrors(t *testing.T) {
 		if err == nil {
 			_, err = p.ini.LoadRemote(md)
 		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		l, _ = p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
 		r, _ = p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
-		if x, err = p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("n")); err != nil {
-			t.Fatal(err)
-		}
+		x, err = p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("n"))
+		require.NoError(t, err)
 	}
 	reload()
 	t.Setenv("KVB_NIXL_DOUBLE_FAIL", "nixl_capi_get_xfer_status")
-	if err := p.ini.Post(x); err != nil {
-		t.Fatal(err)
-	}
-	if st, err := wait(t, p.ini, x, time.Minute); st != Failed || !errors.As(err, &ne) || ne.Call != "nixl_capi_get_xfer_status" {
-		t.Fatalf("status with an injected error: %v %v", st, err)
-	}
+	require.NoError(t, p.ini.Post(x))
+	st, err := wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Failed, st, "status with an injected error: %v", err)
+	require.ErrorAs(t, err, &ne, "status with an injected error: %v", st)
+	require.Equal(t, "nixl_capi_get_xfer_status", ne.Call, "status with an injected error: %v %v", st, err)
 	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
-	if err := p.ini.Post(x); !errors.Is(err, ErrTransfer) || p.ini.PostsFenced() != 2 {
-		t.Fatalf("post after a failed status: %v (%d fenced)", err, p.ini.PostsFenced())
-	}
+	err = p.ini.Post(x)
+	require.ErrorIs(t, err, ErrTransfer, "post after a failed status (%d fenced)", p.ini.PostsFenced())
+	require.EqualValues(t, 2, p.ini.PostsFenced(), "post after a failed status: %v (fenced)", err)
 	p.ini.Release(x)
 	reload()
 	p.ini.Release(x)
@@ -151,8 +147,8 @@ func TestLibNIXLInjectedErrors(t *testing.T) {
 		t.Setenv("KVB_NIXL_DOUBLE_FAIL", fn)
 		err := call()
 		os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
-		if !errors.As(err, &ne) || ne.Call[:len(fn)] != fn {
-			t.Errorf("%s: want a NIXLError naming the call, got %v", fn, err)
+		if assert.ErrorAs(t, err, &ne, "%s: want a NIXLError naming the call", fn) {
+			assert.Equal(t, fn, ne.Call[:len(fn)], "%s: want a NIXLError naming the call, got %v", fn, err)
 		}
 	}
 	// Last: a load NIXL refuses drops the remote on kvbridge's side too
@@ -161,15 +157,14 @@ func TestLibNIXLInjectedErrors(t *testing.T) {
 	t.Setenv("KVB_NIXL_DOUBLE_FAIL", "nixl_capi_load_remote_md")
 	_, err = p.ini.LoadRemote(md)
 	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
-	if !errors.As(err, &ne) || ne.Call != "nixl_capi_load_remote_md" || !errors.Is(err, ErrBadMetadata) {
-		t.Errorf("nixl_capi_load_remote_md: want a NIXLError naming the call, got %v", err)
+	if assert.ErrorAs(t, err, &ne, "nixl_capi_load_remote_md: want a NIXLError naming the call") {
+		assert.Equal(t, "nixl_capi_load_remote_md", ne.Call, "nixl_capi_load_remote_md: want a NIXLError naming the call, got %v", err)
 	}
-	if _, err := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)}); !errors.Is(err, ErrRemoteUnknown) {
-		t.Errorf("prep after a refused load: %v, want ErrRemoteUnknown", err)
-	}
-	if _, err := p.ini.LoadRemote(md); err != nil {
-		t.Errorf("the same blob again: %v", err)
-	}
+	assert.ErrorIs(t, err, ErrBadMetadata, "nixl_capi_load_remote_md: want a NIXLError naming the call")
+	_, err = p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
+	assert.ErrorIs(t, err, ErrRemoteUnknown, "prep after a refused load")
+	_, err = p.ini.LoadRemote(md)
+	assert.NoError(t, err, "the same blob again")
 }
 
 // postNew builds and posts a transfer from prepared lists (for injection).
@@ -190,17 +185,16 @@ func TestLibNIXLAsyncAndDeadline(t *testing.T) {
 	fill(src, 11)
 	t.Setenv("KVB_NIXL_DOUBLE_ASYNC", "1")
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("async"))
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done || string(waitNotif(t, p.tgt, time.Minute).Msg) != "async" {
-		t.Fatalf("async: %v %v", st, err)
-	}
+	st, err := wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "async: %v", err)
+	require.Equal(t, "async", string(waitNotif(t, p.tgt, time.Minute).Msg), "async: %v %v", st, err)
 	p.ini.Release(x)
 
 	t.Setenv("KVB_NIXL_DOUBLE_ASYNC", "stuck")
 	x = write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
-	st, err := wait(t, p.ini, x, time.Minute)
-	if st != Failed || !errors.Is(err, ErrTimeout) {
-		t.Fatalf("a stuck transfer: %v %v, want Failed with ErrTimeout", st, err)
-	}
+	st, err = wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Failed, st, "a stuck transfer: %v, want Failed with ErrTimeout", err)
+	require.ErrorIs(t, err, ErrTimeout, "a stuck transfer: want Failed with ErrTimeout")
 }
 
 // NIXL checks no backend parameter names: an unknown one is accepted (the
@@ -212,9 +206,7 @@ func TestLibNIXLBackendParams(t *testing.T) {
 		{"bogus_param": "1"},
 	} {
 		a, err := Open(Config{Name: fmt.Sprintf("nx-params%d", i), Engine: EngineLibNIXL, NIXLLib: doubleLib(), BackendParams: params})
-		if err != nil {
-			t.Fatalf("%v: %v", params, err)
-		}
+		require.NoError(t, err, "%v", params)
 		a.Close()
 	}
 }
@@ -241,22 +233,19 @@ func TestLibNIXLAgentConfig(t *testing.T) {
 	} {
 		name := fmt.Sprintf("nx-config-%v-%v", c.delay, c.mode)
 		a, err := Open(Config{Name: name, Engine: EngineLibNIXL, NIXLLib: doubleLib(), NIXLProgressDelay: c.delay, NIXLProgress: c.mode})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		sync, delay, err := nixldouble.AgentConfig(doubleLib(), a.Name())
 		prog, perr := nixldouble.AgentProgressThread(doubleLib(), a.Name())
 		a.Close()
-		if err != nil || perr != nil {
-			t.Fatal(err, perr)
-		}
-		if sync != c.sync || delay != c.want || prog != c.prog {
-			t.Errorf("%s: agent made with thread sync %d, progress thread %v, delay %v; want %d, %v, %v", name, sync, prog, delay, c.sync, c.prog, c.want)
-		}
+		require.NoError(t, err)
+		require.NoError(t, perr)
+		msg := fmt.Sprintf("%s: agent made with thread sync %d, progress thread %v, delay %v; want %d, %v, %v", name, sync, prog, delay, c.sync, c.prog, c.want)
+		assert.Equal(t, c.sync, sync, msg)
+		assert.Equal(t, c.want, delay, msg)
+		assert.Equal(t, c.prog, prog, msg)
 	}
-	if _, err := Open(Config{Name: "nx-config-bad", Engine: EngineLibNIXL, NIXLLib: doubleLib(), NIXLProgress: 7}); !errors.Is(err, ErrInvalidRequest) {
-		t.Errorf("progress mode 7: %v, want ErrInvalidRequest", err)
-	}
+	_, err := Open(Config{Name: "nx-config-bad", Engine: EngineLibNIXL, NIXLLib: doubleLib(), NIXLProgress: 7})
+	assert.ErrorIs(t, err, ErrInvalidRequest, "progress mode 7")
 }
 
 // Notifications drained on one goroutine while others prepare, post, wait
@@ -264,9 +253,7 @@ func TestLibNIXLAgentConfig(t *testing.T) {
 func TestLibNIXLConcurrentCallsAreLocked(t *testing.T) {
 	p, src, dst := libnixlPair(t, time.Minute)
 	before, err := nixldouble.Violations(doubleLib())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	stop := make(chan struct{})
 	var drained sync.WaitGroup
 	drained.Add(1)
@@ -278,8 +265,7 @@ func TestLibNIXLConcurrentCallsAreLocked(t *testing.T) {
 				return
 			default:
 			}
-			if _, err := p.ini.Notifs(); err != nil {
-				t.Error(err)
+			if _, err := p.ini.Notifs(); !assert.NoError(t, err) {
 				return
 			}
 		}
@@ -292,13 +278,11 @@ func TestLibNIXLConcurrentCallsAreLocked(t *testing.T) {
 			for i := 0; i < 200; i++ {
 				off := (g*200 + i) % 64 * 1024
 				l, err := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src[off : off+1024])})
-				if err != nil {
-					t.Error(err)
+				if !assert.NoError(t, err) {
 					return
 				}
 				r, err := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst[off : off+1024])})
-				if err != nil {
-					t.Error(err)
+				if !assert.NoError(t, err) {
 					return
 				}
 				x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
@@ -308,9 +292,7 @@ func TestLibNIXLConcurrentCallsAreLocked(t *testing.T) {
 				if err == nil {
 					_, err = wait(t, p.ini, x, time.Minute)
 				}
-				if err != nil {
-					t.Error(err)
-				}
+				assert.NoError(t, err)
 				p.ini.Release(x)
 				l.Release()
 				r.Release()
@@ -320,9 +302,8 @@ func TestLibNIXLConcurrentCallsAreLocked(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	drained.Wait()
-	if after, _ := nixldouble.Violations(doubleLib()); after != before {
-		t.Fatalf("%d calls overlapped on an agent without thread sync", after-before)
-	}
+	after, _ := nixldouble.Violations(doubleLib())
+	require.Equal(t, before, after, "%d calls overlapped on an agent without thread sync", after-before)
 }
 
 // A release NIXL refuses (it could not cancel the transfer) is retried, and
@@ -332,26 +313,19 @@ func TestLibNIXLRefusedReleaseIsRetried(t *testing.T) {
 	live := func() int64 { return liveRequests(t) }
 	base := live()
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
-	if _, err := wait(t, p.ini, x, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	_, err := wait(t, p.ini, x, time.Minute)
+	require.NoError(t, err)
 	t.Setenv("KVB_NIXL_DOUBLE_FAIL", "nixl_capi_release_xfer_req")
 	var ne *NIXLError
-	if err := p.ini.Release(x); !errors.As(err, &ne) || ne.Call != "nixl_capi_release_xfer_req" {
-		t.Fatalf("refused release: %v", err)
-	}
+	err = p.ini.Release(x)
+	require.ErrorAs(t, err, &ne, "refused release")
+	require.Equal(t, "nixl_capi_release_xfer_req", ne.Call, "refused release: %v", err)
 	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
-	if n := live(); n != base+1 {
-		t.Fatalf("%d live requests after a refused release, want %d (kept for retry)", n, base+1)
-	}
+	require.Equal(t, base+1, live(), "live requests after a refused release (kept for retry)")
 	y := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
 	wait(t, p.ini, y, time.Minute)
-	if err := p.ini.Release(y); err != nil { // also retries x's
-		t.Fatal(err)
-	}
-	if n := live(); n != base {
-		t.Fatalf("%d live requests after the retry, want %d", n, base)
-	}
+	require.NoError(t, p.ini.Release(y)) // also retries x's
+	require.Equal(t, base, live(), "live requests after the retry")
 }
 
 // Close with transfers in flight releases them before the agent goes; the
@@ -362,27 +336,19 @@ func TestLibNIXLCallsAfterClose(t *testing.T) {
 	t.Setenv("KVB_NIXL_DOUBLE_ASYNC", "stuck")
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("never"))
 	base, _ := nixldouble.LiveRequests(doubleLib())
-	if err := p.ini.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if n, _ := nixldouble.LiveRequests(doubleLib()); n != base-1 {
-		t.Fatalf("%d live requests after Close, want %d", n, base-1)
-	}
-	if st, err := p.ini.Status(x); st != Failed || !errors.Is(err, ErrClosed) {
-		t.Fatalf("status after Close: %v %v", st, err)
-	}
-	if st, err := wait(t, p.ini, x, time.Minute); st != Failed || !errors.Is(err, ErrClosed) {
-		t.Fatalf("wait after Close: %v %v", st, err)
-	}
-	if err := p.ini.Release(x); err != nil {
-		t.Fatalf("release after Close: %v", err)
-	}
-	if _, err := p.ini.Notifs(); !errors.Is(err, ErrClosed) {
-		t.Fatalf("notifs after Close: %v", err)
-	}
-	if err := p.ini.GenNotif(p.remote, []byte("x")); !errors.Is(err, ErrClosed) {
-		t.Fatalf("notify after Close: %v", err)
-	}
+	require.NoError(t, p.ini.Close())
+	n, _ := nixldouble.LiveRequests(doubleLib())
+	require.Equal(t, base-1, n, "live requests after Close")
+	st, err := p.ini.Status(x)
+	require.Equal(t, Failed, st, "status after Close: %v", err)
+	require.ErrorIs(t, err, ErrClosed, "status after Close: %v", st)
+	st, err = wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Failed, st, "wait after Close: %v", err)
+	require.ErrorIs(t, err, ErrClosed, "wait after Close: %v", st)
+	require.NoError(t, p.ini.Release(x), "release after Close")
+	_, err = p.ini.Notifs()
+	require.ErrorIs(t, err, ErrClosed, "notifs after Close")
+	require.ErrorIs(t, p.ini.GenNotif(p.remote, []byte("x")), ErrClosed, "notify after Close")
 }
 
 // NIXL's UCX backend sends a write's notification when the initiator polls
@@ -392,9 +358,9 @@ func TestLibNIXLNotificationNeedsNoCallerPoll(t *testing.T) {
 	p, src, dst := libnixlPair(t, time.Minute)
 	fill(src, 12)
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("unpolled"))
-	if n := waitNotif(t, p.tgt, time.Minute); string(n.Msg) != "unpolled" || !bytes.Equal(src, dst) {
-		t.Fatalf("notification %q", n.Msg)
-	}
+	n := waitNotif(t, p.tgt, time.Minute)
+	require.Equal(t, "unpolled", string(n.Msg), "notification")
+	require.True(t, bytes.Equal(src, dst), "notification %q", n.Msg)
 	p.ini.Release(x)
 }
 
@@ -404,19 +370,15 @@ func TestLibNIXLNeedsCoreLibrary(t *testing.T) {
 	needDouble(t)
 	dir := t.TempDir()
 	lone := filepath.Join(dir, "libnixl_capi.so")
-	if out, err := exec.Command("cp", doubleLib(), lone).CombinedOutput(); err != nil {
-		t.Fatalf("%v %s", err, out)
-	}
+	out, err := exec.Command("cp", doubleLib(), lone).CombinedOutput()
+	require.NoError(t, err, "%s", out)
 	// In a fresh process: this one has the double's libnixl.so loaded.
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "KVBRIDGE_NIXL_CHILD=lone", "KVBRIDGE_NIXL_LONE="+lone)
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s := string(out); !strings.Contains(s, "NIXL is not installed or not loadable") || !strings.Contains(s, "nixl_double_core_version") {
-		t.Fatalf("want an unresolved-symbol load failure, got %q", s)
-	}
+	out, err = cmd.Output()
+	require.NoError(t, err)
+	require.Contains(t, string(out), "NIXL is not installed or not loadable", "want an unresolved-symbol load failure")
+	require.Contains(t, string(out), "nixl_double_core_version", "want an unresolved-symbol load failure")
 }
 
 // A library that is not a supported NIXL is refused with the reason, and
@@ -429,32 +391,20 @@ func TestLibNIXLRefusals(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), "KVBRIDGE_NIXL_CHILD=lone", "KVBRIDGE_NIXL_LONE="+doubleLib(), c.env)
 		out, err := cmd.Output()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(string(out), c.want) {
-			t.Errorf("%s: got %q, want it to say %q", c.env, out, c.want)
-		}
+		require.NoError(t, err)
+		assert.Contains(t, string(out), c.want, "%s: want it to say", c.env)
 	}
 	a, err := Open(Config{Name: "nx-first", Engine: EngineLibNIXL, NIXLLib: doubleLib()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer a.Close()
 	other := filepath.Join(t.TempDir(), "libnixl_capi.so")
-	if out, err := exec.Command("cp", doubleLib(), other).CombinedOutput(); err != nil {
-		t.Fatalf("%v %s", err, out)
-	}
-	if _, err := Open(Config{Name: "nx-second", Engine: EngineLibNIXL, NIXLLib: other}); !errors.Is(err, ErrEngineUnavailable) {
-		t.Fatalf("a second NIXL: %v", err)
-	}
+	out, err := exec.Command("cp", doubleLib(), other).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	_, err = Open(Config{Name: "nx-second", Engine: EngineLibNIXL, NIXLLib: other})
+	require.ErrorIs(t, err, ErrEngineUnavailable, "a second NIXL")
 	maps, err := os.ReadFile("/proc/self/maps")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(maps), other) {
-		t.Fatal("the refused second NIXL was loaded (and its handle leaked)")
-	}
+	require.NoError(t, err)
+	require.False(t, strings.Contains(string(maps), other), "the refused second NIXL was loaded (and its handle leaked)")
 }
 
 func TestAutoEngine(t *testing.T) {
@@ -462,20 +412,12 @@ func TestAutoEngine(t *testing.T) {
 	// With a loadable NIXL the automatic choice is libnixl; without, ucx.
 	t.Setenv("KVBRIDGE_NIXL_LIB", doubleLib())
 	a, err := Open(Config{Name: "auto-nixl"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.Engine() != EngineLibNIXL {
-		t.Fatalf("engine %s, want libnixl", a.Engine())
-	}
+	require.NoError(t, err)
+	require.Equal(t, EngineLibNIXL, a.Engine(), "engine, want libnixl")
 	a.Close()
 	b, err := Open(Config{Name: "auto-ucx", NIXLLib: "/nonexistent/libnixl_capi.so", UCX: shmUCX})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b.Engine() != EngineUCX {
-		t.Fatalf("engine %s, want ucx", b.Engine())
-	}
+	require.NoError(t, err)
+	require.Equal(t, EngineUCX, b.Engine(), "engine, want ucx")
 	b.Close()
 }
 
@@ -555,18 +497,15 @@ func TestLibNIXLProcessMapsOneUCX(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "KVBRIDGE_NIXL_CHILD=nixl-only", "KVBRIDGE_NIXL_LONE="+lib)
 	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "OK") {
-		t.Fatalf("child: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "child:\n%s", out)
+	require.Contains(t, string(out), "OK", "child: %v\n%s", err, out)
 	var ucps []string
 	for _, line := range strings.Split(string(out), "\n") {
 		if p, ok := strings.CutPrefix(line, "LIBUCP "); ok {
 			ucps = append(ucps, p)
 		}
 	}
-	if len(ucps) != want {
-		t.Fatalf("a libnixl-only process (%s) maps libucp %q, want %d file(s)", lib, ucps, want)
-	}
+	require.Len(t, ucps, want, "a libnixl-only process (%s) maps libucp %q, want %d file(s)", lib, ucps, want)
 	t.Logf("libucp mapped: %q", ucps)
 }
 
@@ -585,20 +524,12 @@ func TestLibNIXLGenNotifFlushed(t *testing.T) {
 func genNotifFlushed(t *testing.T, lib string) {
 	p, _, _ := nixlPairOn(t, lib, time.Minute, NIXLProgressCaller, NIXLProgressCaller)
 	back := exchange(t, p.tgt, p.ini)
-	if err := p.tgt.GenNotif(back, []byte("to the initiator")); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.ini.GenNotif(p.remote, []byte("dummy chunk")); err != nil {
-		t.Fatal(err)
-	}
-	if n := waitNotif(t, p.tgt, 10*time.Second); string(n.Msg) != "dummy chunk" {
-		t.Fatalf("notification %q", n.Msg)
-	}
+	require.NoError(t, p.tgt.GenNotif(back, []byte("to the initiator")))
+	require.NoError(t, p.ini.GenNotif(p.remote, []byte("dummy chunk")))
+	require.Equal(t, "dummy chunk", string(waitNotif(t, p.tgt, 10*time.Second).Msg), "notification")
 	// The initiator's flusher drained the target's GenNotif (sent by the
 	// target's own flusher): Notifs still returns it.
-	if n := waitNotif(t, p.ini, 10*time.Second); string(n.Msg) != "to the initiator" {
-		t.Fatalf("the initiator's notification %q", n.Msg)
-	}
+	require.Equal(t, "to the initiator", string(waitNotif(t, p.ini, 10*time.Second).Msg), "the initiator's notification")
 }
 
 // A request whose release NIXL refused (kept to retry) and whose remote is
@@ -611,30 +542,22 @@ func TestLibNIXLStuckRequestForgottenOnce(t *testing.T) {
 	live := func() int64 { return liveRequests(t) }
 	base := live()
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
-	if _, err := wait(t, p.ini, x, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	_, err := wait(t, p.ini, x, time.Minute)
+	require.NoError(t, err)
 	t.Setenv("KVB_NIXL_DOUBLE_FAIL", "nixl_capi_release_xfer_req")
-	if err := p.ini.Release(x); err == nil {
-		t.Fatal("release not refused")
-	}
+	require.Error(t, p.ini.Release(x), "release not refused")
 	_ = p.ini.InvalidateRemote(p.remote) // forget: its release refused again
 	nb := p.ini.b.(*libnixl)
 	nb.mu.Lock()
 	stuck := len(nb.stuck)
 	nb.mu.Unlock()
-	if stuck != 1 {
-		t.Fatalf("the refused request is queued %d times for retry, want once", stuck)
-	}
+	require.Equal(t, 1, stuck, "the refused request is queued times for retry, want once")
 	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
 	_ = p.ini.InvalidateRemote(p.remote) // released and destroyed now
 	nb.retryStuck()                      // finds it destroyed: no second release
-	if n := live(); n != base {
-		t.Fatalf("%d live requests, want %d", n, base)
-	}
-	if v, _ := nixldouble.Violations(doubleLib()); v != 0 {
-		t.Fatalf("%d calls the double refused as misuse", v)
-	}
+	require.Equal(t, base, live(), "live requests")
+	v, _ := nixldouble.Violations(doubleLib())
+	require.Zero(t, v, "calls the double refused as misuse")
 }
 
 // Review of issue 22's workarounds: a GenNotif to a fenced remote is
@@ -645,30 +568,27 @@ func TestLibNIXLFenceAndStashEdges(t *testing.T) {
 	p, _, _ := libnixlPair(t, time.Minute)
 	nb := p.ini.b.(*libnixl)
 	nb.fence(p.remote, errors.New("injected"))
-	if err := p.ini.GenNotif(p.remote, []byte("x")); !errors.Is(err, ErrTransfer) {
-		t.Fatalf("GenNotif to a fenced remote: %v, want ErrTransfer", err)
-	}
+	require.ErrorIs(t, p.ini.GenNotif(p.remote, []byte("x")), ErrTransfer, "GenNotif to a fenced remote")
 	tb := p.tgt.b.(*libnixl)
 	tb.nmu.Lock()
 	tb.stash = []Notif{{Remote: "someone", Msg: []byte("kept")}}
 	tb.nmu.Unlock()
 	t.Setenv("KVB_NIXL_DOUBLE_FAIL", "nixl_capi_get_notifs")
-	if ns, err := p.tgt.Notifs(); err == nil || len(ns) != 0 {
-		t.Fatalf("a failed drain returned %d notifications, err %v", len(ns), err)
-	}
+	ns, err := p.tgt.Notifs()
+	require.Error(t, err, "a failed drain returned %d notifications", len(ns))
+	require.Empty(t, ns, "a failed drain returned notifications, err %v", err)
 	os.Unsetenv("KVB_NIXL_DOUBLE_FAIL")
-	if ns, err := p.tgt.Notifs(); err != nil || len(ns) != 1 || string(ns[0].Msg) != "kept" {
-		t.Fatalf("after the failed drain: %q %v, want the kept notification", ns, err)
-	}
+	ns, err = p.tgt.Notifs()
+	require.NoError(t, err, "after the failed drain: %q, want the kept notification", ns)
+	require.Len(t, ns, 1, "after the failed drain: %q, want the kept notification", ns)
+	require.Equal(t, "kept", string(ns[0].Msg), "after the failed drain, want the kept notification")
 }
 
 // liveRequests is how many transfer requests the NIXL double holds.
 func liveRequests(t *testing.T) int64 {
 	t.Helper()
 	n, err := nixldouble.LiveRequests(doubleLib())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return n
 }
 
@@ -682,20 +602,16 @@ func TestLibNIXLEngineConfig(t *testing.T) {
 		{"TLS=tcp", "TLS=tcp,ADAPTIVE_PROGRESS=n"},
 		{"TLS=tcp, ADAPTIVE_PROGRESS=y", "TLS=tcp, ADAPTIVE_PROGRESS=y"},
 	} {
-		if got := nixlEngineConfig(c.user); got != c.want {
-			t.Errorf("nixlEngineConfig(%q) = %q, want %q", c.user, got, c.want)
-		}
+		assert.Equal(t, c.want, nixlEngineConfig(c.user), "nixlEngineConfig(%q)", c.user)
 	}
 	needDouble(t)
 	for i, user := range []map[string]string{nil, {"engine_config": "MAX_RMA_RAILS=1"}} {
 		a, err := Open(Config{Name: fmt.Sprintf("nx-engine-config-%d", i), Engine: EngineLibNIXL, NIXLLib: doubleLib(), BackendParams: user})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		got, err := nixldouble.EngineConfig(doubleLib(), a.Name())
 		a.Close()
-		if want := nixlEngineConfig(user["engine_config"]); err != nil || got != want {
-			t.Errorf("the backend was created with engine_config %q (%v), want %q", got, err, want)
+		if assert.NoError(t, err, "the backend was created with engine_config %q", got) {
+			assert.Equal(t, nixlEngineConfig(user["engine_config"]), got, "the backend was created with engine_config")
 		}
 	}
 }
@@ -712,17 +628,16 @@ func TestLibNIXLAllocHugePages(t *testing.T) {
 	p, _, _ := libnixlPair(t, time.Minute)
 	for _, size := range []uint64{1, 3 << 20} {
 		_, buf, err := p.ini.Alloc(size)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		addr := uintptr(unsafe.Pointer(&buf[0]))
-		if addr%(2<<20) != 0 || uint64(len(buf)) != size || buf[0] != 0 || buf[size-1] != 0 {
-			t.Fatalf("Alloc(%d): %d bytes at %#x (want 2 MiB-aligned, zeroed)", size, len(buf), addr)
-		}
+		msg := fmt.Sprintf("Alloc(%d): %d bytes at %#x (want 2 MiB-aligned, zeroed)", size, len(buf), addr)
+		require.Zero(t, addr%(2<<20), msg)
+		require.Equal(t, size, uint64(len(buf)), msg)
+		require.Zero(t, buf[0], msg)
+		require.Zero(t, buf[size-1], msg)
 		buf[size-1] = 1
-		if flags := vmFlags(t, addr); !strings.Contains(" "+flags+" ", " hg ") {
-			t.Errorf("Alloc(%d) at %#x: VmFlags %q, no hg (MADV_HUGEPAGE)", size, addr, flags)
-		}
+		flags := vmFlags(t, addr)
+		assert.Contains(t, " "+flags+" ", " hg ", "Alloc(%d) at %#x: VmFlags %q, no hg (MADV_HUGEPAGE)", size, addr, flags)
 	}
 }
 

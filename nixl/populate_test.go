@@ -4,6 +4,8 @@ import (
 	"syscall"
 	"testing"
 	"unsafe"
+
+	"github.com/stretchr/testify/require"
 )
 
 // resident counts the pages of b the kernel has in memory (mincore).
@@ -25,22 +27,14 @@ func resident(t *testing.T, b []byte) int {
 func TestPopulate(t *testing.T) {
 	const size = 16 << 20
 	b, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer syscall.Munmap(b)
 	b[12345] = 0x5a
 	pages := size / syscall.Getpagesize()
-	if n := resident(t, b); n > pages/2 {
-		t.Fatalf("%d of %d pages resident before Populate: the test cannot tell", n, pages)
-	}
-	if err := Populate(Desc{Addr: uintptr(unsafe.Pointer(&b[1])), Len: size - 1}); err != nil {
-		t.Fatal(err)
-	}
-	if n := resident(t, b); n != pages {
-		t.Fatalf("%d of %d pages resident after Populate", n, pages)
-	}
-	if b[12345] != 0x5a || b[0] != 0 || b[size-1] != 0 {
-		t.Fatal("Populate changed the memory")
-	}
+	require.LessOrEqual(t, resident(t, b), pages/2, "pages resident (of %d) before Populate: the test cannot tell", pages)
+	require.NoError(t, Populate(Desc{Addr: uintptr(unsafe.Pointer(&b[1])), Len: size - 1}))
+	require.Equal(t, pages, resident(t, b), "pages resident after Populate")
+	require.Equal(t, byte(0x5a), b[12345], "Populate changed the memory")
+	require.Zero(t, b[0], "Populate changed the memory")
+	require.Zero(t, b[size-1], "Populate changed the memory")
 }

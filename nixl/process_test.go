@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // child is a peer process (this test binary re-executed, see runChild).
@@ -31,16 +33,10 @@ func startChild(t testing.TB, transport string, env ...string) *child {
 	cmd.Env = append(append(os.Environ(), "KVBRIDGE_NIXL_CHILD="+transport), env...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
 	c := &child{cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -62,9 +58,8 @@ func startChild(t testing.TB, transport string, env ...string) *child {
 		}
 	})
 	f := strings.Fields(c.line(t, "MD"))
-	if c.md, err = hex.DecodeString(f[1]); err != nil {
-		t.Fatal(err)
-	}
+	c.md, err = hex.DecodeString(f[1])
+	require.NoError(t, err)
 	a, _ := strconv.ParseUint(f[2], 16, 64)
 	c.addr = uintptr(a)
 	return c
@@ -74,9 +69,8 @@ func (c *child) line(t testing.TB, prefix string) string {
 	t.Helper()
 	select {
 	case l, ok := <-c.lines:
-		if !ok || !strings.HasPrefix(l, prefix+" ") {
-			t.Fatalf("child said %q, want %s ...", l, prefix)
-		}
+		require.True(t, ok, "child said %q, want %s ...", l, prefix)
+		require.True(t, strings.HasPrefix(l, prefix+" "), "child said %q, want %s ...", l, prefix)
 		return l
 	case <-time.After(time.Minute):
 		t.Fatalf("child silent, waiting for %s", prefix)
@@ -92,37 +86,27 @@ func TestCrossProcess(t *testing.T) {
 		t.Run(tc.transport, func(t *testing.T) {
 			c := startChild(t, tc.transport)
 			a, err := Open(Config{Name: "parent-" + tc.transport, Engine: EngineUCX, UCX: tc.ucx, XferTimeout: 20 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			defer a.Close()
 			remote, err := a.LoadRemote(c.md)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			const size = 256 << 20
 			_, src, err := a.Alloc(size)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			fill(src, 9)
 			p := pair{ini: a, remote: remote}
 			dst := Desc{Addr: c.addr, Len: size}
 			x := write(t, p, []Desc{BytesDesc(src)}, []Desc{dst}, []byte(fmt.Sprintf("verify:%d", size)))
-			if st, err := wait(t, a, x, time.Minute); st != Done {
-				t.Fatalf("state %v: %v", st, err)
-			}
-			want := fmt.Sprintf("CRC %08x", crc32.ChecksumIEEE(src))
-			if got := c.line(t, "CRC"); got != want {
-				t.Fatalf("the child's buffer: %s, want %s", got, want)
-			}
+			st, err := wait(t, a, x, time.Minute)
+			require.Equal(t, Done, st, "state: %v", err)
+			require.Equal(t, fmt.Sprintf("CRC %08x", crc32.ChecksumIEEE(src)), c.line(t, "CRC"), "the child's buffer")
 			a.Release(x)
 
 			// The peer is killed with a write in flight: the transfer ends
 			// (done or failed) within the agent's deadline, never hangs.
 			x = write(t, p, []Desc{BytesDesc(src)}, []Desc{dst}, []byte("late"))
 			c.cmd.Process.Signal(syscall.SIGKILL)
-			st, err := wait(t, a, x, time.Minute)
+			st, err = wait(t, a, x, time.Minute)
 			t.Logf("write to a killed peer over %s: %v %v", tc.transport, st, err)
 			a.Release(x)
 			// A new write to the dead peer also ends.
@@ -160,19 +144,13 @@ func TestCrossProcessInitiatorKilled(t *testing.T) {
 
 func initiatorKilled(t *testing.T, transport string, cfg map[string]string) {
 	a, err := Open(Config{Name: "parent-target-" + transport, Engine: EngineUCX, UCX: cfg, XferTimeout: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer a.Close()
 	const size = 64 << 20
 	_, dst, err := a.Alloc(size)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	md, err := a.Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	env := []string{"KVBRIDGE_NIXL_WRITER_MD=" + hex.EncodeToString(md), "KVBRIDGE_NIXL_WRITER_TLS=" + transport,
 		fmt.Sprintf("KVBRIDGE_NIXL_WRITER_DST=%x", BytesDesc(dst).Addr), fmt.Sprintf("KVBRIDGE_NIXL_CHILD_SIZE=%d", size)}
 	for round := 0; round < 5; round++ {
@@ -183,9 +161,7 @@ func initiatorKilled(t *testing.T, transport string, cfg map[string]string) {
 	// A writer that lives: its data lands byte-exact.
 	c := startChild(t, "writer", append(env, "KVBRIDGE_NIXL_WRITER_ONCE=1")...)
 	want := c.line(t, "DONE")
-	if got := fmt.Sprintf("DONE %08x", crc32.ChecksumIEEE(dst)); got != want {
-		t.Fatalf("after the killed writers, this process's buffer is %s, the writer wrote %s", got, want)
-	}
+	require.Equal(t, want, fmt.Sprintf("DONE %08x", crc32.ChecksumIEEE(dst)), "after the killed writers, this process's buffer (got) is not what the writer wrote (want)")
 }
 
 // writerChild is the peer process of TestCrossProcessInitiatorKilled: it
@@ -266,27 +242,20 @@ func writerChild() int {
 // lane of their own are no longer pinged.
 func TestReplacedPeerReleasesItsMemory(t *testing.T) {
 	a, err := Open(Config{Name: "parent-replaced", Engine: EngineUCX, UCX: shmUCX, XferTimeout: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer a.Close()
 	_, src, err := a.Alloc(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	fill(src, 3)
 	var counts []int
 	for round := 0; round < 5; round++ {
 		c := startChild(t, "shm", fmt.Sprintf("KVBRIDGE_NIXL_CHILD_SIZE=%d", 4<<20))
 		remote, err := a.LoadRemote(c.md) // replaces the previous round's peer
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		p := pair{ini: a, remote: remote}
 		x := write(t, p, []Desc{BytesDesc(src)}, []Desc{{Addr: c.addr, Len: uint64(len(src))}}, nil)
-		if st, err := wait(t, a, x, time.Minute); st != Done {
-			t.Fatalf("round %d: %v %v", round, st, err)
-		}
+		st, err := wait(t, a, x, time.Minute)
+		require.Equal(t, Done, st, "round %d: %v", round, err)
 		a.Release(x)
 		c.cmd.Process.Signal(syscall.SIGKILL)
 		c.cmd.Wait()
@@ -294,9 +263,7 @@ func TestReplacedPeerReleasesItsMemory(t *testing.T) {
 	}
 	// Each round's peer is gone once the next replaced it: the mappings
 	// stay flat from the second round on (the last peer's are still held).
-	if counts[len(counts)-1] > counts[1] {
-		t.Fatalf("shared-memory mappings of this process after each round: %v (the replaced dead peers' segments are still mapped)", counts)
-	}
+	require.LessOrEqual(t, counts[len(counts)-1], counts[1], "shared-memory mappings of this process after each round: %v (the replaced dead peers' segments are still mapped)", counts)
 	t.Logf("shared-memory mappings after each round: %v", counts)
 }
 

@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // abiProbe prints every offset, size and value of ucx_abi.h that the ucx
@@ -68,20 +71,15 @@ func TestUCXABI(t *testing.T) {
 	}
 	dir := t.TempDir()
 	src := filepath.Join(dir, "probe.c")
-	if err := os.WriteFile(src, []byte(abiProbe), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(src, []byte(abiProbe), 0o644))
 	wd, _ := os.Getwd()
 	run := func(name string, flags ...string) string {
 		bin := filepath.Join(dir, name)
 		args := append([]string{"-o", bin, src}, flags...)
-		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-			t.Fatalf("gcc %v: %v\n%s", args, err, out)
-		}
-		out, err := exec.Command(bin).Output()
-		if err != nil {
-			t.Fatal(err)
-		}
+		out, err := exec.Command("gcc", args...).CombinedOutput()
+		require.NoError(t, err, "gcc %v\n%s", args, out)
+		out, err = exec.Command(bin).Output()
+		require.NoError(t, err)
 		return string(out)
 	}
 	real := run("real", "-DREAL_UCX", "-I"+inc)
@@ -89,9 +87,7 @@ func TestUCXABI(t *testing.T) {
 	if real != ours {
 		rl, ol := strings.Split(real, "\n"), strings.Split(ours, "\n")
 		for i := range min(len(rl), len(ol)) {
-			if rl[i] != ol[i] {
-				t.Errorf("UCX (%s): %s; ucx_abi.h: %s", inc, rl[i], ol[i])
-			}
+			assert.Equal(t, rl[i], ol[i], "UCX (%s) vs ucx_abi.h", inc)
 		}
 	}
 }
