@@ -145,3 +145,61 @@ func TestAbortFloodDelaysNoOne(t *testing.T) {
 	t.Logf("%d ABORTs sent in %v, %d received or dropped by the prefill rank (%d dropped from the flooder's backlog); %d honest rooms, %v each",
 		sent, elapsed.Round(time.Millisecond), reached, pAfter.Backlogged-pBefore.Backlogged, rooms, (elapsed / rooms).Round(time.Millisecond))
 }
+
+// TestAbortFloodKeepsAnotherRanksEarlyAbort (issue 49, 3): an honest decode
+// rank process asks for room 50 and aborts it before the prefill rank
+// process created the room's sender (an early abort: a tombstone). Then a
+// decode rank with its own certificate floods the prefill rank with 2,000
+// ABORTs for room ids no one uses, past the tombstone bound (64 here, so a
+// rank's share is 8). The flooder's own early aborts are forgotten, never
+// the honest rank's: room 50's sender, created after the flood, starts
+// Failed at once (before, the flood made the prefill rank forget room
+// 50's tombstone, and the sender waited out its bootstrap deadline, 300 s).
+func TestAbortFloodKeepsAnotherRanksEarlyAbort(t *testing.T) {
+	t.Parallel() // its own processes and ports
+	attackerID := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "attacker", Rank: 0}
+	_, envs, ids := identityFiles(t,
+		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0},
+		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 0},
+		attackerID)
+	boot := startBoot(t)
+	base := []string{"KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}
+	prefill := startChild(t, append(append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_MAX_TOMBSTONES=64"}, base...), envs[0]...)...)
+	genuine := startChild(t, append(append([]string{"KVBRIDGE_E2E_ROLE=decode"}, base...), envs[1]...)...)
+	pp, gp := newPagePool(pages), newPagePool(pages)
+	pdRoom(t, prefill, genuine, 1, pp, gp) // registered, served
+
+	tombstoned := func() uint64 { return coreStats(t, prefill).Events[core.EventAbort][core.Tombstoned] }
+	before := tombstoned()
+	src, dst := pp.Get(8), gp.Get(8)
+	genuine.do(fmt.Sprintf("RECV+ 50 %s %s", csv(dst), csv(src)))
+	genuine.expect(t, "REQUESTED 50")
+	genuine.do("ABORT 50")
+	require.True(t, strings.HasPrefix(genuine.expect(t, "DONE 50"), "DONE 50 Failed"), "the honest rank's room 50, aborted")
+	require.Eventually(t, func() bool { return tombstoned() > before }, 30*time.Second, 10*time.Millisecond,
+		"the honest rank's early ABORT of room 50 never reached the prefill rank")
+
+	loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
+		Auth: testauth.Auth(), RankIdentity: ids[2], Handler: func(bootstrap.Message) {}})
+	require.NoError(t, err)
+	defer loop.Close()
+	f := strings.Fields(prefill.ready)
+	epoch, err := strconv.ParseUint(f[2], 10, 64)
+	require.NoError(t, err)
+	to := bootstrap.Peer{Endpoint: f[1], Cert: string(ids[0].Cert.Raw()), Epoch: epoch}
+	const flood = 2000
+	for n := range flood {
+		require.NoError(t, loop.Send(to, &bootstrap.Abort{Room: 1<<40 + uint64(n), Reason: "flood"}))
+	}
+	require.Eventually(t, func() bool { return tombstoned() >= before+1+flood }, 30*time.Second, 10*time.Millisecond,
+		"the flood never reached the prefill rank (each ABORT of a fresh id an early abort)")
+	st := coreStats(t, prefill)
+	assert.GreaterOrEqual(t, st.EarlyAbortsForgotten, uint64(flood-64/8), "the flood's early aborts past the flooder's share, forgotten and counted")
+	assert.Zero(t, st.TombstonesEvicted, "a tombstone forgotten past the bound: the flood's were not its own share")
+
+	prefill.do(fmt.Sprintf("SEND 50 %s 8", csv(src)))
+	got := prefill.expect(t, "DONE 50")
+	assert.True(t, strings.HasPrefix(got, "DONE 50 Failed"), "room 50's sender after the flood: %s", got)
+	assert.Contains(t, got, "aborted", "room 50's sender failed for its early abort: %s", got)
+	pdRoom(t, prefill, genuine, 51, pp, gp) // the honest pair still works
+}

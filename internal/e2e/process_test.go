@@ -66,6 +66,9 @@ func rankConfig(role kvmanager.Role, engine, boot string) kvmanager.Config {
 	if v := os.Getenv("KVBRIDGE_E2E_BIND"); v != "" {
 		cfg.Bind = v
 	}
+	if v, err := strconv.Atoi(os.Getenv("KVBRIDGE_E2E_MAX_TOMBSTONES")); err == nil {
+		cfg.Registry.MaxTombstones = v // a bound a test's flood reaches
+	}
 	if v := os.Getenv("KVBRIDGE_E2E_AGENT"); v != "" {
 		cfg.Engine.Name = v // a custom agent name (first come, first served)
 	}
