@@ -2,8 +2,10 @@ package nixl
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"sort"
@@ -243,6 +245,48 @@ type Xfer struct {
 	state  XferState     // the final state, once done is closed
 	err    error
 	notify chan<- *Xfer // PostTo's channel, sent x when final
+	// canary: a READ into DRAM planted it in the last bytes of each local
+	// descriptor of at least canaryBytes before its post (canaried).
+	canary   [canaryBytes]byte
+	canaried bool
+}
+
+// canaryBytes: a READ's destination descriptors of at least this many
+// bytes end, before the READ is posted, with a random value of this size;
+// a READ reported complete whose destination still ends with it did not
+// deliver that descriptor (NIXL 1.4.0 on UCX 1.22 over cma reports such a
+// READ complete: TestLibNIXLSilentPartialCompletion). A descriptor whose
+// source really ends with those bytes is refused too: 2^-64 a descriptor.
+const canaryBytes = 8
+
+// plantCanaries (PostTo, before the engine sees x): a READ into DRAM gets a
+// fresh random canary at the end of each local descriptor.
+func plantCanaries(x *Xfer) {
+	x.canaried = false
+	if x.Op != Read || x.local.Kind != DRAM {
+		return
+	}
+	binary.LittleEndian.PutUint64(x.canary[:], rand.Uint64())
+	for _, d := range x.Local {
+		if d.Len >= canaryBytes {
+			copy(view(d.Addr+uintptr(d.Len-canaryBytes), canaryBytes), x.canary[:])
+			x.canaried = true
+		}
+	}
+}
+
+// undelivered is the first local descriptor of a canaried READ whose
+// last bytes are still the canary (-1: none).
+func undelivered(x *Xfer) int {
+	if !x.canaried {
+		return -1
+	}
+	for k, d := range x.Local {
+		if d.Len >= canaryBytes && string(view(d.Addr+uintptr(d.Len-canaryBytes), canaryBytes)) == string(x.canary[:]) {
+			return k
+		}
+	}
+	return -1
 }
 
 // Done returns a channel closed when the transfer's current post reaches a
@@ -276,6 +320,9 @@ type Agent struct {
 	closed bool
 	// refusedMD counts peers' metadata blobs refused as ErrBadMetadata.
 	refusedMD atomic.Uint64
+	// notDelivered counts READs the engine reported complete whose
+	// destination still held the canary the agent planted (readCanaries).
+	notDelivered atomic.Uint64
 
 	// The completion watcher: one goroutine per agent polls the engine for
 	// the transfers in flight (waking on the engine's progress signal where
@@ -441,6 +488,13 @@ func (a *Agent) outcome(x *Xfer) (XferState, error, bool) {
 
 // settle records x's final state and wakes its waiters (a.wmu held).
 func (a *Agent) settle(x *Xfer, st XferState, err error) {
+	if st == Done {
+		if k := undelivered(x); k >= 0 {
+			a.notDelivered.Add(1)
+			st, err = Failed, fmt.Errorf("agent %s: READ from %s reported complete, but its descriptor %d of %d (%d bytes at %#x, from %#x) was not delivered (it still ends with the bytes planted before the read): %w",
+				a.name, x.Remote, k, len(x.Local), x.Local[k].Len, x.Local[k].Addr, x.Dst[k].Addr, ErrTransfer)
+		}
+	}
 	x.state, x.err = st, err
 	close(x.done)
 	if c := x.notify; c != nil {
@@ -651,6 +705,11 @@ func (a *Agent) WritesRefused() (refused, strayAcks uint64) {
 // MetadataRefused counts the peers' metadata blobs LoadRemote refused as
 // malformed or incompatible (ErrBadMetadata) since the agent opened.
 func (a *Agent) MetadataRefused() uint64 { return a.refusedMD.Load() }
+
+// NotDelivered counts READs the engine reported complete that did not
+// deliver a destination descriptor (its canary still there): each failed
+// instead, naming the descriptor.
+func (a *Agent) NotDelivered() uint64 { return a.notDelivered.Load() }
 
 // RemoteContains reports whether one region of kind that the loaded
 // remote agent registered contains all of d.
@@ -908,6 +967,7 @@ func (a *Agent) PostTo(x *Xfer, done chan<- *Xfer) error {
 	}
 	x.posted, x.err, x.state, x.done, x.notify = time.Now(), nil, InProgress, make(chan struct{}), done
 	a.wmu.Unlock()
+	plantCanaries(x)
 	// The engine call runs unlocked (posts on several goroutines proceed
 	// together); x is in no set meanwhile, so the watcher leaves it alone.
 	err := a.b.post(x)
