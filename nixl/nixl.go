@@ -249,6 +249,7 @@ type Xfer struct {
 	// descriptor of at least canaryBytes before its post (canaried).
 	canary   [canaryBytes]byte
 	canaried bool
+	saved    []byte // each local descriptor's last canaryBytes before the canary (restored if not delivered)
 }
 
 // canaryBytes: a READ's destination descriptors of at least this many
@@ -267,11 +268,33 @@ func plantCanaries(x *Xfer) {
 		return
 	}
 	binary.LittleEndian.PutUint64(x.canary[:], rand.Uint64())
+	x.saved = x.saved[:0]
 	for _, d := range x.Local {
 		if d.Len >= canaryBytes {
-			copy(view(d.Addr+uintptr(d.Len-canaryBytes), canaryBytes), x.canary[:])
+			tail := view(d.Addr+uintptr(d.Len-canaryBytes), canaryBytes)
+			x.saved = append(x.saved, tail...)
+			copy(tail, x.canary[:])
 			x.canaried = true
 		}
+	}
+}
+
+// restoreCanaries (a READ that failed): each destination descriptor still
+// ending with the canary gets its bytes back, so a failed READ leaves what
+// it did not deliver as it was.
+func restoreCanaries(x *Xfer) {
+	if !x.canaried {
+		return
+	}
+	i := 0
+	for _, d := range x.Local {
+		if d.Len < canaryBytes {
+			continue
+		}
+		if tail := view(d.Addr+uintptr(d.Len-canaryBytes), canaryBytes); string(tail) == string(x.canary[:]) {
+			copy(tail, x.saved[i:i+canaryBytes])
+		}
+		i += canaryBytes
 	}
 }
 
@@ -494,6 +517,9 @@ func (a *Agent) settle(x *Xfer, st XferState, err error) {
 			st, err = Failed, fmt.Errorf("agent %s: READ from %s reported complete, but its descriptor %d of %d (%d bytes at %#x, from %#x) was not delivered (it still ends with the bytes planted before the read): %w",
 				a.name, x.Remote, k, len(x.Local), x.Local[k].Len, x.Local[k].Addr, x.Dst[k].Addr, ErrTransfer)
 		}
+	}
+	if st != Done {
+		restoreCanaries(x)
 	}
 	x.state, x.err = st, err
 	close(x.done)

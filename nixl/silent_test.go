@@ -336,6 +336,10 @@ func TestSilentPartialReadCaughtOnTheDouble(t *testing.T) {
 	for i := range silentGone {
 		assert.Equal(t, byte(0x10+i), local[i*silentPage], "page %d, before the gone one, read", i)
 	}
+	for i := silentGone; i < silentPages; i++ {
+		assert.Equal(t, make([]byte, canaryBytes), local[(i+1)*silentPage-canaryBytes:(i+1)*silentPage],
+			"page %d, not delivered: the READ that failed left its last bytes as they were (the canary taken back)", i)
+	}
 
 	for i := range local {
 		local[i] = byte(0x50 + i/silentPage)

@@ -160,6 +160,9 @@ var mutants = []mutant{
 	// A READ's destination descriptors get no canary: a READ NIXL reports complete without delivering a descriptor is taken as delivered (issue 54).
 	{name: "read-canary-not-planted", file: "nixl/nixl.go", old: "\ta.wmu.Unlock()\n\tplantCanaries(x)\n", new: "\ta.wmu.Unlock()\n",
 		pkg: "nixl", run: "^(TestSilentPartialReadCaughtOnTheDouble)$"},
+	// A failed READ leaves its canaries in the memory it did not deliver.
+	{name: "read-canary-not-restored", file: "nixl/nixl.go", old: "\tif st != Done {\n\t\trestoreCanaries(x)\n\t}\n", new: "",
+		pkg: "nixl", run: "^(TestSilentPartialReadCaughtOnTheDouble|TestUCXTCPReadsAsMessages)$"},
 	// A completed READ's canaries are not checked.
 	{name: "read-canary-unchecked", file: "nixl/nixl.go", old: "if k := undelivered(x); k >= 0 {", new: "if k := undelivered(x); k >= 0 && false {",
 		pkg: "nixl", run: "^(TestSilentPartialReadCaughtOnTheDouble)$"},
