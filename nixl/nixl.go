@@ -256,7 +256,7 @@ type Xfer struct {
 // bytes end, before the READ is posted, with a random value of this size;
 // a READ reported complete whose destination still ends with it did not
 // deliver that descriptor (NIXL 1.4.0 on UCX 1.22 over cma reports such a
-// READ complete: TestLibNIXLSilentPartialCompletion). A descriptor whose
+// READ complete: TestSilentPartialCompletion). A descriptor whose
 // source really ends with those bytes is refused too: 2^-64 a descriptor.
 const canaryBytes = 8
 

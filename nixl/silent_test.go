@@ -45,7 +45,7 @@ const (
 func silentChild() int {
 	cfg := Config{Name: "silent-target", Engine: EngineLibNIXL, NIXLLib: realNIXL()}
 	if os.Getenv("KVBRIDGE_NIXL_SILENT_ENGINE") == EngineUCX {
-		cfg = Config{Name: "silent-target", Engine: EngineUCX, UCX: shmUCX}
+		cfg = Config{Name: "silent-target", Engine: EngineUCX, UCX: tcpUCX}
 	}
 	a, err := Open(cfg)
 	if err != nil {
@@ -102,8 +102,9 @@ func silentChild() int {
 	return 0
 }
 
-// TestLibNIXLSilentPartialCompletion (make test-nixl; a real NIXL only: the
-// double does not model it yet): five reads and five writes of four pages,
+// TestSilentPartialCompletion (its libnixl-real case in make test-nixl; the
+// double, which runs in one process only, has TestSilentPartialReadCaughtOnTheDouble):
+// five reads and five writes of four pages,
 // the third gone. Checked, whatever NIXL reports: the gone page is never
 // read or written, a transfer reported complete delivered the pages before
 // it, the target survives — and the agent reports no READ complete: its
@@ -118,20 +119,22 @@ func silentChild() int {
 // reported complete: a WRITE's destination is the other process's memory
 // (issue 54 item 1, open).
 //
-// Not run on kvbridge's own ucx engine yet: there (seen 2026-12-06, UCX
-// 1.13.1 over posix, cma, self) the READ is not reported complete — it
-// fails at its 20 s deadline — but the *target* process dies (SIGSEGV in a
-// UCX thread touching the PROT_NONE page), where NIXL's target survives.
-func TestLibNIXLSilentPartialCompletion(t *testing.T) {
-	for _, engine := range []string{"libnixl-real"} {
+// And on kvbridge's own ucx engine over tcp (make test): its target copies
+// a peer's write or read through the kernel, so a page gone since it was
+// registered fails that write or read (refused, counted in WritesRefused)
+// — before, the target process died (SIGSEGV in its active-message
+// handler: seen 2026-12-06, UCX 1.13.1) — and neither is reported
+// complete.
+func TestSilentPartialCompletion(t *testing.T) {
+	for _, engine := range []string{EngineUCX, "libnixl-real"} {
 		t.Run(engine, func(t *testing.T) { silentCompletion(t, engine) })
 	}
 }
 
 func silentCompletion(t *testing.T, engine string) {
-	// kvbridge's own engine over shared memory: cma's reads and writes
-	// (over tcp its writes are active messages the target copies itself).
-	cfg := Config{Name: "silent-initiator", Engine: EngineUCX, UCX: shmUCX, XferTimeout: 20 * time.Second}
+	// kvbridge's own engine over tcp: its reads and writes are active
+	// messages the target answers, copying through the kernel.
+	cfg := Config{Name: "silent-initiator", Engine: EngineUCX, UCX: tcpUCX, XferTimeout: 20 * time.Second}
 	env := []string{"KVBRIDGE_NIXL_CHILD=silent", "KVBRIDGE_NIXL_SILENT_ENGINE=" + cfg.Engine}
 	if engine == "libnixl-real" {
 		if realNIXL() == "" {
@@ -246,7 +249,9 @@ func silentCompletion(t *testing.T, engine string) {
 		// The agent's canary check: a READ that did not deliver a
 		// descriptor is not complete, whatever the engine says.
 		assert.NotEqual(t, "complete", got, "read round %d: reported complete with page %d not read", r, silentGone)
-		assert.Contains(t, got, fmt.Sprintf("descriptor %d of %d", silentGone, silentPages), "read round %d: the failure names the first descriptor not delivered", r)
+		if engine != EngineUCX { // (the ucx engine's target refuses the read itself)
+			assert.Contains(t, got, fmt.Sprintf("descriptor %d of %d", silentGone, silentPages), "read round %d: the failure names the first descriptor not delivered", r)
+		}
 		// WRITE: the local pages are 0x50+i; the target's 0x10+i.
 		for i := range silentPages {
 			for k := range silentPage {
@@ -270,11 +275,16 @@ func silentCompletion(t *testing.T, engine string) {
 			}
 		}
 		t.Logf("write round %d: %s; the target's pages %v", r, got, pages[1:silentPages+1])
+		if engine == EngineUCX {
+			assert.NotEqual(t, "complete", got, "write round %d: the ucx engine reported a write complete whose page %d was gone", r, silentGone)
+		}
 		require.Equal(t, "OK filled", strings.Join(say("FILL", "OK"), " "))
 	}
 	t.Logf("reported complete with page %d of %d gone (a silent partial completion): %d of %d reads (%d pages not read), %d of %d writes (%d pages not written)",
 		silentGone, silentPages, silent[Read], rounds, lost[Read], silent[Write], rounds, lost[Write])
-	assert.EqualValues(t, rounds, a.NotDelivered(), "READs caught by their canaries, counted")
+	if engine != EngineUCX {
+		assert.EqualValues(t, rounds, a.NotDelivered(), "READs caught by their canaries, counted")
+	}
 }
 
 // TestSilentPartialReadCaughtOnTheDouble: the NIXL double copies as cma does

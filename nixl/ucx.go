@@ -717,7 +717,7 @@ func (u *ucx) advance() {
 				if x.c.am_read != 0 {
 					op = "read"
 				}
-				s = "the target refused the " + op + ": not memory it has registered (deregistered since its metadata was loaded?)"
+				s = "the target refused the " + op + ": not memory it has registered (deregistered since its metadata was loaded?), or no longer mapped there"
 			}
 			x.errMsg.Store(&s)
 			x.state.Store(uint32(Failed))

@@ -1,12 +1,16 @@
+#define _GNU_SOURCE // process_vm_readv
 #include "ucx_engine.h"
 
 #include "kvb_dl.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 
 kvbu_api kvbu;
 
@@ -113,6 +117,29 @@ static int kvb_region_covers(kvb_ctx *c, uint64_t addr, size_t len)
 	return 0;
 }
 
+// kvb_copy copies n bytes from or into memory this worker mapped (a
+// peer's write or read): through the kernel (process_vm_readv on this
+// process), so memory the application made inaccessible since it
+// registered it (unmapped, PROT_NONE) fails the copy — 0 — instead of
+// killing the process in a UCX thread (seen: SIGSEGV in kvb_write_cb).
+// Where the call is not allowed (a seccomp filter), memcpy.
+static int kvb_copy(void *to, const void *from, size_t n)
+{
+	if (n == 0) {
+		return 1;
+	}
+	struct iovec lv = {to, n}, rv = {(void *)from, n};
+	ssize_t got = process_vm_readv(getpid(), &lv, 1, &rv, 1, 0);
+	if (got == (ssize_t)n) {
+		return 1;
+	}
+	if (got < 0 && (errno == ENOSYS || errno == EPERM)) {
+		memcpy(to, from, n);
+		return 1;
+	}
+	return 0;
+}
+
 // kvb_free_cb frees a send's malloc'd buffer and its request.
 static void kvb_free_cb(void *req, ucs_status_t status, void *user)
 {
@@ -165,8 +192,8 @@ static ucs_status_t kvb_write_cb(void *arg, const void *header, size_t header_le
 		ack->status = UCS_ERR_UNSUPPORTED; // writes come eager; a rendezvous is not received
 	} else if (!kvb_region_covers(c, h.addr, length)) {
 		ack->status = UCS_ERR_INVALID_ADDR; // not memory this worker mapped
-	} else if (length > 0) {
-		memcpy((void *)(uintptr_t)h.addr, data, length);
+	} else if (!kvb_copy((void *)(uintptr_t)h.addr, data, length)) {
+		ack->status = UCS_ERR_INVALID_ADDR; // mapped once, not any more
 	}
 	if (ack->status != UCS_OK) {
 		c->writes_refused++;
@@ -249,8 +276,14 @@ static ucs_status_t kvb_read_cb(void *arg, const void *header, size_t header_len
 	char *block = (char *)(b + 1);
 	kvb_rdata a = {h.token, h.index, st};
 	memcpy(block, &a, sizeof(a));
-	if (n > 0) {
-		memcpy(block + sizeof(a), (void *)(uintptr_t)h.addr, n);
+	if (n > 0 && !kvb_copy(block + sizeof(a), (void *)(uintptr_t)h.addr, n)) {
+		// Mapped once, not any more: refused (the block is sent as a
+		// refusal, its bytes not counted as pending).
+		c->rdata_pending -= n;
+		b->n = 0;
+		n = 0;
+		st = UCS_ERR_INVALID_ADDR;
+		memcpy(block, &(kvb_rdata){h.token, h.index, st}, sizeof(a));
 	}
 	if (st != UCS_OK) {
 		c->writes_refused++;
