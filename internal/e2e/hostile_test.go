@@ -77,6 +77,17 @@ func TestRoomAskedForBySecondInstance(t *testing.T) {
 	pdRoom(t, prefill, attacker, 6, pp, ap) // the attacker's own rooms still work
 }
 
+// peerOf is how a test's own control loop addresses rank process r (its
+// READY line: endpoint and epoch) under certificate cert.
+func peerOf(t *testing.T, r *rankProc, cert string) bootstrap.Peer {
+	t.Helper()
+	f := strings.Fields(r.ready)
+	require.Len(t, f, 3, "%q", r.ready)
+	epoch, err := strconv.ParseUint(f[2], 10, 64)
+	require.NoError(t, err)
+	return bootstrap.Peer{Endpoint: f[1], Cert: cert, Epoch: epoch}
+}
+
 // TestAbortFloodDelaysNoOne (issue 49, 3): a decode rank with its own
 // certificate floods a prefill rank process with ABORTs for rooms that
 // are not its (as fast as its socket takes them) while an honest decode
@@ -106,10 +117,7 @@ func TestAbortFloodDelaysNoOne(t *testing.T) {
 		Auth: testauth.Auth(), RankIdentity: ids[2], Handler: func(bootstrap.Message) {}})
 	require.NoError(t, err)
 	defer loop.Close()
-	f := strings.Fields(prefill.ready)
-	epoch, err := strconv.ParseUint(f[2], 10, 64)
-	require.NoError(t, err)
-	to := bootstrap.Peer{Endpoint: f[1], Cert: string(ids[0].Cert.Raw()), Epoch: epoch}
+	to := peerOf(t, prefill, string(ids[0].Cert.Raw()))
 
 	pBefore, gBefore := prefill.stats(t), genuine.stats(t)
 	stop, flooded := make(chan struct{}), make(chan int)
@@ -183,10 +191,7 @@ func TestAbortFloodKeepsAnotherRanksEarlyAbort(t *testing.T) {
 		Auth: testauth.Auth(), RankIdentity: ids[2], Handler: func(bootstrap.Message) {}})
 	require.NoError(t, err)
 	defer loop.Close()
-	f := strings.Fields(prefill.ready)
-	epoch, err := strconv.ParseUint(f[2], 10, 64)
-	require.NoError(t, err)
-	to := bootstrap.Peer{Endpoint: f[1], Cert: string(ids[0].Cert.Raw()), Epoch: epoch}
+	to := peerOf(t, prefill, string(ids[0].Cert.Raw()))
 	const flood = 2000
 	for n := range flood {
 		require.NoError(t, loop.Send(to, &bootstrap.Abort{Room: 1<<40 + uint64(n), Reason: "flood"}))

@@ -110,10 +110,7 @@ func TestRenewingDecodeCannotPinPages(t *testing.T) {
 		}})
 	require.NoError(t, err)
 	defer loop.Close()
-	f := strings.Fields(prefill.ready)
-	epoch, err := strconv.ParseUint(f[2], 10, 64)
-	require.NoError(t, err)
-	to := bootstrap.Peer{Endpoint: f[1], Cert: string(ids[0].Cert.Raw()), Epoch: epoch}
+	to := peerOf(t, prefill, string(ids[0].Cert.Raw()))
 
 	// Register as a decode rank does: REGISTER (pull), the challenge
 	// echoed at once, repeated every second until an answer.
