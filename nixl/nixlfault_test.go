@@ -4,12 +4,10 @@ import (
 	"bytes"
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +15,8 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/nixldouble"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // Issue 22: a peer that dies mid-transfer, and bad metadata, on the libnixl
@@ -38,39 +38,34 @@ func issue22Blobs(genuine []byte) map[string][]byte {
 // parses.
 func TestNIXLBlobWalk(t *testing.T) {
 	genuine := nixlBlob("peer", [2][]byte{[]byte("UCX"), []byte("address")})
-	if md, err := parseNIXLMD(genuine); err != nil || md.agent != "peer" || string(md.conns["UCX"]) != "address" {
-		t.Fatalf("genuine: %+v %v", md, err)
-	}
+	md, err := parseNIXLMD(genuine)
+	require.NoError(t, err, "genuine: %+v", md)
+	require.Equal(t, "peer", md.agent, "genuine: %+v", md)
+	require.Equal(t, "address", string(md.conns["UCX"]), "genuine: %+v", md)
 	for name, b := range issue22Blobs(genuine) {
-		if _, err := parseNIXLMD(b); err == nil {
-			t.Errorf("%s: parsed", name)
-		}
+		_, err := parseNIXLMD(b)
+		assert.Error(t, err, "%s: parsed", name)
 	}
 	for n := len(nixlSerDesMagic); n < len(genuine); n++ {
-		if _, err := parseNIXLMD(genuine[:n]); err == nil {
-			t.Fatalf("truncated to %d of %d bytes: parsed", n, len(genuine))
-		}
+		_, err := parseNIXLMD(genuine[:n])
+		require.Error(t, err, "truncated to %d of %d bytes: parsed", n, len(genuine))
 	}
-	if _, err := parseNIXLMD(append(bytes.Clone(genuine), 0xff)); err == nil || !strings.Contains(err.Error(), "after the memory section") {
-		t.Errorf("a trailing byte: %v", err)
-	}
+	_, err = parseNIXLMD(append(bytes.Clone(genuine), 0xff))
+	assert.ErrorContains(t, err, "after the memory section", "a trailing byte")
 	short := bytes.Clone(genuine)
 	i := bytes.LastIndex(short, []byte("rkeyrkey"))
 	// The last descriptor's length field (8 bytes before its 32 bytes),
 	// made 23: what follows no longer frames.
 	short[i-24-8] = 23
-	if _, err := parseNIXLMD(short); err == nil {
-		t.Errorf("a 23-byte descriptor: parsed")
-	}
+	_, err = parseNIXLMD(short)
+	assert.Error(t, err, "a 23-byte descriptor: parsed")
 }
 
 // envelopeWith is md with its NIXL blob replaced.
 func envelopeWith(t *testing.T, a *Agent, md, payload []byte) []byte {
 	t.Helper()
 	m, err := decodeMetadata(md, EngineLibNIXL, a.b.(*libnixl).library)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	m.payload = payload
 	return m.encode()
 }
@@ -89,9 +84,7 @@ func TestLibNIXLBadThenGenuineMetadata(t *testing.T) {
 				mk := func(role string) *Agent {
 					a, err := Open(Config{Name: fmt.Sprintf("nx-md-%s-%v", role, goodFirst), Engine: EngineLibNIXL, NIXLLib: lib,
 						NIXLProgress: rankProgress(role)})
-					if err != nil {
-						t.Fatal(err)
-					}
+					require.NoError(t, err)
 					t.Cleanup(func() { a.Close() })
 					return a
 				}
@@ -99,51 +92,35 @@ func TestLibNIXLBadThenGenuineMetadata(t *testing.T) {
 				_, src, _ := ini.Alloc(1 << 16)
 				_, dst, _ := tgt.Alloc(1 << 16)
 				md, err := tgt.Metadata()
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				m, err := decodeMetadata(md, EngineLibNIXL, ini.b.(*libnixl).library)
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				if goodFirst {
-					if _, err := ini.LoadRemote(md); err != nil {
-						t.Fatal(err)
-					}
+					_, err := ini.LoadRemote(md)
+					require.NoError(t, err)
 				}
 				for name, b := range issue22Blobs(m.payload) {
-					if _, err := ini.LoadRemote(envelopeWith(t, ini, md, b)); !errors.Is(err, ErrBadMetadata) {
-						t.Fatalf("%s: %v, want ErrBadMetadata", name, err)
-					}
+					_, err := ini.LoadRemote(envelopeWith(t, ini, md, b))
+					require.ErrorIs(t, err, ErrBadMetadata, "%s", name)
 				}
-				if n := ini.MetadataRefused(); n != 2 {
-					t.Errorf("%d blobs refused, want 2", n)
-				}
+				assert.EqualValues(t, 2, ini.MetadataRefused(), "blobs refused")
 				name, err := ini.LoadRemote(md)
-				if err != nil {
-					t.Fatalf("the genuine blob after item 3's: %v", err)
-				}
+				require.NoError(t, err, "the genuine blob after item 3's")
 				for i := range src {
 					src[i] = byte(i*7 + 3)
 				}
 				l, _ := ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
 				r, err := ini.PrepRemote(name, DRAM, []Desc{BytesDesc(dst)})
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				x, err := ini.NewXfer(Write, l, []int{0}, r, []int{0}, nil)
 				if err == nil {
 					err = ini.Post(x)
 				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				if st, err := wait(t, ini, x, time.Minute); st != Done || err != nil {
-					t.Fatalf("write: %v %v", st, err)
-				}
-				if !bytes.Equal(src, dst) {
-					t.Fatal("write not byte-exact")
-				}
+				require.NoError(t, err)
+				st, err := wait(t, ini, x, time.Minute)
+				require.NoError(t, err, "write: %v", st)
+				require.Equal(t, Done, st, "write")
+				require.True(t, bytes.Equal(src, dst), "write not byte-exact")
 				ini.Release(x)
 			})
 		}
@@ -177,13 +154,11 @@ func TestLibNIXLKilledPeer(t *testing.T) {
 		return string(out), err
 	}
 	out, err := run("strict")
-	if err != nil || !strings.Contains(out, "killed-peer rounds: 5") {
-		t.Fatalf("a posting agent in NIXLProgressCaller mode did not survive its peers' deaths: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "a posting agent in NIXLProgressCaller mode did not survive its peers' deaths:\n%s", out)
+	require.Contains(t, out, "killed-peer rounds: 5", "a posting agent in NIXLProgressCaller mode did not survive its peers' deaths")
 	out, err = run("progress")
-	if err == nil || !strings.Contains(out, "NIXL 1.4.0 crashes here") {
-		t.Fatalf("with NIXL's progress thread the double did not crash as NIXL 1.4.0 did: %v\n%s", err, out)
-	}
+	require.Error(t, err, "with NIXL's progress thread the double did not crash as NIXL 1.4.0 did:\n%s", out)
+	require.Contains(t, out, "NIXL 1.4.0 crashes here", "with NIXL's progress thread the double did not crash as NIXL 1.4.0 did")
 }
 
 func killChild(t *testing.T, prog bool) {
@@ -199,9 +174,7 @@ func killChild(t *testing.T, prog bool) {
 			mode = NIXLProgressCaller
 		}
 		a, err := Open(Config{Name: name, Engine: EngineLibNIXL, NIXLLib: lib, NIXLProgress: mode, XferTimeout: time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		return a
 	}
 	pre := open("kill-prefill")
@@ -209,16 +182,13 @@ func killChild(t *testing.T, prog bool) {
 	other := open("kill-other")
 	defer other.Close()
 	_, src, err := pre.Alloc(descs * piece)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for i := range src {
 		src[i] = byte(i*13 + 1)
 	}
 	_, odst, _ := other.Alloc(descs * piece)
-	if _, err := pre.LoadRemote(mustMD(t, other)); err != nil {
-		t.Fatal(err)
-	}
+	_, err = pre.LoadRemote(mustMD(t, other))
+	require.NoError(t, err)
 	pieces := func(b []byte) []Desc {
 		d := make([]Desc, descs)
 		for i := range d {
@@ -231,9 +201,7 @@ func killChild(t *testing.T, prog bool) {
 		idx[i] = i
 	}
 	local, err := pre.PrepLocal(DRAM, pieces(src))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	write := func(remote *Prepped) (*Xfer, error) {
 		x, err := pre.NewXfer(Write, local, idx, remote, idx, []byte("n"))
 		if err != nil {
@@ -251,20 +219,14 @@ func killChild(t *testing.T, prog bool) {
 		return x, err
 	}
 	oprep, err := pre.PrepRemote(other.Name(), DRAM, pieces(odst))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for round := 0; round < rounds; round++ {
 		dec := open("kill-decode")
 		_, ddst, _ := dec.Alloc(descs * piece)
 		name, err := pre.LoadRemote(mustMD(t, dec))
-		if err != nil {
-			t.Fatalf("round %d: loading the (new) decode: %v", round, err)
-		}
+		require.NoError(t, err, "round %d: loading the (new) decode", round)
 		dprep, err := pre.PrepRemote(name, DRAM, pieces(ddst))
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		var decDone, decFailed, otherFailed atomic.Int64
 		var otherErr atomic.Value
 		stopOther := make(chan struct{})
@@ -316,39 +278,29 @@ func killChild(t *testing.T, prog bool) {
 			}()
 		}
 		<-enough
-		if err := nixldouble.Kill(lib, name); err != nil { // kill -9, mid-transfer
-			t.Fatal(err)
-		}
+		require.NoError(t, nixldouble.Kill(lib, name)) // kill -9, mid-transfer
 		go func() { decWG.Wait(); close(decStopped) }()
 		<-decStopped
 		close(stopOther)
 		wg.Wait()
-		if decFailed.Load() != 6 || otherFailed.Load() != 0 {
-			t.Fatalf("round %d: %d of the killed decode's 6 writers failed, %d of the other decode's 2 (%v)",
-				round, decFailed.Load(), otherFailed.Load(), otherErr.Load())
-		}
+		require.EqualValues(t, 6, decFailed.Load(), "round %d: of the killed decode's 6 writers failed (%d of the other decode's 2: %v)",
+			round, otherFailed.Load(), otherErr.Load())
+		require.Zero(t, otherFailed.Load(), "round %d: of the other decode's 2 writers failed (%v)", round, otherErr.Load())
 		dprep.Release()
 		dec.Close()
 		// A new decode process, same agent name: served byte-exact.
 		dec = open("kill-decode")
 		_, ddst, _ = dec.Alloc(descs * piece)
-		if _, err := pre.LoadRemote(mustMD(t, dec)); err != nil {
-			t.Fatalf("round %d: loading the restarted decode: %v", round, err)
-		}
-		if dprep, err = pre.PrepRemote(name, DRAM, pieces(ddst)); err != nil {
-			t.Fatal(err)
-		}
+		_, err = pre.LoadRemote(mustMD(t, dec))
+		require.NoError(t, err, "round %d: loading the restarted decode", round)
+		dprep, err = pre.PrepRemote(name, DRAM, pieces(ddst))
+		require.NoError(t, err)
 		x, err := write(dprep)
-		if err != nil {
-			t.Fatalf("round %d: writing to the restarted decode: %v", round, err)
-		}
+		require.NoError(t, err, "round %d: writing to the restarted decode", round)
 		pre.Release(x)
-		if !bytes.Equal(ddst, src) {
-			t.Fatalf("round %d: the restarted decode's write is not byte-exact", round)
-		}
-		if x, err = write(oprep); err != nil {
-			t.Fatalf("round %d: the other decode after: %v", round, err)
-		}
+		require.True(t, bytes.Equal(ddst, src), "round %d: the restarted decode's write is not byte-exact", round)
+		x, err = write(oprep)
+		require.NoError(t, err, "round %d: the other decode after", round)
 		pre.Release(x)
 		dprep.Release()
 		dec.Close()
@@ -359,9 +311,7 @@ func killChild(t *testing.T, prog bool) {
 func mustMD(t *testing.T, a *Agent) []byte {
 	t.Helper()
 	md, err := a.Metadata()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return md
 }
 
@@ -374,15 +324,11 @@ func buildNIXLFault(t *testing.T, lib string) string {
 	t.Helper()
 	dir := t.TempDir()
 	src, bin := filepath.Join(dir, "nixlfault.c"), filepath.Join(dir, "nixlfault")
-	if err := os.WriteFile(src, nixlfaultSource, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(src, nixlfaultSource, 0o644))
 	libdir := filepath.Dir(lib)
 	out, err := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-o", bin, src, "-L"+libdir, "-lnixl_capi", "-lnixl",
 		"-Wl,-rpath,"+libdir, "-Wl,--allow-shlib-undefined", "-lpthread").CombinedOutput()
-	if err != nil {
-		t.Fatalf("building nixlfault against %s: %v: %s", libdir, err, out)
-	}
+	require.NoError(t, err, "building nixlfault against %s: %s", libdir, out)
 	return bin
 }
 
@@ -411,8 +357,8 @@ func TestNIXLFaultRepro(t *testing.T) {
 		return cmd.CombinedOutput()
 	}
 	out, err := run(5*time.Minute, "kill", "0", "1", "8", "20")
-	if err != nil || !strings.Contains(string(out), "survived 20 of 20") {
-		t.Errorf("no progress thread, strict lock: %v\n%s", err, out)
+	if assert.NoError(t, err, "no progress thread, strict lock:\n%s", out) {
+		assert.Contains(t, string(out), "survived 20 of 20", "no progress thread, strict lock")
 	}
 	out, err = run(time.Minute, "kill", "1", "2", "4", "3")
 	if err != nil {
@@ -421,9 +367,7 @@ func TestNIXLFaultRepro(t *testing.T) {
 		t.Logf("progress thread, RW lock: not reproduced\n%s", out)
 	}
 	out, err = run(time.Minute, "md")
-	if err != nil {
-		t.Fatalf("md: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "md:\n%s", out)
 	t.Logf("metadata:\n%s", out)
 }
 
@@ -435,13 +379,9 @@ func TestNIXLFaultReproOnDouble(t *testing.T) {
 	needDouble(t)
 	bin := buildNIXLFault(t, doubleLib())
 	out, err := exec.Command(bin, "md").CombinedOutput()
-	if err != nil {
-		t.Fatalf("md: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "md:\n%s", out)
 	for _, want := range []string{"last byte dropped: refused", "last 64 bytes 0xff: refused", "genuine after bad: refused"} {
-		if !strings.Contains(string(out), want) {
-			t.Errorf("md on the double: no %q in\n%s", want, out)
-		}
+		assert.Contains(t, string(out), want, "md on the double")
 	}
 }
 
@@ -454,9 +394,9 @@ func TestLibNIXLTargetProgressModel(t *testing.T) {
 		p, src, dst := libnixlPair(t, time.Minute)
 		x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("tp"))
 		defer p.ini.Release(x)
-		if st, err := wait(t, p.ini, x, time.Minute); st != Done || err != nil {
-			t.Fatalf("a write to a target with NIXL's progress thread: %v %v", st, err)
-		}
+		st, err := wait(t, p.ini, x, time.Minute)
+		require.NoError(t, err, "a write to a target with NIXL's progress thread: %v", st)
+		require.Equal(t, Done, st, "a write to a target with NIXL's progress thread")
 	})
 	p, src, dst := libnixlPairModes(t, time.Minute, NIXLProgressCaller, NIXLProgressCaller)
 	copy(src, bytes.Repeat([]byte("target progress "), len(src)/16))
@@ -466,25 +406,21 @@ func TestLibNIXLTargetProgressModel(t *testing.T) {
 	if err == nil {
 		err = p.ini.Post(x)
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer p.ini.Release(x)
 	// Not a synchronisation: the write must still be in progress after the
 	// watcher's many polls in 50 ms, since the target made no call.
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	st, err := p.ini.Wait(ctx, x)
 	cancel()
-	if st != InProgress || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("a write to a target that never progressed: %v %v, want still in progress", st, err)
-	}
-	if _, err := p.tgt.Notifs(); err != nil { // the target progresses
-		t.Fatal(err)
-	}
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done || err != nil {
-		t.Fatalf("after the target progressed: %v %v", st, err)
-	}
-	if n := waitNotif(t, p.tgt, time.Minute); string(n.Msg) != "tp" || !bytes.Equal(src, dst) {
-		t.Fatalf("notification %q, byte-exact %v", n.Msg, bytes.Equal(src, dst))
-	}
+	require.Equal(t, InProgress, st, "a write to a target that never progressed: %v, want still in progress", err)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "a write to a target that never progressed: %v, want still in progress", st)
+	_, err = p.tgt.Notifs() // the target progresses
+	require.NoError(t, err)
+	st, err = wait(t, p.ini, x, time.Minute)
+	require.NoError(t, err, "after the target progressed: %v", st)
+	require.Equal(t, Done, st, "after the target progressed")
+	n := waitNotif(t, p.tgt, time.Minute)
+	require.Equal(t, "tp", string(n.Msg), "notification, byte-exact %v", bytes.Equal(src, dst))
+	require.True(t, bytes.Equal(src, dst), "notification %q, byte-exact", n.Msg)
 }

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // TestUCXCloseInFlightTargetStalled: an initiator closed with a 64 MiB
@@ -24,9 +26,7 @@ import (
 // land before the socket closes.
 func TestUCXCloseInFlightTargetStalled(t *testing.T) {
 	ec := engines()[2]
-	if ec.name != "ucx-tcp" {
-		t.Fatalf("engines()[2] is %s, want ucx-tcp", ec.name)
-	}
+	require.Equal(t, "ucx-tcp", ec.name, "engines()[2]")
 	// The stall is the fault injected, not a synchronisation: the target
 	// sits still past the old close's bound, then resumes.
 	const stall = 2 * time.Second
@@ -55,12 +55,9 @@ func TestUCXCloseInFlightTargetStalled(t *testing.T) {
 		case <-timer.C:
 		}
 		close(resume)
-		if err := <-closed; err != nil {
-			t.Fatalf("round %d: Close: %v", round, err)
-		}
-		if st, _ := p.ini.Status(x); st == InProgress {
-			t.Fatalf("round %d: a transfer still in progress after Close", round)
-		}
+		require.NoError(t, <-closed, "round %d: Close", round)
+		st, _ := p.ini.Status(x)
+		require.NotEqual(t, InProgress, st, "round %d: a transfer still in progress after Close", round)
 		// The target is alive and serves a new initiator.
 		ini2 := open(t, ec, "ini")
 		remote := exchange(t, ini2, p.tgt)
@@ -68,12 +65,9 @@ func TestUCXCloseInFlightTargetStalled(t *testing.T) {
 		fill(src2, uint64(round+100))
 		q := pair{ini: ini2, tgt: p.tgt, remote: remote}
 		y := write(t, q, []Desc{BytesDesc(src2)}, []Desc{BytesDesc(dst[:4096])}, nil)
-		if st, err := wait(t, ini2, y, time.Minute); st != Done {
-			t.Fatalf("round %d: a write to the target after the stall: %v %v", round, st, err)
-		}
-		if !bytes.Equal(src2, dst[:4096]) {
-			t.Fatalf("round %d: the target's memory after the stall is not the new write's", round)
-		}
+		st, err := wait(t, ini2, y, time.Minute)
+		require.Equal(t, Done, st, "round %d: a write to the target after the stall: %v", round, err)
+		require.True(t, bytes.Equal(src2, dst[:4096]), "round %d: the target's memory after the stall is not the new write's", round)
 	}
 }
 
@@ -82,9 +76,8 @@ func remoteOf(t *testing.T, a *Agent, name string) *ucxRemote {
 	t.Helper()
 	u := a.b.(*ucx)
 	var r *ucxRemote
-	if err := u.do(func() error { r = u.remotes[name]; return nil }); err != nil || r == nil {
-		t.Fatalf("remote %q: %v", name, err)
-	}
+	require.NoError(t, u.do(func() error { r = u.remotes[name]; return nil }), "remote %q", name)
+	require.NotNil(t, r, "remote %q", name)
 	return r
 }
 
@@ -102,39 +95,31 @@ func TestUCXTCPWritesAsMessages(t *testing.T) {
 			_, src, _ := p.ini.Alloc(1 << 20)
 			dst := make([]byte, 1<<20)
 			reg, err := p.tgt.RegisterBytes(dst)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			p.remote = exchange(t, p.ini, p.tgt)
 			want := ec.name == "ucx-tcp"
-			if got := remoteOf(t, p.ini, p.remote).ep.emulated != 0; got != want {
-				t.Fatalf("%s: writes as active messages %v, want %v", ec.name, got, want)
-			}
+			got := remoteOf(t, p.ini, p.remote).ep.emulated != 0
+			require.Equal(t, want, got, "%s: writes as active messages", ec.name)
 			if !want {
 				return
 			}
 			fill(src, 7)
 			x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
-			if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(src, dst) {
-				t.Fatalf("write: %v %v, byte-exact %v", st, err, bytes.Equal(src, dst))
-			}
+			st, err := wait(t, p.ini, x, time.Minute)
+			require.Equal(t, Done, st, "write: %v, byte-exact %v", err, bytes.Equal(src, dst))
+			require.True(t, bytes.Equal(src, dst), "write: %v %v, byte-exact", st, err)
 			p.ini.Release(x)
-			if err := p.tgt.Deregister(reg); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, p.tgt.Deregister(reg))
 			before := append([]byte(nil), dst...)
 			fill(src, 8)
 			x = write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
-			st, err := wait(t, p.ini, x, time.Minute)
-			if st != Failed || err == nil || !strings.Contains(err.Error(), "refused") {
-				t.Fatalf("write into deregistered memory: %v %v, want Failed, refused by the target", st, err)
-			}
-			if !bytes.Equal(before, dst) {
-				t.Fatal("a write into deregistered memory changed it")
-			}
-			if refused, stray := p.tgt.WritesRefused(); refused != 4 || stray != 0 {
-				t.Fatalf("target counted %d refused writes and %d stray acks, want 4 (1 MiB in 256 KiB messages) and 0", refused, stray)
-			}
+			st, err = wait(t, p.ini, x, time.Minute)
+			require.Equal(t, Failed, st, "write into deregistered memory: %v, want Failed, refused by the target", err)
+			require.ErrorContains(t, err, "refused", "write into deregistered memory: want Failed, refused by the target")
+			require.True(t, bytes.Equal(before, dst), "a write into deregistered memory changed it")
+			refused, stray := p.tgt.WritesRefused()
+			require.EqualValues(t, 4, refused, "target counted refused writes (%d stray acks), want 4 (1 MiB in 256 KiB messages)", stray)
+			require.Zero(t, stray, "target counted stray acks, want 0")
 		})
 	}
 }
@@ -150,9 +135,8 @@ func TestUCXHostileWriteMessages(t *testing.T) {
 	p := newPair(t, ec)
 	_, src, _ := p.ini.Alloc(1 << 20)
 	dst := make([]byte, 1<<20)
-	if _, err := p.tgt.RegisterBytes(dst); err != nil {
-		t.Fatal(err)
-	}
+	_, err := p.tgt.RegisterBytes(dst)
+	require.NoError(t, err)
 	p.remote = exchange(t, p.ini, p.tgt)
 	back := p.ini.Name()
 	ini, tgt := p.ini.b.(*ucx), p.tgt.b.(*ucx)
@@ -180,8 +164,8 @@ func TestUCXHostileWriteMessages(t *testing.T) {
 	} {
 		r0, _ := p.tgt.WritesRefused()
 		_, s0 := p.ini.WritesRefused()
-		if err := ini.sendRawAM(p.remote, 8, c.hdr, c.data, c.flags); err != nil && c.name != "rendezvous" {
-			t.Fatalf("%s: send: %v", c.name, err)
+		if err := ini.sendRawAM(p.remote, 8, c.hdr, c.data, c.flags); c.name != "rendezvous" {
+			require.NoError(t, err, "%s: send", c.name)
 		}
 		waitFor(t, c.name+": refused at the target", func() bool { r, _ := p.tgt.WritesRefused(); return r == r0+1 })
 		if c.acked {
@@ -194,19 +178,15 @@ func TestUCXHostileWriteMessages(t *testing.T) {
 	binary.LittleEndian.PutUint64(ack, 999)
 	binary.LittleEndian.PutUint64(ack[8:], 64)
 	for _, h := range [][]byte{ack, ack[:4]} {
-		if err := tgt.sendRawAM(back, 9, h, nil, eager|reply); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, tgt.sendRawAM(back, 9, h, nil, eager|reply))
 	}
 	waitFor(t, "forged acks counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+2 })
-	if !bytes.Equal(dst, make([]byte, len(dst))) {
-		t.Fatal("a refused message changed the target's memory")
-	}
+	require.True(t, bytes.Equal(dst, make([]byte, len(dst))), "a refused message changed the target's memory")
 	fill(src, 3)
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(src, dst) {
-		t.Fatalf("a real write after the hostile ones: %v %v, byte-exact %v", st, err, bytes.Equal(src, dst))
-	}
+	st, err := wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "a real write after the hostile ones: %v, byte-exact %v", err, bytes.Equal(src, dst))
+	require.True(t, bytes.Equal(src, dst), "a real write after the hostile ones: %v %v, byte-exact", st, err)
 }
 
 // waitFor polls cond until it holds, failing after 20 s.
@@ -229,20 +209,16 @@ func TestUCXTCPOlderPeerGetsPuts(t *testing.T) {
 	ec := engines()[2] // ucx-tcp
 	p := newPair(t, ec)
 	tgt := p.tgt.b.(*ucx)
-	if err := tgt.do(func() error { tgt.ctx.no_pong = 1; return nil }); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, tgt.do(func() error { tgt.ctx.no_pong = 1; return nil }))
 	_, src, _ := p.ini.Alloc(1 << 20)
 	_, dst, _ := p.tgt.Alloc(1 << 20)
 	p.remote = exchange(t, p.ini, p.tgt)
-	if remoteOf(t, p.ini, p.remote).ep.emulated != 0 {
-		t.Fatal("writes as messages to a peer that did not answer the PING")
-	}
+	require.Zero(t, remoteOf(t, p.ini, p.remote).ep.emulated, "writes as messages to a peer that did not answer the PING")
 	fill(src, 11)
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(src, dst) {
-		t.Fatalf("write to the older peer: %v %v, byte-exact %v", st, err, bytes.Equal(src, dst))
-	}
+	st, err := wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "write to the older peer: %v, byte-exact %v", err, bytes.Equal(src, dst))
+	require.True(t, bytes.Equal(src, dst), "write to the older peer: %v %v, byte-exact", st, err)
 }
 
 // read posts a READ of the initiator's registered src from the remote's
@@ -250,24 +226,16 @@ func TestUCXTCPOlderPeerGetsPuts(t *testing.T) {
 func read(t testing.TB, p pair, local, remote []Desc) *Xfer {
 	t.Helper()
 	l, err := p.ini.PrepLocal(DRAM, local)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	r, err := p.ini.PrepRemote(p.remote, DRAM, remote)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	idx := make([]int, len(local))
 	for i := range idx {
 		idx[i] = i
 	}
 	x, err := p.ini.NewXfer(Read, l, idx, r, idx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.ini.Post(x); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, p.ini.Post(x))
 	return x
 }
 
@@ -282,26 +250,22 @@ func TestUCXTCPLargeReadsCrossProcess(t *testing.T) {
 	cc := newCrossCase(t, "tcp", tcpUCX, "engine", big, 1)
 	want := append([]byte(nil), cc.src...)
 	w := cc.xfer(t, 0, nil)
-	if err := cc.a.Post(w); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, cc.a.Post(w))
 	cc.wait(t, w)
 	r := cc.xferOp(t, Read, 0, nil)
 	for i := range 4 {
 		clear(cc.src)
-		if err := cc.a.Post(r); err != nil {
-			t.Fatal(err)
-		}
-		if st, err := cc.a.Wait(context.Background(), r); st != Done || !bytes.Equal(cc.src, want) {
-			t.Fatalf("read %d of 256 MiB: %v %v, byte-exact %v", i, st, err, bytes.Equal(cc.src, want))
-		}
+		require.NoError(t, cc.a.Post(r))
+		st, err := cc.a.Wait(context.Background(), r)
+		require.Equal(t, Done, st, "read %d of 256 MiB: %v, byte-exact %v", i, err, bytes.Equal(cc.src, want))
+		require.True(t, bytes.Equal(cc.src, want), "read %d of 256 MiB: %v %v, byte-exact", i, st, err)
 	}
 	// The window, whatever the timing: never more chunk requests out than
 	// KVB_READ_WINDOW (asking for all 1,024 at once failed only when the
 	// target fell behind).
-	if n, w := cc.a.b.(*ucx).readAheadMax(), uint64(readWindow); n == 0 || n > w {
-		t.Fatalf("a read had %d chunk requests out ahead of their answers, want 1 … %d", n, w)
-	}
+	n := cc.a.b.(*ucx).readAheadMax()
+	require.NotZero(t, n, "a read had no chunk requests out ahead of their answers, want 1 … %d", readWindow)
+	require.LessOrEqual(t, n, uint64(readWindow), "a read had chunk requests out ahead of their answers, want 1 … %d", readWindow)
 }
 
 // TestUCXTCPReadsAsMessages: over tcp the engine reads as its own active
@@ -322,14 +286,13 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	src := make([]byte, 1<<20)
 	fill(src, 11)
 	reg, err := p.tgt.RegisterBytes(src)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	p.remote = exchange(t, p.ini, p.tgt)
 	x := read(t, p, []Desc{BytesDesc(local[:1000]), BytesDesc(local[4096:])}, []Desc{BytesDesc(src[5:1005]), BytesDesc(src[4096:])})
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(local[:1000], src[5:1005]) || !bytes.Equal(local[4096:], src[4096:]) {
-		t.Fatalf("read: %v %v, byte-exact %v %v", st, err, bytes.Equal(local[:1000], src[5:1005]), bytes.Equal(local[4096:], src[4096:]))
-	}
+	st, err := wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "read: %v, byte-exact %v %v", err, bytes.Equal(local[:1000], src[5:1005]), bytes.Equal(local[4096:], src[4096:]))
+	require.True(t, bytes.Equal(local[:1000], src[5:1005]), "read: %v %v, first piece byte-exact", st, err)
+	require.True(t, bytes.Equal(local[4096:], src[4096:]), "read: %v %v, second piece byte-exact", st, err)
 	p.ini.Release(x)
 
 	ini, tgt := p.ini.b.(*ucx), p.tgt.b.(*ucx)
@@ -360,9 +323,7 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	} {
 		r0, _ := p.tgt.WritesRefused()
 		_, s0 := p.ini.WritesRefused()
-		if err := ini.sendRawAM(p.remote, 12, c.hdr, c.data, c.flags); err != nil {
-			t.Fatalf("%s: send: %v", c.name, err)
-		}
+		require.NoError(t, ini.sendRawAM(p.remote, 12, c.hdr, c.data, c.flags), "%s: send", c.name)
 		waitFor(t, c.name+": refused at the target", func() bool { r, _ := p.tgt.WritesRefused(); return r == r0+1 })
 		if c.answered {
 			waitFor(t, c.name+": its refusal counted at the sender", func() bool { _, s := p.ini.WritesRefused(); return s == s0+1 })
@@ -373,9 +334,7 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	ans := make([]byte, 24)
 	binary.LittleEndian.PutUint64(ans, 999)
 	for _, h := range [][]byte{ans, ans[:4]} {
-		if err := tgt.sendRawAM(p.ini.Name(), 13, h, []byte("forged bytes"), eager|reply); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, tgt.sendRawAM(p.ini.Name(), 13, h, []byte("forged bytes"), eager|reply))
 	}
 	waitFor(t, "forged answers counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+2 })
 
@@ -394,20 +353,16 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	clear(local)
 	x = read(t, p, []Desc{BytesDesc(local[:64])}, []Desc{BytesDesc(src[64:128])})
 	var token uint64
-	if err := ini.do(func() error { token = uint64(x.handle.(*ucxXfer).c.token); return nil }); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, ini.do(func() error { token = uint64(x.handle.(*ucxXfer).c.token); return nil }))
 	_, s0 = p.ini.WritesRefused()
 	live := make([]byte, 24)
 	binary.LittleEndian.PutUint64(live, token)
-	if err := forger.b.(*ucx).sendRawAM(p.ini.Name(), 13, live, bytes.Repeat([]byte{0xee}, 64), eager|reply); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, forger.b.(*ucx).sendRawAM(p.ini.Name(), 13, live, bytes.Repeat([]byte{0xee}, 64), eager|reply))
 	waitFor(t, "an answer with a live token from another endpoint counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+1 })
 	release()
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(local[:64], src[64:128]) {
-		t.Fatalf("the read after a forged answer: %v %v, the target's bytes %v", st, err, bytes.Equal(local[:64], src[64:128]))
-	}
+	st, err = wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "the read after a forged answer: %v, the target's bytes %v", err, bytes.Equal(local[:64], src[64:128]))
+	require.True(t, bytes.Equal(local[:64], src[64:128]), "the read after a forged answer: %v %v, the target's bytes", st, err)
 	p.ini.Release(x)
 
 	// A target that answers badly through the read's own endpoint: each
@@ -426,20 +381,21 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 		{2, "an answer for a chunk the read does not have", true, 2},
 		{3, "an answer one byte short", false, 0}, // (the other chunk's answer may come after the failure: not counted here)
 	} {
-		if err := tgt.answerReadsBadly(c.mode); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, tgt.answerReadsBadly(c.mode))
 		_, s0 := p.ini.WritesRefused()
 		clear(local)
 		x = read(t, p, []Desc{BytesDesc(local[:512<<10])}, []Desc{BytesDesc(src[:512<<10])})
 		st, err := wait(t, p.ini, x, time.Minute)
-		if c.done && (st != Done || !bytes.Equal(local[:512<<10], src[:512<<10])) {
-			t.Fatalf("%s: %v %v, byte-exact %v", c.name, st, err, bytes.Equal(local[:512<<10], src[:512<<10]))
+		if c.done {
+			require.Equal(t, Done, st, "%s: %v, byte-exact %v", c.name, err, bytes.Equal(local[:512<<10], src[:512<<10]))
+			require.True(t, bytes.Equal(local[:512<<10], src[:512<<10]), "%s: %v %v, byte-exact", c.name, st, err)
 		}
 		// Failed by the short answer itself (UCX's "Message truncated"),
 		// not later by a deadline: a read that accepted it would hang.
-		if !c.done && (st != Failed || err == nil || !strings.Contains(strings.ToLower(err.Error()), "truncated")) {
-			t.Fatalf("%s: %v %v, want Failed for the truncated answer", c.name, st, err)
+		if !c.done {
+			require.Equal(t, Failed, st, "%s: %v, want Failed for the truncated answer", c.name, err)
+			require.Error(t, err, "%s: want Failed for the truncated answer", c.name)
+			require.Contains(t, strings.ToLower(err.Error()), "truncated", "%s: want Failed for the truncated answer", c.name)
 		}
 		p.ini.Release(x)
 		if c.done {
@@ -452,75 +408,57 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	// never landed, and the read completes byte-exact when the real
 	// answers come. (With every request sent at once, "not asked for"
 	// could not happen; with the window, such answers landed.)
-	if err := tgt.answerReadsBadly(4); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, tgt.answerReadsBadly(4))
 	const wide = 32 * 256 << 10 // 32 chunks
 	_, wideLocal, err := p.ini.Alloc(wide)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	wideSrc := make([]byte, wide)
 	fill(wideSrc, 13)
-	if _, err := p.tgt.RegisterBytes(wideSrc); err != nil {
-		t.Fatal(err)
-	}
+	_, err = p.tgt.RegisterBytes(wideSrc)
+	require.NoError(t, err)
 	p.remote = exchange(t, p.ini, p.tgt)
 	_, s0 = p.ini.WritesRefused()
 	x = read(t, p, []Desc{BytesDesc(wideLocal)}, []Desc{BytesDesc(wideSrc)})
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(wideLocal, wideSrc) {
-		t.Fatalf("answers for chunks not asked for yet: %v %v, byte-exact %v", st, err, bytes.Equal(wideLocal, wideSrc))
-	}
+	st, err = wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "answers for chunks not asked for yet: %v, byte-exact %v", err, bytes.Equal(wideLocal, wideSrc))
+	require.True(t, bytes.Equal(wideLocal, wideSrc), "answers for chunks not asked for yet: %v %v, byte-exact", st, err)
 	p.ini.Release(x)
 	waitFor(t, "answers for chunks not asked for yet: counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+32 })
-	if err := tgt.answerReadsBadly(0); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, tgt.answerReadsBadly(0))
 
 	// A target whose answers queue up past KVB_RDATA_PENDING (a reader that
 	// does not drain them) refuses further reads: counted, the read fails.
-	if err := tgt.fillReadAnswers(true); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, tgt.fillReadAnswers(true))
 	r0, _ := p.tgt.WritesRefused()
 	x = read(t, p, []Desc{BytesDesc(local[:64])}, []Desc{BytesDesc(src[:64])})
-	if st, err := wait(t, p.ini, x, time.Minute); st != Failed || err == nil {
-		t.Fatalf("a read past the target's queued answers: %v %v, want Failed", st, err)
-	}
+	st, err = wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Failed, st, "a read past the target's queued answers: %v, want Failed", err)
+	require.Error(t, err, "a read past the target's queued answers: want Failed")
 	p.ini.Release(x)
-	if r, _ := p.tgt.WritesRefused(); r != r0+1 {
-		t.Fatalf("target counted %d refusals, want 1", r-r0)
-	}
-	if err := tgt.fillReadAnswers(false); err != nil {
-		t.Fatal(err)
-	}
+	r, _ := p.tgt.WritesRefused()
+	require.EqualValues(t, 1, r-r0, "target counted refusals")
+	require.NoError(t, tgt.fillReadAnswers(false))
 
 	// Memory the target deregistered: refused, counted, the read fails.
-	if err := p.tgt.Deregister(reg); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, p.tgt.Deregister(reg))
 	r0, _ = p.tgt.WritesRefused()
 	clear(local)
 	x = read(t, p, []Desc{BytesDesc(local)}, []Desc{BytesDesc(src)})
-	st, err := wait(t, p.ini, x, time.Minute)
-	if st != Failed || err == nil || !strings.Contains(err.Error(), "refused the read") {
-		t.Fatalf("read of deregistered memory: %v %v, want Failed, refused by the target", st, err)
-	}
+	st, err = wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Failed, st, "read of deregistered memory: %v, want Failed, refused by the target", err)
+	require.ErrorContains(t, err, "refused the read", "read of deregistered memory: want Failed, refused by the target")
 	p.ini.Release(x)
-	if r, _ := p.tgt.WritesRefused(); r != r0+4 {
-		t.Fatalf("target counted %d refused reads, want 4 (1 MiB in 256 KiB requests)", r-r0)
-	}
-	if !bytes.Equal(local, make([]byte, len(local))) {
-		t.Fatal("a refused read wrote into the reader's memory")
-	}
+	r, _ = p.tgt.WritesRefused()
+	require.EqualValues(t, 4, r-r0, "target counted refused reads, want 4 (1 MiB in 256 KiB requests)")
+	require.True(t, bytes.Equal(local, make([]byte, len(local))), "a refused read wrote into the reader's memory")
 	// The target still serves reads of memory it has.
 	_, again, _ := p.tgt.Alloc(4096)
 	fill(again, 12)
 	p.remote = exchange(t, p.ini, p.tgt)
 	x = read(t, p, []Desc{BytesDesc(local[:4096])}, []Desc{BytesDesc(again)})
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(local[:4096], again) {
-		t.Fatalf("a read after the hostile ones: %v %v", st, err)
-	}
+	st, err = wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "a read after the hostile ones: %v", err)
+	require.True(t, bytes.Equal(local[:4096], again), "a read after the hostile ones: %v %v, byte-exact", st, err)
 }
 
 // A write into mapped peer memory larger than directCopyInline is copied on
@@ -532,9 +470,7 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 // and a write after lands byte-exact.
 func TestUCXReleaseDuringDirectCopy(t *testing.T) {
 	ec := engines()[1]
-	if ec.name != "ucx-shm" {
-		t.Fatalf("engines()[1] is %s, want ucx-shm", ec.name)
-	}
+	require.Equal(t, "ucx-shm", ec.name, "engines()[1]")
 	p := newPair(t, ec)
 	const size = 32 << 20
 	_, src, _ := p.ini.Alloc(size)
@@ -542,41 +478,28 @@ func TestUCXReleaseDuringDirectCopy(t *testing.T) {
 	p.remote = exchange(t, p.ini, p.tgt)
 	fill(src, 7)
 	l, err := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer l.Release()
 	r, err := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer r.Release()
 	u := p.ini.b.(*ucx)
-	if rp := r.handle.(*ucxPrep); rp.views == nil {
-		t.Fatal("the remote list is not mapped in this process: the direct path is not taken")
-	}
+	require.NotNil(t, r.handle.(*ucxPrep).views, "the remote list is not mapped in this process: the direct path is not taken")
 	for i := range 16 {
 		x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("n"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.ini.Post(x); err != nil {
-			t.Fatalf("post %d: %v", i, err)
-		}
+		require.NoError(t, err)
+		require.NoError(t, p.ini.Post(x), "post %d", i)
 		p.ini.Release(x) // while its copy runs
 	}
 	u.copies.Wait()
 	var active, all int
-	if err := u.do(func() error { active, all = len(u.active), len(u.all); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if active != 0 || all != 0 {
-		t.Fatalf("after 16 transfers released during their copies the agent holds %d active and %d unreleased", active, all)
-	}
+	require.NoError(t, u.do(func() error { active, all = len(u.active), len(u.all); return nil }))
+	require.Zero(t, active, "after 16 transfers released during their copies the agent holds active (%d unreleased)", all)
+	require.Zero(t, all, "after 16 transfers released during their copies the agent holds unreleased (%d active)", active)
 	clear(dst)
 	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done || !bytes.Equal(src, dst) {
-		t.Fatalf("a write after: %v %v", st, err)
-	}
+	st, err := wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "a write after: %v", err)
+	require.True(t, bytes.Equal(src, dst), "a write after: %v %v, byte-exact", st, err)
 	p.ini.Release(x)
 }

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // settle waits until a's progress loop has stopped making passes (it is
@@ -45,51 +48,39 @@ func TestUCXIdleSleepsOnEventFD(t *testing.T) {
 			_, dst, _ := p.tgt.Alloc(size)
 			p.remote = exchange(t, p.ini, p.tgt)
 			// Endpoints wired up both ways before the agents go idle.
-			if err := p.tgt.GenNotif(p.ini.Name(), []byte("hello")); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, p.tgt.GenNotif(p.ini.Name(), []byte("hello")))
 			waitNotif(t, p.ini, time.Minute)
 
 			for _, a := range []*Agent{p.ini, p.tgt} {
 				u := settle(t, a)
-				if u.waker == nil {
-					t.Fatalf("agent %s has no event fd: its progress goroutine polls", a.Name())
-				}
+				require.NotNil(t, u.waker, "agent %s has no event fd: its progress goroutine polls", a.Name())
 				before := u.passes.Load()
 				time.Sleep(100 * time.Millisecond) // observed, not synchronised on
-				if n := u.passes.Load() - before; n > 3 {
-					t.Fatalf("agent %s idle: %d progress passes in 100 ms (the 1 ms back-off made ~100)", a.Name(), n)
-				}
+				require.LessOrEqual(t, u.passes.Load()-before, uint64(3), "agent %s idle: progress passes in 100 ms (the 1 ms back-off made ~100)", a.Name())
 			}
 
 			// A message to the sleeping target wakes it.
 			tu := p.tgt.b.(*ucx)
 			woke := tu.wakeups.Load()
-			if err := p.ini.GenNotif(p.remote, []byte("wake")); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, p.ini.GenNotif(p.remote, []byte("wake")))
 			select {
 			case <-p.tgt.NotifyC():
 			case <-time.After(time.Minute):
 				t.Fatal("a notification to a sleeping agent was not delivered within a minute")
 			}
-			if n := waitNotif(t, p.tgt, time.Minute); string(n.Msg) != "wake" {
-				t.Fatalf("delivered %q", n.Msg)
-			}
-			if tu.wakeups.Load() == woke {
-				t.Fatal("the notification was delivered without the event fd waking the target")
-			}
+			n := waitNotif(t, p.tgt, time.Minute)
+			require.Equal(t, "wake", string(n.Msg), "delivered")
+			require.NotEqual(t, woke, tu.wakeups.Load(), "the notification was delivered without the event fd waking the target")
 
 			// A write into the sleeping target, notification included.
 			settle(t, p.tgt)
 			fill(src, 24)
 			x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, []byte("data"))
-			if st, err := wait(t, p.ini, x, time.Minute); st != Done {
-				t.Fatalf("write into a sleeping target: %v %v", st, err)
-			}
-			if n := waitNotif(t, p.tgt, time.Minute); string(n.Msg) != "data" || !bytes.Equal(src, dst) {
-				t.Fatalf("notification %q, data equal %v", n.Msg, bytes.Equal(src, dst))
-			}
+			st, err := wait(t, p.ini, x, time.Minute)
+			require.Equal(t, Done, st, "write into a sleeping target: %v", err)
+			n = waitNotif(t, p.tgt, time.Minute)
+			require.Equal(t, "data", string(n.Msg), "notification, data equal %v", bytes.Equal(src, dst))
+			require.True(t, bytes.Equal(src, dst), "notification %q, data equal", n.Msg)
 			p.ini.Release(x)
 		})
 	}
@@ -134,15 +125,10 @@ func TestUCXNoLostWakeCrossProcess(t *testing.T) {
 				}
 			}
 			// The idle backstop (5 s) ends a missed wake-up: count them.
-			if _, err := fmt.Fprintln(cc.c.stdin, "missed"); err != nil {
-				t.Fatal(err)
-			}
-			if n := strings.Fields(cc.c.line(t, "MISSED"))[1]; n != "0" {
-				t.Fatalf("the target slept through %s events its event fd did not signal (found by its idle backstop)", n)
-			}
-			if n := cc.a.b.(*ucx).missed.Load(); n != 0 {
-				t.Fatalf("the writer slept through %d events", n)
-			}
+			_, err := fmt.Fprintln(cc.c.stdin, "missed")
+			require.NoError(t, err)
+			require.Equal(t, "0", strings.Fields(cc.c.line(t, "MISSED"))[1], "the target slept through events its event fd did not signal (found by its idle backstop)")
+			require.Zero(t, cc.a.b.(*ucx).missed.Load(), "the writer slept through events")
 		})
 	}
 }
@@ -176,9 +162,8 @@ func TestUCXAdaptiveProgressOff(t *testing.T) {
 			os.Unsetenv("UCX_ADAPTIVE_PROGRESS")
 		}
 		on := ucxAdaptive(keys)
-		if keys["ADAPTIVE_PROGRESS"] != tc.want || on != tc.on {
-			t.Errorf("keys %q, UCX_ADAPTIVE_PROGRESS %q: UCX gets %q (on %v), want %q (on %v)", tc.keys, tc.env, keys["ADAPTIVE_PROGRESS"], on, tc.want, tc.on)
-		}
+		assert.Equal(t, tc.want, keys["ADAPTIVE_PROGRESS"], "keys %q, UCX_ADAPTIVE_PROGRESS %q: UCX gets (on %v, want on %v)", tc.keys, tc.env, on, tc.on)
+		assert.Equal(t, tc.on, on, "keys %q, UCX_ADAPTIVE_PROGRESS %q: UCX gets %q, on", tc.keys, tc.env, keys["ADAPTIVE_PROGRESS"])
 	}
 }
 
@@ -200,68 +185,40 @@ func TestSpinWindowAfterServingAPeer(t *testing.T) {
 		{3, false, false, spinWindow},
 		{0, true, false, spinWindow},
 	} {
-		if got := spinFor(c.events, c.own, c.caller); got != c.want {
-			t.Errorf("spinFor(%d events, own transfers %v, caller memory %v) = %v, want %v", c.events, c.own, c.caller, got, c.want)
-		}
+		assert.Equal(t, c.want, spinFor(c.events, c.own, c.caller), "spinFor(%d events, own transfers %v, caller memory %v)", c.events, c.own, c.caller)
 	}
-	if targetSpinWindow <= spinWindow {
-		t.Errorf("the target window (%v) is no longer than the initiator's (%v)", targetSpinWindow, spinWindow)
-	}
+	assert.Greater(t, targetSpinWindow, spinWindow, "the target window is no longer than the initiator's")
 	for tls, want := range map[string]bool{"": true, "all": true, "posix,cma,self": true, "sm,self": true, "tcp": false,
 		"tcp,self": false, "^tcp": true, "^sm": false, "^shm,tcp": false, "rc,ud,self": false, "sysv": true,
 		"^posix,sysv,xpmem,knem,cma": false, "^mm,knem,cma": false, "^mm": true, "^posix": true, "^all": false, "cma,tcp": true} {
-		if got := tlsSharedMemory(tls); got != want {
-			t.Errorf("tlsSharedMemory(%q) = %v, want %v", tls, got, want)
-		}
+		assert.Equal(t, want, tlsSharedMemory(tls), "tlsSharedMemory(%q)", tls)
 	}
 	// Over tcp the engine's own write messages wake the target: no long
 	// spin, caller memory or not.
 	tcp := open(t, engines()[2], "spin-tcp")
-	if _, err := tcp.RegisterBytes(make([]byte, 1<<16)); err != nil {
-		t.Fatal(err)
-	}
+	_, err := tcp.RegisterBytes(make([]byte, 1<<16))
+	require.NoError(t, err)
 	tu := tcp.b.(*ucx)
 	var served bool
-	if err := tu.do(func() error { served = tu.servesEmulatedPuts(); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if served {
-		t.Error("an agent on tcp alone takes the long spin window")
-	}
+	require.NoError(t, tu.do(func() error { served = tu.servesEmulatedPuts(); return nil }))
+	assert.False(t, served, "an agent on tcp alone takes the long spin window")
 	// The agent knows whether it exposes caller memory.
 	a := open(t, engines()[1], "spin")
 	u := a.b.(*ucx)
 	count := func() int {
 		var n int
-		if err := u.do(func() error { n = u.callerRegs; return nil }); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, u.do(func() error { n = u.callerRegs; return nil }))
 		return n
 	}
-	if _, _, err := a.Alloc(1 << 16); err != nil {
-		t.Fatal(err)
-	}
-	if n := count(); n != 0 {
-		t.Fatalf("%d caller registrations after an Alloc", n)
-	}
+	_, _, err = a.Alloc(1 << 16)
+	require.NoError(t, err)
+	require.Zero(t, count(), "caller registrations after an Alloc")
 	r, err := a.RegisterBytes(make([]byte, 1<<16))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := count(); n != 1 {
-		t.Fatalf("%d caller registrations after RegisterBytes, want 1", n)
-	}
+	require.NoError(t, err)
+	require.Equal(t, 1, count(), "caller registrations after RegisterBytes")
 	served = false
-	if err := u.do(func() error { served = u.servesEmulatedPuts(); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if !served {
-		t.Error("an agent on shared memory exposing caller memory does not take the long spin window")
-	}
-	if err := a.Deregister(r); err != nil {
-		t.Fatal(err)
-	}
-	if n := count(); n != 0 {
-		t.Fatalf("%d caller registrations after Deregister, want 0", n)
-	}
+	require.NoError(t, u.do(func() error { served = u.servesEmulatedPuts(); return nil }))
+	assert.True(t, served, "an agent on shared memory exposing caller memory does not take the long spin window")
+	require.NoError(t, a.Deregister(r))
+	require.Zero(t, count(), "caller registrations after Deregister")
 }

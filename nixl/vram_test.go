@@ -2,7 +2,6 @@ package nixl
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
@@ -13,6 +12,8 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/gpu"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // VRAM cases. On a GPU node they run on the GPU; elsewhere the "gpu"
@@ -68,13 +69,9 @@ func (r *ranCount) skipIfNone(t *testing.T) {
 func devAlloc(t *testing.T, n uint64) (gpu.DevicePtr, *gpu.Context) {
 	t.Helper()
 	c, err := cudaContext(0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	p, err := c.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { c.Free(p) })
 	return p, c
 }
@@ -106,48 +103,34 @@ func vramInProcess(t *testing.T, ec engineCase) {
 	const pages, page = 4096, 32 << 10
 	p := newPair(t, ec)
 	_, host, err := p.ini.Alloc(pages * page)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	fill(host, 21)
 	srcDev, c := devAlloc(t, pages*page)
 	dstDev, _ := devAlloc(t, pages*page)
-	if _, err := p.ini.Register(VRAM, []Desc{{Addr: uintptr(srcDev), Len: pages * page}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.tgt.Register(VRAM, []Desc{{Addr: uintptr(dstDev), Len: pages * page}}); err != nil {
-		t.Fatal(err)
-	}
+	_, err = p.ini.Register(VRAM, []Desc{{Addr: uintptr(srcDev), Len: pages * page}})
+	require.NoError(t, err)
+	_, err = p.tgt.Register(VRAM, []Desc{{Addr: uintptr(dstDev), Len: pages * page}})
+	require.NoError(t, err)
 	p.remote = exchange(t, p.ini, p.tgt)
 
 	// DRAM → remote VRAM (the source VRAM gets the same bytes by HtoD).
 	l, _ := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(host)})
 	r, err := p.ini.PrepRemote(p.remote, VRAM, []Desc{{Addr: uintptr(dstDev), Len: pages * page}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("h2d"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.ini.Post(x); err != nil {
-		t.Fatal(err)
-	}
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
-		t.Fatalf("DRAM → VRAM: %v %v", st, err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, p.ini.Post(x))
+	st, err := wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "DRAM → VRAM: %v", err)
 	waitNotif(t, p.tgt, time.Minute)
 	back := make([]byte, pages*page)
-	if err := c.CopyDtoH(back, dstDev); err != nil || !bytes.Equal(back, host) {
-		t.Fatalf("DRAM → VRAM data wrong (%v)", err)
-	}
+	require.NoError(t, c.CopyDtoH(back, dstDev), "DRAM → VRAM data wrong")
+	require.True(t, bytes.Equal(back, host), "DRAM → VRAM data wrong")
 	p.ini.Release(x)
 
 	// VRAM → VRAM, 4,096 pages scattered in one request.
 	fill(host, 22)
-	if err := c.CopyHtoD(srcDev, host); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, c.CopyHtoD(srcDev, host))
 	var s, d []Desc
 	for i := 0; i < pages; i++ {
 		j := (i * 7919) % pages
@@ -161,30 +144,17 @@ func vramInProcess(t *testing.T, ec engineCase) {
 		idx[i] = i
 	}
 	x, err = p.ini.NewXfer(Write, ls, idx, rs, idx, []byte("d2d"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.ini.Post(x); err != nil {
-		t.Fatal(err)
-	}
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
-		t.Fatalf("VRAM → VRAM: %v %v", st, err)
-	}
-	if string(waitNotif(t, p.tgt, time.Minute).Msg) != "d2d" {
-		t.Fatal("wrong notification")
-	}
-	if err := c.CopyDtoH(back, dstDev); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, p.ini.Post(x))
+	st, err = wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "VRAM → VRAM: %v", err)
+	require.Equal(t, "d2d", string(waitNotif(t, p.tgt, time.Minute).Msg), "wrong notification")
+	require.NoError(t, c.CopyDtoH(back, dstDev))
 	for i := 0; i < pages; i++ {
 		j := (i * 7919) % pages
-		if !bytes.Equal(back[j*page:(j+1)*page], host[i*page:(i+1)*page]) {
-			t.Fatalf("page %d → %d wrong", i, j)
-		}
+		require.True(t, bytes.Equal(back[j*page:(j+1)*page], host[i*page:(i+1)*page]), "page %d → %d wrong", i, j)
 	}
-	if x.Pieces() != pages {
-		t.Errorf("VRAM → VRAM: %d scattered pages moved as %d copies", pages, x.Pieces())
-	}
+	assert.Equal(t, pages, x.Pieces(), "VRAM → VRAM: scattered pages moved as copies")
 	p.ini.Release(x)
 
 	// VRAM → VRAM, two runs of contiguous pages: two copies (coalesce.go;
@@ -194,51 +164,34 @@ func vramInProcess(t *testing.T, ec engineCase) {
 		inOrder = append(inOrder, Desc{Addr: uintptr(dstDev) + uintptr(i*page), Len: page})
 	}
 	rs2, err := p.ini.PrepRemote(p.remote, VRAM, inOrder)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	li, ri := append(seq(0, 128), seq(200, 64)...), append(seq(256, 128), seq(0, 64)...)
 	x, err = p.ini.NewXfer(Write, ls, li, rs2, ri, []byte("runs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.ini.Post(x); err != nil {
-		t.Fatal(err)
-	}
-	if st, err := wait(t, p.ini, x, time.Minute); st != Done {
-		t.Fatalf("VRAM → VRAM runs: %v %v", st, err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, p.ini.Post(x))
+	st, err = wait(t, p.ini, x, time.Minute)
+	require.Equal(t, Done, st, "VRAM → VRAM runs: %v", err)
 	waitNotif(t, p.tgt, time.Minute)
-	if err := c.CopyDtoH(back, dstDev); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, c.CopyDtoH(back, dstDev))
 	for k := range li {
 		sp, dp := li[k], ri[k]
-		if !bytes.Equal(back[dp*page:(dp+1)*page], host[sp*page:(sp+1)*page]) {
-			t.Fatalf("runs: page %d → %d wrong", sp, dp)
-		}
+		require.True(t, bytes.Equal(back[dp*page:(dp+1)*page], host[sp*page:(sp+1)*page]), "runs: page %d → %d wrong", sp, dp)
 	}
 	want := 2
 	if strings.HasPrefix(ec.name, "libnixl") {
 		want = len(li)
 	}
-	if x.Pieces() != want {
-		t.Errorf("VRAM → VRAM: %d pages in two runs moved as %d copies, want %d", len(li), x.Pieces(), want)
-	}
+	assert.Equal(t, want, x.Pieces(), "VRAM → VRAM: %d pages in two runs moved as copies", len(li))
 	p.ini.Release(x)
 
 	// READ remote VRAM into DRAM.
 	clear(host)
 	rx, err := p.ini.NewXfer(Read, l, []int{0}, r, []int{0}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.ini.Post(rx); err != nil {
-		t.Fatal(err)
-	}
-	if st, err := wait(t, p.ini, rx, time.Minute); st != Done || !bytes.Equal(host, back) {
-		t.Fatalf("READ VRAM → DRAM: %v %v", st, err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, p.ini.Post(rx))
+	st, err = wait(t, p.ini, rx, time.Minute)
+	require.Equal(t, Done, st, "READ VRAM → DRAM: %v", err)
+	require.True(t, bytes.Equal(host, back), "READ VRAM → DRAM: %v %v, byte-exact", st, err)
 	p.ini.Release(rx)
 }
 
@@ -248,41 +201,27 @@ func TestVRAMCrossProcess(t *testing.T) {
 	vramCases(t, func(t *testing.T) {
 		c := startChild(t, "vram")
 		a, err := Open(Config{Name: "vram-parent", Engine: EngineUCX, UCX: shmUCX})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		defer a.Close()
 		remote, err := a.LoadRemote(c.md)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		const size = 64 << 20
 		src, _ := devAlloc(t, size)
 		host := make([]byte, size)
 		fill(host, 23)
 		ctx, _ := cudaContext(0)
-		if err := ctx.CopyHtoD(src, host); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := a.Register(VRAM, []Desc{{Addr: uintptr(src), Len: size}}); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, ctx.CopyHtoD(src, host))
+		_, err = a.Register(VRAM, []Desc{{Addr: uintptr(src), Len: size}})
+		require.NoError(t, err)
 		p := pair{ini: a, remote: remote}
 		l, _ := a.PrepLocal(VRAM, []Desc{{Addr: uintptr(src), Len: size}})
 		r, err := a.PrepRemote(remote, VRAM, []Desc{{Addr: c.addr, Len: size}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		x, _ := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte(fmt.Sprintf("verify:%d", size)))
-		if err := a.Post(x); err != nil {
-			t.Fatal(err)
-		}
-		if st, err := wait(t, a, x, time.Minute); st != Done {
-			t.Fatalf("%v %v", st, err)
-		}
-		if got, want := c.line(t, "CRC"), fmt.Sprintf("CRC %08x", crc32.ChecksumIEEE(host)); got != want {
-			t.Fatalf("the child's VRAM: %s, want %s", got, want)
-		}
+		require.NoError(t, a.Post(x))
+		st, err := wait(t, a, x, time.Minute)
+		require.Equal(t, Done, st, "%v", err)
+		require.Equal(t, fmt.Sprintf("CRC %08x", crc32.ChecksumIEEE(host)), c.line(t, "CRC"), "the child's VRAM")
 		a.Release(x)
 	})
 }
@@ -295,27 +234,21 @@ func TestVRAMKeyNamesTheProcessNotThePID(t *testing.T) {
 	vramCases(t, func(t *testing.T) {
 		p, _ := devAlloc(t, 1<<20)
 		k, err := exportVRAM(Desc{Addr: uintptr(p), Len: 1 << 20})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		k2, err := decodeVRAMKey(k.encode())
-		if err != nil || k2 != k {
-			t.Fatalf("round trip: %+v %v", k2, err)
-		}
+		require.NoError(t, err, "round trip: %+v", k2)
+		require.Equal(t, k, k2, "round trip")
 		region := Desc{Addr: uintptr(p) + 4096, Len: 4096}
 		addr, closer, err := importVRAM(k, region, 0)
-		if err != nil || addr != region.Addr {
-			t.Fatalf("own key: %#x %v, want the address itself", addr, err)
-		}
+		require.NoError(t, err, "own key: %#x, want the address itself", addr)
+		require.Equal(t, region.Addr, addr, "own key: want the address itself")
 		closer()
 		other := k
 		other.proc ^= 2
 		addr, closer, err = importVRAM(other, region, 0)
 		if err == nil {
 			closer()
-		}
-		if err == nil && addr == region.Addr {
-			t.Fatal("another process's key was taken as memory of this process")
+			require.NotEqual(t, region.Addr, addr, "another process's key was taken as memory of this process")
 		}
 	})
 }
@@ -333,18 +266,12 @@ func TestVRAMContractSkipsWhenNothingRan(t *testing.T) {
 	cmd.Env = append(os.Environ(), "KVBRIDGE_NIXL_LIB="+doubleLib())
 	b, err := cmd.CombinedOutput()
 	out := string(b)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	require.NoError(t, err, "%s", out)
 	for _, want := range []string{"--- SKIP: TestVRAMContract ", "--- SKIP: TestVRAMContract/libnixl-real ",
 		"--- SKIP: TestVRAMContract/libnixl-real/gpu ", "--- SKIP: TestVRAMContract/libnixl-real/cuda-double "} {
-		if !strings.Contains(out, want) {
-			t.Errorf("no %q in:\n%s", strings.TrimSpace(want), out)
-		}
+		assert.Contains(t, out, want, "no %q", strings.TrimSpace(want))
 	}
-	if strings.Contains(out, "--- PASS") {
-		t.Errorf("a VRAM test that ran nothing passed:\n%s", out)
-	}
+	assert.NotContains(t, out, "--- PASS", "a VRAM test that ran nothing passed")
 }
 
 // TestVRAMRegionOutsideItsAllocationRefused: a VRAM region's key carries the
@@ -358,15 +285,11 @@ func TestVRAMRegionOutsideItsAllocationRefused(t *testing.T) {
 	vramCases(t, func(t *testing.T) {
 		c := startChild(t, "vram")
 		a, err := Open(Config{Name: "vram-range", Engine: EngineUCX, UCX: shmUCX})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		defer a.Close()
 		u := a.b.(*ucx)
 		m, err := decodeMetadata(c.md, EngineUCX, u.library)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, shift := range []uint64{1 << 20, 1 << 30, 64} {
 			f := *m
 			f.regions = append([]mdRegion(nil), m.regions...)
@@ -375,18 +298,15 @@ func TestVRAMRegionOutsideItsAllocationRefused(t *testing.T) {
 					continue
 				}
 				k, err := decodeVRAMKey(r.key)
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				k.base += shift // the region now starts shift bytes below the allocation
 				f.regions[i].key = k.encode()
 			}
-			if _, err := a.LoadRemote(f.encode()); !errors.Is(err, ErrBadMetadata) || !strings.Contains(err.Error(), "not inside") {
-				t.Fatalf("a VRAM key whose base puts the region %d bytes below its allocation: %v, want ErrBadMetadata", shift, err)
-			}
+			_, err := a.LoadRemote(f.encode())
+			require.ErrorIs(t, err, ErrBadMetadata, "a VRAM key whose base puts the region %d bytes below its allocation", shift)
+			require.ErrorContains(t, err, "not inside", "a VRAM key whose base puts the region %d bytes below its allocation", shift)
 		}
-		if _, err := a.LoadRemote(c.md); err != nil {
-			t.Fatalf("the genuine blob after the forged ones: %v", err)
-		}
+		_, err = a.LoadRemote(c.md)
+		require.NoError(t, err, "the genuine blob after the forged ones")
 	})
 }

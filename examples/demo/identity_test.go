@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestIdentitiesIssuedInParallel: the ranks of a TP group start at once,
@@ -19,9 +21,7 @@ import (
 // in ~10 of TP 4 to 2; the race detector flags the old counter here).
 func TestIdentitiesIssuedInParallel(t *testing.T) {
 	cleanup, err := makeCA()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer cleanup()
 	const n = 16
 	envs := make([][]string, n)
@@ -36,9 +36,7 @@ func TestIdentitiesIssuedInParallel(t *testing.T) {
 	}
 	wg.Wait()
 	for i := 0; i < n; i++ {
-		if errs[i] != nil {
-			t.Fatalf("rank %d: %v", i, errs[i])
-		}
+		require.NoError(t, errs[i], "rank %d", i)
 		var path string
 		for _, kv := range envs[i] {
 			if v, ok := strings.CutPrefix(kv, bootstrap.EnvIdentityFile+"="); ok {
@@ -46,12 +44,8 @@ func TestIdentitiesIssuedInParallel(t *testing.T) {
 			}
 		}
 		id, err := bootstrap.LoadIdentity(caFile, path)
-		if err != nil {
-			t.Fatalf("rank %d: %v", i, err)
-		}
-		if got, want := id.Cert.String(), fmt.Sprintf("prefill/p/%d", i); got != want {
-			t.Errorf("rank %d's identity file %s holds the certificate of %s", i, path, got)
-		}
+		require.NoError(t, err, "rank %d", i)
+		assert.Equal(t, fmt.Sprintf("prefill/p/%d", i), id.Cert.String(), "rank %d's identity file %s holds the certificate of another rank", i, path)
 		os.Remove(path)
 	}
 }

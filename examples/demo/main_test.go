@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/capture"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -47,9 +49,7 @@ func binaries(t *testing.T) string {
 			buildErr = fmt.Errorf("build: %v\n%s", err, out)
 		}
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
+	require.NoError(t, buildErr)
 	return binDir
 }
 
@@ -57,14 +57,10 @@ func runDemo(t *testing.T, args ...string) string {
 	dir := binaries(t)
 	cmd := exec.Command(filepath.Join(dir, "demo"), append(args, "-bin", dir)...)
 	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("demo failed: %v\n%s%s", err, out, stderrOf(err))
-	}
+	require.NoError(t, err, "demo failed:\n%s%s", out, stderrOf(err))
 	s := string(out)
 	for _, want := range []string{"rooms pinned               0", "(corrupt 0)", "failed                     0", "OK: every request"} {
-		if !strings.Contains(s, want) {
-			t.Fatalf("summary lacks %q:\n%s", want, s)
-		}
+		require.Contains(t, s, want, "summary lacks %q:\n%s", want, s)
 	}
 	t.Logf("\n%s", s)
 	return s
@@ -99,9 +95,8 @@ func stderrOf(err error) string {
 func TestDemoShort(t *testing.T) {
 	s := runDemo(t, "-short", "-abort-rate", "0.2")
 	got, want := summaryLabels(s), summaryLabels(docSection(t, "README.md", "The two commands"))
-	if strings.Join(got, "|") != strings.Join(want, "|") || len(want) == 0 {
-		t.Errorf("the summary's lines are\n  %q\nREADME's sample's\n  %q\nrun make demo and paste its summary into README.md", got, want)
-	}
+	assert.NotEmpty(t, want, "README's sample has no summary lines: run make demo and paste its summary into README.md")
+	assert.Equal(t, want, got, "the summary's lines (actual) are not README's sample's (expected): run make demo and paste its summary into README.md")
 }
 
 // TestDemoHostile is the short hostile-input soak: the example ranks under
@@ -113,9 +108,7 @@ func TestDemoShort(t *testing.T) {
 // and tombstone tables stayed within their bounds.
 func TestDemoHostile(t *testing.T) {
 	s := runDemo(t, "-short", "-abort-rate", "0.1", "-hostile", "-hostile-rounds", "30")
-	if !strings.Contains(s, "hostile input: ") {
-		t.Fatalf("no hostile-input report:\n%s", s)
-	}
+	require.Contains(t, s, "hostile input: ", "no hostile-input report:\n%s", s)
 }
 
 // TestDemoChaos is a short round of the chaos soak (make soak-chaos runs
@@ -153,21 +146,17 @@ func TestDemoChaos(t *testing.T) {
 			cmd := exec.Command(filepath.Join(dir, "demo"), args...)
 			out, err := cmd.Output()
 			s := string(out)
-			if err != nil {
-				t.Fatalf("demo -chaos failed: %v\n%s%s", err, s, stderrOf(err))
-			}
+			require.NoError(t, err, "demo -chaos failed:\n%s%s", s, stderrOf(err))
 			t.Logf("\n%s", s)
 			restart := map[string]string{"http": "restart-bootstrap 1", "etcd": "restart-etcd 1"}[discovery]
-			if strings.Contains(tc.pages, "page-tokens") && !strings.Contains(s, "16-token prefill and 64-token decode pages") {
-				t.Errorf("the summary does not name the page sizes")
+			if strings.Contains(tc.pages, "page-tokens") {
+				assert.Contains(t, s, "16-token prefill and 64-token decode pages", "the summary does not name the page sizes")
 			}
-			if strings.Contains(tc.pages, "pull") && !strings.Contains(s, "discovery, pull") {
-				t.Errorf("the summary does not say the rooms are pulled")
+			if strings.Contains(tc.pages, "pull") {
+				assert.Contains(t, s, "discovery, pull", "the summary does not say the rooms are pulled")
 			}
 			for _, want := range []string{"(corrupt 0)", "OK: no page corrupt", "kill decode 1", "kill prefill 1", "kill prefill+decode 1", "pause decode 1", "pause prefill 1", restart, "memory (spared rank)"} {
-				if !strings.Contains(s, want) {
-					t.Errorf("summary lacks %q", want)
-				}
+				assert.Contains(t, s, want, "summary lacks %q", want)
 			}
 		})
 	}
@@ -211,17 +200,14 @@ func TestDemoTopologies(t *testing.T) {
 			t.Parallel() // each demo is its own processes and ports
 			args := append([]string{"-short", "-requests", "24", "-abort-rate", "0.1"}, strings.Fields(tc.args)...)
 			s := runDemo(t, args...)
-			if !strings.Contains(s, "topology ") {
-				t.Fatalf("no topology line:\n%s", s)
-			}
-			if strings.Contains(tc.args, "-transfer pull") && !strings.Contains(s, "discovery, pull") {
-				t.Fatalf("the topology line does not say the rooms are pulled:\n%s", s)
+			require.Contains(t, s, "topology ", "no topology line:\n%s", s)
+			if strings.Contains(tc.args, "-transfer pull") {
+				require.Contains(t, s, "discovery, pull", "the topology line does not say the rooms are pulled:\n%s", s)
 			}
 			if f := strings.Fields(tc.args); slices.Contains(f, "-decode-page-tokens") {
 				p, d := f[slices.Index(f, "-prefill-page-tokens")+1], f[slices.Index(f, "-decode-page-tokens")+1]
-				if want := p + "-token prefill and " + d + "-token decode"; !strings.Contains(s, want) {
-					t.Fatalf("the topology line does not say %q:\n%s", want, s)
-				}
+				want := p + "-token prefill and " + d + "-token decode"
+				require.Contains(t, s, want, "the topology line does not say %q:\n%s", want, s)
 			}
 		})
 	}
@@ -232,21 +218,17 @@ func TestDemoTopologies(t *testing.T) {
 func TestHelp(t *testing.T) {
 	var code int
 	out := capture.Stderr(t, func() { code = run([]string{"-h"}) })
-	if code != 0 {
-		t.Errorf("demo -h: exit %d, want 0", code)
-	}
-	if first, _, _ := strings.Cut(out, "\n"); !strings.HasPrefix(first, "demo: what make demo runs. It starts example prefill and decode ranks") {
-		t.Errorf("demo -h starts with %q:\n%s", first, out)
-	}
+	assert.Zero(t, code, "demo -h: exit, want 0")
+	first, _, _ := strings.Cut(out, "\n")
+	assert.True(t, strings.HasPrefix(first, "demo: what make demo runs. It starts example prefill and decode ranks"), "demo -h starts with %q:\n%s", first, out)
 	// docs/TOPOLOGIES.md lists the demo's shape flags.
 	_, list, ok := strings.Cut(readDoc(t, "docs/TOPOLOGIES.md"), "`bin/demo` starts one process per rank: `")
 	list, _, _ = strings.Cut(list, "`")
-	if !ok || !strings.Contains(list, "-decode-instances") {
-		t.Fatalf("docs/TOPOLOGIES.md's demo flag list not found, or without -decode-instances: %q", list)
-	}
+	require.True(t, ok, "docs/TOPOLOGIES.md's demo flag list not found: %q", list)
+	require.Contains(t, list, "-decode-instances", "docs/TOPOLOGIES.md's demo flag list without -decode-instances")
 	for _, f := range strings.Fields(list) {
-		if strings.HasPrefix(f, "-") && !strings.Contains(out, "\n  "+f+" ") && !strings.Contains(out, "\n  "+f+"\n") {
-			t.Errorf("docs/TOPOLOGIES.md lists %s, which demo -h does not", f)
+		if strings.HasPrefix(f, "-") {
+			assert.True(t, strings.Contains(out, "\n  "+f+" ") || strings.Contains(out, "\n  "+f+"\n"), "docs/TOPOLOGIES.md lists %s, which demo -h does not", f)
 		}
 	}
 }
@@ -255,9 +237,7 @@ func TestHelp(t *testing.T) {
 func readDoc(t *testing.T, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("..", "..", path))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return string(b)
 }
 
@@ -265,9 +245,7 @@ func readDoc(t *testing.T, path string) string {
 func docSection(t *testing.T, path, heading string) string {
 	t.Helper()
 	_, sec, ok := strings.Cut(readDoc(t, path), "\n## "+heading+"\n")
-	if !ok {
-		t.Fatalf("%s has no section %q", path, heading)
-	}
+	require.True(t, ok, "%s has no section %q", path, heading)
 	sec, _, _ = strings.Cut(sec, "\n## ")
 	return sec
 }
@@ -307,23 +285,19 @@ func TestDemoTinyllm(t *testing.T) {
 	args := []string{"-compute", "tinyllm", "-short", "-requests", "8", "-gen", "8", "-abort-rate", "0.25", "-seed", "3", "-layerwise", "-bin", dir}
 	out, err := exec.Command(filepath.Join(dir, "demo"), args...).Output()
 	s := string(out)
-	if err != nil {
-		t.Fatalf("demo -compute tinyllm failed: %v\n%s", err, s)
-	}
+	require.NoError(t, err, "demo -compute tinyllm failed:\n%s", s)
 	for _, want := range []string{"token-identical            8", "failed                     0", "rooms pinned               0", "TTFT p50 / p99", "TPOT p50 / p99", "OK: every completion"} {
-		if !strings.Contains(s, want) {
-			t.Errorf("summary lacks %q:\n%s", want, s)
-		}
+		assert.Contains(t, s, want, "summary lacks %q:\n%s", want, s)
 	}
 	t.Logf("\n%s", s)
 	// docs/EMBEDDING.md's sample of this mode comes from a real run: the same lines.
-	if got, want := summaryLabels(s), summaryLabels(docSection(t, "docs/EMBEDDING.md", "The example server")); strings.Join(got, "|") != strings.Join(want, "|") || len(want) == 0 {
-		t.Errorf("the summary's lines are\n  %q\ndocs/EMBEDDING.md's tinyllm sample's\n  %q", got, want)
-	}
+	got, want := summaryLabels(s), summaryLabels(docSection(t, "docs/EMBEDDING.md", "The example server"))
+	assert.NotEmpty(t, want, "docs/EMBEDDING.md's tinyllm sample has no summary lines")
+	assert.Equal(t, want, got, "the summary's lines (actual) are not docs/EMBEDDING.md's tinyllm sample's (expected)")
 	out, err = exec.Command(filepath.Join(dir, "demo"), append(args, "-fault", "swap-heads-decode", "-requests", "2", "-abort-rate", "0")...).Output()
-	if s := string(out); err == nil || !strings.Contains(s, "the single-process run's") {
-		t.Fatalf("a wrong head mapping was not caught (err %v):\n%s", err, s)
-	}
+	s = string(out)
+	require.Error(t, err, "a wrong head mapping was not caught:\n%s", s)
+	require.Contains(t, s, "the single-process run's", "a wrong head mapping was not caught (err %v)", err)
 	removeKeptLogs(t, string(out))
 }
 
@@ -342,13 +316,9 @@ func TestDemoTinyllmWires(t *testing.T) {
 			args := []string{"-compute", "tinyllm", "-short", "-requests", "8", "-gen", "6", "-abort-rate", "0.25", "-seed", "4", "-wire", wire, "-bin", dir}
 			out, err := exec.Command(filepath.Join(dir, "demo"), args...).Output()
 			s := string(out)
-			if err != nil {
-				t.Fatalf("demo -wire %s failed: %v\n%s", wire, err, s)
-			}
+			require.NoError(t, err, "demo -wire %s failed:\n%s", wire, s)
 			for _, want := range []string{"token-identical            8", "failed                     0", "rooms pinned               0", wire + " wire", "OK: every completion"} {
-				if !strings.Contains(s, want) {
-					t.Errorf("summary lacks %q:\n%s", want, s)
-				}
+				assert.Contains(t, s, want, "summary lacks %q:\n%s", want, s)
 			}
 		})
 	}
@@ -373,13 +343,9 @@ func TestDemoTinyllmPageSizes(t *testing.T) {
 			args := append([]string{"-compute", "tinyllm", "-short", "-requests", "8", "-gen", "6", "-abort-rate", "0.25", "-seed", "5", "-bin", dir}, strings.Fields(tc.args)...)
 			out, err := exec.Command(filepath.Join(dir, "demo"), args...).Output()
 			s := string(out)
-			if err != nil {
-				t.Fatalf("demo %s failed: %v\n%s", tc.args, err, s)
-			}
+			require.NoError(t, err, "demo %s failed:\n%s", tc.args, s)
 			for _, want := range []string{"token-identical            8", "failed                     0", "rooms pinned               0", "-token decode pages", "OK: every completion"} {
-				if !strings.Contains(s, want) {
-					t.Errorf("summary lacks %q:\n%s", want, s)
-				}
+				assert.Contains(t, s, want, "summary lacks %q:\n%s", want, s)
 			}
 		})
 	}
@@ -411,8 +377,8 @@ func TestDemoRefusesTopology(t *testing.T) {
 		// (-requests 1 -gen 1: were the check missing, the run would fail
 		// fast at starting the ranks, after a one-request reference.)
 		out := capture.Stderr(t, func() { code = run(append(args, "-bin", "/nonexistent", "-requests", "1", "-gen", "1")) })
-		if code != 2 || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, "refused before starting any process") {
-			t.Errorf("%v: exit %d, stderr %q; want 2 and one line", args, code, out)
-		}
+		assert.Equal(t, 2, code, "%v: exit, stderr %q; want 2 and one line", args, out)
+		assert.Zero(t, strings.Count(strings.TrimSpace(out), "\n"), "%v: stderr %q; want one line", args, out)
+		assert.Contains(t, out, "refused before starting any process", "%v: exit %d; want 2 and one line", args, code)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/require"
 )
 
 // Llama-3-8B-shaped KV: 32 layers × K/V, 8 KV heads × 128, bf16, 16-token
@@ -40,9 +41,7 @@ type benchCluster struct {
 func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64, mut ...func(*kvmanager.Config)) *benchCluster {
 	c := &benchCluster{srv: testauth.Server(), pFree: newPagePool(pagesPer), dFree: newPagePool(pagesPer),
 		traces: map[uint64]map[kvmanager.TraceEvent]time.Time{}}
-	if err := c.srv.Start("127.0.0.1:0"); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, c.srv.Start("127.0.0.1:0"))
 	b.Cleanup(func() { c.srv.Close(context.Background()) })
 	trace := func(room uint64, ev kvmanager.TraceEvent, at time.Time) {
 		c.mu.Lock()
@@ -72,13 +71,11 @@ func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64, mut ...fun
 		return cfg
 	}
 	var err error
-	if c.prefill, err = kvmanager.NewPrefill(mk(kvmanager.RolePrefill)); err != nil {
-		b.Fatal(err)
-	}
+	c.prefill, err = kvmanager.NewPrefill(mk(kvmanager.RolePrefill))
+	require.NoError(b, err)
 	b.Cleanup(func() { c.prefill.Close() })
-	if c.decode, err = kvmanager.NewDecode(mk(kvmanager.RoleDecode)); err != nil {
-		b.Fatal(err)
-	}
+	c.decode, err = kvmanager.NewDecode(mk(kvmanager.RoleDecode))
+	require.NoError(b, err)
 	b.Cleanup(func() { c.decode.Close() })
 	return c
 }
@@ -140,17 +137,13 @@ func (c *benchCluster) oneRoom(b *testing.B, id uint64, tokens int, pageTokens i
 // clusters is in it); cpuOf reads it.
 func cpuMeter(b *testing.B) *cpustat.Meter {
 	m, err := cpustat.Start(0)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	return m
 }
 
 func cpuOf(b *testing.B, m *cpustat.Meter) time.Duration {
 	r, err := m.Read()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	return r.Total()
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/require"
 )
 
 // Cluster-scale settings: a heartbeat interval short enough that a run
@@ -76,9 +77,7 @@ func BenchmarkCluster(b *testing.B) {
 		n, m, ok := strings.Cut(sz, "x")
 		np, err1 := strconv.Atoi(n)
 		nd, err2 := strconv.Atoi(m)
-		if !ok || err1 != nil || err2 != nil || np < 1 || nd < 1 {
-			b.Fatalf("KVBRIDGE_CLUSTER: %q is not NxM", sz)
-		}
+		require.True(b, ok && err1 == nil && err2 == nil && np >= 1 && nd >= 1, "KVBRIDGE_CLUSTER: %q is not NxM", sz)
 		b.Run(fmt.Sprintf("%dx%d", np, nd), func(b *testing.B) { runCluster(b, np, nd) })
 	}
 }
@@ -116,23 +115,17 @@ func newRankCluster(b *testing.B, np, nd int) *rankCluster {
 	}
 	for i := 0; i < np; i++ {
 		srv := testauth.Server()
-		if err := srv.Start("127.0.0.1:0"); err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, srv.Start("127.0.0.1:0"))
 		b.Cleanup(func() { srv.Close(context.Background()) })
 		c.servers = append(c.servers, srv)
 		p, err := kvmanager.NewPrefill(mk(kvmanager.RolePrefill, fmt.Sprintf("cluster-%d-p%d", id, i), srv.URL()))
-		if err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, err)
 		b.Cleanup(func() { p.Close() })
 		c.prefills = append(c.prefills, p)
 	}
 	for j := 0; j < nd; j++ {
 		d, err := kvmanager.NewDecode(mk(kvmanager.RoleDecode, fmt.Sprintf("cluster-%d-d%d", id, j), c.servers[0].URL()))
-		if err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, err)
 		b.Cleanup(func() { d.Close() })
 		c.decodes = append(c.decodes, d)
 	}
@@ -275,14 +268,10 @@ func procMemory(b *testing.B) (heap, rss uint64) {
 	}
 	heap = ms.HeapAlloc
 	f, err := os.ReadFile("/proc/self/statm")
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	fields := strings.Fields(string(f))
 	pages, err := strconv.ParseUint(fields[1], 10, 64)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	return heap, pages * uint64(os.Getpagesize())
 }
 
@@ -323,9 +312,7 @@ func runCluster(b *testing.B, np, nd int) {
 	b.StopTimer()
 	cpu := cpuOf(b, m)
 	beats := float64(c.beats.Load() - beats0)
-	if d := c.dead(); d > 0 {
-		b.Fatalf("%d peers declared dead: the heartbeat bound is too tight for this machine", d)
-	}
+	require.Zero(b, c.dead(), "peers declared dead: the heartbeat bound is too tight for this machine")
 	b.ReportMetric(float64(el.Nanoseconds())/rooms, "ns/op") // per room: a run moves at least 2 per pair, not b.N
 	b.ReportMetric(rooms/el.Seconds(), "rooms/s")
 	b.ReportMetric(float64(cpu.Microseconds())/rooms, "cpu-µs/room")

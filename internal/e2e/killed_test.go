@@ -9,6 +9,8 @@ import (
 	"github.com/kvbridge/kvbridge/internal/nixldouble"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestDecodeKilledRepeatedly (issue 22 item 1): a decode rank process is
@@ -60,20 +62,17 @@ func TestDecodeKilledRepeatedly(t *testing.T) {
 				if timedOut {
 					t.Fatalf("kill %d: %d of rooms %d (held) and %d (being written) ended within 30 s (%v); %s", k+1, len(got), held, sent, got, prefill.dump())
 				}
-				if !ok || !strings.HasPrefix(l, "DONE ") {
-					t.Fatalf("kill %d: got %q, want DONE...", k+1, l)
-				}
+				require.True(t, ok, "kill %d: got %q, want DONE...", k+1, l)
+				require.True(t, strings.HasPrefix(l, "DONE "), "kill %d: got %q, want DONE...", k+1, l)
 				var r uint64
 				fmt.Sscanf(l, "DONE %d", &r)
 				got[r] = l
 			}
-			if !strings.HasPrefix(got[held], fmt.Sprintf("DONE %d Failed", held)) {
-				t.Fatalf("kill %d: the held room: %q", k+1, got[held])
-			}
+			require.True(t, strings.HasPrefix(got[held], fmt.Sprintf("DONE %d Failed", held)), "kill %d: the held room: %q", k+1, got[held])
 			// The written room may have finished before the kill.
-			if l := got[sent]; !strings.HasPrefix(l, fmt.Sprintf("DONE %d Failed", sent)) && !strings.HasPrefix(l, fmt.Sprintf("DONE %d Success", sent)) {
-				t.Fatalf("kill %d: the room being written: %q", k+1, l)
-			}
+			l := got[sent]
+			require.True(t, strings.HasPrefix(l, fmt.Sprintf("DONE %d Failed", sent)) || strings.HasPrefix(l, fmt.Sprintf("DONE %d Success", sent)),
+				"kill %d: the room being written: %q", k+1, l)
 		}
 	})
 }
@@ -115,12 +114,8 @@ func TestRankAgentProgressModes(t *testing.T) {
 			want bool
 		}{{"prefill", c.prefill.AgentName(), prefill}, {"decode", c.decode.AgentName(), decode}} {
 			prog, err := nixldouble.AgentProgressThread(lib, m.a)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if prog != m.want {
-				t.Errorf("the %s rank's agent %q: progress thread %v, want %v", m.name, m.a, prog, m.want)
-			}
+			require.NoError(t, err)
+			assert.Equal(t, m.want, prog, "the %s rank's agent %q: progress thread", m.name, m.a)
 		}
 	}
 	c := newCluster(t, "libnixl-double", nil)

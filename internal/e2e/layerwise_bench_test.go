@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/layerbench"
+	"github.com/stretchr/testify/require"
 )
 
 // BenchmarkLayerwise: time to first token at decode behind a prefill rank
@@ -27,9 +28,7 @@ func BenchmarkLayerwise(b *testing.B) {
 		for _, tokens := range []int{1024, 4096, 8192} {
 			b.Run(fmt.Sprintf("compute=%s/tokens=%d", compute, tokens), func(b *testing.B) {
 				res, err := g.Measure(context.Background(), layerbench.NewKernel(compute == "device"), tokens, 16, b.N, 3)
-				if err != nil {
-					b.Fatal(err)
-				}
+				require.NoError(b, err)
 				ms := func(d time.Duration) float64 { return d.Seconds() * 1e3 }
 				b.ReportMetric(0, "ns/op")
 				b.ReportMetric(ms(res.Layerwise.TTFT), "ttft-ms")

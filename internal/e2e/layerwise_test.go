@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/stretchr/testify/require"
 )
 
 // Layer-wise sends over real sockets and every engine (issue 25): each
@@ -22,18 +23,14 @@ func TestLayerwiseByteExact(t *testing.T) {
 				rm := c.start(t, uint64(300+i), tc.tokens)
 				ready(t, rm.s)
 				L := rm.s.Layers()
-				if L != layers {
-					t.Fatalf("sender has %d layers, the layout %d", L, layers)
-				}
+				require.Equal(t, layers, L, "sender's layers (actual), the layout's (expected)")
 				for p := 0; p < len(rm.src); p += tc.chunk {
 					pages := rm.src[p:min(p+tc.chunk, len(rm.src))]
 					last := p+tc.chunk >= len(rm.src)
 					for lo := 0; lo < L; lo += tc.group {
 						hi := min(lo+tc.group, L)
 						var done atomic.Bool
-						if err := rm.s.SendLayers(pages, lo, hi, last, rm.auxSrc, func() (bool, error) { return done.Load(), nil }); err != nil {
-							t.Fatal(err)
-						}
+						require.NoError(t, rm.s.SendLayers(pages, lo, hi, last, rm.auxSrc, func() (bool, error) { return done.Load(), nil }))
 						for r := 2 * lo; r < 2*hi; r++ { // the forward pass writes the layers
 							for _, pg := range pages {
 								fillPage(c.pKV[r][int(pg)*pageBytes:(int(pg)+1)*pageBytes], rm.id<<40|uint64(r)<<20|uint64(pg))
@@ -46,16 +43,14 @@ func TestLayerwiseByteExact(t *testing.T) {
 				waitStatus(t, rm.s, kvmanager.Success)
 				c.verify(t, rm)
 				rep, ok := rm.r.Report()
-				if !ok || rep.Status != kvmanager.Success || len(rep.Sources) != 1 {
-					t.Fatalf("room %d: report %+v %v", rm.id, rep, ok)
-				}
+				require.True(t, ok, "room %d: report %+v", rm.id, rep)
+				require.Equal(t, kvmanager.Success, rep.Status, "room %d: report %+v", rm.id, rep)
+				require.Len(t, rep.Sources, 1, "room %d: report %+v", rm.id, rep)
 				cells := 0
 				for _, l := range rep.Whole() {
 					cells += l.Count * (l.LayerHi - l.LayerLo)
 				}
-				if cells != len(rm.dst)*L {
-					t.Fatalf("room %d: the report's whole part is %d page layers, want %d: %+v", rm.id, cells, len(rm.dst)*L, rep.Whole())
-				}
+				require.Equal(t, len(rm.dst)*L, cells, "room %d: the report's whole part in page layers: %+v", rm.id, rep.Whole())
 				c.finish(rm)
 			}
 		})

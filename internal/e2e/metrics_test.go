@@ -7,6 +7,8 @@ import (
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestManagerMetrics(t *testing.T) {
@@ -23,9 +25,7 @@ func TestManagerMetrics(t *testing.T) {
 	waitStatus(t, aborted.s, kvmanager.Failed)
 
 	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	names := map[string]bool{}
 	for _, f := range families {
 		names[f.GetName()] = true
@@ -33,9 +33,7 @@ func TestManagerMetrics(t *testing.T) {
 	for _, want := range []string{"kvbridge_rooms", "kvbridge_inflight_writes", "kvbridge_transfers_total",
 		"kvbridge_transfer_bytes_total", "kvbridge_transfer_latency_seconds", "kvbridge_aborts_total",
 		"kvbridge_registry_events_total", "kvbridge_rooms_past_deadline", "kvbridge_status_failed_sent_total"} {
-		if !names[want] {
-			t.Errorf("metric %s not exposed (have %v)", want, names)
-		}
+		assert.True(t, names[want], "metric %s not exposed (have %v)", want, names)
 	}
 	// 512 tokens = 32 pages × 8 regions × 1 KiB, plus the 64-byte aux item,
 	// written by the prefill rank; the decode rank writes nothing.
@@ -45,9 +43,7 @@ func TestManagerMetrics(t *testing.T) {
 kvbridge_transfer_bytes_total{instance="` + c.decode.Config().Instance + `",rank="0",role="decode"} 0
 kvbridge_transfer_bytes_total{instance="` + c.prefill.Config().Instance + `",rank="0",role="prefill"} 262208
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvbridge_transfer_bytes_total"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "kvbridge_transfer_bytes_total"))
 	// The succeeded room's phases: on prefill every status before
 	// Success, on decode at least the two before its data (its last
 	// notification may bring all of it); the aborted room adds none.
@@ -68,16 +64,12 @@ kvbridge_transfer_bytes_total{instance="` + c.prefill.Config().Instance + `",ran
 	}
 	for _, k := range []string{"prefill/bootstrapping/", "prefill/waiting_for_input/", "prefill/transferring/",
 		"decode/bootstrapping/", "decode/waiting_for_input/"} {
-		if phases[k] != 1 {
-			t.Errorf("kvbridge_room_phase_seconds %s: %d observations, want 1 (have %v)", k, phases[k], phases)
-		}
+		assert.EqualValues(t, 1, phases[k], "kvbridge_room_phase_seconds %s: observations (have %v)", k, phases)
 	}
 	for _, f := range families {
 		if f.GetName() == "kvbridge_rooms_past_deadline" {
 			for _, m := range f.GetMetric() {
-				if m.GetGauge().GetValue() != 0 {
-					t.Fatalf("rooms past deadline: %v", m)
-				}
+				require.Zero(t, m.GetGauge().GetValue(), "rooms past deadline: %v", m)
 			}
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/require"
 )
 
 // Issue 41, 1 with real processes: memory proven to its owner.
@@ -61,9 +62,8 @@ func registerRegions(l transfer.Layout) (kv, aux, state []bootstrap.Region) {
 // payload.
 func blobParts(t *testing.T, b []byte) (head, agent, lib, table, payload []byte) {
 	t.Helper()
-	if len(b) < 5 || string(b[:4]) != "KVBN" {
-		t.Fatalf("not a kvbridge metadata blob: %x", b[:min(5, len(b))])
-	}
+	require.GreaterOrEqual(t, len(b), 5, "not a kvbridge metadata blob: %x", b)
+	require.Equal(t, "KVBN", string(b[:4]), "not a kvbridge metadata blob: %x", b[:5])
 	off := 5
 	str := func() (int, int) {
 		n := int(binary.LittleEndian.Uint32(b[off:]))
@@ -156,17 +156,13 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 
 			var vm rankMemory
 			victim.do("MEMORY 0")
-			if err := json.Unmarshal([]byte(strings.TrimPrefix(victim.expect(t, "MEMORY "), "MEMORY ")), &vm); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(victim.expect(t, "MEMORY "), "MEMORY ")), &vm))
 			sum := func() string { victim.do("SUM 0"); return victim.expect(t, "SUM ") }
 			before := sum()
 			refused := func() uint64 {
 				prefill.do("REFUSED 0")
 				var r []uint64
-				if err := json.Unmarshal([]byte(strings.TrimPrefix(prefill.expect(t, "REFUSED "), "REFUSED ")), &r); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(prefill.expect(t, "REFUSED "), "REFUSED ")), &r))
 				return r[kvmanager.RefusedNotOwner]
 			}
 
@@ -175,34 +171,24 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 			cfg := engines[engine]
 			cfg.Name = "attacker-decode-0"
 			agent, err := nixl.Open(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			defer agent.Close()
 			own := layout()
 			for i := range own.Regions {
 				_, buf, err := agent.Alloc(own.Regions[i].Len + transfer.ProofBytes)
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				own.Regions[i] = nixl.BytesDesc(buf[:own.Regions[i].Len])
 			}
 			_, aux, err := agent.Alloc(own.Aux.Len + transfer.ProofBytes)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			own.Aux = nixl.BytesDesc(aux[:own.Aux.Len])
 			for i := range own.State {
 				_, buf, err := agent.Alloc(own.State[i].Len + transfer.ProofBytes)
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				own.State[i].Desc = nixl.BytesDesc(buf[:own.State[i].Len])
 			}
 			ownMD, err := agent.Metadata()
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			ownKV, ownAux, ownState := registerRegions(own)
 			seed := make([]byte, 32)
 			copy(seed, "the attacker's own seed")
@@ -215,9 +201,7 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 						acks <- a
 					}
 				}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			defer loop.Close()
 			f := strings.Fields(prefill.ready)
 			epoch, _ := strconv.ParseUint(f[2], 10, 64)
@@ -234,9 +218,7 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 					<-acks // a late answer to an earlier repeat
 				}
 				send := func() {
-					if err := loop.Send(to, reg); err != nil {
-						t.Fatal(err)
-					}
+					require.NoError(t, loop.Send(to, reg))
 				}
 				send()
 				deadline := time.After(30 * time.Second)
@@ -313,29 +295,22 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 			} {
 				n := refused()
 				a := register(c.agent, c.md, c.kv, c.aux, c.state, c.seed)
-				if a.OK {
-					t.Fatalf("%s: acknowledged: the prefill rank would write the attacker's rooms into the victim's memory", c.what)
-				}
-				if !strings.Contains(a.Reason, "not_owner") && !strings.Contains(a.Reason, "agent metadata") {
-					t.Fatalf("%s: refused for a reason not naming ownership: %s", c.what, a.Reason)
-				}
-				if victims := bytes.Equal(c.md, victimAs) || bytes.Equal(c.md, unmapped) || bytes.Equal(c.md, vm.MD); victims &&
-					(strings.Contains(a.Reason, "proof slot") || strings.Contains(a.Reason, "target refused")) {
+				require.False(t, a.OK, "%s: acknowledged: the prefill rank would write the attacker's rooms into the victim's memory", c.what)
+				require.True(t, strings.Contains(a.Reason, "not_owner") || strings.Contains(a.Reason, "agent metadata"),
+					"%s: refused for a reason not naming ownership: %s", c.what, a.Reason)
+				if victims := bytes.Equal(c.md, victimAs) || bytes.Equal(c.md, unmapped) || bytes.Equal(c.md, vm.MD); victims {
 					// Issue 49, 2: nothing goes through a blob before its
 					// agent echoes the challenge — no read reaches the victim.
-					t.Fatalf("%s: the prefill read through the victim's agent before any challenge was echoed: %s", c.what, a.Reason)
+					require.False(t, strings.Contains(a.Reason, "proof slot") || strings.Contains(a.Reason, "target refused"),
+						"%s: the prefill read through the victim's agent before any challenge was echoed: %s", c.what, a.Reason)
 				}
-				if strings.Contains(a.Reason, "not_owner") && refused() != n+1 {
-					t.Fatalf("%s: not counted as not_owner (%d → %d)", c.what, n, refused())
+				if strings.Contains(a.Reason, "not_owner") {
+					require.Equal(t, n+1, refused(), "%s: not counted as not_owner (%d before)", c.what, n)
 				}
 				t.Logf("%s: refused: %s", c.what, a.Reason)
 			}
-			if n := refused(); n < 5 {
-				t.Fatalf("%d refusals counted as not_owner", n)
-			}
-			if after := sum(); after != before {
-				t.Fatalf("the victim's memory changed under the attack: %s → %s", before, after)
-			}
+			require.GreaterOrEqual(t, refused(), uint64(5), "refusals counted as not_owner")
+			require.Equal(t, before, sum(), "the victim's memory changed under the attack")
 			pdRoom(t, prefill, victim, 2, pp, dp) // alive, registered, byte-exact
 		})
 	}

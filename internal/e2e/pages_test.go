@@ -9,6 +9,7 @@ import (
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/require"
 )
 
 // TestPagesOfDifferentSizesByteExact: a prefill rank and a decode rank
@@ -47,9 +48,8 @@ func TestPagesOfDifferentSizesByteExact(t *testing.T) {
 					m := model(cfg.Role)
 					cfg.Compat, cfg.Model, cfg.PageTokens = m.Compat(), m.Mapping(tc.layout), m.PageTokens
 					var err error
-					if cfg.Layout, err = m.RankLayout(nixl.DRAM, tc.layout, transfer.Parallel{}, rankPages, 64); err != nil {
-						t.Fatal(err)
-					}
+					cfg.Layout, err = m.RankLayout(nixl.DRAM, tc.layout, transfer.Parallel{}, rankPages, 64)
+					require.NoError(t, err)
 				})
 				pm, dm := model(kvmanager.RolePrefill).Mapping(tc.layout), model(kvmanager.RoleDecode).Mapping(tc.layout)
 				pKV, _ := c.prefill.Memory()
@@ -79,29 +79,20 @@ func TestPagesOfDifferentSizesByteExact(t *testing.T) {
 						clear(dKV[region])
 					}
 					r, err := receiver.New(c.decode, id)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if err := r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1, Prefix: room.prefix}); err != nil {
-						t.Fatal(err)
-					}
+					require.NoError(t, err)
+					require.NoError(t, r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1, Prefix: room.prefix}))
 					s, err := sender.New(c.prefill, id)
-					if err != nil {
-						t.Fatal(err)
-					}
+					require.NoError(t, err)
 					s.Init()
-					if st, err := s.WaitReady(ctx(t)); st != kvmanager.WaitingForInput {
-						t.Fatalf("room %d: %v %v", id, st, err)
-					}
+					st, err := s.WaitReady(ctx(t))
+					require.Equal(t, kvmanager.WaitingForInput, st, "room %d: %v", id, err)
 					step := len(src)
 					if room.chunkTokens > 0 {
 						step = max(room.chunkTokens/tc.prefill, 1)
 					}
 					for k := 0; k < len(src); k += step {
 						end := min(k+step, len(src))
-						if err := s.Send(src[k:end], end == len(src), -1); err != nil {
-							t.Fatalf("room %d chunk at %d: %v", id, k, err)
-						}
+						require.NoError(t, s.Send(src[k:end], end == len(src), -1), "room %d chunk at %d", id, k)
 					}
 					waitStatus(t, r, kvmanager.Success)
 					waitStatus(t, s, kvmanager.Success)
@@ -109,17 +100,14 @@ func TestPagesOfDifferentSizesByteExact(t *testing.T) {
 					for region, mem := range dKV {
 						for k, pg := range dst {
 							pos := room.prefix + k
-							if !kvmodel.CheckHeads(mem[uint64(pg)*db:uint64(pg+1)*db], dm, 0, dm.KVHeads, seed, id, pos, region, room.tokens) {
-								t.Fatalf("room %d (%d tokens, prefix %d): region %d decode page %d (position %d) differs", id, room.tokens, room.prefix, region, pg, pos)
-							}
+							require.True(t, kvmodel.CheckHeads(mem[uint64(pg)*db:uint64(pg+1)*db], dm, 0, dm.KVHeads, seed, id, pos, region, room.tokens),
+								"room %d (%d tokens, prefix %d): region %d decode page %d (position %d) differs", id, room.tokens, room.prefix, region, pg, pos)
 						}
 					}
 					r.Clear()
 					s.Clear()
 				}
-				if got := c.prefill.Stats().PagesPublished > 0; got != pull {
-					t.Fatalf("%s: pages published %v", mode, got)
-				}
+				require.Equal(t, pull, c.prefill.Stats().PagesPublished > 0, "%s: pages published", mode)
 			})
 		}
 	}

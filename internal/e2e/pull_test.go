@@ -11,6 +11,7 @@ import (
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
 )
 
 // pulling configures the decode rank of a cluster to read its rooms.
@@ -51,48 +52,38 @@ func TestPullByteExact(t *testing.T) {
 				c.verify(t, rm)
 				c.finish(rm)
 			}
-			if st := c.prefill.Stats(); st.PagesPublished == 0 || st.SourceReleases != 4 || st.ForcedReleases != 0 {
-				t.Fatalf("prefill: %d PAGES, %d releases (%d forced), want 4 unforced", st.PagesPublished, st.SourceReleases, st.ForcedReleases)
-			}
-			if st := c.decode.Stats(); st.PullRefused != 0 || st.ReadsRefused != 0 {
-				t.Fatalf("decode refused %d pull messages and %d reads", st.PullRefused, st.ReadsRefused)
-			}
+			pst := c.prefill.Stats()
+			require.NotZero(t, pst.PagesPublished, "prefill: PAGES, %d releases (%d forced), want 4 unforced", pst.SourceReleases, pst.ForcedReleases)
+			require.EqualValues(t, 4, pst.SourceReleases, "prefill: %d PAGES, releases (%d forced), want 4 unforced", pst.PagesPublished, pst.ForcedReleases)
+			require.Zero(t, pst.ForcedReleases, "prefill: %d PAGES, %d releases (forced), want 4 unforced", pst.PagesPublished, pst.SourceReleases)
+			dstat := c.decode.Stats()
+			require.Zero(t, dstat.PullRefused, "decode refused pull messages (and %d reads)", dstat.ReadsRefused)
+			require.Zero(t, dstat.ReadsRefused, "decode refused reads (and %d pull messages)", dstat.PullRefused)
 			// State items and a prefix, read.
 			r, _ := receiver.New(c.decode, 370)
 			dst := c.dFree.Get(4)
-			if err := r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst[1:], Prefix: 1, AuxIndex: 3, StateIndices: [][]uint32{{5, 6, 7}, {9}}}); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst[1:], Prefix: 1, AuxIndex: 3, StateIndices: [][]uint32{{5, 6, 7}, {9}}}))
 			s, _ := sender.New(c.prefill, 370)
 			s.Init()
-			if st, err := s.WaitReady(ctx(t)); st != kvmanager.WaitingForInput {
-				t.Fatalf("%v %v", st, err)
-			}
+			st, err := s.WaitReady(ctx(t))
+			require.Equal(t, kvmanager.WaitingForInput, st, "%v", err)
 			src := c.pFree.Get(4)
-			if err := s.Send(src, true, 1, []uint32{10, 11, 40}, []uint32{2}); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, s.Send(src, true, 1, []uint32{10, 11, 40}, []uint32{2}))
 			waitStatus(t, r, kvmanager.Success)
 			released(t, s)
 			ps, ds := c.prefill.StateMemory(), c.decode.StateMemory()
 			for _, pair := range [][3]int{{0, 10, 5}, {0, 11, 6}, {0, 40, 7}, {1, 2, 9}} {
 				region, from, to := pair[0], pair[1], pair[2]
 				n := c.prefill.Config().Layout.State[region].ItemBytes
-				if !bytes.Equal(ds[region][uint64(to)*n:uint64(to+1)*n], ps[region][uint64(from)*n:uint64(from+1)*n]) {
-					t.Fatalf("state region %d item %d → %d differs", region, from, to)
-				}
+				require.True(t, bytes.Equal(ds[region][uint64(to)*n:uint64(to+1)*n], ps[region][uint64(from)*n:uint64(from+1)*n]), "state region %d item %d → %d differs", region, from, to)
 			}
 			for region := range c.pKV {
 				for i := 1; i < 4; i++ {
 					s, d := src[i], dst[i]
-					if !bytes.Equal(c.dKV[region][d*pageBytes:(d+1)*pageBytes], c.pKV[region][s*pageBytes:(s+1)*pageBytes]) {
-						t.Fatalf("region %d page %d → %d differs", region, s, d)
-					}
+					require.True(t, bytes.Equal(c.dKV[region][d*pageBytes:(d+1)*pageBytes], c.pKV[region][s*pageBytes:(s+1)*pageBytes]), "region %d page %d → %d differs", region, s, d)
 				}
 			}
-			if !bytes.Equal(c.dAux[3*auxItem:4*auxItem], c.pAux[1*auxItem:2*auxItem]) {
-				t.Fatal("aux item differs")
-			}
+			require.True(t, bytes.Equal(c.dAux[3*auxItem:4*auxItem], c.pAux[1*auxItem:2*auxItem]), "aux item differs")
 		})
 	}
 }
@@ -159,14 +150,11 @@ func TestPullRanksKilledMidRead(t *testing.T) {
 			prefill.do(fmt.Sprintf("HOLD 2 %s 16", csv(src)))
 			prefill.expect(t, "HELD 2")
 			decode.kill(t)
-			if got := prefill.expect(t, "DONE 2"); !strings.HasPrefix(got, "DONE 2 Failed") {
-				t.Fatalf("prefill: %s", got)
-			}
+			got := prefill.expect(t, "DONE 2")
+			require.True(t, strings.HasPrefix(got, "DONE 2 Failed"), "prefill: %s", got)
 			var forced int
 			fmt.Sscanf(prefill.expect(t, "RELEASED 2"), "RELEASED 2 %d", &forced)
-			if forced != 1 {
-				t.Fatalf("room 2's pages were released with %d forced releases, want 1 (no READ_DONE from a dead process)", forced)
-			}
+			require.Equal(t, 1, forced, "room 2's pages were released with forced releases, want 1 (no READ_DONE from a dead process)")
 			decode = pullRank(t, "decode", engine, boot)
 			pullRoom(t, decode, prefill, 3, pp.Get(64), dp.Get(64))
 
@@ -176,9 +164,8 @@ func TestPullRanksKilledMidRead(t *testing.T) {
 			prefill.do(fmt.Sprintf("HOLD 4 %s 16", csv(src)))
 			prefill.expect(t, "HELD 4")
 			prefill.kill(t)
-			if got := decode.expect(t, "DONE 4"); !strings.HasPrefix(got, "DONE 4 Failed") {
-				t.Fatalf("decode: %s", got)
-			}
+			got = decode.expect(t, "DONE 4")
+			require.True(t, strings.HasPrefix(got, "DONE 4 Failed"), "decode: %s", got)
 			decode.expect(t, "RELEASED 4")
 			prefill = pullRank(t, "prefill", engine, boot)
 			pullRoom(t, decode, prefill, 5, pp.Get(64), dp.Get(64))
@@ -200,14 +187,10 @@ func TestPullMetrics(t *testing.T) {
 	})
 	rm := c.start(t, 80, 512) // 32 pages
 	ready(t, rm.s)
-	if err := rm.s.Send(rm.src[:16], false, rm.auxSrc); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, rm.s.Send(rm.src[:16], false, rm.auxSrc))
 	gauge := func(name string, role string) float64 {
 		fams, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, f := range fams {
 			if f.GetName() != name {
 				continue
@@ -230,9 +213,7 @@ func TestPullMetrics(t *testing.T) {
 		}
 		return -1
 	}
-	if got := gauge("kvbridge_pull_pages_under_lease", "prefill"); got != 16 {
-		t.Fatalf("pages under lease %v, want the 16 published", got)
-	}
+	require.Equal(t, 16.0, gauge("kvbridge_pull_pages_under_lease", "prefill"), "pages under lease, want the 16 published")
 	deadline := time.Now().Add(10 * time.Second)
 	for gauge("kvbridge_pull_lease_renewals_total", "decode") < 2 || gauge("kvbridge_pull_lease_renewals_total", "prefill") < 2 {
 		if time.Now().After(deadline) {
@@ -240,24 +221,14 @@ func TestPullMetrics(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // polls a counter the rank's sweeper moves (its bound is above)
 	}
-	if err := rm.s.Send(rm.src[16:], true, rm.auxSrc); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, rm.s.Send(rm.src[16:], true, rm.auxSrc))
 	waitStatus(t, rm.r, kvmanager.Success)
 	waitStatus(t, rm.s, kvmanager.Success)
 	released(t, rm.s)
 	c.verify(t, rm)
-	if got := gauge("kvbridge_pull_pages_under_lease", "prefill"); got != 0 {
-		t.Fatalf("pages under lease %v after the release", got)
-	}
-	if got := gauge("kvbridge_pull_page_seconds", "prefill"); got != 1 {
-		t.Fatalf("page-seconds observed %v times, want once", got)
-	}
-	if got := gauge("kvbridge_pull_lease_expiries_total", "prefill"); got != 0 {
-		t.Fatalf("%v lease expiries", got)
-	}
+	require.Zero(t, gauge("kvbridge_pull_pages_under_lease", "prefill"), "pages under lease after the release")
+	require.Equal(t, 1.0, gauge("kvbridge_pull_page_seconds", "prefill"), "page-seconds observed times, want once")
+	require.Zero(t, gauge("kvbridge_pull_lease_expiries_total", "prefill"), "lease expiries")
 	// 32 pages × 8 regions × 1 KiB and the 64-byte aux item, read.
-	if got := gauge("kvbridge_transfer_bytes_total", "decode"); got != 32*8*1024+64 {
-		t.Fatalf("decode read %v bytes", got)
-	}
+	require.Equal(t, float64(32*8*1024+64), gauge("kvbridge_transfer_bytes_total", "decode"), "decode read bytes")
 }

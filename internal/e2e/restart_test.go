@@ -12,6 +12,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/etcdtest"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -47,12 +48,8 @@ func onRestartEngines(t *testing.T, body func(t *testing.T, engine string)) {
 func startBootLease(t *testing.T, lease time.Duration) string {
 	t.Helper()
 	srv, err := bootstrap.NewServer(bootstrap.ServerConfig{Token: testauth.Auth().BootstrapToken(), LeaseTTL: lease})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, srv.Start("127.0.0.1:0"))
 	t.Cleanup(func() { srv.Close(context.Background()) })
 	return srv.URL()
 }
@@ -60,9 +57,7 @@ func startBootLease(t *testing.T, lease time.Duration) string {
 // kill sends SIGKILL and waits until the process is gone.
 func (p *rankProc) kill(t *testing.T) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
 	for range p.lines { // stdout closes once the process is gone
 	}
 }
@@ -72,12 +67,9 @@ func runRoom(t *testing.T, decode, prefill *rankProc, room uint64, src, dst []ui
 	t.Helper()
 	decode.do(fmt.Sprintf("RECV %d %s %s", room, csv(dst), csv(src)))
 	prefill.do(fmt.Sprintf("SEND %d %s 16", room, csv(src)))
-	if got := decode.expect(t, fmt.Sprintf("DONE %d", room)); got != fmt.Sprintf("DONE %d Success verified", room) {
-		t.Fatalf("decode: %s", got)
-	}
-	if got := prefill.expect(t, fmt.Sprintf("DONE %d", room)); !strings.HasPrefix(got, fmt.Sprintf("DONE %d Success", room)) {
-		t.Fatalf("prefill: %s", got)
-	}
+	require.Equal(t, fmt.Sprintf("DONE %d Success verified", room), decode.expect(t, fmt.Sprintf("DONE %d", room)), "decode")
+	got := prefill.expect(t, fmt.Sprintf("DONE %d", room))
+	require.True(t, strings.HasPrefix(got, fmt.Sprintf("DONE %d Success", room)), "prefill: %s", got)
 }
 
 // Case 1: a decode rank whose first room needs a prefill rank inside the
@@ -96,14 +88,10 @@ func TestFirstRoomAfterPrefillRestartElsewhere(t *testing.T) {
 		prefill := startRank(t, "prefill", engine, boot) // a new port, once the lease lapsed
 		restarted := time.Now()
 		prefill.do(fmt.Sprintf("SEND 1 %s 16", csv(src)))
-		if got := decode.expect(t, "DONE 1"); got != "DONE 1 Success verified" {
-			t.Fatalf("decode: %s", got)
-		}
+		require.Equal(t, "DONE 1 Success verified", decode.expect(t, "DONE 1"), "decode")
 		took := time.Since(restarted)
 		t.Logf("the room succeeded %v after the new prefill process started", took)
-		if took > restartBound {
-			t.Fatalf("took %v, bound %v", took, restartBound)
-		}
+		require.LessOrEqual(t, took, restartBound, "took, bound")
 		prefill.expect(t, "DONE 1 Success")
 	})
 }
@@ -129,21 +117,17 @@ func TestAbortReachesPrefillRestartedElsewhere(t *testing.T) {
 		decode.expect(t, "REQUESTED 2")
 		old.kill(t)
 		decode.do("ABORT 2") // before heartbeats report the old process dead
-		if got := decode.expect(t, "DONE 2"); !strings.HasPrefix(got, "DONE 2 Failed") {
-			t.Fatalf("decode: %s", got)
-		}
+		dgot := decode.expect(t, "DONE 2")
+		require.True(t, strings.HasPrefix(dgot, "DONE 2 Failed"), "decode: %s", dgot)
 		prefill := startRank(t, "prefill", engine, boot)
 		restarted := time.Now()
 		prefill.do(fmt.Sprintf("SEND 2 %s 16", csv(src))) // the router's retry lands on the new process
 		got := prefill.expect(t, "DONE 2")
 		took := time.Since(restarted)
 		t.Logf("the new process's room ended %v after it started: %s", took, got)
-		if !strings.HasPrefix(got, "DONE 2 Failed") || !strings.Contains(got, "aborted") {
-			t.Fatalf("prefill: %s", got)
-		}
-		if took > restartBound {
-			t.Fatalf("took %v, bound %v", took, restartBound)
-		}
+		require.True(t, strings.HasPrefix(got, "DONE 2 Failed"), "prefill: %s", got)
+		require.Contains(t, got, "aborted", "prefill")
+		require.LessOrEqual(t, took, restartBound, "took, bound")
 	})
 }
 
@@ -189,9 +173,7 @@ func roomPostedRightAfterPrefillRestartElsewhere(t *testing.T, engine string) {
 				boot = startBootLease(t, testLease)
 			} else {
 				srv, err := etcdtest.Start()
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				t.Cleanup(srv.Close)
 				boot = "etcd://" + srv.Endpoint + "/proc"
 			}
@@ -215,12 +197,9 @@ func roomPostedRightAfterPrefillRestartElsewhere(t *testing.T, engine string) {
 			got := decode.expect(t, "DONE 2")
 			took := time.Since(posted)
 			t.Logf("the room posted right after the restart ended %v later: %s", took, got)
-			if got != "DONE 2 Success verified" {
-				t.Fatalf("decode: %s (the room went to the dead process)", got)
-			}
-			if got := prefill.expect(t, "DONE 2"); !strings.HasPrefix(got, "DONE 2 Success") {
-				t.Fatalf("prefill: %s", got)
-			}
+			require.Equal(t, "DONE 2 Success verified", got, "decode: the room went to the dead process")
+			got = prefill.expect(t, "DONE 2")
+			require.True(t, strings.HasPrefix(got, "DONE 2 Success"), "prefill: %s", got)
 		})
 	}
 }
@@ -242,21 +221,19 @@ func TestPausedDecodeLearnsItsRoomsFailed(t *testing.T) {
 		prefill.expect(t, "HELD 3")
 		decode.cmd.Process.Signal(syscall.SIGSTOP)
 		got := prefill.expect(t, "DONE 3") // heartbeats declared the decode rank dead
-		if !strings.HasPrefix(got, "DONE 3 Failed") || !strings.Contains(got, "unreachable") {
+		failedUnreachable := strings.HasPrefix(got, "DONE 3 Failed") && strings.Contains(got, "unreachable")
+		if !failedUnreachable {
 			decode.cmd.Process.Signal(syscall.SIGCONT)
-			t.Fatalf("prefill: %s", got)
 		}
+		require.True(t, failedUnreachable, "prefill: %s", got)
 		decode.cmd.Process.Signal(syscall.SIGCONT)
 		resumed := time.Now()
 		got = decode.expect(t, "DONE 3")
 		took := time.Since(resumed)
 		t.Logf("the resumed decode rank failed the room %v after SIGCONT: %s", took, got)
-		if !strings.HasPrefix(got, "DONE 3 Failed") || !strings.Contains(got, "unreachable") {
-			t.Fatalf("decode: %s (want the prefill rank's report, not a deadline)", got)
-		}
-		if took > bound {
-			t.Fatalf("took %v, bound %v (the stall deadline is %v)", took, bound, rankConfig(0, "", "").Registry.StallTimeout)
-		}
+		require.True(t, strings.HasPrefix(got, "DONE 3 Failed"), "decode: %s (want the prefill rank's report, not a deadline)", got)
+		require.Contains(t, got, "unreachable", "decode: want the prefill rank's report, not a deadline")
+		require.LessOrEqual(t, took, bound, "took, bound (the stall deadline is %v)", rankConfig(0, "", "").Registry.StallTimeout)
 	})
 }
 
@@ -268,34 +245,25 @@ func TestPausedDecodeLearnsItsRoomsFailed(t *testing.T) {
 func TestEtcdPrefillRestoresItsRecord(t *testing.T) {
 	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	srv, err := etcdtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer srv.Close()
 	target := "etcd://" + srv.Endpoint + "/topo-prefill"
 	startTopoRank(t, "prefill", target, 1, 0)
 	watcher, err := bootstrap.DialEtcd(target, bootstrap.EtcdConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer watcher.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	mine, err := watcher.Rank(ctx, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer raw.Close()
 	events := watcher.Watch(ctx)
 	key := "/kvbridge/topo-prefill/ranks/0/0/0"
 	good, err := raw.Get(ctx, key)
-	if err != nil || len(good.Kvs) != 1 {
-		t.Fatalf("the rank's record: %v %v", good, err)
-	}
+	require.NoError(t, err, "the rank's record: %v", good)
+	require.Len(t, good.Kvs, 1, "the rank's record: %v", good)
 	other := strings.Replace(string(good.Kvs[0].Value), mine.Endpoint, "tcp://127.0.0.1:9", 1)
 	for _, damage := range []struct {
 		name string
@@ -305,9 +273,7 @@ func TestEtcdPrefillRestoresItsRecord(t *testing.T) {
 		{"garbage", func() error { _, err := raw.Put(ctx, key, "{not json"); return err }},
 		{"another endpoint", func() error { _, err := raw.Put(ctx, key, other); return err }},
 	} {
-		if err := damage.do(); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, damage.do())
 		at := time.Now()
 		for restored := false; !restored; {
 			select {

@@ -17,6 +17,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/testnet"
 	zmq "github.com/pebbe/zmq4"
+	"github.com/stretchr/testify/require"
 )
 
 // Issue 23 with real processes: a prefill and a decode rank process under
@@ -32,9 +33,8 @@ func (p *rankProc) captured(t *testing.T, typ string) [][]byte {
 	t.Helper()
 	p.do("CAPTURE " + typ)
 	var f [][]byte
-	if err := json.Unmarshal([]byte(strings.TrimPrefix(p.expect(t, "CAPTURED "), "CAPTURED ")), &f); err != nil || len(f) != 4 {
-		t.Fatalf("no %s captured: %v %d frames", typ, err, len(f))
-	}
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(p.expect(t, "CAPTURED "), "CAPTURED ")), &f), "no %s captured", typ)
+	require.Len(t, f, 4, "no %s captured: frames", typ)
 	return f
 }
 
@@ -46,14 +46,11 @@ func sendRaw(t *testing.T, to *rankProc, endpoint string, frames ...[][]byte) bo
 	ctx, _ := zmq.NewContext()
 	s, _ := ctx.NewSocket(zmq.PUSH)
 	s.SetLinger(5 * time.Second)
-	if err := s.Connect(endpoint); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, s.Connect(endpoint))
 	nonce := fmt.Sprint(time.Now().UnixNano())
 	for _, f := range append(frames, [][]byte{[]byte("MARK"), []byte(nonce)}) {
-		if _, err := s.SendMessage(f); err != nil {
-			t.Fatal(err)
-		}
+		_, err := s.SendMessage(f)
+		require.NoError(t, err)
 	}
 	s.Close() // lingers until sent
 	ctx.Term()
@@ -67,9 +64,7 @@ func (p *rankProc) stats(t *testing.T) bootstrap.Stats {
 	t.Helper()
 	p.do("STATS 0")
 	var s bootstrap.Stats
-	if err := json.Unmarshal([]byte(strings.TrimPrefix(p.expect(t, "STATS "), "STATS ")), &s); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(p.expect(t, "STATS "), "STATS ")), &s))
 	return s
 }
 
@@ -78,25 +73,17 @@ func (p *rankProc) stats(t *testing.T) bootstrap.Stats {
 func identityFiles(t *testing.T, ids ...bootstrap.From) (*bootstrap.CA, [][]string, []*bootstrap.RankIdentity) {
 	t.Helper()
 	ca, err := bootstrap.NewCA()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	dir := t.TempDir()
 	caf := filepath.Join(dir, "ca")
-	if err := os.WriteFile(caf, ca.Marshal(false), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(caf, ca.Marshal(false), 0o644))
 	var envs [][]string
 	var out []*bootstrap.RankIdentity
 	for i, f := range ids {
 		id, err := ca.Issue(f.Role, f.Instance, f.Rank, time.Now().Add(time.Hour))
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		p := filepath.Join(dir, fmt.Sprint("id", i))
-		if err := os.WriteFile(p, id.Marshal(), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.WriteFile(p, id.Marshal(), 0o600))
 		envs = append(envs, []string{bootstrap.EnvCAFile + "=" + caf, bootstrap.EnvIdentityFile + "=" + p})
 		out = append(out, id)
 	}
@@ -134,12 +121,9 @@ func pdRoomOf(t *testing.T, prefill, decode *rankProc, id uint64, n, chunk int, 
 	defer dp.Put(dst)
 	decode.do(fmt.Sprintf("RECV %d %s %s", id, csv(dst), csv(src)))
 	prefill.do(fmt.Sprintf("SEND %d %s %d", id, csv(src), chunk))
-	if got := decode.expect(t, "DONE"); got != fmt.Sprintf("DONE %d Success verified", id) {
-		t.Fatalf("decode: %s", got)
-	}
-	if got := prefill.expect(t, "DONE"); !strings.HasPrefix(got, fmt.Sprintf("DONE %d Success", id)) {
-		t.Fatalf("prefill: %s", got)
-	}
+	require.Equal(t, fmt.Sprintf("DONE %d Success verified", id), decode.expect(t, "DONE"), "decode")
+	got := prefill.expect(t, "DONE")
+	require.True(t, strings.HasPrefix(got, fmt.Sprintf("DONE %d Success", id)), "prefill: %s", got)
 }
 
 // TestCapturedMessagesReplayed (issue 23, 1 and 3): a decode rank's
@@ -170,39 +154,30 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	// a key of its own — nothing of it decodes, its agent metadata, proof
 	// seed and regions included. (That the blob's own seal names its owner
 	// when it is re-presented: bootstrap.TestAgentMetadataSealedToItsRecipient.)
-	if _, err := bootstrap.Decode(captured[:3]); err == nil {
-		t.Fatal("the captured REGISTER decodes on the path: its body is not sealed")
-	}
-	if string(captured[3][:4]) != "KVA3" { // PROTOCOL.md "Sealed bodies"
-		t.Fatalf("the captured REGISTER's envelope is %q, want a sealed one", captured[3][:4])
-	}
+	_, err := bootstrap.Decode(captured[:3])
+	require.Error(t, err, "the captured REGISTER decodes on the path: its body is not sealed")
+	require.Equal(t, "KVA3", string(captured[3][:4]), "the captured REGISTER's envelope, want a sealed one") // PROTOCOL.md "Sealed bodies"
 
 	// Replayed to the process it was for, while the pair works: a
 	// duplicate; the next room succeeds.
-	if st := sendRaw(t, prefill, pEndpoint, captured); st.Replayed[bootstrap.ReplayDuplicate] != 1 {
-		t.Fatalf("the replayed REGISTER: replays %v, want 1 duplicate", st.Replayed)
-	}
+	st := sendRaw(t, prefill, pEndpoint, captured)
+	require.EqualValues(t, 1, st.Replayed[bootstrap.ReplayDuplicate], "the replayed REGISTER: replays %v, want 1 duplicate", st.Replayed)
 	pdRoom(t, prefill, decode, 2, pp, dp)
 
 	// Presented by the holder of decode rank 1's key under its own
 	// envelope: the body sealed to the decode rank's pair key does not open
 	// under the insider's (bad_tag).
 	info, err := bootstrap.NewClient(boot).Rank(context.Background(), 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var pEpoch uint64
 	fmt.Sscan(strings.Fields(prefill.ready)[2], &pEpoch)
 	resealed, err := bootstrap.SealAs(testauth.Auth(), ids[2], []byte(info.CertBytes()), captured[:3], bootstrap.Envelope{Sent: time.Now(), Seq: 1,
 		To: bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Epoch: pEpoch}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	resealed[2] = captured[2] // the captured sealed body, as it was
 	before := prefill.stats(t).Refused[bootstrap.AuthBadTag]
-	if st := sendRaw(t, prefill, pEndpoint, resealed); st.Refused[bootstrap.AuthBadTag] != before+1 {
-		t.Fatalf("the captured body under the insider's envelope: refused %v, want one more bad_tag (%d before)", st.Refused, before)
-	}
+	st = sendRaw(t, prefill, pEndpoint, resealed)
+	require.Equal(t, before+1, st.Refused[bootstrap.AuthBadTag], "the captured body under the insider's envelope: refused %v, want one more bad_tag (%d before)", st.Refused, before)
 
 	// The prefill rank restarts in place (same endpoint, new epoch); the
 	// decode rank's next room registers with the new process and succeeds;
@@ -210,17 +185,14 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	prefill.cmd.Process.Signal(syscall.SIGKILL)
 	prefill.cmd.Wait()
 	prefill = startChild(t, pEnv...)
-	if strings.Fields(prefill.ready)[1] != pEndpoint {
-		t.Fatalf("restarted on %s, want %s", prefill.ready, pEndpoint)
-	}
-	if st := sendRaw(t, prefill, pEndpoint, captured); st.Replayed[bootstrap.ReplayOtherEpoch] != 1 {
-		t.Fatalf("the REGISTER for the predecessor: replays %v, want 1 other_epoch", st.Replayed)
-	}
+	require.Equal(t, pEndpoint, strings.Fields(prefill.ready)[1], "restarted on %s", prefill.ready)
+	st = sendRaw(t, prefill, pEndpoint, captured)
+	require.EqualValues(t, 1, st.Replayed[bootstrap.ReplayOtherEpoch], "the REGISTER for the predecessor: replays %v, want 1 other_epoch", st.Replayed)
 	// A room started before the decode rank heard of the new process went
 	// to the old one and may fail as its peer restarted (PROTOCOL.md: what
 	// was bound to the old epoch fails); the next one must succeed.
-	if got := pdRoomTry(t, prefill, decode, 3, pp, dp); got != "" && !strings.Contains(got, "peer_restarted") {
-		t.Fatalf("room 3: %s", got)
+	if got := pdRoomTry(t, prefill, decode, 3, pp, dp); got != "" {
+		require.Contains(t, got, "peer_restarted", "room 3")
 	}
 	pdRoom(t, prefill, decode, 30, pp, dp)
 	// The decode rank restarts too (kill -9, a new process): its
@@ -233,9 +205,8 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	// process, reach the new one as other_epoch too (seen in make test:
 	// 3 where the test wanted 2).
 	before = prefill.stats(t).Replayed[bootstrap.ReplayOtherEpoch]
-	if st := sendRaw(t, prefill, pEndpoint, captured); st.Replayed[bootstrap.ReplayOtherEpoch] != before+1 {
-		t.Fatalf("the old decode process's REGISTER: replays %v, want one more other_epoch (%d before)", st.Replayed, before)
-	}
+	st = sendRaw(t, prefill, pEndpoint, captured)
+	require.Equal(t, before+1, st.Replayed[bootstrap.ReplayOtherEpoch], "the old decode process's REGISTER: replays %v, want one more other_epoch (%d before)", st.Replayed, before)
 	pdRoom(t, prefill, decode, 4, pp, dp)
 }
 
@@ -264,21 +235,16 @@ func TestSecretAloneSpeaksAsNoRank(t *testing.T) {
 	for i, m := range []bootstrap.Message{&bootstrap.AbortAck{From: claim, Room: 2, Drained: true},
 		&bootstrap.Status{From: claim, Room: 2, Status: bootstrap.StatusFailed, Code: "failed", Reason: "forged"}} {
 		f, err := bootstrap.Encode(m)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		forged = append(forged, testauth.Auth().Seal(f, bootstrap.Envelope{Sent: time.Now(), Seq: 1<<40 + uint64(i), To: to}))
 	}
 	// Room 2 is live while they arrive; it succeeds.
 	src, dst := pp.Get(512), dp.Get(512)
 	decode.do(fmt.Sprintf("RECV 2 %s %s", csv(dst), csv(src)))
-	if st := sendRaw(t, decode, df[1], forged...); st.Refused[bootstrap.AuthNoIdentity] != 2 {
-		t.Fatalf("the forged ABORT_ACK and STATUS: refused %v, want 2 no_identity", st.Refused)
-	}
+	st := sendRaw(t, decode, df[1], forged...)
+	require.EqualValues(t, 2, st.Refused[bootstrap.AuthNoIdentity], "the forged ABORT_ACK and STATUS: refused %v, want 2 no_identity", st.Refused)
 	prefill.do(fmt.Sprintf("SEND 2 %s 16", csv(src)))
-	if got := decode.expect(t, "DONE"); got != "DONE 2 Success verified" {
-		t.Fatalf("decode: %s", got)
-	}
+	require.Equal(t, "DONE 2 Success verified", decode.expect(t, "DONE"), "decode")
 	prefill.expect(t, "DONE 2 Success")
 }
 
@@ -301,28 +267,22 @@ func TestRecordCertificateIsTheRanks(t *testing.T) {
 	boot := startBoot(t)
 	prefill := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}, envs[0]...)...)
 	other, err := ca.Issue(bootstrap.RolePrefill, "proc", 1, time.Now().Add(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ctx := context.Background()
 	topo, err := bootstrap.NewClient(boot).Topology(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	forged := startBoot(t)
 	rec := bootstrap.RankRecord{Instance: topo.Instance, DPSize: topo.DPSize, TPSize: topo.TPSize, PPSize: topo.PPSize,
 		Endpoint: strings.Fields(prefill.ready)[1], PageSize: topo.PageSize, DType: topo.DType, Compat: topo.Compat,
 		Cert: base64.StdEncoding.EncodeToString(other.Cert.Raw()), ModelFacts: topo.ModelFacts}
 	cl := bootstrap.NewClient(forged)
 	cl.Token = testauth.Auth().BootstrapToken()
-	if _, err := cl.RegisterRank(ctx, rec); err != nil {
-		t.Fatal(err)
-	}
+	_, err = cl.RegisterRank(ctx, rec)
+	require.NoError(t, err)
 	decode := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + forged}, envs[1]...)...)
 	pp, dp := newPagePool(pages), newPagePool(pages)
 	src, dst := pp.Get(4), dp.Get(4)
 	decode.do(fmt.Sprintf("RECV 1 %s %s", csv(dst), csv(src)))
-	if got := decode.expect(t, "DONE"); !strings.Contains(strings.ReplaceAll(got, "_", " "), "carries the certificate of prefill/proc/1, want prefill/proc/0") {
-		t.Fatalf("decode: %s, want the room failed naming the record's wrong certificate", got)
-	}
+	got := decode.expect(t, "DONE")
+	require.Contains(t, strings.ReplaceAll(got, "_", " "), "carries the certificate of prefill/proc/1, want prefill/proc/0", "decode: %s, want the room failed naming the record's wrong certificate", got)
 }

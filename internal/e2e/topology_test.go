@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -22,6 +21,7 @@ import (
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/require"
 )
 
 // Faults in a room with several prefill ranks (prefill TP 2 → decode TP 1,
@@ -154,18 +154,14 @@ func TestRefusedRoomFailsPrefill(t *testing.T) {
 	p.do("HOLD 1 " + csv([]uint32{0, 1, 2, 3}) + " 4") // the router created the room on prefill first
 	start := time.Now()
 	d.do("RECV 1 " + csv([]uint32{10, 11, 12, 13}))
-	if got := d.expect(t, "DONE 1"); !strings.Contains(got, "decode_PP_must_equal_prefill_PP") && !strings.Contains(got, "decode PP must equal prefill PP") {
-		t.Fatalf("decode: %s", got)
-	}
+	dgot := d.expect(t, "DONE 1")
+	require.True(t, strings.Contains(dgot, "decode_PP_must_equal_prefill_PP") || strings.Contains(dgot, "decode PP must equal prefill PP"), "decode: %s", dgot)
 	got := p.expect(t, "DONE 1")
 	took := time.Since(start)
 	t.Logf("prefill failed the refused room %v after the decode rank refused it: %s", took, got)
-	if !strings.HasPrefix(got, "DONE 1 Failed") || !strings.Contains(got, "refused") {
-		t.Fatalf("prefill: %s", got)
-	}
-	if took > time.Second+bound {
-		t.Fatalf("took %v", took)
-	}
+	require.True(t, strings.HasPrefix(got, "DONE 1 Failed"), "prefill: %s", got)
+	require.Contains(t, got, "refused", "prefill")
+	require.LessOrEqual(t, took, time.Second+bound, "took")
 }
 
 // twoToOne starts prefill TP 2 and decode TP 1, and a room whose first
@@ -200,15 +196,12 @@ func TestTopologyPrefillRankKilled(t *testing.T) {
 	p1.cmd.Process.Signal(syscall.SIGKILL)
 	got := d.expect(t, "DONE 1")
 	t.Logf("decode room failed %v after the kill: %s", time.Since(killed).Round(time.Millisecond), got)
-	if !strings.HasPrefix(got, "DONE 1 Failed") || !strings.Contains(got, "unreachable") {
-		t.Fatalf("decode: %s", got)
-	}
-	if got := p0.expect(t, "DONE 1"); !strings.HasPrefix(got, "DONE 1 Failed") || !strings.Contains(got, "abort") {
-		t.Fatalf("surviving prefill rank: %s (want Failed by the decode rank's ABORT)", got)
-	}
-	if got := d.expect(t, "RELEASED 1"); got != "RELEASED 1 forced=1" {
-		t.Fatalf("decode pages: %s (want released by the quarantine deadline)", got)
-	}
+	require.True(t, strings.HasPrefix(got, "DONE 1 Failed"), "decode: %s", got)
+	require.Contains(t, got, "unreachable", "decode")
+	got = p0.expect(t, "DONE 1")
+	require.True(t, strings.HasPrefix(got, "DONE 1 Failed"), "surviving prefill rank: %s (want Failed by the decode rank's ABORT)", got)
+	require.Contains(t, got, "abort", "surviving prefill rank: want Failed by the decode rank's ABORT")
+	require.Equal(t, "RELEASED 1 forced=1", d.expect(t, "RELEASED 1"), "decode pages: want released by the quarantine deadline")
 }
 
 // TestTopologyAbortWhileSeveralWrite: the decode rank aborts a room while
@@ -218,17 +211,14 @@ func TestTopologyAbortWhileSeveralWrite(t *testing.T) {
 	t.Parallel() // its own processes and ports
 	p0, p1, d := twoToOne(t)
 	d.do("ABORT 1")
-	if got := d.expect(t, "DONE 1"); !strings.HasPrefix(got, "DONE 1 Failed") {
-		t.Fatalf("decode: %s", got)
-	}
+	got := d.expect(t, "DONE 1")
+	require.True(t, strings.HasPrefix(got, "DONE 1 Failed"), "decode: %s", got)
 	for i, p := range []*rankProc{p0, p1} {
-		if got := p.expect(t, "DONE 1"); !strings.HasPrefix(got, "DONE 1 Failed") || !strings.Contains(got, "abort") {
-			t.Fatalf("prefill rank %d: %s", i, got)
-		}
+		got := p.expect(t, "DONE 1")
+		require.True(t, strings.HasPrefix(got, "DONE 1 Failed"), "prefill rank %d: %s", i, got)
+		require.Contains(t, got, "abort", "prefill rank %d", i)
 	}
-	if got := d.expect(t, "RELEASED 1"); got != "RELEASED 1 forced=0" {
-		t.Fatalf("decode pages: %s (want released by both drained ACKs)", got)
-	}
+	require.Equal(t, "RELEASED 1 forced=0", d.expect(t, "RELEASED 1"), "decode pages: want released by both drained ACKs")
 }
 
 // loopbackRank starts an in-process rank of the topology tests on the
@@ -236,17 +226,13 @@ func TestTopologyAbortWhileSeveralWrite(t *testing.T) {
 func loopbackRank(t *testing.T, role kvmanager.Role, boot string, par transfer.Parallel, mod func(*kvmanager.Config)) (*kvmanager.Prefill, *kvmanager.Decode) {
 	t.Helper()
 	cfg, err := topoConfig(role, boot, par)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	cfg.Engine = engines["loopback"]
 	if mod != nil {
 		mod(&cfg)
 	}
 	_, p, d, err := newRank(role, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if p != nil {
 		t.Cleanup(func() { p.Close() })
 	} else {
@@ -263,14 +249,10 @@ func loopbackRank(t *testing.T, role kvmanager.Role, boot string, par transfer.P
 func TestCreateReceiverForRefusesUnsupportedTopology(t *testing.T) {
 	boot := startBoot(t)
 	pcfg, err := topoConfig(kvmanager.RolePrefill, boot, transfer.Parallel{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	pcfg.Engine = engines["loopback"]
 	p, err := kvmanager.NewPrefill(pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer p.Close()
 	for _, tc := range []struct {
 		name string
@@ -294,14 +276,11 @@ func TestCreateReceiverForRefusesUnsupportedTopology(t *testing.T) {
 			dcfg.Engine = engines["loopback"]
 			tc.mod(&dcfg)
 			d, err := kvmanager.NewDecode(dcfg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			defer d.Close()
 			_, err = receiver.NewFor(d, 1, kvmanager.Instance{DP: kvmanager.AutoDP})
-			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), `"topo-prefill"`) {
-				t.Fatalf("got %v, want an error naming the instance with %q", err, tc.want)
-			}
+			require.ErrorContains(t, err, tc.want, "want an error naming the instance with %q", tc.want)
+			require.ErrorContains(t, err, `"topo-prefill"`, "want an error naming the instance with %q", tc.want)
 		})
 	}
 }
@@ -322,26 +301,16 @@ func TestDPGroupLookedUp(t *testing.T) {
 	for room := uint64(1); room <= 4; room++ {
 		p := groups[(room+1)%2] // never room % 2
 		s, err := sender.New(p, room)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		s.Init()
 		r, err := receiver.NewFor(d, room, kvmanager.Instance{DP: kvmanager.LookupDP})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Init(ctx, kvmanager.RequestSpec{DstPages: []uint32{5, 6}, AuxIndex: -1}); err != nil {
-			t.Fatal(err)
-		}
-		if st, err := s.WaitReady(ctx); st != kvmanager.WaitingForInput {
-			t.Fatalf("room %d: the published group got no REQUEST: %v %v", room, st, err)
-		}
-		if err := s.Send([]uint32{1, 2}, true, -1); err != nil {
-			t.Fatal(err)
-		}
-		if st, err := r.Wait(ctx); st != kvmanager.Success {
-			t.Fatalf("room %d: %v %v %s", room, st, err, r.Failure())
-		}
+		require.NoError(t, err)
+		require.NoError(t, r.Init(ctx, kvmanager.RequestSpec{DstPages: []uint32{5, 6}, AuxIndex: -1}))
+		st, err := s.WaitReady(ctx)
+		require.Equal(t, kvmanager.WaitingForInput, st, "room %d: the published group got no REQUEST: %v", room, err)
+		require.NoError(t, s.Send([]uint32{1, 2}, true, -1))
+		st, err = r.Wait(ctx)
+		require.Equal(t, kvmanager.Success, st, "room %d: %v %s", room, err, r.Failure())
 		s.Clear()
 		r.Clear()
 	}
@@ -353,15 +322,11 @@ func TestDPGroupLookedUp(t *testing.T) {
 func TestEtcdPrefillRankKilled(t *testing.T) {
 	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	srv, err := etcdtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer srv.Close()
 	target := "etcd://" + srv.Endpoint + "/topo-prefill"
 	watcher, err := bootstrap.DialEtcd(target, bootstrap.EtcdConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer watcher.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -369,12 +334,10 @@ func TestEtcdPrefillRankKilled(t *testing.T) {
 	p0, p1, d := twoToOneAt(t, target)
 	killed := time.Now()
 	p1.cmd.Process.Signal(syscall.SIGKILL)
-	if got := d.expect(t, "DONE 1"); !strings.HasPrefix(got, "DONE 1 Failed") {
-		t.Fatalf("decode: %s", got)
-	}
-	if got := p0.expect(t, "DONE 1"); !strings.HasPrefix(got, "DONE 1 Failed") {
-		t.Fatalf("surviving prefill rank: %s", got)
-	}
+	got := d.expect(t, "DONE 1")
+	require.True(t, strings.HasPrefix(got, "DONE 1 Failed"), "decode: %s", got)
+	got = p0.expect(t, "DONE 1")
+	require.True(t, strings.HasPrefix(got, "DONE 1 Failed"), "surviving prefill rank: %s", got)
 	for {
 		select {
 		case ev := <-events:
@@ -397,30 +360,22 @@ func TestEtcdPrefillRankKilled(t *testing.T) {
 func TestEtcdStoppedMidRun(t *testing.T) {
 	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	srv, err := etcdtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer srv.Close()
 	target := "etcd://" + srv.Endpoint + "/topo-prefill"
 	pcfg, err := topoConfig(kvmanager.RolePrefill, target, transfer.Parallel{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	// Stopping the embedded etcd takes seconds: the stall deadline must
 	// not fire while it does.
 	pcfg.Engine, pcfg.Registry.StallTimeout, pcfg.QuarantineTimeout = engines["loopback"], 30*time.Second, 40*time.Second
 	p, err := kvmanager.NewPrefill(pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer p.Close()
 	dcfg, _ := topoConfig(kvmanager.RoleDecode, target, transfer.Parallel{})
 	dcfg.Engine, dcfg.Registry.StallTimeout, dcfg.QuarantineTimeout = engines["loopback"], 30*time.Second, 40*time.Second
 	dcfg.Registry.BootstrapTimeout = 2 * time.Second
 	d, err := kvmanager.NewDecode(dcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer d.Close()
 	ctx := context.Background()
 	room := func(id uint64, inst kvmanager.Instance, stopMid bool) error {
@@ -455,35 +410,22 @@ func TestEtcdStoppedMidRun(t *testing.T) {
 		}
 		return nil
 	}
-	if err := room(1, kvmanager.Instance{DP: kvmanager.AutoDP}, true); err != nil {
-		t.Fatalf("a room mid-transfer when etcd stopped: %v", err)
-	}
-	if err := room(2, kvmanager.Instance{DP: kvmanager.AutoDP}, false); err != nil {
-		t.Fatalf("a room of the known instance with etcd down: %v", err)
-	}
+	require.NoError(t, room(1, kvmanager.Instance{DP: kvmanager.AutoDP}, true), "a room mid-transfer when etcd stopped")
+	require.NoError(t, room(2, kvmanager.Instance{DP: kvmanager.AutoDP}, false), "a room of the known instance with etcd down")
 	other := kvmanager.Instance{Bootstrap: "etcd://" + srv.Endpoint + "/another-instance", DP: kvmanager.AutoDP}
 	_, err = receiver.NewFor(d, 3, other)
-	if err == nil || !strings.Contains(err.Error(), "etcd "+srv.Endpoint) {
-		t.Fatalf("a room of an undiscovered instance with etcd down: %v", err)
-	}
-	if err := srv.Restart(); err != nil {
-		t.Fatal(err)
-	}
+	require.ErrorContains(t, err, "etcd "+srv.Endpoint, "a room of an undiscovered instance with etcd down")
+	require.NoError(t, srv.Restart())
 	// The new instance appears once etcd is back.
 	p2cfg, _ := topoConfig(kvmanager.RolePrefill, other.Bootstrap, transfer.Parallel{})
 	p2cfg.Engine, p2cfg.Instance, p2cfg.Registry.StallTimeout, p2cfg.QuarantineTimeout = engines["loopback"], "another-instance", 30*time.Second, 40*time.Second
 	p2, err := kvmanager.NewPrefill(p2cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer p2.Close()
-	if _, err := receiver.NewFor(d, 4, other); err != nil {
-		t.Fatalf("after etcd came back: %v", err)
-	}
+	_, err = receiver.NewFor(d, 4, other)
+	require.NoError(t, err, "after etcd came back")
 	d.ClearReceiver(4)
-	if n := d.Overdue() + p.Overdue(); n != 0 {
-		t.Fatalf("%d rooms overdue", n)
-	}
+	require.Zero(t, d.Overdue()+p.Overdue(), "rooms overdue")
 }
 
 // TestInstanceChangesShape: a prefill instance is replaced by one of
@@ -536,21 +478,14 @@ func TestInstanceChangesShape(t *testing.T) {
 		return nil
 	}
 	old := prefill(transfer.Parallel{})
-	if err := room(1, old); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, room(1, old))
 	old.Close() // deletes its record; the instance comes back at TP 2
 	a, b := prefill(transfer.Parallel{TPSize: 2}), prefill(transfer.Parallel{TPSize: 2, TPRank: 1})
 	// The cached endpoint is dead: heartbeats fail that room.
-	if err := room(2, a, b); err == nil || !strings.Contains(err.Error(), "unreachable") {
-		t.Fatalf("room 2 (old endpoint): %v", err)
-	}
+	require.ErrorContains(t, room(2, a, b), "unreachable", "room 2 (old endpoint)")
 	// Looked up again, rank 0 of the new instance refuses the stale mapping.
 	err := room(3, a, b)
-	if err == nil || !errors.Is(err, kvmanager.ErrIncompatible) || !strings.Contains(err.Error(), "view of the instance is stale") {
-		t.Fatalf("room 3 (stale topology): %v", err)
-	}
-	if err := room(4, a, b); err != nil {
-		t.Fatalf("room 4 (topology read again): %v", err)
-	}
+	require.ErrorIs(t, err, kvmanager.ErrIncompatible, "room 3 (stale topology)")
+	require.ErrorContains(t, err, "view of the instance is stale", "room 3 (stale topology)")
+	require.NoError(t, room(4, a, b), "room 4 (topology read again)")
 }

@@ -32,6 +32,8 @@ import (
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func init() {
@@ -71,9 +73,7 @@ type tinyProc struct {
 func startTinyRank(t testing.TB, role string, args ...string) *tinyProc {
 	t.Helper()
 	p, err := startTinyRankErr(t, role, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return p
 }
 
@@ -194,9 +194,7 @@ type tinyOpts struct {
 func startTinyClusterWith(t testing.TB, cfg tinyllm.Config, layout string, pShape, dShape transfer.Parallel, o tinyOpts) *tinyCluster {
 	t.Helper()
 	m, err := tinyllm.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	common := []string{"-compute", "tinyllm", "-layers", strconv.Itoa(cfg.Layers), "-q-heads", strconv.Itoa(cfg.QHeads),
 		"-kv-heads", strconv.Itoa(cfg.KVHeads), "-head-dim", strconv.Itoa(cfg.HeadDim), "-ffn", strconv.Itoa(cfg.FFN),
 		"-vocab", strconv.Itoa(cfg.Vocab), "-model-seed", strconv.FormatUint(cfg.Seed, 10), "-page-tokens", strconv.Itoa(tinyPageTokens),
@@ -261,9 +259,7 @@ func startTinyClusterWith(t testing.TB, cfg tinyllm.Config, layout string, pShap
 	}
 	wg.Wait()
 	for i, p := range procs {
-		if errs[i] != nil {
-			t.Fatal(errs[i])
-		}
+		require.NoError(t, errs[i])
 		if specs[i].role == "prefill" {
 			c.prefill = append(c.prefill, p)
 		} else {
@@ -292,9 +288,7 @@ func startTinyClusterWith(t testing.TB, cfg tinyllm.Config, layout string, pShap
 	})
 	c.rt, err = router.New(context.Background(), router.Config{Prefill: [][]string{urls(c.prefill)}, Decode: [][]string{urls(c.decode)},
 		Token: testauth.Auth().BootstrapToken(), Retries: 5, Timeout: 20 * time.Second, Client: c.client, Wire: o.wire})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	srv := httptest.NewServer(c.rt.Handler())
 	t.Cleanup(srv.Close)
 	c.url = srv.URL
@@ -372,16 +366,10 @@ func (c *tinyCluster) expect(t *testing.T, r tinyReq) tinyAnswer {
 		prompt = router.Text(r.text)
 	}
 	want, err := c.m.Generate(prompt, r.gen)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	a, err := c.complete(t, r)
-	if err != nil {
-		t.Fatalf("%d-token prompt: %v", len(prompt), err)
-	}
-	if !slices.Equal(a.tokens, want) {
-		t.Fatalf("%d-token prompt (abort %q): tokens %v, the single-process run's %v", len(prompt), r.abortAt, a.tokens, want)
-	}
+	require.NoError(t, err, "%d-token prompt", len(prompt))
+	require.Equal(t, want, a.tokens, "%d-token prompt (abort %q): tokens (actual), the single-process run's (expected)", len(prompt), r.abortAt)
 	return a
 }
 
@@ -411,12 +399,8 @@ func (c *tinyCluster) wrongHeads(t *testing.T, fault string) {
 	r := tinyReq{prompt: tinyPrompt(rand.New(rand.NewPCG(9, 9)), 21), gen: 8, fault: fault}
 	want, _ := c.m.Generate(r.prompt, r.gen)
 	a, err := c.complete(t, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if slices.Equal(a.tokens, want) {
-		t.Fatalf("%s: the tokens did not change (%v): the check cannot see a wrong head mapping", fault, a.tokens)
-	}
+	require.NoError(t, err)
+	require.NotEqual(t, want, a.tokens, "%s: the tokens did not change: the check cannot see a wrong head mapping", fault)
 }
 
 // TestTinyllmTP2to1: prefill TP 2 (one KV head each) → decode TP 1, NHD
@@ -431,14 +415,11 @@ func TestTinyllmTP2to1(t *testing.T) {
 	shared := tinyPrompt(rng, 12)
 	c.expect(t, tinyReq{prompt: append(slices.Clone(shared), tinyPrompt(rng, 5)...), gen: 5})
 	a := c.expect(t, tinyReq{prompt: append(slices.Clone(shared), tinyPrompt(rng, 7)...), gen: 5, stream: true})
-	if a.rep.PrefixPages != 3 {
-		t.Errorf("the second prompt sharing 12 tokens reused %d pages, want 3", a.rep.PrefixPages)
-	}
+	assert.EqualValues(t, 3, a.rep.PrefixPages, "the second prompt sharing 12 tokens reused pages")
 	for _, at := range []string{"prefill", "decode-before", "decode-mid"} {
 		a := c.expect(t, tinyReq{prompt: tinyPrompt(rng, 14), gen: 5, abortAt: at})
-		if a.rep.Attempts != 2 || len(a.rep.Failures) != 1 {
-			t.Errorf("abort %s: %d attempts, failures %q; want the aborted room and its retry", at, a.rep.Attempts, a.rep.Failures)
-		}
+		assert.EqualValues(t, 2, a.rep.Attempts, "abort %s: attempts, failures %q; want the aborted room and its retry", at, a.rep.Failures)
+		assert.Len(t, a.rep.Failures, 1, "abort %s: %d attempts, failures; want the aborted room and its retry", at, a.rep.Attempts)
 	}
 	c.wrongHeads(t, "swap-heads-decode")
 }
@@ -507,18 +488,12 @@ func TestTinyllmPrefillRestarted(t *testing.T) {
 	retried := 0
 	for i, p := range prompts {
 		want, _ := c.m.Generate(p, 5)
-		if errs[i] != nil {
-			t.Fatalf("request %d: %v", i, errs[i])
-		}
-		if !slices.Equal(answers[i].tokens, want) {
-			t.Fatalf("request %d: tokens %v, the single-process run's %v", i, answers[i].tokens, want)
-		}
+		require.NoError(t, errs[i], "request %d", i)
+		require.Equal(t, want, answers[i].tokens, "request %d: tokens (actual), the single-process run's (expected)", i)
 		if answers[i].rep.Attempts > 1 {
 			retried++
 			t.Logf("request %d: %d attempts: %q", i, answers[i].rep.Attempts, answers[i].rep.Failures)
 		}
 	}
-	if retried == 0 {
-		t.Fatal("no request was retried: the restart went unseen")
-	}
+	require.NotZero(t, retried, "no request was retried: the restart went unseen")
 }
