@@ -249,7 +249,14 @@ type Xfer struct {
 	// descriptor of at least canaryBytes before its post (canaried).
 	canary   [canaryBytes]byte
 	canaried bool
-	saved    []byte // each local descriptor's last canaryBytes before the canary (restored if not delivered)
+	// planted: the local descriptors whose tails this post planted (a
+	// tail another READ in flight had planted is left to that READ);
+	// saved: their last canaryBytes before the canary, in that order.
+	planted []int
+	saved   []byte
+	// cancelled: settled by Release or Close while the engine may still
+	// write its memory (its canaries are left where they are).
+	cancelled bool
 }
 
 // canaryBytes: a READ's destination descriptors of at least this many
@@ -264,56 +271,61 @@ const canaryBytes = 8
 // (the same reads, unchecked). Nothing else sets it.
 var canariesOff atomic.Bool
 
-// plantCanaries (PostTo, before the engine sees x): a READ into DRAM gets a
-// fresh random canary at the end of each local descriptor.
-func plantCanaries(x *Xfer) {
-	x.canaried = false
+// plantCanaries (PostTo, a.wmu held, before the engine sees x): a READ
+// into DRAM gets a fresh random canary at the end of each local descriptor
+// whose tail no other READ in flight planted (that READ checks it).
+func (a *Agent) plantCanaries(x *Xfer) {
+	x.canaried, x.cancelled, x.planted, x.saved = false, false, x.planted[:0], x.saved[:0]
 	if x.Op != Read || x.local.Kind != DRAM || canariesOff.Load() {
 		return
 	}
 	binary.LittleEndian.PutUint64(x.canary[:], rand.Uint64())
-	x.saved = x.saved[:0]
-	for _, d := range x.Local {
-		if d.Len >= canaryBytes {
-			tail := view(d.Addr+uintptr(d.Len-canaryBytes), canaryBytes)
-			x.saved = append(x.saved, tail...)
-			copy(tail, x.canary[:])
-			x.canaried = true
-		}
-	}
-}
-
-// restoreCanaries (a READ that failed): each destination descriptor still
-// ending with the canary gets its bytes back, so a failed READ leaves what
-// it did not deliver as it was.
-func restoreCanaries(x *Xfer) {
-	if !x.canaried {
-		return
-	}
-	i := 0
-	for _, d := range x.Local {
+	for k, d := range x.Local {
 		if d.Len < canaryBytes {
 			continue
 		}
-		if tail := view(d.Addr+uintptr(d.Len-canaryBytes), canaryBytes); string(tail) == string(x.canary[:]) {
-			copy(tail, x.saved[i:i+canaryBytes])
+		at := d.Addr + uintptr(d.Len-canaryBytes)
+		if a.tails[at] != nil {
+			continue
 		}
-		i += canaryBytes
+		tail := view(at, canaryBytes)
+		x.saved = append(x.saved, tail...)
+		copy(tail, x.canary[:])
+		x.planted = append(x.planted, k)
+		a.tails[at] = x
 	}
+	x.canaried = len(x.planted) > 0
 }
 
-// undelivered is the first local descriptor of a canaried READ whose
-// last bytes are still the canary (-1: none).
-func undelivered(x *Xfer) int {
+// settleCanaries (settle, a.wmu held): a READ reported complete whose
+// planted tail still holds the canary did not deliver that descriptor (the
+// first such is returned, -1 if none); a READ that did not complete gets
+// back the bytes its canaries replaced where nothing landed — unless it
+// was cancelled while the engine may still write there. Its tails are
+// given up either way.
+func (a *Agent) settleCanaries(x *Xfer, st XferState) int {
 	if !x.canaried {
 		return -1
 	}
-	for k, d := range x.Local {
-		if d.Len >= canaryBytes && string(view(d.Addr+uintptr(d.Len-canaryBytes), canaryBytes)) == string(x.canary[:]) {
-			return k
+	x.canaried = false
+	first := -1
+	for i, k := range x.planted {
+		d := x.Local[k]
+		at := d.Addr + uintptr(d.Len-canaryBytes)
+		delete(a.tails, at)
+		if x.cancelled {
+			continue
 		}
+		tail := view(at, canaryBytes)
+		if string(tail) != string(x.canary[:]) {
+			continue
+		}
+		if st == Done && first < 0 {
+			first = k
+		}
+		copy(tail, x.saved[i*canaryBytes:(i+1)*canaryBytes])
 	}
-	return -1
+	return first
 }
 
 // Done returns a channel closed when the transfer's current post reaches a
@@ -359,6 +371,7 @@ type Agent struct {
 	wmu         sync.Mutex
 	wclosed     bool // Close has settled everything in flight
 	inflight    map[*Xfer]struct{}
+	tails       map[uintptr]*Xfer // READ canaries planted and not yet settled, by address (plantCanaries)
 	kick        chan struct{}
 	stop        chan struct{}
 	watcherDone chan struct{}
@@ -402,6 +415,7 @@ func Open(cfg Config) (*Agent, error) {
 		a.engine = cfg.Engine
 	}
 	a.inflight = map[*Xfer]struct{}{}
+	a.tails = map[uintptr]*Xfer{}
 	a.kick, a.stop, a.watcherDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
 	go a.watch()
 	return a, nil
@@ -515,15 +529,10 @@ func (a *Agent) outcome(x *Xfer) (XferState, error, bool) {
 
 // settle records x's final state and wakes its waiters (a.wmu held).
 func (a *Agent) settle(x *Xfer, st XferState, err error) {
-	if st == Done {
-		if k := undelivered(x); k >= 0 {
-			a.notDelivered.Add(1)
-			st, err = Failed, fmt.Errorf("agent %s: READ from %s reported complete, but its descriptor %d of %d (%d bytes at %#x, from %#x) was not delivered (it still ends with the bytes planted before the read): %w",
-				a.name, x.Remote, k, len(x.Local), x.Local[k].Len, x.Local[k].Addr, x.Dst[k].Addr, ErrTransfer)
-		}
-	}
-	if st != Done {
-		restoreCanaries(x)
+	if k := a.settleCanaries(x, st); k >= 0 {
+		a.notDelivered.Add(1)
+		st, err = Failed, fmt.Errorf("agent %s: READ from %s reported complete, but its descriptor %d of %d (%d bytes at %#x, from %#x) was not delivered (it still ends with the bytes planted before the read): %w",
+			a.name, x.Remote, k, len(x.Local), x.Local[k].Len, x.Local[k].Addr, x.Dst[k].Addr, ErrTransfer)
 	}
 	x.state, x.err = st, err
 	close(x.done)
@@ -996,8 +1005,8 @@ func (a *Agent) PostTo(x *Xfer, done chan<- *Xfer) error {
 		return fmt.Errorf("agent %s: post %v to %s: still in progress: %w", a.name, x.Op, x.Remote, ErrInvalidRequest)
 	}
 	x.posted, x.err, x.state, x.done, x.notify = time.Now(), nil, InProgress, make(chan struct{}), done
+	a.plantCanaries(x)
 	a.wmu.Unlock()
-	plantCanaries(x)
 	// The engine call runs unlocked (posts on several goroutines proceed
 	// together); x is in no set meanwhile, so the watcher leaves it alone.
 	err := a.b.post(x)
@@ -1065,6 +1074,7 @@ func (a *Agent) Release(x *Xfer) error {
 	a.wmu.Lock()
 	if _, ok := a.inflight[x]; ok {
 		delete(a.inflight, x)
+		x.cancelled = true // the engine may still write its memory
 		a.settle(x, Failed, fmt.Errorf("agent %s: %v to %s released in flight: %w", a.name, x.Op, x.Remote, ErrInvalidRequest))
 	}
 	a.wmu.Unlock()
@@ -1129,6 +1139,7 @@ func (a *Agent) Close() error {
 	a.wmu.Lock()
 	a.wclosed = true
 	for x := range a.inflight {
+		x.cancelled = true // the engine may still write its memory
 		a.settle(x, Failed, fmt.Errorf("agent %s: %v to %s: %w", a.name, x.Op, x.Remote, ErrClosed))
 	}
 	a.inflight = map[*Xfer]struct{}{}

@@ -2,6 +2,7 @@ package nixl
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/hex"
 	"fmt"
@@ -372,4 +373,36 @@ func TestSilentPartialReadCaughtOnTheDouble(t *testing.T) {
 		assert.Equal(t, buf[i*silentPage:(i+1)*silentPage], local[i*silentPage:(i+1)*silentPage], "page %d read whole", i)
 	}
 	assert.EqualValues(t, 1, ini.NotDelivered())
+}
+
+// TestReadCanariesOfOverlappingReads: two READs in flight into the same
+// destination (a hostile or buggy peer's overlapping PAGES): the second
+// plants no canary over the first's, so the first's check still sees
+// its own and a failed first gives back the original bytes, not the
+// second's canary. A READ cancelled while the engine may still write
+// (Release, Close in flight) leaves its tails alone.
+func TestReadCanariesOfOverlappingReads(t *testing.T) {
+	buf := make([]byte, 64)
+	for i := range buf {
+		buf[i] = 0x11
+	}
+	a := &Agent{tails: map[uintptr]*Xfer{}}
+	local := &Prepped{Kind: DRAM}
+	mk := func() *Xfer { return &Xfer{Op: Read, local: local, Local: []Desc{BytesDesc(buf)}} }
+	x1, x2 := mk(), mk()
+	a.plantCanaries(x1)
+	a.plantCanaries(x2)
+	require.Equal(t, []int{0}, x1.planted, "the first READ plants its tail")
+	assert.Empty(t, x2.planted, "the second READ planted over the first's canary")
+	assert.Equal(t, -1, a.settleCanaries(x2, Done), "the second READ checks no tail it did not plant")
+	assert.Equal(t, 0, a.settleCanaries(x1, Done), "the first READ, nothing landed: its tail still its canary")
+	assert.Equal(t, bytes.Repeat([]byte{0x11}, 8), buf[56:], "the tail given back after the READ that did not deliver it")
+	assert.Empty(t, a.tails, "tails given up")
+
+	x3 := mk()
+	a.plantCanaries(x3)
+	x3.cancelled = true
+	assert.Equal(t, -1, a.settleCanaries(x3, Failed))
+	assert.Equal(t, x3.canary[:], buf[56:], "a cancelled READ's tail touched while the engine may still write it")
+	assert.Empty(t, a.tails, "a cancelled READ's tails given up")
 }

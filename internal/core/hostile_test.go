@@ -420,3 +420,85 @@ func TestRepeatedAbortKeepsTombQBounded(t *testing.T) {
 	}
 	assert.Len(t, sent[*wire.AbortAck](c.Effects()), 10000, "every ABORT answered")
 }
+
+// TestRequestFloodForgetsItsOwn: a registered decode rank floods a prefill
+// rank with REQUESTs for rooms that never get a sender; past the pending
+// deadline each becomes an early-abort tombstone — the flooding rank's
+// own share, so the honest rank's early abort of room 7 is not forgotten
+// for them (before, those tombstones were no rank's: 40 of them over a
+// bound of 16 made the prefill rank forget room 7's).
+func TestRequestFloodForgetsItsOwn(t *testing.T) {
+	reg := simRegistryConfig()
+	reg.MaxTombstones, reg.MaxPendingPerPeer, reg.MaxPendingRooms = 16, 64, 64
+	c := newTestCore(t, RolePrefill, reg)
+	flooder := wire.From{Role: "decode", Instance: "d", Rank: 1, Endpoint: "tcp://f:1", Epoch: 3}
+	register(t, c, flooder)
+	c.Step(t0, Received{&wire.Abort{From: decodeFrom, Room: 7, Reason: "cancelled"}})
+	for i := range 40 {
+		require.True(t, c.Step(t0, Received{request(100+uint64(i), flooder)}).OK, "flooded REQUEST %d", i)
+	}
+	c.Effects()
+	c.Step(t0.Add(reg.PendingTimeout+time.Second), Tick{})
+	st := c.Stats()
+	assert.Zero(t, st.TombstonesEvicted, "a tombstone forgotten past the bound: the expired REQUESTs' were not their rank's share")
+	assert.GreaterOrEqual(t, st.EarlyAbortsForgotten, uint64(40-reg.MaxTombstones/8), "the flooder's expired rooms past its share, forgotten")
+	_, kept := c.reg.tombs[7]
+	require.True(t, kept, "room 7's early abort forgotten for another rank's expired REQUESTs")
+	c.Step(t0.Add(reg.PendingTimeout+2*time.Second), CreateSender{Room: 7})
+	s7, _ := c.Status(7)
+	assert.Equal(t, Failed, s7, "room 7's sender starts Failed")
+}
+
+// TestEarlyAbortsForgottenOldestFirst: a rank's early aborts past its share
+// are forgotten in the order of their last ABORT — one renewed, or made
+// again after it expired, counts from then (its earlier entry is stale).
+func TestEarlyAbortsForgottenOldestFirst(t *testing.T) {
+	reg := simRegistryConfig()
+	reg.MaxTombstones = 16 // a share of 2
+	c := newTestCore(t, RolePrefill, reg)
+	abort := func(at time.Time, room uint64) {
+		c.Step(at, Received{&wire.Abort{From: decodeFrom, Room: room, Reason: "x"}})
+	}
+	abort(t0, 1)
+	abort(t0.Add(time.Second), 2)
+	abort(t0.Add(2*time.Second), 1) // renewed: now the newer of the two
+	abort(t0.Add(3*time.Second), 3) // over the share: 2 goes, not 1
+	_, has1 := c.reg.tombs[1]
+	_, has2 := c.reg.tombs[2]
+	assert.True(t, has1, "room 1, renewed last, forgotten before room 2")
+	assert.False(t, has2, "room 2, the oldest by its last ABORT, kept")
+	// Room 1 expires and is aborted again: its old entry must not make it
+	// the oldest.
+	later := t0.Add(2*time.Second + reg.TombstoneTTL + time.Second)
+	c.Step(later, Tick{}) // 1 and 3 expire
+	abort(later, 4)
+	abort(later.Add(time.Second), 1)
+	abort(later.Add(2*time.Second), 5) // over the share: 4 goes
+	_, has1 = c.reg.tombs[1]
+	_, has4 := c.reg.tombs[4]
+	assert.True(t, has1, "room 1, aborted again after it expired, forgotten by its stale entry")
+	assert.False(t, has4, "room 4, the oldest, kept")
+}
+
+// TestRenewedEarlyAbortsStayInTheShare: a flooding rank that sends each of
+// its ABORTs twice (the second renews the tombstone's TTL) still keeps no
+// more than its share, and never makes the prefill rank forget another
+// rank's early abort.
+func TestRenewedEarlyAbortsStayInTheShare(t *testing.T) {
+	reg := simRegistryConfig()
+	reg.MaxTombstones = 16
+	c := newTestCore(t, RolePrefill, reg)
+	flooder := wire.From{Role: "decode", Instance: "flood", Rank: 0, Endpoint: "tcp://f:1", Epoch: 3}
+	c.Step(t0, Received{&wire.Abort{From: decodeFrom, Room: 7, Reason: "cancelled"}})
+	now := t0
+	for i := range 100 {
+		for range 2 {
+			now = now.Add(time.Millisecond)
+			c.Step(now, Received{&wire.Abort{From: flooder, Room: 1<<40 + uint64(i), Reason: "flood"}})
+		}
+		require.LessOrEqual(t, c.reg.earlyBy[flooder.Peer()], reg.MaxTombstones/8, "after %d renewed ABORTs the flooder keeps more than its share", i+1)
+	}
+	assert.Zero(t, c.Stats().TombstonesEvicted, "a tombstone forgotten past the bound")
+	_, kept := c.reg.tombs[7]
+	assert.True(t, kept, "room 7's early abort forgotten for a flood of renewed ABORTs")
+}

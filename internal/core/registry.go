@@ -308,7 +308,7 @@ type Registry struct {
 	// them in creation order (entries whose tombstone is gone are stale):
 	// past the rank's share (MaxTombstones/8) its oldest is forgotten.
 	earlyBy map[string]int
-	earlyQ  map[string][]uint64
+	earlyQ  map[string][]tombRef
 	// forgotten counts early aborts forgotten for their rank's share.
 	forgotten int
 	// pendingBy counts each peer's pending requests (MaxPendingPerPeer).
@@ -336,7 +336,7 @@ func NewRegistry(cfg RegistryConfig, out *[]Effect) (*Registry, error) {
 		pending:   make(map[uint64]*pendingRoom),
 		tombs:     make(map[uint64]*tomb),
 		earlyBy:   make(map[string]int),
-		earlyQ:    make(map[string][]uint64),
+		earlyQ:    make(map[string][]tombRef),
 		draining:  make(map[uint64]struct{}),
 		pendingBy: make(map[string]int),
 		out:       out,
@@ -523,6 +523,19 @@ func (r *Registry) dropTomb(id uint64) {
 	delete(r.draining, id)
 }
 
+// onePeer is the rank of every request, "" if they are of several.
+func onePeer(reqs []PeerRequest) string {
+	if len(reqs) == 0 {
+		return ""
+	}
+	for _, q := range reqs[1:] {
+		if q.Peer != reqs[0].Peer {
+			return ""
+		}
+	}
+	return reqs[0].Peer
+}
+
 // uncount takes one early abort off rank by's share.
 func (r *Registry) uncount(by string) {
 	if r.earlyBy[by]--; r.earlyBy[by] <= 0 {
@@ -535,23 +548,34 @@ func (r *Registry) uncount(by string) {
 func (r *Registry) earlyShare() int { return max(1, r.cfg.MaxTombstones/8) }
 
 // addEarly records rank by's early abort of id, first forgetting that
-// rank's oldest ones past its share (they hold and owe nothing: an early
+// rank's oldest ones past its share (oldest by their last ABORT: a renewal
+// queues a tombstone again). Early aborts hold and owe nothing (an early
 // abort's ABORT_ACK is sent at once).
 func (r *Registry) addEarly(id uint64, t *tomb) {
 	by := t.by
-	for q := r.earlyQ[by]; r.earlyBy[by] >= r.earlyShare() && len(q) > 0; q = r.earlyQ[by] {
-		old := q[0]
-		r.earlyQ[by] = q[1:]
-		if o, ok := r.tombs[old]; ok && o.by == by && !o.holds() && len(o.acks) == 0 {
-			r.dropTomb(old)
+	for r.earlyBy[by] >= r.earlyShare() && len(r.earlyQ[by]) > 0 {
+		ref := r.earlyQ[by][0]
+		r.earlyQ[by] = r.earlyQ[by][1:]
+		if o, ok := r.tombs[ref.id]; ok && o.by == by && o.expires.Equal(ref.expires) {
+			r.dropTomb(ref.id)
 			r.forgotten++
 		}
 	}
 	r.addTomb(id, t)
 	r.earlyBy[by]++
-	q := append(r.earlyQ[by], id)
-	if len(q) > 2*r.earlyBy[by]+16 { // stale entries: compact
-		q = slices.DeleteFunc(q, func(x uint64) bool { o, ok := r.tombs[x]; return !ok || o.by != by })
+	r.queueEarly(by, tombRef{id, t.expires})
+}
+
+// queueEarly queues rank by's early abort (a new one, or one whose TTL an
+// ABORT renewed: its earlier entry goes stale), compacting the stale
+// entries past 2×the rank's count+16.
+func (r *Registry) queueEarly(by string, ref tombRef) {
+	q := append(r.earlyQ[by], ref)
+	if len(q) > 2*r.earlyBy[by]+16 {
+		q = slices.DeleteFunc(q, func(x tombRef) bool {
+			o, ok := r.tombs[x.id]
+			return !ok || o.by != by || !o.expires.Equal(x.expires)
+		})
 	}
 	r.earlyQ[by] = q
 }
@@ -913,6 +937,9 @@ func (r *Registry) abort(id uint64, reason string, ack *wire.Peer, by string, no
 			t.expires = now.Add(r.cfg.TombstoneTTL)
 			r.tombQ = append(r.tombQ, tombRef{id, t.expires})
 			r.compactTombQ()
+			if t.by != "" {
+				r.queueEarly(t.by, tombRef{id, t.expires})
+			}
 		}
 		switch {
 		case t.holds() && !t.drainExpired:
@@ -1154,7 +1181,14 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 		reason := fmt.Sprintf("pending deadline (%v) passed: no sender for the room", r.cfg.PendingTimeout)
 		r.takePending(id)
 		r.settle(id, p.requests)
-		r.addTomb(id, &tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL)})
+		// The tombstone counts in the share of the rank whose REQUESTs
+		// alone made the pending room (a REQUEST flood is that rank's too).
+		t := &tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL), by: onePeer(p.requests)}
+		if t.by != "" {
+			r.addEarly(id, t)
+		} else {
+			r.addTomb(id, t)
+		}
 		out = append(out, Expiry{Room: id, Deadline: DeadlinePending, Reason: reason, Peers: p.requests, Drained: true})
 	}
 	due = due[:0]

@@ -240,11 +240,13 @@ func (w *simWorld) hash() [16]byte {
 	for _, n := range []int{w.restarts, w.kills, w.peerDowns, w.ticks, w.losses, w.dups, w.replays, w.pauses, w.lookupFails, w.stales, w.intrusions, w.floods} {
 		f.i(n)
 	}
-	for _, l := range w.late { // hostilePrefill's held PONGs
+	for _, l := range w.late { // latePongs' held PONGs
 		f.i(l.src)
 		f.i(l.dst)
 		f.t(l.due)
 		f.s(l.msg.to)
+		f.s(l.msg.from.Endpoint)
+		f.u(l.msg.from.Epoch)
 	}
 	var out [16]byte
 	binary.LittleEndian.PutUint64(out[:8], f.a.Sum64())
@@ -362,8 +364,10 @@ func (c *Core) hash(f *fp) {
 	f.i(c.reg.forgotten)
 	for _, by := range slices.Sorted(maps.Keys(c.reg.earlyQ)) { // each rank's forgetting order
 		f.s(by)
-		for _, id := range c.reg.earlyQ[by] {
-			f.u(id)
+		for _, ref := range c.reg.earlyQ[by] {
+			t, ok := c.reg.tombs[ref.id]
+			f.u(ref.id)
+			f.b1(ok && t.by == by && t.expires.Equal(ref.expires)) // live or stale
 		}
 	}
 	f.u(c.stats.AbortsDropped)
@@ -643,7 +647,7 @@ func (c *Core) clone() *Core {
 	reg.draining = maps.Clone(c.reg.draining)
 	reg.pendingBy = maps.Clone(c.reg.pendingBy)
 	reg.earlyBy = maps.Clone(c.reg.earlyBy)
-	reg.earlyQ = make(map[string][]uint64, len(c.reg.earlyQ))
+	reg.earlyQ = make(map[string][]tombRef, len(c.reg.earlyQ))
 	for k, q := range c.reg.earlyQ {
 		reg.earlyQ[k] = slices.Clone(q)
 	}

@@ -73,6 +73,8 @@ func (w *simWorld) hostileRenews() {
 		w.hostilePrefillTick()
 		return
 	}
+	defer w.hostilePrefillTick() // prefill rank 0's, whatever the hostile decode process's state (deferred: after the flood)
+	defer w.hostileFlood()
 	s := w.cfg.prefills
 	p := w.procs[s]
 	if p.dead || p.paused {
@@ -93,8 +95,6 @@ func (w *simWorld) hostileRenews() {
 			}
 		}
 	}
-	w.hostileFlood()
-	w.hostilePrefillTick()
 }
 
 // simFloodBase, simFloodIDs: the flood's room ids (fresh at every tick),

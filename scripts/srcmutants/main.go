@@ -158,17 +158,32 @@ var mutants = []mutant{
 	{name: "tombq-renew-uncompacted", file: "internal/core/registry.go", old: "\t\t\tr.tombQ = append(r.tombQ, tombRef{id, t.expires})\n\t\t\tr.compactTombQ()\n", new: "\t\t\tr.tombQ = append(r.tombQ, tombRef{id, t.expires})\n",
 		pkg: "internal/core", run: "^(TestRepeatedAbortKeepsTombQBounded|TestSimRandomHostile)$"},
 	// A READ's destination descriptors get no canary: a READ NIXL reports complete without delivering a descriptor is taken as delivered (issue 54).
-	{name: "read-canary-not-planted", file: "nixl/nixl.go", old: "\ta.wmu.Unlock()\n\tplantCanaries(x)\n", new: "\ta.wmu.Unlock()\n",
+	{name: "read-canary-not-planted", file: "nixl/nixl.go", old: "\ta.plantCanaries(x)\n\ta.wmu.Unlock()\n", new: "\ta.wmu.Unlock()\n",
 		pkg: "nixl", run: "^(TestSilentPartialReadCaughtOnTheDouble)$"},
 	// A failed READ leaves its canaries in the memory it did not deliver.
-	{name: "read-canary-not-restored", file: "nixl/nixl.go", old: "\tif st != Done {\n\t\trestoreCanaries(x)\n\t}\n", new: "",
+	{name: "read-canary-not-restored", file: "nixl/nixl.go", old: "\t\tcopy(tail, x.saved[i*canaryBytes:(i+1)*canaryBytes])\n", new: "\t\t_ = i\n",
 		pkg: "nixl", run: "^(TestSilentPartialReadCaughtOnTheDouble|TestUCXTCPReadsAsMessages)$"},
 	// The ucx engine's target copies a peer's write or read with memcpy: memory made inaccessible since it was registered kills the target (SIGSEGV in its active-message handler).
 	{name: "am-copy-faults", file: "nixl/ucx_engine.c", old: "\tssize_t got = process_vm_readv(getpid(), &lv, 1, &rv, 1, 0);\n", new: "\t(void)lv;\n\t(void)rv;\n\tmemcpy(to, from, n);\n\tssize_t got = (ssize_t)n;\n",
 		pkg: "nixl", run: "^(TestSilentPartialCompletion)$"},
+	// A READ plants its canary over another READ's in flight: that READ's miss goes unseen, and a failed one gives back the other's canary.
+	{name: "read-canary-over-another", file: "nixl/nixl.go", old: "\t\tif a.tails[at] != nil {\n\t\t\tcontinue\n\t\t}\n", new: "",
+		pkg: "nixl", run: "^(TestReadCanariesOfOverlappingReads)$"},
+	// A READ cancelled in flight (Release, Close) gives its tails back while the engine may still write them.
+	{name: "read-canary-restored-when-cancelled", file: "nixl/nixl.go", old: "\t\tif x.cancelled {\n\t\t\tcontinue\n\t\t}\n", new: "",
+		pkg: "nixl", run: "^(TestReadCanariesOfOverlappingReads)$"},
 	// A completed READ's canaries are not checked.
-	{name: "read-canary-unchecked", file: "nixl/nixl.go", old: "if k := undelivered(x); k >= 0 {", new: "if k := undelivered(x); k >= 0 && false {",
+	{name: "read-canary-unchecked", file: "nixl/nixl.go", old: "if k := a.settleCanaries(x, st); k >= 0 {", new: "if k := a.settleCanaries(x, st); k >= 0 && false {",
 		pkg: "nixl", run: "^(TestSilentPartialReadCaughtOnTheDouble)$"},
+	// A pending room's expiry tombstone counts in no rank's share: a REQUEST flood fills the bound and forgets others' early aborts.
+	{name: "pending-expiry-no-share", file: "internal/core/registry.go", old: "by: onePeer(p.requests)}", new: "by: \"\"}",
+		pkg: "internal/core", run: "^(TestRequestFloodForgetsItsOwn)$"},
+	// A renewed early abort is not queued again: it can no longer be forgotten for its rank's share, so a flood of repeated ABORTs escapes the share.
+	{name: "early-renewal-not-requeued", file: "internal/core/registry.go", old: "\t\t\tif t.by != \"\" {\n\t\t\t\tr.queueEarly(t.by, tombRef{id, t.expires})\n\t\t\t}\n", new: "",
+		pkg: "internal/core", run: "^(TestRenewedEarlyAbortsStayInTheShare|TestEarlyAbortsForgottenOldestFirst)$"},
+	// A rank's queue entry of an early abort since renewed or made again still counts: its newest is forgotten first.
+	{name: "early-queue-stale-entry", file: "internal/core/registry.go", old: "if o, ok := r.tombs[ref.id]; ok && o.by == by && o.expires.Equal(ref.expires) {", new: "if o, ok := r.tombs[ref.id]; ok && o.by == by {",
+		pkg: "internal/core", run: "^(TestEarlyAbortsForgottenOldestFirst)$"},
 	// A tombstone kept past MaxTombstones while it owed is not trimmed when it settles.
 	{name: "no-tomb-trim", file: "internal/core/registry.go", old: "\t\tr.evictTombs(r.cfg.MaxTombstones) // it settled: the bound holds again\n", new: "\n",
 		pkg: "internal/core", run: "^(TestSimRegressions)$"},
