@@ -34,7 +34,7 @@ func TestNotificationRangesRefused(t *testing.T) {
 		{"a position past the REQUEST's pages", with(func(n *Notified) { n.Off = 1 }), with(func(n *Notified) { n.N = 0 }), nil},
 		{"a uid that is no source's", with(func(n *Notified) { n.UID = 1 }), ok, nil},
 		{"another span than the source's", with(func(n *Notified) { n.Chunk, n.SpanHi = 1, 3 }), with(func(n *Notified) { n.Chunk = 1 }), []Notified{ok}},
-		{"another place than the chunk's", with(func(n *Notified) { n.Lo, n.Hi, n.Off = 1, 2, 5 }), with(func(n *Notified) { n.Lo, n.Hi = 1, 2 }), []Notified{ok}},
+		{"another place than the chunk's", with(func(n *Notified) { n.Lo, n.Hi, n.N = 1, 2, 0 }), with(func(n *Notified) { n.Lo, n.Hi = 1, 2 }), []Notified{ok}},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			for _, c := range []struct {
