@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/stretchr/testify/require"
 )
 
 // lifecycleEvents is the number of registry events one lifecycle applies.
@@ -28,9 +29,7 @@ func lifecycle(r *testReg, id uint64) Poll {
 func benchRegistry(b *testing.B) (*testReg, *fakeClock) {
 	clk := newFakeClock()
 	r, err := newTestReg(DefaultRegistryConfig(), clk)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	return r, clk
 }
 

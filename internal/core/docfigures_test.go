@@ -5,6 +5,9 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestDocFigures: the counts docs/ARCHITECTURE.md gives for what the core
@@ -12,15 +15,11 @@ import (
 // mutants' are scripts/srcmutants'), so they cannot go stale unnoticed.
 func TestDocFigures(t *testing.T) {
 	b, err := os.ReadFile("../../docs/ARCHITECTURE.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	doc := strings.Join(strings.Fields(string(b)), " ")
 	for _, want := range []string{
 		fmt.Sprintf("every interleaving of %d small configurations", len(simExhaustiveConfigs())),
 	} {
-		if !strings.Contains(doc, want) {
-			t.Errorf("docs/ARCHITECTURE.md does not say %q: update its figure", want)
-		}
+		assert.True(t, strings.Contains(doc, want), "docs/ARCHITECTURE.md does not say %q: update its figure", want)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // This file is a small explicit-state model checker for one room. From the
@@ -328,13 +330,9 @@ func explore(t *testing.T, role Role, peers int) (states, transitions int) {
 	t.Helper()
 	clk := newFakeClock()
 	reg, err := newTestReg(testConfig(clk), clk)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	root := &mcState{reg: reg, clk: clk}
-	if err := root.check(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, root.check())
 	events := mcEvents(role, peers)
 	seen := map[string]bool{root.fingerprint(): true}
 	queue := []mcNode{{s: root}}
@@ -379,9 +377,7 @@ func TestInterleavings(t *testing.T) {
 			}
 			t.Logf("%v room with %d peers: checked %d distinct states and %d transitions (every event order reachable from the empty registry)",
 				tc.role, tc.peers, states, transitions)
-			if states < 20 {
-				t.Fatalf("only %d states: the search is not exploring", states)
-			}
+			require.GreaterOrEqual(t, states, 20, "only %d states: the search is not exploring", states)
 		})
 	}
 }
@@ -400,12 +396,7 @@ func TestModelCheckerCatchesLostAbort(t *testing.T) {
 		}
 		return s.reg.Abort(mcRoom, "x"), nil
 	}}
-	if err := s.step(buggyAbort); err != nil {
-		t.Fatalf("the abort itself is not yet wrong: %v", err)
-	}
+	require.NoError(t, s.step(buggyAbort), "the abort itself is not yet wrong")
 	create := mcEvents(RolePrefill, 1)[0]
-	err := s.step(create)
-	if err == nil || !strings.Contains(err.Error(), "early abort lost") {
-		t.Fatalf("checker missed the lost abort: %v", err)
-	}
+	require.ErrorContains(t, s.step(create), "early abort lost", "checker missed the lost abort")
 }

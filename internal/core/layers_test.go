@@ -1,13 +1,13 @@
 package core
 
 import (
-	"errors"
-	"reflect"
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/mem"
 	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // layeredPrefill is a prefill core (simLayout: 2 layers) with room 1
@@ -48,39 +48,31 @@ func TestSendLayersInOrder(t *testing.T) {
 		}
 		err := send(1, 2, 0)
 		if !fixed {
-			if err == nil {
-				return // the mutant took layer 1 before layer 0
-			}
-			t.Fatalf("with the mutant, layer 1 first: %v", err)
+			require.NoError(t, err, "with the mutant, layer 1 first")
+			return // the mutant took layer 1 before layer 0
 		}
-		if !errors.Is(err, ErrLayers) {
-			t.Fatalf("layer 1 before layer 0: %v, want ErrLayers", err)
-		}
-		if err := send(0, 1, 0); err != nil {
-			t.Fatal(err)
-		}
+		require.ErrorIs(t, err, ErrLayers, "layer 1 before layer 0")
+		require.NoError(t, send(0, 1, 0))
 		ws := postedWrites(c)
-		if len(ws) != 1 || ws[0].Layers != (kvlayout.Layers{Lo: 0, Hi: 1}) || ws[0].Notif != "kvb1:1:0:0:1:0:1:0:1:0:2" || ws[0].Last {
-			t.Fatalf("layer 0's writes: %+v", ws)
-		}
+		require.Len(t, ws, 1, "layer 0's writes: %+v", ws)
+		require.Equal(t, kvlayout.Layers{Lo: 0, Hi: 1}, ws[0].Layers, "layer 0's writes: %+v", ws)
+		require.Equal(t, "kvb1:1:0:0:1:0:1:0:1:0:2", ws[0].Notif, "layer 0's writes: %+v", ws)
+		require.False(t, ws[0].Last, "layer 0's writes: %+v", ws)
 		for _, bad := range []func() error{
 			func() error { return send(0, 1, 0) }, // again
 			func() error { return send(1, 3, 0) }, // past the layers
 			func() error { return send(1, 2, 5) }, // other pages
 			func() error { return send(1, 1, 0) }, // empty
 		} {
-			if err := bad(); !errors.Is(err, ErrLayers) {
-				t.Fatalf("out of order: %v, want ErrLayers", err)
-			}
+			require.ErrorIs(t, bad(), ErrLayers, "out of order")
 		}
-		if err := send(1, 2, 0); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, send(1, 2, 0))
 		ws = postedWrites(c)
-		if len(ws) != 2 || ws[0].Layers != (kvlayout.Layers{Lo: 1, Hi: 2}) || ws[0].Notif != "kvb1:1:0:0:1:0:1:1:2:0:2" ||
-			ws[1].Notif != "kvb1:1:0:aux" || !ws[1].Last {
-			t.Fatalf("layer 1's writes: %+v", ws)
-		}
+		require.Len(t, ws, 2, "layer 1's writes: %+v", ws)
+		require.Equal(t, kvlayout.Layers{Lo: 1, Hi: 2}, ws[0].Layers, "layer 1's writes: %+v", ws)
+		require.Equal(t, "kvb1:1:0:0:1:0:1:1:2:0:2", ws[0].Notif, "layer 1's writes: %+v", ws)
+		require.Equal(t, "kvb1:1:0:aux", ws[1].Notif, "layer 1's writes: %+v", ws)
+		require.True(t, ws[1].Last, "layer 1's writes: %+v", ws)
 	})
 }
 
@@ -102,8 +94,8 @@ func TestParseNotif(t *testing.T) {
 		{"kvb2:7:1:2:3", Notified{}, false},
 	} {
 		got, ok := ParseNotif(tc.s)
-		if ok != tc.ok || (ok && got != tc.want) {
-			t.Errorf("ParseNotif(%q) = %+v %v, want %+v %v", tc.s, got, ok, tc.want, tc.ok)
+		if assert.Equal(t, tc.ok, ok, "ParseNotif(%q) = %+v %v", tc.s, got, ok) && ok {
+			assert.Equal(t, tc.want, got, "ParseNotif(%q)", tc.s)
 		}
 	}
 }
@@ -124,24 +116,19 @@ func TestNotifContradictionRefused(t *testing.T) {
 		c := layeredDecode(t)
 		c.Step(t0, layerNotif(0, 1, 0, 1, 2))
 		c.Step(t0, Notified{Room: 1, Aux: true})
-		if st, _ := c.Status(1); st != Transferring {
-			t.Fatalf("after layer 0 of 2 and the aux: %v, want Transferring", st)
-		}
-		c.Step(t0, layerNotif(0, 1, 1, 2, 3)) // says the source writes 3 layers
 		st, _ := c.Status(1)
-		switch {
-		case fixed && (st != Transferring || c.Stats().BadNotifs != 1):
-			t.Fatalf("after a contradicting notification: %v, %d counted; want Transferring, 1", st, c.Stats().BadNotifs)
-		case !fixed && st != Success:
-			t.Fatalf("with the mutant the contradicting notification should complete the room: %v", st)
-		}
+		require.Equal(t, Transferring, st, "after layer 0 of 2 and the aux")
+		c.Step(t0, layerNotif(0, 1, 1, 2, 3)) // says the source writes 3 layers
+		st, _ = c.Status(1)
 		if !fixed {
+			require.Equal(t, Success, st, "with the mutant the contradicting notification should complete the room")
 			return
 		}
+		require.Equal(t, Transferring, st, "after a contradicting notification (%d counted)", c.Stats().BadNotifs)
+		require.EqualValues(t, 1, c.Stats().BadNotifs, "after a contradicting notification: counted")
 		c.Step(t0, layerNotif(0, 1, 1, 2, 2))
-		if st, _ := c.Status(1); st != Success {
-			t.Fatalf("after both layers and the aux: %v", st)
-		}
+		st, _ = c.Status(1)
+		require.Equal(t, Success, st, "after both layers and the aux")
 	})
 }
 
@@ -153,9 +140,8 @@ func TestLoadReport(t *testing.T) {
 		c := layeredDecode(t)
 		c.Step(t0, layerNotif(0, 1, 0, 1, 2))
 		c.Step(t0, AbortReceiver{Room: 1, Reason: "engine gave up"})
-		if _, ok := c.Report(1); ok == fixed {
-			t.Fatalf("report given while the prefill rank may still write: %v", ok)
-		}
+		_, ok := c.Report(1)
+		require.Equal(t, !fixed, ok, "report given while the prefill rank may still write: %v", ok)
 		if !fixed {
 			return
 		}
@@ -163,10 +149,13 @@ func TestLoadReport(t *testing.T) {
 		c.Step(t0, Received{Msg: &wire.AbortAck{From: prefillFrom, Room: 1, Drained: true}})
 		r, ok := c.Report(1)
 		want := []Landed{{First: 0, Count: 1, LayerLo: 0, LayerHi: 2}}
-		if !ok || r.Status != Failed || r.Code != CodeAborted || len(r.Sources) != 1 || !r.Sources[0].Proven ||
-			!reflect.DeepEqual(r.Sources[0].Landed, want) || !reflect.DeepEqual(r.Whole(), want) {
-			t.Fatalf("report %+v ok %v, want Failed, aborted, landed %v", r, ok, want)
-		}
+		require.True(t, ok, "report %+v ok %v, want Failed, aborted, landed %v", r, ok, want)
+		require.Equal(t, Failed, r.Status, "report %+v", r)
+		require.Equal(t, CodeAborted, r.Code, "report %+v", r)
+		require.Len(t, r.Sources, 1, "report %+v", r)
+		require.True(t, r.Sources[0].Proven, "report %+v", r)
+		require.Equal(t, want, r.Sources[0].Landed, "report %+v: landed", r)
+		require.Equal(t, want, r.Whole(), "report %+v: whole", r)
 	})
 	t.Run("quarantine", func(t *testing.T) {
 		c := layeredDecode(t)
@@ -174,9 +163,11 @@ func TestLoadReport(t *testing.T) {
 		c.Step(t0, Received{Msg: &wire.Status{From: prefillFrom, Room: 1, Status: wire.StatusFailed, Code: CodeOutOfRange, Reason: "page 9"}})
 		c.Step(t0.Add(c.cfg.QuarantineTimeout+1), Tick{})
 		r, ok := c.Report(1)
-		if !ok || r.Code != CodeOutOfRange || r.Sources[0].Proven || len(r.Sources[0].Landed) != 0 || r.Whole() != nil {
-			t.Fatalf("after a forced release: %+v %v, want code out_of_range, nothing vouched for", r, ok)
-		}
+		require.True(t, ok, "after a forced release: %+v %v, want code out_of_range, nothing vouched for", r, ok)
+		require.Equal(t, CodeOutOfRange, r.Code, "after a forced release: %+v", r)
+		require.False(t, r.Sources[0].Proven, "after a forced release: %+v, want nothing vouched for", r)
+		require.Empty(t, r.Sources[0].Landed, "after a forced release: %+v, want nothing vouched for", r)
+		require.Nil(t, r.Whole(), "after a forced release: %+v, want nothing vouched for", r)
 	})
 }
 
@@ -189,19 +180,18 @@ func TestLoadReportEarlierRevision(t *testing.T) {
 	c.Step(t0, Notified{Room: 1, Chunk: 0, Total: 1}) // kvb1:1:0:0:1
 	c.Step(t0, Notified{Room: 1, Aux: true})
 	r, ok := c.Report(1)
-	if !ok || r.Status != Success || len(r.Sources) != 1 {
-		t.Fatalf("report %+v %v", r, ok)
-	}
-	if s := r.Sources[0]; s.LayerLo != 0 || s.LayerHi != 0 || len(s.Landed) != 0 {
-		t.Fatalf("an earlier-revision source reports layers [%d, %d) and %v", s.LayerLo, s.LayerHi, s.Landed)
-	}
+	require.True(t, ok, "report %+v %v", r, ok)
+	require.Equal(t, Success, r.Status, "report %+v", r)
+	require.Len(t, r.Sources, 1, "report %+v", r)
+	s := r.Sources[0]
+	require.Zero(t, s.LayerLo, "an earlier-revision source reports layers [%d, %d) and %v", s.LayerLo, s.LayerHi, s.Landed)
+	require.Zero(t, s.LayerHi, "an earlier-revision source reports layers [%d, %d) and %v", s.LayerLo, s.LayerHi, s.Landed)
+	require.Empty(t, s.Landed, "an earlier-revision source reports layers [%d, %d) and %v", s.LayerLo, s.LayerHi, s.Landed)
 	mixed := LoadReport{Sources: []SourceReport{
 		{Source: 0, Proven: true, LayerLo: 0, LayerHi: 4, Landed: []Landed{{0, 2, 0, 4}}},
 		r.Sources[0],
 	}}
-	if got := mixed.Whole(); got != nil {
-		t.Fatalf("with an earlier-revision source: Whole %v, want nothing", got)
-	}
+	require.Nil(t, mixed.Whole(), "with an earlier-revision source: Whole, want nothing")
 }
 
 // Whole: with several sources per page (prefill TP larger) a page layer is
@@ -213,18 +203,12 @@ func TestReportWhole(t *testing.T) {
 		{Source: 1, Proven: true, LayerLo: 0, LayerHi: 2, Landed: []Landed{{0, 2, 0, 1}, {0, 1, 1, 2}}},
 		{Source: 2, Dummy: true},
 	}}
-	if got, want := tp.Whole(), []Landed{{0, 2, 0, 1}, {0, 1, 1, 2}}; !reflect.DeepEqual(got, want) {
-		t.Errorf("TP: %v, want %v", got, want)
-	}
+	assert.Equal(t, []Landed{{0, 2, 0, 1}, {0, 1, 1, 2}}, tp.Whole(), "TP")
 	pp := LoadReport{Sources: []SourceReport{
 		{Source: 0, Proven: true, LayerLo: 0, LayerHi: 2, Landed: []Landed{{0, 3, 0, 2}}},
 		{Source: 1, Proven: true, LayerLo: 2, LayerHi: 4, Landed: []Landed{{0, 3, 2, 4}}},
 	}}
-	if got, want := pp.Whole(), []Landed{{0, 3, 0, 4}}; !reflect.DeepEqual(got, want) {
-		t.Errorf("PP: %v, want %v", got, want)
-	}
+	assert.Equal(t, []Landed{{0, 3, 0, 4}}, pp.Whole(), "PP")
 	pp.Sources[1].Proven = false
-	if got := pp.Whole(); got != nil {
-		t.Errorf("an unproven source: %v, want nothing", got)
-	}
+	assert.Nil(t, pp.Whole(), "an unproven source: want nothing")
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/mem"
 	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/stretchr/testify/require"
 )
 
 // Layout sanity (issue 23, part 5): memory a REGISTER or REQUEST names that
@@ -43,9 +44,7 @@ func refusal(effects []Effect) (code, reason string) {
 func wantAll(t *testing.T, what, s string, parts ...string) {
 	t.Helper()
 	for _, p := range parts {
-		if !strings.Contains(s, p) {
-			t.Fatalf("%s %q does not name %q", what, s, p)
-		}
+		require.Contains(t, s, p, "%s does not name %q", what, p)
 	}
 }
 
@@ -104,37 +103,30 @@ func TestRegisterOverlapRefused(t *testing.T) {
 		for _, tc := range accepted {
 			c := testCore(t, RolePrefill)
 			c.cfg.Layout.State = stateLayout().State
-			if _, err := c.CheckRegister(msg(tc.edit)); err != nil {
-				t.Fatalf("%s: refused: %v", tc.name, err)
-			}
+			_, err := c.CheckRegister(msg(tc.edit))
+			require.NoError(t, err, "%s: refused", tc.name)
 		}
 		for n, tc := range refused {
 			c := testCore(t, RolePrefill)
 			c.cfg.Layout.State = stateLayout().State
 			r := msg(tc.edit)
 			_, err := c.CheckRegister(r)
-			if (err != nil) != fixed {
-				t.Fatalf("%s: CheckRegister: %v", tc.name, err)
-			}
+			require.Equal(t, fixed, err != nil, "%s: CheckRegister: %v", tc.name, err)
 			if !fixed {
 				continue
 			}
 			wantAll(t, tc.name+": reason", err.Error(), append(tc.want(r), "overlapping regions", decodeFrom.Peer())...)
-			if got := c.Stats().LayoutRefused; got != [LayoutRefusals]uint64{RefusedOverlap: 1} {
-				t.Fatalf("%s: counted %v", tc.name, got)
-			}
+			require.Equal(t, [LayoutRefusals]uint64{RefusedOverlap: 1}, c.Stats().LayoutRefused, "%s: counted", tc.name)
 			c.Step(t0, RegisterRefused{From: r.From, Reason: err.Error()})
 			acks := sent[*wire.RegisterAck](c.Effects())
-			if len(acks) != 1 || acks[0].OK || acks[0].Reason != err.Error() {
-				t.Fatalf("%s: REGISTER_ACKs %+v", tc.name, acks)
-			}
-			if s := c.Sizes(); s.Peers != 0 {
-				t.Fatalf("%s: a registration was kept: %+v", tc.name, s)
-			}
+			require.Len(t, acks, 1, "%s: REGISTER_ACKs %+v", tc.name, acks)
+			require.False(t, acks[0].OK, "%s: REGISTER_ACKs %+v", tc.name, acks)
+			require.Equal(t, err.Error(), acks[0].Reason, "%s: REGISTER_ACKs %+v", tc.name, acks)
+			s := c.Sizes()
+			require.Zero(t, s.Peers, "%s: a registration was kept: %+v", tc.name, s)
 			c.Step(t0, Received{Msg: request(uint64(n+1), decodeFrom)})
-			if code, _ := refusal(c.Effects()); code != CodeNotRegistered {
-				t.Fatalf("%s: a REQUEST after the refusal got %q, want %s", tc.name, code, CodeNotRegistered)
-			}
+			code, _ := refusal(c.Effects())
+			require.Equal(t, CodeNotRegistered, code, "%s: a REQUEST after the refusal", tc.name)
 		}
 	})
 }
@@ -168,38 +160,30 @@ func TestRequestRepeatRefused(t *testing.T) {
 			c.Effects()
 			accepted := c.Step(t0, Received{Msg: r}).OK
 			code, reason := refusal(c.Effects())
-			if accepted == fixed {
-				t.Fatalf("%s: accepted %v (STATUS %s %q)", tc.name, accepted, code, reason)
-			}
+			require.Equal(t, !fixed, accepted, "%s: accepted %v (STATUS %s %q)", tc.name, accepted, code, reason)
 			if !fixed {
 				continue
 			}
-			if code != CodeRejected {
-				t.Fatalf("%s: STATUS code %q, want %s", tc.name, code, CodeRejected)
-			}
+			require.Equal(t, CodeRejected, code, "%s: STATUS code", tc.name)
 			wantAll(t, tc.name+": reason", reason, append(tc.want, decodeFrom.Peer())...)
-			if st, _ := c.Status(room); st != Bootstrapping {
-				t.Fatalf("%s: the room is %v: it got the REQUEST", tc.name, st)
-			}
+			st, _ := c.Status(room)
+			require.Equal(t, Bootstrapping, st, "%s: room %d got the REQUEST", tc.name, room)
 		}
 		if !fixed {
 			return
 		}
-		if got := c.Stats().LayoutRefused; got != [LayoutRefusals]uint64{RefusedRepeat: 3} {
-			t.Fatalf("counted %v", got)
-		}
-		if s := c.Sizes(); s.InUse != 0 || s.Pending != 0 {
-			t.Fatalf("refused REQUESTs left %+v", s)
-		}
+		require.Equal(t, [LayoutRefusals]uint64{RefusedRepeat: 3}, c.Stats().LayoutRefused, "counted")
+		s := c.Sizes()
+		require.Zero(t, s.InUse, "refused REQUESTs left %+v", s)
+		require.Zero(t, s.Pending, "refused REQUESTs left %+v", s)
 		// Nothing of the refused REQUEST stays: the right one is taken.
 		r := request(1, decodeFrom)
 		r.DstPages = []uint32{3, 5}
 		if !c.Step(t0, Received{Msg: r}).OK {
-			t.Fatalf("the corrected REQUEST was refused: %v", sent[*wire.Status](c.Effects()))
+			require.Fail(t, "the corrected REQUEST was refused", "%v", sent[*wire.Status](c.Effects()))
 		}
-		if st, _ := c.Status(1); st != WaitingForInput {
-			t.Fatalf("room 1 %v after its REQUEST", st)
-		}
+		st, _ := c.Status(1)
+		require.Equal(t, WaitingForInput, st, "room 1 after its REQUEST")
 	})
 }
 
@@ -215,12 +199,8 @@ func TestRequestPageInUseRefused(t *testing.T) {
 		registerLayout(t, c, other, stateLayout())
 		holder := request(1, decodeFrom)
 		holder.DstPages, holder.AuxIndex, holder.StateIndices, holder.Prefix = []uint32{2, 3}, 1, [][]uint32{{4}}, 2
-		if !c.Step(t0, Received{Msg: holder}).OK { // pending: no sender yet
-			t.Fatal("the first REQUEST was refused")
-		}
-		if s := c.Sizes(); s.InUse != 4 {
-			t.Fatalf("room 1 holds %d destinations, want its 2 pages, aux item and state item", s.InUse)
-		}
+		require.True(t, c.Step(t0, Received{Msg: holder}).OK, "the first REQUEST was refused") // pending: no sender yet
+		require.Equal(t, 4, c.Sizes().InUse, "room 1 holds destinations, want its 2 pages, aux item and state item")
 		c.Effects()
 		for _, tc := range []struct {
 			room       uint64
@@ -240,22 +220,16 @@ func TestRequestPageInUseRefused(t *testing.T) {
 			}
 			accepted := c.Step(t0, Received{Msg: r}).OK
 			code, reason := refusal(c.Effects())
-			if accepted == fixed {
-				t.Fatalf("room %d: accepted %v (STATUS %s %q)", tc.room, accepted, code, reason)
-			}
+			require.Equal(t, !fixed, accepted, "room %d: accepted %v (STATUS %s %q)", tc.room, accepted, code, reason)
 			if fixed {
-				if code != CodeRejected {
-					t.Fatalf("room %d: STATUS code %q", tc.room, code)
-				}
+				require.Equal(t, CodeRejected, code, "room %d: STATUS code", tc.room)
 				wantAll(t, "reason", reason, fmt.Sprintf("room %d:", tc.room), tc.dest, tc.from, "in use by room 1 of "+decodeFrom.Peer())
 			}
 		}
 		if !fixed {
 			return
 		}
-		if got := c.Stats().LayoutRefused; got != [LayoutRefusals]uint64{RefusedInUse: 3} {
-			t.Fatalf("counted %v", got)
-		}
+		require.Equal(t, [LayoutRefusals]uint64{RefusedInUse: 3}, c.Stats().LayoutRefused, "counted")
 		// Not over-strict: the pages before the prefix (decode holds them,
 		// nothing writes them), another process's memory, a dummy.
 		for _, r := range []*wire.Request{
@@ -264,16 +238,13 @@ func TestRequestPageInUseRefused(t *testing.T) {
 			{From: decodeFrom, Room: 7, DstPages: []uint32{2, 3}, AuxIndex: 1, Required: 1, StateIndices: [][]uint32{{4}}, Dummy: true},
 		} {
 			if !c.Step(t0, Received{Msg: r}).OK {
-				t.Fatalf("room %d refused: %v", r.Room, sent[*wire.Status](c.Effects()))
+				require.Fail(t, "a REQUEST refused", "room %d refused: %v", r.Room, sent[*wire.Status](c.Effects()))
 			}
 		}
 		c.Effects()
-		if c.Step(t0, Received{Msg: holder}).OK {
-			t.Fatal("room 1's REQUEST accepted twice")
-		}
-		if _, reason := refusal(c.Effects()); !strings.Contains(reason, ErrDuplicateRequest.Error()) {
-			t.Fatalf("room 1's REQUEST again: %q, want the registry's duplicate refusal", reason)
-		}
+		require.False(t, c.Step(t0, Received{Msg: holder}).OK, "room 1's REQUEST accepted twice")
+		_, reason := refusal(c.Effects())
+		require.Contains(t, reason, ErrDuplicateRequest.Error(), "room 1's REQUEST again: want the registry's duplicate refusal")
 	})
 }
 
@@ -312,26 +283,18 @@ func TestPagesHeldWhileTheRoomIsLive(t *testing.T) {
 			}},
 		} {
 			c, writes := prefillChunkQueued(t)
-			if !c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK {
-				t.Fatalf("%s: the write was not posted", tc.name)
-			}
-			if again(c, decodeFrom, 2) {
-				t.Fatalf("%s: room 2 took live room 1's page", tc.name)
-			}
+			require.True(t, c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK, "%s: the write was not posted", tc.name)
+			require.False(t, again(c, decodeFrom, 2), "%s: room 2 took live room 1's page", tc.name)
 			tc.end(c, &writes[0])
 			c.Effects()
-			if got := again(c, decodeFrom, 3); got != fixed {
-				t.Fatalf("%s: room 3 naming ended room 1's page accepted %v (fixed core: %v)", tc.name, got, fixed)
-			}
+			require.Equal(t, fixed, again(c, decodeFrom, 3), "%s: room 3 naming ended room 1's page accepted (fixed core: %v)", tc.name, fixed)
 		}
 		if !fixed {
 			return
 		}
 		// Success frees the pages at once.
 		c, writes := prefillChunkQueued(t)
-		if err := c.Step(t0, SendChunk{Room: 1, Pages: nil, Last: true, AuxIndex: -1}).Err; err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, c.Step(t0, SendChunk{Room: 1, Pages: nil, Last: true, AuxIndex: -1}).Err)
 		for _, e := range c.Effects() {
 			writes = append(writes, e.Writes...)
 		}
@@ -341,38 +304,30 @@ func TestPagesHeldWhileTheRoomIsLive(t *testing.T) {
 		for i := range writes {
 			c.Step(t0, WriteDone{Room: 1, Write: &writes[i], Err: nil, Quiesced: false})
 		}
-		if st, _ := c.Status(1); st != Success || !again(c, decodeFrom, 2) {
-			t.Fatalf("room 1 %v: its page not free", st)
-		}
+		st, _ := c.Status(1)
+		require.Equal(t, Success, st, "room 1: its page not free")
+		require.True(t, again(c, decodeFrom, 2), "room 1 %v: its page not free", st)
 		// A pending REQUEST dropped by an ABORT frees its page.
 		c = testCore(t, RolePrefill)
 		register(t, c, decodeFrom)
 		again(c, decodeFrom, 1)
 		c.Step(t0, Received{Msg: &wire.Abort{From: decodeFrom, Room: 1, Reason: "app"}})
-		if !again(c, decodeFrom, 2) {
-			t.Fatal("an aborted pending REQUEST kept its page")
-		}
+		require.True(t, again(c, decodeFrom, 2), "an aborted pending REQUEST kept its page")
 		// A REGISTER again from the same process keeps its rooms' pages.
 		c, writes = prefillChunkQueued(t)
 		c.Step(t0, Posting{Room: 1, Write: &writes[0]})
 		register(t, c, decodeFrom)
-		if again(c, decodeFrom, 2) {
-			t.Fatal("a repeated REGISTER freed the pages of its process's rooms")
-		}
+		require.False(t, again(c, decodeFrom, 2), "a repeated REGISTER freed the pages of its process's rooms")
 		// A restarted process's memory is new: its page 1 is free although
 		// the old process's room still has a write in flight; that write's
 		// completion does not free the new process's page.
 		restarted := decodeFrom
 		restarted.Epoch = 2
 		register(t, c, restarted)
-		if !again(c, restarted, 3) {
-			t.Fatal("the restarted process's page held by its old process's room")
-		}
+		require.True(t, again(c, restarted, 3), "the restarted process's page held by its old process's room")
 		c.Step(t0, WriteDone{Room: 1, Write: &writes[0], Err: nil, Quiesced: false})
 		c.Effects()
-		if again(c, restarted, 4) {
-			t.Fatal("the old process's write completion freed the new process's page")
-		}
+		require.False(t, again(c, restarted, 4), "the old process's write completion freed the new process's page")
 	})
 }
 
@@ -388,9 +343,7 @@ func (l settleLog) settled(room uint64, reqs []PeerRequest) { l[room] += len(req
 func TestRequestsSettleOnce(t *testing.T) {
 	cfg := testConfig(nil)
 	r, err := NewRegistry(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	log := settleLog{}
 	r.settler = log
 	at := func(d time.Duration) time.Time { now := t0.Add(d); r.SetNow(now); return now }
@@ -398,22 +351,16 @@ func TestRequestsSettleOnce(t *testing.T) {
 	live := func(id uint64) {
 		r.Create(id, RolePrefill)
 		r.Init(id)
-		if res := r.Request(id, peer("d", 1)); res.Outcome != Applied {
-			t.Fatalf("room %d: request %v", id, res.Outcome)
-		}
+		require.Equal(t, Applied, r.Request(id, peer("d", 1)).Outcome, "room %d: request", id)
 	}
 	posted := func(id uint64) {
 		live(id)
-		if res := r.Posted(id); res.Outcome != Applied {
-			t.Fatalf("room %d: posted %v", id, res.Outcome)
-		}
+		require.Equal(t, Applied, r.Posted(id).Outcome, "room %d: posted", id)
 	}
 	check := func(when string, want map[uint64]int) {
 		t.Helper()
 		for id := uint64(1); id <= 12; id++ {
-			if log[id] != want[id] {
-				t.Fatalf("%s: room %d settled %d times, want %d (all: %v)", when, id, log[id], want[id], log)
-			}
+			require.Equal(t, want[id], log[id], "%s: room %d settled %d times, want %d (all: %v)", when, id, log[id], want[id], log)
 		}
 	}
 	fail := errors.New("nic reset")
@@ -477,45 +424,34 @@ func TestPagesFreeOnceTheirFinalWriteIsPosted(t *testing.T) {
 		}
 		c.Step(t0, CreateSender{Room: 1})
 		c.Step(t0, InitSender{Room: 1})
-		if !ask(decodeFrom, 1, 2) || !ask(other, 1, 2) {
-			t.Fatal("room 1's REQUESTs refused")
-		}
-		if err := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{0}, Last: true, AuxIndex: -1}).Err; err != nil {
-			t.Fatal(err)
-		}
+		require.True(t, ask(decodeFrom, 1, 2), "room 1's REQUESTs refused")
+		require.True(t, ask(other, 1, 2), "room 1's REQUESTs refused")
+		require.NoError(t, c.Step(t0, SendChunk{Room: 1, Pages: []uint32{0}, Last: true, AuxIndex: -1}).Err)
 		var writes []kvlayout.Write
 		for _, e := range c.Effects() {
 			writes = append(writes, e.Writes...)
 		}
-		if len(writes) != 4 || writes[1].PeerKey != decodeFrom.Peer() || !strings.HasSuffix(writes[1].Notif, ":aux") {
-			t.Fatalf("writes %+v, want a page and an aux write to each decode rank", writes)
-		}
+		require.Len(t, writes, 4, "writes %+v, want a page and an aux write to each decode rank", writes)
+		require.Equal(t, decodeFrom.Peer(), writes[1].PeerKey, "writes %+v, want a page and an aux write to each decode rank", writes)
+		require.True(t, strings.HasSuffix(writes[1].Notif, ":aux"), "writes %+v, want a page and an aux write to each decode rank", writes)
 		for i := range writes[:2] {
 			c.Step(t0, Posting{Room: 1, Write: &writes[i]})
 		}
-		if got := ask(decodeFrom, 2, 1); got != fixed {
-			t.Fatalf("%s's page after its final write was posted: taken %v", decodeFrom.Peer(), got)
-		}
+		require.Equal(t, fixed, ask(decodeFrom, 2, 1), "%s's page after its final write was posted: taken", decodeFrom.Peer())
 		if !fixed {
 			return
 		}
-		if ask(other, 3, 1) {
-			t.Fatalf("%s's page taken before its final write was posted", other.Peer())
-		}
+		require.False(t, ask(other, 3, 1), "%s's page taken before its final write was posted", other.Peer())
 		for i := range writes[2:] {
 			c.Step(t0, Posting{Room: 1, Write: &writes[2+i]})
 		}
-		if !ask(other, 4, 1) {
-			t.Fatalf("%s's page held after its final write was posted", other.Peer())
-		}
+		require.True(t, ask(other, 4, 1), "%s's page held after its final write was posted", other.Peer())
 		for i := range writes {
 			c.Step(t0, WriteDone{Room: 1, Write: &writes[i], Err: nil, Quiesced: false})
 		}
-		if st, _ := c.Status(1); st != Success {
-			t.Fatalf("room 1 %v", st)
-		}
-		if ask(decodeFrom, 5, 1) || ask(other, 6, 1) {
-			t.Fatal("room 1's end freed pages rooms 2 and 4 hold")
-		}
+		st, _ := c.Status(1)
+		require.Equal(t, Success, st, "room 1")
+		require.False(t, ask(decodeFrom, 5, 1), "room 1's end freed pages rooms 2 and 4 hold")
+		require.False(t, ask(other, 6, 1), "room 1's end freed pages rooms 2 and 4 hold")
 	})
 }

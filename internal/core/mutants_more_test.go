@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/stretchr/testify/require"
 )
 
 // Unit tests for the core's mutants from quarantine-now on (scripts/srcmutants):
@@ -23,9 +24,9 @@ func decodeAsked(t *testing.T) *Core {
 	c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 	c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 	c.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true}})
-	if reqs := sent[*wire.Request](c.Effects()); len(reqs) != 1 || reqs[0].Room != 1 {
-		t.Fatalf("room 1's REQUEST: %v", reqs)
-	}
+	reqs := sent[*wire.Request](c.Effects())
+	require.Len(t, reqs, 1, "room 1's REQUEST: %v", reqs)
+	require.EqualValues(t, 1, reqs[0].Room, "room 1's REQUEST: %v", reqs)
 	return c
 }
 
@@ -50,22 +51,22 @@ func TestQuarantineLastsItsTimeout(t *testing.T) {
 		c.Effects()
 		c.Step(t0.Add(time.Second), Tick{})
 		held := c.Hold(1)
-		if got := releases(c.Effects()); held != fixed || (fixed && len(got) != 0) {
-			t.Fatalf("1 s after the abort: held %v, released %v (want held: %v)", held, got, fixed)
-		}
+		got := releases(c.Effects())
+		require.Equal(t, fixed, held, "1 s after the abort: held %v, released %v (want held: %v)", held, got, fixed)
 		if !fixed {
 			return
 		}
+		require.Empty(t, got, "1 s after the abort: room 1 released")
 		q := c.cfg.QuarantineTimeout
 		c.Step(t0.Add(q-time.Second), Tick{})
-		if held := c.Hold(1); !held {
-			t.Fatalf("released %v before the quarantine deadline (%v)", releases(c.Effects()), q)
+		if !c.Hold(1) { // the message's releases drain the effects: only on failure
+			require.Fail(t, "room 1 released before the quarantine deadline", "released %v before the quarantine deadline (%v)", releases(c.Effects()), q)
 		}
 		c.Effects()
 		c.Step(t0.Add(q+time.Second), Tick{})
-		if got := releases(c.Effects()); len(got) != 1 || got[0] != "1 true" || c.Stats().ForcedReleases != 1 {
-			t.Fatalf("past the quarantine deadline: released %v, forced %d", got, c.Stats().ForcedReleases)
-		}
+		got = releases(c.Effects())
+		require.Equal(t, []string{"1 true"}, got, "past the quarantine deadline: released, forced %d", c.Stats().ForcedReleases)
+		require.EqualValues(t, 1, c.Stats().ForcedReleases, "past the quarantine deadline: released %v, forced", got)
 	})
 }
 
@@ -74,9 +75,9 @@ func TestQuarantineLastsItsTimeout(t *testing.T) {
 func TestDoneWokenOnlyWhenTerminal(t *testing.T) {
 	fixedAndMutant(t, "wake-early", func(t *testing.T, fixed bool) {
 		c := decodeAsked(t)
-		if done, _, ok := c.pending(1); !ok || !done {
-			t.Fatal("room 1's done waiters not pending")
-		}
+		done, _, ok := c.pending(1)
+		require.True(t, ok, "room 1's done waiters not pending")
+		require.True(t, done, "room 1's done waiters not pending")
 		woken := func(effects []Effect) (n int) {
 			for _, e := range effects {
 				if e.Kind == EffectWake && e.Room == 1 && e.Wake == WakeDone {
@@ -86,26 +87,19 @@ func TestDoneWokenOnlyWhenTerminal(t *testing.T) {
 			return n
 		}
 		c.Step(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 0, Aux: false}) // chunk 0 of a room of 2
-		if st, _ := c.Status(1); st != Transferring {
-			t.Fatalf("after the first chunk: %v", st)
-		}
-		if n := woken(c.Effects()); (n == 0) != fixed {
-			t.Fatalf("done woken %d times while Transferring (want none: %v)", n, fixed)
-		}
+		st, _ := c.Status(1)
+		require.Equal(t, Transferring, st, "room 1 after the first chunk")
+		n := woken(c.Effects())
+		require.Equal(t, fixed, n == 0, "done woken %d times while Transferring (want none: %v)", n, fixed)
 		if !fixed {
 			return
 		}
 		c.Step(t0, Notified{Room: 1, UID: 0, Chunk: 1, Total: 2, Aux: false})
-		if n := woken(c.Effects()); n != 0 {
-			t.Fatalf("done woken %d times before the aux item", n)
-		}
+		require.Zero(t, woken(c.Effects()), "room 1's done woken before the aux item")
 		c.Step(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 0, Aux: true})
-		if st, _ := c.Status(1); st != Success {
-			t.Fatalf("after every chunk and the aux: %v", st)
-		}
-		if n := woken(c.Effects()); n != 1 {
-			t.Fatalf("done woken %d times at Success, want 1", n)
-		}
+		st, _ = c.Status(1)
+		require.Equal(t, Success, st, "room 1 after every chunk and the aux")
+		require.Equal(t, 1, woken(c.Effects()), "room 1's done woken at Success")
 	})
 }
 
@@ -114,14 +108,11 @@ func TestDoneWokenOnlyWhenTerminal(t *testing.T) {
 func TestAbortAckSentWhenWritesDrain(t *testing.T) {
 	fixedAndMutant(t, "no-abort-ack", func(t *testing.T, fixed bool) {
 		c, writes := prefillChunkQueued(t)
-		if len(writes) != 1 || !c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK {
-			t.Fatalf("the chunk's write was not posted: %d writes", len(writes))
-		}
+		require.Len(t, writes, 1, "the chunk's write was not posted: %d writes", len(writes))
+		require.True(t, c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK, "the chunk's write was not posted")
 		c.Effects()
 		c.Step(t0, Received{Msg: &wire.Abort{From: decodeFrom, Room: 1, Reason: "client went away"}})
-		if acks := sent[*wire.AbortAck](c.Effects()); len(acks) != 0 {
-			t.Fatalf("ABORT_ACK %+v with a write in flight", acks)
-		}
+		require.Empty(t, sent[*wire.AbortAck](c.Effects()), "ABORT_ACK for room 1 with a write in flight")
 		c.Step(t0.Add(time.Second), WriteDone{Room: 1, Write: &writes[0], Err: nil, Quiesced: false})
 		var got []string
 		for _, e := range c.Effects() {
@@ -130,9 +121,8 @@ func TestAbortAckSentWhenWritesDrain(t *testing.T) {
 			}
 		}
 		want := "1 true → " + decodeFrom.Endpoint
-		if ok := len(got) == 1 && got[0] == want; ok != fixed {
-			t.Fatalf("after the last write drained: ABORT_ACKs %v, want [%s]: %v", got, want, fixed)
-		}
+		ok := len(got) == 1 && got[0] == want
+		require.Equal(t, fixed, ok, "after the last write drained: ABORT_ACKs %v, want [%s]: %v", got, want, fixed)
 	})
 }
 
@@ -146,30 +136,23 @@ func TestPrefillFailsRoomsOfRestartedPeer(t *testing.T) {
 		c.Step(t0, InitSender{Room: 1})
 		c.Step(t0, Received{Msg: request(1, decodeFrom)})
 		c.Step(t0, Received{Msg: request(2, decodeFrom)}) // pending: no sender yet
-		if st, _ := c.Status(1); st != WaitingForInput {
-			t.Fatalf("room 1 %v", st)
-		}
+		st, _ := c.Status(1)
+		require.Equal(t, WaitingForInput, st, "room 1")
 		c.Effects()
 		restarted := decodeFrom
 		restarted.Epoch = 2
 		c.Step(t0, Received{Msg: &wire.Pong{From: restarted, Seq: 1}})
-		st, _ := c.Status(1)
+		st, _ = c.Status(1)
 		reason, _ := c.Failure(1)
 		ok := st == Failed && strings.Contains(reason, wire.ReasonPeerRestarted) && c.Sizes().Pending == 0
-		if ok != fixed {
-			t.Fatalf("after the new epoch: room 1 %v (%q), %d pending", st, reason, c.Sizes().Pending)
-		}
+		require.Equal(t, fixed, ok, "after the new epoch: room 1 %v (%q), %d pending", st, reason, c.Sizes().Pending)
 		if !fixed {
 			return
 		}
 		// The new process holds none of the old one's rooms: it is not told.
-		if st := sent[*wire.Status](c.Effects()); len(st) != 0 {
-			t.Fatalf("the restarted peer was told: %+v", st)
-		}
+		require.Empty(t, sent[*wire.Status](c.Effects()), "the restarted peer was told")
 		// And room 2's sender starts Failed: nothing is written for it.
-		if res := c.Step(t0, CreateSender{Room: 2}).Result; res.Status != Failed {
-			t.Fatalf("room 2's sender after the restart: %v", res.Status)
-		}
+		require.Equal(t, Failed, c.Step(t0, CreateSender{Room: 2}).Result.Status, "room 2's sender after the restart")
 	})
 }
 
@@ -204,22 +187,23 @@ func TestExtraRequestRefused(t *testing.T) {
 		c, other := twoDecodePeers(t)
 		c.Step(t0, CreateSender{Room: 1})
 		c.Step(t0, InitSender{Room: 1})
-		if !c.Step(t0, Received{Msg: request(1, decodeFrom)}).OK || !c.Step(t0, Received{Msg: request(2, decodeFrom)}).OK {
-			t.Fatal("a first request was refused")
-		}
+		require.True(t, c.Step(t0, Received{Msg: request(1, decodeFrom)}).OK, "a first request was refused: room 1")
+		require.True(t, c.Step(t0, Received{Msg: request(2, decodeFrom)}).OK, "a first request was refused: room 2")
 		c.Effects()
 		for _, room := range []uint64{1, 2} { // live, pending
 			accepted := c.Step(t0, Received{Msg: request(room, other)}).OK
 			st := sent[*wire.Status](c.Effects())
-			if accepted == fixed {
-				t.Fatalf("room %d: a second request with required 1 accepted: %v (statuses %+v)", room, accepted, st)
-			}
-			if fixed && (len(st) != 1 || st[0].Room != room || st[0].Code != CodeRejected || !strings.Contains(st[0].Reason, "request 2 of 1")) {
-				t.Fatalf("room %d: refusal %+v", room, st)
+			require.Equal(t, !fixed, accepted, "room %d: a second request with required 1 accepted: %v (statuses %+v)", room, accepted, st)
+			if fixed {
+				require.Len(t, st, 1, "room %d: refusal %+v", room, st)
+				require.Equal(t, room, st[0].Room, "room %d: refusal %+v", room, st)
+				require.Equal(t, CodeRejected, st[0].Code, "room %d: refusal %+v", room, st)
+				require.Contains(t, st[0].Reason, "request 2 of 1", "room %d: refusal %+v", room, st)
 			}
 		}
-		if n := len(c.reg.Requests(1)); fixed && n != 1 {
-			t.Fatalf("room 1 holds %d requests, required 1", n)
+		n := len(c.reg.Requests(1))
+		if fixed {
+			require.Equal(t, 1, n, "room 1 holds requests, required 1")
 		}
 	})
 }
@@ -235,18 +219,14 @@ func TestTombstonesBounded(t *testing.T) {
 			c.Step(t0, CreateSender{Room: room})
 			c.Step(t0, ClearSender{Room: room})
 		}
-		if n := c.Sizes().Tombstones; (n <= 8) != fixed {
-			t.Fatalf("%d tombstones after 50 clears, bound 8 (want within: %v)", n, fixed)
-		}
+		n := c.Sizes().Tombstones
+		require.Equal(t, fixed, n <= 8, "%d tombstones after 50 clears, bound 8 (want within: %v)", n, fixed)
 		if !fixed {
 			return
 		}
-		if res := c.Step(t0, CreateSender{Room: 50}).Result; res.Outcome != Rejected {
-			t.Fatalf("the newest cleared id reused at once: %v", res.Outcome)
-		}
-		if res := c.Step(t0, CreateSender{Room: 1}).Result; res.Outcome != Applied {
-			t.Fatalf("the oldest id, forgotten early, is still refused: %v", res.Err)
-		}
+		require.Equal(t, Rejected, c.Step(t0, CreateSender{Room: 50}).Result.Outcome, "the newest cleared id, room 50, reused at once")
+		res := c.Step(t0, CreateSender{Room: 1}).Result
+		require.Equal(t, Applied, res.Outcome, "the oldest id, room 1, forgotten early, is still refused: %v", res.Err)
 	})
 }
 
@@ -258,16 +238,14 @@ func TestNotDrainedAckKeepsPages(t *testing.T) {
 		c.Step(t0, AbortReceiver{Room: 1, Reason: "client went away"})
 		c.Effects()
 		c.Step(t0, Received{Msg: &wire.AbortAck{From: prefillFrom, Room: 1, Drained: false}})
-		if held := c.Hold(1); held != fixed {
-			t.Fatalf("after drained=false: held %v, released %v", held, releases(c.Effects()))
+		if held := c.Hold(1); held != fixed { // the message's releases drain the effects: only on failure
+			require.Fail(t, "room 1 held or released against the fixed core", "after drained=false: held %v, released %v", held, releases(c.Effects()))
 		}
 		if !fixed {
 			return
 		}
 		c.Step(t0.Add(time.Second), Received{Msg: &wire.AbortAck{From: prefillFrom, Room: 1, Drained: true}})
-		if got := releases(c.Effects()); len(got) != 1 || got[0] != "1 false" {
-			t.Fatalf("after drained=true: released %v, want [1 false]", got)
-		}
+		require.Equal(t, []string{"1 false"}, releases(c.Effects()), "after drained=true: released")
 	})
 }
 
@@ -280,25 +258,20 @@ func TestStaleStatusIgnored(t *testing.T) {
 		restarted := prefillFrom
 		restarted.Epoch = 11
 		c.Step(t0, Received{Msg: &wire.RegisterAck{From: restarted, OK: true}}) // restart in place: room 1 fails
-		if st, _ := c.Status(1); st != Failed {
-			t.Fatalf("room 1 bound to the old epoch: %v", st)
-		}
+		st, _ := c.Status(1)
+		require.Equal(t, Failed, st, "room 1 bound to the old epoch")
 		c.Step(t0, CreateReceiver{Room: 2, Targets: []Target{prefillT}})
 		c.Step(t0, InitReceiver{Room: 2, Spec: RequestSpec{DstPages: []uint32{2}, AuxIndex: -1}})
-		if got := sends(c.Effects()); !slices.Contains(got, "REQUEST 2 → tcp://p:1") {
-			t.Fatalf("room 2 not asked of the new process: %v", got)
-		}
+		require.Contains(t, sends(c.Effects()), "REQUEST 2 → tcp://p:1", "room 2 not asked of the new process")
 		c.Step(t0, Received{Msg: &wire.Status{From: prefillFrom, Room: 2, Status: wire.StatusFailed, Code: CodeFailed, Reason: "late"}})
-		if st, _ := c.Status(2); (st == WaitingForInput) != fixed {
-			t.Fatalf("room 2 after the old process's STATUS: %v (want untouched: %v)", st, fixed)
-		}
+		st, _ = c.Status(2)
+		require.Equal(t, fixed, st == WaitingForInput, "room 2 after the old process's STATUS: %v (want untouched: %v)", st, fixed)
 		if !fixed {
 			return
 		}
 		c.Step(t0, Received{Msg: &wire.Status{From: restarted, Room: 2, Status: wire.StatusFailed, Code: CodeFailed, Reason: "write failed"}})
-		if r, _ := c.Failure(2); !strings.Contains(r, "write failed") {
-			t.Fatalf("room 2 after the new process's STATUS: %q", r)
-		}
+		r, _ := c.Failure(2)
+		require.Contains(t, r, "write failed", "room 2 after the new process's STATUS")
 	})
 }
 
@@ -318,11 +291,10 @@ func TestPendingPerPeerBounded(t *testing.T) {
 			}
 		}
 		refused := sent[*wire.Status](c.Effects())
-		if ok := accepted == 4 && c.Sizes().Pending == 4 && len(refused) == 3; ok != fixed {
-			t.Fatalf("%d of 7 accepted, %d pending, %d refused; bound 4 (want kept: %v)", accepted, c.Sizes().Pending, len(refused), fixed)
-		}
-		if fixed && !c.Step(t0, Received{Msg: request(100, other)}).OK {
-			t.Fatal("another peer was locked out")
+		ok := accepted == 4 && c.Sizes().Pending == 4 && len(refused) == 3
+		require.Equal(t, fixed, ok, "%d of 7 accepted, %d pending, %d refused; bound 4 (want kept: %v)", accepted, c.Sizes().Pending, len(refused), fixed)
+		if fixed {
+			require.True(t, c.Step(t0, Received{Msg: request(100, other)}).OK, "another peer was locked out (room 100 of %s)", other.Peer())
 		}
 	})
 }
@@ -346,16 +318,12 @@ func TestSweepInRoomOrder(t *testing.T) {
 			for _, st := range sent[*wire.Status](c.Effects()) {
 				told = append(told, st.Room)
 			}
-			if len(told) != rooms {
-				t.Fatalf("run %d: %d rooms told, want %d", run, len(told), rooms)
-			}
+			require.Len(t, told, rooms, "run %d: rooms told", run)
 			ordered = ordered && slices.IsSorted(told)
-			if !ordered && fixed {
-				t.Fatalf("run %d: rooms told in the order %v", run, told)
+			if fixed {
+				require.True(t, ordered, "run %d: rooms told in the order %v", run, told)
 			}
 		}
-		if ordered != fixed {
-			t.Fatalf("effects in room order over 5 runs: %v, want %v", ordered, fixed)
-		}
+		require.Equal(t, fixed, ordered, "effects in room order over 5 runs: %v, want %v", ordered, fixed)
 	})
 }

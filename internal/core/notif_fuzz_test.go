@@ -3,6 +3,8 @@ package core
 import (
 	"fmt"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // FuzzParseNotif: a write's notification string (a peer's bytes, parsed
@@ -21,9 +23,8 @@ func FuzzParseNotif(f *testing.F) {
 		if !ok {
 			return
 		}
-		if n.UID < 0 || n.Chunk < 0 || n.Total < 0 || n.Off < 0 || n.N < 0 || n.Lo < 0 || n.Hi < 0 || n.SpanLo < 0 || n.SpanHi < 0 {
-			t.Fatalf("%q: negative field %+v", s, n)
-		}
+		require.False(t, n.UID < 0 || n.Chunk < 0 || n.Total < 0 || n.Off < 0 || n.N < 0 || n.Lo < 0 || n.Hi < 0 || n.SpanLo < 0 || n.SpanHi < 0,
+			"%q: negative field %+v", s, n)
 		var again string
 		switch {
 		case n.Aux:
@@ -33,8 +34,8 @@ func FuzzParseNotif(f *testing.F) {
 		default:
 			again = chunkNotif(n.Room, n.UID, n.Chunk, n.Total, n.Off, n.N, n.Lo, n.Hi, n.SpanLo, n.SpanHi)
 		}
-		if m, ok := ParseNotif(again); !ok || m != n {
-			t.Fatalf("%q parsed to %+v; formatted back %q parses to %+v %v", s, n, again, m, ok)
-		}
+		m, ok := ParseNotif(again)
+		require.True(t, ok, "%q parsed to %+v; formatted back %q does not parse", s, n, again)
+		require.Equal(t, n, m, "%q parsed to %+v; formatted back %q parses to %+v", s, n, again, m)
 	})
 }

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // TestNotifGolden pins the data-plane notifications' wire form
@@ -27,15 +29,9 @@ func TestNotifGolden(t *testing.T) {
 	line("parses; the core refuses it (an empty layer range)", "kvb1:42:0:2:3:0:8:5:5:0:32")
 	path := filepath.Join("testdata", "golden", "notifications.txt")
 	if os.Getenv("KVB_UPDATE_GOLDEN") != "" {
-		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o644))
 	}
 	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := b.String(); got != string(want) {
-		t.Fatalf("notifications changed (KVB_UPDATE_GOLDEN=1 rewrites %s):\n got:\n%s\nwant:\n%s", path, got, want)
-	}
+	require.NoError(t, err)
+	require.Equal(t, string(want), b.String(), "notifications changed (KVB_UPDATE_GOLDEN=1 rewrites %s)", path)
 }

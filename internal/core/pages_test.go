@@ -1,15 +1,13 @@
 package core
 
 import (
-	"errors"
-	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/mem"
 	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/stretchr/testify/require"
 )
 
 // mappedCore is a prefill core (TP 1) holding model m, and a REGISTER of a
@@ -26,9 +24,7 @@ func mappedCore(t *testing.T, m kvlayout.Model, decodeTokens int) (*Core, *wire.
 	}
 	c, err := NewCore(CoreConfig{Role: RolePrefill, Compat: "sim", Layout: lay(m), Registry: simRegistryConfig(),
 		QuarantineTimeout: 30 * time.Second, RegisterRetry: time.Second, Model: m})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	dm := m.WithPages(decodeTokens)
 	peer := lay(dm)
 	for i := range peer.Regions {
@@ -47,17 +43,14 @@ func mappedCore(t *testing.T, m kvlayout.Model, decodeTokens int) (*Core, *wire.
 func TestPagesOfDifferentSizes(t *testing.T) {
 	m := kvlayout.Model{Layers: 1, KVHeads: 2, HeadBytes: 4, PageTokens: 2, Layout: kvlayout.HND}
 	c, reg := mappedCore(t, m, 3)
-	if _, err := c.CheckRegister(reg); err == nil || !strings.Contains(err.Error(), "one must divide the other") {
-		t.Fatalf("3-token decode pages against 2-token prefill pages: %v", err)
-	}
+	_, err := c.CheckRegister(reg)
+	require.ErrorContains(t, err, "one must divide the other", "3-token decode pages against 2-token prefill pages")
 	c, reg = mappedCore(t, m, 8)
 	pp, err := c.CheckRegister(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if pp.Plan == nil || pp.Plan.Full || pp.Plan.Pages() != (kvlayout.PageMap{Src: 2, Dst: 8}) {
-		t.Fatalf("plan %+v", pp.Plan)
-	}
+	require.NoError(t, err)
+	require.NotNil(t, pp.Plan, "plan")
+	require.False(t, pp.Plan.Full, "plan %+v", pp.Plan)
+	require.Equal(t, kvlayout.PageMap{Src: 2, Dst: 8}, pp.Plan.Pages(), "plan %+v", pp.Plan)
 	echoChallenge(t, c, reg, t0)
 	c.Step(t0, Registered{From: decodeFrom, Remote: "agent", Plan: pp})
 	c.Step(t0, CreateSender{Room: 1})
@@ -67,12 +60,10 @@ func TestPagesOfDifferentSizes(t *testing.T) {
 	c.Effects()
 
 	res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{10, 11}, AuxIndex: -1})
-	if !errors.Is(res.Err, ErrChunkAlign) || !strings.Contains(res.Err.Error(), decodeFrom.Peer()) {
-		t.Fatalf("a chunk of 2 of a decode page's 4 prefill pages: %v", res.Err)
-	}
-	if st, _ := c.Status(1); st != WaitingForInput {
-		t.Fatalf("the refused chunk left the room %v", st)
-	}
+	require.ErrorIs(t, res.Err, ErrChunkAlign, "a chunk of 2 of a decode page's 4 prefill pages")
+	require.ErrorContains(t, res.Err, decodeFrom.Peer(), "a chunk of 2 of a decode page's 4 prefill pages")
+	st, _ := c.Status(1)
+	require.Equal(t, WaitingForInput, st, "the refused chunk left the room")
 	posted := func() kvlayout.Write {
 		t.Helper()
 		for _, e := range c.Effects() {
@@ -80,24 +71,18 @@ func TestPagesOfDifferentSizes(t *testing.T) {
 				return e.Writes[0]
 			}
 		}
-		t.Fatal("no writes posted")
+		require.Fail(t, "no writes posted")
 		return kvlayout.Write{}
 	}
-	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{10, 11, 12, 13}, AuxIndex: -1}); res.Err != nil {
-		t.Fatal(res.Err)
-	}
+	require.NoError(t, c.Step(t0, SendChunk{Room: 1, Pages: []uint32{10, 11, 12, 13}, AuxIndex: -1}).Err)
 	w := posted()
 	// Decode page 5 holds units 20 … 23 (4 units of 2 tokens a page).
-	if want := []kvlayout.Run{{Src: 10, Dst: 20, Len: 4}}; !slices.Equal(w.Runs, want) || w.Notif != "kvb1:1:0:0:0:0:1:0:1:0:1" {
-		t.Fatalf("first chunk: runs %v notif %q, want %v and decode page position 0", w.Runs, w.Notif, want)
-	}
-	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{14, 15, 16}, AuxIndex: -1, Last: true}); res.Err != nil {
-		t.Fatal(res.Err)
-	}
+	require.Equal(t, []kvlayout.Run{{Src: 10, Dst: 20, Len: 4}}, w.Runs, "first chunk: runs")
+	require.Equal(t, "kvb1:1:0:0:0:0:1:0:1:0:1", w.Notif, "first chunk: notif, want decode page position 0")
+	require.NoError(t, c.Step(t0, SendChunk{Room: 1, Pages: []uint32{14, 15, 16}, AuxIndex: -1, Last: true}).Err)
 	w = posted()
-	if want := []kvlayout.Run{{Src: 14, Dst: 24, Len: 3}}; !slices.Equal(w.Runs, want) || w.Notif != "kvb1:1:0:1:2:1:1:0:1:0:1" {
-		t.Fatalf("last chunk: runs %v notif %q, want %v and decode page position 1", w.Runs, w.Notif, want)
-	}
+	require.Equal(t, []kvlayout.Run{{Src: 14, Dst: 24, Len: 3}}, w.Runs, "last chunk: runs")
+	require.Equal(t, "kvb1:1:0:1:2:1:1:0:1:0:1", w.Notif, "last chunk: notif, want decode page position 1")
 }
 
 // TestChunkRules: with 2-token prefill pages into 8-token decode pages, a
@@ -110,9 +95,7 @@ func TestChunkRules(t *testing.T) {
 	m := kvlayout.Model{Layers: 2, KVHeads: 2, HeadBytes: 4, PageTokens: 2, Layout: kvlayout.NHD}
 	c, reg := mappedCore(t, m, 8)
 	pp, err := c.CheckRegister(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	echoChallenge(t, c, reg, t0)
 	c.Step(t0, Registered{From: decodeFrom, Remote: "agent", Plan: pp})
 	c.Step(t0, CreateSender{Room: 1})
@@ -128,41 +111,24 @@ func TestChunkRules(t *testing.T) {
 			}
 		}
 	}
-	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{0, 1, 2, 3, 4, 5}, AuxIndex: -1}); res.Err != nil {
-		t.Fatalf("a chunk ending inside the prefix: %v", res.Err)
-	}
-	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{6, 7}, AuxIndex: -1, Layers: kvlayout.Layers{Lo: 0, Hi: 1}}); res.Err != nil {
-		t.Fatalf("the next chunk's first layer: %v", res.Err)
-	}
-	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{6, 7, 8}, AuxIndex: -1, Layers: kvlayout.Layers{Lo: 1, Hi: 2}}); !errors.Is(res.Err, ErrLayers) {
-		t.Fatalf("a layer range naming other pages: %v, want ErrLayers", res.Err)
-	}
-	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{6, 7}, AuxIndex: -1, Layers: kvlayout.Layers{Lo: 1, Hi: 2}}); res.Err != nil {
-		t.Fatal(res.Err)
-	}
+	require.NoError(t, c.Step(t0, SendChunk{Room: 1, Pages: []uint32{0, 1, 2, 3, 4, 5}, AuxIndex: -1}).Err, "a chunk ending inside the prefix")
+	require.NoError(t, c.Step(t0, SendChunk{Room: 1, Pages: []uint32{6, 7}, AuxIndex: -1, Layers: kvlayout.Layers{Lo: 0, Hi: 1}}).Err, "the next chunk's first layer")
+	require.ErrorIs(t, c.Step(t0, SendChunk{Room: 1, Pages: []uint32{6, 7, 8}, AuxIndex: -1, Layers: kvlayout.Layers{Lo: 1, Hi: 2}}).Err, ErrLayers, "a layer range naming other pages")
+	require.NoError(t, c.Step(t0, SendChunk{Room: 1, Pages: []uint32{6, 7}, AuxIndex: -1, Layers: kvlayout.Layers{Lo: 1, Hi: 2}}).Err)
 	drain()
-	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{8, 9, 10, 11}, AuxIndex: -1, Last: true}); res.Err != nil {
-		t.Fatal(res.Err)
-	}
+	require.NoError(t, c.Step(t0, SendChunk{Room: 1, Pages: []uint32{8, 9, 10, 11}, AuxIndex: -1, Last: true}).Err)
 	drain()
 	res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{12, 13, 14, 15}, AuxIndex: -1})
-	if !errors.Is(res.Err, ErrAfterLast) {
-		t.Fatalf("a chunk after the last: %v, want ErrAfterLast", res.Err)
-	}
+	require.ErrorIs(t, res.Err, ErrAfterLast, "a chunk after the last")
 	for _, e := range c.Effects() {
-		if e.Kind == EffectPost {
-			t.Fatalf("a chunk after the last posted %+v", e.Writes)
-		}
+		require.NotEqual(t, EffectPost, e.Kind, "a chunk after the last posted %+v", e.Writes)
 	}
 	// Once the room succeeded too.
 	for i := range posted {
 		c.Step(t0, Posting{Room: 1, Write: &posted[i]})
 		c.Step(t0, WriteDone{Room: 1, Write: &posted[i]})
 	}
-	if st, _ := c.Status(1); st != Success {
-		t.Fatalf("room after its writes: %v", st)
-	}
-	if res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{12, 13, 14, 15}, AuxIndex: -1}); !errors.Is(res.Err, ErrAfterLast) {
-		t.Fatalf("a chunk after the last, the room succeeded: %v, want ErrAfterLast", res.Err)
-	}
+	st, _ := c.Status(1)
+	require.Equal(t, Success, st, "room after its writes")
+	require.ErrorIs(t, c.Step(t0, SendChunk{Room: 1, Pages: []uint32{12, 13, 14, 15}, AuxIndex: -1}).Err, ErrAfterLast, "a chunk after the last, the room succeeded")
 }

@@ -6,6 +6,8 @@ import (
 
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestRoomPhases: a prefill room's first entry into each status, on the
@@ -19,12 +21,8 @@ func TestRoomPhases(t *testing.T) {
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	c.Step(at(0), CreateSender{Room: 1})
 	c.Step(at(1), InitSender{Room: 1})
-	if !c.Step(at(2), Received{Msg: request(1, decodeFrom)}).OK {
-		t.Fatal("REQUEST refused")
-	}
-	if out := c.Step(at(4), SendChunk{Room: 1, Pages: []uint32{0}, Last: true, AuxIndex: -1}); out.Err != nil {
-		t.Fatal(out.Err)
-	}
+	require.True(t, c.Step(at(2), Received{Msg: request(1, decodeFrom)}).OK, "REQUEST refused")
+	require.NoError(t, c.Step(at(4), SendChunk{Room: 1, Pages: []uint32{0}, Last: true, AuxIndex: -1}).Err)
 	var writes []*Effect
 	eff := c.Effects()
 	for i := range eff {
@@ -32,34 +30,26 @@ func TestRoomPhases(t *testing.T) {
 			writes = append(writes, &eff[i])
 		}
 	}
-	if len(writes) != 1 || len(writes[0].Writes) < 2 {
-		t.Fatalf("want one post of two or more writes (KV, notification), got %+v", eff)
-	}
+	require.Len(t, writes, 1, "want one post of two or more writes (KV, notification), got %+v", eff)
+	require.GreaterOrEqual(t, len(writes[0].Writes), 2, "want one post of two or more writes (KV, notification), got %+v", eff)
 	ws := writes[0].Writes
 	for i := range ws {
-		if !c.Step(at(5+i), Posting{Room: 1, Write: &ws[i]}).OK {
-			t.Fatalf("write %d not posted", i)
-		}
+		require.True(t, c.Step(at(5+i), Posting{Room: 1, Write: &ws[i]}).OK, "write %d not posted", i)
 	}
 	for i := range ws {
 		c.Step(at(9), WriteDone{Room: 1, Write: &ws[i]})
 	}
-	if st, _ := c.Status(1); st != Success {
-		t.Fatalf("room %v", st)
-	}
+	st, _ := c.Status(1)
+	require.Equal(t, Success, st, "room 1")
 	_, entered, ok := c.RoomTimes(1)
-	if !ok {
-		t.Fatal("room 1 not live")
-	}
+	require.True(t, ok, "room 1 not live")
 	got := map[Poll]time.Duration{}
 	for st := Bootstrapping; st < Success; st++ {
 		got[st] = entered[st+1].Sub(entered[st])
 	}
 	want := map[Poll]time.Duration{Bootstrapping: 2 * time.Second, WaitingForInput: 3 * time.Second, Transferring: 4 * time.Second}
 	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("%v: %v, want %v (all: %v)", k, got[k], v, got)
-		}
+		assert.Equal(t, v, got[k], "%v (all: %v)", k, got)
 	}
 }
 
@@ -72,15 +62,13 @@ func TestStepOutputNamesItsRoom(t *testing.T) {
 	c := testCore(t, RolePrefill)
 	register(t, c, decodeFrom)
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	if out := c.Step(at(0), CreateSender{Room: 1}); out.Prior != 0 || out.Succeeded {
-		t.Errorf("CreateSender: %+v, want no prior status", out)
-	}
-	if out := c.Step(at(1), InitSender{Room: 1}); out.Prior != Bootstrapping {
-		t.Errorf("InitSender: prior %v, want Bootstrapping", out.Prior)
-	}
-	if out := c.Step(at(2), Received{Msg: request(1, decodeFrom)}); !out.OK || out.Prior != Bootstrapping {
-		t.Errorf("REQUEST: %+v, want accepted with prior Bootstrapping", out)
-	}
+	out := c.Step(at(0), CreateSender{Room: 1})
+	assert.Zero(t, out.Prior, "CreateSender: %+v, want no prior status", out)
+	assert.False(t, out.Succeeded, "CreateSender: %+v", out)
+	assert.Equal(t, Bootstrapping, c.Step(at(1), InitSender{Room: 1}).Prior, "InitSender: prior")
+	out = c.Step(at(2), Received{Msg: request(1, decodeFrom)})
+	assert.True(t, out.OK, "REQUEST: %+v, want accepted with prior Bootstrapping", out)
+	assert.Equal(t, Bootstrapping, out.Prior, "REQUEST: %+v, want accepted with prior Bootstrapping", out)
 	c.Step(at(4), SendChunk{Room: 1, Pages: []uint32{0}, Last: true, AuxIndex: -1})
 	var ws []kvlayout.Write
 	for _, e := range c.Effects() {
@@ -88,35 +76,30 @@ func TestStepOutputNamesItsRoom(t *testing.T) {
 			ws = append(ws, e.Writes...)
 		}
 	}
-	if len(ws) < 2 {
-		t.Fatalf("want two or more writes, got %d", len(ws))
-	}
+	require.GreaterOrEqual(t, len(ws), 2, "want two or more writes")
 	for i := range ws {
 		out := c.Step(at(5+i), Posting{Room: 1, Write: &ws[i]})
-		if want := map[bool]Poll{true: WaitingForInput, false: Transferring}[i == 0]; out.Prior != want {
-			t.Errorf("Posting write %d: prior %v, want %v (the first post is the room's first)", i, out.Prior, want)
-		}
+		want := map[bool]Poll{true: WaitingForInput, false: Transferring}[i == 0]
+		assert.Equal(t, want, out.Prior, "Posting write %d: prior (the first post is the room's first)", i)
 	}
 	for i := range ws {
 		out := c.Step(at(9), WriteDone{Room: 1, Write: &ws[i]})
 		last := i == len(ws)-1
-		if out.Succeeded != last {
-			t.Errorf("WriteDone %d of %d: Succeeded %v", i+1, len(ws), out.Succeeded)
-		}
-		if last && (!out.Started.Equal(at(0)) || !out.Entered[Success].Equal(at(9)) || !out.Entered[Transferring].Equal(at(5))) {
-			t.Errorf("the last WriteDone's times: started %v, entered %v", out.Started, out.Entered)
+		assert.Equal(t, last, out.Succeeded, "WriteDone %d of %d: Succeeded", i+1, len(ws))
+		if last {
+			assert.True(t, out.Started.Equal(at(0)), "the last WriteDone's times: started %v, entered %v", out.Started, out.Entered)
+			assert.True(t, out.Entered[Success].Equal(at(9)), "the last WriteDone's times: started %v, entered %v", out.Started, out.Entered)
+			assert.True(t, out.Entered[Transferring].Equal(at(5)), "the last WriteDone's times: started %v, entered %v", out.Started, out.Entered)
 		}
 	}
-	if out := c.Step(at(10), AbortSender{Room: 1, Reason: "late"}); out.Prior != Success || out.Succeeded {
-		t.Errorf("AbortSender after success: %+v, want prior Success", out)
-	}
+	out = c.Step(at(10), AbortSender{Room: 1, Reason: "late"})
+	assert.Equal(t, Success, out.Prior, "AbortSender after success: %+v, want prior Success", out)
+	assert.False(t, out.Succeeded, "AbortSender after success: %+v", out)
 	// A message from the peer's next process: it restarted.
 	again := decodeFrom
 	again.Epoch++
-	if out := c.Step(at(11), Received{Msg: &wire.Abort{From: again, Room: 2, Reason: "x"}}); !out.PeerRestarted || out.Prior != 0 {
-		t.Errorf("a message of the peer's next epoch: %+v, want PeerRestarted and no prior room", out)
-	}
-	if out := c.Step(at(12), Received{Msg: &wire.Abort{From: again, Room: 3, Reason: "x"}}); out.PeerRestarted {
-		t.Errorf("a second message of the same epoch: PeerRestarted")
-	}
+	out = c.Step(at(11), Received{Msg: &wire.Abort{From: again, Room: 2, Reason: "x"}})
+	assert.True(t, out.PeerRestarted, "a message of the peer's next epoch: %+v, want PeerRestarted and no prior room", out)
+	assert.Zero(t, out.Prior, "a message of the peer's next epoch: %+v, want PeerRestarted and no prior room", out)
+	assert.False(t, c.Step(at(12), Received{Msg: &wire.Abort{From: again, Room: 3, Reason: "x"}}).PeerRestarted, "a second message of the same epoch: PeerRestarted")
 }

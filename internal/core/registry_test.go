@@ -3,12 +3,13 @@ package core
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -54,9 +55,7 @@ func newTestRegistry(t testing.TB) (*testReg, *fakeClock) {
 	t.Helper()
 	clk := newFakeClock()
 	r, err := newTestReg(testConfig(clk), clk)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return r, clk
 }
 
@@ -64,29 +63,24 @@ func peer(name string, required int) PeerRequest { return PeerRequest{Peer: name
 
 func expect(t *testing.T, what string, got Result, outcome Outcome, status Poll) {
 	t.Helper()
-	if got.Outcome != outcome || got.Status != status {
-		t.Fatalf("%s: got %v/%v (err %v), want %v/%v", what, got.Outcome, got.Status, got.Err, outcome, status)
-	}
+	require.Equal(t, outcome, got.Outcome, "%s: got %v/%v (err %v), want %v/%v", what, got.Outcome, got.Status, got.Err, outcome, status)
+	require.Equal(t, status, got.Status, "%s: got %v/%v (err %v), want %v/%v", what, got.Outcome, got.Status, got.Err, outcome, status)
 }
 
 func expectErr(t *testing.T, what string, got Result, target error) {
 	t.Helper()
-	if got.Outcome != Rejected || !errors.Is(got.Err, target) {
-		t.Fatalf("%s: got %v (err %v), want Rejected with %v", what, got.Outcome, got.Err, target)
-	}
+	require.Equal(t, Rejected, got.Outcome, "%s: got %v (err %v), want Rejected with %v", what, got.Outcome, got.Err, target)
+	require.ErrorIs(t, got.Err, target, "%s: want Rejected with %v", what, target)
 }
 
 func TestPollOrderAndMin(t *testing.T) {
 	order := []Poll{Failed, Bootstrapping, WaitingForInput, Transferring, Success}
 	for i := 1; i < len(order); i++ {
-		if order[i-1] >= order[i] {
-			t.Fatalf("%v must be below %v", order[i-1], order[i])
-		}
+		require.Less(t, order[i-1], order[i], "%v must be below %v", order[i-1], order[i])
 	}
 	var zero Poll
-	if zero.Valid() || zero.String() != "Poll(0)" {
-		t.Fatalf("zero Poll must be invalid, got valid=%v %q", zero.Valid(), zero.String())
-	}
+	require.False(t, zero.Valid(), "zero Poll must be invalid")
+	require.Equal(t, "Poll(0)", zero.String(), "zero Poll's String")
 	for _, tc := range []struct {
 		in   []Poll
 		want Poll
@@ -98,19 +92,14 @@ func TestPollOrderAndMin(t *testing.T) {
 		{[]Poll{Success, 0}, 0},
 		{[]Poll{Success, Poll(9)}, 0},
 	} {
-		if got := MinPoll(tc.in...); got != tc.want {
-			t.Errorf("MinPoll(%v) = %v, want %v", tc.in, got, tc.want)
-		}
+		assert.Equal(t, tc.want, MinPoll(tc.in...), "MinPoll(%v)", tc.in)
 	}
-	if Transferring.String() != "Transferring" || Tombstoned.String() != "Tombstoned" {
-		t.Fatal("generated String() is out of date: run go generate")
-	}
+	require.Equal(t, "Transferring", Transferring.String(), "generated String() is out of date: run go generate")
+	require.Equal(t, "Tombstoned", Tombstoned.String(), "generated String() is out of date: run go generate")
 }
 
 func TestConfigValidate(t *testing.T) {
-	if err := DefaultRegistryConfig().Validate(); err != nil {
-		t.Fatalf("defaults must validate: %v", err)
-	}
+	require.NoError(t, DefaultRegistryConfig().Validate(), "defaults must validate")
 	for name, mut := range map[string]func(*RegistryConfig){
 		"zero stall":     func(c *RegistryConfig) { c.StallTimeout = 0 },
 		"short ttl":      func(c *RegistryConfig) { c.TombstoneTTL = c.BootstrapTimeout },
@@ -119,9 +108,8 @@ func TestConfigValidate(t *testing.T) {
 	} {
 		c := DefaultRegistryConfig()
 		mut(&c)
-		if _, err := NewRegistry(c, nil); err == nil {
-			t.Errorf("%s: NewRegistry accepted an invalid config", name)
-		}
+		_, err := NewRegistry(c, nil)
+		assert.Error(t, err, "%s: NewRegistry accepted an invalid config", name)
 	}
 }
 
@@ -129,24 +117,18 @@ func TestConfigValidate(t *testing.T) {
 func TestAbortBeforeSender(t *testing.T) {
 	r, _ := newTestRegistry(t)
 	expect(t, "abort", r.Abort(7, "client disconnected"), Tombstoned, 0)
-	if _, known := r.Status(7); known {
-		t.Fatal("a tombstone must not read as a room")
-	}
+	_, known := r.Status(7)
+	require.False(t, known, "a tombstone must not read as a room")
 	res := r.Create(7, RolePrefill)
 	expect(t, "create", res, Applied, Failed)
-	if !res.Drained {
-		t.Fatal("a room born failed has nothing in flight")
-	}
-	if st, _ := r.Status(7); st != Failed {
-		t.Fatalf("status %v, want Failed", st)
-	}
+	require.True(t, res.Drained, "a room born failed has nothing in flight")
+	st, _ := r.Status(7)
+	require.Equal(t, Failed, st, "room 7's status")
 	reason, _ := r.Failure(7)
-	if !strings.Contains(reason, "client disconnected") {
-		t.Fatalf("reason %q lost the abort's reason", reason)
-	}
-	if st, err := r.Wait(context.Background(), 7); st != Failed || err != nil {
-		t.Fatalf("Wait = %v, %v; want Failed at once", st, err)
-	}
+	require.Contains(t, reason, "client disconnected", "reason lost the abort's reason")
+	st, err := r.Wait(context.Background(), 7)
+	require.NoError(t, err, "Wait = %v, %v; want Failed at once", st, err)
+	require.Equal(t, Failed, st, "Wait = %v, %v; want Failed at once", st, err)
 	expect(t, "posted after abort", r.Posted(7), IgnoredTerminal, Failed)
 	expectErr(t, "request after abort", r.Request(7, peer("d0", 1)), ErrRoomFailed)
 }
@@ -156,13 +138,12 @@ func TestAbortDropsPendingRequests(t *testing.T) {
 	expect(t, "request", r.Request(3, peer("d0", 2)), Pending, 0)
 	res := r.Abort(3, "x")
 	expect(t, "abort", res, Tombstoned, 0)
-	if len(res.Peers) != 1 || res.Peers[0].Peer != "d0" {
-		t.Fatalf("abort must hand back the dropped request, got %v", res.Peers)
-	}
+	require.Len(t, res.Peers, 1, "abort must hand back the dropped request, got %v", res.Peers)
+	require.Equal(t, "d0", res.Peers[0].Peer, "abort must hand back the dropped request, got %v", res.Peers)
 	expectErr(t, "request after early abort", r.Request(3, peer("d1", 2)), ErrRoomAborted)
-	if s := r.Sizes(); s.Pending != 0 || s.Tombstones != 1 {
-		t.Fatalf("sizes %+v", s)
-	}
+	s := r.Sizes()
+	require.Zero(t, s.Pending, "sizes %+v", s)
+	require.Equal(t, 1, s.Tombstones, "sizes %+v", s)
 }
 
 func TestRequestsBeforeAndAfterCreate(t *testing.T) {
@@ -206,9 +187,8 @@ func TestLifecyclePrefill(t *testing.T) {
 	expect(t, "late update", r.Update(1, Failed, "late"), IgnoredCleared, 0)
 	expect(t, "late clear", r.Clear(1), IgnoredCleared, 0)
 	expectErr(t, "late request", r.Request(1, peer("d0", 1)), ErrRoomCleared)
-	if _, known := r.Status(1); known {
-		t.Fatal("a cleared room came back")
-	}
+	_, known := r.Status(1)
+	require.False(t, known, "a cleared room came back")
 }
 
 func TestLifecycleDecode(t *testing.T) {
@@ -231,9 +211,8 @@ func TestFirstFailureReasonWins(t *testing.T) {
 	expect(t, "fail again", r.Update(1, Failed, "second"), IgnoredTerminal, Failed)
 	expect(t, "abort", r.Abort(1, "third"), IgnoredTerminal, Failed)
 	expect(t, "success", r.Update(1, Success, ""), IgnoredTerminal, Failed)
-	if reason, _ := r.Failure(1); reason != "first" {
-		t.Fatalf("reason %q, want first", reason)
-	}
+	reason, _ := r.Failure(1)
+	require.Equal(t, "first", reason, "room 1's reason")
 }
 
 func TestUpdateNeverCreatesRoom(t *testing.T) {
@@ -250,15 +229,12 @@ func TestUpdateNeverCreatesRoom(t *testing.T) {
 	}
 	expectErr(t, "bad kind", r.Apply(Event{Kind: 99, Room: 5}), ErrInvalidEvent)
 	expectErr(t, "bad role", r.Create(5, 0), ErrInvalidEvent)
-	if s := r.Sizes(); s.Total() != 0 {
-		t.Fatalf("events on an unknown room left %+v", s)
-	}
-	if _, known := r.Status(5); known {
-		t.Fatal("Status invented a room")
-	}
-	if _, err := r.Wait(context.Background(), 5); !errors.Is(err, ErrUnknownRoom) {
-		t.Fatalf("Wait on unknown room: %v", err)
-	}
+	s := r.Sizes()
+	require.Zero(t, s.Total(), "events on an unknown room left %+v", s)
+	_, known := r.Status(5)
+	require.False(t, known, "Status invented a room")
+	_, err := r.Wait(context.Background(), 5)
+	require.ErrorIs(t, err, ErrUnknownRoom, "Wait on unknown room")
 }
 
 func TestDuplicateRooms(t *testing.T) {
@@ -266,9 +242,7 @@ func TestDuplicateRooms(t *testing.T) {
 	r.Create(1, RolePrefill)
 	res := r.Create(1, RolePrefill)
 	expectErr(t, "live duplicate", res, ErrRoomInUse)
-	if !strings.Contains(res.Err.Error(), "room 1") {
-		t.Fatalf("error %q must name the room", res.Err)
-	}
+	require.ErrorContains(t, res.Err, "room 1", "the error must name the room")
 	r.Clear(1)
 	expectErr(t, "cleared duplicate", r.Create(1, RoleDecode), ErrRoomCleared)
 	clk.Advance(99 * time.Second)
@@ -292,23 +266,16 @@ func TestDeadlines(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r, clk := newTestRegistry(t)
 			tc.setup(r)
-			if exp := r.Sweep(clk.Advance(tc.advance)); len(exp) != 0 {
-				t.Fatalf("swept at the deadline itself: %+v", exp)
-			}
+			require.Empty(t, r.Sweep(clk.Advance(tc.advance)), "swept at the deadline itself")
 			now := clk.Advance(time.Millisecond)
-			if r.Overdue(now) != 1 {
-				t.Fatal("Overdue must count the room past its deadline")
-			}
+			require.Equal(t, 1, r.Overdue(now), "Overdue must count the room past its deadline")
 			exp := r.Sweep(now)
-			if len(exp) != 1 || exp[0].Deadline != tc.kind || !strings.Contains(exp[0].Reason, tc.want) {
-				t.Fatalf("expiry %+v, want %v", exp, tc.kind)
-			}
-			if st, _ := r.Status(1); st != Failed {
-				t.Fatalf("status %v after deadline", st)
-			}
-			if r.Overdue(now) != 0 {
-				t.Fatal("Overdue must be 0 after Sweep")
-			}
+			require.Len(t, exp, 1, "expiry %+v, want %v", exp, tc.kind)
+			require.Equal(t, tc.kind, exp[0].Deadline, "expiry %+v, want %v", exp, tc.kind)
+			require.Contains(t, exp[0].Reason, tc.want, "expiry %+v, want %v", exp, tc.kind)
+			st, _ := r.Status(1)
+			require.Equal(t, Failed, st, "room 1's status after deadline")
+			require.Zero(t, r.Overdue(now), "Overdue must be 0 after Sweep")
 		})
 	}
 }
@@ -318,14 +285,13 @@ func TestPendingExpiry(t *testing.T) {
 	r.Request(4, peer("d0", 2))
 	r.Request(4, peer("d1", 2))
 	exp := r.Sweep(clk.Advance(16 * time.Second))
-	if len(exp) != 1 || exp[0].Deadline != DeadlinePending || len(exp[0].Peers) != 2 {
-		t.Fatalf("expiry %+v, want the two pending requests reported", exp)
-	}
+	require.Len(t, exp, 1, "expiry %+v, want the two pending requests reported", exp)
+	require.Equal(t, DeadlinePending, exp[0].Deadline, "expiry %+v, want the two pending requests reported", exp)
+	require.Len(t, exp[0].Peers, 2, "expiry %+v, want the two pending requests reported", exp)
 	res := r.Create(4, RolePrefill)
 	expect(t, "create after expiry", res, Applied, Failed)
-	if reason, _ := r.Failure(4); !strings.Contains(reason, "pending deadline") {
-		t.Fatalf("reason %q", reason)
-	}
+	reason, _ := r.Failure(4)
+	require.Contains(t, reason, "pending deadline", "room 4's reason")
 }
 
 func TestPendingBound(t *testing.T) {
@@ -346,14 +312,11 @@ func TestAbortDrainsInFlight(t *testing.T) {
 	r.Posted(1)
 	res := r.Abort(1, "stop")
 	expect(t, "abort", res, Applied, Failed)
-	if res.Drained {
-		t.Fatal("a write is in flight: not drained")
-	}
+	require.False(t, res.Drained, "a write is in flight: not drained")
 	expect(t, "no post after abort", r.Posted(1), IgnoredTerminal, Failed)
 	res = r.WriteDone(1, false, nil)
-	if !res.Drained || len(res.Peers) != 1 {
-		t.Fatalf("the completion drains the room: %+v", res)
-	}
+	require.True(t, res.Drained, "the completion drains the room: %+v", res)
+	require.Len(t, res.Peers, 1, "the completion drains the room: %+v", res)
 
 	// A write that never completes is reported once, not drained.
 	r.Create(2, RolePrefill)
@@ -362,12 +325,10 @@ func TestAbortDrainsInFlight(t *testing.T) {
 	r.Posted(2)
 	r.Abort(2, "stop")
 	exp := r.Sweep(clk.Advance(6 * time.Second))
-	if len(exp) != 1 || exp[0].Drained || exp[0].Deadline != DeadlineStall {
-		t.Fatalf("want one undrained stall expiry, got %+v", exp)
-	}
-	if exp := r.Sweep(clk.Advance(6 * time.Second)); len(exp) != 0 {
-		t.Fatalf("reported twice: %+v", exp)
-	}
+	require.Len(t, exp, 1, "want one undrained stall expiry, got %+v", exp)
+	require.False(t, exp[0].Drained, "want one undrained stall expiry, got %+v", exp)
+	require.Equal(t, DeadlineStall, exp[0].Deadline, "want one undrained stall expiry, got %+v", exp)
+	require.Empty(t, r.Sweep(clk.Advance(6*time.Second)), "reported twice")
 }
 
 func TestWriteErrorFails(t *testing.T) {
@@ -378,18 +339,16 @@ func TestWriteErrorFails(t *testing.T) {
 	r.Posted(1)
 	res := r.WriteDone(1, false, errors.New("remote gone"))
 	expect(t, "write error", res, Applied, Failed)
-	if reason, _ := r.Failure(1); !strings.Contains(reason, "remote gone") {
-		t.Fatalf("reason %q", reason)
-	}
+	reason, _ := r.Failure(1)
+	require.Contains(t, reason, "remote gone", "room 1's reason")
 }
 
 func TestClearPending(t *testing.T) {
 	r, _ := newTestRegistry(t)
 	r.Request(1, peer("d0", 1))
 	res := r.Clear(1)
-	if res.Outcome != Applied || len(res.Peers) != 1 {
-		t.Fatalf("clear of a pending room: %+v", res)
-	}
+	require.Equal(t, Applied, res.Outcome, "clear of a pending room: %+v", res)
+	require.Len(t, res.Peers, 1, "clear of a pending room: %+v", res)
 	expectErr(t, "create", r.Create(1, RolePrefill), ErrRoomCleared)
 	expectErr(t, "clear unknown", r.Clear(2), ErrUnknownRoom)
 }
@@ -408,13 +367,12 @@ func TestRegistryEmptiesAfterTTL(t *testing.T) {
 		}
 	}
 	r.Sweep(clk.Advance(16 * time.Second)) // pending → tombstones
-	if s := r.Sizes(); s.Live != 0 || s.Pending != 0 {
-		t.Fatalf("sizes %+v", s)
-	}
+	s := r.Sizes()
+	require.Zero(t, s.Live, "sizes %+v", s)
+	require.Zero(t, s.Pending, "sizes %+v", s)
 	r.Sweep(clk.Advance(100 * time.Second))
-	if s := r.Sizes(); s.Total() != 0 {
-		t.Fatalf("registry not empty after TTL: %+v", s)
-	}
+	s = r.Sizes()
+	require.Zero(t, s.Total(), "registry not empty after TTL: %+v", s)
 }
 
 // A tombstone that still holds a write is kept past MaxTombstones (dropping
@@ -426,9 +384,7 @@ func TestTombstoneTrimmedWhenSettled(t *testing.T) {
 	cfg := simRegistryConfig()
 	cfg.MaxTombstones = 1
 	r, err := NewRegistry(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	r.SetNow(t0)
 	peer := PeerRequest{Peer: "decode/decode/0", Epoch: 1, Required: 1}
 	for _, id := range []uint64{7, 8} {
@@ -437,17 +393,12 @@ func TestTombstoneTrimmedWhenSettled(t *testing.T) {
 		r.Init(id)
 		r.Progress(id)
 	}
-	if res := r.Posted(8); res.Outcome != Applied {
-		t.Fatalf("post: %v", res.Err)
-	}
+	res := r.Posted(8)
+	require.Equal(t, Applied, res.Outcome, "room 8's post: %v", res.Err)
 	r.Abort(8, "aborted", &wire.Peer{Endpoint: "tcp://decode"})
 	r.Clear(8) // its write is in flight: the tombstone owes the drained ACK
 	r.Clear(7) // over the bound: 8 cannot be forgotten yet
-	if n := r.Sizes().Tombstones; n != 2 {
-		t.Fatalf("%d tombstones, want 2 (one kept past the bound while it owes)", n)
-	}
+	require.Equal(t, 2, r.Sizes().Tombstones, "tombstones, want 2 (one kept past the bound while it owes)")
 	r.WriteDone(8, false, nil, true) // 8 settles: its ACK goes, it may go too
-	if n := r.Sizes().Tombstones; n != 1 {
-		t.Fatalf("%d tombstones after the owing one settled, want 1 (MaxTombstones)", n)
-	}
+	require.Equal(t, 1, r.Sizes().Tombstones, "tombstones after the owing one settled, want 1 (MaxTombstones)")
 }

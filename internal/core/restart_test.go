@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/stretchr/testify/require"
 )
 
 // Restarts on a new endpoint (issue 20): a pod restart leaves the rank's
@@ -56,27 +57,20 @@ func TestUnansweredRegisterLooksUpAgain(t *testing.T) {
 			c.Step(now, Tick{})
 			eff := c.Effects()
 			looked += resolves(eff)
-			if looked > 0 && len(sent[*wire.Register](eff)) != 0 {
-				t.Fatal("REGISTER retried at the cached endpoint in the step that looks it up again")
+			if looked > 0 {
+				require.Empty(t, sent[*wire.Register](eff), "REGISTER retried at the cached endpoint in the step that looks it up again")
 			}
 		}
-		if (looked == 1) != fixed {
-			t.Fatalf("looked up again %d times, want fixed=%v", looked, fixed)
-		}
+		require.Equal(t, fixed, looked == 1, "looked up again %d times, want fixed=%v", looked, fixed)
 		if !fixed {
 			return
 		}
-		if c.Stats().Relookups != 1 || c.Stats().RegisterRetries != registerLookupAfter {
-			t.Fatalf("stats %+v", c.Stats())
-		}
+		require.EqualValues(t, 1, c.Stats().Relookups, "stats %+v", c.Stats())
+		require.EqualValues(t, registerLookupAfter, c.Stats().RegisterRetries, "stats %+v", c.Stats())
 		c.Step(now, Resolved{Target: prefillT, Endpoint: moved.Endpoint})
-		if got := sends(c.Effects()); len(got) != 1 || got[0] != "REGISTER 0 → tcp://p:2" {
-			t.Fatalf("after the new record: %v", got)
-		}
+		require.Equal(t, []string{"REGISTER 0 → tcp://p:2"}, sends(c.Effects()), "after the new record")
 		c.Step(now, Received{Msg: &wire.RegisterAck{From: moved, OK: true}})
-		if got := sends(c.Effects()); len(got) != 1 || got[0] != "REQUEST 1 → tcp://p:2" {
-			t.Fatalf("after the new process's ACK: %v", got)
-		}
+		require.Equal(t, []string{"REQUEST 1 → tcp://p:2"}, sends(c.Effects()), "after the new process's ACK")
 	})
 }
 
@@ -95,46 +89,38 @@ func TestOwedAbortFollowsTheRank(t *testing.T) {
 		c.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true}})
 		c.Effects()
 		c.Step(t0, AbortReceiver{Room: 1, Reason: "client went away"}) // the prefill process is being killed
-		if got := sends(c.Effects()); len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1" {
-			t.Fatalf("abort: %v", got)
-		}
+		require.Equal(t, []string{"ABORT 1 → tcp://p:1"}, sends(c.Effects()), "room 1's abort")
 		c.Step(t0, ClearReceiver{Room: 1})
 		// Heartbeats report the old process dead; its record still names
 		// it (lease), then names the new process.
 		c.Step(t0.Add(time.Second), PeerUnreachable{Endpoint: prefillFrom.Endpoint, Reason: wire.ReasonPeerUnreachable})
-		if n := resolves(c.Effects()); n != 1 && fixed {
-			t.Fatalf("%d lookups after the dead report, want 1", n)
+		n := resolves(c.Effects())
+		if fixed {
+			require.Equal(t, 1, n, "lookups after the dead report")
 		}
 		c.Step(t0.Add(time.Second), Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 		got := sends(c.Effects())
-		if fixed && (len(got) != 1 || got[0] != "ABORT 1 → tcp://p:1") {
-			t.Fatalf("the same record again: %v", got)
+		if fixed {
+			require.Equal(t, []string{"ABORT 1 → tcp://p:1"}, got, "the same record again")
 		}
 		c.Step(t0.Add(2*time.Second), PeerUnreachable{Endpoint: prefillFrom.Endpoint, Reason: wire.ReasonPeerUnreachable})
 		c.Effects()
 		c.Step(t0.Add(2*time.Second), Resolved{Target: prefillT, Endpoint: moved.Endpoint})
 		got = sends(c.Effects())
-		if reached := len(got) == 1 && got[0] == "ABORT 1 → tcp://p:2"; reached != fixed {
-			t.Fatalf("the new process got %v, want reached=%v", got, fixed)
-		}
+		reached := len(got) == 1 && got[0] == "ABORT 1 → tcp://p:2"
+		require.Equal(t, fixed, reached, "the new process got %v, want reached=%v", got, fixed)
 		if !fixed {
 			return
 		}
-		if s := c.Sizes(); s.OwedAborts != 1 {
-			t.Fatalf("owed %d, want 1 until acknowledged", s.OwedAborts)
-		}
+		require.Equal(t, 1, c.Sizes().OwedAborts, "owed ABORTs, want 1 until acknowledged")
 		// The ACK is the first message heard from the new epoch: the
 		// epoch check handles the restart (re-sending what is owed)
 		// before the ACK clears the debt.
 		c.Step(t0.Add(2*time.Second), Received{Msg: &wire.AbortAck{From: moved, Room: 1, Drained: true}})
-		if s := c.Sizes(); s.OwedAborts != 0 {
-			t.Fatalf("owed %d after the ACK", s.OwedAborts)
-		}
+		require.Zero(t, c.Sizes().OwedAborts, "owed ABORTs after the ACK")
 		c.Effects()
 		c.Step(t0.Add(3*time.Second), Received{Msg: &wire.RegisterAck{From: moved, OK: true}})
-		if got := sends(c.Effects()); len(got) != 0 {
-			t.Fatalf("an acknowledged ABORT was sent again: %v", got)
-		}
+		require.Empty(t, sends(c.Effects()), "an acknowledged ABORT was sent again")
 	})
 }
 
@@ -149,22 +135,16 @@ func TestOwedAbortLookupBackoffAndTTL(t *testing.T) {
 	c.Step(t0, ResolveFailed{Target: prefillT, Err: wire.ErrRankUnknown})
 	c.Effects()
 	c.Step(t0.Add(c.cfg.RegisterRetry/2), Tick{})
-	if n := resolves(c.Effects()); n != 0 {
-		t.Fatalf("looked up again before the backoff: %d", n)
-	}
+	require.Zero(t, resolves(c.Effects()), "looked up again before the backoff")
 	c.Step(t0.Add(c.cfg.RegisterRetry), Tick{})
-	if n := resolves(c.Effects()); n != 1 {
-		t.Fatalf("%d lookups after the backoff, want 1", n)
-	}
+	require.Equal(t, 1, resolves(c.Effects()), "lookups after the backoff")
 	at := t0.Add(c.cfg.RegisterRetry)
 	c.Step(at, ResolveFailed{Target: prefillT, Err: wire.ErrRankUnknown})
-	if tg := c.targets[prefillT.key()]; tg.lookupRetry != 2*c.cfg.RegisterRetry {
-		t.Fatalf("backoff %v, want doubled", tg.lookupRetry)
-	}
+	require.Equal(t, 2*c.cfg.RegisterRetry, c.targets[prefillT.key()].lookupRetry, "backoff, want doubled")
 	c.Step(t0.Add(c.cfg.Registry.TombstoneTTL+time.Second), Tick{})
-	if s := c.Sizes(); s.OwedAborts != 0 || s.Total() != 0 {
-		t.Fatalf("sizes %+v after the TTL", s)
-	}
+	s := c.Sizes()
+	require.Zero(t, s.OwedAborts, "sizes %+v after the TTL", s)
+	require.Zero(t, s.Total(), "sizes %+v after the TTL", s)
 }
 
 // Bug 12 (case 4 of issue 20): a prefill rank that declared a decode rank
@@ -186,9 +166,8 @@ func TestDeadPeerIsToldItsRoomsFailed(t *testing.T) {
 		}
 		slices.Sort(told)
 		want := "1 peer_unreachable,2 peer_unreachable"
-		if got := strings.Join(told, ","); (got == want) != fixed {
-			t.Fatalf("STATUS sent: %q, want %q: %v", got, want, fixed)
-		}
+		got := strings.Join(told, ",")
+		require.Equal(t, fixed, got == want, "STATUS sent: %q, want %q: %v", got, want, fixed)
 	})
 }
 
@@ -199,24 +178,23 @@ func TestRefuseRoomTellsTheRanks(t *testing.T) {
 	c := testCore(t, RoleDecode)
 	other := Target{Bootstrap: "http://boot", Rank: 1}
 	c.Step(t0, RefuseRoom{Room: 5, Targets: []Target{prefillT, other}, Reason: "prefill PP 1 → decode PP 2"})
-	if n := resolves(c.Effects()); n != 2 {
-		t.Fatalf("%d lookups, want both ranks looked up", n)
-	}
+	require.Equal(t, 2, resolves(c.Effects()), "lookups, want both ranks looked up")
 	c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
 	ab := sent[*wire.Abort](c.Effects())
-	if len(ab) != 1 || ab[0].Room != 5 || ab[0].Code != CodeRefused || !strings.Contains(ab[0].Reason, "PP 1") {
-		t.Fatalf("ABORTs: %+v", ab)
-	}
+	require.Len(t, ab, 1, "ABORTs: %+v", ab)
+	require.EqualValues(t, 5, ab[0].Room, "ABORTs: %+v", ab)
+	require.Equal(t, CodeRefused, ab[0].Code, "ABORTs: %+v", ab)
+	require.Contains(t, ab[0].Reason, "PP 1", "ABORTs: %+v", ab)
 	c.Step(t0, Received{Msg: &wire.AbortAck{From: prefillFrom, Room: 5, Drained: true}})
-	if s := c.Sizes(); s.OwedAborts != 1 || s.Live != 0 {
-		t.Fatalf("sizes %+v: want the unresolved rank's ABORT still owed, no room", s)
-	}
+	s := c.Sizes()
+	require.Equal(t, 1, s.OwedAborts, "sizes %+v: want the unresolved rank's ABORT still owed, no room", s)
+	require.Zero(t, s.Live, "sizes %+v: want the unresolved rank's ABORT still owed, no room", s)
 	c.Step(t0, CreateReceiver{Room: 6, Targets: []Target{prefillT}})
 	c.Effects()
 	c.Step(t0, RefuseRoom{Room: 6, Targets: []Target{prefillT}, Reason: "refused"})
-	if st, _ := c.Status(6); st != Bootstrapping || len(sent[*wire.Abort](c.Effects())) != 0 {
-		t.Fatalf("a live room of that id was aborted: %v", st)
-	}
+	st, _ := c.Status(6)
+	require.Equal(t, Bootstrapping, st, "a live room of that id was aborted: room 6")
+	require.Empty(t, sent[*wire.Abort](c.Effects()), "a live room of that id was aborted: room 6 %v", st)
 }
 
 // TestEpochCheck: the core's one epoch check (Receive, Registered) — a
@@ -233,15 +211,13 @@ func TestEpochCheck(t *testing.T) {
 		restarted := decodeFrom
 		restarted.Epoch = 2
 		c.Step(t0, Received{Msg: &wire.Ping{From: restarted, Seq: 1}})
-		if c.Stats().PeersRestarted != 0 || c.Sizes().Pending != 1 {
-			t.Fatal("a PING counted as a restart")
-		}
+		require.Zero(t, c.Stats().PeersRestarted, "a PING counted as a restart")
+		require.Equal(t, 1, c.Sizes().Pending, "a PING counted as a restart")
 		c.Step(t0, Received{Msg: &wire.Abort{From: restarted, Room: 9, Reason: "x"}})
 		_, registered := c.peers[decodeFrom.Peer()]
-		if got := c.Sizes().Pending == 0 && !registered && c.Stats().PeersRestarted == 1; got != fixed {
-			t.Fatalf("after a message from a new epoch: pending %d, registered %v, restarts %d",
-				c.Sizes().Pending, registered, c.Stats().PeersRestarted)
-		}
+		got := c.Sizes().Pending == 0 && !registered && c.Stats().PeersRestarted == 1
+		require.Equal(t, fixed, got, "after a message from a new epoch: pending %d, registered %v, restarts %d",
+			c.Sizes().Pending, registered, c.Stats().PeersRestarted)
 	})
 	c := testCore(t, RolePrefill)
 	c.cfg.MaxEpochs = 8
@@ -250,19 +226,16 @@ func TestEpochCheck(t *testing.T) {
 		from.Rank = i
 		c.Step(t0, Received{Msg: &wire.Abort{From: from, Room: uint64(i)}})
 	}
-	if n := c.Sizes().Epochs; n != 8 {
-		t.Fatalf("%d epochs remembered, bound 8", n)
-	}
+	require.Equal(t, 8, c.Sizes().Epochs, "epochs remembered, bound 8")
 	c.Effects()
 	c.Step(t0, MalformedRequest{Room: 7, Endpoint: decodeFrom.Endpoint, Reason: "required 0"})
-	if st := sent[*wire.Status](c.Effects()); len(st) != 1 || st[0].Room != 7 || st[0].Code != CodeRejected {
-		t.Fatalf("prefill's answer to a malformed REQUEST: %+v", st)
-	}
+	st := sent[*wire.Status](c.Effects())
+	require.Len(t, st, 1, "prefill's answer to a malformed REQUEST: %+v", st)
+	require.EqualValues(t, 7, st[0].Room, "prefill's answer to a malformed REQUEST: %+v", st)
+	require.Equal(t, CodeRejected, st[0].Code, "prefill's answer to a malformed REQUEST: %+v", st)
 	d := testCore(t, RoleDecode)
 	d.Step(t0, MalformedRequest{Room: 7, Endpoint: decodeFrom.Endpoint, Reason: "required 0"})
-	if len(d.Effects()) != 0 {
-		t.Fatal("a decode rank answered a malformed REQUEST")
-	}
+	require.Empty(t, d.Effects(), "a decode rank answered a malformed REQUEST")
 }
 
 // Watches end (issue 20: Loop.Unwatch had no caller, so a rank heartbeated
@@ -286,30 +259,24 @@ func TestIdlePeersAreUnwatched(t *testing.T) {
 		d.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 		d.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true}})
 		d.Step(t0, Tick{})
-		if got := unwatched(d.Effects()); len(got) != 0 {
-			t.Fatalf("unwatched %v while a room is live", got)
-		}
+		require.Empty(t, unwatched(d.Effects()), "unwatched while room 1 is live")
 		d.Step(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 1, Aux: false})
 		d.Step(t0, Notified{Room: 1, UID: 0, Chunk: 0, Total: 0, Aux: true}) // aux: Success
 		d.Step(t0, ClearReceiver{Room: 1})
 		d.Step(t0, Tick{})
-		if got := unwatched(d.Effects()); (len(got) == 1 && got[0] == prefillFrom.Endpoint) != fixed {
-			t.Fatalf("decode unwatched %v after its last room, want fixed=%v", got, fixed)
-		}
+		got := unwatched(d.Effects())
+		require.Equal(t, fixed, len(got) == 1 && got[0] == prefillFrom.Endpoint, "decode unwatched %v after its last room, want fixed=%v", got, fixed)
 
 		p := testCore(t, RolePrefill)
 		register(t, p, decodeFrom)
 		p.Step(t0, Received{Msg: request(1, decodeFrom)})
 		p.Step(t0, Tick{})
-		if got := unwatched(p.Effects()); len(got) != 0 {
-			t.Fatalf("prefill unwatched %v with a request pending", got)
-		}
+		require.Empty(t, unwatched(p.Effects()), "prefill unwatched with a request pending")
 		p.Step(t0, CreateSender{Room: 1})
 		p.Step(t0, AbortSender{Room: 1, Reason: "done"})
 		p.Step(t0, Tick{})
-		if got := unwatched(p.Effects()); (len(got) == 1 && got[0] == decodeFrom.Endpoint) != fixed {
-			t.Fatalf("prefill unwatched %v after its last room, want fixed=%v", got, fixed)
-		}
+		got = unwatched(p.Effects())
+		require.Equal(t, fixed, len(got) == 1 && got[0] == decodeFrom.Endpoint, "prefill unwatched %v after its last room, want fixed=%v", got, fixed)
 	})
 }
 
@@ -335,9 +302,7 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 		at := t0.Add(time.Second)
 		c.Step(at, CreateReceiver{Room: 2, Targets: []Target{prefillT}})
 		c.Step(at, InitReceiver{Room: 2, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
-		if got := sends(c.Effects()); len(got) != 1 || got[0] != "REQUEST 2 → tcp://p:1" {
-			t.Fatalf("a fresh registration: %v", got)
-		}
+		require.Equal(t, []string{"REQUEST 2 → tcp://p:1"}, sends(c.Effects()), "a fresh registration")
 		c.Step(at, ClearReceiver{Room: 2})
 		c.Step(at, Received{Msg: &wire.AbortAck{From: prefillFrom, Room: 2, Drained: true}})
 		c.Step(at, Tick{}) // the shell's sweep: nothing is shared with the rank any more, so nothing heartbeats it
@@ -348,23 +313,18 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 		c.Step(at, CreateReceiver{Room: 3, Targets: []Target{prefillT}})
 		c.Step(at, InitReceiver{Room: 3, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}})
 		eff := c.Effects()
-		if (resolves(eff) == 1 && len(sent[*wire.Request](eff)) == 0) != fixed {
-			t.Fatalf("after 10 s idle: %d lookups, sent %v (want fixed=%v)", resolves(eff), sends(eff), fixed)
-		}
+		require.Equal(t, fixed, resolves(eff) == 1 && len(sent[*wire.Request](eff)) == 0,
+			"after 10 s idle: %d lookups, sent %v (want fixed=%v)", resolves(eff), sends(eff), fixed)
 		if !fixed {
 			return
 		}
 		c.Step(at, Resolved{Target: prefillT, Endpoint: moved.Endpoint})
-		if got := sends(c.Effects()); !slices.Contains(got, "REGISTER 0 → tcp://p:2") || slices.Contains(got, "REQUEST 3 → tcp://p:2") {
-			t.Fatalf("after the lookup: %v", got)
-		}
+		got := sends(c.Effects())
+		require.Contains(t, got, "REGISTER 0 → tcp://p:2", "after the lookup")
+		require.NotContains(t, got, "REQUEST 3 → tcp://p:2", "after the lookup")
 		c.Step(at, Received{Msg: &wire.RegisterAck{From: moved, OK: true}})
-		if got := sends(c.Effects()); !slices.Contains(got, "REQUEST 3 → tcp://p:2") {
-			t.Fatalf("after the new process's ACK: %v", got)
-		}
-		if c.Stats().Rechecks != 1 {
-			t.Fatalf("rechecks %d", c.Stats().Rechecks)
-		}
+		require.Contains(t, sends(c.Effects()), "REQUEST 3 → tcp://p:2", "after the new process's ACK")
+		require.EqualValues(t, 1, c.Stats().Rechecks, "rechecks")
 	})
 }
 
@@ -379,16 +339,12 @@ func prefillChunkQueued(t *testing.T) (*Core, []kvlayout.Write) {
 	c.Step(t0, InitSender{Room: 1})
 	c.Step(t0, Received{Msg: request(1, decodeFrom)})
 	c.Effects()
-	if err := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{0}, Last: false, AuxIndex: -1}).Err; err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, c.Step(t0, SendChunk{Room: 1, Pages: []uint32{0}, Last: false, AuxIndex: -1}).Err)
 	var writes []kvlayout.Write
 	for _, e := range c.Effects() {
 		writes = append(writes, e.Writes...)
 	}
-	if len(writes) == 0 {
-		t.Fatal("no write to gate")
-	}
+	require.NotEmpty(t, writes, "no write to gate")
 	return c, writes
 }
 
@@ -409,14 +365,11 @@ func TestRegisterEpochCheckedBeforeMetadataLoad(t *testing.T) {
 		for _, e := range c.Effects() {
 			challenged = challenged || e.Kind == EffectChallenge
 		}
-		if !challenged {
-			t.Fatal("the new epoch's REGISTER was not passed on to be challenged (then loaded)")
-		}
+		require.True(t, challenged, "the new epoch's REGISTER was not passed on to be challenged (then loaded)")
 		// Meanwhile the shell challenges and loads the new metadata; the pool gates the
 		// old room's next write.
-		if posted := c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK; posted == fixed {
-			t.Fatalf("the old process's write passed the gate during the new one's metadata load: %v", posted)
-		}
+		posted := c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK
+		require.Equal(t, !fixed, posted, "the old process's write passed the gate during the new one's metadata load: %v", posted)
 	})
 }
 
@@ -436,10 +389,9 @@ func TestStaleEpochDropped(t *testing.T) {
 		c.Effects()
 		c.Step(t0, Received{Msg: &wire.Abort{From: decodeFrom, Room: 9, Reason: "late"}})
 		_, registered := c.peers[restarted.Peer()]
-		if ok := registered && c.Sizes().Pending == 1 && c.Stats().StaleEpoch == 1; ok != fixed {
-			t.Fatalf("after a late message of the old epoch: registered %v, pending %d, stale %d",
-				registered, c.Sizes().Pending, c.Stats().StaleEpoch)
-		}
+		ok := registered && c.Sizes().Pending == 1 && c.Stats().StaleEpoch == 1
+		require.Equal(t, fixed, ok, "after a late message of the old epoch: registered %v, pending %d, stale %d",
+			registered, c.Sizes().Pending, c.Stats().StaleEpoch)
 	})
 }
 
@@ -463,14 +415,13 @@ func TestRelookupKeepsTheEndpoint(t *testing.T) {
 		c.Effects()
 		c.Step(at, Tick{})
 		for _, e := range c.Effects() {
-			if e.Kind == EffectUnwatch && fixed {
-				t.Fatalf("unwatched %s while room 1 waits for its data", e.To.Endpoint)
+			if fixed {
+				require.NotEqual(t, EffectUnwatch, e.Kind, "unwatched %s while room 1 waits for its data", e.To.Endpoint)
 			}
 		}
 		c.Step(at, PeerUnreachable{Endpoint: prefillFrom.Endpoint, Reason: wire.ReasonPeerUnreachable})
-		if st, _ := c.Status(1); (st == Failed) != fixed {
-			t.Fatalf("room 1 after the dead report during the lookup: %v", st)
-		}
+		st, _ := c.Status(1)
+		require.Equal(t, fixed, st == Failed, "room 1 after the dead report during the lookup: %v", st)
 		if !fixed {
 			return
 		}
@@ -484,12 +435,9 @@ func TestRelookupKeepsTheEndpoint(t *testing.T) {
 		c.relookup(c.targets[prefillT.key()])
 		c.Step(at, InitReceiver{Room: 3, Spec: RequestSpec{DstPages: []uint32{3}, AuxIndex: -1}})
 		c.Step(at, ResolveFailed{Target: prefillT, Err: errors.New("bootstrap server unreachable")})
-		if st, _ := c.Status(3); st == Failed {
-			t.Fatal("a failed lookup failed a room whose rank's endpoint is known")
-		}
-		if got := sends(c.Effects()); !slices.Contains(got, "REGISTER 0 → tcp://p:1") {
-			t.Fatalf("after the failed lookup: %v", got)
-		}
+		st, _ = c.Status(3)
+		require.NotEqual(t, Failed, st, "a failed lookup failed room 3, whose rank's endpoint is known")
+		require.Contains(t, sends(c.Effects()), "REGISTER 0 → tcp://p:1", "after the failed lookup")
 	})
 }
 
@@ -514,9 +462,8 @@ func TestOlderUnheardEpochDropped(t *testing.T) {
 		middle.Epoch = 2 // sent by a process that died before we heard of it
 		c.Step(t0, Received{Msg: &wire.Abort{From: middle, Room: 9, Reason: "late"}})
 		_, registered := c.peers[newest.Peer()]
-		if ok := registered && c.Sizes().Pending == 1 && c.epochs[newest.Peer()].epoch == 3; ok != fixed {
-			t.Fatalf("after a late message of an older, unheard epoch: registered %v, pending %d, current epoch %d",
-				registered, c.Sizes().Pending, c.epochs[newest.Peer()].epoch)
-		}
+		ok := registered && c.Sizes().Pending == 1 && c.epochs[newest.Peer()].epoch == 3
+		require.Equal(t, fixed, ok, "after a late message of an older, unheard epoch: registered %v, pending %d, current epoch %d",
+			registered, c.Sizes().Pending, c.epochs[newest.Peer()].epoch)
 	})
 }

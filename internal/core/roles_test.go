@@ -5,6 +5,9 @@ import (
 	"go/parser"
 	"go/token"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestRolesApart: the prefill and decode cores are distinct types (issue
@@ -20,9 +23,7 @@ func TestRolesApart(t *testing.T) {
 		"core_decode.go":  {"decodeCore", "prefillCore"},
 	} {
 		f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		own := 0
 		for _, d := range f.Decls {
 			fn, ok := d.(*ast.FuncDecl)
@@ -37,17 +38,15 @@ func TestRolesApart(t *testing.T) {
 			case tc.own:
 				own++
 			case "Core", "base", tc.other:
-				t.Errorf("%s: method %s of %s", file, fn.Name.Name, name)
+				assert.Fail(t, "a method of another type", "%s: method %s of %s", file, fn.Name.Name, name)
 			}
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
 			if id, ok := n.(*ast.Ident); ok && id.Name == tc.other {
-				t.Errorf("%s names %s", file, tc.other)
+				assert.Fail(t, "names the other role's type", "%s names %s", file, tc.other)
 			}
 			return true
 		})
-		if own < 10 {
-			t.Fatalf("%s: only %d methods of %s", file, own, tc.own)
-		}
+		require.GreaterOrEqual(t, own, 10, "%s: only %d methods of %s", file, own, tc.own)
 	}
 }

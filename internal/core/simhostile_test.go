@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // Hostile peers in the simulator (issue 49; docs/PROTOCOL.md "Bounds that
@@ -351,9 +353,7 @@ func TestSimRandomHostile(t *testing.T) {
 	const n = 50 / raceSeeds // (make sim's SIM_SEEDS is TestSimRandom's)
 	for seed := uint64(0); seed < uint64(n); seed++ {
 		run, err := runRandom(cfg, seed, simRandomSteps)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		total.add(run.cov)
 	}
 	if raceOn {
@@ -361,9 +361,7 @@ func TestSimRandomHostile(t *testing.T) {
 	}
 	for _, what := range []string{"hostile: RENEW sent", "hostile: read never posted", "hostile: RENEW for a room that failed", "source released forced",
 		"hostile: ABORT flood sent", "hostile: its own early aborts forgotten (its share)"} {
-		if total.hits[what] == 0 {
-			t.Errorf("the hostile swarm never reached %q (reached: %v)", what, total.hits)
-		}
+		assert.Positive(t, total.hits[what], "the hostile swarm never reached %q (reached: %v)", what, total.hits)
 	}
 	t.Logf("%d hostile swarm runs: %d RENEWs from the hostile rank, %d pull sources released (%d forced)", n,
 		total.hits["hostile: RENEW sent"], total.hits["source released"]+total.hits["source released forced"], total.hits["source released forced"])

@@ -2,8 +2,9 @@ package core
 
 import (
 	"cmp"
-	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // The simulator's track record (etcd's robustness tests keep one): every
@@ -84,26 +85,22 @@ func TestSimRegressions(t *testing.T) {
 				cfg = rc.cfg()
 			} else if rc.config != "restart script" {
 				sc, ok := cfgs[rc.config]
-				if !ok {
-					t.Fatalf("no configuration %q", rc.config)
-				}
+				require.True(t, ok, "no configuration %q", rc.config)
 				cfg = sc.cfg
 			}
 			fixedAndMutant(t, rc.mutant, func(t *testing.T, fixed bool) {
 				w, n := runScript(cfg, rc.script)
-				switch {
-				case fixed && w.err != nil:
-					t.Fatalf("the core fails the trace at event %d: %v", n, w.err)
-				case fixed && n != cmp.Or(rc.stops, len(rc.script)):
+				if fixed {
+					require.NoError(t, w.err, "the core fails the trace at event %d", n)
 					// A trace the core no longer lets happen proves nothing
 					// (the protocol changed under it: this one stopped at
 					// its fifth event from stop 56 to 57, its mutant no
 					// longer shown): write it again.
-					t.Fatalf("the trace ran %d of its %d events, want %d: %q cannot happen (the protocol changed: update the trace)",
+					require.Equal(t, cmp.Or(rc.stops, len(rc.script)), n, "the trace ran %d of its %d events, want %d: %q cannot happen (the protocol changed: update the trace)",
 						n, len(rc.script), cmp.Or(rc.stops, len(rc.script)), at(rc.script, n))
-				case !fixed && (w.err == nil || !strings.Contains(w.err.Error(), rc.want)):
-					t.Fatalf("with %s the trace (%d of %d events) gave %v, want %q", rc.mutant, n, len(rc.script), w.err, rc.want)
+					return
 				}
+				require.ErrorContains(t, w.err, rc.want, "with %s the trace (%d of %d events) gave %v, want %q", rc.mutant, n, len(rc.script), w.err, rc.want)
 			})
 		})
 	}

@@ -12,6 +12,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // The simulator's configurations. Exhaustive ones are small enough to
@@ -383,23 +386,17 @@ func TestSimExhaustive(t *testing.T) {
 			t.Parallel()
 			if raceOn {
 				states, transitions, _, err := simExploreUpTo(sc.cfg, raceStates, true)
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				t.Logf("%s, under the race detector: the first %d states and %d transitions (every interleaving: make test-checkers)", name, states, transitions)
 				return
 			}
 			states, transitions, cov, err := simExplore(sc.cfg, 600_000)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			mu.Lock()
 			ran, allStates, allTransitions = ran+1, allStates+states, allTransitions+transitions
 			mu.Unlock()
 			for _, r := range sc.reach {
-				if cov.hits[r] == 0 {
-					t.Errorf("never reached %q (reached: %v)", r, cov.hits)
-				}
+				assert.Positive(t, cov.hits[r], "never reached %q (reached: %v)", r, cov.hits)
 			}
 			t.Logf("%s: checked %d distinct states and %d transitions (every interleaving)", name, states, transitions)
 		})
@@ -415,9 +412,7 @@ func TestSimDeep(t *testing.T) {
 	for _, name := range slices.Sorted(maps.Keys(cfgs)) {
 		t.Run(name, func(t *testing.T) {
 			states, transitions, _, err := simExplore(cfgs[name], 50_000_000)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			t.Logf("%s: checked %d distinct states and %d transitions (every interleaving)", name, states, transitions)
 		})
 	}
@@ -473,9 +468,7 @@ func TestSimRandom(t *testing.T) {
 	withSuccess := 0
 	for seed := base; seed < base+uint64(n); seed++ {
 		run, err := runRandom(cfg, seed, simRandomSteps)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if run.cov.success > 0 {
 			withSuccess++
 		}
@@ -484,19 +477,11 @@ func TestSimRandom(t *testing.T) {
 	h := total.hits
 	if n >= 200 {
 		for _, what := range slices.Sorted(maps.Keys(simRandomCoverage)) {
-			if h[what] < simRandomCoverage[what] {
-				t.Errorf("the random runs reached %q %d times, want ≥ %d", what, h[what], simRandomCoverage[what])
-			}
+			assert.GreaterOrEqual(t, h[what], simRandomCoverage[what], "the random runs reached %q %d times, want ≥ %d", what, h[what], simRandomCoverage[what])
 		}
-		if total.success < 300 {
-			t.Errorf("%d room sides succeeded over the seeds, want ≥ 300", total.success)
-		}
-		if 2*withSuccess < n {
-			t.Errorf("%d of %d seeds had a successful room, want at least half", withSuccess, n)
-		}
-		if 4*h["time jump"] > h["event"] {
-			t.Errorf("time jumps are %d of %d events, want a minority (≤ ¼)", h["time jump"], h["event"])
-		}
+		assert.GreaterOrEqual(t, total.success, 300, "%d room sides succeeded over the seeds, want ≥ 300", total.success)
+		assert.GreaterOrEqual(t, 2*withSuccess, n, "%d of %d seeds had a successful room, want at least half", withSuccess, n)
+		assert.LessOrEqual(t, 4*h["time jump"], h["event"], "time jumps are %d of %d events, want a minority (≤ ¼)", h["time jump"], h["event"])
 	}
 	if n == 200 && base == 0 {
 		// docs/ARCHITECTURE.md gives these figures of the fixed seeds.
@@ -528,12 +513,12 @@ func TestSimDeterministic(t *testing.T) {
 			for i < min(len(a.trace), len(b.trace)) && a.trace[i] == b.trace[i] {
 				i++
 			}
-			t.Fatalf("seed %d: two runs differ from event %d (%d and %d events): %q vs %q",
+			require.Fail(t, "two runs of a seed differ", "seed %d: two runs differ from event %d (%d and %d events): %q vs %q",
 				seed, i, len(a.trace), len(b.trace), at(a.trace, i), at(b.trace, i))
 		}
-		if a.cov.success != b.cov.success || a.cov.failed != b.cov.failed || !maps.Equal(a.cov.hits, b.cov.hits) {
-			t.Fatalf("seed %d: outcomes differ: %+v vs %+v", seed, a.cov, b.cov)
-		}
+		require.Equal(t, a.cov.success, b.cov.success, "seed %d: outcomes differ: %+v vs %+v", seed, a.cov, b.cov)
+		require.Equal(t, a.cov.failed, b.cov.failed, "seed %d: outcomes differ: %+v vs %+v", seed, a.cov, b.cov)
+		require.Equal(t, a.cov.hits, b.cov.hits, "seed %d: outcomes differ: %+v vs %+v", seed, a.cov, b.cov)
 	}
 }
 
@@ -578,9 +563,7 @@ func TestSimFindsBugs(t *testing.T) {
 				} else {
 					_, _, _, err = simExplore(cfgs[tc.cfg].cfg, 600_000)
 				}
-				if err == nil || !strings.Contains(err.Error(), tc.want) {
-					t.Fatalf("the simulator did not find the bug (want %q): %v", tc.want, err)
-				}
+				require.ErrorContains(t, err, tc.want, "the simulator did not find the bug (want %q)", tc.want)
 				t.Logf("found: %v", err)
 			})
 		})
@@ -612,21 +595,16 @@ var restartScript = []string{
 // new process.
 func TestSimRestartBeforeSender(t *testing.T) {
 	w, n := runScript(restartScriptConfig(), restartScript)
-	if w.err != nil {
-		t.Fatal(w.err)
-	}
-	if n != 13 { // stops at "send chunk": the sender was born Failed
-		t.Fatalf("script ran %d events, want 13 (no chunk can be sent): %v", n, w.trace)
-	}
+	require.NoError(t, w.err)
+	// It stops at "send chunk": the sender was born Failed.
+	require.Equal(t, 13, n, "script ran %d events, want 13 (no chunk can be sent): %v", n, w.trace)
 	p := w.procs[0].core
 	st, _ := p.Status(7)
 	reason, _ := p.Failure(7)
-	if st != Failed || !strings.Contains(reason, "peer restarted") {
-		t.Fatalf("room 7 on prefill: %v %q, want Failed by the restart", st, reason)
-	}
-	if len(w.writes) != 0 || len(w.procs[0].jobs) != 0 {
-		t.Fatalf("writes %v jobs %v: nothing may be written", w.writes, w.procs[0].jobs)
-	}
+	require.Equal(t, Failed, st, "room 7 on prefill: %v %q, want Failed by the restart", st, reason)
+	require.Contains(t, reason, "peer restarted", "room 7 on prefill: %v %q, want Failed by the restart", st, reason)
+	require.Empty(t, w.writes, "writes %v jobs %v: nothing may be written", w.writes, w.procs[0].jobs)
+	require.Empty(t, w.procs[0].jobs, "writes %v jobs %v: nothing may be written", w.writes, w.procs[0].jobs)
 }
 
 // thousands writes n with commas between groups of three digits (8,185).
@@ -641,24 +619,23 @@ func thousands(n int) string {
 // archDoc is docs/ARCHITECTURE.md with its whitespace runs made single
 // spaces (its lines wrap anywhere).
 func archDoc(t *testing.T) string {
+	t.Helper()
 	b, err := os.ReadFile("../../docs/ARCHITECTURE.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return strings.Join(strings.Fields(string(b)), " ")
 }
 
 // docHas fails t unless docs/ARCHITECTURE.md says want.
 func docHas(t *testing.T, want string) {
-	if !strings.Contains(archDoc(t), want) {
-		t.Errorf("docs/ARCHITECTURE.md does not say %q: update its figures from this run", want)
-	}
+	t.Helper()
+	assert.True(t, strings.Contains(archDoc(t), want), "docs/ARCHITECTURE.md does not say %q: update its figures from this run", want)
 }
 
 // docAbout checks a rounded figure pair in docs/ARCHITECTURE.md: the
 // phrase (a format with two %s for numbers written with commas) must be
 // there, each number within 10 % of the run's.
 func docAbout(t *testing.T, phrase string, a, b int) {
+	t.Helper()
 	doc := archDoc(t)
 	num := `([0-9][0-9,]*)`
 	parts := strings.Split(phrase, "%s")
@@ -667,14 +644,11 @@ func docAbout(t *testing.T, phrase string, a, b int) {
 	}
 	re := regexp.MustCompile(strings.Join(parts, num))
 	m := re.FindStringSubmatch(doc)
-	if m == nil {
-		t.Errorf("docs/ARCHITECTURE.md has no %q (the run: %s and %s)", phrase, thousands(a), thousands(b))
+	if !assert.NotNil(t, m, "docs/ARCHITECTURE.md has no %q (the run: %s and %s)", phrase, thousands(a), thousands(b)) {
 		return
 	}
 	for i, got := range []int{a, b} {
 		said, _ := strconv.Atoi(strings.ReplaceAll(m[i+1], ",", ""))
-		if d := float64(said - got); d > 0.1*float64(got) || d < -0.1*float64(got) {
-			t.Errorf("docs/ARCHITECTURE.md says %q, the run %s: more than 10 %% off, update it", m[0], thousands(got))
-		}
+		assert.InDelta(t, float64(got), float64(said), 0.1*float64(got), "docs/ARCHITECTURE.md says %q, the run %s: more than 10 %% off, update it", m[0], thousands(got))
 	}
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // everyInput is one value of each input type.
@@ -50,18 +52,14 @@ func everyInput() map[string]Input {
 func TestStepHandlesEveryInput(t *testing.T) {
 	fs := token.NewFileSet()
 	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var declared []string
 	for _, name := range files {
 		if strings.HasSuffix(name, "_test.go") {
 			continue
 		}
 		f, err := parser.ParseFile(fs, name, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for _, d := range f.Decls {
 			if fn, ok := d.(*ast.FuncDecl); ok && fn.Name.Name == "input" && fn.Recv != nil {
 				if id, ok := fn.Recv.List[0].Type.(*ast.Ident); ok {
@@ -77,31 +75,25 @@ func TestStepHandlesEveryInput(t *testing.T) {
 	}
 	slices.Sort(declared)
 	slices.Sort(listed)
-	if len(declared) == 0 || !slices.Equal(declared, listed) {
-		t.Fatalf("step.go declares the inputs %v; this test lists %v", declared, listed)
-	}
+	require.NotEmpty(t, declared, "step.go declares the inputs %v; this test lists %v", declared, listed)
+	require.Equal(t, declared, listed, "step.go declares the inputs %v; this test lists %v", declared, listed)
 	now := time.Unix(1_000_000, 0)
 	for _, role := range []Role{RolePrefill, RoleDecode} {
 		for _, n := range listed {
 			out := testCore(t, role).Step(now, inputs[n])
-			if errors.Is(out.Err, ErrUnknownInput) || errors.Is(out.Result.Err, ErrUnknownInput) {
-				t.Errorf("%v core: %s has no case in Step: %v", role, n, out.Err)
-			}
+			assert.NotErrorIs(t, out.Err, ErrUnknownInput, "%v core: %s has no case in Step", role, n)
+			assert.NotErrorIs(t, out.Result.Err, ErrUnknownInput, "%v core: %s has no case in Step: %v", role, n, out.Err)
 		}
 		c := testCore(t, role)
-		if out := c.Step(now, nil); !errors.Is(out.Err, ErrUnknownInput) || out.Result.Outcome != Rejected {
-			t.Errorf("%v core: a nil input gave %+v, want ErrUnknownInput", role, out)
-		}
-		if e := c.Effects(); len(e) != 0 {
-			t.Errorf("%v core: a nil input had effects %v", role, e)
-		}
+		out := c.Step(now, nil)
+		assert.ErrorIs(t, out.Err, ErrUnknownInput, "%v core: a nil input gave %+v", role, out)
+		assert.Equal(t, Rejected, out.Result.Outcome, "%v core: a nil input gave %+v, want ErrUnknownInput", role, out)
+		assert.Empty(t, c.Effects(), "%v core: a nil input had effects", role)
 		// A type Step has no case for (one of this test's own).
-		if out := c.Step(now, strayInput{}); !errors.Is(out.Err, ErrUnknownInput) || out.Result.Outcome != Rejected {
-			t.Errorf("%v core: an input without a case gave %+v, want ErrUnknownInput", role, out)
-		}
-		if e := c.Effects(); len(e) != 0 {
-			t.Errorf("%v core: an input without a case had effects %v", role, e)
-		}
+		out = c.Step(now, strayInput{})
+		assert.ErrorIs(t, out.Err, ErrUnknownInput, "%v core: an input without a case gave %+v", role, out)
+		assert.Equal(t, Rejected, out.Result.Outcome, "%v core: an input without a case gave %+v, want ErrUnknownInput", role, out)
+		assert.Empty(t, c.Effects(), "%v core: an input without a case had effects", role)
 	}
 }
 
@@ -118,23 +110,20 @@ func TestFailInput(t *testing.T) {
 	register(t, c, decodeFrom)
 	c.Step(t0, CreateSender{Room: 1})
 	c.Step(t0, InitSender{Room: 1})
-	if !c.Step(t0, Received{Msg: request(1, decodeFrom)}).OK {
-		t.Fatal("REQUEST refused")
-	}
+	require.True(t, c.Step(t0, Received{Msg: request(1, decodeFrom)}).OK, "REQUEST refused")
 	c.Effects()
-	if res := c.Step(t0, Fail{Room: 1, Reason: "transfer: pool closed"}).Result; res.Outcome != Applied || res.Status != Failed {
-		t.Fatalf("Fail: %+v", res)
-	}
-	if r, _ := c.Failure(1); r != "transfer: pool closed" {
-		t.Fatalf("reason %q", r)
-	}
+	res := c.Step(t0, Fail{Room: 1, Reason: "transfer: pool closed"}).Result
+	require.Equal(t, Applied, res.Outcome, "Fail: %+v", res)
+	require.Equal(t, Failed, res.Status, "Fail: %+v", res)
+	r, _ := c.Failure(1)
+	require.Equal(t, "transfer: pool closed", r, "room 1's reason")
 	st := sent[*wire.Status](c.Effects())
-	if len(st) != 1 || st[0].Room != 1 || st[0].Status != wire.StatusFailed || st[0].Code != CodeFailed {
-		t.Fatalf("STATUS to the decode rank: %+v", st)
-	}
-	if res := c.Step(t0, Fail{Room: 9, Reason: "x"}).Result; res.Outcome == Applied {
-		t.Fatalf("Fail of an unknown room applied: %+v", res)
-	}
+	require.Len(t, st, 1, "STATUS to the decode rank: %+v", st)
+	require.EqualValues(t, 1, st[0].Room, "STATUS to the decode rank: %+v", st)
+	require.Equal(t, wire.StatusFailed, st[0].Status, "STATUS to the decode rank: %+v", st)
+	require.Equal(t, CodeFailed, st[0].Code, "STATUS to the decode rank: %+v", st)
+	res = c.Step(t0, Fail{Room: 9, Reason: "x"}).Result
+	require.NotEqual(t, Applied, res.Outcome, "Fail of an unknown room applied: %+v", res)
 }
 
 // TestRegisterAsLoadEffect: a REGISTER is checked in the core when it
@@ -146,42 +135,40 @@ func TestRegisterAsLoadEffect(t *testing.T) {
 	c := testCore(t, RolePrefill)
 	kv, aux, state := RegionsOf(simLayout())
 	first := &wire.Register{From: decodeFrom, Compat: "sim", KV: kv, Aux: aux, State: state}
-	if c.Step(t0, Received{Msg: first}).OK {
-		t.Fatal("a REGISTER was passed on to be loaded before its agent challenge was echoed")
-	}
+	require.False(t, c.Step(t0, Received{Msg: first}).OK, "a REGISTER was passed on to be loaded before its agent challenge was echoed")
 	eff := c.Effects()
 	// The agent keeps progressing while the notification goes out, then
 	// the challenge.
-	if len(eff) != 2 || eff[0].Kind != EffectKeepProgress || eff[1].Kind != EffectChallenge || eff[1].Msg != first {
-		t.Fatalf("effects of a first REGISTER: %+v", eff)
-	}
+	require.Len(t, eff, 2, "effects of a first REGISTER: %+v", eff)
+	require.Equal(t, EffectKeepProgress, eff[0].Kind, "effects of a first REGISTER: %+v", eff)
+	require.Equal(t, EffectChallenge, eff[1].Kind, "effects of a first REGISTER: %+v", eff)
+	require.Same(t, first, eff[1].Msg, "effects of a first REGISTER: %+v", eff)
 	ch, _ := ParseChallenge(eff[1].Notif)
 	good := *first
 	good.Echo = ch.Nonce
-	if !c.Step(t0, Received{Msg: &good}).OK {
-		t.Fatal("a valid REGISTER was not passed on to be loaded")
-	}
+	require.True(t, c.Step(t0, Received{Msg: &good}).OK, "a valid REGISTER was not passed on to be loaded")
 	eff = c.Effects()
-	if len(eff) != 1 || eff[0].Kind != EffectLoadMetadata || eff[0].Msg != &good || eff[0].Plan == nil || eff[0].To.Endpoint != decodeFrom.Endpoint {
-		t.Fatalf("effects of a valid REGISTER: %+v", eff)
-	}
+	require.Len(t, eff, 1, "effects of a valid REGISTER: %+v", eff)
+	require.Equal(t, EffectLoadMetadata, eff[0].Kind, "effects of a valid REGISTER: %+v", eff)
+	require.Same(t, &good, eff[0].Msg, "effects of a valid REGISTER: %+v", eff)
+	require.NotNil(t, eff[0].Plan, "effects of a valid REGISTER: %+v", eff)
+	require.Equal(t, decodeFrom.Endpoint, eff[0].To.Endpoint, "effects of a valid REGISTER: %+v", eff)
 	plan := *eff[0].Plan
 	c.Step(t0, Registered{From: decodeFrom, Remote: "agent", Plan: plan})
-	if acks := sent[*wire.RegisterAck](c.Effects()); len(acks) != 1 || !acks[0].OK {
-		t.Fatalf("after the load: %v", acks)
-	}
+	acks := sent[*wire.RegisterAck](c.Effects())
+	require.Len(t, acks, 1, "after the load: %v", acks)
+	require.True(t, acks[0].OK, "after the load: %v", acks)
 
 	other := decodeFrom
 	other.Rank, other.Endpoint = 1, "tcp://d:2"
 	// Valid but for its model (a name of its own, its regions): refused
 	// at once for the compat hash, before any challenge or load.
 	bad := &wire.Register{From: other, Compat: "another model", Agent: "other-agent", KV: kv, Aux: aux, State: state}
-	if c.Step(t0, Received{Msg: bad}).OK {
-		t.Fatal("a REGISTER of another compat hash was passed on to be loaded")
-	}
+	require.False(t, c.Step(t0, Received{Msg: bad}).OK, "a REGISTER of another compat hash was passed on to be loaded")
 	eff = c.Effects()
-	acks := sent[*wire.RegisterAck](eff)
-	if len(acks) != 1 || acks[0].OK || len(eff) != 1 || !strings.Contains(acks[0].Reason, "compat") {
-		t.Fatalf("effects of an invalid REGISTER: %+v (want one REGISTER_ACK refusing its compat hash)", eff)
-	}
+	acks = sent[*wire.RegisterAck](eff)
+	require.Len(t, eff, 1, "effects of an invalid REGISTER: %+v (want one REGISTER_ACK refusing its compat hash)", eff)
+	require.Len(t, acks, 1, "effects of an invalid REGISTER: %+v (want one REGISTER_ACK refusing its compat hash)", eff)
+	require.False(t, acks[0].OK, "effects of an invalid REGISTER: %+v (want one REGISTER_ACK refusing its compat hash)", eff)
+	require.Contains(t, acks[0].Reason, "compat", "effects of an invalid REGISTER: %+v (want one REGISTER_ACK refusing its compat hash)", eff)
 }

@@ -9,6 +9,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestConcurrentStress plays the three threads of a prefill rank at once
@@ -28,9 +31,7 @@ func TestConcurrentStress(t *testing.T) {
 	cfg := testConfig(clk)
 	cfg.MaxPendingRooms, cfg.MaxPendingPerPeer = rooms, rooms
 	reg, err := newTestReg(cfg, clk)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 1))
@@ -238,26 +239,22 @@ func TestConcurrentStress(t *testing.T) {
 	for id := uint64(1); id <= rooms; id++ {
 		if st, known := reg.Status(id); known {
 			live++
-			if !st.Terminal() {
-				t.Errorf("room %d still %v after every deadline", id, st)
-			}
+			assert.True(t, st.Terminal(), "room %d still %v after every deadline", id, st)
 			reg.Clear(id)
 		}
 	}
 	reg.Sweep(clk.Advance(cfg.TombstoneTTL + time.Second))
-	if s := reg.Sizes(); s.Total() != 0 {
-		t.Fatalf("registry not empty after clear and TTL: %+v", s)
-	}
+	s := reg.Sizes()
+	require.Zero(t, s.Total(), "registry not empty after clear and TTL: %+v", s)
 	// After the TTL every id is free again.
 	for id := uint64(10); id <= rooms; id += 10 {
-		if res := reg.Create(id, RolePrefill); res.Outcome != Applied || res.Status != Bootstrapping {
-			t.Fatalf("room %d: reuse after the TTL: %+v", id, res)
-		}
+		res := reg.Create(id, RolePrefill)
+		require.Equal(t, Applied, res.Outcome, "room %d: reuse after the TTL: %+v", id, res)
+		require.Equal(t, Bootstrapping, res.Status, "room %d: reuse after the TTL: %+v", id, res)
 		reg.Clear(id)
 	}
 	t.Logf("%d succeeded, %d failed, %d reuses refused inside the TTL, %d left live for the final sweep",
 		succeeded.Load(), failed.Load(), reuseRefused.Load(), live)
-	if succeeded.Load() == 0 || failed.Load() == 0 {
-		t.Fatalf("expected both outcomes, got %d succeeded, %d failed", succeeded.Load(), failed.Load())
-	}
+	require.Positive(t, succeeded.Load(), "expected both outcomes, got %d succeeded, %d failed", succeeded.Load(), failed.Load())
+	require.Positive(t, failed.Load(), "expected both outcomes, got %d succeeded, %d failed", succeeded.Load(), failed.Load())
 }
