@@ -34,7 +34,7 @@ test: deps
 CHECKERS_LOG ?= $${TMPDIR:-/tmp}/kvbridge-checkers.log
 TEST_TIMEOUT ?= 5m
 test-checkers:
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v -run '$(CHECKERS)' ./internal/core 2>&1 | tee $(CHECKERS_LOG) | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:|^panic|running tests:|^\s+Test[^ ]* \(|[a-z_]+_test\.go:[0-9]+: .*(FAIL|Error|fail)' \
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v -run '$(CHECKERS)' ./internal/core 2>&1 | tee $(CHECKERS_LOG) | grep --line-buffered -E '^(--- FAIL|--- PASS: Test(Interleavings|Sim)|ok|FAIL|PASS)|^\s+--- FAIL|checked [0-9]|swarm runs|found:|^panic|running tests:|^\s+Test[^ ]* \(|[a-z_]+_test\.go:[0-9]+: .*(FAIL|Error|fail)|^\s+(Error Trace|Error|Messages):' \
 		|| { echo "test-checkers failed: the whole -v log is in $(CHECKERS_LOG)"; exit 1; }
 	@# The simulator must still find the bugs it found: their source mutants laid over the core, each caught by the checkers (make mutants
 	@# runs every mutant). Here, beside the other packages' tests, rather than after them.
