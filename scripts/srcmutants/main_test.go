@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -16,9 +18,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // length of the list here, and names each mutant it names that exists.
 func TestDocFigures(t *testing.T) {
 	b, err := os.ReadFile("../../docs/ARCHITECTURE.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	doc := strings.Join(strings.Fields(string(b)), " ")
 	n := len(mutants)
 	for _, want := range []string{
@@ -26,15 +26,11 @@ func TestDocFigures(t *testing.T) {
 		fmt.Sprintf("%d of %d caught);", n, n),
 		fmt.Sprintf("(`scripts/srcmutants`; %d in all", n),
 	} {
-		if !strings.Contains(doc, want) {
-			t.Errorf("docs/ARCHITECTURE.md does not say %q: update its figure", want)
-		}
+		assert.True(t, strings.Contains(doc, want), "docs/ARCHITECTURE.md does not say %q: update its figure", want)
 	}
 	seen := map[string]bool{}
 	for _, m := range mutants {
-		if seen[m.name] {
-			t.Errorf("mutant %q listed twice", m.name)
-		}
+		assert.False(t, seen[m.name], "mutant %q listed twice", m.name)
 		seen[m.name] = true
 	}
 }
@@ -44,13 +40,10 @@ func TestDocFigures(t *testing.T) {
 // that moves the code fails make test, not a later make mutants.
 func TestMutantsMatchTheCode(t *testing.T) {
 	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	tmp := t.TempDir()
 	for i, m := range mutants {
-		if _, err := overlay(root, tmp, i, m); err != nil {
-			t.Error(err)
-		}
+		_, err := overlay(root, tmp, i, m)
+		assert.NoError(t, err, "mutant %q", m.name)
 	}
 }
