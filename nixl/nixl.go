@@ -2,12 +2,12 @@ package nixl
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -247,13 +247,13 @@ type Xfer struct {
 	notify chan<- *Xfer // PostTo's channel, sent x when final
 	// canary: a READ into DRAM planted it in the last bytes of each local
 	// descriptor of at least canaryBytes before its post (canaried).
-	canary   [canaryBytes]byte
+	canary   uint64
 	canaried bool
-	// planted: the local descriptors whose tails this post planted (a
-	// tail another READ in flight had planted is left to that READ);
-	// saved: their last canaryBytes before the canary, in that order.
-	planted []int
-	saved   []byte
+	// planted: the local descriptors whose tails (addresses in tails)
+	// this post planted (a tail another READ in flight had planted is
+	// left to that READ); saved: their 8 bytes before the canary.
+	planted      []int
+	tails, saved []uint64
 	// cancelled: settled by Release or Close while the engine may still
 	// write its memory (its canaries are left where they are).
 	cancelled bool
@@ -273,13 +273,14 @@ var canariesOff atomic.Bool
 
 // plantCanaries (PostTo, a.wmu held, before the engine sees x): a READ
 // into DRAM gets a fresh random canary at the end of each local descriptor
-// whose tail no other READ in flight planted (that READ checks it).
+// whose tail no other READ in flight planted (that READ checks it), all
+// in one call to C.
 func (a *Agent) plantCanaries(x *Xfer) {
-	x.canaried, x.cancelled, x.planted, x.saved = false, false, x.planted[:0], x.saved[:0]
+	x.canaried, x.cancelled = false, false
+	x.planted, x.tails = x.planted[:0], x.tails[:0]
 	if x.Op != Read || x.local.Kind != DRAM || canariesOff.Load() {
 		return
 	}
-	binary.LittleEndian.PutUint64(x.canary[:], rand.Uint64())
 	for k, d := range x.Local {
 		if d.Len < canaryBytes {
 			continue
@@ -288,44 +289,41 @@ func (a *Agent) plantCanaries(x *Xfer) {
 		if a.tails[at] != nil {
 			continue
 		}
-		tail := view(at, canaryBytes)
-		x.saved = append(x.saved, tail...)
-		copy(tail, x.canary[:])
-		x.planted = append(x.planted, k)
 		a.tails[at] = x
+		x.planted = append(x.planted, k)
+		x.tails = append(x.tails, uint64(at))
 	}
-	x.canaried = len(x.planted) > 0
+	if len(x.tails) == 0 {
+		return
+	}
+	x.canary = rand.Uint64()
+	x.saved = slices.Grow(x.saved[:0], len(x.tails))[:len(x.tails)]
+	plantTails(x.tails, x.canary, x.saved)
+	x.canaried = true
 }
 
 // settleCanaries (settle, a.wmu held): a READ reported complete whose
 // planted tail still holds the canary did not deliver that descriptor (the
-// first such is returned, -1 if none); a READ that did not complete gets
-// back the bytes its canaries replaced where nothing landed — unless it
-// was cancelled while the engine may still write there. Its tails are
-// given up either way.
+// first such is returned, -1 if none); every tail still holding the
+// canary gets back the bytes it replaced — unless the READ was cancelled
+// while the engine may still write there. Its tails are given up either
+// way.
 func (a *Agent) settleCanaries(x *Xfer, st XferState) int {
 	if !x.canaried {
 		return -1
 	}
 	x.canaried = false
-	first := -1
-	for i, k := range x.planted {
-		d := x.Local[k]
-		at := d.Addr + uintptr(d.Len-canaryBytes)
-		delete(a.tails, at)
-		if x.cancelled {
-			continue
-		}
-		tail := view(at, canaryBytes)
-		if string(tail) != string(x.canary[:]) {
-			continue
-		}
-		if st == Done && first < 0 {
-			first = k
-		}
-		copy(tail, x.saved[i*canaryBytes:(i+1)*canaryBytes])
+	for _, at := range x.tails {
+		delete(a.tails, uintptr(at))
 	}
-	return first
+	if x.cancelled {
+		return -1
+	}
+	i := settleTails(x.tails, x.canary, x.saved, true)
+	if i < 0 || st != Done {
+		return -1
+	}
+	return x.planted[i]
 }
 
 // Done returns a channel closed when the transfer's current post reaches a

@@ -1201,6 +1201,22 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 	return p, err
 }
 
+// plantTails saves the 8 bytes at each address of tails into saved and
+// writes canary there (READ canaries: one cgo call a READ).
+func plantTails(tails []uint64, canary uint64, saved []uint64) {
+	C.kvb_canaries_plant((*C.uint64_t)(unsafe.Pointer(&tails[0])), C.size_t(len(tails)), C.uint64_t(canary), (*C.uint64_t)(unsafe.Pointer(&saved[0])))
+}
+
+// settleTails returns the first i whose tail still holds canary (-1 if
+// none), and with restore puts saved[i] back at every such tail.
+func settleTails(tails []uint64, canary uint64, saved []uint64, restore bool) int {
+	r := C.int(0)
+	if restore {
+		r = 1
+	}
+	return int(C.kvb_canaries_settle((*C.uint64_t)(unsafe.Pointer(&tails[0])), C.size_t(len(tails)), C.uint64_t(canary), (*C.uint64_t)(unsafe.Pointer(&saved[0])), r))
+}
+
 // view returns registered memory (C, UCX-mapped, or pinned Go memory) as a
 // byte slice; the conversion goes through C so no uintptr becomes a Go
 // pointer in Go code.
