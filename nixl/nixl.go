@@ -250,8 +250,7 @@ type Xfer struct {
 	canary   uint64
 	canaried bool
 	// planted: the local descriptors whose tails (addresses in tails)
-	// this post planted (a tail another READ in flight had planted is
-	// left to that READ); saved: their 8 bytes before the canary.
+	// this post planted; saved: their 8 bytes before the canary.
 	planted      []int
 	tails, saved []uint64
 	// cancelled: settled by Release or Close while the engine may still
@@ -273,8 +272,9 @@ var canariesOff atomic.Bool
 
 // plantCanaries (PostTo, a.wmu held, before the engine sees x): a READ
 // into DRAM gets a fresh random canary at the end of each local descriptor
-// whose tail no other READ in flight planted (that READ checks it), all
-// in one call to C.
+// of at least canaryBytes, all in one call to C. (A tail another READ in
+// flight planted is planted over: settleCanaries treats such a tail as one
+// it cannot vouch for.)
 func (a *Agent) plantCanaries(x *Xfer) {
 	x.canaried, x.cancelled = false, false
 	x.planted, x.tails = x.planted[:0], x.tails[:0]
@@ -282,16 +282,10 @@ func (a *Agent) plantCanaries(x *Xfer) {
 		return
 	}
 	for k, d := range x.Local {
-		if d.Len < canaryBytes {
-			continue
+		if d.Len >= canaryBytes {
+			x.planted = append(x.planted, k)
+			x.tails = append(x.tails, uint64(d.Addr+uintptr(d.Len-canaryBytes)))
 		}
-		at := d.Addr + uintptr(d.Len-canaryBytes)
-		if a.tails[at] != nil {
-			continue
-		}
-		a.tails[at] = x
-		x.planted = append(x.planted, k)
-		x.tails = append(x.tails, uint64(at))
 	}
 	if len(x.tails) == 0 {
 		return
@@ -300,26 +294,31 @@ func (a *Agent) plantCanaries(x *Xfer) {
 	x.saved = slices.Grow(x.saved[:0], len(x.tails))[:len(x.tails)]
 	plantTails(x.tails, x.canary, x.saved)
 	x.canaried = true
+	a.canaried[x] = struct{}{}
 }
 
-// settleCanaries (settle, a.wmu held): a READ reported complete whose
-// planted tail still holds the canary did not deliver that descriptor (the
-// first such is returned, -1 if none); every tail still holding the
-// canary gets back the bytes it replaced — unless the READ was cancelled
-// while the engine may still write there. Its tails are given up either
-// way.
+// settleCanaries (settle, a.wmu held): the first planted descriptor (-1 if
+// none) that a READ reported complete did not deliver — its tail still
+// holds this READ's canary — or cannot vouch for: its tail holds the
+// canary of another READ in flight that planted over it (overlapping
+// reads). A tail still holding this READ's canary gets back the bytes it
+// replaced, unless the READ was cancelled while the engine may still
+// write there.
 func (a *Agent) settleCanaries(x *Xfer, st XferState) int {
 	if !x.canaried {
 		return -1
 	}
 	x.canaried = false
-	for _, at := range x.tails {
-		delete(a.tails, uintptr(at))
-	}
+	delete(a.canaried, x)
 	if x.cancelled {
 		return -1
 	}
-	i := settleTails(x.tails, x.canary, x.saved, true)
+	others := a.others[:0]
+	for y := range a.canaried {
+		others = append(others, y.canary)
+	}
+	a.others = others
+	i := settleTails(x.tails, x.canary, x.saved, others, true)
 	if i < 0 || st != Done {
 		return -1
 	}
@@ -369,7 +368,8 @@ type Agent struct {
 	wmu         sync.Mutex
 	wclosed     bool // Close has settled everything in flight
 	inflight    map[*Xfer]struct{}
-	tails       map[uintptr]*Xfer // READ canaries planted and not yet settled, by address (plantCanaries)
+	canaried    map[*Xfer]struct{} // READs in flight with canaries planted (plantCanaries)
+	others      []uint64           // settleCanaries' scratch: the other READs' canaries
 	kick        chan struct{}
 	stop        chan struct{}
 	watcherDone chan struct{}
@@ -413,7 +413,7 @@ func Open(cfg Config) (*Agent, error) {
 		a.engine = cfg.Engine
 	}
 	a.inflight = map[*Xfer]struct{}{}
-	a.tails = map[uintptr]*Xfer{}
+	a.canaried = map[*Xfer]struct{}{}
 	a.kick, a.stop, a.watcherDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
 	go a.watch()
 	return a, nil

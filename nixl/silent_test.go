@@ -377,33 +377,57 @@ func TestSilentPartialReadCaughtOnTheDouble(t *testing.T) {
 }
 
 // TestReadCanariesOfOverlappingReads: two READs in flight into the same
-// destination (a hostile or buggy peer's overlapping PAGES): the second
-// plants no canary over the first's, so the first's check still sees
-// its own and a failed first gives back the original bytes, not the
-// second's canary. A READ cancelled while the engine may still write
-// (Release, Close in flight) leaves its tails alone.
+// destination (a hostile or buggy peer's overlapping PAGES) both plant; a
+// READ whose tail holds another in-flight READ's canary cannot vouch for
+// it and fails (fail-closed), one whose tail holds its own canary fails
+// and gives back what its canary replaced — settled in reverse order the
+// memory ends as it was. A READ cancelled while the engine may still
+// write (Release, Close in flight) leaves its tails alone. Data that
+// landed over both canaries passes both.
 func TestReadCanariesOfOverlappingReads(t *testing.T) {
 	buf := make([]byte, 64)
-	for i := range buf {
-		buf[i] = 0x11
+	orig := bytes.Repeat([]byte{0x11}, 8)
+	reset := func() {
+		for i := range buf {
+			buf[i] = 0x11
+		}
 	}
-	a := &Agent{tails: map[uintptr]*Xfer{}}
+	a := &Agent{canaried: map[*Xfer]struct{}{}}
 	local := &Prepped{Kind: DRAM}
 	mk := func() *Xfer { return &Xfer{Op: Read, local: local, Local: []Desc{BytesDesc(buf)}} }
+	le := func(v uint64) []byte { return binary.LittleEndian.AppendUint64(nil, v) }
+
+	reset()
 	x1, x2 := mk(), mk()
 	a.plantCanaries(x1)
 	a.plantCanaries(x2)
-	require.Equal(t, []int{0}, x1.planted, "the first READ plants its tail")
-	assert.Empty(t, x2.planted, "the second READ planted over the first's canary")
-	assert.Equal(t, -1, a.settleCanaries(x2, Done), "the second READ checks no tail it did not plant")
-	assert.Equal(t, 0, a.settleCanaries(x1, Done), "the first READ, nothing landed: its tail still its canary")
-	assert.Equal(t, bytes.Repeat([]byte{0x11}, 8), buf[56:], "the tail given back after the READ that did not deliver it")
-	assert.Empty(t, a.tails, "tails given up")
+	assert.Equal(t, 0, a.settleCanaries(x2, Done), "the later READ, nothing landed: its own canary there")
+	assert.Equal(t, le(x1.canary), buf[56:], "the later READ gave back what its canary replaced: the earlier READ's canary")
+	assert.Equal(t, 0, a.settleCanaries(x1, Done), "the earlier READ, nothing landed")
+	assert.Equal(t, orig, buf[56:], "settled in reverse order, the tail is as it was")
 
+	reset()
+	x1, x2 = mk(), mk()
+	a.plantCanaries(x1)
+	a.plantCanaries(x2)
+	assert.Equal(t, 0, a.settleCanaries(x1, Done), "the earlier READ's tail holds the later READ's canary: not vouched for")
+	assert.Equal(t, le(x2.canary), buf[56:], "the later READ's canary left to it")
+	assert.Equal(t, 0, a.settleCanaries(x2, Done), "the later READ, nothing landed")
+
+	reset()
+	x1, x2 = mk(), mk()
+	a.plantCanaries(x1)
+	a.plantCanaries(x2)
+	copy(buf[56:], []byte("landed!!"))
+	assert.Equal(t, -1, a.settleCanaries(x1, Done), "data landed over both canaries")
+	assert.Equal(t, -1, a.settleCanaries(x2, Done), "data landed over both canaries")
+	assert.Empty(t, a.canaried, "READs given up")
+
+	reset()
 	x3 := mk()
 	a.plantCanaries(x3)
 	x3.cancelled = true
 	assert.Equal(t, -1, a.settleCanaries(x3, Failed))
-	assert.Equal(t, binary.LittleEndian.AppendUint64(nil, x3.canary), buf[56:], "a cancelled READ's tail touched while the engine may still write it")
-	assert.Empty(t, a.tails, "a cancelled READ's tails given up")
+	assert.Equal(t, le(x3.canary), buf[56:], "a cancelled READ's tail touched while the engine may still write it")
+	assert.Empty(t, a.canaried, "a cancelled READ given up")
 }

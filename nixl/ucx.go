@@ -1207,14 +1207,20 @@ func plantTails(tails []uint64, canary uint64, saved []uint64) {
 	C.kvb_canaries_plant((*C.uint64_t)(unsafe.Pointer(&tails[0])), C.size_t(len(tails)), C.uint64_t(canary), (*C.uint64_t)(unsafe.Pointer(&saved[0])))
 }
 
-// settleTails returns the first i whose tail still holds canary (-1 if
-// none), and with restore puts saved[i] back at every such tail.
-func settleTails(tails []uint64, canary uint64, saved []uint64, restore bool) int {
+// settleTails returns the first i whose tail still holds canary or holds
+// one of others (-1 if none), and with restore puts saved[i] back at every
+// tail still holding canary.
+func settleTails(tails []uint64, canary uint64, saved, others []uint64, restore bool) int {
 	r := C.int(0)
 	if restore {
 		r = 1
 	}
-	return int(C.kvb_canaries_settle((*C.uint64_t)(unsafe.Pointer(&tails[0])), C.size_t(len(tails)), C.uint64_t(canary), (*C.uint64_t)(unsafe.Pointer(&saved[0])), r))
+	var op *C.uint64_t
+	if len(others) > 0 {
+		op = (*C.uint64_t)(unsafe.Pointer(&others[0]))
+	}
+	return int(C.kvb_canaries_settle((*C.uint64_t)(unsafe.Pointer(&tails[0])), C.size_t(len(tails)), C.uint64_t(canary),
+		(*C.uint64_t)(unsafe.Pointer(&saved[0])), op, C.size_t(len(others)), r))
 }
 
 // view returns registered memory (C, UCX-mapped, or pinned Go memory) as a

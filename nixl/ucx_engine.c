@@ -594,20 +594,26 @@ void kvb_canaries_plant(const uint64_t *tails, size_t n, uint64_t canary, uint64
 	}
 }
 
-long kvb_canaries_settle(const uint64_t *tails, size_t n, uint64_t canary, const uint64_t *saved, int restore)
+long kvb_canaries_settle(const uint64_t *tails, size_t n, uint64_t canary, const uint64_t *saved, const uint64_t *others,
+			 size_t nothers, int restore)
 {
 	long first = -1;
 	for (size_t i = 0; i < n; i++) {
 		uint64_t v;
 		memcpy(&v, (void *)(uintptr_t)tails[i], 8);
-		if (v != canary) {
+		if (v == canary) {
+			if (first < 0) {
+				first = (long)i;
+			}
+			if (restore) {
+				memcpy((void *)(uintptr_t)tails[i], &saved[i], 8);
+			}
 			continue;
 		}
-		if (first < 0) {
-			first = (long)i;
-		}
-		if (restore) {
-			memcpy((void *)(uintptr_t)tails[i], &saved[i], 8);
+		for (size_t j = 0; j < nothers && first < 0; j++) {
+			if (v == others[j]) {
+				first = (long)i; // another READ in flight planted over it: not vouched for
+			}
 		}
 	}
 	return first;
