@@ -246,9 +246,9 @@ type Xfer struct {
 	err    error
 	notify chan<- *Xfer // PostTo's channel, sent x when final
 	// canary: a READ into DRAM planted it in the last bytes of each local
-	// descriptor of at least canaryBytes before its post (canaried).
-	canary   uint64
-	canaried bool
+	// descriptor of at least canaryBytes before its post (while in
+	// Agent.canaried).
+	canary uint64
 	// planted: the local descriptors whose tails (addresses in tails)
 	// this post planted; saved: their 8 bytes before the canary.
 	planted      []int
@@ -276,7 +276,7 @@ var canariesOff atomic.Bool
 // flight planted is planted over: settleCanaries treats such a tail as one
 // it cannot vouch for.)
 func (a *Agent) plantCanaries(x *Xfer) {
-	x.canaried, x.cancelled = false, false
+	x.cancelled = false
 	x.planted, x.tails = x.planted[:0], x.tails[:0]
 	if x.Op != Read || x.local.Kind != DRAM || canariesOff.Load() {
 		return
@@ -293,7 +293,6 @@ func (a *Agent) plantCanaries(x *Xfer) {
 	x.canary = rand.Uint64()
 	x.saved = slices.Grow(x.saved[:0], len(x.tails))[:len(x.tails)]
 	plantTails(x.tails, x.canary, x.saved)
-	x.canaried = true
 	a.canaried[x] = struct{}{}
 }
 
@@ -305,10 +304,9 @@ func (a *Agent) plantCanaries(x *Xfer) {
 // replaced, unless the READ was cancelled while the engine may still
 // write there.
 func (a *Agent) settleCanaries(x *Xfer, st XferState) int {
-	if !x.canaried {
+	if _, ok := a.canaried[x]; !ok {
 		return -1
 	}
-	x.canaried = false
 	delete(a.canaried, x)
 	if x.cancelled {
 		return -1
@@ -357,7 +355,7 @@ type Agent struct {
 	// refusedMD counts peers' metadata blobs refused as ErrBadMetadata.
 	refusedMD atomic.Uint64
 	// notDelivered counts READs the engine reported complete whose
-	// destination still held the canary the agent planted (readCanaries).
+	// destination still held the canary the agent planted (plantCanaries).
 	notDelivered atomic.Uint64
 
 	// The completion watcher: one goroutine per agent polls the engine for
@@ -529,7 +527,7 @@ func (a *Agent) outcome(x *Xfer) (XferState, error, bool) {
 func (a *Agent) settle(x *Xfer, st XferState, err error) {
 	if k := a.settleCanaries(x, st); k >= 0 {
 		a.notDelivered.Add(1)
-		st, err = Failed, fmt.Errorf("agent %s: READ from %s reported complete, but its descriptor %d of %d (%d bytes at %#x, from %#x) was not delivered (it still ends with the bytes planted before the read): %w",
+		st, err = Failed, fmt.Errorf("agent %s: READ from %s reported complete, but its descriptor %d of %d (%d bytes at %#x, from %#x) was not delivered (it still ends with a canary planted before the read, its own or an overlapping read's): %w",
 			a.name, x.Remote, k, len(x.Local), x.Local[k].Len, x.Local[k].Addr, x.Dst[k].Addr, ErrTransfer)
 	}
 	x.state, x.err = st, err

@@ -32,10 +32,11 @@ type RegistryConfig struct {
 	// forgotten early (counted); the id is then free again sooner. Those
 	// that still owe one are kept past the bound until they settle.
 	//
-	// One rank's early aborts (ABORTs for rooms with no sender yet) keep
-	// at most MaxTombstones/8 tombstones (at least 1): past its share a
-	// rank's oldest early abort is forgotten first (counted), so one
-	// rank's flood of ABORTs forgets its own, not the others'.
+	// One rank's early aborts (ABORTs for rooms with no sender yet, and
+	// pending rooms of its REQUESTs alone that expired) keep at most
+	// MaxTombstones/8 tombstones (at least 1): past its share a rank's
+	// oldest is forgotten first (counted), so one rank's flood of ABORTs
+	// or REQUESTs forgets its own, not the others'.
 	MaxTombstones int
 	// MaxPendingPerPeer bounds the rooms one peer may hold pending, so a
 	// single peer cannot lock the others out of MaxPendingRooms.
@@ -265,9 +266,9 @@ type tomb struct {
 	kind    Tombstone
 	reason  string
 	expires time.Time
-	// by: the rank whose ABORT made this early-abort tombstone ("" for
-	// a local abort, a pending deadline or a clear); it counts in that
-	// rank's share (earlyBy).
+	// by: the rank whose ABORT (or REQUESTs, expired pending) made this
+	// early-abort tombstone ("" for a local abort, several ranks' or a
+	// clear); it counts in that rank's share (earlyBy).
 	by string
 	// A room cleared with writes that can still land keeps counting them
 	// here, with the ABORT_ACKs it owes, until they drain or drainBy.
@@ -305,8 +306,9 @@ type Registry struct {
 	// evicted counts tombstones forgotten early by MaxTombstones.
 	evicted int
 	// earlyBy counts each rank's early-abort tombstones, and earlyQ lists
-	// them in creation order (entries whose tombstone is gone are stale):
-	// past the rank's share (MaxTombstones/8) its oldest is forgotten.
+	// them in the order of their last ABORT (an entry whose tombstone is
+	// gone, another's or renewed since is stale): past the rank's share
+	// (MaxTombstones/8) its oldest is forgotten.
 	earlyBy map[string]int
 	earlyQ  map[string][]tombRef
 	// forgotten counts early aborts forgotten for their rank's share.
@@ -505,19 +507,21 @@ func (r *Registry) tomb(id uint64, now time.Time) (*tomb, bool) {
 }
 
 func (r *Registry) dropTomb(id uint64) {
-	if t := r.tombs[id]; t != nil && len(t.reqs) > 0 {
-		r.settle(id, t.reqs) // forgotten: nothing can count its writes any more
-	}
-	if t := r.tombs[id]; t != nil && len(t.acks) > 0 {
-		// Forgotten while it still owes ABORT_ACKs (found past its TTL by
-		// an event before the tick that enforces its drain deadline):
-		// answer them as that tick would, not drained if a write may
-		// still land.
-		r.sendAcks(id, t.acks, !t.holds())
-		t.acks = nil
-	}
-	if t := r.tombs[id]; t != nil && t.by != "" {
-		r.uncount(t.by)
+	if t := r.tombs[id]; t != nil {
+		if len(t.reqs) > 0 {
+			r.settle(id, t.reqs) // forgotten: nothing can count its writes any more
+		}
+		if len(t.acks) > 0 {
+			// Forgotten while it still owes ABORT_ACKs (found past its TTL
+			// by an event before the tick that enforces its drain
+			// deadline): answer them as that tick would, not drained if a
+			// write may still land.
+			r.sendAcks(id, t.acks, !t.holds())
+			t.acks = nil
+		}
+		if t.by != "" {
+			r.uncount(t.by)
+		}
 	}
 	delete(r.tombs, id)
 	delete(r.draining, id)
@@ -547,12 +551,16 @@ func (r *Registry) uncount(by string) {
 // earlyShare is how many early-abort tombstones one rank keeps.
 func (r *Registry) earlyShare() int { return max(1, r.cfg.MaxTombstones/8) }
 
-// addEarly records rank by's early abort of id, first forgetting that
-// rank's oldest ones past its share (oldest by their last ABORT: a renewal
-// queues a tombstone again). Early aborts hold and owe nothing (an early
-// abort's ABORT_ACK is sent at once).
+// addEarly records an early-abort tombstone; one of a rank (t.by) first
+// forgets that rank's oldest ones past its share (oldest by their last
+// ABORT: a renewal queues a tombstone again). Early aborts hold and owe
+// nothing (an early abort's ABORT_ACK is sent at once).
 func (r *Registry) addEarly(id uint64, t *tomb) {
 	by := t.by
+	if by == "" {
+		r.addTomb(id, t) // no one rank's
+		return
+	}
 	for r.earlyBy[by] >= r.earlyShare() && len(r.earlyQ[by]) > 0 {
 		ref := r.earlyQ[by][0]
 		r.earlyQ[by] = r.earlyQ[by][1:]
@@ -959,12 +967,7 @@ func (r *Registry) abort(id uint64, reason string, ack *wire.Peer, by string, no
 		dropped = p.requests
 		r.settle(id, dropped)
 	}
-	t := &tomb{kind: AbortedEarly, reason: r.cut(reason), expires: now.Add(r.cfg.TombstoneTTL), by: by}
-	if by != "" {
-		r.addEarly(id, t)
-	} else {
-		r.addTomb(id, t)
-	}
+	r.addEarly(id, &tomb{kind: AbortedEarly, reason: r.cut(reason), expires: now.Add(r.cfg.TombstoneTTL), by: by})
 	acks(true)
 	return Result{Outcome: Tombstoned, Peers: dropped}
 }
@@ -1183,12 +1186,7 @@ func (r *Registry) Sweep(now time.Time) []Expiry {
 		r.settle(id, p.requests)
 		// The tombstone counts in the share of the rank whose REQUESTs
 		// alone made the pending room (a REQUEST flood is that rank's too).
-		t := &tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL), by: onePeer(p.requests)}
-		if t.by != "" {
-			r.addEarly(id, t)
-		} else {
-			r.addTomb(id, t)
-		}
+		r.addEarly(id, &tomb{kind: AbortedEarly, reason: reason, expires: now.Add(r.cfg.TombstoneTTL), by: onePeer(p.requests)})
 		out = append(out, Expiry{Room: id, Deadline: DeadlinePending, Reason: reason, Peers: p.requests, Drained: true})
 	}
 	due = due[:0]

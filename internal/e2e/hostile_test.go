@@ -88,6 +88,28 @@ func peerOf(t *testing.T, r *rankProc, cert string) bootstrap.Peer {
 	return bootstrap.Peer{Endpoint: f[1], Cert: cert, Epoch: epoch}
 }
 
+// floodRanks starts a prefill rank process (with prefillEnv) and an honest
+// decode rank process of instance "proc" over ucx-tcp, each with its own
+// certificate, and a control loop of a decode rank of instance "attacker"
+// with a certificate of its own, addressed at the prefill rank (to).
+func floodRanks(t *testing.T, prefillEnv ...string) (prefill, genuine *rankProc, loop *bootstrap.Loop, to bootstrap.Peer) {
+	t.Helper()
+	attackerID := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "attacker", Rank: 0}
+	_, envs, ids := identityFiles(t,
+		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0},
+		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 0},
+		attackerID)
+	boot := startBoot(t)
+	base := []string{"KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}
+	prefill = startChild(t, append(append(append([]string{"KVBRIDGE_E2E_ROLE=prefill"}, prefillEnv...), base...), envs[0]...)...)
+	genuine = startChild(t, append(append([]string{"KVBRIDGE_E2E_ROLE=decode"}, base...), envs[1]...)...)
+	loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
+		Auth: testauth.Auth(), RankIdentity: ids[2], Handler: func(bootstrap.Message) {}})
+	require.NoError(t, err)
+	t.Cleanup(func() { loop.Close() })
+	return prefill, genuine, loop, peerOf(t, prefill, string(ids[0].Cert.Raw()))
+}
+
 // TestAbortFloodDelaysNoOne (issue 49, 3): a decode rank with its own
 // certificate floods a prefill rank process with ABORTs for rooms that
 // are not its (as fast as its socket takes them) while an honest decode
@@ -101,23 +123,9 @@ func peerOf(t *testing.T, r *rankProc, cert string) bootstrap.Peer {
 // measured from outside). The round trips are logged, not asserted.
 func TestAbortFloodDelaysNoOne(t *testing.T) {
 	t.Parallel() // its own processes and ports
-	attackerID := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "attacker", Rank: 0}
-	_, envs, ids := identityFiles(t,
-		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0},
-		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 0},
-		attackerID)
-	boot := startBoot(t)
-	base := []string{"KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}
-	prefill := startChild(t, append(append([]string{"KVBRIDGE_E2E_ROLE=prefill"}, base...), envs[0]...)...)
-	genuine := startChild(t, append(append([]string{"KVBRIDGE_E2E_ROLE=decode"}, base...), envs[1]...)...)
+	prefill, genuine, loop, to := floodRanks(t)
 	pp, gp := newPagePool(pages), newPagePool(pages)
 	pdRoom(t, prefill, genuine, 1, pp, gp) // registered, served
-
-	loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
-		Auth: testauth.Auth(), RankIdentity: ids[2], Handler: func(bootstrap.Message) {}})
-	require.NoError(t, err)
-	defer loop.Close()
-	to := peerOf(t, prefill, string(ids[0].Cert.Raw()))
 
 	pBefore, gBefore := prefill.stats(t), genuine.stats(t)
 	stop, flooded := make(chan struct{}), make(chan int)
@@ -165,15 +173,7 @@ func TestAbortFloodDelaysNoOne(t *testing.T) {
 // 50's tombstone, and the sender waited out its bootstrap deadline, 300 s).
 func TestAbortFloodKeepsAnotherRanksEarlyAbort(t *testing.T) {
 	t.Parallel() // its own processes and ports
-	attackerID := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "attacker", Rank: 0}
-	_, envs, ids := identityFiles(t,
-		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0},
-		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 0},
-		attackerID)
-	boot := startBoot(t)
-	base := []string{"KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}
-	prefill := startChild(t, append(append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_MAX_TOMBSTONES=64"}, base...), envs[0]...)...)
-	genuine := startChild(t, append(append([]string{"KVBRIDGE_E2E_ROLE=decode"}, base...), envs[1]...)...)
+	prefill, genuine, loop, to := floodRanks(t, "KVBRIDGE_E2E_MAX_TOMBSTONES=64")
 	pp, gp := newPagePool(pages), newPagePool(pages)
 	pdRoom(t, prefill, genuine, 1, pp, gp) // registered, served
 
@@ -187,11 +187,6 @@ func TestAbortFloodKeepsAnotherRanksEarlyAbort(t *testing.T) {
 	require.Eventually(t, func() bool { return tombstoned() > before }, 30*time.Second, 10*time.Millisecond,
 		"the honest rank's early ABORT of room 50 never reached the prefill rank")
 
-	loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
-		Auth: testauth.Auth(), RankIdentity: ids[2], Handler: func(bootstrap.Message) {}})
-	require.NoError(t, err)
-	defer loop.Close()
-	to := peerOf(t, prefill, string(ids[0].Cert.Raw()))
 	const flood = 2000
 	for n := range flood {
 		require.NoError(t, loop.Send(to, &bootstrap.Abort{Room: 1<<40 + uint64(n), Reason: "flood"}))
