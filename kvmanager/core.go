@@ -92,6 +92,11 @@ const CodeCleared = core.CodeCleared
 
 const CodeFailed = core.CodeFailed
 
+// CodeNotDelivered: a notification named bytes that did not land (the
+// decode rank's write check; docs/PROTOCOL.md "Writes checked before they
+// count").
+const CodeNotDelivered = core.CodeNotDelivered
+
 const CodeNotRegistered = core.CodeNotRegistered
 
 const CodeOutOfRange = core.CodeOutOfRange

@@ -35,6 +35,8 @@ type Decode struct {
 	roomsKick chan struct{}
 	// pull is the rank's pull side (Config.Pull; nil without).
 	pull *pullState
+	// wcheck checks that what a notification names landed (writecheck.go).
+	wcheck *writeCheck
 }
 
 // topoLookup is one instance's topology being looked up by the first room
@@ -65,7 +67,7 @@ func NewDecode(cfg Config) (*Decode, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Decode{Manager: m, clients: map[string]bootstrap.Discovery{}, lookups: map[string]*topoLookup{}, watched: map[string]bool{}, roomsKick: make(chan struct{}, 1)}
+	d := &Decode{Manager: m, clients: map[string]bootstrap.Discovery{}, lookups: map[string]*topoLookup{}, watched: map[string]bool{}, roomsKick: make(chan struct{}, 1), wcheck: newWriteCheck()}
 	m.discoveries = func() (out []bootstrap.Discovery) {
 		d.clientsMu.Lock()
 		defer d.clientsMu.Unlock()
@@ -404,6 +406,7 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec core.Reques
 		return fmt.Errorf("room %d: RequestSpec.Pull on a decode rank without Config.Pull (it has no readers, and its prefill ranks are not asked for offers): %w", room, core.ErrInvalidSpec)
 	}
 	spec.Pull = d.cfg.Pull
+	d.plantWrites(room, spec)
 	var ready <-chan struct{}
 	d.read(func(c *core.Core) {
 		// (Asked before the step: the room's ready wake may be its own.)
@@ -601,6 +604,9 @@ func (d *Decode) onNotif(s string) {
 		return
 	}
 	room := n.Room
+	if n.Undelivered = d.checkWrite(n); n.Undelivered != "" {
+		d.log.Warn("a notification names bytes that did not land: the room fails", zap.Uint64("room", room), zap.Int("source", n.UID), zap.String("what", n.Undelivered))
+	}
 	if out := d.stepIn(n); out.Succeeded {
 		d.trace(room, TraceLastNotif)
 		d.trace(room, TraceSuccess)

@@ -25,7 +25,7 @@ type metrics struct {
 	// Pull (docs/PROTOCOL.md "Pull").
 	underLease, leaseRenewals, leaseExpiries, readsRefused, pullRefused *prometheus.Desc
 	offers                                                              *prometheus.Desc
-	foreignRefused, tombsForgotten, notDelivered                        *prometheus.Desc
+	foreignRefused, tombsForgotten, notDelivered, writesNotDelivered    *prometheus.Desc
 	challenges, challengesIgnored                                       *prometheus.Desc
 	pageSeconds                                                         prometheus.Histogram
 
@@ -81,6 +81,8 @@ func newMetrics(m *Manager) *metrics {
 			"REQUESTs and ABORTs refused for naming a room another decode instance asked for first (a room is one decode instance's).", nil, labels),
 		notDelivered: prometheus.NewDesc("kvbridge_reads_not_delivered_total",
 			"READs the engine reported complete that did not deliver a destination descriptor (the canary planted at its end still there; seen on NIXL 1.4.0 over cma): failed instead, naming the descriptor.", nil, labels),
+		writesNotDelivered: prometheus.NewDesc("kvbridge_writes_not_delivered_total",
+			"Notifications of pushed writes (decode) whose pages did not all land (a piece still ends with the canary planted before the REQUEST, or cannot be read): the room failed not_delivered instead, naming the piece.", nil, labels),
 		tombsForgotten: prometheus.NewDesc("kvbridge_tombstones_forgotten_total",
 			"Room tombstones forgotten before their TTL, by reason: bound (past MaxTombstones, the oldest settled), rank_share (a rank's early aborts past MaxTombstones/8, its oldest: one rank's ABORT flood forgets its own).",
 			[]string{"reason"}, labels),
@@ -147,7 +149,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.inflight
 	ch <- x.tables
 	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes,
-		x.underLease, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.challenges, x.challengesIgnored} {
+		x.underLease, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.writesNotDelivered, x.challenges, x.challengesIgnored} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -178,6 +180,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 		notDelivered = a.NotDelivered()
 	}
 	ch <- prometheus.MustNewConstMetric(x.notDelivered, prometheus.CounterValue, float64(notDelivered))
+	ch <- prometheus.MustNewConstMetric(x.writesNotDelivered, prometheus.CounterValue, float64(st.NotDelivered))
 	ch <- prometheus.MustNewConstMetric(x.tombsForgotten, prometheus.CounterValue, float64(st.TombstonesEvicted), "bound")
 	ch <- prometheus.MustNewConstMetric(x.tombsForgotten, prometheus.CounterValue, float64(st.EarlyAbortsForgotten), "rank_share")
 	for _, c := range []struct {

@@ -248,6 +248,9 @@ type CoreStats struct {
 	ProbesLost      uint64 // ... that got no PONG within ProbeTimeout: the rank was looked up again
 	Refused         uint64 // messages of a type this role never accepts
 	BadNotifs       uint64 // notifications out of range or contradicting their chunk's earlier ones
+	// NotDelivered (decode): notifications the write check found naming
+	// bytes that did not land (Notified.Undelivered).
+	NotDelivered uint64
 	// LayoutRefused counts REGISTERs and REQUESTs refused for naming
 	// memory that cannot be right, by LayoutRefusal.
 	LayoutRefused [LayoutRefusals]uint64
@@ -422,6 +425,10 @@ const (
 	// dead here; it is sent in case it was only paused.
 	CodePeerUnreachable = "peer_unreachable"
 	CodeFailed          = "failed"
+	// CodeNotDelivered (decode): a prefill rank's notification named
+	// pages whose bytes did not land (the engine reported the write
+	// done; the decode rank's write check found its canary still there).
+	CodeNotDelivered = "not_delivered"
 )
 
 // NewCore returns an empty core.

@@ -807,8 +807,58 @@ func (c *decodeCore) notified(now time.Time, in Notified) {
 			c.stats.BadNotifs++
 			return
 		}
+		if in.Undelivered != "" {
+			c.undelivered(rm, src, in)
+			return
+		}
 	}
 	c.notification(now, in)
+}
+
+// undelivered fails a room whose notification named bytes that did not
+// land (Notified.Undelivered): counted, nothing of it recorded as landed.
+func (c *decodeCore) undelivered(rm *room, src *source, in Notified) {
+	if !in.Aux && !src.valid(in) {
+		c.stats.BadNotifs++
+		return
+	}
+	c.stats.NotDelivered++
+	if rm.status.Terminal() {
+		return
+	}
+	peer := src.target
+	if tg := c.targets[src.target]; tg != nil && tg.endpoint != "" {
+		peer = tg.endpoint
+	}
+	what := "its aux write"
+	if !in.Aux {
+		what = fmt.Sprintf("chunk %d (positions %d+%d, layers %d–%d)", in.Chunk, in.Off, in.N, in.Lo, in.Hi)
+	}
+	c.failWith(in.Room, CodeNotDelivered, fmt.Sprintf("room %d: prefill rank %s (source %d) notified %s written, but %s", in.Room, peer, in.UID, what, in.Undelivered))
+}
+
+// Initable reports whether room is a live decode room whose REQUEST has
+// not been asked for yet (InitReceiver would apply).
+func (c *Core) Initable(room uint64) bool {
+	if c.decodeCore == nil {
+		return false
+	}
+	rm, live := c.reg.rooms[room]
+	return live && rm.dec != nil && !rm.dec.init && !rm.status.Terminal()
+}
+
+// WriteSource returns a live decode room's request and the link of its
+// source uid (what the shell's write check computes the pieces of a
+// notification from); ok false when there is no such room or source.
+func (c *Core) WriteSource(room uint64, uid int) (spec RequestSpec, l Link, ok bool) {
+	if c.decodeCore == nil {
+		return spec, l, false
+	}
+	rm, live := c.reg.rooms[room]
+	if !live || rm.dec == nil || rm.status.Terminal() || uid < 0 || uid >= len(rm.dec.sources) {
+		return spec, l, false
+	}
+	return rm.dec.spec, rm.dec.sources[uid].link, true
 }
 
 // notification counts a prefill rank's notification for a room (a chunk's

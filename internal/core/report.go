@@ -17,7 +17,8 @@ type LoadReport struct {
 	Status Poll
 	// Code is the failure's code — the STATUS codes (CodeAborted for a
 	// local abort, CodeCleared, CodePeerUnreachable, CodePeerRestarted,
-	// a prefill rank's STATUS code, CodeFailed for a deadline or any
+	// a prefill rank's STATUS code, CodeNotDelivered for bytes a
+	// notification named that did not land, CodeFailed for a deadline or any
 	// other failure) — and Reason its text; both empty on Success.
 	Code, Reason string
 	Sources      []SourceReport

@@ -135,6 +135,12 @@ type (
 		// [SpanLo, SpanHi), in this rank's numbering. Hi 0: a whole chunk
 		// of an earlier revision's notification (positions not told).
 		Off, N, Lo, Hi, SpanLo, SpanHi int
+		// Undelivered (set by the shell's write check, docs/PROTOCOL.md
+		// "Writes checked before they count"): what the notification
+		// names did not all land — a piece of its pages still ends with
+		// the canary planted before the REQUEST went out. The room fails
+		// (CodeNotDelivered); the notification counts for nothing.
+		Undelivered string
 	}
 	// Challenged is an agent challenge's notification (ParseChallenge).
 	// On a decode rank: a prefill rank got a REGISTER whose blob names

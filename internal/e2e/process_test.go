@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -224,6 +225,18 @@ func runRank(role string) int {
 			}(f[0] == "HOLD")
 		case "ABORT":
 			d.AbortReceiver(room, "aborted by the test")
+		case "ALIGNED": // ALIGNED <region> → ALIGNED <a page ≥ 8 of it that starts an OS page> <pages an OS page>
+			region, ps := kv[room], syscall.Getpagesize()
+			base := uintptr(unsafe.Pointer(&region[0]))
+			out <- fmt.Sprintf("ALIGNED %d %d", (int((base+uintptr(ps)-1)&^uintptr(ps-1)-base)+8*ps)/pageBytes, ps/pageBytes)
+		case "PROTECT", "UNPROTECT": // PROTECT <region> <page> <n> → PROTECTED <err>: pages [page, page+n) read-only (UNPROTECT: writable again)
+			first, _ := strconv.Atoi(f[2])
+			n, _ := strconv.Atoi(f[3])
+			prot := syscall.PROT_READ
+			if f[0] == "UNPROTECT" {
+				prot |= syscall.PROT_WRITE
+			}
+			out <- fmt.Sprintf("%sED %v", f[0], syscall.Mprotect(kv[room][first*pageBytes:(first+n)*pageBytes], prot))
 		case "CAPTURE": // CAPTURE <type> → CAPTURED <the first such message received, frames as JSON>
 			tapMu.Lock()
 			b, _ := json.Marshal(tapped[f[1]])

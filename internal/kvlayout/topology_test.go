@@ -223,10 +223,21 @@ func checkSlices(t *testing.T, ms, md Model, ptp, ppp, dtp, dpp, tokens, prefix 
 			require.NoError(t, CheckLayouts(ms, p, pl, md, d, dl))
 			var descs int
 			for _, c := range [][2]int{{0, split}, {split, len(src)}} {
-				s, dd, _, _, err := pm.Pair(c[0], src[c[0]:c[1]], prefix, dst)
+				s, dd, off, n, err := pm.Pair(c[0], src[c[0]:c[1]], prefix, dst)
 				require.NoError(t, err)
 				ld, rd := ExpandSlice(Runs(s, dd), pl, dl, sl)
 				descs += len(ld)
+				// The room's last decode page, when it holds several
+				// units: only its first is checked (WrittenUnits).
+				partial := func(a uint64) bool {
+					for _, r := range dl.Regions {
+						if pm.Dst > pm.Unit() && a >= uint64(r.Addr) && (a-uint64(r.Addr))/dl.PageBytes == uint64(dst[len(dst)-1]) {
+							return true
+						}
+					}
+					return false
+				}
+				checkTails(t, rd, Tails(dl, sl, sl.RegionOffset, sl.RegionOffset+len(pl.Regions), pm.WrittenUnits(dst, off, n, nil), nil), partial)
 				for i := range ld {
 					require.Equal(t, ld[i].Len, rd[i].Len, "descriptor %d: bytes", i)
 					copy(dmem.at(rd[i]), pmem.at(ld[i]))
@@ -282,6 +293,31 @@ func checkSlices(t *testing.T, ms, md Model, ptp, ppp, dtp, dpp, tokens, prefix 
 				t.Fatalf("decode %v: byte %d outside the room's pages written %d times", d, k, n)
 			}
 		}
+	}
+}
+
+// checkTails: the decode rank's write check (Tails of WrittenUnits, as
+// the chunk's notification names them) checks the end of every
+// descriptor the chunk's write posts (but in the room's last page when
+// partial says so), and only bytes the write fills (a tail outside them
+// would fail a room whose every byte landed).
+func checkTails(t *testing.T, rd []mem.Desc, tails []uint64, partial func(uint64) bool) {
+	t.Helper()
+	set := make(map[uint64]bool, len(tails))
+	for _, a := range tails {
+		set[a] = true
+	}
+	for i, d := range rd {
+		if d.Len >= TailBytes && !partial(uint64(d.Addr)+d.Len-TailBytes) {
+			require.True(t, set[uint64(d.Addr)+d.Len-TailBytes], "descriptor %d (%d bytes at %#x): its end is not checked", i, d.Len, d.Addr)
+		}
+	}
+	for _, a := range tails {
+		in := false
+		for _, d := range rd {
+			in = in || a >= uint64(d.Addr) && a+TailBytes <= uint64(d.Addr)+d.Len
+		}
+		require.True(t, in, "tail at %#x: no descriptor of the write fills it", a)
 	}
 }
 

@@ -1,0 +1,164 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/receiver"
+	"github.com/kvbridge/kvbridge/sender"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestSilentPartialWriteFailsRoom: a pushed write that the engine reports
+// complete but that did not land (issue 54: NIXL 1.4.0 over cma reports a
+// write whose destination page the kernel refused complete, and sends its
+// notification) fails the room not_delivered on the decode rank, naming
+// the piece, instead of Success on stale bytes. The decode rank makes one
+// page of its destination read-only after Init (its canaries planted), so
+// the engine's copy into it fails; an engine that reports that failure
+// fails the room anyway, and one that reaches the page through another
+// mapping (the ucx engine's shared memory) lands every byte: whatever the
+// engine, the room never succeeds with a byte missing. The libnixl engines
+// must take the silent path and fail not_delivered.
+func TestSilentPartialWriteFailsRoom(t *testing.T) {
+	for _, engine := range []string{"libnixl-double", "libnixl-real", "ucx-shm", "ucx-tcp"} {
+		t.Run(engine, func(t *testing.T) {
+			if _, ok := engines[engine]; !ok {
+				t.Skipf("no %s engine here (libnixl-real: KVBRIDGE_NIXL_LIB, make test-nixl)", engine)
+			}
+			silentWrite(t, engine)
+		})
+	}
+}
+
+func silentWrite(t *testing.T, engine string) {
+	// (A write the ucx engine's target refused fails unquiesced: the
+	// room's pages wait out the quarantine before Released.)
+	c := newCluster(t, engine, func(cfg *kvmanager.Config) {
+		cfg.Registry.StallTimeout, cfg.QuarantineTimeout = time.Second, 2*time.Second
+	})
+	c.roomByteExact(t, 400, 1000, 16) // the check passes a room whose bytes all land
+
+	// Destination pages around one OS page of region 3 (layer 1's V):
+	// the pages of the OS page before it, then its own, in one run (a
+	// copy that faults after copying some bytes is the one NIXL reports
+	// complete; faulting at its first byte, its post fails).
+	os := syscall.Getpagesize()
+	region := c.dKV[3]
+	base := uintptr(unsafe.Pointer(&region[0]))
+	first := (int((base+uintptr(os)-1)&^uintptr(os-1)-base) + 8*os) / pageBytes
+	per := os / pageBytes
+	dst := make([]uint32, 2*per)
+	for i := range dst {
+		dst[i] = uint32(first - per + i)
+	}
+	// Contiguous on both sides: one descriptor a region, which the fault
+	// cuts (a partial copy NIXL 1.4.0 reports complete).
+	src := make([]uint32, len(dst))
+	for i := range src {
+		src[i] = uint32(pages - len(src) + i)
+	}
+	const id = 401
+	r, err := receiver.New(c.decode, id)
+	require.NoError(t, err)
+	defer r.Clear()
+	require.NoError(t, r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst, AuxIndex: 3}))
+	gone := region[first*pageBytes : (first+per)*pageBytes]
+	require.NoError(t, syscall.Mprotect(gone, syscall.PROT_READ))
+	restore := func() { require.NoError(t, syscall.Mprotect(gone, syscall.PROT_READ|syscall.PROT_WRITE)) }
+	defer func() { // (idempotent)
+		syscall.Mprotect(gone, syscall.PROT_READ|syscall.PROT_WRITE)
+	}()
+	s, err := sender.New(c.prefill, id)
+	require.NoError(t, err)
+	defer s.Clear()
+	require.NoError(t, s.Init())
+	ready(t, s)
+	require.NoError(t, s.Send(src, true, 5))
+	st, _ := r.Wait(ctx(t))
+	restore()
+	t.Logf("%s: room %v: %s", engine, st, r.Failure())
+	if st == kvmanager.Success {
+		for reg := range c.pKV {
+			for i := range dst {
+				require.Equal(t, c.pKV[reg][int(src[i])*pageBytes:int(src[i]+1)*pageBytes], c.dKV[reg][int(dst[i])*pageBytes:int(dst[i]+1)*pageBytes],
+					"room %d succeeded: region %d page %d → %d", id, reg, src[i], dst[i])
+			}
+		}
+		require.NotContains(t, engine, "libnixl", "the libnixl engines' write into the read-only page cannot land")
+		return
+	}
+	require.Equal(t, kvmanager.Failed, st)
+	<-r.Released()
+	rep, ok := r.Report()
+	require.True(t, ok)
+	if strings.HasPrefix(engine, "libnixl") {
+		assert.Equal(t, kvmanager.CodeNotDelivered, rep.Code, "the engine reported the write done: the check must fail the room")
+		assert.Contains(t, r.Failure(), "still ends with the canary", "the failure names the piece")
+		assert.Contains(t, r.Failure(), "region 3 (layer 1 V), page", "the failure names the piece")
+		assert.Contains(t, r.Failure(), c.prefill.Endpoint(), "the failure names the prefill rank")
+		assert.GreaterOrEqual(t, c.decode.Stats().NotDelivered, uint64(1))
+	}
+	// The ranks serve the next room.
+	c.roomByteExact(t, 402, 1000, 16)
+}
+
+// TestSilentPartialWriteAcrossProcesses is TestSilentPartialWriteFailsRoom
+// with the ranks in two processes, as NIXL's UCX moves host memory between
+// processes (cma): on a real NIXL the write into the decode process's
+// read-only page is reported complete and its notification sent, and the
+// decode rank fails the room not_delivered, naming the piece; on the ucx
+// engine the room fails or succeeds with every byte verified.
+func TestSilentPartialWriteAcrossProcesses(t *testing.T) {
+	t.Parallel() // its own processes and ports
+	for _, engine := range []string{"ucx-shm", "ucx-tcp", "libnixl-real"} {
+		t.Run(engine, func(t *testing.T) {
+			var env []string
+			if engine == "libnixl-real" {
+				needRealNIXL(t)
+			}
+			boot := startBoot(t)
+			prefill := startChild(t, append(env, "KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE="+engine, "KVBRIDGE_E2E_BOOT="+boot, "KVBRIDGE_E2E_QUARANTINE=3s", "KVBRIDGE_E2E_STALL=2s")...)
+			decode := startChild(t, append(env, "KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE="+engine, "KVBRIDGE_E2E_BOOT="+boot, "KVBRIDGE_E2E_QUARANTINE=3s", "KVBRIDGE_E2E_STALL=2s")...)
+			pp, dp := newPagePool(pages), newPagePool(pages)
+			pdRoomOf(t, prefill, decode, 1, 64, 16, pp, dp) // a room whose bytes all land passes the check
+			decode.do("ALIGNED 5 0")
+			var first, per int
+			_, err := fmt.Sscanf(decode.expect(t, "ALIGNED"), "ALIGNED %d %d", &first, &per)
+			require.NoError(t, err)
+			dst := make([]uint32, 2*per)
+			for i := range dst {
+				dst[i] = uint32(first - per + i)
+			}
+			// Contiguous on both sides: one descriptor a region, which the
+			// fault cuts (a partial copy NIXL 1.4.0 reports complete).
+			src := make([]uint32, len(dst))
+			for i := range src {
+				src[i] = uint32(pages - len(src) + i)
+			}
+			decode.do(fmt.Sprintf("RECV+ 2 %s %s", csv(dst), csv(src)))
+			decode.expect(t, "REQUESTED 2")
+			decode.do(fmt.Sprintf("PROTECT 5 %d %d", first, per))
+			require.Equal(t, "PROTECTED <nil>", decode.expect(t, "PROTECTED"))
+			prefill.do(fmt.Sprintf("SEND 2 %s %d", csv(src), len(src)))
+			got := decode.expect(t, "DONE 2")
+			decode.do(fmt.Sprintf("UNPROTECT 5 %d %d", first, per))
+			require.Equal(t, "UNPROTECTED <nil>", decode.expect(t, "UNPROTECTED"))
+			t.Logf("%s: decode %s; prefill %s", engine, got, prefill.expect(t, "DONE 2"))
+			if engine == "libnixl-real" {
+				require.Contains(t, got, "DONE 2 Failed", "the engine reported the write done: the check must fail the room")
+				require.Contains(t, got, "still_ends_with_the_canary")
+				require.Contains(t, got, "region_5_(layer_2_V),_page_")
+			} else if !strings.HasPrefix(got, "DONE 2 Failed") {
+				require.Equal(t, "DONE 2 Success verified", got, "a room that succeeds has every byte")
+			}
+			pdRoomOf(t, prefill, decode, 3, 64, 16, pp, dp) // the ranks serve the next room
+		})
+	}
+}

@@ -1,0 +1,190 @@
+package kvmanager
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/kvbridge/kvbridge/internal/canary"
+	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"github.com/kvbridge/kvbridge/nixl"
+	"go.uber.org/zap"
+)
+
+// The decode rank's write check (docs/PROTOCOL.md "Writes checked before
+// they count"): an engine can report a write complete whose bytes did not
+// all land (NIXL 1.4.0 over cma: docs/ENGINES.md), and the prefill rank's
+// notification follows that report. Before a room's REQUEST goes out its
+// destination pieces — the descriptors a write of them fills, before
+// merging (kvlayout.Tails) — get a canary in their last 8 bytes, and a
+// notification whose pieces still end with it, or cannot be read, fails
+// the room (core.CodeNotDelivered) instead of counting. Host memory only:
+// VRAM pages are not checked (their state items are).
+type writeCheck struct {
+	key uint64      // canaries are this key mixed with the room id
+	off atomic.Bool // the kernel refused process_vm_writev: nothing checked
+	// skipped is set by tests that measure the unchecked path.
+	skipped bool
+}
+
+func newWriteCheck() *writeCheck {
+	var b [8]byte
+	rand.Read(b[:])
+	return &writeCheck{key: binary.LittleEndian.Uint64(b[:])}
+}
+
+// canary is room's canary: random to the prefill rank, so KV bytes equal
+// to it by chance are one in 2⁶⁴.
+func (w *writeCheck) canary(room uint64) uint64 {
+	z := w.key ^ (room * 0x9e3779b97f4a7c15)
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}
+
+// slice is what source link l writes into this rank: its head slice (nil
+// without a Model: whole pages) and the regions [rlo, rhi) of this rank it
+// writes; write false for a dummy.
+func (d *Decode) slice(l core.Link) (s *kvlayout.Slice, rlo, rhi int, write bool, err error) {
+	if l.Dummy {
+		return nil, 0, 0, false, nil
+	}
+	m := d.cfg.Model
+	if m.Zero() {
+		return nil, 0, len(d.cfg.Layout.Regions), true, nil
+	}
+	src := m
+	if l.Pages.Src > 0 {
+		src = m.WithPages(l.Pages.Src)
+	}
+	p := kvlayout.Parallel{TPSize: max(l.InstTP, 1), TPRank: l.Rank, PPSize: max(l.InstPP, 1), PPRank: l.PP}
+	if s, err = kvlayout.Plan(src, m, p, d.cfg.Parallel); err != nil || s == nil {
+		return nil, 0, 0, false, err
+	}
+	_, n := m.StageLayers(p.PPSize, p.PPRank)
+	return s, s.RegionOffset, s.RegionOffset + n*kvlayout.RegionsPerLayer, true, nil
+}
+
+// pageMap is link l's page map (the zero map: pages of the same size).
+func pageMap(l core.Link) kvlayout.PageMap {
+	if l.Pages.Src == 0 || l.Pages.Dst == 0 {
+		return kvlayout.PageMap{Src: 1, Dst: 1}
+	}
+	return l.Pages
+}
+
+// tails appends the tails of what source l writes of spec at positions
+// [off, off+n) of its pages, in this rank's regions [rlo, rhi) clipped to
+// the source's, and with state its state items.
+func (d *Decode) tails(spec core.RequestSpec, l core.Link, off, n, rlo, rhi int, state bool, out []uint64) ([]uint64, error) {
+	if spec.Dummy || spec.Pull {
+		return out, nil
+	}
+	s, lo, hi, write, err := d.slice(l)
+	if err != nil || !write {
+		return out, err
+	}
+	lay := d.cfg.Layout
+	if lay.Kind == nixl.DRAM && n > 0 {
+		units := pageMap(l).WrittenUnits(spec.DstPages, off, n, nil)
+		out = kvlayout.Tails(lay, s, max(rlo, lo), min(rhi, hi), units, out)
+	}
+	if state && l.Aux {
+		for i, items := range spec.StateIndices {
+			if i >= len(lay.State) || lay.State[i].ItemBytes < kvlayout.TailBytes {
+				continue
+			}
+			st := lay.State[i]
+			for _, it := range items {
+				if int(it) < st.Items() {
+					out = append(out, uint64(st.Addr)+(uint64(it)+1)*st.ItemBytes-kvlayout.TailBytes)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// plantWrites plants room's canaries in every piece its sources will
+// write (before its REQUEST goes out: InitReceiver).
+func (d *Decode) plantWrites(room uint64, spec core.RequestSpec) {
+	w := d.wcheck
+	if w.off.Load() || w.skipped || spec.Pull || spec.Dummy {
+		return
+	}
+	var links []core.Link
+	d.read(func(c *core.Core) {
+		if !c.Initable(room) {
+			return
+		}
+		for uid := 0; ; uid++ {
+			_, l, ok := c.WriteSource(room, uid)
+			if !ok {
+				break
+			}
+			links = append(links, l)
+		}
+	})
+	var tails []uint64
+	for _, l := range links {
+		var err error
+		if tails, err = d.tails(spec, l, 0, len(spec.DstPages), 0, len(d.cfg.Layout.Regions), true, tails); err != nil {
+			return // (the prefill rank refuses such a REQUEST)
+		}
+	}
+	if _, err := canary.Plant(tails, w.canary(room)); errors.Is(err, canary.ErrUnsupported) && !w.off.Swap(true) {
+		d.log.Error("write check off: this kernel refuses process_vm_writev on the process's own memory; a write an engine reports done is trusted", zap.Error(err))
+	}
+}
+
+// checkWrite returns what of notification n did not land ("" when
+// everything it names did, or it cannot be checked).
+func (d *Decode) checkWrite(n core.Notified) string {
+	w := d.wcheck
+	if w.off.Load() || w.skipped || !n.Aux && n.Hi == 0 {
+		return "" // (an earlier revision's notification names no positions)
+	}
+	var spec core.RequestSpec
+	var l core.Link
+	var ok bool
+	d.read(func(c *core.Core) { spec, l, ok = c.WriteSource(n.Room, n.UID) })
+	if !ok || n.Off < 0 && !n.Aux || n.Off+n.N > len(spec.DstPages) {
+		return "" // (the core refuses it)
+	}
+	off, cnt, rlo, rhi := n.Off, n.N, n.Lo*kvlayout.RegionsPerLayer, n.Hi*kvlayout.RegionsPerLayer
+	if n.Aux {
+		off, cnt = 0, 0
+	}
+	tails, err := d.tails(spec, l, off, cnt, rlo, rhi, n.Aux, nil)
+	if err != nil {
+		return ""
+	}
+	i, unreadable := canary.Find(tails, w.canary(n.Room))
+	if i < 0 {
+		return ""
+	}
+	how := "still ends with the canary planted before the REQUEST"
+	if unreadable {
+		how = "cannot be read"
+	}
+	return fmt.Sprintf("the piece ending at %#x (%s) %s", tails[i]+kvlayout.TailBytes, d.describe(tails[i]), how)
+}
+
+// describe names the region and page (or state item) of a tail address.
+func (d *Decode) describe(a uint64) string {
+	lay := d.cfg.Layout
+	for r, reg := range lay.Regions {
+		if a >= uint64(reg.Addr) && a < uint64(reg.Addr)+reg.Len && lay.PageBytes > 0 {
+			return fmt.Sprintf("region %d (layer %d %s), page %d", r, r/kvlayout.RegionsPerLayer, [2]string{"K", "V"}[r%2], (a-uint64(reg.Addr))/lay.PageBytes)
+		}
+	}
+	for i, st := range lay.State {
+		if a >= uint64(st.Addr) && a < uint64(st.Addr)+st.Len && st.ItemBytes > 0 {
+			return fmt.Sprintf("state region %d, item %d", i, (a-uint64(st.Addr))/st.ItemBytes)
+		}
+	}
+	return "outside the registered memory"
+}
