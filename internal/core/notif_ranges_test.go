@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -83,4 +84,45 @@ func TestNotificationOfAPullSourceRefused(t *testing.T) {
 	assert.Equal(t, before, sourcesData(c, 7), "a pull source's notifications counted as data")
 	st, _ := c.Status(7)
 	assert.NotEqual(t, Success, st, "room 7 succeeded on notifications nothing read")
+}
+
+// TestUndeliveredNotificationFailsRoom: a notification the shell's write
+// check found naming bytes that did not land (Notified.Undelivered) fails
+// the room not_delivered, naming the prefill rank and what did not land,
+// is counted, is not recorded as landed (the load report), and owes the
+// prefill rank an ABORT; the same notification without it is recorded. One that is
+// refused anyway (out of range) is counted bad, not undelivered.
+func TestUndeliveredNotificationFailsRoom(t *testing.T) {
+	n := Notified{Room: 1, Chunk: 0, Total: 1, Off: 0, N: 1, Lo: 0, Hi: 1, SpanLo: 0, SpanHi: 1}
+	c := decodeAsked(t)
+	bad := n
+	bad.Undelivered = "the piece ending at 0x1000 (region 0 (layer 0 K), page 1) still ends with the canary"
+	c.Step(t0, bad)
+	assert.Empty(t, c.reg.rooms[1].dec.sources[0].chunks, "nothing of the undelivered notification recorded as landed")
+	st, _ := c.Status(1)
+	require.Equal(t, Failed, st)
+	reason, _ := c.Failure(1)
+	assert.Contains(t, reason, prefillFrom.Endpoint, "the failure names the prefill rank")
+	assert.Contains(t, reason, bad.Undelivered)
+	assert.Contains(t, reason, "chunk 0 (positions 0+1, layers 0–1)")
+	assert.EqualValues(t, 1, c.Stats().NotDelivered)
+	assert.Zero(t, c.Stats().BadNotifs)
+	assert.Equal(t, CodeNotDelivered, c.reg.rooms[1].dec.code)
+	aborts := sent[*wire.Abort](c.Effects())
+	require.Len(t, aborts, 1, "the prefill rank is told")
+	assert.EqualValues(t, 1, aborts[0].Room)
+
+	c = decodeAsked(t)
+	c.Step(t0, n)
+	c.Step(t0, Notified{Room: 1, Aux: true})
+	st, _ = c.Status(1)
+	assert.Equal(t, Success, st, "the same notification, delivered")
+
+	c = decodeAsked(t)
+	bad.N = 2 // past the REQUEST's pages
+	c.Step(t0, bad)
+	st, _ = c.Status(1)
+	assert.NotEqual(t, Failed, st, "a notification refused as out of range changes nothing")
+	assert.EqualValues(t, 1, c.Stats().BadNotifs)
+	assert.Zero(t, c.Stats().NotDelivered)
 }

@@ -127,6 +127,12 @@ type simConfig struct {
 	// (simhostile_test.go). latePongs: prefill rank 0 answers PINGs only
 	// past the probe timeout.
 	hostilePrefill, latePongs bool
+	// silentWrites: writes the engine may report done whose data did not
+	// land (NIXL 1.4.0 over cma, docs/ENGINES.md), their notification
+	// still sent. The decode shell's write check is modelled at the
+	// notification's delivery: a notification naming a page and layer
+	// that did not land gets Undelivered, as the canary would.
+	silentWrites int
 }
 
 // simRoomSpec: a room that the listed decode ranks receive from the listed
@@ -342,7 +348,7 @@ type simWorld struct {
 	reported   map[string]bool   // deaths heartbeats reported (reporter, endpoint, process there)
 	got        map[simCell]bool  // pages and layers landed
 	// Faults used (bounded by the configuration).
-	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails, intrusions int
+	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails, intrusions, silents int
 	floods                                                                                                       int       // the hostile flood's ticks (its room ids)
 	late                                                                                                         []simLate // hostilePrefill: PONGs held past the probe timeout
 	calm                                                                                                         bool      // the quiet phase: no faults
@@ -814,6 +820,28 @@ func (w *simWorld) land(wr simWrite) {
 	}
 }
 
+// writeCheck models the decode shell's write check (kvmanager's
+// checkWrite): what of a chunk notification's pages and layers did not
+// land in process p ("" when all did).
+func (w *simWorld) writeCheck(p *simProc, x Notified) string {
+	if x.Aux || x.Hi == 0 {
+		return ""
+	}
+	spec, ok := w.specOf(x.Room)
+	if !ok || x.UID < 0 || x.UID >= len(spec.prefills) {
+		return ""
+	}
+	dests, _ := simDests(spec)
+	for pos := max(x.Off, 0); pos < x.Off+x.N && pos < len(dests); pos++ {
+		for l := x.Lo; l < x.Hi && l < simLayers; l++ {
+			if !w.got[simCell{dInc: p.inc, src: spec.prefills[x.UID], room: x.Room, page: dests[pos], layer: l}] {
+				return fmt.Sprintf("page %d layer %d from prefill %d did not land", dests[pos], l, spec.prefills[x.UID])
+			}
+		}
+	}
+	return ""
+}
+
 // checkReport: a decode room's load report is given only once nothing
 // more can land (terminal, pages released), claims only pages and layers
 // that landed from the source it names, and on Success claims all of
@@ -904,12 +932,21 @@ func (w *simWorld) betweenLayers(room int64) bool {
 }
 
 func (w *simWorld) roomSpec(id uint64) simRoomSpec {
+	r, ok := w.specOf(id)
+	if !ok {
+		panic(fmt.Sprintf("no room %d", id))
+	}
+	return r
+}
+
+// specOf is room id's spec, if it is one of the configuration's.
+func (w *simWorld) specOf(id uint64) (simRoomSpec, bool) {
 	for _, r := range w.rooms {
 		if r.id == id {
-			return r
+			return r, true
 		}
 	}
-	panic(fmt.Sprintf("no room %d", id))
+	return simRoomSpec{}, false
 }
 
 func (w *simWorld) removeWrite(id int) simWrite {
@@ -1048,7 +1085,15 @@ func (w *simWorld) events() []simEvent {
 					w.fail("bad notification %q", nt)
 					return
 				}
+				x.Undelivered = w.writeCheck(p, x)
+				st, _ := p.core.Status(x.Room)
 				p.core.Step(w.now, x)
+				if x.Undelivered != "" && !st.Terminal() {
+					if now, live := p.core.Status(x.Room); live && now != Failed {
+						w.fail("room %d: %s took a notification naming bytes that did not land (%s) and is %v", x.Room, p.from.Peer(), x.Undelivered, now)
+					}
+					w.cov.hit("notification of a write not delivered failed its room")
+				}
 				w.effects(s)
 			})
 		}
@@ -1081,6 +1126,17 @@ func (w *simWorld) events() []simEvent {
 			}
 			w.writeDone(wr, nil, true)
 		})
+		if !w.calm && !wr.landed && len(wr.pages) > 0 && w.silents < w.cfg.silentWrites {
+			add(fmt.Sprintf("write %d reported done, not landed", id), func(w *simWorld) {
+				w.silents++
+				wr := w.removeWrite(id)
+				w.cov.hit("write reported done, its data lost (silent)")
+				if d := w.procs[wr.dstSlot]; d.inc == wr.dstInc && !d.dead && wr.notif != "" {
+					d.notifs = append(d.notifs, wr.notif)
+				}
+				w.writeDone(wr, nil, true)
+			})
+		}
 		if w.calm || wr.landed || w.cfg.writesOK {
 			continue
 		}

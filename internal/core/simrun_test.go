@@ -230,6 +230,17 @@ func simExhaustiveConfigs() map[string]simCase {
 		// The prefill rank answers the decode rank's probes only past
 		// their timeout: the probe is lost, the rank looked up again,
 		// the late PONG heard after; every room ends within its bounds.
+		// The engine reports a write done whose data did not land, and
+		// the prefill rank's notification follows (NIXL 1.4.0 over cma):
+		// the decode rank's write check finds it and fails the room
+		// not_delivered (never Success without the data: landedAll), an
+		// ABORT tells the prefill rank, and the room ends within its
+		// bounds. Layer by layer, over two chunks.
+		"1→1, layered, 2 chunks: a write reported done did not land (silent); the room fails not_delivered; liveness": mk(func(c *simConfig) {
+			c.silentWrites, c.live, c.noClear, c.writesOK = 1, true, true, true
+			c.rooms = []simRoomSpec{simRoomLayered(7, []int{0}, []int{0}, 2)}
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
+		}, "write reported done, its data lost (silent)", "notification of a write not delivered failed its room"),
 		"1→1: the prefill rank answers probes late (hostile); liveness": mk(func(c *simConfig) {
 			c.latePongs, c.live, c.noClear, c.writesOK = true, true, true, true
 			c.rooms = []simRoomSpec{simRoom(8, []int{0}, []int{0}, 1), simRoom(9, []int{0}, []int{0}, 1)}

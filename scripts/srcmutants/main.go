@@ -574,6 +574,27 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestNotificationRangesRefused$"},
 	{name: "notif-chunk-place-unchecked", file: "internal/core/core_decode.go", old: "\tif cs := s.chunks[in.Chunk]; cs != nil && (cs.off != in.Off || cs.n != in.N || cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi) {", new: "\tif cs := s.chunks[in.Chunk]; cs != nil && (cs.spanLo != in.SpanLo || cs.spanHi != in.SpanHi) {",
 		pkg: "internal/core", run: "^TestNotificationRangesRefused$"},
+	// The decode rank's write check (issue 54, item 1's write half): the
+	// core ignoring or only counting an undelivered notification, the
+	// shell passing a canary it found or planting none, the tails of the
+	// room's last page or of a head slice wrong, an unreadable tail
+	// taken as written.
+	{name: "write-undelivered-ignored", file: "internal/core/core_decode.go", old: "\t\tif in.Undelivered != \"\" {", new: "\t\tif false {",
+		pkg: "internal/core", run: "^TestSimExhaustive$/silent"},
+	{name: "write-undelivered-not-failed", file: "internal/core/core_decode.go", old: "\tc.stats.NotDelivered++\n\tif rm.status.Terminal() {", new: "\tc.stats.NotDelivered++\n\tif true {",
+		pkg: "internal/core", run: "^TestUndeliveredNotificationFailsRoom$"},
+	{name: "write-check-passes", file: "kvmanager/writecheck.go", old: "\tif i < 0 {\n\t\treturn \"\"", new: "\tif true {\n\t\treturn \"\"",
+		pkg: "internal/e2e", run: "^TestSilentPartialWriteFailsRoom$/libnixl-double"},
+	{name: "write-canaries-not-planted", file: "kvmanager/writecheck.go", old: "canary.Plant(tails, w.canary(room))", new: "canary.Plant(nil, w.canary(room))",
+		pkg: "internal/e2e", run: "^TestSilentPartialWriteFailsRoom$/libnixl-double"},
+	{name: "write-tails-last-page-whole", file: "internal/kvlayout/pages.go", old: "\t\t\tk = 1\n", new: "\t\t\tk = dPer\n",
+		pkg: "internal/kvlayout", run: "^TestSlicesMoveEveryHeadOnce$"},
+	{name: "write-tails-hnd-head", file: "internal/kvlayout/tails.go", old: "rp+(uint64(s.DstHead+h)*uint64(dTok)+dt)*hb", new: "rp+(uint64(s.DstHead)*uint64(dTok)+dt)*hb",
+		pkg: "internal/kvlayout", run: "^TestSlicesMoveEveryHeadOnce$"},
+	{name: "write-tails-nhd-token", file: "internal/kvlayout/tails.go", old: "rp+((dt+t)*uint64(s.DstHeads)+uint64(s.DstHead))*hb", new: "rp+(dt*uint64(s.DstHeads)+uint64(s.DstHead))*hb",
+		pkg: "internal/kvlayout", run: "^TestSlicesMoveEveryHeadOnce$"},
+	{name: "canary-unreadable-written", file: "internal/canary/canary.go", old: "\t\tif (whole < k) {\n\t\t\t*unreadable = 1;", new: "\t\tif (0) {\n\t\t\t*unreadable = 1;",
+		pkg: "internal/canary", run: "^TestPlantFind$"},
 	// Each range check on a PAGES (issue 49, item 5): removed, or off
 	// by one. (An empty span, and another epoch than the source's, are
 	// refused by valid() and the epoch check first: removing their own
