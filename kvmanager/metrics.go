@@ -82,7 +82,7 @@ func newMetrics(m *Manager) *metrics {
 		notDelivered: prometheus.NewDesc("kvbridge_reads_not_delivered_total",
 			"READs the engine reported complete that did not deliver a destination descriptor (the canary planted at its end still there; seen on NIXL 1.4.0 over cma): failed instead, naming the descriptor.", nil, labels),
 		writesNotDelivered: prometheus.NewDesc("kvbridge_writes_not_delivered_total",
-			"Notifications of pushed writes (decode) whose pages did not all land (a piece still ends with the canary planted before the REQUEST, or cannot be read): the room failed not_delivered instead, naming the piece.", nil, labels),
+			"Notifications of pushed writes (decode) whose pages did not all land (a piece still ends with the canary planted before the REQUEST): the room failed not_delivered instead, naming the piece.", nil, labels),
 		tombsForgotten: prometheus.NewDesc("kvbridge_tombstones_forgotten_total",
 			"Room tombstones forgotten before their TTL, by reason: bound (past MaxTombstones, the oldest settled), rank_share (a rank's early aborts past MaxTombstones/8, its oldest: one rank's ABORT flood forgets its own).",
 			[]string{"reason"}, labels),

@@ -3,7 +3,6 @@ package kvmanager
 import (
 	"crypto/rand"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"sync/atomic"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/nixl"
-	"go.uber.org/zap"
 )
 
 // The decode rank's write check (docs/PROTOCOL.md "Writes checked before
@@ -20,14 +18,13 @@ import (
 // notification follows that report. Before a room's REQUEST goes out its
 // destination pieces — the descriptors a write of them fills, before
 // merging (kvlayout.Tails) — get a canary in their last 8 bytes, and a
-// notification whose pieces still end with it, or cannot be read, fails
-// the room (core.CodeNotDelivered) instead of counting. Host memory only:
-// VRAM pages are not checked (their state items are).
+// notification whose pieces still end with it fails the room
+// (core.CodeNotDelivered) instead of counting. Host memory only: VRAM
+// pages are not checked (their state items are).
 type writeCheck struct {
-	key uint64      // canaries are this key mixed with the room id
-	off atomic.Bool // the kernel refused process_vm_writev: nothing checked
-	// skipped is set by tests that measure the unchecked path.
-	skipped bool
+	key uint64 // canaries are this key mixed with the room id
+	// skipped: BenchmarkWriteCheck's reference (the same rooms unchecked).
+	skipped atomic.Bool
 }
 
 func newWriteCheck() *writeCheck {
@@ -112,7 +109,7 @@ func (d *Decode) tails(spec core.RequestSpec, l core.Link, off, n, rlo, rhi int,
 // write (before its REQUEST goes out: InitReceiver).
 func (d *Decode) plantWrites(room uint64, spec core.RequestSpec) {
 	w := d.wcheck
-	if w.off.Load() || w.skipped || spec.Pull || spec.Dummy {
+	if w.skipped.Load() || spec.Pull || spec.Dummy {
 		return
 	}
 	var links []core.Link
@@ -135,16 +132,14 @@ func (d *Decode) plantWrites(room uint64, spec core.RequestSpec) {
 			return // (the prefill rank refuses such a REQUEST)
 		}
 	}
-	if _, err := canary.Plant(tails, w.canary(room)); errors.Is(err, canary.ErrUnsupported) && !w.off.Swap(true) {
-		d.log.Error("write check off: this kernel refuses process_vm_writev on the process's own memory; a write an engine reports done is trusted", zap.Error(err))
-	}
+	canary.Plant(tails, w.canary(room))
 }
 
 // checkWrite returns what of notification n did not land ("" when
 // everything it names did, or it cannot be checked).
 func (d *Decode) checkWrite(n core.Notified) string {
 	w := d.wcheck
-	if w.off.Load() || w.skipped || !n.Aux && n.Hi == 0 {
+	if w.skipped.Load() || !n.Aux && n.Hi == 0 {
 		return "" // (an earlier revision's notification names no positions)
 	}
 	var spec core.RequestSpec
@@ -162,15 +157,11 @@ func (d *Decode) checkWrite(n core.Notified) string {
 	if err != nil {
 		return ""
 	}
-	i, unreadable := canary.Find(tails, w.canary(n.Room))
+	i := canary.Find(tails, w.canary(n.Room))
 	if i < 0 {
 		return ""
 	}
-	how := "still ends with the canary planted before the REQUEST"
-	if unreadable {
-		how = "cannot be read"
-	}
-	return fmt.Sprintf("the piece ending at %#x (%s) %s", tails[i]+kvlayout.TailBytes, d.describe(tails[i]), how)
+	return fmt.Sprintf("the piece ending at %#x (%s) still ends with the canary planted before the REQUEST", tails[i]+kvlayout.TailBytes, d.describe(tails[i]))
 }
 
 // describe names the region and page (or state item) of a tail address.
