@@ -80,7 +80,7 @@ func benchWriteCheck(b *testing.B, page uint64) {
 		p.ClearSender(room)
 		return el
 	}
-	one() // connect
+	one()                    // connect
 	var gb, cpu [2][]float64 // [checked, unchecked] per round
 	b.ResetTimer()
 	for range b.N {

@@ -349,13 +349,13 @@ type simWorld struct {
 	got        map[simCell]bool  // pages and layers landed
 	// Faults used (bounded by the configuration).
 	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails, intrusions, silents int
-	floods                                                                                                       int       // the hostile flood's ticks (its room ids)
-	late                                                                                                         []simLate // hostilePrefill: PONGs held past the probe timeout
-	calm                                                                                                         bool      // the quiet phase: no faults
-	trace                                                                                                        []string
-	cov                                                                                                          *simCoverage // random runs and explorations: what was reached (not state)
-	weights                                                                                                      map[string]int
-	err                                                                                                          error
+	floods                                                                                                                int       // the hostile flood's ticks (its room ids)
+	late                                                                                                                  []simLate // hostilePrefill: PONGs held past the probe timeout
+	calm                                                                                                                  bool      // the quiet phase: no faults
+	trace                                                                                                                 []string
+	cov                                                                                                                   *simCoverage // random runs and explorations: what was reached (not state)
+	weights                                                                                                               map[string]int
+	err                                                                                                                   error
 }
 
 func (c simConfig) slots() int { return c.prefills + c.decodes }
