@@ -79,3 +79,17 @@ func RegionsOf(l kvlayout.Layout) (kv, aux, state []wire.Region) {
 // Config returns the configuration the core was made with (a decode
 // core's holds the REGISTER it sends).
 func (c *Core) Config() CoreConfig { return c.cfg }
+
+// Initable reports whether room is a live decode room whose REQUEST has
+// not been asked for yet (InitReceiver would apply).
+func (c *Core) Initable(room uint64) bool { return c.decodeCore != nil && c.decodeCore.initable(room) }
+
+// WriteSource returns a live decode room's request and the link of its
+// source uid (what the shell's write check computes the pieces of a
+// notification from); ok false when there is no such room or source.
+func (c *Core) WriteSource(room uint64, uid int) (spec RequestSpec, l Link, ok bool) {
+	if c.decodeCore == nil {
+		return spec, l, false
+	}
+	return c.decodeCore.writeSource(room, uid)
+}

@@ -837,23 +837,14 @@ func (c *decodeCore) undelivered(rm *room, src *source, in Notified) {
 	c.failWith(in.Room, CodeNotDelivered, fmt.Sprintf("room %d: prefill rank %s (source %d) notified %s written, but %s", in.Room, peer, in.UID, what, in.Undelivered))
 }
 
-// Initable reports whether room is a live decode room whose REQUEST has
-// not been asked for yet (InitReceiver would apply).
-func (c *Core) Initable(room uint64) bool {
-	if c.decodeCore == nil {
-		return false
-	}
+// initable: Core.Initable.
+func (c *decodeCore) initable(room uint64) bool {
 	rm, live := c.reg.rooms[room]
 	return live && rm.dec != nil && !rm.dec.init && !rm.status.Terminal()
 }
 
-// WriteSource returns a live decode room's request and the link of its
-// source uid (what the shell's write check computes the pieces of a
-// notification from); ok false when there is no such room or source.
-func (c *Core) WriteSource(room uint64, uid int) (spec RequestSpec, l Link, ok bool) {
-	if c.decodeCore == nil {
-		return spec, l, false
-	}
+// writeSource: Core.WriteSource.
+func (c *decodeCore) writeSource(room uint64, uid int) (spec RequestSpec, l Link, ok bool) {
 	rm, live := c.reg.rooms[room]
 	if !live || rm.dec == nil || rm.status.Terminal() || uid < 0 || uid >= len(rm.dec.sources) {
 		return spec, l, false
