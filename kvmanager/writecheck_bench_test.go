@@ -21,7 +21,8 @@ import (
 // shared memory (its own memory), 64 regions (Llama-3-8B's 32 layers × K/V),
 // one room at a time of 64 MiB in chunks of 32 pages, at two page sizes
 // (one canary per page and region). It reports the median GB/s and CPU
-// s/GB (both ranks together) of each, and their ratios.
+// s/GB (both ranks together) of each, their ratios, and the median
+// InitReceiver (the canaries are planted before the REQUEST goes out).
 func BenchmarkWriteCheck(b *testing.B) {
 	for _, page := range []uint64{32 << 10, 4 << 10} {
 		b.Run(fmt.Sprintf("page-%dKiB", page>>10), func(b *testing.B) { benchWriteCheck(b, page) })
@@ -56,6 +57,7 @@ func benchWriteCheck(b *testing.B, page uint64) {
 		pages[i] = uint32(i)
 	}
 	room := uint64(0)
+	var inits [2][]float64 // InitReceiver's µs, [checked, unchecked]
 	one := func() time.Duration {
 		room++
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -64,7 +66,13 @@ func benchWriteCheck(b *testing.B, page uint64) {
 		require.Equal(b, core.Applied, d.CreateReceiver(room).Outcome)
 		require.Equal(b, core.Applied, p.CreateSender(room).Outcome)
 		p.InitSender(room)
+		at := time.Now()
 		require.NoError(b, d.InitReceiver(ctx, room, RequestSpec{DstPages: pages, AuxIndex: -1}))
+		k := 0
+		if d.wcheck.skipped.Load() {
+			k = 1
+		}
+		inits[k] = append(inits[k], float64(time.Since(at).Microseconds()))
 		if st, err := p.WaitReady(ctx, room); st != core.WaitingForInput {
 			b.Fatalf("room %d: %v %v", room, st, err)
 		}
@@ -125,4 +133,6 @@ func benchWriteCheck(b *testing.B, page uint64) {
 	b.ReportMetric(med(cpu[1]), "unchecked-cpu-s/GB")
 	_, cm, _ := ratios(cpu[0], cpu[1])
 	b.ReportMetric(cm, "cpu-ratio")
+	b.ReportMetric(med(inits[0]), "checked-init-µs")
+	b.ReportMetric(med(inits[1]), "unchecked-init-µs")
 }

@@ -24,6 +24,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kvbridge/kvbridge/internal/canary"
 	_ "github.com/kvbridge/kvbridge/internal/dl" // kvb_dl.h, the one dlopen loader (included by the C files)
 )
 
@@ -1203,24 +1204,13 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 
 // plantTails saves the 8 bytes at each address of tails into saved and
 // writes canary there (READ canaries: one cgo call a READ).
-func plantTails(tails []uint64, canary uint64, saved []uint64) {
-	C.kvb_canaries_plant((*C.uint64_t)(unsafe.Pointer(&tails[0])), C.size_t(len(tails)), C.uint64_t(canary), (*C.uint64_t)(unsafe.Pointer(&saved[0])))
-}
+func plantTails(tails []uint64, v uint64, saved []uint64) { canary.PlantSaving(tails, v, saved) }
 
 // settleTails returns the first i whose tail still holds canary or holds
 // one of others (-1 if none), and with restore puts saved[i] back at every
 // tail still holding canary.
-func settleTails(tails []uint64, canary uint64, saved, others []uint64, restore bool) int {
-	r := C.int(0)
-	if restore {
-		r = 1
-	}
-	var op *C.uint64_t
-	if len(others) > 0 {
-		op = (*C.uint64_t)(unsafe.Pointer(&others[0]))
-	}
-	return int(C.kvb_canaries_settle((*C.uint64_t)(unsafe.Pointer(&tails[0])), C.size_t(len(tails)), C.uint64_t(canary),
-		(*C.uint64_t)(unsafe.Pointer(&saved[0])), op, C.size_t(len(others)), r))
+func settleTails(tails []uint64, v uint64, saved, others []uint64, restore bool) int {
+	return canary.Settle(tails, v, saved, others, restore)
 }
 
 // view returns registered memory (C, UCX-mapped, or pinned Go memory) as a

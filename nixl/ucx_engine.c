@@ -586,39 +586,6 @@ int kvb_arm(kvb_ctx *c) { return kvbu.ucp_worker_arm(c->worker); }
 
 char *kvb_ptr(uintptr_t addr) { return (char *)addr; }
 
-void kvb_canaries_plant(const uint64_t *tails, size_t n, uint64_t canary, uint64_t *saved)
-{
-	for (size_t i = 0; i < n; i++) {
-		memcpy(&saved[i], (void *)(uintptr_t)tails[i], 8);
-		memcpy((void *)(uintptr_t)tails[i], &canary, 8);
-	}
-}
-
-long kvb_canaries_settle(const uint64_t *tails, size_t n, uint64_t canary, const uint64_t *saved, const uint64_t *others,
-			 size_t nothers, int restore)
-{
-	long first = -1;
-	for (size_t i = 0; i < n; i++) {
-		uint64_t v;
-		memcpy(&v, (void *)(uintptr_t)tails[i], 8);
-		if (v == canary) {
-			if (first < 0) {
-				first = (long)i;
-			}
-			if (restore) {
-				memcpy((void *)(uintptr_t)tails[i], &saved[i], 8);
-			}
-			continue;
-		}
-		for (size_t j = 0; j < nothers && first < 0; j++) {
-			if (v == others[j]) {
-				first = (long)i; // another READ in flight planted over it: not vouched for
-			}
-		}
-	}
-	return first;
-}
-
 int kvb_mem_map(kvb_ctx *c, uintptr_t addr, size_t len, int allocate, ucp_mem_h *memh, uintptr_t *out_addr,
 		void **rkey, size_t *rkey_len)
 {

@@ -182,14 +182,6 @@ int kvb_arm(kvb_ctx *c);
 int kvb_mem_map(kvb_ctx *c, uintptr_t addr, size_t len, int allocate, ucp_mem_h *memh, uintptr_t *out_addr,
 		void **rkey, size_t *rkey_len);
 char *kvb_ptr(uintptr_t addr);
-// READ canaries (nixl.go, plantCanaries and settleCanaries), one call per
-// READ: kvb_canaries_plant saves the 8 bytes at each of tails[0..n) into
-// saved and writes canary there; kvb_canaries_settle returns the first i
-// whose 8 bytes are still canary or one of others (-1 if none) and, when
-// restore is set, puts saved[i] back at every tail still holding canary.
-void kvb_canaries_plant(const uint64_t *tails, size_t n, uint64_t canary, uint64_t *saved);
-long kvb_canaries_settle(const uint64_t *tails, size_t n, uint64_t canary, const uint64_t *saved, const uint64_t *others,
-			 size_t nothers, int restore);
 void kvb_mem_unmap(kvb_ctx *c, ucp_mem_h memh);
 
 int kvb_ep_create(kvb_ctx *c, const void *addr, int peer_errors, kvb_ep **out);

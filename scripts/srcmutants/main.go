@@ -167,7 +167,7 @@ var mutants = []mutant{
 	{name: "am-copy-faults", file: "nixl/ucx_engine.c", old: "\tssize_t got = process_vm_readv(getpid(), &lv, 1, &rv, 1, 0);\n", new: "\t(void)lv;\n\t(void)rv;\n\tmemcpy(to, from, n);\n\tssize_t got = (ssize_t)n;\n",
 		pkg: "nixl", run: "^(TestSilentPartialCompletion)$"},
 	// A READ's tail holding another in-flight READ's canary (overlapping reads) is taken as delivered.
-	{name: "read-canary-over-another", file: "nixl/ucx_engine.c", old: "\t\t\t\tfirst = (long)i; // another READ in flight planted over it: not vouched for\n", new: "\t\t\t\t(void)first;\n",
+	{name: "read-canary-over-another", file: "internal/canary/canary.go", old: "\t\t\t\tfirst = (long)i; // another READ in flight planted over it: not vouched for\n", new: "\t\t\t\t(void)first;\n",
 		pkg: "nixl", run: "^(TestReadCanariesOfOverlappingReads)$"},
 	// A READ cancelled in flight (Release, Close) gives its tails back while the engine may still write them.
 	{name: "read-canary-restored-when-cancelled", file: "nixl/nixl.go", old: "\tif x.cancelled {\n\t\treturn -1\n\t}\n", new: "",
