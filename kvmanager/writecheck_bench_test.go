@@ -123,6 +123,9 @@ func benchWriteCheck(b *testing.B, page uint64) {
 		sort.Float64s(r)
 		return r[0], r[len(r)/2], r[len(r)-1]
 	}
+	for i := range gb[0] {
+		b.Logf("round %d: checked %.2f GB/s %.3f cpu-s/GB, unchecked %.2f GB/s %.3f cpu-s/GB: ratio %.2f", i, gb[0][i], cpu[0][i], gb[1][i], cpu[1][i], gb[0][i]/gb[1][i])
+	}
 	b.ReportMetric(med(gb[0]), "checked-GB/s")
 	b.ReportMetric(med(gb[1]), "unchecked-GB/s")
 	lo, m, hi := ratios(gb[0], gb[1])
