@@ -297,7 +297,7 @@ func (d *Decode) reader() {
 		if err == errGated {
 			continue
 		}
-		d.stepIn(core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced})
+		d.stepIn(core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced, NotDelivered: errors.Is(err, nixl.ErrNotDelivered)})
 	}
 }
 
@@ -409,7 +409,9 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 			if werr == nil {
 				werr = fmt.Errorf("read ended %v", st)
 			}
-			return fmt.Errorf("%s: %w", where, werr), false
+			// (One the engine reported complete that did not deliver is
+			// over: nothing more of it lands.)
+			return fmt.Errorf("%s: %w", where, werr), errors.Is(werr, nixl.ErrNotDelivered)
 		}
 	}
 	var n uint64

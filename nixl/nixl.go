@@ -24,6 +24,10 @@ var (
 	ErrInvalidRequest    = errors.New("nixl: invalid transfer request")
 	ErrBadMetadata       = errors.New("nixl: bad metadata")
 	ErrTransfer          = errors.New("nixl: transfer failed")
+	// ErrNotDelivered (with ErrTransfer): a READ the engine reported
+	// complete whose destination descriptor still ends with the canary
+	// planted before it (docs/ENGINES.md).
+	ErrNotDelivered = errors.New("nixl: reported complete, not delivered")
 	ErrTimeout           = errors.New("nixl: transfer deadline passed")
 	ErrUnsupported       = errors.New("nixl: not supported by this engine")
 	ErrClosed            = errors.New("nixl: agent closed")
@@ -527,8 +531,8 @@ func (a *Agent) outcome(x *Xfer) (XferState, error, bool) {
 func (a *Agent) settle(x *Xfer, st XferState, err error) {
 	if k := a.settleCanaries(x, st); k >= 0 {
 		a.notDelivered.Add(1)
-		st, err = Failed, fmt.Errorf("agent %s: READ from %s reported complete, but its descriptor %d of %d (%d bytes at %#x, from %#x) was not delivered (it still ends with a canary planted before the read, its own or an overlapping read's): %w",
-			a.name, x.Remote, k, len(x.Local), x.Local[k].Len, x.Local[k].Addr, x.Dst[k].Addr, ErrTransfer)
+		st, err = Failed, fmt.Errorf("agent %s: READ from %s reported complete, but its descriptor %d of %d (%d bytes at %#x, from %#x) was not delivered (it still ends with a canary planted before the read, its own or an overlapping read's): %w: %w",
+			a.name, x.Remote, k, len(x.Local), x.Local[k].Len, x.Local[k].Addr, x.Dst[k].Addr, ErrNotDelivered, ErrTransfer)
 	}
 	x.state, x.err = st, err
 	close(x.done)

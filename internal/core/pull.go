@@ -86,6 +86,10 @@ type ReadDone struct {
 	Read     *Read
 	Err      error
 	Quiesced bool
+	// NotDelivered: Err is a READ the engine reported complete that did
+	// not deliver (its canary still there): the room fails
+	// CodeNotDelivered.
+	NotDelivered bool
 }
 
 func (ReadPosting) input() {}
@@ -696,7 +700,8 @@ func (c *decodeCore) readPosting(room uint64, rd *Read) bool {
 // readDone counts a pull read's completion as the write's notification
 // would have counted; a failed one fails the room (unsettled: it may still
 // land, so its pages wait for the quarantine).
-func (c *decodeCore) readDone(room uint64, rd *Read, err error, quiesced bool) {
+func (c *decodeCore) readDone(in ReadDone) {
+	room, rd, err, quiesced := in.Room, in.Read, in.Err, in.Quiesced
 	s := c.readSource(room, rd)
 	if s == nil || s.reads == 0 {
 		return
@@ -712,7 +717,11 @@ func (c *decodeCore) readDone(room uint64, rd *Read, err error, quiesced bool) {
 			s.unsettled++
 		}
 		if rm, live := c.reg.rooms[room]; live && !rm.status.Terminal() {
-			c.failWith(room, CodeFailed, fmt.Sprintf("room %d: a read from prefill %s failed: %v", room, s.target, err))
+			code := CodeFailed
+			if in.NotDelivered {
+				code = CodeNotDelivered
+			}
+			c.failWith(room, code, fmt.Sprintf("room %d: a read from prefill %s failed: %v", room, s.target, err))
 		}
 		c.maybeReadDone(room, s)
 		return

@@ -448,7 +448,7 @@ func (c *Core) stepInput(now time.Time, in Input) Output {
 	case ReadPosting:
 		return Output{OK: d.readPosting(in.Room, in.Read)}
 	case ReadDone:
-		d.readDone(in.Room, in.Read, in.Err, in.Quiesced)
+		d.readDone(in)
 	case Resolved:
 		d.resolvedRecord(now, in.Target, in.Endpoint, in.ServerKey, in.Cert, in.Epoch)
 	case ResolveFailed:

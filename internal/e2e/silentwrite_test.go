@@ -241,3 +241,65 @@ func TestSecondInitPlantsNothing(t *testing.T) {
 	c.verify(t, rm)
 	c.finish(rm)
 }
+
+// TestSilentPartialReadFailsRoom: a pull room whose READ the engine
+// reports complete but did not deliver (the prefill process made a page
+// of its source unreadable after publishing it) fails not_delivered on
+// the decode rank, naming the descriptor, instead of Success on stale
+// bytes; the READ is over, so the room's pages are released without the
+// quarantine.
+func TestSilentPartialReadFailsRoom(t *testing.T) {
+	for _, engine := range []string{"libnixl-double", "libnixl-real"} {
+		t.Run(engine, func(t *testing.T) {
+			if _, ok := engines[engine]; !ok {
+				t.Skipf("no %s engine here (libnixl-real: KVBRIDGE_NIXL_LIB, make test-nixl)", engine)
+			}
+			c := newCluster(t, engine, pulling)
+			rm := c.start(t, 700, 1000) // a room whose reads all land passes
+			ready(t, rm.s)
+			c.sendAll(t, rm, 16)
+			waitStatus(t, rm.r, kvmanager.Success)
+			c.verify(t, rm)
+			c.finish(rm)
+			// Source pages around one OS page of region 3, contiguous on
+			// both sides: one descriptor a region, which the fault cuts.
+			os := syscall.Getpagesize()
+			region := c.pKV[3]
+			base := uintptr(unsafe.Pointer(&region[0]))
+			first := (int((base+uintptr(os)-1)&^uintptr(os-1)-base) + 8*os) / pageBytes
+			per := os / pageBytes
+			src, dst := make([]uint32, 2*per), make([]uint32, 2*per)
+			for i := range src {
+				src[i], dst[i] = uint32(first-per+i), uint32(pages-len(dst)+i)
+			}
+			const id = 701
+			r, err := receiver.New(c.decode, id)
+			require.NoError(t, err)
+			defer r.Clear()
+			require.NoError(t, r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1}))
+			s, err := sender.New(c.prefill, id)
+			require.NoError(t, err)
+			defer s.Clear()
+			require.NoError(t, s.Init())
+			ready(t, s)
+			gone := region[first*pageBytes : (first+per)*pageBytes]
+			require.NoError(t, syscall.Mprotect(gone, syscall.PROT_NONE))
+			defer syscall.Mprotect(gone, syscall.PROT_READ|syscall.PROT_WRITE)
+			require.NoError(t, s.Send(src, true, -1))
+			st, _ := r.Wait(ctx(t))
+			t.Logf("%s: room %v: %s", engine, st, r.Failure())
+			require.Equal(t, kvmanager.Failed, st, "a page of the read did not land")
+			select {
+			case <-r.Released():
+			case <-time.After(5 * time.Second): // (the quarantine here: 10 s)
+				t.Fatal("the room's pages wait (the quarantine?) after a READ the engine reported complete")
+			}
+			require.NoError(t, syscall.Mprotect(gone, syscall.PROT_READ|syscall.PROT_WRITE))
+			rep, ok := r.Report()
+			require.True(t, ok)
+			assert.Equal(t, kvmanager.CodeNotDelivered, rep.Code)
+			assert.Contains(t, r.Failure(), "was not delivered")
+			assert.Zero(t, c.decode.Stats().ForcedReleases)
+		})
+	}
+}
