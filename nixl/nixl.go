@@ -28,9 +28,9 @@ var (
 	// complete whose destination descriptor still ends with the canary
 	// planted before it (docs/ENGINES.md).
 	ErrNotDelivered = errors.New("nixl: reported complete, not delivered")
-	ErrTimeout           = errors.New("nixl: transfer deadline passed")
-	ErrUnsupported       = errors.New("nixl: not supported by this engine")
-	ErrClosed            = errors.New("nixl: agent closed")
+	ErrTimeout      = errors.New("nixl: transfer deadline passed")
+	ErrUnsupported  = errors.New("nixl: not supported by this engine")
+	ErrClosed       = errors.New("nixl: agent closed")
 	// ErrStalePrep: a remote list prepared before its remote's metadata was
 	// loaded again (or invalidated) cannot be posted; prepare it again.
 	ErrStalePrep = errors.New("nixl: prepared list is stale (its remote was reloaded or invalidated since)")
