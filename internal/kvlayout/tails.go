@@ -12,9 +12,12 @@ const TailBytes = 8
 // merges contiguous ones (whole pages or units for a Full slice or no
 // slice, one per head under HND, one per token under NHD). Every descriptor
 // a write posts, merged or not, ends at one of them. s nil: pages of the
-// same size, whole (no rank mapping). Pieces under TailBytes are left out.
+// same size, whole (no rank mapping). Pieces under TailBytes are left out,
+// and so are units past the regions' pages (a page a REQUEST names out of
+// range, which the prefill rank refuses): every tail lies inside dst.
 func Tails(dst Layout, s *Slice, rlo, rhi int, units []uint32, out []uint64) []uint64 {
 	rlo, rhi = max(rlo, 0), min(rhi, len(dst.Regions))
+	pages := uint64(dst.Pages())
 	if s == nil || s.Full { // (Full: pages of the same size)
 		if dst.PageBytes < TailBytes {
 			return out
@@ -22,7 +25,9 @@ func Tails(dst Layout, s *Slice, rlo, rhi int, units []uint32, out []uint64) []u
 		for r := rlo; r < rhi; r++ {
 			base := uint64(dst.Regions[r].Addr)
 			for _, u := range units {
-				out = append(out, base+(uint64(u)+1)*dst.PageBytes-TailBytes)
+				if uint64(u) < pages {
+					out = append(out, base+(uint64(u)+1)*dst.PageBytes-TailBytes)
+				}
 			}
 		}
 		return out
@@ -33,6 +38,9 @@ func Tails(dst Layout, s *Slice, rlo, rhi int, units []uint32, out []uint64) []u
 	for r := rlo; r < rhi; r++ {
 		base := uint64(dst.Regions[r].Addr)
 		for _, du := range units {
+			if uint64(du/dPer) >= pages {
+				continue
+			}
 			rp := base + uint64(du/dPer)*dst.PageBytes
 			dt := uint64(du%dPer) * uint64(unit)
 			if s.Layout == HND {

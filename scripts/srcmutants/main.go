@@ -594,6 +594,8 @@ var mutants = []mutant{
 		pkg: "internal/e2e", run: "^TestSilentPartialReadFailsRoom$/libnixl-double"},
 	{name: "read-not-delivered-unquiesced", file: "kvmanager/pull.go", old: "return fmt.Errorf(\"%s: %w\", where, werr), errors.Is(werr, nixl.ErrNotDelivered)", new: "return fmt.Errorf(\"%s: %w\", where, werr), false",
 		pkg: "internal/e2e", run: "^TestSilentPartialReadFailsRoom$/libnixl-double"},
+	{name: "write-tails-past-pages", file: "internal/kvlayout/tails.go", old: "\t\t\t\tif uint64(u) < pages {", new: "\t\t\t\tif true {",
+		pkg: "internal/kvlayout", run: "^TestTailsStayInside$"},
 	{name: "write-tails-last-page-whole", file: "internal/kvlayout/pages.go", old: "\t\t\tk = 1\n", new: "\t\t\tk = dPer\n",
 		pkg: "internal/kvlayout", run: "^TestSlicesMoveEveryHeadOnce$"},
 	{name: "write-tails-hnd-head", file: "internal/kvlayout/tails.go", old: "rp+(uint64(s.DstHead+h)*uint64(dTok)+dt)*hb", new: "rp+(uint64(s.DstHead)*uint64(dTok)+dt)*hb",
