@@ -16,7 +16,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -226,9 +225,8 @@ func runRank(role string) int {
 		case "ABORT":
 			d.AbortReceiver(room, "aborted by the test")
 		case "ALIGNED": // ALIGNED <region> → ALIGNED <a page ≥ 8 of it that starts an OS page> <pages an OS page>
-			region, ps := kv[room], syscall.Getpagesize()
-			base := uintptr(unsafe.Pointer(&region[0]))
-			out <- fmt.Sprintf("ALIGNED %d %d", (int((base+uintptr(ps)-1)&^uintptr(ps-1)-base)+8*ps)/pageBytes, ps/pageBytes)
+			first, per := aroundOSPage(kv[room])
+			out <- fmt.Sprintf("ALIGNED %d %d", first, per)
 		case "PROTECT", "UNPROTECT": // PROTECT <region> <page> <n> → PROTECTED <err>: pages [page, page+n) read-only (UNPROTECT: writable again)
 			first, _ := strconv.Atoi(f[2])
 			n, _ := strconv.Atoi(f[3])

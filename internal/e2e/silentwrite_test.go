@@ -50,21 +50,9 @@ func silentWrite(t *testing.T, engine string) {
 	// the pages of the OS page before it, then its own, in one run (a
 	// copy that faults after copying some bytes is the one NIXL reports
 	// complete; faulting at its first byte, its post fails).
-	os := syscall.Getpagesize()
 	region := c.dKV[3]
-	base := uintptr(unsafe.Pointer(&region[0]))
-	first := (int((base+uintptr(os)-1)&^uintptr(os-1)-base) + 8*os) / pageBytes
-	per := os / pageBytes
-	dst := make([]uint32, 2*per)
-	for i := range dst {
-		dst[i] = uint32(first - per + i)
-	}
-	// Contiguous on both sides: one descriptor a region, which the fault
-	// cuts (a partial copy NIXL 1.4.0 reports complete).
-	src := make([]uint32, len(dst))
-	for i := range src {
-		src[i] = uint32(pages - len(src) + i)
-	}
+	first, per := aroundOSPage(region)
+	dst, src := cutRun(first, per)
 	const id = 401
 	r, err := receiver.New(c.decode, id)
 	require.NoError(t, err)
@@ -133,16 +121,7 @@ func TestSilentPartialWriteAcrossProcesses(t *testing.T) {
 			var first, per int
 			_, err := fmt.Sscanf(decode.expect(t, "ALIGNED"), "ALIGNED %d %d", &first, &per)
 			require.NoError(t, err)
-			dst := make([]uint32, 2*per)
-			for i := range dst {
-				dst[i] = uint32(first - per + i)
-			}
-			// Contiguous on both sides: one descriptor a region, which the
-			// fault cuts (a partial copy NIXL 1.4.0 reports complete).
-			src := make([]uint32, len(dst))
-			for i := range src {
-				src[i] = uint32(pages - len(src) + i)
-			}
+			dst, src := cutRun(first, per)
 			decode.do(fmt.Sprintf("RECV+ 2 %s %s", csv(dst), csv(src)))
 			decode.expect(t, "REQUESTED 2")
 			decode.do(fmt.Sprintf("PROTECT 5 %d %d", first, per))
@@ -263,15 +242,9 @@ func TestSilentPartialReadFailsRoom(t *testing.T) {
 			c.finish(rm)
 			// Source pages around one OS page of region 3, contiguous on
 			// both sides: one descriptor a region, which the fault cuts.
-			os := syscall.Getpagesize()
 			region := c.pKV[3]
-			base := uintptr(unsafe.Pointer(&region[0]))
-			first := (int((base+uintptr(os)-1)&^uintptr(os-1)-base) + 8*os) / pageBytes
-			per := os / pageBytes
-			src, dst := make([]uint32, 2*per), make([]uint32, 2*per)
-			for i := range src {
-				src[i], dst[i] = uint32(first-per+i), uint32(pages-len(dst)+i)
-			}
+			first, per := aroundOSPage(region)
+			src, dst := cutRun(first, per)
 			const id = 701
 			r, err := receiver.New(c.decode, id)
 			require.NoError(t, err)
@@ -302,4 +275,23 @@ func TestSilentPartialReadFailsRoom(t *testing.T) {
 			assert.Zero(t, c.decode.Stats().ForcedReleases)
 		})
 	}
+}
+
+// aroundOSPage is a page of region (pageBytes each) that starts an OS page
+// at least 8 OS pages in, and how many pages an OS page holds.
+func aroundOSPage(region []byte) (first, per int) {
+	os := syscall.Getpagesize()
+	base := uintptr(unsafe.Pointer(&region[0]))
+	return (int((base+uintptr(os)-1)&^uintptr(os-1)-base) + 8*os) / pageBytes, os / pageBytes
+}
+
+// cutRun is a write's two sides contiguous, so one descriptor a region
+// that a fault at page first cuts (a partial copy NIXL 1.4.0 reports
+// complete): the pages of the OS page before first and of first's own
+// (run), and as many at the end of the pool (other).
+func cutRun(first, per int) (run, other []uint32) {
+	for i := range 2 * per {
+		run, other = append(run, uint32(first-per+i)), append(other, uint32(pages-2*per+i))
+	}
+	return run, other
 }
