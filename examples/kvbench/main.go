@@ -88,6 +88,11 @@ type Row struct {
 	CPURatios map[string]float64 `json:"cpu_ratios,omitempty"`
 	// CPURoom is kvbridge's CPU µs per room, for rows that move rooms.
 	CPURoom float64 `json:"cpu_us_per_room,omitempty"`
+	// RoundRatios: for rows measured in interleaved rounds, kvbridge's
+	// figure over RoundRef's in each round (the fastest of several
+	// references, taken per round), in round order.
+	RoundRatios []float64 `json:"round_ratios,omitempty"`
+	RoundRef    string    `json:"round_ref,omitempty"`
 }
 
 type bench struct {
@@ -264,6 +269,14 @@ func (b *bench) print() {
 				room = fmt.Sprintf(", %.0f µs/room", r.CPURoom)
 			}
 			fmt.Printf("%-8s %-28s %9.3g %s%s  %s\n", "", "  CPU", r.CPU, r.CPUUnit, room, strings.Join(crefs, ", "))
+		}
+		if len(r.RoundRatios) > 0 {
+			rs := make([]string, len(r.RoundRatios))
+			for i, v := range r.RoundRatios {
+				rs[i] = fmt.Sprintf("%.2f", v)
+			}
+			med, lo, hi := spread(r.RoundRatios)
+			fmt.Printf("%-8s %-28s %s: %s (median %.2f, %.2f–%.2f)\n", "", "  per round", r.RoundRef, strings.Join(rs, " "), med, lo, hi)
 		}
 	}
 	for _, n := range b.notes {

@@ -192,6 +192,38 @@ func idleCPU(lib string, d time.Duration, mode nixl.NIXLProgress) (float64, erro
 	return r.Total().Seconds(), err
 }
 
+// rotated is the order of n programs in round r: 0..n-1 started at r mod n.
+func rotated(n, r int) []int {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = (r + i) % n
+	}
+	return order
+}
+
+// vsFastest: per round, the fastest reference's seconds over ours (ours'
+// speed as a fraction of the fastest reference's in that round).
+func vsFastest(ours []float64, refs ...[]float64) []float64 {
+	out := make([]float64, len(ours))
+	for r, v := range ours {
+		best := 0.0
+		for _, ref := range refs {
+			if r < len(ref) && (best == 0 || ref[r] < best) {
+				best = ref[r]
+			}
+		}
+		if v > 0 {
+			out[r] = best / v
+		}
+	}
+	return out
+}
+
+// spread is v's median, minimum and maximum.
+func spread(v []float64) (float64, float64, float64) {
+	return median(v), slices.Min(v), slices.Max(v)
+}
+
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
@@ -229,33 +261,45 @@ func (b *bench) nixlMode() error {
 	for _, c := range cases {
 		// Per round, interleaved: the NIXL C program in its three progress
 		// modes, kvbridge's libnixl agents in the ranks' modes and with
-		// NIXL's thread on both, and the ucx engine. Seconds and CPU
-		// seconds per write.
+		// NIXL's thread on both, and the ucx engine, each round starting
+		// one program later (rotated), so none always runs right after the
+		// same other. Seconds and CPU seconds per write.
 		sec, cpu := map[string][]float64{}, map[string][]float64{}
 		add := func(name string, v, p float64) { sec[name], cpu[name] = append(sec[name], v), append(cpu[name], p) }
+		runs := []struct {
+			name string
+			run  func() (float64, float64, error)
+		}{}
+		for _, mode := range []string{refThread, refSelf, refRanks} {
+			runs = append(runs, struct {
+				name string
+				run  func() (float64, float64, error)
+			}{"NIXL C, " + mode, func() (float64, float64, error) { return refWrite(ref, c.count, c.piece, iters, delay, mode, 1) }})
+		}
+		runs = append(runs, []struct {
+			name string
+			run  func() (float64, float64, error)
+		}{
+			{"libnixl", func() (float64, float64, error) {
+				return bindingWrite(nixl.EngineLibNIXL, lib, c.count, c.piece, iters, delay, nixl.NIXLProgressCaller, nixl.NIXLProgressThread)
+			}},
+			{"libnixl, both agents on NIXL's thread", func() (float64, float64, error) {
+				return bindingWrite(nixl.EngineLibNIXL, lib, c.count, c.piece, iters, delay, nixl.NIXLProgressThread, nixl.NIXLProgressThread)
+			}},
+			{"ucx engine", func() (float64, float64, error) {
+				return bindingWrite(nixl.EngineUCX, "", c.count, c.piece, iters, delay, 0, 0)
+			}},
+		}...)
 		for r := 0; r < rounds; r++ {
 			progress("nixl", step, steps)
 			step++
-			for _, mode := range []string{refThread, refSelf, refRanks} {
-				v, p, err := refWrite(ref, c.count, c.piece, iters, delay, mode, 1)
+			for _, k := range rotated(len(runs), r) {
+				v, p, err := runs[k].run()
 				if err != nil {
-					return err
+					return fmt.Errorf("%s: %w", runs[k].name, err)
 				}
-				add("NIXL C, "+mode, v, p)
+				add(runs[k].name, v, p)
 			}
-			v, p, err := bindingWrite(nixl.EngineLibNIXL, lib, c.count, c.piece, iters, delay, nixl.NIXLProgressCaller, nixl.NIXLProgressThread)
-			if err != nil {
-				return fmt.Errorf("libnixl: %w", err)
-			}
-			add("libnixl", v, p)
-			if v, p, err = bindingWrite(nixl.EngineLibNIXL, lib, c.count, c.piece, iters, delay, nixl.NIXLProgressThread, nixl.NIXLProgressThread); err != nil {
-				return fmt.Errorf("libnixl, threads: %w", err)
-			}
-			add("libnixl, both agents on NIXL's thread", v, p)
-			if v, p, err = bindingWrite(nixl.EngineUCX, "", c.count, c.piece, iters, delay, 0, 0); err != nil {
-				return fmt.Errorf("ucx: %w", err)
-			}
-			add("ucx engine", v, p)
 		}
 		bytes := float64(uint64(c.count) * c.piece)
 		gb := func(s []float64) float64 { return bytes / median(s) / 1e9 }
@@ -268,7 +312,9 @@ func (b *bench) nixlMode() error {
 		}
 		b.add(Row{Mode: "nixl", Name: fmt.Sprintf("write %d × %s + notif", c.count, human(c.piece)), Bytes: uint64(bytes),
 			Value: gb(sec["libnixl"]), Unit: "GB/s", References: refs,
-			CPU: perGB(cpu["libnixl"]), CPUUnit: "s/GB", RefCPU: refCPU})
+			CPU: perGB(cpu["libnixl"]), CPUUnit: "s/GB", RefCPU: refCPU,
+			RoundRatios: vsFastest(sec["libnixl"], sec["NIXL C, "+refThread], sec["NIXL C, "+refSelf], sec["NIXL C, "+refRanks]),
+			RoundRef:    "libnixl / the fastest NIXL C mode of the round"})
 	}
 	progress("nixl", step, steps)
 	step++
