@@ -40,6 +40,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -88,11 +89,12 @@ type Row struct {
 	CPURatios map[string]float64 `json:"cpu_ratios,omitempty"`
 	// CPURoom is kvbridge's CPU µs per room, for rows that move rooms.
 	CPURoom float64 `json:"cpu_us_per_room,omitempty"`
-	// RoundRatios: for rows measured in interleaved rounds, kvbridge's
-	// figure over RoundRef's in each round (the fastest of several
-	// references, taken per round), in round order.
-	RoundRatios []float64 `json:"round_ratios,omitempty"`
-	RoundRef    string    `json:"round_ref,omitempty"`
+	// Rounds: for rows measured in interleaved rounds, ratios taken in
+	// each round (in round order), by what they compare: kvbridge's figure
+	// over the fastest of several references in that round, and the same
+	// for a reference against the others (what picking the fastest of
+	// several noisy runs gives a program that is no slower).
+	Rounds map[string][]float64 `json:"rounds,omitempty"`
 }
 
 type bench struct {
@@ -270,13 +272,14 @@ func (b *bench) print() {
 			}
 			fmt.Printf("%-8s %-28s %9.3g %s%s  %s\n", "", "  CPU", r.CPU, r.CPUUnit, room, strings.Join(crefs, ", "))
 		}
-		if len(r.RoundRatios) > 0 {
-			rs := make([]string, len(r.RoundRatios))
-			for i, v := range r.RoundRatios {
-				rs[i] = fmt.Sprintf("%.2f", v)
+		for _, k := range slices.Sorted(maps.Keys(r.Rounds)) {
+			v := r.Rounds[k]
+			rs := make([]string, len(v))
+			for i, x := range v {
+				rs[i] = fmt.Sprintf("%.2f", x)
 			}
-			med, lo, hi := spread(r.RoundRatios)
-			fmt.Printf("%-8s %-28s %s: %s (median %.2f, %.2f–%.2f)\n", "", "  per round", r.RoundRef, strings.Join(rs, " "), med, lo, hi)
+			med, lo, hi := spread(v)
+			fmt.Printf("%-8s %-28s %s: %s (median %.2f, %.2f–%.2f)\n", "", "  per round", k, strings.Join(rs, " "), med, lo, hi)
 		}
 	}
 	for _, n := range b.notes {

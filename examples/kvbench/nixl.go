@@ -313,8 +313,10 @@ func (b *bench) nixlMode() error {
 		b.add(Row{Mode: "nixl", Name: fmt.Sprintf("write %d × %s + notif", c.count, human(c.piece)), Bytes: uint64(bytes),
 			Value: gb(sec["libnixl"]), Unit: "GB/s", References: refs,
 			CPU: perGB(cpu["libnixl"]), CPUUnit: "s/GB", RefCPU: refCPU,
-			RoundRatios: vsFastest(sec["libnixl"], sec["NIXL C, "+refThread], sec["NIXL C, "+refSelf], sec["NIXL C, "+refRanks]),
-			RoundRef:    "libnixl / the fastest NIXL C mode of the round"})
+			Rounds: map[string][]float64{
+				"libnixl / the fastest NIXL C mode":       vsFastest(sec["libnixl"], sec["NIXL C, "+refThread], sec["NIXL C, "+refSelf], sec["NIXL C, "+refRanks]),
+				"NIXL C, ranks / the faster other C mode": vsFastest(sec["NIXL C, "+refRanks], sec["NIXL C, "+refThread], sec["NIXL C, "+refSelf]),
+			}})
 	}
 	progress("nixl", step, steps)
 	step++
