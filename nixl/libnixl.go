@@ -212,17 +212,37 @@ const DefaultNIXLProgressDelay = time.Second
 // interfaces it finds idle, and a worker asleep on its event fd was seen to
 // miss events then (a write's notification never woke its target). NIXL leaves a key alone when its UCX_*
 // variable is set.
-func nixlEngineConfig(user string) string {
+//
+// An agent without NIXL's progress thread (caller: strict lock) also gets
+// cma's segment at cmaSegSize (UCX's default 512 KiB): NIXL's status call
+// progresses the worker until nothing is left to do, so the whole copy of
+// every transfer queued runs in that one call, under the strict lock,
+// whatever the segment — a larger one only makes it fewer
+// process_vm_writev calls (128 to 1 for 64 MiB). A threaded agent keeps
+// UCX's segment, between which its thread lets a concurrent post take the
+// worker.
+func nixlEngineConfig(user string, caller bool) string {
+	set := map[string]bool{}
 	for _, kv := range strings.Split(user, ",") {
-		if k, _, _ := strings.Cut(kv, "="); strings.TrimSpace(k) == "ADAPTIVE_PROGRESS" {
-			return user
-		}
+		k, _, _ := strings.Cut(kv, "=")
+		set[strings.TrimSpace(k)] = true
 	}
-	if user != "" {
+	var add []string
+	if !set["ADAPTIVE_PROGRESS"] {
+		add = append(add, "ADAPTIVE_PROGRESS=n")
+	}
+	if caller && !set["CMA_SEG_SIZE"] {
+		add = append(add, "CMA_SEG_SIZE="+cmaSegSize)
+	}
+	if user != "" && len(add) > 0 {
 		user += ","
 	}
-	return user + "ADAPTIVE_PROGRESS=n"
+	return user + strings.Join(add, ",")
 }
+
+// cmaSegSize is the cma segment a caller-progressed agent's UCX copies at
+// (nixlEngineConfig).
+const cmaSegSize = "64M"
 
 // libnixl is the engine on the NIXL C API. Config.NIXLProgress picks who
 // progresses the agent's UCX worker: NIXL's progress thread with NIXL's
@@ -371,7 +391,7 @@ func openLibNIXL(cfg Config) (backend, error) {
 		if bparams == nil {
 			bparams = map[string]string{}
 		}
-		bparams["engine_config"] = nixlEngineConfig(bparams["engine_config"])
+		bparams["engine_config"] = nixlEngineConfig(bparams["engine_config"], prog == 0)
 	}
 	for k, v := range bparams {
 		ck, cv := C.CString(k), C.CString(v)

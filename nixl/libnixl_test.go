@@ -595,23 +595,39 @@ func liveRequests(t *testing.T) int64 {
 // A libnixl agent's UCX backend gets UCX's adaptive progress turned off
 // (a worker asleep on its event fd was seen to miss events with it, issue
 // 24), after the user's own engine_config settings, and never over a
-// user's own ADAPTIVE_PROGRESS.
+// user's own ADAPTIVE_PROGRESS; an agent without NIXL's progress thread
+// (caller) also gets cma's segment at cmaSegSize (issue 54: its status
+// call copies everything queued anyway; fewer process_vm_writev calls),
+// never over the user's own, and a threaded agent keeps UCX's.
 func TestLibNIXLEngineConfig(t *testing.T) {
-	for _, c := range []struct{ user, want string }{
-		{"", "ADAPTIVE_PROGRESS=n"},
-		{"TLS=tcp", "TLS=tcp,ADAPTIVE_PROGRESS=n"},
-		{"TLS=tcp, ADAPTIVE_PROGRESS=y", "TLS=tcp, ADAPTIVE_PROGRESS=y"},
+	seg := "CMA_SEG_SIZE=" + cmaSegSize
+	for _, c := range []struct {
+		user   string
+		caller bool
+		want   string
+	}{
+		{"", false, "ADAPTIVE_PROGRESS=n"},
+		{"TLS=tcp", false, "TLS=tcp,ADAPTIVE_PROGRESS=n"},
+		{"TLS=tcp, ADAPTIVE_PROGRESS=y", false, "TLS=tcp, ADAPTIVE_PROGRESS=y"},
+		{"", true, "ADAPTIVE_PROGRESS=n," + seg},
+		{"TLS=tcp", true, "TLS=tcp,ADAPTIVE_PROGRESS=n," + seg},
+		{"CMA_SEG_SIZE=1M", true, "CMA_SEG_SIZE=1M,ADAPTIVE_PROGRESS=n"},
+		{"ADAPTIVE_PROGRESS=y,CMA_SEG_SIZE=1M", true, "ADAPTIVE_PROGRESS=y,CMA_SEG_SIZE=1M"},
+		{"ADAPTIVE_PROGRESS=y", true, "ADAPTIVE_PROGRESS=y," + seg},
 	} {
-		assert.Equal(t, c.want, nixlEngineConfig(c.user), "nixlEngineConfig(%q)", c.user)
+		assert.Equal(t, c.want, nixlEngineConfig(c.user, c.caller), "nixlEngineConfig(%q, caller %v)", c.user, c.caller)
 	}
 	needDouble(t)
 	for i, user := range []map[string]string{nil, {"engine_config": "MAX_RMA_RAILS=1"}} {
-		a, err := Open(Config{Name: fmt.Sprintf("nx-engine-config-%d", i), Engine: EngineLibNIXL, NIXLLib: doubleLib(), BackendParams: user})
-		require.NoError(t, err)
-		got, err := nixldouble.EngineConfig(doubleLib(), a.Name())
-		a.Close()
-		if assert.NoError(t, err, "the backend was created with engine_config %q", got) {
-			assert.Equal(t, nixlEngineConfig(user["engine_config"]), got, "the backend was created with engine_config")
+		for _, mode := range []NIXLProgress{NIXLProgressThread, NIXLProgressCaller} {
+			a, err := Open(Config{Name: fmt.Sprintf("nx-engine-config-%d-%v", i, mode), Engine: EngineLibNIXL, NIXLLib: doubleLib(),
+				BackendParams: user, NIXLProgress: mode})
+			require.NoError(t, err)
+			got, err := nixldouble.EngineConfig(doubleLib(), a.Name())
+			a.Close()
+			if assert.NoError(t, err, "the backend was created with engine_config %q", got) {
+				assert.Equal(t, nixlEngineConfig(user["engine_config"], mode == NIXLProgressCaller), got, "the backend (%v) was created with engine_config", mode)
+			}
 		}
 	}
 }
