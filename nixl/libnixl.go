@@ -218,9 +218,9 @@ const DefaultNIXLProgressDelay = time.Second
 // (which its post makes too: over cma a write is copied, and its
 // notification sent, inside the post) progresses the worker until nothing
 // is left to do, so the whole copy of every transfer queued runs in that
-// one call, under the strict lock,
-// whatever the segment — a larger one only makes it fewer
-// process_vm_writev calls (128 to 1 for 64 MiB). A threaded agent keeps
+// one call, under the strict lock, whatever the segment — a larger one
+// only makes it fewer process_vm_writev calls (128 to 1 for 64 MiB). A
+// threaded agent keeps
 // UCX's segment, between which its thread lets a concurrent post take the
 // worker.
 func nixlEngineConfig(user string, caller bool) string {
