@@ -284,7 +284,7 @@ var mutants = []mutant{
 	// namespace size.
 	{name: "prefill-agent-threaded", file: "kvmanager/shell.go", old: "		if cfg.Role == core.RolePrefill || cfg.Pull {\n", new: "		if false {\n",
 		pkg: "internal/e2e", run: "^TestRankAgentProgressModes$"},
-	{name: "nixl-adaptive-progress", file: "nixl/libnixl.go", old: "	return user + \"ADAPTIVE_PROGRESS=n\"", new: "	return user",
+	{name: "nixl-adaptive-progress", file: "nixl/libnixl.go", old: "\t\tadd = append(add, \"ADAPTIVE_PROGRESS=n\")", new: "",
 		pkg: "nixl", run: "^TestLibNIXLEngineConfig$"},
 	// The ucx engine over tcp (its own acknowledged write messages, the
 	// flushing close).
