@@ -86,7 +86,7 @@ func (d *Decode) tails(spec core.RequestSpec, l core.Link, off, n, rlo, rhi int,
 	}
 	lay := d.cfg.Layout
 	if lay.Kind == nixl.DRAM && n > 0 {
-		units := pageMap(l).WrittenUnits(spec.DstPages, off, n, nil)
+		units := kvlayout.WrittenUnits(pageMap(l), spec.DstPages, off, n, nil)
 		out = kvlayout.Tails(lay, s, max(rlo, lo), min(rhi, hi), units, out)
 	}
 	if state && l.Aux {

@@ -87,11 +87,13 @@ func (pm PageMap) InPrefix(end, prefix int) bool { return end*pm.Src <= prefix*p
 func (pm PageMap) Aligned(end int) bool { return end*pm.Src%pm.Dst == 0 }
 
 // WrittenUnits appends the decode units that a chunk which wrote the
-// positions [off, off+n) of dst (Pair's off and n) surely filled: every
-// unit of those pages, but of the room's last page (position len(dst)−1)
-// only the first when a decode page holds several units (the room's last
-// tokens may fill only part of it). Positions outside dst are left out.
-func (pm PageMap) WrittenUnits(dst []uint32, off, n int, out []uint32) []uint32 {
+// positions [off, off+n) of dst (Pair's off and n) under page map pm
+// surely filled: every unit of those pages, but of the room's last page
+// (position len(dst)−1) only the first when a decode page holds several
+// units (the room's last tokens may fill only part of it). Positions
+// outside dst are left out. (A function, not PageMap's method: package
+// transfer exports PageMap, and this is the decode shell's alone.)
+func WrittenUnits(pm PageMap, dst []uint32, off, n int, out []uint32) []uint32 {
 	dPer := uint32(1)
 	if u := pm.Unit(); u > 0 && pm.Dst > u {
 		dPer = uint32(pm.Dst / u)

@@ -237,7 +237,7 @@ func checkSlices(t *testing.T, ms, md Model, ptp, ppp, dtp, dpp, tokens, prefix 
 					}
 					return false
 				}
-				checkTails(t, rd, Tails(dl, sl, sl.RegionOffset, sl.RegionOffset+len(pl.Regions), pm.WrittenUnits(dst, off, n, nil), nil), partial)
+				checkTails(t, rd, Tails(dl, sl, sl.RegionOffset, sl.RegionOffset+len(pl.Regions), WrittenUnits(pm, dst, off, n, nil), nil), partial)
 				for i := range ld {
 					require.Equal(t, ld[i].Len, rd[i].Len, "descriptor %d: bytes", i)
 					copy(dmem.at(rd[i]), pmem.at(ld[i]))
