@@ -406,7 +406,7 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec core.Reques
 		return fmt.Errorf("room %d: RequestSpec.Pull on a decode rank without Config.Pull (it has no readers, and its prefill ranks are not asked for offers): %w", room, core.ErrInvalidSpec)
 	}
 	spec.Pull = d.cfg.Pull
-	d.plantWrites(room, spec)
+	tails := d.writeTails(room, spec)
 	var ready <-chan struct{}
 	d.read(func(c *core.Core) {
 		// (Asked before the step: the room's ready wake may be its own.)
@@ -414,7 +414,7 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec core.Reques
 			ready = d.waits.on(room, core.WakeReady)
 		}
 	})
-	res := d.stepIn(core.InitReceiver{Room: room, Spec: spec}).Result
+	res := d.stepAfter(d.plant(room, tails), core.InitReceiver{Room: room, Spec: spec}).Result
 	var reason string
 	if res.Status == core.Failed {
 		d.read(func(c *core.Core) { reason, _ = c.Failure(room) }) // (a room keeps its first reason)

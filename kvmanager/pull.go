@@ -403,15 +403,22 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 	unlock()
 	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.StallTimeout)
 	defer cancel()
-	for _, x := range xs {
+	for i, x := range xs {
 		st, werr := d.agent.Wait(ctx, x)
 		if st != nixl.Done {
 			if werr == nil {
 				werr = fmt.Errorf("read ended %v", st)
 			}
-			// (One the engine reported complete that did not deliver is
-			// over: nothing more of it lands.)
-			return fmt.Errorf("%s: %w", where, werr), errors.Is(werr, nixl.ErrNotDelivered)
+			// One the engine reported complete that did not deliver is
+			// over (nothing more of it lands): the read is quiesced once
+			// the room's other transfers ended too.
+			quiesced := errors.Is(werr, nixl.ErrNotDelivered)
+			for _, y := range xs[i+1:] {
+				if st, err := d.agent.Wait(ctx, y); st != nixl.Done && !errors.Is(err, nixl.ErrNotDelivered) {
+					quiesced = false
+				}
+			}
+			return fmt.Errorf("%s: %w", where, werr), quiesced
 		}
 	}
 	var n uint64

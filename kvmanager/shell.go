@@ -380,6 +380,16 @@ func (m *Manager) stepIn(in core.Input) core.Output {
 	return out
 }
 
+// stepAfter is stepIn with before run first under the same hold of the
+// core's lock (nothing can step between them).
+func (m *Manager) stepAfter(before func(c *core.Core), in core.Input) core.Output {
+	m.mu.Lock()
+	before(m.core)
+	out := m.core.Step(m.cfg.Now(), in)
+	m.carryOut()
+	return out
+}
+
 // carryOut takes the core's effects, lets m.mu go (the caller holds it)
 // and carries them out, in step order.
 func (m *Manager) carryOut() {

@@ -10,6 +10,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/nixl"
+	"go.uber.org/zap"
 )
 
 // The decode rank's write check (docs/PROTOCOL.md "Writes checked before
@@ -25,6 +26,7 @@ type writeCheck struct {
 	key uint64 // canaries are this key mixed with the room id
 	// skipped: BenchmarkWriteCheck's reference (the same rooms unchecked).
 	skipped atomic.Bool
+	warned  atomic.Bool // uncheckedLink logged
 }
 
 func newWriteCheck() *writeCheck {
@@ -53,11 +55,16 @@ func (d *Decode) slice(l core.Link) (s *kvlayout.Slice, rlo, rhi int, write bool
 	if m.Zero() {
 		return nil, 0, len(d.cfg.Layout.Regions), true, nil
 	}
+	if l.InstTP == 0 || l.InstPP == 0 {
+		// A target named explicitly (CreateReceiver) under a Model: the
+		// instance's shape, and so what this rank writes, is not known.
+		return nil, 0, 0, false, fmt.Errorf("prefill rank %d named without its instance's shape (CreateReceiver with explicit targets under a Model)", l.Rank)
+	}
 	src := m
 	if l.Pages.Src > 0 {
 		src = m.WithPages(l.Pages.Src)
 	}
-	p := kvlayout.Parallel{TPSize: max(l.InstTP, 1), TPRank: l.Rank, PPSize: max(l.InstPP, 1), PPRank: l.PP}
+	p := kvlayout.Parallel{TPSize: l.InstTP, TPRank: l.Rank, PPSize: l.InstPP, PPRank: l.PP}
 	if s, err = kvlayout.Plan(src, m, p, d.cfg.Parallel); err != nil || s == nil {
 		return nil, 0, 0, false, err
 	}
@@ -75,8 +82,10 @@ func pageMap(l core.Link) kvlayout.PageMap {
 
 // tails appends the tails of what source l writes of spec at positions
 // [off, off+n) of its pages, in this rank's regions [rlo, rhi) clipped to
-// the source's, and with state its state items.
-func (d *Decode) tails(spec core.RequestSpec, l core.Link, off, n, rlo, rhi int, state bool, out []uint64) ([]uint64, error) {
+// the source's, and with state its state items. last: the positions are
+// the room's last chunk's, whose last page may be filled only in part
+// (kvlayout.WrittenUnits).
+func (d *Decode) tails(spec core.RequestSpec, l core.Link, off, n, rlo, rhi int, state, last bool, out []uint64) ([]uint64, error) {
 	if spec.Dummy || spec.Pull {
 		return out, nil
 	}
@@ -86,7 +95,7 @@ func (d *Decode) tails(spec core.RequestSpec, l core.Link, off, n, rlo, rhi int,
 	}
 	lay := d.cfg.Layout
 	if lay.Kind == nixl.DRAM && n > 0 {
-		units := kvlayout.WrittenUnits(pageMap(l), spec.DstPages, off, n, nil)
+		units := kvlayout.WrittenUnits(pageMap(l), spec.DstPages, off, n, last, nil)
 		out = kvlayout.Tails(lay, s, max(rlo, lo), min(rhi, hi), units, out)
 	}
 	if state && l.Aux {
@@ -105,18 +114,15 @@ func (d *Decode) tails(spec core.RequestSpec, l core.Link, off, n, rlo, rhi int,
 	return out, nil
 }
 
-// plantWrites plants room's canaries in every piece its sources will
-// write (before its REQUEST goes out: InitReceiver).
-func (d *Decode) plantWrites(room uint64, spec core.RequestSpec) {
-	w := d.wcheck
-	if w.skipped.Load() || spec.Pull || spec.Dummy {
-		return
+// writeTails is where room's canaries go: the end of every piece its
+// sources will write (nil when nothing is checked). Computed before
+// InitReceiver's step, planted in it (plant).
+func (d *Decode) writeTails(room uint64, spec core.RequestSpec) []uint64 {
+	if d.wcheck.skipped.Load() || spec.Pull || spec.Dummy {
+		return nil
 	}
 	var links []core.Link
 	d.read(func(c *core.Core) {
-		if !c.Initable(room) {
-			return
-		}
 		for uid := 0; ; uid++ {
 			_, l, ok := c.WriteSource(room, uid)
 			if !ok {
@@ -127,12 +133,36 @@ func (d *Decode) plantWrites(room uint64, spec core.RequestSpec) {
 	})
 	var tails []uint64
 	for _, l := range links {
-		var err error
-		if tails, err = d.tails(spec, l, 0, len(spec.DstPages), 0, len(d.cfg.Layout.Regions), true, tails); err != nil {
-			return // (the prefill rank refuses such a REQUEST)
+		t, err := d.tails(spec, l, 0, len(spec.DstPages), 0, len(d.cfg.Layout.Regions), true, false, tails)
+		if err != nil {
+			d.uncheckedLink(room, l, err) // that link's writes are not checked; the others' are
+			continue
+		}
+		tails = t
+	}
+	return tails
+}
+
+// plant (InitReceiver's step, under the core's lock) plants room's
+// canaries only if that step will send its REQUEST: a second Init, or one
+// racing an Abort, Clear or Close, plants nothing into pages a write may
+// have filled or that were given back.
+func (d *Decode) plant(room uint64, tails []uint64) func(c *core.Core) {
+	return func(c *core.Core) {
+		if len(tails) > 0 && c.Initable(room) {
+			canary.Plant(tails, d.wcheck.canary(room))
 		}
 	}
-	canary.Plant(tails, w.canary(room))
+}
+
+// uncheckedLink logs, once per process, a room link whose writes the
+// check cannot follow (its plan failed: a room created with explicit
+// targets under a Model names no instance shape).
+func (d *Decode) uncheckedLink(room uint64, l core.Link, err error) {
+	if d.wcheck.warned.CompareAndSwap(false, true) {
+		d.log.Warn("write check: a room's prefill rank's writes are not checked (no plan for its link; logged once)",
+			zap.Uint64("room", room), zap.Int("rank", l.Rank), zap.Error(err))
+	}
 }
 
 // checkWrite returns what of notification n did not land ("" when
@@ -153,7 +183,7 @@ func (d *Decode) checkWrite(n core.Notified) string {
 	if n.Aux {
 		off, cnt = 0, 0
 	}
-	tails, err := d.tails(spec, l, off, cnt, rlo, rhi, n.Aux, nil)
+	tails, err := d.tails(spec, l, off, cnt, rlo, rhi, n.Aux, n.Total > 0, nil)
 	if err != nil {
 		return ""
 	}

@@ -5,9 +5,9 @@
 // names the piece written, finds whether it is still there (Plant, Find);
 // an agent's READ plants one at the end of each destination descriptor,
 // keeping the bytes it replaced, and settles them once the READ is done
-// (PlantSaving, Settle: docs/ENGINES.md). The addresses are the rank's
-// own registered memory, computed from its own layout or transfer (never
-// a peer's numbers), which stays mapped and writable for the rank's life,
+// (PlantSaving, Settle: docs/ENGINES.md). The addresses are in the rank's
+// own registered memory (its callers compute them from its layout and
+// clip them to it), which stays mapped and writable for the rank's life,
 // as its engine's KV cache does.
 package canary
 

@@ -249,7 +249,9 @@ func TestSilentPartialReadFailsRoom(t *testing.T) {
 			r, err := receiver.New(c.decode, id)
 			require.NoError(t, err)
 			defer r.Clear()
-			require.NoError(t, r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1}))
+			// With an aux item and state items: a second transfer of the
+			// read (host memory), waited for before the room's pages go.
+			require.NoError(t, r.Init(ctx(t), kvmanager.RequestSpec{DstPages: dst, AuxIndex: 2, StateIndices: [][]uint32{{3}}}))
 			s, err := sender.New(c.prefill, id)
 			require.NoError(t, err)
 			defer s.Clear()
@@ -258,7 +260,7 @@ func TestSilentPartialReadFailsRoom(t *testing.T) {
 			gone := region[first*pageBytes : (first+per)*pageBytes]
 			require.NoError(t, syscall.Mprotect(gone, syscall.PROT_NONE))
 			defer syscall.Mprotect(gone, syscall.PROT_READ|syscall.PROT_WRITE)
-			require.NoError(t, s.Send(src, true, -1))
+			require.NoError(t, s.Send(src, true, 1, []uint32{4}))
 			st, _ := r.Wait(ctx(t))
 			t.Logf("%s: room %v: %s", engine, st, r.Failure())
 			require.Equal(t, kvmanager.Failed, st, "a page of the read did not land")

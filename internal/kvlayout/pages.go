@@ -88,23 +88,28 @@ func (pm PageMap) Aligned(end int) bool { return end*pm.Src%pm.Dst == 0 }
 
 // WrittenUnits appends the decode units that a chunk which wrote the
 // positions [off, off+n) of dst (Pair's off and n) under page map pm
-// surely filled: every unit of those pages, but of the room's last page
-// (position len(dst)−1) only the first when a decode page holds several
-// units (the room's last tokens may fill only part of it). Positions
-// outside dst are left out. (A function, not PageMap's method: package
-// transfer exports PageMap, and this is the decode shell's alone.)
-func WrittenUnits(pm PageMap, dst []uint32, off, n int, out []uint32) []uint32 {
-	dPer := uint32(1)
+// surely filled: every unit of those pages, but when the chunk is the
+// room's last (last) only the first of the last page it names if a decode
+// page holds several units — the room's last tokens may fill only part of
+// it (every other chunk ends on a decode page: Aligned). Positions
+// outside dst, and units past 32 bits, are left out. (A function, not
+// PageMap's method: package transfer exports PageMap, and this is the
+// decode shell's alone.)
+func WrittenUnits(pm PageMap, dst []uint32, off, n int, last bool, out []uint32) []uint32 {
+	dPer := uint64(1)
 	if u := pm.Unit(); u > 0 && pm.Dst > u {
-		dPer = uint32(pm.Dst / u)
+		dPer = uint64(pm.Dst / u)
 	}
-	for pos := max(off, 0); pos < off+n && pos < len(dst); pos++ {
+	end := min(off+n, len(dst))
+	for pos := max(off, 0); pos < end; pos++ {
 		k := dPer
-		if pos == len(dst)-1 {
+		if last && pos == end-1 {
 			k = 1
 		}
 		for i := range k {
-			out = append(out, dst[pos]*dPer+i)
+			if u := uint64(dst[pos])*dPer + i; u <= math.MaxUint32 {
+				out = append(out, uint32(u))
+			}
 		}
 	}
 	return out

@@ -25,3 +25,14 @@ func TestTailsStayInside(t *testing.T) {
 	}
 	require.Len(t, Tails(dst, s, 0, 2, []uint32{8, 9, 1 << 31}, nil), 0, "units of page 4 and past: none")
 }
+
+// TestWrittenUnitsPast32Bits: a destination page whose units pass 32 bits
+// (a page number out of any layout, ×4 units a page) gives no unit, not
+// one wrapped onto page 0's.
+func TestWrittenUnitsPast32Bits(t *testing.T) {
+	pm := PageMap{Src: 2, Dst: 8}
+	require.Empty(t, WrittenUnits(pm, []uint32{1 << 30}, 0, 1, false, nil))
+	require.Equal(t, []uint32{4, 5, 6, 7, 8}, WrittenUnits(pm, []uint32{1, 2, 1 << 30}, 0, 2, true, nil), "the last chunk's last page: its first unit")
+	require.Equal(t, []uint32{4, 5, 6, 7}, WrittenUnits(pm, []uint32{1, 2}, 0, 1, false, nil))
+	require.Equal(t, []uint32{4, 5, 6, 7, 8}, WrittenUnits(pm, []uint32{1, 2}, -1, 9, true, nil), "positions outside dst left out")
+}
