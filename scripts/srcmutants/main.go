@@ -604,6 +604,8 @@ var mutants = []mutant{
 		pkg: "internal/kvlayout", run: "^TestSlicesMoveEveryHeadOnce$"},
 	{name: "write-units-wrap", file: "internal/kvlayout/pages.go", old: "u <= math.MaxUint32 {", new: "true {",
 		pkg: "internal/kvlayout", run: "^TestWrittenUnitsPast32Bits$"},
+	{name: "write-shape-unknown-planned", file: "kvmanager/writecheck.go", old: "\tif l.InstTP == 0 || l.InstPP == 0 {", new: "\tif false {",
+		pkg: "kvmanager", run: "^TestWriteCheckNeedsTheInstanceShape$"},
 	{name: "write-tails-last-page-whole", file: "internal/kvlayout/pages.go", old: "\t\t\tk = 1\n", new: "\t\t\tk = dPer\n",
 		pkg: "internal/kvlayout", run: "^TestSlicesMoveEveryHeadOnce$"},
 	{name: "write-tails-hnd-head", file: "internal/kvlayout/tails.go", old: "rp+(uint64(s.DstHead+h)*uint64(dTok)+dt)*hb", new: "rp+(uint64(s.DstHead)*uint64(dTok)+dt)*hb",
