@@ -43,3 +43,163 @@ func TestWriteCheckNeedsTheInstanceShape(t *testing.T) {
 		require.Equal(t, [2]int{0, len(cfg.Layout.Regions)}, [2]int{lo, hi})
 	}
 }
+
+// TestWriteCheckFollowsThePrefillPlan: the decode shell's own mapping
+// (slice, pageMap, a notification's layers to regions, the last chunk's
+// partial page) against what the prefill ranks' plans write, for every
+// shape of the rank mapping: heterogeneous TP both ways, PP stages (a
+// region offset), pages of different sizes both ways, HND and NHD, each
+// chunk sent as two layer groups where a stage has two layers. After
+// each group's bytes land (the prefill plan's descriptors, filled), its
+// notification as the prefill core builds it passes the check; with one
+// of its descriptors left unwritten it fails, naming a piece.
+func TestWriteCheckFollowsThePrefillPlan(t *testing.T) {
+	m := kvmodel.Presets["tiny"] // 2 layers, 2 KV heads
+	type shape struct {
+		name             string
+		pTP, pPP, dTP    int
+		dRank            int
+		pTokens, dTokens int
+	}
+	for _, sh := range []shape{
+		{"TP 2 → 1", 2, 1, 1, 0, 16, 16},
+		{"TP 1 → 2, rank 1", 1, 1, 2, 1, 16, 16},
+		{"PP 2 → 1", 1, 2, 1, 0, 16, 16},
+		{"TP 2 → 1, prefill pages of 8 → 16", 2, 1, 1, 0, 8, 16},
+		{"prefill pages of 32 → 16", 1, 1, 1, 0, 32, 16},
+	} {
+		for _, layout := range []transfer.PageLayout{transfer.HND, transfer.NHD} {
+			t.Run(sh.name+"/"+layout.String(), func(t *testing.T) {
+				writeCheckFollows(t, m, sh.pTP, sh.pPP, sh.dTP, sh.dRank, sh.pTokens, sh.dTokens, layout)
+			})
+		}
+	}
+}
+
+func writeCheckFollows(t *testing.T, m kvmodel.Model, pTP, pPP, dTP, dRank, pTokens, dTokens int, layout transfer.PageLayout) {
+	const pages, tokens = 16, 88 // a room of 88 tokens: the last decode page partly filled
+	dm := m
+	dm.PageTokens = dTokens
+	dpar := transfer.Parallel{TPSize: dTP, TPRank: dRank}
+	cfg := DefaultConfig(core.RoleDecode)
+	cfg.Auth, cfg.Instance, cfg.Compat, cfg.BootstrapURL = testauth.Auth(), "wcheck-plan", m.Compat(), "http://127.0.0.1:1"
+	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
+	cfg.Model, cfg.Parallel = dm.Mapping(layout), dpar
+	var err error
+	cfg.Layout, err = dm.RankLayout(nixl.DRAM, layout, dpar, pages, 4)
+	require.NoError(t, err)
+	d, err := NewDecode(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	d.resolver = func(core.Target) {} // nothing is sent anywhere
+	kv, _ := d.Memory()
+	lay := d.cfg.Layout
+	// at returns the decode memory a descriptor names.
+	at := func(x nixl.Desc) []byte {
+		for r, reg := range lay.Regions {
+			if x.Addr >= reg.Addr && x.Addr+uintptr(x.Len) <= reg.Addr+uintptr(reg.Len) {
+				off := x.Addr - reg.Addr
+				return kv[r][off : off+uintptr(x.Len)]
+			}
+		}
+		t.Fatalf("descriptor %+v outside the decode rank's regions", x)
+		return nil
+	}
+	regionOf := func(x nixl.Desc) int {
+		for r, reg := range lay.Regions {
+			if x.Addr >= reg.Addr && x.Addr < reg.Addr+uintptr(reg.Len) {
+				return r
+			}
+		}
+		return -1
+	}
+
+	pm := transfer.Model(dm.Mapping(layout))
+	pm.PageTokens = pTokens
+	ppar := transfer.Parallel{TPSize: pTP, PPSize: pPP}
+	tl, err := transfer.Links(cfg.Model, ppar, dpar)
+	require.NoError(t, err)
+	var links []core.Link
+	for _, l := range tl {
+		links = append(links, core.Link{Target: core.Target{Bootstrap: cfg.BootstrapURL, Rank: l.TPRank, PP: l.PPRank, InstTP: pTP, InstPP: pPP},
+			Dummy: l.Dummy, Aux: l.Aux, Required: l.Required, Pages: transfer.PageMap{Src: pTokens, Dst: dTokens}})
+	}
+	const room = 1
+	dst := []uint32{9, 2, 14, 5, 11, 0} // ⌈88/16⌉ decode pages of 16 tokens
+	if dTokens != 16 {
+		t.Fatalf("test case: decode pages of %d tokens", dTokens)
+	}
+	spec := RequestSpec{DstPages: dst, AuxIndex: -1}
+	require.Equal(t, core.Applied, d.stepIn(core.CreateReceiver{Room: room, Links: links}).Result.Outcome)
+	tails := d.writeTails(room, spec)
+	require.NotEmpty(t, tails)
+	require.Equal(t, core.Applied, d.stepAfter(d.plant(room, tails), core.InitReceiver{Room: room, Spec: spec}).Result.Outcome)
+
+	nsrc := (tokens + pTokens - 1) / pTokens
+	src := make([]uint32, nsrc)
+	for i := range src {
+		src[i] = uint32(nsrc - 1 - i) // descending: one run a page
+	}
+	split := nsrc / 2
+	for split*pTokens%dTokens != 0 {
+		split++
+	}
+	checked := 0
+	for uid, l := range tl {
+		p := transfer.Parallel{TPSize: pTP, TPRank: l.TPRank, PPSize: pPP, PPRank: l.PPRank}
+		plan, err := transfer.Plan(pm, cfg.Model, p, dpar)
+		require.NoError(t, err)
+		if plan == nil {
+			continue // a dummy: writes nothing
+		}
+		_, stage := pm.StageLayers(pPP, l.PPRank)
+		pb, err := pm.PageBytes(pTP)
+		require.NoError(t, err)
+		local := transfer.Layout{Kind: nixl.DRAM, PageBytes: pb}
+		for i := range stage * transfer.RegionsPerLayer {
+			local.Regions = append(local.Regions, nixl.Desc{Addr: uintptr(1<<40 + i<<30), Len: uint64(nsrc) * pb})
+		}
+		shift := plan.RegionOffset / transfer.RegionsPerLayer
+		groups := [][2]int{{0, stage}}
+		if stage > 1 {
+			groups = [][2]int{{0, 1}, {1, stage}}
+		}
+		for ci, c := range [][2]int{{0, split}, {split, nsrc}} {
+			s, dd, off, n, err := transfer.PageMap{Src: pTokens, Dst: dTokens}.Pair(c[0], src[c[0]:c[1]], 0, dst)
+			require.NoError(t, err)
+			_, rd := transfer.ExpandSlice(transfer.Runs(s, dd), local, lay, plan)
+			for _, g := range groups {
+				var mine []nixl.Desc // this layer group's
+				for _, x := range rd {
+					if r := regionOf(x); r >= 2*(g[0]+shift) && r < 2*(g[1]+shift) {
+						mine = append(mine, x)
+					}
+				}
+				require.NotEmpty(t, mine)
+				n := core.Notified{Room: room, UID: uid, Chunk: ci, Off: off, N: n, Lo: g[0] + shift, Hi: g[1] + shift, SpanLo: shift, SpanHi: stage + shift}
+				if ci == 1 {
+					n.Total = 2
+				}
+				skip := len(mine) / 2
+				for i, x := range mine {
+					if i != skip {
+						fill(at(x))
+					}
+				}
+				got := d.checkWrite(n)
+				require.Contains(t, got, "still ends with the canary", "source %d chunk %d layers %v: one descriptor (%+v) not written", uid, ci, g, mine[skip])
+				fill(at(mine[skip]))
+				require.Empty(t, d.checkWrite(n), "source %d chunk %d layers %v: every descriptor written", uid, ci, g)
+				checked++
+			}
+		}
+	}
+	require.NotZero(t, checked)
+}
+
+// fill writes what a prefill rank's write brings (anything but a canary).
+func fill(b []byte) {
+	for i := range b {
+		b[i] = 0x77
+	}
+}
