@@ -580,7 +580,7 @@ func (w *simWorld) settle() {
 // testing, Groce et al.: a run with few kinds of faults reaches deeper
 // into each than one with all at once).
 var simFaults = []string{"restart", "kill", "pause", "lose", "duplicate", "replay", "stale view", "lookup fails",
-	"finds", "fails quiesced", "fails but may land", "decode abort", "prefill abort", "clear live", "push"}
+	"finds", "fails quiesced", "fails but may land", "decode abort", "prefill abort", "clear live", "push", "silent"}
 
 // simEventWeight is an event's weight in a swarm run.
 func (w *simWorld) simEventWeight(name string) int {
@@ -619,6 +619,8 @@ func (w *simWorld) simEventWeight(name string) int {
 		return class("fails quiesced")
 	case strings.HasSuffix(name, "fails but may land"):
 		return class("fails but may land")
+	case strings.HasSuffix(name, "reported done, not landed"):
+		return class("silent")
 	case strings.Contains(name, "decode") && strings.HasSuffix(name, " abort"):
 		return class("decode abort")
 	case strings.Contains(name, "prefill") && strings.HasSuffix(name, " abort"):

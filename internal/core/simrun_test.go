@@ -327,6 +327,7 @@ func simRandomConfig() simConfig {
 	c.prefills, c.decodes = 2, 2
 	c.restarts, c.kills, c.peerDowns, c.mayLand, c.ticks = 2, 2, 3, true, 0
 	c.losses, c.dups, c.replays, c.pauses, c.lookupFails = 4, 4, 3, 2, 2
+	c.silentWrites = 2
 	c.staleViews, c.pushes = true, true
 	c.prefillAbort, c.decodeAbort, c.clearLive = true, true, true
 	c.reg.MaxTombstones, c.reg.MaxPendingRooms, c.reg.MaxPendingPerPeer = 6, 6, 4
@@ -463,6 +464,8 @@ var simRandomCoverage = map[string]int{
 	"offer challenged": 800, "challenge echoed (prefill)": 800,
 	"read posted": 150, "read ok": 150, "pull offer loaded (repeat false)": 500, "pull offer loaded (repeat true)": 400, "read refused at its gate": 10, "read stalled": 3, "lease renewed": 200,
 	"READ_DONE drained": 500, "source released": 150, "source released forced": 5,
+	// Writes the engine reported done that did not land (issue 54).
+	"write reported done, its data lost (silent)": 15, "notification of a write not delivered failed its room": 12,
 }
 
 // TestSimRandom: swarm-random runs from fixed seeds (SIM_SEED_BASE moves
