@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/canary"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -297,7 +298,7 @@ func (d *Decode) reader() {
 		if err == errGated {
 			continue
 		}
-		d.stepIn(core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced, NotDelivered: errors.Is(err, nixl.ErrNotDelivered)})
+		d.stepIn(core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced, NotDelivered: errors.Is(err, canary.ErrNotDelivered)})
 	}
 }
 
@@ -412,9 +413,9 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 			// One the engine reported complete that did not deliver is
 			// over (nothing more of it lands): the read is quiesced once
 			// the room's other transfers ended too.
-			quiesced := errors.Is(werr, nixl.ErrNotDelivered)
+			quiesced := errors.Is(werr, canary.ErrNotDelivered)
 			for _, y := range xs[i+1:] {
-				if st, err := d.agent.Wait(ctx, y); st != nixl.Done && !errors.Is(err, nixl.ErrNotDelivered) {
+				if st, err := d.agent.Wait(ctx, y); st != nixl.Done && !errors.Is(err, canary.ErrNotDelivered) {
 					quiesced = false
 				}
 			}

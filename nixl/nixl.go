@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/canary"
 	"github.com/kvbridge/kvbridge/internal/mem"
 )
 
@@ -24,13 +25,9 @@ var (
 	ErrInvalidRequest    = errors.New("nixl: invalid transfer request")
 	ErrBadMetadata       = errors.New("nixl: bad metadata")
 	ErrTransfer          = errors.New("nixl: transfer failed")
-	// ErrNotDelivered (with ErrTransfer): a READ the engine reported
-	// complete whose destination descriptor still ends with the canary
-	// planted before it (docs/ENGINES.md).
-	ErrNotDelivered = errors.New("nixl: reported complete, not delivered")
-	ErrTimeout      = errors.New("nixl: transfer deadline passed")
-	ErrUnsupported  = errors.New("nixl: not supported by this engine")
-	ErrClosed       = errors.New("nixl: agent closed")
+	ErrTimeout           = errors.New("nixl: transfer deadline passed")
+	ErrUnsupported       = errors.New("nixl: not supported by this engine")
+	ErrClosed            = errors.New("nixl: agent closed")
 	// ErrStalePrep: a remote list prepared before its remote's metadata was
 	// loaded again (or invalidated) cannot be posted; prepare it again.
 	ErrStalePrep = errors.New("nixl: prepared list is stale (its remote was reloaded or invalidated since)")
@@ -532,7 +529,7 @@ func (a *Agent) settle(x *Xfer, st XferState, err error) {
 	if k := a.settleCanaries(x, st); k >= 0 {
 		a.notDelivered.Add(1)
 		st, err = Failed, fmt.Errorf("agent %s: READ from %s reported complete, but its descriptor %d of %d (%d bytes at %#x, from %#x) was not delivered (it still ends with a canary planted before the read, its own or an overlapping read's): %w: %w",
-			a.name, x.Remote, k, len(x.Local), x.Local[k].Len, x.Local[k].Addr, x.Dst[k].Addr, ErrNotDelivered, ErrTransfer)
+			a.name, x.Remote, k, len(x.Local), x.Local[k].Len, x.Local[k].Addr, x.Dst[k].Addr, canary.ErrNotDelivered, ErrTransfer)
 	}
 	x.state, x.err = st, err
 	close(x.done)

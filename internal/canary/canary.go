@@ -72,7 +72,16 @@ static long kvb_canary_settle(const uint64_t *tails, size_t n, uint64_t canary, 
 */
 import "C"
 
-import "unsafe"
+import (
+	"errors"
+	"unsafe"
+)
+
+// ErrNotDelivered is wrapped by a transfer's error when the engine
+// reported it complete but a canary planted before it is still there (a
+// READ's, nixl.Agent; docs/ENGINES.md). Internal: a room's code says it to
+// users (not_delivered).
+var ErrNotDelivered = errors.New("reported complete, not delivered")
 
 // Plant writes v at each address of tails (8 bytes each, in this
 // process's memory, any alignment), in one call to C.

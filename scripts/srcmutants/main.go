@@ -592,7 +592,7 @@ var mutants = []mutant{
 		pkg: "internal/e2e", run: "^TestSecondInitPlantsNothing$"},
 	{name: "read-not-delivered-code", file: "internal/core/pull.go", old: "\t\t\tif in.NotDelivered {", new: "\t\t\tif false {",
 		pkg: "internal/e2e", run: "^TestSilentPartialReadFailsRoom$/libnixl-double"},
-	{name: "read-not-delivered-unquiesced", file: "kvmanager/pull.go", old: "\t\t\tquiesced := errors.Is(werr, nixl.ErrNotDelivered)", new: "\t\t\tquiesced := false",
+	{name: "read-not-delivered-unquiesced", file: "kvmanager/pull.go", old: "\t\t\tquiesced := errors.Is(werr, canary.ErrNotDelivered)", new: "\t\t\tquiesced := false",
 		pkg: "internal/e2e", run: "^TestSilentPartialReadFailsRoom$/libnixl-double"},
 	{name: "write-tails-past-pages", file: "internal/kvlayout/tails.go", old: "\t\t\t\tif uint64(u) < pages {", new: "\t\t\t\tif true {",
 		pkg: "internal/kvlayout", run: "^TestTailsStayInside$"},
