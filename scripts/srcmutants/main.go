@@ -616,6 +616,11 @@ var mutants = []mutant{
 		pkg: "internal/kvlayout", run: "^TestSlicesMoveEveryHeadOnce$"},
 	{name: "write-tails-nhd-token", file: "internal/kvlayout/tails.go", old: "rp+((dt+t)*uint64(s.DstHeads)+uint64(s.DstHead))*hb", new: "rp+(dt*uint64(s.DstHeads)+uint64(s.DstHead))*hb",
 		pkg: "internal/kvlayout", run: "^TestSlicesMoveEveryHeadOnce$"},
+	// The example servers: a prefill leg of vLLM push's concurrent
+	// dispatch held for the whole -kv-lease, not its -push-claim (a decode
+	// leg refused for a stale identity cannot release it).
+	{name: "push-claim-ignored", file: "examples/internal/rankcmd/openai.go", old: "room, lease = oreq.Push.Room, min(lease, r.pushClaim)", new: "room = oreq.Push.Room",
+		pkg: "examples/internal/e2e", run: "^TestOpenAIPush$"},
 	{name: "canary-find-skips-first", file: "internal/canary/canary.go", old: "\tfor (size_t i = 0; i < n; i++) {\n\t\tuint64_t x;", new: "\tfor (size_t i = 1; i < n; i++) {\n\t\tuint64_t x;",
 		pkg: "internal/canary", run: "^TestPlantFind$"},
 	// Each range check on a PAGES (issue 49, item 5): removed, or off

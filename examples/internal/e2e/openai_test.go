@@ -381,18 +381,7 @@ func (p *pdClient) push(ctx context.Context, path string, client map[string]any)
 		p.pushes.serialPushes.Add(1)
 		return p.vllmDecode(ctx, path, client, kv, reqID)
 	}
-	rand.Read(id[:])
-	xfer := "tx" + hex.EncodeToString(id[:])
-	pre := clone(client)
-	pre["kv_transfer_params"] = map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
-		"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil, "transfer_id": xfer}
-	capOneToken(pre, path)
-	dkv := clone(identity)
-	dkv["do_remote_prefill"], dkv["do_remote_decode"], dkv["remote_request_id"], dkv["transfer_id"] = true, false, reqID, xfer
-	dec := clone(client)
-	dec["kv_transfer_params"] = dkv
-	pb, _ := json.Marshal(pre)
-	db, _ := json.Marshal(dec)
+	pb, db := pushLegs(path, client, identity, reqID)
 	type res struct {
 		a   *openai.Answer
 		err error
@@ -429,6 +418,28 @@ func (p *pdClient) push(ctx context.Context, path string, client map[string]any)
 		return p.vllmDecode(ctx, path, client, ans["kv_transfer_params"], reqID)
 	}
 	return a, err
+}
+
+// pushLegs are the two legs of vLLM push's concurrent dispatch from a
+// cached identity: a fresh transfer_id; the prefill leg the client's body
+// capped to one token with the nixlv2 fields (null) and the transfer id,
+// the decode leg the client's body with the identity, the request id and
+// the transfer id.
+func pushLegs(path string, client, identity map[string]any, reqID string) (pre, dec []byte) {
+	var id [16]byte
+	rand.Read(id[:])
+	xfer := "tx" + hex.EncodeToString(id[:])
+	pb := clone(client)
+	pb["kv_transfer_params"] = map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
+		"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil, "transfer_id": xfer}
+	capOneToken(pb, path)
+	dkv := clone(identity)
+	dkv["do_remote_prefill"], dkv["do_remote_decode"], dkv["remote_request_id"], dkv["transfer_id"] = true, false, reqID, xfer
+	db := clone(client)
+	db["kv_transfer_params"] = dkv
+	pre, _ = json.Marshal(pb)
+	dec, _ = json.Marshal(db)
+	return pre, dec
 }
 
 // offloading sends a request as the sidecar's "offloading" connector does
@@ -1347,7 +1358,9 @@ func TestOpenAIOffloadingBadRequests(t *testing.T) {
 // identity.
 func TestOpenAIPush(t *testing.T) {
 	t.Parallel() // its own processes and ports
-	c, pd := openaiCluster(t, "NHD", transfer.Parallel{}, transfer.Parallel{}, "-kv-lease", "3s")
+	// A lease far past every bound below: a push leg's KV is released by
+	// its claim (-push-claim), a refused leg's at once.
+	c, pd := openaiCluster(t, "NHD", transfer.Parallel{}, transfer.Parallel{}, "-kv-lease", "60s", "-push-claim", "2s")
 	ctx := context.Background()
 	rng := mrand.New(mrand.NewPCG(11, 11))
 	expect := func(what string) {
@@ -1395,6 +1408,20 @@ func TestOpenAIPush(t *testing.T) {
 	c.nothingPinned(t)
 	expect("serial again after the stale identity")
 	assert.Equal(t, id, pd.pushes.identity.Load(), "the identity learnt again")
+
+	// The prefill leg answered before its decode leg, from a stale
+	// identity (an instance that moved: its bootstrap server gone), was
+	// refused: nobody can reach this instance to release the KV, so its
+	// claim does, long before the lease.
+	pb, db := pushLegs("/v1/completions", body(tinyPrompt(rng, 8), 4, false), stale, "stale-after-prefill")
+	_, err = pd.send(ctx, pd.prefill+"/v1/completions", pb, "stale-after-prefill", nil)
+	require.NoError(t, err, "the push prefill leg")
+	assert.EqualValues(t, 1, metric(t, c.client, c.prefill[0].http, "kvbridge_example_kv_held_rooms"), "the push prefill leg's room not held once it answered")
+	_, err = pd.send(ctx, pd.decode+"/v1/completions", db, "stale-after-prefill", nil)
+	assert.Equal(t, 503, status(err), "a stale identity after its prefill leg answered: %v", err)
+	start = time.Now()
+	c.nothingPinnedWithin(t, 5*time.Second)
+	t.Logf("the push prefill leg's KV released %v after its decode leg was refused (claim 2 s, lease 60 s)", time.Since(start).Round(time.Millisecond))
 }
 
 // BenchmarkPushTTFT: time to first token of vLLM push dispatched at once

@@ -598,22 +598,25 @@ func randomRoom() uint64 {
 // KV under the lease, answer the first token and kv_transfer_params.
 func (t *tinyRank) prefillVLLM(ctx context.Context, wr *openai.Writer, oreq *openai.Request, id string, req *http.Request) {
 	r := t.r
-	room := randomRoom()
+	room, lease := randomRoom(), r.kvLease
 	if oreq.Push != nil {
 		// vLLM push dispatched at once: the decode leg, from the cached
-		// identity, starts the room its transfer id names.
-		room = oreq.Push.Room
+		// identity, starts the room its transfer id names. It was sent
+		// with this leg, so its REQUESTs come about when this leg ends:
+		// the KV is held for -push-claim only. (A decode leg refused for
+		// a stale identity — the instance moved — cannot tell this one.)
+		room, lease = oreq.Push.Room, min(lease, r.pushClaim)
 	}
 	start := time.Now()
 	boot := r.advertisedBootstrap(req)
-	res, oe := t.instancePrefill(ctx, oreq, room, -1, r.kvLease)
+	res, oe := t.instancePrefill(ctx, oreq, room, -1, lease)
 	if oe != nil {
 		wr.Fail(oe)
 		return
 	}
 	// Every member's lease began after start: the ticket's end is no later
 	// than any of theirs.
-	exp := start.Add(r.kvLease)
+	exp := start.Add(lease)
 	group := int(room % uint64(max(r.Par.DPSize, 1)))
 	ms, _ := t.members(group) // (instancePrefill ran on them)
 	tk := &openai.Ticket{Version: ticketVersion, Room: strconv.FormatUint(room, 10), Bootstrap: boot, DP: group, Instance: r.Instance,

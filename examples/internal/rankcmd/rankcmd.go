@@ -83,6 +83,7 @@ type Rank struct {
 	served     string        // -served-model-name
 	reqTimeout time.Duration // -request-timeout
 	kvLease    time.Duration // -kv-lease
+	pushClaim  time.Duration // -push-claim
 	sglangPort int           // -sglang-bootstrap-port
 	ticketKey  []byte        // signs and checks kv_transfer_params (nil when insecure)
 }
@@ -122,6 +123,7 @@ type options struct {
 	// The OpenAI routes and the instance's front.
 	front, served       string
 	reqTimeout, kvLease time.Duration
+	pushClaim           time.Duration
 	sglangPort          int
 	// Pull (docs/PROTOCOL.md "Pull"): a decode rank reads every room;
 	// a prefill rank's lease on what it publishes (negative: no pull).
@@ -190,6 +192,7 @@ func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 	fs.DurationVar(&o.reqTimeout, "request-timeout", 60*time.Second, "with -compute tinyllm: the OpenAI routes' bound on one request (504 past it)")
 	if role == kvmanager.RolePrefill {
 		fs.DurationVar(&o.kvLease, "kv-lease", 60*time.Second, "with -compute tinyllm: how long a prefill request in vLLM's flow (kv_transfer_params.do_remote_decode) holds the KV for its decode request")
+		fs.DurationVar(&o.pushClaim, "push-claim", 2*time.Second, "with -compute tinyllm: how long a prefill leg of vLLM push's concurrent dispatch (a transfer_id, its decode leg sent at the same time from a cached identity) holds the KV for its decode ranks' REQUESTs once computed, if shorter than -kv-lease: a decode leg refused for a stale identity cannot reach this instance to release it")
 	} else {
 		fs.IntVar(&o.sglangPort, "sglang-bootstrap-port", 8998, "with -compute tinyllm: the bootstrap port of a request with bootstrap_host and no bootstrap_port (SGLang's default)")
 	}
@@ -396,6 +399,8 @@ func frontOptions(role kvmanager.Role, o *options, auth *bootstrap.Auth) error {
 		return fmt.Errorf("-request-timeout %s not in (0, %s]", o.reqTimeout, maxRoomTimeout)
 	case role == kvmanager.RolePrefill && (o.kvLease <= 0 || o.kvLease > maxRoomTimeout):
 		return fmt.Errorf("-kv-lease %s not in (0, %s]", o.kvLease, maxRoomTimeout)
+	case role == kvmanager.RolePrefill && (o.pushClaim <= 0 || o.pushClaim > maxRoomTimeout):
+		return fmt.Errorf("-push-claim %s not in (0, %s]", o.pushClaim, maxRoomTimeout)
 	case role == kvmanager.RoleDecode && (o.sglangPort < 1 || o.sglangPort > 65535):
 		return fmt.Errorf("-sglang-bootstrap-port %d not in [1, 65535]", o.sglangPort)
 	}
@@ -475,7 +480,7 @@ func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Log
 		m.PageTokens = o.pageTok // the same model in other pages: its compat string stays
 	}
 	r = &Rank{Role: role, Model: m, log: log, npage: o.pages, bootURL: o.boot, reg: reg, compute: o.compute, started: time.Now(),
-		httpClient: &http.Client{}, served: o.served, reqTimeout: o.reqTimeout, kvLease: o.kvLease, sglangPort: o.sglangPort}
+		httpClient: &http.Client{}, served: o.served, reqTimeout: o.reqTimeout, kvLease: o.kvLease, pushClaim: o.pushClaim, sglangPort: o.sglangPort}
 	if auth != nil {
 		r.token = auth.BootstrapToken()
 		r.ticketKey = ticketKey(auth.Secret)
