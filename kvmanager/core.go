@@ -7,32 +7,11 @@ package kvmanager
 
 import "github.com/kvbridge/kvbridge/internal/core"
 
-// CoreSizes counts the core's tables.
-type CoreSizes = core.CoreSizes
-
-// CoreStats counts what the core did, for metrics.
-type CoreStats = core.CoreStats
-
-// Deadline names the deadline that failed a room or expired an entry.
-type Deadline = core.Deadline
-
-// EventKind names an event.
-type EventKind = core.EventKind
-
 // Landed is a rectangle of a room's KV cache that landed whole: the
 // positions [First, First+Count) of the RequestSpec's DstPages (the pages
 // after its Prefix), layers [LayerLo, LayerHi) in this rank's numbering.
 // From one source it holds that source's heads of those layers.
 type Landed = core.Landed
-
-// LayoutRefusal is why a REGISTER or REQUEST naming memory that cannot be
-// right was refused (CoreStats.LayoutRefused,
-// kvbridge_layout_refused_total{reason}).
-type LayoutRefusal = core.LayoutRefusal
-
-// Link is one prefill rank's part in a decode room: the rank, and what
-// the mapping gives it (kvlayout.Link).
-type Link = core.Link
 
 // LoadReport says what of a decode room's KV cache landed, so that an
 // engine whose load failed can recompute only the rest (vLLM's
@@ -65,9 +44,6 @@ type Result = core.Result
 
 // Role says which side of a transfer a room belongs to.
 type Role = core.Role
-
-// Sizes counts what the registry holds.
-type Sizes = core.Sizes
 
 // SourceReport is what one prefill rank of the room (Source: its index
 // in the room, the uid of its notifications) delivered.
@@ -113,55 +89,6 @@ const CodeRefused = core.CodeRefused
 
 const CodeRejected = core.CodeRejected
 
-// DeadlineBootstrap bounds creation → WaitingForInput.
-const DeadlineBootstrap = core.DeadlineBootstrap
-
-// DeadlinePending bounds how long peer requests wait for a sender.
-const DeadlinePending = core.DeadlinePending
-
-// DeadlineStall bounds the time between two progress events while
-// Transferring.
-const DeadlineStall = core.DeadlineStall
-
-// DeadlineTombstone is the TTL after which a tombstone is forgotten.
-const DeadlineTombstone = core.DeadlineTombstone
-
-// DeadlineWaiting bounds WaitingForInput → first data.
-const DeadlineWaiting = core.DeadlineWaiting
-
-// EventAbort: the room is aborted with Reason; Ack, when set, is owed an
-// ABORT_ACK once no write of the room can land.
-const EventAbort = core.EventAbort
-
-// EventClear: the caller is done with the room.
-const EventClear = core.EventClear
-
-// EventCreate creates the room's live entry (sender or receiver New).
-const EventCreate = core.EventCreate
-
-// EventInit: prefill sender initialised; decode request sent.
-const EventInit = core.EventInit
-
-// EventPosted: prefill is about to post a chunk write. Only an Applied
-// outcome permits the post; this is the gate that makes an applied
-// abort final.
-const EventPosted = core.EventPosted
-
-// EventProgress: decode saw data arrive for the room.
-const EventProgress = core.EventProgress
-
-// EventRequest: a decode rank's request reached the prefill rank.
-const EventRequest = core.EventRequest
-
-// EventUpdate: an explicit status change to Status (Failed with Reason,
-// Success, or Transferring).
-const EventUpdate = core.EventUpdate
-
-// EventWriteDone: a posted write finished (Err set if it failed,
-// Quiesced set if the engine guarantees a failed write can no longer
-// land; Last set on the room's final write).
-const EventWriteDone = core.EventWriteDone
-
 // Failed is terminal: the room will not complete. The registry keeps the
 // first reason.
 const Failed = core.Failed
@@ -176,26 +103,6 @@ const IgnoredStale = core.IgnoredStale
 // IgnoredTerminal: the room is already Failed or Success (or was aborted
 // before it existed); the event changed nothing.
 const IgnoredTerminal = core.IgnoredTerminal
-
-// MaxRequired bounds REQUEST.required: how many decode ranks one room may
-// wait for (a TP group, times DP).
-const MaxRequired = core.MaxRequired
-
-// RefusedInUse: a REQUEST names a destination that another room of
-// the same decode process may still write.
-const RefusedInUse = core.RefusedInUse
-
-// RefusedNotOwner: a REGISTER whose memory is not proven the
-// registering process's (its proof slots do not hold its proof, or its
-// agent name is another decode rank's).
-const RefusedNotOwner = core.RefusedNotOwner
-
-// RefusedOverlap: two regions of a REGISTER share memory.
-const RefusedOverlap = core.RefusedOverlap
-
-// RefusedRepeat: a REQUEST names a destination page, or an item of one
-// state region, twice.
-const RefusedRepeat = core.RefusedRepeat
 
 // Rejected: the event is invalid here; the result's Err says why.
 const Rejected = core.Rejected
@@ -294,11 +201,3 @@ var ErrUnknownRoom = core.ErrUnknownRoom
 // ErrWrongRole: the event does not apply to the room's role (a peer
 // request on a decode room, a posted chunk on a decode room).
 var ErrWrongRole = core.ErrWrongRole
-
-// DefaultRegistryConfig returns the defaults (docs/ARCHITECTURE.md, "Defaults and configuration").
-func DefaultRegistryConfig() RegistryConfig { return core.DefaultRegistryConfig() }
-
-// MinPoll reduces the statuses of several ranks to the room's status: the
-// smallest one. It returns 0 (invalid) for no arguments or when any argument
-// is invalid, so a caller that forgot a rank cannot read it as a status.
-func MinPoll(polls ...Poll) Poll { return core.MinPoll(polls...) }

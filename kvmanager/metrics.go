@@ -24,9 +24,10 @@ type metrics struct {
 	probes, leasesLost                                    *prometheus.Desc
 	// Pull (docs/PROTOCOL.md "Pull").
 	underLease, leaseRenewals, leaseExpiries, readsRefused, pullRefused *prometheus.Desc
+	published, released                                                 *prometheus.Desc
 	offers                                                              *prometheus.Desc
 	foreignRefused, tombsForgotten, notDelivered, writesNotDelivered    *prometheus.Desc
-	challenges, challengesIgnored                                       *prometheus.Desc
+	challenges, challengesIgnored, offerChallenges                      *prometheus.Desc
 	pageSeconds                                                         prometheus.Histogram
 
 	transfers prometheus.Counter
@@ -47,7 +48,7 @@ func newMetrics(m *Manager) *metrics {
 	return &metrics{m: m,
 		rooms:    prometheus.NewDesc("kvbridge_rooms", "Live rooms by status.", []string{"status"}, labels),
 		inflight: prometheus.NewDesc("kvbridge_inflight_writes", "Posted writes not yet completed.", nil, labels),
-		tables: prometheus.NewDesc("kvbridge_core_entries", "Entries of the core's bounded tables (tombstones, pending requests).",
+		tables: prometheus.NewDesc("kvbridge_core_entries", "Entries of the core's bounded tables (tombstones, pending requests, live and draining rooms, held pages, owed ABORTs, ...): every one 0 once the rank is idle past the tombstone TTL, but epochs, peers and targets.",
 			[]string{"table"}, labels),
 		events: prometheus.NewDesc("kvbridge_registry_events_total", "Core events by kind and outcome.",
 			[]string{"event", "outcome"}, labels),
@@ -75,6 +76,9 @@ func newMetrics(m *Manager) *metrics {
 		challenges: prometheus.NewDesc("kvbridge_challenges_total",
 			"Agent challenges of REGISTERs (docs/PROTOCOL.md \"The agent challenge\"), by outcome: sent, echoed, expired (unechoed past the deadline; refused as not_owner where the sender kept registering), deferred (too many open).",
 			[]string{"outcome"}, labels),
+		offerChallenges: prometheus.NewDesc("kvbridge_offer_challenges_total",
+			"Pull offers' challenges (docs/PROTOCOL.md \"Pull\"), by outcome: sent, echoed, expired (decode: the offer's agent never echoed) and kept (prefill: offer challenges kept to echo).",
+			[]string{"outcome"}, labels),
 		challengesIgnored: prometheus.NewDesc("kvbridge_challenges_ignored_total",
 			"Agent challenges this decode rank's agent got for another identity (a REGISTER elsewhere named this rank's agent), or malformed: dropped.", nil, labels),
 		foreignRefused: prometheus.NewDesc("kvbridge_foreign_room_refused_total",
@@ -92,6 +96,10 @@ func newMetrics(m *Manager) *metrics {
 		badNotifs: prometheus.NewDesc("kvbridge_bad_notifications_total",
 			"Data-plane notifications refused: unparseable, numbers out of range, or contradicting their chunk's earlier notifications.", nil, labels),
 		restarted: prometheus.NewDesc("kvbridge_peers_restarted_total", "Peers heard with a new epoch (their old epoch's rooms failed).", nil, labels),
+		published: prometheus.NewDesc("kvbridge_pull_pages_published_total",
+			"PAGES messages this prefill rank sent (pull: the chunks it offered to be read).", nil, labels),
+		released: prometheus.NewDesc("kvbridge_pull_sources_released_total",
+			"Pulled rooms whose source pages this prefill rank released (those the quarantine forced also in kvbridge_quarantine_expired_total).", nil, labels),
 		underLease: prometheus.NewDesc("kvbridge_pull_pages_under_lease",
 			"Prefill pages published for pull whose decode ranks may still read them (not released yet).", nil, labels),
 		leaseRenewals: prometheus.NewDesc("kvbridge_pull_lease_renewals_total",
@@ -149,7 +157,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.inflight
 	ch <- x.tables
 	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes,
-		x.underLease, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.writesNotDelivered, x.challenges, x.challengesIgnored} {
+		x.underLease, x.published, x.released, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.writesNotDelivered, x.challenges, x.challengesIgnored, x.offerChallenges} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -190,8 +198,25 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(x.challenges, prometheus.CounterValue, float64(c.n), c.outcome)
 	}
 	ch <- prometheus.MustNewConstMetric(x.challengesIgnored, prometheus.CounterValue, float64(st.ChallengesIgnored))
+	for _, c := range []struct {
+		outcome string
+		n       uint64
+	}{{"sent", st.OfferChallenges}, {"echoed", st.OfferChallengesPassed}, {"expired", st.OfferChallengesExpired}, {"kept", st.OfferEchoes}} {
+		ch <- prometheus.MustNewConstMetric(x.offerChallenges, prometheus.CounterValue, float64(c.n), c.outcome)
+	}
 	ch <- prometheus.MustNewConstMetric(x.tables, prometheus.GaugeValue, float64(tombs), "tombstones")
 	ch <- prometheus.MustNewConstMetric(x.tables, prometheus.GaugeValue, float64(pending), "pending")
+	sz := x.m.sizes()
+	for _, t := range []struct {
+		table string
+		n     int
+	}{{"live", sz.Live}, {"draining", sz.Draining}, {"pending_peers", sz.PendingPeers}, {"holds", sz.Holds},
+		{"owed_aborts", sz.OwedAborts}, {"in_use", sz.InUse}, {"pull_holds", sz.PullHolds}, {"waiters", sz.Waiters},
+		{"epochs", sz.Epochs}, {"peers", sz.Peers}, {"targets", sz.Targets}, {"offers", sz.Offers}, {"offer_checks", sz.OfferChecks}} {
+		ch <- prometheus.MustNewConstMetric(x.tables, prometheus.GaugeValue, float64(t.n), t.table)
+	}
+	ch <- prometheus.MustNewConstMetric(x.published, prometheus.CounterValue, float64(st.PagesPublished))
+	ch <- prometheus.MustNewConstMetric(x.released, prometheus.CounterValue, float64(st.SourceReleases))
 	for p := core.Failed; p <= core.Success; p++ {
 		ch <- prometheus.MustNewConstMetric(x.rooms, prometheus.GaugeValue, float64(counts[p]), p.String())
 	}
@@ -222,7 +247,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	for r := core.LayoutRefusal(0); r < core.LayoutRefusals; r++ {
 		ch <- prometheus.MustNewConstMetric(x.layoutRefused, prometheus.CounterValue, float64(st.LayoutRefused[r]), r.String())
 	}
-	ch <- prometheus.MustNewConstMetric(x.owed, prometheus.GaugeValue, float64(x.m.Sizes().OwedAborts))
+	ch <- prometheus.MustNewConstMetric(x.owed, prometheus.GaugeValue, float64(sz.OwedAborts))
 	for _, c := range x.collectors() {
 		c.Collect(ch)
 	}

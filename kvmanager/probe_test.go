@@ -44,12 +44,12 @@ func TestProbeTimerTicksTheCore(t *testing.T) {
 	// ProbeIdle); none comes.
 	require.Equal(t, core.Applied, d.CreateReceiver(2, target).Outcome)
 	require.Equal(t, core.Applied, d.stepIn(core.InitReceiver{Room: 2, Spec: core.RequestSpec{DstPages: []uint32{2}, AuxIndex: -1}}).Result.Outcome)
-	require.Equal(t, uint64(1), d.Stats().Probes, "room 2's REQUEST probes first")
+	require.Equal(t, uint64(1), d.stats().Probes, "room 2's REQUEST probes first")
 	select {
 	case got := <-lookups:
 		require.Equal(t, target, got, "the rank looked up again after its probe was lost")
 	case <-time.After(10 * time.Second):
-		t.Fatalf("no lookup 10 s after a probe of %v: its deadline never reached the core (lost: %d)", cfg.ProbeTimeout, d.Stats().ProbesLost)
+		t.Fatalf("no lookup 10 s after a probe of %v: its deadline never reached the core (lost: %d)", cfg.ProbeTimeout, d.stats().ProbesLost)
 	}
-	require.Equal(t, uint64(1), d.Stats().ProbesLost)
+	require.Equal(t, uint64(1), d.stats().ProbesLost)
 }

@@ -73,7 +73,7 @@ func TestPullOfferProven(t *testing.T) {
 				require.Equal(t, core.Applied, d.stepIn(core.InitReceiver{Room: room, Spec: spec}).Result.Outcome)
 				d.handle(ack)
 				if challenged {
-					require.Eventually(t, func() bool { return d.Sizes().OfferChecks == 0 }, 10*time.Second, time.Millisecond, "the challenge's load did not end")
+					require.Eventually(t, func() bool { return d.sizes().OfferChecks == 0 }, 10*time.Second, time.Millisecond, "the challenge's load did not end")
 					if answer {
 						var nonce []byte
 						require.Eventually(t, func() bool {
@@ -86,7 +86,7 @@ func TestPullOfferProven(t *testing.T) {
 						d.handle(&e)
 					} else {
 						d.handle(ack) // repeated without the echo
-						require.Eventually(t, func() bool { return d.Sizes().OfferChecks == 0 }, 10*time.Second, time.Millisecond, "the challenge's load did not end")
+						require.Eventually(t, func() bool { return d.sizes().OfferChecks == 0 }, 10*time.Second, time.Millisecond, "the challenge's load did not end")
 						jumped.Add(int64(proofTimeout + time.Second))
 						d.tick()
 					}
@@ -133,12 +133,12 @@ func TestPullOfferProven(t *testing.T) {
 				st, reason := deliver(c.ack, c.challenged, c.answer)
 				require.Equal(t, core.Failed, st, "%s: accepted", c.what)
 				require.Contains(t, reason, c.want, "%s: the refusal names why", c.what)
-				require.Zero(t, d.Sizes().Offers, "%s: refused, yet an offer stays accepted", c.what)
+				require.Zero(t, d.sizes().Offers, "%s: refused, yet an offer stays accepted", c.what)
 				t.Logf("%s: refused: %s", c.what, reason)
 			}
 			st, reason := deliver(offer(nil), true, true)
 			require.Equal(t, core.WaitingForInput, st, "the genuine offer refused: %s", reason)
-			require.Equal(t, 1, d.Sizes().Offers, "the genuine offer accepted")
+			require.Equal(t, 1, d.sizes().Offers, "the genuine offer accepted")
 			families, err := reg.Gather()
 			require.NoError(t, err)
 			refused := -1.0

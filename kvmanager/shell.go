@@ -578,7 +578,7 @@ func (m *Manager) sweeper() {
 // sweeper calls it every SweepInterval, a core's timer at its deadline).
 func (m *Manager) tick() {
 	m.stepIn(core.Tick{})
-	m.met.overdue.Set(float64(m.Overdue()))
+	m.met.overdue.Set(float64(m.overdue()))
 }
 
 // Status returns a room's status (known false without a live room).
@@ -593,8 +593,8 @@ func (m *Manager) Failure(room uint64) (reason string) {
 	return reason
 }
 
-// Sizes counts what the rank's core holds.
-func (m *Manager) Sizes() (s core.CoreSizes) {
+// sizes counts what the rank's core holds.
+func (m *Manager) sizes() (s core.CoreSizes) {
 	m.read(func(c *core.Core) { s = c.Sizes() })
 	s.Waiters = m.waits.size()
 	return s
@@ -640,14 +640,14 @@ func (m *Manager) dialOptions() bootstrap.DialOptions {
 	return o
 }
 
-// Stats returns what the rank's core counted (the source of its metrics).
-func (m *Manager) Stats() (s core.CoreStats) {
+// stats returns what the rank's core counted (the source of its metrics).
+func (m *Manager) stats() (s core.CoreStats) {
 	m.read(func(c *core.Core) { s = c.Stats() })
 	return s
 }
 
-// Overdue counts live rooms past their deadline (0 while sweeps run).
-func (m *Manager) Overdue() (n int) {
+// overdue counts live rooms past their deadline (0 while sweeps run).
+func (m *Manager) overdue() (n int) {
 	now := m.cfg.Now()
 	m.read(func(c *core.Core) { n = c.Overdue(now) })
 	return n

@@ -96,6 +96,7 @@ func newRankCluster(b *testing.B, np, nd int) *rankCluster {
 	mk := func(role kvmanager.Role, name, boot string) kvmanager.Config {
 		cfg := kvmanager.DefaultConfig(role)
 		cfg.Auth = testauth.Auth()
+		metered(&cfg)
 		cfg.Instance = name
 		cfg.Compat = "v1:llama3-8b"
 		cfg.BootstrapURL = boot
@@ -157,7 +158,7 @@ func (c *rankCluster) dead() uint64 {
 // rechecks sums the idle registrations looked up and registered again
 // before a REQUEST (a decode rank's count; a prefill rank's is 0).
 func (c *rankCluster) rechecks() uint64 {
-	return c.sum(func(m *kvmanager.Manager) uint64 { return m.Stats().Rechecks })
+	return c.sum(func(m *kvmanager.Manager) uint64 { return counter(m, "kvbridge_registration_rechecks_total") })
 }
 
 // clusterRoom is one room in flight: decode rank j, prefill rank i; dAt

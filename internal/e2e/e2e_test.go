@@ -133,6 +133,7 @@ func newCluster(t *testing.T, engine string, mut func(*kvmanager.Config)) *clust
 		if mut != nil {
 			mut(&cfg)
 		}
+		metered(&cfg)
 		return cfg
 	}
 	var err error
@@ -599,11 +600,12 @@ func soak(t *testing.T, engine string) {
 		t.Fatal(err)
 	}
 	for _, m := range []*kvmanager.Manager{c.prefill.Manager, c.decode.Manager} {
-		if n := m.Overdue(); n != 0 {
+		if n := counter(m, "kvbridge_rooms_past_deadline"); n != 0 {
 			t.Fatalf("%d rooms past their deadline", n)
 		}
-		if s := m.Sizes(); s.Live != 0 || s.Pending != 0 {
-			t.Fatalf("rooms left after the soak: %+v", s)
+		live, pending := counter(m, "kvbridge_core_entries", "table", "live"), counter(m, "kvbridge_core_entries", "table", "pending")
+		if live != 0 || pending != 0 {
+			t.Fatalf("rooms left after the soak: %d live, %d pending", live, pending)
 		}
 	}
 	mu.Lock()
@@ -612,8 +614,8 @@ func soak(t *testing.T, engine string) {
 	// The sweepers (every 50 ms, at the clock moved on) enforce the TTL:
 	// bounded, asked every 10 ms.
 	for _, m := range []*kvmanager.Manager{c.prefill.Manager, c.decode.Manager} {
-		require.Eventually(t, func() bool { return m.Sizes().Total() == 0 }, 10*time.Second, 10*time.Millisecond,
-			"registry not empty after the TTL: %+v", m.Sizes())
+		require.Eventually(t, func() bool { return coreEntries(m) == 0 }, 10*time.Second, 10*time.Millisecond,
+			"registry not empty after the TTL: %d entries", coreEntries(m))
 	}
 }
 

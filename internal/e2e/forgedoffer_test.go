@@ -117,7 +117,7 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 			}
 			deputy := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot2,
 				"KVBRIDGE_E2E_PULL=1", "KVBRIDGE_E2E_INSTANCE=" + deputyID.Instance}, envs[2]...)...)
-			ignored, customIgnored := coreStats(t, bystander).ChallengesIgnored, coreStats(t, custom).ChallengesIgnored
+			ignored, customIgnored := procCounter(t, bystander, "kvbridge_challenges_ignored_total"), procCounter(t, custom, "kvbridge_challenges_ignored_total")
 			expired := uint64(0) // the forgeries the challenge refused
 			for i, c := range []struct {
 				what  string
@@ -192,23 +192,22 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 				pp.Put(src)
 				dp.Put(dst)
 			}
-			ds := coreStats(t, deputy)
-			assert.GreaterOrEqual(t, ds.OfferChallengesExpired, expired, "the deputy's offer challenges expired")
-			assert.GreaterOrEqual(t, ds.OffersRefused, uint64(3), "the forged offers refused, counted")
-			assert.Zero(t, ds.OfferChallengesPassed, "a forged offer's challenge passed")
+			assert.GreaterOrEqual(t, procCounter(t, deputy, "kvbridge_offer_challenges_total", "outcome", "expired"), expired, "the deputy's offer challenges expired")
+			assert.GreaterOrEqual(t, procCounter(t, deputy, "kvbridge_pull_offers_total", "outcome", "refused"), uint64(3), "the forged offers refused, counted")
+			assert.Zero(t, procCounter(t, deputy, "kvbridge_offer_challenges_total", "outcome", "echoed"), "a forged offer's challenge passed")
 			if engine != "libnixl-real" {
 				// The ucx engine loads the renamed blob: the challenge
 				// reaches the bystander, which drops it. (Real NIXL
 				// refuses that blob at load: its own section names the
 				// bystander's agent — nothing reaches the bystander.)
 				require.Positive(t, expired, "no forgery reached the challenge")
-				assert.Greater(t, coreStats(t, bystander).ChallengesIgnored, ignored, "the bystander never got the offer challenge")
+				assert.Greater(t, procCounter(t, bystander, "kvbridge_challenges_ignored_total"), ignored, "the bystander never got the offer challenge")
 			}
 			assert.Equal(t, before, sum(), "the bystander's memory changed under the attack")
 			pdRoom(t, prefill, bystander, 2, pp, dp) // alive, registered, byte-exact
 			assert.Equal(t, customBefore, customSum(), "the custom-named bystander's memory changed under the attack")
 			if engine != "libnixl-real" { // (an idle libnixl rank polls no notifications: the challenge waits unread)
-				assert.Greater(t, coreStats(t, custom).ChallengesIgnored, customIgnored, "the custom-named bystander never got the offer challenge")
+				assert.Greater(t, procCounter(t, custom, "kvbridge_challenges_ignored_total"), customIgnored, "the custom-named bystander never got the offer challenge")
 			}
 			pdRoom(t, prefill, custom, 4, pp, cp)
 		})

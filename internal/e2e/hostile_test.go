@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -18,19 +17,28 @@ import (
 
 // Issue 49, 3 on real processes: a room is one decode instance's.
 
-// coreStats is a rank process's core counters (CORESTATS).
-func coreStats(t *testing.T, r *rankProc) core.CoreStats {
+// procCounter is a rank process's metric, summed over the series the
+// label pairs select (COUNTER).
+func procCounter(t *testing.T, r *rankProc, name string, labels ...string) uint64 {
 	t.Helper()
-	r.do("CORESTATS 0")
-	var s core.CoreStats
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(r.expect(t, "CORESTATS "), "CORESTATS ")), &s))
-	return s
+	r.do(strings.Join(append([]string{"COUNTER", "0", name}, labels...), " "))
+	v, err := strconv.ParseUint(strings.TrimPrefix(r.expect(t, "COUNTER "), "COUNTER "), 10, 64)
+	require.NoError(t, err)
+	return v
+}
+
+// events is a rank process's count of core events of kind and outcome
+// (kvbridge_registry_events_total).
+func events(t *testing.T, r *rankProc, kind core.EventKind, o core.Outcome) uint64 {
+	t.Helper()
+	return procCounter(t, r, "kvbridge_registry_events_total", "event", kind.String(), "outcome", o.String())
 }
 
 // requestsHeld counts the REQUESTs a prefill rank process accepted (for a
 // live room, or kept pending).
-func requestsHeld(s core.CoreStats) uint64 {
-	return s.Events[core.EventRequest][core.Applied] + s.Events[core.EventRequest][core.Pending]
+func requestsHeld(t *testing.T, r *rankProc) uint64 {
+	t.Helper()
+	return events(t, r, core.EventRequest, core.Applied) + events(t, r, core.EventRequest, core.Pending)
 }
 
 // TestRoomAskedForBySecondInstance: a prefill rank process, a decode rank
@@ -58,17 +66,17 @@ func TestRoomAskedForBySecondInstance(t *testing.T) {
 	pdRoom(t, prefill, genuine, 1, pp, gp)  // both instances registered
 	pdRoom(t, prefill, attacker, 2, pp, ap) // and served
 
-	held := requestsHeld(coreStats(t, prefill))
+	held := requestsHeld(t, prefill)
 	src, dst, adst := pp.Get(64), gp.Get(64), ap.Get(64)
 	genuine.do(fmt.Sprintf("RECV 5 %s %s", csv(dst), csv(src)))
-	require.Eventually(t, func() bool { return requestsHeld(coreStats(t, prefill)) > held }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return requestsHeld(t, prefill) > held }, 30*time.Second, 10*time.Millisecond,
 		"the genuine instance's REQUEST for room 5 never reached the prefill rank")
 
 	attacker.do(fmt.Sprintf("RECV 5 %s %s", csv(adst), csv(src)))
 	got := attacker.expect(t, "DONE")
 	assert.True(t, strings.HasPrefix(got, "DONE 5 Failed"), "the attacker's room 5: %s", got)
 	assert.Contains(t, got, `decode_instance_"proc"_asked_for_it_first`, "the refusal names the instance that asked first")
-	require.Eventually(t, func() bool { return coreStats(t, prefill).ForeignRefused >= 2 }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return procCounter(t, prefill, "kvbridge_foreign_room_refused_total") >= 2 }, 30*time.Second, 10*time.Millisecond,
 		"the attacker's REQUEST and the ABORT after its room failed, counted as refused")
 
 	prefill.do(fmt.Sprintf("SEND 5 %s 16", csv(src)))
@@ -177,7 +185,7 @@ func TestAbortFloodKeepsAnotherRanksEarlyAbort(t *testing.T) {
 	pp, gp := newPagePool(pages), newPagePool(pages)
 	pdRoom(t, prefill, genuine, 1, pp, gp) // registered, served
 
-	tombstoned := func() uint64 { return coreStats(t, prefill).Events[core.EventAbort][core.Tombstoned] }
+	tombstoned := func() uint64 { return events(t, prefill, core.EventAbort, core.Tombstoned) }
 	before := tombstoned()
 	src, dst := pp.Get(8), gp.Get(8)
 	genuine.do(fmt.Sprintf("RECV+ 50 %s %s", csv(dst), csv(src)))
@@ -193,9 +201,8 @@ func TestAbortFloodKeepsAnotherRanksEarlyAbort(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return tombstoned() >= before+1+flood }, 30*time.Second, 10*time.Millisecond,
 		"the flood never reached the prefill rank (each ABORT of a fresh id an early abort)")
-	st := coreStats(t, prefill)
-	assert.GreaterOrEqual(t, st.EarlyAbortsForgotten, uint64(flood-64/8), "the flood's early aborts past the flooder's share, forgotten and counted")
-	assert.Zero(t, st.TombstonesEvicted, "a tombstone forgotten past the bound: the flood's were not its own share")
+	assert.GreaterOrEqual(t, procCounter(t, prefill, "kvbridge_tombstones_forgotten_total", "reason", "rank_share"), uint64(flood-64/8), "the flood's early aborts past the flooder's share, forgotten and counted")
+	assert.Zero(t, procCounter(t, prefill, "kvbridge_tombstones_forgotten_total", "reason", "bound"), "a tombstone forgotten past the bound: the flood's were not its own share")
 
 	prefill.do(fmt.Sprintf("SEND 50 %s 8", csv(src)))
 	got := prefill.expect(t, "DONE 50")

@@ -73,6 +73,15 @@ kvbridge_transfer_bytes_total{instance="` + c.prefill.Config().Instance + `",ran
 			}
 		}
 	}
+	// The core's tables: the two rooms live on each rank until cleared,
+	// then tombstones (kvbridge_core_entries, read by the tests' counter).
+	for _, role := range []string{"prefill", "decode"} {
+		assert.EqualValues(t, 2, counter(c.prefill.Manager, "kvbridge_core_entries", "table", "live", "role", role), "%s: live rooms", role)
+	}
 	c.finish(rm)
 	c.finish(aborted)
+	for _, role := range []string{"prefill", "decode"} {
+		assert.Zero(t, counter(c.prefill.Manager, "kvbridge_core_entries", "table", "live", "role", role), "%s: live rooms after the clears", role)
+		assert.EqualValues(t, 2, counter(c.prefill.Manager, "kvbridge_core_entries", "table", "tombstones", "role", role), "%s: tombstones after the clears", role)
+	}
 }

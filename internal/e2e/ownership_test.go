@@ -160,10 +160,7 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 			sum := func() string { victim.do("SUM 0"); return victim.expect(t, "SUM ") }
 			before := sum()
 			refused := func() uint64 {
-				prefill.do("REFUSED 0")
-				var r []uint64
-				require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(prefill.expect(t, "REFUSED "), "REFUSED ")), &r))
-				return r[kvmanager.RefusedNotOwner]
+				return procCounter(t, prefill, "kvbridge_layout_refused_total", "reason", core.RefusedNotOwner.String())
 			}
 
 			// The attacker: its own agent and memory (the layout's regions,

@@ -107,7 +107,7 @@ func TestPagesOfDifferentSizesByteExact(t *testing.T) {
 					r.Clear()
 					s.Clear()
 				}
-				require.Equal(t, pull, c.prefill.Stats().PagesPublished > 0, "%s: pages published", mode)
+				require.Equal(t, pull, counter(c.prefill.Manager, "kvbridge_pull_pages_published_total") > 0, "%s: pages published", mode)
 			})
 		}
 	}

@@ -99,6 +99,7 @@ func rankConfig(role kvmanager.Role, engine, boot string) kvmanager.Config {
 // newRank starts a prefill or a decode Manager; m is its Manager, p or d
 // its shell.
 func newRank(r kvmanager.Role, cfg kvmanager.Config) (m *kvmanager.Manager, p *kvmanager.Prefill, d *kvmanager.Decode, err error) {
+	metered(&cfg)
 	if r == kvmanager.RolePrefill {
 		if p, err = kvmanager.NewPrefill(cfg); err == nil {
 			m = p.Manager
@@ -219,7 +220,7 @@ func runRank(role string) int {
 				out <- fmt.Sprintf("DONE %d %v %s", room, st, strings.ReplaceAll(s.Failure(), " ", "_"))
 				if os.Getenv("KVBRIDGE_E2E_PULL") == "1" {
 					<-s.Released()
-					out <- fmt.Sprintf("RELEASED %d %d", room, m.Stats().ForcedReleases)
+					out <- fmt.Sprintf("RELEASED %d %d", room, counter(m, "kvbridge_quarantine_expired_total"))
 				}
 			}(f[0] == "HOLD")
 		case "ABORT":
@@ -262,12 +263,8 @@ func runRank(role string) int {
 				h.Write(r)
 			}
 			out <- fmt.Sprintf("SUM %x", h.Sum(nil))
-		case "REFUSED": // REFUSED 0 → REFUSED <kvbridge_layout_refused_total by reason, as JSON>
-			b, _ := json.Marshal(m.Stats().LayoutRefused)
-			out <- "REFUSED " + string(b)
-		case "CORESTATS": // CORESTATS 0 → CORESTATS <the core's counters as JSON>
-			b, _ := json.Marshal(m.Stats())
-			out <- "CORESTATS " + string(b)
+		case "COUNTER": // COUNTER 0 <metric> [<label> <value>]... → COUNTER <its value, summed over the series those labels select>
+			out <- fmt.Sprintf("COUNTER %d", counter(m, f[2], f[3:]...))
 		case "STATS": // STATS 0 → STATS <control-plane counters as JSON>
 			b, _ := json.Marshal(m.ControlStats())
 			out <- "STATS " + string(b)
@@ -306,7 +303,7 @@ func runRank(role string) int {
 				out <- fmt.Sprintf("DONE %d %v %s", room, st, note)
 				if os.Getenv("KVBRIDGE_E2E_PULL") == "1" {
 					<-rc.Released()
-					out <- fmt.Sprintf("RELEASED %d %d", room, m.Stats().ForcedReleases)
+					out <- fmt.Sprintf("RELEASED %d %d", room, counter(m, "kvbridge_quarantine_expired_total"))
 				}
 			}()
 		}

@@ -52,13 +52,14 @@ func TestPullByteExact(t *testing.T) {
 				c.verify(t, rm)
 				c.finish(rm)
 			}
-			pst := c.prefill.Stats()
-			require.NotZero(t, pst.PagesPublished, "prefill: PAGES, %d releases (%d forced), want 4 unforced", pst.SourceReleases, pst.ForcedReleases)
-			require.EqualValues(t, 4, pst.SourceReleases, "prefill: %d PAGES, releases (%d forced), want 4 unforced", pst.PagesPublished, pst.ForcedReleases)
-			require.Zero(t, pst.ForcedReleases, "prefill: %d PAGES, %d releases (forced), want 4 unforced", pst.PagesPublished, pst.SourceReleases)
-			dstat := c.decode.Stats()
-			require.Zero(t, dstat.PullRefused, "decode refused pull messages (and %d reads)", dstat.ReadsRefused)
-			require.Zero(t, dstat.ReadsRefused, "decode refused reads (and %d pull messages)", dstat.PullRefused)
+			published, releases, forced := counter(c.prefill.Manager, "kvbridge_pull_pages_published_total"),
+				counter(c.prefill.Manager, "kvbridge_pull_sources_released_total"), counter(c.prefill.Manager, "kvbridge_quarantine_expired_total")
+			require.NotZero(t, published, "prefill: PAGES, %d releases (%d forced), want 4 unforced", releases, forced)
+			require.EqualValues(t, 4, releases, "prefill: %d PAGES, releases (%d forced), want 4 unforced", published, forced)
+			require.Zero(t, forced, "prefill: %d PAGES, %d releases (forced), want 4 unforced", published, releases)
+			pullRefused, readsRefused := counter(c.decode.Manager, "kvbridge_pull_messages_refused_total"), counter(c.decode.Manager, "kvbridge_pull_reads_refused_total")
+			require.Zero(t, pullRefused, "decode refused pull messages (and %d reads)", readsRefused)
+			require.Zero(t, readsRefused, "decode refused reads (and %d pull messages)", pullRefused)
 			// State items and a prefix, read.
 			r, _ := receiver.New(c.decode, 370)
 			dst := c.dFree.Get(4)

@@ -92,7 +92,7 @@ func silentWrite(t *testing.T, engine string) {
 		assert.Contains(t, r.Failure(), "still ends with the canary", "the failure names the piece")
 		assert.Contains(t, r.Failure(), "region 3 (layer 1 V), page", "the failure names the piece")
 		assert.Contains(t, r.Failure(), c.prefill.Endpoint(), "the failure names the prefill rank")
-		assert.GreaterOrEqual(t, c.decode.Stats().NotDelivered, uint64(1))
+		assert.GreaterOrEqual(t, counter(c.decode.Manager, "kvbridge_writes_not_delivered_total"), uint64(1))
 	}
 	// The ranks serve the next room.
 	c.roomByteExact(t, 402, 1000, 16)
@@ -274,7 +274,7 @@ func TestSilentPartialReadFailsRoom(t *testing.T) {
 			require.True(t, ok)
 			assert.Equal(t, kvmanager.CodeNotDelivered, rep.Code)
 			assert.Contains(t, r.Failure(), "was not delivered")
-			assert.Zero(t, c.decode.Stats().ForcedReleases)
+			assert.Zero(t, counter(c.decode.Manager, "kvbridge_quarantine_expired_total"))
 		})
 	}
 }

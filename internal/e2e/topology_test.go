@@ -45,6 +45,7 @@ func topoConfig(role kvmanager.Role, boot string, par transfer.Parallel) (kvmana
 	m := kvmodel.Presets["tiny"]
 	cfg := kvmanager.DefaultConfig(role)
 	cfg.Auth = testauth.Auth()
+	metered(&cfg)
 	cfg.Instance = map[kvmanager.Role]string{kvmanager.RolePrefill: "topo-prefill", kvmanager.RoleDecode: "topo-decode"}[role]
 	cfg.Compat, cfg.BootstrapURL = m.Compat(), boot
 	cfg.Engine = engines["ucx-shm"]
@@ -126,7 +127,7 @@ func runTopoRank(role string) int {
 				st, _ := rc.Wait(context.Background())
 				out <- fmt.Sprintf("DONE %d %v %s", room, st, strings.ReplaceAll(rc.Failure(), " ", "_"))
 				<-rc.Released()
-				out <- fmt.Sprintf("RELEASED %d forced=%d", room, m.Stats().ForcedReleases)
+				out <- fmt.Sprintf("RELEASED %d forced=%d", room, counter(m, "kvbridge_quarantine_expired_total"))
 			}()
 		case "ABORT":
 			rooms[room].Abort("test: abort while several prefill ranks write")
@@ -425,7 +426,7 @@ func TestEtcdStoppedMidRun(t *testing.T) {
 	_, err = receiver.NewFor(d, 4, other)
 	require.NoError(t, err, "after etcd came back")
 	d.ClearReceiver(4)
-	require.Zero(t, d.Overdue()+p.Overdue(), "rooms overdue")
+	require.Zero(t, counter(d.Manager, "kvbridge_rooms_past_deadline")+counter(p.Manager, "kvbridge_rooms_past_deadline"), "rooms overdue")
 }
 
 // TestInstanceChangesShape: a prefill instance is replaced by one of

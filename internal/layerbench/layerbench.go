@@ -18,6 +18,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvbridge/kvbridge/internal/promread"
+	"github.com/prometheus/client_golang/prometheus"
 	"slices"
 	"sync"
 	"time"
@@ -152,6 +154,9 @@ type Rig struct {
 	// Verify checks every layer's first and last page at decode after each
 	// room.
 	Verify bool
+	// Metrics is the prefill rank's registry (its Config.Registerer):
+	// Room.Posted is read from it (nil: Posted stays 0).
+	Metrics prometheus.Gatherer
 
 	mu   sync.Mutex
 	next uint64
@@ -243,8 +248,14 @@ func (g *Rig) RunRoom(ctx context.Context, src, dst []uint32, layerwise bool, k 
 	return Room{TTFT: end.Sub(start), Tail: end.Sub(computed), Compute: computed.Sub(start), Posted: g.posted() - posted}, nil
 }
 
+// posted is the prefill rank's count of posted writes the core let go
+// (kvbridge_registry_events_total{event="EventPosted",outcome="Applied"}).
 func (g *Rig) posted() uint64 {
-	return g.Prefill.Stats().Events[kvmanager.EventPosted][kvmanager.Applied]
+	if g.Metrics == nil {
+		return 0
+	}
+	n, _ := promread.Value(g.Metrics, "kvbridge_registry_events_total", "event", "EventPosted", "outcome", "Applied")
+	return uint64(n)
 }
 
 // errMismatch: a decode page does not hold what the prefill layer wrote.

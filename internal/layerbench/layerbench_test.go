@@ -3,6 +3,7 @@ package layerbench
 import (
 	"context"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"testing"
 	"time"
 
@@ -34,13 +35,16 @@ func newRig(t *testing.T, layers, pages int) *Rig {
 		cfg.Layout = model.Layout(nixl.DRAM, pages, 16)
 		return cfg
 	}
-	p, err := kvmanager.NewPrefill(mk(kvmanager.RolePrefill))
+	reg := prometheus.NewRegistry() // the prefill rank's: Room.Posted
+	pcfg := mk(kvmanager.RolePrefill)
+	pcfg.Registerer = reg
+	p, err := kvmanager.NewPrefill(pcfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { p.Close() })
 	d, err := kvmanager.NewDecode(mk(kvmanager.RoleDecode))
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
-	return &Rig{Prefill: p, Decode: d, Verify: true}
+	return &Rig{Prefill: p, Decode: d, Verify: true, Metrics: reg}
 }
 
 // TestRoomsLandAsComputed: with each layer sent as its compute ends, and
