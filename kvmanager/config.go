@@ -62,7 +62,7 @@ type Config struct {
 	Registry core.RegistryConfig
 	Workers  int // transfer workers (prefill), default 4
 	// InFlight is how many rooms' writes a prefill worker keeps posted at
-	// once (transfer.Config.InFlight), default 8.
+	// once (pool.Config.InFlight), default 8.
 	InFlight int
 	// WarmMemory faults in the rank's host memory (KV regions in DRAM, aux
 	// and state items) when the Manager registers it (nixl.Populate), so a

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/require"
@@ -28,8 +29,8 @@ func TestConfigDefaultsFieldByField(t *testing.T) {
 // layer of its pages.
 func TestWriteBytesCountsItsLayers(t *testing.T) {
 	l := transfer.Layout{Regions: make([]nixl.Desc, 4), PageBytes: 64} // 2 layers, 64-byte pages
-	w := transfer.Write{Runs: []transfer.Run{{Src: 0, Dst: 0, Len: 3}}, AuxSrc: -1, State: -1}
+	w := kvlayout.Write{Runs: []kvlayout.Run{{Src: 0, Dst: 0, Len: 3}}, AuxSrc: -1, State: -1}
 	require.EqualValues(t, 3*64*4, writeBytes(&w, l), "whole chunk: bytes")
-	w.Layers = transfer.Layers{Lo: 1, Hi: 2}
+	w.Layers = kvlayout.Layers{Lo: 1, Hi: 2}
 	require.EqualValues(t, 3*64*2, writeBytes(&w, l), "layer 1 of 2: bytes")
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
 )
@@ -309,7 +310,7 @@ func (d *Decode) links(room uint64, inst Instance) (links []core.Link, told []co
 		return nil, instanceRanks(inst.Bootstrap, topo, dp), err
 	}
 	facts := modelFacts(d.cfg.Model)
-	if topo.ModelFacts != facts || transfer.PageRatio(topo.PageSize, d.cfg.Model.PageTokens) != nil {
+	if topo.ModelFacts != facts || kvlayout.PageRatio(topo.PageSize, d.cfg.Model.PageTokens) != nil {
 		return refuse(fmt.Errorf("%w: prefill instance %q at %s has model %+v with %d-token pages, this decode rank %+v with %d (the models must match; the page sizes may differ when one divides the other)",
 			transfer.ErrTopology, topo.Instance, inst.Bootstrap, topo.ModelFacts, topo.PageSize, facts, d.cfg.Model.PageTokens))
 	}
@@ -327,7 +328,7 @@ func (d *Decode) links(room uint64, inst Instance) (links []core.Link, told []co
 	if dp < 0 || dp >= max(topo.DPSize, 1) {
 		return refuse(fmt.Errorf("prefill instance %q at %s: DP group %d outside [0, %d)", topo.Instance, inst.Bootstrap, dp, topo.DPSize))
 	}
-	tl, err := transfer.Links(d.cfg.Model, transfer.Parallel{TPSize: topo.TPSize, PPSize: topo.PPSize, DPSize: topo.DPSize}, d.cfg.Parallel)
+	tl, err := kvlayout.Links(d.cfg.Model, transfer.Parallel{TPSize: topo.TPSize, PPSize: topo.PPSize, DPSize: topo.DPSize}, d.cfg.Parallel)
 	if err != nil {
 		return refuse(fmt.Errorf("prefill instance %q at %s: %w", topo.Instance, inst.Bootstrap, err))
 	}
@@ -335,7 +336,7 @@ func (d *Decode) links(room uint64, inst Instance) (links []core.Link, told []co
 	for i, l := range tl {
 		links[i] = core.Link{Target: core.Target{Bootstrap: inst.Bootstrap, Rank: l.TPRank, DP: dp, PP: l.PPRank,
 			InstTP: max(topo.TPSize, 1), InstPP: max(topo.PPSize, 1)},
-			Dummy: l.Dummy, Aux: l.Aux, Required: l.Required, Pages: transfer.PageMap{Src: topo.PageSize, Dst: d.cfg.Model.PageTokens}}
+			Dummy: l.Dummy, Aux: l.Aux, Required: l.Required, Pages: kvlayout.PageMap{Src: topo.PageSize, Dst: d.cfg.Model.PageTokens}}
 	}
 	return links, nil, nil
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"github.com/kvbridge/kvbridge/internal/pool"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
 )
@@ -33,7 +35,7 @@ func NewPrefill(cfg Config) (*Prefill, error) {
 		return nil, err
 	}
 	p := &Prefill{m}
-	if m.pool, err = transfer.NewPool(m.agent, m.cfg.Layout, transfer.Config{Workers: m.cfg.Workers, InFlight: m.cfg.InFlight, Stall: m.cfg.Registry.StallTimeout}); err != nil {
+	if m.pool, err = pool.NewPool(m.agent, m.cfg.Layout, pool.Config{Workers: m.cfg.Workers, InFlight: m.cfg.InFlight, Stall: m.cfg.Registry.StallTimeout}); err != nil {
 		m.Close()
 		return nil, err
 	}
@@ -314,8 +316,8 @@ func (m *Manager) forgetChallenged(name string) {
 // gate right before it is posted, and reports its completion back.
 func (m *Manager) post(e core.Effect) {
 	room := e.Room
-	job := transfer.Job{Room: room, Writes: e.Writes,
-		Gate: func(w *transfer.Write) (ok bool) {
+	job := pool.Job{Room: room, Writes: e.Writes,
+		Gate: func(w *kvlayout.Write) (ok bool) {
 			out := m.stepIn(core.Posting{Room: room, Write: w})
 			ok = out.OK
 			if ok && out.Prior != 0 && out.Prior < core.Transferring { // the room's first post
@@ -328,7 +330,7 @@ func (m *Manager) post(e core.Effect) {
 			m.read(func(c *core.Core) { st, _ = c.Status(room) })
 			return st == core.WaitingForInput || st == core.Transferring
 		},
-		Done: func(w *transfer.Write, err error, quiesced bool) {
+		Done: func(w *kvlayout.Write, err error, quiesced bool) {
 			if err == nil {
 				m.met.transfers.Inc()
 				m.met.bytes.Add(float64(writeBytes(w, m.cfg.Layout)))
@@ -344,7 +346,7 @@ func (m *Manager) post(e core.Effect) {
 	}
 }
 
-func writeBytes(w *transfer.Write, l transfer.Layout) uint64 {
+func writeBytes(w *kvlayout.Write, l transfer.Layout) uint64 {
 	if w.AuxSrc >= 0 {
 		return l.AuxItemBytes
 	}
@@ -421,7 +423,7 @@ func (p *Prefill) SendChunk(room uint64, pages []uint32, last bool, auxIndex int
 // unposted, on ready's error or when it has not said true within the
 // stall timeout. SendChunk is SendLayers over every layer.
 func (p *Prefill) SendLayers(room uint64, pages []uint32, lo, hi int, last bool, auxIndex int, ready transfer.Ready, state [][]uint32) (err error) {
-	err = p.stepIn(core.SendChunk{Room: room, Pages: pages, Last: last, AuxIndex: auxIndex, State: state, Layers: transfer.Layers{Lo: lo, Hi: hi}, Ready: ready}).Err
+	err = p.stepIn(core.SendChunk{Room: room, Pages: pages, Last: last, AuxIndex: auxIndex, State: state, Layers: kvlayout.Layers{Lo: lo, Hi: hi}, Ready: ready}).Err
 	return err
 }
 

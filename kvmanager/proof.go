@@ -40,6 +40,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
@@ -426,13 +427,13 @@ func (m *Manager) readSlots(remote string, kind nixl.MemKind, local, slots []nix
 // writes the proof there, and the slot must still hold it when the rank
 // registers again (a prefill rank's restart), after pages were written.
 func callerSlotsFree(l transfer.Layout) error {
-	var spans []transfer.Span
+	var spans []kvlayout.Span
 	var names []string
 	add := func(name string, kind nixl.MemKind, d nixl.Desc) {
 		if d.Addr == 0 || d.Len == 0 {
 			return
 		}
-		spans = append(spans, transfer.Span{Kind: kind, Dev: d.Dev, Addr: uint64(d.Addr), Len: d.Len + transfer.ProofBytes})
+		spans = append(spans, kvlayout.Span{Kind: kind, Dev: d.Dev, Addr: uint64(d.Addr), Len: d.Len + transfer.ProofBytes})
 		names = append(names, name)
 	}
 	for i, r := range l.Regions {
@@ -442,7 +443,7 @@ func callerSlotsFree(l transfer.Layout) error {
 	for i, st := range l.State {
 		add(fmt.Sprintf("state region %d", i), nixl.DRAM, st.Desc)
 	}
-	if i, j, ok := transfer.Overlap(spans); ok {
+	if i, j, ok := kvlayout.Overlap(spans); ok {
 		return fmt.Errorf("kvmanager: %s [%#x, +%d) and %s [%#x, +%d) overlap, counting the %d-byte ownership proof slot after each (transfer.ProofBytes): leave that much unused memory after every region",
 			names[i], spans[i].Addr, spans[i].Len-transfer.ProofBytes, names[j], spans[j].Addr, spans[j].Len-transfer.ProofBytes, transfer.ProofBytes)
 	}

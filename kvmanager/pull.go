@@ -12,7 +12,7 @@ package kvmanager
 // memory that is not the prefill process's own; an offer that fails
 // turns the REGISTER_ACK into a refusal, naming why. Then each EffectRead
 // is turned into descriptor pairs checked against both layouts
-// (transfer.ReadPairs) and prepared, gated (ReadPosting) right before its
+// (pool.ReadPairs) and prepared, gated (ReadPosting) right before its
 // posts, posted as one READ per memory kind, waited for (bounded by the
 // stall timeout) and stepped back as ReadDone.
 
@@ -26,6 +26,8 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/canary"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"github.com/kvbridge/kvbridge/internal/pool"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
@@ -51,14 +53,14 @@ func (m *Manager) pullOffer() (*bootstrap.PullOffer, error) {
 
 // sendWhenReady sends a PAGES once the data it publishes is in place
 // (SendLayers' ready), waiting with the transfer pool's readiness poll
-// (transfer.WaitReady: its back-off and stall bound); an error, or no
+// (pool.WaitReady: its back-off and stall bound); an error, or no
 // answer within the stall timeout, fails the room instead.
 func (m *Manager) sendWhenReady(e core.Effect) {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		switch err := transfer.WaitReady(e.Ready, m.cfg.Registry.StallTimeout, m.closing); {
-		case errors.Is(err, transfer.ErrClosed):
+		switch err := pool.WaitReady(e.Ready, m.cfg.Registry.StallTimeout, m.closing); {
+		case errors.Is(err, pool.ErrClosed):
 		case err != nil:
 			m.stepIn(core.Fail{Room: e.Room, Reason: fmt.Sprintf("room %d: the pages published to %s: %v", e.Room, e.To.Endpoint, err)})
 		default:
@@ -106,7 +108,7 @@ type pullState struct {
 	locks [remoteLocks]sync.RWMutex
 	// slices is the rank mapping's slice per target (nil: identical
 	// layouts).
-	slices map[core.Target]*transfer.Slice
+	slices map[core.Target]*kvlayout.Slice
 	// queue holds the reads asked for and not yet taken by a reader; qsig
 	// wakes readers.
 	qmu   sync.Mutex
@@ -122,7 +124,7 @@ type readJob struct {
 
 // startPull starts a decode rank's readers.
 func (d *Decode) startPull() {
-	d.pull = &pullState{slices: map[core.Target]*transfer.Slice{}, qsig: make(chan struct{}, pullReaders)}
+	d.pull = &pullState{slices: map[core.Target]*kvlayout.Slice{}, qsig: make(chan struct{}, pullReaders)}
 	for range pullReaders {
 		d.wg.Add(1)
 		go d.reader()
@@ -249,7 +251,7 @@ func (d *Decode) proveOffer(p *core.OfferPlan) error {
 
 // pullSlice is the rank mapping's slice of what prefill rank t holds for
 // this rank (nil without a Model: identical layouts), computed once.
-func (d *Decode) pullSlice(t core.Target) (*transfer.Slice, error) {
+func (d *Decode) pullSlice(t core.Target) (*kvlayout.Slice, error) {
 	if d.cfg.Model.Zero() {
 		return nil, nil
 	}
@@ -266,7 +268,7 @@ func (d *Decode) pullSlice(t core.Target) (*transfer.Slice, error) {
 	}
 	pm := d.cfg.Model.WithPages(topo.PageSize)
 	pp := transfer.Parallel{TPSize: topo.TPSize, TPRank: t.Rank, PPSize: topo.PPSize, PPRank: t.PP, DPSize: topo.DPSize, DPRank: t.DP}
-	if s, err = transfer.Plan(pm, d.cfg.Model, pp, d.cfg.Parallel); err != nil {
+	if s, err = kvlayout.Plan(pm, d.cfg.Model, pp, d.cfg.Parallel); err != nil {
 		return nil, fmt.Errorf("prefill %v → decode %v: %w", pp.Norm(), d.cfg.Parallel.Norm(), err)
 	}
 	ps.mu.Lock()
@@ -335,7 +337,7 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 	var kvSrc, kvDst, hostSrc, hostDst []nixl.Desc
 	for i := range j.rd.Writes {
 		w := &j.rd.Writes[i]
-		s, t, err := transfer.ReadPairs(w, j.rd.Layout, own, slice)
+		s, t, err := pool.ReadPairs(w, j.rd.Layout, own, slice)
 		if err != nil {
 			return fmt.Errorf("%s: %w", where, err), true
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/pool"
 	"github.com/kvbridge/kvbridge/internal/rawagent"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -35,7 +36,7 @@ type Manager struct {
 	log            *zap.Logger
 	agent          *nixl.Agent
 	loop           *bootstrap.Loop
-	pool           *transfer.Pool
+	pool           *pool.Pool
 	met            *metrics
 
 	mu   sync.Mutex

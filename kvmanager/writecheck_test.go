@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/nixl"
@@ -117,12 +118,12 @@ func writeCheckFollows(t *testing.T, m kvmodel.Model, pTP, pPP, dTP, dRank, pTok
 	pm := transfer.Model(dm.Mapping(layout))
 	pm.PageTokens = pTokens
 	ppar := transfer.Parallel{TPSize: pTP, PPSize: pPP}
-	tl, err := transfer.Links(cfg.Model, ppar, dpar)
+	tl, err := kvlayout.Links(cfg.Model, ppar, dpar)
 	require.NoError(t, err)
 	var links []core.Link
 	for _, l := range tl {
 		links = append(links, core.Link{Target: core.Target{Bootstrap: cfg.BootstrapURL, Rank: l.TPRank, PP: l.PPRank, InstTP: pTP, InstPP: pPP},
-			Dummy: l.Dummy, Aux: l.Aux, Required: l.Required, Pages: transfer.PageMap{Src: pTokens, Dst: dTokens}})
+			Dummy: l.Dummy, Aux: l.Aux, Required: l.Required, Pages: kvlayout.PageMap{Src: pTokens, Dst: dTokens}})
 	}
 	const room = 1
 	dst := []uint32{9, 2, 14, 5, 11, 0} // ⌈88/16⌉ decode pages of 16 tokens
@@ -147,7 +148,7 @@ func writeCheckFollows(t *testing.T, m kvmodel.Model, pTP, pPP, dTP, dRank, pTok
 	checked := 0
 	for uid, l := range tl {
 		p := transfer.Parallel{TPSize: pTP, TPRank: l.TPRank, PPSize: pPP, PPRank: l.PPRank}
-		plan, err := transfer.Plan(pm, cfg.Model, p, dpar)
+		plan, err := kvlayout.Plan(pm, cfg.Model, p, dpar)
 		require.NoError(t, err)
 		if plan == nil {
 			continue // a dummy: writes nothing
@@ -165,9 +166,9 @@ func writeCheckFollows(t *testing.T, m kvmodel.Model, pTP, pPP, dTP, dRank, pTok
 			groups = [][2]int{{0, 1}, {1, stage}}
 		}
 		for ci, c := range [][2]int{{0, split}, {split, nsrc}} {
-			s, dd, off, n, err := transfer.PageMap{Src: pTokens, Dst: dTokens}.Pair(c[0], src[c[0]:c[1]], 0, dst)
+			s, dd, off, n, err := kvlayout.PageMap{Src: pTokens, Dst: dTokens}.Pair(c[0], src[c[0]:c[1]], 0, dst)
 			require.NoError(t, err)
-			_, rd := transfer.ExpandSlice(transfer.Runs(s, dd), local, lay, plan)
+			_, rd := kvlayout.ExpandSlice(kvlayout.Runs(s, dd), local, lay, plan)
 			for _, g := range groups {
 				var mine []nixl.Desc // this layer group's
 				for _, x := range rd {

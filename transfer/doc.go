@@ -1,20 +1,8 @@
-// Package transfer is the prefill rank's worker pool. Every chunk of a room
-// goes to the same worker, which posts the room's writes in order, one at a
-// time, and keeps writes of up to Config.InFlight rooms posted at once,
-// taking rooms in turn chunk by chunk (a long room does not hold short ones
-// back) and learning of completions from the agent (nixl.Agent.PostTo), not
-// by polling. Writes are made by index from descriptor lists prepared once
-// per side (prepared.go): every page of every layer's K and V region, the
-// aux items and the state items, and head-slice pieces per slice shape; the
-// local lists at the first write, a peer's when it registers
-// (Pool.PreparePeer). A chunk's pages, grouped into runs contiguous on both
-// sides (Runs), become index pairs over every region, with the chunk's
-// PROTOCOL.md notification; the aux item is a write of its own. A Gate
-// called before every post lets the room registry drop the writes of a
-// failed room, and a stall deadline bounds each write in flight.
-//
-//	pool, _ := transfer.NewPool(agent, localLayout, transfer.Config{Workers: 4})
-//	pool.PreparePeer(remoteAgent, peerLayout)
-//	pool.Submit(transfer.Job{Room: 7, Writes: writes, Gate: gate, Done: done})
-//	pool.Close()
+// Package transfer holds the types an engine describes its ranks' KV
+// memory and place with: the Layout of a rank's registered regions (pages
+// of every layer's K and V, aux and state items), the Model the rank
+// mapping reads (heads, head bytes, page tokens, PageLayout), a rank's
+// Parallel place (TP, PP, DP), and Ready, a layer's readiness for
+// layer-wise sends. The writes themselves are the rank's Manager's
+// (kvmanager); its worker pool is internal (internal/pool).
 package transfer

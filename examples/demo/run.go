@@ -16,11 +16,11 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/examples/internal/cli"
-
 	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
 	"github.com/kvbridge/kvbridge/examples/internal/router"
 	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/internal/etcdtest"
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -241,7 +241,7 @@ func (o *demoFlags) pageSizes(pageTokens int) error {
 			*pt = pageTokens
 		}
 	}
-	if err := transfer.PageRatio(o.prefillPT, o.decodePT); err != nil {
+	if err := kvlayout.PageRatio(o.prefillPT, o.decodePT); err != nil {
 		return fmt.Errorf("refused before starting any process: %v", err)
 	}
 	// The prefill ranks send rooms in chunks of 128 pages (32 in the

@@ -30,7 +30,7 @@ var layers = map[string]int{
 	"internal/wire/wiretest": 1, "internal/kvlayout": 1,
 	"internal/core": 2,
 	"nixl":          3, "bootstrap": 3,
-	"internal/rawagent": 4, "transfer": 4,
+	"internal/rawagent": 4, "transfer": 4, "internal/pool": 4,
 	"kvmanager": 5,
 	"sender":    6, "receiver": 6,
 	"internal/testauth": 7, "internal/etcdtest": 7, "internal/kvmodel": 7, "internal/layerbench": 7,

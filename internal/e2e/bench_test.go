@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"github.com/kvbridge/kvbridge/internal/rawagent"
-	"github.com/kvbridge/kvbridge/internal/testauth"
 	"sort"
 	"sync"
 	"testing"
@@ -13,6 +11,8 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/rawagent"
+	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
@@ -427,7 +427,7 @@ func pctl(v []time.Duration, p float64) float64 {
 }
 
 // BenchmarkInFlight: how many rooms' writes a prefill worker keeps posted
-// (kvmanager.Config.InFlight, transfer.Config.InFlight), measured on the
+// (kvmanager.Config.InFlight, pool.Config.InFlight), measured on the
 // sustained case (8 streams of 2,048 tokens) and on the mix's short
 // requests; the default comes from here.
 func BenchmarkInFlight(b *testing.B) {

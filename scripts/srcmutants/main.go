@@ -267,17 +267,17 @@ var mutants = []mutant{
 		pkg: "nixl", run: "^TestUCXReleaseDuringDirectCopy$"},
 	// Issue 25: the pool posts a write before its data is ready; a write
 	// restricted to some layers writes them all.
-	{name: "ready-ignored", file: "transfer/pool.go", old: "	if w.Ready == nil {\n", new: "	if w.Ready == nil || true {\n",
+	{name: "ready-ignored", file: "internal/pool/pool.go", old: "	if w.Ready == nil {\n", new: "	if w.Ready == nil || true {\n",
 		pkg: "internal/e2e", run: "^TestLayerwiseByteExact$"},
 	// The readiness poll shared by the pool and a pull room's held PAGES
 	// (ready.go): a PAGES sent before its data is in place; a write
 	// whose data never comes waiting for good.
-	{name: "pages-ready-ignored", file: "transfer/ready.go", old: "\tif ready == nil {\n", new: "\tif ready == nil || true {\n",
-		pkg: "transfer", run: "^TestWaitReady$"},
-	{name: "ready-stall-unbounded", file: "transfer/ready.go", old: "\tcase now.Sub(r.since) < stall:", new: "\tcase now.Sub(r.since) < stall || true:",
-		pkg: "transfer", run: "^TestWaitReady$"},
+	{name: "pages-ready-ignored", file: "internal/pool/ready.go", old: "\tif ready == nil {\n", new: "\tif ready == nil || true {\n",
+		pkg: "internal/pool", run: "^TestWaitReady$"},
+	{name: "ready-stall-unbounded", file: "internal/pool/ready.go", old: "\tcase now.Sub(r.since) < stall:", new: "\tcase now.Sub(r.since) < stall || true:",
+		pkg: "internal/pool", run: "^TestWaitReady$"},
 	{name: "layers-ignored", file: "internal/kvlayout/write.go", old: "	if l.Hi == 0 {\n", new: "	if l.Hi >= 0 {\n",
-		pkg: "transfer", run: "^TestPoolWritesOnlyItsLayers$"},
+		pkg: "internal/pool", run: "^TestPoolWritesOnlyItsLayers$"},
 	// Issue 22 on a real NIXL: the progress mode a rank gives its agent,
 	// UCX's adaptive progress off in NIXL's UCX, huge pages for libnixl's
 	// memory, and the address check's per-device tcp priority and UCX 1.22
@@ -320,16 +320,16 @@ var mutants = []mutant{
 		pkg: "internal/kvlayout", run: "^(TestPageMapPair|TestSlicesMoveEveryHeadOnce)$"},
 	// Units taken for pages: a write between pages of different sizes
 	// indexes the lists cut page by page.
-	{name: "units-as-prepared-pages", file: "transfer/prepared.go", old: "\t\tif !s.Paged() {", new: "\t\tif false && !s.Paged() {",
-		pkg: "transfer", run: "^TestPoolPagesOfDifferentSizes$"},
+	{name: "units-as-prepared-pages", file: "internal/pool/prepared.go", old: "\t\tif !s.Paged() {", new: "\t\tif false && !s.Paged() {",
+		pkg: "internal/pool", run: "^TestPoolPagesOfDifferentSizes$"},
 	// A unit's pieces taken from the start of its page in the prepared
 	// per-unit lists (every unit of a page lands at its first slot).
-	{name: "unit-piece-offset-dropped", file: "transfer/prepared.go", old: "\t\t\t\t\tlb := (i*self.pages+su/sPer)*lsl.pieces + su%sPer*m\n", new: "\t\t\t\t\tlb := (i*self.pages+su/sPer)*lsl.pieces + 0*su%sPer*m\n",
-		pkg: "transfer", run: "^TestPoolPagesOfDifferentSizes$"},
+	{name: "unit-piece-offset-dropped", file: "internal/pool/prepared.go", old: "\t\t\t\t\tlb := (i*self.pages+su/sPer)*lsl.pieces + su%sPer*m\n", new: "\t\t\t\t\tlb := (i*self.pages+su/sPer)*lsl.pieces + 0*su%sPer*m\n",
+		pkg: "internal/pool", run: "^TestPoolPagesOfDifferentSizes$"},
 	// A unit past the peer's pages posted (the loopback engine writes it
 	// outside the registered region).
-	{name: "units-unchecked", file: "transfer/pool.go", old: "\tif err := kvlayout.CheckRuns(w.Runs, loc, w.Peer, &sl); err != nil {", new: "\tif err := kvlayout.CheckRuns(w.Runs, loc, w.Peer, &sl); false && err != nil {",
-		pkg: "transfer", run: "^TestPoolPagesOfDifferentSizes$"},
+	{name: "units-unchecked", file: "internal/pool/pool.go", old: "\tif err := kvlayout.CheckRuns(w.Runs, loc, w.Peer, &sl); err != nil {", new: "\tif err := kvlayout.CheckRuns(w.Runs, loc, w.Peer, &sl); false && err != nil {",
+		pkg: "internal/pool", run: "^TestPoolPagesOfDifferentSizes$"},
 	// A chunk accepted after the room's last: its writes follow the final
 	// write, whose posting freed the decode rank's pages.
 	{name: "chunk-after-last-accepted", file: "internal/core/core_prefill.go", old: "\tcase rm.pre.done:\n", new: "\tcase rm.pre.done && false:\n",
@@ -683,8 +683,8 @@ var mutants = []mutant{
 	{name: "pull-mode-mixed", file: "internal/core/pull.go", old: "\t\tif pr.Payload != nil && pr.Payload.Pull != msg.Pull {", new: "\t\tif false && pr.Payload != nil && pr.Payload.Pull != msg.Pull {",
 		pkg: "internal/core", run: "^TestPullModeOfARoom$"},
 	// A read's pages not checked against both sides' regions.
-	{name: "read-pairs-unchecked", file: "transfer/read.go", old: "\t\t\tif int(run.Src)+int(run.Len) > sp || int(run.Dst)+int(run.Len) > dp {", new: "\t\t\tif false {",
-		pkg: "transfer", run: "^TestReadPairs$"},
+	{name: "read-pairs-unchecked", file: "internal/pool/read.go", old: "\t\t\tif int(run.Src)+int(run.Len) > sp || int(run.Dst)+int(run.Len) > dp {", new: "\t\t\tif false {",
+		pkg: "internal/pool", run: "^TestReadPairs$"},
 	// A pull offer loaded without reading its proof slots back: a decode
 	// rank reads memory the offering process does not own.
 	{name: "offer-proof-skipped", file: "kvmanager/pull.go", old: "\tif err := d.checkProof(o.Agent, reg, p.Layout); err != nil {", new: "\tif err := d.checkProof(o.Agent, reg, p.Layout); err != nil && false {",

@@ -29,6 +29,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/examples/internal/openai"
 	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -114,14 +115,14 @@ type Router struct {
 }
 
 // CheckTopology says whether every decode rank of a decode shape can pull
-// from a prefill shape (transfer.Links), nil if so.
+// from a prefill shape (kvlayout.Links), nil if so.
 func CheckTopology(m transfer.Model, prefill, decode transfer.Parallel) error {
 	decode = decode.Norm()
 	for pp := 0; pp < decode.PPSize; pp++ {
 		for tp := 0; tp < decode.TPSize; tp++ {
 			d := decode
 			d.TPRank, d.PPRank, d.DPRank = tp, pp, 0
-			if _, err := transfer.Links(m, prefill, d); err != nil {
+			if _, err := kvlayout.Links(m, prefill, d); err != nil {
 				return err
 			}
 			if _, _, err := m.Heads(decode.TPSize, tp); err != nil {
@@ -233,7 +234,7 @@ func New(ctx context.Context, cfg Config) (*Router, error) {
 			}
 			// Pages may differ in size (the ranks pair them by tokens)
 			// when one size divides the other.
-			if err := transfer.PageRatio(p.PageTokens, d.PageTokens); err != nil {
+			if err := kvlayout.PageRatio(p.PageTokens, d.PageTokens); err != nil {
 				return nil, fmt.Errorf("router: %s → %s: %w", p.Name, d.Name, err)
 			}
 		}

@@ -1,4 +1,4 @@
-package transfer
+package pool
 
 import (
 	"bytes"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -79,10 +80,10 @@ func TestPoolWritesPagesInOrder(t *testing.T) {
 	// pages, then the aux item.
 	src1, dst1 := []uint32{10, 11, 40, 41, 42}, []uint32{5, 6, 50, 51, 60}
 	jobs := []Job{
-		{Room: 7, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: Runs([]uint32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9},
+		{Room: 7, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: kvlayout.Runs([]uint32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9},
 			[]uint32{20, 21, 22, 23, 24, 25, 26, 27, 28, 29}), AuxSrc: -1, State: -1, Notif: "kvb1:7:0:0:0"}}},
 		{Room: 7, Writes: []Write{
-			{Remote: remote, Peer: d.layout, Runs: Runs(src1, dst1), AuxSrc: -1, State: -1, Notif: "kvb1:7:0:1:2", Last: true},
+			{Remote: remote, Peer: d.layout, Runs: kvlayout.Runs(src1, dst1), AuxSrc: -1, State: -1, Notif: "kvb1:7:0:1:2", Last: true},
 			{Remote: remote, Peer: d.layout, AuxSrc: 3, AuxDst: 9, State: -1, Notif: "kvb1:7:0:aux", Last: true},
 			{Remote: remote, Peer: d.layout, AuxSrc: -1, State: -1, Notif: "kvb1:7:0:empty"}, // nothing to move: notification only
 		}},

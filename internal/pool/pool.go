@@ -1,4 +1,4 @@
-package transfer
+package pool
 
 import (
 	"errors"
@@ -542,7 +542,7 @@ func (p *Pool) prepOwn(w *Write) (l, r *nixl.Prepped, idx []int, err error) {
 	if err := kvlayout.CheckRuns(w.Runs, loc, w.Peer, &sl); err != nil {
 		return nil, nil, nil, err
 	}
-	local, remote := ExpandSlice(w.Runs, loc, w.Peer, &sl)
+	local, remote := kvlayout.ExpandSlice(w.Runs, loc, w.Peer, &sl)
 	if l, err = p.agent.PrepLocal(p.local.Kind, local); err != nil {
 		return nil, nil, nil, err
 	}

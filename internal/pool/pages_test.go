@@ -1,8 +1,9 @@
-package transfer
+package pool
 
 import (
 	"testing"
 
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/stretchr/testify/require"
 )
 
@@ -97,7 +98,7 @@ func poolPagesOfDifferentSizes(t *testing.T) {
 				}
 				return <-done
 			}
-			require.NoError(t, submit(Runs(s, dd)))
+			require.NoError(t, submit(kvlayout.Runs(s, dd)))
 			dpb := d.layout.PageBytes
 			covered := make([][]bool, len(d.kv))
 			for r := range d.kv {

@@ -1,4 +1,4 @@
-package transfer
+package pool
 
 import (
 	"fmt"
@@ -49,7 +49,7 @@ func ReadPairs(w *Write, src, dst Layout, s *Slice) (srcDescs, dstDescs []nixl.D
 		if err := kvlayout.CheckRuns(w.Runs, loc, dst, &sl); err != nil {
 			return nil, nil, err
 		}
-		srcDescs, dstDescs = ExpandSlice(w.Runs, loc, dst, &sl)
+		srcDescs, dstDescs = kvlayout.ExpandSlice(w.Runs, loc, dst, &sl)
 		return srcDescs, dstDescs, nil
 	}
 	if len(src.Regions) > len(dst.Regions) || src.PageBytes != dst.PageBytes {
