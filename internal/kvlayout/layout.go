@@ -2,90 +2,22 @@ package kvlayout
 
 import (
 	"cmp"
-	"fmt"
 	"math"
 	"slices"
 
 	"github.com/kvbridge/kvbridge/internal/mem"
+	"github.com/kvbridge/kvbridge/transfer"
 )
 
-// ProofBytes is the ownership proof slot after each region (KV, aux and
-// state) a rank registers: kvbridge writes its process's proof there, and
-// a prefill rank reads it back before it writes into the region
-// (PROTOCOL.md "Memory proven to its owner"). Memory a Manager allocates
-// has it; a region given with an address must be followed by ProofBytes of
-// memory the caller owns and never uses (kvbridge registers them with the
-// region).
-const ProofBytes = 64
+// The layout types are package transfer's (public, so go doc shows their
+// fields); kvlayout works on them.
+type (
+	Layout      = transfer.Layout
+	StateRegion = transfer.StateRegion
+)
 
-// Layout is one rank's registered KV memory: Regions[i] is layer i/2, K for
-// even i and V for odd i, each a run of pages of PageBytes bytes.
-type Layout struct {
-	Kind      mem.MemKind
-	Regions   []mem.Desc // one per layer and K/V, in layer order, K before V
-	PageBytes uint64
-	// Aux holds per-request auxiliary items (AuxItemBytes each).
-	Aux          mem.Desc
-	AuxItemBytes uint64
-	// State regions hold per-request state items (e.g. a hybrid model's
-	// recurrent state), written with the last chunk. Host memory.
-	State []StateRegion
-}
-
-// StateRegion is one state region of ItemBytes-sized items.
-type StateRegion struct {
-	mem.Desc
-	ItemBytes uint64
-}
-
-// Items is how many items the region holds.
-func (s StateRegion) Items() int {
-	if s.ItemBytes == 0 {
-		return 0
-	}
-	return int(s.Len / s.ItemBytes)
-}
-
-// Pages is how many pages each region holds.
-func (l Layout) Pages() int {
-	if len(l.Regions) == 0 || l.PageBytes == 0 {
-		return 0
-	}
-	return int(l.Regions[0].Len / l.PageBytes)
-}
-
-// AuxItems is how many aux items the aux region holds.
-func (l Layout) AuxItems() int {
-	if l.AuxItemBytes == 0 {
-		return 0
-	}
-	return int(l.Aux.Len / l.AuxItemBytes)
-}
-
-// Validate checks the layout is usable.
-func (l Layout) Validate() error {
-	switch {
-	case len(l.Regions) == 0 || len(l.Regions)%2 != 0:
-		return fmt.Errorf("transfer: layout needs K and V regions per layer, got %d regions", len(l.Regions))
-	case l.PageBytes == 0:
-		return fmt.Errorf("transfer: page size is 0")
-	}
-	for i, r := range l.Regions {
-		if r.Len != l.Regions[0].Len || r.Len%l.PageBytes != 0 {
-			return fmt.Errorf("transfer: region %d is %d bytes, want %d (a whole number of %d-byte pages)",
-				i, r.Len, l.Regions[0].Len, l.PageBytes)
-		}
-	}
-	for i, st := range l.State {
-		if st.ItemBytes == 0 || st.Len%st.ItemBytes != 0 {
-			return fmt.Errorf("transfer: state region %d of %d bytes is not a whole number of %d-byte items", i, st.Len, st.ItemBytes)
-		}
-	}
-	if l.AuxItemBytes != 0 && l.Aux.Len%l.AuxItemBytes != 0 {
-		return fmt.Errorf("transfer: aux region of %d bytes is not a whole number of %d-byte items", l.Aux.Len, l.AuxItemBytes)
-	}
-	return nil
-}
+// ProofBytes: transfer.ProofBytes.
+const ProofBytes = transfer.ProofBytes
 
 // Span is a byte range [Addr, Addr+Len) of registered memory: host memory
 // (DRAM) or device Dev's memory (VRAM).

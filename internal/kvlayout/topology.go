@@ -1,11 +1,10 @@
 package kvlayout
 
 import (
-	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/kvbridge/kvbridge/internal/mem"
+	"github.com/kvbridge/kvbridge/transfer"
 )
 
 // The rank mapping: which prefill ranks a decode rank pulls a room from,
@@ -15,141 +14,23 @@ import (
 // instance's topology, the prefill rank computes each write's slice from
 // the decode rank's REGISTER, and both arrive at the same answer.
 
-// PageLayout is the order of tokens and heads inside one page of a region.
-type PageLayout uint8
-
-// Page layouts.
-const (
-	// NHD is token-major: for each token, its heads (SGLang's MHA pool). A
-	// head slice is one segment per token per page.
-	NHD PageLayout = iota
-	// HND is head-major: for each head, its tokens (vLLM's layout for
-	// heterogeneous TP). A head slice is one segment per page.
-	HND
+// The model and placement types are package transfer's (public, so go
+// doc shows their fields); kvlayout works on them.
+type (
+	PageLayout = transfer.PageLayout
+	Model      = transfer.Model
+	Parallel   = transfer.Parallel
 )
 
-func (l PageLayout) String() string {
-	switch l {
-	case NHD:
-		return "NHD"
-	case HND:
-		return "HND"
-	}
-	return fmt.Sprintf("PageLayout(%d)", uint8(l))
-}
+// Page layouts and the regions of a layer: transfer's.
+const (
+	NHD             = transfer.NHD
+	HND             = transfer.HND
+	RegionsPerLayer = transfer.RegionsPerLayer
+)
 
-// ParsePageLayout reads "NHD" or "HND" (any case; "" is NHD).
-func ParsePageLayout(s string) (PageLayout, error) {
-	switch strings.ToUpper(s) {
-	case "", "NHD":
-		return NHD, nil
-	case "HND":
-		return HND, nil
-	}
-	return 0, fmt.Errorf("transfer: page layout %q is not NHD or HND", s)
-}
-
-// RegionsPerLayer is K and V (for MLA, the latent split in two halves).
-const RegionsPerLayer = 2
-
-// Model is what the mapping needs to know of the model, the same on every
-// rank of both instances.
-type Model struct {
-	Layers     int // over all PP stages
-	KVHeads    int // KV heads of the model; MLA's latent counts as 1, held by every rank
-	HeadBytes  int // bytes of one head of one token in one region
-	PageTokens int
-	MLA        bool
-	Layout     PageLayout
-}
-
-// WithPages is the model with pages of n tokens.
-func (m Model) WithPages(n int) Model {
-	m.PageTokens = n
-	return m
-}
-
-// Zero reports whether no model was given (then no mapping applies: one
-// prefill rank feeds one decode rank with identical layouts).
-func (m Model) Zero() bool { return m == Model{} }
-
-// Validate checks the model on its own.
-func (m Model) Validate() error {
-	switch {
-	case m.Layers < 1 || m.KVHeads < 1 || m.HeadBytes < 1 || m.PageTokens < 1:
-		return fmt.Errorf("transfer: model needs layers, KV heads, head bytes and page tokens ≥ 1, got %+v", m)
-	case m.MLA && m.KVHeads != 1:
-		return fmt.Errorf("transfer: an MLA model has one latent (KV heads 1), got %d", m.KVHeads)
-	case m.Layout != NHD && m.Layout != HND:
-		return fmt.Errorf("transfer: page layout %v", m.Layout)
-	}
-	return nil
-}
-
-// Parallel is a rank's place in its instance: TP within its DP group, PP
-// stage, DP group. Sizes of 0 are read as 1.
-type Parallel struct {
-	TPSize, TPRank int
-	PPSize, PPRank int
-	DPSize, DPRank int
-}
-
-// Norm returns p with zero sizes set to 1.
-func (p Parallel) Norm() Parallel {
-	p.TPSize, p.PPSize, p.DPSize = max(p.TPSize, 1), max(p.PPSize, 1), max(p.DPSize, 1)
-	return p
-}
-
-// Validate checks ranks against sizes.
-func (p Parallel) Validate() error {
-	p = p.Norm()
-	switch {
-	case p.TPRank < 0 || p.TPRank >= p.TPSize:
-		return fmt.Errorf("transfer: TP rank %d outside [0, %d)", p.TPRank, p.TPSize)
-	case p.PPRank < 0 || p.PPRank >= p.PPSize:
-		return fmt.Errorf("transfer: PP rank %d outside [0, %d)", p.PPRank, p.PPSize)
-	case p.DPRank < 0 || p.DPRank >= p.DPSize:
-		return fmt.Errorf("transfer: DP rank %d outside [0, %d)", p.DPRank, p.DPSize)
-	}
-	return nil
-}
-
-// Global is the rank's index in its instance: ((dp × PP) + pp) × TP + tp.
-func (p Parallel) Global() int {
-	p = p.Norm()
-	return (p.DPRank*p.PPSize+p.PPRank)*p.TPSize + p.TPRank
-}
-
-func (p Parallel) String() string {
-	p = p.Norm()
-	return fmt.Sprintf("tp %d/%d pp %d/%d dp %d/%d", p.TPRank, p.TPSize, p.PPRank, p.PPSize, p.DPRank, p.DPSize)
-}
-
-// Heads returns the global KV heads [first, first+n) a TP rank holds. With
-// fewer heads than ranks, each head is replicated on TP/KVHeads ranks.
-func (m Model) Heads(tpSize, tpRank int) (first, n int, err error) {
-	switch {
-	case m.KVHeads >= tpSize && m.KVHeads%tpSize == 0:
-		n = m.KVHeads / tpSize
-		return tpRank * n, n, nil
-	case m.KVHeads < tpSize && tpSize%m.KVHeads == 0:
-		return tpRank * m.KVHeads / tpSize, 1, nil
-	}
-	return 0, 0, fmt.Errorf("transfer: %d KV heads do not divide over TP %d (nor TP over the heads)", m.KVHeads, tpSize)
-}
-
-// StageLayers returns the layers [first, first+n) of a PP stage: stage s
-// holds layers [s·L/PP, (s+1)·L/PP).
-func (m Model) StageLayers(ppSize, ppRank int) (first, n int) {
-	first = ppRank * m.Layers / ppSize
-	return first, (ppRank+1)*m.Layers/ppSize - first
-}
-
-// PageBytes is one page of one region on a rank of TP size tpSize.
-func (m Model) PageBytes(tpSize int) (uint64, error) {
-	_, n, err := m.Heads(tpSize, 0)
-	return uint64(m.PageTokens) * uint64(n) * uint64(m.HeadBytes), err
-}
+// ParsePageLayout: transfer.ParsePageLayout.
+func ParsePageLayout(s string) (PageLayout, error) { return transfer.ParsePageLayout(s) }
 
 // Link is one prefill rank (of the room's DP group) a decode rank pulls a
 // room from.
@@ -170,8 +51,8 @@ type Link struct {
 	Required int
 }
 
-// ErrTopology is a pair of shapes the mapping does not support.
-var ErrTopology = errors.New("transfer: unsupported topology")
+// ErrTopology: transfer.ErrTopology.
+var ErrTopology = transfer.ErrTopology
 
 // stages returns the prefill PP stages a decode stage pulls from.
 func stages(prefillPP, decodePP, decodeStage int) ([]int, error) {
@@ -205,7 +86,7 @@ func contact(prefillTP, decodeTP, d int) (first, n, required int, err error) {
 // written returns the global heads [first, first+n) prefill TP rank p
 // writes into decode TP rank d: the heads of d that p holds and that no
 // lower rank of d's contact set holds (a replicated head is written once).
-func (m Model) written(prefillTP, p, decodeTP, d int) (first, n int, err error) {
+func written(m Model, prefillTP, p, decodeTP, d int) (first, n int, err error) {
 	cFirst, cN, _, err := contact(prefillTP, decodeTP, d)
 	if err != nil {
 		return 0, 0, err
@@ -255,7 +136,7 @@ func Links(m Model, prefill, decode Parallel) ([]Link, error) {
 	var links []Link
 	for _, s := range sts {
 		for p := cFirst; p < cFirst+cN; p++ {
-			h0, hn, err := m.written(prefill.TPSize, p, decode.TPSize, decode.TPRank)
+			h0, hn, err := written(m, prefill.TPSize, p, decode.TPSize, decode.TPRank)
 			if err != nil {
 				return nil, err
 			}
@@ -349,7 +230,7 @@ func Plan(src, dst Model, p, d Parallel) (*Slice, error) {
 	if !inStage {
 		return nil, fmt.Errorf("%w: prefill stage %d does not feed decode stage %d", ErrTopology, p.PPRank, d.PPRank)
 	}
-	h0, hn, err := m.written(p.TPSize, p.TPRank, d.TPSize, d.TPRank)
+	h0, hn, err := written(m, p.TPSize, p.TPRank, d.TPSize, d.TPRank)
 	if err != nil || hn == 0 {
 		return nil, err
 	}

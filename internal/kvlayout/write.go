@@ -1,5 +1,7 @@
 package kvlayout
 
+import "github.com/kvbridge/kvbridge/transfer"
+
 // Write is one WRITE to one peer: page runs over every KV region (or the
 // aux item), with a notification.
 type Write struct {
@@ -41,7 +43,5 @@ func (l Layers) Regions(n int) (lo, hi int) {
 	return min(max(2*l.Lo, 0), n), min(max(2*l.Hi, 0), n)
 }
 
-// Ready reports whether the data a write reads is in place (for example a
-// CUDA event of the kernel that wrote a layer: gpu.Event.Ready). An error
-// fails the write before anything is posted.
-type Ready func() (bool, error)
+// Ready: transfer.Ready.
+type Ready = transfer.Ready

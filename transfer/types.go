@@ -1,0 +1,231 @@
+package transfer
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/kvbridge/kvbridge/internal/mem"
+)
+
+// ProofBytes is the ownership proof slot after each region (KV, aux and
+// state) a rank registers: kvbridge writes its process's proof there, and
+// a prefill rank reads it back before it writes into the region
+// (PROTOCOL.md "Memory proven to its owner"). Memory a Manager allocates
+// has it; a region given with an address must be followed by ProofBytes of
+// memory the caller owns and never uses (kvbridge registers them with the
+// region).
+const ProofBytes = 64
+
+// Layout is one rank's registered KV memory: Regions[i] is layer i/2, K for
+// even i and V for odd i, each a run of pages of PageBytes bytes.
+type Layout struct {
+	Kind      mem.MemKind
+	Regions   []mem.Desc // one per layer and K/V, in layer order, K before V
+	PageBytes uint64
+	// Aux holds per-request auxiliary items (AuxItemBytes each).
+	Aux          mem.Desc
+	AuxItemBytes uint64
+	// State regions hold per-request state items (e.g. a hybrid model's
+	// recurrent state), written with the last chunk. Host memory.
+	State []StateRegion
+}
+
+// StateRegion is one state region of ItemBytes-sized items.
+type StateRegion struct {
+	mem.Desc
+	ItemBytes uint64
+}
+
+// Items is how many items the region holds.
+func (s StateRegion) Items() int {
+	if s.ItemBytes == 0 {
+		return 0
+	}
+	return int(s.Len / s.ItemBytes)
+}
+
+// Pages is how many pages each region holds.
+func (l Layout) Pages() int {
+	if len(l.Regions) == 0 || l.PageBytes == 0 {
+		return 0
+	}
+	return int(l.Regions[0].Len / l.PageBytes)
+}
+
+// AuxItems is how many aux items the aux region holds.
+func (l Layout) AuxItems() int {
+	if l.AuxItemBytes == 0 {
+		return 0
+	}
+	return int(l.Aux.Len / l.AuxItemBytes)
+}
+
+// Validate checks the layout is usable.
+func (l Layout) Validate() error {
+	switch {
+	case len(l.Regions) == 0 || len(l.Regions)%2 != 0:
+		return fmt.Errorf("transfer: layout needs K and V regions per layer, got %d regions", len(l.Regions))
+	case l.PageBytes == 0:
+		return fmt.Errorf("transfer: page size is 0")
+	}
+	for i, r := range l.Regions {
+		if r.Len != l.Regions[0].Len || r.Len%l.PageBytes != 0 {
+			return fmt.Errorf("transfer: region %d is %d bytes, want %d (a whole number of %d-byte pages)",
+				i, r.Len, l.Regions[0].Len, l.PageBytes)
+		}
+	}
+	for i, st := range l.State {
+		if st.ItemBytes == 0 || st.Len%st.ItemBytes != 0 {
+			return fmt.Errorf("transfer: state region %d of %d bytes is not a whole number of %d-byte items", i, st.Len, st.ItemBytes)
+		}
+	}
+	if l.AuxItemBytes != 0 && l.Aux.Len%l.AuxItemBytes != 0 {
+		return fmt.Errorf("transfer: aux region of %d bytes is not a whole number of %d-byte items", l.Aux.Len, l.AuxItemBytes)
+	}
+	return nil
+}
+
+// PageLayout is the order of tokens and heads inside one page of a region.
+type PageLayout uint8
+
+// Page layouts.
+const (
+	// NHD is token-major: for each token, its heads (SGLang's MHA pool). A
+	// head slice is one segment per token per page.
+	NHD PageLayout = iota
+	// HND is head-major: for each head, its tokens (vLLM's layout for
+	// heterogeneous TP). A head slice is one segment per page.
+	HND
+)
+
+func (l PageLayout) String() string {
+	switch l {
+	case NHD:
+		return "NHD"
+	case HND:
+		return "HND"
+	}
+	return fmt.Sprintf("PageLayout(%d)", uint8(l))
+}
+
+// ParsePageLayout reads "NHD" or "HND" (any case; "" is NHD).
+func ParsePageLayout(s string) (PageLayout, error) {
+	switch strings.ToUpper(s) {
+	case "", "NHD":
+		return NHD, nil
+	case "HND":
+		return HND, nil
+	}
+	return 0, fmt.Errorf("transfer: page layout %q is not NHD or HND", s)
+}
+
+// RegionsPerLayer is K and V (for MLA, the latent split in two halves).
+const RegionsPerLayer = 2
+
+// Model is what the mapping needs to know of the model, the same on every
+// rank of both instances.
+type Model struct {
+	Layers     int // over all PP stages
+	KVHeads    int // KV heads of the model; MLA's latent counts as 1, held by every rank
+	HeadBytes  int // bytes of one head of one token in one region
+	PageTokens int
+	MLA        bool
+	Layout     PageLayout
+}
+
+// WithPages is the model with pages of n tokens.
+func (m Model) WithPages(n int) Model {
+	m.PageTokens = n
+	return m
+}
+
+// Zero reports whether no model was given (then no mapping applies: one
+// prefill rank feeds one decode rank with identical layouts).
+func (m Model) Zero() bool { return m == Model{} }
+
+// Validate checks the model on its own.
+func (m Model) Validate() error {
+	switch {
+	case m.Layers < 1 || m.KVHeads < 1 || m.HeadBytes < 1 || m.PageTokens < 1:
+		return fmt.Errorf("transfer: model needs layers, KV heads, head bytes and page tokens ≥ 1, got %+v", m)
+	case m.MLA && m.KVHeads != 1:
+		return fmt.Errorf("transfer: an MLA model has one latent (KV heads 1), got %d", m.KVHeads)
+	case m.Layout != NHD && m.Layout != HND:
+		return fmt.Errorf("transfer: page layout %v", m.Layout)
+	}
+	return nil
+}
+
+// Parallel is a rank's place in its instance: TP within its DP group, PP
+// stage, DP group. Sizes of 0 are read as 1.
+type Parallel struct {
+	TPSize, TPRank int
+	PPSize, PPRank int
+	DPSize, DPRank int
+}
+
+// Norm returns p with zero sizes set to 1.
+func (p Parallel) Norm() Parallel {
+	p.TPSize, p.PPSize, p.DPSize = max(p.TPSize, 1), max(p.PPSize, 1), max(p.DPSize, 1)
+	return p
+}
+
+// Validate checks ranks against sizes.
+func (p Parallel) Validate() error {
+	p = p.Norm()
+	switch {
+	case p.TPRank < 0 || p.TPRank >= p.TPSize:
+		return fmt.Errorf("transfer: TP rank %d outside [0, %d)", p.TPRank, p.TPSize)
+	case p.PPRank < 0 || p.PPRank >= p.PPSize:
+		return fmt.Errorf("transfer: PP rank %d outside [0, %d)", p.PPRank, p.PPSize)
+	case p.DPRank < 0 || p.DPRank >= p.DPSize:
+		return fmt.Errorf("transfer: DP rank %d outside [0, %d)", p.DPRank, p.DPSize)
+	}
+	return nil
+}
+
+// Global is the rank's index in its instance: ((dp × PP) + pp) × TP + tp.
+func (p Parallel) Global() int {
+	p = p.Norm()
+	return (p.DPRank*p.PPSize+p.PPRank)*p.TPSize + p.TPRank
+}
+
+func (p Parallel) String() string {
+	p = p.Norm()
+	return fmt.Sprintf("tp %d/%d pp %d/%d dp %d/%d", p.TPRank, p.TPSize, p.PPRank, p.PPSize, p.DPRank, p.DPSize)
+}
+
+// Heads returns the global KV heads [first, first+n) a TP rank holds. With
+// fewer heads than ranks, each head is replicated on TP/KVHeads ranks.
+func (m Model) Heads(tpSize, tpRank int) (first, n int, err error) {
+	switch {
+	case m.KVHeads >= tpSize && m.KVHeads%tpSize == 0:
+		n = m.KVHeads / tpSize
+		return tpRank * n, n, nil
+	case m.KVHeads < tpSize && tpSize%m.KVHeads == 0:
+		return tpRank * m.KVHeads / tpSize, 1, nil
+	}
+	return 0, 0, fmt.Errorf("transfer: %d KV heads do not divide over TP %d (nor TP over the heads)", m.KVHeads, tpSize)
+}
+
+// StageLayers returns the layers [first, first+n) of a PP stage: stage s
+// holds layers [s·L/PP, (s+1)·L/PP).
+func (m Model) StageLayers(ppSize, ppRank int) (first, n int) {
+	first = ppRank * m.Layers / ppSize
+	return first, (ppRank+1)*m.Layers/ppSize - first
+}
+
+// PageBytes is one page of one region on a rank of TP size tpSize.
+func (m Model) PageBytes(tpSize int) (uint64, error) {
+	_, n, err := m.Heads(tpSize, 0)
+	return uint64(m.PageTokens) * uint64(n) * uint64(m.HeadBytes), err
+}
+
+// ErrTopology is a pair of shapes the mapping does not support.
+var ErrTopology = errors.New("transfer: unsupported topology")
+
+// Ready reports whether the data a write reads is in place (for example a
+// CUDA event of the kernel that wrote a layer: gpu.Event.Ready). An error
+// fails the write before anything is posted.
+type Ready func() (bool, error)
