@@ -17,7 +17,7 @@ import (
 
 // Config configures one rank's Manager.
 type Config struct {
-	Role     core.Role
+	Role     Role
 	Instance string // this rank's deployment name
 	// Rank is this rank's index in its instance; with Parallel set it is
 	// Parallel.Global() (0 is read as that).
@@ -59,7 +59,7 @@ type Config struct {
 
 	Engine   nixl.Config     // Name defaults to instance-role-rank
 	Layout   transfer.Layout // KV (and aux) memory of this rank, registered by the Manager
-	Registry core.RegistryConfig
+	Registry RegistryConfig
 	Workers  int // transfer workers (prefill), default 4
 	// InFlight is how many rooms' writes a prefill worker keeps posted at
 	// once (pool.Config.InFlight), default 8.
@@ -153,9 +153,9 @@ const (
 )
 
 // DefaultConfig returns a config with the defaults for role (docs/ARCHITECTURE.md, "Defaults and configuration").
-func DefaultConfig(role core.Role) Config {
+func DefaultConfig(role Role) Config {
 	return Config{Role: role, Bind: "tcp://127.0.0.1:*", PageTokens: 16, DType: "bf16",
-		Registry: core.DefaultRegistryConfig(), Workers: 4, HeartbeatInterval: 5 * time.Second, MaxMisses: 2,
+		Registry: RegistryConfig(core.DefaultRegistryConfig()), Workers: 4, HeartbeatInterval: 5 * time.Second, MaxMisses: 2,
 		SweepInterval: time.Second, QuarantineTimeout: 2 * core.DefaultRegistryConfig().StallTimeout,
 		RegisterRetry: 500 * time.Millisecond, Now: time.Now, ProbeIdle: time.Second, ProbeTimeout: 250 * time.Millisecond}
 }
@@ -219,7 +219,7 @@ func (c *Config) fillDefaults() {
 // Validate reports the first setting that cannot work.
 func (c *Config) Validate() error {
 	switch {
-	case c.Role != core.RolePrefill && c.Role != core.RoleDecode:
+	case c.Role != RolePrefill && c.Role != RoleDecode:
 		return fmt.Errorf("kvmanager: Role must be RolePrefill or RoleDecode, got %d", c.Role)
 	case c.Instance == "":
 		return errors.New("kvmanager: Instance is empty")
@@ -231,7 +231,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("kvmanager: Rank %d is not the rank's index %d in its instance (%v)", c.Rank, c.Parallel.Global(), c.Parallel)
 	case c.Compat == "":
 		return errors.New("kvmanager: Compat is empty (hash of protocol, model layout, dtype, page size)")
-	case c.Role == core.RoleDecode && c.BootstrapURL == "" && c.Model.Zero():
+	case c.Role == RoleDecode && c.BootstrapURL == "" && c.Model.Zero():
 		// (With a Model, each room may name its prefill instance instead:
 		// Instance.Bootstrap.)
 		return errors.New("kvmanager: a decode rank without a Model needs BootstrapURL to find prefill ranks")
@@ -246,7 +246,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("kvmanager: RegisterRetry must be positive, got %v", c.RegisterRetry)
 	case c.PullLease > c.Registry.StallTimeout:
 		return fmt.Errorf("kvmanager: PullLease (%v) must not exceed StallTimeout (%v): the stall deadline would end a longer lease", c.PullLease, c.Registry.StallTimeout)
-	case c.Pull && c.Role == core.RoleDecode && c.PullLease < 0:
+	case c.Pull && c.Role == RoleDecode && c.PullLease < 0:
 		return errors.New("kvmanager: a decode rank with Pull needs a positive PullLease (its renewal basis)")
 	}
 	if err := c.Layout.Validate(); err != nil {

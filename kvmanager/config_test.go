@@ -13,7 +13,7 @@ import (
 
 // Bug 10: zero means "default" only where zero is not a valid value.
 func TestConfigDefaultsFieldByField(t *testing.T) {
-	cfg := Config{Role: core.RoleDecode, Rank: 3, PrefillRank: 0}
+	cfg := Config{Role: RoleDecode, Rank: 3, PrefillRank: 0}
 	cfg.Registry.StallTimeout = 7 * time.Second // custom; BootstrapTimeout left zero
 	cfg.Registry.TombstoneTTL = time.Hour
 	cfg.fillDefaults()

@@ -63,7 +63,7 @@ const (
 
 // NewDecode starts a decode rank.
 func NewDecode(cfg Config) (*Decode, error) {
-	cfg.Role = core.RoleDecode
+	cfg.Role = RoleDecode
 	m, err := newManager(cfg)
 	if err != nil {
 		return nil, err
@@ -156,13 +156,17 @@ func (d *Decode) checkRankCert(t core.Target, info bootstrap.RankInfo) error {
 // CreateReceiver creates the decode side of a room that pulls from the
 // given prefill ranks, each writing every page (the default instance when
 // none is given: see CreateReceiverFor).
-func (d *Decode) CreateReceiver(room uint64, targets ...core.Target) (res core.Result) {
+func (d *Decode) CreateReceiver(room uint64, targets ...Target) Result {
 	if len(targets) == 0 {
 		return d.CreateReceiverFor(room, Instance{DP: AutoDP})
 	}
-	res = d.stepIn(core.CreateReceiver{Room: room, Targets: targets}).Result
+	ts := make([]core.Target, len(targets))
+	for i, t := range targets {
+		ts[i] = core.Target(t)
+	}
+	res := d.stepIn(core.CreateReceiver{Room: room, Targets: ts}).Result
 	d.kickNotifier()
-	return res
+	return resultOf(res)
 }
 
 // kickNotifier wakes a polling notifier that stopped for want of rooms.
@@ -276,18 +280,12 @@ func fromCoreTopology(t core.Topology) bootstrap.Topology {
 		DType: t.DType, Compat: t.Compat, ModelFacts: bootstrap.ModelFacts{Layers: t.Layers, KVHeads: t.KVHeads, HeadBytes: t.HeadBytes, MLA: t.MLA, PageLayout: t.PageLayout}}
 }
 
-// Links computes a room's prefill ranks in an instance: the rank mapping
+// links computes a room's prefill ranks in an instance: the rank mapping
 // of this rank's Parallel and Model onto the instance's topology (one
-// target, PrefillRank, when the rank has no Model).
-func (d *Decode) Links(room uint64, inst Instance) ([]core.Link, error) {
-	links, _, err := d.links(room, inst)
-	return links, err
-}
-
-// links is Links; when it refuses the room after reading the instance's
-// topology, told lists the instance's ranks that may hold the room (its DP
-// group's, or every group's when the group is not known), so they can be
-// told.
+// target, PrefillRank, when the rank has no Model). When it refuses the
+// room after reading the instance's topology, told lists the instance's
+// ranks that may hold the room (its DP group's, or every group's when the
+// group is not known), so they can be told.
 func (d *Decode) links(room uint64, inst Instance) (links []core.Link, told []core.Target, err error) {
 	if inst.Bootstrap == "" {
 		inst.Bootstrap = d.cfg.BootstrapURL
@@ -375,7 +373,7 @@ func instanceRanks(url string, topo bootstrap.Topology, dp int) []core.Target {
 // prefill instance: its topology is looked up once per instance (cached),
 // the rank mapping gives the room's prefill ranks, and their endpoints are
 // resolved now, so an abort before Init reaches them.
-func (d *Decode) CreateReceiverFor(room uint64, inst Instance) (res core.Result) {
+func (d *Decode) CreateReceiverFor(room uint64, inst Instance) Result {
 	links, told, err := d.links(room, inst)
 	if err != nil {
 		err = fmt.Errorf("room %d: %w", room, err)
@@ -384,11 +382,11 @@ func (d *Decode) CreateReceiverFor(room uint64, inst Instance) (res core.Result)
 			// each waits for its bootstrap deadline.
 			d.stepIn(core.RefuseRoom{Room: room, Targets: told, Reason: err.Error()})
 		}
-		return core.Result{Outcome: core.Rejected, Err: err}
+		return Result{Outcome: Rejected, Err: err}
 	}
-	res = d.stepIn(core.CreateReceiver{Room: room, Links: links}).Result
+	res := d.stepIn(core.CreateReceiver{Room: room, Links: links}).Result
 	d.kickNotifier()
-	return res
+	return resultOf(res)
 }
 
 // InitReceiver sends the room's REQUEST to its prefill ranks, registering
@@ -399,7 +397,8 @@ func (d *Decode) CreateReceiverFor(room uint64, inst Instance) (res core.Result)
 // A spec naming a destination page, or an item of one state region, twice
 // is refused at the call (ErrInvalidSpec; the room is left as it was): every
 // prefill rank would refuse its REQUEST.
-func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec core.RequestSpec) error {
+func (d *Decode) InitReceiver(ctx context.Context, room uint64, rs RequestSpec) error {
+	spec := core.RequestSpec(rs)
 	if err := core.CheckSpec(room, spec); err != nil {
 		return err
 	}
@@ -446,7 +445,7 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, spec core.Reques
 	switch {
 	case !known:
 		return fmt.Errorf("room %d: %w", room, core.ErrRoomCleared)
-	case st == core.Failed:
+	case st == Failed:
 		return d.failedErr(room, d.Failure(room))
 	}
 	return nil
@@ -466,17 +465,16 @@ func (d *Decode) failedErr(room uint64, reason string) error {
 
 // AbortReceiver fails the room and tells its prefill ranks (also before
 // its REQUEST went out); the pages stay quarantined until Released.
-func (d *Decode) AbortReceiver(room uint64, reason string) (res core.Result) {
+func (d *Decode) AbortReceiver(room uint64, reason string) Result {
 	out := d.stepIn(core.AbortReceiver{Room: room, Reason: reason})
 	d.met.abort(out.Prior)
-	return out.Result
+	return resultOf(out.Result)
 }
 
 // ClearReceiver forgets the room. An unfinished room is aborted first; its
 // pages stay quarantined past Clear until Released.
-func (d *Decode) ClearReceiver(room uint64) (res core.Result) {
-	res = d.stepIn(core.ClearReceiver{Room: room}).Result
-	return res
+func (d *Decode) ClearReceiver(room uint64) Result {
+	return resultOf(d.stepIn(core.ClearReceiver{Room: room}).Result)
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -499,9 +497,11 @@ func (d *Decode) Released(room uint64) <-chan struct{} {
 // failure's code and reason) once nothing more can land: after Success, or
 // after a failure once Released is closed; ok is false before, and once
 // the room is cleared.
-func (d *Decode) Report(room uint64) (r core.LoadReport, ok bool) {
+func (d *Decode) Report(room uint64) (LoadReport, bool) {
+	var r core.LoadReport
+	var ok bool
 	d.read(func(c *core.Core) { r, ok = c.Report(room) })
-	return r, ok
+	return reportOf(r), ok
 }
 
 // notifier drains the agent's notifications and steps them into the core.

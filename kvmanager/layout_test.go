@@ -61,7 +61,7 @@ func TestLayoutRefusalsExported(t *testing.T) {
 // of one state region, twice at the call, before the room is looked at.
 func TestInitReceiverRefusesRepeatedDestinations(t *testing.T) {
 	fixedAndMutant(t, "spec-repeat-accepted", func(t *testing.T, fixed bool) {
-		cfg := DefaultConfig(core.RoleDecode)
+		cfg := DefaultConfig(RoleDecode)
 		cfg.Auth = testauth.Auth()
 		cfg.Instance, cfg.Compat, cfg.BootstrapURL = "spec-test", "v1:test", "http://127.0.0.1:1"
 		cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
@@ -78,9 +78,9 @@ func TestInitReceiverRefusesRepeatedDestinations(t *testing.T) {
 			{DstPages: []uint32{5, 5}, AuxIndex: -1, Dummy: true},
 		} {
 			// Room 9 does not exist: a spec that passes gets ErrUnknownRoom.
-			err := d.InitReceiver(context.Background(), 9, spec)
+			err := d.InitReceiver(context.Background(), 9, RequestSpec(spec))
 			require.Equal(t, fixed, errors.Is(err, core.ErrInvalidSpec), "%+v: %v", spec, err)
 		}
-		require.ErrorIs(t, d.InitReceiver(context.Background(), 9, core.RequestSpec{DstPages: []uint32{1, 2}, AuxIndex: -1}), core.ErrUnknownRoom, "a valid spec for an unknown room")
+		require.ErrorIs(t, d.InitReceiver(context.Background(), 9, RequestSpec{DstPages: []uint32{1, 2}, AuxIndex: -1}), core.ErrUnknownRoom, "a valid spec for an unknown room")
 	})
 }

@@ -43,7 +43,7 @@ type metrics struct {
 }
 
 func newMetrics(m *Manager) *metrics {
-	role := map[core.Role]string{core.RolePrefill: "prefill", core.RoleDecode: "decode"}[m.cfg.Role]
+	role := map[Role]string{RolePrefill: "prefill", RoleDecode: "decode"}[m.cfg.Role]
 	labels := prometheus.Labels{"role": role, "instance": m.cfg.Instance, "rank": strconv.Itoa(m.cfg.Rank)}
 	return &metrics{m: m,
 		rooms:    prometheus.NewDesc("kvbridge_rooms", "Live rooms by status.", []string{"status"}, labels),

@@ -22,7 +22,7 @@ func TestPhaseHistograms(t *testing.T) {
 	entered[core.Transferring] = t0.Add(5 * time.Second)
 	entered[core.Success] = t0.Add(9 * time.Second)
 	reg := prometheus.NewRegistry()
-	m := newMetrics(&Manager{cfg: Config{Role: core.RolePrefill, Instance: "p"}})
+	m := newMetrics(&Manager{cfg: Config{Role: RolePrefill, Instance: "p"}})
 	reg.MustRegister(m.phases)
 	m.observePhases(entered)
 	families, err := reg.Gather()

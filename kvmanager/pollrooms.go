@@ -2,6 +2,7 @@ package kvmanager
 
 import (
 	"fmt"
+	"unsafe"
 
 	"github.com/kvbridge/kvbridge/internal/core"
 )
@@ -17,11 +18,21 @@ import (
 //
 // out must be at least as long as rooms (PollRooms panics otherwise,
 // before it takes the lock); entries past len(rooms) are left untouched.
-func (m *Manager) PollRooms(rooms []uint64, out []core.Poll) {
+func (m *Manager) PollRooms(rooms []uint64, out []Poll) {
 	if len(out) < len(rooms) {
 		panic(fmt.Sprintf("kvmanager: PollRooms: out holds %d statuses for %d rooms", len(out), len(rooms)))
 	}
 	m.mu.Lock()
-	m.core.PollRooms(rooms, out)
+	m.core.PollRooms(rooms, corePolls(out))
 	m.mu.Unlock()
+}
+
+// corePolls is out as the core's statuses: the same memory (Poll and
+// core.Poll are both uint8 with the same values, TestPollValuesAreTheCores),
+// so PollRooms allocates nothing.
+func corePolls(out []Poll) []core.Poll {
+	if len(out) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*core.Poll)(unsafe.Pointer(&out[0])), len(out))
 }

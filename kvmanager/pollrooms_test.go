@@ -17,15 +17,15 @@ import (
 
 // Both roles' handles carry the batch poll.
 var (
-	_ interface{ PollRooms([]uint64, []core.Poll) } = (*Prefill)(nil)
-	_ interface{ PollRooms([]uint64, []core.Poll) } = (*Decode)(nil)
+	_ interface{ PollRooms([]uint64, []Poll) } = (*Prefill)(nil)
+	_ interface{ PollRooms([]uint64, []Poll) } = (*Decode)(nil)
 )
 
 // pollPrefill is a prefill rank over the loopback engine for the batch
 // poll's tests and benchmark (newTestPrefill takes a *testing.T).
 func pollPrefill(tb testing.TB) *Prefill {
 	tb.Helper()
-	cfg := DefaultConfig(core.RolePrefill)
+	cfg := DefaultConfig(RolePrefill)
 	cfg.Auth = testauth.Auth()
 	cfg.Instance, cfg.Compat = "poll-test", "v1:test"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
@@ -48,13 +48,13 @@ func TestPollRooms(t *testing.T) {
 	p.AbortSender(3, "operator")
 	p.ClearSender(4)
 	rooms := []uint64{1, 2, 3, 4, 5, 6, 2, 1}
-	want := []core.Poll{core.Bootstrapping, core.Bootstrapping, core.Failed, 0, core.Bootstrapping, 0, core.Bootstrapping, core.Bootstrapping}
-	if st, _ := p.Status(2); st != core.Bootstrapping { // no decode request: init alone does not make it ready
+	want := []Poll{Bootstrapping, Bootstrapping, Failed, 0, Bootstrapping, 0, Bootstrapping, Bootstrapping}
+	if st, _ := p.Status(2); st != Bootstrapping { // no decode request: init alone does not make it ready
 		want[1], want[6] = st, st
 	}
-	out := make([]core.Poll, len(rooms)+2)
+	out := make([]Poll, len(rooms)+2)
 	for i := range out {
-		out[i] = core.Success // a stale status must not survive; the last two are sentinels
+		out[i] = Success // a stale status must not survive; the last two are sentinels
 	}
 	p.PollRooms(rooms, out)
 	for i, id := range rooms {
@@ -65,8 +65,8 @@ func TestPollRooms(t *testing.T) {
 		assert.Equal(t, want[i], out[i], "room %d: PollRooms (Status %v, known %v)", id, st, known)
 		assert.Equal(t, st, out[i], "room %d: PollRooms vs Status (known %v)", id, known)
 	}
-	assert.Equal(t, core.Success, out[len(rooms)], "PollRooms wrote past len(rooms): %v", out[len(rooms):])
-	assert.Equal(t, core.Success, out[len(rooms)+1], "PollRooms wrote past len(rooms): %v", out[len(rooms):])
+	assert.Equal(t, Success, out[len(rooms)], "PollRooms wrote past len(rooms): %v", out[len(rooms):])
+	assert.Equal(t, Success, out[len(rooms)+1], "PollRooms wrote past len(rooms): %v", out[len(rooms):])
 	p.PollRooms(nil, nil) // nothing to poll, nothing to write
 	assert.Panics(t, func() { p.PollRooms(rooms, out[:3]) }, "PollRooms with a short out did not panic")
 }
@@ -82,9 +82,9 @@ func TestPollRoomsAllocatesNothing(t *testing.T) {
 			p.CreateSender(rooms[i])
 		}
 	}
-	out := make([]core.Poll, len(rooms))
+	out := make([]Poll, len(rooms))
 	require.Zero(t, testing.AllocsPerRun(100, func() { p.PollRooms(rooms, out) }), "PollRooms allocations per call")
-	require.Equal(t, core.Bootstrapping, out[0], "status of room 0")
+	require.Equal(t, Bootstrapping, out[0], "status of room 0")
 	require.Zero(t, out[1], "status of room 1")
 }
 
@@ -115,7 +115,7 @@ func TestPollRoomsIsOneSnapshot(t *testing.T) {
 	// The pair at the two ends of the batch, ids no room takes between
 	// them: a poll that let a step in between rooms would have the whole
 	// batch's length to do it in.
-	rooms, out := make([]uint64, 66), make([]core.Poll, 66)
+	rooms, out := make([]uint64, 66), make([]Poll, 66)
 	for i := range rooms {
 		rooms[i] = 1 << 40
 	}
@@ -154,7 +154,7 @@ func BenchmarkPollRooms(b *testing.B) {
 					p.InitSender(rooms[i])
 				}
 			}
-			out := make([]core.Poll, n)
+			out := make([]Poll, n)
 			b.ReportAllocs()
 			b.ResetTimer()
 			start := time.Now()

@@ -29,7 +29,7 @@ type Prefill struct {
 // layout, binds the control endpoint, starts the transfer pool and
 // registers the rank with the bootstrap server (when BootstrapURL is set).
 func NewPrefill(cfg Config) (*Prefill, error) {
-	cfg.Role = core.RolePrefill
+	cfg.Role = RolePrefill
 	m, err := newManager(cfg)
 	if err != nil {
 		return nil, err
@@ -376,8 +376,8 @@ func (m *Manager) trace(room uint64, ev TraceEvent) {
 }
 
 // CreateSender creates the prefill side of a room (see package sender).
-func (p *Prefill) CreateSender(room uint64) (res core.Result) {
-	res = p.stepIn(core.CreateSender{Room: room}).Result
+func (p *Prefill) CreateSender(room uint64) Result {
+	res := p.stepIn(core.CreateSender{Room: room}).Result
 	par := p.cfg.Parallel
 	if res.Outcome == core.Applied && p.cfg.PublishRoomDP && p.boot != nil && par.DPSize > 1 && par.TPRank == 0 && par.PPRank == 0 {
 		p.wg.Add(1)
@@ -390,13 +390,12 @@ func (p *Prefill) CreateSender(room uint64) (res core.Result) {
 			}
 		}()
 	}
-	return res
+	return resultOf(res)
 }
 
 // InitSender marks the sender initialised.
-func (p *Prefill) InitSender(room uint64) (res core.Result) {
-	res = p.stepIn(core.InitSender{Room: room}).Result
-	return res
+func (p *Prefill) InitSender(room uint64) Result {
+	return resultOf(p.stepIn(core.InitSender{Room: room}).Result)
 }
 
 // SendChunk queues a chunk of the room's pages (positions continue where
@@ -433,14 +432,13 @@ func (p *Prefill) Layers() int { return max(len(p.cfg.Layout.Regions)/2, 1) }
 
 // AbortSender fails the room from the prefill side; its decode ranks are
 // told.
-func (p *Prefill) AbortSender(room uint64, reason string) (res core.Result) {
+func (p *Prefill) AbortSender(room uint64, reason string) Result {
 	out := p.stepIn(core.AbortSender{Room: room, Reason: reason})
 	p.met.abort(out.Prior)
-	return out.Result
+	return resultOf(out.Result)
 }
 
 // ClearSender forgets the room.
-func (p *Prefill) ClearSender(room uint64) (res core.Result) {
-	res = p.stepIn(core.ClearSender{Room: room}).Result
-	return res
+func (p *Prefill) ClearSender(room uint64) Result {
+	return resultOf(p.stepIn(core.ClearSender{Room: room}).Result)
 }

@@ -308,7 +308,7 @@ func BenchmarkRegisterProof(b *testing.B) {
 			p := newTestPrefill(b, func(c *Config) {
 				c.Engine, c.Instance, c.Layout = ec.engine, "proof-bench-"+ec.name, lay()
 			})
-			dcfg := DefaultConfig(core.RoleDecode)
+			dcfg := DefaultConfig(RoleDecode)
 			dcfg.Auth = testauth.Auth()
 			dcfg.Instance, dcfg.Compat, dcfg.BootstrapURL = "proof-bench-decode", p.cfg.Compat, "http://127.0.0.1:1"
 			dcfg.Engine, dcfg.Layout = ec.engine, lay()
@@ -378,7 +378,7 @@ func TestCallerRegionsNeedProofSlots(t *testing.T) {
 	pin.Pin(&mem[0])
 	defer pin.Unpin()
 	mk := func(stride int) Config {
-		cfg := DefaultConfig(core.RoleDecode)
+		cfg := DefaultConfig(RoleDecode)
 		cfg.Auth = testauth.Auth()
 		cfg.Instance, cfg.Compat, cfg.BootstrapURL = "slots", "v1:test", "http://127.0.0.1:1"
 		cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}

@@ -39,7 +39,7 @@ const pullReaders = 8
 // pullOffer builds the offer a prefill rank that serves pull sends with
 // its REGISTER_ACKs (nil when it does not serve pull).
 func (m *Manager) pullOffer() (*bootstrap.PullOffer, error) {
-	if m.cfg.Role != core.RolePrefill || m.cfg.PullLease < 0 {
+	if m.cfg.Role != RolePrefill || m.cfg.PullLease < 0 {
 		return nil, nil
 	}
 	md, err := m.agent.Metadata()

@@ -34,7 +34,7 @@ func TestPullOfferProven(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newTestPrefill(t, func(c *Config) { c.Engine, c.Instance = tc.engine, "offer-prefill-"+tc.name })
-			cfg := DefaultConfig(core.RoleDecode)
+			cfg := DefaultConfig(RoleDecode)
 			cfg.Auth, cfg.Instance, cfg.Compat, cfg.Engine, cfg.Pull = testauth.Auth(), "offer-decode-"+tc.name, "v1:test", tc.engine, true
 			cfg.BootstrapURL = "http://127.0.0.1:1" // never asked: the offers are handed to it directly
 			cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
@@ -67,7 +67,7 @@ func TestPullOfferProven(t *testing.T) {
 			deliver := func(ack *bootstrap.RegisterAck, challenged, answer bool) (core.Poll, string) {
 				t.Helper()
 				room++
-				require.Equal(t, core.Applied, d.CreateReceiver(room, target).Outcome)
+				require.Equal(t, Applied, d.CreateReceiver(room, Target(target)).Outcome)
 				d.stepIn(core.Resolved{Target: target, Endpoint: from.Endpoint})
 				spec := core.RequestSpec{DstPages: []uint32{uint32(room - 1)}, AuxIndex: -1, Pull: true}
 				require.Equal(t, core.Applied, d.stepIn(core.InitReceiver{Room: room, Spec: spec}).Result.Outcome)
@@ -93,7 +93,7 @@ func TestPullOfferProven(t *testing.T) {
 				}
 				st, err := d.WaitReady(ctx, room)
 				require.NoError(t, err)
-				return st, d.Failure(room)
+				return core.Poll(st), d.Failure(room)
 			}
 			offered, err := p.pullOffer()
 			if err != nil || offered == nil {
@@ -161,21 +161,21 @@ func TestPullOfferProven(t *testing.T) {
 // prefill ranks were not asked for offers: the room's reads would go
 // nowhere and hold its pages for good), and the room is left as it was.
 func TestPullSpecNeedsTheConfig(t *testing.T) {
-	cfg := DefaultConfig(core.RoleDecode)
+	cfg := DefaultConfig(RoleDecode)
 	cfg.Auth, cfg.Instance, cfg.Compat, cfg.Engine = testauth.Auth(), "spec-decode", "v1:test", nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.BootstrapURL = "http://127.0.0.1:1"
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
 	d, err := NewDecode(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
-	if res := d.CreateReceiver(5, d.defaultTarget()); res.Outcome != core.Applied {
+	if res := d.CreateReceiver(5, Target(d.defaultTarget())); res.Outcome != Applied {
 		t.Fatal(res)
 	}
-	err = d.InitReceiver(context.Background(), 5, core.RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Pull: true})
+	err = d.InitReceiver(context.Background(), 5, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Pull: true})
 	if !errors.Is(err, core.ErrInvalidSpec) || !strings.Contains(err.Error(), "room 5") || !strings.Contains(err.Error(), "Config.Pull") {
 		t.Fatalf("Init: %v, want ErrInvalidSpec naming the room and Config.Pull", err)
 	}
-	if st, _ := d.Status(5); st != core.Bootstrapping {
+	if st, _ := d.Status(5); st != Bootstrapping {
 		t.Fatalf("room 5 %v after the refused Init, want Bootstrapping", st)
 	}
 }

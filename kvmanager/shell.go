@@ -119,7 +119,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	role := map[core.Role]string{core.RolePrefill: bootstrap.RolePrefill, core.RoleDecode: bootstrap.RoleDecode}[cfg.Role]
+	role := map[Role]string{RolePrefill: bootstrap.RolePrefill, RoleDecode: bootstrap.RoleDecode}[cfg.Role]
 	if cfg.Engine.Name == "" {
 		cfg.Engine.Name = fmt.Sprintf("%s-%s-%d", cfg.Instance, role, cfg.Rank)
 	}
@@ -143,7 +143,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 			}
 		}
 	}()
-	if cfg.Role == core.RolePrefill && cfg.Engine.NIXLProgress == nixl.NIXLProgressThread && cfg.Engine.Engine != nixl.EngineUCX && cfg.Engine.Engine != nixl.EngineLoopback {
+	if cfg.Role == RolePrefill && cfg.Engine.NIXLProgress == nixl.NIXLProgressThread && cfg.Engine.Engine != nixl.EngineUCX && cfg.Engine.Engine != nixl.EngineLoopback {
 		m.log.Warn("a prefill rank's libnixl agent with NIXL's progress thread: on NIXL <= 1.4.0 a decode process that dies mid-transfer can crash this process (NIXL's endpoint error callback frees an endpoint under a post); leave Engine.NIXLProgress unset")
 	}
 	if cfg.Engine.NIXLProgress == 0 {
@@ -153,7 +153,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		// endpoint under a post when a decode process dies, so its own
 		// calls progress it (no thread, NIXL's strict lock).
 		cfg.Engine.NIXLProgress = nixl.NIXLProgressThread
-		if cfg.Role == core.RolePrefill || cfg.Pull {
+		if cfg.Role == RolePrefill || cfg.Pull {
 			// (A decode rank that pulls posts too: the same hazard.)
 			cfg.Engine.NIXLProgress = nixl.NIXLProgressCaller
 		}
@@ -165,11 +165,11 @@ func newManager(cfg Config) (m *Manager, err error) {
 		return nil, err
 	}
 	m.cfg = cfg
-	ccfg := core.CoreConfig{Role: cfg.Role, Rank: cfg.Rank, Compat: cfg.Compat, Layout: cfg.Layout, Registry: cfg.Registry,
+	ccfg := core.CoreConfig{Role: core.Role(cfg.Role), Rank: cfg.Rank, Compat: cfg.Compat, Layout: cfg.Layout, Registry: core.RegistryConfig(cfg.Registry),
 		QuarantineTimeout: cfg.QuarantineTimeout, RegisterRetry: cfg.RegisterRetry, Parallel: cfg.Parallel, Model: cfg.Model,
 		MaxEpochs: cfg.MaxEpochs, RecheckIdle: cfg.HeartbeatInterval * time.Duration(cfg.MaxMisses+1),
 		ProbeIdle: max(cfg.ProbeIdle, 0), ProbeTimeout: cfg.ProbeTimeout, Lease: max(cfg.PullLease, 0)}
-	if cfg.Role == core.RoleDecode {
+	if cfg.Role == RoleDecode {
 		// The metadata blob is taken once, before any peer is contacted: a
 		// failure here fails New instead of wedging a registration.
 		md, err := m.agent.Metadata()
@@ -215,7 +215,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		}
 		return nil, err
 	}
-	if cfg.Role == core.RolePrefill {
+	if cfg.Role == RolePrefill {
 		// Named in its agent challenges: a decode rank echoes to it.
 		ep := m.loop.Endpoint()
 		m.stepIn(core.Bound{Endpoint: ep})
@@ -283,7 +283,7 @@ func (m *Manager) registerMemory(cfg *Config) error {
 			return fmt.Errorf("kvmanager: registering KV memory: %w", err)
 		}
 	}
-	role := map[core.Role]string{core.RolePrefill: bootstrap.RolePrefill, core.RoleDecode: bootstrap.RoleDecode}[cfg.Role]
+	role := map[Role]string{RolePrefill: bootstrap.RolePrefill, RoleDecode: bootstrap.RoleDecode}[cfg.Role]
 	if err := m.writeProof(cfg.Layout, bootstrap.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank}.Peer()); err != nil {
 		return err
 	}
@@ -438,7 +438,7 @@ func (m *Manager) carryOut() {
 				m.resolver(e.Target)
 			}
 		case core.EffectReleased:
-			if m.cfg.Role == core.RolePrefill {
+			if m.cfg.Role == RolePrefill {
 				m.met.pageSeconds.Observe(float64(e.Pages) * e.Held.Seconds())
 				if e.Forced {
 					m.log.Warn("pull room's pages released by the quarantine past the lease, without a drained READ_DONE",
@@ -583,9 +583,11 @@ func (m *Manager) tick() {
 }
 
 // Status returns a room's status (known false without a live room).
-func (m *Manager) Status(room uint64) (st core.Poll, known bool) {
+func (m *Manager) Status(room uint64) (Poll, bool) {
+	var st core.Poll
+	var known bool
 	m.read(func(c *core.Core) { st, known = c.Status(room) })
-	return st, known
+	return Poll(st), known
 }
 
 // Failure returns a failed room's first reason.
@@ -662,17 +664,17 @@ func (m *Manager) InFlight(room uint64) (n int) {
 
 // Wait blocks until the room is terminal, the room is cleared, ctx ends or
 // the Manager closes, and returns its status then.
-func (m *Manager) Wait(ctx context.Context, room uint64) (core.Poll, error) {
+func (m *Manager) Wait(ctx context.Context, room uint64) (Poll, error) {
 	return m.wait(ctx, room, "wait", core.WakeDone)
 }
 
 // WaitReady blocks until the room can move data (WaitingForInput or
 // later), is terminal or cleared, ctx ends or the Manager closes.
-func (m *Manager) WaitReady(ctx context.Context, room uint64) (core.Poll, error) {
+func (m *Manager) WaitReady(ctx context.Context, room uint64) (Poll, error) {
 	return m.wait(ctx, room, "wait ready", core.WakeReady)
 }
 
-func (m *Manager) wait(ctx context.Context, room uint64, what string, wake core.Wake) (core.Poll, error) {
+func (m *Manager) wait(ctx context.Context, room uint64, what string, wake core.Wake) (Poll, error) {
 	var ch <-chan struct{}
 	var err error
 	woken := false

@@ -34,7 +34,7 @@ func newTestPrefill(t testing.TB, edits ...func(*Config)) *Prefill {
 
 // testPrefillConfig is newTestPrefill's configuration.
 func testPrefillConfig() Config {
-	cfg := DefaultConfig(core.RolePrefill)
+	cfg := DefaultConfig(RolePrefill)
 	cfg.Auth = testauth.Auth()
 	cfg.Instance, cfg.Compat = "shell-test", "v1:test"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
@@ -50,7 +50,7 @@ func TestManagerWait(t *testing.T) {
 	parked := make(chan uint64, 1)
 	p.parked = func(room uint64) { parked <- room }
 	type result struct {
-		st  core.Poll
+		st  Poll
 		err error
 	}
 	wait := func(ctx context.Context, room uint64) chan result {
@@ -79,7 +79,7 @@ func TestManagerWait(t *testing.T) {
 	}
 	w1 := wait(context.Background(), 1)
 	p.AbortSender(1, "operator")
-	if r := within("abort", w1); r.st != core.Failed || r.err != nil {
+	if r := within("abort", w1); r.st != Failed || r.err != nil {
 		t.Fatalf("Wait after abort = %v, %v", r.st, r.err)
 	}
 	w2 := wait(context.Background(), 2)
@@ -102,12 +102,12 @@ func TestManagerWait(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	w3 := wait(ctx, 3)
 	cancel()
-	if r := within("cancel", w3); !errors.Is(r.err, context.Canceled) || r.st != core.Bootstrapping {
+	if r := within("cancel", w3); !errors.Is(r.err, context.Canceled) || r.st != Bootstrapping {
 		t.Fatalf("Wait with a cancelled context = %v, %v", r.st, r.err)
 	}
 	w3 = wait(context.Background(), 3)
 	p.Close() // fails every live room first
-	if r := within("close", w3); r.st != core.Failed && !errors.Is(r.err, ErrManagerClosed) {
+	if r := within("close", w3); r.st != Failed && !errors.Is(r.err, ErrManagerClosed) {
 		t.Fatalf("Wait across Close = %v, %v", r.st, r.err)
 	}
 }
@@ -118,7 +118,7 @@ func TestManagerWait(t *testing.T) {
 // and malformed messages came as kvbridge_manager_malformed_messages_total).
 func TestManagerExportsLoopCounters(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	cfg := DefaultConfig(core.RolePrefill)
+	cfg := DefaultConfig(RolePrefill)
 	cfg.Auth = testauth.Auth()
 	cfg.Instance, cfg.Compat, cfg.Registerer = "metrics-test", "v1:test", reg
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
@@ -153,7 +153,7 @@ func TestManagerExportsLoopCounters(t *testing.T) {
 // TestConfigNeedsASecret: a rank without a shared secret refuses to start
 // unless Insecure is set explicitly.
 func TestConfigNeedsASecret(t *testing.T) {
-	cfg := DefaultConfig(core.RolePrefill)
+	cfg := DefaultConfig(RolePrefill)
 	cfg.Instance, cfg.Compat = "no-secret", "v1:test"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
@@ -176,7 +176,7 @@ func TestNewFailsCleanlyWhenTheLoopCannotStart(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
-	for _, role := range []core.Role{core.RolePrefill, core.RoleDecode} {
+	for _, role := range []Role{RolePrefill, RoleDecode} {
 		cfg := DefaultConfig(role)
 		cfg.Auth = testauth.Auth()
 		cfg.Instance, cfg.Compat = "bind-taken", "v1:test"
@@ -184,7 +184,7 @@ func TestNewFailsCleanlyWhenTheLoopCannotStart(t *testing.T) {
 		cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
 		cfg.Bind = "tcp://" + ln.Addr().String()
 		var err error
-		if role == core.RolePrefill {
+		if role == RolePrefill {
 			_, err = NewPrefill(cfg)
 		} else {
 			cfg.BootstrapURL = "http://127.0.0.1:1"
@@ -202,7 +202,7 @@ func TestNewFailsCleanlyWhenTheLoopCannotStart(t *testing.T) {
 // room that names none is refused at once, naming the room, and one
 // without a Model still needs the default.
 func TestDecodeWithoutDefaultBootstrap(t *testing.T) {
-	cfg := DefaultConfig(core.RoleDecode)
+	cfg := DefaultConfig(RoleDecode)
 	cfg.Auth = testauth.Auth()
 	cfg.Instance, cfg.Compat = "no-default", "v1:test"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
@@ -215,7 +215,7 @@ func TestDecodeWithoutDefaultBootstrap(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	res := d.CreateReceiverFor(42, Instance{DP: AutoDP})
-	if res.Outcome != core.Rejected || !strings.Contains(res.Err.Error(), "room 42 names no prefill instance") {
+	if res.Outcome != Rejected || !strings.Contains(res.Err.Error(), "room 42 names no prefill instance") {
 		t.Fatalf("a room naming no instance: %+v", res)
 	}
 	if _, known := d.Status(42); known {
@@ -259,7 +259,7 @@ func TestWaitersAreTheShells(t *testing.T) {
 	// Woken already: the wait returns at once, and makes no channel.
 	st, err := p.Wait(bounded, 1)
 	require.NoError(t, err)
-	assert.Equal(t, core.Failed, st)
+	assert.Equal(t, Failed, st)
 	assert.Equal(t, 0, p.sizes().Waiters)
 	p.ClearSender(1)
 	p.ClearSender(2)

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/nixl"
@@ -35,7 +34,7 @@ func benchWriteCheck(b *testing.B, page uint64) {
 	srv := testauth.Server()
 	require.NoError(b, srv.Start("127.0.0.1:0"))
 	b.Cleanup(func() { srv.Close(context.Background()) })
-	mk := func(role core.Role) Config {
+	mk := func(role Role) Config {
 		cfg := DefaultConfig(role)
 		cfg.Auth, cfg.Instance, cfg.Compat, cfg.BootstrapURL = testauth.Auth(), fmt.Sprintf("wcheck-%d", page), "v1:wcheck", srv.URL()
 		cfg.Engine = nixl.Config{Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}}
@@ -46,10 +45,10 @@ func benchWriteCheck(b *testing.B, page uint64) {
 		cfg.WarmMemory = true
 		return cfg
 	}
-	p, err := NewPrefill(mk(core.RolePrefill))
+	p, err := NewPrefill(mk(RolePrefill))
 	require.NoError(b, err)
 	b.Cleanup(func() { p.Close() })
-	d, err := NewDecode(mk(core.RoleDecode))
+	d, err := NewDecode(mk(RoleDecode))
 	require.NoError(b, err)
 	b.Cleanup(func() { d.Close() })
 	pages := make([]uint32, pagesPer)
@@ -63,8 +62,8 @@ func benchWriteCheck(b *testing.B, page uint64) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		start := time.Now()
-		require.Equal(b, core.Applied, d.CreateReceiver(room).Outcome)
-		require.Equal(b, core.Applied, p.CreateSender(room).Outcome)
+		require.Equal(b, Applied, d.CreateReceiver(room).Outcome)
+		require.Equal(b, Applied, p.CreateSender(room).Outcome)
 		p.InitSender(room)
 		at := time.Now()
 		require.NoError(b, d.InitReceiver(ctx, room, RequestSpec{DstPages: pages, AuxIndex: -1}))
@@ -73,7 +72,7 @@ func benchWriteCheck(b *testing.B, page uint64) {
 			k = 1
 		}
 		inits[k] = append(inits[k], float64(time.Since(at).Microseconds()))
-		if st, err := p.WaitReady(ctx, room); st != core.WaitingForInput {
+		if st, err := p.WaitReady(ctx, room); st != WaitingForInput {
 			b.Fatalf("room %d: %v %v", room, st, err)
 		}
 		for i := 0; i < len(pages); i += 32 {
@@ -81,7 +80,7 @@ func benchWriteCheck(b *testing.B, page uint64) {
 			require.NoError(b, p.SendChunk(room, pages[i:end], end == len(pages), -1, nil))
 		}
 		st, err := d.Wait(ctx, room)
-		require.Equal(b, core.Success, st, "room %d: %v %s", room, err, d.Failure(room))
+		require.Equal(b, Success, st, "room %d: %v %s", room, err, d.Failure(room))
 		el := time.Since(start)
 		_, _ = p.Wait(ctx, room)
 		d.ClearReceiver(room)

@@ -21,7 +21,7 @@ import (
 // half the heads of every page.
 func TestWriteCheckNeedsTheInstanceShape(t *testing.T) {
 	m := kvmodel.Presets["tiny"]
-	cfg := DefaultConfig(core.RoleDecode)
+	cfg := DefaultConfig(RoleDecode)
 	cfg.Auth, cfg.Instance, cfg.Compat, cfg.BootstrapURL = testauth.Auth(), "wcheck-shape", m.Compat(), "http://127.0.0.1:1"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Model = m.Mapping(transfer.HND)
@@ -82,7 +82,7 @@ func writeCheckFollows(t *testing.T, m kvmodel.Model, pTP, pPP, dTP, dRank, pTok
 	dm := m
 	dm.PageTokens = dTokens
 	dpar := transfer.Parallel{TPSize: dTP, TPRank: dRank}
-	cfg := DefaultConfig(core.RoleDecode)
+	cfg := DefaultConfig(RoleDecode)
 	cfg.Auth, cfg.Instance, cfg.Compat, cfg.BootstrapURL = testauth.Auth(), "wcheck-plan", m.Compat(), "http://127.0.0.1:1"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Model, cfg.Parallel = dm.Mapping(layout), dpar
@@ -130,7 +130,7 @@ func writeCheckFollows(t *testing.T, m kvmodel.Model, pTP, pPP, dTP, dRank, pTok
 	if dTokens != 16 {
 		t.Fatalf("test case: decode pages of %d tokens", dTokens)
 	}
-	spec := RequestSpec{DstPages: dst, AuxIndex: -1}
+	spec := core.RequestSpec{DstPages: dst, AuxIndex: -1}
 	require.Equal(t, core.Applied, d.stepIn(core.CreateReceiver{Room: room, Links: links}).Result.Outcome)
 	tails := d.writeTails(room, spec)
 	require.NotEmpty(t, tails)

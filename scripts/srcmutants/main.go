@@ -282,7 +282,7 @@ var mutants = []mutant{
 	// UCX's adaptive progress off in NIXL's UCX, huge pages for libnixl's
 	// memory, and the address check's per-device tcp priority and UCX 1.22
 	// namespace size.
-	{name: "prefill-agent-threaded", file: "kvmanager/shell.go", old: "		if cfg.Role == core.RolePrefill || cfg.Pull {\n", new: "		if false {\n",
+	{name: "prefill-agent-threaded", file: "kvmanager/shell.go", old: "		if cfg.Role == RolePrefill || cfg.Pull {\n", new: "		if false {\n",
 		pkg: "internal/e2e", run: "^TestRankAgentProgressModes$"},
 	{name: "nixl-adaptive-progress", file: "nixl/libnixl.go", old: "\t\tadd = append(add, \"ADAPTIVE_PROGRESS=n\")", new: "",
 		pkg: "nixl", run: "^TestLibNIXLEngineConfig$"},

@@ -1,0 +1,327 @@
+package kvmanager
+
+// What an engine sees of a room: its status, the request spec, the load
+// report, what a call did, and the sentinel errors. They are defined here
+// (go doc shows their fields) and carried to and from the protocol core
+// (internal/core), which a Prefill or Decode steps.
+
+import (
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/core"
+)
+
+// Landed is a rectangle of a room's KV cache that landed whole: the
+// positions [First, First+Count) of the RequestSpec's DstPages (the pages
+// after its Prefix), layers [LayerLo, LayerHi) in this rank's numbering.
+// From one source it holds that source's heads of those layers.
+type Landed struct {
+	First, Count     int
+	LayerLo, LayerHi int
+}
+
+// LoadReport says what of a decode room's KV cache landed, so that an
+// engine whose load failed can recompute only the rest (vLLM's
+// kv_load_failure_policy). It is given once nothing else can land in the
+// room's pages: after Success, or after a failure once every prefill rank
+// that got the room's REQUEST answered a drained ABORT_ACK or the
+// quarantine released the pages. A notification that arrives later still
+// (it was in flight) is recorded too, so a later report may list more,
+// never less.
+type LoadReport struct {
+	Status Poll
+	// Code is the failure's code — the STATUS codes (CodeAborted for a
+	// local abort, CodeCleared, CodePeerUnreachable, CodePeerRestarted,
+	// a prefill rank's STATUS code, CodeNotDelivered for bytes a
+	// notification named that did not land, CodeFailed for a deadline or
+	// any other failure) — and Reason its text; both empty on Success.
+	Code, Reason string
+	Sources      []SourceReport
+}
+
+// SourceReport is what one prefill rank of the room (Source: its index
+// in the room, the uid of its notifications) delivered.
+type SourceReport struct {
+	Source int
+	Dummy  bool // it writes nothing into this rank
+	// Proven: nothing more of it can land (it delivered everything, never
+	// got the REQUEST, or acknowledged the abort as drained). A source
+	// whose pages only the quarantine released is not proven, and its
+	// Landed is empty: what its notifications said cannot be trusted to
+	// be all that reached the pages.
+	Proven bool
+	// LayerLo, LayerHi: the layers it writes, this rank's numbering (as
+	// its notifications said; both 0 when none came, or when they were of
+	// the earlier revision, which tells no layers: then Whole is empty).
+	LayerLo, LayerHi int
+	Landed           []Landed
+}
+
+// Whole returns the positions and layers that landed from every source
+// that writes into this rank: what the engine may load as is.
+func (r LoadReport) Whole() []Landed { return landed(r.core().Whole()) }
+
+// reportOf is the core's report as kvmanager's.
+func reportOf(r core.LoadReport) LoadReport {
+	out := LoadReport{Status: Poll(r.Status), Code: r.Code, Reason: r.Reason}
+	for _, s := range r.Sources {
+		out.Sources = append(out.Sources, SourceReport{Source: s.Source, Dummy: s.Dummy, Proven: s.Proven,
+			LayerLo: s.LayerLo, LayerHi: s.LayerHi, Landed: landed(s.Landed)})
+	}
+	return out
+}
+
+// core is r as the core's report.
+func (r LoadReport) core() core.LoadReport {
+	out := core.LoadReport{Status: core.Poll(r.Status), Code: r.Code, Reason: r.Reason}
+	for _, s := range r.Sources {
+		cs := core.SourceReport{Source: s.Source, Dummy: s.Dummy, Proven: s.Proven, LayerLo: s.LayerLo, LayerHi: s.LayerHi}
+		for _, l := range s.Landed {
+			cs.Landed = append(cs.Landed, core.Landed(l))
+		}
+		out.Sources = append(out.Sources, cs)
+	}
+	return out
+}
+
+func landed(ls []core.Landed) []Landed {
+	if ls == nil {
+		return nil
+	}
+	out := make([]Landed, len(ls))
+	for i, l := range ls {
+		out[i] = Landed(l)
+	}
+	return out
+}
+
+// Poll is a room's transfer status as seen by one rank. The order matches
+// SGLang's KVPoll so that the minimum over ranks is the room's overall
+// status: a single failed rank fails the room, and the room has succeeded
+// only when every rank has. The zero value is invalid and is never
+// stored.
+type Poll uint8
+
+func (p Poll) String() string { return core.Poll(p).String() }
+
+// Valid reports whether p is one of the defined statuses.
+func (p Poll) Valid() bool { return core.Poll(p).Valid() }
+
+// Terminal reports whether p is Failed or Success.
+func (p Poll) Terminal() bool { return core.Poll(p).Terminal() }
+
+// Outcome is what an event did to the rank's rooms. Every event returns
+// one, so logs and metrics can say what happened to each.
+type Outcome uint8
+
+func (o Outcome) String() string { return core.Outcome(o).String() }
+
+// RegistryConfig holds the deadlines and bounds of a rank's rooms
+// (docs/ARCHITECTURE.md, "Defaults and configuration").
+type RegistryConfig struct {
+	// BootstrapTimeout bounds creation → WaitingForInput.
+	BootstrapTimeout time.Duration
+	// WaitingTimeout bounds WaitingForInput → first chunk (prefill) or
+	// first data (decode).
+	WaitingTimeout time.Duration
+	// StallTimeout bounds the gap between two progress events while
+	// Transferring, and how long a failed room waits for in-flight writes
+	// to drain.
+	StallTimeout time.Duration
+	// PendingTimeout bounds how long peer requests wait for their sender.
+	PendingTimeout time.Duration
+	// TombstoneTTL is how long a cleared or early-aborted room id is
+	// remembered. It must exceed BootstrapTimeout and PendingTimeout so an
+	// early abort outlives every deadline that could still create its
+	// room.
+	TombstoneTTL time.Duration
+	// MaxPendingRooms bounds the rooms that hold requests but no sender.
+	MaxPendingRooms int
+	// MaxTombstones bounds remembered room ids. Past it the oldest
+	// tombstone without an owed ABORT_ACK or a write that can still land
+	// is forgotten early (counted); the id is then free again sooner.
+	// Those that still owe one are kept past the bound until they settle.
+	// One rank's early aborts keep at most MaxTombstones/8 of them (at
+	// least 1), so one rank's flood forgets its own, not the others'.
+	MaxTombstones int
+	// MaxPendingPerPeer bounds the rooms one peer may hold pending, so a
+	// single peer cannot lock the others out of MaxPendingRooms.
+	MaxPendingPerPeer int
+	// MaxReasonBytes bounds a failure reason kept in a room or tombstone
+	// (longer ones are cut, marked with "…").
+	MaxReasonBytes int
+}
+
+// Validate checks the deadlines and bounds.
+func (c RegistryConfig) Validate() error { return core.RegistryConfig(c).Validate() }
+
+// RequestSpec is what a decode rank asks of its prefill ranks for a room.
+type RequestSpec struct {
+	DstPages []uint32 // destination pages for positions Prefix.. of the request
+	AuxIndex int      // −1 for none
+	// StateIndices[i] are the items of state region i the state goes to.
+	StateIndices [][]uint32
+	Required     int // decode ranks' requests the prefill rank waits for (default 1)
+	Prefix       int // leading pages decode already holds
+	Dummy        bool
+	// Pull: read the pages from the prefill ranks once they publish them
+	// (docs/PROTOCOL.md "Pull") instead of having them written.
+	Pull bool
+}
+
+// Result is what a call on a room did.
+type Result struct {
+	Outcome Outcome
+	// Status is the room's status after the call, 0 when no live room.
+	Status Poll
+	// Err says why for Rejected, and for Create refusals.
+	Err error
+	// Drained is true when the call left the room Failed with no write in
+	// flight and none that failed without being quiesced: no write for it
+	// can land or will be posted again.
+	Drained bool
+}
+
+// resultOf is the core's result as kvmanager's.
+func resultOf(r core.Result) Result {
+	return Result{Outcome: Outcome(r.Outcome), Status: Poll(r.Status), Err: r.Err, Drained: r.Drained}
+}
+
+// Role says which side of a transfer a rank is.
+type Role uint8
+
+func (r Role) String() string { return core.Role(r).String() }
+
+// Target names one prefill rank a decode room pulls from: the bootstrap
+// service that lists its instance, and its DP group, TP rank (Rank) and PP
+// stage there.
+type Target struct {
+	Bootstrap string
+	Rank      int // TP rank
+	DP, PP    int
+	// InstTP, InstPP are the instance's sizes the mapping used (0: no
+	// mapping). They go in the target's REGISTER, so a rank of an
+	// instance that changed shape refuses it; a room mapped onto other
+	// sizes than the target's makes it register again.
+	InstTP, InstPP int
+}
+
+// Applied: the event changed the room as asked.
+const Applied = Outcome(core.Applied)
+
+// Bootstrapping: the room exists but is not ready to move data (prefill:
+// waiting for the sender's Init and the decode ranks' requests; decode:
+// the request has not been sent).
+const Bootstrapping = Poll(core.Bootstrapping)
+
+const CodeAborted = core.CodeAborted
+
+const CodeCleared = core.CodeCleared
+
+const CodeFailed = core.CodeFailed
+
+// CodeNotDelivered: a notification named bytes that did not land (the
+// decode rank's write check; docs/PROTOCOL.md "Writes checked before they
+// count").
+const CodeNotDelivered = core.CodeNotDelivered
+
+const CodeNotRegistered = core.CodeNotRegistered
+
+const CodeOutOfRange = core.CodeOutOfRange
+
+const CodePeerRestarted = core.CodePeerRestarted
+
+// CodePeerUnreachable: heartbeats declared the receiving decode rank
+// dead here; it is sent in case it was only paused.
+const CodePeerUnreachable = core.CodePeerUnreachable
+
+// CodeRefused (ABORT): the decode rank refused the room before asking
+// for it (an unsupported mapping, another model).
+const CodeRefused = core.CodeRefused
+
+const CodeRejected = core.CodeRejected
+
+// Failed is terminal: the room will not complete. The registry keeps the
+// first reason.
+const Failed = Poll(core.Failed)
+
+// IgnoredCleared: the room was cleared; the late event changed nothing.
+const IgnoredCleared = Outcome(core.IgnoredCleared)
+
+// IgnoredStale: the event asked for a status the room has already
+// reached or passed (non-terminal statuses never go backwards).
+const IgnoredStale = Outcome(core.IgnoredStale)
+
+// IgnoredTerminal: the room is already Failed or Success (or was aborted
+// before it existed); the event changed nothing.
+const IgnoredTerminal = Outcome(core.IgnoredTerminal)
+
+// Rejected: the event is invalid here; the result's Err says why.
+const Rejected = Outcome(core.Rejected)
+
+// RoleDecode receives the KV cache (receiver side).
+const RoleDecode = Role(core.RoleDecode)
+
+// RolePrefill owns the KV cache and writes it (sender side).
+const RolePrefill = Role(core.RolePrefill)
+
+// Success is terminal: every byte is in place.
+const Success = Poll(core.Success)
+
+// Transferring: at least one chunk has been posted or has arrived.
+const Transferring = Poll(core.Transferring)
+
+// WaitingForInput: prefill has every request and is initialised, so it
+// can post chunks; decode has sent its request and waits for data.
+const WaitingForInput = Poll(core.WaitingForInput)
+
+// ErrIncompatible: a prefill rank refused this rank's registration
+// (REGISTER_ACK ok false: compat, layout or ownership).
+var ErrIncompatible = core.ErrIncompatible
+
+// ErrInvalidSpec: a RequestSpec names a destination page, or an item of
+// one state region, more than once.
+var ErrInvalidSpec = core.ErrInvalidSpec
+
+// ErrLayers: a layer-wise send out of order (a chunk's layers go in
+// consecutive ranges from 0 to the rank's layer count) or naming
+// another chunk than the one whose layers are being sent.
+var ErrLayers = core.ErrLayers
+
+// ErrChunkAlign: a chunk other than the room's last ends inside a page of
+// a decode rank whose pages hold more tokens than this rank's; a chunk
+// must carry whole decode pages (docs/PROTOCOL.md "Pages of different
+// sizes").
+var ErrChunkAlign = core.ErrChunkAlign
+
+// ErrAfterLast: a chunk sent after the room's last chunk (its final layer
+// range included); the room's final write may already have freed the
+// decode rank's pages.
+var ErrAfterLast = core.ErrAfterLast
+
+// ErrNotReady: the event needs a later status (a chunk posted before the
+// room is WaitingForInput, Success before any data could move).
+var ErrNotReady = core.ErrNotReady
+
+// ErrRoomAborted: the room was aborted before it was created.
+var ErrRoomAborted = core.ErrRoomAborted
+
+// ErrRoomCleared: the room id was cleared less than the tombstone TTL
+// ago. Room ids must be unique within the TTL; seeing this on Create
+// usually means a router handed out a duplicate id.
+var ErrRoomCleared = core.ErrRoomCleared
+
+// ErrRoomDone: the room has already succeeded.
+var ErrRoomDone = core.ErrRoomDone
+
+// ErrRoomFailed: the room is Failed; the wrapped text has the reason.
+var ErrRoomFailed = core.ErrRoomFailed
+
+// ErrRoomInUse: a live sender or receiver already exists for the room.
+var ErrRoomInUse = core.ErrRoomInUse
+
+// ErrTooManyPending: the bound on rooms with pending requests is reached.
+var ErrTooManyPending = core.ErrTooManyPending
+
+// ErrUnknownRoom: no live room, pending request or tombstone has this id.
+var ErrUnknownRoom = core.ErrUnknownRoom
