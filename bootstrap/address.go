@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,7 +48,7 @@ type peerCert struct {
 // died); a binding the core hinted (a bootstrap record's certificate)
 // changes only with another hint.
 type where struct {
-	id     From // identity and epoch (Endpoint unused)
+	id     wire.From // identity and epoch (Endpoint unused)
 	cert   *peerCert
 	hinted bool
 	heard  time.Time
@@ -77,7 +78,7 @@ type rankID struct {
 	rank           int
 }
 
-func keyOf(f From) rankID { return rankID{f.Role, f.Instance, f.Rank} }
+func keyOf(f wire.From) rankID { return rankID{f.Role, f.Instance, f.Rank} }
 
 type senderKey struct {
 	peer  rankID
@@ -178,13 +179,13 @@ func (a *addressing) verify(raw []byte, now time.Time) (*peerCert, error) {
 // rank knows them (the bootstrap record's certificate and epoch, or what the
 // process at that endpoint last sent), the next message number, and under
 // per-rank identity this rank's certificate and the pair key to tag with.
-func (a *addressing) envelope(to Peer) (Envelope, []byte, error) {
+func (a *addressing) envelope(to wire.Peer) (Envelope, []byte, error) {
 	return a.envelopeAt(to, time.Now())
 }
 
 // envelopeAt is envelope with the time the caller read (certificates are
 // checked against it).
-func (a *addressing) envelopeAt(to Peer, now time.Time) (Envelope, []byte, error) {
+func (a *addressing) envelopeAt(to wire.Peer, now time.Time) (Envelope, []byte, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var env Envelope
@@ -255,19 +256,19 @@ func (a *addressing) keyFor(now time.Time) func([]byte) ([]byte, string) {
 // is the certificate's rank, its endpoint is not bound to another rank, it
 // is addressed to this process, its number is new. why is an Auth* or
 // Replay* reason; replay tells which counter.
-func (a *addressing) check(self From, m Message, env Envelope, now time.Time) (why string, replay bool) {
+func (a *addressing) check(self wire.From, m wire.Message, env Envelope, now time.Time) (why string, replay bool) {
 	from := m.Sender()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var pc *peerCert
 	if a.id != nil {
 		pc = a.certs[string(env.Cert)] // verified by keyFor
-		if pc == nil || pc.cert.Identity() != (From{Role: from.Role, Instance: from.Instance, Rank: from.Rank}) {
+		if pc == nil || pc.cert.Identity() != (wire.From{Role: from.Role, Instance: from.Instance, Rank: from.Rank}) {
 			return AuthForged, false
 		}
 	}
 	t := m.Type()
-	opener := t == TypePing || t == TypeRegister
+	opener := t == wire.TypePing || t == wire.TypeRegister
 	to := env.To
 	switch {
 	case to.Epoch == 0 && !opener:
@@ -276,7 +277,7 @@ func (a *addressing) check(self From, m Message, env Envelope, now time.Time) (w
 		return AuthUnaddressed, false
 	case to.Role != "" && (to.Role != self.Role || to.Instance != self.Instance || to.Rank != self.Rank):
 		return AuthUnaddressed, false
-	case to.Epoch != 0 && to.Epoch != self.Epoch && t != TypePing:
+	case to.Epoch != 0 && to.Epoch != self.Epoch && t != wire.TypePing:
 		// A PING to an old epoch is answered: the PONG tells the sender
 		// which process is here now.
 		return ReplayOtherEpoch, true
@@ -294,7 +295,7 @@ func (a *addressing) check(self From, m Message, env Envelope, now time.Time) (w
 	}
 	w.last = now
 	// Learn where this process is, for the replies.
-	id := From{Role: from.Role, Instance: from.Instance, Rank: from.Rank, Epoch: from.Epoch}
+	id := wire.From{Role: from.Role, Instance: from.Instance, Rank: from.Rank, Epoch: from.Epoch}
 	switch {
 	case e == nil:
 		e = a.bind(from.Endpoint, id, pc, now)
@@ -316,7 +317,7 @@ func (a *addressing) check(self From, m Message, env Envelope, now time.Time) (w
 // one if there is room: a rank keeps windows for its maxWindowsPerRank
 // latest epochs, and a window is forgotten for another rank's only once
 // idle for MaxSkew (a replay within the skew must still find it).
-func (a *addressing) window(from From, now time.Time) (*window, string) {
+func (a *addressing) window(from wire.From, now time.Time) (*window, string) {
 	k := senderKey{keyOf(from), from.Epoch}
 	if w := a.windows[k]; w != nil {
 		a.winLRU.MoveToFront(w.elem)
@@ -374,7 +375,7 @@ func (a *addressing) dropWindow(k senderKey) {
 // bind records that endpoint is the rank id's (a.mu held), evicting the
 // rank's oldest endpoint past maxEndpointsPerRank and the least recently
 // used entry past maxBookEntries.
-func (a *addressing) bind(endpoint string, id From, pc *peerCert, now time.Time) *where {
+func (a *addressing) bind(endpoint string, id wire.From, pc *peerCert, now time.Time) *where {
 	w := &where{id: id, cert: pc, heard: now}
 	a.book[endpoint] = w
 	w.elem = a.bookLRU.PushFront(endpoint)
@@ -413,7 +414,7 @@ func (a *addressing) unbind(endpoint string) {
 
 // nudge says whether to tell a sender process that addressed this rank's
 // predecessor where this one is: once per interval per sender process.
-func (a *addressing) nudge(from From, now time.Time, interval time.Duration) bool {
+func (a *addressing) nudge(from wire.From, now time.Time, interval time.Duration) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	k := senderKey{keyOf(from), from.Epoch}
@@ -431,7 +432,7 @@ func (a *addressing) nudge(from From, now time.Time, interval time.Duration) boo
 // answered at endpoint (a malformed REQUEST's STATUS): its envelope names
 // this process, and under per-rank identity the endpoint is bound to the
 // rank of the envelope's certificate.
-func (a *addressing) vouch(self From, endpoint string, env Envelope) bool {
+func (a *addressing) vouch(self wire.From, endpoint string, env Envelope) bool {
 	if env.To.Epoch != self.Epoch {
 		return false
 	}
@@ -504,7 +505,7 @@ func sealKey(key, secret []byte) []byte {
 	return m.Sum(nil)
 }
 
-func sealAAD(from, to From) []byte {
+func sealAAD(from, to wire.From) []byte {
 	b := []byte(from.Peer())
 	b = binary.LittleEndian.AppendUint64(b, from.Epoch)
 	b = append(b, 0)
@@ -520,7 +521,7 @@ func sealGCM(key, secret []byte) (cipher.AEAD, error) {
 	return cipher.NewGCM(blk)
 }
 
-func sealMD(key, secret, md []byte, from, to From) ([]byte, error) {
+func sealMD(key, secret, md []byte, from, to wire.From) ([]byte, error) {
 	g, err := sealGCM(key, secret)
 	if err != nil {
 		return nil, err
@@ -533,7 +534,7 @@ func sealMD(key, secret, md []byte, from, to From) ([]byte, error) {
 	return g.Seal(out, out[len(sealMagic):], md, sealAAD(from, to)), nil
 }
 
-func openMD(key, secret, sealed []byte, from, to From) ([]byte, error) {
+func openMD(key, secret, sealed []byte, from, to wire.From) ([]byte, error) {
 	g, err := sealGCM(key, secret)
 	if err != nil {
 		return nil, err
@@ -575,7 +576,7 @@ func SealAs(auth *Auth, id *RankIdentity, peer []byte, frames [][]byte, env Enve
 // SealAgentMD seals agent metadata (or an ownership proof) from the rank
 // from to the rank to (as the envelope will address it), as SealAs would
 // tag it.
-func SealAgentMD(auth *Auth, id *RankIdentity, peer []byte, md []byte, from, to From) ([]byte, error) {
+func SealAgentMD(auth *Auth, id *RankIdentity, peer []byte, md []byte, from, to wire.From) ([]byte, error) {
 	key, err := tagKey(auth, id, peer)
 	if err != nil {
 		return nil, err

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/wire"
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/stretchr/testify/assert"
@@ -68,15 +69,15 @@ type rawWire struct {
 	sock *zmq.Socket
 	to   *testRank
 	ad   *addressing // seals the markers as a decode rank of its own
-	from From
+	from wire.From
 }
 
 func newWire(t *testing.T, to *testRank, id *RankIdentity) *rawWire {
-	from := From{Role: RoleDecode, Instance: "marker", Endpoint: "tcp://127.0.0.1:1", Epoch: NewEpoch()}
+	from := wire.From{Role: wire.RoleDecode, Instance: "marker", Endpoint: "tcp://127.0.0.1:1", Epoch: NewEpoch()}
 	if id != nil {
 		from.Instance, from.Rank = id.Cert.Instance, id.Cert.Rank
 	}
-	return &rawWire{t: t, sock: rawPush(t, to.Endpoint()), to: to, ad: newAddressing(testAuth(), id, RoleDecode), from: from}
+	return &rawWire{t: t, sock: rawPush(t, to.Endpoint()), to: to, ad: newAddressing(testAuth(), id, wire.RoleDecode), from: from}
 }
 
 // send sends frames byte for byte.
@@ -96,9 +97,9 @@ func (w *rawWire) sync(room uint64) {
 		w.t.Fatal(err)
 	}
 	env.Sent, env.Seq = time.Now(), w.ad.nextSeq()
-	f, _ := Encode(&Abort{From: w.from, Room: room})
+	f, _ := wire.Encode(&wire.Abort{From: w.from, Room: room})
 	w.send(testAuth().seal(key, f, env))
-	if m := w.to.next(w.t); m.Type() != TypeAbort || m.(*Abort).Room != room {
+	if m := w.to.next(w.t); m.Type() != wire.TypeAbort || m.(*wire.Abort).Room != room {
 		w.t.Fatalf("%s reached the handler before the marker: %+v", m.Type(), m)
 	}
 }
@@ -108,21 +109,21 @@ func (w *rawWire) sync(room uint64) {
 // addressed to another process by that rank restarted on the same
 // endpoint, and as unaddressed by another rank; each reason counted.
 func TestCapturedMessagesAreUseless(t *testing.T) {
-	decode := newRank(t, RoleDecode, "d", nil)
-	prefill := newRank(t, RolePrefill, "p", nil)
-	other := newRank(t, RolePrefill, "p", func(c *LoopConfig) { c.Identity.Rank = 1 })
+	decode := newRank(t, wire.RoleDecode, "d", nil)
+	prefill := newRank(t, wire.RolePrefill, "p", nil)
+	other := newRank(t, wire.RolePrefill, "p", func(c *LoopConfig) { c.Identity.Rank = 1 })
 
 	// Capture: the decode rank's ABORT, as the wire carried it to the
 	// prefill rank (the tap stands where the prefill rank listens).
 	tp := newTap(t)
-	if err := decode.Send(Peer{Endpoint: tp.ep, Epoch: prefill.Identity().Epoch}, &Abort{Room: 42, Reason: "captured"}); err != nil {
+	if err := decode.Send(wire.Peer{Endpoint: tp.ep, Epoch: prefill.Identity().Epoch}, &wire.Abort{Room: 42, Reason: "captured"}); err != nil {
 		t.Fatal(err)
 	}
 	captured := tp.next(t)
 	// Delivered once, it is accepted; again, it is a duplicate.
 	w := newWire(t, prefill, nil)
 	w.send(captured)
-	if a := prefill.next(t).(*Abort); a.Room != 42 {
+	if a := prefill.next(t).(*wire.Abort); a.Room != 42 {
 		t.Fatalf("the original was not delivered: %+v", a)
 	}
 	w.send(captured)
@@ -143,7 +144,7 @@ func TestCapturedMessagesAreUseless(t *testing.T) {
 	if err := prefill.Close(); err != nil {
 		t.Fatal(err)
 	}
-	again := newRank(t, RolePrefill, "p", func(c *LoopConfig) { c.Bind = ep })
+	again := newRank(t, wire.RolePrefill, "p", func(c *LoopConfig) { c.Bind = ep })
 	wa := newWire(t, again, nil)
 	wa.send(captured)
 	wa.sync(3)
@@ -156,19 +157,19 @@ func TestCapturedMessagesAreUseless(t *testing.T) {
 // whose process the sender does not know yet (its epoch 0); anything else
 // is refused as unaddressed. The PONG to such a PING names the process.
 func TestFirstContactNeedsAnEpoch(t *testing.T) {
-	decode := newRank(t, RoleDecode, "d", nil)
-	prefill := newRank(t, RolePrefill, "p", nil)
-	blind := Peer{Endpoint: prefill.Endpoint()} // no epoch known
-	if err := decode.Send(blind, &Abort{Room: 5}); err != nil {
+	decode := newRank(t, wire.RoleDecode, "d", nil)
+	prefill := newRank(t, wire.RolePrefill, "p", nil)
+	blind := wire.Peer{Endpoint: prefill.Endpoint()} // no epoch known
+	if err := decode.Send(blind, &wire.Abort{Room: 5}); err != nil {
 		t.Fatal(err)
 	}
 	if got := decode.Stats().Dropped[DropUnaddressed]; got != 1 {
 		t.Fatalf("an ABORT to a process not known yet: %d dropped at the sender, want 1", got)
 	}
-	if err := decode.Send(blind, &Register{Compat: "c", Agent: "a", AgentMD: []byte("md"), TPSize: 1, KV: []Region{}, Aux: []Region{}, State: []Region{}}); err != nil {
+	if err := decode.Send(blind, &wire.Register{Compat: "c", Agent: "a", AgentMD: []byte("md"), TPSize: 1, KV: []wire.Region{}, Aux: []wire.Region{}, State: []wire.Region{}}); err != nil {
 		t.Fatal(err)
 	}
-	r, ok := prefill.next(t).(*Register)
+	r, ok := prefill.next(t).(*wire.Register)
 	if !ok || string(r.AgentMD) != "md" {
 		t.Fatalf("the first REGISTER was not delivered with its metadata: %+v", r)
 	}
@@ -176,26 +177,26 @@ func TestFirstContactNeedsAnEpoch(t *testing.T) {
 	// ABORT with epoch 0, and a first REGISTER that names another rank
 	// (prefill/p/1).
 	w := newWire(t, prefill, nil)
-	f, _ := Encode(&Abort{From: decode.Identity(), Room: 5})
-	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1<<45 - 1, To: From{Role: RolePrefill, Instance: "p"}}))
-	f, _ = Encode(&Register{From: decode.Identity(), Compat: "c", Agent: "a", TPSize: 1, KV: []Region{}, Aux: []Region{}, State: []Region{}})
-	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 45, To: From{Role: RolePrefill, Instance: "p", Rank: 1}}))
+	f, _ := wire.Encode(&wire.Abort{From: decode.Identity(), Room: 5})
+	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1<<45 - 1, To: wire.From{Role: wire.RolePrefill, Instance: "p"}}))
+	f, _ = wire.Encode(&wire.Register{From: decode.Identity(), Compat: "c", Agent: "a", TPSize: 1, KV: []wire.Region{}, Aux: []wire.Region{}, State: []wire.Region{}})
+	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 45, To: wire.From{Role: wire.RolePrefill, Instance: "p", Rank: 1}}))
 	w.sync(77)
 	if got := prefill.Stats().Refused[AuthUnaddressed]; got != 2 {
 		t.Fatalf("ABORT to an unknown process and REGISTER for another rank: %d unaddressed, want 2", got)
 	}
 	// The reply teaches the decode rank the process: its next ABORT, sent
 	// blind again, is addressed and arrives.
-	if err := prefill.Send(Peer{Endpoint: decode.Endpoint()}, &RegisterAck{OK: true}); err != nil {
+	if err := prefill.Send(wire.Peer{Endpoint: decode.Endpoint()}, &wire.RegisterAck{OK: true}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := decode.next(t).(*RegisterAck); !ok {
+	if _, ok := decode.next(t).(*wire.RegisterAck); !ok {
 		t.Fatal("no REGISTER_ACK")
 	}
-	if err := decode.Send(blind, &Abort{Room: 6}); err != nil {
+	if err := decode.Send(blind, &wire.Abort{Room: 6}); err != nil {
 		t.Fatal(err)
 	}
-	if a := prefill.next(t).(*Abort); a.Room != 6 {
+	if a := prefill.next(t).(*wire.Abort); a.Room != 6 {
 		t.Fatalf("got %+v", a)
 	}
 }
@@ -224,10 +225,10 @@ func identities(t *testing.T) (ca *CA, decode, prefill *RankIdentity) {
 		t.Fatal(err)
 	}
 	year := time.Now().Add(365 * 24 * time.Hour)
-	if decode, err = ca.Issue(RoleDecode, "d", 0, year); err != nil {
+	if decode, err = ca.Issue(wire.RoleDecode, "d", 0, year); err != nil {
 		t.Fatal(err)
 	}
-	if prefill, err = ca.Issue(RolePrefill, "p", 0, year); err != nil {
+	if prefill, err = ca.Issue(wire.RolePrefill, "p", 0, year); err != nil {
 		t.Fatal(err)
 	}
 	return ca, decode, prefill
@@ -246,54 +247,54 @@ func withIdentity(id *RankIdentity) func(*LoopConfig) {
 // nor as its own role's peer.
 func TestRankIdentityProvesFrom(t *testing.T) {
 	ca, did, pid := identities(t)
-	decode := newRank(t, RoleDecode, "d", withIdentity(did))
-	prefill := newRank(t, RolePrefill, "p", withIdentity(pid))
-	if err := decode.Send(prefill.peer(), &Abort{Room: 1}); err != nil {
+	decode := newRank(t, wire.RoleDecode, "d", withIdentity(did))
+	prefill := newRank(t, wire.RolePrefill, "p", withIdentity(pid))
+	if err := decode.Send(prefill.peer(), &wire.Abort{Room: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if a := prefill.next(t).(*Abort); a.Room != 1 || a.From.Peer() != "decode/d/0" {
+	if a := prefill.next(t).(*wire.Abort); a.Room != 1 || a.From.Peer() != "decode/d/0" {
 		t.Fatalf("got %+v", a)
 	}
 	// Replies need no certificate from the caller: the prefill rank learned
 	// the decode rank's from its message.
-	if err := prefill.Send(Peer{Endpoint: decode.Endpoint()}, &AbortAck{Room: 1, Drained: true}); err != nil {
+	if err := prefill.Send(wire.Peer{Endpoint: decode.Endpoint()}, &wire.AbortAck{Room: 1, Drained: true}); err != nil {
 		t.Fatal(err)
 	}
-	if a := decode.next(t).(*AbortAck); a.Room != 1 {
+	if a := decode.next(t).(*wire.AbortAck); a.Room != 1 {
 		t.Fatalf("got %+v", a)
 	}
 
 	// Another rank's certificate holder (decode rank 1) claiming rank 0,
 	// by forging the body under its own envelope.
-	insider, err := ca.Issue(RoleDecode, "d", 1, time.Now().Add(time.Hour))
+	insider, err := ca.Issue(wire.RoleDecode, "d", 1, time.Now().Add(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	liar := newRank(t, RoleDecode, "d", withIdentity(insider))
-	ad := newAddressing(liar.cfg.Auth, insider, RoleDecode)
+	liar := newRank(t, wire.RoleDecode, "d", withIdentity(insider))
+	ad := newAddressing(liar.cfg.Auth, insider, wire.RoleDecode)
 	env, key, err := ad.envelope(prefill.peer())
 	if err != nil {
 		t.Fatal(err)
 	}
 	env.Sent, env.Seq = time.Now(), 1
 	claim := decode.Identity()
-	f, _ := Encode(&Abort{From: claim, Room: 3})
+	f, _ := wire.Encode(&wire.Abort{From: claim, Room: 3})
 	w := newWire(t, prefill, did)
 	w.send(liar.cfg.Auth.seal(key, f, env))
 	// The secret alone: tagged with the secret, no certificate.
-	f, _ = Encode(&Abort{From: decode.Identity(), Room: 2})
+	f, _ = wire.Encode(&wire.Abort{From: decode.Identity(), Room: 2})
 	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 50, To: prefill.Identity()}))
 	// A prefill certificate's holder speaking to a prefill rank.
-	samerole, err := ca.Issue(RolePrefill, "p", 1, time.Now().Add(time.Hour))
+	samerole, err := ca.Issue(wire.RolePrefill, "p", 1, time.Now().Add(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := newAddressing(liar.cfg.Auth, samerole, RolePrefill).envelope(prefill.peer()); !errors.Is(err, ErrBadCert) {
+	if _, _, err := newAddressing(liar.cfg.Auth, samerole, wire.RolePrefill).envelope(prefill.peer()); !errors.Is(err, ErrBadCert) {
 		t.Fatalf("a prefill rank addressed a prefill rank: %v", err)
 	}
 	// A certificate from another CA.
 	otherCA, _ := NewCA()
-	stranger, _ := otherCA.Issue(RoleDecode, "d", 0, time.Now().Add(time.Hour))
+	stranger, _ := otherCA.Issue(wire.RoleDecode, "d", 0, time.Now().Add(time.Hour))
 	// Its holder does not accept the prefill rank's certificate either, so
 	// the test seals the message by hand.
 	pc, _ := ParseCert(pid.Cert.Raw(), ca.Public, time.Now())
@@ -301,7 +302,7 @@ func TestRankIdentityProvesFrom(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, _ = Encode(&Abort{From: From{Role: RoleDecode, Instance: "d", Endpoint: decode.Endpoint(), Epoch: 77}, Room: 4})
+	f, _ = wire.Encode(&wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: "d", Endpoint: decode.Endpoint(), Epoch: 77}, Room: 4})
 	w.send(testAuth().seal(fkey, f, Envelope{Sent: time.Now(), Seq: 1, To: prefill.Identity(), Cert: stranger.Cert.Raw()}))
 	w.sync(5)
 	got := prefill.Stats().Refused
@@ -316,7 +317,7 @@ func TestCertificates(t *testing.T) {
 	ca, did, _ := identities(t)
 	now := time.Now()
 	c, err := ParseCert(did.Cert.Raw(), ca.Public, now)
-	if err != nil || c.Identity() != (From{Role: RoleDecode, Instance: "d", Rank: 0}) || !bytes.Equal(c.Key, did.Cert.Key) {
+	if err != nil || c.Identity() != (wire.From{Role: wire.RoleDecode, Instance: "d", Rank: 0}) || !bytes.Equal(c.Key, did.Cert.Key) {
 		t.Fatalf("round trip: %v %+v", err, c)
 	}
 	if _, err := ParseCert(did.Cert.Raw(), ca.Public, now.Add(366*24*time.Hour)); !errors.Is(err, ErrBadCert) || !strings.Contains(err.Error(), "expired") {
@@ -342,7 +343,7 @@ func TestCertificates(t *testing.T) {
 	if err != nil || pubOnly.Private != nil {
 		t.Fatalf("public CA file: %v", err)
 	}
-	if _, err := pubOnly.Issue(RoleDecode, "d", 0, now.Add(time.Hour)); err == nil {
+	if _, err := pubOnly.Issue(wire.RoleDecode, "d", 0, now.Add(time.Hour)); err == nil {
 		t.Fatal("a public-only CA issued a certificate")
 	}
 	id, err := ParseIdentity(did.Marshal(), ca.Public, now)
@@ -363,12 +364,12 @@ func TestCertificates(t *testing.T) {
 // rank, nor to another rank.
 func TestAgentMetadataSealedToItsRecipient(t *testing.T) {
 	ca, did, pid := identities(t)
-	decode := newRank(t, RoleDecode, "d", withIdentity(did))
-	prefill := newRank(t, RolePrefill, "p", withIdentity(pid))
+	decode := newRank(t, wire.RoleDecode, "d", withIdentity(did))
+	prefill := newRank(t, wire.RolePrefill, "p", withIdentity(pid))
 	md := []byte("UCX worker address and rkeys of decode/d/0")
 	proof := []byte("the ownership proof of decode/d/0")
 	tp := newTap(t)
-	reg := &Register{Compat: "c", Agent: "a", AgentMD: md, TPSize: 1, KV: []Region{}, Aux: []Region{}, State: []Region{}, Proof: proof}
+	reg := &wire.Register{Compat: "c", Agent: "a", AgentMD: md, TPSize: 1, KV: []wire.Region{}, Aux: []wire.Region{}, State: []wire.Region{}, Proof: proof}
 	to := prefill.peer()
 	to.Endpoint = tp.ep
 	if err := decode.Send(to, reg); err != nil {
@@ -380,37 +381,37 @@ func TestAgentMetadataSealedToItsRecipient(t *testing.T) {
 	}
 	w := newWire(t, prefill, did)
 	w.send(captured)
-	if r := prefill.next(t).(*Register); !bytes.Equal(r.AgentMD, md) || !bytes.Equal(r.Proof, proof) {
+	if r := prefill.next(t).(*wire.Register); !bytes.Equal(r.AgentMD, md) || !bytes.Equal(r.Proof, proof) {
 		t.Fatalf("the recipient read %q and proof %q", r.AgentMD, r.Proof)
 	}
 	// The body itself is sealed to the recipient: an insider on the wire
 	// decodes nothing of it.
-	if _, err := Decode(captured[:3]); err == nil {
+	if _, err := wire.Decode(captured[:3]); err == nil {
 		t.Fatal("a REGISTER sealed to the prefill rank decoded from the wire")
 	}
 	// Another decode rank's holder that got the sealed blob anyway (as the
 	// recipient reads the body) presents it in its own REGISTER: the
 	// blob's own seal names its owner.
-	insider, _ := ca.Issue(RoleDecode, "d", 1, time.Now().Add(time.Hour))
-	liar := newRank(t, RoleDecode, "d", withIdentity(insider))
+	insider, _ := ca.Issue(wire.RoleDecode, "d", 1, time.Now().Add(time.Hour))
+	liar := newRank(t, wire.RoleDecode, "d", withIdentity(insider))
 	now := time.Now()
-	opened, _, why := testAuth().open(slices.Clone(captured), now, newAddressing(testAuth(), pid, RolePrefill).keyFor(now))
+	opened, _, why := testAuth().open(slices.Clone(captured), now, newAddressing(testAuth(), pid, wire.RolePrefill).keyFor(now))
 	if why != "" {
 		t.Fatal(why)
 	}
-	m, err := Decode(opened)
+	m, err := wire.Decode(opened)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stolen := *m.(*Register)
-	ad := newAddressing(liar.cfg.Auth, insider, RoleDecode)
+	stolen := *m.(*wire.Register)
+	ad := newAddressing(liar.cfg.Auth, insider, wire.RoleDecode)
 	env, key, err := ad.envelope(prefill.peer())
 	if err != nil {
 		t.Fatal(err)
 	}
 	stolen.From = liar.Identity()
 	env.Sent, env.Seq = time.Now(), 1
-	f, _ := Encode(&stolen)
+	f, _ := wire.Encode(&stolen)
 	w.send(liar.cfg.Auth.seal(key, f, env))
 	w.sync(9)
 	if got := prefill.Stats().Refused[AuthBadTag]; got != 1 {
@@ -441,16 +442,16 @@ func goldenIdentity(t *testing.T, role, instance string, rank int, keyByte byte)
 // for byte (PROTOCOL.md "Envelope", "Per-rank identity"), so any
 // implementation can check its own against them.
 func TestGoldenEnvelope(t *testing.T) {
-	_, dec := goldenIdentity(t, RoleDecode, "decode-a", 3, 0x11)
-	_, pre := goldenIdentity(t, RolePrefill, "prefill-a", 1, 0x22)
+	_, dec := goldenIdentity(t, wire.RoleDecode, "decode-a", 3, 0x11)
+	_, pre := goldenIdentity(t, wire.RolePrefill, "prefill-a", 1, 0x22)
 	a := testAuth() // secret "kvbridge-test-secret-0123456789"
-	frames, err := Encode(&Abort{From: From{Role: RoleDecode, Instance: "decode-a", Rank: 3, Endpoint: "tcp://10.0.0.2:5557", Epoch: 0x1234_5678_9abc_def1},
+	frames, err := wire.Encode(&wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: "decode-a", Rank: 3, Endpoint: "tcp://10.0.0.2:5557", Epoch: 0x1234_5678_9abc_def1},
 		Room: 42, Reason: "client left"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	env := Envelope{Sent: time.Unix(1800000000, 5), Seq: 7,
-		To: From{Role: RolePrefill, Instance: "prefill-a", Rank: 1, Epoch: 0x0fed_cba9_8765_4321}}
+		To: wire.From{Role: wire.RolePrefill, Instance: "prefill-a", Rank: 1, Epoch: 0x0fed_cba9_8765_4321}}
 	secret, err := SealAs(a, nil, nil, frames, env)
 	if err != nil {
 		t.Fatal(err)
@@ -493,7 +494,7 @@ func TestGoldenEnvelope(t *testing.T) {
 	if _, e, why := a.Open(secret, time.Unix(1800000000, 0)); why != "" || e.Seq != 7 || e.To.Instance != "prefill-a" {
 		t.Fatalf("secret envelope: %q %+v", why, e)
 	}
-	ad := newAddressing(a, pre, RolePrefill)
+	ad := newAddressing(a, pre, wire.RolePrefill)
 	if _, e, why := a.open(pair, time.Unix(1800000000, 0), ad.keyFor(time.Unix(1800000000, 0))); why != "" || !bytes.Equal(e.Cert, dec.Cert.raw) {
 		t.Fatalf("pair envelope: %q", why)
 	}
@@ -505,16 +506,16 @@ func TestGoldenEnvelope(t *testing.T) {
 // rank, is refused (an outsider cannot re-present it; a secret holder
 // could seal its own, PROTOCOL.md says so).
 func TestAgentMetadataBoundToOwnerWithSecret(t *testing.T) {
-	decode := newRank(t, RoleDecode, "d", nil)
-	prefill := newRank(t, RolePrefill, "p", nil)
+	decode := newRank(t, wire.RoleDecode, "d", nil)
+	prefill := newRank(t, wire.RolePrefill, "p", nil)
 	tp := newTap(t)
 	to := prefill.peer()
 	to.Endpoint = tp.ep
-	if err := decode.Send(to, &Register{Compat: "c", Agent: "a", AgentMD: []byte("victim's"), TPSize: 1, KV: []Region{}, Aux: []Region{}, State: []Region{}}); err != nil {
+	if err := decode.Send(to, &wire.Register{Compat: "c", Agent: "a", AgentMD: []byte("victim's"), TPSize: 1, KV: []wire.Region{}, Aux: []wire.Region{}, State: []wire.Region{}}); err != nil {
 		t.Fatal(err)
 	}
 	captured := tp.next(t)
-	m, err := Decode(captured[:3])
+	m, err := wire.Decode(captured[:3])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -522,9 +523,9 @@ func TestAgentMetadataBoundToOwnerWithSecret(t *testing.T) {
 	if why != "" {
 		t.Fatal(why)
 	}
-	stolen := *m.(*Register)
+	stolen := *m.(*wire.Register)
 	stolen.From.Instance = "liar" // the same process otherwise
-	f, _ := Encode(&stolen)
+	f, _ := wire.Encode(&stolen)
 	w := newWire(t, prefill, nil)
 	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 46, To: orig.To}))
 	w.sync(3)
@@ -541,15 +542,15 @@ func TestAgentMetadataBoundToOwnerWithSecret(t *testing.T) {
 // malformed REQUEST claiming another rank's endpoint is not answered.
 func TestEndpointBoundToItsRank(t *testing.T) {
 	ca, did, pid := identities(t)
-	decode := newRank(t, RoleDecode, "d", withIdentity(did))
-	prefill := newRank(t, RolePrefill, "p", withIdentity(pid))
-	p1, _ := ca.Issue(RolePrefill, "p", 1, time.Now().Add(time.Hour))
+	decode := newRank(t, wire.RoleDecode, "d", withIdentity(did))
+	prefill := newRank(t, wire.RolePrefill, "p", withIdentity(pid))
+	p1, _ := ca.Issue(wire.RolePrefill, "p", 1, time.Now().Add(time.Hour))
 	// The pair works; decode has p/0 bound at its endpoint.
-	if err := decode.Send(prefill.peer(), &Abort{Room: 1}); err != nil {
+	if err := decode.Send(prefill.peer(), &wire.Abort{Room: 1}); err != nil {
 		t.Fatal(err)
 	}
 	prefill.next(t)
-	if err := prefill.Send(Peer{Endpoint: decode.Endpoint()}, &AbortAck{Room: 1, Drained: true}); err != nil {
+	if err := prefill.Send(wire.Peer{Endpoint: decode.Endpoint()}, &wire.AbortAck{Room: 1, Drained: true}); err != nil {
 		t.Fatal(err)
 	}
 	decode.next(t)
@@ -557,8 +558,8 @@ func TestEndpointBoundToItsRank(t *testing.T) {
 	claim := prefill.Identity()
 	claim.Rank, claim.Epoch = 1, 1<<62 // p/1, claiming p/0's endpoint, a huge epoch
 	w := newWire(t, decode, nil)
-	for i, m := range []Message{&AbortAck{From: claim, Room: 1, Drained: true}, &Status{From: claim, Room: 1, Status: StatusFailed, Code: "failed"}} {
-		f, _ := Encode(m)
+	for i, m := range []wire.Message{&wire.AbortAck{From: claim, Room: 1, Drained: true}, &wire.Status{From: claim, Room: 1, Status: wire.StatusFailed, Code: "failed"}} {
+		f, _ := wire.Encode(m)
 		sealed, err := SealAs(testAuth(), p1, did.Cert.Raw(), f, Envelope{Sent: time.Now(), Seq: uint64(i + 1), To: to})
 		if err != nil {
 			t.Fatal(err)
@@ -567,20 +568,20 @@ func TestEndpointBoundToItsRank(t *testing.T) {
 	}
 	// The marker: a genuine message of p/0 sent on the same connection
 	// after the forged ones.
-	f, _ := Encode(&AbortAck{From: prefill.Identity(), Room: 2, Drained: true})
+	f, _ := wire.Encode(&wire.AbortAck{From: prefill.Identity(), Room: 2, Drained: true})
 	pkey := mustSeal(t, pid, did.Cert.Raw(), f, Envelope{Sent: time.Now(), Seq: 1 << 50, To: to})
 	w.send(pkey)
-	if a := decode.next(t).(*AbortAck); a.Room != 2 {
+	if a := decode.next(t).(*wire.AbortAck); a.Room != 2 {
 		t.Fatalf("got %+v", a)
 	}
 	if got := decode.Stats().Refused[AuthForged]; got != 2 {
 		t.Fatalf("p/1 claiming p/0's endpoint: %d forged, want 2", got)
 	}
 	// The book still addresses p/0 at its endpoint: the next reply arrives.
-	if err := decode.Send(Peer{Endpoint: prefill.Endpoint()}, &Abort{Room: 3}); err != nil {
+	if err := decode.Send(wire.Peer{Endpoint: prefill.Endpoint()}, &wire.Abort{Room: 3}); err != nil {
 		t.Fatal(err)
 	}
-	if a := prefill.next(t).(*Abort); a.Room != 3 {
+	if a := prefill.next(t).(*wire.Abort); a.Room != 3 {
 		t.Fatalf("got %+v", a)
 	}
 
@@ -589,18 +590,18 @@ func TestEndpointBoundToItsRank(t *testing.T) {
 	tp := newTap(t)
 	cap := prefill.peer()
 	cap.Endpoint = tp.ep
-	if err := decode.Send(cap, &Abort{Room: 4}); err != nil {
+	if err := decode.Send(cap, &wire.Abort{Room: 4}); err != nil {
 		t.Fatal(err)
 	}
 	captured := tp.next(t)
 	wp := newWire(t, prefill, did)
 	wp.send(captured)
-	if a := prefill.next(t).(*Abort); a.Room != 4 {
+	if a := prefill.next(t).(*wire.Abort); a.Room != 4 {
 		t.Fatalf("got %+v", a)
 	}
-	d1, _ := ca.Issue(RoleDecode, "d", 1, time.Now().Add(time.Hour))
+	d1, _ := ca.Issue(wire.RoleDecode, "d", 1, time.Now().Add(time.Hour))
 	for e := uint64(1); e <= 5000; e++ {
-		f, _ := Encode(&Abort{From: From{Role: RoleDecode, Instance: "d", Rank: 1, Endpoint: "tcp://127.0.0.1:9", Epoch: e}, Room: 1 << 41})
+		f, _ := wire.Encode(&wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: "d", Rank: 1, Endpoint: "tcp://127.0.0.1:9", Epoch: e}, Room: 1 << 41})
 		wp.send(mustSeal(t, d1, pid.Cert.Raw(), f, Envelope{Sent: time.Now(), Seq: 1, To: prefill.Identity()}))
 	}
 	wp.send(captured)
@@ -611,10 +612,10 @@ func TestEndpointBoundToItsRank(t *testing.T) {
 		t.Fatal(err)
 	}
 	env.Sent, env.Seq = time.Now(), wp.ad.nextSeq()
-	f, _ = Encode(&Abort{From: wp.from, Room: 5})
+	f, _ = wire.Encode(&wire.Abort{From: wp.from, Room: 5})
 	wp.send(testAuth().seal(key, f, env))
 	for {
-		if a := prefill.next(t).(*Abort); a.Room == 5 {
+		if a := prefill.next(t).(*wire.Abort); a.Room == 5 {
 			break
 		} else if a.Room != 1<<41 {
 			t.Fatalf("got %+v before the marker", a)
@@ -642,12 +643,12 @@ func mustSeal(t *testing.T, id *RankIdentity, peer []byte, frames [][]byte, env 
 // within MaxSkew is never forgotten for a newcomer (refused as overflow
 // instead), so a captured message stays a duplicate.
 func TestWindowsKeptWithinTheSkew(t *testing.T) {
-	decode := newRank(t, RoleDecode, "d", nil)
-	prefill := newRank(t, RolePrefill, "p", nil)
+	decode := newRank(t, wire.RoleDecode, "d", nil)
+	prefill := newRank(t, wire.RolePrefill, "p", nil)
 	tp := newTap(t)
 	cap := prefill.peer()
 	cap.Endpoint = tp.ep
-	if err := decode.Send(cap, &Abort{Room: 1}); err != nil {
+	if err := decode.Send(cap, &wire.Abort{Room: 1}); err != nil {
 		t.Fatal(err)
 	}
 	captured := tp.next(t)
@@ -655,7 +656,7 @@ func TestWindowsKeptWithinTheSkew(t *testing.T) {
 	w.send(captured)
 	prefill.next(t)
 	for i := 0; i < maxBookEntries; i++ {
-		f, _ := Encode(&Abort{From: From{Role: RoleDecode, Instance: "flood", Rank: i, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 1+i), Epoch: 1}, Room: 1 << 42})
+		f, _ := wire.Encode(&wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: "flood", Rank: i, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 1+i), Epoch: 1}, Room: 1 << 42})
 		w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1, To: prefill.Identity()}))
 	}
 	w.send(captured)
@@ -663,11 +664,11 @@ func TestWindowsKeptWithinTheSkew(t *testing.T) {
 	// The marker, on the same connection: a message of the decode
 	// process, whose window is kept (with the secret alone the test can
 	// speak as it).
-	f, _ := Encode(&Abort{From: decode.Identity(), Room: 3})
+	f, _ := wire.Encode(&wire.Abort{From: decode.Identity(), Room: 3})
 	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 50, To: prefill.Identity()}))
 	n := 0
 	for {
-		a := prefill.next(t).(*Abort)
+		a := prefill.next(t).(*wire.Abort)
 		if a.Room == 3 {
 			break
 		}
@@ -700,7 +701,7 @@ func TestBodiesSealedUnderRankIdentity(t *testing.T) {
 		tp := newTap(t)
 		p := to.peer()
 		p.Endpoint = tp.ep
-		require.NoError(t, from.Send(p, &Abort{Room: room, Reason: string(reason)}))
+		require.NoError(t, from.Send(p, &wire.Abort{Room: room, Reason: string(reason)}))
 		return tp.next(t)
 	}
 	clear := func(frames [][]byte) bool {
@@ -709,19 +710,19 @@ func TestBodiesSealedUnderRankIdentity(t *testing.T) {
 	}
 
 	// The shared secret alone: tagged, readable (what the seal hides).
-	open := capture(t, newRank(t, RoleDecode, "s", nil), newRank(t, RolePrefill, "s", nil))
+	open := capture(t, newRank(t, wire.RoleDecode, "s", nil), newRank(t, wire.RolePrefill, "s", nil))
 	require.True(t, clear(open), "under the secret alone the room and reason travel readable")
 	assert.Equal(t, EnvelopeMagic, string(open[3][:4]))
 
 	_, did, pid := identities(t)
-	decode := newRank(t, RoleDecode, "d", withIdentity(did))
-	prefill := newRank(t, RolePrefill, "p", withIdentity(pid))
+	decode := newRank(t, wire.RoleDecode, "d", withIdentity(did))
+	prefill := newRank(t, wire.RolePrefill, "p", withIdentity(pid))
 	sealed := capture(t, decode, prefill)
 	assert.False(t, clear(sealed), "room id or reason on the wire in the clear under per-rank identity")
 	assert.Equal(t, envelopeSealedMagic, string(sealed[3][:4]))
 	w := newWire(t, prefill, did)
 	w.send(sealed)
-	a := prefill.next(t).(*Abort)
+	a := prefill.next(t).(*wire.Abort)
 	assert.Equal(t, uint64(room), a.Room)
 	assert.Equal(t, string(reason), a.Reason)
 
@@ -738,7 +739,7 @@ func TestBodiesSealedUnderRankIdentity(t *testing.T) {
 	}
 
 	// Tagged with the pair key but not sealed (an earlier revision).
-	f, err := Encode(&Abort{From: decode.Identity(), Room: room, Reason: string(reason)})
+	f, err := wire.Encode(&wire.Abort{From: decode.Identity(), Room: room, Reason: string(reason)})
 	require.NoError(t, err)
 	env, key, err := w.ad.envelope(prefill.peer())
 	require.NoError(t, err)
@@ -769,21 +770,21 @@ func TestBodiesSealedUnderRankIdentity(t *testing.T) {
 // sends carries it: two messages' nonces differ.
 func TestSealNoncesNeverRepeat(t *testing.T) {
 	_, did, pid := identities(t)
-	first, restarted := newAddressing(testAuth(), did, RoleDecode), newAddressing(testAuth(), did, RoleDecode)
+	first, restarted := newAddressing(testAuth(), did, wire.RoleDecode), newAddressing(testAuth(), did, wire.RoleDecode)
 	var a, b, c [sealNonceBytes]byte
 	n1, n2 := first.nonce(&a, 1), first.nonce(&b, 2)
 	assert.NotEqual(t, n1, n2, "two messages of one process")
 	assert.NotEqual(t, n1, restarted.nonce(&c, 1), "message 1 of two lives of one rank")
 	assert.Equal(t, binary.LittleEndian.AppendUint64(nil, 2), n2[16:], "the message number closes the nonce")
 
-	decode := newRank(t, RoleDecode, "d", withIdentity(did))
-	prefill := newRank(t, RolePrefill, "p", withIdentity(pid))
+	decode := newRank(t, wire.RoleDecode, "d", withIdentity(did))
+	prefill := newRank(t, wire.RolePrefill, "p", withIdentity(pid))
 	tp := newTap(t)
 	to := prefill.peer()
 	to.Endpoint = tp.ep
 	nonces := map[string]bool{}
 	for i := range 3 {
-		require.NoError(t, decode.Send(to, &Abort{Room: uint64(i)}))
+		require.NoError(t, decode.Send(to, &wire.Abort{Room: uint64(i)}))
 		env := tp.next(t)[3]
 		nonces[string(env[len(env)-sealNonceBytes:])] = true
 	}
@@ -799,7 +800,7 @@ func TestSealedHeaderFramesBounded(t *testing.T) {
 	a := testAuth()
 	key, err := tagKey(a, did, pid.Cert.raw)
 	require.NoError(t, err)
-	f, err := Encode(&Abort{From: From{Role: RoleDecode, Instance: "d"}, Room: 1})
+	f, err := wire.Encode(&wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: "d"}, Room: 1})
 	require.NoError(t, err)
 	sealed := a.seal(key, f[:3:3], Envelope{Sent: time.Now(), Seq: 1, To: pid.Cert.Identity(), Cert: did.Cert.raw})
 	sealed[1] = make([]byte, 4<<20) // a type frame of 4 MiB
@@ -807,7 +808,7 @@ func TestSealedHeaderFramesBounded(t *testing.T) {
 	now := time.Now()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	_, _, why := fresh.open(sealed, now, newAddressing(fresh, pid, RolePrefill).keyFor(now))
+	_, _, why := fresh.open(sealed, now, newAddressing(fresh, pid, wire.RolePrefill).keyFor(now))
 	runtime.ReadMemStats(&after)
 	assert.Equal(t, AuthBadTag, why)
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "bytes allocated to refuse a 4 MiB type frame")

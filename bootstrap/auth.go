@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"golang.org/x/crypto/chacha20poly1305"
 )
 
@@ -78,7 +79,7 @@ const maxHeaderFrame = 32
 const sealedFixed = envelopeFixed - sha256.Size + sealNonceBytes
 
 // MaxEnvelopeBytes bounds the authentication frame.
-const MaxEnvelopeBytes = envelopeFixed + MaxNameBytes + MaxCertBytes
+const MaxEnvelopeBytes = envelopeFixed + wire.MaxNameBytes + MaxCertBytes
 
 // Why an unauthenticated message was dropped (the label of
 // kvbridge_unauthenticated_messages_total).
@@ -134,7 +135,7 @@ type Envelope struct {
 	// To is the receiver: Role, Instance, Rank and Epoch; an empty Role
 	// when the sender does not know the receiver's identity, a zero Epoch
 	// when it does not know its process.
-	To From
+	To wire.From
 	// Cert is the sender's certificate under per-rank identity (nil with
 	// the shared secret alone).
 	Cert []byte
@@ -308,8 +309,8 @@ func (a *Auth) aeadFor(key []byte) cipher.AEAD {
 // certificate, to dst.
 func appendEnvelope(dst []byte, magic string, env Envelope) []byte {
 	inst := env.To.Instance
-	if len(inst) > MaxNameBytes {
-		inst = inst[:MaxNameBytes]
+	if len(inst) > wire.MaxNameBytes {
+		inst = inst[:wire.MaxNameBytes]
 	}
 	f := slices.Grow(dst, envelopeFixed+len(inst)+len(env.Cert))
 	f = append(f, magic...)
@@ -350,7 +351,7 @@ func parseEnvelope(f []byte) (env Envelope, tagAt int, sealed bool, why string) 
 	off := 33
 	n := int(binary.LittleEndian.Uint16(f[off:]))
 	off += 2
-	if n > MaxNameBytes || len(f)-off < n+2+tail {
+	if n > wire.MaxNameBytes || len(f)-off < n+2+tail {
 		return env, 0, false, AuthBadTag
 	}
 	env.To.Instance = string(f[off : off+n])

@@ -68,7 +68,7 @@ func (z *bareZMQ) close() {
 }
 
 func benchFrames(tb testing.TB) [][]byte {
-	f, err := Encode(&Abort{From: wiretest.SampleFrom(RoleDecode), Room: 123456, Reason: "benchmark"})
+	f, err := wire.Encode(&wire.Abort{From: wiretest.SampleFrom(wire.RoleDecode), Room: 123456, Reason: "benchmark"})
 	require.NoError(tb, err)
 	return f
 }
@@ -165,7 +165,7 @@ type benchPair struct {
 	a, b *Loop
 	// onA and onB are what each rank's handler does with a message (set
 	// before a phase starts, read on the receive goroutines).
-	onA, onB atomic.Pointer[func(Message)]
+	onA, onB atomic.Pointer[func(wire.Message)]
 }
 
 // benchMode is how a control benchmark's ranks authenticate: the shared
@@ -186,7 +186,7 @@ var benchIDs = sync.OnceValues(func() ([2]*RankIdentity, error) {
 	if err != nil {
 		return ids, err
 	}
-	for i, role := range []string{RoleDecode, RolePrefill} {
+	for i, role := range []string{wire.RoleDecode, wire.RolePrefill} {
 		if ids[i], err = ca.Issue(role, []string{"a", "b"}[i], 0, time.Now().Add(time.Hour)); err != nil {
 			return ids, err
 		}
@@ -209,17 +209,17 @@ func newBenchPair(b *testing.B, mode benchMode) *benchPair {
 		ids, err = benchIDs()
 		require.NoError(b, err)
 	}
-	call := func(f *atomic.Pointer[func(Message)]) func(Message) {
-		return func(m Message) {
+	call := func(f *atomic.Pointer[func(wire.Message)]) func(wire.Message) {
+		return func(m wire.Message) {
 			if h := f.Load(); h != nil {
 				(*h)(m)
 			}
 		}
 	}
-	p.a, err = NewLoop(LoopConfig{Identity: From{Role: RoleDecode, Instance: "a"}, Bind: "tcp://127.0.0.1:*",
+	p.a, err = NewLoop(LoopConfig{Identity: wire.From{Role: wire.RoleDecode, Instance: "a"}, Bind: "tcp://127.0.0.1:*",
 		Handler: call(&p.onA), SendHWM: 100000, Auth: auth, Insecure: insecure, RankIdentity: ids[0]})
 	require.NoError(b, err)
-	p.b, err = NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "b"}, Bind: "tcp://127.0.0.1:*",
+	p.b, err = NewLoop(LoopConfig{Identity: wire.From{Role: wire.RolePrefill, Instance: "b"}, Bind: "tcp://127.0.0.1:*",
 		SendHWM: 100000, Auth: auth, Insecure: insecure, Handler: call(&p.onB), RankIdentity: ids[1]})
 	require.NoError(b, err)
 	return p
@@ -228,10 +228,10 @@ func newBenchPair(b *testing.B, mode benchMode) *benchPair {
 func (p *benchPair) close() { p.a.Close(); p.b.Close() }
 
 // countTo returns a handler that closes done at the n-th ABORT.
-func countTo(n int, done chan struct{}) func(Message) {
+func countTo(n int, done chan struct{}) func(wire.Message) {
 	var got int
-	return func(m Message) {
-		if _, ok := m.(*Abort); !ok {
+	return func(m wire.Message) {
+		if _, ok := m.(*wire.Abort); !ok {
 			return
 		}
 		if got++; got == n {
@@ -250,8 +250,8 @@ func modes(b *testing.B, f func(b *testing.B, mode benchMode)) {
 
 // peerOf addresses the loop l (under per-rank identity, with its
 // certificate).
-func peerOf(l *Loop, epoch bool) Peer {
-	p := Peer{Endpoint: l.Endpoint(), Cert: string(l.Cert())}
+func peerOf(l *Loop, epoch bool) wire.Peer {
+	p := wire.Peer{Endpoint: l.Endpoint(), Cert: string(l.Cert())}
 	if epoch {
 		p.Epoch = l.Identity().Epoch
 	}
@@ -281,7 +281,7 @@ func controlThroughput(b *testing.B, mode benchMode) {
 		h := countTo(n, done)
 		p.onB.Store(&h)
 		for i := 0; i < n; i++ {
-			if err := p.a.Send(to, &Abort{Room: uint64(i), Reason: "benchmark"}); err != nil {
+			if err := p.a.Send(to, &wire.Abort{Room: uint64(i), Reason: "benchmark"}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -325,27 +325,27 @@ func controlRoundTrip(b *testing.B, mode benchMode) {
 	p := newBenchPair(b, mode)
 	defer p.close()
 	to, back := peerOf(p.b, true), peerOf(p.a, false)
-	echo := func(m Message) {
-		if a, ok := m.(*Abort); ok {
-			p.b.Send(back, &Abort{Room: a.Room, Reason: "benchmark"})
+	echo := func(m wire.Message) {
+		if a, ok := m.(*wire.Abort); ok {
+			p.b.Send(back, &wire.Abort{Room: a.Room, Reason: "benchmark"})
 		}
 	}
 	p.onB.Store(&echo)
 	run := func(n int) {
 		done := make(chan struct{})
 		var got int
-		next := func(m Message) {
-			if _, ok := m.(*Abort); !ok {
+		next := func(m wire.Message) {
+			if _, ok := m.(*wire.Abort); !ok {
 				return
 			}
 			if got++; got == n {
 				close(done)
 				return
 			}
-			p.a.Send(to, &Abort{Room: uint64(got), Reason: "benchmark"})
+			p.a.Send(to, &wire.Abort{Room: uint64(got), Reason: "benchmark"})
 		}
 		p.onA.Store(&next)
-		require.NoError(b, p.a.Send(to, &Abort{Reason: "benchmark"}))
+		require.NoError(b, p.a.Send(to, &wire.Abort{Reason: "benchmark"}))
 		<-done
 	}
 	z.roundTrip(200, frames)
@@ -370,13 +370,13 @@ func controlRoundTrip(b *testing.B, mode benchMode) {
 }
 
 func BenchmarkDecode(b *testing.B) {
-	for _, m := range []Message{wiretest.SampleMessages()[0], wiretest.SampleMessages()[2]} {
-		frames, _ := Encode(m)
+	for _, m := range []wire.Message{wiretest.SampleMessages()[0], wiretest.SampleMessages()[2]} {
+		frames, _ := wire.Encode(m)
 		b.Run(m.Type().String(), func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(frames[2])))
 			for i := 0; i < b.N; i++ {
-				if _, err := Decode(frames); err != nil {
+				if _, err := wire.Decode(frames); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -388,7 +388,7 @@ func BenchmarkEncode(b *testing.B) {
 	m := wiretest.SampleMessages()[2]
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
-		if _, err := Encode(m); err != nil {
+		if _, err := wire.Encode(m); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -399,7 +399,7 @@ func BenchmarkAuth(b *testing.B) {
 	a := testAuth()
 	frames := benchFrames(b)
 	b.ReportAllocs()
-	to := From{Role: RolePrefill, Instance: "p", Rank: 3, Epoch: 7}
+	to := wire.From{Role: wire.RolePrefill, Instance: "p", Rank: 3, Epoch: 7}
 	for i := 0; i < b.N; i++ {
 		now := time.Now()
 		if _, _, why := a.Open(a.Seal(frames[:3:3], Envelope{Sent: now, Seq: uint64(i + 1), To: to}), now); why != "" {
@@ -416,19 +416,19 @@ func BenchmarkAuthPair(b *testing.B) {
 	a := testAuth()
 	ca, err := NewCA()
 	require.NoError(b, err)
-	dec, _ := ca.Issue(RoleDecode, "d", 0, time.Now().Add(time.Hour))
-	pre, _ := ca.Issue(RolePrefill, "p", 3, time.Now().Add(time.Hour))
-	send := newAddressing(a, dec, RoleDecode)
-	recv := newAddressing(a, pre, RolePrefill)
+	dec, _ := ca.Issue(wire.RoleDecode, "d", 0, time.Now().Add(time.Hour))
+	pre, _ := ca.Issue(wire.RolePrefill, "p", 3, time.Now().Add(time.Hour))
+	send := newAddressing(a, dec, wire.RoleDecode)
+	recv := newAddressing(a, pre, wire.RolePrefill)
 	frames := benchFrames(b)
-	m, err := Decode(frames)
+	m, err := wire.Decode(frames)
 	require.NoError(b, err)
-	self := From{Role: RolePrefill, Instance: "p", Rank: 3, Epoch: 7}
-	to := Peer{Endpoint: "tcp://127.0.0.1:1", Cert: string(pre.Cert.Raw()), Epoch: 7}
+	self := wire.From{Role: wire.RolePrefill, Instance: "p", Rank: 3, Epoch: 7}
+	to := wire.Peer{Endpoint: "tcp://127.0.0.1:1", Cert: string(pre.Cert.Raw()), Epoch: 7}
 	env, key, err := send.envelope(to)
 	require.NoError(b, err)
-	m.(*Abort).From = From{Role: RoleDecode, Instance: "d", Rank: 0, Endpoint: "tcp://127.0.0.1:2", Epoch: 9}
-	frames, _ = Encode(m)
+	m.(*wire.Abort).From = wire.From{Role: wire.RoleDecode, Instance: "d", Rank: 0, Endpoint: "tcp://127.0.0.1:2", Epoch: 9}
+	frames, _ = wire.Encode(m)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -470,14 +470,14 @@ func BenchmarkMessagePath(b *testing.B) {
 		defer p.close()
 		to := peerOf(p.b, true)
 		var got int
-		h := func(Message) { got++ }
+		h := func(wire.Message) { got++ }
 		p.onB.Store(&h)
 		var limiter logLimiter
 		var sc scratch
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
-			m := &Abort{Room: uint64(i), Reason: "benchmark"}
+			m := &wire.Abort{Room: uint64(i), Reason: "benchmark"}
 			wire.SetFrom(m, p.a.id)
 			o, err := p.a.encode(to, m)
 			if err != nil {

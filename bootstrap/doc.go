@@ -1,30 +1,23 @@
-// Package bootstrap is kvbridge's control plane: the PROTOCOL.md wire codec,
-// the ZeroMQ control loop each rank runs, the embedded HTTP bootstrap server
-// (the prefill rank table) with its client, and optional CURVE security.
+// Package bootstrap is kvbridge's control plane: the ZeroMQ control loop
+// each rank runs, the embedded HTTP bootstrap server (the prefill rank
+// table) with its client, and optional CURVE security. The PROTOCOL.md
+// messages and their codec are package internal/wire's.
 // It reports events; it never decides room state (that is kvmanager's job).
-//
-// # Codec
-//
-// Encode and Decode map the eight message types to the three frames of
-// PROTOCOL.md. Decode survives any input: every rejection is a
-// *MalformedError whose Reason labels kvbridge_malformed_messages_total.
-// The exact bytes of one message of each type are pinned by
-// testdata/golden; FuzzDecode has a committed seed corpus.
 //
 // # Control loop
 //
 //	auth, err := bootstrap.NewAuth(secret) // the deployment's shared secret (KVBRIDGE_SECRET)
 //	l, err := bootstrap.NewLoop(bootstrap.LoopConfig{
-//		Identity:   bootstrap.From{Role: bootstrap.RoleDecode, Instance: "decode-a", Rank: 0},
+//		Identity:   wire.From{Role: wire.RoleDecode, Instance: "decode-a", Rank: 0},
 //		Bind:       "tcp://0.0.0.0:17100",
-//		Handler:    func(m bootstrap.Message) { /* hand to the manager; must not block */ },
+//		Handler:    func(m wire.Message) { /* hand to the manager; must not block */ },
 //		OnPeerDown: func(p bootstrap.PeerDown) { /* fail rooms shared with p */ },
 //		Auth:       auth, // heartbeats and queues: DefaultLoopConfig's where left zero
 //	})
 //	defer l.Close()
 //	// The peer's epoch comes with its bootstrap record (RankInfo.Epoch).
-//	prefill := bootstrap.Peer{Endpoint: info.Endpoint, Epoch: info.Epoch}
-//	l.Send(prefill, &bootstrap.Abort{Room: 7, Reason: "client left"})
+//	prefill := wire.Peer{Endpoint: info.Endpoint, Epoch: info.Epoch}
+//	l.Send(prefill, &wire.Abort{Room: 7, Reason: "client left"})
 //	l.Watch(prefill) // heartbeats while rooms are shared
 //
 // Example_controlLoop runs the same between two loops.

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -52,7 +53,7 @@ type EtcdClient struct {
 func ParseEtcdTarget(target string) (endpoints []string, instance string, err error) {
 	rest, ok := strings.CutPrefix(target, "etcd://")
 	hosts, inst, ok2 := strings.Cut(rest, "/")
-	if !ok || !ok2 || hosts == "" || inst == "" || strings.Contains(inst, "/") || len(inst) > MaxNameBytes {
+	if !ok || !ok2 || hosts == "" || inst == "" || strings.Contains(inst, "/") || len(inst) > wire.MaxNameBytes {
 		return nil, "", fmt.Errorf("bootstrap: etcd target %.64q: want etcd://host:port[,host:port]/instance", target)
 	}
 	for _, h := range strings.Split(hosts, ",") {
@@ -402,7 +403,7 @@ func (e *EtcdClient) RoomDP(ctx context.Context, room uint64) (int, error) {
 		}
 		if len(resp.Kvs) > 0 {
 			dp, err := strconv.Atoi(string(resp.Kvs[0].Value))
-			if err != nil || dp < 0 || dp >= MaxRanks {
+			if err != nil || dp < 0 || dp >= wire.MaxRanks {
 				e.bad.Add(1)
 				return 0, fmt.Errorf("bootstrap: etcd %s: room %d: malformed DP group %.16q", e.endpoints, room, resp.Kvs[0].Value)
 			}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/wire"
 )
 
 // Two ranks on loopback: decode sends an ABORT, prefill's handler gets it.
@@ -14,11 +15,11 @@ func Example_controlLoop() {
 	if err != nil {
 		panic(err)
 	}
-	got := make(chan bootstrap.Message, 1)
+	got := make(chan wire.Message, 1)
 	prefill, err := bootstrap.NewLoop(bootstrap.LoopConfig{
-		Identity: bootstrap.From{Role: bootstrap.RolePrefill, Instance: "prefill-a", Rank: 0},
+		Identity: wire.From{Role: wire.RolePrefill, Instance: "prefill-a", Rank: 0},
 		Bind:     "tcp://127.0.0.1:*",
-		Handler:  func(m bootstrap.Message) { got <- m },
+		Handler:  func(m wire.Message) { got <- m },
 		Auth:     auth,
 	})
 	if err != nil {
@@ -26,9 +27,9 @@ func Example_controlLoop() {
 	}
 	defer prefill.Close()
 	decode, err := bootstrap.NewLoop(bootstrap.LoopConfig{
-		Identity: bootstrap.From{Role: bootstrap.RoleDecode, Instance: "decode-a", Rank: 0},
+		Identity: wire.From{Role: wire.RoleDecode, Instance: "decode-a", Rank: 0},
 		Bind:     "tcp://127.0.0.1:*",
-		Handler:  func(bootstrap.Message) {},
+		Handler:  func(wire.Message) {},
 		Auth:     auth,
 	})
 	if err != nil {
@@ -38,8 +39,8 @@ func Example_controlLoop() {
 
 	// A message names the process it is for: its epoch comes with the
 	// prefill rank's bootstrap record (or any message it sent).
-	decode.Send(bootstrap.Peer{Endpoint: prefill.Endpoint(), Epoch: prefill.Identity().Epoch}, &bootstrap.Abort{Room: 7, Reason: "client left"})
-	m := (<-got).(*bootstrap.Abort)
+	decode.Send(wire.Peer{Endpoint: prefill.Endpoint(), Epoch: prefill.Identity().Epoch}, &wire.Abort{Room: 7, Reason: "client left"})
+	m := (<-got).(*wire.Abort)
 	fmt.Println(m.Type(), m.Room, m.Reason, m.From.Instance)
 	// Output: ABORT 7 client left decode-a
 }

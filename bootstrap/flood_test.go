@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -32,22 +33,22 @@ func TestFloodDelaysNoHeartbeat(t *testing.T) {
 		for start := time.Now(); time.Since(start) < d; {
 		}
 	}
-	prefill := newRank(t, RolePrefill, "p", func(c *LoopConfig) {
-		c.Handler = func(m Message) {
+	prefill := newRank(t, wire.RolePrefill, "p", func(c *LoopConfig) {
+		c.Handler = func(m wire.Message) {
 			switch m.(type) {
-			case *Abort:
+			case *wire.Abort:
 				spin(time.Millisecond)
 				handledFlood.Add(1)
-			case *Request:
+			case *wire.Request:
 				handledAtRequest.Store(handledFlood.Load())
 			}
 		}
 	})
-	flooder := newRank(t, RoleDecode, "flooder", func(c *LoopConfig) { c.SendHWM = 2 * flood }) // the whole flood leaves at once
-	pongs := make(chan *Pong, 4)
-	honest := newRank(t, RoleDecode, "honest", func(c *LoopConfig) {
-		c.Handler = func(m Message) {
-			if p, ok := m.(*Pong); ok {
+	flooder := newRank(t, wire.RoleDecode, "flooder", func(c *LoopConfig) { c.SendHWM = 2 * flood }) // the whole flood leaves at once
+	pongs := make(chan *wire.Pong, 4)
+	honest := newRank(t, wire.RoleDecode, "honest", func(c *LoopConfig) {
+		c.Handler = func(m wire.Message) {
+			if p, ok := m.(*wire.Pong); ok {
 				if p.Seq == 7 {
 					handledAtPong.Store(handledFlood.Load())
 				}
@@ -57,8 +58,8 @@ func TestFloodDelaysNoHeartbeat(t *testing.T) {
 	})
 	// The prefill rank answers only peers it knows (ranks it shares rooms
 	// with): the two exchange a PING first.
-	require.NoError(t, prefill.Send(honest.peer(), &Ping{Seq: 1}))
-	require.NoError(t, honest.Send(prefill.peer(), &Ping{Seq: 2}))
+	require.NoError(t, prefill.Send(honest.peer(), &wire.Ping{Seq: 1}))
+	require.NoError(t, honest.Send(prefill.peer(), &wire.Ping{Seq: 2}))
 	select {
 	case <-pongs:
 	case <-time.After(recvTimeout):
@@ -66,13 +67,13 @@ func TestFloodDelaysNoHeartbeat(t *testing.T) {
 	}
 	start := prefill.Stats().Received
 	for i := range flood {
-		require.NoError(t, flooder.Send(prefill.peer(), &Abort{Room: uint64(i), Reason: "flood"}))
+		require.NoError(t, flooder.Send(prefill.peer(), &wire.Abort{Room: uint64(i), Reason: "flood"}))
 	}
 	require.Eventually(t, func() bool { return prefill.Stats().Received >= start+flood }, recvTimeout, time.Millisecond,
 		"the flood never arrived: flooder %+v; prefill %+v", flooder.Stats(), prefill.Stats())
 
-	require.NoError(t, honest.Send(prefill.peer(), &Ping{Seq: 7}))
-	require.NoError(t, honest.Send(prefill.peer(), &Request{Room: 1 << 40, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}))
+	require.NoError(t, honest.Send(prefill.peer(), &wire.Ping{Seq: 7}))
+	require.NoError(t, honest.Send(prefill.peer(), &wire.Request{Room: 1 << 40, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}))
 	for answered := false; !answered; {
 		select {
 		case p := <-pongs:
@@ -99,11 +100,11 @@ func TestFloodDelaysNoHeartbeat(t *testing.T) {
 // goroutines: a live one would serve its inbox whenever a signal
 // interrupts its wait.)
 func TestInboxBounds(t *testing.T) {
-	r := &Loop{inbox: newInbox(), log: zap.NewNop(), id: From{Role: RolePrefill, Instance: "p"}}
+	r := &Loop{inbox: newInbox(), log: zap.NewNop(), id: wire.From{Role: wire.RolePrefill, Instance: "p"}}
 	msg := func(inst string) inboxItem {
-		return inboxItem{m: &Abort{From: From{Role: RoleDecode, Instance: inst}, Room: 1}}
+		return inboxItem{m: &wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: inst}, Room: 1}}
 	}
-	rank := func(inst string) inboxKey { return inboxKey{RoleDecode, inst, 0} }
+	rank := func(inst string) inboxKey { return inboxKey{wire.RoleDecode, inst, 0} }
 	var limiter logLimiter
 	for range maxPeerBacklog + 4 {
 		r.queue(rank("a"), msg("a"), &limiter)
@@ -157,13 +158,13 @@ func TestInboxBounds(t *testing.T) {
 // leave each other rank its fair share; nothing is admitted past
 // 2 × maxBytes.
 func TestInboxByteBounds(t *testing.T) {
-	r := &Loop{inbox: newInbox(), log: zap.NewNop(), id: From{Role: RolePrefill, Instance: "p"}}
+	r := &Loop{inbox: newInbox(), log: zap.NewNop(), id: wire.From{Role: wire.RolePrefill, Instance: "p"}}
 	item := func(inst string, size int) inboxItem {
-		return inboxItem{m: &Abort{From: From{Role: RoleDecode, Instance: inst}, Room: 1}, size: size}
+		return inboxItem{m: &wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: inst}, Room: 1}, size: size}
 	}
-	rank := func(inst string) inboxKey { return inboxKey{RoleDecode, inst, 0} }
+	rank := func(inst string) inboxKey { return inboxKey{wire.RoleDecode, inst, 0} }
 	var limiter logLimiter
-	const big = MaxBodySize
+	const big = wire.MaxBodySize
 	for range maxPeerBytes/big + 2 {
 		r.queue(rank("a"), item("a", big), &limiter)
 	}
@@ -203,40 +204,40 @@ func BenchmarkPingDuringFlood(b *testing.B) {
 		for start := time.Now(); time.Since(start) < d; {
 		}
 	}
-	rank := func(role, inst string, hwm int, h func(Message)) *Loop {
-		l, err := NewLoop(LoopConfig{Identity: From{Role: role, Instance: inst}, Bind: "tcp://127.0.0.1:*", Auth: testAuth(),
+	rank := func(role, inst string, hwm int, h func(wire.Message)) *Loop {
+		l, err := NewLoop(LoopConfig{Identity: wire.From{Role: role, Instance: inst}, Bind: "tcp://127.0.0.1:*", Auth: testAuth(),
 			SendHWM: hwm, Handler: h})
 		if err != nil {
 			b.Fatal(err)
 		}
 		return l
 	}
-	peer := func(l *Loop) Peer { return Peer{Endpoint: l.Endpoint(), Epoch: l.Identity().Epoch} }
+	peer := func(l *Loop) wire.Peer { return wire.Peer{Endpoint: l.Endpoint(), Epoch: l.Identity().Epoch} }
 	for i := 0; i < b.N; i++ {
 		var handled atomic.Int64
-		prefill := rank(RolePrefill, "p", 4*flood, func(m Message) {
-			if _, ok := m.(*Abort); ok {
+		prefill := rank(wire.RolePrefill, "p", 4*flood, func(m wire.Message) {
+			if _, ok := m.(*wire.Abort); ok {
 				spin(200 * time.Microsecond)
 				handled.Add(1)
 			}
 		})
 		var fl []*Loop
 		for f := range flooders {
-			fl = append(fl, rank(RoleDecode, fmt.Sprint("flooder-", f), 2*each, func(Message) {}))
+			fl = append(fl, rank(wire.RoleDecode, fmt.Sprint("flooder-", f), 2*each, func(wire.Message) {}))
 		}
 		pongs := make(chan struct{}, 4)
-		honest := rank(RoleDecode, "honest", 1000, func(m Message) {
-			if _, ok := m.(*Pong); ok {
+		honest := rank(wire.RoleDecode, "honest", 1000, func(m wire.Message) {
+			if _, ok := m.(*wire.Pong); ok {
 				pongs <- struct{}{}
 			}
 		})
-		_ = prefill.Send(peer(honest), &Ping{Seq: 1})
-		_ = honest.Send(peer(prefill), &Ping{Seq: 2})
+		_ = prefill.Send(peer(honest), &wire.Ping{Seq: 1})
+		_ = honest.Send(peer(prefill), &wire.Ping{Seq: 2})
 		<-pongs
 		start := time.Now()
 		for r := range each {
 			for _, f := range fl {
-				_ = f.Send(peer(prefill), &Abort{Room: uint64(r), Reason: "flood"})
+				_ = f.Send(peer(prefill), &wire.Abort{Room: uint64(r), Reason: "flood"})
 			}
 		}
 		for _, f := range fl {
@@ -245,7 +246,7 @@ func BenchmarkPingDuringFlood(b *testing.B) {
 			}
 		}
 		sent := time.Now()
-		_ = honest.Send(peer(prefill), &Ping{Seq: 3})
+		_ = honest.Send(peer(prefill), &wire.Ping{Seq: 3})
 		<-pongs
 		b.ReportMetric(float64(time.Since(sent).Microseconds())/1000, "ping_ms")
 		for handled.Load() < flood {
@@ -264,10 +265,10 @@ func BenchmarkPingDuringFlood(b *testing.B) {
 // in one queue, take one turn and count against one backlog. (A loop
 // without its goroutines, Insecure: admit alone.)
 func TestFloodFromManyEndpointsIsOneRanks(t *testing.T) {
-	r := &Loop{inbox: newInbox(), log: zap.NewNop(), id: From{Role: RolePrefill, Instance: "p"}, cfg: LoopConfig{Insecure: true}}
+	r := &Loop{inbox: newInbox(), log: zap.NewNop(), id: wire.From{Role: wire.RolePrefill, Instance: "p"}, cfg: LoopConfig{Insecure: true}}
 	var limiter logLimiter
 	for i := range 4 {
-		frames, err := Encode(&Abort{From: From{Role: RoleDecode, Instance: "flooder", Rank: 0, Endpoint: fmt.Sprintf("tcp://10.0.0.1:%d", 5000+i), Epoch: 1}, Room: uint64(i)})
+		frames, err := wire.Encode(&wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: "flooder", Rank: 0, Endpoint: fmt.Sprintf("tcp://10.0.0.1:%d", 5000+i), Epoch: 1}, Room: uint64(i)})
 		require.NoError(t, err)
 		key, it, ok := r.admit(frames, &limiter)
 		require.True(t, ok)

@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"bytes"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
 	"testing"
 	"time"
@@ -18,14 +19,14 @@ func FuzzOpen(f *testing.F) {
 	now := time.Unix(1_800_000_000, 0)
 	var sealed [][][]byte
 	for i, m := range wiretest.SampleMessages() {
-		frames, err := Encode(m)
+		frames, err := wire.Encode(m)
 		require.NoError(f, err)
-		s := a.Seal(frames, Envelope{Sent: now, Seq: uint64(i + 1), To: From{Role: RolePrefill, Instance: "p", Rank: i % 3, Epoch: 9}})
+		s := a.Seal(frames, Envelope{Sent: now, Seq: uint64(i + 1), To: wire.From{Role: wire.RolePrefill, Instance: "p", Rank: i % 3, Epoch: 9}})
 		sealed = append(sealed, s)
 		f.Add(s[0], s[1], s[2], s[3])
 	}
-	f.Add([]byte(Magic), []byte("PING"), []byte{0x80}, make([]byte, 8+32)) // the first revision's frame
-	f.Add([]byte(Magic), []byte("PING"), []byte{0x80}, []byte(EnvelopeMagic))
+	f.Add([]byte(wire.Magic), []byte("PING"), []byte{0x80}, make([]byte, 8+32)) // the first revision's frame
+	f.Add([]byte(wire.Magic), []byte("PING"), []byte{0x80}, []byte(EnvelopeMagic))
 	f.Fuzz(func(t *testing.T, f0, f1, f2, f3 []byte) {
 		frames := [][]byte{f0, f1, f2, f3}
 		opened, env, why := a.Open(frames, now)
@@ -49,8 +50,8 @@ func FuzzOpen(f *testing.F) {
 // (Seeds are sealed under a random nonce in each process.)
 func FuzzOpenMD(f *testing.F) {
 	key, secret := bytes.Repeat([]byte{7}, 32), []byte("the deployment's shared secret")
-	from := From{Role: RoleDecode, Instance: "d", Rank: 1, Epoch: 3}
-	to := From{Role: RolePrefill, Instance: "p", Rank: 0, Epoch: 5}
+	from := wire.From{Role: wire.RoleDecode, Instance: "d", Rank: 1, Epoch: 3}
+	to := wire.From{Role: wire.RolePrefill, Instance: "p", Rank: 0, Epoch: 5}
 	md := []byte("agent metadata")
 	s, err := sealMD(key, secret, md, from, to)
 	require.NoError(f, err)

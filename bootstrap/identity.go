@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"os"
 	"strings"
 	"time"
@@ -48,7 +49,9 @@ type Cert struct {
 
 // Identity returns the identity the certificate vouches for (no endpoint
 // or epoch: those change with every start).
-func (c *Cert) Identity() From { return From{Role: c.Role, Instance: c.Instance, Rank: c.Rank} }
+func (c *Cert) Identity() wire.From {
+	return wire.From{Role: c.Role, Instance: c.Instance, Rank: c.Rank}
+}
 
 // Raw returns the certificate as sent on the wire and published in
 // bootstrap records.
@@ -59,9 +62,9 @@ func (c *Cert) String() string { return c.Identity().Peer() }
 
 func roleByte(role string) byte {
 	switch role {
-	case RolePrefill:
+	case wire.RolePrefill:
 		return 1
-	case RoleDecode:
+	case wire.RoleDecode:
 		return 2
 	}
 	return 0
@@ -70,9 +73,9 @@ func roleByte(role string) byte {
 func byteRole(b byte) string {
 	switch b {
 	case 1:
-		return RolePrefill
+		return wire.RolePrefill
 	case 2:
-		return RoleDecode
+		return wire.RoleDecode
 	}
 	return ""
 }
@@ -82,9 +85,9 @@ func (c *Cert) signedPart() ([]byte, error) {
 	r := roleByte(c.Role)
 	switch {
 	case r == 0:
-		return nil, fmt.Errorf("bootstrap: certificate role %q: want %q or %q", c.Role, RolePrefill, RoleDecode)
-	case c.Instance == "" || len(c.Instance) > MaxNameBytes:
-		return nil, fmt.Errorf("bootstrap: certificate instance of %d bytes: want 1 to %d", len(c.Instance), MaxNameBytes)
+		return nil, fmt.Errorf("bootstrap: certificate role %q: want %q or %q", c.Role, wire.RolePrefill, wire.RoleDecode)
+	case c.Instance == "" || len(c.Instance) > wire.MaxNameBytes:
+		return nil, fmt.Errorf("bootstrap: certificate instance of %d bytes: want 1 to %d", len(c.Instance), wire.MaxNameBytes)
 	case c.Rank < 0 || c.Rank > 1<<31-1:
 		return nil, fmt.Errorf("bootstrap: certificate rank %d out of range", c.Rank)
 	case len(c.Key) != 32:

@@ -1,6 +1,9 @@
 package bootstrap
 
-import "time"
+import (
+	"github.com/kvbridge/kvbridge/internal/wire"
+	"time"
+)
 
 // The inbox: received messages wait here, one queue per sending rank
 // (role, instance and rank: under per-rank identity its certificate's, so
@@ -41,7 +44,7 @@ const (
 // inboxItem is one message for the Handler, or a malformed REQUEST's
 // report for OnMalformedRequest.
 type inboxItem struct {
-	m    Message
+	m    wire.Message
 	mr   *MalformedReport
 	size int // the message's frames' bytes (the inbox's byte bounds)
 }

@@ -21,10 +21,6 @@ var (
 	ErrClosed = errors.New("bootstrap: control loop closed")
 )
 
-// Peer is where a message goes: a rank's control endpoint and, with
-// security on, its CURVE server public key (package wire's).
-type Peer = wire.Peer
-
 // PeerDown reports a peer that heartbeats declared dead. (Restarts are
 // not the transport's to decide: the rank's core sees every message's epoch
 // and detects them.)
@@ -33,12 +29,6 @@ type PeerDown struct {
 	// Reason is "peer unreachable".
 	Reason string
 }
-
-// Reasons: PeerDown's, and the core's for a peer heard with a new epoch.
-const (
-	ReasonPeerUnreachable = wire.ReasonPeerUnreachable
-	ReasonPeerRestarted   = wire.ReasonPeerRestarted
-)
 
 // MalformedReport is a REQUEST the codec refused but that still named its
 // room and its sender's endpoint, so the rank can answer it.
@@ -52,7 +42,7 @@ type MalformedReport struct {
 type LoopConfig struct {
 	// Identity is stamped into every message's from (Endpoint is filled in
 	// with the bound endpoint; a zero Epoch is replaced by a random one).
-	Identity From
+	Identity wire.From
 	// Bind is the PULL socket's endpoint, e.g. "tcp://127.0.0.1:*" for any
 	// free port.
 	Bind string
@@ -61,7 +51,7 @@ type LoopConfig struct {
 	// sending rank's messages come in the order they arrived; ranks take
 	// turns (inbox.go), so messages of different ranks may not. A PONG
 	// reaches it after the heartbeat has counted it.
-	Handler func(Message)
+	Handler func(wire.Message)
 	// OnPeerDown is called once per peer heartbeats declared dead.
 	OnPeerDown func(PeerDown)
 	// OnMalformedRequest is called for a malformed REQUEST that still
@@ -103,8 +93,8 @@ func DefaultLoopConfig() LoopConfig {
 // Validate reports the first setting that cannot work.
 func (c *LoopConfig) Validate() error {
 	switch {
-	case c.Identity.Role != RolePrefill && c.Identity.Role != RoleDecode:
-		return fmt.Errorf("bootstrap: Identity.Role must be %q or %q, got %q", RolePrefill, RoleDecode, c.Identity.Role)
+	case c.Identity.Role != wire.RolePrefill && c.Identity.Role != wire.RoleDecode:
+		return fmt.Errorf("bootstrap: Identity.Role must be %q or %q, got %q", wire.RolePrefill, wire.RoleDecode, c.Identity.Role)
 	case c.Identity.Instance == "":
 		return errors.New("bootstrap: Identity.Instance is empty")
 	case c.Identity.Rank < 0:
@@ -123,16 +113,16 @@ func (c *LoopConfig) Validate() error {
 		return errors.New("bootstrap: Auth and Insecure are both set; choose one")
 	case c.RankIdentity != nil && c.Auth == nil:
 		return errors.New("bootstrap: per-rank identity needs the deployment's shared secret too (Auth)")
-	case c.RankIdentity != nil && c.RankIdentity.Cert.Identity() != (From{Role: c.Identity.Role, Instance: c.Identity.Instance, Rank: c.Identity.Rank}):
+	case c.RankIdentity != nil && c.RankIdentity.Cert.Identity() != (wire.From{Role: c.Identity.Role, Instance: c.Identity.Instance, Rank: c.Identity.Rank}):
 		return fmt.Errorf("bootstrap: rank %s holds the certificate of %s", c.Identity.Peer(), c.RankIdentity.Cert)
 	}
 	return nil
 }
 
 type outbound struct {
-	to   Peer
+	to   wire.Peer
 	body []byte // the message's third frame (the first two are its type's)
-	t    MsgType
+	t    wire.MsgType
 	// at is when Send encoded it (one clock read serves the envelope's
 	// certificate checks, the peer lookup and the send time).
 	at time.Time
@@ -161,7 +151,7 @@ type scratch struct {
 }
 
 type watchCmd struct {
-	peer  Peer
+	peer  wire.Peer
 	watch bool
 }
 
@@ -175,7 +165,7 @@ type watchCmd struct {
 // of peers ZeroMQ would not take more from.
 type Loop struct {
 	cfg  LoopConfig
-	id   From
+	id   wire.From
 	log  *zap.Logger
 	ctx  *zctx
 	stat counters
@@ -276,7 +266,7 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 	}
 	l.pull.setInt(zLinger, 0)
 	l.pull.setInt(zRcvhwm, cfg.SendHWM*10)
-	if err = l.pull.setInt64(zMaxmsgsize, MaxBodySize+4096); err != nil {
+	if err = l.pull.setInt64(zMaxmsgsize, wire.MaxBodySize+4096); err != nil {
 		return fail("max message size", err)
 	}
 	if cfg.Security != nil {
@@ -314,7 +304,7 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 }
 
 // Identity returns the rank's identity as stamped on its messages.
-func (l *Loop) Identity() From { return l.id }
+func (l *Loop) Identity() wire.From { return l.id }
 
 // Endpoint returns the bound control endpoint (with the real port).
 func (l *Loop) Endpoint() string { return l.id.Endpoint }
@@ -350,7 +340,7 @@ func (l *Loop) Stats() Stats { return l.stat.snapshot() }
 // REGISTER's agent metadata sealed to the peer. Under per-rank identity a
 // peer whose certificate is not known is not sent to (counted as
 // no_identity).
-func (l *Loop) Send(to Peer, m Message) error {
+func (l *Loop) Send(to wire.Peer, m wire.Message) error {
 	select {
 	case <-l.closing:
 		return ErrClosed
@@ -374,7 +364,7 @@ func (l *Loop) Send(to Peer, m Message) error {
 
 // encode returns m's frames and, when Auth is on, its envelope addressed to
 // the peer, with a REGISTER's agent metadata sealed to it.
-func (l *Loop) encode(to Peer, m Message) (outbound, error) {
+func (l *Loop) encode(to wire.Peer, m wire.Message) (outbound, error) {
 	o := outbound{to: to, t: m.Type(), at: time.Now()}
 	var err error
 	if l.addr != nil {
@@ -382,11 +372,11 @@ func (l *Loop) encode(to Peer, m Message) (outbound, error) {
 		if env, o.tagKey, err = l.addr.envelopeAt(to, o.at); err != nil {
 			return o, err
 		}
-		if t := m.Type(); env.To.Epoch == 0 && t != TypePing && t != TypeRegister {
+		if t := m.Type(); env.To.Epoch == 0 && t != wire.TypePing && t != wire.TypeRegister {
 			return o, fmt.Errorf("%w: %s to %s", errUnaddressed, t, to.Endpoint)
 		}
 		o.sealed, o.env = true, env
-		if r, ok := m.(*Register); ok && (len(r.AgentMD) > 0 || len(r.Proof) > 0) {
+		if r, ok := m.(*wire.Register); ok && (len(r.AgentMD) > 0 || len(r.Proof) > 0) {
 			c := *r
 			if len(r.AgentMD) > 0 {
 				if c.AgentMD, err = sealMD(o.tagKey, l.cfg.Auth.Secret, r.AgentMD, l.id, env.To); err != nil {
@@ -400,7 +390,7 @@ func (l *Loop) encode(to Peer, m Message) (outbound, error) {
 			}
 			m = &c
 		}
-		if a, ok := m.(*RegisterAck); ok && a.Pull != nil {
+		if a, ok := m.(*wire.RegisterAck); ok && a.Pull != nil {
 			c, offer := *a, *a.Pull
 			if offer.AgentMD, err = sealMD(o.tagKey, l.cfg.Auth.Secret, a.Pull.AgentMD, l.id, env.To); err != nil {
 				return o, err
@@ -466,11 +456,11 @@ func (l *Loop) wire(o outbound, sc *scratch, now time.Time) [][]byte {
 
 // Watch starts heartbeats to a peer (a rank this one shares a live room
 // with). Watching a watched peer is a no-op.
-func (l *Loop) Watch(p Peer) error { return l.watch(watchCmd{peer: p, watch: true}) }
+func (l *Loop) Watch(p wire.Peer) error { return l.watch(watchCmd{peer: p, watch: true}) }
 
 // Unwatch stops heartbeats to the peer at endpoint.
 func (l *Loop) Unwatch(endpoint string) error {
-	return l.watch(watchCmd{peer: Peer{Endpoint: endpoint}})
+	return l.watch(watchCmd{peer: wire.Peer{Endpoint: endpoint}})
 }
 
 func (l *Loop) watch(c watchCmd) error { return l.snd.watch(c) }
@@ -575,9 +565,9 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key inboxKey, it inb
 	} else if len(frames) == 4 {
 		frames = frames[:3] // from a rank with a secret; not checked (Insecure)
 	}
-	m, err := Decode(frames)
+	m, err := wire.Decode(frames)
 	if err != nil {
-		var me *MalformedError
+		var me *wire.MalformedError
 		errors.As(err, &me)
 		l.stat.malformedInc(me.Reason)
 		if n, ok := limiter.allow(time.Now()); ok {
@@ -587,7 +577,7 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key inboxKey, it inb
 		// Answered only where the envelope names this process and, under
 		// per-rank identity, the endpoint is its certificate's rank's: the
 		// body's from could not be checked.
-		if me.Type == TypeRequest && me.HasRoom && me.Endpoint != "" && l.cfg.OnMalformedRequest != nil &&
+		if me.Type == wire.TypeRequest && me.HasRoom && me.Endpoint != "" && l.cfg.OnMalformedRequest != nil &&
 			(l.addr == nil || l.addr.vouch(l.id, me.Endpoint, env)) {
 			return inboxKey{instance: me.Endpoint}, inboxItem{mr: &MalformedReport{Room: me.Room, Endpoint: me.Endpoint, Reason: err.Error()}, size: framesSize(frames)}, true
 		}
@@ -604,11 +594,11 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key inboxKey, it inb
 				// (the sender's loop learns the epoch from it and addresses
 				// what follows here), at most once per heartbeat interval
 				// per sender process, so a replay costs one PING at most.
-				_ = l.Send(Peer{Endpoint: from.Endpoint, Epoch: from.Epoch, Cert: string(env.Cert)}, &Ping{})
+				_ = l.Send(wire.Peer{Endpoint: from.Endpoint, Epoch: from.Epoch, Cert: string(env.Cert)}, &wire.Ping{})
 			}
 			return inboxKey{}, inboxItem{}, false
 		}
-		if r, ok := m.(*Register); ok {
+		if r, ok := m.(*wire.Register); ok {
 			var key []byte
 			if pc := l.addr.peerKey(env.Cert); pc != nil {
 				key = pc.key
@@ -626,7 +616,7 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key inboxKey, it inb
 				}
 			}
 		}
-		if a, ok := m.(*RegisterAck); ok && a.Pull != nil {
+		if a, ok := m.(*wire.RegisterAck); ok && a.Pull != nil {
 			var key []byte
 			if pc := l.addr.peerKey(env.Cert); pc != nil {
 				key = pc.key
@@ -643,10 +633,10 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key inboxKey, it inb
 	}
 	l.stat.received.Add(1)
 	switch m := m.(type) {
-	case *Ping:
-		_ = l.Send(Peer{Endpoint: from.Endpoint}, &Pong{Seq: m.Seq})
+	case *wire.Ping:
+		_ = l.Send(wire.Peer{Endpoint: from.Endpoint}, &wire.Pong{Seq: m.Seq})
 		return inboxKey{}, inboxItem{}, false
-	case *Pong:
+	case *wire.Pong:
 		l.snd.pong(from.Endpoint)
 	}
 	return inboxKey{from.Role, from.Instance, from.Rank}, inboxItem{m: m, size: framesSize(frames)}, true
@@ -746,8 +736,8 @@ type peerConn struct {
 	sock     *zsock
 	closed   bool // evicted or shut down: look the peer up again
 	watched  bool
-	hint     Peer // the watch's Peer (its certificate and epoch address the PINGs)
-	awaiting bool // a PING was handed to ZeroMQ and no PONG came since
+	hint     wire.Peer // the watch's Peer (its certificate and epoch address the PINGs)
+	awaiting bool      // a PING was handed to ZeroMQ and no PONG came since
 	misses   int
 	moved    bool // the backlog shrank since the last heartbeat
 
@@ -870,7 +860,7 @@ func (s *sender) remember(endpoint string) {
 }
 
 // conn returns the peer's socket, opening it if needed (s.mu held).
-func (s *sender) conn(p Peer, now time.Time, reply bool) (*peerConn, error) {
+func (s *sender) conn(p wire.Peer, now time.Time, reply bool) (*peerConn, error) {
 	if !reply {
 		s.remember(p.Endpoint)
 	}
@@ -917,7 +907,7 @@ func (s *sender) conn(p Peer, now time.Time, reply bool) (*peerConn, error) {
 		sock.close()
 		return nil, err
 	}
-	pc := &peerConn{endpoint: p.Endpoint, sock: sock, lastUsed: now, hint: Peer{Endpoint: p.Endpoint}}
+	pc := &peerConn{endpoint: p.Endpoint, sock: sock, lastUsed: now, hint: wire.Peer{Endpoint: p.Endpoint}}
 	pc.elem = s.lru.PushFront(pc)
 	s.peers[p.Endpoint] = pc
 	s.l.stat.sockets.Store(uint64(len(s.peers)))
@@ -982,7 +972,7 @@ func (s *sender) deliver(o outbound) error {
 			s.mu.Unlock()
 			return ErrClosed
 		}
-		pc, err := s.conn(o.to, o.at, o.t == TypePong)
+		pc, err := s.conn(o.to, o.at, o.t == wire.TypePong)
 		s.mu.Unlock()
 		if err != nil {
 			reason := DropError
@@ -1189,13 +1179,13 @@ func (s *sender) heartbeat(now time.Time) {
 		}
 		if len(pc.backlog) == 0 {
 			s.seq++
-			if o, err := s.l.encode(pc.hint, &Ping{From: s.l.id, Seq: s.seq}); err == nil {
+			if o, err := s.l.encode(pc.hint, &wire.Ping{From: s.l.id, Seq: s.seq}); err == nil {
 				// A PING ZeroMQ would not take is not backlogged (the next
 				// interval sends another); its body buffer goes to the GC.
 				pc.awaiting = s.try(pc, o, o.at)
 			} else {
 				// A peer this rank cannot address is not heard from: a miss.
-				s.dropped(outbound{to: pc.hint, t: TypePing}, DropNoIdentity, err)
+				s.dropped(outbound{to: pc.hint, t: wire.TypePing}, DropNoIdentity, err)
 				pc.awaiting = true
 			}
 		}
@@ -1203,7 +1193,7 @@ func (s *sender) heartbeat(now time.Time) {
 	}
 	if s.l.cfg.OnPeerDown != nil {
 		for _, ep := range down {
-			s.l.cfg.OnPeerDown(PeerDown{Endpoint: ep, Reason: ReasonPeerUnreachable})
+			s.l.cfg.OnPeerDown(PeerDown{Endpoint: ep, Reason: wire.ReasonPeerUnreachable})
 		}
 	}
 }

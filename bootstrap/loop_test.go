@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"bytes"
 	"fmt"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
 	"go.uber.org/zap"
 	"net"
@@ -27,7 +28,7 @@ const recvTimeout = 10 * time.Second
 
 type testRank struct {
 	*Loop
-	msgs      chan Message
+	msgs      chan wire.Message
 	down      chan PeerDown
 	malformed chan MalformedReport
 }
@@ -53,16 +54,16 @@ func init() { testSeq.Store(1 << 40) }
 
 // sealed adds the test secret's authentication frame, addressed to the
 // receiver's identity and epoch, as a rank would.
-func sealed(to From, frames [][]byte) [][]byte {
+func sealed(to wire.From, frames [][]byte) [][]byte {
 	return testAuth().Seal(append([][]byte(nil), frames...), Envelope{Sent: time.Now(), Seq: testSeq.Add(1), To: to})
 }
 
 func newRank(t *testing.T, role, instance string, mut func(*LoopConfig)) *testRank {
 	t.Helper()
-	r := &testRank{msgs: make(chan Message, 10000), down: make(chan PeerDown, 16), malformed: make(chan MalformedReport, 16)}
-	cfg := LoopConfig{Identity: From{Role: role, Instance: instance, Rank: 0}, Bind: "tcp://127.0.0.1:*", Auth: testAuth(),
-		Handler: func(m Message) {
-			if _, pong := m.(*Pong); !pong { // the heartbeat's; the tests look at the rest
+	r := &testRank{msgs: make(chan wire.Message, 10000), down: make(chan PeerDown, 16), malformed: make(chan MalformedReport, 16)}
+	cfg := LoopConfig{Identity: wire.From{Role: role, Instance: instance, Rank: 0}, Bind: "tcp://127.0.0.1:*", Auth: testAuth(),
+		Handler: func(m wire.Message) {
+			if _, pong := m.(*wire.Pong); !pong { // the heartbeat's; the tests look at the rest
 				r.msgs <- m
 			}
 		},
@@ -80,11 +81,11 @@ func newRank(t *testing.T, role, instance string, mut func(*LoopConfig)) *testRa
 	return r
 }
 
-func (r *testRank) peer() Peer {
-	return Peer{Endpoint: r.Endpoint(), ServerKey: r.PublicKey(), Epoch: r.Identity().Epoch, Cert: string(r.Cert())}
+func (r *testRank) peer() wire.Peer {
+	return wire.Peer{Endpoint: r.Endpoint(), ServerKey: r.PublicKey(), Epoch: r.Identity().Epoch, Cert: string(r.Cert())}
 }
 
-func (r *testRank) next(t *testing.T) Message {
+func (r *testRank) next(t *testing.T) wire.Message {
 	t.Helper()
 	select {
 	case m := <-r.msgs:
@@ -96,18 +97,18 @@ func (r *testRank) next(t *testing.T) Message {
 }
 
 func TestLoopExchangesEveryType(t *testing.T) {
-	decode := newRank(t, RoleDecode, "d", nil)
-	prefill := newRank(t, RolePrefill, "p", nil)
+	decode := newRank(t, wire.RoleDecode, "d", nil)
+	prefill := newRank(t, wire.RolePrefill, "p", nil)
 	samples := wiretest.SampleMessages()
 	for _, m := range samples {
-		if _, ok := m.(*Ping); ok {
+		if _, ok := m.(*wire.Ping); ok {
 			continue // PING and PONG are the loop's own; see the heartbeat tests
 		}
-		if _, ok := m.(*Pong); ok {
+		if _, ok := m.(*wire.Pong); ok {
 			continue
 		}
 		from, to := decode, prefill
-		if m.Sender().Role == RolePrefill {
+		if m.Sender().Role == wire.RolePrefill {
 			from, to = prefill, decode
 		}
 		require.NoError(t, from.Send(to.peer(), m))
@@ -136,8 +137,8 @@ func rawPush(t *testing.T, endpoint string) *zmq.Socket {
 }
 
 func TestLoopSurvivesGarbage(t *testing.T) {
-	prefill := newRank(t, RolePrefill, "p", nil)
-	decode := newRank(t, RoleDecode, "d", nil)
+	prefill := newRank(t, wire.RolePrefill, "p", nil)
+	decode := newRank(t, wire.RoleDecode, "d", nil)
 	raw := rawPush(t, prefill.Endpoint())
 
 	// The raw socket speaks as another process of the decode rank: its
@@ -145,7 +146,7 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 	rawFrom := decode.Identity()
 	rawFrom.Epoch++
 	good := func(room uint64) [][]byte {
-		f, err := Encode(&Abort{From: rawFrom, Room: room, Reason: "ok"})
+		f, err := wire.Encode(&wire.Abort{From: rawFrom, Room: room, Reason: "ok"})
 		require.NoError(t, err)
 		return f
 	}
@@ -156,18 +157,18 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 		"endpoint": decode.Endpoint(), "epoch": 1}, "room": 77, "dst_pages": []byte{}, "aux_index": -1,
 		"state_indices": []any{}, "required": 0, "prefix": 0, "dummy": false})
 	bad := map[string][][]byte{
-		"one frame":     {[]byte(Magic)},
-		"two frames":    {[]byte(Magic), []byte("ABORT")},
-		"four frames":   {[]byte(Magic), []byte("ABORT"), okBody, okBody},                                         // sealed: five
-		"twelve frames": {[]byte(Magic), []byte("ABORT"), okBody, okBody, nil, nil, nil, nil, nil, nil, nil, nil}, // the receiver keeps 8
+		"one frame":     {[]byte(wire.Magic)},
+		"two frames":    {[]byte(wire.Magic), []byte("ABORT")},
+		"four frames":   {[]byte(wire.Magic), []byte("ABORT"), okBody, okBody},                                         // sealed: five
+		"twelve frames": {[]byte(wire.Magic), []byte("ABORT"), okBody, okBody, nil, nil, nil, nil, nil, nil, nil, nil}, // the receiver keeps 8
 		"magic":         {[]byte("KVB0"), []byte("ABORT"), okBody},
-		"type":          {[]byte(Magic), []byte("HELLO"), okBody},
-		"random bytes":  {[]byte(Magic), []byte("ABORT"), []byte{0xc1, 0xff, 0x00, 0x12, 0x99}},
-		"truncated":     {[]byte(Magic), []byte("ABORT"), okBody[:len(okBody)/2]},
-		"huge array":    {[]byte(Magic), []byte("ABORT"), []byte{0x81, 0xa4, 'r', 'o', 'o', 'm', 0xdd, 0x7f, 0xff, 0xff, 0xff}},
-		"deep nesting":  {[]byte(Magic), []byte("ABORT"), append([]byte{0x81, 0xa1, 'x'}, bytes.Repeat([]byte{0x91}, 1<<20)...)},
-		"bad REQUEST":   {[]byte(Magic), []byte("REQUEST"), badReq},
-		"missing field": {[]byte(Magic), []byte("ABORT"), wiretest.EncodeMap(t, map[string]any{"room": 1})},
+		"type":          {[]byte(wire.Magic), []byte("HELLO"), okBody},
+		"random bytes":  {[]byte(wire.Magic), []byte("ABORT"), []byte{0xc1, 0xff, 0x00, 0x12, 0x99}},
+		"truncated":     {[]byte(wire.Magic), []byte("ABORT"), okBody[:len(okBody)/2]},
+		"huge array":    {[]byte(wire.Magic), []byte("ABORT"), []byte{0x81, 0xa4, 'r', 'o', 'o', 'm', 0xdd, 0x7f, 0xff, 0xff, 0xff}},
+		"deep nesting":  {[]byte(wire.Magic), []byte("ABORT"), append([]byte{0x81, 0xa1, 'x'}, bytes.Repeat([]byte{0x91}, 1<<20)...)},
+		"bad REQUEST":   {[]byte(wire.Magic), []byte("REQUEST"), badReq},
+		"missing field": {[]byte(wire.Magic), []byte("ABORT"), wiretest.EncodeMap(t, map[string]any{"room": 1})},
 	}
 	wantReasons := map[string]uint64{}
 	wantRefused := uint64(0)
@@ -180,10 +181,10 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 		room++
 		_, err = raw.SendMessage(sealed(prefill.Identity(), frames))
 		require.NoError(t, err, name)
-		_, err = Decode(frames)
-		var me *MalformedError
+		_, err = wire.Decode(frames)
+		var me *wire.MalformedError
 		require.ErrorAs(t, err, &me, "%s: the test's bad message decodes", name)
-		if me.Reason == ReasonFrames {
+		if me.Reason == wire.ReasonFrames {
 			// Sealed, a wrong frame count has no authentication frame
 			// where it belongs: refused before it is decoded.
 			wantRefused++
@@ -196,7 +197,7 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 
 	for _, want := range order {
 		m := prefill.next(t)
-		a, ok := m.(*Abort)
+		a, ok := m.(*wire.Abort)
 		require.True(t, ok, "good traffic out of order or altered: got %+v, want ABORT room %d", m, want)
 		require.Equal(t, want, a.Room, "good traffic out of order or altered: got %+v, want ABORT room", m)
 	}
@@ -218,11 +219,11 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 	// A body over MaxBodySize is refused by the socket (the connection is
 	// dropped) and never reaches the handler; other peers are unaffected.
 	huge := rawPush(t, prefill.Endpoint())
-	_, err := huge.SendMessage(Magic, "ABORT", make([]byte, MaxBodySize+8192))
+	_, err := huge.SendMessage(wire.Magic, "ABORT", make([]byte, wire.MaxBodySize+8192))
 	require.NoError(t, err)
-	require.NoError(t, decode.Send(prefill.peer(), &Abort{Room: 9999}))
+	require.NoError(t, decode.Send(prefill.peer(), &wire.Abort{Room: 9999}))
 	m := prefill.next(t)
-	require.EqualValues(t, 9999, m.(*Abort).Room, "after the huge body: %+v", m)
+	require.EqualValues(t, 9999, m.(*wire.Abort).Room, "after the huge body: %+v", m)
 	select {
 	case m := <-prefill.msgs:
 		t.Fatalf("unexpected message %+v", m)
@@ -235,18 +236,18 @@ func TestLoopSurvivesGarbage(t *testing.T) {
 // one); pebbe/zmq4 made some 30 (per frame: init, receive, data, copy,
 // close, RCVMORE; a send per frame; a poll). A count, not a timing.
 func TestCgoCallsPerMessage(t *testing.T) {
-	recv := newRank(t, RolePrefill, "p", nil)
-	send := newRank(t, RoleDecode, "d", nil)
+	recv := newRank(t, wire.RolePrefill, "p", nil)
+	send := newRank(t, wire.RoleDecode, "d", nil)
 	to := recv.peer()
-	require.NoError(t, send.Send(to, &Abort{Room: 0})) // opens the socket
+	require.NoError(t, send.Send(to, &wire.Abort{Room: 0})) // opens the socket
 	recv.next(t)
 	const n = 2000
 	before := runtime.NumCgoCall()
 	for i := 1; i <= n; i++ {
-		require.NoError(t, send.Send(to, &Abort{Room: uint64(i)}))
+		require.NoError(t, send.Send(to, &wire.Abort{Room: uint64(i)}))
 	}
 	for i := 1; i <= n; i++ {
-		m := recv.next(t).(*Abort)
+		m := recv.next(t).(*wire.Abort)
 		require.Equal(t, uint64(i), m.Room, "room")
 	}
 	// The slack covers the heartbeat's PINGs and PONGs, should one fire.
@@ -265,24 +266,24 @@ func freeEndpoint(t *testing.T) string {
 }
 
 func TestDeadEndpointDoesNotDelayOthers(t *testing.T) {
-	decode := newRank(t, RoleDecode, "d", func(c *LoopConfig) { c.SendHWM = 50 })
-	prefill := newRank(t, RolePrefill, "p", nil)
-	nobody := Peer{Endpoint: freeEndpoint(t), Epoch: 1}
+	decode := newRank(t, wire.RoleDecode, "d", func(c *LoopConfig) { c.SendHWM = 50 })
+	prefill := newRank(t, wire.RolePrefill, "p", nil)
+	nobody := wire.Peer{Endpoint: freeEndpoint(t), Epoch: 1}
 	// Rounds of 100 messages to an endpoint nobody listens on, each followed
 	// by 40 to a live peer (below its high-water mark): the live peer gets
 	// every one, in order, while the dead peer's queue overflows and drops.
 	room := uint64(0)
 	for round := 0; round < 5; round++ {
 		for i := 0; i < 100; i++ {
-			require.NoError(t, decode.Send(nobody, &Abort{Room: 1 << 40}))
+			require.NoError(t, decode.Send(nobody, &wire.Abort{Room: 1 << 40}))
 		}
 		first := room
 		for i := 0; i < 40; i++ {
-			require.NoError(t, decode.Send(prefill.peer(), &Abort{Room: room}))
+			require.NoError(t, decode.Send(prefill.peer(), &wire.Abort{Room: room}))
 			room++
 		}
 		for want := first; want < room; want++ {
-			m := prefill.next(t).(*Abort)
+			m := prefill.next(t).(*wire.Abort)
 			require.Equal(t, want, m.Room, "got room")
 		}
 	}
@@ -294,9 +295,9 @@ func TestDeadEndpointDoesNotDelayOthers(t *testing.T) {
 // message, each goroutine's in its order.
 func TestConcurrentSendersKeepOrder(t *testing.T) {
 	const senders, each = 8, 500
-	got := make(chan Message, senders*each)
-	recv := newRank(t, RolePrefill, "recv", func(c *LoopConfig) { c.Handler = func(m Message) { got <- m } })
-	send := newRank(t, RoleDecode, "send", func(c *LoopConfig) { c.SendHWM = senders * each })
+	got := make(chan wire.Message, senders*each)
+	recv := newRank(t, wire.RolePrefill, "recv", func(c *LoopConfig) { c.Handler = func(m wire.Message) { got <- m } })
+	send := newRank(t, wire.RoleDecode, "send", func(c *LoopConfig) { c.SendHWM = senders * each })
 	to := recv.peer()
 	var wg sync.WaitGroup
 	for g := 0; g < senders; g++ {
@@ -304,7 +305,7 @@ func TestConcurrentSendersKeepOrder(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < each; i++ {
-				if !assert.NoError(t, send.Send(to, &Abort{Room: uint64(g*each + i)})) {
+				if !assert.NoError(t, send.Send(to, &wire.Abort{Room: uint64(g*each + i)})) {
 					return
 				}
 			}
@@ -313,7 +314,7 @@ func TestConcurrentSendersKeepOrder(t *testing.T) {
 	wg.Wait()
 	next := make([]int, senders)
 	for n := 0; n < senders*each; n++ {
-		m := (<-got).(*Abort)
+		m := (<-got).(*wire.Abort)
 		g, i := int(m.Room)/each, int(m.Room)%each
 		require.Equal(t, next[g], i, "sender %d: message %d arrived after %d", g, i, next[g]-1)
 		next[g]++
@@ -322,7 +323,7 @@ func TestConcurrentSendersKeepOrder(t *testing.T) {
 
 func TestHeartbeatDetectsKilledPeer(t *testing.T) {
 	const interval, misses = 200 * time.Millisecond, 2
-	parent := newRank(t, RoleDecode, "parent", func(c *LoopConfig) {
+	parent := newRank(t, wire.RoleDecode, "parent", func(c *LoopConfig) {
 		c.HeartbeatInterval, c.MaxMisses = interval, misses
 	})
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -332,9 +333,9 @@ func TestHeartbeatDetectsKilledPeer(t *testing.T) {
 	require.NoError(t, cmd.Start())
 	defer cmd.Wait()
 	defer cmd.Process.Kill()
-	hello := parent.next(t).(*Abort)
+	hello := parent.next(t).(*wire.Abort)
 	child := hello.From
-	require.NoError(t, parent.Watch(Peer{Endpoint: child.Endpoint}))
+	require.NoError(t, parent.Watch(wire.Peer{Endpoint: child.Endpoint}))
 	// Alive: a few intervals pass with PONGs and no report. Wait for PONGs
 	// to be counted before killing, so the bound starts from a live peer.
 	deadline := time.Now().Add(recvTimeout)
@@ -356,7 +357,7 @@ func TestHeartbeatDetectsKilledPeer(t *testing.T) {
 		took := time.Since(killed)
 		bound := interval * (misses + 1)
 		t.Logf("killed peer reported %v after SIGKILL (bound %v)", took, bound)
-		require.Equal(t, ReasonPeerUnreachable, d.Reason, "report %+v", d)
+		require.Equal(t, wire.ReasonPeerUnreachable, d.Reason, "report %+v", d)
 		require.Equal(t, child.Endpoint, d.Endpoint, "report %+v", d)
 		// The bound holds from the last PONG; the slack absorbs scheduling
 		// noise on a loaded machine.
@@ -372,21 +373,21 @@ func TestHeartbeatDetectsKilledPeer(t *testing.T) {
 // the handler (the core, where restarts are detected), and the loop reports
 // no peer down for it.
 func TestPingNeverReportsRestart(t *testing.T) {
-	prefill := newRank(t, RolePrefill, "p", nil)
+	prefill := newRank(t, wire.RolePrefill, "p", nil)
 	// One raw connection, so the three messages arrive in order: the real
 	// epoch, a PING claiming a new epoch, the real epoch again.
 	raw := rawPush(t, prefill.Endpoint())
-	real := From{Role: RoleDecode, Instance: "d", Rank: 4, Endpoint: "tcp://127.0.0.1:1", Epoch: 1}
+	real := wire.From{Role: wire.RoleDecode, Instance: "d", Rank: 4, Endpoint: "tcp://127.0.0.1:1", Epoch: 1}
 	forged := real
 	forged.Epoch = 99
-	for _, m := range []Message{&Abort{From: real, Room: 1}, &Ping{From: forged, Seq: 1}, &Abort{From: real, Room: 2}} {
-		f, err := Encode(m)
+	for _, m := range []wire.Message{&wire.Abort{From: real, Room: 1}, &wire.Ping{From: forged, Seq: 1}, &wire.Abort{From: real, Room: 2}} {
+		f, err := wire.Encode(m)
 		require.NoError(t, err)
 		_, err = raw.SendMessage(sealed(prefill.Identity(), f))
 		require.NoError(t, err)
 	}
 	for want := uint64(1); want <= 2; want++ {
-		m := prefill.next(t).(*Abort)
+		m := prefill.next(t).(*wire.Abort)
 		require.Equal(t, want, m.Room, "room")
 	}
 	select {
@@ -417,7 +418,7 @@ func TestHeartbeatCountsOnlyRealMisses(t *testing.T) {
 	s.heartbeat(now) // the backlog stands still: one miss
 	s.heartbeat(now) // two: dead
 	require.Len(t, down, 1, "a stuck backlog must count as misses: %v", down)
-	require.Equal(t, ReasonPeerUnreachable, down[0].Reason, "a stuck backlog must count as misses: %v", down)
+	require.Equal(t, wire.ReasonPeerUnreachable, down[0].Reason, "a stuck backlog must count as misses: %v", down)
 }
 
 func TestCurveAdmitsOnlyListedKeys(t *testing.T) {
@@ -431,12 +432,12 @@ func TestCurveAdmitsOnlyListedKeys(t *testing.T) {
 	}
 	good, stranger, server := keys(), keys(), keys()
 	server.AllowedKeys = []string{good.PublicKey}
-	prefill := newRank(t, RolePrefill, "p", func(c *LoopConfig) { c.Security = server })
-	listed := newRank(t, RoleDecode, "listed", func(c *LoopConfig) { c.Security = good })
-	unlisted := newRank(t, RoleDecode, "unlisted", func(c *LoopConfig) { c.Security = stranger })
+	prefill := newRank(t, wire.RolePrefill, "p", func(c *LoopConfig) { c.Security = server })
+	listed := newRank(t, wire.RoleDecode, "listed", func(c *LoopConfig) { c.Security = good })
+	unlisted := newRank(t, wire.RoleDecode, "unlisted", func(c *LoopConfig) { c.Security = stranger })
 
 	for i := uint64(0); i < 10; i++ {
-		require.NoError(t, unlisted.Send(prefill.peer(), &Abort{Room: 1000 + i}))
+		require.NoError(t, unlisted.Send(prefill.peer(), &wire.Abort{Room: 1000 + i}))
 	}
 	deadline := time.Now().Add(recvTimeout)
 	for prefill.Stats().Unauthenticated == 0 {
@@ -445,8 +446,8 @@ func TestCurveAdmitsOnlyListedKeys(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	require.NoError(t, listed.Send(prefill.peer(), &Abort{Room: 1}))
-	m := prefill.next(t).(*Abort)
+	require.NoError(t, listed.Send(prefill.peer(), &wire.Abort{Room: 1}))
+	m := prefill.next(t).(*wire.Abort)
 	require.EqualValues(t, 1, m.Room, "got %+v", m)
 	require.Equal(t, "listed", m.From.Instance, "got %+v", m)
 	select {
@@ -455,7 +456,7 @@ func TestCurveAdmitsOnlyListedKeys(t *testing.T) {
 	default:
 	}
 	// Without a peer's server key a secure rank does not send in clear.
-	require.NoError(t, listed.Send(Peer{Endpoint: freeEndpoint(t), Epoch: 1}, &Abort{Room: 3}))
+	require.NoError(t, listed.Send(wire.Peer{Endpoint: freeEndpoint(t), Epoch: 1}, &wire.Abort{Room: 3}))
 	for listed.Stats().Dropped[DropNoKey] != 1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("send without a key not dropped: %v", listed.Stats().Dropped)
@@ -491,24 +492,24 @@ func TestSecurityFromEnv(t *testing.T) {
 }
 
 func TestLoopCloseIdempotent(t *testing.T) {
-	r := newRank(t, RoleDecode, "d", nil)
+	r := newRank(t, wire.RoleDecode, "d", nil)
 	require.NoError(t, r.Close())
 	require.NoError(t, r.Close())
-	require.ErrorIs(t, r.Send(Peer{Endpoint: "tcp://127.0.0.1:1"}, &Abort{}), ErrClosed, "send after close")
-	require.ErrorIs(t, r.Watch(Peer{Endpoint: "tcp://127.0.0.1:1"}), ErrClosed, "watch after close")
+	require.ErrorIs(t, r.Send(wire.Peer{Endpoint: "tcp://127.0.0.1:1"}, &wire.Abort{}), ErrClosed, "send after close")
+	require.ErrorIs(t, r.Watch(wire.Peer{Endpoint: "tcp://127.0.0.1:1"}), ErrClosed, "watch after close")
 }
 
 func TestLoopConfigValidate(t *testing.T) {
 	for name, c := range map[string]LoopConfig{
-		"no role":    {Identity: From{Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(Message) {}},
-		"no handler": {Identity: From{Role: RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*"},
-		"bad bind":   {Identity: From{Role: RoleDecode, Instance: "x"}, Bind: "bogus://", Handler: func(Message) {}},
-		"bad key": {Identity: From{Role: RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(Message) {},
+		"no role":    {Identity: wire.From{Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(wire.Message) {}},
+		"no handler": {Identity: wire.From{Role: wire.RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*"},
+		"bad bind":   {Identity: wire.From{Role: wire.RoleDecode, Instance: "x"}, Bind: "bogus://", Handler: func(wire.Message) {}},
+		"bad key": {Identity: wire.From{Role: wire.RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(wire.Message) {},
 			Security: &Security{SecretKey: "short"}, Auth: testAuth()},
-		"no secret, not insecure": {Identity: From{Role: RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(Message) {}},
-		"short secret": {Identity: From{Role: RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(Message) {},
+		"no secret, not insecure": {Identity: wire.From{Role: wire.RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(wire.Message) {}},
+		"short secret": {Identity: wire.From{Role: wire.RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(wire.Message) {},
 			Auth: &Auth{Secret: []byte("short")}},
-		"secret and insecure": {Identity: From{Role: RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(Message) {},
+		"secret and insecure": {Identity: wire.From{Role: wire.RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(wire.Message) {},
 			Auth: testAuth(), Insecure: true},
 	} {
 		if l, err := NewLoop(c); !assert.Error(t, err, "%s: accepted", name) {
@@ -522,20 +523,20 @@ func TestLoopConfigValidate(t *testing.T) {
 // (a captured message replayed under another name), too old — never
 // reaches the handler, is not answered, and is counted by reason.
 func TestUnauthenticatedMessagesDropped(t *testing.T) {
-	prefill := newRank(t, RolePrefill, "p", nil)
-	decode := newRank(t, RoleDecode, "d", nil)
+	prefill := newRank(t, wire.RolePrefill, "p", nil)
+	decode := newRank(t, wire.RoleDecode, "d", nil)
 	raw := rawPush(t, prefill.Endpoint())
-	frames := func(m Message) [][]byte {
-		f, err := Encode(m)
+	frames := func(m wire.Message) [][]byte {
+		f, err := wire.Encode(m)
 		require.NoError(t, err)
 		return f
 	}
-	req := &Request{From: decode.Identity(), Room: 5, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}
+	req := &wire.Request{From: decode.Identity(), Room: 5, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}
 	other, _ := NewAuth([]byte("another deployment's secret!!"))
 	captured := sealed(prefill.Identity(), frames(req))
 	forgedFrom := decode.Identity()
 	forgedFrom.Instance = "intruder"
-	replayed := append(frames(&Request{From: forgedFrom, Room: 5, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}), captured[3])
+	replayed := append(frames(&wire.Request{From: forgedFrom, Room: 5, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}), captured[3])
 	old := testAuth().Seal(frames(req), Envelope{Sent: time.Now().Add(-time.Hour), Seq: testSeq.Add(1), To: prefill.Identity()})
 	cases := map[string]struct {
 		frames [][]byte
@@ -546,7 +547,7 @@ func TestUnauthenticatedMessagesDropped(t *testing.T) {
 		"short tag":         {append(frames(req), []byte("x")), AuthBadTag},
 		"replayed identity": {replayed, AuthBadTag},
 		"an hour old":       {old, AuthStale},
-		"PING without tag":  {frames(&Ping{From: decode.Identity(), Seq: 1}), AuthMissing},
+		"PING without tag":  {frames(&wire.Ping{From: decode.Identity(), Seq: 1}), AuthMissing},
 	}
 	want := map[string]uint64{}
 	for name, c := range cases {
@@ -555,11 +556,11 @@ func TestUnauthenticatedMessagesDropped(t *testing.T) {
 		want[c.reason]++
 	}
 	// An authenticated message behind them proves they were processed.
-	_, err := raw.SendMessage(sealed(prefill.Identity(), frames(&Abort{From: decode.Identity(), Room: 99})))
+	_, err := raw.SendMessage(sealed(prefill.Identity(), frames(&wire.Abort{From: decode.Identity(), Room: 99})))
 	require.NoError(t, err)
 	m := prefill.next(t)
-	require.Equal(t, TypeAbort, m.Type(), "an unauthenticated message reached the handler: %+v", m)
-	require.EqualValues(t, 99, m.(*Abort).Room, "an unauthenticated message reached the handler: %+v", m)
+	require.Equal(t, wire.TypeAbort, m.Type(), "an unauthenticated message reached the handler: %+v", m)
+	require.EqualValues(t, 99, m.(*wire.Abort).Room, "an unauthenticated message reached the handler: %+v", m)
 	for _, r := range AuthReasons {
 		want[r] += 0
 	}
@@ -577,15 +578,15 @@ func TestUnauthenticatedMessagesDropped(t *testing.T) {
 // insecure; sockets never exceed MaxPeers, evicting before creating (the
 // epoch table's bound is the core's: core.TestEpochCheck (internal/core)).
 func TestForgedIdentitiesOpenNoSockets(t *testing.T) {
-	prefill := newRank(t, RolePrefill, "p", func(c *LoopConfig) { c.Auth, c.Insecure, c.MaxPeers = nil, true, 8 })
+	prefill := newRank(t, wire.RolePrefill, "p", func(c *LoopConfig) { c.Auth, c.Insecure, c.MaxPeers = nil, true, 8 })
 	raw := rawPush(t, prefill.Endpoint())
 	const n = 2000
 	for i := 0; i < n; i++ {
-		f, _ := Encode(&Ping{From: From{Role: RoleDecode, Instance: "forged", Rank: i, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 10000+i), Epoch: 1}, Seq: 1})
+		f, _ := wire.Encode(&wire.Ping{From: wire.From{Role: wire.RoleDecode, Instance: "forged", Rank: i, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 10000+i), Epoch: 1}, Seq: 1})
 		_, err := raw.SendMessage(f)
 		require.NoError(t, err)
 		// ABORTs under distinct identities fill the epoch table.
-		f, _ = Encode(&Abort{From: From{Role: RoleDecode, Instance: "forged", Rank: i, Endpoint: "tcp://127.0.0.1:1", Epoch: 1}, Room: uint64(i)})
+		f, _ = wire.Encode(&wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: "forged", Rank: i, Endpoint: "tcp://127.0.0.1:1", Epoch: 1}, Room: uint64(i)})
 		_, err = raw.SendMessage(f)
 		require.NoError(t, err)
 	}
@@ -595,8 +596,8 @@ func TestForgedIdentitiesOpenNoSockets(t *testing.T) {
 	// The loop handles messages in order: once the last ABORT is out, its
 	// PING has been answered or dropped. Drops are counted on the send
 	// goroutine; a marker send to a known peer orders behind them.
-	decode := newRank(t, RoleDecode, "d", func(c *LoopConfig) { c.Auth, c.Insecure = nil, true })
-	require.NoError(t, prefill.Send(decode.peer(), &Status{Room: 1, Status: StatusFailed}))
+	decode := newRank(t, wire.RoleDecode, "d", func(c *LoopConfig) { c.Auth, c.Insecure = nil, true })
+	require.NoError(t, prefill.Send(decode.peer(), &wire.Status{Room: 1, Status: wire.StatusFailed}))
 	decode.next(t)
 	st := prefill.Stats()
 	// (Sent is counted after the marker left, so it may still read 0.)
@@ -606,13 +607,13 @@ func TestForgedIdentitiesOpenNoSockets(t *testing.T) {
 	// Sockets: 8 watched peers fill MaxPeers; a ninth endpoint is refused
 	// (not created); once one is unwatched it is evicted first.
 	for i := 0; i < 8; i++ {
-		require.NoError(t, prefill.Watch(Peer{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 20000+i)}))
+		require.NoError(t, prefill.Watch(wire.Peer{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 20000+i)}))
 	}
-	require.NoError(t, prefill.Send(Peer{Endpoint: "tcp://127.0.0.1:29999"}, &Status{Room: 2, Status: StatusFailed}))
+	require.NoError(t, prefill.Send(wire.Peer{Endpoint: "tcp://127.0.0.1:29999"}, &wire.Status{Room: 2, Status: wire.StatusFailed}))
 	require.NoError(t, prefill.Unwatch("tcp://127.0.0.1:20000"))
-	require.NoError(t, prefill.Send(decode.peer(), &Status{Room: 3, Status: StatusFailed}))
+	require.NoError(t, prefill.Send(decode.peer(), &wire.Status{Room: 3, Status: wire.StatusFailed}))
 	m := decode.next(t)
-	require.EqualValues(t, 3, m.(*Status).Room, "got %+v", m)
+	require.EqualValues(t, 3, m.(*wire.Status).Room, "got %+v", m)
 	require.GreaterOrEqual(t, prefill.Stats().Dropped[DropTooManyPeers], uint64(1), "no send refused with every socket watched (too_many_peers)")
 	require.LessOrEqual(t, int(prefill.Stats().Sockets), 8, "sockets open, MaxPeers 8")
 }
@@ -622,21 +623,21 @@ func TestForgedIdentitiesOpenNoSockets(t *testing.T) {
 // peer's socket does not keep the last message it carried (a REGISTER's
 // metadata, say) alive until the next send.
 func TestSentBodyNotKeptAlive(t *testing.T) {
-	got := make(chan Message, 1)
-	b, err := NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "b"}, Bind: "tcp://127.0.0.1:*",
-		Auth: testAuth(), Handler: func(m Message) {
-			if _, ok := m.(*Abort); ok {
+	got := make(chan wire.Message, 1)
+	b, err := NewLoop(LoopConfig{Identity: wire.From{Role: wire.RolePrefill, Instance: "b"}, Bind: "tcp://127.0.0.1:*",
+		Auth: testAuth(), Handler: func(m wire.Message) {
+			if _, ok := m.(*wire.Abort); ok {
 				got <- m
 			}
 		}})
 	require.NoError(t, err)
 	defer b.Close()
-	a, err := NewLoop(LoopConfig{Identity: From{Role: RoleDecode, Instance: "a"}, Bind: "tcp://127.0.0.1:*",
-		Auth: testAuth(), Handler: func(Message) {}})
+	a, err := NewLoop(LoopConfig{Identity: wire.From{Role: wire.RoleDecode, Instance: "a"}, Bind: "tcp://127.0.0.1:*",
+		Auth: testAuth(), Handler: func(wire.Message) {}})
 	require.NoError(t, err)
 	defer a.Close()
-	to := Peer{Endpoint: b.Endpoint(), Epoch: b.Identity().Epoch}
-	require.NoError(t, a.Send(to, &Abort{Room: 1, Reason: strings.Repeat("r", 200)}))
+	to := wire.Peer{Endpoint: b.Endpoint(), Epoch: b.Identity().Epoch}
+	require.NoError(t, a.Send(to, &wire.Abort{Room: 1, Reason: strings.Repeat("r", 200)}))
 	<-got
 	a.snd.mu.Lock()
 	pc := a.snd.peers[b.Endpoint()]
@@ -655,22 +656,22 @@ func TestBackloggedBodiesIntact(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	open := func() { once.Do(func() { close(release) }) }
-	got := make(chan *Abort, 1<<16)
-	recv := newRank(t, RolePrefill, "recv", func(c *LoopConfig) {
-		c.Handler = func(m Message) {
-			if a, ok := m.(*Abort); ok {
+	got := make(chan *wire.Abort, 1<<16)
+	recv := newRank(t, wire.RolePrefill, "recv", func(c *LoopConfig) {
+		c.Handler = func(m wire.Message) {
+			if a, ok := m.(*wire.Abort); ok {
 				<-release // a peer that stopped reading
 				got <- a
 			}
 		}
 	})
 	t.Cleanup(open) // before recv closes (cleanups run last first)
-	send := newRank(t, RoleDecode, "send", func(c *LoopConfig) { c.SendHWM = 64 })
+	send := newRank(t, wire.RoleDecode, "send", func(c *LoopConfig) { c.SendHWM = 64 })
 	to := recv.peer()
 	reason := func(i int) string { return fmt.Sprintf("%08d", i) + strings.Repeat(string(rune('a'+i%26)), 900) }
 	sent := 0
 	post := func() {
-		require.NoError(t, send.Send(to, &Abort{Room: uint64(sent), Reason: reason(sent)}))
+		require.NoError(t, send.Send(to, &wire.Abort{Room: uint64(sent), Reason: reason(sent)}))
 		sent++
 	}
 	// Until ZeroMQ's queue and the sockets' buffers are full and messages
@@ -689,7 +690,7 @@ func TestBackloggedBodiesIntact(t *testing.T) {
 	want := uint64(sent) - send.Stats().Dropped[DropPeerBusy]
 	seen := map[uint64]bool{}
 	for n := uint64(0); n < want; n++ {
-		var a *Abort
+		var a *wire.Abort
 		select {
 		case a = <-got:
 		case <-time.After(time.Minute): // a lost message fails, not hangs

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"go.uber.org/goleak"
 )
 
@@ -24,13 +25,13 @@ func TestMain(m *testing.M) {
 }
 
 func runChildPeer(parent string, epoch uint64) int {
-	l, err := NewLoop(LoopConfig{Identity: From{Role: RolePrefill, Instance: "child", Rank: 0},
-		Bind: "tcp://127.0.0.1:*", Handler: func(Message) {}, Auth: testAuth()})
+	l, err := NewLoop(LoopConfig{Identity: wire.From{Role: wire.RolePrefill, Instance: "child", Rank: 0},
+		Bind: "tcp://127.0.0.1:*", Handler: func(wire.Message) {}, Auth: testAuth()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := l.Send(Peer{Endpoint: parent, Epoch: epoch}, &Abort{Room: 1, Reason: "child up"}); err != nil {
+	if err := l.Send(wire.Peer{Endpoint: parent, Epoch: epoch}, &wire.Abort{Room: 1, Reason: "child up"}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -84,7 +85,7 @@ func indexOf(list []string, s string) int {
 }
 
 func (c *counters) malformedInc(reason string) {
-	if i := indexOf(MalformedReasons, reason); i >= 0 {
+	if i := indexOf(wire.MalformedReasons, reason); i >= 0 {
 		c.malformed[i].Add(1)
 	}
 }
@@ -106,7 +107,7 @@ func (c *counters) snapshot() Stats {
 	for i, r := range AuthReasons {
 		s.Refused[r] = c.refused[i].Load()
 	}
-	for i, r := range MalformedReasons {
+	for i, r := range wire.MalformedReasons {
 		s.Malformed[r] = c.malformed[i].Load()
 	}
 	for i, r := range dropReasons {
@@ -124,7 +125,7 @@ type collector struct {
 	sockets, backlogged                                       *prometheus.Desc
 }
 
-func newCollector(c *counters, id From) *collector {
+func newCollector(c *counters, id wire.From) *collector {
 	labels := prometheus.Labels{"role": id.Role, "instance": id.Instance, "rank": strconv.Itoa(id.Rank)}
 	d := func(name, help string, vars ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, vars, labels)

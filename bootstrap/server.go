@@ -94,8 +94,8 @@ func (r RankRecord) Validate() error {
 	switch {
 	case r.Instance == "":
 		return errors.New("instance is empty")
-	case len(r.Instance) > MaxNameBytes || len(r.Endpoint) > MaxNameBytes || len(r.DType) > MaxNameBytes || len(r.Compat) > MaxNameBytes:
-		return fmt.Errorf("instance, endpoint, dtype and compat are limited to %d bytes", MaxNameBytes)
+	case len(r.Instance) > wire.MaxNameBytes || len(r.Endpoint) > wire.MaxNameBytes || len(r.DType) > wire.MaxNameBytes || len(r.Compat) > wire.MaxNameBytes:
+		return fmt.Errorf("instance, endpoint, dtype and compat are limited to %d bytes", wire.MaxNameBytes)
 	case r.DPSize < 1 || r.TPSize < 1 || r.PPSize < 1 || r.DPSize > maxRankIndex || r.TPSize > maxRankIndex || r.PPSize > maxRankIndex:
 		return fmt.Errorf("sizes dp=%d tp=%d pp=%d must be in [1, %d]", r.DPSize, r.TPSize, r.PPSize, maxRankIndex)
 	case r.DPRank < 0 || r.DPRank >= r.DPSize:

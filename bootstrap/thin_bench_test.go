@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
 	"github.com/stretchr/testify/require"
 )
@@ -64,7 +65,7 @@ func (z *thinZMQ) close() {
 // the first bench rank to the second), else the three frames.
 func thinFrames(tb testing.TB, mode benchMode) [][]byte {
 	f := benchFrames(tb)
-	to := wiretest.SampleFrom(RolePrefill)
+	to := wiretest.SampleFrom(wire.RolePrefill)
 	switch mode {
 	case benchInsecure:
 		return f

@@ -11,6 +11,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
 )
@@ -145,7 +146,7 @@ func (d *Decode) checkRankCert(t core.Target, info bootstrap.RankInfo) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
-	want := bootstrap.From{Role: bootstrap.RolePrefill, Instance: topo.Instance,
+	want := wire.From{Role: wire.RolePrefill, Instance: topo.Instance,
 		Rank: transfer.Parallel{TPSize: topo.TPSize, TPRank: t.Rank, PPSize: topo.PPSize, PPRank: t.PP, DPSize: topo.DPSize, DPRank: t.DP}.Global()}
 	if c.Identity() != want {
 		return fmt.Errorf("%s: its record carries the certificate of %s, want %s: %w", where, c, want.Peer(), bootstrap.ErrBadCert)

@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/stretchr/testify/require"
 )
 
@@ -18,18 +18,18 @@ import (
 func TestEffectsCarriedOutInStepOrder(t *testing.T) {
 	p := newTestPrefill(t)
 	m := p.Manager
-	decode := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "d", Endpoint: "tcp://127.0.0.1:1", Epoch: 1}
+	decode := wire.From{Role: wire.RoleDecode, Instance: "d", Endpoint: "tcp://127.0.0.1:1", Epoch: 1}
 	abort := func(room uint64, coreDone chan<- struct{}) {
 		m.step(func(c *core.Core, now time.Time) {
-			c.Step(now, core.Received{Msg: &bootstrap.Abort{From: decode, Room: room, Reason: "order test"}})
+			c.Step(now, core.Received{Msg: &wire.Abort{From: decode, Room: room, Reason: "order test"}})
 			if coreDone != nil {
 				close(coreDone)
 			}
 		})
 	}
 	var order []uint64
-	onSend := func(msg bootstrap.Message) {
-		if a, ok := msg.(*bootstrap.AbortAck); ok {
+	onSend := func(msg wire.Message) {
+		if a, ok := msg.(*wire.AbortAck); ok {
 			order = append(order, a.Room) // under effMu (or, without it, racing: -race reports it)
 		}
 	}

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,7 +36,7 @@ func TestLayoutRefusalsExported(t *testing.T) {
 	kv[1].Addr = kv[0].Addr
 	var err error
 	p.read(func(c *core.Core) {
-		_, err = c.CheckRegister(&bootstrap.Register{From: bootstrap.From{Role: "decode", Instance: "d", Rank: 0, Endpoint: "tcp://d:1", Epoch: 1}, Compat: p.cfg.Compat, KV: kv, Aux: aux, State: state})
+		_, err = c.CheckRegister(&wire.Register{From: wire.From{Role: "decode", Instance: "d", Rank: 0, Endpoint: "tcp://d:1", Epoch: 1}, Compat: p.cfg.Compat, KV: kv, Aux: aux, State: state})
 	})
 	require.ErrorContains(t, err, "overlapping regions", "an overlapping REGISTER")
 	families, err := reg.Gather()

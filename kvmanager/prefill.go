@@ -13,6 +13,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/pool"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
 )
@@ -217,7 +218,7 @@ func (m *Manager) registerRank() error {
 // onRegister steps a REGISTER into the core: its epoch check and
 // CheckRegister run there, and a REGISTER that passes comes back as
 // EffectLoadMetadata (loadMetadata), carried out after the step.
-func (m *Manager) onRegister(msg *bootstrap.Register) {
+func (m *Manager) onRegister(msg *wire.Register) {
 	m.receive(msg)
 }
 
@@ -226,7 +227,7 @@ func (m *Manager) onRegister(msg *bootstrap.Register) {
 // loading the peer's agent metadata and reading its ownership proofs back
 // are engine I/O, and a peer that never answers must not hold the control
 // loop.
-func (m *Manager) loadMetadata(msg *bootstrap.Register, lay core.PeerPlan) {
+func (m *Manager) loadMetadata(msg *wire.Register, lay core.PeerPlan) {
 	if !m.registersReady.Load() {
 		m.met.deferred.Inc() // NewPrefill has not finished: the sender repeats it
 		return
@@ -248,7 +249,7 @@ func (m *Manager) loadMetadata(msg *bootstrap.Register, lay core.PeerPlan) {
 // agent the challenge notification — a message, never an access to that
 // process's memory. Nothing else goes through that agent until the
 // sender echoes the challenge (the core admits the REGISTER that does).
-func (m *Manager) challenge(msg *bootstrap.Register, notif string) {
+func (m *Manager) challenge(msg *wire.Register, notif string) {
 	if !m.registersReady.Load() {
 		m.met.deferred.Inc() // NewPrefill has not finished: the sender repeats it
 		return

@@ -4,9 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/require"
@@ -32,13 +32,13 @@ func TestProbeTimerTicksTheCore(t *testing.T) {
 	d.resolver = func(t core.Target) { lookups <- t } // the test answers lookups itself
 
 	target := core.Target{Bootstrap: cfg.BootstrapURL, Rank: 0}
-	prefill := bootstrap.From{Role: "prefill", Instance: "p", Rank: 0, Endpoint: "tcp://127.0.0.1:9", Epoch: 10}
+	prefill := wire.From{Role: "prefill", Instance: "p", Rank: 0, Endpoint: "tcp://127.0.0.1:9", Epoch: 10}
 	require.Equal(t, Applied, d.CreateReceiver(1, Target(target)).Outcome)
 	require.Equal(t, target, <-lookups)
 	d.stepIn(core.Resolved{Target: target, Endpoint: prefill.Endpoint})
 	spec := core.RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}
 	require.Equal(t, core.Applied, d.stepIn(core.InitReceiver{Room: 1, Spec: spec}).Result.Outcome)
-	d.stepIn(core.Received{Msg: &bootstrap.RegisterAck{From: prefill, OK: true}}) // room 1's REQUEST goes: just heard
+	d.stepIn(core.Received{Msg: &wire.RegisterAck{From: prefill, OK: true}}) // room 1's REQUEST goes: just heard
 
 	// Room 2's REQUEST waits for a PING's PONG (not heard from within
 	// ProbeIdle); none comes.

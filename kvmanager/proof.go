@@ -37,10 +37,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
@@ -164,7 +164,7 @@ func (m *Manager) writeProof(l transfer.Layout, owner string) error {
 // refused another rank's default name already, and a registered process's
 // REGISTER with other metadata or regions: PeerPlan.Repeat says a REGISTER
 // repeats its process's registration).
-func (m *Manager) checkClaims(msg *bootstrap.Register) error {
+func (m *Manager) checkClaims(msg *wire.Register) error {
 	if len(msg.Proof) != proofLen {
 		return fmt.Errorf("%w: the REGISTER carries no ownership proof (%d bytes, want %d; a decode rank from before proofs must be upgraded)", errNotOwner, len(msg.Proof), proofLen)
 	}
@@ -252,7 +252,7 @@ func (m *Manager) endCheck(peer, agent string) {
 // (proveRegister), releases the reservation, then steps Registered or
 // RegisterRefused — released first, so the sender's next REGISTER, sent
 // once it has the answer, is not left unanswered as a repeat in progress.
-func (m *Manager) bindRegister(msg *bootstrap.Register, lay core.PeerPlan) {
+func (m *Manager) bindRegister(msg *wire.Register, lay core.PeerPlan) {
 	name, err := m.proveRegister(msg, lay)
 	m.endCheck(msg.From.Peer(), msg.Agent)
 	if err != nil {
@@ -268,7 +268,7 @@ func (m *Manager) bindRegister(msg *bootstrap.Register, lay core.PeerPlan) {
 // unless it repeats a proven registration whose remote is still loaded and
 // usable, which is left as it is — and prepares its lists; it returns the
 // remote's name.
-func (m *Manager) proveRegister(msg *bootstrap.Register, lay core.PeerPlan) (string, error) {
+func (m *Manager) proveRegister(msg *wire.Register, lay core.PeerPlan) (string, error) {
 	err := m.checkClaims(msg)
 	if err != nil {
 		return "", err
@@ -301,7 +301,7 @@ func (m *Manager) proveRegister(msg *bootstrap.Register, lay core.PeerPlan) (str
 }
 
 // refuseRegister answers a REGISTER with its refusal.
-func (m *Manager) refuseRegister(msg *bootstrap.Register, err error) {
+func (m *Manager) refuseRegister(msg *wire.Register, err error) {
 	notOwner := errors.Is(err, errNotOwner)
 	m.stepIn(core.RegisterRefused{From: msg.From, Reason: err.Error(), NotOwner: notOwner})
 }
@@ -309,7 +309,7 @@ func (m *Manager) refuseRegister(msg *bootstrap.Register, err error) {
 // checkProof reads back the proof slots of the memory a REGISTER describes
 // through the loaded remote agent and compares each with the value the
 // REGISTER's seed gives for its sender and that region.
-func (m *Manager) checkProof(remote string, msg *bootstrap.Register, lay transfer.Layout) error {
+func (m *Manager) checkProof(remote string, msg *wire.Register, lay transfer.Layout) error {
 	checks := proofRegions(lay)
 	buf, err := m.proofBuffer(proofLen * len(checks))
 	if err != nil {

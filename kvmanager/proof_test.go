@@ -11,6 +11,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,11 +26,11 @@ type proofRank struct {
 	name, owner string
 	agent       *nixl.Agent
 	md          []byte
-	kv          []bootstrap.Region
+	kv          []wire.Region
 	mem         [][]byte
 	seed        []byte
 	loop        *bootstrap.Loop
-	acks        chan *bootstrap.RegisterAck
+	acks        chan *wire.RegisterAck
 }
 
 func newProofRank(t testing.TB, engine nixl.Config, instance string, regions int) *proofRank {
@@ -44,8 +45,8 @@ func newProofRankNamed(t testing.TB, engine nixl.Config, instance, agent string,
 	a, err := nixl.Open(engine)
 	require.NoError(t, err)
 	t.Cleanup(func() { a.Close() })
-	from := bootstrap.From{Role: bootstrap.RoleDecode, Instance: instance, Rank: 0}
-	r := &proofRank{name: engine.Name, owner: from.Peer(), agent: a, seed: make([]byte, proofLen), acks: make(chan *bootstrap.RegisterAck, 4)}
+	from := wire.From{Role: wire.RoleDecode, Instance: instance, Rank: 0}
+	r := &proofRank{name: engine.Name, owner: from.Peer(), agent: a, seed: make([]byte, proofLen), acks: make(chan *wire.RegisterAck, 4)}
 	copy(r.seed, instance)
 	for i := range regions {
 		_, buf, err := a.Alloc(8*64 + transfer.ProofBytes)
@@ -54,9 +55,9 @@ func newProofRankNamed(t testing.TB, engine nixl.Config, instance, agent string,
 			buf[k] = byte(i*31 + k) // the rank's KV: must never change
 		}
 		r.mem = append(r.mem, buf)
-		r.kv = append(r.kv, bootstrap.Region{Addr: uint64(nixl.BytesDesc(buf).Addr), Len: 8 * 64, ItemLen: 64, Mem: bootstrap.MemDRAM})
+		r.kv = append(r.kv, wire.Region{Addr: uint64(nixl.BytesDesc(buf).Addr), Len: 8 * 64, ItemLen: 64, Mem: wire.MemDRAM})
 	}
-	lay, err := core.LayoutFrom(r.kv, []bootstrap.Region{}, []bootstrap.Region{})
+	lay, err := core.LayoutFrom(r.kv, []wire.Region{}, []wire.Region{})
 	require.NoError(t, err)
 	for i, pr := range proofRegions(lay) {
 		copy(r.mem[i][8*64:], pr.value(r.seed, r.owner))
@@ -65,8 +66,8 @@ func newProofRankNamed(t testing.TB, engine nixl.Config, instance, agent string,
 	require.NoError(t, err)
 	r.loop, err = bootstrap.NewLoop(bootstrap.LoopConfig{
 		Identity: from, Bind: "tcp://127.0.0.1:*", Auth: testauth.Auth(),
-		Handler: func(m bootstrap.Message) {
-			if a, ok := m.(*bootstrap.RegisterAck); ok {
+		Handler: func(m wire.Message) {
+			if a, ok := m.(*wire.RegisterAck); ok {
 				r.acks <- a
 			}
 		}})
@@ -76,8 +77,8 @@ func newProofRankNamed(t testing.TB, engine nixl.Config, instance, agent string,
 }
 
 // shifted is regions moved by off bytes.
-func shifted(kv []bootstrap.Region, off uint64) []bootstrap.Region {
-	out := append([]bootstrap.Region(nil), kv...)
+func shifted(kv []wire.Region, off uint64) []wire.Region {
+	out := append([]wire.Region(nil), kv...)
 	for i := range out {
 		out[i].Addr += off
 	}
@@ -85,17 +86,17 @@ func shifted(kv []bootstrap.Region, off uint64) []bootstrap.Region {
 }
 
 // register sends a REGISTER as this rank and returns the prefill's answer.
-func (r *proofRank) register(t *testing.T, p *Prefill, agent string, md []byte, kv []bootstrap.Region, proof []byte) *bootstrap.RegisterAck {
+func (r *proofRank) register(t *testing.T, p *Prefill, agent string, md []byte, kv []wire.Region, proof []byte) *wire.RegisterAck {
 	t.Helper()
-	reg := &bootstrap.Register{Compat: p.cfg.Compat, Agent: agent, AgentMD: md, TPSize: 1,
-		KV: kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: proof}
-	return echoingRegister(t, r.loop, r.agent, r.owner, bootstrap.Peer{Endpoint: p.Endpoint()}, reg, r.acks)
+	reg := &wire.Register{Compat: p.cfg.Compat, Agent: agent, AgentMD: md, TPSize: 1,
+		KV: kv, Aux: []wire.Region{}, State: []wire.Region{}, Proof: proof}
+	return echoingRegister(t, r.loop, r.agent, r.owner, wire.Peer{Endpoint: p.Endpoint()}, reg, r.acks)
 }
 
 // echoingRegister sends reg as a decode rank does until an answer comes:
 // again every second (its RegisterRetry), and at once, echoing it, when
 // the rank's agent gets an agent challenge for its identity owner.
-func echoingRegister(t *testing.T, loop *bootstrap.Loop, agent *nixl.Agent, owner string, to bootstrap.Peer, reg *bootstrap.Register, acks chan *bootstrap.RegisterAck) *bootstrap.RegisterAck {
+func echoingRegister(t *testing.T, loop *bootstrap.Loop, agent *nixl.Agent, owner string, to wire.Peer, reg *wire.Register, acks chan *wire.RegisterAck) *wire.RegisterAck {
 	t.Helper()
 	for len(acks) > 0 {
 		<-acks // a late answer to an earlier repeat
@@ -227,7 +228,7 @@ func TestRegisterForeignMemoryRefused(t *testing.T) {
 				what  string
 				agent string
 				md    []byte
-				kv    []bootstrap.Region
+				kv    []wire.Region
 				seed  []byte
 			}{
 				{"the victim's blob, name and regions", victim.name, victim.md, victim.kv, attacker.seed},
@@ -316,7 +317,7 @@ func BenchmarkRegisterProof(b *testing.B) {
 			require.NoError(b, err)
 			defer d.Close()
 			msg := d.core.Config().Register // as the decode rank sends it (unsealed: the loop seals it)
-			msg.From = bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proof-bench-decode", Rank: 0, Endpoint: "tcp://127.0.0.1:1", Epoch: 1}
+			msg.From = wire.From{Role: wire.RoleDecode, Instance: "proof-bench-decode", Rank: 0, Endpoint: "tcp://127.0.0.1:1", Epoch: 1}
 			// The agent challenge's data-plane leg: a notification from the
 			// prefill's agent to a decode agent, sent until it is read
 			// there (a raw agent: the Decode's notifier would take it).
@@ -423,7 +424,7 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 	t.Cleanup(release) // a failure below must not leave the check held
 	deferredCh := make(chan struct{}, 4)
 	p.regMu.Lock()
-	p.proofHook = func(msg *bootstrap.Register) {
+	p.proofHook = func(msg *wire.Register) {
 		if msg.From.Instance == "slow" {
 			holding <- struct{}{}
 			<-hold
@@ -436,11 +437,11 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 		}
 	}
 	p.regMu.Unlock()
-	slowMsg := &bootstrap.Register{Compat: p.cfg.Compat, Agent: slow.name, AgentMD: slow.md, TPSize: 1,
-		KV: slow.kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: slow.seed}
+	slowMsg := &wire.Register{Compat: p.cfg.Compat, Agent: slow.name, AgentMD: slow.md, TPSize: 1,
+		KV: slow.kv, Aux: []wire.Region{}, State: []wire.Region{}, Proof: slow.seed}
 	send := func(r *proofRank) {
 		t.Helper()
-		require.NoError(t, r.loop.Send(bootstrap.Peer{Endpoint: p.Endpoint()}, slowMsg))
+		require.NoError(t, r.loop.Send(wire.Peer{Endpoint: p.Endpoint()}, slowMsg))
 	}
 	send(slow)
 	slowMsg.Echo = awaitChallenge(t, slow) // the agent challenge first
@@ -503,8 +504,8 @@ func TestRegisterClaimsCheckedAgainOnceReserved(t *testing.T) {
 	attacker := newProofRankNamed(t, engine, "reserve-attacker", "shared-kv-agent", n)
 	a := victim.register(t, p, victim.name, victim.md, victim.kv, victim.seed)
 	require.True(t, a.OK, "the victim's REGISTER: %s", a.Reason)
-	msg := &bootstrap.Register{From: attacker.loop.Identity(), Compat: p.cfg.Compat, Agent: attacker.name, AgentMD: attacker.md, TPSize: 1,
-		KV: attacker.kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: attacker.seed}
+	msg := &wire.Register{From: attacker.loop.Identity(), Compat: p.cfg.Compat, Agent: attacker.name, AgentMD: attacker.md, TPSize: 1,
+		KV: attacker.kv, Aux: []wire.Region{}, State: []wire.Region{}, Proof: attacker.seed}
 	var plan core.PeerPlan
 	var err error
 	p.read(func(c *core.Core) { plan, err = c.CheckRegister(msg) })

@@ -23,11 +23,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/canary"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/pool"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
@@ -38,7 +38,7 @@ const pullReaders = 8
 
 // pullOffer builds the offer a prefill rank that serves pull sends with
 // its REGISTER_ACKs (nil when it does not serve pull).
-func (m *Manager) pullOffer() (*bootstrap.PullOffer, error) {
+func (m *Manager) pullOffer() (*wire.PullOffer, error) {
 	if m.cfg.Role != RolePrefill || m.cfg.PullLease < 0 {
 		return nil, nil
 	}
@@ -47,7 +47,7 @@ func (m *Manager) pullOffer() (*bootstrap.PullOffer, error) {
 		return nil, fmt.Errorf("kvmanager: agent metadata for the pull offer: %w", err)
 	}
 	kv, aux, state := core.RegionsOf(m.cfg.Layout)
-	return &bootstrap.PullOffer{Agent: m.agent.Name(), AgentMD: md, KV: kv, Aux: aux, State: state, Proof: m.proof[:],
+	return &wire.PullOffer{Agent: m.agent.Name(), AgentMD: md, KV: kv, Aux: aux, State: state, Proof: m.proof[:],
 		LeaseMillis: max(int(m.cfg.PullLease/time.Millisecond), 1)}, nil
 }
 
@@ -66,7 +66,7 @@ func (m *Manager) sendWhenReady(e core.Effect) {
 		default:
 			// The core stamps it (the decode rank's RENEWs went on while
 			// the data was not ready) and sends it.
-			m.stepIn(core.PagesReady{To: e.To, Msg: e.Msg.(*bootstrap.Pages)})
+			m.stepIn(core.PagesReady{To: e.To, Msg: e.Msg.(*wire.Pages)})
 		}
 	}()
 }
@@ -118,7 +118,7 @@ type pullState struct {
 
 type readJob struct {
 	room uint64
-	to   bootstrap.Peer
+	to   wire.Peer
 	rd   *core.Read
 }
 
@@ -202,7 +202,7 @@ func (d *Decode) sendOfferChallenge(p *core.OfferPlan, notif string) error {
 // agent's remote while its metadata is replaced: a read holds its stripe
 // from before its gate to its last post (the core dropped the offers it
 // replaces, so no read passes the gate through them any more).
-func (d *Decode) loadOfferAgent(o *bootstrap.PullOffer) error {
+func (d *Decode) loadOfferAgent(o *wire.PullOffer) error {
 	if named, err := nixl.MetadataAgent(o.AgentMD); err != nil {
 		return fmt.Errorf("agent metadata: %w", err)
 	} else if named != o.Agent {
@@ -241,7 +241,7 @@ func (d *Decode) proveOffer(p *core.OfferPlan) error {
 	}
 	// Nothing refers to the new remote until the core accepts it, so no
 	// read goes through it before it is proven.
-	reg := &bootstrap.Register{From: p.Ack.From, Proof: o.Proof}
+	reg := &wire.Register{From: p.Ack.From, Proof: o.Proof}
 	if err := d.checkProof(o.Agent, reg, p.Layout); err != nil {
 		d.agent.InvalidateRemote(o.Agent)
 		return err

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,14 +48,14 @@ func TestPullOfferProven(t *testing.T) {
 			// The offers come from an endpoint of no process (the genuine
 			// prefill rank would answer the REGISTERs itself) under the
 			// prefill rank's identity: its proofs are for that identity.
-			from := bootstrap.From{Role: bootstrap.RolePrefill, Instance: p.cfg.Instance, Rank: 0, Endpoint: "tcp://127.0.0.1:9", Epoch: p.Epoch()}
+			from := wire.From{Role: wire.RolePrefill, Instance: p.cfg.Instance, Rank: 0, Endpoint: "tcp://127.0.0.1:9", Epoch: p.Epoch()}
 			target := core.Target{Bootstrap: cfg.BootstrapURL, Rank: 0}
 			d.resolver = func(core.Target) {} // the test resolves the target itself
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			room := uint64(0)
 			var echoed []byte
-			decodeID := bootstrap.From{Role: bootstrap.RoleDecode, Instance: cfg.Instance, Rank: cfg.Rank}.Peer()
+			decodeID := wire.From{Role: wire.RoleDecode, Instance: cfg.Instance, Rank: cfg.Rank}.Peer()
 			// deliver answers a new room's REGISTER with ack and returns
 			// the room's status once it is ready or failed, and why. An
 			// offer the core does not refuse at once has its agent
@@ -64,7 +64,7 @@ func TestPullOfferProven(t *testing.T) {
 			// ack is delivered again echoing it, as the rank's next
 			// REGISTER_ACK would; otherwise ack is repeated without the
 			// echo and the challenge expires (the clock jumps past it).
-			deliver := func(ack *bootstrap.RegisterAck, challenged, answer bool) (core.Poll, string) {
+			deliver := func(ack *wire.RegisterAck, challenged, answer bool) (core.Poll, string) {
 				t.Helper()
 				room++
 				require.Equal(t, Applied, d.CreateReceiver(room, Target(target)).Outcome)
@@ -101,34 +101,34 @@ func TestPullOfferProven(t *testing.T) {
 			}
 			genuine := *offered
 			victim := newProofRankNamed(t, tc.engine, "offer-victim-"+tc.name, "kv-agent-of-victim-"+tc.name, len(p.cfg.Layout.Regions)) // a name of its own: the proof, not the name, refuses it
-			offer := func(edit func(o *bootstrap.PullOffer)) *bootstrap.RegisterAck {
+			offer := func(edit func(o *wire.PullOffer)) *wire.RegisterAck {
 				o := genuine
 				if edit != nil {
 					edit(&o)
 				}
-				return &bootstrap.RegisterAck{From: from, OK: true, Pull: &o}
+				return &wire.RegisterAck{From: from, OK: true, Pull: &o}
 			}
 			for _, c := range []struct {
 				what               string
-				ack                *bootstrap.RegisterAck
+				ack                *wire.RegisterAck
 				challenged, answer bool
 				want               string
 			}{
-				{"the victim's blob, name and regions", offer(func(o *bootstrap.PullOffer) {
-					o.Agent, o.AgentMD, o.KV, o.Aux = victim.name, victim.md, victim.kv, []bootstrap.Region{}
+				{"the victim's blob, name and regions", offer(func(o *wire.PullOffer) {
+					o.Agent, o.AgentMD, o.KV, o.Aux = victim.name, victim.md, victim.kv, []wire.Region{}
 				}), true, false, "did not echo"},
-				{"the same with the victim's seed", offer(func(o *bootstrap.PullOffer) {
-					o.Agent, o.AgentMD, o.KV, o.Aux, o.Proof = victim.name, victim.md, victim.kv, []bootstrap.Region{}, victim.seed
+				{"the same with the victim's seed", offer(func(o *wire.PullOffer) {
+					o.Agent, o.AgentMD, o.KV, o.Aux, o.Proof = victim.name, victim.md, victim.kv, []wire.Region{}, victim.seed
 				}), true, false, "did not echo"},
-				{"the victim's blob renamed to the prefill rank, the victim's regions", offer(func(o *bootstrap.PullOffer) {
-					o.AgentMD, o.KV, o.Aux = renamed(t, victim.md, genuine.Agent), victim.kv, []bootstrap.Region{}
+				{"the victim's blob renamed to the prefill rank, the victim's regions", offer(func(o *wire.PullOffer) {
+					o.AgentMD, o.KV, o.Aux = renamed(t, victim.md, genuine.Agent), victim.kv, []wire.Region{}
 				}), true, false, "did not echo"},
-				{"the prefill rank's blob, the victim's regions", offer(func(o *bootstrap.PullOffer) { o.KV, o.Aux = victim.kv, []bootstrap.Region{} }), true, true, "not_owner"},
-				{"another rank's default agent name", offer(func(o *bootstrap.PullOffer) {
+				{"the prefill rank's blob, the victim's regions", offer(func(o *wire.PullOffer) { o.KV, o.Aux = victim.kv, []wire.Region{} }), true, true, "not_owner"},
+				{"another rank's default agent name", offer(func(o *wire.PullOffer) {
 					o.Agent, o.AgentMD = p.cfg.Instance+"-prefill-7", renamed(t, genuine.AgentMD, p.cfg.Instance+"-prefill-7")
 				}), false, false, "not_owner"},
-				{"a wrong seed", offer(func(o *bootstrap.PullOffer) { o.Proof = victim.seed }), true, true, "not_owner"},
-				{"no offer", &bootstrap.RegisterAck{From: from, OK: true}, false, false, "does not serve pull"},
+				{"a wrong seed", offer(func(o *wire.PullOffer) { o.Proof = victim.seed }), true, true, "not_owner"},
+				{"no offer", &wire.RegisterAck{From: from, OK: true}, false, false, "does not serve pull"},
 			} {
 				st, reason := deliver(c.ack, c.challenged, c.answer)
 				require.Equal(t, core.Failed, st, "%s: accepted", c.what)

@@ -10,6 +10,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/require"
@@ -34,16 +35,16 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 	dec, err := nixl.Open(nixl.Config{Name: "md-fuzz-decode", Engine: nixl.EngineUCX, UCX: shm})
 	require.NoError(t, err)
 	defer dec.Close()
-	var kv []bootstrap.Region
+	var kv []wire.Region
 	var mem [][]byte
 	proof := []byte("the md-fuzz decode's own seed...")
 	for range p.cfg.Layout.Regions {
 		_, buf, err := dec.Alloc(8*64 + transfer.ProofBytes)
 		require.NoError(t, err)
 		mem = append(mem, buf)
-		kv = append(kv, bootstrap.Region{Addr: uint64(nixl.BytesDesc(buf).Addr), Len: 8 * 64, ItemLen: 64, Mem: bootstrap.MemDRAM})
+		kv = append(kv, wire.Region{Addr: uint64(nixl.BytesDesc(buf).Addr), Len: 8 * 64, ItemLen: 64, Mem: wire.MemDRAM})
 	}
-	lay, err := core.LayoutFrom(kv, []bootstrap.Region{}, []bootstrap.Region{})
+	lay, err := core.LayoutFrom(kv, []wire.Region{}, []wire.Region{})
 	require.NoError(t, err)
 	for i, pr := range proofRegions(lay) {
 		copy(mem[i][8*64:], pr.value(proof, "decode/md-fuzz-decode/0")) // its ownership proof, after the region
@@ -56,26 +57,26 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 	// a process that registered one blob may not register another (it is
 	// refused before its metadata is loaded), and each mutated blob must
 	// reach the engine's checks.
-	acks := make(chan *bootstrap.RegisterAck, 16)
+	acks := make(chan *wire.RegisterAck, 16)
 	var challenges uint64 // the prefill's challenges seen so far
 	challenged := 0       // tries loaded and challenged, never answered
-	to := bootstrap.Peer{Endpoint: p.Endpoint()}
+	to := wire.Peer{Endpoint: p.Endpoint()}
 	epoch := bootstrap.NewEpoch()
-	register := func(agentMD []byte) *bootstrap.RegisterAck {
+	register := func(agentMD []byte) *wire.RegisterAck {
 		t.Helper()
 		epoch += 2
 		loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{
-			Identity: bootstrap.From{Role: bootstrap.RoleDecode, Instance: "md-fuzz-decode", Rank: 0, Epoch: epoch},
+			Identity: wire.From{Role: wire.RoleDecode, Instance: "md-fuzz-decode", Rank: 0, Epoch: epoch},
 			Bind:     "tcp://127.0.0.1:*", Auth: testauth.Auth(),
-			Handler: func(m bootstrap.Message) {
-				if a, ok := m.(*bootstrap.RegisterAck); ok {
+			Handler: func(m wire.Message) {
+				if a, ok := m.(*wire.RegisterAck); ok {
 					acks <- a
 				}
 			}})
 		require.NoError(t, err)
 		defer loop.Close()
-		reg := &bootstrap.Register{Compat: p.cfg.Compat, Agent: "md-fuzz-decode", AgentMD: agentMD, TPSize: 1,
-			KV: kv, Aux: []bootstrap.Region{}, State: []bootstrap.Region{}, Proof: proof}
+		reg := &wire.Register{Compat: p.cfg.Compat, Agent: "md-fuzz-decode", AgentMD: agentMD, TPSize: 1,
+			KV: kv, Aux: []wire.Region{}, State: []wire.Region{}, Proof: proof}
 		require.NoError(t, loop.Send(to, reg))
 		// The blob loads (the path that aborted the rank) when its agent is
 		// challenged: the REGISTER is answered then if the blob is refused;

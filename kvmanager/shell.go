@@ -13,6 +13,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/pool"
 	"github.com/kvbridge/kvbridge/internal/rawagent"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
@@ -54,7 +55,7 @@ type Manager struct {
 	// carrying out the step's effects; onSend as each message is handed
 	// to the loop. Atomic: tests set them while the rank runs.
 	afterUnlock atomic.Pointer[func()]
-	onSend      atomic.Pointer[func(bootstrap.Message)]
+	onSend      atomic.Pointer[func(wire.Message)]
 
 	kvMem  [][]byte // regions the Manager allocated (nil when the caller's)
 	warmUp time.Duration
@@ -74,8 +75,8 @@ type Manager struct {
 	challenged map[string][32]byte
 	proofBufs  [][]byte
 	regClosed  bool
-	proofHook  func(*bootstrap.Register) // tests: runs before a proof's read
-	deferHook  func()                    // tests: runs (under regMu) when a REGISTER's check is deferred
+	proofHook  func(*wire.Register) // tests: runs before a proof's read
+	deferHook  func()               // tests: runs (under regMu) when a REGISTER's check is deferred
 	// registersReady: a prefill rank's pool exists, REGISTERs are handled.
 	registersReady atomic.Bool
 	auxMem         []byte
@@ -119,7 +120,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	role := map[Role]string{RolePrefill: bootstrap.RolePrefill, RoleDecode: bootstrap.RoleDecode}[cfg.Role]
+	role := map[Role]string{RolePrefill: wire.RolePrefill, RoleDecode: wire.RoleDecode}[cfg.Role]
 	if cfg.Engine.Name == "" {
 		cfg.Engine.Name = fmt.Sprintf("%s-%s-%d", cfg.Instance, role, cfg.Rank)
 	}
@@ -177,11 +178,11 @@ func newManager(cfg Config) (m *Manager, err error) {
 			return nil, fmt.Errorf("kvmanager: agent metadata: %w", err)
 		}
 		kv, aux, state := core.RegionsOf(cfg.Layout)
-		ccfg.Register = bootstrap.Register{Compat: cfg.Compat, Agent: cfg.Engine.Name, AgentMD: md,
+		ccfg.Register = wire.Register{Compat: cfg.Compat, Agent: cfg.Engine.Name, AgentMD: md,
 			TPSize: cfg.Parallel.TPSize, TPRank: cfg.Parallel.TPRank, KV: kv, Aux: aux, State: state, Proof: m.proof[:], Pull: cfg.Pull}
 		if !cfg.Model.Zero() {
 			f := modelFacts(cfg.Model)
-			ccfg.Register.Topo = &bootstrap.Topo{PPSize: cfg.Parallel.PPSize, PPRank: cfg.Parallel.PPRank,
+			ccfg.Register.Topo = &wire.Topo{PPSize: cfg.Parallel.PPSize, PPRank: cfg.Parallel.PPRank,
 				DPSize: cfg.Parallel.DPSize, DPRank: cfg.Parallel.DPRank, Layers: f.Layers, KVHeads: f.KVHeads,
 				HeadBytes: f.HeadBytes, PageTokens: cfg.Model.PageTokens, MLA: f.MLA, PageLayout: f.PageLayout}
 		}
@@ -190,7 +191,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		return nil, err
 	}
 	ccfg.OfferProgress = proofTimeout // the decode rank reads the offer's proof slots back
-	ccfg.Identity = bootstrap.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank}.Peer()
+	ccfg.Identity = wire.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank}.Peer()
 	ccfg.ChallengeTimeout = proofTimeout
 	if _, err = rand.Read(ccfg.ChallengeKey[:]); err != nil {
 		return nil, fmt.Errorf("kvmanager: drawing the challenge key: %w", err)
@@ -205,7 +206,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		}
 	}
 	m.loop, err = bootstrap.NewLoop(bootstrap.LoopConfig{
-		Identity: bootstrap.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank},
+		Identity: wire.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank},
 		Bind:     cfg.Bind, Handler: m.handle, OnPeerDown: m.peerDown, OnMalformedRequest: m.malformed,
 		HeartbeatInterval: cfg.HeartbeatInterval, MaxMisses: cfg.MaxMisses,
 		MaxPeers: cfg.MaxPeers, Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, RankIdentity: cfg.RankIdentity, Tap: cfg.ControlTap, Logger: m.log, Registerer: cfg.Registerer})
@@ -283,8 +284,8 @@ func (m *Manager) registerMemory(cfg *Config) error {
 			return fmt.Errorf("kvmanager: registering KV memory: %w", err)
 		}
 	}
-	role := map[Role]string{RolePrefill: bootstrap.RolePrefill, RoleDecode: bootstrap.RoleDecode}[cfg.Role]
-	if err := m.writeProof(cfg.Layout, bootstrap.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank}.Peer()); err != nil {
+	role := map[Role]string{RolePrefill: wire.RolePrefill, RoleDecode: wire.RoleDecode}[cfg.Role]
+	if err := m.writeProof(cfg.Layout, wire.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank}.Peer()); err != nil {
 		return err
 	}
 	if cfg.WarmMemory {
@@ -409,7 +410,7 @@ func (m *Manager) carryOut() {
 	for _, e := range buf {
 		switch e.Kind {
 		case core.EffectSend:
-			if a, ok := e.Msg.(*bootstrap.RegisterAck); ok && !a.OK {
+			if a, ok := e.Msg.(*wire.RegisterAck); ok && !a.OK {
 				m.log.Warn("registration refused", zap.String("peer", e.To.Endpoint), zap.String("reason", a.Reason))
 			}
 			if e.Ready != nil {
@@ -483,10 +484,10 @@ func (m *Manager) carryOut() {
 	for _, e := range posts {
 		switch e.Kind {
 		case core.EffectLoadMetadata:
-			m.loadMetadata(e.Msg.(*bootstrap.Register), *e.Plan)
+			m.loadMetadata(e.Msg.(*wire.Register), *e.Plan)
 			continue
 		case core.EffectChallenge:
-			m.challenge(e.Msg.(*bootstrap.Register), e.Notif)
+			m.challenge(e.Msg.(*wire.Register), e.Notif)
 			continue
 		case core.EffectChallengeOffer:
 			if m.onChallengeOffer != nil {
@@ -514,7 +515,7 @@ func (m *Manager) read(f func(c *core.Core)) {
 	f(m.core)
 }
 
-func (m *Manager) send(to bootstrap.Peer, msg bootstrap.Message) {
+func (m *Manager) send(to wire.Peer, msg wire.Message) {
 	if f := m.onSend.Load(); f != nil {
 		(*f)(msg)
 	}
@@ -525,15 +526,15 @@ func (m *Manager) send(to bootstrap.Peer, msg bootstrap.Message) {
 
 // handle runs on the control loop's receive goroutine; it never blocks for
 // long (sends are non-blocking hand-offs).
-func (m *Manager) handle(msg bootstrap.Message) {
+func (m *Manager) handle(msg wire.Message) {
 	switch msg := msg.(type) {
-	case *bootstrap.Register:
+	case *wire.Register:
 		m.onRegister(msg)
-	case *bootstrap.Request:
+	case *wire.Request:
 		if m.receive(msg).OK {
 			m.trace(msg.Room, TraceRequest)
 		}
-	case *bootstrap.Abort:
+	case *wire.Abort:
 		m.met.abort(m.receive(msg).Prior) // the room's status when the abort came (0: no sender yet)
 	default:
 		m.receive(msg)
@@ -542,7 +543,7 @@ func (m *Manager) handle(msg bootstrap.Message) {
 
 // receive steps a received message into the core (peek, if set, reads the
 // core first, in the same step) and logs a restart the epoch check found.
-func (m *Manager) receive(msg bootstrap.Message) core.Output {
+func (m *Manager) receive(msg wire.Message) core.Output {
 	out := m.stepIn(core.Received{Msg: msg})
 	if out.PeerRestarted {
 		m.log.Warn("peer restarted", zap.String("peer", msg.Sender().Peer()), zap.String("endpoint", msg.Sender().Endpoint))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"net"
 	"strings"
 	"testing"
@@ -91,7 +92,7 @@ func TestManagerWait(t *testing.T) {
 		t.Fatalf("Wait after Clear: %v", err)
 	}
 	p.step(func(c *core.Core, now time.Time) {
-		c.Step(now, core.Received{Msg: &bootstrap.Abort{From: bootstrap.From{Role: "decode", Instance: "d", Rank: 0, Endpoint: "tcp://d:1", Epoch: 1}, Room: 4, Reason: "early"}})
+		c.Step(now, core.Received{Msg: &wire.Abort{From: wire.From{Role: "decode", Instance: "d", Rank: 0, Endpoint: "tcp://d:1", Epoch: 1}, Room: 4, Reason: "early"}})
 	})
 	if _, err := p.Wait(context.Background(), 4); !errors.Is(err, core.ErrRoomAborted) {
 		t.Fatalf("Wait on an early-aborted id: %v", err)

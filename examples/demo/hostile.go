@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	zmq "github.com/pebbe/zmq4"
@@ -88,7 +89,7 @@ func newAttacker(prefill, decode *proc, model kvmodel.Model, layout transfer.Pag
 	a.library, a.realAddr = localAgent()
 	if ca != nil {
 		for r := range a.ids {
-			if a.ids[r], err = ca.Issue(bootstrap.RoleDecode, "hostile-register", r, time.Now().Add(time.Hour)); err != nil {
+			if a.ids[r], err = ca.Issue(wire.RoleDecode, "hostile-register", r, time.Now().Add(time.Hour)); err != nil {
 				return nil, err
 			}
 		}
@@ -138,8 +139,8 @@ func (a *attacker) run(ctx context.Context) {
 						}
 					}
 				}
-				if m, err := bootstrap.Decode(frames[:3]); err == nil {
-					if ack, ok := m.(*bootstrap.RegisterAck); ok && !ack.OK {
+				if m, err := wire.Decode(frames[:3]); err == nil {
+					if ack, ok := m.(*wire.RegisterAck); ok && !ack.OK {
 						a.mu.Lock()
 						a.acksBad++
 						a.mu.Unlock()
@@ -210,8 +211,8 @@ func cloneFrames(frames [][]byte) [][]byte {
 	return out
 }
 
-func encode(m bootstrap.Message) [][]byte {
-	f, err := bootstrap.Encode(m)
+func encode(m wire.Message) [][]byte {
+	f, err := wire.Encode(m)
 	if err != nil {
 		panic(err)
 	}
@@ -225,7 +226,7 @@ func encode(m bootstrap.Message) [][]byte {
 func (a *attacker) seal(p *proc, rank int, frames [][]byte) [][]byte {
 	a.mu.Lock()
 	a.seq++
-	env := bootstrap.Envelope{Sent: time.Now(), Seq: a.seq, To: bootstrap.From{Epoch: p.epoch}}
+	env := bootstrap.Envelope{Sent: time.Now(), Seq: a.seq, To: wire.From{Epoch: p.epoch}}
 	a.mu.Unlock()
 	var id *bootstrap.RankIdentity
 	if a.ids[0] != nil && p == a.prefill {
@@ -238,7 +239,7 @@ func (a *attacker) seal(p *proc, rank int, frames [][]byte) [][]byte {
 	return out
 }
 
-func (a *attacker) sealed(p *proc, m bootstrap.Message) [][]byte { return a.seal(p, 0, encode(m)) }
+func (a *attacker) sealed(p *proc, m wire.Message) [][]byte { return a.seal(p, 0, encode(m)) }
 
 // localAgent returns the engine library a real ucx blob of this machine
 // names (nixl/metadata.go: "ucx/<release>") and a real worker address,
@@ -313,11 +314,11 @@ func rawBody(pairs ...any) []byte {
 	return b.Bytes()
 }
 
-func (a *attacker) from(instance string, rank int) bootstrap.From {
-	return bootstrap.From{Role: bootstrap.RoleDecode, Instance: instance, Rank: rank, Endpoint: a.self, Epoch: 7}
+func (a *attacker) from(instance string, rank int) wire.From {
+	return wire.From{Role: wire.RoleDecode, Instance: instance, Rank: rank, Endpoint: a.self, Epoch: 7}
 }
 
-func fromMap(f bootstrap.From) map[string]any {
+func fromMap(f wire.From) map[string]any {
 	return map[string]any{"role": f.Role, "instance": f.Instance, "rank": f.Rank, "endpoint": f.Endpoint, "epoch": f.Epoch}
 }
 
@@ -339,20 +340,20 @@ func (a *attacker) agentBlob(addr []byte) []byte {
 
 // register is a REGISTER that passes the compat, topology and layout
 // checks (a decode rank at TP 1), so its agent blob reaches the engine.
-func (a *attacker) register(md []byte, rank int) *bootstrap.Register {
+func (a *attacker) register(md []byte, rank int) *wire.Register {
 	lay, err := a.model.RankLayout(nixl.DRAM, a.layout, transfer.Parallel{}, a.pages, 4096)
 	if err != nil {
 		panic(err)
 	}
 	tm := a.model.Mapping(a.layout)
-	var kv []bootstrap.Region
+	var kv []wire.Region
 	for i, r := range lay.Regions {
-		kv = append(kv, bootstrap.Region{Addr: uint64(0x100000000 + i*int(r.Len)), Len: r.Len, ItemLen: lay.PageBytes, Mem: bootstrap.MemDRAM})
+		kv = append(kv, wire.Region{Addr: uint64(0x100000000 + i*int(r.Len)), Len: r.Len, ItemLen: lay.PageBytes, Mem: wire.MemDRAM})
 	}
-	aux := []bootstrap.Region{{Addr: 0x7000000000, Len: lay.Aux.Len, ItemLen: lay.AuxItemBytes, Mem: bootstrap.MemDRAM}}
-	return &bootstrap.Register{From: a.from("hostile-register", rank), Compat: a.model.Compat(), Agent: "hostile-agent",
-		AgentMD: md, TPSize: 1, KV: kv, Aux: aux, State: []bootstrap.Region{},
-		Topo: &bootstrap.Topo{PPSize: 1, DPSize: 1, Layers: tm.Layers, KVHeads: tm.KVHeads, HeadBytes: tm.HeadBytes,
+	aux := []wire.Region{{Addr: 0x7000000000, Len: lay.Aux.Len, ItemLen: lay.AuxItemBytes, Mem: wire.MemDRAM}}
+	return &wire.Register{From: a.from("hostile-register", rank), Compat: a.model.Compat(), Agent: "hostile-agent",
+		AgentMD: md, TPSize: 1, KV: kv, Aux: aux, State: []wire.Region{},
+		Topo: &wire.Topo{PPSize: 1, DPSize: 1, Layers: tm.Layers, KVHeads: tm.KVHeads, HeadBytes: tm.HeadBytes,
 			PageTokens: tm.PageTokens, MLA: tm.MLA, PageLayout: tm.Layout.String()}}
 }
 
@@ -381,14 +382,14 @@ func (a *attacker) round(round int, push map[string]*zmq.Socket) {
 		a.send(s, "garbage frames", [][]byte{[]byte("KVB1")})
 		a.send(s, "garbage frames", [][]byte{[]byte("KVB1"), []byte("ABORT"), {0xc1, 0xff}})
 		a.send(s, "garbage frames", [][]byte{[]byte("HTTP"), []byte("GET / HTTP/1.1"), nil, nil, nil})
-		a.send(s, "no tag", encode(&bootstrap.Abort{From: a.from("untagged", 0), Room: 1, Reason: "x"}))
-		a.send(s, "no tag", encode(&bootstrap.Request{From: a.from("untagged", 0), Room: 1, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}))
-		a.send(s, "other secret", other.Seal(encode(&bootstrap.Abort{From: a.from("other-secret", 0), Room: 1}),
-			bootstrap.Envelope{Sent: time.Now(), Seq: 1, To: bootstrap.From{Epoch: p.epoch}}))
+		a.send(s, "no tag", encode(&wire.Abort{From: a.from("untagged", 0), Room: 1, Reason: "x"}))
+		a.send(s, "no tag", encode(&wire.Request{From: a.from("untagged", 0), Room: 1, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}))
+		a.send(s, "other secret", other.Seal(encode(&wire.Abort{From: a.from("other-secret", 0), Room: 1}),
+			bootstrap.Envelope{Sent: time.Now(), Seq: 1, To: wire.From{Epoch: p.epoch}}))
 		for i := 0; i < 100; i++ {
-			f := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "forged", Rank: i,
+			f := wire.From{Role: wire.RoleDecode, Instance: "forged", Rank: i,
 				Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 20000+(round*100+i)%40000), Epoch: uint64(round)}
-			a.send(s, "forged PINGs", encode(&bootstrap.Ping{From: f, Seq: 1}))
+			a.send(s, "forged PINGs", encode(&wire.Ping{From: f, Seq: 1}))
 		}
 		a.send(s, "untagged REGISTER, garbage blob", encode(a.register(a.agentBlob(garbageAddr(round)), 0)))
 
@@ -398,7 +399,7 @@ func (a *attacker) round(round int, push map[string]*zmq.Socket) {
 		if a.ids[0] != nil && p == a.prefill {
 			id = a.ids[round%3]
 		}
-		sealedMD, err := bootstrap.SealAgentMD(auth, id, a.prefillCert, reg.AgentMD, reg.From, bootstrap.From{Epoch: p.epoch})
+		sealedMD, err := bootstrap.SealAgentMD(auth, id, a.prefillCert, reg.AgentMD, reg.From, wire.From{Epoch: p.epoch})
 		if err != nil {
 			panic(err)
 		}
@@ -412,31 +413,31 @@ func (a *attacker) round(round int, push map[string]*zmq.Socket) {
 			if a.ids[0] != nil && p == a.prefill {
 				id = a.ids[k%3]
 			}
-			if reg.AgentMD, err = bootstrap.SealAgentMD(auth, id, a.prefillCert, reg.AgentMD, reg.From, bootstrap.From{Epoch: p.epoch}); err != nil {
+			if reg.AgentMD, err = bootstrap.SealAgentMD(auth, id, a.prefillCert, reg.AgentMD, reg.From, wire.From{Epoch: p.epoch}); err != nil {
 				panic(err)
 			}
 			a.send(s, "REGISTER, mutated real UCX address", a.seal(p, k%3, encode(reg)))
 		}
-		a.send(s, "1 MiB reason", a.seal(p, 0, [][]byte{[]byte(bootstrap.Magic), []byte("ABORT"),
+		a.send(s, "1 MiB reason", a.seal(p, 0, [][]byte{[]byte(wire.Magic), []byte("ABORT"),
 			rawBody("from", fromMap(a.from("long-reason", 0)), "room", uint64(attackRoomBase+round), "reason", mib)}))
 		long := a.from("x", 0)
 		long.Instance = mib
-		a.send(s, "1 MiB instance", a.seal(p, 0, [][]byte{[]byte(bootstrap.Magic), []byte("PING"),
+		a.send(s, "1 MiB instance", a.seal(p, 0, [][]byte{[]byte(wire.Magic), []byte("PING"),
 			rawBody("from", fromMap(long), "seq", 1)}))
 		n := 2 << 20
 		arr := append([]byte{0xdd, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, bytes.Repeat([]byte{0x80}, n)...)
-		a.send(s, "2M-element array", a.seal(p, 0, [][]byte{[]byte(bootstrap.Magic), []byte("REGISTER"),
+		a.send(s, "2M-element array", a.seal(p, 0, [][]byte{[]byte(wire.Magic), []byte("REGISTER"),
 			rawBody("from", fromMap(a.from("huge-array", 0)), "compat", "c", "agent", "a", "agent_md", []byte{},
 				"tp_size", 1, "tp_rank", 0, "kv", msgpack.RawMessage(arr), "aux", []any{}, "state", []any{})}))
 		for i := 0; i < 200; i++ {
-			a.send(s, "early ABORTs, many identities", a.sealed(p, &bootstrap.Abort{From: a.from("abort-identity", round*200+i),
+			a.send(s, "early ABORTs, many identities", a.sealed(p, &wire.Abort{From: a.from("abort-identity", round*200+i),
 				Room: attackRoomBase + uint64(round*200+i), Reason: strings.Repeat("r", 1000)}))
 		}
 	}
 	// ABORTs at the decode rank for the workload's own rooms: ABORT goes
 	// decode → prefill only, so a decode rank must ignore them.
 	for room := uint64(1); room <= 20; room++ {
-		a.send(push["decode"], "ABORT to decode", a.sealed(a.decode, &bootstrap.Abort{From: a.from("stray", 0), Room: room + uint64(round), Reason: "stray"}))
+		a.send(push["decode"], "ABORT to decode", a.sealed(a.decode, &wire.Abort{From: a.from("stray", 0), Room: room + uint64(round), Reason: "stray"}))
 	}
 	if round%10 == 0 {
 		a.http(round)

@@ -61,6 +61,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/rawagent"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
@@ -892,26 +893,26 @@ func (b *bench) controlMode() error {
 	auth := benchAuth()
 	got := make(chan struct{}, 1)
 	var echo *bootstrap.Loop
-	var back bootstrap.Peer
-	echo, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: bootstrap.From{Role: bootstrap.RolePrefill, Instance: "bench-echo"},
-		Bind: "tcp://127.0.0.1:*", Auth: auth, Handler: func(m bootstrap.Message) { echo.Send(back, m) }})
+	var back wire.Peer
+	echo, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: wire.From{Role: wire.RolePrefill, Instance: "bench-echo"},
+		Bind: "tcp://127.0.0.1:*", Auth: auth, Handler: func(m wire.Message) { echo.Send(back, m) }})
 	if err != nil {
 		return err
 	}
 	defer echo.Close()
-	a, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: bootstrap.From{Role: bootstrap.RoleDecode, Instance: "bench-a"},
-		Bind: "tcp://127.0.0.1:*", Auth: auth, Handler: func(bootstrap.Message) { got <- struct{}{} }})
+	a, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: wire.From{Role: wire.RoleDecode, Instance: "bench-a"},
+		Bind: "tcp://127.0.0.1:*", Auth: auth, Handler: func(wire.Message) { got <- struct{}{} }})
 	if err != nil {
 		return err
 	}
 	defer a.Close()
-	back = bootstrap.Peer{Endpoint: a.Endpoint()}
-	to := bootstrap.Peer{Endpoint: echo.Endpoint(), Epoch: echo.Identity().Epoch}
+	back = wire.Peer{Endpoint: a.Endpoint()}
+	to := wire.Peer{Endpoint: echo.Endpoint(), Epoch: echo.Identity().Epoch}
 	// rtt: wall and CPU time (both loops are in this process) per round trip.
 	rtt := func() (time.Duration, time.Duration) {
 		wall, cpu, _ := cpuOver(func() error {
 			for i := 0; i < n; i++ {
-				a.Send(to, &bootstrap.Abort{Room: uint64(i), Reason: "bench"})
+				a.Send(to, &wire.Abort{Room: uint64(i), Reason: "bench"})
 				<-got
 			}
 			return nil
@@ -967,7 +968,7 @@ func bareRTT(n int) (time.Duration, time.Duration, error) {
 	e2, _ := backPull.GetLastEndpoint()
 	push.Connect(e1)
 	backPush.Connect(e2)
-	frames, _ := bootstrap.Encode(&bootstrap.Abort{From: bootstrap.From{Role: "decode", Instance: "x", Endpoint: e2}, Room: 1, Reason: "bench"})
+	frames, _ := wire.Encode(&wire.Abort{From: wire.From{Role: "decode", Instance: "x", Endpoint: e2}, Room: 1, Reason: "bench"})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

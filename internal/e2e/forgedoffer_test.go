@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/kvmanager"
 )
 
@@ -44,13 +45,13 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 			if engine == "libnixl-real" {
 				needRealNIXL(t)
 			}
-			forgerID := bootstrap.From{Role: bootstrap.RolePrefill, Instance: "forger", Rank: 0}
-			deputyID := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "deputy", Rank: 0}
+			forgerID := wire.From{Role: wire.RolePrefill, Instance: "forger", Rank: 0}
+			deputyID := wire.From{Role: wire.RoleDecode, Instance: "deputy", Rank: 0}
 			_, envs, ids := identityFiles(t,
-				bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0},
-				bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 0},
+				wire.From{Role: wire.RolePrefill, Instance: "proc", Rank: 0},
+				wire.From{Role: wire.RoleDecode, Instance: "proc", Rank: 0},
 				deputyID, forgerID,
-				bootstrap.From{Role: bootstrap.RoleDecode, Instance: "custom", Rank: 0})
+				wire.From{Role: wire.RoleDecode, Instance: "custom", Rank: 0})
 			boot := startBoot(t)
 			prefill := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot}, envs[0]...)...)
 			bystander := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot}, envs[1]...)...)
@@ -80,11 +81,11 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 			// prefill rank 0 of its instance by a bootstrap server of its
 			// own, answering every REGISTER with the offer forged at the
 			// time.
-			regs := make(chan *bootstrap.Register, 16)
+			regs := make(chan *wire.Register, 16)
 			loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: forgerID, Bind: "tcp://127.0.0.1:*",
 				Auth: testauth.Auth(), RankIdentity: ids[3],
-				Handler: func(m bootstrap.Message) {
-					if r, ok := m.(*bootstrap.Register); ok {
+				Handler: func(m wire.Message) {
+					if r, ok := m.(*wire.Register); ok {
 						select {
 						case regs <- r:
 						default:
@@ -121,20 +122,20 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 			expired := uint64(0) // the forgeries the challenge refused
 			for i, c := range []struct {
 				what  string
-				offer bootstrap.PullOffer
+				offer wire.PullOffer
 				// challenged: refused by the unechoed challenge on every
 				// engine (a blob even real NIXL loads).
 				challenged bool
 			}{
-				{"the bystander's worker address and regions under the forger's name", bootstrap.PullOffer{Agent: name,
+				{"the bystander's worker address and regions under the forger's name", wire.PullOffer{Agent: name,
 					AgentMD: join(vHead, lenStr(name), vLib, vTable, vPayload), KV: vm.KV, Aux: vm.Aux, State: vm.State,
 					Proof: make([]byte, 32), LeaseMillis: 1000}, false},
-				{"the bystander's worker address, its regions moved to memory it never mapped", bootstrap.PullOffer{Agent: name,
+				{"the bystander's worker address, its regions moved to memory it never mapped", wire.PullOffer{Agent: name,
 					AgentMD: join(vHead, lenStr(name), vLib, unmappedTable, vPayload), KV: moveTo(vm.KV), Aux: moveTo(vm.Aux), State: moveTo(vm.State),
 					Proof: make([]byte, 32), LeaseMillis: 1000}, false},
-				{"the bystander's blob and agent name (a decode rank's default name)", bootstrap.PullOffer{Agent: vm.Agent,
+				{"the bystander's blob and agent name (a decode rank's default name)", wire.PullOffer{Agent: vm.Agent,
 					AgentMD: vm.MD, KV: vm.KV, Aux: vm.Aux, State: vm.State, Proof: make([]byte, 32), LeaseMillis: 1000}, false},
-				{"a custom-named decode rank's blob and agent name", bootstrap.PullOffer{Agent: cm.Agent,
+				{"a custom-named decode rank's blob and agent name", wire.PullOffer{Agent: cm.Agent,
 					AgentMD: cm.MD, KV: cm.KV, Aux: cm.Aux, State: cm.State, Proof: make([]byte, 32), LeaseMillis: 1000}, true},
 			} {
 				room := uint64(10 + i)
@@ -149,8 +150,8 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 							return
 						case r := <-regs:
 							o := c.offer
-							to := bootstrap.Peer{Endpoint: r.From.Endpoint, Cert: string(ids[2].Cert.Raw()), Epoch: r.From.Epoch}
-							if loop.Send(to, &bootstrap.RegisterAck{OK: true, Pull: &o}) == nil {
+							to := wire.Peer{Endpoint: r.From.Endpoint, Cert: string(ids[2].Cert.Raw()), Epoch: r.From.Epoch}
+							if loop.Send(to, &wire.RegisterAck{OK: true, Pull: &o}) == nil {
 								n++
 							}
 						}

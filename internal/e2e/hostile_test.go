@@ -13,6 +13,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/internal/wire"
 )
 
 // Issue 49, 3 on real processes: a room is one decode instance's.
@@ -54,9 +55,9 @@ func requestsHeld(t *testing.T, r *rankProc) uint64 {
 func TestRoomAskedForBySecondInstance(t *testing.T) {
 	t.Parallel() // its own processes and ports
 	_, envs, _ := identityFiles(t,
-		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0},
-		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 0},
-		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "attacker", Rank: 0})
+		wire.From{Role: wire.RolePrefill, Instance: "proc", Rank: 0},
+		wire.From{Role: wire.RoleDecode, Instance: "proc", Rank: 0},
+		wire.From{Role: wire.RoleDecode, Instance: "attacker", Rank: 0})
 	boot := startBoot(t)
 	base := []string{"KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}
 	prefill := startChild(t, append(append([]string{"KVBRIDGE_E2E_ROLE=prefill"}, base...), envs[0]...)...)
@@ -87,32 +88,32 @@ func TestRoomAskedForBySecondInstance(t *testing.T) {
 
 // peerOf is how a test's own control loop addresses rank process r (its
 // READY line: endpoint and epoch) under certificate cert.
-func peerOf(t *testing.T, r *rankProc, cert string) bootstrap.Peer {
+func peerOf(t *testing.T, r *rankProc, cert string) wire.Peer {
 	t.Helper()
 	f := strings.Fields(r.ready)
 	require.Len(t, f, 3, "%q", r.ready)
 	epoch, err := strconv.ParseUint(f[2], 10, 64)
 	require.NoError(t, err)
-	return bootstrap.Peer{Endpoint: f[1], Cert: cert, Epoch: epoch}
+	return wire.Peer{Endpoint: f[1], Cert: cert, Epoch: epoch}
 }
 
 // floodRanks starts a prefill rank process (with prefillEnv) and an honest
 // decode rank process of instance "proc" over ucx-tcp, each with its own
 // certificate, and a control loop of a decode rank of instance "attacker"
 // with a certificate of its own, addressed at the prefill rank (to).
-func floodRanks(t *testing.T, prefillEnv ...string) (prefill, genuine *rankProc, loop *bootstrap.Loop, to bootstrap.Peer) {
+func floodRanks(t *testing.T, prefillEnv ...string) (prefill, genuine *rankProc, loop *bootstrap.Loop, to wire.Peer) {
 	t.Helper()
-	attackerID := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "attacker", Rank: 0}
+	attackerID := wire.From{Role: wire.RoleDecode, Instance: "attacker", Rank: 0}
 	_, envs, ids := identityFiles(t,
-		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0},
-		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 0},
+		wire.From{Role: wire.RolePrefill, Instance: "proc", Rank: 0},
+		wire.From{Role: wire.RoleDecode, Instance: "proc", Rank: 0},
 		attackerID)
 	boot := startBoot(t)
 	base := []string{"KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}
 	prefill = startChild(t, append(append(append([]string{"KVBRIDGE_E2E_ROLE=prefill"}, prefillEnv...), base...), envs[0]...)...)
 	genuine = startChild(t, append(append([]string{"KVBRIDGE_E2E_ROLE=decode"}, base...), envs[1]...)...)
 	loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
-		Auth: testauth.Auth(), RankIdentity: ids[2], Handler: func(bootstrap.Message) {}})
+		Auth: testauth.Auth(), RankIdentity: ids[2], Handler: func(wire.Message) {}})
 	require.NoError(t, err)
 	t.Cleanup(func() { loop.Close() })
 	return prefill, genuine, loop, peerOf(t, prefill, string(ids[0].Cert.Raw()))
@@ -148,7 +149,7 @@ func TestAbortFloodDelaysNoOne(t *testing.T) {
 			}
 			// Rooms no one else uses: the ABORTs are the attacker's own
 			// early aborts (tombstones, bounded), each one handled.
-			if err := loop.Send(to, &bootstrap.Abort{Room: 1<<40 + uint64(n), Reason: "flood"}); err != nil {
+			if err := loop.Send(to, &wire.Abort{Room: 1<<40 + uint64(n), Reason: "flood"}); err != nil {
 				return
 			}
 		}
@@ -197,7 +198,7 @@ func TestAbortFloodKeepsAnotherRanksEarlyAbort(t *testing.T) {
 
 	const flood = 2000
 	for n := range flood {
-		require.NoError(t, loop.Send(to, &bootstrap.Abort{Room: 1<<40 + uint64(n), Reason: "flood"}))
+		require.NoError(t, loop.Send(to, &wire.Abort{Room: 1<<40 + uint64(n), Reason: "flood"}))
 	}
 	require.Eventually(t, func() bool { return tombstoned() >= before+1+flood }, 30*time.Second, 10*time.Millisecond,
 		"the flood never reached the prefill rank (each ABORT of a fresh id an early abort)")

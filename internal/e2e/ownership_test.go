@@ -15,6 +15,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/rawagent"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -29,7 +30,7 @@ import (
 // transport keys — none of them secret), its regions, its pid.
 type rankMemory struct {
 	MD             []byte
-	KV, Aux, State []bootstrap.Region
+	KV, Aux, State []wire.Region
 	Pid            int
 	Agent          string
 }
@@ -43,14 +44,14 @@ func memoryOf(m *kvmanager.Manager) rankMemory {
 }
 
 // registerRegions lists a layout's regions as a REGISTER carries them.
-func registerRegions(l transfer.Layout) (kv, aux, state []bootstrap.Region) {
+func registerRegions(l transfer.Layout) (kv, aux, state []wire.Region) {
 	for _, r := range l.Regions {
-		kv = append(kv, bootstrap.Region{Addr: uint64(r.Addr), Len: r.Len, ItemLen: l.PageBytes, Mem: bootstrap.MemDRAM})
+		kv = append(kv, wire.Region{Addr: uint64(r.Addr), Len: r.Len, ItemLen: l.PageBytes, Mem: wire.MemDRAM})
 	}
-	aux = []bootstrap.Region{{Addr: uint64(l.Aux.Addr), Len: l.Aux.Len, ItemLen: l.AuxItemBytes, Mem: bootstrap.MemDRAM}}
-	state = []bootstrap.Region{}
+	aux = []wire.Region{{Addr: uint64(l.Aux.Addr), Len: l.Aux.Len, ItemLen: l.AuxItemBytes, Mem: wire.MemDRAM}}
+	state = []wire.Region{}
 	for _, st := range l.State {
-		state = append(state, bootstrap.Region{Addr: uint64(st.Addr), Len: st.Len, ItemLen: st.ItemBytes, Mem: bootstrap.MemDRAM})
+		state = append(state, wire.Region{Addr: uint64(st.Addr), Len: st.Len, ItemLen: st.ItemBytes, Mem: wire.MemDRAM})
 	}
 	return kv, aux, state
 }
@@ -87,7 +88,7 @@ func blobParts(t *testing.T, b []byte) (head, agent, lib, table, payload []byte)
 // relocated is a blob's region table with its regions moved, keeping
 // their offsets from the lowest, to start at base, and the same move for a
 // REGISTER's regions.
-func relocated(t *testing.T, table []byte, base uint64) ([]byte, func([]bootstrap.Region) []bootstrap.Region) {
+func relocated(t *testing.T, table []byte, base uint64) ([]byte, func([]wire.Region) []wire.Region) {
 	t.Helper()
 	out := append([]byte(nil), table...)
 	n := int(binary.LittleEndian.Uint32(out))
@@ -103,8 +104,8 @@ func relocated(t *testing.T, table []byte, base uint64) ([]byte, func([]bootstra
 	for _, a := range at {
 		binary.LittleEndian.PutUint64(out[a:], binary.LittleEndian.Uint64(out[a:])-low+base)
 	}
-	return out, func(rs []bootstrap.Region) []bootstrap.Region {
-		moved := append([]bootstrap.Region(nil), rs...)
+	return out, func(rs []wire.Region) []wire.Region {
+		moved := append([]wire.Region(nil), rs...)
 		for i := range moved {
 			moved[i].Addr = moved[i].Addr - low + base
 		}
@@ -143,10 +144,10 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 			if engine == "libnixl-real" {
 				needRealNIXL(t)
 			}
-			attackerID := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "attacker", Rank: 0}
+			attackerID := wire.From{Role: wire.RoleDecode, Instance: "attacker", Rank: 0}
 			_, envs, ids := identityFiles(t,
-				bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0},
-				bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 0},
+				wire.From{Role: wire.RolePrefill, Instance: "proc", Rank: 0},
+				wire.From{Role: wire.RoleDecode, Instance: "proc", Rank: 0},
 				attackerID)
 			boot := startBoot(t)
 			prefill := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot}, envs[0]...)...)
@@ -190,11 +191,11 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 			seed := make([]byte, 32)
 			copy(seed, "the attacker's own seed")
 
-			acks := make(chan *bootstrap.RegisterAck, 4)
+			acks := make(chan *wire.RegisterAck, 4)
 			loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
 				Auth: testauth.Auth(), RankIdentity: ids[2],
-				Handler: func(m bootstrap.Message) {
-					if a, ok := m.(*bootstrap.RegisterAck); ok {
+				Handler: func(m wire.Message) {
+					if a, ok := m.(*wire.RegisterAck); ok {
 						acks <- a
 					}
 				}})
@@ -202,14 +203,14 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 			defer loop.Close()
 			f := strings.Fields(prefill.ready)
 			epoch, _ := strconv.ParseUint(f[2], 10, 64)
-			to := bootstrap.Peer{Endpoint: f[1], Cert: string(ids[0].Cert.Raw()), Epoch: epoch}
+			to := wire.Peer{Endpoint: f[1], Cert: string(ids[0].Cert.Raw()), Epoch: epoch}
 			// The attacker registers as a decode rank does: it repeats
 			// its REGISTER every second and echoes at once any agent
 			// challenge its own agent gets (so the cases with its own blob
 			// reach the ownership proof).
-			register := func(agentName string, md []byte, kv, aux, state []bootstrap.Region, seed []byte) *bootstrap.RegisterAck {
+			register := func(agentName string, md []byte, kv, aux, state []wire.Region, seed []byte) *wire.RegisterAck {
 				t.Helper()
-				reg := &bootstrap.Register{Compat: "v1:test-layout", Agent: agentName, AgentMD: md, TPSize: 1,
+				reg := &wire.Register{Compat: "v1:test-layout", Agent: agentName, AgentMD: md, TPSize: 1,
 					KV: kv, Aux: aux, State: state, Proof: seed}
 				for len(acks) > 0 {
 					<-acks // a late answer to an earlier repeat
@@ -252,8 +253,8 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 				}
 				return b
 			}
-			shift := func(rs []bootstrap.Region) []bootstrap.Region {
-				out := append([]bootstrap.Region(nil), rs...)
+			shift := func(rs []wire.Region) []wire.Region {
+				out := append([]wire.Region(nil), rs...)
 				for i := range out {
 					out[i].Addr += 32
 				}
@@ -272,7 +273,7 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 				what           string
 				agent          string
 				md             []byte
-				kv, aux, state []bootstrap.Region
+				kv, aux, state []wire.Region
 				seed           []byte
 			}{ // (a blob whose worker address is the victim's is one of victimAs, unmapped, vm.MD)
 				{"the victim's blob (its pid, segments and keys) under the attacker's name, the victim's regions",

@@ -18,6 +18,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 )
@@ -56,8 +57,8 @@ func TestRenewingDecodeCannotPinPages(t *testing.T) {
 	t.Parallel() // its own processes and ports
 	const stall, quarantine, lease = 2 * time.Second, 3 * time.Second, time.Second
 	bound := 2*stall + quarantine
-	attackerID := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "renewer", Rank: 0}
-	_, envs, ids := identityFiles(t, bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Rank: 0}, attackerID)
+	attackerID := wire.From{Role: wire.RoleDecode, Instance: "renewer", Rank: 0}
+	_, envs, ids := identityFiles(t, wire.From{Role: wire.RolePrefill, Instance: "proc", Rank: 0}, attackerID)
 	boot := startBoot(t)
 	prefill := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot,
 		"KVBRIDGE_E2E_PULL=1", "KVBRIDGE_E2E_STALL=" + stall.String(), "KVBRIDGE_E2E_QUARANTINE=" + quarantine.String(),
@@ -95,14 +96,14 @@ func TestRenewingDecodeCannotPinPages(t *testing.T) {
 	var mu sync.Mutex
 	var lastPages time.Time // the last PAGES (publish) heard
 	publishes := 0
-	acks := make(chan *bootstrap.RegisterAck, 4)
+	acks := make(chan *wire.RegisterAck, 4)
 	loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
 		Auth: testauth.Auth(), RankIdentity: ids[1],
-		Handler: func(m bootstrap.Message) {
+		Handler: func(m wire.Message) {
 			switch m := m.(type) {
-			case *bootstrap.RegisterAck:
+			case *wire.RegisterAck:
 				acks <- m
-			case *bootstrap.Pages:
+			case *wire.Pages:
 				mu.Lock()
 				lastPages, publishes = time.Now(), publishes+1
 				mu.Unlock()
@@ -114,11 +115,11 @@ func TestRenewingDecodeCannotPinPages(t *testing.T) {
 
 	// Register as a decode rank does: REGISTER (pull), the challenge
 	// echoed at once, repeated every second until an answer.
-	reg := &bootstrap.Register{Compat: "v1:test-layout", Agent: cfg.Name, AgentMD: md, TPSize: 1, KV: kv, Aux: aux, State: state, Proof: seed, Pull: true}
-	send := func(m bootstrap.Message) { require.NoError(t, loop.Send(to, m)) }
+	reg := &wire.Register{Compat: "v1:test-layout", Agent: cfg.Name, AgentMD: md, TPSize: 1, KV: kv, Aux: aux, State: state, Proof: seed, Pull: true}
+	send := func(m wire.Message) { require.NoError(t, loop.Send(to, m)) }
 	send(reg)
 	poll, repeat, deadline := time.NewTicker(10*time.Millisecond), time.NewTicker(time.Second), time.After(30*time.Second)
-	var ack *bootstrap.RegisterAck
+	var ack *wire.RegisterAck
 	for ack == nil {
 		select {
 		case ack = <-acks:
@@ -150,7 +151,7 @@ func TestRenewingDecodeCannotPinPages(t *testing.T) {
 	}
 	const room = 7
 	start := time.Now()
-	send(&bootstrap.Request{Room: room, DstPages: dst, AuxIndex: -1, Required: 1, Pull: true, At: uint64(time.Now().UnixNano())})
+	send(&wire.Request{Room: room, DstPages: dst, AuxIndex: -1, Required: 1, Pull: true, At: uint64(time.Now().UnixNano())})
 	prefill.do(fmt.Sprintf("SEND %d %s 4", room, csv(src)))
 	stop, renewed, each := make(chan struct{}), make(chan int), make(chan struct{}, 1024)
 	go func() {
@@ -163,7 +164,7 @@ func TestRenewingDecodeCannotPinPages(t *testing.T) {
 				renewed <- n
 				return
 			case <-tick.C:
-				if loop.Send(to, &bootstrap.Renew{Room: room, At: uint64(time.Now().UnixNano())}) == nil {
+				if loop.Send(to, &wire.Renew{Room: room, At: uint64(time.Now().UnixNano())}) == nil {
 					n++
 					select {
 					case each <- struct{}{}:

@@ -16,6 +16,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/testnet"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 )
@@ -70,7 +71,7 @@ func (p *rankProc) stats(t *testing.T) bootstrap.Stats {
 
 // identityFiles issues a certificate for each identity and writes the
 // files a rank process reads; it returns the CA and the env of each.
-func identityFiles(t *testing.T, ids ...bootstrap.From) (*bootstrap.CA, [][]string, []*bootstrap.RankIdentity) {
+func identityFiles(t *testing.T, ids ...wire.From) (*bootstrap.CA, [][]string, []*bootstrap.RankIdentity) {
 	t.Helper()
 	ca, err := bootstrap.NewCA()
 	require.NoError(t, err)
@@ -135,9 +136,9 @@ func pdRoomOf(t *testing.T, prefill, decode *rankProc, id uint64, n, chunk int, 
 func TestCapturedMessagesReplayed(t *testing.T) {
 	t.Parallel() // its own processes and ports
 	_, envs, ids := identityFiles(t,
-		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc"},
-		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc"},
-		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Rank: 1}) // the insider's
+		wire.From{Role: wire.RolePrefill, Instance: "proc"},
+		wire.From{Role: wire.RoleDecode, Instance: "proc"},
+		wire.From{Role: wire.RoleDecode, Instance: "proc", Rank: 1}) // the insider's
 	boot := startBoot(t)
 	port := freePort(t)
 	pEnv := append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot,
@@ -154,7 +155,7 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	// a key of its own — nothing of it decodes, its agent metadata, proof
 	// seed and regions included. (That the blob's own seal names its owner
 	// when it is re-presented: bootstrap.TestAgentMetadataSealedToItsRecipient.)
-	_, err := bootstrap.Decode(captured[:3])
+	_, err := wire.Decode(captured[:3])
 	require.Error(t, err, "the captured REGISTER decodes on the path: its body is not sealed")
 	require.Equal(t, "KVA3", string(captured[3][:4]), "the captured REGISTER's envelope, want a sealed one") // PROTOCOL.md "Sealed bodies"
 
@@ -172,7 +173,7 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	var pEpoch uint64
 	fmt.Sscan(strings.Fields(prefill.ready)[2], &pEpoch)
 	resealed, err := bootstrap.SealAs(testauth.Auth(), ids[2], []byte(info.CertBytes()), captured[:3], bootstrap.Envelope{Sent: time.Now(), Seq: 1,
-		To: bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Epoch: pEpoch}})
+		To: wire.From{Role: wire.RolePrefill, Instance: "proc", Epoch: pEpoch}})
 	require.NoError(t, err)
 	resealed[2] = captured[2] // the captured sealed body, as it was
 	before := prefill.stats(t).Refused[bootstrap.AuthBadTag]
@@ -217,8 +218,8 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 func TestSecretAloneSpeaksAsNoRank(t *testing.T) {
 	t.Parallel() // its own processes and ports
 	_, envs, _ := identityFiles(t,
-		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc"},
-		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc"})
+		wire.From{Role: wire.RolePrefill, Instance: "proc"},
+		wire.From{Role: wire.RoleDecode, Instance: "proc"})
 	boot := startBoot(t)
 	prefill := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}, envs[0]...)...)
 	decode := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}, envs[1]...)...)
@@ -229,12 +230,12 @@ func TestSecretAloneSpeaksAsNoRank(t *testing.T) {
 	var pEpoch, dEpoch uint64
 	fmt.Sscan(pf[2], &pEpoch)
 	fmt.Sscan(df[2], &dEpoch)
-	claim := bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc", Endpoint: pf[1], Epoch: pEpoch}
-	to := bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc", Epoch: dEpoch}
+	claim := wire.From{Role: wire.RolePrefill, Instance: "proc", Endpoint: pf[1], Epoch: pEpoch}
+	to := wire.From{Role: wire.RoleDecode, Instance: "proc", Epoch: dEpoch}
 	var forged [][][]byte
-	for i, m := range []bootstrap.Message{&bootstrap.AbortAck{From: claim, Room: 2, Drained: true},
-		&bootstrap.Status{From: claim, Room: 2, Status: bootstrap.StatusFailed, Code: "failed", Reason: "forged"}} {
-		f, err := bootstrap.Encode(m)
+	for i, m := range []wire.Message{&wire.AbortAck{From: claim, Room: 2, Drained: true},
+		&wire.Status{From: claim, Room: 2, Status: wire.StatusFailed, Code: "failed", Reason: "forged"}} {
+		f, err := wire.Encode(m)
 		require.NoError(t, err)
 		forged = append(forged, testauth.Auth().Seal(f, bootstrap.Envelope{Sent: time.Now(), Seq: 1<<40 + uint64(i), To: to}))
 	}
@@ -262,11 +263,11 @@ func freePort(t *testing.T) string { return testnet.FreePort(t) }
 func TestRecordCertificateIsTheRanks(t *testing.T) {
 	t.Parallel() // its own processes and ports
 	ca, envs, _ := identityFiles(t,
-		bootstrap.From{Role: bootstrap.RolePrefill, Instance: "proc"},
-		bootstrap.From{Role: bootstrap.RoleDecode, Instance: "proc"})
+		wire.From{Role: wire.RolePrefill, Instance: "proc"},
+		wire.From{Role: wire.RoleDecode, Instance: "proc"})
 	boot := startBoot(t)
 	prefill := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}, envs[0]...)...)
-	other, err := ca.Issue(bootstrap.RolePrefill, "proc", 1, time.Now().Add(time.Hour))
+	other, err := ca.Issue(wire.RolePrefill, "proc", 1, time.Now().Add(time.Hour))
 	require.NoError(t, err)
 	ctx := context.Background()
 	topo, err := bootstrap.NewClient(boot).Topology(ctx)
