@@ -1,42 +1,39 @@
-// Package bootstrap is kvbridge's control plane: the ZeroMQ control loop
-// each rank runs, the embedded HTTP bootstrap server (the prefill rank
-// table) with its client, and optional CURVE security. The PROTOCOL.md
-// messages and their codec are package internal/wire's.
-// It reports events; it never decides room state (that is kvmanager's job).
-//
-// # Control loop
-//
-//	auth, err := bootstrap.NewAuth(secret) // the deployment's shared secret (KVBRIDGE_SECRET)
-//	l, err := bootstrap.NewLoop(bootstrap.LoopConfig{
-//		Identity:   wire.From{Role: wire.RoleDecode, Instance: "decode-a", Rank: 0},
-//		Bind:       "tcp://0.0.0.0:17100",
-//		Handler:    func(m wire.Message) { /* hand to the manager; must not block */ },
-//		OnPeerDown: func(p bootstrap.PeerDown) { /* fail rooms shared with p */ },
-//		Auth:       auth, // heartbeats and queues: DefaultLoopConfig's where left zero
-//	})
-//	defer l.Close()
-//	// The peer's epoch comes with its bootstrap record (RankInfo.Epoch).
-//	prefill := wire.Peer{Endpoint: info.Endpoint, Epoch: info.Epoch}
-//	l.Send(prefill, &wire.Abort{Room: 7, Reason: "client left"})
-//	l.Watch(prefill) // heartbeats while rooms are shared
-//
-// Example_controlLoop runs the same between two loops.
-//
-// Send runs on the caller's goroutine, on the peer's socket under the peer's
-// lock (no hand-off), and never blocks: a peer that cannot take more gets a
-// bounded, ordered backlog, retried by the heartbeat goroutine, and then
-// drops (counted), so a dead peer never delays another.
+// Package bootstrap is what a deployment sets up of kvbridge's control
+// plane: the embedded HTTP bootstrap server (the prefill rank table), the
+// discovery clients that publish ranks in it or in etcd and find them, and
+// the deployment's credentials — the shared secret (Auth), optional CURVE
+// encryption (Security) and per-rank identity (CA, RankIdentity) — with the
+// environment variables operators set them with. The ranks' control loop
+// that uses them (messages, envelopes, heartbeats) runs inside each rank's
+// Manager (package kvmanager); it is not part of the public API.
 //
 // # Bootstrap server
 //
-// Server implements PUT /v1/ranks, GET /v1/topology (503 until every prefill
-// rank has registered), GET /v1/ranks?dp=&tp=&pp= and GET /healthz. Client
-// retries transient failures with jittered backoff until its context ends.
+// Server implements PUT and DELETE /v1/ranks, GET /v1/topology (503 until
+// every prefill rank has registered), GET /v1/ranks?dp=&tp=&pp=, the room
+// → DP group table (PUT and GET /v1/rooms) and GET /healthz. Writes need
+// the deployment's token (Auth.BootstrapToken). Client retries transient
+// failures with jittered backoff until its context ends.
 //
-// # Security
+// # Discovery
 //
-// Set LoopConfig.Security (or build it with SecurityFromEnv from
-// KVBRIDGE_CURVE_* variables) to make every PULL socket a CURVE server that
-// admits only allow-listed client keys, checked by a ZAP handler the loop
-// owns; refused peers are counted and never reach the Handler.
+// Dial returns the Discovery of a target: http:// or https:// (the
+// bootstrap server, *Client) or etcd://host:port[,host:port]/<instance>
+// (*EtcdClient, with EtcdConfig's TLS, auth and lease settings, read from
+// KVBRIDGE_ETCD_* by EtcdConfigFromEnv). Prefill ranks register their
+// RankRecord there; decode ranks read the Topology and each RankInfo, and
+// follow RankEvents where the backend pushes them (etcd).
+//
+// # Credentials
+//
+// AuthFromEnv reads the shared secret (KVBRIDGE_SECRET,
+// KVBRIDGE_SECRET_FILE) or an explicit insecure mode (KVBRIDGE_INSECURE):
+// every control message is authenticated with it, and bootstrap writes
+// carry its token. SecurityFromEnv reads a rank's CURVE keypair and
+// allow-list (KVBRIDGE_CURVE_*): its control socket then admits only
+// allow-listed peers. Under per-rank identity the operator's CA issues
+// each rank a certificate (CA.Issue, written with RankIdentity.Marshal and
+// CA.Marshal); a rank loads its own with IdentityFromEnv
+// (KVBRIDGE_CA_FILE, KVBRIDGE_IDENTITY_FILE), and a message's sender is
+// then proven, not claimed.
 package bootstrap

@@ -4,17 +4,16 @@ import (
 	"bytes"
 	"crypto/ecdh"
 	"crypto/ed25519"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/kvbridge/kvbridge/internal/wire"
 	"os"
 	"strings"
 	"time"
+
+	"github.com/kvbridge/kvbridge/internal/wire"
 )
 
 // Per-rank identity (PROTOCOL.md "Per-rank identity"). The deployment's
@@ -32,9 +31,6 @@ import (
 // CertMagic opens every certificate.
 const CertMagic = "KVC1"
 
-// MaxCertBytes bounds an encoded certificate.
-const MaxCertBytes = 512
-
 // Cert is a rank's certificate: who it is and its X25519 public key,
 // signed by the deployment's CA.
 type Cert struct {
@@ -47,42 +43,18 @@ type Cert struct {
 	raw []byte // the encoding the signature covers, then the signature
 }
 
-// Identity returns the identity the certificate vouches for (no endpoint
-// or epoch: those change with every start).
-func (c *Cert) Identity() wire.From {
-	return wire.From{Role: c.Role, Instance: c.Instance, Rank: c.Rank}
-}
-
 // Raw returns the certificate as sent on the wire and published in
 // bootstrap records.
 func (c *Cert) Raw() []byte { return c.raw }
 
-// String names the certificate's identity.
-func (c *Cert) String() string { return c.Identity().Peer() }
-
-func roleByte(role string) byte {
-	switch role {
-	case wire.RolePrefill:
-		return 1
-	case wire.RoleDecode:
-		return 2
-	}
-	return 0
-}
-
-func byteRole(b byte) string {
-	switch b {
-	case 1:
-		return wire.RolePrefill
-	case 2:
-		return wire.RoleDecode
-	}
-	return ""
+// String names the certificate's identity (role/instance/rank).
+func (c *Cert) String() string {
+	return wire.From{Role: c.Role, Instance: c.Instance, Rank: c.Rank}.Peer()
 }
 
 // signedPart is the certificate without its signature.
 func (c *Cert) signedPart() ([]byte, error) {
-	r := roleByte(c.Role)
+	r := wire.RoleByte(c.Role)
 	switch {
 	case r == 0:
 		return nil, fmt.Errorf("bootstrap: certificate role %q: want %q or %q", c.Role, wire.RolePrefill, wire.RoleDecode)
@@ -105,8 +77,8 @@ func (c *Cert) signedPart() ([]byte, error) {
 // at now. Every failure wraps ErrBadCert.
 func ParseCert(raw []byte, ca ed25519.PublicKey, now time.Time) (*Cert, error) {
 	bad := func(why string) (*Cert, error) { return nil, fmt.Errorf("%w: %s", ErrBadCert, why) }
-	if len(raw) > MaxCertBytes {
-		return bad(fmt.Sprintf("%d bytes, at most %d", len(raw), MaxCertBytes))
+	if len(raw) > wire.MaxCertBytes {
+		return bad(fmt.Sprintf("%d bytes, at most %d", len(raw), wire.MaxCertBytes))
 	}
 	if len(raw) < 4+1+4+2+8+32+ed25519.SignatureSize || string(raw[:4]) != CertMagic {
 		return bad("not a kvbridge certificate")
@@ -119,7 +91,7 @@ func ParseCert(raw []byte, ca ed25519.PublicKey, now time.Time) (*Cert, error) {
 	if len(ca) != ed25519.PublicKeySize || !ed25519.Verify(ca, body, raw[len(body):]) {
 		return bad("not signed by this deployment's certificate authority")
 	}
-	c := &Cert{Role: byteRole(raw[4]), Rank: int(binary.LittleEndian.Uint32(raw[5:])), Instance: string(raw[11 : 11+n]),
+	c := &Cert{Role: wire.ByteRole(raw[4]), Rank: int(binary.LittleEndian.Uint32(raw[5:])), Instance: string(raw[11 : 11+n]),
 		NotAfter: time.Unix(int64(binary.LittleEndian.Uint64(raw[11+n:])), 0),
 		Key:      bytes.Clone(raw[19+n : 51+n]), raw: bytes.Clone(raw)}
 	if c.Role == "" || c.Rank > 1<<31-1 {
@@ -178,36 +150,16 @@ type RankIdentity struct {
 	key  *ecdh.PrivateKey
 }
 
-// agree returns the X25519 agreement with a peer's certified key.
-func (id *RankIdentity) agree(peer *Cert) ([]byte, error) {
+// Agree returns the X25519 agreement of the rank's private key with the
+// key of a peer's certificate (verified by the caller): what the control
+// plane derives the pair's message keys from, with the deployment secret.
+// The private key itself never leaves the RankIdentity.
+func (id *RankIdentity) Agree(peer *Cert) ([]byte, error) {
 	pub, err := ecdh.X25519().NewPublicKey(peer.Key)
-	if err != nil {
-		return nil, err
-	}
-	return id.key.ECDH(pub)
-}
-
-// pairKey derives the MAC key of the pair (id, peer) under the deployment
-// secret: both the secret and one of the two private keys are needed.
-func (id *RankIdentity) pairKey(secret []byte, peer *Cert) ([]byte, error) {
-	shared, err := id.agree(peer)
 	if err != nil {
 		return nil, fmt.Errorf("%w: key agreement with %s: %v", ErrBadCert, peer, err)
 	}
-	a, b := id.Cert.raw, peer.raw
-	if bytes.Compare(a, b) > 0 {
-		a, b = b, a
-	}
-	m := hmac.New(sha256.New, secret)
-	m.Write([]byte("kvbridge pair key v1"))
-	m.Write(shared)
-	for _, c := range [][]byte{a, b} {
-		var n [2]byte
-		binary.LittleEndian.PutUint16(n[:], uint16(len(c)))
-		m.Write(n[:])
-		m.Write(c)
-	}
-	return m.Sum(nil), nil
+	return id.key.ECDH(pub)
 }
 
 // Identity files: one line each, "kvbridge-identity v1 <cert> <key>" and

@@ -6,12 +6,14 @@ import (
 	"os"
 	"strings"
 
+	"github.com/kvbridge/kvbridge/internal/curve"
 	zmq "github.com/pebbe/zmq4"
 )
 
 // Security turns on CURVE for a rank: its PULL socket becomes a CURVE server
-// that admits only AllowedKeys (checked by a ZAP handler the loop owns), and
-// every PUSH socket a CURVE client that authenticates with the same keypair.
+// that admits only AllowedKeys (checked by a ZAP handler the control loop
+// owns), and every PUSH socket a CURVE client that authenticates with the
+// same keypair.
 // A nil *Security (the default) means no encryption and no authentication.
 type Security struct {
 	// PublicKey and SecretKey are this rank's Z85-encoded keypair (40
@@ -28,41 +30,6 @@ func GenerateKeyPair() (public, secret string, err error) {
 		return "", "", errors.New("bootstrap: libzmq was built without CURVE")
 	}
 	return zmq.NewCurveKeypair()
-}
-
-func validKey(k string) bool { return len(k) == 40 && len(zmq.Z85decode(k)) == 32 }
-
-// normalise derives the public key and checks every key.
-func (s *Security) normalise() error {
-	if !zmq.HasCurve() {
-		return errors.New("bootstrap: security requested but libzmq was built without CURVE")
-	}
-	if !validKey(s.SecretKey) {
-		return errors.New("bootstrap: security: SecretKey is not a 40-character Z85 key")
-	}
-	pub, err := zmq.AuthCurvePublic(s.SecretKey)
-	if err != nil {
-		return fmt.Errorf("bootstrap: security: deriving the public key: %w", err)
-	}
-	if s.PublicKey != "" && s.PublicKey != pub {
-		return errors.New("bootstrap: security: PublicKey does not belong to SecretKey")
-	}
-	s.PublicKey = pub
-	for i, k := range s.AllowedKeys {
-		if !validKey(k) {
-			return fmt.Errorf("bootstrap: security: allowed key %d (%q) is not a 40-character Z85 key", i, k)
-		}
-	}
-	return nil
-}
-
-func (s *Security) allows(z85 string) bool {
-	for _, k := range s.AllowedKeys {
-		if k == z85 {
-			return true
-		}
-	}
-	return false
 }
 
 // Environment variables read by SecurityFromEnv.
@@ -99,9 +66,11 @@ func SecurityFromEnv() (*Security, error) {
 		}
 		s.AllowedKeys = append(s.AllowedKeys, keys...)
 	}
-	if err := s.normalise(); err != nil {
+	pub, err := curve.Check(s.SecretKey, s.PublicKey, s.AllowedKeys)
+	if err != nil {
 		return nil, err
 	}
+	s.PublicKey = pub
 	return s, nil
 }
 
@@ -118,7 +87,7 @@ func ReadKeyFile(path string) ([]string, error) {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		if !validKey(line) {
+		if !curve.ValidKey(line) {
 			return nil, fmt.Errorf("bootstrap: %s:%d: not a 40-character Z85 key", path, i+1)
 		}
 		keys = append(keys, line)

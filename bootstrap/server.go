@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kvbridge/kvbridge/internal/wire"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -16,6 +15,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvbridge/kvbridge/internal/curve"
+	"github.com/kvbridge/kvbridge/internal/wire"
 )
 
 // RankRecord is what a prefill rank registers with PUT /v1/ranks.
@@ -110,10 +112,10 @@ func (r RankRecord) Validate() error {
 		return errors.New("dtype is empty")
 	case r.Compat == "":
 		return errors.New("compat is empty")
-	case r.PublicKey != "" && !validKey(r.PublicKey):
+	case r.PublicKey != "" && !curve.ValidKey(r.PublicKey):
 		return errors.New("curve_public_key is not a 40-character Z85 key")
-	case len(r.Cert) > 2*MaxCertBytes || (r.Cert != "" && certBytes(r.Cert) == ""):
-		return fmt.Errorf("identity_cert is not a base64 certificate of at most %d bytes", MaxCertBytes)
+	case len(r.Cert) > 2*wire.MaxCertBytes || (r.Cert != "" && certBytes(r.Cert) == ""):
+		return fmt.Errorf("identity_cert is not a base64 certificate of at most %d bytes", wire.MaxCertBytes)
 	case r.Layers < 0 || r.KVHeads < 0 || r.HeadBytes < 0 || r.Layers > maxRankIndex || r.KVHeads > maxRankIndex || r.HeadBytes > 1<<20:
 		return fmt.Errorf("layers %d, kv_heads %d, head_bytes %d out of range", r.Layers, r.KVHeads, r.HeadBytes)
 	case r.PageLayout != "" && r.PageLayout != "NHD" && r.PageLayout != "HND":

@@ -148,7 +148,7 @@ func (d *Decode) checkRankCert(t core.Target, info bootstrap.RankInfo) error {
 	}
 	want := wire.From{Role: wire.RolePrefill, Instance: topo.Instance,
 		Rank: transfer.Parallel{TPSize: topo.TPSize, TPRank: t.Rank, PPSize: topo.PPSize, PPRank: t.PP, DPSize: topo.DPSize, DPRank: t.DP}.Global()}
-	if c.Identity() != want {
+	if (wire.From{Role: c.Role, Instance: c.Instance, Rank: c.Rank}) != want {
 		return fmt.Errorf("%s: its record carries the certificate of %s, want %s: %w", where, c, want.Peer(), bootstrap.ErrBadCert)
 	}
 	return nil

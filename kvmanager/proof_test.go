@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/wire"
@@ -29,7 +29,7 @@ type proofRank struct {
 	kv          []wire.Region
 	mem         [][]byte
 	seed        []byte
-	loop        *bootstrap.Loop
+	loop        *control.Loop
 	acks        chan *wire.RegisterAck
 }
 
@@ -64,7 +64,7 @@ func newProofRankNamed(t testing.TB, engine nixl.Config, instance, agent string,
 	}
 	r.md, err = a.Metadata()
 	require.NoError(t, err)
-	r.loop, err = bootstrap.NewLoop(bootstrap.LoopConfig{
+	r.loop, err = control.NewLoop(control.LoopConfig{
 		Identity: from, Bind: "tcp://127.0.0.1:*", Auth: testauth.Auth(),
 		Handler: func(m wire.Message) {
 			if a, ok := m.(*wire.RegisterAck); ok {
@@ -96,7 +96,7 @@ func (r *proofRank) register(t *testing.T, p *Prefill, agent string, md []byte, 
 // echoingRegister sends reg as a decode rank does until an answer comes:
 // again every second (its RegisterRetry), and at once, echoing it, when
 // the rank's agent gets an agent challenge for its identity owner.
-func echoingRegister(t *testing.T, loop *bootstrap.Loop, agent *nixl.Agent, owner string, to wire.Peer, reg *wire.Register, acks chan *wire.RegisterAck) *wire.RegisterAck {
+func echoingRegister(t *testing.T, loop *control.Loop, agent *nixl.Agent, owner string, to wire.Peer, reg *wire.Register, acks chan *wire.RegisterAck) *wire.RegisterAck {
 	t.Helper()
 	for len(acks) > 0 {
 		<-acks // a late answer to an earlier repeat

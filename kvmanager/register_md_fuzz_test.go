@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/wire"
@@ -61,11 +61,11 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 	var challenges uint64 // the prefill's challenges seen so far
 	challenged := 0       // tries loaded and challenged, never answered
 	to := wire.Peer{Endpoint: p.Endpoint()}
-	epoch := bootstrap.NewEpoch()
+	epoch := control.NewEpoch()
 	register := func(agentMD []byte) *wire.RegisterAck {
 		t.Helper()
 		epoch += 2
-		loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{
+		loop, err := control.NewLoop(control.LoopConfig{
 			Identity: wire.From{Role: wire.RoleDecode, Instance: "md-fuzz-decode", Rank: 0, Epoch: epoch},
 			Bind:     "tcp://127.0.0.1:*", Auth: testauth.Auth(),
 			Handler: func(m wire.Message) {

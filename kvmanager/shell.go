@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/pool"
 	"github.com/kvbridge/kvbridge/internal/rawagent"
@@ -36,7 +37,7 @@ type Manager struct {
 	unparsedNotifs atomic.Uint64
 	log            *zap.Logger
 	agent          *nixl.Agent
-	loop           *bootstrap.Loop
+	loop           *control.Loop
 	pool           *pool.Pool
 	met            *metrics
 
@@ -205,7 +206,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 			return nil, fmt.Errorf("kvmanager: metrics: %w", err)
 		}
 	}
-	m.loop, err = bootstrap.NewLoop(bootstrap.LoopConfig{
+	m.loop, err = control.NewLoop(control.LoopConfig{
 		Identity: wire.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank},
 		Bind:     cfg.Bind, Handler: m.handle, OnPeerDown: m.peerDown, OnMalformedRequest: m.malformed,
 		HeartbeatInterval: cfg.HeartbeatInterval, MaxMisses: cfg.MaxMisses,
@@ -327,7 +328,7 @@ func (m *Manager) Endpoint() string { return m.loop.Endpoint() }
 
 // ControlStats returns the control plane's counters (messages refused by
 // authentication, replays, malformed, dropped sends).
-func (m *Manager) ControlStats() bootstrap.Stats { return m.loop.Stats() }
+func (m *Manager) ControlStats() control.Stats { return m.loop.Stats() }
 
 // Epoch returns this process's control-plane epoch (its messages' from).
 func (m *Manager) Epoch() uint64 { return m.loop.Identity().Epoch }
@@ -519,7 +520,7 @@ func (m *Manager) send(to wire.Peer, msg wire.Message) {
 	if f := m.onSend.Load(); f != nil {
 		(*f)(msg)
 	}
-	if err := m.loop.Send(to, msg); err != nil && !errors.Is(err, bootstrap.ErrClosed) {
+	if err := m.loop.Send(to, msg); err != nil && !errors.Is(err, control.ErrClosed) {
 		m.log.Warn("control message not sent", zap.Stringer("type", msg.Type()), zap.String("peer", to.Endpoint), zap.Error(err))
 	}
 }
@@ -553,11 +554,11 @@ func (m *Manager) receive(msg wire.Message) core.Output {
 
 // malformed answers a REQUEST the codec refused but that named its room and
 // sender (the core decides: only a prefill rank answers).
-func (m *Manager) malformed(r bootstrap.MalformedReport) {
+func (m *Manager) malformed(r control.MalformedReport) {
 	m.stepIn(core.MalformedRequest{Room: r.Room, Endpoint: r.Endpoint, Reason: r.Reason})
 }
 
-func (m *Manager) peerDown(p bootstrap.PeerDown) {
+func (m *Manager) peerDown(p control.PeerDown) {
 	m.log.Warn("peer down", zap.String("endpoint", p.Endpoint), zap.String("reason", p.Reason))
 	m.stepIn(core.PeerUnreachable{Endpoint: p.Endpoint, Reason: p.Reason})
 }

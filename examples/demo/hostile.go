@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/nixl"
@@ -133,7 +134,7 @@ func (a *attacker) run(ctx context.Context) {
 			if len(frames) == 4 {
 				if a.ids[0] != nil {
 					for _, id := range a.ids {
-						if opened, _, why := bootstrap.OpenAs(auth, id, cloneFrames(frames), time.Now()); why == "" {
+						if opened, _, why := control.OpenAs(auth, id, cloneFrames(frames), time.Now()); why == "" {
 							frames = opened
 							break
 						}
@@ -226,13 +227,13 @@ func encode(m wire.Message) [][]byte {
 func (a *attacker) seal(p *proc, rank int, frames [][]byte) [][]byte {
 	a.mu.Lock()
 	a.seq++
-	env := bootstrap.Envelope{Sent: time.Now(), Seq: a.seq, To: wire.From{Epoch: p.epoch}}
+	env := control.Envelope{Sent: time.Now(), Seq: a.seq, To: wire.From{Epoch: p.epoch}}
 	a.mu.Unlock()
 	var id *bootstrap.RankIdentity
 	if a.ids[0] != nil && p == a.prefill {
 		id = a.ids[rank%len(a.ids)]
 	}
-	out, err := bootstrap.SealAs(auth, id, a.prefillCert, frames, env)
+	out, err := control.SealAs(auth, id, a.prefillCert, frames, env)
 	if err != nil {
 		panic(err)
 	}
@@ -384,8 +385,8 @@ func (a *attacker) round(round int, push map[string]*zmq.Socket) {
 		a.send(s, "garbage frames", [][]byte{[]byte("HTTP"), []byte("GET / HTTP/1.1"), nil, nil, nil})
 		a.send(s, "no tag", encode(&wire.Abort{From: a.from("untagged", 0), Room: 1, Reason: "x"}))
 		a.send(s, "no tag", encode(&wire.Request{From: a.from("untagged", 0), Room: 1, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}))
-		a.send(s, "other secret", other.Seal(encode(&wire.Abort{From: a.from("other-secret", 0), Room: 1}),
-			bootstrap.Envelope{Sent: time.Now(), Seq: 1, To: wire.From{Epoch: p.epoch}}))
+		a.send(s, "other secret", control.Seal(other, encode(&wire.Abort{From: a.from("other-secret", 0), Room: 1}),
+			control.Envelope{Sent: time.Now(), Seq: 1, To: wire.From{Epoch: p.epoch}}))
 		for i := 0; i < 100; i++ {
 			f := wire.From{Role: wire.RoleDecode, Instance: "forged", Rank: i,
 				Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 20000+(round*100+i)%40000), Epoch: uint64(round)}
@@ -399,7 +400,7 @@ func (a *attacker) round(round int, push map[string]*zmq.Socket) {
 		if a.ids[0] != nil && p == a.prefill {
 			id = a.ids[round%3]
 		}
-		sealedMD, err := bootstrap.SealAgentMD(auth, id, a.prefillCert, reg.AgentMD, reg.From, wire.From{Epoch: p.epoch})
+		sealedMD, err := control.SealAgentMD(auth, id, a.prefillCert, reg.AgentMD, reg.From, wire.From{Epoch: p.epoch})
 		if err != nil {
 			panic(err)
 		}
@@ -413,7 +414,7 @@ func (a *attacker) round(round int, push map[string]*zmq.Socket) {
 			if a.ids[0] != nil && p == a.prefill {
 				id = a.ids[k%3]
 			}
-			if reg.AgentMD, err = bootstrap.SealAgentMD(auth, id, a.prefillCert, reg.AgentMD, reg.From, wire.From{Epoch: p.epoch}); err != nil {
+			if reg.AgentMD, err = control.SealAgentMD(auth, id, a.prefillCert, reg.AgentMD, reg.From, wire.From{Epoch: p.epoch}); err != nil {
 				panic(err)
 			}
 			a.send(s, "REGISTER, mutated real UCX address", a.seal(p, k%3, encode(reg)))

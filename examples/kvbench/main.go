@@ -58,6 +58,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/gpu"
+	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/rawagent"
@@ -892,15 +893,15 @@ func (b *bench) controlMode() error {
 	progress("control", 0, 2)
 	auth := benchAuth()
 	got := make(chan struct{}, 1)
-	var echo *bootstrap.Loop
+	var echo *control.Loop
 	var back wire.Peer
-	echo, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: wire.From{Role: wire.RolePrefill, Instance: "bench-echo"},
+	echo, err := control.NewLoop(control.LoopConfig{Identity: wire.From{Role: wire.RolePrefill, Instance: "bench-echo"},
 		Bind: "tcp://127.0.0.1:*", Auth: auth, Handler: func(m wire.Message) { echo.Send(back, m) }})
 	if err != nil {
 		return err
 	}
 	defer echo.Close()
-	a, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: wire.From{Role: wire.RoleDecode, Instance: "bench-a"},
+	a, err := control.NewLoop(control.LoopConfig{Identity: wire.From{Role: wire.RoleDecode, Instance: "bench-a"},
 		Bind: "tcp://127.0.0.1:*", Auth: auth, Handler: func(wire.Message) { got <- struct{}{} }})
 	if err != nil {
 		return err

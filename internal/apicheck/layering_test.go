@@ -18,8 +18,9 @@ import (
 // its non-test files) only packages of a lower layer. 0–3: the pure
 // internals (the wire codec, memory spans, the public layout types of
 // transfer, the layout arithmetic, the protocol core) and leaf helpers;
-// 3–4: the data plane, the control plane
-// and the transfer pool; 5: the rank shells; 6: the request handles; 7–9:
+// 3–4: the data plane, the control plane (bootstrap's discovery and
+// credentials, then internal/control's loop above it) and the transfer
+// pool; 5: the rank shells; 6: the request handles; 7–9:
 // what the example servers and the tests share, then the servers; 10: the
 // example binaries. The example servers' shared code lives under
 // examples/internal/ (layers 7–9); no package outside examples/, test
@@ -28,11 +29,11 @@ import (
 var layers = map[string]int{
 	"internal/wire": 0, "internal/mem": 0, "gpu": 1, "gpu/discover": 1, "internal/cpustat": 0, "internal/capture": 0,
 	"internal/leakcheck": 0, "internal/dl": 0, "internal/canary": 0, "internal/testnet": 0, "internal/promread": 0, "internal/nixldouble": 0, "internal/cudadouble": 0, "internal/apicheck": 0,
-	"internal/wire/wiretest": 1, "transfer": 1,
+	"internal/curve": 0, "internal/wire/wiretest": 1, "transfer": 1,
 	"internal/kvlayout": 2,
 	"internal/core":     3,
 	"nixl":              3, "bootstrap": 3,
-	"internal/rawagent": 4, "internal/pool": 4,
+	"internal/rawagent": 4, "internal/pool": 4, "internal/control": 4,
 	"kvmanager": 5,
 	"sender":    6, "receiver": 6,
 	"internal/testauth": 7, "internal/etcdtest": 7, "internal/kvmodel": 7, "internal/layerbench": 7,

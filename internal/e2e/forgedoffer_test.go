@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -82,7 +83,7 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 			// own, answering every REGISTER with the offer forged at the
 			// time.
 			regs := make(chan *wire.Register, 16)
-			loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: forgerID, Bind: "tcp://127.0.0.1:*",
+			loop, err := control.NewLoop(control.LoopConfig{Identity: forgerID, Bind: "tcp://127.0.0.1:*",
 				Auth: testauth.Auth(), RankIdentity: ids[3],
 				Handler: func(m wire.Message) {
 					if r, ok := m.(*wire.Register); ok {

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/wire"
@@ -101,7 +101,7 @@ func peerOf(t *testing.T, r *rankProc, cert string) wire.Peer {
 // decode rank process of instance "proc" over ucx-tcp, each with its own
 // certificate, and a control loop of a decode rank of instance "attacker"
 // with a certificate of its own, addressed at the prefill rank (to).
-func floodRanks(t *testing.T, prefillEnv ...string) (prefill, genuine *rankProc, loop *bootstrap.Loop, to wire.Peer) {
+func floodRanks(t *testing.T, prefillEnv ...string) (prefill, genuine *rankProc, loop *control.Loop, to wire.Peer) {
 	t.Helper()
 	attackerID := wire.From{Role: wire.RoleDecode, Instance: "attacker", Rank: 0}
 	_, envs, ids := identityFiles(t,
@@ -112,7 +112,7 @@ func floodRanks(t *testing.T, prefillEnv ...string) (prefill, genuine *rankProc,
 	base := []string{"KVBRIDGE_E2E_ENGINE=ucx-tcp", "KVBRIDGE_E2E_BOOT=" + boot}
 	prefill = startChild(t, append(append(append([]string{"KVBRIDGE_E2E_ROLE=prefill"}, prefillEnv...), base...), envs[0]...)...)
 	genuine = startChild(t, append(append([]string{"KVBRIDGE_E2E_ROLE=decode"}, base...), envs[1]...)...)
-	loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
+	loop, err := control.NewLoop(control.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
 		Auth: testauth.Auth(), RankIdentity: ids[2], Handler: func(wire.Message) {}})
 	require.NoError(t, err)
 	t.Cleanup(func() { loop.Close() })

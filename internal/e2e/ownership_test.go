@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/rawagent"
 	"github.com/kvbridge/kvbridge/internal/testauth"
@@ -192,7 +192,7 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 			copy(seed, "the attacker's own seed")
 
 			acks := make(chan *wire.RegisterAck, 4)
-			loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
+			loop, err := control.NewLoop(control.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
 				Auth: testauth.Auth(), RankIdentity: ids[2],
 				Handler: func(m wire.Message) {
 					if a, ok := m.(*wire.RegisterAck); ok {

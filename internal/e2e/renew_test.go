@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/wire"
@@ -97,7 +97,7 @@ func TestRenewingDecodeCannotPinPages(t *testing.T) {
 	var lastPages time.Time // the last PAGES (publish) heard
 	publishes := 0
 	acks := make(chan *wire.RegisterAck, 4)
-	loop, err := bootstrap.NewLoop(bootstrap.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
+	loop, err := control.NewLoop(control.LoopConfig{Identity: attackerID, Bind: "tcp://127.0.0.1:*",
 		Auth: testauth.Auth(), RankIdentity: ids[1],
 		Handler: func(m wire.Message) {
 			switch m := m.(type) {

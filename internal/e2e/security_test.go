@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/testnet"
@@ -42,7 +43,7 @@ func (p *rankProc) captured(t *testing.T, typ string) [][]byte {
 // sendRaw sends frames byte for byte to a rank process on a connection
 // of its own, then a marker, and returns the rank's counters once the
 // marker came in: every frame before it has been handled.
-func sendRaw(t *testing.T, to *rankProc, endpoint string, frames ...[][]byte) bootstrap.Stats {
+func sendRaw(t *testing.T, to *rankProc, endpoint string, frames ...[][]byte) control.Stats {
 	t.Helper()
 	ctx, _ := zmq.NewContext()
 	s, _ := ctx.NewSocket(zmq.PUSH)
@@ -61,10 +62,10 @@ func sendRaw(t *testing.T, to *rankProc, endpoint string, frames ...[][]byte) bo
 }
 
 // stats asks a rank process for its control-plane counters.
-func (p *rankProc) stats(t *testing.T) bootstrap.Stats {
+func (p *rankProc) stats(t *testing.T) control.Stats {
 	t.Helper()
 	p.do("STATS 0")
-	var s bootstrap.Stats
+	var s control.Stats
 	require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(p.expect(t, "STATS "), "STATS ")), &s))
 	return s
 }
@@ -162,7 +163,7 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	// Replayed to the process it was for, while the pair works: a
 	// duplicate; the next room succeeds.
 	st := sendRaw(t, prefill, pEndpoint, captured)
-	require.EqualValues(t, 1, st.Replayed[bootstrap.ReplayDuplicate], "the replayed REGISTER: replays %v, want 1 duplicate", st.Replayed)
+	require.EqualValues(t, 1, st.Replayed[control.ReplayDuplicate], "the replayed REGISTER: replays %v, want 1 duplicate", st.Replayed)
 	pdRoom(t, prefill, decode, 2, pp, dp)
 
 	// Presented by the holder of decode rank 1's key under its own
@@ -172,13 +173,13 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	require.NoError(t, err)
 	var pEpoch uint64
 	fmt.Sscan(strings.Fields(prefill.ready)[2], &pEpoch)
-	resealed, err := bootstrap.SealAs(testauth.Auth(), ids[2], []byte(info.CertBytes()), captured[:3], bootstrap.Envelope{Sent: time.Now(), Seq: 1,
+	resealed, err := control.SealAs(testauth.Auth(), ids[2], []byte(info.CertBytes()), captured[:3], control.Envelope{Sent: time.Now(), Seq: 1,
 		To: wire.From{Role: wire.RolePrefill, Instance: "proc", Epoch: pEpoch}})
 	require.NoError(t, err)
 	resealed[2] = captured[2] // the captured sealed body, as it was
-	before := prefill.stats(t).Refused[bootstrap.AuthBadTag]
+	before := prefill.stats(t).Refused[control.AuthBadTag]
 	st = sendRaw(t, prefill, pEndpoint, resealed)
-	require.Equal(t, before+1, st.Refused[bootstrap.AuthBadTag], "the captured body under the insider's envelope: refused %v, want one more bad_tag (%d before)", st.Refused, before)
+	require.Equal(t, before+1, st.Refused[control.AuthBadTag], "the captured body under the insider's envelope: refused %v, want one more bad_tag (%d before)", st.Refused, before)
 
 	// The prefill rank restarts in place (same endpoint, new epoch); the
 	// decode rank's next room registers with the new process and succeeds;
@@ -188,7 +189,7 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	prefill = startChild(t, pEnv...)
 	require.Equal(t, pEndpoint, strings.Fields(prefill.ready)[1], "restarted on %s", prefill.ready)
 	st = sendRaw(t, prefill, pEndpoint, captured)
-	require.EqualValues(t, 1, st.Replayed[bootstrap.ReplayOtherEpoch], "the REGISTER for the predecessor: replays %v, want 1 other_epoch", st.Replayed)
+	require.EqualValues(t, 1, st.Replayed[control.ReplayOtherEpoch], "the REGISTER for the predecessor: replays %v, want 1 other_epoch", st.Replayed)
 	// A room started before the decode rank heard of the new process went
 	// to the old one and may fail as its peer restarted (PROTOCOL.md: what
 	// was bound to the old epoch fails); the next one must succeed.
@@ -205,9 +206,9 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	// Counted from here: room 3's messages, when it went to the old
 	// process, reach the new one as other_epoch too (seen in make test:
 	// 3 where the test wanted 2).
-	before = prefill.stats(t).Replayed[bootstrap.ReplayOtherEpoch]
+	before = prefill.stats(t).Replayed[control.ReplayOtherEpoch]
 	st = sendRaw(t, prefill, pEndpoint, captured)
-	require.Equal(t, before+1, st.Replayed[bootstrap.ReplayOtherEpoch], "the old decode process's REGISTER: replays %v, want one more other_epoch (%d before)", st.Replayed, before)
+	require.Equal(t, before+1, st.Replayed[control.ReplayOtherEpoch], "the old decode process's REGISTER: replays %v, want one more other_epoch (%d before)", st.Replayed, before)
 	pdRoom(t, prefill, decode, 4, pp, dp)
 }
 
@@ -237,13 +238,13 @@ func TestSecretAloneSpeaksAsNoRank(t *testing.T) {
 		&wire.Status{From: claim, Room: 2, Status: wire.StatusFailed, Code: "failed", Reason: "forged"}} {
 		f, err := wire.Encode(m)
 		require.NoError(t, err)
-		forged = append(forged, testauth.Auth().Seal(f, bootstrap.Envelope{Sent: time.Now(), Seq: 1<<40 + uint64(i), To: to}))
+		forged = append(forged, control.Seal(testauth.Auth(), f, control.Envelope{Sent: time.Now(), Seq: 1<<40 + uint64(i), To: to}))
 	}
 	// Room 2 is live while they arrive; it succeeds.
 	src, dst := pp.Get(512), dp.Get(512)
 	decode.do(fmt.Sprintf("RECV 2 %s %s", csv(dst), csv(src)))
 	st := sendRaw(t, decode, df[1], forged...)
-	require.EqualValues(t, 2, st.Refused[bootstrap.AuthNoIdentity], "the forged ABORT_ACK and STATUS: refused %v, want 2 no_identity", st.Refused)
+	require.EqualValues(t, 2, st.Refused[control.AuthNoIdentity], "the forged ABORT_ACK and STATUS: refused %v, want 2 no_identity", st.Refused)
 	prefill.do(fmt.Sprintf("SEND 2 %s 16", csv(src)))
 	require.Equal(t, "DONE 2 Success verified", decode.expect(t, "DONE"), "decode")
 	prefill.expect(t, "DONE 2 Success")

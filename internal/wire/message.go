@@ -85,13 +85,41 @@ const (
 	RoleDecode  = "decode"
 )
 
+// RoleByte is a role's byte in the binary encodings: an identity
+// certificate's and an envelope's receiver (PROTOCOL.md "Envelope",
+// "Per-rank identity"): 1 prefill, 2 decode, 0 anything else.
+func RoleByte(role string) byte {
+	switch role {
+	case RolePrefill:
+		return 1
+	case RoleDecode:
+		return 2
+	}
+	return 0
+}
+
+// ByteRole is RoleByte's inverse ("" for a byte that names no role).
+func ByteRole(b byte) string {
+	switch b {
+	case 1:
+		return RolePrefill
+	case 2:
+		return RoleDecode
+	}
+	return ""
+}
+
+// MaxCertBytes bounds an encoded identity certificate (PROTOCOL.md
+// "Per-rank identity"): in a bootstrap record and in an envelope.
+const MaxCertBytes = 512
+
 // From identifies the sender of every message.
 type From struct {
 	Role     string // RolePrefill or RoleDecode
 	Instance string
 	Rank     int
 	Endpoint string // the sender's control endpoint: replies go here
-	Epoch    uint64 // per process start, growing with each (NewEpoch)
+	Epoch    uint64 // per process start, growing with each (control.NewEpoch)
 }
 
 // Peer returns the stable name of the sender across restarts.

@@ -1,15 +1,18 @@
-package bootstrap
+package control
 
 import (
 	"container/list"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/curve"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,7 +21,7 @@ import (
 
 // Errors of the control loop.
 var (
-	ErrClosed = errors.New("bootstrap: control loop closed")
+	ErrClosed = errors.New("control: control loop closed")
 )
 
 // PeerDown reports a peer that heartbeats declared dead. (Restarts are
@@ -66,15 +69,15 @@ type LoopConfig struct {
 	PeerIdle          time.Duration // an unwatched peer's socket is closed after this, default 5 min
 	// Auth authenticates every control message with the deployment's
 	// shared secret. It is required unless Insecure is set.
-	Auth *Auth
+	Auth *bootstrap.Auth
 	// Insecure runs without message authentication (logged as a warning):
 	// anyone who can reach the port can drive the rank.
 	Insecure bool
-	Security *Security // CURVE encryption and allow-list on top; nil: off
+	Security *bootstrap.Security // CURVE encryption and allow-list on top; nil: off
 	// RankIdentity turns on per-rank identity (with Auth): this rank's
 	// certificate and key, and the CA's public key that vouches for every
 	// peer's. A message's from is then proven, not claimed.
-	RankIdentity *RankIdentity
+	RankIdentity *bootstrap.RankIdentity
 	// Tap, if set, sees every message as it came off the wire, before any
 	// check (a packet capture, for diagnostics and tests). It runs on the
 	// receive goroutine and must not keep or modify frames.
@@ -94,27 +97,27 @@ func DefaultLoopConfig() LoopConfig {
 func (c *LoopConfig) Validate() error {
 	switch {
 	case c.Identity.Role != wire.RolePrefill && c.Identity.Role != wire.RoleDecode:
-		return fmt.Errorf("bootstrap: Identity.Role must be %q or %q, got %q", wire.RolePrefill, wire.RoleDecode, c.Identity.Role)
+		return fmt.Errorf("control: Identity.Role must be %q or %q, got %q", wire.RolePrefill, wire.RoleDecode, c.Identity.Role)
 	case c.Identity.Instance == "":
-		return errors.New("bootstrap: Identity.Instance is empty")
+		return errors.New("control: Identity.Instance is empty")
 	case c.Identity.Rank < 0:
-		return fmt.Errorf("bootstrap: Identity.Rank %d is negative", c.Identity.Rank)
+		return fmt.Errorf("control: Identity.Rank %d is negative", c.Identity.Rank)
 	case c.Bind == "":
-		return errors.New("bootstrap: Bind is empty")
+		return errors.New("control: Bind is empty")
 	case c.Handler == nil:
-		return errors.New("bootstrap: Handler is nil")
+		return errors.New("control: Handler is nil")
 	case c.HeartbeatInterval <= 0 || c.MaxMisses < 1:
-		return fmt.Errorf("bootstrap: heartbeat %v × %d misses is not valid", c.HeartbeatInterval, c.MaxMisses)
+		return fmt.Errorf("control: heartbeat %v × %d misses is not valid", c.HeartbeatInterval, c.MaxMisses)
 	case c.SendHWM < 1 || c.MaxPeers < 1 || c.PeerIdle <= 0 || c.Linger < 0:
-		return errors.New("bootstrap: SendHWM, MaxPeers and PeerIdle must be positive, Linger not negative")
+		return errors.New("control: SendHWM, MaxPeers and PeerIdle must be positive, Linger not negative")
 	case c.Auth == nil && !c.Insecure:
-		return fmt.Errorf("bootstrap: rank %s: %w", c.Identity.Peer(), ErrNoSecret)
+		return fmt.Errorf("control: rank %s: %w", c.Identity.Peer(), bootstrap.ErrNoSecret)
 	case c.Auth != nil && c.Insecure:
-		return errors.New("bootstrap: Auth and Insecure are both set; choose one")
+		return errors.New("control: Auth and Insecure are both set; choose one")
 	case c.RankIdentity != nil && c.Auth == nil:
-		return errors.New("bootstrap: per-rank identity needs the deployment's shared secret too (Auth)")
-	case c.RankIdentity != nil && c.RankIdentity.Cert.Identity() != (wire.From{Role: c.Identity.Role, Instance: c.Identity.Instance, Rank: c.Identity.Rank}):
-		return fmt.Errorf("bootstrap: rank %s holds the certificate of %s", c.Identity.Peer(), c.RankIdentity.Cert)
+		return errors.New("control: per-rank identity needs the deployment's shared secret too (Auth)")
+	case c.RankIdentity != nil && certIdentity(c.RankIdentity.Cert) != (wire.From{Role: c.Identity.Role, Instance: c.Identity.Instance, Rank: c.Identity.Rank}):
+		return fmt.Errorf("control: rank %s holds the certificate of %s", c.Identity.Peer(), c.RankIdentity.Cert)
 	}
 	return nil
 }
@@ -174,6 +177,7 @@ type Loop struct {
 	pull, zap *zsock
 
 	snd  *sender
+	auth *sealer     // nil when Insecure
 	addr *addressing // nil when Insecure
 
 	inbox *inbox
@@ -210,26 +214,28 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	var auth *sealer
 	if cfg.Auth != nil {
-		a := &Auth{Secret: cfg.Auth.Secret, MaxSkew: cfg.Auth.MaxSkew}
-		if err := a.normalise(); err != nil {
+		if _, err := bootstrap.NewAuth(cfg.Auth.Secret); err != nil {
 			return nil, err
 		}
-		cfg.Auth = a
+		auth = newSealer(cfg.Auth)
 	}
 	if cfg.Security != nil {
 		sec := *cfg.Security
-		if err := sec.normalise(); err != nil {
+		pub, err := curve.Check(sec.SecretKey, sec.PublicKey, sec.AllowedKeys)
+		if err != nil {
 			return nil, err
 		}
+		sec.PublicKey = pub
 		cfg.Security = &sec
 	}
-	l = &Loop{cfg: cfg, id: cfg.Identity, log: cfg.Logger,
+	l = &Loop{cfg: cfg, id: cfg.Identity, log: cfg.Logger, auth: auth,
 		closing: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}),
 		zapDone: make(chan struct{}), inbox: newInbox()}
 	l.snd = newSender(l)
-	if cfg.Auth != nil {
-		l.addr = newAddressing(cfg.Auth, cfg.RankIdentity, cfg.Identity.Role)
+	if auth != nil {
+		l.addr = newAddressing(auth, cfg.RankIdentity, cfg.Identity.Role)
 		l.addr.rebindAfter = cfg.HeartbeatInterval * time.Duration(cfg.MaxMisses+1)
 	}
 	if l.log == nil {
@@ -243,13 +249,13 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 		l.id.Epoch = NewEpoch()
 	}
 	if l.ctx, err = newZctx(); err != nil {
-		return nil, fmt.Errorf("bootstrap: zmq context: %w", err)
+		return nil, fmt.Errorf("control: zmq context: %w", err)
 	}
 	fail := func(what string, err error) (*Loop, error) {
 		l.pull.close()
 		l.zap.close()
 		l.ctx.term()
-		return nil, fmt.Errorf("bootstrap: %s (rank %s): %w", what, cfg.Identity.Peer(), err)
+		return nil, fmt.Errorf("control: %s (rank %s): %w", what, cfg.Identity.Peer(), err)
 	}
 	if cfg.Security != nil {
 		// The ZAP handler must exist before the first connection arrives.
@@ -323,7 +329,7 @@ func (l *Loop) Cert() []byte {
 	if l.cfg.RankIdentity == nil {
 		return nil
 	}
-	return l.cfg.RankIdentity.Cert.raw
+	return l.cfg.RankIdentity.Cert.Raw()
 }
 
 // Stats returns a snapshot of the loop's counters.
@@ -348,7 +354,7 @@ func (l *Loop) Send(to wire.Peer, m wire.Message) error {
 	}
 	wire.SetFrom(m, l.id)
 	o, err := l.encode(to, m)
-	if errors.Is(err, errNoPeerCert) || errors.Is(err, ErrBadCert) {
+	if errors.Is(err, errNoPeerCert) || errors.Is(err, bootstrap.ErrBadCert) {
 		l.snd.dropped(outbound{to: to, t: m.Type()}, DropNoIdentity, err)
 		return nil
 	}
@@ -379,12 +385,12 @@ func (l *Loop) encode(to wire.Peer, m wire.Message) (outbound, error) {
 		if r, ok := m.(*wire.Register); ok && (len(r.AgentMD) > 0 || len(r.Proof) > 0) {
 			c := *r
 			if len(r.AgentMD) > 0 {
-				if c.AgentMD, err = sealMD(o.tagKey, l.cfg.Auth.Secret, r.AgentMD, l.id, env.To); err != nil {
+				if c.AgentMD, err = sealMD(o.tagKey, l.auth.Secret, r.AgentMD, l.id, env.To); err != nil {
 					return o, err
 				}
 			}
 			if len(r.Proof) > 0 {
-				if c.Proof, err = sealMD(o.tagKey, l.cfg.Auth.Secret, r.Proof, l.id, env.To); err != nil {
+				if c.Proof, err = sealMD(o.tagKey, l.auth.Secret, r.Proof, l.id, env.To); err != nil {
 					return o, err
 				}
 			}
@@ -392,10 +398,10 @@ func (l *Loop) encode(to wire.Peer, m wire.Message) (outbound, error) {
 		}
 		if a, ok := m.(*wire.RegisterAck); ok && a.Pull != nil {
 			c, offer := *a, *a.Pull
-			if offer.AgentMD, err = sealMD(o.tagKey, l.cfg.Auth.Secret, a.Pull.AgentMD, l.id, env.To); err != nil {
+			if offer.AgentMD, err = sealMD(o.tagKey, l.auth.Secret, a.Pull.AgentMD, l.id, env.To); err != nil {
 				return o, err
 			}
-			if offer.Proof, err = sealMD(o.tagKey, l.cfg.Auth.Secret, a.Pull.Proof, l.id, env.To); err != nil {
+			if offer.Proof, err = sealMD(o.tagKey, l.auth.Secret, a.Pull.Proof, l.id, env.To); err != nil {
 				return o, err
 			}
 			c.Pull = &offer
@@ -445,10 +451,10 @@ func (l *Loop) wire(o outbound, sc *scratch, now time.Time) [][]byte {
 	if o.tagKey != nil {
 		// Per-rank identity: the body sealed under the pair's key (room
 		// ids and page lists are not readable on the wire).
-		sc.env, sc.body = l.cfg.Auth.sealBodyInto(sc.env[:0], sc.body[:0], o.tagKey, sc.frames[:3], env, l.addr.nonce(&sc.nonce, env.Seq))
+		sc.env, sc.body = l.auth.sealBodyInto(sc.env[:0], sc.body[:0], o.tagKey, sc.frames[:3], env, l.addr.nonce(&sc.nonce, env.Seq))
 		sc.frames[2] = sc.body
 	} else {
-		sc.env = l.cfg.Auth.sealInto(sc.env[:0], o.tagKey, sc.frames[:3], env)
+		sc.env = l.auth.sealInto(sc.env[:0], o.tagKey, sc.frames[:3], env)
 	}
 	sc.frames[3] = sc.env
 	return sc.frames[:4]
@@ -476,7 +482,7 @@ func (l *Loop) Close() error {
 		// (ETERM), which close their sockets; it returns once they have and
 		// the PUSH sockets' last messages have lingered.
 		if err := l.ctx.term(); err != nil {
-			l.closeErr = fmt.Errorf("bootstrap: terminating the zmq context: %w", err)
+			l.closeErr = fmt.Errorf("control: terminating the zmq context: %w", err)
 		}
 		<-l.recvDone
 		<-l.zapDone
@@ -556,7 +562,7 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key inboxKey, it inb
 		if l.cfg.RankIdentity != nil {
 			keyFor = l.addr.keyFor(now)
 		}
-		opened, e, why := l.cfg.Auth.open(frames, now, keyFor)
+		opened, e, why := l.auth.open(frames, now, keyFor)
 		if why != "" {
 			refuse(why, false, "unauthenticated")
 			return inboxKey{}, inboxItem{}, false
@@ -603,14 +609,14 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key inboxKey, it inb
 			if pc := l.addr.peerKey(env.Cert); pc != nil {
 				key = pc.key
 			}
-			md, err := openMD(key, l.cfg.Auth.Secret, r.AgentMD, from, env.To)
+			md, err := openMD(key, l.auth.Secret, r.AgentMD, from, env.To)
 			if err != nil {
 				refuse(AuthBadTag, false, fmt.Sprintf("REGISTER from %s: agent metadata: %v", from.Peer(), err))
 				return inboxKey{}, inboxItem{}, false
 			}
 			r.AgentMD = md
 			if len(r.Proof) > 0 {
-				if r.Proof, err = openMD(key, l.cfg.Auth.Secret, r.Proof, from, env.To); err != nil {
+				if r.Proof, err = openMD(key, l.auth.Secret, r.Proof, from, env.To); err != nil {
 					refuse(AuthBadTag, false, fmt.Sprintf("REGISTER from %s: ownership proof: %v", from.Peer(), err))
 					return inboxKey{}, inboxItem{}, false
 				}
@@ -622,8 +628,8 @@ func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key inboxKey, it inb
 				key = pc.key
 			}
 			var err error
-			if a.Pull.AgentMD, err = openMD(key, l.cfg.Auth.Secret, a.Pull.AgentMD, from, env.To); err == nil {
-				a.Pull.Proof, err = openMD(key, l.cfg.Auth.Secret, a.Pull.Proof, from, env.To)
+			if a.Pull.AgentMD, err = openMD(key, l.auth.Secret, a.Pull.AgentMD, from, env.To); err == nil {
+				a.Pull.Proof, err = openMD(key, l.auth.Secret, a.Pull.Proof, from, env.To)
 			}
 			if err != nil {
 				refuse(AuthBadTag, false, fmt.Sprintf("REGISTER_ACK from %s: pull offer: %v", from.Peer(), err))
@@ -714,7 +720,7 @@ func (l *Loop) answerZAP(req [][]byte) {
 	}
 	version, id, mechanism := req[0], req[1], string(req[5])
 	ok := mechanism == "CURVE" && len(req) >= 7 && len(req[6]) == 32 &&
-		l.cfg.Security.allows(zmq.Z85encode(string(req[6])))
+		slices.Contains(l.cfg.Security.AllowedKeys, zmq.Z85encode(string(req[6])))
 	if ok {
 		l.zap.send([][]byte{version, id, []byte("200"), []byte("OK"), nil, nil}, 0)
 		return
@@ -921,7 +927,7 @@ var (
 	errTooManyPeers = errors.New("MaxPeers sockets open and every one watched")
 )
 
-func setClientCurve(sock *zsock, serverKey string, sec *Security) error {
+func setClientCurve(sock *zsock, serverKey string, sec *bootstrap.Security) error {
 	if err := sock.setString(zCurveServerkey, serverKey); err != nil {
 		return err
 	}

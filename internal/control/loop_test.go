@@ -1,11 +1,8 @@
-package bootstrap
+package control
 
 import (
 	"bytes"
 	"fmt"
-	"github.com/kvbridge/kvbridge/internal/wire"
-	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
-	"go.uber.org/zap"
 	"net"
 	"os"
 	"os/exec"
@@ -16,6 +13,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
+	"go.uber.org/zap"
 
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/assert"
@@ -37,13 +39,16 @@ type testRank struct {
 // process the tests start).
 var testSecret = []byte("kvbridge-test-secret-0123456789")
 
-func testAuth() *Auth {
-	a, err := NewAuth(testSecret)
+func testAuth() *bootstrap.Auth {
+	a, err := bootstrap.NewAuth(testSecret)
 	if err != nil {
 		panic(err)
 	}
 	return a
 }
+
+// testSealer seals and opens as a loop with testAuth does.
+func testSealer() *sealer { return newSealer(testAuth()) }
 
 // testSeq numbers the messages the tests seal themselves, far above any
 // number a real loop reaches in a test, so a test's message never
@@ -55,7 +60,7 @@ func init() { testSeq.Store(1 << 40) }
 // sealed adds the test secret's authentication frame, addressed to the
 // receiver's identity and epoch, as a rank would.
 func sealed(to wire.From, frames [][]byte) [][]byte {
-	return testAuth().Seal(append([][]byte(nil), frames...), Envelope{Sent: time.Now(), Seq: testSeq.Add(1), To: to})
+	return Seal(testAuth(), append([][]byte(nil), frames...), Envelope{Sent: time.Now(), Seq: testSeq.Add(1), To: to})
 }
 
 func newRank(t *testing.T, role, instance string, mut func(*LoopConfig)) *testRank {
@@ -425,10 +430,10 @@ func TestCurveAdmitsOnlyListedKeys(t *testing.T) {
 	if !zmq.HasCurve() {
 		t.Skip("libzmq built without CURVE")
 	}
-	keys := func() *Security {
-		pub, sec, err := GenerateKeyPair()
+	keys := func() *bootstrap.Security {
+		pub, sec, err := bootstrap.GenerateKeyPair()
 		require.NoError(t, err)
-		return &Security{PublicKey: pub, SecretKey: sec}
+		return &bootstrap.Security{PublicKey: pub, SecretKey: sec}
 	}
 	good, stranger, server := keys(), keys(), keys()
 	server.AllowedKeys = []string{good.PublicKey}
@@ -465,32 +470,6 @@ func TestCurveAdmitsOnlyListedKeys(t *testing.T) {
 	}
 }
 
-func TestSecurityFromEnv(t *testing.T) {
-	pub, sec, err := GenerateKeyPair()
-	if err != nil {
-		t.Skip(err)
-	}
-	peerPub, _, _ := GenerateKeyPair()
-	t.Setenv(EnvCurveSecretKey, "")
-	s, err := SecurityFromEnv()
-	require.NoError(t, err, "off by default: %v", s)
-	require.Nil(t, s, "off by default")
-	dir := t.TempDir()
-	keyFile := dir + "/secret"
-	os.WriteFile(keyFile, []byte("# rank key\n"+sec+"\n"), 0o600)
-	allowFile := dir + "/allow"
-	os.WriteFile(allowFile, []byte(peerPub+"\n"), 0o600)
-	t.Setenv(EnvCurveSecretKeyFile, keyFile)
-	t.Setenv(EnvCurveAllowFile, allowFile)
-	s, err = SecurityFromEnv()
-	require.NoError(t, err, "%+v", s)
-	require.Equal(t, pub, s.PublicKey, "%+v", s)
-	require.Equal(t, []string{peerPub}, s.AllowedKeys, "%+v", s)
-	t.Setenv(EnvCurveAllow, "not-a-key")
-	_, err = SecurityFromEnv()
-	require.Error(t, err, "a bad allowed key must be refused")
-}
-
 func TestLoopCloseIdempotent(t *testing.T) {
 	r := newRank(t, wire.RoleDecode, "d", nil)
 	require.NoError(t, r.Close())
@@ -505,10 +484,10 @@ func TestLoopConfigValidate(t *testing.T) {
 		"no handler": {Identity: wire.From{Role: wire.RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*"},
 		"bad bind":   {Identity: wire.From{Role: wire.RoleDecode, Instance: "x"}, Bind: "bogus://", Handler: func(wire.Message) {}},
 		"bad key": {Identity: wire.From{Role: wire.RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(wire.Message) {},
-			Security: &Security{SecretKey: "short"}, Auth: testAuth()},
+			Security: &bootstrap.Security{SecretKey: "short"}, Auth: testAuth()},
 		"no secret, not insecure": {Identity: wire.From{Role: wire.RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(wire.Message) {}},
 		"short secret": {Identity: wire.From{Role: wire.RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(wire.Message) {},
-			Auth: &Auth{Secret: []byte("short")}},
+			Auth: &bootstrap.Auth{Secret: []byte("short")}},
 		"secret and insecure": {Identity: wire.From{Role: wire.RoleDecode, Instance: "x"}, Bind: "tcp://127.0.0.1:*", Handler: func(wire.Message) {},
 			Auth: testAuth(), Insecure: true},
 	} {
@@ -532,18 +511,18 @@ func TestUnauthenticatedMessagesDropped(t *testing.T) {
 		return f
 	}
 	req := &wire.Request{From: decode.Identity(), Room: 5, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}
-	other, _ := NewAuth([]byte("another deployment's secret!!"))
+	other, _ := bootstrap.NewAuth([]byte("another deployment's secret!!"))
 	captured := sealed(prefill.Identity(), frames(req))
 	forgedFrom := decode.Identity()
 	forgedFrom.Instance = "intruder"
 	replayed := append(frames(&wire.Request{From: forgedFrom, Room: 5, DstPages: []uint32{1}, AuxIndex: -1, Required: 1}), captured[3])
-	old := testAuth().Seal(frames(req), Envelope{Sent: time.Now().Add(-time.Hour), Seq: testSeq.Add(1), To: prefill.Identity()})
+	old := Seal(testAuth(), frames(req), Envelope{Sent: time.Now().Add(-time.Hour), Seq: testSeq.Add(1), To: prefill.Identity()})
 	cases := map[string]struct {
 		frames [][]byte
 		reason string
 	}{
 		"no tag":            {frames(req), AuthMissing},
-		"other secret":      {other.Seal(frames(req), Envelope{Sent: time.Now(), Seq: testSeq.Add(1), To: prefill.Identity()}), AuthBadTag},
+		"other secret":      {Seal(other, frames(req), Envelope{Sent: time.Now(), Seq: testSeq.Add(1), To: prefill.Identity()}), AuthBadTag},
 		"short tag":         {append(frames(req), []byte("x")), AuthBadTag},
 		"replayed identity": {replayed, AuthBadTag},
 		"an hour old":       {old, AuthStale},

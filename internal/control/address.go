@@ -1,6 +1,7 @@
-package bootstrap
+package control
 
 import (
+	"bytes"
 	"container/list"
 	"crypto/aes"
 	"crypto/cipher"
@@ -10,11 +11,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/kvbridge/kvbridge/internal/wire"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/wire"
 )
 
 // Fresh and addressed (PROTOCOL.md "Envelope"): every message names its
@@ -35,7 +38,7 @@ const replayWindow = 1024
 
 // peerCert is a verified certificate and the pair key derived from it.
 type peerCert struct {
-	cert *Cert
+	cert *bootstrap.Cert
 	key  []byte
 }
 
@@ -86,10 +89,10 @@ type senderKey struct {
 }
 
 type addressing struct {
-	auth        *Auth
-	id          *RankIdentity // nil: the shared secret alone
-	role        string        // this rank's role: peers have the other
-	rebindAfter time.Duration // the heartbeat bound
+	auth        *sealer
+	id          *bootstrap.RankIdentity // nil: the shared secret alone
+	role        string                  // this rank's role: peers have the other
+	rebindAfter time.Duration           // the heartbeat bound
 
 	seq atomic.Uint64 // the last message number stamped
 	// noncePrefix begins every sealed message's nonce (then its message
@@ -111,7 +114,7 @@ type addressing struct {
 	nudged   map[senderKey]time.Time
 }
 
-func newAddressing(auth *Auth, id *RankIdentity, role string) *addressing {
+func newAddressing(auth *sealer, id *bootstrap.RankIdentity, role string) *addressing {
 	a := &addressing{auth: auth, id: id, role: role, rebindAfter: 15 * time.Second, book: map[string]*where{}, bookLRU: list.New(),
 		byRank: map[rankID][]string{}, certs: map[string]*peerCert{}, badCerts: map[string]error{},
 		windows: map[senderKey]*window{}, winLRU: list.New(), winRank: map[rankID][]uint64{}, nudged: map[senderKey]time.Time{}}
@@ -135,7 +138,7 @@ var errNoPeerCert = errors.New("no identity certificate known for the peer (per-
 func (a *addressing) verify(raw []byte, now time.Time) (*peerCert, error) {
 	if pc, ok := a.certs[string(raw)]; ok {
 		if now.After(pc.cert.NotAfter) {
-			return nil, fmt.Errorf("%w: %s expired at %s", ErrBadCert, pc.cert, pc.cert.NotAfter.UTC().Format(time.RFC3339))
+			return nil, fmt.Errorf("%w: %s expired at %s", bootstrap.ErrBadCert, pc.cert, pc.cert.NotAfter.UTC().Format(time.RFC3339))
 		}
 		return pc, nil
 	}
@@ -151,17 +154,17 @@ func (a *addressing) verify(raw []byte, now time.Time) (*peerCert, error) {
 	}
 	// The role first: a certificate of this rank's own role (a public
 	// record's, say) is refused without checking its signature.
-	if len(raw) > 4 && byteRole(raw[4]) == a.role {
-		return refuse(fmt.Errorf("%w: a %s rank's certificate, as this one's: ranks talk only to ranks of the other role", ErrBadCert, a.role))
+	if len(raw) > 4 && wire.ByteRole(raw[4]) == a.role {
+		return refuse(fmt.Errorf("%w: a %s rank's certificate, as this one's: ranks talk only to ranks of the other role", bootstrap.ErrBadCert, a.role))
 	}
-	c, err := ParseCert(raw, a.id.CA, now)
+	c, err := bootstrap.ParseCert(raw, a.id.CA, now)
 	if err != nil {
-		if errors.Is(err, ErrBadCert) && !strings.Contains(err.Error(), "expired") {
+		if errors.Is(err, bootstrap.ErrBadCert) && !strings.Contains(err.Error(), "expired") {
 			return refuse(err)
 		}
 		return nil, err
 	}
-	key, err := a.id.pairKey(a.auth.Secret, c)
+	key, err := pairKey(a.auth.Secret, a.id, c)
 	if err != nil {
 		return nil, err
 	}
@@ -200,18 +203,18 @@ func (a *addressing) envelopeAt(to wire.Peer, now time.Time) (Envelope, []byte, 
 		// heartbeat's PINGs, which carry none).
 		switch {
 		case w == nil:
-			w = a.bind(to.Endpoint, pc.cert.Identity(), pc, now)
+			w = a.bind(to.Endpoint, certIdentity(pc.cert), pc, now)
 			w.id.Epoch = to.Epoch
-		case keyOf(w.id) != keyOf(pc.cert.Identity()):
+		case keyOf(w.id) != keyOf(certIdentity(pc.cert)):
 			a.unbind(to.Endpoint)
-			w = a.bind(to.Endpoint, pc.cert.Identity(), pc, now)
+			w = a.bind(to.Endpoint, certIdentity(pc.cert), pc, now)
 			w.id.Epoch = to.Epoch
 		}
 		w.hinted = true
 	}
 	switch {
 	case pc != nil:
-		env.To = pc.cert.Identity()
+		env.To = certIdentity(pc.cert)
 		if w != nil && keyOf(w.id) == keyOf(env.To) {
 			env.To.Epoch = w.id.Epoch
 		}
@@ -228,7 +231,7 @@ func (a *addressing) envelopeAt(to wire.Peer, now time.Time) (Envelope, []byte, 
 	if pc == nil {
 		return env, nil, errNoPeerCert
 	}
-	env.Cert = a.id.Cert.raw
+	env.Cert = a.id.Cert.Raw()
 	return env, pc.key, nil
 }
 
@@ -263,7 +266,7 @@ func (a *addressing) check(self wire.From, m wire.Message, env Envelope, now tim
 	var pc *peerCert
 	if a.id != nil {
 		pc = a.certs[string(env.Cert)] // verified by keyFor
-		if pc == nil || pc.cert.Identity() != (wire.From{Role: from.Role, Instance: from.Instance, Rank: from.Rank}) {
+		if pc == nil || certIdentity(pc.cert) != (wire.From{Role: from.Role, Instance: from.Instance, Rank: from.Rank}) {
 			return AuthForged, false
 		}
 	}
@@ -443,7 +446,7 @@ func (a *addressing) vouch(self wire.From, endpoint string, env Envelope) bool {
 		return w != nil
 	}
 	pc := a.certs[string(env.Cert)]
-	return w != nil && pc != nil && keyOf(w.id) == keyOf(pc.cert.Identity())
+	return w != nil && pc != nil && keyOf(w.id) == keyOf(certIdentity(pc.cert))
 }
 
 // shift moves the bitmap s numbers up: bit i becomes bit i+s.
@@ -562,22 +565,22 @@ func (a *addressing) peerKey(raw []byte) *peerCert {
 // tagged with the shared secret (env.Cert must be empty); with id, as the
 // rank id names, to the peer whose certificate is given (env.Cert is set
 // to id's). A REGISTER's agent metadata must be sealed first (SealAgentMD).
-func SealAs(auth *Auth, id *RankIdentity, peer []byte, frames [][]byte, env Envelope) ([][]byte, error) {
-	key, err := tagKey(auth, id, peer)
+func SealAs(auth *bootstrap.Auth, id *bootstrap.RankIdentity, peer []byte, frames [][]byte, env Envelope) ([][]byte, error) {
+	key, err := tagKey(auth.Secret, id, peer)
 	if err != nil {
 		return nil, err
 	}
 	if id != nil {
-		env.Cert = id.Cert.raw
+		env.Cert = id.Cert.Raw()
 	}
-	return auth.seal(key, frames[:len(frames):len(frames)], env), nil
+	return newSealer(auth).seal(key, frames[:len(frames):len(frames)], env), nil
 }
 
 // SealAgentMD seals agent metadata (or an ownership proof) from the rank
 // from to the rank to (as the envelope will address it), as SealAs would
 // tag it.
-func SealAgentMD(auth *Auth, id *RankIdentity, peer []byte, md []byte, from, to wire.From) ([]byte, error) {
-	key, err := tagKey(auth, id, peer)
+func SealAgentMD(auth *bootstrap.Auth, id *bootstrap.RankIdentity, peer []byte, md []byte, from, to wire.From) ([]byte, error) {
+	key, err := tagKey(auth.Secret, id, peer)
 	if err != nil {
 		return nil, err
 	}
@@ -590,16 +593,16 @@ func SealAgentMD(auth *Auth, id *RankIdentity, peer []byte, md []byte, from, to 
 // the deployment CA's. It checks what Auth.Open checks, not the Loop's
 // addressing and replay rules; why is an Auth* reason. The body is
 // decrypted in place (frames[2]).
-func OpenAs(auth *Auth, id *RankIdentity, frames [][]byte, now time.Time) (opened [][]byte, env Envelope, why string) {
-	return auth.open(frames, now, func(cert []byte) ([]byte, string) {
+func OpenAs(auth *bootstrap.Auth, id *bootstrap.RankIdentity, frames [][]byte, now time.Time) (opened [][]byte, env Envelope, why string) {
+	return newSealer(auth).open(frames, now, func(cert []byte) ([]byte, string) {
 		if cert == nil {
 			return nil, AuthNoIdentity
 		}
-		c, err := ParseCert(cert, id.CA, now)
+		c, err := bootstrap.ParseCert(cert, id.CA, now)
 		if err != nil || c.Role == id.Cert.Role { // (a rank talks to the other role's ranks)
 			return nil, AuthNoIdentity
 		}
-		key, err := id.pairKey(auth.Secret, c)
+		key, err := pairKey(auth.Secret, id, c)
 		if err != nil {
 			return nil, AuthNoIdentity
 		}
@@ -607,13 +610,42 @@ func OpenAs(auth *Auth, id *RankIdentity, frames [][]byte, now time.Time) (opene
 	})
 }
 
-func tagKey(auth *Auth, id *RankIdentity, peer []byte) ([]byte, error) {
+func tagKey(secret []byte, id *bootstrap.RankIdentity, peer []byte) ([]byte, error) {
 	if id == nil {
 		return nil, nil
 	}
-	c, err := ParseCert(peer, id.CA, time.Now())
+	c, err := bootstrap.ParseCert(peer, id.CA, time.Now())
 	if err != nil {
 		return nil, err
 	}
-	return id.pairKey(auth.Secret, c)
+	return pairKey(secret, id, c)
+}
+
+// pairKey derives the MAC key of the pair (id, peer) under the deployment
+// secret: both the secret and one of the two private keys are needed.
+func pairKey(secret []byte, id *bootstrap.RankIdentity, peer *bootstrap.Cert) ([]byte, error) {
+	shared, err := id.Agree(peer)
+	if err != nil {
+		return nil, err
+	}
+	a, b := id.Cert.Raw(), peer.Raw()
+	if bytes.Compare(a, b) > 0 {
+		a, b = b, a
+	}
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("kvbridge pair key v1"))
+	m.Write(shared)
+	for _, c := range [][]byte{a, b} {
+		var n [2]byte
+		binary.LittleEndian.PutUint16(n[:], uint16(len(c)))
+		m.Write(n[:])
+		m.Write(c)
+	}
+	return m.Sum(nil), nil
+}
+
+// certIdentity is the identity a certificate vouches for (no endpoint or
+// epoch: those change with every start).
+func certIdentity(c *bootstrap.Cert) wire.From {
+	return wire.From{Role: c.Role, Instance: c.Instance, Rank: c.Rank}
 }

@@ -1,8 +1,9 @@
-package bootstrap
+package control
 
 import (
-	"github.com/kvbridge/kvbridge/internal/wire"
 	"time"
+
+	"github.com/kvbridge/kvbridge/internal/wire"
 )
 
 // The inbox: received messages wait here, one queue per sending rank

@@ -1,4 +1,4 @@
-package bootstrap
+package control
 
 import (
 	"crypto/rand"

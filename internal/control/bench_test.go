@@ -1,15 +1,17 @@
-package bootstrap
+package control
 
 import (
 	"bytes"
 	"crypto/ed25519"
-	"github.com/kvbridge/kvbridge/internal/wire"
-	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
 
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
@@ -180,9 +182,9 @@ const (
 )
 
 // benchIDs are the two ranks' identities in benchIdentity mode.
-var benchIDs = sync.OnceValues(func() ([2]*RankIdentity, error) {
-	var ids [2]*RankIdentity
-	ca, err := NewCA()
+var benchIDs = sync.OnceValues(func() ([2]*bootstrap.RankIdentity, error) {
+	var ids [2]*bootstrap.RankIdentity
+	ca, err := bootstrap.NewCA()
 	if err != nil {
 		return ids, err
 	}
@@ -204,7 +206,7 @@ func newBenchPair(b *testing.B, mode benchMode) *benchPair {
 	if insecure {
 		auth = nil
 	}
-	var ids [2]*RankIdentity
+	var ids [2]*bootstrap.RankIdentity
 	if mode == benchIdentity {
 		ids, err = benchIDs()
 		require.NoError(b, err)
@@ -396,13 +398,13 @@ func BenchmarkEncode(b *testing.B) {
 
 // BenchmarkAuth: tagging and checking one ABORT's frames.
 func BenchmarkAuth(b *testing.B) {
-	a := testAuth()
+	a := testSealer()
 	frames := benchFrames(b)
 	b.ReportAllocs()
 	to := wire.From{Role: wire.RolePrefill, Instance: "p", Rank: 3, Epoch: 7}
 	for i := 0; i < b.N; i++ {
 		now := time.Now()
-		if _, _, why := a.Open(a.Seal(frames[:3:3], Envelope{Sent: now, Seq: uint64(i + 1), To: to}), now); why != "" {
+		if _, _, why := a.open(a.seal(nil, frames[:3:3], Envelope{Sent: now, Seq: uint64(i + 1), To: to}), now, nil); why != "" {
 			b.Fatal(why)
 		}
 	}
@@ -413,8 +415,8 @@ func BenchmarkAuth(b *testing.B) {
 // for every message after a peer's first), with the receiver's replay
 // window: the cost per message next to BenchmarkAuth's, in the same run.
 func BenchmarkAuthPair(b *testing.B) {
-	a := testAuth()
-	ca, err := NewCA()
+	a := testSealer()
+	ca, err := bootstrap.NewCA()
 	require.NoError(b, err)
 	dec, _ := ca.Issue(wire.RoleDecode, "d", 0, time.Now().Add(time.Hour))
 	pre, _ := ca.Issue(wire.RolePrefill, "p", 3, time.Now().Add(time.Hour))

@@ -1,11 +1,12 @@
-package bootstrap
+package control
 
 import (
 	"bytes"
-	"github.com/kvbridge/kvbridge/internal/wire"
-	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
 	"testing"
 	"time"
+
+	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
 
 	"github.com/stretchr/testify/require"
 )
@@ -15,13 +16,13 @@ import (
 // seeds, byte for byte (a mutation of any frame, the envelope or the tag
 // is refused with a reason).
 func FuzzOpen(f *testing.F) {
-	a := testAuth()
+	a := testSealer()
 	now := time.Unix(1_800_000_000, 0)
 	var sealed [][][]byte
 	for i, m := range wiretest.SampleMessages() {
 		frames, err := wire.Encode(m)
 		require.NoError(f, err)
-		s := a.Seal(frames, Envelope{Sent: now, Seq: uint64(i + 1), To: wire.From{Role: wire.RolePrefill, Instance: "p", Rank: i % 3, Epoch: 9}})
+		s := a.seal(nil, frames, Envelope{Sent: now, Seq: uint64(i + 1), To: wire.From{Role: wire.RolePrefill, Instance: "p", Rank: i % 3, Epoch: 9}})
 		sealed = append(sealed, s)
 		f.Add(s[0], s[1], s[2], s[3])
 	}
@@ -29,7 +30,7 @@ func FuzzOpen(f *testing.F) {
 	f.Add([]byte(wire.Magic), []byte("PING"), []byte{0x80}, []byte(EnvelopeMagic))
 	f.Fuzz(func(t *testing.T, f0, f1, f2, f3 []byte) {
 		frames := [][]byte{f0, f1, f2, f3}
-		opened, env, why := a.Open(frames, now)
+		opened, env, why := a.open(frames, now, nil)
 		if why != "" {
 			require.Nil(t, opened, "refused (%s) but returned frames", why)
 			return

@@ -1,22 +1,18 @@
-package bootstrap
+package control
 
 import (
 	"bytes"
-	"crypto/ecdh"
-	"crypto/ed25519"
-	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"runtime"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	zmq "github.com/pebbe/zmq4"
 
@@ -72,12 +68,12 @@ type rawWire struct {
 	from wire.From
 }
 
-func newWire(t *testing.T, to *testRank, id *RankIdentity) *rawWire {
+func newWire(t *testing.T, to *testRank, id *bootstrap.RankIdentity) *rawWire {
 	from := wire.From{Role: wire.RoleDecode, Instance: "marker", Endpoint: "tcp://127.0.0.1:1", Epoch: NewEpoch()}
 	if id != nil {
 		from.Instance, from.Rank = id.Cert.Instance, id.Cert.Rank
 	}
-	return &rawWire{t: t, sock: rawPush(t, to.Endpoint()), to: to, ad: newAddressing(testAuth(), id, wire.RoleDecode), from: from}
+	return &rawWire{t: t, sock: rawPush(t, to.Endpoint()), to: to, ad: newAddressing(testSealer(), id, wire.RoleDecode), from: from}
 }
 
 // send sends frames byte for byte.
@@ -98,7 +94,7 @@ func (w *rawWire) sync(room uint64) {
 	}
 	env.Sent, env.Seq = time.Now(), w.ad.nextSeq()
 	f, _ := wire.Encode(&wire.Abort{From: w.from, Room: room})
-	w.send(testAuth().seal(key, f, env))
+	w.send(testSealer().seal(key, f, env))
 	if m := w.to.next(w.t); m.Type() != wire.TypeAbort || m.(*wire.Abort).Room != room {
 		w.t.Fatalf("%s reached the handler before the marker: %+v", m.Type(), m)
 	}
@@ -178,9 +174,9 @@ func TestFirstContactNeedsAnEpoch(t *testing.T) {
 	// (prefill/p/1).
 	w := newWire(t, prefill, nil)
 	f, _ := wire.Encode(&wire.Abort{From: decode.Identity(), Room: 5})
-	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1<<45 - 1, To: wire.From{Role: wire.RolePrefill, Instance: "p"}}))
+	w.send(Seal(testAuth(), f, Envelope{Sent: time.Now(), Seq: 1<<45 - 1, To: wire.From{Role: wire.RolePrefill, Instance: "p"}}))
 	f, _ = wire.Encode(&wire.Register{From: decode.Identity(), Compat: "c", Agent: "a", TPSize: 1, KV: []wire.Region{}, Aux: []wire.Region{}, State: []wire.Region{}})
-	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 45, To: wire.From{Role: wire.RolePrefill, Instance: "p", Rank: 1}}))
+	w.send(Seal(testAuth(), f, Envelope{Sent: time.Now(), Seq: 1 << 45, To: wire.From{Role: wire.RolePrefill, Instance: "p", Rank: 1}}))
 	w.sync(77)
 	if got := prefill.Stats().Refused[AuthUnaddressed]; got != 2 {
 		t.Fatalf("ABORT to an unknown process and REGISTER for another rank: %d unaddressed, want 2", got)
@@ -218,9 +214,9 @@ func TestReplayWindow(t *testing.T) {
 }
 
 // identities issues certificates for a decode and a prefill rank.
-func identities(t *testing.T) (ca *CA, decode, prefill *RankIdentity) {
+func identities(t *testing.T) (ca *bootstrap.CA, decode, prefill *bootstrap.RankIdentity) {
 	t.Helper()
-	ca, err := NewCA()
+	ca, err := bootstrap.NewCA()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +230,7 @@ func identities(t *testing.T) (ca *CA, decode, prefill *RankIdentity) {
 	return ca, decode, prefill
 }
 
-func withIdentity(id *RankIdentity) func(*LoopConfig) {
+func withIdentity(id *bootstrap.RankIdentity) func(*LoopConfig) {
 	return func(c *LoopConfig) {
 		c.RankIdentity = id
 		c.Identity.Role, c.Identity.Instance, c.Identity.Rank = id.Cert.Role, id.Cert.Instance, id.Cert.Rank
@@ -271,7 +267,7 @@ func TestRankIdentityProvesFrom(t *testing.T) {
 		t.Fatal(err)
 	}
 	liar := newRank(t, wire.RoleDecode, "d", withIdentity(insider))
-	ad := newAddressing(liar.cfg.Auth, insider, wire.RoleDecode)
+	ad := newAddressing(liar.auth, insider, wire.RoleDecode)
 	env, key, err := ad.envelope(prefill.peer())
 	if err != nil {
 		t.Fatal(err)
@@ -280,81 +276,34 @@ func TestRankIdentityProvesFrom(t *testing.T) {
 	claim := decode.Identity()
 	f, _ := wire.Encode(&wire.Abort{From: claim, Room: 3})
 	w := newWire(t, prefill, did)
-	w.send(liar.cfg.Auth.seal(key, f, env))
+	w.send(liar.auth.seal(key, f, env))
 	// The secret alone: tagged with the secret, no certificate.
 	f, _ = wire.Encode(&wire.Abort{From: decode.Identity(), Room: 2})
-	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 50, To: prefill.Identity()}))
+	w.send(Seal(testAuth(), f, Envelope{Sent: time.Now(), Seq: 1 << 50, To: prefill.Identity()}))
 	// A prefill certificate's holder speaking to a prefill rank.
 	samerole, err := ca.Issue(wire.RolePrefill, "p", 1, time.Now().Add(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := newAddressing(liar.cfg.Auth, samerole, wire.RolePrefill).envelope(prefill.peer()); !errors.Is(err, ErrBadCert) {
+	if _, _, err := newAddressing(liar.auth, samerole, wire.RolePrefill).envelope(prefill.peer()); !errors.Is(err, bootstrap.ErrBadCert) {
 		t.Fatalf("a prefill rank addressed a prefill rank: %v", err)
 	}
 	// A certificate from another CA.
-	otherCA, _ := NewCA()
+	otherCA, _ := bootstrap.NewCA()
 	stranger, _ := otherCA.Issue(wire.RoleDecode, "d", 0, time.Now().Add(time.Hour))
 	// Its holder does not accept the prefill rank's certificate either, so
 	// the test seals the message by hand.
-	pc, _ := ParseCert(pid.Cert.Raw(), ca.Public, time.Now())
-	fkey, err := stranger.pairKey(testSecret, pc)
+	pc, _ := bootstrap.ParseCert(pid.Cert.Raw(), ca.Public, time.Now())
+	fkey, err := pairKey(testSecret, stranger, pc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f, _ = wire.Encode(&wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: "d", Endpoint: decode.Endpoint(), Epoch: 77}, Room: 4})
-	w.send(testAuth().seal(fkey, f, Envelope{Sent: time.Now(), Seq: 1, To: prefill.Identity(), Cert: stranger.Cert.Raw()}))
+	w.send(testSealer().seal(fkey, f, Envelope{Sent: time.Now(), Seq: 1, To: prefill.Identity(), Cert: stranger.Cert.Raw()}))
 	w.sync(5)
 	got := prefill.Stats().Refused
 	if got[AuthNoIdentity] != 2 || got[AuthForged] != 1 {
 		t.Fatalf("refused %v, want 2 no_identity (secret only, foreign CA) and 1 forged_identity", got)
-	}
-}
-
-// TestCertificates: encoding, the CA's signature, expiry, tampering,
-// files.
-func TestCertificates(t *testing.T) {
-	ca, did, _ := identities(t)
-	now := time.Now()
-	c, err := ParseCert(did.Cert.Raw(), ca.Public, now)
-	if err != nil || c.Identity() != (wire.From{Role: wire.RoleDecode, Instance: "d", Rank: 0}) || !bytes.Equal(c.Key, did.Cert.Key) {
-		t.Fatalf("round trip: %v %+v", err, c)
-	}
-	if _, err := ParseCert(did.Cert.Raw(), ca.Public, now.Add(366*24*time.Hour)); !errors.Is(err, ErrBadCert) || !strings.Contains(err.Error(), "expired") {
-		t.Fatalf("expired: %v", err)
-	}
-	for i := range did.Cert.Raw() {
-		b := bytes.Clone(did.Cert.Raw())
-		b[i] ^= 0x40
-		if _, err := ParseCert(b, ca.Public, now); err == nil {
-			t.Fatalf("byte %d altered and still accepted", i)
-		}
-	}
-	wrong := make([]byte, ed25519.PublicKeySize)
-	rand.Read(wrong)
-	if _, err := ParseCert(did.Cert.Raw(), wrong, now); !errors.Is(err, ErrBadCert) {
-		t.Fatalf("another CA's key: %v", err)
-	}
-	back, err := ParseCA(ca.Marshal(true))
-	if err != nil || !reflect.DeepEqual(back, ca) {
-		t.Fatalf("CA file round trip: %v", err)
-	}
-	pubOnly, err := ParseCA(ca.Marshal(false))
-	if err != nil || pubOnly.Private != nil {
-		t.Fatalf("public CA file: %v", err)
-	}
-	if _, err := pubOnly.Issue(wire.RoleDecode, "d", 0, now.Add(time.Hour)); err == nil {
-		t.Fatal("a public-only CA issued a certificate")
-	}
-	id, err := ParseIdentity(did.Marshal(), ca.Public, now)
-	if err != nil || !bytes.Equal(id.Cert.Raw(), did.Cert.Raw()) {
-		t.Fatalf("identity file round trip: %v", err)
-	}
-	_, _, pid := identities(t)
-	mixed := strings.Fields(string(did.Marshal()))
-	mixed[3] = strings.Fields(string(pid.Marshal()))[3]
-	if _, err := ParseIdentity([]byte(strings.Join(mixed, " ")), ca.Public, now); err == nil {
-		t.Fatal("an identity file whose key is another rank's was accepted")
 	}
 }
 
@@ -395,7 +344,7 @@ func TestAgentMetadataSealedToItsRecipient(t *testing.T) {
 	insider, _ := ca.Issue(wire.RoleDecode, "d", 1, time.Now().Add(time.Hour))
 	liar := newRank(t, wire.RoleDecode, "d", withIdentity(insider))
 	now := time.Now()
-	opened, _, why := testAuth().open(slices.Clone(captured), now, newAddressing(testAuth(), pid, wire.RolePrefill).keyFor(now))
+	opened, _, why := testSealer().open(slices.Clone(captured), now, newAddressing(testSealer(), pid, wire.RolePrefill).keyFor(now))
 	if why != "" {
 		t.Fatal(why)
 	}
@@ -404,7 +353,7 @@ func TestAgentMetadataSealedToItsRecipient(t *testing.T) {
 		t.Fatal(err)
 	}
 	stolen := *m.(*wire.Register)
-	ad := newAddressing(liar.cfg.Auth, insider, wire.RoleDecode)
+	ad := newAddressing(liar.auth, insider, wire.RoleDecode)
 	env, key, err := ad.envelope(prefill.peer())
 	if err != nil {
 		t.Fatal(err)
@@ -412,39 +361,35 @@ func TestAgentMetadataSealedToItsRecipient(t *testing.T) {
 	stolen.From = liar.Identity()
 	env.Sent, env.Seq = time.Now(), 1
 	f, _ := wire.Encode(&stolen)
-	w.send(liar.cfg.Auth.seal(key, f, env))
+	w.send(liar.auth.seal(key, f, env))
 	w.sync(9)
 	if got := prefill.Stats().Refused[AuthBadTag]; got != 1 {
 		t.Fatalf("a stolen sealed blob: %d refused, want 1", got)
 	}
 }
 
-// goldenIdentity is a fixed CA and rank identity (Ed25519 signatures are
-// deterministic), for the golden files.
-func goldenIdentity(t *testing.T, role, instance string, rank int, keyByte byte) (*CA, *RankIdentity) {
+// goldenIdentity loads a fixed rank identity (its X25519 key and its
+// certificate, signed by a fixed CA: Ed25519 signatures are deterministic)
+// from the files bootstrap's TestGoldenCertificate pins, for the golden
+// files here.
+func goldenIdentity(t *testing.T, role string) *bootstrap.RankIdentity {
 	t.Helper()
-	priv := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{0x42}, ed25519.SeedSize))
-	ca := &CA{Public: priv.Public().(ed25519.PublicKey), Private: priv}
-	key, err := ecdh.X25519().NewPrivateKey(bytes.Repeat([]byte{keyByte}, 32))
+	dir := filepath.Join("..", "..", "bootstrap", "testdata", "golden")
+	id, err := bootstrap.LoadIdentity(filepath.Join(dir, "CA.txt"), filepath.Join(dir, "IDENTITY_"+role+".txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Cert{Role: role, Instance: instance, Rank: rank, NotAfter: time.Unix(2000000000, 0), Key: key.PublicKey().Bytes()}
-	body, err := c.signedPart()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.raw = append(body, ed25519.Sign(priv, body)...)
-	return ca, &RankIdentity{CA: ca.Public, Cert: c, key: key}
+	return id
 }
 
-// TestGoldenEnvelope: the authentication frame and the certificate, byte
-// for byte (PROTOCOL.md "Envelope", "Per-rank identity"), so any
-// implementation can check its own against them.
+// TestGoldenEnvelope: the authentication frame, tagged with the secret
+// and sealed under a pair key, byte for byte (PROTOCOL.md "Envelope",
+// "Sealed bodies"; the certificate is bootstrap's TestGoldenCertificate's),
+// so any implementation can check its own against them.
 func TestGoldenEnvelope(t *testing.T) {
-	_, dec := goldenIdentity(t, wire.RoleDecode, "decode-a", 3, 0x11)
-	_, pre := goldenIdentity(t, wire.RolePrefill, "prefill-a", 1, 0x22)
-	a := testAuth() // secret "kvbridge-test-secret-0123456789"
+	dec := goldenIdentity(t, wire.RoleDecode)  // decode-a rank 3
+	pre := goldenIdentity(t, wire.RolePrefill) // prefill-a rank 1
+	a := testSealer()                          // secret "kvbridge-test-secret-0123456789"
 	frames, err := wire.Encode(&wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: "decode-a", Rank: 3, Endpoint: "tcp://10.0.0.2:5557", Epoch: 0x1234_5678_9abc_def1},
 		Room: 42, Reason: "client left"})
 	if err != nil {
@@ -452,19 +397,19 @@ func TestGoldenEnvelope(t *testing.T) {
 	}
 	env := Envelope{Sent: time.Unix(1800000000, 5), Seq: 7,
 		To: wire.From{Role: wire.RolePrefill, Instance: "prefill-a", Rank: 1, Epoch: 0x0fed_cba9_8765_4321}}
-	secret, err := SealAs(a, nil, nil, frames, env)
+	secret, err := SealAs(testAuth(), nil, nil, frames, env)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Under per-rank identity the body is sealed (PROTOCOL.md "Sealed
 	// bodies"); the nonce is the sender's 16-byte prefix and message number
 	// (here a fixed prefix: 0x00..0x0f).
-	key, err := tagKey(a, dec, pre.Cert.raw)
+	key, err := tagKey(a.Secret, dec, pre.Cert.Raw())
 	if err != nil {
 		t.Fatal(err)
 	}
 	penv := env
-	penv.Cert = dec.Cert.raw
+	penv.Cert = dec.Cert.Raw()
 	nonce := make([]byte, sealNonceBytes)
 	for i := range 16 {
 		nonce[i] = byte(i)
@@ -474,7 +419,7 @@ func TestGoldenEnvelope(t *testing.T) {
 	if bytes.Contains(pair[2], []byte("client left")) {
 		t.Fatal("the sealed body carries its reason in the clear")
 	}
-	for name, got := range map[string][]byte{"CERT_decode.bin": dec.Cert.raw, "ENVELOPE_secret.bin": secret[3], "ENVELOPE_pair.bin": pair[3], "BODY_pair.bin": pair[2]} {
+	for name, got := range map[string][]byte{"ENVELOPE_secret.bin": secret[3], "ENVELOPE_pair.bin": pair[3], "BODY_pair.bin": pair[2]} {
 		path := filepath.Join("testdata", "golden", name)
 		if *update {
 			if err := os.WriteFile(path, got, 0o644); err != nil {
@@ -483,7 +428,7 @@ func TestGoldenEnvelope(t *testing.T) {
 		}
 		want, err := os.ReadFile(path)
 		if err != nil {
-			t.Fatalf("%v (run go test ./bootstrap -run TestGolden -update once)", err)
+			t.Fatalf("%v (run go test ./internal/control -run TestGolden -update once)", err)
 		}
 		if !bytes.Equal(got, want) {
 			t.Fatalf("%s drifted:\n got %x\nwant %x", name, got, want)
@@ -491,11 +436,11 @@ func TestGoldenEnvelope(t *testing.T) {
 	}
 	// They open: the secret's with the secret, the pair's at the prefill
 	// rank, with the decode rank's certificate.
-	if _, e, why := a.Open(secret, time.Unix(1800000000, 0)); why != "" || e.Seq != 7 || e.To.Instance != "prefill-a" {
+	if _, e, why := a.open(secret, time.Unix(1800000000, 0), nil); why != "" || e.Seq != 7 || e.To.Instance != "prefill-a" {
 		t.Fatalf("secret envelope: %q %+v", why, e)
 	}
 	ad := newAddressing(a, pre, wire.RolePrefill)
-	if _, e, why := a.open(pair, time.Unix(1800000000, 0), ad.keyFor(time.Unix(1800000000, 0))); why != "" || !bytes.Equal(e.Cert, dec.Cert.raw) {
+	if _, e, why := a.open(pair, time.Unix(1800000000, 0), ad.keyFor(time.Unix(1800000000, 0))); why != "" || !bytes.Equal(e.Cert, dec.Cert.Raw()) {
 		t.Fatalf("pair envelope: %q", why)
 	}
 }
@@ -527,7 +472,7 @@ func TestAgentMetadataBoundToOwnerWithSecret(t *testing.T) {
 	stolen.From.Instance = "liar" // the same process otherwise
 	f, _ := wire.Encode(&stolen)
 	w := newWire(t, prefill, nil)
-	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 46, To: orig.To}))
+	w.send(Seal(testAuth(), f, Envelope{Sent: time.Now(), Seq: 1 << 46, To: orig.To}))
 	w.sync(3)
 	if got := prefill.Stats().Refused[AuthBadTag]; got != 1 {
 		t.Fatalf("a sealed blob under another identity: %d refused, want 1", got)
@@ -613,7 +558,7 @@ func TestEndpointBoundToItsRank(t *testing.T) {
 	}
 	env.Sent, env.Seq = time.Now(), wp.ad.nextSeq()
 	f, _ = wire.Encode(&wire.Abort{From: wp.from, Room: 5})
-	wp.send(testAuth().seal(key, f, env))
+	wp.send(testSealer().seal(key, f, env))
 	for {
 		if a := prefill.next(t).(*wire.Abort); a.Room == 5 {
 			break
@@ -629,7 +574,7 @@ func TestEndpointBoundToItsRank(t *testing.T) {
 	}
 }
 
-func mustSeal(t *testing.T, id *RankIdentity, peer []byte, frames [][]byte, env Envelope) [][]byte {
+func mustSeal(t *testing.T, id *bootstrap.RankIdentity, peer []byte, frames [][]byte, env Envelope) [][]byte {
 	t.Helper()
 	out, err := SealAs(testAuth(), id, peer, frames, env)
 	if err != nil {
@@ -657,7 +602,7 @@ func TestWindowsKeptWithinTheSkew(t *testing.T) {
 	prefill.next(t)
 	for i := 0; i < maxBookEntries; i++ {
 		f, _ := wire.Encode(&wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: "flood", Rank: i, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 1+i), Epoch: 1}, Room: 1 << 42})
-		w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1, To: prefill.Identity()}))
+		w.send(Seal(testAuth(), f, Envelope{Sent: time.Now(), Seq: 1, To: prefill.Identity()}))
 	}
 	w.send(captured)
 	w.send(captured)
@@ -665,7 +610,7 @@ func TestWindowsKeptWithinTheSkew(t *testing.T) {
 	// process, whose window is kept (with the secret alone the test can
 	// speak as it).
 	f, _ := wire.Encode(&wire.Abort{From: decode.Identity(), Room: 3})
-	w.send(testAuth().Seal(f, Envelope{Sent: time.Now(), Seq: 1 << 50, To: prefill.Identity()}))
+	w.send(Seal(testAuth(), f, Envelope{Sent: time.Now(), Seq: 1 << 50, To: prefill.Identity()}))
 	n := 0
 	for {
 		a := prefill.next(t).(*wire.Abort)
@@ -744,13 +689,13 @@ func TestBodiesSealedUnderRankIdentity(t *testing.T) {
 	env, key, err := w.ad.envelope(prefill.peer())
 	require.NoError(t, err)
 	env.Sent, env.Seq = time.Now(), 1<<20
-	w.send(append(f[:3:3], testAuth().sealInto(nil, key, f, env)))
+	w.send(append(f[:3:3], testSealer().sealInto(nil, key, f, env)))
 	w.sync(12)
 	assert.EqualValues(t, 1, prefill.Stats().Refused[AuthUnsealed])
 	// The same with a tag that is not the pair's (anyone can carry a
 	// certificate): bad_tag, not counted as a peer of an earlier revision.
 	env.Seq++
-	forged := testAuth().sealInto(nil, key, f, env)
+	forged := testSealer().sealInto(nil, key, f, env)
 	forged[len(forged)-1] ^= 1
 	w.send(append(f[:3:3], forged))
 	w.sync(13)
@@ -770,7 +715,7 @@ func TestBodiesSealedUnderRankIdentity(t *testing.T) {
 // sends carries it: two messages' nonces differ.
 func TestSealNoncesNeverRepeat(t *testing.T) {
 	_, did, pid := identities(t)
-	first, restarted := newAddressing(testAuth(), did, wire.RoleDecode), newAddressing(testAuth(), did, wire.RoleDecode)
+	first, restarted := newAddressing(testSealer(), did, wire.RoleDecode), newAddressing(testSealer(), did, wire.RoleDecode)
 	var a, b, c [sealNonceBytes]byte
 	n1, n2 := first.nonce(&a, 1), first.nonce(&b, 2)
 	assert.NotEqual(t, n1, n2, "two messages of one process")
@@ -797,14 +742,14 @@ func TestSealNoncesNeverRepeat(t *testing.T) {
 // sender must not make a rank copy megabytes before the check.
 func TestSealedHeaderFramesBounded(t *testing.T) {
 	_, did, pid := identities(t)
-	a := testAuth()
-	key, err := tagKey(a, did, pid.Cert.raw)
+	a := testSealer()
+	key, err := tagKey(a.Secret, did, pid.Cert.Raw())
 	require.NoError(t, err)
 	f, err := wire.Encode(&wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: "d"}, Room: 1})
 	require.NoError(t, err)
-	sealed := a.seal(key, f[:3:3], Envelope{Sent: time.Now(), Seq: 1, To: pid.Cert.Identity(), Cert: did.Cert.raw})
+	sealed := a.seal(key, f[:3:3], Envelope{Sent: time.Now(), Seq: 1, To: certIdentity(pid.Cert), Cert: did.Cert.Raw()})
 	sealed[1] = make([]byte, 4<<20) // a type frame of 4 MiB
-	fresh := testAuth()             // (a pool with no buffer yet)
+	fresh := testSealer()           // (a pool with no buffer yet)
 	now := time.Now()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)

@@ -1,4 +1,4 @@
-package bootstrap
+package control
 
 import (
 	"fmt"
@@ -54,7 +54,7 @@ func TestReceiveBatchBytesCapped(t *testing.T) {
 }
 
 // A signal landing on the thread in zmq_bind makes it fail with EINTR (CI:
-// "bootstrap: bind tcp://127.0.0.1:* (rank decode/decode-0/0): interrupted
+// "control: bind tcp://127.0.0.1:* (rank decode/decode-0/0): interrupted
 // system call"; Go's runtime sends SIGURG to preempt). Binding, connecting
 // and setting options retry, as every other ZeroMQ call here does.
 func TestSocketCallsRetryAfterSignal(t *testing.T) {

@@ -1,10 +1,10 @@
-package bootstrap
+package control
 
 // A minimal binding to libzmq for the control loop's own sockets, so that
 // a message costs one cgo call each way: pebbe/zmq4 makes five or six per
 // frame received (init, receive, data, copy, close, RCVMORE) and one per
 // frame sent, and does not expose its socket pointers. The rest of the
-// package (key helpers) and the tests still use pebbe/zmq4.
+// package (error numbers, Z85 keys) and the tests still use pebbe/zmq4.
 
 /*
 #cgo !windows pkg-config: libzmq
@@ -326,7 +326,7 @@ func (s *zsock) lastEndpoint() (string, error) {
 }
 
 // errTooManyFrames: a message to send has more frames than kvb_send takes.
-var errTooManyFrames = errors.New("bootstrap: more than 6 frames in a message")
+var errTooManyFrames = errors.New("control: more than 6 frames in a message")
 
 // send sends frames as one message in one C call; flags zDontwait or 0.
 func (s *zsock) send(frames [][]byte, flags C.int) error {

@@ -1,44 +1,37 @@
-package bootstrap
+package control
 
 import (
+	"bytes"
 	"crypto/cipher"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
-	"errors"
-	"fmt"
 	"hash"
-	"os"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"golang.org/x/crypto/chacha20poly1305"
 )
 
-// Auth authenticates the control plane and the bootstrap server's writes
-// with one shared secret (PROTOCOL.md "Authentication"). Every control
-// message carries a fourth frame, its envelope: the send time, the
-// sender's message number, the receiver it is addressed to (identity and
-// epoch), the sender's certificate under per-rank identity, and an
-// HMAC-SHA256 over the three message frames and the envelope. The key is
-// the secret, or under per-rank identity (RankIdentity) a key only the
-// sender and the receiver can derive. A rank drops, unanswered and counted,
-// every message without a valid tag, sent more than MaxSkew away from its
-// own clock, addressed to another rank or another process of itself, or
-// already received (the Loop's checks).
-//
-// Bootstrap writes carry BootstrapToken as a bearer token.
-type Auth struct {
-	// Secret is shared by every rank of the deployment and its bootstrap
-	// server; at least MinSecretBytes.
-	Secret []byte
-	// MaxSkew bounds |receiver clock − send time|, default 1 min.
-	MaxSkew time.Duration
+// A control message's fourth frame is its envelope (PROTOCOL.md
+// "Authentication", "Envelope"): the send time, the sender's message
+// number, the receiver it is addressed to (identity and epoch), the
+// sender's certificate under per-rank identity, and an HMAC-SHA256 over the
+// three message frames and the envelope, keyed with the deployment's
+// shared secret (bootstrap.Auth) or, under per-rank identity, with a key
+// only the sender and the receiver can derive (pairKey); under per-rank
+// identity the body is sealed too ("Sealed bodies"). This file writes and
+// checks envelopes; address.go holds the receiver's further checks
+// (addressed to this process, not a replay).
+
+// sealer tags, seals and opens messages with one Auth: a private copy of
+// it (MaxSkew defaulted) and the HMACs and ciphers it reuses.
+type sealer struct {
+	bootstrap.Auth
 
 	pool   sync.Pool
 	pairMu sync.RWMutex
@@ -47,8 +40,17 @@ type Auth struct {
 	aads   sync.Pool              // *[]byte: the associated data of a sealed message
 }
 
-// MinSecretBytes is the shortest secret accepted.
-const MinSecretBytes = 16
+// newSealer returns a sealer for auth (its secret is not checked here:
+// NewLoop checks it with bootstrap.NewAuth).
+func newSealer(auth *bootstrap.Auth) *sealer {
+	a := &sealer{Auth: bootstrap.Auth{Secret: bytes.Clone(auth.Secret), MaxSkew: auth.MaxSkew}}
+	if a.MaxSkew <= 0 {
+		a.MaxSkew = time.Minute
+	}
+	secret := a.Secret
+	a.pool.New = func() any { return &tagger{h: hmac.New(sha256.New, secret)} }
+	return a
+}
 
 // EnvelopeMagic opens the authentication frame ("KVA2": the first
 // revision's 40-byte frame of time and tag is refused as unaddressed).
@@ -79,7 +81,7 @@ const maxHeaderFrame = 32
 const sealedFixed = envelopeFixed - sha256.Size + sealNonceBytes
 
 // MaxEnvelopeBytes bounds the authentication frame.
-const MaxEnvelopeBytes = envelopeFixed + wire.MaxNameBytes + MaxCertBytes
+const MaxEnvelopeBytes = envelopeFixed + wire.MaxNameBytes + wire.MaxCertBytes
 
 // Why an unauthenticated message was dropped (the label of
 // kvbridge_unauthenticated_messages_total).
@@ -141,24 +143,6 @@ type Envelope struct {
 	Cert []byte
 }
 
-// NewAuth checks the secret and returns an Auth with default settings.
-func NewAuth(secret []byte) (*Auth, error) {
-	a := &Auth{Secret: secret}
-	return a, a.normalise()
-}
-
-func (a *Auth) normalise() error {
-	if len(a.Secret) < MinSecretBytes {
-		return fmt.Errorf("bootstrap: the shared secret has %d bytes, want at least %d", len(a.Secret), MinSecretBytes)
-	}
-	if a.MaxSkew <= 0 {
-		a.MaxSkew = time.Minute
-	}
-	secret := append([]byte(nil), a.Secret...)
-	a.pool.New = func() any { return &tagger{h: hmac.New(sha256.New, secret)} }
-	return nil
-}
-
 // tagger is a pooled HMAC and the scratch its input and sum go through
 // (written through the hash.Hash interface, a local array would escape).
 type tagger struct {
@@ -169,7 +153,7 @@ type tagger struct {
 
 // tag appends the HMAC of the frames and the envelope, with the secret
 // (key nil) or a pair key, to dst.
-func (a *Auth) tag(dst []byte, key []byte, frames [][]byte, env []byte) []byte {
+func (a *sealer) tag(dst []byte, key []byte, frames [][]byte, env []byte) []byte {
 	pool := &a.pool
 	if key != nil {
 		pool = a.pairPool(key)
@@ -188,14 +172,14 @@ func (a *Auth) tag(dst []byte, key []byte, frames [][]byte, env []byte) []byte {
 }
 
 // tagEqual checks tag against the HMAC of the frames and the envelope.
-func (a *Auth) tagEqual(tag []byte, key []byte, frames [][]byte, env []byte) bool {
+func (a *sealer) tagEqual(tag []byte, key []byte, frames [][]byte, env []byte) bool {
 	var buf [sha256.Size]byte
 	return hmac.Equal(a.tag(buf[:0], key, frames, env), tag)
 }
 
 // pairPool returns the pool of HMACs keyed with a pair key (at most
 // maxBookEntries keys are kept; past it the pools start again).
-func (a *Auth) pairPool(key []byte) *sync.Pool {
+func (a *sealer) pairPool(key []byte) *sync.Pool {
 	a.pairMu.RLock()
 	p := a.pairs[string(key)]
 	a.pairMu.RUnlock()
@@ -214,16 +198,17 @@ func (a *Auth) pairPool(key []byte) *sync.Pool {
 }
 
 // Seal appends the authentication frame to the three frames of a message,
-// tagged with the shared secret (env.Cert must be empty: per-rank identity
-// seals through the Loop, which holds the pair keys).
-func (a *Auth) Seal(frames [][]byte, env Envelope) [][]byte {
-	return a.seal(nil, frames, env)
+// tagged with auth's shared secret (env.Cert must be empty: per-rank
+// identity seals through SealAs or the Loop), for tools and tests that
+// speak the protocol without a Loop.
+func Seal(auth *bootstrap.Auth, frames [][]byte, env Envelope) [][]byte {
+	return newSealer(auth).seal(nil, frames, env)
 }
 
 // seal seals a message's three frames: tagged with the secret (key nil),
 // or under a pair key with its body sealed (a random nonce; a Loop uses
 // its process's prefix and the message number instead).
-func (a *Auth) seal(key []byte, frames [][]byte, env Envelope) [][]byte {
+func (a *sealer) seal(key []byte, frames [][]byte, env Envelope) [][]byte {
 	if key == nil {
 		return append(frames, a.sealInto(nil, key, frames, env))
 	}
@@ -236,7 +221,7 @@ func (a *Auth) seal(key []byte, frames [][]byte, env Envelope) [][]byte {
 
 // sealWith seals frames under a pair key with the given nonce: frame 2
 // encrypted, the sealed envelope appended (frames is not changed).
-func (a *Auth) sealWith(key []byte, frames [][]byte, env Envelope, nonce []byte) [][]byte {
+func (a *sealer) sealWith(key []byte, frames [][]byte, env Envelope, nonce []byte) [][]byte {
 	out := slices.Clone(frames[:3])
 	var envFrame []byte
 	envFrame, out[2] = a.sealBodyInto(nil, nil, key, frames, env, nonce)
@@ -245,7 +230,7 @@ func (a *Auth) sealWith(key []byte, frames [][]byte, env Envelope, nonce []byte)
 
 // sealInto appends the authentication frame of frames to dst (a sender
 // reuses dst's memory from one message to the next).
-func (a *Auth) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope) []byte {
+func (a *sealer) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope) []byte {
 	f := appendEnvelope(dst, EnvelopeMagic, env)
 	return a.tag(f, key, frames, f[len(dst):])
 }
@@ -254,7 +239,7 @@ func (a *Auth) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope) [
 // authentication frame (the envelope, then nonce) to dst and frame 2
 // encrypted, with its 16-byte tag, to body. The associated data are
 // frames 0 and 1 and the whole envelope.
-func (a *Auth) sealBodyInto(dst, body, key []byte, frames [][]byte, env Envelope, nonce []byte) (envFrame, sealed []byte) {
+func (a *sealer) sealBodyInto(dst, body, key []byte, frames [][]byte, env Envelope, nonce []byte) (envFrame, sealed []byte) {
 	f := appendEnvelope(dst, envelopeSealedMagic, env)
 	f = append(f, nonce...)
 	aad := a.aad(frames, f[len(dst):])
@@ -266,7 +251,7 @@ func (a *Auth) sealBodyInto(dst, body, key []byte, frames [][]byte, env Envelope
 // aad lays out a sealed message's associated data: for frames 0 and 1
 // their length as a uint32 and their bytes, then the envelope. The caller
 // puts it back in a.aads.
-func (a *Auth) aad(frames [][]byte, env []byte) *[]byte {
+func (a *sealer) aad(frames [][]byte, env []byte) *[]byte {
 	p, _ := a.aads.Get().(*[]byte)
 	if p == nil {
 		p = new([]byte)
@@ -283,7 +268,7 @@ func (a *Auth) aad(frames [][]byte, env []byte) *[]byte {
 // aeadFor returns the body cipher of a pair key: XChaCha20-Poly1305 keyed
 // with HMAC-SHA256(pair key, "kvbridge body v1") (at most maxBookEntries
 // are kept; past it the cache starts again).
-func (a *Auth) aeadFor(key []byte) cipher.AEAD {
+func (a *sealer) aeadFor(key []byte) cipher.AEAD {
 	a.pairMu.RLock()
 	c := a.aeads[string(key)]
 	a.pairMu.RUnlock()
@@ -317,7 +302,7 @@ func appendEnvelope(dst []byte, magic string, env Envelope) []byte {
 	f = binary.LittleEndian.AppendUint64(f, uint64(env.Sent.UnixNano()))
 	f = binary.LittleEndian.AppendUint64(f, env.Seq)
 	f = binary.LittleEndian.AppendUint64(f, env.To.Epoch)
-	f = append(f, roleByte(env.To.Role))
+	f = append(f, wire.RoleByte(env.To.Role))
 	f = binary.LittleEndian.AppendUint32(f, uint32(env.To.Rank))
 	f = binary.LittleEndian.AppendUint16(f, uint16(len(inst)))
 	f = append(f, inst...)
@@ -346,7 +331,7 @@ func parseEnvelope(f []byte) (env Envelope, tagAt int, sealed bool, why string) 
 	env.Sent = time.Unix(0, int64(binary.LittleEndian.Uint64(f[4:])))
 	env.Seq = binary.LittleEndian.Uint64(f[12:])
 	env.To.Epoch = binary.LittleEndian.Uint64(f[20:])
-	env.To.Role = byteRole(f[28])
+	env.To.Role = wire.ByteRole(f[28])
 	env.To.Rank = int(binary.LittleEndian.Uint32(f[29:]))
 	off := 33
 	n := int(binary.LittleEndian.Uint16(f[off:]))
@@ -358,7 +343,7 @@ func parseEnvelope(f []byte) (env Envelope, tagAt int, sealed bool, why string) 
 	off += n
 	c := int(binary.LittleEndian.Uint16(f[off:]))
 	off += 2
-	if c > MaxCertBytes || len(f)-off != c+tail {
+	if c > wire.MaxCertBytes || len(f)-off != c+tail {
 		return env, 0, false, AuthBadTag
 	}
 	if c > 0 {
@@ -368,16 +353,16 @@ func parseEnvelope(f []byte) (env Envelope, tagAt int, sealed bool, why string) 
 }
 
 // Open checks and strips the authentication frame of a message tagged
-// with the shared secret; why is one of the Auth* reasons. (The Loop opens
-// messages under per-rank identity itself.)
-func (a *Auth) Open(frames [][]byte, now time.Time) (opened [][]byte, env Envelope, why string) {
-	return a.open(frames, now, nil)
+// with auth's shared secret; why is one of the Auth* reasons. (OpenAs and
+// the Loop open messages under per-rank identity.)
+func Open(auth *bootstrap.Auth, frames [][]byte, now time.Time) (opened [][]byte, env Envelope, why string) {
+	return newSealer(auth).open(frames, now, nil)
 }
 
 // open checks the tag with the secret, or with the pair key keyFor
 // returns for the envelope's certificate (keyFor nil: secret only; a
 // certificate is then refused as AuthNoIdentity... by the caller).
-func (a *Auth) open(frames [][]byte, now time.Time, keyFor func(cert []byte) ([]byte, string)) ([][]byte, Envelope, string) {
+func (a *sealer) open(frames [][]byte, now time.Time, keyFor func(cert []byte) ([]byte, string)) ([][]byte, Envelope, string) {
 	if len(frames) != 4 {
 		return nil, Envelope{}, AuthMissing
 	}
@@ -421,49 +406,4 @@ func (a *Auth) open(frames [][]byte, now time.Time, keyFor func(cert []byte) ([]
 		return nil, env, AuthStale
 	}
 	return frames[:3], env, ""
-}
-
-// BootstrapToken is the bearer token for bootstrap server writes derived
-// from the secret (so the secret itself never travels).
-func (a *Auth) BootstrapToken() string {
-	m := hmac.New(sha256.New, a.Secret)
-	m.Write([]byte("kvbridge bootstrap token v1"))
-	return hex.EncodeToString(m.Sum(nil))
-}
-
-// Environment variables read by AuthFromEnv.
-const (
-	EnvSecret     = "KVBRIDGE_SECRET"      // the shared secret itself
-	EnvSecretFile = "KVBRIDGE_SECRET_FILE" // a file holding it (trailing newline ignored)
-	EnvInsecure   = "KVBRIDGE_INSECURE"    // "1": run without authentication (logged as a warning)
-)
-
-// ErrNoSecret: neither a secret nor an explicit insecure mode is configured.
-var ErrNoSecret = errors.New("no shared secret: set " + EnvSecret + " or " + EnvSecretFile +
-	" (the same on every rank and the bootstrap server), or " + EnvInsecure + "=1 to run without authentication")
-
-// AuthFromEnv reads KVBRIDGE_SECRET or KVBRIDGE_SECRET_FILE, and
-// KVBRIDGE_INSECURE. It returns (nil, true, nil) for an explicit insecure
-// mode, (nil, false, nil) when nothing is set.
-func AuthFromEnv() (auth *Auth, insecure bool, err error) {
-	secret := os.Getenv(EnvSecret)
-	if path := os.Getenv(EnvSecretFile); secret == "" && path != "" {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, false, fmt.Errorf("bootstrap: %s: %w", EnvSecretFile, err)
-		}
-		secret = strings.TrimRight(string(b), "\r\n")
-	}
-	insecure = os.Getenv(EnvInsecure) == "1" || strings.EqualFold(os.Getenv(EnvInsecure), "true")
-	if secret == "" {
-		return nil, insecure, nil
-	}
-	if insecure {
-		return nil, false, fmt.Errorf("bootstrap: both a shared secret and %s are set; choose one", EnvInsecure)
-	}
-	a, err := NewAuth([]byte(secret))
-	if err != nil {
-		return nil, false, err
-	}
-	return a, false, nil
 }

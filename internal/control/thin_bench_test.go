@@ -1,4 +1,4 @@
-package bootstrap
+package control
 
 import (
 	"sync"
@@ -72,11 +72,11 @@ func thinFrames(tb testing.TB, mode benchMode) [][]byte {
 	case benchIdentity:
 		ids, err := benchIDs()
 		require.NoError(tb, err)
-		sealed, err := SealAs(testAuth(), ids[0], ids[1].Cert.Raw(), f[:3:3], Envelope{Sent: time.Now(), Seq: 1, To: ids[1].Cert.Identity()})
+		sealed, err := SealAs(testAuth(), ids[0], ids[1].Cert.Raw(), f[:3:3], Envelope{Sent: time.Now(), Seq: 1, To: certIdentity(ids[1].Cert)})
 		require.NoError(tb, err)
 		return sealed
 	}
-	return testAuth().Seal(f[:3:3], Envelope{Sent: time.Now(), Seq: 1, To: to})
+	return Seal(testAuth(), f[:3:3], Envelope{Sent: time.Now(), Seq: 1, To: to})
 }
 
 // recvN receives n messages on s into r, copying each out.

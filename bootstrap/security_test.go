@@ -1,0 +1,34 @@
+package bootstrap
+
+import (
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestSecurityFromEnv(t *testing.T) {
+	pub, sec, err := GenerateKeyPair()
+	if err != nil {
+		t.Skip(err)
+	}
+	peerPub, _, _ := GenerateKeyPair()
+	t.Setenv(EnvCurveSecretKey, "")
+	s, err := SecurityFromEnv()
+	require.NoError(t, err, "off by default: %v", s)
+	require.Nil(t, s, "off by default")
+	dir := t.TempDir()
+	keyFile := dir + "/secret"
+	os.WriteFile(keyFile, []byte("# rank key\n"+sec+"\n"), 0o600)
+	allowFile := dir + "/allow"
+	os.WriteFile(allowFile, []byte(peerPub+"\n"), 0o600)
+	t.Setenv(EnvCurveSecretKeyFile, keyFile)
+	t.Setenv(EnvCurveAllowFile, allowFile)
+	s, err = SecurityFromEnv()
+	require.NoError(t, err, "%+v", s)
+	require.Equal(t, pub, s.PublicKey, "%+v", s)
+	require.Equal(t, []string{peerPub}, s.AllowedKeys, "%+v", s)
+	t.Setenv(EnvCurveAllow, "not-a-key")
+	_, err = SecurityFromEnv()
+	require.Error(t, err, "a bad allowed key must be refused")
+}
