@@ -49,8 +49,8 @@ type EtcdClient struct {
 	beforeWrite func(clientv3.LeaseID)
 }
 
-// ParseEtcdTarget splits etcd://host:port[,host:port]/<instance>.
-func ParseEtcdTarget(target string) (endpoints []string, instance string, err error) {
+// parseEtcdTarget splits etcd://host:port[,host:port]/<instance>.
+func parseEtcdTarget(target string) (endpoints []string, instance string, err error) {
 	rest, ok := strings.CutPrefix(target, "etcd://")
 	hosts, inst, ok2 := strings.Cut(rest, "/")
 	if !ok || !ok2 || hosts == "" || inst == "" || strings.Contains(inst, "/") || len(inst) > wire.MaxNameBytes {
@@ -67,7 +67,7 @@ func ParseEtcdTarget(target string) (endpoints []string, instance string, err er
 
 // DialEtcd connects to the etcd cluster of target for its instance.
 func DialEtcd(target string, c EtcdConfig) (*EtcdClient, error) {
-	eps, inst, err := ParseEtcdTarget(target)
+	eps, inst, err := parseEtcdTarget(target)
 	if err != nil {
 		return nil, err
 	}

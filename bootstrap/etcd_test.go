@@ -134,12 +134,12 @@ func TestEtcdRecordsLeasesAndWatch(t *testing.T) {
 }
 
 func TestParseEtcdTarget(t *testing.T) {
-	eps, inst, err := ParseEtcdTarget("etcd://a:1,b:2/prefill-a")
+	eps, inst, err := parseEtcdTarget("etcd://a:1,b:2/prefill-a")
 	require.NoError(t, err, "%v %q", eps, inst)
 	require.Equal(t, []string{"a:1", "b:2"}, eps)
 	require.Equal(t, "prefill-a", inst)
 	for _, bad := range []string{"etcd://a:1", "etcd:///x", "etcd://a:1/", "etcd://a:1/x/y", "etcd://a:1,,b:2/x", "http://a/x"} {
-		_, _, err := ParseEtcdTarget(bad)
+		_, _, err := parseEtcdTarget(bad)
 		assert.Error(t, err, "%s accepted", bad)
 	}
 	_, err = Dial("ftp://x", DialOptions{})

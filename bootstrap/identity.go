@@ -28,8 +28,8 @@ import (
 // rank; a holder of one rank's key speaks only as that rank (to anyone but
 // that rank itself: see docs/SECURITY.md).
 
-// CertMagic opens every certificate.
-const CertMagic = "KVC1"
+// certMagic opens every certificate.
+const certMagic = "KVC1"
 
 // Cert is a rank's certificate: who it is and its X25519 public key,
 // signed by the deployment's CA.
@@ -65,7 +65,7 @@ func (c *Cert) signedPart() ([]byte, error) {
 	case len(c.Key) != 32:
 		return nil, fmt.Errorf("bootstrap: certificate key of %d bytes, want 32 (X25519)", len(c.Key))
 	}
-	b := append([]byte(CertMagic), r)
+	b := append([]byte(certMagic), r)
 	b = binary.LittleEndian.AppendUint32(b, uint32(c.Rank))
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(c.Instance)))
 	b = append(b, c.Instance...)
@@ -80,7 +80,7 @@ func ParseCert(raw []byte, ca ed25519.PublicKey, now time.Time) (*Cert, error) {
 	if len(raw) > wire.MaxCertBytes {
 		return bad(fmt.Sprintf("%d bytes, at most %d", len(raw), wire.MaxCertBytes))
 	}
-	if len(raw) < 4+1+4+2+8+32+ed25519.SignatureSize || string(raw[:4]) != CertMagic {
+	if len(raw) < 4+1+4+2+8+32+ed25519.SignatureSize || string(raw[:4]) != certMagic {
 		return bad("not a kvbridge certificate")
 	}
 	n := int(binary.LittleEndian.Uint16(raw[9:]))
@@ -187,8 +187,8 @@ func (ca *CA) Marshal(withPrivate bool) []byte {
 	return []byte(s + "\n")
 }
 
-// ParseCA decodes a CA file.
-func ParseCA(b []byte) (*CA, error) {
+// parseCA decodes a CA file.
+func parseCA(b []byte) (*CA, error) {
 	f := strings.Fields(string(b))
 	if len(f) < 3 || len(f) > 4 || f[0]+" "+f[1] != caFileTag {
 		return nil, fmt.Errorf("bootstrap: not a %q file", caFileTag)
@@ -211,9 +211,9 @@ func ParseCA(b []byte) (*CA, error) {
 	return ca, nil
 }
 
-// ParseIdentity decodes an identity file and checks its certificate
+// parseIdentity decodes an identity file and checks its certificate
 // against the CA at now and its private key against the certificate.
-func ParseIdentity(b []byte, ca ed25519.PublicKey, now time.Time) (*RankIdentity, error) {
+func parseIdentity(b []byte, ca ed25519.PublicKey, now time.Time) (*RankIdentity, error) {
 	f := strings.Fields(string(b))
 	if len(f) != 4 || f[0]+" "+f[1] != identityFileTag {
 		return nil, fmt.Errorf("bootstrap: not a %q file", identityFileTag)
@@ -262,7 +262,7 @@ func LoadIdentity(caPath, idPath string) (*RankIdentity, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: %w", err)
 	}
-	ca, err := ParseCA(cb)
+	ca, err := parseCA(cb)
 	if err != nil {
 		return nil, fmt.Errorf("%w (%s)", err, caPath)
 	}
@@ -270,7 +270,7 @@ func LoadIdentity(caPath, idPath string) (*RankIdentity, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: %w", err)
 	}
-	id, err := ParseIdentity(ib, ca.Public, time.Now())
+	id, err := parseIdentity(ib, ca.Public, time.Now())
 	if err != nil {
 		return nil, fmt.Errorf("%w (%s)", err, idPath)
 	}

@@ -57,25 +57,25 @@ func TestCertificates(t *testing.T) {
 	if _, err := ParseCert(did.Cert.Raw(), wrong, now); !errors.Is(err, ErrBadCert) {
 		t.Fatalf("another CA's key: %v", err)
 	}
-	back, err := ParseCA(ca.Marshal(true))
+	back, err := parseCA(ca.Marshal(true))
 	if err != nil || !reflect.DeepEqual(back, ca) {
 		t.Fatalf("CA file round trip: %v", err)
 	}
-	pubOnly, err := ParseCA(ca.Marshal(false))
+	pubOnly, err := parseCA(ca.Marshal(false))
 	if err != nil || pubOnly.Private != nil {
 		t.Fatalf("public CA file: %v", err)
 	}
 	if _, err := pubOnly.Issue(wire.RoleDecode, "d", 0, now.Add(time.Hour)); err == nil {
 		t.Fatal("a public-only CA issued a certificate")
 	}
-	id, err := ParseIdentity(did.Marshal(), ca.Public, now)
+	id, err := parseIdentity(did.Marshal(), ca.Public, now)
 	if err != nil || !bytes.Equal(id.Cert.Raw(), did.Cert.Raw()) {
 		t.Fatalf("identity file round trip: %v", err)
 	}
 	_, _, pid := identities(t)
 	mixed := strings.Fields(string(did.Marshal()))
 	mixed[3] = strings.Fields(string(pid.Marshal()))[3]
-	if _, err := ParseIdentity([]byte(strings.Join(mixed, " ")), ca.Public, now); err == nil {
+	if _, err := parseIdentity([]byte(strings.Join(mixed, " ")), ca.Public, now); err == nil {
 		t.Fatal("an identity file whose key is another rank's was accepted")
 	}
 }

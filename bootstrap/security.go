@@ -45,7 +45,7 @@ const (
 func SecurityFromEnv() (*Security, error) {
 	secret := strings.TrimSpace(os.Getenv(EnvCurveSecretKey))
 	if path := os.Getenv(EnvCurveSecretKeyFile); secret == "" && path != "" {
-		keys, err := ReadKeyFile(path)
+		keys, err := readKeyFile(path)
 		if err != nil {
 			return nil, err
 		}
@@ -60,7 +60,7 @@ func SecurityFromEnv() (*Security, error) {
 	s := &Security{SecretKey: secret, AllowedKeys: strings.FieldsFunc(os.Getenv(EnvCurveAllow),
 		func(r rune) bool { return r == ',' || r == ' ' || r == '\n' })}
 	if path := os.Getenv(EnvCurveAllowFile); path != "" {
-		keys, err := ReadKeyFile(path)
+		keys, err := readKeyFile(path)
 		if err != nil {
 			return nil, err
 		}
@@ -74,9 +74,9 @@ func SecurityFromEnv() (*Security, error) {
 	return s, nil
 }
 
-// ReadKeyFile reads Z85 keys, one per line; blank lines and lines starting
+// readKeyFile reads Z85 keys, one per line; blank lines and lines starting
 // with # are skipped.
-func ReadKeyFile(path string) ([]string, error) {
+func readKeyFile(path string) ([]string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: key file: %w", err)

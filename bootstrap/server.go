@@ -364,14 +364,14 @@ func (s *Server) deleteRank(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// RoomDP is a room's prefill DP group (PUT and GET /v1/rooms?room=).
-type RoomDP struct {
+// roomDP is a room's prefill DP group (PUT and GET /v1/rooms?room=).
+type roomDP struct {
 	Room   uint64 `json:"room"`
 	DPRank int    `json:"dp_rank"`
 }
 
 func (s *Server) putRoomDP(w http.ResponseWriter, r *http.Request) {
-	var rd RoomDP
+	var rd roomDP
 	if !s.decodeOne(w, r, &rd) {
 		return
 	}
@@ -405,7 +405,7 @@ func (s *Server) getRoomDP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("room %d has no DP group yet", room))
 		return
 	}
-	writeJSON(w, http.StatusOK, RoomDP{Room: room, DPRank: dp})
+	writeJSON(w, http.StatusOK, roomDP{Room: room, DPRank: dp})
 }
 
 func (s *Server) getTopology(w http.ResponseWriter) {
@@ -530,7 +530,7 @@ func (c *Client) RegisterRank(ctx context.Context, rec RankRecord) (time.Duratio
 
 // PublishRoomDP records which DP group of the instance took a room.
 func (c *Client) PublishRoomDP(ctx context.Context, room uint64, dp int) error {
-	body, err := json.Marshal(RoomDP{Room: room, DPRank: dp})
+	body, err := json.Marshal(roomDP{Room: room, DPRank: dp})
 	if err != nil {
 		return err
 	}
@@ -540,7 +540,7 @@ func (c *Client) PublishRoomDP(ctx context.Context, room uint64, dp int) error {
 // RoomDP returns the DP group that took a room, waiting (until ctx ends)
 // for the prefill rank to publish it.
 func (c *Client) RoomDP(ctx context.Context, room uint64) (int, error) {
-	var rd RoomDP
+	var rd roomDP
 	err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/rooms?room=%d", room), nil, &rd)
 	return rd.DPRank, err
 }
