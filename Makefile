@@ -43,7 +43,7 @@ test-checkers:
 # Three packages at a time, longest first: the two longest (which mostly wait on processes), then nixl as soon as a slot frees
 # (in go list's order it started at 157 s of 276 and was the last to end), then the next longest; the rest after them.
 test-packages:
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -p 3 -parallel 4 ./internal/e2e ./examples/demo ./examples/internal/e2e ./nixl ./kvmanager ./internal/core ./bootstrap ./examples/kvbench ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -p 3 -parallel 4 ./internal/e2e ./examples/demo ./examples/internal/e2e ./nixl ./kvmanager ./internal/core ./bootstrap ./internal/control ./examples/kvbench ./...
 
 NIXL_RUNS ?= 20
 NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL|TestFirstRoomAfterPrefillRestartElsewhere|TestAbortReachesPrefillRestartedElsewhere|TestRoomAfterPrefillRestartElsewhere|TestRoomPostedRightAfterPrefillRestartElsewhere|TestPausedDecodeLearnsItsRoomsFailed|TestDecodeKilledRepeatedly|TestNIXLFaultRepro|TestLibNIXLBadThenGenuineMetadata|TestLibNIXLGenNotifFlushed|TestPrefixSkipped|TestForgedMemoryRefusedAcrossProcesses|TestForgedOfferRefusedAcrossProcesses|TestPullByteExact|TestPullRanksKilledMidRead|TestPagesOfDifferentSizesByteExact|TestSilentPartialCompletion|TestSilentPartialWriteFailsRoom|TestSilentPartialWriteAcrossProcesses|TestSilentPartialStateWriteFailsRoom|TestSilentPartialReadFailsRoom)$$/^libnixl-real$$
@@ -60,7 +60,7 @@ mutants:
 	$(GO) run ./scripts/srcmutants
 
 FUZZTIME ?= 60s
-FUZZ_TARGETS := internal/wire:FuzzDecode bootstrap:FuzzOpen bootstrap:FuzzOpenMD nixl:FuzzParseUCXAddress nixl:FuzzParseNIXLMD nixl:FuzzDecodeMetadata internal/core:FuzzParseNotif
+FUZZ_TARGETS := internal/wire:FuzzDecode internal/control:FuzzOpen internal/control:FuzzOpenMD nixl:FuzzParseUCXAddress nixl:FuzzParseNIXLMD nixl:FuzzDecodeMetadata internal/core:FuzzParseNotif
 ## fuzz: each native fuzz target for FUZZTIME (make test runs their seed corpora only): the wire decoder, the authentication frame and sealed metadata, the UCX worker address and NIXL blob walks, kvbridge's metadata envelope, the notification parser
 fuzz: deps
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t#*:}; echo "== $$pkg $$fn"; $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) ./$$pkg; done

@@ -447,7 +447,7 @@ func TestRelookupKeepsTheEndpoint(t *testing.T) {
 // through a PONG, then a message the middle process sent before it died
 // arrive — with unordered epochs that retired the live process, and every
 // ABORT and REQUEST it sent afterwards was dropped as stale (the pair
-// wedged for good). Epochs now grow with each start (wire.NewEpoch).
+// wedged for good). Epochs now grow with each start (control.NewEpoch).
 func TestOlderUnheardEpochDropped(t *testing.T) {
 	fixedAndMutant(t, "no-retired-epochs", func(t *testing.T, fixed bool) {
 		c := testCore(t, RolePrefill)

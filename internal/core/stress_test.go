@@ -16,7 +16,7 @@ import (
 
 // TestConcurrentStress plays the three threads of a prefill rank at once
 // over 10,000 rooms: a scheduler creating and initialising senders, a
-// bootstrap loop delivering decode requests and aborts, and transfer workers
+// control loop delivering decode requests and aborts, and transfer workers
 // posting chunks; a sweeper advances the clock. Some rooms miss a request,
 // some are never created, some are aborted at random stages, and cleared
 // ids are reused. At the end no room may be live and non-terminal past its

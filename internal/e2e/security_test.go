@@ -155,7 +155,7 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	// (PROTOCOL.md "Sealed bodies"): on the path — and to an insider with
 	// a key of its own — nothing of it decodes, its agent metadata, proof
 	// seed and regions included. (That the blob's own seal names its owner
-	// when it is re-presented: bootstrap.TestAgentMetadataSealedToItsRecipient.)
+	// when it is re-presented: control.TestAgentMetadataSealedToItsRecipient.)
 	_, err := wire.Decode(captured[:3])
 	require.Error(t, err, "the captured REGISTER decodes on the path: its body is not sealed")
 	require.Equal(t, "KVA3", string(captured[3][:4]), "the captured REGISTER's envelope, want a sealed one") // PROTOCOL.md "Sealed bodies"
