@@ -117,7 +117,7 @@ type Config struct {
 	// proven: a holder of the shared secret alone can speak as no rank.
 	RankIdentity *bootstrap.RankIdentity
 	// ControlTap sees every control message as it came off the wire,
-	// before any check (control.LoopConfig.Tap): a capture for
+	// before any check (the control loop's tap): a capture for
 	// diagnostics and tests. It runs on the receive goroutine and must not
 	// keep or modify frames: the slice is refilled for the next message
 	// (copy what you keep).

@@ -21,7 +21,7 @@ import (
 
 // Errors of the control loop.
 var (
-	ErrClosed = errors.New("control: control loop closed")
+	ErrClosed = errors.New("control: loop closed")
 )
 
 // PeerDown reports a peer that heartbeats declared dead. (Restarts are
