@@ -326,10 +326,6 @@ func (m *Manager) StateMemory() [][]byte { return m.stateMem }
 // Endpoint returns the rank's control endpoint.
 func (m *Manager) Endpoint() string { return m.loop.Endpoint() }
 
-// ControlStats returns the control plane's counters (messages refused by
-// authentication, replays, malformed, dropped sends).
-func (m *Manager) ControlStats() control.Stats { return m.loop.Stats() }
-
 // Epoch returns this process's control-plane epoch (its messages' from).
 func (m *Manager) Epoch() uint64 { return m.loop.Identity().Epoch }
 

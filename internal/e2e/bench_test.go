@@ -68,6 +68,7 @@ func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64, mut ...fun
 		for _, f := range mut {
 			f(&cfg)
 		}
+		metered(&cfg)
 		return cfg
 	}
 	var err error

@@ -147,12 +147,12 @@ func (c *rankCluster) sum(f func(*kvmanager.Manager) uint64) uint64 {
 
 // sent sums the messages every rank handed to ZeroMQ.
 func (c *rankCluster) sent() uint64 {
-	return c.sum(func(m *kvmanager.Manager) uint64 { return m.ControlStats().Sent })
+	return c.sum(func(m *kvmanager.Manager) uint64 { return controlStats(m).Sent })
 }
 
 // dead sums the peers every rank's heartbeats declared dead.
 func (c *rankCluster) dead() uint64 {
-	return c.sum(func(m *kvmanager.Manager) uint64 { return m.ControlStats().PeersDead })
+	return c.sum(func(m *kvmanager.Manager) uint64 { return controlStats(m).PeersDead })
 }
 
 // rechecks sums the idle registrations looked up and registered again

@@ -42,7 +42,7 @@ func BenchmarkControlRooms(b *testing.B) {
 				ctx := context.Background()
 				c.zeroRoom(b, ctx, 1) // REGISTER, REGISTER_ACK, sockets, engine connection
 				n := max(b.N, 3*inflight)
-				sent0 := c.prefill.ControlStats().Sent + c.decode.ControlStats().Sent
+				sent0 := controlStats(c.prefill.Manager).Sent + controlStats(c.decode.Manager).Sent
 				m := cpuMeter(b)
 				start := time.Now()
 				b.ResetTimer()
@@ -65,7 +65,7 @@ func BenchmarkControlRooms(b *testing.B) {
 				el := time.Since(start)
 				b.StopTimer()
 				cpu := cpuOf(b, m)
-				sent := c.prefill.ControlStats().Sent + c.decode.ControlStats().Sent - sent0
+				sent := controlStats(c.prefill.Manager).Sent + controlStats(c.decode.Manager).Sent - sent0
 				b.ReportMetric(float64(n)/el.Seconds(), "rooms/s")
 				b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/room")
 				b.ReportMetric(float64(sent)/float64(n), "ctl-msgs/room")

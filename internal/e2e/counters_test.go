@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 
+	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/promread"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,4 +43,39 @@ func coreEntries(m *kvmanager.Manager) (n uint64) {
 		n += counter(m, "kvbridge_core_entries", "table", t)
 	}
 	return n
+}
+
+// byLabel is m's metric name by the value of its label label.
+func byLabel(m *kvmanager.Manager, name, label string) map[string]uint64 {
+	g, ok := m.Config().Registerer.(prometheus.Gatherer)
+	if !ok {
+		panic(fmt.Sprintf("byLabel %s: the Manager's Config has no registry to read back (metered)", name))
+	}
+	v, err := promread.ByLabel(g, name, label)
+	if err != nil {
+		panic(err)
+	}
+	out := make(map[string]uint64, len(v))
+	for k, x := range v {
+		out[k] = uint64(x)
+	}
+	return out
+}
+
+// controlStats is m's control loop's counters, read from its metrics
+// (docs/METRICS.md: kvbridge_control_*, kvbridge_unauthenticated_*,
+// kvbridge_replayed_messages_total, ...).
+func controlStats(m *kvmanager.Manager) control.Stats {
+	return control.Stats{
+		Received:        counter(m, "kvbridge_control_messages_received_total"),
+		Sent:            counter(m, "kvbridge_control_messages_sent_total"),
+		Malformed:       byLabel(m, "kvbridge_malformed_messages_total", "reason"),
+		Dropped:         byLabel(m, "kvbridge_control_send_dropped_total", "reason"),
+		Unauthenticated: counter(m, "kvbridge_unauthenticated_connections_total"),
+		Refused:         byLabel(m, "kvbridge_unauthenticated_messages_total", "reason"),
+		Replayed:        byLabel(m, "kvbridge_replayed_messages_total", "reason"),
+		PeersDead:       counter(m, "kvbridge_peers_dead_total"),
+		Backlogged:      counter(m, "kvbridge_control_backlog_dropped_total"),
+		Sockets:         counter(m, "kvbridge_control_sockets"),
+	}
 }

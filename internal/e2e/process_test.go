@@ -266,7 +266,7 @@ func runRank(role string) int {
 		case "COUNTER": // COUNTER 0 <metric> [<label> <value>]... → COUNTER <its value, summed over the series those labels select>
 			out <- fmt.Sprintf("COUNTER %d", counter(m, f[2], f[3:]...))
 		case "STATS": // STATS 0 → STATS <control-plane counters as JSON>
-			b, _ := json.Marshal(m.ControlStats())
+			b, _ := json.Marshal(controlStats(m))
 			out <- "STATS " + string(b)
 		case "RECV", "RECV+": // RECV+: also REQUESTED <room> once Init returned (the room's REQUEST is out)
 			dst, src := pageList(f[2]), pageList(f[3])

@@ -63,3 +63,26 @@ func value(m *dto.Metric) float64 {
 	}
 	return 0
 }
+
+// ByLabel is the metric family name's series by the value of their label
+// label (summed over their other labels).
+func ByLabel(g prometheus.Gatherer, name, label string) (map[string]float64, error) {
+	fams, err := g.Gather()
+	if err != nil {
+		return nil, fmt.Errorf("promread: gathering %s: %w", name, err)
+	}
+	out := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label {
+					out[l.GetValue()] += value(m)
+				}
+			}
+		}
+	}
+	return out, nil
+}
