@@ -220,53 +220,56 @@ func (c *Config) fillDefaults() {
 func (c *Config) Validate() error {
 	switch {
 	case c.Role != RolePrefill && c.Role != RoleDecode:
-		return fmt.Errorf("kvmanager: Role must be RolePrefill or RoleDecode, got %d", c.Role)
+		return fmt.Errorf("kvmanager: Config.Role must be RolePrefill or RoleDecode, got %d", c.Role)
 	case c.Instance == "":
-		return errors.New("kvmanager: Instance is empty")
+		return errors.New("kvmanager: Config.Instance is empty (the instance's name, the same on every rank of it)")
 	case c.Rank < 0 || c.PrefillRank < 0:
-		return errors.New("kvmanager: ranks must not be negative")
+		return fmt.Errorf("kvmanager: Config.Rank (%d) and Config.PrefillRank (%d) must not be negative", c.Rank, c.PrefillRank)
 	case c.Parallel.Validate() != nil:
-		return fmt.Errorf("kvmanager: %w", c.Parallel.Validate())
+		return fmt.Errorf("kvmanager: Config.Parallel: %w", c.Parallel.Validate())
 	case c.Rank != c.Parallel.Global() && c.Parallel != (transfer.Parallel{}).Norm():
-		return fmt.Errorf("kvmanager: Rank %d is not the rank's index %d in its instance (%v)", c.Rank, c.Parallel.Global(), c.Parallel)
+		return fmt.Errorf("kvmanager: Config.Rank %d is not the rank's index %d in its instance (Config.Parallel %v)", c.Rank, c.Parallel.Global(), c.Parallel)
 	case c.Compat == "":
-		return errors.New("kvmanager: Compat is empty (hash of protocol, model layout, dtype, page size)")
+		return errors.New("kvmanager: Config.Compat is empty (hash of protocol, model layout, dtype, page size)")
 	case c.Role == RoleDecode && c.BootstrapURL == "" && c.Model.Zero():
 		// (With a Model, each room may name its prefill instance instead:
 		// Instance.Bootstrap.)
-		return errors.New("kvmanager: a decode rank without a Model needs BootstrapURL to find prefill ranks")
+		return errors.New("kvmanager: a decode rank without a Config.Model needs Config.BootstrapURL to find prefill ranks")
 	case c.HeartbeatInterval <= 0 || c.MaxMisses < 1 || c.SweepInterval <= 0:
-		return errors.New("kvmanager: heartbeat interval, max misses and sweep interval must be positive")
+		return fmt.Errorf("kvmanager: Config.HeartbeatInterval (%v), Config.MaxMisses (%d) and Config.SweepInterval (%v) must be positive", c.HeartbeatInterval, c.MaxMisses, c.SweepInterval)
 	case c.QuarantineTimeout <= c.Registry.StallTimeout || c.QuarantineTimeout >= c.Registry.TombstoneTTL:
-		return fmt.Errorf("kvmanager: QuarantineTimeout (%v) must exceed StallTimeout (%v) and stay below TombstoneTTL (%v)",
+		return fmt.Errorf("kvmanager: Config.QuarantineTimeout (%v) must exceed Config.Registry.StallTimeout (%v) and stay below Config.Registry.TombstoneTTL (%v)",
 			c.QuarantineTimeout, c.Registry.StallTimeout, c.Registry.TombstoneTTL)
 	case c.Auth == nil && !c.Insecure:
-		return fmt.Errorf("kvmanager: %w", bootstrap.ErrNoSecret)
+		return fmt.Errorf("kvmanager: Config.Auth is nil and Config.Insecure is false: set Auth (bootstrap.NewAuth with the deployment's shared secret, or Config.FromEnv), or Insecure on a trusted network: %w", bootstrap.ErrNoSecret)
 	case c.RegisterRetry <= 0:
-		return fmt.Errorf("kvmanager: RegisterRetry must be positive, got %v", c.RegisterRetry)
+		return fmt.Errorf("kvmanager: Config.RegisterRetry must be positive, got %v", c.RegisterRetry)
 	case c.PullLease > c.Registry.StallTimeout:
-		return fmt.Errorf("kvmanager: PullLease (%v) must not exceed StallTimeout (%v): the stall deadline would end a longer lease", c.PullLease, c.Registry.StallTimeout)
+		return fmt.Errorf("kvmanager: Config.PullLease (%v) must not exceed Config.Registry.StallTimeout (%v): the stall deadline would end a longer lease", c.PullLease, c.Registry.StallTimeout)
 	case c.Pull && c.Role == RoleDecode && c.PullLease < 0:
-		return errors.New("kvmanager: a decode rank with Pull needs a positive PullLease (its renewal basis)")
+		return fmt.Errorf("kvmanager: a decode rank with Config.Pull needs a positive Config.PullLease (its renewal basis), got %v", c.PullLease)
 	}
 	if err := c.Layout.Validate(); err != nil {
-		return err
+		return fmt.Errorf("kvmanager: Config.Layout: %w", err)
 	}
 	if !c.Model.Zero() {
 		if err := c.Model.Validate(); err != nil {
-			return err
+			return fmt.Errorf("kvmanager: Config.Model: %w", err)
 		}
 		_, layers := c.Model.StageLayers(c.Parallel.PPSize, c.Parallel.PPRank)
 		pb, err := c.Model.PageBytes(c.Parallel.TPSize)
 		if err != nil {
-			return err
+			return fmt.Errorf("kvmanager: Config.Model at Config.Parallel %v: %w", c.Parallel, err)
 		}
 		if len(c.Layout.Regions) != layers*transfer.RegionsPerLayer || c.Layout.PageBytes != pb {
-			return fmt.Errorf("kvmanager: layout of %d regions × %d-byte pages does not fit the model at %v (%d layers × %d regions, %d-byte pages)",
+			return fmt.Errorf("kvmanager: Config.Layout of %d regions × %d-byte pages does not fit Config.Model at %v (%d layers × %d regions, %d-byte pages)",
 				len(c.Layout.Regions), c.Layout.PageBytes, c.Parallel, layers, transfer.RegionsPerLayer, pb)
 		}
 	}
-	return c.Registry.Validate()
+	if err := c.Registry.Validate(); err != nil {
+		return fmt.Errorf("kvmanager: Config.Registry: %w", err)
+	}
+	return nil
 }
 
 // FromEnv overrides fields from KVBRIDGE_* variables: KVBRIDGE_BIND,

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/nixl"
@@ -33,4 +34,46 @@ func TestWriteBytesCountsItsLayers(t *testing.T) {
 	require.EqualValues(t, 3*64*4, writeBytes(&w, l), "whole chunk: bytes")
 	w.Layers = kvlayout.Layers{Lo: 1, Hi: 2}
 	require.EqualValues(t, 3*64*2, writeBytes(&w, l), "layer 1 of 2: bytes")
+}
+
+// TestConfigErrorsNameTheField: every refusal of a Config names the field
+// to change (issue 50: errors name the Config field, not only the
+// environment variables the example binaries read).
+func TestConfigErrorsNameTheField(t *testing.T) {
+	base := func() Config {
+		cfg := DefaultConfig(RolePrefill)
+		cfg.Instance, cfg.Compat, cfg.Insecure = "cfg-errors", "v1:test", true
+		cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+		return cfg
+	}
+	ok := base()
+	require.NoError(t, ok.Validate(), "the base config")
+	for _, c := range []struct {
+		field string
+		mod   func(*Config)
+	}{
+		{"Config.Role", func(c *Config) { c.Role = 0 }},
+		{"Config.Instance", func(c *Config) { c.Instance = "" }},
+		{"Config.Rank", func(c *Config) { c.Rank = -1 }},
+		{"Config.Parallel", func(c *Config) { c.Parallel = transfer.Parallel{TPSize: 2, TPRank: 2} }},
+		{"Config.Compat", func(c *Config) { c.Compat = "" }},
+		{"Config.BootstrapURL", func(c *Config) { c.Role = RoleDecode }},
+		{"Config.HeartbeatInterval", func(c *Config) { c.HeartbeatInterval = 0 }},
+		{"Config.QuarantineTimeout", func(c *Config) { c.QuarantineTimeout = c.Registry.StallTimeout }},
+		{"Config.Auth", func(c *Config) { c.Insecure = false }},
+		{"Config.RegisterRetry", func(c *Config) { c.RegisterRetry = 0 }},
+		{"Config.PullLease", func(c *Config) { c.PullLease = 2 * c.Registry.StallTimeout }},
+		{"Config.Layout", func(c *Config) { c.Layout.PageBytes = 0 }},
+		{"Config.Model", func(c *Config) { c.Model = transfer.Model{Layers: 1} }},
+		{"Config.Registry", func(c *Config) { c.Registry.BootstrapTimeout = -time.Second }},
+	} {
+		cfg := base()
+		c.mod(&cfg)
+		err := cfg.Validate()
+		require.Error(t, err, c.field)
+		require.ErrorContains(t, err, c.field, "the refusal does not name the field")
+	}
+	cfg := base()
+	cfg.Insecure = false
+	require.ErrorIs(t, cfg.Validate(), bootstrap.ErrNoSecret)
 }
