@@ -4,6 +4,7 @@
 package apicheck
 
 import (
+	"bytes"
 	"flag"
 	"fmt"
 	"go/ast"
@@ -12,6 +13,7 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -195,4 +197,17 @@ func TestPublicAPI(t *testing.T) {
 		}
 	}
 	assert.Zero(t, len(added)+len(removed), "the public API changed: added %q, removed %q.\nIf deliberate: go test ./internal/apicheck -update, and review testdata/api.txt's diff", added, removed)
+}
+
+// TestDocFigures: docs/PACKAGES.md states the exported list's length as
+// it is.
+func TestDocFigures(t *testing.T) {
+	api, err := os.ReadFile("testdata/api.txt")
+	require.NoError(t, err)
+	n := bytes.Count(api, []byte("\n"))
+	doc, err := os.ReadFile("../../docs/PACKAGES.md")
+	require.NoError(t, err)
+	m := regexp.MustCompile("in `testdata/api.txt`\\s+\\(([0-9,]+) lines").FindSubmatch(doc)
+	require.NotNil(t, m, "docs/PACKAGES.md no longer states api.txt's length")
+	assert.Equal(t, fmt.Sprintf("%d", n), strings.ReplaceAll(string(m[1]), ",", ""), "docs/PACKAGES.md: api.txt's length")
 }
