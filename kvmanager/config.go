@@ -62,7 +62,7 @@ type Config struct {
 	Registry RegistryConfig
 	Workers  int // transfer workers (prefill), default 4
 	// InFlight is how many rooms' writes a prefill worker keeps posted at
-	// once (pool.Config.InFlight), default 8.
+	// once, default 8.
 	InFlight int
 	// WarmMemory faults in the rank's host memory (KV regions in DRAM, aux
 	// and state items) when the Manager registers it (nixl.Populate), so a
@@ -125,7 +125,7 @@ type Config struct {
 	// MaxPeers bounds the control plane's PUSH sockets (default 1024; a
 	// new peer evicts the least recently used unwatched one, and is refused
 	// when all are watched); MaxEpochs the peer epochs remembered for
-	// restart detection by the core (default DefaultMaxEpochs, 4,096).
+	// restart detection by the core (default 4,096).
 	MaxPeers, MaxEpochs int
 	// Security adds CURVE encryption and a key allow-list (optional).
 	Security *bootstrap.Security

@@ -32,6 +32,8 @@
 //	defer decode.Close()
 //
 // then one sender.Sender and one receiver.Receiver per room (see
-// receiver's Example). The statuses, request spec, load reports, counters
-// and errors an engine sees are the core's, exported here (core.go).
+// receiver's Example). The statuses, request spec, load reports and
+// errors an engine sees are defined here (room.go) and carried to and
+// from the protocol core (internal/core); a rank's counters are its
+// metrics (Config.Registerer, docs/METRICS.md).
 package kvmanager

@@ -28,6 +28,7 @@ type metrics struct {
 	offers                                                              *prometheus.Desc
 	foreignRefused, tombsForgotten, notDelivered, writesNotDelivered    *prometheus.Desc
 	challenges, challengesIgnored, offerChallenges                      *prometheus.Desc
+	abortsOwed, wrongType                                               *prometheus.Desc
 	pageSeconds                                                         prometheus.Histogram
 
 	transfers prometheus.Counter
@@ -76,6 +77,11 @@ func newMetrics(m *Manager) *metrics {
 		challenges: prometheus.NewDesc("kvbridge_challenges_total",
 			"Agent challenges of REGISTERs (docs/PROTOCOL.md \"The agent challenge\"), by outcome: sent, echoed, expired (unechoed past the deadline; refused as not_owner where the sender kept registering), deferred (too many open).",
 			[]string{"outcome"}, labels),
+		abortsOwed: prometheus.NewDesc("kvbridge_owed_aborts_total",
+			"Owed ABORTs (to a decode rank that may not have heard a room failed) by outcome: resent (unacknowledged after a retry interval) and dropped (over the bound of one target: sent once, not kept).",
+			[]string{"outcome"}, labels),
+		wrongType: prometheus.NewDesc("kvbridge_messages_wrong_role_total",
+			"Control messages of a type this rank's role never accepts (a REQUEST at a decode rank, PAGES at a prefill rank, ...): dropped.", nil, labels),
 		offerChallenges: prometheus.NewDesc("kvbridge_offer_challenges_total",
 			"Pull offers' challenges (docs/PROTOCOL.md \"Pull\"), by outcome: sent, echoed, expired (decode: the offer's agent never echoed) and kept (prefill: offer challenges kept to echo).",
 			[]string{"outcome"}, labels),
@@ -157,7 +163,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.inflight
 	ch <- x.tables
 	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes,
-		x.underLease, x.published, x.released, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.writesNotDelivered, x.challenges, x.challengesIgnored, x.offerChallenges} {
+		x.underLease, x.published, x.released, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.writesNotDelivered, x.challenges, x.challengesIgnored, x.offerChallenges, x.abortsOwed, x.wrongType} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -198,6 +204,9 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(x.challenges, prometheus.CounterValue, float64(c.n), c.outcome)
 	}
 	ch <- prometheus.MustNewConstMetric(x.challengesIgnored, prometheus.CounterValue, float64(st.ChallengesIgnored))
+	ch <- prometheus.MustNewConstMetric(x.abortsOwed, prometheus.CounterValue, float64(st.AbortsResent), "resent")
+	ch <- prometheus.MustNewConstMetric(x.abortsOwed, prometheus.CounterValue, float64(st.AbortsDropped), "dropped")
+	ch <- prometheus.MustNewConstMetric(x.wrongType, prometheus.CounterValue, float64(st.Refused))
 	for _, c := range []struct {
 		outcome string
 		n       uint64

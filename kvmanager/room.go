@@ -214,32 +214,42 @@ const Applied = Outcome(core.Applied)
 // the request has not been sent).
 const Bootstrapping = Poll(core.Bootstrapping)
 
-const CodeAborted = core.CodeAborted
+// CodeAborted: the room was aborted on this rank (AbortReceiver or AbortSender).
+const CodeAborted = "aborted"
 
-const CodeCleared = core.CodeCleared
+// CodeCleared: the room was cleared before it ended.
+const CodeCleared = "cleared"
 
-const CodeFailed = core.CodeFailed
+// CodeFailed: a deadline or any other failure without a code of its own.
+const CodeFailed = "failed"
 
 // CodeNotDelivered: a notification named bytes that did not land (the
 // decode rank's write check; docs/PROTOCOL.md "Writes checked before they
 // count").
-const CodeNotDelivered = core.CodeNotDelivered
+const CodeNotDelivered = "not_delivered"
 
-const CodeNotRegistered = core.CodeNotRegistered
+// CodeNotRegistered (STATUS): the prefill rank had no registration of
+// this decode rank.
+const CodeNotRegistered = "not_registered"
 
-const CodeOutOfRange = core.CodeOutOfRange
+// CodeOutOfRange (STATUS): the REQUEST named pages or items outside the
+// registered memory.
+const CodeOutOfRange = "out_of_range"
 
-const CodePeerRestarted = core.CodePeerRestarted
+// CodePeerRestarted: the peer process restarted (a new epoch) while the
+// room was in flight.
+const CodePeerRestarted = "peer_restarted"
 
 // CodePeerUnreachable: heartbeats declared the receiving decode rank
 // dead here; it is sent in case it was only paused.
-const CodePeerUnreachable = core.CodePeerUnreachable
+const CodePeerUnreachable = "peer_unreachable"
 
 // CodeRefused (ABORT): the decode rank refused the room before asking
 // for it (an unsupported mapping, another model).
-const CodeRefused = core.CodeRefused
+const CodeRefused = "refused"
 
-const CodeRejected = core.CodeRejected
+// CodeRejected (STATUS): the prefill rank refused the REQUEST.
+const CodeRejected = "rejected"
 
 // Failed is terminal: the room will not complete. The registry keeps the
 // first reason.
@@ -258,6 +268,21 @@ const IgnoredTerminal = Outcome(core.IgnoredTerminal)
 
 // Rejected: the event is invalid here; the result's Err says why.
 const Rejected = Outcome(core.Rejected)
+
+// Pending: a peer request was kept for a room whose sender does not
+// exist yet.
+const Pending = Outcome(core.Pending)
+
+// Tombstoned: the call left a tombstone for a room that does not exist
+// (an abort before the room's Create: its id is refused until the
+// tombstone TTL).
+const Tombstoned = Outcome(core.Tombstoned)
+
+// MinPoll reduces the statuses of several ranks to the room's status: the
+// smallest one. It returns 0 (invalid) for no arguments or when any
+// argument is invalid, so a caller that forgot a rank cannot read it as a
+// status.
+func MinPoll(polls ...Poll) Poll { return Poll(core.MinPoll(corePolls(polls)...)) }
 
 // RoleDecode receives the KV cache (receiver side).
 const RoleDecode = Role(core.RoleDecode)

@@ -1,6 +1,10 @@
 package kvmanager
 
 import (
+	"os"
+	"reflect"
+	"regexp"
+	"slices"
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/core"
@@ -24,8 +28,19 @@ func TestPollValuesAreTheCores(t *testing.T) {
 	for _, c := range []struct {
 		ours Outcome
 		core core.Outcome
-	}{{Applied, core.Applied}, {IgnoredTerminal, core.IgnoredTerminal}, {IgnoredCleared, core.IgnoredCleared}, {IgnoredStale, core.IgnoredStale}, {Rejected, core.Rejected}} {
+	}{{Applied, core.Applied}, {Pending, core.Pending}, {IgnoredTerminal, core.IgnoredTerminal}, {IgnoredCleared, core.IgnoredCleared}, {IgnoredStale, core.IgnoredStale}, {Tombstoned, core.Tombstoned}, {Rejected, core.Rejected}} {
 		assert.EqualValues(t, c.core, c.ours, "%v", c.core)
+		assert.Equal(t, c.core.String(), c.ours.String())
+	}
+	assert.Contains(t, (core.Rejected + 1).String(), "Outcome(", "the core has an Outcome past Rejected: name it here")
+	assert.Equal(t, Transferring, MinPoll(Success, Transferring, WaitingForInput+1))
+	assert.Equal(t, Failed, MinPoll(Success, Failed))
+	assert.Zero(t, MinPoll(Success, 0), "a rank forgotten (0) is not read as a status")
+	assert.Zero(t, MinPoll())
+	for ours, theirs := range map[string]string{CodeAborted: core.CodeAborted, CodeCleared: core.CodeCleared, CodeFailed: core.CodeFailed,
+		CodeNotDelivered: core.CodeNotDelivered, CodeNotRegistered: core.CodeNotRegistered, CodeOutOfRange: core.CodeOutOfRange,
+		CodePeerRestarted: core.CodePeerRestarted, CodePeerUnreachable: core.CodePeerUnreachable, CodeRefused: core.CodeRefused, CodeRejected: core.CodeRejected} {
+		assert.Equal(t, theirs, ours, "a failure code is the core's")
 	}
 	assert.EqualValues(t, core.RolePrefill, RolePrefill)
 	assert.EqualValues(t, core.RoleDecode, RoleDecode)
@@ -34,6 +49,27 @@ func TestPollValuesAreTheCores(t *testing.T) {
 	cp[1] = core.Transferring
 	assert.Equal(t, []Poll{0, Transferring, 0}, out, "the core's statuses land in the caller's slice")
 	assert.Nil(t, corePolls(nil))
+}
+
+// TestReportFieldsAreTheCores: the report types kvmanager copies field by
+// field have the core's fields, so a field added there is not dropped on
+// the way out (TestReportCarriesEverything fills each).
+func TestReportFieldsAreTheCores(t *testing.T) {
+	for _, c := range []struct{ ours, core any }{{LoadReport{}, core.LoadReport{}}, {SourceReport{}, core.SourceReport{}}, {Result{}, core.Result{}}} {
+		ours, theirs := fieldNames(c.ours), fieldNames(c.core)
+		if _, ok := c.ours.(Result); ok {
+			theirs = slices.DeleteFunc(theirs, func(f string) bool { return f == "Peers" }) // the shell's to answer
+		}
+		assert.Equal(t, theirs, ours, "%T", c.ours)
+	}
+}
+
+func fieldNames(v any) (names []string) {
+	t := reflect.TypeOf(v)
+	for i := range t.NumField() {
+		names = append(names, t.Field(i).Name)
+	}
+	return names
 }
 
 // TestReportCarriesEverything: a load report comes across whole, and
@@ -51,4 +87,18 @@ func TestReportCarriesEverything(t *testing.T) {
 	assert.NotEmpty(t, r.Whole())
 	res := resultOf(core.Result{Outcome: core.Rejected, Status: core.Failed, Err: core.ErrRoomFailed, Drained: true})
 	assert.Equal(t, Result{Outcome: Rejected, Status: Failed, Err: core.ErrRoomFailed, Drained: true}, res)
+}
+
+// TestEveryCounterIsAMetric: the core's counters are readable only as
+// metrics (there is no Stats method), so each of them must be collected
+// (a counter added to core.CoreStats and not to Collect would be counted
+// and never seen).
+func TestEveryCounterIsAMetric(t *testing.T) {
+	src, err := os.ReadFile("metrics.go")
+	require.NoError(t, err)
+	st := reflect.TypeOf(core.CoreStats{})
+	for i := range st.NumField() {
+		f := st.Field(i).Name
+		assert.True(t, regexp.MustCompile(`\bst\.`+f+`\b`).Match(src), "core.CoreStats.%s is collected by no metric (kvmanager/metrics.go)", f)
+	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/internal/canary"
 	"github.com/kvbridge/kvbridge/internal/mem"
+	"github.com/kvbridge/kvbridge/transfer"
 )
 
 // Errors callers branch on. Engine failures wrap them.
@@ -33,18 +34,19 @@ var (
 	ErrStalePrep = errors.New("nixl: prepared list is stale (its remote was reloaded or invalidated since)")
 )
 
-// MemKind is the kind of memory a descriptor points at.
-type MemKind = mem.MemKind
+// MemKind is the kind of memory a descriptor points at (transfer's).
+type MemKind = transfer.MemKind
 
 const (
 	// DRAM is host memory.
-	DRAM = mem.DRAM
+	DRAM = transfer.DRAM
 	// VRAM is GPU memory (Dev is the GPU index).
-	VRAM = mem.VRAM
+	VRAM = transfer.VRAM
 )
 
-// Desc is one contiguous piece of memory.
-type Desc = mem.Desc
+// Desc is one contiguous piece of memory (transfer's: go doc
+// transfer.Desc shows its fields).
+type Desc = transfer.Desc
 
 // BytesDesc describes a Go byte slice (which must stay pinned while
 // registered: use Agent.RegisterBytes).

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/kvbridge/kvbridge/internal/mem"
 )
 
 // ProofBytes is the ownership proof slot after each region (KV, aux and
@@ -20,11 +18,11 @@ const ProofBytes = 64
 // Layout is one rank's registered KV memory: Regions[i] is layer i/2, K for
 // even i and V for odd i, each a run of pages of PageBytes bytes.
 type Layout struct {
-	Kind      mem.MemKind
-	Regions   []mem.Desc // one per layer and K/V, in layer order, K before V
+	Kind      MemKind
+	Regions   []Desc // one per layer and K/V, in layer order, K before V
 	PageBytes uint64
 	// Aux holds per-request auxiliary items (AuxItemBytes each).
-	Aux          mem.Desc
+	Aux          Desc
 	AuxItemBytes uint64
 	// State regions hold per-request state items (e.g. a hybrid model's
 	// recurrent state), written with the last chunk. Host memory.
@@ -33,7 +31,7 @@ type Layout struct {
 
 // StateRegion is one state region of ItemBytes-sized items.
 type StateRegion struct {
-	mem.Desc
+	Desc
 	ItemBytes uint64
 }
 

@@ -1,49 +1,27 @@
 // Package mem holds the memory descriptors kvbridge passes between the
 // protocol core, the transfer layer and the NIXL engines: plain values,
-// no cgo, so the core can use them without linking an engine. Package
-// nixl exports them (nixl.Desc, nixl.MemKind, nixl.DRAM, nixl.VRAM).
+// no cgo, so the core can use them without linking an engine. They are
+// package transfer's (public: go doc shows their fields); nixl exports
+// them too (nixl.Desc, nixl.MemKind, nixl.DRAM, nixl.VRAM).
 package mem
 
 import (
-	"fmt"
 	"unsafe"
+
+	"github.com/kvbridge/kvbridge/transfer"
 )
 
-// MemKind is the kind of memory a descriptor points at.
-type MemKind uint8
+type (
+	// MemKind: transfer.MemKind.
+	MemKind = transfer.MemKind
+	// Desc: transfer.Desc.
+	Desc = transfer.Desc
+)
 
 const (
-	// DRAM is host memory.
-	DRAM MemKind = 1 + iota
-	// VRAM is GPU memory (Dev is the GPU index).
-	VRAM
+	DRAM = transfer.DRAM
+	VRAM = transfer.VRAM
 )
-
-func (k MemKind) String() string {
-	switch k {
-	case DRAM:
-		return "DRAM"
-	case VRAM:
-		return "VRAM"
-	}
-	return fmt.Sprintf("MemKind(%d)", uint8(k))
-}
-
-// Desc is one contiguous piece of memory.
-type Desc struct {
-	Addr uintptr
-	Len  uint64
-	Dev  uint64
-}
-
-// End is the address one past d's last byte (it wraps for a length that
-// overflows the address space: callers check End() >= Addr).
-func (d Desc) End() uint64 { return uint64(d.Addr) + d.Len }
-
-// Contains reports whether d lies wholly inside r (same device).
-func (r Desc) Contains(d Desc) bool {
-	return d.Dev == r.Dev && uint64(d.Addr) >= uint64(r.Addr) && d.End() <= r.End() && d.End() >= uint64(d.Addr)
-}
 
 // BytesDesc describes a Go byte slice (which must stay pinned while
 // registered).

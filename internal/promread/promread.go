@@ -4,16 +4,22 @@
 package promread
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
 
+// ErrNoFamily: the registry has no metric family of that name (a name
+// misspelt, or read from a rank that closed: its collectors are
+// unregistered).
+var ErrNoFamily = errors.New("promread: no such metric family")
+
 // Value sums the series of the metric family name (a counter, gauge or
 // untyped metric) whose labels include every pair of labels ("name",
-// "value", ...). A family that is not there is 0: a counter never
-// incremented may not be exported.
+// "value", ...): 0 when none of its series match. A family that is not
+// there at all is ErrNoFamily.
 func Value(g prometheus.Gatherer, name string, labels ...string) (float64, error) {
 	if len(labels)%2 != 0 {
 		return 0, fmt.Errorf("promread: labels %q are not name, value pairs", labels)
@@ -23,15 +29,20 @@ func Value(g prometheus.Gatherer, name string, labels ...string) (float64, error
 		return 0, fmt.Errorf("promread: gathering %s: %w", name, err)
 	}
 	var sum float64
+	found := false
 	for _, f := range fams {
 		if f.GetName() != name {
 			continue
 		}
+		found = true
 		for _, m := range f.GetMetric() {
 			if match(m, labels) {
 				sum += value(m)
 			}
 		}
+	}
+	if !found {
+		return 0, fmt.Errorf("%w: %s", ErrNoFamily, name)
 	}
 	return sum, nil
 }
@@ -65,17 +76,20 @@ func value(m *dto.Metric) float64 {
 }
 
 // ByLabel is the metric family name's series by the value of their label
-// label (summed over their other labels).
+// label (summed over their other labels); ErrNoFamily when the family is
+// not there.
 func ByLabel(g prometheus.Gatherer, name, label string) (map[string]float64, error) {
 	fams, err := g.Gather()
 	if err != nil {
 		return nil, fmt.Errorf("promread: gathering %s: %w", name, err)
 	}
 	out := map[string]float64{}
+	found := false
 	for _, f := range fams {
 		if f.GetName() != name {
 			continue
 		}
+		found = true
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == label {
@@ -83,6 +97,9 @@ func ByLabel(g prometheus.Gatherer, name, label string) (map[string]float64, err
 				}
 			}
 		}
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: %s", ErrNoFamily, name)
 	}
 	return out, nil
 }

@@ -1,0 +1,40 @@
+package transfer
+
+import "fmt"
+
+// MemKind is the kind of memory a descriptor points at.
+type MemKind uint8
+
+const (
+	// DRAM is host memory.
+	DRAM MemKind = 1 + iota
+	// VRAM is GPU memory (Dev is the GPU index).
+	VRAM
+)
+
+func (k MemKind) String() string {
+	switch k {
+	case DRAM:
+		return "DRAM"
+	case VRAM:
+		return "VRAM"
+	}
+	return fmt.Sprintf("MemKind(%d)", uint8(k))
+}
+
+// Desc is one contiguous piece of memory: host memory, or device Dev's
+// memory (VRAM). nixl.Desc is the same type.
+type Desc struct {
+	Addr uintptr
+	Len  uint64
+	Dev  uint64
+}
+
+// End is the address one past d's last byte (it wraps for a length that
+// overflows the address space: callers check End() >= Addr).
+func (d Desc) End() uint64 { return uint64(d.Addr) + d.Len }
+
+// Contains reports whether d lies wholly inside r (same device).
+func (r Desc) Contains(d Desc) bool {
+	return d.Dev == r.Dev && uint64(d.Addr) >= uint64(r.Addr) && d.End() <= r.End() && d.End() >= uint64(d.Addr)
+}
