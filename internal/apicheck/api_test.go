@@ -11,6 +11,7 @@ import (
 	"go/build"
 	"go/parser"
 	"go/token"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -37,6 +38,20 @@ var publicPackages = []string{"bootstrap", "gpu", "gpu/discover", "kvmanager", "
 // behind the alias changes the public API too.
 const module = "github.com/kvbridge/kvbridge/"
 
+// fileImports is the import path each local import name of f stands for.
+func fileImports(f *ast.File) map[string]string {
+	imports := map[string]string{}
+	for _, im := range f.Imports {
+		path := strings.Trim(im.Path.Value, `"`)
+		local := filepath.Base(path)
+		if im.Name != nil {
+			local = im.Name.Name
+		}
+		imports[local] = path
+	}
+	return imports
+}
+
 // parseDir returns the files of dir in this build (tags, cgo) and the
 // import path each local import name stands for.
 func parseDir(t *testing.T, dir string) ([]*ast.File, map[string]string) {
@@ -49,14 +64,7 @@ func parseDir(t *testing.T, dir string) ([]*ast.File, map[string]string) {
 		f, err := parser.ParseFile(fs, filepath.Join(dir, name), nil, 0)
 		require.NoError(t, err)
 		files = append(files, f)
-		for _, im := range f.Imports {
-			path := strings.Trim(im.Path.Value, `"`)
-			local := filepath.Base(path)
-			if im.Name != nil {
-				local = im.Name.Name
-			}
-			imports[local] = path
-		}
+		maps.Copy(imports, fileImports(f))
 	}
 	return files, imports
 }

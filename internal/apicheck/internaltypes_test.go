@@ -20,15 +20,7 @@ func TestNoInternalTypes(t *testing.T) {
 	for _, p := range publicPackages {
 		files, _ := parseDir(t, filepath.Join("..", "..", p))
 		for _, f := range files {
-			imports := map[string]string{}
-			for _, im := range f.Imports {
-				path := strings.Trim(im.Path.Value, `"`)
-				local := filepath.Base(path)
-				if im.Name != nil {
-					local = im.Name.Name
-				}
-				imports[local] = path
-			}
+			imports := fileImports(f) // per file: two files may name one import differently
 			check := func(where string, n ast.Node) {
 				if n == nil {
 					return

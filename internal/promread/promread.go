@@ -24,27 +24,47 @@ func Value(g prometheus.Gatherer, name string, labels ...string) (float64, error
 	if len(labels)%2 != 0 {
 		return 0, fmt.Errorf("promread: labels %q are not name, value pairs", labels)
 	}
-	fams, err := g.Gather()
-	if err != nil {
-		return 0, fmt.Errorf("promread: gathering %s: %w", name, err)
-	}
+	ms, err := family(g, name)
 	var sum float64
-	found := false
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
+	for _, m := range ms {
+		if match(m, labels) {
+			sum += value(m)
 		}
-		found = true
-		for _, m := range f.GetMetric() {
-			if match(m, labels) {
-				sum += value(m)
+	}
+	return sum, err
+}
+
+// ByLabel is the metric family name's series by the value of their label
+// label (summed over their other labels); ErrNoFamily when the family is
+// not there.
+func ByLabel(g prometheus.Gatherer, name, label string) (map[string]float64, error) {
+	ms, err := family(g, name)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, m := range ms {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label {
+				out[l.GetValue()] += value(m)
 			}
 		}
 	}
-	if !found {
-		return 0, fmt.Errorf("%w: %s", ErrNoFamily, name)
+	return out, nil
+}
+
+// family gathers g and returns the series of the family name.
+func family(g prometheus.Gatherer, name string) ([]*dto.Metric, error) {
+	fams, err := g.Gather()
+	if err != nil {
+		return nil, fmt.Errorf("promread: gathering %s: %w", name, err)
 	}
-	return sum, nil
+	for _, f := range fams {
+		if f.GetName() == name {
+			return f.GetMetric(), nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %s", ErrNoFamily, name)
 }
 
 func match(m *dto.Metric, labels []string) bool {
@@ -73,33 +93,4 @@ func value(m *dto.Metric) float64 {
 		return m.Untyped.GetValue()
 	}
 	return 0
-}
-
-// ByLabel is the metric family name's series by the value of their label
-// label (summed over their other labels); ErrNoFamily when the family is
-// not there.
-func ByLabel(g prometheus.Gatherer, name, label string) (map[string]float64, error) {
-	fams, err := g.Gather()
-	if err != nil {
-		return nil, fmt.Errorf("promread: gathering %s: %w", name, err)
-	}
-	out := map[string]float64{}
-	found := false
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		found = true
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label {
-					out[l.GetValue()] += value(m)
-				}
-			}
-		}
-	}
-	if !found {
-		return nil, fmt.Errorf("%w: %s", ErrNoFamily, name)
-	}
-	return out, nil
 }
