@@ -309,6 +309,7 @@ func (c *Config) FromEnv() error {
 	if v := os.Getenv("KVBRIDGE_ENGINE"); v != "" {
 		c.Engine.Engine = v
 	}
+	c.Engine.FromEnv()
 	if v := os.Getenv("KVBRIDGE_PULL"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {

@@ -5,8 +5,8 @@
 // # Engines
 //
 //   - libnixl: the NIXL C API (libnixl_capi.so), declared in this package
-//     and loaded at run time from Config.NIXLLib, $KVBRIDGE_NIXL_LIB or the
-//     loader's path (libnixl.so beside it is loaded first, RTLD_GLOBAL). The
+//     and loaded at run time from Config.NIXLLib (Config.FromEnv sets it
+//     from $KVBRIDGE_NIXL_LIB) or the loader's path (libnixl.so beside it is loaded first, RTLD_GLOBAL). The
 //     production path on GPU nodes. Agents are created configured, in the
 //     progress mode Config.NIXLProgress names: NIXL's progress thread,
 //     which sleeps on the worker's events (Config.NIXLProgressDelay), and
@@ -16,7 +16,8 @@
 //     thread crashes a poster whose peer dies. Tested against a C test double of the API
 //     (internal/nixldouble) and, with make test-nixl, a real NIXL.
 //   - ucx: libucp directly, loaded at run time at the first ucx agent
-//     (KVBRIDGE_UCX_LIB, default libucp.so.0), through this package's own
+//     (Config.UCXLib — FromEnv: KVBRIDGE_UCX_LIB —, default libucp.so.0),
+//     through this package's own
 //     declaration of the UCP ABI it uses (ucx_abi.h): building needs no
 //     UCX, and a process that only uses libnixl maps only NIXL's UCX.
 //     DRAM over shared memory and

@@ -174,7 +174,7 @@ func loadNIXL(path string) (*C.kvb_nixl, error) {
 			return nixlLib.lib, nil
 		}
 		if _, err := os.Stat(path); err != nil && strings.Contains(path, "/") {
-			return nil, fmt.Errorf("NIXL is not installed or not loadable (%v); set KVBRIDGE_NIXL_LIB to libnixl_capi.so: %w", err, ErrEngineUnavailable)
+			return nil, fmt.Errorf("NIXL is not installed or not loadable (%v); set Config.NIXLLib (KVBRIDGE_NIXL_LIB in the example binaries) to libnixl_capi.so: %w", err, ErrEngineUnavailable)
 		}
 		return nil, fmt.Errorf("libnixl: %s requested but %s is already loaded: %w", path, nixlLib.path, ErrEngineUnavailable)
 	}
@@ -185,7 +185,7 @@ func loadNIXL(path string) (*C.kvb_nixl, error) {
 	var errbuf [1024]C.char
 	lib := C.kvb_nixl_load(cpath, &errbuf[0], C.size_t(len(errbuf)))
 	if lib == nil {
-		return nil, fmt.Errorf("NIXL is not installed or not loadable (%s); set KVBRIDGE_NIXL_LIB to libnixl_capi.so: %w",
+		return nil, fmt.Errorf("NIXL is not installed or not loadable (%s); set Config.NIXLLib (KVBRIDGE_NIXL_LIB in the example binaries) to libnixl_capi.so: %w",
 			C.GoString(&errbuf[0]), ErrEngineUnavailable)
 	}
 	nixlLib.path, nixlLib.lib = path, lib

@@ -410,8 +410,7 @@ func TestLibNIXLRefusals(t *testing.T) {
 func TestAutoEngine(t *testing.T) {
 	needDouble(t)
 	// With a loadable NIXL the automatic choice is libnixl; without, ucx.
-	t.Setenv("KVBRIDGE_NIXL_LIB", doubleLib())
-	a, err := Open(Config{Name: "auto-nixl"})
+	a, err := Open(Config{Name: "auto-nixl", NIXLLib: doubleLib()})
 	require.NoError(t, err)
 	require.Equal(t, EngineLibNIXL, a.Engine(), "engine, want libnixl")
 	a.Close()

@@ -150,9 +150,14 @@ type Config struct {
 	// UCX sets UCX configuration for the ucx engine ("TLS": "posix,cma,self",
 	// "NET_DEVICES": "lo", ...), applied with ucp_config_modify.
 	UCX map[string]string
-	// NIXLLib is the path of libnixl_capi.so; empty: $KVBRIDGE_NIXL_LIB,
-	// then the loader's search path.
+	// NIXLLib is the path of libnixl_capi.so; empty: the loader's search
+	// path (FromEnv sets it from KVBRIDGE_NIXL_LIB).
 	NIXLLib string
+	// UCXLib is the path of the libucp the ucx engine loads, once per
+	// process (empty: libucp.so.0 from the loader's search path, or the
+	// one already in the process; FromEnv sets it from KVBRIDGE_UCX_LIB).
+	// A later agent naming another is refused.
+	UCXLib string
 	// BackendParams are passed to NIXL's UCX backend (libnixl engine).
 	BackendParams map[string]string
 	// NIXLProgressDelay bounds how long NIXL's progress thread sleeps
@@ -1165,8 +1170,18 @@ func libPath(cfg Config) string {
 	if cfg.NIXLLib != "" {
 		return cfg.NIXLLib
 	}
-	if p := os.Getenv("KVBRIDGE_NIXL_LIB"); p != "" {
-		return p
-	}
 	return "libnixl_capi.so"
+}
+
+// FromEnv sets the libraries' paths the environment names, where c names
+// none: NIXLLib from KVBRIDGE_NIXL_LIB, UCXLib from KVBRIDGE_UCX_LIB
+// (UCXLibEnv). The example binaries call it (kvmanager.Config.FromEnv
+// does); the package itself reads no environment variable of its own.
+func (c *Config) FromEnv() {
+	if v := os.Getenv("KVBRIDGE_NIXL_LIB"); c.NIXLLib == "" && v != "" {
+		c.NIXLLib = v
+	}
+	if v := os.Getenv(UCXLibEnv); c.UCXLib == "" && v != "" {
+		c.UCXLib = v
+	}
 }

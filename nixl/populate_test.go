@@ -5,6 +5,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -37,4 +38,22 @@ func TestPopulate(t *testing.T) {
 	require.Equal(t, byte(0x5a), b[12345], "Populate changed the memory")
 	require.Zero(t, b[0], "Populate changed the memory")
 	require.Zero(t, b[size-1], "Populate changed the memory")
+}
+
+// TestLibraryPathsOnlyThroughFromEnv: the package reads no environment
+// variable itself (issue 50): a Config without NIXLLib loads from the
+// loader's path whatever KVBRIDGE_NIXL_LIB says, and FromEnv — which the
+// example binaries call — fills only the paths a Config leaves empty.
+func TestLibraryPathsOnlyThroughFromEnv(t *testing.T) {
+	t.Setenv("KVBRIDGE_NIXL_LIB", "/from/env/libnixl_capi.so")
+	t.Setenv(UCXLibEnv, "/from/env/libucp.so.0")
+	assert.Equal(t, "libnixl_capi.so", libPath(Config{}), "the library read the environment")
+	var c Config
+	c.FromEnv()
+	assert.Equal(t, "/from/env/libnixl_capi.so", c.NIXLLib)
+	assert.Equal(t, "/from/env/libucp.so.0", c.UCXLib)
+	c = Config{NIXLLib: "/given/libnixl_capi.so", UCXLib: "/given/libucp.so.0"}
+	c.FromEnv()
+	assert.Equal(t, "/given/libnixl_capi.so", c.NIXLLib, "FromEnv replaced a path the Config gave")
+	assert.Equal(t, "/given/libucp.so.0", c.UCXLib, "FromEnv replaced a path the Config gave")
 }

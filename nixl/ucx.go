@@ -334,9 +334,8 @@ func ucpSettings(in map[string]string) (map[string]string, error) {
 	return out, nil
 }
 
-// UCXLibEnv names the environment variable that overrides the libucp the
-// ucx engine loads (default: libucp.so.0 from the loader's search path, or
-// the one already in the process).
+// UCXLibEnv names the environment variable Config.FromEnv reads into
+// Config.UCXLib.
 const UCXLibEnv = "KVBRIDGE_UCX_LIB"
 
 var ucxLib struct {
@@ -345,17 +344,21 @@ var ucxLib struct {
 	path   string
 }
 
-// loadUCX loads libucp once per process, at the first ucx agent: a process
-// that never opens one maps no UCX of ours.
-func loadUCX() error {
+// loadUCX loads libucp (path: Config.UCXLib, empty for libucp.so.0) once
+// per process, at the first ucx agent: a process that never opens one maps
+// no UCX of ours. An agent naming another path than the one loaded is
+// refused.
+func loadUCX(path string) error {
 	ucxLib.Lock()
 	defer ucxLib.Unlock()
-	if ucxLib.loaded {
-		return nil
-	}
-	path := os.Getenv(UCXLibEnv)
 	if path == "" {
 		path = "libucp.so.0"
+	}
+	if ucxLib.loaded {
+		if path != ucxLib.path && path != "libucp.so.0" {
+			return fmt.Errorf("Config.UCXLib %s: this process already loaded libucp from %s (one UCX per process): %w", path, ucxLib.path, ErrInvalidRequest)
+		}
+		return nil
 	}
 	runtime.LockOSThread() // dlerror is per thread
 	defer runtime.UnlockOSThread()
@@ -363,7 +366,7 @@ func loadUCX() error {
 	defer C.free(unsafe.Pointer(cpath))
 	var errbuf [512]C.char
 	if C.kvbu_load(cpath, &errbuf[0], C.size_t(len(errbuf))) != 0 {
-		return fmt.Errorf("UCX is not installed or not loadable (%s); install UCX ≥ 1.13 or set %s to libucp.so: %w",
+		return fmt.Errorf("UCX is not installed or not loadable (%s); install UCX ≥ 1.13 or set Config.UCXLib (%s in the example binaries) to libucp.so: %w",
 			C.GoString(&errbuf[0]), UCXLibEnv, ErrEngineUnavailable)
 	}
 	ucxLib.loaded, ucxLib.path = true, path
@@ -395,7 +398,7 @@ func ucxAdaptive(ucpKeys map[string]string) bool {
 }
 
 func openUCX(cfg Config) (backend, error) {
-	if err := loadUCX(); err != nil {
+	if err := loadUCX(cfg.UCXLib); err != nil {
 		return nil, fmt.Errorf("ucx engine: %w", err)
 	}
 	ucpKeys, err := ucpSettings(cfg.UCX)

@@ -131,6 +131,7 @@ func runLayerwise(layers int, tokens []int, rooms int) ([]lwCase, error) {
 		cfg.Instance = fmt.Sprintf("gpucheck-lw-%d", time.Now().UnixNano())
 		cfg.Compat, cfg.BootstrapURL = fmt.Sprintf("gpucheck-lw:L%d:P%d", layers, page), srv.URL()
 		cfg.Engine = nixl.Config{Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}}
+		cfg.Engine.FromEnv()
 		cfg.Layout = kvtransfer.Layout{Kind: nixl.VRAM, PageBytes: page, Regions: regions, AuxItemBytes: 64, Aux: nixl.Desc{Len: 64 * 64}}
 		return cfg
 	}

@@ -163,7 +163,9 @@ func run(size uint64, pages, iters int, allowNoNVML bool) (*result, error) {
 		return nil, err
 	}
 	defer peer.stop()
-	a, err := nixl.Open(nixl.Config{Name: "gpucheck-writer", Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}})
+	wcfg := nixl.Config{Name: "gpucheck-writer", Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}}
+	wcfg.FromEnv()
+	a, err := nixl.Open(wcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -333,7 +335,9 @@ func child() int {
 		return fail(err)
 	}
 	defer ctx.Free(dst)
-	a, err := nixl.Open(nixl.Config{Name: "gpucheck-peer", Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}})
+	pcfg := nixl.Config{Name: "gpucheck-peer", Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}}
+	pcfg.FromEnv()
+	a, err := nixl.Open(pcfg)
 	if err != nil {
 		return fail(err)
 	}

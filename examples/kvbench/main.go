@@ -294,8 +294,10 @@ func (b *bench) print() {
 func (b *bench) agents() (*nixl.Agent, *nixl.Agent, string, error) {
 	// On libnixl, the modes a prefill and a decode rank give their agents.
 	open := func(n string, mode nixl.NIXLProgress) (*nixl.Agent, error) {
-		return nixl.Open(nixl.Config{Name: fmt.Sprintf("kvbench-%s-%d", n, time.Now().UnixNano()), Engine: b.engine,
-			UCX: map[string]string{"TLS": b.tls}, NIXLProgress: mode})
+		c := nixl.Config{Name: fmt.Sprintf("kvbench-%s-%d", n, time.Now().UnixNano()), Engine: b.engine,
+			UCX: map[string]string{"TLS": b.tls}, NIXLProgress: mode}
+		c.FromEnv()
+		return nixl.Open(c)
 	}
 	a, err := open("ini", nixl.NIXLProgressCaller)
 	if err != nil {
@@ -571,6 +573,7 @@ func (b *bench) cluster(pages int) (*cluster, error) {
 		cfg.Instance = fmt.Sprintf("kvbench-%d", time.Now().UnixNano())
 		cfg.Compat, cfg.BootstrapURL = b.model.Compat(), c.srv.URL()
 		cfg.Engine = nixl.Config{Engine: b.engine, UCX: map[string]string{"TLS": b.tls}}
+		cfg.Engine.FromEnv()
 		cfg.Layout = b.model.Layout(b.mem, pages, 4096)
 		if b.mem == nixl.VRAM {
 			return cfg, b.vramRegions(cfg.Layout.Regions)

@@ -56,6 +56,7 @@ func (b *bench) topoClusterPages(ptp, dtp int, layout transfer.PageLayout, pages
 		cfg.Instance = inst + map[kvmanager.Role]string{kvmanager.RolePrefill: "-p", kvmanager.RoleDecode: "-d"}[role]
 		cfg.Compat, cfg.BootstrapURL = b.model.Compat(), c.srv.URL()
 		cfg.Engine = nixl.Config{Engine: b.engine, UCX: map[string]string{"TLS": b.tls}}
+		cfg.Engine.FromEnv()
 		m, n := b.model, pages
 		m.PageTokens = prefillPT
 		if role == kvmanager.RoleDecode {
