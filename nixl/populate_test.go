@@ -57,3 +57,17 @@ func TestLibraryPathsOnlyThroughFromEnv(t *testing.T) {
 	assert.Equal(t, "/given/libnixl_capi.so", c.NIXLLib, "FromEnv replaced a path the Config gave")
 	assert.Equal(t, "/given/libucp.so.0", c.UCXLib, "FromEnv replaced a path the Config gave")
 }
+
+// TestOneUCXPerProcess: libucp is loaded once per process; an agent that
+// names another one than the process loaded is refused, naming both.
+func TestOneUCXPerProcess(t *testing.T) {
+	a, err := Open(Config{Name: "one-ucx-a", Engine: EngineUCX, UCX: shmUCX})
+	require.NoError(t, err)
+	defer a.Close()
+	_, err = Open(Config{Name: "one-ucx-b", Engine: EngineUCX, UCX: shmUCX, UCXLib: "/another/libucp.so.0"})
+	require.ErrorIs(t, err, ErrInvalidRequest)
+	require.ErrorContains(t, err, "Config.UCXLib /another/libucp.so.0")
+	c, err := Open(Config{Name: "one-ucx-c", Engine: EngineUCX, UCX: shmUCX, UCXLib: ucxLib.path})
+	require.NoError(t, err, "the path the process loaded")
+	c.Close()
+}

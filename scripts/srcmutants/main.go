@@ -621,6 +621,13 @@ var mutants = []mutant{
 	// leg refused for a stale identity cannot release it).
 	{name: "push-claim-ignored", file: "examples/internal/rankcmd/openai.go", old: "room, lease = oreq.Push.Room, min(lease, r.pushClaim)", new: "room = oreq.Push.Room",
 		pkg: "examples/internal/e2e", run: "^TestOpenAIPush$"},
+	// nixl reads no environment variable of its own (issue 50): the NIXL
+	// library path taken from KVBRIDGE_NIXL_LIB behind the Config's back,
+	// and a second libucp path in one process accepted.
+	{name: "nixl-lib-from-env", file: "nixl/nixl.go", old: "\tif cfg.NIXLLib != \"\" {\n\t\treturn cfg.NIXLLib\n\t}\n\treturn \"libnixl_capi.so\"", new: "\tif cfg.NIXLLib != \"\" {\n\t\treturn cfg.NIXLLib\n\t}\n\tif p := os.Getenv(\"KVBRIDGE_NIXL_LIB\"); p != \"\" {\n\t\treturn p\n\t}\n\treturn \"libnixl_capi.so\"",
+		pkg: "nixl", run: "^TestLibraryPathsOnlyThroughFromEnv$"},
+	{name: "ucx-second-lib-accepted", file: "nixl/ucx.go", old: "if path != ucxLib.path && path != \"libucp.so.0\" {", new: "if false {",
+		pkg: "nixl", run: "^TestOneUCXPerProcess$"},
 	{name: "canary-find-skips-first", file: "internal/canary/canary.go", old: "\tfor (size_t i = 0; i < n; i++) {\n\t\tuint64_t x;", new: "\tfor (size_t i = 1; i < n; i++) {\n\t\tuint64_t x;",
 		pkg: "internal/canary", run: "^TestPlantFind$"},
 	// Each range check on a PAGES (issue 49, item 5): removed, or off
