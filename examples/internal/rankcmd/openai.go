@@ -253,6 +253,9 @@ type ext struct {
 	Room        uint64             `json:"room,omitempty,string"` // a string: routers that re-encode JSON as float64s keep it
 	PrefixPages int                `json:"prefix_pages,omitempty"`
 	PhasesMS    map[string]float64 `json:"phases_ms,omitempty"`
+	// ReusedTokens: the prompt's tokens a prefill took from an earlier
+	// turn's decode instance (multi-turn reuse) instead of computing them.
+	ReusedTokens int `json:"reused_tokens,omitempty"`
 }
 
 // codeError is an OpenAI error for a failure code of a rank.
@@ -277,8 +280,8 @@ func (t *tinyRank) sglangURL(sg *openai.SGLang) string {
 }
 
 // prefillRequest is the per-rank request of a prefill instance's room.
-func (t *tinyRank) prefillRequest(oreq *openai.Request, room uint64, lease time.Duration) PrefillRequest {
-	pr := PrefillRequest{Room: room, Prompt: oreq.Prompt, TimeoutMS: int(t.r.reqTimeout.Milliseconds()), LeaseMS: int(lease.Milliseconds())}
+func (t *tinyRank) prefillRequest(oreq *openai.Request, room uint64, lease time.Duration, reuse *reusedPrefix) PrefillRequest {
+	pr := PrefillRequest{Room: room, Prompt: oreq.Prompt, TimeoutMS: int(t.r.reqTimeout.Milliseconds()), LeaseMS: int(lease.Milliseconds()), reuse: reuse}
 	if oreq.AbortAt == "prefill" {
 		pr.AbortAt = "compute"
 	}
@@ -293,7 +296,7 @@ func (t *tinyRank) prefillRequest(oreq *openai.Request, room uint64, lease time.
 // or the first member's when it is not in the group. With a lease the
 // members answer once computed (Held); if any fails, every member's room
 // is aborted.
-func (t *tinyRank) instancePrefill(ctx context.Context, oreq *openai.Request, room uint64, group int, lease time.Duration) (PrefillResult, *openai.Error) {
+func (t *tinyRank) instancePrefill(ctx context.Context, oreq *openai.Request, room uint64, group int, lease time.Duration, reuse *reusedPrefix) (PrefillResult, *openai.Error) {
 	r := t.r
 	if group < 0 {
 		group = int(room % uint64(max(r.Par.DPSize, 1)))
@@ -308,7 +311,7 @@ func (t *tinyRank) instancePrefill(ctx context.Context, oreq *openai.Request, ro
 		return PrefillResult{}, oe // (not told to the other side: the room is the other request's)
 	}
 	defer release()
-	pr := t.prefillRequest(oreq, room, lease)
+	pr := t.prefillRequest(oreq, room, lease, reuse)
 	results := make([]PrefillResult, len(ms))
 	cl := r.client()
 	ferr := fanOut(ms, func(i int, m member) error {
@@ -511,7 +514,7 @@ func (t *tinyRank) prefillTopology(boot string) (bootstrap.Topology, bool) {
 // routers discard) is the first token, after the room ended.
 func (t *tinyRank) prefillSGLang(ctx context.Context, wr *openai.Writer, oreq *openai.Request) {
 	room := oreq.SGLang.Room
-	res, oe := t.instancePrefill(ctx, oreq, room, -1, 0)
+	res, oe := t.instancePrefill(ctx, oreq, room, -1, 0, nil)
 	if oe != nil {
 		wr.Fail(oe)
 		return
@@ -544,7 +547,7 @@ func (r *Rank) mooncakeDP(h string, room uint64) (int, *openai.Error) {
 // transfer id, on the DP group the header names.
 func (t *tinyRank) prefillMooncake(ctx context.Context, wr *openai.Writer, oreq *openai.Request) {
 	mc := oreq.Mooncake
-	res, oe := t.instancePrefill(ctx, oreq, mc.Room, mc.DP, 0)
+	res, oe := t.instancePrefill(ctx, oreq, mc.Room, mc.DP, 0, nil)
 	if oe != nil {
 		wr.Fail(oe)
 		return
@@ -560,7 +563,7 @@ func (t *tinyRank) prefillMooncake(ctx context.Context, wr *openai.Writer, oreq 
 // discards) is the first token.
 func (t *tinyRank) prefillOffload(ctx context.Context, wr *openai.Writer, oreq *openai.Request) {
 	room := oreq.Offload.Room
-	res, oe := t.instancePrefill(ctx, oreq, room, -1, t.r.kvLease)
+	res, oe := t.instancePrefill(ctx, oreq, room, -1, t.r.kvLease, nil)
 	if oe != nil {
 		wr.Fail(oe)
 		return
@@ -607,9 +610,13 @@ func (t *tinyRank) prefillVLLM(ctx context.Context, wr *openai.Writer, oreq *ope
 		// a stale identity — the instance moved — cannot tell this one.)
 		room, lease = oreq.Push.Room, min(lease, r.pushClaim)
 	}
+	// A later turn of a conversation (the llm-d sidecar's bidirectional
+	// KV transfer replays the decode answer's kv_transfer_params here):
+	// its prefix from the decode instance that keeps it, when it can.
+	reuse := t.fetchReuse(ctx, oreq.KVTransfer, oreq.Prompt)
 	start := time.Now()
 	boot := r.advertisedBootstrap(req)
-	res, oe := t.instancePrefill(ctx, oreq, room, -1, lease)
+	res, oe := t.instancePrefill(ctx, oreq, room, -1, lease, reuse)
 	if oe != nil {
 		wr.Fail(oe)
 		return
@@ -636,7 +643,7 @@ func (t *tinyRank) prefillVLLM(ctx context.Context, wr *openai.Writer, oreq *ope
 		}
 	}
 	wr.Token(res.FirstToken)
-	wr.Finish(kv, ext{Mode: "vllm", Room: room, PhasesMS: res.PhasesMS})
+	wr.Finish(kv, ext{Mode: "vllm", Room: room, PhasesMS: res.PhasesMS, ReusedTokens: res.Reused})
 }
 
 // advertisedBootstrap is the bootstrap URL decode ranks reach this
@@ -719,7 +726,7 @@ func (t *tinyRank) decode(ctx context.Context, wr *openai.Writer, oreq *openai.R
 		return
 	}
 	gr := GenerateRequest{Room: room, Prompt: oreq.Prompt, MaxTokens: oreq.MaxTokens, Prefill: boot, PrefillDP: dp,
-		TimeoutMS: int(r.reqTimeout.Milliseconds())}
+		TimeoutMS: int(r.reqTimeout.Milliseconds()), Keep: r.reuse != nil && (mode == "vllm" || mode == "push")}
 	switch oreq.AbortAt {
 	case "decode-before":
 		gr.AbortAt = "before"
@@ -766,7 +773,9 @@ func (t *tinyRank) decode(ctx context.Context, wr *openai.Writer, oreq *openai.R
 	perr := <-peerErr
 	switch {
 	case ev.Status == "Success" && ev.Error == "" && perr == nil:
-		wr.Finish(nil, ext{Mode: mode, Room: room, PrefixPages: ev.PrefixPages, PhasesMS: ev.PhasesMS})
+		// (ev.Reuse: the turn kept for the next, named as vLLM's decode
+		// names the blocks it keeps, do_remote_decode set)
+		wr.Finish(ev.Reuse, ext{Mode: mode, Room: room, PrefixPages: ev.PrefixPages, PhasesMS: ev.PhasesMS})
 	case ev.Code == CodeClientGone:
 		r.log.Info("client gone mid-answer", zap.Uint64("room", room), zap.String("error", ev.Error))
 	default:

@@ -86,6 +86,7 @@ type Rank struct {
 	pushClaim  time.Duration // -push-claim
 	sglangPort int           // -sglang-bootstrap-port
 	ticketKey  []byte        // signs and checks kv_transfer_params (nil when insecure)
+	reuse      *reusePath    // -reuse-pages (reuse.go)
 }
 
 func env(name, def string) string {
@@ -129,6 +130,12 @@ type options struct {
 	// a prefill rank's lease on what it publishes (negative: no pull).
 	pull      bool
 	pullLease time.Duration
+	// Multi-turn reuse (reuse.go): pages of the second Manager (0: off),
+	// the decode rank's bootstrap server for it and lease, the prefill
+	// rank's fetch timeout.
+	reusePages               int
+	reuseBoot                string
+	reuseLease, reuseTimeout time.Duration
 }
 
 // newFlags defines a rank's flags. The prefill-only ones (-serve-bootstrap,
@@ -200,6 +207,13 @@ func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 		fs.BoolVar(&o.pull, "pull", env("KVBRIDGE_PULL", "") == "1", "read every room from its prefill ranks once they publish its pages (pull), instead of having them written (push); the prefill ranks must serve pull")
 	} else {
 		fs.DurationVar(&o.pullLease, "pull-lease", 0, "how long a pulled room's published pages wait for the decode rank's reads, renewed while it reads (0: the default, half the stall timeout; negative: do not serve pull)")
+	}
+	fs.IntVar(&o.reusePages, "reuse-pages", 0, "with -compute tinyllm on an instance of one rank: multi-turn reuse (vLLM's bidirectional KV transfer, the llm-d sidecar's replayed kv_transfer_params) through a second Manager of this many pages running the other way; a decode rank keeps each answered turn's KV there and names it in its answer, a prefill rank fetches a prompt's earlier turn into it and computes only the new tokens (0: off)")
+	if role == kvmanager.RoleDecode {
+		fs.StringVar(&o.reuseBoot, "reuse-bootstrap", "127.0.0.1:0", "with -reuse-pages: the address of the bootstrap server of this rank's reuse path (answers name its host and port as remote_host and remote_port: a host the prefill ranks reach)")
+		fs.DurationVar(&o.reuseLease, "reuse-lease", 60*time.Second, "with -reuse-pages: how long a kept turn waits for the next turn's prefill (remote_blocks_expiry_time); released when fetched or at its end")
+	} else {
+		fs.DurationVar(&o.reuseTimeout, "reuse-timeout", 2*time.Second, "with -reuse-pages: how long fetching an earlier turn may take before the prefill computes the whole prompt instead")
 	}
 	fs.BoolVar(&o.pprof, "pprof", false, "serve the Go runtime's profiles at /debug/pprof/ on -http (bearer token required)")
 	fs.BoolVar(&o.verbose, "v", false, "log at debug level")
@@ -327,7 +341,7 @@ func Main(role kvmanager.Role, args []string) int {
 	}
 	r.ln, err = net.Listen("tcp", o.httpAddr)
 	if err != nil {
-		mgr.Close()
+		r.closeManagers()
 		return cli.Fail(name, "-http "+o.httpAddr, err)
 	}
 	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -338,7 +352,7 @@ func Main(role kvmanager.Role, args []string) int {
 		// Ready means joined: the front serves the instance from then on.
 		if err := r.join(o.front, time.Minute); err != nil {
 			r.http.Close()
-			mgr.Close()
+			r.closeManagers()
 			return cli.Fail(name, "-front "+o.front+": joining the instance's front", err)
 		}
 		r.wg.Add(1)
@@ -360,11 +374,20 @@ func Main(role kvmanager.Role, args []string) int {
 	defer cancel()
 	stopJoin()
 	r.http.Shutdown(ctx)
-	if err := mgr.Close(); err != nil {
+	if err := r.closeManagers(); err != nil {
 		log.Warn("close", zap.Error(err))
 	}
 	r.wg.Wait() // held rooms end with the Manager
 	return 0
+}
+
+// closeManagers closes the reuse path's Manager (its kept turns'
+// goroutines end with it) and the rank's.
+func (r *Rank) closeManagers() error {
+	if r.reuse != nil {
+		r.reuse.close()
+	}
+	return r.M.Close()
 }
 
 // info is GET /v1/info.
@@ -403,6 +426,14 @@ func frontOptions(role kvmanager.Role, o *options, auth *bootstrap.Auth) error {
 		return fmt.Errorf("-push-claim %s not in (0, %s]", o.pushClaim, maxRoomTimeout)
 	case role == kvmanager.RoleDecode && (o.sglangPort < 1 || o.sglangPort > 65535):
 		return fmt.Errorf("-sglang-bootstrap-port %d not in [1, 65535]", o.sglangPort)
+	case o.reusePages < 0:
+		return fmt.Errorf("-reuse-pages %d: want ≥ 0", o.reusePages)
+	case o.reusePages > 0 && o.compute != "tinyllm":
+		return errors.New("-reuse-pages is for -compute tinyllm (it keeps and fetches conversation turns)")
+	case role == kvmanager.RoleDecode && (o.reuseLease <= 0 || o.reuseLease > maxRoomTimeout):
+		return fmt.Errorf("-reuse-lease %s not in (0, %s]", o.reuseLease, maxRoomTimeout)
+	case role == kvmanager.RolePrefill && (o.reuseTimeout <= 0 || o.reuseTimeout > maxRoomTimeout):
+		return fmt.Errorf("-reuse-timeout %s not in (0, %s]", o.reuseTimeout, maxRoomTimeout)
 	}
 	if o.front != "" {
 		if !strings.Contains(o.front, "://") {
@@ -540,6 +571,12 @@ func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Log
 	r.layerwise, r.layerGroup = o.layerwise, o.layerGroup
 	if tl != nil {
 		if err := r.initTiny(tl, o); err != nil {
+			r.M.Close()
+			return nil, 1, err
+		}
+	}
+	if o.reusePages > 0 {
+		if r.reuse, err = newReusePath(r, cfg, o, reg); err != nil {
 			r.M.Close()
 			return nil, 1, err
 		}

@@ -42,6 +42,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvbridge/kvbridge/examples/internal/openai"
 	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -245,6 +246,9 @@ type PrefillRequest struct {
 	// Fault "swap-heads" writes this rank's heads into its pages in
 	// reverse order: a deliberately wrong head mapping, for tests.
 	Fault string `json:"fault,omitempty"`
+	// reuse is the prompt's prefix fetched from an earlier turn's decode
+	// instance (reuse.go; an instance of one rank: never sent to another).
+	reuse *reusedPrefix
 }
 
 // PrefillResult is its answer.
@@ -264,6 +268,9 @@ type PrefillResult struct {
 	// or were the last group).
 	LayerGroups int `json:"layer_groups,omitempty"`
 	DuringPass  int `json:"during_pass,omitempty"`
+	// Reused is the prompt's tokens whose KV came from an earlier turn
+	// (not computed).
+	Reused int `json:"reused,omitempty"`
 }
 
 // Failure codes of PrefillResult and GenerateEvent: what a front answers
@@ -445,7 +452,16 @@ func (t *tinyRank) prefill(ctx context.Context, pr PrefillRequest, data time.Dur
 			return ctx.Err()
 		}
 	}
-	lg, err := t.m.Prefill(pr.Prompt, full, after)
+	from := 0
+	if pr.reuse != nil {
+		full, from = pr.reuse.kv, pr.reuse.n
+	}
+	if rp := r.reuse; rp != nil {
+		rp.reusedToks.Add(float64(from))
+		rp.computed.Add(float64(plen - from))
+	}
+	res.Reused = from
+	lg, err := t.m.PrefillFrom(pr.Prompt, from, full, after)
 	if err != nil {
 		res.Error, res.Code = err.Error(), CodeInternal
 		if ctx.Err() != nil {
@@ -575,6 +591,9 @@ type GenerateRequest struct {
 	// Fault "swap-heads": attention reads every page's heads reversed (a
 	// wrong head mapping, for tests).
 	Fault string `json:"fault,omitempty"`
+	// Keep (-reuse-pages): keep the turn's KV for the next turn's prefill
+	// and name it in the final event's Reuse.
+	Keep bool `json:"keep,omitempty"`
 }
 
 // GenerateEvent is one NDJSON line of /v1/generate's answer: a token, or
@@ -590,6 +609,8 @@ type GenerateEvent struct {
 	Tokens      int                `json:"tokens,omitempty"`
 	PrefixPages int                `json:"prefix_pages,omitempty"` // pages a cached prefix covered (not transferred)
 	PhasesMS    map[string]float64 `json:"phases_ms,omitempty"`    // pages, transfer, gather, generate
+	// Reuse names the turn's kept KV (Keep): the answer's kv_transfer_params.
+	Reuse *openai.KVTransferParams `json:"reuse,omitempty"`
 }
 
 func (t *tinyRank) serveGenerate(w http.ResponseWriter, req *http.Request) {
@@ -791,6 +812,12 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 		ev.Error, ev.Code = "streaming: "+err.Error(), CodeClientGone
 	}
 	mark("generate")
+	if gr.Keep && err == nil && r.reuse != nil && r.reuse.p != nil && len(toks) > 0 {
+		// The prompt's and the reply's K and V but the last token's
+		// (never fed back): what the next turn's prompt starts with.
+		ev.Reuse = t.keep(kv, append(slices.Clone(gr.Prompt), toks[:len(toks)-1]...), plen)
+		mark("keep")
+	}
 	if t.prefix != nil && hit == nil && err == nil {
 		// The prompt's whole pages become a prefix later prompts reuse;
 		// generation never writes them.

@@ -296,20 +296,34 @@ func (m *Model) checkTokens(tokens []int) error {
 // K and V are all written — where a layer-wise sender hands the layer to
 // kvbridge; an error from it stops the pass.
 func (m *Model) Prefill(tokens []int, kv KV, afterLayer func(layer int) error) ([]float32, error) {
+	return m.PrefillFrom(tokens, 0, kv, afterLayer)
+}
+
+// PrefillFrom is Prefill over positions from..len−1 only: kv already holds
+// every layer's K and V of positions 0..from−1 (a prefix computed
+// elsewhere — by the decode instance of an earlier turn — and fetched).
+// A position's K and V depend only on the tokens up to it, so the result
+// is Prefill's, bit for bit, when that prefix was computed for the same
+// tokens.
+func (m *Model) PrefillFrom(tokens []int, from int, kv KV, afterLayer func(layer int) error) ([]float32, error) {
 	if len(tokens) == 0 {
 		return nil, errors.New("tinyllm: empty prompt")
+	}
+	if from < 0 || from >= len(tokens) {
+		return nil, fmt.Errorf("tinyllm: a prefix of %d tokens leaves nothing of a %d-token prompt to compute", from, len(tokens))
 	}
 	if err := m.checkTokens(tokens); err != nil {
 		return nil, err
 	}
 	h := m.Hidden()
 	xs := make([]float32, len(tokens)*h)
-	for t, tok := range tokens {
+	for t, tok := range tokens[from:] {
+		t += from
 		copy(xs[t*h:(t+1)*h], m.embed[tok*h:(tok+1)*h])
 	}
 	s := m.newScratch()
 	for l := 0; l < m.Layers; l++ {
-		for t := range tokens {
+		for t := from; t < len(tokens); t++ {
 			m.layerStep(l, xs[t*h:(t+1)*h], t, kv, s)
 		}
 		if afterLayer != nil {

@@ -224,6 +224,62 @@ func TestShardsReassemble(t *testing.T) {
 	}
 }
 
+// TestPrefillFromEarlierTurn: a second turn (the first turn's prompt, its
+// reply and new tokens) prefilled from the cache the first turn's decode
+// left (its prompt and reply but the last token) computes only the new
+// positions and gives the single-process tokens, bit for bit; a prefix
+// computed for other tokens gives other tokens; a prefix that leaves
+// nothing to compute is refused.
+func TestPrefillFromEarlierTurn(t *testing.T) {
+	m, _ := New(medium)
+	rng := rand.New(rand.NewPCG(7, 8))
+	prompt1, n := randPrompt(rng, 21, m.Vocab), 9
+	kv1 := NewDense(m.Layers, m.KVHeads, m.HeadDim, len(prompt1)+n)
+	lg, err := m.Prefill(prompt1, kv1, nil)
+	require.NoError(t, err)
+	reply, err := m.Continue(Argmax(lg), len(prompt1), n, kv1, nil)
+	require.NoError(t, err)
+	kept := len(prompt1) + n - 1 // (the last token was never fed)
+	prompt2 := append(append(slices.Clone(prompt1), reply...), randPrompt(rng, 7, m.Vocab)...)
+	want, err := m.Generate(prompt2, n)
+	require.NoError(t, err)
+	for _, from := range []int{kept, len(prompt1), 1} {
+		kv2 := NewDense(m.Layers, m.KVHeads, m.HeadDim, len(prompt2)+n)
+		copyPositions(kv2, kv1, m, from)
+		lg2, err := m.PrefillFrom(prompt2, from, kv2, nil)
+		require.NoError(t, err)
+		got, _ := m.Continue(Argmax(lg2), len(prompt2), n, kv2, nil)
+		require.Equal(t, want, got, "prefilled from position %d of the first turn's cache", from)
+	}
+	// Another conversation's cache at the same positions: other tokens.
+	other := slices.Clone(prompt1)
+	other[3] = (other[3] + 1) % m.Vocab
+	kvo := NewDense(m.Layers, m.KVHeads, m.HeadDim, len(prompt1))
+	_, err = m.Prefill(other, kvo, nil)
+	require.NoError(t, err)
+	kv2 := NewDense(m.Layers, m.KVHeads, m.HeadDim, len(prompt2)+n)
+	copyPositions(kv2, kvo, m, len(prompt1))
+	lg2, err := m.PrefillFrom(prompt2, len(prompt1), kv2, nil)
+	require.NoError(t, err)
+	got, _ := m.Continue(Argmax(lg2), len(prompt2), n, kv2, nil)
+	require.NotEqual(t, want, got, "a prefix computed for other tokens")
+	_, err = m.PrefillFrom(prompt2, len(prompt2), kv2, nil)
+	require.Error(t, err, "a prefix covering the whole prompt")
+}
+
+func copyPositions(dst, src KV, m *Model, n int) {
+	for l := 0; l < m.Layers; l++ {
+		for p := 0; p < n; p++ {
+			for h := 0; h < m.KVHeads; h++ {
+				dk, dv := dst.Slot(l, p, h)
+				sk, sv := src.Slot(l, p, h)
+				copy(dk, sk)
+				copy(dv, sv)
+			}
+		}
+	}
+}
+
 // TestWrongHeadsChangeTokens: the same KV read with its heads swapped (a
 // wrong head mapping), or one page's positions shifted, gives other
 // tokens — the token check can fail.
