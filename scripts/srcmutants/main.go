@@ -621,6 +621,24 @@ var mutants = []mutant{
 	// leg refused for a stale identity cannot release it).
 	{name: "push-claim-ignored", file: "examples/internal/rankcmd/openai.go", old: "room, lease = oreq.Push.Room, min(lease, r.pushClaim)", new: "room = oreq.Push.Room",
 		pkg: "examples/internal/e2e", run: "^TestOpenAIPush$"},
+	// Multi-turn reuse (issue 51 item 5): the replayed ticket's checks, the
+	// kept turn's lease and extent, the prefill's partial pass.
+	{name: "reuse-mac-unchecked", file: "examples/internal/rankcmd/reuse.go", old: "if !hmac.Equal([]byte(mac), []byte(r.reuseMAC(f, host, port))) {", new: "if _ = mac; false {",
+		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurn$"},
+	{name: "reuse-prefix-unchecked", file: "examples/internal/rankcmd/reuse.go", old: "case tk.Tokens < len(prompt) && promptHash(prompt[:tk.Tokens]) == tk.Hash:", new: "case tk.Tokens < len(prompt):",
+		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurn$"},
+	{name: "reuse-prompt-fallback-dropped", file: "examples/internal/rankcmd/reuse.go", old: "\t\tuse = tk.Prompt //", new: "\t\tuse = 0 //",
+		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurn$"},
+	{name: "reuse-kept-one-too-many", file: "examples/internal/rankcmd/tinyllm.go", old: "append(slices.Clone(gr.Prompt), toks[:len(toks)-1]...)", new: "append(slices.Clone(gr.Prompt), toks...)",
+		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurn$"},
+	{name: "reuse-lease-ignored", file: "examples/internal/rankcmd/reuse.go", old: "ctx, cancel := context.WithTimeout(context.Background(), rp.lease)", new: "ctx, cancel := context.WithCancel(context.Background())",
+		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurnLease$"},
+	{name: "reuse-stale-unchecked", file: "examples/internal/rankcmd/reuse.go", old: "case !time.Now().Before(time.UnixMilli(tk.ExpiresMS)):", new: "case false:",
+		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurnLease$"},
+	{name: "reuse-epoch-unchecked", file: "examples/internal/rankcmd/reuse.go", old: "err != nil || ri.Epoch != tk.Epoch {", new: "err != nil {",
+		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurnLease$"},
+	{name: "prefill-from-recomputes", file: "examples/internal/tinyllm/tinyllm.go", old: "for t := from; t < len(tokens); t++ {", new: "for t := 0; t < len(tokens); t++ {",
+		pkg: "examples/internal/tinyllm", run: "^TestPrefillFromEarlierTurn$"},
 	// nixl reads no environment variable of its own (issue 50): the NIXL
 	// library path taken from KVBRIDGE_NIXL_LIB behind the Config's back,
 	// and a second libucp path in one process accepted.

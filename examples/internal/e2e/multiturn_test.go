@@ -243,8 +243,9 @@ func TestOpenAIMultiTurnLease(t *testing.T) {
 	waitMetricAtMost(t, c.client, dec, "kvbridge_example_reuse_held_rooms", 0, 10*time.Second)
 
 	// The decode process that kept a turn killed (kill -9) and started
-	// again: a replay naming it is computed in full at once (its epoch is
-	// not the registered one), not after -reuse-timeout.
+	// again on the same reuse bootstrap port: a replay naming it is
+	// computed in full at once (its epoch is not the registered one), not
+	// after -reuse-timeout.
 	_, kv3, err := pd.turn(ctx, "/v1/completions", b1, nil)
 	require.NoError(t, err)
 	r3, ok := completeKVParams(kv3)
@@ -262,11 +263,14 @@ func TestOpenAIMultiTurnLease(t *testing.T) {
 	c.nothingPinned(t)
 }
 
-// multiTurnCluster is a pair of one rank each with multi-turn reuse on.
+// multiTurnCluster is a pair of one rank each with multi-turn reuse on,
+// the decode rank's reuse bootstrap server on a port of its own (a
+// restarted process takes it again, as a pod's does).
 func multiTurnCluster(t *testing.T, lease string) (*tinyCluster, *pdClient) {
 	c := startTinyClusterWith(t, tinyE2E, "NHD", transfer.Parallel{}, transfer.Parallel{}, tinyOpts{
 		prefill: []string{"-request-timeout", "20s", "-reuse-pages", "64", "-reuse-timeout", "2s"},
-		decode:  []string{"-request-timeout", "20s", "-reuse-pages", "64", "-reuse-lease", lease}, decodeNoBootstrap: true})
+		decode: []string{"-request-timeout", "20s", "-reuse-pages", "64", "-reuse-lease", lease,
+			"-reuse-bootstrap", "127.0.0.1:" + freePort(t)}, decodeNoBootstrap: true})
 	return c, newPDClient(t, c)
 }
 
