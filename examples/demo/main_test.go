@@ -302,23 +302,31 @@ func TestDemoTinyllm(t *testing.T) {
 }
 
 // TestDemoTinyllmWires is `make demo DEMO_FLAGS="-compute tinyllm -wire
-// sglang"` (and vllm, mooncake, offloading), short: the router drives each
-// instance's front in SGLang's wire, vLLM's serial kv_transfer_params flow
-// and the sidecar's mooncake and offloading connectors' wires, a quarter of
-// the requests aborted on purpose and retried; every completion must be
+// sglang"` (and vllm, push, mooncake, offloading, and vllm and push with
+// -multi-turn), short: the router drives each instance's front in SGLang's
+// wire, vLLM's serial kv_transfer_params flow, vLLM push from a cached
+// identity and the sidecar's mooncake and offloading connectors' wires, a
+// quarter of the requests aborted on purpose and retried; with
+// -multi-turn every request has a second turn prefilled from the first
+// turn's KV fetched from the decode instance. Every completion must be
 // token-identical to the single-process run, nothing pinned (held rooms
 // of vLLM's flow included).
 func TestDemoTinyllmWires(t *testing.T) {
 	dir := binaries(t)
-	for _, wire := range []string{"sglang", "vllm", "mooncake", "offloading"} {
-		t.Run(wire, func(t *testing.T) {
+	for _, mode := range []string{"sglang", "vllm", "push", "mooncake", "offloading", "vllm -multi-turn", "push -multi-turn"} {
+		t.Run(mode, func(t *testing.T) {
 			t.Parallel() // each demo is its own processes and ports
-			args := []string{"-compute", "tinyllm", "-short", "-requests", "8", "-gen", "6", "-abort-rate", "0.25", "-seed", "4", "-wire", wire, "-bin", dir}
+			wire := strings.Fields(mode)[0]
+			args := append([]string{"-compute", "tinyllm", "-short", "-requests", "8", "-gen", "6", "-abort-rate", "0.25", "-seed", "4", "-bin", dir, "-wire"}, strings.Fields(mode)...)
 			out, err := exec.Command(filepath.Join(dir, "demo"), args...).Output()
 			s := string(out)
-			require.NoError(t, err, "demo -wire %s failed:\n%s", wire, s)
-			for _, want := range []string{"token-identical            8", "failed                     0", "rooms pinned               0", wire + " wire", "OK: every completion"} {
-				assert.Contains(t, s, want, "summary lacks %q:\n%s", want, s)
+			require.NoError(t, err, "demo -wire %s failed:\n%s", mode, s)
+			want := []string{"token-identical            8", "failed                     0", "rooms pinned               0", wire + " wire", "OK: every completion"}
+			if strings.Contains(mode, "-multi-turn") {
+				want = append(want, "second turns               8 of 8 token-identical; 8 prefilled from the first turn's KV")
+			}
+			for _, w := range want {
+				assert.Contains(t, s, w, "summary lacks %q:\n%s", w, s)
 			}
 		})
 	}

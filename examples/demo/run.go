@@ -48,6 +48,7 @@ type demoFlags struct {
 	compute, tinySpec             string
 	gen                           int
 	policy, fault, wire           string
+	multiTurn                     bool
 	layerwise                     bool
 	layerGroup                    int
 	transfer                      string          // -transfer: push or pull
@@ -101,7 +102,8 @@ func newDemoFlags() *demoFlags {
 	fs.IntVar(&o.gen, "gen", 16, "with -compute tinyllm: tokens generated per request (max_tokens)")
 	fs.StringVar(&o.policy, "policy", "round-robin", "with -compute tinyllm: the router's instance choice, round-robin or least-loaded")
 	fs.StringVar(&o.fault, "fault", "", "with -compute tinyllm: a deliberate fault on every request (swap-heads-prefill, swap-heads-decode: a wrong head mapping), so the comparison must fail")
-	fs.StringVar(&o.wire, "wire", "kvbridge", "with -compute tinyllm: how the router drives a pair: kvbridge (every rank's per-rank routes), sglang (SGLang's router: bootstrap_host/port/room to both instances' fronts at once), vllm (vLLM's serial kv_transfer_params flow), mooncake (vLLM's MooncakeConnector wire) or offloading (vLLM's OffloadingConnector P2P wire)")
+	fs.StringVar(&o.wire, "wire", "kvbridge", "with -compute tinyllm: how the router drives a pair: kvbridge (every rank's per-rank routes), sglang (SGLang's router: bootstrap_host/port/room to both instances' fronts at once), vllm (vLLM's serial kv_transfer_params flow), push (vLLM push: both legs at once from the prefill's cached identity), mooncake (vLLM's MooncakeConnector wire) or offloading (vLLM's OffloadingConnector P2P wire)")
+	fs.BoolVar(&o.multiTurn, "multi-turn", false, "with -compute tinyllm and -wire vllm or push, instances of one rank: every request has a second turn (its prompt, the reply and new tokens) whose prefill fetches the first turn's KV from the decode instance (the ranks' -reuse-pages, the router's -multi-turn) and computes only the new tokens; checked token-identical too")
 	fs.BoolVar(&o.layerwise, "layerwise", false, "the prefill ranks send each room layer group by layer group (sender.SendLayers) instead of one Send per chunk")
 	fs.IntVar(&o.layerGroup, "layer-group", 1, "with -layerwise: layers per SendLayers call")
 	fs.IntVar(&o.prefillPT, "prefill-page-tokens", 0, "tokens per page on the prefill ranks (0: the model's); pages of the two sides may differ when one size divides the other")
@@ -140,6 +142,9 @@ func (o *demoFlags) defaults(v map[string]string) {
 // any process starts: an error is a usage error (exit 2).
 func (o *demoFlags) settle() error {
 	o.fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+	if o.multiTurn && !o.set["prefill-tp"] {
+		o.pShape.TPSize = 1 // (instances of one rank)
+	}
 	if o.short { // defaults for a quick run; flags given explicitly win
 		o.defaults(map[string]string{"model": "tiny", "requests": "60", "pages": "4096", "max-tokens": "2048"})
 	}
@@ -205,6 +210,15 @@ func (o *demoFlags) settle() error {
 			return errors.New("want 1 ≤ -min-tokens ≤ -max-tokens and -gen ≥ 1")
 		}
 	}
+	if o.multiTurn {
+		one := transfer.Parallel{}.Norm()
+		switch {
+		case o.compute != "tinyllm" || (o.wire != "vllm" && o.wire != "push"):
+			return errors.New("-multi-turn is for -compute tinyllm with -wire vllm or push (it rides vLLM's kv_transfer_params)")
+		case o.pShape.Norm() != one || o.dShape.Norm() != one:
+			return errors.New("-multi-turn runs instances of one rank (the example keeps and fetches a turn on one rank)")
+		}
+	}
 	if need := o.roomPages(o.maxTok); o.compute == "fill" && need > o.pages {
 		// (The driver admits a request once every rank can hold it: one
 		// no rank can hold would wait for good.)
@@ -219,6 +233,11 @@ func (o *demoFlags) settle() error {
 	o.decodeArgs = append(append([]string{}, o.common...), "-page-tokens", strconv.Itoa(o.decodePT))
 	if o.layerwise {
 		o.prefillArgs = append(o.prefillArgs, "-layerwise", "-layer-group", strconv.Itoa(o.layerGroup))
+	}
+	if o.multiTurn {
+		reuse := strconv.Itoa(max(o.pages/2, 16))
+		o.prefillArgs = append(o.prefillArgs, "-reuse-pages", reuse)
+		o.decodeArgs = append(o.decodeArgs, "-reuse-pages", reuse)
 	}
 	switch o.transfer {
 	case "push":
@@ -340,7 +359,7 @@ func run(args []string) int {
 			map[bool]string{false: "whole-chunk", true: fmt.Sprintf("layer-wise (%d per group)", o.layerGroup)}[o.layerwise])
 		return runTiny(tinyOptions{bin: o.bin, requests: o.requests, conc: o.conc, gen: o.gen, minTok: o.minTok, maxTok: o.maxTok,
 			abortRate: o.abortRate, seed: o.seed, cfg: o.tinyCfg, pageTokens: o.prefillPT, decodePT: o.decodePT, pages: o.pages, rankArgs: o.decodeArgs, prefillArgs: o.prefillArgs,
-			pShape: o.pShape, dShape: o.dShape, instances: o.instances, decodeInstance: o.decodeInstances, policy: o.policy, fault: o.fault, topology: topology, wire: o.wire})
+			pShape: o.pShape, dShape: o.dShape, instances: o.instances, decodeInstance: o.decodeInstances, policy: o.policy, fault: o.fault, topology: topology, wire: o.wire, multiTurn: o.multiTurn})
 	case o.dpPick == "lookup":
 		o.prefillArgs = append(append([]string{}, o.prefillArgs...), "-publish-dp") // a prefill-only flag
 	}

@@ -41,6 +41,7 @@ type tinyOptions struct {
 	policy, fault             string
 	topology                  string
 	wire                      string
+	multiTurn                 bool
 }
 
 // parseTiny reads -tinyllm's key=value list over tinyllm.Default.
@@ -101,6 +102,10 @@ type tinyWork struct {
 	attempts    int
 	prefixPages int
 	err         error
+	// -multi-turn: the second turn (the prompt, the reply, new tokens)
+	// and the prompt tokens its prefill reused.
+	next   *tinyWork
+	reused int
 }
 
 // makePrompts draws the workload: lengths log-uniform in [minTok, maxTok],
@@ -142,6 +147,13 @@ func makePrompts(o tinyOptions) []tinyWork {
 		if rng.Float64() < o.abortRate {
 			w.abort = stages[rng.IntN(len(stages))]
 		}
+		if o.multiTurn {
+			// (its prompt is known once the first turn's reply is: single)
+			w.next = &tinyWork{stream: !w.stream, prompt: make([]int, 4+rng.IntN(12))}
+			for j := range w.next.prompt {
+				w.next.prompt[j] = rng.IntN(o.cfg.Vocab)
+			}
+		}
 	}
 	return work
 }
@@ -167,6 +179,14 @@ func single(m *tinyllm.Model, work []tinyWork, gen int) (ttft, tpot []float64, e
 		ttft = append(ttft, ms(first.Sub(start)))
 		if gen > 1 {
 			tpot = append(tpot, ms(time.Since(first))/float64(gen-1))
+		}
+		if n := w.next; n != nil {
+			// -multi-turn: the second turn's prompt is this one's, its
+			// reply and the new tokens drawn (not timed here).
+			n.prompt = append(append(slices.Clone(w.prompt), w.want...), n.prompt...)
+			if n.want, err = m.Generate(n.prompt, gen); err != nil {
+				return nil, nil, err
+			}
 		}
 	}
 	return ttft, tpot, nil
@@ -250,7 +270,7 @@ func complete(url string, w *tinyWork, gen int, fault string) {
 		}
 	}
 	if rep != nil {
-		w.attempts, w.prefixPages = rep.Attempts, rep.PrefixPages
+		w.attempts, w.prefixPages, w.reused = rep.Attempts, rep.PrefixPages, rep.ReusedTokens
 	}
 }
 
@@ -295,6 +315,9 @@ func runTiny(o tinyOptions) int {
 		decodes = append(decodes, in)
 	}
 	rargs := []string{"-listen", "127.0.0.1:0", "-policy", o.policy, "-wire", o.wire}
+	if o.multiTurn {
+		rargs = append(rargs, "-multi-turn")
+	}
 	for _, s := range []struct {
 		flag string
 		ins  []*instance
@@ -328,6 +351,9 @@ func runTiny(o tinyOptions) int {
 			defer wg.Done()
 			defer func() { <-sem }()
 			complete(rt.http, &work[i], o.gen, o.fault)
+			if n := work[i].next; n != nil && work[i].err == nil {
+				complete(rt.http, n, o.gen, o.fault) // the conversation's second turn
+			}
 			mu.Lock()
 			done++
 			fmt.Fprintf(os.Stderr, "\r%s %d/%d ", bar(done, len(work)), done, len(work))
@@ -364,6 +390,30 @@ func runTiny(o tinyOptions) int {
 			prefixPages += w.prefixPages
 		}
 	}
+	turns, turnsIdentical, turnsReused, reusedTokens, turnTokens := 0, 0, 0, 0, 0
+	for i := range work {
+		n := work[i].next
+		if n == nil || work[i].err != nil {
+			continue
+		}
+		turns++
+		turnTokens += len(n.prompt)
+		switch {
+		case n.err != nil:
+			problems = append(problems, fmt.Sprintf("request %d's second turn (%d-token prompt): %v", i, len(n.prompt), n.err))
+		case !slices.Equal(n.got, n.want):
+			problems = append(problems, fmt.Sprintf("request %d's second turn (%d-token prompt): tokens %v, the single-process run's %v", i, len(n.prompt), n.got, n.want))
+		default:
+			turnsIdentical++
+		}
+		if n.reused > 0 {
+			turnsReused++
+			reusedTokens += n.reused
+		}
+	}
+	if o.multiTurn && turnsReused == 0 {
+		problems = append(problems, fmt.Sprintf("-multi-turn: none of %d second turns reused its first turn's KV", turns))
+	}
 	pinnedRooms, problems := pinnedAll(append(prefills, decodes...), problems)
 	problems = leasesReleased(instanceURLs(prefills), demoLeaseBound, problems)
 	for _, v := range [][]float64{ttft, tpot, sTTFT, sTPOT} {
@@ -375,6 +425,10 @@ func runTiny(o tinyOptions) int {
 	fmt.Printf("%-26s %d (aborted on purpose at a random stage, served on a fresh room)\n", "retried", retried)
 	fmt.Printf("%-26s %d\n", "failed", len(work)-identical)
 	fmt.Printf("%-26s %d requests, %d pages not transferred\n", "prefix reused", prefixReq, prefixPages)
+	if o.multiTurn {
+		fmt.Printf("%-26s %d of %d token-identical; %d prefilled from the first turn's KV on the decode instance: %d of the second turns' %d prompt tokens not computed\n",
+			"second turns", turnsIdentical, turns, turnsReused, reusedTokens, turnTokens)
+	}
 	fmt.Printf("%-26s %.1f s\n", "wall time", elapsed.Seconds())
 	fmt.Printf("%-26s %-34s %s\n", "", "through the router", "single process")
 	fmt.Printf("%-26s %-34s %.2f ms / %.2f ms\n", "TTFT p50 / p99", fmt.Sprintf("%.2f ms / %.2f ms", pct(ttft, 0.5), pct(ttft, 0.99)), pct(sTTFT, 0.5), pct(sTTFT, 0.99))

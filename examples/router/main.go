@@ -59,7 +59,8 @@ func run(args []string) int {
 	retries := fs.Int("retries", 2, "attempts after the first for a room that failed before its first token (−1: none)")
 	timeout := fs.Duration("timeout", 60*time.Second, "one attempt's bound")
 	insecure := fs.Bool("insecure", false, "the ranks run without a shared secret")
-	wire := fs.String("wire", "kvbridge", "how a pair is driven: kvbridge (every rank's per-rank routes), sglang (SGLang's router: bootstrap_host/port/room to both fronts at once), vllm (vLLM's serial kv_transfer_params flow), mooncake (vLLM's MooncakeConnector wire: GET /query, then both fronts at once with a transfer_id) or offloading (vLLM's OffloadingConnector P2P wire); with the OpenAI wires an instance may be listed by its front alone")
+	wire := fs.String("wire", "kvbridge", "how a pair is driven: kvbridge (every rank's per-rank routes), sglang (SGLang's router: bootstrap_host/port/room to both fronts at once), vllm (vLLM's serial kv_transfer_params flow), push (vLLM push: serial once per prefill instance to learn its identity, then both fronts at once with a transfer_id), mooncake (vLLM's MooncakeConnector wire: GET /query, then both fronts at once with a transfer_id) or offloading (vLLM's OffloadingConnector P2P wire); with the OpenAI wires an instance may be listed by its front alone")
+	multiTurn := fs.Bool("multi-turn", false, "with -wire vllm or push: multi-turn reuse — a decode answer's kv_transfer_params kept and replayed onto the prefill leg of the next request whose prompt extends the conversation (the ranks need -reuse-pages)")
 	if code, ok := cli.Parse(fs, args); !ok {
 		return code
 	}
@@ -68,7 +69,7 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "router:", err)
 		return 2
 	}
-	cfg := router.Config{Prefill: prefill, Decode: decode, Policy: *policy, Retries: *retries, Timeout: *timeout, Wire: *wire}
+	cfg := router.Config{Prefill: prefill, Decode: decode, Policy: *policy, Retries: *retries, Timeout: *timeout, Wire: *wire, MultiTurn: *multiTurn}
 	if auth != nil {
 		cfg.Token = auth.BootstrapToken()
 	} else if !*insecure && !envInsecure {

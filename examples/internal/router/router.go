@@ -74,15 +74,25 @@ type Config struct {
 	//   - "offloading": vLLM's OffloadingConnector P2P wire, as the
 	//     sidecar's offloading connector sends it (the prefill front with
 	//     remote_decoder, then the decode front with remote_prefiller).
+	//   - "push": vLLM push, as the sidecar's nixlv2 connector runs it
+	//     with a cached prefill identity: the first request to a prefill
+	//     instance as "vllm", caching the identity its answer carries,
+	//     later ones both legs at once with one transfer_id.
 	// With the OpenAI wires an instance may be listed by its front alone.
 	Wire string
+	// MultiTurn (wires vllm and push): multi-turn reuse as the sidecar's
+	// bidirectional KV transfer runs it — a decode answer's
+	// kv_transfer_params kept under the conversation it ends (prompt and
+	// reply tokens) and replayed onto the prefill leg of the next request
+	// whose prompt extends it, once.
+	MultiTurn bool
 	// PrefillRetries: vllm's retries of a prefill answered 502/503/504
 	// (default 2; −1: none).
 	PrefillRetries int
 }
 
 // Wires are the values of Config.Wire.
-var Wires = []string{"kvbridge", "sglang", "vllm", "mooncake", "offloading"}
+var Wires = []string{"kvbridge", "sglang", "vllm", "push", "mooncake", "offloading"}
 
 // Instance is one prefill or decode instance.
 type Instance struct {
@@ -112,6 +122,8 @@ type Router struct {
 	retries, tokensC prometheus.Counter
 	inflightG        *prometheus.GaugeVec
 	ranks            *rankcmd.Client
+	identities       sync.Map // push: prefill instance name → its cached identity (map[string]any)
+	turns            turnCache
 }
 
 // CheckTopology says whether every decode rank of a decode shape can pull
@@ -165,13 +177,17 @@ func New(ctx context.Context, cfg Config) (*Router, error) {
 	if !slices.Contains(Wires, cfg.Wire) {
 		return nil, fmt.Errorf("router: wire %q: want %s", cfg.Wire, strings.Join(Wires, ", "))
 	}
+	if cfg.MultiTurn && cfg.Wire != "vllm" && cfg.Wire != "push" {
+		return nil, fmt.Errorf("router: multi-turn reuse rides vLLM's kv_transfer_params: wire vllm or push, not %s", cfg.Wire)
+	}
 	if cfg.PrefillRetries == 0 {
 		cfg.PrefillRetries = 2
 	}
 	if len(cfg.Prefill) == 0 || len(cfg.Decode) == 0 {
 		return nil, errors.New("router: needs at least one prefill and one decode instance")
 	}
-	rt := &Router{cfg: cfg, ranks: &rankcmd.Client{HTTP: cfg.Client, Token: cfg.Token}}
+	rt := &Router{cfg: cfg, ranks: &rankcmd.Client{HTTP: cfg.Client, Token: cfg.Token},
+		turns: turnCache{turns: map[[32]byte]turn{}, lens: map[int]int{}}}
 	var fp string
 	var mapping transfer.Model
 	for _, side := range []struct {
@@ -330,6 +346,7 @@ type CompletionRequest struct {
 	// Fault "swap-heads-prefill" or "swap-heads-decode": a deliberately
 	// wrong head mapping on that side (every attempt), for tests.
 	Fault string `json:"fault,omitempty"`
+	tokens []int // the prompt's
 }
 
 // Choice is one completion choice.
@@ -366,6 +383,10 @@ type KVReport struct {
 	Prefill     string   `json:"prefill"`
 	Decode      string   `json:"decode"`
 	PrefixPages int      `json:"prefix_pages"`
+	// Replayed: a kept turn's kv_transfer_params went on the prefill leg
+	// (MultiTurn); ReusedTokens: the prompt tokens the prefill took from it.
+	Replayed     bool `json:"replayed,omitempty"`
+	ReusedTokens int  `json:"reused_tokens,omitempty"`
 	TTFTMS      float64  `json:"ttft_ms"`
 	TPOTMS      float64  `json:"tpot_ms"`
 }
@@ -421,6 +442,7 @@ func (rt *Router) parse(req *http.Request) (*CompletionRequest, []int, error) {
 	default:
 		return nil, nil, &httpError{http.StatusBadRequest, fmt.Sprintf("fault %.32q: want swap-heads-prefill or swap-heads-decode", cr.Fault)}
 	}
+	cr.tokens = prompt
 	return &cr, prompt, nil
 }
 
@@ -506,6 +528,8 @@ func (rt *Router) serveCompletions(w http.ResponseWriter, req *http.Request) {
 			failErr = rt.attemptSGLang(req.Context(), pre, dec, room, cr, abort, chunk, rep)
 		case "vllm":
 			failErr = rt.attemptVLLM(req.Context(), pre, dec, cr, abort, chunk, rep)
+		case "push":
+			failErr = rt.attemptPush(req.Context(), pre, dec, cr, abort, chunk, rep)
 		case "mooncake":
 			failErr = rt.attemptMooncake(req.Context(), pre, dec, room, cr, abort, chunk, rep)
 		case "offloading":

@@ -183,8 +183,10 @@ func (rt *Router) attemptVLLM(parent context.Context, pre, dec *Instance, cr *Co
 	crand.Read(id[:])
 	reqID := hex.EncodeToString(id[:])
 	pbody := clientBody(cr, abort)
-	pbody["kv_transfer_params"] = map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
+	pkv := map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
 		"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
+	rt.replay(cr, pkv, rep)
+	pbody["kv_transfer_params"] = pkv
 	pbody["stream"] = false
 	pbody["max_tokens"], pbody["max_completion_tokens"], pbody["min_tokens"] = 1, 1, 1
 	var raw struct {
@@ -196,6 +198,7 @@ func (rt *Router) attemptVLLM(parent context.Context, pre, dec *Instance, cr *Co
 			if err := json.Unmarshal(a.Raw, &raw); err != nil {
 				return fmt.Errorf("prefill: %w", err)
 			}
+			rt.prefillAnswered(pre, a.Raw, rep)
 			break
 		}
 		if !retryable(err) || try >= max(rt.cfg.PrefillRetries, 0) {
@@ -206,6 +209,12 @@ func (rt *Router) attemptVLLM(parent context.Context, pre, dec *Instance, cr *Co
 		rep.Failures = append(rep.Failures, "prefill: "+err.Error())
 		rt.retries.Inc()
 		delete(pbody, "abort_at") // (the test extension fails the first try only)
+		// A retried prefill does not replay a kept turn again: the first
+		// try may have fetched it (the sidecar drops it too).
+		for _, f := range replayFields {
+			delete(pkv, f)
+		}
+		pkv["remote_engine_id"], pkv["remote_block_ids"], pkv["remote_host"], pkv["remote_port"] = nil, nil, nil, nil
 		select {
 		case <-time.After(rt.cfg.Backoff):
 		case <-ctx.Done():
@@ -222,6 +231,7 @@ func (rt *Router) attemptVLLM(parent context.Context, pre, dec *Instance, cr *Co
 	if err != nil {
 		return fmt.Errorf("decode: %w", err)
 	}
+	rt.keepTurn(cr, a)
 	return nil
 }
 
