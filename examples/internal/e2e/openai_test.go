@@ -641,7 +641,7 @@ func TestOpenAIWires(t *testing.T) {
 // nothing held.
 func TestOpenAIRouterWires(t *testing.T) {
 	t.Parallel() // its own processes and ports
-	for _, wire := range []string{"sglang", "vllm", "mooncake", "offloading"} {
+	for _, wire := range []string{"sglang", "vllm", "push", "mooncake", "offloading"} {
 		t.Run(wire, func(t *testing.T) {
 			c := startTinyClusterWith(t, tinyE2E, "NHD", transfer.Parallel{TPSize: 2}, transfer.Parallel{TPSize: 1}, tinyOpts{wire: wire})
 			rng := mrand.New(mrand.NewPCG(8, 8))

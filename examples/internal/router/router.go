@@ -345,8 +345,8 @@ type CompletionRequest struct {
 	AbortAt string `json:"abort_at,omitempty"`
 	// Fault "swap-heads-prefill" or "swap-heads-decode": a deliberately
 	// wrong head mapping on that side (every attempt), for tests.
-	Fault string `json:"fault,omitempty"`
-	tokens []int // the prompt's
+	Fault  string `json:"fault,omitempty"`
+	tokens []int  // the prompt's
 }
 
 // Choice is one completion choice.
@@ -385,10 +385,10 @@ type KVReport struct {
 	PrefixPages int      `json:"prefix_pages"`
 	// Replayed: a kept turn's kv_transfer_params went on the prefill leg
 	// (MultiTurn); ReusedTokens: the prompt tokens the prefill took from it.
-	Replayed     bool `json:"replayed,omitempty"`
-	ReusedTokens int  `json:"reused_tokens,omitempty"`
-	TTFTMS      float64  `json:"ttft_ms"`
-	TPOTMS      float64  `json:"tpot_ms"`
+	Replayed     bool    `json:"replayed,omitempty"`
+	ReusedTokens int     `json:"reused_tokens,omitempty"`
+	TTFTMS       float64 `json:"ttft_ms"`
+	TPOTMS       float64 `json:"tpot_ms"`
 }
 
 // Text is the example's byte-level tokenizer (openai.Tokenize).

@@ -239,3 +239,29 @@ func TestRefusals(t *testing.T) {
 	_, err = New(ctx, Config{Prefill: [][]string{{upp}}, Decode: [][]string{{ua, ub}}})
 	assert.ErrorContains(t, err, "its instance's other ranks", "ranks of one instance with 4- and 16-token pages")
 }
+
+// TestTurnCache: a kept turn is taken by the longest conversation a prompt
+// extends (never by the conversation itself, which has nothing new to
+// compute), once; an expired one is not; the cache holds at most
+// maxTurns.
+func TestTurnCache(t *testing.T) {
+	c := turnCache{turns: map[[32]byte]turn{}, lens: map[int]int{}}
+	now := time.Now()
+	later := now.Add(time.Minute)
+	c.put([]int{1, 2, 3}, map[string]any{"id": "short"}, later)
+	c.put([]int{1, 2, 3, 4, 5}, map[string]any{"id": "long"}, later)
+	c.put([]int{9, 9}, map[string]any{"id": "expired"}, now)
+	assert.Nil(t, c.take([]int{1, 2, 3}, now), "the conversation itself")
+	assert.Equal(t, "long", c.take([]int{1, 2, 3, 4, 5, 6}, now)["id"], "the longest it extends")
+	assert.Equal(t, "short", c.take([]int{1, 2, 3, 4, 5, 6}, now)["id"], "the long one was taken: the next longest")
+	assert.Nil(t, c.take([]int{1, 2, 3, 4, 5, 6}, now), "each taken once")
+	assert.Nil(t, c.take([]int{9, 9, 1}, now), "expired")
+	assert.Empty(t, c.turns)
+	assert.Empty(t, c.lens)
+	for i := range maxTurns + 10 {
+		c.put([]int{i, 1}, map[string]any{}, later)
+	}
+	assert.Len(t, c.turns, maxTurns, "bounded")
+	assert.Nil(t, c.take([]int{0, 1, 7}, now), "the oldest pushed out")
+	assert.NotNil(t, c.take([]int{maxTurns + 9, 1, 7}, now), "the newest kept")
+}
