@@ -5,8 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	mrand "math/rand/v2"
+	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -282,4 +285,94 @@ func chatPrompt(t *testing.T, msgs []map[string]any) []int {
 	text, err := openai.ChatTemplate(m)
 	require.NoError(t, err)
 	return openai.Tokenize(text)
+}
+
+// BenchmarkMultiTurnTTFT: a conversation's second turn with its first
+// turn's KV fetched from the decode instance (multi-turn reuse) against the
+// same second turn computed in full, interleaved on the same pair (one
+// rank each, the tests' model, ucx over shared memory): a 96-token first
+// turn answered with 16 tokens, then a second turn of those, the reply
+// and 32 new tokens (144), asking for one token, so its latency is its
+// time to first token through both fronts. Both second turns are sent
+// as the sidecar sends them; the reference's replay is left off. Reports
+// each way's p50 and p99, their ratio, and the prefill's forward pass
+// (phases_ms.compute) p50 each way.
+func BenchmarkMultiTurnTTFT(b *testing.B) {
+	c := startTinyClusterWith(b, tinyE2E, "NHD", transfer.Parallel{}, transfer.Parallel{}, tinyOpts{
+		prefill: []string{"-reuse-pages", "64"}, decode: []string{"-reuse-pages", "4096", "-reuse-lease", "10s"}, decodeNoBootstrap: true})
+	pd := newPDClient(b, c)
+	ctx := context.Background()
+	rng := mrand.New(mrand.NewPCG(3, 4))
+	compute := func() float64 {
+		v, _ := pd.lastPrefillAnswer["kvbridge"].(map[string]any)["phases_ms"].(map[string]any)["compute"].(float64)
+		return v
+	}
+	second := func(reuse bool) (time.Duration, float64) {
+		p1 := tinyPrompt(rng, 96)
+		a1, kv, err := pd.turn(ctx, "/v1/completions", body(p1, 16, false), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		replay, ok := completeKVParams(kv)
+		if !ok {
+			b.Fatalf("no kept turn: %v (decode %s)", kv, metricsText(c.client, c.decode[0].http, "kvbridge_example_reuse"))
+		}
+		if !reuse {
+			replay = nil
+		}
+		b2 := body(append(append(p1, a1.Tokens...), tinyPrompt(rng, 32)...), 1, false)
+		start := time.Now()
+		if _, _, err := pd.turn(ctx, "/v1/completions", b2, replay); err != nil {
+			b.Fatal(err)
+		}
+		d := time.Since(start)
+		if got := pd.reused() > 0; got != reuse {
+			b.Fatalf("reused %d tokens with reuse %t", pd.reused(), reuse)
+		}
+		return d, compute()
+	}
+	var with, without []time.Duration
+	var cWith, cWithout []float64
+	for b.Loop() {
+		d, c := second(true)
+		with, cWith = append(with, d), append(cWith, c)
+		d, c = second(false)
+		without, cWithout = append(without, d), append(cWithout, c)
+	}
+	q := func(d []time.Duration, p float64) float64 {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return s[min(int(p*float64(len(s))), len(s)-1)].Seconds() * 1e3
+	}
+	med := func(v []float64) float64 {
+		s := slices.Clone(v)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(q(without, 0.5), "full-p50-ms")
+	b.ReportMetric(q(without, 0.99), "full-p99-ms")
+	b.ReportMetric(q(with, 0.5), "reuse-p50-ms")
+	b.ReportMetric(q(with, 0.99), "reuse-p99-ms")
+	b.ReportMetric(q(with, 0.5)/q(without, 0.5), "p50-ratio")
+	b.ReportMetric(med(cWithout), "full-compute-ms")
+	b.ReportMetric(med(cWith), "reuse-compute-ms")
+}
+
+// metricsText is a rank's metric lines that start with prefix (for a
+// failure's message).
+func metricsText(cl *http.Client, rank, prefix string) string {
+	resp, err := cl.Get(rank + "/metrics")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "; ")
 }
