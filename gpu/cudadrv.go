@@ -94,25 +94,44 @@ type Driver struct {
 
 var driverOnce struct {
 	sync.Mutex
-	d   *Driver
-	err error
+	d    *Driver
+	path string // what d was loaded from; or, with err, what failed
+	err  error
 }
 
-// OpenDriver loads the CUDA driver ($KVBRIDGE_CUDA_LIB, else libcuda.so.1)
-// and initialises it. Without a driver it returns ErrNoDriver; it never
-// crashes the process.
-func OpenDriver() (*Driver, error) {
+// DriverPathFromEnv is the CUDA driver path $KVBRIDGE_CUDA_LIB names (""
+// when unset), for a binary to pass to OpenDriver (nixl.Config.FromEnv
+// reads it into Config.CUDALib). The package reads no environment
+// variable of its own.
+func DriverPathFromEnv() string { return os.Getenv("KVBRIDGE_CUDA_LIB") }
+
+// OpenDriver loads the CUDA driver from path (empty: the driver this
+// process already opened, else libcuda.so.1 from the loader's search path)
+// and initialises it, once per process: a later call naming another path
+// is refused. Without a driver it returns ErrNoDriver; it never crashes
+// the process.
+func OpenDriver(path string) (*Driver, error) {
 	driverOnce.Lock()
 	defer driverOnce.Unlock()
-	if driverOnce.d != nil || driverOnce.err != nil {
-		return driverOnce.d, driverOnce.err
+	switch {
+	case driverOnce.d != nil && (path == "" || path == driverOnce.path):
+		return driverOnce.d, nil
+	case driverOnce.d != nil:
+		return nil, fmt.Errorf("gpu: this process already loaded the CUDA driver from %s, not %s (one driver per process)", driverOnce.path, path)
 	}
-	path := os.Getenv("KVBRIDGE_CUDA_LIB")
 	if path == "" {
 		path = "libcuda.so.1"
 	}
-	driverOnce.d, driverOnce.err = LoadDriver(path)
-	return driverOnce.d, driverOnce.err
+	if driverOnce.err != nil && path == driverOnce.path {
+		return nil, driverOnce.err
+	}
+	d, err := LoadDriver(path)
+	if err != nil {
+		driverOnce.path, driverOnce.err = path, err
+		return nil, err
+	}
+	driverOnce.d, driverOnce.path, driverOnce.err = d, path, nil
+	return d, nil
 }
 
 // LoadDriver loads and initialises the CUDA driver at path, without the

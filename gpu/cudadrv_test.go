@@ -157,3 +157,36 @@ func TestIPCAcrossProcesses(t *testing.T) {
 		require.Equal(t, "written by the child", string(got), "after the child's write")
 	})
 }
+
+// TestDriverPathOnlyGiven: OpenDriver loads the path it is given, and with
+// none the driver already open or libcuda.so.1, whatever KVBRIDGE_CUDA_LIB
+// says (a binary reads it with DriverPathFromEnv and passes it, issue 50);
+// once one driver is open a call naming another path is refused.
+func TestDriverPathOnlyGiven(t *testing.T) {
+	forget := func() {
+		driverOnce.Lock()
+		driverOnce.d, driverOnce.path, driverOnce.err = nil, "", nil
+		driverOnce.Unlock()
+	}
+	forget()
+	t.Cleanup(forget)
+	const fromEnv = "/nonexistent/kvbridge-env-libcuda.so.1"
+	t.Setenv("KVBRIDGE_CUDA_LIB", fromEnv)
+	require.Equal(t, fromEnv, DriverPathFromEnv(), "DriverPathFromEnv")
+	if _, err := OpenDriver(""); err != nil {
+		require.NotContains(t, err.Error(), fromEnv, "OpenDriver(\"\") took the path from KVBRIDGE_CUDA_LIB")
+		require.ErrorContains(t, err, "libcuda.so.1", "OpenDriver(\"\") without a driver")
+	}
+	forget()
+	d, err := OpenDriver(doubleLib)
+	require.NoError(t, err, "OpenDriver(the double)")
+	again, err := OpenDriver("")
+	require.NoError(t, err, "OpenDriver(\"\") after the double")
+	require.Same(t, d, again, "OpenDriver(\"\") after the double: the driver already open")
+	again, err = OpenDriver(doubleLib)
+	require.NoError(t, err, "OpenDriver(the double) again")
+	require.Same(t, d, again, "OpenDriver(the double) again")
+	_, err = OpenDriver(fromEnv)
+	require.ErrorContains(t, err, "already loaded the CUDA driver from "+doubleLib, "a second driver path in one process")
+	require.ErrorContains(t, err, fromEnv, "a second driver path in one process")
+}

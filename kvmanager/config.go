@@ -278,8 +278,11 @@ func (c *Config) Validate() error {
 // KVBRIDGE_STALL_TIMEOUT, KVBRIDGE_TOMBSTONE_TTL, KVBRIDGE_QUARANTINE,
 // KVBRIDGE_HEARTBEAT, KVBRIDGE_PULL_LEASE
 // (Go durations, e.g. 300s), KVBRIDGE_PULL=1 (decode: read every room),
-// and the shared secret (KVBRIDGE_SECRET or
-// KVBRIDGE_SECRET_FILE) or KVBRIDGE_INSECURE=1.
+// the shared secret (KVBRIDGE_SECRET or
+// KVBRIDGE_SECRET_FILE) or KVBRIDGE_INSECURE=1, and the engine's
+// (nixl.Config.FromEnv: KVBRIDGE_NIXL_LIB, KVBRIDGE_UCX_LIB,
+// KVBRIDGE_CUDA_LIB, and UCX_TLS, UCX_UNIFIED_MODE, UCX_ADAPTIVE_PROGRESS
+// where Engine.UCX names no such key).
 func (c *Config) FromEnv() error {
 	auth, insecure, err := bootstrap.AuthFromEnv()
 	if err != nil {

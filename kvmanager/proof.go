@@ -132,9 +132,9 @@ func (m *Manager) writeProof(l transfer.Layout, owner string) error {
 	if len(device) == 0 {
 		return nil
 	}
-	drv, err := gpu.OpenDriver()
+	drv, err := gpu.OpenDriver(m.cfg.Engine.CUDALib)
 	if err != nil {
-		return fmt.Errorf("kvmanager: writing the ownership proof into device memory: %w", err)
+		return fmt.Errorf("kvmanager: writing the ownership proof into device memory (Config.Engine.CUDALib %q): %w", m.cfg.Engine.CUDALib, err)
 	}
 	ctxs := map[uint64]*gpu.Context{}
 	defer func() {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/testauth"
@@ -537,4 +538,19 @@ func TestRepeatProvenAgainWhenReloaded(t *testing.T) {
 	a = r.register(t, p, r.name, r.md, r.kv, r.seed)
 	require.False(t, a.OK, "a repeat that loads the blob again over memory no longer proven: %s", a.Reason)
 	require.Contains(t, a.Reason, "not_owner", "a repeat that loads the blob again over memory no longer proven")
+}
+
+// TestProofDriverFromConfig: the ownership proof of device memory is
+// written through the CUDA driver Config.Engine.CUDALib names (issue 50:
+// the library reads no KVBRIDGE_CUDA_LIB of its own; Config.FromEnv fills
+// the field), and a failure names the field.
+func TestProofDriverFromConfig(t *testing.T) {
+	const lib = "/nonexistent/kvbridge-proof-libcuda.so.1"
+	t.Setenv("KVBRIDGE_CUDA_LIB", "")
+	m := &Manager{cfg: Config{Engine: nixl.Config{CUDALib: lib}}}
+	l := transfer.Layout{Kind: nixl.VRAM, Regions: []nixl.Desc{{Addr: 1 << 20, Len: 64}}}
+	err := m.writeProof(l, "decode/i/0")
+	require.ErrorIs(t, err, gpu.ErrNoDriver, "a driver path that does not exist")
+	require.ErrorContains(t, err, "Config.Engine.CUDALib", "a driver path that does not exist")
+	require.Equal(t, 2, strings.Count(err.Error(), lib), "the driver loaded is not the Config's: %v", err)
 }

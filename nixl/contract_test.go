@@ -60,6 +60,12 @@ func testMain(m *testing.M) int {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
+		// The process's driver is the double (agents name no
+		// Config.CUDALib), and the children's: their cfg.FromEnv reads it.
+		if _, err := gpu.OpenDriver(lib); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
 		os.Setenv("KVBRIDGE_CUDA_LIB", lib)
 	}
 	return leakcheck.Run(m)
@@ -581,6 +587,7 @@ func runChild() int {
 	case "all":
 		cfg.UCX = allUCX
 	}
+	cfg.FromEnv() // a binary of its own: the CUDA double's path
 	a, err := Open(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -597,7 +604,7 @@ func runChild() int {
 	var ctx *gpu.Context
 	var dev gpu.DevicePtr
 	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "vram" {
-		if ctx, err = cudaContext(0); err == nil {
+		if ctx, err = cudaContext(cfg.CUDALib, 0); err == nil {
 			dev, err = ctx.Alloc(size)
 		}
 		if err == nil {

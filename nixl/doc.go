@@ -16,7 +16,11 @@
 //     thread crashes a poster whose peer dies. Tested against a C test double of the API
 //     (internal/nixldouble) and, with make test-nixl, a real NIXL.
 //   - ucx: libucp directly, loaded at run time at the first ucx agent
-//     (Config.UCXLib — FromEnv: KVBRIDGE_UCX_LIB —, default libucp.so.0),
+//     (Config.UCXLib — FromEnv: KVBRIDGE_UCX_LIB —, default libucp.so.0;
+//     the UCX settings it decides on, TLS, UNIFIED_MODE and
+//     ADAPTIVE_PROGRESS, from Config.UCX alone — FromEnv: UCX_TLS,
+//     UCX_UNIFIED_MODE, UCX_ADAPTIVE_PROGRESS —; VRAM through the CUDA
+//     driver Config.CUDALib names — FromEnv: KVBRIDGE_CUDA_LIB),
 //     through this package's own
 //     declaration of the UCP ABI it uses (ucx_abi.h): building needs no
 //     UCX, and a process that only uses libnixl maps only NIXL's UCX.

@@ -23,7 +23,8 @@ var loopbackAgents = struct {
 }{m: map[string]*loopback{}}
 
 type loopback struct {
-	name string
+	name    string
+	cudaLib string // Config.CUDALib
 
 	mu     sync.Mutex
 	regs   map[*[]remoteRegion]struct{}
@@ -39,7 +40,7 @@ func openLoopback(cfg Config) (backend, error) {
 	if _, ok := loopbackAgents.m[cfg.Name]; ok {
 		return nil, fmt.Errorf("nixl: loopback agent %q already exists in this process", cfg.Name)
 	}
-	l := &loopback{name: cfg.Name, regs: map[*[]remoteRegion]struct{}{}, known: map[string]bool{}, wake: make(chan struct{}, 1)}
+	l := &loopback{name: cfg.Name, cudaLib: cfg.CUDALib, regs: map[*[]remoteRegion]struct{}{}, known: map[string]bool{}, wake: make(chan struct{}, 1)}
 	loopbackAgents.m[cfg.Name] = l
 	return l, nil
 }
@@ -52,7 +53,7 @@ func lookupLoopback(name string) *loopback {
 
 func (l *loopback) register(kind MemKind, descs []Desc) (any, error) {
 	if kind == VRAM {
-		if _, err := cudaContext(int(descs[0].Dev)); err != nil {
+		if _, err := cudaContext(l.cudaLib, int(descs[0].Dev)); err != nil {
 			return nil, err
 		}
 	}
@@ -223,7 +224,7 @@ func (l *loopback) post(x *Xfer) error {
 				if dstKind == VRAM {
 					dev = dst.Dev
 				}
-				if err := deviceCopy(int(dev), dst.Addr, src.Addr, r.len); err != nil {
+				if err := deviceCopy(l.cudaLib, int(dev), dst.Addr, src.Addr, r.len); err != nil {
 					failed = fmt.Errorf("pair %d: %w", r.first, err)
 				}
 				return

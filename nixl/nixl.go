@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -13,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/canary"
 	"github.com/kvbridge/kvbridge/internal/mem"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -172,6 +174,11 @@ type Config struct {
 	// Device is the CUDA device whose context the ucx engine uses to map
 	// peers' VRAM and copy to and from it.
 	Device int
+	// CUDALib is the path of the CUDA driver the ucx and loopback engines
+	// load at their first VRAM region, once per process (empty: the driver
+	// already open, else libcuda.so.1; FromEnv sets it from
+	// KVBRIDGE_CUDA_LIB). A later agent naming another is refused.
+	CUDALib string
 	// XferTimeout fails a transfer still in progress this long after its
 	// post (0: 60 s). A dead peer never hangs a caller.
 	XferTimeout time.Duration
@@ -1173,15 +1180,36 @@ func libPath(cfg Config) string {
 	return "libnixl_capi.so"
 }
 
-// FromEnv sets the libraries' paths the environment names, where c names
-// none: NIXLLib from KVBRIDGE_NIXL_LIB, UCXLib from KVBRIDGE_UCX_LIB
-// (UCXLibEnv). The example binaries call it (kvmanager.Config.FromEnv
-// does); the package itself reads no environment variable of its own.
+// FromEnv fills what c leaves unset from the environment: NIXLLib from
+// KVBRIDGE_NIXL_LIB, UCXLib from KVBRIDGE_UCX_LIB (UCXLibEnv), CUDALib
+// from KVBRIDGE_CUDA_LIB (gpu.DriverPathFromEnv), and the UCX settings the
+// ucx engine decides on — TLS, UNIFIED_MODE, ADAPTIVE_PROGRESS — from
+// UCX_TLS, UCX_UNIFIED_MODE and UCX_ADAPTIVE_PROGRESS, each where UCX has
+// no such key (into a copy of the map: one a caller shares is not
+// written). The example binaries call it (kvmanager.Config.FromEnv does);
+// the package itself reads no environment variable of its own.
 func (c *Config) FromEnv() {
 	if v := os.Getenv("KVBRIDGE_NIXL_LIB"); c.NIXLLib == "" && v != "" {
 		c.NIXLLib = v
 	}
 	if v := os.Getenv(UCXLibEnv); c.UCXLib == "" && v != "" {
 		c.UCXLib = v
+	}
+	if v := gpu.DriverPathFromEnv(); c.CUDALib == "" && v != "" {
+		c.CUDALib = v
+	}
+	copied := false
+	for _, k := range []string{"TLS", "UNIFIED_MODE", "ADAPTIVE_PROGRESS"} {
+		v := os.Getenv("UCX_" + k)
+		if _, set := c.UCX[k]; set || v == "" {
+			continue
+		}
+		if !copied {
+			c.UCX, copied = maps.Clone(c.UCX), true
+			if c.UCX == nil {
+				c.UCX = map[string]string{}
+			}
+		}
+		c.UCX[k] = v
 	}
 }

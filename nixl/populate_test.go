@@ -47,15 +47,82 @@ func TestPopulate(t *testing.T) {
 func TestLibraryPathsOnlyThroughFromEnv(t *testing.T) {
 	t.Setenv("KVBRIDGE_NIXL_LIB", "/from/env/libnixl_capi.so")
 	t.Setenv(UCXLibEnv, "/from/env/libucp.so.0")
+	t.Setenv("KVBRIDGE_CUDA_LIB", "/from/env/libcuda.so.1")
 	assert.Equal(t, "libnixl_capi.so", libPath(Config{}), "the library read the environment")
 	var c Config
 	c.FromEnv()
 	assert.Equal(t, "/from/env/libnixl_capi.so", c.NIXLLib)
 	assert.Equal(t, "/from/env/libucp.so.0", c.UCXLib)
-	c = Config{NIXLLib: "/given/libnixl_capi.so", UCXLib: "/given/libucp.so.0"}
+	assert.Equal(t, "/from/env/libcuda.so.1", c.CUDALib)
+	c = Config{NIXLLib: "/given/libnixl_capi.so", UCXLib: "/given/libucp.so.0", CUDALib: "/given/libcuda.so.1"}
 	c.FromEnv()
 	assert.Equal(t, "/given/libnixl_capi.so", c.NIXLLib, "FromEnv replaced a path the Config gave")
 	assert.Equal(t, "/given/libucp.so.0", c.UCXLib, "FromEnv replaced a path the Config gave")
+	assert.Equal(t, "/given/libcuda.so.1", c.CUDALib, "FromEnv replaced a path the Config gave")
+}
+
+// TestUCXSettingsOnlyThroughFromEnv: the ucx engine decides on TLS,
+// UNIFIED_MODE and ADAPTIVE_PROGRESS from Config.UCX alone (issue 50), and
+// gives UCX — which reads its UCX_* variables itself — the value it
+// decided on, so the variables, set here, change nothing until FromEnv
+// copies them into a Config, where the Config names no such key, never
+// into the map a caller passed.
+func TestUCXSettingsOnlyThroughFromEnv(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	t.Setenv("UCX_UNIFIED_MODE", "y")
+	t.Setenv("UCX_ADAPTIVE_PROGRESS", "y")
+	keys := map[string]string{}
+	tls, adaptive, err := ucxChoices(keys)
+	require.NoError(t, err, "UCX_UNIFIED_MODE=y, no UNIFIED_MODE in Config.UCX: refused")
+	assert.Equal(t, "all", tls, "TLS without Config.UCX's TLS")
+	assert.False(t, adaptive, "adaptive progress without Config.UCX's ADAPTIVE_PROGRESS")
+	assert.Equal(t, map[string]string{"TLS": "all", "UNIFIED_MODE": "n", "ADAPTIVE_PROGRESS": "n"}, keys, "what UCX is given")
+
+	// UCX itself sees the variables; the settings given override them.
+	a, err := Open(Config{Name: "ucx-env-ignored", Engine: EngineUCX, UCX: allUCX})
+	require.NoError(t, err, "with UCX_UNIFIED_MODE=y and UCX_TLS=tcp in the environment")
+	u := a.b.(*ucx)
+	assert.True(t, u.sharedMem && u.peerErrors && !u.adaptiveOn, "sharedMem %v, peerErrors %v, adaptiveOn %v: not UCX's defaults", u.sharedMem, u.peerErrors, u.adaptiveOn)
+	require.NoError(t, a.Close())
+
+	shared := map[string]string{"NET_DEVICES": "lo"}
+	c := Config{UCX: shared}
+	c.FromEnv()
+	assert.Equal(t, map[string]string{"NET_DEVICES": "lo", "TLS": "tcp", "UNIFIED_MODE": "y", "ADAPTIVE_PROGRESS": "y"}, c.UCX, "FromEnv")
+	assert.Equal(t, map[string]string{"NET_DEVICES": "lo"}, shared, "FromEnv wrote into the caller's map")
+	c = Config{UCX: map[string]string{"TLS": "posix,cma,self", "UNIFIED_MODE": "n", "ADAPTIVE_PROGRESS": "n"}}
+	c.FromEnv()
+	assert.Equal(t, map[string]string{"TLS": "posix,cma,self", "UNIFIED_MODE": "n", "ADAPTIVE_PROGRESS": "n"}, c.UCX, "FromEnv replaced settings the Config gave")
+	c = Config{Name: "ucx-env-unified", Engine: EngineUCX}
+	c.FromEnv()
+	_, err = Open(c)
+	require.ErrorIs(t, err, ErrUnsupported, "UNIFIED_MODE=y through FromEnv")
+	require.ErrorContains(t, err, "Config.UCX UNIFIED_MODE=y", "UNIFIED_MODE=y through FromEnv")
+}
+
+// TestCUDADriverOnlyThroughConfig: the VRAM engines load the CUDA driver
+// Config.CUDALib names, whatever KVBRIDGE_CUDA_LIB says (issue 50); empty,
+// the driver this process already opened (here the test binary's: the GPU's
+// or the double). An agent naming another driver than the process's is
+// refused, naming the field.
+func TestCUDADriverOnlyThroughConfig(t *testing.T) {
+	vramCases(t, func(t *testing.T) {
+		t.Setenv("KVBRIDGE_CUDA_LIB", "/nonexistent/kvbridge-env-libcuda.so.1")
+		p, _ := devAlloc(t, 1<<20)
+		for _, engine := range []string{EngineLoopback, EngineUCX} {
+			a, err := Open(Config{Name: "cuda-env-" + engine, Engine: engine, UCX: shmUCX})
+			require.NoError(t, err, engine)
+			_, err = a.Register(VRAM, []Desc{{Addr: uintptr(p), Len: 1 << 20}})
+			require.NoError(t, err, "%s: VRAM with KVBRIDGE_CUDA_LIB naming no driver and Config.CUDALib empty", engine)
+			require.NoError(t, a.Close(), engine)
+			a, err = Open(Config{Name: "cuda-other-" + engine, Engine: engine, UCX: shmUCX, CUDALib: "/another/libcuda.so.1"})
+			require.NoError(t, err, engine)
+			_, err = a.Register(VRAM, []Desc{{Addr: uintptr(p), Len: 1 << 20}})
+			require.ErrorIs(t, err, ErrInvalidRequest, "%s: another CUDA driver than the process's", engine)
+			require.ErrorContains(t, err, "Config.CUDALib /another/libcuda.so.1", "%s: another CUDA driver than the process's", engine)
+			require.NoError(t, a.Close(), engine)
+		}
+	})
 }
 
 // TestOneUCXPerProcess: libucp is loaded once per process; an agent that

@@ -130,6 +130,8 @@ type ucxXfer struct {
 type ucx struct {
 	name   string
 	device int // CUDA device whose context maps peers' VRAM and copies
+	// cudaLib is the CUDA driver's path (Config.CUDALib).
+	cudaLib string
 	// peerErrors: the transports can detect a failed peer (tcp, RDMA), so
 	// endpoints use UCP_ERR_HANDLING_MODE_PEER.
 	peerErrors bool
@@ -373,28 +375,49 @@ func loadUCX(path string) error {
 	return nil
 }
 
-// ucxAdaptive settles UCX's adaptive progress in the keys given to UCX and
-// reports whether it is on. Adaptive progress takes interfaces UCX finds
-// idle out of the worker's progress and arm lists and watches them from
-// its async thread; with it, an armed worker here missed events (a
-// sleeping target did not wake for a write's notification: the write
-// hung, 1 in ~20,000 writes over shared memory). kvbridge turns it off
-// unless the user chose it (in the keys or UCX_ADAPTIVE_PROGRESS), and
-// then keeps a back-off timer while idle.
-func ucxAdaptive(ucpKeys map[string]string) bool {
-	adaptive, ok := ucpKeys["ADAPTIVE_PROGRESS"]
+// ucxChoices settles, in the keys given to UCX, the settings the ucx
+// engine decides on, and reads them from the keys alone: TLS (which
+// transports: whether endpoints can detect a failed peer, whether peers
+// put into shared memory) and UNIFIED_MODE (refused) from Config.UCX, and
+// ADAPTIVE_PROGRESS. A setting the keys do not name is given UCX
+// explicitly — TLS=all (UCX's own default), UNIFIED_MODE=n,
+// ADAPTIVE_PROGRESS=n —, so UCX, which reads its UCX_* variables itself,
+// runs as the engine decided and not as a variable the engine never read
+// says (Config.FromEnv copies UCX_TLS, UCX_UNIFIED_MODE and
+// UCX_ADAPTIVE_PROGRESS into Config.UCX, for the binaries).
+//
+// Adaptive progress takes interfaces UCX finds idle out of the worker's
+// progress and arm lists and watches them from its async thread; with it,
+// an armed worker here missed events (a sleeping target did not wake for a
+// write's notification: the write hung, 1 in ~20,000 writes over shared
+// memory). kvbridge turns it off unless the user chose it in Config.UCX,
+// and then keeps a back-off timer while idle (adaptive: it is on).
+func ucxChoices(ucpKeys map[string]string) (tls string, adaptive bool, err error) {
+	tls, ok := ucpKeys["TLS"]
 	if !ok {
-		adaptive, ok = os.LookupEnv("UCX_ADAPTIVE_PROGRESS")
+		tls = "all"
+		ucpKeys["TLS"] = tls
 	}
+	unified, ok := ucpKeys["UNIFIED_MODE"]
 	if !ok {
-		adaptive = "n"
-		ucpKeys["ADAPTIVE_PROGRESS"] = adaptive
+		unified = "n"
+		ucpKeys["UNIFIED_MODE"] = unified
 	}
-	switch strings.ToLower(adaptive) {
+	switch strings.ToLower(unified) {
+	case "y", "yes", "on", "1", "true":
+		return "", false, fmt.Errorf("UCX unified mode (Config.UCX UNIFIED_MODE=%s) packs worker addresses in a format "+
+			"kvbridge does not validate: %w", unified, ErrUnsupported)
+	}
+	setting, ok := ucpKeys["ADAPTIVE_PROGRESS"]
+	if !ok {
+		setting = "n"
+		ucpKeys["ADAPTIVE_PROGRESS"] = setting
+	}
+	switch strings.ToLower(setting) {
 	case "n", "no", "off", "0", "false":
-		return false
+		return tls, false, nil
 	}
-	return true
+	return tls, true, nil
 }
 
 func openUCX(cfg Config) (backend, error) {
@@ -405,22 +428,12 @@ func openUCX(cfg Config) (backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ucx engine: %w", err)
 	}
-	adaptiveOn := ucxAdaptive(ucpKeys)
+	tls, adaptiveOn, err := ucxChoices(ucpKeys)
+	if err != nil {
+		return nil, fmt.Errorf("ucx engine: %w", err)
+	}
 	cfg.UCX = ucpKeys
-	tls, ok := ucpKeys["TLS"]
-	if !ok {
-		tls = os.Getenv("UCX_TLS")
-	}
-	unified, ok := ucpKeys["UNIFIED_MODE"]
-	if !ok {
-		unified = os.Getenv("UCX_UNIFIED_MODE")
-	}
-	switch strings.ToLower(unified) {
-	case "y", "yes", "on", "1", "true":
-		return nil, fmt.Errorf("ucx engine: UCX unified mode (UNIFIED_MODE=%s) packs worker addresses in a format "+
-			"kvbridge does not validate: %w", unified, ErrUnsupported)
-	}
-	u := &ucx{adaptiveOn: adaptiveOn, sharedMem: tlsSharedMemory(tls), device: cfg.Device, wake: make(chan struct{}, 1), progress: make(chan struct{}, 1), peerErrors: tls == "" || tls == "all" || strings.Contains(tls, "tcp") || strings.Contains(tls, "ib") ||
+	u := &ucx{adaptiveOn: adaptiveOn, sharedMem: tlsSharedMemory(tls), device: cfg.Device, cudaLib: cfg.CUDALib, wake: make(chan struct{}, 1), progress: make(chan struct{}, 1), peerErrors: tls == "" || tls == "all" || strings.Contains(tls, "tcp") || strings.Contains(tls, "ib") ||
 		strings.Contains(tls, "rc") || strings.Contains(tls, "ud") || strings.Contains(tls, "dc"), name: cfg.Name, cmds: make(chan func(), 64), closing: make(chan struct{}), done: make(chan struct{}),
 		regs: map[*ucxReg]struct{}{}, remotes: map[string]*ucxRemote{}, active: map[*ucxXfer]struct{}{},
 		all: map[*ucxXfer]struct{}{}}
@@ -764,7 +777,7 @@ func (u *ucx) register(kind MemKind, descs []Desc) (any, error) {
 	if kind == VRAM {
 		// Device memory moves by CUDA IPC: peers map it and copy into it.
 		for _, d := range descs {
-			k, err := exportVRAM(d)
+			k, err := exportVRAM(u.cudaLib, d)
 			if err != nil {
 				return nil, err
 			}
@@ -981,7 +994,7 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 					u.dropRemote(r)
 					return err
 				}
-				addr, closer, err := importVRAM(k, reg.Desc, u.device)
+				addr, closer, err := importVRAM(u.cudaLib, k, reg.Desc, u.device)
 				if err != nil {
 					u.dropRemote(r)
 					return fmt.Errorf("mapping VRAM region %d of %s: %w", i, r.name, err)
@@ -1459,7 +1472,7 @@ func (u *ucx) copyDirect(x *Xfer, lp, rp *ucxPrep) error {
 		if x.Op == Read {
 			dst, src = src, dst
 		}
-		return deviceCopies(u.device, dst, src, lens)
+		return deviceCopies(u.cudaLib, u.device, dst, src, lens)
 	}
 	return nil
 }

@@ -3,7 +3,6 @@ package nixl
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -134,11 +133,12 @@ func TestUCXNoLostWakeCrossProcess(t *testing.T) {
 }
 
 // TestUCXAdaptiveProgressOff: the ucx engine gives UCX adaptive progress
-// off unless the user chose it (Config.UCX or UCX_ADAPTIVE_PROGRESS), and
-// keeps its idle back-off timer only when it is on. (The behaviour it
-// prevents, a sleeping target missing an event, is
-// TestUCXNoLostWakeCrossProcess: 1 in ~20,000 writes, so that test alone
-// does not catch its return on every run.)
+// off unless the user chose it in Config.UCX (UCX_ADAPTIVE_PROGRESS only
+// through Config.FromEnv: TestUCXSettingsOnlyThroughFromEnv), and keeps
+// its idle back-off timer only when it is on. (The behaviour it prevents,
+// a sleeping target missing an event, is TestUCXNoLostWakeCrossProcess: 1
+// in ~20,000 writes, so that test alone does not catch its return on every
+// run.)
 func TestUCXAdaptiveProgressOff(t *testing.T) {
 	for _, tc := range []struct {
 		keys, env string // env "": unset
@@ -148,20 +148,16 @@ func TestUCXAdaptiveProgressOff(t *testing.T) {
 		{"", "", "n", false},
 		{"ADAPTIVE_PROGRESS=y", "", "y", true},
 		{"ADAPTIVE_PROGRESS=off", "y", "off", false},
-		{"", "y", "", true}, // UCX reads the environment itself
-		{"", "no", "", false},
+		{"", "y", "n", false}, // the environment is FromEnv's to read
+		{"ADAPTIVE_PROGRESS=no", "", "no", false},
 	} {
 		keys := map[string]string{}
 		if k, v, ok := strings.Cut(tc.keys, "="); ok {
 			keys[k] = v
 		}
-		if tc.env != "" {
-			t.Setenv("UCX_ADAPTIVE_PROGRESS", tc.env)
-		} else {
-			t.Setenv("UCX_ADAPTIVE_PROGRESS", "") // restored after the test
-			os.Unsetenv("UCX_ADAPTIVE_PROGRESS")
-		}
-		on := ucxAdaptive(keys)
+		t.Setenv("UCX_ADAPTIVE_PROGRESS", tc.env)
+		_, on, err := ucxChoices(keys)
+		require.NoError(t, err)
 		assert.Equal(t, tc.want, keys["ADAPTIVE_PROGRESS"], "keys %q, UCX_ADAPTIVE_PROGRESS %q: UCX gets (on %v, want on %v)", tc.keys, tc.env, on, tc.on)
 		assert.Equal(t, tc.on, on, "keys %q, UCX_ADAPTIVE_PROGRESS %q: UCX gets %q, on", tc.keys, tc.env, keys["ADAPTIVE_PROGRESS"])
 	}

@@ -3,6 +3,7 @@ package nixl
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -20,16 +21,22 @@ var cuda struct {
 	streams map[int]*gpu.Stream
 }
 
-// cudaContext returns device dev's primary context, loading the driver on
-// first use.
-func cudaContext(dev int) (*gpu.Context, error) {
+// cudaContext returns device dev's primary context, loading the driver
+// (lib: the agent's Config.CUDALib) on first use. The driver is the
+// process's: an agent naming another path than the one loaded is refused.
+func cudaContext(lib string, dev int) (*gpu.Context, error) {
 	cuda.Lock()
 	defer cuda.Unlock()
+	d, err := gpu.OpenDriver(lib)
+	switch {
+	case err != nil && errors.Is(err, gpu.ErrNoDriver) && lib == "":
+		return nil, fmt.Errorf("VRAM needs the CUDA driver (libcuda.so.1; Config.CUDALib names another): %v: %w", err, ErrUnsupported)
+	case err != nil && errors.Is(err, gpu.ErrNoDriver):
+		return nil, fmt.Errorf("VRAM needs the CUDA driver: Config.CUDALib %s: %v: %w", lib, err, ErrUnsupported)
+	case err != nil:
+		return nil, fmt.Errorf("Config.CUDALib %s: %v: %w", lib, err, ErrInvalidRequest)
+	}
 	if cuda.drv == nil {
-		d, err := gpu.OpenDriver()
-		if err != nil {
-			return nil, fmt.Errorf("VRAM needs the CUDA driver: %v: %w", err, ErrUnsupported)
-		}
 		cuda.drv, cuda.ctxs, cuda.streams = d, map[int]*gpu.Context{}, map[int]*gpu.Stream{}
 	}
 	if c, ok := cuda.ctxs[dev]; ok {
@@ -46,14 +53,14 @@ func cudaContext(dev int) (*gpu.Context, error) {
 // deviceCopy copies n bytes between two addresses, either of which may be
 // device memory (CUDA unified addressing), and returns once the bytes are
 // in place.
-func deviceCopy(dev int, dst, src uintptr, n uint64) error {
-	return deviceCopies(dev, []uintptr{dst}, []uintptr{src}, []uint64{n})
+func deviceCopy(lib string, dev int, dst, src uintptr, n uint64) error {
+	return deviceCopies(lib, dev, []uintptr{dst}, []uintptr{src}, []uint64{n})
 }
 
 // deviceCopies queues every copy on the device's stream in one call and
 // waits once: a request of 4,096 pages costs one synchronisation, not 4,096.
-func deviceCopies(dev int, dst, src []uintptr, n []uint64) error {
-	if _, err := cudaContext(dev); err != nil {
+func deviceCopies(lib string, dev int, dst, src []uintptr, n []uint64) error {
+	if _, err := cudaContext(lib, dev); err != nil {
 		return err
 	}
 	cuda.Lock()
@@ -111,9 +118,9 @@ func decodeVRAMKey(b []byte) (vramKey, error) {
 	return k, nil
 }
 
-// exportVRAM builds the key of a VRAM region.
-func exportVRAM(d Desc) (vramKey, error) {
-	c, err := cudaContext(int(d.Dev))
+// exportVRAM builds the key of a VRAM region (lib: Config.CUDALib).
+func exportVRAM(lib string, d Desc) (vramKey, error) {
+	c, err := cudaContext(lib, int(d.Dev))
 	if err != nil {
 		return vramKey{}, err
 	}
@@ -131,11 +138,11 @@ func exportVRAM(d Desc) (vramKey, error) {
 // importVRAM maps a peer's VRAM region into this process and returns where
 // its first byte is; close releases the mapping. A region of this very
 // process is used as is (CUDA refuses to open its own handles).
-func importVRAM(k vramKey, region Desc, dev int) (addr uintptr, close func() error, err error) {
+func importVRAM(lib string, k vramKey, region Desc, dev int) (addr uintptr, close func() error, err error) {
 	if k.proc == processID {
 		return region.Addr, func() error { return nil }, nil
 	}
-	c, err := cudaContext(dev)
+	c, err := cudaContext(lib, dev)
 	if err != nil {
 		return 0, nil, err
 	}

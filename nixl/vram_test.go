@@ -68,7 +68,7 @@ func (r *ranCount) skipIfNone(t *testing.T) {
 
 func devAlloc(t *testing.T, n uint64) (gpu.DevicePtr, *gpu.Context) {
 	t.Helper()
-	c, err := cudaContext(0)
+	c, err := cudaContext("", 0)
 	require.NoError(t, err)
 	p, err := c.Alloc(n)
 	require.NoError(t, err)
@@ -209,7 +209,7 @@ func TestVRAMCrossProcess(t *testing.T) {
 		src, _ := devAlloc(t, size)
 		host := make([]byte, size)
 		fill(host, 23)
-		ctx, _ := cudaContext(0)
+		ctx, _ := cudaContext("", 0)
 		require.NoError(t, ctx.CopyHtoD(src, host))
 		_, err = a.Register(VRAM, []Desc{{Addr: uintptr(src), Len: size}})
 		require.NoError(t, err)
@@ -233,19 +233,19 @@ func TestVRAMCrossProcess(t *testing.T) {
 func TestVRAMKeyNamesTheProcessNotThePID(t *testing.T) {
 	vramCases(t, func(t *testing.T) {
 		p, _ := devAlloc(t, 1<<20)
-		k, err := exportVRAM(Desc{Addr: uintptr(p), Len: 1 << 20})
+		k, err := exportVRAM("", Desc{Addr: uintptr(p), Len: 1 << 20})
 		require.NoError(t, err)
 		k2, err := decodeVRAMKey(k.encode())
 		require.NoError(t, err, "round trip: %+v", k2)
 		require.Equal(t, k, k2, "round trip")
 		region := Desc{Addr: uintptr(p) + 4096, Len: 4096}
-		addr, closer, err := importVRAM(k, region, 0)
+		addr, closer, err := importVRAM("", k, region, 0)
 		require.NoError(t, err, "own key: %#x, want the address itself", addr)
 		require.Equal(t, region.Addr, addr, "own key: want the address itself")
 		closer()
 		other := k
 		other.proc ^= 2
-		addr, closer, err = importVRAM(other, region, 0)
+		addr, closer, err = importVRAM("", other, region, 0)
 		if err == nil {
 			closer()
 			require.NotEqual(t, region.Addr, addr, "another process's key was taken as memory of this process")

@@ -247,7 +247,9 @@ func (a *attacker) sealed(p *proc, m wire.Message) [][]byte { return a.seal(p, 0
 // read from a short-lived local agent's blob (no regions), so the
 // insider's REGISTERs reach the address check with addresses UCX wrote.
 func localAgent() (library string, addr []byte) {
-	ag, err := nixl.Open(nixl.Config{Name: "hostile-probe", Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}})
+	cfg := nixl.Config{Name: "hostile-probe", Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}}
+	cfg.FromEnv() // the libucp KVBRIDGE_UCX_LIB names, as the ranks load
+	ag, err := nixl.Open(cfg)
 	if err != nil {
 		return "ucx/unknown", nil
 	}

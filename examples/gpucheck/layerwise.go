@@ -56,7 +56,7 @@ type lwRig struct {
 }
 
 func runLayerwise(layers int, tokens []int, rooms int) ([]lwCase, error) {
-	drv, err := gpu.OpenDriver()
+	drv, err := gpu.OpenDriver(gpu.DriverPathFromEnv())
 	if err != nil {
 		return nil, err
 	}

@@ -115,7 +115,7 @@ func run(size uint64, pages, iters int, allowNoNVML bool) (*result, error) {
 		fmt.Printf("GPU %d: %s %s, %d GiB (%d free), PCI %s, NUMA %d, %d NVLinks\n", d.Index, d.Name, d.UUID,
 			d.MemoryTotal>>30, d.MemoryFree>>30, d.PCIBusID, d.NUMANode, len(d.NVLinkPeers))
 	}
-	drv, err := gpu.OpenDriver()
+	drv, err := gpu.OpenDriver(gpu.DriverPathFromEnv())
 	if err != nil {
 		return nil, err
 	}
@@ -322,7 +322,7 @@ func child() int {
 	var size uint64
 	fmt.Sscanf(os.Getenv("KVBRIDGE_GPUCHECK_CHILD"), "%d", &size)
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "gpucheck peer:", err); return 1 }
-	drv, err := gpu.OpenDriver()
+	drv, err := gpu.OpenDriver(gpu.DriverPathFromEnv())
 	if err != nil {
 		return fail(err)
 	}

@@ -30,7 +30,7 @@ var vramModes = []string{"engine", "paged", "rooms"}
 // openGPU retains device 0's primary context, or says in one line why
 // there is none.
 func openGPU() (*gpu.Context, error) {
-	drv, err := gpu.OpenDriver()
+	drv, err := gpu.OpenDriver(gpu.DriverPathFromEnv())
 	if err != nil {
 		return nil, err
 	}

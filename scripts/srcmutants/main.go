@@ -253,7 +253,7 @@ var mutants = []mutant{
 	// UCX's adaptive progress off, the decode notifier's stop and kick.
 	{name: "ucx-idle-timer", file: "nixl/ucx.go", old: "		case ready == nil || len(u.active) > 0 || u.adaptiveOn:", new: "		case true:",
 		pkg: "nixl", run: "^TestUCXIdleSleepsOnEventFD$"},
-	{name: "ucx-adaptive-progress", file: "nixl/ucx.go", old: "		ucpKeys[\"ADAPTIVE_PROGRESS\"] = adaptive", new: "		ucpKeys[\"ADAPTIVE_PROGRESS\"] = \"y\"",
+	{name: "ucx-adaptive-progress", file: "nixl/ucx.go", old: "		ucpKeys[\"ADAPTIVE_PROGRESS\"] = setting", new: "		ucpKeys[\"ADAPTIVE_PROGRESS\"] = \"y\"",
 		pkg: "nixl", run: "^(TestUCXAdaptiveProgressOff|TestUCXNoLostWakeCrossProcess)$"},
 	{name: "notifier-never-stops", file: "kvmanager/decode.go", old: "			case live == 0 && tombs == 0:", new: "			case live < 0 && tombs == 0:",
 		pkg: "internal/e2e", run: "^TestNotifierStopsPollingWithoutRooms$"},
