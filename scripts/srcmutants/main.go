@@ -646,6 +646,44 @@ var mutants = []mutant{
 		pkg: "nixl", run: "^TestLibraryPathsOnlyThroughFromEnv$"},
 	{name: "ucx-second-lib-accepted", file: "nixl/ucx.go", old: "if path != ucxLib.path && path != \"libucp.so.0\" {", new: "if false {",
 		pkg: "nixl", run: "^TestOneUCXPerProcess$"},
+	// The UCX settings the ucx engine decides on (TLS, UNIFIED_MODE,
+	// ADAPTIVE_PROGRESS) read from the UCX_* variables behind the Config, or
+	// not given to UCX (which would then take the variable the engine did
+	// not read); Config.FromEnv replacing a key the Config gave, or writing
+	// into the caller's map.
+	{name: "ucx-tls-from-env", file: "nixl/ucx.go", old: "\t\ttls = \"all\"\n", new: "\t\ttls = os.Getenv(\"UCX_TLS\")\n",
+		pkg: "nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+	{name: "ucx-tls-not-given", file: "nixl/ucx.go", old: "\t\tucpKeys[\"TLS\"] = tls\n", new: "",
+		pkg: "nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+	{name: "ucx-unified-from-env", file: "nixl/ucx.go", old: "\t\tunified = \"n\"\n", new: "\t\tunified = os.Getenv(\"UCX_UNIFIED_MODE\")\n",
+		pkg: "nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+	{name: "ucx-unified-not-given", file: "nixl/ucx.go", old: "\t\tucpKeys[\"UNIFIED_MODE\"] = unified\n", new: "",
+		pkg: "nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+	{name: "ucx-adaptive-from-env", file: "nixl/ucx.go", old: "\t\tsetting = \"n\"\n", new: "\t\tsetting = os.Getenv(\"UCX_ADAPTIVE_PROGRESS\")\n",
+		pkg: "nixl", run: "^(TestUCXAdaptiveProgressOff|TestUCXSettingsOnlyThroughFromEnv)$"},
+	{name: "ucx-from-env-over-config", file: "nixl/nixl.go", old: "if _, set := c.UCX[k]; set || v == \"\" {", new: "if v == \"\" {",
+		pkg: "nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+	{name: "ucx-from-env-into-callers-map", file: "nixl/nixl.go", old: "\t\t\tc.UCX, copied = maps.Clone(c.UCX), true\n", new: "\t\t\t_, copied = maps.Clone(c.UCX), true\n",
+		pkg: "nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+	// The CUDA driver's path (issue 50): gpu.OpenDriver taking it from
+	// KVBRIDGE_CUDA_LIB, or accepting a second driver in one process;
+	// nixl's FromEnv not filling Config.CUDALib, the VRAM engines reading
+	// the variable or ignoring the Config's path; kvmanager's ownership
+	// proof ignoring Config.Engine.CUDALib.
+	{name: "gpu-driver-from-env", file: "gpu/cudadrv.go", old: "\t\tpath = \"libcuda.so.1\"\n", new: "\t\tpath = DriverPathFromEnv()\n",
+		pkg: "gpu", run: "^TestDriverPathOnlyGiven$"},
+	{name: "gpu-second-driver-accepted", file: "gpu/cudadrv.go", old: "case driverOnce.d != nil && (path == \"\" || path == driverOnce.path):", new: "case driverOnce.d != nil:",
+		pkg: "gpu", run: "^TestDriverPathOnlyGiven$"},
+	{name: "nixl-cuda-lib-not-from-env", file: "nixl/nixl.go", old: "\t\tc.CUDALib = v\n", new: "",
+		pkg: "nixl", run: "^TestLibraryPathsOnlyThroughFromEnv$"},
+	{name: "nixl-cuda-driver-from-env", file: "nixl/vram.go", old: "d, err := gpu.OpenDriver(lib)", new: "d, err := gpu.OpenDriver(lib + gpu.DriverPathFromEnv())",
+		pkg: "nixl", run: "^TestCUDADriverOnlyThroughConfig$"},
+	{name: "loopback-cuda-lib-ignored", file: "nixl/loopback.go", old: "cudaLib: cfg.CUDALib, ", new: "",
+		pkg: "nixl", run: "^TestCUDADriverOnlyThroughConfig$"},
+	{name: "ucx-cuda-lib-ignored", file: "nixl/ucx.go", old: "cudaLib: cfg.CUDALib, ", new: "",
+		pkg: "nixl", run: "^TestCUDADriverOnlyThroughConfig$"},
+	{name: "proof-cuda-lib-ignored", file: "kvmanager/proof.go", old: "gpu.OpenDriver(m.cfg.Engine.CUDALib)", new: "gpu.OpenDriver(\"\")",
+		pkg: "kvmanager", run: "^TestProofDriverFromConfig$"},
 	{name: "canary-find-skips-first", file: "internal/canary/canary.go", old: "\tfor (size_t i = 0; i < n; i++) {\n\t\tuint64_t x;", new: "\tfor (size_t i = 1; i < n; i++) {\n\t\tuint64_t x;",
 		pkg: "internal/canary", run: "^TestPlantFind$"},
 	// Each range check on a PAGES (issue 49, item 5): removed, or off
