@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
@@ -90,9 +91,6 @@ type Config struct {
 	// RegisterRetry is the first interval before a REGISTER without answer
 	// is sent again (doubling up to 32×), default 500 ms.
 	RegisterRetry time.Duration
-	// Now is the clock of the shell (steps and sweeps); nil means
-	// time.Now. Tests inject a fake one.
-	Now func() time.Time
 
 	HeartbeatInterval time.Duration // default 5 s
 	MaxMisses         int           // default 2
@@ -116,12 +114,6 @@ type Config struct {
 	// KVBRIDGE_CA_FILE and KVBRIDGE_IDENTITY_FILE). A peer's from is then
 	// proven: a holder of the shared secret alone can speak as no rank.
 	RankIdentity *bootstrap.RankIdentity
-	// ControlTap sees every control message as it came off the wire,
-	// before any check (the control loop's tap): a capture for
-	// diagnostics and tests. It runs on the receive goroutine and must not
-	// keep or modify frames: the slice is refilled for the next message
-	// (copy what you keep).
-	ControlTap func(frames [][]byte)
 	// MaxPeers bounds the control plane's PUSH sockets (default 1024; a
 	// new peer evicts the least recently used unwatched one, and is refused
 	// when all are watched); MaxEpochs the peer epochs remembered for
@@ -133,31 +125,17 @@ type Config struct {
 	Logger     *zap.Logger
 	Registerer prometheus.Registerer
 
-	// Trace, when set, is called at points of a room's life for latency
-	// measurements: TraceRequest (prefill: REQUEST accepted), TraceFirstPost
-	// (prefill: the room's first write posted), TraceLastNotif (decode: the
-	// final notification arrived), TraceSuccess (decode: Success applied).
-	// It runs on hot paths and must be fast.
-	Trace func(room uint64, event TraceEvent, at time.Time)
+	// hooks are kvbridge's own tests' (the clock, the control tap, the
+	// trace points): set through internal/rankhooks.
+	hooks rankhooks.Hooks
 }
-
-// TraceEvent names a traced point (see Config.Trace).
-type TraceEvent uint8
-
-// Traced points.
-const (
-	TraceRequest TraceEvent = 1 + iota
-	TraceFirstPost
-	TraceLastNotif
-	TraceSuccess
-)
 
 // DefaultConfig returns a config with the defaults for role (docs/ARCHITECTURE.md, "Defaults and configuration").
 func DefaultConfig(role Role) Config {
 	return Config{Role: role, Bind: "tcp://127.0.0.1:*", PageTokens: 16, DType: "bf16",
 		Registry: RegistryConfig(core.DefaultRegistryConfig()), Workers: 4, HeartbeatInterval: 5 * time.Second, MaxMisses: 2,
 		SweepInterval: time.Second, QuarantineTimeout: 2 * core.DefaultRegistryConfig().StallTimeout,
-		RegisterRetry: 500 * time.Millisecond, Now: time.Now, ProbeIdle: time.Second, ProbeTimeout: 250 * time.Millisecond}
+		RegisterRetry: 500 * time.Millisecond, ProbeIdle: time.Second, ProbeTimeout: 250 * time.Millisecond}
 }
 
 // fillDefaults replaces each zero setting for which zero is not a valid
@@ -186,8 +164,8 @@ func (c *Config) fillDefaults() {
 	if c.MaxMisses == 0 {
 		c.MaxMisses = def.MaxMisses
 	}
-	if c.Now == nil {
-		c.Now = time.Now
+	if c.hooks.Now == nil {
+		c.hooks.Now = time.Now
 	}
 	setDur(&c.HeartbeatInterval, def.HeartbeatInterval)
 	setDur(&c.SweepInterval, def.SweepInterval)
@@ -345,4 +323,10 @@ func (c *Config) FromEnv() error {
 		}
 	}
 	return nil
+}
+
+// kvbridge's tests and benchmarks give a Config its hooks through
+// rankhooks.Set; an engine has no use for them.
+func init() {
+	rankhooks.Set = func(cfg any, h rankhooks.Hooks) { cfg.(*Config).hooks = h }
 }

@@ -1,12 +1,14 @@
 package kvmanager
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/require"
@@ -76,4 +78,27 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	cfg := base()
 	cfg.Insecure = false
 	require.ErrorIs(t, cfg.Validate(), bootstrap.ErrNoSecret)
+}
+
+// TestHooksOnlyThroughRankhooks: the shell's test hooks are no field of
+// the public Config (issue 50); kvbridge's tests set them with
+// rankhooks.Set, and a Config without them runs on time.Now.
+func TestHooksOnlyThroughRankhooks(t *testing.T) {
+	for _, name := range []string{"Now", "ControlTap", "Trace"} {
+		_, ok := reflect.TypeOf(Config{}).FieldByName(name)
+		require.False(t, ok, "Config.%s is public again", name)
+	}
+	var cfg Config
+	cfg.fillDefaults()
+	require.WithinDuration(t, time.Now(), cfg.hooks.Now(), time.Minute, "a Config without hooks: time.Now")
+	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	var tapped, traced bool
+	cfg = Config{}
+	rankhooks.Set(&cfg, rankhooks.Hooks{Now: func() time.Time { return at }, ControlTap: func([][]byte) { tapped = true },
+		Trace: func(uint64, rankhooks.Event, time.Time) { traced = true }})
+	cfg.fillDefaults()
+	require.Equal(t, at, cfg.hooks.Now(), "the clock rankhooks.Set gave")
+	cfg.hooks.ControlTap(nil)
+	(&Manager{cfg: cfg}).trace(1, rankhooks.Request)
+	require.True(t, tapped && traced, "tap %v, trace %v: the hooks rankhooks.Set gave", tapped, traced)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
@@ -610,8 +611,8 @@ func (d *Decode) onNotif(s string) {
 		d.log.Warn("a notification names bytes that did not land: the room fails", zap.Uint64("room", room), zap.Int("source", n.UID), zap.String("what", n.Undelivered))
 	}
 	if out := d.stepIn(n); out.Succeeded {
-		d.trace(room, TraceLastNotif)
-		d.trace(room, TraceSuccess)
+		d.trace(room, rankhooks.LastNotif)
+		d.trace(room, rankhooks.Success)
 		d.met.latency.Observe(out.Entered[core.Success].Sub(out.Started).Seconds())
 		d.met.observePhases(out.Entered)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/pool"
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
@@ -322,7 +323,7 @@ func (m *Manager) post(e core.Effect) {
 			out := m.stepIn(core.Posting{Room: room, Write: w})
 			ok = out.OK
 			if ok && out.Prior != 0 && out.Prior < core.Transferring { // the room's first post
-				m.trace(room, TraceFirstPost)
+				m.trace(room, rankhooks.FirstPost)
 			}
 			return ok
 		},
@@ -370,9 +371,9 @@ func writeBytes(w *kvlayout.Write, l transfer.Layout) uint64 {
 	return n
 }
 
-func (m *Manager) trace(room uint64, ev TraceEvent) {
-	if m.cfg.Trace != nil {
-		m.cfg.Trace(room, ev, time.Now())
+func (m *Manager) trace(room uint64, ev rankhooks.Event) {
+	if m.cfg.hooks.Trace != nil {
+		m.cfg.hooks.Trace(room, ev, time.Now())
 	}
 }
 

@@ -392,7 +392,7 @@ func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
 		return errGated, true
 	}
 	for i, x := range xs {
-		if i > 0 && !d.cfg.Now().Before(j.rd.Until) {
+		if i > 0 && !d.cfg.hooks.Now().Before(j.rd.Until) {
 			// The lease ended between the posts: the rest is not posted;
 			// what was may still land.
 			return fmt.Errorf("%s: the lease ended (%v) between the read's posts", where, j.rd.Until), false

@@ -41,7 +41,7 @@ func TestPullOfferProven(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			cfg.Registerer = reg
 			var jumped atomic.Int64 // the decode rank's clock runs this far ahead
-			cfg.Now = func() time.Time { return time.Now().Add(time.Duration(jumped.Load())) }
+			cfg.hooks.Now = func() time.Time { return time.Now().Add(time.Duration(jumped.Load())) }
 			d, err := NewDecode(cfg)
 			require.NoError(t, err)
 			t.Cleanup(func() { d.Close() })

@@ -13,6 +13,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/pool"
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/rawagent"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/nixl"
@@ -210,7 +211,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		Identity: wire.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank},
 		Bind:     cfg.Bind, Handler: m.handle, OnPeerDown: m.peerDown, OnMalformedRequest: m.malformed,
 		HeartbeatInterval: cfg.HeartbeatInterval, MaxMisses: cfg.MaxMisses,
-		MaxPeers: cfg.MaxPeers, Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, RankIdentity: cfg.RankIdentity, Tap: cfg.ControlTap, Logger: m.log, Registerer: cfg.Registerer})
+		MaxPeers: cfg.MaxPeers, Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, RankIdentity: cfg.RankIdentity, Tap: cfg.hooks.ControlTap, Logger: m.log, Registerer: cfg.Registerer})
 	if err != nil {
 		if cfg.Registerer != nil {
 			cfg.Registerer.Unregister(m.met)
@@ -374,7 +375,7 @@ func (m *Manager) Config() Config { return m.cfg }
 // succeeded) comes in the Output.
 func (m *Manager) stepIn(in core.Input) core.Output {
 	m.mu.Lock()
-	out := m.core.Step(m.cfg.Now(), in)
+	out := m.core.Step(m.cfg.hooks.Now(), in)
 	m.carryOut()
 	return out
 }
@@ -384,7 +385,7 @@ func (m *Manager) stepIn(in core.Input) core.Output {
 func (m *Manager) stepAfter(before func(c *core.Core), in core.Input) core.Output {
 	m.mu.Lock()
 	before(m.core)
-	out := m.core.Step(m.cfg.Now(), in)
+	out := m.core.Step(m.cfg.hooks.Now(), in)
 	m.carryOut()
 	return out
 }
@@ -418,7 +419,7 @@ func (m *Manager) carryOut() {
 		case core.EffectTimer:
 			// A deadline shorter than the sweep (a probe's): enforced at
 			// once, not at the next sweep.
-			time.AfterFunc(max(e.At.Sub(m.cfg.Now()), 0)+time.Millisecond, func() {
+			time.AfterFunc(max(e.At.Sub(m.cfg.hooks.Now()), 0)+time.Millisecond, func() {
 				select {
 				case <-m.closing:
 				default:
@@ -529,7 +530,7 @@ func (m *Manager) handle(msg wire.Message) {
 		m.onRegister(msg)
 	case *wire.Request:
 		if m.receive(msg).OK {
-			m.trace(msg.Room, TraceRequest)
+			m.trace(msg.Room, rankhooks.Request)
 		}
 	case *wire.Abort:
 		m.met.abort(m.receive(msg).Prior) // the room's status when the abort came (0: no sender yet)
@@ -649,7 +650,7 @@ func (m *Manager) stats() (s core.CoreStats) {
 
 // overdue counts live rooms past their deadline (0 while sweeps run).
 func (m *Manager) overdue() (n int) {
-	now := m.cfg.Now()
+	now := m.cfg.hooks.Now()
 	m.read(func(c *core.Core) { n = c.Overdue(now) })
 	return n
 }
@@ -686,7 +687,7 @@ func (m *Manager) wait(ctx context.Context, room uint64, what string, wake core.
 			}
 			return
 		}
-		kind, reason, ok := c.Tombstone(room, m.cfg.Now())
+		kind, reason, ok := c.Tombstone(room, m.cfg.hooks.Now())
 		switch {
 		case !ok:
 			err = fmt.Errorf("room %d: %s: %w", room, what, core.ErrUnknownRoom)

@@ -11,6 +11,6 @@ import (
 // for tests that need a batch no other step can come between.
 func (m *Manager) step(f func(c *core.Core, now time.Time)) {
 	m.mu.Lock()
-	f(m.core, m.cfg.Now())
+	f(m.core, m.cfg.hooks.Now())
 	m.carryOut()
 }

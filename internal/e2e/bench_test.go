@@ -11,6 +11,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/rawagent"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -35,18 +36,18 @@ type benchCluster struct {
 	decode       *kvmanager.Decode
 	pFree, dFree *kvmodel.Pages
 	mu           sync.Mutex
-	traces       map[uint64]map[kvmanager.TraceEvent]time.Time
+	traces       map[uint64]map[rankhooks.Event]time.Time
 }
 
 func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64, mut ...func(*kvmanager.Config)) *benchCluster {
 	c := &benchCluster{srv: testauth.Server(), pFree: newPagePool(pagesPer), dFree: newPagePool(pagesPer),
-		traces: map[uint64]map[kvmanager.TraceEvent]time.Time{}}
+		traces: map[uint64]map[rankhooks.Event]time.Time{}}
 	require.NoError(b, c.srv.Start("127.0.0.1:0"))
 	b.Cleanup(func() { c.srv.Close(context.Background()) })
-	trace := func(room uint64, ev kvmanager.TraceEvent, at time.Time) {
+	trace := func(room uint64, ev rankhooks.Event, at time.Time) {
 		c.mu.Lock()
 		if c.traces[room] == nil {
-			c.traces[room] = map[kvmanager.TraceEvent]time.Time{}
+			c.traces[room] = map[rankhooks.Event]time.Time{}
 		}
 		c.traces[room][ev] = at
 		c.mu.Unlock()
@@ -63,7 +64,7 @@ func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64, mut ...fun
 		for i := 0; i < 2*layers; i++ {
 			cfg.Layout.Regions = append(cfg.Layout.Regions, nixl.Desc{Len: uint64(pagesPer) * page})
 		}
-		cfg.Trace = trace
+		rankhooks.Set(&cfg, rankhooks.Hooks{Trace: trace})
 		cfg.WarmMemory = true // as the example ranks: page faults at start-up, not in the figures
 		for _, f := range mut {
 			f(&cfg)
@@ -372,7 +373,7 @@ func controlOverheadRun(b *testing.B, drive string, inflight int) {
 	c := newBenchCluster(b, 4, 16384, 1024)
 	c.oneRoom(b, 1, 16, 16)
 	c.mu.Lock()
-	c.traces = map[uint64]map[kvmanager.TraceEvent]time.Time{}
+	c.traces = map[uint64]map[rankhooks.Event]time.Time{}
 	c.mu.Unlock()
 	m := cpuMeter(b)
 	if drive == "poll" {
@@ -397,14 +398,14 @@ func controlOverheadRun(b *testing.B, drive string, inflight int) {
 	var a, d, whole []time.Duration
 	c.mu.Lock()
 	for _, tr := range c.traces {
-		r := tr[kvmanager.TraceRequest]
-		if f := tr[kvmanager.TraceFirstPost]; !r.IsZero() && !f.IsZero() {
+		r := tr[rankhooks.Request]
+		if f := tr[rankhooks.FirstPost]; !r.IsZero() && !f.IsZero() {
 			a = append(a, f.Sub(r))
 		}
-		if l, s := tr[kvmanager.TraceLastNotif], tr[kvmanager.TraceSuccess]; !l.IsZero() && !s.IsZero() {
+		if l, s := tr[rankhooks.LastNotif], tr[rankhooks.Success]; !l.IsZero() && !s.IsZero() {
 			d = append(d, s.Sub(l))
 		}
-		if s := tr[kvmanager.TraceSuccess]; !r.IsZero() && !s.IsZero() {
+		if s := tr[rankhooks.Success]; !r.IsZero() && !s.IsZero() {
 			whole = append(whole, s.Sub(r)) // what a change to the first post could hurt
 		}
 	}

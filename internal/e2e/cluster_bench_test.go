@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
@@ -107,11 +108,11 @@ func newRankCluster(b *testing.B, np, nd int) *rankCluster {
 		cfg.Workers = 1
 		cfg.HeartbeatInterval, cfg.MaxMisses = clusterBeat, clusterMisses
 		cfg.Registry.MaxPendingPerPeer = 1 << 12
-		cfg.ControlTap = func(frames [][]byte) {
+		rankhooks.Set(&cfg, rankhooks.Hooks{ControlTap: func(frames [][]byte) {
 			if len(frames) > 1 && (string(frames[1]) == "PING" || string(frames[1]) == "PONG") {
 				c.beats.Add(1)
 			}
-		}
+		}})
 		return cfg
 	}
 	for i := 0; i < np; i++ {

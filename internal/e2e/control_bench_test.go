@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
@@ -36,7 +37,7 @@ func BenchmarkControlRooms(b *testing.B) {
 				c := newBenchCluster(b, 1, 64, 1024, func(cfg *kvmanager.Config) {
 					cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 					cfg.WarmMemory = false
-					cfg.Trace = nil // the cluster's trace map would grow with every room
+					rankhooks.Set(cfg, rankhooks.Hooks{}) // no trace: the cluster's trace map would grow with every room
 					cfg.Registry.MaxPendingPerPeer = 1 << 16
 				})
 				ctx := context.Background()

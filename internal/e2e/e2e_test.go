@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"math/rand/v2"
 	"os"
@@ -516,7 +517,7 @@ func TestRoomReusedAfterTTL(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Now()
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	c := newCluster(t, "loopback", func(cfg *kvmanager.Config) { cfg.Now = clock })
+	c := newCluster(t, "loopback", func(cfg *kvmanager.Config) { rankhooks.Set(cfg, rankhooks.Hooks{Now: clock}) })
 	rm := c.start(t, 40, 32)
 	ready(t, rm.s)
 	c.sendAll(t, rm, 64)
@@ -574,7 +575,7 @@ func soak(t *testing.T, engine string) {
 	var mu sync.Mutex
 	now := time.Now()
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	c := newCluster(t, engine, func(cfg *kvmanager.Config) { cfg.Now = clock })
+	c := newCluster(t, engine, func(cfg *kvmanager.Config) { rankhooks.Set(cfg, rankhooks.Hooks{Now: clock}) })
 	const rooms, streams = 2000, 8
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"os"
 	"os/exec"
@@ -140,7 +141,7 @@ func runRank(role string) int {
 		}
 		return marks[nonce]
 	}
-	cfg.ControlTap = func(frames [][]byte) {
+	rankhooks.Set(&cfg, rankhooks.Hooks{ControlTap: func(frames [][]byte) {
 		if len(frames) < 2 {
 			return
 		}
@@ -156,7 +157,7 @@ func runRank(role string) int {
 			tapped[string(frames[1])] = c
 		}
 		tapMu.Unlock()
-	}
+	}})
 	m, p, d, err := newRank(r, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

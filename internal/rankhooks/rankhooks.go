@@ -1,0 +1,39 @@
+// Package rankhooks hands kvbridge's own tests and benchmarks the hooks of
+// a rank's shell that no engine or operator needs (issue 50: test hooks
+// out of the public Config): the shell's clock, a tap on the control
+// messages as they come off the wire, and the points of a room's life a
+// latency breakdown reads (an operator has kvbridge_room_phase_seconds).
+// kvmanager.Config keeps them in an unexported field; kvmanager's init
+// sets Set, which gives a Config its hooks.
+package rankhooks
+
+import "time"
+
+// Hooks are a rank's test hooks; a nil one is unused (Now: time.Now).
+type Hooks struct {
+	// Now is the clock of the shell (steps and sweeps).
+	Now func() time.Time
+	// ControlTap sees every control message as it came off the wire,
+	// before any check (the control loop's tap). It runs on the receive
+	// goroutine and must not keep or modify frames: the slice is refilled
+	// for the next message (copy what you keep).
+	ControlTap func(frames [][]byte)
+	// Trace is called at points of a room's life (Event). It runs on hot
+	// paths and must be fast.
+	Trace func(room uint64, event Event, at time.Time)
+}
+
+// Event names a traced point of a room's life.
+type Event uint8
+
+// The traced points.
+const (
+	Request   Event = 1 + iota // prefill: REQUEST accepted
+	FirstPost                  // prefill: the room's first write posted
+	LastNotif                  // decode: the final notification arrived
+	Success                    // decode: Success applied
+)
+
+// Set gives cfg, a *kvmanager.Config, the hooks h (replacing any it had).
+// kvmanager's init sets it: the field is kvmanager's own.
+var Set func(cfg any, h Hooks)
