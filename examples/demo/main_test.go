@@ -323,7 +323,7 @@ func TestDemoTinyllmWires(t *testing.T) {
 			require.NoError(t, err, "demo -wire %s failed:\n%s", mode, s)
 			want := []string{"token-identical            8", "failed                     0", "rooms pinned               0", wire + " wire", "OK: every completion"}
 			if strings.Contains(mode, "-multi-turn") {
-				want = append(want, "second turns               8 of 8 token-identical; 8 prefilled from the first turn's KV")
+				want = append(want, "second turns               8 of 8 token-identical; 8 of 8 prefilled from the first turn's whole KV")
 			}
 			for _, w := range want {
 				assert.Contains(t, s, w, "summary lacks %q:\n%s", w, s)

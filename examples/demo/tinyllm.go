@@ -406,13 +406,13 @@ func runTiny(o tinyOptions) int {
 		default:
 			turnsIdentical++
 		}
-		if n.reused > 0 {
-			turnsReused++
-			reusedTokens += n.reused
+		if n.reused == len(work[i].prompt)+len(work[i].want)-1 {
+			turnsReused++ // (the first turn's whole KV: its prompt and reply but the last token)
 		}
+		reusedTokens += n.reused
 	}
 	if o.multiTurn && turnsReused == 0 {
-		problems = append(problems, fmt.Sprintf("-multi-turn: none of %d second turns reused its first turn's KV", turns))
+		problems = append(problems, fmt.Sprintf("-multi-turn: none of %d second turns reused its first turn's whole KV", turns))
 	}
 	pinnedRooms, problems := pinnedAll(append(prefills, decodes...), problems)
 	problems = leasesReleased(instanceURLs(prefills), demoLeaseBound, problems)
@@ -426,8 +426,8 @@ func runTiny(o tinyOptions) int {
 	fmt.Printf("%-26s %d\n", "failed", len(work)-identical)
 	fmt.Printf("%-26s %d requests, %d pages not transferred\n", "prefix reused", prefixReq, prefixPages)
 	if o.multiTurn {
-		fmt.Printf("%-26s %d of %d token-identical; %d prefilled from the first turn's KV on the decode instance: %d of the second turns' %d prompt tokens not computed\n",
-			"second turns", turnsIdentical, turns, turnsReused, reusedTokens, turnTokens)
+		fmt.Printf("%-26s %d of %d token-identical; %d of %d prefilled from the first turn's whole KV, fetched from the decode instance: %d of their %d prompt tokens not computed\n",
+			"second turns", turnsIdentical, turns, turnsReused, turns, reusedTokens, turnTokens)
 	}
 	fmt.Printf("%-26s %.1f s\n", "wall time", elapsed.Seconds())
 	fmt.Printf("%-26s %-34s %s\n", "", "through the router", "single process")

@@ -637,6 +637,10 @@ var mutants = []mutant{
 		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurnLease$"},
 	{name: "reuse-epoch-unchecked", file: "examples/internal/rankcmd/reuse.go", old: "err != nil || ri.Epoch != tk.Epoch {", new: "err != nil {",
 		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurnLease$"},
+	{name: "reuse-fetch-room-kept", file: "examples/internal/rankcmd/reuse.go", old: "\tdefer rc.Clear()\n\tif err := rc.Init(fctx", new: "\tif err := rc.Init(fctx",
+		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurn$"},
+	{name: "reuse-kept-pages-lost", file: "examples/internal/rankcmd/reuse.go", old: "\t\trp.pages.Put(pages)\n\t\trp.heldPages.Sub", new: "\t\trp.heldPages.Sub",
+		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurnLease$"},
 	{name: "prefill-from-recomputes", file: "examples/internal/tinyllm/tinyllm.go", old: "for t := from; t < len(tokens); t++ {", new: "for t := 0; t < len(tokens); t++ {",
 		pkg: "examples/internal/tinyllm", run: "^TestPrefillFromEarlierTurn$"},
 	// nixl reads no environment variable of its own (issue 50): the NIXL

@@ -9,6 +9,7 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -115,7 +116,7 @@ func (p *pdClient) reused() int {
 // full and answered all the same; nothing stays held.
 func TestOpenAIMultiTurn(t *testing.T) {
 	t.Parallel() // its own processes and ports
-	c, pd := multiTurnCluster(t, "30s")
+	c, pd := multiTurnCluster(t, "30s", 64)
 	ctx := context.Background()
 	pre, dec := c.prefill[0].http, c.decode[0].http
 	outcome := func(rank, o string) float64 {
@@ -216,7 +217,51 @@ func TestOpenAIMultiTurn(t *testing.T) {
 	assert.EqualValues(t, 1, outcome(pre, "mismatch"))
 	assert.Equal(t, outcome(dec, "kept")-outcome(dec, "used")-outcome(dec, "expired")-outcome(dec, "failed"),
 		metric(t, c.client, dec, "kvbridge_example_reuse_held_rooms"), "held = kept − released")
+
+	// A turn too long for the decode's reuse pages (64 of 4 tokens): not
+	// kept, answered all the same.
+	long := body(tinyPrompt(rng, 300), 4, false)
+	a, kvl, err := pd.turn(ctx, "/v1/completions", long, nil)
+	require.NoError(t, err, "a turn too long to keep")
+	assert.Equal(t, c.want(t, long), a.Tokens, "a turn too long to keep")
+	_, named := completeKVParams(kvl)
+	assert.False(t, named, "a turn too long to keep named in the answer: %v", kvl)
+	assert.EqualValues(t, 1, outcome(dec, "no_pages"))
 	c.nothingPinned(t)
+	c.reuseSettled(t, 64, 64)
+}
+
+// reuseSettled checks the reuse paths once their transfers ended: the
+// prefill rank's holds no room and all its pages; every live room of the
+// decode rank's is a kept turn, and its pages are free or a kept turn's.
+func (c *tinyCluster) reuseSettled(t *testing.T, prefillPages, decodePages float64) {
+	t.Helper()
+	pre, dec := c.prefill[0].http, c.decode[0].http
+	require.Eventually(t, func() bool {
+		return reuseRooms(t, c.client, pre) == 0 && metric(t, c.client, pre, "kvbridge_example_reuse_free_pages") == prefillPages
+	}, 10*time.Second, 20*time.Millisecond, "the prefill's reuse path: rooms %v, free pages %v of %v", reuseRooms(t, c.client, pre),
+		metric(t, c.client, pre, "kvbridge_example_reuse_free_pages"), prefillPages)
+	held := metric(t, c.client, dec, "kvbridge_example_reuse_held_rooms")
+	require.Eventually(t, func() bool {
+		return reuseRooms(t, c.client, dec) == held &&
+			metric(t, c.client, dec, "kvbridge_example_reuse_free_pages")+metric(t, c.client, dec, "kvbridge_example_reuse_held_pages") == decodePages
+	}, 10*time.Second, 20*time.Millisecond, "the decode's reuse path: rooms %v (%v kept turns), free pages %v and kept %v of %v",
+		reuseRooms(t, c.client, dec), held, metric(t, c.client, dec, "kvbridge_example_reuse_free_pages"),
+		metric(t, c.client, dec, "kvbridge_example_reuse_held_pages"), decodePages)
+}
+
+// reuseRooms is the live rooms of a rank's reuse Manager (its metrics
+// prefixed reuse_).
+func reuseRooms(t *testing.T, cl *http.Client, rank string) float64 {
+	n := 0.0
+	for _, l := range strings.Split(metricsText(cl, rank, "reuse_kvbridge_rooms"), "; ") {
+		if f := strings.Fields(l); len(f) == 2 {
+			v, err := strconv.ParseFloat(f[1], 64)
+			require.NoError(t, err, l)
+			n += v
+		}
+	}
+	return n
 }
 
 // TestOpenAIMultiTurnLease: a kept turn nobody fetches is released at its
@@ -224,7 +269,7 @@ func TestOpenAIMultiTurn(t *testing.T) {
 // killed since, computed in full.
 func TestOpenAIMultiTurnLease(t *testing.T) {
 	t.Parallel() // its own processes and ports
-	c, pd := multiTurnCluster(t, "2s")
+	c, pd := multiTurnCluster(t, "2s", 8)
 	ctx := context.Background()
 	rng := mrand.New(mrand.NewPCG(22, 22))
 	b1 := body(tinyPrompt(rng, 10), 4, false)
@@ -243,7 +288,22 @@ func TestOpenAIMultiTurnLease(t *testing.T) {
 	assert.Equal(t, c.want(t, b2), a.Tokens, "a stale replay")
 	assert.Zero(t, pd.reused(), "a stale replay")
 	assert.EqualValues(t, 1, metric(t, c.client, c.prefill[0].http, `kvbridge_example_reuse_total{outcome="stale"}`))
+
+	// A kept turn too long for the prefill's reuse pages (8 of 4 tokens):
+	// computed in full; the decode releases it at the lease's end.
+	bl := body(tinyPrompt(rng, 40), 4, false)
+	al, kvl, err := pd.turn(ctx, "/v1/completions", bl, nil)
+	require.NoError(t, err)
+	rl, ok := completeKVParams(kvl)
+	require.True(t, ok, "%v", kvl)
+	bl2 := body(append(append(slices.Clone(bl["prompt"].([]int)), al.Tokens...), tinyPrompt(rng, 4)...), 4, false)
+	a, _, err = pd.turn(ctx, "/v1/completions", bl2, rl)
+	require.NoError(t, err, "a kept turn too long for the prefill's reuse pages")
+	assert.Equal(t, c.want(t, bl2), a.Tokens, "a kept turn too long for the prefill's reuse pages")
+	assert.Zero(t, pd.reused())
+	assert.EqualValues(t, 1, metric(t, c.client, c.prefill[0].http, `kvbridge_example_reuse_total{outcome="no_pages"}`))
 	waitMetricAtMost(t, c.client, dec, "kvbridge_example_reuse_held_rooms", 0, 10*time.Second)
+	c.reuseSettled(t, 8, 64)
 
 	// The decode process that kept a turn killed (kill -9) and started
 	// again on the same reuse bootstrap port: a replay naming it is
@@ -269,9 +329,9 @@ func TestOpenAIMultiTurnLease(t *testing.T) {
 // multiTurnCluster is a pair of one rank each with multi-turn reuse on,
 // the decode rank's reuse bootstrap server on a port of its own (a
 // restarted process takes it again, as a pod's does).
-func multiTurnCluster(t *testing.T, lease string) (*tinyCluster, *pdClient) {
+func multiTurnCluster(t *testing.T, lease string, prefillPages int) (*tinyCluster, *pdClient) {
 	c := startTinyClusterWith(t, tinyE2E, "NHD", transfer.Parallel{}, transfer.Parallel{}, tinyOpts{
-		prefill: []string{"-request-timeout", "20s", "-reuse-pages", "64", "-reuse-timeout", "2s"},
+		prefill: []string{"-request-timeout", "20s", "-reuse-pages", strconv.Itoa(prefillPages), "-reuse-timeout", "2s"},
 		decode: []string{"-request-timeout", "20s", "-reuse-pages", "64", "-reuse-lease", lease,
 			"-reuse-bootstrap", "127.0.0.1:" + freePort(t)}, decodeNoBootstrap: true})
 	return c, newPDClient(t, c)

@@ -281,6 +281,8 @@ func (t *tinyRank) sglangURL(sg *openai.SGLang) string {
 
 // prefillRequest is the per-rank request of a prefill instance's room.
 func (t *tinyRank) prefillRequest(oreq *openai.Request, room uint64, lease time.Duration, reuse *reusedPrefix) PrefillRequest {
+	// (reuse: an earlier turn's prefix, fetched by the front, which is the
+	// instance's one rank)
 	pr := PrefillRequest{Room: room, Prompt: oreq.Prompt, TimeoutMS: int(t.r.reqTimeout.Milliseconds()), LeaseMS: int(lease.Milliseconds()), reuse: reuse}
 	if oreq.AbortAt == "prefill" {
 		pr.AbortAt = "compute"
@@ -296,7 +298,11 @@ func (t *tinyRank) prefillRequest(oreq *openai.Request, room uint64, lease time.
 // or the first member's when it is not in the group. With a lease the
 // members answer once computed (Held); if any fails, every member's room
 // is aborted.
-func (t *tinyRank) instancePrefill(ctx context.Context, oreq *openai.Request, room uint64, group int, lease time.Duration, reuse *reusedPrefix) (PrefillResult, *openai.Error) {
+//
+// replay (vLLM's flow) is the request's kv_transfer_params: once the
+// request is admitted, the earlier turn they may name is fetched (reuse.go)
+// and only the rest of the prompt computed.
+func (t *tinyRank) instancePrefill(ctx context.Context, oreq *openai.Request, room uint64, group int, lease time.Duration, replay *openai.KVTransferParams) (PrefillResult, *openai.Error) {
 	r := t.r
 	if group < 0 {
 		group = int(room % uint64(max(r.Par.DPSize, 1)))
@@ -311,6 +317,12 @@ func (t *tinyRank) instancePrefill(ctx context.Context, oreq *openai.Request, ro
 		return PrefillResult{}, oe // (not told to the other side: the room is the other request's)
 	}
 	defer release()
+	var reuse *reusedPrefix
+	fetchStart := time.Now()
+	if replay != nil {
+		reuse = t.fetchReuse(ctx, replay, oreq.Prompt)
+	}
+	fetchMS := float64(time.Since(fetchStart).Microseconds()) / 1e3
 	pr := t.prefillRequest(oreq, room, lease, reuse)
 	results := make([]PrefillResult, len(ms))
 	cl := r.client()
@@ -340,6 +352,9 @@ func (t *tinyRank) instancePrefill(ctx context.Context, oreq *openai.Request, ro
 			t.abortMembers(ms, AbortRequest{Room: room, Reason: "prefill request failed on another rank of the instance"})
 		}
 		return PrefillResult{}, prefillError(room, ferr)
+	}
+	if replay != nil && replay.RemoteEngineID != nil && results[0].PhasesMS != nil {
+		results[0].PhasesMS["reuse"] = fetchMS // (fetching an earlier turn, before the pass)
 	}
 	return results[0], nil
 }
@@ -613,10 +628,9 @@ func (t *tinyRank) prefillVLLM(ctx context.Context, wr *openai.Writer, oreq *ope
 	// A later turn of a conversation (the llm-d sidecar's bidirectional
 	// KV transfer replays the decode answer's kv_transfer_params here):
 	// its prefix from the decode instance that keeps it, when it can.
-	reuse := t.fetchReuse(ctx, oreq.KVTransfer, oreq.Prompt)
 	start := time.Now()
 	boot := r.advertisedBootstrap(req)
-	res, oe := t.instancePrefill(ctx, oreq, room, -1, lease, reuse)
+	res, oe := t.instancePrefill(ctx, oreq, room, -1, lease, oreq.KVTransfer)
 	if oe != nil {
 		wr.Fail(oe)
 		return
@@ -774,10 +788,15 @@ func (t *tinyRank) decode(ctx context.Context, wr *openai.Writer, oreq *openai.R
 	switch {
 	case ev.Status == "Success" && ev.Error == "" && perr == nil:
 		// (ev.Reuse: the turn kept for the next, named as vLLM's decode
-		// names the blocks it keeps, do_remote_decode set)
-		wr.Finish(ev.Reuse, ext{Mode: mode, Room: room, PrefixPages: ev.PrefixPages, PhasesMS: ev.PhasesMS})
+		// names the blocks it keeps, do_remote_decode set; released at once
+		// when the answer does not reach the client)
+		if err := wr.Finish(ev.Reuse, ext{Mode: mode, Room: room, PrefixPages: ev.PrefixPages, PhasesMS: ev.PhasesMS}); err != nil {
+			t.unsent(ev.reuseRoom, err.Error())
+		}
+		return
 	case ev.Code == CodeClientGone:
 		r.log.Info("client gone mid-answer", zap.Uint64("room", room), zap.String("error", ev.Error))
+		t.unsent(ev.reuseRoom, "the client went away")
 	default:
 		msg := fmt.Sprintf("room %d: %s %s%s", room, ev.Status, ev.Reason, ev.Error)
 		if perr != nil && (ev.Code == "" || ev.Code == CodeClientGone) {
@@ -785,6 +804,7 @@ func (t *tinyRank) decode(ctx context.Context, wr *openai.Writer, oreq *openai.R
 		} else if perr != nil {
 			msg += "; " + perr.Error()
 		}
+		t.unsent(ev.reuseRoom, msg)
 		wr.Fail(codeError(ev.Code, "%s", msg))
 	}
 }

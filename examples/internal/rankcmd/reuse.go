@@ -53,6 +53,7 @@ type reusePath struct {
 	lease      time.Duration // decode: how long a kept turn waits
 	timeout    time.Duration // prefill: how long a fetch may take
 	held       prometheus.Gauge
+	heldPages  prometheus.Gauge
 	outcomes   *prometheus.CounterVec
 	reusedToks prometheus.Counter
 	computed   prometheus.Counter
@@ -72,7 +73,7 @@ const (
 	reuseStale     = "stale"       // prefill: the ticket's lease ended before the request came
 	reuseForeign   = "foreign"     // prefill: remote_* fields this deployment did not write
 	reuseGone      = "gone"        // prefill: the decode process that kept the turn is not registered (dead, or restarted since)
-	reuseOffOrWide = "unavailable" // prefill: remote_* fields, but this rank has no reuse path
+	reuseUnsent    = "unsent"      // decode: kept, but the answer naming it did not reach the client (released at once)
 )
 
 // newReusePath starts a rank's reuse path from its Manager's
@@ -81,6 +82,11 @@ const (
 func newReusePath(r *Rank, base kvmanager.Config, o *options, reg prometheus.Registerer) (*reusePath, error) {
 	if r.Par.TPSize*r.Par.PPSize*r.Par.DPSize != 1 {
 		return nil, fmt.Errorf("-reuse-pages needs an instance of one rank (this one is TP %d, PP %d, DP %d)", r.Par.TPSize, r.Par.PPSize, r.Par.DPSize)
+	}
+	if r.Role == kvmanager.RoleDecode && o.reuseLease >= base.Registry.TombstoneTTL {
+		// A used room is remembered (its replay refused at once) for the
+		// tombstone TTL only: past it a replay would wait for a sender.
+		return nil, fmt.Errorf("-reuse-lease %s must stay below the tombstone TTL (%s, KVBRIDGE_TOMBSTONE_TTL)", o.reuseLease, base.Registry.TombstoneTTL)
 	}
 	other := kvmanager.RolePrefill
 	if r.Role == kvmanager.RolePrefill {
@@ -102,13 +108,17 @@ func newReusePath(r *Rank, base kvmanager.Config, o *options, reg prometheus.Reg
 	rp := &reusePath{pages: kvmodel.NewPages(o.reusePages, uint64(time.Now().UnixNano())), lease: o.reuseLease, timeout: o.reuseTimeout,
 		held: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvbridge_example_reuse_held_rooms",
 			Help: "Decode: conversation turns kept for the next turn's prefill (multi-turn reuse), not yet fetched or expired."}),
+		heldPages: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvbridge_example_reuse_held_pages",
+			Help: "Decode: the reuse pages of the kept turns (back in the pool once their room ended)."}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvbridge_example_reuse_total",
-			Help: "Multi-turn reuse by outcome: kept, used, expired, failed, no_pages (decode); reused, mismatch, forged, stale, foreign, gone, unavailable, failed, no_pages (prefill)."}, []string{"outcome"}),
+			Help: "Multi-turn reuse by outcome: kept, used, expired, unsent, failed, no_pages (decode); reused, mismatch, forged, stale, foreign, gone, failed, no_pages (prefill)."}, []string{"outcome"}),
 		reusedToks: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_example_prefill_tokens_reused_total",
 			Help: "Prefill: prompt tokens whose KV came from an earlier turn's decode instance instead of the forward pass."}),
 		computed: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_example_prefill_tokens_computed_total",
-			Help: "Prefill: prompt tokens the forward pass computed (every prefill request)."}),
+			Help: "Prefill: prompt tokens the forward pass computed (every prefill request of a rank with -reuse-pages)."}),
 	}
+	free := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvbridge_example_reuse_free_pages",
+		Help: "The reuse path's free pages (of -reuse-pages)."}, func() float64 { return float64(rp.pages.Free()) })
 	if r.Role == kvmanager.RoleDecode {
 		// The sender's bootstrap server, served here.
 		scfg := bootstrap.ServerConfig{Insecure: base.Insecure}
@@ -131,6 +141,12 @@ func newReusePath(r *Rank, base kvmanager.Config, o *options, reg prometheus.Reg
 			ln.Close()
 			return nil, fmt.Errorf("-reuse-bootstrap %s: give a host the prefill ranks reach (an answer names it as remote_host), not an unspecified address", o.reuseBoot)
 		}
+		if h, _, err := net.SplitHostPort(o.httpAddr); err == nil && a.IP.IsLoopback() {
+			if ip := net.ParseIP(h); ip == nil || !ip.IsLoopback() {
+				base.Logger.Warn("-reuse-bootstrap is on loopback while -http is not: a prefill rank on another host cannot fetch a kept turn (every replay counted gone); give -reuse-bootstrap a host it reaches",
+					zap.String("reuse_bootstrap", ln.Addr().String()), zap.String("http", o.httpAddr))
+			}
+		}
 		cfg.BootstrapURL = "http://" + ln.Addr().String()
 		if rp.p, err = kvmanager.NewPrefill(cfg); err == nil {
 			rp.m = rp.p.Manager
@@ -139,7 +155,7 @@ func newReusePath(r *Rank, base kvmanager.Config, o *options, reg prometheus.Reg
 		rp.m = rp.d.Manager
 	}
 	if err == nil {
-		for _, c := range []prometheus.Collector{rp.held, rp.outcomes, rp.reusedToks, rp.computed} {
+		for _, c := range []prometheus.Collector{rp.held, rp.heldPages, free, rp.outcomes, rp.reusedToks, rp.computed} {
 			if reg != nil && err == nil {
 				err = reg.Register(c)
 			}
@@ -255,14 +271,14 @@ func (r *Rank) parseReuse(kv *openai.KVTransferParams) (reuseTicket, string, err
 
 // keep holds hist's KV (positions 0..len(hist)−1 of kv; its first plen
 // the turn's prompt) for the next turn and returns the kv_transfer_params
-// that name it, or nil (counted) when it cannot.
-func (t *tinyRank) keep(kv tinyllm.KV, hist []int, plen int) *openai.KVTransferParams {
+// that name it and its room, or nil (counted) when it cannot.
+func (t *tinyRank) keep(kv tinyllm.KV, hist []int, plen int) (*openai.KVTransferParams, uint64) {
 	r, rp := t.r, t.r.reuse
 	n, pt := len(hist), r.Model.PageTokens
 	pages := rp.pages.Get((n + pt - 1) / pt)
 	if pages == nil {
 		rp.outcomes.WithLabelValues(reuseNoPages).Inc()
-		return nil
+		return nil, 0
 	}
 	copyInto(&tinyllm.Seq{C: rp.cache, Pages: pages}, kv, t.layer0, t.nlayers, t.first, t.heads, n)
 	room := randomRoom()
@@ -270,23 +286,27 @@ func (t *tinyRank) keep(kv tinyllm.KV, hist []int, plen int) *openai.KVTransferP
 	if err != nil {
 		rp.pages.Put(pages)
 		rp.outcomes.WithLabelValues(reuseFailed).Inc()
-		return nil
+		return nil, 0
 	}
 	s.Init()
 	exp := time.Now().Add(rp.lease)
 	tk := reuseTicket{Room: room, Tokens: n, Hash: promptHash(hist), Prompt: plen, PromptHash: promptHash(hist[:plen]), ExpiresMS: exp.UnixMilli(), Epoch: rp.m.Epoch()}
 	rp.held.Inc()
+	rp.heldPages.Add(float64(len(pages)))
 	rp.outcomes.WithLabelValues(reuseKept).Inc()
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
 		outcome := t.sendKept(s, pages, rp.auxIndex(room))
 		rp.held.Dec()
-		rp.outcomes.WithLabelValues(outcome).Inc()
+		if outcome != "" {
+			rp.outcomes.WithLabelValues(outcome).Inc()
+		}
 		ch := s.Released()
 		s.Clear()
 		<-ch // (no read of a pushed room's pages is left once it ended)
 		rp.pages.Put(pages)
+		rp.heldPages.Sub(float64(len(pages)))
 	}()
 	engine := r.Instance + "-reuse"
 	kvp := &openai.KVTransferParams{DoRemoteDecode: true, RemoteEngineID: &engine, RemoteRequestID: r.encodeReuse(tk, rp.host, rp.port),
@@ -294,8 +314,25 @@ func (t *tinyRank) keep(kv tinyllm.KV, hist []int, plen int) *openai.KVTransferP
 	for _, p := range pages {
 		kvp.RemoteBlockIDs = append(kvp.RemoteBlockIDs, int(p))
 	}
-	return kvp
+	return kvp, room
 }
+
+// unsent releases a kept turn whose answer did not reach the client (so
+// nobody can name it): at once, not at the lease's end.
+func (t *tinyRank) unsent(room uint64, why string) {
+	rp := t.r.reuse
+	if rp == nil || rp.p == nil || room == 0 {
+		return
+	}
+	if st, ok := rp.m.Status(room); ok && st != kvmanager.Failed && st != kvmanager.Success {
+		rp.outcomes.WithLabelValues(reuseUnsent).Inc()
+		rp.p.AbortSender(room, reuseUnsentReason+why)
+	}
+}
+
+// reuseUnsentReason begins the abort reason of a kept turn released
+// unsent (sendKept counts it as such, not as failed).
+const reuseUnsentReason = "example: reuse: the answer naming the kept turn did not reach its client: "
 
 // sendKept waits for a kept turn's fetch up to the lease, sends it, and
 // returns its outcome.
@@ -308,6 +345,9 @@ func (t *tinyRank) sendKept(s *sender.Sender, pages []uint32, aux int) string {
 		if st != kvmanager.Failed {
 			s.Abort(fmt.Sprintf("example: the reuse lease (%s) of room %d ended: no prefill rank fetched the kept turn", rp.lease, s.Room()))
 			return reuseExpired
+		}
+		if strings.HasPrefix(s.Failure(), reuseUnsentReason) {
+			return "" // (counted unsent)
 		}
 		return reuseFailed
 	}
@@ -344,7 +384,8 @@ func (t *tinyRank) fetchReuse(ctx context.Context, kv *openai.KVTransferParams, 
 		return nil // (a first turn: nothing replayed)
 	}
 	if rp == nil || rp.d == nil {
-		t.reuseRefused(reuseOffOrWide, "this prefill rank has no reuse path (-reuse-pages 0, or an instance of several ranks)", kv)
+		// (no reuse metrics without -reuse-pages: logged only)
+		t.reuseRefused("", "this prefill rank has no reuse path (-reuse-pages 0)", kv)
 		return nil
 	}
 	tk, boot, err := r.parseReuse(kv)
@@ -430,7 +471,7 @@ func (t *tinyRank) fetchReuse(ctx context.Context, kv *openai.KVTransferParams, 
 
 // reuseRefused counts and logs replayed kv_transfer_params not used.
 func (t *tinyRank) reuseRefused(outcome, why string, kv *openai.KVTransferParams) {
-	if rp := t.r.reuse; rp != nil {
+	if rp := t.r.reuse; rp != nil && outcome != "" {
 		rp.outcomes.WithLabelValues(outcome).Inc()
 	}
 	t.r.log.Info("multi-turn reuse: replayed kv_transfer_params not used; computing the whole prompt",

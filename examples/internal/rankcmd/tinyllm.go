@@ -611,6 +611,9 @@ type GenerateEvent struct {
 	PhasesMS    map[string]float64 `json:"phases_ms,omitempty"`    // pages, transfer, gather, generate
 	// Reuse names the turn's kept KV (Keep): the answer's kv_transfer_params.
 	Reuse *openai.KVTransferParams `json:"reuse,omitempty"`
+	// reuseRoom is the kept turn's room (released at once when the answer
+	// naming it does not reach the client).
+	reuseRoom uint64
 }
 
 func (t *tinyRank) serveGenerate(w http.ResponseWriter, req *http.Request) {
@@ -815,7 +818,7 @@ func (t *tinyRank) generate(ctx context.Context, gr GenerateRequest, emit func(G
 	if gr.Keep && err == nil && r.reuse != nil && r.reuse.p != nil && len(toks) > 0 {
 		// The prompt's and the reply's K and V but the last token's
 		// (never fed back): what the next turn's prompt starts with.
-		ev.Reuse = t.keep(kv, append(slices.Clone(gr.Prompt), toks[:len(toks)-1]...), plen)
+		ev.Reuse, ev.reuseRoom = t.keep(kv, append(slices.Clone(gr.Prompt), toks[:len(toks)-1]...), plen)
 		mark("keep")
 	}
 	if t.prefix != nil && hit == nil && err == nil {

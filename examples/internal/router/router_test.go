@@ -262,6 +262,13 @@ func TestTurnCache(t *testing.T) {
 		c.put([]int{i, 1}, map[string]any{}, later)
 	}
 	assert.Len(t, c.turns, maxTurns, "bounded")
+	// Taken and replaced entries leave stale slots behind: eviction skips
+	// them and pushes out only the oldest live entry.
+	// (the oldest live entry is [10 1]: put again, its first slot is stale)
+	c.put([]int{10, 1}, map[string]any{"id": "again"}, later)
+	c.put([]int{-1, 1}, map[string]any{}, later)
+	assert.Equal(t, "again", c.take([]int{10, 1, 7}, now)["id"], "a replaced entry outlives its stale slot")
+	assert.Nil(t, c.take([]int{11, 1, 7}, now), "the oldest live entry pushed out instead")
+	assert.NotNil(t, c.take([]int{12, 1, 7}, now), "and only it")
 	assert.Nil(t, c.take([]int{0, 1, 7}, now), "the oldest pushed out")
-	assert.NotNil(t, c.take([]int{maxTurns + 9, 1, 7}, now), "the newest kept")
 }

@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"hash"
 	"maps"
 	"slices"
 	"sync"
@@ -109,7 +110,13 @@ func (rt *Router) attemptPush(parent context.Context, pre, dec *Instance, cr *Co
 	}
 	pr := <-pc
 	if pr.err != nil {
-		return fmt.Errorf("prefill: %w", pr.err)
+		// The decode leg's answer is whole (its room met the prefill's
+		// KV): the client has it. The prefill leg's failure after that is
+		// noted, not the client's; its identity is learnt again.
+		rep.Failures = append(rep.Failures, "prefill (after the answer): "+pr.err.Error())
+		rt.identities.Delete(pre.Name)
+		rt.keepTurn(cr, a)
+		return nil
 	}
 	rt.prefillAnswered(pre, pr.raw, rep)
 	rt.keepTurn(cr, a)
@@ -152,27 +159,47 @@ type turnCache struct {
 	mu    sync.Mutex
 	turns map[[32]byte]turn
 	lens  map[int]int // conversation lengths held, and how many of each
-	order [][32]byte  // oldest first
+	order []turnSlot  // oldest first; a slot whose seq is not its key's entry's is stale
+	seq   uint64
 }
 
 type turn struct {
 	params  map[string]any
 	n       int
 	expires time.Time
+	seq     uint64
+}
+
+type turnSlot struct {
+	key [32]byte
+	seq uint64
 }
 
 const maxTurns = 4096
 
-func tokensKey(toks []int) [32]byte {
-	h := sha256.New()
+// tokensHash digests tokens; keyAt reads the digest of the first n so far
+// (a hash's Sum does not reset it: one pass gives every prefix's key).
+type tokensHash struct{ h hash.Hash }
+
+func newTokensHash() tokensHash { return tokensHash{sha256.New()} }
+
+func (t tokensHash) write(toks []int) {
 	var b [4]byte
-	for _, t := range toks {
-		binary.LittleEndian.PutUint32(b[:], uint32(t))
-		h.Write(b[:])
+	for _, tok := range toks {
+		binary.LittleEndian.PutUint32(b[:], uint32(tok))
+		t.h.Write(b[:])
 	}
-	var k [32]byte
-	h.Sum(k[:0])
+}
+
+func (t tokensHash) key() (k [32]byte) {
+	t.h.Sum(k[:0])
 	return k
+}
+
+func tokensKey(toks []int) [32]byte {
+	h := newTokensHash()
+	h.write(toks)
+	return h.key()
 }
 
 func (c *turnCache) drop(k [32]byte) {
@@ -190,29 +217,49 @@ func (c *turnCache) put(conv []int, params map[string]any, expires time.Time) {
 	defer c.mu.Unlock()
 	k := tokensKey(conv)
 	c.drop(k)
-	c.turns[k] = turn{params: params, n: len(conv), expires: expires}
+	c.seq++
+	c.turns[k] = turn{params: params, n: len(conv), expires: expires, seq: c.seq}
 	c.lens[len(conv)]++
-	c.order = append(c.order, k)
-	for len(c.order) > 2*maxTurns || len(c.turns) > maxTurns {
-		c.drop(c.order[0])
+	c.order = append(c.order, turnSlot{k, c.seq})
+	for len(c.turns) > maxTurns {
+		s := c.order[0]
 		c.order = c.order[1:]
+		if t, ok := c.turns[s.key]; ok && t.seq == s.seq {
+			c.drop(s.key)
+		}
+	}
+	if len(c.order) > 2*maxTurns {
+		// Stale slots (taken or replaced entries) compacted away.
+		live := c.order[:0]
+		for _, s := range c.order {
+			if t, ok := c.turns[s.key]; ok && t.seq == s.seq {
+				live = append(live, s)
+			}
+		}
+		c.order = live
 	}
 }
 
 // take returns (and forgets) the params of the longest conversation
-// prompt extends, nil if none.
+// prompt extends, nil if none: one pass over the prompt.
 func (c *turnCache) take(prompt []int, now time.Time) map[string]any {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	lens := slices.Sorted(maps.Keys(c.lens))
-	for i := len(lens) - 1; i >= 0; i-- {
-		n := lens[i]
+	h := newTokensHash()
+	var keys [][32]byte
+	at := 0
+	for _, n := range lens {
 		if n >= len(prompt) {
-			continue
+			break
 		}
-		k := tokensKey(prompt[:n])
-		if t, ok := c.turns[k]; ok {
-			c.drop(k)
+		h.write(prompt[at:n])
+		at = n
+		keys = append(keys, h.key())
+	}
+	for i := len(keys) - 1; i >= 0; i-- {
+		if t, ok := c.turns[keys[i]]; ok {
+			c.drop(keys[i])
 			if now.Before(t.expires) {
 				return t.params
 			}
