@@ -62,18 +62,18 @@ type reusePath struct {
 // Outcomes of a kept turn (decode) and of a fetch (prefill), the label of
 // kvbridge_example_reuse_total.
 const (
-	reuseKept      = "kept"        // decode: a turn's KV kept and named in the answer
-	reuseNoPages   = "no_pages"    // no free reuse pages: not kept, or not fetched
-	reuseUsed      = "used"        // decode: fetched by a prefill rank (released)
-	reuseExpired   = "expired"     // decode: the lease ended unfetched (released)
-	reuseFailed    = "failed"      // the room failed (a peer died, refused, a bad ticket's room)
-	reuseReused    = "reused"      // prefill: a prefix fetched and used
-	reuseMismatch  = "mismatch"    // prefill: fetched, but the prompt does not extend the kept tokens
-	reuseForged    = "forged"      // prefill: remote_request_id not signed by this deployment
-	reuseStale     = "stale"       // prefill: the ticket's lease ended before the request came
-	reuseForeign   = "foreign"     // prefill: remote_* fields this deployment did not write
-	reuseGone      = "gone"        // prefill: the decode process that kept the turn is not registered (dead, or restarted since)
-	reuseUnsent    = "unsent"      // decode: kept, but the answer naming it did not reach the client (released at once)
+	reuseKept     = "kept"     // decode: a turn's KV kept and named in the answer
+	reuseNoPages  = "no_pages" // no free reuse pages: not kept, or not fetched
+	reuseUsed     = "used"     // decode: fetched by a prefill rank (released)
+	reuseExpired  = "expired"  // decode: the lease ended unfetched (released)
+	reuseFailed   = "failed"   // the room failed (a peer died, refused, a bad ticket's room)
+	reuseReused   = "reused"   // prefill: a prefix fetched and used
+	reuseMismatch = "mismatch" // prefill: fetched, but the prompt does not extend the kept tokens
+	reuseForged   = "forged"   // prefill: remote_request_id not signed by this deployment
+	reuseStale    = "stale"    // prefill: the ticket's lease ended before the request came
+	reuseForeign  = "foreign"  // prefill: remote_* fields this deployment did not write
+	reuseGone     = "gone"     // prefill: the decode process that kept the turn is not registered (dead, or restarted since)
+	reuseUnsent   = "unsent"   // decode: kept, but the answer naming it did not reach the client (released at once)
 )
 
 // newReusePath starts a rank's reuse path from its Manager's
