@@ -25,7 +25,7 @@ test: deps
 	@# The checkers (CPU-bound, one goroutine each) run beside the other packages' tests (mostly waiting on processes and sockets): 2 cores stay busy.
 	@$(MAKE) --no-print-directory -j2 test-checkers test-packages
 	@# Rate-dependent: the race detector slows the writes below the rate at which UCX's adaptive progress lost events (see the test).
-	$(GO) test -count=1 -timeout 3m -run '^TestUCXNoLostWakeCrossProcess$$' ./nixl
+	$(GO) test -count=1 -timeout 3m -run '^TestUCXNoLostWakeCrossProcess$$' ./internal/nixl
 
 # The model checker and the simulator print what they checked.
 # The protocol core (internal/core): the checkers and the package's other tests.
@@ -43,7 +43,7 @@ test-checkers:
 # Three packages at a time, longest first: the two longest (which mostly wait on processes), then nixl as soon as a slot frees
 # (in go list's order it started at 157 s of 276 and was the last to end), then the next longest; the rest after them.
 test-packages:
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -p 3 -parallel 4 ./internal/e2e ./examples/demo ./examples/internal/e2e ./nixl ./kvmanager ./internal/core ./bootstrap ./internal/control ./examples/kvbench ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -p 3 -parallel 4 ./internal/e2e ./examples/demo ./examples/internal/e2e ./internal/nixl ./kvmanager ./internal/core ./bootstrap ./internal/control ./examples/kvbench ./...
 
 NIXL_RUNS ?= 20
 NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL|TestFirstRoomAfterPrefillRestartElsewhere|TestAbortReachesPrefillRestartedElsewhere|TestRoomAfterPrefillRestartElsewhere|TestRoomPostedRightAfterPrefillRestartElsewhere|TestPausedDecodeLearnsItsRoomsFailed|TestDecodeKilledRepeatedly|TestNIXLFaultRepro|TestLibNIXLBadThenGenuineMetadata|TestLibNIXLGenNotifFlushed|TestPrefixSkipped|TestForgedMemoryRefusedAcrossProcesses|TestForgedOfferRefusedAcrossProcesses|TestPullByteExact|TestPullRanksKilledMidRead|TestPagesOfDifferentSizesByteExact|TestSilentPartialCompletion|TestSilentPartialWriteFailsRoom|TestSilentPartialWriteAcrossProcesses|TestSilentPartialStateWriteFailsRoom|TestSilentPartialReadFailsRoom)$$/^libnixl-real$$
@@ -53,14 +53,14 @@ NIXL_LOG ?= $${TMPDIR:-/tmp}/kvbridge-test-nixl.log
 test-nixl: deps
 	@test -n "$$KVBRIDGE_NIXL_LIB" || { echo "test-nixl: set KVBRIDGE_NIXL_LIB to a real NIXL's libnixl_capi.so (see DEVELOPERS.md)" >&2; exit 2; }
 	@echo "test-nixl: full log in $(NIXL_LOG)"
-	$(GO) test -race -count=$(NIXL_RUNS) -timeout $$(( $(NIXL_RUNS) * 6 + 10 ))m -v -run '$(NIXL_TESTS)' ./nixl ./internal/e2e | tee $(NIXL_LOG) | grep -E '^(ok|FAIL)|^\s*--- |libucp mapped|VRAM: nothing ran' | sed -E 's/ \([0-9.]+s\)//' | sort | uniq -c
+	$(GO) test -race -count=$(NIXL_RUNS) -timeout $$(( $(NIXL_RUNS) * 6 + 10 ))m -v -run '$(NIXL_TESTS)' ./internal/nixl ./internal/e2e | tee $(NIXL_LOG) | grep -E '^(ok|FAIL)|^\s*--- |libucp mapped|VRAM: nothing ran' | sed -E 's/ \([0-9.]+s\)//' | sort | uniq -c
 
 ## mutants: every source mutant (scripts/srcmutants: a known bug brought back as an edit laid over the code with go test -overlay), each with the tests it names; fails if any survives, or if a test written to show a mutant's effect does not
 mutants:
 	$(GO) run ./scripts/srcmutants
 
 FUZZTIME ?= 60s
-FUZZ_TARGETS := internal/wire:FuzzDecode internal/control:FuzzOpen internal/control:FuzzOpenMD nixl:FuzzParseUCXAddress nixl:FuzzParseNIXLMD nixl:FuzzDecodeMetadata internal/core:FuzzParseNotif
+FUZZ_TARGETS := internal/wire:FuzzDecode internal/control:FuzzOpen internal/control:FuzzOpenMD internal/nixl:FuzzParseUCXAddress internal/nixl:FuzzParseNIXLMD internal/nixl:FuzzDecodeMetadata internal/core:FuzzParseNotif
 ## fuzz: each native fuzz target for FUZZTIME (make test runs their seed corpora only): the wire decoder, the authentication frame and sealed metadata, the UCX worker address and NIXL blob walks, kvbridge's metadata envelope, the notification parser
 fuzz: deps
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t#*:}; echo "== $$pkg $$fn"; $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) ./$$pkg; done

@@ -12,7 +12,7 @@ import (
 // go-nvml, whose cgo prologue floods a plain go build with deprecation
 // warnings: the library and the other examples build quietly.
 func TestOnlyDiscoveryCompilesNVML(t *testing.T) {
-	pkgs := []string{"../nixl", "../kvmanager", "../transfer", "../bootstrap", "../sender", "../receiver", "../gpu",
+	pkgs := []string{"../nixl", "../internal/nixl", "../kvmanager", "../transfer", "../bootstrap", "../sender", "../receiver", "../gpu",
 		"../examples/prefill", "../examples/decode", "../examples/demo", "../examples/kvbench"}
 	out, err := exec.Command("go", append([]string{"list", "-deps"}, pkgs...)...).CombinedOutput()
 	require.NoError(t, err, "go list: %s", out)

@@ -11,9 +11,9 @@ import (
 	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/wire"
-	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -156,7 +156,7 @@ func awaitChallenge(t *testing.T, r *proofRank) []byte {
 	}
 }
 
-// renamed is a kvbridge metadata blob (nixl/metadata.go: "KVBN" version,
+// renamed is a kvbridge metadata blob (internal/nixl/metadata.go: "KVBN" version,
 // then engine, agent and library as length-prefixed strings, ...) with its
 // agent name replaced: the same process, memory and keys, another name.
 func renamed(t *testing.T, md []byte, name string) []byte {

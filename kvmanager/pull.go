@@ -26,9 +26,9 @@ import (
 	"github.com/kvbridge/kvbridge/internal/canary"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/pool"
 	"github.com/kvbridge/kvbridge/internal/wire"
-	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
 )

@@ -9,9 +9,9 @@ import (
 
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/wire"
-	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/require"
 )
@@ -183,7 +183,7 @@ func TestRegisterMutatedAgentMetadata(t *testing.T) {
 	require.True(t, a.OK, "genuine metadata refused after the mutations: %+v", a)
 }
 
-// blobFields finds, in a kvbridge metadata blob (nixl/metadata.go's format:
+// blobFields finds, in a kvbridge metadata blob (internal/nixl/metadata.go's format:
 // "KVBN" version engine agent library nregions regions payload), the
 // spans of the UCX worker address and of each region's key.
 func blobFields(t *testing.T, b []byte) (payload [2]int, keys [][2]int) {

@@ -9,7 +9,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/canary"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"go.uber.org/zap"
 )
 

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/cpustat"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/testauth"
-	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/require"
 )

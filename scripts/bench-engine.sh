@@ -148,7 +148,7 @@ for round in $(seq 1 "$rounds"); do
 	echo "round $round of $rounds: go benchmarks (benchtime $benchtime), then ucx_perftest ..."
 	# A failing benchmark (a write past its deadline) leaves its rows n/a and
 	# is named, instead of ending the script with nothing printed.
-	go test -run '^$' -bench 'BenchmarkWrite/ucx|BenchmarkWriteDescs|BenchmarkWriteCrossProcess|BenchmarkWriteStreamed|BenchmarkMemcpy' -benchtime "$benchtime" ./nixl >"$out/go.all.$round" 2>/dev/null || true
+	go test -run '^$' -bench 'BenchmarkWrite/ucx|BenchmarkWriteDescs|BenchmarkWriteCrossProcess|BenchmarkWriteStreamed|BenchmarkMemcpy' -benchtime "$benchtime" ./internal/nixl >"$out/go.all.$round" 2>/dev/null || true
 	grep -E '^Benchmark.*/s' "$out/go.all.$round" >"$out/go.$round" || true
 	grep -E -A2 -e '--- FAIL' "$out/go.all.$round" | grep -v '^child ' || true
 	for tls in shm tcp; do

@@ -4,8 +4,8 @@ import (
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"testing"
 
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/kvmanager"
-	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/require"

@@ -19,8 +19,8 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/wire"
-	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
@@ -243,7 +243,7 @@ func (a *attacker) seal(p *proc, rank int, frames [][]byte) [][]byte {
 func (a *attacker) sealed(p *proc, m wire.Message) [][]byte { return a.seal(p, 0, encode(m)) }
 
 // localAgent returns the engine library a real ucx blob of this machine
-// names (nixl/metadata.go: "ucx/<release>") and a real worker address,
+// names (internal/nixl/metadata.go: "ucx/<release>") and a real worker address,
 // read from a short-lived local agent's blob (no regions), so the
 // insider's REGISTERs reach the address check with addresses UCX wrote.
 func localAgent() (library string, addr []byte) {
@@ -325,7 +325,7 @@ func fromMap(f wire.From) map[string]any {
 	return map[string]any{"role": f.Role, "instance": f.Instance, "rank": f.Rank, "endpoint": f.Endpoint, "epoch": f.Epoch}
 }
 
-// agentBlob is a well-formed kvbridge ucx metadata blob (nixl/metadata.go's
+// agentBlob is a well-formed kvbridge ucx metadata blob (internal/nixl/metadata.go's
 // format) around a worker address.
 func (a *attacker) agentBlob(addr []byte) []byte {
 	b := append([]byte("KVBN"), 2)

@@ -28,7 +28,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/gpu/discover"
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 )
 
 type result struct {

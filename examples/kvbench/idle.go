@@ -21,7 +21,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
 	"github.com/kvbridge/kvbridge/internal/cpustat"
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 )
 
 // idleGoal is the bound for an idle rank: 0.1 % of one core.

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/cpustat"
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 )
 
 // nixlrefSource is the NIXL C program the nixl mode compares with.

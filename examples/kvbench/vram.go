@@ -9,7 +9,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/cpustat"
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 )
 

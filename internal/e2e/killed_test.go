@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/nixldouble"
 	"github.com/kvbridge/kvbridge/kvmanager"
-	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )

@@ -13,11 +13,11 @@ import (
 
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/rawagent"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/kvmanager"
-	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/require"
 )
@@ -56,7 +56,7 @@ func registerRegions(l transfer.Layout) (kv, aux, state []wire.Region) {
 	return kv, aux, state
 }
 
-// blobParts splits a kvbridge metadata blob (nixl/metadata.go: "KVBN",
+// blobParts splits a kvbridge metadata blob (internal/nixl/metadata.go: "KVBN",
 // version, engine, agent and library as length-prefixed strings, the
 // region table, the engine's payload) into its header up to the agent
 // name, the name, the rest of the header, the region table and the

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 )
 

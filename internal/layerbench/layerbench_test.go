@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/kvmanager"
-	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 )
 
 // Errors of the pool.

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 )
 
 // ReadPairs turns a write that src's rank would make into dst's memory —

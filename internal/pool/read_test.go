@@ -3,7 +3,7 @@ package pool
 import (
 	"testing"
 
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )

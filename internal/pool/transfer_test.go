@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"

@@ -5,7 +5,7 @@
 // safety — so kvmanager does not export it: its init sets Of.
 package rawagent
 
-import "github.com/kvbridge/kvbridge/nixl"
+import "github.com/kvbridge/kvbridge/internal/nixl"
 
 // Of returns the agent of a *kvmanager.Prefill, *kvmanager.Decode or
 // *kvmanager.Manager (nil for anything else).

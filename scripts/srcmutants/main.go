@@ -158,23 +158,23 @@ var mutants = []mutant{
 	{name: "tombq-renew-uncompacted", file: "internal/core/registry.go", old: "\t\t\tr.tombQ = append(r.tombQ, tombRef{id, t.expires})\n\t\t\tr.compactTombQ()\n", new: "\t\t\tr.tombQ = append(r.tombQ, tombRef{id, t.expires})\n",
 		pkg: "internal/core", run: "^(TestRepeatedAbortKeepsTombQBounded|TestSimRandomHostile)$"},
 	// A READ's destination descriptors get no canary: a READ NIXL reports complete without delivering a descriptor is taken as delivered (issue 54).
-	{name: "read-canary-not-planted", file: "nixl/nixl.go", old: "\ta.plantCanaries(x)\n\ta.wmu.Unlock()\n", new: "\ta.wmu.Unlock()\n",
-		pkg: "nixl", run: "^(TestSilentPartialReadCaughtOnTheDouble)$"},
+	{name: "read-canary-not-planted", file: "internal/nixl/nixl.go", old: "\ta.plantCanaries(x)\n\ta.wmu.Unlock()\n", new: "\ta.wmu.Unlock()\n",
+		pkg: "internal/nixl", run: "^(TestSilentPartialReadCaughtOnTheDouble)$"},
 	// A failed READ leaves its canaries in the memory it did not deliver.
-	{name: "read-canary-not-restored", file: "nixl/nixl.go", old: "i := settleTails(x.tails, x.canary, x.saved, others, true)", new: "i := settleTails(x.tails, x.canary, x.saved, others, false)",
-		pkg: "nixl", run: "^(TestSilentPartialReadCaughtOnTheDouble|TestUCXTCPReadsAsMessages)$"},
+	{name: "read-canary-not-restored", file: "internal/nixl/nixl.go", old: "i := settleTails(x.tails, x.canary, x.saved, others, true)", new: "i := settleTails(x.tails, x.canary, x.saved, others, false)",
+		pkg: "internal/nixl", run: "^(TestSilentPartialReadCaughtOnTheDouble|TestUCXTCPReadsAsMessages)$"},
 	// The ucx engine's target copies a peer's write or read with memcpy: memory made inaccessible since it was registered kills the target (SIGSEGV in its active-message handler).
-	{name: "am-copy-faults", file: "nixl/ucx_engine.c", old: "\tssize_t got = process_vm_readv(getpid(), &lv, 1, &rv, 1, 0);\n", new: "\t(void)lv;\n\t(void)rv;\n\tmemcpy(to, from, n);\n\tssize_t got = (ssize_t)n;\n",
-		pkg: "nixl", run: "^(TestSilentPartialCompletion)$"},
+	{name: "am-copy-faults", file: "internal/nixl/ucx_engine.c", old: "\tssize_t got = process_vm_readv(getpid(), &lv, 1, &rv, 1, 0);\n", new: "\t(void)lv;\n\t(void)rv;\n\tmemcpy(to, from, n);\n\tssize_t got = (ssize_t)n;\n",
+		pkg: "internal/nixl", run: "^(TestSilentPartialCompletion)$"},
 	// A READ's tail holding another in-flight READ's canary (overlapping reads) is taken as delivered.
 	{name: "read-canary-over-another", file: "internal/canary/canary.go", old: "\t\t\t\tfirst = (long)i; // another READ in flight planted over it: not vouched for\n", new: "\t\t\t\t(void)first;\n",
-		pkg: "nixl", run: "^(TestReadCanariesOfOverlappingReads)$"},
+		pkg: "internal/nixl", run: "^(TestReadCanariesOfOverlappingReads)$"},
 	// A READ cancelled in flight (Release, Close) gives its tails back while the engine may still write them.
-	{name: "read-canary-restored-when-cancelled", file: "nixl/nixl.go", old: "\tif x.cancelled {\n\t\treturn -1\n\t}\n", new: "",
-		pkg: "nixl", run: "^(TestReadCanariesOfOverlappingReads)$"},
+	{name: "read-canary-restored-when-cancelled", file: "internal/nixl/nixl.go", old: "\tif x.cancelled {\n\t\treturn -1\n\t}\n", new: "",
+		pkg: "internal/nixl", run: "^(TestReadCanariesOfOverlappingReads)$"},
 	// A completed READ's canaries are not checked.
-	{name: "read-canary-unchecked", file: "nixl/nixl.go", old: "if k := a.settleCanaries(x, st); k >= 0 {", new: "if k := a.settleCanaries(x, st); k >= 0 && false {",
-		pkg: "nixl", run: "^(TestSilentPartialReadCaughtOnTheDouble)$"},
+	{name: "read-canary-unchecked", file: "internal/nixl/nixl.go", old: "if k := a.settleCanaries(x, st); k >= 0 {", new: "if k := a.settleCanaries(x, st); k >= 0 && false {",
+		pkg: "internal/nixl", run: "^(TestSilentPartialReadCaughtOnTheDouble)$"},
 	// A pending room's expiry tombstone counts in no rank's share: a REQUEST flood fills the bound and forgets others' early aborts.
 	{name: "pending-expiry-no-share", file: "internal/core/registry.go", old: "by: onePeer(p.requests)}", new: "by: \"\"}",
 		pkg: "internal/core", run: "^(TestRequestFloodForgetsItsOwn)$"},
@@ -251,10 +251,10 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestRegisterAsLoadEffect$"},
 	// No CPU when idle (issue 24): the ucx engine's sleep on its event fd,
 	// UCX's adaptive progress off, the decode notifier's stop and kick.
-	{name: "ucx-idle-timer", file: "nixl/ucx.go", old: "		case ready == nil || len(u.active) > 0 || u.adaptiveOn:", new: "		case true:",
-		pkg: "nixl", run: "^TestUCXIdleSleepsOnEventFD$"},
-	{name: "ucx-adaptive-progress", file: "nixl/ucx.go", old: "		ucpKeys[\"ADAPTIVE_PROGRESS\"] = setting", new: "		ucpKeys[\"ADAPTIVE_PROGRESS\"] = \"y\"",
-		pkg: "nixl", run: "^(TestUCXAdaptiveProgressOff|TestUCXNoLostWakeCrossProcess)$"},
+	{name: "ucx-idle-timer", file: "internal/nixl/ucx.go", old: "		case ready == nil || len(u.active) > 0 || u.adaptiveOn:", new: "		case true:",
+		pkg: "internal/nixl", run: "^TestUCXIdleSleepsOnEventFD$"},
+	{name: "ucx-adaptive-progress", file: "internal/nixl/ucx.go", old: "		ucpKeys[\"ADAPTIVE_PROGRESS\"] = setting", new: "		ucpKeys[\"ADAPTIVE_PROGRESS\"] = \"y\"",
+		pkg: "internal/nixl", run: "^(TestUCXAdaptiveProgressOff|TestUCXNoLostWakeCrossProcess)$"},
 	{name: "notifier-never-stops", file: "kvmanager/decode.go", old: "			case live == 0 && tombs == 0:", new: "			case live < 0 && tombs == 0:",
 		pkg: "internal/e2e", run: "^TestNotifierStopsPollingWithoutRooms$"},
 	{name: "notifier-ignores-tombstones", file: "kvmanager/decode.go", old: "			case live == 0 && tombs == 0:", new: "			case live == 0 && tombs >= 0:",
@@ -263,8 +263,8 @@ var mutants = []mutant{
 		pkg: "internal/e2e", run: "^TestNotifierStopsPollingWithoutRooms$"},
 	// A transfer released while its direct copy runs on a goroutine of its
 	// own: the copy's end wrote into its freed C struct (SIGSEGV).
-	{name: "released-copy-notified", file: "nixl/ucx.go", old: "			if ux.c == nil {\n", new: "			if ux.c == nil && false {\n",
-		pkg: "nixl", run: "^TestUCXReleaseDuringDirectCopy$"},
+	{name: "released-copy-notified", file: "internal/nixl/ucx.go", old: "			if ux.c == nil {\n", new: "			if ux.c == nil && false {\n",
+		pkg: "internal/nixl", run: "^TestUCXReleaseDuringDirectCopy$"},
 	// Issue 25: the pool posts a write before its data is ready; a write
 	// restricted to some layers writes them all.
 	{name: "ready-ignored", file: "internal/pool/pool.go", old: "	if w.Ready == nil {\n", new: "	if w.Ready == nil || true {\n",
@@ -284,22 +284,22 @@ var mutants = []mutant{
 	// namespace size.
 	{name: "prefill-agent-threaded", file: "kvmanager/shell.go", old: "		if cfg.Role == RolePrefill || cfg.Pull {\n", new: "		if false {\n",
 		pkg: "internal/e2e", run: "^TestRankAgentProgressModes$"},
-	{name: "nixl-adaptive-progress", file: "nixl/libnixl.go", old: "\t\tadd = append(add, \"ADAPTIVE_PROGRESS=n\")", new: "",
-		pkg: "nixl", run: "^TestLibNIXLEngineConfig$"},
+	{name: "nixl-adaptive-progress", file: "internal/nixl/libnixl.go", old: "\t\tadd = append(add, \"ADAPTIVE_PROGRESS=n\")", new: "",
+		pkg: "internal/nixl", run: "^TestLibNIXLEngineConfig$"},
 	// The ucx engine over tcp (its own acknowledged write messages, the
 	// flushing close).
-	{name: "tcp-writes-as-puts", file: "nixl/ucx.go", old: "		C.kvb_ep_detect(ep)\n", new: "\n",
-		pkg: "nixl", run: "^TestUCXTCPWritesAsMessages$"},
-	{name: "am-write-no-range-check", file: "nixl/ucx_engine.c", old: "	} else if (!kvb_region_covers(c, h.addr, length)) {", new: "	} else if (!kvb_region_covers(c, h.addr, 0)) {",
-		pkg: "nixl", run: "^TestUCXHostileWriteMessages$"},
-	{name: "ep-close-not-waited", file: "nixl/ucx_engine.c", old: "	e->close_deadline_ms = kvb_now_ms() + wait_ms;", new: "	e->close_deadline_ms = kvb_now_ms();",
-		pkg: "nixl", run: "^TestUCXCloseInFlightTargetStalled$"},
-	{name: "nixl-alloc-no-huge-pages", file: "nixl/libnixl.go", old: "	madvise(a, n, MADV_HUGEPAGE);\n", new: "\n",
-		pkg: "nixl", run: "^TestLibNIXLAllocHugePages$"},
-	{name: "tcp-priority-of-first-device", file: "nixl/addrcheck.go", old: "	if tlName(t.csum) != \"tcp\" {\n", new: "	if true {\n",
-		pkg: "nixl", run: "^TestUCXTCPPriorityPerDevice$"},
-	{name: "namespace-always-ino", file: "nixl/addrcheck.go", old: "	if v.major > 1 || (v.major == 1 && v.minor >= 22) {\n		return 4\n	}\n", new: "",
-		pkg: "nixl", run: "^TestUCXNamespaceSizes$"},
+	{name: "tcp-writes-as-puts", file: "internal/nixl/ucx.go", old: "		C.kvb_ep_detect(ep)\n", new: "\n",
+		pkg: "internal/nixl", run: "^TestUCXTCPWritesAsMessages$"},
+	{name: "am-write-no-range-check", file: "internal/nixl/ucx_engine.c", old: "	} else if (!kvb_region_covers(c, h.addr, length)) {", new: "	} else if (!kvb_region_covers(c, h.addr, 0)) {",
+		pkg: "internal/nixl", run: "^TestUCXHostileWriteMessages$"},
+	{name: "ep-close-not-waited", file: "internal/nixl/ucx_engine.c", old: "	e->close_deadline_ms = kvb_now_ms() + wait_ms;", new: "	e->close_deadline_ms = kvb_now_ms();",
+		pkg: "internal/nixl", run: "^TestUCXCloseInFlightTargetStalled$"},
+	{name: "nixl-alloc-no-huge-pages", file: "internal/nixl/libnixl.go", old: "	madvise(a, n, MADV_HUGEPAGE);\n", new: "\n",
+		pkg: "internal/nixl", run: "^TestLibNIXLAllocHugePages$"},
+	{name: "tcp-priority-of-first-device", file: "internal/nixl/addrcheck.go", old: "	if tlName(t.csum) != \"tcp\" {\n", new: "	if true {\n",
+		pkg: "internal/nixl", run: "^TestUCXTCPPriorityPerDevice$"},
+	{name: "namespace-always-ino", file: "internal/nixl/addrcheck.go", old: "	if v.major > 1 || (v.major == 1 && v.minor >= 22) {\n		return 4\n	}\n", new: "",
+		pkg: "internal/nixl", run: "^TestUCXNamespaceSizes$"},
 	// Pages of different sizes: a chunk that ends inside a larger decode
 	// page is written (two chunks would share a decode page, and each
 	// notification would name it whole).
@@ -363,31 +363,31 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestSimExhaustive$/killed_just_after"},
 	// Shared-memory endpoints pinged at wire-up: the reply endpoint keeps
 	// a dead peer's segments mapped for good.
-	{name: "shm-endpoints-pinged", file: "nixl/ucx_engine.c", old: "	if (rma) {\n		return e->failed ? e->status : UCS_OK;", new: "	if (0) {\n		return e->failed ? e->status : UCS_OK;",
-		pkg: "nixl", run: "^TestReplacedPeerReleasesItsMemory$"},
+	{name: "shm-endpoints-pinged", file: "internal/nixl/ucx_engine.c", old: "	if (rma) {\n		return e->failed ? e->status : UCS_OK;", new: "	if (0) {\n		return e->failed ? e->status : UCS_OK;",
+		pkg: "internal/nixl", run: "^TestReplacedPeerReleasesItsMemory$"},
 	// Reads over tcp through UCX's get emulation: the target copies from
 	// whatever address the reader names.
-	{name: "tcp-reads-emulated", file: "nixl/ucx_engine.c", old: "	if (read && e->emulated) {", new: "	if (0 && read && e->emulated) {",
-		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
-	{name: "read-answer-any-endpoint", file: "nixl/ucx_engine.c", old: "	    param->reply_ep != x->ep->ep || a.index >= x->rsent", new: "	    a.index >= x->rsent",
-		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
-	{name: "read-answer-length-unchecked", file: "nixl/ucx_engine.c", old: "	} else if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length != x->rhdrs[a.index].len) {", new: "	} else if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length > x->rhdrs[a.index].len) {",
-		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
-	{name: "read-answer-twice", file: "nixl/ucx_engine.c", old: "a.index >= x->rsent || x->rgot[a.index]) {", new: "a.index >= x->rsent) {",
-		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
-	{name: "vram-region-outside-allocation", file: "nixl/vram.go", old: "	if uint64(region.Addr) < k.base || uint64(region.Addr)-k.base > size || region.Len > size-(uint64(region.Addr)-k.base) {", new: "	if false {",
-		pkg: "nixl", run: "^TestVRAMRegionOutsideItsAllocationRefused$"},
+	{name: "tcp-reads-emulated", file: "internal/nixl/ucx_engine.c", old: "	if (read && e->emulated) {", new: "	if (0 && read && e->emulated) {",
+		pkg: "internal/nixl", run: "^TestUCXTCPReadsAsMessages$"},
+	{name: "read-answer-any-endpoint", file: "internal/nixl/ucx_engine.c", old: "	    param->reply_ep != x->ep->ep || a.index >= x->rsent", new: "	    a.index >= x->rsent",
+		pkg: "internal/nixl", run: "^TestUCXTCPReadsAsMessages$"},
+	{name: "read-answer-length-unchecked", file: "internal/nixl/ucx_engine.c", old: "	} else if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length != x->rhdrs[a.index].len) {", new: "	} else if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length > x->rhdrs[a.index].len) {",
+		pkg: "internal/nixl", run: "^TestUCXTCPReadsAsMessages$"},
+	{name: "read-answer-twice", file: "internal/nixl/ucx_engine.c", old: "a.index >= x->rsent || x->rgot[a.index]) {", new: "a.index >= x->rsent) {",
+		pkg: "internal/nixl", run: "^TestUCXTCPReadsAsMessages$"},
+	{name: "vram-region-outside-allocation", file: "internal/nixl/vram.go", old: "	if uint64(region.Addr) < k.base || uint64(region.Addr)-k.base > size || region.Len > size-(uint64(region.Addr)-k.base) {", new: "	if false {",
+		pkg: "internal/nixl", run: "^TestVRAMRegionOutsideItsAllocationRefused$"},
 	// An answer landed for a chunk the read has not asked for yet (inside
 	// the read, past its window).
-	{name: "read-answer-not-asked", file: "nixl/ucx_engine.c", old: "	    param->reply_ep != x->ep->ep || a.index >= x->rsent || x->rgot[a.index]) {", new: "	    param->reply_ep != x->ep->ep || a.index >= x->rchunks || x->rgot[a.index]) {",
-		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
+	{name: "read-answer-not-asked", file: "internal/nixl/ucx_engine.c", old: "	    param->reply_ep != x->ep->ep || a.index >= x->rsent || x->rgot[a.index]) {", new: "	    param->reply_ep != x->ep->ep || a.index >= x->rchunks || x->rgot[a.index]) {",
+		pkg: "internal/nixl", run: "^TestUCXTCPReadsAsMessages$"},
 	// A read over tcp asks for every chunk at once: a read above the
 	// target's bound on queued answers is refused when the target falls
 	// behind.
-	{name: "reads-not-windowed", file: "nixl/ucx_engine.c", old: "	while (x->rsent < chunks && x->rsent < KVB_READ_WINDOW) {", new: "	while (x->rsent < chunks) {",
-		pkg: "nixl", run: "^TestUCXTCPLargeReadsCrossProcess$"},
-	{name: "read-answers-unbounded", file: "nixl/ucx_engine.c", old: "	} else if (c->rdata_pending + h.len > KVB_RDATA_PENDING) {", new: "	} else if (0) {",
-		pkg: "nixl", run: "^TestUCXTCPReadsAsMessages$"},
+	{name: "reads-not-windowed", file: "internal/nixl/ucx_engine.c", old: "	while (x->rsent < chunks && x->rsent < KVB_READ_WINDOW) {", new: "	while (x->rsent < chunks) {",
+		pkg: "internal/nixl", run: "^TestUCXTCPLargeReadsCrossProcess$"},
+	{name: "read-answers-unbounded", file: "internal/nixl/ucx_engine.c", old: "	} else if (c->rdata_pending + h.len > KVB_RDATA_PENDING) {", new: "	} else if (0) {",
+		pkg: "internal/nixl", run: "^TestUCXTCPReadsAsMessages$"},
 	// Memory proven to its owner (issue 41, 1): a REGISTER's proof slots
 	// read back but not compared; an agent name another decode rank
 	// registered taken over at the bind (its remote dropped by the
@@ -596,10 +596,10 @@ var mutants = []mutant{
 		pkg: "internal/e2e", run: "^TestSilentPartialReadFailsRoom$/libnixl-double"},
 	{name: "write-tails-past-pages", file: "internal/kvlayout/tails.go", old: "\t\t\t\tif uint64(u) < pages {", new: "\t\t\t\tif true {",
 		pkg: "internal/kvlayout", run: "^TestTailsStayInside$"},
-	{name: "caller-cma-segment-default", file: "nixl/libnixl.go", old: "\tif caller && !set[\"CMA_SEG_SIZE\"] {", new: "\tif false {",
-		pkg: "nixl", run: "^TestLibNIXLEngineConfig$"},
-	{name: "cma-segment-over-user", file: "nixl/libnixl.go", old: "\tif caller && !set[\"CMA_SEG_SIZE\"] {", new: "\tif caller {",
-		pkg: "nixl", run: "^TestLibNIXLEngineConfig$"},
+	{name: "caller-cma-segment-default", file: "internal/nixl/libnixl.go", old: "\tif caller && !set[\"CMA_SEG_SIZE\"] {", new: "\tif false {",
+		pkg: "internal/nixl", run: "^TestLibNIXLEngineConfig$"},
+	{name: "cma-segment-over-user", file: "internal/nixl/libnixl.go", old: "\tif caller && !set[\"CMA_SEG_SIZE\"] {", new: "\tif caller {",
+		pkg: "internal/nixl", run: "^TestLibNIXLEngineConfig$"},
 	{name: "write-partial-page-dst-last", file: "internal/kvlayout/pages.go", old: "\t\tif last && pos == end-1 {", new: "\t\tif last && pos == len(dst)-1 {",
 		pkg: "internal/kvlayout", run: "^TestSlicesMoveEveryHeadOnce$"},
 	{name: "write-units-wrap", file: "internal/kvlayout/pages.go", old: "u <= math.MaxUint32 {", new: "true {",
@@ -646,29 +646,29 @@ var mutants = []mutant{
 	// nixl reads no environment variable of its own (issue 50): the NIXL
 	// library path taken from KVBRIDGE_NIXL_LIB behind the Config's back,
 	// and a second libucp path in one process accepted.
-	{name: "nixl-lib-from-env", file: "nixl/nixl.go", old: "\tif cfg.NIXLLib != \"\" {\n\t\treturn cfg.NIXLLib\n\t}\n\treturn \"libnixl_capi.so\"", new: "\tif cfg.NIXLLib != \"\" {\n\t\treturn cfg.NIXLLib\n\t}\n\tif p := os.Getenv(\"KVBRIDGE_NIXL_LIB\"); p != \"\" {\n\t\treturn p\n\t}\n\treturn \"libnixl_capi.so\"",
-		pkg: "nixl", run: "^TestLibraryPathsOnlyThroughFromEnv$"},
-	{name: "ucx-second-lib-accepted", file: "nixl/ucx.go", old: "if path != ucxLib.path && path != \"libucp.so.0\" {", new: "if false {",
-		pkg: "nixl", run: "^TestOneUCXPerProcess$"},
+	{name: "nixl-lib-from-env", file: "internal/nixl/nixl.go", old: "\tif cfg.NIXLLib != \"\" {\n\t\treturn cfg.NIXLLib\n\t}\n\treturn \"libnixl_capi.so\"", new: "\tif cfg.NIXLLib != \"\" {\n\t\treturn cfg.NIXLLib\n\t}\n\tif p := os.Getenv(\"KVBRIDGE_NIXL_LIB\"); p != \"\" {\n\t\treturn p\n\t}\n\treturn \"libnixl_capi.so\"",
+		pkg: "internal/nixl", run: "^TestLibraryPathsOnlyThroughFromEnv$"},
+	{name: "ucx-second-lib-accepted", file: "internal/nixl/ucx.go", old: "if path != ucxLib.path && path != \"libucp.so.0\" {", new: "if false {",
+		pkg: "internal/nixl", run: "^TestOneUCXPerProcess$"},
 	// The UCX settings the ucx engine decides on (TLS, UNIFIED_MODE,
 	// ADAPTIVE_PROGRESS) read from the UCX_* variables behind the Config, or
 	// not given to UCX (which would then take the variable the engine did
 	// not read); Config.FromEnv replacing a key the Config gave, or writing
 	// into the caller's map.
-	{name: "ucx-tls-from-env", file: "nixl/ucx.go", old: "\t\ttls = \"all\"\n", new: "\t\ttls = os.Getenv(\"UCX_TLS\")\n",
-		pkg: "nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
-	{name: "ucx-tls-not-given", file: "nixl/ucx.go", old: "\t\tucpKeys[\"TLS\"] = tls\n", new: "",
-		pkg: "nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
-	{name: "ucx-unified-from-env", file: "nixl/ucx.go", old: "\t\tunified = \"n\"\n", new: "\t\tunified = os.Getenv(\"UCX_UNIFIED_MODE\")\n",
-		pkg: "nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
-	{name: "ucx-unified-not-given", file: "nixl/ucx.go", old: "\t\tucpKeys[\"UNIFIED_MODE\"] = unified\n", new: "",
-		pkg: "nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
-	{name: "ucx-adaptive-from-env", file: "nixl/ucx.go", old: "\t\tsetting = \"n\"\n", new: "\t\tsetting = os.Getenv(\"UCX_ADAPTIVE_PROGRESS\")\n",
-		pkg: "nixl", run: "^(TestUCXAdaptiveProgressOff|TestUCXSettingsOnlyThroughFromEnv)$"},
+	{name: "ucx-tls-from-env", file: "internal/nixl/ucx.go", old: "\t\ttls = \"all\"\n", new: "\t\ttls = os.Getenv(\"UCX_TLS\")\n",
+		pkg: "internal/nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+	{name: "ucx-tls-not-given", file: "internal/nixl/ucx.go", old: "\t\tucpKeys[\"TLS\"] = tls\n", new: "",
+		pkg: "internal/nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+	{name: "ucx-unified-from-env", file: "internal/nixl/ucx.go", old: "\t\tunified = \"n\"\n", new: "\t\tunified = os.Getenv(\"UCX_UNIFIED_MODE\")\n",
+		pkg: "internal/nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+	{name: "ucx-unified-not-given", file: "internal/nixl/ucx.go", old: "\t\tucpKeys[\"UNIFIED_MODE\"] = unified\n", new: "",
+		pkg: "internal/nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+	{name: "ucx-adaptive-from-env", file: "internal/nixl/ucx.go", old: "\t\tsetting = \"n\"\n", new: "\t\tsetting = os.Getenv(\"UCX_ADAPTIVE_PROGRESS\")\n",
+		pkg: "internal/nixl", run: "^(TestUCXAdaptiveProgressOff|TestUCXSettingsOnlyThroughFromEnv)$"},
 	{name: "ucx-from-env-over-config", file: "nixl/nixl.go", old: "if _, set := c.UCX[k]; set || v == \"\" {", new: "if v == \"\" {",
-		pkg: "nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+		pkg: "internal/nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
 	{name: "ucx-from-env-into-callers-map", file: "nixl/nixl.go", old: "\t\t\tc.UCX, copied = maps.Clone(c.UCX), true\n", new: "\t\t\t_, copied = maps.Clone(c.UCX), true\n",
-		pkg: "nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+		pkg: "internal/nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
 	// The CUDA driver's path (issue 50): gpu.OpenDriver taking it from
 	// KVBRIDGE_CUDA_LIB, or accepting a second driver in one process;
 	// nixl's FromEnv not filling Config.CUDALib, the VRAM engines reading
@@ -679,13 +679,13 @@ var mutants = []mutant{
 	{name: "gpu-second-driver-accepted", file: "gpu/cudadrv.go", old: "case driverOnce.d != nil && (path == \"\" || path == driverOnce.path):", new: "case driverOnce.d != nil:",
 		pkg: "gpu", run: "^TestDriverPathOnlyGiven$"},
 	{name: "nixl-cuda-lib-not-from-env", file: "nixl/nixl.go", old: "\t\tc.CUDALib = v\n", new: "",
-		pkg: "nixl", run: "^TestLibraryPathsOnlyThroughFromEnv$"},
-	{name: "nixl-cuda-driver-from-env", file: "nixl/vram.go", old: "d, err := gpu.OpenDriver(lib)", new: "d, err := gpu.OpenDriver(lib + gpu.DriverPathFromEnv())",
-		pkg: "nixl", run: "^TestCUDADriverOnlyThroughConfig$"},
-	{name: "loopback-cuda-lib-ignored", file: "nixl/loopback.go", old: "cudaLib: cfg.CUDALib, ", new: "",
-		pkg: "nixl", run: "^TestCUDADriverOnlyThroughConfig$"},
-	{name: "ucx-cuda-lib-ignored", file: "nixl/ucx.go", old: "cudaLib: cfg.CUDALib, ", new: "",
-		pkg: "nixl", run: "^TestCUDADriverOnlyThroughConfig$"},
+		pkg: "internal/nixl", run: "^TestLibraryPathsOnlyThroughFromEnv$"},
+	{name: "nixl-cuda-driver-from-env", file: "internal/nixl/vram.go", old: "d, err := gpu.OpenDriver(lib)", new: "d, err := gpu.OpenDriver(lib + gpu.DriverPathFromEnv())",
+		pkg: "internal/nixl", run: "^TestCUDADriverOnlyThroughConfig$"},
+	{name: "loopback-cuda-lib-ignored", file: "internal/nixl/loopback.go", old: "cudaLib: cfg.CUDALib, ", new: "",
+		pkg: "internal/nixl", run: "^TestCUDADriverOnlyThroughConfig$"},
+	{name: "ucx-cuda-lib-ignored", file: "internal/nixl/ucx.go", old: "cudaLib: cfg.CUDALib, ", new: "",
+		pkg: "internal/nixl", run: "^TestCUDADriverOnlyThroughConfig$"},
 	{name: "proof-cuda-lib-ignored", file: "kvmanager/proof.go", old: "gpu.OpenDriver(m.cfg.Engine.CUDALib)", new: "gpu.OpenDriver(\"\")",
 		pkg: "kvmanager", run: "^TestProofDriverFromConfig$"},
 	{name: "canary-find-skips-first", file: "internal/canary/canary.go", old: "\tfor (size_t i = 0; i < n; i++) {\n\t\tuint64_t x;", new: "\tfor (size_t i = 1; i < n; i++) {\n\t\tuint64_t x;",
@@ -779,16 +779,16 @@ var mutants = []mutant{
 		pkg: "kvmanager", run: "^TestPullOfferProven$"},
 	// Descriptor coalescing off: every page of a contiguous run is an
 	// operation of its own (issue 40 item 5).
-	{name: "coalesce-never", file: "nixl/coalesce.go", old: "\t\tif k > 0 && s == send && d == dend && (join == nil || join(k)) {", new: "\t\tif false && k > 0 && s == send && d == dend && (join == nil || join(k)) {",
-		pkg: "nixl", run: "^TestWritesCoalesce$"},
+	{name: "coalesce-never", file: "internal/nixl/coalesce.go", old: "\t\tif k > 0 && s == send && d == dend && (join == nil || join(k)) {", new: "\t\tif false && k > 0 && s == send && d == dend && (join == nil || join(k)) {",
+		pkg: "internal/nixl", run: "^TestWritesCoalesce$"},
 	// Pairs joined by their sources alone: a run's later pages land
 	// after its first destination, not at their own.
-	{name: "coalesce-source-only", file: "nixl/coalesce.go", old: "\t\tif k > 0 && s == send && d == dend && (join == nil || join(k)) {", new: "\t\tif k > 0 && s == send && (d == dend || true) && (join == nil || join(k)) {",
-		pkg: "nixl", run: "^TestWritesCoalesce$"},
+	{name: "coalesce-source-only", file: "internal/nixl/coalesce.go", old: "\t\tif k > 0 && s == send && d == dend && (join == nil || join(k)) {", new: "\t\tif k > 0 && s == send && (d == dend || true) && (join == nil || join(k)) {",
+		pkg: "internal/nixl", run: "^TestWritesCoalesce$"},
 	// A direct copy's run crossing from one local registration into the
 	// next (its slice would leave the first one's memory).
-	{name: "copy-runs-cross-registrations", file: "nixl/ucx.go", old: "\t\t\treturn lp.spans[x.li[k]] == lp.spans[x.li[k-1]] && rp.spans[x.ri[k]] == rp.spans[x.ri[k-1]]", new: "\t\t\treturn true",
-		pkg: "nixl", run: "^TestWritesCoalesce$"},
+	{name: "copy-runs-cross-registrations", file: "internal/nixl/ucx.go", old: "\t\t\treturn lp.spans[x.li[k]] == lp.spans[x.li[k-1]] && rp.spans[x.ri[k]] == rp.spans[x.ri[k-1]]", new: "\t\t\treturn true",
+		pkg: "internal/nixl", run: "^TestWritesCoalesce$"},
 	// A message ZeroMQ would not take yet gives its body buffer back
 	// while it waits in the backlog: a later message is encoded into it
 	// and the waiting one goes out with that body (issue 40 item 4).
@@ -797,36 +797,36 @@ var mutants = []mutant{
 	// A direct copy's run crossing from one peer region's mapping into
 	// the next one's, mapped side by side (the slice would span two
 	// mappings).
-	{name: "copy-runs-cross-peer-mappings", file: "nixl/ucx.go", old: "\t\t\treturn lp.spans[x.li[k]] == lp.spans[x.li[k-1]] && rp.spans[x.ri[k]] == rp.spans[x.ri[k-1]]", new: "\t\t\treturn lp.spans[x.li[k]] == lp.spans[x.li[k-1]]",
-		pkg: "nixl", run: "^TestRunsStayInOnePeerMapping$"},
+	{name: "copy-runs-cross-peer-mappings", file: "internal/nixl/ucx.go", old: "\t\t\treturn lp.spans[x.li[k]] == lp.spans[x.li[k-1]] && rp.spans[x.ri[k]] == rp.spans[x.ri[k-1]]", new: "\t\t\treturn lp.spans[x.li[k]] == lp.spans[x.li[k-1]]",
+		pkg: "internal/nixl", run: "^TestRunsStayInOnePeerMapping$"},
 	// A put's run crossing into the target's next registration under the
 	// first one's remote key (on an RDMA NIC a remote access error).
-	{name: "put-runs-cross-rkeys", file: "nixl/ucx.go", old: "\t\t\trkeys[m-1] == rp.keys[ri] && memhs[m-1] == lp.memhs[li] {", new: "\t\t\tmemhs[m-1] == lp.memhs[li] {",
-		pkg: "nixl", run: "^TestWritesCoalesce$"},
+	{name: "put-runs-cross-rkeys", file: "internal/nixl/ucx.go", old: "\t\t\trkeys[m-1] == rp.keys[ri] && memhs[m-1] == lp.memhs[li] {", new: "\t\t\tmemhs[m-1] == lp.memhs[li] {",
+		pkg: "internal/nixl", run: "^TestWritesCoalesce$"},
 	// Every VRAM registration the same span: a CUDA copy's run across two
 	// registrations (two allocations that may merely be adjacent).
-	{name: "vram-span-constant", file: "nixl/ucx.go", old: "\t\t\t\treturn uintptr(unsafe.Pointer(m))", new: "\t\t\t\treturn 1",
-		pkg: "nixl", run: "^TestVRAMRunsStayInOneRegistration$"},
+	{name: "vram-span-constant", file: "internal/nixl/ucx.go", old: "\t\t\t\treturn uintptr(unsafe.Pointer(m))", new: "\t\t\t\treturn 1",
+		pkg: "internal/nixl", run: "^TestVRAMRunsStayInOneRegistration$"},
 	// Loopback joining pages across registered regions.
-	{name: "loopback-runs-cross-regions", file: "nixl/loopback.go", old: "\t\tfunc(k int) bool { return srcRegs[k] == srcRegs[k-1] && dstRegs[k] == dstRegs[k-1] },", new: "\t\tfunc(k int) bool { return true },",
-		pkg: "nixl", run: "^TestWritesCoalesce$"},
+	{name: "loopback-runs-cross-regions", file: "internal/nixl/loopback.go", old: "\t\tfunc(k int) bool { return srcRegs[k] == srcRegs[k-1] && dstRegs[k] == dstRegs[k-1] },", new: "\t\tfunc(k int) bool { return true },",
+		pkg: "internal/nixl", run: "^TestWritesCoalesce$"},
 	// A target serving a writer's emulated puts back to the short spin
 	// window: the stream waits on its wake-ups.
-	{name: "target-spin-short", file: "nixl/ucx.go", old: "\tif n > 0 && !own && exposesCaller {\n\t\treturn targetSpinWindow", new: "\tif n > 0 && !own && exposesCaller {\n\t\treturn spinWindow",
-		pkg: "nixl", run: "^TestSpinWindowAfterServingAPeer$"},
+	{name: "target-spin-short", file: "internal/nixl/ucx.go", old: "\tif n > 0 && !own && exposesCaller {\n\t\treturn targetSpinWindow", new: "\tif n > 0 && !own && exposesCaller {\n\t\treturn spinWindow",
+		pkg: "internal/nixl", run: "^TestSpinWindowAfterServingAPeer$"},
 	// The long window for every target, memory UCX allocated included:
 	// on two cores a spinning target takes the core a peer's direct copy
 	// into it needs (engine memory at 1 MiB: 15.5 → 10.4 GB/s).
-	{name: "target-spin-always", file: "nixl/ucx.go", old: "\tif n > 0 && !own && exposesCaller {", new: "\tif n > 0 && !own {",
-		pkg: "nixl", run: "^TestSpinWindowAfterServingAPeer$"},
+	{name: "target-spin-always", file: "internal/nixl/ucx.go", old: "\tif n > 0 && !own && exposesCaller {", new: "\tif n > 0 && !own {",
+		pkg: "internal/nixl", run: "^TestSpinWindowAfterServingAPeer$"},
 	// The long window over tcp too: a same-host writer's sends lose the
 	// core the spinning target takes.
-	{name: "target-spin-over-tcp", file: "nixl/ucx.go", old: "func (u *ucx) servesEmulatedPuts() bool { return u.callerRegs > 0 && u.sharedMem }", new: "func (u *ucx) servesEmulatedPuts() bool { return u.callerRegs > 0 }",
-		pkg: "nixl", run: "^TestSpinWindowAfterServingAPeer$"},
+	{name: "target-spin-over-tcp", file: "internal/nixl/ucx.go", old: "func (u *ucx) servesEmulatedPuts() bool { return u.callerRegs > 0 && u.sharedMem }", new: "func (u *ucx) servesEmulatedPuts() bool { return u.callerRegs > 0 }",
+		pkg: "internal/nixl", run: "^TestSpinWindowAfterServingAPeer$"},
 	// Caller registrations not counted: a target of emulated puts never
 	// takes the long window.
-	{name: "caller-regs-not-counted", file: "nixl/ucx.go", old: "\t\tu.callerRegs++", new: "",
-		pkg: "nixl", run: "^TestSpinWindowAfterServingAPeer$"},
+	{name: "caller-regs-not-counted", file: "internal/nixl/ucx.go", old: "\t\tu.callerRegs++", new: "",
+		pkg: "internal/nixl", run: "^TestSpinWindowAfterServingAPeer$"},
 	// The shell's waiters (the core makes no channel): a woken channel is
 	// kept in the table after its wake.
 	{name: "shell-waiter-kept", file: "kvmanager/waiters.go", old: "\t\tclose(ch)\n\t\tdelete(w.chans, k)\n", new: "\t\tclose(ch)\n",

@@ -211,8 +211,10 @@ func TestOpenAIMultiTurn(t *testing.T) {
 	assert.Equal(t, 3.0, outcome(pre, "reused"), "turns 2, 3 and chat turn 2")
 	// A replay whose prompt does not extend the kept turn: fetched (the
 	// kept pages go back now), not used.
-	a, _, err = pd.turn(ctx, "/v1/completions", body(tinyPrompt(rng, 20), 3, false), r4)
+	other := body(tinyPrompt(rng, 20), 3, false)
+	a, _, err = pd.turn(ctx, "/v1/completions", other, r4)
 	require.NoError(t, err, "a replay on another conversation")
+	assert.Equal(t, c.want(t, other), a.Tokens, "a replay on another conversation")
 	assert.Zero(t, pd.reused(), "a replay on another conversation")
 	assert.EqualValues(t, 1, outcome(pre, "mismatch"))
 	assert.Equal(t, outcome(dec, "kept")-outcome(dec, "used")-outcome(dec, "expired")-outcome(dec, "failed"),

@@ -2,7 +2,7 @@ package nixl
 
 /*
 #cgo LDFLAGS: -ldl
-#cgo CFLAGS: -I${SRCDIR}/../internal/dl
+#cgo CFLAGS: -I${SRCDIR}/../dl
 #include <stdlib.h>
 #include <stdint.h>
 #include <sys/mman.h>
@@ -198,13 +198,6 @@ func memType(k MemKind) C.int {
 	}
 	return C.NX_MEM_DRAM
 }
-
-// DefaultNIXLProgressDelay is how long NIXL's UCX progress thread sleeps in
-// poll() between unconditional passes when no event wakes it: a backstop,
-// since the worker's events wake it. NIXL's default, 0, makes the thread
-// spin: an idle rank burns a core; each pass costs an idle agent about
-// 70 µs here (NIXL 1.4.0: 0.10 % of a core at 100 ms, 0.03 % at 1 s).
-const DefaultNIXLProgressDelay = time.Second
 
 // nixlEngineConfig is the UCX settings kvbridge gives NIXL's UCX backend
 // (its "engine_config" parameter, KEY=VALUE,...), after the user's own:

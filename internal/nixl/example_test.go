@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/kvbridge/kvbridge/nixl"
+	"github.com/kvbridge/kvbridge/internal/nixl"
 )
 
 // Two agents in one process: write a buffer with a notification.

@@ -2,7 +2,7 @@ package nixl
 
 /*
 #cgo LDFLAGS: -ldl
-#cgo CFLAGS: -I${SRCDIR}/../internal/dl
+#cgo CFLAGS: -I${SRCDIR}/../dl
 #include <stdlib.h>
 #include <string.h>
 #include "ucx_engine.h"
@@ -335,10 +335,6 @@ func ucpSettings(in map[string]string) (map[string]string, error) {
 	}
 	return out, nil
 }
-
-// UCXLibEnv names the environment variable Config.FromEnv reads into
-// Config.UCXLib.
-const UCXLibEnv = "KVBRIDGE_UCX_LIB"
 
 var ucxLib struct {
 	sync.Mutex
