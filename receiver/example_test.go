@@ -5,8 +5,8 @@ import (
 	"fmt"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
-	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -31,8 +31,8 @@ func Example() {
 		cfg.Auth = auth
 		cfg.Instance, cfg.Compat, cfg.BootstrapURL = name, "v1:example", srv.URL()
 		cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
-		cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 4096, AuxItemBytes: 64, Aux: nixl.Desc{Len: 64 * 8},
-			Regions: []nixl.Desc{{Len: 64 * 4096}, {Len: 64 * 4096}}} // one layer: K and V, 64 pages
+		cfg.Layout = transfer.Layout{Kind: transfer.DRAM, PageBytes: 4096, AuxItemBytes: 64, Aux: transfer.Desc{Len: 64 * 8},
+			Regions: []transfer.Desc{{Len: 64 * 4096}, {Len: 64 * 4096}}} // one layer: K and V, 64 pages
 		return cfg
 	}
 	prefill, err := kvmanager.NewPrefill(config(kvmanager.RolePrefill, "example-prefill"))
