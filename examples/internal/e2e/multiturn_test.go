@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/examples/internal/openai"
+	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -357,11 +358,13 @@ func chatPrompt(t *testing.T, msgs []map[string]any) []int {
 // and 32 new tokens (144), asking for one token, so its latency is its
 // time to first token through both fronts. Both second turns are sent
 // as the sidecar sends them; the reference's replay is left off. Reports
-// each way's p50 and p99, their ratio, and the prefill's forward pass
-// (phases_ms.compute) p50 each way.
+// each way's p50 and p99, their ratio, the prefill's forward pass
+// (phases_ms.compute) p50 each way, and both ranks' CPU per second turn. One second turn with reuse goes
+// first, unmeasured: the reuse paths' REGISTER, as the main pair's
+// happened in a first turn.
 func BenchmarkMultiTurnTTFT(b *testing.B) {
 	c := startTinyClusterWith(b, tinyE2E, "NHD", transfer.Parallel{}, transfer.Parallel{}, tinyOpts{
-		prefill: []string{"-reuse-pages", "64"}, decode: []string{"-reuse-pages", "4096", "-reuse-lease", "10s"}, decodeNoBootstrap: true})
+		prefill: []string{"-reuse-pages", "64"}, decode: []string{"-reuse-pages", "16384", "-reuse-lease", "3s"}, decodeNoBootstrap: true})
 	pd := newPDClient(b, c)
 	ctx := context.Background()
 	rng := mrand.New(mrand.NewPCG(3, 4))
@@ -369,6 +372,20 @@ func BenchmarkMultiTurnTTFT(b *testing.B) {
 		v, _ := pd.lastPrefillAnswer["kvbridge"].(map[string]any)["phases_ms"].(map[string]any)["compute"].(float64)
 		return v
 	}
+	// Both ranks' CPU (clock-tick resolution: summed over a run) across
+	// each second turn.
+	ranksCPU := func() time.Duration {
+		var sum time.Duration
+		for _, p := range []*tinyProc{c.prefill[0], c.decode[0]} {
+			t, err := cpustat.Process(p.cmd.Process.Pid)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sum += t.Total()
+		}
+		return sum
+	}
+	var cpuWith, cpuWithout time.Duration
 	second := func(reuse bool) (time.Duration, float64) {
 		p1 := tinyPrompt(rng, 96)
 		a1, kv, err := pd.turn(ctx, "/v1/completions", body(p1, 16, false), nil)
@@ -383,16 +400,23 @@ func BenchmarkMultiTurnTTFT(b *testing.B) {
 			replay = nil
 		}
 		b2 := body(append(append(p1, a1.Tokens...), tinyPrompt(rng, 32)...), 1, false)
-		start := time.Now()
+		cpu0, start := ranksCPU(), time.Now()
 		if _, _, err := pd.turn(ctx, "/v1/completions", b2, replay); err != nil {
 			b.Fatal(err)
 		}
 		d := time.Since(start)
+		if cpu := ranksCPU() - cpu0; reuse {
+			cpuWith += cpu
+		} else {
+			cpuWithout += cpu
+		}
 		if got := pd.reused() > 0; got != reuse {
 			b.Fatalf("reused %d tokens with reuse %t", pd.reused(), reuse)
 		}
 		return d, compute()
 	}
+	second(true) // (the reuse paths' first REGISTER, as turn 1's was the main pair's)
+	cpuWith = 0
 	var with, without []time.Duration
 	var cWith, cWithout []float64
 	for b.Loop() {
@@ -419,6 +443,8 @@ func BenchmarkMultiTurnTTFT(b *testing.B) {
 	b.ReportMetric(q(with, 0.5)/q(without, 0.5), "p50-ratio")
 	b.ReportMetric(med(cWithout), "full-compute-ms")
 	b.ReportMetric(med(cWith), "reuse-compute-ms")
+	b.ReportMetric(float64(cpuWithout.Microseconds())/1e3/float64(len(without)), "full-cpu-ms/turn")
+	b.ReportMetric(float64(cpuWith.Microseconds())/1e3/float64(len(with)), "reuse-cpu-ms/turn")
 }
 
 // metricsText is a rank's metric lines that start with prefix (for a
