@@ -1,7 +1,6 @@
 // Package bootstrap is what a deployment sets up of kvbridge's control
-// plane: the embedded HTTP bootstrap server (the prefill rank table), the
-// discovery clients that publish ranks in it or in etcd and find them, and
-// the deployment's credentials — the shared secret (Auth), optional CURVE
+// plane: the embedded HTTP bootstrap server (the prefill rank table), etcd's
+// client configuration, and the deployment's credentials — the shared secret (Auth), optional CURVE
 // encryption (Security) and per-rank identity (CA, RankIdentity) — with the
 // environment variables operators set them with. The ranks' control loop
 // that uses them (messages, envelopes, heartbeats) runs inside each rank's
@@ -12,17 +11,19 @@
 // Server implements PUT and DELETE /v1/ranks, GET /v1/topology (503 until
 // every prefill rank has registered), GET /v1/ranks?dp=&tp=&pp=, the room
 // → DP group table (PUT and GET /v1/rooms) and GET /healthz. Writes need
-// the deployment's token (Auth.BootstrapToken). Client retries transient
-// failures with jittered backoff until its context ends.
+// the deployment's token (Auth.BootstrapToken). Its records — RankRecord
+// (what a rank registers), Topology and RankInfo (what it answers) — are
+// its HTTP API.
 //
 // # Discovery
 //
-// Dial returns the Discovery of a target: http:// or https:// (the
-// bootstrap server, *Client) or etcd://host:port[,host:port]/<instance>
-// (*EtcdClient, with EtcdConfig's TLS, auth and lease settings, read from
-// KVBRIDGE_ETCD_* by EtcdConfigFromEnv). Prefill ranks register their
-// RankRecord there; decode ranks read the Topology and each RankInfo, and
-// follow RankEvents where the backend pushes them (etcd).
+// A rank's Manager dials its discovery itself (kvmanager.Config's
+// BootstrapURL): http:// or https:// (the bootstrap server) or
+// etcd://host:port[,host:port]/<instance>, with EtcdConfig's TLS, auth and
+// lease settings (read from KVBRIDGE_ETCD_* by EtcdConfigFromEnv). Prefill
+// ranks register their RankRecord there; decode ranks read the Topology
+// and each RankInfo, and follow the records' changes where the backend
+// pushes them (etcd). The clients are kvbridge's own (internal/discovery).
 //
 // # Credentials
 //

@@ -1,14 +1,20 @@
 package bootstrap_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 )
 
-// A prefill rank registers; a decode rank discovers it.
-func ExampleClient() {
+// A bootstrap server: a prefill rank registers (PUT /v1/ranks, with the
+// deployment's bearer token), and anyone reads the instance back (GET
+// /v1/topology). kvbridge's ranks do this themselves (kvmanager); this is
+// the server's HTTP API as an operator sees it.
+func ExampleServer() {
 	auth, err := bootstrap.NewAuth([]byte("the deployment's shared secret"))
 	if err != nil {
 		panic(err)
@@ -21,16 +27,24 @@ func ExampleClient() {
 		panic(err)
 	}
 	defer srv.Close(context.Background())
-	c := bootstrap.NewClient(srv.URL())
-	c.Token = auth.BootstrapToken() // writes need it; reads do not
-	ctx := context.Background()
-	_, err = c.RegisterRank(ctx, bootstrap.RankRecord{Instance: "prefill-a", DPSize: 1, TPSize: 1, PPSize: 1,
+	rec, _ := json.Marshal(bootstrap.RankRecord{Instance: "prefill-a", DPSize: 1, TPSize: 1, PPSize: 1,
 		Endpoint: "tcp://127.0.0.1:17000", PageSize: 16, DType: "bf16", Compat: "v1:llama3-8b"})
+	req, _ := http.NewRequest(http.MethodPut, srv.URL()+"/v1/ranks", bytes.NewReader(rec))
+	req.Header.Set("Authorization", "Bearer "+auth.BootstrapToken()) // writes need it; reads do not
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		panic(err)
 	}
-	topo, _ := c.Topology(ctx)
-	rank, _ := c.Rank(ctx, 0, 0, 0)
-	fmt.Println(topo.Instance, topo.PageSize, topo.DType, rank.Endpoint)
-	// Output: prefill-a 16 bf16 tcp://127.0.0.1:17000
+	resp.Body.Close()
+	resp, err = http.Get(srv.URL() + "/v1/topology")
+	if err != nil {
+		panic(err)
+	}
+	defer resp.Body.Close()
+	var topo bootstrap.Topology
+	if err := json.NewDecoder(resp.Body).Decode(&topo); err != nil {
+		panic(err)
+	}
+	fmt.Println(topo.Instance, topo.PageSize, topo.DType)
+	// Output: prefill-a 16 bf16
 }

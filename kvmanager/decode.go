@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/wire"
@@ -27,7 +28,7 @@ type Decode struct {
 	*Manager
 
 	clientsMu sync.Mutex
-	clients   map[string]bootstrap.Discovery // by bootstrap URL (http:// or etcd://)
+	clients   map[string]discovery.Discovery // by bootstrap URL (http:// or etcd://)
 	// lookups are the topology lookups in progress, by bootstrap URL (the
 	// topologies themselves are the core's: Core.Topology); watched the
 	// URLs whose rank changes are watched.
@@ -70,8 +71,8 @@ func NewDecode(cfg Config) (*Decode, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Decode{Manager: m, clients: map[string]bootstrap.Discovery{}, lookups: map[string]*topoLookup{}, watched: map[string]bool{}, roomsKick: make(chan struct{}, 1), wcheck: newWriteCheck()}
-	m.discoveries = func() (out []bootstrap.Discovery) {
+	d := &Decode{Manager: m, clients: map[string]discovery.Discovery{}, lookups: map[string]*topoLookup{}, watched: map[string]bool{}, roomsKick: make(chan struct{}, 1), wcheck: newWriteCheck()}
+	m.discoveries = func() (out []discovery.Discovery) {
 		d.clientsMu.Lock()
 		defer d.clientsMu.Unlock()
 		for _, cl := range d.clients {
@@ -115,7 +116,7 @@ func (d *Decode) resolve(t core.Target) {
 		if err == nil {
 			info, err = cl.Rank(ctx, t.DP, t.Rank, t.PP)
 		}
-		unknown := errors.Is(err, bootstrap.ErrRankUnknown) // (the core drops the instance's topology)
+		unknown := errors.Is(err, discovery.ErrRankUnknown) // (the core drops the instance's topology)
 		if err == nil && d.cfg.RankIdentity != nil {
 			err = d.checkRankCert(t, info)
 		}
@@ -180,13 +181,13 @@ func (d *Decode) kickNotifier() {
 }
 
 // client returns the discovery client of url (HTTP server or etcd).
-func (d *Decode) client(url string) (bootstrap.Discovery, error) {
+func (d *Decode) client(url string) (discovery.Discovery, error) {
 	d.clientsMu.Lock()
 	defer d.clientsMu.Unlock()
 	if cl := d.clients[url]; cl != nil {
 		return cl, nil
 	}
-	cl, err := bootstrap.Dial(url, d.dialOptions())
+	cl, err := discovery.Dial(url, d.dialOptions())
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +198,7 @@ func (d *Decode) client(url string) (bootstrap.Discovery, error) {
 // watch carries a discovery backend's rank changes into the core: a rank
 // whose record vanished, or moved to another endpoint, fails the rooms
 // bound to it at once (heartbeats would, later) and is looked up again.
-func (d *Decode) watch(url string, ch <-chan bootstrap.RankEvent) {
+func (d *Decode) watch(url string, ch <-chan discovery.RankEvent) {
 	defer d.wg.Done()
 	defer func() { // ended: the next lookup of the instance watches it again
 		d.clientsMu.Lock()
@@ -239,7 +240,7 @@ func (d *Decode) topology(url string) (bootstrap.Topology, error) {
 	d.clientsMu.Unlock()
 	if first {
 		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.BootstrapTimeout)
-		var cl bootstrap.Discovery
+		var cl discovery.Discovery
 		if cl, e.err = d.client(url); e.err == nil {
 			e.topo, e.err = cl.Topology(ctx)
 		}
@@ -316,7 +317,7 @@ func (d *Decode) links(room uint64, inst Instance) (links []core.Link, told []co
 	}
 	if dp == LookupDP {
 		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.BootstrapTimeout)
-		var cl bootstrap.Discovery
+		var cl discovery.Discovery
 		if cl, err = d.client(inst.Bootstrap); err == nil {
 			dp, err = cl.RoomDP(ctx, room)
 		}

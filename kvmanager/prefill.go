@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/pool"
 	"github.com/kvbridge/kvbridge/internal/rankhooks"
@@ -138,7 +139,7 @@ const (
 // a server that refuses connections or does not answer is logged after
 // the first attempt, with the error behind it, and retried. An answer
 // that is final (a 4xx: refused token, bad record) ends it at once.
-func (m *Manager) firstRegistration(cl bootstrap.Discovery, rec bootstrap.RankRecord) (time.Duration, error) {
+func (m *Manager) firstRegistration(cl discovery.Discovery, rec bootstrap.RankRecord) (time.Duration, error) {
 	deadline := time.Now().Add(m.cfg.Registry.BootstrapTimeout)
 	var warned time.Time
 	for attempt := registerAttempt; ; attempt = min(2*attempt, registerWarnEvery) {
@@ -149,7 +150,7 @@ func (m *Manager) firstRegistration(cl bootstrap.Discovery, rec bootstrap.RankRe
 		ctx, cancel := context.WithDeadline(m.ctx, end)
 		ttl, err := cl.RegisterRank(ctx, rec)
 		cancel()
-		var he *bootstrap.HTTPError
+		var he *discovery.HTTPError
 		switch {
 		case err == nil:
 			return ttl, nil
@@ -167,7 +168,7 @@ func (m *Manager) firstRegistration(cl bootstrap.Discovery, rec bootstrap.RankRe
 // registerRank puts the rank's record on the bootstrap server, keeps its
 // lease renewed at a third of the server's TTL, and deletes it at Close.
 func (m *Manager) registerRank() error {
-	cl, err := bootstrap.Dial(m.cfg.BootstrapURL, m.dialOptions())
+	cl, err := discovery.Dial(m.cfg.BootstrapURL, m.dialOptions())
 	if err != nil {
 		return fmt.Errorf("kvmanager: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/pool"
 	"github.com/kvbridge/kvbridge/internal/rankhooks"
@@ -100,11 +101,11 @@ type Manager struct {
 	// deregister deletes the rank's bootstrap record (prefill, set once
 	// registered); boot is the client that registered it.
 	deregister func()
-	boot       bootstrap.Discovery
+	boot       discovery.Discovery
 	// onClose runs at Close once the goroutines have stopped.
 	onClose []func()
 	// discoveries lists the rank's discovery clients (for metrics).
-	discoveries func() []bootstrap.Discovery
+	discoveries func() []discovery.Discovery
 	// parked, when a test sets it, is called once a Wait holds its channel.
 	parked func(room uint64)
 
@@ -634,8 +635,8 @@ func (m *Manager) leasesLost() uint64 {
 
 // dialOptions are the discovery clients' options: the bootstrap token and
 // the etcd settings.
-func (m *Manager) dialOptions() bootstrap.DialOptions {
-	o := bootstrap.DialOptions{Etcd: m.cfg.Etcd}
+func (m *Manager) dialOptions() discovery.DialOptions {
+	o := discovery.DialOptions{Etcd: m.cfg.Etcd}
 	if m.cfg.Auth != nil {
 		o.Token = m.cfg.Auth.BootstrapToken()
 	}

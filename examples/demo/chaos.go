@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
+	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -834,7 +835,7 @@ func (c *cluster) restart(in *instance, rank int, old *proc) (*proc, error) {
 // endpoint again.
 func (c *cluster) recordsBack() (time.Duration, error) {
 	t0 := time.Now()
-	d, err := bootstrap.Dial(c.prefill.boot, bootstrap.DialOptions{Token: token})
+	d, err := discovery.Dial(c.prefill.boot, discovery.DialOptions{Token: token})
 	if err != nil {
 		return 0, err
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/control"
+	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/wire"
@@ -94,7 +95,7 @@ func newAttacker(prefill, decode *proc, model kvmodel.Model, layout transfer.Pag
 				return nil, err
 			}
 		}
-		cl := bootstrap.NewClient(prefill.boot)
+		cl := discovery.NewClient(prefill.boot)
 		info, err := cl.Rank(context.Background(), 0, 0, 0)
 		if err != nil {
 			return nil, fmt.Errorf("hostile: the prefill rank's record: %w", err)

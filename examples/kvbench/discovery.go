@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/cpustat"
+	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/etcdtest"
 )
 
@@ -37,7 +38,7 @@ func (b *bench) discoveryMode() error {
 			Endpoint: fmt.Sprintf("tcp://10.0.%d.%d:%d", tp, len(inst), port), PageSize: 16, DType: "bf16", Compat: "v1:bench"}
 	}
 	var etcdURLs, httpURLs []string
-	var owners []*bootstrap.EtcdClient
+	var owners []*discovery.EtcdClient
 	defer func() {
 		for _, o := range owners {
 			o.Close()
@@ -47,7 +48,7 @@ func (b *bench) discoveryMode() error {
 	for i := 0; i < instances; i++ {
 		name := fmt.Sprintf("inst-%d", i)
 		url := "etcd://" + etcd.Endpoint + "/" + name
-		o, err := bootstrap.DialEtcd(url, bootstrap.EtcdConfig{})
+		o, err := discovery.DialEtcd(url, bootstrap.EtcdConfig{})
 		if err != nil {
 			return err
 		}
@@ -60,7 +61,7 @@ func (b *bench) discoveryMode() error {
 			return err
 		}
 		defer srv.Close(context.Background())
-		hc := bootstrap.NewClient(srv.URL())
+		hc := discovery.NewClient(srv.URL())
 		hc.Token = auth.BootstrapToken()
 		for tp := 0; tp < ranks; tp++ {
 			if _, err := o.RegisterRank(ctx, rec(name, tp, 17000)); err != nil {
@@ -87,7 +88,7 @@ func (b *bench) discoveryMode() error {
 			}
 		}()
 		start := time.Now()
-		d, err := bootstrap.Dial(url, bootstrap.DialOptions{})
+		d, err := discovery.Dial(url, discovery.DialOptions{})
 		if err != nil {
 			return 0, err
 		}
@@ -117,7 +118,7 @@ func (b *bench) discoveryMode() error {
 	}
 	progress("discovery", 2, 4)
 	// A restarted rank: the watch's delay, next to one HTTP lookup.
-	watcher, err := bootstrap.DialEtcd(etcdURLs[0], bootstrap.EtcdConfig{})
+	watcher, err := discovery.DialEtcd(etcdURLs[0], bootstrap.EtcdConfig{})
 	if err != nil {
 		return err
 	}
@@ -128,7 +129,7 @@ func (b *bench) discoveryMode() error {
 	time.Sleep(100 * time.Millisecond) // let the watch start (a benchmark, not a test)
 	var we, wh []time.Duration
 	var cpuW, cpuL time.Duration
-	hc := bootstrap.NewClient(httpURLs[0])
+	hc := discovery.NewClient(httpURLs[0])
 	cur := rec("inst-0", 3, 17000).Endpoint
 	for s := 0; s < samples; s++ {
 		r := rec("inst-0", 3, 18000+s)

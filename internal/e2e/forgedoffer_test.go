@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/control"
+	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -97,7 +98,7 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 			defer loop.Close()
 			boot2 := startBoot(t)
 			def := rankConfig(kvmanager.RolePrefill, engine, boot2)
-			cl, err := bootstrap.Dial(boot2, bootstrap.DialOptions{Token: testauth.Auth().BootstrapToken()})
+			cl, err := discovery.Dial(boot2, discovery.DialOptions{Token: testauth.Auth().BootstrapToken()})
 			require.NoError(t, err)
 			defer cl.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

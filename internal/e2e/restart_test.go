@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/etcdtest"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/stretchr/testify/require"
@@ -249,7 +250,7 @@ func TestEtcdPrefillRestoresItsRecord(t *testing.T) {
 	defer srv.Close()
 	target := "etcd://" + srv.Endpoint + "/topo-prefill"
 	startTopoRank(t, "prefill", target, 1, 0)
-	watcher, err := bootstrap.DialEtcd(target, bootstrap.EtcdConfig{})
+	watcher, err := discovery.DialEtcd(target, bootstrap.EtcdConfig{})
 	require.NoError(t, err)
 	defer watcher.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

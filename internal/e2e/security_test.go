@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/control"
+	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/testnet"
@@ -169,7 +170,7 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	// Presented by the holder of decode rank 1's key under its own
 	// envelope: the body sealed to the decode rank's pair key does not open
 	// under the insider's (bad_tag).
-	info, err := bootstrap.NewClient(boot).Rank(context.Background(), 0, 0, 0)
+	info, err := discovery.NewClient(boot).Rank(context.Background(), 0, 0, 0)
 	require.NoError(t, err)
 	var pEpoch uint64
 	fmt.Sscan(strings.Fields(prefill.ready)[2], &pEpoch)
@@ -271,13 +272,13 @@ func TestRecordCertificateIsTheRanks(t *testing.T) {
 	other, err := ca.Issue(wire.RolePrefill, "proc", 1, time.Now().Add(time.Hour))
 	require.NoError(t, err)
 	ctx := context.Background()
-	topo, err := bootstrap.NewClient(boot).Topology(ctx)
+	topo, err := discovery.NewClient(boot).Topology(ctx)
 	require.NoError(t, err)
 	forged := startBoot(t)
 	rec := bootstrap.RankRecord{Instance: topo.Instance, DPSize: topo.DPSize, TPSize: topo.TPSize, PPSize: topo.PPSize,
 		Endpoint: strings.Fields(prefill.ready)[1], PageSize: topo.PageSize, DType: topo.DType, Compat: topo.Compat,
 		Cert: base64.StdEncoding.EncodeToString(other.Cert.Raw()), ModelFacts: topo.ModelFacts}
-	cl := bootstrap.NewClient(forged)
+	cl := discovery.NewClient(forged)
 	cl.Token = testauth.Auth().BootstrapToken()
 	_, err = cl.RegisterRank(ctx, rec)
 	require.NoError(t, err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/etcdtest"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/nixl"
@@ -326,7 +327,7 @@ func TestEtcdPrefillRankKilled(t *testing.T) {
 	require.NoError(t, err)
 	defer srv.Close()
 	target := "etcd://" + srv.Endpoint + "/topo-prefill"
-	watcher, err := bootstrap.DialEtcd(target, bootstrap.EtcdConfig{})
+	watcher, err := discovery.DialEtcd(target, bootstrap.EtcdConfig{})
 	require.NoError(t, err)
 	defer watcher.Close()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -239,8 +239,8 @@ var mutants = []mutant{
 	// EINTR unless it is retried (CI: the demo's decode rank did not start).
 	{name: "bind-not-retried-after-eintr", file: "internal/control/zsock.go", old: "		rc = zmq_bind(sock, ep);\n\t} while (rc < 0 && errno == EINTR);", new: "		rc = zmq_bind(sock, ep);\n\t} while (0);",
 		pkg: "internal/control", run: "^TestSocketCallsRetryAfterSignal$"},
-	{name: "lost-lease-reused", file: "bootstrap/etcd.go", old: "\t\t\tif errors.Is(err, rpctypes.ErrLeaseNotFound) {\n\t\t\t\t// Our lease", new: "\t\t\tif false && errors.Is(err, rpctypes.ErrLeaseNotFound) {\n\t\t\t\t// Our lease",
-		pkg: "bootstrap", run: "^TestEtcdLeaseLostUnderAWrite$"},
+	{name: "lost-lease-reused", file: "internal/discovery/etcd.go", old: "\t\t\tif errors.Is(err, rpctypes.ErrLeaseNotFound) {\n\t\t\t\t// Our lease", new: "\t\t\tif false && errors.Is(err, rpctypes.ErrLeaseNotFound) {\n\t\t\t\t// Our lease",
+		pkg: "internal/discovery", run: "^TestEtcdLeaseLostUnderAWrite$"},
 	{name: "unknown-input-silent", file: "internal/core/step.go", old: "\tdefault:\n\t\treturn unknownInput(in)", new: "\tdefault:\n\t\treturn Output{}",
 		pkg: "internal/core", run: "^TestStepHandlesEveryInput$"},
 	{name: "phase-entry-overwritten", file: "internal/core/registry.go", old: "\tif rm.entered[st].IsZero() {\n\t\trm.entered[st] = now", new: "\tif true {\n\t\trm.entered[st] = now",

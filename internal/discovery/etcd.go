@@ -1,4 +1,4 @@
-package bootstrap
+package discovery
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -21,7 +22,7 @@ import (
 )
 
 // EtcdClient is the etcd discovery backend for one prefill instance. Rank
-// records are the JSON of RankRecord under
+// records are the JSON of bootstrap.RankRecord under
 // /kvbridge/<instance>/ranks/<dp>/<tp>/<pp>, each attached to a lease its
 // rank keeps alive, so a dead rank's record vanishes within the lease TTL;
 // rooms' DP groups are under /kvbridge/<instance>/rooms/<room>. Records
@@ -66,7 +67,7 @@ func parseEtcdTarget(target string) (endpoints []string, instance string, err er
 }
 
 // DialEtcd connects to the etcd cluster of target for its instance.
-func DialEtcd(target string, c EtcdConfig) (*EtcdClient, error) {
+func DialEtcd(target string, c bootstrap.EtcdConfig) (*EtcdClient, error) {
 	eps, inst, err := parseEtcdTarget(target)
 	if err != nil {
 		return nil, err
@@ -84,11 +85,11 @@ func DialEtcd(target string, c EtcdConfig) (*EtcdClient, error) {
 		if c.CACert != "" {
 			pem, err := os.ReadFile(c.CACert)
 			if err != nil {
-				return nil, fmt.Errorf("bootstrap: etcd CA certificate: %w", err)
+				return nil, fmt.Errorf("bootstrap: etcd bootstrap.CA certificate: %w", err)
 			}
 			t.RootCAs = x509.NewCertPool()
 			if !t.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("bootstrap: etcd CA certificate %s: no PEM certificate in it", c.CACert)
+				return nil, fmt.Errorf("bootstrap: etcd bootstrap.CA certificate %s: no PEM certificate in it", c.CACert)
 			}
 		}
 		if c.Cert != "" {
@@ -119,8 +120,8 @@ func (e *EtcdClient) rankKey(dp, tp, pp int) string {
 }
 
 // parseRecord decodes and validates a rank record stored at key.
-func (e *EtcdClient) parseRecord(key string, val []byte) (RankRecord, bool) {
-	var rec RankRecord
+func (e *EtcdClient) parseRecord(key string, val []byte) (bootstrap.RankRecord, bool) {
+	var rec bootstrap.RankRecord
 	dec := json.NewDecoder(strings.NewReader(string(val)))
 	if len(val) > 64<<10 || dec.Decode(&rec) != nil || dec.More() || rec.Validate() != nil || rec.Instance != e.instance ||
 		key != e.rankKey(rec.DPRank, rec.TPRank, rec.PPRank) {
@@ -205,7 +206,7 @@ func (e *EtcdClient) Restored() uint64 { return e.restored.Load() }
 // record when it finds it deleted, garbled, or naming another endpoint:
 // nobody else may write there while that lease lives, so such a record is
 // damage, not a successor.
-func (e *EtcdClient) RegisterRank(ctx context.Context, rec RankRecord) (time.Duration, error) {
+func (e *EtcdClient) RegisterRank(ctx context.Context, rec bootstrap.RankRecord) (time.Duration, error) {
 	if err := rec.Validate(); err != nil {
 		return 0, fmt.Errorf("bootstrap: rank record: %w", err)
 	}
@@ -239,9 +240,9 @@ func (e *EtcdClient) RegisterRank(ctx context.Context, rec RankRecord) (time.Dur
 					conflict = fmt.Sprintf("rank dp=%d tp=%d pp=%d is held by %s until its lease lapses", rec.DPRank, rec.TPRank, rec.PPRank, other.Endpoint)
 				}
 			case !ok:
-			case other.topology() != rec.topology():
+			case other.Topology() != rec.Topology():
 				return 0, fmt.Errorf("bootstrap: etcd %s: rank dp=%d tp=%d pp=%d declares %+v but the instance holds %+v",
-					e.endpoints, rec.DPRank, rec.TPRank, rec.PPRank, rec.topology(), other.topology())
+					e.endpoints, rec.DPRank, rec.TPRank, rec.PPRank, rec.Topology(), other.Topology())
 			}
 		}
 		if conflict == "" {
@@ -317,15 +318,15 @@ func (e *EtcdClient) DeregisterRank(ctx context.Context, dp, tp, pp int, endpoin
 	return e.wrap("delete rank", err)
 }
 
-// Topology waits until every rank of the instance has a valid record and
+// bootstrap.Topology waits until every rank of the instance has a valid record and
 // returns the instance's shape.
-func (e *EtcdClient) Topology(ctx context.Context) (Topology, error) {
+func (e *EtcdClient) Topology(ctx context.Context) (bootstrap.Topology, error) {
 	for {
 		resp, err := e.cli.Get(ctx, e.prefix+"ranks/", clientv3.WithPrefix())
 		if err != nil {
-			return Topology{}, e.wrap("get ranks", err)
+			return bootstrap.Topology{}, e.wrap("get ranks", err)
 		}
-		var topo *Topology
+		var topo *bootstrap.Topology
 		seen := map[string]bool{}
 		why := "no prefill rank has registered yet"
 		for _, kv := range resp.Kvs {
@@ -333,7 +334,7 @@ func (e *EtcdClient) Topology(ctx context.Context) (Topology, error) {
 			if !ok {
 				continue
 			}
-			t := rec.topology()
+			t := rec.Topology()
 			if topo == nil {
 				topo = &t
 			} else if *topo != t {
@@ -351,26 +352,26 @@ func (e *EtcdClient) Topology(ctx context.Context) (Topology, error) {
 			why = fmt.Sprintf("%d of %d prefill ranks registered", len(seen), want)
 		}
 		if err := e.waitChange(ctx, e.prefix+"ranks/", resp.Header.Revision, true); err != nil {
-			return Topology{}, e.wrap(why, err)
+			return bootstrap.Topology{}, e.wrap(why, err)
 		}
 	}
 }
 
 // Rank returns one rank's endpoint and key.
-func (e *EtcdClient) Rank(ctx context.Context, dp, tp, pp int) (RankInfo, error) {
+func (e *EtcdClient) Rank(ctx context.Context, dp, tp, pp int) (bootstrap.RankInfo, error) {
 	key := e.rankKey(dp, tp, pp)
 	resp, err := e.cli.Get(ctx, key)
 	if err != nil {
-		return RankInfo{}, e.wrap("get rank", err)
+		return bootstrap.RankInfo{}, e.wrap("get rank", err)
 	}
 	if len(resp.Kvs) == 0 {
-		return RankInfo{}, fmt.Errorf("%w: etcd %s: instance %q dp=%d tp=%d pp=%d", ErrRankUnknown, e.endpoints, e.instance, dp, tp, pp)
+		return bootstrap.RankInfo{}, fmt.Errorf("%w: etcd %s: instance %q dp=%d tp=%d pp=%d", ErrRankUnknown, e.endpoints, e.instance, dp, tp, pp)
 	}
 	rec, ok := e.parseRecord(key, resp.Kvs[0].Value)
 	if !ok {
-		return RankInfo{}, fmt.Errorf("%w: etcd %s: instance %q dp=%d tp=%d pp=%d: malformed record", ErrRankUnknown, e.endpoints, e.instance, dp, tp, pp)
+		return bootstrap.RankInfo{}, fmt.Errorf("%w: etcd %s: instance %q dp=%d tp=%d pp=%d: malformed record", ErrRankUnknown, e.endpoints, e.instance, dp, tp, pp)
 	}
-	return RankInfo{Endpoint: rec.Endpoint, PublicKey: rec.PublicKey, Cert: rec.Cert, Epoch: rec.Epoch}, nil
+	return bootstrap.RankInfo{Endpoint: rec.Endpoint, PublicKey: rec.PublicKey, Cert: rec.Cert, Epoch: rec.Epoch}, nil
 }
 
 // PublishRoomDP records a room's DP group under the rank's lease (it

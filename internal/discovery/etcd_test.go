@@ -1,18 +1,19 @@
-package bootstrap
+package discovery
 
 import (
 	"context"
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/etcdtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-func etcdRecord(tp int, endpoint string) RankRecord {
-	return RankRecord{Instance: "inst-a", DPSize: 1, TPRank: tp, TPSize: 2, PPSize: 1, Endpoint: endpoint,
+func etcdRecord(tp int, endpoint string) bootstrap.RankRecord {
+	return bootstrap.RankRecord{Instance: "inst-a", DPSize: 1, TPRank: tp, TPSize: 2, PPSize: 1, Endpoint: endpoint,
 		PageSize: 16, DType: "bf16", Compat: "v1:abc"}
 }
 
@@ -50,7 +51,7 @@ func TestEtcdRecordsLeasesAndWatch(t *testing.T) {
 	// running within 2 s (make test once saw every record expire under
 	// load, and the topology read below wait out its context).
 	dialTTL := func(ttl time.Duration) *EtcdClient {
-		c, err := DialEtcd(target, EtcdConfig{LeaseTTL: ttl})
+		c, err := DialEtcd(target, bootstrap.EtcdConfig{LeaseTTL: ttl})
 		require.NoError(t, err)
 		return c
 	}
@@ -114,7 +115,7 @@ func TestEtcdRecordsLeasesAndWatch(t *testing.T) {
 	nextEvent(t, events, "the closed rank's record deleted", func(ev RankEvent) bool { return ev.Deleted && ev.TP == 0 })
 
 	// Unreachable etcd: a clear error naming the endpoint, within ctx.
-	gone, err := DialEtcd("etcd://127.0.0.1:1/x", EtcdConfig{DialTimeout: time.Second})
+	gone, err := DialEtcd("etcd://127.0.0.1:1/x", bootstrap.EtcdConfig{DialTimeout: time.Second})
 	require.NoError(t, err)
 	short, stop = context.WithTimeout(ctx, 500*time.Millisecond)
 	_, err = gone.Topology(short)
@@ -159,7 +160,7 @@ func TestEtcdHolderRestoresItsRecord(t *testing.T) {
 	target := "etcd://" + srv.Endpoint + "/inst-a"
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	a, err := DialEtcd(target, EtcdConfig{LeaseTTL: 30 * time.Second})
+	a, err := DialEtcd(target, bootstrap.EtcdConfig{LeaseTTL: 30 * time.Second})
 	require.NoError(t, err)
 	defer a.Close()
 	mine := etcdRecord(0, "tcp://10.0.0.1:1")
@@ -193,7 +194,7 @@ func TestEtcdHolderRestoresItsRecord(t *testing.T) {
 		require.Equal(t, uint64(i+1), a.Restored(), "%s: restored", damage.name)
 	}
 	// A newcomer for the same rank still waits for the live holder.
-	b, err := DialEtcd(target, EtcdConfig{LeaseTTL: 30 * time.Second})
+	b, err := DialEtcd(target, bootstrap.EtcdConfig{LeaseTTL: 30 * time.Second})
 	require.NoError(t, err)
 	defer b.Close()
 	bctx, bcancel := context.WithTimeout(ctx, 500*time.Millisecond)
@@ -217,7 +218,7 @@ func TestEtcdLeaseLostUnderAWrite(t *testing.T) {
 	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}})
 	require.NoError(t, err)
 	defer raw.Close()
-	a, err := DialEtcd("etcd://"+srv.Endpoint+"/inst-a", EtcdConfig{LeaseTTL: 30 * time.Second})
+	a, err := DialEtcd("etcd://"+srv.Endpoint+"/inst-a", bootstrap.EtcdConfig{LeaseTTL: 30 * time.Second})
 	require.NoError(t, err)
 	defer a.Close()
 	var revoked []clientv3.LeaseID
