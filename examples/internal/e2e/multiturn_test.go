@@ -425,22 +425,17 @@ func BenchmarkMultiTurnTTFT(b *testing.B) {
 		d, c = second(false)
 		without, cWithout = append(without, d), append(cWithout, c)
 	}
-	q := func(d []time.Duration, p float64) float64 {
-		s := slices.Clone(d)
-		slices.Sort(s)
-		return s[min(int(p*float64(len(s))), len(s)-1)].Seconds() * 1e3
-	}
 	med := func(v []float64) float64 {
 		s := slices.Clone(v)
 		slices.Sort(s)
 		return s[len(s)/2]
 	}
 	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(q(without, 0.5), "full-p50-ms")
-	b.ReportMetric(q(without, 0.99), "full-p99-ms")
-	b.ReportMetric(q(with, 0.5), "reuse-p50-ms")
-	b.ReportMetric(q(with, 0.99), "reuse-p99-ms")
-	b.ReportMetric(q(with, 0.5)/q(without, 0.5), "p50-ratio")
+	b.ReportMetric(quantileMS(without, 0.5), "full-p50-ms")
+	b.ReportMetric(quantileMS(without, 0.99), "full-p99-ms")
+	b.ReportMetric(quantileMS(with, 0.5), "reuse-p50-ms")
+	b.ReportMetric(quantileMS(with, 0.99), "reuse-p99-ms")
+	b.ReportMetric(quantileMS(with, 0.5)/quantileMS(without, 0.5), "p50-ratio")
 	b.ReportMetric(med(cWithout), "full-compute-ms")
 	b.ReportMetric(med(cWith), "reuse-compute-ms")
 	b.ReportMetric(float64(cpuWithout.Microseconds())/1e3/float64(len(without)), "full-cpu-ms/turn")
@@ -463,4 +458,11 @@ func metricsText(cl *http.Client, rank, prefix string) string {
 		}
 	}
 	return strings.Join(out, "; ")
+}
+
+// quantileMS is the p quantile of durations, in milliseconds.
+func quantileMS(d []time.Duration, p float64) float64 {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(int(p*float64(len(s))), len(s)-1)].Seconds() * 1e3
 }

@@ -1448,15 +1448,10 @@ func BenchmarkPushTTFT(b *testing.B) {
 		serial = append(serial, one(pd.vllm))
 		concurrent = append(concurrent, one(pd.push))
 	}
-	q := func(d []time.Duration, p float64) float64 {
-		s := slices.Clone(d)
-		slices.Sort(s)
-		return s[min(int(p*float64(len(s))), len(s)-1)].Seconds() * 1e3
-	}
 	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(q(serial, 0.5), "serial-p50-ms")
-	b.ReportMetric(q(serial, 0.99), "serial-p99-ms")
-	b.ReportMetric(q(concurrent, 0.5), "push-p50-ms")
-	b.ReportMetric(q(concurrent, 0.99), "push-p99-ms")
-	b.ReportMetric(q(concurrent, 0.5)/q(serial, 0.5), "p50-ratio")
+	b.ReportMetric(quantileMS(serial, 0.5), "serial-p50-ms")
+	b.ReportMetric(quantileMS(serial, 0.99), "serial-p99-ms")
+	b.ReportMetric(quantileMS(concurrent, 0.5), "push-p50-ms")
+	b.ReportMetric(quantileMS(concurrent, 0.99), "push-p99-ms")
+	b.ReportMetric(quantileMS(concurrent, 0.5)/quantileMS(serial, 0.5), "p50-ratio")
 }

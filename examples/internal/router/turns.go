@@ -6,10 +6,8 @@ package router
 
 import (
 	"context"
-	crand "crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"hash"
@@ -69,11 +67,7 @@ func (rt *Router) attemptPush(parent context.Context, pre, dec *Instance, cr *Co
 	ctx, cancel := context.WithTimeout(parent, rt.cfg.Timeout)
 	defer cancel()
 	defer rt.track(pre, dec)()
-	var id [16]byte
-	crand.Read(id[:])
-	reqID := hex.EncodeToString(id[:])
-	crand.Read(id[:])
-	xfer := "tx" + hex.EncodeToString(id[:])
+	reqID, xfer := randomID(), "tx"+randomID()
 	pbody := clientBody(cr, abort)
 	pkv := map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
 		"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil, "transfer_id": xfer}

@@ -164,6 +164,14 @@ func (rt *Router) bothAtOnce(ctx context.Context, cancel context.CancelFunc, pre
 	return nil
 }
 
+// randomID is 128 random bits in hex: a request, transfer or KV request
+// id.
+func randomID() string {
+	var id [16]byte
+	crand.Read(id[:])
+	return hex.EncodeToString(id[:])
+}
+
 // retryable is a status the sidecar retries a prefill on.
 func retryable(err error) bool {
 	var e *openai.Error
@@ -179,9 +187,7 @@ func (rt *Router) attemptVLLM(parent context.Context, pre, dec *Instance, cr *Co
 	ctx, cancel := context.WithTimeout(parent, rt.cfg.Timeout)
 	defer cancel()
 	defer rt.track(pre, dec)()
-	var id [16]byte
-	crand.Read(id[:])
-	reqID := hex.EncodeToString(id[:])
+	reqID := randomID()
 	pbody := clientBody(cr, abort)
 	pkv := map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
 		"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
@@ -257,9 +263,7 @@ func (rt *Router) attemptMooncake(parent context.Context, pre, dec *Instance, ro
 	}
 	slices.Sort(dps)
 	dp := dps[room%uint64(len(dps))] // (the sidecar picks one at random)
-	var id [16]byte
-	crand.Read(id[:])
-	xfer := "xfer-" + hex.EncodeToString(id[:])
+	xfer := "xfer-" + randomID()
 	pbody := clientBody(cr, abort)
 	pbody["kv_transfer_params"] = map[string]any{"do_remote_prefill": false, "do_remote_decode": true, "transfer_id": xfer}
 	pbody["stream"] = false
@@ -316,9 +320,7 @@ func (rt *Router) attemptOffloading(parent context.Context, pre, dec *Instance, 
 	if err != nil {
 		return err
 	}
-	var id [16]byte
-	crand.Read(id[:])
-	kvID := hex.EncodeToString(id[:])
+	kvID := randomID()
 	pbody := clientBody(cr, abort)
 	pbody["kv_transfer_params"] = map[string]any{"remote_decoder": map[string]any{"kv_request_id": kvID}}
 	pbody["stream"] = false
