@@ -148,8 +148,9 @@ type ServerConfig struct {
 	// MaxBody bounds a request body, default 64 KiB; larger is answered
 	// 413.
 	MaxBody int64
-	// Now is the clock (tests), default time.Now.
-	Now func() time.Time
+	// now is the clock, default time.Now (the package's tests set it: not
+	// a field a user sets, issue 50).
+	now func() time.Time
 }
 
 // maxRoomDPs bounds the room → DP group table (oldest forgotten first).
@@ -194,8 +195,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = 64 << 10
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.now == nil {
+		cfg.now = time.Now
 	}
 	return &Server{cfg: cfg, ranks: map[rankKey]heldRecord{}, roomDP: map[uint64]int{}}, nil
 }
@@ -314,7 +315,7 @@ func (s *Server) putRank(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.cfg.Now()
+	now := s.cfg.now()
 	k := rankKey{rec.DPRank, rec.TPRank, rec.PPRank}
 	old, held := s.ranks[k]
 	if held && old.Endpoint != rec.Endpoint {

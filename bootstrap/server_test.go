@@ -29,7 +29,7 @@ func (c *fakeClock) now() time.Time { return c.t }
 
 func newTestServer(t *testing.T) (*Server, *fakeClock) {
 	clk := &fakeClock{t: time.Unix(1000, 0)}
-	s, err := NewServer(ServerConfig{Token: testToken, LeaseTTL: 15 * time.Second, Now: clk.now})
+	s, err := NewServer(ServerConfig{Token: testToken, LeaseTTL: 15 * time.Second, now: clk.now})
 	require.NoError(t, err)
 	return s, clk
 }
