@@ -646,7 +646,7 @@ var mutants = []mutant{
 	// nixl reads no environment variable of its own (issue 50): the NIXL
 	// library path taken from KVBRIDGE_NIXL_LIB behind the Config's back,
 	// and a second libucp path in one process accepted.
-	{name: "nixl-lib-from-env", file: "internal/nixl/nixl.go", old: "\tif cfg.NIXLLib != \"\" {\n\t\treturn cfg.NIXLLib\n\t}\n\treturn \"libnixl_capi.so\"", new: "\tif cfg.NIXLLib != \"\" {\n\t\treturn cfg.NIXLLib\n\t}\n\tif p := os.Getenv(\"KVBRIDGE_NIXL_LIB\"); p != \"\" {\n\t\treturn p\n\t}\n\treturn \"libnixl_capi.so\"",
+	{name: "nixl-lib-from-env", file: "internal/nixl/nixl.go", old: "\tif cfg.NIXLLib != \"\" {\n\t\treturn cfg.NIXLLib\n\t}\n\treturn \"libnixl_capi.so\"", new: "\tif cfg.NIXLLib != \"\" {\n\t\treturn cfg.NIXLLib\n\t}\n\tvar env pub.Config\n\tenv.FromEnv()\n\tif env.NIXLLib != \"\" {\n\t\treturn env.NIXLLib\n\t}\n\treturn \"libnixl_capi.so\"",
 		pkg: "internal/nixl", run: "^TestLibraryPathsOnlyThroughFromEnv$"},
 	{name: "ucx-second-lib-accepted", file: "internal/nixl/ucx.go", old: "if path != ucxLib.path && path != \"libucp.so.0\" {", new: "if false {",
 		pkg: "internal/nixl", run: "^TestOneUCXPerProcess$"},
