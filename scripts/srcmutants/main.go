@@ -641,6 +641,10 @@ var mutants = []mutant{
 		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurn$"},
 	{name: "reuse-kept-pages-lost", file: "examples/internal/rankcmd/reuse.go", old: "\t\trp.pages.Put(pages)\n\t\trp.heldPages.Sub", new: "\t\trp.heldPages.Sub",
 		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurnLease$"},
+	{name: "reuse-no-pages-kept-held", file: "examples/internal/rankcmd/reuse.go", old: "\t\trp.outcomes.WithLabelValues(reuseNoPages).Inc()\n\t\tt.releaseKept(fctx, tk.Room, boot)\n", new: "\t\trp.outcomes.WithLabelValues(reuseNoPages).Inc()\n",
+		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurnLease$"},
+	{name: "reuse-mismatch-kept-held", file: "examples/internal/rankcmd/reuse.go", old: "tk.Room, tk.Tokens), kv)\n\t\tt.releaseKept(fctx, tk.Room, boot)\n", new: "tk.Room, tk.Tokens), kv)\n",
+		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurn$"},
 	{name: "prefill-from-recomputes", file: "examples/internal/tinyllm/tinyllm.go", old: "for t := from; t < len(tokens); t++ {", new: "for t := 0; t < len(tokens); t++ {",
 		pkg: "examples/internal/tinyllm", run: "^TestPrefillFromEarlierTurn$"},
 	// nixl reads no environment variable of its own (issue 50): the NIXL

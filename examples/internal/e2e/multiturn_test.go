@@ -210,14 +210,17 @@ func TestOpenAIMultiTurn(t *testing.T) {
 	assert.Equal(t, c.want(t, b2), a.Tokens, "a foreign replay")
 	assert.EqualValues(t, 1, outcome(pre, "foreign"))
 	assert.Equal(t, 3.0, outcome(pre, "reused"), "turns 2, 3 and chat turn 2")
-	// A replay whose prompt does not extend the kept turn: fetched (the
-	// kept pages go back now), not used.
+	// A replay whose prompt does not extend the kept turn: not fetched,
+	// released with a dummy request (its pages go back now, not at the
+	// lease's end).
+	usedBefore := outcome(dec, "used")
 	other := body(tinyPrompt(rng, 20), 3, false)
 	a, _, err = pd.turn(ctx, "/v1/completions", other, r4)
 	require.NoError(t, err, "a replay on another conversation")
 	assert.Equal(t, c.want(t, other), a.Tokens, "a replay on another conversation")
 	assert.Zero(t, pd.reused(), "a replay on another conversation")
 	assert.EqualValues(t, 1, outcome(pre, "mismatch"))
+	assert.Equal(t, usedBefore+1, outcome(dec, "used"), "the kept turn a mismatched replay named released at once")
 	assert.Equal(t, outcome(dec, "kept")-outcome(dec, "used")-outcome(dec, "expired")-outcome(dec, "failed"),
 		metric(t, c.client, dec, "kvbridge_example_reuse_held_rooms"), "held = kept − released")
 
@@ -293,7 +296,7 @@ func TestOpenAIMultiTurnLease(t *testing.T) {
 	assert.EqualValues(t, 1, metric(t, c.client, c.prefill[0].http, `kvbridge_example_reuse_total{outcome="stale"}`))
 
 	// A kept turn too long for the prefill's reuse pages (8 of 4 tokens):
-	// computed in full; the decode releases it at the lease's end.
+	// computed in full; released at once with a dummy request.
 	bl := body(tinyPrompt(rng, 40), 4, false)
 	al, kvl, err := pd.turn(ctx, "/v1/completions", bl, nil)
 	require.NoError(t, err)
@@ -305,6 +308,8 @@ func TestOpenAIMultiTurnLease(t *testing.T) {
 	assert.Equal(t, c.want(t, bl2), a.Tokens, "a kept turn too long for the prefill's reuse pages")
 	assert.Zero(t, pd.reused())
 	assert.EqualValues(t, 1, metric(t, c.client, c.prefill[0].http, `kvbridge_example_reuse_total{outcome="no_pages"}`))
+	assert.EqualValues(t, 1, metric(t, c.client, dec, `kvbridge_example_reuse_total{outcome="used"}`),
+		"the kept turn the prefill had no pages for released at once (a dummy request), not at the lease")
 	waitMetricAtMost(t, c.client, dec, "kvbridge_example_reuse_held_rooms", 0, 10*time.Second)
 	c.reuseSettled(t, 8, 64)
 

@@ -375,9 +375,10 @@ type reusedPrefix struct {
 // fetchReuse fetches the earlier turn a prefill leg's replayed
 // kv_transfer_params name, when the prompt extends it: nil (counted) when
 // there is none, it cannot be used, or it did not come within
-// -reuse-timeout — the prefill then computes the whole prompt. A ticket
-// this deployment signed is fetched even when the prompt does not extend
-// it, so the decode rank's kept pages go back now, not at the lease's end.
+// -reuse-timeout — the prefill then computes the whole prompt. A kept
+// turn this deployment signed that it will not use (the prompt does not
+// extend it, no reuse pages are free) is ended with a dummy REQUEST, so
+// the decode rank's kept pages go back now, not at the lease's end.
 func (t *tinyRank) fetchReuse(ctx context.Context, kv *openai.KVTransferParams, prompt []int) *reusedPrefix {
 	r, rp := t.r, t.r.reuse
 	if kv == nil || kv.RemoteEngineID == nil || kv.RemoteRequestID == "" {
@@ -422,10 +423,16 @@ func (t *tinyRank) fetchReuse(ctx context.Context, kv *openai.KVTransferParams, 
 	case tk.Prompt < len(prompt) && promptHash(prompt[:tk.Prompt]) == tk.PromptHash:
 		use = tk.Prompt // (the reply came back other than generated: the turn's prompt still holds)
 	}
+	if use == 0 {
+		t.reuseRefused(reuseMismatch, fmt.Sprintf("the prompt (%d tokens) does not extend the kept turn of room %d (%d tokens)", len(prompt), tk.Room, tk.Tokens), kv)
+		t.releaseKept(fctx, tk.Room, boot)
+		return nil
+	}
 	pt := r.Model.PageTokens
 	pages := rp.pages.Get((tk.Tokens + pt - 1) / pt)
 	if pages == nil {
 		rp.outcomes.WithLabelValues(reuseNoPages).Inc()
+		t.releaseKept(fctx, tk.Room, boot)
 		return nil
 	}
 	keepPages := false
@@ -459,14 +466,27 @@ func (t *tinyRank) fetchReuse(ctx context.Context, kv *openai.KVTransferParams, 
 	if st, err := rc.Wait(fctx); st != kvmanager.Success {
 		return fail(rc, fmt.Sprintf("%s %s %v", st, rc.Failure(), err))
 	}
-	if use == 0 {
-		t.reuseRefused(reuseMismatch, fmt.Sprintf("the prompt (%d tokens) does not extend the kept turn of room %d (%d tokens)", len(prompt), tk.Room, tk.Tokens), kv)
-		return nil
-	}
 	dense := tinyllm.NewDense(t.m.Layers, t.m.KVHeads, t.m.HeadDim, len(prompt))
 	copyInto(dense, &tinyllm.Seq{C: rp.cache, Pages: pages}, t.layer0, t.nlayers, t.first, t.heads, use)
 	rp.outcomes.WithLabelValues(reuseReused).Inc()
 	return &reusedPrefix{kv: dense, n: use}
+}
+
+// releaseKept ends a kept turn this rank will not use with a dummy
+// REQUEST (nothing is written): its room on the decode rank ends now and
+// its pages go back there, not at the lease's end.
+func (t *tinyRank) releaseKept(ctx context.Context, room uint64, boot string) {
+	rc, err := receiver.NewFor(t.r.reuse.d, room, kvmanager.Instance{Bootstrap: boot, DP: kvmanager.AutoDP})
+	if err != nil {
+		return
+	}
+	defer rc.Clear()
+	if rc.Init(ctx, kvmanager.RequestSpec{Dummy: true, AuxIndex: -1}) == nil {
+		rc.Wait(ctx) //nolint:errcheck // (the decode rank's lease ends it otherwise)
+	}
+	if rc.Poll() != kvmanager.Success && rc.Poll() != kvmanager.Failed {
+		rc.Abort("example: reuse: releasing a kept turn not used")
+	}
 }
 
 // reuseRefused counts and logs replayed kv_transfer_params not used.
