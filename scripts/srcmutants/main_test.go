@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -45,5 +46,38 @@ func TestMutantsMatchTheCode(t *testing.T) {
 	for i, m := range mutants {
 		_, err := overlay(root, tmp, i, m)
 		assert.NoError(t, err, "mutant %q", m.name)
+		for _, e := range m.edits() {
+			src, err := os.ReadFile(filepath.Join(root, e.file))
+			require.NoError(t, err)
+			for _, name := range undeclaredSelectors(string(src), e.new) {
+				t.Errorf("mutant %q uses %s. in %s, which that file neither imports nor declares: it would not compile (and would stop make mutants)", m.name, name, e.file)
+			}
+		}
 	}
+}
+
+// selectorBase matches the base of a selector such as os.Getenv.
+var selectorBase = regexp.MustCompile(`\b([a-z][A-Za-z0-9_]*)\.[A-Za-z_]`)
+
+// undeclaredSelectors lists the selector bases (os in os.Getenv) of a
+// mutant's new text that its file names nowhere and the text does not
+// declare: a package the file does not import (a mutant that no longer
+// compiles after its file's imports changed, as nixl-lib-from-env did
+// once nixl's FromEnv moved).
+func undeclaredSelectors(src, text string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, m := range selectorBase.FindAllStringSubmatch(text, -1) {
+		name := m[1]
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		word := regexp.MustCompile(`\b` + name + `\b`)
+		declared := regexp.MustCompile(`(\bvar ` + name + `\b|\b` + name + `(, [A-Za-z_]+)* :?=|\bfunc\([^)]*\b` + name + `\b)`)
+		if !word.MatchString(src) && !declared.MatchString(text) {
+			out = append(out, name)
+		}
+	}
+	return out
 }
