@@ -645,6 +645,10 @@ var mutants = []mutant{
 		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurnLease$"},
 	{name: "reuse-mismatch-kept-held", file: "examples/internal/rankcmd/reuse.go", old: "tk.Room, tk.Tokens), kv)\n\t\tt.releaseKept(fctx, tk.Room, boot)\n", new: "tk.Room, tk.Tokens), kv)\n",
 		pkg: "examples/internal/e2e", run: "^TestOpenAIMultiTurn$"},
+	{name: "reuse-lease-past-tombstones", file: "examples/internal/rankcmd/reuse.go", old: "if r.Role == kvmanager.RoleDecode && o.reuseLease >= base.Registry.TombstoneTTL {", new: "if false {",
+		pkg: "examples/internal/rankcmd", run: "^TestReuseFlagsRefused$"},
+	{name: "reuse-wide-instance-accepted", file: "examples/internal/rankcmd/reuse.go", old: "if r.Par.TPSize*r.Par.PPSize*r.Par.DPSize != 1 {", new: "if false {",
+		pkg: "examples/internal/rankcmd", run: "^TestReuseFlagsRefused$"},
 	{name: "prefill-from-recomputes", file: "examples/internal/tinyllm/tinyllm.go", old: "for t := from; t < len(tokens); t++ {", new: "for t := 0; t < len(tokens); t++ {",
 		pkg: "examples/internal/tinyllm", run: "^TestPrefillFromEarlierTurn$"},
 	// nixl reads no environment variable of its own (issue 50): the NIXL

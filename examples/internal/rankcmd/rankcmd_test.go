@@ -254,3 +254,44 @@ func TestTimingFlags(t *testing.T) {
 	require.Equal(t, 2, code, "a negative -sweep-interval: code (err %v)", err)
 	require.Error(t, err, "a negative -sweep-interval: want an error")
 }
+
+// TestReuseFlagsRefused: multi-turn reuse's flags are checked before a
+// rank serves: -reuse-pages off tinyllm or negative, on an instance of
+// several ranks, and a decode rank's -reuse-lease not below the tombstone
+// TTL (a used room's replay would then wait for a sender, not be refused)
+// are each refused naming the flag; a valid decode rank starts its reuse
+// path.
+func TestReuseFlagsRefused(t *testing.T) {
+	tiny := []string{"-compute", "tinyllm", "-engine", "loopback", "-pages", "16", "-warm=false", "-layers", "2", "-kv-heads", "2",
+		"-head-dim", "8", "-q-heads", "2", "-ffn", "16", "-vocab", "300"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // "" : starts
+	}{
+		{"without tinyllm", []string{"-model", "tiny", "-engine", "loopback", "-pages", "8", "-warm=false", "-reuse-pages", "8"}, "-reuse-pages is for -compute tinyllm"},
+		{"negative", append([]string{"-reuse-pages", "-1"}, tiny...), "-reuse-pages -1"},
+		{"an instance of two ranks", append([]string{"-reuse-pages", "8", "-tp", "2"}, tiny...), "-reuse-pages needs an instance of one rank"},
+		{"a lease not below the tombstone TTL", append([]string{"-reuse-pages", "8", "-reuse-lease", "10m"}, tiny...), "-reuse-lease 10m0s must stay below the tombstone TTL"},
+		{"valid", append([]string{"-reuse-pages", "8", "-reuse-lease", "9m"}, tiny...), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs, o := newFlags(kvmanager.RoleDecode)
+			fs.SetOutput(io.Discard)
+			require.NoError(t, fs.Parse(tc.args))
+			err := frontOptions(kvmanager.RoleDecode, o, testauth.Auth())
+			var r *Rank
+			if err == nil {
+				r, _, err = newRank(kvmanager.RoleDecode, o, testauth.Auth(), zap.NewNop(), prometheus.NewRegistry())
+			}
+			if tc.want == "" {
+				require.NoError(t, err)
+				require.NotNil(t, r.reuse, "the reuse path")
+				require.NoError(t, r.closeManagers())
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
