@@ -117,9 +117,17 @@ func TestUCXTCPWritesAsMessages(t *testing.T) {
 			require.Equal(t, Failed, st, "write into deregistered memory: %v, want Failed, refused by the target", err)
 			require.ErrorContains(t, err, "refused", "write into deregistered memory: want Failed, refused by the target")
 			require.True(t, bytes.Equal(before, dst), "a write into deregistered memory changed it")
-			refused, stray := p.tgt.WritesRefused()
-			require.EqualValues(t, 4, refused, "target counted refused writes (%d stray acks), want 4 (1 MiB in 256 KiB messages)", stray)
-			require.Zero(t, stray, "target counted stray acks, want 0")
+			// The write fails at its first refusal; the target refuses the
+			// other messages of it as they arrive (CI counted 1 of 4 at the
+			// moment the write failed), and their refusals reach the
+			// initiator after the write ended: stray acks, at most 3.
+			var refused, stray uint64
+			require.Eventually(t, func() bool { refused, _ = p.tgt.WritesRefused(); return refused >= 4 }, 10*time.Second, time.Millisecond,
+				"target counted %d refused writes, want 4 (1 MiB in 256 KiB messages)", refused)
+			refused, _ = p.tgt.WritesRefused()
+			require.EqualValues(t, 4, refused, "target counted refused writes, want 4 (1 MiB in 256 KiB messages)")
+			_, stray = p.ini.WritesRefused()
+			require.LessOrEqual(t, stray, uint64(3), "initiator counted %d stray acks, want at most 3 (the refusals after the first)", stray)
 		})
 	}
 }
