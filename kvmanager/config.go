@@ -72,6 +72,11 @@ type Config struct {
 	// The example binaries turn it on.
 	WarmMemory bool
 
+	// Digest (decode): every room asks its prefill ranks for a CRC-32C of
+	// each page they write and checks it before Success
+	// (RequestSpec.Digest; docs/PROTOCOL.md "Digest"). Push, host memory.
+	Digest bool
+
 	// Pull (decode): every room reads its pages from the prefill ranks
 	// once they publish them, instead of having them written
 	// (docs/PROTOCOL.md "Pull"); the prefill ranks must serve pull.
@@ -224,6 +229,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("kvmanager: Config.RegisterRetry must be positive, got %v", c.RegisterRetry)
 	case c.PullLease > c.Registry.StallTimeout:
 		return fmt.Errorf("kvmanager: Config.PullLease (%v) must not exceed Config.Registry.StallTimeout (%v): the stall deadline would end a longer lease", c.PullLease, c.Registry.StallTimeout)
+	case c.Digest && (c.Role != RoleDecode || c.Pull || c.Layout.Kind != transfer.DRAM):
+		return fmt.Errorf("kvmanager: Config.Digest is checked by a decode rank that pushes into host memory (this rank: %v, Config.Pull %v, Config.Layout.Kind %v)", c.Role, c.Pull, c.Layout.Kind)
 	case c.Pull && c.Role == RoleDecode && c.PullLease < 0:
 		return fmt.Errorf("kvmanager: a decode rank with Config.Pull needs a positive Config.PullLease (its renewal basis), got %v", c.PullLease)
 	}

@@ -409,6 +409,10 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, rs RequestSpec) 
 		return fmt.Errorf("room %d: RequestSpec.Pull on a decode rank without Config.Pull (it has no readers, and its prefill ranks are not asked for offers): %w", room, core.ErrInvalidSpec)
 	}
 	spec.Pull = d.cfg.Pull
+	spec.Digest = spec.Digest || d.cfg.Digest
+	if spec.Digest && (spec.Pull || d.cfg.Layout.Kind != transfer.DRAM) {
+		return fmt.Errorf("room %d: a digest (RequestSpec.Digest or Config.Digest) is checked for push rooms into host memory only (this rank: pull %v, %v): %w", room, spec.Pull, d.cfg.Layout.Kind, core.ErrInvalidSpec)
+	}
 	tails := d.writeTails(room, spec)
 	var ready <-chan struct{}
 	d.read(func(c *core.Core) {
@@ -610,6 +614,8 @@ func (d *Decode) onNotif(s string) {
 	room := n.Room
 	if n.Undelivered = d.checkWrite(n); n.Undelivered != "" {
 		d.log.Warn("a notification names bytes that did not land: the room fails", zap.Uint64("room", room), zap.Int("source", n.UID), zap.String("what", n.Undelivered))
+	} else if n.Corrupt = d.checkDigest(n); n.Corrupt != "" {
+		d.log.Warn("a notification's pages do not match their digest: the room fails", zap.Uint64("room", room), zap.Int("source", n.UID), zap.String("what", n.Corrupt))
 	}
 	if out := d.stepIn(n); out.Succeeded {
 		d.trace(room, rankhooks.LastNotif)

@@ -33,8 +33,9 @@ type LoadReport struct {
 	// Code is the failure's code — the STATUS codes (CodeAborted for a
 	// local abort, CodeCleared, CodePeerUnreachable, CodePeerRestarted,
 	// a prefill rank's STATUS code, CodeNotDelivered for bytes a
-	// notification named that did not land, CodeFailed for a deadline or
-	// any other failure) — and Reason its text; both empty on Success.
+	// notification named that did not land, CodeCorrupt for pages that
+	// do not match their digest, CodeFailed for a deadline or any other
+	// failure) — and Reason its text; both empty on Success.
 	Code, Reason string
 	Sources      []SourceReport
 }
@@ -167,6 +168,12 @@ type RequestSpec struct {
 	// Pull: read the pages from the prefill ranks once they publish them
 	// (docs/PROTOCOL.md "Pull") instead of having them written.
 	Pull bool
+	// Digest: the prefill ranks send a CRC-32C of every destination page
+	// they write, and the room succeeds only once each page's bytes match
+	// it; a mismatch fails the room with CodeCorrupt naming the page,
+	// layers and prefill rank (docs/PROTOCOL.md "Digest"). Push rooms into
+	// host memory; Config.Digest asks it for every room.
+	Digest bool
 }
 
 // Result is what a call on a room did.
@@ -227,6 +234,10 @@ const CodeFailed = "failed"
 // decode rank's write check; docs/PROTOCOL.md "Writes checked before they
 // count").
 const CodeNotDelivered = "not_delivered"
+
+// CodeCorrupt: a room that asked for a digest got pages whose bytes do
+// not match the prefill rank's digest of them (docs/PROTOCOL.md "Digest").
+const CodeCorrupt = core.CodeCorrupt
 
 // CodeNotRegistered (STATUS): the prefill rank had no registration of
 // this decode rank.

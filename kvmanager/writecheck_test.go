@@ -1,6 +1,8 @@
 package kvmanager
 
 import (
+	"fmt"
+	"hash/crc32"
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/core"
@@ -130,7 +132,7 @@ func writeCheckFollows(t *testing.T, m kvmodel.Model, pTP, pPP, dTP, dRank, pTok
 	if dTokens != 16 {
 		t.Fatalf("test case: decode pages of %d tokens", dTokens)
 	}
-	spec := core.RequestSpec{DstPages: dst, AuxIndex: -1}
+	spec := core.RequestSpec{DstPages: dst, AuxIndex: -1, Digest: true}
 	require.Equal(t, core.Applied, d.stepIn(core.CreateReceiver{Room: room, Links: links}).Result.Outcome)
 	tails := d.writeTails(room, spec)
 	require.NotEmpty(t, tails)
@@ -168,7 +170,8 @@ func writeCheckFollows(t *testing.T, m kvmodel.Model, pTP, pPP, dTP, dRank, pTok
 		for ci, c := range [][2]int{{0, split}, {split, nsrc}} {
 			s, dd, off, n, err := kvlayout.PageMap{Src: pTokens, Dst: dTokens}.Pair(c[0], src[c[0]:c[1]], 0, dst)
 			require.NoError(t, err)
-			_, rd := kvlayout.ExpandSlice(kvlayout.Runs(s, dd), local, lay, plan)
+			runs := kvlayout.Runs(s, dd)
+			ld, rd := kvlayout.ExpandSlice(runs, local, lay, plan)
 			for _, g := range groups {
 				var mine []nixl.Desc // this layer group's
 				for _, x := range rd {
@@ -191,6 +194,7 @@ func writeCheckFollows(t *testing.T, m kvmodel.Model, pTP, pPP, dTP, dRank, pTok
 				require.Contains(t, got, "still ends with the canary", "source %d chunk %d layers %v: one descriptor (%+v) not written", uid, ci, g, mine[skip])
 				fill(at(mine[skip]))
 				require.Empty(t, d.checkWrite(n), "source %d chunk %d layers %v: every descriptor written", uid, ci, g)
+				checkDigestFollows(t, d, n, local, plan, runs, g, ld, rd, dst, at)
 				checked++
 			}
 		}
@@ -198,9 +202,56 @@ func writeCheckFollows(t *testing.T, m kvmodel.Model, pTP, pPP, dTP, dRank, pTok
 	require.NotZero(t, checked)
 }
 
-// fill writes what a prefill rank's write brings (anything but a canary).
+// fill writes what a prefill rank's write brings (anything but a canary,
+// never the same bytes twice in a row, so a digest over pieces in another
+// order differs).
 func fill(b []byte) {
 	for i := range b {
-		b[i] = 0x77
+		fillSeq++
+		b[i] = byte(fillSeq*131 + fillSeq>>8)
 	}
+}
+
+var fillSeq uint64
+
+// checkDigestFollows: the digest the prefill pool sums for the layer group
+// g of a chunk (kvlayout.DigestPieces of its runs over its own regions, as
+// Pool.digest takes them), here summed over where each source piece lands
+// (the plan's descriptors ld → rd), passes the decode shell's check of
+// notification n; one byte flipped in a landed piece fails it, naming that
+// piece's position and decode page.
+func checkDigestFollows(t *testing.T, d *Decode, n core.Notified, local transfer.Layout, plan *kvlayout.Slice, runs []kvlayout.Run, g [2]int,
+	ld, rd []nixl.Desc, dst []uint32, at func(nixl.Desc) []byte) {
+	t.Helper()
+	sp, se := kvlayout.DigestPieces(local, plan, true, 2*g[0], 2*g[1], runs, nil, nil)
+	require.Len(t, se, n.N, "digest groups: one a position")
+	landed := func(i int) nixl.Desc { // source piece i, where it lands
+		for k := range ld {
+			if sp[2*i] >= uint64(ld[k].Addr) && sp[2*i]+sp[2*i+1] <= uint64(ld[k].Addr)+ld[k].Len {
+				return nixl.Desc{Addr: rd[k].Addr + uintptr(sp[2*i]-uint64(ld[k].Addr)), Len: sp[2*i+1]}
+			}
+		}
+		t.Fatalf("source piece %d: no descriptor moves it", i)
+		return nixl.Desc{}
+	}
+	i := 0
+	for _, e := range se {
+		crc := uint32(0)
+		for ; i < e; i++ {
+			crc = crc32.Update(crc, crc32.MakeTable(crc32.Castagnoli), at(landed(i)))
+		}
+		n.Digests = append(n.Digests, crc)
+	}
+	n.LastUnits = kvlayout.LastUnits(plan, runs)
+	require.Empty(t, d.checkDigest(n), "the digest of what landed")
+	mid := len(sp) / 4
+	pos := 0
+	for pos < len(se) && se[pos] <= mid {
+		pos++
+	}
+	b := at(landed(mid))
+	b[len(b)/2] ^= 0x20
+	require.Contains(t, d.checkDigest(n), fmt.Sprintf("position %d (decode page %d)", n.Off+pos, dst[n.Off+pos]), "a byte flipped in piece %d", mid)
+	b[len(b)/2] ^= 0x20
+	require.Empty(t, d.checkDigest(n), "the byte flipped back")
 }

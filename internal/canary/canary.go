@@ -69,6 +69,8 @@ static long kvb_canary_settle(const uint64_t *tails, size_t n, uint64_t canary, 
 	}
 	return first;
 }
+// kvb_flip flips the lowest bit of the byte at a (a fault for tests).
+static void kvb_flip(uint64_t a) { *(volatile unsigned char *)(uintptr_t)a ^= 1; }
 */
 import "C"
 
@@ -126,3 +128,8 @@ func Settle(tails []uint64, canary uint64, saved, others []uint64, restore bool)
 	return int(C.kvb_canary_settle((*C.uint64_t)(unsafe.Pointer(&tails[0])), C.size_t(len(tails)), C.uint64_t(canary),
 		(*C.uint64_t)(unsafe.Pointer(&saved[0])), op, C.size_t(len(others)), r))
 }
+
+// Flip flips one bit of the byte at address a of this process's memory:
+// the agent's fault for tests (nixl Agent.CorruptWrites), in memory the
+// rank registered.
+func Flip(a uint64) { C.kvb_flip(C.uint64_t(a)) }

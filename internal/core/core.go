@@ -251,6 +251,10 @@ type CoreStats struct {
 	// NotDelivered (decode): notifications the write check found naming
 	// bytes that did not land (Notified.Undelivered).
 	NotDelivered uint64
+	// DigestMismatches (decode): notifications whose pages did not match
+	// their digest, or carried none for a room that asked for one
+	// (Notified.Corrupt).
+	DigestMismatches uint64
 	// LayoutRefused counts REGISTERs and REQUESTs refused for naming
 	// memory that cannot be right, by LayoutRefusal.
 	LayoutRefused [LayoutRefusals]uint64
@@ -429,6 +433,10 @@ const (
 	// pages whose bytes did not land (the engine reported the write
 	// done; the decode rank's write check found its canary still there).
 	CodeNotDelivered = "not_delivered"
+	// CodeCorrupt (decode): a room that asked for a digest got pages
+	// whose bytes do not match the prefill rank's digest of them, or a
+	// notification without one (docs/PROTOCOL.md "Digest").
+	CodeCorrupt = "corrupt"
 )
 
 // NewCore returns an empty core.

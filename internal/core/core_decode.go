@@ -26,6 +26,12 @@ type RequestSpec struct {
 	// Pull: read the pages from the prefill ranks once they publish them
 	// (docs/PROTOCOL.md "Pull") instead of having them written.
 	Pull bool
+	// Digest: the prefill ranks send a CRC-32C of every destination page
+	// they write, and the room succeeds only once each page's bytes match
+	// it; a mismatch fails the room with CodeCorrupt naming the page,
+	// layers and prefill rank (docs/PROTOCOL.md "Digest"). Push rooms into
+	// host memory; Config.Digest asks it for every room.
+	Digest bool
 }
 
 type regState uint8
@@ -400,6 +406,7 @@ func (c *decodeCore) flushRequests(rm *room) {
 			s.pull, s.lastStamp = true, c.now
 			req.Pull, req.At = true, s.stamp(c.now)
 		}
+		req.Digest = sp.Digest
 		if !s.link.Aux {
 			req.AuxIndex, req.StateIndices = -1, [][]uint32{}
 		}
@@ -811,6 +818,13 @@ func (c *decodeCore) notified(now time.Time, in Notified) {
 			c.undelivered(rm, src, in)
 			return
 		}
+		if in.Corrupt == "" && rm.dec.spec.Digest && !in.Aux && in.N > 0 && in.Digests == nil {
+			in.Corrupt = "the room asked for a digest and the notification of its pages carries none (a prefill rank of an earlier revision, or its KV in VRAM)"
+		}
+		if in.Corrupt != "" {
+			c.corrupt(rm, src, in)
+			return
+		}
 	}
 	c.notification(now, in)
 }
@@ -835,6 +849,24 @@ func (c *decodeCore) undelivered(rm *room, src *source, in Notified) {
 		what = fmt.Sprintf("chunk %d (positions %d+%d, layers %d–%d)", in.Chunk, in.Off, in.N, in.Lo, in.Hi)
 	}
 	c.failWith(in.Room, CodeNotDelivered, fmt.Sprintf("room %d: prefill rank %s (source %d) notified %s written, but %s", in.Room, peer, in.UID, what, in.Undelivered))
+}
+
+// corrupt fails a room whose notification's pages do not match their
+// digest (Notified.Corrupt): counted, nothing of it recorded as landed.
+func (c *decodeCore) corrupt(rm *room, src *source, in Notified) {
+	if in.Aux || !src.valid(in) {
+		c.stats.BadNotifs++
+		return
+	}
+	c.stats.DigestMismatches++
+	if rm.status.Terminal() {
+		return
+	}
+	peer := src.target
+	if tg := c.targets[src.target]; tg != nil && tg.endpoint != "" {
+		peer = tg.endpoint
+	}
+	c.failWith(in.Room, CodeCorrupt, fmt.Sprintf("room %d: prefill rank %s (source %d), chunk %d: %s", in.Room, peer, in.UID, in.Chunk, in.Corrupt))
 }
 
 // initable: Core.Initable.
@@ -1148,7 +1180,7 @@ func (c *decodeCore) waitsFor(tg *target) bool {
 // there).
 func ParseNotif(s string) (Notified, bool) {
 	f := strings.Split(s, ":")
-	if (len(f) != 4 && len(f) != 5 && len(f) != 11) || f[0] != "kvb1" {
+	if (len(f) != 4 && len(f) != 5 && len(f) != 11 && len(f) != 13) || f[0] != "kvb1" {
 		return Notified{}, false
 	}
 	var n Notified
@@ -1163,15 +1195,47 @@ func ParseNotif(s string) (Notified, bool) {
 		n.Aux = f[3] == "aux"
 		return n, n.Aux
 	}
-	for i, p := range []*int{&n.Chunk, &n.Total, &n.Off, &n.N, &n.Lo, &n.Hi, &n.SpanLo, &n.SpanHi}[:len(f)-3] {
+	fields := []*int{&n.Chunk, &n.Total, &n.Off, &n.N, &n.Lo, &n.Hi, &n.SpanLo, &n.SpanHi}
+	for i, p := range fields[:min(len(f)-3, len(fields))] {
 		v, err := strconv.Atoi(f[3+i])
 		if err != nil || v < 0 || v > math.MaxInt32 {
 			return Notified{}, false
 		}
 		*p = v
 	}
+	if len(f) == 13 && !parseDigests(&n, f[11], f[12]) {
+		return Notified{}, false
+	}
 	return n, len(f) == 5 || n.Hi > 0
 }
+
+// parseDigests reads a notification's digest fields (docs/PROTOCOL.md
+// "Digest"): eight hex digits for each of its N positions, and the units
+// of the last position it filled (1 … MaxLastUnits). A digest of another
+// length, or positions it names none for, make the notification
+// malformed.
+func parseDigests(n *Notified, sums, units string) bool {
+	if n.N == 0 || n.N > wire.MaxPages || len(sums) != 8*n.N {
+		return false
+	}
+	k, err := strconv.Atoi(units)
+	if err != nil || k < 1 || k > MaxLastUnits {
+		return false
+	}
+	n.Digests, n.LastUnits = make([]uint32, n.N), k
+	for i := range n.Digests {
+		v, err := strconv.ParseUint(sums[8*i:8*i+8], 16, 32)
+		if err != nil {
+			return false
+		}
+		n.Digests[i] = uint32(v)
+	}
+	return true
+}
+
+// MaxLastUnits bounds a digest notification's units of its last page (a
+// page of at most this many units of the other side's page).
+const MaxLastUnits = 1 << 16
 
 // failed aborts a room that failed here on its prefill ranks.
 func (c *decodeCore) failed(room uint64, reason string, _ Result) { c.decodeFailed(room, reason) }

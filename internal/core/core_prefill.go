@@ -921,6 +921,7 @@ func (c *prefillCore) peerWrites(in SendChunk, at chunkAt, pr PeerRequest) ([]kv
 	case len(src) > 0:
 		w := base
 		w.Runs, w.Layers = kvlayout.Runs(src, dst), kvlayout.Layers{Lo: at.lo, Hi: at.hi}
+		w.Digest = req.Digest
 		w.Notif = chunkNotif(room, uid, at.chunk, at.total, n, count, at.lo+shift, at.hi+shift, shift, at.layers+shift)
 		writes = append(writes, w)
 	case at.whole:

@@ -141,6 +141,17 @@ type (
 		// the canary planted before the REQUEST went out. The room fails
 		// (CodeNotDelivered); the notification counts for nothing.
 		Undelivered string
+		// Digests (a write whose REQUEST asked for a digest, parsed from
+		// the notification; nil when it carries none): the CRC-32C of
+		// each of the N positions' pages, and LastUnits how many units of
+		// the last it filled (docs/PROTOCOL.md "Digest").
+		Digests   []uint32
+		LastUnits int
+		// Corrupt (set by the shell's digest check): what of the
+		// notification's pages does not match its digest, or why it could
+		// not be checked for a room that asked for one. The room fails
+		// (CodeCorrupt); the notification counts for nothing.
+		Corrupt string
 	}
 	// Challenged is an agent challenge's notification (ParseChallenge).
 	// On a decode rank: a prefill rank got a REGISTER whose blob names

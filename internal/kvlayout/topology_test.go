@@ -254,6 +254,7 @@ func checkSlices(t *testing.T, ms, md Model, ptp, ppp, dtp, dpp, tokens, prefix 
 					return false
 				}
 				checkTails(t, rd, Tails(dl, sl, sl.RegionOffset, sl.RegionOffset+len(pl.Regions), WrittenUnits(pm, dst, off, n, last, nil), nil), partial)
+				checkDigest(t, pl, pmem, dl, dmem, sl, pm, Runs(s, dd), dst, off, n, ld, rd)
 				for i := range ld {
 					require.Equal(t, ld[i].Len, rd[i].Len, "descriptor %d: bytes", i)
 					copy(dmem.at(rd[i]), pmem.at(ld[i]))

@@ -24,6 +24,11 @@ type Write struct {
 	// has not answered true within the stall timeout.
 	Ready Ready
 	Notif string // "" for a write without a notification
+	// Digest: the pool appends the CRC-32C of each destination page the
+	// write fills to Notif, summed from the source right before the post
+	// (docs/PROTOCOL.md "Digest"; host memory only: a VRAM source sends
+	// none).
+	Digest bool
 	Last  bool   // the room's final write to this peer
 	// PeerKey and Epoch name the decode process whose REQUEST gave the
 	// destination; the pool carries them for the gate, never reads them.

@@ -208,6 +208,27 @@ type Xfer struct {
 // source really ends with those bytes is refused too: 2^-64 a descriptor.
 const canaryBytes = 8
 
+// CorruptWrites is a fault for tests, on any engine: each of the next n
+// WRITEs posted from host memory through a with a notification has one
+// bit of its source flipped right before the engine gets it — in the
+// middle of its middle descriptor, after the transfer pool took the
+// write's digest — so the bytes that land differ from the digest, as a
+// bad link's or NIC's would (docs/PROTOCOL.md "Digest"). The flipped
+// byte stays flipped in the source.
+func (a *Agent) CorruptWrites(n int) { a.corruptWrites.Store(int64(n)) }
+
+// corrupt is CorruptWrites' flip, at post (under wmu).
+func (a *Agent) corrupt(x *Xfer) {
+	if x.Op != Write || x.Notif == nil || x.local == nil || x.local.Kind != DRAM || len(x.li) == 0 || a.corruptWrites.Load() <= 0 {
+		return
+	}
+	d := x.local.Descs[x.li[len(x.li)/2]]
+	if d.Len == 0 || a.corruptWrites.Add(-1) < 0 {
+		return
+	}
+	canary.Flip(uint64(d.Addr) + d.Len/2)
+}
+
 // canariesOff turns the READ canaries off: BenchmarkReadCanary's reference
 // (the same reads, unchecked). Nothing else sets it.
 var canariesOff atomic.Bool
@@ -272,10 +293,12 @@ func (x *Xfer) Done() <-chan struct{} { return x.done }
 // Agent is the Go face of a NIXL agent on one engine. It is safe for
 // concurrent use.
 type Agent struct {
-	name    string
-	engine  string
-	b       backend
-	timeout time.Duration
+	// corruptWrites: the WRITEs CorruptWrites still corrupts (tests).
+	corruptWrites atomic.Int64
+	name          string
+	engine        string
+	b             backend
+	timeout       time.Duration
 
 	// loadMu orders remote (re)loads against posts: a post holds it for
 	// reading from its checks to the engine's post (a write the engine
@@ -944,6 +967,7 @@ func (a *Agent) PostTo(x *Xfer, done chan<- *Xfer) error {
 	}
 	x.posted, x.err, x.state, x.done, x.notify = time.Now(), nil, InProgress, make(chan struct{}), done
 	a.plantCanaries(x)
+	a.corrupt(x)
 	a.wmu.Unlock()
 	// The engine call runs unlocked (posts on several goroutines proceed
 	// together); x is in no set meanwhile, so the watcher leaves it alone.

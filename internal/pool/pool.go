@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/kvdigest"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 )
@@ -480,6 +481,12 @@ func (p *Pool) start(w *Write, done chan<- *nixl.Xfer) (f *flight, posted bool, 
 	var notif []byte
 	if w.Notif != "" {
 		notif = []byte(w.Notif)
+		if w.Digest {
+			var err error
+			if notif, err = p.digest(w, notif); err != nil {
+				return nil, false, err
+			}
+		}
 	}
 	if w.AuxSrc < 0 && len(w.Runs) == 0 {
 		// Nothing to move (a dummy peer or pages it already holds): the
@@ -555,4 +562,29 @@ func (p *Pool) prepOwn(w *Write) (l, r *nixl.Prepped, idx []int, err error) {
 		idx[i] = i
 	}
 	return l, r, idx, nil
+}
+
+// digest appends the write's digest to its notification (docs/PROTOCOL.md
+// "Digest"): ":" and the CRC-32C of each destination page it fills, eight
+// hex digits each, in the order its runs name the pages, then ":" and how
+// many units of the last page it fills (kvlayout.LastUnits). Summed from
+// the source pieces (kvlayout.DigestPieces) right before the post: what
+// lands must match what the source held when the write went out. A write
+// of no pages, or from VRAM (not readable here), carries none: the decode
+// rank then fails a room that asked for one.
+func (p *Pool) digest(w *Write, notif []byte) ([]byte, error) {
+	if len(w.Runs) == 0 || w.AuxSrc >= 0 || w.State >= 0 || p.local.Kind != nixl.DRAM {
+		return notif, nil
+	}
+	rlo, rhi := w.Layers.Regions(len(p.local.Regions))
+	pieces, ends := kvlayout.DigestPieces(p.local, w.Slice, true, rlo, rhi, w.Runs, nil, nil)
+	sums, err := kvdigest.Sum(pieces, ends, nil)
+	if err != nil {
+		return nil, err
+	}
+	notif = append(notif, ':')
+	for _, s := range sums {
+		notif = fmt.Appendf(notif, "%08x", s)
+	}
+	return fmt.Appendf(notif, ":%d", kvlayout.LastUnits(w.Slice, w.Runs)), nil
 }

@@ -240,6 +240,10 @@ type Request struct {
 	// when it sent the REQUEST (Unix nanoseconds): the lease counts from it.
 	Pull bool
 	At   uint64
+	// Digest (optional, false when absent): the prefill rank appends a
+	// CRC-32C of each destination page it writes to every chunk
+	// notification that writes pages (docs/PROTOCOL.md "Digest").
+	Digest bool
 }
 
 // MaxLeaseMillis bounds PAGES.lease_ms (a day).
@@ -526,6 +530,9 @@ func AppendBody(dst []byte, m Message) ([]byte, error) {
 		if m.Pull {
 			n += 2
 		}
+		if m.Digest {
+			n++
+		}
 		e.mapLen(n)
 		e.from(m.From)
 		e.kuint("room", m.Room)
@@ -545,6 +552,9 @@ func AppendBody(dst []byte, m Message) ([]byte, error) {
 		if m.Pull {
 			e.kbool("pull", true)
 			e.kuint("at", m.At)
+		}
+		if m.Digest {
+			e.kbool("digest", true)
 		}
 	case *Pages:
 		e.mapLen(15)
@@ -924,7 +934,7 @@ func Decode(frames [][]byte) (Message, error) {
 		m = &Request{From: b.from(), Room: b.uint("room"), DstPages: b.pages("dst_pages"),
 			AuxIndex: b.int("aux_index", -1, math.MaxInt32), StateIndices: b.pageLists("state_indices"),
 			Required: b.int("required", 1, math.MaxInt32), Prefix: b.int("prefix", 0, math.MaxInt32), Dummy: b.boolean("dummy"),
-			Source: b.optInt("source", 0, MaxRanks-1, -1), Pull: b.optBool("pull")}
+			Source: b.optInt("source", 0, MaxRanks-1, -1), Pull: b.optBool("pull"), Digest: b.optBool("digest")}
 		if r := m.(*Request); r.Pull {
 			r.At = b.uint("at")
 		}

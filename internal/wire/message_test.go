@@ -48,13 +48,24 @@ func echoMessages() []wire.Message {
 	return nil
 }
 
+// digestMessages carry the REQUEST's digest ask (docs/PROTOCOL.md
+// "Digest").
+func digestMessages() []wire.Message {
+	q := wiretest.SampleMessages()[2].(*wire.Request)
+	q.Digest = true
+	return []wire.Message{q}
+}
+
 func TestGolden(t *testing.T) {
 	topo := len(wiretest.SampleMessages()) + len(topoMessages())
 	code := topo + len(codeMessages())
 	pull := code + len(wiretest.PullMessages())
-	for i, m := range append(append(append(append(wiretest.SampleMessages(), topoMessages()...), codeMessages()...), wiretest.PullMessages()...), echoMessages()...) {
+	echo := pull + len(echoMessages())
+	for i, m := range append(append(append(append(append(wiretest.SampleMessages(), topoMessages()...), codeMessages()...), wiretest.PullMessages()...), echoMessages()...), digestMessages()...) {
 		name := m.Type().String()
 		switch {
+		case i >= echo:
+			name += "_digest"
 		case i >= pull:
 			name += "_echo"
 		case i >= code:

@@ -1,0 +1,54 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/kvbridge/kvbridge/internal/rawagent"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/stretchr/testify/require"
+)
+
+// TestDigestFailsAFlippedByte: with Config.Digest on the decode rank,
+// rooms of every size land byte-exact and succeed on every engine (libnixl: the NIXL double here, a real NIXL under make
+// test-nixl); then
+// one bit of a write's source flipped after its digest was taken (the
+// agent's fault, CorruptWrites: the bytes on the wire are not the ones
+// digested, as a bad link's would be) fails that room with code corrupt,
+// naming the decode page, layers and prefill rank, counted in
+// kvbridge_digest_mismatches_total; its load report vouches for no page
+// of that chunk; the next room, not corrupted, succeeds.
+func TestDigestFailsAFlippedByte(t *testing.T) {
+	for engine := range engines {
+		t.Run(engine, func(t *testing.T) {
+			c := newCluster(t, engine, func(cfg *kvmanager.Config) { cfg.Digest = cfg.Role == kvmanager.RoleDecode })
+			for i, tokens := range []int{1, 17, 1000, 4096} {
+				c.roomByteExact(t, uint64(100+i), tokens, 64)
+			}
+			require.Zero(t, counter(c.decode.Manager, "kvbridge_digest_mismatches_total"))
+
+			rawagent.Of(c.prefill).CorruptWrites(1)
+			rm := c.start(t, 200, 64*pageToks)
+			ready(t, rm.s)
+			c.sendAll(t, rm, 64)
+			waitStatus(t, rm.r, kvmanager.Failed)
+			select {
+			case <-rm.r.Released():
+			case <-ctx(t).Done():
+				t.Fatal("the corrupted room's pages never released")
+			}
+			rep, ok := rm.r.Report()
+			require.True(t, ok, "the corrupted room's load report")
+			require.Equal(t, kvmanager.CodeCorrupt, rep.Code, "code: %s", rep.Reason)
+			require.Contains(t, rep.Reason, c.prefill.Endpoint(), "the failure names the prefill rank")
+			require.Regexp(t, fmt.Sprintf(`prefill rank .*, chunk 0: position \d+ \(decode page \d+\), layers 0–%d: CRC-32C [0-9a-f]{8}, the prefill rank's digest [0-9a-f]{8}`, layers), rep.Reason)
+			for _, s := range rep.Sources {
+				require.Empty(t, s.Landed, "source %d: a corrupted chunk vouched for", s.Source)
+			}
+			require.EqualValues(t, 1, counter(c.decode.Manager, "kvbridge_digest_mismatches_total"))
+			rm.s.Clear()
+			rm.r.Clear()
+			c.roomByteExact(t, 201, 100, 64)
+		})
+	}
+}

@@ -1,0 +1,47 @@
+package kvmanager
+
+import (
+	"fmt"
+
+	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/kvdigest"
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
+)
+
+// checkDigest is the decode rank's digest check (docs/PROTOCOL.md
+// "Digest"): for a room that asked for one, the CRC-32C of each page a
+// notification names, summed over this rank's own pieces of it
+// (kvlayout.DigestPieces of the units it says it filled), must be the one
+// the prefill rank summed from its source before the write. It returns
+// the first page that does not match ("" when all do, or the room did not
+// ask); the core fails the room (core.CodeCorrupt). A notification
+// without digests for such a room the core fails itself.
+func (d *Decode) checkDigest(n core.Notified) string {
+	if n.Aux || n.N == 0 || n.Digests == nil {
+		return ""
+	}
+	var spec core.RequestSpec
+	var l core.Link
+	var ok bool
+	d.read(func(c *core.Core) { spec, l, ok = c.WriteSource(n.Room, n.UID) })
+	if !ok || !spec.Digest || spec.Pull || spec.Dummy || n.Off < 0 || n.Off+n.N > len(spec.DstPages) {
+		return "" // (the core refuses what is out of range)
+	}
+	s, lo, hi, write, err := d.slice(l)
+	if err != nil || !write {
+		return fmt.Sprintf("its pages cannot be checked here: %v", err)
+	}
+	units := kvlayout.DigestUnits(pageMap(l), spec.DstPages, n.Off, n.N, n.LastUnits, nil)
+	rlo, rhi := max(n.Lo*kvlayout.RegionsPerLayer, lo), min(n.Hi*kvlayout.RegionsPerLayer, hi)
+	pieces, ends := kvlayout.DigestPieces(d.cfg.Layout, s, false, rlo, rhi, kvlayout.UnitRuns(units), nil, nil)
+	sums, err := kvdigest.Sum(pieces, ends, nil)
+	if err != nil || len(sums) != len(n.Digests) {
+		return fmt.Sprintf("its %d pages make %d digests here (%v)", n.N, len(sums), err)
+	}
+	for i, got := range sums {
+		if got != n.Digests[i] {
+			return fmt.Sprintf("position %d (decode page %d), layers %d–%d: CRC-32C %08x, the prefill rank's digest %08x", n.Off+i, spec.DstPages[n.Off+i], n.Lo, n.Hi, got, n.Digests[i])
+		}
+	}
+	return ""
+}
