@@ -29,7 +29,7 @@ type Write struct {
 	// (docs/PROTOCOL.md "Digest"; host memory only: a VRAM source sends
 	// none).
 	Digest bool
-	Last  bool   // the room's final write to this peer
+	Last   bool // the room's final write to this peer
 	// PeerKey and Epoch name the decode process whose REQUEST gave the
 	// destination; the pool carries them for the gate, never reads them.
 	PeerKey string
