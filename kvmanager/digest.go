@@ -43,5 +43,6 @@ func (d *Decode) checkDigest(n core.Notified) string {
 			return fmt.Sprintf("position %d (decode page %d), layers %d–%d: CRC-32C %08x, the prefill rank's digest %08x", n.Off+i, spec.DstPages[n.Off+i], n.Lo, n.Hi, got, n.Digests[i])
 		}
 	}
+	d.digestPages.Add(uint64(len(sums)))
 	return ""
 }

@@ -28,7 +28,7 @@ type metrics struct {
 	offers                                                              *prometheus.Desc
 	foreignRefused, tombsForgotten, notDelivered, writesNotDelivered    *prometheus.Desc
 	challenges, challengesIgnored, offerChallenges                      *prometheus.Desc
-	abortsOwed, wrongType, digestMismatches                             *prometheus.Desc
+	abortsOwed, wrongType, digestMismatches, digestPages                *prometheus.Desc
 	pageSeconds                                                         prometheus.Histogram
 
 	transfers prometheus.Counter
@@ -93,6 +93,8 @@ func newMetrics(m *Manager) *metrics {
 			"READs the engine reported complete that did not deliver a destination descriptor (the canary planted at its end still there; seen on NIXL 1.4.0 over cma): failed instead, naming the descriptor.", nil, labels),
 		digestMismatches: prometheus.NewDesc("kvbridge_digest_mismatches_total",
 			"Notifications of pushed writes (decode) whose pages do not match the prefill rank's digest, or carry none for a room that asked for one (docs/PROTOCOL.md \"Digest\"): the room failed corrupt, naming the page, layers and prefill rank.", nil, labels),
+		digestPages: prometheus.NewDesc("kvbridge_digest_pages_checked_total",
+			"Pages (× the layers one notification names) whose bytes matched the prefill rank's digest (decode, rooms with a digest).", nil, labels),
 		writesNotDelivered: prometheus.NewDesc("kvbridge_writes_not_delivered_total",
 			"Notifications of pushed writes (decode) whose pages did not all land (a piece still ends with the canary planted before the REQUEST): the room failed not_delivered instead, naming the piece.", nil, labels),
 		tombsForgotten: prometheus.NewDesc("kvbridge_tombstones_forgotten_total",
@@ -165,7 +167,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.inflight
 	ch <- x.tables
 	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes,
-		x.underLease, x.published, x.released, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.writesNotDelivered, x.challenges, x.challengesIgnored, x.offerChallenges, x.abortsOwed, x.wrongType, x.digestMismatches} {
+		x.underLease, x.published, x.released, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.writesNotDelivered, x.challenges, x.challengesIgnored, x.offerChallenges, x.abortsOwed, x.wrongType, x.digestMismatches, x.digestPages} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -198,6 +200,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.notDelivered, prometheus.CounterValue, float64(notDelivered))
 	ch <- prometheus.MustNewConstMetric(x.writesNotDelivered, prometheus.CounterValue, float64(st.NotDelivered))
 	ch <- prometheus.MustNewConstMetric(x.digestMismatches, prometheus.CounterValue, float64(st.DigestMismatches))
+	ch <- prometheus.MustNewConstMetric(x.digestPages, prometheus.CounterValue, float64(x.m.digestPages.Load()))
 	ch <- prometheus.MustNewConstMetric(x.tombsForgotten, prometheus.CounterValue, float64(st.TombstonesEvicted), "bound")
 	ch <- prometheus.MustNewConstMetric(x.tombsForgotten, prometheus.CounterValue, float64(st.EarlyAbortsForgotten), "rank_share")
 	for _, c := range []struct {

@@ -37,6 +37,9 @@ type Manager struct {
 	cfg Config
 	// unparsedNotifs counts notifications that did not parse (decode).
 	unparsedNotifs atomic.Uint64
+	// digestPages counts the pages the digest check summed and found
+	// matching (decode).
+	digestPages atomic.Uint64
 	log            *zap.Logger
 	agent          *nixl.Agent
 	loop           *control.Loop

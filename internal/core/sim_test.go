@@ -133,6 +133,14 @@ type simConfig struct {
 	// notification's delivery: a notification naming a page and layer
 	// that did not land gets Undelivered, as the canary would.
 	silentWrites int
+	// digest: every push room asks for a digest (docs/PROTOCOL.md
+	// "Digest"); the simulator's pool appends one to each notification
+	// of pages — every page's sum is 0 — and the decode shell's check is
+	// modelled at the notification's delivery. corruptWrites: writes
+	// whose bytes land corrupted (their notification's first sum is not
+	// the page's).
+	digest        bool
+	corruptWrites int
 }
 
 // simRoomSpec: a room that the listed decode ranks receive from the listed
@@ -258,6 +266,7 @@ type simWrite struct {
 	ghost   bool // its completion was reported as failed, but it may still land
 	landed  bool // its data is in (a paused pool has not seen it complete)
 	aborted bool // the prefill process had heard the room's ABORT from its destination when it posted it
+	digest  bool // its notification carries a digest
 	pages   []uint32
 	layers  kvlayout.Layers
 	auxDst  int
@@ -347,6 +356,8 @@ type simWorld struct {
 	rel        map[[2]int]simRel // (decode inc, room): pages released
 	reported   map[string]bool   // deaths heartbeats reported (reporter, endpoint, process there)
 	got        map[simCell]bool  // pages and layers landed
+	bad        map[simCell]bool  // ... of them, landed corrupted (corruptWrites)
+	corrupts   int
 	// Faults used (bounded by the configuration).
 	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails, intrusions, silents int
 	floods                                                                                                                int       // the hostile flood's ticks (its room ids)
@@ -720,8 +731,13 @@ func (w *simWorld) landedAll(p *simProc, room uint64) {
 		}
 		for _, pg := range dests {
 			for l := 0; l < simLayers; l++ {
-				if !w.got[simCell{dInc: p.inc, src: src, room: room, page: pg, layer: l}] {
+				c := simCell{dInc: p.inc, src: src, room: room, page: pg, layer: l}
+				if !w.got[c] {
 					w.fail("room %d: %s succeeded without page %d layer %d from prefill %d", room, p.from.Peer(), pg, l, src)
+					return
+				}
+				if w.bad[c] {
+					w.fail("room %d: %s succeeded with page %d layer %d from prefill %d corrupted", room, p.from.Peer(), pg, l, src)
 					return
 				}
 			}
@@ -729,6 +745,9 @@ func (w *simWorld) landedAll(p *simProc, room uint64) {
 	}
 	if spec.layered {
 		w.cov.hit("layered room succeeded")
+	}
+	if w.cfg.digest && !spec.pull {
+		w.cov.hit("room with a digest succeeded")
 	}
 }
 
@@ -817,6 +836,38 @@ func (w *simWorld) land(wr simWrite) {
 	}
 	if d := w.procs[wr.dstSlot]; d.inc == wr.dstInc && !d.dead && wr.notif != "" {
 		d.notifs = append(d.notifs, wr.notif)
+	}
+}
+
+// digestCheck models the decode shell's digest check (kvmanager's
+// checkDigest): every page's true sum is 0 here, so a notification whose
+// digest names another for a position does not match ("" when all do).
+func (w *simWorld) digestCheck(x Notified) string {
+	for i, s := range x.Digests {
+		if s != 0 {
+			return fmt.Sprintf("position %d: CRC-32C 00000000, the prefill rank's digest %08x", x.Off+i, s)
+		}
+	}
+	if x.Digests != nil {
+		w.cov.hit("digest checked")
+	}
+	return ""
+}
+
+// markBad records the pages and layers of a write that landed corrupted.
+func (w *simWorld) markBad(wr simWrite) {
+	w.bad = maps.Clone(w.bad) // clones share it
+	if w.bad == nil {
+		w.bad = map[simCell]bool{}
+	}
+	lo, hi := wr.layers.Lo, wr.layers.Hi
+	if hi == 0 {
+		lo, hi = 0, simLayers
+	}
+	for _, pg := range wr.pages {
+		for l := lo; l < hi; l++ {
+			w.bad[simCell{dInc: wr.dstInc, src: w.incSlot[wr.srcInc], room: wr.room, page: pg, layer: l}] = true
+		}
 	}
 }
 
@@ -1086,8 +1137,20 @@ func (w *simWorld) events() []simEvent {
 					return
 				}
 				x.Undelivered = w.writeCheck(p, x)
+				if x.Undelivered == "" {
+					x.Corrupt = w.digestCheck(x)
+				}
 				st, _ := p.core.Status(x.Room)
 				p.core.Step(w.now, x)
+				if x.Corrupt != "" && !st.Terminal() {
+					if now, live := p.core.Status(x.Room); live && now != Failed {
+						w.fail("room %d: %s took a notification whose pages do not match their digest (%s) and is %v", x.Room, p.from.Peer(), x.Corrupt, now)
+					}
+					if rep, ok := p.core.Report(x.Room); ok && rep.Code != CodeCorrupt {
+						w.fail("room %d: failed by a digest mismatch, reported %q", x.Room, rep.Code)
+					}
+					w.cov.hit("digest mismatch failed its room")
+				}
 				if x.Undelivered != "" && !st.Terminal() {
 					if now, live := p.core.Status(x.Room); live && now != Failed {
 						w.fail("room %d: %s took a notification naming bytes that did not land (%s) and is %v", x.Room, p.from.Peer(), x.Undelivered, now)
@@ -1126,6 +1189,21 @@ func (w *simWorld) events() []simEvent {
 			}
 			w.writeDone(wr, nil, true)
 		})
+		if !w.calm && !wr.landed && wr.digest && w.corrupts < w.cfg.corruptWrites {
+			add(fmt.Sprintf("write %d lands corrupted", id), func(w *simWorld) {
+				w.corrupts++
+				wr := w.removeWrite(id)
+				w.cov.hit("write landed corrupted")
+				// Its bytes are not the ones digested: the notification's
+				// first sum is not the page's.
+				n, _ := ParseNotif(wr.notif)
+				i := strings.LastIndexByte(wr.notif, ':') - 8*n.N
+				wr.notif = wr.notif[:i] + "0badbad0" + wr.notif[i+8:]
+				w.land(wr)
+				w.markBad(wr)
+				w.writeDone(wr, nil, true)
+			})
+		}
 		if !w.calm && !wr.landed && len(wr.pages) > 0 && w.silents < w.cfg.silentWrites {
 			add(fmt.Sprintf("write %d reported done, not landed", id), func(w *simWorld) {
 				w.silents++
@@ -1490,10 +1568,15 @@ func (w *simWorld) post(slot int) {
 	if r, ok := w.rel[[2]int{dstInc, int(room)}]; ok && !r.forced {
 		w.fail("room %d: write posted into pages already released", room)
 	}
+	notif, digest := wr.Notif, false
+	if n, ok := ParseNotif(notif); ok && wr.Digest && !n.Aux && n.N > 0 && wr.AuxSrc < 0 && wr.State < 0 {
+		// The pool's digest: a sum a position, and the last page's units.
+		notif, digest = notif+":"+strings.Repeat("00000000", n.N)+":1", true
+	}
 	w.nextWrite++
 	w.writes = append(w.writes, simWrite{id: w.nextWrite, srcInc: p.inc, room: room, dstSlot: remoteSlot(wr.Remote),
-		dstInc: dstInc, notif: wr.Notif, last: wr.Last, posted: w.now, aborted: w.heard[k], pages: pages, layers: wr.Layers, auxDst: wr.AuxDst,
-		remote: wr.Remote})
+		dstInc: dstInc, notif: notif, last: wr.Last, posted: w.now, aborted: w.heard[k], pages: pages, layers: wr.Layers, auxDst: wr.AuxDst,
+		remote: wr.Remote, digest: digest})
 }
 
 // appEvents: what the applications on each rank may do with each room.
@@ -1614,7 +1697,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 				add(name+" init", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.inited = true
 					pages, aux := simDests(r)
-					p.core.Step(w.now, InitReceiver{Room: r.id, Spec: RequestSpec{DstPages: pages, AuxIndex: aux, Required: r.req(), Pull: r.pull}})
+					p.core.Step(w.now, InitReceiver{Room: r.id, Spec: RequestSpec{DstPages: pages, AuxIndex: aux, Required: r.req(), Pull: r.pull, Digest: w.cfg.digest && !r.pull}})
 					w.effects(slot)
 				}))
 			}

@@ -241,6 +241,17 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.rooms = []simRoomSpec{simRoomLayered(7, []int{0}, []int{0}, 2)}
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
 		}, "write reported done, its data lost (silent)", "notification of a write not delivered failed its room"),
+		// The room asks for a digest (docs/PROTOCOL.md "Digest"); a
+		// write may land corrupted: its notification's digest does not
+		// match and the room fails corrupt (never Success with a corrupted
+		// page: landedAll), an ABORT tells the prefill rank, the room ends
+		// within its bounds; where no write is corrupted, its digests
+		// match and it succeeds. Layer by layer, over two chunks.
+		"1→1, layered, 2 chunks, digests: a write lands corrupted; the room fails corrupt; liveness": mk(func(c *simConfig) {
+			c.digest, c.corruptWrites, c.live, c.noClear, c.writesOK = true, 1, true, true, true
+			c.rooms = []simRoomSpec{simRoomLayered(7, []int{0}, []int{0}, 2)}
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
+		}, "write landed corrupted", "digest mismatch failed its room", "digest checked", "room with a digest succeeded"),
 		"1→1: the prefill rank answers probes late (hostile); liveness": mk(func(c *simConfig) {
 			c.latePongs, c.live, c.noClear, c.writesOK = true, true, true, true
 			c.rooms = []simRoomSpec{simRoom(8, []int{0}, []int{0}, 1), simRoom(9, []int{0}, []int{0}, 1)}

@@ -26,6 +26,7 @@ func TestDigestFailsAFlippedByte(t *testing.T) {
 				c.roomByteExact(t, uint64(100+i), tokens, 64)
 			}
 			require.Zero(t, counter(c.decode.Manager, "kvbridge_digest_mismatches_total"))
+			require.NotZero(t, counter(c.decode.Manager, "kvbridge_digest_pages_checked_total"), "pages checked by digest")
 
 			rawagent.Of(c.prefill).CorruptWrites(1)
 			rm := c.start(t, 200, 64*pageToks)

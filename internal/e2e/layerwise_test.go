@@ -14,11 +14,14 @@ import (
 // SendLayers returned and just before it is marked ready. A post that did
 // not wait for readiness would move the pages' old bytes and verify fails.
 // The decode room succeeds only once every layer of every chunk landed,
-// and its load report says so.
+// and its load report says so; every room with a digest.
 func TestLayerwiseByteExact(t *testing.T) {
 	for engine := range engines {
 		t.Run(engine, func(t *testing.T) {
-			c := newCluster(t, engine, nil)
+			// Every room asks for a digest: the pool sums each layer
+			// group's source after its readiness (before, it would sum
+			// the pages' old bytes and the room would fail corrupt).
+			c := newCluster(t, engine, func(cfg *kvmanager.Config) { cfg.Digest = cfg.Role == kvmanager.RoleDecode })
 			for i, tc := range []struct{ tokens, chunk, group int }{{1000, 16, 1}, {4096, 64, 2}, {17, 1, 4}} {
 				rm := c.start(t, uint64(300+i), tc.tokens)
 				ready(t, rm.s)
@@ -53,6 +56,8 @@ func TestLayerwiseByteExact(t *testing.T) {
 				require.Equal(t, len(rm.dst)*L, cells, "room %d: the report's whole part in page layers: %+v", rm.id, rep.Whole())
 				c.finish(rm)
 			}
+			require.NotZero(t, counter(c.decode.Manager, "kvbridge_digest_pages_checked_total"), "pages checked by digest")
+			require.Zero(t, counter(c.decode.Manager, "kvbridge_digest_mismatches_total"))
 		})
 	}
 }
