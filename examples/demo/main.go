@@ -300,6 +300,37 @@ func leasesReleased(urls []string, bound time.Duration, problems []string) []str
 	return problems
 }
 
+// digestCounts sums the decode ranks' kvbridge_digest_pages_checked_total
+// and kvbridge_digest_mismatches_total (docs/PROTOCOL.md "Digest").
+func digestCounts(insts []*instance) (checked, mismatches float64, err error) {
+	for _, in := range insts {
+		for _, p := range in.ranks {
+			resp, gerr := http.Get(p.http + "/metrics")
+			if gerr != nil {
+				return checked, mismatches, gerr
+			}
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				name, v, ok := strings.Cut(sc.Text(), " ")
+				name, _, _ = strings.Cut(name, "{")
+				f, perr := strconv.ParseFloat(v, 64)
+				switch {
+				case !ok || perr != nil:
+				case name == "kvbridge_digest_pages_checked_total":
+					checked += f
+				case name == "kvbridge_digest_mismatches_total":
+					mismatches += f
+				}
+			}
+			resp.Body.Close()
+			if err = sc.Err(); err != nil {
+				return checked, mismatches, err
+			}
+		}
+	}
+	return checked, mismatches, nil
+}
+
 func pinned(url string) (live, overdue float64, err error) {
 	return pinnedWith(http.DefaultClient, url)
 }

@@ -130,6 +130,9 @@ type options struct {
 	// a prefill rank's lease on what it publishes (negative: no pull).
 	pull      bool
 	pullLease time.Duration
+	// digest (decode): every room asks for a digest (docs/PROTOCOL.md
+	// "Digest").
+	digest bool
 	// Multi-turn reuse (reuse.go): pages of the second Manager (0: off),
 	// the decode rank's bootstrap server for it and lease, the prefill
 	// rank's fetch timeout.
@@ -205,6 +208,7 @@ func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 	}
 	if role == kvmanager.RoleDecode {
 		fs.BoolVar(&o.pull, "pull", env("KVBRIDGE_PULL", "") == "1", "read every room from its prefill ranks once they publish its pages (pull), instead of having them written (push); the prefill ranks must serve pull")
+		fs.BoolVar(&o.digest, "digest", false, "every room asks its prefill ranks for a CRC-32C of each page they push and succeeds only once every page matches it (docs/PROTOCOL.md \"Digest\"; push into host memory)")
 	} else {
 		fs.DurationVar(&o.pullLease, "pull-lease", 0, "how long a pulled room's published pages wait for the decode rank's reads, renewed while it reads (0: the default, half the stall timeout; negative: do not serve pull)")
 	}
@@ -549,7 +553,7 @@ func newRank(role kvmanager.Role, o *options, auth *bootstrap.Auth, log *zap.Log
 	cfg.Registerer = reg
 	cfg.MaxMisses, cfg.SweepInterval, cfg.RegisterRetry = o.maxMisses, o.sweep, o.registerRetry
 	cfg.Registry.PendingTimeout = o.pending
-	cfg.Pull, cfg.PullLease = o.pull, o.pullLease
+	cfg.Pull, cfg.PullLease, cfg.Digest = o.pull, o.pullLease, o.digest
 	if o.maxMisses < 0 || o.sweep < 0 || o.registerRetry < 0 || o.pending < 0 || o.bootLease < 0 {
 		return nil, 2, errors.New("-max-misses, -sweep-interval, -register-retry, -pending-timeout and -bootstrap-lease must not be negative")
 	}
