@@ -125,7 +125,7 @@ func main() { os.Exit(run(os.Args[1:])) }
 
 func run(args []string) int {
 	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
-	mode := fs.String("mode", "all", "engine, paged, rooms, topology, discovery, control, nixl, idle, layerwise, pages, pull, or all (all but nixl, idle, layerwise, pages and pull)")
+	mode := fs.String("mode", "all", "engine, paged, rooms, topology, discovery, control, nixl, idle, layerwise, pages, pull, digest, or all (all but nixl, idle, layerwise, pages, pull and digest)")
 	idleFor := fs.Duration("idle-for", 30*time.Second, "idle mode: how long the ranks sit idle while their CPU is measured")
 	bin := fs.String("bin", "", "idle mode: directory holding the prefill and decode binaries (default: bin/ beside kvbench, else built into a temporary directory)")
 	engine := fs.String("engine", "ucx", "nixl engine")
@@ -162,7 +162,7 @@ flags:
 		return 2
 	}
 	modes := map[string]func() error{"engine": b.engineMode, "paged": b.pagedMode, "rooms": b.roomsMode, "control": b.controlMode,
-		"topology": b.topologyMode, "discovery": b.discoveryMode, "nixl": b.nixlMode, "idle": b.idleMode, "layerwise": b.layerwiseMode, "pages": b.pagesMode, "pull": b.pullMode}
+		"topology": b.topologyMode, "discovery": b.discoveryMode, "nixl": b.nixlMode, "idle": b.idleMode, "layerwise": b.layerwiseMode, "pages": b.pagesMode, "pull": b.pullMode, "digest": b.digestMode}
 	order := []string{"engine", "paged", "rooms", "topology", "discovery", "control"}
 	if *mode != "all" {
 		if modes[*mode] == nil {

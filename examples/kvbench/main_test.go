@@ -108,7 +108,7 @@ func TestModeAlone(t *testing.T) {
 		_, err := os.Stat(png)
 		assert.Equal(t, mode == "engine", err == nil, "chart %v: want one only with engine rows", err)
 	}
-	for _, mode := range []string{"control", "paged", "layerwise", "pages", "pull"} {
+	for _, mode := range []string{"control", "paged", "layerwise", "pages", "pull", "digest"} {
 		t.Run(mode, func(t *testing.T) { alone(t, mode) })
 	}
 	dir := t.TempDir()

@@ -16,9 +16,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // TestSumMatchesCRC32C: each group's sum is hash/crc32's Castagnoli CRC of
-// its pieces' bytes concatenated, on the CPU's instruction and on the
-// table, for pieces of every length 0–70 and groups of 0–5 pieces
-// anywhere in a buffer.
+// its pieces' bytes concatenated, on the CPU's instruction (three streams
+// over long pieces) and on the table, for pieces of every length 0–70 and
+// up to 5,000, groups of 0–5 pieces anywhere in a buffer, and every
+// length around the three-stream blocks.
 func TestSumMatchesCRC32C(t *testing.T) {
 	for _, table := range []bool{false, true} {
 		useTable(table)
@@ -49,6 +50,14 @@ func TestSumMatchesCRC32C(t *testing.T) {
 			got, err := Sum(pieces, ends, []uint32{7})
 			require.NoError(t, err)
 			require.Equal(t, append([]uint32{7}, want...), got, "table %v round %d: pieces %v ends %v", table, round, pieces, ends)
+		}
+		// Every length around the three-stream blocks (3 × 168, 3 × 1344
+		// bytes) and their multiples, at odd offsets.
+		for _, n := range []int{503, 504, 505, 1007, 1008, 4031, 4032, 4033, 4536, 8064, 8065, 12100, 60000} {
+			off := n % 7
+			got, err := Sum([]uint64{base + uint64(off), uint64(n)}, []int{1}, nil)
+			require.NoError(t, err)
+			require.Equal(t, crc32.Checksum(buf[off:off+n], castagnoli), got[0], "table %v: %d bytes", table, n)
 		}
 		runtime.KeepAlive(buf)
 		require.Equal(t, crc32.Checksum([]byte("123456789"), castagnoli), Bytes([]byte("123456789")), "table %v: the check value", table)
