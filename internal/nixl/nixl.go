@@ -966,8 +966,8 @@ func (a *Agent) PostTo(x *Xfer, done chan<- *Xfer) error {
 		return fmt.Errorf("agent %s: post %v to %s: still in progress: %w", a.name, x.Op, x.Remote, ErrInvalidRequest)
 	}
 	x.posted, x.err, x.state, x.done, x.notify = time.Now(), nil, InProgress, make(chan struct{}), done
-	a.plantCanaries(x)
 	a.corrupt(x)
+	a.plantCanaries(x)
 	a.wmu.Unlock()
 	// The engine call runs unlocked (posts on several goroutines proceed
 	// together); x is in no set meanwhile, so the watcher leaves it alone.

@@ -985,6 +985,43 @@ var mutants = []mutant{
 		pkg: "kvmanager", run: "^TestPullOfferProven$"},
 	{name: "shell-offer-challenge-not-sent", file: "kvmanager/pull.go", old: "\tif err := d.agent.GenNotif(o.Agent, []byte(notif)); err != nil {", new: "\tif err := error(nil); err != nil {",
 		pkg: "kvmanager", run: "^TestPullOfferProven$"},
+	// The end-to-end digest (issue 52, item 1; docs/PROTOCOL.md
+	// "Digest"): the core taking a mismatch, or pages without a digest,
+	// for a room that asked; the REQUEST not asking, the prefill core or
+	// the pool not summing, the pool summing every layer of a layer
+	// group's write; the shell passing a mismatch, reading the last page
+	// whole; the pieces grouped off their pages, the last page's units
+	// wrong; the sums' parse taking fewer digits; the CRC's three streams
+	// combined without their shift; Config.Digest accepted where it is
+	// not checked.
+	{name: "digest-mismatch-ignored", file: "internal/core/core_decode.go", old: "\t\tif in.Corrupt != \"\" {\n\t\t\tc.corrupt(rm, src, in)", new: "\t\tif false {\n\t\t\tc.corrupt(rm, src, in)",
+		pkg: "internal/core", run: "^TestSimExhaustive$/digests"},
+	{name: "digest-missing-accepted", file: "internal/core/core_decode.go", old: "if in.Corrupt == \"\" && rm.dec.spec.Digest && ", new: "if false && ",
+		pkg: "internal/core", run: "^TestDigestFailsRoom$"},
+	{name: "digest-not-asked", file: "internal/core/core_decode.go", old: "\t\treq.Digest = sp.Digest\n", new: "",
+		pkg: "internal/core", run: "^TestDigestFailsRoom$"},
+	{name: "digest-not-passed-to-write", file: "internal/core/core_prefill.go", old: "\t\tw.Digest = req.Digest\n", new: "",
+		pkg: "internal/e2e", run: "^TestDigestFailsAFlippedByte$/loopback"},
+	{name: "digest-pool-not-summing", file: "internal/pool/pool.go", old: "\t\tif w.Digest {\n", new: "\t\tif false {\n",
+		pkg: "internal/e2e", run: "^TestDigestFailsAFlippedByte$/loopback"},
+	{name: "digest-pool-every-layer", file: "internal/pool/pool.go", old: "\trlo, rhi := w.Layers.Regions(len(p.local.Regions))\n\tpieces, ends := kvlayout.DigestPieces(", new: "\trlo, rhi := 0, len(p.local.Regions)\n\tpieces, ends := kvlayout.DigestPieces(",
+		pkg: "internal/e2e", run: "^TestLayerwiseByteExact$/loopback"},
+	{name: "digest-shell-passes", file: "kvmanager/digest.go", old: "\t\tif got != n.Digests[i] {", new: "\t\tif false {",
+		pkg: "internal/e2e", run: "^TestDigestFailsAFlippedByte$/loopback"},
+	{name: "digest-shell-last-page-whole", file: "kvmanager/digest.go", old: "spec.DstPages, n.Off, n.N, n.LastUnits, nil)", new: "spec.DstPages, n.Off, n.N, 1<<16, nil)",
+		pkg: "kvmanager", run: "^TestWriteCheckFollowsThePrefillPlan$"},
+	{name: "digest-pieces-one-group", file: "internal/kvlayout/digest.go", old: "\t\t\tif len(cur) > 0 && cur[len(cur)-1].dst/dPer != u.dst/dPer {", new: "\t\t\tif false {",
+		pkg: "internal/kvlayout", run: "^TestSlicesMoveEveryHeadOnce$"},
+	{name: "digest-last-units-whole", file: "internal/kvlayout/digest.go", old: "\treturn int((last.Dst+last.Len-1)%dPer) + 1", new: "\treturn int(dPer)",
+		pkg: "internal/kvlayout", run: "^TestSlicesMoveEveryHeadOnce$"},
+	{name: "digest-parse-short-sums", file: "internal/core/core_decode.go", old: "|| len(sums) != 8*n.N {", new: "|| len(sums) < 8*n.N {",
+		pkg: "internal/core", run: "^TestParseNotifDigest$"},
+	{name: "digest-crc-unshifted", file: "internal/kvdigest/kvdigest.go", old: "\treturn kvb_crc_shift(t, r) ^ (uint32_t)c;", new: "\treturn r ^ (uint32_t)c;",
+		pkg: "internal/kvdigest", run: "^TestSumMatchesCRC32C$"},
+	{name: "digest-config-anywhere", file: "kvmanager/config.go", old: "\tcase c.Digest && (c.Role != RoleDecode || c.Pull || c.Layout.Kind != transfer.DRAM):", new: "\tcase false:",
+		pkg: "kvmanager", run: "^TestDigestNeedsPushIntoHostMemory$"},
+	{name: "digest-pull-spec-accepted", file: "kvmanager/decode.go", old: "\tif spec.Digest && (spec.Pull || d.cfg.Layout.Kind != transfer.DRAM) {", new: "\tif false {",
+		pkg: "kvmanager", run: "^TestDigestNeedsPushIntoHostMemory$"},
 }
 
 func main() {

@@ -1,0 +1,108 @@
+package core
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// decodeAskedDigest is decodeAsked with the room asking for a digest: its
+// REQUEST says so.
+func decodeAskedDigest(t *testing.T) *Core {
+	t.Helper()
+	c := testCore(t, RoleDecode)
+	c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
+	c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
+	c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Digest: true}})
+	c.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true}})
+	reqs := sent[*wire.Request](c.Effects())
+	require.Len(t, reqs, 1, "room 1's REQUEST: %v", reqs)
+	require.True(t, reqs[0].Digest, "room 1's REQUEST asks for a digest")
+	return c
+}
+
+// TestDigestFailsRoom (docs/PROTOCOL.md "Digest"): a room that asked for a
+// digest fails with code corrupt — the reason naming the prefill rank,
+// chunk and what did not match, the prefill rank told by ABORT, nothing of
+// the notification recorded as landed, counted — on a notification whose
+// pages did not match (the shell's Corrupt), and on one of pages that
+// carries no digest; a matching one with its aux succeeds; a room that did
+// not ask ignores a missing digest.
+func TestDigestFailsRoom(t *testing.T) {
+	n := Notified{Room: 1, Chunk: 0, Total: 1, Off: 0, N: 1, Lo: 0, Hi: 1, SpanLo: 0, SpanHi: 1, Digests: []uint32{7}, LastUnits: 1}
+	for _, tc := range []struct {
+		name, corrupt, want string
+		digests             []uint32
+	}{
+		{"mismatch", "position 0 (decode page 1), layers 0–1: CRC-32C 00000008, the prefill rank's digest 00000007", "CRC-32C 00000008", []uint32{7}},
+		{"no digest", "", "carries none", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := decodeAskedDigest(t)
+			bad := n
+			bad.Corrupt, bad.Digests = tc.corrupt, tc.digests
+			c.Step(t0, bad)
+			assert.Empty(t, c.reg.rooms[1].dec.sources[0].chunks, "nothing of the notification recorded as landed")
+			st, _ := c.Status(1)
+			require.Equal(t, Failed, st)
+			reason, _ := c.Failure(1)
+			assert.Contains(t, reason, prefillFrom.Endpoint, "the failure names the prefill rank")
+			assert.Contains(t, reason, "chunk 0")
+			assert.Contains(t, reason, tc.want)
+			assert.EqualValues(t, 1, c.Stats().DigestMismatches)
+			assert.Zero(t, c.Stats().BadNotifs)
+			assert.Equal(t, CodeCorrupt, c.reg.rooms[1].dec.code)
+			aborts := sent[*wire.Abort](c.Effects())
+			require.Len(t, aborts, 1, "the prefill rank is told")
+			assert.EqualValues(t, 1, aborts[0].Room)
+		})
+	}
+	c := decodeAskedDigest(t)
+	c.Step(t0, n)
+	c.Step(t0, Notified{Room: 1, Aux: true})
+	st, _ := c.Status(1)
+	assert.Equal(t, Success, st, "the notification with its digest matching")
+
+	c = decodeAsked(t) // (no digest asked)
+	bare := n
+	bare.Digests = nil
+	c.Step(t0, bare)
+	c.Step(t0, Notified{Room: 1, Aux: true})
+	st, _ = c.Status(1)
+	assert.Equal(t, Success, st, "a room that asked for no digest, its notification without one")
+	assert.Zero(t, c.Stats().DigestMismatches)
+}
+
+// TestParseNotifDigest: a notification's digest fields parse into a sum a
+// position and the last page's units; sums of another length than 8 hex
+// digits a position, non-hex ones, units out of [1, MaxLastUnits], or
+// sums on a notification of no positions do not parse.
+func TestParseNotifDigest(t *testing.T) {
+	base := "kvb1:9:0:1:2:4:2:0:32:0:32"
+	n, ok := ParseNotif(base + ":0badbad0deadbeef:3")
+	require.True(t, ok)
+	assert.Equal(t, []uint32{0x0badbad0, 0xdeadbeef}, n.Digests)
+	assert.Equal(t, 3, n.LastUnits)
+	assert.Equal(t, 2, n.N)
+	n, ok = ParseNotif(base)
+	require.True(t, ok)
+	assert.Nil(t, n.Digests, "no digest fields")
+	for _, bad := range []string{
+		base + ":0badbad0:1",                        // one sum for two positions
+		base + ":0badbad0deadbeef00:1",              // past two
+		base + ":0badbad0deadbeeg:1",                // not hex
+		base + ":0badbad0+eadbeef:1",                // a sign
+		base + ":0badbad0deadbeef:0",                // no units
+		base + ":0badbad0deadbeef:65537",            // too many
+		base + ":0badbad0deadbeef:x",                // not a number
+		"kvb1:9:0:1:2:4:0:0:32:0:32::1",             // no positions
+		"kvb1:9:0:1:2:4:0:0:32:0:32:0badbad0:1",     // sums for none
+		base + ":" + strings.Repeat("0", 8*2) + ":", // empty units
+	} {
+		_, ok := ParseNotif(bad)
+		assert.False(t, ok, "%q parsed", bad)
+	}
+}

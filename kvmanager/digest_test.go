@@ -1,0 +1,53 @@
+package kvmanager
+
+import (
+	"context"
+	"testing"
+
+	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/nixl"
+	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/transfer"
+	"github.com/stretchr/testify/require"
+)
+
+// TestDigestNeedsPushIntoHostMemory (docs/PROTOCOL.md "Digest"): a digest
+// is checked by a decode rank that pushes into host memory. Config.Digest
+// on a prefill rank, with Config.Pull, or over VRAM is refused by
+// Validate naming the field; RequestSpec.Digest on a pulling rank is
+// refused at InitReceiver naming the room (ErrInvalidSpec), the room left
+// as it was.
+func TestDigestNeedsPushIntoHostMemory(t *testing.T) {
+	base := func(role Role) Config {
+		cfg := DefaultConfig(role)
+		cfg.Auth, cfg.Instance, cfg.Compat, cfg.Engine = testauth.Auth(), "digest-"+role.String(), "v1:test", nixl.Config{Engine: nixl.EngineLoopback}
+		cfg.BootstrapURL = "http://127.0.0.1:1"
+		cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+		cfg.Digest = true
+		return cfg
+	}
+	ok := base(RoleDecode)
+	require.NoError(t, ok.Validate(), "a pushing decode rank in host memory")
+	for name, edit := range map[string]func(*Config){
+		"prefill": func(c *Config) { *c = base(RolePrefill) },
+		"pull":    func(c *Config) { c.Pull = true },
+		"VRAM":    func(c *Config) { c.Layout.Kind = nixl.VRAM },
+	} {
+		cfg := base(RoleDecode)
+		edit(&cfg)
+		require.ErrorContains(t, cfg.Validate(), "Config.Digest", name)
+	}
+
+	cfg := base(RoleDecode)
+	cfg.Digest, cfg.Pull = false, true
+	d, err := NewDecode(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	require.Equal(t, Applied, d.CreateReceiver(5, Target(d.defaultTarget())).Outcome)
+	err = d.InitReceiver(context.Background(), 5, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Digest: true})
+	require.ErrorIs(t, err, core.ErrInvalidSpec)
+	require.ErrorContains(t, err, "room 5")
+	require.ErrorContains(t, err, "RequestSpec.Digest")
+	st, _ := d.Status(5)
+	require.Equal(t, Bootstrapping, st, "room 5 after the refused Init")
+}
