@@ -3,6 +3,7 @@ package kvmanager
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/nixl"
@@ -44,7 +45,9 @@ func TestDigestNeedsPushIntoHostMemory(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
 	require.Equal(t, Applied, d.CreateReceiver(5, Target(d.defaultTarget())).Outcome)
-	err = d.InitReceiver(context.Background(), 5, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Digest: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // (accepted, it would wait for a prefill rank that never answers)
+	defer cancel()
+	err = d.InitReceiver(ctx, 5, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Digest: true})
 	require.ErrorIs(t, err, core.ErrInvalidSpec)
 	require.ErrorContains(t, err, "room 5")
 	require.ErrorContains(t, err, "RequestSpec.Digest")
