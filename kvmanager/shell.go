@@ -40,11 +40,11 @@ type Manager struct {
 	// digestPages counts the pages the digest check summed and found
 	// matching (decode).
 	digestPages atomic.Uint64
-	log            *zap.Logger
-	agent          *nixl.Agent
-	loop           *control.Loop
-	pool           *pool.Pool
-	met            *metrics
+	log         *zap.Logger
+	agent       *nixl.Agent
+	loop        *control.Loop
+	pool        *pool.Pool
+	met         *metrics
 
 	mu   sync.Mutex
 	core *core.Core
