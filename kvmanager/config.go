@@ -229,8 +229,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("kvmanager: Config.RegisterRetry must be positive, got %v", c.RegisterRetry)
 	case c.PullLease > c.Registry.StallTimeout:
 		return fmt.Errorf("kvmanager: Config.PullLease (%v) must not exceed Config.Registry.StallTimeout (%v): the stall deadline would end a longer lease", c.PullLease, c.Registry.StallTimeout)
-	case c.Digest && (c.Role != RoleDecode || c.Pull || c.Layout.Kind != transfer.DRAM):
-		return fmt.Errorf("kvmanager: Config.Digest is checked by a decode rank that pushes into host memory (this rank: %v, Config.Pull %v, Config.Layout.Kind %v)", c.Role, c.Pull, c.Layout.Kind)
+	case c.Digest && (c.Role != RoleDecode || c.Layout.Kind != transfer.DRAM):
+		return fmt.Errorf("kvmanager: Config.Digest is checked by a decode rank whose KV is in host memory (this rank: %v, Config.Layout.Kind %v)", c.Role, c.Layout.Kind)
 	case c.Pull && c.Role == RoleDecode && c.PullLease < 0:
 		return fmt.Errorf("kvmanager: a decode rank with Config.Pull needs a positive Config.PullLease (its renewal basis), got %v", c.PullLease)
 	}

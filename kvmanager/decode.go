@@ -410,8 +410,8 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, rs RequestSpec) 
 	}
 	spec.Pull = d.cfg.Pull
 	spec.Digest = spec.Digest || d.cfg.Digest
-	if spec.Digest && (spec.Pull || d.cfg.Layout.Kind != transfer.DRAM) {
-		return fmt.Errorf("room %d: a digest (RequestSpec.Digest or Config.Digest) is checked for push rooms into host memory only (this rank: pull %v, %v): %w", room, spec.Pull, d.cfg.Layout.Kind, core.ErrInvalidSpec)
+	if spec.Digest && d.cfg.Layout.Kind != transfer.DRAM {
+		return fmt.Errorf("room %d: a digest (RequestSpec.Digest or Config.Digest) is checked in host memory only (this rank's KV is in %v): %w", room, d.cfg.Layout.Kind, core.ErrInvalidSpec)
 	}
 	tails := d.writeTails(room, spec)
 	var ready <-chan struct{}

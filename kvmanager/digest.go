@@ -10,7 +10,7 @@ import (
 
 // checkDigest is the decode rank's digest check (docs/PROTOCOL.md
 // "Digest"): for a room that asked for one, the CRC-32C of each page a
-// notification names, summed over this rank's own pieces of it
+// notification names (or a pull read, once done: its PAGES' sums), summed over this rank's own pieces of it
 // (kvlayout.DigestPieces of the units it says it filled), must be the one
 // the prefill rank summed from its source before the write. It returns
 // the first page that does not match ("" when all do, or the room did not
@@ -24,7 +24,7 @@ func (d *Decode) checkDigest(n core.Notified) string {
 	var l core.Link
 	var ok bool
 	d.read(func(c *core.Core) { spec, l, ok = c.WriteSource(n.Room, n.UID) })
-	if !ok || !spec.Digest || spec.Pull || spec.Dummy || n.Off < 0 || n.Off+n.N > len(spec.DstPages) {
+	if !ok || !spec.Digest || spec.Dummy || n.Off < 0 || n.Off+n.N > len(spec.DstPages) {
 		return "" // (the core refuses what is out of range)
 	}
 	s, lo, hi, write, err := d.slice(l)

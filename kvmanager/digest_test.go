@@ -12,13 +12,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestDigestNeedsPushIntoHostMemory (docs/PROTOCOL.md "Digest"): a digest
-// is checked by a decode rank that pushes into host memory. Config.Digest
-// on a prefill rank, with Config.Pull, or over VRAM is refused by
-// Validate naming the field; RequestSpec.Digest on a pulling rank is
-// refused at InitReceiver naming the room (ErrInvalidSpec), the room left
-// as it was.
-func TestDigestNeedsPushIntoHostMemory(t *testing.T) {
+// TestDigestNeedsHostMemory (docs/PROTOCOL.md "Digest"): a digest is
+// checked by a decode rank whose KV is in host memory, pushed or pulled.
+// Config.Digest on a prefill rank or over VRAM is refused by Validate
+// naming the field; RequestSpec.Digest on a rank whose layout is VRAM (the
+// decode rank made over DRAM, its layout's kind then changed: the check
+// reads it) is refused at InitReceiver naming the room (ErrInvalidSpec),
+// the room left as it was.
+func TestDigestNeedsHostMemory(t *testing.T) {
 	base := func(role Role) Config {
 		cfg := DefaultConfig(role)
 		cfg.Auth, cfg.Instance, cfg.Compat, cfg.Engine = testauth.Auth(), "digest-"+role.String(), "v1:test", nixl.Config{Engine: nixl.EngineLoopback}
@@ -29,9 +30,10 @@ func TestDigestNeedsPushIntoHostMemory(t *testing.T) {
 	}
 	ok := base(RoleDecode)
 	require.NoError(t, ok.Validate(), "a pushing decode rank in host memory")
+	ok.Pull = true
+	require.NoError(t, ok.Validate(), "a pulling decode rank in host memory")
 	for name, edit := range map[string]func(*Config){
 		"prefill": func(c *Config) { *c = base(RolePrefill) },
-		"pull":    func(c *Config) { c.Pull = true },
 		"VRAM":    func(c *Config) { c.Layout.Kind = nixl.VRAM },
 	} {
 		cfg := base(RoleDecode)
@@ -40,10 +42,11 @@ func TestDigestNeedsPushIntoHostMemory(t *testing.T) {
 	}
 
 	cfg := base(RoleDecode)
-	cfg.Digest, cfg.Pull = false, true
+	cfg.Digest = false
 	d, err := NewDecode(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
+	d.cfg.Layout.Kind = nixl.VRAM
 	require.Equal(t, Applied, d.CreateReceiver(5, Target(d.defaultTarget())).Outcome)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // (accepted, it would wait for a prefill rank that never answers)
 	defer cancel()

@@ -51,6 +51,23 @@ func (m *Manager) pullOffer() (*wire.PullOffer, error) {
 		LeaseMillis: max(int(m.cfg.PullLease/time.Millisecond), 1)}, nil
 }
 
+// sumPages puts a PAGES' digest in it (a room whose REQUEST asked for
+// one: the core's Effect.Digest), summed from this rank's source pieces
+// once the data is in place (docs/PROTOCOL.md "Digest"). From VRAM, none:
+// the decode rank fails such a room.
+func (m *Manager) sumPages(e core.Effect) {
+	msg, ok := e.Msg.(*wire.Pages)
+	if !ok || e.Digest == nil {
+		return
+	}
+	sums, units, err := pool.Sums(m.cfg.Layout, e.Digest)
+	if err != nil {
+		m.log.Warn("digest of published pages", zap.Uint64("room", e.Room), zap.Error(err))
+		return
+	}
+	msg.Digests, msg.Units = sums, units
+}
+
 // sendWhenReady sends a PAGES once the data it publishes is in place
 // (SendLayers' ready), waiting with the transfer pool's readiness poll
 // (pool.WaitReady: its back-off and stall bound); an error, or no
@@ -65,7 +82,8 @@ func (m *Manager) sendWhenReady(e core.Effect) {
 			m.stepIn(core.Fail{Room: e.Room, Reason: fmt.Sprintf("room %d: the pages published to %s: %v", e.Room, e.To.Endpoint, err)})
 		default:
 			// The core stamps it (the decode rank's RENEWs went on while
-			// the data was not ready) and sends it.
+			// the data was not ready) and sends it, with its sums.
+			m.sumPages(e)
 			m.stepIn(core.PagesReady{To: e.To, Msg: e.Msg.(*wire.Pages)})
 		}
 	}()
@@ -300,7 +318,13 @@ func (d *Decode) reader() {
 		if err == errGated {
 			continue
 		}
-		d.stepIn(core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced, NotDelivered: errors.Is(err, canary.ErrNotDelivered)})
+		var corrupt string
+		if err == nil && j.rd.Notif.Digests != nil {
+			if corrupt = d.checkDigest(j.rd.Notif); corrupt != "" {
+				d.log.Warn("a read's pages do not match their digest: the room fails", zap.Uint64("room", j.room), zap.Int("source", j.rd.Source), zap.String("what", corrupt))
+			}
+		}
+		d.stepIn(core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced, NotDelivered: errors.Is(err, canary.ErrNotDelivered), Corrupt: corrupt})
 	}
 }
 

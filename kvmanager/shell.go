@@ -419,6 +419,7 @@ func (m *Manager) carryOut() {
 				m.sendWhenReady(e) // a PAGES whose data is not known to be in place yet
 				continue
 			}
+			m.sumPages(e)
 			m.send(e.To, e.Msg)
 		case core.EffectTimer:
 			// A deadline shorter than the sweep (a probe's): enforced at

@@ -104,7 +104,7 @@ func newDemoFlags() *demoFlags {
 	fs.StringVar(&o.fault, "fault", "", "with -compute tinyllm: a deliberate fault on every request (swap-heads-prefill, swap-heads-decode: a wrong head mapping), so the comparison must fail")
 	fs.StringVar(&o.wire, "wire", "kvbridge", "with -compute tinyllm: how the router drives a pair: kvbridge (every rank's per-rank routes), sglang (SGLang's router: bootstrap_host/port/room to both instances' fronts at once), vllm (vLLM's serial kv_transfer_params flow), push (vLLM push: both legs at once from the prefill's cached identity), mooncake (vLLM's MooncakeConnector wire) or offloading (vLLM's OffloadingConnector P2P wire)")
 	fs.BoolVar(&o.multiTurn, "multi-turn", false, "with -compute tinyllm and -wire vllm or push, instances of one rank: every request has a second turn (its prompt, the reply and new tokens) whose prefill fetches the first turn's KV from the decode instance (the ranks' -reuse-pages, the router's -multi-turn) and computes only the new tokens; checked token-identical too")
-	fs.BoolVar(&o.digest, "digest", false, "every room asks for a digest: the prefill ranks send a CRC-32C of each page they push, the decode ranks check it before Success (docs/PROTOCOL.md \"Digest\"; push only); the summary counts the pages checked and any mismatch")
+	fs.BoolVar(&o.digest, "digest", false, "every room asks for a digest: the prefill ranks send a CRC-32C of each page they push, the decode ranks check it before Success (docs/PROTOCOL.md \"Digest\"; pushed or pulled); the summary counts the pages checked and any mismatch")
 	fs.BoolVar(&o.layerwise, "layerwise", false, "the prefill ranks send each room layer group by layer group (sender.SendLayers) instead of one Send per chunk")
 	fs.IntVar(&o.layerGroup, "layer-group", 1, "with -layerwise: layers per SendLayers call")
 	fs.IntVar(&o.prefillPT, "prefill-page-tokens", 0, "tokens per page on the prefill ranks (0: the model's); pages of the two sides may differ when one size divides the other")
@@ -246,9 +246,6 @@ func (o *demoFlags) settle() error {
 	switch o.transfer {
 	case "push":
 	case "pull":
-		if o.digest {
-			return errors.New("-digest with -transfer pull: a digest is checked for pushed rooms only")
-		}
 		o.decodeArgs = append(o.decodeArgs, "-pull")
 	default:
 		return fmt.Errorf("-transfer %q: want push or pull", o.transfer)

@@ -366,6 +366,12 @@ type Effect struct {
 	// Ready (EffectSend of a PAGES) gates the send: the published data is
 	// in place once it says true (SendChunk.Ready).
 	Ready kvlayout.Ready
+	// Digest (EffectSend of a PAGES for a room whose REQUEST asked for a
+	// digest): the write the decode rank's read of it will make, as the
+	// prefill rank's pool would post it (runs, slice, layers); the shell
+	// sums its source pieces into the PAGES' Digests and Units once the
+	// data is in place, before it is sent (docs/PROTOCOL.md "Digest").
+	Digest *kvlayout.Write
 	// Pages and Held (EffectReleased on a prefill rank: its pull pages):
 	// the pages the room published and how long since the first.
 	Pages int

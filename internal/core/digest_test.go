@@ -1,6 +1,7 @@
 package core
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -104,5 +105,54 @@ func TestParseNotifDigest(t *testing.T) {
 	} {
 		_, ok := ParseNotif(bad)
 		assert.False(t, ok, "%q parsed", bad)
+	}
+}
+
+// TestPullDigestSums (docs/PROTOCOL.md "Digest", pulled): a pull room that
+// asked for a digest gets, on each PAGES of pages, a sum a position (the
+// prefill shell's, here the simulator's) that its read carries to the
+// decode shell's check; a PAGES without them, or with another number of
+// them, fails the room corrupt, naming the room and why, no read asked.
+func TestPullDigestSums(t *testing.T) {
+	c := simBase()
+	c.rooms, c.noClear, c.digest = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 2)}, true, true
+	base, n := runScript(c, append(slices.Clone(pullScript[:8]), "room 7 prefill 0 send chunk 0"))
+	require.Equal(t, 9, n, "stopped: %v", base.err)
+	require.NoError(t, base.err)
+	genuine := *base.net[0][1][0].msg.(*wire.Pages)
+	require.Len(t, genuine.Digests, len(genuine.Pages), "the PAGES' sums: one a position")
+	require.Equal(t, 1, genuine.Units)
+	for _, tc := range []struct {
+		name    string
+		digests []uint32
+		fail    string
+	}{
+		{"the sums", genuine.Digests, ""},
+		{"no sums", nil, "0 sums for its 1 positions"},
+		{"a sum too many", append(slices.Clone(genuine.Digests), 0), "2 sums for its 1 positions"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := base.clone()
+			m := genuine
+			m.Digests = tc.digests
+			w.net[0][1][0] = simMsg{from: w.net[0][1][0].from, to: w.net[0][1][0].to, msg: &m}
+			reads := len(w.reads)
+			w.deliver(0, 1)
+			require.NoError(t, w.err)
+			d := w.procs[1].core
+			st, _ := d.Status(7)
+			if tc.fail == "" {
+				require.NotEqual(t, Failed, st)
+				require.Len(t, w.reads, reads+1, "a read asked")
+				require.Equal(t, genuine.Digests, w.reads[len(w.reads)-1].rd.Notif.Digests, "the read carries the sums to the check")
+				return
+			}
+			require.Equal(t, Failed, st)
+			reason, _ := d.Failure(7)
+			require.Contains(t, reason, "room 7")
+			require.Contains(t, reason, tc.fail)
+			require.Equal(t, CodeCorrupt, d.reg.rooms[7].dec.code)
+			require.Len(t, w.reads, reads, "no read asked")
+		})
 	}
 }

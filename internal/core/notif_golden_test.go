@@ -13,7 +13,8 @@ import (
 // TestNotifGolden pins the data-plane notifications' wire form
 // (docs/PROTOCOL.md, "Data plane: notifications"): what a prefill rank
 // writes for a whole chunk, a layer group and the aux item, and how the
-// earlier revision's chunk notification still parses. KVB_UPDATE_GOLDEN=1
+// earlier revision's chunk notification still parses, and a chunk
+// notification with its digest (docs/PROTOCOL.md "Digest"). KVB_UPDATE_GOLDEN=1
 // rewrites the file.
 func TestNotifGolden(t *testing.T) {
 	var b strings.Builder
@@ -27,6 +28,7 @@ func TestNotifGolden(t *testing.T) {
 	line("aux", fmt.Sprintf("kvb1:%d:%d%s", 42, 0, auxNotifSuffix))
 	line("earlier revision: whole chunk", "kvb1:42:0:2:3")
 	line("parses; the core refuses it (an empty layer range)", "kvb1:42:0:2:3:0:8:5:5:0:32")
+	line("with a digest: 2 positions, the last page's first 3 units", chunkNotif(42, 0, 1, 0, 4, 2, 0, 32, 0, 32)+":0badbad0deadbeef:3")
 	path := filepath.Join("testdata", "golden", "notifications.txt")
 	if os.Getenv("KVB_UPDATE_GOLDEN") != "" {
 		require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o644))

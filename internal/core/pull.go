@@ -90,6 +90,11 @@ type ReadDone struct {
 	// not deliver (its canary still there): the room fails
 	// CodeNotDelivered.
 	NotDelivered bool
+	// Corrupt (set by the shell's digest check, the read done): what of
+	// the pages read does not match the prefill rank's digest
+	// (docs/PROTOCOL.md "Digest"). The room fails CodeCorrupt; the read
+	// counts for nothing.
+	Corrupt string
 }
 
 func (ReadPosting) input() {}
@@ -201,8 +206,19 @@ func (c *prefillCore) publish(rm *room, in SendChunk, at chunkAt, pr PeerRequest
 	msg := &wire.Pages{Room: rm.id, Chunk: at.chunk, Total: at.total, First: at.first,
 		Lo: at.lo + shift, Hi: at.hi + shift, SpanLo: shift, SpanHi: at.layers + shift,
 		Final: in.Last && at.whole, Aux: -1, State: [][]uint32{}, At: pr.At, LeaseMillis: int(c.cfg.Lease / time.Millisecond)}
+	var digest *kvlayout.Write
 	if !req.Dummy {
 		msg.Pages = slices.Clone(in.Pages)
+		if req.Digest {
+			pm := kvlayout.PageMap{Src: 1, Dst: 1}
+			if p.plan != nil {
+				pm = p.plan.Pages()
+			}
+			// (A pairing that fails here fails at the decode rank too.)
+			if src, dst, _, _, err := pm.Pair(at.first, in.Pages, req.Prefix, req.DstPages); err == nil && len(src) > 0 {
+				digest = &kvlayout.Write{Runs: kvlayout.Runs(src, dst), Slice: p.plan, Layers: kvlayout.Layers{Lo: at.lo, Hi: at.hi}, AuxSrc: -1, State: -1, Digest: true}
+			}
+		}
 		if at.lo == 0 && h.counted <= at.chunk {
 			// Each page of the room once: not again for another decode
 			// rank or layer group.
@@ -224,7 +240,7 @@ func (c *prefillCore) publish(rm *room, in SendChunk, at chunkAt, pr PeerRequest
 		// PAGES held back for its data: when it goes, PagesReady.)
 		c.emit(Effect{Kind: EffectKeepProgress, Room: rm.id, Keep: c.cfg.Lease})
 	}
-	c.emit(Effect{Kind: EffectSend, Room: rm.id, To: wire.Peer{Endpoint: req.From.Endpoint}, Msg: msg, Ready: in.Ready})
+	c.emit(Effect{Kind: EffectSend, Room: rm.id, To: wire.Peer{Endpoint: req.From.Endpoint}, Msg: msg, Ready: in.Ready, Digest: digest})
 	return ""
 }
 
@@ -605,6 +621,13 @@ func (c *decodeCore) onPages(msg *wire.Pages) {
 			return
 		}
 		in.Off, in.N = max(off, 0), n
+		if spec.Digest && n > 0 {
+			if len(msg.Digests) != n {
+				fail(CodeCorrupt, "the room asked for a digest; %d sums for its %d positions (a prefill rank of an earlier revision, or its KV in VRAM, sends none)", len(msg.Digests), n)
+				return
+			}
+			in.Digests, in.LastUnits = slices.Clone(msg.Digests), msg.Units
+		}
 		if len(src) > 0 {
 			rd.Writes = append(rd.Writes, kvlayout.Write{Runs: kvlayout.Runs(src, dst), Layers: kvlayout.Layers{Lo: msg.Lo - msg.SpanLo, Hi: msg.Hi - msg.SpanLo}, AuxSrc: -1, State: -1})
 		}
@@ -711,6 +734,20 @@ func (c *decodeCore) readDone(in ReadDone) {
 		// Read from a process this room no longer asks (it asked again,
 		// elsewhere): what it brought is not counted.
 		err, quiesced = fmt.Errorf("room %d: a read from prefill %s (epoch %d), which the room no longer asks", room, s.target, rd.Epoch), true
+	}
+	if err == nil && in.Corrupt != "" {
+		// Its bytes are in (nothing more of the read can land), and not
+		// the ones the prefill rank published.
+		c.stats.DigestMismatches++
+		if rm, live := c.reg.rooms[room]; live && !rm.status.Terminal() {
+			peer := s.target
+			if tg := c.targets[s.target]; tg != nil && tg.endpoint != "" {
+				peer = tg.endpoint
+			}
+			c.failWith(room, CodeCorrupt, fmt.Sprintf("room %d: prefill rank %s (source %d), chunk %d: %s", room, peer, s.uid, rd.Notif.Chunk, in.Corrupt))
+		}
+		c.maybeReadDone(room, s)
+		return
 	}
 	if err != nil {
 		if !quiesced {

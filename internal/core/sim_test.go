@@ -133,12 +133,13 @@ type simConfig struct {
 	// notification's delivery: a notification naming a page and layer
 	// that did not land gets Undelivered, as the canary would.
 	silentWrites int
-	// digest: every push room asks for a digest (docs/PROTOCOL.md
-	// "Digest"); the simulator's pool appends one to each notification
-	// of pages — every page's sum is 0 — and the decode shell's check is
-	// modelled at the notification's delivery. corruptWrites: writes
-	// whose bytes land corrupted (their notification's first sum is not
-	// the page's).
+	// digest: every room asks for a digest (docs/PROTOCOL.md "Digest");
+	// the simulator's pool appends one to each notification of pages, and
+	// its prefill shell to each PAGES of pages — every page's sum is 0 —
+	// and the decode shell's check is modelled at the notification's
+	// delivery and at a read's completion. corruptWrites: writes and reads
+	// whose bytes land corrupted (a write's notification's first sum is
+	// not the page's; a read's check finds a page that is not).
 	digest        bool
 	corruptWrites int
 }
@@ -569,6 +570,13 @@ func (w *simWorld) effects(slot int) {
 					}
 				}
 			}
+			if pg, ok := e.Msg.(*wire.Pages); ok && e.Digest != nil {
+				// The shell's sums of what it publishes: every page's is 0
+				// here (digestCheck), one a position.
+				_, ends := kvlayout.DigestPieces(kvlayout.Layout{}, e.Digest.Slice, true, 0, 0, e.Digest.Runs, nil, nil)
+				pg.Digests, pg.Units = make([]uint32, len(ends)), kvlayout.LastUnits(e.Digest.Slice, e.Digest.Runs)
+				w.cov.hit("PAGES with a digest")
+			}
 			if w.hostileDrops(slot, e.Msg) {
 				continue
 			}
@@ -746,8 +754,8 @@ func (w *simWorld) landedAll(p *simProc, room uint64) {
 	if spec.layered {
 		w.cov.hit("layered room succeeded")
 	}
-	if w.cfg.digest && !spec.pull {
-		w.cov.hit("room with a digest succeeded")
+	if w.cfg.digest {
+		w.cov.hit(fmt.Sprintf("room with a digest succeeded (pull %v)", spec.pull))
 	}
 }
 
@@ -1697,7 +1705,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 				add(name+" init", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.inited = true
 					pages, aux := simDests(r)
-					p.core.Step(w.now, InitReceiver{Room: r.id, Spec: RequestSpec{DstPages: pages, AuxIndex: aux, Required: r.req(), Pull: r.pull, Digest: w.cfg.digest && !r.pull}})
+					p.core.Step(w.now, InitReceiver{Room: r.id, Spec: RequestSpec{DstPages: pages, AuxIndex: aux, Required: r.req(), Pull: r.pull, Digest: w.cfg.digest}})
 					w.effects(slot)
 				}))
 			}

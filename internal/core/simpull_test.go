@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 )
 
 // Pull rooms in the simulator (docs/PROTOCOL.md "Pull"). A decode process
@@ -104,13 +106,49 @@ func (w *simWorld) landRead(r simRead) {
 	}
 }
 
+// markBadRead records the pages and layers of a read that landed
+// corrupted.
+func (w *simWorld) markBadRead(r simRead) {
+	for _, wr := range r.rd.Writes {
+		if wr.AuxSrc >= 0 || wr.State >= 0 {
+			continue
+		}
+		w.markBad(simWrite{dstInc: r.dInc, srcInc: r.pInc, room: r.room, pages: unitsOf(wr.Runs), layers: wr.Layers})
+	}
+}
+
+// unitsOf lists the destination units of runs.
+func unitsOf(runs []kvlayout.Run) []uint32 {
+	var out []uint32
+	for _, run := range runs {
+		for i := uint32(0); i < run.Len; i++ {
+			out = append(out, run.Dst+i)
+		}
+	}
+	return out
+}
+
 // readDone reports a read's end to its decode process, if it still runs.
-func (w *simWorld) readDone(r simRead, err error, quiesced bool) {
+func (w *simWorld) readDone(r simRead, err error, quiesced bool) { w.readDoneCorrupt(r, err, quiesced, "") }
+
+// readDoneCorrupt is readDone with the decode shell's digest check's
+// finding (corrupt: what did not match).
+func (w *simWorld) readDoneCorrupt(r simRead, err error, quiesced bool, corrupt string) {
 	d := w.procs[r.dSlot]
 	if d.inc != r.dInc || d.dead {
 		return
 	}
-	d.core.Step(w.now, ReadDone{Room: r.room, Read: r.rd, Err: err, Quiesced: quiesced})
+	if err == nil && corrupt == "" {
+		corrupt = w.digestCheck(r.rd.Notif)
+	}
+	st, _ := d.core.Status(r.room)
+	d.core.Step(w.now, ReadDone{Room: r.room, Read: r.rd, Err: err, Quiesced: quiesced, Corrupt: corrupt})
+	if corrupt != "" && !st.Terminal() {
+		if now, live := d.core.Status(r.room); live && now != Failed {
+			w.fail("room %d: %s took a read whose pages do not match their digest (%s) and is %v", r.room, d.from.Peer(), corrupt, now)
+		}
+		w.cov.hit("digest mismatch failed its room (read)")
+	}
 	w.effects(r.dSlot)
 }
 
@@ -138,6 +176,16 @@ func (w *simWorld) readEvents(add func(string, func(*simWorld))) {
 				w.readDone(w.removeRead(id), errors.New("remote agent gone"), true)
 			})
 			continue
+		}
+		if !w.calm && !r.landed && r.rd.Notif.Digests != nil && w.corrupts < w.cfg.corruptWrites {
+			add(fmt.Sprintf("read %d lands corrupted", id), func(w *simWorld) {
+				w.corrupts++
+				r := w.removeRead(id)
+				w.landRead(r)
+				w.markBadRead(r)
+				w.cov.hit("read landed corrupted")
+				w.readDoneCorrupt(r, nil, true, "position 0: CRC-32C 0badbad0, the prefill rank's digest 00000000")
+			})
 		}
 		add(fmt.Sprintf("read %d ok", id), func(w *simWorld) {
 			r := w.removeRead(id)

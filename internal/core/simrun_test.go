@@ -251,7 +251,14 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.digest, c.corruptWrites, c.live, c.noClear, c.writesOK = true, 1, true, true, true
 			c.rooms = []simRoomSpec{simRoomLayered(7, []int{0}, []int{0}, 2)}
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
-		}, "write landed corrupted", "digest mismatch failed its room", "digest checked", "room with a digest succeeded"),
+		}, "write landed corrupted", "digest mismatch failed its room", "digest checked", "room with a digest succeeded (pull false)"),
+		// The same, pulled: the prefill rank's PAGES carry the sums, a read
+		// may land corrupted (the decode shell's check at its completion
+		// finds it) and the room fails corrupt; where none is, it succeeds.
+		"1→1 pull, 2 chunks, digests: a read lands corrupted; the room fails corrupt; liveness": mk(func(c *simConfig) {
+			c.digest, c.corruptWrites, c.live, c.noClear, c.writesOK = true, 1, true, true, true
+			c.rooms = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 2)}
+		}, "PAGES with a digest", "read landed corrupted", "digest mismatch failed its room (read)", "digest checked", "room with a digest succeeded (pull true)"),
 		"1→1: the prefill rank answers probes late (hostile); liveness": mk(func(c *simConfig) {
 			c.latePongs, c.live, c.noClear, c.writesOK = true, true, true, true
 			c.rooms = []simRoomSpec{simRoom(8, []int{0}, []int{0}, 1), simRoom(9, []int{0}, []int{0}, 1)}

@@ -10,25 +10,35 @@ import (
 )
 
 // TestDigestFailsAFlippedByte: with Config.Digest on the decode rank,
-// rooms of every size land byte-exact and succeed on every engine (libnixl: the NIXL double here, a real NIXL under make
-// test-nixl); then
-// one bit of a write's source flipped after its digest was taken (the
-// agent's fault, CorruptWrites: the bytes on the wire are not the ones
-// digested, as a bad link's would be) fails that room with code corrupt,
+// rooms of every size land byte-exact and succeed on every engine
+// (libnixl: the NIXL double here, a real NIXL under make test-nixl),
+// pushed and pulled; then one bit flipped in flight — of a write's
+// source after its digest was taken (the agent's fault, CorruptWrites),
+// or of what a pull read landed before its completion (CorruptReads): the
+// bytes that land are not the ones digested, as a bad link's would be —
+// fails that room with code corrupt,
 // naming the decode page, layers and prefill rank, counted in
 // kvbridge_digest_mismatches_total; its load report vouches for no page
 // of that chunk; the next room, not corrupted, succeeds.
 func TestDigestFailsAFlippedByte(t *testing.T) {
-	for engine := range engines {
-		t.Run(engine, func(t *testing.T) {
-			c := newCluster(t, engine, func(cfg *kvmanager.Config) { cfg.Digest = cfg.Role == kvmanager.RoleDecode })
+	for key, pull := range modes() {
+		t.Run(key, func(t *testing.T) {
+			engine, _ := splitMode(key)
+			c := newCluster(t, engine, func(cfg *kvmanager.Config) {
+				cfg.Digest = cfg.Role == kvmanager.RoleDecode
+				cfg.Pull = pull && cfg.Role == kvmanager.RoleDecode
+			})
 			for i, tokens := range []int{1, 17, 1000, 4096} {
 				c.roomByteExact(t, uint64(100+i), tokens, 64)
 			}
 			require.Zero(t, counter(c.decode.Manager, "kvbridge_digest_mismatches_total"))
 			require.NotZero(t, counter(c.decode.Manager, "kvbridge_digest_pages_checked_total"), "pages checked by digest")
 
-			rawagent.Of(c.prefill).CorruptWrites(1)
+			if pull {
+				rawagent.Of(c.decode).CorruptReads(1, pageBytes) // (a KV page; not the aux item or a state item)
+			} else {
+				rawagent.Of(c.prefill).CorruptWrites(1)
+			}
 			rm := c.start(t, 200, 64*pageToks)
 			ready(t, rm.s)
 			c.sendAll(t, rm, 64)

@@ -217,6 +217,33 @@ const canaryBytes = 8
 // byte stays flipped in the source.
 func (a *Agent) CorruptWrites(n int) { a.corruptWrites.Store(int64(n)) }
 
+// CorruptReads is CorruptWrites for READs into host memory: each of the
+// next n READs that complete through a with a descriptor of at least min
+// bytes (KV pages, not an aux or state item) has one bit of what landed
+// flipped — in the middle of its largest descriptor — before its
+// completion is reported, as a bad link's would (tests, any engine).
+func (a *Agent) CorruptReads(n int, min uint64) {
+	a.corruptMin.Store(min)
+	a.corruptReads.Store(int64(n))
+}
+
+// corruptRead is CorruptReads' flip, at a READ's completion (under wmu).
+func (a *Agent) corruptRead(x *Xfer) {
+	if x.Op != Read || x.local == nil || x.local.Kind != DRAM || a.corruptReads.Load() <= 0 {
+		return
+	}
+	var d Desc
+	for _, i := range x.li {
+		if l := x.local.Descs[i]; l.Len > d.Len {
+			d = l
+		}
+	}
+	if d.Len == 0 || d.Len < a.corruptMin.Load() || a.corruptReads.Add(-1) < 0 {
+		return
+	}
+	canary.Flip(uint64(d.Addr) + d.Len/2)
+}
+
 // corrupt is CorruptWrites' flip, at post (under wmu).
 func (a *Agent) corrupt(x *Xfer) {
 	if x.Op != Write || x.Notif == nil || x.local == nil || x.local.Kind != DRAM || len(x.li) == 0 || a.corruptWrites.Load() <= 0 {
@@ -293,12 +320,14 @@ func (x *Xfer) Done() <-chan struct{} { return x.done }
 // Agent is the Go face of a NIXL agent on one engine. It is safe for
 // concurrent use.
 type Agent struct {
-	// corruptWrites: the WRITEs CorruptWrites still corrupts (tests).
-	corruptWrites atomic.Int64
-	name          string
-	engine        string
-	b             backend
-	timeout       time.Duration
+	// corruptWrites, corruptReads: the WRITEs CorruptWrites and the
+	// READs CorruptReads still corrupt (tests).
+	corruptWrites, corruptReads atomic.Int64
+	corruptMin                  atomic.Uint64
+	name                        string
+	engine                      string
+	b                           backend
+	timeout                     time.Duration
 
 	// loadMu orders remote (re)loads against posts: a post holds it for
 	// reading from its checks to the engine's post (a write the engine
@@ -494,6 +523,9 @@ func (a *Agent) settle(x *Xfer, st XferState, err error) {
 		a.notDelivered.Add(1)
 		st, err = Failed, fmt.Errorf("agent %s: READ from %s reported complete, but its descriptor %d of %d (%d bytes at %#x, from %#x) was not delivered (it still ends with a canary planted before the read, its own or an overlapping read's): %w: %w",
 			a.name, x.Remote, k, len(x.Local), x.Local[k].Len, x.Local[k].Addr, x.Dst[k].Addr, canary.ErrNotDelivered, ErrTransfer)
+	}
+	if st == Done {
+		a.corruptRead(x)
 	}
 	x.state, x.err = st, err
 	close(x.done)

@@ -573,18 +573,32 @@ func (p *Pool) prepOwn(w *Write) (l, r *nixl.Prepped, idx []int, err error) {
 // of no pages, or from VRAM (not readable here), carries none: the decode
 // rank then fails a room that asked for one.
 func (p *Pool) digest(w *Write, notif []byte) ([]byte, error) {
-	if len(w.Runs) == 0 || w.AuxSrc >= 0 || w.State >= 0 || p.local.Kind != nixl.DRAM {
-		return notif, nil
-	}
-	rlo, rhi := w.Layers.Regions(len(p.local.Regions))
-	pieces, ends := kvlayout.DigestPieces(p.local, w.Slice, true, rlo, rhi, w.Runs, nil, nil)
-	sums, err := kvdigest.Sum(pieces, ends, nil)
-	if err != nil {
-		return nil, err
+	sums, units, err := Sums(p.local, w)
+	if err != nil || sums == nil {
+		return notif, err
 	}
 	notif = append(notif, ':')
 	for _, s := range sums {
 		notif = fmt.Appendf(notif, "%08x", s)
 	}
-	return fmt.Appendf(notif, ":%d", kvlayout.LastUnits(w.Slice, w.Runs)), nil
+	return fmt.Appendf(notif, ":%d", units), nil
+}
+
+// Sums is write w's digest from local, this rank's memory (docs/PROTOCOL.md
+// "Digest"): the CRC-32C of each destination page it fills, summed over
+// its source pieces (kvlayout.DigestPieces) in the regions of its layers,
+// and how many units of the last page it fills (kvlayout.LastUnits). Nil
+// for a write of no pages, an aux or state write, or from VRAM (not
+// readable here). A pulled room's PAGES carries the same sums of the
+// write its decode rank's read makes.
+func Sums(local Layout, w *Write) (sums []uint32, units int, err error) {
+	if len(w.Runs) == 0 || w.AuxSrc >= 0 || w.State >= 0 || local.Kind != nixl.DRAM {
+		return nil, 0, nil
+	}
+	rlo, rhi := w.Layers.Regions(len(local.Regions))
+	pieces, ends := kvlayout.DigestPieces(local, w.Slice, true, rlo, rhi, w.Runs, nil, nil)
+	if sums, err = kvdigest.Sum(pieces, ends, nil); err != nil {
+		return nil, 0, err
+	}
+	return sums, kvlayout.LastUnits(w.Slice, w.Runs), nil
 }

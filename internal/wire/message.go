@@ -276,7 +276,17 @@ type Pages struct {
 	// the prefill rank received; the lease runs LeaseMillis from it.
 	At          uint64
 	LeaseMillis int
+	// Digests (optional: a room whose REQUEST asked for a digest, on a
+	// PAGES of pages): the CRC-32C of each decode page position it
+	// publishes, in order, and Units how many units of the last one it
+	// fills (docs/PROTOCOL.md "Digest").
+	Digests []uint32
+	Units   int
 }
+
+// MaxDigestUnits bounds PAGES.units (a page of at most this many units of
+// the other side's page).
+const MaxDigestUnits = 1 << 16
 
 // Renew asks the prefill rank to extend a pull room's lease: decode →
 // prefill. At is the decode rank's clock when it sent it.
@@ -557,7 +567,11 @@ func AppendBody(dst []byte, m Message) ([]byte, error) {
 			e.kbool("digest", true)
 		}
 	case *Pages:
-		e.mapLen(15)
+		n := 15
+		if m.Digests != nil {
+			n += 2
+		}
+		e.mapLen(n)
 		e.from(m.From)
 		e.kuint("room", m.Room)
 		e.kint("chunk", int64(m.Chunk))
@@ -580,6 +594,13 @@ func AppendBody(dst []byte, m Message) ([]byte, error) {
 		}
 		e.kuint("at", m.At)
 		e.kint("lease_ms", int64(m.LeaseMillis))
+		if m.Digests != nil {
+			if len(m.Digests) > MaxPages {
+				e.err(fmt.Errorf("%d digests exceed %d", len(m.Digests), MaxPages))
+			}
+			e.kbin("digests", pagesToBin(m.Digests))
+			e.kint("units", int64(m.Units))
+		}
 	case *Renew:
 		e.mapLen(3)
 		e.from(m.From)
@@ -958,6 +979,10 @@ func Decode(frames [][]byte) (Message, error) {
 			Lo: b.int("lo", 0, MaxRanks), Hi: b.int("hi", 0, MaxRanks), SpanLo: b.int("span_lo", 0, MaxRanks), SpanHi: b.int("span_hi", 0, MaxRanks),
 			Final: b.boolean("final"), Aux: b.int("aux", -1, math.MaxInt32), State: b.pageLists("state"),
 			At: b.uint("at"), LeaseMillis: b.int("lease_ms", 1, MaxLeaseMillis)}
+		if _, ok := b.lookup("digests"); ok && b.err == nil {
+			p := m.(*Pages)
+			p.Digests, p.Units = b.pages("digests"), b.int("units", 1, MaxDigestUnits)
+		}
 	case TypeRenew:
 		m = &Renew{From: b.from(), Room: b.uint("room"), At: b.uint("at")}
 	case TypeReadDone:

@@ -53,7 +53,14 @@ func echoMessages() []wire.Message {
 func digestMessages() []wire.Message {
 	q := wiretest.SampleMessages()[2].(*wire.Request)
 	q.Digest = true
-	return []wire.Message{q}
+	var pg *wire.Pages
+	for _, m := range wiretest.PullMessages() {
+		if p, ok := m.(*wire.Pages); ok {
+			pg = p
+		}
+	}
+	pg.Digests, pg.Units = []uint32{0x0badbad0, 0xdeadbeef}, 3
+	return []wire.Message{q, pg}
 }
 
 func TestGolden(t *testing.T) {

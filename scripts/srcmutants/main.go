@@ -1004,7 +1004,7 @@ var mutants = []mutant{
 		pkg: "internal/e2e", run: "^TestDigestFailsAFlippedByte$/loopback"},
 	{name: "digest-pool-not-summing", file: "internal/pool/pool.go", old: "\t\tif w.Digest {\n", new: "\t\tif false {\n",
 		pkg: "internal/e2e", run: "^TestDigestFailsAFlippedByte$/loopback"},
-	{name: "digest-pool-every-layer", file: "internal/pool/pool.go", old: "\trlo, rhi := w.Layers.Regions(len(p.local.Regions))\n\tpieces, ends := kvlayout.DigestPieces(", new: "\trlo, rhi := 0, len(p.local.Regions)\n\tpieces, ends := kvlayout.DigestPieces(",
+	{name: "digest-pool-every-layer", file: "internal/pool/pool.go", old: "\trlo, rhi := w.Layers.Regions(len(local.Regions))\n\tpieces, ends := kvlayout.DigestPieces(", new: "\trlo, rhi := 0, len(local.Regions)\n\tpieces, ends := kvlayout.DigestPieces(",
 		pkg: "internal/e2e", run: "^TestLayerwiseByteExact$/loopback"},
 	{name: "digest-shell-passes", file: "kvmanager/digest.go", old: "\t\tif got != n.Digests[i] {", new: "\t\tif false {",
 		pkg: "internal/e2e", run: "^TestDigestFailsAFlippedByte$/loopback"},
@@ -1018,10 +1018,26 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestParseNotifDigest$"},
 	{name: "digest-crc-unshifted", file: "internal/kvdigest/kvdigest.go", old: "\treturn kvb_crc_shift(t, r) ^ (uint32_t)c;", new: "\treturn r ^ (uint32_t)c;",
 		pkg: "internal/kvdigest", run: "^TestSumMatchesCRC32C$"},
-	{name: "digest-config-anywhere", file: "kvmanager/config.go", old: "\tcase c.Digest && (c.Role != RoleDecode || c.Pull || c.Layout.Kind != transfer.DRAM):", new: "\tcase false:",
-		pkg: "kvmanager", run: "^TestDigestNeedsPushIntoHostMemory$"},
-	{name: "digest-pull-spec-accepted", file: "kvmanager/decode.go", old: "\tif spec.Digest && (spec.Pull || d.cfg.Layout.Kind != transfer.DRAM) {", new: "\tif false {",
-		pkg: "kvmanager", run: "^TestDigestNeedsPushIntoHostMemory$"},
+	{name: "digest-config-anywhere", file: "kvmanager/config.go", old: "\tcase c.Digest && (c.Role != RoleDecode || c.Layout.Kind != transfer.DRAM):", new: "\tcase false:",
+		pkg: "kvmanager", run: "^TestDigestNeedsHostMemory$"},
+	// Pulled: the decode core taking a PAGES without its sums, or
+	// dropping them before the read, or a read that did not match; the
+	// prefill core or shell not summing a PAGES; the decode shell not
+	// checking a read.
+	{name: "digest-pages-sums-unchecked", file: "internal/core/pull.go", old: "\t\t\tif len(msg.Digests) != n {", new: "\t\t\tif false {",
+		pkg: "internal/core", run: "^TestPullDigestSums$"},
+	{name: "digest-pages-sums-dropped", file: "internal/core/pull.go", old: "\t\t\tin.Digests, in.LastUnits = slices.Clone(msg.Digests), msg.Units\n", new: "",
+		pkg: "internal/core", run: "^TestPullDigestSums$"},
+	{name: "digest-read-mismatch-ignored", file: "internal/core/pull.go", old: "\tif err == nil && in.Corrupt != \"\" {", new: "\tif false {",
+		pkg: "internal/core", run: "^TestSimExhaustive$/digests"},
+	{name: "digest-pages-not-summed", file: "internal/core/pull.go", old: "\t\tif req.Digest {\n\t\t\tpm := kvlayout.PageMap{Src: 1, Dst: 1}", new: "\t\tif false {\n\t\t\tpm := kvlayout.PageMap{Src: 1, Dst: 1}",
+		pkg: "internal/core", run: "^TestPullDigestSums$"},
+	{name: "digest-shell-pages-unsummed", file: "kvmanager/shell.go", old: "\t\t\tm.sumPages(e)\n", new: "",
+		pkg: "internal/e2e", run: "^TestDigestFailsAFlippedByte$/loopback/pull"},
+	{name: "digest-read-unchecked", file: "kvmanager/pull.go", old: "\t\tif err == nil && j.rd.Notif.Digests != nil {", new: "\t\tif false {",
+		pkg: "internal/e2e", run: "^TestDigestFailsAFlippedByte$/loopback/pull"},
+	{name: "digest-vram-spec-accepted", file: "kvmanager/decode.go", old: "\tif spec.Digest && d.cfg.Layout.Kind != transfer.DRAM {", new: "\tif false {",
+		pkg: "kvmanager", run: "^TestDigestNeedsHostMemory$"},
 }
 
 func main() {

@@ -208,7 +208,7 @@ func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 	}
 	if role == kvmanager.RoleDecode {
 		fs.BoolVar(&o.pull, "pull", env("KVBRIDGE_PULL", "") == "1", "read every room from its prefill ranks once they publish its pages (pull), instead of having them written (push); the prefill ranks must serve pull")
-		fs.BoolVar(&o.digest, "digest", false, "every room asks its prefill ranks for a CRC-32C of each page they push and succeeds only once every page matches it (docs/PROTOCOL.md \"Digest\"; push into host memory)")
+		fs.BoolVar(&o.digest, "digest", false, "every room asks its prefill ranks for a CRC-32C of each page they push and succeeds only once every page matches it (docs/PROTOCOL.md \"Digest\"; pushed or pulled, into host memory)")
 	} else {
 		fs.DurationVar(&o.pullLease, "pull-lease", 0, "how long a pulled room's published pages wait for the decode rank's reads, renewed while it reads (0: the default, half the stall timeout; negative: do not serve pull)")
 	}
