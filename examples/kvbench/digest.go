@@ -12,11 +12,11 @@ import (
 
 // digestMode: what the end-to-end digest (docs/PROTOCOL.md "Digest")
 // costs. The same rooms (one prefill and one decode rank in this process,
-// DRAM, the model's pages, contiguous and fragmented), pushed with every
-// room asking for a digest against two ranks that ask none, in
-// interleaved rounds (both clusters up, one round of each in turn): GB/s
-// and CPU per GB, medians of the rounds. Prefill TP 1 and 2 (the rank
-// mapping's pieces: one per head).
+// DRAM, the model's pages, contiguous and fragmented), with every room
+// asking for a digest against two ranks that ask none, in interleaved
+// rounds (both clusters up, one round of each in turn): GB/s and CPU per
+// GB, medians of the rounds. Pushed from prefill TP 1 and 2 (the rank
+// mapping's pieces: one per head), and pulled.
 func (b *bench) digestMode() error {
 	tokens, iters, rounds := 4096, 6, 5
 	if b.quick {
@@ -29,13 +29,21 @@ func (b *bench) digestMode() error {
 		cfg.Digest = cfg.Role == kvmanager.RoleDecode
 		cfg.Registerer = prometheus.NewRegistry() // read back below
 	}
-	steps, total := 0, 2*2*rounds
-	for _, ptp := range []int{1, 2} {
+	cases := []struct {
+		ptp  int
+		pull bool
+	}{{1, false}, {2, false}, {1, true}}
+	steps, total := 0, len(cases)*2*rounds
+	for _, tc := range cases {
+		ptp := tc.ptp
 		var cs [2]*topoCluster
 		for i, digest := range []bool{false, true} {
 			var mods []func(*kvmanager.Config)
 			if digest {
 				mods = append(mods, digesting)
+			}
+			if tc.pull {
+				mods = append(mods, func(cfg *kvmanager.Config) { cfg.Pull = cfg.Role == kvmanager.RoleDecode })
 			}
 			c, err := b.topoClusterPages(ptp, 1, transfer.HND, 2*n, pt, pt, 2*n, mods...)
 			if err != nil {
@@ -78,7 +86,11 @@ func (b *bench) digestMode() error {
 		if checked == 0 || bad != 0 {
 			return fmt.Errorf("digest rooms: %v pages checked, %v mismatches", checked, bad)
 		}
-		b.add(Row{Mode: "digest", Name: fmt.Sprintf("%s digest TP %d→1 HND %d tok", b.model.Name, ptp, tokens), Bytes: uint64(bytes),
+		way := "push"
+		if tc.pull {
+			way = "pull"
+		}
+		b.add(Row{Mode: "digest", Name: fmt.Sprintf("%s digest %s TP %d→1 HND %d tok", b.model.Name, way, ptp, tokens), Bytes: uint64(bytes),
 			Value: median(gbps[1]), Unit: "GB/s", References: map[string]float64{"no digest": median(gbps[0])},
 			CPU: median(cpu[1]), CPUUnit: "s/GB", RefCPU: map[string]float64{"no digest": median(cpu[0])}})
 	}

@@ -129,7 +129,9 @@ func unitsOf(runs []kvlayout.Run) []uint32 {
 }
 
 // readDone reports a read's end to its decode process, if it still runs.
-func (w *simWorld) readDone(r simRead, err error, quiesced bool) { w.readDoneCorrupt(r, err, quiesced, "") }
+func (w *simWorld) readDone(r simRead, err error, quiesced bool) {
+	w.readDoneCorrupt(r, err, quiesced, "")
+}
 
 // readDoneCorrupt is readDone with the decode shell's digest check's
 // finding (corrupt: what did not match).
