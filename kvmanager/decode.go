@@ -41,6 +41,10 @@ type Decode struct {
 	pull *pullState
 	// wcheck checks that what a notification names landed (writecheck.go).
 	wcheck *writeCheck
+	// digestQ holds notifications with digests for the digest workers,
+	// started at the first (digest.go).
+	digestQ    chan core.Notified
+	digestOnce sync.Once
 }
 
 // topoLookup is one instance's topology being looked up by the first room
@@ -611,6 +615,16 @@ func (d *Decode) onNotif(s string) {
 		d.log.Warn("unknown notification", zap.String("notif", s))
 		return
 	}
+	if n.Digests != nil {
+		d.checkAside(n) // its pages summed off the notifier
+		return
+	}
+	d.notified(n)
+}
+
+// notified checks what notification n names landed (and its digest),
+// then steps it into the core.
+func (d *Decode) notified(n core.Notified) {
 	room := n.Room
 	if n.Undelivered = d.checkWrite(n); n.Undelivered != "" {
 		d.log.Warn("a notification names bytes that did not land: the room fails", zap.Uint64("room", room), zap.Int("source", n.UID), zap.String("what", n.Undelivered))

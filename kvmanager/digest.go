@@ -2,6 +2,7 @@ package kvmanager
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/kvdigest"
@@ -45,4 +46,38 @@ func (d *Decode) checkDigest(n core.Notified) string {
 	}
 	d.digestPages.Add(uint64(len(sums)))
 	return ""
+}
+
+// checkAside hands a notification with digests to the digest workers (one
+// a CPU, started at the first), so summing its pages — a pass over them —
+// holds neither the notifier nor the other rooms' notifications behind it;
+// the queue is bounded (the notifier waits when it is full). Notifications
+// of one room may then be stepped out of their order, which the core takes
+// (a room succeeds once every chunk and layer is counted, whatever the
+// order).
+func (d *Decode) checkAside(n core.Notified) {
+	d.digestOnce.Do(func() {
+		d.digestQ = make(chan core.Notified, 64)
+		for range runtime.GOMAXPROCS(0) {
+			d.wg.Add(1)
+			go d.digestWorker()
+		}
+	})
+	select {
+	case d.digestQ <- n:
+	case <-d.closing:
+	}
+}
+
+// digestWorker checks and steps the notifications checkAside queues.
+func (d *Decode) digestWorker() {
+	defer d.wg.Done()
+	for {
+		select {
+		case n := <-d.digestQ:
+			d.notified(n)
+		case <-d.closing:
+			return
+		}
+	}
 }
