@@ -74,7 +74,8 @@ type Config struct {
 
 	// Digest (decode): every room asks its prefill ranks for a CRC-32C of
 	// each page they write and checks it before Success
-	// (RequestSpec.Digest; docs/PROTOCOL.md "Digest"). Push, host memory.
+	// (RequestSpec.Digest; docs/PROTOCOL.md "Digest"). Pushed or pulled;
+	// the rank's KV in host memory.
 	Digest bool
 
 	// Pull (decode): every room reads its pages from the prefill ranks

@@ -417,6 +417,11 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, rs RequestSpec) 
 	if spec.Digest && d.cfg.Layout.Kind != transfer.DRAM {
 		return fmt.Errorf("room %d: a digest (RequestSpec.Digest or Config.Digest) is checked in host memory only (this rank's KV is in %v): %w", room, d.cfg.Layout.Kind, core.ErrInvalidSpec)
 	}
+	if spec.Digest {
+		if err := d.digestable(room); err != nil {
+			return fmt.Errorf("room %d: a digest (RequestSpec.Digest or Config.Digest) cannot be checked: %v: %w", room, err, core.ErrInvalidSpec)
+		}
+	}
 	tails := d.writeTails(room, spec)
 	var ready <-chan struct{}
 	d.read(func(c *core.Core) {
@@ -628,7 +633,7 @@ func (d *Decode) notified(n core.Notified) {
 	room := n.Room
 	if n.Undelivered = d.checkWrite(n); n.Undelivered != "" {
 		d.log.Warn("a notification names bytes that did not land: the room fails", zap.Uint64("room", room), zap.Int("source", n.UID), zap.String("what", n.Undelivered))
-	} else if n.Corrupt = d.checkDigest(n); n.Corrupt != "" {
+	} else if n.Corrupt, n.Checked = d.digestOf(n); n.Corrupt != "" {
 		d.log.Warn("a notification's pages do not match their digest: the room fails", zap.Uint64("room", room), zap.Int("source", n.UID), zap.String("what", n.Corrupt))
 	}
 	if out := d.stepIn(n); out.Succeeded {

@@ -18,34 +18,67 @@ import (
 // ask); the core fails the room (core.CodeCorrupt). A notification
 // without digests for such a room the core fails itself.
 func (d *Decode) checkDigest(n core.Notified) string {
+	corrupt, _ := d.digestOf(n)
+	return corrupt
+}
+
+// digestOf is checkDigest, and whether every page n names was summed and
+// matched (checked): the core records a digest room's pages as landed only
+// then (a room that failed already is not checked here, and what its
+// notifications name is not vouched for in its load report).
+func (d *Decode) digestOf(n core.Notified) (corrupt string, checked bool) {
 	if n.Aux || n.N == 0 || n.Digests == nil {
-		return ""
+		return "", false
 	}
 	var spec core.RequestSpec
 	var l core.Link
 	var ok bool
 	d.read(func(c *core.Core) { spec, l, ok = c.WriteSource(n.Room, n.UID) })
 	if !ok || !spec.Digest || spec.Dummy || n.Off < 0 || n.Off+n.N > len(spec.DstPages) {
-		return "" // (the core refuses what is out of range)
+		return "", false // (the core refuses what is out of range)
 	}
 	s, lo, hi, write, err := d.slice(l)
 	if err != nil || !write {
-		return fmt.Sprintf("its pages cannot be checked here: %v", err)
+		return fmt.Sprintf("its pages cannot be checked here: %v", err), false
 	}
 	units := kvlayout.DigestUnits(pageMap(l), spec.DstPages, n.Off, n.N, n.LastUnits, nil)
 	rlo, rhi := max(n.Lo*kvlayout.RegionsPerLayer, lo), min(n.Hi*kvlayout.RegionsPerLayer, hi)
 	pieces, ends := kvlayout.DigestPieces(d.cfg.Layout, s, false, rlo, rhi, kvlayout.UnitRuns(units), nil, nil)
 	sums, err := kvdigest.Sum(pieces, ends, nil)
 	if err != nil || len(sums) != len(n.Digests) {
-		return fmt.Sprintf("its %d pages make %d digests here (%v)", n.N, len(sums), err)
+		return fmt.Sprintf("its %d pages make %d digests here (%v)", n.N, len(sums), err), false
 	}
 	for i, got := range sums {
 		if got != n.Digests[i] {
-			return fmt.Sprintf("position %d (decode page %d), layers %d–%d: CRC-32C %08x, the prefill rank's digest %08x", n.Off+i, spec.DstPages[n.Off+i], n.Lo, n.Hi, got, n.Digests[i])
+			return fmt.Sprintf("position %d (decode page %d), layers %d–%d: CRC-32C %08x, the prefill rank's digest %08x", n.Off+i, spec.DstPages[n.Off+i], n.Lo, n.Hi, got, n.Digests[i]), false
 		}
 	}
 	d.digestPages.Add(uint64(len(sums)))
-	return ""
+	return "", true
+}
+
+// digestable says why a room's pages could not be summed here, if they
+// could not: a source whose writes this rank cannot plan (a room created
+// with explicit targets under a Model names no instance shape) would fail
+// a good room corrupt at its first notification, so the room is refused
+// instead.
+func (d *Decode) digestable(room uint64) error {
+	var links []core.Link
+	d.read(func(c *core.Core) {
+		for uid := 0; ; uid++ {
+			_, l, ok := c.WriteSource(room, uid)
+			if !ok {
+				break
+			}
+			links = append(links, l)
+		}
+	})
+	for _, l := range links {
+		if _, _, _, _, err := d.slice(l); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkAside hands a notification with digests to the digest workers (one

@@ -71,12 +71,18 @@ func (m *Manager) sumPages(e core.Effect) {
 // sendWhenReady sends a PAGES once the data it publishes is in place
 // (SendLayers' ready), waiting with the transfer pool's readiness poll
 // (pool.WaitReady: its back-off and stall bound); an error, or no
-// answer within the stall timeout, fails the room instead.
+// answer within the stall timeout, fails the room instead. A PAGES whose
+// room asked for a digest gets its sums here, once the data is in place
+// (a pass over it: not on the loop that carries out the core's effects).
 func (m *Manager) sendWhenReady(e core.Effect) {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		switch err := pool.WaitReady(e.Ready, m.cfg.Registry.StallTimeout, m.closing); {
+		var err error
+		if e.Ready != nil {
+			err = pool.WaitReady(e.Ready, m.cfg.Registry.StallTimeout, m.closing)
+		}
+		switch {
 		case errors.Is(err, pool.ErrClosed):
 		case err != nil:
 			m.stepIn(core.Fail{Room: e.Room, Reason: fmt.Sprintf("room %d: the pages published to %s: %v", e.Room, e.To.Endpoint, err)})
@@ -319,12 +325,13 @@ func (d *Decode) reader() {
 			continue
 		}
 		var corrupt string
+		var checked bool
 		if err == nil && j.rd.Notif.Digests != nil {
-			if corrupt = d.checkDigest(j.rd.Notif); corrupt != "" {
+			if corrupt, checked = d.digestOf(j.rd.Notif); corrupt != "" {
 				d.log.Warn("a read's pages do not match their digest: the room fails", zap.Uint64("room", j.room), zap.Int("source", j.rd.Source), zap.String("what", corrupt))
 			}
 		}
-		d.stepIn(core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced, NotDelivered: errors.Is(err, canary.ErrNotDelivered), Corrupt: corrupt})
+		d.stepIn(core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced, NotDelivered: errors.Is(err, canary.ErrNotDelivered), Corrupt: corrupt, Checked: checked})
 	}
 }
 

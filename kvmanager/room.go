@@ -171,8 +171,8 @@ type RequestSpec struct {
 	// Digest: the prefill ranks send a CRC-32C of every destination page
 	// they write, and the room succeeds only once each page's bytes match
 	// it; a mismatch fails the room with CodeCorrupt naming the page,
-	// layers and prefill rank (docs/PROTOCOL.md "Digest"). Push rooms into
-	// host memory; Config.Digest asks it for every room.
+	// layers and prefill rank (docs/PROTOCOL.md "Digest"). Pushed or pulled
+	// rooms into host memory; Config.Digest asks it for every room.
 	Digest bool
 }
 

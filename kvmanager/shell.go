@@ -415,11 +415,13 @@ func (m *Manager) carryOut() {
 			if a, ok := e.Msg.(*wire.RegisterAck); ok && !a.OK {
 				m.log.Warn("registration refused", zap.String("peer", e.To.Endpoint), zap.String("reason", a.Reason))
 			}
-			if e.Ready != nil {
-				m.sendWhenReady(e) // a PAGES whose data is not known to be in place yet
+			if e.Ready != nil || e.Digest != nil {
+				// A PAGES whose data is not known to be in place yet, or
+				// that its digest's sums go into: off this loop, whose
+				// lock the next step waits for.
+				m.sendWhenReady(e)
 				continue
 			}
-			m.sumPages(e)
 			m.send(e.To, e.Msg)
 		case core.EffectTimer:
 			// A deadline shorter than the sweep (a probe's): enforced at

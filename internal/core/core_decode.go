@@ -29,8 +29,8 @@ type RequestSpec struct {
 	// Digest: the prefill ranks send a CRC-32C of every destination page
 	// they write, and the room succeeds only once each page's bytes match
 	// it; a mismatch fails the room with CodeCorrupt naming the page,
-	// layers and prefill rank (docs/PROTOCOL.md "Digest"). Push rooms into
-	// host memory; Config.Digest asks it for every room.
+	// layers and prefill rank (docs/PROTOCOL.md "Digest"). Pushed or pulled
+	// rooms into host memory; Config.Digest asks it for every room.
 	Digest bool
 }
 
@@ -818,8 +818,11 @@ func (c *decodeCore) notified(now time.Time, in Notified) {
 			c.undelivered(rm, src, in)
 			return
 		}
-		if in.Corrupt == "" && rm.dec.spec.Digest && !in.Aux && in.N > 0 && in.Digests == nil {
+		if in.Corrupt == "" && rm.dec.spec.Digest && !in.Aux && (in.N > 0 || in.Hi == 0) && in.Digests == nil {
 			in.Corrupt = "the room asked for a digest and the notification of its pages carries none (a prefill rank of an earlier revision, or its KV in VRAM)"
+		}
+		if in.Corrupt == "" && rm.dec.spec.Digest && !in.Aux && in.N > 0 && !in.Checked && !rm.status.Terminal() {
+			in.Corrupt = "its pages were not checked against their digest"
 		}
 		if in.Corrupt != "" {
 			c.corrupt(rm, src, in)
@@ -893,6 +896,12 @@ func (c *decodeCore) notification(now time.Time, in Notified) {
 	room := in.Room
 	rm, ok := c.reg.rooms[room]
 	if !ok || rm.dec == nil || rm.status == Success {
+		return
+	}
+	if rm.dec.spec.Digest && !in.Aux && (in.N > 0 || in.Hi == 0) && !in.Checked {
+		// Pages of a room that asked for a digest, not checked against it
+		// (a failed room's: the shell checks a live room's only): not
+		// vouched for.
 		return
 	}
 	var src *source

@@ -12,12 +12,15 @@ import (
 
 // decodeAskedDigest is decodeAsked with the room asking for a digest: its
 // REQUEST says so.
-func decodeAskedDigest(t *testing.T) *Core {
+func decodeAskedDigest(t *testing.T, pages ...uint32) *Core {
 	t.Helper()
+	if len(pages) == 0 {
+		pages = []uint32{1}
+	}
 	c := testCore(t, RoleDecode)
 	c.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
 	c.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
-	c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Digest: true}})
+	c.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: pages, AuxIndex: -1, Digest: true}})
 	c.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true}})
 	reqs := sent[*wire.Request](c.Effects())
 	require.Len(t, reqs, 1, "room 1's REQUEST: %v", reqs)
@@ -33,18 +36,23 @@ func decodeAskedDigest(t *testing.T) *Core {
 // carries no digest; a matching one with its aux succeeds; a room that did
 // not ask ignores a missing digest.
 func TestDigestFailsRoom(t *testing.T) {
-	n := Notified{Room: 1, Chunk: 0, Total: 1, Off: 0, N: 1, Lo: 0, Hi: 1, SpanLo: 0, SpanHi: 1, Digests: []uint32{7}, LastUnits: 1}
+	n := Notified{Room: 1, Chunk: 0, Total: 1, Off: 0, N: 1, Lo: 0, Hi: 1, SpanLo: 0, SpanHi: 1, Digests: []uint32{7}, LastUnits: 1, Checked: true}
 	for _, tc := range []struct {
 		name, corrupt, want string
 		digests             []uint32
 	}{
 		{"mismatch", "position 0 (decode page 1), layers 0–1: CRC-32C 00000008, the prefill rank's digest 00000007", "CRC-32C 00000008", []uint32{7}},
 		{"no digest", "", "carries none", nil},
+		{"an earlier revision's whole chunk (no positions, no digest)", "", "carries none", nil},
+		{"not checked", "", "not checked against their digest", []uint32{7}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := decodeAskedDigest(t)
 			bad := n
-			bad.Corrupt, bad.Digests = tc.corrupt, tc.digests
+			bad.Corrupt, bad.Digests, bad.Checked = tc.corrupt, tc.digests, tc.corrupt != ""
+			if strings.HasPrefix(tc.name, "an earlier revision") {
+				bad, _ = ParseNotif("kvb1:1:0:0:1")
+			}
 			c.Step(t0, bad)
 			assert.Empty(t, c.reg.rooms[1].dec.sources[0].chunks, "nothing of the notification recorded as landed")
 			st, _ := c.Status(1)
@@ -66,6 +74,23 @@ func TestDigestFailsRoom(t *testing.T) {
 	c.Step(t0, Notified{Room: 1, Aux: true})
 	st, _ := c.Status(1)
 	assert.Equal(t, Success, st, "the notification with its digest matching")
+
+	// A room that failed already: its shell checks no later notification
+	// (it checks a live room's only), and what one names is not recorded
+	// as landed — its load report vouches for none of it; a checked one
+	// would be.
+	for _, checked := range []bool{false, true} {
+		c = decodeAskedDigest(t, 1, 2)
+		first := n
+		first.Corrupt = "position 0: CRC-32C 00000008, the prefill rank's digest 00000007"
+		c.Step(t0, first)
+		st, _ = c.Status(1)
+		require.Equal(t, Failed, st)
+		late := Notified{Room: 1, Chunk: 1, Total: 2, Off: 1, N: 1, Lo: 0, Hi: 1, SpanLo: 0, SpanHi: 1, Digests: []uint32{7}, LastUnits: 1, Checked: checked}
+		c.Step(t0, late)
+		assert.Equal(t, checked, len(c.reg.rooms[1].dec.sources[0].chunks) == 1, "a failed room's later notification, checked %v: recorded as landed", checked)
+		assert.EqualValues(t, 1, c.Stats().DigestMismatches, "the failed room's later notification counted as a mismatch")
+	}
 
 	c = decodeAsked(t) // (no digest asked)
 	bare := n

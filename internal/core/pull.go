@@ -93,8 +93,10 @@ type ReadDone struct {
 	// Corrupt (set by the shell's digest check, the read done): what of
 	// the pages read does not match the prefill rank's digest
 	// (docs/PROTOCOL.md "Digest"). The room fails CodeCorrupt; the read
-	// counts for nothing.
+	// counts for nothing. Checked: every page of it was summed and
+	// matched (Notified.Checked).
 	Corrupt string
+	Checked bool
 }
 
 func (ReadPosting) input() {}
@@ -763,6 +765,7 @@ func (c *decodeCore) readDone(in ReadDone) {
 		c.maybeReadDone(room, s)
 		return
 	}
+	rd.Notif.Checked = in.Checked
 	c.readLanded(room, s, rd)
 }
 

@@ -850,16 +850,17 @@ func (w *simWorld) land(wr simWrite) {
 // digestCheck models the decode shell's digest check (kvmanager's
 // checkDigest): every page's true sum is 0 here, so a notification whose
 // digest names another for a position does not match ("" when all do).
-func (w *simWorld) digestCheck(x Notified) string {
+func (w *simWorld) digestCheck(x Notified) (corrupt string, checked bool) {
 	for i, s := range x.Digests {
 		if s != 0 {
-			return fmt.Sprintf("position %d: CRC-32C 00000000, the prefill rank's digest %08x", x.Off+i, s)
+			return fmt.Sprintf("position %d: CRC-32C 00000000, the prefill rank's digest %08x", x.Off+i, s), false
 		}
 	}
-	if x.Digests != nil {
+	if x.Digests != nil && x.N > 0 {
 		w.cov.hit("digest checked")
+		return "", true
 	}
-	return ""
+	return "", false
 }
 
 // markBad records the pages and layers of a write that landed corrupted.
@@ -1145,8 +1146,8 @@ func (w *simWorld) events() []simEvent {
 					return
 				}
 				x.Undelivered = w.writeCheck(p, x)
-				if x.Undelivered == "" {
-					x.Corrupt = w.digestCheck(x)
+				if st, live := p.core.Status(x.Room); x.Undelivered == "" && live && !st.Terminal() {
+					x.Corrupt, x.Checked = w.digestCheck(x) // (the shell checks a live room's only)
 				}
 				st, _ := p.core.Status(x.Room)
 				p.core.Step(w.now, x)

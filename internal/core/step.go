@@ -152,6 +152,13 @@ type (
 		// not be checked for a room that asked for one. The room fails
 		// (CodeCorrupt); the notification counts for nothing.
 		Corrupt string
+		// Checked (set by the shell's digest check): every page the
+		// notification names was summed and matched its digest. A room
+		// that asked for a digest records a notification of pages as
+		// landed only when it is (a failed room's late notifications,
+		// which the shell does not check, are not vouched for in its load
+		// report).
+		Checked bool
 	}
 	// Challenged is an agent challenge's notification (ParseChallenge).
 	// On a decode rank: a prefill rank got a REGISTER whose blob names

@@ -3,7 +3,9 @@
 // moves, over the page's pieces in the order kvlayout.DigestPieces names
 // them, read where the KV lives in this process's host memory — one call
 // to C for a whole write, with the CPU's CRC32 instruction where it has
-// one (SSE 4.2 on amd64, the CRC extension on arm64), a table otherwise.
+// one (SSE 4.2 on amd64, in three streams; on arm64 the CRC extension
+// when the build enables it, e.g. CGO_CFLAGS=-march=armv8-a+crc), a table
+// otherwise.
 // The prefill rank sums its source pieces before the write is posted, the
 // decode rank its destination pieces once the notification arrives; the
 // addresses are in the rank's own registered memory (computed from its

@@ -996,7 +996,7 @@ var mutants = []mutant{
 	// not checked.
 	{name: "digest-mismatch-ignored", file: "internal/core/core_decode.go", old: "\t\tif in.Corrupt != \"\" {\n\t\t\tc.corrupt(rm, src, in)", new: "\t\tif false {\n\t\t\tc.corrupt(rm, src, in)",
 		pkg: "internal/core", run: "^TestSimExhaustive$/digests"},
-	{name: "digest-missing-accepted", file: "internal/core/core_decode.go", old: "if in.Corrupt == \"\" && rm.dec.spec.Digest && ", new: "if false && ",
+	{name: "digest-missing-accepted", file: "internal/core/core_decode.go", old: "if in.Corrupt == \"\" && rm.dec.spec.Digest && !in.Aux && (in.N > 0 || in.Hi == 0) && in.Digests == nil {", new: "if false {",
 		pkg: "internal/core", run: "^TestDigestFailsRoom$"},
 	{name: "digest-not-asked", file: "internal/core/core_decode.go", old: "\t\treq.Digest = sp.Digest\n", new: "",
 		pkg: "internal/core", run: "^TestDigestFailsRoom$"},
@@ -1032,10 +1032,26 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestSimExhaustive$/digests"},
 	{name: "digest-pages-not-summed", file: "internal/core/pull.go", old: "\t\tif req.Digest {\n\t\t\tpm := kvlayout.PageMap{Src: 1, Dst: 1}", new: "\t\tif false {\n\t\t\tpm := kvlayout.PageMap{Src: 1, Dst: 1}",
 		pkg: "internal/core", run: "^TestPullDigestSums$"},
-	{name: "digest-shell-pages-unsummed", file: "kvmanager/shell.go", old: "\t\t\tm.sumPages(e)\n", new: "",
+	{name: "digest-shell-pages-unsummed", file: "kvmanager/pull.go", old: "\t\t\tm.sumPages(e)\n", new: "",
 		pkg: "internal/e2e", run: "^TestDigestFailsAFlippedByte$/loopback/pull"},
 	{name: "digest-read-unchecked", file: "kvmanager/pull.go", old: "\t\tif err == nil && j.rd.Notif.Digests != nil {", new: "\t\tif false {",
 		pkg: "internal/e2e", run: "^TestDigestFailsAFlippedByte$/loopback/pull"},
+	// A review's four: a failed room's unchecked notification recorded
+	// for its load report; an earlier revision's whole chunk taken
+	// without a digest; a live room's notification the shell did not
+	// check taken; a room whose sources this rank cannot plan asking for
+	// a digest (it would fail corrupt, not be refused); and a pulled
+	// read's check not carried to the core.
+	{name: "digest-unchecked-recorded", file: "internal/core/core_decode.go", old: "\tif rm.dec.spec.Digest && !in.Aux && (in.N > 0 || in.Hi == 0) && !in.Checked {", new: "\tif false {",
+		pkg: "internal/core", run: "^TestDigestFailsRoom$"},
+	{name: "digest-old-revision-accepted", file: "internal/core/core_decode.go", old: "!in.Aux && (in.N > 0 || in.Hi == 0) && in.Digests == nil {", new: "!in.Aux && in.N > 0 && in.Digests == nil {",
+		pkg: "internal/core", run: "^TestDigestFailsRoom$"},
+	{name: "digest-live-unchecked-accepted", file: "internal/core/core_decode.go", old: "\t\tif in.Corrupt == \"\" && rm.dec.spec.Digest && !in.Aux && in.N > 0 && !in.Checked && !rm.status.Terminal() {", new: "\t\tif false {",
+		pkg: "internal/core", run: "^TestDigestFailsRoom$"},
+	{name: "digest-shapeless-accepted", file: "kvmanager/decode.go", old: "\tif spec.Digest {\n\t\tif err := d.digestable(room); err != nil {", new: "\tif false {\n\t\tif err := d.digestable(room); err != nil {",
+		pkg: "kvmanager", run: "^TestDigestNeedsTheInstanceShape$"},
+	{name: "digest-read-checked-dropped", file: "internal/core/pull.go", old: "\trd.Notif.Checked = in.Checked\n", new: "",
+		pkg: "internal/core", run: "^TestSimExhaustive$/digests"},
 	{name: "digest-vram-spec-accepted", file: "kvmanager/decode.go", old: "\tif spec.Digest && d.cfg.Layout.Kind != transfer.DRAM {", new: "\tif false {",
 		pkg: "kvmanager", run: "^TestDigestNeedsHostMemory$"},
 }
