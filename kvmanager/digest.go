@@ -63,17 +63,7 @@ func (d *Decode) digestOf(n core.Notified) (corrupt string, checked bool) {
 // a good room corrupt at its first notification, so the room is refused
 // instead.
 func (d *Decode) digestable(room uint64) error {
-	var links []core.Link
-	d.read(func(c *core.Core) {
-		for uid := 0; ; uid++ {
-			_, l, ok := c.WriteSource(room, uid)
-			if !ok {
-				break
-			}
-			links = append(links, l)
-		}
-	})
-	for _, l := range links {
+	for _, l := range d.roomLinks(room) {
 		if _, _, _, _, err := d.slice(l); err != nil {
 			return err
 		}

@@ -121,6 +121,20 @@ func (d *Decode) writeTails(room uint64, spec core.RequestSpec) []uint64 {
 	if d.wcheck.skipped.Load() || spec.Pull || spec.Dummy {
 		return nil
 	}
+	var tails []uint64
+	for _, l := range d.roomLinks(room) {
+		t, err := d.tails(spec, l, 0, len(spec.DstPages), 0, len(d.cfg.Layout.Regions), true, false, tails)
+		if err != nil {
+			d.uncheckedLink(room, l, err) // that link's writes are not checked; the others' are
+			continue
+		}
+		tails = t
+	}
+	return tails
+}
+
+// roomLinks are a live room's sources' links, by uid.
+func (d *Decode) roomLinks(room uint64) []core.Link {
 	var links []core.Link
 	d.read(func(c *core.Core) {
 		for uid := 0; ; uid++ {
@@ -131,16 +145,7 @@ func (d *Decode) writeTails(room uint64, spec core.RequestSpec) []uint64 {
 			links = append(links, l)
 		}
 	})
-	var tails []uint64
-	for _, l := range links {
-		t, err := d.tails(spec, l, 0, len(spec.DstPages), 0, len(d.cfg.Layout.Regions), true, false, tails)
-		if err != nil {
-			d.uncheckedLink(room, l, err) // that link's writes are not checked; the others' are
-			continue
-		}
-		tails = t
-	}
-	return tails
+	return links
 }
 
 // plant (InitReceiver's step, under the core's lock) plants room's

@@ -843,15 +843,21 @@ func (c *decodeCore) undelivered(rm *room, src *source, in Notified) {
 	if rm.status.Terminal() {
 		return
 	}
-	peer := src.target
-	if tg := c.targets[src.target]; tg != nil && tg.endpoint != "" {
-		peer = tg.endpoint
-	}
+	peer := c.sourcePeer(src)
 	what := "its aux write"
 	if !in.Aux {
 		what = fmt.Sprintf("chunk %d (positions %d+%d, layers %d–%d)", in.Chunk, in.Off, in.N, in.Lo, in.Hi)
 	}
 	c.failWith(in.Room, CodeNotDelivered, fmt.Sprintf("room %d: prefill rank %s (source %d) notified %s written, but %s", in.Room, peer, in.UID, what, in.Undelivered))
+}
+
+// sourcePeer names a room's source for a failure: its prefill rank's
+// control endpoint once resolved, else its target.
+func (c *decodeCore) sourcePeer(src *source) string {
+	if tg := c.targets[src.target]; tg != nil && tg.endpoint != "" {
+		return tg.endpoint
+	}
+	return src.target
 }
 
 // corrupt fails a room whose notification's pages do not match their
@@ -865,10 +871,7 @@ func (c *decodeCore) corrupt(rm *room, src *source, in Notified) {
 	if rm.status.Terminal() {
 		return
 	}
-	peer := src.target
-	if tg := c.targets[src.target]; tg != nil && tg.endpoint != "" {
-		peer = tg.endpoint
-	}
+	peer := c.sourcePeer(src)
 	c.failWith(in.Room, CodeCorrupt, fmt.Sprintf("room %d: prefill rank %s (source %d), chunk %d: %s", in.Room, peer, in.UID, in.Chunk, in.Corrupt))
 }
 

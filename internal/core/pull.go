@@ -742,11 +742,7 @@ func (c *decodeCore) readDone(in ReadDone) {
 		// the ones the prefill rank published.
 		c.stats.DigestMismatches++
 		if rm, live := c.reg.rooms[room]; live && !rm.status.Terminal() {
-			peer := s.target
-			if tg := c.targets[s.target]; tg != nil && tg.endpoint != "" {
-				peer = tg.endpoint
-			}
-			c.failWith(room, CodeCorrupt, fmt.Sprintf("room %d: prefill rank %s (source %d), chunk %d: %s", room, peer, s.uid, rd.Notif.Chunk, in.Corrupt))
+			c.failWith(room, CodeCorrupt, fmt.Sprintf("room %d: prefill rank %s (source %d), chunk %d: %s", room, c.sourcePeer(s), s.uid, rd.Notif.Chunk, in.Corrupt))
 		}
 		c.maybeReadDone(room, s)
 		return
