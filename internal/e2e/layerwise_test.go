@@ -19,8 +19,10 @@ func TestLayerwiseByteExact(t *testing.T) {
 	for engine := range engines {
 		t.Run(engine, func(t *testing.T) {
 			// Every room asks for a digest: the pool sums each layer
-			// group's source after its readiness (before, it would sum
-			// the pages' old bytes and the room would fail corrupt).
+			// group's source right before its post, after its readiness
+			// (the layers are written just before they are marked ready:
+			// a sum of the pages' old bytes would fail the room corrupt),
+			// and over that group's layers only.
 			c := newCluster(t, engine, func(cfg *kvmanager.Config) { cfg.Digest = cfg.Role == kvmanager.RoleDecode })
 			for i, tc := range []struct{ tokens, chunk, group int }{{1000, 16, 1}, {4096, 64, 2}, {17, 1, 4}} {
 				rm := c.start(t, uint64(300+i), tc.tokens)
