@@ -82,6 +82,16 @@ func (m *Manager) sendWhenReady(e core.Effect) {
 		if e.Ready != nil {
 			err = pool.WaitReady(e.Ready, m.cfg.Registry.StallTimeout, m.closing)
 		}
+		if err == nil && e.Digest != nil {
+			// At most a sum a CPU at once (each is a pass over the
+			// chunk's pages); none once the rank closes.
+			select {
+			case m.sums <- struct{}{}:
+				defer func() { <-m.sums }()
+			case <-m.closing:
+				err = pool.ErrClosed
+			}
+		}
 		switch {
 		case errors.Is(err, pool.ErrClosed):
 		case err != nil:

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,11 +41,14 @@ type Manager struct {
 	// digestPages counts the pages the digest check summed and found
 	// matching (decode).
 	digestPages atomic.Uint64
-	log         *zap.Logger
-	agent       *nixl.Agent
-	loop        *control.Loop
-	pool        *pool.Pool
-	met         *metrics
+	// sums bounds the PAGES digests summed at once (prefill, pull: one a
+	// CPU; sendWhenReady).
+	sums  chan struct{}
+	log   *zap.Logger
+	agent *nixl.Agent
+	loop  *control.Loop
+	pool  *pool.Pool
+	met   *metrics
 
 	mu   sync.Mutex
 	core *core.Core
@@ -130,7 +134,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 	if cfg.Engine.Name == "" {
 		cfg.Engine.Name = fmt.Sprintf("%s-%s-%d", cfg.Instance, role, cfg.Rank)
 	}
-	m = &Manager{log: cfg.Logger, closing: make(chan struct{})}
+	m = &Manager{log: cfg.Logger, closing: make(chan struct{}), sums: make(chan struct{}, runtime.GOMAXPROCS(0))}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if m.log == nil {
 		m.log = zap.NewNop()

@@ -901,12 +901,6 @@ func (c *decodeCore) notification(now time.Time, in Notified) {
 	if !ok || rm.dec == nil || rm.status == Success {
 		return
 	}
-	if rm.dec.spec.Digest && !in.Aux && (in.N > 0 || in.Hi == 0) && !in.Checked {
-		// Pages of a room that asked for a digest, not checked against it
-		// (a failed room's: the shell checks a live room's only): not
-		// vouched for.
-		return
-	}
 	var src *source
 	for _, s := range rm.dec.sources {
 		if s.uid == in.UID && s.sent {
@@ -918,6 +912,12 @@ func (c *decodeCore) notification(now time.Time, in Notified) {
 	}
 	if tg := c.targets[src.target]; tg != nil {
 		tg.heard = now // its data arrived: the process is alive
+	}
+	if rm.dec.spec.Digest && !in.Aux && (in.N > 0 || in.Hi == 0) && !in.Checked {
+		// Pages of a room that asked for a digest, not checked against it
+		// (a failed room's: the shell checks a live room's only): not
+		// vouched for.
+		return
 	}
 	if in.Aux {
 		src.aux = true

@@ -136,8 +136,9 @@ func TestParseNotifDigest(t *testing.T) {
 // TestPullDigestSums (docs/PROTOCOL.md "Digest", pulled): a pull room that
 // asked for a digest gets, on each PAGES of pages, a sum a position (the
 // prefill shell's, here the simulator's) that its read carries to the
-// decode shell's check; a PAGES without them, or with another number of
-// them, fails the room corrupt, naming the room and why, no read asked.
+// decode shell's check (a read done unchecked fails the live room); a
+// PAGES without them, or with another number of them, fails the room
+// corrupt, naming the room and why, no read asked.
 func TestPullDigestSums(t *testing.T) {
 	c := simBase()
 	c.rooms, c.noClear, c.digest = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 2)}, true, true
@@ -169,7 +170,15 @@ func TestPullDigestSums(t *testing.T) {
 			if tc.fail == "" {
 				require.NotEqual(t, Failed, st)
 				require.Len(t, w.reads, reads+1, "a read asked")
-				require.Equal(t, genuine.Digests, w.reads[len(w.reads)-1].rd.Notif.Digests, "the read carries the sums to the check")
+				r := w.reads[len(w.reads)-1]
+				require.Equal(t, genuine.Digests, r.rd.Notif.Digests, "the read carries the sums to the check")
+				// A read done that the shell did not check (no Checked,
+				// no Corrupt) fails the live room, not left to stall.
+				d.Step(w.now, ReadDone{Room: 7, Read: r.rd})
+				st, _ := d.Status(7)
+				require.Equal(t, Failed, st, "a live room's read done unchecked")
+				reason, _ := d.Failure(7)
+				require.Contains(t, reason, "not checked against their digest")
 				return
 			}
 			require.Equal(t, Failed, st)

@@ -431,7 +431,8 @@ func (c *Core) PullHold(room uint64) bool {
 }
 
 // PagesReady is a PAGES that was held back for its data (its EffectSend
-// carried SendChunk.Ready) and may go now (prefill): the core stamps it
+// carried SendChunk.Ready) or for its digest's sums (Effect.Digest) and
+// may go now (prefill): the core stamps it
 // with the latest stamp heard from its decode process (its RENEWs went on
 // meanwhile) and sends it; its going is this rank's progress, as a
 // publish is (the stall deadline and the hold's bound run from it), and
@@ -736,6 +737,9 @@ func (c *decodeCore) readDone(in ReadDone) {
 		// Read from a process this room no longer asks (it asked again,
 		// elsewhere): what it brought is not counted.
 		err, quiesced = fmt.Errorf("room %d: a read from prefill %s (epoch %d), which the room no longer asks", room, s.target, rd.Epoch), true
+	}
+	if rm, live := c.reg.rooms[room]; err == nil && in.Corrupt == "" && !in.Checked && rd.Notif.N > 0 && live && rm.dec != nil && rm.dec.spec.Digest && !rm.status.Terminal() {
+		in.Corrupt = "its pages were not checked against their digest"
 	}
 	if err == nil && in.Corrupt != "" {
 		// Its bytes are in (nothing more of the read can land), and not

@@ -1050,6 +1050,8 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestDigestFailsRoom$"},
 	{name: "digest-shapeless-accepted", file: "kvmanager/decode.go", old: "\tif spec.Digest {\n\t\tif err := d.digestable(room); err != nil {", new: "\tif false {\n\t\tif err := d.digestable(room); err != nil {",
 		pkg: "kvmanager", run: "^TestDigestNeedsTheInstanceShape$"},
+	{name: "digest-read-unchecked-accepted", file: "internal/core/pull.go", old: "\t\tin.Corrupt = \"its pages were not checked against their digest\"\n", new: "",
+		pkg: "internal/core", run: "^TestPullDigestSums$"},
 	{name: "digest-read-checked-dropped", file: "internal/core/pull.go", old: "\trd.Notif.Checked = in.Checked\n", new: "",
 		pkg: "internal/core", run: "^TestSimExhaustive$/digests"},
 	{name: "digest-vram-spec-accepted", file: "kvmanager/decode.go", old: "\tif spec.Digest && d.cfg.Layout.Kind != transfer.DRAM {", new: "\tif false {",
