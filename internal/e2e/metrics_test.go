@@ -3,10 +3,12 @@ package e2e
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -19,6 +21,21 @@ func TestManagerMetrics(t *testing.T) {
 	c.sendAll(t, rm, 64)
 	waitStatus(t, rm.r, kvmanager.Success)
 	waitStatus(t, rm.s, kvmanager.Success)
+	// (A room's phases are observed right after the step that woke its
+	// Success waiter: polled until they are in.)
+	require.Eventually(t, func() bool {
+		fs, err := reg.Gather()
+		if err != nil {
+			return false
+		}
+		got := phaseCounts(fs)
+		for _, k := range succeededPhases {
+			if got[k] == 0 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, time.Millisecond, "the succeeded room's phases never observed")
 	aborted := c.start(t, 61, 64)
 	ready(t, aborted.s)
 	aborted.r.Abort("metrics test")
@@ -47,23 +64,8 @@ kvbridge_transfer_bytes_total{instance="` + c.prefill.Config().Instance + `",ran
 	// The succeeded room's phases: on prefill every status before
 	// Success, on decode at least the two before its data (its last
 	// notification may bring all of it); the aborted room adds none.
-	phases := map[string]uint64{}
-	for _, f := range families {
-		if f.GetName() != "kvbridge_room_phase_seconds" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			key := ""
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "role" || l.GetName() == "status" {
-					key += l.GetValue() + "/"
-				}
-			}
-			phases[key] = m.GetHistogram().GetSampleCount()
-		}
-	}
-	for _, k := range []string{"prefill/bootstrapping/", "prefill/waiting_for_input/", "prefill/transferring/",
-		"decode/bootstrapping/", "decode/waiting_for_input/"} {
+	phases := phaseCounts(families)
+	for _, k := range succeededPhases {
 		assert.EqualValues(t, 1, phases[k], "kvbridge_room_phase_seconds %s: observations (have %v)", k, phases)
 	}
 	for _, f := range families {
@@ -84,4 +86,30 @@ kvbridge_transfer_bytes_total{instance="` + c.prefill.Config().Instance + `",ran
 		assert.Zero(t, counter(c.prefill.Manager, "kvbridge_core_entries", "table", "live", "role", role), "%s: live rooms after the clears", role)
 		assert.EqualValues(t, 2, counter(c.prefill.Manager, "kvbridge_core_entries", "table", "tombstones", "role", role), "%s: tombstones after the clears", role)
 	}
+}
+
+// succeededPhases are the kvbridge_room_phase_seconds series (role/status/)
+// a pushed room that succeeded observes once each.
+var succeededPhases = []string{"prefill/bootstrapping/", "prefill/waiting_for_input/", "prefill/transferring/",
+	"decode/bootstrapping/", "decode/waiting_for_input/"}
+
+// phaseCounts is each kvbridge_room_phase_seconds series' observations,
+// by "role/status/".
+func phaseCounts(families []*dto.MetricFamily) map[string]uint64 {
+	phases := map[string]uint64{}
+	for _, f := range families {
+		if f.GetName() != "kvbridge_room_phase_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			key := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "role" || l.GetName() == "status" {
+					key += l.GetValue() + "/"
+				}
+			}
+			phases[key] = m.GetHistogram().GetSampleCount()
+		}
+	}
+	return phases
 }

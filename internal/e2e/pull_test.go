@@ -228,6 +228,9 @@ func TestPullMetrics(t *testing.T) {
 	released(t, rm.s)
 	c.verify(t, rm)
 	require.Zero(t, gauge("kvbridge_pull_pages_under_lease", "prefill"), "pages under lease after the release")
+	// (Observed in the release's own step, after the wake that closed
+	// Released: polled, then checked exact.)
+	require.Eventually(t, func() bool { return gauge("kvbridge_pull_page_seconds", "prefill") >= 1 }, 10*time.Second, time.Millisecond, "page-seconds never observed")
 	require.Equal(t, 1.0, gauge("kvbridge_pull_page_seconds", "prefill"), "page-seconds observed times, want once")
 	require.Zero(t, gauge("kvbridge_pull_lease_expiries_total", "prefill"), "lease expiries")
 	// 32 pages × 8 regions × 1 KiB and the 64-byte aux item, read.

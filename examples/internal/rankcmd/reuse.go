@@ -298,10 +298,10 @@ func (t *tinyRank) keep(kv tinyllm.KV, hist []int, plen int) (*openai.KVTransfer
 	go func() {
 		defer r.wg.Done()
 		outcome := t.sendKept(s, pages, rp.auxIndex(room))
-		rp.held.Dec()
 		if outcome != "" {
 			rp.outcomes.WithLabelValues(outcome).Inc()
 		}
+		rp.held.Dec() // (after the outcome: a reader of the gauge sees the count too)
 		ch := s.Released()
 		s.Clear()
 		<-ch // (no read of a pushed room's pages is left once it ended)
