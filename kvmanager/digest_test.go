@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/core"
-	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -66,21 +65,11 @@ func TestDigestNeedsHostMemory(t *testing.T) {
 // (ErrInvalidSpec, naming the room and why) instead of failing the good
 // room corrupt at its first notification.
 func TestDigestNeedsTheInstanceShape(t *testing.T) {
-	m := kvmodel.Presets["tiny"]
-	cfg := DefaultConfig(RoleDecode)
-	cfg.Auth, cfg.Instance, cfg.Compat, cfg.BootstrapURL = testauth.Auth(), "digest-shape", m.Compat(), "http://127.0.0.1:1"
-	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
-	cfg.Model = m.Mapping(transfer.HND)
-	var err error
-	cfg.Layout, err = m.RankLayout(nixl.DRAM, transfer.HND, transfer.Parallel{}, 8, 4)
-	require.NoError(t, err)
-	d, err := NewDecode(cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
+	d := tinyModelDecode(t, "digest-shape")
 	require.Equal(t, Applied, d.CreateReceiver(5, Target(d.defaultTarget())).Outcome)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err = d.InitReceiver(ctx, 5, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Digest: true})
+	err := d.InitReceiver(ctx, 5, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Digest: true})
 	require.ErrorIs(t, err, core.ErrInvalidSpec)
 	require.ErrorContains(t, err, "room 5")
 	require.ErrorContains(t, err, "without its instance's shape")

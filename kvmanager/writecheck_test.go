@@ -22,17 +22,8 @@ import (
 // with its shape is planned: prefill TP 2 → this decode TP 1, each rank
 // half the heads of every page.
 func TestWriteCheckNeedsTheInstanceShape(t *testing.T) {
-	m := kvmodel.Presets["tiny"]
-	cfg := DefaultConfig(RoleDecode)
-	cfg.Auth, cfg.Instance, cfg.Compat, cfg.BootstrapURL = testauth.Auth(), "wcheck-shape", m.Compat(), "http://127.0.0.1:1"
-	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
-	cfg.Model = m.Mapping(transfer.HND)
-	var err error
-	cfg.Layout, err = m.RankLayout(nixl.DRAM, transfer.HND, transfer.Parallel{}, 8, 4)
-	require.NoError(t, err)
-	d, err := NewDecode(cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
+	d := tinyModelDecode(t, "wcheck-shape")
+	cfg := d.cfg
 
 	for _, rank := range []int{0, 1} {
 		_, _, _, write, err := d.slice(core.Link{Target: core.Target{Rank: rank}})
@@ -254,4 +245,23 @@ func checkDigestFollows(t *testing.T, d *Decode, n core.Notified, local transfer
 	require.Contains(t, d.checkDigest(n), fmt.Sprintf("position %d (decode page %d)", n.Off+pos, dst[n.Off+pos]), "a byte flipped in piece %d", mid)
 	b[len(b)/2] ^= 0x20
 	require.Empty(t, d.checkDigest(n), "the byte flipped back")
+}
+
+// tinyModelDecode is a decode rank of the tiny model's Mapping (HND, one
+// rank, 8 pages of 4 tokens a region) on the loopback engine, its
+// bootstrap service never asked.
+func tinyModelDecode(t *testing.T, instance string) *Decode {
+	t.Helper()
+	m := kvmodel.Presets["tiny"]
+	cfg := DefaultConfig(RoleDecode)
+	cfg.Auth, cfg.Instance, cfg.Compat, cfg.BootstrapURL = testauth.Auth(), instance, m.Compat(), "http://127.0.0.1:1"
+	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
+	cfg.Model = m.Mapping(transfer.HND)
+	var err error
+	cfg.Layout, err = m.RankLayout(nixl.DRAM, transfer.HND, transfer.Parallel{}, 8, 4)
+	require.NoError(t, err)
+	d, err := NewDecode(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return d
 }

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -131,6 +132,11 @@ func TestParseNotifDigest(t *testing.T) {
 		_, ok := ParseNotif(bad)
 		assert.False(t, ok, "%q parsed", bad)
 	}
+	// Sums for more positions than a REQUEST can name, each 8 digits:
+	// refused by the bound, not parsed into a table that large.
+	huge := fmt.Sprintf("kvb1:9:0:1:2:0:%d:0:32:0:32:%s:1", wire.MaxPages+1, strings.Repeat("0", 8*(wire.MaxPages+1)))
+	_, ok = ParseNotif(huge)
+	assert.False(t, ok, "sums for %d positions parsed", wire.MaxPages+1)
 }
 
 // TestPullDigestSums (docs/PROTOCOL.md "Digest", pulled): a pull room that

@@ -281,6 +281,14 @@ func TestDecodeBounds(t *testing.T) {
 		f[k] = v
 		return request("from", f)
 	}
+	pages := func(k string, v any) [][]byte {
+		frames, err := wire.Encode(digestMessages()[1])
+		require.NoError(t, err)
+		var m map[string]any
+		require.NoError(t, msgpack.Unmarshal(frames[2], &m))
+		m[k] = v
+		return [][]byte{[]byte(wire.Magic), []byte("PAGES"), wiretest.EncodeMap(t, m)}
+	}
 	abort := func(reason string) [][]byte {
 		m := map[string]any{"from": goodFrom(), "room": 1, "reason": reason}
 		return [][]byte{[]byte(wire.Magic), []byte("ABORT"), wiretest.EncodeMap(t, m)}
@@ -304,6 +312,10 @@ func TestDecodeBounds(t *testing.T) {
 		{"regions past bound", register("kv", regionsOf(wire.MaxRegions+1)), "kv", false},
 		{"pages past bound", request("dst_pages", make([]byte, 4*wire.MaxPages+4)), "dst_pages", false},
 		{"state lists past bound", request("state_indices", make([]any, wire.MaxStateLists+1)), "state_indices", false},
+		{"digest units at bound", pages("units", wire.MaxDigestUnits), "", true},
+		{"digest units past bound", pages("units", wire.MaxDigestUnits+1), "units", false},
+		{"digest units 0", pages("units", 0), "units", false},
+		{"digests past bound", pages("digests", make([]byte, 4*wire.MaxPages+4)), "digests", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := wire.Decode(tc.frames)
