@@ -879,6 +879,30 @@ func metric(t *testing.T, cl *http.Client, rank, name string) float64 {
 	return 0
 }
 
+// waitPending waits until a prefill rank holds a REQUEST pending (its
+// kvbridge_core_entries{table="pending"}).
+func waitPending(t *testing.T, cl *http.Client, rank string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := cl.Get(rank + "/metrics")
+		if err == nil {
+			var b bytes.Buffer
+			b.ReadFrom(resp.Body)
+			resp.Body.Close()
+			for _, l := range strings.Split(b.String(), "\n") {
+				if strings.HasPrefix(l, "kvbridge_core_entries{") && strings.Contains(l, `table="pending"`) && !strings.HasSuffix(l, " 0") {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s holds no pending REQUEST after 15 s", rank)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the rank's metrics
+	}
+}
+
 // waitLive waits until a rank holds a room.
 func waitLive(t *testing.T, cl *http.Client, rank string) {
 	t.Helper()
@@ -962,6 +986,11 @@ func TestOpenAIFaults(t *testing.T) {
 		done <- err
 	}()
 	waitLive(t, c.client, c.decode[0].http)
+	// ... with its REQUEST out: the prefill rank holds it pending (before
+	// that, the decode rank may still wait for the REGISTER_ACK, an
+	// endpoint it does not watch yet: the request would end at its own
+	// deadline, 504, as one make test run here saw).
+	waitPending(t, c.client, c.prefill[0].http)
 	c.prefill[0].kill()
 	if err := <-done; status(err) != 503 {
 		t.Errorf("decode with its prefill server killed: %v, want 503", err)
