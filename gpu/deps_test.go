@@ -8,11 +8,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Only gpu/discover (and what imports it: examples/gpucheck) compiles
+// Only gpu (and what imports it: examples/gpucheck) compiles
 // go-nvml, whose cgo prologue floods a plain go build with deprecation
 // warnings: the library and the other examples build quietly.
 func TestOnlyDiscoveryCompilesNVML(t *testing.T) {
-	pkgs := []string{"../nixl", "../internal/nixl", "../kvmanager", "../transfer", "../bootstrap", "../sender", "../receiver", "../gpu",
+	pkgs := []string{"../nixl", "../internal/nixl", "../kvmanager", "../transfer", "../bootstrap", "../sender", "../receiver", "../internal/cuda",
 		"../examples/prefill", "../examples/decode", "../examples/demo", "../examples/kvbench"}
 	out, err := exec.Command("go", append([]string{"list", "-deps"}, pkgs...)...).CombinedOutput()
 	require.NoError(t, err, "go list: %s", out)

@@ -420,7 +420,7 @@ func (p *Prefill) SendChunk(room uint64, pages []uint32, last bool, auxIndex int
 // Each call is one write per decode rank with one notification, so the
 // ranges are the layer groups. ready (nil: the data is in place) is asked
 // before each of the call's writes is posted, for example the CUDA event
-// recorded after the kernel that wrote the layers (gpu.Event.Ready): the
+// recorded after the kernel that wrote the layers (cuEventQuery): the
 // pool posts other rooms' writes meanwhile, and fails the room's write,
 // unposted, on ready's error or when it has not said true within the
 // stall timeout. SendChunk is SendLayers over every layer.

@@ -37,8 +37,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/cuda"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/wire"
@@ -132,11 +132,11 @@ func (m *Manager) writeProof(l transfer.Layout, owner string) error {
 	if len(device) == 0 {
 		return nil
 	}
-	drv, err := gpu.OpenDriver(m.cfg.Engine.CUDALib)
+	drv, err := cuda.OpenDriver(m.cfg.Engine.CUDALib)
 	if err != nil {
 		return fmt.Errorf("kvmanager: writing the ownership proof into device memory (Config.Engine.CUDALib %q): %w", m.cfg.Engine.CUDALib, err)
 	}
-	ctxs := map[uint64]*gpu.Context{}
+	ctxs := map[uint64]*cuda.Context{}
 	defer func() {
 		for _, c := range ctxs {
 			c.Release()
@@ -151,7 +151,7 @@ func (m *Manager) writeProof(l transfer.Layout, owner string) error {
 			}
 			ctxs[d.Dev] = c
 		}
-		if err := c.CopyHtoD(gpu.DevicePtr(d.Addr), r.value(m.proof[:], owner)); err != nil {
+		if err := c.CopyHtoD(cuda.DevicePtr(d.Addr), r.value(m.proof[:], owner)); err != nil {
 			return fmt.Errorf("kvmanager: writing the ownership proof at %#x on device %d: %w", d.Addr, d.Dev, err)
 		}
 	}

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/cuda"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/wire"
@@ -550,7 +550,7 @@ func TestProofDriverFromConfig(t *testing.T) {
 	m := &Manager{cfg: Config{Engine: nixl.Config{CUDALib: lib}}}
 	l := transfer.Layout{Kind: nixl.VRAM, Regions: []nixl.Desc{{Addr: 1 << 20, Len: 64}}}
 	err := m.writeProof(l, "decode/i/0")
-	require.ErrorIs(t, err, gpu.ErrNoDriver, "a driver path that does not exist")
+	require.ErrorIs(t, err, cuda.ErrNoDriver, "a driver path that does not exist")
 	require.ErrorContains(t, err, "Config.Engine.CUDALib", "a driver path that does not exist")
 	require.Equal(t, 2, strings.Count(err.Error(), lib), "the driver loaded is not the Config's: %v", err)
 }

@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/kvbridge/kvbridge/gpu"
+	"github.com/kvbridge/kvbridge/internal/cuda"
 )
 
 // Errors callers branch on. Engine failures wrap them.
@@ -124,7 +124,7 @@ type Config struct {
 
 // FromEnv fills what c leaves unset from the environment: NIXLLib from
 // KVBRIDGE_NIXL_LIB, UCXLib from KVBRIDGE_UCX_LIB (UCXLibEnv), CUDALib
-// from KVBRIDGE_CUDA_LIB (gpu.DriverPathFromEnv), and the UCX settings the
+// from KVBRIDGE_CUDA_LIB (cuda.DriverPathFromEnv), and the UCX settings the
 // ucx engine decides on — TLS, UNIFIED_MODE, ADAPTIVE_PROGRESS — from
 // UCX_TLS, UCX_UNIFIED_MODE and UCX_ADAPTIVE_PROGRESS, each where UCX has
 // no such key (into a copy of the map: one a caller shares is not
@@ -137,7 +137,7 @@ func (c *Config) FromEnv() {
 	if v := os.Getenv(UCXLibEnv); c.UCXLib == "" && v != "" {
 		c.UCXLib = v
 	}
-	if v := gpu.DriverPathFromEnv(); c.CUDALib == "" && v != "" {
+	if v := cuda.DriverPathFromEnv(); c.CUDALib == "" && v != "" {
 		c.CUDALib = v
 	}
 	copied := false

@@ -224,6 +224,6 @@ func (m Model) PageBytes(tpSize int) (uint64, error) {
 var ErrTopology = errors.New("transfer: unsupported topology")
 
 // Ready reports whether the data a write reads is in place (for example a
-// CUDA event of the kernel that wrote a layer: gpu.Event.Ready). An error
+// CUDA event of the kernel that wrote a layer, queried with cuEventQuery). An error
 // fails the write before anything is posted.
 type Ready func() (bool, error)

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
-	"github.com/kvbridge/kvbridge/gpu"
+	"github.com/kvbridge/kvbridge/internal/cuda"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/receiver"
@@ -45,18 +45,18 @@ type lwCase struct {
 }
 
 type lwRig struct {
-	ctx      *gpu.Context
-	stream   *gpu.Stream
+	ctx      *cuda.Context
+	stream   *cuda.Stream
 	prefill  *kvmanager.Prefill
 	decode   *kvmanager.Decode
 	pre, dec []nixl.Desc // the ranks' KV regions (VRAM)
-	scratch  gpu.DevicePtr
+	scratch  cuda.DevicePtr
 	page     uint64
 	next     uint64
 }
 
 func runLayerwise(layers int, tokens []int, rooms int) ([]lwCase, error) {
-	drv, err := gpu.OpenDriver(gpu.DriverPathFromEnv())
+	drv, err := cuda.OpenDriver(cuda.DriverPathFromEnv())
 	if err != nil {
 		return nil, err
 	}
@@ -69,7 +69,7 @@ func runLayerwise(layers int, tokens []int, rooms int) ([]lwCase, error) {
 	maxPages := (slices.Max(tokens) + 15) / 16
 	region := uint64(maxPages) * page
 	g := &lwRig{ctx: ctx, page: page}
-	alloc := func() (gpu.DevicePtr, []nixl.Desc, error) {
+	alloc := func() (cuda.DevicePtr, []nixl.Desc, error) {
 		// Each region is followed by its ownership proof slot.
 		stride := region + kvtransfer.ProofBytes
 		p, err := ctx.Alloc(stride * uint64(2*layers))
@@ -163,7 +163,7 @@ func (g *lwRig) compute(l, n, copies int) error {
 	size := uint64(n) * g.page
 	for range copies {
 		for r := 2 * l; r < 2*l+2; r++ {
-			if err := g.stream.CopyDtoDAsync(gpu.DevicePtr(g.pre[r].Addr), g.scratch, size); err != nil {
+			if err := g.stream.CopyDtoDAsync(cuda.DevicePtr(g.pre[r].Addr), g.scratch, size); err != nil {
 				return err
 			}
 		}
@@ -207,7 +207,7 @@ func (g *lwRig) room(layers, n, copies int, layerwise bool) (lwRoom, error) {
 	if err := g.ctx.CopyHtoD(g.scratch, stamp); err != nil {
 		return lwRoom{}, err
 	}
-	var events []*gpu.Event
+	var events []*cuda.Event
 	defer func() {
 		for _, e := range events {
 			e.Destroy()
@@ -264,11 +264,11 @@ func (g *lwRig) verify(layers, n int, stamp []byte) error {
 	a, b := make([]byte, g.page), make([]byte, g.page)
 	for r := range 2 * layers {
 		for _, p := range []int{0, n - 1} {
-			off := gpu.DevicePtr(uint64(p) * g.page)
-			if err := g.ctx.CopyDtoH(a, gpu.DevicePtr(g.pre[r].Addr)+off); err != nil {
+			off := cuda.DevicePtr(uint64(p) * g.page)
+			if err := g.ctx.CopyDtoH(a, cuda.DevicePtr(g.pre[r].Addr)+off); err != nil {
 				return err
 			}
-			if err := g.ctx.CopyDtoH(b, gpu.DevicePtr(g.dec[r].Addr)+off); err != nil {
+			if err := g.ctx.CopyDtoH(b, cuda.DevicePtr(g.dec[r].Addr)+off); err != nil {
 				return err
 			}
 			if !bytes.Equal(a, b) || (p == 0 && !bytes.Equal(a[:len(stamp)], stamp)) {

@@ -27,22 +27,22 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/gpu"
-	"github.com/kvbridge/kvbridge/gpu/discover"
+	"github.com/kvbridge/kvbridge/internal/cuda"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 )
 
 type result struct {
-	Date          string            `json:"date"`
-	Devices       []discover.Device `json:"devices"`
-	DiscoveryErr  string            `json:"discovery_error,omitempty"`
-	Driver        int               `json:"cuda_driver_version"`
-	BulkBytes     uint64            `json:"bulk_bytes"`
-	BulkGBps      float64           `json:"bulk_gbps"`
-	PagesGBps     float64           `json:"pages_gbps"`
-	DtoDGBps      float64           `json:"dtod_gbps"`
-	Ratio         float64           `json:"ratio_bulk_vs_dtod"`
-	PagesRatio    float64           `json:"ratio_pages_vs_dtod"`
-	BytesVerified uint64            `json:"bytes_verified"`
+	Date          string       `json:"date"`
+	Devices       []gpu.Device `json:"devices"`
+	DiscoveryErr  string       `json:"discovery_error,omitempty"`
+	Driver        int          `json:"cuda_driver_version"`
+	BulkBytes     uint64       `json:"bulk_bytes"`
+	BulkGBps      float64      `json:"bulk_gbps"`
+	PagesGBps     float64      `json:"pages_gbps"`
+	DtoDGBps      float64      `json:"dtod_gbps"`
+	Ratio         float64      `json:"ratio_bulk_vs_dtod"`
+	PagesRatio    float64      `json:"ratio_pages_vs_dtod"`
+	BytesVerified uint64       `json:"bytes_verified"`
 }
 
 func main() {
@@ -103,7 +103,7 @@ const pageSize = 32 << 10
 
 func run(size uint64, pages, iters int, allowNoNVML bool) (*result, error) {
 	r := &result{Date: time.Now().UTC().Format(time.RFC3339), BulkBytes: size}
-	devs, err := discover.Discover()
+	devs, err := gpu.Discover()
 	if err != nil {
 		if !allowNoNVML {
 			return nil, fmt.Errorf("discovery: %w", err)
@@ -115,7 +115,7 @@ func run(size uint64, pages, iters int, allowNoNVML bool) (*result, error) {
 		fmt.Printf("GPU %d: %s %s, %d GiB (%d free), PCI %s, NUMA %d, %d NVLinks\n", d.Index, d.Name, d.UUID,
 			d.MemoryTotal>>30, d.MemoryFree>>30, d.PCIBusID, d.NUMANode, len(d.NVLinkPeers))
 	}
-	drv, err := gpu.OpenDriver(gpu.DriverPathFromEnv())
+	drv, err := cuda.OpenDriver(cuda.DriverPathFromEnv())
 	if err != nil {
 		return nil, err
 	}
@@ -322,7 +322,7 @@ func child() int {
 	var size uint64
 	fmt.Sscanf(os.Getenv("KVBRIDGE_GPUCHECK_CHILD"), "%d", &size)
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "gpucheck peer:", err); return 1 }
-	drv, err := gpu.OpenDriver(gpu.DriverPathFromEnv())
+	drv, err := cuda.OpenDriver(cuda.DriverPathFromEnv())
 	if err != nil {
 		return fail(err)
 	}
@@ -357,7 +357,7 @@ func child() int {
 			return fail(err)
 		}
 		buf := make([]byte, n)
-		if err := ctx.CopyDtoH(buf, dst+gpu.DevicePtr(off)); err != nil {
+		if err := ctx.CopyDtoH(buf, dst+cuda.DevicePtr(off)); err != nil {
 			return fail(err)
 		}
 		fmt.Printf("CRC %08x\n", crc32.ChecksumIEEE(buf))

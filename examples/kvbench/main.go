@@ -57,9 +57,9 @@ import (
 	"github.com/kvbridge/kvbridge/examples/internal/cli"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
-	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/cpustat"
+	"github.com/kvbridge/kvbridge/internal/cuda"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/rawagent"
@@ -107,8 +107,8 @@ type bench struct {
 	// with transparent huge pages and registered), not the engine's Alloc:
 	// both engines then move the same kind of memory (nixl mode's e2e).
 	callerMem bool
-	gpu       *gpu.Context    // -mem VRAM: device 0
-	vram      []gpu.DevicePtr // device memory to free once its agents are closed
+	gpu       *cuda.Context    // -mem VRAM: device 0
+	vram      []cuda.DevicePtr // device memory to free once its agents are closed
 	quick     bool
 	rows      []Row
 	// idle mode

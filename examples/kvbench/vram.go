@@ -7,8 +7,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kvbridge/kvbridge/gpu"
 	"github.com/kvbridge/kvbridge/internal/cpustat"
+	"github.com/kvbridge/kvbridge/internal/cuda"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
 )
@@ -29,8 +29,8 @@ var vramModes = []string{"engine", "paged", "rooms"}
 
 // openGPU retains device 0's primary context, or says in one line why
 // there is none.
-func openGPU() (*gpu.Context, error) {
-	drv, err := gpu.OpenDriver(gpu.DriverPathFromEnv())
+func openGPU() (*cuda.Context, error) {
+	drv, err := cuda.OpenDriver(cuda.DriverPathFromEnv())
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +91,7 @@ func (b *bench) allocKV(a *nixl.Agent, size uint64) (kvBuf, error) {
 	return k, err
 }
 
-func (b *bench) devAlloc(size uint64) (gpu.DevicePtr, error) {
+func (b *bench) devAlloc(size uint64) (cuda.DevicePtr, error) {
 	p, err := b.gpu.Alloc(size)
 	if err != nil {
 		return 0, fmt.Errorf("allocating %d MiB of device memory: %w", size>>20, err)
@@ -113,7 +113,7 @@ func (b *bench) put(k kvBuf, data []byte) error {
 		copy(k.host, data)
 		return nil
 	}
-	return b.gpu.CopyHtoD(gpu.DevicePtr(k.Addr), data)
+	return b.gpu.CopyHtoD(cuda.DevicePtr(k.Addr), data)
 }
 
 // check says whether k holds want.
@@ -121,7 +121,7 @@ func (b *bench) check(k kvBuf, want []byte) error {
 	got := k.host
 	if got == nil {
 		got = make([]byte, len(want))
-		if err := b.gpu.CopyDtoH(got, gpu.DevicePtr(k.Addr)); err != nil {
+		if err := b.gpu.CopyDtoH(got, cuda.DevicePtr(k.Addr)); err != nil {
 			return err
 		}
 	}

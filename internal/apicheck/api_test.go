@@ -31,7 +31,7 @@ var update = flag.Bool("update", false, "rewrite testdata/api.txt from the packa
 
 // publicPackages are the packages an engine imports (internal/ and
 // examples/ are not importable from outside the module or not meant to be).
-var publicPackages = []string{"bootstrap", "gpu", "gpu/discover", "kvmanager", "nixl", "receiver", "sender", "transfer"}
+var publicPackages = []string{"bootstrap", "gpu", "kvmanager", "nixl", "receiver", "sender", "transfer"}
 
 // module is this module's path: an alias to one of its internal packages
 // (type X = wire.Y) lists Y's fields and methods as X's, so a change

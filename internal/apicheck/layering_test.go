@@ -27,7 +27,7 @@ import (
 // files included, imports examples/, and within examples/ only
 // examples/internal/ is imported.
 var layers = map[string]int{
-	"internal/wire": 0, "transfer": 0, "internal/mem": 1, "gpu": 1, "gpu/discover": 1, "internal/cpustat": 0, "internal/capture": 0,
+	"internal/wire": 0, "transfer": 0, "internal/mem": 1, "internal/cuda": 1, "gpu": 1, "internal/cpustat": 0, "internal/capture": 0,
 	"internal/leakcheck": 0, "internal/dl": 0, "internal/rankhooks": 0, "internal/canary": 0, "internal/kvdigest": 0, "internal/testnet": 0, "internal/promread": 0, "internal/nixldouble": 0, "internal/cudadouble": 0, "internal/apicheck": 0,
 	"internal/curve": 0, "internal/wire/wiretest": 1,
 	"internal/kvlayout": 2,

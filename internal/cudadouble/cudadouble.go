@@ -16,7 +16,7 @@ import (
 var source []byte
 
 // Build compiles the double with gcc into dir and returns the library path
-// (pass it to gpu.OpenDriver or as nixl.Config.CUDALib; a binary takes
+// (pass it to cuda.OpenDriver or as nixl.Config.CUDALib; a binary takes
 // it from KVBRIDGE_CUDA_LIB).
 func Build(dir string) (string, error) {
 	src := filepath.Join(dir, "fake_libcuda.c")

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/gpu"
+	"github.com/kvbridge/kvbridge/internal/cuda"
 	"github.com/kvbridge/kvbridge/internal/cudadouble"
 	"github.com/kvbridge/kvbridge/internal/leakcheck"
 	"github.com/kvbridge/kvbridge/internal/nixldouble"
@@ -53,7 +53,7 @@ func testMain(m *testing.M) int {
 	doubleDir = dir
 	// VRAM cases run on a GPU where the CUDA driver loads, else on the CUDA
 	// driver test double (and the GPU variants report why they skip).
-	if _, err := gpu.LoadDriver("libcuda.so.1"); err != nil {
+	if _, err := cuda.LoadDriver("libcuda.so.1"); err != nil {
 		noGPU = err.Error()
 		lib, err := cudadouble.Build(dir)
 		if err != nil {
@@ -62,7 +62,7 @@ func testMain(m *testing.M) int {
 		}
 		// The process's driver is the double (agents name no
 		// Config.CUDALib), and the children's: their cfg.FromEnv reads it.
-		if _, err := gpu.OpenDriver(lib); err != nil {
+		if _, err := cuda.OpenDriver(lib); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -601,8 +601,8 @@ func runChild() int {
 	var buf []byte
 	var addr uintptr
 	// In "vram" mode the target is device memory; verify reads it back.
-	var ctx *gpu.Context
-	var dev gpu.DevicePtr
+	var ctx *cuda.Context
+	var dev cuda.DevicePtr
 	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "vram" {
 		if ctx, err = cudaContext(cfg.CUDALib, 0); err == nil {
 			dev, err = ctx.Alloc(size)

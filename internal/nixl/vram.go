@@ -7,46 +7,46 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/kvbridge/kvbridge/gpu"
+	"github.com/kvbridge/kvbridge/internal/cuda"
 )
 
 // VRAM support shared by the loopback and ucx engines: the CUDA driver
-// (loaded at run time, see package gpu), one primary context per device,
+// (loaded at run time, see internal/cuda), one primary context per device,
 // and the IPC key a VRAM region carries in metadata.
 
-var cuda struct {
+var devs struct {
 	sync.Mutex
-	drv     *gpu.Driver
-	ctxs    map[int]*gpu.Context
-	streams map[int]*gpu.Stream
+	drv     *cuda.Driver
+	ctxs    map[int]*cuda.Context
+	streams map[int]*cuda.Stream
 }
 
 // cudaContext returns device dev's primary context, loading the driver
 // (lib: the agent's Config.CUDALib) on first use. The driver is the
 // process's: an agent naming another path than the one loaded is refused.
-func cudaContext(lib string, dev int) (*gpu.Context, error) {
-	cuda.Lock()
-	defer cuda.Unlock()
-	d, err := gpu.OpenDriver(lib)
+func cudaContext(lib string, dev int) (*cuda.Context, error) {
+	devs.Lock()
+	defer devs.Unlock()
+	d, err := cuda.OpenDriver(lib)
 	switch {
-	case err != nil && errors.Is(err, gpu.ErrNoDriver) && lib == "":
+	case err != nil && errors.Is(err, cuda.ErrNoDriver) && lib == "":
 		return nil, fmt.Errorf("VRAM needs the CUDA driver (libcuda.so.1; Config.CUDALib names another): %v: %w", err, ErrUnsupported)
-	case err != nil && errors.Is(err, gpu.ErrNoDriver):
+	case err != nil && errors.Is(err, cuda.ErrNoDriver):
 		return nil, fmt.Errorf("VRAM needs the CUDA driver: Config.CUDALib %s: %v: %w", lib, err, ErrUnsupported)
 	case err != nil:
 		return nil, fmt.Errorf("Config.CUDALib %s: %v: %w", lib, err, ErrInvalidRequest)
 	}
-	if cuda.drv == nil {
-		cuda.drv, cuda.ctxs, cuda.streams = d, map[int]*gpu.Context{}, map[int]*gpu.Stream{}
+	if devs.drv == nil {
+		devs.drv, devs.ctxs, devs.streams = d, map[int]*cuda.Context{}, map[int]*cuda.Stream{}
 	}
-	if c, ok := cuda.ctxs[dev]; ok {
+	if c, ok := devs.ctxs[dev]; ok {
 		return c, nil
 	}
-	c, err := cuda.drv.Primary(dev)
+	c, err := devs.drv.Primary(dev)
 	if err != nil {
 		return nil, err
 	}
-	cuda.ctxs[dev] = c
+	devs.ctxs[dev] = c
 	return c, nil
 }
 
@@ -63,15 +63,15 @@ func deviceCopies(lib string, dev int, dst, src []uintptr, n []uint64) error {
 	if _, err := cudaContext(lib, dev); err != nil {
 		return err
 	}
-	cuda.Lock()
-	defer cuda.Unlock() // one stream per device, used by one copy batch at a time
-	s, ok := cuda.streams[dev]
+	devs.Lock()
+	defer devs.Unlock() // one stream per device, used by one copy batch at a time
+	s, ok := devs.streams[dev]
 	if !ok {
 		var err error
-		if s, err = cuda.ctxs[dev].NewStream(); err != nil {
+		if s, err = devs.ctxs[dev].NewStream(); err != nil {
 			return err
 		}
-		cuda.streams[dev] = s
+		devs.streams[dev] = s
 	}
 	if err := s.CopyBatchAsync(dst, src, n); err != nil {
 		_ = s.Sync()
@@ -85,7 +85,7 @@ func deviceCopies(lib string, dev int, dst, src []uintptr, n []uint64) error {
 // random id (not its PID: processes in different containers on one node
 // can share a PID).
 type vramKey struct {
-	handle gpu.IPCHandle
+	handle cuda.IPCHandle
 	base   uint64
 	proc   uint64
 }
@@ -124,7 +124,7 @@ func exportVRAM(lib string, d Desc) (vramKey, error) {
 	if err != nil {
 		return vramKey{}, err
 	}
-	base, _, err := c.AddressRange(gpu.DevicePtr(d.Addr))
+	base, _, err := c.AddressRange(cuda.DevicePtr(d.Addr))
 	if err != nil {
 		return vramKey{}, err
 	}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/gpu"
+	"github.com/kvbridge/kvbridge/internal/cuda"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -66,7 +66,7 @@ func (r *ranCount) skipIfNone(t *testing.T) {
 	}
 }
 
-func devAlloc(t *testing.T, n uint64) (gpu.DevicePtr, *gpu.Context) {
+func devAlloc(t *testing.T, n uint64) (cuda.DevicePtr, *cuda.Context) {
 	t.Helper()
 	c, err := cudaContext("", 0)
 	require.NoError(t, err)

@@ -677,24 +677,24 @@ var mutants = []mutant{
 		pkg: "internal/nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
 	{name: "ucx-from-env-into-callers-map", file: "nixl/nixl.go", old: "\t\t\tc.UCX, copied = maps.Clone(c.UCX), true\n", new: "\t\t\t_, copied = maps.Clone(c.UCX), true\n",
 		pkg: "internal/nixl", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
-	// The CUDA driver's path (issue 50): gpu.OpenDriver taking it from
+	// The CUDA driver's path (issue 50): cuda.OpenDriver taking it from
 	// KVBRIDGE_CUDA_LIB, or accepting a second driver in one process;
 	// nixl's FromEnv not filling Config.CUDALib, the VRAM engines reading
 	// the variable or ignoring the Config's path; kvmanager's ownership
 	// proof ignoring Config.Engine.CUDALib.
-	{name: "gpu-driver-from-env", file: "gpu/cudadrv.go", old: "\t\tpath = \"libcuda.so.1\"\n", new: "\t\tpath = DriverPathFromEnv()\n",
-		pkg: "gpu", run: "^TestDriverPathOnlyGiven$"},
-	{name: "gpu-second-driver-accepted", file: "gpu/cudadrv.go", old: "case driverOnce.d != nil && (path == \"\" || path == driverOnce.path):", new: "case driverOnce.d != nil:",
-		pkg: "gpu", run: "^TestDriverPathOnlyGiven$"},
+	{name: "cuda-driver-from-env", file: "internal/cuda/cudadrv.go", old: "\t\tpath = \"libcuda.so.1\"\n", new: "\t\tpath = DriverPathFromEnv()\n",
+		pkg: "internal/cuda", run: "^TestDriverPathOnlyGiven$"},
+	{name: "cuda-second-driver-accepted", file: "internal/cuda/cudadrv.go", old: "case driverOnce.d != nil && (path == \"\" || path == driverOnce.path):", new: "case driverOnce.d != nil:",
+		pkg: "internal/cuda", run: "^TestDriverPathOnlyGiven$"},
 	{name: "nixl-cuda-lib-not-from-env", file: "nixl/nixl.go", old: "\t\tc.CUDALib = v\n", new: "",
 		pkg: "internal/nixl", run: "^TestLibraryPathsOnlyThroughFromEnv$"},
-	{name: "nixl-cuda-driver-from-env", file: "internal/nixl/vram.go", old: "d, err := gpu.OpenDriver(lib)", new: "d, err := gpu.OpenDriver(lib + gpu.DriverPathFromEnv())",
+	{name: "nixl-cuda-driver-from-env", file: "internal/nixl/vram.go", old: "d, err := cuda.OpenDriver(lib)", new: "d, err := cuda.OpenDriver(lib + cuda.DriverPathFromEnv())",
 		pkg: "internal/nixl", run: "^TestCUDADriverOnlyThroughConfig$"},
 	{name: "loopback-cuda-lib-ignored", file: "internal/nixl/loopback.go", old: "cudaLib: cfg.CUDALib, ", new: "",
 		pkg: "internal/nixl", run: "^TestCUDADriverOnlyThroughConfig$"},
 	{name: "ucx-cuda-lib-ignored", file: "internal/nixl/ucx.go", old: "cudaLib: cfg.CUDALib, ", new: "",
 		pkg: "internal/nixl", run: "^TestCUDADriverOnlyThroughConfig$"},
-	{name: "proof-cuda-lib-ignored", file: "kvmanager/proof.go", old: "gpu.OpenDriver(m.cfg.Engine.CUDALib)", new: "gpu.OpenDriver(\"\")",
+	{name: "proof-cuda-lib-ignored", file: "kvmanager/proof.go", old: "cuda.OpenDriver(m.cfg.Engine.CUDALib)", new: "cuda.OpenDriver(\"\")",
 		pkg: "kvmanager", run: "^TestProofDriverFromConfig$"},
 	{name: "canary-find-skips-first", file: "internal/canary/canary.go", old: "\tfor (size_t i = 0; i < n; i++) {\n\t\tuint64_t x;", new: "\tfor (size_t i = 1; i < n; i++) {\n\t\tuint64_t x;",
 		pkg: "internal/canary", run: "^TestPlantFind$"},

@@ -1,14 +1,16 @@
-// Package discover lists a node's GPUs through NVML
+// Package gpu lists a node's GPUs through NVML
 // (github.com/NVIDIA/go-nvml): UUID, name, memory, PCI bus id, NUMA node,
-// NVLink peers. Without a driver it returns ErrNoGPU, and after a failed
-// nvmlInit it makes no other NVML call (go-nvml would kill the process).
+// NVLink peers — what an operator places ranks and NICs by. Without a
+// driver it returns ErrNoGPU, and after a failed nvmlInit it makes no
+// other NVML call (go-nvml would kill the process).
 //
-// It is a package of its own so that only what lists GPUs compiles go-nvml
-// (whose cgo prologue prints hundreds of deprecation warnings unless
-// CGO_CFLAGS has -Wno-deprecated-declarations, as the Makefile sets): the
-// library's packages and the other examples build quietly with a plain go
-// build.
-package discover
+// Nothing else in kvbridge imports it, so only what lists GPUs compiles
+// go-nvml (whose cgo prologue prints hundreds of deprecation warnings
+// unless CGO_CFLAGS has -Wno-deprecated-declarations, as the Makefile
+// sets): the library's packages and the other examples build quietly with
+// a plain go build. The CUDA driver calls the engines' VRAM paths make are
+// internal/cuda's.
+package gpu
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package discover_test
+package gpu_test
 
 import (
 	"fmt"
@@ -6,10 +6,10 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
-	"github.com/kvbridge/kvbridge/gpu/discover"
+	"github.com/kvbridge/kvbridge/gpu"
 )
 
-// Discovery on go-nvml's mock DGX H200 (on a real node: discover.Discover()).
+// Discovery on go-nvml's mock DGX H200 (on a real node: gpu.Discover()).
 func ExampleDiscoverWith() {
 	machine := dgxh200.New()
 	for i, d := range machine.Devices {
@@ -18,7 +18,7 @@ func ExampleDiscoverWith() {
 		dev.GetNumaNodeIdFunc = func() (int, nvml.Return) { return node, nvml.SUCCESS }
 		dev.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 	}
-	devs, err := discover.DiscoverWith(machine)
+	devs, err := gpu.DiscoverWith(machine)
 	if err != nil {
 		panic(err)
 	}

@@ -1,4 +1,4 @@
-package discover
+package gpu
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package gpu
+package cuda
 
 /*
 #include "cuda.h"
@@ -92,7 +92,7 @@ func (e *Event) Sync() error {
 }
 
 // Ready is the event as a readiness hook: each call is a Query. Its type
-// is transfer.Ready's, so it can gate a layer's post directly (package gpu
+// is transfer.Ready's, so it can gate a layer's post directly (package cuda
 // does not import transfer).
 func (e *Event) Ready() func() (bool, error) { return e.Query }
 

@@ -1,8 +1,8 @@
-package gpu
+package cuda
 
 /*
 #cgo LDFLAGS: -ldl
-#cgo CFLAGS: -I${SRCDIR}/../internal/dl
+#cgo CFLAGS: -I${SRCDIR}/../dl
 #include <stdlib.h>
 #include "cuda.h"
 
