@@ -11,9 +11,10 @@
 // Server implements PUT and DELETE /v1/ranks, GET /v1/topology (503 until
 // every prefill rank has registered), GET /v1/ranks?dp=&tp=&pp=, the room
 // → DP group table (PUT and GET /v1/rooms) and GET /healthz. Writes need
-// the deployment's token (Auth.BootstrapToken). Its records — RankRecord
-// (what a rank registers), Topology and RankInfo (what it answers) — are
-// its HTTP API.
+// the deployment's token (Auth.BootstrapToken). Its records — what a rank
+// registers, the topology and a rank's place it answers — are its HTTP
+// API, JSON documented in docs/PROTOCOL.md ("Bootstrap server"); kvbridge's own
+// Go types for them are internal (internal/records).
 //
 // # Discovery
 //
@@ -21,8 +22,8 @@
 // BootstrapURL): http:// or https:// (the bootstrap server) or
 // etcd://host:port[,host:port]/<instance>, with EtcdConfig's TLS, auth and
 // lease settings (read from KVBRIDGE_ETCD_* by EtcdConfigFromEnv). Prefill
-// ranks register their RankRecord there; decode ranks read the Topology
-// and each RankInfo, and follow the records' changes where the backend
+// ranks register their record there; decode ranks read the topology and
+// each rank's place, and follow the records' changes where the backend
 // pushes them (etcd). The clients are kvbridge's own (internal/discovery).
 //
 // # Credentials

@@ -27,8 +27,8 @@ func ExampleServer() {
 		panic(err)
 	}
 	defer srv.Close(context.Background())
-	rec, _ := json.Marshal(bootstrap.RankRecord{Instance: "prefill-a", DPSize: 1, TPSize: 1, PPSize: 1,
-		Endpoint: "tcp://127.0.0.1:17000", PageSize: 16, DType: "bf16", Compat: "v1:llama3-8b"})
+	rec := []byte(`{"instance": "prefill-a", "dp_rank": 0, "dp_size": 1, "tp_rank": 0, "tp_size": 1, "pp_rank": 0, "pp_size": 1,
+		"endpoint": "tcp://127.0.0.1:17000", "page_size": 16, "dtype": "bf16", "compat": "v1:llama3-8b"}`)
 	req, _ := http.NewRequest(http.MethodPut, srv.URL()+"/v1/ranks", bytes.NewReader(rec))
 	req.Header.Set("Authorization", "Bearer "+auth.BootstrapToken()) // writes need it; reads do not
 	resp, err := http.DefaultClient.Do(req)
@@ -41,7 +41,11 @@ func ExampleServer() {
 		panic(err)
 	}
 	defer resp.Body.Close()
-	var topo bootstrap.Topology
+	var topo struct {
+		Instance string `json:"instance"`
+		PageSize int    `json:"page_size"`
+		DType    string `json:"dtype"`
+	}
 	if err := json.NewDecoder(resp.Body).Decode(&topo); err != nil {
 		panic(err)
 	}

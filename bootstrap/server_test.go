@@ -10,12 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-func record(dp, tp int) RankRecord {
-	return RankRecord{Instance: "prefill-a", DPRank: dp, DPSize: 1, TPRank: tp, TPSize: 2, PPRank: 0, PPSize: 1,
+func record(dp, tp int) records.RankRecord {
+	return records.RankRecord{Instance: "prefill-a", DPRank: dp, DPSize: 1, TPRank: tp, TPSize: 2, PPRank: 0, PPSize: 1,
 		Endpoint: fmt.Sprintf("tcp://10.0.0.%d:17000", tp+1), PageSize: 16, DType: "bf16", Compat: "v1:abc"}
 }
 
@@ -114,7 +115,7 @@ func TestServerRoutes(t *testing.T) {
 	_, body = call(t, srv, "GET", "/v1/ranks?dp=0&tp=1&pp=0", "")
 	require.Equal(t, moved.Endpoint, body["endpoint"], "after re-register: %v", body)
 
-	bad := func(mut func(*RankRecord)) string {
+	bad := func(mut func(*records.RankRecord)) string {
 		r := record(0, 0)
 		mut(&r)
 		return jsonOf(t, r)
@@ -124,14 +125,14 @@ func TestServerRoutes(t *testing.T) {
 		code                     int
 	}{
 		{"not json", "PUT", "/v1/ranks", "{nope", 400},
-		{"no instance", "PUT", "/v1/ranks", bad(func(r *RankRecord) { r.Instance = "" }), 400},
-		{"tp_rank out of range", "PUT", "/v1/ranks", bad(func(r *RankRecord) { r.TPRank = 2 }), 400},
-		{"zero size", "PUT", "/v1/ranks", bad(func(r *RankRecord) { r.DPSize = 0 }), 400},
-		{"bad endpoint", "PUT", "/v1/ranks", bad(func(r *RankRecord) { r.Endpoint = "10.0.0.1:80" }), 400},
-		{"wildcard endpoint", "PUT", "/v1/ranks", bad(func(r *RankRecord) { r.Endpoint = "tcp://*:80" }), 400},
-		{"no page size", "PUT", "/v1/ranks", bad(func(r *RankRecord) { r.PageSize = 0 }), 400},
-		{"bad key", "PUT", "/v1/ranks", bad(func(r *RankRecord) { r.PublicKey = "xyz" }), 400},
-		{"other topology", "PUT", "/v1/ranks", bad(func(r *RankRecord) { r.DType = "fp8" }), 409},
+		{"no instance", "PUT", "/v1/ranks", bad(func(r *records.RankRecord) { r.Instance = "" }), 400},
+		{"tp_rank out of range", "PUT", "/v1/ranks", bad(func(r *records.RankRecord) { r.TPRank = 2 }), 400},
+		{"zero size", "PUT", "/v1/ranks", bad(func(r *records.RankRecord) { r.DPSize = 0 }), 400},
+		{"bad endpoint", "PUT", "/v1/ranks", bad(func(r *records.RankRecord) { r.Endpoint = "10.0.0.1:80" }), 400},
+		{"wildcard endpoint", "PUT", "/v1/ranks", bad(func(r *records.RankRecord) { r.Endpoint = "tcp://*:80" }), 400},
+		{"no page size", "PUT", "/v1/ranks", bad(func(r *records.RankRecord) { r.PageSize = 0 }), 400},
+		{"bad key", "PUT", "/v1/ranks", bad(func(r *records.RankRecord) { r.PublicKey = "xyz" }), 400},
+		{"other topology", "PUT", "/v1/ranks", bad(func(r *records.RankRecord) { r.DType = "fp8" }), 409},
 		{"rank missing tp", "GET", "/v1/ranks?dp=0&pp=0", "", 400},
 		{"rank negative", "GET", "/v1/ranks?dp=-1&tp=0&pp=0", "", 400},
 		{"rank not a number", "GET", "/v1/ranks?dp=a&tp=0&pp=0", "", 400},
@@ -165,12 +166,12 @@ func TestServerHostileWrites(t *testing.T) {
 		{"trailing garbage", testToken, "PUT", "/v1/ranks", rec + "garbage", 400},
 		{"two values", testToken, "PUT", "/v1/ranks", rec + rec, 400},
 		{"huge rank", testToken, "GET", "/v1/ranks?dp=0&tp=99999999999999999999&pp=0", "", 400},
-		{"long instance", testToken, "PUT", "/v1/ranks", jsonOf(t, func() RankRecord {
+		{"long instance", testToken, "PUT", "/v1/ranks", jsonOf(t, func() records.RankRecord {
 			r := record(0, 0)
 			r.Instance = strings.Repeat("i", 1000)
 			return r
 		}()), 400},
-		{"huge size", testToken, "PUT", "/v1/ranks", jsonOf(t, func() RankRecord { r := record(0, 0); r.TPSize = 1 << 30; return r }()), 400},
+		{"huge size", testToken, "PUT", "/v1/ranks", jsonOf(t, func() records.RankRecord { r := record(0, 0); r.TPSize = 1 << 30; return r }()), 400},
 	} {
 		code, body := callWith(t, srv, tc.token, tc.method, tc.path, tc.body)
 		assert.Equal(t, tc.code, code, "%s: %v, want a reason", tc.name, body)

@@ -13,6 +13,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/rankhooks"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
@@ -51,7 +52,7 @@ type Decode struct {
 // that needs it (the others wait for its answer).
 type topoLookup struct {
 	done chan struct{}
-	topo bootstrap.Topology
+	topo records.Topology
 	err  error
 }
 
@@ -115,7 +116,7 @@ func (d *Decode) resolve(t core.Target) {
 		defer d.wg.Done()
 		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.BootstrapTimeout)
 		defer cancel()
-		var info bootstrap.RankInfo
+		var info records.RankInfo
 		cl, err := d.client(t.Bootstrap)
 		if err == nil {
 			info, err = cl.Rank(ctx, t.DP, t.Rank, t.PP)
@@ -138,7 +139,7 @@ func (d *Decode) resolve(t core.Target) {
 // coordinates. A record rewritten (by a holder of the bootstrap token) with
 // another rank's endpoint and certificate would otherwise send this rank to
 // that rank, which would serve it as itself: its heads, its layers.
-func (d *Decode) checkRankCert(t core.Target, info bootstrap.RankInfo) error {
+func (d *Decode) checkRankCert(t core.Target, info records.RankInfo) error {
 	where := fmt.Sprintf("prefill rank dp=%d tp=%d pp=%d of %s", t.DP, t.Rank, t.PP, t.Bootstrap)
 	raw := info.CertBytes()
 	if raw == "" {
@@ -211,8 +212,8 @@ func (d *Decode) watch(url string, ch <-chan discovery.RankEvent) {
 	}()
 	for ev := range ch {
 		t := core.Target{Bootstrap: url, DP: ev.DP, Rank: ev.TP, PP: ev.PP}
-		cert := bootstrap.RankInfo{Cert: ev.Cert}.CertBytes()
-		if d.cfg.RankIdentity != nil && !ev.Deleted && d.checkRankCert(t, bootstrap.RankInfo{Cert: ev.Cert}) != nil {
+		cert := records.RankInfo{Cert: ev.Cert}.CertBytes()
+		if d.cfg.RankIdentity != nil && !ev.Deleted && d.checkRankCert(t, records.RankInfo{Cert: ev.Cert}) != nil {
 			// Not the rank's certificate: nothing is addressed with it; the
 			// REGISTER that goes unanswered looks the rank up, and the
 			// lookup fails the rooms naming the certificate (resolve).
@@ -227,7 +228,7 @@ func (d *Decode) watch(url string, ch <-chan discovery.RankEvent) {
 // else looked up in its bootstrap service — once at a time per instance,
 // the other rooms waiting for its answer — and stepped into the core. Its
 // rank changes are watched from the first lookup on.
-func (d *Decode) topology(url string) (bootstrap.Topology, error) {
+func (d *Decode) topology(url string) (records.Topology, error) {
 	var kept core.Topology
 	ok := false
 	d.read(func(c *core.Core) { kept, ok = c.Topology(url) })
@@ -270,21 +271,21 @@ func (d *Decode) topology(url string) (bootstrap.Topology, error) {
 	select {
 	case <-e.done:
 	case <-d.closing:
-		return bootstrap.Topology{}, ErrManagerClosed
+		return records.Topology{}, ErrManagerClosed
 	}
 	return e.topo, e.err
 }
 
 // toCoreTopology and fromCoreTopology convert a bootstrap service's answer
 // to the core's copy and back.
-func toCoreTopology(t bootstrap.Topology) core.Topology {
+func toCoreTopology(t records.Topology) core.Topology {
 	return core.Topology{Instance: t.Instance, DPSize: t.DPSize, TPSize: t.TPSize, PPSize: t.PPSize, PageSize: t.PageSize,
 		DType: t.DType, Compat: t.Compat, Layers: t.Layers, KVHeads: t.KVHeads, HeadBytes: t.HeadBytes, MLA: t.MLA, PageLayout: t.PageLayout}
 }
 
-func fromCoreTopology(t core.Topology) bootstrap.Topology {
-	return bootstrap.Topology{Instance: t.Instance, DPSize: t.DPSize, TPSize: t.TPSize, PPSize: t.PPSize, PageSize: t.PageSize,
-		DType: t.DType, Compat: t.Compat, ModelFacts: bootstrap.ModelFacts{Layers: t.Layers, KVHeads: t.KVHeads, HeadBytes: t.HeadBytes, MLA: t.MLA, PageLayout: t.PageLayout}}
+func fromCoreTopology(t core.Topology) records.Topology {
+	return records.Topology{Instance: t.Instance, DPSize: t.DPSize, TPSize: t.TPSize, PPSize: t.PPSize, PageSize: t.PageSize,
+		DType: t.DType, Compat: t.Compat, ModelFacts: records.ModelFacts{Layers: t.Layers, KVHeads: t.KVHeads, HeadBytes: t.HeadBytes, MLA: t.MLA, PageLayout: t.PageLayout}}
 }
 
 // links computes a room's prefill ranks in an instance: the rank mapping
@@ -353,7 +354,7 @@ const maxToldRanks = 1024
 
 // instanceRanks lists an instance's ranks in DP group dp (every group's
 // when dp is outside the instance).
-func instanceRanks(url string, topo bootstrap.Topology, dp int) []core.Target {
+func instanceRanks(url string, topo records.Topology, dp int) []core.Target {
 	tp, pp, dps := max(topo.TPSize, 1), max(topo.PPSize, 1), max(topo.DPSize, 1)
 	groups := []int{dp}
 	if dp < 0 || dp >= dps {

@@ -9,12 +9,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/pool"
 	"github.com/kvbridge/kvbridge/internal/rankhooks"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
@@ -139,7 +139,7 @@ const (
 // a server that refuses connections or does not answer is logged after
 // the first attempt, with the error behind it, and retried. An answer
 // that is final (a 4xx: refused token, bad record) ends it at once.
-func (m *Manager) firstRegistration(cl discovery.Discovery, rec bootstrap.RankRecord) (time.Duration, error) {
+func (m *Manager) firstRegistration(cl discovery.Discovery, rec records.RankRecord) (time.Duration, error) {
 	deadline := time.Now().Add(m.cfg.Registry.BootstrapTimeout)
 	var warned time.Time
 	for attempt := registerAttempt; ; attempt = min(2*attempt, registerWarnEvery) {
@@ -173,7 +173,7 @@ func (m *Manager) registerRank() error {
 		return fmt.Errorf("kvmanager: %w", err)
 	}
 	par := m.cfg.Parallel
-	rec := bootstrap.RankRecord{Instance: m.cfg.Instance, DPRank: par.DPRank, DPSize: par.DPSize, TPRank: par.TPRank,
+	rec := records.RankRecord{Instance: m.cfg.Instance, DPRank: par.DPRank, DPSize: par.DPSize, TPRank: par.TPRank,
 		TPSize: par.TPSize, PPRank: par.PPRank, PPSize: par.PPSize, Endpoint: m.loop.Endpoint(), PageSize: m.cfg.PageTokens,
 		DType: m.cfg.DType, Compat: m.cfg.Compat, PublicKey: m.loop.PublicKey(), Epoch: m.loop.Identity().Epoch,
 		Cert:       base64.StdEncoding.EncodeToString(m.loop.Cert()),

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/discovery"
@@ -18,6 +17,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/pool"
 	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/rawagent"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
@@ -772,9 +772,9 @@ func (m *Manager) Close() error {
 }
 
 // modelFacts is the rank table's form of a model.
-func modelFacts(m transfer.Model) bootstrap.ModelFacts {
+func modelFacts(m transfer.Model) records.ModelFacts {
 	if m.Zero() {
-		return bootstrap.ModelFacts{}
+		return records.ModelFacts{}
 	}
-	return bootstrap.ModelFacts{Layers: m.Layers, KVHeads: m.KVHeads, HeadBytes: m.HeadBytes, MLA: m.MLA, PageLayout: m.Layout.String()}
+	return records.ModelFacts{Layers: m.Layers, KVHeads: m.KVHeads, HeadBytes: m.HeadBytes, MLA: m.MLA, PageLayout: m.Layout.String()}
 }

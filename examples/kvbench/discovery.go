@@ -10,6 +10,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/cpustat"
 	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/etcdtest"
+	"github.com/kvbridge/kvbridge/internal/records"
 )
 
 // discoveryMode: 64 prefill instances × 8 ranks published by this process,
@@ -33,8 +34,8 @@ func (b *bench) discoveryMode() error {
 	}
 	defer etcd.Close()
 	auth := benchAuth()
-	rec := func(inst string, tp int, port int) bootstrap.RankRecord {
-		return bootstrap.RankRecord{Instance: inst, DPSize: 1, TPRank: tp, TPSize: ranks, PPSize: 1,
+	rec := func(inst string, tp int, port int) records.RankRecord {
+		return records.RankRecord{Instance: inst, DPSize: 1, TPRank: tp, TPSize: ranks, PPSize: 1,
 			Endpoint: fmt.Sprintf("tcp://10.0.%d.%d:%d", tp, len(inst), port), PageSize: 16, DType: "bf16", Compat: "v1:bench"}
 	}
 	var etcdURLs, httpURLs []string

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/kvbridge/kvbridge/internal/wire"
 )
 
@@ -47,7 +47,7 @@ func NewClient(base string) *Client {
 // still held by another endpoint (409: a previous process of the rank whose
 // lease has not lapsed) is retried until ctx ends. It returns the server's
 // lease TTL (0 from a server that does not say).
-func (c *Client) RegisterRank(ctx context.Context, rec bootstrap.RankRecord) (time.Duration, error) {
+func (c *Client) RegisterRank(ctx context.Context, rec records.RankRecord) (time.Duration, error) {
 	body, err := json.Marshal(rec)
 	if err != nil {
 		return 0, err
@@ -83,17 +83,17 @@ func (c *Client) DeregisterRank(ctx context.Context, dp, tp, pp int, endpoint st
 		url.QueryEscape(endpoint)), nil, nil)
 }
 
-// bootstrap.Topology waits until every prefill rank has registered and returns the
+// records.Topology waits until every prefill rank has registered and returns the
 // deployment's shape.
-func (c *Client) Topology(ctx context.Context) (bootstrap.Topology, error) {
-	var t bootstrap.Topology
+func (c *Client) Topology(ctx context.Context) (records.Topology, error) {
+	var t records.Topology
 	err := c.do(ctx, http.MethodGet, "/v1/topology", nil, &t)
 	return t, err
 }
 
 // Rank returns the endpoint and key of one prefill rank.
-func (c *Client) Rank(ctx context.Context, dp, tp, pp int) (bootstrap.RankInfo, error) {
-	var ri bootstrap.RankInfo
+func (c *Client) Rank(ctx context.Context, dp, tp, pp int) (records.RankInfo, error) {
+	var ri records.RankInfo
 	err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/ranks?dp=%d&tp=%d&pp=%d", dp, tp, pp), nil, &ri)
 	var he *HTTPError
 	if errors.As(err, &he) && he.Code == http.StatusNotFound {

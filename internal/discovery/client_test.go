@@ -9,14 +9,15 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/stretchr/testify/require"
 )
 
 // testToken is the bearer token of the test servers.
 const testToken = "kvbridge-discovery-test-token"
 
-func record(dp, tp int) bootstrap.RankRecord {
-	return bootstrap.RankRecord{Instance: "prefill-a", DPRank: dp, DPSize: 1, TPRank: tp, TPSize: 2, PPRank: 0, PPSize: 1,
+func record(dp, tp int) records.RankRecord {
+	return records.RankRecord{Instance: "prefill-a", DPRank: dp, DPSize: 1, TPRank: tp, TPSize: 2, PPRank: 0, PPSize: 1,
 		Endpoint: fmt.Sprintf("tcp://10.0.0.%d:17000", tp+1), PageSize: 16, DType: "bf16", Compat: "v1:abc"}
 }
 
@@ -37,7 +38,7 @@ func TestClientRetriesUntilTopologyComplete(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	got := make(chan error, 1)
-	var topo bootstrap.Topology
+	var topo records.Topology
 	go func() {
 		var err error
 		topo, err = c.Topology(ctx)

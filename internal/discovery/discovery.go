@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/records"
 )
 
 // Discovery is where a prefill instance's ranks publish themselves and
@@ -17,13 +18,13 @@ import (
 type Discovery interface {
 	// RegisterRank publishes (or renews) a prefill rank's record and
 	// returns the lease TTL it must be renewed within (0: unknown).
-	RegisterRank(ctx context.Context, rec bootstrap.RankRecord) (time.Duration, error)
+	RegisterRank(ctx context.Context, rec records.RankRecord) (time.Duration, error)
 	// DeregisterRank removes a rank's own record at its shutdown.
 	DeregisterRank(ctx context.Context, dp, tp, pp int, endpoint string) error
-	// bootstrap.Topology waits until every rank of the instance is published.
-	Topology(ctx context.Context) (bootstrap.Topology, error)
+	// records.Topology waits until every rank of the instance is published.
+	Topology(ctx context.Context) (records.Topology, error)
 	// Rank returns one rank's endpoint and key (ErrRankUnknown if none).
-	Rank(ctx context.Context, dp, tp, pp int) (bootstrap.RankInfo, error)
+	Rank(ctx context.Context, dp, tp, pp int) (records.RankInfo, error)
 	// PublishRoomDP and RoomDP record and read a room's DP group.
 	PublishRoomDP(ctx context.Context, room uint64, dp int) error
 	RoomDP(ctx context.Context, room uint64) (int, error)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -22,7 +23,7 @@ import (
 )
 
 // EtcdClient is the etcd discovery backend for one prefill instance. Rank
-// records are the JSON of bootstrap.RankRecord under
+// records are the JSON of records.RankRecord under
 // /kvbridge/<instance>/ranks/<dp>/<tp>/<pp>, each attached to a lease its
 // rank keeps alive, so a dead rank's record vanishes within the lease TTL;
 // rooms' DP groups are under /kvbridge/<instance>/rooms/<room>. Records
@@ -120,8 +121,8 @@ func (e *EtcdClient) rankKey(dp, tp, pp int) string {
 }
 
 // parseRecord decodes and validates a rank record stored at key.
-func (e *EtcdClient) parseRecord(key string, val []byte) (bootstrap.RankRecord, bool) {
-	var rec bootstrap.RankRecord
+func (e *EtcdClient) parseRecord(key string, val []byte) (records.RankRecord, bool) {
+	var rec records.RankRecord
 	dec := json.NewDecoder(strings.NewReader(string(val)))
 	if len(val) > 64<<10 || dec.Decode(&rec) != nil || dec.More() || rec.Validate() != nil || rec.Instance != e.instance ||
 		key != e.rankKey(rec.DPRank, rec.TPRank, rec.PPRank) {
@@ -206,7 +207,7 @@ func (e *EtcdClient) Restored() uint64 { return e.restored.Load() }
 // record when it finds it deleted, garbled, or naming another endpoint:
 // nobody else may write there while that lease lives, so such a record is
 // damage, not a successor.
-func (e *EtcdClient) RegisterRank(ctx context.Context, rec bootstrap.RankRecord) (time.Duration, error) {
+func (e *EtcdClient) RegisterRank(ctx context.Context, rec records.RankRecord) (time.Duration, error) {
 	if err := rec.Validate(); err != nil {
 		return 0, fmt.Errorf("bootstrap: rank record: %w", err)
 	}
@@ -318,15 +319,15 @@ func (e *EtcdClient) DeregisterRank(ctx context.Context, dp, tp, pp int, endpoin
 	return e.wrap("delete rank", err)
 }
 
-// bootstrap.Topology waits until every rank of the instance has a valid record and
+// records.Topology waits until every rank of the instance has a valid record and
 // returns the instance's shape.
-func (e *EtcdClient) Topology(ctx context.Context) (bootstrap.Topology, error) {
+func (e *EtcdClient) Topology(ctx context.Context) (records.Topology, error) {
 	for {
 		resp, err := e.cli.Get(ctx, e.prefix+"ranks/", clientv3.WithPrefix())
 		if err != nil {
-			return bootstrap.Topology{}, e.wrap("get ranks", err)
+			return records.Topology{}, e.wrap("get ranks", err)
 		}
-		var topo *bootstrap.Topology
+		var topo *records.Topology
 		seen := map[string]bool{}
 		why := "no prefill rank has registered yet"
 		for _, kv := range resp.Kvs {
@@ -352,26 +353,26 @@ func (e *EtcdClient) Topology(ctx context.Context) (bootstrap.Topology, error) {
 			why = fmt.Sprintf("%d of %d prefill ranks registered", len(seen), want)
 		}
 		if err := e.waitChange(ctx, e.prefix+"ranks/", resp.Header.Revision, true); err != nil {
-			return bootstrap.Topology{}, e.wrap(why, err)
+			return records.Topology{}, e.wrap(why, err)
 		}
 	}
 }
 
 // Rank returns one rank's endpoint and key.
-func (e *EtcdClient) Rank(ctx context.Context, dp, tp, pp int) (bootstrap.RankInfo, error) {
+func (e *EtcdClient) Rank(ctx context.Context, dp, tp, pp int) (records.RankInfo, error) {
 	key := e.rankKey(dp, tp, pp)
 	resp, err := e.cli.Get(ctx, key)
 	if err != nil {
-		return bootstrap.RankInfo{}, e.wrap("get rank", err)
+		return records.RankInfo{}, e.wrap("get rank", err)
 	}
 	if len(resp.Kvs) == 0 {
-		return bootstrap.RankInfo{}, fmt.Errorf("%w: etcd %s: instance %q dp=%d tp=%d pp=%d", ErrRankUnknown, e.endpoints, e.instance, dp, tp, pp)
+		return records.RankInfo{}, fmt.Errorf("%w: etcd %s: instance %q dp=%d tp=%d pp=%d", ErrRankUnknown, e.endpoints, e.instance, dp, tp, pp)
 	}
 	rec, ok := e.parseRecord(key, resp.Kvs[0].Value)
 	if !ok {
-		return bootstrap.RankInfo{}, fmt.Errorf("%w: etcd %s: instance %q dp=%d tp=%d pp=%d: malformed record", ErrRankUnknown, e.endpoints, e.instance, dp, tp, pp)
+		return records.RankInfo{}, fmt.Errorf("%w: etcd %s: instance %q dp=%d tp=%d pp=%d: malformed record", ErrRankUnknown, e.endpoints, e.instance, dp, tp, pp)
 	}
-	return bootstrap.RankInfo{Endpoint: rec.Endpoint, PublicKey: rec.PublicKey, Cert: rec.Cert, Epoch: rec.Epoch}, nil
+	return records.RankInfo{Endpoint: rec.Endpoint, PublicKey: rec.PublicKey, Cert: rec.Cert, Epoch: rec.Epoch}, nil
 }
 
 // PublishRoomDP records a room's DP group under the rank's lease (it

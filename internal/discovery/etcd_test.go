@@ -7,13 +7,14 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/etcdtest"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-func etcdRecord(tp int, endpoint string) bootstrap.RankRecord {
-	return bootstrap.RankRecord{Instance: "inst-a", DPSize: 1, TPRank: tp, TPSize: 2, PPSize: 1, Endpoint: endpoint,
+func etcdRecord(tp int, endpoint string) records.RankRecord {
+	return records.RankRecord{Instance: "inst-a", DPSize: 1, TPRank: tp, TPSize: 2, PPSize: 1, Endpoint: endpoint,
 		PageSize: 16, DType: "bf16", Compat: "v1:abc"}
 }
 

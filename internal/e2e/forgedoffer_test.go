@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/discovery"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/kvmanager"
@@ -102,7 +102,7 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 			require.NoError(t, err)
 			defer cl.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_, err = cl.RegisterRank(ctx, bootstrap.RankRecord{Instance: forgerID.Instance, TPSize: 1, PPSize: 1, DPSize: 1,
+			_, err = cl.RegisterRank(ctx, records.RankRecord{Instance: forgerID.Instance, TPSize: 1, PPSize: 1, DPSize: 1,
 				Endpoint: loop.Endpoint(), PageSize: def.PageTokens, DType: def.DType, Compat: def.Compat,
 				PublicKey: loop.PublicKey(), Epoch: loop.Identity().Epoch, Cert: base64.StdEncoding.EncodeToString(loop.Cert())})
 			cancel()

@@ -16,6 +16,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/testnet"
 	"github.com/kvbridge/kvbridge/internal/wire"
@@ -275,7 +276,7 @@ func TestRecordCertificateIsTheRanks(t *testing.T) {
 	topo, err := discovery.NewClient(boot).Topology(ctx)
 	require.NoError(t, err)
 	forged := startBoot(t)
-	rec := bootstrap.RankRecord{Instance: topo.Instance, DPSize: topo.DPSize, TPSize: topo.TPSize, PPSize: topo.PPSize,
+	rec := records.RankRecord{Instance: topo.Instance, DPSize: topo.DPSize, TPSize: topo.TPSize, PPSize: topo.PPSize,
 		Endpoint: strings.Fields(prefill.ready)[1], PageSize: topo.PageSize, DType: topo.DType, Compat: topo.Compat,
 		Cert: base64.StdEncoding.EncodeToString(other.Cert.Raw()), ModelFacts: topo.ModelFacts}
 	cl := discovery.NewClient(forged)

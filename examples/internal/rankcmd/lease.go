@@ -22,8 +22,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/examples/internal/openai"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -160,7 +160,7 @@ func (r *Rank) ticketHolders(ctx context.Context, room uint64, t *openai.Ticket)
 		if _, err := fmt.Sscanf(f, "%d.%d@%d", &tp, &pp, &epoch); err != nil {
 			return openai.BadRequest("invalid_kv_transfer_params", "kv_transfer_params.kvbridge.ranks %.64q: %v", t.Ranks, err)
 		}
-		var ri bootstrap.RankInfo
+		var ri records.RankInfo
 		err := getJSON(ctx, r.httpClient, fmt.Sprintf("%s/v1/ranks?dp=%d&tp=%d&pp=%d", t.Bootstrap, t.DP, tp, pp), &ri)
 		switch {
 		case err != nil:

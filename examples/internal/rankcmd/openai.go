@@ -42,9 +42,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/examples/internal/openai"
 	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"go.uber.org/zap"
 )
@@ -119,7 +119,7 @@ func (t *tinyRank) registered(ctx context.Context, ms []member) error {
 			in = Info{Parallel: t.r.Par, Epoch: t.r.epoch()}
 		}
 		p := in.Parallel
-		var ri bootstrap.RankInfo
+		var ri records.RankInfo
 		err := getJSON(ctx, t.r.httpClient, fmt.Sprintf("%s/v1/ranks?dp=%d&tp=%d&pp=%d", boot, p.DPRank, p.TPRank, p.PPRank), &ri)
 		switch {
 		case err != nil:
@@ -505,8 +505,8 @@ func (t *tinyRank) refuseDisagg(oreq *openai.Request, code, reason string) {
 
 // prefillTopology is the topology of the prefill instance at the
 // bootstrap server boot (false when it cannot be read).
-func (t *tinyRank) prefillTopology(boot string) (bootstrap.Topology, bool) {
-	var topo bootstrap.Topology
+func (t *tinyRank) prefillTopology(boot string) (records.Topology, bool) {
+	var topo records.Topology
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, boot+"/v1/topology", nil)

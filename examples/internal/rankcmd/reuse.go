@@ -30,6 +30,7 @@ import (
 	"github.com/kvbridge/kvbridge/examples/internal/openai"
 	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
@@ -405,7 +406,7 @@ func (t *tinyRank) fetchReuse(ctx context.Context, kv *openai.KVTransferParams, 
 	// restarted one is skipped at once, not after -reuse-timeout.
 	fctx, cancel := context.WithTimeout(ctx, rp.timeout)
 	defer cancel()
-	var ri bootstrap.RankInfo
+	var ri records.RankInfo
 	if err := getJSON(fctx, r.httpClient, boot+"/v1/ranks?dp=0&tp=0&pp=0", &ri); err != nil || ri.Epoch != tk.Epoch {
 		why := fmt.Sprintf("the decode process that kept room %d (epoch %d) is not registered at %s", tk.Room, tk.Epoch, boot)
 		if err != nil {

@@ -10,9 +10,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/examples/internal/tinyllm"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/assert"
@@ -103,17 +103,17 @@ func TestFrontJoin(t *testing.T) {
 	// A bootstrap server's GET /v1/ranks: the records registered so far,
 	// by TP rank.
 	var bmu sync.Mutex
-	records := map[int]uint64{0: 0} // the front's (its epoch: 0, no Manager here)
+	ranks := map[int]uint64{0: 0} // the front's (its epoch: 0, no Manager here)
 	boot := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		tp, _ := strconv.Atoi(req.URL.Query().Get("tp"))
 		bmu.Lock()
-		epoch, ok := records[tp]
+		epoch, ok := ranks[tp]
 		bmu.Unlock()
 		if !ok {
 			http.Error(w, `{"error":"no such rank"}`, http.StatusNotFound)
 			return
 		}
-		json.NewEncoder(w).Encode(bootstrap.RankInfo{Endpoint: "tcp://x", Epoch: epoch})
+		json.NewEncoder(w).Encode(records.RankInfo{Endpoint: "tcp://x", Epoch: epoch})
 	}))
 	defer boot.Close()
 	r := &Rank{Role: kvmanager.RolePrefill, Model: kvmodel.Model{PageTokens: 4}, npage: 4, token: "tok", Par: par, Instance: "p",
@@ -162,11 +162,11 @@ func TestFrontJoin(t *testing.T) {
 	// bootstrap server had 1 of 2 ranks): not whole.
 	assert.Equal(t, 503, health(), "/health with every rank joined, rank 1 not registered")
 	bmu.Lock()
-	records[1] = 6
+	ranks[1] = 6
 	bmu.Unlock()
 	assert.Equal(t, 503, health(), "/health with rank 1's record naming another process")
 	bmu.Lock()
-	records[1] = 7
+	ranks[1] = 7
 	bmu.Unlock()
 	assert.Equal(t, 200, health(), "/health with every rank joined and registered")
 	ms, err := r.tiny.members(0)
