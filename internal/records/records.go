@@ -132,4 +132,3 @@ func (r RankRecord) Validate() error {
 	}
 	return nil
 }
-
