@@ -19,22 +19,22 @@ type EtcdConfig struct {
 
 // Environment variables read by EtcdConfigFromEnv.
 const (
-	EnvEtcdCACert   = "KVBRIDGE_ETCD_CACERT"
-	EnvEtcdCert     = "KVBRIDGE_ETCD_CERT"
-	EnvEtcdKey      = "KVBRIDGE_ETCD_KEY"
-	EnvEtcdUsername = "KVBRIDGE_ETCD_USERNAME"
-	EnvEtcdPassword = "KVBRIDGE_ETCD_PASSWORD"
-	EnvEtcdLeaseTTL = "KVBRIDGE_ETCD_LEASE_TTL"
+	envEtcdCACert   = "KVBRIDGE_ETCD_CACERT"
+	envEtcdCert     = "KVBRIDGE_ETCD_CERT"
+	envEtcdKey      = "KVBRIDGE_ETCD_KEY"
+	envEtcdUsername = "KVBRIDGE_ETCD_USERNAME"
+	envEtcdPassword = "KVBRIDGE_ETCD_PASSWORD"
+	envEtcdLeaseTTL = "KVBRIDGE_ETCD_LEASE_TTL"
 )
 
 // EtcdConfigFromEnv reads the KVBRIDGE_ETCD_* variables.
 func EtcdConfigFromEnv() (EtcdConfig, error) {
-	c := EtcdConfig{CACert: os.Getenv(EnvEtcdCACert), Cert: os.Getenv(EnvEtcdCert), Key: os.Getenv(EnvEtcdKey),
-		Username: os.Getenv(EnvEtcdUsername), Password: os.Getenv(EnvEtcdPassword)}
-	if v := os.Getenv(EnvEtcdLeaseTTL); v != "" {
+	c := EtcdConfig{CACert: os.Getenv(envEtcdCACert), Cert: os.Getenv(envEtcdCert), Key: os.Getenv(envEtcdKey),
+		Username: os.Getenv(envEtcdUsername), Password: os.Getenv(envEtcdPassword)}
+	if v := os.Getenv(envEtcdLeaseTTL); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < time.Second {
-			return c, fmt.Errorf("bootstrap: %s=%q: want a duration of at least 1s", EnvEtcdLeaseTTL, v)
+			return c, fmt.Errorf("bootstrap: %s=%q: want a duration of at least 1s", envEtcdLeaseTTL, v)
 		}
 		c.LeaseTTL = d
 	}

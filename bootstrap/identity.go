@@ -239,14 +239,14 @@ func parseIdentity(b []byte, ca ed25519.PublicKey, now time.Time) (*RankIdentity
 
 // Environment variables read by IdentityFromEnv.
 const (
-	EnvCAFile       = "KVBRIDGE_CA_FILE"       // the CA's public key (a kvbridge-ca file)
-	EnvIdentityFile = "KVBRIDGE_IDENTITY_FILE" // this rank's certificate and key
+	envCAFile       = "KVBRIDGE_CA_FILE"       // the CA's public key (a kvbridge-ca file)
+	envIdentityFile = "KVBRIDGE_IDENTITY_FILE" // this rank's certificate and key
 )
 
 // IdentityFromEnv reads KVBRIDGE_CA_FILE and KVBRIDGE_IDENTITY_FILE: both
 // or neither (nil, nil).
 func IdentityFromEnv() (*RankIdentity, error) {
-	caPath, idPath := os.Getenv(EnvCAFile), os.Getenv(EnvIdentityFile)
+	caPath, idPath := os.Getenv(envCAFile), os.Getenv(envIdentityFile)
 	if caPath == "" && idPath == "" {
 		return nil, nil
 	}
@@ -256,7 +256,7 @@ func IdentityFromEnv() (*RankIdentity, error) {
 // LoadIdentity reads a CA file and an identity file.
 func LoadIdentity(caPath, idPath string) (*RankIdentity, error) {
 	if caPath == "" || idPath == "" {
-		return nil, fmt.Errorf("bootstrap: per-rank identity needs both %s and %s (got %q and %q)", EnvCAFile, EnvIdentityFile, caPath, idPath)
+		return nil, fmt.Errorf("bootstrap: per-rank identity needs both %s and %s (got %q and %q)", envCAFile, envIdentityFile, caPath, idPath)
 	}
 	cb, err := os.ReadFile(caPath)
 	if err != nil {

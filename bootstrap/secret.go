@@ -26,20 +26,20 @@ import (
 // Bootstrap writes carry BootstrapToken as a bearer token.
 type Auth struct {
 	// Secret is shared by every rank of the deployment and its bootstrap
-	// server; at least MinSecretBytes.
+	// server; at least minSecretBytes.
 	Secret []byte
 	// MaxSkew bounds |receiver clock − send time|, default 1 min.
 	MaxSkew time.Duration
 }
 
-// MinSecretBytes is the shortest secret accepted.
-const MinSecretBytes = 16
+// minSecretBytes is the shortest secret accepted.
+const minSecretBytes = 16
 
 // NewAuth checks the secret and returns an Auth with default settings.
 func NewAuth(secret []byte) (*Auth, error) {
 	a := &Auth{Secret: secret}
-	if len(a.Secret) < MinSecretBytes {
-		return nil, fmt.Errorf("bootstrap: the shared secret has %d bytes, want at least %d", len(a.Secret), MinSecretBytes)
+	if len(a.Secret) < minSecretBytes {
+		return nil, fmt.Errorf("bootstrap: the shared secret has %d bytes, want at least %d", len(a.Secret), minSecretBytes)
 	}
 	a.MaxSkew = time.Minute
 	return a, nil
@@ -55,33 +55,33 @@ func (a *Auth) BootstrapToken() string {
 
 // Environment variables read by AuthFromEnv.
 const (
-	EnvSecret     = "KVBRIDGE_SECRET"      // the shared secret itself
-	EnvSecretFile = "KVBRIDGE_SECRET_FILE" // a file holding it (trailing newline ignored)
-	EnvInsecure   = "KVBRIDGE_INSECURE"    // "1": run without authentication (logged as a warning)
+	envSecret     = "KVBRIDGE_SECRET"      // the shared secret itself
+	envSecretFile = "KVBRIDGE_SECRET_FILE" // a file holding it (trailing newline ignored)
+	envInsecure   = "KVBRIDGE_INSECURE"    // "1": run without authentication (logged as a warning)
 )
 
 // ErrNoSecret: neither a secret nor an explicit insecure mode is configured.
-var ErrNoSecret = errors.New("no shared secret: set " + EnvSecret + " or " + EnvSecretFile +
-	" (the same on every rank and the bootstrap server), or " + EnvInsecure + "=1 to run without authentication")
+var ErrNoSecret = errors.New("no shared secret: set " + envSecret + " or " + envSecretFile +
+	" (the same on every rank and the bootstrap server), or " + envInsecure + "=1 to run without authentication")
 
 // AuthFromEnv reads KVBRIDGE_SECRET or KVBRIDGE_SECRET_FILE, and
 // KVBRIDGE_INSECURE. It returns (nil, true, nil) for an explicit insecure
 // mode, (nil, false, nil) when nothing is set.
 func AuthFromEnv() (auth *Auth, insecure bool, err error) {
-	secret := os.Getenv(EnvSecret)
-	if path := os.Getenv(EnvSecretFile); secret == "" && path != "" {
+	secret := os.Getenv(envSecret)
+	if path := os.Getenv(envSecretFile); secret == "" && path != "" {
 		b, err := os.ReadFile(path)
 		if err != nil {
-			return nil, false, fmt.Errorf("bootstrap: %s: %w", EnvSecretFile, err)
+			return nil, false, fmt.Errorf("bootstrap: %s: %w", envSecretFile, err)
 		}
 		secret = strings.TrimRight(string(b), "\r\n")
 	}
-	insecure = os.Getenv(EnvInsecure) == "1" || strings.EqualFold(os.Getenv(EnvInsecure), "true")
+	insecure = os.Getenv(envInsecure) == "1" || strings.EqualFold(os.Getenv(envInsecure), "true")
 	if secret == "" {
 		return nil, insecure, nil
 	}
 	if insecure {
-		return nil, false, fmt.Errorf("bootstrap: both a shared secret and %s are set; choose one", EnvInsecure)
+		return nil, false, fmt.Errorf("bootstrap: both a shared secret and %s are set; choose one", envInsecure)
 	}
 	a, err := NewAuth([]byte(secret))
 	if err != nil {

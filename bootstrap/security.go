@@ -34,17 +34,17 @@ func GenerateKeyPair() (public, secret string, err error) {
 
 // Environment variables read by SecurityFromEnv.
 const (
-	EnvCurveSecretKey     = "KVBRIDGE_CURVE_SECRET_KEY"      // Z85 secret key
-	EnvCurveSecretKeyFile = "KVBRIDGE_CURVE_SECRET_KEY_FILE" // file holding it
-	EnvCurveAllow         = "KVBRIDGE_CURVE_ALLOW"           // comma- or space-separated Z85 public keys
-	EnvCurveAllowFile     = "KVBRIDGE_CURVE_ALLOW_FILE"      // file with one key per line (# comments)
+	envCurveSecretKey     = "KVBRIDGE_CURVE_SECRET_KEY"      // Z85 secret key
+	envCurveSecretKeyFile = "KVBRIDGE_CURVE_SECRET_KEY_FILE" // file holding it
+	envCurveAllow         = "KVBRIDGE_CURVE_ALLOW"           // comma- or space-separated Z85 public keys
+	envCurveAllowFile     = "KVBRIDGE_CURVE_ALLOW_FILE"      // file with one key per line (# comments)
 )
 
 // SecurityFromEnv builds a Security from KVBRIDGE_CURVE_* variables. It
 // returns nil, nil when no secret key is configured (security off).
 func SecurityFromEnv() (*Security, error) {
-	secret := strings.TrimSpace(os.Getenv(EnvCurveSecretKey))
-	if path := os.Getenv(EnvCurveSecretKeyFile); secret == "" && path != "" {
+	secret := strings.TrimSpace(os.Getenv(envCurveSecretKey))
+	if path := os.Getenv(envCurveSecretKeyFile); secret == "" && path != "" {
 		keys, err := readKeyFile(path)
 		if err != nil {
 			return nil, err
@@ -57,9 +57,9 @@ func SecurityFromEnv() (*Security, error) {
 	if secret == "" {
 		return nil, nil
 	}
-	s := &Security{SecretKey: secret, AllowedKeys: strings.FieldsFunc(os.Getenv(EnvCurveAllow),
+	s := &Security{SecretKey: secret, AllowedKeys: strings.FieldsFunc(os.Getenv(envCurveAllow),
 		func(r rune) bool { return r == ',' || r == ' ' || r == '\n' })}
-	if path := os.Getenv(EnvCurveAllowFile); path != "" {
+	if path := os.Getenv(envCurveAllowFile); path != "" {
 		keys, err := readKeyFile(path)
 		if err != nil {
 			return nil, err

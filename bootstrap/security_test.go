@@ -13,7 +13,7 @@ func TestSecurityFromEnv(t *testing.T) {
 		t.Skip(err)
 	}
 	peerPub, _, _ := GenerateKeyPair()
-	t.Setenv(EnvCurveSecretKey, "")
+	t.Setenv(envCurveSecretKey, "")
 	s, err := SecurityFromEnv()
 	require.NoError(t, err, "off by default: %v", s)
 	require.Nil(t, s, "off by default")
@@ -22,13 +22,13 @@ func TestSecurityFromEnv(t *testing.T) {
 	os.WriteFile(keyFile, []byte("# rank key\n"+sec+"\n"), 0o600)
 	allowFile := dir + "/allow"
 	os.WriteFile(allowFile, []byte(peerPub+"\n"), 0o600)
-	t.Setenv(EnvCurveSecretKeyFile, keyFile)
-	t.Setenv(EnvCurveAllowFile, allowFile)
+	t.Setenv(envCurveSecretKeyFile, keyFile)
+	t.Setenv(envCurveAllowFile, allowFile)
 	s, err = SecurityFromEnv()
 	require.NoError(t, err, "%+v", s)
 	require.Equal(t, pub, s.PublicKey, "%+v", s)
 	require.Equal(t, []string{peerPub}, s.AllowedKeys, "%+v", s)
-	t.Setenv(EnvCurveAllow, "not-a-key")
+	t.Setenv(envCurveAllow, "not-a-key")
 	_, err = SecurityFromEnv()
 	require.Error(t, err, "a bad allowed key must be refused")
 }

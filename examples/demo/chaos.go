@@ -120,7 +120,7 @@ func chaosEnv() map[string]string {
 		"KVBRIDGE_STALL_TIMEOUT":     chaosStallTimeout.String(),
 		"KVBRIDGE_QUARANTINE":        chaosQuarantine.String(),
 		"KVBRIDGE_TOMBSTONE_TTL":     chaosTombstoneTTL.String(),
-		bootstrap.EnvEtcdLeaseTTL:    chaosLease.String(),
+		"KVBRIDGE_ETCD_LEASE_TTL":    chaosLease.String(),
 	}
 }
 

@@ -51,7 +51,7 @@ func identityEnv(role string, args []string) ([]string, error) {
 	if err := os.WriteFile(f, id.Marshal(), 0o600); err != nil {
 		return nil, err
 	}
-	return []string{bootstrap.EnvCAFile + "=" + caFile, bootstrap.EnvIdentityFile + "=" + f}, nil
+	return []string{"KVBRIDGE_CA_FILE" + "=" + caFile, "KVBRIDGE_IDENTITY_FILE" + "=" + f}, nil
 }
 
 // issueFor reads -instance, -tp, -tp-rank, -pp, -pp-rank, -dp, -dp-rank

@@ -39,7 +39,7 @@ func TestIdentitiesIssuedInParallel(t *testing.T) {
 		require.NoError(t, errs[i], "rank %d", i)
 		var path string
 		for _, kv := range envs[i] {
-			if v, ok := strings.CutPrefix(kv, bootstrap.EnvIdentityFile+"="); ok {
+			if v, ok := strings.CutPrefix(kv, "KVBRIDGE_IDENTITY_FILE"+"="); ok {
 				path = v
 			}
 		}

@@ -90,7 +90,7 @@ func start(bin, name string, args ...string) (*proc, error) {
 	cmd := exec.Command(filepath.Join(bin, name), args...)
 	cmd.Env = os.Environ()
 	if secretFile != "" {
-		cmd.Env = append(cmd.Env, bootstrap.EnvSecretFile+"="+secretFile)
+		cmd.Env = append(cmd.Env, "KVBRIDGE_SECRET_FILE"+"="+secretFile)
 	}
 	if ca != nil && (name == "prefill" || name == "decode") {
 		env, err := identityEnv(name, args)

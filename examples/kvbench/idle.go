@@ -107,7 +107,7 @@ type rankProc struct {
 // startRank starts one example rank and waits for its ready line.
 func startRank(bin, role, secret string, args ...string) (*rankProc, error) {
 	cmd := exec.Command(filepath.Join(bin, role), args...)
-	cmd.Env = append(os.Environ(), bootstrap.EnvSecretFile+"="+secret)
+	cmd.Env = append(os.Environ(), "KVBRIDGE_SECRET_FILE"+"="+secret)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

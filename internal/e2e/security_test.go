@@ -88,7 +88,7 @@ func identityFiles(t *testing.T, ids ...wire.From) (*bootstrap.CA, [][]string, [
 		require.NoError(t, err)
 		p := filepath.Join(dir, fmt.Sprint("id", i))
 		require.NoError(t, os.WriteFile(p, id.Marshal(), 0o600))
-		envs = append(envs, []string{bootstrap.EnvCAFile + "=" + caf, bootstrap.EnvIdentityFile + "=" + p})
+		envs = append(envs, []string{"KVBRIDGE_CA_FILE" + "=" + caf, "KVBRIDGE_IDENTITY_FILE" + "=" + p})
 		out = append(out, id)
 	}
 	return ca, envs, out

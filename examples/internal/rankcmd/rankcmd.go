@@ -226,7 +226,7 @@ func newFlags(role kvmanager.Role) (*flag.FlagSet, *options) {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: %s [flags]\n\nA kvbridge %s rank. The deployment's shared secret comes from %s or %s\n"+
 			"(the same on every rank and the bootstrap server); -insecure runs without one.\n\nflags:\n",
-			name, name, bootstrap.EnvSecret, bootstrap.EnvSecretFile)
+			name, name, "KVBRIDGE_SECRET", "KVBRIDGE_SECRET_FILE")
 		fs.PrintDefaults()
 	}
 	return fs, o
