@@ -10,17 +10,12 @@ import (
 	"github.com/kvbridge/kvbridge/internal/cuda"
 )
 
-// Errors callers branch on. Engine failures wrap them.
+// Errors a Manager's start-up may wrap: the engine asked for does not
+// load, or cannot do what the Config asks (VRAM without a CUDA driver).
+// The agents' other failures are internal/nixl's.
 var (
 	ErrEngineUnavailable = errors.New("nixl: engine unavailable")
-	ErrRemoteUnknown     = errors.New("nixl: remote agent unknown")
-	ErrInvalidDescriptor = errors.New("nixl: invalid descriptor")
-	ErrInvalidRequest    = errors.New("nixl: invalid transfer request")
-	ErrBadMetadata       = errors.New("nixl: bad metadata")
-	ErrTransfer          = errors.New("nixl: transfer failed")
-	ErrTimeout           = errors.New("nixl: transfer deadline passed")
 	ErrUnsupported       = errors.New("nixl: not supported by this engine")
-	ErrClosed            = errors.New("nixl: agent closed")
 )
 
 // Engines.
@@ -70,16 +65,8 @@ func (p NIXLProgress) String() string {
 	return fmt.Sprintf("NIXLProgress(%d)", int(p))
 }
 
-// DefaultNIXLProgressDelay is how long NIXL's UCX progress thread sleeps in
-// poll() between unconditional passes when no event wakes it: a backstop,
-// since the worker's events wake it. NIXL's default, 0, makes the thread
-// spin: an idle rank burns a core; each pass costs an idle agent about
-// 70 µs here (NIXL 1.4.0: 0.10 % of a core at 100 ms, 0.03 % at 1 s).
-const DefaultNIXLProgressDelay = time.Second
-
-// UCXLibEnv names the environment variable Config.FromEnv reads into
-// Config.UCXLib.
-const UCXLibEnv = "KVBRIDGE_UCX_LIB"
+// ucxLibEnv names the variable FromEnv reads into Config.UCXLib.
+const ucxLibEnv = "KVBRIDGE_UCX_LIB"
 
 // Config opens an agent.
 type Config struct {
@@ -102,7 +89,7 @@ type Config struct {
 	BackendParams map[string]string
 	// NIXLProgressDelay bounds how long NIXL's progress thread sleeps
 	// between passes when no event wakes it (libnixl engine; 0:
-	// DefaultNIXLProgressDelay). NIXL's own default, 0, spins a core.
+	// 1 s). NIXL's own default, 0, spins a core.
 	NIXLProgressDelay time.Duration
 	// NIXLProgress says what progresses a libnixl agent's UCX worker (0:
 	// NIXLProgressThread, NIXL's own default). kvmanager chooses by role:
@@ -123,7 +110,7 @@ type Config struct {
 }
 
 // FromEnv fills what c leaves unset from the environment: NIXLLib from
-// KVBRIDGE_NIXL_LIB, UCXLib from KVBRIDGE_UCX_LIB (UCXLibEnv), CUDALib
+// KVBRIDGE_NIXL_LIB, UCXLib from KVBRIDGE_UCX_LIB, CUDALib
 // from KVBRIDGE_CUDA_LIB (cuda.DriverPathFromEnv), and the UCX settings the
 // ucx engine decides on — TLS, UNIFIED_MODE, ADAPTIVE_PROGRESS — from
 // UCX_TLS, UCX_UNIFIED_MODE and UCX_ADAPTIVE_PROGRESS, each where UCX has
@@ -134,7 +121,7 @@ func (c *Config) FromEnv() {
 	if v := os.Getenv("KVBRIDGE_NIXL_LIB"); c.NIXLLib == "" && v != "" {
 		c.NIXLLib = v
 	}
-	if v := os.Getenv(UCXLibEnv); c.UCXLib == "" && v != "" {
+	if v := os.Getenv(ucxLibEnv); c.UCXLib == "" && v != "" {
 		c.UCXLib = v
 	}
 	if v := cuda.DriverPathFromEnv(); c.CUDALib == "" && v != "" {
