@@ -164,9 +164,13 @@ func (d *Decode) checkRankCert(t core.Target, info records.RankInfo) error {
 // CreateReceiver creates the decode side of a room that pulls from the
 // given prefill ranks, each writing every page (the default instance when
 // none is given: see CreateReceiverFor).
-func (d *Decode) CreateReceiver(room uint64, targets ...Target) Result {
+func (d *Decode) CreateReceiver(room uint64, targets ...Target) error {
+	return refusal(d.createReceiver(room, targets...))
+}
+
+func (d *Decode) createReceiver(room uint64, targets ...Target) core.Result {
 	if len(targets) == 0 {
-		return d.CreateReceiverFor(room, Instance{DP: AutoDP})
+		return d.createReceiverFor(room, Instance{DP: AutoDP})
 	}
 	ts := make([]core.Target, len(targets))
 	for i, t := range targets {
@@ -174,7 +178,7 @@ func (d *Decode) CreateReceiver(room uint64, targets ...Target) Result {
 	}
 	res := d.stepIn(core.CreateReceiver{Room: room, Targets: ts}).Result
 	d.kickNotifier()
-	return resultOf(res)
+	return res
 }
 
 // kickNotifier wakes a polling notifier that stopped for want of rooms.
@@ -381,7 +385,11 @@ func instanceRanks(url string, topo records.Topology, dp int) []core.Target {
 // prefill instance: its topology is looked up once per instance (cached),
 // the rank mapping gives the room's prefill ranks, and their endpoints are
 // resolved now, so an abort before Init reaches them.
-func (d *Decode) CreateReceiverFor(room uint64, inst Instance) Result {
+func (d *Decode) CreateReceiverFor(room uint64, inst Instance) error {
+	return refusal(d.createReceiverFor(room, inst))
+}
+
+func (d *Decode) createReceiverFor(room uint64, inst Instance) core.Result {
 	links, told, err := d.links(room, inst)
 	if err != nil {
 		err = fmt.Errorf("room %d: %w", room, err)
@@ -390,11 +398,11 @@ func (d *Decode) CreateReceiverFor(room uint64, inst Instance) Result {
 			// each waits for its bootstrap deadline.
 			d.stepIn(core.RefuseRoom{Room: room, Targets: told, Reason: err.Error()})
 		}
-		return Result{Outcome: Rejected, Err: err}
+		return core.Result{Outcome: core.Rejected, Err: err}
 	}
 	res := d.stepIn(core.CreateReceiver{Room: room, Links: links}).Result
 	d.kickNotifier()
-	return resultOf(res)
+	return res
 }
 
 // InitReceiver sends the room's REQUEST to its prefill ranks, registering
@@ -482,17 +490,14 @@ func (d *Decode) failedErr(room uint64, reason string) error {
 
 // AbortReceiver fails the room and tells its prefill ranks (also before
 // its REQUEST went out); the pages stay quarantined until Released.
-func (d *Decode) AbortReceiver(room uint64, reason string) Result {
+func (d *Decode) AbortReceiver(room uint64, reason string) {
 	out := d.stepIn(core.AbortReceiver{Room: room, Reason: reason})
 	d.met.abort(out.Prior)
-	return resultOf(out.Result)
 }
 
 // ClearReceiver forgets the room. An unfinished room is aborted first; its
 // pages stay quarantined past Clear until Released.
-func (d *Decode) ClearReceiver(room uint64) Result {
-	return resultOf(d.stepIn(core.ClearReceiver{Room: room}).Result)
-}
+func (d *Decode) ClearReceiver(room uint64) { d.stepIn(core.ClearReceiver{Room: room}) }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 

@@ -379,7 +379,11 @@ func (m *Manager) trace(room uint64, ev rankhooks.Event) {
 }
 
 // CreateSender creates the prefill side of a room (see package sender).
-func (p *Prefill) CreateSender(room uint64) Result {
+// A room aborted before it starts Failed; a live or recently cleared
+// duplicate id is refused.
+func (p *Prefill) CreateSender(room uint64) error { return refusal(p.createSender(room)) }
+
+func (p *Prefill) createSender(room uint64) core.Result {
 	res := p.stepIn(core.CreateSender{Room: room}).Result
 	par := p.cfg.Parallel
 	if res.Outcome == core.Applied && p.cfg.PublishRoomDP && p.boot != nil && par.DPSize > 1 && par.TPRank == 0 && par.PPRank == 0 {
@@ -393,12 +397,12 @@ func (p *Prefill) CreateSender(room uint64) Result {
 			}
 		}()
 	}
-	return resultOf(res)
+	return res
 }
 
 // InitSender marks the sender initialised.
-func (p *Prefill) InitSender(room uint64) Result {
-	return resultOf(p.stepIn(core.InitSender{Room: room}).Result)
+func (p *Prefill) InitSender(room uint64) error {
+	return refusal(p.stepIn(core.InitSender{Room: room}).Result)
 }
 
 // SendChunk queues a chunk of the room's pages (positions continue where
@@ -434,14 +438,15 @@ func (p *Prefill) SendLayers(room uint64, pages []uint32, lo, hi int, last bool,
 func (p *Prefill) Layers() int { return max(len(p.cfg.Layout.Regions)/2, 1) }
 
 // AbortSender fails the room from the prefill side; its decode ranks are
-// told.
-func (p *Prefill) AbortSender(room uint64, reason string) Result {
+// told (an unknown room is remembered as aborted, for a REQUEST still on
+// its way).
+func (p *Prefill) AbortSender(room uint64, reason string) { p.abortSender(room, reason) }
+
+func (p *Prefill) abortSender(room uint64, reason string) core.Result {
 	out := p.stepIn(core.AbortSender{Room: room, Reason: reason})
 	p.met.abort(out.Prior)
-	return resultOf(out.Result)
+	return out.Result
 }
 
 // ClearSender forgets the room.
-func (p *Prefill) ClearSender(room uint64) Result {
-	return resultOf(p.stepIn(core.ClearSender{Room: room}).Result)
-}
+func (p *Prefill) ClearSender(room uint64) { p.stepIn(core.ClearSender{Room: room}) }

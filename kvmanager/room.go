@@ -111,12 +111,6 @@ func (p Poll) Valid() bool { return core.Poll(p).Valid() }
 // Terminal reports whether p is Failed or Success.
 func (p Poll) Terminal() bool { return core.Poll(p).Terminal() }
 
-// Outcome is what an event did to the rank's rooms. Every event returns
-// one, so logs and metrics can say what happened to each.
-type Outcome uint8
-
-func (o Outcome) String() string { return core.Outcome(o).String() }
-
 // RegistryConfig holds the deadlines and bounds of a rank's rooms
 // (docs/ARCHITECTURE.md, "Defaults and configuration").
 type RegistryConfig struct {
@@ -176,22 +170,14 @@ type RequestSpec struct {
 	Digest bool
 }
 
-// Result is what a call on a room did.
-type Result struct {
-	Outcome Outcome
-	// Status is the room's status after the call, 0 when no live room.
-	Status Poll
-	// Err says why for Rejected, and for Create refusals.
-	Err error
-	// Drained is true when the call left the room Failed with no write in
-	// flight and none that failed without being quiesced: no write for it
-	// can land or will be posted again.
-	Drained bool
-}
-
-// resultOf is the core's result as kvmanager's.
-func resultOf(r core.Result) Result {
-	return Result{Outcome: Outcome(r.Outcome), Status: Poll(r.Status), Err: r.Err, Drained: r.Drained}
+// refusal is the error of a call the core refused (its Outcome
+// Rejected), nil otherwise: a room created after an early abort starts
+// Failed and is no error, as a late call on an ended room is not.
+func refusal(r core.Result) error {
+	if r.Outcome == core.Rejected {
+		return r.Err
+	}
+	return nil
 }
 
 // Role says which side of a transfer a rank is.
@@ -213,8 +199,6 @@ type Target struct {
 	InstTP, InstPP int
 }
 
-// Applied: the event changed the room as asked.
-const Applied = Outcome(core.Applied)
 
 // Bootstrapping: the room exists but is not ready to move data (prefill:
 // waiting for the sender's Init and the decode ranks' requests; decode:
@@ -266,28 +250,11 @@ const CodeRejected = "rejected"
 // first reason.
 const Failed = Poll(core.Failed)
 
-// IgnoredCleared: the room was cleared; the late event changed nothing.
-const IgnoredCleared = Outcome(core.IgnoredCleared)
 
-// IgnoredStale: the event asked for a status the room has already
-// reached or passed (non-terminal statuses never go backwards).
-const IgnoredStale = Outcome(core.IgnoredStale)
 
-// IgnoredTerminal: the room is already Failed or Success (or was aborted
-// before it existed); the event changed nothing.
-const IgnoredTerminal = Outcome(core.IgnoredTerminal)
 
-// Rejected: the event is invalid here; the result's Err says why.
-const Rejected = Outcome(core.Rejected)
 
-// Pending: a peer request was kept for a room whose sender does not
-// exist yet.
-const Pending = Outcome(core.Pending)
 
-// Tombstoned: the call left a tombstone for a room that does not exist
-// (an abort before the room's Create: its id is refused until the
-// tombstone TTL).
-const Tombstoned = Outcome(core.Tombstoned)
 
 // MinPoll reduces the statuses of several ranks to the room's status: the
 // smallest one. It returns 0 (invalid) for no arguments or when any

@@ -215,10 +215,8 @@ func TestDecodeWithoutDefaultBootstrap(t *testing.T) {
 	d, err := NewDecode(cfg)
 	require.NoError(t, err)
 	defer d.Close()
-	res := d.CreateReceiverFor(42, Instance{DP: AutoDP})
-	if res.Outcome != Rejected || !strings.Contains(res.Err.Error(), "room 42 names no prefill instance") {
-		t.Fatalf("a room naming no instance: %+v", res)
-	}
+	err = d.CreateReceiverFor(42, Instance{DP: AutoDP})
+	require.ErrorContains(t, err, "room 42 names no prefill instance", "a room naming no instance")
 	if _, known := d.Status(42); known {
 		t.Fatal("the refused room was created")
 	}

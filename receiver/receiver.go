@@ -39,18 +39,16 @@ func New(d *kvmanager.Decode, room uint64) (*Receiver, error) {
 // (kvmanager.AutoDP: room % dp_size). The instance's topology is looked up
 // once and cached; an unsupported pair of shapes is refused here.
 func NewFor(d *kvmanager.Decode, room uint64, inst kvmanager.Instance) (*Receiver, error) {
-	res := d.CreateReceiverFor(room, inst)
-	if res.Outcome == kvmanager.Rejected {
-		return nil, fmt.Errorf("receiver: %w", res.Err)
+	if err := d.CreateReceiverFor(room, inst); err != nil {
+		return nil, fmt.Errorf("receiver: %w", err)
 	}
 	return &Receiver{d: d, room: room}, nil
 }
 
 // NewFrom creates the room pulling from the given prefill ranks.
 func NewFrom(d *kvmanager.Decode, room uint64, targets ...kvmanager.Target) (*Receiver, error) {
-	res := d.CreateReceiver(room, targets...)
-	if res.Outcome == kvmanager.Rejected {
-		return nil, fmt.Errorf("receiver: %w", res.Err)
+	if err := d.CreateReceiver(room, targets...); err != nil {
+		return nil, fmt.Errorf("receiver: %w", err)
 	}
 	return &Receiver{d: d, room: room}, nil
 }

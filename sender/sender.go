@@ -29,9 +29,8 @@ type Sender struct {
 // starts Failed (Poll says so, Failure says why); a live or recently cleared
 // duplicate id is an error.
 func New(p *kvmanager.Prefill, room uint64) (*Sender, error) {
-	res := p.CreateSender(room)
-	if res.Outcome == kvmanager.Rejected {
-		return nil, fmt.Errorf("sender: %w", res.Err)
+	if err := p.CreateSender(room); err != nil {
+		return nil, fmt.Errorf("sender: %w", err)
 	}
 	return &Sender{p: p, room: room}, nil
 }
@@ -42,8 +41,8 @@ func (s *Sender) Room() uint64 { return s.room }
 // Init marks the sender ready: once every required decode rank has sent
 // its request, the room is WaitingForInput.
 func (s *Sender) Init() error {
-	if res := s.p.InitSender(s.room); res.Outcome == kvmanager.Rejected {
-		return fmt.Errorf("sender: %w", res.Err)
+	if err := s.p.InitSender(s.room); err != nil {
+		return fmt.Errorf("sender: %w", err)
 	}
 	return nil
 }
