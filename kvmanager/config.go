@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/ident"
 	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -117,9 +118,10 @@ type Config struct {
 	Insecure bool
 	// RankIdentity turns on per-rank identity (with Auth): this rank's
 	// certificate and key and the deployment CA's public key (FromEnv reads
-	// KVBRIDGE_CA_FILE and KVBRIDGE_IDENTITY_FILE). A peer's from is then
+	// KVBRIDGE_CA_FILE and KVBRIDGE_IDENTITY_FILE; bootstrap.LoadIdentity
+	// reads the files, bootstrap.CA.Issue makes one). A peer's from is then
 	// proven: a holder of the shared secret alone can speak as no rank.
-	RankIdentity *bootstrap.RankIdentity
+	RankIdentity bootstrap.RankIdentity
 	// MaxPeers bounds the control plane's PUSH sockets (default 1024; a
 	// new peer evicts the least recently used unwatched one, and is refused
 	// when all are watched); MaxEpochs the peer epochs remembered for
@@ -200,11 +202,24 @@ func (c *Config) fillDefaults() {
 	}
 }
 
+// identity is the rank's identity as the control plane uses it (nil
+// without per-rank identity, or for a value bootstrap did not make, which
+// Validate refuses).
+func (c *Config) identity() *ident.RankIdentity {
+	id, _ := c.RankIdentity.(*ident.RankIdentity)
+	if id == nil {
+		return nil
+	}
+	return id
+}
+
 // Validate reports the first setting that cannot work.
 func (c *Config) Validate() error {
 	switch {
 	case c.Role != RolePrefill && c.Role != RoleDecode:
 		return fmt.Errorf("kvmanager: Config.Role must be RolePrefill or RoleDecode, got %d", c.Role)
+	case c.RankIdentity != nil && c.identity() == nil:
+		return fmt.Errorf("kvmanager: Config.RankIdentity is a %T: only bootstrap.LoadIdentity, IdentityFromEnv and CA.Issue make one", c.RankIdentity)
 	case c.Instance == "":
 		return errors.New("kvmanager: Config.Instance is empty (the instance's name, the same on every rank of it)")
 	case c.Rank < 0 || c.PrefillRank < 0:

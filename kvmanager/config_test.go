@@ -7,9 +7,11 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/ident"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/rankhooks"
+	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/require"
 )
@@ -101,4 +103,31 @@ func TestHooksOnlyThroughRankhooks(t *testing.T) {
 	cfg.hooks.ControlTap(nil)
 	(&Manager{cfg: cfg}).trace(1, rankhooks.Request)
 	require.True(t, tapped && traced, "tap %v, trace %v: the hooks rankhooks.Set gave", tapped, traced)
+}
+
+// foreignIdentity has RankIdentity's method set but is not an identity
+// bootstrap made: it holds no key the control plane could agree with.
+type foreignIdentity struct{}
+
+func (foreignIdentity) Marshal() []byte { return []byte("kvbridge-identity v1 forged") }
+
+// TestForeignIdentityRefused: Config.RankIdentity takes only what
+// bootstrap made (LoadIdentity, IdentityFromEnv, CA.Issue); another value
+// — a type of the user's, or a nil identity in the interface — is refused
+// by Validate naming the field, and one bootstrap issued passes.
+func TestForeignIdentityRefused(t *testing.T) {
+	cfg := DefaultConfig(RoleDecode)
+	cfg.Instance, cfg.Compat, cfg.Auth, cfg.BootstrapURL = "ident", "v1:test", testauth.Auth(), "http://127.0.0.1:1"
+	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+	for _, bad := range []bootstrap.RankIdentity{foreignIdentity{}, (*ident.RankIdentity)(nil)} {
+		cfg.RankIdentity = bad
+		err := cfg.Validate()
+		require.ErrorContains(t, err, "Config.RankIdentity", "%T", bad)
+	}
+	ca, err := bootstrap.NewCA()
+	require.NoError(t, err)
+	cfg.RankIdentity, err = ca.Issue("decode", "ident", 0, time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, cfg.Validate())
+	require.NotNil(t, cfg.identity())
 }

@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/discovery"
+	"github.com/kvbridge/kvbridge/internal/ident"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/records"
@@ -122,7 +122,7 @@ func (d *Decode) resolve(t core.Target) {
 			info, err = cl.Rank(ctx, t.DP, t.Rank, t.PP)
 		}
 		unknown := errors.Is(err, discovery.ErrRankUnknown) // (the core drops the instance's topology)
-		if err == nil && d.cfg.RankIdentity != nil {
+		if err == nil && d.cfg.identity() != nil {
 			err = d.checkRankCert(t, info)
 		}
 		if err != nil {
@@ -143,20 +143,20 @@ func (d *Decode) checkRankCert(t core.Target, info records.RankInfo) error {
 	where := fmt.Sprintf("prefill rank dp=%d tp=%d pp=%d of %s", t.DP, t.Rank, t.PP, t.Bootstrap)
 	raw := info.CertBytes()
 	if raw == "" {
-		return fmt.Errorf("%s: its record carries no identity certificate (per-rank identity is on here): %w", where, bootstrap.ErrBadCert)
+		return fmt.Errorf("%s: its record carries no identity certificate (per-rank identity is on here): %w", where, ident.ErrBadCert)
 	}
 	topo, err := d.topology(t.Bootstrap)
 	if err != nil {
 		return err
 	}
-	c, err := bootstrap.ParseCert([]byte(raw), d.cfg.RankIdentity.CA, time.Now())
+	c, err := ident.ParseCert([]byte(raw), d.cfg.identity().CA, time.Now())
 	if err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
 	want := wire.From{Role: wire.RolePrefill, Instance: topo.Instance,
 		Rank: transfer.Parallel{TPSize: topo.TPSize, TPRank: t.Rank, PPSize: topo.PPSize, PPRank: t.PP, DPSize: topo.DPSize, DPRank: t.DP}.Global()}
 	if (wire.From{Role: c.Role, Instance: c.Instance, Rank: c.Rank}) != want {
-		return fmt.Errorf("%s: its record carries the certificate of %s, want %s: %w", where, c, want.Peer(), bootstrap.ErrBadCert)
+		return fmt.Errorf("%s: its record carries the certificate of %s, want %s: %w", where, c, want.Peer(), ident.ErrBadCert)
 	}
 	return nil
 }
@@ -217,7 +217,7 @@ func (d *Decode) watch(url string, ch <-chan discovery.RankEvent) {
 	for ev := range ch {
 		t := core.Target{Bootstrap: url, DP: ev.DP, Rank: ev.TP, PP: ev.PP}
 		cert := records.RankInfo{Cert: ev.Cert}.CertBytes()
-		if d.cfg.RankIdentity != nil && !ev.Deleted && d.checkRankCert(t, records.RankInfo{Cert: ev.Cert}) != nil {
+		if d.cfg.identity() != nil && !ev.Deleted && d.checkRankCert(t, records.RankInfo{Cert: ev.Cert}) != nil {
 			// Not the rank's certificate: nothing is addressed with it; the
 			// REGISTER that goes unanswered looks the rank up, and the
 			// lookup fails the rooms naming the certificate (resolve).

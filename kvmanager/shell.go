@@ -219,7 +219,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		Identity: wire.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank},
 		Bind:     cfg.Bind, Handler: m.handle, OnPeerDown: m.peerDown, OnMalformedRequest: m.malformed,
 		HeartbeatInterval: cfg.HeartbeatInterval, MaxMisses: cfg.MaxMisses,
-		MaxPeers: cfg.MaxPeers, Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, RankIdentity: cfg.RankIdentity, Tap: cfg.hooks.ControlTap, Logger: m.log, Registerer: cfg.Registerer})
+		MaxPeers: cfg.MaxPeers, Auth: cfg.Auth, Insecure: cfg.Insecure, Security: cfg.Security, RankIdentity: cfg.identity(), Tap: cfg.hooks.ControlTap, Logger: m.log, Registerer: cfg.Registerer})
 	if err != nil {
 		if cfg.Registerer != nil {
 			cfg.Registerer.Unregister(m.met)

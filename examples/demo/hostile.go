@@ -19,6 +19,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/discovery"
+	"github.com/kvbridge/kvbridge/internal/ident"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/wire"
@@ -65,7 +66,7 @@ type attacker struct {
 	// them, addressed to the prefill rank's certificate from its bootstrap
 	// record. It knows no certificate of the decode rank (decode ranks
 	// publish none), so what it sends there carries the secret alone.
-	ids         [3]*bootstrap.RankIdentity
+	ids         [3]*ident.RankIdentity
 	prefillCert []byte
 	library     string   // the local UCX release, as a real blob names it
 	realAddr    []byte   // a real worker address of this machine's UCX (a local agent's)
@@ -230,7 +231,7 @@ func (a *attacker) seal(p *proc, rank int, frames [][]byte) [][]byte {
 	a.seq++
 	env := control.Envelope{Sent: time.Now(), Seq: a.seq, To: wire.From{Epoch: p.epoch}}
 	a.mu.Unlock()
-	var id *bootstrap.RankIdentity
+	var id *ident.RankIdentity
 	if a.ids[0] != nil && p == a.prefill {
 		id = a.ids[rank%len(a.ids)]
 	}
@@ -399,7 +400,7 @@ func (a *attacker) round(round int, push map[string]*zmq.Socket) {
 
 		// Authenticated (an insider, or a broken peer).
 		reg := a.register(a.agentBlob(garbageAddr(round)), round%3)
-		var id *bootstrap.RankIdentity
+		var id *ident.RankIdentity
 		if a.ids[0] != nil && p == a.prefill {
 			id = a.ids[round%3]
 		}

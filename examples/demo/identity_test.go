@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/ident"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -43,7 +43,7 @@ func TestIdentitiesIssuedInParallel(t *testing.T) {
 				path = v
 			}
 		}
-		id, err := bootstrap.LoadIdentity(caFile, path)
+		id, err := ident.LoadIdentity(caFile, path)
 		require.NoError(t, err, "rank %d", i)
 		assert.Equal(t, fmt.Sprintf("prefill/p/%d", i), id.Cert.String(), "rank %d's identity file %s holds the certificate of another rank", i, path)
 		os.Remove(path)

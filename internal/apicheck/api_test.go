@@ -96,6 +96,16 @@ func members(files []*ast.File) map[string][][2]string {
 					if !ok {
 						continue
 					}
+					if it, ok := ts.Type.(*ast.InterfaceType); ok { // an interface's methods are API too
+						for _, f := range it.Methods.List {
+							for _, n := range f.Names {
+								if n.IsExported() {
+									m[ts.Name.Name] = append(m[ts.Name.Name], [2]string{"method", n.Name})
+								}
+							}
+						}
+						continue
+					}
 					st, ok := ts.Type.(*ast.StructType)
 					if !ok {
 						continue

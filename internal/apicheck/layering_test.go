@@ -29,7 +29,7 @@ import (
 var layers = map[string]int{
 	"internal/wire": 0, "transfer": 0, "internal/mem": 1, "internal/cuda": 1, "gpu": 1, "internal/cpustat": 0, "internal/capture": 0,
 	"internal/leakcheck": 0, "internal/dl": 0, "internal/rankhooks": 0, "internal/canary": 0, "internal/kvdigest": 0, "internal/testnet": 0, "internal/promread": 0, "internal/nixldouble": 0, "internal/cudadouble": 0, "internal/apicheck": 0,
-	"internal/curve": 0, "internal/records": 1, "internal/wire/wiretest": 1,
+	"internal/curve": 0, "internal/ident": 1, "internal/records": 1, "internal/wire/wiretest": 1,
 	"internal/kvlayout": 2,
 	"internal/core":     3,
 	"nixl":              2,

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/ident"
 	"github.com/kvbridge/kvbridge/internal/wire"
 )
 
@@ -38,7 +39,7 @@ const replayWindow = 1024
 
 // peerCert is a verified certificate and the pair key derived from it.
 type peerCert struct {
-	cert *bootstrap.Cert
+	cert *ident.Cert
 	key  []byte
 }
 
@@ -90,9 +91,9 @@ type senderKey struct {
 
 type addressing struct {
 	auth        *sealer
-	id          *bootstrap.RankIdentity // nil: the shared secret alone
-	role        string                  // this rank's role: peers have the other
-	rebindAfter time.Duration           // the heartbeat bound
+	id          *ident.RankIdentity // nil: the shared secret alone
+	role        string              // this rank's role: peers have the other
+	rebindAfter time.Duration       // the heartbeat bound
 
 	seq atomic.Uint64 // the last message number stamped
 	// noncePrefix begins every sealed message's nonce (then its message
@@ -114,7 +115,7 @@ type addressing struct {
 	nudged   map[senderKey]time.Time
 }
 
-func newAddressing(auth *sealer, id *bootstrap.RankIdentity, role string) *addressing {
+func newAddressing(auth *sealer, id *ident.RankIdentity, role string) *addressing {
 	a := &addressing{auth: auth, id: id, role: role, rebindAfter: 15 * time.Second, book: map[string]*where{}, bookLRU: list.New(),
 		byRank: map[rankID][]string{}, certs: map[string]*peerCert{}, badCerts: map[string]error{},
 		windows: map[senderKey]*window{}, winLRU: list.New(), winRank: map[rankID][]uint64{}, nudged: map[senderKey]time.Time{}}
@@ -138,7 +139,7 @@ var errNoPeerCert = errors.New("no identity certificate known for the peer (per-
 func (a *addressing) verify(raw []byte, now time.Time) (*peerCert, error) {
 	if pc, ok := a.certs[string(raw)]; ok {
 		if now.After(pc.cert.NotAfter) {
-			return nil, fmt.Errorf("%w: %s expired at %s", bootstrap.ErrBadCert, pc.cert, pc.cert.NotAfter.UTC().Format(time.RFC3339))
+			return nil, fmt.Errorf("%w: %s expired at %s", ident.ErrBadCert, pc.cert, pc.cert.NotAfter.UTC().Format(time.RFC3339))
 		}
 		return pc, nil
 	}
@@ -155,11 +156,11 @@ func (a *addressing) verify(raw []byte, now time.Time) (*peerCert, error) {
 	// The role first: a certificate of this rank's own role (a public
 	// record's, say) is refused without checking its signature.
 	if len(raw) > 4 && wire.ByteRole(raw[4]) == a.role {
-		return refuse(fmt.Errorf("%w: a %s rank's certificate, as this one's: ranks talk only to ranks of the other role", bootstrap.ErrBadCert, a.role))
+		return refuse(fmt.Errorf("%w: a %s rank's certificate, as this one's: ranks talk only to ranks of the other role", ident.ErrBadCert, a.role))
 	}
-	c, err := bootstrap.ParseCert(raw, a.id.CA, now)
+	c, err := ident.ParseCert(raw, a.id.CA, now)
 	if err != nil {
-		if errors.Is(err, bootstrap.ErrBadCert) && !strings.Contains(err.Error(), "expired") {
+		if errors.Is(err, ident.ErrBadCert) && !strings.Contains(err.Error(), "expired") {
 			return refuse(err)
 		}
 		return nil, err
@@ -565,7 +566,7 @@ func (a *addressing) peerKey(raw []byte) *peerCert {
 // tagged with the shared secret (env.Cert must be empty); with id, as the
 // rank id names, to the peer whose certificate is given (env.Cert is set
 // to id's). A REGISTER's agent metadata must be sealed first (SealAgentMD).
-func SealAs(auth *bootstrap.Auth, id *bootstrap.RankIdentity, peer []byte, frames [][]byte, env Envelope) ([][]byte, error) {
+func SealAs(auth *bootstrap.Auth, id *ident.RankIdentity, peer []byte, frames [][]byte, env Envelope) ([][]byte, error) {
 	key, err := tagKey(auth.Secret, id, peer)
 	if err != nil {
 		return nil, err
@@ -579,7 +580,7 @@ func SealAs(auth *bootstrap.Auth, id *bootstrap.RankIdentity, peer []byte, frame
 // SealAgentMD seals agent metadata (or an ownership proof) from the rank
 // from to the rank to (as the envelope will address it), as SealAs would
 // tag it.
-func SealAgentMD(auth *bootstrap.Auth, id *bootstrap.RankIdentity, peer []byte, md []byte, from, to wire.From) ([]byte, error) {
+func SealAgentMD(auth *bootstrap.Auth, id *ident.RankIdentity, peer []byte, md []byte, from, to wire.From) ([]byte, error) {
 	key, err := tagKey(auth.Secret, id, peer)
 	if err != nil {
 		return nil, err
@@ -593,12 +594,12 @@ func SealAgentMD(auth *bootstrap.Auth, id *bootstrap.RankIdentity, peer []byte, 
 // the deployment CA's. It checks what Auth.Open checks, not the Loop's
 // addressing and replay rules; why is an Auth* reason. The body is
 // decrypted in place (frames[2]).
-func OpenAs(auth *bootstrap.Auth, id *bootstrap.RankIdentity, frames [][]byte, now time.Time) (opened [][]byte, env Envelope, why string) {
+func OpenAs(auth *bootstrap.Auth, id *ident.RankIdentity, frames [][]byte, now time.Time) (opened [][]byte, env Envelope, why string) {
 	return newSealer(auth).open(frames, now, func(cert []byte) ([]byte, string) {
 		if cert == nil {
 			return nil, AuthNoIdentity
 		}
-		c, err := bootstrap.ParseCert(cert, id.CA, now)
+		c, err := ident.ParseCert(cert, id.CA, now)
 		if err != nil || c.Role == id.Cert.Role { // (a rank talks to the other role's ranks)
 			return nil, AuthNoIdentity
 		}
@@ -610,11 +611,11 @@ func OpenAs(auth *bootstrap.Auth, id *bootstrap.RankIdentity, frames [][]byte, n
 	})
 }
 
-func tagKey(secret []byte, id *bootstrap.RankIdentity, peer []byte) ([]byte, error) {
+func tagKey(secret []byte, id *ident.RankIdentity, peer []byte) ([]byte, error) {
 	if id == nil {
 		return nil, nil
 	}
-	c, err := bootstrap.ParseCert(peer, id.CA, time.Now())
+	c, err := ident.ParseCert(peer, id.CA, time.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -623,7 +624,7 @@ func tagKey(secret []byte, id *bootstrap.RankIdentity, peer []byte) ([]byte, err
 
 // pairKey derives the MAC key of the pair (id, peer) under the deployment
 // secret: both the secret and one of the two private keys are needed.
-func pairKey(secret []byte, id *bootstrap.RankIdentity, peer *bootstrap.Cert) ([]byte, error) {
+func pairKey(secret []byte, id *ident.RankIdentity, peer *ident.Cert) ([]byte, error) {
 	shared, err := id.Agree(peer)
 	if err != nil {
 		return nil, err
@@ -646,6 +647,6 @@ func pairKey(secret []byte, id *bootstrap.RankIdentity, peer *bootstrap.Cert) ([
 
 // certIdentity is the identity a certificate vouches for (no endpoint or
 // epoch: those change with every start).
-func certIdentity(c *bootstrap.Cert) wire.From {
+func certIdentity(c *ident.Cert) wire.From {
 	return wire.From{Role: c.Role, Instance: c.Instance, Rank: c.Rank}
 }

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/ident"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	zmq "github.com/pebbe/zmq4"
 
@@ -68,7 +68,7 @@ type rawWire struct {
 	from wire.From
 }
 
-func newWire(t *testing.T, to *testRank, id *bootstrap.RankIdentity) *rawWire {
+func newWire(t *testing.T, to *testRank, id *ident.RankIdentity) *rawWire {
 	from := wire.From{Role: wire.RoleDecode, Instance: "marker", Endpoint: "tcp://127.0.0.1:1", Epoch: NewEpoch()}
 	if id != nil {
 		from.Instance, from.Rank = id.Cert.Instance, id.Cert.Rank
@@ -214,9 +214,9 @@ func TestReplayWindow(t *testing.T) {
 }
 
 // identities issues certificates for a decode and a prefill rank.
-func identities(t *testing.T) (ca *bootstrap.CA, decode, prefill *bootstrap.RankIdentity) {
+func identities(t *testing.T) (ca *ident.CA, decode, prefill *ident.RankIdentity) {
 	t.Helper()
-	ca, err := bootstrap.NewCA()
+	ca, err := ident.NewCA()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ func identities(t *testing.T) (ca *bootstrap.CA, decode, prefill *bootstrap.Rank
 	return ca, decode, prefill
 }
 
-func withIdentity(id *bootstrap.RankIdentity) func(*LoopConfig) {
+func withIdentity(id *ident.RankIdentity) func(*LoopConfig) {
 	return func(c *LoopConfig) {
 		c.RankIdentity = id
 		c.Identity.Role, c.Identity.Instance, c.Identity.Rank = id.Cert.Role, id.Cert.Instance, id.Cert.Rank
@@ -285,15 +285,15 @@ func TestRankIdentityProvesFrom(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := newAddressing(liar.auth, samerole, wire.RolePrefill).envelope(prefill.peer()); !errors.Is(err, bootstrap.ErrBadCert) {
+	if _, _, err := newAddressing(liar.auth, samerole, wire.RolePrefill).envelope(prefill.peer()); !errors.Is(err, ident.ErrBadCert) {
 		t.Fatalf("a prefill rank addressed a prefill rank: %v", err)
 	}
 	// A certificate from another CA.
-	otherCA, _ := bootstrap.NewCA()
+	otherCA, _ := ident.NewCA()
 	stranger, _ := otherCA.Issue(wire.RoleDecode, "d", 0, time.Now().Add(time.Hour))
 	// Its holder does not accept the prefill rank's certificate either, so
 	// the test seals the message by hand.
-	pc, _ := bootstrap.ParseCert(pid.Cert.Raw(), ca.Public, time.Now())
+	pc, _ := ident.ParseCert(pid.Cert.Raw(), ca.Public, time.Now())
 	fkey, err := pairKey(testSecret, stranger, pc)
 	if err != nil {
 		t.Fatal(err)
@@ -370,12 +370,12 @@ func TestAgentMetadataSealedToItsRecipient(t *testing.T) {
 
 // goldenIdentity loads a fixed rank identity (its X25519 key and its
 // certificate, signed by a fixed CA: Ed25519 signatures are deterministic)
-// from the files bootstrap's TestGoldenCertificate pins, for the golden
+// from the files internal/ident's TestGoldenCertificate pins, for the golden
 // files here.
-func goldenIdentity(t *testing.T, role string) *bootstrap.RankIdentity {
+func goldenIdentity(t *testing.T, role string) *ident.RankIdentity {
 	t.Helper()
-	dir := filepath.Join("..", "..", "bootstrap", "testdata", "golden")
-	id, err := bootstrap.LoadIdentity(filepath.Join(dir, "CA.txt"), filepath.Join(dir, "IDENTITY_"+role+".txt"))
+	dir := filepath.Join("..", "ident", "testdata", "golden")
+	id, err := ident.LoadIdentity(filepath.Join(dir, "CA.txt"), filepath.Join(dir, "IDENTITY_"+role+".txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -574,7 +574,7 @@ func TestEndpointBoundToItsRank(t *testing.T) {
 	}
 }
 
-func mustSeal(t *testing.T, id *bootstrap.RankIdentity, peer []byte, frames [][]byte, env Envelope) [][]byte {
+func mustSeal(t *testing.T, id *ident.RankIdentity, peer []byte, frames [][]byte, env Envelope) [][]byte {
 	t.Helper()
 	out, err := SealAs(testAuth(), id, peer, frames, env)
 	if err != nil {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/ident"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/internal/wire/wiretest"
 
@@ -182,9 +182,9 @@ const (
 )
 
 // benchIDs are the two ranks' identities in benchIdentity mode.
-var benchIDs = sync.OnceValues(func() ([2]*bootstrap.RankIdentity, error) {
-	var ids [2]*bootstrap.RankIdentity
-	ca, err := bootstrap.NewCA()
+var benchIDs = sync.OnceValues(func() ([2]*ident.RankIdentity, error) {
+	var ids [2]*ident.RankIdentity
+	ca, err := ident.NewCA()
 	if err != nil {
 		return ids, err
 	}
@@ -206,7 +206,7 @@ func newBenchPair(b *testing.B, mode benchMode) *benchPair {
 	if insecure {
 		auth = nil
 	}
-	var ids [2]*bootstrap.RankIdentity
+	var ids [2]*ident.RankIdentity
 	if mode == benchIdentity {
 		ids, err = benchIDs()
 		require.NoError(b, err)
@@ -416,7 +416,7 @@ func BenchmarkAuth(b *testing.B) {
 // window: the cost per message next to BenchmarkAuth's, in the same run.
 func BenchmarkAuthPair(b *testing.B) {
 	a := testSealer()
-	ca, err := bootstrap.NewCA()
+	ca, err := ident.NewCA()
 	require.NoError(b, err)
 	dec, _ := ca.Issue(wire.RoleDecode, "d", 0, time.Now().Add(time.Hour))
 	pre, _ := ca.Issue(wire.RolePrefill, "p", 3, time.Now().Add(time.Hour))

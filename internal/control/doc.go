@@ -2,7 +2,7 @@
 // the PROTOCOL.md messages (encoded by internal/wire) between ranks, their
 // envelopes — authenticated with the deployment's shared secret
 // (bootstrap.Auth), addressed to one process of one rank, numbered against
-// replays, and under per-rank identity (bootstrap.RankIdentity) keyed and
+// replays, and under per-rank identity (ident.RankIdentity) keyed and
 // sealed per pair of ranks —, heartbeats, optional CURVE encryption
 // (bootstrap.Security) and the loop's counters and metrics. It reports
 // events; it never decides room state (that is the protocol core's and

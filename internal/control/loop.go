@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/curve"
+	"github.com/kvbridge/kvbridge/internal/ident"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
@@ -77,7 +78,7 @@ type LoopConfig struct {
 	// RankIdentity turns on per-rank identity (with Auth): this rank's
 	// certificate and key, and the CA's public key that vouches for every
 	// peer's. A message's from is then proven, not claimed.
-	RankIdentity *bootstrap.RankIdentity
+	RankIdentity *ident.RankIdentity
 	// Tap, if set, sees every message as it came off the wire, before any
 	// check (a packet capture, for diagnostics and tests). It runs on the
 	// receive goroutine and must not keep or modify frames.
@@ -354,7 +355,7 @@ func (l *Loop) Send(to wire.Peer, m wire.Message) error {
 	}
 	wire.SetFrom(m, l.id)
 	o, err := l.encode(to, m)
-	if errors.Is(err, errNoPeerCert) || errors.Is(err, bootstrap.ErrBadCert) {
+	if errors.Is(err, errNoPeerCert) || errors.Is(err, ident.ErrBadCert) {
 		l.snd.dropped(outbound{to: to, t: m.Type()}, DropNoIdentity, err)
 		return nil
 	}

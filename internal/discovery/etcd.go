@@ -86,11 +86,11 @@ func DialEtcd(target string, c bootstrap.EtcdConfig) (*EtcdClient, error) {
 		if c.CACert != "" {
 			pem, err := os.ReadFile(c.CACert)
 			if err != nil {
-				return nil, fmt.Errorf("bootstrap: etcd bootstrap.CA certificate: %w", err)
+				return nil, fmt.Errorf("bootstrap: etcd CA certificate: %w", err)
 			}
 			t.RootCAs = x509.NewCertPool()
 			if !t.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("bootstrap: etcd bootstrap.CA certificate %s: no PEM certificate in it", c.CACert)
+				return nil, fmt.Errorf("bootstrap: etcd CA certificate %s: no PEM certificate in it", c.CACert)
 			}
 		}
 		if c.Cert != "" {

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/discovery"
+	"github.com/kvbridge/kvbridge/internal/ident"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/kvbridge/kvbridge/internal/testauth"
@@ -74,15 +74,15 @@ func (p *rankProc) stats(t *testing.T) control.Stats {
 
 // identityFiles issues a certificate for each identity and writes the
 // files a rank process reads; it returns the CA and the env of each.
-func identityFiles(t *testing.T, ids ...wire.From) (*bootstrap.CA, [][]string, []*bootstrap.RankIdentity) {
+func identityFiles(t *testing.T, ids ...wire.From) (*ident.CA, [][]string, []*ident.RankIdentity) {
 	t.Helper()
-	ca, err := bootstrap.NewCA()
+	ca, err := ident.NewCA()
 	require.NoError(t, err)
 	dir := t.TempDir()
 	caf := filepath.Join(dir, "ca")
 	require.NoError(t, os.WriteFile(caf, ca.Marshal(false), 0o644))
 	var envs [][]string
-	var out []*bootstrap.RankIdentity
+	var out []*ident.RankIdentity
 	for i, f := range ids {
 		id, err := ca.Issue(f.Role, f.Instance, f.Rank, time.Now().Add(time.Hour))
 		require.NoError(t, err)

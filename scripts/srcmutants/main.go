@@ -696,6 +696,10 @@ var mutants = []mutant{
 		pkg: "internal/nixl", run: "^TestCUDADriverOnlyThroughConfig$"},
 	{name: "proof-cuda-lib-ignored", file: "kvmanager/proof.go", old: "cuda.OpenDriver(m.cfg.Engine.CUDALib)", new: "cuda.OpenDriver(\"\")",
 		pkg: "kvmanager", run: "^TestProofDriverFromConfig$"},
+	// Per-rank identity behind bootstrap's interface (issue 50): a value
+	// bootstrap did not make accepted as Config.RankIdentity.
+	{name: "identity-foreign-accepted", file: "kvmanager/config.go", old: "\tcase c.RankIdentity != nil && c.identity() == nil:", new: "\tcase false:",
+		pkg: "kvmanager", run: "^TestForeignIdentityRefused$"},
 	{name: "canary-find-skips-first", file: "internal/canary/canary.go", old: "\tfor (size_t i = 0; i < n; i++) {\n\t\tuint64_t x;", new: "\tfor (size_t i = 1; i < n; i++) {\n\t\tuint64_t x;",
 		pkg: "internal/canary", run: "^TestPlantFind$"},
 	// Each range check on a PAGES (issue 49, item 5): removed, or off
