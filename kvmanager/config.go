@@ -267,7 +267,7 @@ func (c *Config) Validate() error {
 				len(c.Layout.Regions), c.Layout.PageBytes, c.Parallel, layers, transfer.RegionsPerLayer, pb)
 		}
 	}
-	if err := c.Registry.Validate(); err != nil {
+	if err := c.Registry.validate(); err != nil {
 		return fmt.Errorf("kvmanager: Config.Registry: %w", err)
 	}
 	return nil

@@ -174,7 +174,7 @@ func (d *Decode) createReceiver(room uint64, targets ...Target) core.Result {
 	}
 	ts := make([]core.Target, len(targets))
 	for i, t := range targets {
-		ts[i] = core.Target(t)
+		ts[i] = core.Target{Bootstrap: t.Bootstrap, Rank: t.Rank, DP: t.DP, PP: t.PP}
 	}
 	res := d.stepIn(core.CreateReceiver{Room: room, Targets: ts}).Result
 	d.kickNotifier()

@@ -105,9 +105,6 @@ type Poll uint8
 
 func (p Poll) String() string { return core.Poll(p).String() }
 
-// Valid reports whether p is one of the defined statuses.
-func (p Poll) Valid() bool { return core.Poll(p).Valid() }
-
 // Terminal reports whether p is Failed or Success.
 func (p Poll) Terminal() bool { return core.Poll(p).Terminal() }
 
@@ -148,7 +145,7 @@ type RegistryConfig struct {
 }
 
 // Validate checks the deadlines and bounds.
-func (c RegistryConfig) Validate() error { return core.RegistryConfig(c).Validate() }
+func (c RegistryConfig) validate() error { return core.RegistryConfig(c).Validate() }
 
 // RequestSpec is what a decode rank asks of its prefill ranks for a room.
 type RequestSpec struct {
@@ -192,11 +189,6 @@ type Target struct {
 	Bootstrap string
 	Rank      int // TP rank
 	DP, PP    int
-	// InstTP, InstPP are the instance's sizes the mapping used (0: no
-	// mapping). They go in the target's REGISTER, so a rank of an
-	// instance that changed shape refuses it; a room mapped onto other
-	// sizes than the target's makes it register again.
-	InstTP, InstPP int
 }
 
 

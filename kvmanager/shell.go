@@ -338,17 +338,9 @@ func (m *Manager) Endpoint() string { return m.loop.Endpoint() }
 // Epoch returns this process's control-plane epoch (its messages' from).
 func (m *Manager) Epoch() uint64 { return m.loop.Identity().Epoch }
 
-// Cert returns this rank's identity certificate, or nil without per-rank
-// identity.
-func (m *Manager) Cert() []byte { return m.loop.Cert() }
-
 // Engine names the NIXL engine the rank's agent runs (loopback, ucx,
 // libnixl).
 func (m *Manager) Engine() string { return m.agent.Engine() }
-
-// AgentName is the name the rank's agent registers under (its metadata
-// carries it; a prefill rank loads it under this name).
-func (m *Manager) AgentName() string { return m.agent.Name() }
 
 // The raw agent is not exported (writes through it would bypass the
 // core): kvbridge's benchmarks and tests reach it through rawagent.

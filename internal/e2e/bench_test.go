@@ -167,7 +167,7 @@ func reportCPU(b *testing.B, cpu time.Duration, bytes float64, rooms int) {
 // room measured after it would pay for a new one.
 func (c *benchCluster) bulkGBps(b *testing.B, size uint64, descs, streams, iters int) (float64, float64) {
 	a := rawagent.Of(c.prefill)
-	remote := c.decode.AgentName()
+	remote := c.decode.Config().Engine.Name
 	src, dst := c.prefill.Config().Layout.Regions, c.decode.Config().Layout.Regions
 	each := size / uint64(descs)
 	var wg sync.WaitGroup

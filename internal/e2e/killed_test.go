@@ -112,7 +112,7 @@ func TestRankAgentProgressModes(t *testing.T) {
 			name string
 			a    string
 			want bool
-		}{{"prefill", c.prefill.AgentName(), prefill}, {"decode", c.decode.AgentName(), decode}} {
+		}{{"prefill", c.prefill.Config().Engine.Name, prefill}, {"decode", c.decode.Config().Engine.Name, decode}} {
 			prog, err := nixldouble.AgentProgressThread(lib, m.a)
 			require.NoError(t, err)
 			assert.Equal(t, m.want, prog, "the %s rank's agent %q: progress thread", m.name, m.a)

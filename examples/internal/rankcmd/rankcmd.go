@@ -976,4 +976,4 @@ func (r *Rank) quarantine(ctx context.Context, rc *receiver.Receiver, dst []uint
 	}
 }
 
-func cfgIdentity(m *kvmanager.Manager) bool { return m.Cert() != nil }
+func cfgIdentity(m *kvmanager.Manager) bool { return m.Config().RankIdentity != nil }
