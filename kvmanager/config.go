@@ -10,6 +10,7 @@ import (
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/ident"
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -163,7 +164,7 @@ func (c *Config) fillDefaults() {
 	if c.Rank == 0 {
 		c.Rank = c.Parallel.Global()
 	}
-	if !c.Model.Zero() {
+	if !kvlayout.NoModel(c.Model) {
 		c.PageTokens = c.Model.PageTokens
 	}
 	if c.Workers == 0 {
@@ -230,7 +231,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("kvmanager: Config.Rank %d is not the rank's index %d in its instance (Config.Parallel %v)", c.Rank, c.Parallel.Global(), c.Parallel)
 	case c.Compat == "":
 		return errors.New("kvmanager: Config.Compat is empty (hash of protocol, model layout, dtype, page size)")
-	case c.Role == RoleDecode && c.BootstrapURL == "" && c.Model.Zero():
+	case c.Role == RoleDecode && c.BootstrapURL == "" && kvlayout.NoModel(c.Model):
 		// (With a Model, each room may name its prefill instance instead:
 		// Instance.Bootstrap.)
 		return errors.New("kvmanager: a decode rank without a Config.Model needs Config.BootstrapURL to find prefill ranks")
@@ -253,7 +254,7 @@ func (c *Config) Validate() error {
 	if err := c.Layout.Validate(); err != nil {
 		return fmt.Errorf("kvmanager: Config.Layout: %w", err)
 	}
-	if !c.Model.Zero() {
+	if !kvlayout.NoModel(c.Model) {
 		if err := c.Model.Validate(); err != nil {
 			return fmt.Errorf("kvmanager: Config.Model: %w", err)
 		}

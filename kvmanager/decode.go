@@ -305,7 +305,7 @@ func (d *Decode) links(room uint64, inst Instance) (links []core.Link, told []co
 	if inst.Bootstrap == "" {
 		return nil, nil, fmt.Errorf("room %d names no prefill instance (Instance.Bootstrap) and this decode rank has no default (Config.BootstrapURL)", room)
 	}
-	if d.cfg.Model.Zero() {
+	if kvlayout.NoModel(d.cfg.Model) {
 		return []core.Link{{Target: core.Target{Bootstrap: inst.Bootstrap, Rank: d.cfg.PrefillRank, DP: max(inst.DP, 0)}, Aux: true}}, nil, nil
 	}
 	topo, err := d.topology(inst.Bootstrap)

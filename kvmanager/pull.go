@@ -286,7 +286,7 @@ func (d *Decode) proveOffer(p *core.OfferPlan) error {
 // pullSlice is the rank mapping's slice of what prefill rank t holds for
 // this rank (nil without a Model: identical layouts), computed once.
 func (d *Decode) pullSlice(t core.Target) (*kvlayout.Slice, error) {
-	if d.cfg.Model.Zero() {
+	if kvlayout.NoModel(d.cfg.Model) {
 		return nil, nil
 	}
 	ps := d.pull
@@ -300,7 +300,7 @@ func (d *Decode) pullSlice(t core.Target) (*kvlayout.Slice, error) {
 	if err != nil {
 		return nil, err
 	}
-	pm := d.cfg.Model.WithPages(topo.PageSize)
+	pm := kvlayout.WithPages(d.cfg.Model, topo.PageSize)
 	pp := transfer.Parallel{TPSize: topo.TPSize, TPRank: t.Rank, PPSize: topo.PPSize, PPRank: t.PP, DPSize: topo.DPSize, DPRank: t.DP}
 	if s, err = kvlayout.Plan(pm, d.cfg.Model, pp, d.cfg.Parallel); err != nil {
 		return nil, fmt.Errorf("prefill %v → decode %v: %w", pp.Norm(), d.cfg.Parallel.Norm(), err)

@@ -191,7 +191,6 @@ type Target struct {
 	DP, PP    int
 }
 
-
 // Bootstrapping: the room exists but is not ready to move data (prefill:
 // waiting for the sender's Init and the decode ranks' requests; decode:
 // the request has not been sent).
@@ -241,12 +240,6 @@ const CodeRejected = "rejected"
 // Failed is terminal: the room will not complete. The registry keeps the
 // first reason.
 const Failed = Poll(core.Failed)
-
-
-
-
-
-
 
 // MinPoll reduces the statuses of several ranks to the room's status: the
 // smallest one. It returns 0 (invalid) for no arguments or when any

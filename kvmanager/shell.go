@@ -13,6 +13,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/control"
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/discovery"
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/pool"
 	"github.com/kvbridge/kvbridge/internal/rankhooks"
@@ -190,7 +191,7 @@ func newManager(cfg Config) (m *Manager, err error) {
 		kv, aux, state := core.RegionsOf(cfg.Layout)
 		ccfg.Register = wire.Register{Compat: cfg.Compat, Agent: cfg.Engine.Name, AgentMD: md,
 			TPSize: cfg.Parallel.TPSize, TPRank: cfg.Parallel.TPRank, KV: kv, Aux: aux, State: state, Proof: m.proof[:], Pull: cfg.Pull}
-		if !cfg.Model.Zero() {
+		if !kvlayout.NoModel(cfg.Model) {
 			f := modelFacts(cfg.Model)
 			ccfg.Register.Topo = &wire.Topo{PPSize: cfg.Parallel.PPSize, PPRank: cfg.Parallel.PPRank,
 				DPSize: cfg.Parallel.DPSize, DPRank: cfg.Parallel.DPRank, Layers: f.Layers, KVHeads: f.KVHeads,
@@ -765,7 +766,7 @@ func (m *Manager) Close() error {
 
 // modelFacts is the rank table's form of a model.
 func modelFacts(m transfer.Model) records.ModelFacts {
-	if m.Zero() {
+	if kvlayout.NoModel(m) {
 		return records.ModelFacts{}
 	}
 	return records.ModelFacts{Layers: m.Layers, KVHeads: m.KVHeads, HeadBytes: m.HeadBytes, MLA: m.MLA, PageLayout: m.Layout.String()}

@@ -52,7 +52,7 @@ func (d *Decode) slice(l core.Link) (s *kvlayout.Slice, rlo, rhi int, write bool
 		return nil, 0, 0, false, nil
 	}
 	m := d.cfg.Model
-	if m.Zero() {
+	if kvlayout.NoModel(m) {
 		return nil, 0, len(d.cfg.Layout.Regions), true, nil
 	}
 	if l.InstTP == 0 || l.InstPP == 0 {
@@ -62,7 +62,7 @@ func (d *Decode) slice(l core.Link) (s *kvlayout.Slice, rlo, rhi int, write bool
 	}
 	src := m
 	if l.Pages.Src > 0 {
-		src = m.WithPages(l.Pages.Src)
+		src = kvlayout.WithPages(m, l.Pages.Src)
 	}
 	p := kvlayout.Parallel{TPSize: l.InstTP, TPRank: l.Rank, PPSize: l.InstPP, PPRank: l.PP}
 	if s, err = kvlayout.Plan(src, m, p, d.cfg.Parallel); err != nil || s == nil {
@@ -105,7 +105,7 @@ func (d *Decode) tails(spec core.RequestSpec, l core.Link, off, n, rlo, rhi int,
 			}
 			st := lay.State[i]
 			for _, it := range items {
-				if int(it) < st.Items() {
+				if int(it) < kvlayout.Items(st) {
 					out = append(out, uint64(st.Addr)+(uint64(it)+1)*st.ItemBytes-kvlayout.TailBytes)
 				}
 			}

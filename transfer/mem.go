@@ -29,12 +29,3 @@ type Desc struct {
 	Len  uint64
 	Dev  uint64
 }
-
-// End is the address one past d's last byte (it wraps for a length that
-// overflows the address space: callers check End() >= Addr).
-func (d Desc) End() uint64 { return uint64(d.Addr) + d.Len }
-
-// Contains reports whether d lies wholly inside r (same device).
-func (r Desc) Contains(d Desc) bool {
-	return d.Dev == r.Dev && uint64(d.Addr) >= uint64(r.Addr) && d.End() <= r.End() && d.End() >= uint64(d.Addr)
-}

@@ -35,30 +35,6 @@ type StateRegion struct {
 	ItemBytes uint64
 }
 
-// Items is how many items the region holds.
-func (s StateRegion) Items() int {
-	if s.ItemBytes == 0 {
-		return 0
-	}
-	return int(s.Len / s.ItemBytes)
-}
-
-// Pages is how many pages each region holds.
-func (l Layout) Pages() int {
-	if len(l.Regions) == 0 || l.PageBytes == 0 {
-		return 0
-	}
-	return int(l.Regions[0].Len / l.PageBytes)
-}
-
-// AuxItems is how many aux items the aux region holds.
-func (l Layout) AuxItems() int {
-	if l.AuxItemBytes == 0 {
-		return 0
-	}
-	return int(l.Aux.Len / l.AuxItemBytes)
-}
-
 // Validate checks the layout is usable.
 func (l Layout) Validate() error {
 	switch {
@@ -131,16 +107,6 @@ type Model struct {
 	MLA        bool
 	Layout     PageLayout
 }
-
-// WithPages is the model with pages of n tokens.
-func (m Model) WithPages(n int) Model {
-	m.PageTokens = n
-	return m
-}
-
-// Zero reports whether no model was given (then no mapping applies: one
-// prefill rank feeds one decode rank with identical layouts).
-func (m Model) Zero() bool { return m == Model{} }
 
 // Validate checks the model on its own.
 func (m Model) Validate() error {

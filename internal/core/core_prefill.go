@@ -315,7 +315,7 @@ func (c *prefillCore) checkLayout(msg *wire.Register) (PeerPlan, error) {
 	if lay.AuxItemBytes != local.AuxItemBytes {
 		return PeerPlan{}, fmt.Errorf("aux items of %d bytes at prefill, %d at decode", local.AuxItemBytes, lay.AuxItemBytes)
 	}
-	if c.cfg.Model.Zero() {
+	if kvlayout.NoModel(c.cfg.Model) {
 		if msg.Topo != nil {
 			return PeerPlan{}, fmt.Errorf("decode %s maps ranks (it sent its topology) but this prefill rank has no Model: set it on both", msg.From.Peer())
 		}
@@ -334,7 +334,7 @@ func (c *prefillCore) checkLayout(msg *wire.Register) (PeerPlan, error) {
 		return PeerPlan{}, err
 	}
 	dm := kvlayout.Model{Layers: t.Layers, KVHeads: t.KVHeads, HeadBytes: t.HeadBytes, PageTokens: t.PageTokens, MLA: t.MLA, Layout: pl}
-	if dm.WithPages(c.cfg.Model.PageTokens) != c.cfg.Model {
+	if kvlayout.WithPages(dm, c.cfg.Model.PageTokens) != c.cfg.Model {
 		return PeerPlan{}, fmt.Errorf("model mismatch: prefill %+v, decode %+v", c.cfg.Model, dm)
 	}
 	if err := kvlayout.PageRatio(c.cfg.Model.PageTokens, dm.PageTokens); err != nil {
@@ -650,7 +650,7 @@ const MaxRequired = 1024
 
 func checkRequest(msg *wire.Request, p *decodePeer) string {
 	key := p.from.Peer()
-	pages := uint32(p.layout.Pages())
+	pages := uint32(kvlayout.Pages(p.layout))
 	if msg.Required > MaxRequired {
 		return fmt.Sprintf("room %d: required %d exceeds %d", msg.Room, msg.Required, MaxRequired)
 	}
@@ -662,16 +662,16 @@ func checkRequest(msg *wire.Request, p *decodePeer) string {
 			return fmt.Sprintf("room %d: dst_pages[%d]=%d outside the %d pages %s registered", msg.Room, i, pg, pages, key)
 		}
 	}
-	if msg.AuxIndex >= p.layout.AuxItems() {
-		return fmt.Sprintf("room %d: aux_index %d outside the %d aux items %s registered", msg.Room, msg.AuxIndex, p.layout.AuxItems(), key)
+	if msg.AuxIndex >= kvlayout.AuxItems(p.layout) {
+		return fmt.Sprintf("room %d: aux_index %d outside the %d aux items %s registered", msg.Room, msg.AuxIndex, kvlayout.AuxItems(p.layout), key)
 	}
 	if len(msg.StateIndices) > len(p.layout.State) {
 		return fmt.Sprintf("room %d: %d state index lists for %d state regions", msg.Room, len(msg.StateIndices), len(p.layout.State))
 	}
 	for i, list := range msg.StateIndices {
 		for _, it := range list {
-			if int(it) >= p.layout.State[i].Items() {
-				return fmt.Sprintf("room %d: state_indices[%d] item %d outside the %d items %s registered", msg.Room, i, it, p.layout.State[i].Items(), key)
+			if int(it) >= kvlayout.Items(p.layout.State[i]) {
+				return fmt.Sprintf("room %d: state_indices[%d] item %d outside the %d items %s registered", msg.Room, i, it, kvlayout.Items(p.layout.State[i]), key)
 			}
 		}
 	}

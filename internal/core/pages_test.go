@@ -25,7 +25,7 @@ func mappedCore(t *testing.T, m kvlayout.Model, decodeTokens int) (*Core, *wire.
 	c, err := NewCore(CoreConfig{Role: RolePrefill, Compat: "sim", Layout: lay(m), Registry: simRegistryConfig(),
 		QuarantineTimeout: 30 * time.Second, RegisterRetry: time.Second, Model: m})
 	require.NoError(t, err)
-	dm := m.WithPages(decodeTokens)
+	dm := kvlayout.WithPages(m, decodeTokens)
 	peer := lay(dm)
 	for i := range peer.Regions {
 		peer.Regions[i].Addr += 1 << 30

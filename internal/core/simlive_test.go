@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 )
 
 // ---- what the runs reached ---------------------------------------------
@@ -220,7 +222,7 @@ func (w *simWorld) simTableBound(c *Core, name string) (bound int, empty, ok boo
 	case "echo": // bytes: the last MaxEchoes nonces
 		return MaxEchoes * ChallengeBytes, false, true
 	case "peers[].inUse": // each registration's pages and aux items (simLayout has no state)
-		return w.cfg.slots() * (simPages + simLayout().AuxItems()), true, true
+		return w.cfg.slots() * (simPages + kvlayout.AuxItems(simLayout())), true, true
 	case "targets", "roomsOf":
 		return w.cfg.prefills, false, true
 	case "targets[].owed":

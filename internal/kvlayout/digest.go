@@ -18,7 +18,7 @@ package kvlayout
 // lies inside side's regions.
 func DigestPieces(side Layout, s *Slice, src bool, rlo, rhi int, runs []Run, out []uint64, ends []int) ([]uint64, []int) {
 	rlo, rhi = max(rlo, 0), min(rhi, len(side.Regions))
-	pages := uint64(side.Pages())
+	pages := uint64(Pages(side))
 	whole := s == nil || s.Full
 	unit, sPer, dPer := 1, uint32(1), uint32(1)
 	tok, head0, heads := 0, 0, 0

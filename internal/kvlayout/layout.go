@@ -119,3 +119,37 @@ func Expand(runs []Run, local, remote Layout) (l, r []mem.Desc) {
 	}
 	return l, r
 }
+
+// Items is how many items a state region holds.
+func Items(s StateRegion) int {
+	if s.ItemBytes == 0 {
+		return 0
+	}
+	return int(s.Len / s.ItemBytes)
+}
+
+// Pages is how many pages each of a layout's regions holds.
+func Pages(l Layout) int {
+	if len(l.Regions) == 0 || l.PageBytes == 0 {
+		return 0
+	}
+	return int(l.Regions[0].Len / l.PageBytes)
+}
+
+// AuxItems is how many aux items a layout's aux region holds.
+func AuxItems(l Layout) int {
+	if l.AuxItemBytes == 0 {
+		return 0
+	}
+	return int(l.Aux.Len / l.AuxItemBytes)
+}
+
+// WithPages is the model with pages of n tokens.
+func WithPages(m Model, n int) Model {
+	m.PageTokens = n
+	return m
+}
+
+// NoModel reports whether no model was given (then no mapping applies:
+// one prefill rank feeds one decode rank with identical layouts).
+func NoModel(m Model) bool { return m == Model{} }

@@ -29,7 +29,7 @@ func TestRuns(t *testing.T) {
 func TestLayoutValidate(t *testing.T) {
 	good := Layout{Regions: []mem.Desc{{Addr: 1, Len: 64}, {Addr: 100, Len: 64}}, PageBytes: 16}
 	require.NoError(t, good.Validate())
-	require.Equal(t, 4, good.Pages())
+	require.Equal(t, 4, Pages(good))
 	for _, l := range []Layout{
 		{Regions: []mem.Desc{{Addr: 1, Len: 64}}, PageBytes: 16},
 		{Regions: []mem.Desc{{Addr: 1, Len: 64}, {Addr: 100, Len: 32}}, PageBytes: 16},

@@ -17,7 +17,7 @@ const TailBytes = 8
 // range, which the prefill rank refuses): every tail lies inside dst.
 func Tails(dst Layout, s *Slice, rlo, rhi int, units []uint32, out []uint64) []uint64 {
 	rlo, rhi = max(rlo, 0), min(rhi, len(dst.Regions))
-	pages := uint64(dst.Pages())
+	pages := uint64(Pages(dst))
 	if s == nil || s.Full { // (Full: pages of the same size)
 		if dst.PageBytes < TailBytes {
 			return out

@@ -213,7 +213,7 @@ func Plan(src, dst Model, p, d Parallel) (*Slice, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
-	if src.WithPages(dst.PageTokens) != dst {
+	if WithPages(src, dst.PageTokens) != dst {
 		return nil, fmt.Errorf("%w: models differ beyond their page tokens: prefill %+v, decode %+v", ErrTopology, src, dst)
 	}
 	if err := PageRatio(src.PageTokens, dst.PageTokens); err != nil {
@@ -289,9 +289,9 @@ func CheckRuns(runs []Run, local, remote Layout, s *Slice) error {
 		}
 		// Units only grow along a run: its last unit is its furthest.
 		ls, ld := uint64(run.Src)+uint64(run.Len)-1, uint64(run.Dst)+uint64(run.Len)-1
-		if ls/sPer >= uint64(local.Pages()) || ld/dPer >= uint64(remote.Pages()) {
+		if ls/sPer >= uint64(Pages(local)) || ld/dPer >= uint64(Pages(remote)) {
 			return fmt.Errorf("transfer: units %d+%d → %d+%d are outside the regions (%d, %d pages of %d and %d tokens)",
-				run.Src, run.Len, run.Dst, run.Len, local.Pages(), remote.Pages(), s.PageTokens, s.dstTokens())
+				run.Src, run.Len, run.Dst, run.Len, Pages(local), Pages(remote), s.PageTokens, s.dstTokens())
 		}
 	}
 	return nil

@@ -31,3 +31,12 @@ func BytesDesc(b []byte) Desc {
 	}
 	return Desc{Addr: uintptr(unsafe.Pointer(&b[0])), Len: uint64(len(b))}
 }
+
+// End is the address one past d's last byte (it wraps for a length that
+// overflows the address space: callers check End(d) >= Addr).
+func End(d Desc) uint64 { return uint64(d.Addr) + d.Len }
+
+// Contains reports whether d lies wholly inside r (same device).
+func Contains(r, d Desc) bool {
+	return d.Dev == r.Dev && uint64(d.Addr) >= uint64(r.Addr) && End(d) <= End(r) && End(d) >= uint64(d.Addr)
+}

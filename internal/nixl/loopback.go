@@ -10,6 +10,8 @@ import "C"
 import (
 	"fmt"
 	"sync"
+
+	"github.com/kvbridge/kvbridge/internal/mem"
 )
 
 // The loopback engine: agents in one process find each other by name and a
@@ -143,7 +145,7 @@ type loopRegion struct {
 func (l *loopback) regionOf(kind MemKind, d Desc) (loopRegion, bool) {
 	for rs := range l.regs {
 		for i, r := range *rs {
-			if r.Kind == kind && r.Contains(d) {
+			if r.Kind == kind && mem.Contains(r.Desc, d) {
 				return loopRegion{rs, i}, true
 			}
 		}

@@ -609,7 +609,7 @@ func (a *Agent) register(kind MemKind, descs []Desc, p *runtime.Pinner) (*Regist
 		return nil, fmt.Errorf("agent %s: no descriptors: %w", a.name, ErrInvalidDescriptor)
 	}
 	for i, d := range descs {
-		if d.Addr == 0 || d.Len == 0 || d.End() < uint64(d.Addr) {
+		if d.Addr == 0 || d.Len == 0 || mem.End(d) < uint64(d.Addr) {
 			return nil, fmt.Errorf("agent %s: descriptor %d %+v: %w", a.name, i, d, ErrInvalidDescriptor)
 		}
 	}
@@ -897,7 +897,7 @@ func newRegionIndex(rs []remoteRegion) *regionIndex {
 	var m uint64
 	for _, p := range idx.pos {
 		idx.r = append(idx.r, rs[p])
-		m = max(m, rs[p].End())
+		m = max(m, mem.End(rs[p].Desc))
 		idx.maxEnd = append(idx.maxEnd, m)
 	}
 	return idx
@@ -917,8 +917,8 @@ func (idx *regionIndex) lookup(kind MemKind, d Desc) int {
 // region that far left could still reach d's end (regions of different
 // kinds may overlap numerically), so disjoint regions cost one step.
 func (idx *regionIndex) find(kind MemKind, d Desc) int {
-	for i := sort.Search(len(idx.r), func(i int) bool { return idx.r[i].Addr > d.Addr }) - 1; i >= 0 && idx.maxEnd[i] >= d.End(); i-- {
-		if idx.r[i].Kind == kind && idx.r[i].Contains(d) {
+	for i := sort.Search(len(idx.r), func(i int) bool { return idx.r[i].Addr > d.Addr }) - 1; i >= 0 && idx.maxEnd[i] >= mem.End(d); i-- {
+		if idx.r[i].Kind == kind && mem.Contains(idx.r[i].Desc, d) {
 			return i
 		}
 	}

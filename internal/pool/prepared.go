@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 )
 
@@ -52,7 +53,7 @@ type sliceList struct {
 // ((i·pages)+p)·n + t; with units, unit u of a page has pieces
 // prepSide prepares a side's page and host lists (remote "" for local).
 func prepSide(a *nixl.Agent, remote string, l Layout) (*sideLists, error) {
-	s := &sideLists{pages: l.Pages(), slices: map[sliceKey]*sliceList{}}
+	s := &sideLists{pages: kvlayout.Pages(l), slices: map[sliceKey]*sliceList{}}
 	prep := func(kind nixl.MemKind, d []nixl.Desc) (*nixl.Prepped, error) {
 		if remote == "" {
 			return a.PrepLocal(kind, d)
@@ -75,12 +76,12 @@ func prepSide(a *nixl.Agent, remote string, l Layout) (*sideLists, error) {
 		}
 	}
 	var host []nixl.Desc
-	for i := 0; i < l.AuxItems(); i++ {
+	for i := 0; i < kvlayout.AuxItems(l); i++ {
 		host = append(host, nixl.Desc{Addr: l.Aux.Addr + uintptr(uint64(i)*l.AuxItemBytes), Len: l.AuxItemBytes, Dev: l.Aux.Dev})
 	}
 	for _, st := range l.State {
 		s.stateBase = append(s.stateBase, len(host))
-		for i := 0; i < st.Items(); i++ {
+		for i := 0; i < kvlayout.Items(st); i++ {
 			host = append(host, nixl.Desc{Addr: st.Addr + uintptr(uint64(i)*st.ItemBytes), Len: st.ItemBytes, Dev: st.Dev})
 		}
 	}
@@ -112,7 +113,7 @@ func (k sliceKey) descs(l Layout) ([]nixl.Desc, int, int) {
 		}
 		n = units * perUnit
 	}
-	pages := l.Pages()
+	pages := kvlayout.Pages(l)
 	total := k.regions * pages * n
 	if total > maxSlicePieces {
 		return nil, n, perUnit
@@ -327,7 +328,7 @@ func (ls *lists) indices(w *Write) (l, r *nixl.Prepped, li, ri []int, ref *peerL
 		}
 		for _, run := range w.Runs {
 			for k := uint32(0); k < run.Len; k++ {
-				if int(run.Src+k) >= local.State[w.State].Items() || int(run.Dst+k) >= remote.State[w.State].Items() {
+				if int(run.Src+k) >= kvlayout.Items(local.State[w.State]) || int(run.Dst+k) >= kvlayout.Items(remote.State[w.State]) {
 					return fail("state item %d → %d is outside state region %d", run.Src+k, run.Dst+k, w.State)
 				}
 				li = append(li, self.stateBase[w.State]+int(run.Src+k))
@@ -339,8 +340,8 @@ func (ls *lists) indices(w *Write) (l, r *nixl.Prepped, li, ri []int, ref *peerL
 		if local.AuxItemBytes == 0 || local.AuxItemBytes != remote.AuxItemBytes {
 			return fail("aux items of %d and %d bytes", local.AuxItemBytes, remote.AuxItemBytes)
 		}
-		if w.AuxSrc >= local.AuxItems() || w.AuxDst < 0 || w.AuxDst >= remote.AuxItems() {
-			return fail("aux item %d → %d is outside the aux regions (%d, %d items)", w.AuxSrc, w.AuxDst, local.AuxItems(), remote.AuxItems())
+		if w.AuxSrc >= kvlayout.AuxItems(local) || w.AuxDst < 0 || w.AuxDst >= kvlayout.AuxItems(remote) {
+			return fail("aux item %d → %d is outside the aux regions (%d, %d items)", w.AuxSrc, w.AuxDst, kvlayout.AuxItems(local), kvlayout.AuxItems(remote))
 		}
 		return self.host, peer.host, []int{w.AuxSrc}, []int{w.AuxDst} /* aux items open the host list */, peer, true, nil
 	case w.Slice != nil && w.Slice.Full:

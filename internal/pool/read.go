@@ -25,8 +25,8 @@ func ReadPairs(w *Write, src, dst Layout, s *Slice) (srcDescs, dstDescs []nixl.D
 		for _, run := range w.Runs {
 			for k := uint32(0); k < run.Len; k++ {
 				si, di := int(run.Src+k), int(run.Dst+k)
-				if si >= ss.Items() || di >= ds.Items() {
-					return nil, nil, fmt.Errorf("transfer: state item %d → %d is outside state region %d (%d, %d items)", si, di, w.State, ss.Items(), ds.Items())
+				if si >= kvlayout.Items(ss) || di >= kvlayout.Items(ds) {
+					return nil, nil, fmt.Errorf("transfer: state item %d → %d is outside state region %d (%d, %d items)", si, di, w.State, kvlayout.Items(ss), kvlayout.Items(ds))
 				}
 				srcDescs = append(srcDescs, item(ss.Desc, si, ss.ItemBytes))
 				dstDescs = append(dstDescs, item(ds.Desc, di, ds.ItemBytes))
@@ -37,8 +37,8 @@ func ReadPairs(w *Write, src, dst Layout, s *Slice) (srcDescs, dstDescs []nixl.D
 		if src.AuxItemBytes == 0 || src.AuxItemBytes != dst.AuxItemBytes {
 			return nil, nil, fmt.Errorf("transfer: aux items of %d and %d bytes", src.AuxItemBytes, dst.AuxItemBytes)
 		}
-		if w.AuxSrc >= src.AuxItems() || w.AuxDst < 0 || w.AuxDst >= dst.AuxItems() {
-			return nil, nil, fmt.Errorf("transfer: aux item %d → %d is outside the aux regions (%d, %d items)", w.AuxSrc, w.AuxDst, src.AuxItems(), dst.AuxItems())
+		if w.AuxSrc >= kvlayout.AuxItems(src) || w.AuxDst < 0 || w.AuxDst >= kvlayout.AuxItems(dst) {
+			return nil, nil, fmt.Errorf("transfer: aux item %d → %d is outside the aux regions (%d, %d items)", w.AuxSrc, w.AuxDst, kvlayout.AuxItems(src), kvlayout.AuxItems(dst))
 		}
 		return []nixl.Desc{item(src.Aux, w.AuxSrc, src.AuxItemBytes)}, []nixl.Desc{item(dst.Aux, w.AuxDst, dst.AuxItemBytes)}, nil
 	case s != nil:
@@ -56,7 +56,7 @@ func ReadPairs(w *Write, src, dst Layout, s *Slice) (srcDescs, dstDescs []nixl.D
 		return nil, nil, fmt.Errorf("transfer: %d regions of %d-byte pages do not fit %d of %d-byte pages", len(src.Regions), src.PageBytes, len(dst.Regions), dst.PageBytes)
 	}
 	rlo, rhi := w.Layers.Regions(len(src.Regions))
-	sp, dp := src.Pages(), dst.Pages()
+	sp, dp := kvlayout.Pages(src), kvlayout.Pages(dst)
 	for i := rlo; i < rhi; i++ {
 		for _, run := range w.Runs {
 			if int(run.Src)+int(run.Len) > sp || int(run.Dst)+int(run.Len) > dp {

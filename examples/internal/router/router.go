@@ -210,7 +210,7 @@ func New(ctx context.Context, cfg Config) (*Router, error) {
 					return nil, fmt.Errorf("router: %s computes %q: the router serves ranks run with -compute tinyllm", u, info.Compute)
 				case fp == "":
 					fp, rt.vocab, mapping = info.Fingerprint, info.Vocab, info.Model.Mapping(info.Layout)
-				case info.Fingerprint != fp || info.Model.Mapping(info.Layout).WithPages(0) != mapping.WithPages(0):
+				case info.Fingerprint != fp || kvlayout.WithPages(info.Model.Mapping(info.Layout), 0) != kvlayout.WithPages(mapping, 0):
 					return nil, fmt.Errorf("router: %s serves %s (%v), another rank %s (%v)", u, info.Fingerprint, info.Model.Mapping(info.Layout), fp, mapping)
 				}
 				if in.Name == "" {
