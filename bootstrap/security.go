@@ -16,9 +16,10 @@ import (
 // same keypair.
 // A nil *Security (the default) means no encryption and no authentication.
 type Security struct {
-	// PublicKey and SecretKey are this rank's Z85-encoded keypair (40
-	// characters each). PublicKey may be left empty; it is derived.
-	PublicKey, SecretKey string
+	// SecretKey is this rank's Z85-encoded CURVE secret key (40
+	// characters; its public key, which peers allow, is derived from it:
+	// GenerateKeyPair returns both).
+	SecretKey string
 	// AllowedKeys are the Z85 public keys of the peers allowed to send to
 	// this rank.
 	AllowedKeys []string
@@ -66,11 +67,9 @@ func SecurityFromEnv() (*Security, error) {
 		}
 		s.AllowedKeys = append(s.AllowedKeys, keys...)
 	}
-	pub, err := curve.Check(s.SecretKey, s.PublicKey, s.AllowedKeys)
-	if err != nil {
+	if _, err := curve.Check(s.SecretKey, "", s.AllowedKeys); err != nil {
 		return nil, err
 	}
-	s.PublicKey = pub
 	return s, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/kvbridge/kvbridge/internal/curve"
 	"github.com/stretchr/testify/require"
 )
 
@@ -26,7 +27,9 @@ func TestSecurityFromEnv(t *testing.T) {
 	t.Setenv(envCurveAllowFile, allowFile)
 	s, err = SecurityFromEnv()
 	require.NoError(t, err, "%+v", s)
-	require.Equal(t, pub, s.PublicKey, "%+v", s)
+	derived, err := curve.Check(s.SecretKey, "", s.AllowedKeys)
+	require.NoError(t, err)
+	require.Equal(t, pub, derived, "the secret key read is the one generated with pub: %+v", s)
 	require.Equal(t, []string{peerPub}, s.AllowedKeys, "%+v", s)
 	t.Setenv(envCurveAllow, "not-a-key")
 	_, err = SecurityFromEnv()

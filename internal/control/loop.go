@@ -169,6 +169,8 @@ type watchCmd struct {
 // of peers ZeroMQ would not take more from.
 type Loop struct {
 	cfg  LoopConfig
+	// curvePub is the CURVE public key derived from Security's secret key.
+	curvePub string
 	id   wire.From
 	log  *zap.Logger
 	ctx  *zctx
@@ -222,16 +224,16 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 		}
 		auth = newSealer(cfg.Auth)
 	}
+	var curvePub string
 	if cfg.Security != nil {
 		sec := *cfg.Security
-		pub, err := curve.Check(sec.SecretKey, sec.PublicKey, sec.AllowedKeys)
+		pub, err := curve.Check(sec.SecretKey, "", sec.AllowedKeys)
 		if err != nil {
 			return nil, err
 		}
-		sec.PublicKey = pub
-		cfg.Security = &sec
+		curvePub, cfg.Security = pub, &sec
 	}
-	l = &Loop{cfg: cfg, id: cfg.Identity, log: cfg.Logger, auth: auth,
+	l = &Loop{cfg: cfg, id: cfg.Identity, log: cfg.Logger, auth: auth, curvePub: curvePub,
 		closing: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}),
 		zapDone: make(chan struct{}), inbox: newInbox()}
 	l.snd = newSender(l)
@@ -318,10 +320,7 @@ func (l *Loop) Endpoint() string { return l.id.Endpoint }
 
 // PublicKey returns the rank's CURVE public key, or "" with security off.
 func (l *Loop) PublicKey() string {
-	if l.cfg.Security == nil {
-		return ""
-	}
-	return l.cfg.Security.PublicKey
+	return l.curvePub
 }
 
 // Cert returns this rank's identity certificate (raw bytes, for its
@@ -905,7 +904,7 @@ func (s *sender) conn(p wire.Peer, now time.Time, reply bool) (*peerConn, error)
 	sock.setInt(zReconnectIvl, 100)
 	sock.setInt(zReconnectIvlMax, 2000)
 	if cfg.Security != nil {
-		if err := setClientCurve(sock, key, cfg.Security); err != nil {
+		if err := setClientCurve(sock, key, s.l.curvePub, cfg.Security); err != nil {
 			sock.close()
 			return nil, err
 		}
@@ -928,11 +927,11 @@ var (
 	errTooManyPeers = errors.New("MaxPeers sockets open and every one watched")
 )
 
-func setClientCurve(sock *zsock, serverKey string, sec *bootstrap.Security) error {
+func setClientCurve(sock *zsock, serverKey, public string, sec *bootstrap.Security) error {
 	if err := sock.setString(zCurveServerkey, serverKey); err != nil {
 		return err
 	}
-	if err := sock.setString(zCurvePublickey, sec.PublicKey); err != nil {
+	if err := sock.setString(zCurvePublickey, public); err != nil {
 		return err
 	}
 	return sock.setString(zCurveSecretkey, sec.SecretKey)

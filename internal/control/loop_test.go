@@ -435,13 +435,15 @@ func TestCurveAdmitsOnlyListedKeys(t *testing.T) {
 	if !zmq.HasCurve() {
 		t.Skip("libzmq built without CURVE")
 	}
+	pubs := map[string]string{} // by secret key
 	keys := func() *bootstrap.Security {
 		pub, sec, err := bootstrap.GenerateKeyPair()
 		require.NoError(t, err)
-		return &bootstrap.Security{PublicKey: pub, SecretKey: sec}
+		pubs[sec] = pub
+		return &bootstrap.Security{SecretKey: sec}
 	}
 	good, stranger, server := keys(), keys(), keys()
-	server.AllowedKeys = []string{good.PublicKey}
+	server.AllowedKeys = []string{pubs[good.SecretKey]}
 	prefill := newRank(t, wire.RolePrefill, "p", func(c *LoopConfig) { c.Security = server })
 	listed := newRank(t, wire.RoleDecode, "listed", func(c *LoopConfig) { c.Security = good })
 	unlisted := newRank(t, wire.RoleDecode, "unlisted", func(c *LoopConfig) { c.Security = stranger })
