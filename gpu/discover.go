@@ -38,12 +38,12 @@ type Device struct {
 }
 
 // Discover lists the GPUs through NVML.
-func Discover() ([]Device, error) { return DiscoverWith(nvml.New()) }
+func Discover() ([]Device, error) { return discoverWith(nvml.New()) }
 
-// DiscoverWith lists the GPUs through lib (go-nvml's interface, so tests can
+// discoverWith lists the GPUs through lib (go-nvml's interface, so tests can
 // pass its mock machines). After a failed Init it makes no other NVML call:
 // with go-nvml that would kill the process.
-func DiscoverWith(lib nvml.Interface) ([]Device, error) {
+func discoverWith(lib nvml.Interface) ([]Device, error) {
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		// Not ret.Error(): it calls nvmlErrorString, an NVML call.
 		return nil, fmt.Errorf("%w: nvmlInit returned %d", ErrNoGPU, int32(ret))

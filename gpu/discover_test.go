@@ -49,7 +49,7 @@ func pciInfo(bus string) nvml.PciInfo {
 func TestDiscoverDGX(t *testing.T) {
 	for name, s := range map[string]*server.Server{"H100": dgxh100.New(), "H200": dgxh200.New()} {
 		t.Run(name, func(t *testing.T) {
-			devs, err := DiscoverWith(machine(t, s))
+			devs, err := discoverWith(machine(t, s))
 			require.NoError(t, err)
 			require.Len(t, devs, 8, "devices")
 			for i, d := range devs {
@@ -76,7 +76,7 @@ func TestDiscoverDGX(t *testing.T) {
 func TestDiscoverInitFailureMakesNoOtherCall(t *testing.T) {
 	for _, ret := range []nvml.Return{nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED, nvml.ERROR_NO_PERMISSION} {
 		lib := &mock.Interface{InitFunc: func() nvml.Return { return ret }}
-		_, err := DiscoverWith(lib)
+		_, err := discoverWith(lib)
 		require.ErrorIs(t, err, ErrNoGPU, "Init %d", ret)
 		require.Len(t, lib.InitCalls(), 1, "calls after a failed Init")
 		require.Empty(t, lib.ShutdownCalls(), "calls after a failed Init")
@@ -89,7 +89,7 @@ func TestDiscoverNoDevices(t *testing.T) {
 		ShutdownFunc:       func() nvml.Return { return nvml.SUCCESS },
 		DeviceGetCountFunc: func() (int, nvml.Return) { return 0, nvml.SUCCESS },
 	}
-	_, err := DiscoverWith(lib)
+	_, err := discoverWith(lib)
 	require.ErrorIs(t, err, ErrNoGPU, "zero devices")
 	require.Len(t, lib.ShutdownCalls(), 1, "Shutdown not called after a successful Init")
 }
@@ -134,7 +134,7 @@ func TestDiscoverFailureReturns(t *testing.T) {
 			shutdowns := 0
 			s.ShutdownFunc = func() nvml.Return { shutdowns++; return nvml.SUCCESS }
 			tc.set(s, s.Devices[3].(*server.Device))
-			_, err := DiscoverWith(s)
+			_, err := discoverWith(s)
 			var ne *NVMLError
 			require.ErrorAs(t, err, &ne)
 			require.True(t, strings.HasPrefix(ne.Call, tc.call), "got %v", err)
@@ -152,7 +152,7 @@ func TestDiscoverOptionalQueries(t *testing.T) {
 		dev.GetNumaNodeIdFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 		dev.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 	}
-	devs, err := DiscoverWith(s)
+	devs, err := discoverWith(s)
 	require.NoError(t, err)
 	require.Equal(t, -1, devs[0].NUMANode, "%+v", devs[0])
 	require.Empty(t, devs[0].NVLinkPeers, "%+v", devs[0])

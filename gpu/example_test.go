@@ -1,4 +1,4 @@
-package gpu_test
+package gpu
 
 import (
 	"fmt"
@@ -6,11 +6,11 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
-	"github.com/kvbridge/kvbridge/gpu"
 )
 
-// Discovery on go-nvml's mock DGX H200 (on a real node: gpu.Discover()).
-func ExampleDiscoverWith() {
+// Discovery on go-nvml's mock DGX H200, as Discover does on a real node
+// (without a GPU it returns ErrNoGPU).
+func ExampleDiscover() {
 	machine := dgxh200.New()
 	for i, d := range machine.Devices {
 		dev := d.(*server.Device)
@@ -18,7 +18,7 @@ func ExampleDiscoverWith() {
 		dev.GetNumaNodeIdFunc = func() (int, nvml.Return) { return node, nvml.SUCCESS }
 		dev.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 	}
-	devs, err := gpu.DiscoverWith(machine)
+	devs, err := discoverWith(machine)
 	if err != nil {
 		panic(err)
 	}
