@@ -31,9 +31,6 @@ type ServerConfig struct {
 	// last PUT: within it only the same endpoint may replace it (a rank
 	// renews at a third of it), default 15 s.
 	LeaseTTL time.Duration
-	// MaxBody bounds a request body, default 64 KiB; larger is answered
-	// 413.
-	MaxBody int64
 	// now is the clock, default time.Now (the package's tests set it: not
 	// a field a user sets, issue 50).
 	now func() time.Time
@@ -78,17 +75,11 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = 15 * time.Second
 	}
-	if cfg.MaxBody <= 0 {
-		cfg.MaxBody = 64 << 10
-	}
 	if cfg.now == nil {
 		cfg.now = time.Now
 	}
 	return &Server{cfg: cfg, ranks: map[rankKey]heldRecord{}, roomDP: map[uint64]int{}}, nil
 }
-
-// LeaseTTL is how long a record is held after its last renewal.
-func (s *Server) LeaseTTL() time.Duration { return s.cfg.LeaseTTL }
 
 // ServeHTTP implements the routes of PROTOCOL.md.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -165,9 +156,13 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
-// decodeOne reads exactly one JSON value of at most MaxBody bytes.
+// maxBody bounds a request body (docs/PROTOCOL.md: 64 KiB); larger is
+// answered 413.
+const maxBody = 64 << 10
+
+// decodeOne reads exactly one JSON value of at most maxBody bytes.
 func (s *Server) decodeOne(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.MaxBody))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	err := dec.Decode(v)
 	if err == nil {
 		if _, terr := dec.Token(); terr != io.EOF {
@@ -183,7 +178,7 @@ func (s *Server) decodeOne(w http.ResponseWriter, r *http.Request, v any) bool {
 	case err == nil:
 		return true
 	case errors.As(err, &mbe):
-		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", s.cfg.MaxBody))
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", maxBody))
 	default:
 		writeError(w, http.StatusBadRequest, "body is not one rank record: "+err.Error())
 	}

@@ -233,7 +233,7 @@ func (c *Config) Validate() error {
 		return errors.New("kvmanager: Config.Compat is empty (hash of protocol, model layout, dtype, page size)")
 	case c.Role == RoleDecode && c.BootstrapURL == "" && kvlayout.NoModel(c.Model):
 		// (With a Model, each room may name its prefill instance instead:
-		// Instance.Bootstrap.)
+		// receiver.NewFor's bootstrap.)
 		return errors.New("kvmanager: a decode rank without a Config.Model needs Config.BootstrapURL to find prefill ranks")
 	case c.HeartbeatInterval <= 0 || c.MaxMisses < 1 || c.SweepInterval <= 0:
 		return fmt.Errorf("kvmanager: Config.HeartbeatInterval (%v), Config.MaxMisses (%d) and Config.SweepInterval (%v) must be positive", c.HeartbeatInterval, c.MaxMisses, c.SweepInterval)

@@ -56,14 +56,15 @@ type topoLookup struct {
 	err  error
 }
 
-// Instance is the prefill instance a room pulls from: its bootstrap
+// instance is the prefill instance a room pulls from: its bootstrap
 // service and, with DP attention, its DP group.
-type Instance struct {
+type instance struct {
 	Bootstrap string // "" means Config.BootstrapURL
 	DP        int    // the prefill DP group; AutoDP: room % dp_size
 }
 
-// DP group choices for Instance.DP.
+// DP group choices for CreateReceiverFor's (and receiver.NewFor's) dp: a
+// group's index, or one of these.
 const (
 	AutoDP   = -1 // room % dp_size
 	LookupDP = -2 // asked from the bootstrap server, where the prefill rank that took the room published it (Config.PublishRoomDP)
@@ -170,7 +171,7 @@ func (d *Decode) CreateReceiver(room uint64, targets ...Target) error {
 
 func (d *Decode) createReceiver(room uint64, targets ...Target) core.Result {
 	if len(targets) == 0 {
-		return d.createReceiverFor(room, Instance{DP: AutoDP})
+		return d.createReceiverFor(room, instance{DP: AutoDP})
 	}
 	ts := make([]core.Target, len(targets))
 	for i, t := range targets {
@@ -298,12 +299,12 @@ func fromCoreTopology(t core.Topology) records.Topology {
 // room after reading the instance's topology, told lists the instance's
 // ranks that may hold the room (its DP group's, or every group's when the
 // group is not known), so they can be told.
-func (d *Decode) links(room uint64, inst Instance) (links []core.Link, told []core.Target, err error) {
+func (d *Decode) links(room uint64, inst instance) (links []core.Link, told []core.Target, err error) {
 	if inst.Bootstrap == "" {
 		inst.Bootstrap = d.cfg.BootstrapURL
 	}
 	if inst.Bootstrap == "" {
-		return nil, nil, fmt.Errorf("room %d names no prefill instance (Instance.Bootstrap) and this decode rank has no default (Config.BootstrapURL)", room)
+		return nil, nil, fmt.Errorf("room %d names no prefill instance (receiver.NewFor's bootstrap) and this decode rank has no default (Config.BootstrapURL)", room)
 	}
 	if kvlayout.NoModel(d.cfg.Model) {
 		return []core.Link{{Target: core.Target{Bootstrap: inst.Bootstrap, Rank: d.cfg.PrefillRank, DP: max(inst.DP, 0)}, Aux: true}}, nil, nil
@@ -385,11 +386,15 @@ func instanceRanks(url string, topo records.Topology, dp int) []core.Target {
 // prefill instance: its topology is looked up once per instance (cached),
 // the rank mapping gives the room's prefill ranks, and their endpoints are
 // resolved now, so an abort before Init reaches them.
-func (d *Decode) CreateReceiverFor(room uint64, inst Instance) error {
-	return refusal(d.createReceiverFor(room, inst))
+//
+// bootstrap is the instance's bootstrap service ("" means
+// Config.BootstrapURL); dp its DP group under DP attention: a group's
+// index, AutoDP (room % dp_size) or LookupDP.
+func (d *Decode) CreateReceiverFor(room uint64, bootstrap string, dp int) error {
+	return refusal(d.createReceiverFor(room, instance{Bootstrap: bootstrap, DP: dp}))
 }
 
-func (d *Decode) createReceiverFor(room uint64, inst Instance) core.Result {
+func (d *Decode) createReceiverFor(room uint64, inst instance) core.Result {
 	links, told, err := d.links(room, inst)
 	if err != nil {
 		err = fmt.Errorf("room %d: %w", room, err)
@@ -461,7 +466,7 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, rs RequestSpec) 
 	select {
 	case <-ready:
 	case <-ctx.Done():
-		d.AbortReceiver(room, "no REGISTER_ACK: "+ctx.Err().Error())
+		d.Abort(room, "no REGISTER_ACK: "+ctx.Err().Error())
 		return fmt.Errorf("room %d: waiting for the prefill ranks' REGISTER_ACK: %w", room, ctx.Err())
 	case <-d.closing:
 		return fmt.Errorf("room %d: %w", room, ErrManagerClosed)
@@ -488,32 +493,9 @@ func (d *Decode) failedErr(room uint64, reason string) error {
 	return fmt.Errorf("room %d: %w: %s", room, core.ErrRoomFailed, reason)
 }
 
-// AbortReceiver fails the room and tells its prefill ranks (also before
-// its REQUEST went out); the pages stay quarantined until Released.
-func (d *Decode) AbortReceiver(room uint64, reason string) {
-	out := d.stepIn(core.AbortReceiver{Room: room, Reason: reason})
-	d.met.abort(out.Prior)
-}
-
-// ClearReceiver forgets the room. An unfinished room is aborted first; its
-// pages stay quarantined past Clear until Released.
-func (d *Decode) ClearReceiver(room uint64) { d.stepIn(core.ClearReceiver{Room: room}) }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-// Released returns a channel closed once the room's destination pages may
-// be reused: the room succeeded, or every prefill rank that got its
-// REQUEST acknowledged the abort as drained, or the quarantine deadline
-// passed (counted as forced). It stays valid after Clear.
-func (d *Decode) Released(room uint64) <-chan struct{} {
-	var ch <-chan struct{} = closedChan
-	d.read(func(c *core.Core) {
-		if c.Hold(room) {
-			ch = d.waits.on(room, core.WakeHold)
-		}
-	})
-	return ch
-}
 
 // Report returns a room's load report (which pages and layers landed, the
 // failure's code and reason) once nothing more can land: after Success, or

@@ -45,8 +45,8 @@ func TestPollRooms(t *testing.T) {
 		p.CreateSender(id)
 	}
 	p.InitSender(2)
-	p.AbortSender(3, "operator")
-	p.ClearSender(4)
+	p.Abort(3, "operator")
+	p.Clear(4)
 	rooms := []uint64{1, 2, 3, 4, 5, 6, 2, 1}
 	want := []Poll{Bootstrapping, Bootstrapping, Failed, 0, Bootstrapping, 0, Bootstrapping, Bootstrapping}
 	if st, _ := p.Status(2); st != Bootstrapping { // no decode request: init alone does not make it ready

@@ -437,16 +437,3 @@ func (p *Prefill) SendLayers(room uint64, pages []uint32, lo, hi int, last bool,
 // SendLayers numbers.
 func (p *Prefill) Layers() int { return max(len(p.cfg.Layout.Regions)/2, 1) }
 
-// AbortSender fails the room from the prefill side; its decode ranks are
-// told (an unknown room is remembered as aborted, for a REQUEST still on
-// its way).
-func (p *Prefill) AbortSender(room uint64, reason string) { p.abortSender(room, reason) }
-
-func (p *Prefill) abortSender(room uint64, reason string) core.Result {
-	out := p.stepIn(core.AbortSender{Room: room, Reason: reason})
-	p.met.abort(out.Prior)
-	return out.Result
-}
-
-// ClearSender forgets the room.
-func (p *Prefill) ClearSender(room uint64) { p.stepIn(core.ClearSender{Room: room}) }

@@ -105,20 +105,6 @@ func (m *Manager) sendWhenReady(e core.Effect) {
 	}()
 }
 
-// Released returns a channel closed once a pull room's published pages
-// may be reused: every decode rank it published to reported its reads
-// drained, or the quarantine past the lease ran out (counted as forced).
-// A room that published nothing for pull (a push room) holds nothing: the
-// channel is closed. It stays valid after Clear.
-func (p *Prefill) Released(room uint64) <-chan struct{} {
-	var ch <-chan struct{} = closedChan
-	p.read(func(c *core.Core) {
-		if c.PullHold(room) {
-			ch = p.waits.on(room, core.WakePull)
-		}
-	})
-	return ch
-}
 
 // remoteLocks stripes the locks of reads through a remote by its agent
 // name: a read holds its remote's for reading from its lookup to its last

@@ -196,7 +196,7 @@ type Target struct {
 // the request has not been sent).
 const Bootstrapping = Poll(core.Bootstrapping)
 
-// CodeAborted: the room was aborted on this rank (AbortReceiver or AbortSender).
+// CodeAborted: the room was aborted on this rank (Manager.Abort, or a handle's Abort).
 const CodeAborted = "aborted"
 
 // CodeCleared: the room was cleared before it ended.
@@ -299,8 +299,6 @@ var ErrRoomAborted = core.ErrRoomAborted
 // usually means a router handed out a duplicate id.
 var ErrRoomCleared = core.ErrRoomCleared
 
-// ErrRoomDone: the room has already succeeded.
-var ErrRoomDone = core.ErrRoomDone
 
 // ErrRoomFailed: the room is Failed; the wrapped text has the reason.
 var ErrRoomFailed = core.ErrRoomFailed
@@ -308,8 +306,6 @@ var ErrRoomFailed = core.ErrRoomFailed
 // ErrRoomInUse: a live sender or receiver already exists for the room.
 var ErrRoomInUse = core.ErrRoomInUse
 
-// ErrTooManyPending: the bound on rooms with pending requests is reached.
-var ErrTooManyPending = core.ErrTooManyPending
 
 // ErrUnknownRoom: no live room, pending request or tombstone has this id.
 var ErrUnknownRoom = core.ErrUnknownRoom

@@ -26,7 +26,6 @@ import (
 
 // Errors of the Manager.
 var (
-	ErrNotRegistered = errors.New("kvmanager: peer not registered")
 	ErrManagerClosed = errors.New("kvmanager: manager closed")
 )
 
@@ -583,6 +582,54 @@ func (m *Manager) sweeper() {
 func (m *Manager) tick() {
 	m.stepIn(core.Tick{})
 	m.met.overdue.Set(float64(m.overdue()))
+}
+
+// Abort fails the room on this rank and tells its peers: a prefill rank's
+// decode ranks, a decode rank's prefill ranks (also before its REQUEST
+// went out). An unknown room is remembered as aborted, for a REQUEST (or
+// a sender) still on its way. A decode room's pages stay quarantined
+// until Released.
+func (m *Manager) Abort(room uint64, reason string) { m.abort(room, reason) }
+
+func (m *Manager) abort(room uint64, reason string) core.Result {
+	var in core.Input = core.AbortReceiver{Room: room, Reason: reason}
+	if m.cfg.Role == RolePrefill {
+		in = core.AbortSender{Room: room, Reason: reason}
+	}
+	out := m.stepIn(in)
+	m.met.abort(out.Prior)
+	return out.Result
+}
+
+// Clear forgets the room. An unfinished room is aborted first; a decode
+// room's pages stay quarantined past Clear until Released.
+func (m *Manager) Clear(room uint64) {
+	if m.cfg.Role == RolePrefill {
+		m.stepIn(core.ClearSender{Room: room})
+		return
+	}
+	m.stepIn(core.ClearReceiver{Room: room})
+}
+
+// Released returns a channel closed once the room's pages may be reused.
+// Decode: its destination pages — the room succeeded, or every prefill
+// rank that got its REQUEST acknowledged the abort as drained, or the
+// quarantine deadline passed (counted as forced). Prefill: a pull room's
+// published pages — every decode rank it published to reported its reads
+// drained, or the quarantine past the lease ran out (counted as forced);
+// a push room holds nothing, and the channel is closed. It stays valid
+// after Clear.
+func (m *Manager) Released(room uint64) <-chan struct{} {
+	var ch <-chan struct{} = closedChan
+	m.read(func(c *core.Core) {
+		switch {
+		case m.cfg.Role == RolePrefill && c.PullHold(room):
+			ch = m.waits.on(room, core.WakePull)
+		case m.cfg.Role == RoleDecode && c.Hold(room):
+			ch = m.waits.on(room, core.WakeHold)
+		}
+	})
+	return ch
 }
 
 // Status returns a room's status (known false without a live room).

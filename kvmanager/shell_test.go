@@ -79,12 +79,12 @@ func TestManagerWait(t *testing.T) {
 		p.CreateSender(id)
 	}
 	w1 := wait(context.Background(), 1)
-	p.AbortSender(1, "operator")
+	p.Abort(1, "operator")
 	if r := within("abort", w1); r.st != Failed || r.err != nil {
 		t.Fatalf("Wait after abort = %v, %v", r.st, r.err)
 	}
 	w2 := wait(context.Background(), 2)
-	p.ClearSender(2)
+	p.Clear(2)
 	if r := within("clear", w2); !errors.Is(r.err, core.ErrRoomCleared) {
 		t.Fatalf("Wait on a room cleared meanwhile: %v", r.err)
 	}
@@ -215,7 +215,7 @@ func TestDecodeWithoutDefaultBootstrap(t *testing.T) {
 	d, err := NewDecode(cfg)
 	require.NoError(t, err)
 	defer d.Close()
-	err = d.CreateReceiverFor(42, Instance{DP: AutoDP})
+	err = d.CreateReceiverFor(42, "", AutoDP)
 	require.ErrorContains(t, err, "room 42 names no prefill instance", "a room naming no instance")
 	if _, known := d.Status(42); known {
 		t.Fatal("the refused room was created")
@@ -248,11 +248,11 @@ func TestWaitersAreTheShells(t *testing.T) {
 	go func() { _, err := p.WaitReady(bounded, 2); errc <- err }()
 	require.Equal(t, uint64(2), <-parked)
 	assert.Equal(t, 2, p.sizes().Waiters)
-	p.AbortSender(2, "operator")
+	p.Abort(2, "operator")
 	require.NoError(t, <-errc, "room 2's ready waiter woken by its failure")
 	assert.Equal(t, 1, p.sizes().Waiters, "room 2's channel freed by its wake")
 
-	p.AbortSender(1, "operator")
+	p.Abort(1, "operator")
 	assert.Equal(t, 0, p.sizes().Waiters, "room 1's channel freed by its wake, its waiter long gone")
 
 	// Woken already: the wait returns at once, and makes no channel.
@@ -260,8 +260,8 @@ func TestWaitersAreTheShells(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Failed, st)
 	assert.Equal(t, 0, p.sizes().Waiters)
-	p.ClearSender(1)
-	p.ClearSender(2)
+	p.Clear(1)
+	p.Clear(2)
 	s := p.sizes()
 	assert.Equal(t, 0, s.Total()-s.Tombstones, "nothing left of two cleared rooms but their tombstones: %+v", s)
 }

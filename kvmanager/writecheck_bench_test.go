@@ -83,8 +83,8 @@ func benchWriteCheck(b *testing.B, page uint64) {
 		require.Equal(b, Success, st, "room %d: %v %s", room, err, d.Failure(room))
 		el := time.Since(start)
 		_, _ = p.Wait(ctx, room)
-		d.ClearReceiver(room)
-		p.ClearSender(room)
+		d.Clear(room)
+		p.Clear(room)
 		return el
 	}
 	one()                    // connect

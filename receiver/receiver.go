@@ -6,7 +6,7 @@
 // request acknowledges that nothing can land (or the quarantine deadline
 // passes) — also after Clear.
 //
-//	r, err := receiver.NewFor(decode, room, kvmanager.Instance{Bootstrap: url, DP: kvmanager.AutoDP}) // or New, NewFrom
+//	r, err := receiver.NewFor(decode, room, url, kvmanager.AutoDP) // or New, NewFrom
 //	err = r.Init(ctx, kvmanager.RequestSpec{DstPages: pages, AuxIndex: slot})
 //	st, err := r.Wait(ctx)              // Success: every page and the aux item are in place
 //	r.Clear()
@@ -31,15 +31,16 @@ type Receiver struct {
 // room % dp_size and the prefill ranks the rank mapping gives; without,
 // Config.PrefillRank).
 func New(d *kvmanager.Decode, room uint64) (*Receiver, error) {
-	return NewFor(d, room, kvmanager.Instance{DP: kvmanager.AutoDP})
+	return NewFor(d, room, "", kvmanager.AutoDP)
 }
 
 // NewFor creates the room pulling from a prefill instance the router chose
-// for it: its bootstrap address and, with DP attention, its DP group
-// (kvmanager.AutoDP: room % dp_size). The instance's topology is looked up
+// for it: its bootstrap address ("": Config.BootstrapURL) and, with DP
+// attention, its DP group (kvmanager.AutoDP: room % dp_size;
+// kvmanager.LookupDP: as the prefill rank published it). The instance's topology is looked up
 // once and cached; an unsupported pair of shapes is refused here.
-func NewFor(d *kvmanager.Decode, room uint64, inst kvmanager.Instance) (*Receiver, error) {
-	if err := d.CreateReceiverFor(room, inst); err != nil {
+func NewFor(d *kvmanager.Decode, room uint64, bootstrap string, dp int) (*Receiver, error) {
+	if err := d.CreateReceiverFor(room, bootstrap, dp); err != nil {
 		return nil, fmt.Errorf("receiver: %w", err)
 	}
 	return &Receiver{d: d, room: room}, nil
@@ -83,7 +84,7 @@ func (r *Receiver) Wait(ctx context.Context) (kvmanager.Poll, error) {
 
 // Abort fails the room and asks the prefill ranks to stop (also before
 // Init); the pages stay quarantined until Released is closed.
-func (r *Receiver) Abort(reason string) { r.d.AbortReceiver(r.room, reason) }
+func (r *Receiver) Abort(reason string) { r.d.Abort(r.room, reason) }
 
 // Released is closed once the destination pages may be reused: after
 // Success, or after an abort or failure once nothing can land. It stays
@@ -101,4 +102,4 @@ func (r *Receiver) Report() (kvmanager.LoadReport, bool) { return r.d.Report(r.r
 func (r *Receiver) Failure() string { return r.d.Failure(r.room) }
 
 // Clear forgets the room. An unfinished room is aborted first.
-func (r *Receiver) Clear() { r.d.ClearReceiver(r.room) }
+func (r *Receiver) Clear() { r.d.Clear(r.room) }

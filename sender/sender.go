@@ -98,7 +98,7 @@ func (s *Sender) Wait(ctx context.Context) (kvmanager.Poll, error) {
 }
 
 // Abort fails the room; decode ranks are told.
-func (s *Sender) Abort(reason string) { s.p.AbortSender(s.room, reason) }
+func (s *Sender) Abort(reason string) { s.p.Abort(s.room, reason) }
 
 // Failure returns the first failure reason ("" unless Failed).
 func (s *Sender) Failure() string { return s.p.Failure(s.room) }
@@ -114,4 +114,4 @@ func (s *Sender) Released() <-chan struct{} { return s.p.Released(s.room) }
 // Clear forgets the room; its id stays refused for the tombstone TTL.
 // Writes still in flight keep being counted, so an ABORT_ACK for the room
 // is only sent once none of them can land.
-func (s *Sender) Clear() { s.p.ClearSender(s.room) }
+func (s *Sender) Clear() { s.p.Clear(s.room) }

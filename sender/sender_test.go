@@ -40,7 +40,7 @@ func TestSenderHandle(t *testing.T) {
 	_, err = sender.New(m, 1)
 	require.ErrorIs(t, err, kvmanager.ErrRoomCleared, "reuse inside the TTL")
 	// An abort before the sender (here from the prefill side itself).
-	m.AbortSender(2, "early")
+	m.Abort(2, "early")
 	s2, err := sender.New(m, 2)
 	require.NoError(t, err, "sender after an early abort")
 	require.Equal(t, kvmanager.Failed, s2.Poll(), "sender after an early abort: %v", s2)

@@ -126,7 +126,7 @@ func admissionRooms(c *topoCluster, n, rooms int, delay time.Duration) (waitMS, 
 			go func() {
 				defer wg.Done()
 				time.Sleep(delay) // the decode rank admits the request this much later (the workload, not synchronisation)
-				r, err := receiver.NewFor(d, id, kvmanager.Instance{DP: kvmanager.AutoDP})
+				r, err := receiver.NewFor(d, id, "", kvmanager.AutoDP)
 				if err != nil {
 					rerr = err
 					return

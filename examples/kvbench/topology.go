@@ -125,7 +125,7 @@ func (c *topoCluster) roomChunks(src, dst []uint32, chunk int) error {
 		}
 	}()
 	for _, d := range c.decodes {
-		r, err := receiver.NewFor(d, id, kvmanager.Instance{DP: kvmanager.AutoDP})
+		r, err := receiver.NewFor(d, id, "", kvmanager.AutoDP)
 		if err != nil {
 			return err
 		}

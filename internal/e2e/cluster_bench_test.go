@@ -189,7 +189,7 @@ func (c *rankCluster) run(b *testing.B, perDecode int) {
 				cr := &clusterRoom{id: c.next, i: i, j: j}
 				c.next++
 				var err error
-				if cr.r, err = receiver.NewFor(c.decodes[j], cr.id, kvmanager.Instance{Bootstrap: c.servers[i].URL(), DP: kvmanager.AutoDP}); err != nil {
+				if cr.r, err = receiver.NewFor(c.decodes[j], cr.id, c.servers[i].URL(), kvmanager.AutoDP); err != nil {
 					b.Fatal(err)
 				}
 				if cr.s, err = sender.New(c.prefills[i], cr.id); err != nil {

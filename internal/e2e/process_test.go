@@ -225,7 +225,7 @@ func runRank(role string) int {
 				}
 			}(f[0] == "HOLD")
 		case "ABORT":
-			d.AbortReceiver(room, "aborted by the test")
+			d.Abort(room, "aborted by the test")
 		case "ALIGNED": // ALIGNED <region> → ALIGNED <a page ≥ 8 of it that starts an OS page> <pages an OS page>
 			first, per := aroundOSPage(kv[room])
 			out <- fmt.Sprintf("ALIGNED %d %d", first, per)

@@ -114,7 +114,7 @@ func runTopoRank(role string) int {
 			}()
 		case "RECV":
 			dst := pageList(f[2])
-			rc, err := receiver.NewFor(d, room, kvmanager.Instance{DP: kvmanager.AutoDP})
+			rc, err := receiver.NewFor(d, room, "", kvmanager.AutoDP)
 			if err == nil {
 				rooms[room] = rc
 				err = rc.Init(context.Background(), kvmanager.RequestSpec{DstPages: dst, AuxIndex: -1})
@@ -280,7 +280,7 @@ func TestCreateReceiverForRefusesUnsupportedTopology(t *testing.T) {
 			d, err := kvmanager.NewDecode(dcfg)
 			require.NoError(t, err)
 			defer d.Close()
-			_, err = receiver.NewFor(d, 1, kvmanager.Instance{DP: kvmanager.AutoDP})
+			_, err = receiver.NewFor(d, 1, "", kvmanager.AutoDP)
 			require.ErrorContains(t, err, tc.want, "want an error naming the instance with %q", tc.want)
 			require.ErrorContains(t, err, `"topo-prefill"`, "want an error naming the instance with %q", tc.want)
 		})
@@ -305,7 +305,7 @@ func TestDPGroupLookedUp(t *testing.T) {
 		s, err := sender.New(p, room)
 		require.NoError(t, err)
 		s.Init()
-		r, err := receiver.NewFor(d, room, kvmanager.Instance{DP: kvmanager.LookupDP})
+		r, err := receiver.NewFor(d, room, "", kvmanager.LookupDP)
 		require.NoError(t, err)
 		require.NoError(t, r.Init(ctx, kvmanager.RequestSpec{DstPages: []uint32{5, 6}, AuxIndex: -1}))
 		st, err := s.WaitReady(ctx)
@@ -380,14 +380,14 @@ func TestEtcdStoppedMidRun(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	ctx := context.Background()
-	room := func(id uint64, inst kvmanager.Instance, stopMid bool) error {
+	room := func(id uint64, boot string, dp int, stopMid bool) error {
 		s, err := sender.New(p, id)
 		if err != nil {
 			return err
 		}
 		defer s.Clear()
 		s.Init()
-		r, err := receiver.NewFor(d, id, inst)
+		r, err := receiver.NewFor(d, id, boot, dp)
 		if err != nil {
 			return err
 		}
@@ -412,21 +412,21 @@ func TestEtcdStoppedMidRun(t *testing.T) {
 		}
 		return nil
 	}
-	require.NoError(t, room(1, kvmanager.Instance{DP: kvmanager.AutoDP}, true), "a room mid-transfer when etcd stopped")
-	require.NoError(t, room(2, kvmanager.Instance{DP: kvmanager.AutoDP}, false), "a room of the known instance with etcd down")
-	other := kvmanager.Instance{Bootstrap: "etcd://" + srv.Endpoint + "/another-instance", DP: kvmanager.AutoDP}
-	_, err = receiver.NewFor(d, 3, other)
+	require.NoError(t, room(1, "", kvmanager.AutoDP, true), "a room mid-transfer when etcd stopped")
+	require.NoError(t, room(2, "", kvmanager.AutoDP, false), "a room of the known instance with etcd down")
+	other := "etcd://" + srv.Endpoint + "/another-instance"
+	_, err = receiver.NewFor(d, 3, other, kvmanager.AutoDP)
 	require.ErrorContains(t, err, "etcd "+srv.Endpoint, "a room of an undiscovered instance with etcd down")
 	require.NoError(t, srv.Restart())
 	// The new instance appears once etcd is back.
-	p2cfg, _ := topoConfig(kvmanager.RolePrefill, other.Bootstrap, transfer.Parallel{})
+	p2cfg, _ := topoConfig(kvmanager.RolePrefill, other, transfer.Parallel{})
 	p2cfg.Engine, p2cfg.Instance, p2cfg.Registry.StallTimeout, p2cfg.QuarantineTimeout = engines["loopback"], "another-instance", 30*time.Second, 40*time.Second
 	p2, err := kvmanager.NewPrefill(p2cfg)
 	require.NoError(t, err)
 	defer p2.Close()
-	_, err = receiver.NewFor(d, 4, other)
+	_, err = receiver.NewFor(d, 4, other, kvmanager.AutoDP)
 	require.NoError(t, err, "after etcd came back")
-	d.ClearReceiver(4)
+	d.Clear(4)
 	require.Zero(t, counter(d.Manager, "kvbridge_rooms_past_deadline")+counter(p.Manager, "kvbridge_rooms_past_deadline"), "rooms overdue")
 }
 

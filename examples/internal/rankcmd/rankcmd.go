@@ -877,11 +877,11 @@ func abortAt(ctx context.Context, rc *receiver.Receiver, at, why string) {
 // newReceiver creates a room's receiver pulling from the prefill instance
 // a request named (its DP group, or AutoDP).
 func (r *Rank) newReceiver(room uint64, prefill string, dp *int) (*receiver.Receiver, error) {
-	inst := kvmanager.Instance{Bootstrap: prefill, DP: kvmanager.AutoDP}
+	group := kvmanager.AutoDP
 	if dp != nil {
-		inst.DP = *dp
+		group = *dp
 	}
-	return receiver.NewFor(r.D, room, inst)
+	return receiver.NewFor(r.D, room, prefill, group)
 }
 
 func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {

@@ -327,7 +327,7 @@ func (t *tinyRank) unsent(room uint64, why string) {
 	}
 	if st, ok := rp.m.Status(room); ok && st != kvmanager.Failed && st != kvmanager.Success {
 		rp.outcomes.WithLabelValues(reuseUnsent).Inc()
-		rp.p.AbortSender(room, reuseUnsentReason+why)
+		rp.p.Abort(room, reuseUnsentReason+why)
 	}
 }
 
@@ -456,7 +456,7 @@ func (t *tinyRank) fetchReuse(ctx context.Context, kv *openai.KVTransferParams, 
 		}
 		return nil
 	}
-	rc, err := receiver.NewFor(rp.d, tk.Room, kvmanager.Instance{Bootstrap: boot, DP: kvmanager.AutoDP})
+	rc, err := receiver.NewFor(rp.d, tk.Room, boot, kvmanager.AutoDP)
 	if err != nil {
 		return fail(nil, err.Error())
 	}
@@ -477,7 +477,7 @@ func (t *tinyRank) fetchReuse(ctx context.Context, kv *openai.KVTransferParams, 
 // REQUEST (nothing is written): its room on the decode rank ends now and
 // its pages go back there, not at the lease's end.
 func (t *tinyRank) releaseKept(ctx context.Context, room uint64, boot string) {
-	rc, err := receiver.NewFor(t.r.reuse.d, room, kvmanager.Instance{Bootstrap: boot, DP: kvmanager.AutoDP})
+	rc, err := receiver.NewFor(t.r.reuse.d, room, boot, kvmanager.AutoDP)
 	if err != nil {
 		return
 	}
