@@ -61,13 +61,14 @@ type Server struct {
 	done    chan struct{}
 }
 
-// ErrNoToken: a server without a token must be explicitly insecure.
-var ErrNoToken = errors.New("bootstrap server: no write token (set ServerConfig.Token from the shared secret, or Insecure)")
+// errNoToken: a server without a token must be explicitly insecure (its
+// text names ServerConfig.Token and Insecure).
+var errNoToken = errors.New("bootstrap server: no write token (set ServerConfig.Token from the shared secret, or Insecure)")
 
 // NewServer returns an empty rank table.
 func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Token == "" && !cfg.Insecure {
-		return nil, ErrNoToken
+		return nil, errNoToken
 	}
 	if cfg.Token != "" && cfg.Insecure {
 		return nil, errors.New("bootstrap server: Token and Insecure are both set; choose one")

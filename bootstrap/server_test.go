@@ -199,7 +199,7 @@ func TestServerHostileWrites(t *testing.T) {
 	code, _ = call(t, srv, "PUT", "/v1/ranks", jsonOf(t, moved))
 	require.Equal(t, 200, code, "after delete")
 	_, err = NewServer(ServerConfig{})
-	require.ErrorIs(t, err, ErrNoToken, "a server without token or Insecure")
+	require.ErrorIs(t, err, errNoToken, "a server without token or Insecure")
 }
 
 // TestServerRoomDP: a room's DP group is published with the token, within

@@ -67,14 +67,16 @@ func discoverWith(lib nvml.Interface) ([]Device, error) {
 	return out, nil
 }
 
-// NVMLError is a failed NVML call on one device.
-type NVMLError struct {
+// nvmlError is a failed NVML call (on one device, or -1): its text names
+// the call, the device and NVML's return code. ErrNoGPU is the one to
+// branch on.
+type nvmlError struct {
 	Call   string
 	Device int // −1 for calls not about a device
 	Return nvml.Return
 }
 
-func (e *NVMLError) Error() string {
+func (e *nvmlError) Error() string {
 	if e.Device < 0 {
 		return fmt.Sprintf("gpu: %s: %v", e.Call, e.Return)
 	}
@@ -82,7 +84,7 @@ func (e *NVMLError) Error() string {
 }
 
 func nvmlErr(call string, dev int, ret nvml.Return) error {
-	return &NVMLError{Call: call, Device: dev, Return: ret}
+	return &nvmlError{Call: call, Device: dev, Return: ret}
 }
 
 // unsupported says an optional query has no answer on this device or driver.

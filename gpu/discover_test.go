@@ -135,7 +135,7 @@ func TestDiscoverFailureReturns(t *testing.T) {
 			s.ShutdownFunc = func() nvml.Return { shutdowns++; return nvml.SUCCESS }
 			tc.set(s, s.Devices[3].(*server.Device))
 			_, err := discoverWith(s)
-			var ne *NVMLError
+			var ne *nvmlError
 			require.ErrorAs(t, err, &ne)
 			require.True(t, strings.HasPrefix(ne.Call, tc.call), "got %v", err)
 			require.Equal(t, boom, ne.Return, "got %v", err)

@@ -251,11 +251,11 @@ func (c *Config) Validate() error {
 	case c.Pull && c.Role == RoleDecode && c.PullLease < 0:
 		return fmt.Errorf("kvmanager: a decode rank with Config.Pull needs a positive Config.PullLease (its renewal basis), got %v", c.PullLease)
 	}
-	if err := c.Layout.Validate(); err != nil {
+	if err := kvlayout.ValidateLayout(c.Layout); err != nil {
 		return fmt.Errorf("kvmanager: Config.Layout: %w", err)
 	}
 	if !kvlayout.NoModel(c.Model) {
-		if err := c.Model.Validate(); err != nil {
+		if err := kvlayout.ValidateModel(c.Model); err != nil {
 			return fmt.Errorf("kvmanager: Config.Model: %w", err)
 		}
 		_, layers := c.Model.StageLayers(c.Parallel.PPSize, c.Parallel.PPRank)

@@ -418,7 +418,7 @@ func (p *Prefill) SendChunk(room uint64, pages []uint32, last bool, auxIndex int
 // SendLayers queues layers [lo, hi) of a chunk of the room's pages: this
 // rank's own layers, 0 … Layers()−1. A chunk is sent by calls with
 // consecutive ranges from 0 to Layers(), each naming the same pages, last
-// and auxIndex (ErrLayers otherwise); the state items given with its final
+// and auxIndex (ErrBadChunk otherwise); the state items given with its final
 // range and then its aux item
 // follow its final range, and the next chunk's pages continue after it.
 // Each call is one write per decode rank with one notification, so the
@@ -436,4 +436,3 @@ func (p *Prefill) SendLayers(room uint64, pages []uint32, lo, hi int, last bool,
 // Layers is how many layers this rank holds (its PP stage's): the range
 // SendLayers numbers.
 func (p *Prefill) Layers() int { return max(len(p.cfg.Layout.Regions)/2, 1) }
-

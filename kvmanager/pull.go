@@ -105,7 +105,6 @@ func (m *Manager) sendWhenReady(e core.Effect) {
 	}()
 }
 
-
 // remoteLocks stripes the locks of reads through a remote by its agent
 // name: a read holds its remote's for reading from its lookup to its last
 // post; an offer that replaces that remote's metadata holds it for

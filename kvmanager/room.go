@@ -105,9 +105,6 @@ type Poll uint8
 
 func (p Poll) String() string { return core.Poll(p).String() }
 
-// Terminal reports whether p is Failed or Success.
-func (p Poll) Terminal() bool { return core.Poll(p).Terminal() }
-
 // RegistryConfig holds the deadlines and bounds of a rank's rooms
 // (docs/ARCHITECTURE.md, "Defaults and configuration").
 type RegistryConfig struct {
@@ -271,21 +268,15 @@ var ErrIncompatible = core.ErrIncompatible
 // one state region, more than once.
 var ErrInvalidSpec = core.ErrInvalidSpec
 
-// ErrLayers: a layer-wise send out of order (a chunk's layers go in
-// consecutive ranges from 0 to the rank's layer count) or naming
-// another chunk than the one whose layers are being sent.
-var ErrLayers = core.ErrLayers
-
-// ErrChunkAlign: a chunk other than the room's last ends inside a page of
-// a decode rank whose pages hold more tokens than this rank's; a chunk
-// must carry whole decode pages (docs/PROTOCOL.md "Pages of different
-// sizes").
-var ErrChunkAlign = core.ErrChunkAlign
-
-// ErrAfterLast: a chunk sent after the room's last chunk (its final layer
-// range included); the room's final write may already have freed the
-// decode rank's pages.
-var ErrAfterLast = core.ErrAfterLast
+// ErrBadChunk: a chunk (or layer range) the room cannot take, the
+// caller's send sequence being wrong: a layer range out of order (a
+// chunk's ranges go from 0 to Layers() in order, each naming the same
+// pages), a chunk other than the last ending inside a page of a decode
+// rank whose pages hold more tokens (send whole decode pages per chunk),
+// or a chunk after the room's last (its final write may already have
+// freed the decode rank's pages). The room is left as it was; the error's
+// text says which.
+var ErrBadChunk = core.ErrBadChunk
 
 // ErrNotReady: the event needs a later status (a chunk posted before the
 // room is WaitingForInput, Success before any data could move).
@@ -299,13 +290,11 @@ var ErrRoomAborted = core.ErrRoomAborted
 // usually means a router handed out a duplicate id.
 var ErrRoomCleared = core.ErrRoomCleared
 
-
 // ErrRoomFailed: the room is Failed; the wrapped text has the reason.
 var ErrRoomFailed = core.ErrRoomFailed
 
 // ErrRoomInUse: a live sender or receiver already exists for the room.
 var ErrRoomInUse = core.ErrRoomInUse
-
 
 // ErrUnknownRoom: no live room, pending request or tombstone has this id.
 var ErrUnknownRoom = core.ErrUnknownRoom

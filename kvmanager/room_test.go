@@ -21,7 +21,6 @@ func TestPollValuesAreTheCores(t *testing.T) {
 	}{{Failed, core.Failed}, {Bootstrapping, core.Bootstrapping}, {WaitingForInput, core.WaitingForInput}, {Transferring, core.Transferring}, {Success, core.Success}} {
 		assert.EqualValues(t, c.core, c.ours, "%v", c.core)
 		assert.Equal(t, c.core.String(), c.ours.String())
-		assert.Equal(t, c.core.Terminal(), c.ours.Terminal())
 	}
 	assert.Equal(t, Transferring, MinPoll(Success, Transferring, WaitingForInput+1))
 	assert.Equal(t, Failed, MinPoll(Success, Failed))

@@ -52,7 +52,7 @@ func (s *Sender) Init() error {
 // (state[i]: this rank's items of state region i, where the decode rank
 // asked for them) and then aux item auxIndex (−1 for none). When a decode
 // rank's pages hold more tokens than this rank's, every chunk but the last
-// must end on one of its page boundaries (kvmanager.ErrChunkAlign
+// must end on one of its page boundaries (kvmanager.ErrBadChunk
 // otherwise, and the room is left as it was).
 func (s *Sender) Send(pages []uint32, last bool, auxIndex int, state ...[]uint32) error {
 	return s.p.SendChunk(s.room, pages, last, auxIndex, state)

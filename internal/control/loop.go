@@ -168,14 +168,14 @@ type watchCmd struct {
 // heartbeat goroutine, which sends PINGs and retries the ordered backlogs
 // of peers ZeroMQ would not take more from.
 type Loop struct {
-	cfg  LoopConfig
+	cfg LoopConfig
 	// curvePub is the CURVE public key derived from Security's secret key.
 	curvePub string
-	id   wire.From
-	log  *zap.Logger
-	ctx  *zctx
-	stat counters
-	coll *collector
+	id       wire.From
+	log      *zap.Logger
+	ctx      *zctx
+	stat     counters
+	coll     *collector
 
 	pull, zap *zsock
 

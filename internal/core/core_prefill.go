@@ -237,7 +237,7 @@ func LayoutFrom(kv, aux, state []wire.Region) (kvlayout.Layout, error) {
 	for _, r := range state {
 		l.State = append(l.State, kvlayout.StateRegion{Desc: mem.Desc{Addr: uintptr(r.Addr), Len: r.Len, Dev: uint64(r.Dev)}, ItemBytes: r.ItemLen})
 	}
-	return l, l.Validate()
+	return l, kvlayout.ValidateLayout(l)
 }
 
 // overlap names two regions of a REGISTER that share memory (the same

@@ -1,6 +1,9 @@
 package core
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors. Results wrap them with the room id (and peer where one is
 // involved); branch on them with errors.Is.
@@ -47,19 +50,23 @@ var (
 	ErrNoWriteInFlight = errors.New("kvmanager: no write in flight")
 	// ErrInvalidEvent: an event with an unknown kind, role or status.
 	ErrInvalidEvent = errors.New("kvmanager: invalid event")
+	// ErrBadChunk: a chunk the room cannot take — ErrLayers,
+	// ErrChunkAlign, ErrAfterLast wrap it (kvmanager exports it alone: a
+	// caller's send sequence is wrong, whichever of the three).
+	ErrBadChunk = errors.New("kvmanager: chunk refused")
 	// ErrLayers: a layer-wise send out of order (a chunk's layers go in
 	// consecutive ranges from 0 to the rank's layer count) or naming
 	// another chunk than the one whose layers are being sent.
-	ErrLayers = errors.New("kvmanager: layer range out of order")
+	ErrLayers = fmt.Errorf("%w: layer range out of order", ErrBadChunk)
 	// ErrChunkAlign: a chunk other than the room's last ends inside a page
 	// of a decode rank whose pages hold more tokens than this rank's
 	// (docs/PROTOCOL.md "Pages of different sizes"); send whole decode
 	// pages per chunk.
-	ErrChunkAlign = errors.New("kvmanager: chunk ends inside a decode page")
+	ErrChunkAlign = fmt.Errorf("%w: chunk ends inside a decode page", ErrBadChunk)
 	// ErrAfterLast: a chunk sent after the room's last chunk (its final
 	// layer range included); the room's final write may already have
 	// freed the decode rank's pages.
-	ErrAfterLast = errors.New("kvmanager: chunk after the room's last")
+	ErrAfterLast = fmt.Errorf("%w: chunk after the room's last", ErrBadChunk)
 	// ErrIncompatible: a prefill rank refused this rank's registration
 	// (REGISTER_ACK ok false: compat, layout or ownership).
 	ErrIncompatible = errors.New("kvmanager: peer refused registration")

@@ -2,6 +2,7 @@ package kvlayout
 
 import (
 	"cmp"
+	"fmt"
 	"math"
 	"slices"
 
@@ -153,3 +154,42 @@ func WithPages(m Model, n int) Model {
 // NoModel reports whether no model was given (then no mapping applies:
 // one prefill rank feeds one decode rank with identical layouts).
 func NoModel(m Model) bool { return m == Model{} }
+
+// ValidateLayout checks a layout is usable (kvmanager.Config.Validate
+// names the field).
+func ValidateLayout(l Layout) error {
+	switch {
+	case len(l.Regions) == 0 || len(l.Regions)%2 != 0:
+		return fmt.Errorf("transfer: layout needs K and V regions per layer, got %d regions", len(l.Regions))
+	case l.PageBytes == 0:
+		return fmt.Errorf("transfer: page size is 0")
+	}
+	for i, r := range l.Regions {
+		if r.Len != l.Regions[0].Len || r.Len%l.PageBytes != 0 {
+			return fmt.Errorf("transfer: region %d is %d bytes, want %d (a whole number of %d-byte pages)",
+				i, r.Len, l.Regions[0].Len, l.PageBytes)
+		}
+	}
+	for i, st := range l.State {
+		if st.ItemBytes == 0 || st.Len%st.ItemBytes != 0 {
+			return fmt.Errorf("transfer: state region %d of %d bytes is not a whole number of %d-byte items", i, st.Len, st.ItemBytes)
+		}
+	}
+	if l.AuxItemBytes != 0 && l.Aux.Len%l.AuxItemBytes != 0 {
+		return fmt.Errorf("transfer: aux region of %d bytes is not a whole number of %d-byte items", l.Aux.Len, l.AuxItemBytes)
+	}
+	return nil
+}
+
+// ValidateModel checks a model on its own.
+func ValidateModel(m Model) error {
+	switch {
+	case m.Layers < 1 || m.KVHeads < 1 || m.HeadBytes < 1 || m.PageTokens < 1:
+		return fmt.Errorf("transfer: model needs layers, KV heads, head bytes and page tokens ≥ 1, got %+v", m)
+	case m.MLA && m.KVHeads != 1:
+		return fmt.Errorf("transfer: an MLA model has one latent (KV heads 1), got %d", m.KVHeads)
+	case m.Layout != NHD && m.Layout != HND:
+		return fmt.Errorf("transfer: page layout %v", m.Layout)
+	}
+	return nil
+}

@@ -28,13 +28,13 @@ func TestRuns(t *testing.T) {
 
 func TestLayoutValidate(t *testing.T) {
 	good := Layout{Regions: []mem.Desc{{Addr: 1, Len: 64}, {Addr: 100, Len: 64}}, PageBytes: 16}
-	require.NoError(t, good.Validate())
+	require.NoError(t, ValidateLayout(good))
 	require.Equal(t, 4, Pages(good))
 	for _, l := range []Layout{
 		{Regions: []mem.Desc{{Addr: 1, Len: 64}}, PageBytes: 16},
 		{Regions: []mem.Desc{{Addr: 1, Len: 64}, {Addr: 100, Len: 32}}, PageBytes: 16},
 		{Regions: []mem.Desc{{Addr: 1, Len: 64}, {Addr: 100, Len: 64}}, PageBytes: 0},
 	} {
-		assert.Error(t, l.Validate(), "accepted %+v", l)
+		assert.Error(t, ValidateLayout(l), "accepted %+v", l)
 	}
 }

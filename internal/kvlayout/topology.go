@@ -119,7 +119,7 @@ func written(m Model, prefillTP, p, decodeTP, d int) (first, n int, err error) {
 // read) for one room.
 func Links(m Model, prefill, decode Parallel) ([]Link, error) {
 	prefill, decode = prefill.Norm(), decode.Norm()
-	if err := m.Validate(); err != nil {
+	if err := ValidateModel(m); err != nil {
 		return nil, err
 	}
 	if err := decode.Validate(); err != nil {
@@ -210,7 +210,7 @@ func PageRatio(prefill, decode int) error {
 func Plan(src, dst Model, p, d Parallel) (*Slice, error) {
 	p, d = p.Norm(), d.Norm()
 	m := src
-	if err := m.Validate(); err != nil {
+	if err := ValidateModel(m); err != nil {
 		return nil, err
 	}
 	if WithPages(src, dst.PageTokens) != dst {

@@ -84,7 +84,7 @@ type Pool struct {
 
 // NewPool starts the workers.
 func NewPool(agent *nixl.Agent, local Layout, cfg Config) (*Pool, error) {
-	if err := local.Validate(); err != nil {
+	if err := kvlayout.ValidateLayout(local); err != nil {
 		return nil, err
 	}
 	if cfg.Workers <= 0 {
