@@ -26,7 +26,7 @@ import (
 // Bootstrap writes carry BootstrapToken as a bearer token.
 type Auth struct {
 	// Secret is shared by every rank of the deployment and its bootstrap
-	// server; at least minSecretBytes.
+	// server; at least 16 bytes (NewAuth refuses a shorter one).
 	Secret []byte
 	// MaxSkew bounds |receiver clock − send time|, default 1 min.
 	MaxSkew time.Duration

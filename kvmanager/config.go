@@ -62,8 +62,8 @@ type Config struct {
 
 	Engine   nixl.Config     // Name defaults to instance-role-rank
 	Layout   transfer.Layout // KV (and aux) memory of this rank, registered by the Manager
-	Registry RegistryConfig
-	Workers  int // transfer workers (prefill), default 4
+	Registry RegistryConfig  // the rooms' deadlines (bootstrap, waiting, stall, pending) and bounds
+	Workers  int             // transfer workers (prefill), default 4
 	// InFlight is how many rooms' writes a prefill worker keeps posted at
 	// once, default 8.
 	InFlight int
@@ -131,6 +131,8 @@ type Config struct {
 	// Security adds CURVE encryption and a key allow-list (optional).
 	Security *bootstrap.Security
 
+	// Logger receives the rank's logs (nil: none); Registerer its metrics
+	// (docs/METRICS.md; nil: none registered).
 	Logger     *zap.Logger
 	Registerer prometheus.Registerer
 
@@ -274,7 +276,8 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// FromEnv overrides fields from KVBRIDGE_* variables: KVBRIDGE_BIND,
+// FromEnv overrides fields from KVBRIDGE_* variables (call it on
+// DefaultConfig's result, then set in code what the program decides): KVBRIDGE_BIND,
 // KVBRIDGE_BOOTSTRAP_URL, KVBRIDGE_ENGINE, KVBRIDGE_WORKERS and the
 // timeouts KVBRIDGE_BOOTSTRAP_TIMEOUT, KVBRIDGE_WAITING_TIMEOUT,
 // KVBRIDGE_STALL_TIMEOUT, KVBRIDGE_TOMBSTONE_TTL, KVBRIDGE_QUARANTINE,

@@ -162,7 +162,7 @@ func (d *Decode) checkRankCert(t core.Target, info records.RankInfo) error {
 	return nil
 }
 
-// CreateReceiver creates the decode side of a room that pulls from the
+// CreateReceiver creates the decode side of a room that receives from the
 // given prefill ranks, each writing every page (the default instance when
 // none is given: see CreateReceiverFor).
 func (d *Decode) CreateReceiver(room uint64, targets ...Target) error {
@@ -382,7 +382,7 @@ func instanceRanks(url string, topo records.Topology, dp int) []core.Target {
 	return out
 }
 
-// CreateReceiverFor creates the decode side of a room that pulls from a
+// CreateReceiverFor creates the decode side of a room that receives from a
 // prefill instance: its topology is looked up once per instance (cached),
 // the rank mapping gives the room's prefill ranks, and their endpoints are
 // resolved now, so an abort before Init reaches them.

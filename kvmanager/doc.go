@@ -31,9 +31,10 @@
 //	defer prefill.Close()
 //	defer decode.Close()
 //
-// then one sender.Sender and one receiver.Receiver per room (see
-// receiver's Example). The statuses, request spec, load reports and
-// errors an engine sees are defined here (room.go) and carried to and
+// then one sender.Sender and one receiver.Receiver per room (the README's
+// "A prefill and a decode rank in one program"). The statuses, request
+// spec, load reports and errors an engine sees are defined here and
+// carried to and
 // from the protocol core (internal/core); a rank's counters are its
 // metrics (Config.Registerer, docs/METRICS.md).
 package kvmanager

@@ -122,7 +122,8 @@ type RegistryConfig struct {
 	// TombstoneTTL is how long a cleared or early-aborted room id is
 	// remembered. It must exceed BootstrapTimeout and PendingTimeout so an
 	// early abort outlives every deadline that could still create its
-	// room.
+	// room, and Config.QuarantineTimeout (Config.Validate checks all
+	// three).
 	TombstoneTTL time.Duration
 	// MaxPendingRooms bounds the rooms that hold requests but no sender.
 	MaxPendingRooms int

@@ -111,7 +111,7 @@ type Config struct {
 
 // FromEnv fills what c leaves unset from the environment: NIXLLib from
 // KVBRIDGE_NIXL_LIB, UCXLib from KVBRIDGE_UCX_LIB, CUDALib
-// from KVBRIDGE_CUDA_LIB (cuda.DriverPathFromEnv), and the UCX settings the
+// from KVBRIDGE_CUDA_LIB, and the UCX settings the
 // ucx engine decides on — TLS, UNIFIED_MODE, ADAPTIVE_PROGRESS — from
 // UCX_TLS, UCX_UNIFIED_MODE and UCX_ADAPTIVE_PROGRESS, each where UCX has
 // no such key (into a copy of the map: one a caller shares is not

@@ -26,7 +26,7 @@ type Receiver struct {
 	room uint64
 }
 
-// New creates the room on this decode rank, pulling from the rank's
+// New creates the room on this decode rank, receiving from the rank's
 // default prefill instance (Config.BootstrapURL; with a Model, the DP group
 // room % dp_size and the prefill ranks the rank mapping gives; without,
 // Config.PrefillRank).
@@ -34,7 +34,7 @@ func New(d *kvmanager.Decode, room uint64) (*Receiver, error) {
 	return NewFor(d, room, "", kvmanager.AutoDP)
 }
 
-// NewFor creates the room pulling from a prefill instance the router chose
+// NewFor creates the room receiving from a prefill instance the router chose
 // for it: its bootstrap address ("": Config.BootstrapURL) and, with DP
 // attention, its DP group (kvmanager.AutoDP: room % dp_size;
 // kvmanager.LookupDP: as the prefill rank published it). The instance's topology is looked up
@@ -46,7 +46,7 @@ func NewFor(d *kvmanager.Decode, room uint64, bootstrap string, dp int) (*Receiv
 	return &Receiver{d: d, room: room}, nil
 }
 
-// NewFrom creates the room pulling from the given prefill ranks.
+// NewFrom creates the room receiving from the given prefill ranks.
 func NewFrom(d *kvmanager.Decode, room uint64, targets ...kvmanager.Target) (*Receiver, error) {
 	if err := d.CreateReceiver(room, targets...); err != nil {
 		return nil, fmt.Errorf("receiver: %w", err)

@@ -67,12 +67,11 @@ func (s *Sender) Send(pages []uint32, last bool, auxIndex int, state ...[]uint32
 // one notification per decode rank). Send is SendLayers over every layer.
 //
 //	for l := 0; l < s.Layers(); l++ {
-//		forward(l)                           // writes layer l's KV into pages
-//		ev, _ := stream.Record()             // after the kernel that wrote it
-//		s.SendLayers(pages, l, l+1, last, aux, ev.Ready())
+//		forward(l)                      // your kernel writes layer l's KV into pages
+//		ev := engine.RecordEvent(l)     // your CUDA event, after that kernel
+//		s.SendLayers(pages, l, l+1, last, aux, ev.Query) // transfer.Ready: cuEventQuery
 //	}
-//	// destroy the events once the room is over (Wait returned), or
-//	// reuse them for the next request with Rerecord
+//	// destroy your events once the room is over (Wait returned)
 func (s *Sender) SendLayers(pages []uint32, lo, hi int, last bool, auxIndex int, ready transfer.Ready, state ...[]uint32) error {
 	return s.p.SendLayers(s.room, pages, lo, hi, last, auxIndex, ready, state)
 }

@@ -23,7 +23,7 @@ func (k MemKind) String() string {
 }
 
 // Desc is one contiguous piece of memory: host memory, or device Dev's
-// memory (VRAM). nixl.Desc is the same type.
+// memory (VRAM).
 type Desc struct {
 	Addr uintptr
 	Len  uint64
