@@ -31,7 +31,7 @@
 // AuthFromEnv reads the shared secret (KVBRIDGE_SECRET,
 // KVBRIDGE_SECRET_FILE) or an explicit insecure mode (KVBRIDGE_INSECURE):
 // every control message is authenticated with it, and bootstrap writes
-// carry its token. SecurityFromEnv reads a rank's CURVE keypair and
+// carry its token. SecurityFromEnv reads a rank's CURVE secret key and
 // allow-list (KVBRIDGE_CURVE_*): its control socket then admits only
 // allow-listed peers. Under per-rank identity the operator's CA issues
 // each rank a certificate (CA.Issue, written with RankIdentity.Marshal and

@@ -1,6 +1,7 @@
 package bootstrap
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -45,6 +46,9 @@ func NewCA() (*CA, error) {
 // its instance and its rank's index there) and returns its identity: the
 // certificate, signed, valid until notAfter, and the private key.
 func (ca *CA) Issue(role, instance string, rank int, notAfter time.Time) (RankIdentity, error) {
+	if ca == nil || ca.ca == nil {
+		return nil, errNoCA
+	}
 	id, err := ca.ca.Issue(role, instance, rank, notAfter)
 	if err != nil {
 		return nil, err
@@ -54,7 +58,26 @@ func (ca *CA) Issue(role, instance string, rank int, notAfter time.Time) (RankId
 
 // Marshal encodes the CA: with its private key, the operator's file; with
 // the public key only, what ranks get (KVBRIDGE_CA_FILE).
-func (ca *CA) Marshal(withPrivate bool) []byte { return ca.ca.Marshal(withPrivate) }
+// A CA that NewCA or LoadCA did not make encodes as nothing.
+func (ca *CA) Marshal(withPrivate bool) []byte {
+	if ca == nil || ca.ca == nil {
+		return nil
+	}
+	return ca.ca.Marshal(withPrivate)
+}
+
+var errNoCA = errors.New("bootstrap: a CA that NewCA or LoadCA did not make")
+
+// LoadCA reads the operator's CA file (Marshal(true)), to issue more
+// ranks' identities later; a rank's public CA file loads too but cannot
+// issue.
+func LoadCA(path string) (*CA, error) {
+	ca, err := ident.LoadCA(path)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: %w", err)
+	}
+	return &CA{ca: ca}, nil
+}
 
 // Environment variables read by IdentityFromEnv.
 const (

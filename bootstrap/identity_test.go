@@ -38,8 +38,28 @@ func TestIdentityFiles(t *testing.T) {
 	t.Setenv(envCAFile, "")
 	none, err := IdentityFromEnv()
 	require.NoError(t, err)
-	require.Nil(t, none, "neither variable: no identity, and an untyped nil (a Config's RankIdentity != nil test)")
+	require.True(t, none == nil, "neither variable: no identity, and an untyped nil (a Config's RankIdentity != nil test), got %#v", none)
 
 	_, err = LoadIdentity(filepath.Join(dir, "missing"), idFile)
 	require.Error(t, err)
+
+	// The operator's file loads back and issues; a rank's public one
+	// loads and cannot; a CA nothing made issues nothing (no panic).
+	opFile := filepath.Join(dir, "ca-operator")
+	require.NoError(t, os.WriteFile(opFile, ca.Marshal(true), 0o600))
+	again, err := LoadCA(opFile)
+	require.NoError(t, err)
+	require.Equal(t, ca.Marshal(false), again.Marshal(false), "the same CA")
+	later, err := again.Issue("prefill", "p", 0, time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(idFile, later.Marshal(), 0o600))
+	_, err = LoadIdentity(caFile, idFile)
+	require.NoError(t, err, "an identity issued by the reloaded CA checks against the rank's CA file")
+	public, err := LoadCA(caFile)
+	require.NoError(t, err)
+	_, err = public.Issue("prefill", "p", 1, time.Now().Add(time.Hour))
+	require.ErrorContains(t, err, "no private key")
+	_, err = (&CA{}).Issue("prefill", "p", 1, time.Now().Add(time.Hour))
+	require.ErrorIs(t, err, errNoCA)
+	require.Nil(t, (&CA{}).Marshal(true))
 }

@@ -169,3 +169,22 @@ func TestDiscoverRealLibrary(t *testing.T) {
 	}
 	t.Logf("found %d GPUs: %+v", len(devs), devs)
 }
+
+// TestDiscoverOnAMockDGXH200: the listing ExampleDiscover prints, on
+// go-nvml's mock DGX H200 (eight GPUs, two NUMA nodes here).
+func TestDiscoverOnAMockDGXH200(t *testing.T) {
+	machine := dgxh200.New()
+	for i, d := range machine.Devices {
+		dev := d.(*server.Device)
+		node := i / 4
+		dev.GetNumaNodeIdFunc = func() (int, nvml.Return) { return node, nvml.SUCCESS }
+		dev.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+	}
+	devs, err := discoverWith(machine)
+	require.NoError(t, err)
+	require.Len(t, devs, 8)
+	require.Equal(t, "NVIDIA H200 141GB HBM3e", devs[0].Name)
+	require.EqualValues(t, 141, devs[0].MemoryTotal>>30)
+	require.Equal(t, 0, devs[0].NUMANode)
+	require.Equal(t, 1, devs[7].NUMANode)
+}

@@ -222,7 +222,7 @@ func (c *Config) Validate() error {
 	case c.Role != RolePrefill && c.Role != RoleDecode:
 		return fmt.Errorf("kvmanager: Config.Role must be RolePrefill or RoleDecode, got %d", c.Role)
 	case c.RankIdentity != nil && c.identity() == nil:
-		return fmt.Errorf("kvmanager: Config.RankIdentity is a %T: only bootstrap.LoadIdentity, IdentityFromEnv and CA.Issue make one", c.RankIdentity)
+		return errors.New("kvmanager: Config.RankIdentity is not an identity bootstrap made (only bootstrap.LoadIdentity, IdentityFromEnv and CA.Issue make one; leave it nil for none)")
 	case c.Instance == "":
 		return errors.New("kvmanager: Config.Instance is empty (the instance's name, the same on every rank of it)")
 	case c.Rank < 0 || c.PrefillRank < 0:

@@ -47,7 +47,7 @@ func TestDigestNeedsHostMemory(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
 	d.cfg.Layout.Kind = nixl.VRAM
-	require.NoError(t, d.CreateReceiver(5, targetOf(d.defaultTarget())))
+	require.Equal(t, core.Applied, d.createReceiver(5, targetOf(d.defaultTarget())).Outcome)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // (accepted, it would wait for a prefill rank that never answers)
 	defer cancel()
 	err = d.InitReceiver(ctx, 5, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Digest: true})
@@ -66,7 +66,7 @@ func TestDigestNeedsHostMemory(t *testing.T) {
 // room corrupt at its first notification.
 func TestDigestNeedsTheInstanceShape(t *testing.T) {
 	d := tinyModelDecode(t, "digest-shape")
-	require.NoError(t, d.CreateReceiver(5, targetOf(d.defaultTarget())))
+	require.Equal(t, core.Applied, d.createReceiver(5, targetOf(d.defaultTarget())).Outcome)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := d.InitReceiver(ctx, 5, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Digest: true})

@@ -33,7 +33,7 @@ func TestProbeTimerTicksTheCore(t *testing.T) {
 
 	target := core.Target{Bootstrap: cfg.BootstrapURL, Rank: 0}
 	prefill := wire.From{Role: "prefill", Instance: "p", Rank: 0, Endpoint: "tcp://127.0.0.1:9", Epoch: 10}
-	require.NoError(t, d.CreateReceiver(1, targetOf(target)))
+	require.Equal(t, core.Applied, d.createReceiver(1, targetOf(target)).Outcome)
 	require.Equal(t, target, <-lookups)
 	d.stepIn(core.Resolved{Target: target, Endpoint: prefill.Endpoint})
 	spec := core.RequestSpec{DstPages: []uint32{1}, AuxIndex: -1}
@@ -42,7 +42,7 @@ func TestProbeTimerTicksTheCore(t *testing.T) {
 
 	// Room 2's REQUEST waits for a PING's PONG (not heard from within
 	// ProbeIdle); none comes.
-	require.NoError(t, d.CreateReceiver(2, targetOf(target)))
+	require.Equal(t, core.Applied, d.createReceiver(2, targetOf(target)).Outcome)
 	require.Equal(t, core.Applied, d.stepIn(core.InitReceiver{Room: 2, Spec: core.RequestSpec{DstPages: []uint32{2}, AuxIndex: -1}}).Result.Outcome)
 	require.Equal(t, uint64(1), d.stats().Probes, "room 2's REQUEST probes first")
 	select {

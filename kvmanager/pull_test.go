@@ -67,7 +67,7 @@ func TestPullOfferProven(t *testing.T) {
 			deliver := func(ack *wire.RegisterAck, challenged, answer bool) (core.Poll, string) {
 				t.Helper()
 				room++
-				require.NoError(t, d.CreateReceiver(room, targetOf(target)))
+				require.Equal(t, core.Applied, d.createReceiver(room, targetOf(target)).Outcome)
 				d.stepIn(core.Resolved{Target: target, Endpoint: from.Endpoint})
 				spec := core.RequestSpec{DstPages: []uint32{uint32(room - 1)}, AuxIndex: -1, Pull: true}
 				require.Equal(t, core.Applied, d.stepIn(core.InitReceiver{Room: room, Spec: spec}).Result.Outcome)
@@ -168,7 +168,7 @@ func TestPullSpecNeedsTheConfig(t *testing.T) {
 	d, err := NewDecode(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
-	require.NoError(t, d.CreateReceiver(5, targetOf(d.defaultTarget())))
+	require.Equal(t, core.Applied, d.createReceiver(5, targetOf(d.defaultTarget())).Outcome)
 	err = d.InitReceiver(context.Background(), 5, RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Pull: true})
 	if !errors.Is(err, core.ErrInvalidSpec) || !strings.Contains(err.Error(), "room 5") || !strings.Contains(err.Error(), "Config.Pull") {
 		t.Fatalf("Init: %v, want ErrInvalidSpec naming the room and Config.Pull", err)

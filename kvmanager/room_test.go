@@ -75,6 +75,7 @@ func TestReportCarriesEverything(t *testing.T) {
 	for o := core.Applied; o < core.Rejected; o++ {
 		assert.NoError(t, refusal(core.Result{Outcome: o, Err: core.ErrRoomFailed}), "%v is no refusal", o)
 	}
+	assert.Contains(t, (core.Rejected + 1).String(), "Outcome(", "the core has an Outcome past Rejected: say here whether it is a refusal")
 }
 
 // TestEveryCounterIsAMetric: the core's counters are readable only as

@@ -92,9 +92,12 @@ func newAttacker(prefill, decode *proc, model kvmodel.Model, layout transfer.Pag
 	a.library, a.realAddr = localAgent()
 	if ca != nil {
 		for r := range a.ids {
-			if a.ids[r], err = ca.Issue(wire.RoleDecode, "hostile-register", r, time.Now().Add(time.Hour)); err != nil {
+			id, err := ca.Issue(wire.RoleDecode, "hostile-register", r, time.Now().Add(time.Hour))
+			if err != nil {
 				return nil, err
 			}
+			a.ids[r] = id.(*ident.RankIdentity) // the forger seals as internal/control does
+
 		}
 		cl := discovery.NewClient(prefill.boot)
 		info, err := cl.Rank(context.Background(), 0, 0, 0)

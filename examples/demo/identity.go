@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvbridge/kvbridge/internal/ident"
+	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/transfer"
 )
 
@@ -18,7 +18,7 @@ import (
 // per process, 0600) for the identity its flags give it. The CA's private
 // key stays in this process.
 var (
-	ca                 *ident.CA
+	ca                 *bootstrap.CA
 	caFile, identities string
 	// issued numbers the identity files: the ranks of an instance start in
 	// parallel (a plain int here gave two of them one file, and a rank
@@ -27,7 +27,7 @@ var (
 )
 
 func makeCA() (cleanup func(), err error) {
-	if ca, err = ident.NewCA(); err != nil {
+	if ca, err = bootstrap.NewCA(); err != nil {
 		return nil, err
 	}
 	if identities, err = os.MkdirTemp("", "kvbridge-demo-identity-*"); err != nil {
@@ -57,7 +57,7 @@ func identityEnv(role string, args []string) ([]string, error) {
 // issueFor reads -instance, -tp, -tp-rank, -pp, -pp-rank, -dp, -dp-rank
 // from a rank's flags (rankcmd's defaults otherwise) and issues its
 // certificate for a day.
-func issueFor(role string, args []string) (*ident.RankIdentity, error) {
+func issueFor(role string, args []string) (bootstrap.RankIdentity, error) {
 	vals := map[string]string{}
 	for i := 0; i < len(args); i++ {
 		name, val, hasVal := strings.Cut(strings.TrimLeft(args[i], "-"), "=")

@@ -384,7 +384,7 @@ func goldenIdentity(t *testing.T, role string) *ident.RankIdentity {
 
 // TestGoldenEnvelope: the authentication frame, tagged with the secret
 // and sealed under a pair key, byte for byte (PROTOCOL.md "Envelope",
-// "Sealed bodies"; the certificate is bootstrap's TestGoldenCertificate's),
+// "Sealed bodies"; the certificate is internal/ident's TestGoldenCertificate's),
 // so any implementation can check its own against them.
 func TestGoldenEnvelope(t *testing.T) {
 	dec := goldenIdentity(t, wire.RoleDecode)  // decode-a rank 3

@@ -52,6 +52,7 @@ func TestSendLayersInOrder(t *testing.T) {
 			return // the mutant took layer 1 before layer 0
 		}
 		require.ErrorIs(t, err, ErrLayers, "layer 1 before layer 0")
+		require.ErrorIs(t, err, ErrBadChunk, "kvmanager's one sentinel for a send sequence gone wrong")
 		require.NoError(t, send(0, 1, 0))
 		ws := postedWrites(c)
 		require.Len(t, ws, 1, "layer 0's writes: %+v", ws)

@@ -61,6 +61,7 @@ func TestPagesOfDifferentSizes(t *testing.T) {
 
 	res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{10, 11}, AuxIndex: -1})
 	require.ErrorIs(t, res.Err, ErrChunkAlign, "a chunk of 2 of a decode page's 4 prefill pages")
+	require.ErrorIs(t, res.Err, ErrBadChunk, "kvmanager's one sentinel for a send sequence gone wrong")
 	require.ErrorContains(t, res.Err, decodeFrom.Peer(), "a chunk of 2 of a decode page's 4 prefill pages")
 	st, _ := c.Status(1)
 	require.Equal(t, WaitingForInput, st, "the refused chunk left the room")
@@ -120,6 +121,7 @@ func TestChunkRules(t *testing.T) {
 	drain()
 	res := c.Step(t0, SendChunk{Room: 1, Pages: []uint32{12, 13, 14, 15}, AuxIndex: -1})
 	require.ErrorIs(t, res.Err, ErrAfterLast, "a chunk after the last")
+	require.ErrorIs(t, res.Err, ErrBadChunk, "kvmanager's one sentinel for a send sequence gone wrong")
 	for _, e := range c.Effects() {
 		require.NotEqual(t, EffectPost, e.Kind, "a chunk after the last posted %+v", e.Writes)
 	}

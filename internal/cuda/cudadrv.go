@@ -69,7 +69,7 @@ import (
 )
 
 // ErrNoDriver: libcuda.so.1 is absent or has no usable device.
-var ErrNoDriver = errors.New("gpu: CUDA driver not available")
+var ErrNoDriver = errors.New("cuda: CUDA driver not available")
 
 // CUDAError is a failed CUDA driver call.
 type CUDAError struct {
@@ -78,7 +78,7 @@ type CUDAError struct {
 	Name string // e.g. CUDA_ERROR_OUT_OF_MEMORY
 }
 
-func (e *CUDAError) Error() string { return fmt.Sprintf("gpu: %s: %s (%d)", e.Call, e.Name, e.Code) }
+func (e *CUDAError) Error() string { return fmt.Sprintf("cuda: %s: %s (%d)", e.Call, e.Name, e.Code) }
 
 // DevicePtr is a CUDA device address.
 type DevicePtr uint64
@@ -117,7 +117,7 @@ func OpenDriver(path string) (*Driver, error) {
 	case driverOnce.d != nil && (path == "" || path == driverOnce.path):
 		return driverOnce.d, nil
 	case driverOnce.d != nil:
-		return nil, fmt.Errorf("gpu: this process already loaded the CUDA driver from %s, not %s (one driver per process)", driverOnce.path, path)
+		return nil, fmt.Errorf("cuda: this process already loaded the CUDA driver from %s, not %s (one driver per process)", driverOnce.path, path)
 	}
 	if path == "" {
 		path = "libcuda.so.1"

@@ -23,7 +23,7 @@ import (
 )
 
 // ErrEventDestroyed: the event was used after Destroy.
-var ErrEventDestroyed = errors.New("gpu: event destroyed")
+var ErrEventDestroyed = errors.New("cuda: event destroyed")
 
 // Event is a CUDA event recorded on a stream: it completes when everything
 // queued on the stream before it has finished. It is what a layer-wise

@@ -63,13 +63,13 @@ func (c *Cert) signedPart() ([]byte, error) {
 	r := wire.RoleByte(c.Role)
 	switch {
 	case r == 0:
-		return nil, fmt.Errorf("ident: certificate role %q: want %q or %q", c.Role, wire.RolePrefill, wire.RoleDecode)
+		return nil, fmt.Errorf("identity: certificate role %q: want %q or %q", c.Role, wire.RolePrefill, wire.RoleDecode)
 	case c.Instance == "" || len(c.Instance) > wire.MaxNameBytes:
-		return nil, fmt.Errorf("ident: certificate instance of %d bytes: want 1 to %d", len(c.Instance), wire.MaxNameBytes)
+		return nil, fmt.Errorf("identity: certificate instance of %d bytes: want 1 to %d", len(c.Instance), wire.MaxNameBytes)
 	case c.Rank < 0 || c.Rank > 1<<31-1:
-		return nil, fmt.Errorf("ident: certificate rank %d out of range", c.Rank)
+		return nil, fmt.Errorf("identity: certificate rank %d out of range", c.Rank)
 	case len(c.Key) != 32:
-		return nil, fmt.Errorf("ident: certificate key of %d bytes, want 32 (X25519)", len(c.Key))
+		return nil, fmt.Errorf("identity: certificate key of %d bytes, want 32 (X25519)", len(c.Key))
 	}
 	b := append([]byte(certMagic), r)
 	b = binary.LittleEndian.AppendUint32(b, uint32(c.Rank))
@@ -111,7 +111,7 @@ func ParseCert(raw []byte, ca ed25519.PublicKey, now time.Time) (*Cert, error) {
 
 // ErrBadCert: a certificate that does not parse, is not the CA's, or has
 // expired.
-var ErrBadCert = errors.New("ident: bad identity certificate")
+var ErrBadCert = errors.New("identity: bad identity certificate")
 
 // CA is a deployment's certificate authority. Keep Private with the
 // operator (a CI secret, a vault): a rank needs only Public.
@@ -133,7 +133,7 @@ func NewCA() (*CA, error) {
 // certificate, signed, and the private key.
 func (ca *CA) Issue(role, instance string, rank int, notAfter time.Time) (*RankIdentity, error) {
 	if len(ca.Private) != ed25519.PrivateKeySize {
-		return nil, errors.New("ident: this CA has no private key (ranks hold only its public key)")
+		return nil, errors.New("identity: this CA has no private key (ranks hold only its public key)")
 	}
 	key, err := ecdh.X25519().GenerateKey(rand.Reader)
 	if err != nil {
@@ -197,21 +197,21 @@ func (ca *CA) Marshal(withPrivate bool) []byte {
 func parseCA(b []byte) (*CA, error) {
 	f := strings.Fields(string(b))
 	if len(f) < 3 || len(f) > 4 || f[0]+" "+f[1] != caFileTag {
-		return nil, fmt.Errorf("ident: not a %q file", caFileTag)
+		return nil, fmt.Errorf("identity: not a %q file", caFileTag)
 	}
 	pub, err := b64.DecodeString(f[2])
 	if err != nil || len(pub) != ed25519.PublicKeySize {
-		return nil, errors.New("ident: CA file: bad public key")
+		return nil, errors.New("identity: CA file: bad public key")
 	}
 	ca := &CA{Public: pub}
 	if len(f) == 4 {
 		seed, err := b64.DecodeString(f[3])
 		if err != nil || len(seed) != ed25519.SeedSize {
-			return nil, errors.New("ident: CA file: bad private key")
+			return nil, errors.New("identity: CA file: bad private key")
 		}
 		ca.Private = ed25519.NewKeyFromSeed(seed)
 		if !bytes.Equal(ca.Private.Public().(ed25519.PublicKey), pub) {
-			return nil, errors.New("ident: CA file: the private key does not belong to the public key")
+			return nil, errors.New("identity: CA file: the private key does not belong to the public key")
 		}
 	}
 	return ca, nil
@@ -222,12 +222,12 @@ func parseCA(b []byte) (*CA, error) {
 func parseIdentity(b []byte, ca ed25519.PublicKey, now time.Time) (*RankIdentity, error) {
 	f := strings.Fields(string(b))
 	if len(f) != 4 || f[0]+" "+f[1] != identityFileTag {
-		return nil, fmt.Errorf("ident: not a %q file", identityFileTag)
+		return nil, fmt.Errorf("identity: not a %q file", identityFileTag)
 	}
 	raw, err1 := b64.DecodeString(f[2])
 	kb, err2 := b64.DecodeString(f[3])
 	if err1 != nil || err2 != nil {
-		return nil, errors.New("ident: identity file: bad base64")
+		return nil, errors.New("identity: identity file: bad base64")
 	}
 	c, err := ParseCert(raw, ca, now)
 	if err != nil {
@@ -235,22 +235,36 @@ func parseIdentity(b []byte, ca ed25519.PublicKey, now time.Time) (*RankIdentity
 	}
 	key, err := ecdh.X25519().NewPrivateKey(kb)
 	if err != nil {
-		return nil, fmt.Errorf("ident: identity file: %w", err)
+		return nil, fmt.Errorf("identity: identity file: %w", err)
 	}
 	if !bytes.Equal(key.PublicKey().Bytes(), c.Key) {
-		return nil, fmt.Errorf("ident: identity file: the private key does not belong to %s's certificate", c)
+		return nil, fmt.Errorf("identity: identity file: the private key does not belong to %s's certificate", c)
 	}
 	return &RankIdentity{CA: ca, Cert: c, key: key}, nil
+}
+
+// LoadCA reads a CA file: the operator's (with the private key) or the
+// public one ranks get.
+func LoadCA(path string) (*CA, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	ca, err := parseCA(b)
+	if err != nil {
+		return nil, fmt.Errorf("%w (%s)", err, path)
+	}
+	return ca, nil
 }
 
 // LoadIdentity reads a CA file and an identity file.
 func LoadIdentity(caPath, idPath string) (*RankIdentity, error) {
 	if caPath == "" || idPath == "" {
-		return nil, fmt.Errorf("ident: per-rank identity needs both a CA file and an identity file (got %q and %q)", caPath, idPath)
+		return nil, fmt.Errorf("identity: per-rank identity needs both a CA file and an identity file (got %q and %q)", caPath, idPath)
 	}
 	cb, err := os.ReadFile(caPath)
 	if err != nil {
-		return nil, fmt.Errorf("ident: %w", err)
+		return nil, fmt.Errorf("identity: %w", err)
 	}
 	ca, err := parseCA(cb)
 	if err != nil {
@@ -258,7 +272,7 @@ func LoadIdentity(caPath, idPath string) (*RankIdentity, error) {
 	}
 	ib, err := os.ReadFile(idPath)
 	if err != nil {
-		return nil, fmt.Errorf("ident: %w", err)
+		return nil, fmt.Errorf("identity: %w", err)
 	}
 	id, err := parseIdentity(ib, ca.Public, time.Now())
 	if err != nil {

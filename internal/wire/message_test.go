@@ -92,7 +92,7 @@ func TestGolden(t *testing.T) {
 				require.NoError(t, os.WriteFile(path, frames[2], 0o644))
 			}
 			want, err := os.ReadFile(path)
-			require.NoError(t, err, "run go test ./bootstrap -run TestGolden -update once")
+			require.NoError(t, err, "run go test ./internal/wire -run TestGolden -update once")
 			require.Equal(t, want, frames[2], "wire format drifted for %v", m.Type())
 			got, err := wire.Decode([][]byte{[]byte(wire.Magic), []byte(m.Type().String()), want})
 			require.NoError(t, err)

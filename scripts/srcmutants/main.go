@@ -700,6 +700,14 @@ var mutants = []mutant{
 	// bootstrap did not make accepted as Config.RankIdentity.
 	{name: "identity-foreign-accepted", file: "kvmanager/config.go", old: "\tcase c.RankIdentity != nil && c.identity() == nil:", new: "\tcase false:",
 		pkg: "kvmanager", run: "^TestForeignIdentityRefused$"},
+	// kvmanager's ErrBadChunk (issue 50): each of the core's three chunk
+	// refusals not wrapping it.
+	{name: "bad-chunk-layers-unwrapped", file: "internal/core/errors.go", old: "fmt.Errorf(\"%w: layer range out of order\", ErrBadChunk)", new: "fmt.Errorf(\"%v: layer range out of order\", ErrBadChunk)",
+		pkg: "internal/core", run: "^TestSendLayersInOrder$"},
+	{name: "bad-chunk-align-unwrapped", file: "internal/core/errors.go", old: "fmt.Errorf(\"%w: chunk ends inside a decode page\", ErrBadChunk)", new: "fmt.Errorf(\"%v: chunk ends inside a decode page\", ErrBadChunk)",
+		pkg: "internal/core", run: "^TestPagesOfDifferentSizes$"},
+	{name: "bad-chunk-after-last-unwrapped", file: "internal/core/errors.go", old: "fmt.Errorf(\"%w: chunk after the room's last\", ErrBadChunk)", new: "fmt.Errorf(\"%v: chunk after the room's last\", ErrBadChunk)",
+		pkg: "internal/core", run: "^TestChunkRules$"},
 	{name: "canary-find-skips-first", file: "internal/canary/canary.go", old: "\tfor (size_t i = 0; i < n; i++) {\n\t\tuint64_t x;", new: "\tfor (size_t i = 1; i < n; i++) {\n\t\tuint64_t x;",
 		pkg: "internal/canary", run: "^TestPlantFind$"},
 	// Each range check on a PAGES (issue 49, item 5): removed, or off
