@@ -262,13 +262,9 @@ func LoadIdentity(caPath, idPath string) (*RankIdentity, error) {
 	if caPath == "" || idPath == "" {
 		return nil, fmt.Errorf("identity: per-rank identity needs both a CA file and an identity file (got %q and %q)", caPath, idPath)
 	}
-	cb, err := os.ReadFile(caPath)
+	ca, err := LoadCA(caPath)
 	if err != nil {
-		return nil, fmt.Errorf("identity: %w", err)
-	}
-	ca, err := parseCA(cb)
-	if err != nil {
-		return nil, fmt.Errorf("%w (%s)", err, caPath)
+		return nil, err
 	}
 	ib, err := os.ReadFile(idPath)
 	if err != nil {
