@@ -74,7 +74,7 @@ var errNoCA = errors.New("bootstrap: a CA that NewCA or LoadCA did not make")
 func LoadCA(path string) (*CA, error) {
 	ca, err := ident.LoadCA(path)
 	if err != nil {
-		return nil, fmt.Errorf("bootstrap: %w", err)
+		return nil, err
 	}
 	return &CA{ca: ca}, nil
 }

@@ -210,9 +210,6 @@ func (c *Config) fillDefaults() {
 // Validate refuses).
 func (c *Config) identity() *ident.RankIdentity {
 	id, _ := c.RankIdentity.(*ident.RankIdentity)
-	if id == nil {
-		return nil
-	}
 	return id
 }
 

@@ -493,8 +493,6 @@ func (d *Decode) failedErr(room uint64, reason string) error {
 	return fmt.Errorf("room %d: %w: %s", room, core.ErrRoomFailed, reason)
 }
 
-var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
-
 // Report returns a room's load report (which pages and layers landed, the
 // failure's code and reason) once nothing more can land: after Success, or
 // after a failure once Released is closed; ok is false before, and once

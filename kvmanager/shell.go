@@ -589,16 +589,12 @@ func (m *Manager) tick() {
 // went out). An unknown room is remembered as aborted, for a REQUEST (or
 // a sender) still on its way. A decode room's pages stay quarantined
 // until Released.
-func (m *Manager) Abort(room uint64, reason string) { m.abort(room, reason) }
-
-func (m *Manager) abort(room uint64, reason string) core.Result {
+func (m *Manager) Abort(room uint64, reason string) {
 	var in core.Input = core.AbortReceiver{Room: room, Reason: reason}
 	if m.cfg.Role == RolePrefill {
 		in = core.AbortSender{Room: room, Reason: reason}
 	}
-	out := m.stepIn(in)
-	m.met.abort(out.Prior)
-	return out.Result
+	m.met.abort(m.stepIn(in).Prior)
 }
 
 // Clear forgets the room. An unfinished room is aborted first; a decode
@@ -610,6 +606,8 @@ func (m *Manager) Clear(room uint64) {
 	}
 	m.stepIn(core.ClearReceiver{Room: room})
 }
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // Released returns a channel closed once the room's pages may be reused.
 // Decode: its destination pages — the room succeeded, or every prefill

@@ -226,12 +226,10 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 	}
 	var curvePub string
 	if cfg.Security != nil {
-		sec := *cfg.Security
-		pub, err := curve.Check(sec.SecretKey, "", sec.AllowedKeys)
-		if err != nil {
+		var err error
+		if curvePub, err = curve.Check(cfg.Security.SecretKey, "", cfg.Security.AllowedKeys); err != nil {
 			return nil, err
 		}
-		curvePub, cfg.Security = pub, &sec
 	}
 	l = &Loop{cfg: cfg, id: cfg.Identity, log: cfg.Logger, auth: auth, curvePub: curvePub,
 		closing: make(chan struct{}), sendDone: make(chan struct{}), recvDone: make(chan struct{}),
