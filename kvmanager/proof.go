@@ -193,7 +193,7 @@ func (m *Manager) beginCheck(peer, agent string) bool {
 	if m.regClosed || m.checking[peer] || m.checking["agent "+agent] || len(m.checking) >= 2*maxProofChecks {
 		m.met.deferred.Inc()
 		if m.deferHook != nil {
-			m.deferHook()
+			m.deferHook(peer)
 		}
 		return false
 	}

@@ -86,7 +86,7 @@ type Manager struct {
 	proofBufs  [][]byte
 	regClosed  bool
 	proofHook  func(*wire.Register) // tests: runs before a proof's read
-	deferHook  func()               // tests: runs (under regMu) when a REGISTER's check is deferred
+	deferHook  func(peer string)    // tests: runs (under regMu) when a REGISTER's check is deferred
 	// registersReady: a prefill rank's pool exists, REGISTERs are handled.
 	registersReady atomic.Bool
 	auxMem         []byte
