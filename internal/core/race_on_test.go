@@ -13,6 +13,6 @@ const raceOn = true
 // raceStates bounds each exhaustive exploration under the race detector;
 // raceSeeds divides the swarms' seed counts.
 const (
-	raceStates = 2_000
-	raceSeeds  = 10
+	raceStates = 500
+	raceSeeds  = 12
 )
