@@ -63,9 +63,9 @@ type Config struct {
 	Engine   nixl.Config     // Name defaults to instance-role-rank
 	Layout   transfer.Layout // KV (and aux) memory of this rank, registered by the Manager
 	Registry RegistryConfig  // the rooms' deadlines (bootstrap, waiting, stall, pending) and bounds
-	Workers  int             // transfer workers (prefill), default 4
-	// InFlight is how many rooms' writes a prefill worker keeps posted at
-	// once, default 8.
+	Workers  int             // transfer workers (prefill; decode with Pull: its reads), default 4
+	// InFlight is how many writes (reads: a decode rank with Pull) a
+	// worker keeps posted at once, default 8.
 	InFlight int
 	// WarmMemory faults in the rank's host memory (KV regions in DRAM, aux
 	// and state items) when the Manager registers it (nixl.Populate), so a

@@ -95,7 +95,10 @@ func NewDecode(cfg Config) (*Decode, error) {
 	})
 	m.resolver = d.resolve
 	if cfg.Pull {
-		d.startPull()
+		if err := d.startPull(); err != nil {
+			m.Close()
+			return nil, err
+		}
 		m.onOffer, m.onReads, m.onChallengeOffer = d.loadOffer, d.queueReads, d.challengeOffer
 	}
 	m.start()

@@ -11,13 +11,14 @@ package kvmanager
 // slots back, as a prefill rank does with a REGISTER, so it never reads
 // memory that is not the prefill process's own; an offer that fails
 // turns the REGISTER_ACK into a refusal, naming why. Then each EffectRead
-// is turned into descriptor pairs checked against both layouts
-// (pool.ReadPairs) and prepared, gated (ReadPosting) right before its
-// posts, posted as one READ per memory kind, waited for (bounded by the
-// stall timeout) and stepped back as ReadDone.
+// goes to the transfer pool (the decode rank's, as a prefill rank's posts
+// its writes): the room's worker turns it into descriptor pairs checked
+// against both layouts (pool.ReadPairs), prepares them, gates the read
+// (ReadPosting) right before its posts, posts one READ per memory kind,
+// learns of their completions as of a write's (bounded by the stall
+// timeout), and the read is stepped back as ReadDone.
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -28,13 +29,15 @@ import (
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/pool"
+	"github.com/kvbridge/kvbridge/internal/records"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.uber.org/zap"
 )
 
-// pullReaders is how many reads a decode rank keeps in progress at once.
-const pullReaders = 8
+// pullRoomReads is how many reads of one room a decode rank's pool keeps
+// posted at once (a room's reads need no order among themselves).
+const pullRoomReads = 8
 
 // pullOffer builds the offer a prefill rank that serves pull sends with
 // its REGISTER_ACKs (nil when it does not serve pull).
@@ -128,26 +131,19 @@ type pullState struct {
 	// slices is the rank mapping's slice per target (nil: identical
 	// layouts).
 	slices map[core.Target]*kvlayout.Slice
-	// queue holds the reads asked for and not yet taken by a reader; qsig
-	// wakes readers.
-	qmu   sync.Mutex
-	queue []readJob
-	qsig  chan struct{}
 }
 
-type readJob struct {
-	room uint64
-	to   wire.Peer
-	rd   *core.Read
-}
-
-// startPull starts a decode rank's readers.
-func (d *Decode) startPull() {
-	d.pull = &pullState{slices: map[core.Target]*kvlayout.Slice{}, qsig: make(chan struct{}, pullReaders)}
-	for range pullReaders {
-		d.wg.Add(1)
-		go d.reader()
+// startPull starts a decode rank's transfer pool, which carries out its
+// reads.
+func (d *Decode) startPull() error {
+	d.pull = &pullState{slices: map[core.Target]*kvlayout.Slice{}}
+	var err error
+	d.pool, err = pool.NewPool(d.agent, d.cfg.Layout, pool.Config{Workers: d.cfg.Workers, InFlight: d.cfg.InFlight,
+		RoomInFlight: pullRoomReads, Stall: d.cfg.Registry.StallTimeout, Now: d.cfg.hooks.Now})
+	if err != nil {
+		return fmt.Errorf("kvmanager: the pull reads' transfer pool: %w", err)
 	}
+	return nil
 }
 
 // loadOffer carries out EffectLoadOffer on a goroutine of its own (engine
@@ -269,214 +265,104 @@ func (d *Decode) proveOffer(p *core.OfferPlan) error {
 }
 
 // pullSlice is the rank mapping's slice of what prefill rank t holds for
-// this rank (nil without a Model: identical layouts), computed once.
-func (d *Decode) pullSlice(t core.Target) (*kvlayout.Slice, error) {
+// this rank (nil without a Model: identical layouts), computed once;
+// lookup says whether the prefill instance's topology may be looked up
+// (I/O) — without, ok is false when the core does not hold it.
+func (d *Decode) pullSlice(t core.Target, lookup bool) (s *kvlayout.Slice, ok bool, err error) {
 	if kvlayout.NoModel(d.cfg.Model) {
-		return nil, nil
+		return nil, true, nil
 	}
 	ps := d.pull
 	ps.mu.RLock()
-	s, ok := ps.slices[t]
+	s, ok = ps.slices[t]
 	ps.mu.RUnlock()
 	if ok {
-		return s, nil
+		return s, true, nil
 	}
-	topo, err := d.topology(t.Bootstrap)
-	if err != nil {
-		return nil, err
+	var topo records.Topology
+	if lookup {
+		if topo, err = d.topology(t.Bootstrap); err != nil {
+			return nil, true, err
+		}
+	} else {
+		var kept core.Topology
+		d.read(func(c *core.Core) { kept, ok = c.Topology(t.Bootstrap) })
+		if !ok {
+			return nil, false, nil
+		}
+		topo = fromCoreTopology(kept)
 	}
 	pm := kvlayout.WithPages(d.cfg.Model, topo.PageSize)
 	pp := transfer.Parallel{TPSize: topo.TPSize, TPRank: t.Rank, PPSize: topo.PPSize, PPRank: t.PP, DPSize: topo.DPSize, DPRank: t.DP}
 	if s, err = kvlayout.Plan(pm, d.cfg.Model, pp, d.cfg.Parallel); err != nil {
-		return nil, fmt.Errorf("prefill %v → decode %v: %w", pp.Norm(), d.cfg.Parallel.Norm(), err)
+		return nil, true, fmt.Errorf("prefill %v → decode %v: %w", pp.Norm(), d.cfg.Parallel.Norm(), err)
 	}
 	ps.mu.Lock()
 	ps.slices[t] = s
 	ps.mu.Unlock()
-	return s, nil
+	return s, true, nil
 }
 
-// reader carries out reads, one at a time.
-func (d *Decode) reader() {
-	defer d.wg.Done()
-	ps := d.pull
-	for {
-		ps.qmu.Lock()
-		if len(ps.queue) == 0 {
-			ps.qmu.Unlock()
-			select {
-			case <-d.closing:
-				return
-			case <-ps.qsig:
-			}
-			continue
-		}
-		j := ps.queue[0]
-		ps.queue[0] = readJob{}
-		ps.queue = ps.queue[1:]
-		ps.qmu.Unlock()
-		err, quiesced := d.doRead(j)
-		if err == errGated {
-			continue
-		}
-		var corrupt string
-		var checked bool
-		if err == nil && j.rd.Notif.Digests != nil {
-			if corrupt, checked = d.digestOf(j.rd.Notif); corrupt != "" {
-				d.log.Warn("a read's pages do not match their digest: the room fails", zap.Uint64("room", j.room), zap.Int("source", j.rd.Source), zap.String("what", corrupt))
-			}
-		}
-		d.stepIn(core.ReadDone{Room: j.room, Read: j.rd, Err: err, Quiesced: quiesced, NotDelivered: errors.Is(err, canary.ErrNotDelivered), Corrupt: corrupt, Checked: checked})
-	}
-}
-
-// errGated: the read's gate refused it (the core counted it over).
-var errGated = errors.New("kvmanager: read gated")
-
-// doRead prepares one read, gates it right before its posts (the lease
-// and the room checked then), posts it and waits for it. quiesced: a
-// failure that can no longer land (nothing of it reached the engine).
-func (d *Decode) doRead(j readJob) (err error, quiesced bool) {
-	where := fmt.Sprintf("room %d: read from prefill at %s (epoch %d)", j.room, j.to.Endpoint, j.rd.Epoch)
-	slice, err := d.pullSlice(j.rd.Target)
-	if err != nil {
-		return fmt.Errorf("%s: %w", where, err), true
-	}
-	if j.rd.Remote == "" {
-		return fmt.Errorf("%s: that process has no accepted pull offer here", where), true
-	}
-	// Held from here to the last post: an offer that replaces this
-	// remote's metadata waits (proveOffer), so nothing is prepared
-	// through one remote and posted through its successor; the gate
-	// refuses a read whose offer the core replaced.
-	rl := d.pull.remoteLock(j.rd.Remote)
-	rl.RLock()
-	locked := true
-	unlock := func() {
-		if locked {
-			rl.RUnlock()
-			locked = false
-		}
-	}
-	defer unlock()
-	own := d.cfg.Layout
-	var kvSrc, kvDst, hostSrc, hostDst []nixl.Desc
-	for i := range j.rd.Writes {
-		w := &j.rd.Writes[i]
-		s, t, err := pool.ReadPairs(w, j.rd.Layout, own, slice)
-		if err != nil {
-			return fmt.Errorf("%s: %w", where, err), true
-		}
-		if w.AuxSrc >= 0 || w.State >= 0 {
-			hostSrc, hostDst = append(hostSrc, s...), append(hostDst, t...)
-		} else {
-			kvSrc, kvDst = append(kvSrc, s...), append(kvDst, t...)
-		}
-	}
-	var xs []*nixl.Xfer
-	var releases []func()
-	defer func() {
-		for _, f := range releases {
-			f()
-		}
-	}()
-	prep := func(srcKind, dstKind nixl.MemKind, src, dst []nixl.Desc) error {
-		if len(src) == 0 {
-			return nil
-		}
-		lp, err := d.agent.PrepLocal(dstKind, dst)
-		if err != nil {
-			return err
-		}
-		releases = append(releases, func() { lp.Release() })
-		rp, err := d.agent.PrepRemote(j.rd.Remote, srcKind, src)
-		if err != nil {
-			return err
-		}
-		releases = append(releases, func() { rp.Release() })
-		idx := make([]int, len(src))
-		for i := range idx {
-			idx[i] = i
-		}
-		x, err := d.agent.NewXfer(nixl.Read, lp, idx, rp, idx, nil)
-		if err != nil {
-			return err
-		}
-		releases = append(releases, func() { d.agent.Release(x) })
-		xs = append(xs, x)
-		return nil
-	}
-	err = prep(j.rd.Layout.Kind, own.Kind, kvSrc, kvDst)
-	if err == nil {
-		err = prep(nixl.DRAM, nixl.DRAM, hostSrc, hostDst)
-	}
-	if err != nil {
-		return fmt.Errorf("%s: %w", where, err), true
-	}
-	// The gate, right before the posts.
-	if !d.stepIn(core.ReadPosting{Room: j.room, Read: j.rd}).OK {
-		return errGated, true
-	}
-	for i, x := range xs {
-		if i > 0 && !d.cfg.hooks.Now().Before(j.rd.Until) {
-			// The lease ended between the posts: the rest is not posted;
-			// what was may still land.
-			return fmt.Errorf("%s: the lease ended (%v) between the read's posts", where, j.rd.Until), false
-		}
-		if err := d.agent.Post(x); err != nil {
-			// Refused before the engine saw it (its lists are stale) only
-			// then: any other failed post may have started.
-			return fmt.Errorf("%s: %w", where, err), i == 0 && errors.Is(err, nixl.ErrStalePrep)
-		}
-	}
-	unlock()
-	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.StallTimeout)
-	defer cancel()
-	for i, x := range xs {
-		st, werr := d.agent.Wait(ctx, x)
-		if st != nixl.Done {
-			if werr == nil {
-				werr = fmt.Errorf("read ended %v", st)
-			}
-			// One the engine reported complete that did not deliver is
-			// over (nothing more of it lands): the read is quiesced once
-			// the room's other transfers ended too.
-			quiesced := errors.Is(werr, canary.ErrNotDelivered)
-			for _, y := range xs[i+1:] {
-				if st, err := d.agent.Wait(ctx, y); st != nixl.Done && !errors.Is(err, canary.ErrNotDelivered) {
-					quiesced = false
+// readJob is a read's job for the pool: its gate steps ReadPosting, its
+// completion is checked against its digest and stepped as ReadDone.
+func (d *Decode) readJob(room uint64, to wire.Peer, rd *core.Read, slice *kvlayout.Slice) pool.Job {
+	where := fmt.Sprintf("room %d: read from prefill at %s (epoch %d)", room, to.Endpoint, rd.Epoch)
+	prd := &pool.Read{Remote: rd.Remote, Source: rd.Layout, Writes: rd.Writes, Slice: slice, Until: rd.Until,
+		Hold: d.pull.remoteLock(rd.Remote)}
+	return pool.Job{Room: room, Read: prd,
+		Gate: func(*kvlayout.Write) bool { return d.stepIn(core.ReadPosting{Room: room, Read: rd}).OK },
+		// Dropped: the gate refused it (the core counted it over).
+		Done: func(_ *kvlayout.Write, err error, quiesced bool) {
+			var corrupt string
+			var checked bool
+			if err != nil {
+				err = fmt.Errorf("%s: %w", where, err)
+			} else {
+				d.met.transfers.Add(float64(prd.Transfers))
+				d.met.bytes.Add(float64(prd.Bytes))
+				if rd.Notif.Digests != nil {
+					if corrupt, checked = d.digestOf(rd.Notif); corrupt != "" {
+						d.log.Warn("a read's pages do not match their digest: the room fails", zap.Uint64("room", room), zap.Int("source", rd.Source), zap.String("what", corrupt))
+					}
 				}
 			}
-			return fmt.Errorf("%s: %w", where, werr), quiesced
-		}
+			d.stepIn(core.ReadDone{Room: room, Read: rd, Err: err, Quiesced: quiesced, NotDelivered: errors.Is(err, canary.ErrNotDelivered), Corrupt: corrupt, Checked: checked})
+		},
 	}
-	var n uint64
-	for _, dd := range kvDst {
-		n += dd.Len
-	}
-	for _, dd := range hostDst {
-		n += dd.Len
-	}
-	d.met.transfers.Add(float64(len(xs)))
-	d.met.bytes.Add(float64(n))
-	return nil, true
 }
 
-// queueReads hands a step's reads to the readers without waiting (it runs
-// on whatever goroutine stepped the core, the control loop's receive
-// goroutine included). The queue holds what PAGES the core accepted: at
-// most one read per chunk and layer group of each live room's source.
-func (d *Decode) queueReads(reads []core.Effect) {
-	ps := d.pull
-	ps.qmu.Lock()
-	for _, e := range reads {
-		ps.queue = append(ps.queue, readJob{room: e.Room, to: e.To, rd: e.Read})
+// submitRead hands a read to the pool (failed, never posted, when its
+// slice cannot be made, it has no accepted offer, or the pool is closed).
+func (d *Decode) submitRead(room uint64, to wire.Peer, rd *core.Read, slice *kvlayout.Slice, err error) {
+	where := fmt.Sprintf("room %d: read from prefill at %s (epoch %d)", room, to.Endpoint, rd.Epoch)
+	if err == nil && rd.Remote == "" {
+		err = errors.New("that process has no accepted pull offer here")
 	}
-	ps.qmu.Unlock()
-	for range min(len(reads), pullReaders) {
-		select {
-		case ps.qsig <- struct{}{}:
-		default:
+	if err == nil {
+		err = d.pool.Submit(d.readJob(room, to, rd, slice))
+	}
+	if err != nil {
+		d.stepIn(core.ReadDone{Room: room, Read: rd, Err: fmt.Errorf("%s: %w", where, err), Quiesced: true})
+	}
+}
+
+// queueReads hands a step's reads to the pool (it runs on whatever
+// goroutine stepped the core: the control loop's receive goroutine, which
+// a PAGES steps). Submit waits only while the room's worker has a full
+// queue (pool.Config.Queue jobs); the core asks for at most one read per
+// chunk and layer group of each live room's source. A read whose slice
+// needs the prefill instance's topology looked up (the core no longer
+// holds it) is handed over from a goroutine of its own once it is known.
+func (d *Decode) queueReads(reads []core.Effect) {
+	for _, e := range reads {
+		slice, ok, err := d.pullSlice(e.Read.Target, false)
+		if ok {
+			d.submitRead(e.Room, e.To, e.Read, slice, err)
+			continue
 		}
+		d.offerIO(func() {
+			slice, _, err := d.pullSlice(e.Read.Target, true)
+			d.submitRead(e.Room, e.To, e.Read, slice, err)
+		})
 	}
 }

@@ -11,7 +11,10 @@
 // sides (Runs), become index pairs over every region, with the chunk's
 // PROTOCOL.md notification; the aux item is a write of its own. A Gate
 // called before every post lets the room registry drop the writes of a
-// failed room, and a stall deadline bounds each write in flight.
+// failed room, and a stall deadline bounds each write in flight. A
+// decode rank's pull reads (Read) go through a pool of their own the same
+// way: a room's worker prepares, gates and posts each, and learns of its
+// completions as of a write's.
 //
 //	p, _ := pool.NewPool(agent, localLayout, pool.Config{Workers: 4})
 //	p.PreparePeer(remoteAgent, peerLayout)

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/canary"
 	"github.com/kvbridge/kvbridge/internal/kvdigest"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/nixl"
@@ -22,13 +23,17 @@ var (
 // stall timeout.
 var ErrNotReady = errors.New("transfer: the write's data was not ready within the stall timeout")
 
-// Job is one chunk of a room: its writes, posted in order by one worker.
+// Job is one chunk of a room: its writes, posted in order by one worker;
+// or, with Read set and no Writes, one pull read (read.go), posted by the
+// room's worker like a write.
 type Job struct {
 	Room   uint64
 	Writes []Write
+	Read   *Read
 	// Gate is called right before each write is posted; false drops it
 	// (the room failed or was aborted). It must count the write as in
-	// flight when it returns true.
+	// flight when it returns true. A read's w is nil (so for Done and
+	// Dropped): its gate comes after its preparation, under its Hold.
 	Gate func(w *Write) bool
 	// Done is called once per write that Gate let through. quiesced is
 	// true when a failed write is known never to land (it failed before
@@ -59,6 +64,9 @@ type Config struct {
 	// MaxPeers bounds the peers whose descriptor lists stay prepared
 	// (least recently used released first); default 256.
 	MaxPeers int
+	// Now is the clock a read's lease (Read.Until) is checked against;
+	// default time.Now.
+	Now func() time.Time
 }
 
 // Pool posts chunks through an agent. Every chunk of a room goes to the
@@ -104,6 +112,9 @@ func NewPool(agent *nixl.Agent, local Layout, cfg Config) (*Pool, error) {
 	}
 	if cfg.MaxPeers <= 0 {
 		cfg.MaxPeers = 256
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	p := &Pool{agent: agent, local: local, cfg: cfg, closing: make(chan struct{}),
 		lists: &lists{agent: agent, local: local, maxPeers: cfg.MaxPeers, peers: map[string]*peerLists{}}}
@@ -186,15 +197,31 @@ type roomWork struct {
 	wait readiness
 }
 
-// flight is a write posted and not yet final.
+// flight is a write (or a read) posted and not yet final: final once
+// every transfer it posted has ended.
 type flight struct {
-	rw       *roomWork
-	job      Job
-	w        *Write
-	x        *nixl.Xfer
+	rw   *roomWork
+	job  Job
+	w    *Write // nil: a read
+	xs   []*nixl.Xfer
+	left int // its transfers not yet ended
+	// err: the first failure; landable: a failure after which something
+	// may still land (a read is quiesced without one).
+	err      error
+	landable bool
 	done     func() // releases what the write holds
 	deadline time.Time
 	stalled  bool
+}
+
+// fail records a failure of the flight.
+func (f *flight) fail(err error) {
+	if f.err == nil {
+		f.err = err
+	}
+	if !errors.Is(err, canary.ErrNotDelivered) {
+		f.landable = true
+	}
 }
 
 // worker is one worker's loop: it posts the rooms' writes in turn, at
@@ -311,7 +338,22 @@ func (wk *workerState) post(closed bool) {
 		}
 		rw.queued = false
 		j, w := rw.take()
-		if !j.Gate(w) {
+		if j.Read != nil {
+			if f, posted, err := p.startRead(j, wk.done); f != nil {
+				f.rw = rw
+				rw.inflight++
+				rw.posted = true
+				for _, x := range f.xs {
+					wk.flights[x] = f
+				}
+			} else if err == errGated {
+				if j.Dropped != nil {
+					j.Dropped(nil)
+				}
+			} else {
+				j.Done(nil, err, !posted)
+			}
+		} else if !j.Gate(w) {
 			if j.Dropped != nil {
 				j.Dropped(w)
 			}
@@ -324,7 +366,7 @@ func (wk *workerState) post(closed bool) {
 			if w.Notif == "" {
 				rw.silent++
 			}
-			wk.flights[f.x] = f
+			wk.flights[f.xs[0]] = f
 		} else {
 			j.Done(w, err, err != nil && !posted)
 		}
@@ -374,8 +416,9 @@ func resetTimer(t *time.Timer, d time.Duration) {
 	t.Reset(d)
 }
 
-// complete settles a write that ended: its job hears how (a stalled
-// write fails with ErrStall), its room gets its turn back.
+// complete settles a transfer that ended; once its flight's last has,
+// its job hears how (a stalled one fails with ErrStall) and its room gets
+// its turn back.
 func (wk *workerState) complete(x *nixl.Xfer) {
 	p := wk.p
 	f := wk.flights[x]
@@ -384,17 +427,35 @@ func (wk *workerState) complete(x *nixl.Xfer) {
 	if f.stalled {
 		err = fmt.Errorf("%w (%v)", ErrStall, p.cfg.Stall)
 	} else if st != nixl.Done && err == nil {
-		err = fmt.Errorf("transfer: write ended %v", st)
+		err = fmt.Errorf("transfer: %s ended %v", f.what(), st)
+	}
+	if err != nil {
+		f.fail(err)
+	}
+	if f.left--; f.left > 0 {
+		return
 	}
 	f.done()
-	f.job.Done(f.w, err, false) // posted: a failed write may still land
+	if f.w == nil {
+		// A read is quiesced unless a failure may still land.
+		f.job.Done(nil, f.err, !f.landable)
+	} else {
+		f.job.Done(f.w, f.err, false) // posted: a failed write may still land
+	}
 	rw := f.rw
 	rw.inflight--
-	if f.w.Notif == "" {
+	if f.w != nil && f.w.Notif == "" {
 		rw.silent--
 	}
 	wk.enqueue(rw)
 	wk.settle(rw)
+}
+
+func (f *flight) what() string {
+	if f.w == nil {
+		return "read"
+	}
+	return "write"
 }
 
 // submit queues a job behind its room's earlier ones.
@@ -409,14 +470,18 @@ func (wk *workerState) submit(j Job) {
 	wk.settle(rw) // a job without writes
 }
 
-// expire releases the writes past their stall deadline: each then
+// expire releases the transfers past their stall deadline: each then
 // completes on done, as stalled.
 func (wk *workerState) expire() {
 	now := time.Now()
 	for _, f := range wk.flights {
 		if !f.stalled && !now.Before(f.deadline) {
 			f.stalled = true
-			wk.p.agent.Release(f.x) // settles it: its completion comes on done
+			for _, x := range f.xs {
+				if _, ok := wk.flights[x]; ok {
+					wk.p.agent.Release(x) // settles it: its completion comes on done
+				}
+			}
 		}
 	}
 }
@@ -433,6 +498,9 @@ var (
 // unposted — Ready's own, ErrNotReady past the stall timeout, ErrClosed
 // when the pool is closing.
 func (p *Pool) ready(rw *roomWork, closing bool) error {
+	if rw.jobs[0].Read != nil {
+		return nil
+	}
 	w := &rw.jobs[0].Writes[rw.next]
 	if w.Ready == nil {
 		return nil
@@ -454,19 +522,30 @@ func (p *Pool) ready(rw *roomWork, closing bool) error {
 	return err
 }
 
-// take returns the room's next write (one is pending).
+// take returns the room's next write (one is pending; nil: a read).
 func (rw *roomWork) take() (Job, *Write) {
 	j := rw.jobs[0]
-	w := &j.Writes[rw.next]
-	if rw.next++; rw.next == len(j.Writes) {
+	var w *Write
+	if j.Read == nil {
+		w = &j.Writes[rw.next]
+	}
+	if rw.next++; rw.next == j.units() {
 		rw.jobs, rw.next = rw.jobs[1:], 0
 	}
 	return j, w
 }
 
+// units is how many things the job posts: its writes, or its read.
+func (j *Job) units() int {
+	if j.Read != nil {
+		return 1
+	}
+	return len(j.Writes)
+}
+
 // more reports whether the room has a write to post.
 func (rw *roomWork) more() bool {
-	for len(rw.jobs) > 0 && rw.next >= len(rw.jobs[0].Writes) {
+	for len(rw.jobs) > 0 && rw.next >= rw.jobs[0].units() {
 		rw.jobs, rw.next = rw.jobs[1:], 0
 	}
 	return len(rw.jobs) > 0
@@ -528,7 +607,7 @@ func (p *Pool) startOnce(w *Write, notif []byte, done chan<- *nixl.Xfer) (f *fli
 		release()
 		return nil, false, err
 	}
-	f = &flight{w: w, x: x, deadline: time.Now().Add(p.cfg.Stall),
+	f = &flight{w: w, xs: []*nixl.Xfer{x}, left: 1, deadline: time.Now().Add(p.cfg.Stall),
 		done: func() { p.agent.Release(x); release() }}
 	if err := p.agent.PostTo(x, done); err != nil {
 		f.done()

@@ -1,11 +1,154 @@
 package pool
 
 import (
+	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/nixl"
 )
+
+// Read is one pull read (docs/PROTOCOL.md "Pull"): the pieces Writes would
+// carry from Remote's memory (Source) into the pool's own, read from
+// Remote — the pages in one transfer, the host items (aux, state) in
+// another. A Job carrying a Read is posted by its room's worker like a
+// write, its transfers' completions come to the worker like a write's,
+// bounded by the same stall deadline, and it is Done once each has ended:
+// quiesced unless a failure may still land (one the engine reported
+// complete that did not deliver, canary.ErrNotDelivered, lands nothing
+// more). A read whose preparation fails is Done, quiesced, without its
+// gate; one its gate refuses is Dropped.
+type Read struct {
+	Remote string  // the loaded agent the read goes through
+	Source Layout  // the memory it reads (Remote's regions)
+	Writes []Write // what Remote's rank would have written here
+	Slice  *Slice  // the rank mapping's slice (nil: identical layouts)
+	// Until ends the lease: no transfer of the read is posted at or after
+	// it (one posted before may still land).
+	Until time.Time
+	// Hold (optional) is read-locked from the read's preparation through
+	// its gate to its last post: whoever replaces Remote's metadata holds
+	// it for writing, so no read is prepared through one remote and posted
+	// through its successor, and the gate sees the offer it is posted
+	// under.
+	Hold *sync.RWMutex
+	// Bytes and Transfers: what the read moves, set before it is posted.
+	Bytes     uint64
+	Transfers int
+}
+
+// errGated: a read's gate refused it (Dropped is called).
+var errGated = errors.New("transfer: read gated")
+
+// startRead prepares a read under its Hold, passes it through its job's
+// gate and posts its transfers, with done told when each is final. A nil
+// flight means the read is over: gated (errGated), or failed with err —
+// posted says whether anything of it reached the engine's post.
+func (p *Pool) startRead(j Job, done chan<- *nixl.Xfer) (f *flight, posted bool, err error) {
+	rd := j.Read
+	if rd.Hold != nil {
+		rd.Hold.RLock()
+		defer rd.Hold.RUnlock()
+	}
+	var kvSrc, kvDst, hostSrc, hostDst []nixl.Desc
+	for i := range rd.Writes {
+		w := &rd.Writes[i]
+		s, t, err := ReadPairs(w, rd.Source, p.local, rd.Slice)
+		if err != nil {
+			return nil, false, err
+		}
+		if w.AuxSrc >= 0 || w.State >= 0 {
+			hostSrc, hostDst = append(hostSrc, s...), append(hostDst, t...)
+		} else {
+			kvSrc, kvDst = append(kvSrc, s...), append(kvDst, t...)
+		}
+	}
+	var xs []*nixl.Xfer
+	var releases []func()
+	release := func() {
+		for _, f := range releases {
+			f()
+		}
+	}
+	prep := func(srcKind, dstKind nixl.MemKind, src, dst []nixl.Desc) error {
+		if len(src) == 0 {
+			return nil
+		}
+		lp, err := p.agent.PrepLocal(dstKind, dst)
+		if err != nil {
+			return err
+		}
+		releases = append(releases, func() { lp.Release() })
+		rp, err := p.agent.PrepRemote(rd.Remote, srcKind, src)
+		if err != nil {
+			return err
+		}
+		releases = append(releases, func() { rp.Release() })
+		idx := make([]int, len(src))
+		for i := range idx {
+			idx[i] = i
+		}
+		x, err := p.agent.NewXfer(nixl.Read, lp, idx, rp, idx, nil)
+		if err != nil {
+			return err
+		}
+		releases = append(releases, func() { p.agent.Release(x) })
+		xs = append(xs, x)
+		return nil
+	}
+	err = prep(rd.Source.Kind, p.local.Kind, kvSrc, kvDst)
+	if err == nil {
+		err = prep(nixl.DRAM, nixl.DRAM, hostSrc, hostDst)
+	}
+	if err != nil {
+		release()
+		return nil, false, err
+	}
+	rd.Bytes, rd.Transfers = 0, len(xs)
+	for _, d := range kvDst {
+		rd.Bytes += d.Len
+	}
+	for _, d := range hostDst {
+		rd.Bytes += d.Len
+	}
+	// The gate, right before the posts (under the Hold).
+	if !j.Gate(nil) {
+		release()
+		return nil, false, errGated
+	}
+	f = &flight{job: j, deadline: time.Now().Add(p.cfg.Stall), done: release}
+	for i, x := range xs {
+		var perr error
+		unposted := false
+		if !p.cfg.Now().Before(rd.Until) {
+			// The lease ended (its preparation, or the posts before, took
+			// it): this transfer and the rest are not posted.
+			perr, unposted = fmt.Errorf("transfer: the lease ended (%v) before the read's transfer %d of %d was posted", rd.Until, i+1, len(xs)), true
+		} else if perr = p.agent.PostTo(x, done); perr != nil {
+			// Refused before the engine saw it (its lists are stale) only
+			// then: any other failed post may have started.
+			unposted = errors.Is(perr, nixl.ErrStalePrep)
+		}
+		if perr == nil {
+			f.xs = append(f.xs, x)
+			continue
+		}
+		if i == 0 {
+			release()
+			return nil, !unposted, perr
+		}
+		// The transfers posted before are waited for: the read fails once
+		// they have ended, quiesced unless one of them, or this failed
+		// post, may still land.
+		f.err = perr
+		f.landable = !unposted
+		break
+	}
+	f.left = len(f.xs)
+	return f, true, nil
+}
 
 // ReadPairs turns a write that src's rank would make into dst's memory —
 // page runs over its layers (with the rank mapping's slice s, nil for

@@ -1,7 +1,9 @@
 package pool
 
 import (
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/stretchr/testify/assert"
@@ -87,4 +89,125 @@ func TestReadPairs(t *testing.T) {
 		assert.Nil(t, s, "%s: want nothing to read", tc.name)
 		assert.Nil(t, d, "%s: want nothing to read", tc.name)
 	}
+}
+
+// readResult is what a read job reported.
+type readResult struct {
+	err      error
+	quiesced bool
+	dropped  bool
+}
+
+// readJob is a job reading from src (its agent loaded by the pool's as
+// remote) what writes name, reporting on the returned channel.
+func readJob(remote string, src *rank, writes []Write, until time.Time, hold *sync.RWMutex, gate func() bool) (Job, *Read, chan readResult) {
+	out := make(chan readResult, 2) // room for a second report, which TestPoolReads refuses
+	rd := &Read{Remote: remote, Source: src.layout, Writes: writes, Until: until, Hold: hold}
+	return Job{Room: 5, Read: rd,
+		Gate:    func(w *Write) bool { return gate() },
+		Done:    func(w *Write, err error, quiesced bool) { out <- readResult{err: err, quiesced: quiesced} },
+		Dropped: func(w *Write) { out <- readResult{dropped: true} },
+	}, rd, out
+}
+
+// TestPoolReads: a pull read goes through the pool like a write — the
+// decode rank's pool reads pages of one layer and an aux item from the
+// prefill rank's memory, each in its own transfer, byte for byte, gated
+// once; what it moved is counted; a read its gate refuses is dropped,
+// nothing read; one whose lease has ended is never posted (quiesced),
+// nothing read; one whose Hold is held for writing (an offer replacing its
+// remote's metadata) is not prepared, gated or posted until it is let go.
+func TestPoolReads(t *testing.T) {
+	const layers, pages, page = 2, 16, 128
+	p, d := newRank(t, "read-prefill", layers, pages, page), newRank(t, "read-decode", layers, pages, page)
+	remote := connect(t, d, p)
+	for i, b := range p.kv {
+		for k := range b {
+			b[k] = byte(i*17 + k/page + 1)
+		}
+	}
+	for k := range p.aux {
+		p.aux[k] = byte(0xc0 + k/64)
+	}
+	pl, err := NewPool(d.agent, d.layout, Config{Workers: 2})
+	require.NoError(t, err)
+	defer pl.Close()
+	zero := func() {
+		for _, b := range d.kv {
+			clear(b)
+		}
+		clear(d.aux)
+	}
+	untouched := func(what string) {
+		for i, b := range d.kv {
+			require.Equal(t, make([]byte, len(b)), b, "%s: region %d written", what, i)
+		}
+		require.Equal(t, make([]byte, len(d.aux)), d.aux, "%s: aux written", what)
+	}
+	writes := []Write{{Runs: []Run{{Src: 2, Dst: 5, Len: 3}}, Layers: Layers{Lo: 1, Hi: 2}, AuxSrc: -1, State: -1},
+		{AuxSrc: 3, AuxDst: 7, State: -1}}
+	future := time.Now().Add(time.Hour)
+
+	var reported []chan readResult // each job's: nothing more once it reported
+	defer func() {
+		pl.Close() // every transfer ended and settled
+		for i, out := range reported {
+			assert.Empty(t, out, "read %d reported twice", i)
+		}
+	}()
+	gates := 0
+	j, rd, out := readJob(remote, p, writes, future, nil, func() bool { gates++; return true })
+	reported = append(reported, out)
+	require.NoError(t, pl.Submit(j))
+	r := <-out
+	require.NoError(t, r.err, "the read")
+	require.True(t, r.quiesced, "a read that succeeded is quiesced")
+	require.Equal(t, 1, gates, "the read's gate, once")
+	require.Equal(t, 2, rd.Transfers, "one transfer for the pages, one for the aux item")
+	require.EqualValues(t, 2*3*page+64, rd.Bytes, "the bytes it moved")
+	for i, b := range d.kv {
+		for pg := range pages {
+			want := make([]byte, page)
+			if i >= 2 && pg >= 5 && pg < 8 {
+				want = p.kv[i][(pg-3)*page : (pg-2)*page]
+			}
+			require.Equal(t, want, b[pg*page:(pg+1)*page], "region %d page %d", i, pg)
+		}
+	}
+	require.Equal(t, p.aux[3*64:4*64], d.aux[7*64:8*64], "the aux item")
+	require.Equal(t, make([]byte, 7*64), d.aux[:7*64], "other aux items")
+
+	zero()
+	j, _, out = readJob(remote, p, writes, future, nil, func() bool { return false })
+	reported = append(reported, out)
+	require.NoError(t, pl.Submit(j))
+	require.Equal(t, readResult{dropped: true}, <-out, "a read its gate refused")
+	untouched("a read its gate refused")
+
+	j, _, out = readJob(remote, p, writes, time.Now().Add(-time.Millisecond), nil, func() bool { return true })
+	reported = append(reported, out)
+	require.NoError(t, pl.Submit(j))
+	r = <-out
+	require.ErrorContains(t, r.err, "the lease ended", "a read past its lease")
+	require.True(t, r.quiesced, "a read past its lease was never posted")
+	untouched("a read past its lease")
+
+	var hold sync.RWMutex
+	hold.Lock()
+	gated := make(chan struct{}, 1)
+	j, _, out = readJob(remote, p, writes, future, &hold, func() bool { gated <- struct{}{}; return true })
+	reported = append(reported, out)
+	require.NoError(t, pl.Submit(j))
+	select {
+	case <-gated:
+		require.Fail(t, "a read gated while its remote's metadata is being replaced")
+	case r := <-out:
+		require.Fail(t, "a read done while its remote's metadata is being replaced", "%+v", r)
+	case <-time.After(200 * time.Millisecond): // waiting, not synchronising: nothing may happen
+	}
+	untouched("a read held")
+	hold.Unlock()
+	<-gated
+	require.NoError(t, (<-out).err, "the held read, once let go")
+	require.Equal(t, p.aux[3*64:4*64], d.aux[7*64:8*64], "the held read's aux item")
 }
