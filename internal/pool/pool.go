@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/canary"
@@ -88,6 +89,7 @@ type Pool struct {
 	mu      sync.RWMutex
 	closed  bool
 	closing chan struct{}
+	reads   atomic.Uint64 // the reads submitted (their workers in turn)
 }
 
 // NewPool starts the workers.
@@ -146,16 +148,23 @@ func (p *Pool) PreparePeer(remote string, peer Layout) error {
 	return nil
 }
 
-// Submit queues a job on its room's worker. It blocks while that queue is
-// full and returns ErrClosed once the pool is closing.
+// Submit queues a job on its room's worker (a read: on the next worker in
+// turn). It blocks while that queue is full and returns ErrClosed once
+// the pool is closing.
 func (p *Pool) Submit(j Job) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
 		return ErrClosed
 	}
+	q := j.Room
+	if j.Read != nil {
+		// Reads need no order among themselves: a room's go to the
+		// workers in turn, so several are prepared at once.
+		q = p.reads.Add(1)
+	}
 	select {
-	case p.queues[j.Room%uint64(len(p.queues))] <- j:
+	case p.queues[q%uint64(len(p.queues))] <- j:
 		return nil
 	case <-p.closing:
 		return ErrClosed
