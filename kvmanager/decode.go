@@ -427,7 +427,7 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, rs RequestSpec) 
 		return err
 	}
 	if spec.Pull && !d.cfg.Pull {
-		return fmt.Errorf("room %d: RequestSpec.Pull on a decode rank without Config.Pull (it has no readers, and its prefill ranks are not asked for offers): %w", room, core.ErrInvalidSpec)
+		return fmt.Errorf("room %d: RequestSpec.Pull on a decode rank without Config.Pull (it has no pool for reads, and its prefill ranks are not asked for offers): %w", room, core.ErrInvalidSpec)
 	}
 	spec.Pull = d.cfg.Pull
 	spec.Digest = spec.Digest || d.cfg.Digest

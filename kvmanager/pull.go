@@ -12,7 +12,7 @@ package kvmanager
 // memory that is not the prefill process's own; an offer that fails
 // turns the REGISTER_ACK into a refusal, naming why. Then each EffectRead
 // goes to the transfer pool (the decode rank's, as a prefill rank's posts
-// its writes): the room's worker turns it into descriptor pairs checked
+// its writes): a worker (reads go to them in turn) turns it into descriptor pairs checked
 // against both layouts (pool.ReadPairs), prepares them, gates the read
 // (ReadPosting) right before its posts, posts one READ per memory kind,
 // learns of their completions as of a write's (bounded by the stall
@@ -348,7 +348,7 @@ func (d *Decode) submitRead(room uint64, to wire.Peer, rd *core.Read, slice *kvl
 
 // queueReads hands a step's reads to the pool (it runs on whatever
 // goroutine stepped the core: the control loop's receive goroutine, which
-// a PAGES steps). Submit waits only while the room's worker has a full
+// a PAGES steps). Submit waits only while the worker it goes to has a full
 // queue (pool.Config.Queue jobs); the core asks for at most one read per
 // chunk and layer group of each live room's source. A read whose slice
 // needs the prefill instance's topology looked up (the core no longer

@@ -93,7 +93,7 @@ type Manager struct {
 	stateMem       [][]byte
 
 	// onOffer (decode with Pull) loads and proves an offer the core
-	// checked; onReads hands reads to the readers. (A prefill rank's pull offer is
+	// checked; onReads hands reads to its transfer pool. (A prefill rank's pull offer is
 	// the core's: CoreConfig.Offer.)
 	onOffer func(*core.OfferPlan)
 	onReads func([]core.Effect)

@@ -13,7 +13,8 @@
 // called before every post lets the room registry drop the writes of a
 // failed room, and a stall deadline bounds each write in flight. A
 // decode rank's pull reads (Read) go through a pool of their own the same
-// way: a room's worker prepares, gates and posts each, and learns of its
+// way, given to the workers in turn (they need no order): a worker
+// prepares, gates and posts each, and learns of its
 // completions as of a write's.
 //
 //	p, _ := pool.NewPool(agent, localLayout, pool.Config{Workers: 4})

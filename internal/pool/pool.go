@@ -17,7 +17,7 @@ import (
 var (
 	ErrClosed  = errors.New("transfer: pool closed")
 	ErrDropped = errors.New("transfer: write dropped: the room is no longer transferring")
-	ErrStall   = errors.New("transfer: write stalled past its deadline")
+	ErrStall   = errors.New("transfer: stalled past its deadline")
 )
 
 // ErrNotReady fails a write whose Ready did not answer true within the
@@ -25,8 +25,8 @@ var (
 var ErrNotReady = errors.New("transfer: the write's data was not ready within the stall timeout")
 
 // Job is one chunk of a room: its writes, posted in order by one worker;
-// or, with Read set and no Writes, one pull read (read.go), posted by the
-// room's worker like a write.
+// or, with Read set and no Writes, one pull read (read.go), posted like a
+// write by the worker it was given to (reads go to the workers in turn).
 type Job struct {
 	Room   uint64
 	Writes []Write
@@ -55,7 +55,8 @@ type Config struct {
 	Workers int           // default 4
 	Queue   int           // jobs queued per worker, default 1024
 	Stall   time.Duration // a write in flight longer fails; default 60 s
-	// InFlight is how many writes a worker keeps posted at once; default 8.
+	// InFlight is how many transfers a worker keeps posted at once (a
+	// write is one, a read one per memory kind it reads); default 8.
 	InFlight int
 	// RoomInFlight is how many of them one room may have posted at once
 	// (its writes are posted in order; the next may go before the last
@@ -72,9 +73,10 @@ type Config struct {
 
 // Pool posts chunks through an agent. Every chunk of a room goes to the
 // same worker, which posts the room's writes in order, up to RoomInFlight
-// at a time; a worker keeps up to InFlight writes posted at once, taking
-// rooms in turn write by write, so a long room does not hold back short
-// ones.
+// at a time; a worker keeps up to InFlight transfers posted at once,
+// taking rooms in turn write by write, so a long room does not hold back
+// short ones. A decode rank's reads go to the workers in turn (they need
+// no order); a worker keeps up to RoomInFlight of a room's posted.
 // Writes are made by index from descriptor lists prepared once per side:
 // the pool's own pages (at the first write) and each peer's (PreparePeer,
 // at its registration).
@@ -264,6 +266,15 @@ func (p *Pool) worker(q chan Job) {
 		case j, ok := <-q:
 			if !ok {
 				q = nil
+				// Closing: the reads in flight end now (released as
+				// stalled), not at their stall deadline — the rank's
+				// agent closes next, and the core has failed their rooms.
+				now := time.Now()
+				for _, f := range wk.flights {
+					if f.w == nil {
+						f.deadline = now
+					}
+				}
 				continue
 			}
 			wk.submit(j)
@@ -347,8 +358,13 @@ func (wk *workerState) post(closed bool) {
 		}
 		rw.queued = false
 		j, w := rw.take()
-		if j.Read != nil {
-			if f, posted, err := p.startRead(j, wk.done); f != nil {
+		if j.Read != nil && closed {
+			j.Done(nil, ErrClosed, true) // never prepared: the pool is closing
+		} else if j.Read != nil {
+			if f, posted, err := p.startRead(j, wk.done); f != nil && f.left == 0 {
+				f.done() // nothing of it posted (startRead refuses a read of nothing)
+				j.Done(nil, f.err, !f.landable)
+			} else if f != nil {
 				f.rw = rw
 				rw.inflight++
 				rw.posted = true

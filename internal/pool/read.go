@@ -13,13 +13,14 @@ import (
 // Read is one pull read (docs/PROTOCOL.md "Pull"): the pieces Writes would
 // carry from Remote's memory (Source) into the pool's own, read from
 // Remote — the pages in one transfer, the host items (aux, state) in
-// another. A Job carrying a Read is posted by its room's worker like a
-// write, its transfers' completions come to the worker like a write's,
+// another. A Job carrying a Read is posted by a worker like a write, its transfers' completions come to the worker like a write's,
 // bounded by the same stall deadline, and it is Done once each has ended:
 // quiesced unless a failure may still land (one the engine reported
 // complete that did not deliver, canary.ErrNotDelivered, lands nothing
 // more). A read whose preparation fails is Done, quiesced, without its
-// gate; one its gate refuses is Dropped.
+// gate, and so is one the pool is closing before it was prepared (its
+// transfers in flight when the pool closes are released at once, failing
+// it as stalled); one its gate refuses is Dropped.
 type Read struct {
 	Remote string  // the loaded agent the read goes through
 	Source Layout  // the memory it reads (Remote's regions)
@@ -101,6 +102,12 @@ func (p *Pool) startRead(j Job, done chan<- *nixl.Xfer) (f *flight, posted bool,
 	err = prep(rd.Source.Kind, p.local.Kind, kvSrc, kvDst)
 	if err == nil {
 		err = prep(nixl.DRAM, nixl.DRAM, hostSrc, hostDst)
+	}
+	if err == nil && len(xs) == 0 {
+		// Nothing to read (ReadPairs refuses what lies outside the
+		// regions, so only a read of no pieces): it cannot count as what
+		// it stands for.
+		err = errors.New("transfer: the read names nothing to read")
 	}
 	if err != nil {
 		release()
@@ -184,9 +191,13 @@ func ReadPairs(w *Write, src, dst Layout, s *Slice) (srcDescs, dstDescs []nixl.D
 			return nil, nil, fmt.Errorf("transfer: aux item %d → %d is outside the aux regions (%d, %d items)", w.AuxSrc, w.AuxDst, kvlayout.AuxItems(src), kvlayout.AuxItems(dst))
 		}
 		return []nixl.Desc{item(src.Aux, w.AuxSrc, src.AuxItemBytes)}, []nixl.Desc{item(dst.Aux, w.AuxDst, dst.AuxItemBytes)}, nil
-	case s != nil:
+	}
+	if l := w.Layers; l.Hi != 0 && (l.Lo < 0 || l.Lo >= l.Hi || 2*l.Hi > len(src.Regions)) {
+		return nil, nil, fmt.Errorf("transfer: layers [%d, %d) are not within the source's %d layers", l.Lo, l.Hi, len(src.Regions)/2)
+	}
+	rlo, rhi := w.Layers.Regions(len(src.Regions))
+	if s != nil {
 		sl := *s
-		rlo, rhi := w.Layers.Regions(len(src.Regions))
 		loc := src
 		loc.Regions, sl.RegionOffset = src.Regions[rlo:rhi], sl.RegionOffset+rlo
 		if err := kvlayout.CheckRuns(w.Runs, loc, dst, &sl); err != nil {
@@ -198,7 +209,6 @@ func ReadPairs(w *Write, src, dst Layout, s *Slice) (srcDescs, dstDescs []nixl.D
 	if len(src.Regions) > len(dst.Regions) || src.PageBytes != dst.PageBytes {
 		return nil, nil, fmt.Errorf("transfer: %d regions of %d-byte pages do not fit %d of %d-byte pages", len(src.Regions), src.PageBytes, len(dst.Regions), dst.PageBytes)
 	}
-	rlo, rhi := w.Layers.Regions(len(src.Regions))
 	sp, dp := kvlayout.Pages(src), kvlayout.Pages(dst)
 	for i := rlo; i < rhi; i++ {
 		for _, run := range w.Runs {

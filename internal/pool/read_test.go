@@ -211,3 +211,110 @@ func TestPoolReads(t *testing.T) {
 	require.NoError(t, (<-out).err, "the held read, once let go")
 	require.Equal(t, p.aux[3*64:4*64], d.aux[7*64:8*64], "the held read's aux item")
 }
+
+// TestPoolReadFailures: how a read fails, and whether what it posted may
+// still land (quiesced). The pool's clock (Config.Now, asked right before
+// each post) plays the lease ending, or the remote's metadata dropped,
+// between the read's two transfers, and checks that the read's Hold is
+// held at each post. A read of layers outside the source's, or of nothing,
+// fails unposted; none is left unreported (the pool's Close returns).
+func TestPoolReadFailures(t *testing.T) {
+	const layers, pages, page = 2, 16, 128
+	p, d := newRank(t, "fail-prefill", layers, pages, page), newRank(t, "fail-decode", layers, pages, page)
+	remote := connect(t, d, p)
+	for i, b := range p.kv {
+		for k := range b {
+			b[k] = byte(i*13 + k/page + 1)
+		}
+	}
+	for k := range p.aux {
+		p.aux[k] = 0xd7
+	}
+	var hold sync.RWMutex
+	var mu sync.Mutex
+	var posts int
+	var atSecond func() time.Time // what the clock does before a read's second post
+	var heldAtPost []bool
+	pl, err := NewPool(d.agent, d.layout, Config{Workers: 1, Now: func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		held := !hold.TryLock()
+		if !held {
+			hold.Unlock()
+		}
+		heldAtPost = append(heldAtPost, held)
+		if posts++; posts%2 == 0 && atSecond != nil {
+			return atSecond()
+		}
+		return time.Now()
+	}})
+	require.NoError(t, err)
+	closed := false
+	defer func() {
+		if !closed {
+			pl.Close()
+		}
+	}()
+	zero := func() {
+		for _, b := range d.kv {
+			clear(b)
+		}
+		clear(d.aux)
+	}
+	future := time.Now().Add(time.Hour)
+	pagesThenAux := []Write{{Runs: []Run{{Src: 1, Dst: 2, Len: 2}}, AuxSrc: -1, State: -1}, {AuxSrc: 0, AuxDst: 1, State: -1}}
+	run := func(what string, writes []Write, second func() time.Time) readResult {
+		t.Helper()
+		mu.Lock()
+		posts, atSecond, heldAtPost = 0, second, nil
+		mu.Unlock()
+		zero()
+		j, _, out := readJob(remote, p, writes, future, &hold, func() bool { return true })
+		require.NoError(t, pl.Submit(j), what)
+		r := <-out
+		mu.Lock()
+		defer mu.Unlock()
+		for i, held := range heldAtPost {
+			require.True(t, held, "%s: the read's Hold not held at its post %d", what, i+1)
+		}
+		return r
+	}
+
+	// The lease ends between the two posts: the pages land, the aux item
+	// is never posted, and nothing more can land (quiesced).
+	r := run("the lease ending between the posts", pagesThenAux, func() time.Time { return future.Add(time.Second) })
+	require.ErrorContains(t, r.err, "the lease ended", "the lease ending between the posts")
+	require.True(t, r.quiesced, "the lease ending between the posts: the posted transfer ended, the other was never posted")
+	require.Equal(t, p.kv[0][page:3*page], d.kv[0][2*page:4*page], "the lease ending between the posts: the pages posted first")
+	require.Equal(t, make([]byte, len(d.aux)), d.aux, "the lease ending between the posts: the aux item was posted")
+
+	// The remote's metadata dropped between the posts: the second post
+	// fails at the engine, which may have started it (not quiesced).
+	r = run("the remote dropped between the posts", pagesThenAux, func() time.Time {
+		require.NoError(t, d.agent.InvalidateRemote(remote))
+		return time.Now()
+	})
+	require.Error(t, r.err, "the remote dropped between the posts")
+	require.False(t, r.quiesced, "the remote dropped between the posts: its failed post may have started")
+	remote = connect(t, d, p)
+
+	// Layers outside the source's (two layers: regions 0 to 3), whole or in
+	// part, and a read of nothing: failed before any post.
+	for _, tc := range []struct {
+		what   string
+		writes []Write
+	}{
+		{"layers past the source's", []Write{{Runs: []Run{{Src: 0, Dst: 0, Len: 1}}, Layers: Layers{Lo: 5, Hi: 6}, AuxSrc: -1, State: -1}}},
+		{"layers partly past the source's", []Write{{Runs: []Run{{Src: 0, Dst: 0, Len: 1}}, Layers: Layers{Lo: 1, Hi: 3}, AuxSrc: -1, State: -1}}},
+		{"a read of nothing", nil},
+	} {
+		r := run(tc.what, tc.writes, nil)
+		require.Error(t, r.err, "%s: read as if it were there", tc.what)
+		require.True(t, r.quiesced, "%s: never posted", tc.what)
+		for i, b := range d.kv {
+			require.Equal(t, make([]byte, len(b)), b, "%s: region %d written", tc.what, i)
+		}
+	}
+	pl.Close() // every read reported and settled: Close returns
+	closed = true
+}

@@ -784,6 +784,17 @@ var mutants = []mutant{
 		pkg: "internal/pool", run: "^TestPoolReads$"},
 	{name: "pool-read-done-early", file: "internal/pool/pool.go", old: "\tif f.left--; f.left > 0 {", new: "\tif f.left--; f.left > 1 {",
 		pkg: "internal/pool", run: "^TestPoolReads$"},
+	// A review's four: a read reported quiesced whatever failed, a later
+	// post the lease stopped counted as possibly landing, a read of
+	// nothing counted as read, layers past the source's read in part.
+	{name: "pool-read-always-quiesced", file: "internal/pool/pool.go", old: "\t\tf.job.Done(nil, f.err, !f.landable)", new: "\t\tf.job.Done(nil, f.err, true)",
+		pkg: "internal/pool", run: "^TestPoolReadFailures$"},
+	{name: "pool-read-unposted-landable", file: "internal/pool/read.go", old: "\t\tf.landable = !unposted", new: "\t\tf.landable = true",
+		pkg: "internal/pool", run: "^TestPoolReadFailures$"},
+	{name: "pool-read-empty-counted", file: "internal/pool/read.go", old: "\tif err == nil && len(xs) == 0 {", new: "\tif false {",
+		pkg: "internal/pool", run: "^TestPoolReadFailures$"},
+	{name: "read-pairs-layers-unchecked", file: "internal/pool/read.go", old: "\tif l := w.Layers; l.Hi != 0 && (", new: "\tif l := w.Layers; false && l.Hi != 0 && (",
+		pkg: "internal/pool", run: "^TestPoolReadFailures$"},
 	// A pull offer loaded without reading its proof slots back: a decode
 	// rank reads memory the offering process does not own.
 	{name: "offer-proof-skipped", file: "kvmanager/pull.go", old: "\tif err := d.checkProof(o.Agent, reg, p.Layout); err != nil {", new: "\tif err := d.checkProof(o.Agent, reg, p.Layout); err != nil && false {",
