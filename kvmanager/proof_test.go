@@ -453,6 +453,14 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 	}
 	send(slow)
 	slowMsg.Echo = awaitChallenge(t, slow) // the agent challenge first
+	// The challenge's goroutine ends its check after it sent the
+	// challenge: an echo before that would be deferred, and this rank does
+	// not send again.
+	require.Eventually(t, func() bool {
+		p.regMu.Lock()
+		defer p.regMu.Unlock()
+		return !p.checking[slow.owner] && !p.checking["agent "+slow.name]
+	}, 30*time.Second, time.Millisecond, "the held rank's challenge check did not end")
 	send(slow)
 	select {
 	case <-holding: // its proof read is in progress, and does not come back

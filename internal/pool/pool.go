@@ -174,7 +174,9 @@ func (p *Pool) Submit(j Job) error {
 }
 
 // Close stops the workers after the queued jobs; writes in flight finish or
-// hit their stall deadline. Then the prepared lists are released.
+// hit their stall deadline. Reads not yet prepared fail ErrClosed, and
+// reads in flight are released at once (they fail ErrClosed). Then the
+// prepared lists are released.
 func (p *Pool) Close() {
 	p.mu.Lock()
 	if !p.closed {
@@ -223,6 +225,7 @@ type flight struct {
 	done     func() // releases what the write holds
 	deadline time.Time
 	stalled  bool
+	atClose  bool // a read in flight when the pool began to close (released then)
 }
 
 // fail records a failure of the flight.
@@ -246,6 +249,19 @@ func (p *Pool) worker(q chan Job) {
 	defer wk.timer.Stop()
 	defer wk.readyTimer.Stop()
 	for q != nil || len(wk.rooms) > 0 {
+		if !wk.closing && p.isClosing() {
+			// Closing: no read is prepared any more, and the reads in
+			// flight end now (released), not at their stall deadline —
+			// the rank's agent closes next, and the core has failed
+			// their rooms.
+			wk.closing = true
+			now := time.Now()
+			for _, f := range wk.flights {
+				if f.w == nil {
+					f.deadline, f.atClose = now, true
+				}
+			}
+		}
 		wk.post(q == nil)
 		if q == nil && len(wk.rooms) == 0 {
 			return // closed, and the posting above finished the last room
@@ -266,15 +282,6 @@ func (p *Pool) worker(q chan Job) {
 		case j, ok := <-q:
 			if !ok {
 				q = nil
-				// Closing: the reads in flight end now (released as
-				// stalled), not at their stall deadline — the rank's
-				// agent closes next, and the core has failed their rooms.
-				now := time.Now()
-				for _, f := range wk.flights {
-					if f.w == nil {
-						f.deadline = now
-					}
-				}
 				continue
 			}
 			wk.submit(j)
@@ -297,6 +304,7 @@ type workerState struct {
 	fresh   []*roomWork
 	turn    []*roomWork
 	waiting []*roomWork // rooms whose next write's data is not ready
+	closing bool        // the pool is closing (seen by this worker)
 	flights map[*nixl.Xfer]*flight
 	done    chan *nixl.Xfer
 
@@ -358,7 +366,7 @@ func (wk *workerState) post(closed bool) {
 		}
 		rw.queued = false
 		j, w := rw.take()
-		if j.Read != nil && closed {
+		if j.Read != nil && wk.closing {
 			j.Done(nil, ErrClosed, true) // never prepared: the pool is closing
 		} else if j.Read != nil {
 			if f, posted, err := p.startRead(j, wk.done); f != nil && f.left == 0 {
@@ -430,6 +438,16 @@ func (wk *workerState) readyC() <-chan time.Time {
 	return wk.readyTimer.C
 }
 
+// isClosing reports whether Close has begun.
+func (p *Pool) isClosing() bool {
+	select {
+	case <-p.closing:
+		return true
+	default:
+		return false
+	}
+}
+
 // resetTimer resets t to d, draining a fire not yet received.
 func resetTimer(t *time.Timer, d time.Duration) {
 	if !t.Stop() {
@@ -449,7 +467,9 @@ func (wk *workerState) complete(x *nixl.Xfer) {
 	f := wk.flights[x]
 	delete(wk.flights, x)
 	st, err := p.agent.Status(x)
-	if f.stalled {
+	if f.stalled && f.atClose {
+		err = fmt.Errorf("%w: released in flight", ErrClosed)
+	} else if f.stalled {
 		err = fmt.Errorf("%w (%v)", ErrStall, p.cfg.Stall)
 	} else if st != nixl.Done && err == nil {
 		err = fmt.Errorf("transfer: %s ended %v", f.what(), st)

@@ -19,8 +19,9 @@ import (
 // complete that did not deliver, canary.ErrNotDelivered, lands nothing
 // more). A read whose preparation fails is Done, quiesced, without its
 // gate, and so is one the pool is closing before it was prepared (its
-// transfers in flight when the pool closes are released at once, failing
-// it as stalled); one its gate refuses is Dropped.
+// transfers in flight when the pool begins to close are released at once,
+// failing it with ErrClosed, not quiesced); one its gate refuses is
+// Dropped.
 type Read struct {
 	Remote string  // the loaded agent the read goes through
 	Source Layout  // the memory it reads (Remote's regions)

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -289,9 +290,11 @@ func TestPoolReadFailures(t *testing.T) {
 	require.Equal(t, make([]byte, len(d.aux)), d.aux, "the lease ending between the posts: the aux item was posted")
 
 	// The remote's metadata dropped between the posts: the second post
-	// fails at the engine, which may have started it (not quiesced).
+	// fails (the remote unknown). Only a stale preparation is known never
+	// to have reached the engine; any other failed post may have started
+	// (not quiesced).
 	r = run("the remote dropped between the posts", pagesThenAux, func() time.Time {
-		require.NoError(t, d.agent.InvalidateRemote(remote))
+		assert.NoError(t, d.agent.InvalidateRemote(remote)) // (on the worker: no FailNow there)
 		return time.Now()
 	})
 	require.Error(t, r.err, "the remote dropped between the posts")
@@ -317,4 +320,49 @@ func TestPoolReadFailures(t *testing.T) {
 	}
 	pl.Close() // every read reported and settled: Close returns
 	closed = true
+}
+
+// TestPoolReadsAtClose: once the pool begins to close, a read still queued
+// is not prepared, gated or posted: it fails ErrClosed, never posted
+// (quiesced). (A read posted before is reported too; whether it ended or
+// was released as the close began depends on the engine.)
+func TestPoolReadsAtClose(t *testing.T) {
+	const layers, pages, page = 1, 8, 64
+	p, d := newRank(t, "close-prefill", layers, pages, page), newRank(t, "close-decode", layers, pages, page)
+	remote := connect(t, d, p)
+	pl, err := NewPool(d.agent, d.layout, Config{Workers: 1})
+	require.NoError(t, err)
+	for _, b := range p.kv {
+		for k := range b {
+			b[k] = 0x5a
+		}
+	}
+	future := time.Now().Add(time.Hour)
+	entered, release := make(chan struct{}), make(chan struct{})
+	first, _, out1 := readJob(remote, p, []Write{{Runs: []Run{{Src: 0, Dst: 1, Len: 2}}, AuxSrc: -1, State: -1}}, future, nil,
+		func() bool { close(entered); <-release; return true })
+	var secondGated atomic.Bool
+	second, _, out2 := readJob(remote, p, []Write{{Runs: []Run{{Src: 0, Dst: 5, Len: 2}}, AuxSrc: -1, State: -1}}, future, nil,
+		func() bool { secondGated.Store(true); return true })
+	require.NoError(t, pl.Submit(first))
+	<-entered // the worker is inside the first read's gate
+	require.NoError(t, pl.Submit(second))
+	closed := make(chan struct{})
+	go func() {
+		pl.Close()
+		close(closed)
+	}()
+	<-pl.closing // Close has begun
+	close(release)
+	<-out1
+	r := <-out2
+	require.ErrorIs(t, r.err, ErrClosed, "a read queued when the pool began to close")
+	require.True(t, r.quiesced, "a read queued when the pool began to close: never posted")
+	require.False(t, secondGated.Load(), "a read queued when the pool began to close was gated")
+	for i, b := range d.kv {
+		require.Equal(t, make([]byte, 2*page), b[5*page:7*page], "region %d: the second read's pages written", i)
+	}
+	<-closed
+	assert.Empty(t, out1, "the first read reported twice")
+	assert.Empty(t, out2, "the second read reported twice")
 }

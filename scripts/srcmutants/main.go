@@ -795,6 +795,12 @@ var mutants = []mutant{
 		pkg: "internal/pool", run: "^TestPoolReadFailures$"},
 	{name: "read-pairs-layers-unchecked", file: "internal/pool/read.go", old: "\tif l := w.Layers; l.Hi != 0 && (", new: "\tif l := w.Layers; false && l.Hi != 0 && (",
 		pkg: "internal/pool", run: "^TestPoolReadFailures$"},
+	// A second review's: a read still queued when the pool began to close
+	// prepared, gated and posted (the worker not told, or told too late).
+	{name: "pool-read-prepared-at-close", file: "internal/pool/pool.go", old: "\t\tif j.Read != nil && wk.closing {", new: "\t\tif j.Read != nil && false {",
+		pkg: "internal/pool", run: "^TestPoolReadsAtClose$"},
+	{name: "pool-closing-unseen", file: "internal/pool/pool.go", old: "\t\tif !wk.closing && p.isClosing() {", new: "\t\tif !wk.closing && p.isClosing() && false {",
+		pkg: "internal/pool", run: "^TestPoolReadsAtClose$"},
 	// A pull offer loaded without reading its proof slots back: a decode
 	// rank reads memory the offering process does not own.
 	{name: "offer-proof-skipped", file: "kvmanager/pull.go", old: "\tif err := d.checkProof(o.Agent, reg, p.Layout); err != nil {", new: "\tif err := d.checkProof(o.Agent, reg, p.Layout); err != nil && false {",
