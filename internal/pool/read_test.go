@@ -92,6 +92,23 @@ func TestReadPairs(t *testing.T) {
 	}
 }
 
+// pullPair is a prefill rank whose pages and aux items hold a pattern
+// (each page's bytes its region·mul + page + 1, each aux item 0xc0 + its
+// index) and a decode rank that has loaded its agent (remote).
+func pullPair(t *testing.T, name string, layers, pages int, page uint64, mul int) (p, d *rank, remote string) {
+	t.Helper()
+	p, d = newRank(t, name+"-prefill", layers, pages, page), newRank(t, name+"-decode", layers, pages, page)
+	for i, b := range p.kv {
+		for k := range b {
+			b[k] = byte(i*mul + k/int(page) + 1)
+		}
+	}
+	for k := range p.aux {
+		p.aux[k] = byte(0xc0 + k/64)
+	}
+	return p, d, connect(t, d, p)
+}
+
 // readResult is what a read job reported.
 type readResult struct {
 	err      error
@@ -120,16 +137,7 @@ func readJob(remote string, src *rank, writes []Write, until time.Time, hold *sy
 // remote's metadata) is not prepared, gated or posted until it is let go.
 func TestPoolReads(t *testing.T) {
 	const layers, pages, page = 2, 16, 128
-	p, d := newRank(t, "read-prefill", layers, pages, page), newRank(t, "read-decode", layers, pages, page)
-	remote := connect(t, d, p)
-	for i, b := range p.kv {
-		for k := range b {
-			b[k] = byte(i*17 + k/page + 1)
-		}
-	}
-	for k := range p.aux {
-		p.aux[k] = byte(0xc0 + k/64)
-	}
+	p, d, remote := pullPair(t, "read", layers, pages, page, 17)
 	pl, err := NewPool(d.agent, d.layout, Config{Workers: 2})
 	require.NoError(t, err)
 	defer pl.Close()
@@ -221,16 +229,7 @@ func TestPoolReads(t *testing.T) {
 // fails unposted; none is left unreported (the pool's Close returns).
 func TestPoolReadFailures(t *testing.T) {
 	const layers, pages, page = 2, 16, 128
-	p, d := newRank(t, "fail-prefill", layers, pages, page), newRank(t, "fail-decode", layers, pages, page)
-	remote := connect(t, d, p)
-	for i, b := range p.kv {
-		for k := range b {
-			b[k] = byte(i*13 + k/page + 1)
-		}
-	}
-	for k := range p.aux {
-		p.aux[k] = 0xd7
-	}
+	p, d, remote := pullPair(t, "fail", layers, pages, page, 13)
 	var hold sync.RWMutex
 	var mu sync.Mutex
 	var posts int
