@@ -676,6 +676,13 @@ func (c *decodeCore) onPages(msg *wire.Pages) {
 		fail(CodeFailed, "prefill at %s (epoch %d) has no accepted pull offer here", tg.endpoint, s.epoch)
 		return
 	}
+	if c.pullsOffers() && 2*(msg.Hi-msg.SpanLo) > len(rd.Layout.Regions) {
+		// Layers its offer did not register: nothing to read there (the
+		// span is the prefill rank's own word; its offer's regions are
+		// what it proved).
+		fail(CodeFailed, "layers [%d, %d) of [%d, %d): past the %d layers its pull offer registered", msg.Lo, msg.Hi, msg.SpanLo, msg.SpanHi, len(rd.Layout.Regions)/2)
+		return
+	}
 	s.reads++
 	c.emit(Effect{Kind: EffectRead, Room: rm.id, To: tg.peer(), Read: rd})
 }

@@ -306,6 +306,9 @@ func TestPullHostileMessages(t *testing.T) {
 		{"pages past the room's (prefill sent more)", func(p *wire.Pages, f *wire.From) { p.First = 1 << 30 }, true, 0},
 		{"a chunk number at the bound", func(p *wire.Pages, f *wire.From) { p.Chunk = wire.MaxChunks }, true, 0},
 		{"layers outside their span", func(p *wire.Pages, f *wire.From) { p.Lo, p.Hi = 5, 9 }, true, 0},
+		{"layers past its offer's (a span it never registered)", func(p *wire.Pages, f *wire.From) {
+			p.SpanHi, p.Lo, p.Hi = p.SpanLo+6, p.SpanLo+4, p.SpanLo+5
+		}, true, 0},
 		{"an empty layer range", func(p *wire.Pages, f *wire.From) { p.Hi = p.Lo }, true, 0},
 		{"a stamp this rank never sent", func(p *wire.Pages, f *wire.From) { p.At++ }, true, 0},
 		{"a lease that ended before it arrived", func(p *wire.Pages, f *wire.From) { p.LeaseMillis = 1 }, true, 2 * time.Millisecond},

@@ -801,6 +801,10 @@ var mutants = []mutant{
 		pkg: "internal/pool", run: "^TestPoolReadsAtClose$"},
 	{name: "pool-closing-unseen", file: "internal/pool/pool.go", old: "\t\tif !wk.closing && p.isClosing() {", new: "\t\tif !wk.closing && p.isClosing() && false {",
 		pkg: "internal/pool", run: "^TestPoolReadsAtClose$"},
+	// A PAGES naming layers past what its prefill rank's offer registered,
+	// read (the pool refuses the read too, but the core decides).
+	{name: "pages-past-offer-layers", file: "internal/core/pull.go", old: "\tif c.pullsOffers() && 2*(msg.Hi-msg.SpanLo) > len(rd.Layout.Regions) {", new: "\tif false && c.pullsOffers() && 2*(msg.Hi-msg.SpanLo) > len(rd.Layout.Regions) {",
+		pkg: "internal/core", run: "^TestPullHostileMessages$"},
 	// A pull offer loaded without reading its proof slots back: a decode
 	// rank reads memory the offering process does not own.
 	{name: "offer-proof-skipped", file: "kvmanager/pull.go", old: "\tif err := d.checkProof(o.Agent, reg, p.Layout); err != nil {", new: "\tif err := d.checkProof(o.Agent, reg, p.Layout); err != nil && false {",
