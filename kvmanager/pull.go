@@ -326,7 +326,8 @@ func (d *Decode) readJob(room uint64, to wire.Peer, rd *core.Read, slice *kvlayo
 					}
 				}
 			}
-			d.stepIn(core.ReadDone{Room: room, Read: rd, Err: err, Quiesced: quiesced, NotDelivered: errors.Is(err, canary.ErrNotDelivered), Corrupt: corrupt, Checked: checked})
+			d.stepIn(core.ReadDone{Room: room, Read: rd, Err: err, Quiesced: quiesced, NotDelivered: errors.Is(err, canary.ErrNotDelivered),
+				LeaseEnded: errors.Is(err, pool.ErrLeaseEnded), Corrupt: corrupt, Checked: checked})
 		},
 	}
 }

@@ -90,6 +90,10 @@ type ReadDone struct {
 	// not deliver (its canary still there): the room fails
 	// CodeNotDelivered.
 	NotDelivered bool
+	// LeaseEnded: Err is the shell's refusal to post the read (or its
+	// next transfer) because its lease (Read.Until) had ended by then:
+	// the room fails CodeLeaseExpired, as at the gate.
+	LeaseEnded bool
 	// Corrupt (set by the shell's digest check, the read done): what of
 	// the pages read does not match the prefill rank's digest
 	// (docs/PROTOCOL.md "Digest"). The room fails CodeCorrupt; the read
@@ -766,6 +770,8 @@ func (c *decodeCore) readDone(in ReadDone) {
 			code := CodeFailed
 			if in.NotDelivered {
 				code = CodeNotDelivered
+			} else if in.LeaseEnded {
+				code = CodeLeaseExpired
 			}
 			c.failWith(room, code, fmt.Sprintf("room %d: a read from prefill %s failed: %v", room, s.target, err))
 		}

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"errors"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"slices"
@@ -410,5 +411,32 @@ func TestPullHostileMessages(t *testing.T) {
 	}
 	if st, _ := p.Status(7); st.Terminal() {
 		t.Fatalf("room 7 %v after messages from strangers", st)
+	}
+}
+
+// TestPullReadLeaseEndedCode: a read the shell did not post because its
+// lease had ended by then (after the gate let it through) fails its room
+// lease_expired, as the gate would have; any other failed read, failed.
+func TestPullReadLeaseEndedCode(t *testing.T) {
+	c := simBase()
+	c.rooms, c.noClear = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 2)}, true
+	base, n := runScript(c, append(slices.Clone(pullScript[:8]), "room 7 prefill 0 send chunk 0"))
+	require.NoError(t, base.err, "stopped at %d", n)
+	for _, tc := range []struct {
+		leaseEnded bool
+		code       string
+	}{{true, CodeLeaseExpired}, {false, CodeFailed}} {
+		w := base.clone()
+		reads := len(w.reads)
+		w.deliver(0, 1) // the PAGES: a read asked
+		require.NoError(t, w.err)
+		require.Len(t, w.reads, reads+1, "a read asked")
+		d := w.procs[1].core
+		rd := w.reads[len(w.reads)-1].rd
+		require.True(t, d.Step(w.now, ReadPosting{Room: 7, Read: rd}).OK, "the read's gate")
+		d.Step(w.now, ReadDone{Room: 7, Read: rd, Err: errors.New("not posted: its lease ended"), Quiesced: true, LeaseEnded: tc.leaseEnded})
+		st, _ := d.Status(7)
+		require.Equal(t, Failed, st, "lease ended %v: the room", tc.leaseEnded)
+		require.Equal(t, tc.code, d.reg.rooms[7].dec.code, "lease ended %v: the room's code", tc.leaseEnded)
 	}
 }

@@ -41,6 +41,10 @@ type Read struct {
 	Transfers int
 }
 
+// ErrLeaseEnded fails a read whose lease (Read.Until) ended before its
+// (next) transfer was posted.
+var ErrLeaseEnded = errors.New("transfer: the read's lease ended")
+
 // errGated: a read's gate refused it (Dropped is called).
 var errGated = errors.New("transfer: read gated")
 
@@ -133,7 +137,7 @@ func (p *Pool) startRead(j Job, done chan<- *nixl.Xfer) (f *flight, posted bool,
 		if !p.cfg.Now().Before(rd.Until) {
 			// The lease ended (its preparation, or the posts before, took
 			// it): this transfer and the rest are not posted.
-			perr, unposted = fmt.Errorf("transfer: the lease ended (%v) before the read's transfer %d of %d was posted", rd.Until, i+1, len(xs)), true
+			perr, unposted = fmt.Errorf("%w (%v) before its transfer %d of %d was posted", ErrLeaseEnded, rd.Until, i+1, len(xs)), true
 		} else if perr = p.agent.PostTo(x, done); perr != nil {
 			// Refused before the engine saw it (its lists are stale) only
 			// then: any other failed post may have started.

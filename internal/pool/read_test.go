@@ -197,7 +197,7 @@ func TestPoolReads(t *testing.T) {
 	reported = append(reported, out)
 	require.NoError(t, pl.Submit(j))
 	r = <-out
-	require.ErrorContains(t, r.err, "the lease ended", "a read past its lease")
+	require.ErrorIs(t, r.err, ErrLeaseEnded, "a read past its lease")
 	require.True(t, r.quiesced, "a read past its lease was never posted")
 	untouched("a read past its lease")
 
@@ -283,7 +283,7 @@ func TestPoolReadFailures(t *testing.T) {
 	// The lease ends between the two posts: the pages land, the aux item
 	// is never posted, and nothing more can land (quiesced).
 	r := run("the lease ending between the posts", pagesThenAux, func() time.Time { return future.Add(time.Second) })
-	require.ErrorContains(t, r.err, "the lease ended", "the lease ending between the posts")
+	require.ErrorIs(t, r.err, ErrLeaseEnded, "the lease ending between the posts")
 	require.True(t, r.quiesced, "the lease ending between the posts: the posted transfer ended, the other was never posted")
 	require.Equal(t, p.kv[0][page:3*page], d.kv[0][2*page:4*page], "the lease ending between the posts: the pages posted first")
 	require.Equal(t, make([]byte, len(d.aux)), d.aux, "the lease ending between the posts: the aux item was posted")

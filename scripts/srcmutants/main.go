@@ -805,6 +805,10 @@ var mutants = []mutant{
 	// read (the pool refuses the read too, but the core decides).
 	{name: "pages-past-offer-layers", file: "internal/core/pull.go", old: "\tif c.pullsOffers() && 2*(msg.Hi-msg.SpanLo) > len(rd.Layout.Regions) {", new: "\tif false && c.pullsOffers() && 2*(msg.Hi-msg.SpanLo) > len(rd.Layout.Regions) {",
 		pkg: "internal/core", run: "^TestPullHostileMessages$"},
+	// A read the shell did not post for its lease failing its room
+	// "failed" rather than lease_expired.
+	{name: "read-lease-ended-code", file: "internal/core/pull.go", old: "\t\t\t} else if in.LeaseEnded {", new: "\t\t\t} else if false {",
+		pkg: "internal/core", run: "^TestPullReadLeaseEndedCode$"},
 	// A pull offer loaded without reading its proof slots back: a decode
 	// rank reads memory the offering process does not own.
 	{name: "offer-proof-skipped", file: "kvmanager/pull.go", old: "\tif err := d.checkProof(o.Agent, reg, p.Layout); err != nil {", new: "\tif err := d.checkProof(o.Agent, reg, p.Layout); err != nil && false {",
