@@ -12,11 +12,12 @@ package kvmanager
 // memory that is not the prefill process's own; an offer that fails
 // turns the REGISTER_ACK into a refusal, naming why. Then each EffectRead
 // goes to the transfer pool (the decode rank's, as a prefill rank's posts
-// its writes): a worker (reads go to them in turn) turns it into descriptor pairs checked
-// against both layouts (pool.ReadPairs), prepares them, gates the read
-// (ReadPosting) right before its posts, posts one READ per memory kind,
-// learns of their completions as of a write's (bounded by the stall
-// timeout), and the read is stepped back as ReadDone.
+// its writes): a worker (reads go to them in turn) turns it into
+// descriptor pairs checked against both layouts (pool.ReadPairs),
+// prepares them, gates the read (ReadPosting) right before its posts,
+// posts one READ per memory kind, learns of their completions as of a
+// write's (bounded by the stall timeout), and the read is stepped back as
+// ReadDone.
 
 import (
 	"errors"

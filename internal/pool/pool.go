@@ -369,10 +369,7 @@ func (wk *workerState) post(closed bool) {
 		if j.Read != nil && wk.closing {
 			j.Done(nil, ErrClosed, true) // never prepared: the pool is closing
 		} else if j.Read != nil {
-			if f, posted, err := p.startRead(j, wk.done); f != nil && f.left == 0 {
-				f.done() // nothing of it posted (startRead refuses a read of nothing)
-				j.Done(nil, f.err, !f.landable)
-			} else if f != nil {
+			if f, posted, err := p.startRead(j, wk.done); f != nil {
 				f.rw = rw
 				rw.inflight++
 				rw.posted = true

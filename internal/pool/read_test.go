@@ -271,7 +271,13 @@ func TestPoolReadFailures(t *testing.T) {
 		zero()
 		j, _, out := readJob(remote, p, writes, future, &hold, func() bool { return true })
 		require.NoError(t, pl.Submit(j), what)
-		r := <-out
+		var r readResult
+		select {
+		case r = <-out:
+		case <-time.After(30 * time.Second):
+			closed = true // its flight never settles: Close would wait for it
+			t.Fatalf("%s: the read was never reported", what)
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		for i, held := range heldAtPost {
