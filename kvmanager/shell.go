@@ -15,6 +15,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"github.com/kvbridge/kvbridge/internal/nixl"
+	_ "github.com/kvbridge/kvbridge/internal/nixl/ucx" // the ucx engine, registered with internal/nixl
 	"github.com/kvbridge/kvbridge/internal/pool"
 	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/rawagent"

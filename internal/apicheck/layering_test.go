@@ -34,7 +34,7 @@ var layers = map[string]int{
 	"internal/core":     3,
 	"nixl":              2,
 	"internal/nixl":     3, "bootstrap": 3,
-	"internal/rawagent": 4, "internal/pool": 4, "internal/control": 4, "internal/discovery": 4,
+	"internal/rawagent": 4, "internal/nixl/ucx": 4, "internal/pool": 4, "internal/control": 4, "internal/discovery": 4,
 	"kvmanager": 5,
 	"sender":    6, "receiver": 6,
 	"internal/testauth": 7, "internal/etcdtest": 7, "internal/kvmodel": 7, "internal/layerbench": 7,

@@ -110,27 +110,27 @@ import (
 // through a wrong one would land in this process's own memory; see
 // inProcessPeer in ucx.go).
 
-// ucxVersion is a libucp release.
-type ucxVersion struct{ major, minor, release uint }
+// UCXVersion is a libucp release.
+type UCXVersion struct{ Major, Minor, Release uint }
 
-func (v ucxVersion) String() string { return fmt.Sprintf("%d.%d.%d", v.major, v.minor, v.release) }
+func (v UCXVersion) String() string { return fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Release) }
 
 // nsLen is the size of a system namespace (ucs_sys_ns_t) in the addresses
 // of release v: ino_t up to 1.21, uint32_t from 1.22 on (the tcp loopback
 // device, a shared-memory device with its namespace, cma's and posix's
 // pid namespace).
-func (v ucxVersion) nsLen() int {
-	if v.major > 1 || (v.major == 1 && v.minor >= 22) {
+func (v UCXVersion) nsLen() int {
+	if v.Major > 1 || (v.Major == 1 && v.Minor >= 22) {
 		return 4
 	}
 	return 8
 }
 
 // parseUCXVersion reads "1.13.1".
-func parseUCXVersion(s string) (ucxVersion, bool) {
-	var v ucxVersion
-	n, err := fmt.Sscanf(s, "%d.%d.%d", &v.major, &v.minor, &v.release)
-	return v, err == nil && n == 3 && fmt.Sprintf("%d.%d.%d", v.major, v.minor, v.release) == s
+func parseUCXVersion(s string) (UCXVersion, bool) {
+	var v UCXVersion
+	n, err := fmt.Sscanf(s, "%d.%d.%d", &v.Major, &v.Minor, &v.Release)
+	return v, err == nil && n == 3 && fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Release) == s
 }
 
 // UCX's address constants (address.c, ucp_types.h).
@@ -222,8 +222,8 @@ type ucxDevice struct {
 	ifaces []ucxIface
 }
 
-// ucxAddress is a packed UCX worker address, walked.
-type ucxAddress struct {
+// UCXAddress is a packed UCX worker address, walked.
+type UCXAddress struct {
 	version int // ucpObjV1 or ucpObjV2
 	header  []byte
 	flags   byte
@@ -240,7 +240,7 @@ type ucxAddress struct {
 // release v does (non-unified mode, the flags ucp_ep_create unpacks with),
 // checking every length against b; it returns an error for anything UCX
 // would read outside b, or that a worker address never holds.
-func parseUCXAddress(b []byte, v ucxVersion) (*ucxAddress, error) {
+func parseUCXAddress(b []byte, v UCXVersion) (*UCXAddress, error) {
 	r := &addrReader{b: b}
 	a, err := r.header()
 	if err != nil {
@@ -256,7 +256,7 @@ func parseUCXAddress(b []byte, v ucxVersion) (*ucxAddress, error) {
 		}
 		return a, nil
 	}
-	r.version, r.newMD = a.version, v.major > 1 || v.minor >= 19
+	r.version, r.newMD = a.version, v.Major > 1 || v.Minor >= 19
 	dstVersion := 0 // the peer's minor release, when it packs it (1.19+)
 	for last := false; !last; {
 		if len(a.devices) >= ucpMaxResources {
@@ -332,9 +332,9 @@ func (r *addrReader) extended(mask int, what string) (int, error) {
 
 // header reads the address's header: format, flags, worker uuid, client
 // id and worker name.
-func (r *addrReader) header() (*ucxAddress, error) {
+func (r *addrReader) header() (*UCXAddress, error) {
 	b := r.b
-	a := &ucxAddress{}
+	a := &UCXAddress{}
 	if err := r.need(1, "header"); err != nil {
 		return nil, err
 	}
@@ -490,13 +490,13 @@ func (r *addrReader) iface() (t ucxIface, lastTL bool, err error) {
 
 // unpackReleaseVersion is ucp_address_unpack_release_version: the peer's
 // minor release from its 4 packed bits, nearest to this release's.
-func unpackReleaseVersion(v ucxVersion, packed int) int {
+func unpackReleaseVersion(v UCXVersion, packed int) int {
 	if packed == 0 {
 		return 0 // not packed: a release before 1.19
 	}
 	r := 1 << ucpRelVerBits
-	delta := int(v.minor)%r - packed
-	base := int(v.minor) / r
+	delta := int(v.Minor)%r - packed
+	base := int(v.Minor) / r
 	if delta >= r/2 {
 		base++
 	}
@@ -567,11 +567,11 @@ func tlName(csum uint16) string {
 	return fmt.Sprintf("with name checksum %#04x", csum)
 }
 
-// ucxLocal is what a ucx agent knows of its own UCX, from its own worker
+// UCXLocal is what a ucx agent knows of its own UCX, from its own worker
 // address: the release, the header it writes, its transports and their
 // entries, and the sizes of its shared-memory FIFO segments.
-type ucxLocal struct {
-	ver    ucxVersion
+type UCXLocal struct {
+	ver    UCXVersion
 	header []byte
 	uuid   uint64
 	own    map[uint16]ucxIface // by transport checksum: this worker's entry
@@ -595,16 +595,16 @@ func entryKey(csum uint16, dev, iface []byte) string {
 }
 
 // hasEntry says whether this worker wrote the entry.
-func (l *ucxLocal) hasEntry(csum uint16, dev, iface []byte) bool {
+func (l *UCXLocal) hasEntry(csum uint16, dev, iface []byte) bool {
 	return l.entries[entryKey(csum, dev, iface)]
 }
 
-func newUCXLocal(self []byte, v ucxVersion) (*ucxLocal, error) {
+func NewUCXLocal(self []byte, v UCXVersion) (*UCXLocal, error) {
 	a, err := parseUCXAddress(self, v)
 	if err != nil {
 		return nil, fmt.Errorf("this process's own UCX worker address does not parse (UCX %v): %v", v, err)
 	}
-	l := &ucxLocal{ver: v, header: append([]byte(nil), a.header...), uuid: a.uuid, own: map[uint16]ucxIface{},
+	l := &UCXLocal{ver: v, header: append([]byte(nil), a.header...), uuid: a.uuid, own: map[uint16]ucxIface{},
 		ownDev: map[uint16][]byte{}, fifo: map[string]int64{}, entries: map[string]bool{},
 		shapes: map[string]bool{}, caps: map[uint16]map[string]bool{}}
 	for _, d := range a.devices {
@@ -638,9 +638,9 @@ func newUCXLocal(self []byte, v ucxVersion) (*ucxLocal, error) {
 	return l, nil
 }
 
-// checkAddress validates a peer's worker address for this process's UCX;
+// CheckAddress validates a peer's worker address for this process's UCX;
 // the parsed address comes back for the keys' checks.
-func (l *ucxLocal) checkAddress(b []byte) (*ucxAddress, error) {
+func (l *UCXLocal) CheckAddress(b []byte) (*UCXAddress, error) {
 	if len(b) < len(l.header) || string(b[:len(l.header)]) != string(l.header) {
 		h := b
 		if len(h) > len(l.header) {
@@ -709,7 +709,7 @@ func (l *ucxLocal) checkAddress(b []byte) (*ucxAddress, error) {
 
 // checkSMDevice checks a shared-memory device address (uct_sm: the system
 // id, and the IPC namespace when the id's flag says so).
-func checkSMDevice(dev []byte, v ucxVersion) error {
+func checkSMDevice(dev []byte, v UCXVersion) error {
 	if len(dev) != 8 && len(dev) != 8+v.nsLen() {
 		return fmt.Errorf("shared-memory device address of %d bytes", len(dev))
 	}
@@ -722,7 +722,7 @@ func checkSMDevice(dev []byte, v ucxVersion) error {
 
 // checkTransport checks one entry of a transport this process runs; it
 // returns the process the entry names (cma, posix procfs), or 0.
-func (l *ucxLocal) checkTransport(name string, dev, iface []byte) (int, error) {
+func (l *UCXLocal) checkTransport(name string, dev, iface []byte) (int, error) {
 	own := l.own[ucsCRC16(name)]
 	switch name {
 	case "self":
@@ -930,11 +930,11 @@ func sysvSegment(shmid int) (int64, int, error) {
 	return int64(n), int(cpid), nil
 }
 
-// checkRkey validates a packed remote key (ucp_ep_rkey_unpack's format:
+// CheckRkey validates a packed remote key (ucp_ep_rkey_unpack's format:
 // md map, memory type, one length-prefixed key per md bit) for region r of
 // a peer whose address is a, and the transports' own keys for the mds of
 // the checked transports. It returns a description of the first problem.
-func (l *ucxLocal) checkRkey(a *ucxAddress, key []byte, r Desc) error {
+func (l *UCXLocal) CheckRkey(a *UCXAddress, key []byte, r Desc) error {
 	if len(key) < 9 {
 		return fmt.Errorf("remote key of %d bytes", len(key))
 	}
@@ -999,7 +999,7 @@ func (l *ucxLocal) checkRkey(a *ucxAddress, key []byte, r Desc) error {
 	return nil
 }
 
-func (l *ucxLocal) checkTLKey(a *ucxAddress, name string, k []byte, r Desc) error {
+func (l *UCXLocal) checkTLKey(a *UCXAddress, name string, k []byte, r Desc) error {
 	switch name {
 	case "self", "cma", "tcp":
 		if len(k) != 0 {
@@ -1066,7 +1066,7 @@ func within(r Desc, addr, n uint64) error {
 }
 
 // describeUCXAddress is a one-line summary of an address (tests, errors).
-func describeUCXAddress(a *ucxAddress) string {
+func describeUCXAddress(a *UCXAddress) string {
 	var s strings.Builder
 	fmt.Fprintf(&s, "v%d flags %#x", a.version+1, a.flags)
 	for i, d := range a.devices {
@@ -1077,3 +1077,55 @@ func describeUCXAddress(a *ucxAddress) string {
 	}
 	return s.String()
 }
+
+// InProcess finds which agent of this process a peer's address names,
+// when it names this process (locals are this process's ucx agents' own
+// UCX, names their names): by its worker uuid, by a posix, sysv or cma
+// entry naming this pid, or by a tcp, posix, sysv or self entry one of
+// those agents wrote. Then the uuid must be that agent's and every entry
+// of a transport it runs must be its own: an address of an agent here
+// with another agent's (or process's) endpoint is refused. −1 when the
+// address names another process.
+func (a *UCXAddress) InProcess(locals []*UCXLocal, names []string) (int, error) {
+	named, owner := -1, -1
+	for w, l := range locals {
+		if a.hasUUID && l.uuid == a.uuid {
+			named = w
+		}
+	}
+	for i, d := range a.devices {
+		for _, t := range d.ifaces {
+			if tlName(t.csum) == "cma" {
+				continue // every agent here writes the same pid
+			}
+			for w, l := range locals {
+				if !l.hasEntry(t.csum, d.addr, t.addr) {
+					continue
+				}
+				if owner >= 0 && owner != w {
+					return -1, fmt.Errorf("device %d: entries of agents %q and %q of this process", i, names[owner], names[w])
+				}
+				owner = w
+			}
+			if named >= 0 {
+				if _, runs := locals[named].own[t.csum]; runs && !locals[named].hasEntry(t.csum, d.addr, t.addr) {
+					return -1, fmt.Errorf("device %d: the worker uuid of agent %q of this process with a %s address that is not its own",
+						i, names[named], tlName(t.csum))
+				}
+			}
+		}
+	}
+	switch {
+	case named < 0 && owner < 0 && a.peerPID != os.Getpid():
+		return -1, nil
+	case named < 0:
+		return -1, fmt.Errorf("the address names this process but no agent of it has worker uuid %#x", a.uuid)
+	case owner >= 0 && owner != named:
+		return -1, fmt.Errorf("worker uuid of agent %q of this process, transport addresses of agent %q", names[named], names[owner])
+	}
+	return named, nil
+}
+
+// MaxWorkerAddress bounds a peer's UCX worker address (UCX's own are a
+// few hundred bytes; RDMA devices add tens of bytes each).
+const MaxWorkerAddress = 16 << 10

@@ -38,7 +38,7 @@ const (
 type fuzzPeer struct {
 	name   string
 	md     []byte
-	blob   *metadataBlob
+	blob   *MetadataBlob
 	loader *Agent
 	child  *child // nil: an agent of this process
 	target *Agent // in this process: the agent itself
@@ -90,7 +90,7 @@ func newFuzzEnv(t *testing.T) *fuzzEnv {
 	}
 	for _, p := range e.peers {
 		var err error
-		p.blob, err = decodeMetadata(p.md, EngineUCX, p.loader.b.(*ucx).library)
+		p.blob, err = DecodeMetadata(p.md, EngineUCX, ucxLibrary(p.loader))
 		require.NoError(t, err, p.name)
 		// Every genuine blob loads.
 		_, err = p.loader.LoadRemote(p.md)
@@ -105,7 +105,7 @@ func offsetIn(b, sub []byte) int { return cap(b) - cap(sub) }
 // addrFields finds the structural bytes of a genuine address: the length
 // and md bytes, and the spans of attributes and addresses.
 func addrFields(b []byte) (lens []int, spans [][2]int) {
-	a, err := parseUCXAddress(b, ucxVersion{1, 13, 1})
+	a, err := parseUCXAddress(b, UCXVersion{1, 13, 1})
 	if err != nil {
 		return nil, nil
 	}
@@ -278,7 +278,7 @@ func (e *fuzzEnv) mutation(seed uint64, i int) (*fuzzPeer, []byte, string) {
 		donor = q.blob
 	}
 	m := *p.blob
-	m.regions = append([]mdRegion(nil), p.blob.regions...)
+	m.Regions = append([]MDRegion(nil), p.blob.Regions...)
 	var what string
 	for k, n := 0, 1+r.IntN(3)/2; k < n; k++ { // one mutation, sometimes two
 		var w string
@@ -288,17 +288,17 @@ func (e *fuzzEnv) mutation(seed uint64, i int) (*fuzzPeer, []byte, string) {
 		}
 		switch {
 		case c < 55:
-			lens, spans := addrFields(p.blob.payload)
-			m.payload, w = mutateBytes(r, m.payload, 1, lens, spans, donor.payload)
+			lens, spans := addrFields(p.blob.Payload)
+			m.Payload, w = mutateBytes(r, m.Payload, 1, lens, spans, donor.Payload)
 			w = "address: " + w
 		case c < 85:
-			j := r.IntN(len(m.regions))
-			lens, spans := keyFields(m.regions[j].key)
+			j := r.IntN(len(m.Regions))
+			lens, spans := keyFields(m.Regions[j].Key)
 			var dk []byte
-			if len(donor.regions) > 0 {
-				dk = donor.regions[r.IntN(len(donor.regions))].key
+			if len(donor.Regions) > 0 {
+				dk = donor.Regions[r.IntN(len(donor.Regions))].Key
 			}
-			m.regions[j].key, w = mutateBytes(r, m.regions[j].key, 0, lens, spans, dk)
+			m.Regions[j].Key, w = mutateBytes(r, m.Regions[j].Key, 0, lens, spans, dk)
 			w = fmt.Sprintf("region %d key: %s", j, w)
 		case c < 95 || p.cross:
 			if p.cross {
@@ -307,13 +307,13 @@ func (e *fuzzEnv) mutation(seed uint64, i int) (*fuzzPeer, []byte, string) {
 				// the peer, not here (only memory mapped here is checked
 				// against its key). Its regions (here and in the envelope)
 				// stay; its key mutates.
-				j := r.IntN(len(m.regions))
-				m.regions[j].key, w = mutateBytes(r, m.regions[j].key, 0, nil, nil, nil)
+				j := r.IntN(len(m.Regions))
+				m.Regions[j].Key, w = mutateBytes(r, m.Regions[j].Key, 0, nil, nil, nil)
 				w = fmt.Sprintf("region %d key: %s", j, w)
 				break
 			}
-			j := r.IntN(len(m.regions))
-			reg := &m.regions[j]
+			j := r.IntN(len(m.Regions))
+			reg := &m.Regions[j]
 			switch r.IntN(6) {
 			case 0:
 				reg.Addr += uintptr(4096 * (1 + r.IntN(16)))
@@ -326,13 +326,13 @@ func (e *fuzzEnv) mutation(seed uint64, i int) (*fuzzPeer, []byte, string) {
 			case 4:
 				reg.Kind = VRAM
 			default:
-				m.regions = append(m.regions, m.regions[j])
-				m.regions[len(m.regions)-1].Addr += 1 << 16
+				m.Regions = append(m.Regions, m.Regions[j])
+				m.Regions[len(m.Regions)-1].Addr += 1 << 16
 			}
 			w = fmt.Sprintf("region %d fields", j)
 		default:
 			// The envelope itself (magic and version kept).
-			enc := m.encode()
+			enc := m.Encode()
 			b, ww := mutateBytes(r, enc, 5, nil, nil, nil)
 			return p, b, "envelope: " + ww
 		}
@@ -341,11 +341,11 @@ func (e *fuzzEnv) mutation(seed uint64, i int) (*fuzzPeer, []byte, string) {
 		}
 		what += w
 	}
-	return p, m.encode(), what
+	return p, m.Encode(), what
 }
 
 // fuzzWrite writes 4 KiB into the first DRAM region of a loaded remote.
-func fuzzWrite(p *fuzzPeer, remote string, regions []mdRegion) error {
+func fuzzWrite(p *fuzzPeer, remote string, regions []MDRegion) error {
 	a := p.loader
 	var dst Desc
 	for _, r := range regions {
@@ -411,8 +411,8 @@ func (e *fuzzEnv) run(t *testing.T, seed uint64, tries int, tick func(int)) fuzz
 			continue
 		}
 		st.loaded++
-		m, derr := decodeMetadata(md, EngineUCX, p.loader.b.(*ucx).library)
-		if derr == nil && fuzzWrite(p, name, m.regions) == nil {
+		m, derr := DecodeMetadata(md, EngineUCX, ucxLibrary(p.loader))
+		if derr == nil && fuzzWrite(p, name, m.Regions) == nil {
 			st.wrote++
 		}
 		_ = what
@@ -539,7 +539,7 @@ func TestUCXMetadataFuzzLegacyAborts(t *testing.T) {
 			err = cmd.Wait()
 			why := crashLine(stderr.String())
 			if survived || err == nil || why == "" {
-				if v := fuzzUCXVersion(t); v.minor != 13 {
+				if v := fuzzUCXVersion(t); v.Minor != 13 {
 					t.Skipf("the legacy check survived the fuzz on UCX %v (%v): the aborts were seen on UCX 1.13", v, err)
 				}
 				t.Fatalf("the legacy child did not crash (%v, last try %d): the fuzz no longer reaches UCX's "+
@@ -557,8 +557,10 @@ func TestUCXMetadataFuzzLegacyChild(t *testing.T) {
 	if mode == "" {
 		t.Skip("run by TestUCXMetadataFuzzLegacyAborts")
 	}
-	legacyAddrCheck = true
 	e := newFuzzEnv(t)
+	for _, p := range e.peers {
+		p.loader.Backend().(ucxDiagnostics).CheckAddressesAsBefore()
+	}
 	e.addressOnly = mode == "address"
 	e.run(t, fuzzSeed, fuzzTries, func(i int) { fmt.Fprintf(os.Stdout, "TRY %d\n", i) })
 	fmt.Println("SURVIVED")
@@ -592,11 +594,11 @@ func crashLine(s string) string {
 	return ""
 }
 
-func fuzzUCXVersion(t *testing.T) ucxVersion {
+func fuzzUCXVersion(t *testing.T) UCXVersion {
 	a, err := Open(Config{Name: "fuzz-version", Engine: EngineUCX, UCX: shmUCX})
 	require.NoError(t, err)
 	defer a.Close()
-	return a.b.(*ucx).local.ver
+	return ucxVersionOf(t, a)
 }
 
 func tail(s string, n int) string {

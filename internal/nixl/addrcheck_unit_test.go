@@ -17,7 +17,7 @@ import (
 
 // openUCXAgent opens a ucx agent with 64 KiB of UCX memory and 64 KiB of
 // its own, and returns it with its metadata decoded.
-func openUCXAgent(t *testing.T, name string, tls map[string]string) (*Agent, *metadataBlob) {
+func openUCXAgent(t *testing.T, name string, tls map[string]string) (*Agent, *MetadataBlob) {
 	t.Helper()
 	a, err := Open(Config{Name: name, Engine: EngineUCX, UCX: tls, XferTimeout: 5 * time.Second})
 	require.NoError(t, err)
@@ -28,7 +28,7 @@ func openUCXAgent(t *testing.T, name string, tls map[string]string) (*Agent, *me
 	require.NoError(t, err)
 	md, err := a.Metadata()
 	require.NoError(t, err)
-	m, err := decodeMetadata(md, EngineUCX, a.b.(*ucx).library)
+	m, err := DecodeMetadata(md, EngineUCX, ucxLibrary(a))
 	require.NoError(t, err)
 	return a, m
 }
@@ -46,8 +46,8 @@ func TestUCXAddressParse(t *testing.T) {
 	}{{"shm", shmUCX, []string{"self", "posix", "cma"}}, {"tcp", tcpUCX, []string{"tcp"}},
 		{"all", allUCX, []string{"self", "tcp", "sysv", "posix", "cma"}}} {
 		a, m := openUCXAgent(t, "parse-"+c.name, c.ucx)
-		u := a.b.(*ucx)
-		addr, err := parseUCXAddress(m.payload, u.local.ver)
+		u := ucxLocalOf(t, a)
+		addr, err := parseUCXAddress(m.Payload, u.ver)
 		require.NoError(t, err, "%s: own address", c.name)
 		var tls []string
 		for _, d := range addr.devices {
@@ -56,11 +56,11 @@ func TestUCXAddressParse(t *testing.T) {
 			}
 		}
 		assert.Equal(t, strings.Join(c.tls, ","), strings.Join(tls, ","), "%s: transports (%s)", c.name, describeUCXAddress(addr))
-		for n := 0; n < len(m.payload); n++ {
-			_, err := parseUCXAddress(m.payload[:n], u.local.ver)
-			assert.Error(t, err, "%s: the address truncated to %d of %d bytes parses", c.name, n, len(m.payload))
+		for n := 0; n < len(m.Payload); n++ {
+			_, err := parseUCXAddress(m.Payload[:n], u.ver)
+			assert.Error(t, err, "%s: the address truncated to %d of %d bytes parses", c.name, n, len(m.Payload))
 		}
-		_, err = parseUCXAddress(append(bytes.Clone(m.payload), 0), u.local.ver)
+		_, err = parseUCXAddress(append(bytes.Clone(m.Payload), 0), u.ver)
 		assert.Error(t, err, "%s: the address with a byte appended parses", c.name)
 	}
 }
@@ -69,7 +69,7 @@ func TestUCXAddressParse(t *testing.T) {
 // two header bytes, extended lengths, short attributes) and the 1.19
 // release-version trailer and legacy md bits.
 func TestUCXAddressV2AndReleaseVersions(t *testing.T) {
-	v119 := ucxVersion{1, 19, 0}
+	v119 := UCXVersion{1, 19, 0}
 	b := []byte{0x01 | 3<<4, ucpHdrFlagWorkerUUID}
 	b = binary.LittleEndian.AppendUint64(b, 0x1122334455667788)
 	// A device whose md index (130) and address length (40) need the
@@ -118,30 +118,30 @@ func TestUCXAddressV2AndReleaseVersions(t *testing.T) {
 	old, err := parseUCXAddress(v1(true), v119)
 	require.NoError(t, err, "a pre-1.19 peer's md byte 0x45 (legacy bit and md 5): %+v", old)
 	require.EqualValues(t, 5, old.devices[0].md, "a pre-1.19 peer's md byte 0x45 (legacy bit and md 5): %+v", old)
-	old, err = parseUCXAddress(v1(true), ucxVersion{1, 13, 1})
+	old, err = parseUCXAddress(v1(true), UCXVersion{1, 13, 1})
 	require.NoError(t, err, "md byte 0x45 at 1.13 (mask 0x1f): %+v", old)
 	require.EqualValues(t, 5, old.devices[0].md, "md byte 0x45 at 1.13 (mask 0x1f): %+v", old)
 	require.EqualValues(t, 19, unpackReleaseVersion(v119, 3), "release 3 unpacked at 1.19")
-	require.EqualValues(t, 18, unpackReleaseVersion(ucxVersion{1, 21, 0}, 2), "release 2 unpacked at 1.21")
+	require.EqualValues(t, 18, unpackReleaseVersion(UCXVersion{1, 21, 0}, 2), "release 2 unpacked at 1.21")
 }
 
 // TestMetadataVersions: the blob's version and the engine library are
 // checked before anything after them is read.
 func TestMetadataVersions(t *testing.T) {
-	good := (&metadataBlob{engine: EngineUCX, library: "ucx/1.13.1", agent: "peer", payload: []byte{1, 2}}).encode()
-	_, err := decodeMetadata(good, EngineUCX, "ucx/1.13.0")
+	good := (&MetadataBlob{Engine: EngineUCX, Library: "ucx/1.13.1", Agent: "peer", Payload: []byte{1, 2}}).Encode()
+	_, err := DecodeMetadata(good, EngineUCX, "ucx/1.13.0")
 	require.NoError(t, err, "a patch release apart")
 	old := bytes.Clone(good)
 	old[4] = 1
-	_, err = decodeMetadata(old, EngineUCX, "ucx/1.13.1")
+	_, err = DecodeMetadata(old, EngineUCX, "ucx/1.13.1")
 	require.ErrorIs(t, err, ErrBadMetadata, "a version 1 blob")
 	require.ErrorContains(t, err, "metadata version 1", "a version 1 blob")
 	require.True(t, strings.Contains(err.Error(), "older") || strings.Contains(err.Error(), "before"), "a version 1 blob: %v", err)
 	// Another minor release, and a payload that is garbage: the library
 	// is what is refused, naming both.
-	other := (&metadataBlob{engine: EngineUCX, library: "ucx/1.19.1", agent: "peer", payload: []byte{1}}).encode()
+	other := (&MetadataBlob{Engine: EngineUCX, Library: "ucx/1.19.1", Agent: "peer", Payload: []byte{1}}).Encode()
 	other = append(other[:len(other)-9], 0xff, 0xff, 0xff, 0xff) // region count and payload: garbage
-	_, err = decodeMetadata(other, EngineUCX, "ucx/1.13.1")
+	_, err = DecodeMetadata(other, EngineUCX, "ucx/1.13.1")
 	require.ErrorIs(t, err, ErrBadMetadata, "another UCX minor release")
 	require.ErrorContains(t, err, `"ucx/1.19.1"`, "another UCX minor release")
 	require.ErrorContains(t, err, `"ucx/1.13.1"`, "another UCX minor release")
@@ -175,8 +175,8 @@ func TestUCXAddressRefusals(t *testing.T) {
 	loader, _ := openUCXAgent(t, "refusals-loader", shmUCX)
 	_, m := openUCXAgent(t, "refusals-target", shmUCX)
 	_, other := openUCXAgent(t, "refusals-other", shmUCX)
-	u := loader.b.(*ucx)
-	a, err := parseUCXAddress(m.payload, u.local.ver)
+	u := ucxLocalOf(t, loader)
+	a, err := parseUCXAddress(m.Payload, u.ver)
 	require.NoError(t, err)
 	find := func(name string) (dev, iface []byte) {
 		for _, d := range a.devices {
@@ -189,7 +189,7 @@ func TestUCXAddressRefusals(t *testing.T) {
 		t.Fatalf("no %s in %s", name, describeUCXAddress(a))
 		return nil, nil
 	}
-	at := func(sub []byte) int { return offsetIn(m.payload, sub) }
+	at := func(sub []byte) int { return offsetIn(m.Payload, sub) }
 	_, posix := find("posix")
 	_, cma := find("cma")
 	cases := []struct {
@@ -211,13 +211,13 @@ func TestUCXAddressRefusals(t *testing.T) {
 		}},
 		{"other capabilities", "capabilities", func(b []byte, _ [][]byte) { b[at(posix)-1-3] ^= 0x04 }},
 		{"uuid of this worker", "this worker itself", func(b []byte, _ [][]byte) {
-			binary.LittleEndian.PutUint64(b[1:], u.local.uuid)
+			binary.LittleEndian.PutUint64(b[1:], u.uuid)
 		}},
 		{"uuid of another agent here", "not its own", func(b []byte, _ [][]byte) {
-			binary.LittleEndian.PutUint64(b[1:], binary.LittleEndian.Uint64(other.payload[1:]))
+			binary.LittleEndian.PutUint64(b[1:], binary.LittleEndian.Uint64(other.Payload[1:]))
 		}},
 		{"the UCX memory's key of another agent", "outside the memory its key maps", func(_ []byte, keys [][]byte) {
-			copy(keys[allocIdx(m)], other.regions[allocIdx(other)].key)
+			copy(keys[allocIdx(m)], other.Regions[allocIdx(other)].Key)
 		}},
 		{"posix key longer than its segment", "key maps", func(_ []byte, keys [][]byte) {
 			k := keys[allocIdx(m)]
@@ -241,37 +241,37 @@ func TestUCXAddressRefusals(t *testing.T) {
 	}{"a region the agent did not register", "is not memory agent", nil})
 	for _, c := range cases {
 		mm := *m
-		mm.payload = bytes.Clone(m.payload)
-		mm.regions = nil
+		mm.Payload = bytes.Clone(m.Payload)
+		mm.Regions = nil
 		var keys [][]byte
-		for _, r := range m.regions {
-			r.key = bytes.Clone(r.key)
-			keys = append(keys, r.key)
-			mm.regions = append(mm.regions, r)
+		for _, r := range m.Regions {
+			r.Key = bytes.Clone(r.Key)
+			keys = append(keys, r.Key)
+			mm.Regions = append(mm.Regions, r)
 		}
 		if c.edit != nil {
-			c.edit(mm.payload, keys)
+			c.edit(mm.Payload, keys)
 		} else {
 			j := 1 - allocIdx(m)
-			mm.regions[j].Addr += 4096
-			mm.regions[j].Len -= 4096
+			mm.Regions[j].Addr += 4096
+			mm.Regions[j].Len -= 4096
 		}
 		before := loader.MetadataRefused()
-		_, err := loader.LoadRemote(mm.encode())
+		_, err := loader.LoadRemote(mm.Encode())
 		if assert.ErrorIs(t, err, ErrBadMetadata, "%s: want ErrBadMetadata saying %q", c.name, c.want) {
 			assert.ErrorContains(t, err, c.want, "%s: want ErrBadMetadata saying %q", c.name, c.want)
 		}
 		assert.Contains(t, fmt.Sprint(err), `agent "refusals-target"`, "%s: the error does not name the peer", c.name)
 		assert.Equal(t, before+1, loader.MetadataRefused(), "%s: not counted", c.name)
 	}
-	_, err = loader.LoadRemote(m.encode())
+	_, err = loader.LoadRemote(m.Encode())
 	require.NoError(t, err, "the genuine blob")
 }
 
 // allocIdx is the index of the region of memory UCX allocated (the one with
 // a posix key) in a blob of openUCXAgent's.
-func allocIdx(m *metadataBlob) int {
-	if len(m.regions[0].key) > len(m.regions[1].key) {
+func allocIdx(m *MetadataBlob) int {
+	if len(m.Regions[0].Key) > len(m.Regions[1].Key) {
 		return 0
 	}
 	return 1
@@ -318,16 +318,17 @@ func nixlBlob(agent string, conns ...[2][]byte) []byte {
 func TestNIXLBlobAddressCheck(t *testing.T) {
 	loader, lm := openUCXAgent(t, "nixl-check-loader", shmUCX)
 	_, pm := openUCXAgent(t, "nixl-check-peer", shmUCX)
-	u := loader.b.(*ucx)
-	local, err := nixlLocal(nixlBlob("self", [2][]byte{[]byte("UCX"), lm.payload}), u.local.ver)
+	u := ucxLocalOf(t, loader)
+	ver := u.ver
+	local, err := nixlLocal(nixlBlob("self", [2][]byte{[]byte("UCX"), lm.Payload}), ver)
 	require.NoError(t, err, "own NIXL blob: %v", local)
 	require.NotNil(t, local, "own NIXL blob")
-	l, err := nixlLocal([]byte("DBL1double"), u.local.ver)
+	l, err := nixlLocal([]byte("DBL1double"), ver)
 	require.NoError(t, err, "a blob that is not NIXL's serialization: %v", l)
 	require.Nil(t, l, "a blob that is not NIXL's serialization")
-	genuine := nixlBlob(pm.agent, [2][]byte{[]byte("POSIX"), []byte("x")}, [2][]byte{[]byte("UCX"), pm.payload})
-	envelope := func(b []byte) *metadataBlob {
-		return &metadataBlob{engine: EngineLibNIXL, library: "nixl/ucx-1.13.1", agent: pm.agent, payload: b}
+	genuine := nixlBlob(pm.Agent, [2][]byte{[]byte("POSIX"), []byte("x")}, [2][]byte{[]byte("UCX"), pm.Payload})
+	envelope := func(b []byte) *MetadataBlob {
+		return &MetadataBlob{Engine: EngineLibNIXL, Library: "nixl/ucx-1.13.1", Agent: pm.Agent, Payload: b}
 	}
 	require.NoError(t, checkNIXLPeer(local, envelope(genuine)), "genuine")
 	for name, c := range map[string]struct {
@@ -335,8 +336,8 @@ func TestNIXLBlobAddressCheck(t *testing.T) {
 		want string
 	}{
 		"not NIXL's":      {[]byte("DBL1x"), "not a nixlSerDes blob"},
-		"another agent":   {nixlBlob("other", [2][]byte{[]byte("UCX"), pm.payload}), `names the agent "other"`},
-		"no UCX":          {nixlBlob(pm.agent, [2][]byte{[]byte("POSIX"), []byte("x")}), "no UCX connection"},
+		"another agent":   {nixlBlob("other", [2][]byte{[]byte("UCX"), pm.Payload}), `names the agent "other"`},
+		"no UCX":          {nixlBlob(pm.Agent, [2][]byte{[]byte("POSIX"), []byte("x")}), "no UCX connection"},
 		"truncated":       {genuine[:40], "missing"},
 		"length too long": {append(bytes.Clone(genuine[:16]), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f), "bytes"},
 	} {
@@ -347,8 +348,8 @@ func TestNIXLBlobAddressCheck(t *testing.T) {
 	}
 	// The peer's own UCX address with the posix FIFO flags cleared (issue
 	// 23's abort) inside a NIXL blob.
-	bad := bytes.Clone(pm.payload)
-	pa, _ := parseUCXAddress(bad, u.local.ver)
+	bad := bytes.Clone(pm.Payload)
+	pa, _ := parseUCXAddress(bad, u.ver)
 	for _, d := range pa.devices {
 		for _, tl := range d.ifaces {
 			if tlName(tl.csum) == "posix" {
@@ -356,10 +357,10 @@ func TestNIXLBlobAddressCheck(t *testing.T) {
 			}
 		}
 	}
-	require.ErrorContains(t, checkNIXLPeer(local, envelope(nixlBlob(pm.agent, [2][]byte{[]byte("UCX"), bad}))), "file-backed", "issue 23's address in a NIXL blob")
+	require.ErrorContains(t, checkNIXLPeer(local, envelope(nixlBlob(pm.Agent, [2][]byte{[]byte("UCX"), bad}))), "file-backed", "issue 23's address in a NIXL blob")
 
 	r := rand.New(rand.NewPCG(23, 5))
-	lens, spans := addrFields(pm.payload)
+	lens, spans := addrFields(pm.Payload)
 	passed, written := 0, 0
 	_, src, err := loader.Alloc(1 << 16)
 	require.NoError(t, err)
@@ -369,8 +370,8 @@ func TestNIXLBlobAddressCheck(t *testing.T) {
 		if r.IntN(4) == 0 {
 			b, _ = mutateBytes(r, genuine, len(nixlSerDesMagic), nil, nil, nil)
 		} else {
-			addr, _ := mutateBytes(r, pm.payload, 1, lens, spans, lm.payload)
-			b = nixlBlob(pm.agent, [2][]byte{[]byte("UCX"), addr})
+			addr, _ := mutateBytes(r, pm.Payload, 1, lens, spans, lm.Payload)
+			b = nixlBlob(pm.Agent, [2][]byte{[]byte("UCX"), addr})
 		}
 		if err := checkNIXLPeer(local, envelope(b)); err != nil {
 			require.ErrorIs(t, err, ErrBadMetadata, "try %d", i)
@@ -380,18 +381,18 @@ func TestNIXLBlobAddressCheck(t *testing.T) {
 		nm, err := parseNIXLMD(b)
 		require.NoError(t, err, "try %d: passed the check but does not parse", i)
 		ub := *pm
-		ub.payload = nm.conns["UCX"]
-		name, err := loader.LoadRemote(ub.encode())
+		ub.Payload = nm.conns["UCX"]
+		name, err := loader.LoadRemote(ub.Encode())
 		if err != nil {
 			continue
 		}
-		if fuzzWrite(peer, name, ub.regions) == nil {
+		if fuzzWrite(peer, name, ub.Regions) == nil {
 			written++
 		}
 		require.NoError(t, loader.InvalidateRemote(name))
 	}
 	t.Logf("5000 mutated NIXL blobs: %d passed the check (their UCX addresses then loaded here, %d written)", passed, written)
-	_, err = loader.LoadRemote(pm.encode())
+	_, err = loader.LoadRemote(pm.Encode())
 	require.NoError(t, err, "the genuine peer after the mutations")
 }
 
@@ -410,13 +411,13 @@ func TestLibNIXLLibraryVersion(t *testing.T) {
 	require.True(t, strings.HasPrefix(lib, "nixl/ucx-"), "library %q", lib)
 	md, err := a.Metadata()
 	require.NoError(t, err)
-	m, err := decodeMetadata(md, EngineLibNIXL, lib)
+	m, err := DecodeMetadata(md, EngineLibNIXL, lib)
 	require.NoError(t, err, "own blob")
-	require.Equal(t, lib, m.library, "own blob")
+	require.Equal(t, lib, m.Library, "own blob")
 	// A peer on another UCX release is refused before NIXL sees its blob.
-	m.library = "nixl/ucx-9.99.0"
-	m.agent = "nixl-lib-elsewhere"
-	_, err = a.LoadRemote(m.encode())
+	m.Library = "nixl/ucx-9.99.0"
+	m.Agent = "nixl-lib-elsewhere"
+	_, err = a.LoadRemote(m.Encode())
 	require.ErrorIs(t, err, ErrBadMetadata, "a peer on UCX 9.99")
 	require.ErrorContains(t, err, "9.99.0", "a peer on UCX 9.99")
 	require.EqualValues(t, 1, a.MetadataRefused(), "refused")
@@ -431,8 +432,8 @@ func TestLibNIXLLibraryVersion(t *testing.T) {
 func TestUCXTCPPriorityPerDevice(t *testing.T) {
 	loader, _ := openUCXAgent(t, "tcp-prio-loader", tcpUCX)
 	_, m := openUCXAgent(t, "tcp-prio-target", tcpUCX)
-	u := loader.b.(*ucx)
-	a, err := parseUCXAddress(m.payload, u.local.ver)
+	u := ucxLocalOf(t, loader)
+	a, err := parseUCXAddress(m.Payload, u.ver)
 	require.NoError(t, err)
 	var attr []byte
 	for _, d := range a.devices {
@@ -443,14 +444,14 @@ func TestUCXTCPPriorityPerDevice(t *testing.T) {
 		}
 	}
 	require.NotNil(t, attr, "no tcp in %s", describeUCXAddress(a))
-	prio := offsetIn(m.payload, ifaceCaps(ucxIface{attr: attr}, a.version))
+	prio := offsetIn(m.Payload, ifaceCaps(ucxIface{attr: attr}, a.version))
 	for _, c := range []struct {
 		prio byte
 		ok   bool
 	}{{0, true}, {1, true}, {2, false}, {0x80, false}} {
-		b := bytes.Clone(m.payload)
+		b := bytes.Clone(m.Payload)
 		b[prio] = c.prio
-		_, err := u.local.checkAddress(b)
+		_, err := u.CheckAddress(b)
 		assert.Equal(t, c.ok, err == nil, "tcp priority %d: %v, want accepted", c.prio, err)
 		if err != nil {
 			assert.ErrorContains(t, err, "priority and capabilities", "tcp priority %d: want a priority refusal", c.prio)
@@ -468,9 +469,9 @@ func TestUCXTCPEveryDevice(t *testing.T) {
 	tgt, _ := openUCXAgent(t, "tcp-every-tgt", every)
 	a, err := parseUCXAddress(func() []byte {
 		md, _ := tgt.Metadata()
-		m, _ := decodeMetadata(md, EngineUCX, tgt.b.(*ucx).library)
-		return m.payload
-	}(), tgt.b.(*ucx).local.ver)
+		m, _ := DecodeMetadata(md, EngineUCX, ucxLibrary(tgt))
+		return m.Payload
+	}(), ucxVersionOf(t, tgt))
 	require.NoError(t, err)
 	prios := map[byte]bool{}
 	for _, d := range a.devices {
@@ -500,10 +501,10 @@ func TestUCXTCPEveryDevice(t *testing.T) {
 // the other's refused.
 func TestUCXNamespaceSizes(t *testing.T) {
 	for _, c := range []struct {
-		ver ucxVersion
+		ver UCXVersion
 		ns  int
-	}{{ucxVersion{1, 13, 1}, 8}, {ucxVersion{1, 21, 0}, 8}, {ucxVersion{1, 22, 0}, 4}, {ucxVersion{2, 0, 0}, 4}} {
-		l := &ucxLocal{ver: c.ver, own: map[uint16]ucxIface{ucsCRC16("cma"): {addr: make([]byte, 4+c.ns)}}}
+	}{{UCXVersion{1, 13, 1}, 8}, {UCXVersion{1, 21, 0}, 8}, {UCXVersion{1, 22, 0}, 4}, {UCXVersion{2, 0, 0}, 4}} {
+		l := &UCXLocal{ver: c.ver, own: map[uint16]ucxIface{ucsCRC16("cma"): {addr: make([]byte, 4+c.ns)}}}
 		require.Equal(t, c.ns, c.ver.nsLen(), "%v: namespace bytes", c.ver)
 		for _, ns := range []int{4, 8} {
 			want := ns == c.ns

@@ -169,14 +169,9 @@ func BenchmarkMemcpy(b *testing.B) {
 // CPU time so far, ns>"). Unlike runChild, which polls for its test's
 // "verify" notifications every 100 µs, it waits on NotifyC and drains,
 // as a decode rank's notifier does, so the CPU it reports is the
-// engine's and not a test's polling loop. It runs from init, before
-// TestMain.
-func init() {
-	if os.Getenv("KVBRIDGE_NIXL_BENCH_CHILD") != "" {
-		os.Exit(benchChild())
-	}
-}
-
+// engine's and not a test's polling loop. TestMain runs it first, once
+// every package's init has run (the ucx engine registers itself in its
+// package's).
 func benchChild() int {
 	cfg := Config{Name: fmt.Sprintf("bench-child-%d", os.Getpid()), Engine: EngineUCX, UCX: shmUCX}
 	if os.Getenv("KVBRIDGE_NIXL_CHILD") == "tcp" {
@@ -222,7 +217,7 @@ func benchChild() int {
 				fmt.Printf("CPU %d\n", cpustat.Self().Total().Nanoseconds())
 			case "missed":
 				// The wake-ups its event fd did not give (ucx engine).
-				fmt.Printf("MISSED %d\n", a.b.(*ucx).missed.Load())
+				fmt.Printf("MISSED %d\n", a.Backend().(ucxDiagnostics).MissedWakes())
 			}
 		}
 	}()

@@ -14,32 +14,32 @@ package nixl
 // dense prepared list, which NIXL (1.4: nixlAgent::makeXferReq) merges
 // the same way itself.
 
-// pieceRun is one engine operation: pairs first … first+n−1, len bytes.
-type pieceRun struct {
-	first, n int
-	len      uint64
+// PieceRun is one engine operation: pairs first … first+n−1, len bytes.
+type PieceRun struct {
+	First, N int
+	Len      uint64
 }
 
-// coalesce groups n pairs into runs and calls each with every run in
+// Coalesce groups n pairs into runs and calls each with every run in
 // order; it returns how many runs there were. src(k) and dst(k) are pair
 // k's addresses, length(k) its bytes; join(k) (k ≥ 1) says whether pair k
 // may share an operation with pair k−1 beyond adjacency (nil: always).
 // It allocates nothing: a post of scattered pages costs no more than
 // before.
-func coalesce(n int, src, dst, length func(k int) uint64, join func(k int) bool, each func(pieceRun)) int {
+func Coalesce(n int, src, dst, length func(k int) uint64, join func(k int) bool, each func(PieceRun)) int {
 	runs := 0
-	var cur pieceRun
+	var cur PieceRun
 	var send, dend uint64
 	for k := 0; k < n; k++ {
 		s, d, l := src(k), dst(k), length(k)
 		if k > 0 && s == send && d == dend && (join == nil || join(k)) {
-			cur.n++
-			cur.len += l
+			cur.N++
+			cur.Len += l
 		} else {
 			if k > 0 {
 				each(cur)
 			}
-			cur = pieceRun{first: k, n: 1, len: l}
+			cur = PieceRun{First: k, N: 1, Len: l}
 			runs++
 		}
 		send, dend = s+l, d+l
@@ -54,3 +54,7 @@ func coalesce(n int, src, dst, length func(k int) uint64, join func(k int) bool,
 // into: its pairs after coalescing (the libnixl engine: the pairs given to
 // NIXL, which merges adjacent ones itself). 0 before the first post.
 func (x *Xfer) Pieces() int { return int(x.pieces.Load()) }
+
+// SetPieces records how many operations an engine's post of x made after
+// coalescing (what Pieces reports).
+func (x *Xfer) SetPieces(n int) { x.pieces.Store(int64(n)) }

@@ -15,23 +15,23 @@ func TestCoalesceRuns(t *testing.T) {
 		name  string
 		pairs []pr
 		split map[int]bool // join(k) false
-		want  []pieceRun
+		want  []PieceRun
 	}{
-		{"one run", []pr{{0, 100, 10}, {10, 110, 10}, {20, 120, 5}}, nil, []pieceRun{{0, 3, 25}}},
-		{"source gap", []pr{{0, 100, 10}, {11, 110, 10}}, nil, []pieceRun{{0, 1, 10}, {1, 1, 10}}},
-		{"destination gap", []pr{{0, 100, 10}, {10, 111, 10}}, nil, []pieceRun{{0, 1, 10}, {1, 1, 10}}},
-		{"destination backwards", []pr{{0, 110, 10}, {10, 100, 10}}, nil, []pieceRun{{0, 1, 10}, {1, 1, 10}}},
-		{"adjacent but not joined", []pr{{0, 100, 10}, {10, 110, 10}, {20, 120, 10}}, map[int]bool{2: true}, []pieceRun{{0, 2, 20}, {2, 1, 10}}},
-		{"runs after a break", []pr{{0, 0, 4}, {4, 4, 4}, {100, 8, 4}, {104, 12, 4}}, nil, []pieceRun{{0, 2, 8}, {2, 2, 8}}},
+		{"one run", []pr{{0, 100, 10}, {10, 110, 10}, {20, 120, 5}}, nil, []PieceRun{{0, 3, 25}}},
+		{"source gap", []pr{{0, 100, 10}, {11, 110, 10}}, nil, []PieceRun{{0, 1, 10}, {1, 1, 10}}},
+		{"destination gap", []pr{{0, 100, 10}, {10, 111, 10}}, nil, []PieceRun{{0, 1, 10}, {1, 1, 10}}},
+		{"destination backwards", []pr{{0, 110, 10}, {10, 100, 10}}, nil, []PieceRun{{0, 1, 10}, {1, 1, 10}}},
+		{"adjacent but not joined", []pr{{0, 100, 10}, {10, 110, 10}, {20, 120, 10}}, map[int]bool{2: true}, []PieceRun{{0, 2, 20}, {2, 1, 10}}},
+		{"runs after a break", []pr{{0, 0, 4}, {4, 4, 4}, {100, 8, 4}, {104, 12, 4}}, nil, []PieceRun{{0, 2, 8}, {2, 2, 8}}},
 	}
 	for _, c := range cases {
-		var got []pieceRun
-		n := coalesce(len(c.pairs),
+		var got []PieceRun
+		n := Coalesce(len(c.pairs),
 			func(k int) uint64 { return c.pairs[k].s },
 			func(k int) uint64 { return c.pairs[k].d },
 			func(k int) uint64 { return c.pairs[k].l },
 			func(k int) bool { return !c.split[k] },
-			func(r pieceRun) { got = append(got, r) })
+			func(r PieceRun) { got = append(got, r) })
 		assert.Len(t, got, n, "%s: runs counted, given", c.name)
 		assert.Equal(t, c.want, got, "%s: runs", c.name)
 	}
@@ -142,54 +142,6 @@ func rev(s []int) []int {
 		s[i], s[j] = s[j], s[i]
 	}
 	return s
-}
-
-// TestRunsStayInOnePeerMapping: the ucx engine copies into peer memory UCX
-// allocated through its own mapping of each peer region; two regions
-// whose mappings happen to be adjacent in the initiator (the kernel
-// places successive mappings side by side) are two copies, never one
-// slice across two mappings.
-func TestRunsStayInOnePeerMapping(t *testing.T) {
-	const page = 4096
-	p := newPair(t, engines()[1]) // ucx-shm: direct copies
-	_, src, err := p.ini.Alloc(4 * page)
-	require.NoError(t, err)
-	for i := 0; i < 8; i++ {
-		_, _, err := p.tgt.Alloc(2 * page)
-		require.NoError(t, err)
-	}
-	p.remote = exchange(t, p.ini, p.tgt)
-	u := p.ini.b.(*ucx)
-	var mapped []uintptr
-	var regions []Desc
-	require.NoError(t, u.do(func() error {
-		r := u.remotes[p.remote]
-		mapped = append(mapped, r.mapped...)
-		for _, rg := range r.regions {
-			regions = append(regions, rg.Desc)
-		}
-		return nil
-	}))
-	a, b := -1, -1
-	for i := range mapped {
-		for j := range mapped {
-			if i != j && mapped[i] != 0 && mapped[i]+uintptr(regions[i].Len) == mapped[j] {
-				a, b = i, j
-			}
-		}
-	}
-	if a < 0 {
-		t.Skipf("no two of the 8 peer regions are mapped side by side here (%x)", mapped)
-	}
-	// The last page of one region and the first of the next, from two
-	// adjacent source pages: adjacent on both sides as the copy sees them.
-	dst := []Desc{{Addr: regions[a].Addr + uintptr(regions[a].Len) - page, Len: page}, {Addr: regions[b].Addr, Len: page}}
-	fill(src, 7)
-	l, err := p.ini.PrepLocal(DRAM, pageDescs(src[:2*page], page))
-	require.NoError(t, err)
-	r, err := p.ini.PrepRemote(p.remote, DRAM, dst)
-	require.NoError(t, err)
-	assert.Equal(t, 2, writePieces(t, p, l, []int{0, 1}, r, []int{0, 1}), "a run joined across two peer regions: operations")
 }
 
 // writePieces writes pairs li → ri from p's initiator, waits for it to be

@@ -31,6 +31,9 @@ var doubleDir string
 var noGPU string
 
 func TestMain(m *testing.M) {
+	if os.Getenv("KVBRIDGE_NIXL_BENCH_CHILD") != "" {
+		os.Exit(benchChild())
+	}
 	if os.Getenv("KVBRIDGE_NIXL_CHILD") != "" {
 		os.Exit(runChild())
 	}
@@ -711,9 +714,9 @@ func TestUCXRefusesHostileWorkerAddresses(t *testing.T) {
 		"one byte":       {0x00},
 		"random":         random,
 		"64 KiB of 0xff": bytes.Repeat([]byte{0xff}, 64<<10),
-		"too long":       make([]byte, maxWorkerAddress+1),
+		"too long":       make([]byte, MaxWorkerAddress+1),
 	} {
-		md := (&metadataBlob{engine: EngineUCX, agent: "forger", payload: payload}).encode()
+		md := (&MetadataBlob{Engine: EngineUCX, Agent: "forger", Payload: payload}).Encode()
 		_, err := a.LoadRemote(md)
 		assert.ErrorIs(t, err, ErrBadMetadata, name)
 	}

@@ -16,20 +16,9 @@
 //     calls — what an agent that posts needs on NIXL <= 1.4.0, whose
 //     thread crashes a poster whose peer dies. Tested against a C test double of the API
 //     (internal/nixldouble) and, with make test-nixl, a real NIXL.
-//   - ucx: libucp directly, loaded at run time at the first ucx agent
-//     (Config.UCXLib — FromEnv: KVBRIDGE_UCX_LIB —, default libucp.so.0;
-//     the UCX settings it decides on, TLS, UNIFIED_MODE and
-//     ADAPTIVE_PROGRESS, from Config.UCX alone — FromEnv: UCX_TLS,
-//     UCX_UNIFIED_MODE, UCX_ADAPTIVE_PROGRESS —; VRAM through the CUDA
-//     driver Config.CUDALib names — FromEnv: KVBRIDGE_CUDA_LIB),
-//     through this package's own
-//     declaration of the UCP ABI it uses (ucx_abi.h): building needs no
-//     UCX, and a process that only uses libnixl maps only NIXL's UCX.
-//     DRAM over shared memory and
-//     tcp here, RDMA where the hardware is. Writes into peer memory that a
-//     shared-memory transport maps into this process are plain copies;
-//     otherwise one put per descriptor, a flush, then the notification as an
-//     active message, so it never overtakes the data.
+//   - ucx: libucp directly, in a package of its own (internal/nixl/ucx),
+//     which registers it with this package when imported (kvmanager
+//     does); its package documentation has its settings and behaviour.
 //   - loopback: agents in one process, a write is a copy.
 //
 // Open with EngineAuto picks libnixl when it loads, else ucx; the error says

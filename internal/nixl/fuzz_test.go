@@ -10,7 +10,7 @@ import (
 
 // ucxSeeds are this process's own worker addresses (shared memory, tcp,
 // every transport) and the metadata blobs around them.
-func ucxSeeds(f *testing.F) (addrs, blobs [][]byte, ver ucxVersion, library string) {
+func ucxSeeds(f *testing.F) (addrs, blobs [][]byte, ver UCXVersion, library string) {
 	f.Helper()
 	for _, tls := range []map[string]string{shmUCX, tcpUCX, allUCX} {
 		a, err := Open(Config{Name: "fuzz", Engine: EngineUCX, UCX: tls})
@@ -19,10 +19,10 @@ func ucxSeeds(f *testing.F) (addrs, blobs [][]byte, ver ucxVersion, library stri
 		require.NoError(f, err)
 		md, err := a.Metadata()
 		require.NoError(f, err)
-		u := a.b.(*ucx)
-		m, err := decodeMetadata(md, EngineUCX, u.library)
+		library = ucxLibrary(a)
+		m, err := DecodeMetadata(md, EngineUCX, library)
 		require.NoError(f, err)
-		addrs, blobs, ver, library = append(addrs, m.payload), append(blobs, md), u.local.ver, u.library
+		addrs, blobs, ver = append(addrs, m.Payload), append(blobs, md), ucxVersionOf(f, a)
 		a.Close()
 	}
 	return addrs, blobs, ver, library
@@ -49,7 +49,7 @@ func FuzzParseUCXAddress(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte, v119 bool) {
 		v := own
 		if v119 {
-			v = ucxVersion{1, 19, 0}
+			v = UCXVersion{1, 19, 0}
 		}
 		a, err := parseUCXAddress(b, v)
 		if err != nil {
@@ -92,11 +92,11 @@ func FuzzDecodeMetadata(f *testing.F) {
 	}
 	f.Add([]byte(mdMagic + "\x01"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := decodeMetadata(b, EngineUCX, library)
+		m, err := DecodeMetadata(b, EngineUCX, library)
 		if err != nil {
 			return
 		}
-		require.Equal(t, b, m.encode(), "decoded %x, encodes to", b)
-		_ = m.remoteRegions()
+		require.Equal(t, b, m.Encode(), "decoded %x, encodes to", b)
+		_ = m.RemoteRegions()
 	})
 }

@@ -144,17 +144,17 @@ var nixlLib struct {
 	// release NIXL's UCX plugin runs, read once, when the first agent's
 	// backend has loaded the plugin (NIXL's C API has no version call).
 	library string
-	ucxVer  ucxVersion
+	ucxVer  UCXVersion
 }
 
 // nixlLibrary is the library string of this process's libnixl agents.
-func nixlLibrary() (string, ucxVersion) {
+func nixlLibrary() (string, UCXVersion) {
 	nixlLib.Lock()
 	defer nixlLib.Unlock()
 	if nixlLib.library == "" {
 		var major, minor, release C.uint
 		if C.kvb_loaded_ucx_version(&major, &minor, &release) > 0 {
-			nixlLib.ucxVer = ucxVersion{uint(major), uint(minor), uint(release)}
+			nixlLib.ucxVer = UCXVersion{uint(major), uint(minor), uint(release)}
 			nixlLib.library = "nixl/ucx-" + nixlLib.ucxVer.String()
 		} else {
 			nixlLib.library = "nixl/ucx-unknown"
@@ -289,7 +289,7 @@ type libnixl struct {
 	library string
 	// local checks peers' UCX worker addresses when NIXL's blob is its
 	// serialized form with a UCX connection (nixlmd.go); nil otherwise.
-	local *ucxLocal
+	local *UCXLocal
 	// serdes: this agent's own blob is NIXL's serialization, so peers'
 	// blobs are walked to their end before NIXL sees them.
 	serdes bool
@@ -336,7 +336,7 @@ type nixlXfer struct {
 // errAgentClosed is what calls on a closed libnixl agent return.
 var errAgentClosed = fmt.Errorf("libnixl: %w", ErrClosed)
 
-func openLibNIXL(cfg Config) (backend, error) {
+func openLibNIXL(cfg Config) (Backend, error) {
 	lib, err := loadNIXL(libPath(cfg))
 	if err != nil {
 		return nil, err
@@ -366,8 +366,8 @@ func openLibNIXL(cfg Config) (backend, error) {
 		return nil, fmt.Errorf("libnixl agent %q: %w", cfg.Name, err)
 	}
 	n.agent = agent
-	fail := func(err error) (backend, error) {
-		n.close()
+	fail := func(err error) (Backend, error) {
+		n.Close()
 		return nil, fmt.Errorf("libnixl agent %q: %w", cfg.Name, err)
 	}
 	ucxName := C.CString("UCX")
@@ -405,7 +405,7 @@ func openLibNIXL(cfg Config) (backend, error) {
 	if n.opt, err = n.newOpt(); err != nil {
 		return fail(err)
 	}
-	var ver ucxVersion
+	var ver UCXVersion
 	n.library, ver = nixlLibrary()
 	if err := n.learnLocal(ver); err != nil {
 		return fail(err)
@@ -439,7 +439,7 @@ func (n *libnixl) newOpt() (C.nx_h, error) {
 	return o, nil
 }
 
-func (n *libnixl) register(kind MemKind, descs []Desc) (any, error) {
+func (n *libnixl) Register(kind MemKind, descs []Desc) (any, error) {
 	if !n.live() {
 		return nil, errAgentClosed
 	}
@@ -465,7 +465,7 @@ func (n *libnixl) register(kind MemKind, descs []Desc) (any, error) {
 	return r, nil
 }
 
-func (n *libnixl) deregister(h any) error {
+func (n *libnixl) Deregister(h any) error {
 	r := h.(*nixlReg)
 	if !n.live() {
 		return nil // close deregistered it
@@ -487,14 +487,14 @@ func (n *libnixl) dropReg(r *nixlReg) error {
 	return err
 }
 
-func (n *libnixl) alloc(kind MemKind, size uint64) ([]byte, any, error) {
+func (n *libnixl) Alloc(kind MemKind, size uint64) ([]byte, any, error) {
 	var mapped C.size_t
 	p := C.nx_alloc(C.size_t(size), &mapped) // NIXL has no allocator: our own memory, registered
 	if p == nil {
 		return nil, nil, fmt.Errorf("mapping %d bytes failed", size)
 	}
 	buf := unsafe.Slice((*byte)(p), int(size))
-	h, err := n.register(kind, []Desc{BytesDesc(buf)})
+	h, err := n.Register(kind, []Desc{BytesDesc(buf)})
 	if err != nil {
 		C.nx_unmap(p, mapped)
 		return nil, nil, err
@@ -503,7 +503,7 @@ func (n *libnixl) alloc(kind MemKind, size uint64) ([]byte, any, error) {
 	return buf, h, nil
 }
 
-func (n *libnixl) metadata(regs []*Registration) ([]byte, error) {
+func (n *libnixl) Metadata(regs []*Registration) ([]byte, error) {
 	if !n.live() {
 		return nil, errAgentClosed
 	}
@@ -513,35 +513,35 @@ func (n *libnixl) metadata(regs []*Registration) ([]byte, error) {
 	if err := nxErr("nixl_capi_get_local_md", C.nx_get_local_md(n.l, n.agent, &data, &ln)); err != nil {
 		return nil, err
 	}
-	m := metadataBlob{engine: EngineLibNIXL, library: n.library, agent: n.name, payload: C.GoBytes(data, C.int(ln))}
+	m := MetadataBlob{Engine: EngineLibNIXL, Library: n.library, Agent: n.name, Payload: C.GoBytes(data, C.int(ln))}
 	C.nx_mem_free(n.l, data) // NIXL's buffer, ours to free
 	for _, r := range regs {
 		for _, d := range r.Descs {
-			m.regions = append(m.regions, mdRegion{remoteRegion: remoteRegion{r.Kind, d}})
+			m.Regions = append(m.Regions, MDRegion{RemoteRegion: RemoteRegion{r.Kind, d}})
 		}
 	}
-	return m.encode(), nil
+	return m.Encode(), nil
 }
 
-func (n *libnixl) loadRemote(md []byte) (string, []remoteRegion, error) {
-	m, err := decodeMetadata(md, EngineLibNIXL, n.library)
+func (n *libnixl) LoadRemote(md []byte) (string, []RemoteRegion, error) {
+	m, err := DecodeMetadata(md, EngineLibNIXL, n.library)
 	if err != nil {
 		return "", nil, err
 	}
-	if len(m.payload) == 0 {
-		return "", nil, fmt.Errorf("agent %q: empty NIXL metadata: %w", m.agent, ErrBadMetadata)
+	if len(m.Payload) == 0 {
+		return "", nil, fmt.Errorf("agent %q: empty NIXL metadata: %w", m.Agent, ErrBadMetadata)
 	}
 	if err := n.checkPeer(m); err != nil {
-		return "", nil, fmt.Errorf("agent %q: %w", m.agent, err)
+		return "", nil, fmt.Errorf("agent %q: %w", m.Agent, err)
 	}
-	conn := nixlConnKey(m.payload)
+	conn := nixlConnKey(m.Payload)
 	if !n.live() {
 		return "", nil, errAgentClosed
 	}
 	defer n.life.RUnlock()
 	n.mu.Lock()
-	old, known := n.conns[m.agent]
-	_, fenced := n.down[m.agent]
+	old, known := n.conns[m.Agent]
+	_, fenced := n.down[m.Agent]
 	n.mu.Unlock()
 	if known && (!bytes.Equal(old, conn) || fenced) {
 		// The name comes back with other connection info (a restarted
@@ -549,30 +549,30 @@ func (n *libnixl) loadRemote(md []byte) (string, []remoteRegion, error) {
 		// failed endpoint): release its requests, then invalidate it in NIXL, before
 		// NIXL sees the new blob (workaround C; the Agent holds its load
 		// lock for writing, so no post runs meanwhile).
-		_ = n.forget(m.agent)
+		_ = n.forget(m.Agent)
 	}
-	p := C.CBytes(m.payload)
+	p := C.CBytes(m.Payload)
 	defer C.free(p)
 	var name *C.char
-	if err := nxErr("nixl_capi_load_remote_md", C.nx_load_remote_md(n.l, n.agent, p, C.size_t(len(m.payload)), &name)); err != nil {
+	if err := nxErr("nixl_capi_load_remote_md", C.nx_load_remote_md(n.l, n.agent, p, C.size_t(len(m.Payload)), &name)); err != nil {
 		n.mu.Lock()
-		delete(n.conns, m.agent) // NIXL's state for the name is unknown now
+		delete(n.conns, m.Agent) // NIXL's state for the name is unknown now
 		n.mu.Unlock()
 		// The name comes back with the error: NIXL <= 1.4.0 may have
 		// dropped what it held of the agent (a refused load erases its
 		// memory section), so the Agent forgets it too.
-		return m.agent, nil, fmt.Errorf("NIXL refused agent %q's metadata: %w: %w", m.agent, err, ErrBadMetadata)
+		return m.Agent, nil, fmt.Errorf("NIXL refused agent %q's metadata: %w: %w", m.Agent, err, ErrBadMetadata)
 	}
 	got := C.GoString(name)
 	C.nx_mem_free(n.l, unsafe.Pointer(name)) // NIXL's string, ours to free
-	if got != m.agent {
-		return "", nil, fmt.Errorf("agent %q: NIXL names the agent %q: %w", m.agent, got, ErrBadMetadata)
+	if got != m.Agent {
+		return "", nil, fmt.Errorf("agent %q: NIXL names the agent %q: %w", m.Agent, got, ErrBadMetadata)
 	}
 	n.mu.Lock()
 	n.conns[got] = conn
 	delete(n.down, got) // loaded again: posts may go to it
 	n.mu.Unlock()
-	return got, m.remoteRegions(), nil
+	return got, m.RemoteRegions(), nil
 }
 
 // nixlConnKey is what identifies a NIXL blob's connection: its backends'
@@ -598,7 +598,7 @@ func nixlConnKey(payload []byte) []byte {
 	return k
 }
 
-func (n *libnixl) invalidate(name string) error {
+func (n *libnixl) Invalidate(name string) error {
 	if !n.live() {
 		return errAgentClosed
 	}
@@ -643,7 +643,7 @@ func (n *libnixl) fence(remote string, err error) {
 }
 
 // remoteUsable: the remote is not fenced.
-func (n *libnixl) remoteUsable(remote string) bool {
+func (n *libnixl) RemoteUsable(remote string) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	_, down := n.down[remote]
@@ -651,9 +651,15 @@ func (n *libnixl) remoteUsable(remote string) bool {
 }
 
 // fencedPosts counts the posts refused because their remote was down.
-func (n *libnixl) fencedPosts() uint64 { return n.fenced.Load() }
+var (
+	_ PostFencer     = (*libnixl)(nil)
+	_ RemoteChecker  = (*libnixl)(nil)
+	_ ProgressKeeper = (*libnixl)(nil)
+)
 
-func (n *libnixl) prep(remote string, kind MemKind, descs []Desc) (any, error) {
+func (n *libnixl) PostsFenced() uint64 { return n.fenced.Load() }
+
+func (n *libnixl) Prep(remote string, kind MemKind, descs []Desc) (any, error) {
 	if !n.live() {
 		return nil, errAgentClosed
 	}
@@ -679,7 +685,7 @@ func (n *libnixl) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 	return h, nil
 }
 
-func (n *libnixl) unprep(h any) error {
+func (n *libnixl) Unprep(h any) error {
 	if !n.live() {
 		return nil // close released it
 	}
@@ -699,13 +705,13 @@ func cInts(v []int) unsafe.Pointer {
 	return p
 }
 
-func (n *libnixl) post(x *Xfer) error {
+func (n *libnixl) Post(x *Xfer) error {
 	if !n.live() {
 		return errAgentClosed
 	}
 	// The index pairs go to NIXL as they are; it merges runs adjacent in
 	// the dense prepared lists itself (coalesce.go).
-	x.pieces.Store(int64(len(x.li)))
+	x.SetPieces(len(x.LocalIdx))
 	defer n.life.RUnlock()
 	n.fmu.RLock()
 	defer n.fmu.RUnlock()
@@ -719,7 +725,7 @@ func (n *libnixl) post(x *Xfer) error {
 		return fmt.Errorf("libnixl: remote %q is fenced since a transfer to it failed (%v); it must load its metadata again: %w",
 			x.Remote, why, ErrTransfer)
 	}
-	nx, _ := x.handle.(*nixlXfer)
+	nx, _ := x.Handle.(*nixlXfer)
 	if nx != nil && nx.dead {
 		return fmt.Errorf("libnixl: remote %q was invalidated since this transfer was made: %w", x.Remote, ErrRemoteUnknown)
 	}
@@ -746,10 +752,10 @@ func (n *libnixl) post(x *Xfer) error {
 		if x.Op == Read {
 			op = C.NX_OP_READ
 		}
-		li, ri := cInts(x.li), cInts(x.ri)
+		li, ri := cInts(x.LocalIdx), cInts(x.RemoteIdx)
 		var req C.nx_h
-		st := C.nx_make_xfer_req(n.l, n.agent, op, x.local.handle.(C.nx_h), (*C.int)(li), C.size_t(len(x.li)),
-			x.remote.handle.(C.nx_h), (*C.int)(ri), C.size_t(len(x.ri)), &req, nx.opt)
+		st := C.nx_make_xfer_req(n.l, n.agent, op, x.LocalPrep.Handle.(C.nx_h), (*C.int)(li), C.size_t(len(x.LocalIdx)),
+			x.RemotePrep.Handle.(C.nx_h), (*C.int)(ri), C.size_t(len(x.RemoteIdx)), &req, nx.opt)
 		nx.req = req
 		C.free(li)
 		C.free(ri)
@@ -760,7 +766,7 @@ func (n *libnixl) post(x *Xfer) error {
 		n.mu.Lock()
 		n.reqs[nx] = struct{}{}
 		n.mu.Unlock()
-		x.handle = nx
+		x.Handle = nx
 	}
 	err := nxErr("nixl_capi_post_xfer_req", C.nx_post_xfer_req(n.l, n.agent, nx.req, nx.opt))
 	if err != nil {
@@ -769,11 +775,11 @@ func (n *libnixl) post(x *Xfer) error {
 	return err
 }
 
-// status asks NIXL. With NIXL's UCX backend this call is also what sends a
+// Status asks NIXL. With NIXL's UCX backend this call is also what sends a
 // write's notification once the data has landed, so the Agent's completion
 // watcher polls every transfer in flight.
-func (n *libnixl) status(x *Xfer) (XferState, error) {
-	nx, ok := x.handle.(*nixlXfer)
+func (n *libnixl) Status(x *Xfer) (XferState, error) {
+	nx, ok := x.Handle.(*nixlXfer)
 	if !ok {
 		return Failed, fmt.Errorf("transfer not posted: %w", ErrInvalidRequest)
 	}
@@ -798,12 +804,12 @@ func (n *libnixl) status(x *Xfer) (XferState, error) {
 	return Failed, err
 }
 
-func (n *libnixl) release(x *Xfer) error {
-	nx, ok := x.handle.(*nixlXfer)
+func (n *libnixl) Release(x *Xfer) error {
+	nx, ok := x.Handle.(*nixlXfer)
 	if !ok {
 		return nil
 	}
-	x.handle = nil
+	x.Handle = nil
 	if !n.live() {
 		return nil // close released it
 	}
@@ -860,7 +866,7 @@ func (n *libnixl) retryStuck() {
 	}
 }
 
-func (n *libnixl) genNotif(remote string, msg []byte) error {
+func (n *libnixl) GenNotif(remote string, msg []byte) error {
 	if !n.live() {
 		return errAgentClosed
 	}
@@ -900,7 +906,7 @@ func (n *libnixl) kickFlush() { n.kickFlushFor(genNotifFlush) }
 // without NIXL's progress thread a peer's first read waits for this
 // agent's worker to progress (the connection's wire-up), so the flusher
 // progresses it for d.
-func (n *libnixl) keepProgress(d time.Duration) {
+func (n *libnixl) KeepProgress(d time.Duration) {
 	if !n.prog {
 		n.kickFlushFor(d)
 	}
@@ -974,7 +980,7 @@ func (n *libnixl) stopFlush() {
 	n.flushWG.Wait()
 }
 
-func (n *libnixl) notifs() ([]Notif, error) {
+func (n *libnixl) Notifs() ([]Notif, error) {
 	if !n.live() {
 		return nil, errAgentClosed
 	}
@@ -1025,18 +1031,18 @@ func (n *libnixl) drainLocked() ([]Notif, error) {
 	return out, nil
 }
 
-// notifyC: NIXL has no notification callback in its C API; consumers poll.
-func (n *libnixl) notifyC() <-chan struct{} { return nil }
+// NotifyC: NIXL has no notification callback in its C API; consumers poll.
+func (n *libnixl) NotifyC() <-chan struct{} { return nil }
 
 // needsPolling: NIXL moves the data on its progress thread, but reports
 // completion (and, with its UCX backend, sends the notification) only when
 // asked.
 func (n *libnixl) needsPolling() bool { return true }
 
-// close waits for the calls in progress, then releases every request,
+// Close waits for the calls in progress, then releases every request,
 // prepared list and registration and destroys the agent. Calls after it
 // return ErrClosed (or nothing, for releases): none reaches NIXL.
-func (n *libnixl) close() error {
+func (n *libnixl) Close() error {
 	n.stopFlush() // before the life lock: the flusher's drain holds it for reading
 	n.life.Lock()
 	defer n.life.Unlock()

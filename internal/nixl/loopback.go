@@ -29,20 +29,20 @@ type loopback struct {
 	cudaLib string // Config.CUDALib
 
 	mu     sync.Mutex
-	regs   map[*[]remoteRegion]struct{}
+	regs   map[*[]RemoteRegion]struct{}
 	known  map[string]bool
 	queue  []Notif
 	wake   chan struct{}
 	closed bool
 }
 
-func openLoopback(cfg Config) (backend, error) {
+func openLoopback(cfg Config) (Backend, error) {
 	loopbackAgents.Lock()
 	defer loopbackAgents.Unlock()
 	if _, ok := loopbackAgents.m[cfg.Name]; ok {
 		return nil, fmt.Errorf("nixl: loopback agent %q already exists in this process", cfg.Name)
 	}
-	l := &loopback{name: cfg.Name, cudaLib: cfg.CUDALib, regs: map[*[]remoteRegion]struct{}{}, known: map[string]bool{}, wake: make(chan struct{}, 1)}
+	l := &loopback{name: cfg.Name, cudaLib: cfg.CUDALib, regs: map[*[]RemoteRegion]struct{}{}, known: map[string]bool{}, wake: make(chan struct{}, 1)}
 	loopbackAgents.m[cfg.Name] = l
 	return l, nil
 }
@@ -53,15 +53,15 @@ func lookupLoopback(name string) *loopback {
 	return loopbackAgents.m[name]
 }
 
-func (l *loopback) register(kind MemKind, descs []Desc) (any, error) {
+func (l *loopback) Register(kind MemKind, descs []Desc) (any, error) {
 	if kind == VRAM {
 		if _, err := cudaContext(l.cudaLib, int(descs[0].Dev)); err != nil {
 			return nil, err
 		}
 	}
-	rs := make([]remoteRegion, len(descs))
+	rs := make([]RemoteRegion, len(descs))
 	for i, d := range descs {
-		rs[i] = remoteRegion{kind, d}
+		rs[i] = RemoteRegion{kind, d}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -69,8 +69,8 @@ func (l *loopback) register(kind MemKind, descs []Desc) (any, error) {
 	return &rs, nil
 }
 
-func (l *loopback) deregister(h any) error {
-	rs, ok := h.(*[]remoteRegion)
+func (l *loopback) Deregister(h any) error {
+	rs, ok := h.(*[]RemoteRegion)
 	if a, isAlloc := h.(*loopbackAlloc); isAlloc {
 		rs, ok = a.regions, true
 	}
@@ -84,59 +84,59 @@ func (l *loopback) deregister(h any) error {
 }
 
 type loopbackAlloc struct {
-	regions *[]remoteRegion
+	regions *[]RemoteRegion
 	buf     []byte // keeps the Go memory alive while registered
 }
 
-func (l *loopback) alloc(kind MemKind, size uint64) ([]byte, any, error) {
+func (l *loopback) Alloc(kind MemKind, size uint64) ([]byte, any, error) {
 	buf := make([]byte, size)
-	h, err := l.register(kind, []Desc{BytesDesc(buf)})
+	h, err := l.Register(kind, []Desc{BytesDesc(buf)})
 	if err != nil {
 		return nil, nil, err
 	}
-	return buf, &loopbackAlloc{regions: h.(*[]remoteRegion), buf: buf}, nil
+	return buf, &loopbackAlloc{regions: h.(*[]RemoteRegion), buf: buf}, nil
 }
 
 // loopbackLibrary is the loopback engine's library in metadata blobs.
 const loopbackLibrary = "loopback"
 
-func (l *loopback) metadata(regs []*Registration) ([]byte, error) {
-	m := metadataBlob{engine: EngineLoopback, library: loopbackLibrary, agent: l.name}
+func (l *loopback) Metadata(regs []*Registration) ([]byte, error) {
+	m := MetadataBlob{Engine: EngineLoopback, Library: loopbackLibrary, Agent: l.name}
 	for _, r := range regs {
 		for _, d := range r.Descs {
-			m.regions = append(m.regions, mdRegion{remoteRegion: remoteRegion{r.Kind, d}})
+			m.Regions = append(m.Regions, MDRegion{RemoteRegion: RemoteRegion{r.Kind, d}})
 		}
 	}
-	return m.encode(), nil
+	return m.Encode(), nil
 }
 
-func (l *loopback) loadRemote(md []byte) (string, []remoteRegion, error) {
-	m, err := decodeMetadata(md, EngineLoopback, loopbackLibrary)
+func (l *loopback) LoadRemote(md []byte) (string, []RemoteRegion, error) {
+	m, err := DecodeMetadata(md, EngineLoopback, loopbackLibrary)
 	if err != nil {
 		return "", nil, err
 	}
-	if lookupLoopback(m.agent) == nil {
-		return "", nil, fmt.Errorf("loopback agent %q is not in this process: %w", m.agent, ErrRemoteUnknown)
+	if lookupLoopback(m.Agent) == nil {
+		return "", nil, fmt.Errorf("loopback agent %q is not in this process: %w", m.Agent, ErrRemoteUnknown)
 	}
 	l.mu.Lock()
-	l.known[m.agent] = true
+	l.known[m.Agent] = true
 	l.mu.Unlock()
-	return m.agent, m.remoteRegions(), nil
+	return m.Agent, m.RemoteRegions(), nil
 }
 
-func (l *loopback) invalidate(name string) error {
+func (l *loopback) Invalidate(name string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.known, name)
 	return nil
 }
 
-func (l *loopback) prep(string, MemKind, []Desc) (any, error) { return struct{}{}, nil }
-func (l *loopback) unprep(any) error                          { return nil }
+func (l *loopback) Prep(string, MemKind, []Desc) (any, error) { return struct{}{}, nil }
+func (l *loopback) Unprep(any) error                          { return nil }
 
 // loopRegion names one registered region: its registration and index.
 type loopRegion struct {
-	reg *[]remoteRegion
+	reg *[]RemoteRegion
 	i   int
 }
 
@@ -158,9 +158,9 @@ type loopbackXfer struct {
 	err   error
 }
 
-func (l *loopback) post(x *Xfer) error {
+func (l *loopback) Post(x *Xfer) error {
 	st := &loopbackXfer{state: Done}
-	x.handle = st
+	x.Handle = st
 	l.mu.Lock()
 	known := l.known[x.Remote]
 	l.mu.Unlock()
@@ -189,7 +189,7 @@ func (l *loopback) post(x *Xfer) error {
 		return nil
 	}
 	srcAgent, dstAgent := l, peer
-	srcKind, dstKind := x.local.Kind, x.remote.Kind
+	srcKind, dstKind := x.LocalPrep.Kind, x.RemotePrep.Kind
 	srcs, dsts := x.Local, x.Dst
 	if x.Op == Read {
 		srcAgent, dstAgent = peer, l
@@ -211,31 +211,31 @@ func (l *loopback) post(x *Xfer) error {
 	// device copy must not span two that happen to be adjacent) is one
 	// copy.
 	var failed error
-	runs := coalesce(len(srcs),
+	runs := Coalesce(len(srcs),
 		func(k int) uint64 { return uint64(srcs[k].Addr) },
 		func(k int) uint64 { return uint64(dsts[k].Addr) },
 		func(k int) uint64 { return srcs[k].Len },
 		func(k int) bool { return srcRegs[k] == srcRegs[k-1] && dstRegs[k] == dstRegs[k-1] },
-		func(r pieceRun) {
+		func(r PieceRun) {
 			if failed != nil {
 				return
 			}
-			src, dst := srcs[r.first], dsts[r.first]
+			src, dst := srcs[r.First], dsts[r.First]
 			if srcKind == VRAM || dstKind == VRAM {
 				dev := src.Dev
 				if dstKind == VRAM {
 					dev = dst.Dev
 				}
-				if err := deviceCopy(l.cudaLib, int(dev), dst.Addr, src.Addr, r.len); err != nil {
-					failed = fmt.Errorf("pair %d: %w", r.first, err)
+				if err := deviceCopy(l.cudaLib, int(dev), dst.Addr, src.Addr, r.Len); err != nil {
+					failed = fmt.Errorf("pair %d: %w", r.First, err)
 				}
 				return
 			}
 			// A C copy: the addresses are registered memory (Go memory pinned by
 			// RegisterBytes, or C memory), never converted to Go pointers.
-			C.kvb_copy(C.uintptr_t(dst.Addr), C.uintptr_t(src.Addr), C.size_t(r.len))
+			C.kvb_copy(C.uintptr_t(dst.Addr), C.uintptr_t(src.Addr), C.size_t(r.Len))
 		})
-	x.pieces.Store(int64(runs))
+	x.SetPieces(runs)
 	if failed != nil {
 		st.state, st.err = Failed, failed
 		return nil
@@ -247,17 +247,17 @@ func (l *loopback) post(x *Xfer) error {
 	return nil
 }
 
-func (l *loopback) status(x *Xfer) (XferState, error) {
-	st, ok := x.handle.(*loopbackXfer)
+func (l *loopback) Status(x *Xfer) (XferState, error) {
+	st, ok := x.Handle.(*loopbackXfer)
 	if !ok {
 		return Failed, fmt.Errorf("transfer not posted: %w", ErrInvalidRequest)
 	}
 	return st.state, st.err
 }
 
-func (l *loopback) release(*Xfer) error { return nil }
+func (l *loopback) Release(*Xfer) error { return nil }
 
-func (l *loopback) genNotif(remote string, msg []byte) error {
+func (l *loopback) GenNotif(remote string, msg []byte) error {
 	peer := lookupLoopback(remote)
 	if peer == nil {
 		return fmt.Errorf("loopback peer %q: %w", remote, ErrRemoteUnknown)
@@ -269,9 +269,9 @@ func (l *loopback) genNotif(remote string, msg []byte) error {
 	return nil
 }
 
-func (l *loopback) notifyC() <-chan struct{} { return l.wake }
+func (l *loopback) NotifyC() <-chan struct{} { return l.wake }
 
-func (l *loopback) notifs() ([]Notif, error) {
+func (l *loopback) Notifs() ([]Notif, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	q := l.queue
@@ -279,13 +279,13 @@ func (l *loopback) notifs() ([]Notif, error) {
 	return q, nil
 }
 
-func (l *loopback) close() error {
+func (l *loopback) Close() error {
 	loopbackAgents.Lock()
 	delete(loopbackAgents.m, l.name)
 	loopbackAgents.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.closed = true
-	l.regs = map[*[]remoteRegion]struct{}{}
+	l.regs = map[*[]RemoteRegion]struct{}{}
 	return nil
 }

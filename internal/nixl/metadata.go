@@ -39,55 +39,55 @@ func libCompatible(have, peer string) bool {
 	}
 	hn, hv, ok1 := splitLib(have)
 	pn, pv, ok2 := splitLib(peer)
-	return ok1 && ok2 && hn == pn && hv.major == pv.major && hv.minor == pv.minor
+	return ok1 && ok2 && hn == pn && hv.Major == pv.Major && hv.Minor == pv.Minor
 }
 
 // splitLib splits "ucx/1.13.1" and "nixl/ucx-1.19.0" into a name and a release.
-func splitLib(s string) (string, ucxVersion, bool) {
+func splitLib(s string) (string, UCXVersion, bool) {
 	i := strings.LastIndexAny(s, "/-")
 	if i < 0 {
-		return "", ucxVersion{}, false
+		return "", UCXVersion{}, false
 	}
 	v, ok := parseUCXVersion(s[i+1:])
 	return s[:i], v, ok
 }
 
-type mdRegion struct {
-	remoteRegion
-	key []byte
+type MDRegion struct {
+	RemoteRegion
+	Key []byte
 }
 
-type metadataBlob struct {
-	engine, library, agent string
-	regions                []mdRegion
-	payload                []byte
+type MetadataBlob struct {
+	Engine, Library, Agent string
+	Regions                []MDRegion
+	Payload                []byte
 }
 
-func (m *metadataBlob) encode() []byte {
+func (m *MetadataBlob) Encode() []byte {
 	b := append([]byte(mdMagic), mdVersion)
 	putBytes := func(v []byte) {
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(v)))
 		b = append(b, v...)
 	}
-	putBytes([]byte(m.engine))
-	putBytes([]byte(m.agent))
-	putBytes([]byte(m.library))
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.regions)))
-	for _, r := range m.regions {
+	putBytes([]byte(m.Engine))
+	putBytes([]byte(m.Agent))
+	putBytes([]byte(m.Library))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Regions)))
+	for _, r := range m.Regions {
 		b = append(b, byte(r.Kind))
 		b = binary.LittleEndian.AppendUint64(b, uint64(r.Addr))
 		b = binary.LittleEndian.AppendUint64(b, r.Len)
 		b = binary.LittleEndian.AppendUint64(b, r.Dev)
-		putBytes(r.key)
+		putBytes(r.Key)
 	}
-	putBytes(m.payload)
+	putBytes(m.Payload)
 	return b
 }
 
-// decodeMetadata decodes a peer's blob for an agent of engine running
+// DecodeMetadata decodes a peer's blob for an agent of engine running
 // library; nothing after the library field is read unless both match.
-func decodeMetadata(b []byte, engine, library string) (*metadataBlob, error) {
-	bad := func(what string) (*metadataBlob, error) {
+func DecodeMetadata(b []byte, engine, library string) (*MetadataBlob, error) {
+	bad := func(what string) (*MetadataBlob, error) {
 		return nil, fmt.Errorf("%s: %w", what, ErrBadMetadata)
 	}
 	if len(b) < 5 || string(b[:4]) != mdMagic {
@@ -126,34 +126,34 @@ func decodeMetadata(b []byte, engine, library string) (*metadataBlob, error) {
 		off += int(n)
 		return v, true
 	}
-	m := &metadataBlob{}
+	m := &MetadataBlob{}
 	eng, ok1 := bytesField()
 	agent, ok2 := bytesField()
 	lib, ok3 := bytesField()
 	if !ok1 || !ok2 || !ok3 {
 		return bad("truncated header")
 	}
-	m.engine, m.agent, m.library = string(eng), string(agent), string(lib)
-	if m.engine != engine {
-		return bad(fmt.Sprintf("blob from the %q engine, this agent runs %s", m.engine, engine))
+	m.Engine, m.Agent, m.Library = string(eng), string(agent), string(lib)
+	if m.Engine != engine {
+		return bad(fmt.Sprintf("blob from the %q engine, this agent runs %s", m.Engine, engine))
 	}
-	if m.agent == "" {
+	if m.Agent == "" {
 		return bad("empty agent name")
 	}
-	if !libCompatible(library, m.library) {
+	if !libCompatible(library, m.Library) {
 		return bad(fmt.Sprintf("agent %q runs %q, this agent %q: the releases differ beyond their patch number",
-			m.agent, m.library, library))
+			m.Agent, m.Library, library))
 	}
 	n, ok := u32()
 	if !ok {
 		return bad("truncated header")
 	}
 	if uint64(n)*29 > uint64(len(b)-off) {
-		return bad(fmt.Sprintf("agent %q: region count %d exceeds the blob", m.agent, n))
+		return bad(fmt.Sprintf("agent %q: region count %d exceeds the blob", m.Agent, n))
 	}
 	for i := uint32(0); i < n; i++ {
 		if off >= len(b) {
-			return bad(fmt.Sprintf("agent %q: truncated region %d", m.agent, i))
+			return bad(fmt.Sprintf("agent %q: truncated region %d", m.Agent, i))
 		}
 		kind := MemKind(b[off])
 		off++
@@ -162,22 +162,22 @@ func decodeMetadata(b []byte, engine, library string) (*metadataBlob, error) {
 		dev, ok3 := u64()
 		key, ok4 := bytesField()
 		if !ok1 || !ok2 || !ok3 || !ok4 || !validKind(kind) || ln == 0 || addr+ln < addr {
-			return bad(fmt.Sprintf("agent %q: region %d malformed", m.agent, i))
+			return bad(fmt.Sprintf("agent %q: region %d malformed", m.Agent, i))
 		}
-		m.regions = append(m.regions, mdRegion{remoteRegion{kind, Desc{Addr: uintptr(addr), Len: ln, Dev: dev}}, key})
+		m.Regions = append(m.Regions, MDRegion{RemoteRegion{kind, Desc{Addr: uintptr(addr), Len: ln, Dev: dev}}, key})
 	}
 	p, ok := bytesField()
 	if !ok || off != len(b) {
-		return bad(fmt.Sprintf("agent %q: truncated or trailing payload", m.agent))
+		return bad(fmt.Sprintf("agent %q: truncated or trailing payload", m.Agent))
 	}
-	m.payload = p
+	m.Payload = p
 	return m, nil
 }
 
-func (m *metadataBlob) remoteRegions() []remoteRegion {
-	out := make([]remoteRegion, len(m.regions))
-	for i, r := range m.regions {
-		out[i] = r.remoteRegion
+func (m *MetadataBlob) RemoteRegions() []RemoteRegion {
+	out := make([]RemoteRegion, len(m.Regions))
+	for i, r := range m.Regions {
+		out[i] = r.RemoteRegion
 	}
 	return out
 }

@@ -121,38 +121,51 @@ type Notif struct {
 	Msg    []byte
 }
 
-// backend is what an engine implements. The Agent validates every argument
+// Backend is what an engine implements. The Agent validates every argument
 // first (descriptors inside registered memory, indices in range, lengths
 // equal), so engines see only well-formed requests.
-type backend interface {
-	register(kind MemKind, descs []Desc) (any, error)
-	deregister(h any) error
-	// alloc returns engine-allocated, registered memory (nil if the engine
+type Backend interface {
+	Register(kind MemKind, descs []Desc) (any, error)
+	Deregister(h any) error
+	// Alloc returns engine-allocated, registered memory (nil if the engine
 	// has no allocator of its own).
-	alloc(kind MemKind, size uint64) ([]byte, any, error)
-	metadata(regs []*Registration) ([]byte, error)
-	// loadRemote returns the remote's name and registered regions.
-	loadRemote(md []byte) (name string, regions []remoteRegion, err error)
-	invalidate(name string) error
-	prep(remote string, kind MemKind, descs []Desc) (any, error)
-	unprep(h any) error
-	post(x *Xfer) error
-	status(x *Xfer) (XferState, error)
-	release(x *Xfer) error
-	genNotif(remote string, msg []byte) error
-	notifs() ([]Notif, error)
-	// notifyC is signalled when notifications arrive (nil: poll Notifs).
-	notifyC() <-chan struct{}
-	close() error
+	Alloc(kind MemKind, size uint64) ([]byte, any, error)
+	Metadata(regs []*Registration) ([]byte, error)
+	// LoadRemote returns the remote's name and registered regions.
+	LoadRemote(md []byte) (name string, regions []RemoteRegion, err error)
+	Invalidate(name string) error
+	Prep(remote string, kind MemKind, descs []Desc) (any, error)
+	Unprep(h any) error
+	Post(x *Xfer) error
+	Status(x *Xfer) (XferState, error)
+	Release(x *Xfer) error
+	GenNotif(remote string, msg []byte) error
+	Notifs() ([]Notif, error)
+	// NotifyC is signalled when notifications arrive (nil: poll Notifs).
+	NotifyC() <-chan struct{}
+	Close() error
 }
 
-// progressSignaller is a backend that signals when a transfer may have
+// The methods an engine may have besides Backend's, which the Agent's
+// methods of the same name report (nothing, 0 or true on an engine
+// without them). An engine in a package of its own asserts the ones it
+// has at compile time.
+type (
+	PostFencer   interface{ PostsFenced() uint64 }
+	WriteRefuser interface {
+		WritesRefused() (refused, strayAcks uint64)
+	}
+	RemoteChecker  interface{ RemoteUsable(remote string) bool }
+	ProgressKeeper interface{ KeepProgress(d time.Duration) }
+)
+
+// ProgressSignaller is a backend that signals when a transfer may have
 // reached a final state, so the completion watcher need not poll it.
-type progressSignaller interface {
-	progressC() <-chan struct{}
+type ProgressSignaller interface {
+	ProgressC() <-chan struct{}
 }
 
-type remoteRegion struct {
+type RemoteRegion struct {
 	Kind MemKind
 	Desc
 }
@@ -161,7 +174,7 @@ type remoteRegion struct {
 type Registration struct {
 	Kind   MemKind
 	Descs  []Desc
-	handle any
+	Handle any
 	pinner *runtime.Pinner
 	owned  bool // engine-allocated
 }
@@ -171,7 +184,7 @@ type Prepped struct {
 	Remote string // "" for local
 	Kind   MemKind
 	Descs  []Desc
-	handle any
+	Handle any
 	agent  *Agent
 	deregs uint64 // the agent's deregistration count when last checked
 	gen    uint64 // remote lists: the remote's metadata generation at prep
@@ -179,17 +192,17 @@ type Prepped struct {
 
 // Xfer is a transfer request built from prepared lists by index.
 type Xfer struct {
-	Op     Op
-	Remote string
-	Local  []Desc
-	Dst    []Desc // remote descriptors, pairwise with Local
-	Notif  []byte // nil: no notification
-	local  *Prepped
-	remote *Prepped
-	li, ri []int
-	posted time.Time
-	handle any
-	pieces atomic.Int64 // operations of the last post after coalescing (Pieces)
+	Op                  Op
+	Remote              string
+	Local               []Desc
+	Dst                 []Desc // remote descriptors, pairwise with Local
+	Notif               []byte // nil: no notification
+	LocalPrep           *Prepped
+	RemotePrep          *Prepped
+	LocalIdx, RemoteIdx []int
+	posted              time.Time
+	Handle              any
+	pieces              atomic.Int64 // operations of the last post after coalescing (Pieces)
 
 	// Set by the agent's completion watcher (under Agent.wmu) and
 	// published by closing done.
@@ -239,12 +252,12 @@ func (a *Agent) CorruptReads(n int, min uint64) {
 
 // corruptRead is CorruptReads' flip, at a READ's completion (under wmu).
 func (a *Agent) corruptRead(x *Xfer) {
-	if x.Op != Read || x.local == nil || x.local.Kind != DRAM || a.corruptReads.Load() <= 0 {
+	if x.Op != Read || x.LocalPrep == nil || x.LocalPrep.Kind != DRAM || a.corruptReads.Load() <= 0 {
 		return
 	}
 	var d Desc
-	for _, i := range x.li {
-		if l := x.local.Descs[i]; l.Len > d.Len {
+	for _, i := range x.LocalIdx {
+		if l := x.LocalPrep.Descs[i]; l.Len > d.Len {
 			d = l
 		}
 	}
@@ -256,10 +269,10 @@ func (a *Agent) corruptRead(x *Xfer) {
 
 // corrupt is CorruptWrites' flip, at post (under wmu).
 func (a *Agent) corrupt(x *Xfer) {
-	if x.Op != Write || x.Notif == nil || x.local == nil || x.local.Kind != DRAM || len(x.li) == 0 || a.corruptWrites.Load() <= 0 {
+	if x.Op != Write || x.Notif == nil || x.LocalPrep == nil || x.LocalPrep.Kind != DRAM || len(x.LocalIdx) == 0 || a.corruptWrites.Load() <= 0 {
 		return
 	}
-	d := x.local.Descs[x.li[len(x.li)/2]]
+	d := x.LocalPrep.Descs[x.LocalIdx[len(x.LocalIdx)/2]]
 	if d.Len == 0 || a.corruptWrites.Add(-1) < 0 {
 		return
 	}
@@ -278,7 +291,7 @@ var canariesOff atomic.Bool
 func (a *Agent) plantCanaries(x *Xfer) {
 	x.cancelled = false
 	x.planted, x.tails = x.planted[:0], x.tails[:0]
-	if x.Op != Read || x.local.Kind != DRAM || canariesOff.Load() {
+	if x.Op != Read || x.LocalPrep.Kind != DRAM || canariesOff.Load() {
 		return
 	}
 	for k, d := range x.Local {
@@ -336,7 +349,7 @@ type Agent struct {
 	corruptMin                  atomic.Uint64
 	name                        string
 	engine                      string
-	b                           backend
+	b                           Backend
 	timeout                     time.Duration
 
 	// loadMu orders remote (re)loads against posts: a post holds it for
@@ -348,10 +361,10 @@ type Agent struct {
 
 	mu      sync.Mutex
 	regs    map[*Registration]struct{}
-	remotes map[string]*regionIndex
+	remotes map[string]*RegionIndex
 	gens    map[string]uint64 // each remote's metadata generation
 	// localIdx indexes registered memory; nil after a (de)registration.
-	localIdx *regionIndex
+	localIdx *RegionIndex
 	// deregs counts deregistrations: a local list prepared before one is
 	// checked again at its next post.
 	deregs uint64
@@ -377,6 +390,39 @@ type Agent struct {
 	watcherDone chan struct{}
 }
 
+// engines holds the engines that live in packages of their own (the ucx
+// engine, internal/nixl/ucx): each registers its opener at init, so the
+// package that imports it — kvmanager does — makes it available to Open,
+// and this package depends on none of them.
+var registered struct {
+	sync.Mutex
+	open map[string]func(Config) (Backend, error)
+}
+
+// RegisterEngine makes the engine name (EngineUCX) openable: called by
+// the engine's package at init. A second registration of a name panics.
+func RegisterEngine(name string, open func(Config) (Backend, error)) {
+	registered.Lock()
+	defer registered.Unlock()
+	if registered.open == nil {
+		registered.open = map[string]func(Config) (Backend, error){}
+	}
+	if _, dup := registered.open[name]; dup {
+		panic("nixl: engine " + name + " registered twice")
+	}
+	registered.open[name] = open
+}
+
+func openEngine(name string, cfg Config) (Backend, error) {
+	registered.Lock()
+	open := registered.open[name]
+	registered.Unlock()
+	if open == nil {
+		return nil, fmt.Errorf("nixl: engine %q is not linked into this program (import internal/nixl/ucx): %w", name, ErrEngineUnavailable)
+	}
+	return open(cfg)
+}
+
 // Open creates an agent on the configured engine.
 func Open(cfg Config) (*Agent, error) {
 	if cfg.Name == "" {
@@ -386,7 +432,7 @@ func Open(cfg Config) (*Agent, error) {
 		cfg.XferTimeout = 60 * time.Second
 	}
 	a := &Agent{name: cfg.Name, timeout: cfg.XferTimeout, regs: map[*Registration]struct{}{},
-		remotes: map[string]*regionIndex{}, gens: map[string]uint64{}}
+		remotes: map[string]*RegionIndex{}, gens: map[string]uint64{}}
 	var err error
 	switch cfg.Engine {
 	case EngineAuto:
@@ -395,14 +441,14 @@ func Open(cfg Config) (*Agent, error) {
 			break
 		}
 		libErr := err
-		if a.b, err = openUCX(cfg); err != nil {
+		if a.b, err = openEngine(EngineUCX, cfg); err != nil {
 			return nil, fmt.Errorf("nixl: no engine: libnixl: %v; ucx: %w", libErr, err)
 		}
 		a.engine = EngineUCX
 	case EngineLibNIXL:
 		a.b, err = openLibNIXL(cfg)
 	case EngineUCX:
-		a.b, err = openUCX(cfg)
+		a.b, err = openEngine(EngineUCX, cfg)
 	case EngineLoopback:
 		a.b, err = openLoopback(cfg)
 	default:
@@ -435,8 +481,8 @@ const (
 func (a *Agent) watch() {
 	defer close(a.watcherDone)
 	var progress <-chan struct{}
-	if ps, ok := a.b.(progressSignaller); ok {
-		progress = ps.progressC()
+	if ps, ok := a.b.(ProgressSignaller); ok {
+		progress = ps.ProgressC()
 	}
 	idle, sleep := 0, time.Duration(0)
 	timer := time.NewTimer(time.Hour)
@@ -511,10 +557,10 @@ func (a *Agent) poll(x *Xfer) bool {
 // outcome asks the engine for x's state: ok when it is final (or timed
 // out, and then released).
 func (a *Agent) outcome(x *Xfer) (XferState, error, bool) {
-	st, err := a.b.status(x)
+	st, err := a.b.Status(x)
 	switch {
 	case st == InProgress && time.Since(x.posted) > a.timeout:
-		_ = a.b.release(x)
+		_ = a.b.Release(x)
 		return Failed, fmt.Errorf("agent %s: %v to %s in progress after %v: %w", a.name, x.Op, x.Remote, a.timeout, ErrTimeout), true
 	case st == InProgress:
 		return st, nil, false
@@ -567,6 +613,10 @@ func (a *Agent) Name() string { return a.name }
 // Engine returns the engine in use.
 func (a *Agent) Engine() string { return a.engine }
 
+// Backend returns the engine under the agent: its package's own tests
+// reach their engine's state through it.
+func (a *Agent) Backend() Backend { return a.b }
+
 func (a *Agent) check() error {
 	if a.closed {
 		return fmt.Errorf("agent %s: %w", a.name, ErrClosed)
@@ -618,11 +668,11 @@ func (a *Agent) register(kind MemKind, descs []Desc, p *runtime.Pinner) (*Regist
 	if err := a.check(); err != nil {
 		return nil, err
 	}
-	h, err := a.b.register(kind, descs)
+	h, err := a.b.Register(kind, descs)
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: register: %w", a.name, err)
 	}
-	r := &Registration{Kind: kind, Descs: append([]Desc(nil), descs...), handle: h, pinner: p}
+	r := &Registration{Kind: kind, Descs: append([]Desc(nil), descs...), Handle: h, pinner: p}
 	a.regs[r] = struct{}{}
 	a.localIdx = nil
 	return r, nil
@@ -640,11 +690,11 @@ func (a *Agent) Alloc(size uint64) (*Registration, []byte, error) {
 	if err := a.check(); err != nil {
 		return nil, nil, err
 	}
-	buf, h, err := a.b.alloc(DRAM, size)
+	buf, h, err := a.b.Alloc(DRAM, size)
 	if err != nil {
 		return nil, nil, fmt.Errorf("agent %s: alloc %d bytes: %w", a.name, size, err)
 	}
-	r := &Registration{Kind: DRAM, Descs: []Desc{BytesDesc(buf)}, handle: h, owned: true}
+	r := &Registration{Kind: DRAM, Descs: []Desc{BytesDesc(buf)}, Handle: h, owned: true}
 	a.regs[r] = struct{}{}
 	a.localIdx = nil
 	return r, buf, nil
@@ -660,7 +710,7 @@ func (a *Agent) Deregister(r *Registration) error {
 	delete(a.regs, r)
 	a.localIdx = nil
 	a.deregs++
-	err := a.b.deregister(r.handle)
+	err := a.b.Deregister(r.Handle)
 	if r.pinner != nil {
 		r.pinner.Unpin()
 	}
@@ -684,7 +734,7 @@ func (a *Agent) Metadata() ([]byte, error) {
 	if err := a.check(); err != nil {
 		return nil, err
 	}
-	md, err := a.b.metadata(a.sortedRegs())
+	md, err := a.b.Metadata(a.sortedRegs())
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: metadata: %w", a.name, err)
 	}
@@ -701,7 +751,7 @@ func (a *Agent) LoadRemote(md []byte) (string, error) {
 	if err := a.check(); err != nil {
 		return "", err
 	}
-	name, regions, err := a.b.loadRemote(md)
+	name, regions, err := a.b.LoadRemote(md)
 	if err != nil {
 		if errors.Is(err, ErrBadMetadata) {
 			a.refusedMD.Add(1)
@@ -716,7 +766,7 @@ func (a *Agent) LoadRemote(md []byte) (string, error) {
 		}
 		return "", fmt.Errorf("agent %s: load remote metadata: %w", a.name, err)
 	}
-	a.remotes[name] = newRegionIndex(regions)
+	a.remotes[name] = NewRegionIndex(regions)
 	a.gens[name]++
 	return name, nil
 }
@@ -726,8 +776,8 @@ func (a *Agent) LoadRemote(md []byte) (string, error) {
 // since (libnixl: NIXL <= 1.4.0 may still hold, or have freed, the
 // failed remote's endpoint; 0 on other engines).
 func (a *Agent) PostsFenced() uint64 {
-	if f, ok := a.b.(interface{ fencedPosts() uint64 }); ok {
-		return f.fencedPosts()
+	if f, ok := a.b.(PostFencer); ok {
+		return f.PostsFenced()
 	}
 	return 0
 }
@@ -738,8 +788,8 @@ func (a *Agent) PostsFenced() uint64 {
 // no write of its own in flight (0 on other engines). A refused write is
 // not copied; its sender's transfer fails.
 func (a *Agent) WritesRefused() (refused, strayAcks uint64) {
-	if f, ok := a.b.(interface{ amRefusals() (uint64, uint64) }); ok {
-		return f.amRefusals()
+	if f, ok := a.b.(WriteRefuser); ok {
+		return f.WritesRefused()
 	}
 	return 0, 0
 }
@@ -773,8 +823,8 @@ func (a *Agent) RemoteUsable(remote string) bool {
 	if !ok {
 		return false
 	}
-	if u, isU := a.b.(interface{ remoteUsable(string) bool }); isU {
-		return u.remoteUsable(remote)
+	if u, isU := a.b.(RemoteChecker); isU {
+		return u.RemoteUsable(remote)
 	}
 	return true
 }
@@ -795,7 +845,7 @@ func (a *Agent) InvalidateRemote(name string) error {
 	}
 	delete(a.remotes, name)
 	a.gens[name]++
-	return a.b.invalidate(name)
+	return a.b.Invalidate(name)
 }
 
 // PrepLocal prepares local descriptors; each must lie inside memory this
@@ -819,7 +869,7 @@ func (a *Agent) prep(remote string, kind MemKind, descs []Desc) (*Prepped, error
 	if err := a.check(); err != nil {
 		return nil, err
 	}
-	var regions *regionIndex
+	var regions *RegionIndex
 	if remote == "" {
 		regions = a.localIndex()
 	} else {
@@ -838,24 +888,24 @@ func (a *Agent) prep(remote string, kind MemKind, descs []Desc) (*Prepped, error
 				a.name, where, i, kind, d.Addr, d.Len, d.Dev, ErrInvalidDescriptor)
 		}
 	}
-	h, err := a.b.prep(remote, kind, descs)
+	h, err := a.b.Prep(remote, kind, descs)
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: prep %s: %w", a.name, where, err)
 	}
-	return &Prepped{Remote: remote, Kind: kind, Descs: append([]Desc(nil), descs...), handle: h, agent: a, deregs: a.deregs,
+	return &Prepped{Remote: remote, Kind: kind, Descs: append([]Desc(nil), descs...), Handle: h, agent: a, deregs: a.deregs,
 		gen: a.gens[remote]}, nil
 }
 
 // localIndex indexes the registered memory (a.mu held).
-func (a *Agent) localIndex() *regionIndex {
+func (a *Agent) localIndex() *RegionIndex {
 	if a.localIdx == nil {
-		var all []remoteRegion
+		var all []RemoteRegion
 		for r := range a.regs {
 			for _, d := range r.Descs {
-				all = append(all, remoteRegion{Kind: r.Kind, Desc: d})
+				all = append(all, RemoteRegion{Kind: r.Kind, Desc: d})
 			}
 		}
-		a.localIdx = newRegionIndex(all)
+		a.localIdx = NewRegionIndex(all)
 	}
 	return a.localIdx
 }
@@ -865,7 +915,7 @@ func (a *Agent) localIndex() *regionIndex {
 // memory (a.mu held): a post must never read or write memory that was
 // given back.
 func (a *Agent) stillRegistered(x *Xfer) error {
-	p := x.local
+	p := x.LocalPrep
 	if p.deregs == a.deregs {
 		return nil
 	}
@@ -880,16 +930,16 @@ func (a *Agent) stillRegistered(x *Xfer) error {
 	return nil
 }
 
-// regionIndex is a set of regions sorted by address, for O(log n) lookups
+// RegionIndex is a set of regions sorted by address, for O(log n) lookups
 // of the region that holds a descriptor.
-type regionIndex struct {
-	r      []remoteRegion
+type RegionIndex struct {
+	r      []RemoteRegion
 	pos    []int    // pos[i]: r[i]'s position in the list given to newRegionIndex
 	maxEnd []uint64 // maxEnd[i]: the largest end of r[0..i]
 }
 
-func newRegionIndex(rs []remoteRegion) *regionIndex {
-	idx := &regionIndex{pos: make([]int, len(rs))}
+func NewRegionIndex(rs []RemoteRegion) *RegionIndex {
+	idx := &RegionIndex{pos: make([]int, len(rs))}
 	for i := range idx.pos {
 		idx.pos[i] = i
 	}
@@ -903,9 +953,9 @@ func newRegionIndex(rs []remoteRegion) *regionIndex {
 	return idx
 }
 
-// lookup returns the original position of a region of kind containing d,
+// Lookup returns the original position of a region of kind containing d,
 // or −1.
-func (idx *regionIndex) lookup(kind MemKind, d Desc) int {
+func (idx *RegionIndex) Lookup(kind MemKind, d Desc) int {
 	if i := idx.find(kind, d); i >= 0 {
 		return idx.pos[i]
 	}
@@ -916,7 +966,7 @@ func (idx *regionIndex) lookup(kind MemKind, d Desc) int {
 // It scans left from the last region starting at or below d only while some
 // region that far left could still reach d's end (regions of different
 // kinds may overlap numerically), so disjoint regions cost one step.
-func (idx *regionIndex) find(kind MemKind, d Desc) int {
+func (idx *RegionIndex) find(kind MemKind, d Desc) int {
 	for i := sort.Search(len(idx.r), func(i int) bool { return idx.r[i].Addr > d.Addr }) - 1; i >= 0 && idx.maxEnd[i] >= mem.End(d); i-- {
 		if idx.r[i].Kind == kind && mem.Contains(idx.r[i].Desc, d) {
 			return i
@@ -927,12 +977,12 @@ func (idx *regionIndex) find(kind MemKind, d Desc) int {
 
 // Release frees a prepared list.
 func (p *Prepped) Release() error {
-	if p.handle == nil {
+	if p.Handle == nil {
 		return nil
 	}
-	h := p.handle
-	p.handle = nil
-	return p.agent.b.unprep(h)
+	h := p.Handle
+	p.Handle = nil
+	return p.agent.b.Unprep(h)
 }
 
 // NewXfer builds a transfer: local descriptors li of local, remote
@@ -949,13 +999,13 @@ func (a *Agent) NewXfer(op Op, local *Prepped, li []int, remote *Prepped, ri []i
 		return bad("prepared lists must come from this agent")
 	case local.Remote != "" || remote.Remote == "":
 		return bad("need a local and a remote prepared list")
-	case local.handle == nil || remote.handle == nil:
+	case local.Handle == nil || remote.Handle == nil:
 		return bad("prepared list released")
 	case len(li) != len(ri) || len(li) == 0:
 		return bad("%d local and %d remote indices", len(li), len(ri))
 	}
 	x := &Xfer{Op: op, Remote: remote.Remote, Local: make([]Desc, len(li)), Dst: make([]Desc, len(ri)),
-		local: local, remote: remote, li: li, ri: ri}
+		LocalPrep: local, RemotePrep: remote, LocalIdx: li, RemoteIdx: ri}
 	if notif != nil {
 		x.Notif = append([]byte{}, notif...)
 	}
@@ -990,7 +1040,7 @@ func (a *Agent) PostTo(x *Xfer, done chan<- *Xfer) error {
 		return err
 	}
 	_, ok := a.remotes[x.Remote]
-	stale := a.gens[x.Remote] != x.remote.gen
+	stale := a.gens[x.Remote] != x.RemotePrep.gen
 	regErr := a.stillRegistered(x)
 	a.mu.Unlock()
 	if !ok {
@@ -1013,7 +1063,7 @@ func (a *Agent) PostTo(x *Xfer, done chan<- *Xfer) error {
 	a.wmu.Unlock()
 	// The engine call runs unlocked (posts on several goroutines proceed
 	// together); x is in no set meanwhile, so the watcher leaves it alone.
-	err := a.b.post(x)
+	err := a.b.Post(x)
 	var st XferState
 	var serr error
 	finished := false
@@ -1088,7 +1138,7 @@ func (a *Agent) Release(x *Xfer) error {
 	if closed {
 		return nil // Close freed the engine's side
 	}
-	return a.b.release(x)
+	return a.b.Release(x)
 }
 
 // GenNotif sends a notification with no data.
@@ -1103,7 +1153,7 @@ func (a *Agent) GenNotif(remote string, msg []byte) error {
 	if !ok {
 		return fmt.Errorf("agent %s: notify %q: %w", a.name, remote, ErrRemoteUnknown)
 	}
-	return a.b.genNotif(remote, msg)
+	return a.b.GenNotif(remote, msg)
 }
 
 // KeepProgress makes the agent progress its engine for d although it
@@ -1112,20 +1162,20 @@ func (a *Agent) GenNotif(remote string, msg []byte) error {
 // progress thread, whose peers' first read waits for this side's
 // wire-up); elsewhere it does nothing.
 func (a *Agent) KeepProgress(d time.Duration) {
-	if k, ok := a.b.(interface{ keepProgress(time.Duration) }); ok {
-		k.keepProgress(d)
+	if k, ok := a.b.(ProgressKeeper); ok {
+		k.KeepProgress(d)
 	}
 }
 
 // Notifs drains the notifications received since the last call, in
 // arrival order.
-func (a *Agent) Notifs() ([]Notif, error) { return a.b.notifs() }
+func (a *Agent) Notifs() ([]Notif, error) { return a.b.Notifs() }
 
 // NotifyC returns a channel that receives a value when notifications may be
 // waiting, so a consumer can block instead of polling Notifs; nil for
 // engines that cannot signal (poll then). Several arrivals may share one
 // signal: drain Notifs after each.
-func (a *Agent) NotifyC() <-chan struct{} { return a.b.notifyC() }
+func (a *Agent) NotifyC() <-chan struct{} { return a.b.NotifyC() }
 
 // Close releases everything; transfers in flight fail. Idempotent.
 func (a *Agent) Close() error {
@@ -1147,7 +1197,7 @@ func (a *Agent) Close() error {
 		a.settle(x, Failed, fmt.Errorf("agent %s: %v to %s: %w", a.name, x.Op, x.Remote, ErrClosed))
 	}
 	a.inflight = map[*Xfer]struct{}{}
-	err := a.b.close()
+	err := a.b.Close()
 	a.wmu.Unlock()
 	for _, r := range regs {
 		if r.pinner != nil {

@@ -64,10 +64,10 @@ func TestNIXLBlobWalk(t *testing.T) {
 // envelopeWith is md with its NIXL blob replaced.
 func envelopeWith(t *testing.T, a *Agent, md, payload []byte) []byte {
 	t.Helper()
-	m, err := decodeMetadata(md, EngineLibNIXL, a.b.(*libnixl).library)
+	m, err := DecodeMetadata(md, EngineLibNIXL, a.b.(*libnixl).library)
 	require.NoError(t, err)
-	m.payload = payload
-	return m.encode()
+	m.Payload = payload
+	return m.Encode()
 }
 
 // TestLibNIXLBadThenGenuineMetadata (issue 22 item 3): NIXL 1.4.0 keeps
@@ -93,13 +93,13 @@ func TestLibNIXLBadThenGenuineMetadata(t *testing.T) {
 				_, dst, _ := tgt.Alloc(1 << 16)
 				md, err := tgt.Metadata()
 				require.NoError(t, err)
-				m, err := decodeMetadata(md, EngineLibNIXL, ini.b.(*libnixl).library)
+				m, err := DecodeMetadata(md, EngineLibNIXL, ini.b.(*libnixl).library)
 				require.NoError(t, err)
 				if goodFirst {
 					_, err := ini.LoadRemote(md)
 					require.NoError(t, err)
 				}
-				for name, b := range issue22Blobs(m.payload) {
+				for name, b := range issue22Blobs(m.Payload) {
 					_, err := ini.LoadRemote(envelopeWith(t, ini, md, b))
 					require.ErrorIs(t, err, ErrBadMetadata, "%s", name)
 				}

@@ -185,7 +185,7 @@ func parseNIXLMD(b []byte) (*nixlMD, error) {
 // learnLocal parses this agent's own NIXL blob: when it is NIXL's
 // serialization with a UCX connection, peers' UCX worker addresses are
 // checked against it from now on.
-func (n *libnixl) learnLocal(ver ucxVersion) error {
+func (n *libnixl) learnLocal(ver UCXVersion) error {
 	var data unsafe.Pointer
 	var ln C.size_t
 	if err := nxErr("nixl_capi_get_local_md", C.nx_get_local_md2(n.l, n.agent, &data, &ln)); err != nil {
@@ -205,7 +205,7 @@ func (n *libnixl) learnLocal(ver ucxVersion) error {
 
 // nixlLocal is the address check for a NIXL whose own blob is own (nil:
 // not NIXL's serialization, or no UCX connection in it: nothing to check).
-func nixlLocal(own []byte, ver ucxVersion) (*ucxLocal, error) {
+func nixlLocal(own []byte, ver UCXVersion) (*UCXLocal, error) {
 	md, err := parseNIXLMD(own)
 	if err != nil {
 		return nil, nil
@@ -214,11 +214,11 @@ func nixlLocal(own []byte, ver ucxVersion) (*ucxLocal, error) {
 	if !ok {
 		return nil, nil
 	}
-	if ver == (ucxVersion{}) {
+	if ver == (UCXVersion{}) {
 		return nil, fmt.Errorf("NIXL's UCX backend is loaded but no libucp is mapped in this process: "+
 			"peers' UCX worker addresses could not be validated: %w", ErrEngineUnavailable)
 	}
-	l, err := newUCXLocal(addr, ver)
+	l, err := NewUCXLocal(addr, ver)
 	if err != nil {
 		return nil, fmt.Errorf("NIXL's UCX: %v: %w", err, ErrEngineUnavailable)
 	}
@@ -226,15 +226,15 @@ func nixlLocal(own []byte, ver ucxVersion) (*ucxLocal, error) {
 }
 
 // checkPeer validates the part of a peer's NIXL blob kvbridge can parse.
-func (n *libnixl) checkPeer(m *metadataBlob) error {
+func (n *libnixl) checkPeer(m *MetadataBlob) error {
 	if n.local == nil && n.serdes {
 		// No UCX address to check (a NIXL without UCX connection info),
 		// but the blob is still walked to its end.
-		md, err := parseNIXLMD(m.payload)
+		md, err := parseNIXLMD(m.Payload)
 		if err != nil {
 			return fmt.Errorf("NIXL metadata: %v: %w", err, ErrBadMetadata)
 		}
-		if md.agent != m.agent {
+		if md.agent != m.Agent {
 			return fmt.Errorf("NIXL metadata names the agent %q: %w", md.agent, ErrBadMetadata)
 		}
 		return nil
@@ -242,25 +242,25 @@ func (n *libnixl) checkPeer(m *metadataBlob) error {
 	return checkNIXLPeer(n.local, m)
 }
 
-func checkNIXLPeer(l *ucxLocal, m *metadataBlob) error {
+func checkNIXLPeer(l *UCXLocal, m *MetadataBlob) error {
 	if l == nil {
 		return nil
 	}
-	md, err := parseNIXLMD(m.payload)
+	md, err := parseNIXLMD(m.Payload)
 	if err != nil {
 		return fmt.Errorf("NIXL metadata: %v: %w", err, ErrBadMetadata)
 	}
-	if md.agent != m.agent {
+	if md.agent != m.Agent {
 		return fmt.Errorf("NIXL metadata names the agent %q: %w", md.agent, ErrBadMetadata)
 	}
 	addr, ok := md.conns["UCX"]
 	if !ok {
 		return fmt.Errorf("NIXL metadata has no UCX connection info: %w", ErrBadMetadata)
 	}
-	if len(addr) > maxWorkerAddress {
-		return fmt.Errorf("NIXL's UCX worker address of %d bytes exceeds %d: %w", len(addr), maxWorkerAddress, ErrBadMetadata)
+	if len(addr) > MaxWorkerAddress {
+		return fmt.Errorf("NIXL's UCX worker address of %d bytes exceeds %d: %w", len(addr), MaxWorkerAddress, ErrBadMetadata)
 	}
-	if _, err := l.checkAddress(addr); err != nil {
+	if _, err := l.CheckAddress(addr); err != nil {
 		return fmt.Errorf("NIXL's UCX worker address (%d bytes): %v: %w", len(addr), err, ErrBadMetadata)
 	}
 	return nil

@@ -27,12 +27,17 @@ static int kvb_populate(uintptr_t addr, size_t len) {
 	}
 	return 0;
 }
+
+static char *kvb_host_ptr(uintptr_t addr) { return (char *)addr; }
 */
 import "C"
 
 import (
 	"fmt"
 	"syscall"
+	"unsafe"
+
+	"github.com/kvbridge/kvbridge/internal/canary"
 )
 
 // Populate faults in the pages of host memory ahead of use, so that the
@@ -50,4 +55,22 @@ func Populate(descs ...Desc) error {
 		}
 	}
 	return nil
+}
+
+// view returns registered memory (C, engine-mapped, or pinned Go memory) as
+// a byte slice; the conversion goes through C so no uintptr becomes a Go
+// pointer in Go code.
+func view(addr uintptr, n uint64) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(C.kvb_host_ptr(C.uintptr_t(addr)))), int(n))
+}
+
+// plantTails saves the 8 bytes at each address of tails into saved and
+// writes canary there (READ canaries: one cgo call a READ).
+func plantTails(tails []uint64, v uint64, saved []uint64) { canary.PlantSaving(tails, v, saved) }
+
+// settleTails returns the first i whose tail still holds canary or holds
+// one of others (-1 if none), and with restore puts saved[i] back at every
+// tail still holding canary.
+func settleTails(tails []uint64, v uint64, saved, others []uint64, restore bool) int {
+	return canary.Settle(tails, v, saved, others, restore)
 }

@@ -61,45 +61,6 @@ func TestLibraryPathsOnlyThroughFromEnv(t *testing.T) {
 	assert.Equal(t, "/given/libcuda.so.1", c.CUDALib, "FromEnv replaced a path the Config gave")
 }
 
-// TestUCXSettingsOnlyThroughFromEnv: the ucx engine decides on TLS,
-// UNIFIED_MODE and ADAPTIVE_PROGRESS from Config.UCX alone (issue 50), and
-// gives UCX — which reads its UCX_* variables itself — the value it
-// decided on, so the variables, set here, change nothing until FromEnv
-// copies them into a Config, where the Config names no such key, never
-// into the map a caller passed.
-func TestUCXSettingsOnlyThroughFromEnv(t *testing.T) {
-	t.Setenv("UCX_TLS", "tcp")
-	t.Setenv("UCX_UNIFIED_MODE", "y")
-	t.Setenv("UCX_ADAPTIVE_PROGRESS", "y")
-	keys := map[string]string{}
-	tls, adaptive, err := ucxChoices(keys)
-	require.NoError(t, err, "UCX_UNIFIED_MODE=y, no UNIFIED_MODE in Config.UCX: refused")
-	assert.Equal(t, "all", tls, "TLS without Config.UCX's TLS")
-	assert.False(t, adaptive, "adaptive progress without Config.UCX's ADAPTIVE_PROGRESS")
-	assert.Equal(t, map[string]string{"TLS": "all", "UNIFIED_MODE": "n", "ADAPTIVE_PROGRESS": "n"}, keys, "what UCX is given")
-
-	// UCX itself sees the variables; the settings given override them.
-	a, err := Open(Config{Name: "ucx-env-ignored", Engine: EngineUCX, UCX: allUCX})
-	require.NoError(t, err, "with UCX_UNIFIED_MODE=y and UCX_TLS=tcp in the environment")
-	u := a.b.(*ucx)
-	assert.True(t, u.sharedMem && u.peerErrors && !u.adaptiveOn, "sharedMem %v, peerErrors %v, adaptiveOn %v: not UCX's defaults", u.sharedMem, u.peerErrors, u.adaptiveOn)
-	require.NoError(t, a.Close())
-
-	shared := map[string]string{"NET_DEVICES": "lo"}
-	c := Config{UCX: shared}
-	c.FromEnv()
-	assert.Equal(t, map[string]string{"NET_DEVICES": "lo", "TLS": "tcp", "UNIFIED_MODE": "y", "ADAPTIVE_PROGRESS": "y"}, c.UCX, "FromEnv")
-	assert.Equal(t, map[string]string{"NET_DEVICES": "lo"}, shared, "FromEnv wrote into the caller's map")
-	c = Config{UCX: map[string]string{"TLS": "posix,cma,self", "UNIFIED_MODE": "n", "ADAPTIVE_PROGRESS": "n"}}
-	c.FromEnv()
-	assert.Equal(t, map[string]string{"TLS": "posix,cma,self", "UNIFIED_MODE": "n", "ADAPTIVE_PROGRESS": "n"}, c.UCX, "FromEnv replaced settings the Config gave")
-	c = Config{Name: "ucx-env-unified", Engine: EngineUCX}
-	c.FromEnv()
-	_, err = Open(c)
-	require.ErrorIs(t, err, ErrUnsupported, "UNIFIED_MODE=y through FromEnv")
-	require.ErrorContains(t, err, "Config.UCX UNIFIED_MODE=y", "UNIFIED_MODE=y through FromEnv")
-}
-
 // TestCUDADriverOnlyThroughConfig: the VRAM engines load the CUDA driver
 // Config.CUDALib names, whatever KVBRIDGE_CUDA_LIB says (issue 50); empty,
 // the driver this process already opened (here the test binary's: the GPU's
@@ -123,18 +84,4 @@ func TestCUDADriverOnlyThroughConfig(t *testing.T) {
 			require.NoError(t, a.Close(), engine)
 		}
 	})
-}
-
-// TestOneUCXPerProcess: libucp is loaded once per process; an agent that
-// names another one than the process loaded is refused, naming both.
-func TestOneUCXPerProcess(t *testing.T) {
-	a, err := Open(Config{Name: "one-ucx-a", Engine: EngineUCX, UCX: shmUCX})
-	require.NoError(t, err)
-	defer a.Close()
-	_, err = Open(Config{Name: "one-ucx-b", Engine: EngineUCX, UCX: shmUCX, UCXLib: "/another/libucp.so.0"})
-	require.ErrorIs(t, err, ErrInvalidRequest)
-	require.ErrorContains(t, err, "Config.UCXLib /another/libucp.so.0")
-	c, err := Open(Config{Name: "one-ucx-c", Engine: EngineUCX, UCX: shmUCX, UCXLib: ucxLib.path})
-	require.NoError(t, err, "the path the process loaded")
-	c.Close()
 }

@@ -394,7 +394,7 @@ func TestReadCanariesOfOverlappingReads(t *testing.T) {
 	}
 	a := &Agent{canaried: map[*Xfer]struct{}{}}
 	local := &Prepped{Kind: DRAM}
-	mk := func() *Xfer { return &Xfer{Op: Read, local: local, Local: []Desc{BytesDesc(buf)}} }
+	mk := func() *Xfer { return &Xfer{Op: Read, LocalPrep: local, Local: []Desc{BytesDesc(buf)}} }
 	le := func(v uint64) []byte { return binary.LittleEndian.AppendUint64(nil, v) }
 
 	reset()

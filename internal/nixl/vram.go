@@ -54,12 +54,12 @@ func cudaContext(lib string, dev int) (*cuda.Context, error) {
 // device memory (CUDA unified addressing), and returns once the bytes are
 // in place.
 func deviceCopy(lib string, dev int, dst, src uintptr, n uint64) error {
-	return deviceCopies(lib, dev, []uintptr{dst}, []uintptr{src}, []uint64{n})
+	return DeviceCopies(lib, dev, []uintptr{dst}, []uintptr{src}, []uint64{n})
 }
 
-// deviceCopies queues every copy on the device's stream in one call and
+// DeviceCopies queues every copy on the device's stream in one call and
 // waits once: a request of 4,096 pages costs one synchronisation, not 4,096.
-func deviceCopies(lib string, dev int, dst, src []uintptr, n []uint64) error {
+func DeviceCopies(lib string, dev int, dst, src []uintptr, n []uint64) error {
 	if _, err := cudaContext(lib, dev); err != nil {
 		return err
 	}
@@ -80,11 +80,11 @@ func deviceCopies(lib string, dev int, dst, src []uintptr, n []uint64) error {
 	return s.Sync()
 }
 
-// vramKey is what metadata carries for a VRAM region: the CUDA IPC handle
+// VRAMKey is what metadata carries for a VRAM region: the CUDA IPC handle
 // of its allocation, the allocation's base, and the exporting process's
 // random id (not its PID: processes in different containers on one node
 // can share a PID).
-type vramKey struct {
+type VRAMKey struct {
 	handle cuda.IPCHandle
 	base   uint64
 	proc   uint64
@@ -101,14 +101,14 @@ var processID = func() uint64 {
 	return binary.LittleEndian.Uint64(b[:]) | 1
 }()
 
-func (k vramKey) encode() []byte {
+func (k VRAMKey) Encode() []byte {
 	b := append([]byte{}, k.handle[:]...)
 	b = binary.LittleEndian.AppendUint64(b, k.base)
 	return binary.LittleEndian.AppendUint64(b, k.proc)
 }
 
-func decodeVRAMKey(b []byte) (vramKey, error) {
-	var k vramKey
+func DecodeVRAMKey(b []byte) (VRAMKey, error) {
+	var k VRAMKey
 	if len(b) != vramKeyLen {
 		return k, fmt.Errorf("VRAM region key of %d bytes, want %d: %w", len(b), vramKeyLen, ErrBadMetadata)
 	}
@@ -118,27 +118,27 @@ func decodeVRAMKey(b []byte) (vramKey, error) {
 	return k, nil
 }
 
-// exportVRAM builds the key of a VRAM region (lib: Config.CUDALib).
-func exportVRAM(lib string, d Desc) (vramKey, error) {
+// ExportVRAM builds the key of a VRAM region (lib: Config.CUDALib).
+func ExportVRAM(lib string, d Desc) (VRAMKey, error) {
 	c, err := cudaContext(lib, int(d.Dev))
 	if err != nil {
-		return vramKey{}, err
+		return VRAMKey{}, err
 	}
 	base, _, err := c.AddressRange(cuda.DevicePtr(d.Addr))
 	if err != nil {
-		return vramKey{}, err
+		return VRAMKey{}, err
 	}
 	h, err := c.IPCHandle(base)
 	if err != nil {
-		return vramKey{}, err
+		return VRAMKey{}, err
 	}
-	return vramKey{handle: h, base: uint64(base), proc: processID}, nil
+	return VRAMKey{handle: h, base: uint64(base), proc: processID}, nil
 }
 
-// importVRAM maps a peer's VRAM region into this process and returns where
+// ImportVRAM maps a peer's VRAM region into this process and returns where
 // its first byte is; close releases the mapping. A region of this very
 // process is used as is (CUDA refuses to open its own handles).
-func importVRAM(lib string, k vramKey, region Desc, dev int) (addr uintptr, close func() error, err error) {
+func ImportVRAM(lib string, k VRAMKey, region Desc, dev int) (addr uintptr, close func() error, err error) {
 	if k.proc == processID {
 		return region.Addr, func() error { return nil }, nil
 	}

@@ -233,19 +233,19 @@ func TestVRAMCrossProcess(t *testing.T) {
 func TestVRAMKeyNamesTheProcessNotThePID(t *testing.T) {
 	vramCases(t, func(t *testing.T) {
 		p, _ := devAlloc(t, 1<<20)
-		k, err := exportVRAM("", Desc{Addr: uintptr(p), Len: 1 << 20})
+		k, err := ExportVRAM("", Desc{Addr: uintptr(p), Len: 1 << 20})
 		require.NoError(t, err)
-		k2, err := decodeVRAMKey(k.encode())
+		k2, err := DecodeVRAMKey(k.Encode())
 		require.NoError(t, err, "round trip: %+v", k2)
 		require.Equal(t, k, k2, "round trip")
 		region := Desc{Addr: uintptr(p) + 4096, Len: 4096}
-		addr, closer, err := importVRAM("", k, region, 0)
+		addr, closer, err := ImportVRAM("", k, region, 0)
 		require.NoError(t, err, "own key: %#x, want the address itself", addr)
 		require.Equal(t, region.Addr, addr, "own key: want the address itself")
 		closer()
 		other := k
 		other.proc ^= 2
-		addr, closer, err = importVRAM("", other, region, 0)
+		addr, closer, err = ImportVRAM("", other, region, 0)
 		if err == nil {
 			closer()
 			require.NotEqual(t, region.Addr, addr, "another process's key was taken as memory of this process")
@@ -287,22 +287,21 @@ func TestVRAMRegionOutsideItsAllocationRefused(t *testing.T) {
 		a, err := Open(Config{Name: "vram-range", Engine: EngineUCX, UCX: shmUCX})
 		require.NoError(t, err)
 		defer a.Close()
-		u := a.b.(*ucx)
-		m, err := decodeMetadata(c.md, EngineUCX, u.library)
+		m, err := DecodeMetadata(c.md, EngineUCX, ucxLibrary(a))
 		require.NoError(t, err)
 		for _, shift := range []uint64{1 << 20, 1 << 30, 64} {
 			f := *m
-			f.regions = append([]mdRegion(nil), m.regions...)
-			for i, r := range f.regions {
+			f.Regions = append([]MDRegion(nil), m.Regions...)
+			for i, r := range f.Regions {
 				if r.Kind != VRAM {
 					continue
 				}
-				k, err := decodeVRAMKey(r.key)
+				k, err := DecodeVRAMKey(r.Key)
 				require.NoError(t, err)
 				k.base += shift // the region now starts shift bytes below the allocation
-				f.regions[i].key = k.encode()
+				f.Regions[i].Key = k.Encode()
 			}
-			_, err := a.LoadRemote(f.encode())
+			_, err := a.LoadRemote(f.Encode())
 			require.ErrorIs(t, err, ErrBadMetadata, "a VRAM key whose base puts the region %d bytes below its allocation", shift)
 			require.ErrorContains(t, err, "not inside", "a VRAM key whose base puts the region %d bytes below its allocation", shift)
 		}

@@ -1,4 +1,4 @@
-package nixl
+package ucx
 
 import (
 	"os"

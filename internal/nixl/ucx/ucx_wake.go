@@ -1,4 +1,4 @@
-package nixl
+package ucx
 
 /*
 #include <poll.h>
@@ -104,4 +104,12 @@ func (w *ucxWaker) close() {
 	close(w.want)
 	w.f.Close() // wakes a Read in progress with an error
 	<-w.done
+}
+
+// signal makes a non-blocking wake-up on a capacity-1 channel.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
 }

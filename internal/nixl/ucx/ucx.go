@@ -1,8 +1,8 @@
-package nixl
+package ucx
 
 /*
 #cgo LDFLAGS: -ldl
-#cgo CFLAGS: -I${SRCDIR}/../dl
+#cgo CFLAGS: -I${SRCDIR}/../../dl
 #include <stdlib.h>
 #include <string.h>
 #include "ucx_engine.h"
@@ -15,7 +15,6 @@ import "C"
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"sort"
 	"strings"
@@ -24,8 +23,8 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvbridge/kvbridge/internal/canary"
 	_ "github.com/kvbridge/kvbridge/internal/dl" // kvb_dl.h, the one dlopen loader (included by the C files)
+	"github.com/kvbridge/kvbridge/internal/nixl"
 )
 
 // The ucx engine drives libucp directly. One worker per agent, created and
@@ -74,7 +73,7 @@ type ucxMem struct {
 }
 
 type ucxReg struct {
-	kind MemKind
+	kind nixl.MemKind
 	mems []ucxMem
 	// caller: host memory the caller allocated (register, not alloc):
 	// peers' puts into it are emulated and move only while this side
@@ -85,7 +84,7 @@ type ucxReg struct {
 type ucxRemote struct {
 	name    string
 	ep      *C.kvb_ep
-	regions []remoteRegion
+	regions []nixl.RemoteRegion
 	rkeys   []C.ucp_rkey_h
 	// mapped[i] is where region i is mapped in this process (0: not
 	// mappable). Shared-memory transports map peer memory allocated by UCX;
@@ -93,7 +92,7 @@ type ucxRemote struct {
 	mapped  []uintptr
 	views   [][]byte       // DRAM regions mapped here, as byte slices (nil if not)
 	closers []func() error // CUDA IPC mappings to release
-	idx     *regionIndex
+	idx     *nixl.RegionIndex
 	dropped bool // set under copyMu when the mappings go
 }
 
@@ -161,7 +160,7 @@ type ucx struct {
 	active  map[*ucxXfer]struct{}
 	all     map[*ucxXfer]struct{} // every unreleased transfer, freed at shutdown
 	// localIdx/localMems index DRAM registrations; nil after a change.
-	localIdx  *regionIndex
+	localIdx  *nixl.RegionIndex
 	localMems []ucxMem
 	orphans   []ucxOrphan
 	// callerRegs counts the registrations of caller memory (progress
@@ -172,7 +171,7 @@ type ucx struct {
 	sharedMem  bool
 
 	mu    sync.Mutex
-	queue []Notif
+	queue []nixl.Notif
 	wake  chan struct{}
 	// progress is signalled when a transfer reaches a final state.
 	progress chan struct{}
@@ -187,7 +186,7 @@ type ucx struct {
 	// local describes this agent's own UCX (release, transports, FIFO
 	// sizes) for the checks of peers' addresses and keys (addrcheck.go);
 	// library is the release in this agent's metadata blobs.
-	local   *ucxLocal
+	local   *nixl.UCXLocal
 	library string
 	// spans are this agent's DRAM registrations with their packed keys, for
 	// in-process peers' checks (memMu; written by the progress goroutine).
@@ -195,16 +194,11 @@ type ucx struct {
 	spans map[*ucxReg][]ucxMem
 	// selfAddrHeader and selfAddrMin: the checks before the full address
 	// walk (the header byte and a length), kept for the test that shows them
-	// insufficient (legacyAddrCheck).
+	// insufficient (CheckAddressesAsBefore).
 	selfAddrHeader byte
 	selfAddrMin    int
+	legacyCheck    atomic.Bool // CheckAddressesAsBefore
 }
-
-// legacyAddrCheck, set only by tests, checks peers' worker addresses as
-// kvbridge once did: the header byte and the length. Its fuzz
-// test runs a child process with it to show that check lets through
-// addresses that abort the process inside UCX.
-var legacyAddrCheck bool
 
 // ucxProcess holds this process's live ucx agents: a peer whose address
 // names this process is checked against the agent it names.
@@ -229,7 +223,7 @@ func (u *ucx) setSpans(r *ucxReg, mems []ucxMem) {
 
 // registeredKey returns the packed key this agent made for exactly the
 // region d, if it registered it.
-func (u *ucx) registeredKey(d Desc) ([]byte, bool) {
+func (u *ucx) registeredKey(d nixl.Desc) ([]byte, bool) {
 	u.memMu.Lock()
 	defer u.memMu.Unlock()
 	for _, ms := range u.spans {
@@ -242,53 +236,24 @@ func (u *ucx) registeredKey(d Desc) ([]byte, bool) {
 	return nil, false
 }
 
-// inProcessPeer finds the agent of this process a peer's address names,
-// when it names this process: by its worker uuid, by a posix, sysv or cma
-// entry naming this pid, or by a tcp, posix, sysv or self entry one of this
-// process's agents wrote. Then the uuid must be that agent's and every
-// entry of a transport it runs must be its own: an address of an agent here
-// with another agent's (or process's) endpoint is refused. nil when the
-// address names another process.
-func inProcessPeer(a *ucxAddress) (*ucx, error) {
+// inProcessPeer finds the agent of this process a peer's address names
+// (UCXAddress.InProcess), nil when the address names another process.
+func inProcessPeer(a *nixl.UCXAddress) (*ucx, error) {
 	ucxProcess.Lock()
 	defer ucxProcess.Unlock()
-	var named, owner *ucx
+	agents := make([]*ucx, 0, len(ucxProcess.agents))
 	for w := range ucxProcess.agents {
-		if a.hasUUID && w.local.uuid == a.uuid {
-			named = w
-		}
+		agents = append(agents, w)
 	}
-	for i, d := range a.devices {
-		for _, t := range d.ifaces {
-			if tlName(t.csum) == "cma" {
-				continue // every agent here writes the same pid
-			}
-			for w := range ucxProcess.agents {
-				if !w.local.hasEntry(t.csum, d.addr, t.addr) {
-					continue
-				}
-				if owner != nil && owner != w {
-					return nil, fmt.Errorf("device %d: entries of agents %q and %q of this process", i, owner.name, w.name)
-				}
-				owner = w
-			}
-			if named != nil {
-				if _, runs := named.local.own[t.csum]; runs && !named.local.hasEntry(t.csum, d.addr, t.addr) {
-					return nil, fmt.Errorf("device %d: the worker uuid of agent %q of this process with a %s address that is not its own",
-						i, named.name, tlName(t.csum))
-				}
-			}
-		}
+	locals, names := make([]*nixl.UCXLocal, len(agents)), make([]string, len(agents))
+	for i, w := range agents {
+		locals[i], names[i] = w.local, w.name
 	}
-	switch {
-	case named == nil && owner == nil && a.peerPID != os.Getpid():
-		return nil, nil
-	case named == nil:
-		return nil, fmt.Errorf("the address names this process but no agent of it has worker uuid %#x", a.uuid)
-	case owner != nil && owner != named:
-		return nil, fmt.Errorf("worker uuid of agent %q of this process, transport addresses of agent %q", named.name, owner.name)
+	i, err := a.InProcess(locals, names)
+	if err != nil || i < 0 {
+		return nil, err
 	}
-	return named, nil
+	return agents[i], nil
 }
 
 // spinWindow is how long the progress thread keeps polling after activity
@@ -329,7 +294,7 @@ func ucpSettings(in map[string]string) (map[string]string, error) {
 		}
 		if prev, dup := from[name]; dup && out[name] != v {
 			return nil, fmt.Errorf("UCX settings %s=%s and %s=%s: UCX applies %s to every transport, give it one value: %w",
-				prev, out[name], k, v, name, ErrInvalidRequest)
+				prev, out[name], k, v, name, nixl.ErrInvalidRequest)
 		}
 		out[name], from[name] = v, k
 	}
@@ -354,7 +319,7 @@ func loadUCX(path string) error {
 	}
 	if ucxLib.loaded {
 		if path != ucxLib.path && path != "libucp.so.0" {
-			return fmt.Errorf("Config.UCXLib %s: this process already loaded libucp from %s (one UCX per process): %w", path, ucxLib.path, ErrInvalidRequest)
+			return fmt.Errorf("nixl.Config.UCXLib %s: this process already loaded libucp from %s (one UCX per process): %w", path, ucxLib.path, nixl.ErrInvalidRequest)
 		}
 		return nil
 	}
@@ -364,8 +329,8 @@ func loadUCX(path string) error {
 	defer C.free(unsafe.Pointer(cpath))
 	var errbuf [512]C.char
 	if C.kvbu_load(cpath, &errbuf[0], C.size_t(len(errbuf))) != 0 {
-		return fmt.Errorf("UCX is not installed or not loadable (%s); install UCX ≥ 1.13 or set Config.UCXLib (%s in the example binaries) to libucp.so: %w",
-			C.GoString(&errbuf[0]), UCXLibEnv, ErrEngineUnavailable)
+		return fmt.Errorf("UCX is not installed or not loadable (%s); install UCX ≥ 1.13 or set nixl.Config.UCXLib (%s in the example binaries) to libucp.so: %w",
+			C.GoString(&errbuf[0]), nixl.UCXLibEnv, nixl.ErrEngineUnavailable)
 	}
 	ucxLib.loaded, ucxLib.path = true, path
 	return nil
@@ -401,8 +366,8 @@ func ucxChoices(ucpKeys map[string]string) (tls string, adaptive bool, err error
 	}
 	switch strings.ToLower(unified) {
 	case "y", "yes", "on", "1", "true":
-		return "", false, fmt.Errorf("UCX unified mode (Config.UCX UNIFIED_MODE=%s) packs worker addresses in a format "+
-			"kvbridge does not validate: %w", unified, ErrUnsupported)
+		return "", false, fmt.Errorf("UCX unified mode (nixl.Config.UCX UNIFIED_MODE=%s) packs worker addresses in a format "+
+			"kvbridge does not validate: %w", unified, nixl.ErrUnsupported)
 	}
 	setting, ok := ucpKeys["ADAPTIVE_PROGRESS"]
 	if !ok {
@@ -416,7 +381,7 @@ func ucxChoices(ucpKeys map[string]string) (tls string, adaptive bool, err error
 	return tls, true, nil
 }
 
-func openUCX(cfg Config) (backend, error) {
+func openUCX(cfg nixl.Config) (nixl.Backend, error) {
 	if err := loadUCX(cfg.UCXLib); err != nil {
 		return nil, fmt.Errorf("ucx engine: %w", err)
 	}
@@ -441,7 +406,7 @@ func openUCX(cfg Config) (backend, error) {
 	started := make(chan error)
 	go u.run(keys, cfg.UCX, started)
 	if err := <-started; err != nil {
-		return nil, fmt.Errorf("ucx engine: %v: %w", err, ErrEngineUnavailable)
+		return nil, fmt.Errorf("ucx engine: %v: %w", err, nixl.ErrEngineUnavailable)
 	}
 	return u, nil
 }
@@ -501,9 +466,9 @@ func (u *ucx) start(keys []string, vals map[string]string) error {
 	C.free(self)
 	var major, minor, release C.uint
 	C.kvbu_version(&major, &minor, &release)
-	ver := ucxVersion{uint(major), uint(minor), uint(release)}
+	ver := nixl.UCXVersion{Major: uint(major), Minor: uint(minor), Release: uint(release)}
 	u.library = "ucx/" + ver.String()
-	local, err := newUCXLocal(own, ver)
+	local, err := nixl.NewUCXLocal(own, ver)
 	if err != nil {
 		C.kvb_destroy(ctx)
 		return fmt.Errorf("peers' worker addresses could not be validated: %v", err)
@@ -700,13 +665,13 @@ func (u *ucx) do(f func() error) error {
 	select {
 	case u.cmds <- func() { errc <- f() }:
 	case <-u.done:
-		return ErrClosed
+		return nixl.ErrClosed
 	}
 	select {
 	case err := <-errc:
 		return err
 	case <-u.done:
-		return ErrClosed
+		return nixl.ErrClosed
 	}
 }
 
@@ -720,7 +685,7 @@ func (u *ucx) advance() {
 		stage := C.kvb_xfer_advance(u.ctx, x.c, unsafe.Pointer(x.hdr), C.strlen(x.hdr), msg, x.msgLen, notify)
 		switch stage {
 		case C.KVB_XFER_DONE:
-			x.state.Store(uint32(Done))
+			x.state.Store(uint32(nixl.Done))
 			delete(u.active, x)
 			signal(u.progress)
 		case C.KVB_XFER_FAILED:
@@ -733,7 +698,7 @@ func (u *ucx) advance() {
 				s = "the target refused the " + op + ": not memory it has registered (deregistered since its metadata was loaded?), or no longer mapped there"
 			}
 			x.errMsg.Store(&s)
-			x.state.Store(uint32(Failed))
+			x.state.Store(uint32(nixl.Failed))
 			delete(u.active, x)
 			signal(u.progress)
 		}
@@ -755,7 +720,7 @@ func (u *ucx) collectNotifs() {
 		if n == nil {
 			return
 		}
-		nt := Notif{Remote: C.GoStringN(n.name, C.int(n.name_len)), Msg: C.GoBytes(n.data, C.int(n.data_len))}
+		nt := nixl.Notif{Remote: C.GoStringN(n.name, C.int(n.name_len)), Msg: C.GoBytes(n.data, C.int(n.data_len))}
 		C.kvb_notif_free(n)
 		u.mu.Lock()
 		u.queue = append(u.queue, nt)
@@ -764,20 +729,20 @@ func (u *ucx) collectNotifs() {
 	}
 }
 
-func (u *ucx) notifyC() <-chan struct{} { return u.wake }
+func (u *ucx) NotifyC() <-chan struct{} { return u.wake }
 
-func (u *ucx) progressC() <-chan struct{} { return u.progress }
+func (u *ucx) ProgressC() <-chan struct{} { return u.progress }
 
-func (u *ucx) register(kind MemKind, descs []Desc) (any, error) {
+func (u *ucx) Register(kind nixl.MemKind, descs []nixl.Desc) (any, error) {
 	r := &ucxReg{kind: kind}
-	if kind == VRAM {
+	if kind == nixl.VRAM {
 		// Device memory moves by CUDA IPC: peers map it and copy into it.
 		for _, d := range descs {
-			k, err := exportVRAM(u.cudaLib, d)
+			k, err := nixl.ExportVRAM(u.cudaLib, d)
 			if err != nil {
 				return nil, err
 			}
-			r.mems = append(r.mems, ucxMem{addr: d.Addr, len: d.Len, rkey: k.encode()})
+			r.mems = append(r.mems, ucxMem{addr: d.Addr, len: d.Len, rkey: k.Encode()})
 		}
 		return r, u.do(func() error { u.regs[r] = struct{}{}; return nil })
 	}
@@ -833,7 +798,7 @@ func (u *ucx) unmap(r *ucxReg) {
 	r.mems = nil
 }
 
-func (u *ucx) deregister(h any) error {
+func (u *ucx) Deregister(h any) error {
 	r := h.(*ucxReg)
 	return u.do(func() error {
 		u.unmap(r)
@@ -846,7 +811,7 @@ func (u *ucx) deregister(h any) error {
 	})
 }
 
-func (u *ucx) alloc(kind MemKind, size uint64) ([]byte, any, error) {
+func (u *ucx) Alloc(kind nixl.MemKind, size uint64) ([]byte, any, error) {
 	r := &ucxReg{kind: kind}
 	var buf []byte
 	err := u.do(func() error {
@@ -865,45 +830,41 @@ func (u *ucx) alloc(kind MemKind, size uint64) ([]byte, any, error) {
 	return buf, r, err
 }
 
-func (u *ucx) metadata(regs []*Registration) ([]byte, error) {
-	m := metadataBlob{engine: EngineUCX, library: u.library, agent: u.name}
+func (u *ucx) Metadata(regs []*nixl.Registration) ([]byte, error) {
+	m := nixl.MetadataBlob{Engine: nixl.EngineUCX, Library: u.library, Agent: u.name}
 	err := u.do(func() error {
 		var addr unsafe.Pointer
 		var n C.size_t
 		if err := ucxErr("ucp_worker_get_address", C.kvb_worker_address(u.ctx, &addr, &n)); err != nil {
 			return err
 		}
-		m.payload = C.GoBytes(addr, C.int(n))
+		m.Payload = C.GoBytes(addr, C.int(n))
 		C.free(addr)
 		for _, r := range regs {
-			ur := r.handle.(*ucxReg)
+			ur := r.Handle.(*ucxReg)
 			for _, mm := range ur.mems {
-				m.regions = append(m.regions, mdRegion{remoteRegion{r.Kind, Desc{Addr: mm.addr, Len: mm.len}}, mm.rkey})
+				m.Regions = append(m.Regions, nixl.MDRegion{RemoteRegion: nixl.RemoteRegion{Kind: r.Kind, Desc: nixl.Desc{Addr: mm.addr, Len: mm.len}}, Key: mm.rkey})
 			}
 		}
 		return nil
 	})
-	return m.encode(), err
+	return m.Encode(), err
 }
-
-// maxWorkerAddress bounds a peer's UCX worker address (UCX's own are a
-// few hundred bytes; RDMA devices add tens of bytes each).
-const maxWorkerAddress = 16 << 10
 
 // checkWorkerAddress was once the whole check: the header byte
 // and a plausible length. Only the fuzz test's child runs it now
-// (legacyAddrCheck), to show that it lets through addresses that abort the
+// (CheckAddressesAsBefore), to show that it lets through addresses that abort the
 // process in ucp_ep_create.
 func (u *ucx) checkWorkerAddress(addr []byte) error {
 	switch {
 	case len(addr) < u.selfAddrMin:
-		return fmt.Errorf("UCX worker address of %d bytes, want at least %d: %w", len(addr), u.selfAddrMin, ErrBadMetadata)
-	case len(addr) > maxWorkerAddress:
-		return fmt.Errorf("UCX worker address of %d bytes exceeds %d: %w", len(addr), maxWorkerAddress, ErrBadMetadata)
+		return fmt.Errorf("UCX worker address of %d bytes, want at least %d: %w", len(addr), u.selfAddrMin, nixl.ErrBadMetadata)
+	case len(addr) > nixl.MaxWorkerAddress:
+		return fmt.Errorf("UCX worker address of %d bytes exceeds %d: %w", len(addr), nixl.MaxWorkerAddress, nixl.ErrBadMetadata)
 	case addr[0] != u.selfAddrHeader:
 		return fmt.Errorf("UCX worker address header %#02x (version %d), this process writes %#02x (version %d): "+
 			"not an address of this UCX build and configuration: %w",
-			addr[0], addr[0]&0xf, u.selfAddrHeader, u.selfAddrHeader&0xf, ErrBadMetadata)
+			addr[0], addr[0]&0xf, u.selfAddrHeader, u.selfAddrHeader&0xf, nixl.ErrBadMetadata)
 	}
 	return nil
 }
@@ -911,23 +872,23 @@ func (u *ucx) checkWorkerAddress(addr []byte) error {
 // checkPeer validates a peer's worker address and the packed rkeys of its
 // DRAM regions completely (addrcheck.go) before UCX parses any of them: a
 // blob UCX would misread is refused with the reason, never handed on.
-func (u *ucx) checkPeer(m *metadataBlob) error {
-	if legacyAddrCheck {
-		return u.checkWorkerAddress(m.payload)
+func (u *ucx) checkPeer(m *nixl.MetadataBlob) error {
+	if u.legacyCheck.Load() {
+		return u.checkWorkerAddress(m.Payload)
 	}
-	if len(m.payload) > maxWorkerAddress {
-		return fmt.Errorf("UCX worker address of %d bytes exceeds %d: %w", len(m.payload), maxWorkerAddress, ErrBadMetadata)
+	if len(m.Payload) > nixl.MaxWorkerAddress {
+		return fmt.Errorf("UCX worker address of %d bytes exceeds %d: %w", len(m.Payload), nixl.MaxWorkerAddress, nixl.ErrBadMetadata)
 	}
-	a, err := u.local.checkAddress(m.payload)
+	a, err := u.local.CheckAddress(m.Payload)
 	if err != nil {
-		return fmt.Errorf("UCX worker address (%d bytes): %v: %w", len(m.payload), err, ErrBadMetadata)
+		return fmt.Errorf("UCX worker address (%d bytes): %v: %w", len(m.Payload), err, nixl.ErrBadMetadata)
 	}
-	for i, r := range m.regions {
-		if r.Kind != DRAM {
+	for i, r := range m.Regions {
+		if r.Kind != nixl.DRAM {
 			continue
 		}
-		if err := u.local.checkRkey(a, r.key, r.Desc); err != nil {
-			return fmt.Errorf("region %d's UCX remote key (%d bytes): %v: %w", i, len(r.key), err, ErrBadMetadata)
+		if err := u.local.CheckRkey(a, r.Key, r.Desc); err != nil {
+			return fmt.Errorf("region %d's UCX remote key (%d bytes): %v: %w", i, len(r.Key), err, nixl.ErrBadMetadata)
 		}
 	}
 	// A peer in this process: its regions and keys must be exactly what
@@ -935,39 +896,39 @@ func (u *ucx) checkPeer(m *metadataBlob) error {
 	// process's own memory).
 	w, err := inProcessPeer(a)
 	if err != nil {
-		return fmt.Errorf("UCX worker address: %v: %w", err, ErrBadMetadata)
+		return fmt.Errorf("UCX worker address: %v: %w", err, nixl.ErrBadMetadata)
 	}
 	if w == nil {
 		return nil
 	}
-	for i, r := range m.regions {
-		if r.Kind != DRAM {
+	for i, r := range m.Regions {
+		if r.Kind != nixl.DRAM {
 			continue
 		}
 		key, ok := w.registeredKey(r.Desc)
 		if !ok {
 			return fmt.Errorf("region %d [%#x, +%d) is not memory agent %q of this process registered: %w",
-				i, r.Addr, r.Len, w.name, ErrBadMetadata)
+				i, r.Addr, r.Len, w.name, nixl.ErrBadMetadata)
 		}
-		if string(key) != string(r.key) {
+		if string(key) != string(r.Key) {
 			return fmt.Errorf("region %d's UCX remote key is not the one agent %q of this process packed: %w",
-				i, w.name, ErrBadMetadata)
+				i, w.name, nixl.ErrBadMetadata)
 		}
 	}
 	return nil
 }
 
-func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
-	m, err := decodeMetadata(md, EngineUCX, u.library)
+func (u *ucx) LoadRemote(md []byte) (string, []nixl.RemoteRegion, error) {
+	m, err := nixl.DecodeMetadata(md, nixl.EngineUCX, u.library)
 	if err != nil {
 		return "", nil, err
 	}
 	if err := u.checkPeer(m); err != nil {
-		return "", nil, fmt.Errorf("agent %q: %w", m.agent, err)
+		return "", nil, fmt.Errorf("agent %q: %w", m.Agent, err)
 	}
-	r := &ucxRemote{name: m.agent, regions: m.remoteRegions()}
+	r := &ucxRemote{name: m.Agent, regions: m.RemoteRegions()}
 	err = u.do(func() error {
-		addr := C.CBytes(m.payload)
+		addr := C.CBytes(m.Payload)
 		defer C.free(addr)
 		var ep *C.kvb_ep
 		if err := ucxErr("ucp_ep_create", C.kvb_ep_create(u.ctx, addr, cbool(u.peerErrors), &ep)); err != nil {
@@ -976,24 +937,24 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 		r.ep = ep
 		if err := ucxErr("connecting to "+r.name, C.kvb_ep_wireup(u.ctx, ep)); err != nil {
 			u.dropRemote(r)
-			return fmt.Errorf("%v: %w", err, ErrRemoteUnknown)
+			return fmt.Errorf("%v: %w", err, nixl.ErrRemoteUnknown)
 		}
 		// Over a connection whose puts UCX would emulate (tcp), writes go
 		// as kvbridge's own active messages (ep.emulated, kvb_xfer_start):
 		// a target handling an emulated put from a writer that died aborts
 		// in UCX.
 		C.kvb_ep_detect(ep)
-		for i, reg := range m.regions {
-			if reg.Kind == VRAM {
-				k, err := decodeVRAMKey(reg.key)
+		for i, reg := range m.Regions {
+			if reg.Kind == nixl.VRAM {
+				k, err := nixl.DecodeVRAMKey(reg.Key)
 				if err != nil {
 					u.dropRemote(r)
 					return err
 				}
-				addr, closer, err := importVRAM(u.cudaLib, k, reg.Desc, u.device)
+				addr, closer, err := nixl.ImportVRAM(u.cudaLib, k, reg.Desc, u.device)
 				if err != nil {
 					u.dropRemote(r)
-					return fmt.Errorf("mapping VRAM region %d of %s: %w", i, r.name, err)
+					return fmt.Errorf("mapping nixl.VRAM region %d of %s: %w", i, r.name, err)
 				}
 				r.rkeys = append(r.rkeys, nil)
 				r.mapped = append(r.mapped, addr)
@@ -1001,13 +962,13 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 				r.closers = append(r.closers, closer)
 				continue
 			}
-			key := C.CBytes(reg.key)
+			key := C.CBytes(reg.Key)
 			var rk C.ucp_rkey_h
 			st := C.kvb_rkey_unpack(r.ep, key, &rk)
 			C.free(key)
 			if err := ucxErr(fmt.Sprintf("ucp_ep_rkey_unpack(region %d)", i), st); err != nil {
 				u.dropRemote(r)
-				return fmt.Errorf("%v: %w", err, ErrBadMetadata)
+				return fmt.Errorf("%v: %w", err, nixl.ErrBadMetadata)
 			}
 			r.rkeys = append(r.rkeys, rk)
 			mapped := uintptr(C.kvb_rkey_ptr(rk, C.uint64_t(reg.Addr)))
@@ -1018,7 +979,7 @@ func (u *ucx) loadRemote(md []byte) (string, []remoteRegion, error) {
 			}
 			r.views = append(r.views, v)
 		}
-		r.idx = newRegionIndex(r.regions)
+		r.idx = nixl.NewRegionIndex(r.regions)
 		if old, ok := u.remotes[r.name]; ok {
 			u.dropRemote(old)
 		}
@@ -1065,7 +1026,7 @@ func (u *ucx) dropRemote(r *ucxRemote) {
 
 // amRefusals reads the write path's bad-input counters (kvb_ctx) on the
 // progress thread, which alone writes them.
-func (u *ucx) amRefusals() (refused, strayAcks uint64) {
+func (u *ucx) WritesRefused() (refused, strayAcks uint64) {
 	_ = u.do(func() error {
 		refused, strayAcks = uint64(u.ctx.writes_refused), uint64(u.ctx.acks_unknown)
 		return nil
@@ -1077,15 +1038,31 @@ func (u *ucx) amRefusals() (refused, strayAcks uint64) {
 // their answers, at most.
 const readWindow = C.KVB_READ_WINDOW
 
-// readAheadMax reads the most chunk requests of one read seen out ahead of
-// their answers (the read path's window; progress thread only writes it).
-func (u *ucx) readAheadMax() (n uint64) {
+// ReadAheadMax returns the most chunk requests of one read seen out ahead
+// of their answers, and the window that bounds them (the read path over
+// tcp; the progress thread writes it). A diagnostic, as MissedWakes.
+func (u *ucx) ReadAheadMax() (n, window uint64) {
 	_ = u.do(func() error {
 		n = uint64(u.ctx.read_ahead_max)
 		return nil
 	})
-	return n
+	return n, readWindow
 }
+
+// Library returns the UCX release this agent's metadata blobs name
+// ("ucx/1.13.1").
+func (u *ucx) Library() string { return u.library }
+
+// CheckAddressesAsBefore makes the agent check peers' worker addresses as
+// kvbridge once did: the header byte and the length. Only internal/nixl's
+// metadata fuzz test calls it, in a child process, to show that check lets
+// through addresses that abort the process inside UCX.
+func (u *ucx) CheckAddressesAsBefore() { u.legacyCheck.Store(true) }
+
+// MissedWakes returns how many of the idle backstop's passes found work
+// that no event on the worker's event fd signalled: wake-ups the agent
+// slept through.
+func (u *ucx) MissedWakes() uint64 { return u.missed.Load() }
 
 // sendRawAM sends remote one active message as given: the engine's tests
 // play a hostile or broken peer with it (malformed write headers, writes
@@ -1094,7 +1071,7 @@ func (u *ucx) sendRawAM(remote string, id int, hdr, data []byte, flags uint) err
 	return u.do(func() error {
 		r, ok := u.remotes[remote]
 		if !ok || r.ep == nil {
-			return ErrRemoteUnknown
+			return nixl.ErrRemoteUnknown
 		}
 		return ucxErr("raw active message", C.kvb_am_raw(u.ctx, r.ep, C.uint(id), bytesPtr(hdr), C.size_t(len(hdr)), bytesPtr(data), C.size_t(len(data)), C.uint(flags)))
 	})
@@ -1107,7 +1084,7 @@ func (u *ucx) answerReadsBadly(mode int) error {
 }
 
 // remoteUsable: the remote's endpoint exists and has not failed.
-func (u *ucx) remoteUsable(remote string) bool {
+func (u *ucx) RemoteUsable(remote string) bool {
 	ok := false
 	u.do(func() error {
 		r := u.remotes[remote]
@@ -1138,7 +1115,7 @@ func bytesPtr(b []byte) unsafe.Pointer {
 	return unsafe.Pointer(&b[0])
 }
 
-func (u *ucx) invalidate(name string) error {
+func (u *ucx) Invalidate(name string) error {
 	return u.do(func() error {
 		if r, ok := u.remotes[name]; ok {
 			u.dropRemote(r)
@@ -1148,7 +1125,7 @@ func (u *ucx) invalidate(name string) error {
 	})
 }
 
-func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
+func (u *ucx) Prep(remote string, kind nixl.MemKind, descs []nixl.Desc) (any, error) {
 	p := &ucxPrep{ptrs: make([]C.uint64_t, len(descs)), lens: make([]C.uint64_t, len(descs))}
 	for i, d := range descs {
 		p.ptrs[i], p.lens[i] = C.uint64_t(d.Addr), C.uint64_t(d.Len)
@@ -1158,16 +1135,16 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 			p.memhs = make([]C.ucp_mem_h, len(descs))
 			p.addrs = make([]uintptr, len(descs))
 			p.spans = make([]uintptr, len(descs))
-			if kind == DRAM {
+			if kind == nixl.DRAM {
 				p.views = make([][]byte, len(descs))
 			}
 			idx := u.localIndex()
 			for i, d := range descs {
 				p.addrs[i] = d.Addr
-				if kind == DRAM {
-					j := idx.lookup(DRAM, d)
+				if kind == nixl.DRAM {
+					j := idx.Lookup(nixl.DRAM, d)
 					if j < 0 {
-						return fmt.Errorf("local descriptor %d is not in UCX-registered memory: %w", i, ErrInvalidDescriptor)
+						return fmt.Errorf("local descriptor %d is not in UCX-registered memory: %w", i, nixl.ErrInvalidDescriptor)
 					}
 					m := u.localMems[j]
 					off := uint64(d.Addr - m.addr)
@@ -1180,19 +1157,19 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 		}
 		r, ok := u.remotes[remote]
 		if !ok {
-			return ErrRemoteUnknown
+			return nixl.ErrRemoteUnknown
 		}
 		p.remote = r
 		p.keys = make([]C.ucp_rkey_h, len(descs))
 		p.spans = make([]uintptr, len(descs))
 		p.addrs = make([]uintptr, len(descs))
-		if kind == DRAM {
+		if kind == nixl.DRAM {
 			p.views = make([][]byte, len(descs))
 		}
 		for i, d := range descs {
-			j := r.idx.lookup(kind, d)
+			j := r.idx.Lookup(kind, d)
 			if j < 0 {
-				return fmt.Errorf("descriptor %d outside %s's regions: %w", i, remote, ErrInvalidDescriptor)
+				return fmt.Errorf("descriptor %d outside %s's regions: %w", i, remote, nixl.ErrInvalidDescriptor)
 			}
 			reg := r.regions[j]
 			p.keys[i], p.spans[i] = r.rkeys[j], uintptr(j)
@@ -1214,17 +1191,6 @@ func (u *ucx) prep(remote string, kind MemKind, descs []Desc) (any, error) {
 	return p, err
 }
 
-// plantTails saves the 8 bytes at each address of tails into saved and
-// writes canary there (READ canaries: one cgo call a READ).
-func plantTails(tails []uint64, v uint64, saved []uint64) { canary.PlantSaving(tails, v, saved) }
-
-// settleTails returns the first i whose tail still holds canary or holds
-// one of others (-1 if none), and with restore puts saved[i] back at every
-// tail still holding canary.
-func settleTails(tails []uint64, v uint64, saved, others []uint64, restore bool) int {
-	return canary.Settle(tails, v, saved, others, restore)
-}
-
 // view returns registered memory (C, UCX-mapped, or pinned Go memory) as a
 // byte slice; the conversion goes through C so no uintptr becomes a Go
 // pointer in Go code.
@@ -1234,19 +1200,19 @@ func view(addr uintptr, n uint64) []byte {
 
 // localIndex indexes this agent's DRAM registrations (rebuilt after a
 // registration changes; progress goroutine only).
-func (u *ucx) localIndex() *regionIndex {
+func (u *ucx) localIndex() *nixl.RegionIndex {
 	if u.localIdx == nil {
-		var rs []remoteRegion
+		var rs []nixl.RemoteRegion
 		u.localMems = u.localMems[:0]
 		for r := range u.regs {
 			for _, m := range r.mems {
 				if m.memh != nil {
-					rs = append(rs, remoteRegion{DRAM, Desc{Addr: m.addr, Len: m.len}})
+					rs = append(rs, nixl.RemoteRegion{Kind: nixl.DRAM, Desc: nixl.Desc{Addr: m.addr, Len: m.len}})
 					u.localMems = append(u.localMems, m)
 				}
 			}
 		}
-		u.localIdx = newRegionIndex(rs)
+		u.localIdx = nixl.NewRegionIndex(rs)
 	}
 	return u.localIdx
 }
@@ -1255,9 +1221,9 @@ func (u *ucx) localIndex() *regionIndex {
 // allocation, as exportVRAM exported it) by its address in Go memory, an
 // identity only; DRAM spans are indices into u.localMems, never
 // compared with these (a transfer's local side is one memory kind).
-func (u *ucx) vramSpan(d Desc) uintptr {
+func (u *ucx) vramSpan(d nixl.Desc) uintptr {
 	for r := range u.regs {
-		if r.kind != VRAM {
+		if r.kind != nixl.VRAM {
 			continue
 		}
 		for i := range r.mems {
@@ -1270,27 +1236,27 @@ func (u *ucx) vramSpan(d Desc) uintptr {
 	return 0
 }
 
-func (u *ucx) unprep(any) error { return nil }
+func (u *ucx) Unprep(any) error { return nil }
 
-func (u *ucx) post(x *Xfer) error {
-	lp, rp := x.local.handle.(*ucxPrep), x.remote.handle.(*ucxPrep)
-	ux, _ := x.handle.(*ucxXfer)
-	if ux != nil && XferState(ux.state.Load()) == InProgress {
-		return fmt.Errorf("transfer still in progress: %w", ErrInvalidRequest)
+func (u *ucx) Post(x *nixl.Xfer) error {
+	lp, rp := x.LocalPrep.Handle.(*ucxPrep), x.RemotePrep.Handle.(*ucxPrep)
+	ux, _ := x.Handle.(*ucxXfer)
+	if ux != nil && nixl.XferState(ux.state.Load()) == nixl.InProgress {
+		return fmt.Errorf("transfer still in progress: %w", nixl.ErrInvalidRequest)
 	}
-	n := len(x.li)
+	n := len(x.LocalIdx)
 	if ux == nil {
 		ux = &ucxXfer{hdr: C.CString(u.name)}
 		if x.Notif != nil {
 			ux.notify = true
 			ux.msg, ux.msgLen = C.CBytes(x.Notif), C.size_t(len(x.Notif))
 		}
-		x.handle = ux
+		x.Handle = ux
 	}
-	if x.local.Kind == VRAM || x.remote.Kind == VRAM {
+	if x.LocalPrep.Kind == nixl.VRAM || x.RemotePrep.Kind == nixl.VRAM {
 		if rp.addrs == nil {
 			return fmt.Errorf("%v to %v needs the remote memory mapped in this process (CUDA IPC, shared memory): %w",
-				x.local.Kind, x.remote.Kind, ErrUnsupported)
+				x.LocalPrep.Kind, x.RemotePrep.Kind, nixl.ErrUnsupported)
 		}
 		return u.postDirect(x, ux, lp, rp)
 	}
@@ -1309,7 +1275,7 @@ func (u *ucx) post(x *Xfer) error {
 	// (lists prepared page by page still move a contiguous run at once).
 	m := 0
 	for k := 0; k < n; k++ {
-		li, ri := x.li[k], x.ri[k]
+		li, ri := x.LocalIdx[k], x.RemoteIdx[k]
 		if m > 0 && laddr[m-1]+lens[m-1] == lp.ptrs[li] && raddr[m-1]+lens[m-1] == rp.ptrs[ri] &&
 			rkeys[m-1] == rp.keys[ri] && memhs[m-1] == lp.memhs[li] {
 			lens[m-1] += lp.lens[li]
@@ -1320,20 +1286,20 @@ func (u *ucx) post(x *Xfer) error {
 		m++
 	}
 	n = m
-	x.pieces.Store(int64(n))
+	x.SetPieces(n)
 	read := C.int(0)
-	if x.Op == Read {
+	if x.Op == nixl.Read {
 		read = 1
 	}
 	return u.do(func() error {
 		if u.remotes[x.Remote] != rp.remote || rp.remote.ep == nil {
-			return fmt.Errorf("remote %q was reloaded or invalidated since prep: %w", x.Remote, ErrRemoteUnknown)
+			return fmt.Errorf("remote %q was reloaded or invalidated since prep: %w", x.Remote, nixl.ErrRemoteUnknown)
 		}
 		if ux.c == nil {
 			ux.c = (*C.kvb_xfer)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvb_xfer{}))))
 		}
 		ux.errMsg.Store(nil)
-		ux.state.Store(uint32(InProgress))
+		ux.state.Store(uint32(nixl.InProgress))
 		u.active[ux] = struct{}{}
 		u.all[ux] = struct{}{}
 		C.kvb_xfer_start(u.ctx, ux.c, rp.remote.ep, read, C.int(n), &laddr[0], &lens[0], &raddr[0], &rkeys[0], &memhs[0])
@@ -1354,20 +1320,20 @@ const directCopyInline = 1 << 20
 // hand-off before its data lands. Copies hold u.copyMu for reading:
 // unmapping local or peer memory takes it for writing, so no copy runs
 // through a mapping being taken away.
-func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
+func (u *ucx) postDirect(x *nixl.Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 	ep := rp.remote.ep
 	if ux.c == nil {
 		ux.c = (*C.kvb_xfer)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvb_xfer{}))))
 	}
 	ux.errMsg.Store(nil)
-	ux.state.Store(uint32(InProgress))
+	ux.state.Store(uint32(nixl.InProgress))
 	var total uint64
-	for _, li := range x.li {
+	for _, li := range x.LocalIdx {
 		total += uint64(lp.lens[li])
 	}
 	fail := func(s string) {
 		ux.errMsg.Store(&s)
-		ux.state.Store(uint32(Failed))
+		ux.state.Store(uint32(nixl.Failed))
 		signal(u.progress)
 	}
 	copyAndNotify := func() {
@@ -1394,7 +1360,7 @@ func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 			if u.remotes[x.Remote] != rp.remote || rp.remote.ep == nil {
 				s := fmt.Sprintf("remote %q was invalidated during the copy", x.Remote)
 				ux.errMsg.Store(&s)
-				ux.state.Store(uint32(Failed))
+				ux.state.Store(uint32(nixl.Failed))
 				signal(u.progress)
 				return
 			}
@@ -1428,8 +1394,8 @@ func (u *ucx) postDirect(x *Xfer, ux *ucxXfer, lp, rp *ucxPrep) error {
 // copyDirect does a direct write's copies (u.copyMu held for reading):
 // one per run of pairs adjacent on both sides inside one local
 // registration and one peer region (coalesce).
-func (u *ucx) copyDirect(x *Xfer, lp, rp *ucxPrep) error {
-	vram := x.local.Kind == VRAM || x.remote.Kind == VRAM
+func (u *ucx) copyDirect(x *nixl.Xfer, lp, rp *ucxPrep) error {
+	vram := x.LocalPrep.Kind == nixl.VRAM || x.RemotePrep.Kind == nixl.VRAM
 	addr := func(p *ucxPrep, i int) uint64 {
 		if vram {
 			return uint64(p.addrs[i])
@@ -1438,63 +1404,63 @@ func (u *ucx) copyDirect(x *Xfer, lp, rp *ucxPrep) error {
 	}
 	var dst, src []uintptr
 	var lens []uint64
-	runs := coalesce(len(x.li),
-		func(k int) uint64 { return addr(lp, x.li[k]) },
-		func(k int) uint64 { return addr(rp, x.ri[k]) },
-		func(k int) uint64 { return uint64(lp.lens[x.li[k]]) },
+	runs := nixl.Coalesce(len(x.LocalIdx),
+		func(k int) uint64 { return addr(lp, x.LocalIdx[k]) },
+		func(k int) uint64 { return addr(rp, x.RemoteIdx[k]) },
+		func(k int) uint64 { return uint64(lp.lens[x.LocalIdx[k]]) },
 		func(k int) bool {
-			return lp.spans[x.li[k]] == lp.spans[x.li[k-1]] && rp.spans[x.ri[k]] == rp.spans[x.ri[k-1]]
+			return lp.spans[x.LocalIdx[k]] == lp.spans[x.LocalIdx[k-1]] && rp.spans[x.RemoteIdx[k]] == rp.spans[x.RemoteIdx[k-1]]
 		},
-		func(r pieceRun) {
+		func(r nixl.PieceRun) {
 			if vram {
-				dst, src, lens = append(dst, rp.addrs[x.ri[r.first]]), append(src, lp.addrs[x.li[r.first]]), append(lens, r.len)
+				dst, src, lens = append(dst, rp.addrs[x.RemoteIdx[r.First]]), append(src, lp.addrs[x.LocalIdx[r.First]]), append(lens, r.Len)
 				return
 			}
 			// A run lies inside one view's backing (its registration's
 			// mapping, its peer region's): the slices over it stay inside
 			// one object.
-			lv := unsafe.Slice(unsafe.SliceData(lp.views[x.li[r.first]]), r.len)
-			rv := unsafe.Slice(unsafe.SliceData(rp.views[x.ri[r.first]]), r.len)
-			if x.Op == Read {
+			lv := unsafe.Slice(unsafe.SliceData(lp.views[x.LocalIdx[r.First]]), r.Len)
+			rv := unsafe.Slice(unsafe.SliceData(rp.views[x.RemoteIdx[r.First]]), r.Len)
+			if x.Op == nixl.Read {
 				copy(lv, rv)
 			} else {
 				copy(rv, lv)
 			}
 		})
-	x.pieces.Store(int64(runs))
+	x.SetPieces(runs)
 	if vram {
 		// CUDA copies with unified addressing, all queued, one wait: the
 		// bytes are in place before the notification is handed on.
-		if x.Op == Read {
+		if x.Op == nixl.Read {
 			dst, src = src, dst
 		}
-		return deviceCopies(u.cudaLib, u.device, dst, src, lens)
+		return nixl.DeviceCopies(u.cudaLib, u.device, dst, src, lens)
 	}
 	return nil
 }
 
-func (u *ucx) status(x *Xfer) (XferState, error) {
-	ux, ok := x.handle.(*ucxXfer)
+func (u *ucx) Status(x *nixl.Xfer) (nixl.XferState, error) {
+	ux, ok := x.Handle.(*ucxXfer)
 	if !ok {
-		return Failed, fmt.Errorf("transfer not posted: %w", ErrInvalidRequest)
+		return nixl.Failed, fmt.Errorf("transfer not posted: %w", nixl.ErrInvalidRequest)
 	}
-	st := XferState(ux.state.Load())
-	if st == Failed {
+	st := nixl.XferState(ux.state.Load())
+	if st == nixl.Failed {
 		msg := "failed"
 		if p := ux.errMsg.Load(); p != nil {
 			msg = *p
 		}
-		return Failed, fmt.Errorf("%s: %w", msg, ErrTransfer)
+		return nixl.Failed, fmt.Errorf("%s: %w", msg, nixl.ErrTransfer)
 	}
 	return st, nil
 }
 
-func (u *ucx) release(x *Xfer) error {
-	ux, ok := x.handle.(*ucxXfer)
+func (u *ucx) Release(x *nixl.Xfer) error {
+	ux, ok := x.Handle.(*ucxXfer)
 	if !ok {
 		return nil
 	}
-	x.handle = nil
+	x.Handle = nil
 	return u.do(func() error {
 		delete(u.all, ux)
 		u.freeXfer(ux)
@@ -1538,11 +1504,11 @@ func (u *ucx) freeXfer(ux *ucxXfer) {
 	o.free(u.ctx)
 }
 
-func (u *ucx) genNotif(remote string, msg []byte) error {
+func (u *ucx) GenNotif(remote string, msg []byte) error {
 	return u.do(func() error {
 		r, ok := u.remotes[remote]
 		if !ok {
-			return ErrRemoteUnknown
+			return nixl.ErrRemoteUnknown
 		}
 		// kvb_send_notif copies both before it returns: Go memory is passed.
 		hdr := []byte(u.name)
@@ -1550,7 +1516,7 @@ func (u *ucx) genNotif(remote string, msg []byte) error {
 	})
 }
 
-func (u *ucx) notifs() ([]Notif, error) {
+func (u *ucx) Notifs() ([]nixl.Notif, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	q := u.queue
@@ -1558,7 +1524,7 @@ func (u *ucx) notifs() ([]Notif, error) {
 	return q, nil
 }
 
-func (u *ucx) close() error {
+func (u *ucx) Close() error {
 	select {
 	case <-u.closing:
 	default:
@@ -1583,7 +1549,7 @@ func (u *ucx) shutdown() {
 	for x := range u.active {
 		s := "agent closed"
 		x.errMsg.Store(&s)
-		x.state.Store(uint32(Failed))
+		x.state.Store(uint32(nixl.Failed))
 	}
 	for x := range u.all {
 		u.freeXfer(x) // cancels what is in flight

@@ -1,14 +1,14 @@
-package nixl
+package ucx
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/stretchr/testify/require"
 )
 
@@ -37,11 +37,11 @@ func TestUCXCloseInFlightTargetStalled(t *testing.T) {
 		_, dst, _ := p.tgt.Alloc(size)
 		p.remote = exchange(t, p.ini, p.tgt)
 		fill(src, uint64(round))
-		tgt := p.tgt.b.(*ucx)
+		tgt := p.tgt.Backend().(*ucx)
 		stalled, resume := make(chan struct{}), make(chan struct{})
 		go tgt.do(func() error { close(stalled); <-resume; return nil })
 		<-stalled
-		x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+		x := write(t, p, []nixl.Desc{nixl.BytesDesc(src)}, []nixl.Desc{nixl.BytesDesc(dst)}, nil)
 		closed := make(chan error, 1)
 		go func() { closed <- p.ini.Close() }()
 		timer := time.NewTimer(stall)
@@ -57,24 +57,24 @@ func TestUCXCloseInFlightTargetStalled(t *testing.T) {
 		close(resume)
 		require.NoError(t, <-closed, "round %d: Close", round)
 		st, _ := p.ini.Status(x)
-		require.NotEqual(t, InProgress, st, "round %d: a transfer still in progress after Close", round)
+		require.NotEqual(t, nixl.InProgress, st, "round %d: a transfer still in progress after Close", round)
 		// The target is alive and serves a new initiator.
 		ini2 := open(t, ec, "ini")
 		remote := exchange(t, ini2, p.tgt)
 		_, src2, _ := ini2.Alloc(4096)
 		fill(src2, uint64(round+100))
 		q := pair{ini: ini2, tgt: p.tgt, remote: remote}
-		y := write(t, q, []Desc{BytesDesc(src2)}, []Desc{BytesDesc(dst[:4096])}, nil)
+		y := write(t, q, []nixl.Desc{nixl.BytesDesc(src2)}, []nixl.Desc{nixl.BytesDesc(dst[:4096])}, nil)
 		st, err := wait(t, ini2, y, time.Minute)
-		require.Equal(t, Done, st, "round %d: a write to the target after the stall: %v", round, err)
+		require.Equal(t, nixl.Done, st, "round %d: a write to the target after the stall: %v", round, err)
 		require.True(t, bytes.Equal(src2, dst[:4096]), "round %d: the target's memory after the stall is not the new write's", round)
 	}
 }
 
 // remoteOf is the ucx engine's record of a loaded remote (tests only).
-func remoteOf(t *testing.T, a *Agent, name string) *ucxRemote {
+func remoteOf(t *testing.T, a *nixl.Agent, name string) *ucxRemote {
 	t.Helper()
-	u := a.b.(*ucx)
+	u := a.Backend().(*ucx)
 	var r *ucxRemote
 	require.NoError(t, u.do(func() error { r = u.remotes[name]; return nil }), "remote %q", name)
 	require.NotNil(t, r, "remote %q", name)
@@ -104,17 +104,17 @@ func TestUCXTCPWritesAsMessages(t *testing.T) {
 				return
 			}
 			fill(src, 7)
-			x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+			x := write(t, p, []nixl.Desc{nixl.BytesDesc(src)}, []nixl.Desc{nixl.BytesDesc(dst)}, nil)
 			st, err := wait(t, p.ini, x, time.Minute)
-			require.Equal(t, Done, st, "write: %v, byte-exact %v", err, bytes.Equal(src, dst))
+			require.Equal(t, nixl.Done, st, "write: %v, byte-exact %v", err, bytes.Equal(src, dst))
 			require.True(t, bytes.Equal(src, dst), "write: %v %v, byte-exact", st, err)
 			p.ini.Release(x)
 			require.NoError(t, p.tgt.Deregister(reg))
 			before := append([]byte(nil), dst...)
 			fill(src, 8)
-			x = write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+			x = write(t, p, []nixl.Desc{nixl.BytesDesc(src)}, []nixl.Desc{nixl.BytesDesc(dst)}, nil)
 			st, err = wait(t, p.ini, x, time.Minute)
-			require.Equal(t, Failed, st, "write into deregistered memory: %v, want Failed, refused by the target", err)
+			require.Equal(t, nixl.Failed, st, "write into deregistered memory: %v, want Failed, refused by the target", err)
 			require.ErrorContains(t, err, "refused", "write into deregistered memory: want Failed, refused by the target")
 			require.True(t, bytes.Equal(before, dst), "a write into deregistered memory changed it")
 			// The write fails at its first refusal; the target refuses the
@@ -147,8 +147,8 @@ func TestUCXHostileWriteMessages(t *testing.T) {
 	require.NoError(t, err)
 	p.remote = exchange(t, p.ini, p.tgt)
 	back := p.ini.Name()
-	ini, tgt := p.ini.b.(*ucx), p.tgt.b.(*ucx)
-	base := uint64(BytesDesc(dst).Addr)
+	ini, tgt := p.ini.Backend().(*ucx), p.tgt.Backend().(*ucx)
+	base := uint64(nixl.BytesDesc(dst).Addr)
 	whdr := func(token, addr uint64) []byte {
 		h := make([]byte, 16)
 		binary.LittleEndian.PutUint64(h, token)
@@ -191,9 +191,9 @@ func TestUCXHostileWriteMessages(t *testing.T) {
 	waitFor(t, "forged acks counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+2 })
 	require.True(t, bytes.Equal(dst, make([]byte, len(dst))), "a refused message changed the target's memory")
 	fill(src, 3)
-	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+	x := write(t, p, []nixl.Desc{nixl.BytesDesc(src)}, []nixl.Desc{nixl.BytesDesc(dst)}, nil)
 	st, err := wait(t, p.ini, x, time.Minute)
-	require.Equal(t, Done, st, "a real write after the hostile ones: %v, byte-exact %v", err, bytes.Equal(src, dst))
+	require.Equal(t, nixl.Done, st, "a real write after the hostile ones: %v, byte-exact %v", err, bytes.Equal(src, dst))
 	require.True(t, bytes.Equal(src, dst), "a real write after the hostile ones: %v %v, byte-exact", st, err)
 }
 
@@ -216,64 +216,17 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestUCXTCPOlderPeerGetsPuts(t *testing.T) {
 	ec := engines()[2] // ucx-tcp
 	p := newPair(t, ec)
-	tgt := p.tgt.b.(*ucx)
+	tgt := p.tgt.Backend().(*ucx)
 	require.NoError(t, tgt.do(func() error { tgt.ctx.no_pong = 1; return nil }))
 	_, src, _ := p.ini.Alloc(1 << 20)
 	_, dst, _ := p.tgt.Alloc(1 << 20)
 	p.remote = exchange(t, p.ini, p.tgt)
 	require.Zero(t, remoteOf(t, p.ini, p.remote).ep.emulated, "writes as messages to a peer that did not answer the PING")
 	fill(src, 11)
-	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+	x := write(t, p, []nixl.Desc{nixl.BytesDesc(src)}, []nixl.Desc{nixl.BytesDesc(dst)}, nil)
 	st, err := wait(t, p.ini, x, time.Minute)
-	require.Equal(t, Done, st, "write to the older peer: %v, byte-exact %v", err, bytes.Equal(src, dst))
+	require.Equal(t, nixl.Done, st, "write to the older peer: %v, byte-exact %v", err, bytes.Equal(src, dst))
 	require.True(t, bytes.Equal(src, dst), "write to the older peer: %v %v, byte-exact", st, err)
-}
-
-// read posts a READ of the initiator's registered src from the remote's
-// dst (pairwise).
-func read(t testing.TB, p pair, local, remote []Desc) *Xfer {
-	t.Helper()
-	l, err := p.ini.PrepLocal(DRAM, local)
-	require.NoError(t, err)
-	r, err := p.ini.PrepRemote(p.remote, DRAM, remote)
-	require.NoError(t, err)
-	idx := make([]int, len(local))
-	for i := range idx {
-		idx[i] = i
-	}
-	x, err := p.ini.NewXfer(Read, l, idx, r, idx, nil)
-	require.NoError(t, err)
-	require.NoError(t, p.ini.Post(x))
-	return x
-}
-
-// TestUCXTCPLargeReadsCrossProcess: reads far above a target's bound on
-// queued answers (8 MiB), each in one transfer, from another process over
-// tcp: the reader keeps a window of chunk requests out and asks for the
-// next as each answer lands. Asking for every chunk at once had such a
-// read refused ("Device is busy") whenever the target queued answers
-// faster than tcp sent them: two of three 64 MiB reads in a benchmark.
-func TestUCXTCPLargeReadsCrossProcess(t *testing.T) {
-	const big = 256 << 20
-	cc := newCrossCase(t, "tcp", tcpUCX, "engine", big, 1)
-	want := append([]byte(nil), cc.src...)
-	w := cc.xfer(t, 0, nil)
-	require.NoError(t, cc.a.Post(w))
-	cc.wait(t, w)
-	r := cc.xferOp(t, Read, 0, nil)
-	for i := range 4 {
-		clear(cc.src)
-		require.NoError(t, cc.a.Post(r))
-		st, err := cc.a.Wait(context.Background(), r)
-		require.Equal(t, Done, st, "read %d of 256 MiB: %v, byte-exact %v", i, err, bytes.Equal(cc.src, want))
-		require.True(t, bytes.Equal(cc.src, want), "read %d of 256 MiB: %v %v, byte-exact", i, st, err)
-	}
-	// The window, whatever the timing: never more chunk requests out than
-	// KVB_READ_WINDOW (asking for all 1,024 at once failed only when the
-	// target fell behind).
-	n := cc.a.b.(*ucx).readAheadMax()
-	require.NotZero(t, n, "a read had no chunk requests out ahead of their answers, want 1 … %d", readWindow)
-	require.LessOrEqual(t, n, uint64(readWindow), "a read had chunk requests out ahead of their answers, want 1 … %d", readWindow)
 }
 
 // TestUCXTCPReadsAsMessages: over tcp the engine reads as its own active
@@ -296,15 +249,15 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	reg, err := p.tgt.RegisterBytes(src)
 	require.NoError(t, err)
 	p.remote = exchange(t, p.ini, p.tgt)
-	x := read(t, p, []Desc{BytesDesc(local[:1000]), BytesDesc(local[4096:])}, []Desc{BytesDesc(src[5:1005]), BytesDesc(src[4096:])})
+	x := read(t, p, []nixl.Desc{nixl.BytesDesc(local[:1000]), nixl.BytesDesc(local[4096:])}, []nixl.Desc{nixl.BytesDesc(src[5:1005]), nixl.BytesDesc(src[4096:])})
 	st, err := wait(t, p.ini, x, time.Minute)
-	require.Equal(t, Done, st, "read: %v, byte-exact %v %v", err, bytes.Equal(local[:1000], src[5:1005]), bytes.Equal(local[4096:], src[4096:]))
+	require.Equal(t, nixl.Done, st, "read: %v, byte-exact %v %v", err, bytes.Equal(local[:1000], src[5:1005]), bytes.Equal(local[4096:], src[4096:]))
 	require.True(t, bytes.Equal(local[:1000], src[5:1005]), "read: %v %v, first piece byte-exact", st, err)
 	require.True(t, bytes.Equal(local[4096:], src[4096:]), "read: %v %v, second piece byte-exact", st, err)
 	p.ini.Release(x)
 
-	ini, tgt := p.ini.b.(*ucx), p.tgt.b.(*ucx)
-	base := uint64(BytesDesc(src).Addr)
+	ini, tgt := p.ini.Backend().(*ucx), p.tgt.Backend().(*ucx)
+	base := uint64(nixl.BytesDesc(src).Addr)
 	rhdr := func(token, index, addr, n uint64) []byte {
 		h := make([]byte, 32)
 		binary.LittleEndian.PutUint64(h, token)
@@ -359,17 +312,17 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	go tgt.do(func() error { close(held); <-hold; return nil })
 	<-held
 	clear(local)
-	x = read(t, p, []Desc{BytesDesc(local[:64])}, []Desc{BytesDesc(src[64:128])})
+	x = read(t, p, []nixl.Desc{nixl.BytesDesc(local[:64])}, []nixl.Desc{nixl.BytesDesc(src[64:128])})
 	var token uint64
-	require.NoError(t, ini.do(func() error { token = uint64(x.handle.(*ucxXfer).c.token); return nil }))
+	require.NoError(t, ini.do(func() error { token = uint64(x.Handle.(*ucxXfer).c.token); return nil }))
 	_, s0 = p.ini.WritesRefused()
 	live := make([]byte, 24)
 	binary.LittleEndian.PutUint64(live, token)
-	require.NoError(t, forger.b.(*ucx).sendRawAM(p.ini.Name(), 13, live, bytes.Repeat([]byte{0xee}, 64), eager|reply))
+	require.NoError(t, forger.Backend().(*ucx).sendRawAM(p.ini.Name(), 13, live, bytes.Repeat([]byte{0xee}, 64), eager|reply))
 	waitFor(t, "an answer with a live token from another endpoint counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+1 })
 	release()
 	st, err = wait(t, p.ini, x, time.Minute)
-	require.Equal(t, Done, st, "the read after a forged answer: %v, the target's bytes %v", err, bytes.Equal(local[:64], src[64:128]))
+	require.Equal(t, nixl.Done, st, "the read after a forged answer: %v, the target's bytes %v", err, bytes.Equal(local[:64], src[64:128]))
 	require.True(t, bytes.Equal(local[:64], src[64:128]), "the read after a forged answer: %v %v, the target's bytes", st, err)
 	p.ini.Release(x)
 
@@ -392,16 +345,16 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 		require.NoError(t, tgt.answerReadsBadly(c.mode))
 		_, s0 := p.ini.WritesRefused()
 		clear(local)
-		x = read(t, p, []Desc{BytesDesc(local[:512<<10])}, []Desc{BytesDesc(src[:512<<10])})
+		x = read(t, p, []nixl.Desc{nixl.BytesDesc(local[:512<<10])}, []nixl.Desc{nixl.BytesDesc(src[:512<<10])})
 		st, err := wait(t, p.ini, x, time.Minute)
 		if c.done {
-			require.Equal(t, Done, st, "%s: %v, byte-exact %v", c.name, err, bytes.Equal(local[:512<<10], src[:512<<10]))
+			require.Equal(t, nixl.Done, st, "%s: %v, byte-exact %v", c.name, err, bytes.Equal(local[:512<<10], src[:512<<10]))
 			require.True(t, bytes.Equal(local[:512<<10], src[:512<<10]), "%s: %v %v, byte-exact", c.name, st, err)
 		}
 		// Failed by the short answer itself (UCX's "Message truncated"),
 		// not later by a deadline: a read that accepted it would hang.
 		if !c.done {
-			require.Equal(t, Failed, st, "%s: %v, want Failed for the truncated answer", c.name, err)
+			require.Equal(t, nixl.Failed, st, "%s: %v, want Failed for the truncated answer", c.name, err)
 			require.Error(t, err, "%s: want Failed for the truncated answer", c.name)
 			require.Contains(t, strings.ToLower(err.Error()), "truncated", "%s: want Failed for the truncated answer", c.name)
 		}
@@ -416,9 +369,9 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	// counts below: the target answers requests in the order they came.
 	require.NoError(t, tgt.answerReadsBadly(0))
 	clear(local)
-	x = read(t, p, []Desc{BytesDesc(local[:4096])}, []Desc{BytesDesc(src[:4096])})
+	x = read(t, p, []nixl.Desc{nixl.BytesDesc(local[:4096])}, []nixl.Desc{nixl.BytesDesc(src[:4096])})
 	st, err = wait(t, p.ini, x, time.Minute)
-	require.Equal(t, Done, st, "a good read after the bad answers: %v", err)
+	require.Equal(t, nixl.Done, st, "a good read after the bad answers: %v", err)
 	p.ini.Release(x)
 	// A target that answers chunks the read has not asked for yet (its
 	// window of requests is 8 chunks; each answer comes again for the
@@ -436,9 +389,9 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	require.NoError(t, err)
 	p.remote = exchange(t, p.ini, p.tgt)
 	_, s0 = p.ini.WritesRefused()
-	x = read(t, p, []Desc{BytesDesc(wideLocal)}, []Desc{BytesDesc(wideSrc)})
+	x = read(t, p, []nixl.Desc{nixl.BytesDesc(wideLocal)}, []nixl.Desc{nixl.BytesDesc(wideSrc)})
 	st, err = wait(t, p.ini, x, time.Minute)
-	require.Equal(t, Done, st, "answers for chunks not asked for yet: %v, byte-exact %v", err, bytes.Equal(wideLocal, wideSrc))
+	require.Equal(t, nixl.Done, st, "answers for chunks not asked for yet: %v, byte-exact %v", err, bytes.Equal(wideLocal, wideSrc))
 	require.True(t, bytes.Equal(wideLocal, wideSrc), "answers for chunks not asked for yet: %v %v, byte-exact", st, err)
 	p.ini.Release(x)
 	waitFor(t, "answers for chunks not asked for yet: counted", func() bool { _, s := p.ini.WritesRefused(); return s == s0+32 })
@@ -448,9 +401,9 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	// does not drain them) refuses further reads: counted, the read fails.
 	require.NoError(t, tgt.fillReadAnswers(true))
 	r0, _ := p.tgt.WritesRefused()
-	x = read(t, p, []Desc{BytesDesc(local[:64])}, []Desc{BytesDesc(src[:64])})
+	x = read(t, p, []nixl.Desc{nixl.BytesDesc(local[:64])}, []nixl.Desc{nixl.BytesDesc(src[:64])})
 	st, err = wait(t, p.ini, x, time.Minute)
-	require.Equal(t, Failed, st, "a read past the target's queued answers: %v, want Failed", err)
+	require.Equal(t, nixl.Failed, st, "a read past the target's queued answers: %v, want Failed", err)
 	require.Error(t, err, "a read past the target's queued answers: want Failed")
 	p.ini.Release(x)
 	r, _ := p.tgt.WritesRefused()
@@ -461,9 +414,9 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	require.NoError(t, p.tgt.Deregister(reg))
 	r0, _ = p.tgt.WritesRefused()
 	clear(local)
-	x = read(t, p, []Desc{BytesDesc(local)}, []Desc{BytesDesc(src)})
+	x = read(t, p, []nixl.Desc{nixl.BytesDesc(local)}, []nixl.Desc{nixl.BytesDesc(src)})
 	st, err = wait(t, p.ini, x, time.Minute)
-	require.Equal(t, Failed, st, "read of deregistered memory: %v, want Failed, refused by the target", err)
+	require.Equal(t, nixl.Failed, st, "read of deregistered memory: %v, want Failed, refused by the target", err)
 	require.ErrorContains(t, err, "refused the read", "read of deregistered memory: want Failed, refused by the target")
 	p.ini.Release(x)
 	// The read fails at its first refusal; the target answers the other
@@ -476,9 +429,9 @@ func TestUCXTCPReadsAsMessages(t *testing.T) {
 	_, again, _ := p.tgt.Alloc(4096)
 	fill(again, 12)
 	p.remote = exchange(t, p.ini, p.tgt)
-	x = read(t, p, []Desc{BytesDesc(local[:4096])}, []Desc{BytesDesc(again)})
+	x = read(t, p, []nixl.Desc{nixl.BytesDesc(local[:4096])}, []nixl.Desc{nixl.BytesDesc(again)})
 	st, err = wait(t, p.ini, x, time.Minute)
-	require.Equal(t, Done, st, "a read after the hostile ones: %v", err)
+	require.Equal(t, nixl.Done, st, "a read after the hostile ones: %v", err)
 	require.True(t, bytes.Equal(local[:4096], again), "a read after the hostile ones: %v %v, byte-exact", st, err)
 }
 
@@ -498,16 +451,16 @@ func TestUCXReleaseDuringDirectCopy(t *testing.T) {
 	_, dst, _ := p.tgt.Alloc(size)
 	p.remote = exchange(t, p.ini, p.tgt)
 	fill(src, 7)
-	l, err := p.ini.PrepLocal(DRAM, []Desc{BytesDesc(src)})
+	l, err := p.ini.PrepLocal(nixl.DRAM, []nixl.Desc{nixl.BytesDesc(src)})
 	require.NoError(t, err)
 	defer l.Release()
-	r, err := p.ini.PrepRemote(p.remote, DRAM, []Desc{BytesDesc(dst)})
+	r, err := p.ini.PrepRemote(p.remote, nixl.DRAM, []nixl.Desc{nixl.BytesDesc(dst)})
 	require.NoError(t, err)
 	defer r.Release()
-	u := p.ini.b.(*ucx)
-	require.NotNil(t, r.handle.(*ucxPrep).views, "the remote list is not mapped in this process: the direct path is not taken")
+	u := p.ini.Backend().(*ucx)
+	require.NotNil(t, r.Handle.(*ucxPrep).views, "the remote list is not mapped in this process: the direct path is not taken")
 	for i := range 16 {
-		x, err := p.ini.NewXfer(Write, l, []int{0}, r, []int{0}, []byte("n"))
+		x, err := p.ini.NewXfer(nixl.Write, l, []int{0}, r, []int{0}, []byte("n"))
 		require.NoError(t, err)
 		require.NoError(t, p.ini.Post(x), "post %d", i)
 		p.ini.Release(x) // while its copy runs
@@ -518,9 +471,9 @@ func TestUCXReleaseDuringDirectCopy(t *testing.T) {
 	require.Zero(t, active, "after 16 transfers released during their copies the agent holds active (%d unreleased)", all)
 	require.Zero(t, all, "after 16 transfers released during their copies the agent holds unreleased (%d active)", active)
 	clear(dst)
-	x := write(t, p, []Desc{BytesDesc(src)}, []Desc{BytesDesc(dst)}, nil)
+	x := write(t, p, []nixl.Desc{nixl.BytesDesc(src)}, []nixl.Desc{nixl.BytesDesc(dst)}, nil)
 	st, err := wait(t, p.ini, x, time.Minute)
-	require.Equal(t, Done, st, "a write after: %v", err)
+	require.Equal(t, nixl.Done, st, "a write after: %v", err)
 	require.True(t, bytes.Equal(src, dst), "a write after: %v %v, byte-exact", st, err)
 	p.ini.Release(x)
 }
