@@ -599,6 +599,8 @@ func (l *UCXLocal) hasEntry(csum uint16, dev, iface []byte) bool {
 	return l.entries[entryKey(csum, dev, iface)]
 }
 
+// NewUCXLocal describes this process's UCX of release v from a worker's
+// own packed address (self), for the checks of peers' addresses and keys.
 func NewUCXLocal(self []byte, v UCXVersion) (*UCXLocal, error) {
 	a, err := parseUCXAddress(self, v)
 	if err != nil {

@@ -52,17 +52,23 @@ func splitLib(s string) (string, UCXVersion, bool) {
 	return s[:i], v, ok
 }
 
+// MDRegion is a region a blob names, with its engine's key (the ucx
+// engine's packed rkey or VRAM key; none for the others).
 type MDRegion struct {
 	RemoteRegion
 	Key []byte
 }
 
+// MetadataBlob is an agent's metadata: its engine, the engine library's
+// release, its name, its regions and the engine's payload (the ucx
+// engine's worker address, NIXL's own blob).
 type MetadataBlob struct {
 	Engine, Library, Agent string
 	Regions                []MDRegion
 	Payload                []byte
 }
 
+// Encode is the blob as peers receive it (DecodeMetadata reads it).
 func (m *MetadataBlob) Encode() []byte {
 	b := append([]byte(mdMagic), mdVersion)
 	putBytes := func(v []byte) {
@@ -174,6 +180,7 @@ func DecodeMetadata(b []byte, engine, library string) (*MetadataBlob, error) {
 	return m, nil
 }
 
+// RemoteRegions are the blob's regions without their keys.
 func (m *MetadataBlob) RemoteRegions() []RemoteRegion {
 	out := make([]RemoteRegion, len(m.Regions))
 	for i, r := range m.Regions {

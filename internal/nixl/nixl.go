@@ -121,9 +121,14 @@ type Notif struct {
 	Msg    []byte
 }
 
-// Backend is what an engine implements. The Agent validates every argument
-// first (descriptors inside registered memory, indices in range, lengths
-// equal), so engines see only well-formed requests.
+// Backend is what an engine implements: the libnixl and loopback engines
+// here, the ucx engine in internal/nixl/ucx (registered with
+// RegisterEngine). The Agent validates every argument first (descriptors
+// inside registered memory, indices in range, lengths equal), so engines
+// see only well-formed requests. The handles an engine returns (from
+// Register, Alloc, Prep) come back to it in Registration.Handle and
+// Prepped.Handle; a transfer's own is Xfer.Handle, which Post sets and
+// Release clears.
 type Backend interface {
 	Register(kind MemKind, descs []Desc) (any, error)
 	Deregister(h any) error
@@ -165,6 +170,8 @@ type ProgressSignaller interface {
 	ProgressC() <-chan struct{}
 }
 
+// RemoteRegion is a region a remote agent registered, as its metadata
+// names it.
 type RemoteRegion struct {
 	Kind MemKind
 	Desc
@@ -174,7 +181,7 @@ type RemoteRegion struct {
 type Registration struct {
 	Kind   MemKind
 	Descs  []Desc
-	Handle any
+	Handle any // the engine's, from its Register or Alloc
 	pinner *runtime.Pinner
 	owned  bool // engine-allocated
 }
@@ -184,25 +191,28 @@ type Prepped struct {
 	Remote string // "" for local
 	Kind   MemKind
 	Descs  []Desc
-	Handle any
+	Handle any // the engine's, from its Prep
 	agent  *Agent
 	deregs uint64 // the agent's deregistration count when last checked
 	gen    uint64 // remote lists: the remote's metadata generation at prep
 }
 
-// Xfer is a transfer request built from prepared lists by index.
+// Xfer is a transfer request built from prepared lists by index. Its
+// exported fields are what an engine posts: the lists, the indices into
+// them (pairwise), and the engine's own handle of the transfer.
 type Xfer struct {
-	Op                  Op
-	Remote              string
-	Local               []Desc
-	Dst                 []Desc // remote descriptors, pairwise with Local
-	Notif               []byte // nil: no notification
-	LocalPrep           *Prepped
-	RemotePrep          *Prepped
-	LocalIdx, RemoteIdx []int
-	posted              time.Time
-	Handle              any
-	pieces              atomic.Int64 // operations of the last post after coalescing (Pieces)
+	Op     Op
+	Remote string
+	Local  []Desc
+	Dst    []Desc // remote descriptors, pairwise with Local
+	Notif  []byte // nil: no notification
+
+	LocalPrep, RemotePrep *Prepped
+	LocalIdx, RemoteIdx   []int
+	Handle                any // the engine's, set by its Post
+
+	posted time.Time
+	pieces atomic.Int64 // operations of the last post after coalescing (Pieces)
 
 	// Set by the agent's completion watcher (under Agent.wmu) and
 	// published by closing done.
@@ -938,6 +948,7 @@ type RegionIndex struct {
 	maxEnd []uint64 // maxEnd[i]: the largest end of r[0..i]
 }
 
+// NewRegionIndex indexes rs (positions are rs's).
 func NewRegionIndex(rs []RemoteRegion) *RegionIndex {
 	idx := &RegionIndex{pos: make([]int, len(rs))}
 	for i := range idx.pos {

@@ -101,12 +101,14 @@ var processID = func() uint64 {
 	return binary.LittleEndian.Uint64(b[:]) | 1
 }()
 
+// Encode is the key as a blob carries it (DecodeVRAMKey reads it).
 func (k VRAMKey) Encode() []byte {
 	b := append([]byte{}, k.handle[:]...)
 	b = binary.LittleEndian.AppendUint64(b, k.base)
 	return binary.LittleEndian.AppendUint64(b, k.proc)
 }
 
+// DecodeVRAMKey reads a key Encode wrote, refusing any other length.
 func DecodeVRAMKey(b []byte) (VRAMKey, error) {
 	var k VRAMKey
 	if len(b) != vramKeyLen {

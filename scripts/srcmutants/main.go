@@ -263,6 +263,10 @@ var mutants = []mutant{
 		pkg: "internal/e2e", run: "^TestNotifierStopsPollingWithoutRooms$"},
 	// A transfer released while its direct copy runs on a goroutine of its
 	// own: the copy's end wrote into its freed C struct (SIGSEGV).
+	// A second engine registered under a taken name replaces the first
+	// (issue 50: the ucx engine registers itself from its own package).
+	{name: "engine-registered-twice", file: "internal/nixl/nixl.go", old: "\tif _, dup := registered.open[name]; dup {", new: "\tif false {",
+		pkg: "internal/nixl", run: "^TestEngineRegistry$"},
 	{name: "released-copy-notified", file: "internal/nixl/ucx/ucx.go", old: "			if ux.c == nil {\n", new: "			if ux.c == nil && false {\n",
 		pkg: "internal/nixl/ucx", run: "^TestUCXReleaseDuringDirectCopy$"},
 	// Issue 25: the pool posts a write before its data is ready; a write
