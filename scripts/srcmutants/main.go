@@ -668,15 +668,15 @@ var mutants = []mutant{
 	// not read); Config.FromEnv replacing a key the Config gave, or writing
 	// into the caller's map.
 	{name: "ucx-tls-from-env", file: "internal/nixl/ucx/ucx.go", old: "\t\ttls = \"all\"\n", new: "\t\ttls = os.Getenv(\"UCX_TLS\")\n",
-		pkg: "internal/nixl/ucx", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+		pkg: "internal/nixl/ucx", run: "^TestUCXSettingsOnlyThroughFromEnv$", more: []edit{{"internal/nixl/ucx/ucx.go", "import (\n\t\"fmt\"\n", "import (\n\t\"fmt\"\n\t\"os\"\n"}}},
 	{name: "ucx-tls-not-given", file: "internal/nixl/ucx/ucx.go", old: "\t\tucpKeys[\"TLS\"] = tls\n", new: "",
 		pkg: "internal/nixl/ucx", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
 	{name: "ucx-unified-from-env", file: "internal/nixl/ucx/ucx.go", old: "\t\tunified = \"n\"\n", new: "\t\tunified = os.Getenv(\"UCX_UNIFIED_MODE\")\n",
-		pkg: "internal/nixl/ucx", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
+		pkg: "internal/nixl/ucx", run: "^TestUCXSettingsOnlyThroughFromEnv$", more: []edit{{"internal/nixl/ucx/ucx.go", "import (\n\t\"fmt\"\n", "import (\n\t\"fmt\"\n\t\"os\"\n"}}},
 	{name: "ucx-unified-not-given", file: "internal/nixl/ucx/ucx.go", old: "\t\tucpKeys[\"UNIFIED_MODE\"] = unified\n", new: "",
 		pkg: "internal/nixl/ucx", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
 	{name: "ucx-adaptive-from-env", file: "internal/nixl/ucx/ucx.go", old: "\t\tsetting = \"n\"\n", new: "\t\tsetting = os.Getenv(\"UCX_ADAPTIVE_PROGRESS\")\n",
-		pkg: "internal/nixl/ucx", run: "^(TestUCXAdaptiveProgressOff|TestUCXSettingsOnlyThroughFromEnv)$"},
+		pkg: "internal/nixl/ucx", run: "^(TestUCXAdaptiveProgressOff|TestUCXSettingsOnlyThroughFromEnv)$", more: []edit{{"internal/nixl/ucx/ucx.go", "import (\n\t\"fmt\"\n", "import (\n\t\"fmt\"\n\t\"os\"\n"}}},
 	{name: "ucx-from-env-over-config", file: "nixl/nixl.go", old: "if _, set := c.UCX[k]; set || v == \"\" {", new: "if v == \"\" {",
 		pkg: "internal/nixl/ucx", run: "^TestUCXSettingsOnlyThroughFromEnv$"},
 	{name: "ucx-from-env-into-callers-map", file: "nixl/nixl.go", old: "\t\t\tc.UCX, copied = maps.Clone(c.UCX), true\n", new: "\t\t\t_, copied = maps.Clone(c.UCX), true\n",
