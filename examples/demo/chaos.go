@@ -27,6 +27,7 @@ import (
 	"github.com/kvbridge/kvbridge/examples/internal/rankcmd"
 	"github.com/kvbridge/kvbridge/internal/discovery"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
+	"github.com/kvbridge/kvbridge/internal/testnet"
 	"github.com/kvbridge/kvbridge/transfer"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -281,14 +282,16 @@ func (c *cluster) startEtcd() error {
 		return err
 	}
 	c.etcdDir = dir
+	// Ports outside the kernel's ephemeral range: etcd is killed and
+	// started again on them, and meanwhile another socket could be given
+	// one of the ephemeral range as its own.
 	var ports []string
 	for range 2 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		p, err := testnet.Port()
 		if err != nil {
 			return err
 		}
-		ports = append(ports, ln.Addr().String())
-		ln.Close()
+		ports = append(ports, net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 	}
 	c.etcd, err = start(c.o.bin, "demo", "-serve-etcd", dir+","+ports[0]+","+ports[1])
 	return err
@@ -356,7 +359,13 @@ func runChaos(o chaosOptions) int {
 		bootFor = func(name string) string { return "etcd://" + c.etcd.endpoint + "/" + name }
 		fmt.Printf("etcd %s (its own process; SIGKILLed and started again on the same data and ports)\n", c.etcd.endpoint)
 	} else {
-		if err := c.startBoot("127.0.0.1:0"); err != nil {
+		// A port outside the ephemeral range: the server is restarted on it.
+		port, err := testnet.Port()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo: bootstrap server:", err)
+			return 1
+		}
+		if err := c.startBoot(net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err != nil {
 			fmt.Fprintln(os.Stderr, "demo: bootstrap server:", err)
 			return 1
 		}

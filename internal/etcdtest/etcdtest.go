@@ -1,5 +1,6 @@
 // Package etcdtest starts a real etcd server (go.etcd.io/etcd/server/v3/embed)
-// inside a test process, on free loopback ports and a temporary directory,
+// inside a test process, on free loopback ports (outside the ephemeral
+// range, so they stay free while it is stopped) and a temporary directory,
 // and can stop and restart it on the same ports and data.
 package etcdtest
 
@@ -8,8 +9,10 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"time"
 
+	"github.com/kvbridge/kvbridge/internal/testnet"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
@@ -23,13 +26,15 @@ type Server struct {
 	Endpoint string
 }
 
+// freePort is a loopback address on a port outside the kernel's ephemeral
+// range (testnet.Port): Restart binds it again after Stop, and a port from
+// that range was seen taken meanwhile by another test's connection.
 func freePort() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := testnet.Port()
 	if err != nil {
 		return "", err
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(p)), nil
 }
 
 // Start starts a server on free loopback ports.
