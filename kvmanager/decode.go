@@ -618,6 +618,7 @@ func (d *Decode) onNotif(s string) {
 // then steps it into the core.
 func (d *Decode) notified(n core.Notified) {
 	room := n.Room
+	d.trace(room, rankhooks.Landed)
 	if n.Undelivered = d.checkWrite(n); n.Undelivered != "" {
 		d.log.Warn("a notification names bytes that did not land: the room fails", zap.Uint64("room", room), zap.Int("source", n.UID), zap.String("what", n.Undelivered))
 	} else if n.Corrupt, n.Checked = d.digestOf(n); n.Corrupt != "" {

@@ -49,7 +49,9 @@ func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64, mut ...fun
 		if c.traces[room] == nil {
 			c.traces[room] = map[rankhooks.Event]time.Time{}
 		}
-		c.traces[room][ev] = at
+		if _, seen := c.traces[room][ev]; !seen || ev != rankhooks.Landed {
+			c.traces[room][ev] = at // a room's first Landed: its first bytes
+		}
 		c.mu.Unlock()
 	}
 	id := uniq()
@@ -376,6 +378,7 @@ func controlOverheadRun(b *testing.B, drive string, inflight int) {
 	c.traces = map[uint64]map[rankhooks.Event]time.Time{}
 	c.mu.Unlock()
 	m := cpuMeter(b)
+	start := time.Now()
 	if drive == "poll" {
 		c.pollRooms(b, b.N, inflight, 128/16)
 	} else {
@@ -392,15 +395,19 @@ func controlOverheadRun(b *testing.B, drive string, inflight int) {
 		}
 		wg.Wait()
 	}
+	pace := time.Since(start) / time.Duration(b.N) // a room's share of the run
 	// Per room: both ranks' control path and 64 KiB of data (8
 	// pages of 1 KiB in each of the 8 regions), so mostly control.
 	reportCPU(b, cpuOf(b, m), 0, b.N)
-	var a, d, whole []time.Duration
+	var a, d, whole, landed []time.Duration
 	c.mu.Lock()
 	for _, tr := range c.traces {
 		r := tr[rankhooks.Request]
 		if f := tr[rankhooks.FirstPost]; !r.IsZero() && !f.IsZero() {
 			a = append(a, f.Sub(r))
+		}
+		if l := tr[rankhooks.Landed]; !r.IsZero() && !l.IsZero() {
+			landed = append(landed, l.Sub(r))
 		}
 		if l, s := tr[rankhooks.LastNotif], tr[rankhooks.Success]; !l.IsZero() && !s.IsZero() {
 			d = append(d, s.Sub(l))
@@ -415,6 +422,25 @@ func controlOverheadRun(b *testing.B, drive string, inflight int) {
 	b.ReportMetric(p50(d), "µs-last-notif-to-success-p50")
 	b.ReportMetric(p50(whole), "µs-request-to-success-p50")
 	b.ReportMetric(pctl(whole, 0.99), "µs-request-to-success-p99")
+	// kvbridge's own overhead on the time to first token (issue 52): a
+	// room's REQUEST to its first bytes landed at the decode rank, less
+	// the engine alone landing the same bytes with the same number of
+	// writes at once (bareLanded, after the rooms, in the same run); one
+	// at a time, at the rooms' pace.
+	b.StopTimer()
+	require.Len(b, landed, b.N, "rooms with a REQUEST and a first landing traced")
+	var gap time.Duration
+	if inflight == 1 {
+		gap = pace
+	}
+	bare := bareLanded(b, 4, 16384, 1024, 128/16, inflight, b.N, gap)
+	lp50, lp99, bp50, bp99 := p50(landed), pctl(landed, 0.99), p50(bare), pctl(bare, 0.99)
+	b.ReportMetric(lp50, "µs-request-to-landed-p50")
+	b.ReportMetric(lp99, "µs-request-to-landed-p99")
+	b.ReportMetric(bp50, "µs-bare-landed-p50")
+	b.ReportMetric(bp99, "µs-bare-landed-p99")
+	b.ReportMetric(lp50-bp50, "µs-overhead-p50")
+	b.ReportMetric(lp99-bp99, "µs-overhead-p99")
 }
 
 func p50(v []time.Duration) float64 { return pctl(v, 0.5) }

@@ -32,6 +32,9 @@ const (
 	FirstPost                  // prefill: the room's first write posted
 	LastNotif                  // decode: the final notification arrived
 	Success                    // decode: Success applied
+	// Landed: decode: a notification of the room's arrived, its bytes
+	// landed (the room's first is its first bytes landed).
+	Landed
 )
 
 // Set gives cfg, a *kvmanager.Config, the hooks h (replacing any it had).
