@@ -1,5 +1,5 @@
 // The one dlopen loader under kvbridge's C engines: the CUDA driver
-// (gpu/cuda.c), UCX's libucp (internal/nixl/ucx_engine.c) and NIXL's C API
+// (gpu/cuda.c), UCX's libucp (internal/nixl/ucx/ucx_engine.c) and NIXL's C API
 // (internal/nixl/libnixl_engine.c) each describe the symbols they need as a table
 // of (name, slot, required) and bind it with kvb_dl_bind; each names the
 // library and the missing symbol in its own words. Header-only: the cgo

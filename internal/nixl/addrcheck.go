@@ -108,7 +108,7 @@ import (
 // this process's agents wrote, or this pid) must be exactly that agent: its
 // own entries, and regions and keys exactly as it registered them (a write
 // through a wrong one would land in this process's own memory; see
-// inProcessPeer in ucx.go).
+// UCXAddress.InProcess).
 
 // UCXVersion is a libucp release.
 type UCXVersion struct{ Major, Minor, Release uint }
@@ -232,7 +232,7 @@ type UCXAddress struct {
 	devices []ucxDevice
 	// peerPID is the process the address's shared-memory entries name
 	// (cma's pid, posix's /proc link, sysv's creator), 0 when none does;
-	// set by checkAddress, which requires them to agree.
+	// set by CheckAddress, which requires them to agree.
 	peerPID int
 }
 

@@ -642,7 +642,7 @@ func (n *libnixl) fence(remote string, err error) {
 	n.mu.Unlock()
 }
 
-// remoteUsable: the remote is not fenced.
+// RemoteUsable: the remote is not fenced.
 func (n *libnixl) RemoteUsable(remote string) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -650,13 +650,14 @@ func (n *libnixl) RemoteUsable(remote string) bool {
 	return !down
 }
 
-// fencedPosts counts the posts refused because their remote was down.
+// The Agent's reports the engine backs.
 var (
 	_ PostFencer     = (*libnixl)(nil)
 	_ RemoteChecker  = (*libnixl)(nil)
 	_ ProgressKeeper = (*libnixl)(nil)
 )
 
+// PostsFenced counts the posts refused because their remote was down.
 func (n *libnixl) PostsFenced() uint64 { return n.fenced.Load() }
 
 func (n *libnixl) Prep(remote string, kind MemKind, descs []Desc) (any, error) {
@@ -902,7 +903,7 @@ const genNotifFlush = time.Second
 // kickFlush starts the GenNotif flusher, or extends its run.
 func (n *libnixl) kickFlush() { n.kickFlushFor(genNotifFlush) }
 
-// keepProgress: the agent's memory is about to be read by peers (pull):
+// KeepProgress: the agent's memory is about to be read by peers (pull):
 // without NIXL's progress thread a peer's first read waits for this
 // agent's worker to progress (the connection's wire-up), so the flusher
 // progresses it for d.

@@ -19,7 +19,7 @@ import (
 // engine library and its release, "ucx/1.13.1" (the ucx engine: libucp's
 // ucp_get_version), "nixl/ucx-1.19.0" (libnixl: NIXL's C API has no version
 // call; the UCX NIXL's plugin runs, or "nixl/ucx-unknown"), "loopback".
-// decodeMetadata compares it with this agent's before it reads any further:
+// DecodeMetadata compares it with this agent's before it reads any further:
 // the release may differ only in its patch number. Version 1 blobs (no
 // library field) are refused with a reason saying so.
 const (

@@ -400,7 +400,7 @@ type Agent struct {
 	watcherDone chan struct{}
 }
 
-// engines holds the engines that live in packages of their own (the ucx
+// registered holds the engines that live in packages of their own (the ucx
 // engine, internal/nixl/ucx): each registers its opener at init, so the
 // package that imports it — kvmanager does — makes it available to Open,
 // and this package depends on none of them.

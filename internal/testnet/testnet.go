@@ -9,13 +9,20 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"testing"
+	"sync"
 )
+
+// TB is the part of testing.TB FreePort uses (this package does not import
+// testing: the demo links it).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+}
 
 // FreePort returns a tcp port on 127.0.0.1 that was free a moment ago (a
 // process the test starts binds it; another may take it first, rarely),
 // outside the kernel's ephemeral range (Port).
-func FreePort(tb testing.TB) string {
+func FreePort(tb TB) string {
 	tb.Helper()
 	port, err := Port()
 	if err != nil {
@@ -24,8 +31,17 @@ func FreePort(tb testing.TB) string {
 	return strconv.Itoa(port)
 }
 
-// portFloor is the lowest port Port hands out.
-const portFloor = 10000
+// portFloor and portCeiling bound the ports Port hands out: below
+// Kubernetes' NodePort range (30000–32767), whose ports kube-proxy may
+// redirect on a node even with nothing listening.
+const portFloor, portCeiling = 10000, 30000
+
+// given are the ports Port handed out in this process (none twice: an
+// etcd's client and peer ports are drawn one after the other).
+var given struct {
+	sync.Mutex
+	ports map[int]bool
+}
 
 // Port returns a tcp port on 127.0.0.1 that was free a moment ago, chosen
 // below the kernel's ephemeral range (net.ipv4.ip_local_port_range: 32768
@@ -34,16 +50,27 @@ const portFloor = 10000
 // stops and starts again on its address (etcd, a bootstrap server) finds
 // it free, where a port from the ephemeral range was seen taken by
 // another test's connection in between ("bind: address already in use").
-// Other tests choosing ports the same way collide only by chance, as
-// with any port a test picks.
+// A port is handed out once per process; other processes choosing ports
+// the same way collide only by chance, as with any port a test picks.
+// Where the range starts too low to leave room below it (or cannot be
+// read), it falls back to a port the kernel picks.
 func Port() (int, error) {
-	if lo := ephemeralLow(); lo-portFloor >= 1000 {
+	given.Lock()
+	defer given.Unlock()
+	if given.ports == nil {
+		given.ports = map[int]bool{}
+	}
+	if hi := min(ephemeralLow(), portCeiling); hi-portFloor >= 1000 {
 		for range 100 {
-			p := portFloor + rand.IntN(lo-portFloor)
+			p := portFloor + rand.IntN(hi-portFloor)
+			if given.ports[p] {
+				continue
+			}
 			if ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
 				if err := ln.Close(); err != nil {
 					return 0, err
 				}
+				given.ports[p] = true
 				return p, nil
 			}
 		}

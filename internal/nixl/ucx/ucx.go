@@ -1024,7 +1024,7 @@ func (u *ucx) dropRemote(r *ucxRemote) {
 	}
 }
 
-// amRefusals reads the write path's bad-input counters (kvb_ctx) on the
+// WritesRefused reads the write path's bad-input counters (kvb_ctx) on the
 // progress thread, which alone writes them.
 func (u *ucx) WritesRefused() (refused, strayAcks uint64) {
 	_ = u.do(func() error {
@@ -1083,7 +1083,7 @@ func (u *ucx) answerReadsBadly(mode int) error {
 	return u.do(func() error { u.ctx.test_bad_answers = C.int(mode); return nil })
 }
 
-// remoteUsable: the remote's endpoint exists and has not failed.
+// RemoteUsable: the remote's endpoint exists and has not failed.
 func (u *ucx) RemoteUsable(remote string) bool {
 	ok := false
 	u.do(func() error {
@@ -1218,7 +1218,7 @@ func (u *ucx) localIndex() *nixl.RegionIndex {
 }
 
 // vramSpan names the local VRAM registration piece holding d (one
-// allocation, as exportVRAM exported it) by its address in Go memory, an
+// allocation, as nixl.ExportVRAM exported it) by its address in Go memory, an
 // identity only; DRAM spans are indices into u.localMems, never
 // compared with these (a transfer's local side is one memory kind).
 func (u *ucx) vramSpan(d nixl.Desc) uintptr {
