@@ -147,3 +147,18 @@ func bareLanded(b *testing.B, layers, pagesPer int, page uint64, pages, inflight
 	mu.Unlock()
 	return lat
 }
+
+// BenchmarkPollSleep: how long the 50 µs sleep of BenchmarkControlOverhead's
+// polling driver (pollRooms, after a sweep that found nothing to do)
+// lasts here, with nothing else running: what that driver adds to a lone
+// room.
+func BenchmarkPollSleep(b *testing.B) {
+	d := make([]time.Duration, b.N)
+	for i := range d {
+		t := time.Now()
+		time.Sleep(50 * time.Microsecond)
+		d[i] = time.Since(t)
+	}
+	b.ReportMetric(p50(d), "µs-slept-p50")
+	b.ReportMetric(pctl(d, 0.99), "µs-slept-p99")
+}
