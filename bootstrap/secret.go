@@ -15,9 +15,10 @@ import (
 // with one shared secret (PROTOCOL.md "Authentication"). Every control
 // message carries a fourth frame, its envelope: the send time, the
 // sender's message number, the receiver it is addressed to (identity and
-// epoch), the sender's certificate under per-rank identity, and an
-// HMAC-SHA256 over the three message frames and the envelope. The key is
-// the secret, or under per-rank identity (RankIdentity) a key only the
+// epoch), the sender's certificate under per-rank identity, and a GMAC
+// (AES-256-GCM) over the three message frames and the envelope, under a
+// key derived per sending process from the secret; under per-rank
+// identity (RankIdentity) the body is sealed instead, with a key only the
 // sender and the receiver can derive. A rank drops, unanswered and counted,
 // every message without a valid tag, sent more than MaxSkew away from its
 // own clock, addressed to another rank or another process of itself, or

@@ -397,10 +397,14 @@ func TestGoldenEnvelope(t *testing.T) {
 	}
 	env := Envelope{Sent: time.Unix(1800000000, 5), Seq: 7,
 		To: wire.From{Role: wire.RolePrefill, Instance: "prefill-a", Rank: 1, Epoch: 0x0fed_cba9_8765_4321}}
-	secret, err := SealAs(testAuth(), nil, nil, frames, env)
-	if err != nil {
-		t.Fatal(err)
+	// Tagged with the secret under the sender process's salt (here a
+	// fixed one: 0x10..0x1f), the message number its nonce.
+	tagger := testSealer()
+	for i := range tagger.salt {
+		tagger.salt[i] = byte(0x10 + i)
 	}
+	tagger.self = deriveTagCipher(tagger.Secret, tagger.salt[:])
+	secret := tagger.seal(nil, frames, env)
 	// Under per-rank identity the body is sealed (PROTOCOL.md "Sealed
 	// bodies"); the nonce is the sender's 16-byte prefix and message number
 	// (here a fixed prefix: 0x00..0x0f).

@@ -2,12 +2,12 @@ package control
 
 import (
 	"bytes"
+	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
-	"hash"
 	"slices"
 	"sync"
 	"time"
@@ -20,24 +20,34 @@ import (
 // A control message's fourth frame is its envelope (PROTOCOL.md
 // "Authentication", "Envelope"): the send time, the sender's message
 // number, the receiver it is addressed to (identity and epoch), the
-// sender's certificate under per-rank identity, and an HMAC-SHA256 over the
-// three message frames and the envelope, keyed with the deployment's
-// shared secret (bootstrap.Auth) or, under per-rank identity, with a key
-// only the sender and the receiver can derive (pairKey); under per-rank
-// identity the body is sealed too ("Sealed bodies"). This file writes and
+// sender's certificate under per-rank identity, the sending process's
+// salt and a GMAC (AES-256-GCM over no plaintext) of the three message
+// frames and the envelope, keyed per sending process from the
+// deployment's shared secret (bootstrap.Auth) or, under per-rank
+// identity, from a key only the sender and the receiver can derive
+// (pairKey); under per-rank identity the body is sealed instead ("Sealed
+// bodies"). This file writes and
 // checks envelopes; address.go holds the receiver's further checks
 // (addressed to this process, not a replay).
 
 // sealer tags, seals and opens messages with one Auth: a private copy of
-// it (MaxSkew defaulted) and the HMACs and ciphers it reuses.
+// it (MaxSkew defaulted), the salt of the messages it tags, and the
+// ciphers it reuses. A sealer tags the messages of one sender process
+// (a Loop, numbering them with its addressing's seq): a tag's nonce is
+// its message number under a key of the sealer's salt.
 type sealer struct {
 	bootstrap.Auth
 
-	pool   sync.Pool
+	// salt is drawn at random per sealer: the key of its tags, and so the
+	// key their nonce (the message number) must not repeat under, is
+	// derived from it (tagCipher).
+	salt [tagSaltBytes]byte
+	self cipher.AEAD // the tag cipher of salt under the secret
+
 	pairMu sync.RWMutex
-	pairs  map[string]*sync.Pool  // HMACs by pair key
+	tags   map[tagID]cipher.AEAD  // tag ciphers of sender processes (under pairMu)
 	aeads  map[string]cipher.AEAD // body ciphers by pair key (under pairMu)
-	aads   sync.Pool              // *[]byte: the associated data of a sealed message
+	aads   sync.Pool              // *aadBuf: the associated data of a message
 }
 
 // newSealer returns a sealer for auth (its secret is not checked here:
@@ -47,14 +57,25 @@ func newSealer(auth *bootstrap.Auth) *sealer {
 	if a.MaxSkew <= 0 {
 		a.MaxSkew = time.Minute
 	}
-	secret := a.Secret
-	a.pool.New = func() any { return &tagger{h: hmac.New(sha256.New, secret)} }
+	if _, err := rand.Read(a.salt[:]); err != nil {
+		panic(err) // crypto/rand does not fail
+	}
+	a.self = deriveTagCipher(a.Secret, a.salt[:])
 	return a
 }
 
-// EnvelopeMagic opens the authentication frame ("KVA2": the first
-// revision's 40-byte frame of time and tag is refused as unaddressed).
-const EnvelopeMagic = "KVA2"
+// EnvelopeMagic opens the authentication frame of a tagged message
+// ("KVA4": GMAC under a key per sending process; the second revision's
+// "KVA2", tagged with HMAC-SHA256, is refused as bad_tag, the first
+// revision's 40-byte frame of time and tag as unaddressed).
+const EnvelopeMagic = "KVA4"
+
+// tagSaltBytes is the sending process's salt in a tagged envelope, and
+// tagBytes its GMAC tag.
+const (
+	tagSaltBytes = 16
+	tagBytes     = 16
+)
 
 // envelopeSealedMagic opens the authentication frame of a message sealed
 // under per-rank identity ("KVA3", PROTOCOL.md "Sealed bodies"): its body
@@ -65,8 +86,9 @@ const envelopeSealedMagic = "KVA3"
 
 // envelopeFixed is the envelope's length without the receiver's instance
 // name and the certificate: magic, sent, seq, to epoch, to role, to rank,
-// the two lengths and the tag (a sealed envelope's nonce is shorter).
-const envelopeFixed = 4 + 8 + 8 + 8 + 1 + 4 + 2 + 2 + sha256.Size
+// the two lengths, the salt and the tag (a sealed envelope's nonce is
+// shorter).
+const envelopeFixed = 4 + 8 + 8 + 8 + 1 + 4 + 2 + 2 + tagSaltBytes + tagBytes
 
 // sealNonceBytes is a sealed message's nonce: the sending process's
 // random 16-byte prefix, then its message number (little-endian).
@@ -78,7 +100,7 @@ const maxHeaderFrame = 32
 
 // sealedFixed is a sealed envelope's length without the instance name and
 // the certificate.
-const sealedFixed = envelopeFixed - sha256.Size + sealNonceBytes
+const sealedFixed = envelopeFixed - tagSaltBytes - tagBytes + sealNonceBytes
 
 // MaxEnvelopeBytes bounds the authentication frame.
 const MaxEnvelopeBytes = envelopeFixed + wire.MaxNameBytes + wire.MaxCertBytes
@@ -143,58 +165,94 @@ type Envelope struct {
 	Cert []byte
 }
 
-// tagger is a pooled HMAC and the scratch its input and sum go through
-// (written through the hash.Hash interface, a local array would escape).
-type tagger struct {
-	h   hash.Hash
-	n   [4]byte
-	sum [sha256.Size]byte
+// tagID names a tag cipher: the key it was derived from (the pair key;
+// zero for the secret) and the sender process's salt.
+type tagID struct {
+	key  [sha256.Size]byte
+	salt [tagSaltBytes]byte
 }
 
-// tag appends the HMAC of the frames and the envelope, with the secret
-// (key nil) or a pair key, to dst.
-func (a *sealer) tag(dst []byte, key []byte, frames [][]byte, env []byte) []byte {
-	pool := &a.pool
-	if key != nil {
-		pool = a.pairPool(key)
+// deriveTagCipher returns the tag cipher of a sender process: AES-256-GCM
+// keyed with HMAC-SHA256(key, "kvbridge tag key v1" || salt).
+func deriveTagCipher(key, salt []byte) cipher.AEAD {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("kvbridge tag key v1"))
+	m.Write(salt)
+	blk, err := aes.NewCipher(m.Sum(nil))
+	if err != nil {
+		panic(err) // a 32-byte key always makes a cipher
 	}
-	t := pool.Get().(*tagger)
-	t.h.Reset()
-	for _, f := range frames {
-		binary.LittleEndian.PutUint32(t.n[:], uint32(len(f)))
-		t.h.Write(t.n[:])
-		t.h.Write(f)
+	c, err := cipher.NewGCM(blk)
+	if err != nil {
+		panic(err) // AES's block size is GCM's
 	}
-	t.h.Write(env)
-	dst = append(dst, t.h.Sum(t.sum[:0])...)
-	pool.Put(t)
-	return dst
+	return c
 }
 
-// tagEqual checks tag against the HMAC of the frames and the envelope.
-func (a *sealer) tagEqual(tag []byte, key []byte, frames [][]byte, env []byte) bool {
-	var buf [sha256.Size]byte
-	return hmac.Equal(a.tag(buf[:0], key, frames, env), tag)
-}
-
-// pairPool returns the pool of HMACs keyed with a pair key (at most
-// maxBookEntries keys are kept; past it the pools start again).
-func (a *sealer) pairPool(key []byte) *sync.Pool {
+// tagCipher returns the tag cipher of salt under the secret (key nil) or
+// a pair key, from the cache when it is there (cached false: derived now;
+// remember keeps it once a message under it proved authentic, so a
+// stranger's salts cost a derivation each and evict nothing).
+func (a *sealer) tagCipher(key, salt []byte) (c cipher.AEAD, id tagID, cached bool) {
+	if key == nil && bytes.Equal(salt, a.salt[:]) {
+		return a.self, id, true
+	}
+	copy(id.key[:], key)
+	copy(id.salt[:], salt)
 	a.pairMu.RLock()
-	p := a.pairs[string(key)]
+	c = a.tags[id]
 	a.pairMu.RUnlock()
-	if p != nil {
-		return p
+	if c != nil {
+		return c, id, true
 	}
-	k := append([]byte(nil), key...)
-	p = &sync.Pool{New: func() any { return &tagger{h: hmac.New(sha256.New, k)} }}
+	base := key
+	if key == nil {
+		base = a.Secret
+	}
+	return deriveTagCipher(base, salt), id, false
+}
+
+// remember caches a tag cipher (at most maxBookEntries are kept; past it
+// the cache starts again).
+func (a *sealer) remember(id tagID, c cipher.AEAD) {
 	a.pairMu.Lock()
-	if a.pairs == nil || len(a.pairs) >= maxBookEntries {
-		a.pairs = map[string]*sync.Pool{}
+	if a.tags == nil || len(a.tags) >= maxBookEntries {
+		a.tags = map[tagID]cipher.AEAD{}
 	}
-	a.pairs[string(k)] = p
+	a.tags[id] = c
 	a.pairMu.Unlock()
-	return p
+}
+
+// aadBuf is the scratch of a tag or a seal: its associated data and a
+// tag's nonce (pooled: a slice handed to cipher.AEAD escapes).
+type aadBuf struct {
+	b     []byte
+	nonce [12]byte
+}
+
+// tagNonce lays out a tag's nonce: four zero bytes, then the message
+// number (little-endian), which a sender process never uses twice.
+func (p *aadBuf) tagNonce(seq uint64) []byte {
+	p.nonce = [12]byte{}
+	binary.LittleEndian.PutUint64(p.nonce[4:], seq)
+	return p.nonce[:]
+}
+
+// tagOK checks a tagged envelope f (its salt at at, then its tag) against
+// the frames, with the tag cipher of its salt under the secret (key nil)
+// or a pair key.
+func (a *sealer) tagOK(key []byte, frames [][]byte, f []byte, at int, seq uint64) bool {
+	c, id, cached := a.tagCipher(key, f[at:at+tagSaltBytes])
+	aad := a.aad(frames, f[:at+tagSaltBytes])
+	_, err := c.Open(nil, aad.tagNonce(seq), f[at+tagSaltBytes:], aad.b)
+	a.aads.Put(aad)
+	if err != nil {
+		return false
+	}
+	if !cached {
+		a.remember(id, c)
+	}
+	return true
 }
 
 // Seal appends the authentication frame to the three frames of a message,
@@ -229,10 +287,21 @@ func (a *sealer) sealWith(key []byte, frames [][]byte, env Envelope, nonce []byt
 }
 
 // sealInto appends the authentication frame of frames to dst (a sender
-// reuses dst's memory from one message to the next).
+// reuses dst's memory from one message to the next): the envelope, the
+// sealer's salt, and the GMAC of the frames (a message's three, each with
+// its length as a uint32) and the envelope up to the tag, its nonce
+// env.Seq.
 func (a *sealer) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope) []byte {
 	f := appendEnvelope(dst, EnvelopeMagic, env)
-	return a.tag(f, key, frames, f[len(dst):])
+	f = append(f, a.salt[:]...)
+	c, id, cached := a.tagCipher(key, a.salt[:])
+	if !cached {
+		a.remember(id, c)
+	}
+	aad := a.aad(frames, f[len(dst):])
+	f = c.Seal(f, aad.tagNonce(env.Seq), nil, aad.b)
+	a.aads.Put(aad)
+	return f
 }
 
 // sealBodyInto seals a message under a pair key: it appends the sealed
@@ -242,26 +311,26 @@ func (a *sealer) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope)
 func (a *sealer) sealBodyInto(dst, body, key []byte, frames [][]byte, env Envelope, nonce []byte) (envFrame, sealed []byte) {
 	f := appendEnvelope(dst, envelopeSealedMagic, env)
 	f = append(f, nonce...)
-	aad := a.aad(frames, f[len(dst):])
-	sealed = a.aeadFor(key).Seal(body, nonce, frames[2], *aad)
+	aad := a.aad(frames[:2], f[len(dst):])
+	sealed = a.aeadFor(key).Seal(body, nonce, frames[2], aad.b)
 	a.aads.Put(aad)
 	return f, sealed
 }
 
-// aad lays out a sealed message's associated data: for frames 0 and 1
-// their length as a uint32 and their bytes, then the envelope. The caller
-// puts it back in a.aads.
-func (a *sealer) aad(frames [][]byte, env []byte) *[]byte {
-	p, _ := a.aads.Get().(*[]byte)
+// aad lays out a message's associated data: for each frame (0 and 1 for a
+// sealed message, 0, 1 and 2 for a tagged one) its length as a uint32 and
+// its bytes, then the envelope. The caller puts it back in a.aads.
+func (a *sealer) aad(frames [][]byte, env []byte) *aadBuf {
+	p, _ := a.aads.Get().(*aadBuf)
 	if p == nil {
-		p = new([]byte)
+		p = new(aadBuf)
 	}
-	b := (*p)[:0]
-	for _, f := range frames[:2] {
+	b := p.b[:0]
+	for _, f := range frames {
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(f)))
 		b = append(b, f...)
 	}
-	*p = append(b, env...)
+	p.b = append(b, env...)
 	return p
 }
 
@@ -311,7 +380,7 @@ func appendEnvelope(dst []byte, magic string, env Envelope) []byte {
 }
 
 // parseEnvelope splits the authentication frame into the envelope and
-// the offset of its tag (a sealed one's: of its nonce); why is AuthMissing,
+// the offset of its salt (a sealed one's: of its nonce); why is AuthMissing,
 // AuthBadTag or AuthUnaddressed.
 func parseEnvelope(f []byte) (env Envelope, tagAt int, sealed bool, why string) {
 	if len(f) == 8+sha256.Size { // the first revision's frame: time and tag only
@@ -321,7 +390,7 @@ func parseEnvelope(f []byte) (env Envelope, tagAt int, sealed bool, why string) 
 		return env, 0, false, AuthBadTag
 	}
 	sealed = string(f[:4]) == envelopeSealedMagic
-	fixed, tail := envelopeFixed, sha256.Size
+	fixed, tail := envelopeFixed, tagSaltBytes+tagBytes
 	if sealed {
 		fixed, tail = sealedFixed, sealNonceBytes
 	}
@@ -388,14 +457,14 @@ func (a *sealer) open(frames [][]byte, now time.Time, keyFor func(cert []byte) (
 			// data.
 			return nil, env, AuthBadTag
 		}
-		aad := a.aad(frames, f)
-		body, err := a.aeadFor(key).Open(frames[2][:0], f[at:], frames[2], *aad)
+		aad := a.aad(frames[:2], f)
+		body, err := a.aeadFor(key).Open(frames[2][:0], f[at:], frames[2], aad.b)
 		a.aads.Put(aad)
 		if err != nil {
 			return nil, env, AuthBadTag
 		}
 		frames[2] = body // decrypted in place
-	case !a.tagEqual(f[at:], key, frames[:3], f[:at]):
+	case !a.tagOK(key, frames[:3], f, at, env.Seq):
 		return nil, env, AuthBadTag
 	case key != nil:
 		// Under per-rank identity every body is sealed: an authentic but

@@ -430,7 +430,7 @@ func BenchmarkTagCandidates(b *testing.B) {
 		msg = binary.LittleEndian.AppendUint32(msg, uint32(len(f)))
 		msg = append(msg, f...)
 	}
-	msg = append(msg, frames[3][:len(frames[3])-sha256.Size]...)
+	msg = append(msg, frames[3][:len(frames[3])-tagBytes]...)
 	key := make([]byte, 32)
 	b.Run(fmt.Sprintf("hmac-sha256/%dB", len(msg)), func(b *testing.B) {
 		h := hmac.New(sha256.New, key)

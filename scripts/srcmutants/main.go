@@ -940,8 +940,20 @@ var mutants = []mutant{
 		pkg: "internal/control", run: "^TestBodiesSealedUnderRankIdentity$"},
 	{name: "unsealed-accepted", file: "internal/control/auth.go", old: "\tcase key != nil:\n\t\t// Under per-rank identity every body is sealed", new: "\tcase key != nil && false:\n\t\t// Under per-rank identity every body is sealed",
 		pkg: "internal/control", run: "^TestBodiesSealedUnderRankIdentity$"},
-	{name: "seal-aad-without-type", file: "internal/control/auth.go", old: "\tfor _, f := range frames[:2] {", new: "\tfor _, f := range frames[:1] {",
-		pkg: "internal/control", run: "^TestBodiesSealedUnderRankIdentity$"},
+	{name: "seal-aad-without-type", file: "internal/control/auth.go", old: "\taad := a.aad(frames[:2], f[len(dst):])", new: "\taad := a.aad(frames[:1], f[len(dst):])",
+		pkg: "internal/control", run: "^TestBodiesSealedUnderRankIdentity$", more: []edit{{"internal/control/auth.go", "\t\taad := a.aad(frames[:2], f)\n", "\t\taad := a.aad(frames[:1], f)\n"}}},
+	// The tagged envelope (KVA4, PROTOCOL.md "Envelope"): the tag key not
+	// the sender process's own (its salt left out of the derivation); the
+	// nonce without the message number; a forged salt's key cached before
+	// its tag was checked; the cache of tag keys unbounded.
+	{name: "tag-salt-not-in-key", file: "internal/control/auth.go", old: "\tm.Write(salt)\n", new: "",
+		pkg: "internal/control", run: "^TestGoldenEnvelope$"},
+	{name: "tag-nonce-without-seq", file: "internal/control/auth.go", old: "\tbinary.LittleEndian.PutUint64(p.nonce[4:], seq)", new: "\tbinary.LittleEndian.PutUint64(p.nonce[4:], 0)",
+		pkg: "internal/control", run: "^TestGoldenEnvelope$"},
+	{name: "tag-forged-salt-cached", file: "internal/control/auth.go", old: "\tif err != nil {\n\t\treturn false\n\t}\n\tif !cached {\n\t\ta.remember(id, c)\n\t}", new: "\tif !cached {\n\t\ta.remember(id, c)\n\t}\n\tif err != nil {\n\t\treturn false\n\t}",
+		pkg: "internal/control", run: "^TestTagKeysCachedOnlyWhenAuthentic$"},
+	{name: "tag-cache-unbounded", file: "internal/control/auth.go", old: "\tif a.tags == nil || len(a.tags) >= maxBookEntries {", new: "\tif a.tags == nil {",
+		pkg: "internal/control", run: "^TestTagKeysCachedOnlyWhenAuthentic$"},
 	{name: "nonce-prefix-fixed", file: "internal/control/address.go", old: "\tif _, err := rand.Read(a.noncePrefix[:]); err != nil {", new: "\tif _, err := rand.Read(make([]byte, 16)); err != nil {",
 		pkg: "internal/control", run: "^TestSealNoncesNeverRepeat$"},
 	{name: "nonce-without-seq", file: "internal/control/address.go", old: "\tbinary.LittleEndian.PutUint64(dst[len(a.noncePrefix):], seq)\n", new: "",
@@ -962,7 +974,7 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestLateOfferLoadedIsStale$"},
 	{name: "unproven-repeat-kept", file: "internal/core/offer.go", old: "\t\t\tdelete(c.offers, key)\n", new: "",
 		pkg: "internal/core", run: "^TestLateOfferLoadedIsStale$"},
-	{name: "unsealed-before-tag", file: "internal/control/auth.go", old: "\tcase !a.tagEqual(f[at:], key, frames[:3], f[:at]):\n\t\treturn nil, env, AuthBadTag\n\tcase key != nil:", new: "\tcase key != nil:\n\t\treturn nil, env, AuthUnsealed\n\tcase !a.tagEqual(f[at:], key, frames[:3], f[:at]):",
+	{name: "unsealed-before-tag", file: "internal/control/auth.go", old: "\tcase !a.tagOK(key, frames[:3], f, at, env.Seq):\n\t\treturn nil, env, AuthBadTag\n\tcase key != nil:", new: "\tcase key != nil:\n\t\treturn nil, env, AuthUnsealed\n\tcase !a.tagOK(key, frames[:3], f, at, env.Seq):",
 		pkg: "internal/control", run: "^TestBodiesSealedUnderRankIdentity$"},
 	// A sealed message's header frames copied unbounded; a rank's earlier
 	// processes' offers kept.
