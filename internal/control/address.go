@@ -95,12 +95,10 @@ type addressing struct {
 	role        string              // this rank's role: peers have the other
 	rebindAfter time.Duration       // the heartbeat bound
 
-	seq atomic.Uint64 // the last message number stamped
-	// noncePrefix begins every sealed message's nonce (then its message
-	// number): drawn at random per process, so no two processes — nor
-	// two lives of one rank, whose numbers start again at 1 — seal two
-	// messages under one pair key with the same nonce.
-	noncePrefix [sealNonceBytes - 8]byte
+	// seq is the last message number stamped: the nonce of the message's
+	// tag or sealed body under its loop's sealer's salt (auth.go), so each
+	// number goes out once.
+	seq atomic.Uint64
 
 	mu       sync.Mutex
 	book     map[string]*where
@@ -119,18 +117,7 @@ func newAddressing(auth *sealer, id *ident.RankIdentity, role string) *addressin
 	a := &addressing{auth: auth, id: id, role: role, rebindAfter: 15 * time.Second, book: map[string]*where{}, bookLRU: list.New(),
 		byRank: map[rankID][]string{}, certs: map[string]*peerCert{}, badCerts: map[string]error{},
 		windows: map[senderKey]*window{}, winLRU: list.New(), winRank: map[rankID][]uint64{}, nudged: map[senderKey]time.Time{}}
-	if _, err := rand.Read(a.noncePrefix[:]); err != nil {
-		panic(err) // crypto/rand does not fail
-	}
 	return a
-}
-
-// nonce lays out a sealed message's nonce in dst: the process's prefix,
-// then the message number.
-func (a *addressing) nonce(dst *[sealNonceBytes]byte, seq uint64) []byte {
-	copy(dst[:], a.noncePrefix[:])
-	binary.LittleEndian.PutUint64(dst[len(a.noncePrefix):], seq)
-	return dst[:]
 }
 
 var errNoPeerCert = errors.New("no identity certificate known for the peer (per-rank identity is on: a prefill rank's comes with its bootstrap record, a decode rank's with its messages)")

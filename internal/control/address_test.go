@@ -403,23 +403,18 @@ func TestGoldenEnvelope(t *testing.T) {
 	for i := range tagger.salt {
 		tagger.salt[i] = byte(0x10 + i)
 	}
-	tagger.self = deriveTagCipher(tagger.Secret, tagger.salt[:])
+	tagger.self = deriveCipher(tagLabel, tagger.Secret, tagger.salt[:])
 	secret := tagger.seal(nil, frames, env)
 	// Under per-rank identity the body is sealed (PROTOCOL.md "Sealed
-	// bodies"); the nonce is the sender's 16-byte prefix and message number
-	// (here a fixed prefix: 0x00..0x0f).
+	// bodies") under the sender process's body key for the pair (the same
+	// fixed salt), the message number its nonce.
 	key, err := tagKey(a.Secret, dec, pre.Cert.Raw())
 	if err != nil {
 		t.Fatal(err)
 	}
 	penv := env
 	penv.Cert = dec.Cert.Raw()
-	nonce := make([]byte, sealNonceBytes)
-	for i := range 16 {
-		nonce[i] = byte(i)
-	}
-	binary.LittleEndian.PutUint64(nonce[16:], penv.Seq)
-	pair := a.sealWith(key, frames, penv, nonce)
+	pair := tagger.seal(key, frames, penv)
 	if bytes.Contains(pair[2], []byte("client left")) {
 		t.Fatal("the sealed body carries its reason in the clear")
 	}
@@ -712,32 +707,47 @@ func TestBodiesSealedUnderRankIdentity(t *testing.T) {
 	}
 }
 
-// TestSealNoncesNeverRepeat: a sealed message's nonce is its process's
-// random prefix and its message number, so no two messages under one pair
-// key share one — neither two of a process, nor the same number from two
-// lives of one rank (a restart numbers from 1 again). And what the loop
-// sends carries it: two messages' nonces differ.
+// TestSealNoncesNeverRepeat: a sealed message's nonce is its message
+// number under its process's own body key (derived from a salt drawn per
+// process), so no two messages under one key share one — neither two of a
+// process, nor the same number from two lives of one rank (a restart
+// numbers from 1 again): the same body sealed twice never looks the same
+// on the wire. And what the loop sends carries one salt and a new number
+// each time.
 func TestSealNoncesNeverRepeat(t *testing.T) {
 	_, did, pid := identities(t)
-	first, restarted := newAddressing(testSealer(), did, wire.RoleDecode), newAddressing(testSealer(), did, wire.RoleDecode)
-	var a, b, c [sealNonceBytes]byte
-	n1, n2 := first.nonce(&a, 1), first.nonce(&b, 2)
-	assert.NotEqual(t, n1, n2, "two messages of one process")
-	assert.NotEqual(t, n1, restarted.nonce(&c, 1), "message 1 of two lives of one rank")
-	assert.Equal(t, binary.LittleEndian.AppendUint64(nil, 2), n2[16:], "the message number closes the nonce")
+	first, restarted := testSealer(), testSealer()
+	key, err := tagKey(first.Secret, did, pid.Cert.Raw())
+	require.NoError(t, err)
+	f, err := wire.Encode(&wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: "d"}, Room: 1, Reason: "the same body"})
+	require.NoError(t, err)
+	env := Envelope{Sent: time.Now(), Seq: 1, To: certIdentity(pid.Cert), Cert: did.Cert.Raw()}
+	one := first.seal(key, f[:3:3], env)
+	env.Seq = 2
+	two := first.seal(key, f[:3:3], env)
+	env.Seq = 1
+	again := restarted.seal(key, f[:3:3], env)
+	// (the encrypted bytes, without the tag: under a repeated nonce they
+	// would be the same, the key stream laid bare).
+	ct := func(m [][]byte) []byte { return m[2][:len(m[2])-tagBytes] }
+	assert.NotEqual(t, ct(one), ct(two), "one body sealed as two messages of one process")
+	assert.NotEqual(t, ct(one), ct(again), "one body sealed as message 1 of two lives of one rank")
+	assert.NotEqual(t, one[3][len(one[3])-tagSaltBytes:], again[3][len(again[3])-tagSaltBytes:], "two processes' salts")
 
 	decode := newRank(t, wire.RoleDecode, "d", withIdentity(did))
 	prefill := newRank(t, wire.RolePrefill, "p", withIdentity(pid))
 	tp := newTap(t)
 	to := prefill.peer()
 	to.Endpoint = tp.ep
-	nonces := map[string]bool{}
+	salts, seqs := map[string]bool{}, map[uint64]bool{}
 	for i := range 3 {
 		require.NoError(t, decode.Send(to, &wire.Abort{Room: uint64(i)}))
 		env := tp.next(t)[3]
-		nonces[string(env[len(env)-sealNonceBytes:])] = true
+		salts[string(env[len(env)-tagSaltBytes:])] = true
+		seqs[binary.LittleEndian.Uint64(env[12:])] = true
 	}
-	assert.Len(t, nonces, 3)
+	assert.Len(t, salts, 1, "one process, one salt")
+	assert.Len(t, seqs, 3, "a message number per message")
 }
 
 // TestSealedHeaderFramesBounded (review of 3fee272): a sealed message's

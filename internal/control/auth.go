@@ -14,7 +14,6 @@ import (
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/wire"
-	"golang.org/x/crypto/chacha20poly1305"
 )
 
 // A control message's fourth frame is its envelope (PROTOCOL.md
@@ -25,8 +24,9 @@ import (
 // frames and the envelope, keyed per sending process from the
 // deployment's shared secret (bootstrap.Auth) or, under per-rank
 // identity, from a key only the sender and the receiver can derive
-// (pairKey); under per-rank identity the body is sealed instead ("Sealed
-// bodies"). This file writes and
+// (pairKey); under per-rank identity the body is sealed instead, with
+// AES-256-GCM under a key per sending process too ("Sealed bodies"). This
+// file writes and
 // checks envelopes; address.go holds the receiver's further checks
 // (addressed to this process, not a replay).
 
@@ -44,10 +44,9 @@ type sealer struct {
 	salt [tagSaltBytes]byte
 	self cipher.AEAD // the tag cipher of salt under the secret
 
-	pairMu sync.RWMutex
-	tags   map[tagID]cipher.AEAD  // tag ciphers of sender processes (under pairMu)
-	aeads  map[string]cipher.AEAD // body ciphers by pair key (under pairMu)
-	aads   sync.Pool              // *aadBuf: the associated data of a message
+	pairMu  sync.RWMutex
+	ciphers map[cipherID]cipher.AEAD // tag and body ciphers of sender processes (under pairMu)
+	aads    sync.Pool                // *aadBuf: the associated data of a message
 }
 
 // newSealer returns a sealer for auth (its secret is not checked here:
@@ -60,7 +59,7 @@ func newSealer(auth *bootstrap.Auth) *sealer {
 	if _, err := rand.Read(a.salt[:]); err != nil {
 		panic(err) // crypto/rand does not fail
 	}
-	a.self = deriveTagCipher(a.Secret, a.salt[:])
+	a.self = deriveCipher(tagLabel, a.Secret, a.salt[:])
 	return a
 }
 
@@ -78,11 +77,13 @@ const (
 )
 
 // envelopeSealedMagic opens the authentication frame of a message sealed
-// under per-rank identity ("KVA3", PROTOCOL.md "Sealed bodies"): its body
-// (frame 2) is encrypted and authenticated with XChaCha20-Poly1305 under
-// the pair's body key, and the envelope ends with the message's 24-byte
-// nonce where a tagged envelope has its tag.
-const envelopeSealedMagic = "KVA3"
+// under per-rank identity ("KVA5", PROTOCOL.md "Sealed bodies"): its body
+// (frame 2) is encrypted and authenticated with AES-256-GCM under the
+// sending process's body key for the pair, the message number its nonce,
+// and the envelope ends with the process's salt (no tag: the body carries
+// it). The third revision's "KVA3" (XChaCha20-Poly1305, a 24-byte nonce)
+// is refused as bad_tag.
+const envelopeSealedMagic = "KVA5"
 
 // envelopeFixed is the envelope's length without the receiver's instance
 // name and the certificate: magic, sent, seq, to epoch, to role, to rank,
@@ -90,17 +91,13 @@ const envelopeSealedMagic = "KVA3"
 // shorter).
 const envelopeFixed = 4 + 8 + 8 + 8 + 1 + 4 + 2 + 2 + tagSaltBytes + tagBytes
 
-// sealNonceBytes is a sealed message's nonce: the sending process's
-// random 16-byte prefix, then its message number (little-endian).
-const sealNonceBytes = chacha20poly1305.NonceSizeX
-
 // maxHeaderFrame bounds frames 0 and 1 of a sealed message (the magic and
 // the type name) before they are read.
 const maxHeaderFrame = 32
 
 // sealedFixed is a sealed envelope's length without the instance name and
 // the certificate.
-const sealedFixed = envelopeFixed - tagSaltBytes - tagBytes + sealNonceBytes
+const sealedFixed = envelopeFixed - tagBytes
 
 // MaxEnvelopeBytes bounds the authentication frame.
 const MaxEnvelopeBytes = envelopeFixed + wire.MaxNameBytes + wire.MaxCertBytes
@@ -165,18 +162,26 @@ type Envelope struct {
 	Cert []byte
 }
 
-// tagID names a tag cipher: the key it was derived from (the pair key;
-// zero for the secret) and the sender process's salt.
-type tagID struct {
-	key  [sha256.Size]byte
-	salt [tagSaltBytes]byte
+// The labels of a sender process's keys: its tags' (under the secret or a
+// pair key) and its sealed bodies' (under a pair key).
+const (
+	tagLabel  = "kvbridge tag key v1"
+	bodyLabel = "kvbridge body v2"
+)
+
+// cipherID names a sender process's cipher: its label, the key it was
+// derived from (the pair key; zero for the secret) and the process's salt.
+type cipherID struct {
+	label string
+	key   [sha256.Size]byte
+	salt  [tagSaltBytes]byte
 }
 
-// deriveTagCipher returns the tag cipher of a sender process: AES-256-GCM
-// keyed with HMAC-SHA256(key, "kvbridge tag key v1" || salt).
-func deriveTagCipher(key, salt []byte) cipher.AEAD {
+// deriveCipher returns a sender process's cipher: AES-256-GCM keyed with
+// HMAC-SHA256(key, label || salt).
+func deriveCipher(label string, key, salt []byte) cipher.AEAD {
 	m := hmac.New(sha256.New, key)
-	m.Write([]byte("kvbridge tag key v1"))
+	m.Write([]byte(label))
 	m.Write(salt)
 	blk, err := aes.NewCipher(m.Sum(nil))
 	if err != nil {
@@ -189,18 +194,20 @@ func deriveTagCipher(key, salt []byte) cipher.AEAD {
 	return c
 }
 
-// tagCipher returns the tag cipher of salt under the secret (key nil) or
-// a pair key, from the cache when it is there (cached false: derived now;
-// remember keeps it once a message under it proved authentic, so a
-// stranger's salts cost a derivation each and evict nothing).
-func (a *sealer) tagCipher(key, salt []byte) (c cipher.AEAD, id tagID, cached bool) {
-	if key == nil && bytes.Equal(salt, a.salt[:]) {
+// cipherOf returns the cipher of label and salt under the secret (key
+// nil) or a pair key, from the cache when it is there (cached false:
+// derived now; remember keeps it once a message under it proved
+// authentic, so a stranger's salts cost a derivation each and evict
+// nothing).
+func (a *sealer) cipherOf(label string, key, salt []byte) (c cipher.AEAD, id cipherID, cached bool) {
+	if label == tagLabel && key == nil && bytes.Equal(salt, a.salt[:]) {
 		return a.self, id, true
 	}
+	id.label = label
 	copy(id.key[:], key)
 	copy(id.salt[:], salt)
 	a.pairMu.RLock()
-	c = a.tags[id]
+	c = a.ciphers[id]
 	a.pairMu.RUnlock()
 	if c != nil {
 		return c, id, true
@@ -209,17 +216,17 @@ func (a *sealer) tagCipher(key, salt []byte) (c cipher.AEAD, id tagID, cached bo
 	if key == nil {
 		base = a.Secret
 	}
-	return deriveTagCipher(base, salt), id, false
+	return deriveCipher(label, base, salt), id, false
 }
 
-// remember caches a tag cipher (at most maxBookEntries are kept; past it
-// the cache starts again).
-func (a *sealer) remember(id tagID, c cipher.AEAD) {
+// remember caches a cipher (at most maxBookEntries are kept; past it the
+// cache starts again).
+func (a *sealer) remember(id cipherID, c cipher.AEAD) {
 	a.pairMu.Lock()
-	if a.tags == nil || len(a.tags) >= maxBookEntries {
-		a.tags = map[tagID]cipher.AEAD{}
+	if a.ciphers == nil || len(a.ciphers) >= maxBookEntries {
+		a.ciphers = map[cipherID]cipher.AEAD{}
 	}
-	a.tags[id] = c
+	a.ciphers[id] = c
 	a.pairMu.Unlock()
 }
 
@@ -242,7 +249,7 @@ func (p *aadBuf) tagNonce(seq uint64) []byte {
 // the frames, with the tag cipher of its salt under the secret (key nil)
 // or a pair key.
 func (a *sealer) tagOK(key []byte, frames [][]byte, f []byte, at int, seq uint64) bool {
-	c, id, cached := a.tagCipher(key, f[at:at+tagSaltBytes])
+	c, id, cached := a.cipherOf(tagLabel, key, f[at:at+tagSaltBytes])
 	aad := a.aad(frames, f[:at+tagSaltBytes])
 	_, err := c.Open(nil, aad.tagNonce(seq), f[at+tagSaltBytes:], aad.b)
 	a.aads.Put(aad)
@@ -264,25 +271,17 @@ func Seal(auth *bootstrap.Auth, frames [][]byte, env Envelope) [][]byte {
 }
 
 // seal seals a message's three frames: tagged with the secret (key nil),
-// or under a pair key with its body sealed (a random nonce; a Loop uses
-// its process's prefix and the message number instead).
+// or under a pair key with its body sealed (frames is then not changed).
+// Its nonce is env.Seq under the sealer's salt: a sealer seals each
+// number once (a Loop numbers its messages; SealAs makes a sealer per
+// message).
 func (a *sealer) seal(key []byte, frames [][]byte, env Envelope) [][]byte {
 	if key == nil {
 		return append(frames, a.sealInto(nil, key, frames, env))
 	}
-	var nonce [sealNonceBytes]byte
-	if _, err := rand.Read(nonce[:]); err != nil {
-		panic(err) // crypto/rand does not fail
-	}
-	return a.sealWith(key, frames, env, nonce[:])
-}
-
-// sealWith seals frames under a pair key with the given nonce: frame 2
-// encrypted, the sealed envelope appended (frames is not changed).
-func (a *sealer) sealWith(key []byte, frames [][]byte, env Envelope, nonce []byte) [][]byte {
 	out := slices.Clone(frames[:3])
 	var envFrame []byte
-	envFrame, out[2] = a.sealBodyInto(nil, nil, key, frames, env, nonce)
+	envFrame, out[2] = a.sealBodyInto(nil, nil, key, frames, env)
 	return append(out, envFrame)
 }
 
@@ -294,7 +293,7 @@ func (a *sealer) sealWith(key []byte, frames [][]byte, env Envelope, nonce []byt
 func (a *sealer) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope) []byte {
 	f := appendEnvelope(dst, EnvelopeMagic, env)
 	f = append(f, a.salt[:]...)
-	c, id, cached := a.tagCipher(key, a.salt[:])
+	c, id, cached := a.cipherOf(tagLabel, key, a.salt[:])
 	if !cached {
 		a.remember(id, c)
 	}
@@ -305,14 +304,19 @@ func (a *sealer) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope)
 }
 
 // sealBodyInto seals a message under a pair key: it appends the sealed
-// authentication frame (the envelope, then nonce) to dst and frame 2
-// encrypted, with its 16-byte tag, to body. The associated data are
-// frames 0 and 1 and the whole envelope.
-func (a *sealer) sealBodyInto(dst, body, key []byte, frames [][]byte, env Envelope, nonce []byte) (envFrame, sealed []byte) {
+// authentication frame (the envelope, then the sealer's salt) to dst and
+// frame 2 encrypted with the sender process's body key for the pair, its
+// 16-byte tag appended, to body; the nonce is env.Seq. The associated
+// data are frames 0 and 1 and the whole envelope.
+func (a *sealer) sealBodyInto(dst, body, key []byte, frames [][]byte, env Envelope) (envFrame, sealed []byte) {
 	f := appendEnvelope(dst, envelopeSealedMagic, env)
-	f = append(f, nonce...)
+	f = append(f, a.salt[:]...)
+	c, id, cached := a.cipherOf(bodyLabel, key, a.salt[:])
+	if !cached {
+		a.remember(id, c)
+	}
 	aad := a.aad(frames[:2], f[len(dst):])
-	sealed = a.aeadFor(key).Seal(body, nonce, frames[2], aad.b)
+	sealed = c.Seal(body, aad.tagNonce(env.Seq), frames[2], aad.b)
 	a.aads.Put(aad)
 	return f, sealed
 }
@@ -332,31 +336,6 @@ func (a *sealer) aad(frames [][]byte, env []byte) *aadBuf {
 	}
 	p.b = append(b, env...)
 	return p
-}
-
-// aeadFor returns the body cipher of a pair key: XChaCha20-Poly1305 keyed
-// with HMAC-SHA256(pair key, "kvbridge body v1") (at most maxBookEntries
-// are kept; past it the cache starts again).
-func (a *sealer) aeadFor(key []byte) cipher.AEAD {
-	a.pairMu.RLock()
-	c := a.aeads[string(key)]
-	a.pairMu.RUnlock()
-	if c != nil {
-		return c
-	}
-	m := hmac.New(sha256.New, key)
-	m.Write([]byte("kvbridge body v1"))
-	c, err := chacha20poly1305.NewX(m.Sum(nil))
-	if err != nil {
-		panic(err) // a 32-byte key always makes a cipher
-	}
-	a.pairMu.Lock()
-	if a.aeads == nil || len(a.aeads) >= maxBookEntries {
-		a.aeads = map[string]cipher.AEAD{}
-	}
-	a.aeads[string(key)] = c
-	a.pairMu.Unlock()
-	return c
 }
 
 // appendEnvelope appends an envelope's fields, from magic to the
@@ -392,7 +371,7 @@ func parseEnvelope(f []byte) (env Envelope, tagAt int, sealed bool, why string) 
 	sealed = string(f[:4]) == envelopeSealedMagic
 	fixed, tail := envelopeFixed, tagSaltBytes+tagBytes
 	if sealed {
-		fixed, tail = sealedFixed, sealNonceBytes
+		fixed, tail = sealedFixed, tagSaltBytes
 	}
 	if len(f) < fixed || len(f) > MaxEnvelopeBytes || (!sealed && string(f[:4]) != EnvelopeMagic) {
 		return env, 0, false, AuthBadTag
@@ -457,11 +436,15 @@ func (a *sealer) open(frames [][]byte, now time.Time, keyFor func(cert []byte) (
 			// data.
 			return nil, env, AuthBadTag
 		}
+		c, id, cached := a.cipherOf(bodyLabel, key, f[at:])
 		aad := a.aad(frames[:2], f)
-		body, err := a.aeadFor(key).Open(frames[2][:0], f[at:], frames[2], aad.b)
+		body, err := c.Open(frames[2][:0], aad.tagNonce(env.Seq), frames[2], aad.b)
 		a.aads.Put(aad)
 		if err != nil {
 			return nil, env, AuthBadTag
+		}
+		if !cached {
+			a.remember(id, c)
 		}
 		frames[2] = body // decrypted in place
 	case !a.tagOK(key, frames[:3], f, at, env.Seq):

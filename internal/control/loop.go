@@ -149,9 +149,8 @@ type outbound struct {
 type scratch struct {
 	frames [4][]byte
 	env    []byte
-	// body and nonce: a sealed message's encrypted body and its nonce.
-	body  []byte
-	nonce [sealNonceBytes]byte
+	// body: a sealed message's encrypted body.
+	body []byte
 }
 
 type watchCmd struct {
@@ -449,7 +448,7 @@ func (l *Loop) wire(o outbound, sc *scratch, now time.Time) [][]byte {
 	if o.tagKey != nil {
 		// Per-rank identity: the body sealed under the pair's key (room
 		// ids and page lists are not readable on the wire).
-		sc.env, sc.body = l.auth.sealBodyInto(sc.env[:0], sc.body[:0], o.tagKey, sc.frames[:3], env, l.addr.nonce(&sc.nonce, env.Seq))
+		sc.env, sc.body = l.auth.sealBodyInto(sc.env[:0], sc.body[:0], o.tagKey, sc.frames[:3], env)
 		sc.frames[2] = sc.body
 	} else {
 		sc.env = l.auth.sealInto(sc.env[:0], o.tagKey, sc.frames[:3], env)

@@ -69,7 +69,7 @@ func TestTagKeyPerSenderProcess(t *testing.T) {
 // TestTagOfEarlierRevisionRefused: the second revision's envelope (KVA2,
 // the same fields tagged with HMAC-SHA256 under the secret) is refused as
 // bad_tag, as is a KVA4 envelope carrying that HMAC where its salt and
-// tag go.
+// tag go, and the third revision's sealed envelope (KVA3).
 func TestTagOfEarlierRevisionRefused(t *testing.T) {
 	frames, env := tagFixture(t)
 	a := testSealer()
@@ -87,6 +87,17 @@ func TestTagOfEarlierRevisionRefused(t *testing.T) {
 		_, _, why := a.open(append(slices.Clone(frames), hmacTagged(magic)), time.Now(), nil)
 		assert.Equal(t, AuthBadTag, why, "an HMAC-tagged %s envelope", magic)
 	}
+
+	// The third revision's sealed envelope (KVA3: XChaCha20-Poly1305, a
+	// 24-byte nonce where KVA5 has its salt), from a certificate holder.
+	_, did, pid := identities(t)
+	key, err := tagKey(a.Secret, did, pid.Cert.Raw())
+	require.NoError(t, err)
+	penv := env
+	penv.Cert = did.Cert.Raw()
+	kva3 := append(appendEnvelope(nil, "KVA3", penv), make([]byte, 24)...)
+	_, _, why := a.open(append(slices.Clone(frames), kva3), time.Now(), func([]byte) ([]byte, string) { return key, "" })
+	assert.Equal(t, AuthBadTag, why, "a KVA3 envelope")
 }
 
 // TestTagKeysCachedOnlyWhenAuthentic: a receiver keeps a sender process's
@@ -100,7 +111,7 @@ func TestTagKeysCachedOnlyWhenAuthentic(t *testing.T) {
 	cached := func() int {
 		recv.pairMu.RLock()
 		defer recv.pairMu.RUnlock()
-		return len(recv.tags)
+		return len(recv.ciphers)
 	}
 	for i := range 50 {
 		m := testSealer().seal(nil, frames, env)
@@ -119,6 +130,26 @@ func TestTagKeysCachedOnlyWhenAuthentic(t *testing.T) {
 		require.Empty(t, why)
 	}
 	assert.Equal(t, 1, cached(), "one sender process's key, cached once")
+
+	// Sealed under a pair key: a forged salt's body key is not kept
+	// either, the sender's is.
+	_, did, pid := identities(t)
+	key, err := tagKey(recv.Secret, did, pid.Cert.Raw())
+	require.NoError(t, err)
+	penv := env
+	penv.Cert = did.Cert.Raw()
+	keyFor := func([]byte) ([]byte, string) { return key, "" }
+	for i := range 50 {
+		m := testSealer().seal(key, frames, penv)
+		_, err := rand.Read(m[3][len(m[3])-tagSaltBytes:]) // a stranger's salt
+		require.NoError(t, err)
+		_, _, why := recv.open(m, now, keyFor)
+		require.Equal(t, AuthBadTag, why, "sealed forgery %d", i)
+	}
+	assert.Equal(t, 1, cached(), "forged salts' body keys cached")
+	_, _, why := recv.open(sender.seal(key, frames, penv), now, keyFor)
+	require.Empty(t, why)
+	assert.Equal(t, 2, cached(), "the sender's body key for the pair, cached")
 
 	for i := range maxBookEntries + 10 {
 		_, _, why := recv.open(testSealer().seal(nil, frames, env), now, nil)

@@ -160,7 +160,7 @@ func TestCapturedMessagesReplayed(t *testing.T) {
 	// when it is re-presented: control.TestAgentMetadataSealedToItsRecipient.)
 	_, err := wire.Decode(captured[:3])
 	require.Error(t, err, "the captured REGISTER decodes on the path: its body is not sealed")
-	require.Equal(t, "KVA3", string(captured[3][:4]), "the captured REGISTER's envelope, want a sealed one") // PROTOCOL.md "Sealed bodies"
+	require.Equal(t, "KVA5", string(captured[3][:4]), "the captured REGISTER's envelope, want a sealed one") // PROTOCOL.md "Sealed bodies"
 
 	// Replayed to the process it was for, while the pair works: a
 	// duplicate; the next room succeeds.

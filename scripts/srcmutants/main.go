@@ -952,12 +952,14 @@ var mutants = []mutant{
 		pkg: "internal/control", run: "^TestGoldenEnvelope$"},
 	{name: "tag-forged-salt-cached", file: "internal/control/auth.go", old: "\tif err != nil {\n\t\treturn false\n\t}\n\tif !cached {\n\t\ta.remember(id, c)\n\t}", new: "\tif !cached {\n\t\ta.remember(id, c)\n\t}\n\tif err != nil {\n\t\treturn false\n\t}",
 		pkg: "internal/control", run: "^TestTagKeysCachedOnlyWhenAuthentic$"},
-	{name: "tag-cache-unbounded", file: "internal/control/auth.go", old: "\tif a.tags == nil || len(a.tags) >= maxBookEntries {", new: "\tif a.tags == nil {",
+	{name: "tag-cache-unbounded", file: "internal/control/auth.go", old: "\tif a.ciphers == nil || len(a.ciphers) >= maxBookEntries {", new: "\tif a.ciphers == nil {",
 		pkg: "internal/control", run: "^TestTagKeysCachedOnlyWhenAuthentic$"},
-	{name: "nonce-prefix-fixed", file: "internal/control/address.go", old: "\tif _, err := rand.Read(a.noncePrefix[:]); err != nil {", new: "\tif _, err := rand.Read(make([]byte, 16)); err != nil {",
+	{name: "nonce-prefix-fixed", file: "internal/control/auth.go", old: "\tif _, err := rand.Read(a.salt[:]); err != nil {", new: "\tif _, err := rand.Read(make([]byte, 16)); err != nil {",
 		pkg: "internal/control", run: "^TestSealNoncesNeverRepeat$"},
-	{name: "nonce-without-seq", file: "internal/control/address.go", old: "\tbinary.LittleEndian.PutUint64(dst[len(a.noncePrefix):], seq)\n", new: "",
-		pkg: "internal/control", run: "^TestSealNoncesNeverRepeat$"},
+	{name: "nonce-without-seq", file: "internal/control/auth.go", old: "\tsealed = c.Seal(body, aad.tagNonce(env.Seq), frames[2], aad.b)", new: "\tsealed = c.Seal(body, aad.tagNonce(0), frames[2], aad.b)",
+		pkg: "internal/control", run: "^TestSealNoncesNeverRepeat$", more: []edit{{"internal/control/auth.go", "\t\tbody, err := c.Open(frames[2][:0], aad.tagNonce(env.Seq), frames[2], aad.b)", "\t\tbody, err := c.Open(frames[2][:0], aad.tagNonce(0), frames[2], aad.b)"}}},
+	{name: "body-forged-salt-cached", file: "internal/control/auth.go", old: "\t\tif err != nil {\n\t\t\treturn nil, env, AuthBadTag\n\t\t}\n\t\tif !cached {\n\t\t\ta.remember(id, c)\n\t\t}", new: "\t\tif !cached {\n\t\t\ta.remember(id, c)\n\t\t}\n\t\tif err != nil {\n\t\t\treturn nil, env, AuthBadTag\n\t\t}",
+		pkg: "internal/control", run: "^TestTagKeysCachedOnlyWhenAuthentic$"},
 	// The topologies are the core's (topology.go): each rule that stops
 	// trusting one removed.
 	{name: "topology-kept-on-unknown-rank", file: "internal/core/step.go", old: "\t\tif in.Unknown {\n\t\t\td.forgetTopology(in.Target.Bootstrap)", new: "\t\tif false && in.Unknown {\n\t\t\td.forgetTopology(in.Target.Bootstrap)",
