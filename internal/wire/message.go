@@ -1428,7 +1428,97 @@ func (b *body) from() From {
 	if !ok {
 		return From{}
 	}
-	f := b.nested("from", -1, s.b)
+	if v, ok := fastFrom(s.b); ok {
+		return v
+	}
+	return b.slowFrom(s.b)
+}
+
+// fastFrom reads a well-formed from map in one pass, as every message
+// carries one: each of its five fields once, of its type and in range,
+// other keys skipped. Anything else — a field missing or repeated, a wrong
+// type, a value out of range, a malformed value — is left to slowFrom,
+// which names what is wrong (ok false); where ok, the result is slowFrom's
+// (TestFastFromAgrees).
+func fastFrom(raw []byte) (v From, ok bool) {
+	s := scanner{b: raw}
+	if k, err := s.kind(); err != nil || k != mpMap {
+		return From{}, false
+	}
+	_, n, err := s.header()
+	if err != nil {
+		return From{}, false
+	}
+	var seen uint8
+	for range n {
+		kn, err := s.expect(mpStr)
+		if err != nil {
+			return From{}, false
+		}
+		key := s.b[s.off : s.off+kn]
+		s.off += kn
+		var bit uint8
+		switch string(key) {
+		case "role":
+			bit = 1
+			sn, err := s.expect(mpStr)
+			if err != nil {
+				return From{}, false
+			}
+			switch string(s.b[s.off : s.off+sn]) {
+			case RolePrefill:
+				v.Role = RolePrefill
+			case RoleDecode:
+				v.Role = RoleDecode
+			default:
+				return From{}, false
+			}
+			s.off += sn
+		case "instance", "endpoint":
+			sn, err := s.expect(mpStr)
+			if err != nil || sn > MaxNameBytes {
+				return From{}, false
+			}
+			name := names.intern(s.b[s.off : s.off+sn])
+			s.off += sn
+			if key[0] == 'i' {
+				bit, v.Instance = 2, name
+			} else {
+				bit, v.Endpoint = 4, name
+			}
+		case "rank":
+			bit = 8
+			r, neg, err := s.integer()
+			if err != nil || neg || r > math.MaxInt32 {
+				return From{}, false
+			}
+			v.Rank = int(r)
+		case "epoch":
+			bit = 16
+			e, neg, err := s.integer()
+			if err != nil || neg {
+				return From{}, false
+			}
+			v.Epoch = e
+		default:
+			if err := s.skip(); err != nil {
+				return From{}, false
+			}
+		}
+		if seen&bit != 0 {
+			return From{}, false // repeated: the first one wins, as slowFrom reads it
+		}
+		seen |= bit
+	}
+	if seen != 31 || s.remaining() != 0 || v.Endpoint == "" {
+		return From{}, false
+	}
+	return v, true
+}
+
+// slowFrom reads a from map field by field, naming what is wrong.
+func (b *body) slowFrom(raw []byte) From {
+	f := b.nested("from", -1, raw)
 	if f == nil {
 		return From{}
 	}

@@ -344,6 +344,16 @@ var mutants = []mutant{
 		pkg: "internal/kvlayout", run: "^TestPageMapPair$"},
 	// The decoder's interned names: a peer's made-up names are interned
 	// without bound.
+	// The one-pass reader of a from map (fastFrom): a repeated field's
+	// last value taken, a rank past MaxInt32 or an empty endpoint
+	// accepted, where the field-by-field reader refuses them or takes the
+	// first.
+	{name: "from-fast-repeat-last-wins", file: "internal/wire/message.go", old: "\t\tif seen&bit != 0 {", new: "\t\tif seen&bit != 0 && false {",
+		pkg: "internal/wire", run: "^TestFastFromAgrees$"},
+	{name: "from-fast-rank-unbounded", file: "internal/wire/message.go", old: "\t\t\tif err != nil || neg || r > math.MaxInt32 {", new: "\t\t\tif err != nil || neg {",
+		pkg: "internal/wire", run: "^TestFastFromAgrees$"},
+	{name: "from-fast-endpoint-empty", file: "internal/wire/message.go", old: "\tif seen != 31 || s.remaining() != 0 || v.Endpoint == \"\" {", new: "\tif seen != 31 || s.remaining() != 0 {",
+		pkg: "internal/wire", run: "^TestFastFromAgrees$"},
 	{name: "intern-unbounded", file: "internal/wire/intern.go", old: "\tif len(t.m) >= maxInterned {", new: "\tif false {",
 		pkg: "internal/wire", run: "^TestSendersNamesInterned$"},
 	// Memory proven to its owner, no room lost to a restart: an early

@@ -1,0 +1,128 @@
+package wire
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Hand-made MessagePack, so the cases can hold what an encoder would not
+// write (repeated keys, odd encodings).
+func mpStrT(s string, wide bool) []byte {
+	switch {
+	case len(s) < 32 && !wide:
+		return append([]byte{0xa0 | byte(len(s))}, s...)
+	case len(s) < 256:
+		return append([]byte{0xd9, byte(len(s))}, s...)
+	default:
+		return append(binary.BigEndian.AppendUint16([]byte{0xda}, uint16(len(s))), s...)
+	}
+}
+
+func mpIntT(v int64, r *rand.Rand) []byte {
+	switch {
+	case v >= 0 && v < 128 && r.IntN(2) == 0:
+		return []byte{byte(v)}
+	case v >= -32 && v < 0 && r.IntN(2) == 0:
+		return []byte{byte(int8(v))}
+	case v >= 0 && v <= math.MaxUint32 && r.IntN(2) == 0:
+		return binary.BigEndian.AppendUint32([]byte{0xce}, uint32(v))
+	case v >= 0:
+		return binary.BigEndian.AppendUint64([]byte{0xcf}, uint64(v))
+	default:
+		return binary.BigEndian.AppendUint64([]byte{0xd3}, uint64(v))
+	}
+}
+
+// TestFastFromAgrees: the one-pass reader of a from map (fastFrom) gives
+// what the field-by-field reader (slowFrom) gives wherever it answers —
+// over random maps of the five fields in any order, with other keys,
+// fields missing, repeated with other values, of other types, out of
+// range or in other encodings — and answers for every well-formed one,
+// so the common case takes it.
+func TestFastFromAgrees(t *testing.T) {
+	r := rand.New(rand.NewPCG(52, 3))
+	fast, clean := 0, 0
+	for i := range 20000 {
+		type kv struct {
+			k string
+			v []byte
+		}
+		ok := true // well-formed so far
+		role := []string{RolePrefill, RoleDecode}[r.IntN(2)]
+		if r.IntN(20) == 0 {
+			role, ok = []string{"", "prefil", "decoder", "Prefill"}[r.IntN(4)], false
+		}
+		name := func() string {
+			if r.IntN(30) == 0 {
+				ok = false
+				return strings.Repeat("n", MaxNameBytes+1)
+			}
+			return strings.Repeat(string(rune('a'+r.IntN(26))), r.IntN(40))
+		}
+		inst, ep := name(), name()
+		if ep == "" {
+			ok = false
+		}
+		rank := int64(r.IntN(1000))
+		switch r.IntN(30) {
+		case 0:
+			rank, ok = -1-int64(r.IntN(40)), false
+		case 1:
+			rank, ok = math.MaxInt32+1+int64(r.IntN(10)), false
+		case 2:
+			rank = math.MaxInt32
+		}
+		epoch := r.Int64()
+		if r.IntN(30) == 0 {
+			epoch, ok = -1-int64(r.IntN(40)), false
+		}
+		fields := []kv{{"role", mpStrT(role, r.IntN(5) == 0)}, {"instance", mpStrT(inst, r.IntN(5) == 0)},
+			{"rank", mpIntT(rank, r)}, {"endpoint", mpStrT(ep, r.IntN(5) == 0)}, {"epoch", mpIntT(epoch, r)}}
+		switch r.IntN(12) {
+		case 0: // a field missing
+			j := r.IntN(len(fields))
+			fields, ok = append(fields[:j], fields[j+1:]...), false
+		case 1: // a field repeated with another value (the first one wins)
+			j := r.IntN(len(fields))
+			other := map[string][]byte{"role": mpStrT(RoleDecode, false), "instance": mpStrT("other", false), "rank": {7},
+				"endpoint": mpStrT("tcp://other:1", false), "epoch": {9}}[fields[j].k]
+			fields = append(fields, kv{fields[j].k, other})
+			ok = false // (fastFrom leaves it to slowFrom)
+		case 2: // a field of another type
+			j := r.IntN(len(fields))
+			fields[j].v, ok = []byte{0xc4, 1, 'x'}, false // bin
+		case 3, 4: // other keys, any value
+			fields = append(fields, kv{"extra", []byte{0x92, 0x01, 0xa1, 'z'}}, kv{"nested", []byte{0x81, 0xa1, 'k', 0xc0}})
+		}
+		r.Shuffle(len(fields), func(a, b int) { fields[a], fields[b] = fields[b], fields[a] })
+		raw := []byte{0x80 | byte(len(fields))}
+		for _, f := range fields {
+			raw = append(append(raw, mpStrT(f.k, false)...), f.v...)
+		}
+		if r.IntN(40) == 0 { // cut short
+			raw, ok = raw[:r.IntN(len(raw))], false
+		}
+
+		var b body
+		want := b.slowFrom(raw)
+		got, answered := fastFrom(raw)
+		if ok {
+			clean++
+			require.Nil(t, b.err, "case %d: %x", i, raw)
+			require.True(t, answered, "case %d: a well-formed from map left to the slow path: %x", i, raw)
+		}
+		if answered {
+			fast++
+			require.Nil(t, b.err, "case %d: fastFrom answered a map slowFrom refuses (%v): %x", i, b.err, raw)
+			require.Equal(t, want, got, "case %d: %x", i, raw)
+		}
+	}
+	assert.Greater(t, clean, 10000)
+	assert.GreaterOrEqual(t, fast, clean)
+}
