@@ -171,6 +171,7 @@ type Loop struct {
 	// curvePub is the CURVE public key derived from Security's secret key.
 	curvePub string
 	id       wire.From
+	ownFrom  *wire.OwnFrom // id, encoded once (set before the loop starts)
 	log      *zap.Logger
 	ctx      *zctx
 	stat     counters
@@ -299,6 +300,7 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 			return fail("metrics", err)
 		}
 	}
+	l.ownFrom = wire.NewOwnFrom(l.id)
 	go l.receive()
 	go l.send()
 	if l.zap != nil {
@@ -406,7 +408,7 @@ func (l *Loop) encode(to wire.Peer, m wire.Message) (outbound, error) {
 		}
 	}
 	o.buf = bodyBufs.Get().(*[]byte)
-	if o.body, err = wire.AppendBody(*o.buf, m); err != nil {
+	if o.body, err = wire.AppendBodyAs(*o.buf, m, l.ownFrom); err != nil {
 		o.release()
 	}
 	return o, err

@@ -429,11 +429,35 @@ func EncodeBody(m Message) ([]byte, error) { return AppendBody(nil, m) }
 // sender that reuses its buffers allocates nothing for most messages. The
 // body is dst's memory only when it fits in cap(dst) (returned either
 // way).
-func AppendBody(dst []byte, m Message) ([]byte, error) {
+func AppendBody(dst []byte, m Message) ([]byte, error) { return AppendBodyAs(dst, m, nil) }
+
+// OwnFrom is a rank's own from map, encoded once: a rank sends the same
+// from on every message. Immutable, so any number of goroutines may
+// encode with it.
+type OwnFrom struct {
+	from From
+	raw  []byte // the "from" key and the map, as the encoder writes them
+}
+
+// NewOwnFrom encodes f once (nil if f does not encode: AppendBodyAs then
+// encodes it each time, and fails as AppendBody would).
+func NewOwnFrom(f From) *OwnFrom {
+	e := &encoder{}
+	e.from(f)
+	if e.e != nil {
+		return nil
+	}
+	return &OwnFrom{from: f, raw: e.b}
+}
+
+// AppendBodyAs is AppendBody for a message from the rank own stands for:
+// where m's From is own's, its encoding is copied rather than made again
+// (the same bytes: TestOwnFromSameBytes). own may be nil.
+func AppendBodyAs(dst []byte, m Message, own *OwnFrom) ([]byte, error) {
 	if c := encodeCap(m); cap(dst) < c {
 		dst = make([]byte, 0, c)
 	}
-	e := &encoder{b: dst[:0]}
+	e := &encoder{b: dst[:0], own: own}
 	switch m := m.(type) {
 	case *Register:
 		n := 9
@@ -703,8 +727,9 @@ var (
 // writes it (the smallest form of each length and integer; the golden
 // files pin the bytes), without its io.Writer per value.
 type encoder struct {
-	b []byte
-	e error
+	b   []byte
+	e   error
+	own *OwnFrom // the sender's own from, encoded (nil: none)
 }
 
 func (e *encoder) err(err error) {
@@ -826,6 +851,10 @@ func (e *encoder) kbin(k string, v []byte) {
 }
 
 func (e *encoder) from(f From) {
+	if e.own != nil && e.own.from == f {
+		e.b = append(e.b, e.own.raw...)
+		return
+	}
 	e.key("from")
 	e.mapLen(5)
 	e.kstr("role", f.Role)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"unicode/utf8"
@@ -416,4 +417,29 @@ func TestDecodeConcurrent(t *testing.T) {
 	wg.Wait()
 	got, _ := wire.Decode(frames[0])
 	require.Equal(t, want, got, "decoded after vs before")
+}
+
+// TestOwnFromSameBytes: a body encoded with the sender's own from encoded
+// once (AppendBodyAs) is the body AppendBody encodes, for every message
+// type; and a message whose from is another rank's gets its own from, not
+// the cached one.
+func TestOwnFromSameBytes(t *testing.T) {
+	msgs := append(wiretest.SampleMessages(), wiretest.PullMessages()...)
+	own := wire.NewOwnFrom(wiretest.SampleFrom(wire.RoleDecode))
+	require.NotNil(t, own)
+	other := wiretest.SampleFrom(wire.RoleDecode)
+	other.Epoch++
+	for _, m := range msgs {
+		for _, f := range []wire.From{wiretest.SampleFrom(wire.RoleDecode), other, wiretest.SampleFrom(wire.RolePrefill)} {
+			wire.SetFrom(m, f)
+			want, err := wire.AppendBody(nil, m)
+			require.NoError(t, err)
+			got, err := wire.AppendBodyAs(nil, m, own)
+			require.NoError(t, err)
+			require.Equal(t, want, got, "%s from %s epoch %d", m.Type(), f.Peer(), f.Epoch)
+		}
+	}
+	bad := wiretest.SampleFrom(wire.RoleDecode)
+	bad.Instance = strings.Repeat("x", wire.MaxNameBytes+1)
+	assert.Nil(t, wire.NewOwnFrom(bad), "a from that does not encode")
 }

@@ -354,6 +354,10 @@ var mutants = []mutant{
 		pkg: "internal/wire", run: "^TestFastFromAgrees$"},
 	{name: "from-fast-endpoint-empty", file: "internal/wire/message.go", old: "\tif seen != 31 || s.remaining() != 0 || v.Endpoint == \"\" {", new: "\tif seen != 31 || s.remaining() != 0 {",
 		pkg: "internal/wire", run: "^TestFastFromAgrees$"},
+	// A body encoded with the sender's own from encoded once, for a message
+	// whose from is another's.
+	{name: "own-from-any-sender", file: "internal/wire/message.go", old: "\tif e.own != nil && e.own.from == f {", new: "\tif e.own != nil {",
+		pkg: "internal/wire", run: "^TestOwnFromSameBytes$"},
 	{name: "intern-unbounded", file: "internal/wire/intern.go", old: "\tif len(t.m) >= maxInterned {", new: "\tif false {",
 		pkg: "internal/wire", run: "^TestSendersNamesInterned$"},
 	// Memory proven to its owner, no room lost to a restart: an early
