@@ -561,7 +561,11 @@ func SealAs(auth *bootstrap.Auth, id *ident.RankIdentity, peer []byte, frames []
 	if id != nil {
 		env.Cert = id.Cert.Raw()
 	}
-	return newSealer(auth).seal(key, frames[:len(frames):len(frames)], env), nil
+	a, err := newSealer(auth)
+	if err != nil {
+		return nil, err
+	}
+	return a.seal(key, frames[:len(frames):len(frames)], env), nil
 }
 
 // SealAgentMD seals agent metadata (or an ownership proof) from the rank
@@ -582,7 +586,11 @@ func SealAgentMD(auth *bootstrap.Auth, id *ident.RankIdentity, peer []byte, md [
 // addressing and replay rules; why is an Auth* reason. The body is
 // decrypted in place (frames[2]).
 func OpenAs(auth *bootstrap.Auth, id *ident.RankIdentity, frames [][]byte, now time.Time) (opened [][]byte, env Envelope, why string) {
-	return newSealer(auth).open(frames, now, func(cert []byte) ([]byte, string) {
+	a, err := newSealer(auth)
+	if err != nil {
+		return nil, Envelope{}, AuthBadTag
+	}
+	return a.open(frames, now, func(cert []byte) ([]byte, string) {
 		if cert == nil {
 			return nil, AuthNoIdentity
 		}

@@ -403,7 +403,8 @@ func TestGoldenEnvelope(t *testing.T) {
 	for i := range tagger.salt {
 		tagger.salt[i] = byte(0x10 + i)
 	}
-	tagger.self = deriveCipher(tagLabel, tagger.Secret, tagger.salt[:])
+	tagger.self, err = deriveCipher(tagLabel, tagger.Secret, tagger.salt[:])
+	require.NoError(t, err)
 	secret := tagger.seal(nil, frames, env)
 	// Under per-rank identity the body is sealed (PROTOCOL.md "Sealed
 	// bodies") under the sender process's body key for the pair (the same
@@ -771,4 +772,31 @@ func TestSealedHeaderFramesBounded(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	assert.Equal(t, AuthBadTag, why)
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "bytes allocated to refuse a 4 MiB type frame")
+}
+
+// TestTaggedFramesBounded (review of eead32e): a tagged message's magic
+// and type frames are bounded before they are copied into the associated
+// data too, and the scratch a large body was copied into is not kept for
+// the next message.
+func TestTaggedFramesBounded(t *testing.T) {
+	frames, env := tagFixture(t)
+	a := testSealer()
+	tagged := a.seal(nil, slices.Clone(frames), env)
+	tagged[1] = make([]byte, 4<<20) // a type frame of 4 MiB
+	fresh := testSealer()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, _, why := fresh.open(tagged, time.Now(), nil)
+	runtime.ReadMemStats(&after)
+	assert.Equal(t, AuthBadTag, why)
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "bytes allocated to refuse a 4 MiB type frame")
+
+	// An authentic message with a 1 MiB body: opened, its scratch left to
+	// the GC.
+	big := slices.Clone(frames)
+	big[2] = make([]byte, 1<<20)
+	_, _, why = fresh.open(a.seal(nil, big, env), time.Now(), nil)
+	require.Empty(t, why)
+	p := fresh.aad(frames[:1], nil)
+	assert.LessOrEqual(t, cap(p.b), maxKeptAAD, "the scratch of a 1 MiB body kept for the next message")
 }

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -50,8 +51,9 @@ type sealer struct {
 }
 
 // newSealer returns a sealer for auth (its secret is not checked here:
-// NewLoop checks it with bootstrap.NewAuth).
-func newSealer(auth *bootstrap.Auth) *sealer {
+// NewLoop checks it with bootstrap.NewAuth). It fails only where AES-GCM
+// with caller-chosen nonces is not allowed (GODEBUG=fips140=only).
+func newSealer(auth *bootstrap.Auth) (*sealer, error) {
 	a := &sealer{Auth: bootstrap.Auth{Secret: bytes.Clone(auth.Secret), MaxSkew: auth.MaxSkew}}
 	if a.MaxSkew <= 0 {
 		a.MaxSkew = time.Minute
@@ -59,7 +61,19 @@ func newSealer(auth *bootstrap.Auth) *sealer {
 	if _, err := rand.Read(a.salt[:]); err != nil {
 		panic(err) // crypto/rand does not fail
 	}
-	a.self = deriveCipher(tagLabel, a.Secret, a.salt[:])
+	var err error
+	if a.self, err = deriveCipher(tagLabel, a.Secret, a.salt[:]); err != nil {
+		return nil, fmt.Errorf("message tags need AES-256-GCM with counter nonces: %w", err)
+	}
+	return a, nil
+}
+
+// mustSealer is newSealer for the tools' Seal and Open.
+func mustSealer(auth *bootstrap.Auth) *sealer {
+	a, err := newSealer(auth)
+	if err != nil {
+		panic("control: " + err.Error())
+	}
 	return a
 }
 
@@ -179,19 +193,15 @@ type cipherID struct {
 
 // deriveCipher returns a sender process's cipher: AES-256-GCM keyed with
 // HMAC-SHA256(key, label || salt).
-func deriveCipher(label string, key, salt []byte) cipher.AEAD {
+func deriveCipher(label string, key, salt []byte) (cipher.AEAD, error) {
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte(label))
 	m.Write(salt)
 	blk, err := aes.NewCipher(m.Sum(nil))
 	if err != nil {
-		panic(err) // a 32-byte key always makes a cipher
+		return nil, err
 	}
-	c, err := cipher.NewGCM(blk)
-	if err != nil {
-		panic(err) // AES's block size is GCM's
-	}
-	return c
+	return cipher.NewGCM(blk)
 }
 
 // cipherOf returns the cipher of label and salt under the secret (key
@@ -216,7 +226,11 @@ func (a *sealer) cipherOf(label string, key, salt []byte) (c cipher.AEAD, id cip
 	if key == nil {
 		base = a.Secret
 	}
-	return deriveCipher(label, base, salt), id, false
+	c, err := deriveCipher(label, base, salt)
+	if err != nil {
+		panic(err) // newSealer derived one with the same primitives
+	}
+	return c, id, false
 }
 
 // remember caches a cipher (at most maxBookEntries are kept; past it the
@@ -252,7 +266,7 @@ func (a *sealer) tagOK(key []byte, frames [][]byte, f []byte, at int, seq uint64
 	c, id, cached := a.cipherOf(tagLabel, key, f[at:at+tagSaltBytes])
 	aad := a.aad(frames, f[:at+tagSaltBytes])
 	_, err := c.Open(nil, aad.tagNonce(seq), f[at+tagSaltBytes:], aad.b)
-	a.aads.Put(aad)
+	a.putAAD(aad)
 	if err != nil {
 		return false
 	}
@@ -267,7 +281,7 @@ func (a *sealer) tagOK(key []byte, frames [][]byte, f []byte, at int, seq uint64
 // identity seals through SealAs or the Loop), for tools and tests that
 // speak the protocol without a Loop.
 func Seal(auth *bootstrap.Auth, frames [][]byte, env Envelope) [][]byte {
-	return newSealer(auth).seal(nil, frames, env)
+	return mustSealer(auth).seal(nil, frames, env)
 }
 
 // seal seals a message's three frames: tagged with the secret (key nil),
@@ -299,7 +313,7 @@ func (a *sealer) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope)
 	}
 	aad := a.aad(frames, f[len(dst):])
 	f = c.Seal(f, aad.tagNonce(env.Seq), nil, aad.b)
-	a.aads.Put(aad)
+	a.putAAD(aad)
 	return f
 }
 
@@ -317,8 +331,20 @@ func (a *sealer) sealBodyInto(dst, body, key []byte, frames [][]byte, env Envelo
 	}
 	aad := a.aad(frames[:2], f[len(dst):])
 	sealed = c.Seal(body, aad.tagNonce(env.Seq), frames[2], aad.b)
-	a.aads.Put(aad)
+	a.putAAD(aad)
 	return f, sealed
+}
+
+// maxKeptAAD bounds the scratch kept for the next message: a large body
+// (a REGISTER's, or an outsider's 16 MiB) is copied once and left to the
+// GC.
+const maxKeptAAD = 64 << 10
+
+// putAAD gives p back to the pool unless it grew past maxKeptAAD.
+func (a *sealer) putAAD(p *aadBuf) {
+	if cap(p.b) <= maxKeptAAD {
+		a.aads.Put(p)
+	}
 }
 
 // aad lays out a message's associated data: for each frame (0 and 1 for a
@@ -404,7 +430,11 @@ func parseEnvelope(f []byte) (env Envelope, tagAt int, sealed bool, why string) 
 // with auth's shared secret; why is one of the Auth* reasons. (OpenAs and
 // the Loop open messages under per-rank identity.)
 func Open(auth *bootstrap.Auth, frames [][]byte, now time.Time) (opened [][]byte, env Envelope, why string) {
-	return newSealer(auth).open(frames, now, nil)
+	a, err := newSealer(auth)
+	if err != nil {
+		return nil, Envelope{}, AuthBadTag
+	}
+	return a.open(frames, now, nil)
 }
 
 // open checks the tag with the secret, or with the pair key keyFor
@@ -428,18 +458,17 @@ func (a *sealer) open(frames [][]byte, now time.Time, keyFor func(cert []byte) (
 	case env.Cert != nil || sealed:
 		return nil, env, AuthNoIdentity // a certificate this rank has no key for
 	}
+	if len(frames[0]) > maxHeaderFrame || len(frames[1]) > maxHeaderFrame {
+		// Not a message any rank sends (a magic and a type name): refused
+		// before its frames are copied into the associated data.
+		return nil, env, AuthBadTag
+	}
 	switch {
 	case sealed:
-		if len(frames[0]) > maxHeaderFrame || len(frames[1]) > maxHeaderFrame {
-			// Not a message any rank sends (a magic and a type name):
-			// refused before its frames are copied into the associated
-			// data.
-			return nil, env, AuthBadTag
-		}
 		c, id, cached := a.cipherOf(bodyLabel, key, f[at:])
 		aad := a.aad(frames[:2], f)
 		body, err := c.Open(frames[2][:0], aad.tagNonce(env.Seq), frames[2], aad.b)
-		a.aads.Put(aad)
+		a.putAAD(aad)
 		if err != nil {
 			return nil, env, AuthBadTag
 		}

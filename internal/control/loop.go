@@ -222,7 +222,10 @@ func NewLoop(cfg LoopConfig) (l *Loop, err error) {
 		if _, err := bootstrap.NewAuth(cfg.Auth.Secret); err != nil {
 			return nil, err
 		}
-		auth = newSealer(cfg.Auth)
+		var err error
+		if auth, err = newSealer(cfg.Auth); err != nil {
+			return nil, fmt.Errorf("control: rank %s: %w", cfg.Identity.Peer(), err)
+		}
 	}
 	var curvePub string
 	if cfg.Security != nil {

@@ -48,7 +48,7 @@ func testAuth() *bootstrap.Auth {
 }
 
 // testSealer seals and opens as a loop with testAuth does.
-func testSealer() *sealer { return newSealer(testAuth()) }
+func testSealer() *sealer { return mustSealer(testAuth()) }
 
 // testSeq numbers the messages the tests seal themselves, far above any
 // number a real loop reaches in a test, so a test's message never

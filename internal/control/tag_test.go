@@ -5,6 +5,9 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
 	"slices"
 	"testing"
 	"time"
@@ -48,7 +51,7 @@ func TestTagKeyPerSenderProcess(t *testing.T) {
 	// Another key: a sealer with another secret.
 	otherAuth, err := bootstrap.NewAuth([]byte("another-deployment-secret-0123456"))
 	require.NoError(t, err)
-	other := newSealer(otherAuth)
+	other := mustSealer(otherAuth)
 	_, _, why := recv.open(other.seal(nil, frames, env), now, nil)
 	assert.Equal(t, AuthBadTag, why, "tagged under another secret")
 
@@ -156,4 +159,23 @@ func TestTagKeysCachedOnlyWhenAuthentic(t *testing.T) {
 		require.Empty(t, why, "sender %d", i)
 	}
 	assert.LessOrEqual(t, cached(), maxBookEntries)
+}
+
+// TestLoopRefusesFIPSOnly (review of eead32e): where AES-GCM with the
+// message number as nonce is not allowed (GODEBUG=fips140=only), NewLoop
+// with a secret fails, naming the rank and why, instead of panicking. Run
+// in a child process: the setting is read at start.
+func TestLoopRefusesFIPSOnly(t *testing.T) {
+	if os.Getenv("KVBRIDGE_TEST_FIPS_CHILD") == "1" {
+		_, err := NewLoop(LoopConfig{Identity: wire.From{Role: wire.RoleDecode, Instance: "fips"}, Bind: "tcp://127.0.0.1:*",
+			Auth: testAuth(), Handler: func(wire.Message) {}})
+		require.Error(t, err)
+		fmt.Println("NewLoop:", err)
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestLoopRefusesFIPSOnly$")
+	cmd.Env = append(os.Environ(), "KVBRIDGE_TEST_FIPS_CHILD=1", "GODEBUG=fips140=only")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "NewLoop: control: rank decode/fips/0: message tags need AES-256-GCM")
 }

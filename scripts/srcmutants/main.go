@@ -960,6 +960,10 @@ var mutants = []mutant{
 	// the sender process's own (its salt left out of the derivation); the
 	// nonce without the message number; a forged salt's key cached before
 	// its tag was checked; the cache of tag keys unbounded.
+	{name: "aad-kept-unbounded", file: "internal/control/auth.go", old: "\tif cap(p.b) <= maxKeptAAD {", new: "\tif true {",
+		pkg: "internal/control", run: "^TestTaggedFramesBounded$"},
+	{name: "tagged-header-unbounded", file: "internal/control/auth.go", old: "\tif len(frames[0]) > maxHeaderFrame || len(frames[1]) > maxHeaderFrame {\n\t\t// Not a message any rank sends (a magic and a type name): refused\n\t\t// before its frames are copied into the associated data.\n\t\treturn nil, env, AuthBadTag\n\t}\n\tswitch {\n\tcase sealed:", new: "\tif sealed && (len(frames[0]) > maxHeaderFrame || len(frames[1]) > maxHeaderFrame) {\n\t\treturn nil, env, AuthBadTag\n\t}\n\tswitch {\n\tcase sealed:",
+		pkg: "internal/control", run: "^TestTaggedFramesBounded$"},
 	{name: "tag-salt-not-in-key", file: "internal/control/auth.go", old: "\tm.Write(salt)\n", new: "",
 		pkg: "internal/control", run: "^TestGoldenEnvelope$"},
 	{name: "tag-nonce-without-seq", file: "internal/control/auth.go", old: "\tbinary.LittleEndian.PutUint64(p.nonce[4:], seq)", new: "\tbinary.LittleEndian.PutUint64(p.nonce[4:], 0)",
@@ -994,7 +998,7 @@ var mutants = []mutant{
 		pkg: "internal/control", run: "^TestBodiesSealedUnderRankIdentity$"},
 	// A sealed message's header frames copied unbounded; a rank's earlier
 	// processes' offers kept.
-	{name: "sealed-header-unbounded", file: "internal/control/auth.go", old: "\t\tif len(frames[0]) > maxHeaderFrame || len(frames[1]) > maxHeaderFrame {", new: "\t\tif false {",
+	{name: "sealed-header-unbounded", file: "internal/control/auth.go", old: "\tif len(frames[0]) > maxHeaderFrame || len(frames[1]) > maxHeaderFrame {", new: "\tif false {",
 		pkg: "internal/control", run: "^TestSealedHeaderFramesBounded$"},
 	{name: "offers-per-process", file: "internal/core/offer.go", old: "return x.owner == from.Peer() && k != key", new: "return false && x.owner == from.Peer() && k != key",
 		pkg: "internal/core", run: "^TestOffersOnePerRank$"},
