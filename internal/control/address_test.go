@@ -399,12 +399,7 @@ func TestGoldenEnvelope(t *testing.T) {
 		To: wire.From{Role: wire.RolePrefill, Instance: "prefill-a", Rank: 1, Epoch: 0x0fed_cba9_8765_4321}}
 	// Tagged with the secret under the sender process's salt (here a
 	// fixed one: 0x10..0x1f), the message number its nonce.
-	tagger := testSealer()
-	for i := range tagger.salt {
-		tagger.salt[i] = byte(0x10 + i)
-	}
-	tagger.self, err = deriveCipher(tagLabel, tagger.Secret, tagger.salt[:])
-	require.NoError(t, err)
+	tagger := fixedSaltSealer(t, 0x10)
 	secret := tagger.seal(nil, frames, env)
 	// Under per-rank identity the body is sealed (PROTOCOL.md "Sealed
 	// bodies") under the sender process's body key for the pair (the same

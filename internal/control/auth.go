@@ -233,6 +233,16 @@ func (a *sealer) cipherOf(label string, key, salt []byte) (c cipher.AEAD, id cip
 	return c, id, false
 }
 
+// own returns this sealer's own cipher of label under the secret (key
+// nil) or a pair key, cached.
+func (a *sealer) own(label string, key []byte) cipher.AEAD {
+	c, id, cached := a.cipherOf(label, key, a.salt[:])
+	if !cached {
+		a.remember(id, c)
+	}
+	return c
+}
+
 // remember caches a cipher (at most maxBookEntries are kept; past it the
 // cache starts again).
 func (a *sealer) remember(id cipherID, c cipher.AEAD) {
@@ -247,16 +257,17 @@ func (a *sealer) remember(id cipherID, c cipher.AEAD) {
 // aadBuf is the scratch of a tag or a seal: its associated data and a
 // tag's nonce (pooled: a slice handed to cipher.AEAD escapes).
 type aadBuf struct {
-	b     []byte
-	nonce [12]byte
+	b  []byte
+	nb [12]byte
 }
 
-// tagNonce lays out a tag's nonce: four zero bytes, then the message
-// number (little-endian), which a sender process never uses twice.
-func (p *aadBuf) tagNonce(seq uint64) []byte {
-	p.nonce = [12]byte{}
-	binary.LittleEndian.PutUint64(p.nonce[4:], seq)
-	return p.nonce[:]
+// nonce lays out the nonce of a tag or a sealed body: four zero bytes,
+// then the message number (little-endian), which a sender process never
+// uses twice.
+func (p *aadBuf) nonce(seq uint64) []byte {
+	p.nb = [12]byte{}
+	binary.LittleEndian.PutUint64(p.nb[4:], seq)
+	return p.nb[:]
 }
 
 // tagOK checks a tagged envelope f (its salt at at, then its tag) against
@@ -265,7 +276,7 @@ func (p *aadBuf) tagNonce(seq uint64) []byte {
 func (a *sealer) tagOK(key []byte, frames [][]byte, f []byte, at int, seq uint64) bool {
 	c, id, cached := a.cipherOf(tagLabel, key, f[at:at+tagSaltBytes])
 	aad := a.aad(frames, f[:at+tagSaltBytes])
-	_, err := c.Open(nil, aad.tagNonce(seq), f[at+tagSaltBytes:], aad.b)
+	_, err := c.Open(nil, aad.nonce(seq), f[at+tagSaltBytes:], aad.b)
 	a.putAAD(aad)
 	if err != nil {
 		return false
@@ -307,12 +318,9 @@ func (a *sealer) seal(key []byte, frames [][]byte, env Envelope) [][]byte {
 func (a *sealer) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope) []byte {
 	f := appendEnvelope(dst, EnvelopeMagic, env)
 	f = append(f, a.salt[:]...)
-	c, id, cached := a.cipherOf(tagLabel, key, a.salt[:])
-	if !cached {
-		a.remember(id, c)
-	}
+	c := a.own(tagLabel, key)
 	aad := a.aad(frames, f[len(dst):])
-	f = c.Seal(f, aad.tagNonce(env.Seq), nil, aad.b)
+	f = c.Seal(f, aad.nonce(env.Seq), nil, aad.b)
 	a.putAAD(aad)
 	return f
 }
@@ -325,12 +333,9 @@ func (a *sealer) sealInto(dst []byte, key []byte, frames [][]byte, env Envelope)
 func (a *sealer) sealBodyInto(dst, body, key []byte, frames [][]byte, env Envelope) (envFrame, sealed []byte) {
 	f := appendEnvelope(dst, envelopeSealedMagic, env)
 	f = append(f, a.salt[:]...)
-	c, id, cached := a.cipherOf(bodyLabel, key, a.salt[:])
-	if !cached {
-		a.remember(id, c)
-	}
+	c := a.own(bodyLabel, key)
 	aad := a.aad(frames[:2], f[len(dst):])
-	sealed = c.Seal(body, aad.tagNonce(env.Seq), frames[2], aad.b)
+	sealed = c.Seal(body, aad.nonce(env.Seq), frames[2], aad.b)
 	a.putAAD(aad)
 	return f, sealed
 }
@@ -467,7 +472,7 @@ func (a *sealer) open(frames [][]byte, now time.Time, keyFor func(cert []byte) (
 	case sealed:
 		c, id, cached := a.cipherOf(bodyLabel, key, f[at:])
 		aad := a.aad(frames[:2], f)
-		body, err := c.Open(frames[2][:0], aad.tagNonce(env.Seq), frames[2], aad.b)
+		body, err := c.Open(frames[2][:0], aad.nonce(env.Seq), frames[2], aad.b)
 		a.putAAD(aad)
 		if err != nil {
 			return nil, env, AuthBadTag

@@ -18,13 +18,7 @@ import (
 func FuzzOpen(f *testing.F) {
 	// A fixed salt: the seeds must be the same bytes in the fuzzing
 	// workers, which run this setup again (any salt opens under the secret).
-	a := testSealer()
-	for i := range a.salt {
-		a.salt[i] = byte(0x20 + i)
-	}
-	var err error
-	a.self, err = deriveCipher(tagLabel, a.Secret, a.salt[:])
-	require.NoError(f, err)
+	a := fixedSaltSealer(f, 0x20)
 	now := time.Unix(1_800_000_000, 0)
 	var sealed [][][]byte
 	for i, m := range wiretest.SampleMessages() {

@@ -50,6 +50,19 @@ func testAuth() *bootstrap.Auth {
 // testSealer seals and opens as a loop with testAuth does.
 func testSealer() *sealer { return mustSealer(testAuth()) }
 
+// fixedSaltSealer is a testSealer whose salt is first, first+1, …
+// (golden files and fuzz seeds must be the same bytes in every process).
+func fixedSaltSealer(tb testing.TB, first byte) *sealer {
+	a := testSealer()
+	for i := range a.salt {
+		a.salt[i] = first + byte(i)
+	}
+	var err error
+	a.self, err = deriveCipher(tagLabel, a.Secret, a.salt[:])
+	require.NoError(tb, err)
+	return a
+}
+
 // testSeq numbers the messages the tests seal themselves, far above any
 // number a real loop reaches in a test, so a test's message never
 // duplicates a real rank's.
