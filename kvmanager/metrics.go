@@ -37,7 +37,7 @@ type metrics struct {
 	phases    *prometheus.HistogramVec // by status: the time a room that succeeded spent in it
 	aborts    *prometheus.CounterVec   // by stage (status at abort)
 	overdue   prometheus.Gauge
-	deferred  prometheus.Counter // REGISTERs left for their sender to repeat (proof.go)
+	deferred  prometheus.Counter // REGISTERs whose check was put off (proof.go: beginCheck)
 	// challengeSendFailed: agent challenges whose notification the engine
 	// refused to send (the sender's repeat sends it again).
 	challengeSendFailed prometheus.Counter
@@ -128,7 +128,7 @@ func newMetrics(m *Manager) *metrics {
 		owed: prometheus.NewDesc("kvbridge_owed_aborts",
 			"ABORTs sent to prefill ranks and not yet acknowledged (re-sent to a restarted rank's new process).", nil, labels),
 		deferred: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_registers_deferred_total",
-			Help: "REGISTERs left unanswered (their sender repeats them) because one from the same decode rank or naming the same agent was still being checked, or too many were.", ConstLabels: labels}),
+			Help: "REGISTERs whose check was put off: one from the same decode rank or naming the same agent was still being checked (carried out when that check ends; past 16 waiting, left for the sender to repeat), or too many were (left for the sender to repeat).", ConstLabels: labels}),
 		challengeSendFailed: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_challenge_send_failed_total",
 			Help: "Agent challenges whose notification the engine refused to send: left for the REGISTER's repeat, which sends it again.", ConstLabels: labels}),
 		transfers: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfers_total",

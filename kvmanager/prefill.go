@@ -238,8 +238,8 @@ func (m *Manager) loadMetadata(msg *wire.Register, lay core.PeerPlan) {
 		m.refuseRegister(msg, err)
 		return
 	}
-	if !m.beginCheck(msg.From.Peer(), msg.Agent) {
-		m.log.Debug("REGISTER left for its sender to repeat: a check of the same rank or agent in progress, or too many", zap.String("peer", msg.From.Peer()))
+	if !m.beginCheck(msg.From.Peer(), msg.Agent, &parkedRegister{msg, lay}) {
+		m.log.Debug("REGISTER put off: carried out once the check of its rank or agent in progress ends, or, past 16 checks, left for its sender to repeat", zap.String("peer", msg.From.Peer()))
 		return
 	}
 	go m.bindRegister(msg, lay)
@@ -260,7 +260,7 @@ func (m *Manager) challenge(msg *wire.Register, notif string) {
 		m.refuseRegister(msg, err)
 		return
 	}
-	if !m.beginCheck(msg.From.Peer(), msg.Agent) {
+	if !m.beginCheck(msg.From.Peer(), msg.Agent, nil) { // (the challenge in progress does)
 		return
 	}
 	go func() {
@@ -279,6 +279,12 @@ func (m *Manager) challenge(msg *wire.Register, notif string) {
 			// Maybe transient: the sender's repeat sends it again.
 			m.met.challengeSendFailed.Inc()
 			m.log.Warn("agent challenge not sent", zap.String("peer", msg.From.Peer()), zap.String("agent", name), zap.Error(err))
+		}
+		m.regMu.Lock()
+		hook := m.challengeHook
+		m.regMu.Unlock()
+		if hook != nil {
+			hook(msg)
 		}
 		// An unload the core asked for while this load ran found nothing
 		// to drop: drop it here, unless a challenge or a rank holds the

@@ -24,9 +24,11 @@ package kvmanager
 //
 // The check reads through the network, so it runs off the control loop's
 // receive goroutine (one per REGISTER, one at a time per decode rank and per
-// agent name, at most maxProofChecks at once; a REGISTER beyond that is left
-// unanswered and counted, and its sender repeats it), so a peer that never
-// answers the read delays only its own registration.
+// agent name, at most maxProofChecks at once; a REGISTER that comes while
+// its rank or agent name is being checked waits for that check to end, and
+// one beyond maxProofChecks is left unanswered and counted, and its sender
+// repeats it), so a peer that never answers the read delays only its own
+// registration.
 
 import (
 	"context"
@@ -35,6 +37,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/core"
@@ -183,17 +187,29 @@ func (m *Manager) checkClaims(msg *wire.Register) error {
 	return nil
 }
 
-// beginCheck reserves the check of a REGISTER: false (the REGISTER left
-// for its sender to repeat, counted) while one from the same decode rank or
-// naming the same agent is being checked, maxProofChecks are, or the rank
-// is closing.
-func (m *Manager) beginCheck(peer, agent string) bool {
+// beginCheck reserves the check of a REGISTER: false (counted) while one
+// from the same decode rank or naming the same agent is being checked,
+// maxProofChecks are, or the rank is closing. A REGISTER given as park,
+// put off only by a check of its rank or agent, waits for that check to
+// end (endCheck carries it out), the latest per rank and at most
+// maxProofChecks of them: a decode rank echoes its agent challenge as soon
+// as the notification lands, before the challenge's check has ended, and
+// would otherwise wait for its REGISTER retry. Any other is left for its
+// sender to repeat.
+func (m *Manager) beginCheck(peer, agent string, park *parkedRegister) bool {
 	m.regMu.Lock()
 	defer m.regMu.Unlock()
 	if m.regClosed || m.checking[peer] || m.checking["agent "+agent] || len(m.checking) >= 2*maxProofChecks {
 		m.met.deferred.Inc()
 		if m.deferHook != nil {
 			m.deferHook(peer)
+		}
+		if _, again := m.waitingRegs[peer]; park != nil && !m.regClosed && (m.checking[peer] || m.checking["agent "+agent]) &&
+			(again || len(m.waitingRegs) < maxProofChecks) {
+			if m.waitingRegs == nil {
+				m.waitingRegs = map[string]parkedRegister{}
+			}
+			m.waitingRegs[peer] = *park
 		}
 		return false
 	}
@@ -203,6 +219,39 @@ func (m *Manager) beginCheck(peer, agent string) bool {
 	m.checking[peer], m.checking["agent "+agent] = true, true
 	m.wg.Add(1)
 	return true
+}
+
+// parkedRegister is a REGISTER the core passed whose check waits for
+// another of its rank or agent name to end (beginCheck).
+type parkedRegister struct {
+	msg *wire.Register
+	lay core.PeerPlan
+}
+
+// unpark takes the parked REGISTERs of peer or naming agent (regMu held),
+// in rank order; none once the rank is closing.
+func (m *Manager) unpark(peer, agent string) []parkedRegister {
+	if m.regClosed {
+		m.waitingRegs = nil
+		return nil
+	}
+	var out []parkedRegister
+	for _, p := range slices.Sorted(maps.Keys(m.waitingRegs)) {
+		if r := m.waitingRegs[p]; p == peer || r.msg.Agent == agent {
+			out = append(out, r)
+			delete(m.waitingRegs, p)
+		}
+	}
+	return out
+}
+
+// resume carries out parked REGISTERs (loadMetadata: each reserves its
+// check, or waits again). The caller still holds its own check's count
+// in wg, so Close waits for these too.
+func (m *Manager) resume(next []parkedRegister) {
+	for _, r := range next {
+		m.loadMetadata(r.msg, r.lay)
+	}
 }
 
 // unload carries out EffectUnload on a goroutine of its own, holding the
@@ -225,7 +274,9 @@ func (m *Manager) unload(agent string) {
 		defer func() {
 			m.regMu.Lock()
 			delete(m.checking, "agent "+agent)
+			next := m.unpark("", agent)
 			m.regMu.Unlock()
+			m.resume(next)
 			m.wg.Done()
 		}()
 		var held bool
@@ -240,11 +291,15 @@ func (m *Manager) unload(agent string) {
 	}()
 }
 
+// endCheck ends a check beginCheck reserved and carries out the
+// REGISTERs parked behind it.
 func (m *Manager) endCheck(peer, agent string) {
 	m.regMu.Lock()
 	delete(m.checking, peer)
 	delete(m.checking, "agent "+agent)
+	next := m.unpark(peer, agent)
 	m.regMu.Unlock()
+	m.resume(next)
 	m.wg.Done()
 }
 

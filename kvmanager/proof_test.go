@@ -406,9 +406,9 @@ func TestCallerRegionsNeedProofSlots(t *testing.T) {
 // TestRegisterCheckOffTheControlLoop: a REGISTER whose proof read does not
 // come back (held here, as a peer that never answers) holds neither the
 // control loop nor another decode rank's registration: the other rank's
-// REGISTER is answered meanwhile. A repeat from the held rank is left for it
-// to send again, counted; once the read returns, the held REGISTER is
-// answered. With the check on the control loop's goroutine (before) the
+// REGISTER is answered meanwhile. A repeat from the held rank is put off,
+// counted; once the read returns, the held REGISTER is answered (then the
+// repeat). With the check on the control loop's goroutine (before) the
 // other rank waited for the held one.
 func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 	reg := prometheus.NewRegistry()
@@ -454,8 +454,8 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 	send(slow)
 	slowMsg.Echo = awaitChallenge(t, slow) // the agent challenge first
 	// The challenge's goroutine ends its check after it sent the
-	// challenge: an echo before that would be deferred, and this rank does
-	// not send again.
+	// challenge: an echo before that would be put off (counted), and the
+	// count below is of the repeat's deferral alone.
 	require.Eventually(t, func() bool {
 		p.regMu.Lock()
 		defer p.regMu.Unlock()
@@ -490,7 +490,7 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 		}
 		return held, all, counted
 	}
-	send(slow) // a repeat while its first is checked: left for it to send again
+	send(slow) // a repeat while its first is checked: put off until that check ends
 	// Two ranks' messages arrive in no set order: wait for the repeat's
 	// deferral itself (each rank's own messages stay in order).
 	select {
@@ -517,6 +517,68 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 	}
 }
 
+// TestEchoWhileChallengeChecked: a decode rank echoes its agent challenge
+// as soon as the notification lands, which can be before the challenge's
+// check has ended (held here once the notification went out). The echo
+// waits for that check and is answered when it ends, though its rank never
+// sends again (a decode rank under a frozen clock, as TestSoak's, has no
+// REGISTER retry). Before, it was left for the sender's retry: a second of
+// a first registration on a busy machine, and TestSoak hung on it in CI.
+func TestEchoWhileChallengeChecked(t *testing.T) {
+	engine := nixl.Config{Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}}
+	p := newTestPrefill(t, func(c *Config) { c.Engine, c.Instance = engine, "echo-prefill" })
+	r := newProofRank(t, engine, "echo", len(p.cfg.Layout.Regions))
+	hold, holding := make(chan struct{}), make(chan struct{}, 1)
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	t.Cleanup(release) // a failure below must not leave the check held
+	deferred := make(chan struct{}, 4)
+	p.regMu.Lock()
+	p.challengeHook = func(msg *wire.Register) {
+		if msg.From.Peer() == r.owner {
+			holding <- struct{}{}
+			<-hold
+		}
+	}
+	p.deferHook = func(peer string) {
+		if peer == r.owner {
+			deferred <- struct{}{}
+		}
+	}
+	p.regMu.Unlock()
+	msg := &wire.Register{Compat: p.cfg.Compat, Agent: r.name, AgentMD: r.md, TPSize: 1,
+		KV: r.kv, Aux: []wire.Region{}, State: []wire.Region{}, Proof: r.seed}
+	to := wire.Peer{Endpoint: p.Endpoint()}
+	require.NoError(t, r.loop.Send(to, msg))
+	select {
+	case <-holding: // the challenge went out; its check has not ended
+	case <-time.After(30 * time.Second):
+		t.Fatal("no agent challenge sent within 30 s")
+	}
+	msg.Echo = awaitChallenge(t, r)
+	require.NoError(t, r.loop.Send(to, msg)) // the echo, once: no retry follows
+	select {
+	case <-deferred:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the echo was not put off while the challenge's check was held")
+	}
+	select {
+	case a := <-r.acks:
+		t.Fatalf("an answer before the challenge's check ended: %+v", a)
+	default:
+	}
+	release()
+	select {
+	case a := <-r.acks:
+		require.True(t, a.OK, "the echo, once the challenge's check ended: %s", a.Reason)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the echo was not answered once the challenge's check ended (left for a repeat its rank never sends)")
+	}
+	p.regMu.Lock()
+	defer p.regMu.Unlock()
+	require.Empty(t, p.waitingRegs, "REGISTERs still waiting after every check ended")
+}
+
 // TestRegisterClaimsCheckedAgainOnceReserved: the control loop checks a
 // REGISTER's claims before the check reserves its rank and agent name; a
 // registration of that name that completes in between (another rank's,
@@ -539,7 +601,7 @@ func TestRegisterClaimsCheckedAgainOnceReserved(t *testing.T) {
 	var err error
 	p.read(func(c *core.Core) { plan, err = c.CheckRegister(msg) })
 	require.NoError(t, err)
-	require.True(t, p.beginCheck(msg.From.Peer(), msg.Agent), "the check could not be reserved")
+	require.True(t, p.beginCheck(msg.From.Peer(), msg.Agent, nil), "the check could not be reserved")
 	p.bindRegister(msg, plan) // (releases the reservation)
 	var owner string
 	p.read(func(c *core.Core) { owner = c.AgentOwner(victim.name) })

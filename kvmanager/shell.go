@@ -85,9 +85,15 @@ type Manager struct {
 	// mappings behind).
 	challenged map[string][32]byte
 	proofBufs  [][]byte
-	regClosed  bool
-	proofHook  func(*wire.Register) // tests: runs before a proof's read
-	deferHook  func(peer string)    // tests: runs (under regMu) when a REGISTER's check is deferred
+	// waitingRegs: REGISTERs waiting for a check of their rank or agent
+	// to end, by rank (beginCheck).
+	waitingRegs map[string]parkedRegister
+	regClosed   bool
+	proofHook   func(*wire.Register) // tests: runs before a proof's read
+	deferHook   func(peer string)    // tests: runs (under regMu) when a REGISTER's check is deferred
+	// challengeHook (tests) runs once a challenge's notification went
+	// out, before its check ends.
+	challengeHook func(*wire.Register)
 	// registersReady: a prefill rank's pool exists, REGISTERs are handled.
 	registersReady atomic.Bool
 	auxMem         []byte

@@ -647,7 +647,13 @@ func soakRoom(t *testing.T, c *cluster, id uint64, rng *rand.Rand) error {
 		return err
 	}
 	defer rm.r.Clear()
-	if err := rm.r.Init(context.Background(), kvmanager.RequestSpec{DstPages: dst, AuxIndex: rm.auxDst}); err != nil {
+	// Bounded, so a registration that never completes fails here naming
+	// the room rather than at the package's timeout: the clock is frozen,
+	// so nothing the protocol retries comes again (a REGISTER put off is
+	// carried out when its check ends: TestEchoWhileChallengeChecked).
+	initCtx, cancelInit := context.WithTimeout(context.Background(), time.Minute)
+	defer cancelInit()
+	if err := rm.r.Init(initCtx, kvmanager.RequestSpec{DstPages: dst, AuxIndex: rm.auxDst}); err != nil {
 		return err
 	}
 	if abortAt == 0 {

@@ -423,6 +423,13 @@ var mutants = []mutant{
 		pkg: "kvmanager", run: "^TestRegisterClaimsCheckedAgainOnceReserved$"},
 	{name: "proof-check-on-control-loop", file: "kvmanager/prefill.go", old: "	go m.bindRegister(msg, lay)", new: "	m.bindRegister(msg, lay)",
 		pkg: "kvmanager", run: "^TestRegisterCheckOffTheControlLoop$"},
+	// A REGISTER put off behind a check of its rank (the echo of a
+	// challenge whose check has not ended) left for its sender's retry,
+	// or never carried out once the check ends.
+	{name: "echo-left-for-retry", file: "kvmanager/prefill.go", old: "	if !m.beginCheck(msg.From.Peer(), msg.Agent, &parkedRegister{msg, lay}) {", new: "	if !m.beginCheck(msg.From.Peer(), msg.Agent, nil) {",
+		pkg: "kvmanager", run: "^TestEchoWhileChallengeChecked$"},
+	{name: "parked-not-resumed", file: "kvmanager/proof.go", old: "	next := m.unpark(peer, agent)", new: "	var next []parkedRegister",
+		pkg: "kvmanager", run: "^TestEchoWhileChallengeChecked$"},
 	{name: "repeat-with-other-blob-loaded", file: "internal/core/core_prefill.go", old: "|| (p.md == md && p.lay == lay) {", new: "|| true {",
 		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
 	// The core's bind of a REGISTER does not check again that its process
