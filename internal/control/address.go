@@ -108,9 +108,16 @@ type addressing struct {
 	certLRU  []string             // insertion order, for eviction
 	badCerts map[string]error     // certificates refused (bounded; so a bad one costs one check)
 	windows  map[senderKey]*window
-	winLRU   *list.List
-	winRank  map[rankID][]uint64 // a rank → epochs with a window, oldest first
-	nudged   map[senderKey]time.Time
+	// lastKey, lastWin: the window of the sender process checked last (a
+	// receive loop's messages come in runs from one), found without
+	// hashing its key. Only window drops windows, and a drop there frees
+	// the room for the window it then makes and remembers here: lastWin
+	// is always in windows.
+	lastKey senderKey
+	lastWin *window
+	winLRU  *list.List
+	winRank map[rankID][]uint64 // a rank → epochs with a window, oldest first
+	nudged  map[senderKey]time.Time
 }
 
 func newAddressing(auth *sealer, id *ident.RankIdentity, role string) *addressing {
@@ -310,8 +317,13 @@ func (a *addressing) check(self wire.From, m wire.Message, env Envelope, now tim
 // idle for MaxSkew (a replay within the skew must still find it).
 func (a *addressing) window(from wire.From, now time.Time) (*window, string) {
 	k := senderKey{keyOf(from), from.Epoch}
+	if a.lastWin != nil && a.lastKey == k {
+		a.winLRU.MoveToFront(a.lastWin.elem)
+		return a.lastWin, ""
+	}
 	if w := a.windows[k]; w != nil {
 		a.winLRU.MoveToFront(w.elem)
+		a.lastKey, a.lastWin = k, w
 		return w, ""
 	}
 	epochs := a.winRank[k.peer]
@@ -332,6 +344,7 @@ func (a *addressing) window(from wire.From, now time.Time) (*window, string) {
 	w := &window{}
 	a.windows[k] = w
 	w.elem = a.winLRU.PushFront(k)
+	a.lastKey, a.lastWin = k, w
 	a.winRank[k.peer] = insertSorted(a.winRank[k.peer], from.Epoch)
 	return w, ""
 }

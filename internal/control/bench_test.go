@@ -538,7 +538,7 @@ func BenchmarkMessagePath(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, it, ok := p.b.admit(p.a.wire(o, &sc, o.at), &limiter); ok {
+			if _, it, ok := p.b.admit(p.a.wire(o, &sc, o.at), time.Now(), &limiter); ok {
 				p.b.handle(it) // as the receive goroutine does with nothing waiting
 			}
 			o.release() // as a send does (the handler kept nothing of the body)

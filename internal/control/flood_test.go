@@ -270,7 +270,7 @@ func TestFloodFromManyEndpointsIsOneRanks(t *testing.T) {
 	for i := range 4 {
 		frames, err := wire.Encode(&wire.Abort{From: wire.From{Role: wire.RoleDecode, Instance: "flooder", Rank: 0, Endpoint: fmt.Sprintf("tcp://10.0.0.1:%d", 5000+i), Epoch: 1}, Room: uint64(i)})
 		require.NoError(t, err)
-		key, it, ok := r.admit(frames, &limiter)
+		key, it, ok := r.admit(frames, time.Now(), &limiter)
 		require.True(t, ok)
 		r.queue(key, it, &limiter)
 	}

@@ -524,8 +524,9 @@ func (l *Loop) receive() {
 			pace.fail(err)
 			continue
 		}
+		now := time.Now() // one reading for the batch: what arrived together is judged at one instant
 		for i := 0; i < n; i++ {
-			key, it, ok := l.admit(r.frames(i), &limiter)
+			key, it, ok := l.admit(r.frames(i), now, &limiter)
 			if !ok {
 				continue
 			}
@@ -539,15 +540,14 @@ func (l *Loop) receive() {
 	}
 }
 
-// admit checks one received message (authentication, decoding, the
-// identity and replay checks) and answers a PING at once; it returns what
+// admit checks one received message, arrived at now (authentication,
+// decoding, the identity and replay checks) and answers a PING at once; it returns what
 // is left for the Handler (ok) and the sending rank's inbox key (inbox.go).
-func (l *Loop) admit(frames [][]byte, limiter *logLimiter) (key inboxKey, it inboxItem, ok bool) {
+func (l *Loop) admit(frames [][]byte, now time.Time, limiter *logLimiter) (key inboxKey, it inboxItem, ok bool) {
 	if l.cfg.Tap != nil {
 		l.cfg.Tap(frames)
 	}
 	var env Envelope
-	now := time.Now()
 	refuse := func(why string, replay bool, detail string) {
 		if replay {
 			l.stat.replayInc(why)

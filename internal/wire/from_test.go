@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -125,4 +126,52 @@ func TestFastFromAgrees(t *testing.T) {
 	}
 	assert.Greater(t, clean, 10000)
 	assert.GreaterOrEqual(t, fast, clean)
+}
+
+// TestFromMemoAgrees: a from map read again comes from the memo
+// (fromMemos) only where its bytes are the remembered ones. Senders whose
+// maps take one slot and have one length, each differing from the others
+// in one field (instance, endpoint, rank or epoch), decode each as its
+// own sender, in any order, read for the first time or again.
+func TestFromMemoAgrees(t *testing.T) {
+	r := rand.New(rand.NewPCG(52, 4))
+	base := From{Role: RoleDecode, Instance: "decode-a", Rank: 3, Endpoint: "tcp://10.0.0.1:5555", Epoch: 0x1234_5678_9abc_de01}
+	senders := make([]From, 16)
+	for i := range senders {
+		f := base
+		switch i % 4 {
+		case 0:
+			f.Instance = "decode-" + string(rune('a'+i))
+		case 1:
+			f.Endpoint = "tcp://10.0.0." + strconv.Itoa(i%10) + ":5555"
+		case 2:
+			f.Rank = 3 + i
+		case 3:
+			f.Epoch = base.Epoch + uint64(i)<<8 // the same last byte: the same slot
+		}
+		senders[i] = f
+	}
+	slot, size := -1, -1
+	for _, f := range senders {
+		body, err := EncodeBody(&Abort{From: f, Room: 1, Reason: "memo"})
+		require.NoError(t, err)
+		b, err := parseMap(body)
+		require.NoError(t, err)
+		raw, ok := b.get("from")
+		require.True(t, ok)
+		if slot < 0 {
+			slot, size = fromSlot(raw.b), len(raw.b)
+		}
+		require.Equal(t, slot, fromSlot(raw.b), "the case needs every sender in one slot")
+		require.Len(t, raw.b, size, "the case needs every sender's map of one length")
+		b.release()
+	}
+	for i := range 4000 {
+		f := senders[r.IntN(len(senders))]
+		frames, err := Encode(&Abort{From: f, Room: uint64(i), Reason: "memo"})
+		require.NoError(t, err)
+		m, err := Decode(frames)
+		require.NoError(t, err)
+		require.Equal(t, f, m.Sender(), "message %d", i)
+	}
 }

@@ -1,11 +1,13 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -1457,10 +1459,45 @@ func (b *body) from() From {
 	if !ok {
 		return From{}
 	}
+	slot := &fromMemos[fromSlot(s.b)]
+	if m := slot.Load(); m != nil && bytes.Equal(m.raw, s.b) {
+		return m.v // these very bytes read before: the same value
+	}
 	if v, ok := fastFrom(s.b); ok {
+		slot.Store(newFromMemo(s.b, v))
 		return v
 	}
 	return b.slowFrom(s.b)
+}
+
+// fromMemos remember the from maps read last, by fromSlot, with the value
+// each read as: a receive loop's messages come in runs from a few sender
+// processes, whose from is the same bytes each time (OwnFrom), and a
+// remembered one costs a compare instead of a read and its strings. Only
+// a well-formed map is remembered (fastFrom's), under its exact bytes: a
+// hit is what reading them would give (TestFromMemoAgrees). Any process's
+// decoders share them; a stranger's maps only take slots.
+var fromMemos [8]atomic.Pointer[fromMemo]
+
+type fromMemo struct {
+	raw []byte
+	v   From
+	buf [96]byte // raw, where it fits
+}
+
+func newFromMemo(raw []byte, v From) *fromMemo {
+	m := &fromMemo{v: v}
+	m.raw = append(m.buf[:0], raw...)
+	return m
+}
+
+// fromSlot picks a from map's slot by its last byte: the low bits of the
+// epoch (NewEpoch's random bits; bit 0 is always set).
+func fromSlot(raw []byte) int {
+	if len(raw) == 0 {
+		return 0
+	}
+	return int(raw[len(raw)-1]>>1) & (len(fromMemos) - 1)
 }
 
 // fastFrom reads a well-formed from map in one pass, as every message

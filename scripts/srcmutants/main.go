@@ -348,6 +348,13 @@ var mutants = []mutant{
 	// last value taken, a rank past MaxInt32 or an empty endpoint
 	// accepted, where the field-by-field reader refuses them or takes the
 	// first.
+	// The memo of from maps read (issue 52, item 3) answering for other
+	// bytes of the same slot and length; the replay window of the sender
+	// checked last answering for another process of its rank.
+	{name: "from-memo-any-bytes", file: "internal/wire/message.go", old: "if m := slot.Load(); m != nil && bytes.Equal(m.raw, s.b) {", new: "if m := slot.Load(); m != nil && len(m.raw) == len(s.b) && bytes.HasPrefix(m.raw, s.b[:1]) {",
+		pkg: "internal/wire", run: "^TestFromMemoAgrees$"},
+	{name: "window-memo-any-epoch", file: "internal/control/address.go", old: "	if a.lastWin != nil && a.lastKey == k {", new: "	if a.lastWin != nil && a.lastKey.peer == k.peer {",
+		pkg: "internal/control", run: "^TestEndpointBoundToItsRank$"},
 	{name: "from-fast-repeat-last-wins", file: "internal/wire/message.go", old: "\t\tif seen&bit != 0 {", new: "\t\tif seen&bit != 0 && false {",
 		pkg: "internal/wire", run: "^TestFastFromAgrees$"},
 	{name: "from-fast-rank-unbounded", file: "internal/wire/message.go", old: "\t\t\tif err != nil || neg || r > math.MaxInt32 {", new: "\t\t\tif err != nil || neg {",
