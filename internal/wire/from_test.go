@@ -131,8 +131,9 @@ func TestFastFromAgrees(t *testing.T) {
 // TestFromMemoAgrees: a from map read again comes from the memo
 // (fromMemos) only where its bytes are the remembered ones. Senders whose
 // maps take one slot and have one length, each differing from the others
-// in one field (instance, endpoint, rank or epoch), decode each as its
-// own sender, in any order, read for the first time or again.
+// in one field (instance, endpoint, rank or epoch), and senders whose maps
+// are of other lengths, decode each as its own sender, in any order, read
+// for the first time or again.
 func TestFromMemoAgrees(t *testing.T) {
 	r := rand.New(rand.NewPCG(52, 4))
 	base := From{Role: RoleDecode, Instance: "decode-a", Rank: 3, Endpoint: "tcp://10.0.0.1:5555", Epoch: 0x1234_5678_9abc_de01}
@@ -165,6 +166,13 @@ func TestFromMemoAgrees(t *testing.T) {
 		require.Equal(t, slot, fromSlot(raw.b), "the case needs every sender in one slot")
 		require.Len(t, raw.b, size, "the case needs every sender's map of one length")
 		b.release()
+	}
+	// And senders whose maps are longer or shorter (the memo of the map
+	// read last must end a value only where it is that value).
+	for i := range 8 {
+		f := base
+		f.Instance = strings.Repeat("d", 1+3*i)
+		senders = append(senders, f)
 	}
 	for i := range 4000 {
 		f := senders[r.IntN(len(senders))]

@@ -1050,6 +1050,9 @@ type body struct {
 	key    string
 	index  int
 	err    *MalformedError
+	// memo: the remembered from map this body's "from" value began with
+	// (parseMap found its end by it rather than by walking it).
+	memo *fromMemo
 }
 
 func parseMap(raw []byte) (*body, error) {
@@ -1068,10 +1071,21 @@ func parseMap(raw []byte) (*body, error) {
 		}
 		k := s.b[s.off : s.off+kn]
 		s.off += kn
-		v, err := s.raw()
-		if err != nil {
-			b.release()
-			return nil, fmt.Errorf("value of %q: %w", k, err)
+		var v []byte
+		if string(k) == "from" && b.memo == nil {
+			// The from map read last, if the value starts with it, ends
+			// where it does (a MessagePack value's encoding is no prefix
+			// of another's): not walked again.
+			if m := fromMemos[lastFromSlot.Load()].Load(); m != nil && bytes.HasPrefix(s.b[s.off:], m.raw) {
+				v, b.memo = s.b[s.off:s.off+len(m.raw)], m
+				s.off += len(m.raw)
+			}
+		}
+		if v == nil {
+			if v, err = s.raw(); err != nil {
+				b.release()
+				return nil, fmt.Errorf("value of %q: %w", k, err)
+			}
 		}
 		b.fields = append(b.fields, field{k, v}) // a repeated key: the first one wins in lookup
 	}
@@ -1093,7 +1107,7 @@ func (b *body) release() {
 		return
 	}
 	clear(b.fields) // the used entries only (they point into a frame)
-	b.fields, b.parent, b.key, b.index, b.err, b.t = nil, nil, "", 0, nil, 0
+	b.fields, b.parent, b.key, b.index, b.err, b.t, b.memo = nil, nil, "", 0, nil, 0, nil
 	bodies.Put(b)
 }
 
@@ -1459,12 +1473,18 @@ func (b *body) from() From {
 	if !ok {
 		return From{}
 	}
-	slot := &fromMemos[fromSlot(s.b)]
+	if m := b.memo; m != nil && bytes.Equal(m.raw, s.b) {
+		return m.v // parseMap's find (its bytes, once more)
+	}
+	i := fromSlot(s.b)
+	slot := &fromMemos[i]
 	if m := slot.Load(); m != nil && bytes.Equal(m.raw, s.b) {
+		lastFromSlot.Store(int32(i))
 		return m.v // these very bytes read before: the same value
 	}
 	if v, ok := fastFrom(s.b); ok {
 		slot.Store(newFromMemo(s.b, v))
+		lastFromSlot.Store(int32(i))
 		return v
 	}
 	return b.slowFrom(s.b)
@@ -1478,6 +1498,10 @@ func (b *body) from() From {
 // hit is what reading them would give (TestFromMemoAgrees). Any process's
 // decoders share them; a stranger's maps only take slots.
 var fromMemos [8]atomic.Pointer[fromMemo]
+
+// lastFromSlot is the slot of the from map read last: parseMap tries its
+// memo first.
+var lastFromSlot atomic.Int32
 
 type fromMemo struct {
 	raw []byte

@@ -353,6 +353,8 @@ var mutants = []mutant{
 	// checked last answering for another process of its rank.
 	{name: "from-memo-any-bytes", file: "internal/wire/message.go", old: "if m := slot.Load(); m != nil && bytes.Equal(m.raw, s.b) {", new: "if m := slot.Load(); m != nil && len(m.raw) == len(s.b) && bytes.HasPrefix(m.raw, s.b[:1]) {",
 		pkg: "internal/wire", run: "^TestFromMemoAgrees$"},
+	{name: "from-memo-end-unchecked", file: "internal/wire/message.go", old: "m != nil && bytes.HasPrefix(s.b[s.off:], m.raw) {", new: "m != nil && len(s.b[s.off:]) >= len(m.raw) {",
+		pkg: "internal/wire", run: "^TestFromMemoAgrees$"},
 	{name: "window-memo-any-epoch", file: "internal/control/address.go", old: "	if a.lastWin != nil && a.lastKey == k {", new: "	if a.lastWin != nil && a.lastKey.peer == k.peer {",
 		pkg: "internal/control", run: "^TestEndpointBoundToItsRank$"},
 	{name: "from-fast-repeat-last-wins", file: "internal/wire/message.go", old: "\t\tif seen&bit != 0 {", new: "\t\tif seen&bit != 0 && false {",
