@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
@@ -47,7 +48,12 @@ type sealer struct {
 
 	pairMu  sync.RWMutex
 	ciphers map[cipherID]cipher.AEAD // tag and body ciphers of sender processes (under pairMu)
-	aads    sync.Pool                // *aadBuf: the associated data of a message
+	// last is the cipher of ciphers used last, found without hashing its
+	// id (a receiver's messages come in runs from one sender process). A
+	// cipher is its id's for good (deriveCipher), so one the map no
+	// longer holds is still right.
+	last atomic.Pointer[cipherMemo]
+	aads sync.Pool // *aadBuf: the associated data of a message
 }
 
 // newSealer returns a sealer for auth (its secret is not checked here:
@@ -216,10 +222,14 @@ func (a *sealer) cipherOf(label string, key, salt []byte) (c cipher.AEAD, id cip
 	id.label = label
 	copy(id.key[:], key)
 	copy(id.salt[:], salt)
+	if m := a.last.Load(); m != nil && m.id == id {
+		return m.c, id, true
+	}
 	a.pairMu.RLock()
 	c = a.ciphers[id]
 	a.pairMu.RUnlock()
 	if c != nil {
+		a.last.Store(&cipherMemo{id, c})
 		return c, id, true
 	}
 	base := key
@@ -252,6 +262,13 @@ func (a *sealer) remember(id cipherID, c cipher.AEAD) {
 	}
 	a.ciphers[id] = c
 	a.pairMu.Unlock()
+	a.last.Store(&cipherMemo{id, c})
+}
+
+// cipherMemo is the cipher a sealer found last (sealer.last).
+type cipherMemo struct {
+	id cipherID
+	c  cipher.AEAD
 }
 
 // aadBuf is the scratch of a tag or a seal: its associated data and a

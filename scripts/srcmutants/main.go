@@ -355,6 +355,8 @@ var mutants = []mutant{
 		pkg: "internal/wire", run: "^TestFromMemoAgrees$"},
 	{name: "from-memo-end-unchecked", file: "internal/wire/message.go", old: "m != nil && bytes.HasPrefix(s.b[s.off:], m.raw) {", new: "m != nil && len(s.b[s.off:]) >= len(m.raw) {",
 		pkg: "internal/wire", run: "^TestFromMemoAgrees$"},
+	{name: "cipher-memo-any-id", file: "internal/control/auth.go", old: "	if m := a.last.Load(); m != nil && m.id == id {", new: "	if m := a.last.Load(); m != nil && m.id.label == id.label {",
+		pkg: "internal/control", run: "^(TestTagKeyPerSenderProcess|TestSealNoncesNeverRepeat)$"},
 	{name: "window-memo-any-epoch", file: "internal/control/address.go", old: "	if a.lastWin != nil && a.lastKey == k {", new: "	if a.lastWin != nil && a.lastKey.peer == k.peer {",
 		pkg: "internal/control", run: "^TestEndpointBoundToItsRank$"},
 	{name: "from-fast-repeat-last-wins", file: "internal/wire/message.go", old: "\t\tif seen&bit != 0 {", new: "\t\tif seen&bit != 0 && false {",
