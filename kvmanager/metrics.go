@@ -128,7 +128,7 @@ func newMetrics(m *Manager) *metrics {
 		owed: prometheus.NewDesc("kvbridge_owed_aborts",
 			"ABORTs sent to prefill ranks and not yet acknowledged (re-sent to a restarted rank's new process).", nil, labels),
 		deferred: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_registers_deferred_total",
-			Help: "REGISTERs whose check was put off: one from the same decode rank or naming the same agent was still being checked (carried out when that check ends; past 16 waiting, left for the sender to repeat), or too many were (left for the sender to repeat).", ConstLabels: labels}),
+			Help: "REGISTER checks put off: one of the same decode rank was under way (the REGISTER is stepped again when it ends, and counted again if put off again), or one naming the same agent, or 16 were (left for the sender to repeat).", ConstLabels: labels}),
 		challengeSendFailed: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_challenge_send_failed_total",
 			Help: "Agent challenges whose notification the engine refused to send: left for the REGISTER's repeat, which sends it again.", ConstLabels: labels}),
 		transfers: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvbridge_transfers_total",

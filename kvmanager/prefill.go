@@ -238,8 +238,8 @@ func (m *Manager) loadMetadata(msg *wire.Register, lay core.PeerPlan) {
 		m.refuseRegister(msg, err)
 		return
 	}
-	if !m.beginCheck(msg.From.Peer(), msg.Agent, &parkedRegister{msg, lay}) {
-		m.log.Debug("REGISTER put off: carried out once the check of its rank or agent in progress ends, or, past 16 checks, left for its sender to repeat", zap.String("peer", msg.From.Peer()))
+	if !m.beginCheck(msg.From.Peer(), msg.Agent, msg) {
+		m.log.Debug("REGISTER put off: stepped again once its rank's check under way ends; behind another rank's check of its agent name, or 16 checks, left for its sender to repeat", zap.String("peer", msg.From.Peer()))
 		return
 	}
 	go m.bindRegister(msg, lay)
@@ -260,11 +260,14 @@ func (m *Manager) challenge(msg *wire.Register, notif string) {
 		m.refuseRegister(msg, err)
 		return
 	}
-	if !m.beginCheck(msg.From.Peer(), msg.Agent, nil) { // (the challenge in progress does)
+	if !m.beginCheck(msg.From.Peer(), msg.Agent, nil) {
+		// Dropped, for the sender's repeat: most often a repeat while its
+		// own challenge is under way, which sends the notification.
 		return
 	}
 	go func() {
-		defer m.endCheck(msg.From.Peer(), msg.Agent)
+		defer m.wg.Done()
+		defer func() { m.resume(m.endCheck(msg.From.Peer(), msg.Agent)) }()
 		name := msg.Agent
 		if h := sha256.Sum256(msg.AgentMD); m.challengedWith(name) != h || !m.agent.RemoteUsable(name) {
 			var err error

@@ -25,10 +25,9 @@ package kvmanager
 // The check reads through the network, so it runs off the control loop's
 // receive goroutine (one per REGISTER, one at a time per decode rank and per
 // agent name, at most maxProofChecks at once; a REGISTER that comes while
-// its rank or agent name is being checked waits for that check to end, and
-// one beyond maxProofChecks is left unanswered and counted, and its sender
-// repeats it), so a peer that never answers the read delays only its own
-// registration.
+// its rank is being checked waits for that check to end, and one put off
+// otherwise is left unanswered and counted, and its sender repeats it), so
+// a peer that never answers the read delays only its own registration.
 
 import (
 	"context"
@@ -37,8 +36,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/core"
@@ -190,13 +187,15 @@ func (m *Manager) checkClaims(msg *wire.Register) error {
 // beginCheck reserves the check of a REGISTER: false (counted) while one
 // from the same decode rank or naming the same agent is being checked,
 // maxProofChecks are, or the rank is closing. A REGISTER given as park,
-// put off only by a check of its rank or agent, waits for that check to
-// end (endCheck carries it out), the latest per rank and at most
-// maxProofChecks of them: a decode rank echoes its agent challenge as soon
-// as the notification lands, before the challenge's check has ended, and
-// would otherwise wait for its REGISTER retry. Any other is left for its
-// sender to repeat.
-func (m *Manager) beginCheck(peer, agent string, park *parkedRegister) bool {
+// put off by a check of its own rank, waits for that check to end (the
+// latest per rank: at most maxProofChecks wait, as many ranks as have a
+// check) and is then stepped into the core again, as if it arrived then
+// (endCheck, resume): a decode rank echoes its agent challenge as soon as
+// the notification lands, before the challenge's check has ended, and
+// would otherwise wait for its REGISTER retry. One put off by another
+// rank's check of its agent name, or by maxProofChecks checks, is left
+// for its sender to repeat; none is stepped again once the rank closes.
+func (m *Manager) beginCheck(peer, agent string, park *wire.Register) bool {
 	m.regMu.Lock()
 	defer m.regMu.Unlock()
 	if m.regClosed || m.checking[peer] || m.checking["agent "+agent] || len(m.checking) >= 2*maxProofChecks {
@@ -204,12 +203,11 @@ func (m *Manager) beginCheck(peer, agent string, park *parkedRegister) bool {
 		if m.deferHook != nil {
 			m.deferHook(peer)
 		}
-		if _, again := m.waitingRegs[peer]; park != nil && !m.regClosed && (m.checking[peer] || m.checking["agent "+agent]) &&
-			(again || len(m.waitingRegs) < maxProofChecks) {
+		if park != nil && m.checking[peer] { // (at most maxProofChecks ranks have a check)
 			if m.waitingRegs == nil {
-				m.waitingRegs = map[string]parkedRegister{}
+				m.waitingRegs = map[string]*wire.Register{}
 			}
-			m.waitingRegs[peer] = *park
+			m.waitingRegs[peer] = park
 		}
 		return false
 	}
@@ -221,36 +219,25 @@ func (m *Manager) beginCheck(peer, agent string, park *parkedRegister) bool {
 	return true
 }
 
-// parkedRegister is a REGISTER the core passed whose check waits for
-// another of its rank or agent name to end (beginCheck).
-type parkedRegister struct {
-	msg *wire.Register
-	lay core.PeerPlan
-}
-
-// unpark takes the parked REGISTERs of peer or naming agent (regMu held),
-// in rank order; none once the rank is closing.
-func (m *Manager) unpark(peer, agent string) []parkedRegister {
-	if m.regClosed {
-		m.waitingRegs = nil
+// unpark takes the REGISTER parked behind peer's check (regMu held); none
+// once the rank is closing.
+func (m *Manager) unpark(peer string) []*wire.Register {
+	r := m.waitingRegs[peer]
+	delete(m.waitingRegs, peer)
+	if r == nil || m.regClosed {
 		return nil
 	}
-	var out []parkedRegister
-	for _, p := range slices.Sorted(maps.Keys(m.waitingRegs)) {
-		if r := m.waitingRegs[p]; p == peer || r.msg.Agent == agent {
-			out = append(out, r)
-			delete(m.waitingRegs, p)
-		}
-	}
-	return out
+	return []*wire.Register{r}
 }
 
-// resume carries out parked REGISTERs (loadMetadata: each reserves its
-// check, or waits again). The caller still holds its own check's count
-// in wg, so Close waits for these too.
-func (m *Manager) resume(next []parkedRegister) {
-	for _, r := range next {
-		m.loadMetadata(r.msg, r.lay)
+// resume steps parked REGISTERs into the core again, as if they arrived
+// now: the core checks each against what it knows by then (a repeat of a
+// registration just bound is a repeat, a challenge passed is passed). The
+// caller has stepped its own check's answer first and still holds its
+// count in wg, so Close waits for what these start.
+func (m *Manager) resume(next []*wire.Register) {
+	for _, msg := range next {
+		m.receive(msg)
 	}
 }
 
@@ -274,9 +261,7 @@ func (m *Manager) unload(agent string) {
 		defer func() {
 			m.regMu.Lock()
 			delete(m.checking, "agent "+agent)
-			next := m.unpark("", agent)
 			m.regMu.Unlock()
-			m.resume(next)
 			m.wg.Done()
 		}()
 		var held bool
@@ -291,16 +276,15 @@ func (m *Manager) unload(agent string) {
 	}()
 }
 
-// endCheck ends a check beginCheck reserved and carries out the
-// REGISTERs parked behind it.
-func (m *Manager) endCheck(peer, agent string) {
+// endCheck ends a check beginCheck reserved and returns the REGISTERs
+// parked behind it: the caller resumes them once its own answer is
+// stepped, then lets its count in wg go.
+func (m *Manager) endCheck(peer, agent string) []*wire.Register {
 	m.regMu.Lock()
+	defer m.regMu.Unlock()
 	delete(m.checking, peer)
 	delete(m.checking, "agent "+agent)
-	next := m.unpark(peer, agent)
-	m.regMu.Unlock()
-	m.resume(next)
-	m.wg.Done()
+	return m.unpark(peer)
 }
 
 // bindRegister proves a REGISTER whose check beginCheck reserved
@@ -308,13 +292,15 @@ func (m *Manager) endCheck(peer, agent string) {
 // RegisterRefused — released first, so the sender's next REGISTER, sent
 // once it has the answer, is not left unanswered as a repeat in progress.
 func (m *Manager) bindRegister(msg *wire.Register, lay core.PeerPlan) {
+	defer m.wg.Done()
 	name, err := m.proveRegister(msg, lay)
-	m.endCheck(msg.From.Peer(), msg.Agent)
+	next := m.endCheck(msg.From.Peer(), msg.Agent)
 	if err != nil {
 		m.refuseRegister(msg, err)
-		return
+	} else {
+		m.stepIn(core.Registered{From: msg.From, Remote: name, Plan: lay})
 	}
-	m.stepIn(core.Registered{From: msg.From, Remote: name, Plan: lay})
+	m.resume(next)
 }
 
 // proveRegister checks a REGISTER's claims again now that its rank and

@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -407,8 +408,8 @@ func TestCallerRegionsNeedProofSlots(t *testing.T) {
 // come back (held here, as a peer that never answers) holds neither the
 // control loop nor another decode rank's registration: the other rank's
 // REGISTER is answered meanwhile. A repeat from the held rank is put off,
-// counted; once the read returns, the held REGISTER is answered (then the
-// repeat). With the check on the control loop's goroutine (before) the
+// counted; once the read returns, the held REGISTER is answered, then the
+// repeat, as a repeat (its proof not read again). With the check on the control loop's goroutine (before) the
 // other rank waited for the held one.
 func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 	reg := prometheus.NewRegistry()
@@ -428,8 +429,10 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 	deferredCh := make(chan struct{}, 4)
 	deferrals := map[string]int{}
 	p.regMu.Lock()
+	var slowReads atomic.Int32
 	p.proofHook = func(msg *wire.Register) {
 		if msg.From.Instance == "slow" {
+			slowReads.Add(1)
 			holding <- struct{}{}
 			<-hold
 		}
@@ -490,7 +493,7 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 		}
 		return held, all, counted
 	}
-	send(slow) // a repeat while its first is checked: put off until that check ends
+	send(slow) // a repeat while its first is checked: put off until that check ends and its answer is stepped
 	// Two ranks' messages arrive in no set order: wait for the repeat's
 	// deferral itself (each rank's own messages stay in order).
 	select {
@@ -515,6 +518,17 @@ func TestRegisterCheckOffTheControlLoop(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no answer to the held REGISTER after its read returned")
 	}
+	// The repeat that waited is stepped into the core again once the
+	// held one is bound: a repeat of a proven registration, answered
+	// without a second load or read of its proof (checked as it came, its
+	// plan had not seen the bind).
+	select {
+	case a := <-slow.acks:
+		require.True(t, a.OK, "the repeat that waited for the held check: %s", a.Reason)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer to the repeat that waited for the held check")
+	}
+	require.EqualValues(t, 1, slowReads.Load(), "the held rank's proof reads: its repeat read it again")
 }
 
 // TestEchoWhileChallengeChecked: a decode rank echoes its agent challenge
@@ -577,6 +591,32 @@ func TestEchoWhileChallengeChecked(t *testing.T) {
 	p.regMu.Lock()
 	defer p.regMu.Unlock()
 	require.Empty(t, p.waitingRegs, "REGISTERs still waiting after every check ended")
+}
+
+// TestRegisterParking: a REGISTER put off behind a check of its own rank
+// waits for that check (the rank's latest only), one put off by another
+// rank's check of its agent name does not (its sender repeats it), and
+// none is stepped again once the rank is closing.
+func TestRegisterParking(t *testing.T) {
+	p := newTestPrefill(t, func(c *Config) { c.Instance = "parking-prefill" })
+	first, second, other := &wire.Register{Agent: "a"}, &wire.Register{Agent: "a"}, &wire.Register{Agent: "a"}
+	require.True(t, p.beginCheck("decode/x/0", "a", nil))
+	require.False(t, p.beginCheck("decode/x/0", "a", first))
+	require.False(t, p.beginCheck("decode/x/0", "a", second))
+	require.False(t, p.beginCheck("decode/y/0", "a", other), "another rank, the same agent name")
+	next := p.endCheck("decode/x/0", "a")
+	p.wg.Done()
+	require.Len(t, next, 1)
+	require.Same(t, second, next[0], "the rank's latest REGISTER, stepped again")
+	require.Empty(t, p.waitingRegs, "parked behind another rank's check of its agent name, or left behind")
+	require.True(t, p.beginCheck("decode/x/0", "a", nil))
+	require.False(t, p.beginCheck("decode/x/0", "a", first))
+	p.regMu.Lock()
+	p.regClosed = true // as Close does before it waits for the checks
+	p.regMu.Unlock()
+	next = p.endCheck("decode/x/0", "a")
+	p.wg.Done()
+	require.Empty(t, next, "a REGISTER stepped again while the rank closes")
 }
 
 // TestRegisterClaimsCheckedAgainOnceReserved: the control loop checks a

@@ -87,7 +87,7 @@ type Manager struct {
 	proofBufs  [][]byte
 	// waitingRegs: REGISTERs waiting for a check of their rank or agent
 	// to end, by rank (beginCheck).
-	waitingRegs map[string]parkedRegister
+	waitingRegs map[string]*wire.Register
 	regClosed   bool
 	proofHook   func(*wire.Register) // tests: runs before a proof's read
 	deferHook   func(peer string)    // tests: runs (under regMu) when a REGISTER's check is deferred
