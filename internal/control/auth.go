@@ -47,7 +47,7 @@ type sealer struct {
 	self cipher.AEAD // the tag cipher of salt under the secret
 
 	pairMu  sync.RWMutex
-	ciphers map[cipherID]cipher.AEAD // tag and body ciphers of sender processes (under pairMu)
+	ciphers map[cipherID]*cipherMemo // tag and body ciphers of sender processes (under pairMu)
 	// last is the cipher of ciphers used last, found without hashing its
 	// id (a receiver's messages come in runs from one sender process). A
 	// cipher is its id's for good (deriveCipher), so one the map no
@@ -226,11 +226,11 @@ func (a *sealer) cipherOf(label string, key, salt []byte) (c cipher.AEAD, id cip
 		return m.c, id, true
 	}
 	a.pairMu.RLock()
-	c = a.ciphers[id]
+	m := a.ciphers[id]
 	a.pairMu.RUnlock()
-	if c != nil {
-		a.last.Store(&cipherMemo{id, c})
-		return c, id, true
+	if m != nil {
+		a.last.Store(m) // (the map's own entry: nothing allocated)
+		return m.c, id, true
 	}
 	base := key
 	if key == nil {
@@ -258,11 +258,12 @@ func (a *sealer) own(label string, key []byte) cipher.AEAD {
 func (a *sealer) remember(id cipherID, c cipher.AEAD) {
 	a.pairMu.Lock()
 	if a.ciphers == nil || len(a.ciphers) >= maxBookEntries {
-		a.ciphers = map[cipherID]cipher.AEAD{}
+		a.ciphers = map[cipherID]*cipherMemo{}
 	}
-	a.ciphers[id] = c
+	m := &cipherMemo{id, c}
+	a.ciphers[id] = m
 	a.pairMu.Unlock()
-	a.last.Store(&cipherMemo{id, c})
+	a.last.Store(m)
 }
 
 // cipherMemo is the cipher a sealer found last (sealer.last).

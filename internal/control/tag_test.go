@@ -179,3 +179,26 @@ func TestLoopRefusesFIPSOnly(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	assert.Contains(t, string(out), "NewLoop: control: rank decode/fips/0: message tags need AES-256-GCM")
 }
+
+// TestCipherMemoTurnsAllocateNothing: senders that take turns find their
+// cached ciphers with no allocation (the memo of the cipher used last
+// holds the cache's own entry), and each finds its own.
+func TestCipherMemoTurnsAllocateNothing(t *testing.T) {
+	recv := testSealer()
+	salts := [][]byte{testSealer().salt[:], testSealer().salt[:]}
+	var want [2]cipherID
+	for i, salt := range salts {
+		c, id, cached := recv.cipherOf(tagLabel, nil, salt)
+		require.False(t, cached)
+		recv.remember(id, c)
+		want[i] = id
+	}
+	allocs := testing.AllocsPerRun(200, func() {
+		for i, salt := range salts {
+			if _, id, cached := recv.cipherOf(tagLabel, nil, salt); !cached || id != want[i] {
+				panic(fmt.Sprintf("sender %d: cached %v, its id %v", i, cached, id == want[i]))
+			}
+		}
+	})
+	require.Zero(t, allocs, "allocations of two senders' ciphers found in turn")
+}

@@ -183,3 +183,57 @@ func TestFromMemoAgrees(t *testing.T) {
 		require.Equal(t, f, m.Sender(), "message %d", i)
 	}
 }
+
+// TestFromMemoRepeatedKey: a body that repeats its from key is read as
+// its first from (as every other key: the first wins), though the memo
+// of the map read last ends the second.
+func TestFromMemoRepeatedKey(t *testing.T) {
+	a := From{Role: RoleDecode, Instance: "decode-a", Rank: 1, Endpoint: "tcp://10.0.0.1:5555", Epoch: 0x1234_5678_9abc_de03}
+	b := a
+	b.Instance, b.Epoch = "decode-b", 0x1234_5678_9abc_de05
+	frames, err := Encode(&Abort{From: b, Room: 1, Reason: "memo"})
+	require.NoError(t, err)
+	for range fromReplaceAfter + 1 { // b's map remembered, whatever the slot held
+		m, err := Decode(frames)
+		require.NoError(t, err)
+		require.Equal(t, b, m.Sender())
+	}
+	bodyB, err := EncodeBody(&Abort{From: b, Room: 1, Reason: "memo"})
+	require.NoError(t, err)
+	pb, err := parseMap(bodyB)
+	require.NoError(t, err)
+	rawB, ok := pb.get("from")
+	require.True(t, ok)
+	bFrom := append([]byte(nil), rawB.b...)
+	pb.release()
+	body, err := EncodeBody(&Abort{From: a, Room: 2, Reason: "memo"})
+	require.NoError(t, err)
+	require.Equal(t, byte(0x80), body[0]&0xf0, "a fixmap body")
+	body[0]++ // one more key: from again, b's
+	body = append(append(body, mpStrT("from", false)...), bFrom...)
+	frames[2] = body
+	m, err := Decode(frames)
+	require.NoError(t, err)
+	require.Equal(t, a, m.Sender(), "a body with two from keys: the first")
+}
+
+// TestFromMemoTurnsAllocateNothing: senders that take turns on one memo
+// slot decode with no more allocations than one sender alone (a slot's
+// memo is replaced only after misses in a row, not at every miss).
+func TestFromMemoTurnsAllocateNothing(t *testing.T) {
+	a := From{Role: RoleDecode, Instance: "decode-a", Rank: 1, Endpoint: "tcp://10.0.0.1:5555", Epoch: 0x1234_5678_9abc_de07}
+	b := a
+	b.Instance = "decode-b" // the same epoch's last byte: the same slot
+	fa, err := Encode(&Abort{From: a, Room: 1, Reason: "memo"})
+	require.NoError(t, err)
+	fb, err := Encode(&Abort{From: b, Room: 1, Reason: "memo"})
+	require.NoError(t, err)
+	decode := func(f [][]byte) {
+		if _, err := Decode(f); err != nil {
+			panic(err)
+		}
+	}
+	alone := testing.AllocsPerRun(200, func() { decode(fa); decode(fa) })
+	turns := testing.AllocsPerRun(200, func() { decode(fa); decode(fb) })
+	require.Equal(t, alone, turns, "allocations of two decodes: one sender %v, two taking turns %v", alone, turns)
+}

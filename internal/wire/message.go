@@ -1076,7 +1076,7 @@ func parseMap(raw []byte) (*body, error) {
 			// The from map read last, if the value starts with it, ends
 			// where it does (a MessagePack value's encoding is no prefix
 			// of another's): not walked again.
-			if m := fromMemos[lastFromSlot.Load()].Load(); m != nil && bytes.HasPrefix(s.b[s.off:], m.raw) {
+			if m := fromMemos[lastFromSlot.Load()].m.Load(); m != nil && bytes.HasPrefix(s.b[s.off:], m.raw) {
 				v, b.memo = s.b[s.off:s.off+len(m.raw)], m
 				s.off += len(m.raw)
 			}
@@ -1474,48 +1474,71 @@ func (b *body) from() From {
 		return From{}
 	}
 	if m := b.memo; m != nil && bytes.Equal(m.raw, s.b) {
-		return m.v // parseMap's find (its bytes, once more)
+		// parseMap's find (its bytes, once more: a body may repeat the key).
+		if sl := &fromMemos[m.slot]; sl.misses.Load() != 0 {
+			sl.misses.Store(0)
+		}
+		return m.v
 	}
 	i := fromSlot(s.b)
 	slot := &fromMemos[i]
-	if m := slot.Load(); m != nil && bytes.Equal(m.raw, s.b) {
+	m := slot.m.Load()
+	if m != nil && bytes.Equal(m.raw, s.b) {
+		if slot.misses.Load() != 0 {
+			slot.misses.Store(0)
+		}
 		lastFromSlot.Store(int32(i))
 		return m.v // these very bytes read before: the same value
 	}
 	if v, ok := fastFrom(s.b); ok {
-		slot.Store(newFromMemo(s.b, v))
-		lastFromSlot.Store(int32(i))
+		if m == nil || slot.misses.Add(1) >= fromReplaceAfter {
+			slot.m.Store(newFromMemo(s.b, v, i))
+			slot.misses.Store(0)
+			lastFromSlot.Store(int32(i))
+		}
 		return v
 	}
 	return b.slowFrom(s.b)
 }
 
-// fromMemos remember the from maps read last, by fromSlot, with the value
-// each read as: a receive loop's messages come in runs from a few sender
+// fromMemos remember from maps read, by fromSlot, with the value each
+// read as: a receive loop's messages come in runs from a few sender
 // processes, whose from is the same bytes each time (OwnFrom), and a
-// remembered one costs a compare instead of a read and its strings. Only
-// a well-formed map is remembered (fastFrom's), under its exact bytes: a
-// hit is what reading them would give (TestFromMemoAgrees). Any process's
-// decoders share them; a stranger's maps only take slots.
-var fromMemos [8]atomic.Pointer[fromMemo]
+// remembered one costs a compare instead of a read. Only a well-formed
+// map is remembered (fastFrom's), under its exact bytes: a hit is what
+// reading them would give (TestFromMemoAgrees). A slot's memo gives way
+// to another map only after fromReplaceAfter misses in a row with no hit
+// between, so senders that take turns on one slot cost no allocation a
+// message (TestFromMemoTurnsAllocateNothing). Any process's decoders
+// share them; a stranger's maps only take slots.
+var fromMemos [64]fromMemoSlot
 
-// lastFromSlot is the slot of the from map read last: parseMap tries its
-// memo first.
+type fromMemoSlot struct {
+	m      atomic.Pointer[fromMemo]
+	misses atomic.Int32 // since the memo last answered
+}
+
+// fromReplaceAfter is how many misses in a row replace a slot's memo.
+const fromReplaceAfter = 4
+
+// lastFromSlot is the slot of the from map remembered last: parseMap
+// tries its memo first.
 var lastFromSlot atomic.Int32
 
 type fromMemo struct {
-	raw []byte
-	v   From
-	buf [96]byte // raw, where it fits
+	raw  []byte
+	v    From
+	slot int
+	buf  [96]byte // raw, where it fits
 }
 
-func newFromMemo(raw []byte, v From) *fromMemo {
-	m := &fromMemo{v: v}
+func newFromMemo(raw []byte, v From, slot int) *fromMemo {
+	m := &fromMemo{v: v, slot: slot}
 	m.raw = append(m.buf[:0], raw...)
 	return m
 }
 
-// fromSlot picks a from map's slot by its last byte: the low bits of the
+// fromSlot picks a from map's slot by its last byte: bits 1 to 6 of the
 // epoch (NewEpoch's random bits; bit 0 is always set).
 func fromSlot(raw []byte) int {
 	if len(raw) == 0 {

@@ -342,23 +342,10 @@ var mutants = []mutant{
 	// small, valid one, past every bounds check.
 	{name: "unit-number-wraps", file: "internal/kvlayout/pages.go", old: "\t\t\tif su > math.MaxUint32 || du > math.MaxUint32 {", new: "\t\t\tif false && (su > math.MaxUint32 || du > math.MaxUint32) {",
 		pkg: "internal/kvlayout", run: "^TestPageMapPair$"},
-	// The decoder's interned names: a peer's made-up names are interned
-	// without bound.
 	// The one-pass reader of a from map (fastFrom): a repeated field's
 	// last value taken, a rank past MaxInt32 or an empty endpoint
 	// accepted, where the field-by-field reader refuses them or takes the
 	// first.
-	// The memo of from maps read (issue 52, item 3) answering for other
-	// bytes of the same slot and length; the replay window of the sender
-	// checked last answering for another process of its rank.
-	{name: "from-memo-any-bytes", file: "internal/wire/message.go", old: "if m := slot.Load(); m != nil && bytes.Equal(m.raw, s.b) {", new: "if m := slot.Load(); m != nil && len(m.raw) == len(s.b) && bytes.HasPrefix(m.raw, s.b[:1]) {",
-		pkg: "internal/wire", run: "^TestFromMemoAgrees$"},
-	{name: "from-memo-end-unchecked", file: "internal/wire/message.go", old: "m != nil && bytes.HasPrefix(s.b[s.off:], m.raw) {", new: "m != nil && len(s.b[s.off:]) >= len(m.raw) {",
-		pkg: "internal/wire", run: "^TestFromMemoAgrees$"},
-	{name: "cipher-memo-any-id", file: "internal/control/auth.go", old: "	if m := a.last.Load(); m != nil && m.id == id {", new: "	if m := a.last.Load(); m != nil && m.id.label == id.label {",
-		pkg: "internal/control", run: "^(TestTagKeyPerSenderProcess|TestSealNoncesNeverRepeat)$"},
-	{name: "window-memo-any-epoch", file: "internal/control/address.go", old: "	if a.lastWin != nil && a.lastKey == k {", new: "	if a.lastWin != nil && a.lastKey.peer == k.peer {",
-		pkg: "internal/control", run: "^TestEndpointBoundToItsRank$"},
 	{name: "from-fast-repeat-last-wins", file: "internal/wire/message.go", old: "\t\tif seen&bit != 0 {", new: "\t\tif seen&bit != 0 && false {",
 		pkg: "internal/wire", run: "^TestFastFromAgrees$"},
 	{name: "from-fast-rank-unbounded", file: "internal/wire/message.go", old: "\t\t\tif err != nil || neg || r > math.MaxInt32 {", new: "\t\t\tif err != nil || neg {",
@@ -369,6 +356,28 @@ var mutants = []mutant{
 	// whose from is another's.
 	{name: "own-from-any-sender", file: "internal/wire/message.go", old: "\tif e.own != nil && e.own.from == f {", new: "\tif e.own != nil {",
 		pkg: "internal/wire", run: "^TestOwnFromSameBytes$"},
+	// The memo of from maps read (issue 52, item 3) answering for other
+	// bytes of the same slot and length, for a repeated from key's second,
+	// or replaced at every miss (an allocation a message where senders
+	// take turns); the sealer's memo a copy of its cache's entry; the replay window of the sender
+	// checked last answering for another process of its rank; the
+	// sealer's cipher used last answering for another sender's.
+	{name: "from-memo-any-bytes", file: "internal/wire/message.go", old: "\tif m != nil && bytes.Equal(m.raw, s.b) {\n\t\tif slot.misses", new: "\tif m != nil && len(m.raw) == len(s.b) && bytes.HasPrefix(m.raw, s.b[:1]) {\n\t\tif slot.misses",
+		pkg: "internal/wire", run: "^TestFromMemoAgrees$"},
+	{name: "from-memo-any-from-key", file: "internal/wire/message.go", old: "\tif m := b.memo; m != nil && bytes.Equal(m.raw, s.b) {", new: "\tif m := b.memo; m != nil {",
+		pkg: "internal/wire", run: "^TestFromMemoRepeatedKey$"},
+	{name: "from-memo-replaced-every-miss", file: "internal/wire/message.go", old: "\t\tif m == nil || slot.misses.Add(1) >= fromReplaceAfter {", new: "\t\tif true {",
+		pkg: "internal/wire", run: "^TestFromMemoTurnsAllocateNothing$"},
+	{name: "cipher-memo-allocated", file: "internal/control/auth.go", old: "\t\ta.last.Store(m) // (the map's own entry: nothing allocated)", new: "\t\ta.last.Store(&cipherMemo{m.id, m.c})",
+		pkg: "internal/control", run: "^TestCipherMemoTurnsAllocateNothing$"},
+	{name: "from-memo-end-unchecked", file: "internal/wire/message.go", old: "m != nil && bytes.HasPrefix(s.b[s.off:], m.raw) {", new: "m != nil && len(s.b[s.off:]) >= len(m.raw) {",
+		pkg: "internal/wire", run: "^TestFromMemoAgrees$"},
+	{name: "cipher-memo-any-id", file: "internal/control/auth.go", old: "	if m := a.last.Load(); m != nil && m.id == id {", new: "	if m := a.last.Load(); m != nil && m.id.label == id.label {",
+		pkg: "internal/control", run: "^(TestTagKeyPerSenderProcess|TestSealNoncesNeverRepeat)$"},
+	{name: "window-memo-any-epoch", file: "internal/control/address.go", old: "	if a.lastWin != nil && a.lastKey == k {", new: "	if a.lastWin != nil && a.lastKey.peer == k.peer {",
+		pkg: "internal/control", run: "^TestEndpointBoundToItsRank$"},
+	// The decoder's interned names: a peer's made-up names are interned
+	// without bound.
 	{name: "intern-unbounded", file: "internal/wire/intern.go", old: "\tif len(t.m) >= maxInterned {", new: "\tif false {",
 		pkg: "internal/wire", run: "^TestSendersNamesInterned$"},
 	// Memory proven to its owner, no room lost to a restart: an early
@@ -436,11 +445,19 @@ var mutants = []mutant{
 		pkg: "kvmanager", run: "^TestRegisterCheckOffTheControlLoop$"},
 	// A REGISTER put off behind a check of its rank (the echo of a
 	// challenge whose check has not ended) left for its sender's retry,
-	// or never carried out once the check ends.
-	{name: "echo-left-for-retry", file: "kvmanager/prefill.go", old: "	if !m.beginCheck(msg.From.Peer(), msg.Agent, &parkedRegister{msg, lay}) {", new: "	if !m.beginCheck(msg.From.Peer(), msg.Agent, nil) {",
+	// never stepped again once the check ends, or stepped again before
+	// the check's own answer (a repeat of the registration being bound
+	// then loads and reads its proof again).
+	{name: "echo-left-for-retry", file: "kvmanager/prefill.go", old: "	if !m.beginCheck(msg.From.Peer(), msg.Agent, msg) {\n\t\tm.log.Debug(", new: "	if !m.beginCheck(msg.From.Peer(), msg.Agent, nil) {\n\t\tm.log.Debug(",
 		pkg: "kvmanager", run: "^TestEchoWhileChallengeChecked$"},
-	{name: "parked-not-resumed", file: "kvmanager/proof.go", old: "	next := m.unpark(peer, agent)", new: "	var next []parkedRegister",
+	{name: "parked-not-resumed", file: "kvmanager/proof.go", old: "	return m.unpark(peer)", new: "	return nil",
 		pkg: "kvmanager", run: "^TestEchoWhileChallengeChecked$"},
+	{name: "parked-resumed-before-answer", file: "kvmanager/proof.go", old: "	next := m.endCheck(msg.From.Peer(), msg.Agent)\n", new: "	next := m.endCheck(msg.From.Peer(), msg.Agent)\n\tm.resume(next)\n\tnext = nil\n",
+		pkg: "kvmanager", run: "^TestRegisterCheckOffTheControlLoop$"},
+	{name: "parked-behind-other-rank", file: "kvmanager/proof.go", old: "		if park != nil && m.checking[peer] {", new: "		if park != nil && (m.checking[peer] || m.checking[\"agent \"+agent]) {",
+		pkg: "kvmanager", run: "^TestRegisterParking$"},
+	{name: "parked-resumed-after-close", file: "kvmanager/proof.go", old: "	if r == nil || m.regClosed {", new: "	if r == nil {",
+		pkg: "kvmanager", run: "^TestRegisterParking$"},
 	{name: "repeat-with-other-blob-loaded", file: "internal/core/core_prefill.go", old: "|| (p.md == md && p.lay == lay) {", new: "|| true {",
 		pkg: "kvmanager", run: "^TestRegisterForeignMemoryRefused$"},
 	// The core's bind of a REGISTER does not check again that its process
