@@ -154,18 +154,12 @@ func TestFromMemoAgrees(t *testing.T) {
 	}
 	slot, size := -1, -1
 	for _, f := range senders {
-		body, err := EncodeBody(&Abort{From: f, Room: 1, Reason: "memo"})
-		require.NoError(t, err)
-		b, err := parseMap(body)
-		require.NoError(t, err)
-		raw, ok := b.get("from")
-		require.True(t, ok)
+		raw := fromMapOf(t, f)
 		if slot < 0 {
-			slot, size = fromSlot(raw.b), len(raw.b)
+			slot, size = fromSlot(raw), len(raw)
 		}
-		require.Equal(t, slot, fromSlot(raw.b), "the case needs every sender in one slot")
-		require.Len(t, raw.b, size, "the case needs every sender's map of one length")
-		b.release()
+		require.Equal(t, slot, fromSlot(raw), "the case needs every sender in one slot")
+		require.Len(t, raw, size, "the case needs every sender's map of one length")
 	}
 	// And senders whose maps are longer or shorter (the memo of the map
 	// read last must end a value only where it is that value).
@@ -198,14 +192,7 @@ func TestFromMemoRepeatedKey(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, b, m.Sender())
 	}
-	bodyB, err := EncodeBody(&Abort{From: b, Room: 1, Reason: "memo"})
-	require.NoError(t, err)
-	pb, err := parseMap(bodyB)
-	require.NoError(t, err)
-	rawB, ok := pb.get("from")
-	require.True(t, ok)
-	bFrom := append([]byte(nil), rawB.b...)
-	pb.release()
+	bFrom := fromMapOf(t, b)
 	body, err := EncodeBody(&Abort{From: a, Room: 2, Reason: "memo"})
 	require.NoError(t, err)
 	require.Equal(t, byte(0x80), body[0]&0xf0, "a fixmap body")
@@ -236,4 +223,17 @@ func TestFromMemoTurnsAllocateNothing(t *testing.T) {
 	alone := testing.AllocsPerRun(200, func() { decode(fa); decode(fa) })
 	turns := testing.AllocsPerRun(200, func() { decode(fa); decode(fb) })
 	require.Equal(t, alone, turns, "allocations of two decodes: one sender %v, two taking turns %v", alone, turns)
+}
+
+// fromMapOf is the encoding of f's from map in a message's body.
+func fromMapOf(t *testing.T, f From) []byte {
+	t.Helper()
+	body, err := EncodeBody(&Abort{From: f, Room: 1, Reason: "memo"})
+	require.NoError(t, err)
+	b, err := parseMap(body)
+	require.NoError(t, err)
+	defer b.release()
+	raw, ok := b.get("from")
+	require.True(t, ok)
+	return append([]byte(nil), raw.b...)
 }
