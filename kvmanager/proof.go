@@ -290,7 +290,9 @@ func (m *Manager) endCheck(peer, agent string) []*wire.Register {
 // bindRegister proves a REGISTER whose check beginCheck reserved
 // (proveRegister), releases the reservation, then steps Registered or
 // RegisterRefused — released first, so the sender's next REGISTER, sent
-// once it has the answer, is not left unanswered as a repeat in progress.
+// once it has the answer, is not put off behind it — and last steps again
+// the REGISTER that waited for the check, if one did (resume: after the
+// answer, so a repeat of this registration is taken for one).
 func (m *Manager) bindRegister(msg *wire.Register, lay core.PeerPlan) {
 	defer m.wg.Done()
 	name, err := m.proveRegister(msg, lay)
