@@ -219,24 +219,24 @@ func (m *Manager) beginCheck(peer, agent string, park *wire.Register) bool {
 	return true
 }
 
-// unpark takes the REGISTER parked behind peer's check (regMu held); none
-// once the rank is closing.
-func (m *Manager) unpark(peer string) []*wire.Register {
+// unpark takes the REGISTER parked behind peer's check (regMu held): nil
+// if none, or once the rank is closing.
+func (m *Manager) unpark(peer string) *wire.Register {
 	r := m.waitingRegs[peer]
 	delete(m.waitingRegs, peer)
 	if r == nil || m.regClosed {
 		return nil
 	}
-	return []*wire.Register{r}
+	return r
 }
 
-// resume steps parked REGISTERs into the core again, as if they arrived
-// now: the core checks each against what it knows by then (a repeat of a
-// registration just bound is a repeat, a challenge passed is passed). The
-// caller has stepped its own check's answer first and still holds its
-// count in wg, so Close waits for what these start.
-func (m *Manager) resume(next []*wire.Register) {
-	for _, msg := range next {
+// resume steps a parked REGISTER (if any) into the core again, as if it
+// arrived now: the core checks it against what it knows by then (a repeat
+// of a registration just bound is a repeat, a challenge passed is
+// passed). The caller has stepped its own check's answer first and still
+// holds its count in wg, so Close waits for what this starts.
+func (m *Manager) resume(msg *wire.Register) {
+	if msg != nil {
 		m.receive(msg)
 	}
 }
@@ -276,10 +276,10 @@ func (m *Manager) unload(agent string) {
 	}()
 }
 
-// endCheck ends a check beginCheck reserved and returns the REGISTERs
-// parked behind it: the caller resumes them once its own answer is
-// stepped, then lets its count in wg go.
-func (m *Manager) endCheck(peer, agent string) []*wire.Register {
+// endCheck ends a check beginCheck reserved and returns the REGISTER
+// parked behind it (nil: none): the caller resumes it once its own answer
+// is stepped, then lets its count in wg go.
+func (m *Manager) endCheck(peer, agent string) *wire.Register {
 	m.regMu.Lock()
 	defer m.regMu.Unlock()
 	delete(m.checking, peer)

@@ -606,8 +606,7 @@ func TestRegisterParking(t *testing.T) {
 	require.False(t, p.beginCheck("decode/y/0", "a", other), "another rank, the same agent name")
 	next := p.endCheck("decode/x/0", "a")
 	p.wg.Done()
-	require.Len(t, next, 1)
-	require.Same(t, second, next[0], "the rank's latest REGISTER, stepped again")
+	require.Same(t, second, next, "the rank's latest REGISTER, stepped again")
 	require.Empty(t, p.waitingRegs, "parked behind another rank's check of its agent name, or left behind")
 	require.True(t, p.beginCheck("decode/x/0", "a", nil))
 	require.False(t, p.beginCheck("decode/x/0", "a", first))
@@ -616,7 +615,7 @@ func TestRegisterParking(t *testing.T) {
 	p.regMu.Unlock()
 	next = p.endCheck("decode/x/0", "a")
 	p.wg.Done()
-	require.Empty(t, next, "a REGISTER stepped again while the rank closes")
+	require.Nil(t, next, "a REGISTER stepped again while the rank closes")
 }
 
 // TestRegisterClaimsCheckedAgainOnceReserved: the control loop checks a
