@@ -40,10 +40,10 @@ test-checkers:
 	@# runs every mutant). Here, beside the other packages' tests, rather than after them.
 	$(GO) run ./scripts/srcmutants -only $(SIM_MUTANTS) -run '^(TestSimFindsBugs|TestSimRegressions)$$'
 
-# Three packages at a time, longest first: the two longest (which mostly wait on processes), then nixl as soon as a slot frees
-# (in go list's order it started at 157 s of 276 and was the last to end), then the next longest; the rest after them.
+# Three packages at a time, longest first (alone on the 2-core VM: e2e 100-130 s and demo 110 s, mostly waiting on processes;
+# kvmanager 65 s; nixl 60 s), so no long one starts last; the rest after them.
 test-packages:
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -p 3 -parallel 4 ./internal/e2e ./examples/demo ./examples/internal/e2e ./internal/nixl ./kvmanager ./internal/core ./bootstrap ./internal/control ./examples/kvbench ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -p 3 -parallel 4 ./internal/e2e ./examples/demo ./kvmanager ./internal/nixl ./examples/internal/e2e ./internal/core ./examples/kvbench ./internal/control ./bootstrap ./...
 
 NIXL_RUNS ?= 20
 NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestSeparateProcesses|TestSoakRealNIXL|TestFirstRoomAfterPrefillRestartElsewhere|TestAbortReachesPrefillRestartedElsewhere|TestRoomAfterPrefillRestartElsewhere|TestRoomPostedRightAfterPrefillRestartElsewhere|TestPausedDecodeLearnsItsRoomsFailed|TestDecodeKilledRepeatedly|TestNIXLFaultRepro|TestLibNIXLBadThenGenuineMetadata|TestLibNIXLGenNotifFlushed|TestPrefixSkipped|TestForgedMemoryRefusedAcrossProcesses|TestForgedOfferRefusedAcrossProcesses|TestPullByteExact|TestPullRanksKilledMidRead|TestPagesOfDifferentSizesByteExact|TestSilentPartialCompletion|TestSilentPartialWriteFailsRoom|TestSilentPartialWriteAcrossProcesses|TestSilentPartialStateWriteFailsRoom|TestSilentPartialReadFailsRoom|TestDigestFailsAFlippedByte)$$/^libnixl-real$$
