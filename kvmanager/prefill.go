@@ -353,6 +353,10 @@ func (m *Manager) post(e core.Effect) {
 			}
 		},
 	}
+	if m.cfg.hooks.Trace != nil {
+		job.Taken = func() { m.trace(room, rankhooks.Taken) }
+		m.trace(room, rankhooks.Submitted)
+	}
 	if err := m.pool.Submit(job); err != nil {
 		m.stepIn(core.Fail{Room: room, Reason: fmt.Sprintf("room %d: %v", room, err)})
 	}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -39,6 +40,28 @@ type benchCluster struct {
 	traces       map[uint64]map[rankhooks.Event]time.Time
 }
 
+// appReady is the benchmark's own trace point: the application saw the
+// prefill room WaitingForInput (WaitReady returned, or its poll said so)
+// and hands over its chunk.
+const appReady rankhooks.Event = 200
+
+// firstKept: the events of which a room's trace keeps the first (its
+// first bytes landed, its first chunk handed to and taken by the pool).
+func firstKept(ev rankhooks.Event) bool {
+	return ev == rankhooks.Landed || ev == rankhooks.Submitted || ev == rankhooks.Taken
+}
+
+// mark records an application-side trace point of the room.
+func (c *benchCluster) mark(room uint64, ev rankhooks.Event) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.traces[room] == nil {
+		c.traces[room] = map[rankhooks.Event]time.Time{}
+	}
+	c.traces[room][ev] = now
+}
+
 func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64, mut ...func(*kvmanager.Config)) *benchCluster {
 	c := &benchCluster{srv: testauth.Server(), pFree: newPagePool(pagesPer), dFree: newPagePool(pagesPer),
 		traces: map[uint64]map[rankhooks.Event]time.Time{}}
@@ -49,7 +72,7 @@ func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64, mut ...fun
 		if c.traces[room] == nil {
 			c.traces[room] = map[rankhooks.Event]time.Time{}
 		}
-		if _, seen := c.traces[room][ev]; !seen || ev != rankhooks.Landed {
+		if _, seen := c.traces[room][ev]; !seen || !firstKept(ev) {
 			c.traces[room][ev] = at // a room's first Landed: its first bytes
 		}
 		c.mu.Unlock()
@@ -119,6 +142,7 @@ func (c *benchCluster) oneRoom(b *testing.B, id uint64, tokens int, pageTokens i
 	if st, err := s.WaitReady(context.Background()); st != kvmanager.WaitingForInput {
 		b.Fatalf("room %d: %v %v", id, st, err)
 	}
+	c.mark(id, appReady)
 	for i := 0; i < len(src); i += 128 {
 		end := min(i+128, len(src))
 		if err := s.Send(src[i:end], end == len(src), int(id%4096)); err != nil {
@@ -370,9 +394,27 @@ func BenchmarkControlOverhead(b *testing.B) {
 	}
 }
 
+// BenchmarkFirstPostPool: REQUEST → first post at 1,000 rooms in flight
+// (as BenchmarkControlOverhead's goroutines/1000-concurrent and
+// poll/1000-concurrent) with the transfer pool sized otherwise: more
+// workers, or more writes in flight each (issue 52, item 2: where the
+// first post waits).
+func BenchmarkFirstPostPool(b *testing.B) {
+	for _, drive := range []string{"goroutines", "poll"} {
+		for _, pc := range []struct {
+			name              string
+			workers, inflight int
+		}{{"workers-4-inflight-8", 4, 8}, {"workers-16-inflight-8", 16, 8}, {"workers-4-inflight-64", 4, 64}} {
+			b.Run(drive+"/"+pc.name, func(b *testing.B) {
+				controlOverheadRun(b, drive, 1000, func(cfg *kvmanager.Config) { cfg.Workers, cfg.InFlight = pc.workers, pc.inflight })
+			})
+		}
+	}
+}
+
 // controlOverheadRun is one level of BenchmarkControlOverhead.
-func controlOverheadRun(b *testing.B, drive string, inflight int) {
-	c := newBenchCluster(b, 4, 16384, 1024)
+func controlOverheadRun(b *testing.B, drive string, inflight int, mut ...func(*kvmanager.Config)) {
+	c := newBenchCluster(b, 4, 16384, 1024, mut...)
 	c.oneRoom(b, 1, 16, 16)
 	c.mu.Lock()
 	c.traces = map[uint64]map[rankhooks.Event]time.Time{}
@@ -416,7 +458,24 @@ func controlOverheadRun(b *testing.B, drive string, inflight int) {
 			whole = append(whole, s.Sub(r)) // what a change to the first post could hurt
 		}
 	}
+	// REQUEST → first post, broken down (each room's first chunk): the
+	// application's reaction (its goroutine woken, or its poll), the
+	// hand-over to the pool, the wait in the worker's queue, and in its
+	// turn for a slot (InFlight) until the post.
+	stages := [4][]time.Duration{}
+	for _, tr := range c.traces {
+		pts := []time.Time{tr[rankhooks.Request], tr[appReady], tr[rankhooks.Submitted], tr[rankhooks.Taken], tr[rankhooks.FirstPost]}
+		if slices.ContainsFunc(pts, time.Time.IsZero) {
+			continue
+		}
+		for i := range stages {
+			stages[i] = append(stages[i], pts[i+1].Sub(pts[i]))
+		}
+	}
 	c.mu.Unlock()
+	for i, name := range []string{"request-to-app-ready", "app-ready-to-submitted", "submitted-to-taken", "taken-to-first-post"} {
+		b.ReportMetric(p50(stages[i]), "µs-"+name+"-p50")
+	}
 	b.ReportMetric(p50(a), "µs-request-to-first-post-p50")
 	b.ReportMetric(pctl(a, 0.99), "µs-request-to-first-post-p99")
 	b.ReportMetric(p50(d), "µs-last-notif-to-success-p50")

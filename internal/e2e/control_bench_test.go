@@ -135,6 +135,7 @@ func (c *benchCluster) pollRooms(b *testing.B, n, inflight, pages int) {
 			case dst[i] == kvmanager.Failed || src[i] == kvmanager.Failed:
 				b.Fatalf("room %d: decode %v %s, prefill %v %s", ids[i], dst[i], sl.r.Failure(), src[i], sl.s.Failure())
 			case !sl.sent && src[i] == kvmanager.WaitingForInput:
+				c.mark(ids[i], appReady)
 				if err := sl.s.Send(sl.src, true, sl.aux); err != nil {
 					b.Fatal(err)
 				}

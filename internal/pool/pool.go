@@ -48,6 +48,9 @@ type Job struct {
 	// said no): false drops it at once (the room ended), instead of
 	// asking Ready again until the stall timeout.
 	Live func() bool
+	// Taken (optional) is called when the room's worker takes the job
+	// off its queue (a latency breakdown's trace point).
+	Taken func()
 }
 
 // Config sizes the pool.
@@ -502,6 +505,9 @@ func (f *flight) what() string {
 
 // submit queues a job behind its room's earlier ones.
 func (wk *workerState) submit(j Job) {
+	if j.Taken != nil {
+		j.Taken()
+	}
 	rw := wk.rooms[j.Room]
 	if rw == nil {
 		rw = &roomWork{room: j.Room}

@@ -3,6 +3,7 @@ package pool
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -164,4 +165,37 @@ func TestPoolQuiesced(t *testing.T) {
 	r = <-got
 	require.NoError(t, r.err, "completed write")
 	require.False(t, r.quiesced, "completed write: quiesced")
+}
+
+// TestPoolJobTaken: a job's Taken (the latency breakdown's trace point) is
+// called once per job, when its worker takes it off the queue: before its
+// writes pass their gate.
+func TestPoolJobTaken(t *testing.T) {
+	p, d := newRank(t, "tt-prefill", 1, 8, 64), newRank(t, "tt-decode", 1, 8, 64)
+	remote := connect(t, p, d)
+	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var seen []string
+	note := func(s string) { mu.Lock(); seen = append(seen, s); mu.Unlock() }
+	done := make(chan struct{}, 2)
+	for i := range 2 {
+		require.NoError(t, pool.Submit(Job{Room: 1, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 0, Dst: 0, Len: 1}}, AuxSrc: -1, State: -1, Notif: fmt.Sprint(i)}},
+			Taken: func() { note(fmt.Sprint("taken ", i)) },
+			Gate:  func(w *Write) bool { note("gate " + w.Notif); return true },
+			Done:  func(*Write, error, bool) { done <- struct{}{} }}))
+	}
+	for range 2 {
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("writes did not complete")
+		}
+	}
+	pool.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, seen, 4, "each job taken once, each write gated once: %q", seen)
+	require.Less(t, slices.Index(seen, "taken 0"), slices.Index(seen, "gate 0"), "%q", seen)
+	require.Less(t, slices.Index(seen, "taken 1"), slices.Index(seen, "gate 1"), "%q", seen)
 }

@@ -35,6 +35,11 @@ const (
 	// Landed: decode: a notification of the room's arrived, its bytes
 	// landed (the room's first is its first bytes landed).
 	Landed
+	// Submitted: prefill: a chunk's writes handed to the transfer pool's
+	// queue; Taken: the pool's worker took them off it. (REQUEST → first
+	// post, broken down: the benchmarks read each room's first.)
+	Submitted
+	Taken
 )
 
 // Set gives cfg, a *kvmanager.Config, the hooks h (replacing any it had).
