@@ -5,7 +5,7 @@ GO ?= go
 # go-nvml's cgo prologue trips hundreds of deprecation warnings in nvml.h.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all deps test test-checkers test-packages test-nixl sim bench bench-engine lint generate demo soak-hostile mutants fuzz
+.PHONY: all deps test test-checkers test-packages test-nixl sim bench bench-engine lint generate demo soak-hostile mutants fuzz ptx
 
 all: test
 
@@ -54,6 +54,11 @@ test-nixl: deps
 	@test -n "$$KVBRIDGE_NIXL_LIB" || { echo "test-nixl: set KVBRIDGE_NIXL_LIB to a real NIXL's libnixl_capi.so (see DEVELOPERS.md)" >&2; exit 2; }
 	@echo "test-nixl: full log in $(NIXL_LOG)"
 	$(GO) test -race -count=$(NIXL_RUNS) -timeout $$(( $(NIXL_RUNS) * 6 + 10 ))m -v -run '$(NIXL_TESTS)' ./internal/nixl ./internal/e2e | tee $(NIXL_LOG) | grep -E '^(ok|FAIL)|^\s*--- |libucp mapped|VRAM: nothing ran' | sed -E 's/ \([0-9.]+s\)//' | sort | uniq -c
+
+## ptx: regenerate the device kernels' PTX (internal/cuda/kernels/*.ptx) from their LLVM source with LLVM's llc (NVPTX back end); the PTX is committed, so nothing else needs LLVM
+PTX_FLAGS := -O2 -march=nvptx64 -mcpu=sm_60 -mattr=+ptx60
+ptx:
+	llc $(PTX_FLAGS) internal/cuda/kernels/crc32c.ll -o internal/cuda/kernels/crc32c.ptx
 
 ## mutants: every source mutant (scripts/srcmutants: a known bug brought back as an edit laid over the code with go test -overlay), each with the tests it names; fails if any survives, or if a test written to show a mutant's effect does not
 mutants:

@@ -38,6 +38,10 @@ static const kvb_dl_sym cuda_syms[] = {
 	KVB_DL_SYM(kvb_cuda, pointer_attr, "cuPointerGetAttribute", 1),
 	KVB_DL_SYM(kvb_cuda, address_range, "cuMemGetAddressRange_v2", 1),
 	KVB_DL_SYM(kvb_cuda, error_name, "cuGetErrorName", 1),
+	KVB_DL_SYM(kvb_cuda, module_load_data, "cuModuleLoadData", 1),
+	KVB_DL_SYM(kvb_cuda, module_get_function, "cuModuleGetFunction", 1),
+	KVB_DL_SYM(kvb_cuda, module_unload, "cuModuleUnload", 1),
+	KVB_DL_SYM(kvb_cuda, launch_kernel, "cuLaunchKernel", 1),
 };
 
 kvb_cuda *kvb_cuda_load(const char *path, char *err, size_t errlen)

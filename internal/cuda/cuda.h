@@ -12,6 +12,8 @@ typedef void *cu_context;
 typedef void *cu_stream;
 typedef void *cu_event;
 typedef unsigned long long cu_ptr;
+typedef void *cu_module;
+typedef void *cu_function;
 typedef struct { char reserved[64]; } cu_ipc_handle;
 
 enum { KVB_CU_MEMTYPE_ATTR = 2, KVB_CU_ORDINAL_ATTR = 9 };
@@ -50,6 +52,11 @@ typedef struct kvb_cuda {
 	cu_result (*pointer_attr)(void *, int, cu_ptr);
 	cu_result (*address_range)(cu_ptr *, size_t *, cu_ptr);
 	cu_result (*error_name)(cu_result, const char **);
+	cu_result (*module_load_data)(cu_module *, const void *);
+	cu_result (*module_get_function)(cu_function *, cu_module, const char *);
+	cu_result (*module_unload)(cu_module);
+	cu_result (*launch_kernel)(cu_function, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+				   unsigned int, cu_stream, void **, void **);
 } kvb_cuda;
 
 kvb_cuda *kvb_cuda_load(const char *path, char *err, size_t errlen);
