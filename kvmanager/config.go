@@ -77,7 +77,8 @@ type Config struct {
 	// Digest (decode): every room asks its prefill ranks for a CRC-32C of
 	// each page they write and checks it before Success
 	// (RequestSpec.Digest; docs/PROTOCOL.md "Digest"). Pushed or pulled;
-	// the rank's KV in host memory.
+	// KV in host memory, or in VRAM (summed on the device by the digest
+	// kernel, through Config.Engine.CUDALib's driver).
 	Digest bool
 
 	// Pull (decode): every room reads its pages from the prefill ranks
@@ -245,8 +246,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("kvmanager: Config.RegisterRetry must be positive, got %v", c.RegisterRetry)
 	case c.PullLease > c.Registry.StallTimeout:
 		return fmt.Errorf("kvmanager: Config.PullLease (%v) must not exceed Config.Registry.StallTimeout (%v): the stall deadline would end a longer lease", c.PullLease, c.Registry.StallTimeout)
-	case c.Digest && (c.Role != RoleDecode || c.Layout.Kind != transfer.DRAM):
-		return fmt.Errorf("kvmanager: Config.Digest is checked by a decode rank whose KV is in host memory (this rank: %v, Config.Layout.Kind %v)", c.Role, c.Layout.Kind)
+	case c.Digest && c.Role != RoleDecode:
+		return fmt.Errorf("kvmanager: Config.Digest is a decode rank's (its rooms ask their prefill ranks for digests; this rank: %v)", c.Role)
 	case c.Pull && c.Role == RoleDecode && c.PullLease < 0:
 		return fmt.Errorf("kvmanager: a decode rank with Config.Pull needs a positive Config.PullLease (its renewal basis), got %v", c.PullLease)
 	}

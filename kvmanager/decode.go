@@ -431,9 +431,6 @@ func (d *Decode) InitReceiver(ctx context.Context, room uint64, rs RequestSpec) 
 	}
 	spec.Pull = d.cfg.Pull
 	spec.Digest = spec.Digest || d.cfg.Digest
-	if spec.Digest && d.cfg.Layout.Kind != transfer.DRAM {
-		return fmt.Errorf("room %d: a digest (RequestSpec.Digest or Config.Digest) is checked in host memory only (this rank's KV is in %v): %w", room, d.cfg.Layout.Kind, core.ErrInvalidSpec)
-	}
 	if spec.Digest {
 		if err := d.digestable(room); err != nil {
 			return fmt.Errorf("room %d: a digest (RequestSpec.Digest or Config.Digest) cannot be checked: %v: %w", room, err, core.ErrInvalidSpec)

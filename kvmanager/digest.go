@@ -5,8 +5,8 @@ import (
 	"runtime"
 
 	"github.com/kvbridge/kvbridge/internal/core"
-	"github.com/kvbridge/kvbridge/internal/kvdigest"
 	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"github.com/kvbridge/kvbridge/internal/pool"
 )
 
 // checkDigest is the decode rank's digest check (docs/PROTOCOL.md
@@ -44,7 +44,7 @@ func (d *Decode) digestOf(n core.Notified) (corrupt string, checked bool) {
 	units := kvlayout.DigestUnits(pageMap(l), spec.DstPages, n.Off, n.N, n.LastUnits, nil)
 	rlo, rhi := max(n.Lo*kvlayout.RegionsPerLayer, lo), min(n.Hi*kvlayout.RegionsPerLayer, hi)
 	pieces, ends := kvlayout.DigestPieces(d.cfg.Layout, s, false, rlo, rhi, kvlayout.UnitRuns(units), nil, nil)
-	sums, err := kvdigest.Sum(pieces, ends, nil)
+	sums, err := pool.SumPieces(d.agent, d.cfg.Layout, rlo, rhi, pieces, ends)
 	if err != nil || len(sums) != len(n.Digests) {
 		return fmt.Sprintf("its %d pages make %d digests here (%v)", n.N, len(sums), err), false
 	}

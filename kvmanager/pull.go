@@ -57,14 +57,14 @@ func (m *Manager) pullOffer() (*wire.PullOffer, error) {
 
 // sumPages puts a PAGES' digest in it (a room whose REQUEST asked for
 // one: the core's Effect.Digest), summed from this rank's source pieces
-// once the data is in place (docs/PROTOCOL.md "Digest"). From VRAM, none:
-// the decode rank fails such a room.
+// once the data is in place (docs/PROTOCOL.md "Digest"), where it is (on
+// the device by the digest kernel for VRAM).
 func (m *Manager) sumPages(e core.Effect) {
 	msg, ok := e.Msg.(*wire.Pages)
 	if !ok || e.Digest == nil {
 		return
 	}
-	sums, units, err := pool.Sums(m.cfg.Layout, e.Digest)
+	sums, units, err := pool.Sums(m.agent, m.cfg.Layout, e.Digest)
 	if err != nil {
 		m.log.Warn("digest of published pages", zap.Uint64("room", e.Room), zap.Error(err))
 		return

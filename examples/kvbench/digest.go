@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 
+	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/promread"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -16,7 +17,10 @@ import (
 // asking for a digest against two ranks that ask none, in interleaved
 // rounds (both clusters up, one round of each in turn): GB/s and CPU per
 // GB, medians of the rounds. Pushed from prefill TP 1 and 2 (the rank
-// mapping's pieces: one per head), and pulled.
+// mapping's pieces: one per head), and pulled. With -mem VRAM both ranks'
+// KV is device memory, summed there by the digest kernel (on the CUDA
+// double: its C stand-in for the kernel, so a check of the path, not a
+// GPU's figure), with cuMemcpyDtoD as each row's reference.
 func (b *bench) digestMode() error {
 	tokens, iters, rounds := 4096, 6, 5
 	if b.quick {
@@ -80,6 +84,7 @@ func (b *bench) digestMode() error {
 		for _, c := range cs {
 			c.close()
 		}
+		b.freeVRAM() // (-mem VRAM: the ranks' device memory, now that they are closed)
 		if err != nil {
 			return err
 		}
@@ -90,9 +95,18 @@ func (b *bench) digestMode() error {
 		if tc.pull {
 			way = "pull"
 		}
-		b.add(Row{Mode: "digest", Name: fmt.Sprintf("%s digest %s TP %d→1 HND %d tok", b.model.Name, way, ptp, tokens), Bytes: uint64(bytes),
+		row := Row{Mode: "digest", Name: fmt.Sprintf("%s digest %s TP %d→1 HND %d tok", b.model.Name, way, ptp, tokens), Bytes: uint64(bytes),
 			Value: median(gbps[1]), Unit: "GB/s", References: map[string]float64{"no digest": median(gbps[0])},
-			CPU: median(cpu[1]), CPUUnit: "s/GB", RefCPU: map[string]float64{"no digest": median(cpu[0])}})
+			CPU: median(cpu[1]), CPUUnit: "s/GB", RefCPU: map[string]float64{"no digest": median(cpu[0])}}
+		if b.mem == nixl.VRAM { // summed on the device by the digest kernel
+			row.Name += b.memSuffix()
+			err = b.addDtoD(&row, uint64(bytes), iters)
+			b.freeVRAM()
+			if err != nil {
+				return err
+			}
+		}
+		b.add(row)
 	}
 	progress("digest", steps, total)
 	return nil

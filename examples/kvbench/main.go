@@ -130,7 +130,7 @@ func run(args []string) int {
 	bin := fs.String("bin", "", "idle mode: directory holding the prefill and decode binaries (default: bin/ beside kvbench, else built into a temporary directory)")
 	engine := fs.String("engine", "ucx", "nixl engine")
 	tls := fs.String("ucx-tls", "posix,cma,self", "UCX transports (ucx engine and ucx_perftest)")
-	mem := fs.String("mem", "DRAM", "the ranks' KV memory: DRAM, or VRAM (device 0's memory through the gpu package, against cuMemcpyDtoD on the device; modes engine, paged and rooms, any engine; needs a GPU, or the CUDA driver double in KVBRIDGE_CUDA_LIB)")
+	mem := fs.String("mem", "DRAM", "the ranks' KV memory: DRAM, or VRAM (device 0's memory through the gpu package, against cuMemcpyDtoD on the device; modes engine, paged, rooms and digest, any engine; needs a GPU, or the CUDA driver double in KVBRIDGE_CUDA_LIB)")
 	model := fs.String("model", "llama3-8b", "model layout for paged and rooms: "+kvmodel.PresetNames())
 	jsonOut := fs.String("json", "kvbench.json", "write results as JSON here (\"\" for none)")
 	pngOut := fs.String("png", "kvbench.png", "write a chart here (\"\" for none)")

@@ -163,7 +163,7 @@ func TestVRAMRefusedWithoutGPU(t *testing.T) {
 	assert.Error(t, err, "a refused run wrote results")
 	code, _, errs = kvbench("-mem VRAM -mode control")
 	assert.Equal(t, 2, code, "kvbench -mem VRAM -mode control: exit (%q)", errs)
-	assert.Contains(t, errs, "-mem VRAM applies to engine, paged, rooms", "kvbench -mem VRAM -mode control: want the modes it applies to")
+	assert.Contains(t, errs, "-mem VRAM applies to engine, paged, rooms, digest", "kvbench -mem VRAM -mode control: want the modes it applies to")
 }
 
 // TestIdleMode: -mode idle starts real ucx rank processes, registers them

@@ -65,6 +65,9 @@ func (b *bench) topoClusterPages(ptp, dtp int, layout transfer.PageLayout, pages
 		cfg.Parallel, cfg.Model, cfg.PageTokens = par, m.Mapping(layout), m.PageTokens
 		var err error
 		cfg.Layout, err = m.RankLayout(b.mem, layout, par, n, 4096)
+		if err == nil && b.mem == nixl.VRAM {
+			err = b.vramRegions(cfg.Layout.Regions) // (freed by the mode once the ranks are closed)
+		}
 		for _, mod := range mods {
 			mod(&cfg)
 		}

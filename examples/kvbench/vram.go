@@ -25,7 +25,7 @@ import (
 
 // vramModes are the modes -mem VRAM measures: the ones that move KV memory
 // between two ranks' registered regions.
-var vramModes = []string{"engine", "paged", "rooms"}
+var vramModes = []string{"engine", "paged", "rooms", "digest"}
 
 // openGPU retains device 0's primary context, or says in one line why
 // there is none.

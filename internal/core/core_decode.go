@@ -819,7 +819,7 @@ func (c *decodeCore) notified(now time.Time, in Notified) {
 			return
 		}
 		if in.Corrupt == "" && rm.dec.spec.Digest && !in.Aux && (in.N > 0 || in.Hi == 0) && in.Digests == nil {
-			in.Corrupt = "the room asked for a digest and the notification of its pages carries none (a prefill rank of an earlier revision, or its KV in VRAM)"
+			in.Corrupt = "the room asked for a digest and the notification of its pages carries none (a prefill rank of an earlier revision)"
 		}
 		if in.Corrupt == "" && rm.dec.spec.Digest && !in.Aux && in.N > 0 && !in.Checked && !rm.status.Terminal() {
 			in.Corrupt = "its pages were not checked against their digest"

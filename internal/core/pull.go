@@ -630,7 +630,7 @@ func (c *decodeCore) onPages(msg *wire.Pages) {
 		in.Off, in.N = max(off, 0), n
 		if spec.Digest && n > 0 {
 			if len(msg.Digests) != n {
-				fail(CodeCorrupt, "the room asked for a digest; %d sums for its %d positions (a prefill rank of an earlier revision, or its KV in VRAM, sends none)", len(msg.Digests), n)
+				fail(CodeCorrupt, "the room asked for a digest; %d sums for its %d positions (a prefill rank of an earlier revision sends none)", len(msg.Digests), n)
 				return
 			}
 			in.Digests, in.LastUnits = slices.Clone(msg.Digests), msg.Units

@@ -4,12 +4,33 @@
 // a double, named as one; the real driver path is the same binding code.
 package cudadouble
 
+/*
+#cgo LDFLAGS: -ldl
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+
+// cd_launches calls the loaded double's cuDoubleLaunches (-1: lib is not
+// loaded in this process; -2: it has no such function).
+static long cd_launches(const char *lib)
+{
+	void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+	if (h == NULL) return -1;
+	long (*f)(void) = (long (*)(void))dlsym(h, "cuDoubleLaunches");
+	long n = f ? f() : -2;
+	dlclose(h);
+	return n;
+}
+*/
+import "C"
+
 import (
 	_ "embed"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"unsafe"
 )
 
 //go:embed fake_libcuda.c.in
@@ -28,4 +49,20 @@ func Build(dir string) (string, error) {
 		return "", fmt.Errorf("building the CUDA double: %v: %s", err, out)
 	}
 	return lib, nil
+}
+
+// Launches counts the kernels the double at lib, loaded in this process,
+// has launched (cuLaunchKernel: the digest's kernel, which the double runs
+// in C) — a test's evidence that the sums came from the device path.
+func Launches(lib string) (int64, error) {
+	cl := C.CString(lib)
+	defer C.free(unsafe.Pointer(cl))
+	switch n := int64(C.cd_launches(cl)); n {
+	case -1:
+		return 0, fmt.Errorf("cudadouble: %s is not loaded in this process", lib)
+	case -2:
+		return 0, fmt.Errorf("cudadouble: %s has no cuDoubleLaunches", lib)
+	default:
+		return n, nil
+	}
 }

@@ -50,6 +50,11 @@ func testMain(m *testing.M) int {
 		}
 		engines["libnixl-double"] = nixl.Config{Engine: nixl.EngineLibNIXL, NIXLLib: lib}
 	}
+	defer func() {
+		if cudaDouble.dir != "" {
+			os.RemoveAll(cudaDouble.dir)
+		}
+	}()
 	return leakcheck.Run(m)
 }
 

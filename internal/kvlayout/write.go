@@ -26,8 +26,8 @@ type Write struct {
 	Notif string // "" for a write without a notification
 	// Digest: the pool appends the CRC-32C of each destination page the
 	// write fills to Notif, summed from the source right before the post
-	// (docs/PROTOCOL.md "Digest"; host memory only: a VRAM source sends
-	// none).
+	// (docs/PROTOCOL.md "Digest"; a VRAM source on the device, by the
+	// digest kernel).
 	Digest bool
 	Last   bool // the room's final write to this peer
 	// PeerKey and Epoch name the decode process whose REQUEST gave the

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/canary"
+	"github.com/kvbridge/kvbridge/internal/cuda"
 	"github.com/kvbridge/kvbridge/internal/mem"
 	pub "github.com/kvbridge/kvbridge/nixl"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -242,7 +243,7 @@ type Xfer struct {
 const canaryBytes = 8
 
 // CorruptWrites is a fault for tests, on any engine: each of the next n
-// WRITEs posted from host memory through a with a notification has one
+// WRITEs posted from host or device memory through a with a notification has one
 // bit of its source flipped right before the engine gets it — in the
 // middle of its middle descriptor, after the transfer pool took the
 // write's digest — so the bytes that land differ from the digest, as a
@@ -250,7 +251,7 @@ const canaryBytes = 8
 // byte stays flipped in the source.
 func (a *Agent) CorruptWrites(n int) { a.corruptWrites.Store(int64(n)) }
 
-// CorruptReads is CorruptWrites for READs into host memory: each of the
+// CorruptReads is CorruptWrites for READs into host or device memory: each of the
 // next n READs that complete through a with a descriptor of at least min
 // bytes (KV pages, not an aux or state item) has one bit of what landed
 // flipped — in the middle of its largest descriptor — before its
@@ -262,7 +263,7 @@ func (a *Agent) CorruptReads(n int, min uint64) {
 
 // corruptRead is CorruptReads' flip, at a READ's completion (under wmu).
 func (a *Agent) corruptRead(x *Xfer) {
-	if x.Op != Read || x.LocalPrep == nil || x.LocalPrep.Kind != DRAM || a.corruptReads.Load() <= 0 {
+	if x.Op != Read || x.LocalPrep == nil || a.corruptReads.Load() <= 0 {
 		return
 	}
 	var d Desc
@@ -274,19 +275,40 @@ func (a *Agent) corruptRead(x *Xfer) {
 	if d.Len == 0 || d.Len < a.corruptMin.Load() || a.corruptReads.Add(-1) < 0 {
 		return
 	}
-	canary.Flip(uint64(d.Addr) + d.Len/2)
+	a.flip(x.LocalPrep.Kind, d)
 }
 
 // corrupt is CorruptWrites' flip, at post (under wmu).
 func (a *Agent) corrupt(x *Xfer) {
-	if x.Op != Write || x.Notif == nil || x.LocalPrep == nil || x.LocalPrep.Kind != DRAM || len(x.LocalIdx) == 0 || a.corruptWrites.Load() <= 0 {
+	if x.Op != Write || x.Notif == nil || x.LocalPrep == nil || len(x.LocalIdx) == 0 || a.corruptWrites.Load() <= 0 {
 		return
 	}
 	d := x.LocalPrep.Descs[x.LocalIdx[len(x.LocalIdx)/2]]
 	if d.Len == 0 || a.corruptWrites.Add(-1) < 0 {
 		return
 	}
-	canary.Flip(uint64(d.Addr) + d.Len/2)
+	a.flip(x.LocalPrep.Kind, d)
+}
+
+// flip flips a bit of the byte in the middle of d (CorruptWrites' and
+// CorruptReads' fault): in host memory in place, in device memory through
+// the agent's CUDA driver (a byte read back, flipped and written; a
+// failure leaves it as it was — the test then sees no corruption).
+func (a *Agent) flip(kind MemKind, d Desc) {
+	at := uint64(d.Addr) + d.Len/2
+	if kind != VRAM {
+		canary.Flip(at)
+		return
+	}
+	c, err := cudaContext(a.cudaLib, int(d.Dev))
+	if err != nil {
+		return
+	}
+	var b [1]byte
+	if c.CopyDtoH(b[:], cuda.DevicePtr(at)) == nil {
+		b[0] ^= 1
+		_ = c.CopyHtoD(cuda.DevicePtr(at), b[:])
+	}
 }
 
 // canariesOff turns the READ canaries off: BenchmarkReadCanary's reference
@@ -361,6 +383,7 @@ type Agent struct {
 	engine                      string
 	b                           Backend
 	timeout                     time.Duration
+	cudaLib                     string // Config.CUDALib (DeviceSums)
 
 	// loadMu orders remote (re)loads against posts: a post holds it for
 	// reading from its checks to the engine's post (a write the engine
@@ -441,7 +464,7 @@ func Open(cfg Config) (*Agent, error) {
 	if cfg.XferTimeout == 0 {
 		cfg.XferTimeout = 60 * time.Second
 	}
-	a := &Agent{name: cfg.Name, timeout: cfg.XferTimeout, regs: map[*Registration]struct{}{},
+	a := &Agent{name: cfg.Name, timeout: cfg.XferTimeout, cudaLib: cfg.CUDALib, regs: map[*Registration]struct{}{},
 		remotes: map[string]*RegionIndex{}, gens: map[string]uint64{}}
 	var err error
 	switch cfg.Engine {

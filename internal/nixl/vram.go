@@ -168,3 +168,18 @@ func ImportVRAM(lib string, k VRAMKey, region Desc, dev int) (addr uintptr, clos
 	}
 	return uintptr(base) + (region.Addr - uintptr(k.base)), func() error { return c.IPCClose(base) }, nil
 }
+
+// DeviceSums is the end-to-end digest (docs/PROTOCOL.md "Digest") of
+// groups of pieces of device dev's memory: the digest kernel's CRC-32C of
+// each group (cuda.Context.CRC32CGroups, on the device's primary context,
+// through the agent's CUDA driver: Config.CUDALib), appended to out.
+func (a *Agent) DeviceSums(dev int, pieces []uint64, ends []int, out []uint32) ([]uint32, error) {
+	c, err := cudaContext(a.cudaLib, dev)
+	if err != nil {
+		return out, fmt.Errorf("agent %s: digest on device %d: %w", a.name, dev, err)
+	}
+	if out, err = c.CRC32CGroups(pieces, ends, out); err != nil {
+		return out, fmt.Errorf("agent %s: digest on device %d: %w", a.name, dev, err)
+	}
+	return out, nil
+}

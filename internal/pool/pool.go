@@ -695,12 +695,12 @@ func (p *Pool) prepOwn(w *Write) (l, r *nixl.Prepped, idx []int, err error) {
 // "Digest"): ":" and the CRC-32C of each destination page it fills, eight
 // hex digits each, in the order its runs name the pages, then ":" and how
 // many units of the last page it fills (kvlayout.LastUnits). Summed from
-// the source pieces (kvlayout.DigestPieces) right before the post: what
-// lands must match what the source held when the write went out. A write
-// of no pages, or from VRAM (not readable here), carries none: the decode
-// rank then fails a room that asked for one.
+// the source pieces (kvlayout.DigestPieces) right before the post, where
+// they are (SumPieces: on the CPU, or on the device by the digest kernel):
+// what lands must match what the source held when the write went out. A
+// write of no pages carries none.
 func (p *Pool) digest(w *Write, notif []byte) ([]byte, error) {
-	sums, units, err := Sums(p.local, w)
+	sums, units, err := Sums(p.agent, p.local, w)
 	if err != nil || sums == nil {
 		return notif, err
 	}
@@ -714,18 +714,42 @@ func (p *Pool) digest(w *Write, notif []byte) ([]byte, error) {
 // Sums is write w's digest from local, this rank's memory (docs/PROTOCOL.md
 // "Digest"): the CRC-32C of each destination page it fills, summed over
 // its source pieces (kvlayout.DigestPieces) in the regions of its layers,
-// and how many units of the last page it fills (kvlayout.LastUnits). Nil
-// for a write of no pages, an aux or state write, or from VRAM (not
-// readable here). A pulled room's PAGES carries the same sums of the
-// write its decode rank's read makes.
-func Sums(local Layout, w *Write) (sums []uint32, units int, err error) {
-	if len(w.Runs) == 0 || w.AuxSrc >= 0 || w.State >= 0 || local.Kind != nixl.DRAM {
+// and how many units of the last page it fills (kvlayout.LastUnits), read
+// through agent where the KV is in VRAM (SumPieces). Nil for a write of no
+// pages, an aux or state write. A pulled room's PAGES carries the same
+// sums of the write its decode rank's read makes.
+func Sums(agent *nixl.Agent, local Layout, w *Write) (sums []uint32, units int, err error) {
+	if len(w.Runs) == 0 || w.AuxSrc >= 0 || w.State >= 0 {
 		return nil, 0, nil
 	}
 	rlo, rhi := w.Layers.Regions(len(local.Regions))
 	pieces, ends := kvlayout.DigestPieces(local, w.Slice, true, rlo, rhi, w.Runs, nil, nil)
-	if sums, err = kvdigest.Sum(pieces, ends, nil); err != nil {
+	if sums, err = SumPieces(agent, local, rlo, rhi, pieces, ends); err != nil {
 		return nil, 0, err
 	}
 	return sums, kvlayout.LastUnits(w.Slice, w.Runs), nil
+}
+
+// SumPieces is the digest of groups of pieces of this rank's KV, regions
+// [rlo, rhi) of local (kvlayout.DigestPieces): summed on the CPU where the
+// KV is in host memory (kvdigest.Sum), by the device's digest kernel where
+// it is in VRAM (agent.DeviceSums: the agent's CUDA driver, the regions'
+// device — one, or an error).
+func SumPieces(agent *nixl.Agent, local Layout, rlo, rhi int, pieces []uint64, ends []int) ([]uint32, error) {
+	if local.Kind != nixl.VRAM {
+		return kvdigest.Sum(pieces, ends, nil)
+	}
+	rlo, rhi = max(rlo, 0), min(rhi, len(local.Regions))
+	dev := -1
+	for i := rlo; i < rhi; i++ {
+		d := int(local.Regions[i].Dev)
+		if dev >= 0 && d != dev {
+			return nil, fmt.Errorf("transfer: a digest over regions of devices %d and %d (region %d): one device's at a time", dev, d, i)
+		}
+		dev = d
+	}
+	if dev < 0 {
+		return kvdigest.Sum(nil, ends, nil) // no region, no piece
+	}
+	return agent.DeviceSums(dev, pieces, ends, nil)
 }

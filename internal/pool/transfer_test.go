@@ -199,3 +199,12 @@ func TestPoolJobTaken(t *testing.T) {
 	require.Less(t, slices.Index(seen, "taken 0"), slices.Index(seen, "gate 0"), "%q", seen)
 	require.Less(t, slices.Index(seen, "taken 1"), slices.Index(seen, "gate 1"), "%q", seen)
 }
+
+// TestSumPiecesOneDevice: a digest over VRAM is summed on one device: pieces
+// of regions on two devices are refused naming both and the region,
+// before any driver is asked (the agent is nil here).
+func TestSumPiecesOneDevice(t *testing.T) {
+	l := Layout{Kind: nixl.VRAM, PageBytes: 64, Regions: []nixl.Desc{{Addr: 1 << 20, Len: 64, Dev: 0}, {Addr: 2 << 20, Len: 64, Dev: 1}}}
+	_, err := SumPieces(nil, l, 0, 2, []uint64{1 << 20, 64, 2 << 20, 64}, []int{2})
+	require.ErrorContains(t, err, "a digest over regions of devices 0 and 1 (region 1)")
+}

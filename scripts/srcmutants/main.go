@@ -1138,8 +1138,8 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestParseNotifDigest$"},
 	{name: "digest-crc-unshifted", file: "internal/kvdigest/kvdigest.go", old: "\treturn kvb_crc_shift(t, r) ^ (uint32_t)c;", new: "\treturn r ^ (uint32_t)c;",
 		pkg: "internal/kvdigest", run: "^TestSumMatchesCRC32C$"},
-	{name: "digest-config-anywhere", file: "kvmanager/config.go", old: "\tcase c.Digest && (c.Role != RoleDecode || c.Layout.Kind != transfer.DRAM):", new: "\tcase false:",
-		pkg: "kvmanager", run: "^TestDigestNeedsHostMemory$"},
+	{name: "digest-config-anywhere", file: "kvmanager/config.go", old: "\tcase c.Digest && c.Role != RoleDecode:", new: "\tcase false:",
+		pkg: "kvmanager", run: "^TestDigestIsTheDecodeRanks$"},
 	// Pulled: the decode core taking a PAGES without its sums, or
 	// dropping them before the read, or a read that did not match; the
 	// prefill core or shell not summing a PAGES; the decode shell not
@@ -1174,8 +1174,21 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestPullDigestSums$"},
 	{name: "digest-read-checked-dropped", file: "internal/core/pull.go", old: "\trd.Notif.Checked = in.Checked\n", new: "",
 		pkg: "internal/core", run: "^TestSimExhaustive$/digests"},
-	{name: "digest-vram-spec-accepted", file: "kvmanager/decode.go", old: "\tif spec.Digest && d.cfg.Layout.Kind != transfer.DRAM {", new: "\tif false {",
-		pkg: "kvmanager", run: "^TestDigestNeedsHostMemory$"},
+	// Over VRAM: the digest summed on the device by its kernel (host
+	// reads of the double's memory would pass everything else: the launches
+	// are counted), every group summed however many blocks, the groups'
+	// ends checked before a launch, one device's regions at a time, and
+	// the fault flipping a bit of device memory.
+	{name: "digest-vram-summed-on-host", file: "internal/pool/pool.go", old: "\tif local.Kind != nixl.VRAM {\n\t\treturn kvdigest.Sum(pieces, ends, nil)", new: "\tif true {\n\t\treturn kvdigest.Sum(pieces, ends, nil)",
+		pkg: "internal/e2e", run: "^TestDigestOverVRAM$/ucx-shm/push"},
+	{name: "digest-kernel-grid-floor", file: "internal/cuda/digest.go", old: "grid := (ng + CRC32CBlock - 1) / CRC32CBlock", new: "grid := ng / CRC32CBlock",
+		pkg: "internal/cuda", run: "^TestCRC32CGroups$"},
+	{name: "digest-kernel-ends-unchecked", file: "internal/cuda/digest.go", old: "\t\tif e < prev || e > len(pieces)/2 {", new: "\t\tif false {",
+		pkg: "internal/cuda", run: "^TestCRC32CGroups$"},
+	{name: "digest-devices-mixed", file: "internal/pool/pool.go", old: "\t\tif dev >= 0 && d != dev {", new: "\t\tif false {",
+		pkg: "internal/pool", run: "^TestSumPiecesOneDevice$"},
+	{name: "vram-flip-skipped", file: "internal/nixl/nixl.go", old: "\tc, err := cudaContext(a.cudaLib, int(d.Dev))\n\tif err != nil {\n\t\treturn", new: "\tc, err := cudaContext(a.cudaLib, int(d.Dev))\n\tif err == nil {\n\t\treturn",
+		pkg: "internal/e2e", run: "^TestDigestOverVRAM$/ucx-shm/push"},
 }
 
 func main() {
