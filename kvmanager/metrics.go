@@ -28,7 +28,7 @@ type metrics struct {
 	offers                                                              *prometheus.Desc
 	foreignRefused, tombsForgotten, notDelivered, writesNotDelivered    *prometheus.Desc
 	challenges, challengesIgnored, offerChallenges                      *prometheus.Desc
-	abortsOwed, wrongType, digestMismatches, digestPages                *prometheus.Desc
+	abortsOwed, wrongType, digestMismatches, digestPages, digestErrors  *prometheus.Desc
 	pageSeconds                                                         prometheus.Histogram
 
 	transfers prometheus.Counter
@@ -95,6 +95,8 @@ func newMetrics(m *Manager) *metrics {
 			"Notifications of pushed writes and pull reads (decode) whose pages do not match the prefill rank's digest, or carry none for a room that asked for one (docs/PROTOCOL.md \"Digest\"): the room failed corrupt, naming the page, layers and prefill rank.", nil, labels),
 		digestPages: prometheus.NewDesc("kvbridge_digest_pages_checked_total",
 			"Page positions whose bytes matched the prefill rank's digest, one count a position of each notification or pull read (a layer group's, when a room is sent layer by layer) (decode, rooms with a digest).", nil, labels),
+		digestErrors: prometheus.NewDesc("kvbridge_digest_errors_total",
+			"Notifications of pushed writes and pull reads (decode) whose pages this rank could not sum for their digest (its own failure: its CUDA driver's, for KV in VRAM): the room failed failed, not corrupt, naming the error.", nil, labels),
 		writesNotDelivered: prometheus.NewDesc("kvbridge_writes_not_delivered_total",
 			"Notifications of pushed writes (decode) whose pages did not all land (a piece still ends with the canary planted before the REQUEST): the room failed not_delivered instead, naming the piece.", nil, labels),
 		tombsForgotten: prometheus.NewDesc("kvbridge_tombstones_forgotten_total",
@@ -167,7 +169,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.inflight
 	ch <- x.tables
 	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes,
-		x.underLease, x.published, x.released, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.writesNotDelivered, x.challenges, x.challengesIgnored, x.offerChallenges, x.abortsOwed, x.wrongType, x.digestMismatches, x.digestPages} {
+		x.underLease, x.published, x.released, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.writesNotDelivered, x.challenges, x.challengesIgnored, x.offerChallenges, x.abortsOwed, x.wrongType, x.digestMismatches, x.digestPages, x.digestErrors} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -201,6 +203,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.writesNotDelivered, prometheus.CounterValue, float64(st.NotDelivered))
 	ch <- prometheus.MustNewConstMetric(x.digestMismatches, prometheus.CounterValue, float64(st.DigestMismatches))
 	ch <- prometheus.MustNewConstMetric(x.digestPages, prometheus.CounterValue, float64(x.m.digestPages.Load()))
+	ch <- prometheus.MustNewConstMetric(x.digestErrors, prometheus.CounterValue, float64(x.m.digestErrors.Load()))
 	ch <- prometheus.MustNewConstMetric(x.tombsForgotten, prometheus.CounterValue, float64(st.TombstonesEvicted), "bound")
 	ch <- prometheus.MustNewConstMetric(x.tombsForgotten, prometheus.CounterValue, float64(st.EarlyAbortsForgotten), "rank_share")
 	for _, c := range []struct {

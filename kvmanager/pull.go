@@ -322,7 +322,10 @@ func (d *Decode) readJob(room uint64, to wire.Peer, rd *core.Read, slice *kvlayo
 				d.met.transfers.Add(float64(prd.Transfers))
 				d.met.bytes.Add(float64(prd.Bytes))
 				if rd.Notif.Digests != nil {
-					if corrupt, checked = d.digestOf(rd.Notif); corrupt != "" {
+					var sumErr error
+					if corrupt, checked, sumErr = d.digestOf(rd.Notif); sumErr != nil {
+						err = fmt.Errorf("%s: %w", where, sumErr) // this rank's failure: the read fails, not corrupt
+					} else if corrupt != "" {
 						d.log.Warn("a read's pages do not match their digest: the room fails", zap.Uint64("room", room), zap.Int("source", rd.Source), zap.String("what", corrupt))
 					}
 				}

@@ -42,6 +42,9 @@ type Manager struct {
 	// digestPages counts the pages the digest check summed and found
 	// matching (decode).
 	digestPages atomic.Uint64
+	// digestErrors counts notifications and reads whose pages this rank
+	// could not sum for their digest (decode: its own failure).
+	digestErrors atomic.Uint64
 	// sums bounds the PAGES digests summed at once (prefill, pull: one a
 	// CPU; sendWhenReady).
 	sums  chan struct{}

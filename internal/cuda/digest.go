@@ -11,6 +11,11 @@ static int dg_alloc(kvb_cuda *c, cu_ptr *p, size_t n) { return c->mem_alloc(p, n
 static int dg_free(kvb_cuda *c, cu_ptr p) { return c->mem_free(p); }
 static int dg_htod(kvb_cuda *c, cu_ptr d, uintptr_t s, size_t n) { return c->memcpy_htod(d, (const void *)s, n); }
 static int dg_dtoh(kvb_cuda *c, uintptr_t d, cu_ptr s, size_t n) { return c->memcpy_dtoh((void *)d, s, n); }
+static int dg_retain(kvb_cuda *c, int ordinal, cu_context *ctx) {
+	cu_device d;
+	int r = c->device_get(&d, ordinal);
+	return r ? r : c->primary_retain(ctx, d);
+}
 // cu_crc32c_groups launches kvb_crc32c_groups on the legacy default
 // stream (so a synchronous copy after it waits for it).
 static int cu_crc32c_groups(kvb_cuda *c, cu_function f, cu_ptr pieces, cu_ptr ends, unsigned long long ngroups, cu_ptr out,
@@ -24,6 +29,7 @@ import "C"
 
 import (
 	_ "embed"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -39,17 +45,46 @@ var crc32cPTX string
 // CRC32CBlock is the digest kernel's threads per block.
 const CRC32CBlock = 128
 
-// kernelFn is the digest kernel's function in one context, loaded at the
-// first sum (cuModuleLoadData: the driver JIT-compiles the PTX for the
-// device once).
+// kernelFn is the digest kernel of one device's primary context: loaded
+// at the first sum (cuModuleLoadData: the driver JIT-compiles the PTX for
+// the device once), with a scratch buffer of device memory for the
+// pieces, ends and sums that only grows (no cuMemAlloc and cuMemFree per
+// sum: a free waits for the whole device). It holds its own reference to
+// the primary context (retained at the load, never released), so a
+// caller's Context.Release cannot destroy the module under it. Sums on
+// one device take turns (mu).
 type kernelFn struct {
-	mu  sync.Mutex
-	mod C.cu_module
-	fn  C.cu_function
-	err error
+	mu      sync.Mutex
+	mod     C.cu_module
+	fn      C.cu_function
+	err     error // a refusal that a retry cannot change (the PTX itself)
+	scratch C.cu_ptr
+	size    uint64
 }
 
-var kernels sync.Map // C.cu_context → *kernelFn (a primary context is the device's, for the process's life)
+// kernelKey names a device of a loaded driver.
+type kernelKey struct {
+	lib     *C.kvb_cuda
+	ordinal int
+}
+
+var kernels sync.Map // kernelKey → *kernelFn
+
+// permanent says whether a failed module load or lookup would fail again
+// (the driver refuses the PTX or its entry), so it is kept and not retried;
+// anything else (out of memory while compiling, say) is tried again at
+// the next sum.
+func permanent(err error) bool {
+	var ce *CUDAError
+	if !errors.As(err, &ce) {
+		return false
+	}
+	switch ce.Code {
+	case 200, 209, 218, 222, 500: // INVALID_IMAGE, NO_BINARY_FOR_GPU, INVALID_PTX, UNSUPPORTED_PTX_VERSION, NOT_FOUND
+		return true
+	}
+	return false
+}
 
 // CRC32CGroups is kvdigest.Sum over device memory of this context: it
 // appends to out one CRC-32C (Castagnoli, reflected, initial value and
@@ -57,7 +92,9 @@ var kernels sync.Map // C.cu_context → *kernelFn (a primary context is the dev
 // by the digest kernel, one thread per group. pieces are address and
 // length pairs in this context's device memory, ends[g] the pair index
 // where group g ends (ascending, the last at most len(pieces)/2). It
-// returns when the sums are in out (the pieces are read before then).
+// returns when the sums are in out (the pieces are read before then). The
+// caller vouches that every piece lies in this device's memory: a kernel
+// that faults on a GPU leaves the context unusable for the process.
 func (c *Context) CRC32CGroups(pieces []uint64, ends []int, out []uint32) ([]uint32, error) {
 	if len(pieces)%2 != 0 {
 		return out, fmt.Errorf("cuda: digest: %d words of pieces, want address and length pairs", len(pieces))
@@ -73,7 +110,7 @@ func (c *Context) CRC32CGroups(pieces []uint64, ends []int, out []uint32) ([]uin
 	if ng == 0 {
 		return out, nil
 	}
-	// One device buffer: the pieces, the ends, the sums.
+	// One buffer: the pieces, the ends, the sums.
 	host := make([]uint64, len(pieces)+ng)
 	copy(host, pieces)
 	for i, e := range ends {
@@ -85,23 +122,25 @@ func (c *Context) CRC32CGroups(pieces []uint64, ends []int, out []uint32) ([]uin
 	pin.Pin(&host[0])
 	pin.Pin(&sums[0])
 	inBytes := uint64(len(host)) * 8
+	v, _ := kernels.LoadOrStore(kernelKey{c.d.lib, c.Ordinal}, &kernelFn{})
+	k := v.(*kernelFn)
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	err := c.on(func() error {
-		fn, err := c.digestKernel()
+		if err := c.loadKernel(k); err != nil {
+			return err
+		}
+		buf, err := c.scratch(k, inBytes+4*uint64(ng))
 		if err != nil {
 			return err
 		}
-		var buf C.cu_ptr
-		if err := c.d.check(fmt.Sprintf("cuMemAlloc(%d) for the digest", inBytes+4*uint64(ng)), C.dg_alloc(c.d.lib, &buf, C.size_t(inBytes+4*uint64(ng)))); err != nil {
-			return err
-		}
-		defer C.dg_free(c.d.lib, buf)
 		if err := c.d.check("cuMemcpyHtoD (the digest's pieces)", C.dg_htod(c.d.lib, buf, C.uintptr_t(uintptr(unsafe.Pointer(&host[0]))), C.size_t(inBytes))); err != nil {
 			return err
 		}
 		grid := (ng + CRC32CBlock - 1) / CRC32CBlock
 		endsAt, sumsAt := buf+C.cu_ptr(8*len(pieces)), buf+C.cu_ptr(inBytes)
 		if err := c.d.check(fmt.Sprintf("cuLaunchKernel(kvb_crc32c_groups, %d groups)", ng),
-			C.cu_crc32c_groups(c.d.lib, fn, buf, endsAt, C.ulonglong(ng), sumsAt, C.uint(grid), CRC32CBlock)); err != nil {
+			C.cu_crc32c_groups(c.d.lib, k.fn, buf, endsAt, C.ulonglong(ng), sumsAt, C.uint(grid), CRC32CBlock)); err != nil {
 			return err
 		}
 		return c.d.check("cuMemcpyDtoH (the digest's sums)", C.dg_dtoh(c.d.lib, C.uintptr_t(uintptr(unsafe.Pointer(&sums[0]))), sumsAt, C.size_t(4*ng)))
@@ -112,26 +151,55 @@ func (c *Context) CRC32CGroups(pieces []uint64, ends []int, out []uint32) ([]uin
 	return append(out, sums...), nil
 }
 
-// digestKernel returns the digest kernel of the context, loading it at the
-// first call (the context is current on this thread).
-func (c *Context) digestKernel() (C.cu_function, error) {
-	v, _ := kernels.LoadOrStore(c.ctx, &kernelFn{})
-	k := v.(*kernelFn)
-	k.mu.Lock()
-	defer k.mu.Unlock()
+// loadKernel loads the digest kernel into k at the first sum on the
+// device, retaining the primary context for it (the context is current
+// on this thread; k.mu is held).
+func (c *Context) loadKernel(k *kernelFn) error {
 	if k.fn != nil || k.err != nil {
-		return k.fn, k.err
+		return k.err
 	}
 	image := C.CString(crc32cPTX)
 	defer C.free(unsafe.Pointer(image))
-	if k.err = c.d.check("cuModuleLoadData (the digest kernel)", C.cu_module_load(c.d.lib, &k.mod, image)); k.err != nil {
-		return nil, k.err
+	var mod C.cu_module
+	if err := c.d.check("cuModuleLoadData (the digest kernel)", C.cu_module_load(c.d.lib, &mod, image)); err != nil {
+		if permanent(err) {
+			k.err = err
+		}
+		return err
 	}
 	name := C.CString("kvb_crc32c_groups")
 	defer C.free(unsafe.Pointer(name))
-	if k.err = c.d.check("cuModuleGetFunction(kvb_crc32c_groups)", C.cu_module_function(c.d.lib, &k.fn, k.mod, name)); k.err != nil {
-		C.cu_module_unload(c.d.lib, k.mod)
-		k.fn = nil
+	var fn C.cu_function
+	if err := c.d.check("cuModuleGetFunction(kvb_crc32c_groups)", C.cu_module_function(c.d.lib, &fn, mod, name)); err != nil {
+		C.cu_module_unload(c.d.lib, mod)
+		if permanent(err) {
+			k.err = err
+		}
+		return err
 	}
-	return k.fn, k.err
+	var ctx C.cu_context // the module's own reference to the context
+	if err := c.d.check(fmt.Sprintf("cuDevicePrimaryCtxRetain(device %d) for the digest kernel", c.Ordinal), C.dg_retain(c.d.lib, C.int(c.Ordinal), &ctx)); err != nil {
+		C.cu_module_unload(c.d.lib, mod)
+		return err
+	}
+	k.mod, k.fn = mod, fn
+	return nil
+}
+
+// scratch returns k's device buffer of at least n bytes, growing it (the
+// context is current; k.mu is held).
+func (c *Context) scratch(k *kernelFn, n uint64) (C.cu_ptr, error) {
+	if k.size >= n {
+		return k.scratch, nil
+	}
+	size := max(n, 2*k.size, 64<<10)
+	var p C.cu_ptr
+	if err := c.d.check(fmt.Sprintf("cuMemAlloc(%d) for the digest", size), C.dg_alloc(c.d.lib, &p, C.size_t(size))); err != nil {
+		return 0, err
+	}
+	if k.size > 0 {
+		C.dg_free(c.d.lib, k.scratch)
+	}
+	k.scratch, k.size = p, size
+	return p, nil
 }

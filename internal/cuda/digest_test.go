@@ -80,3 +80,25 @@ func TestCRC32CGroupsOutsideDeviceMemory(t *testing.T) {
 }
 
 func unsafePointer(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+// TestCRC32CGroupsAfterAFailedLoad (the double): a load of the kernel that
+// fails for a passing reason (out of memory while the driver compiles it)
+// is tried again at the next sum, not kept: the sum fails, then succeeds.
+func TestCRC32CGroupsAfterAFailedLoad(t *testing.T) {
+	d, err := LoadDriver(doubleLib) // (its own driver handle: a kernel not loaded yet)
+	require.NoError(t, err)
+	c, err := d.Primary(0)
+	require.NoError(t, err)
+	defer c.Release()
+	dev, err := c.Alloc(64)
+	require.NoError(t, err)
+	defer c.Free(dev)
+	t.Setenv("KVB_CUDA_DOUBLE_FAIL", "cuModuleLoadData")
+	_, err = c.CRC32CGroups([]uint64{uint64(dev), 64}, []int{1}, nil)
+	require.ErrorContains(t, err, "cuModuleLoadData (the digest kernel)")
+	require.ErrorContains(t, err, "CUDA_ERROR_OUT_OF_MEMORY")
+	t.Setenv("KVB_CUDA_DOUBLE_FAIL", "")
+	sums, err := c.CRC32CGroups([]uint64{uint64(dev), 64}, []int{1}, nil)
+	require.NoError(t, err, "the load tried again")
+	require.Len(t, sums, 1)
+}

@@ -24,9 +24,20 @@ func llc(t *testing.T) string {
 }
 
 // TestKernelPTXCurrent: the committed crc32c.ptx is what make ptx makes of
-// crc32c.ll (a kernel edited without its PTX would not run on a GPU).
+// crc32c.ll (a kernel edited without its PTX would not run on a GPU), with
+// the llc the source names (another LLVM may write other PTX: skipped).
 func TestKernelPTXCurrent(t *testing.T) {
 	bin := llc(t)
+	src, err := os.ReadFile("kernels/crc32c.ll")
+	require.NoError(t, err)
+	_, want, ok := strings.Cut(string(src), "; llc: ")
+	require.True(t, ok, "crc32c.ll names the llc its PTX was made with")
+	want, _, _ = strings.Cut(want, " (")
+	version, err := exec.Command(bin, "--version").CombinedOutput()
+	require.NoError(t, err)
+	if !strings.Contains(string(version), want) {
+		t.Skipf("this llc is not %s (the PTX's): %s", want, strings.TrimSpace(string(version)))
+	}
 	out := filepath.Join(t.TempDir(), "crc32c.ptx")
 	mk, err := os.ReadFile("../../Makefile")
 	require.NoError(t, err)
@@ -37,16 +48,19 @@ func TestKernelPTXCurrent(t *testing.T) {
 	cmd.Args = append(cmd.Args, "kernels/crc32c.ll", "-o", out)
 	b, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", b)
-	want, err := os.ReadFile(out)
+	made, err := os.ReadFile(out)
 	require.NoError(t, err)
-	require.True(t, bytes.Equal(want, []byte(crc32cPTX)), "kernels/crc32c.ptx is stale: run make ptx")
+	require.True(t, bytes.Equal(made, []byte(crc32cPTX)), "kernels/crc32c.ptx is stale: run make ptx")
 }
 
-// TestKernelOnCPU: the kernel's sum of a group (crc_group, what each GPU
-// thread runs) compiled for this CPU from the same LLVM source, against a
-// bitwise CRC-32C: the check value, and random groups of pieces (none,
-// empty ones, up to 3,000 bytes each). The CUDA double runs its own C of
-// the kernel; this checks the kernel's own code.
+// TestKernelOnCPU: the kernel compiled for this CPU from the same LLVM
+// source, its thread registers (%ctaid, %ntid, %tid) read from the harness
+// instead: its sum of a group (crc_group, what each GPU thread runs)
+// against a bitwise CRC-32C — the check value, random groups of pieces
+// (none, empty ones, up to 3,000 bytes each) —, and the whole kernel run
+// thread by thread over a grid of blocks of 128 for 300 groups: every
+// group's sum in its place, nothing written past the last. The CUDA
+// double runs its own C of the kernel; this checks the kernel's own code.
 func TestKernelOnCPU(t *testing.T) {
 	bin := llc(t)
 	if _, err := exec.LookPath("gcc"); err != nil {
@@ -55,10 +69,13 @@ func TestKernelOnCPU(t *testing.T) {
 	src, err := os.ReadFile("kernels/crc32c.ll")
 	require.NoError(t, err)
 	ir := string(src)
-	i := strings.Index(ir, "; (kernel)")
-	require.Positive(t, i, "crc32c.ll: the kernel's entry after crc_group, marked ; (kernel)")
 	ir = strings.NewReplacer(`target datalayout = "e-i64:64-i128:128-v16:16-v32:32-n16:32:64"`, "",
-		`target triple = "nvptx64-nvidia-cuda"`, "").Replace(ir[:i])
+		`target triple = "nvptx64-nvidia-cuda"`, "",
+		"@llvm.nvvm.read.ptx.sreg.ctaid.x", "@host_ctaid", "@llvm.nvvm.read.ptx.sreg.ntid.x", "@host_ntid",
+		"@llvm.nvvm.read.ptx.sreg.tid.x", "@host_tid").Replace(ir)
+	i := strings.Index(ir, "!nvvm.annotations")
+	require.Positive(t, i, "crc32c.ll: the kernel's annotation")
+	ir = ir[:i]
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "crc.ll"), []byte(ir), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "check.c"), []byte(cpuCheck), 0o644))
@@ -76,6 +93,11 @@ const cpuCheck = `#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 uint32_t crc_group(uint64_t *pieces, uint64_t start, uint64_t end);
+void kvb_crc32c_groups(uint64_t *pieces, uint64_t *ends, uint64_t ngroups, uint32_t *out);
+static unsigned host_ctaid_v, host_tid_v;
+unsigned host_ctaid(void) { return host_ctaid_v; }
+unsigned host_ntid(void) { return 128; }
+unsigned host_tid(void) { return host_tid_v; }
 static uint32_t ref(uint32_t crc, const unsigned char *p, size_t n) {
 	while (n--) { crc ^= *p++; for (int k = 0; k < 8; k++) crc = crc & 1 ? (crc >> 1) ^ 0x82f63b78u : crc >> 1; }
 	return crc;
@@ -99,6 +121,28 @@ int main(void) {
 		uint32_t got = crc_group(pieces, 0, n);
 		if (got != ~want) { printf("group %d of %d pieces: %08x, want %08x\n", trial, n, got, ~want); return 1; }
 	}
+	/* The kernel, thread by thread: 300 groups, blocks of 128 (3 blocks, the last part idle). */
+	enum { G = 300, B = 128 };
+	static uint64_t gp[2 * 4 * G], ends[G];
+	static uint32_t out[3 * B], want[G];
+	int np = 0;
+	for (int g = 0; g < G; g++) {
+		uint32_t w = 0xffffffffu;
+		for (int k = rand() % 4; k > 0; k--) {
+			size_t off = rand() % (1 << 19), len = rand() % 500;
+			gp[2 * np] = (uint64_t)(uintptr_t)(buf + off); gp[2 * np + 1] = len; np++;
+			w = ref(w, buf + off, len);
+		}
+		ends[g] = np; want[g] = ~w;
+	}
+	for (int i = 0; i < 3 * B; i++) out[i] = 0x5a5a5a5au;
+	for (host_ctaid_v = 0; host_ctaid_v < (G + B - 1) / B; host_ctaid_v++)
+		for (host_tid_v = 0; host_tid_v < B; host_tid_v++)
+			kvb_crc32c_groups(gp, ends, G, out);
+	for (int g = 0; g < G; g++)
+		if (out[g] != want[g]) { printf("kernel: group %d %08x, want %08x\n", g, out[g], want[g]); return 1; }
+	for (int g = G; g < 3 * B; g++)
+		if (out[g] != 0x5a5a5a5au) { printf("kernel: thread %d past the groups wrote %08x\n", g, out[g]); return 1; }
 	return 0;
 }
 `

@@ -10,14 +10,15 @@ package cudadouble
 #include <dlfcn.h>
 #include <stdlib.h>
 
-// cd_launches calls the loaded double's cuDoubleLaunches (-1: lib is not
-// loaded in this process; -2: it has no such function).
-static long cd_launches(const char *lib)
+// cd_launches calls the loaded double's cuDoubleLaunches(dev) (-2: lib is
+// not loaded in this process; -3: it has no such function; -1: no such
+// device).
+static long cd_launches(const char *lib, int dev)
 {
 	void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
-	if (h == NULL) return -1;
-	long (*f)(void) = (long (*)(void))dlsym(h, "cuDoubleLaunches");
-	long n = f ? f() : -2;
+	if (h == NULL) return -2;
+	long (*f)(int) = (long (*)(int))dlsym(h, "cuDoubleLaunches");
+	long n = f ? f(dev) : -3;
 	dlclose(h);
 	return n;
 }
@@ -52,15 +53,18 @@ func Build(dir string) (string, error) {
 }
 
 // Launches counts the kernels the double at lib, loaded in this process,
-// has launched (cuLaunchKernel: the digest's kernel, which the double runs
-// in C) — a test's evidence that the sums came from the device path.
-func Launches(lib string) (int64, error) {
+// has launched on device dev (cuLaunchKernel: the digest's kernel, which
+// the double runs in C) — a test's evidence that the sums came from the
+// device path, and on which device.
+func Launches(lib string, dev int) (int64, error) {
 	cl := C.CString(lib)
 	defer C.free(unsafe.Pointer(cl))
-	switch n := int64(C.cd_launches(cl)); n {
+	switch n := int64(C.cd_launches(cl, C.int(dev))); n {
 	case -1:
-		return 0, fmt.Errorf("cudadouble: %s is not loaded in this process", lib)
+		return 0, fmt.Errorf("cudadouble: no device %d (0 … 63)", dev)
 	case -2:
+		return 0, fmt.Errorf("cudadouble: %s is not loaded in this process", lib)
+	case -3:
 		return 0, fmt.Errorf("cudadouble: %s has no cuDoubleLaunches", lib)
 	default:
 		return n, nil

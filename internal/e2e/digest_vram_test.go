@@ -26,6 +26,11 @@ var cudaDouble struct {
 func cudaDoubleLib(t *testing.T) string {
 	t.Helper()
 	cudaDouble.once.Do(func() {
+		// Two devices: the prefill rank's KV on device 0, the decode
+		// rank's on 1 (the double reads the variable at each call).
+		if cudaDouble.err = os.Setenv("KVB_CUDA_DOUBLE_DEVICES", "2"); cudaDouble.err != nil {
+			return
+		}
 		if cudaDouble.dir, cudaDouble.err = os.MkdirTemp("", "kvbridge-e2e-cuda-double"); cudaDouble.err == nil {
 			cudaDouble.lib, cudaDouble.err = cudadouble.Build(cudaDouble.dir)
 		}
@@ -35,29 +40,34 @@ func cudaDoubleLib(t *testing.T) string {
 }
 
 // vramCluster is newCluster with both ranks' KV regions in device memory
-// of the CUDA double (its device 0, each region followed by its proof
-// slot), freed once the ranks are closed. The double's device memory is
-// host memory, so the cluster's pKV and dKV read it in place (on a GPU
-// they could not).
+// of the CUDA double — the prefill rank's on its device 0, the decode
+// rank's on 1, each region followed by its proof slot —, freed once the
+// ranks are closed. The double's device memory is host memory, so the
+// cluster's pKV and dKV read it in place (on a GPU they could not).
 func vramCluster(t *testing.T, engine string, mut func(*kvmanager.Config)) *cluster {
 	t.Helper()
 	lib := cudaDoubleLib(t)
 	drv, err := cuda.OpenDriver(lib)
 	require.NoError(t, err)
-	gpu, err := drv.Primary(0)
-	require.NoError(t, err)
+	var gpus [2]*cuda.Context
+	for dev := range gpus {
+		gpus[dev], err = drv.Primary(dev)
+		require.NoError(t, err)
+		t.Cleanup(func() { gpus[dev].Release() }) // (after the ranks close: cleanups run last first)
+	}
 	var mu sync.Mutex
 	var regions [2][][]byte
-	t.Cleanup(func() { gpu.Release() }) // (after the ranks close: cleanups run last first)
 	c := newCluster(t, engine, func(cfg *kvmanager.Config) {
 		cfg.Engine.CUDALib = lib
 		cfg.Layout.Kind = transfer.VRAM
+		dev := int(cfg.Role - 1) // prefill 0, decode 1
+		gpu := gpus[dev]
 		for i := range cfg.Layout.Regions {
 			r := &cfg.Layout.Regions[i]
 			p, err := gpu.Alloc(r.Len + transfer.ProofBytes)
 			require.NoError(t, err)
 			t.Cleanup(func() { gpu.Free(p) })
-			r.Addr, r.Dev = uintptr(p), 0
+			r.Addr, r.Dev = uintptr(p), uint64(dev)
 			mu.Lock()
 			regions[cfg.Role-1] = append(regions[cfg.Role-1], nixl.HostBytes(*r))
 			mu.Unlock()
@@ -74,12 +84,17 @@ func vramCluster(t *testing.T, engine string, mut func(*kvmanager.Config)) *clus
 }
 
 // TestDigestOverVRAM: TestDigestFailsAFlippedByte with both ranks' KV in
-// VRAM (the CUDA double's), on every engine that moves it (not a real
-// NIXL: it cannot move the double's memory), pushed and pulled: rooms of
-// every size succeed with their digests summed on the devices — by the
-// digest kernel, launched (the double counts its launches) — and checked;
-// a bit flipped in flight (in device memory) fails that room corrupt,
-// naming the page, layers and prefill rank, counted; the next succeeds.
+// VRAM (the CUDA double's, each rank's on its own device), on every
+// engine that moves it (not a real NIXL: it cannot move the double's
+// memory), pushed and pulled: rooms of every size succeed with their
+// digests summed on each rank's device — by the digest kernel, launched
+// there (the double counts launches a device; its device memory is host
+// memory, so a host sum would pass everything else) — and checked; a bit
+// flipped in flight (in device memory) fails that room corrupt, naming
+// the page, layers and prefill rank, counted; the next succeeds. Then
+// the decode rank's own launches fail: the room fails, not corrupt — the
+// failure is the decode rank's, not the prefill rank's bytes —, counted
+// in kvbridge_digest_errors_total, naming the error.
 func TestDigestOverVRAM(t *testing.T) {
 	for key, pull := range modes() {
 		t.Run(key, func(t *testing.T) {
@@ -91,18 +106,25 @@ func TestDigestOverVRAM(t *testing.T) {
 				cfg.Digest = cfg.Role == kvmanager.RoleDecode
 				cfg.Pull = pull && cfg.Role == kvmanager.RoleDecode
 			})
-			before, err := cudadouble.Launches(cudaDouble.lib)
-			require.NoError(t, err)
+			launches := func() (n [2]int64) {
+				for dev := range n {
+					var err error
+					n[dev], err = cudadouble.Launches(cudaDouble.lib, dev)
+					require.NoError(t, err)
+				}
+				return n
+			}
+			before := launches()
 			for i, tokens := range []int{1, 17, 1000} {
 				c.roomByteExact(t, uint64(100+i), tokens, 64)
 			}
 			require.Zero(t, counter(c.decode.Manager, "kvbridge_digest_mismatches_total"))
 			checked := counter(c.decode.Manager, "kvbridge_digest_pages_checked_total")
 			require.NotZero(t, checked, "pages checked by digest")
-			after, err := cudadouble.Launches(cudaDouble.lib)
-			require.NoError(t, err)
-			// Each chunk's sums on both ranks: at least one launch a side.
-			require.GreaterOrEqual(t, after-before, int64(2*3), "digest kernels launched for 3 rooms on both ranks")
+			after := launches()
+			// Each room's sums on each rank's device: a launch a room at least.
+			require.GreaterOrEqual(t, after[0]-before[0], int64(3), "the prefill rank's digest kernels (device 0) for 3 rooms")
+			require.GreaterOrEqual(t, after[1]-before[1], int64(3), "the decode rank's digest kernels (device 1) for 3 rooms")
 
 			if pull {
 				rawagent.Of(c.decode).CorruptReads(1, pageBytes)
@@ -127,6 +149,26 @@ func TestDigestOverVRAM(t *testing.T) {
 			rm.s.Clear()
 			rm.r.Clear()
 			c.roomByteExact(t, 201, 100, 64)
+
+			t.Setenv("KVB_CUDA_DOUBLE_FAIL_LAUNCH_ON", "1") // the decode rank's device
+			rm = c.start(t, 202, 64*pageToks)
+			ready(t, rm.s)
+			c.sendAll(t, rm, 64)
+			waitStatus(t, rm.r, kvmanager.Failed)
+			select {
+			case <-rm.r.Released():
+			case <-ctx(t).Done():
+				t.Fatal("the room's pages never released")
+			}
+			rep, ok = rm.r.Report()
+			require.True(t, ok, "the room's load report")
+			require.NotEqual(t, kvmanager.CodeCorrupt, rep.Code, "a failure to sum here is not the prefill rank's corruption: %s", rep.Reason)
+			require.Contains(t, rep.Reason, "this decode rank could not sum its")
+			require.Contains(t, rep.Reason, "CUDA_ERROR_LAUNCH_FAILED")
+			require.EqualValues(t, 1, counter(c.decode.Manager, "kvbridge_digest_mismatches_total"), "no mismatch counted")
+			require.NotZero(t, counter(c.decode.Manager, "kvbridge_digest_errors_total"))
+			rm.s.Clear()
+			rm.r.Clear()
 		})
 	}
 }

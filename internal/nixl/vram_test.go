@@ -309,3 +309,41 @@ func TestVRAMRegionOutsideItsAllocationRefused(t *testing.T) {
 		require.NoError(t, err, "the genuine blob after the forged ones")
 	})
 }
+
+// TestVRAMRegionKeepsItsDevice: a VRAM region registered on device 1 is
+// known to a peer that loads the agent's metadata as device 1's, on every
+// engine: a rank's regions are found again by their device (the
+// ownership proof refuses a REGISTER whose regions the blob does not
+// contain). The ucx engine's metadata dropped the device, so a decode rank
+// on any GPU but the first was refused (not_owner). On the CUDA double
+// with two devices, or on a GPU machine with two.
+func TestVRAMRegionKeepsItsDevice(t *testing.T) {
+	if noGPU != "" {
+		t.Setenv("KVB_CUDA_DOUBLE_DEVICES", "2")
+	}
+	c1, err := cudaContext("", 1)
+	if err != nil {
+		t.Skipf("no second device: %v", err)
+	}
+	for _, ec := range engines() {
+		t.Run(ec.name, func(t *testing.T) {
+			if ec.skip != "" {
+				t.Skip(ec.skip)
+			}
+			if ec.name == "libnixl-real" && noGPU != "" {
+				t.Skip("real NIXL cannot register the CUDA double's memory")
+			}
+			p := newPair(t, ec)
+			dev, err := c1.Alloc(1 << 20)
+			require.NoError(t, err)
+			t.Cleanup(func() { c1.Free(dev) })
+			d := Desc{Addr: uintptr(dev), Len: 1 << 20, Dev: 1}
+			_, err = p.tgt.Register(VRAM, []Desc{d})
+			require.NoError(t, err)
+			remote := exchange(t, p.ini, p.tgt)
+			require.True(t, p.ini.RemoteContains(remote, VRAM, d), "the region as device 1's")
+			d.Dev = 0
+			require.False(t, p.ini.RemoteContains(remote, VRAM, d), "the region as device 0's")
+		})
+	}
+}

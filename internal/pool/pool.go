@@ -1,8 +1,10 @@
 package pool
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -751,5 +753,31 @@ func SumPieces(agent *nixl.Agent, local Layout, rlo, rhi int, pieces []uint64, e
 	if dev < 0 {
 		return kvdigest.Sum(nil, ends, nil) // no region, no piece
 	}
+	if err := piecesInside(local.Regions[rlo:rhi], pieces); err != nil {
+		return nil, err
+	}
 	return agent.DeviceSums(dev, pieces, ends, nil)
+}
+
+// piecesInside checks that every piece (address, length pairs) lies in
+// one of the regions: the digest kernel reads them on the device, where a
+// read outside its memory faults — and on a GPU a fault leaves the
+// process's CUDA context unusable, the serving engine's included.
+func piecesInside(regions []nixl.Desc, pieces []uint64) error {
+	sorted := slices.SortedFunc(slices.Values(regions), func(a, b nixl.Desc) int { return cmp.Compare(a.Addr, b.Addr) })
+	for i := 0; i+1 < len(pieces); i += 2 {
+		a, n := pieces[i], pieces[i+1]
+		if n == 0 {
+			continue
+		}
+		// The last region starting at or before a.
+		k, _ := slices.BinarySearchFunc(sorted, a, func(r nixl.Desc, a uint64) int { return cmp.Compare(uint64(r.Addr), a) })
+		if k < len(sorted) && uint64(sorted[k].Addr) == a {
+			k++
+		}
+		if k == 0 || a-uint64(sorted[k-1].Addr) > sorted[k-1].Len || n > sorted[k-1].Len-(a-uint64(sorted[k-1].Addr)) {
+			return fmt.Errorf("transfer: a digest's piece %d (%#x, %d bytes) lies outside the regions summed", i/2, a, n)
+		}
+	}
+	return nil
 }

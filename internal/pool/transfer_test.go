@@ -200,11 +200,25 @@ func TestPoolJobTaken(t *testing.T) {
 	require.Less(t, slices.Index(seen, "taken 1"), slices.Index(seen, "gate 1"), "%q", seen)
 }
 
-// TestSumPiecesOneDevice: a digest over VRAM is summed on one device: pieces
-// of regions on two devices are refused naming both and the region,
-// before any driver is asked (the agent is nil here).
+// TestSumPiecesOneDevice: a digest over VRAM is summed on one device, of
+// pieces inside the regions summed, or refused before any driver is
+// asked (the agent is nil here): pieces of regions on two devices, naming
+// both and the region; a piece past its region's end, before the first
+// region or between two, naming the piece — the kernel would read outside
+// the device's memory, a fault that on a GPU takes the process's context
+// down.
 func TestSumPiecesOneDevice(t *testing.T) {
 	l := Layout{Kind: nixl.VRAM, PageBytes: 64, Regions: []nixl.Desc{{Addr: 1 << 20, Len: 64, Dev: 0}, {Addr: 2 << 20, Len: 64, Dev: 1}}}
 	_, err := SumPieces(nil, l, 0, 2, []uint64{1 << 20, 64, 2 << 20, 64}, []int{2})
 	require.ErrorContains(t, err, "a digest over regions of devices 0 and 1 (region 1)")
+	l.Regions[1].Dev = 0
+	for name, piece := range map[string][2]uint64{
+		"past the end":    {2<<20 + 32, 33},
+		"before":          {1<<20 - 1, 2},
+		"between":         {1<<20 + 64, 1},
+		"a second region": {1<<20 + 8, 2 << 20},
+	} {
+		_, err = SumPieces(nil, l, 0, 2, []uint64{1 << 20, 64, piece[0], piece[1]}, []int{2})
+		require.ErrorContains(t, err, fmt.Sprintf("a digest's piece 1 (%#x, %d bytes) lies outside the regions summed", piece[0], piece[1]), name)
+	}
 }

@@ -2,6 +2,7 @@
 ; KV in VRAM, docs/PROTOCOL.md "Digest"). crc32c.ptx is generated from
 ; this file by `make ptx` (LLVM's llc, NVPTX back end, sm_60, PTX 6.0 —
 ; loaded by any driver since CUDA 9 and JIT-compiled for the device).
+; llc: LLVM version 14.0.6 (another version may write other PTX).
 ;
 ; kvb_crc32c_groups(pieces, ends, ngroups, out): one thread per group g <
 ; ngroups writes out[g], the CRC-32C (Castagnoli, reflected, initial value

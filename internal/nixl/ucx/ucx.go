@@ -70,6 +70,7 @@ type ucxMem struct {
 	len  uint64
 	rkey []byte // packed rkey, or the VRAM IPC key
 	view []byte // DRAM: the whole region as a byte slice
+	dev  uint64 // VRAM: the region's device (its metadata says it)
 }
 
 type ucxReg struct {
@@ -742,7 +743,7 @@ func (u *ucx) Register(kind nixl.MemKind, descs []nixl.Desc) (any, error) {
 			if err != nil {
 				return nil, err
 			}
-			r.mems = append(r.mems, ucxMem{addr: d.Addr, len: d.Len, rkey: k.Encode()})
+			r.mems = append(r.mems, ucxMem{addr: d.Addr, len: d.Len, rkey: k.Encode(), dev: d.Dev})
 		}
 		return r, u.do(func() error { u.regs[r] = struct{}{}; return nil })
 	}
@@ -843,7 +844,7 @@ func (u *ucx) Metadata(regs []*nixl.Registration) ([]byte, error) {
 		for _, r := range regs {
 			ur := r.Handle.(*ucxReg)
 			for _, mm := range ur.mems {
-				m.Regions = append(m.Regions, nixl.MDRegion{RemoteRegion: nixl.RemoteRegion{Kind: r.Kind, Desc: nixl.Desc{Addr: mm.addr, Len: mm.len}}, Key: mm.rkey})
+				m.Regions = append(m.Regions, nixl.MDRegion{RemoteRegion: nixl.RemoteRegion{Kind: r.Kind, Desc: nixl.Desc{Addr: mm.addr, Len: mm.len, Dev: mm.dev}}, Key: mm.rkey})
 			}
 		}
 		return nil
