@@ -620,12 +620,10 @@ func (d *Decode) notified(n core.Notified) {
 	if n.Undelivered = d.checkWrite(n); n.Undelivered != "" {
 		d.log.Warn("a notification names bytes that did not land: the room fails", zap.Uint64("room", room), zap.Int("source", n.UID), zap.String("what", n.Undelivered))
 	} else if n.Corrupt, n.Checked, sumErr = d.digestOf(n); sumErr != nil {
-		// This rank's failure, not the prefill rank's bytes: the room
-		// fails as for any local failure (code failed), the notification
-		// counted for nothing.
+		// This rank's failure, not the prefill rank's bytes: the core
+		// fails the room failed, not corrupt (Notified.Unsummed).
+		n.Unsummed = sumErr.Error()
 		d.log.Warn("a notification's pages could not be summed for their digest: the room fails", zap.Uint64("room", room), zap.Int("source", n.UID), zap.Error(sumErr))
-		d.stepIn(core.Fail{Room: room, Reason: fmt.Sprintf("room %d: %v", room, sumErr)})
-		return
 	} else if n.Corrupt != "" {
 		d.log.Warn("a notification's pages do not match their digest: the room fails", zap.Uint64("room", room), zap.Int("source", n.UID), zap.String("what", n.Corrupt))
 	}

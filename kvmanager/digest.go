@@ -46,7 +46,7 @@ func (d *Decode) digestOf(n core.Notified) (corrupt string, checked bool, err er
 	}
 	s, lo, hi, write, err := d.slice(l)
 	if err != nil || !write {
-		return fmt.Sprintf("its pages cannot be checked here: %v", err), false, nil
+		return "", false, fmt.Errorf("this decode rank cannot plan its pieces of the notification's pages (%v)", err)
 	}
 	units := kvlayout.DigestUnits(pageMap(l), spec.DstPages, n.Off, n.N, n.LastUnits, nil)
 	rlo, rhi := max(n.Lo*kvlayout.RegionsPerLayer, lo), min(n.Hi*kvlayout.RegionsPerLayer, hi)

@@ -324,7 +324,7 @@ func (d *Decode) readJob(room uint64, to wire.Peer, rd *core.Read, slice *kvlayo
 				if rd.Notif.Digests != nil {
 					var sumErr error
 					if corrupt, checked, sumErr = d.digestOf(rd.Notif); sumErr != nil {
-						err = fmt.Errorf("%s: %w", where, sumErr) // this rank's failure: the read fails, not corrupt
+						err = fmt.Errorf("%s: it landed, but %w", where, sumErr) // this rank's failure: the read fails, not corrupt
 					} else if corrupt != "" {
 						d.log.Warn("a read's pages do not match their digest: the room fails", zap.Uint64("room", room), zap.Int("source", rd.Source), zap.String("what", corrupt))
 					}

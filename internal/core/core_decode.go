@@ -818,6 +818,10 @@ func (c *decodeCore) notified(now time.Time, in Notified) {
 			c.undelivered(rm, src, in)
 			return
 		}
+		if in.Unsummed != "" {
+			c.unsummed(rm, src, in)
+			return
+		}
 		if in.Corrupt == "" && rm.dec.spec.Digest && !in.Aux && (in.N > 0 || in.Hi == 0) && in.Digests == nil {
 			in.Corrupt = "the room asked for a digest and the notification of its pages carries none (a prefill rank of an earlier revision)"
 		}
@@ -849,6 +853,21 @@ func (c *decodeCore) undelivered(rm *room, src *source, in Notified) {
 		what = fmt.Sprintf("chunk %d (positions %d+%d, layers %d–%d)", in.Chunk, in.Off, in.N, in.Lo, in.Hi)
 	}
 	c.failWith(in.Room, CodeNotDelivered, fmt.Sprintf("room %d: prefill rank %s (source %d) notified %s written, but %s", in.Room, peer, in.UID, what, in.Undelivered))
+}
+
+// unsummed fails a room whose notification's pages the decode shell could
+// not sum for their digest (Notified.Unsummed): this rank's own failure,
+// so the room fails CodeFailed, not corrupt; nothing of it recorded as
+// landed.
+func (c *decodeCore) unsummed(rm *room, src *source, in Notified) {
+	if in.Aux || !src.valid(in) {
+		c.stats.BadNotifs++
+		return
+	}
+	if rm.status.Terminal() {
+		return
+	}
+	c.failWith(in.Room, CodeFailed, fmt.Sprintf("room %d: chunk %d from prefill rank %s (source %d) could not be checked against its digest here: %s", in.Room, in.Chunk, c.sourcePeer(src), in.UID, in.Unsummed))
 }
 
 // sourcePeer names a room's source for a failure: its prefill rank's

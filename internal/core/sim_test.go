@@ -142,6 +142,10 @@ type simConfig struct {
 	// not the page's; a read's check finds a page that is not).
 	digest        bool
 	corruptWrites int
+	// unsummedNotifs: notifications of pages whose decode shell cannot
+	// sum its pieces for their digest (its own failure, its CUDA
+	// driver's, say: Notified.Unsummed).
+	unsummedNotifs int
 }
 
 // simRoomSpec: a room that the listed decode ranks receive from the listed
@@ -359,6 +363,7 @@ type simWorld struct {
 	got        map[simCell]bool  // pages and layers landed
 	bad        map[simCell]bool  // ... of them, landed corrupted (corruptWrites)
 	corrupts   int
+	unsummed   int // notifications delivered unsummed (unsummedNotifs)
 	// Faults used (bounded by the configuration).
 	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails, intrusions, silents int
 	floods                                                                                                                int       // the hostile flood's ticks (its room ids)
@@ -1131,43 +1136,48 @@ func (w *simWorld) events() []simEvent {
 				})
 			}
 		}
-		if len(w.procs[s].notifs) > 0 {
-			add(fmt.Sprintf("notif at %d", s), func(w *simWorld) {
-				p := w.procs[s]
-				nt := p.notifs[0]
-				p.notifs = p.notifs[1:]
-				if IsChallenge(nt) {
-					w.deliverChallenge(s, nt)
-					return
-				}
-				x, ok := ParseNotif(nt)
-				if !ok {
-					w.fail("bad notification %q", nt)
-					return
-				}
-				x.Undelivered = w.writeCheck(p, x)
-				if st, live := p.core.Status(x.Room); x.Undelivered == "" && live && !st.Terminal() {
+		// deliver steps the next notification; unsummed: its decode shell
+		// could not sum its pages (unsummedNotifs).
+		deliver := func(w *simWorld, unsummed bool) {
+			p := w.procs[s]
+			nt := p.notifs[0]
+			p.notifs = p.notifs[1:]
+			if IsChallenge(nt) {
+				w.deliverChallenge(s, nt)
+				return
+			}
+			x, ok := ParseNotif(nt)
+			if !ok {
+				w.fail("bad notification %q", nt)
+				return
+			}
+			x.Undelivered = w.writeCheck(p, x)
+			if st, live := p.core.Status(x.Room); x.Undelivered == "" && live && !st.Terminal() {
+				if unsummed && x.Digests != nil && x.N > 0 {
+					w.unsummed++
+					x.Unsummed = "the device failed (simulated)"
+				} else {
 					x.Corrupt, x.Checked = w.digestCheck(x) // (the shell checks a live room's only)
 				}
-				st, _ := p.core.Status(x.Room)
-				p.core.Step(w.now, x)
-				if x.Corrupt != "" && !st.Terminal() {
-					if now, live := p.core.Status(x.Room); live && now != Failed {
-						w.fail("room %d: %s took a notification whose pages do not match their digest (%s) and is %v", x.Room, p.from.Peer(), x.Corrupt, now)
-					}
-					if rep, ok := p.core.Report(x.Room); ok && rep.Code != CodeCorrupt {
-						w.fail("room %d: failed by a digest mismatch, reported %q", x.Room, rep.Code)
-					}
-					w.cov.hit("digest mismatch failed its room")
+			}
+			st, _ := p.core.Status(x.Room)
+			p.core.Step(w.now, x)
+			if x.Unsummed != "" && !st.Terminal() {
+				if now, live := p.core.Status(x.Room); live && now != Failed {
+					w.fail("room %d: %s took a notification its shell could not sum and is %v", x.Room, p.from.Peer(), now)
 				}
-				if x.Undelivered != "" && !st.Terminal() {
-					if now, live := p.core.Status(x.Room); live && now != Failed {
-						w.fail("room %d: %s took a notification naming bytes that did not land (%s) and is %v", x.Room, p.from.Peer(), x.Undelivered, now)
-					}
-					w.cov.hit("notification of a write not delivered failed its room")
+				if code := failCode(p.core, x.Room); code != CodeFailed {
+					w.fail("room %d: failed by its own shell's failure to sum, code %q", x.Room, code)
 				}
-				w.effects(s)
-			})
+				w.cov.hit("notification its shell could not sum failed its room")
+			}
+			w.notified(s, x, st)
+		}
+		if n := w.procs[s].notifs; len(n) > 0 && !w.calm && w.unsummed < w.cfg.unsummedNotifs && !IsChallenge(n[0]) {
+			add(fmt.Sprintf("notif at %d unsummed", s), func(w *simWorld) { deliver(w, true) })
+		}
+		if len(w.procs[s].notifs) > 0 {
+			add(fmt.Sprintf("notif at %d", s), func(w *simWorld) { deliver(w, false) })
 		}
 	}
 	for _, wr := range w.writes {
@@ -2253,4 +2263,36 @@ func minimize(cfg simConfig, trace []string, violation error) []string {
 		}
 	}
 	return trace
+}
+
+// notified checks a delivered notification's outcome at decode process s
+// (st: its room's status before the step) and carries out the effects.
+func (w *simWorld) notified(s int, x Notified, st Poll) {
+	p := w.procs[s]
+
+	if x.Corrupt != "" && !st.Terminal() {
+		if now, live := p.core.Status(x.Room); live && now != Failed {
+			w.fail("room %d: %s took a notification whose pages do not match their digest (%s) and is %v", x.Room, p.from.Peer(), x.Corrupt, now)
+		}
+		if code := failCode(p.core, x.Room); code != CodeCorrupt {
+			w.fail("room %d: failed by a digest mismatch, code %q", x.Room, code)
+		}
+		w.cov.hit("digest mismatch failed its room")
+	}
+	if x.Undelivered != "" && !st.Terminal() {
+		if now, live := p.core.Status(x.Room); live && now != Failed {
+			w.fail("room %d: %s took a notification naming bytes that did not land (%s) and is %v", x.Room, p.from.Peer(), x.Undelivered, now)
+		}
+		w.cov.hit("notification of a write not delivered failed its room")
+	}
+	w.effects(s)
+}
+
+// failCode is a failed decode room's code as the core recorded it (its
+// load report gives it only once the pages are released).
+func failCode(c *Core, room uint64) string {
+	if rm, ok := c.reg.rooms[room]; ok && rm.dec != nil {
+		return rm.dec.code
+	}
+	return ""
 }

@@ -237,7 +237,7 @@ func (w *simWorld) hash() [16]byte {
 		f.i(k[1])
 		f.b1(w.rel[k].forced)
 	}
-	for _, n := range []int{w.restarts, w.kills, w.peerDowns, w.ticks, w.losses, w.dups, w.replays, w.pauses, w.lookupFails, w.stales, w.intrusions, w.floods, w.silents} {
+	for _, n := range []int{w.restarts, w.kills, w.peerDowns, w.ticks, w.losses, w.dups, w.replays, w.pauses, w.lookupFails, w.stales, w.intrusions, w.floods, w.silents, w.unsummed} {
 		f.i(n)
 	}
 	for _, l := range w.late { // latePongs' held PONGs

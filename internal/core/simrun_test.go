@@ -252,6 +252,16 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.rooms = []simRoomSpec{simRoomLayered(7, []int{0}, []int{0}, 2)}
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
 		}, "write landed corrupted", "digest mismatch failed its room", "digest checked", "room with a digest succeeded (pull false)"),
+		// The decode shell cannot sum a notification's pages (its own
+		// failure: its CUDA driver's, say): the room fails failed, not
+		// corrupt (the prefill rank's bytes are not in question), an
+		// ABORT tells the prefill rank, the room ends within its bounds;
+		// where every notification is summed, it succeeds.
+		"1→1, 2 chunks, digests: the decode shell cannot sum a notification; the room fails failed; liveness": mk(func(c *simConfig) {
+			c.digest, c.unsummedNotifs, c.live, c.noClear, c.writesOK = true, 1, true, true, true
+			c.rooms = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 2)}
+			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 7 decode 0 create", "room 7 decode 0 init"}
+		}, "notification its shell could not sum failed its room", "digest checked", "room with a digest succeeded (pull false)"),
 		// The same, pulled: the prefill rank's PAGES carry the sums, a read
 		// may land corrupted (the decode shell's check at its completion
 		// finds it) and the room fails corrupt; where none is, it succeeds.

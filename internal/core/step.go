@@ -152,6 +152,12 @@ type (
 		// not be checked for a room that asked for one. The room fails
 		// (CodeCorrupt); the notification counts for nothing.
 		Corrupt string
+		// Unsummed (set by the shell's digest check): the decode rank
+		// could not sum its own pieces of the notification's pages (its
+		// CUDA driver failed, say) — its own failure, not the prefill
+		// rank's bytes. The room fails (CodeFailed, not CodeCorrupt);
+		// the notification counts for nothing.
+		Unsummed string
 		// Checked (set by the shell's digest check): every page the
 		// notification names was summed and matched its digest. A room
 		// that asked for a digest records a notification of pages as

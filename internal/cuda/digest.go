@@ -52,7 +52,9 @@ const CRC32CBlock = 128
 // sum: a free waits for the whole device). It holds its own reference to
 // the primary context (retained at the load, never released), so a
 // caller's Context.Release cannot destroy the module under it. Sums on
-// one device take turns (mu).
+// one device take turns (mu). A context the driver has given up on (a
+// sticky error, a reset) is not recovered: every later sum fails, as
+// would the serving engine's own work in it.
 type kernelFn struct {
 	mu      sync.Mutex
 	mod     C.cu_module
@@ -122,7 +124,11 @@ func (c *Context) CRC32CGroups(pieces []uint64, ends []int, out []uint32) ([]uin
 	pin.Pin(&host[0])
 	pin.Pin(&sums[0])
 	inBytes := uint64(len(host)) * 8
-	v, _ := kernels.LoadOrStore(kernelKey{c.d.lib, c.Ordinal}, &kernelFn{})
+	key := kernelKey{c.d.lib, c.Ordinal}
+	v, ok := kernels.Load(key)
+	if !ok {
+		v, _ = kernels.LoadOrStore(key, &kernelFn{})
+	}
 	k := v.(*kernelFn)
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -194,7 +200,12 @@ func (c *Context) scratch(k *kernelFn, n uint64) (C.cu_ptr, error) {
 	}
 	size := max(n, 2*k.size, 64<<10)
 	var p C.cu_ptr
-	if err := c.d.check(fmt.Sprintf("cuMemAlloc(%d) for the digest", size), C.dg_alloc(c.d.lib, &p, C.size_t(size))); err != nil {
+	r := C.dg_alloc(c.d.lib, &p, C.size_t(size))
+	if r != 0 && size > n {
+		size = n // the doubled size did not fit (the serving engine holds most of the device): what this sum needs
+		r = C.dg_alloc(c.d.lib, &p, C.size_t(size))
+	}
+	if err := c.d.check(fmt.Sprintf("cuMemAlloc(%d) for the digest", size), r); err != nil {
 		return 0, err
 	}
 	if k.size > 0 {

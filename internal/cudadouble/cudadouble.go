@@ -22,6 +22,18 @@ static long cd_launches(const char *lib, int dev)
 	dlclose(h);
 	return n;
 }
+
+// cd_call_int calls the loaded double's function name(v) (-2: lib is not
+// loaded; -3: no such function).
+static int cd_call_int(const char *lib, const char *name, int v)
+{
+	void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+	if (h == NULL) return -2;
+	void (*f)(int) = (void (*)(int))dlsym(h, name);
+	if (f != NULL) f(v);
+	dlclose(h);
+	return f != NULL ? 0 : -3;
+}
 */
 import "C"
 
@@ -69,4 +81,26 @@ func Launches(lib string, dev int) (int64, error) {
 	default:
 		return n, nil
 	}
+}
+
+// SetDevices sets how many devices the double at lib, loaded in this
+// process, has (-1: back to KVB_CUDA_DOUBLE_DEVICES, default 1), without
+// changing the environment while its threads read it.
+func SetDevices(lib string, n int) error { return call(lib, "cuDoubleSetDevices", n) }
+
+// FailLaunchesOn makes the double's kernel launches on device dev fail
+// (CUDA_ERROR_LAUNCH_FAILED); -1 for none.
+func FailLaunchesOn(lib string, dev int) error { return call(lib, "cuDoubleFailLaunchOn", dev) }
+
+func call(lib, name string, v int) error {
+	cl, cn := C.CString(lib), C.CString(name)
+	defer C.free(unsafe.Pointer(cl))
+	defer C.free(unsafe.Pointer(cn))
+	switch C.cd_call_int(cl, cn, C.int(v)) {
+	case -2:
+		return fmt.Errorf("cudadouble: %s is not loaded in this process", lib)
+	case -3:
+		return fmt.Errorf("cudadouble: %s has no %s", lib, name)
+	}
+	return nil
 }

@@ -26,11 +26,6 @@ var cudaDouble struct {
 func cudaDoubleLib(t *testing.T) string {
 	t.Helper()
 	cudaDouble.once.Do(func() {
-		// Two devices: the prefill rank's KV on device 0, the decode
-		// rank's on 1 (the double reads the variable at each call).
-		if cudaDouble.err = os.Setenv("KVB_CUDA_DOUBLE_DEVICES", "2"); cudaDouble.err != nil {
-			return
-		}
 		if cudaDouble.dir, cudaDouble.err = os.MkdirTemp("", "kvbridge-e2e-cuda-double"); cudaDouble.err == nil {
 			cudaDouble.lib, cudaDouble.err = cudadouble.Build(cudaDouble.dir)
 		}
@@ -49,6 +44,8 @@ func vramCluster(t *testing.T, engine string, mut func(*kvmanager.Config)) *clus
 	lib := cudaDoubleLib(t)
 	drv, err := cuda.OpenDriver(lib)
 	require.NoError(t, err)
+	// Two devices: the prefill rank's KV on device 0, the decode rank's on 1.
+	require.NoError(t, cudadouble.SetDevices(lib, 2))
 	var gpus [2]*cuda.Context
 	for dev := range gpus {
 		gpus[dev], err = drv.Primary(dev)
@@ -150,7 +147,8 @@ func TestDigestOverVRAM(t *testing.T) {
 			rm.r.Clear()
 			c.roomByteExact(t, 201, 100, 64)
 
-			t.Setenv("KVB_CUDA_DOUBLE_FAIL_LAUNCH_ON", "1") // the decode rank's device
+			require.NoError(t, cudadouble.FailLaunchesOn(cudaDouble.lib, 1)) // the decode rank's device
+			t.Cleanup(func() { cudadouble.FailLaunchesOn(cudaDouble.lib, -1) })
 			rm = c.start(t, 202, 64*pageToks)
 			ready(t, rm.s)
 			c.sendAll(t, rm, 64)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/cuda"
+	"github.com/kvbridge/kvbridge/internal/cudadouble"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -319,7 +320,9 @@ func TestVRAMRegionOutsideItsAllocationRefused(t *testing.T) {
 // with two devices, or on a GPU machine with two.
 func TestVRAMRegionKeepsItsDevice(t *testing.T) {
 	if noGPU != "" {
-		t.Setenv("KVB_CUDA_DOUBLE_DEVICES", "2")
+		lib := os.Getenv("KVBRIDGE_CUDA_LIB") // (TestMain's double)
+		require.NoError(t, cudadouble.SetDevices(lib, 2))
+		t.Cleanup(func() { cudadouble.SetDevices(lib, -1) })
 	}
 	c1, err := cudaContext("", 1)
 	if err != nil {

@@ -765,6 +765,7 @@ func SumPieces(agent *nixl.Agent, local Layout, rlo, rhi int, pieces []uint64, e
 // process's CUDA context unusable, the serving engine's included.
 func piecesInside(regions []nixl.Desc, pieces []uint64) error {
 	sorted := slices.SortedFunc(slices.Values(regions), func(a, b nixl.Desc) int { return cmp.Compare(a.Addr, b.Addr) })
+	sorted = slices.DeleteFunc(sorted, func(r nixl.Desc) bool { return r.Len == 0 }) // (no piece lies in one)
 	for i := 0; i+1 < len(pieces); i += 2 {
 		a, n := pieces[i], pieces[i+1]
 		if n == 0 {

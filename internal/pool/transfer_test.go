@@ -221,4 +221,9 @@ func TestSumPiecesOneDevice(t *testing.T) {
 		_, err = SumPieces(nil, l, 0, 2, []uint64{1 << 20, 64, piece[0], piece[1]}, []int{2})
 		require.ErrorContains(t, err, fmt.Sprintf("a digest's piece 1 (%#x, %d bytes) lies outside the regions summed", piece[0], piece[1]), name)
 	}
+	// Inside: a region's whole, its last byte, a piece at the second
+	// region's first address, with a region of no bytes at the same
+	// address listed first.
+	l.Regions = append([]nixl.Desc{{Addr: 2 << 20, Len: 0}}, l.Regions...)
+	require.NoError(t, piecesInside(l.Regions, []uint64{1 << 20, 64, 1<<20 + 63, 1, 2 << 20, 8, 2<<20 + 8, 56}))
 }
