@@ -39,17 +39,7 @@ func TestDigestFailsAFlippedByte(t *testing.T) {
 			} else {
 				rawagent.Of(c.prefill).CorruptWrites(1)
 			}
-			rm := c.start(t, 200, 64*pageToks)
-			ready(t, rm.s)
-			c.sendAll(t, rm, 64)
-			waitStatus(t, rm.r, kvmanager.Failed)
-			select {
-			case <-rm.r.Released():
-			case <-ctx(t).Done():
-				t.Fatal("the corrupted room's pages never released")
-			}
-			rep, ok := rm.r.Report()
-			require.True(t, ok, "the corrupted room's load report")
+			rm, rep := c.failedRoom(t, 200, 64*pageToks)
 			require.Equal(t, kvmanager.CodeCorrupt, rep.Code, "code: %s", rep.Reason)
 			require.Contains(t, rep.Reason, c.prefill.Endpoint(), "the failure names the prefill rank")
 			require.Regexp(t, fmt.Sprintf(`prefill rank .*, chunk 0: position \d+ \(decode page \d+\), layers 0–%d: CRC-32C [0-9a-f]{8}, the prefill rank's digest [0-9a-f]{8}`, layers), rep.Reason)
@@ -62,4 +52,23 @@ func TestDigestFailsAFlippedByte(t *testing.T) {
 			c.roomByteExact(t, 201, 100, 64)
 		})
 	}
+}
+
+// failedRoom runs a room of tokens that is to fail (a fault set up
+// before), in chunks of 64 pages: it waits for Failed and for its pages'
+// release, and returns it and its load report.
+func (c *cluster) failedRoom(t *testing.T, id uint64, tokens int) (*room, kvmanager.LoadReport) {
+	t.Helper()
+	rm := c.start(t, id, tokens)
+	ready(t, rm.s)
+	c.sendAll(t, rm, 64)
+	waitStatus(t, rm.r, kvmanager.Failed)
+	select {
+	case <-rm.r.Released():
+	case <-ctx(t).Done():
+		t.Fatalf("room %d: its pages never released", id)
+	}
+	rep, ok := rm.r.Report()
+	require.True(t, ok, "room %d: its load report", id)
+	return rm, rep
 }

@@ -128,17 +128,7 @@ func TestDigestOverVRAM(t *testing.T) {
 			} else {
 				rawagent.Of(c.prefill).CorruptWrites(1)
 			}
-			rm := c.start(t, 200, 64*pageToks)
-			ready(t, rm.s)
-			c.sendAll(t, rm, 64)
-			waitStatus(t, rm.r, kvmanager.Failed)
-			select {
-			case <-rm.r.Released():
-			case <-ctx(t).Done():
-				t.Fatal("the corrupted room's pages never released")
-			}
-			rep, ok := rm.r.Report()
-			require.True(t, ok, "the corrupted room's load report")
+			rm, rep := c.failedRoom(t, 200, 64*pageToks)
 			require.Equal(t, kvmanager.CodeCorrupt, rep.Code, "code: %s", rep.Reason)
 			require.Contains(t, rep.Reason, c.prefill.Endpoint(), "the failure names the prefill rank")
 			require.Regexp(t, `position \d+ \(decode page \d+\), layers 0–\d+: CRC-32C [0-9a-f]{8}, the prefill rank's digest [0-9a-f]{8}`, rep.Reason)
@@ -149,17 +139,7 @@ func TestDigestOverVRAM(t *testing.T) {
 
 			require.NoError(t, cudadouble.FailLaunchesOn(cudaDouble.lib, 1)) // the decode rank's device
 			t.Cleanup(func() { cudadouble.FailLaunchesOn(cudaDouble.lib, -1) })
-			rm = c.start(t, 202, 64*pageToks)
-			ready(t, rm.s)
-			c.sendAll(t, rm, 64)
-			waitStatus(t, rm.r, kvmanager.Failed)
-			select {
-			case <-rm.r.Released():
-			case <-ctx(t).Done():
-				t.Fatal("the room's pages never released")
-			}
-			rep, ok = rm.r.Report()
-			require.True(t, ok, "the room's load report")
+			rm, rep = c.failedRoom(t, 202, 64*pageToks)
 			require.Equal(t, kvmanager.CodeFailed, rep.Code, "a failure to sum here is not the prefill rank's corruption: %s", rep.Reason)
 			require.Contains(t, rep.Reason, "this decode rank could not sum its")
 			require.Contains(t, rep.Reason, "CUDA_ERROR_LAUNCH_FAILED")

@@ -216,15 +216,8 @@ func Hardware() bool {
 // must stay mapped for the call.
 func Sum(pieces []uint64, ends []int, out []uint32) ([]uint32, error) {
 	setup()
-	if len(pieces)%2 != 0 {
-		return out, fmt.Errorf("kvdigest: %d words of pieces, want address and length pairs", len(pieces))
-	}
-	prev := 0
-	for g, e := range ends {
-		if e < prev || e > len(pieces)/2 {
-			return out, fmt.Errorf("kvdigest: group %d ends at piece %d (after %d, of %d)", g, e, prev, len(pieces)/2)
-		}
-		prev = e
+	if err := CheckGroups(pieces, ends); err != nil {
+		return out, err
 	}
 	if len(ends) == 0 {
 		return out, nil
@@ -241,6 +234,23 @@ func Sum(pieces []uint64, ends []int, out []uint32) ([]uint32, error) {
 	}
 	C.kvb_crc_groups(p, (*C.int64_t)(unsafe.Pointer(&e64[0])), C.size_t(len(ends)), (*C.uint32_t)(unsafe.Pointer(&out[n])))
 	return out, nil
+}
+
+// CheckGroups checks Sum's arguments (and the device kernel's,
+// cuda.Context.CRC32CGroups): address and length pairs, groups whose ends
+// ascend within them.
+func CheckGroups(pieces []uint64, ends []int) error {
+	if len(pieces)%2 != 0 {
+		return fmt.Errorf("kvdigest: %d words of pieces, want address and length pairs", len(pieces))
+	}
+	prev := 0
+	for g, e := range ends {
+		if e < prev || e > len(pieces)/2 {
+			return fmt.Errorf("kvdigest: group %d ends at piece %d (after %d, of %d)", g, e, prev, len(pieces)/2)
+		}
+		prev = e
+	}
+	return nil
 }
 
 // Bytes is the CRC-32C of b, as Sum computes it (tests and references).
