@@ -142,7 +142,6 @@ const killChildEnv = "KVBRIDGE_NIXL_KILL_CHILD"
 // byte-exact. With the progress thread on the posting agent (NIXL's
 // read-write lock) the double aborts as NIXL 1.4.0 crashed.
 func TestLibNIXLKilledPeer(t *testing.T) {
-	t.Parallel() // its own child processes: mostly waiting on them
 	if os.Getenv(killChildEnv) != "" {
 		killChild(t, os.Getenv(killChildEnv) == "progress")
 		return

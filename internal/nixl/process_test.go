@@ -79,13 +79,11 @@ func (c *child) line(t testing.TB, prefix string) string {
 }
 
 func TestCrossProcess(t *testing.T) {
-	t.Parallel() // its own child processes: mostly waiting on them
 	for _, tc := range []struct {
 		transport string
 		ucx       map[string]string
 	}{{"shm", shmUCX}, {"tcp", tcpUCX}} {
 		t.Run(tc.transport, func(t *testing.T) {
-			t.Parallel()
 			c := startChild(t, tc.transport)
 			a, err := Open(Config{Name: "parent-" + tc.transport, Engine: EngineUCX, UCX: tc.ucx, XferTimeout: 20 * time.Second})
 			require.NoError(t, err)
@@ -134,13 +132,11 @@ func TestCrossProcess(t *testing.T) {
 // also aborted the target in UCX 1.13's wire-up (an assertion purging a
 // pending wire-up reply), until the connection's PING round trip.
 func TestCrossProcessInitiatorKilled(t *testing.T) {
-	t.Parallel() // its own child processes: mostly waiting on them
 	for _, tc := range []struct {
 		transport string
 		ucx       map[string]string
 	}{{"shm", shmUCX}, {"tcp", tcpUCX}} {
 		t.Run(tc.transport, func(t *testing.T) {
-			t.Parallel()
 			initiatorKilled(t, tc.transport, tc.ucx)
 		})
 	}

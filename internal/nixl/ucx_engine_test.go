@@ -57,7 +57,6 @@ func ucxVersionOf(t testing.TB, a *Agent) UCXVersion {
 // read refused ("Device is busy") whenever the target queued answers
 // faster than tcp sent them: two of three 64 MiB reads in a benchmark.
 func TestUCXTCPLargeReadsCrossProcess(t *testing.T) {
-	t.Parallel() // its own child process: mostly waiting on it
 	const big = 256 << 20
 	cc := newCrossCase(t, "tcp", tcpUCX, "engine", big, 1)
 	want := append([]byte(nil), cc.src...)
