@@ -46,6 +46,7 @@ func (d *Decode) digestOf(n core.Notified) (corrupt string, checked bool, err er
 	}
 	s, lo, hi, write, err := d.slice(l)
 	if err != nil || !write {
+		d.digestErrors.Add(1)
 		return "", false, fmt.Errorf("this decode rank cannot plan its pieces of the notification's pages (%v)", err)
 	}
 	units := kvlayout.DigestUnits(pageMap(l), spec.DstPages, n.Off, n.N, n.LastUnits, nil)

@@ -61,4 +61,16 @@ typedef struct kvb_cuda {
 
 kvb_cuda *kvb_cuda_load(const char *path, char *err, size_t errlen);
 
+// Calls more than one Go file makes (each file's cgo preamble is its own).
+static inline int cu_primary(kvb_cuda *c, int ordinal, cu_context *ctx)
+{
+	cu_device d;
+	int r = c->device_get(&d, ordinal);
+	return r ? r : c->primary_retain(ctx, d);
+}
+static inline int cu_alloc(kvb_cuda *c, cu_ptr *p, size_t n) { return c->mem_alloc(p, n); }
+static inline int cu_free(kvb_cuda *c, cu_ptr p) { return c->mem_free(p); }
+static inline int cu_htod(kvb_cuda *c, cu_ptr d, uintptr_t s, size_t n) { return c->memcpy_htod(d, (const void *)s, n); }
+static inline int cu_dtoh(kvb_cuda *c, uintptr_t d, cu_ptr s, size_t n) { return c->memcpy_dtoh((void *)d, s, n); }
+
 #endif

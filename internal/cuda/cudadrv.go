@@ -9,21 +9,12 @@ package cuda
 static int cu_init(kvb_cuda *c) { return c->init(0); }
 static int cu_driver_version(kvb_cuda *c, int *v) { return c->driver_version(v); }
 static int cu_device_count(kvb_cuda *c, int *n) { return c->device_count(n); }
-static int cu_primary(kvb_cuda *c, int ordinal, cu_context *ctx) {
-	cu_device d;
-	int r = c->device_get(&d, ordinal);
-	return r ? r : c->primary_retain(ctx, d);
-}
 static int cu_primary_release(kvb_cuda *c, int ordinal) {
 	cu_device d;
 	int r = c->device_get(&d, ordinal);
 	return r ? r : c->primary_release(d);
 }
 static int cu_set(kvb_cuda *c, cu_context ctx) { return c->ctx_set_current(ctx); }
-static int cu_alloc(kvb_cuda *c, cu_ptr *p, size_t n) { return c->mem_alloc(p, n); }
-static int cu_free(kvb_cuda *c, cu_ptr p) { return c->mem_free(p); }
-static int cu_htod(kvb_cuda *c, cu_ptr d, uintptr_t s, size_t n) { return c->memcpy_htod(d, (const void *)s, n); }
-static int cu_dtoh(kvb_cuda *c, uintptr_t d, cu_ptr s, size_t n) { return c->memcpy_dtoh((void *)d, s, n); }
 static int cu_dtod(kvb_cuda *c, cu_ptr d, cu_ptr s, size_t n) { return c->memcpy_dtod(d, s, n); }
 static int cu_copy(kvb_cuda *c, cu_ptr d, cu_ptr s, size_t n) { return c->memcpy_any(d, s, n); }
 static int cu_htod_async(kvb_cuda *c, cu_ptr d, uintptr_t s, size_t n, cu_stream st) { return c->memcpy_htod_async(d, (const void *)s, n, st); }

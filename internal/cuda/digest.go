@@ -7,15 +7,6 @@ package cuda
 static int cu_module_load(kvb_cuda *c, cu_module *m, const char *image) { return c->module_load_data(m, image); }
 static int cu_module_function(kvb_cuda *c, cu_function *f, cu_module m, const char *name) { return c->module_get_function(f, m, name); }
 static int cu_module_unload(kvb_cuda *c, cu_module m) { return c->module_unload(m); }
-static int dg_alloc(kvb_cuda *c, cu_ptr *p, size_t n) { return c->mem_alloc(p, n); }
-static int dg_free(kvb_cuda *c, cu_ptr p) { return c->mem_free(p); }
-static int dg_htod(kvb_cuda *c, cu_ptr d, uintptr_t s, size_t n) { return c->memcpy_htod(d, (const void *)s, n); }
-static int dg_dtoh(kvb_cuda *c, uintptr_t d, cu_ptr s, size_t n) { return c->memcpy_dtoh((void *)d, s, n); }
-static int dg_retain(kvb_cuda *c, int ordinal, cu_context *ctx) {
-	cu_device d;
-	int r = c->device_get(&d, ordinal);
-	return r ? r : c->primary_retain(ctx, d);
-}
 // cu_crc32c_groups launches kvb_crc32c_groups on the legacy default
 // stream (so a synchronous copy after it waits for it).
 static int cu_crc32c_groups(kvb_cuda *c, cu_function f, cu_ptr pieces, cu_ptr ends, unsigned long long ngroups, cu_ptr out,
@@ -135,7 +126,7 @@ func (c *Context) CRC32CGroups(pieces []uint64, ends []int, out []uint32) ([]uin
 		if err != nil {
 			return err
 		}
-		if err := c.d.check("cuMemcpyHtoD (the digest's pieces)", C.dg_htod(c.d.lib, buf, C.uintptr_t(uintptr(unsafe.Pointer(&host[0]))), C.size_t(inBytes))); err != nil {
+		if err := c.d.check("cuMemcpyHtoD (the digest's pieces)", C.cu_htod(c.d.lib, buf, C.uintptr_t(uintptr(unsafe.Pointer(&host[0]))), C.size_t(inBytes))); err != nil {
 			return err
 		}
 		grid := (ng + CRC32CBlock - 1) / CRC32CBlock
@@ -144,7 +135,7 @@ func (c *Context) CRC32CGroups(pieces []uint64, ends []int, out []uint32) ([]uin
 			C.cu_crc32c_groups(c.d.lib, k.fn, buf, endsAt, C.ulonglong(ng), sumsAt, C.uint(grid), CRC32CBlock)); err != nil {
 			return err
 		}
-		return c.d.check("cuMemcpyDtoH (the digest's sums)", C.dg_dtoh(c.d.lib, C.uintptr_t(uintptr(unsafe.Pointer(&sums[0]))), sumsAt, C.size_t(4*ng)))
+		return c.d.check("cuMemcpyDtoH (the digest's sums)", C.cu_dtoh(c.d.lib, C.uintptr_t(uintptr(unsafe.Pointer(&sums[0]))), sumsAt, C.size_t(4*ng)))
 	})
 	if err != nil {
 		return out, err
@@ -179,7 +170,7 @@ func (c *Context) loadKernel(k *kernelFn) error {
 		return err
 	}
 	var ctx C.cu_context // the module's own reference to the context
-	if err := c.d.check(fmt.Sprintf("cuDevicePrimaryCtxRetain(device %d) for the digest kernel", c.Ordinal), C.dg_retain(c.d.lib, C.int(c.Ordinal), &ctx)); err != nil {
+	if err := c.d.check(fmt.Sprintf("cuDevicePrimaryCtxRetain(device %d) for the digest kernel", c.Ordinal), C.cu_primary(c.d.lib, C.int(c.Ordinal), &ctx)); err != nil {
 		C.cu_module_unload(c.d.lib, mod)
 		return err
 	}
@@ -195,16 +186,16 @@ func (c *Context) scratch(k *kernelFn, n uint64) (C.cu_ptr, error) {
 	}
 	size := max(n, 2*k.size, 64<<10)
 	var p C.cu_ptr
-	r := C.dg_alloc(c.d.lib, &p, C.size_t(size))
+	r := C.cu_alloc(c.d.lib, &p, C.size_t(size))
 	if r != 0 && size > n {
 		size = n // the doubled size did not fit (the serving engine holds most of the device): what this sum needs
-		r = C.dg_alloc(c.d.lib, &p, C.size_t(size))
+		r = C.cu_alloc(c.d.lib, &p, C.size_t(size))
 	}
 	if err := c.d.check(fmt.Sprintf("cuMemAlloc(%d) for the digest", size), r); err != nil {
 		return 0, err
 	}
 	if k.size > 0 {
-		C.dg_free(c.d.lib, k.scratch)
+		C.cu_free(c.d.lib, k.scratch)
 	}
 	k.scratch, k.size = p, size
 	return p, nil
