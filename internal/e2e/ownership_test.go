@@ -141,7 +141,6 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	for _, engine := range []string{"ucx-shm", "ucx-tcp", "libnixl-real"} {
 		t.Run(engine, func(t *testing.T) {
-			t.Parallel() // each engine its own processes, ports and discovery
 			if engine == "libnixl-real" {
 				needRealNIXL(t)
 			}

@@ -136,7 +136,6 @@ func TestPullRanksKilledMidRead(t *testing.T) {
 	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	for _, engine := range []string{"ucx-tcp", "ucx-shm", "libnixl-real"} {
 		t.Run(engine, func(t *testing.T) {
-			t.Parallel() // each engine its own processes, ports and discovery
 			if engine == "libnixl-real" {
 				needRealNIXL(t)
 			}
