@@ -358,6 +358,12 @@ type Effect struct {
 	To     wire.Peer
 	Msg    wire.Message
 	Writes []kvlayout.Write
+	// First (EffectPost): these are the room's first writes — no write
+	// of the room was handed to the shell before them — so the shell may
+	// post the first of them at once, on the goroutine that stepped,
+	// before handing the rest to its worker (docs/ARCHITECTURE.md "The
+	// first post").
+	First  bool
 	Wake   Wake // EffectWake
 	Target Target
 	Forced bool

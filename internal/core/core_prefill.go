@@ -779,7 +779,7 @@ func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
 	for i := range writes {
 		writes[i].Last = in.Last && at.whole && i == len(writes)-1
 	}
-	c.emit(Effect{Kind: EffectPost, Room: in.Room, Writes: writes})
+	c.emit(Effect{Kind: EffectPost, Room: in.Room, Writes: writes, First: at.chunk == 0 && at.lo == 0})
 	return nil
 }
 

@@ -226,13 +226,14 @@ type simProc struct {
 	core     *Core
 	from     wire.From
 	endpoint string
-	inc      int          // incarnation: unique per process start
-	jobs     []simJob     // prefill: chunks queued in the pool
-	notifs   []string     // decode: notifications arrived, in order
-	loads    []simLoad    // prefill: REGISTERs checked whose metadata load is in progress (regWindow)
-	offers   []*OfferPlan // decode: offers to load and prove (answered in the same event)
-	dead     bool         // killed, not started again
-	paused   bool         // SIGSTOPped
+	inc      int             // incarnation: unique per process start
+	jobs     []simJob        // prefill: chunks queued in the pool
+	handed   map[uint64]bool // prefill: rooms with writes handed to the pool (Effect.First's check)
+	notifs   []string        // decode: notifications arrived, in order
+	loads    []simLoad       // prefill: REGISTERs checked whose metadata load is in progress (regWindow)
+	offers   []*OfferPlan    // decode: offers to load and prove (answered in the same event)
+	dead     bool            // killed, not started again
+	paused   bool            // SIGSTOPped
 	pausedAt time.Time
 	// shareFull: a rank other than a flooding one (hostileFlood) kept its
 	// whole share of early aborts here: its own may have been forgotten.
@@ -587,7 +588,27 @@ func (w *simWorld) effects(slot int) {
 			}
 			w.net[slot][dst] = append(w.net[slot][dst], simMsg{from: p.from, to: e.To.Endpoint, msg: e.Msg})
 		case EffectPost:
-			p.jobs = append(p.jobs, simJob{room: e.Room, writes: slices.Clone(e.Writes)})
+			// Effect.First: exactly the room's first writes handed to
+			// the pool. The shell posts the first of them at once, ahead
+			// of every queued write (pool.Job.First): here, the job goes
+			// to the front of the queue.
+			if e.First == p.handed[e.Room] {
+				w.fail("room %d: %s's post has First %v, with writes handed before: %v", e.Room, p.from.Peer(), e.First, p.handed[e.Room])
+			}
+			p.handed = maps.Clone(p.handed) // shared with clones (exhaustive search)
+			if p.handed == nil {
+				p.handed = map[uint64]bool{}
+			}
+			p.handed[e.Room] = true
+			job := simJob{room: e.Room, writes: slices.Clone(e.Writes)}
+			if e.First && len(job.writes) > 0 {
+				if len(p.jobs) > 0 {
+					w.cov.hit("first writes ahead of queued writes")
+				}
+				p.jobs = slices.Insert(p.jobs, 0, job)
+				continue
+			}
+			p.jobs = append(p.jobs, job)
 		case EffectRead:
 			if w.isHostile(slot) {
 				w.cov.hit("hostile: read never posted")
@@ -1860,7 +1881,7 @@ func (w *simWorld) kill(slot int) {
 		w.net[src][slot] = nil
 	}
 	w.resolves[slot] = nil
-	p.dead, p.jobs, p.notifs = true, nil, nil
+	p.dead, p.jobs, p.notifs, p.handed = true, nil, nil, nil
 	if w.isPrefill(slot) {
 		w.records[slot].dead, w.records[slot].expires = true, w.now.Add(simLease)
 	}

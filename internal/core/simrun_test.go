@@ -97,7 +97,7 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.reg.MaxTombstones, c.prefillClearLive, c.writesOK, c.decodeNoClear = 1, true, true, true
 			c.prefix = []string{"room 7 prefill 0 create", "room 7 prefill 0 init", "room 8 prefill 0 create", "room 8 prefill 0 init",
 				"room 7 decode 0 create", "room 7 decode 0 init", "room 8 decode 0 create", "room 8 decode 0 init"}
-		}, "table bound reached: reg.tombs", "tombstones past MaxTombstones while they owe"),
+		}, "table bound reached: reg.tombs", "tombstones past MaxTombstones while they owe", "first writes ahead of queued writes"),
 		// An id aborted before its sender exists stays reserved for the
 		// TTL from the last ABORT heard: the second decode rank's ABORT
 		// comes a minute after the first, the sender after the first's TTL.

@@ -51,8 +51,20 @@ type Job struct {
 	// asking Ready again until the stall timeout.
 	Live func() bool
 	// Taken (optional) is called when the room's worker takes the job
-	// off its queue (a latency breakdown's trace point).
+	// off its queue, or when Submit takes its first write to post it at
+	// once (a latency breakdown's trace point).
 	Taken func()
+	// First: the job holds the room's first writes (no job of the room
+	// was submitted before it; core.Effect.First). Submit then posts its
+	// first write at once, on the calling goroutine, when the write's
+	// data is in place (no Ready, or Ready says true) and fewer than
+	// FirstInFlight such writes of its worker are in flight; the worker takes
+	// the rest in order. So a room's first write waits neither for the
+	// worker to be scheduled nor behind other rooms' writes (issue 52:
+	// REQUEST → first post).
+	First bool
+
+	ahead *flight // its first write, posted by Submit
 }
 
 // Config sizes the pool.
@@ -68,6 +80,10 @@ type Config struct {
 	// completed, so a room sent layer by layer keeps the wire busy
 	// between layer groups); default 2, 1 for one at a time.
 	RoomInFlight int
+	// FirstInFlight is how many rooms' first writes Submit may have
+	// posted on its callers' goroutines (Job.First) per worker and not
+	// yet final; default 64. A first write past it waits for the worker.
+	FirstInFlight int
 	// MaxPeers bounds the peers whose descriptor lists stay prepared
 	// (least recently used released first); default 256.
 	MaxPeers int
@@ -91,7 +107,11 @@ type Pool struct {
 	cfg   Config
 	lists *lists
 
-	queues  []chan Job
+	queues []chan Job
+	// dones: each worker's completions; ahead: each worker's writes
+	// posted by Submit (Job.First) and not yet final.
+	dones   []chan *nixl.Xfer
+	ahead   []atomic.Int32
 	wg      sync.WaitGroup
 	mu      sync.RWMutex
 	closed  bool
@@ -122,16 +142,25 @@ func NewPool(agent *nixl.Agent, local Layout, cfg Config) (*Pool, error) {
 	if cfg.MaxPeers <= 0 {
 		cfg.MaxPeers = 256
 	}
+	if cfg.FirstInFlight <= 0 {
+		cfg.FirstInFlight = 64
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	p := &Pool{agent: agent, local: local, cfg: cfg, closing: make(chan struct{}),
 		lists: &lists{agent: agent, local: local, maxPeers: cfg.MaxPeers, peers: map[string]*peerLists{}}}
+	p.ahead = make([]atomic.Int32, cfg.Workers)
 	for i := 0; i < cfg.Workers; i++ {
 		q := make(chan Job, cfg.Queue)
 		p.queues = append(p.queues, q)
+		// Room for every transfer posted to it: InFlight by the worker,
+		// FirstInFlight more by Submit (Job.First).
+		p.dones = append(p.dones, make(chan *nixl.Xfer, cfg.InFlight+cfg.FirstInFlight))
+	}
+	for i := range cfg.Workers {
 		p.wg.Add(1)
-		go p.worker(q)
+		go p.worker(i)
 	}
 	return p, nil
 }
@@ -170,12 +199,58 @@ func (p *Pool) Submit(j Job) error {
 		// workers in turn, so several are prepared at once.
 		q = p.reads.Add(1)
 	}
+	i := int(q % uint64(len(p.queues)))
+	if j.First && j.Read == nil && len(j.Writes) > 0 && p.postFirst(&j, i) && len(j.Writes) == 0 && j.ahead == nil {
+		return nil // its only write is over (refused at its gate, or failed)
+	}
+	// Close waits for the read lock held here, so closing is not closed
+	// yet: a job whose first write is posted always reaches its worker.
 	select {
-	case p.queues[q%uint64(len(p.queues))] <- j:
+	case p.queues[i] <- j:
 		return nil
 	case <-p.closing:
 		return ErrClosed
 	}
+}
+
+// postFirst posts a room's first write on the calling goroutine (Job.First)
+// and leaves j with the rest: the write then counts against its worker's
+// InFlight once the worker takes the job, and until it is final against
+// the worker's FirstInFlight (ahead), which bounds the writes posted
+// here. A write whose data is not in place, or beyond that bound, stays in
+// the job for the worker; postFirst reports whether it took the write.
+func (p *Pool) postFirst(j *Job, i int) bool {
+	w := &j.Writes[0]
+	if w.Ready != nil {
+		if ok, err := w.Ready(); !ok || err != nil {
+			return false // the worker asks again, or fails it with err
+		}
+	}
+	if p.ahead[i].Add(1) > int32(p.cfg.FirstInFlight) {
+		p.ahead[i].Add(-1)
+		return false
+	}
+	if j.Taken != nil {
+		j.Taken()
+		j.Taken = nil
+	}
+	j.Writes = j.Writes[1:]
+	if !j.Gate(w) {
+		p.ahead[i].Add(-1)
+		if j.Dropped != nil {
+			j.Dropped(w)
+		}
+		return true
+	}
+	f, posted, err := p.start(w, p.dones[i])
+	if f == nil {
+		p.ahead[i].Add(-1)
+		j.Done(w, err, err != nil && !posted)
+		return true
+	}
+	f.ahead = true
+	j.ahead = f
+	return true
 }
 
 // Close stops the workers after the queued jobs; writes in flight finish or
@@ -231,6 +306,7 @@ type flight struct {
 	deadline time.Time
 	stalled  bool
 	atClose  bool // a read in flight when the pool began to close (released then)
+	ahead    bool // posted by Submit (Job.First)
 }
 
 // fail records a failure of the flight.
@@ -246,10 +322,11 @@ func (f *flight) fail(err error) {
 // worker is one worker's loop: it posts the rooms' writes in turn, at
 // most InFlight at once, and settles their completions, the writes that
 // outlive the stall deadline and the rooms whose data is not ready yet.
-func (p *Pool) worker(q chan Job) {
+func (p *Pool) worker(i int) {
 	defer p.wg.Done()
-	wk := &workerState{p: p, rooms: map[uint64]*roomWork{}, flights: map[*nixl.Xfer]*flight{},
-		done: make(chan *nixl.Xfer, p.cfg.InFlight), timer: time.NewTimer(time.Hour),
+	q := p.queues[i]
+	wk := &workerState{p: p, ahead: &p.ahead[i], rooms: map[uint64]*roomWork{}, flights: map[*nixl.Xfer]*flight{},
+		early: map[*nixl.Xfer]bool{}, done: p.dones[i], timer: time.NewTimer(time.Hour),
 		readyTimer: time.NewTimer(time.Hour), readyPoll: readyPollMin}
 	defer wk.timer.Stop()
 	defer wk.readyTimer.Stop()
@@ -311,7 +388,12 @@ type workerState struct {
 	waiting []*roomWork // rooms whose next write's data is not ready
 	closing bool        // the pool is closing (seen by this worker)
 	flights map[*nixl.Xfer]*flight
-	done    chan *nixl.Xfer
+	// early: completions of writes Submit posted (Job.First) that came
+	// before the worker took their job; ahead: its count of such writes
+	// not yet final.
+	early map[*nixl.Xfer]bool
+	ahead *atomic.Int32
+	done  chan *nixl.Xfer
 
 	timer      *time.Timer // the first stall deadline
 	readyTimer *time.Timer // the next ask of the waiting rooms
@@ -467,6 +549,10 @@ func resetTimer(t *time.Timer, d time.Duration) {
 func (wk *workerState) complete(x *nixl.Xfer) {
 	p := wk.p
 	f := wk.flights[x]
+	if f == nil {
+		wk.early[x] = true // posted by Submit, its job not yet taken
+		return
+	}
 	delete(wk.flights, x)
 	st, err := p.agent.Status(x)
 	if f.stalled && f.atClose {
@@ -483,6 +569,9 @@ func (wk *workerState) complete(x *nixl.Xfer) {
 		return
 	}
 	f.done()
+	if f.ahead {
+		wk.ahead.Add(-1)
+	}
 	if f.w == nil {
 		// A read is quiesced unless a failure may still land.
 		f.job.Done(nil, f.err, !f.landable)
@@ -515,7 +604,26 @@ func (wk *workerState) submit(j Job) {
 		rw = &roomWork{room: j.Room}
 		wk.rooms[j.Room] = rw
 	}
-	rw.jobs = append(rw.jobs, j)
+	if f := j.ahead; f != nil {
+		// Its first write, posted by Submit: in flight from now on as if
+		// this worker had posted it (its completion may be here already).
+		j.ahead = nil
+		f.rw, f.job = rw, j
+		rw.inflight++
+		rw.posted = true
+		if f.w.Notif == "" {
+			rw.silent++
+		}
+		x := f.xs[0]
+		wk.flights[x] = f
+		if wk.early[x] {
+			delete(wk.early, x)
+			wk.complete(x)
+		}
+	}
+	if len(j.Writes) > 0 || j.Read != nil {
+		rw.jobs = append(rw.jobs, j)
+	}
 	wk.enqueue(rw)
 	wk.settle(rw) // a job without writes
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -226,4 +227,188 @@ func TestSumPiecesOneDevice(t *testing.T) {
 	// address listed first.
 	l.Regions = append([]nixl.Desc{{Addr: 2 << 20, Len: 0}}, l.Regions...)
 	require.NoError(t, piecesInside(l.Regions, []uint64{1 << 20, 64, 1<<20 + 63, 1, 2 << 20, 8, 2<<20 + 8, 56}))
+}
+
+// blockWorker gives the pool's one worker a write whose gate holds it
+// until release is closed: the worker then takes nothing off its queue
+// and settles no completion, as a worker not yet scheduled.
+func blockWorker(t *testing.T, pool *Pool, remote string, peer Layout) (release func(), done <-chan struct{}) {
+	t.Helper()
+	held, rel, fin := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	require.NoError(t, pool.Submit(Job{Room: 1000, Writes: []Write{{Remote: remote, Peer: peer, Runs: []Run{{Src: 7, Dst: 7, Len: 1}}, AuxSrc: -1, State: -1, Notif: "block"}},
+		Gate: func(*Write) bool { close(held); <-rel; return true },
+		Done: func(*Write, error, bool) { close(fin) }}))
+	<-held
+	return sync.OnceFunc(func() { close(rel) }), fin
+}
+
+// locked copies *v under mu (a failed require must not leave mu held:
+// the pool's callbacks take it).
+func locked[T any](mu *sync.Mutex, v *[]T) []T {
+	mu.Lock()
+	defer mu.Unlock()
+	return slices.Clone(*v)
+}
+
+// TestPoolFirstPostedBySubmit: a room's first writes (Job.First) have
+// their first write gated and posted by Submit, on the caller's
+// goroutine, while the worker is held elsewhere (issue 52: REQUEST →
+// first post); the job's later writes follow through the worker, in
+// order, after it. A write whose data is not in place (Ready false) is
+// left to the worker, as is a job not marked First.
+func TestPoolFirstPostedBySubmit(t *testing.T) {
+	p, d := newRank(t, "tf-prefill", 1, 8, 64), newRank(t, "tf-decode", 1, 8, 64)
+	remote := connect(t, p, d)
+	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1})
+	require.NoError(t, err)
+	defer pool.Close()
+	release, blocked := blockWorker(t, pool, remote, d.layout)
+	defer release()
+
+	var mu sync.Mutex
+	var gated, finished []string
+	done := make(chan struct{}, 8)
+	job := func(room uint64, first bool, ready Ready, notifs ...string) Job {
+		j := Job{Room: room, First: first,
+			Gate: func(w *Write) bool { mu.Lock(); gated = append(gated, w.Notif); mu.Unlock(); return true },
+			Done: func(w *Write, err error, _ bool) {
+				assert.NoError(t, err, w.Notif)
+				mu.Lock()
+				finished = append(finished, w.Notif)
+				mu.Unlock()
+				done <- struct{}{}
+			}}
+		for i, n := range notifs {
+			j.Writes = append(j.Writes, Write{Remote: remote, Peer: d.layout, Runs: []Run{{Src: uint32(i), Dst: uint32(i), Len: 1}}, AuxSrc: -1, State: -1, Notif: n, Ready: ready})
+		}
+		return j
+	}
+	var ready atomic.Bool // room 4's data: not in place until the worker runs
+	require.NoError(t, pool.Submit(job(2, true, nil, "2a", "2b")))
+	require.NoError(t, pool.Submit(job(3, false, nil, "3a")))
+	require.NoError(t, pool.Submit(job(4, true, func() (bool, error) { return ready.Load(), nil }, "4a")))
+	require.Equal(t, []string{"2a"}, locked(&mu, &gated), "gated before the worker ran: room 2's first write alone")
+	var got []string
+	for !slices.Contains(got, "2a") { // room 2's first write lands with the worker still held
+		select {
+		case <-d.agent.NotifyC():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the first write posted by Submit did not land: %q", got)
+		}
+		ns, err := d.agent.Notifs()
+		require.NoError(t, err)
+		for _, n := range ns {
+			got = append(got, string(n.Msg))
+		}
+	}
+	require.Equal(t, []string{"2a"}, got, "only room 2's first write landed while the worker was held")
+	ready.Store(true)
+	release()
+	<-blocked
+	for range 4 {
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("writes did not complete")
+		}
+	}
+	fin := locked(&mu, &finished)
+	require.ElementsMatch(t, []string{"2a", "2b", "3a", "4a"}, fin)
+	require.Less(t, slices.Index(fin, "2a"), slices.Index(fin, "2b"), "room 2's writes in order: %q", fin)
+	for len(got) < 5 {
+		select {
+		case <-d.agent.NotifyC():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("notifications: %q", got)
+		}
+		ns, err := d.agent.Notifs()
+		require.NoError(t, err)
+		for _, n := range ns {
+			got = append(got, string(n.Msg))
+		}
+	}
+	require.Less(t, slices.Index(got, "2a"), slices.Index(got, "2b"), "room 2's notifications in order: %q", got)
+}
+
+// TestPoolFirstInFlightBound: the first writes Submit posts per worker
+// are at most FirstInFlight until they are final: past it, a room's first
+// write waits for the worker; once one is final (its completion settled
+// by the worker), the next room's first write is posted by Submit again.
+func TestPoolFirstInFlightBound(t *testing.T) {
+	p, d := newRank(t, "tb-prefill", 1, 8, 64), newRank(t, "tb-decode", 1, 8, 64)
+	remote := connect(t, p, d)
+	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1, FirstInFlight: 1})
+	require.NoError(t, err)
+	defer pool.Close()
+	release, blocked := blockWorker(t, pool, remote, d.layout)
+	defer release()
+	var mu sync.Mutex
+	var gated []uint64
+	done := make(chan uint64, 4)
+	submit := func(room uint64) {
+		require.NoError(t, pool.Submit(Job{Room: room, First: true, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 0, Dst: uint32(room), Len: 1}}, AuxSrc: -1, State: -1, Notif: fmt.Sprint(room)}},
+			Gate: func(*Write) bool { mu.Lock(); gated = append(gated, room); mu.Unlock(); return true },
+			Done: func(*Write, error, bool) { done <- room }}))
+	}
+	submit(2)
+	submit(3)
+	require.Equal(t, []uint64{2}, locked(&mu, &gated), "one first write posted by Submit, the second left to the held worker")
+	release()
+	<-blocked
+	got := map[uint64]bool{}
+	for range 2 {
+		select {
+		case r := <-done:
+			got[r] = true
+		case <-time.After(10 * time.Second):
+			t.Fatal("writes did not complete")
+		}
+	}
+	require.Equal(t, map[uint64]bool{2: true, 3: true}, got)
+	submit(4) // room 2's write is final, settled: the bound is free again
+	require.Equal(t, []uint64{2, 3, 4}, locked(&mu, &gated), "room 4's first write posted by Submit")
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("room 4's write did not complete")
+	}
+}
+
+// TestPoolFirstCompletedBeforeTaken: the completion of a first write
+// Submit posted can reach its worker before the job does; the worker
+// keeps it until it takes the job, then settles the write once — its
+// Done called, the room forgotten, the bound freed. Stepped by hand
+// (no worker goroutine reads this worker's queue), so the order is the
+// test's, not the scheduler's.
+func TestPoolFirstCompletedBeforeTaken(t *testing.T) {
+	p, d := newRank(t, "te-prefill", 1, 8, 64), newRank(t, "te-decode", 1, 8, 64)
+	remote := connect(t, p, d)
+	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1})
+	require.NoError(t, err)
+	pool.Close() // its worker is gone: this test is the worker
+	pool.closed = false
+	var calls []string
+	j := Job{Room: 5, First: true, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 1, Dst: 2, Len: 1}}, AuxSrc: -1, State: -1, Notif: "5"}},
+		Gate: func(*Write) bool { calls = append(calls, "gate"); return true },
+		Done: func(_ *Write, err error, _ bool) { calls = append(calls, fmt.Sprint("done ", err)) }}
+	require.True(t, pool.postFirst(&j, 0))
+	require.NotNil(t, j.ahead, "posted by Submit")
+	require.Empty(t, j.Writes, "no write left for the worker")
+	wk := &workerState{p: pool, ahead: &pool.ahead[0], rooms: map[uint64]*roomWork{}, flights: map[*nixl.Xfer]*flight{}, early: map[*nixl.Xfer]bool{}, done: pool.dones[0]}
+	var x *nixl.Xfer
+	select {
+	case x = <-wk.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first write did not complete")
+	}
+	wk.complete(x) // before its job: kept
+	require.Equal(t, []string{"gate"}, calls, "not settled before its job is taken")
+	require.Equal(t, int32(1), pool.ahead[0].Load())
+	wk.submit(j)
+	require.Equal(t, []string{"gate", "done <nil>"}, calls, "settled once, when its job was taken")
+	require.Zero(t, pool.ahead[0].Load(), "the bound freed")
+	require.Empty(t, wk.rooms, "the room forgotten")
+	require.Empty(t, wk.flights)
+	require.Empty(t, wk.early)
+	require.Equal(t, p.kv[0][64:128], d.kv[0][128:192], "page 1 → 2")
 }

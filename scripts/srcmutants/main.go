@@ -1199,6 +1199,22 @@ var mutants = []mutant{
 		pkg: "internal/cuda", run: "^TestCRC32CGroupsAfterAFailedLoad$"},
 	{name: "ucx-vram-device-dropped", file: "internal/nixl/ucx/ucx.go", old: "Desc: nixl.Desc{Addr: mm.addr, Len: mm.len, Dev: mm.dev}}", new: "Desc: nixl.Desc{Addr: mm.addr, Len: mm.len}}",
 		pkg: "internal/nixl", run: "^TestVRAMRegionKeepsItsDevice$"},
+	// Issue 52, item 2: a room's first write posted by Submit on the
+	// caller's goroutine (pool.Job.First, core.Effect.First).
+	{name: "pool-first-not-posted", file: "internal/pool/pool.go", old: "\tif j.First && j.Read == nil && len(j.Writes) > 0 && p.postFirst(&j, i)", new: "\tif false && j.Read == nil && len(j.Writes) > 0 && p.postFirst(&j, i)",
+		pkg: "internal/pool", run: "^TestPoolFirstPostedBySubmit$"},
+	{name: "pool-first-ready-skipped", file: "internal/pool/pool.go", old: "\t\tif ok, err := w.Ready(); !ok || err != nil {\n\t\t\treturn false", new: "\t\tif ok, err := w.Ready(); false && (!ok || err != nil) {\n\t\t\treturn false",
+		pkg: "internal/pool", run: "^TestPoolFirstPostedBySubmit$"},
+	{name: "pool-first-unbounded", file: "internal/pool/pool.go", old: "\tif p.ahead[i].Add(1) > int32(p.cfg.FirstInFlight) {", new: "\tif p.ahead[i].Add(1) > int32(p.cfg.FirstInFlight)+1<<20 {",
+		pkg: "internal/pool", run: "^TestPoolFirstInFlightBound$"},
+	{name: "pool-first-bound-kept", file: "internal/pool/pool.go", old: "\tif f.ahead {\n\t\twk.ahead.Add(-1)", new: "\tif f.ahead {\n\t\twk.ahead.Add(0)",
+		pkg: "internal/pool", run: "^TestPoolFirstInFlightBound$"},
+	{name: "pool-first-early-lost", file: "internal/pool/pool.go", old: "\t\twk.early[x] = true // posted by Submit", new: "\t\t_ = x // posted by Submit",
+		pkg: "internal/pool", run: "^TestPoolFirstCompletedBeforeTaken$"},
+	{name: "core-first-every-chunk", file: "internal/core/core_prefill.go", old: "First: at.chunk == 0 && at.lo == 0})", new: "First: at.lo == 0})",
+		pkg: "internal/core", run: "^TestSimExhaustive$/2_chunks;_prefill_aborts"},
+	{name: "core-first-never", file: "internal/core/core_prefill.go", old: "First: at.chunk == 0 && at.lo == 0})", new: "First: false})",
+		pkg: "internal/core", run: "^TestSimExhaustive$/2_chunks;_prefill_aborts"},
 	{name: "vram-flip-skipped", file: "internal/nixl/nixl.go", old: "\tc, err := cudaContext(a.cudaLib, int(d.Dev))\n\tif err != nil {\n\t\treturn", new: "\tc, err := cudaContext(a.cudaLib, int(d.Dev))\n\tif err == nil {\n\t\treturn",
 		pkg: "internal/e2e", run: "^TestDigestOverVRAM$/ucx-shm/push"},
 }
