@@ -35,9 +35,9 @@ func TestConfigDefaultsFieldByField(t *testing.T) {
 func TestWriteBytesCountsItsLayers(t *testing.T) {
 	l := transfer.Layout{Regions: make([]nixl.Desc, 4), PageBytes: 64} // 2 layers, 64-byte pages
 	w := kvlayout.Write{Runs: []kvlayout.Run{{Src: 0, Dst: 0, Len: 3}}, AuxSrc: -1, State: -1}
-	require.EqualValues(t, 3*64*4, writeBytes(&w, l), "whole chunk: bytes")
+	require.EqualValues(t, 3*64*4, w.Bytes(l), "whole chunk: bytes")
 	w.Layers = kvlayout.Layers{Lo: 1, Hi: 2}
-	require.EqualValues(t, 3*64*2, writeBytes(&w, l), "layer 1 of 2: bytes")
+	require.EqualValues(t, 3*64*2, w.Bytes(l), "layer 1 of 2: bytes")
 }
 
 // TestConfigErrorsNameTheField: every refusal of a Config names the field

@@ -345,7 +345,7 @@ func (m *Manager) post(e core.Effect) {
 		Done: func(w *kvlayout.Write, err error, quiesced bool) {
 			if err == nil {
 				m.met.transfers.Inc()
-				m.met.bytes.Add(float64(writeBytes(w, m.cfg.Layout)))
+				m.met.bytes.Add(float64(w.Bytes(m.cfg.Layout)))
 			}
 			if out := m.stepIn(core.WriteDone{Room: room, Write: w, Err: err, Quiesced: quiesced}); out.Succeeded {
 				m.met.latency.Observe(out.Entered[core.Success].Sub(out.Started).Seconds())
@@ -360,29 +360,6 @@ func (m *Manager) post(e core.Effect) {
 	if err := m.pool.Submit(job); err != nil {
 		m.stepIn(core.Fail{Room: room, Reason: fmt.Sprintf("room %d: %v", room, err)})
 	}
-}
-
-func writeBytes(w *kvlayout.Write, l transfer.Layout) uint64 {
-	if w.AuxSrc >= 0 {
-		return l.AuxItemBytes
-	}
-	if w.State >= 0 {
-		var n uint64
-		for _, r := range w.Runs {
-			n += uint64(r.Len) * l.State[w.State].ItemBytes
-		}
-		return n
-	}
-	lo, hi := w.Layers.Lo, w.Layers.Hi
-	if hi == 0 {
-		lo, hi = 0, len(l.Regions)/2
-	}
-	regions := uint64(2 * max(min(hi, len(l.Regions)/2)-max(lo, 0), 0))
-	var n uint64
-	for _, r := range w.Runs {
-		n += uint64(r.Len) * l.PageBytes * regions
-	}
-	return n
 }
 
 func (m *Manager) trace(room uint64, ev rankhooks.Event) {

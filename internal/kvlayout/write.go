@@ -50,3 +50,29 @@ func (l Layers) Regions(n int) (lo, hi int) {
 
 // Ready: transfer.Ready.
 type Ready = transfer.Ready
+
+// Bytes is how many bytes the write moves out of a source of layout l:
+// the aux item, its state items, or its pages in the layers it writes
+// (every head of them: a head slice moves no more).
+func (w *Write) Bytes(l Layout) uint64 {
+	if w.AuxSrc >= 0 {
+		return l.AuxItemBytes
+	}
+	if w.State >= 0 {
+		var n uint64
+		for _, r := range w.Runs {
+			n += uint64(r.Len) * l.State[w.State].ItemBytes
+		}
+		return n
+	}
+	lo, hi := w.Layers.Lo, w.Layers.Hi
+	if hi == 0 {
+		lo, hi = 0, len(l.Regions)/2
+	}
+	regions := uint64(2 * max(min(hi, len(l.Regions)/2)-max(lo, 0), 0))
+	var n uint64
+	for _, r := range w.Runs {
+		n += uint64(r.Len) * l.PageBytes * regions
+	}
+	return n
+}

@@ -57,11 +57,11 @@ type Job struct {
 	// First: the job holds the room's first writes (no job of the room
 	// was submitted before it; core.Effect.First). Submit then posts its
 	// first write at once, on the calling goroutine, when the write's
-	// data is in place (no Ready, or Ready says true) and fewer than
-	// FirstInFlight such writes of its worker are in flight; the worker takes
-	// the rest in order. So a room's first write waits neither for the
-	// worker to be scheduled nor behind other rooms' writes (issue 52:
-	// REQUEST → first post).
+	// data is in place (no Ready, or Ready says true), it moves at most
+	// FirstBytes, and fewer than FirstInFlight such writes of its worker
+	// are in flight; the worker takes the rest in order. So a room's
+	// first write waits neither for the worker to be scheduled nor
+	// behind other rooms' writes (issue 52: REQUEST → first post).
 	First bool
 
 	ahead *flight // its first write, posted by Submit
@@ -84,6 +84,12 @@ type Config struct {
 	// posted on its callers' goroutines (Job.First) per worker and not
 	// yet final; default 64. A first write past it waits for the worker.
 	FirstInFlight int
+	// FirstBytes: a first write moving more bytes than this waits for
+	// the worker (its post may copy the bytes inline, as a real NIXL's
+	// cma does, and a digest sums them first: neither belongs on the
+	// caller's goroutine, which may be the control loop's or an engine's
+	// scheduler); default 1 MiB.
+	FirstBytes uint64
 	// MaxPeers bounds the peers whose descriptor lists stay prepared
 	// (least recently used released first); default 256.
 	MaxPeers int
@@ -144,6 +150,9 @@ func NewPool(agent *nixl.Agent, local Layout, cfg Config) (*Pool, error) {
 	}
 	if cfg.FirstInFlight <= 0 {
 		cfg.FirstInFlight = 64
+	}
+	if cfg.FirstBytes == 0 {
+		cfg.FirstBytes = 1 << 20
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -221,6 +230,9 @@ func (p *Pool) Submit(j Job) error {
 // the job for the worker; postFirst reports whether it took the write.
 func (p *Pool) postFirst(j *Job, i int) bool {
 	w := &j.Writes[0]
+	if w.Bytes(p.local) > p.cfg.FirstBytes {
+		return false
+	}
 	if w.Ready != nil {
 		if ok, err := w.Ready(); !ok || err != nil {
 			return false // the worker asks again, or fails it with err

@@ -254,12 +254,13 @@ func locked[T any](mu *sync.Mutex, v *[]T) []T {
 // their first write gated and posted by Submit, on the caller's
 // goroutine, while the worker is held elsewhere (issue 52: REQUEST →
 // first post); the job's later writes follow through the worker, in
-// order, after it. A write whose data is not in place (Ready false) is
-// left to the worker, as is a job not marked First.
+// order, after it. A write whose data is not in place (Ready false), or
+// that moves more than FirstBytes, is left to the worker, as is a job not
+// marked First.
 func TestPoolFirstPostedBySubmit(t *testing.T) {
 	p, d := newRank(t, "tf-prefill", 1, 8, 64), newRank(t, "tf-decode", 1, 8, 64)
 	remote := connect(t, p, d)
-	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1})
+	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1, FirstBytes: 2 * 64}) // a page of both regions
 	require.NoError(t, err)
 	defer pool.Close()
 	release, blocked := blockWorker(t, pool, remote, d.layout)
@@ -287,6 +288,9 @@ func TestPoolFirstPostedBySubmit(t *testing.T) {
 	require.NoError(t, pool.Submit(job(2, true, nil, "2a", "2b")))
 	require.NoError(t, pool.Submit(job(3, false, nil, "3a")))
 	require.NoError(t, pool.Submit(job(4, true, func() (bool, error) { return ready.Load(), nil }, "4a")))
+	big := job(5, true, nil, "5a")
+	big.Writes[0].Runs[0].Len = 2 // two pages: past FirstBytes
+	require.NoError(t, pool.Submit(big))
 	require.Equal(t, []string{"2a"}, locked(&mu, &gated), "gated before the worker ran: room 2's first write alone")
 	var got []string
 	for !slices.Contains(got, "2a") { // room 2's first write lands with the worker still held
@@ -305,7 +309,7 @@ func TestPoolFirstPostedBySubmit(t *testing.T) {
 	ready.Store(true)
 	release()
 	<-blocked
-	for range 4 {
+	for range 5 {
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
@@ -313,9 +317,9 @@ func TestPoolFirstPostedBySubmit(t *testing.T) {
 		}
 	}
 	fin := locked(&mu, &finished)
-	require.ElementsMatch(t, []string{"2a", "2b", "3a", "4a"}, fin)
+	require.ElementsMatch(t, []string{"2a", "2b", "3a", "4a", "5a"}, fin)
 	require.Less(t, slices.Index(fin, "2a"), slices.Index(fin, "2b"), "room 2's writes in order: %q", fin)
-	for len(got) < 5 {
+	for len(got) < 6 {
 		select {
 		case <-d.agent.NotifyC():
 		case <-time.After(10 * time.Second):

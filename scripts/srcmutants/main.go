@@ -1205,6 +1205,8 @@ var mutants = []mutant{
 		pkg: "internal/pool", run: "^TestPoolFirstPostedBySubmit$"},
 	{name: "pool-first-ready-skipped", file: "internal/pool/pool.go", old: "\t\tif ok, err := w.Ready(); !ok || err != nil {\n\t\t\treturn false", new: "\t\tif ok, err := w.Ready(); false && (!ok || err != nil) {\n\t\t\treturn false",
 		pkg: "internal/pool", run: "^TestPoolFirstPostedBySubmit$"},
+	{name: "pool-first-any-size", file: "internal/pool/pool.go", old: "\tif w.Bytes(p.local) > p.cfg.FirstBytes {", new: "\tif w.Bytes(p.local) > p.cfg.FirstBytes<<20 {",
+		pkg: "internal/pool", run: "^TestPoolFirstPostedBySubmit$"},
 	{name: "pool-first-unbounded", file: "internal/pool/pool.go", old: "\tif p.ahead[i].Add(1) > int32(p.cfg.FirstInFlight) {", new: "\tif p.ahead[i].Add(1) > int32(p.cfg.FirstInFlight)+1<<20 {",
 		pkg: "internal/pool", run: "^TestPoolFirstInFlightBound$"},
 	{name: "pool-first-bound-kept", file: "internal/pool/pool.go", old: "\tif f.ahead {\n\t\twk.ahead.Add(-1)", new: "\tif f.ahead {\n\t\twk.ahead.Add(0)",
