@@ -279,8 +279,9 @@ var ErrInvalidSpec = core.ErrInvalidSpec
 // text says which.
 var ErrBadChunk = core.ErrBadChunk
 
-// ErrNotReady: the event needs a later status (a chunk posted before the
-// room is WaitingForInput, Success before any data could move).
+// ErrNotReady: the event needs a later status (a chunk sent before the
+// sender's Init, or past 1,024 chunks handed over before every REQUEST
+// came; Success before any data could move).
 var ErrNotReady = core.ErrNotReady
 
 // ErrRoomAborted: the room was aborted before it was created.

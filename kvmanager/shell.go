@@ -542,8 +542,9 @@ func (m *Manager) handle(msg wire.Message) {
 	case *wire.Register:
 		m.onRegister(msg)
 	case *wire.Request:
-		if m.receive(msg).OK {
-			m.trace(msg.Room, rankhooks.Request)
+		at := time.Now() // its arrival: the step may post the room's first write (chunks handed over early)
+		if m.receive(msg).OK && m.cfg.hooks.Trace != nil {
+			m.cfg.hooks.Trace(msg.Room, rankhooks.Request, at)
 		}
 	case *wire.Abort:
 		m.met.abort(m.receive(msg).Prior) // the room's status when the abort came (0: no sender yet)

@@ -48,7 +48,12 @@ func (s *Sender) Init() error {
 }
 
 // Send queues a chunk of prefill pages; their destinations continue where
-// the previous chunk's ended. The last chunk also writes the state items
+// the previous chunk's ended. It may come before WaitReady (after Init):
+// the chunks are then kept and planned when the last decode rank's
+// REQUEST arrives, on the control loop, which posts the room's first
+// write at once (docs/PROTOCOL.md "Chunks handed over early"); a kept
+// chunk the REQUESTs cannot take (one ending inside a larger decode
+// page) then fails the room, as Failure says, instead of an error here. The last chunk also writes the state items
 // (state[i]: this rank's items of state region i, where the decode rank
 // asked for them) and then aux item auxIndex (−1 for none). When a decode
 // rank's pages hold more tokens than this rank's, every chunk but the last

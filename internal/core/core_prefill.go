@@ -194,7 +194,23 @@ type prefillRoom struct {
 	started time.Time
 	// open is the chunk whose layers are being sent (nil between chunks).
 	open *openChunk
+	// early: the chunks handed over before the room was WaitingForInput
+	// (after InitSender, before every REQUEST came), in order, checked
+	// for their place in the room; they are planned and posted in the
+	// step that makes the room WaitingForInput (handOver).
+	early []earlyChunk
 }
+
+// earlyChunk is a chunk handed over before the room's REQUESTs: the
+// caller's SendChunk (its slices copied) and its place in the room.
+type earlyChunk struct {
+	in SendChunk
+	at chunkAt
+}
+
+// MaxEarlyChunks bounds the chunks (or layer ranges) a room holds handed
+// over before every REQUEST came; another is refused ErrNotReady.
+const MaxEarlyChunks = 1024
 
 // openChunk is a chunk sent layer by layer: what its next range must
 // repeat, and the layers sent so far.
@@ -530,6 +546,7 @@ func (c *prefillCore) onRequest(msg *wire.Request) bool {
 	}
 	p.claim(msg)
 	c.watch(msg.Room, to)
+	c.handOver(msg.Room) // the last REQUEST: chunks handed over before it go now
 	return true
 }
 
@@ -744,10 +761,31 @@ func (c *prefillCore) clearSender(now time.Time, room uint64) Result {
 // decode rank, plus, after the last chunk's final range, the state items
 // and the aux item; it emits them as one EffectPost. Each write names the
 // epoch of the REQUEST whose pages it targets.
+//
+// A chunk handed over after InitSender but before every REQUEST came is
+// kept, its place in the room checked (advance); it is planned in the
+// step that makes the room WaitingForInput, so its first write is posted
+// as the last REQUEST arrives (handOver; issue 52: REQUEST → first post).
 func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
-	rm, err := c.sendable(in.Room)
+	rm, early, err := c.sendable(in.Room)
 	if err != nil {
 		return err
+	}
+	if early {
+		if len(rm.pre.early) >= MaxEarlyChunks {
+			return fmt.Errorf("room %d: %d chunks handed over before every REQUEST came (the bound): %w", in.Room, len(rm.pre.early), ErrNotReady)
+		}
+		at, err := c.advance(rm, in)
+		if err != nil {
+			return err
+		}
+		in.Pages = slices.Clone(in.Pages)
+		in.State = slices.Clone(in.State)
+		for i := range in.State {
+			in.State[i] = slices.Clone(in.State[i])
+		}
+		rm.pre.early = append(rm.pre.early, earlyChunk{in: in, at: at})
+		return nil
 	}
 	if err := c.aligned(rm, in); err != nil {
 		return err
@@ -756,6 +794,37 @@ func (c *prefillCore) sendChunk(now time.Time, in SendChunk) error {
 	if err != nil {
 		return err
 	}
+	return c.planChunk(rm, in, at)
+}
+
+// handOver plans the chunks handed over before the room was
+// WaitingForInput, now that it is, in order, as SendChunk would have: a
+// chunk that cannot be written where the REQUESTs ask (a chunk ending
+// inside a decode rank's larger page, pages the decode rank cannot hold)
+// fails the room, naming it, and the chunks after it are dropped.
+func (c *prefillCore) handOver(id uint64) {
+	rm, ok := c.reg.rooms[id]
+	if !ok || rm.role != RolePrefill || rm.status != WaitingForInput || len(rm.pre.early) == 0 {
+		return
+	}
+	early := rm.pre.early
+	rm.pre.early = nil
+	for _, e := range early {
+		if !e.in.Last && e.at.lo == 0 {
+			if err := c.alignedEnd(e.in.Room, e.at.first+len(e.in.Pages)); err != nil {
+				c.failRoom(id, fmt.Sprintf("chunk %d, handed over before the REQUEST: %v", e.at.chunk, err))
+				return
+			}
+		}
+		if err := c.planChunk(rm, e.in, e.at); err != nil {
+			return // planChunk failed the room
+		}
+	}
+}
+
+// planChunk plans a chunk at its place in the room: one write per decode
+// rank (or its publication, pulled), emitted as one EffectPost.
+func (c *prefillCore) planChunk(rm *room, in SendChunk, at chunkAt) error {
 	var writes []kvlayout.Write
 	for _, pr := range rm.requests {
 		w, reason := c.peerWrites(in, at, pr)
@@ -796,7 +865,14 @@ func (c *prefillCore) aligned(rm *room, in SendChunk) error {
 	if in.Last || rm.pre.open != nil {
 		return nil
 	}
-	end := rm.pre.sent + len(in.Pages)
+	return c.alignedEnd(in.Room, rm.pre.sent+len(in.Pages))
+}
+
+// alignedEnd checks that a chunk ending after page end (not the room's
+// last) ends on a page boundary of every decode rank that requested the
+// room with larger pages (aligned).
+func (c *prefillCore) alignedEnd(id uint64, end int) error {
+	rm := c.reg.rooms[id]
 	for _, pr := range rm.requests {
 		p := c.peers[pr.Peer]
 		if p == nil || p.plan == nil || pr.Payload == nil || pr.Payload.Dummy {
@@ -804,29 +880,35 @@ func (c *prefillCore) aligned(rm *room, in SendChunk) error {
 		}
 		if pm := p.plan.Pages(); !pm.Aligned(end) && !pm.InPrefix(end, pr.Payload.Prefix) {
 			return fmt.Errorf("room %d: a chunk ending after page %d of %d tokens ends inside a %d-token page of decode %s: %w",
-				in.Room, end, pm.Src, pm.Dst, pr.Peer, ErrChunkAlign)
+				id, end, pm.Src, pm.Dst, pr.Peer, ErrChunkAlign)
 		}
 	}
 	return nil
 }
 
 // sendable returns the prefill room a chunk is sent for, or why it cannot
-// be: unknown, failed, not yet waiting for input, or already done.
-func (c *prefillCore) sendable(id uint64) (*room, error) {
+// be: unknown, failed, not yet initialised, or already done; early says
+// the room is initialised but not yet WaitingForInput (the chunk is kept
+// until it is).
+func (c *prefillCore) sendable(id uint64) (rm *room, early bool, err error) {
 	rm, ok := c.reg.rooms[id]
 	switch {
 	case !ok || rm.role != RolePrefill:
-		return nil, fmt.Errorf("room %d: %w", id, ErrUnknownRoom)
+		return nil, false, fmt.Errorf("room %d: %w", id, ErrUnknownRoom)
 	case rm.status == Failed:
-		return nil, fmt.Errorf("room %d: %w: %s", id, ErrRoomFailed, rm.reason)
+		return nil, false, fmt.Errorf("room %d: %w: %s", id, ErrRoomFailed, rm.reason)
 	case rm.pre.done:
 		// Its writes would follow the final (aux) write, whose posting
 		// freed the destinations: the decode rank may reuse them.
-		return nil, fmt.Errorf("room %d: %w", id, ErrAfterLast)
+		return nil, false, fmt.Errorf("room %d: %w", id, ErrAfterLast)
+	case rm.status == Bootstrapping && rm.initialised:
+		return rm, true, nil
+	case rm.status == Bootstrapping:
+		return nil, false, fmt.Errorf("room %d: send before InitSender: %w", id, ErrNotReady)
 	case rm.status < WaitingForInput || rm.status == Success:
-		return nil, fmt.Errorf("room %d: send in %v: %w", id, rm.status, ErrNotReady)
+		return nil, false, fmt.Errorf("room %d: send in %v: %w", id, rm.status, ErrNotReady)
 	}
-	return rm, nil
+	return rm, false, nil
 }
 
 // chunkAt is where a SendChunk falls in its room: the layers [lo, hi) of

@@ -43,8 +43,10 @@ var (
 	ErrTooManyRequests = errors.New("kvmanager: more peer requests than required")
 	// ErrTooManyPending: the bound on rooms with pending requests is reached.
 	ErrTooManyPending = errors.New("kvmanager: too many rooms with pending requests")
-	// ErrNotReady: the event needs a later status (a chunk posted before the
-	// room is WaitingForInput, Success before any data could move).
+	// ErrNotReady: the event needs a later status (a chunk sent before
+	// InitSender, or past MaxEarlyChunks before every REQUEST came; a
+	// chunk posted before the room is WaitingForInput; Success before any
+	// data could move).
 	ErrNotReady = errors.New("kvmanager: room not ready for this event")
 	// ErrNoWriteInFlight: a write completion without a matching posted write.
 	ErrNoWriteInFlight = errors.New("kvmanager: no write in flight")

@@ -162,6 +162,10 @@ type simRoomSpec struct {
 	layered bool
 	// pull: the decode ranks read the pages (simpull_test.go).
 	pull bool
+	// early: the prefill application may send its chunks once the sender
+	// is initialised, before the REQUEST came (kept, then planned in the
+	// REQUEST's step).
+	early bool
 }
 
 func (r simRoomSpec) req() int {
@@ -1461,7 +1465,15 @@ func (w *simWorld) deliver(src, dst int) {
 			w.checkForeign(dst, msg, msg.Room, func() { c.Step(w.now, Received{&cp}) })
 			break
 		}
+		kept := 0
+		if rm := c.reg.rooms[msg.Room]; rm != nil {
+			kept = len(rm.pre.early)
+		}
 		if c.Step(w.now, Received{&cp}).OK {
+			if rm := c.reg.rooms[msg.Room]; kept > 0 && rm != nil && len(rm.pre.early) == 0 {
+				// Planned in the REQUEST's step (or the room failed there).
+				w.cov.hit("kept chunks planned at the REQUEST")
+			}
 			w.checkOneInstance(dst, msg.Room)
 			k := simKey{pInc: p.inc, dInc: incOf(m.from.Epoch), room: msg.Room}
 			if _, again := w.asked[k]; again {
@@ -1656,7 +1668,7 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 					w.effects(ps)
 				}))
 			case sd.sent < r.chunks && !sd.aborted && r.layered:
-				if st == WaitingForInput || st == Transferring {
+				if st == WaitingForInput || st == Transferring || (r.early && st == Bootstrapping) {
 					add(fmt.Sprintf("%s send chunk %d layer %d", name, sd.sent, sd.layer), at(func(w *simWorld, sd *simSide, p *simProc) {
 						k, l := sd.sent, sd.layer
 						if sd.layer++; sd.layer == simLayers {
@@ -1665,16 +1677,22 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 						if err := p.core.Step(w.now, SendChunk{Room: r.id, Pages: []uint32{uint32(k)}, Last: k == r.chunks-1,
 							Layers: kvlayout.Layers{Lo: l, Hi: l + 1}}).Err; err == nil {
 							w.cov.hit("layer group sent")
+							if st, _ := p.core.Status(r.id); st == Bootstrapping {
+								w.cov.hit("chunk handed over before the REQUEST")
+							}
 						}
 						w.effects(ps)
 					}))
 				}
 			case sd.sent < r.chunks && !sd.aborted:
-				if st == WaitingForInput || st == Transferring {
+				if st == WaitingForInput || st == Transferring || (r.early && st == Bootstrapping) {
 					add(fmt.Sprintf("%s send chunk %d", name, sd.sent), at(func(w *simWorld, sd *simSide, p *simProc) {
 						k := sd.sent
 						sd.sent++
-						p.core.Step(w.now, SendChunk{Room: r.id, Pages: []uint32{uint32(k)}, Last: k == r.chunks-1})
+						err := p.core.Step(w.now, SendChunk{Room: r.id, Pages: []uint32{uint32(k)}, Last: k == r.chunks-1}).Err
+						if st, _ := p.core.Status(r.id); err == nil && st == Bootstrapping {
+							w.cov.hit("chunk handed over before the REQUEST")
+						}
 						w.effects(ps)
 					}))
 				}
@@ -1683,6 +1701,9 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 				add(name+" abort", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.aborted = true
 					st, _ := p.core.Status(r.id)
+					if rm := p.core.reg.rooms[r.id]; rm != nil && len(rm.pre.early) > 0 {
+						w.cov.hit("prefill abort with chunks kept")
+					}
 					if p.core.Step(w.now, AbortSender{Room: r.id, Reason: "app"}).Result.Outcome == Applied {
 						w.cov.hit("prefill abort in " + st.String())
 						if w.betweenLayers(int64(r.id)) {
@@ -1746,6 +1767,9 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 				add(name+" abort", at(func(w *simWorld, sd *simSide, p *simProc) {
 					sd.aborted = true
 					st, _ := p.core.Status(r.id)
+					if rm := p.core.reg.rooms[r.id]; rm != nil && len(rm.pre.early) > 0 {
+						w.cov.hit("prefill abort with chunks kept")
+					}
 					stage := st.String()
 					if rm := p.core.reg.rooms[r.id]; rm != nil && rm.dec != nil && slices.ContainsFunc(rm.dec.sources, func(s *source) bool { return s.sent }) {
 						stage += ", REQUEST sent"

@@ -350,6 +350,12 @@ func (c *Core) hash(f *fp) {
 			f.i(op.auxIndex)
 			f.i(len(op.pages))
 		}
+		f.i(len(rm.pre.early))
+		for _, e := range rm.pre.early {
+			f.i(e.at.chunk)
+			f.i(e.at.lo)
+			f.b1(e.in.Last)
+		}
 		if rm.dec != nil {
 			f.s(rm.dec.code)
 		}
@@ -621,6 +627,7 @@ func (c *Core) clone() *Core {
 			o := *op
 			cp.pre.open = &o
 		}
+		cp.pre.early = slices.Clone(rm.pre.early) // each kept chunk is never modified
 		if rm.dec != nil {
 			dec := *rm.dec
 			dec.sources = make([]*source, len(rm.dec.sources))

@@ -55,6 +55,19 @@ func simExhaustiveConfigs() map[string]simCase {
 		"1→1: writes fail, land late or stall; decode aborts; prefill clears early": mk(func(c *simConfig) {
 			c.mayLand, c.decodeAbort, c.prefillClearLive = true, true, true
 		}, "failed write landed", "release after drained ABORT_ACKs", "ABORT_ACK drained=true", "decode abort in WaitingForInput, REQUEST sent"),
+		// Chunks handed over before the REQUEST (issue 52, item 2): kept,
+		// then planned in the REQUEST's step, the room's first write
+		// marked First.
+		"1→1, 2 chunks handed over before the REQUEST; the room succeeds; liveness": mk(func(c *simConfig) {
+			r := simRoom(7, []int{0}, []int{0}, 2)
+			r.early = true
+			c.rooms, c.writesOK, c.noClear, c.live, c.mustSucceed = []simRoomSpec{r}, true, true, true, []uint64{7}
+		}, "chunk handed over before the REQUEST", "kept chunks planned at the REQUEST"),
+		"1→1 layer-wise, handed over before the REQUEST; prefill and decode abort": mk(func(c *simConfig) {
+			r := simRoomLayered(7, []int{0}, []int{0}, 1)
+			r.early = true
+			c.rooms, c.writesOK, c.noClear, c.prefillAbort, c.decodeAbort = []simRoomSpec{r}, true, true, true, true
+		}, "chunk handed over before the REQUEST", "kept chunks planned at the REQUEST", "prefill abort with chunks kept", "layered room succeeded"),
 		"1→1, 2 chunks; prefill aborts or clears early": mk(func(c *simConfig) {
 			c.rooms, c.prefillAbort, c.prefillClearLive = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 2)}, true, true
 		}, "prefill abort in Bootstrapping", "prefill abort in WaitingForInput", "prefill abort in Transferring"),

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -38,6 +39,11 @@ type benchCluster struct {
 	pFree, dFree *kvmodel.Pages
 	mu           sync.Mutex
 	traces       map[uint64]map[rankhooks.Event]time.Time
+	// early: the prefill application hands each room's chunks over right
+	// after Init, before the decode rank's REQUEST is sent (docs/PROTOCOL.md
+	// "Chunks handed over early"), as an engine whose KV is computed
+	// before the decode rank asks.
+	early bool
 }
 
 // appReady is the benchmark's own trace point: the application saw the
@@ -136,18 +142,26 @@ func (c *benchCluster) oneRoom(b *testing.B, id uint64, tokens int, pageTokens i
 		b.Fatal(err)
 	}
 	s.Init()
+	send := func() {
+		for i := 0; i < len(src); i += 128 {
+			end := min(i+128, len(src))
+			if err := s.Send(src[i:end], end == len(src), int(id%4096)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if c.early {
+		send()
+	}
 	if err := r.Init(context.Background(), kvmanager.RequestSpec{DstPages: dst, AuxIndex: int(id % 4096)}); err != nil {
 		b.Fatal(err)
 	}
-	if st, err := s.WaitReady(context.Background()); st != kvmanager.WaitingForInput {
-		b.Fatalf("room %d: %v %v", id, st, err)
-	}
-	c.mark(id, appReady)
-	for i := 0; i < len(src); i += 128 {
-		end := min(i+128, len(src))
-		if err := s.Send(src[i:end], end == len(src), int(id%4096)); err != nil {
-			b.Fatal(err)
+	if !c.early {
+		if st, err := s.WaitReady(context.Background()); st != kvmanager.WaitingForInput {
+			b.Fatalf("room %d: %v %v", id, st, err)
 		}
+		c.mark(id, appReady)
+		send()
 	}
 	if st, err := r.Wait(context.Background()); st != kvmanager.Success {
 		b.Fatalf("room %d: %v %v %s", id, st, err, r.Failure())
@@ -385,9 +399,12 @@ func BenchmarkMix(b *testing.B) {
 //
 // "goroutines" runs each room on a goroutine of its own (WaitReady, Send,
 // Wait); "poll" runs them all from one scheduler goroutine polling both
-// ranks (PollRooms), as an engine's loop does.
+// ranks (PollRooms), as an engine's loop does. The "-early" drives hand
+// each room's chunk over before its REQUEST is sent (docs/PROTOCOL.md
+// "Chunks handed over early"): the first post is then the control loop's,
+// in the REQUEST's step, with no application reaction in between.
 func BenchmarkControlOverhead(b *testing.B) {
-	for _, drive := range []string{"goroutines", "poll"} {
+	for _, drive := range []string{"goroutines", "poll", "goroutines-early", "poll-early"} {
 		for _, inflight := range []int{1, 10, 100, 1000} {
 			b.Run(fmt.Sprintf("%s/%d-concurrent", drive, inflight), func(b *testing.B) { controlOverheadRun(b, drive, inflight) })
 		}
@@ -419,6 +436,7 @@ func controlOverheadRun(b *testing.B, drive string, inflight int, mut ...func(*k
 	c.mu.Lock()
 	c.traces = map[uint64]map[rankhooks.Event]time.Time{}
 	c.mu.Unlock()
+	drive, c.early = strings.CutSuffix(drive, "-early")
 	m := cpuMeter(b)
 	start := time.Now()
 	if drive == "poll" {

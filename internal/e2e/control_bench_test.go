@@ -121,6 +121,12 @@ func (c *benchCluster) pollRooms(b *testing.B, n, inflight, pages int) {
 			if err := sl.s.Init(); err != nil {
 				b.Fatal(err)
 			}
+			if c.early && pages > 0 {
+				if err := sl.s.Send(sl.src, true, sl.aux); err != nil {
+					b.Fatal(err)
+				}
+				sl.sent = true
+			}
 			if err := sl.r.Init(context.Background(), spec); err != nil {
 				b.Fatal(err)
 			}

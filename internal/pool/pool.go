@@ -82,7 +82,7 @@ type Config struct {
 	RoomInFlight int
 	// FirstInFlight is how many rooms' first writes Submit may have
 	// posted on its callers' goroutines (Job.First) per worker and not
-	// yet final; default 64. A first write past it waits for the worker.
+	// yet final; default 256. A first write past it waits for the worker.
 	FirstInFlight int
 	// FirstBytes: a first write moving more bytes than this waits for
 	// the worker (its post may copy the bytes inline, as a real NIXL's
@@ -149,7 +149,7 @@ func NewPool(agent *nixl.Agent, local Layout, cfg Config) (*Pool, error) {
 		cfg.MaxPeers = 256
 	}
 	if cfg.FirstInFlight <= 0 {
-		cfg.FirstInFlight = 64
+		cfg.FirstInFlight = 256
 	}
 	if cfg.FirstBytes == 0 {
 		cfg.FirstBytes = 1 << 20

@@ -307,7 +307,7 @@ var mutants = []mutant{
 	// Pages of different sizes: a chunk that ends inside a larger decode
 	// page is written (two chunks would share a decode page, and each
 	// notification would name it whole).
-	{name: "chunk-align-unchecked", file: "internal/core/core_prefill.go", old: "\tif in.Last || rm.pre.open != nil {\n\t\treturn nil\n\t}\n\tend := rm.pre.sent", new: "\tif true {\n\t\treturn nil\n\t}\n\tend := rm.pre.sent",
+	{name: "chunk-align-unchecked", file: "internal/core/core_prefill.go", old: "\tif in.Last || rm.pre.open != nil {\n\t\treturn nil\n\t}\n\treturn c.alignedEnd(", new: "\tif true {\n\t\treturn nil\n\t}\n\treturn c.alignedEnd(",
 		pkg: "internal/core", run: "^TestPagesOfDifferentSizes$"},
 	// The decode rank's page size ignored: prefill pages paired one to one
 	// with decode pages of another size.
@@ -1217,6 +1217,20 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestSimExhaustive$/2_chunks;_prefill_aborts"},
 	{name: "core-first-never", file: "internal/core/core_prefill.go", old: "First: at.chunk == 0 && at.lo == 0})", new: "First: false})",
 		pkg: "internal/core", run: "^TestSimExhaustive$/2_chunks;_prefill_aborts"},
+	// Chunks handed over before the REQUEST (issue 52, item 2): kept by
+	// the core, planned in the REQUEST's step.
+	{name: "early-not-planned", file: "internal/core/core_prefill.go", old: "\tc.handOver(msg.Room) // the last REQUEST", new: "\t_ = msg.Room // the last REQUEST",
+		pkg: "internal/core", run: "^TestSimExhaustive$/2_chunks_handed_over"},
+	{name: "early-kept-after-plan", file: "internal/core/core_prefill.go", old: "\tearly := rm.pre.early\n\trm.pre.early = nil\n", new: "\tearly := rm.pre.early\n",
+		pkg: "internal/core", run: "^TestSimExhaustive$/2_chunks_handed_over"},
+	{name: "early-unbounded", file: "internal/core/core_prefill.go", old: "\t\tif len(rm.pre.early) >= MaxEarlyChunks {", new: "\t\tif len(rm.pre.early) >= MaxEarlyChunks<<20 {",
+		pkg: "internal/core", run: "^TestChunksHandedOverEarly$"},
+	{name: "early-pages-shared", file: "internal/core/core_prefill.go", old: "\t\tin.Pages = slices.Clone(in.Pages)\n", new: "",
+		pkg: "internal/core", run: "^TestChunksHandedOverEarly$"},
+	{name: "early-before-init", file: "internal/core/core_prefill.go", old: "\tcase rm.status == Bootstrapping && rm.initialised:", new: "\tcase rm.status == Bootstrapping:",
+		pkg: "internal/core", run: "^TestChunksHandedOverEarly$"},
+	{name: "early-align-unchecked", file: "internal/core/core_prefill.go", old: "\t\tif !e.in.Last && e.at.lo == 0 {", new: "\t\tif false {",
+		pkg: "internal/core", run: "^TestChunkHandedOverEarlyFailsAtTheRequest$"},
 	{name: "vram-flip-skipped", file: "internal/nixl/nixl.go", old: "\tc, err := cudaContext(a.cudaLib, int(d.Dev))\n\tif err != nil {\n\t\treturn", new: "\tc, err := cudaContext(a.cudaLib, int(d.Dev))\n\tif err == nil {\n\t\treturn",
 		pkg: "internal/e2e", run: "^TestDigestOverVRAM$/ucx-shm/push"},
 }
