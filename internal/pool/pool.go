@@ -55,16 +55,18 @@ type Job struct {
 	// once (a latency breakdown's trace point).
 	Taken func()
 	// First: the job holds the room's first writes (no job of the room
-	// was submitted before it; core.Effect.First). Submit then posts its
-	// first write at once, on the calling goroutine, when the write's
-	// data is in place (no Ready, or Ready says true), it moves at most
-	// FirstBytes, and fewer than FirstInFlight such writes of its worker
-	// are in flight; the worker takes the rest in order. So a room's
-	// first write waits neither for the worker to be scheduled nor
-	// behind other rooms' writes (issue 52: REQUEST → first post).
+	// was submitted before it; core.Effect.First). Submit then posts
+	// them at once, on the calling goroutine, in order as the worker
+	// would (up to RoomInFlight, none after a write without a
+	// notification), while their data is in place (no Ready, or Ready
+	// says true), they move at most FirstBytes together, and fewer than
+	// FirstInFlight such writes of its worker are in flight; the worker
+	// takes the rest in order. So a room's first write waits neither for
+	// the worker to be scheduled nor behind other rooms' writes (issue
+	// 52: REQUEST → first post).
 	First bool
 
-	ahead *flight // its first write, posted by Submit
+	ahead []*flight // its first writes, posted by Submit
 }
 
 // Config sizes the pool.
@@ -84,7 +86,7 @@ type Config struct {
 	// posted on its callers' goroutines (Job.First) per worker and not
 	// yet final; default 256. A first write past it waits for the worker.
 	FirstInFlight int
-	// FirstBytes: a first write moving more bytes than this waits for
+	// FirstBytes: first writes moving more bytes than this wait for
 	// the worker (its post may copy the bytes inline, as a real NIXL's
 	// cma does, and a digest sums them first: neither belongs on the
 	// caller's goroutine, which may be the control loop's or an engine's
@@ -209,8 +211,8 @@ func (p *Pool) Submit(j Job) error {
 		q = p.reads.Add(1)
 	}
 	i := int(q % uint64(len(p.queues)))
-	if j.First && j.Read == nil && len(j.Writes) > 0 && p.postFirst(&j, i) && len(j.Writes) == 0 && j.ahead == nil {
-		return nil // its only write is over (refused at its gate, or failed)
+	if j.First && j.Read == nil && len(j.Writes) > 0 && p.postFirst(&j, i) && len(j.Writes) == 0 && len(j.ahead) == 0 {
+		return nil // its writes are over (refused at their gate, or failed)
 	}
 	// Close waits for the read lock held here, so closing is not closed
 	// yet: a job whose first write is posted always reaches its worker.
@@ -222,47 +224,57 @@ func (p *Pool) Submit(j Job) error {
 	}
 }
 
-// postFirst posts a room's first write on the calling goroutine (Job.First)
-// and leaves j with the rest: the write then counts against its worker's
-// InFlight once the worker takes the job, and until it is final against
-// the worker's FirstInFlight (ahead), which bounds the writes posted
-// here. A write whose data is not in place, or beyond that bound, stays in
-// the job for the worker; postFirst reports whether it took the write.
+// postFirst posts a room's first writes on the calling goroutine
+// (Job.First), in order, as the worker would: up to RoomInFlight of them,
+// none after a write without a notification (only a later completion
+// vouches for it), each whose data is in place, while together they move
+// at most FirstBytes. It leaves j with the rest, for the worker. Each
+// posted write counts against its worker's InFlight once the worker takes
+// the job, and until it is final against the worker's FirstInFlight
+// (ahead), which bounds the writes posted here. postFirst reports whether
+// it took a write.
 func (p *Pool) postFirst(j *Job, i int) bool {
-	w := &j.Writes[0]
-	if w.Bytes(p.local) > p.cfg.FirstBytes {
-		return false
-	}
-	if w.Ready != nil {
-		if ok, err := w.Ready(); !ok || err != nil {
-			return false // the worker asks again, or fails it with err
+	var bytes uint64
+	took := false
+	for len(j.Writes) > 0 && len(j.ahead) < p.cfg.RoomInFlight {
+		w := &j.Writes[0]
+		if bytes += w.Bytes(p.local); bytes > p.cfg.FirstBytes {
+			break
+		}
+		if w.Ready != nil {
+			if ok, err := w.Ready(); !ok || err != nil {
+				break // the worker asks again, or fails it with err
+			}
+		}
+		if p.ahead[i].Add(1) > int32(p.cfg.FirstInFlight) {
+			p.ahead[i].Add(-1)
+			break
+		}
+		if j.Taken != nil {
+			j.Taken()
+			j.Taken = nil
+		}
+		j.Writes, took = j.Writes[1:], true
+		if !j.Gate(w) {
+			p.ahead[i].Add(-1)
+			if j.Dropped != nil {
+				j.Dropped(w)
+			}
+			continue
+		}
+		f, posted, err := p.start(w, p.dones[i])
+		if f == nil {
+			p.ahead[i].Add(-1)
+			j.Done(w, err, err != nil && !posted)
+			continue
+		}
+		f.ahead = true
+		j.ahead = append(j.ahead, f)
+		if w.Notif == "" {
+			break // silent: nothing more of the room until a later completion
 		}
 	}
-	if p.ahead[i].Add(1) > int32(p.cfg.FirstInFlight) {
-		p.ahead[i].Add(-1)
-		return false
-	}
-	if j.Taken != nil {
-		j.Taken()
-		j.Taken = nil
-	}
-	j.Writes = j.Writes[1:]
-	if !j.Gate(w) {
-		p.ahead[i].Add(-1)
-		if j.Dropped != nil {
-			j.Dropped(w)
-		}
-		return true
-	}
-	f, posted, err := p.start(w, p.dones[i])
-	if f == nil {
-		p.ahead[i].Add(-1)
-		j.Done(w, err, err != nil && !posted)
-		return true
-	}
-	f.ahead = true
-	j.ahead = f
-	return true
+	return took
 }
 
 // Close stops the workers after the queued jobs; writes in flight finish or
@@ -616,25 +628,30 @@ func (wk *workerState) submit(j Job) {
 		rw = &roomWork{room: j.Room}
 		wk.rooms[j.Room] = rw
 	}
-	if f := j.ahead; f != nil {
-		// Its first write, posted by Submit: in flight from now on as if
-		// this worker had posted it (its completion may be here already).
-		j.ahead = nil
+	ahead := j.ahead
+	j.ahead = nil
+	for _, f := range ahead {
+		// Its first writes, posted by Submit: in flight from now on as
+		// if this worker had posted them (their completions may be here
+		// already).
 		f.rw, f.job = rw, j
 		rw.inflight++
 		rw.posted = true
 		if f.w.Notif == "" {
 			rw.silent++
 		}
-		x := f.xs[0]
-		wk.flights[x] = f
-		if wk.early[x] {
-			delete(wk.early, x)
-			wk.complete(x)
-		}
+		wk.flights[f.xs[0]] = f
 	}
 	if len(j.Writes) > 0 || j.Read != nil {
 		rw.jobs = append(rw.jobs, j)
+	}
+	// Completions that came before the job: settled now that the room
+	// holds its rest (settling first could forget the room under it).
+	for _, f := range ahead {
+		if x := f.xs[0]; wk.early[x] {
+			delete(wk.early, x)
+			wk.complete(x)
+		}
 	}
 	wk.enqueue(rw)
 	wk.settle(rw) // a job without writes

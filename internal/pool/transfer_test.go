@@ -250,17 +250,18 @@ func locked[T any](mu *sync.Mutex, v *[]T) []T {
 	return slices.Clone(*v)
 }
 
-// TestPoolFirstPostedBySubmit: a room's first writes (Job.First) have
-// their first write gated and posted by Submit, on the caller's
-// goroutine, while the worker is held elsewhere (issue 52: REQUEST →
-// first post); the job's later writes follow through the worker, in
-// order, after it. A write whose data is not in place (Ready false), or
-// that moves more than FirstBytes, is left to the worker, as is a job not
-// marked First.
+// TestPoolFirstPostedBySubmit: a room's first writes (Job.First) are
+// gated and posted by Submit, on the caller's goroutine, while the worker
+// is held elsewhere (issue 52: REQUEST → first post): in order, up to
+// RoomInFlight of them, none after a write without a notification, while
+// together they move at most FirstBytes; the job's later writes follow
+// through the worker, in order, after them. A write whose data is not in
+// place (Ready false), or that moves more than FirstBytes, is left to the
+// worker, as is a job not marked First.
 func TestPoolFirstPostedBySubmit(t *testing.T) {
 	p, d := newRank(t, "tf-prefill", 1, 8, 64), newRank(t, "tf-decode", 1, 8, 64)
 	remote := connect(t, p, d)
-	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1, FirstBytes: 2 * 64}) // a page of both regions
+	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1, FirstBytes: 3 * 2 * 64}) // three pages of both regions: room 2's three writes fit
 	require.NoError(t, err)
 	defer pool.Close()
 	release, blocked := blockWorker(t, pool, remote, d.layout)
@@ -268,7 +269,7 @@ func TestPoolFirstPostedBySubmit(t *testing.T) {
 
 	var mu sync.Mutex
 	var gated, finished []string
-	done := make(chan struct{}, 8)
+	done := make(chan struct{}, 16) // room for every write: a failed require stops reading
 	job := func(room uint64, first bool, ready Ready, notifs ...string) Job {
 		j := Job{Room: room, First: first,
 			Gate: func(w *Write) bool { mu.Lock(); gated = append(gated, w.Notif); mu.Unlock(); return true },
@@ -285,15 +286,20 @@ func TestPoolFirstPostedBySubmit(t *testing.T) {
 		return j
 	}
 	var ready atomic.Bool // room 4's data: not in place until the worker runs
-	require.NoError(t, pool.Submit(job(2, true, nil, "2a", "2b")))
+	require.NoError(t, pool.Submit(job(2, true, nil, "2a", "2b", "2c")))
 	require.NoError(t, pool.Submit(job(3, false, nil, "3a")))
 	require.NoError(t, pool.Submit(job(4, true, func() (bool, error) { return ready.Load(), nil }, "4a")))
 	big := job(5, true, nil, "5a")
-	big.Writes[0].Runs[0].Len = 2 // two pages: past FirstBytes
+	big.Writes[0].Runs[0].Len = 4 // four pages: past FirstBytes
 	require.NoError(t, pool.Submit(big))
-	require.Equal(t, []string{"2a"}, locked(&mu, &gated), "gated before the worker ran: room 2's first write alone")
+	require.NoError(t, pool.Submit(job(6, true, nil, "", "6b"))) // a write without a notification first
+	sum := job(7, true, nil, "7a", "7b")
+	sum.Writes[1].Runs[0].Len = 3 // one page, then three: past FirstBytes together
+	require.NoError(t, pool.Submit(sum))
+	require.Equal(t, []string{"2a", "2b", "", "7a"}, locked(&mu, &gated),
+		"gated before the worker ran: room 2's first two (RoomInFlight), room 6's silent write alone, room 7's first (FirstBytes)")
 	var got []string
-	for !slices.Contains(got, "2a") { // room 2's first write lands with the worker still held
+	for len(got) < 3 { // the first writes land with the worker still held
 		select {
 		case <-d.agent.NotifyC():
 		case <-time.After(10 * time.Second):
@@ -305,11 +311,11 @@ func TestPoolFirstPostedBySubmit(t *testing.T) {
 			got = append(got, string(n.Msg))
 		}
 	}
-	require.Equal(t, []string{"2a"}, got, "only room 2's first write landed while the worker was held")
+	require.ElementsMatch(t, []string{"2a", "2b", "7a"}, got, "only the first writes landed while the worker was held")
 	ready.Store(true)
 	release()
 	<-blocked
-	for range 5 {
+	for range 10 {
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
@@ -317,9 +323,11 @@ func TestPoolFirstPostedBySubmit(t *testing.T) {
 		}
 	}
 	fin := locked(&mu, &finished)
-	require.ElementsMatch(t, []string{"2a", "2b", "3a", "4a", "5a"}, fin)
+	require.ElementsMatch(t, []string{"2a", "2b", "2c", "3a", "4a", "5a", "", "6b", "7a", "7b"}, fin)
 	require.Less(t, slices.Index(fin, "2a"), slices.Index(fin, "2b"), "room 2's writes in order: %q", fin)
-	for len(got) < 6 {
+	require.Less(t, slices.Index(fin, "2b"), slices.Index(fin, "2c"), "room 2's writes in order: %q", fin)
+	require.Less(t, slices.Index(fin, ""), slices.Index(fin, "6b"), "room 6's writes in order: %q", fin)
+	for len(got) < 10 {
 		select {
 		case <-d.agent.NotifyC():
 		case <-time.After(10 * time.Second):
@@ -331,7 +339,8 @@ func TestPoolFirstPostedBySubmit(t *testing.T) {
 			got = append(got, string(n.Msg))
 		}
 	}
-	require.Less(t, slices.Index(got, "2a"), slices.Index(got, "2b"), "room 2's notifications in order: %q", got)
+	require.Less(t, slices.Index(got, "2b"), slices.Index(got, "2c"), "room 2's notifications in order: %q", got)
+	require.Less(t, slices.Index(got, "7a"), slices.Index(got, "7b"), "room 7's notifications in order: %q", got)
 }
 
 // TestPoolFirstInFlightBound: the first writes Submit posts per worker
@@ -381,38 +390,50 @@ func TestPoolFirstInFlightBound(t *testing.T) {
 // TestPoolFirstCompletedBeforeTaken: the completion of a first write
 // Submit posted can reach its worker before the job does; the worker
 // keeps it until it takes the job, then settles the write once — its
-// Done called, the room forgotten, the bound freed. Stepped by hand
-// (no worker goroutine reads this worker's queue), so the order is the
-// test's, not the scheduler's.
+// Done called, the bound freed — with the room still holding the job's
+// rest, which the worker then posts. Stepped by hand (no worker goroutine
+// reads this worker's queue), so the order is the test's, not the
+// scheduler's.
 func TestPoolFirstCompletedBeforeTaken(t *testing.T) {
 	p, d := newRank(t, "te-prefill", 1, 8, 64), newRank(t, "te-decode", 1, 8, 64)
 	remote := connect(t, p, d)
-	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1})
+	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1, RoomInFlight: 1})
 	require.NoError(t, err)
 	pool.Close() // its worker is gone: this test is the worker
 	pool.closed = false
 	var calls []string
-	j := Job{Room: 5, First: true, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 1, Dst: 2, Len: 1}}, AuxSrc: -1, State: -1, Notif: "5"}},
-		Gate: func(*Write) bool { calls = append(calls, "gate"); return true },
-		Done: func(_ *Write, err error, _ bool) { calls = append(calls, fmt.Sprint("done ", err)) }}
+	j := Job{Room: 5, First: true, Writes: []Write{
+		{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 1, Dst: 2, Len: 1}}, AuxSrc: -1, State: -1, Notif: "5a"},
+		{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 3, Dst: 4, Len: 1}}, AuxSrc: -1, State: -1, Notif: "5b"}},
+		Gate: func(w *Write) bool { calls = append(calls, "gate "+w.Notif); return true },
+		Done: func(w *Write, err error, _ bool) { calls = append(calls, fmt.Sprint("done ", w.Notif, " ", err)) }}
 	require.True(t, pool.postFirst(&j, 0))
-	require.NotNil(t, j.ahead, "posted by Submit")
-	require.Empty(t, j.Writes, "no write left for the worker")
+	require.Len(t, j.ahead, 1, "one posted by Submit (RoomInFlight 1)")
+	require.Len(t, j.Writes, 1, "one left for the worker")
 	wk := &workerState{p: pool, ahead: &pool.ahead[0], rooms: map[uint64]*roomWork{}, flights: map[*nixl.Xfer]*flight{}, early: map[*nixl.Xfer]bool{}, done: pool.dones[0]}
-	var x *nixl.Xfer
-	select {
-	case x = <-wk.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first write did not complete")
+	next := func() *nixl.Xfer {
+		t.Helper()
+		select {
+		case x := <-wk.done:
+			return x
+		case <-time.After(10 * time.Second):
+			t.Fatal("a write did not complete")
+			return nil
+		}
 	}
-	wk.complete(x) // before its job: kept
-	require.Equal(t, []string{"gate"}, calls, "not settled before its job is taken")
+	wk.complete(next()) // before its job: kept
+	require.Equal(t, []string{"gate 5a"}, calls, "not settled before its job is taken")
 	require.Equal(t, int32(1), pool.ahead[0].Load())
 	wk.submit(j)
-	require.Equal(t, []string{"gate", "done <nil>"}, calls, "settled once, when its job was taken")
+	require.Equal(t, []string{"gate 5a", "done 5a <nil>"}, calls, "settled once, when its job was taken")
 	require.Zero(t, pool.ahead[0].Load(), "the bound freed")
+	require.Contains(t, wk.rooms, uint64(5), "the room kept, with its rest")
+	wk.post(false)
+	wk.complete(next())
+	require.Equal(t, []string{"gate 5a", "done 5a <nil>", "gate 5b", "done 5b <nil>"}, calls, "the rest posted by the worker, after")
 	require.Empty(t, wk.rooms, "the room forgotten")
 	require.Empty(t, wk.flights)
 	require.Empty(t, wk.early)
 	require.Equal(t, p.kv[0][64:128], d.kv[0][128:192], "page 1 → 2")
+	require.Equal(t, p.kv[0][192:256], d.kv[0][256:320], "page 3 → 4")
 }
