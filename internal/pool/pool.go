@@ -75,7 +75,9 @@ type Config struct {
 	Queue   int           // jobs queued per worker, default 1024
 	Stall   time.Duration // a write in flight longer fails; default 60 s
 	// InFlight is how many transfers a worker keeps posted at once (a
-	// write is one, a read one per memory kind it reads); default 8.
+	// write is one, a read one per memory kind it reads); default 8. A
+	// room's first writes Submit posted (Job.First) count against
+	// FirstInFlight instead, even once the worker holds them.
 	InFlight int
 	// RoomInFlight is how many of them one room may have posted at once
 	// (its writes are posted in order; the next may go before the last
@@ -417,6 +419,10 @@ type workerState struct {
 	// not yet final.
 	early map[*nixl.Xfer]bool
 	ahead *atomic.Int32
+	// held: the flights Submit posted that this worker took over and
+	// that are not yet final; they count against FirstInFlight, not
+	// InFlight, so the worker's own writes never wait behind them.
+	held int
 	done  chan *nixl.Xfer
 
 	timer      *time.Timer // the first stall deadline
@@ -450,7 +456,7 @@ func (wk *workerState) settle(rw *roomWork) {
 // that is over drops its writes. closed: the pool is closing.
 func (wk *workerState) post(closed bool) {
 	p := wk.p
-	for len(wk.flights) < p.cfg.InFlight && len(wk.fresh)+len(wk.turn) > 0 {
+	for len(wk.flights)-wk.held < p.cfg.InFlight && len(wk.fresh)+len(wk.turn) > 0 {
 		var rw *roomWork
 		if len(wk.fresh) > 0 {
 			rw, wk.fresh = wk.fresh[0], wk.fresh[1:]
@@ -595,6 +601,7 @@ func (wk *workerState) complete(x *nixl.Xfer) {
 	f.done()
 	if f.ahead {
 		wk.ahead.Add(-1)
+		wk.held--
 	}
 	if f.w == nil {
 		// A read is quiesced unless a failure may still land.
@@ -641,6 +648,7 @@ func (wk *workerState) submit(j Job) {
 			rw.silent++
 		}
 		wk.flights[f.xs[0]] = f
+		wk.held++
 	}
 	if len(j.Writes) > 0 || j.Read != nil {
 		rw.jobs = append(rw.jobs, j)

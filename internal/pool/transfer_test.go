@@ -437,3 +437,41 @@ func TestPoolFirstCompletedBeforeTaken(t *testing.T) {
 	require.Equal(t, p.kv[0][64:128], d.kv[0][128:192], "page 1 → 2")
 	require.Equal(t, p.kv[0][192:256], d.kv[0][256:320], "page 3 → 4")
 }
+
+// TestPoolFirstHeldApart: first writes Submit posted, once the worker
+// holds them, count against FirstInFlight, not InFlight: the worker's own
+// writes (another room's, not First) are posted beside them, so a burst of
+// fresh rooms never starves the rooms queued on the worker. Stepped by
+// hand: the held write's completion waits unread on the worker's channel.
+func TestPoolFirstHeldApart(t *testing.T) {
+	p, d := newRank(t, "th-prefill", 1, 8, 64), newRank(t, "th-decode", 1, 8, 64)
+	remote := connect(t, p, d)
+	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1, InFlight: 1})
+	require.NoError(t, err)
+	pool.Close() // its worker is gone: this test is the worker
+	pool.closed = false
+	var gated []string
+	job := func(room uint64, first bool) Job {
+		return Job{Room: room, First: first, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 1, Dst: uint32(room), Len: 1}}, AuxSrc: -1, State: -1, Notif: fmt.Sprint(room)}},
+			Gate: func(w *Write) bool { gated = append(gated, w.Notif); return true },
+			Done: func(*Write, error, bool) {}}
+	}
+	a := job(5, true)
+	require.True(t, pool.postFirst(&a, 0))
+	wk := &workerState{p: pool, ahead: &pool.ahead[0], rooms: map[uint64]*roomWork{}, flights: map[*nixl.Xfer]*flight{}, early: map[*nixl.Xfer]bool{}, done: pool.dones[0]}
+	wk.submit(a) // held, its completion not read yet
+	wk.submit(job(6, false))
+	wk.post(false)
+	require.Equal(t, []string{"5", "6"}, gated, "room 6's write posted beside the held first write (InFlight 1)")
+	for range 2 {
+		select {
+		case x := <-wk.done:
+			wk.complete(x)
+		case <-time.After(10 * time.Second):
+			t.Fatal("writes did not complete")
+		}
+	}
+	require.Empty(t, wk.flights)
+	require.Zero(t, wk.held)
+	require.Zero(t, pool.ahead[0].Load())
+}

@@ -1217,6 +1217,8 @@ var mutants = []mutant{
 		old: "\tif len(j.Writes) > 0 || j.Read != nil {\n\t\trw.jobs = append(rw.jobs, j)\n\t}\n\t// Completions that came before the job: settled now that the room\n\t// holds its rest (settling first could forget the room under it).\n\tfor _, f := range ahead {\n\t\tif x := f.xs[0]; wk.early[x] {\n\t\t\tdelete(wk.early, x)\n\t\t\twk.complete(x)\n\t\t}\n\t}\n",
 		new: "\tfor _, f := range ahead {\n\t\tif x := f.xs[0]; wk.early[x] {\n\t\t\tdelete(wk.early, x)\n\t\t\twk.complete(x)\n\t\t}\n\t}\n\tif len(j.Writes) > 0 || j.Read != nil {\n\t\trw.jobs = append(rw.jobs, j)\n\t}\n",
 		pkg: "internal/pool", run: "^TestPoolFirstCompletedBeforeTaken$"},
+	{name: "pool-first-held-counted", file: "internal/pool/pool.go", old: "for len(wk.flights)-wk.held < p.cfg.InFlight &&", new: "for len(wk.flights) < p.cfg.InFlight &&",
+		pkg: "internal/pool", run: "^TestPoolFirstHeldApart$"},
 	{name: "pool-first-unbounded", file: "internal/pool/pool.go", old: "\t\tif p.ahead[i].Add(1) > int32(p.cfg.FirstInFlight) {", new: "\t\tif p.ahead[i].Add(1) > int32(p.cfg.FirstInFlight)+1<<20 {",
 		pkg: "internal/pool", run: "^TestPoolFirstInFlightBound$"},
 	{name: "pool-first-bound-kept", file: "internal/pool/pool.go", old: "\tif f.ahead {\n\t\twk.ahead.Add(-1)", new: "\tif f.ahead {\n\t\twk.ahead.Add(0)",
