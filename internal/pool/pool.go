@@ -86,7 +86,10 @@ type Config struct {
 	RoomInFlight int
 	// FirstInFlight is how many rooms' first writes Submit may have
 	// posted on its callers' goroutines (Job.First) per worker and not
-	// yet final; default 256. A first write past it waits for the worker.
+	// yet final; default 1,024 (at 1,000 rooms in flight with 256, the rooms
+	// past it waited for a starved worker while fresh ones went ahead:
+	// REQUEST → first post p99 0.16–0.34 s). A first write past it waits
+	// for the worker.
 	FirstInFlight int
 	// FirstBytes: first writes moving more bytes than this wait for
 	// the worker (its post may copy the bytes inline, as a real NIXL's
@@ -153,7 +156,7 @@ func NewPool(agent *nixl.Agent, local Layout, cfg Config) (*Pool, error) {
 		cfg.MaxPeers = 256
 	}
 	if cfg.FirstInFlight <= 0 {
-		cfg.FirstInFlight = 256
+		cfg.FirstInFlight = 1024
 	}
 	if cfg.FirstBytes == 0 {
 		cfg.FirstBytes = 1 << 20
@@ -423,7 +426,7 @@ type workerState struct {
 	// that are not yet final; they count against FirstInFlight, not
 	// InFlight, so the worker's own writes never wait behind them.
 	held int
-	done  chan *nixl.Xfer
+	done chan *nixl.Xfer
 
 	timer      *time.Timer // the first stall deadline
 	readyTimer *time.Timer // the next ask of the waiting rooms
