@@ -328,7 +328,7 @@ func (m *Manager) forgetChallenged(name string) {
 // gate right before it is posted, and reports its completion back.
 func (m *Manager) post(e core.Effect) {
 	room := e.Room
-	job := pool.Job{Room: room, Writes: e.Writes, First: e.First,
+	job := pool.Job{Room: room, Writes: e.Writes, First: e.First, Seq: e.Seq,
 		Gate: func(w *kvlayout.Write) (ok bool) {
 			out := m.stepIn(core.Posting{Room: room, Write: w})
 			ok = out.OK

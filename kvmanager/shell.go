@@ -536,7 +536,10 @@ func (m *Manager) send(to wire.Peer, msg wire.Message) {
 }
 
 // handle runs on the control loop's receive goroutine; it never blocks for
-// long (sends are non-blocking hand-offs).
+// long (sends are non-blocking hand-offs), except that a REQUEST's step
+// may post the chunks its room kept (docs/PROTOCOL.md "Chunks handed over
+// early"): their first writes, at most 1 MiB a room, are posted here, and
+// handing the rest to the pool waits while its worker's queue is full.
 func (m *Manager) handle(msg wire.Message) {
 	switch msg := msg.(type) {
 	case *wire.Register:

@@ -363,7 +363,13 @@ type Effect struct {
 	// post the first of them at once, on the goroutine that stepped,
 	// before handing the rest to its worker (docs/ARCHITECTURE.md "The
 	// first post").
-	First  bool
+	First bool
+	// Seq (EffectPost): the room's post number, 0 for its first. Two
+	// goroutines may carry out a room's posts (the control loop those of
+	// chunks kept before the REQUEST, the application those it sends
+	// after); the pool takes a room's jobs in this order, whichever
+	// comes first.
+	Seq    int
 	Wake   Wake // EffectWake
 	Target Target
 	Forced bool

@@ -190,6 +190,7 @@ type PeerPlan struct {
 type prefillRoom struct {
 	sent    int // pages handed to SendChunk so far
 	chunk   int
+	posts   int  // EffectPosts emitted for the room (Effect.Seq)
 	done    bool // the room's last chunk was sent, every range of it
 	started time.Time
 	// open is the chunk whose layers are being sent (nil between chunks).
@@ -848,7 +849,9 @@ func (c *prefillCore) planChunk(rm *room, in SendChunk, at chunkAt) error {
 	for i := range writes {
 		writes[i].Last = in.Last && at.whole && i == len(writes)-1
 	}
-	c.emit(Effect{Kind: EffectPost, Room: in.Room, Writes: writes, First: at.chunk == 0 && at.lo == 0})
+	seq := rm.pre.posts
+	rm.pre.posts++
+	c.emit(Effect{Kind: EffectPost, Room: in.Room, Writes: writes, First: seq == 0, Seq: seq})
 	return nil
 }
 

@@ -49,6 +49,7 @@ func TestChunksHandedOverEarly(t *testing.T) {
 	require.Len(t, posts, 2, "both kept chunks planned in the REQUEST's step")
 	require.True(t, posts[0].First, "the room's first writes")
 	require.False(t, posts[1].First, "the second chunk's")
+	require.Equal(t, [2]int{0, 1}, [2]int{posts[0].Seq, posts[1].Seq}, "the room's post numbers, the pool's order")
 	require.Equal(t, []kvlayout.Run{{Src: 10, Dst: 5, Len: 2}}, posts[0].Writes[0].Runs, "chunk 0: the pages handed over, into the REQUEST's first pages")
 	require.Equal(t, []kvlayout.Run{{Src: 12, Dst: 7, Len: 1}}, posts[1].Writes[0].Runs, "chunk 1 after it")
 	require.True(t, posts[1].Writes[len(posts[1].Writes)-1].Last, "the room's last write")

@@ -840,3 +840,58 @@ func TestNotifierStopsPollingWithoutRooms(t *testing.T) {
 		}
 	}
 }
+
+// TestChunksHandedOverEarlyByteExact: a prefill application that sends a
+// room's chunks before the decode rank's REQUEST (kept by the core,
+// posted by the control loop as the REQUEST lands: docs/PROTOCOL.md
+// "Chunks handed over early") — all of them, or the first ones and the
+// rest after the REQUEST, from the application while the control loop
+// posts the kept ones — gets every page and the aux item where the
+// REQUEST asked, in order, on every engine.
+func TestChunksHandedOverEarlyByteExact(t *testing.T) {
+	for engine := range engines {
+		t.Run(engine, func(t *testing.T) {
+			c := newCluster(t, engine, nil)
+			for i, tokens := range []int{1, 16, 17, 200, 1000, 4096} {
+				for _, keptAll := range []bool{true, false} {
+					id := uint64(300 + 2*i)
+					if !keptAll {
+						id++
+					}
+					n := (tokens + pageToks - 1) / pageToks
+					rm := &room{id: id, src: c.pFree.Get(n), dst: c.dFree.Get(n), auxSrc: int(id % auxItems), auxDst: int((id + 1) % auxItems)}
+					require.NotNil(t, rm.src, "out of pages")
+					require.NotNil(t, rm.dst, "out of pages")
+					var err error
+					rm.s, err = sender.New(c.prefill, id)
+					require.NoError(t, err)
+					require.NoError(t, rm.s.Init())
+					kept := len(rm.src)
+					if !keptAll {
+						kept = len(rm.src) / 2
+					}
+					for k := 0; k < kept; k += 4 { // chunks of 4 pages, kept
+						end := min(k+4, kept)
+						require.NoError(t, rm.s.Send(rm.src[k:end], end == len(rm.src), rm.auxSrc))
+					}
+					require.Equal(t, kvmanager.Bootstrapping, rm.s.Poll(), "room %d: no REQUEST yet", id)
+					rm.r, err = receiver.New(c.decode, id)
+					require.NoError(t, err)
+					require.NoError(t, rm.r.Init(ctx(t), kvmanager.RequestSpec{DstPages: rm.dst, AuxIndex: rm.auxDst}))
+					if kept < len(rm.src) {
+						ready(t, rm.s)
+						for k := kept; k < len(rm.src); k += 4 { // the rest, sent after the REQUEST
+							end := min(k+4, len(rm.src))
+							require.NoError(t, rm.s.Send(rm.src[k:end], end == len(rm.src), rm.auxSrc))
+						}
+					}
+					t.Logf("room %d: %d tokens, kept all %v", id, tokens, keptAll)
+					waitStatus(t, rm.r, kvmanager.Success)
+					waitStatus(t, rm.s, kvmanager.Success)
+					c.verify(t, rm)
+					c.finish(rm)
+				}
+			}
+		})
+	}
+}

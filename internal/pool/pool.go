@@ -65,6 +65,14 @@ type Job struct {
 	// the worker to be scheduled nor behind other rooms' writes (issue
 	// 52: REQUEST → first post).
 	First bool
+	// Seq: the job's number among its room's write jobs
+	// (core.Effect.Seq). Two goroutines may submit a room's jobs (the
+	// control loop those of chunks kept before the REQUEST, the
+	// application those it sends after): its worker takes them in Seq
+	// order, keeping one that comes early until those before it came. A
+	// job of Seq 0 starts the room's count (its first, or a new room
+	// under the id): jobs that leave Seq 0 are taken as they come.
+	Seq int
 
 	ahead []*flight // its first writes, posted by Submit
 }
@@ -315,6 +323,12 @@ type roomWork struct {
 	// posted: the room has had a write posted (before: its first write
 	// goes ahead of other rooms' later ones).
 	posted bool
+	// seq: the Seq of the room's next write job; later: jobs that came
+	// before it (Job.Seq); ended: it took a job with a final write (no
+	// job of the room follows).
+	seq   int
+	later []Job
+	ended bool
 	// wait: the next write's wait for its data (ready.go).
 	wait readiness
 }
@@ -354,7 +368,7 @@ func (f *flight) fail(err error) {
 func (p *Pool) worker(i int) {
 	defer p.wg.Done()
 	q := p.queues[i]
-	wk := &workerState{p: p, ahead: &p.ahead[i], rooms: map[uint64]*roomWork{}, flights: map[*nixl.Xfer]*flight{},
+	wk := &workerState{p: p, ahead: &p.ahead[i], rooms: map[uint64]*roomWork{}, flights: map[*nixl.Xfer]*flight{}, seqs: map[uint64]seqRecord{},
 		early: map[*nixl.Xfer]bool{}, done: p.dones[i], timer: time.NewTimer(time.Hour),
 		readyTimer: time.NewTimer(time.Hour), readyPoll: readyPollMin}
 	defer wk.timer.Stop()
@@ -393,6 +407,7 @@ func (p *Pool) worker(i int) {
 		case j, ok := <-q:
 			if !ok {
 				q = nil
+				wk.takeLater()
 				continue
 			}
 			wk.submit(j)
@@ -422,6 +437,12 @@ type workerState struct {
 	// not yet final.
 	early map[*nixl.Xfer]bool
 	ahead *atomic.Int32
+	// seqs: the next Seq of rooms forgotten between two jobs (settle),
+	// so a job that comes after keeps its place; seqOrder: the oldest
+	// first. A record lasts 2 × Stall: a live room posts within Stall
+	// of its last post or fails (the core's stall deadline).
+	seqs     map[uint64]seqRecord
+	seqOrder []seqRecord
 	// held: the flights Submit posted that this worker took over and
 	// that are not yet final; they count against FirstInFlight, not
 	// InFlight, so the worker's own writes never wait behind them.
@@ -447,9 +468,32 @@ func (wk *workerState) enqueue(rw *roomWork) {
 	}
 }
 
-// settle forgets a room with nothing left.
+// seqRecord is a forgotten room's next Seq (workerState.seqs).
+type seqRecord struct {
+	room uint64
+	next int
+	at   time.Time
+}
+
+// maxSeqs bounds the records of rooms forgotten between two jobs.
+const maxSeqs = 1 << 16
+
+// settle forgets a room with nothing left, keeping its next Seq unless it
+// took its final write.
 func (wk *workerState) settle(rw *roomWork) {
-	if !rw.queued && rw.inflight == 0 && !rw.more() {
+	if !rw.queued && rw.inflight == 0 && !rw.more() && len(rw.later) == 0 {
+		if rw.seq > 0 && !rw.ended {
+			now := time.Now()
+			for len(wk.seqOrder) > 0 && (len(wk.seqOrder) >= maxSeqs || now.Sub(wk.seqOrder[0].at) > 2*wk.p.cfg.Stall) {
+				if old := wk.seqOrder[0]; wk.seqs[old.room] == old {
+					delete(wk.seqs, old.room)
+				}
+				wk.seqOrder = wk.seqOrder[1:]
+			}
+			r := seqRecord{room: rw.room, next: rw.seq, at: now}
+			wk.seqs[rw.room] = r
+			wk.seqOrder = append(wk.seqOrder, r)
+		}
 		delete(wk.rooms, rw.room)
 	}
 }
@@ -636,7 +680,58 @@ func (wk *workerState) submit(j Job) {
 	rw := wk.rooms[j.Room]
 	if rw == nil {
 		rw = &roomWork{room: j.Room}
+		if r, ok := wk.seqs[j.Room]; ok {
+			rw.seq = r.next // forgotten between two of its jobs
+			delete(wk.seqs, j.Room)
+		}
 		wk.rooms[j.Room] = rw
+	}
+	if j.Read != nil {
+		wk.take(rw, j)
+		return
+	}
+	if j.Seq == 0 {
+		rw.seq, rw.ended = 0, false // the room's first (or a new room under its id)
+	}
+	if j.Seq != rw.seq {
+		rw.later = append(rw.later, j) // a job before it has not come yet
+		return
+	}
+	// The count moves before each take: taking may settle the room, and
+	// settling keeps its next Seq.
+	rw.seq++
+	wk.take(rw, j)
+	for {
+		i := slices.IndexFunc(rw.later, func(l Job) bool { return l.Seq == rw.seq })
+		if i < 0 {
+			return
+		}
+		l := rw.later[i]
+		rw.later = slices.Delete(rw.later, i, i+1)
+		rw.seq++
+		wk.take(rw, l)
+	}
+}
+
+// takeLater takes, once the queue is closed, the jobs still waiting for
+// an earlier one of their room (its Submit failed: the pool was
+// closing), in Seq order: their writes meet their gates as any other.
+func (wk *workerState) takeLater() {
+	for _, rw := range wk.rooms {
+		later := rw.later
+		rw.later = nil
+		slices.SortFunc(later, func(a, b Job) int { return cmp.Compare(a.Seq, b.Seq) })
+		for _, j := range later {
+			wk.take(rw, j)
+		}
+	}
+}
+
+// take queues a job behind the room's earlier ones, its writes that
+// Submit posted (Job.First) in flight from now on.
+func (wk *workerState) take(rw *roomWork, j Job) {
+	if slices.ContainsFunc(j.Writes, func(w Write) bool { return w.Last }) || slices.ContainsFunc(j.ahead, func(f *flight) bool { return f.w.Last }) {
+		rw.ended = true
 	}
 	ahead := j.ahead
 	j.ahead = nil
