@@ -224,8 +224,10 @@ func (p *Pool) Submit(j Job) error {
 		q = p.reads.Add(1)
 	}
 	i := int(q % uint64(len(p.queues)))
-	if j.First && j.Read == nil && len(j.Writes) > 0 && p.postFirst(&j, i) && len(j.Writes) == 0 && len(j.ahead) == 0 {
-		return nil // its writes are over (refused at their gate, or failed)
+	if j.First && j.Read == nil && len(j.Writes) > 0 {
+		// Even with nothing left, the job goes to its worker: it holds
+		// the room's place in the Seq order.
+		p.postFirst(&j, i)
 	}
 	// Close waits for the read lock held here, so closing is not closed
 	// yet: a job whose first write is posted always reaches its worker.
@@ -242,10 +244,9 @@ func (p *Pool) Submit(j Job) error {
 // none after a write without a notification (only a later completion
 // vouches for it), each whose data is in place, while together they move
 // at most FirstBytes. It leaves j with the rest, for the worker. Each
-// posted write counts against its worker's InFlight once the worker takes
-// the job, and until it is final against the worker's FirstInFlight
-// (ahead), which bounds the writes posted here. postFirst reports whether
-// it took a write.
+// posted write counts, until it is final, against the worker's
+// FirstInFlight (ahead), which bounds the writes posted here, never
+// against its InFlight. postFirst reports whether it took a write.
 func (p *Pool) postFirst(j *Job, i int) bool {
 	var bytes uint64
 	took := false

@@ -653,3 +653,32 @@ func TestPoolSeqAfterFirstSettledAtOnce(t *testing.T) {
 		t.Fatal("the second write did not complete")
 	}
 }
+
+// TestPoolFirstNotificationAlone: a room's first job whose only write
+// moves nothing (a notification alone: every page in the decode rank's
+// prefix) is over once Submit sent it, yet still reaches its worker — it
+// holds the room's place in the Seq order, and the room's next job is
+// taken after it, not kept waiting for it.
+func TestPoolFirstNotificationAlone(t *testing.T) {
+	p, d := newRank(t, "tn-prefill", 1, 8, 64), newRank(t, "tn-decode", 1, 8, 64)
+	remote := connect(t, p, d)
+	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1})
+	require.NoError(t, err)
+	defer pool.Close()
+	done := make(chan string, 2)
+	for seq, w := range []Write{
+		{Remote: remote, Peer: d.layout, AuxSrc: -1, State: -1, Notif: "alone"},
+		{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 1, Dst: 1, Len: 1}}, AuxSrc: -1, State: -1, Notif: "next"},
+	} {
+		require.NoError(t, pool.Submit(Job{Room: 2, Seq: seq, First: seq == 0, Writes: []Write{w},
+			Gate: func(*Write) bool { return true }, Done: func(w *Write, err error, _ bool) { assert.NoError(t, err); done <- w.Notif }}))
+	}
+	for _, want := range []string{"alone", "next"} {
+		select {
+		case got := <-done:
+			require.Equal(t, want, got)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%q never done: the room's next job waits for a job its worker never saw", want)
+		}
+	}
+}
