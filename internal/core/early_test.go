@@ -8,6 +8,19 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// registeredCore is a prefill core (one layer, 2-token pages) with a
+// decode rank of decodeTokens-token pages registered.
+func registeredCore(t *testing.T, decodeTokens int) *Core {
+	t.Helper()
+	m := kvlayout.Model{Layers: 1, KVHeads: 2, HeadBytes: 4, PageTokens: 2, Layout: kvlayout.HND}
+	c, reg := mappedCore(t, m, decodeTokens)
+	pp, err := c.CheckRegister(reg)
+	require.NoError(t, err)
+	echoChallenge(t, c, reg, t0)
+	c.Step(t0, Registered{From: decodeFrom, Remote: "agent", Plan: pp})
+	return c
+}
+
 // TestChunksHandedOverEarly: chunks sent after InitSender but before the
 // REQUEST are kept (the room stays Bootstrapping, nothing posted), their
 // place in the room checked at once; the REQUEST's own step plans them
@@ -17,12 +30,7 @@ import (
 // Before InitSender a send is refused, and a room holds at most
 // MaxEarlyChunks.
 func TestChunksHandedOverEarly(t *testing.T) {
-	m := kvlayout.Model{Layers: 1, KVHeads: 2, HeadBytes: 4, PageTokens: 2, Layout: kvlayout.HND}
-	c, reg := mappedCore(t, m, 2)
-	pp, err := c.CheckRegister(reg)
-	require.NoError(t, err)
-	echoChallenge(t, c, reg, t0)
-	c.Step(t0, Registered{From: decodeFrom, Remote: "agent", Plan: pp})
+	c := registeredCore(t, 2)
 	c.Step(t0, CreateSender{Room: 1})
 	require.ErrorIs(t, c.Step(t0, SendChunk{Room: 1, Pages: []uint32{10}, AuxIndex: -1}).Err, ErrNotReady, "before InitSender")
 	c.Step(t0, InitSender{Room: 1})
@@ -62,7 +70,7 @@ func TestChunksHandedOverEarly(t *testing.T) {
 	for i := range MaxEarlyChunks {
 		require.NoError(t, c.Step(t0, SendChunk{Room: 2, Pages: []uint32{uint32(i % 64)}, AuxIndex: -1}).Err, "chunk %d", i)
 	}
-	err = c.Step(t0, SendChunk{Room: 2, Pages: []uint32{0}, AuxIndex: -1}).Err
+	err := c.Step(t0, SendChunk{Room: 2, Pages: []uint32{0}, AuxIndex: -1}).Err
 	require.ErrorIs(t, err, ErrNotReady, "past MaxEarlyChunks")
 	require.ErrorContains(t, err, "room 2: 1024 chunks handed over before every REQUEST came")
 }
@@ -73,12 +81,7 @@ func TestChunksHandedOverEarly(t *testing.T) {
 // the chunk, and nothing is posted (SendChunk, which returned, cannot say
 // so; a chunk sent after the REQUEST is refused ErrChunkAlign instead).
 func TestChunkHandedOverEarlyFailsAtTheRequest(t *testing.T) {
-	m := kvlayout.Model{Layers: 1, KVHeads: 2, HeadBytes: 4, PageTokens: 2, Layout: kvlayout.HND}
-	c, reg := mappedCore(t, m, 8)
-	pp, err := c.CheckRegister(reg)
-	require.NoError(t, err)
-	echoChallenge(t, c, reg, t0)
-	c.Step(t0, Registered{From: decodeFrom, Remote: "agent", Plan: pp})
+	c := registeredCore(t, 8)
 	c.Step(t0, CreateSender{Room: 1})
 	c.Step(t0, InitSender{Room: 1})
 	require.NoError(t, c.Step(t0, SendChunk{Room: 1, Pages: []uint32{10, 11}, AuxIndex: -1}).Err, "2 of a decode page's 4 prefill pages: not known yet")

@@ -142,6 +142,12 @@ type Pool struct {
 
 // NewPool starts the workers.
 func NewPool(agent *nixl.Agent, local Layout, cfg Config) (*Pool, error) {
+	return newPool(agent, local, cfg, true)
+}
+
+// newPool is NewPool; without workers (a test steps a worker's state by
+// hand) when start is false.
+func newPool(agent *nixl.Agent, local Layout, cfg Config, start bool) (*Pool, error) {
 	if err := kvlayout.ValidateLayout(local); err != nil {
 		return nil, err
 	}
@@ -183,8 +189,10 @@ func NewPool(agent *nixl.Agent, local Layout, cfg Config) (*Pool, error) {
 		p.dones = append(p.dones, make(chan *nixl.Xfer, cfg.InFlight+cfg.FirstInFlight))
 	}
 	for i := range cfg.Workers {
-		p.wg.Add(1)
-		go p.worker(i)
+		if start {
+			p.wg.Add(1)
+			go p.worker(i)
+		}
 	}
 	return p, nil
 }

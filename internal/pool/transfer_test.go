@@ -250,6 +250,40 @@ func locked[T any](mu *sync.Mutex, v *[]T) []T {
 	return slices.Clone(*v)
 }
 
+// handWorker is a pool of one worker whose state the test steps by hand
+// (no worker goroutine runs), between two ranks named for the test.
+func handWorker(t *testing.T, name string, cfg Config) (p, d *rank, remote string, pool *Pool, wk *workerState) {
+	t.Helper()
+	p, d = newRank(t, name+"-prefill", 1, 8, 64), newRank(t, name+"-decode", 1, 8, 64)
+	remote = connect(t, p, d)
+	cfg.Workers = 1
+	pool, err := newPool(p.agent, p.layout, cfg, false)
+	require.NoError(t, err)
+	t.Cleanup(pool.lists.close)
+	wk = &workerState{p: pool, ahead: &pool.ahead[0], rooms: map[uint64]*roomWork{}, flights: map[*nixl.Xfer]*flight{},
+		early: map[*nixl.Xfer]bool{}, seqs: map[uint64]seqRecord{}, done: pool.dones[0]}
+	return p, d, remote, pool, wk
+}
+
+// notifsUpTo adds the notifications d's agent receives to got until it
+// holds n.
+func notifsUpTo(t *testing.T, d *rank, got []string, n int) []string {
+	t.Helper()
+	for len(got) < n {
+		select {
+		case <-d.agent.NotifyC():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of %d notifications: %q", len(got), n, got)
+		}
+		ns, err := d.agent.Notifs()
+		require.NoError(t, err)
+		for _, nf := range ns {
+			got = append(got, string(nf.Msg))
+		}
+	}
+	return got
+}
+
 // TestPoolFirstPostedBySubmit: a room's first writes (Job.First) are
 // gated and posted by Submit, on the caller's goroutine, while the worker
 // is held elsewhere (issue 52: REQUEST → first post): in order, up to
@@ -298,19 +332,7 @@ func TestPoolFirstPostedBySubmit(t *testing.T) {
 	require.NoError(t, pool.Submit(sum))
 	require.Equal(t, []string{"2a", "2b", "", "7a"}, locked(&mu, &gated),
 		"gated before the worker ran: room 2's first two (RoomInFlight), room 6's silent write alone, room 7's first (FirstBytes)")
-	var got []string
-	for len(got) < 3 { // the first writes land with the worker still held
-		select {
-		case <-d.agent.NotifyC():
-		case <-time.After(10 * time.Second):
-			t.Fatalf("the first write posted by Submit did not land: %q", got)
-		}
-		ns, err := d.agent.Notifs()
-		require.NoError(t, err)
-		for _, n := range ns {
-			got = append(got, string(n.Msg))
-		}
-	}
+	got := notifsUpTo(t, d, nil, 3) // the first writes land with the worker still held
 	require.ElementsMatch(t, []string{"2a", "2b", "7a"}, got, "only the first writes landed while the worker was held")
 	ready.Store(true)
 	release()
@@ -327,18 +349,7 @@ func TestPoolFirstPostedBySubmit(t *testing.T) {
 	require.Less(t, slices.Index(fin, "2a"), slices.Index(fin, "2b"), "room 2's writes in order: %q", fin)
 	require.Less(t, slices.Index(fin, "2b"), slices.Index(fin, "2c"), "room 2's writes in order: %q", fin)
 	require.Less(t, slices.Index(fin, ""), slices.Index(fin, "6b"), "room 6's writes in order: %q", fin)
-	for len(got) < 10 {
-		select {
-		case <-d.agent.NotifyC():
-		case <-time.After(10 * time.Second):
-			t.Fatalf("notifications: %q", got)
-		}
-		ns, err := d.agent.Notifs()
-		require.NoError(t, err)
-		for _, n := range ns {
-			got = append(got, string(n.Msg))
-		}
-	}
+	got = notifsUpTo(t, d, got, 10)
 	require.Less(t, slices.Index(got, "2b"), slices.Index(got, "2c"), "room 2's notifications in order: %q", got)
 	require.Less(t, slices.Index(got, "7a"), slices.Index(got, "7b"), "room 7's notifications in order: %q", got)
 }
@@ -412,12 +423,7 @@ func TestPoolFirstInFlightBound(t *testing.T) {
 // reads this worker's queue), so the order is the test's, not the
 // scheduler's.
 func TestPoolFirstCompletedBeforeTaken(t *testing.T) {
-	p, d := newRank(t, "te-prefill", 1, 8, 64), newRank(t, "te-decode", 1, 8, 64)
-	remote := connect(t, p, d)
-	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1, RoomInFlight: 1})
-	require.NoError(t, err)
-	pool.Close() // its worker is gone: this test is the worker
-	pool.closed = false
+	p, d, remote, pool, wk := handWorker(t, "te", Config{Workers: 1, RoomInFlight: 1})
 	var calls []string
 	j := Job{Room: 5, First: true, Writes: []Write{
 		{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 1, Dst: 2, Len: 1}}, AuxSrc: -1, State: -1, Notif: "5a"},
@@ -427,7 +433,6 @@ func TestPoolFirstCompletedBeforeTaken(t *testing.T) {
 	require.True(t, pool.postFirst(&j, 0))
 	require.Len(t, j.ahead, 1, "one posted by Submit (RoomInFlight 1)")
 	require.Len(t, j.Writes, 1, "one left for the worker")
-	wk := &workerState{p: pool, ahead: &pool.ahead[0], rooms: map[uint64]*roomWork{}, flights: map[*nixl.Xfer]*flight{}, early: map[*nixl.Xfer]bool{}, seqs: map[uint64]seqRecord{}, done: pool.dones[0]}
 	next := func() *nixl.Xfer {
 		t.Helper()
 		select {
@@ -461,12 +466,7 @@ func TestPoolFirstCompletedBeforeTaken(t *testing.T) {
 // fresh rooms never starves the rooms queued on the worker. Stepped by
 // hand: the held write's completion waits unread on the worker's channel.
 func TestPoolFirstHeldApart(t *testing.T) {
-	p, d := newRank(t, "th-prefill", 1, 8, 64), newRank(t, "th-decode", 1, 8, 64)
-	remote := connect(t, p, d)
-	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1, InFlight: 1})
-	require.NoError(t, err)
-	pool.Close() // its worker is gone: this test is the worker
-	pool.closed = false
+	_, d, remote, pool, wk := handWorker(t, "th", Config{Workers: 1, InFlight: 1})
 	var gated []string
 	job := func(room uint64, first bool) Job {
 		return Job{Room: room, First: first, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: 1, Dst: uint32(room), Len: 1}}, AuxSrc: -1, State: -1, Notif: fmt.Sprint(room)}},
@@ -475,7 +475,6 @@ func TestPoolFirstHeldApart(t *testing.T) {
 	}
 	a := job(5, true)
 	require.True(t, pool.postFirst(&a, 0))
-	wk := &workerState{p: pool, ahead: &pool.ahead[0], rooms: map[uint64]*roomWork{}, flights: map[*nixl.Xfer]*flight{}, early: map[*nixl.Xfer]bool{}, seqs: map[uint64]seqRecord{}, done: pool.dones[0]}
 	wk.submit(a) // held, its completion not read yet
 	wk.submit(job(6, false))
 	wk.post(false)
@@ -578,17 +577,12 @@ func TestPoolLaterJobsAtClose(t *testing.T) {
 // the room's next two jobs, submitted in the wrong order, still go in
 // Seq order. Stepped by hand.
 func TestPoolSeqKeptWhenForgotten(t *testing.T) {
-	p, d := newRank(t, "tk-prefill", 1, 8, 64), newRank(t, "tk-decode", 1, 8, 64)
-	remote := connect(t, p, d)
-	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1})
-	require.NoError(t, err)
-	pool.Close() // its worker is gone: this test is the worker
+	_, d, remote, _, wk := handWorker(t, "tk", Config{Workers: 1})
 	var gated []string
 	job := func(seq int, last bool) Job {
 		return Job{Room: 4, Seq: seq, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: uint32(seq), Dst: uint32(seq), Len: 1}}, AuxSrc: -1, State: -1, Notif: fmt.Sprint(seq), Last: last}},
 			Gate: func(w *Write) bool { gated = append(gated, w.Notif); return true }, Done: func(*Write, error, bool) {}}
 	}
-	wk := &workerState{p: pool, ahead: &pool.ahead[0], rooms: map[uint64]*roomWork{}, flights: map[*nixl.Xfer]*flight{}, early: map[*nixl.Xfer]bool{}, seqs: map[uint64]seqRecord{}, done: pool.dones[0]}
 	drain := func() {
 		t.Helper()
 		wk.post(false)
@@ -620,18 +614,12 @@ func TestPoolSeqKeptWhenForgotten(t *testing.T) {
 // the moment its worker takes the job; its next job still finds its
 // place (the count moves before the take). Stepped by hand.
 func TestPoolSeqAfterFirstSettledAtOnce(t *testing.T) {
-	p, d := newRank(t, "tz-prefill", 1, 8, 64), newRank(t, "tz-decode", 1, 8, 64)
-	remote := connect(t, p, d)
-	pool, err := NewPool(p.agent, p.layout, Config{Workers: 1})
-	require.NoError(t, err)
-	pool.Close() // its worker is gone: this test is the worker
-	pool.closed = false
+	_, d, remote, pool, wk := handWorker(t, "tz", Config{Workers: 1})
 	var gated []string
 	job := func(seq int) Job {
 		return Job{Room: 6, Seq: seq, First: seq == 0, Writes: []Write{{Remote: remote, Peer: d.layout, Runs: []Run{{Src: uint32(seq), Dst: uint32(seq), Len: 1}}, AuxSrc: -1, State: -1, Notif: fmt.Sprint(seq)}},
 			Gate: func(w *Write) bool { gated = append(gated, w.Notif); return true }, Done: func(*Write, error, bool) {}}
 	}
-	wk := &workerState{p: pool, ahead: &pool.ahead[0], rooms: map[uint64]*roomWork{}, flights: map[*nixl.Xfer]*flight{}, early: map[*nixl.Xfer]bool{}, seqs: map[uint64]seqRecord{}, done: pool.dones[0]}
 	first := job(0)
 	require.True(t, pool.postFirst(&first, 0))
 	require.Empty(t, first.Writes, "posted whole by Submit")
