@@ -148,7 +148,7 @@ func TestInboxBounds(t *testing.T) {
 		r.queue(rank("a"), msg("a"), &limiter)
 		r.inbox.pop()
 	}
-	assert.Less(t, cap(r.inbox.queues[rank("a")].items), 10_000, "a's queue's array holds what waits, not what passed")
+	assert.Less(t, cap(r.inbox.queues[rank("a")].items.s), 10_000, "a's queue's array holds what waits, not what passed")
 }
 
 // TestInboxByteBounds: the inbox bounds the bytes that wait, not only the
@@ -188,6 +188,78 @@ func TestInboxByteBounds(t *testing.T) {
 		r.inbox.pop()
 	}
 	assert.Zero(t, r.inbox.bytes, "every byte accounted for when the inbox empties")
+}
+
+// TestInboxSteadyStream: a rank's steady stream through the inbox (a
+// batch queued, then served) allocates nothing, whatever the batch's
+// length; two ranks in turn keep their turns in the ring without
+// growing it; and a rank whose messages were all served leaves no queue
+// behind, beyond the last one pushed to (so a million ranks passing
+// through, one message each, leave at most one).
+func TestInboxSteadyStream(t *testing.T) {
+	b := newInbox()
+	rank := func(inst string) inboxKey { return inboxKey{wire.RoleDecode, inst, 0} }
+	item := inboxItem{m: &wire.Abort{Room: 1}, size: 100}
+	for _, batch := range []int{1, 7, 64, 500} {
+		allocs := testing.AllocsPerRun(100, func() {
+			for range batch {
+				require.True(t, b.push(rank("a"), item))
+			}
+			for range batch {
+				_, ok := b.pop()
+				require.True(t, ok)
+			}
+		})
+		assert.Zero(t, allocs, "a batch of %d through the inbox", batch)
+		assert.False(t, b.waiting())
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		for range 32 {
+			require.True(t, b.push(rank("a"), item))
+			require.True(t, b.push(rank("b"), item))
+		}
+		for range 64 {
+			_, ok := b.pop()
+			require.True(t, ok)
+		}
+	})
+	assert.Zero(t, allocs, "two ranks' batches in turn (their queues kept while the batch lasts)")
+	assert.Zero(t, b.bytes)
+
+	// A standing backlog: the slots taken, and those left behind when what
+	// waits moves to the front, keep no message alive.
+	for range 100 {
+		require.True(t, b.push(rank("a"), item))
+	}
+	for range 1000 {
+		require.True(t, b.push(rank("a"), item))
+		b.pop()
+	}
+	q := b.queues[rank("a")]
+	require.Equal(t, 100, q.len())
+	for i, it := range q.items.s[:cap(q.items.s)] {
+		if i < q.items.head || i >= len(q.items.s) {
+			require.Zero(t, it, "slot %d of %d, outside what waits (%d to %d)", i, cap(q.items.s), q.items.head, len(q.items.s))
+		}
+	}
+	for b.waiting() {
+		b.pop()
+	}
+
+	for i := range 10_000 {
+		require.True(t, b.push(rank(fmt.Sprint("r", i)), item))
+		_, ok := b.pop()
+		require.True(t, ok)
+		require.LessOrEqual(t, len(b.queues), 1, "after rank %d's message was served", i)
+	}
+	for i := range 10_000 {
+		require.True(t, b.push(rank(fmt.Sprint("r", i)), item))
+	}
+	for b.waiting() {
+		b.pop()
+	}
+	assert.LessOrEqual(t, len(b.queues), 1, "10,000 ranks' messages served")
+	assert.Less(t, cap(b.ring.s), 10_000, "the ring's array let go once empty")
 }
 
 // BenchmarkPingDuringFlood: the round trip of an honest rank's PING to a
@@ -275,5 +347,5 @@ func TestFloodFromManyEndpointsIsOneRanks(t *testing.T) {
 		r.queue(key, it, &limiter)
 	}
 	assert.Len(t, r.inbox.queues, 1, "one rank's messages from four endpoints wait in one queue")
-	assert.Len(t, r.inbox.ring, 1, "and take one turn")
+	assert.Equal(t, 1, r.inbox.ring.len(), "and take one turn")
 }

@@ -59,23 +59,31 @@ type inboxKey struct {
 
 // peerQueue is one sending rank's messages, in the order they came.
 type peerQueue struct {
-	items []inboxItem
-	bytes int
+	key    inboxKey
+	items  fifo[inboxItem]
+	bytes  int
+	queued bool // in the inbox's ring
 }
 
-func (q *peerQueue) len() int { return len(q.items) }
+func (q *peerQueue) len() int { return q.items.len() }
 
 // inbox is the receive goroutine's alone: no lock.
 type inbox struct {
-	queues map[inboxKey]*peerQueue
-	ring   []inboxKey // ranks with messages waiting, in serving order
+	queues map[inboxKey]*peerQueue // the ranks with messages waiting, and last
+	ring   fifo[*peerQueue]        // the ranks with messages waiting, in serving order
 	total  int
 	bytes  int
 	// last: the queue the last push went to (a batch is mostly one
-	// rank's: no map look-up then).
+	// rank's: no map look-up then), kept while it empties and fills
+	// again, and forgotten when a push names another rank.
 	lastKey inboxKey
 	last    *peerQueue
+	// spare: queues emptied and forgotten, with their arrays, for the
+	// next ranks that send (at most keptQueues).
+	spare []*peerQueue
 }
+
+const keptQueues = 16
 
 func newInbox() *inbox {
 	return &inbox{queues: map[inboxKey]*peerQueue{}}
@@ -85,6 +93,7 @@ func newInbox() *inbox {
 func (b *inbox) push(key inboxKey, it inboxItem) bool {
 	q := b.last
 	if q == nil || key != b.lastKey {
+		b.forgetLast()
 		q = b.queues[key]
 	}
 	n, nb := 0, 0
@@ -97,16 +106,42 @@ func (b *inbox) push(key inboxKey, it inboxItem) bool {
 		return false
 	}
 	if q == nil {
-		q = &peerQueue{}
+		if k := len(b.spare); k > 0 {
+			q, b.spare = b.spare[k-1], b.spare[:k-1]
+			q.key = key
+		} else {
+			q = &peerQueue{key: key}
+		}
 		b.queues[key] = q
-		b.ring = append(b.ring, key)
 	}
-	q.items = append(q.items, it)
+	if !q.queued {
+		q.queued = true
+		b.ring.push(q)
+	}
+	q.items.push(it)
 	q.bytes += it.size
 	b.total++
 	b.bytes += it.size
 	b.lastKey, b.last = key, q
 	return true
+}
+
+// forgetLast drops the memo of the last push's queue, and the queue with
+// it when nothing of its rank waits.
+func (b *inbox) forgetLast() {
+	if b.last != nil && !b.last.queued {
+		b.drop(b.last)
+	}
+	b.last = nil
+}
+
+// drop forgets q, whose rank has nothing waiting, keeping it spare.
+func (b *inbox) drop(q *peerQueue) {
+	delete(b.queues, q.key)
+	if len(b.spare) < keptQueues {
+		q.key = inboxKey{}
+		b.spare = append(b.spare, q)
+	}
 }
 
 // waiting reports whether any message waits.
@@ -115,30 +150,60 @@ func (b *inbox) waiting() bool { return b.total > 0 }
 // pop takes the next rank's first message and puts the rank at the back
 // of the ring if it has more; false when nothing waits.
 func (b *inbox) pop() (inboxItem, bool) {
-	if len(b.ring) == 0 {
+	if b.ring.len() == 0 {
 		return inboxItem{}, false
 	}
-	key := b.ring[0]
-	b.ring = b.ring[1:]
-	q := b.queues[key]
-	it := q.items[0]
-	q.items[0] = inboxItem{}
-	q.items = q.items[1:] // (an append copies only what still waits: no array grows for good)
+	q := b.ring.pop()
+	it := q.items.pop()
 	q.bytes -= it.size
 	b.total--
 	b.bytes -= it.size
 	if q.len() > 0 {
-		b.ring = append(b.ring, key)
+		b.ring.push(q)
 	} else {
-		delete(b.queues, key)
-		if b.last == q {
-			b.last = nil
+		q.queued = false
+		if q != b.last {
+			b.drop(q)
 		}
 	}
-	if len(b.ring) == 0 {
-		b.ring = nil // let a long ring's array go
-	}
 	return it, true
+}
+
+// fifo is a queue on one array, so a steady stream through it allocates
+// nothing: a slot is cleared as it is taken, and a push into a full array
+// whose first half was taken moves what waits to the front instead of
+// growing it. The array holds what waits (under 4 × its length), not what
+// passed; once empty it is let go past keptFIFO slots.
+type fifo[T any] struct {
+	s    []T
+	head int
+}
+
+const keptFIFO = 1024
+
+func (f *fifo[T]) len() int { return len(f.s) - f.head }
+
+func (f *fifo[T]) push(v T) {
+	if len(f.s) == cap(f.s) && f.head > 0 && 2*f.head >= len(f.s) {
+		n := copy(f.s, f.s[f.head:])
+		clear(f.s[n:])
+		f.s, f.head = f.s[:n], 0
+	}
+	f.s = append(f.s, v)
+}
+
+// pop takes the first; the fifo must not be empty.
+func (f *fifo[T]) pop() T {
+	var zero T
+	v := f.s[f.head]
+	f.s[f.head] = zero
+	if f.head++; f.head == len(f.s) {
+		f.s, f.head = f.s[:0], 0
+		if cap(f.s) > keptFIFO {
+			f.s = nil
+		}
+	}
+	return v
 }
 
 // serve hands waiting messages to the Handler, one rank at a time in
