@@ -526,7 +526,7 @@ func (l *Loop) receive() {
 		}
 		now := time.Now() // one reading for the batch: what arrived together is judged at one instant
 		for i := 0; i < n; i++ {
-			key, it, ok := l.admit(r.frames(i), now, &limiter)
+			key, it, ok := l.admit(r.reused(i), now, &limiter) // admit keeps no byte of the frames
 			if !ok {
 				continue
 			}

@@ -141,6 +141,75 @@ func TestLoopExchangesEveryType(t *testing.T) {
 	require.Zero(t, s.MalformedTotal(), "malformed: %+v", s.Malformed)
 }
 
+// TestReceivedMessagesKeepTheirBytes: messages a handler keeps stay as
+// they were sent while later ones arrive. The receive goroutine reads each
+// message into memory it reuses for the next (receiver.reused), so nothing
+// a decoded message keeps (a REGISTER's agent metadata, proof and echo, a
+// name, a page list) may point into it; with the secret, and under
+// per-rank identity, whose bodies are opened in place. Every message is
+// sent before any is looked at, each type after another type (different
+// bytes over the same memory), then an ABORT whose reason fills it.
+func TestReceivedMessagesKeepTheirBytes(t *testing.T) {
+	_, did, pid := identities(t)
+	for _, mode := range []struct {
+		name string
+		d, p func(*LoopConfig)
+	}{{"secret", nil, nil}, {"identity", withIdentity(did), withIdentity(pid)}} {
+		t.Run(mode.name, func(t *testing.T) {
+			decode := newRank(t, wire.RoleDecode, "d", mode.d)
+			prefill := newRank(t, wire.RolePrefill, "p", mode.p)
+			fill := strings.Repeat("z", wire.MaxReasonBytes)
+			var toPrefill, toDecode []wire.Message
+			var msgs []wire.Message
+			for _, m := range wiretest.SampleMessages() {
+				switch m := m.(type) {
+				case *wire.Ping, *wire.Pong: // the loop's own
+					continue
+				case *wire.Register: // and one with an echo (not sealed: the decoder's bytes as they are)
+					c := *m
+					c.Echo = []byte("a restart probe's echo")
+					msgs = append(msgs, &c)
+				case *wire.RegisterAck:
+					c := *m
+					c.Echo = []byte("the probe's echo, answered")
+					msgs = append(msgs, &c)
+				}
+				msgs = append(msgs, m)
+			}
+			for _, m := range msgs {
+				from, to, list := decode, prefill, &toPrefill
+				if m.Sender().Role == wire.RolePrefill {
+					from, to, list = prefill, decode, &toDecode
+				}
+				require.NoError(t, from.Send(to.peer(), m))
+				*list = append(*list, m)
+			}
+			for _, r := range []*testRank{decode, prefill} {
+				other := prefill
+				if r == prefill {
+					other = decode
+				}
+				m := &wire.Abort{Room: 1, Reason: fill}
+				require.NoError(t, r.Send(other.peer(), m))
+				if r == decode {
+					toPrefill = append(toPrefill, m)
+				} else {
+					toDecode = append(toDecode, m)
+				}
+			}
+			var gotPrefill, gotDecode []wire.Message
+			for range toPrefill {
+				gotPrefill = append(gotPrefill, prefill.next(t))
+			}
+			for range toDecode {
+				gotDecode = append(gotDecode, decode.next(t))
+			}
+			require.Equal(t, toPrefill, gotPrefill, "what the prefill rank's handler kept")
+			require.Equal(t, toDecode, gotDecode, "what the decode rank's handler kept")
+		})
+	}
+}
+
 // rawPush is a bare ZeroMQ client that sends whatever frames it is given.
 func rawPush(t *testing.T, endpoint string) *zmq.Socket {
 	t.Helper()

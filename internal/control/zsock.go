@@ -362,7 +362,12 @@ func (s *zsock) send(frames [][]byte, flags C.int) error {
 type receiver struct {
 	b   *C.kvb_batch
 	hdr [][]byte // frames' slice of frames, reused from one message to the next
+	buf []byte   // reused's memory
 }
+
+// keptReused: the most reused keeps between messages (a larger message
+// gets memory of its own, left to the collector).
+const keptReused = 64 << 10
 
 func newReceiver() *receiver {
 	return &receiver{b: C.kvb_batch_new(), hdr: make([][]byte, maxFramesKept+1)}
@@ -401,11 +406,32 @@ func (r *receiver) recvWait(s *zsock, max int, wait bool) (int, error) {
 // empty. The slice of frames itself is the receiver's, valid until the
 // next call: whoever keeps a frame keeps the frame, never the slice.
 func (r *receiver) frames(i int) [][]byte {
+	return r.copyOut(i, make([]byte, int(r.b.total[i])))
+}
+
+// reused is frames for a reader that keeps no byte of the message: its
+// frames are copied into the receiver's own memory, reused by the next
+// call, so a stream of messages allocates nothing. The control loop's
+// receive goroutine reads them so: the decoder copies what a message
+// keeps, the envelope's check what it remembers (and a Tap keeps
+// nothing).
+func (r *receiver) reused(i int) [][]byte {
+	n := int(r.b.total[i])
+	if n > keptReused {
+		return r.frames(i)
+	}
+	if cap(r.buf) < n {
+		r.buf = make([]byte, max(n, 1024))
+	}
+	return r.copyOut(i, r.buf[:n])
+}
+
+// copyOut copies message i's frames into buf (its kept frames' bytes).
+func (r *receiver) copyOut(i int, buf []byte) [][]byte {
 	b := r.b
 	nf := int(b.nframes[i])
 	kept := min(nf, maxFramesKept)
 	out := r.hdr[:nf]
-	buf := make([]byte, int(b.total[i]))
 	off := 0
 	for f := 0; f < kept; f++ {
 		n := int(b.size[i][f])

@@ -533,6 +533,10 @@ var mutants = []mutant{
 	// memo moves on; its arrays grown rather than reused, and queues not
 	// kept spare (every batch allocates); a taken or moved slot left
 	// holding its message.
+	// A decoded byte string pointing into the received frame: the receive
+	// goroutine reuses that memory for the next message.
+	{name: "wire-bin-aliases-frame", file: "internal/wire/msgpack_scan.go", old: "\tv := append([]byte{}, s.b[s.off:s.off+n]...)", new: "\tv := s.b[s.off : s.off+n : s.off+n]",
+		pkg: "internal/control", run: "^TestReceivedMessagesKeepTheirBytes$"},
 	{name: "inbox-served-queue-kept", file: "internal/control/inbox.go", old: "\t\tif q != b.last {\n\t\t\tb.drop(q)\n\t\t}", new: "\t\t_ = q",
 		pkg: "internal/control", run: "^TestInboxSteadyStream$"},
 	{name: "inbox-last-queue-kept", file: "internal/control/inbox.go", old: "\tif b.last != nil && !b.last.queued {\n\t\tb.drop(b.last)\n\t}", new: "",
