@@ -12,7 +12,9 @@ import (
 
 // thinZMQ is the reference on kvbridge's own ZeroMQ binding (one C call
 // per message sent, a batch of messages per C call received, each copied
-// to Go memory as the loop's receiver does), one context per end as two
+// to Go memory of its own, as a binding that hands its caller the
+// messages must; the loop's receive goroutine, which keeps no byte of
+// them, copies each into memory it reuses), one context per end as two
 // ranks have, carrying the very frames a rank sends: the three message
 // frames, and with Auth the envelope frame too (sealed once: the
 // reference checks nothing). What kvbridge adds over it is its own work:
