@@ -231,10 +231,13 @@ func TestInboxSteadyStream(t *testing.T) {
 	for range 100 {
 		require.True(t, b.push(rank("a"), item))
 	}
-	for range 1000 {
-		require.True(t, b.push(rank("a"), item))
-		b.pop()
-	}
+	allocs = testing.AllocsPerRun(10, func() {
+		for range 1000 {
+			require.True(t, b.push(rank("a"), item))
+			b.pop()
+		}
+	})
+	assert.Zero(t, allocs, "a stream behind a standing backlog (what waits moved to the front, not grown)")
 	q := b.queues[rank("a")]
 	require.Equal(t, 100, q.len())
 	for i, it := range q.items.s[:cap(q.items.s)] {
@@ -242,6 +245,26 @@ func TestInboxSteadyStream(t *testing.T) {
 			require.Zero(t, it, "slot %d of %d, outside what waits (%d to %d)", i, cap(q.items.s), q.items.head, len(q.items.s))
 		}
 	}
+	for b.waiting() {
+		b.pop()
+	}
+
+	// A burst drained to a few that keep waiting: the queue's array
+	// shrinks with what waits (a rank that never empties its queue does
+	// not keep its largest burst's array).
+	for range maxPeerBacklog {
+		require.True(t, b.push(rank("a"), item))
+	}
+	for range maxPeerBacklog - 2 {
+		b.pop()
+	}
+	for range 10 * maxPeerBacklog {
+		require.True(t, b.push(rank("a"), item))
+		b.pop()
+	}
+	q = b.queues[rank("a")]
+	require.Equal(t, 2, q.len())
+	assert.LessOrEqual(t, cap(q.items.s), keptFIFO, "a queue with 2 waiting after a burst of %d", maxPeerBacklog)
 	for b.waiting() {
 		b.pop()
 	}

@@ -172,8 +172,10 @@ func (b *inbox) pop() (inboxItem, bool) {
 // fifo is a queue on one array, so a steady stream through it allocates
 // nothing: a slot is cleared as it is taken, and a push into a full array
 // whose first half was taken moves what waits to the front instead of
-// growing it. The array holds what waits (under 4 × its length), not what
-// passed; once empty it is let go past keptFIFO slots.
+// growing it. The array holds what waits, not what passed: at most
+// keptFIFO slots or 8 × what waits (a take that leaves less than an
+// eighth of a larger array waiting moves it to one of twice that, or
+// keptFIFO slots), and once empty it is let go past keptFIFO slots.
 type fifo[T any] struct {
 	s    []T
 	head int
@@ -202,6 +204,10 @@ func (f *fifo[T]) pop() T {
 		if cap(f.s) > keptFIFO {
 			f.s = nil
 		}
+	} else if n := len(f.s) - f.head; cap(f.s) > keptFIFO && 8*n < cap(f.s) {
+		s := make([]T, n, max(2*n, keptFIFO))
+		copy(s, f.s[f.head:])
+		f.s, f.head = s, 0
 	}
 	return v
 }

@@ -528,26 +528,28 @@ var mutants = []mutant{
 		pkg: "internal/control", run: "^TestFloodDelaysNoHeartbeat$"},
 	{name: "inbox-one-rank-at-a-time", file: "internal/control/inbox.go", old: "\tif q.len() > 0 {\n\t\tb.ring.push(q)", new: "\tif q.len() > 0 {\n\t\tb.ring.s, b.ring.head = append([]*peerQueue{q}, b.ring.s[b.ring.head:]...), 0",
 		pkg: "internal/control", run: "^(TestFloodDelaysNoHeartbeat|TestInboxBounds)$"},
+	// A decoded byte string pointing into the received frame: the receive
+	// goroutine reuses that memory for the next message.
+	{name: "wire-bin-aliases-frame", file: "internal/wire/msgpack_scan.go", old: "\tv := append([]byte{}, s.b[s.off:s.off+n]...)", new: "\tv := s.b[s.off : s.off+n : s.off+n]",
+		pkg: "internal/control", run: "^TestReceivedMessagesKeepTheirBytes$"},
 	// The inbox's queues: a served rank's queue kept in the map (a rank
 	// passing through leaves it for good), or the last one's when the
 	// memo moves on; its arrays grown rather than reused, and queues not
 	// kept spare (every batch allocates); a taken or moved slot left
 	// holding its message.
-	// A decoded byte string pointing into the received frame: the receive
-	// goroutine reuses that memory for the next message.
-	{name: "wire-bin-aliases-frame", file: "internal/wire/msgpack_scan.go", old: "\tv := append([]byte{}, s.b[s.off:s.off+n]...)", new: "\tv := s.b[s.off : s.off+n : s.off+n]",
-		pkg: "internal/control", run: "^TestReceivedMessagesKeepTheirBytes$"},
 	{name: "inbox-served-queue-kept", file: "internal/control/inbox.go", old: "\t\tif q != b.last {\n\t\t\tb.drop(q)\n\t\t}", new: "\t\t_ = q",
 		pkg: "internal/control", run: "^TestInboxSteadyStream$"},
 	{name: "inbox-last-queue-kept", file: "internal/control/inbox.go", old: "\tif b.last != nil && !b.last.queued {\n\t\tb.drop(b.last)\n\t}", new: "",
 		pkg: "internal/control", run: "^TestInboxSteadyStream$"},
 	{name: "inbox-fifo-grows", file: "internal/control/inbox.go", old: "\tif len(f.s) == cap(f.s) && f.head > 0 && 2*f.head >= len(f.s) {", new: "\tif false {",
-		pkg: "internal/control", run: "^TestInboxBounds$"},
+		pkg: "internal/control", run: "^(TestInboxBounds|TestInboxSteadyStream)$"},
 	{name: "inbox-no-spare-queues", file: "internal/control/inbox.go", old: "\tif len(b.spare) < keptQueues {", new: "\tif false {",
 		pkg: "internal/control", run: "^TestInboxSteadyStream$"},
 	{name: "inbox-taken-slot-kept", file: "internal/control/inbox.go", old: "\tf.s[f.head] = zero\n", new: "\t_ = zero\n",
 		pkg: "internal/control", run: "^TestInboxSteadyStream$"},
 	{name: "inbox-moved-slots-kept", file: "internal/control/inbox.go", old: "\t\tclear(f.s[n:])\n", new: "",
+		pkg: "internal/control", run: "^TestInboxSteadyStream$"},
+	{name: "inbox-fifo-never-shrinks", file: "internal/control/inbox.go", old: "cap(f.s) > keptFIFO && 8*n < cap(f.s) {", new: "cap(f.s) > keptFIFO && n < 0 {",
 		pkg: "internal/control", run: "^TestInboxSteadyStream$"},
 	{name: "inbox-unbounded", file: "internal/control/inbox.go", old: "\tif n >= maxPeerBacklog || nb+it.size > maxPeerBytes ||\n\t\t(full && (n >= fairBacklog || b.total >= 2*maxBacklog || b.bytes+it.size > 2*maxBytes)) {", new: "\tif n < 0 && nb < 0 && full {",
 		pkg: "internal/control", run: "^TestInboxBounds$"},
