@@ -190,9 +190,13 @@ func (a *addressing) envelopeAt(to wire.Peer, now time.Time) (Envelope, []byte, 
 	w := a.book[to.Endpoint]
 	var pc *peerCert
 	if to.Cert != "" && a.id != nil {
-		var err error
-		if pc, err = a.verify([]byte(to.Cert), now); err != nil {
-			return env, nil, err
+		// A known certificate is found by its string: no copy of it a
+		// message.
+		if pc = a.certs[to.Cert]; pc == nil || now.After(pc.cert.NotAfter) {
+			var err error
+			if pc, err = a.verify([]byte(to.Cert), now); err != nil {
+				return env, nil, err
+			}
 		}
 		// The core's hint binds the endpoint (and is remembered for the
 		// heartbeat's PINGs, which carry none).

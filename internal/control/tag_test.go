@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
+	"github.com/kvbridge/kvbridge/internal/ident"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -201,4 +202,27 @@ func TestCipherMemoTurnsAllocateNothing(t *testing.T) {
 		}
 	})
 	require.Zero(t, allocs, "allocations of two senders' ciphers found in turn")
+}
+
+// TestEnvelopeToKnownPeerAllocatesNothing: under per-rank identity,
+// addressing a message to a peer whose certificate is known finds it
+// without copying the certificate (a message's envelope allocates
+// nothing); an expired one is still refused.
+func TestEnvelopeToKnownPeerAllocatesNothing(t *testing.T) {
+	_, did, pid := identities(t)
+	ad := newAddressing(testSealer(), did, wire.RoleDecode)
+	to := wire.Peer{Endpoint: "tcp://127.0.0.1:1", Cert: string(pid.Cert.Raw()), Epoch: 7}
+	now := time.Now()
+	env, key, err := ad.envelopeAt(to, now)
+	require.NoError(t, err)
+	require.NotNil(t, key)
+	require.Equal(t, uint64(7), env.To.Epoch)
+	allocs := testing.AllocsPerRun(200, func() {
+		if _, _, err := ad.envelopeAt(to, now); err != nil {
+			panic(err)
+		}
+	})
+	require.Zero(t, allocs, "allocations of an envelope to a known peer")
+	_, _, err = ad.envelopeAt(to, pid.Cert.NotAfter.Add(time.Second))
+	require.ErrorIs(t, err, ident.ErrBadCert, "a known certificate past its expiry")
 }

@@ -532,6 +532,13 @@ var mutants = []mutant{
 	// goroutine reuses that memory for the next message.
 	{name: "wire-bin-aliases-frame", file: "internal/wire/msgpack_scan.go", old: "\tv := append([]byte{}, s.b[s.off:s.off+n]...)", new: "\tv := s.b[s.off : s.off+n : s.off+n]",
 		pkg: "internal/control", run: "^TestReceivedMessagesKeepTheirBytes$"},
+	// An envelope under per-rank identity copying the peer's certificate
+	// to look it up (an allocation a message), or a known one taken
+	// without its expiry checked.
+	{name: "envelope-cert-copied", file: "internal/control/address.go", old: "if pc = a.certs[to.Cert]; pc == nil || now.After(pc.cert.NotAfter) {", new: "if pc = nil; true {",
+		pkg: "internal/control", run: "^TestEnvelopeToKnownPeerAllocatesNothing$"},
+	{name: "envelope-known-cert-expiry-unchecked", file: "internal/control/address.go", old: "if pc = a.certs[to.Cert]; pc == nil || now.After(pc.cert.NotAfter) {", new: "if pc = a.certs[to.Cert]; pc == nil {",
+		pkg: "internal/control", run: "^TestEnvelopeToKnownPeerAllocatesNothing$"},
 	// The inbox's queues: a served rank's queue kept in the map (a rank
 	// passing through leaves it for good), or the last one's when the
 	// memo moves on; its arrays grown rather than reused, and queues not
