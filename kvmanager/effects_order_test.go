@@ -30,7 +30,7 @@ func TestEffectsCarriedOutInStepOrder(t *testing.T) {
 	var order []uint64
 	onSend := func(msg wire.Message) {
 		if a, ok := msg.(*wire.AbortAck); ok {
-			order = append(order, a.Room) // under effMu (or, without it, racing: -race reports it)
+			order = append(order, a.Room) // in the step's turn (or, without turns, racing: -race reports it)
 		}
 	}
 	m.onSend.Store(&onSend)

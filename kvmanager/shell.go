@@ -56,13 +56,12 @@ type Manager struct {
 
 	mu   sync.Mutex
 	core *core.Core
-	// effMu orders the carrying out of the core's effects (sends, wakes,
-	// watches, lookups): a step takes it before it lets go of mu, so the
-	// effects of steps are carried out one step at a time, in the order
-	// the core produced them, and outside the core's lock. effBuf (under
-	// effMu) holds a step's effects once mu is let go.
-	effMu  sync.Mutex
-	effBuf []core.Effect
+	// eff orders the carrying out of the core's effects (sends, wakes,
+	// watches, lookups): a step takes its ticket before it lets go of mu,
+	// so the effects of steps are carried out one step at a time, in the
+	// order the core produced them, outside the core's lock, and no one
+	// waits for a turn holding mu (efforder.go).
+	eff effOrder
 	// waits are the callers' channels, closed by the core's wake effects.
 	waits waiters
 	// afterUnlock, when set (tests), runs between letting go of mu and
@@ -372,13 +371,14 @@ func init() {
 func (m *Manager) Config() Config { return m.cfg }
 
 // step runs one step of the core under the lock and carries out its
-// effects after it, in order: the step takes effMu before it releases mu,
-// so a later step's sends, wake-ups, watches and lookups wait for this
+// effects after it, in order: the step takes a ticket before it releases
+// mu, so a later step's sends, wake-ups, watches and lookups wait for this
 // step's (one writer at a time, in step order, as grpc's loopyWriter keeps
 // a stream's frames in order) while the core's lock is free for its work
-// — an encode, a seal and a cgo call per send are no longer paid under
-// it. Posts go to the transfer pool after effMu is let go (Submit may
-// block while a worker's gate needs the lock and effMu).
+// — an encode, a seal and a cgo call per send are not paid under it, and
+// a step waits for its turn without holding it. Posts go to the transfer
+// pool after the turn is passed on (Submit may block while a worker's
+// gate needs the lock and a turn).
 // stepIn steps one input into the core at the shell's clock and carries
 // out its effects: the shell's one way into the core. What a caller needs
 // to know of the room besides (its status before, its times when it
@@ -408,12 +408,28 @@ func (m *Manager) carryOut() {
 		m.mu.Unlock()
 		return
 	}
-	m.effMu.Lock()
-	buf := append(m.effBuf[:0], effects...)
+	if postsOnly(effects) {
+		// A chunk handed to the pool (an application's Send): posts are
+		// carried out after a step's turn anyway, and the pool keeps a
+		// room's jobs in Seq order; so no turn to wait for, and a Send
+		// does not wait behind other steps' sends (issue 52: the first
+		// post). The pool may step the core, so a copy, after mu.
+		var one [1]core.Effect
+		posts := one[:0]
+		if len(effects) > len(one) {
+			posts = make([]core.Effect, 0, len(effects))
+		}
+		posts = append(posts, effects...)
+		m.mu.Unlock()
+		m.carryOutPosts(posts)
+		return
+	}
+	t, buf := m.eff.take(effects)
 	m.mu.Unlock()
 	if f := m.afterUnlock.Load(); f != nil {
 		(*f)()
 	}
+	m.eff.wait(t)
 	var posts, reads []core.Effect
 	for _, e := range buf {
 		switch e.Kind {
@@ -475,12 +491,10 @@ func (m *Manager) carryOut() {
 		case core.EffectRead:
 			reads = append(reads, e)
 		case core.EffectPost, core.EffectLoadMetadata, core.EffectChallenge, core.EffectLoadOffer, core.EffectChallengeOffer:
-			posts = append(posts, e) // each may step: after effMu
+			posts = append(posts, e) // each may step: after the turn
 		}
 	}
-	clear(buf) // drop the messages and channels until the next step
-	m.effBuf = buf[:0]
-	m.effMu.Unlock()
+	m.eff.done(t, buf)
 	if len(reads) > 0 {
 		if m.onReads != nil {
 			m.onReads(reads)
@@ -492,6 +506,23 @@ func (m *Manager) carryOut() {
 			}
 		}
 	}
+	m.carryOutPosts(posts)
+}
+
+// postsOnly says whether every effect is a post (a chunk to the pool).
+func postsOnly(effects []core.Effect) bool {
+	for i := range effects {
+		if effects[i].Kind != core.EffectPost {
+			return false
+		}
+	}
+	return true
+}
+
+// carryOutPosts hands chunks to the transfer pool and starts metadata
+// loads, REGISTER and offer challenges, after the step's turn (each may
+// step the core).
+func (m *Manager) carryOutPosts(posts []core.Effect) {
 	for _, e := range posts {
 		switch e.Kind {
 		case core.EffectLoadMetadata:
@@ -794,9 +825,7 @@ func (m *Manager) Close() error {
 		// A step that took the core's lock before Close's may still be
 		// carrying out its effects (a lookup among them adds to a wait
 		// group): they end before anything below stops.
-		m.effMu.Lock()
-		//lint:ignore SA2001 an empty critical section on purpose: a barrier
-		m.effMu.Unlock()
+		<-m.eff.barrier()
 		close(m.closing)
 		m.cancel()
 		m.regMu.Lock()

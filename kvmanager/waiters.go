@@ -19,7 +19,7 @@ type waitKey struct {
 }
 
 // waiters holds the channels callers wait on. mu is a leaf lock: taken
-// under the Manager's mu (to make a channel) or its effMu (to close one).
+// under the Manager's mu (to make a channel) or in a step's turn (to close one).
 type waiters struct {
 	mu    sync.Mutex
 	chans map[waitKey]chan struct{}
@@ -66,9 +66,4 @@ func (w *waiters) size() int {
 // call are carried out: the wait for a wake the core already emitted, whose
 // effect may still be on its way (waits in step order, as a channel
 // closed by that effect would).
-func (m *Manager) woken() <-chan struct{} {
-	m.effMu.Lock()
-	//lint:ignore SA2001 an empty critical section on purpose: a barrier
-	m.effMu.Unlock()
-	return closedChan
-}
+func (m *Manager) woken() <-chan struct{} { return m.eff.barrier() }

@@ -245,8 +245,27 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestStepHandlesEveryInput$"},
 	{name: "phase-entry-overwritten", file: "internal/core/registry.go", old: "\tif rm.entered[st].IsZero() {\n\t\trm.entered[st] = now", new: "\tif true {\n\t\trm.entered[st] = now",
 		pkg: "internal/core", run: "^TestRoomPhases$"},
-	{name: "effects-out-of-step-order", file: "kvmanager/shell.go", old: "\tm.effMu.Lock()\n\tbuf := append(m.effBuf[:0], effects...)\n\tm.mu.Unlock()\n\tif f := m.afterUnlock.Load(); f != nil {\n\t\t(*f)()\n\t}", new: "\tbuf := append([]core.Effect(nil), effects...)\n\tm.mu.Unlock()\n\tif f := m.afterUnlock.Load(); f != nil {\n\t\t(*f)()\n\t}\n\tm.effMu.Lock()",
+	// A step's ticket taken after the core's lock is let go: a later step can take an earlier turn.
+	{name: "effects-out-of-step-order", file: "kvmanager/shell.go", old: "\tt, buf := m.eff.take(effects)\n\tm.mu.Unlock()\n\tif f := m.afterUnlock.Load(); f != nil {\n\t\t(*f)()\n\t}\n", new: "\tcp := append([]core.Effect(nil), effects...)\n\tm.mu.Unlock()\n\tif f := m.afterUnlock.Load(); f != nil {\n\t\t(*f)()\n\t}\n\tt, buf := m.eff.take(cp)\n",
 		pkg: "kvmanager", run: "^TestEffectsCarriedOutInStepOrder$"},
+	// A step waits for its effects' turn holding the core's lock (as it did for effMu): reads and Sends wait behind a held turn.
+	{name: "effects-turn-under-lock", file: "kvmanager/shell.go", old: "\tt, buf := m.eff.take(effects)\n\tm.mu.Unlock()\n", new: "\tt, buf := m.eff.take(effects)\n\tm.eff.wait(t)\n\tm.mu.Unlock()\n",
+		pkg: "kvmanager", run: "^TestStepsWaitForTheirTurnOffTheLock$"},
+	// A step whose effects are all posts waits for a turn: an application's Send waits behind other steps' sends.
+	{name: "posts-take-a-turn", file: "kvmanager/shell.go", old: "\tif postsOnly(effects) {\n", new: "\tif false && postsOnly(effects) {\n",
+		pkg: "kvmanager", run: "^TestStepsWaitForTheirTurnOffTheLock$"},
+	// A step carries out its effects without waiting for its turn.
+	{name: "effects-turn-not-waited", file: "kvmanager/shell.go", old: "\tm.eff.wait(t)\n\tvar posts, reads", new: "\tvar posts, reads",
+		pkg: "kvmanager", run: "^TestStepsWaitForTheirTurnOffTheLock$"},
+	// A barrier that does not wait for the tickets before it.
+	{name: "eff-barrier-never-waits", file: "kvmanager/efforder.go", old: "\tif o.served >= o.next {\n\t\treturn closedChan", new: "\tif true {\n\t\treturn closedChan",
+		pkg: "kvmanager", run: "^TestEffOrder$"},
+	// A done step's buffer keeps its messages and channels until it is reused.
+	{name: "eff-buffer-kept-full", file: "kvmanager/efforder.go", old: "\tclear(buf) // drop the messages and channels\n", new: "",
+		pkg: "kvmanager", run: "^TestEffOrder$"},
+	// Every done step's buffer kept.
+	{name: "eff-free-unbounded", file: "kvmanager/efforder.go", old: "\tif len(o.free) < maxFreeEffBufs {\n", new: "\tif true {\n",
+		pkg: "kvmanager", run: "^TestEffOrder$"},
 	{name: "register-loaded-unchecked", file: "internal/core/core_prefill.go", old: "\tpp, err := c.checkRegister(msg)\n\tif err != nil {", new: "\tpp, err := c.checkRegister(msg)\n\tif err != nil && false {",
 		pkg: "internal/core", run: "^TestRegisterAsLoadEffect$"},
 	// No CPU when idle (issue 24): the ucx engine's sleep on its event fd,
