@@ -7,34 +7,50 @@ import (
 	"github.com/kvbridge/kvbridge/internal/core"
 )
 
-// effOrder hands out the turns in which steps carry out their effects:
-// a step takes a ticket under the Manager's mu (so tickets follow the
-// steps' order), lets mu go, waits for its turn and carries its effects
-// out, then passes the turn on. No one holds mu while waiting for a turn:
-// reads, steps without effects and steps whose effects are all posts
-// (carried out without a turn, see carryOut) never wait behind another
-// step's sends. mu (a leaf lock) guards the fields below; it is held for
-// a few instructions, never across a send.
+// effOrder carries out the steps' ordered effects (sends, wakes, watches,
+// lookups) one step at a time in the order the steps ran, and no one
+// waits for that order holding the core's lock. A step takes a ticket
+// under the Manager's mu (so tickets follow the steps' order) and queues
+// its effects with it; once mu is let go, carry returns when the
+// ticket's effects are carried out. One goroutine at a time carries the
+// queue out, whoever comes first: a step whose turn comes while another
+// goroutine carries does not wait to be scheduled for its turn, and its
+// effects do not wait for it (a goroutine handing each turn to the next,
+// each one woken in turn, made a convoy at a thousand goroutines). A
+// carrier carries at most carryMore tickets past its own and then hands
+// the queue to the owner of the next (a carrier is a caller: the control
+// loop's receive goroutine among them). mu (a leaf lock) guards the
+// fields below; it is held for a few instructions, never across an
+// effect.
 type effOrder struct {
-	mu     sync.Mutex
-	next   uint64 // tickets handed out
-	served uint64 // tickets whose effects are carried out: served == t is t's turn
-	// at[v] is closed when served reaches v (a ticket's turn, or a
-	// barrier), made by its first waiter.
+	mu       sync.Mutex
+	next     uint64          // tickets handed out
+	served   uint64          // tickets whose effects are carried out
+	queue    [][]core.Effect // the effects of tickets served … next−1, in order
+	carrying bool            // a goroutine carries the queue out
+	// done[t] is closed when ticket t's effects are carried out, or when
+	// a carrier hands the queue to t's owner; made by its waiter.
+	done map[uint64]chan struct{}
+	// at[v] is closed when served reaches v (a barrier), made by its
+	// first waiter.
 	at   map[uint64]chan struct{}
 	free [][]core.Effect // effect buffers to reuse (at most maxFreeEffBufs)
-	// parked (tests) is called as a ticket's holder waits for its turn.
+	// parked (tests) is called as a ticket's owner waits.
 	parked atomic.Pointer[func(t uint64)]
 }
 
-// maxFreeEffBufs bounds the effect buffers kept for reuse: as many as
-// steps carry out effects at once, usually one or two.
-const maxFreeEffBufs = 8
+// carryMore bounds the tickets a carrier carries past its own before it
+// hands the queue on.
+const carryMore = 32
 
-// take hands out the next ticket with a buffer holding a copy of effects.
-// The caller holds the Manager's mu.
-func (o *effOrder) take(effects []core.Effect) (uint64, []core.Effect) {
+// maxFreeEffBufs bounds the effect buffers kept for reuse.
+const maxFreeEffBufs = 64
+
+// take hands out the next ticket and queues a copy of effects (those
+// ordered: see ordered) with it. The caller holds the Manager's mu.
+func (o *effOrder) take(effects []core.Effect) uint64 {
 	o.mu.Lock()
+	defer o.mu.Unlock()
 	t := o.next
 	o.next++
 	var buf []core.Effect
@@ -42,53 +58,69 @@ func (o *effOrder) take(effects []core.Effect) (uint64, []core.Effect) {
 		buf, o.free[n-1] = o.free[n-1], nil
 		o.free = o.free[:n-1]
 	}
-	o.mu.Unlock()
-	return t, append(buf, effects...)
-}
-
-// wait returns once served reaches v: ticket v's turn, or, for a barrier,
-// every ticket before v carried out.
-func (o *effOrder) wait(v uint64) {
-	o.mu.Lock()
-	if o.served >= v {
-		o.mu.Unlock()
-		return
-	}
-	ch := o.chanAt(v)
-	o.mu.Unlock()
-	if f := o.parked.Load(); f != nil {
-		(*f)(v)
-	}
-	<-ch
-}
-
-// chanAt returns the channel closed when served reaches v; o.mu is held.
-func (o *effOrder) chanAt(v uint64) chan struct{} {
-	ch := o.at[v]
-	if ch == nil {
-		if o.at == nil {
-			o.at = map[uint64]chan struct{}{}
+	for _, e := range effects {
+		if ordered(e.Kind) {
+			buf = append(buf, e)
 		}
-		ch = make(chan struct{})
-		o.at[v] = ch
 	}
-	return ch
+	o.queue = append(o.queue, buf)
+	return t
 }
 
-// done ends ticket t's turn (its effects carried out), keeps its buffer
-// for reuse and wakes whoever waits for the next turn.
-func (o *effOrder) done(t uint64, buf []core.Effect) {
-	clear(buf) // drop the messages and channels
+// carry returns once ticket t's effects are carried out, by do: on this
+// goroutine if no other carries the queue, else by that carrier.
+func (o *effOrder) carry(t uint64, do func([]core.Effect)) {
 	o.mu.Lock()
-	o.served = t + 1
-	if ch := o.at[o.served]; ch != nil {
-		close(ch)
-		delete(o.at, o.served)
-	}
-	if len(o.free) < maxFreeEffBufs {
-		o.free = append(o.free, buf[:0])
+	for o.served <= t {
+		if o.carrying {
+			ch := o.done[t]
+			if ch == nil {
+				if o.done == nil {
+					o.done = map[uint64]chan struct{}{}
+				}
+				ch = make(chan struct{})
+				o.done[t] = ch
+			}
+			o.mu.Unlock()
+			if f := o.parked.Load(); f != nil {
+				(*f)(t)
+			}
+			<-ch
+			o.mu.Lock()
+			continue // carried out, or handed the queue
+		}
+		o.carrying = true
+		for o.served < o.next && o.served <= t+carryMore {
+			buf := o.queue[0]
+			o.queue[0] = nil
+			o.queue = o.queue[1:]
+			o.mu.Unlock()
+			do(buf)
+			clear(buf) // drop the messages and channels
+			o.mu.Lock()
+			o.served++
+			o.wake(o.done, o.served-1)
+			o.wake(o.at, o.served)
+			if len(o.free) < maxFreeEffBufs {
+				o.free = append(o.free, buf[:0])
+			}
+		}
+		o.carrying = false
+		if len(o.queue) == 0 {
+			o.queue = o.queue[:0:0] // let a burst's array go
+		} else {
+			o.wake(o.done, o.served) // the next ticket's owner carries on
+		}
 	}
 	o.mu.Unlock()
+}
+
+// wake closes and forgets chans[k], if made.
+func (o *effOrder) wake(chans map[uint64]chan struct{}, k uint64) {
+	if ch := chans[k]; ch != nil {
+		close(ch)
+		delete(chans, k)
+	}
 }
 
 // barrier returns a channel closed once every ticket handed out before
@@ -99,5 +131,24 @@ func (o *effOrder) barrier() <-chan struct{} {
 	if o.served >= o.next {
 		return closedChan
 	}
-	return o.chanAt(o.next)
+	ch := o.at[o.next]
+	if ch == nil {
+		if o.at == nil {
+			o.at = map[uint64]chan struct{}{}
+		}
+		ch = make(chan struct{})
+		o.at[o.next] = ch
+	}
+	return ch
+}
+
+// ordered says whether an effect is carried out in its step's turn; the
+// others (posts, reads, loads, challenges: each may step the core) are
+// the step's own goroutine's, after the turn.
+func ordered(k core.EffectKind) bool {
+	switch k {
+	case core.EffectPost, core.EffectRead, core.EffectLoadMetadata, core.EffectChallenge, core.EffectLoadOffer, core.EffectChallengeOffer:
+		return false
+	}
+	return true
 }

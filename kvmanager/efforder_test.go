@@ -16,9 +16,13 @@ import (
 )
 
 // TestEffOrder: tickets follow the order they are taken in; a ticket's
-// turn comes once every earlier one is done; a barrier is closed once
-// every ticket taken before it is done (at once when none is pending);
-// buffers are reused, emptied, and at most maxFreeEffBufs are kept.
+// effects (its ordered ones only) are carried out after every earlier
+// one's, by one carrier at a time — the first to come, carrying the
+// others' queued effects while their owners wait, at most carryMore past
+// its own before it hands the queue to the next ticket's owner; a barrier
+// is closed once every ticket taken before it is carried out (at once
+// when none is pending); buffers are emptied, reused, and at most
+// maxFreeEffBufs are kept.
 func TestEffOrder(t *testing.T) {
 	var o effOrder
 	closed := func(ch <-chan struct{}) bool {
@@ -29,53 +33,134 @@ func TestEffOrder(t *testing.T) {
 			return false
 		}
 	}
-	require.True(t, closed(o.barrier()), "a barrier with nothing pending")
-	msg := &wire.Abort{Room: 7}
-	t0, b0 := o.take([]core.Effect{{Kind: core.EffectSend, Msg: msg}})
-	t1, b1 := o.take([]core.Effect{{Kind: core.EffectWake}, {Kind: core.EffectWake}})
-	require.Equal(t, []uint64{0, 1}, []uint64{t0, t1}, "tickets in the order taken")
-	require.Len(t, b1, 2)
-	bar := o.barrier() // covers tickets 0 and 1
-	require.False(t, closed(bar), "a barrier closed with tickets pending")
-	o.wait(t0) // its turn: nothing before it
-	turn1 := make(chan struct{})
-	go func() { o.wait(t1); close(turn1) }()
-	require.False(t, closed(turn1), "ticket 1's turn before ticket 0 is done")
-	o.done(t0, b0)
-	<-turn1
-	require.Nil(t, b0[:1][0].Msg, "a done buffer keeps the step's messages")
-	require.False(t, closed(bar), "the barrier closed with ticket 1 pending")
-	t2, _ := o.take(nil)
-	o.done(t1, b1)
-	require.True(t, closed(bar), "the barrier not closed once the tickets before it were done")
-	require.False(t, closed(o.barrier()), "a barrier taken with ticket 2 pending is closed")
-	o.done(t2, nil)
-	require.True(t, closed(o.barrier()))
-	require.Empty(t, o.at, "channels kept after their turns")
-	var tks []uint64 // many steps carrying out effects at once
-	var bs [][]core.Effect
-	for range 2 * maxFreeEffBufs {
-		tk, b := o.take(make([]core.Effect, 1))
-		tks, bs = append(tks, tk), append(bs, b)
-	}
-	for i, tk := range tks {
-		o.done(tk, bs[i])
-	}
-	require.Len(t, o.free, maxFreeEffBufs, "buffers kept past the bound")
-	var bufs [][]core.Effect
-	for range 2 * maxFreeEffBufs {
-		_, b := o.take(nil)
-		bufs = append(bufs, b)
-	}
-	require.LessOrEqual(t, len(o.free), maxFreeEffBufs)
-	reused := 0
-	for _, b := range bufs {
-		if cap(b) > 0 {
-			reused++
+	within := func(what string, ch <-chan struct{}) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: not within 10 s", what)
 		}
 	}
-	require.Positive(t, reused, "no buffer reused")
-	require.LessOrEqual(t, reused, maxFreeEffBufs, "more buffers kept than the bound")
+	send := func(room uint64) core.Effect {
+		return core.Effect{Kind: core.EffectSend, Msg: &wire.Abort{Room: room}}
+	}
+	room := func(e core.Effect) uint64 { return e.Msg.(*wire.Abort).Room }
+	require.True(t, closed(o.barrier()), "a barrier with nothing pending")
+
+	// Two tickets carried by the first owner to carry: in order, the
+	// posts left to their owners.
+	t0 := o.take([]core.Effect{send(1), {Kind: core.EffectPost}})
+	t1 := o.take([]core.Effect{send(2)})
+	require.Equal(t, []uint64{0, 1}, []uint64{t0, t1}, "tickets in the order taken")
+	bar := o.barrier()
+	require.False(t, closed(bar), "a barrier closed with tickets pending")
+	var got []uint64
+	var seen [][]core.Effect
+	o.carry(t0, func(es []core.Effect) {
+		for _, e := range es {
+			require.Equal(t, core.EffectSend, e.Kind, "an effect carried in the turn that is not ordered")
+			got = append(got, room(e))
+		}
+		seen = append(seen, es)
+	})
+	require.Equal(t, []uint64{1, 2}, got, "ticket 1's effects carried by the carrier of ticket 0, after them")
+	require.True(t, closed(bar), "the barrier not closed once the tickets before it were carried out")
+	o.carry(t1, func([]core.Effect) { t.Fatal("ticket 1 carried twice") })
+	for _, es := range seen {
+		for _, e := range es {
+			require.Nil(t, e.Msg, "a carried-out buffer keeps the step's messages")
+		}
+	}
+
+	// One carrier at a time: while the first is inside an effect, the
+	// next ticket's owner waits, and the carrier carries its effects.
+	hold, release := make(chan struct{}), make(chan struct{})
+	ta := o.take([]core.Effect{send(3)})
+	aDone := make(chan struct{})
+	var byA []uint64
+	go func() {
+		defer close(aDone)
+		o.carry(ta, func(es []core.Effect) {
+			if room(es[0]) == 3 {
+				close(hold)
+				<-release
+			}
+			byA = append(byA, room(es[0]))
+		})
+	}()
+	within("the first carrier", hold)
+	tb := o.take([]core.Effect{send(4)})
+	parked := make(chan uint64, 1)
+	park := func(v uint64) { parked <- v }
+	o.parked.Store(&park)
+	bDone := make(chan struct{})
+	go func() {
+		defer close(bDone)
+		o.carry(tb, func([]core.Effect) { t.Error("a second carrier while the first carries") })
+	}()
+	select {
+	case v := <-parked:
+		require.Equal(t, tb, v)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second ticket's owner did not wait")
+	}
+	o.parked.Store(nil)
+	close(release)
+	within("the first carrier", aDone)
+	within("the second ticket's owner", bDone)
+	require.Equal(t, []uint64{3, 4}, byA, "the first carrier carried the second ticket's effects")
+
+	// A carrier carries at most carryMore tickets past its own, then the
+	// next ticket's owner (waiting) carries on.
+	hold, release = make(chan struct{}), make(chan struct{})
+	first := o.take([]core.Effect{send(100)})
+	var rest []uint64
+	for i := range carryMore + 5 {
+		rest = append(rest, o.take([]core.Effect{send(101 + uint64(i))}))
+	}
+	next := rest[carryMore] // the first ticket past the carrier's bound
+	mDone, nDone := make(chan struct{}), make(chan struct{})
+	var byM, byN int
+	go func() {
+		defer close(mDone)
+		o.carry(first, func(es []core.Effect) {
+			if room(es[0]) == 100 {
+				close(hold)
+				<-release
+			}
+			byM++
+		})
+	}()
+	within("the carrier", hold)
+	o.parked.Store(&park)
+	go func() {
+		defer close(nDone)
+		o.carry(next, func([]core.Effect) { byN++ })
+	}()
+	select {
+	case <-parked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the next owner did not wait")
+	}
+	o.parked.Store(nil)
+	close(release)
+	within("the carrier", mDone)
+	within("the next ticket's owner, handed the queue", nDone)
+	require.Equal(t, 1+carryMore, byM, "tickets carried by one carrier")
+	require.Equal(t, 5, byN, "tickets carried by the owner it handed the queue to")
+	require.True(t, closed(o.barrier()), "tickets left uncarried")
+	require.Empty(t, o.done, "waiters' channels kept")
+	require.Empty(t, o.at, "barriers' channels kept")
+
+	// Buffers: at most maxFreeEffBufs kept, and reused.
+	var last uint64
+	for range 3 * maxFreeEffBufs {
+		last = o.take([]core.Effect{send(1)})
+	}
+	o.carry(last, func([]core.Effect) {})
+	require.Len(t, o.free, maxFreeEffBufs, "buffers kept past the bound")
+	o.take([]core.Effect{send(1)})
+	require.Len(t, o.free, maxFreeEffBufs-1, "a kept buffer not reused")
 }
 
 // TestStepsWaitForTheirTurnOffTheLock: a step whose effects wait for an
@@ -123,7 +208,9 @@ func TestStepsWaitForTheirTurnOffTheLock(t *testing.T) {
 	require.Equal(t, WaitingForInput, st)
 
 	// Step A (an ABORT of an unknown room: its effect is an ABORT_ACK)
-	// holds its turn; step B (the same for another room) waits for its.
+	// carries its effects out and stalls in its send (a carrier
+	// descheduled); step B (the same for another room) waits for A to
+	// carry out its effects too.
 	decode := wire.From{Role: wire.RoleDecode, Instance: "d", Endpoint: "tcp://127.0.0.1:1", Epoch: 1}
 	abort := func(id uint64) {
 		p.step(func(c *core.Core, now time.Time) {
@@ -133,13 +220,20 @@ func TestStepsWaitForTheirTurnOffTheLock(t *testing.T) {
 	held, release := make(chan struct{}), make(chan struct{})
 	var releaseOnce sync.Once
 	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) }) // before the ranks close, also on failure
-	var holdOnce sync.Once
-	hold := func() { holdOnce.Do(func() { close(held); <-release }) }
-	p.afterUnlock.Store(&hold)
+	var acks []uint64
+	onSend := func(msg wire.Message) {
+		if a, ok := msg.(*wire.AbortAck); ok {
+			acks = append(acks, a.Room)
+			if a.Room == 100 {
+				close(held)
+				<-release
+			}
+		}
+	}
+	p.onSend.Store(&onSend)
 	aDone, bDone := make(chan struct{}), make(chan struct{})
 	go func() { defer close(aDone); abort(100) }()
-	<-held
-	p.afterUnlock.Store(nil)
+	within("step A's send", func() { <-held })
 	parked := make(chan uint64, 1)
 	park := func(v uint64) {
 		select {
@@ -149,7 +243,7 @@ func TestStepsWaitForTheirTurnOffTheLock(t *testing.T) {
 	}
 	p.eff.parked.Store(&park)
 	go func() { defer close(bDone); abort(101) }()
-	within("step B's wait for its turn", func() { <-parked })
+	within("step B's wait for its effects", func() { <-parked })
 	p.eff.parked.Store(nil)
 
 	within("a read", func() { p.Status(room) })
@@ -162,6 +256,8 @@ func TestStepsWaitForTheirTurnOffTheLock(t *testing.T) {
 	})
 	releaseOnce.Do(func() { close(release) })
 	within("steps A and B", func() { <-aDone; <-bDone })
+	p.onSend.Store(nil)
+	require.Equal(t, []uint64{100, 101}, acks, "ABORT_ACKs in the steps' order")
 	st, err = p.Wait(ctx, room)
 	require.NoError(t, err)
 	require.Equal(t, Success, st, "prefill: %s", p.Failure(room))

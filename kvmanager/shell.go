@@ -424,14 +424,41 @@ func (m *Manager) carryOut() {
 		m.carryOutPosts(posts)
 		return
 	}
-	t, buf := m.eff.take(effects)
+	var posts, reads []core.Effect
+	for _, e := range effects {
+		switch {
+		case e.Kind == core.EffectRead:
+			reads = append(reads, e)
+		case !ordered(e.Kind):
+			posts = append(posts, e) // each may step: after the turn
+		}
+	}
+	t := m.eff.take(effects)
 	m.mu.Unlock()
 	if f := m.afterUnlock.Load(); f != nil {
 		(*f)()
 	}
-	m.eff.wait(t)
-	var posts, reads []core.Effect
-	for _, e := range buf {
+	m.eff.carry(t, m.carryOutOrdered)
+	if len(reads) > 0 {
+		if m.onReads != nil {
+			m.onReads(reads)
+		} else {
+			// A rank without readers (no Config.Pull) never drops a read:
+			// it is over, unposted.
+			for _, e := range reads {
+				m.stepIn(core.ReadDone{Room: e.Room, Read: e.Read, Quiesced: true, Err: fmt.Errorf("room %d: this decode rank does not pull (Config.Pull)", e.Room)})
+			}
+		}
+	}
+	m.carryOutPosts(posts)
+}
+
+// carryOutOrdered carries out one step's ordered effects (effOrder), on
+// whichever goroutine carries the queue: each is a hand-off that does not
+// block (a send to the control loop, a channel closed, a lookup or an
+// unload started on a goroutine of its own).
+func (m *Manager) carryOutOrdered(effects []core.Effect) {
+	for _, e := range effects {
 		switch e.Kind {
 		case core.EffectSend:
 			if a, ok := e.Msg.(*wire.RegisterAck); ok && !a.OK {
@@ -439,8 +466,8 @@ func (m *Manager) carryOut() {
 			}
 			if e.Ready != nil || e.Digest != nil {
 				// A PAGES whose data is not known to be in place yet, or
-				// that its digest's sums go into: off this loop, whose
-				// lock the next step waits for.
+				// that its digest's sums go into: off the queue, which
+				// every later step's effects wait for.
 				m.sendWhenReady(e)
 				continue
 			}
@@ -488,25 +515,8 @@ func (m *Manager) carryOut() {
 			// (up to the engine's close bound), and every step would wait
 			// behind it.
 			m.unload(e.Remote)
-		case core.EffectRead:
-			reads = append(reads, e)
-		case core.EffectPost, core.EffectLoadMetadata, core.EffectChallenge, core.EffectLoadOffer, core.EffectChallengeOffer:
-			posts = append(posts, e) // each may step: after the turn
 		}
 	}
-	m.eff.done(t, buf)
-	if len(reads) > 0 {
-		if m.onReads != nil {
-			m.onReads(reads)
-		} else {
-			// A rank without readers (no Config.Pull) never drops a read:
-			// it is over, unposted.
-			for _, e := range reads {
-				m.stepIn(core.ReadDone{Room: e.Room, Read: e.Read, Quiesced: true, Err: fmt.Errorf("room %d: this decode rank does not pull (Config.Pull)", e.Room)})
-			}
-		}
-	}
-	m.carryOutPosts(posts)
 }
 
 // postsOnly says whether every effect is a post (a chunk to the pool).

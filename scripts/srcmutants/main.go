@@ -246,25 +246,34 @@ var mutants = []mutant{
 	{name: "phase-entry-overwritten", file: "internal/core/registry.go", old: "\tif rm.entered[st].IsZero() {\n\t\trm.entered[st] = now", new: "\tif true {\n\t\trm.entered[st] = now",
 		pkg: "internal/core", run: "^TestRoomPhases$"},
 	// A step's ticket taken after the core's lock is let go: a later step can take an earlier turn.
-	{name: "effects-out-of-step-order", file: "kvmanager/shell.go", old: "\tt, buf := m.eff.take(effects)\n\tm.mu.Unlock()\n\tif f := m.afterUnlock.Load(); f != nil {\n\t\t(*f)()\n\t}\n", new: "\tcp := append([]core.Effect(nil), effects...)\n\tm.mu.Unlock()\n\tif f := m.afterUnlock.Load(); f != nil {\n\t\t(*f)()\n\t}\n\tt, buf := m.eff.take(cp)\n",
+	{name: "effects-out-of-step-order", file: "kvmanager/shell.go", old: "\tt := m.eff.take(effects)\n\tm.mu.Unlock()\n\tif f := m.afterUnlock.Load(); f != nil {\n\t\t(*f)()\n\t}\n", new: "\tcp := append([]core.Effect(nil), effects...)\n\tm.mu.Unlock()\n\tif f := m.afterUnlock.Load(); f != nil {\n\t\t(*f)()\n\t}\n\tt := m.eff.take(cp)\n",
 		pkg: "kvmanager", run: "^TestEffectsCarriedOutInStepOrder$"},
-	// A step waits for its effects' turn holding the core's lock (as it did for effMu): reads and Sends wait behind a held turn.
-	{name: "effects-turn-under-lock", file: "kvmanager/shell.go", old: "\tt, buf := m.eff.take(effects)\n\tm.mu.Unlock()\n", new: "\tt, buf := m.eff.take(effects)\n\tm.eff.wait(t)\n\tm.mu.Unlock()\n",
+	// A step's effects carried out under the core's lock (as a step waited for effMu): reads, steps and Sends wait behind a stalled carrier.
+	{name: "effects-turn-under-lock", file: "kvmanager/shell.go", old: "\tt := m.eff.take(effects)\n\tm.mu.Unlock()\n", new: "\tt := m.eff.take(effects)\n\tm.eff.carry(t, m.carryOutOrdered)\n\tm.mu.Unlock()\n",
 		pkg: "kvmanager", run: "^TestStepsWaitForTheirTurnOffTheLock$"},
 	// A step whose effects are all posts waits for a turn: an application's Send waits behind other steps' sends.
 	{name: "posts-take-a-turn", file: "kvmanager/shell.go", old: "\tif postsOnly(effects) {\n", new: "\tif false && postsOnly(effects) {\n",
 		pkg: "kvmanager", run: "^TestStepsWaitForTheirTurnOffTheLock$"},
-	// A step carries out its effects without waiting for its turn.
-	{name: "effects-turn-not-waited", file: "kvmanager/shell.go", old: "\tm.eff.wait(t)\n\tvar posts, reads", new: "\tvar posts, reads",
-		pkg: "kvmanager", run: "^TestStepsWaitForTheirTurnOffTheLock$"},
+	// Two carriers at once: a step's effects carried out beside an earlier step's.
+	{name: "eff-carriers-concurrent", file: "kvmanager/efforder.go", old: "\t\tif o.carrying {\n", new: "\t\tif false {\n",
+		pkg: "kvmanager", run: "^(TestStepsWaitForTheirTurnOffTheLock|TestEffOrder)$"},
+	// A carrier carries the queue for as long as it fills (the control loop's goroutine among them).
+	{name: "eff-carrier-unbounded", file: "kvmanager/efforder.go", old: "for o.served < o.next && o.served <= t+carryMore {", new: "for o.served < o.next {",
+		pkg: "kvmanager", run: "^TestEffOrder$"},
+	// A carrier at its bound leaves the queue without waking the next ticket's owner.
+	{name: "eff-queue-not-handed-on", file: "kvmanager/efforder.go", old: "\t\t\to.wake(o.done, o.served) // the next ticket's owner carries on\n", new: "",
+		pkg: "kvmanager", run: "^TestEffOrder$"},
+	// Posts, reads and loads carried out in the queue, by whichever goroutine carries it.
+	{name: "eff-unordered-carried", file: "kvmanager/efforder.go", old: "func ordered(k core.EffectKind) bool {\n\tswitch k {", new: "func ordered(k core.EffectKind) bool {\n\tif k != 0 {\n\t\treturn true\n\t}\n\tswitch k {",
+		pkg: "kvmanager", run: "^TestEffOrder$"},
 	// A barrier that does not wait for the tickets before it.
 	{name: "eff-barrier-never-waits", file: "kvmanager/efforder.go", old: "\tif o.served >= o.next {\n\t\treturn closedChan", new: "\tif true {\n\t\treturn closedChan",
 		pkg: "kvmanager", run: "^TestEffOrder$"},
-	// A done step's buffer keeps its messages and channels until it is reused.
-	{name: "eff-buffer-kept-full", file: "kvmanager/efforder.go", old: "\tclear(buf) // drop the messages and channels\n", new: "",
+	// A carried-out buffer keeps its messages and channels until it is reused.
+	{name: "eff-buffer-kept-full", file: "kvmanager/efforder.go", old: "\t\t\tclear(buf) // drop the messages and channels\n", new: "",
 		pkg: "kvmanager", run: "^TestEffOrder$"},
-	// Every done step's buffer kept.
-	{name: "eff-free-unbounded", file: "kvmanager/efforder.go", old: "\tif len(o.free) < maxFreeEffBufs {\n", new: "\tif true {\n",
+	// Every carried-out buffer kept.
+	{name: "eff-free-unbounded", file: "kvmanager/efforder.go", old: "\t\t\tif len(o.free) < maxFreeEffBufs {\n", new: "\t\t\tif true {\n",
 		pkg: "kvmanager", run: "^TestEffOrder$"},
 	{name: "register-loaded-unchecked", file: "internal/core/core_prefill.go", old: "\tpp, err := c.checkRegister(msg)\n\tif err != nil {", new: "\tpp, err := c.checkRegister(msg)\n\tif err != nil && false {",
 		pkg: "internal/core", run: "^TestRegisterAsLoadEffect$"},
