@@ -2,6 +2,7 @@ package kvmanager
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/kvbridge/kvbridge/internal/core"
 	"github.com/kvbridge/kvbridge/internal/nixl"
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/testauth"
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/transfer"
@@ -164,18 +166,33 @@ func TestEffOrder(t *testing.T) {
 }
 
 // TestStepsWaitForTheirTurnOffTheLock: a step whose effects wait for an
-// earlier step's (held here while its effects are not carried out) waits
-// without the core's lock: a read and a step without effects go on, and an
-// application's chunk (a step whose effects are all posts) is posted and
-// lands on the decode rank meanwhile. Before, the waiting step held the
-// lock, and every read, step and Send of the rank waited behind a
-// descheduled holder of the effects' turn (issue 52: REQUEST → first post
-// p99 with a goroutine per room).
+// earlier step's (its carrier stalled inside a send, as a descheduled
+// goroutine would be) waits without the core's lock: a read and a step
+// without effects go on meanwhile. An application's chunk (a step whose
+// effects are posts) waits for its turn too, off the lock, and is posted
+// once the carrier goes on: a room's posts follow the effects of the
+// steps before them. Before, the waiting step held the lock, and every
+// read, step and Send of the rank waited behind the stalled carrier
+// (issue 52: REQUEST → first post p99 with a goroutine per room).
 func TestStepsWaitForTheirTurnOffTheLock(t *testing.T) {
 	srv := testauth.Server()
 	require.NoError(t, srv.Start("127.0.0.1:0"))
 	t.Cleanup(func() { srv.Close(context.Background()) })
-	p := newTestPrefill(t, func(c *Config) { c.Instance, c.BootstrapURL = "turns", srv.URL() })
+	var evMu sync.Mutex
+	var events []string // ABORT_ACKs handed to the loop, and the Send's post handed to the pool, in order
+	event := func(e string) {
+		evMu.Lock()
+		events = append(events, e)
+		evMu.Unlock()
+	}
+	p := newTestPrefill(t, func(c *Config) {
+		c.Instance, c.BootstrapURL = "turns", srv.URL()
+		c.hooks.Trace = func(room uint64, ev rankhooks.Event, _ time.Time) {
+			if ev == rankhooks.Submitted {
+				event(fmt.Sprintf("post %d", room))
+			}
+		}
+	})
 	cfg := DefaultConfig(RoleDecode)
 	cfg.Auth, cfg.Instance, cfg.Compat, cfg.BootstrapURL = testauth.Auth(), "turns-decode", p.cfg.Compat, srv.URL()
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
@@ -220,10 +237,9 @@ func TestStepsWaitForTheirTurnOffTheLock(t *testing.T) {
 	held, release := make(chan struct{}), make(chan struct{})
 	var releaseOnce sync.Once
 	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) }) // before the ranks close, also on failure
-	var acks []uint64
 	onSend := func(msg wire.Message) {
 		if a, ok := msg.(*wire.AbortAck); ok {
-			acks = append(acks, a.Room)
+			event(fmt.Sprintf("ack %d", a.Room))
 			if a.Room == 100 {
 				close(held)
 				<-release
@@ -248,16 +264,23 @@ func TestStepsWaitForTheirTurnOffTheLock(t *testing.T) {
 
 	within("a read", func() { p.Status(room) })
 	within("a step without effects", func() { require.NoError(t, p.CreateSender(room+1)) })
-	within("the application's Send", func() { require.NoError(t, p.SendChunk(room, []uint32{5}, true, -1, nil)) })
+	p.eff.parked.Store(&park)
+	sent := make(chan error, 1)
+	go func() { sent <- p.SendChunk(room, []uint32{5}, true, -1, nil) }()
+	within("the application's Send waiting for its turn", func() { <-parked })
+	p.eff.parked.Store(nil)
+	releaseOnce.Do(func() { close(release) })
+	within("steps A and B", func() { <-aDone; <-bDone })
+	within("the application's Send", func() { require.NoError(t, <-sent) })
 	within("the room's bytes landing", func() {
 		st, err := d.Wait(ctx, room)
 		require.NoError(t, err)
 		require.Equal(t, Success, st, "decode: %s", d.Failure(room))
 	})
-	releaseOnce.Do(func() { close(release) })
-	within("steps A and B", func() { <-aDone; <-bDone })
 	p.onSend.Store(nil)
-	require.Equal(t, []uint64{100, 101}, acks, "ABORT_ACKs in the steps' order")
+	evMu.Lock()
+	require.Equal(t, []string{"ack 100", "ack 101", "post 1"}, events, "effects out of the steps' order")
+	evMu.Unlock()
 	st, err = p.Wait(ctx, room)
 	require.NoError(t, err)
 	require.Equal(t, Success, st, "prefill: %s", p.Failure(room))

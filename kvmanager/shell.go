@@ -372,13 +372,14 @@ func (m *Manager) Config() Config { return m.cfg }
 
 // step runs one step of the core under the lock and carries out its
 // effects after it, in order: the step takes a ticket before it releases
-// mu, so a later step's sends, wake-ups, watches and lookups wait for this
-// step's (one writer at a time, in step order, as grpc's loopyWriter keeps
-// a stream's frames in order) while the core's lock is free for its work
-// — an encode, a seal and a cgo call per send are not paid under it, and
-// a step waits for its turn without holding it. Posts go to the transfer
-// pool after the turn is passed on (Submit may block while a worker's
-// gate needs the lock and a turn).
+// mu and queues its sends, wake-ups, watches and lookups with it; they are
+// carried out in step order, one step's at a time, by one carrier at a
+// time (efforder.go: one writer, as grpc's loopyWriter keeps a stream's
+// frames in order), while the core's lock is free for its work — an
+// encode, a seal and a cgo call per send are not paid under it, and no
+// one waits for the order holding it. The step's posts go to the transfer
+// pool once its turn is over (Submit may block while a worker's gate
+// needs the lock and a turn).
 // stepIn steps one input into the core at the shell's clock and carries
 // out its effects: the shell's one way into the core. What a caller needs
 // to know of the room besides (its status before, its times when it
@@ -406,22 +407,6 @@ func (m *Manager) carryOut() {
 	effects := m.core.Effects()
 	if len(effects) == 0 {
 		m.mu.Unlock()
-		return
-	}
-	if postsOnly(effects) {
-		// A chunk handed to the pool (an application's Send): posts are
-		// carried out after a step's turn anyway, and the pool keeps a
-		// room's jobs in Seq order; so no turn to wait for, and a Send
-		// does not wait behind other steps' sends (issue 52: the first
-		// post). The pool may step the core, so a copy, after mu.
-		var one [1]core.Effect
-		posts := one[:0]
-		if len(effects) > len(one) {
-			posts = make([]core.Effect, 0, len(effects))
-		}
-		posts = append(posts, effects...)
-		m.mu.Unlock()
-		m.carryOutPosts(posts)
 		return
 	}
 	var posts, reads []core.Effect
@@ -517,16 +502,6 @@ func (m *Manager) carryOutOrdered(effects []core.Effect) {
 			m.unload(e.Remote)
 		}
 	}
-}
-
-// postsOnly says whether every effect is a post (a chunk to the pool).
-func postsOnly(effects []core.Effect) bool {
-	for i := range effects {
-		if effects[i].Kind != core.EffectPost {
-			return false
-		}
-	}
-	return true
 }
 
 // carryOutPosts hands chunks to the transfer pool and starts metadata
