@@ -14,7 +14,8 @@ import (
 // produced them. Step A (an ABORT of room 1 from a decode rank: its answer
 // is an ABORT_ACK) lets go of the lock and, before carrying out its
 // effects, lets step B (the same for room 2) run its core work; B's
-// ABORT_ACK must still be handed to the control loop after A's.
+// ABORT_ACK must still be handed to the control loop after A's (here B,
+// coming to carry first, carries A's effects and then its own).
 func TestEffectsCarriedOutInStepOrder(t *testing.T) {
 	p := newTestPrefill(t)
 	m := p.Manager
@@ -46,6 +47,10 @@ func TestEffectsCarriedOutInStepOrder(t *testing.T) {
 			abort(2, bCore)
 		}()
 		<-bCore // B stepped the core while A's effects wait
+		// and B's step is over (B carried A's effects first, A's ticket
+		// being the earlier) before A comes to carry: a ticket taken after
+		// the lock is let go would be B's first, deterministically.
+		<-bDone
 	}
 	m.afterUnlock.Store(&afterUnlock)
 	abort(1, nil)

@@ -18,8 +18,8 @@ import (
 // effects do not wait for it (a goroutine handing each turn to the next,
 // each one woken in turn, made a convoy at a thousand goroutines). A
 // carrier carries at most carryMore tickets past its own and then hands
-// the queue to the owner of the next (a carrier is a caller: the control
-// loop's receive goroutine among them). mu (a leaf lock) guards the
+// the queue to the owner of the earliest ticket still queued who waits (a
+// carrier is a caller: the control loop's receive goroutine among them). mu (a leaf lock) guards the
 // fields below; it is held for a few instructions, never across an
 // effect.
 type effOrder struct {
@@ -43,8 +43,13 @@ type effOrder struct {
 // hands the queue on.
 const carryMore = 32
 
-// maxFreeEffBufs bounds the effect buffers kept for reuse.
-const maxFreeEffBufs = 64
+// maxFreeEffBufs bounds the effect buffers kept for reuse, maxKeptEffBuf
+// the effects one kept buffer holds (a step failing every room of a rank
+// at Close makes one of thousands).
+const (
+	maxFreeEffBufs = 64
+	maxKeptEffBuf  = 64
+)
 
 // take hands out the next ticket and queues a copy of effects (those
 // ordered: see ordered) with it. The caller holds the Manager's mu.
@@ -101,7 +106,7 @@ func (o *effOrder) carry(t uint64, do func([]core.Effect)) {
 			o.served++
 			o.wake(o.done, o.served-1)
 			o.wake(o.at, o.served)
-			if len(o.free) < maxFreeEffBufs {
+			if len(o.free) < maxFreeEffBufs && cap(buf) <= maxKeptEffBuf {
 				o.free = append(o.free, buf[:0])
 			}
 		}
@@ -109,10 +114,25 @@ func (o *effOrder) carry(t uint64, do func([]core.Effect)) {
 		if len(o.queue) == 0 {
 			o.queue = o.queue[:0:0] // let a burst's array go
 		} else {
-			o.wake(o.done, o.served) // the next ticket's owner carries on
+			o.handOn()
 		}
 	}
 	o.mu.Unlock()
+}
+
+// handOn wakes the owner of the earliest ticket still queued who waits,
+// to carry on from served: the next ticket's owner may not have come to
+// carry yet (descheduled between its step and its turn), and the owners
+// waiting behind it must not wait for it to be run. None waiting: the
+// next owner to come carries on. o.mu is held.
+func (o *effOrder) handOn() {
+	for k := o.served; k < o.next; k++ {
+		if ch := o.done[k]; ch != nil {
+			close(ch)
+			delete(o.done, k)
+			return
+		}
+	}
 }
 
 // wake closes and forgets chans[k], if made.

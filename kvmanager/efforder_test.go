@@ -113,14 +113,15 @@ func TestEffOrder(t *testing.T) {
 	require.Equal(t, []uint64{3, 4}, byA, "the first carrier carried the second ticket's effects")
 
 	// A carrier carries at most carryMore tickets past its own, then the
-	// next ticket's owner (waiting) carries on.
+	// earliest owner waiting carries on — here not the next ticket's, whose
+	// owner has not come to carry yet.
 	hold, release = make(chan struct{}), make(chan struct{})
 	first := o.take([]core.Effect{send(100)})
 	var rest []uint64
 	for i := range carryMore + 5 {
 		rest = append(rest, o.take([]core.Effect{send(101 + uint64(i))}))
 	}
-	next := rest[carryMore] // the first ticket past the carrier's bound
+	next := rest[carryMore+2] // two past the carrier's bound: the owners of the two before it are not there
 	mDone, nDone := make(chan struct{}), make(chan struct{})
 	var byM, byN int
 	go func() {
@@ -147,9 +148,9 @@ func TestEffOrder(t *testing.T) {
 	o.parked.Store(nil)
 	close(release)
 	within("the carrier", mDone)
-	within("the next ticket's owner, handed the queue", nDone)
+	within("the owner waiting, handed the queue", nDone)
 	require.Equal(t, 1+carryMore, byM, "tickets carried by one carrier")
-	require.Equal(t, 5, byN, "tickets carried by the owner it handed the queue to")
+	require.Equal(t, 5, byN, "tickets carried by the owner it handed the queue to (from the first left)")
 	require.True(t, closed(o.barrier()), "tickets left uncarried")
 	require.Empty(t, o.done, "waiters' channels kept")
 	require.Empty(t, o.at, "barriers' channels kept")
@@ -163,6 +164,15 @@ func TestEffOrder(t *testing.T) {
 	require.Len(t, o.free, maxFreeEffBufs, "buffers kept past the bound")
 	o.take([]core.Effect{send(1)})
 	require.Len(t, o.free, maxFreeEffBufs-1, "a kept buffer not reused")
+	big := make([]core.Effect, 2*maxKeptEffBuf)
+	for i := range big {
+		big[i] = send(1)
+	}
+	o.free = nil
+	o.carry(o.take(big), func([]core.Effect) {})
+	for _, b := range o.free {
+		require.LessOrEqual(t, cap(b), maxKeptEffBuf, "a step's large buffer kept")
+	}
 }
 
 // TestStepsWaitForTheirTurnOffTheLock: a step whose effects wait for an
@@ -185,7 +195,10 @@ func TestStepsWaitForTheirTurnOffTheLock(t *testing.T) {
 		events = append(events, e)
 		evMu.Unlock()
 	}
-	p := newTestPrefill(t, func(c *Config) {
+	// No step of the ranks' own while the test steps them: no sweep, no
+	// heartbeat within the test's minute.
+	quiet := func(c *Config) { c.SweepInterval, c.HeartbeatInterval = time.Hour, time.Hour }
+	p := newTestPrefill(t, quiet, func(c *Config) {
 		c.Instance, c.BootstrapURL = "turns", srv.URL()
 		c.hooks.Trace = func(room uint64, ev rankhooks.Event, _ time.Time) {
 			if ev == rankhooks.Submitted {
@@ -197,22 +210,26 @@ func TestStepsWaitForTheirTurnOffTheLock(t *testing.T) {
 	cfg.Auth, cfg.Instance, cfg.Compat, cfg.BootstrapURL = testauth.Auth(), "turns-decode", p.cfg.Compat, srv.URL()
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+	quiet(&cfg)
 	d, err := NewDecode(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	// within fails the test if f does not return in 10 s (the bound of a
-	// wait that must not happen, not a synchronisation).
-	within := func(what string, f func()) {
+	// within fails the test if ch is not closed (or sent on) in 10 s: the
+	// bound of a wait that must not happen, not a synchronisation.
+	within := func(what string, ch <-chan struct{}) {
 		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: not within 10 s", what)
+		}
+	}
+	async := func(f func()) <-chan struct{} {
 		done := make(chan struct{})
 		go func() { defer close(done); f() }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s waited behind another step's turn", what)
-		}
+		return done
 	}
 
 	const room = 1
@@ -247,36 +264,45 @@ func TestStepsWaitForTheirTurnOffTheLock(t *testing.T) {
 		}
 	}
 	p.onSend.Store(&onSend)
-	aDone, bDone := make(chan struct{}), make(chan struct{})
-	go func() { defer close(aDone); abort(100) }()
-	within("step A's send", func() { <-held })
-	parked := make(chan uint64, 1)
-	park := func(v uint64) {
-		select {
-		case parked <- v:
-		default:
+	aDone := async(func() { abort(100) })
+	within("step A's send", held)
+	// parkedAt signals once the owner of the rank's next ticket waits.
+	parkedAt := func() <-chan struct{} {
+		p.eff.mu.Lock()
+		want := p.eff.next
+		p.eff.mu.Unlock()
+		parked := make(chan struct{})
+		var once sync.Once
+		park := func(v uint64) {
+			if v == want {
+				once.Do(func() { close(parked) })
+			}
 		}
+		p.eff.parked.Store(&park)
+		return parked
 	}
-	p.eff.parked.Store(&park)
-	go func() { defer close(bDone); abort(101) }()
-	within("step B's wait for its effects", func() { <-parked })
-	p.eff.parked.Store(nil)
+	parked := parkedAt()
+	bDone := async(func() { abort(101) })
+	within("step B's wait for step A to carry its effects", parked)
 
-	within("a read", func() { p.Status(room) })
-	within("a step without effects", func() { require.NoError(t, p.CreateSender(room+1)) })
-	p.eff.parked.Store(&park)
-	sent := make(chan error, 1)
-	go func() { sent <- p.SendChunk(room, []uint32{5}, true, -1, nil) }()
-	within("the application's Send waiting for its turn", func() { <-parked })
+	within("a read behind the stalled carrier", async(func() { p.Status(room) }))
+	var created error
+	within("a step without effects behind the stalled carrier", async(func() { created = p.CreateSender(room + 1) }))
+	require.NoError(t, created)
+	parked = parkedAt()
+	var sent error
+	sendDone := async(func() { sent = p.SendChunk(room, []uint32{5}, true, -1, nil) })
+	within("the application's Send waiting for its turn", parked)
 	p.eff.parked.Store(nil)
 	releaseOnce.Do(func() { close(release) })
-	within("steps A and B", func() { <-aDone; <-bDone })
-	within("the application's Send", func() { require.NoError(t, <-sent) })
-	within("the room's bytes landing", func() {
-		st, err := d.Wait(ctx, room)
-		require.NoError(t, err)
-		require.Equal(t, Success, st, "decode: %s", d.Failure(room))
-	})
+	within("step A", aDone)
+	within("step B", bDone)
+	within("the application's Send", sendDone)
+	require.NoError(t, sent)
+	var dst Poll
+	within("the room's bytes landing", async(func() { dst, err = d.Wait(ctx, room) }))
+	require.NoError(t, err)
+	require.Equal(t, Success, dst, "decode: %s", d.Failure(room))
 	p.onSend.Store(nil)
 	evMu.Lock()
 	require.Equal(t, []string{"ack 100", "ack 101", "post 1"}, events, "effects out of the steps' order")

@@ -64,9 +64,11 @@ type Manager struct {
 	eff effOrder
 	// waits are the callers' channels, closed by the core's wake effects.
 	waits waiters
-	// afterUnlock, when set (tests), runs between letting go of mu and
-	// carrying out the step's effects; onSend as each message is handed
-	// to the loop. Atomic: tests set them while the rank runs.
+	// afterUnlock, when set (tests), runs after a step with effects took
+	// its ticket and let go of mu, before it comes to carry (another
+	// carrier may carry its effects meanwhile); onSend as each message is
+	// handed to the loop, on whichever goroutine carries. Atomic: tests
+	// set them while the rank runs.
 	afterUnlock atomic.Pointer[func()]
 	onSend      atomic.Pointer[func(wire.Message)]
 

@@ -261,7 +261,13 @@ var mutants = []mutant{
 	{name: "eff-carrier-unbounded", file: "kvmanager/efforder.go", old: "for o.served < o.next && o.served <= t+carryMore {", new: "for o.served < o.next {",
 		pkg: "kvmanager", run: "^TestEffOrder$"},
 	// A carrier at its bound leaves the queue without waking the next ticket's owner.
-	{name: "eff-queue-not-handed-on", file: "kvmanager/efforder.go", old: "\t\t\to.wake(o.done, o.served) // the next ticket's owner carries on\n", new: "",
+	{name: "eff-queue-not-handed-on", file: "kvmanager/efforder.go", old: "\t\t} else {\n\t\t\to.handOn()\n", new: "\t\t} else {\n",
+		pkg: "kvmanager", run: "^TestEffOrder$"},
+	// A carrier at its bound wakes only the next ticket's owner, who may not have come to carry yet.
+	{name: "eff-hand-on-next-only", file: "kvmanager/efforder.go", old: "\tfor k := o.served; k < o.next; k++ {\n\t\tif ch := o.done[k]; ch != nil {", new: "\tfor k := o.served; k < o.served+1; k++ {\n\t\tif ch := o.done[k]; ch != nil {",
+		pkg: "kvmanager", run: "^TestEffOrder$"},
+	// A buffer of any size kept for reuse (a Close step's thousands of effects kept for good).
+	{name: "eff-kept-buffer-unbounded", file: "kvmanager/efforder.go", old: "len(o.free) < maxFreeEffBufs && cap(buf) <= maxKeptEffBuf {", new: "len(o.free) < maxFreeEffBufs {",
 		pkg: "kvmanager", run: "^TestEffOrder$"},
 	// Posts, reads and loads carried out in the queue, by whichever goroutine carries it.
 	{name: "eff-unordered-carried", file: "kvmanager/efforder.go", old: "func ordered(k core.EffectKind) bool {\n\tswitch k {", new: "func ordered(k core.EffectKind) bool {\n\tif k != 0 {\n\t\treturn true\n\t}\n\tswitch k {",
@@ -273,7 +279,7 @@ var mutants = []mutant{
 	{name: "eff-buffer-kept-full", file: "kvmanager/efforder.go", old: "\t\t\tclear(buf) // drop the messages and channels\n", new: "",
 		pkg: "kvmanager", run: "^TestEffOrder$"},
 	// Every carried-out buffer kept.
-	{name: "eff-free-unbounded", file: "kvmanager/efforder.go", old: "\t\t\tif len(o.free) < maxFreeEffBufs {\n", new: "\t\t\tif true {\n",
+	{name: "eff-free-unbounded", file: "kvmanager/efforder.go", old: "\t\t\tif len(o.free) < maxFreeEffBufs && cap(buf)", new: "\t\t\tif true && cap(buf)",
 		pkg: "kvmanager", run: "^TestEffOrder$"},
 	{name: "register-loaded-unchecked", file: "internal/core/core_prefill.go", old: "\tpp, err := c.checkRegister(msg)\n\tif err != nil {", new: "\tpp, err := c.checkRegister(msg)\n\tif err != nil && false {",
 		pkg: "internal/core", run: "^TestRegisterAsLoadEffect$"},
