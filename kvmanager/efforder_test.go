@@ -74,38 +74,46 @@ func TestEffOrder(t *testing.T) {
 		}
 	}
 
-	// One carrier at a time: while the first is inside an effect, the
-	// next ticket's owner waits, and the carrier carries its effects.
-	hold, release := make(chan struct{}), make(chan struct{})
-	ta := o.take([]core.Effect{send(3)})
-	aDone := make(chan struct{})
-	var byA []uint64
-	go func() {
-		defer close(aDone)
-		o.carry(ta, func(es []core.Effect) {
-			if room(es[0]) == 3 {
+	// carrying runs o.carry(tk, do) on a goroutine of its own, closing
+	// the channel when it returns; parkedOn's channel is closed once tk's
+	// owner waits for another carrier.
+	carrying := func(tk uint64, do func([]core.Effect)) <-chan struct{} {
+		done := make(chan struct{})
+		go func() { defer close(done); o.carry(tk, do) }()
+		return done
+	}
+	parkedOn := func(tk uint64) <-chan struct{} {
+		parked := make(chan struct{})
+		park := func(v uint64) {
+			if v == tk {
+				close(parked)
+			}
+		}
+		o.parked.Store(&park)
+		return parked
+	}
+	// holding's do stalls inside the effects for stall until release is
+	// closed (a carrier descheduled), and counts the tickets it carries.
+	holding := func(stall uint64, hold, release chan struct{}, carried *[]uint64) func([]core.Effect) {
+		return func(es []core.Effect) {
+			if room(es[0]) == stall {
 				close(hold)
 				<-release
 			}
-			byA = append(byA, room(es[0]))
-		})
-	}()
+			*carried = append(*carried, room(es[0]))
+		}
+	}
+
+	// One carrier at a time: while the first is inside an effect, the
+	// next ticket's owner waits, and the carrier carries its effects.
+	hold, release := make(chan struct{}), make(chan struct{})
+	var byA []uint64
+	aDone := carrying(o.take([]core.Effect{send(3)}), holding(3, hold, release, &byA))
 	within("the first carrier", hold)
 	tb := o.take([]core.Effect{send(4)})
-	parked := make(chan uint64, 1)
-	park := func(v uint64) { parked <- v }
-	o.parked.Store(&park)
-	bDone := make(chan struct{})
-	go func() {
-		defer close(bDone)
-		o.carry(tb, func([]core.Effect) { t.Error("a second carrier while the first carries") })
-	}()
-	select {
-	case v := <-parked:
-		require.Equal(t, tb, v)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the second ticket's owner did not wait")
-	}
+	parked := parkedOn(tb)
+	bDone := carrying(tb, func([]core.Effect) { t.Error("a second carrier while the first carries") })
+	within("the second ticket's owner waiting", parked)
 	o.parked.Store(nil)
 	close(release)
 	within("the first carrier", aDone)
@@ -122,35 +130,18 @@ func TestEffOrder(t *testing.T) {
 		rest = append(rest, o.take([]core.Effect{send(101 + uint64(i))}))
 	}
 	next := rest[carryMore+2] // two past the carrier's bound: the owners of the two before it are not there
-	mDone, nDone := make(chan struct{}), make(chan struct{})
-	var byM, byN int
-	go func() {
-		defer close(mDone)
-		o.carry(first, func(es []core.Effect) {
-			if room(es[0]) == 100 {
-				close(hold)
-				<-release
-			}
-			byM++
-		})
-	}()
+	var byM, byN []uint64
+	mDone := carrying(first, holding(100, hold, release, &byM))
 	within("the carrier", hold)
-	o.parked.Store(&park)
-	go func() {
-		defer close(nDone)
-		o.carry(next, func([]core.Effect) { byN++ })
-	}()
-	select {
-	case <-parked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the next owner did not wait")
-	}
+	parked = parkedOn(next)
+	nDone := carrying(next, holding(0, nil, nil, &byN))
+	within("the owner waiting", parked)
 	o.parked.Store(nil)
 	close(release)
 	within("the carrier", mDone)
 	within("the owner waiting, handed the queue", nDone)
-	require.Equal(t, 1+carryMore, byM, "tickets carried by one carrier")
-	require.Equal(t, 5, byN, "tickets carried by the owner it handed the queue to (from the first left)")
+	require.Len(t, byM, 1+carryMore, "tickets carried by one carrier")
+	require.Len(t, byN, 5, "tickets carried by the owner it handed the queue to (from the first left)")
 	require.True(t, closed(o.barrier()), "tickets left uncarried")
 	require.Empty(t, o.done, "waiters' channels kept")
 	require.Empty(t, o.at, "barriers' channels kept")
