@@ -115,9 +115,7 @@ func (d *Decode) defaultTarget() core.Target {
 // resolve looks a target up in its bootstrap service in the background
 // (bounded by the bootstrap timeout) and steps the answer into the core.
 func (d *Decode) resolve(t core.Target) {
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
+	d.spawn(func() {
 		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Registry.BootstrapTimeout)
 		defer cancel()
 		var info records.RankInfo
@@ -134,7 +132,7 @@ func (d *Decode) resolve(t core.Target) {
 			return
 		}
 		d.stepIn(core.Resolved{Target: t, Endpoint: info.Endpoint, ServerKey: info.PublicKey, Cert: info.CertBytes(), Epoch: info.Epoch})
-	}()
+	})
 }
 
 // checkRankCert checks, under per-rank identity, that a prefill rank's
@@ -167,7 +165,8 @@ func (d *Decode) checkRankCert(t core.Target, info records.RankInfo) error {
 
 // CreateReceiver creates the decode side of a room that receives from the
 // given prefill ranks, each writing every page (the default instance when
-// none is given: see CreateReceiverFor).
+// none is given: see CreateReceiverFor). Once the rank is closed every
+// room is refused (ErrManagerClosed).
 func (d *Decode) CreateReceiver(room uint64, targets ...Target) error {
 	return refusal(d.createReceiver(room, targets...))
 }
@@ -212,7 +211,6 @@ func (d *Decode) client(url string) (discovery.Discovery, error) {
 // whose record vanished, or moved to another endpoint, fails the rooms
 // bound to it at once (heartbeats would, later) and is looked up again.
 func (d *Decode) watch(url string, ch <-chan discovery.RankEvent) {
-	defer d.wg.Done()
 	defer func() { // ended: the next lookup of the instance watches it again
 		d.clientsMu.Lock()
 		delete(d.watched, url)
@@ -266,8 +264,7 @@ func (d *Decode) topology(url string) (records.Topology, error) {
 			d.clientsMu.Unlock()
 			if watch {
 				if ch := cl.Watch(d.ctx); ch != nil {
-					d.wg.Add(1)
-					go d.watch(url, ch)
+					d.spawn(func() { d.watch(url, ch) })
 				}
 			}
 		}

@@ -94,8 +94,7 @@ func (d *Decode) checkAside(n core.Notified) {
 	d.digestOnce.Do(func() {
 		d.digestQ = make(chan core.Notified, 64)
 		for range runtime.GOMAXPROCS(0) {
-			d.wg.Add(1)
-			go d.digestWorker()
+			d.spawn(d.digestWorker)
 		}
 	})
 	select {
@@ -106,7 +105,6 @@ func (d *Decode) checkAside(n core.Notified) {
 
 // digestWorker checks and steps the notifications checkAside queues.
 func (d *Decode) digestWorker() {
-	defer d.wg.Done()
 	for {
 		select {
 		case n := <-d.digestQ:

@@ -370,22 +370,21 @@ func (m *Manager) trace(room uint64, ev rankhooks.Event) {
 
 // CreateSender creates the prefill side of a room (see package sender).
 // A room aborted before it starts Failed; a live or recently cleared
-// duplicate id is refused.
+// duplicate id is refused, and so is every id once the rank is closed
+// (ErrManagerClosed).
 func (p *Prefill) CreateSender(room uint64) error { return refusal(p.createSender(room)) }
 
 func (p *Prefill) createSender(room uint64) core.Result {
 	res := p.stepIn(core.CreateSender{Room: room}).Result
 	par := p.cfg.Parallel
 	if res.Outcome == core.Applied && p.cfg.PublishRoomDP && p.boot != nil && par.DPSize > 1 && par.TPRank == 0 && par.PPRank == 0 {
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
+		p.spawn(func() {
 			ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Registry.BootstrapTimeout)
 			defer cancel()
 			if err := p.boot.PublishRoomDP(ctx, room, par.DPRank); err != nil && p.ctx.Err() == nil {
 				p.log.Warn("publishing the room's DP group", zap.Uint64("room", room), zap.Error(err))
 			}
-		}()
+		})
 	}
 	return res
 }

@@ -79,9 +79,7 @@ func (m *Manager) sumPages(e core.Effect) {
 // room asked for a digest gets its sums here, once the data is in place
 // (a pass over it: not on the loop that carries out the core's effects).
 func (m *Manager) sendWhenReady(e core.Effect) {
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
+	m.spawn(func() {
 		var err error
 		if e.Ready != nil {
 			err = pool.WaitReady(e.Ready, m.cfg.Registry.StallTimeout, m.closing)
@@ -106,7 +104,7 @@ func (m *Manager) sendWhenReady(e core.Effect) {
 			m.sumPages(e)
 			m.stepIn(core.PagesReady{To: e.To, Msg: e.Msg.(*wire.Pages)})
 		}
-	}()
+	})
 }
 
 // remoteLocks stripes the locks of reads through a remote by its agent
@@ -184,19 +182,7 @@ func (d *Decode) challengeOffer(p *core.OfferPlan, notif string) {
 // offerIO runs f (an offer's engine I/O, then its step) on a goroutine of
 // its own, unless the rank is closing (Close sets regClosed under regMu
 // before it waits for the goroutines).
-func (d *Decode) offerIO(f func()) {
-	d.regMu.Lock()
-	if d.regClosed {
-		d.regMu.Unlock()
-		return
-	}
-	d.wg.Add(1)
-	d.regMu.Unlock()
-	go func() {
-		defer d.wg.Done()
-		f()
-	}()
-}
+func (d *Decode) offerIO(f func()) { d.spawn(f) }
 
 func (d *Decode) sendOfferChallenge(p *core.OfferPlan, notif string) error {
 	o := p.Ack.Pull

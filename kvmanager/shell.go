@@ -27,7 +27,10 @@ import (
 
 // Errors of the Manager.
 var (
-	ErrManagerClosed = errors.New("kvmanager: manager closed")
+	// ErrManagerClosed: the rank was closed. A call after Close that
+	// would create a room (CreateSender, CreateReceiver) is refused with
+	// it, naming the room; a wait across Close returns it.
+	ErrManagerClosed = core.ErrRankClosed
 )
 
 // Manager is the shell both roles share: it owns the goroutines, the
@@ -801,6 +804,25 @@ func (m *Manager) wait(ctx context.Context, room uint64, what string, wake core.
 		return 0, fmt.Errorf("room %d: cleared: %w", room, core.ErrRoomCleared)
 	}
 	return st, nil
+}
+
+// spawn runs f on a goroutine of its own, counted in wg, unless the rank
+// is closing: Close sets regClosed under regMu before it waits for wg, so
+// no goroutine is added once that wait began (a step taken while Close
+// runs, or a caller's, may still emit an effect that would start one: a
+// lookup, a PAGES waiting for its data, a watch). It reports whether f runs.
+func (m *Manager) spawn(f func()) bool {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	if m.regClosed {
+		return false
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		f()
+	}()
+	return true
 }
 
 // Close fails every live room (telling peers), stops the transfer pool,

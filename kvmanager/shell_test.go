@@ -265,3 +265,36 @@ func TestWaitersAreTheShells(t *testing.T) {
 	s := p.sizes()
 	assert.Equal(t, 0, s.Total()-s.Tombstones, "nothing left of two cleared rooms but their tombstones: %+v", s)
 }
+
+// TestCallsAfterCloseRefused: a rank closed creates no room. A CreateSender
+// or CreateReceiver after Close is refused with ErrManagerClosed naming
+// the room (they were created, Bootstrapping for good, and a decode
+// room's lookup started a goroutine after Close's wait), and nothing the
+// shell starts runs once Close began waiting for its goroutines.
+func TestCallsAfterCloseRefused(t *testing.T) {
+	p := newTestPrefill(t)
+	require.NoError(t, p.CreateSender(1))
+	require.NoError(t, p.Close())
+	err := p.CreateSender(7)
+	require.ErrorIs(t, err, ErrManagerClosed)
+	require.ErrorContains(t, err, "room 7")
+	_, known := p.Status(7)
+	assert.False(t, known, "a room created after Close")
+	st, _ := p.Status(1)
+	assert.Equal(t, Failed, st, "the room live at Close failed")
+	assert.False(t, p.spawn(func() {}), "a goroutine started after Close")
+
+	cfg := DefaultConfig(RoleDecode)
+	cfg.Auth = testauth.Auth()
+	cfg.Instance, cfg.Compat, cfg.BootstrapURL = "closed-decode", "v1:test", "http://127.0.0.1:1"
+	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
+	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+	d, err := NewDecode(cfg)
+	require.NoError(t, err)
+	require.NoError(t, d.Close())
+	err = d.CreateReceiver(9)
+	require.ErrorIs(t, err, ErrManagerClosed)
+	require.ErrorContains(t, err, "room 9")
+	_, known = d.Status(9)
+	assert.False(t, known, "a room created after Close")
+}

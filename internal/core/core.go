@@ -645,11 +645,25 @@ func (c *Core) tickAll(now time.Time) {
 	c.unwatchIdle()
 }
 
-// closeAll fails every live room with reason; the shell then stops.
+// closeAll closes the rank (Close): it fails every live room with reason,
+// drops every pending request, and refuses rooms and requests from then
+// on (Registry.closed); the shell then stops.
 func (c *Core) closeAll(now time.Time, reason string) {
+	if c.reg.closed == "" {
+		c.reg.closed = reason
+	}
 	for _, id := range slices.Sorted(maps.Keys(c.reg.rooms)) {
 		if !c.reg.rooms[id].status.Terminal() {
 			c.failRoom(id, reason)
+		}
+	}
+	if p := c.prefillCore; p != nil {
+		// Requests waiting for a sender that will never be created: their
+		// decode ranks are told now (each id becomes an AbortedEarly
+		// tombstone), not when the rank's heartbeats stop.
+		for _, id := range slices.Sorted(maps.Keys(c.reg.pending)) {
+			res := c.count(EventAbort, c.reg.Abort(id, reason, nil))
+			p.statusFailed(id, res.Peers, CodeAborted, "prefill rank closed: "+reason, "")
 		}
 	}
 }

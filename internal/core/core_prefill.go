@@ -1128,9 +1128,11 @@ func (c *prefillCore) peerDown(endpoint string, from wire.From, restarted bool, 
 	}
 }
 
-// failed tells the decode ranks of a room that failed here.
+// failed tells the decode ranks of a room that failed here, at once,
+// whether or not its writes drained (as an abort does): a decode rank
+// releases its pages only once its ABORT is acknowledged drained.
 func (c *prefillCore) failed(room uint64, reason string, res Result) {
-	c.statusFailed(room, res.Peers, CodeFailed, reason, "")
+	c.statusFailed(room, c.reg.Requests(room), CodeFailed, reason, "")
 }
 
 // expired tells the decode ranks of a room a deadline failed.

@@ -69,6 +69,10 @@ var (
 	// layer range included); the room's final write may already have
 	// freed the decode rank's pages.
 	ErrAfterLast = fmt.Errorf("%w: chunk after the room's last", ErrBadChunk)
+	// ErrRankClosed: the rank was closed (Step Close): it creates no room
+	// and takes no REQUEST after it. kvmanager exports it as
+	// ErrManagerClosed.
+	ErrRankClosed = errors.New("kvmanager: manager closed")
 	// ErrIncompatible: a prefill rank refused this rank's registration
 	// (REGISTER_ACK ok false: compat, layout or ownership).
 	ErrIncompatible = errors.New("kvmanager: peer refused registration")

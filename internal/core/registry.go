@@ -315,6 +315,9 @@ type Registry struct {
 	forgotten int
 	// pendingBy counts each peer's pending requests (MaxPendingPerPeer).
 	pendingBy map[string]int
+	// closed is the reason the rank was closed (Core's Close), "" while
+	// it is open: no room is created and no request taken after it.
+	closed string
 
 	out *[]Effect
 	// settler, when set, is told when accepted peer requests settle:
@@ -416,6 +419,12 @@ func (r *Registry) Clear(id uint64) Result { return r.Apply(Event{Kind: EventCle
 // Apply is the single entry point for events.
 func (r *Registry) Apply(ev Event) Result {
 	now := r.now
+	switch ev.Kind {
+	case EventCreate, EventRequest:
+		if r.closed != "" {
+			return rejected(fmt.Errorf("room %d: %w (%s)", ev.Room, ErrRankClosed, r.closed))
+		}
+	}
 	switch ev.Kind {
 	case EventCreate:
 		return r.create(ev.Room, ev.Role, now)

@@ -56,18 +56,22 @@ import (
 type simConfig struct {
 	prefills, decodes int
 	rooms             []simRoomSpec
-	restarts          int  // in-place restarts allowed (new epoch, same endpoint)
-	kills             int  // kill -9s allowed: the slot is empty until a start, on a new endpoint
-	peerDowns         int  // "peer dead" reports allowed (true or false)
-	mayLand           bool // writes may fail without being quiesced, and stall
-	writesOK          bool // writes never fail by themselves (they may still stall past a time jump)
-	ticks             int  // time jumps allowed (0: unbounded, <0: none)
-	losses, dups      int  // control messages lost, duplicated
-	replays           int  // last-delivered messages replayed
-	pauses            int  // SIGSTOPs
-	staleViews        bool // a lookup may answer the record before a restart (within its lease)
-	lookupFails       int  // lookups that fail for want of the bootstrap service
-	pushes            bool // discovery watches push changed records to decode ranks
+	restarts          int // in-place restarts allowed (new epoch, same endpoint)
+	kills             int // kill -9s allowed: the slot is empty until a start, on a new endpoint
+	// closes: Closes allowed (the application closes its rank: Step
+	// Close); the process goes on, its application calling as before,
+	// until it exits (an event of its own, a kill) and starts again.
+	closes       int
+	peerDowns    int  // "peer dead" reports allowed (true or false)
+	mayLand      bool // writes may fail without being quiesced, and stall
+	writesOK     bool // writes never fail by themselves (they may still stall past a time jump)
+	ticks        int  // time jumps allowed (0: unbounded, <0: none)
+	losses, dups int  // control messages lost, duplicated
+	replays      int  // last-delivered messages replayed
+	pauses       int  // SIGSTOPs
+	staleViews   bool // a lookup may answer the record before a restart (within its lease)
+	lookupFails  int  // lookups that fail for want of the bootstrap service
+	pushes       bool // discovery watches push changed records to decode ranks
 	// regWindow: a prefill rank's REGISTER is three events, as the shell
 	// runs it — the epoch check and CheckRegister when it arrives, then
 	// (another event, other events between) the metadata load and the
@@ -370,14 +374,14 @@ type simWorld struct {
 	corrupts   int
 	unsummed   int // notifications delivered unsummed (unsummedNotifs)
 	// Faults used (bounded by the configuration).
-	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails, intrusions, silents int
-	floods                                                                                                                int       // the hostile flood's ticks (its room ids)
-	late                                                                                                                  []simLate // hostilePrefill: PONGs held past the probe timeout
-	calm                                                                                                                  bool      // the quiet phase: no faults
-	trace                                                                                                                 []string
-	cov                                                                                                                   *simCoverage // random runs and explorations: what was reached (not state)
-	weights                                                                                                               map[string]int
-	err                                                                                                                   error
+	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails, intrusions, silents, closes int
+	floods                                                                                                                        int       // the hostile flood's ticks (its room ids)
+	late                                                                                                                          []simLate // hostilePrefill: PONGs held past the probe timeout
+	calm                                                                                                                          bool      // the quiet phase: no faults
+	trace                                                                                                                         []string
+	cov                                                                                                                           *simCoverage // random runs and explorations: what was reached (not state)
+	weights                                                                                                                       map[string]int
+	err                                                                                                                           error
 }
 
 func (c simConfig) slots() int { return c.prefills + c.decodes }
@@ -1456,6 +1460,9 @@ func (w *simWorld) deliver(src, dst int) {
 		cp.From = m.from
 		c.Step(w.now, Received{&cp})
 	case *wire.Request:
+		if c.reg.closed != "" {
+			w.cov.hit("REQUEST to a closed rank")
+		}
 		cp := *msg
 		cp.From = m.from
 		if rm := c.reg.rooms[msg.Room]; rm != nil && rm.required > 0 && len(rm.requests) >= rm.required {
@@ -1653,7 +1660,9 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 				if !w.calm {
 					add(name+" create", at(func(w *simWorld, sd *simSide, p *simProc) {
 						sd.inc = p.inc
-						p.core.Step(w.now, CreateSender{Room: r.id})
+						if errors.Is(p.core.Step(w.now, CreateSender{Room: r.id}).Result.Err, ErrRankClosed) {
+							w.cov.hit("room refused: rank closed")
+						}
 						w.checkEarlyAbort(p, r.id)
 						w.effects(ps)
 					}))
@@ -1747,7 +1756,9 @@ func (w *simWorld) appEvents(add func(string, func(*simWorld))) {
 							ls = append(ls, Link{Target: Target{Bootstrap: "sim", Rank: ps}, Dummy: dummy, Aux: !dummy && !aux})
 							aux = aux || !dummy
 						}
-						p.core.Step(w.now, CreateReceiver{Room: r.id, Links: ls})
+						if errors.Is(p.core.Step(w.now, CreateReceiver{Room: r.id, Links: ls}).Result.Err, ErrRankClosed) {
+							w.cov.hit("room refused: rank closed")
+						}
 						w.effects(slot)
 					}))
 				}
@@ -1881,6 +1892,21 @@ func (w *simWorld) faultEvents(add func(string, func(*simWorld))) {
 		if w.kills < w.cfg.kills {
 			add(fmt.Sprintf("kill %d", s), func(w *simWorld) { w.kills++; w.kill(s) })
 		}
+		switch {
+		case p.core.reg.closed != "":
+			add(fmt.Sprintf("exit %d", s), func(w *simWorld) { w.exit(s) })
+		case w.closes < w.cfg.closes:
+			add(fmt.Sprintf("close %d", s), func(w *simWorld) {
+				w.closes++
+				p := w.procs[s]
+				if len(p.core.reg.pending) > 0 {
+					w.cov.hit("pending requests dropped at close")
+				}
+				p.core.Step(w.now, Close{Reason: "sim close"})
+				w.cov.hit("rank closed")
+				w.effects(s)
+			})
+		}
 		if w.pauses < w.cfg.pauses {
 			add(fmt.Sprintf("pause %d", s), func(w *simWorld) {
 				w.pauses++
@@ -1914,6 +1940,14 @@ func (w *simWorld) kill(slot int) {
 			sd.lost = true // whatever that process still owed is gone with it
 		}
 	}
+}
+
+// exit ends a closed rank's process (after Close, the shell stops): as a
+// kill from then on (counted with them: the protocol's timers carry what
+// its peers learn from it).
+func (w *simWorld) exit(slot int) {
+	w.kills++
+	w.kill(slot)
 }
 
 // startAgain starts a killed slot's next process, on a new endpoint.
@@ -1956,6 +1990,19 @@ func (w *simWorld) checkState() {
 		}
 		w.checkTables(p)
 		w.noteShares(p)
+		if p.core.reg.closed != "" {
+			// Invariant 22 (a closed rank holds nothing live): after
+			// Close no room of the rank is live, none is created and no
+			// request waits for a sender.
+			for _, id := range slices.Sorted(maps.Keys(p.core.reg.rooms)) {
+				if st := p.core.reg.rooms[id].status; !st.Terminal() {
+					w.fail("invariant 22: %s is closed and room %d is %v", p.from.Peer(), id, st)
+				}
+			}
+			if len(p.core.reg.pending) > 0 {
+				w.fail("invariant 22: %s is closed and holds pending requests for rooms %v", p.from.Peer(), slices.Sorted(maps.Keys(p.core.reg.pending)))
+			}
+		}
 		if p.core.decodeCore != nil {
 			for _, id := range slices.Sorted(maps.Keys(p.core.reg.rooms)) {
 				w.checkReport(p, id)
@@ -2062,7 +2109,8 @@ func (w *simWorld) checkEarlyAbort(p *simProc, room uint64) {
 	if !ok || w.now.Sub(at[1]) >= ttl {
 		return
 	}
-	if st, _ := p.core.Status(room); st != Failed && p.core.reg.evicted == 0 && !w.forgotOwn(p) {
+	// (A closed rank creates no sender at all: invariant 22.)
+	if st, _ := p.core.Status(room); st != Failed && p.core.reg.evicted == 0 && !w.forgotOwn(p) && p.core.reg.closed == "" {
 		w.fail("room %d: %s created its sender %s after the last ABORT it heard before the sender existed (inside the tombstone TTL of %s), and it started %v",
 			room, p.from.Peer(), w.now.Sub(at[1]), ttl, st)
 	}

@@ -237,7 +237,7 @@ func (w *simWorld) hash() [16]byte {
 		f.i(k[1])
 		f.b1(w.rel[k].forced)
 	}
-	for _, n := range []int{w.restarts, w.kills, w.peerDowns, w.ticks, w.losses, w.dups, w.replays, w.pauses, w.lookupFails, w.stales, w.intrusions, w.floods, w.silents, w.unsummed} {
+	for _, n := range []int{w.restarts, w.kills, w.peerDowns, w.ticks, w.losses, w.dups, w.replays, w.pauses, w.lookupFails, w.stales, w.intrusions, w.floods, w.silents, w.unsummed, w.closes} {
 		f.i(n)
 	}
 	for _, l := range w.late { // latePongs' held PONGs
@@ -380,6 +380,7 @@ func (c *Core) hash(f *fp) {
 	for _, ref := range c.reg.tombQ { // the eviction order
 		f.u(ref.id)
 	}
+	f.b1(c.reg.closed != "")
 	f.i(len(c.reg.pending))
 	for _, id := range slices.Sorted(maps.Keys(c.reg.pending)) {
 		p := c.reg.pending[id]

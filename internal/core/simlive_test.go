@@ -349,6 +349,9 @@ func (w *simWorld) liveness() {
 			w.apply(simEvent{fmt.Sprintf("calm: start %d", s), func(w *simWorld) { w.startAgain(s) }})
 		case p.paused:
 			w.apply(simEvent{fmt.Sprintf("calm: resume %d", s), func(w *simWorld) { w.resume(s) }})
+		case p.core.reg.closed != "":
+			w.apply(simEvent{fmt.Sprintf("calm: exit %d", s), func(w *simWorld) { w.exit(s) }})
+			w.apply(simEvent{fmt.Sprintf("calm: start %d", s), func(w *simWorld) { w.startAgain(s) }})
 		}
 	}
 	t0 := w.now

@@ -74,6 +74,13 @@ func simExhaustiveConfigs() map[string]simCase {
 		"1→1: every deadline (one time jump)": mk(func(c *simConfig) { c.ticks = 1 }, "release after success"),
 		"1→1: a rank restarts (one time jump)": mk(func(c *simConfig) { c.restarts, c.ticks, c.writesOK = 1, 1, true },
 			"restart heard from a PONG", "forced release"),
+		// Close (issue 52's review: rooms were created after it, and
+		// requests waited for senders that never came): the prefill rank
+		// closes with a REQUEST pending or a room live, its application
+		// still calling; then it exits and starts again.
+		"1→1: a rank closes, then exits; liveness": mk(func(c *simConfig) {
+			c.closes, c.live, c.noClear, c.writesOK = 1, true, true, true
+		}, "rank closed", "room refused: rank closed", "pending requests dropped at close", "REQUEST to a closed rank"),
 		"1→1: a peer-dead report; decode aborts": mk(func(c *simConfig) { c.peerDowns, c.decodeAbort = 1, true },
 			"peer reported dead (falsely)", "decode abort in Bootstrapping"),
 		"1→2 decode ranks; decode 0 aborts (make sim adds the time jump)": mk(func(c *simConfig) {

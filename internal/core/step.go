@@ -227,7 +227,9 @@ type (
 	}
 	// Tick enforces every deadline passed at the step's time.
 	Tick struct{}
-	// Close fails every live room with Reason; the shell then stops.
+	// Close fails every live room with Reason and drops every pending
+	// request (telling its decode ranks); from then on the rank creates
+	// no room and takes no REQUEST (ErrRankClosed). The shell then stops.
 	Close struct{ Reason string }
 	// AgentClosed: the rank's engine agent is closed, so nothing reads
 	// its memory any more: a prefill rank releases every pull room's

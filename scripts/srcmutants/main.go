@@ -421,6 +421,22 @@ var mutants = []mutant{
 		old: "		if t.kind == AbortedEarly && t.expires.Before(now.Add(r.cfg.TombstoneTTL)) {",
 		new: "		if t.kind == AbortedEarly && t.expires.Before(now.Add(r.cfg.TombstoneTTL)) && false {",
 		pkg: "internal/core", run: "^TestSimExhaustive$/abort_before_the_sender_exists"},
+	// A closed rank (Close): rooms created after it, REQUESTs taken to
+	// wait for a sender that never comes, the pending ones kept, the
+	// flag never set; and a room failed with writes in flight told to
+	// its decode ranks only once they drain (never, when they complete).
+	{name: "closed-creates-rooms", file: "internal/core/registry.go", old: "\tcase EventCreate, EventRequest:\n\t\tif r.closed != \"\" {", new: "\tcase EventRequest:\n\t\tif r.closed != \"\" {",
+		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
+	{name: "closed-takes-requests", file: "internal/core/registry.go", old: "\tcase EventCreate, EventRequest:\n\t\tif r.closed != \"\" {", new: "\tcase EventCreate:\n\t\tif r.closed != \"\" {",
+		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
+	{name: "close-keeps-pending", file: "internal/core/core.go", old: "\t\tfor _, id := range slices.Sorted(maps.Keys(c.reg.pending)) {\n\t\t\tres := c.count(EventAbort, c.reg.Abort(id, reason, nil))", new: "\t\tfor _, id := range slices.Sorted(maps.Keys(c.reg.pending))[:0] {\n\t\t\tres := c.count(EventAbort, c.reg.Abort(id, reason, nil))",
+		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
+	{name: "close-flag-unset", file: "internal/core/core.go", old: "\t\tc.reg.closed = reason", new: "\t\t_ = reason",
+		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
+	{name: "failed-told-when-drained", file: "internal/core/core_prefill.go", old: "\tc.statusFailed(room, c.reg.Requests(room), CodeFailed, reason, \"\")\n}", new: "\tc.statusFailed(room, res.Peers, CodeFailed, reason, \"\")\n}",
+		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
+	{name: "spawn-after-close", file: "kvmanager/shell.go", old: "\tif m.regClosed {\n\t\treturn false\n\t}\n\tm.wg.Add(1)", new: "\tif false {\n\t\treturn false\n\t}\n\tm.wg.Add(1)",
+		pkg: "kvmanager", run: "^TestCallsAfterCloseRefused$"},
 	// A REQUEST to a prefill process not heard from lately without its
 	// probe, and a lost probe not followed by a lookup: the first room
 	// after a restart elsewhere goes to the dead process.
