@@ -92,6 +92,7 @@ func NewDecode(cfg Config) (*Decode, error) {
 		for _, cl := range d.clients {
 			cl.Close()
 		}
+		d.clients = nil // none dialled after this (client)
 	})
 	m.resolver = d.resolve
 	if cfg.Pull {
@@ -198,6 +199,9 @@ func (d *Decode) client(url string) (discovery.Discovery, error) {
 	defer d.clientsMu.Unlock()
 	if cl := d.clients[url]; cl != nil {
 		return cl, nil
+	}
+	if d.clients == nil {
+		return nil, ErrManagerClosed // its clients are closed: a new one would leak
 	}
 	cl, err := discovery.Dial(url, d.dialOptions())
 	if err != nil {

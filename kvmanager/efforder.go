@@ -162,13 +162,18 @@ func (o *effOrder) barrier() <-chan struct{} {
 	return ch
 }
 
-// ordered says whether an effect is carried out in its step's turn; the
+// ordered says whether an effect is carried out in its step's turn (the
+// kinds carryOutOrdered carries: hand-offs that never step the core); the
 // others (posts, reads, loads, challenges: each may step the core) are
-// the step's own goroutine's, after the turn.
+// the step's own goroutine's, after the turn. A kind listed nowhere is
+// not ordered: a carrier of the queue never steps the core (it would wait
+// for itself). TestEveryEffectKindCarried checks that every kind the core
+// has is carried by exactly the carrier this says.
 func ordered(k core.EffectKind) bool {
 	switch k {
-	case core.EffectPost, core.EffectRead, core.EffectLoadMetadata, core.EffectChallenge, core.EffectLoadOffer, core.EffectChallengeOffer:
-		return false
+	case core.EffectSend, core.EffectWake, core.EffectResolve, core.EffectWatch, core.EffectReleased,
+		core.EffectUnwatch, core.EffectKeepProgress, core.EffectUnload, core.EffectTimer:
+		return true
 	}
-	return true
+	return false
 }

@@ -2,11 +2,17 @@ package kvmanager
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvbridge/kvbridge/internal/core"
@@ -304,4 +310,62 @@ func TestStepsWaitForTheirTurnOffTheLock(t *testing.T) {
 	p.Clear(room)
 	p.Clear(room + 1)
 	d.Clear(room)
+}
+
+// shellSource is shell.go as built (embedded: an -overlay of the file,
+// as scripts/srcmutants lays, is what the test reads).
+//
+//go:embed shell.go
+var shellSource string
+
+// TestEveryEffectKindCarried: every kind of effect the core has is
+// carried out by exactly one carrier — carryOutOrdered in the step's turn
+// for the kinds ordered says, carryOutPosts (or carryOut's reads) after it
+// for the others — read from the shell's source. An ordered kind left to
+// carryOutPosts is carried out of step order; one ordered says is in the
+// turn but only carryOutPosts knows is dropped; a new kind of the core's
+// with no case is carried by no one.
+func TestEveryEffectKindCarried(t *testing.T) {
+	fs := token.NewFileSet()
+	f, err := parser.ParseFile(fs, "shell.go", shellSource, 0)
+	require.NoError(t, err)
+	cases := map[string]map[string]bool{}
+	for _, d := range f.Decls {
+		fn, ok := d.(*ast.FuncDecl)
+		if !ok {
+			continue
+		}
+		name := fn.Name.Name
+		ast.Inspect(fn, func(n ast.Node) bool {
+			cc, ok := n.(*ast.CaseClause)
+			if !ok {
+				return true
+			}
+			for _, e := range cc.List {
+				var sel *ast.SelectorExpr
+				switch x := e.(type) {
+				case *ast.SelectorExpr:
+					sel = x
+				case *ast.BinaryExpr: // carryOut's e.Kind == core.EffectRead
+					sel, _ = x.Y.(*ast.SelectorExpr)
+				}
+				if sel != nil && strings.HasPrefix(sel.Sel.Name, "Effect") {
+					if cases[name] == nil {
+						cases[name] = map[string]bool{}
+					}
+					cases[name][sel.Sel.Name] = true
+				}
+			}
+			return true
+		})
+	}
+	kinds := 0
+	for k := core.EffectKind(1); !strings.HasPrefix(k.String(), "EffectKind("); k++ {
+		kinds++
+		name := k.String()
+		inTurn, after := cases["carryOutOrdered"][name], cases["carryOutPosts"][name] || cases["carryOut"][name]
+		assert.True(t, inTurn != after, "%s: carried in the turn %v, after it %v: exactly one carrier", name, inTurn, after)
+		assert.Equal(t, inTurn, ordered(k), "%s: ordered() says %v, carried in the turn %v", name, ordered(k), inTurn)
+	}
+	require.GreaterOrEqual(t, kinds, 15, "the core's effect kinds enumerated")
 }

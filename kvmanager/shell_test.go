@@ -289,12 +289,23 @@ func TestCallsAfterCloseRefused(t *testing.T) {
 	cfg.Instance, cfg.Compat, cfg.BootstrapURL = "closed-decode", "v1:test", "http://127.0.0.1:1"
 	cfg.Engine = nixl.Config{Engine: nixl.EngineLoopback}
 	cfg.Layout = transfer.Layout{Kind: nixl.DRAM, PageBytes: 64, Regions: []nixl.Desc{{Len: 8 * 64}, {Len: 8 * 64}}}
+	// With a Model a room's links are looked up in its bootstrap service
+	// first: no discovery client is dialled once Close closed them (it
+	// would be left open), and the refusal is still ErrManagerClosed.
+	cfg.Model = transfer.Model{Layers: 1, KVHeads: 1, HeadBytes: 16, PageTokens: 4}
 	d, err := NewDecode(cfg)
 	require.NoError(t, err)
 	require.NoError(t, d.Close())
 	err = d.CreateReceiver(9)
 	require.ErrorIs(t, err, ErrManagerClosed)
 	require.ErrorContains(t, err, "room 9")
-	_, known = d.Status(9)
-	assert.False(t, known, "a room created after Close")
+	err = d.CreateReceiverFor(11, "http://127.0.0.1:2", AutoDP)
+	require.ErrorIs(t, err, ErrManagerClosed)
+	require.ErrorContains(t, err, "room 11")
+	for _, id := range []uint64{9, 11} {
+		_, known = d.Status(id)
+		assert.False(t, known, "room %d created after Close", id)
+	}
+	_, err = d.client("http://127.0.0.1:3")
+	require.ErrorIs(t, err, ErrManagerClosed, "a discovery client dialled after Close")
 }

@@ -563,8 +563,8 @@ func (c *decodeCore) oweAbort(tg *target, room uint64, code, reason string) {
 // instead of waiting for the bootstrap deadline. A room of that id that
 // this rank does hold is left alone.
 func (c *decodeCore) refuseRoom(now time.Time, room uint64, targets []Target, reason string) {
-	if _, live := c.reg.rooms[room]; live {
-		return
+	if _, live := c.reg.rooms[room]; live || c.reg.closed != "" {
+		return // (a closed rank owes nothing new: it exits)
 	}
 	if _, held := c.holds[room]; held {
 		return

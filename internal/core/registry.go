@@ -422,7 +422,7 @@ func (r *Registry) Apply(ev Event) Result {
 	switch ev.Kind {
 	case EventCreate, EventRequest:
 		if r.closed != "" {
-			return rejected(fmt.Errorf("room %d: %w (%s)", ev.Room, ErrRankClosed, r.closed))
+			return rejected(fmt.Errorf("room %d: %w", ev.Room, ErrRankClosed))
 		}
 	}
 	switch ev.Kind {

@@ -1902,6 +1902,11 @@ func (w *simWorld) faultEvents(add func(string, func(*simWorld))) {
 				if len(p.core.reg.pending) > 0 {
 					w.cov.hit("pending requests dropped at close")
 				}
+				for _, rm := range p.core.reg.rooms {
+					if rm.role == RolePrefill && !rm.status.Terminal() && rm.inflight > 0 {
+						w.cov.hit("prefill room failed at close with writes in flight")
+					}
+				}
 				p.core.Step(w.now, Close{Reason: "sim close"})
 				w.cov.hit("rank closed")
 				w.effects(s)

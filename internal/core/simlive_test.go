@@ -347,11 +347,11 @@ func (w *simWorld) liveness() {
 		switch {
 		case p.dead:
 			w.apply(simEvent{fmt.Sprintf("calm: start %d", s), func(w *simWorld) { w.startAgain(s) }})
-		case p.paused:
-			w.apply(simEvent{fmt.Sprintf("calm: resume %d", s), func(w *simWorld) { w.resume(s) }})
-		case p.core.reg.closed != "":
+		case p.core.reg.closed != "": // (paused or not)
 			w.apply(simEvent{fmt.Sprintf("calm: exit %d", s), func(w *simWorld) { w.exit(s) }})
 			w.apply(simEvent{fmt.Sprintf("calm: start %d", s), func(w *simWorld) { w.startAgain(s) }})
+		case p.paused:
+			w.apply(simEvent{fmt.Sprintf("calm: resume %d", s), func(w *simWorld) { w.resume(s) }})
 		}
 	}
 	t0 := w.now

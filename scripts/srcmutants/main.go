@@ -435,6 +435,16 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
 	{name: "failed-told-when-drained", file: "internal/core/core_prefill.go", old: "\tc.statusFailed(room, c.reg.Requests(room), CodeFailed, reason, \"\")\n}", new: "\tc.statusFailed(room, res.Peers, CodeFailed, reason, \"\")\n}",
 		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
+	// An effect kind the shell's carriers disagree on: one ordered() calls
+	// ordered carried only after the turn, or one no carrier has a case for.
+	{name: "effect-kind-unordered", file: "kvmanager/efforder.go", old: "core.EffectUnload, core.EffectTimer:", new: "core.EffectUnload:",
+		pkg: "kvmanager", run: "^TestEveryEffectKindCarried$"},
+	{name: "effect-kind-uncarried", file: "kvmanager/shell.go", old: "\t\tcase core.EffectPost:\n\t\t\tm.post(e)\n\t\t\tcontinue\n", new: "",
+		pkg: "kvmanager", run: "^TestEveryEffectKindCarried$"},
+	{name: "client-dialled-after-close", file: "kvmanager/decode.go", old: "\tif d.clients == nil {\n\t\treturn nil, ErrManagerClosed", new: "\tif d.clients == nil && false {\n\t\treturn nil, ErrManagerClosed",
+		pkg: "kvmanager", run: "^TestCallsAfterCloseRefused$"},
+	{name: "closed-refusal-owes-aborts", file: "internal/core/core_decode.go", old: "live || c.reg.closed != \"\" {\n\t\treturn // (a closed rank owes nothing new", new: "live {\n\t\treturn // (a closed rank owes nothing new",
+		pkg: "internal/core", run: "^TestClosedRankRefusesRooms$"},
 	{name: "spawn-after-close", file: "kvmanager/shell.go", old: "\tif m.regClosed {\n\t\treturn false\n\t}\n\tm.wg.Add(1)", new: "\tif false {\n\t\treturn false\n\t}\n\tm.wg.Add(1)",
 		pkg: "kvmanager", run: "^TestCallsAfterCloseRefused$"},
 	// A REQUEST to a prefill process not heard from lately without its

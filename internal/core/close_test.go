@@ -1,0 +1,65 @@
+package core
+
+import (
+	"testing"
+
+	"github.com/kvbridge/kvbridge/internal/wire"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// codes lists the STATUS messages among effects as "room code".
+func codes(effects []Effect) map[uint64]string {
+	out := map[uint64]string{}
+	for _, s := range sent[*wire.Status](effects) {
+		out[s.Room] = s.Code
+	}
+	return out
+}
+
+// TestClosedRankRefusesRooms: Close fails the live rooms (their decode
+// ranks told), answers the REQUESTs waiting for a sender (aborted, the id
+// tombstoned), and from then on the rank creates no room and takes no
+// REQUEST, naming the room; a decode rank's refusal of a room it could
+// not create owes no ABORT once it is closed (it exits: nothing would
+// acknowledge them).
+func TestClosedRankRefusesRooms(t *testing.T) {
+	c := registeredCore(t, 2)
+	req := func(room uint64) {
+		c.Step(t0, Received{Msg: &wire.Request{From: decodeFrom, Room: room, DstPages: []uint32{uint32(room)}, AuxIndex: -1, Required: 1, StateIndices: [][]uint32{}}})
+	}
+	req(1) // waits for its sender
+	c.Step(t0, CreateSender{Room: 2})
+	c.Step(t0, InitSender{Room: 2})
+	req(2)
+	st, _ := c.Status(2)
+	require.Equal(t, WaitingForInput, st)
+	c.Effects()
+
+	c.Step(t0, Close{Reason: "test"})
+	assert.Equal(t, map[uint64]string{1: CodeAborted, 2: CodeFailed}, codes(c.Effects()), "the waiting REQUEST and the live room's decode rank told")
+	st, _ = c.Status(2)
+	assert.Equal(t, Failed, st)
+	assert.Zero(t, c.RoomSizes().Pending, "no REQUEST waits for a sender on a closed rank")
+
+	res := c.Step(t0, CreateSender{Room: 3}).Result
+	require.Equal(t, Rejected, res.Outcome)
+	require.ErrorIs(t, res.Err, ErrRankClosed)
+	require.EqualError(t, res.Err, "room 3: kvmanager: manager closed")
+	req(4)
+	assert.Equal(t, map[uint64]string{4: CodeRejected}, codes(c.Effects()), "a REQUEST after Close refused")
+	_, ok := c.Status(4)
+	assert.False(t, ok)
+	assert.Zero(t, c.RoomSizes().Pending)
+
+	d := testCore(t, RoleDecode)
+	d.Step(t0, Close{Reason: "test"})
+	res = d.Step(t0, CreateReceiver{Room: 5, Targets: []Target{prefillT}}).Result
+	require.ErrorIs(t, res.Err, ErrRankClosed)
+	require.ErrorContains(t, res.Err, "room 5")
+	d.Step(t0, RefuseRoom{Room: 6, Targets: []Target{prefillT}, Reason: "its links were not found"})
+	d.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint})
+	d.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true}})
+	assert.Empty(t, sent[*wire.Abort](d.Effects()), "a closed decode rank owes no ABORT for a room it refused")
+	assert.Zero(t, d.RoomSizes().Total())
+}
