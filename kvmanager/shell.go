@@ -473,6 +473,9 @@ func (m *Manager) carryOutOrdered(effects []core.Effect) {
 				}
 			})
 		case core.EffectWake:
+			if e.Wake == core.WakeReady && m.cfg.Role == RolePrefill {
+				m.trace(e.Room, rankhooks.Woken)
+			}
 			m.waits.wake(e.Room, e.Wake)
 		case core.EffectWatch:
 			_ = m.loop.Watch(e.To)

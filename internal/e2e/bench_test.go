@@ -54,7 +54,7 @@ const appReady rankhooks.Event = 200
 // firstKept: the events of which a room's trace keeps the first (its
 // first bytes landed, its first chunk handed to and taken by the pool).
 func firstKept(ev rankhooks.Event) bool {
-	return ev == rankhooks.Landed || ev == rankhooks.Submitted || ev == rankhooks.Taken
+	return ev == rankhooks.Landed || ev == rankhooks.Submitted || ev == rankhooks.Taken || ev == rankhooks.Woken
 }
 
 // mark records an application-side trace point of the room.
@@ -490,7 +490,27 @@ func controlOverheadRun(b *testing.B, drive string, inflight int, mut ...func(*k
 			stages[i] = append(stages[i], pts[i+1].Sub(pts[i]))
 		}
 	}
+	// The application's reaction, split: REQUEST → its ready waiters
+	// released (kvbridge's: the REQUEST's step and its wake carried out)
+	// and → WaitReady's return (its goroutine run, or its next poll); and
+	// kvbridge's whole part of REQUEST → first post, per room: the wake's
+	// and, from the application's Send, the first post's.
+	var woken, reacted, part []time.Duration
+	for _, tr := range c.traces {
+		r, w, a, f := tr[rankhooks.Request], tr[rankhooks.Woken], tr[appReady], tr[rankhooks.FirstPost]
+		if r.IsZero() || w.IsZero() || a.IsZero() || f.IsZero() {
+			continue
+		}
+		woken, reacted = append(woken, w.Sub(r)), append(reacted, a.Sub(w))
+		part = append(part, w.Sub(r)+f.Sub(a))
+	}
 	c.mu.Unlock()
+	b.ReportMetric(p50(woken), "µs-request-to-woken-p50")
+	b.ReportMetric(pctl(woken, 0.99), "µs-request-to-woken-p99")
+	b.ReportMetric(p50(reacted), "µs-woken-to-app-ready-p50")
+	b.ReportMetric(pctl(reacted, 0.99), "µs-woken-to-app-ready-p99")
+	b.ReportMetric(p50(part), "µs-kvbridge-part-p50")
+	b.ReportMetric(pctl(part, 0.99), "µs-kvbridge-part-p99")
 	// kvbridge's part once the application hands the chunk over: from its
 	// Send to the room's first post (summed before the stages are sorted).
 	var handed []time.Duration

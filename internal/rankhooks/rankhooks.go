@@ -40,6 +40,11 @@ const (
 	// post, broken down: the benchmarks read each room's first.)
 	Submitted
 	Taken
+	// Woken: prefill: the room's ready waiters released (WaitReady
+	// returns once its goroutine runs): REQUEST → Woken is kvbridge's
+	// part of an application's reaction, Woken → its Send the Go
+	// scheduler's and the application's.
+	Woken
 )
 
 // Set gives cfg, a *kvmanager.Config, the hooks h (replacing any it had).
