@@ -37,8 +37,7 @@ type benchCluster struct {
 	prefill      *kvmanager.Prefill
 	decode       *kvmanager.Decode
 	pFree, dFree *kvmodel.Pages
-	mu           sync.Mutex
-	traces       map[uint64]map[rankhooks.Event]time.Time
+	traces       traceTab
 	// early: the prefill application hands each room's chunks over right
 	// after Init, before the decode rank's REQUEST is sent (docs/PROTOCOL.md
 	// "Chunks handed over early"), as an engine whose KV is computed
@@ -59,29 +58,15 @@ func firstKept(ev rankhooks.Event) bool {
 
 // mark records an application-side trace point of the room.
 func (c *benchCluster) mark(room uint64, ev rankhooks.Event) {
-	now := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.traces[room] == nil {
-		c.traces[room] = map[rankhooks.Event]time.Time{}
-	}
-	c.traces[room][ev] = now
+	c.traces.record(room, ev, time.Now(), false)
 }
 
 func newBenchCluster(b *testing.B, layers, pagesPer int, page uint64, mut ...func(*kvmanager.Config)) *benchCluster {
-	c := &benchCluster{srv: testauth.Server(), pFree: newPagePool(pagesPer), dFree: newPagePool(pagesPer),
-		traces: map[uint64]map[rankhooks.Event]time.Time{}}
+	c := &benchCluster{srv: testauth.Server(), pFree: newPagePool(pagesPer), dFree: newPagePool(pagesPer)}
 	require.NoError(b, c.srv.Start("127.0.0.1:0"))
 	b.Cleanup(func() { c.srv.Close(context.Background()) })
 	trace := func(room uint64, ev rankhooks.Event, at time.Time) {
-		c.mu.Lock()
-		if c.traces[room] == nil {
-			c.traces[room] = map[rankhooks.Event]time.Time{}
-		}
-		if _, seen := c.traces[room][ev]; !seen || !firstKept(ev) {
-			c.traces[room][ev] = at // a room's first Landed: its first bytes
-		}
-		c.mu.Unlock()
+		c.traces.record(room, ev, at, firstKept(ev)) // a room's first Landed: its first bytes
 	}
 	id := uniq()
 	mk := func(role kvmanager.Role) kvmanager.Config {
@@ -433,9 +418,7 @@ func BenchmarkFirstPostPool(b *testing.B) {
 func controlOverheadRun(b *testing.B, drive string, inflight int, mut ...func(*kvmanager.Config)) {
 	c := newBenchCluster(b, 4, 16384, 1024, mut...)
 	c.oneRoom(b, 1, 16, 16)
-	c.mu.Lock()
-	c.traces = map[uint64]map[rankhooks.Event]time.Time{}
-	c.mu.Unlock()
+	c.traces.reset()
 	drive, c.early = strings.CutSuffix(drive, "-early")
 	m := cpuMeter(b)
 	start := time.Now()
@@ -460,8 +443,8 @@ func controlOverheadRun(b *testing.B, drive string, inflight int, mut ...func(*k
 	// pages of 1 KiB in each of the 8 regions), so mostly control.
 	reportCPU(b, cpuOf(b, m), 0, b.N)
 	var a, d, whole, landed []time.Duration
-	c.mu.Lock()
-	for _, tr := range c.traces {
+	traces := c.traces.snapshot()
+	for _, tr := range traces {
 		r := tr[rankhooks.Request]
 		if f := tr[rankhooks.FirstPost]; !r.IsZero() && !f.IsZero() {
 			a = append(a, f.Sub(r))
@@ -481,7 +464,7 @@ func controlOverheadRun(b *testing.B, drive string, inflight int, mut ...func(*k
 	// hand-over to the pool, the wait in the worker's queue, and in its
 	// turn for a slot (InFlight) until the post.
 	stages := [4][]time.Duration{}
-	for _, tr := range c.traces {
+	for _, tr := range traces {
 		pts := []time.Time{tr[rankhooks.Request], tr[appReady], tr[rankhooks.Submitted], tr[rankhooks.Taken], tr[rankhooks.FirstPost]}
 		if slices.ContainsFunc(pts, time.Time.IsZero) {
 			continue
@@ -496,7 +479,7 @@ func controlOverheadRun(b *testing.B, drive string, inflight int, mut ...func(*k
 	// kvbridge's whole part of REQUEST → first post, per room: the wake's
 	// and, from the application's Send, the first post's.
 	var woken, reacted, part []time.Duration
-	for _, tr := range c.traces {
+	for _, tr := range traces {
 		r, w, a, f := tr[rankhooks.Request], tr[rankhooks.Woken], tr[appReady], tr[rankhooks.FirstPost]
 		if r.IsZero() || w.IsZero() || a.IsZero() || f.IsZero() {
 			continue
@@ -504,7 +487,6 @@ func controlOverheadRun(b *testing.B, drive string, inflight int, mut ...func(*k
 		woken, reacted = append(woken, w.Sub(r)), append(reacted, a.Sub(w))
 		part = append(part, w.Sub(r)+f.Sub(a))
 	}
-	c.mu.Unlock()
 	b.ReportMetric(p50(woken), "µs-request-to-woken-p50")
 	b.ReportMetric(pctl(woken, 0.99), "µs-request-to-woken-p99")
 	b.ReportMetric(p50(reacted), "µs-woken-to-app-ready-p50")
