@@ -621,9 +621,17 @@ func (m *Manager) sweeper() {
 
 // tick enforces every deadline passed at the Manager's clock now (the
 // sweeper calls it every SweepInterval, a core's timer at its deadline).
+// The rooms past their deadline are counted in the sweep's own hold of
+// the lock, at the sweep's clock: counted after the step returned (it
+// waits for its effects' turn), a deadline that passed meanwhile — the
+// next sweep's to enforce — read as one the sweep missed.
 func (m *Manager) tick() {
-	m.stepIn(core.Tick{})
-	m.met.overdue.Set(float64(m.overdue()))
+	m.mu.Lock()
+	now := m.cfg.hooks.Now()
+	m.core.Step(now, core.Tick{})
+	over := m.core.Overdue(now)
+	m.carryOut()
+	m.met.overdue.Set(float64(over))
 }
 
 // Abort fails the room on this rank and tells its peers: a prefill rank's

@@ -8,11 +8,14 @@ import (
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvbridge/kvbridge/bootstrap"
 	"github.com/kvbridge/kvbridge/internal/nixl"
+	"github.com/kvbridge/kvbridge/internal/promread"
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -308,4 +311,45 @@ func TestCallsAfterCloseRefused(t *testing.T) {
 	}
 	_, err = d.client("http://127.0.0.1:3")
 	require.ErrorIs(t, err, ErrManagerClosed, "a discovery client dialled after Close")
+}
+
+// TestPastDeadlineCountedAtTheSweep: kvbridge_rooms_past_deadline counts
+// the live rooms the sweep left past their deadline, at the sweep's own
+// clock. Counted after the sweep's step returned, with the clock read
+// again, a room whose deadline passed in between — the next sweep's to
+// enforce — was counted as missed (a chaos run failed on one, under load).
+func TestPastDeadlineCountedAtTheSweep(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	var mu sync.Mutex
+	at := time.Unix(1_000_000, 0)
+	var tick time.Duration // how far each read of the clock moves it
+	now := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		t := at
+		at = at.Add(tick)
+		return t
+	}
+	p := newTestPrefill(t, func(c *Config) {
+		c.SweepInterval, c.HeartbeatInterval = time.Hour, time.Hour // no sweep but the test's
+		c.Registerer = reg
+		rankhooks.Set(c, rankhooks.Hooks{Now: now})
+	})
+	require.NoError(t, p.CreateSender(1))
+	mu.Lock()
+	at = at.Add(p.cfg.Registry.BootstrapTimeout - time.Millisecond) // the sweep reads the clock 1 ms before the room's deadline
+	tick = 2 * time.Millisecond                                     // and each read moves it past
+	mu.Unlock()
+	p.tick()
+	st, _ := p.Status(1)
+	require.Equal(t, Bootstrapping, st, "not past its deadline at the sweep")
+	over, err := promread.Value(reg, "kvbridge_rooms_past_deadline")
+	require.NoError(t, err)
+	assert.Zero(t, over, "a room the sweep found before its deadline counted as past it")
+	p.tick()
+	st, _ = p.Status(1)
+	assert.Equal(t, Failed, st, "the next sweep enforces it")
+	over, err = promread.Value(reg, "kvbridge_rooms_past_deadline")
+	require.NoError(t, err)
+	assert.Zero(t, over)
 }

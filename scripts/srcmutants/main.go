@@ -445,6 +445,10 @@ var mutants = []mutant{
 		pkg: "kvmanager", run: "^TestCallsAfterCloseRefused$"},
 	{name: "closed-refusal-owes-aborts", file: "internal/core/core_decode.go", old: "live || c.reg.closed != \"\" {\n\t\treturn // (a closed rank owes nothing new", new: "live {\n\t\treturn // (a closed rank owes nothing new",
 		pkg: "internal/core", run: "^TestClosedRankRefusesRooms$"},
+	// The sweep's overdue rooms counted after its step returned, at a
+	// clock read again.
+	{name: "overdue-counted-after-sweep", file: "kvmanager/shell.go", old: "\tover := m.core.Overdue(now)\n\tm.carryOut()\n\tm.met.overdue.Set(float64(over))", new: "\t_ = now\n\tm.carryOut()\n\tm.met.overdue.Set(float64(m.overdue()))",
+		pkg: "kvmanager", run: "^TestPastDeadlineCountedAtTheSweep$"},
 	{name: "spawn-after-close", file: "kvmanager/shell.go", old: "\tif m.regClosed {\n\t\treturn false\n\t}\n\tm.wg.Add(1)", new: "\tif false {\n\t\treturn false\n\t}\n\tm.wg.Add(1)",
 		pkg: "kvmanager", run: "^TestCallsAfterCloseRefused$"},
 	// A REQUEST to a prefill process not heard from lately without its
