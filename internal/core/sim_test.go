@@ -241,6 +241,7 @@ type simProc struct {
 	loads    []simLoad       // prefill: REGISTERs checked whose metadata load is in progress (regWindow)
 	offers   []*OfferPlan    // decode: offers to load and prove (answered in the same event)
 	dead     bool            // killed, not started again
+	closed   bool            // its application closed it (Close), not exited yet
 	paused   bool            // SIGSTOPped
 	pausedAt time.Time
 	// shareFull: a rank other than a flooding one (hostileFlood) kept its
@@ -1460,7 +1461,7 @@ func (w *simWorld) deliver(src, dst int) {
 		cp.From = m.from
 		c.Step(w.now, Received{&cp})
 	case *wire.Request:
-		if c.reg.closed != "" {
+		if p.closed {
 			w.cov.hit("REQUEST to a closed rank")
 		}
 		cp := *msg
@@ -1893,7 +1894,7 @@ func (w *simWorld) faultEvents(add func(string, func(*simWorld))) {
 			add(fmt.Sprintf("kill %d", s), func(w *simWorld) { w.kills++; w.kill(s) })
 		}
 		switch {
-		case p.core.reg.closed != "":
+		case p.closed:
 			add(fmt.Sprintf("exit %d", s), func(w *simWorld) { w.exit(s) })
 		case w.closes < w.cfg.closes:
 			add(fmt.Sprintf("close %d", s), func(w *simWorld) {
@@ -1908,6 +1909,7 @@ func (w *simWorld) faultEvents(add func(string, func(*simWorld))) {
 					}
 				}
 				p.core.Step(w.now, Close{Reason: "sim close"})
+				p.closed = true
 				w.cov.hit("rank closed")
 				w.effects(s)
 			})
@@ -1995,7 +1997,7 @@ func (w *simWorld) checkState() {
 		}
 		w.checkTables(p)
 		w.noteShares(p)
-		if p.core.reg.closed != "" {
+		if p.closed { // (the simulator's record, not the core's flag)
 			// Invariant 22 (a closed rank holds nothing live): after
 			// Close no room of the rank is live, none is created and no
 			// request waits for a sender.
@@ -2115,7 +2117,7 @@ func (w *simWorld) checkEarlyAbort(p *simProc, room uint64) {
 		return
 	}
 	// (A closed rank creates no sender at all: invariant 22.)
-	if st, _ := p.core.Status(room); st != Failed && p.core.reg.evicted == 0 && !w.forgotOwn(p) && p.core.reg.closed == "" {
+	if st, _ := p.core.Status(room); st != Failed && p.core.reg.evicted == 0 && !w.forgotOwn(p) && !p.closed {
 		w.fail("room %d: %s created its sender %s after the last ABORT it heard before the sender existed (inside the tombstone TTL of %s), and it started %v",
 			room, p.from.Peer(), w.now.Sub(at[1]), ttl, st)
 	}

@@ -86,6 +86,7 @@ func (w *simWorld) hash() [16]byte {
 		}
 		f.s(p.endpoint)
 		f.b1(p.dead)
+		f.b1(p.closed)
 		f.b1(p.paused)
 		f.b1(p.shareFull)
 		if p.paused {

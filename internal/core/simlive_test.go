@@ -347,7 +347,7 @@ func (w *simWorld) liveness() {
 		switch {
 		case p.dead:
 			w.apply(simEvent{fmt.Sprintf("calm: start %d", s), func(w *simWorld) { w.startAgain(s) }})
-		case p.core.reg.closed != "": // (paused or not)
+		case p.closed: // (paused or not)
 			w.apply(simEvent{fmt.Sprintf("calm: exit %d", s), func(w *simWorld) { w.exit(s) }})
 			w.apply(simEvent{fmt.Sprintf("calm: start %d", s), func(w *simWorld) { w.startAgain(s) }})
 		case p.paused:

@@ -432,7 +432,7 @@ var mutants = []mutant{
 	{name: "close-keeps-pending", file: "internal/core/core.go", old: "\t\tfor _, id := range slices.Sorted(maps.Keys(c.reg.pending)) {\n\t\t\tres := c.count(EventAbort, c.reg.Abort(id, reason, nil))", new: "\t\tfor _, id := range slices.Sorted(maps.Keys(c.reg.pending))[:0] {\n\t\t\tres := c.count(EventAbort, c.reg.Abort(id, reason, nil))",
 		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
 	{name: "close-flag-unset", file: "internal/core/core.go", old: "\t\tc.reg.closed = reason", new: "\t\t_ = reason",
-		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
+		pkg: "internal/core", run: "^TestClosedRankRefusesRooms$"},
 	{name: "failed-told-when-drained", file: "internal/core/core_prefill.go", old: "\tc.statusFailed(room, c.reg.Requests(room), CodeFailed, reason, \"\")\n}", new: "\tc.statusFailed(room, res.Peers, CodeFailed, reason, \"\")\n}",
 		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
 	// An effect kind the shell's carriers disagree on: one ordered() calls
