@@ -41,9 +41,9 @@ test-checkers:
 	$(GO) run ./scripts/srcmutants -only $(SIM_MUTANTS) -run '^(TestSimFindsBugs|TestSimRegressions)$$'
 
 # Three packages at a time, longest first (beside the checkers on the 2-core VM, 2026-12-07: e2e 206-210 s and demo 130 s,
-# mostly waiting on processes; nixl 161-167 s; kvmanager 67-69 s), so no long one starts last; the rest after them.
+# mostly waiting on processes; nixl 161-167 s; kvmanager 67-69 s; discovery 19 s, gpucheck 13 s), so no long one starts last; the rest after them.
 test-packages:
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -p 3 -parallel 4 ./internal/e2e ./examples/demo ./internal/nixl ./kvmanager ./examples/internal/e2e ./internal/core ./examples/kvbench ./internal/control ./bootstrap ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -p 3 -parallel 4 ./internal/e2e ./examples/demo ./internal/nixl ./kvmanager ./examples/internal/e2e ./internal/core ./examples/kvbench ./internal/control ./internal/discovery ./examples/gpucheck ./internal/nixl/ucx ./examples/internal/rankcmd ./bootstrap ./...
 
 NIXL_RUNS ?= 20
 NIXL_TESTS := ^(TestContract|TestVRAMContract|TestLibNIXLProcessMapsOneUCX|TestTransfersByteExact|TestChunksHandedOverEarlyByteExact|TestSeparateProcesses|TestSoakRealNIXL|TestFirstRoomAfterPrefillRestartElsewhere|TestAbortReachesPrefillRestartedElsewhere|TestRoomAfterPrefillRestartElsewhere|TestRoomPostedRightAfterPrefillRestartElsewhere|TestPausedDecodeLearnsItsRoomsFailed|TestDecodeKilledRepeatedly|TestNIXLFaultRepro|TestLibNIXLBadThenGenuineMetadata|TestLibNIXLGenNotifFlushed|TestPrefixSkipped|TestForgedMemoryRefusedAcrossProcesses|TestForgedOfferRefusedAcrossProcesses|TestPullByteExact|TestPullRanksKilledMidRead|TestPagesOfDifferentSizesByteExact|TestSilentPartialCompletion|TestSilentPartialWriteFailsRoom|TestSilentPartialWriteAcrossProcesses|TestSilentPartialStateWriteFailsRoom|TestSilentPartialReadFailsRoom|TestDigestFailsAFlippedByte)$$/^libnixl-real$$

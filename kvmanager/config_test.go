@@ -86,7 +86,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 // the public Config (issue 50); kvbridge's tests set them with
 // rankhooks.Set, and a Config without them runs on time.Now.
 func TestHooksOnlyThroughRankhooks(t *testing.T) {
-	for _, name := range []string{"Now", "ControlTap", "Trace"} {
+	for _, name := range []string{"Now", "ControlTap", "Trace", "ChallengeTimeout"} {
 		_, ok := reflect.TypeOf(Config{}).FieldByName(name)
 		require.False(t, ok, "Config.%s is public again", name)
 	}
@@ -103,6 +103,9 @@ func TestHooksOnlyThroughRankhooks(t *testing.T) {
 	cfg.hooks.ControlTap(nil)
 	(&Manager{cfg: cfg}).trace(1, rankhooks.Request)
 	require.True(t, tapped && traced, "tap %v, trace %v: the hooks rankhooks.Set gave", tapped, traced)
+	require.Equal(t, proofTimeout, (&Manager{cfg: cfg}).proofTimeout(), "no ChallengeTimeout hook: the 5 s default")
+	rankhooks.Set(&cfg, rankhooks.Hooks{ChallengeTimeout: 1500 * time.Millisecond})
+	require.Equal(t, 1500*time.Millisecond, (&Manager{cfg: cfg}).proofTimeout(), "the challenge's bound rankhooks.Set gave")
 }
 
 // foreignIdentity has RankIdentity's method set but is not an identity

@@ -51,8 +51,19 @@ import (
 // each slot.
 const proofLen = 32
 
-// proofTimeout bounds the read of a REGISTER's proof slots.
+// proofTimeout bounds the read of a REGISTER's proof slots and an agent
+// challenge's echo (the tests' rankhooks.ChallengeTimeout may shorten it:
+// Manager.proofTimeout).
 const proofTimeout = 5 * time.Second
+
+// proofTimeout is this rank's bound on a challenge's echo and a proof's
+// read: proofTimeout unless the test hooks give another.
+func (m *Manager) proofTimeout() time.Duration {
+	if d := m.cfg.hooks.ChallengeTimeout; d > 0 {
+		return d
+	}
+	return proofTimeout
+}
 
 // maxProofChecks bounds the REGISTERs being checked at once.
 const maxProofChecks = 16
@@ -455,7 +466,7 @@ func (m *Manager) readSlots(remote string, kind nixl.MemKind, local, slots []nix
 	if err := m.agent.Post(x); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(m.ctx, proofTimeout)
+	ctx, cancel := context.WithTimeout(m.ctx, m.proofTimeout())
 	defer cancel()
 	st, err := m.agent.Wait(ctx, x)
 	if st != nixl.Done {

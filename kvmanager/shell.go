@@ -214,9 +214,9 @@ func newManager(cfg Config) (m *Manager, err error) {
 	if ccfg.Offer, err = m.pullOffer(); err != nil {
 		return nil, err
 	}
-	ccfg.OfferProgress = proofTimeout // the decode rank reads the offer's proof slots back
+	ccfg.OfferProgress = m.proofTimeout() // the decode rank reads the offer's proof slots back
 	ccfg.Identity = wire.From{Role: role, Instance: cfg.Instance, Rank: cfg.Rank}.Peer()
-	ccfg.ChallengeTimeout = proofTimeout
+	ccfg.ChallengeTimeout = m.proofTimeout()
 	if _, err = rand.Read(ccfg.ChallengeKey[:]); err != nil {
 		return nil, fmt.Errorf("kvmanager: drawing the challenge key: %w", err)
 	}

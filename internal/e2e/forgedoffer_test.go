@@ -119,7 +119,8 @@ func TestForgedOfferRefusedAcrossProcesses(t *testing.T) {
 				return b
 			}
 			deputy := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot2,
-				"KVBRIDGE_E2E_PULL=1", "KVBRIDGE_E2E_INSTANCE=" + deputyID.Instance}, envs[2]...)...)
+				"KVBRIDGE_E2E_PULL=1", "KVBRIDGE_E2E_INSTANCE=" + deputyID.Instance,
+				"KVBRIDGE_E2E_CHALLENGE_TIMEOUT=" + forgeryTimeout.String()}, envs[2]...)...) // each unechoed challenge waits it out
 			ignored, customIgnored := procCounter(t, bystander, "kvbridge_challenges_ignored_total"), procCounter(t, custom, "kvbridge_challenges_ignored_total")
 			expired := uint64(0) // the forgeries the challenge refused
 			for i, c := range []struct {

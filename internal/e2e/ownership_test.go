@@ -137,6 +137,12 @@ func lenStr(s string) []byte {
 // kvmanager.TestRegisterForeignMemoryRefused.) Before the proofs (issue
 // 41), the first was acknowledged and the prefill rank wrote the attacker's
 // rooms into the victim; before the proofs were keyed, the second was.
+// forgeryTimeout bounds a challenge's echo in the forged-identity tests'
+// ranks (rankhooks.ChallengeTimeout; 5 s by default): every forgery whose
+// challenge no one echoes waits it out, and an honest rank's echo comes
+// back in milliseconds even under make test's load.
+const forgeryTimeout = 2 * time.Second
+
 func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 	t.Parallel() // its own processes, ports and discovery: mostly waiting (kills, restarts, leases)
 	for _, engine := range []string{"ucx-shm", "ucx-tcp", "libnixl-real"} {
@@ -150,7 +156,8 @@ func TestForgedMemoryRefusedAcrossProcesses(t *testing.T) {
 				wire.From{Role: wire.RoleDecode, Instance: "proc", Rank: 0},
 				attackerID)
 			boot := startBoot(t)
-			prefill := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot}, envs[0]...)...)
+			prefill := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=prefill", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot,
+				"KVBRIDGE_E2E_CHALLENGE_TIMEOUT=" + forgeryTimeout.String()}, envs[0]...)...) // each unechoed challenge waits it out
 			victim := startChild(t, append([]string{"KVBRIDGE_E2E_ROLE=decode", "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot}, envs[1]...)...)
 			pp, dp := newPagePool(pages), newPagePool(pages)
 			pdRoom(t, prefill, victim, 1, pp, dp) // the victim is registered and working

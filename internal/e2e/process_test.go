@@ -113,6 +113,14 @@ func newRank(r kvmanager.Role, cfg kvmanager.Config) (m *kvmanager.Manager, p *k
 	return m, p, d, err
 }
 
+// challengeTimeoutEnv is KVBRIDGE_E2E_CHALLENGE_TIMEOUT: a forged-identity
+// test's ranks bound a challenge's echo by it (rankhooks.ChallengeTimeout)
+// rather than wait the 5 s out once per forgery. Unset: the default.
+func challengeTimeoutEnv() time.Duration {
+	d, _ := time.ParseDuration(os.Getenv("KVBRIDGE_E2E_CHALLENGE_TIMEOUT"))
+	return d
+}
+
 func pageList(s string) []uint32 {
 	var out []uint32
 	for _, f := range strings.Split(s, ",") {
@@ -157,7 +165,7 @@ func runRank(role string) int {
 			tapped[string(frames[1])] = c
 		}
 		tapMu.Unlock()
-	}})
+	}, ChallengeTimeout: challengeTimeoutEnv()})
 	m, p, d, err := newRank(r, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -21,6 +21,10 @@ type Hooks struct {
 	// Trace is called at points of a room's life (Event). It runs on hot
 	// paths and must be fast.
 	Trace func(room uint64, event Event, at time.Time)
+	// ChallengeTimeout, when positive, replaces the 5 s that bound an
+	// agent challenge's echo and the read of a proof's slots (a test whose
+	// forger never echoes waits it out once per forgery).
+	ChallengeTimeout time.Duration
 }
 
 // Event names a traced point of a room's life.

@@ -449,6 +449,8 @@ var mutants = []mutant{
 	// clock read again.
 	{name: "overdue-counted-after-sweep", file: "kvmanager/shell.go", old: "\tover := m.core.Overdue(now)\n\tm.carryOut()\n\tm.met.overdue.Set(float64(over))", new: "\t_ = now\n\tm.carryOut()\n\tm.met.overdue.Set(float64(m.overdue()))",
 		pkg: "kvmanager", run: "^TestPastDeadlineCountedAtTheSweep$"},
+	{name: "challenge-timeout-hook-ignored", file: "kvmanager/proof.go", old: "if d := m.cfg.hooks.ChallengeTimeout; d > 0 {", new: "if d := m.cfg.hooks.ChallengeTimeout; d > 0 && false {",
+		pkg: "kvmanager", run: "^TestHooksOnlyThroughRankhooks$"},
 	{name: "spawn-after-close", file: "kvmanager/shell.go", old: "\tif m.regClosed {\n\t\treturn false\n\t}\n\tm.wg.Add(1)", new: "\tif false {\n\t\treturn false\n\t}\n\tm.wg.Add(1)",
 		pkg: "kvmanager", run: "^TestCallsAfterCloseRefused$"},
 	// A REQUEST to a prefill process not heard from lately without its
