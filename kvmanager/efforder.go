@@ -19,7 +19,9 @@ import (
 // each one woken in turn, made a convoy at a thousand goroutines). A
 // carrier carries at most carryMore tickets past its own and then hands
 // the queue to the owner of the earliest ticket still queued who waits (a
-// carrier is a caller: the control loop's receive goroutine among them). mu (a leaf lock) guards the
+// carrier is a caller: the control loop's receive goroutine among them;
+// one that panics inside an effect hands the queue on as it unwinds:
+// run). mu (a leaf lock) guards the
 // fields below; it is held for a few instructions, never across an
 // effect.
 type effOrder struct {
@@ -100,7 +102,7 @@ func (o *effOrder) carry(t uint64, do func([]core.Effect)) {
 			o.queue[0] = nil
 			o.queue = o.queue[1:]
 			o.mu.Unlock()
-			do(buf)
+			o.run(do, buf)
 			clear(buf) // drop the messages and channels
 			o.mu.Lock()
 			o.served++
@@ -118,6 +120,33 @@ func (o *effOrder) carry(t uint64, do func([]core.Effect)) {
 		}
 	}
 	o.mu.Unlock()
+}
+
+// run carries out one ticket's effects with do. A panic inside an effect
+// (a bug, or a hook's) goes on up the carrier's stack — an application
+// that recovers it (net/http does) goes on — but the ticket is counted
+// carried out, its waiters woken, and the queue handed on, so the rank's
+// later steps do not wait for ever on a carrier that is gone. The
+// ticket's effects after the one that panicked are lost, as a control
+// message may be. o.mu is not held.
+func (o *effOrder) run(do func([]core.Effect), buf []core.Effect) {
+	carried := false
+	defer func() {
+		if carried {
+			return
+		}
+		o.mu.Lock()
+		o.served++
+		o.wake(o.done, o.served-1)
+		o.wake(o.at, o.served)
+		o.carrying = false
+		if len(o.queue) > 0 {
+			o.handOn()
+		}
+		o.mu.Unlock()
+	}()
+	do(buf)
+	carried = true
 }
 
 // handOn wakes the owner of the earliest ticket still queued who waits,

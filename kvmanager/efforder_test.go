@@ -29,8 +29,9 @@ import (
 // others' queued effects while their owners wait, at most carryMore past
 // its own before it hands the queue to the next ticket's owner; a barrier
 // is closed once every ticket taken before it is carried out (at once
-// when none is pending); buffers are emptied, reused, and at most
-// maxFreeEffBufs are kept.
+// when none is pending); a carrier that panics inside an effect hands the
+// queue on; buffers are emptied, reused, and at most maxFreeEffBufs are
+// kept.
 func TestEffOrder(t *testing.T) {
 	var o effOrder
 	closed := func(ch <-chan struct{}) bool {
@@ -151,6 +152,37 @@ func TestEffOrder(t *testing.T) {
 	require.True(t, closed(o.barrier()), "tickets left uncarried")
 	require.Empty(t, o.done, "waiters' channels kept")
 	require.Empty(t, o.at, "barriers' channels kept")
+
+	// A carrier that panics inside an effect (recovered up its stack, as
+	// net/http recovers a handler's) counts the ticket carried out and
+	// hands the queue to the owner waiting: the rank's later steps do not
+	// wait for ever on a carrier that is gone.
+	hold, release = make(chan struct{}), make(chan struct{})
+	tp := o.take([]core.Effect{send(200)})
+	pDone, panicked := make(chan struct{}), make(chan any, 1)
+	go func() {
+		defer close(pDone)
+		defer func() { panicked <- recover() }()
+		o.carry(tp, func(es []core.Effect) {
+			close(hold)
+			<-release
+			panic("an effect's bug")
+		})
+	}()
+	within("the carrier", hold)
+	tq := o.take([]core.Effect{send(201)})
+	parked = parkedOn(tq)
+	var byQ []uint64
+	qDone := carrying(tq, holding(0, nil, nil, &byQ))
+	within("the owner waiting", parked)
+	o.parked.Store(nil)
+	close(release)
+	within("the carrier that panicked", pDone)
+	require.Equal(t, "an effect's bug", <-panicked, "the panic went on up the carrier's stack")
+	within("the owner waiting, handed the queue by the carrier that panicked", qDone)
+	require.Equal(t, []uint64{201}, byQ, "the next ticket's effects")
+	require.True(t, closed(o.barrier()), "the ticket whose effect panicked counted pending for ever")
+	require.False(t, o.carrying, "the queue still carried by the carrier that panicked")
 
 	// Buffers: at most maxFreeEffBufs kept, and reused.
 	var last uint64

@@ -449,6 +449,10 @@ var mutants = []mutant{
 	// clock read again.
 	{name: "overdue-counted-after-sweep", file: "kvmanager/shell.go", old: "\tover := m.core.Overdue(now)\n\tm.carryOut()\n\tm.met.overdue.Set(float64(over))", new: "\t_ = now\n\tm.carryOut()\n\tm.met.overdue.Set(float64(m.overdue()))",
 		pkg: "kvmanager", run: "^TestPastDeadlineCountedAtTheSweep$"},
+	{name: "eff-panic-wedges", file: "kvmanager/efforder.go", old: "\t\t\to.run(do, buf)\n", new: "\t\t\tdo(buf)\n",
+		pkg: "kvmanager", run: "^TestEffOrder$"},
+	{name: "eff-panic-not-handed-on", file: "kvmanager/efforder.go", old: "\t\to.carrying = false\n\t\tif len(o.queue) > 0 {\n\t\t\to.handOn()\n\t\t}\n\t\to.mu.Unlock()\n\t}()", new: "\t\to.carrying = false\n\t\to.mu.Unlock()\n\t}()",
+		pkg: "kvmanager", run: "^TestEffOrder$"},
 	{name: "challenge-timeout-hook-ignored", file: "kvmanager/proof.go", old: "if d := m.cfg.hooks.ChallengeTimeout; d > 0 {", new: "if d := m.cfg.hooks.ChallengeTimeout; d > 0 && false {",
 		pkg: "kvmanager", run: "^TestHooksOnlyThroughRankhooks$"},
 	{name: "spawn-after-close", file: "kvmanager/shell.go", old: "\tif m.regClosed {\n\t\treturn false\n\t}\n\tm.wg.Add(1)", new: "\tif false {\n\t\treturn false\n\t}\n\tm.wg.Add(1)",
