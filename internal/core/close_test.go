@@ -1,6 +1,7 @@
 package core
 
 import (
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 	"testing"
 
 	"github.com/kvbridge/kvbridge/internal/wire"
@@ -62,4 +63,42 @@ func TestClosedRankRefusesRooms(t *testing.T) {
 	d.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true}})
 	assert.Empty(t, sent[*wire.Abort](d.Effects()), "a closed decode rank owes no ABORT for a room it refused")
 	assert.Zero(t, d.RoomSizes().Total())
+}
+
+// TestClosedRankRefusesRegisters: a closed prefill rank binds no decode
+// rank. A REGISTER that arrives after Close is refused at once, naming the
+// rank and why it closed, with no agent challenged and no metadata
+// loaded; one whose load was under way at Close is refused when the load
+// ends, not acknowledged.
+func TestClosedRankRefusesRegisters(t *testing.T) {
+	m := kvlayout.Model{Layers: 1, KVHeads: 2, HeadBytes: 4, PageTokens: 2, Layout: kvlayout.HND}
+	refusal := func(effects []Effect) *wire.RegisterAck {
+		t.Helper()
+		for _, e := range effects {
+			require.NotContains(t, []EffectKind{EffectChallenge, EffectLoadMetadata}, e.Kind, "a closed rank challenged or loaded a REGISTER's agent")
+		}
+		acks := sent[*wire.RegisterAck](effects)
+		require.Len(t, acks, 1, "the REGISTER's answer")
+		return acks[0]
+	}
+
+	c, reg := mappedCore(t, m, 2)
+	c.Step(t0, Close{Reason: "shutting down"})
+	c.Effects()
+	c.Step(t0, Received{Msg: reg})
+	a := refusal(c.Effects())
+	assert.False(t, a.OK, "a REGISTER acknowledged by a closed rank")
+	assert.Contains(t, a.Reason, "closed: shutting down")
+
+	c, reg = mappedCore(t, m, 2)
+	pp, err := c.CheckRegister(reg)
+	require.NoError(t, err)
+	echoChallenge(t, c, reg, t0) // its load asked for
+	c.Effects()
+	c.Step(t0, Close{Reason: "shutting down"})
+	c.Effects()
+	c.Step(t0, Registered{From: decodeFrom, Remote: "agent", Plan: pp})
+	a = refusal(c.Effects())
+	assert.False(t, a.OK, "a registration loaded while the rank closed bound")
+	assert.Contains(t, a.Reason, "closed: shutting down")
 }

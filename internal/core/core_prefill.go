@@ -380,11 +380,22 @@ func (c *prefillCore) registerRefused(now time.Time, from wire.From, reason stri
 	c.send(wire.Peer{Endpoint: from.Endpoint}, 0, &wire.RegisterAck{OK: false, Reason: reason})
 }
 
+// closedRefusal is a closed rank's REGISTER_ACK reason.
+func (c *prefillCore) closedRefusal() string {
+	return fmt.Sprintf("prefill rank %s closed: %s", c.cfg.Identity, c.reg.closed)
+}
+
 // checkToLoad validates a REGISTER whose epoch check passed: refused at
 // once (REGISTER_ACK ok false) when CheckRegister finds it wrong, else the
 // shell is asked to load the peer's metadata (EffectLoadMetadata). It
 // reports whether the load was asked for.
 func (c *prefillCore) checkToLoad(now time.Time, msg *wire.Register) bool {
+	if c.reg.closed != "" {
+		// A closed rank binds no one (no room of its will use the
+		// registration) and loads or challenges nothing.
+		c.registerRefused(now, msg.From, c.closedRefusal())
+		return false
+	}
 	pp, err := c.checkRegister(msg)
 	if err != nil {
 		c.registerRefused(now, msg.From, err.Error())
@@ -412,6 +423,10 @@ func (c *prefillCore) checkToLoad(now time.Time, msg *wire.Register) bool {
 func (c *prefillCore) registered(now time.Time, from wire.From, remote string, pp PeerPlan) {
 	if !c.hear(from) {
 		return // a late REGISTER of an epoch the peer already left
+	}
+	if c.reg.closed != "" {
+		c.registerRefused(now, from, c.closedRefusal()) // loaded while the rank closed
+		return
 	}
 	if !c.passedChallenge(from) {
 		// Nothing is bound to a blob whose agent was not shown the

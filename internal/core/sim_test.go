@@ -585,6 +585,13 @@ func (w *simWorld) effects(slot int) {
 					}
 				}
 			}
+			if a, ok := e.Msg.(*wire.RegisterAck); ok && p.closed {
+				// Invariant 22: a closed rank binds no registration.
+				if a.OK {
+					w.fail("invariant 22: %s is closed and acknowledged a REGISTER from %s", p.from.Peer(), e.To.Endpoint)
+				}
+				w.cov.hit("REGISTER refused: rank closed")
+			}
 			if pg, ok := e.Msg.(*wire.Pages); ok && e.Digest != nil {
 				// The shell's sums of what it publishes: every page's is 0
 				// here (digestCheck), one a position.
@@ -683,6 +690,9 @@ func (w *simWorld) effects(slot int) {
 				w.fail("%s sent an agent challenge", p.from.Peer())
 				continue
 			}
+			if p.closed {
+				w.fail("invariant 22: %s is closed and challenged a REGISTER's agent %q", p.from.Peer(), e.Msg.(*wire.Register).Agent)
+			}
 			w.challenge(e)
 		case EffectChallengeOffer:
 			if w.isPrefill(slot) {
@@ -700,6 +710,9 @@ func (w *simWorld) effects(slot int) {
 			if !w.isPrefill(slot) {
 				w.fail("%s asked to load metadata", p.from.Peer())
 				continue
+			}
+			if p.closed {
+				w.fail("invariant 22: %s is closed and loads the metadata of a REGISTER from %s", p.from.Peer(), e.Msg.Sender().Peer())
 			}
 			p.loads = append(p.loads, simLoad{from: e.Msg.Sender(), agent: string(e.Msg.(*wire.Register).AgentMD), plan: *e.Plan, at: len(w.trace)})
 			if w.cfg.regWindow {
@@ -1565,6 +1578,9 @@ func (w *simWorld) bind(slot int) {
 		// The data plane would now go through another process's agent:
 		// its proof read first (the confused deputy).
 		w.fail("%s loads, for %s, a blob naming agent %s: another process's", p.from.Peer(), ld.from.Peer(), ld.agent)
+	}
+	if p.closed {
+		w.cov.hit("REGISTER's load ended at a closed rank")
 	}
 	p.core.Step(w.now, Registered{From: ld.from, Remote: remoteName(ld.from), Plan: ld.plan})
 	w.effects(slot)

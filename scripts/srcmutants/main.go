@@ -425,6 +425,10 @@ var mutants = []mutant{
 	// wait for a sender that never comes, the pending ones kept, the
 	// flag never set; and a room failed with writes in flight told to
 	// its decode ranks only once they drain (never, when they complete).
+	{name: "closed-checks-registers", file: "internal/core/core_prefill.go", old: "\tif c.reg.closed != \"\" {\n\t\t// A closed rank binds no one", new: "\tif false {\n\t\t// A closed rank binds no one",
+		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
+	{name: "closed-binds-loaded", file: "internal/core/core_prefill.go", old: "\tif c.reg.closed != \"\" {\n\t\tc.registerRefused(now, from, c.closedRefusal())", new: "\tif false {\n\t\tc.registerRefused(now, from, c.closedRefusal())",
+		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
 	{name: "closed-creates-rooms", file: "internal/core/registry.go", old: "\tcase EventCreate, EventRequest:\n\t\tif r.closed != \"\" {", new: "\tcase EventRequest:\n\t\tif r.closed != \"\" {",
 		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
 	{name: "closed-takes-requests", file: "internal/core/registry.go", old: "\tcase EventCreate, EventRequest:\n\t\tif r.closed != \"\" {", new: "\tcase EventCreate:\n\t\tif r.closed != \"\" {",
