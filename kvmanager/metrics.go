@@ -29,6 +29,7 @@ type metrics struct {
 	foreignRefused, tombsForgotten, notDelivered, writesNotDelivered    *prometheus.Desc
 	challenges, challengesIgnored, offerChallenges                      *prometheus.Desc
 	abortsOwed, wrongType, digestMismatches, digestPages, digestErrors  *prometheus.Desc
+	closedRegisters                                                     *prometheus.Desc
 	pageSeconds                                                         prometheus.Histogram
 
 	transfers prometheus.Counter
@@ -80,6 +81,8 @@ func newMetrics(m *Manager) *metrics {
 		abortsOwed: prometheus.NewDesc("kvbridge_owed_aborts_total",
 			"Owed ABORTs (to a decode rank that may not have heard a room failed) by outcome: resent (unacknowledged after a retry interval) and dropped (over the bound of one target: sent once, not kept).",
 			[]string{"outcome"}, labels),
+		closedRegisters: prometheus.NewDesc("kvbridge_registers_closed_total",
+			"REGISTERs this prefill rank dropped unanswered because it was closed (or whose metadata load ended after Close): the decode rank's retries and lookups find the rank's next process.", nil, labels),
 		wrongType: prometheus.NewDesc("kvbridge_messages_wrong_role_total",
 			"Control messages of a type this rank's role never accepts (a REQUEST at a decode rank, PAGES at a prefill rank, ...): dropped.", nil, labels),
 		offerChallenges: prometheus.NewDesc("kvbridge_offer_challenges_total",
@@ -169,7 +172,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.inflight
 	ch <- x.tables
 	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes,
-		x.underLease, x.published, x.released, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.writesNotDelivered, x.challenges, x.challengesIgnored, x.offerChallenges, x.abortsOwed, x.wrongType, x.digestMismatches, x.digestPages, x.digestErrors} {
+		x.underLease, x.published, x.released, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.writesNotDelivered, x.challenges, x.challengesIgnored, x.offerChallenges, x.abortsOwed, x.wrongType, x.closedRegisters, x.digestMismatches, x.digestPages, x.digestErrors} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -216,6 +219,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.abortsOwed, prometheus.CounterValue, float64(st.AbortsResent), "resent")
 	ch <- prometheus.MustNewConstMetric(x.abortsOwed, prometheus.CounterValue, float64(st.AbortsDropped), "dropped")
 	ch <- prometheus.MustNewConstMetric(x.wrongType, prometheus.CounterValue, float64(st.Refused))
+	ch <- prometheus.MustNewConstMetric(x.closedRegisters, prometheus.CounterValue, float64(st.ClosedRegisters))
 	for _, c := range []struct {
 		outcome string
 		n       uint64

@@ -747,13 +747,6 @@ func (m *Manager) stats() (s core.CoreStats) {
 	return s
 }
 
-// overdue counts live rooms past their deadline (0 while sweeps run).
-func (m *Manager) overdue() (n int) {
-	now := m.cfg.hooks.Now()
-	m.read(func(c *core.Core) { n = c.Overdue(now) })
-	return n
-}
-
 // InFlight returns a room's posted writes not yet completed.
 func (m *Manager) InFlight(room uint64) (n int) {
 	m.read(func(c *core.Core) { n = c.InFlight(room) })

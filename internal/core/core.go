@@ -194,9 +194,10 @@ type CoreConfig struct {
 	Identity string
 	// ChallengeKey (prefill) keys the agent challenges' nonces: random
 	// and secret (a zero key makes them predictable; tests only).
-	// ChallengeTimeout (prefill) is how long a REGISTER's sender has to
-	// echo its challenge before the registration is refused (0:
-	// DefaultChallengeTimeout).
+	// ChallengeTimeout is how long a REGISTER's sender has to echo its
+	// agent challenge before the registration is refused (prefill), and
+	// an offering rank its offer challenge before the offer is (decode,
+	// pull) (0: DefaultChallengeTimeout).
 	ChallengeKey     [32]byte
 	ChallengeTimeout time.Duration
 }
@@ -247,6 +248,9 @@ type CoreStats struct {
 	Probes          uint64 // PINGs sent before a REQUEST to a prefill process not heard from within ProbeIdle
 	ProbesLost      uint64 // ... that got no PONG within ProbeTimeout: the rank was looked up again
 	Refused         uint64 // messages of a type this role never accepts
+	// ClosedRegisters (prefill): REGISTERs dropped unanswered because the
+	// rank is closed, or loaded while it closed.
+	ClosedRegisters uint64
 	BadNotifs       uint64 // notifications out of range or contradicting their chunk's earlier ones
 	// NotDelivered (decode): notifications the write check found naming
 	// bytes that did not land (Notified.Undelivered).

@@ -380,11 +380,6 @@ func (c *prefillCore) registerRefused(now time.Time, from wire.From, reason stri
 	c.send(wire.Peer{Endpoint: from.Endpoint}, 0, &wire.RegisterAck{OK: false, Reason: reason})
 }
 
-// closedRefusal is a closed rank's REGISTER_ACK reason.
-func (c *prefillCore) closedRefusal() string {
-	return fmt.Sprintf("prefill rank %s closed: %s", c.cfg.Identity, c.reg.closed)
-}
-
 // checkToLoad validates a REGISTER whose epoch check passed: refused at
 // once (REGISTER_ACK ok false) when CheckRegister finds it wrong, else the
 // shell is asked to load the peer's metadata (EffectLoadMetadata). It
@@ -392,8 +387,11 @@ func (c *prefillCore) closedRefusal() string {
 func (c *prefillCore) checkToLoad(now time.Time, msg *wire.Register) bool {
 	if c.reg.closed != "" {
 		// A closed rank binds no one (no room of its will use the
-		// registration) and loads or challenges nothing.
-		c.registerRefused(now, msg.From, c.closedRefusal())
+		// registration), loads or challenges nothing and answers
+		// nothing: the sender's retries and lookups find the rank's next
+		// process (a refusal would fail its waiting rooms as
+		// incompatible).
+		c.stats.ClosedRegisters++
 		return false
 	}
 	pp, err := c.checkRegister(msg)
@@ -425,7 +423,7 @@ func (c *prefillCore) registered(now time.Time, from wire.From, remote string, p
 		return // a late REGISTER of an epoch the peer already left
 	}
 	if c.reg.closed != "" {
-		c.registerRefused(now, from, c.closedRefusal()) // loaded while the rank closed
+		c.stats.ClosedRegisters++ // loaded while the rank closed: dropped, as above
 		return
 	}
 	if !c.passedChallenge(from) {

@@ -586,11 +586,10 @@ func (w *simWorld) effects(slot int) {
 				}
 			}
 			if a, ok := e.Msg.(*wire.RegisterAck); ok && p.closed {
-				// Invariant 22: a closed rank binds no registration.
-				if a.OK {
-					w.fail("invariant 22: %s is closed and acknowledged a REGISTER from %s", p.from.Peer(), e.To.Endpoint)
-				}
-				w.cov.hit("REGISTER refused: rank closed")
+				// Invariant 22: a closed rank binds no registration and
+				// answers none (its peers' retries and lookups find the
+				// rank's next process).
+				w.fail("invariant 22: %s is closed and answered a REGISTER from %s (ok %v)", p.from.Peer(), e.To.Endpoint, a.OK)
 			}
 			if pg, ok := e.Msg.(*wire.Pages); ok && e.Digest != nil {
 				// The shell's sums of what it publishes: every page's is 0
@@ -1466,6 +1465,9 @@ func (w *simWorld) deliver(src, dst int) {
 		// The epoch check and CheckRegister; a REGISTER that passes comes
 		// back as EffectLoadMetadata (effects: a load in progress, bound
 		// at once unless regWindow makes the bind an event of its own).
+		if p.closed {
+			w.cov.hit("REGISTER to a closed rank")
+		}
 		cp := *msg
 		cp.From = m.from
 		c.Step(w.now, Received{&cp})

@@ -81,7 +81,7 @@ func simExhaustiveConfigs() map[string]simCase {
 		"1→1: a rank closes, then exits; liveness": mk(func(c *simConfig) {
 			c.closes, c.live, c.noClear, c.writesOK, c.regWindow = 1, true, true, true, true
 		}, "rank closed", "room refused: rank closed", "pending requests dropped at close", "REQUEST to a closed rank",
-			"prefill room failed at close with writes in flight", "REGISTER refused: rank closed", "REGISTER's load ended at a closed rank"),
+			"prefill room failed at close with writes in flight", "REGISTER to a closed rank", "REGISTER's load ended at a closed rank"),
 		"1→1: a peer-dead report; decode aborts": mk(func(c *simConfig) { c.peerDowns, c.decodeAbort = 1, true },
 			"peer reported dead (falsely)", "decode abort in Bootstrapping"),
 		"1→2 decode ranks; decode 0 aborts (make sim adds the time jump)": mk(func(c *simConfig) {

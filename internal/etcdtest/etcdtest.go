@@ -5,11 +5,13 @@
 package etcdtest
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/testnet"
@@ -37,17 +39,37 @@ func freePort() (string, error) {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(p)), nil
 }
 
-// Start starts a server on free loopback ports.
+// startTries bounds Start's draws of ports.
+const startTries = 5
+
+// Start starts a server on free loopback ports. A port free when drawn
+// may be taken before etcd binds it (another test process drawing ports
+// the same way, under load: seen in make test); Start then draws new
+// ones, up to startTries times.
 func Start() (*Server, error) {
+	var err error
+	for range startTries {
+		var s *Server
+		if s, err = startOnce(); err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+			return s, err
+		}
+	}
+	return nil, err
+}
+
+// drawPort draws a port for Start (freePort; a test's to replace).
+var drawPort = freePort
+
+func startOnce() (*Server, error) {
 	dir, err := os.MkdirTemp("", "kvbridge-etcd-*")
 	if err != nil {
 		return nil, err
 	}
-	c, err := freePort()
+	c, err := drawPort()
 	if err != nil {
 		return nil, err
 	}
-	p, err := freePort()
+	p, err := drawPort()
 	if err != nil {
 		return nil, err
 	}

@@ -1,8 +1,10 @@
 // Package rankhooks hands kvbridge's own tests and benchmarks the hooks of
 // a rank's shell that no engine or operator needs (issue 50: test hooks
 // out of the public Config): the shell's clock, a tap on the control
-// messages as they come off the wire, and the points of a room's life a
-// latency breakdown reads (an operator has kvbridge_room_phase_seconds).
+// messages as they come off the wire, the points of a room's life a
+// latency breakdown reads (an operator has kvbridge_room_phase_seconds),
+// and a shorter bound on the ownership challenges for tests that wait
+// them out.
 // kvmanager.Config keeps them in an unexported field; kvmanager's init
 // sets Set, which gives a Config its hooks.
 package rankhooks
@@ -22,8 +24,9 @@ type Hooks struct {
 	// paths and must be fast.
 	Trace func(room uint64, event Event, at time.Time)
 	// ChallengeTimeout, when positive, replaces the 5 s that bound an
-	// agent challenge's echo and the read of a proof's slots (a test whose
-	// forger never echoes waits it out once per forgery).
+	// agent challenge's echo (prefill), an offer challenge's (decode, pull),
+	// the read of a proof's slots, and the progress kept for them (a test
+	// whose forger never echoes waits it out once per forgery).
 	ChallengeTimeout time.Duration
 }
 
