@@ -683,3 +683,56 @@ func TestProofDriverFromConfig(t *testing.T) {
 	require.ErrorContains(t, err, "Config.Engine.CUDALib", "a driver path that does not exist")
 	require.Equal(t, 2, strings.Count(err.Error(), lib), "the driver loaded is not the Config's: %v", err)
 }
+
+// TestProofReadCutByCloseDropsRegister: a REGISTER whose proof read is
+// under way when the prefill rank closes is dropped, counted, not refused
+// (docs/PROTOCOL.md "A rank that closes"): Close cancels the read's
+// context, and the shell's refusal of the failed read reaches a closed
+// core, which answers nothing and counts no ownership failure. Before, it
+// went out as not_owner ("context canceled"), and the decode rank failed
+// its waiting rooms as incompatible. (A fault hunt's reproduction.)
+func TestProofReadCutByCloseDropsRegister(t *testing.T) {
+	engine := nixl.Config{Engine: nixl.EngineUCX, UCX: map[string]string{"TLS": "posix,cma,self"}}
+	p := newTestPrefill(t, func(c *Config) {
+		c.Engine, c.Instance, c.Registerer = engine, "cut-prefill", prometheus.NewRegistry()
+	})
+	slow := newProofRank(t, engine, "slow", len(p.cfg.Layout.Regions))
+	hold, holding := make(chan struct{}), make(chan struct{}, 1)
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	t.Cleanup(release)
+	p.regMu.Lock()
+	p.proofHook = func(*wire.Register) {
+		holding <- struct{}{}
+		<-hold
+	}
+	p.regMu.Unlock()
+	msg := &wire.Register{Compat: p.cfg.Compat, Agent: slow.name, AgentMD: slow.md, TPSize: 1,
+		KV: slow.kv, Aux: []wire.Region{}, State: []wire.Region{}, Proof: slow.seed}
+	require.NoError(t, slow.loop.Send(wire.Peer{Endpoint: p.Endpoint()}, msg))
+	msg.Echo = awaitChallenge(t, slow)
+	require.Eventually(t, func() bool {
+		p.regMu.Lock()
+		defer p.regMu.Unlock()
+		return !p.checking[slow.owner] && !p.checking["agent "+slow.name]
+	}, 30*time.Second, time.Millisecond, "the challenge's own check ended")
+	require.NoError(t, slow.loop.Send(wire.Peer{Endpoint: p.Endpoint()}, msg))
+	select {
+	case <-holding: // the echoing REGISTER's proof read under way
+	case <-time.After(30 * time.Second):
+		t.Fatal("the proof read did not start within 30 s")
+	}
+	notOwner := p.stats().LayoutRefused[core.RefusedNotOwner]
+	closed := make(chan struct{})
+	go func() { defer close(closed); p.Close() }()
+	require.Eventually(t, func() bool { return p.ctx.Err() != nil }, 10*time.Second, time.Millisecond, "Close cancelled the rank's context")
+	release()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return within 30 s")
+	}
+	st := p.stats()
+	require.EqualValues(t, 1, st.ClosedRegisters, "the REGISTER whose read Close cut short: dropped and counted")
+	require.Equal(t, notOwner, st.LayoutRefused[core.RefusedNotOwner], "refused as not_owner: an ownership failure that never happened")
+}

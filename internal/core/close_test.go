@@ -70,7 +70,9 @@ func TestClosedRankRefusesRooms(t *testing.T) {
 // the rank's next process; a refusal would fail its waiting rooms as
 // incompatible). One that arrives after Close is dropped with no agent
 // challenged and no metadata loaded; one whose load was under way at
-// Close is dropped when the load ends, not acknowledged. Each is counted.
+// Close is dropped when the load ends, not acknowledged, and one whose
+// load or proof read Close cut short is dropped, not refused. Each is
+// counted.
 func TestClosedRankRefusesRegisters(t *testing.T) {
 	m := kvlayout.Model{Layers: 1, KVHeads: 2, HeadBytes: 4, PageTokens: 2, Layout: kvlayout.HND}
 	dropped := func(c *Core, want uint64) {
@@ -101,4 +103,17 @@ func TestClosedRankRefusesRegisters(t *testing.T) {
 	c.Step(t0, Registered{From: decodeFrom, Remote: "agent", Plan: pp})
 	dropped(c, 1)
 	assert.Empty(t, c.prefillCore.peers, "a registration loaded while the rank closed bound")
+
+	// A load or proof read that Close cut short (its context cancelled)
+	// ends refused by the shell: dropped too, and no ownership failure
+	// counted.
+	c, reg = mappedCore(t, m, 2)
+	echoChallenge(t, c, reg, t0)
+	c.Effects()
+	c.Step(t0, Close{Reason: "shutting down"})
+	c.Effects()
+	notOwner := c.stats.LayoutRefused[RefusedNotOwner]
+	c.Step(t0, RegisterRefused{From: decodeFrom, Reason: "reading the proof slots: context canceled", NotOwner: true})
+	dropped(c, 1)
+	assert.Equal(t, notOwner, c.stats.LayoutRefused[RefusedNotOwner], "a read Close cut short counted as not_owner")
 }

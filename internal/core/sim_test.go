@@ -1171,6 +1171,9 @@ func (w *simWorld) events() []simEvent {
 					w.loadFails++
 					w.cov.hit("metadata load failed")
 					p := w.procs[s]
+					if p.closed {
+						w.cov.hit("REGISTER's load failed at a closed rank")
+					}
 					ld := p.loads[0]
 					p.loads = p.loads[1:]
 					p.core.Step(w.now, RegisterRefused{From: ld.from, Reason: "loading the peer's metadata: refused by the engine"})

@@ -79,9 +79,10 @@ func simExhaustiveConfigs() map[string]simCase {
 		// closes with a REQUEST pending or a room live, its application
 		// still calling; then it exits and starts again.
 		"1→1: a rank closes, then exits; liveness": mk(func(c *simConfig) {
-			c.closes, c.live, c.noClear, c.writesOK, c.regWindow = 1, true, true, true, true
+			c.closes, c.live, c.noClear, c.writesOK, c.regWindow, c.loadFails = 1, true, true, true, true, 1
 		}, "rank closed", "room refused: rank closed", "pending requests dropped at close", "REQUEST to a closed rank",
-			"prefill room failed at close with writes in flight", "REGISTER to a closed rank", "REGISTER's load ended at a closed rank"),
+			"prefill room failed at close with writes in flight", "REGISTER to a closed rank", "REGISTER's load ended at a closed rank",
+			"REGISTER's load failed at a closed rank"),
 		"1→1: a peer-dead report; decode aborts": mk(func(c *simConfig) { c.peerDowns, c.decodeAbort = 1, true },
 			"peer reported dead (falsely)", "decode abort in Bootstrapping"),
 		"1→2 decode ranks; decode 0 aborts (make sim adds the time jump)": mk(func(c *simConfig) {

@@ -431,6 +431,8 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
 	{name: "etcd-start-no-redraw", file: "internal/etcdtest/etcdtest.go", old: "err == nil || !errors.Is(err, syscall.EADDRINUSE)", new: "err == nil || !errors.Is(err, syscall.EADDRINUSE) || true",
 		pkg: "internal/etcdtest", run: "^TestPortTakenIsAddrInUse$"},
+	{name: "closed-refused-load-answered", file: "internal/core/step.go", old: "\t\tif c.prefillCore != nil && c.reg.closed != \"\" {\n\t\t\t// A closed rank answers no REGISTER", new: "\t\tif false {\n\t\t\t// A closed rank answers no REGISTER",
+		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
 	{name: "closed-registers-uncounted", file: "internal/core/core_prefill.go", old: "\t\tc.stats.ClosedRegisters++\n\t\treturn false", new: "\t\treturn false",
 		pkg: "internal/core", run: "^TestClosedRankRefusesRegisters$"},
 	{name: "closed-creates-rooms", file: "internal/core/registry.go", old: "\tcase EventCreate, EventRequest:\n\t\tif r.closed != \"\" {", new: "\tcase EventRequest:\n\t\tif r.closed != \"\" {",
