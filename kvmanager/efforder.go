@@ -105,21 +105,34 @@ func (o *effOrder) carry(t uint64, do func([]core.Effect)) {
 			o.run(do, buf)
 			clear(buf) // drop the messages and channels
 			o.mu.Lock()
-			o.served++
-			o.wake(o.done, o.served-1)
-			o.wake(o.at, o.served)
+			o.serve()
 			if len(o.free) < maxFreeEffBufs && cap(buf) <= maxKeptEffBuf {
 				o.free = append(o.free, buf[:0])
 			}
 		}
-		o.carrying = false
-		if len(o.queue) == 0 {
-			o.queue = o.queue[:0:0] // let a burst's array go
-		} else {
-			o.handOn()
-		}
+		o.stopCarrying()
 	}
 	o.mu.Unlock()
+}
+
+// serve counts the ticket at the queue's head carried out and wakes its
+// owner and the barriers it completes. o.mu is held.
+func (o *effOrder) serve() {
+	o.served++
+	o.wake(o.done, o.served-1)
+	o.wake(o.at, o.served)
+}
+
+// stopCarrying ends a carrier's hold of the queue: the owner of the
+// earliest ticket still queued who waits carries on (handOn); the queue
+// empty, its burst's array goes. o.mu is held.
+func (o *effOrder) stopCarrying() {
+	o.carrying = false
+	if len(o.queue) == 0 {
+		o.queue = o.queue[:0:0] // let a burst's array go
+	} else {
+		o.handOn()
+	}
 }
 
 // run carries out one ticket's effects with do. A panic inside an effect
@@ -136,13 +149,8 @@ func (o *effOrder) run(do func([]core.Effect), buf []core.Effect) {
 			return
 		}
 		o.mu.Lock()
-		o.served++
-		o.wake(o.done, o.served-1)
-		o.wake(o.at, o.served)
-		o.carrying = false
-		if len(o.queue) > 0 {
-			o.handOn()
-		}
+		o.serve()
+		o.stopCarrying()
 		o.mu.Unlock()
 	}()
 	do(buf)

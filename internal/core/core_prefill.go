@@ -380,18 +380,27 @@ func (c *prefillCore) registerRefused(now time.Time, from wire.From, reason stri
 	c.send(wire.Peer{Endpoint: from.Endpoint}, 0, &wire.RegisterAck{OK: false, Reason: reason})
 }
 
+// droppedClosed drops, counted, a REGISTER reaching a closed rank: at its
+// arrival, or at the end of a load or proof read under way at Close
+// (succeeded, or failed: Close cancels the read, no fault of the peer's).
+// A closed rank binds no one (no room of its will use the registration),
+// loads or challenges nothing and answers nothing: the sender's retries
+// and lookups find the rank's next process (a refusal would fail its
+// waiting rooms as incompatible).
+func (c *prefillCore) droppedClosed() bool {
+	if c.reg.closed == "" {
+		return false
+	}
+	c.stats.ClosedRegisters++
+	return true
+}
+
 // checkToLoad validates a REGISTER whose epoch check passed: refused at
 // once (REGISTER_ACK ok false) when CheckRegister finds it wrong, else the
 // shell is asked to load the peer's metadata (EffectLoadMetadata). It
 // reports whether the load was asked for.
 func (c *prefillCore) checkToLoad(now time.Time, msg *wire.Register) bool {
-	if c.reg.closed != "" {
-		// A closed rank binds no one (no room of its will use the
-		// registration), loads or challenges nothing and answers
-		// nothing: the sender's retries and lookups find the rank's next
-		// process (a refusal would fail its waiting rooms as
-		// incompatible).
-		c.stats.ClosedRegisters++
+	if c.droppedClosed() {
 		return false
 	}
 	pp, err := c.checkRegister(msg)
@@ -422,8 +431,7 @@ func (c *prefillCore) registered(now time.Time, from wire.From, remote string, p
 	if !c.hear(from) {
 		return // a late REGISTER of an epoch the peer already left
 	}
-	if c.reg.closed != "" {
-		c.stats.ClosedRegisters++ // loaded while the rank closed: dropped, as above
+	if c.droppedClosed() { // loaded while the rank closed
 		return
 	}
 	if !c.passedChallenge(from) {

@@ -397,11 +397,7 @@ func (c *Core) stepInput(now time.Time, in Input) Output {
 		c.prefillCore.registered(now, in.From, in.Remote, in.Plan)
 		return Output{}
 	case RegisterRefused:
-		if c.prefillCore != nil && c.reg.closed != "" {
-			// A closed rank answers no REGISTER (checkToLoad): a load or
-			// proof read under way at Close ends here dropped, not refused
-			// (Close cancelled the read: no fault of the peer's).
-			c.stats.ClosedRegisters++
+		if c.prefillCore != nil && c.prefillCore.droppedClosed() {
 			return Output{}
 		}
 		if in.NotOwner && c.prefillCore != nil {

@@ -261,7 +261,7 @@ var mutants = []mutant{
 	{name: "eff-carrier-unbounded", file: "kvmanager/efforder.go", old: "for o.served < o.next && o.served <= t+carryMore {", new: "for o.served < o.next {",
 		pkg: "kvmanager", run: "^TestEffOrder$"},
 	// A carrier at its bound leaves the queue without waking the next ticket's owner.
-	{name: "eff-queue-not-handed-on", file: "kvmanager/efforder.go", old: "\t\t} else {\n\t\t\to.handOn()\n", new: "\t\t} else {\n",
+	{name: "eff-queue-not-handed-on", file: "kvmanager/efforder.go", old: "\t} else {\n\t\to.handOn()\n", new: "\t} else {\n",
 		pkg: "kvmanager", run: "^TestEffOrder$"},
 	// A carrier at its bound wakes only the next ticket's owner, who may not have come to carry yet.
 	{name: "eff-hand-on-next-only", file: "kvmanager/efforder.go", old: "\tfor k := o.served; k < o.next; k++ {\n\t\tif ch := o.done[k]; ch != nil {", new: "\tfor k := o.served; k < o.served+1; k++ {\n\t\tif ch := o.done[k]; ch != nil {",
@@ -425,15 +425,15 @@ var mutants = []mutant{
 	// wait for a sender that never comes, the pending ones kept, the
 	// flag never set; and a room failed with writes in flight told to
 	// its decode ranks only once they drain (never, when they complete).
-	{name: "closed-checks-registers", file: "internal/core/core_prefill.go", old: "\tif c.reg.closed != \"\" {\n\t\t// A closed rank binds no one", new: "\tif false {\n\t\t// A closed rank binds no one",
+	{name: "closed-checks-registers", file: "internal/core/core_prefill.go", old: "\tif c.droppedClosed() {\n\t\treturn false\n\t}\n\tpp, err := c.checkRegister(msg)", new: "\tif false {\n\t\treturn false\n\t}\n\tpp, err := c.checkRegister(msg)",
 		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
-	{name: "closed-binds-loaded", file: "internal/core/core_prefill.go", old: "\tif c.reg.closed != \"\" {\n\t\tc.stats.ClosedRegisters++ // loaded", new: "\tif false {\n\t\tc.stats.ClosedRegisters++ // loaded",
+	{name: "closed-binds-loaded", file: "internal/core/core_prefill.go", old: "\tif c.droppedClosed() { // loaded while the rank closed", new: "\tif false { // loaded while the rank closed",
 		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
 	{name: "etcd-start-no-redraw", file: "internal/etcdtest/etcdtest.go", old: "err == nil || !errors.Is(err, syscall.EADDRINUSE)", new: "err == nil || !errors.Is(err, syscall.EADDRINUSE) || true",
 		pkg: "internal/etcdtest", run: "^TestPortTakenIsAddrInUse$"},
-	{name: "closed-refused-load-answered", file: "internal/core/step.go", old: "\t\tif c.prefillCore != nil && c.reg.closed != \"\" {\n\t\t\t// A closed rank answers no REGISTER", new: "\t\tif false {\n\t\t\t// A closed rank answers no REGISTER",
+	{name: "closed-refused-load-answered", file: "internal/core/step.go", old: "\t\tif c.prefillCore != nil && c.prefillCore.droppedClosed() {", new: "\t\tif false {",
 		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
-	{name: "closed-registers-uncounted", file: "internal/core/core_prefill.go", old: "\t\tc.stats.ClosedRegisters++\n\t\treturn false", new: "\t\treturn false",
+	{name: "closed-registers-uncounted", file: "internal/core/core_prefill.go", old: "\tc.stats.ClosedRegisters++\n\treturn true", new: "\treturn true",
 		pkg: "internal/core", run: "^TestClosedRankRefusesRegisters$"},
 	{name: "closed-creates-rooms", file: "internal/core/registry.go", old: "\tcase EventCreate, EventRequest:\n\t\tif r.closed != \"\" {", new: "\tcase EventRequest:\n\t\tif r.closed != \"\" {",
 		pkg: "internal/core", run: "^TestSimExhaustive$/rank_closes"},
@@ -461,7 +461,7 @@ var mutants = []mutant{
 		pkg: "kvmanager", run: "^TestPastDeadlineCountedAtTheSweep$"},
 	{name: "eff-panic-wedges", file: "kvmanager/efforder.go", old: "\t\t\to.run(do, buf)\n", new: "\t\t\tdo(buf)\n",
 		pkg: "kvmanager", run: "^TestEffOrder$"},
-	{name: "eff-panic-not-handed-on", file: "kvmanager/efforder.go", old: "\t\to.carrying = false\n\t\tif len(o.queue) > 0 {\n\t\t\to.handOn()\n\t\t}\n\t\to.mu.Unlock()\n\t}()", new: "\t\to.carrying = false\n\t\to.mu.Unlock()\n\t}()",
+	{name: "eff-panic-not-handed-on", file: "kvmanager/efforder.go", old: "\t\to.serve()\n\t\to.stopCarrying()\n", new: "\t\to.serve()\n\t\to.carrying = false\n",
 		pkg: "kvmanager", run: "^TestEffOrder$"},
 	{name: "challenge-timeout-hook-ignored", file: "kvmanager/proof.go", old: "if d := m.cfg.hooks.ChallengeTimeout; d > 0 {", new: "if d := m.cfg.hooks.ChallengeTimeout; d > 0 && false {",
 		pkg: "kvmanager", run: "^TestHooksOnlyThroughRankhooks$"},
