@@ -1,8 +1,11 @@
 package core
 
 import (
-	"github.com/kvbridge/kvbridge/internal/kvlayout"
+	"fmt"
 	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/kvlayout"
 
 	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/stretchr/testify/assert"
@@ -116,4 +119,50 @@ func TestClosedRankRefusesRegisters(t *testing.T) {
 	c.Step(t0, RegisterRefused{From: decodeFrom, Reason: "reading the proof slots: context canceled", NotOwner: true})
 	dropped(c, 1)
 	assert.Equal(t, notOwner, c.stats.LayoutRefused[RefusedNotOwner], "a read Close cut short counted as not_owner")
+}
+
+// TestClosedRankAcksUnasked: Close owes every decode rank whose REQUEST
+// the rank took a drained ABORT_ACK, unasked (its ABORT may not be read
+// before the process exits, and the pages would wait out the quarantine):
+// at once for a REQUEST still waiting for its sender (nothing was
+// written), and for a room failed with a write in flight only once that
+// write drains — never before. An ABORT that comes before the exit is
+// answered as ever.
+func TestClosedRankAcksUnasked(t *testing.T) {
+	acks := func(effects []Effect) []string {
+		var out []string
+		for _, e := range effects {
+			if a, ok := e.Msg.(*wire.AbortAck); ok && e.Kind == EffectSend {
+				out = append(out, fmt.Sprintf("%d %v → %s", a.Room, a.Drained, e.To.Endpoint))
+			}
+		}
+		return out
+	}
+	c, writes := prefillChunkQueued(t)
+	require.True(t, c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK, "the chunk's write was not posted")
+	c.Step(t0, Received{Msg: request(2, decodeFrom)}) // waits for its sender
+	c.Effects()
+
+	c.Step(t0, Close{Reason: "test"})
+	effects := c.Effects()
+	assert.Equal(t, map[uint64]string{1: CodeFailed, 2: CodeAborted}, codes(effects), "the decode rank told of both rooms")
+	assert.Equal(t, []string{"2 true → " + decodeFrom.Endpoint}, acks(effects),
+		"at Close: the REQUEST no sender served acknowledged drained, room 1 (its write in flight) not yet")
+
+	c.Step(t0.Add(time.Second), WriteDone{Room: 1, Write: &writes[0]})
+	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, acks(c.Effects()), "room 1 acknowledged drained, unasked, once its write drained")
+
+	c.Step(t0.Add(time.Second), Received{Msg: &wire.Abort{From: decodeFrom, Room: 1, Reason: "prefill closed"}})
+	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, acks(c.Effects()), "the decode rank's own ABORT answered")
+
+	// A room the application cleared while its write was in flight, then
+	// Close: its tombstone owes the ACK.
+	c, writes = prefillChunkQueued(t)
+	require.True(t, c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK, "the chunk's write was not posted")
+	c.Step(t0, ClearSender{Room: 1})
+	require.Equal(t, map[uint64]string{1: CodeCleared}, codes(c.Effects()))
+	c.Step(t0, Close{Reason: "test"})
+	assert.Empty(t, acks(c.Effects()), "at Close: the cleared room's write is in flight")
+	c.Step(t0.Add(time.Second), WriteDone{Room: 1, Write: &writes[0]})
+	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, acks(c.Effects()), "the cleared room acknowledged drained, unasked, once its write drained")
 }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -372,6 +373,38 @@ func (r *Registry) wakeReady(rm *room) {
 func (r *Registry) sendAcks(id uint64, acks []wire.Peer, drained bool) {
 	for _, p := range acks {
 		r.emit(Effect{Kind: EffectSend, Room: id, To: p, Msg: &wire.AbortAck{Room: id, Drained: drained}})
+	}
+}
+
+// OweClosed owes, unasked, a drained ABORT_ACK to every decode rank whose
+// REQUEST a failed prefill room, or a cleared one still writing, took: the
+// rank closed (Close), so no ABORT of theirs may be read before it exits,
+// and without the ACK their pages wait out the quarantine. Each goes out
+// as the ABORTs' ACKs do: at once where no write of the room can land, else
+// when the last one drains; none where the drain deadline passed (the
+// quarantine bounds those).
+func (r *Registry) OweClosed() {
+	owe := func(acks []wire.Peer, reqs []PeerRequest) []wire.Peer {
+		for _, pr := range reqs {
+			if pr.Payload == nil {
+				continue
+			}
+			if p := (wire.Peer{Endpoint: pr.Payload.From.Endpoint}); !slices.Contains(acks, p) {
+				acks = append(acks, p)
+			}
+		}
+		return acks
+	}
+	for _, id := range slices.Sorted(maps.Keys(r.rooms)) {
+		if rm := r.rooms[id]; rm.role == RolePrefill && rm.status == Failed && !rm.drainExpired {
+			rm.acks = owe(rm.acks, rm.requests)
+			r.drainResult(rm, IgnoredTerminal)
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(r.tombs)) {
+		if t := r.tombs[id]; len(t.reqs) > 0 && t.holds() && !t.drainExpired {
+			t.acks = owe(t.acks, t.reqs)
+		}
 	}
 }
 

@@ -376,13 +376,15 @@ type simWorld struct {
 	unsummed   int // notifications delivered unsummed (unsummedNotifs)
 	// Faults used (bounded by the configuration).
 	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails, intrusions, silents, closes int
-	floods                                                                                                                        int       // the hostile flood's ticks (its room ids)
-	late                                                                                                                          []simLate // hostilePrefill: PONGs held past the probe timeout
-	calm                                                                                                                          bool      // the quiet phase: no faults
-	trace                                                                                                                         []string
-	cov                                                                                                                           *simCoverage // random runs and explorations: what was reached (not state)
-	weights                                                                                                                       map[string]int
-	err                                                                                                                           error
+	floods                                                                                                                        int // the hostile flood's ticks (its room ids)
+	// inDone: the effects being carried out are a write completion's.
+	inDone  bool
+	late    []simLate // hostilePrefill: PONGs held past the probe timeout
+	calm    bool      // the quiet phase: no faults
+	trace   []string
+	cov     *simCoverage // random runs and explorations: what was reached (not state)
+	weights map[string]int
+	err     error
 }
 
 func (c simConfig) slots() int { return c.prefills + c.decodes }
@@ -582,6 +584,26 @@ func (w *simWorld) effects(slot int) {
 					if k.pInc == p.inc && k.room == m.Room && w.incEp[k.dInc] == e.To.Endpoint {
 						w.acked[k] = w.acked[k] || m.Drained
 						w.cov.hit(fmt.Sprintf("ABORT_ACK drained=%v", m.Drained))
+					}
+				}
+				if p.closed && m.Drained {
+					// Owed unasked at Close to each decode rank whose
+					// REQUEST the closed rank took (invariant 7 above holds
+					// it to the same drain).
+					for k := range w.asked {
+						if k.pInc == p.inc && k.room == m.Room && w.incEp[k.dInc] == e.To.Endpoint && !w.heard[k] {
+							w.acked[k] = true
+							switch _, room := p.core.reg.rooms[m.Room]; {
+							case w.inDone && room:
+								w.cov.hit("drained ABORT_ACK from a closed rank, unasked, once its writes drained")
+							case w.inDone:
+								w.cov.hit("drained ABORT_ACK from a closed rank, unasked, once its writes drained (cleared)")
+							case room:
+								w.cov.hit("drained ABORT_ACK from a closed rank, unasked, for a room")
+							default:
+								w.cov.hit("drained ABORT_ACK from a closed rank, unasked, for a REQUEST it never served")
+							}
+						}
 					}
 				}
 			}
@@ -1073,7 +1095,9 @@ func (w *simWorld) writeDone(wr simWrite, err error, quiesced bool) {
 		return // the process that posted it is gone
 	}
 	p.core.Step(w.now, WriteDone{Room: wr.room, Write: &kvlayout.Write{Last: wr.last, Remote: wr.remote}, Err: err, Quiesced: quiesced})
+	w.inDone = true // (false between steps: no part of the state)
 	w.effects(s)
+	w.inDone = false
 }
 
 // simEvent is one thing that can happen next.

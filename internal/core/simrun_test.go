@@ -82,7 +82,14 @@ func simExhaustiveConfigs() map[string]simCase {
 			c.closes, c.live, c.noClear, c.writesOK, c.regWindow, c.loadFails = 1, true, true, true, true, 1
 		}, "rank closed", "room refused: rank closed", "pending requests dropped at close", "REQUEST to a closed rank",
 			"prefill room failed at close with writes in flight", "REGISTER to a closed rank", "REGISTER's load ended at a closed rank",
-			"REGISTER's load failed at a closed rank"),
+			"REGISTER's load failed at a closed rank", "drained ABORT_ACK from a closed rank, unasked, once its writes drained",
+			"drained ABORT_ACK from a closed rank, unasked, for a room", "drained ABORT_ACK from a closed rank, unasked, for a REQUEST it never served"),
+		// A room the prefill application cleared while its write was in
+		// flight, then Close: the tombstone owes its decode rank the
+		// drained ABORT_ACK, unasked, once the write drains.
+		"1→1: a room cleared while writing, then the rank closes": mk(func(c *simConfig) {
+			c.closes, c.prefillClearLive, c.decodeNoClear, c.writesOK = 1, true, true, true
+		}, "rank closed", "drained ABORT_ACK from a closed rank, unasked, once its writes drained (cleared)"),
 		"1→1: a peer-dead report; decode aborts": mk(func(c *simConfig) { c.peerDowns, c.decodeAbort = 1, true },
 			"peer reported dead (falsely)", "decode abort in Bootstrapping"),
 		"1→2 decode ranks; decode 0 aborts (make sim adds the time jump)": mk(func(c *simConfig) {

@@ -1,0 +1,57 @@
+package e2e
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/kvmanager"
+	"github.com/kvbridge/kvbridge/receiver"
+	"github.com/stretchr/testify/require"
+)
+
+// TestPrefillCloseReleasesDecodePages: a prefill rank that closes with a
+// room mid-transfer (one chunk written, the rest never sent) and a
+// REQUEST still waiting for its sender tells the decode rank both rooms
+// failed and acknowledges them drained without waiting for its ABORTs
+// (docs/PROTOCOL.md "A rank that closes"), so the decode rank releases
+// both rooms' pages at once, not at
+// the quarantine deadline (5 minutes here), on every engine. Before, the
+// ACKs went out only if the decode rank's ABORTs were read before the
+// closing rank's control loop stopped.
+func TestPrefillCloseReleasesDecodePages(t *testing.T) {
+	for engine := range engines {
+		t.Run(engine, func(t *testing.T) {
+			c := newCluster(t, engine, func(cfg *kvmanager.Config) { cfg.QuarantineTimeout = 5 * time.Minute })
+			rm := c.start(t, 20, 2048)
+			ready(t, rm.s)
+			require.NoError(t, rm.s.Send(rm.src[:32], false, -1))
+
+			// Room 21: the decode rank's REQUEST waits at the prefill rank
+			// for a sender the application never creates.
+			pending := func() uint64 {
+				return counter(c.prefill.Manager, "kvbridge_registry_events_total", "event", core.EventRequest.String(), "outcome", core.Pending.String())
+			}
+			before := pending()
+			r, err := receiver.New(c.decode, 21)
+			require.NoError(t, err)
+			require.NoError(t, r.Init(ctx(t), kvmanager.RequestSpec{DstPages: c.dFree.Get(4), AuxIndex: -1}))
+			require.Eventually(t, func() bool { return pending() > before }, 30*time.Second, 10*time.Millisecond,
+				"room 21's REQUEST never reached the prefill rank")
+
+			require.NoError(t, c.prefill.Close())
+			for _, rc := range []*receiver.Receiver{rm.r, r} {
+				select {
+				case <-rc.Released():
+				case <-time.After(20 * time.Second):
+					t.Fatalf("room %d: the decode rank still holds its pages 20 s after the prefill rank closed (status %v, %q); the quarantine is 5 minutes",
+						rc.Room(), rc.Poll(), rc.Failure())
+				}
+				require.Equal(t, kvmanager.Failed, rc.Poll(), "room %d", rc.Room())
+				require.Contains(t, rc.Failure(), "closed", "room %d: its failure names the prefill rank's close", rc.Room())
+				require.Zero(t, counter(c.decode.Manager, "kvbridge_quarantine_expired_total"), "room %d released by the quarantine", rc.Room())
+				rc.Clear()
+			}
+		})
+	}
+}
