@@ -12,6 +12,7 @@ import (
 	"github.com/kvbridge/kvbridge/internal/nixl"
 	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/transfer"
 	"github.com/stretchr/testify/require"
 )
@@ -86,7 +87,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 // the public Config (issue 50); kvbridge's tests set them with
 // rankhooks.Set, and a Config without them runs on time.Now.
 func TestHooksOnlyThroughRankhooks(t *testing.T) {
-	for _, name := range []string{"Now", "ControlTap", "Trace", "ChallengeTimeout"} {
+	for _, name := range []string{"Now", "ControlTap", "Trace", "ChallengeTimeout", "Drop"} {
 		_, ok := reflect.TypeOf(Config{}).FieldByName(name)
 		require.False(t, ok, "Config.%s is public again", name)
 	}
@@ -106,6 +107,11 @@ func TestHooksOnlyThroughRankhooks(t *testing.T) {
 	require.Equal(t, proofTimeout, (&Manager{cfg: cfg}).proofTimeout(), "no ChallengeTimeout hook: the 5 s default")
 	rankhooks.Set(&cfg, rankhooks.Hooks{ChallengeTimeout: 1500 * time.Millisecond})
 	require.Equal(t, 1500*time.Millisecond, (&Manager{cfg: cfg}).proofTimeout(), "the challenge's bound rankhooks.Set gave")
+	var dropped wire.Message
+	rankhooks.Set(&cfg, rankhooks.Hooks{Drop: func(m wire.Message) bool { dropped = m; return true }})
+	abort := &wire.Abort{Room: 1}
+	require.NotPanics(t, func() { (&Manager{cfg: cfg}).handle(abort) }, "a message the Drop hook dropped reached the (absent) core")
+	require.Same(t, abort, dropped, "the Drop hook rankhooks.Set gave")
 }
 
 // foreignIdentity has RankIdentity's method set but is not an identity

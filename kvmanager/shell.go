@@ -569,6 +569,9 @@ func (m *Manager) send(to wire.Peer, msg wire.Message) {
 // early"): their first writes, at most 1 MiB a room, are posted here, and
 // handing the rest to the pool waits while its worker's queue is full.
 func (m *Manager) handle(msg wire.Message) {
+	if m.cfg.hooks.Drop != nil && m.cfg.hooks.Drop(msg) {
+		return
+	}
 	switch msg := msg.(type) {
 	case *wire.Register:
 		m.onRegister(msg)

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -165,4 +166,16 @@ func TestClosedRankAcksUnasked(t *testing.T) {
 	assert.Empty(t, acks(c.Effects()), "at Close: the cleared room's write is in flight")
 	c.Step(t0.Add(time.Second), WriteDone{Room: 1, Write: &writes[0]})
 	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, acks(c.Effects()), "the cleared room acknowledged drained, unasked, once its write drained")
+
+	// A write that failed without the engine quiescing it may still land
+	// until the stall deadline: no drained ACK at Close, and past the
+	// deadline only an undrained one (the quarantine bounds the pages).
+	c, writes = prefillChunkQueued(t)
+	require.True(t, c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK, "the chunk's write was not posted")
+	c.Step(t0, WriteDone{Room: 1, Write: &writes[0], Err: errors.New("nic reset"), Quiesced: false})
+	c.Effects()
+	c.Step(t0, Close{Reason: "test"})
+	assert.Empty(t, acks(c.Effects()), "at Close: the failed write may still land")
+	c.Step(t0.Add(simRegistryConfig().StallTimeout+time.Second), Tick{})
+	assert.Equal(t, []string{"1 false → " + decodeFrom.Endpoint}, acks(c.Effects()), "past the drain deadline: undrained")
 }

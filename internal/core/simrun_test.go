@@ -90,6 +90,15 @@ func simExhaustiveConfigs() map[string]simCase {
 		"1→1: a room cleared while writing, then the rank closes": mk(func(c *simConfig) {
 			c.closes, c.prefillClearLive, c.decodeNoClear, c.writesOK = 1, true, true, true
 		}, "rank closed", "drained ABORT_ACK from a closed rank, unasked, once its writes drained (cleared)"),
+		// The same two with writes that fail unquiesced and stall (a
+		// failed write may still land until the drain deadline): no
+		// unasked ACK says drained while one can (review of the change).
+		"1→1: a rank closes, its writes may fail unquiesced": mk(func(c *simConfig) {
+			c.closes, c.mayLand, c.noClear = 1, true, true
+		}, "rank closed", "failed write landed", "drained ABORT_ACK from a closed rank, unasked, for a room"),
+		"1→1: a room cleared while writing, then the rank closes; its writes may fail unquiesced": mk(func(c *simConfig) {
+			c.closes, c.mayLand, c.prefillClearLive, c.decodeNoClear = 1, true, true, true
+		}, "rank closed", "failed write landed", "drained ABORT_ACK from a closed rank, unasked, once its writes drained (cleared)"),
 		"1→1: a peer-dead report; decode aborts": mk(func(c *simConfig) { c.peerDowns, c.decodeAbort = 1, true },
 			"peer reported dead (falsely)", "decode abort in Bootstrapping"),
 		"1→2 decode ranks; decode 0 aborts (make sim adds the time jump)": mk(func(c *simConfig) {

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/kvbridge/kvbridge/internal/core"
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/stretchr/testify/require"
@@ -15,14 +17,27 @@ import (
 // REQUEST still waiting for its sender tells the decode rank both rooms
 // failed and acknowledges them drained without waiting for its ABORTs
 // (docs/PROTOCOL.md "A rank that closes"), so the decode rank releases
-// both rooms' pages at once, not at
-// the quarantine deadline (5 minutes here), on every engine. Before, the
-// ACKs went out only if the decode rank's ABORTs were read before the
-// closing rank's control loop stopped.
+// both rooms' pages at once, not at the quarantine deadline (5 minutes
+// here), on every engine. The prefill rank drops every ABORT it receives
+// (a test hook), as a process that exits before reading them would: only
+// the unasked ACKs can release the pages. Before, the ACKs went out only
+// if the decode rank's ABORTs were read before the closing rank's control
+// loop stopped.
 func TestPrefillCloseReleasesDecodePages(t *testing.T) {
 	for engine := range engines {
 		t.Run(engine, func(t *testing.T) {
-			c := newCluster(t, engine, func(cfg *kvmanager.Config) { cfg.QuarantineTimeout = 5 * time.Minute })
+			c := newCluster(t, engine, func(cfg *kvmanager.Config) {
+				cfg.QuarantineTimeout = 5 * time.Minute
+				if cfg.Role == kvmanager.RolePrefill {
+					// The decode rank's ABORTs are never read, as when
+					// the closing process exits first: only the unasked
+					// ACKs can release the pages.
+					rankhooks.Set(cfg, rankhooks.Hooks{Drop: func(m wire.Message) bool {
+						_, abort := m.(*wire.Abort)
+						return abort
+					}})
+				}
+			})
 			rm := c.start(t, 20, 2048)
 			ready(t, rm.s)
 			require.NoError(t, rm.s.Send(rm.src[:32], false, -1))

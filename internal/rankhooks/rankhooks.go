@@ -3,13 +3,17 @@
 // out of the public Config): the shell's clock, a tap on the control
 // messages as they come off the wire, the points of a room's life a
 // latency breakdown reads (an operator has kvbridge_room_phase_seconds),
-// and a shorter bound on the ownership challenges for tests that wait
-// them out.
+// a shorter bound on the ownership challenges for tests that wait
+// them out, and a drop of received messages.
 // kvmanager.Config keeps them in an unexported field; kvmanager's init
 // sets Set, which gives a Config its hooks.
 package rankhooks
 
-import "time"
+import (
+	"time"
+
+	"github.com/kvbridge/kvbridge/internal/wire"
+)
 
 // Hooks are a rank's test hooks; a nil one is unused (Now: time.Now).
 type Hooks struct {
@@ -28,6 +32,11 @@ type Hooks struct {
 	// the read of a proof's slots, and the progress kept for them (a test
 	// whose forger never echoes waits it out once per forgery).
 	ChallengeTimeout time.Duration
+	// Drop, when it returns true, drops a control message that passed the
+	// control loop's checks before the shell steps it (a test stands in
+	// for a message that is never read: one a closing rank's process
+	// exits before reading). It runs on the receive goroutine.
+	Drop func(msg wire.Message) bool
 }
 
 // Event names a traced point of a room's life.
