@@ -107,8 +107,8 @@ func TestHooksOnlyThroughRankhooks(t *testing.T) {
 	require.Equal(t, proofTimeout, (&Manager{cfg: cfg}).proofTimeout(), "no ChallengeTimeout hook: the 5 s default")
 	rankhooks.Set(&cfg, rankhooks.Hooks{ChallengeTimeout: 1500 * time.Millisecond})
 	require.Equal(t, 1500*time.Millisecond, (&Manager{cfg: cfg}).proofTimeout(), "the challenge's bound rankhooks.Set gave")
-	var dropped wire.Message
-	rankhooks.Set(&cfg, rankhooks.Hooks{Drop: func(m wire.Message) bool { dropped = m; return true }})
+	var dropped any
+	rankhooks.Set(&cfg, rankhooks.Hooks{Drop: func(m any) bool { dropped = m; return true }})
 	abort := &wire.Abort{Room: 1}
 	require.NotPanics(t, func() { (&Manager{cfg: cfg}).handle(abort) }, "a message the Drop hook dropped reached the (absent) core")
 	require.Same(t, abort, dropped, "the Drop hook rankhooks.Set gave")

@@ -32,7 +32,7 @@ func TestPrefillCloseReleasesDecodePages(t *testing.T) {
 					// The decode rank's ABORTs are never read, as when
 					// the closing process exits first: only the unasked
 					// ACKs can release the pages.
-					rankhooks.Set(cfg, rankhooks.Hooks{Drop: func(m wire.Message) bool {
+					rankhooks.Set(cfg, rankhooks.Hooks{Drop: func(m any) bool {
 						_, abort := m.(*wire.Abort)
 						return abort
 					}})

@@ -9,11 +9,7 @@
 // sets Set, which gives a Config its hooks.
 package rankhooks
 
-import (
-	"time"
-
-	"github.com/kvbridge/kvbridge/internal/wire"
-)
+import "time"
 
 // Hooks are a rank's test hooks; a nil one is unused (Now: time.Now).
 type Hooks struct {
@@ -32,11 +28,12 @@ type Hooks struct {
 	// the read of a proof's slots, and the progress kept for them (a test
 	// whose forger never echoes waits it out once per forgery).
 	ChallengeTimeout time.Duration
-	// Drop, when it returns true, drops a control message that passed the
+	// Drop, when it returns true, drops a control message (a
+	// wire.Message: this package sits below the codec) that passed the
 	// control loop's checks before the shell steps it (a test stands in
 	// for a message that is never read: one a closing rank's process
 	// exits before reading). It runs on the receive goroutine.
-	Drop func(msg wire.Message) bool
+	Drop func(msg any) bool
 }
 
 // Event names a traced point of a room's life.
