@@ -82,7 +82,7 @@ func newMetrics(m *Manager) *metrics {
 			"Owed ABORTs (to a decode rank that may not have heard a room failed) by outcome: resent (unacknowledged after a retry interval) and dropped (over the bound of one target: sent once, not kept).",
 			[]string{"outcome"}, labels),
 		closedRegisters: prometheus.NewDesc("kvbridge_registers_closed_total",
-			"REGISTERs this prefill rank dropped unanswered because it was closed (or whose metadata load or proof read ended after Close; readable while Close runs): the decode rank's retries and lookups find the rank's next process.", nil, labels),
+			"REGISTERs this prefill rank dropped unanswered because it was closed (or whose metadata load or proof read ended after Close), and pull offer challenges it did not echo once closed (readable while Close runs): the decode rank's retries and lookups find the rank's next process.", nil, labels),
 		wrongType: prometheus.NewDesc("kvbridge_messages_wrong_role_total",
 			"Control messages of a type this rank's role never accepts (a REQUEST at a decode rank, PAGES at a prefill rank, ...): dropped.", nil, labels),
 		offerChallenges: prometheus.NewDesc("kvbridge_offer_challenges_total",

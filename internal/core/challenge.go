@@ -403,6 +403,13 @@ func (c *prefillCore) challenged(now time.Time, in Challenged) {
 		c.stats.ChallengesIgnored++
 		return
 	}
+	if c.reg.closed != "" {
+		// A closed rank binds no one: its echo would complete a
+		// registration whose REQUESTs it then refuses (the decode rank's
+		// retries and lookups find the rank's next process).
+		c.stats.ClosedRegisters++
+		return
+	}
 	var n [ChallengeBytes]byte
 	copy(n[:], in.Nonce)
 	if e, ok := c.echoes[in.EndpointTag]; ok && e.nonce == n {

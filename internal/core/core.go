@@ -249,7 +249,8 @@ type CoreStats struct {
 	ProbesLost      uint64 // ... that got no PONG within ProbeTimeout: the rank was looked up again
 	Refused         uint64 // messages of a type this role never accepts
 	// ClosedRegisters (prefill): REGISTERs dropped unanswered because the
-	// rank is closed, or loaded while it closed.
+	// rank is closed, or loaded while it closed, and offer challenges
+	// (pull) it did not echo because it is closed.
 	ClosedRegisters uint64
 	BadNotifs       uint64 // notifications out of range or contradicting their chunk's earlier ones
 	// NotDelivered (decode): notifications the write check found naming

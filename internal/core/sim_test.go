@@ -377,8 +377,9 @@ type simWorld struct {
 	// Faults used (bounded by the configuration).
 	restarts, kills, peerDowns, ticks, losses, dups, replays, pauses, lookupFails, stales, loadFails, intrusions, silents, closes int
 	floods                                                                                                                        int // the hostile flood's ticks (its room ids)
-	// inDone: the effects being carried out are a write completion's.
-	inDone  bool
+	// doneBy: the effects being carried out are a write completion's
+	// ("writes") or a READ_DONE's.
+	doneBy  string
 	late    []simLate // hostilePrefill: PONGs held past the probe timeout
 	calm    bool      // the quiet phase: no faults
 	trace   []string
@@ -594,10 +595,10 @@ func (w *simWorld) effects(slot int) {
 						if k.pInc == p.inc && k.room == m.Room && w.incEp[k.dInc] == e.To.Endpoint && !w.heard[k] {
 							w.acked[k] = true
 							switch _, room := p.core.reg.rooms[m.Room]; {
-							case w.inDone && room:
-								w.cov.hit("drained ABORT_ACK from a closed rank, unasked, once its writes drained")
-							case w.inDone:
-								w.cov.hit("drained ABORT_ACK from a closed rank, unasked, once its writes drained (cleared)")
+							case w.doneBy != "" && room:
+								w.cov.hit("drained ABORT_ACK from a closed rank, unasked, once its " + w.doneBy + " drained")
+							case w.doneBy != "":
+								w.cov.hit("drained ABORT_ACK from a closed rank, unasked, once its " + w.doneBy + " drained (cleared)")
 							case room:
 								w.cov.hit("drained ABORT_ACK from a closed rank, unasked, for a room")
 							default:
@@ -1095,9 +1096,9 @@ func (w *simWorld) writeDone(wr simWrite, err error, quiesced bool) {
 		return // the process that posted it is gone
 	}
 	p.core.Step(w.now, WriteDone{Room: wr.room, Write: &kvlayout.Write{Last: wr.last, Remote: wr.remote}, Err: err, Quiesced: quiesced})
-	w.inDone = true // (false between steps: no part of the state)
+	w.doneBy = "writes" // ("" between steps: no part of the state)
 	w.effects(s)
-	w.inDone = false
+	w.doneBy = ""
 }
 
 // simEvent is one thing that can happen next.
@@ -1577,6 +1578,7 @@ func (w *simWorld) deliver(src, dst int) {
 			break
 		}
 		c.Step(w.now, Received{&cp})
+		w.doneBy = "READ_DONE" // (reset below, after its effects)
 	case *wire.Ping:
 		// The control loop answers a PING itself (a decode core's probe).
 		pong := simMsg{from: p.from, to: m.from.Endpoint, msg: &wire.Pong{Seq: msg.Seq}}
@@ -1596,6 +1598,7 @@ func (w *simWorld) deliver(src, dst int) {
 		c.Step(w.now, Received{&cp})
 	}
 	w.effects(dst)
+	w.doneBy = ""
 }
 
 // bind completes the slot's first metadata load: Registered.

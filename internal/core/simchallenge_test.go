@@ -100,8 +100,13 @@ func (w *simWorld) deliverChallenge(s int, nt string) {
 		w.fail("bad challenge notification %q", nt)
 		return
 	}
-	ignored := p.core.stats.ChallengesIgnored
+	ignored, closed := p.core.stats.ChallengesIgnored, p.core.stats.ClosedRegisters
 	p.core.Step(w.now, x)
+	if p.core.stats.ClosedRegisters > closed {
+		w.cov.hit("offer challenge not echoed by a closed rank")
+		w.effects(s)
+		return
+	}
 	role := "decode"
 	if w.isPrefill(s) {
 		role = "prefill"

@@ -209,6 +209,14 @@ func simExhaustiveConfigs() map[string]simCase {
 		}, "read posted", "read ok", "read failed", "read failed, may land", "failed read landed", "source released",
 			"release after success", "release after drained ABORT_ACKs", "decode abort in WaitingForInput, REQUEST sent",
 			"READ_DONE drained", "READ_DONE not drained", "load report of a failed room with pages"),
+		// Close with a pull room (the reads are the decode rank's; the
+		// lease is the room's last "write"): a closed rank echoes no
+		// offer challenge (it binds no one), and its unasked ACK waits
+		// for the drained READ_DONE.
+		"1→1 pull: the prefill rank closes; reads fail, land late or stall; liveness": mk(func(c *simConfig) {
+			c.rooms, c.closes, c.mayLand, c.noClear, c.live = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 1)}, 1, true, true, true
+		}, "rank closed", "read posted", "READ_DONE drained", "drained ABORT_ACK from a closed rank, unasked, once its READ_DONE drained",
+			"offer challenge not echoed by a closed rank"),
 		"1→1 pull, 2 chunks: prefill aborts (abort racing a read); liveness": mk(func(c *simConfig) {
 			c.rooms, c.prefillAbort, c.writesOK, c.noClear, c.live = []simRoomSpec{simPullRoom(7, []int{0}, []int{0}, 2)}, true, true, true, true
 		}, "read posted", "prefill abort in Transferring", "source released", "pull offer loaded (repeat false)"),

@@ -451,6 +451,8 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestClosedRankAcksUnasked$"},
 	{name: "close-acks-ignore-unsettled", file: "internal/core/registry.go", old: "\t\t\trm.acks = owe(rm.acks, rm.requests)\n\t\t\tr.drainResult(rm, IgnoredTerminal)", new: "\t\t\trm.acks = owe(rm.acks, rm.requests)\n\t\t\tif rm.inflight == 0 {\n\t\t\t\tr.sendAcks(id, rm.acks, true)\n\t\t\t\trm.acks = nil\n\t\t\t}",
 		pkg: "internal/core", run: "^(TestSimExhaustive$/rank_closes|TestClosedRankAcksUnasked$)"},
+	{name: "closed-echoes-offer", file: "internal/core/challenge.go", old: "\tif c.reg.closed != \"\" {\n\t\t// A closed rank binds no one", new: "\tif false {\n\t\t// A closed rank binds no one",
+		pkg: "internal/core", run: "^TestSimExhaustive$/pull:_the_prefill_rank_closes"},
 	{name: "close-flag-unset", file: "internal/core/core.go", old: "\t\tc.reg.closed = reason", new: "\t\t_ = reason",
 		pkg: "internal/core", run: "^TestClosedRankRefusesRooms$"},
 	{name: "failed-told-when-drained", file: "internal/core/core_prefill.go", old: "\tc.statusFailed(room, c.reg.Requests(room), CodeFailed, reason, \"\")\n}", new: "\tc.statusFailed(room, res.Peers, CodeFailed, reason, \"\")\n}",
