@@ -179,3 +179,32 @@ func TestClosedRankAcksUnasked(t *testing.T) {
 	c.Step(t0.Add(simRegistryConfig().StallTimeout+time.Second), Tick{})
 	assert.Equal(t, []string{"1 false → " + decodeFrom.Endpoint}, acks(c.Effects()), "past the drain deadline: undrained")
 }
+
+// TestClearedRoomAcksDrained: a room the prefill application clears
+// before it finished is told to its decode ranks (STATUS cleared) and,
+// when nothing of it can land, acknowledged drained with it, unasked — a
+// rank that closes right after would never read their ABORTs. With a
+// write in flight, no ACK goes with the STATUS.
+func TestClearedRoomAcksDrained(t *testing.T) {
+	acks := func(effects []Effect) []string {
+		var out []string
+		for _, e := range effects {
+			if a, ok := e.Msg.(*wire.AbortAck); ok && e.Kind == EffectSend {
+				out = append(out, fmt.Sprintf("%d %v → %s", a.Room, a.Drained, e.To.Endpoint))
+			}
+		}
+		return out
+	}
+	c, writes := prefillChunkQueued(t)
+	c.Step(t0, ClearSender{Room: 1}) // its write never posted
+	effects := c.Effects()
+	assert.Equal(t, map[uint64]string{1: CodeCleared}, codes(effects))
+	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, acks(effects), "nothing can land: the drained ACK with the STATUS")
+
+	c, writes = prefillChunkQueued(t)
+	require.True(t, c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK, "the chunk's write was not posted")
+	c.Step(t0, ClearSender{Room: 1})
+	effects = c.Effects()
+	assert.Equal(t, map[uint64]string{1: CodeCleared}, codes(effects))
+	assert.Empty(t, acks(effects), "a write in flight: no ACK with the STATUS")
+}

@@ -669,17 +669,7 @@ func (c *Core) closeAll(now time.Time, reason string) {
 		for _, id := range slices.Sorted(maps.Keys(c.reg.pending)) {
 			res := c.count(EventAbort, c.reg.Abort(id, reason, nil))
 			p.statusFailed(id, res.Peers, CodeAborted, "prefill rank closed: "+reason, "")
-			// Nothing was written for them (no sender): drained, unasked.
-			var acked []wire.Peer
-			for _, pr := range res.Peers {
-				if pr.Payload == nil {
-					continue
-				}
-				if to := (wire.Peer{Endpoint: pr.Payload.From.Endpoint}); !slices.Contains(acked, to) {
-					acked = append(acked, to)
-					c.send(to, id, &wire.AbortAck{Room: id, Drained: true})
-				}
-			}
+			p.ackDrained(id, res.Peers) // nothing was written for them (no sender)
 		}
 		// The decode ranks of every failed room are owed their drained
 		// ABORT_ACKs now, asked or not (docs/PROTOCOL.md "A rank that

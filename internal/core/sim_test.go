@@ -587,14 +587,17 @@ func (w *simWorld) effects(slot int) {
 						w.cov.hit(fmt.Sprintf("ABORT_ACK drained=%v", m.Drained))
 					}
 				}
-				if p.closed && m.Drained {
-					// Owed unasked at Close to each decode rank whose
-					// REQUEST the closed rank took (invariant 7 above holds
-					// it to the same drain).
+				if m.Drained {
+					// Unasked: owed at Close to each decode rank whose
+					// REQUEST the closed rank took, or sent with a STATUS
+					// cleared (invariant 7 above holds it to the same
+					// drain).
 					for k := range w.asked {
 						if k.pInc == p.inc && k.room == m.Room && w.incEp[k.dInc] == e.To.Endpoint && !w.heard[k] {
 							w.acked[k] = true
 							switch _, room := p.core.reg.rooms[m.Room]; {
+							case !p.closed:
+								w.cov.hit("drained ABORT_ACK with a STATUS cleared, unasked")
 							case w.doneBy != "" && room:
 								w.cov.hit("drained ABORT_ACK from a closed rank, unasked, once its " + w.doneBy + " drained")
 							case w.doneBy != "":

@@ -89,7 +89,8 @@ func simExhaustiveConfigs() map[string]simCase {
 		// drained ABORT_ACK, unasked, once the write drains.
 		"1→1: a room cleared while writing, then the rank closes": mk(func(c *simConfig) {
 			c.closes, c.prefillClearLive, c.decodeNoClear, c.writesOK = 1, true, true, true
-		}, "rank closed", "drained ABORT_ACK from a closed rank, unasked, once its writes drained (cleared)"),
+		}, "rank closed", "drained ABORT_ACK from a closed rank, unasked, once its writes drained (cleared)",
+			"drained ABORT_ACK with a STATUS cleared, unasked"),
 		// The same two with writes that fail unquiesced and stall (a
 		// failed write may still land until the drain deadline): no
 		// unasked ACK says drained while one can (review of the change).

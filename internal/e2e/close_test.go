@@ -70,3 +70,40 @@ func TestPrefillCloseReleasesDecodePages(t *testing.T) {
 		})
 	}
 }
+
+// TestClearedThenCloseReleasesDecodePages: a room the prefill application
+// clears before it finished, with nothing in flight, and the rank closing
+// right after (a process exiting on SIGTERM): the drained ABORT_ACK goes
+// with the STATUS cleared, unasked, so the decode rank releases the pages
+// at once; before, the ACK answered the decode rank's ABORT, which a rank
+// that closes first never reads, and the pages waited out the quarantine
+// (found by a fault hunt). The prefill rank drops every ABORT it
+// receives (a test hook), as such a process would.
+func TestClearedThenCloseReleasesDecodePages(t *testing.T) {
+	for engine := range engines {
+		t.Run(engine, func(t *testing.T) {
+			c := newCluster(t, engine, func(cfg *kvmanager.Config) {
+				cfg.QuarantineTimeout = 5 * time.Minute
+				if cfg.Role == kvmanager.RolePrefill {
+					rankhooks.Set(cfg, rankhooks.Hooks{Drop: func(m any) bool {
+						_, abort := m.(*wire.Abort)
+						return abort
+					}})
+				}
+			})
+			rm := c.start(t, 40, 256)
+			ready(t, rm.s)
+			rm.s.Clear()
+			waitStatus(t, rm.r, kvmanager.Failed)
+			require.Contains(t, rm.r.Failure(), "cleared")
+			require.NoError(t, c.prefill.Close())
+			select {
+			case <-rm.r.Released():
+			case <-time.After(20 * time.Second):
+				t.Fatalf("room 40: the decode rank still holds its pages 20 s after the prefill rank cleared it and closed (%q); the quarantine is 5 minutes", rm.r.Failure())
+			}
+			require.Zero(t, counter(c.decode.Manager, "kvbridge_quarantine_expired_total"), "room 40 released by the quarantine")
+			rm.r.Clear()
+		})
+	}
+}
