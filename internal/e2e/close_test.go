@@ -24,6 +24,7 @@ import (
 // if the decode rank's ABORTs were read before the closing rank's control
 // loop stopped.
 func TestPrefillCloseReleasesDecodePages(t *testing.T) {
+	t.Parallel() // its own clusters and ports
 	for engine := range engines {
 		t.Run(engine, func(t *testing.T) {
 			c := newCluster(t, engine, func(cfg *kvmanager.Config) {
@@ -80,6 +81,7 @@ func TestPrefillCloseReleasesDecodePages(t *testing.T) {
 // (found by a fault hunt). The prefill rank drops every ABORT it
 // receives (a test hook), as such a process would.
 func TestClearedThenCloseReleasesDecodePages(t *testing.T) {
+	t.Parallel() // its own clusters and ports
 	for engine := range engines {
 		t.Run(engine, func(t *testing.T) {
 			c := newCluster(t, engine, func(cfg *kvmanager.Config) {
