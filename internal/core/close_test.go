@@ -13,6 +13,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// ackSends lists the ABORT_ACKs among effects as "room drained → endpoint".
+func ackSends(effects []Effect) []string {
+	var out []string
+	for _, e := range effects {
+		if a, ok := e.Msg.(*wire.AbortAck); ok && e.Kind == EffectSend {
+			out = append(out, fmt.Sprintf("%d %v → %s", a.Room, a.Drained, e.To.Endpoint))
+		}
+	}
+	return out
+}
+
 // codes lists the STATUS messages among effects as "room code".
 func codes(effects []Effect) map[uint64]string {
 	out := map[uint64]string{}
@@ -130,15 +141,6 @@ func TestClosedRankRefusesRegisters(t *testing.T) {
 // write drains — never before. An ABORT that comes before the exit is
 // answered as ever.
 func TestClosedRankAcksUnasked(t *testing.T) {
-	acks := func(effects []Effect) []string {
-		var out []string
-		for _, e := range effects {
-			if a, ok := e.Msg.(*wire.AbortAck); ok && e.Kind == EffectSend {
-				out = append(out, fmt.Sprintf("%d %v → %s", a.Room, a.Drained, e.To.Endpoint))
-			}
-		}
-		return out
-	}
 	c, writes := prefillChunkQueued(t)
 	require.True(t, c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK, "the chunk's write was not posted")
 	c.Step(t0, Received{Msg: request(2, decodeFrom)}) // waits for its sender
@@ -147,14 +149,14 @@ func TestClosedRankAcksUnasked(t *testing.T) {
 	c.Step(t0, Close{Reason: "test"})
 	effects := c.Effects()
 	assert.Equal(t, map[uint64]string{1: CodeFailed, 2: CodeAborted}, codes(effects), "the decode rank told of both rooms")
-	assert.Equal(t, []string{"2 true → " + decodeFrom.Endpoint}, acks(effects),
+	assert.Equal(t, []string{"2 true → " + decodeFrom.Endpoint}, ackSends(effects),
 		"at Close: the REQUEST no sender served acknowledged drained, room 1 (its write in flight) not yet")
 
 	c.Step(t0.Add(time.Second), WriteDone{Room: 1, Write: &writes[0]})
-	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, acks(c.Effects()), "room 1 acknowledged drained, unasked, once its write drained")
+	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, ackSends(c.Effects()), "room 1 acknowledged drained, unasked, once its write drained")
 
 	c.Step(t0.Add(time.Second), Received{Msg: &wire.Abort{From: decodeFrom, Room: 1, Reason: "prefill closed"}})
-	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, acks(c.Effects()), "the decode rank's own ABORT answered")
+	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, ackSends(c.Effects()), "the decode rank's own ABORT answered")
 
 	// A room the application cleared while its write was in flight, then
 	// Close: its tombstone owes the ACK.
@@ -163,9 +165,9 @@ func TestClosedRankAcksUnasked(t *testing.T) {
 	c.Step(t0, ClearSender{Room: 1})
 	require.Equal(t, map[uint64]string{1: CodeCleared}, codes(c.Effects()))
 	c.Step(t0, Close{Reason: "test"})
-	assert.Empty(t, acks(c.Effects()), "at Close: the cleared room's write is in flight")
+	assert.Empty(t, ackSends(c.Effects()), "at Close: the cleared room's write is in flight")
 	c.Step(t0.Add(time.Second), WriteDone{Room: 1, Write: &writes[0]})
-	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, acks(c.Effects()), "the cleared room acknowledged drained, unasked, once its write drained")
+	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, ackSends(c.Effects()), "the cleared room acknowledged drained, unasked, once its write drained")
 
 	// A write that failed without the engine quiescing it may still land
 	// until the stall deadline: no drained ACK at Close, and past the
@@ -175,9 +177,9 @@ func TestClosedRankAcksUnasked(t *testing.T) {
 	c.Step(t0, WriteDone{Room: 1, Write: &writes[0], Err: errors.New("nic reset"), Quiesced: false})
 	c.Effects()
 	c.Step(t0, Close{Reason: "test"})
-	assert.Empty(t, acks(c.Effects()), "at Close: the failed write may still land")
+	assert.Empty(t, ackSends(c.Effects()), "at Close: the failed write may still land")
 	c.Step(t0.Add(simRegistryConfig().StallTimeout+time.Second), Tick{})
-	assert.Equal(t, []string{"1 false → " + decodeFrom.Endpoint}, acks(c.Effects()), "past the drain deadline: undrained")
+	assert.Equal(t, []string{"1 false → " + decodeFrom.Endpoint}, ackSends(c.Effects()), "past the drain deadline: undrained")
 }
 
 // TestClearedRoomAcksDrained: a room the prefill application clears
@@ -186,25 +188,16 @@ func TestClosedRankAcksUnasked(t *testing.T) {
 // rank that closes right after would never read their ABORTs. With a
 // write in flight, no ACK goes with the STATUS.
 func TestClearedRoomAcksDrained(t *testing.T) {
-	acks := func(effects []Effect) []string {
-		var out []string
-		for _, e := range effects {
-			if a, ok := e.Msg.(*wire.AbortAck); ok && e.Kind == EffectSend {
-				out = append(out, fmt.Sprintf("%d %v → %s", a.Room, a.Drained, e.To.Endpoint))
-			}
-		}
-		return out
-	}
-	c, writes := prefillChunkQueued(t)
+	c, _ := prefillChunkQueued(t)
 	c.Step(t0, ClearSender{Room: 1}) // its write never posted
 	effects := c.Effects()
 	assert.Equal(t, map[uint64]string{1: CodeCleared}, codes(effects))
-	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, acks(effects), "nothing can land: the drained ACK with the STATUS")
+	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, ackSends(effects), "nothing can land: the drained ACK with the STATUS")
 
-	c, writes = prefillChunkQueued(t)
+	c, writes := prefillChunkQueued(t)
 	require.True(t, c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK, "the chunk's write was not posted")
 	c.Step(t0, ClearSender{Room: 1})
 	effects = c.Effects()
 	assert.Equal(t, map[uint64]string{1: CodeCleared}, codes(effects))
-	assert.Empty(t, acks(effects), "a write in flight: no ACK with the STATUS")
+	assert.Empty(t, ackSends(effects), "a write in flight: no ACK with the STATUS")
 }

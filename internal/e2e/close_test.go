@@ -12,6 +12,22 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// abortsUnreadCluster is a cluster whose decode rank's quarantine is 5
+// minutes and whose prefill rank drops every ABORT it receives (a test
+// hook), as a process that closes and exits before reading them would:
+// only ACKs sent unasked can release the decode rank's pages in time.
+func abortsUnreadCluster(t *testing.T, engine string) *cluster {
+	return newCluster(t, engine, func(cfg *kvmanager.Config) {
+		cfg.QuarantineTimeout = 5 * time.Minute
+		if cfg.Role == kvmanager.RolePrefill {
+			rankhooks.Set(cfg, rankhooks.Hooks{Drop: func(m any) bool {
+				_, abort := m.(*wire.Abort)
+				return abort
+			}})
+		}
+	})
+}
+
 // TestPrefillCloseReleasesDecodePages: a prefill rank that closes with a
 // room mid-transfer (one chunk written, the rest never sent) and a
 // REQUEST still waiting for its sender tells the decode rank both rooms
@@ -27,18 +43,7 @@ func TestPrefillCloseReleasesDecodePages(t *testing.T) {
 	t.Parallel() // its own clusters and ports
 	for engine := range engines {
 		t.Run(engine, func(t *testing.T) {
-			c := newCluster(t, engine, func(cfg *kvmanager.Config) {
-				cfg.QuarantineTimeout = 5 * time.Minute
-				if cfg.Role == kvmanager.RolePrefill {
-					// The decode rank's ABORTs are never read, as when
-					// the closing process exits first: only the unasked
-					// ACKs can release the pages.
-					rankhooks.Set(cfg, rankhooks.Hooks{Drop: func(m any) bool {
-						_, abort := m.(*wire.Abort)
-						return abort
-					}})
-				}
-			})
+			c := abortsUnreadCluster(t, engine)
 			rm := c.start(t, 20, 2048)
 			ready(t, rm.s)
 			require.NoError(t, rm.s.Send(rm.src[:32], false, -1))
@@ -84,15 +89,7 @@ func TestClearedThenCloseReleasesDecodePages(t *testing.T) {
 	t.Parallel() // its own clusters and ports
 	for engine := range engines {
 		t.Run(engine, func(t *testing.T) {
-			c := newCluster(t, engine, func(cfg *kvmanager.Config) {
-				cfg.QuarantineTimeout = 5 * time.Minute
-				if cfg.Role == kvmanager.RolePrefill {
-					rankhooks.Set(cfg, rankhooks.Hooks{Drop: func(m any) bool {
-						_, abort := m.(*wire.Abort)
-						return abort
-					}})
-				}
-			})
+			c := abortsUnreadCluster(t, engine)
 			rm := c.start(t, 40, 256)
 			ready(t, rm.s)
 			rm.s.Clear()
