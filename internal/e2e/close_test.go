@@ -40,7 +40,6 @@ func abortsUnreadCluster(t *testing.T, engine string) *cluster {
 // if the decode rank's ABORTs were read before the closing rank's control
 // loop stopped.
 func TestPrefillCloseReleasesDecodePages(t *testing.T) {
-	t.Parallel() // its own clusters and ports
 	for engine := range engines {
 		t.Run(engine, func(t *testing.T) {
 			c := abortsUnreadCluster(t, engine)
@@ -86,7 +85,6 @@ func TestPrefillCloseReleasesDecodePages(t *testing.T) {
 // (found by a fault hunt). The prefill rank drops every ABORT it
 // receives (a test hook), as such a process would.
 func TestClearedThenCloseReleasesDecodePages(t *testing.T) {
-	t.Parallel() // its own clusters and ports
 	for engine := range engines {
 		t.Run(engine, func(t *testing.T) {
 			c := abortsUnreadCluster(t, engine)
