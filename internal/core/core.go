@@ -669,7 +669,7 @@ func (c *Core) closeAll(now time.Time, reason string) {
 		for _, id := range slices.Sorted(maps.Keys(c.reg.pending)) {
 			res := c.count(EventAbort, c.reg.Abort(id, reason, nil))
 			p.statusFailed(id, res.Peers, CodeAborted, "prefill rank closed: "+reason, "")
-			p.ackDrained(id, res.Peers) // nothing was written for them (no sender)
+			c.reg.sendAcks(id, ackPeers(nil, res.Peers), true) // nothing was written for them (no sender)
 		}
 		// The decode ranks of every failed room are owed their drained
 		// ABORT_ACKs now, asked or not (docs/PROTOCOL.md "A rank that

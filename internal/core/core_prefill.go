@@ -779,26 +779,10 @@ func (c *prefillCore) clearSender(now time.Time, room uint64) Result {
 			// unasked, so the decode rank's pages need not wait for its
 			// ABORT's answer (a Close right after would leave that
 			// ABORT unread, and the pages to the quarantine).
-			c.ackDrained(room, res.Peers)
+			c.reg.sendAcks(room, ackPeers(nil, res.Peers), true)
 		}
 	}
 	return res
-}
-
-// ackDrained sends each decode rank of peers (once per endpoint) a drained
-// ABORT_ACK for room, unasked: no write of the room from this process can
-// land in its pages (docs/PROTOCOL.md "A rank that closes").
-func (c *prefillCore) ackDrained(room uint64, peers []PeerRequest) {
-	var acked []wire.Peer
-	for _, pr := range peers {
-		if pr.Payload == nil {
-			continue
-		}
-		if to := (wire.Peer{Endpoint: pr.Payload.From.Endpoint}); !slices.Contains(acked, to) {
-			acked = append(acked, to)
-			c.send(to, room, &wire.AbortAck{Room: room, Drained: true})
-		}
-	}
 }
 
 // sendChunk plans a chunk of the room's pages (positions continue where

@@ -376,6 +376,19 @@ func (r *Registry) sendAcks(id uint64, acks []wire.Peer, drained bool) {
 	}
 }
 
+// ackPeers adds to acks, once per endpoint, the decode ranks that sent reqs.
+func ackPeers(acks []wire.Peer, reqs []PeerRequest) []wire.Peer {
+	for _, pr := range reqs {
+		if pr.Payload == nil {
+			continue
+		}
+		if p := (wire.Peer{Endpoint: pr.Payload.From.Endpoint}); !slices.Contains(acks, p) {
+			acks = append(acks, p)
+		}
+	}
+	return acks
+}
+
 // OweClosed owes, unasked, a drained ABORT_ACK to every decode rank whose
 // REQUEST a failed prefill room, or a cleared one still writing, took: the
 // rank closed (Close), so no ABORT of theirs may be read before it exits,
@@ -384,26 +397,15 @@ func (r *Registry) sendAcks(id uint64, acks []wire.Peer, drained bool) {
 // when the last one drains; none where the drain deadline passed (the
 // quarantine bounds those).
 func (r *Registry) OweClosed() {
-	owe := func(acks []wire.Peer, reqs []PeerRequest) []wire.Peer {
-		for _, pr := range reqs {
-			if pr.Payload == nil {
-				continue
-			}
-			if p := (wire.Peer{Endpoint: pr.Payload.From.Endpoint}); !slices.Contains(acks, p) {
-				acks = append(acks, p)
-			}
-		}
-		return acks
-	}
 	for _, id := range slices.Sorted(maps.Keys(r.rooms)) {
 		if rm := r.rooms[id]; rm.role == RolePrefill && rm.status == Failed && !rm.drainExpired {
-			rm.acks = owe(rm.acks, rm.requests)
+			rm.acks = ackPeers(rm.acks, rm.requests)
 			r.drainResult(rm, IgnoredTerminal)
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(r.tombs)) {
 		if t := r.tombs[id]; len(t.reqs) > 0 && t.holds() && !t.drainExpired {
-			t.acks = owe(t.acks, t.reqs)
+			t.acks = ackPeers(t.acks, t.reqs)
 		}
 	}
 }
