@@ -53,7 +53,8 @@ func TestClosedRankRefusesRooms(t *testing.T) {
 	c.Effects()
 
 	c.Step(t0, Close{Reason: "test"})
-	assert.Equal(t, map[uint64]string{1: CodeAborted, 2: CodeFailed}, codes(c.Effects()), "the waiting REQUEST and the live room's decode rank told")
+	assert.Equal(t, map[uint64]string{0: CodeClosed, 1: CodeAborted, 2: CodeFailed}, codes(c.Effects()),
+		"the waiting REQUEST and the live room's decode rank told, then the decode rank that the rank closed")
 	st, _ = c.Status(2)
 	assert.Equal(t, Failed, st)
 	assert.Zero(t, c.RoomSizes().Pending, "no REQUEST waits for a sender on a closed rank")
@@ -148,7 +149,7 @@ func TestClosedRankAcksUnasked(t *testing.T) {
 
 	c.Step(t0, Close{Reason: "test"})
 	effects := c.Effects()
-	assert.Equal(t, map[uint64]string{1: CodeFailed, 2: CodeAborted}, codes(effects), "the decode rank told of both rooms")
+	assert.Equal(t, map[uint64]string{0: CodeClosed, 1: CodeFailed, 2: CodeAborted}, codes(effects), "the decode rank told of both rooms, and that the rank closed")
 	assert.Equal(t, []string{"2 true → " + decodeFrom.Endpoint}, ackSends(effects),
 		"at Close: the REQUEST no sender served acknowledged drained, room 1 (its write in flight) not yet")
 
@@ -200,4 +201,159 @@ func TestClearedRoomAcksDrained(t *testing.T) {
 	effects = c.Effects()
 	assert.Equal(t, map[uint64]string{1: CodeCleared}, codes(effects))
 	assert.Empty(t, ackSends(effects), "a write in flight: no ACK with the STATUS")
+}
+
+// TestClosedNoticeCutsRequests, prefill side: Close tells each bound
+// decode rank, last (after every STATUS of its rooms), that it closed and
+// the highest REQUEST number of that process it took; a REQUEST read
+// after Close is refused and does not raise it.
+func TestClosedNoticeCutsRequests(t *testing.T) {
+	c := testCore(t, RolePrefill)
+	register(t, c, decodeFrom)
+	other := decodeFrom
+	other.Rank, other.Endpoint = 1, "tcp://d:2"
+	register(t, c, other)
+	numbered := func(room, n uint64) *wire.Request {
+		q := request(room, decodeFrom)
+		q.N = n
+		return q
+	}
+	c.Step(t0, Received{Msg: numbered(1, 1)}) // waits for its sender
+	c.Step(t0, CreateSender{Room: 2})
+	c.Step(t0, InitSender{Room: 2})
+	c.Step(t0, Received{Msg: numbered(2, 3)}) // a number skipped: lost on the way
+	register(t, c, decodeFrom)                // its process registers again: what it sent stays taken
+	c.Effects()
+
+	c.Step(t0, Close{Reason: "test"})
+	effects := c.Effects()
+	var last *wire.Status
+	notices := map[string]uint64{}
+	for _, e := range effects {
+		if m, ok := e.Msg.(*wire.Status); ok && e.Kind == EffectSend {
+			last = m
+			if m.Code == CodeClosed {
+				require.Zero(t, m.Room)
+				notices[e.To.Endpoint] = m.Taken
+			}
+		}
+	}
+	require.NotNil(t, last)
+	assert.Equal(t, CodeClosed, last.Code, "the notice goes after every STATUS of the rank's rooms")
+	assert.Equal(t, map[string]uint64{decodeFrom.Endpoint: 3, other.Endpoint: 0}, notices,
+		"each bound decode rank told the highest of its REQUESTs taken")
+	assert.EqualValues(t, 2, c.stats.ClosedNotices)
+
+	c.Step(t0, Received{Msg: numbered(4, 4)})
+	assert.Equal(t, map[uint64]string{4: CodeRejected}, codes(c.Effects()), "a REQUEST after Close refused")
+}
+
+// closingDecode is a decode core registered at prefillFrom with rooms
+// 1..n sent there (REQUESTs numbered 1..n).
+func closingDecode(t *testing.T, n int) *Core {
+	t.Helper()
+	d := testCore(t, RoleDecode)
+	for room := uint64(1); room <= uint64(n); room++ {
+		d.Step(t0, CreateReceiver{Room: room, Targets: []Target{prefillT}})
+	}
+	d.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint, Epoch: prefillFrom.Epoch})
+	d.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true}})
+	for room := uint64(1); room <= uint64(n); room++ {
+		d.Step(t0, InitReceiver{Room: room, Spec: RequestSpec{DstPages: []uint32{uint32(room)}, AuxIndex: -1, Required: 1}})
+	}
+	var got []uint64
+	for _, q := range sent[*wire.Request](d.Effects()) {
+		got = append(got, q.N)
+	}
+	require.Len(t, got, n)
+	for i, v := range got {
+		require.EqualValues(t, i+1, v, "REQUESTs numbered from 1 in the order sent")
+	}
+	return d
+}
+
+// TestClosedNoticeFreesUntakenRooms, decode side: a closing prefill
+// process's notice fails at once each live room whose REQUEST it never
+// took (numbered above Taken), its pages released unforced — nothing of it
+// was or will be written — and leaves a room it took to its writes; no
+// REGISTER or REQUEST goes to the closed process again: the rank is
+// looked up, a record still naming the closed process fails the rooms
+// waiting for it, and one naming the rank's next process registers there.
+func TestClosedNoticeFreesUntakenRooms(t *testing.T) {
+	d := closingDecode(t, 3)
+	d.Step(t0, Received{Msg: &wire.Status{From: prefillFrom, Status: wire.StatusFailed, Code: CodeClosed, Taken: 1, Reason: "prefill rank closed: test"}})
+	effects := d.Effects()
+	st, _ := d.Status(1)
+	assert.Equal(t, WaitingForInput, st, "room 1, taken before Close, left to its writes")
+	for _, room := range []uint64{2, 3} {
+		st, _ := d.Status(room)
+		require.Equal(t, Failed, st, "room %d never taken", room)
+		rep, _ := d.Report(room)
+		assert.Equal(t, CodeClosed, rep.Code)
+		assert.Contains(t, rep.Reason, fmt.Sprintf("REQUEST %d of room %d not taken", room, room))
+	}
+	var released []uint64
+	for _, e := range effects {
+		if e.Kind == EffectReleased {
+			require.False(t, e.Forced)
+			released = append(released, e.Room)
+		}
+	}
+	assert.Equal(t, []uint64{2, 3}, released, "the untaken rooms' pages free at once")
+	assert.EqualValues(t, 2, d.stats.ClosedUntaken)
+	require.Len(t, effectsOf(effects, EffectResolve), 1, "the rank looked up again")
+
+	// Its record still names the closed process: a room waiting for the
+	// rank fails, and nothing goes to that process.
+	d.Step(t0, CreateReceiver{Room: 4, Targets: []Target{prefillT}})
+	d.Step(t0, InitReceiver{Room: 4, Spec: RequestSpec{DstPages: []uint32{4}, AuxIndex: -1, Required: 1}})
+	d.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint, Epoch: prefillFrom.Epoch})
+	effects = d.Effects()
+	assert.Empty(t, sent[*wire.Register](effects), "a REGISTER to the closed process")
+	assert.Empty(t, sent[*wire.Request](effects), "a REQUEST to the closed process")
+	st, _ = d.Status(4)
+	assert.Equal(t, Failed, st, "the room waiting for the rank fails while its record names the closed process")
+	assert.EqualValues(t, 1, d.stats.ClosedRecords)
+
+	// The rank's next process (a pod restarted elsewhere) takes the next room.
+	next := prefillFrom
+	next.Endpoint, next.Epoch = "tcp://p:2", 11
+	d.Step(t0, CreateReceiver{Room: 5, Targets: []Target{prefillT}})
+	d.Step(t0, InitReceiver{Room: 5, Spec: RequestSpec{DstPages: []uint32{5}, AuxIndex: -1, Required: 1}})
+	require.Len(t, effectsOf(d.Effects(), EffectResolve), 1, "looked up again for the next room, not registered at the closed process")
+	d.Step(t0, Resolved{Target: prefillT, Endpoint: next.Endpoint, Epoch: next.Epoch})
+	require.Len(t, sent[*wire.Register](d.Effects()), 1)
+	d.Step(t0, Received{Msg: &wire.RegisterAck{From: next, OK: true}})
+	reqs := sent[*wire.Request](d.Effects())
+	require.Len(t, reqs, 1)
+	assert.EqualValues(t, 5, reqs[0].Room)
+}
+
+// TestClosedNoticeFromAnotherProcessIgnored: a notice from a process other
+// than the one the registration names (a late one from before a restart)
+// touches nothing, counted.
+func TestClosedNoticeFromAnotherProcessIgnored(t *testing.T) {
+	d := closingDecode(t, 2)
+	old := prefillFrom
+	old.Epoch = 9
+	stale := d.stats.StaleEpoch
+	d.Step(t0, Received{Msg: &wire.Status{From: old, Status: wire.StatusFailed, Code: CodeClosed, Reason: "prefill rank closed: test"}})
+	assert.Empty(t, d.Effects())
+	for _, room := range []uint64{1, 2} {
+		st, _ := d.Status(room)
+		assert.Equal(t, WaitingForInput, st)
+	}
+	assert.Greater(t, d.stats.StaleEpoch, stale)
+	assert.Zero(t, d.stats.ClosedHeard)
+}
+
+// effectsOf returns the effects of kind.
+func effectsOf(effects []Effect, kind EffectKind) []Effect {
+	var out []Effect
+	for _, e := range effects {
+		if e.Kind == kind {
+			out = append(out, e)
+		}
+	}
+	return out
 }

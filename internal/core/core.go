@@ -252,6 +252,14 @@ type CoreStats struct {
 	// rank is closed, or loaded while it closed, and offer challenges
 	// (pull) it did not echo because it is closed.
 	ClosedRegisters uint64
+	// ClosedNotices (prefill): closing notices sent (STATUS closed, one
+	// per bound decode rank); ClosedHeard (decode): those taken from the
+	// process a registration names; ClosedUntaken (decode): REQUESTs such
+	// a notice showed never taken, their rooms failed and pages freed.
+	ClosedNotices, ClosedHeard, ClosedUntaken uint64
+	// ClosedRecords (decode): lookups whose record still named a process
+	// that said it closed (the rooms waiting for the rank failed).
+	ClosedRecords uint64
 	BadNotifs       uint64 // notifications out of range or contradicting their chunk's earlier ones
 	// NotDelivered (decode): notifications the write check found naming
 	// bytes that did not land (Notified.Undelivered).
@@ -452,6 +460,11 @@ const (
 	// dead here; it is sent in case it was only paused.
 	CodePeerUnreachable = "peer_unreachable"
 	CodeFailed          = "failed"
+	// CodeClosed: a closing prefill rank's notice to each decode rank it
+	// binds (room 0, with the highest REQUEST number it took: Taken); on
+	// a decode room, the fail of a REQUEST that notice says was never
+	// taken (docs/PROTOCOL.md "A rank that closes").
+	CodeClosed = "closed"
 	// CodeNotDelivered (decode): a prefill rank's notification named
 	// pages whose bytes did not land (the engine reported the write
 	// done; the decode rank's write check found its canary still there).
@@ -675,6 +688,10 @@ func (c *Core) closeAll(now time.Time, reason string) {
 		// ABORT_ACKs now, asked or not (docs/PROTOCOL.md "A rank that
 		// closes").
 		c.reg.OweClosed()
+		// Last, after every STATUS above on the same link: each bound
+		// decode rank learns that nothing it sends here from now on is
+		// taken, and which of its REQUESTs were.
+		p.closedNotices(reason)
 	}
 }
 

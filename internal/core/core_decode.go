@@ -85,6 +85,14 @@ type target struct {
 	// leaseMillis is the pull lease its REGISTER_ACK's offer granted (0:
 	// none said): renewals go a third of it apart.
 	leaseMillis int
+	// reqN numbers the REQUESTs sent to the rank (wire.Request.N), from 1,
+	// whichever process they go to.
+	reqN uint64
+	// closedEP, closedEpoch: the process that said it closed (STATUS
+	// closed): no REGISTER or REQUEST goes to it; a lookup whose record
+	// still names it fails the rooms waiting for the rank.
+	closedEP    string
+	closedEpoch uint64
 }
 
 // owedAbort is an ABORT a prefill rank has not acknowledged.
@@ -116,6 +124,7 @@ type source struct {
 	// into the room's pages until it acknowledges an ABORT (acked).
 	sent   bool
 	epoch  uint64
+	n      uint64 // the REQUEST's number (target.reqN), once sent
 	reregs int
 	chunks map[int]*chunkSeen
 	full   int // chunks whose every layer landed
@@ -399,8 +408,9 @@ func (c *decodeCore) flushRequests(rm *room) {
 			continue
 		}
 		sp := rm.dec.spec
-		s.sent, s.epoch = true, tg.epoch
-		req := &wire.Request{Room: rm.id, DstPages: sp.DstPages, AuxIndex: sp.AuxIndex,
+		tg.reqN++
+		s.sent, s.epoch, s.n = true, tg.epoch, tg.reqN
+		req := &wire.Request{N: s.n, Room: rm.id, DstPages: sp.DstPages, AuxIndex: sp.AuxIndex,
 			StateIndices: sp.StateIndices, Required: sp.Required, Prefix: sp.Prefix, Dummy: sp.Dummy || s.link.Dummy, Source: s.uid}
 		if sp.Pull {
 			s.pull, s.lastStamp = true, c.now
@@ -469,6 +479,8 @@ func (c *decodeCore) ensureRegistered(tg *target) {
 	case !tg.resolved:
 		c.ensureTarget(tg.t)
 	case tg.resolving: // a lookup is in flight: register at what it names
+	case tg.reg == regNone && c.closedAt(tg):
+		c.relookup(tg) // the process said it closed: find the rank's next one
 	case tg.reg == regNone:
 		tg.reg, tg.retry = regSent, c.cfg.RegisterRetry
 		tg.nextRetry = c.now.Add(tg.retry)
@@ -512,9 +524,59 @@ func (c *decodeCore) resolvedRecord(now time.Time, t Target, endpoint, serverKey
 	tg.cert, tg.recEpoch = cert, recEpoch
 	tg.lookupRetry = 0
 	c.sendOwed(tg)
+	if tg.reg == regNone && c.closedAt(tg) {
+		// The record still names the process that said it closed (its
+		// deregistration not yet seen): nothing there will take a room.
+		c.stats.ClosedRecords++
+		c.failWaiting(tg, fmt.Sprintf("prefill rank dp %d tp %d pp %d closed: its record at %s still names the closed process (epoch %d)",
+			t.DP, t.Rank, t.PP, t.Bootstrap, tg.closedEpoch))
+		return
+	}
 	for _, rm := range c.roomsAt(tg.t.key()) {
 		c.flushRequests(rm)
 	}
+}
+
+// closedAt: the target's record names the process that said it closed.
+func (c *decodeCore) closedAt(tg *target) bool {
+	return tg.closedEpoch != 0 && tg.endpoint == tg.closedEP && (tg.recEpoch == 0 || tg.recEpoch == tg.closedEpoch)
+}
+
+// onClosed takes a prefill process's closing notice (STATUS closed, room
+// 0), sent after every STATUS it owed us: no REGISTER or REQUEST goes to
+// it any more (the rank is looked up again), and each live room whose
+// REQUEST went to it numbered above the highest it took fails now, its
+// source's pages free at once — that REQUEST was refused after Close or
+// never read, so nothing of it is written. A room whose REQUEST it took
+// is left to its writes (it succeeded there, or its STATUS came first),
+// to its ACKs and to heartbeats.
+func (c *decodeCore) onClosed(msg *wire.Status) {
+	tg := c.targetAt(msg.From.Endpoint)
+	if tg == nil || msg.From.Epoch == 0 || tg.epoch != msg.From.Epoch {
+		c.stats.StaleEpoch++ // not the process our registration names
+		return
+	}
+	c.stats.ClosedHeard++
+	tg.closedEP, tg.closedEpoch = tg.endpoint, msg.From.Epoch
+	tg.reg, tg.probing = regNone, false
+	reason := fmt.Sprintf("prefill %s: %s", msg.From.Peer(), msg.Reason)
+	for _, rm := range c.roomsAt(tg.t.key()) {
+		if rm.status.Terminal() {
+			continue
+		}
+		for _, s := range rm.dec.sources {
+			if s.target == tg.t.key() && s.sent && s.epoch == msg.From.Epoch && s.n > msg.Taken {
+				// Never taken: as a refused REQUEST (not_registered),
+				// nothing of it was or will be written.
+				s.sent = false
+				c.stats.ClosedUntaken++
+				c.failWith(rm.id, CodeClosed, fmt.Sprintf("%s; REQUEST %d of room %d not taken", reason, s.n, rm.id))
+			}
+		}
+	}
+	// The rooms still waiting for the rank, and the next ones, go to
+	// wherever its record names now.
+	c.relookup(tg)
 }
 
 // sendOwed sends the target every ABORT it has not acknowledged, in room
@@ -730,6 +792,10 @@ func (c *decodeCore) sourceFrom(srcs []*source, endpoint string) (*source, *targ
 // failing the room. Any other code fails the room.
 func (c *decodeCore) onStatus(msg *wire.Status) {
 	if msg.Status != wire.StatusFailed {
+		return
+	}
+	if msg.Code == CodeClosed && msg.Room == 0 {
+		c.onClosed(msg)
 		return
 	}
 	if msg.Code == CodeLeaseExpired {

@@ -39,6 +39,10 @@ type decodePeer struct {
 	md, lay [32]byte
 	// pull: its REGISTER asked for this rank's offer.
 	pull bool
+	// taken: the highest REQUEST number (wire.Request.N) of this process
+	// read before Close (a closing rank's notice says it: every REQUEST
+	// numbered above was refused or never read).
+	taken uint64
 }
 
 // registrationHash hashes a REGISTER's agent metadata and its regions.
@@ -455,6 +459,7 @@ func (c *prefillCore) registered(now time.Time, from wire.From, remote string, p
 	np := &decodePeer{from: from, remote: remote, layout: pp.Layout, mapped: pp.Mapped, plan: pp.Plan, inUse: map[dest]uint64{}, md: pp.md, lay: pp.lay}
 	if old := c.peers[key]; old != nil && old.from.Epoch == from.Epoch {
 		np.inUse = old.inUse // a repeated REGISTER of the same process: its rooms keep their pages
+		np.taken = old.taken // and the REQUESTs it read stay read
 	}
 	np.pull = pp.Pull
 	c.peers[key] = np
@@ -537,6 +542,9 @@ func (c *prefillCore) onRequest(msg *wire.Request) bool {
 		c.statusTo(to, msg.Room, CodeNotRegistered, fmt.Sprintf("room %d: %s (epoch %d) has not registered (send REGISTER first)", msg.Room, key, msg.From.Epoch))
 		return false
 	}
+	// Read: whatever its outcome, a closing notice names it taken (one
+	// read after Close is refused: nothing of it is written either way).
+	p.taken = max(p.taken, msg.N)
 	if reason := c.foreign(msg.From, msg.Room); reason != "" {
 		c.stats.ForeignRefused++
 		c.statusTo(to, msg.Room, CodeRejected, reason)
@@ -570,6 +578,21 @@ func (c *prefillCore) onRequest(msg *wire.Request) bool {
 	c.watch(msg.Room, to)
 	c.handOver(msg.Room) // the last REQUEST: chunks handed over before it go now
 	return true
+}
+
+// closedNotices tells every bound decode rank that this rank closed
+// (STATUS closed, room 0), with the highest REQUEST number it took from
+// that process: a REQUEST numbered above it was refused after Close or
+// never read, so nothing of it will be written and its room's pages are
+// the decode rank's again at once, and no REQUEST goes here any more.
+// Sent last in Close, after every STATUS and ABORT_ACK of its rooms.
+func (c *prefillCore) closedNotices(reason string) {
+	for _, key := range slices.Sorted(maps.Keys(c.peers)) {
+		p := c.peers[key]
+		c.stats.ClosedNotices++
+		c.send(wire.Peer{Endpoint: p.from.Endpoint}, 0, &wire.Status{Status: wire.StatusFailed, Code: CodeClosed, Taken: p.taken,
+			Reason: fmt.Sprintf("prefill rank closed: %s (it took %s's REQUESTs up to number %d)", reason, key, p.taken)})
+	}
 }
 
 // foreign explains why a REQUEST or ABORT from `from` may not touch room

@@ -61,7 +61,11 @@ type simConfig struct {
 	// closes: Closes allowed (the application closes its rank: Step
 	// Close); the process goes on, its application calling as before,
 	// until it exits (an event of its own, a kill) and starts again.
-	closes       int
+	closes int
+	// recordEpochs: a lookup answers with its record's epoch too (as the
+	// shells' bootstrap records do), so a decode rank tells a record
+	// still naming a closed process from its next one.
+	recordEpochs bool
 	peerDowns    int  // "peer dead" reports allowed (true or false)
 	mayLand      bool // writes may fail without being quiesced, and stall
 	writesOK     bool // writes never fail by themselves (they may still stall past a time jump)
@@ -1354,7 +1358,15 @@ func (w *simWorld) resolve(s int, rec simRecord) {
 		if moved {
 			old = tg.endpoint
 		}
-		c.Step(w.now, Resolved{Target: t, Endpoint: rec.endpoint})
+		in := Resolved{Target: t, Endpoint: rec.endpoint}
+		if w.cfg.recordEpochs {
+			in.Epoch = rec.epoch
+		}
+		before := c.stats.ClosedRecords
+		c.Step(w.now, in)
+		if c.stats.ClosedRecords > before {
+			w.cov.hit("lookup names the process that said it closed")
+		}
 		if moved {
 			// A lookup after a lost probe that names another process: the
 			// rooms whose REQUEST went to the silent one fail at once
@@ -1555,6 +1567,10 @@ func (w *simWorld) deliver(src, dst int) {
 	case *wire.Status:
 		cp := *msg
 		cp.From = m.from
+		if msg.Code == CodeClosed && c.decodeCore != nil {
+			w.closingNotice(c, &cp)
+			break
+		}
 		c.Step(w.now, Received{&cp})
 	case *wire.Pages:
 		cp := *msg
@@ -1602,6 +1618,30 @@ func (w *simWorld) deliver(src, dst int) {
 	}
 	w.effects(dst)
 	w.doneBy = ""
+}
+
+// closingNotice steps a closing prefill process's notice into a decode
+// core, recording what it reached: rooms it fails at once (their REQUEST
+// never taken: the released checks prove no write of them can land) and
+// rooms it leaves to their writes.
+func (w *simWorld) closingNotice(c *Core, msg *wire.Status) {
+	if tg := c.decodeCore.targetAt(msg.From.Endpoint); tg != nil && tg.epoch == msg.From.Epoch {
+		for _, rm := range c.decodeCore.roomsAt(tg.t.key()) {
+			for _, s := range rm.dec.sources {
+				if !rm.status.Terminal() && s.target == tg.t.key() && s.sent && s.epoch == msg.From.Epoch && s.n <= msg.Taken {
+					w.cov.hit("closing notice: a room taken before Close left to its writes")
+				}
+			}
+		}
+	}
+	heard, untaken := c.stats.ClosedHeard, c.stats.ClosedUntaken
+	c.Step(w.now, Received{msg})
+	if c.stats.ClosedHeard > heard {
+		w.cov.hit("closing notice heard")
+	}
+	if c.stats.ClosedUntaken > untaken {
+		w.cov.hit("closing notice: a REQUEST never taken, its room failed and pages freed at once")
+	}
 }
 
 // bind completes the slot's first metadata load: Registered.

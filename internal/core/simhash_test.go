@@ -261,6 +261,7 @@ func hashMsg(f *fp, m wire.Message) {
 		f.u(m.Room)
 		f.i(len(m.DstPages))
 		f.i(m.Required)
+		f.u(m.N)
 	case *wire.Abort:
 		f.u(m.Room)
 	case *wire.AbortAck:
@@ -269,6 +270,7 @@ func hashMsg(f *fp, m wire.Message) {
 	case *wire.Status:
 		f.u(m.Room)
 		f.s(m.Code)
+		f.u(m.Taken)
 	case *wire.RegisterAck:
 		f.b1(m.OK)
 	}
@@ -280,6 +282,7 @@ func (c *Core) hash(f *fp) {
 		f.s(s.target)
 		f.b1(s.sent)
 		f.u(s.epoch)
+		f.u(s.n)
 		f.i(s.reregs)
 		for _, k := range slices.Sorted(maps.Keys(s.chunks)) {
 			cs := s.chunks[k]
@@ -425,6 +428,7 @@ func (c *Core) hash(f *fp) {
 		f.s(k)
 		f.u(peers[k].from.Epoch)
 		f.i(len(peers[k].inUse))
+		f.u(peers[k].taken)
 	}
 	f.i(len(targets))
 	for _, k := range slices.Sorted(maps.Keys(targets)) {
@@ -439,6 +443,9 @@ func (c *Core) hash(f *fp) {
 		f.t(t.nextRetry)
 		f.t(t.heard)
 		f.i(t.unanswered)
+		f.u(t.reqN)
+		f.s(t.closedEP)
+		f.u(t.closedEpoch)
 		f.u(uint64(t.lookupRetry))
 		f.t(t.nextLookup)
 		for _, r := range slices.Sorted(maps.Keys(t.owed)) {

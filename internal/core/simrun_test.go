@@ -83,7 +83,18 @@ func simExhaustiveConfigs() map[string]simCase {
 		}, "rank closed", "room refused: rank closed", "pending requests dropped at close", "REQUEST to a closed rank",
 			"prefill room failed at close with writes in flight", "REGISTER to a closed rank", "REGISTER's load ended at a closed rank",
 			"REGISTER's load failed at a closed rank", "drained ABORT_ACK from a closed rank, unasked, once its writes drained",
-			"drained ABORT_ACK from a closed rank, unasked, for a room", "drained ABORT_ACK from a closed rank, unasked, for a REQUEST it never served"),
+			"drained ABORT_ACK from a closed rank, unasked, for a room", "drained ABORT_ACK from a closed rank, unasked, for a REQUEST it never served",
+			"closing notice heard", "closing notice: a REQUEST never taken, its room failed and pages freed at once"),
+		// The closing notice (STATUS closed, after every STATUS of the
+		// rank's rooms): a decode rank fails at once, pages freed, a room
+		// whose REQUEST the closed process never took, leaves one it took
+		// to its writes, and sends nothing more to that process; lookups
+		// carry the record's epoch, so a record still naming the closed
+		// process fails the rooms waiting for the rank.
+		"1→1: the prefill rank closes with a REQUEST in flight; lookups name its epoch; liveness": mk(func(c *simConfig) {
+			c.closes, c.live, c.noClear, c.writesOK, c.recordEpochs = 1, true, true, true, true
+		}, "rank closed", "closing notice heard", "closing notice: a REQUEST never taken, its room failed and pages freed at once",
+			"closing notice: a room taken before Close left to its writes", "lookup names the process that said it closed", "restart on a new endpoint"),
 		// A room the prefill application cleared while its write was in
 		// flight, then Close: the tombstone owes its decode rank the
 		// drained ABORT_ACK, unasked, once the write drains.

@@ -246,6 +246,12 @@ type Request struct {
 	// CRC-32C of each destination page it writes to every chunk
 	// notification that writes pages (docs/PROTOCOL.md "Digest").
 	Digest bool
+	// N (optional, 0 when absent) numbers the decode process's REQUESTs to
+	// one prefill rank, from 1, in the order it sends them: a closing
+	// prefill process says the highest it took (STATUS closed, Taken), so
+	// the decode rank knows which of its REQUESTs nothing will be written
+	// for (docs/PROTOCOL.md "A rank that closes").
+	N uint64
 }
 
 // MaxLeaseMillis bounds PAGES.lease_ms (a day).
@@ -339,9 +345,13 @@ type Status struct {
 	Status string
 	// Code (protocol v2, optional) says why in a word decode branches on:
 	// "not_registered", "out_of_range", "aborted", "cleared", "rejected",
-	// "peer_restarted" or "failed". Empty from a v1 peer.
+	// "peer_restarted", "closed" or "failed". Empty from a v1 peer.
 	Code   string
 	Reason string
+	// Taken (optional, 0 when absent; with code "closed", room 0): the
+	// highest REQUEST number (Request.N) from the receiver's process that
+	// the closing sender took before it closed.
+	Taken uint64
 }
 
 // Ping and Pong are the heartbeat.
@@ -569,6 +579,9 @@ func AppendBodyAs(dst []byte, m Message, own *OwnFrom) ([]byte, error) {
 		if m.Digest {
 			n++
 		}
+		if m.N > 0 {
+			n++
+		}
 		e.mapLen(n)
 		e.from(m.From)
 		e.kuint("room", m.Room)
@@ -591,6 +604,9 @@ func AppendBodyAs(dst []byte, m Message, own *OwnFrom) ([]byte, error) {
 		}
 		if m.Digest {
 			e.kbool("digest", true)
+		}
+		if m.N > 0 {
+			e.kuint("n", m.N)
 		}
 	case *Pages:
 		n := 15
@@ -657,11 +673,14 @@ func AppendBodyAs(dst []byte, m Message, own *OwnFrom) ([]byte, error) {
 		e.kuint("room", m.Room)
 		e.kbool("drained", m.Drained)
 	case *Status:
-		if m.Code == "" {
-			e.mapLen(4)
-		} else {
-			e.mapLen(5)
+		n := 4
+		if m.Code != "" {
+			n++
 		}
+		if m.Taken > 0 {
+			n++
+		}
+		e.mapLen(n)
 		e.from(m.From)
 		e.kuint("room", m.Room)
 		e.kstr("status", m.Status)
@@ -669,6 +688,9 @@ func AppendBodyAs(dst []byte, m Message, own *OwnFrom) ([]byte, error) {
 			e.kstr("code", m.Code)
 		}
 		e.kreason("reason", m.Reason)
+		if m.Taken > 0 {
+			e.kuint("taken", m.Taken)
+		}
 	case *Ping:
 		e.mapLen(2)
 		e.from(m.From)
@@ -986,7 +1008,7 @@ func Decode(frames [][]byte) (Message, error) {
 		m = &Request{From: b.from(), Room: b.uint("room"), DstPages: b.pages("dst_pages"),
 			AuxIndex: b.int("aux_index", -1, math.MaxInt32), StateIndices: b.pageLists("state_indices"),
 			Required: b.int("required", 1, math.MaxInt32), Prefix: b.int("prefix", 0, math.MaxInt32), Dummy: b.boolean("dummy"),
-			Source: b.optInt("source", 0, MaxRanks-1, -1), Pull: b.optBool("pull"), Digest: b.optBool("digest")}
+			Source: b.optInt("source", 0, MaxRanks-1, -1), Pull: b.optBool("pull"), Digest: b.optBool("digest"), N: b.optUint("n")}
 		if r := m.(*Request); r.Pull {
 			r.At = b.uint("at")
 		}
@@ -995,7 +1017,7 @@ func Decode(frames [][]byte) (Message, error) {
 	case TypeAbortAck:
 		m = &AbortAck{From: b.from(), Room: b.uint("room"), Drained: b.boolean("drained")}
 	case TypeStatus:
-		s := &Status{From: b.from(), Room: b.uint("room"), Status: b.str("status"), Code: b.optStr("code"), Reason: b.reason("reason")}
+		s := &Status{From: b.from(), Room: b.uint("room"), Status: b.str("status"), Code: b.optStr("code"), Reason: b.reason("reason"), Taken: b.optUint("taken")}
 		if b.err == nil && s.Status != StatusFailed && s.Status != StatusSuccess {
 			b.fail(ReasonOutOfRange, "status", fmt.Sprintf("%q", s.Status))
 		}
@@ -1429,6 +1451,14 @@ func (b *body) optBool(k string) bool {
 		return false
 	}
 	return b.boolean(k)
+}
+
+// optUint reads an optional unsigned integer field (0 when it is missing).
+func (b *body) optUint(k string) uint64 {
+	if _, ok := b.lookup(k); !ok || b.err != nil {
+		return 0
+	}
+	return b.uint(k)
 }
 
 // optInt reads an optional integer field (absent when it is missing).

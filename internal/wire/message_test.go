@@ -64,14 +64,26 @@ func digestMessages() []wire.Message {
 	return []wire.Message{q, pg}
 }
 
+// closedMessages carry a REQUEST's number and a closing prefill rank's
+// notice of the highest it took (docs/PROTOCOL.md "A rank that closes").
+func closedMessages() []wire.Message {
+	q := wiretest.SampleMessages()[2].(*wire.Request)
+	q.N = 7
+	return []wire.Message{q, &wire.Status{From: wiretest.SampleFrom(wire.RolePrefill), Status: wire.StatusFailed,
+		Code: "closed", Reason: "prefill rank closed: manager closed", Taken: 6}}
+}
+
 func TestGolden(t *testing.T) {
 	topo := len(wiretest.SampleMessages()) + len(topoMessages())
 	code := topo + len(codeMessages())
 	pull := code + len(wiretest.PullMessages())
 	echo := pull + len(echoMessages())
-	for i, m := range append(append(append(append(append(wiretest.SampleMessages(), topoMessages()...), codeMessages()...), wiretest.PullMessages()...), echoMessages()...), digestMessages()...) {
+	digest := echo + len(digestMessages())
+	for i, m := range append(append(append(append(append(append(wiretest.SampleMessages(), topoMessages()...), codeMessages()...), wiretest.PullMessages()...), echoMessages()...), digestMessages()...), closedMessages()...) {
 		name := m.Type().String()
 		switch {
+		case i >= digest:
+			name += "_closed"
 		case i >= echo:
 			name += "_digest"
 		case i >= pull:

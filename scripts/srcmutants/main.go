@@ -453,6 +453,29 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^(TestSimExhaustive$/rank_closes|TestClosedRankAcksUnasked$)"},
 	{name: "closed-echoes-offer", file: "internal/core/challenge.go", old: "\tif c.reg.closed != \"\" {\n\t\t// A closed rank binds no one", new: "\tif false {\n\t\t// A closed rank binds no one",
 		pkg: "internal/core", run: "^TestSimExhaustive$/pull:_the_prefill_rank_closes"},
+	// The closing notice (docs/PROTOCOL.md "A rank that closes"): not
+	// sent; its cut off by one (a REQUEST taken counted untaken: its room
+	// failed and its pages freed under its writes); the highest REQUEST
+	// number forgotten at a repeated REGISTER; the decode rank's REQUESTs
+	// left unnumbered; a notice from another process taken; the untaken
+	// room's pages kept; a REGISTER sent to the closed process, at once or
+	// after a lookup naming it.
+	{name: "closed-notice-unsent", file: "internal/core/core.go", old: "\t\tp.closedNotices(reason)\n", new: "",
+		pkg: "internal/core", run: "^(TestSimExhaustive$/clos|TestClosedNoticeCutsRequests$)"},
+	{name: "closed-cut-off-by-one", file: "internal/core/core_decode.go", old: "s.epoch == msg.From.Epoch && s.n > msg.Taken {", new: "s.epoch == msg.From.Epoch && s.n >= msg.Taken {",
+		pkg: "internal/core", run: "^(TestSimExhaustive$/closes_with_a_REQUEST_in_flight|TestClosedNoticeFreesUntakenRooms$)"},
+	{name: "closed-taken-forgotten", file: "internal/core/core_prefill.go", old: "\t\tnp.taken = old.taken // and the REQUESTs it read stay read\n", new: "",
+		pkg: "internal/core", run: "^TestClosedNoticeCutsRequests$"},
+	{name: "closed-requests-unnumbered", file: "internal/core/core_decode.go", old: "\t\ttg.reqN++\n", new: "",
+		pkg: "internal/core", run: "^(TestSimExhaustive$/clos|TestClosedNoticeFreesUntakenRooms$)"},
+	{name: "closed-notice-any-process", file: "internal/core/core_decode.go", old: "if tg == nil || msg.From.Epoch == 0 || tg.epoch != msg.From.Epoch {", new: "if tg == nil {",
+		pkg: "internal/core", run: "^TestClosedNoticeFromAnotherProcessIgnored$"},
+	{name: "closed-pages-kept", file: "internal/core/core_decode.go", old: "\t\t\t\ts.sent = false\n\t\t\t\tc.stats.ClosedUntaken++", new: "\t\t\t\tc.stats.ClosedUntaken++",
+		pkg: "internal/core", run: "^TestClosedNoticeFreesUntakenRooms$"},
+	{name: "closed-registers-at-once", file: "internal/core/core_decode.go", old: "\tcase tg.reg == regNone && c.closedAt(tg):\n\t\tc.relookup(tg) // the process said it closed: find the rank's next one\n", new: "",
+		pkg: "internal/core", run: "^TestClosedNoticeFreesUntakenRooms$"},
+	{name: "closed-record-registers", file: "internal/core/core_decode.go", old: "\tif tg.reg == regNone && c.closedAt(tg) {\n\t\t// The record still names", new: "\tif false {\n\t\t// The record still names",
+		pkg: "internal/core", run: "^(TestSimExhaustive$/closes_with_a_REQUEST_in_flight|TestClosedNoticeFreesUntakenRooms$)"},
 	{name: "cleared-unacked", file: "internal/core/core_prefill.go", old: "\t\t\tc.reg.sendAcks(room, ackPeers(nil, res.Peers), true)\n\t\t}\n\t}\n\treturn res", new: "\t\t}\n\t}\n\treturn res",
 		pkg: "internal/core", run: "^(TestSimExhaustive$/cleared_while_writing|TestClearedRoomAcksDrained$)"},
 	{name: "cleared-acks-while-writing", file: "internal/core/core_prefill.go", old: "if t, ok := c.reg.tombs[room]; ok && !t.holds() {", new: "if _, ok := c.reg.tombs[room]; ok {",
