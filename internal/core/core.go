@@ -260,7 +260,7 @@ type CoreStats struct {
 	// ClosedRecords (decode): lookups whose record still named a process
 	// that said it closed (the rooms waiting for the rank failed).
 	ClosedRecords uint64
-	BadNotifs       uint64 // notifications out of range or contradicting their chunk's earlier ones
+	BadNotifs     uint64 // notifications out of range or contradicting their chunk's earlier ones
 	// NotDelivered (decode): notifications the write check found naming
 	// bytes that did not land (Notified.Undelivered).
 	NotDelivered uint64
