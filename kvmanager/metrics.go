@@ -30,6 +30,7 @@ type metrics struct {
 	challenges, challengesIgnored, offerChallenges                      *prometheus.Desc
 	abortsOwed, wrongType, digestMismatches, digestPages, digestErrors  *prometheus.Desc
 	closedRegisters                                                     *prometheus.Desc
+	closedNotices                                                       *prometheus.Desc
 	pageSeconds                                                         prometheus.Histogram
 
 	transfers prometheus.Counter
@@ -83,6 +84,9 @@ func newMetrics(m *Manager) *metrics {
 			[]string{"outcome"}, labels),
 		closedRegisters: prometheus.NewDesc("kvbridge_registers_closed_total",
 			"REGISTERs this prefill rank dropped unanswered because it was closed (or whose metadata load or proof read ended after Close), and pull offer challenges it did not echo once closed (readable while Close runs): the decode rank's retries and lookups find the rank's next process.", nil, labels),
+		closedNotices: prometheus.NewDesc("kvbridge_closed_notices_total",
+			"Closing notices (STATUS closed, docs/PROTOCOL.md \"A rank that closes\"), by outcome: sent (prefill: one to each bound decode rank at Close), heard (decode: from the process its registration names), untaken (decode: REQUESTs such a notice showed never taken, their rooms failed and pages freed at once) and stale_record (decode: lookups whose record still named the closed process, the rooms waiting for the rank failed).",
+			[]string{"outcome"}, labels),
 		wrongType: prometheus.NewDesc("kvbridge_messages_wrong_role_total",
 			"Control messages of a type this rank's role never accepts (a REQUEST at a decode rank, PAGES at a prefill rank, ...): dropped.", nil, labels),
 		offerChallenges: prometheus.NewDesc("kvbridge_offer_challenges_total",
@@ -172,7 +176,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- x.inflight
 	ch <- x.tables
 	for _, d := range []*prometheus.Desc{x.events, x.deadlines, x.statusSent, x.forced, x.stale, x.retries, x.discoveryBad, x.restored, x.leasesLost, x.relookups, x.owed, x.restarted, x.rechecks, x.layoutRefused, x.badNotifs, x.probes,
-		x.underLease, x.published, x.released, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.writesNotDelivered, x.challenges, x.challengesIgnored, x.offerChallenges, x.abortsOwed, x.wrongType, x.closedRegisters, x.digestMismatches, x.digestPages, x.digestErrors} {
+		x.underLease, x.published, x.released, x.leaseRenewals, x.leaseExpiries, x.readsRefused, x.pullRefused, x.offers, x.foreignRefused, x.tombsForgotten, x.notDelivered, x.writesNotDelivered, x.challenges, x.challengesIgnored, x.offerChallenges, x.abortsOwed, x.wrongType, x.closedRegisters, x.closedNotices, x.digestMismatches, x.digestPages, x.digestErrors} {
 		ch <- d
 	}
 	for _, c := range x.collectors() {
@@ -220,6 +224,10 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(x.abortsOwed, prometheus.CounterValue, float64(st.AbortsDropped), "dropped")
 	ch <- prometheus.MustNewConstMetric(x.wrongType, prometheus.CounterValue, float64(st.Refused))
 	ch <- prometheus.MustNewConstMetric(x.closedRegisters, prometheus.CounterValue, float64(st.ClosedRegisters))
+	ch <- prometheus.MustNewConstMetric(x.closedNotices, prometheus.CounterValue, float64(st.ClosedNotices), "sent")
+	ch <- prometheus.MustNewConstMetric(x.closedNotices, prometheus.CounterValue, float64(st.ClosedHeard), "heard")
+	ch <- prometheus.MustNewConstMetric(x.closedNotices, prometheus.CounterValue, float64(st.ClosedUntaken), "untaken")
+	ch <- prometheus.MustNewConstMetric(x.closedNotices, prometheus.CounterValue, float64(st.ClosedRecords), "stale_record")
 	for _, c := range []struct {
 		outcome string
 		n       uint64

@@ -104,3 +104,59 @@ func TestClearedThenCloseReleasesDecodePages(t *testing.T) {
 		})
 	}
 }
+
+// TestRequestUnreadAtCloseFreesPages: a REQUEST that reaches a prefill
+// rank only after its Close — or never, its control loop stopped — was
+// left unanswered: the decode rank's room waited for the heartbeats, its
+// pages for the quarantine (5 minutes here), and its next rooms went on
+// to the closed process (found by a fault hunt). The closing rank's
+// notice names the highest REQUEST number it took, so the decode rank
+// fails the room at once and frees its pages unforced, on every engine
+// (docs/PROTOCOL.md "A rank that closes"). The prefill rank drops the
+// room's REQUEST unread (a test hook), as a rank whose loop stopped
+// would.
+func TestRequestUnreadAtCloseFreesPages(t *testing.T) {
+	for engine := range engines {
+		t.Run(engine, func(t *testing.T) {
+			const id = 31
+			dropped := make(chan struct{}, 1)
+			c := newCluster(t, engine, func(cfg *kvmanager.Config) {
+				cfg.QuarantineTimeout = 5 * time.Minute
+				if cfg.Role == kvmanager.RolePrefill {
+					rankhooks.Set(cfg, rankhooks.Hooks{Drop: func(m any) bool {
+						q, ok := m.(*wire.Request)
+						if ok && q.Room == id {
+							select {
+							case dropped <- struct{}{}:
+							default:
+							}
+						}
+						return ok && q.Room == id
+					}})
+				}
+			})
+			r, err := receiver.New(c.decode, id)
+			require.NoError(t, err)
+			require.NoError(t, r.Init(ctx(t), kvmanager.RequestSpec{DstPages: c.dFree.Get(4), AuxIndex: -1}))
+			select {
+			case <-dropped:
+			case <-time.After(30 * time.Second):
+				t.Fatal("room 31's REQUEST never reached the prefill rank")
+			}
+
+			require.NoError(t, c.prefill.Close())
+			select {
+			case <-r.Released():
+			case <-time.After(20 * time.Second):
+				t.Fatalf("room %d: the decode rank still holds its pages 20 s after the prefill rank closed without reading its REQUEST (status %v, %q); the quarantine is 5 minutes",
+					id, r.Poll(), r.Failure())
+			}
+			require.Equal(t, kvmanager.Failed, r.Poll())
+			require.Contains(t, r.Failure(), "REQUEST 1 of room 31 not taken", "the failure names the REQUEST the closed rank never took")
+			require.Zero(t, counter(c.decode.Manager, "kvbridge_quarantine_expired_total"), "released by the quarantine")
+			require.EqualValues(t, 1, counter(c.decode.Manager, "kvbridge_closed_notices_total", "outcome", "untaken"))
+			require.EqualValues(t, 1, counter(c.decode.Manager, "kvbridge_closed_notices_total", "outcome", "heard"))
+			r.Clear()
+		})
+	}
+}
