@@ -357,3 +357,26 @@ func effectsOf(effects []Effect, kind EffectKind) []Effect {
 	}
 	return out
 }
+
+// TestClosedNoticeThenRestartInPlace: after a closing notice, a record at
+// the same endpoint that names a new epoch (the rank restarted in place),
+// or says no epoch, is registered with: the rank's next process serves
+// the next room.
+func TestClosedNoticeThenRestartInPlace(t *testing.T) {
+	for _, epoch := range []uint64{prefillFrom.Epoch + 1, 0} {
+		d := closingDecode(t, 1)
+		d.Step(t0, Received{Msg: &wire.Status{From: prefillFrom, Status: wire.StatusFailed, Code: CodeClosed, Taken: 1, Reason: "prefill rank closed: test"}})
+		d.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint, Epoch: epoch})
+		d.Effects()
+		d.Step(t0, CreateReceiver{Room: 2, Targets: []Target{prefillT}})
+		d.Step(t0, InitReceiver{Room: 2, Spec: RequestSpec{DstPages: []uint32{2}, AuxIndex: -1, Required: 1}})
+		require.Len(t, sent[*wire.Register](d.Effects()), 1, "record epoch %d: not registered with", epoch)
+		next := prefillFrom
+		next.Epoch++
+		d.Step(t0, Received{Msg: &wire.RegisterAck{From: next, OK: true}})
+		reqs := sent[*wire.Request](d.Effects())
+		require.Len(t, reqs, 1, "record epoch %d", epoch)
+		assert.EqualValues(t, 2, reqs[0].Room)
+		assert.EqualValues(t, 2, reqs[0].N, "numbers go on growing across the rank's processes")
+	}
+}

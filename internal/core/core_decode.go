@@ -537,9 +537,12 @@ func (c *decodeCore) resolvedRecord(now time.Time, t Target, endpoint, serverKey
 	}
 }
 
-// closedAt: the target's record names the process that said it closed.
+// closedAt: the target's record names the process that said it closed
+// (its endpoint and epoch; a record that says no epoch may name the
+// rank's next process, restarted in place: it is registered with, and a
+// closed process drops the REGISTER, whose retries look the rank up).
 func (c *decodeCore) closedAt(tg *target) bool {
-	return tg.closedEpoch != 0 && tg.endpoint == tg.closedEP && (tg.recEpoch == 0 || tg.recEpoch == tg.closedEpoch)
+	return tg.closedEpoch != 0 && tg.endpoint == tg.closedEP && tg.recEpoch == tg.closedEpoch
 }
 
 // onClosed takes a prefill process's closing notice (STATUS closed, room

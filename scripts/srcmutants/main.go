@@ -459,7 +459,8 @@ var mutants = []mutant{
 	// number forgotten at a repeated REGISTER; the decode rank's REQUESTs
 	// left unnumbered; a notice from another process taken; the untaken
 	// room's pages kept; a REGISTER sent to the closed process, at once or
-	// after a lookup naming it.
+	// after a lookup naming it; a record that says no epoch taken for the
+	// closed process (a rank restarted in place never registered with).
 	{name: "closed-notice-unsent", file: "internal/core/core.go", old: "\t\tp.closedNotices(reason)\n", new: "",
 		pkg: "internal/core", run: "^(TestSimExhaustive$/clos|TestClosedNoticeCutsRequests$)"},
 	{name: "closed-cut-off-by-one", file: "internal/core/core_decode.go", old: "s.epoch == msg.From.Epoch && s.n > msg.Taken {", new: "s.epoch == msg.From.Epoch && s.n >= msg.Taken {",
@@ -476,6 +477,8 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestClosedNoticeFreesUntakenRooms$"},
 	{name: "closed-record-registers", file: "internal/core/core_decode.go", old: "\tif tg.reg == regNone && c.closedAt(tg) {\n\t\t// The record still names", new: "\tif false {\n\t\t// The record still names",
 		pkg: "internal/core", run: "^(TestSimExhaustive$/closes_with_a_REQUEST_in_flight|TestClosedNoticeFreesUntakenRooms$)"},
+	{name: "closed-record-without-epoch", file: "internal/core/core_decode.go", old: "tg.endpoint == tg.closedEP && tg.recEpoch == tg.closedEpoch", new: "tg.endpoint == tg.closedEP && (tg.recEpoch == 0 || tg.recEpoch == tg.closedEpoch)",
+		pkg: "internal/core", run: "^TestClosedNoticeThenRestartInPlace$"},
 	{name: "cleared-unacked", file: "internal/core/core_prefill.go", old: "\t\t\tc.reg.sendAcks(room, ackPeers(nil, res.Peers), true)\n\t\t}\n\t}\n\treturn res", new: "\t\t}\n\t}\n\treturn res",
 		pkg: "internal/core", run: "^(TestSimExhaustive$/cleared_while_writing|TestClearedRoomAcksDrained$)"},
 	{name: "cleared-acks-while-writing", file: "internal/core/core_prefill.go", old: "if t, ok := c.reg.tombs[room]; ok && !t.holds() {", new: "if _, ok := c.reg.tombs[room]; ok {",
