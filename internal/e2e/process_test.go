@@ -277,6 +277,8 @@ func runRank(role string) int {
 		case "STATS": // STATS 0 → STATS <control-plane counters as JSON>
 			b, _ := json.Marshal(controlStats(m))
 			out <- "STATS " + string(b)
+		case "CLOSE": // CLOSE 0: the application closes its rank (as on SIGTERM) and the process goes on, until stdin closes
+			out <- fmt.Sprintf("CLOSED %v", m.Close())
 		case "RECV", "RECV+": // RECV+: also REQUESTED <room> once Init returned (the room's REQUEST is out)
 			dst, src := pageList(f[2]), pageList(f[3])
 			announce := f[0] == "RECV+"

@@ -148,6 +148,32 @@ func TestRoomAfterPrefillRestartElsewhere(t *testing.T) {
 	})
 }
 
+// Case 3c: a prefill process that closes its rank (its application's
+// SIGTERM path: Close, then a drain before it exits) and a new process of
+// the rank started elsewhere. The decode rank's probe is off
+// (KVBRIDGE_E2E_PROBE_IDLE=-1s), so only the closing notice (docs/
+// PROTOCOL.md "A rank that closes") can keep the next room from the closed
+// process: before it, that room's REQUEST went there unanswered and the
+// room failed at the heartbeat bound (found by a fault hunt). On ucx-tcp
+// and, where installed, a real NIXL.
+func TestRoomAfterPrefillClosedAndRestartedElsewhere(t *testing.T) {
+	t.Parallel() // its own processes and ports
+	onRestartEngines(t, func(t *testing.T, engine string) {
+		boot := startBootLease(t, testLease)
+		env := func(role string) []string {
+			return []string{"KVBRIDGE_E2E_ROLE=" + role, "KVBRIDGE_E2E_ENGINE=" + engine, "KVBRIDGE_E2E_BOOT=" + boot, "KVBRIDGE_E2E_PROBE_IDLE=-1s"}
+		}
+		old := startChild(t, env("prefill")...)
+		decode := startChild(t, env("decode")...)
+		pp, dp := newPagePool(pages), newPagePool(pages)
+		runRoom(t, decode, old, 1, pp.Get(8), dp.Get(8)) // registered with the old process
+		old.do("CLOSE 0")
+		require.Equal(t, "CLOSED <nil>", old.expect(t, "CLOSED"))
+		prefill := startChild(t, env("prefill")...) // a new port; the old process still runs, closed
+		runRoom(t, decode, prefill, 2, pp.Get(32), dp.Get(32))
+	})
+}
+
 // Case 3b: a room posted right after its prefill rank was killed and
 // started again on a new port — inside the heartbeat bound, with the
 // default heartbeat (5 s), so neither heartbeats nor the idle re-check
