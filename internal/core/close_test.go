@@ -380,3 +380,70 @@ func TestClosedNoticeThenRestartInPlace(t *testing.T) {
 		assert.EqualValues(t, 2, reqs[0].N, "numbers go on growing across the rank's processes")
 	}
 }
+
+// closedNotice is prefillFrom's closing notice, taken up to taken.
+func closedNotice(taken uint64) Received {
+	return Received{Msg: &wire.Status{From: prefillFrom, Status: wire.StatusFailed, Code: CodeClosed, Taken: taken, Reason: "prefill rank closed: test"}}
+}
+
+// TestClosedNoticeBeforeRegisterAck: a notice that comes while a
+// registration with its process is on the way (a REGISTER sent again after
+// not_registered, or the first, whose REGISTER_ACK or offer load is still
+// under way) is taken, and that process's REGISTER_ACK, arriving after,
+// registers nothing: no REQUEST goes to the closed process (found by the
+// review: the ACK made the registration good again).
+func TestClosedNoticeBeforeRegisterAck(t *testing.T) {
+	d := closingDecode(t, 1)
+	d.Step(t0, Received{Msg: &wire.Status{From: prefillFrom, Room: 1, Status: wire.StatusFailed, Code: CodeNotRegistered, Reason: "x"}})
+	require.Len(t, sent[*wire.Register](d.Effects()), 1, "registers again")
+	d.Step(t0, closedNotice(0))
+	d.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true}})
+	assert.Empty(t, sent[*wire.Request](d.Effects()), "a REQUEST to the closed process")
+
+	// The first registration, its ACK not yet in.
+	d = testCore(t, RoleDecode)
+	d.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
+	d.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint, Epoch: prefillFrom.Epoch})
+	d.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Required: 1}})
+	require.Len(t, sent[*wire.Register](d.Effects()), 1)
+	d.Step(t0, closedNotice(0))
+	d.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true}})
+	assert.Empty(t, sent[*wire.Request](d.Effects()), "a REQUEST to the closed process")
+	assert.EqualValues(t, 1, d.stats.ClosedHeard)
+}
+
+// TestClosedNoticeLookupFailsOnce: after a notice, a lookup that fails for
+// want of the bootstrap service fails the rooms waiting for the rank
+// rather than looking it up again at once (found by the review: a lookup
+// loop with no backoff while the service refused connections).
+func TestClosedNoticeLookupFailsOnce(t *testing.T) {
+	d := closingDecode(t, 1)
+	d.Step(t0, closedNotice(1))
+	d.Effects()
+	d.Step(t0, CreateReceiver{Room: 2, Targets: []Target{prefillT}})
+	d.Step(t0, InitReceiver{Room: 2, Spec: RequestSpec{DstPages: []uint32{2}, AuxIndex: -1, Required: 1}})
+	d.Effects()
+	d.Step(t0, ResolveFailed{Target: prefillT, Err: errors.New("connection refused")})
+	assert.Empty(t, effectsOf(d.Effects(), EffectResolve), "looked up again at once")
+	st, _ := d.Status(2)
+	assert.Equal(t, Failed, st, "the room waiting for a closed rank whose lookup failed")
+}
+
+// TestClosedNoticeFreesFailedRooms: a room that failed (aborted here) or
+// was cleared before the notice, its REQUEST never taken by the closed
+// process, releases its pages at the notice, not at the quarantine
+// (found by the review).
+func TestClosedNoticeFreesFailedRooms(t *testing.T) {
+	d := closingDecode(t, 3)
+	d.Step(t0, AbortReceiver{Room: 2, Reason: "client went away"})
+	d.Step(t0, ClearReceiver{Room: 3})
+	d.Effects()
+	d.Step(t0, closedNotice(1))
+	var released []uint64
+	for _, e := range effectsOf(d.Effects(), EffectReleased) {
+		require.False(t, e.Forced)
+		released = append(released, e.Room)
+	}
+	assert.Equal(t, []uint64{2, 3}, released)
+	assert.True(t, d.Hold(1), "room 1 holds its pages: taken")
+}

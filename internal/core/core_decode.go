@@ -555,26 +555,50 @@ func (c *decodeCore) closedAt(tg *target) bool {
 // to its ACKs and to heartbeats.
 func (c *decodeCore) onClosed(msg *wire.Status) {
 	tg := c.targetAt(msg.From.Endpoint)
-	if tg == nil || msg.From.Epoch == 0 || tg.epoch != msg.From.Epoch {
-		c.stats.StaleEpoch++ // not the process our registration names
+	pending := tg != nil && tg.reg == regSent && (tg.recEpoch == 0 || tg.recEpoch == msg.From.Epoch)
+	if tg == nil || msg.From.Epoch == 0 || (tg.epoch != msg.From.Epoch && !pending) {
+		// Neither the process our registration names nor the one it is
+		// registering with (whose REGISTER_ACK may be on the way).
+		c.stats.StaleEpoch++
 		return
 	}
 	c.stats.ClosedHeard++
 	tg.closedEP, tg.closedEpoch = tg.endpoint, msg.From.Epoch
 	tg.reg, tg.probing = regNone, false
 	reason := fmt.Sprintf("prefill %s: %s", msg.From.Peer(), msg.Reason)
+	untaken := func(s *source) bool {
+		return s.target == tg.t.key() && s.sent && s.epoch == msg.From.Epoch && s.n > msg.Taken
+	}
 	for _, rm := range c.roomsAt(tg.t.key()) {
 		if rm.status.Terminal() {
 			continue
 		}
 		for _, s := range rm.dec.sources {
-			if s.target == tg.t.key() && s.sent && s.epoch == msg.From.Epoch && s.n > msg.Taken {
+			if untaken(s) {
 				// Never taken: as a refused REQUEST (not_registered),
 				// nothing of it was or will be written.
 				s.sent = false
 				c.stats.ClosedUntaken++
 				c.failWith(rm.id, CodeClosed, fmt.Sprintf("%s; REQUEST %d of room %d not taken", reason, s.n, rm.id))
 			}
+		}
+	}
+	// A room that failed, or was cleared, before the notice with such a
+	// REQUEST holds its pages for that source no longer either.
+	for _, room := range slices.Sorted(maps.Keys(c.holds)) {
+		h := c.holds[room]
+		if !h.failed {
+			continue
+		}
+		freed := false
+		for _, s := range h.srcs {
+			if untaken(s) {
+				s.sent, freed = false, true
+				c.stats.ClosedUntaken++
+			}
+		}
+		if freed {
+			c.maybeRelease(h)
 		}
 	}
 	// The rooms still waiting for the rank, and the next ones, go to
@@ -652,8 +676,11 @@ func (c *decodeCore) resolveFailed(now time.Time, t Target, err error) {
 	tg.resolving = false
 	reason := fmt.Sprintf("resolving prefill rank dp %d tp %d pp %d at %s: %v", t.DP, t.Rank, t.PP, t.Bootstrap, err)
 	if tg.resolved { // a re-check or re-lookup of a rank whose endpoint we have
-		if errors.Is(err, wire.ErrRankUnknown) {
-			c.failWaiting(tg, reason) // its record is gone: rooms that have not asked it yet fail
+		if errors.Is(err, wire.ErrRankUnknown) || c.closedAt(tg) {
+			// Its record is gone, or the only process we know of said
+			// it closed: rooms that have not asked it yet fail (each
+			// later room looks the rank up again, once).
+			c.failWaiting(tg, reason)
 			return
 		}
 		// The bootstrap service did not answer: register at the endpoint
@@ -736,6 +763,12 @@ func (c *decodeCore) index(rm *room, add bool) {
 func (c *decodeCore) onRegisterAck(msg *wire.RegisterAck) {
 	tg := c.targetAt(msg.From.Endpoint)
 	if tg == nil || (tg.reg == regOK && tg.epoch == msg.From.Epoch) {
+		return
+	}
+	if tg.closedEpoch != 0 && msg.From.Epoch == tg.closedEpoch && msg.From.Endpoint == tg.closedEP {
+		// Sent before that process closed (its offer loaded since):
+		// nothing goes to it now.
+		c.stats.StaleEpoch++
 		return
 	}
 	if !msg.OK {

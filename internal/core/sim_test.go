@@ -1634,6 +1634,13 @@ func (w *simWorld) closingNotice(c *Core, msg *wire.Status) {
 			}
 		}
 	}
+	for _, h := range c.decodeCore.holds {
+		for _, s := range h.srcs {
+			if h.failed && s.sent && s.epoch == msg.From.Epoch && s.n > msg.Taken {
+				w.cov.hit("closing notice: a room failed before it, its REQUEST never taken, pages freed")
+			}
+		}
+	}
 	heard, untaken := c.stats.ClosedHeard, c.stats.ClosedUntaken
 	c.Step(w.now, Received{msg})
 	if c.stats.ClosedHeard > heard {

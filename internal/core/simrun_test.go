@@ -90,10 +90,13 @@ func simExhaustiveConfigs() map[string]simCase {
 		// whose REQUEST the closed process never took, leaves one it took
 		// to its writes, and sends nothing more to that process; lookups
 		// carry the record's epoch, so a record still naming the closed
-		// process fails the rooms waiting for the rank.
+		// process fails the rooms waiting for the rank. The decode
+		// application may abort the room first: a notice frees the pages
+		// of a failed room whose REQUEST was never taken too.
 		"1→1: the prefill rank closes with a REQUEST in flight; lookups name its epoch; liveness": mk(func(c *simConfig) {
-			c.closes, c.live, c.noClear, c.writesOK, c.recordEpochs = 1, true, true, true, true
+			c.closes, c.live, c.noClear, c.writesOK, c.recordEpochs, c.decodeAbort = 1, true, true, true, true, true
 		}, "rank closed", "closing notice heard", "closing notice: a REQUEST never taken, its room failed and pages freed at once",
+			"closing notice: a room failed before it, its REQUEST never taken, pages freed",
 			"closing notice: a room taken before Close left to its writes", "lookup names the process that said it closed", "restart on a new endpoint"),
 		// A room the prefill application cleared while its write was in
 		// flight, then Close: the tombstone owes its decode rank the

@@ -479,6 +479,18 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^(TestSimExhaustive$/closes_with_a_REQUEST_in_flight|TestClosedNoticeFreesUntakenRooms$)"},
 	{name: "closed-record-without-epoch", file: "internal/core/core_decode.go", old: "tg.endpoint == tg.closedEP && tg.recEpoch == tg.closedEpoch", new: "tg.endpoint == tg.closedEP && (tg.recEpoch == 0 || tg.recEpoch == tg.closedEpoch)",
 		pkg: "internal/core", run: "^TestClosedNoticeThenRestartInPlace$"},
+	// The review's three: the closed process's late REGISTER_ACK taken; a
+	// notice ignored while a registration with its process is on the way;
+	// a failed lookup after a notice looking the rank up again at once; a
+	// room failed or cleared before the notice keeping its pages.
+	{name: "closed-late-ack-taken", file: "internal/core/core_decode.go", old: "\tif tg.closedEpoch != 0 && msg.From.Epoch == tg.closedEpoch && msg.From.Endpoint == tg.closedEP {", new: "\tif false {",
+		pkg: "internal/core", run: "^TestClosedNoticeBeforeRegisterAck$"},
+	{name: "closed-notice-registering-ignored", file: "internal/core/core_decode.go", old: "(tg.epoch != msg.From.Epoch && !pending)", new: "(tg.epoch != msg.From.Epoch && !pending && false) || tg.epoch != msg.From.Epoch",
+		pkg: "internal/core", run: "^TestClosedNoticeBeforeRegisterAck$"},
+	{name: "closed-lookup-loops", file: "internal/core/core_decode.go", old: "if errors.Is(err, wire.ErrRankUnknown) || c.closedAt(tg) {", new: "if errors.Is(err, wire.ErrRankUnknown) {",
+		pkg: "internal/core", run: "^TestClosedNoticeLookupFailsOnce$"},
+	{name: "closed-failed-rooms-kept", file: "internal/core/core_decode.go", old: "\t\th := c.holds[room]\n\t\tif !h.failed {", new: "\t\th := c.holds[room]\n\t\tif true {",
+		pkg: "internal/core", run: "^TestClosedNoticeFreesFailedRooms$"},
 	{name: "cleared-unacked", file: "internal/core/core_prefill.go", old: "\t\t\tc.reg.sendAcks(room, ackPeers(nil, res.Peers), true)\n\t\t}\n\t}\n\treturn res", new: "\t\t}\n\t}\n\treturn res",
 		pkg: "internal/core", run: "^(TestSimExhaustive$/cleared_while_writing|TestClearedRoomAcksDrained$)"},
 	{name: "cleared-acks-while-writing", file: "internal/core/core_prefill.go", old: "if t, ok := c.reg.tombs[room]; ok && !t.holds() {", new: "if _, ok := c.reg.tombs[room]; ok {",
