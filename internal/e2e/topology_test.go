@@ -17,7 +17,9 @@ import (
 	"github.com/kvbridge/kvbridge/internal/etcdtest"
 	"github.com/kvbridge/kvbridge/internal/kvmodel"
 	"github.com/kvbridge/kvbridge/internal/nixl"
+	"github.com/kvbridge/kvbridge/internal/rankhooks"
 	"github.com/kvbridge/kvbridge/internal/testauth"
+	"github.com/kvbridge/kvbridge/internal/wire"
 	"github.com/kvbridge/kvbridge/kvmanager"
 	"github.com/kvbridge/kvbridge/receiver"
 	"github.com/kvbridge/kvbridge/sender"
@@ -436,13 +438,21 @@ func TestEtcdStoppedMidRun(t *testing.T) {
 // onto, so a rank of the new instance refuses it (instead of writing half
 // the heads into a room that would then succeed); the refusal drops the
 // cached topology and the next room maps onto the new shape and succeeds.
+// The old instance goes as a killed one would: its closing notice never
+// reaches the decode rank (a test hook drops it; with it, the decode rank
+// looks the rank up at once and may read the new shape before any room).
 func TestInstanceChangesShape(t *testing.T) {
 	boot := startBoot(t)
 	prefill := func(par transfer.Parallel) *kvmanager.Prefill {
 		p, _ := loopbackRank(t, kvmanager.RolePrefill, boot, par, nil)
 		return p
 	}
-	_, d := loopbackRank(t, kvmanager.RoleDecode, boot, transfer.Parallel{}, nil)
+	_, d := loopbackRank(t, kvmanager.RoleDecode, boot, transfer.Parallel{}, func(cfg *kvmanager.Config) {
+		rankhooks.Set(cfg, rankhooks.Hooks{Drop: func(m any) bool {
+			st, ok := m.(*wire.Status)
+			return ok && st.Code == "closed"
+		}})
+	})
 	ctx := context.Background()
 	room := func(id uint64, ps ...*kvmanager.Prefill) error {
 		// The prefill ranks serve the room until the decode side is done
@@ -481,7 +491,7 @@ func TestInstanceChangesShape(t *testing.T) {
 	}
 	old := prefill(transfer.Parallel{})
 	require.NoError(t, room(1, old))
-	old.Close() // deletes its record; the instance comes back at TP 2
+	old.Close() // deletes its record (its notice dropped); the instance comes back at TP 2
 	a, b := prefill(transfer.Parallel{TPSize: 2}), prefill(transfer.Parallel{TPSize: 2, TPRank: 1})
 	// The cached endpoint is dead: heartbeats fail that room.
 	require.ErrorContains(t, room(2, a, b), "unreachable", "room 2 (old endpoint)")
