@@ -2009,6 +2009,7 @@ func (w *simWorld) faultEvents(add func(string, func(*simWorld))) {
 				p.core.Step(w.now, Close{Reason: "sim close"})
 				p.closed = true
 				w.cov.hit("rank closed")
+
 				w.effects(s)
 			})
 		}

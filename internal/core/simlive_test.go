@@ -585,7 +585,7 @@ func (w *simWorld) settle() {
 // testing, Groce et al.: a run with few kinds of faults reaches deeper
 // into each than one with all at once).
 var simFaults = []string{"restart", "kill", "pause", "lose", "duplicate", "replay", "stale view", "lookup fails",
-	"finds", "fails quiesced", "fails but may land", "decode abort", "prefill abort", "clear live", "push", "silent"}
+	"finds", "fails quiesced", "fails but may land", "decode abort", "prefill abort", "clear live", "push", "silent", "close"}
 
 // simEventWeight is an event's weight in a swarm run.
 func (w *simWorld) simEventWeight(name string) int {
@@ -632,7 +632,11 @@ func (w *simWorld) simEventWeight(name string) int {
 		return class("prefill abort")
 	case strings.HasPrefix(name, "push"):
 		return 10 * class("push")
-	case strings.HasPrefix(name, "start"), strings.HasPrefix(name, "resume"):
+	case strings.HasPrefix(name, "close "):
+		// An application's Close, mid-run (at the default weight it came
+		// among the first events, before any rank was bound).
+		return class("close")
+	case strings.HasPrefix(name, "start"), strings.HasPrefix(name, "resume"), strings.HasPrefix(name, "exit "):
 		return 8
 	case strings.HasSuffix(name, " create"):
 		// Rooms arrive over the run, as requests do, so some start after
