@@ -427,6 +427,8 @@ func TestClosedNoticeLookupFailsOnce(t *testing.T) {
 	assert.Empty(t, effectsOf(d.Effects(), EffectResolve), "looked up again at once")
 	st, _ := d.Status(2)
 	assert.Equal(t, Failed, st, "the room waiting for a closed rank whose lookup failed")
+	reason, _ := d.Failure(2)
+	assert.Contains(t, reason, "connection refused (its last process, tcp://p:1 epoch 10, closed)", "the reason names the lookup's error and the closed process")
 }
 
 // TestClosedNoticeFreesFailedRooms: a room that failed (aborted here) or
@@ -446,4 +448,61 @@ func TestClosedNoticeFreesFailedRooms(t *testing.T) {
 	}
 	assert.Equal(t, []uint64{2, 3}, released)
 	assert.True(t, d.Hold(1), "room 1 holds its pages: taken")
+}
+
+// TestClosedProcessAnswersAfterTheRankMoved: a closing prefill process's
+// drained ABORT_ACK (sent once its writes drain, after its record was
+// deleted) arrives after the decode rank has looked the rank up and found
+// its next process elsewhere: it still answers for the REQUEST that
+// process took, so the pages are released at once, not at the quarantine
+// (found by a fault hunt on processes: the ACK was matched against the
+// rank's new endpoint and dropped as stale). A STATUS the old process
+// sends for a room it took counts the same way.
+func TestClosedProcessAnswersAfterTheRankMoved(t *testing.T) {
+	d := closingDecode(t, 2)
+	failed := &wire.Status{From: prefillFrom, Room: 1, Status: wire.StatusFailed, Code: CodeFailed, Reason: "prefill rank closed: manager closed"}
+	d.Step(t0, Received{Msg: failed})
+	d.Step(t0, closedNotice(2))
+	next := prefillFrom
+	next.Endpoint, next.Epoch = "tcp://p:2", 11
+	d.Step(t0, Resolved{Target: prefillT, Endpoint: next.Endpoint, Epoch: next.Epoch})
+	d.Effects()
+
+	d.Step(t0, Received{Msg: &wire.Status{From: prefillFrom, Room: 2, Status: wire.StatusFailed, Code: CodeFailed, Reason: "prefill rank closed: manager closed"}})
+	st, _ := d.Status(2)
+	assert.Equal(t, Failed, st, "room 2's STATUS from the process its REQUEST went to")
+	for _, room := range []uint64{1, 2} {
+		d.Step(t0, Received{Msg: &wire.AbortAck{From: prefillFrom, Room: room, Drained: true}})
+		released := effectsOf(d.Effects(), EffectReleased)
+		require.Len(t, released, 1, "room %d: the closed process's drained ACK released nothing", room)
+		assert.False(t, released[0].Forced)
+	}
+	assert.Empty(t, d.decodeCore.targets[prefillT.key()].owed, "the ABORTs the closed process acknowledged are owed to no process of the rank")
+}
+
+// TestClosedRankKeepsTopology: the record of a rank whose process said it
+// closed going away (a lookup finding none, a watch reporting it gone)
+// keeps the instance's topology: the next room maps at once and fails,
+// naming the lookup's error, rather than waiting for the instance to come
+// back with its pages taken (found by a fault hunt: the topology's lookup
+// blocked up to the bootstrap deadline). Without a notice, the record
+// going away forgets it, as before.
+func TestClosedRankKeepsTopology(t *testing.T) {
+	topo := Topology{Instance: "p", TPSize: 1, PPSize: 1, DPSize: 1}
+	unknown := ResolveFailed{Target: prefillT, Err: fmt.Errorf("%w: no record", wire.ErrRankUnknown), Unknown: true}
+	gone := TargetChanged{Target: prefillT, Gone: true}
+	for _, in := range []Input{unknown, gone} {
+		d := closingDecode(t, 1)
+		d.Step(t0, TopologyLearned{URL: prefillT.Bootstrap, Topo: topo})
+		d.Step(t0, closedNotice(1))
+		d.Step(t0, in)
+		_, ok := d.Topology(prefillT.Bootstrap)
+		assert.True(t, ok, "%T: the topology forgotten after a closing notice", in)
+
+		d = closingDecode(t, 1)
+		d.Step(t0, TopologyLearned{URL: prefillT.Bootstrap, Topo: topo})
+		d.Step(t0, in)
+		_, ok = d.Topology(prefillT.Bootstrap)
+		assert.False(t, ok, "%T: the topology kept with no closing notice", in)
+	}
 }

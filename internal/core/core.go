@@ -681,7 +681,7 @@ func (c *Core) closeAll(now time.Time, reason string) {
 		// tombstone), not when the rank's heartbeats stop.
 		for _, id := range slices.Sorted(maps.Keys(c.reg.pending)) {
 			res := c.count(EventAbort, c.reg.Abort(id, reason, nil))
-			p.statusFailed(id, res.Peers, CodeAborted, "prefill rank closed: "+reason, "")
+			p.statusFailed(id, res.Peers, CodeAborted, fmt.Sprintf("room %d: prefill rank closed: %s", id, reason), "")
 			c.reg.sendAcks(id, ackPeers(nil, res.Peers), true) // nothing was written for them (no sender)
 		}
 		// The decode ranks of every failed room are owed their drained

@@ -122,12 +122,15 @@ type source struct {
 	link   Link
 	// sent: our REQUEST went to the process of epoch, which may now write
 	// into the room's pages until it acknowledges an ABORT (acked).
-	sent   bool
-	epoch  uint64
-	n      uint64 // the REQUEST's number (target.reqN), once sent
-	reregs int
-	chunks map[int]*chunkSeen
-	full   int // chunks whose every layer landed
+	sent  bool
+	epoch uint64
+	n     uint64 // the REQUEST's number (target.reqN), once sent
+	// endpoint: where the REQUEST went (the target may be found elsewhere
+	// since: that process's STATUS and ACKs still name this source).
+	endpoint string
+	reregs   int
+	chunks   map[int]*chunkSeen
+	full     int // chunks whose every layer landed
 	// spanLo, spanHi: the layers it writes, as its first chunk
 	// notification said (spanHi 0: none yet); every chunk names them.
 	// legacy: its notifications are the earlier revision's (whole
@@ -409,7 +412,7 @@ func (c *decodeCore) flushRequests(rm *room) {
 		}
 		sp := rm.dec.spec
 		tg.reqN++
-		s.sent, s.epoch, s.n = true, tg.epoch, tg.reqN
+		s.sent, s.epoch, s.n, s.endpoint = true, tg.epoch, tg.reqN, tg.endpoint
 		req := &wire.Request{N: s.n, Room: rm.id, DstPages: sp.DstPages, AuxIndex: sp.AuxIndex,
 			StateIndices: sp.StateIndices, Required: sp.Required, Prefix: sp.Prefix, Dummy: sp.Dummy || s.link.Dummy, Source: s.uid}
 		if sp.Pull {
@@ -545,6 +548,17 @@ func (c *decodeCore) closedAt(tg *target) bool {
 	return tg.closedEpoch != 0 && tg.endpoint == tg.closedEP && tg.recEpoch == tg.closedEpoch
 }
 
+// closedLast: the last process the rank t was found at said it closed.
+// Its record going away then says nothing of the instance's shape: the
+// topology is kept (forgotten, the next room's lookup of it waits for the
+// instance to come back, up to the bootstrap deadline, its pages taken
+// — found by a fault hunt), and the rooms waiting for the rank fail at
+// once, naming the lookup's error.
+func (c *decodeCore) closedLast(t Target) bool {
+	tg := c.targets[t.key()]
+	return tg != nil && tg.closedEpoch != 0 && tg.endpoint == tg.closedEP
+}
+
 // onClosed takes a prefill process's closing notice (STATUS closed, room
 // 0), sent after every STATUS it owed us: no REGISTER or REQUEST goes to
 // it any more (the rank is looked up again), and each live room whose
@@ -676,6 +690,9 @@ func (c *decodeCore) resolveFailed(now time.Time, t Target, err error) {
 	tg.resolving = false
 	reason := fmt.Sprintf("resolving prefill rank dp %d tp %d pp %d at %s: %v", t.DP, t.Rank, t.PP, t.Bootstrap, err)
 	if tg.resolved { // a re-check or re-lookup of a rank whose endpoint we have
+		if c.closedLast(t) {
+			reason += fmt.Sprintf(" (its last process, %s epoch %d, closed)", tg.closedEP, tg.closedEpoch)
+		}
 		if errors.Is(err, wire.ErrRankUnknown) || c.closedAt(tg) {
 			// Its record is gone, or the only process we know of said
 			// it closed: rooms that have not asked it yet fail (each
@@ -812,8 +829,19 @@ func (c *decodeCore) targetRestarted(tg *target, epoch uint64) {
 	}
 }
 
-// sourceFrom finds the room's source at endpoint.
+// sourceFrom finds the room's source whose REQUEST went to endpoint, or,
+// none sent there, the one whose target is at endpoint now: a process the
+// rank has left (its record moved to the next one) still answers for the
+// REQUEST it took — its STATUS, and the drained ACK that frees the pages
+// (found by a fault hunt: a closing process's ACKs were dropped once the
+// rank's new process was looked up, and the pages waited out the
+// quarantine).
 func (c *decodeCore) sourceFrom(srcs []*source, endpoint string) (*source, *target) {
+	for _, s := range srcs {
+		if s.sent && s.endpoint == endpoint {
+			return s, c.targets[s.target]
+		}
+	}
 	for _, s := range srcs {
 		if tg := c.targets[s.target]; tg != nil && tg.resolved && tg.endpoint == endpoint {
 			return s, tg
@@ -869,10 +897,13 @@ func (c *decodeCore) onAbortAck(msg *wire.AbortAck) {
 	if !ok || !h.failed {
 		return
 	}
-	s, _ := c.sourceFrom(h.srcs, msg.From.Endpoint)
+	s, tg := c.sourceFrom(h.srcs, msg.From.Endpoint)
 	if s == nil || !s.sent || s.epoch != msg.From.Epoch {
 		c.stats.StaleEpoch++
 		return
+	}
+	if tg != nil {
+		delete(tg.owed, msg.Room) // the process our REQUEST went to has the abort
 	}
 	if msg.Drained {
 		s.acked = true

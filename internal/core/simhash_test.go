@@ -283,6 +283,7 @@ func (c *Core) hash(f *fp) {
 		f.b1(s.sent)
 		f.u(s.epoch)
 		f.u(s.n)
+		f.s(s.endpoint)
 		f.i(s.reregs)
 		for _, k := range slices.Sorted(maps.Keys(s.chunks)) {
 			cs := s.chunks[k]
