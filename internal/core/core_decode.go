@@ -829,19 +829,24 @@ func (c *decodeCore) targetRestarted(tg *target, epoch uint64) {
 	}
 }
 
-// sourceFrom finds the room's source whose REQUEST went to endpoint, or,
-// none sent there, the one whose target is at endpoint now: a process the
-// rank has left (its record moved to the next one) still answers for the
+// answering finds the room's source whose REQUEST went to endpoint, else
+// the one whose target is at endpoint now (sourceFrom): a process the rank
+// has left (its record moved to the next one) still answers for the
 // REQUEST it took — its STATUS, and the drained ACK that frees the pages
 // (found by a fault hunt: a closing process's ACKs were dropped once the
 // rank's new process was looked up, and the pages waited out the
-// quarantine).
-func (c *decodeCore) sourceFrom(srcs []*source, endpoint string) (*source, *target) {
+// quarantine). Reads (pull) go only to where the rank is now: sourceFrom.
+func (c *decodeCore) answering(srcs []*source, endpoint string) (*source, *target) {
 	for _, s := range srcs {
 		if s.sent && s.endpoint == endpoint {
 			return s, c.targets[s.target]
 		}
 	}
+	return c.sourceFrom(srcs, endpoint)
+}
+
+// sourceFrom finds the room's source at endpoint.
+func (c *decodeCore) sourceFrom(srcs []*source, endpoint string) (*source, *target) {
 	for _, s := range srcs {
 		if tg := c.targets[s.target]; tg != nil && tg.resolved && tg.endpoint == endpoint {
 			return s, tg
@@ -870,6 +875,11 @@ func (c *decodeCore) onStatus(msg *wire.Status) {
 		return
 	}
 	s, tg := c.sourceFrom(rm.dec.sources, msg.From.Endpoint)
+	if msg.Code != CodeNotRegistered {
+		// (a not_registered from a process the rank has left says
+		// nothing of where it is now)
+		s, tg = c.answering(rm.dec.sources, msg.From.Endpoint)
+	}
 	if s == nil || (s.sent && s.epoch != msg.From.Epoch && msg.Code != CodeNotRegistered) {
 		c.stats.StaleEpoch++
 		return
@@ -897,7 +907,7 @@ func (c *decodeCore) onAbortAck(msg *wire.AbortAck) {
 	if !ok || !h.failed {
 		return
 	}
-	s, tg := c.sourceFrom(h.srcs, msg.From.Endpoint)
+	s, tg := c.answering(h.srcs, msg.From.Endpoint)
 	if s == nil || !s.sent || s.epoch != msg.From.Epoch {
 		c.stats.StaleEpoch++
 		return
