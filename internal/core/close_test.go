@@ -477,32 +477,20 @@ func TestClosedProcessAnswersAfterTheRankMoved(t *testing.T) {
 		require.Len(t, released, 1, "room %d: the closed process's drained ACK released nothing", room)
 		assert.False(t, released[0].Forced)
 	}
-	assert.Empty(t, d.decodeCore.targets[prefillT.key()].owed, "the ABORTs the closed process acknowledged are owed to no process of the rank")
 }
 
-// TestClosedRankKeepsTopology: the record of a rank whose process said it
-// closed going away (a lookup finding none, a watch reporting it gone)
-// keeps the instance's topology: the next room maps at once and fails,
-// naming the lookup's error, rather than waiting for the instance to come
-// back with its pages taken (found by a fault hunt: the topology's lookup
-// blocked up to the bootstrap deadline). Without a notice, the record
-// going away forgets it, as before.
-func TestClosedRankKeepsTopology(t *testing.T) {
-	topo := Topology{Instance: "p", TPSize: 1, PPSize: 1, DPSize: 1}
-	unknown := ResolveFailed{Target: prefillT, Err: fmt.Errorf("%w: no record", wire.ErrRankUnknown), Unknown: true}
-	gone := TargetChanged{Target: prefillT, Gone: true}
-	for _, in := range []Input{unknown, gone} {
-		d := closingDecode(t, 1)
-		d.Step(t0, TopologyLearned{URL: prefillT.Bootstrap, Topo: topo})
-		d.Step(t0, closedNotice(1))
-		d.Step(t0, in)
-		_, ok := d.Topology(prefillT.Bootstrap)
-		assert.True(t, ok, "%T: the topology forgotten after a closing notice", in)
-
-		d = closingDecode(t, 1)
-		d.Step(t0, TopologyLearned{URL: prefillT.Bootstrap, Topo: topo})
-		d.Step(t0, in)
-		_, ok = d.Topology(prefillT.Bootstrap)
-		assert.False(t, ok, "%T: the topology kept with no closing notice", in)
-	}
+// TestAckFromAnotherProcessAtTheEndpoint: once the rank has moved, a
+// drained ACK from the endpoint its REQUEST went to, but from another
+// process there (another epoch: the port reused), releases nothing.
+func TestAckFromAnotherProcessAtTheEndpoint(t *testing.T) {
+	d := closingDecode(t, 1)
+	d.Step(t0, Received{Msg: &wire.Status{From: prefillFrom, Room: 1, Status: wire.StatusFailed, Code: CodeFailed, Reason: "x"}})
+	d.Step(t0, closedNotice(1))
+	d.Step(t0, Resolved{Target: prefillT, Endpoint: "tcp://p:2", Epoch: 11})
+	d.Effects()
+	other := prefillFrom
+	other.Rank, other.Epoch = 1, 30 // another rank's process, the port reused
+	d.Step(t0, Received{Msg: &wire.AbortAck{From: other, Room: 1, Drained: true}})
+	assert.Empty(t, effectsOf(d.Effects(), EffectReleased), "released on another process's ACK")
+	assert.True(t, d.Hold(1))
 }

@@ -548,15 +548,11 @@ func (c *decodeCore) closedAt(tg *target) bool {
 	return tg.closedEpoch != 0 && tg.endpoint == tg.closedEP && tg.recEpoch == tg.closedEpoch
 }
 
-// closedLast: the last process the rank t was found at said it closed.
-// Its record going away then says nothing of the instance's shape: the
-// topology is kept (forgotten, the next room's lookup of it waits for the
-// instance to come back, up to the bootstrap deadline, its pages taken
-// — found by a fault hunt), and the rooms waiting for the rank fail at
-// once, naming the lookup's error.
+// closedLast: the last process the rank t was found at said it closed
+// (a failed lookup's reason says so).
 func (c *decodeCore) closedLast(t Target) bool {
 	tg := c.targets[t.key()]
-	return tg != nil && tg.closedEpoch != 0 && tg.endpoint == tg.closedEP
+	return tg != nil && tg.closedEpoch != 0 && tg.endpoint == tg.closedEP && tg.peer().Epoch == tg.closedEpoch
 }
 
 // onClosed takes a prefill process's closing notice (STATUS closed, room
@@ -829,20 +825,20 @@ func (c *decodeCore) targetRestarted(tg *target, epoch uint64) {
 	}
 }
 
-// answering finds the room's source whose REQUEST went to endpoint, else
-// the one whose target is at endpoint now (sourceFrom): a process the rank
+// answering finds the room's source whose REQUEST went to from (its
+// endpoint and epoch), wherever its rank is found now: a process the rank
 // has left (its record moved to the next one) still answers for the
 // REQUEST it took — its STATUS, and the drained ACK that frees the pages
 // (found by a fault hunt: a closing process's ACKs were dropped once the
 // rank's new process was looked up, and the pages waited out the
 // quarantine). Reads (pull) go only to where the rank is now: sourceFrom.
-func (c *decodeCore) answering(srcs []*source, endpoint string) (*source, *target) {
+func (c *decodeCore) answering(srcs []*source, from wire.From) (*source, *target) {
 	for _, s := range srcs {
-		if s.sent && s.endpoint == endpoint {
+		if s.sent && s.endpoint == from.Endpoint && s.epoch == from.Epoch {
 			return s, c.targets[s.target]
 		}
 	}
-	return c.sourceFrom(srcs, endpoint)
+	return nil, nil
 }
 
 // sourceFrom finds the room's source at endpoint.
@@ -875,10 +871,10 @@ func (c *decodeCore) onStatus(msg *wire.Status) {
 		return
 	}
 	s, tg := c.sourceFrom(rm.dec.sources, msg.From.Endpoint)
-	if msg.Code != CodeNotRegistered {
+	if a, atg := c.answering(rm.dec.sources, msg.From); a != nil && msg.Code != CodeNotRegistered {
 		// (a not_registered from a process the rank has left says
 		// nothing of where it is now)
-		s, tg = c.answering(rm.dec.sources, msg.From.Endpoint)
+		s, tg = a, atg
 	}
 	if s == nil || (s.sent && s.epoch != msg.From.Epoch && msg.Code != CodeNotRegistered) {
 		c.stats.StaleEpoch++
@@ -907,13 +903,10 @@ func (c *decodeCore) onAbortAck(msg *wire.AbortAck) {
 	if !ok || !h.failed {
 		return
 	}
-	s, tg := c.answering(h.srcs, msg.From.Endpoint)
-	if s == nil || !s.sent || s.epoch != msg.From.Epoch {
+	s, _ := c.answering(h.srcs, msg.From)
+	if s == nil {
 		c.stats.StaleEpoch++
 		return
-	}
-	if tg != nil {
-		delete(tg.owed, msg.Room) // the process our REQUEST went to has the abort
 	}
 	if msg.Drained {
 		s.acked = true

@@ -481,12 +481,12 @@ func (c *Core) stepInput(now time.Time, in Input) Output {
 	case Resolved:
 		d.resolvedRecord(now, in.Target, in.Endpoint, in.ServerKey, in.Cert, in.Epoch)
 	case ResolveFailed:
-		if in.Unknown && !d.closedLast(in.Target) {
+		if in.Unknown {
 			d.forgetTopology(in.Target.Bootstrap) // the instance changed shape, or went away
 		}
 		d.resolveFailed(now, in.Target, in.Err)
 	case TargetChanged:
-		if in.Gone && !d.closedLast(in.Target) {
+		if in.Gone {
 			d.forgetTopology(in.Target.Bootstrap) // the instance may come back in another shape
 		}
 		d.targetChangedRecord(now, in.Target, in.Endpoint, in.ServerKey, in.Cert, in.Epoch, in.Gone)

@@ -493,15 +493,12 @@ var mutants = []mutant{
 		pkg: "internal/core", run: "^TestClosedNoticeFreesFailedRooms$"},
 	// The fault hunt's: a STATUS or ACK matched against where the rank is
 	// now, not where the REQUEST went (a closing process's drained ACKs
-	// dropped once its successor was looked up).
-	{name: "ack-matched-at-current-endpoint", file: "internal/core/core_decode.go", old: "\t\tif s.sent && s.endpoint == endpoint {\n", new: "\t\tif false {\n",
+	// dropped once its successor was looked up); the review's: matched on
+	// the endpoint alone (another process at a reused port counted).
+	{name: "ack-matched-at-current-endpoint", file: "internal/core/core_decode.go", old: "\t\tif s.sent && s.endpoint == from.Endpoint && s.epoch == from.Epoch {\n", new: "\t\tif s.sent && s.endpoint == from.Endpoint && false {\n",
 		pkg: "internal/core", run: "^TestClosedProcessAnswersAfterTheRankMoved$"},
-	{name: "ack-keeps-owed-abort", file: "internal/core/core_decode.go", old: "\t\tdelete(tg.owed, msg.Room) // the process our REQUEST went to has the abort\n", new: "",
-		pkg: "internal/core", run: "^TestClosedProcessAnswersAfterTheRankMoved$"},
-	{name: "closed-unknown-forgets-topology", file: "internal/core/step.go", old: "if in.Unknown && !d.closedLast(in.Target) {", new: "if in.Unknown {",
-		pkg: "internal/core", run: "^TestClosedRankKeepsTopology$"},
-	{name: "closed-gone-forgets-topology", file: "internal/core/step.go", old: "if in.Gone && !d.closedLast(in.Target) {", new: "if in.Gone {",
-		pkg: "internal/core", run: "^TestClosedRankKeepsTopology$"},
+	{name: "ack-matched-at-endpoint-only", file: "internal/core/core_decode.go", old: "\t\tif s.sent && s.endpoint == from.Endpoint && s.epoch == from.Epoch {\n", new: "\t\tif s.sent && s.endpoint == from.Endpoint {\n",
+		pkg: "internal/core", run: "^TestAckFromAnotherProcessAtTheEndpoint$"},
 	{name: "cleared-unacked", file: "internal/core/core_prefill.go", old: "\t\t\tc.reg.sendAcks(room, ackPeers(nil, res.Peers), true)\n\t\t}\n\t}\n\treturn res", new: "\t\t}\n\t}\n\treturn res",
 		pkg: "internal/core", run: "^(TestSimExhaustive$/cleared_while_writing|TestClearedRoomAcksDrained$)"},
 	{name: "cleared-acks-while-writing", file: "internal/core/core_prefill.go", old: "if t, ok := c.reg.tombs[room]; ok && !t.holds() {", new: "if _, ok := c.reg.tombs[room]; ok {",
@@ -1192,9 +1189,9 @@ var mutants = []mutant{
 		pkg: "internal/control", run: "^TestTagKeysCachedOnlyWhenAuthentic$"},
 	// The topologies are the core's (topology.go): each rule that stops
 	// trusting one removed.
-	{name: "topology-kept-on-unknown-rank", file: "internal/core/step.go", old: "\t\tif in.Unknown && !d.closedLast(in.Target) {\n\t\t\td.forgetTopology(in.Target.Bootstrap)", new: "\t\tif false && in.Unknown && !d.closedLast(in.Target) {\n\t\t\td.forgetTopology(in.Target.Bootstrap)",
+	{name: "topology-kept-on-unknown-rank", file: "internal/core/step.go", old: "\t\tif in.Unknown {\n\t\t\td.forgetTopology(in.Target.Bootstrap)", new: "\t\tif false && in.Unknown {\n\t\t\td.forgetTopology(in.Target.Bootstrap)",
 		pkg: "internal/core", run: "^TestTopologyIsTheCores$"},
-	{name: "topology-kept-on-gone", file: "internal/core/step.go", old: "\t\tif in.Gone && !d.closedLast(in.Target) {\n\t\t\td.forgetTopology(in.Target.Bootstrap)", new: "\t\tif false && in.Gone && !d.closedLast(in.Target) {\n\t\t\td.forgetTopology(in.Target.Bootstrap)",
+	{name: "topology-kept-on-gone", file: "internal/core/step.go", old: "\t\tif in.Gone {\n\t\t\td.forgetTopology(in.Target.Bootstrap)", new: "\t\tif false && in.Gone {\n\t\t\td.forgetTopology(in.Target.Bootstrap)",
 		pkg: "internal/core", run: "^TestTopologyIsTheCores$"},
 	{name: "topology-kept-after-refusal", file: "internal/core/core_decode.go", old: "\t\tc.forgetTopology(\"\")\n", new: "",
 		pkg: "internal/core", run: "^TestTopologyIsTheCores$"},
