@@ -643,7 +643,8 @@ type RoomResult struct {
 	Reason    string  `json:"reason,omitempty"`
 	Bytes     uint64  `json:"bytes"`
 	LatencyMS float64 `json:"latency_ms"` // from the POST to the room's end, verification excluded
-	// PhasesMS splits the latency: decode "pages" (waiting for free pages),
+	// PhasesMS splits the latency: decode "pages" (creating the room, then
+	// waiting for free pages),
 	// "transfer" (REQUEST sent → Success); prefill "pages", "fill" (writing
 	// the check pattern), "ready" (waiting for the decode ranks' REQUEST),
 	// "data" (first chunk handed over → the room's end); both "verify" or
@@ -889,8 +890,19 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 	start := time.Now()
 	mark := phases(res.PhasesMS, start)
 	n := (rr.Tokens + r.Model.PageTokens - 1) / r.Model.PageTokens
+	// The room first, then its pages: creating it may wait for its prefill
+	// instance's topology (up to the bootstrap deadline, while the instance
+	// has no record: after a kill, or a close before its successor is
+	// registered), holding no pages meanwhile (a fault hunt found rooms
+	// posted after a prefill rank closed starving the others of pages).
+	rc, err := r.newReceiver(rr.Room, rr.Prefill, rr.PrefillDP)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
 	dst, err := r.getPages(ctx, n)
 	if err != nil {
+		rc.Clear() // never initialised: nothing was asked for
 		res.Error = err.Error()
 		return res
 	}
@@ -901,11 +913,6 @@ func (r *Rank) recv(ctx context.Context, rr RoomRequest) RoomResult {
 			r.pages.Put(dst)
 		}
 	}()
-	rc, err := r.newReceiver(rr.Room, rr.Prefill, rr.PrefillDP)
-	if err != nil {
-		res.Error = err.Error()
-		return res
-	}
 	defer rc.Clear()
 	if err := rc.Init(ctx, kvmanager.RequestSpec{DstPages: dst, AuxIndex: int(rr.Room % 4096)}); err != nil {
 		res.Status, res.Reason = kvmanager.Failed.String(), err.Error()

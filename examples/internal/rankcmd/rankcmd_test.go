@@ -295,3 +295,45 @@ func TestReuseFlagsRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeTakesPagesOnceTheRoomExists: a decode room whose prefill
+// instance has no record yet (killed, or closed before its successor
+// registered) waits for the instance's topology holding none of the rank's
+// pages; before, it took them first and held them for that wait (up to the
+// bootstrap deadline), starving the rooms after it (found by a fault hunt).
+func TestDecodeTakesPagesOnceTheRoomExists(t *testing.T) {
+	// The bootstrap service holds the topology lookup's answer until the
+	// test has looked at the pages: the room is inside its lookup then.
+	asked, answer := make(chan struct{}, 1), make(chan struct{})
+	boot := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if strings.Contains(req.URL.Path, "topology") {
+			select {
+			case asked <- struct{}{}:
+			default:
+			}
+			select {
+			case <-answer:
+			case <-req.Context().Done():
+			}
+		}
+		http.Error(w, "no rank of the instance is registered", http.StatusServiceUnavailable)
+	}))
+	defer boot.Close()
+	d, dsrv := startRank(t, kvmanager.RoleDecode, "-model", "tiny", "-pages", "64", "-page-layout", "HND", "-bootstrap", boot.URL, "-instance", "d")
+	free := d.pages.Free()
+	done := make(chan RoomResult, 1)
+	go func() {
+		done <- postRoom(t, dsrv, RoomRequest{Room: 5, Tokens: 1024, TimeoutMS: 30000, PrefillInstance: "p"})
+	}()
+	select {
+	case <-asked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the room never looked its prefill instance up")
+	}
+	assert.Equal(t, free, d.pages.Free(), "pages taken while the room's prefill instance is looked up")
+	close(answer)
+	require.NoError(t, d.M.Close()) // ends the lookup's retries
+	res := <-done
+	assert.NotEmpty(t, res.Error, "the room ended without an error: %+v", res)
+	assert.Equal(t, free, d.pages.Free(), "pages not given back")
+}
