@@ -494,3 +494,29 @@ func TestAckFromAnotherProcessAtTheEndpoint(t *testing.T) {
 	assert.Empty(t, effectsOf(d.Effects(), EffectReleased), "released on another process's ACK")
 	assert.True(t, d.Hold(1))
 }
+
+// TestFailedRoomAcksWithItsStatus: a prefill room that fails with nothing
+// of it in flight sends its decode rank the drained ABORT_ACK with the
+// STATUS, unasked: the decode rank's ABORT, a round trip later, may find
+// the process gone (killed, or closed and exited). One that fails with a
+// write in flight sends none until that write drains and it is asked.
+func TestFailedRoomAcksWithItsStatus(t *testing.T) {
+	c := testCore(t, RolePrefill)
+	register(t, c, decodeFrom)
+	c.Step(t0, CreateSender{Room: 1})
+	c.Step(t0, InitSender{Room: 1})
+	c.Step(t0, Received{Msg: request(1, decodeFrom)})
+	c.Effects()
+	c.Step(t0, AbortSender{Room: 1, Reason: "the request was cancelled"})
+	effects := c.Effects()
+	assert.Equal(t, map[uint64]string{1: CodeAborted}, codes(effects))
+	assert.Equal(t, []string{"1 true → " + decodeFrom.Endpoint}, ackSends(effects), "nothing in flight: the drained ACK with the STATUS")
+
+	c, writes := prefillChunkQueued(t)
+	require.True(t, c.Step(t0, Posting{Room: 1, Write: &writes[0]}).OK)
+	c.Effects()
+	c.Step(t0, AbortSender{Room: 1, Reason: "the request was cancelled"})
+	effects = c.Effects()
+	assert.Equal(t, map[uint64]string{1: CodeAborted}, codes(effects))
+	assert.Empty(t, ackSends(effects), "an ACK while a write is in flight")
+}

@@ -227,10 +227,19 @@ type openChunk struct {
 }
 
 func (c *prefillCore) statusFailed(room uint64, peers []PeerRequest, code, reason, skip string) {
+	var told []PeerRequest
 	for _, pr := range peers {
 		if pr.Peer != skip && pr.Payload != nil {
 			c.statusTo(wire.Peer{Endpoint: pr.Payload.From.Endpoint}, room, code, reason)
+			told = append(told, pr)
 		}
+	}
+	if rm, ok := c.reg.rooms[room]; ok && len(told) > 0 && rm.status == Failed && rm.drained() && !rm.drainExpired && c.pulls[room] == nil {
+		// Nothing of the room can land: its drained ACK goes with the
+		// STATUS, unasked. The decode rank's ABORT, a round trip later,
+		// may find this process gone (killed, or closed and exited), and
+		// the pages would wait out the quarantine.
+		c.reg.sendAcks(room, ackPeers(nil, told), true)
 	}
 }
 

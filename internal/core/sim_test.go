@@ -594,12 +594,14 @@ func (w *simWorld) effects(slot int) {
 				if m.Drained {
 					// Unasked: owed at Close to each decode rank whose
 					// REQUEST the closed rank took, or sent with a STATUS
-					// cleared (invariant 7 above holds it to the same
-					// drain).
+					// failed or cleared when nothing of the room can land
+					// (invariant 7 above holds it to the same drain).
 					for k := range w.asked {
 						if k.pInc == p.inc && k.room == m.Room && w.incEp[k.dInc] == e.To.Endpoint && !w.heard[k] {
 							w.acked[k] = true
 							switch _, room := p.core.reg.rooms[m.Room]; {
+							case !p.closed && room:
+								w.cov.hit("drained ABORT_ACK with a STATUS failed, unasked")
 							case !p.closed:
 								w.cov.hit("drained ABORT_ACK with a STATUS cleared, unasked")
 							case w.doneBy != "" && room:

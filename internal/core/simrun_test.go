@@ -70,7 +70,8 @@ func simExhaustiveConfigs() map[string]simCase {
 		}, "chunk handed over before the REQUEST", "kept chunks planned at the REQUEST", "prefill abort with chunks kept", "layered room succeeded"),
 		"1→1, 2 chunks; prefill aborts or clears early": mk(func(c *simConfig) {
 			c.rooms, c.prefillAbort, c.prefillClearLive = []simRoomSpec{simRoom(7, []int{0}, []int{0}, 2)}, true, true
-		}, "prefill abort in Bootstrapping", "prefill abort in WaitingForInput", "prefill abort in Transferring"),
+		}, "prefill abort in Bootstrapping", "prefill abort in WaitingForInput", "prefill abort in Transferring",
+			"drained ABORT_ACK with a STATUS failed, unasked"),
 		"1→1: every deadline (one time jump)": mk(func(c *simConfig) { c.ticks = 1 }, "release after success"),
 		"1→1: a rank restarts (one time jump)": mk(func(c *simConfig) { c.restarts, c.ticks, c.writesOK = 1, 1, true },
 			"restart heard from a PONG", "forced release"),
@@ -546,7 +547,7 @@ var simRandomCoverage = map[string]int{
 	"REQUEST beyond the room's required": 20, // "write to a gone process failed": rare here, asserted by the kill configuration
 	// (layered successes: 45 before REQUESTs probed idle processes first;
 	// the PINGs and PONGs take events of the same 400.)
-	"layer group sent": 600, "layered room succeeded": 38, "decode abort between layers": 3, "challenge expired: forgotten": 100, "challenge to a gone agent": 20, "prefill abort between layers": 5,
+	"layer group sent": 600, "layered room succeeded": 38, "decode abort between layers": 3, "challenge expired: forgotten": 100, "challenge to a gone agent": 20, "prefill abort between layers": 3, // (5 before a failed room's ACK went with its STATUS: the messages take events of the same 400)
 	// (probe answered 103 and stale lookup 5 before closes joined the
 	// mix: a closed rank takes no room until its process exits and
 	// starts again.)
@@ -561,7 +562,7 @@ var simRandomCoverage = map[string]int{
 	"write reported done, its data lost (silent)": 15, "notification of a write not delivered failed its room": 12,
 	// A rank closed mid-run (the "close" fault class) and its closing
 	// notice (docs/PROTOCOL.md "A rank that closes").
-	"rank closed": 60, "closing notice heard": 8, "closing notice: a REQUEST never taken, its room failed and pages freed at once": 4,
+	"rank closed": 60, "closing notice heard": 8, "drained ABORT_ACK with a STATUS failed, unasked": 250, "closing notice: a REQUEST never taken, its room failed and pages freed at once": 4,
 	"closing notice: a room failed before it, its REQUEST never taken, pages freed": 2,
 }
 

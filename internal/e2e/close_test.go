@@ -160,3 +160,30 @@ func TestRequestUnreadAtCloseFreesPages(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefillAbortReleasesDecodePages: a room the prefill application
+// aborts with nothing of it in flight sends the decode rank its drained
+// ABORT_ACK with the STATUS, unasked, so the decode rank's pages are
+// released at once even when its ABORT is never read (the prefill rank
+// drops every ABORT, a test hook, as a process killed or closed right
+// after would), on every engine; before, they waited out the quarantine
+// (5 minutes here).
+func TestPrefillAbortReleasesDecodePages(t *testing.T) {
+	for engine := range engines {
+		t.Run(engine, func(t *testing.T) {
+			c := abortsUnreadCluster(t, engine)
+			rm := c.start(t, 50, 256)
+			ready(t, rm.s)
+			rm.s.Abort("the request was cancelled")
+			select {
+			case <-rm.r.Released():
+			case <-time.After(20 * time.Second):
+				t.Fatalf("room 50: the decode rank still holds its pages 20 s after the prefill rank aborted it (%v, %q); the quarantine is 5 minutes", rm.r.Poll(), rm.r.Failure())
+			}
+			require.Equal(t, kvmanager.Failed, rm.r.Poll())
+			require.Zero(t, counter(c.decode.Manager, "kvbridge_quarantine_expired_total"), "room 50 released by the quarantine")
+			rm.r.Clear()
+			rm.s.Clear()
+		})
+	}
+}
