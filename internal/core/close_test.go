@@ -501,12 +501,7 @@ func TestAckFromAnotherProcessAtTheEndpoint(t *testing.T) {
 // the process gone (killed, or closed and exited). One that fails with a
 // write in flight sends none until that write drains and it is asked.
 func TestFailedRoomAcksWithItsStatus(t *testing.T) {
-	c := testCore(t, RolePrefill)
-	register(t, c, decodeFrom)
-	c.Step(t0, CreateSender{Room: 1})
-	c.Step(t0, InitSender{Room: 1})
-	c.Step(t0, Received{Msg: request(1, decodeFrom)})
-	c.Effects()
+	c := prefillRequested(t)
 	c.Step(t0, AbortSender{Room: 1, Reason: "the request was cancelled"})
 	effects := c.Effects()
 	assert.Equal(t, map[uint64]string{1: CodeAborted}, codes(effects))

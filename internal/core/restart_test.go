@@ -333,12 +333,7 @@ func TestIdleRegistrationRechecked(t *testing.T) {
 // posted.
 func prefillChunkQueued(t *testing.T) (*Core, []kvlayout.Write) {
 	t.Helper()
-	c := testCore(t, RolePrefill)
-	register(t, c, decodeFrom)
-	c.Step(t0, CreateSender{Room: 1})
-	c.Step(t0, InitSender{Room: 1})
-	c.Step(t0, Received{Msg: request(1, decodeFrom)})
-	c.Effects()
+	c := prefillRequested(t)
 	require.NoError(t, c.Step(t0, SendChunk{Room: 1, Pages: []uint32{0}, Last: false, AuxIndex: -1}).Err)
 	var writes []kvlayout.Write
 	for _, e := range c.Effects() {
@@ -346,6 +341,19 @@ func prefillChunkQueued(t *testing.T) (*Core, []kvlayout.Write) {
 	}
 	require.NotEmpty(t, writes, "no write to gate")
 	return c, writes
+}
+
+// prefillRequested is a prefill core whose room 1 has decodeFrom's
+// REQUEST, nothing sent yet.
+func prefillRequested(t *testing.T) *Core {
+	t.Helper()
+	c := testCore(t, RolePrefill)
+	register(t, c, decodeFrom)
+	c.Step(t0, CreateSender{Room: 1})
+	c.Step(t0, InitSender{Room: 1})
+	c.Step(t0, Received{Msg: request(1, decodeFrom)})
+	c.Effects()
+	return c
 }
 
 // A restarted decode rank's REGISTER (same identity and agent name, new

@@ -28,6 +28,21 @@ func abortsUnreadCluster(t *testing.T, engine string) *cluster {
 	})
 }
 
+// releasedSoon waits up to 20 s for a failed room's pages to be released
+// (the cluster's quarantine is 5 minutes) and checks that the quarantine
+// released nothing.
+func releasedSoon(t *testing.T, c *cluster, rc *receiver.Receiver, after string) {
+	t.Helper()
+	select {
+	case <-rc.Released():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("room %d: the decode rank still holds its pages 20 s after %s (status %v, %q); the quarantine is 5 minutes",
+			rc.Room(), after, rc.Poll(), rc.Failure())
+	}
+	require.Equal(t, kvmanager.Failed, rc.Poll(), "room %d", rc.Room())
+	require.Zero(t, counter(c.decode.Manager, "kvbridge_quarantine_expired_total"), "room %d released by the quarantine", rc.Room())
+}
+
 // TestPrefillCloseReleasesDecodePages: a prefill rank that closes with a
 // room mid-transfer (one chunk written, the rest never sent) and a
 // REQUEST still waiting for its sender tells the decode rank both rooms
@@ -61,15 +76,8 @@ func TestPrefillCloseReleasesDecodePages(t *testing.T) {
 
 			require.NoError(t, c.prefill.Close())
 			for _, rc := range []*receiver.Receiver{rm.r, r} {
-				select {
-				case <-rc.Released():
-				case <-time.After(20 * time.Second):
-					t.Fatalf("room %d: the decode rank still holds its pages 20 s after the prefill rank closed (status %v, %q); the quarantine is 5 minutes",
-						rc.Room(), rc.Poll(), rc.Failure())
-				}
-				require.Equal(t, kvmanager.Failed, rc.Poll(), "room %d", rc.Room())
+				releasedSoon(t, c, rc, "the prefill rank closed")
 				require.Contains(t, rc.Failure(), "closed", "room %d: its failure names the prefill rank's close", rc.Room())
-				require.Zero(t, counter(c.decode.Manager, "kvbridge_quarantine_expired_total"), "room %d released by the quarantine", rc.Room())
 				rc.Clear()
 			}
 		})
@@ -85,22 +93,28 @@ func TestPrefillCloseReleasesDecodePages(t *testing.T) {
 // (found by a fault hunt). The prefill rank drops every ABORT it
 // receives (a test hook), as such a process would.
 func TestClearedThenCloseReleasesDecodePages(t *testing.T) {
+	prefillEndsRoom(t, 40, "the prefill rank cleared it and closed", func(t *testing.T, c *cluster, rm *room) {
+		rm.s.Clear()
+		waitStatus(t, rm.r, kvmanager.Failed)
+		require.Contains(t, rm.r.Failure(), "cleared")
+		require.NoError(t, c.prefill.Close())
+	})
+}
+
+// prefillEndsRoom runs, on every engine, a room the prefill application
+// ends (end) once its REQUEST is in, on a cluster whose prefill rank
+// drops every ABORT, and checks that the decode rank's pages are released
+// at once, not at the quarantine.
+func prefillEndsRoom(t *testing.T, id uint64, after string, end func(t *testing.T, c *cluster, rm *room)) {
 	for engine := range engines {
 		t.Run(engine, func(t *testing.T) {
 			c := abortsUnreadCluster(t, engine)
-			rm := c.start(t, 40, 256)
+			rm := c.start(t, id, 256)
 			ready(t, rm.s)
-			rm.s.Clear()
-			waitStatus(t, rm.r, kvmanager.Failed)
-			require.Contains(t, rm.r.Failure(), "cleared")
-			require.NoError(t, c.prefill.Close())
-			select {
-			case <-rm.r.Released():
-			case <-time.After(20 * time.Second):
-				t.Fatalf("room 40: the decode rank still holds its pages 20 s after the prefill rank cleared it and closed (%q); the quarantine is 5 minutes", rm.r.Failure())
-			}
-			require.Zero(t, counter(c.decode.Manager, "kvbridge_quarantine_expired_total"), "room 40 released by the quarantine")
+			end(t, c, rm)
+			releasedSoon(t, c, rm.r, after)
 			rm.r.Clear()
+			rm.s.Clear()
 		})
 	}
 }
@@ -145,15 +159,8 @@ func TestRequestUnreadAtCloseFreesPages(t *testing.T) {
 			}
 
 			require.NoError(t, c.prefill.Close())
-			select {
-			case <-r.Released():
-			case <-time.After(20 * time.Second):
-				t.Fatalf("room %d: the decode rank still holds its pages 20 s after the prefill rank closed without reading its REQUEST (status %v, %q); the quarantine is 5 minutes",
-					id, r.Poll(), r.Failure())
-			}
-			require.Equal(t, kvmanager.Failed, r.Poll())
+			releasedSoon(t, c, r, "the prefill rank closed without reading its REQUEST")
 			require.Contains(t, r.Failure(), "REQUEST 1 of room 31 not taken", "the failure names the REQUEST the closed rank never took")
-			require.Zero(t, counter(c.decode.Manager, "kvbridge_quarantine_expired_total"), "released by the quarantine")
 			require.EqualValues(t, 1, counter(c.decode.Manager, "kvbridge_closed_notices_total", "outcome", "untaken"))
 			require.EqualValues(t, 1, counter(c.decode.Manager, "kvbridge_closed_notices_total", "outcome", "heard"))
 			r.Clear()
@@ -169,21 +176,7 @@ func TestRequestUnreadAtCloseFreesPages(t *testing.T) {
 // after would), on every engine; before, they waited out the quarantine
 // (5 minutes here).
 func TestPrefillAbortReleasesDecodePages(t *testing.T) {
-	for engine := range engines {
-		t.Run(engine, func(t *testing.T) {
-			c := abortsUnreadCluster(t, engine)
-			rm := c.start(t, 50, 256)
-			ready(t, rm.s)
-			rm.s.Abort("the request was cancelled")
-			select {
-			case <-rm.r.Released():
-			case <-time.After(20 * time.Second):
-				t.Fatalf("room 50: the decode rank still holds its pages 20 s after the prefill rank aborted it (%v, %q); the quarantine is 5 minutes", rm.r.Poll(), rm.r.Failure())
-			}
-			require.Equal(t, kvmanager.Failed, rm.r.Poll())
-			require.Zero(t, counter(c.decode.Manager, "kvbridge_quarantine_expired_total"), "room 50 released by the quarantine")
-			rm.r.Clear()
-			rm.s.Clear()
-		})
-	}
+	prefillEndsRoom(t, 50, "the prefill rank aborted it", func(_ *testing.T, _ *cluster, rm *room) {
+		rm.s.Abort("the request was cancelled")
+	})
 }
