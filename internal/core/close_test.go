@@ -400,16 +400,19 @@ func TestClosedNoticeBeforeRegisterAck(t *testing.T) {
 	d.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true}})
 	assert.Empty(t, sent[*wire.Request](d.Effects()), "a REQUEST to the closed process")
 
-	// The first registration, its ACK not yet in.
-	d = testCore(t, RoleDecode)
-	d.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
-	d.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint, Epoch: prefillFrom.Epoch})
-	d.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Required: 1}})
-	require.Len(t, sent[*wire.Register](d.Effects()), 1)
-	d.Step(t0, closedNotice(0))
-	d.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true}})
-	assert.Empty(t, sent[*wire.Request](d.Effects()), "a REQUEST to the closed process")
-	assert.EqualValues(t, 1, d.stats.ClosedHeard)
+	// The first registration, its ACK not yet in; its record names the
+	// process's epoch, or none.
+	for _, epoch := range []uint64{prefillFrom.Epoch, 0} {
+		d = testCore(t, RoleDecode)
+		d.Step(t0, CreateReceiver{Room: 1, Targets: []Target{prefillT}})
+		d.Step(t0, Resolved{Target: prefillT, Endpoint: prefillFrom.Endpoint, Epoch: epoch})
+		d.Step(t0, InitReceiver{Room: 1, Spec: RequestSpec{DstPages: []uint32{1}, AuxIndex: -1, Required: 1}})
+		require.Len(t, sent[*wire.Register](d.Effects()), 1)
+		d.Step(t0, closedNotice(0))
+		d.Step(t0, Received{Msg: &wire.RegisterAck{From: prefillFrom, OK: true}})
+		assert.Empty(t, sent[*wire.Request](d.Effects()), "record epoch %d: a REQUEST to the closed process", epoch)
+		assert.EqualValues(t, 1, d.stats.ClosedHeard, "record epoch %d", epoch)
+	}
 }
 
 // TestClosedNoticeLookupFailsOnce: after a notice, a lookup that fails for

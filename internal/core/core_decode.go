@@ -548,13 +548,6 @@ func (c *decodeCore) closedAt(tg *target) bool {
 	return tg.closedEpoch != 0 && tg.endpoint == tg.closedEP && tg.recEpoch == tg.closedEpoch
 }
 
-// closedLast: the last process the rank t was found at said it closed
-// (a failed lookup's reason says so).
-func (c *decodeCore) closedLast(t Target) bool {
-	tg := c.targets[t.key()]
-	return tg != nil && tg.closedEpoch != 0 && tg.endpoint == tg.closedEP && tg.peer().Epoch == tg.closedEpoch
-}
-
 // onClosed takes a prefill process's closing notice (STATUS closed, room
 // 0), sent after every STATUS it owed us: no REGISTER or REQUEST goes to
 // it any more (the rank is looked up again), and each live room whose
@@ -686,10 +679,11 @@ func (c *decodeCore) resolveFailed(now time.Time, t Target, err error) {
 	tg.resolving = false
 	reason := fmt.Sprintf("resolving prefill rank dp %d tp %d pp %d at %s: %v", t.DP, t.Rank, t.PP, t.Bootstrap, err)
 	if tg.resolved { // a re-check or re-lookup of a rank whose endpoint we have
-		if c.closedLast(t) {
+		closed := c.closedAt(tg)
+		if closed {
 			reason += fmt.Sprintf(" (its last process, %s epoch %d, closed)", tg.closedEP, tg.closedEpoch)
 		}
-		if errors.Is(err, wire.ErrRankUnknown) || c.closedAt(tg) {
+		if errors.Is(err, wire.ErrRankUnknown) || closed {
 			// Its record is gone, or the only process we know of said
 			// it closed: rooms that have not asked it yet fail (each
 			// later room looks the rank up again, once).

@@ -234,7 +234,7 @@ func (c *prefillCore) statusFailed(room uint64, peers []PeerRequest, code, reaso
 			told = append(told, pr)
 		}
 	}
-	if rm, ok := c.reg.rooms[room]; ok && len(told) > 0 && rm.status == Failed && rm.drained() && !rm.drainExpired && c.pulls[room] == nil {
+	if rm, ok := c.reg.rooms[room]; ok && len(told) > 0 && rm.status == Failed && rm.drained() {
 		// Nothing of the room can land: its drained ACK goes with the
 		// STATUS, unasked. The decode rank's ABORT, a round trip later,
 		// may find this process gone (killed, or closed and exited), and
